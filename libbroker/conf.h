@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: MIT */
+/* conf.h — the configuration model (broker, pools, lanes) and the key=value rules shared by
+ * brokerd's INI files and the simulator's scenario files. Pure: parsing values, no file I/O. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "macro.h"
+#include "time-util.h"
+
+typedef enum LanePolicy {
+        LANE_POLICY_FAIL_FAST,
+        LANE_POLICY_WAIT,
+        _LANE_POLICY_MAX,
+        _LANE_POLICY_INVALID = -EINVAL,
+} LanePolicy;
+
+typedef enum AuditLevel {
+        AUDIT_DECISIONS, /* refusals, revocations, congestion, reload, restore */
+        AUDIT_ALL,       /* and every grant and release */
+        _AUDIT_LEVEL_MAX,
+        _AUDIT_LEVEL_INVALID = -EINVAL,
+} AuditLevel;
+
+/* Where a setting came from, for error messages: "file:line". */
+typedef struct ConfSource {
+        char *file;
+        unsigned line;
+} ConfSource;
+
+typedef struct PoolConfig {
+        char *name;
+        ConfSource source;            /* the [pool NAME] section header */
+        unsigned limit;               /* slots; the member count when members are given */
+        char **members;               /* NULL-terminated, or NULL for anonymous slots */
+        size_t n_members;
+        bool queue_timeout_set;       /* Q: enables controlled-delay budgets */
+        usec_t queue_timeout;
+        bool congestion_timeout_set;  /* explicit saturated budget, used as given */
+        usec_t congestion_timeout;
+        ConfSource congestion_timeout_source;
+        int64_t max_queue;            /* -1: no cap; 0: nobody may wait */
+        char *backend;                /* NULL: local; "redis://HOST:PORT/DB" later */
+} PoolConfig;
+
+typedef struct LaneConfig {
+        char *name;
+        ConfSource source;            /* the [lane NAME] section header */
+        char **pools;                 /* names, in order of preference; NULL-terminated */
+        size_t n_pools;
+        ConfSource pools_source;
+        LanePolicy policy;
+        int priority;                 /* higher is served first */
+        int64_t max_in_use;           /* per pool; -1: no cap */
+        unsigned reserve;             /* slots of each of its pools kept for this lane */
+        bool queue_timeout_set;       /* replaces the pool's adaptive budget; may be USEC_INFINITY */
+        usec_t queue_timeout;
+        bool client_wait_ignore;      /* client-wait = ignore: wait/queueWaitMs hints are ignored */
+        usec_t max_hold;              /* USEC_INFINITY: leases may be held forever */
+        char **allow_users;           /* NULL: anyone may use the lane (subject to the socket's mode) */
+        char **allow_groups;
+} LaneConfig;
+
+typedef struct BrokerConfig {
+        char *socket_path;            /* NULL: the default for the mode (system/user) */
+        char *state_directory;        /* NULL: /var/lib/brokerd or $STATE_DIRECTORY */
+        AuditLevel audit;
+        usec_t history_retention;
+        char *metrics_textfile;
+        usec_t reclaim_grace;         /* how long a restored connection-held lease waits for its owner */
+        usec_t exit_idle_after;       /* USEC_INFINITY: never exit when idle */
+        /* per-client limits (SPEC §10) */
+        unsigned max_connections;
+        unsigned max_connections_per_uid;
+        unsigned max_waiters_per_uid;
+        size_t max_message_size;
+        size_t max_output_per_connection;
+
+        PoolConfig **pools;
+        size_t n_pools;
+        LaneConfig **lanes;
+        size_t n_lanes;
+} BrokerConfig;
+
+/* One configuration error: where, which key, and what is wrong. */
+typedef struct ConfError {
+        char *where;                  /* "file:line", or NULL */
+        char *key;                    /* NULL for section-level errors */
+        char *message;
+} ConfError;
+
+typedef struct ConfErrors {
+        ConfError *errors;
+        size_t n_errors;
+} ConfErrors;
+
+int conf_new(BrokerConfig **ret);
+BrokerConfig *conf_free(BrokerConfig *c);
+DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerConfig *, conf_free);
+
+/* The embedded default: pool "default" (limit n_cpus, queue-timeout 5m), lane "merge" (fail-fast),
+ * lane "nightly" (wait, queue-timeout infinity). */
+int conf_new_default(unsigned n_cpus, BrokerConfig **ret);
+
+/* Applies one key. section is "broker", "pool NAME" or "lane NAME"; source names the line.
+ * Returns 0, or -EINVAL/-ENOMEM with an error appended to errors (the config is unchanged then). */
+int conf_set(BrokerConfig *c, const char *section, const char *key, const char *value, const ConfSource *source,
+             ConfErrors *errors);
+
+/* Cross-checks (lanes naming missing pools, congestion timeout above Q, reserves above limits, …).
+ * Returns 0 or -EINVAL with every problem appended to errors. */
+int conf_validate(const BrokerConfig *c, ConfErrors *errors);
+
+PoolConfig *conf_find_pool(const BrokerConfig *c, const char *name);
+LaneConfig *conf_find_lane(const BrokerConfig *c, const char *name);
+
+/* Prints the effective configuration as INI that conf_set() reads back unchanged. */
+void conf_dump(const BrokerConfig *c, FILE *f);
+
+void conf_errors_done(ConfErrors *errors);
+/* "file:line: key: message" per line. */
+void conf_errors_print(const ConfErrors *errors, FILE *f);
+
+const char *lane_policy_to_string(LanePolicy p);
+LanePolicy lane_policy_from_string(const char *s);

@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: MIT */
+/* engine.h — the admission engine: lanes route requests to pools, pools grant, queue and refuse, and
+ * every outcome comes back as an event. Pure: no I/O, no clock of its own (`now`, monotonic µs, is
+ * passed in), randomness injected. The daemon and the simulator drive this same code.
+ *
+ * Same-instant order (SPEC §3.3): within one `now`, apply lease ends (engine_lease_release,
+ * engine_request_cancel), then arrivals (engine_acquire: granted at once if there is room, else refused or
+ * queued), then call engine_run(now), which grants freed slots in queue order and then refuses waiters
+ * whose budget ends at `now`. Calling any entry point with a later `now` first settles every earlier
+ * instant at its own time, so a late caller never turns an expired waiter into a grant. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conf.h"
+#include "macro.h"
+#include "time-util.h"
+
+typedef struct Engine Engine;
+typedef struct EngineRequest EngineRequest;
+typedef struct EngineLease EngineLease;
+
+typedef enum Refusal {
+        REFUSAL_BUSY,        /* no room, and the lane or client would not wait */
+        REFUSAL_FULL,        /* the queue is at max-queue */
+        REFUSAL_TIMEOUT,     /* a keeping-up, lane or client budget ran out */
+        REFUSAL_SHED,        /* the saturated budget ran out */
+        REFUSAL_UNAVAILABLE, /* the pool was drained or removed */
+        _REFUSAL_MAX,
+        _REFUSAL_INVALID = -EINVAL,
+} Refusal;
+
+typedef enum QueueState {
+        QUEUE_STATE_NONE,        /* not queued, or queued on a pool without queue-timeout */
+        QUEUE_STATE_KEEPING_UP,
+        QUEUE_STATE_SATURATED,
+        _QUEUE_STATE_MAX,
+        _QUEUE_STATE_INVALID = -EINVAL,
+} QueueState;
+
+typedef enum EngineEventType {
+        ENGINE_EVENT_QUEUED,     /* the request waits; not final */
+        ENGINE_EVENT_GRANTED,    /* final: the request became a lease */
+        ENGINE_EVENT_REFUSED,    /* final */
+        ENGINE_EVENT_REVOKE,     /* a lease reached max-hold; it holds its slots until released */
+        ENGINE_EVENT_CONGESTION, /* a pool's congested gauge changed */
+        _ENGINE_EVENT_TYPE_MAX,
+        _ENGINE_EVENT_TYPE_INVALID = -EINVAL,
+} EngineEventType;
+
+typedef struct EngineEvent {
+        EngineEventType type;
+        usec_t at;                /* when it happened: a budget's end, not the later `now` that ran it */
+        void *userdata;           /* the request's, or the lease's for REVOKE */
+        EngineRequest *request;   /* QUEUED, GRANTED, REFUSED: compare only; see engine_request_unref() */
+        EngineLease *lease;       /* GRANTED, REVOKE */
+        const char *pool;         /* valid until the pool is freed (after reload removed it and its leases ended) */
+        const char *lane;
+        usec_t arrival;
+        usec_t wait;              /* GRANTED, REFUSED: at − arrival */
+        QueueState state;         /* as decided when the request joined the queue */
+        usec_t idle;              /* likewise: now − last fast admission, on a pool with queue-timeout */
+        usec_t budget;            /* likewise; USEC_INFINITY: unbounded */
+        bool queued;              /* the request waited in a queue (state/idle/budget are meaningful) */
+        Refusal refusal;          /* REFUSED */
+        unsigned retry_after_sec; /* REFUSED */
+        bool congested;           /* CONGESTION */
+} EngineEvent;
+
+/* A uniformly distributed 64-bit value; the daemon uses getrandom(), the simulator a seeded generator. */
+typedef uint64_t (*EngineRandomFn)(void *userdata);
+
+int engine_new(EngineRandomFn random, void *random_userdata, Engine **ret);
+/* Frees pools, requests and leases; handles the caller still holds become invalid. */
+Engine *engine_free(Engine *e);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Engine *, engine_free);
+
+/* The first configuration and every reload (SPEC §4): pools are matched by name and keep their holders,
+ * waiters and idle time; a shrunk pool lets its holders finish; a removed pool refuses its waiters
+ * (unavailable) and lives on until its last lease ends; waiters of a removed lane are refused likewise.
+ * The config must have passed conf_validate(). Returns 0 or negative errno (nothing changed then). */
+int engine_configure(Engine *e, const BrokerConfig *c, usec_t now);
+
+typedef struct EngineAcquire {
+        const char *lane;
+        unsigned slots;           /* ≥ 1 */
+        bool no_wait;             /* the client's wait:false */
+        usec_t max_wait;          /* the client's queueWaitMs; USEC_INFINITY: none */
+        void *userdata;
+} EngineAcquire;
+
+/* Routes a request: the first of the lane's pools with room grants it; otherwise a fail-fast lane
+ * refuses, a waiting lane queues on its last pool. The outcome arrives as events (perhaps already
+ * queued when this returns). Returns 0 and a reference to the request, -ENOENT for an unknown lane,
+ * -EINVAL when no pool of the lane has `slots` slots, -ENOMEM. */
+int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest **ret);
+
+/* The client went away while waiting: the request leaves its queue without an answer. */
+void engine_request_cancel(EngineRequest *r, usec_t now);
+/* Requests are shared between the caller and the engine; drop the caller's reference when done. */
+EngineRequest *engine_request_unref(EngineRequest *r);
+DEFINE_TRIVIAL_CLEANUP_FUNC(EngineRequest *, engine_request_unref);
+bool engine_request_is_waiting(const EngineRequest *r);
+/* The request's 0-based place in its queue and the queue's length. Returns 0, or -ESTALE if it is not waiting. */
+int engine_request_position(const EngineRequest *r, size_t *ret_position, size_t *ret_queued);
+usec_t engine_request_arrival(const EngineRequest *r);
+/* The budget the request got when it joined its queue; USEC_INFINITY when unbounded or not queued. */
+usec_t engine_request_budget(const EngineRequest *r);
+const char *engine_request_pool(const EngineRequest *r);
+
+/* Settles the instant `now` (grants, then expiries, then gauges, then max-hold revocations). */
+void engine_run(Engine *e, usec_t now);
+/* When engine_run() next has work of its own; USEC_INFINITY if never. */
+usec_t engine_next_wakeup(const Engine *e);
+/* Takes the oldest pending event. Returns true if there was one. */
+bool engine_pop_event(Engine *e, EngineEvent *ret);
+
+/* Leases: owned by the engine from the grant until engine_lease_release(). */
+void engine_lease_release(EngineLease *l, usec_t now);
+void *engine_lease_get_userdata(const EngineLease *l);
+void engine_lease_set_userdata(EngineLease *l, void *userdata);
+const char *engine_lease_pool(const EngineLease *l);
+const char *engine_lease_lane(const EngineLease *l);
+uint64_t engine_lease_token(const EngineLease *l);
+/* The slot indices, and their member names (NULL for a pool of anonymous slots). */
+unsigned engine_lease_slots(const EngineLease *l, const unsigned **ret_indices, const char *const **ret_members);
+usec_t engine_lease_granted_at(const EngineLease *l);
+/* USEC_INFINITY without max-hold. */
+usec_t engine_lease_expires_at(const EngineLease *l);
+bool engine_lease_is_revoked(const EngineLease *l);
+
+/* A lease that outlived a restart of the daemon, re-occupying exactly its old slots. */
+typedef struct EngineLeaseRestore {
+        const char *pool;
+        const char *lane;
+        const unsigned *slots;
+        unsigned n_slots;
+        uint64_t token;
+        usec_t granted_at;
+        usec_t expires_at;        /* USEC_INFINITY: none */
+        void *userdata;
+} EngineLeaseRestore;
+
+/* Returns 0, -ENOENT (no such pool), -EEXIST (a slot is taken), -EINVAL, -ENOMEM. */
+int engine_lease_restore(Engine *e, const EngineLeaseRestore *r, EngineLease **ret);
+/* Fencing tokens of the pool continue at or above next_token. Returns 0 or -ENOENT. */
+int engine_set_token_floor(Engine *e, const char *pool, uint64_t next_token);
+
+/* Drains a pool (member NULL: its waiters are refused, new requests are unavailable) or one member
+ * (no longer handed out). Returns 0, -ENOENT for an unknown pool or member. */
+int engine_drain(Engine *e, const char *pool, const char *member, bool on, usec_t now);
+
+typedef struct EnginePoolInfo {
+        const char *name;
+        unsigned limit;
+        unsigned in_use;
+        size_t waiting;
+        bool congested;
+        bool drained;
+        bool queue_timeout_set;
+        usec_t queue_timeout;
+        usec_t idle;
+        uint64_t next_token;
+        char *const *members;     /* NULL-terminated, or NULL */
+} EnginePoolInfo;
+
+/* The configured pools, in configuration order. */
+size_t engine_pool_count(const Engine *e);
+int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret);
+
+const char *refusal_to_string(Refusal r);
+Refusal refusal_from_string(const char *s);
+const char *queue_state_to_string(QueueState s);
+/* Uniform in [1, max(1, ⌈Q⌉ s)] for a pool with queue-timeout Q, else [1, 60] (SPEC §3.2). */
+unsigned engine_retry_after_sec(bool queue_timeout_set, usec_t queue_timeout, uint64_t random_value);

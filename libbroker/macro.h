@@ -1,0 +1,90 @@
+/* SPDX-License-Identifier: MIT */
+/* macro.h — the small vocabulary every module shares: cleanup attributes, TAKE_PTR, assert_return. */
+#pragma once
+
+#include <assert.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define _cleanup_(f) __attribute__((cleanup(f)))
+#define _unused_ __attribute__((unused))
+#define _pure_ __attribute__((pure))
+#define _printf_(a, b) __attribute__((format(printf, a, b)))
+#define _warn_unused_result_ __attribute__((warn_unused_result))
+#define _likely_(x) __builtin_expect(!!(x), 1)
+#define _unlikely_(x) __builtin_expect(!!(x), 0)
+#define _public_ __attribute__((visibility("default")))
+
+#define ELEMENTSOF(a) (sizeof(a) / sizeof((a)[0]))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define DIV_ROUND_UP(x, y) (((x) + (y) - 1) / (y))
+
+#define container_of(ptr, type, member) ((type *) ((char *) (ptr) - offsetof(type, member)))
+
+/* Hands ownership out of a _cleanup_ variable: returns the value and leaves the variable empty. */
+#define TAKE_PTR(p)                                \
+        ({                                         \
+                __typeof__(p) _taken_ = (p);       \
+                (p) = NULL;                        \
+                _taken_;                           \
+        })
+#define TAKE_FD(fd)                                \
+        ({                                         \
+                int _taken_fd_ = (fd);             \
+                (fd) = -EBADF;                     \
+                _taken_fd_;                        \
+        })
+
+/* Public entry points check their arguments and return an error rather than crash the caller. */
+#define assert_return(expr, r)                     \
+        do {                                       \
+                if (_unlikely_(!(expr)))           \
+                        return (r);                \
+        } while (0)
+
+#define DEFINE_TRIVIAL_CLEANUP_FUNC(type, func)    \
+        static inline void func##p(type *p) {      \
+                if (*p)                            \
+                        func(*p);                  \
+        }
+
+static inline void freep(void *p) {
+        free(*(void **) p);
+}
+#define _cleanup_free_ _cleanup_(freep)
+
+static inline int safe_close(int fd) {
+        if (fd >= 0) {
+                int saved = errno;
+                (void) close(fd);
+                errno = saved;
+        }
+        return -EBADF;
+}
+static inline void closep(int *fd) {
+        safe_close(*fd);
+}
+#define _cleanup_close_ _cleanup_(closep)
+
+static inline void *mfree(void *p) {
+        free(p);
+        return NULL;
+}
+
+/* errno as a negative return value, never 0: a failing libc call that forgot errno still fails. */
+static inline int negative_errno(void) {
+        return errno > 0 ? -errno : -EIO;
+}
+
+#define streq(a, b) (strcmp((a), (b)) == 0)
+
+static inline bool streq_ptr(const char *a, const char *b) {
+        if (!a || !b)
+                return a == b;
+        return strcmp(a, b) == 0;
+}
