@@ -56,7 +56,7 @@ typedef struct EngineEvent {
         void *userdata;           /* the request's, or the lease's for REVOKE */
         EngineRequest *request;   /* QUEUED, GRANTED, REFUSED: compare only; see engine_request_unref() */
         EngineLease *lease;       /* GRANTED, REVOKE */
-        const char *pool;         /* valid until the pool is freed (after reload removed it and its leases ended) */
+        const char *pool;         /* pool and lane names live as long as the engine */
         const char *lane;
         usec_t arrival;
         usec_t wait;              /* GRANTED, REFUSED: at − arrival */

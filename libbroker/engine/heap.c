@@ -46,8 +46,7 @@ void heap_init(Heap *h) {
 }
 
 void heap_done(Heap *h) {
-        for (size_t i = 0; i < h->n; i++)
-                h->nodes[i]->index = HEAP_INDEX_NONE;
+        /* The nodes are not touched: their owners may be freed already. */
         free(h->nodes);
         *h = (Heap) {};
 }

@@ -32,6 +32,7 @@ static inline bool heap_node_is_queued(const HeapNode *n) {
 }
 
 void heap_init(Heap *h);
+/* Frees the heap's array; the nodes' owners are the caller's to free. */
 void heap_done(Heap *h);
 /* Returns 0 or -ENOMEM. */
 int heap_push(Heap *h, HeapNode *n, usec_t key);

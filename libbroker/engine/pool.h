@@ -109,7 +109,7 @@ typedef struct PoolOps {
 /* The part every implementation shares: identity, the config the engine routes on, the decision sink. */
 struct Pool {
         const PoolOps *ops;
-        char *name;
+        const char *name;         /* not owned: the creator keeps it alive longer than the pool */
         unsigned limit;
         char **members;           /* NULL-terminated, or NULL */
         bool queue_timeout_set;
@@ -120,7 +120,7 @@ struct Pool {
         void *emit_userdata;
 };
 
-/* The in-process pool. */
+/* The in-process pool. `name` must outlive it. */
 int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool **ret);
 
 static inline void pool_emit(Pool *p, const PoolDecision *d) {

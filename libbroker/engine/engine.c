@@ -1,0 +1,975 @@
+/* SPDX-License-Identifier: MIT */
+/* engine.c — lanes, routing and leases on top of pools (SPEC §3.2–§3.4). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "heap.h"
+#include "list.h"
+#include "pool.h"
+
+typedef struct EngineLane {
+        const char *name;        /* interned */
+        LanePolicy policy;
+        int priority;
+        bool queue_timeout_set;
+        usec_t queue_timeout;
+        bool client_wait_ignore;
+        usec_t max_hold;
+        Pool **pools;
+        size_t n_pools;
+} EngineLane;
+
+typedef enum RequestPhase {
+        REQUEST_ROUTING, /* trying the lane's pools in order */
+        REQUEST_WAITING, /* queued on a pool */
+        REQUEST_DONE,    /* granted, refused or withdrawn */
+} RequestPhase;
+
+struct EngineRequest {
+        unsigned n_ref;
+        Engine *engine;
+        void *userdata;
+        const char *lane;        /* interned */
+        unsigned slots;
+        bool may_wait;           /* the lane waits and the client (if heard) did not forbid it */
+        bool lane_budget_set;
+        usec_t lane_budget;
+        usec_t client_cap;
+        usec_t max_hold;
+        usec_t arrival;
+        Pool **route;            /* the lane's pools this request fits, in order */
+        size_t n_route, next_route;
+        Pool *pool;              /* the pool tried last: where it waits, or which decided */
+        PoolWaiter *waiter;
+        RequestPhase phase;
+        QueueState state;
+        usec_t idle, budget;
+        bool queued;
+        ListNode waiting_node;   /* Engine.waiting */
+};
+
+struct EngineLease {
+        Engine *engine;
+        Pool *pool;
+        PoolGrant *grant;
+        const char *lane;        /* interned */
+        unsigned n_slots;
+        unsigned *slots;
+        char **members;          /* n_slots names, or NULL */
+        uint64_t token;
+        usec_t granted_at, expires_at;
+        bool revoked;
+        void *userdata;
+        HeapNode expiry_node;
+        ListNode node;           /* Engine.leases */
+};
+
+struct Engine {
+        EngineRandomFn random;
+        void *random_userdata;
+
+        Pool **pools;            /* configured, in config order */
+        size_t n_pools;
+        Pool **retired;          /* removed by reload, alive until their last lease ends */
+        size_t n_retired;
+        EngineLane **lanes;
+        size_t n_lanes;
+
+        List leases;
+        List waiting;
+        Heap expiries;           /* leases with max-hold */
+
+        /* Pool decisions are queued and handled after the pool call returns: a pool never sees the
+         * engine re-enter it from inside its own emit. */
+        PoolDecision *pending;
+        size_t pending_head, n_pending, pending_allocated;
+        bool failed_pending;     /* out of memory while queueing a decision */
+
+        EngineEvent *events;     /* ring buffer */
+        size_t events_head, n_events, events_allocated;
+
+        bool unsettled;          /* a command changed state at unsettled_at and engine_run() has not followed */
+        usec_t unsettled_at;
+
+        /* Pool and lane names, interned for the engine's lifetime: events, requests and leases point here,
+         * so a name stays valid after a reload removed its pool or lane. Grows only with new names. */
+        char **names;
+        size_t n_names;
+};
+
+static const char *engine_intern(Engine *e, const char *s) {
+        for (size_t i = 0; i < e->n_names; i++)
+                if (streq(e->names[i], s))
+                        return e->names[i];
+        char **a = reallocarray(e->names, e->n_names + 1, sizeof(char *));
+        if (!a)
+                return NULL;
+        e->names = a;
+        if (!(a[e->n_names] = strdup(s)))
+                return NULL;
+        return a[e->n_names++];
+}
+
+static const char *const refusal_table[_REFUSAL_MAX] = {
+        [REFUSAL_BUSY] = "busy",
+        [REFUSAL_FULL] = "full",
+        [REFUSAL_TIMEOUT] = "timeout",
+        [REFUSAL_SHED] = "shed",
+        [REFUSAL_UNAVAILABLE] = "unavailable",
+};
+
+const char *refusal_to_string(Refusal r) {
+        return r >= 0 && r < _REFUSAL_MAX ? refusal_table[r] : NULL;
+}
+
+Refusal refusal_from_string(const char *s) {
+        for (int i = 0; s && i < _REFUSAL_MAX; i++)
+                if (streq(refusal_table[i], s))
+                        return (Refusal) i;
+        return _REFUSAL_INVALID;
+}
+
+const char *queue_state_to_string(QueueState s) {
+        switch (s) {
+        case QUEUE_STATE_KEEPING_UP:
+                return "keeping-up";
+        case QUEUE_STATE_SATURATED:
+                return "saturated";
+        default:
+                return NULL;
+        }
+}
+
+unsigned engine_retry_after_sec(bool queue_timeout_set, usec_t queue_timeout, uint64_t random_value) {
+        uint64_t span = 60;
+        if (queue_timeout_set)
+                span = queue_timeout == USEC_INFINITY ? 60 : MAX(DIV_ROUND_UP(queue_timeout, USEC_PER_SEC), 1u);
+        span = MIN(span, (uint64_t) UINT32_MAX - 1);
+        return (unsigned) (1 + random_value % span);
+}
+
+/* ---- events ---- */
+
+static void event_push(Engine *e, const EngineEvent *ev) {
+        if (e->n_events == e->events_allocated) {
+                size_t allocated = e->events_allocated ? e->events_allocated * 2 : 64;
+                EngineEvent *a = reallocarray(NULL, allocated, sizeof(EngineEvent));
+                if (!a)
+                        abort(); /* losing a decision would lose a client's answer; there is no way on */
+                for (size_t i = 0; i < e->n_events; i++)
+                        a[i] = e->events[(e->events_head + i) % e->events_allocated];
+                free(e->events);
+                e->events = a;
+                e->events_head = 0;
+                e->events_allocated = allocated;
+        }
+        e->events[(e->events_head + e->n_events++) % e->events_allocated] = *ev;
+}
+
+bool engine_pop_event(Engine *e, EngineEvent *ret) {
+        if (!e || e->n_events == 0)
+                return false;
+        *ret = e->events[e->events_head];
+        e->events_head = (e->events_head + 1) % e->events_allocated;
+        e->n_events--;
+        return true;
+}
+
+/* ---- requests ---- */
+
+static void request_free(EngineRequest *r) {
+        free(r->route);
+        free(r);
+}
+
+EngineRequest *engine_request_unref(EngineRequest *r) {
+        if (!r)
+                return NULL;
+        assert(r->n_ref > 0);
+        if (--r->n_ref == 0)
+                request_free(r);
+        return NULL;
+}
+
+/* The engine's own reference ends with the request's final decision. */
+static void request_finish(EngineRequest *r) {
+        if (r->phase == REQUEST_WAITING)
+                list_unlink(&r->waiting_node);
+        r->phase = REQUEST_DONE;
+        r->waiter = NULL;
+        engine_request_unref(r);
+}
+
+bool engine_request_is_waiting(const EngineRequest *r) {
+        return r && r->phase == REQUEST_WAITING;
+}
+
+int engine_request_position(const EngineRequest *r, size_t *ret_position, size_t *ret_queued) {
+        assert_return(r, -EINVAL);
+        if (r->phase != REQUEST_WAITING)
+                return -ESTALE;
+        size_t queued;
+        size_t pos = r->pool->ops->position(r->pool, r->waiter, &queued);
+        if (ret_position)
+                *ret_position = pos;
+        if (ret_queued)
+                *ret_queued = queued;
+        return 0;
+}
+
+usec_t engine_request_arrival(const EngineRequest *r) {
+        return r ? r->arrival : 0;
+}
+
+usec_t engine_request_budget(const EngineRequest *r) {
+        return r && r->queued ? r->budget : USEC_INFINITY;
+}
+
+const char *engine_request_pool(const EngineRequest *r) {
+        return r && r->pool ? r->pool->name : NULL;
+}
+
+static int request_try_next(Engine *e, EngineRequest *r, usec_t now) {
+        Pool *p = r->route[r->next_route++];
+        bool last = r->next_route == r->n_route;
+
+        r->pool = p;
+        return p->ops->submit(p,
+                              &(PoolTry) {
+                                      .cookie = r,
+                                      .lane = r->lane,
+                                      .slots = r->slots,
+                                      .may_wait = last && r->may_wait,
+                                      .lane_budget_set = r->lane_budget_set,
+                                      .lane_budget = r->lane_budget,
+                                      .client_cap = r->client_cap,
+                                      .arrival = r->arrival,
+                              },
+                              now);
+}
+
+/* ---- leases ---- */
+
+static EngineLease *lease_free(EngineLease *l) {
+        if (!l)
+                return NULL;
+        if (l->members)
+                for (unsigned i = 0; i < l->n_slots; i++)
+                        free(l->members[i]);
+        free(l->members);
+        free(l->slots);
+        return mfree(l);
+}
+
+static int lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, const unsigned *slots, unsigned n_slots,
+                     uint64_t token, usec_t granted_at, usec_t expires_at, void *userdata, EngineLease **ret) {
+        EngineLease *l = calloc(1, sizeof(EngineLease));
+        if (!l)
+                return -ENOMEM;
+        *l = (EngineLease) {
+                .engine = e,
+                .pool = p,
+                .grant = g,
+                .n_slots = n_slots,
+                .token = token,
+                .granted_at = granted_at,
+                .expires_at = expires_at,
+                .userdata = userdata,
+        };
+        heap_node_init(&l->expiry_node);
+        l->lane = engine_intern(e, lane);
+        l->slots = calloc(n_slots, sizeof(unsigned));
+        if (!l->lane || !l->slots)
+                goto oom;
+        memcpy(l->slots, slots, n_slots * sizeof(unsigned));
+        /* Member names are copied: a reload may rename the pool's members while the lease lives. */
+        if (p->members) {
+                l->members = calloc(n_slots, sizeof(char *));
+                if (!l->members)
+                        goto oom;
+                for (unsigned i = 0; i < n_slots; i++)
+                        if (slots[i] < p->limit && !(l->members[i] = strdup(p->members[slots[i]])))
+                                goto oom;
+        }
+        if (expires_at != USEC_INFINITY && heap_push(&e->expiries, &l->expiry_node, expires_at) < 0)
+                goto oom;
+        list_append(&e->leases, &l->node);
+        *ret = l;
+        return 0;
+oom:
+        lease_free(l);
+        return -ENOMEM;
+}
+
+void *engine_lease_get_userdata(const EngineLease *l) {
+        return l ? l->userdata : NULL;
+}
+
+void engine_lease_set_userdata(EngineLease *l, void *userdata) {
+        if (l)
+                l->userdata = userdata;
+}
+
+const char *engine_lease_pool(const EngineLease *l) {
+        return l ? l->pool->name : NULL;
+}
+
+const char *engine_lease_lane(const EngineLease *l) {
+        return l ? l->lane : NULL;
+}
+
+uint64_t engine_lease_token(const EngineLease *l) {
+        return l ? l->token : 0;
+}
+
+unsigned engine_lease_slots(const EngineLease *l, const unsigned **ret_indices, const char *const **ret_members) {
+        if (!l)
+                return 0;
+        if (ret_indices)
+                *ret_indices = l->slots;
+        if (ret_members)
+                *ret_members = (const char *const *) l->members;
+        return l->n_slots;
+}
+
+usec_t engine_lease_granted_at(const EngineLease *l) {
+        return l ? l->granted_at : 0;
+}
+
+usec_t engine_lease_expires_at(const EngineLease *l) {
+        return l ? l->expires_at : USEC_INFINITY;
+}
+
+bool engine_lease_is_revoked(const EngineLease *l) {
+        return l && l->revoked;
+}
+
+/* ---- pools ---- */
+
+static Pool *pool_find(Pool **pools, size_t n, const char *name) {
+        for (size_t i = 0; i < n; i++)
+                if (streq(pools[i]->name, name))
+                        return pools[i];
+        return NULL;
+}
+
+static bool pool_is_empty(const Pool *p) {
+        PoolInfo info;
+        p->ops->info(p, 0, &info);
+        return info.in_use == 0 && info.waiting == 0;
+}
+
+/* A retired pool goes once nothing holds or waits on it. */
+static void retired_gc(Engine *e) {
+        size_t j = 0;
+        for (size_t i = 0; i < e->n_retired; i++)
+                if (pool_is_empty(e->retired[i]))
+                        e->retired[i]->ops->free(e->retired[i]);
+                else
+                        e->retired[j++] = e->retired[i];
+        e->n_retired = j;
+}
+
+/* ---- decisions from pools ---- */
+
+static void on_pool_decision(const PoolDecision *d, void *userdata) {
+        Engine *e = userdata;
+        if (e->n_pending == e->pending_allocated) {
+                size_t allocated = e->pending_allocated ? e->pending_allocated * 2 : 16;
+                /* Compact first: the head has usually been consumed. */
+                if (e->pending_head > 0) {
+                        memmove(e->pending, e->pending + e->pending_head, e->n_pending * sizeof(PoolDecision));
+                        e->pending_head = 0;
+                }
+                PoolDecision *a = reallocarray(e->pending, allocated, sizeof(PoolDecision));
+                if (!a)
+                        abort(); /* a decision not recorded is a slot lost or a client never answered */
+                e->pending = a;
+                e->pending_allocated = allocated;
+        }
+        if (e->pending_head + e->n_pending == e->pending_allocated) {
+                memmove(e->pending, e->pending + e->pending_head, e->n_pending * sizeof(PoolDecision));
+                e->pending_head = 0;
+        }
+        e->pending[e->pending_head + e->n_pending++] = *d;
+}
+
+static void refuse_request(Engine *e, EngineRequest *r, Pool *p, Refusal refusal, usec_t at) {
+        event_push(e, &(EngineEvent) {
+                .type = ENGINE_EVENT_REFUSED,
+                .at = at,
+                .userdata = r->userdata,
+                .request = r,
+                .pool = p ? p->name : NULL,
+                .lane = r->lane,
+                .arrival = r->arrival,
+                .wait = usec_sub_unsigned(at, r->arrival),
+                .state = r->state,
+                .idle = r->idle,
+                .budget = r->queued ? r->budget : USEC_INFINITY,
+                .queued = r->queued,
+                .refusal = refusal,
+                .retry_after_sec = engine_retry_after_sec(p && p->queue_timeout_set, p ? p->queue_timeout : 0,
+                                                          e->random(e->random_userdata)),
+        });
+        request_finish(r);
+}
+
+static void handle_granted(Engine *e, const PoolDecision *d) {
+        EngineRequest *r = d->cookie;
+        EngineLease *l;
+        usec_t expires = r->max_hold == USEC_INFINITY ? USEC_INFINITY : usec_add(d->at, r->max_hold);
+
+        if (lease_new(e, d->pool, d->grant, r->lane, d->slots, d->n_slots, d->token, d->at, expires, r->userdata,
+                      &l) < 0) {
+                d->pool->ops->release(d->pool, d->grant, d->at);
+                refuse_request(e, r, d->pool, REFUSAL_UNAVAILABLE, d->at);
+                return;
+        }
+        event_push(e, &(EngineEvent) {
+                .type = ENGINE_EVENT_GRANTED,
+                .at = d->at,
+                .userdata = r->userdata,
+                .request = r,
+                .lease = l,
+                .pool = d->pool->name,
+                .lane = l->lane,
+                .arrival = r->arrival,
+                .wait = usec_sub_unsigned(d->at, r->arrival),
+                .state = r->state,
+                .idle = r->idle,
+                .budget = r->queued ? r->budget : USEC_INFINITY,
+                .queued = r->queued,
+        });
+        request_finish(r);
+}
+
+static void handle_decision(Engine *e, const PoolDecision *d) {
+        EngineRequest *r = d->cookie;
+
+        switch (d->verdict) {
+        case POOL_VERDICT_GRANTED:
+                handle_granted(e, d);
+                break;
+
+        case POOL_VERDICT_QUEUED:
+                r->phase = REQUEST_WAITING;
+                r->waiter = d->waiter;
+                r->pool = d->pool;
+                r->queued = true;
+                r->state = d->state;
+                r->idle = d->idle;
+                r->budget = d->budget;
+                list_append(&e->waiting, &r->waiting_node);
+                event_push(e, &(EngineEvent) {
+                        .type = ENGINE_EVENT_QUEUED,
+                        .at = d->at,
+                        .userdata = r->userdata,
+                        .request = r,
+                        .pool = d->pool->name,
+                        .lane = r->lane,
+                        .arrival = r->arrival,
+                        .state = d->state,
+                        .idle = d->idle,
+                        .budget = d->budget,
+                        .queued = true,
+                });
+                break;
+
+        case POOL_VERDICT_REFUSED:
+                /* Fail fast while an alternative remains (SPEC §3.2). */
+                if (r->phase == REQUEST_ROUTING && r->next_route < r->n_route &&
+                    (d->refusal == REFUSAL_BUSY || d->refusal == REFUSAL_UNAVAILABLE)) {
+                        if (request_try_next(e, r, d->at) < 0)
+                                refuse_request(e, r, d->pool, REFUSAL_UNAVAILABLE, d->at);
+                        break;
+                }
+                refuse_request(e, r, d->pool, d->refusal, d->at);
+                break;
+
+        case POOL_VERDICT_CONGESTION:
+                event_push(e, &(EngineEvent) {
+                        .type = ENGINE_EVENT_CONGESTION,
+                        .at = d->at,
+                        .pool = d->pool->name,
+                        .idle = d->idle,
+                        .congested = d->congested,
+                });
+                break;
+
+        default:
+                assert(!"unknown pool verdict");
+        }
+}
+
+static void process_decisions(Engine *e) {
+        while (e->n_pending > 0) {
+                PoolDecision d = e->pending[e->pending_head++];
+                e->n_pending--;
+                if (e->n_pending == 0)
+                        e->pending_head = 0;
+                handle_decision(e, &d);
+        }
+}
+
+/* ---- time ---- */
+
+static void settle(Engine *e, usec_t t) {
+        for (size_t i = 0; i < e->n_pools; i++)
+                e->pools[i]->ops->run(e->pools[i], t);
+        for (size_t i = 0; i < e->n_retired; i++)
+                e->retired[i]->ops->run(e->retired[i], t);
+        process_decisions(e);
+
+        /* max-hold: the holder is told; the slots stay taken until the lease is released (SPEC §3.4). */
+        HeapNode *n;
+        while ((n = heap_peek(&e->expiries)) && n->key <= t) {
+                heap_remove(&e->expiries, n);
+                EngineLease *l = container_of(n, EngineLease, expiry_node);
+                l->revoked = true;
+                event_push(e, &(EngineEvent) {
+                        .type = ENGINE_EVENT_REVOKE,
+                        .at = n->key,
+                        .userdata = l->userdata,
+                        .lease = l,
+                        .pool = l->pool->name,
+                        .lane = l->lane,
+                });
+        }
+        e->unsettled = false;
+}
+
+usec_t engine_next_wakeup(const Engine *e) {
+        usec_t t = USEC_INFINITY;
+        if (!e)
+                return t;
+        if (e->unsettled)
+                t = e->unsettled_at;
+        for (size_t i = 0; i < e->n_pools; i++)
+                t = MIN(t, e->pools[i]->ops->next_wakeup(e->pools[i]));
+        for (size_t i = 0; i < e->n_retired; i++)
+                t = MIN(t, e->retired[i]->ops->next_wakeup(e->retired[i]));
+        HeapNode *n = heap_peek(&e->expiries);
+        if (n)
+                t = MIN(t, n->key);
+        return t;
+}
+
+/* Applies everything due before `now`, each at its own instant, so that a command at `now` sees the
+ * state the clock says it should: an expired waiter is refused at its deadline, never granted late. */
+static void engine_advance(Engine *e, usec_t now) {
+        for (;;) {
+                usec_t t = engine_next_wakeup(e);
+                if (t >= now)
+                        break;
+                settle(e, t);
+        }
+}
+
+static void mark_unsettled(Engine *e, usec_t now) {
+        e->unsettled = true;
+        e->unsettled_at = now;
+}
+
+void engine_run(Engine *e, usec_t now) {
+        if (!e)
+                return;
+        engine_advance(e, now);
+        settle(e, now);
+}
+
+/* ---- commands ---- */
+
+static EngineLane *lane_find(const Engine *e, const char *name) {
+        for (size_t i = 0; i < e->n_lanes; i++)
+                if (streq(e->lanes[i]->name, name))
+                        return e->lanes[i];
+        return NULL;
+}
+
+int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest **ret) {
+        assert_return(e, -EINVAL);
+        assert_return(a && a->lane, -EINVAL);
+        assert_return(a->slots >= 1, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        engine_advance(e, now);
+
+        EngineLane *lane = lane_find(e, a->lane);
+        if (!lane)
+                return -ENOENT;
+
+        EngineRequest *r = calloc(1, sizeof(EngineRequest));
+        if (!r)
+                return -ENOMEM;
+        r->route = calloc(lane->n_pools, sizeof(Pool *));
+        r->lane = lane->name;
+        if (!r->route) {
+                request_free(r);
+                return -ENOMEM;
+        }
+
+        /* A request that is bigger than a pool skips it; drained pools are skipped too. */
+        Pool *fits = NULL;
+        for (size_t i = 0; i < lane->n_pools; i++) {
+                Pool *p = lane->pools[i];
+                if (a->slots > p->limit)
+                        continue;
+                fits = p;
+                if (!p->drained)
+                        r->route[r->n_route++] = p;
+        }
+        if (!fits) {
+                request_free(r);
+                return -EINVAL;
+        }
+
+        bool hear_client = !lane->client_wait_ignore;
+        r->n_ref = 2; /* the caller's and the engine's until the final decision */
+        r->engine = e;
+        r->userdata = a->userdata;
+        r->slots = a->slots;
+        r->may_wait = lane->policy == LANE_POLICY_WAIT && !(hear_client && a->no_wait);
+        r->lane_budget_set = lane->queue_timeout_set;
+        r->lane_budget = lane->queue_timeout;
+        r->client_cap = hear_client ? a->max_wait : USEC_INFINITY;
+        r->max_hold = lane->max_hold;
+        r->arrival = now;
+        r->phase = REQUEST_ROUTING;
+        r->state = QUEUE_STATE_NONE;
+        r->budget = USEC_INFINITY;
+
+        mark_unsettled(e, now);
+        if (r->n_route == 0) {
+                refuse_request(e, r, fits, REFUSAL_UNAVAILABLE, now);
+        } else {
+                int k = request_try_next(e, r, now);
+                if (k < 0) {
+                        /* Nothing was queued; the decision queue holds nothing of this request. */
+                        request_free(r);
+                        return k;
+                }
+        }
+        process_decisions(e);
+        *ret = r;
+        return 0;
+}
+
+void engine_request_cancel(EngineRequest *r, usec_t now) {
+        if (!r || !r->engine)
+                return;
+        Engine *e = r->engine;
+        /* Settle first: a budget that ended before `now` has already refused it. */
+        engine_advance(e, now);
+        if (r->phase != REQUEST_WAITING)
+                return;
+        r->pool->ops->withdraw(r->pool, r->waiter, now);
+        mark_unsettled(e, now);
+        request_finish(r);
+        retired_gc(e);
+}
+
+void engine_lease_release(EngineLease *l, usec_t now) {
+        if (!l)
+                return;
+        Engine *e = l->engine;
+        engine_advance(e, now);
+        heap_remove(&e->expiries, &l->expiry_node);
+        l->pool->ops->release(l->pool, l->grant, now);
+        list_unlink(&l->node);
+        lease_free(l);
+        mark_unsettled(e, now);
+        process_decisions(e);
+        retired_gc(e);
+}
+
+int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **ret) {
+        assert_return(e, -EINVAL);
+        assert_return(rs && rs->pool && rs->lane && rs->slots && rs->n_slots > 0, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        Pool *p = pool_find(e->pools, e->n_pools, rs->pool);
+        if (!p)
+                return -ENOENT;
+        PoolGrant *g;
+        int r = p->ops->restore(p, rs->lane, rs->slots, rs->n_slots, rs->token, &g);
+        if (r < 0)
+                return r;
+        EngineLease *l;
+        r = lease_new(e, p, g, rs->lane, rs->slots, rs->n_slots, rs->token, rs->granted_at, rs->expires_at,
+                      rs->userdata, &l);
+        if (r < 0) {
+                p->ops->release(p, g, rs->granted_at);
+                return r;
+        }
+        *ret = l;
+        return 0;
+}
+
+int engine_set_token_floor(Engine *e, const char *pool, uint64_t next_token) {
+        assert_return(e && pool, -EINVAL);
+        Pool *p = pool_find(e->pools, e->n_pools, pool);
+        if (!p)
+                return -ENOENT;
+        p->ops->set_token_floor(p, next_token);
+        return 0;
+}
+
+int engine_drain(Engine *e, const char *pool, const char *member, bool on, usec_t now) {
+        assert_return(e && pool, -EINVAL);
+        engine_advance(e, now);
+        Pool *p = pool_find(e->pools, e->n_pools, pool);
+        if (!p)
+                return -ENOENT;
+        int r = p->ops->drain(p, member, on, now);
+        if (r < 0)
+                return r;
+        mark_unsettled(e, now);
+        process_decisions(e);
+        return 0;
+}
+
+size_t engine_pool_count(const Engine *e) {
+        return e ? e->n_pools : 0;
+}
+
+int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret) {
+        assert_return(e && ret, -EINVAL);
+        if (i >= e->n_pools)
+                return -ENOENT;
+        const Pool *p = e->pools[i];
+        PoolInfo info;
+        p->ops->info(p, now, &info);
+        *ret = (EnginePoolInfo) {
+                .name = p->name,
+                .limit = info.limit,
+                .in_use = info.in_use,
+                .waiting = info.waiting,
+                .congested = info.congested,
+                .drained = info.drained,
+                .queue_timeout_set = info.queue_timeout_set,
+                .queue_timeout = info.queue_timeout,
+                .idle = info.idle,
+                .next_token = info.next_token,
+                .members = p->members,
+        };
+        return 0;
+}
+
+/* ---- configuration ---- */
+
+static EngineLane *engine_lane_free(EngineLane *l) {
+        if (!l)
+                return NULL;
+        free(l->pools);
+        return mfree(l);
+}
+
+static void lanes_free(EngineLane **lanes, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                engine_lane_free(lanes[i]);
+        free(lanes);
+}
+
+static int lanes_build(Engine *e, const BrokerConfig *c, Pool **pools, size_t n_pools, EngineLane ***ret) {
+        EngineLane **lanes = calloc(MAX(c->n_lanes, 1u), sizeof(EngineLane *));
+        if (!lanes)
+                return -ENOMEM;
+        for (size_t i = 0; i < c->n_lanes; i++) {
+                const LaneConfig *lc = c->lanes[i];
+                EngineLane *l = calloc(1, sizeof(EngineLane));
+                if (!l)
+                        goto oom;
+                lanes[i] = l;
+                *l = (EngineLane) {
+                        .policy = lc->policy,
+                        .priority = lc->priority,
+                        .queue_timeout_set = lc->queue_timeout_set,
+                        .queue_timeout = lc->queue_timeout,
+                        .client_wait_ignore = lc->client_wait_ignore,
+                        .max_hold = lc->max_hold,
+                };
+                l->name = engine_intern(e, lc->name);
+                l->pools = calloc(MAX(lc->n_pools, 1u), sizeof(Pool *));
+                if (!l->name || !l->pools)
+                        goto oom;
+                for (size_t k = 0; k < lc->n_pools; k++) {
+                        Pool *p = pool_find(pools, n_pools, lc->pools[k]);
+                        if (!p) {
+                                lanes_free(lanes, c->n_lanes);
+                                return -EINVAL; /* conf_validate() lets no such config through */
+                        }
+                        l->pools[l->n_pools++] = p;
+                }
+        }
+        *ret = lanes;
+        return 0;
+oom:
+        lanes_free(lanes, c->n_lanes);
+        return -ENOMEM;
+}
+
+/* The rules of every lane that routes to pool `name`. */
+static size_t rules_for_pool(const BrokerConfig *c, const char *name, PoolLaneRule *rules) {
+        size_t n = 0;
+        for (size_t i = 0; i < c->n_lanes; i++) {
+                const LaneConfig *lc = c->lanes[i];
+                for (size_t k = 0; k < lc->n_pools; k++)
+                        if (streq(lc->pools[k], name)) {
+                                rules[n++] = (PoolLaneRule) {
+                                        .lane = lc->name,
+                                        .priority = lc->priority,
+                                        .max_in_use = lc->max_in_use,
+                                        .reserve = lc->reserve,
+                                };
+                                break;
+                        }
+        }
+        return n;
+}
+
+static int pool_new_for(Engine *e, const PoolConfig *pc, Pool **ret) {
+        if (pc->backend)
+                return -EOPNOTSUPP;
+        const char *name = engine_intern(e, pc->name);
+        if (!name)
+                return -ENOMEM;
+        return pool_local_new(name, on_pool_decision, e, ret);
+}
+
+int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
+        assert_return(e && c, -EINVAL);
+        engine_advance(e, now);
+
+        _cleanup_free_ Pool **pools = calloc(MAX(c->n_pools, 1u), sizeof(Pool *));
+        _cleanup_free_ bool *created = calloc(MAX(c->n_pools, 1u), sizeof(bool));
+        _cleanup_free_ PoolLaneRule *rules = calloc(MAX(c->n_lanes, 1u), sizeof(PoolLaneRule));
+        EngineLane **lanes = NULL;
+        int r;
+
+        if (!pools || !created || !rules)
+                return -ENOMEM;
+
+        /* Find or make every pool first, so that a failure leaves the running config untouched. */
+        for (size_t i = 0; i < c->n_pools; i++) {
+                const PoolConfig *pc = c->pools[i];
+                if (pc->limit == 0)
+                        goto invalid;
+                pools[i] = pool_find(e->pools, e->n_pools, pc->name);
+                if (!pools[i])
+                        /* A pool removed earlier and still draining comes back as itself: its holders count. */
+                        pools[i] = pool_find(e->retired, e->n_retired, pc->name);
+                if (!pools[i]) {
+                        r = pool_new_for(e, pc, &pools[i]);
+                        if (r < 0)
+                                goto fail;
+                        created[i] = true;
+                }
+        }
+        r = lanes_build(e, c, pools, c->n_pools, &lanes);
+        if (r < 0)
+                goto fail;
+
+        Pool **retired = reallocarray(e->retired, e->n_retired + e->n_pools + 1, sizeof(Pool *));
+        if (!retired) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        e->retired = retired;
+
+        /* From here on nothing fails but out of memory inside a pool's lane table. */
+        for (size_t i = 0; i < c->n_pools; i++) {
+                size_t n_rules = rules_for_pool(c, c->pools[i]->name, rules);
+                r = pools[i]->ops->configure(pools[i], c->pools[i], rules, n_rules, now);
+                if (r < 0)
+                        goto fail;
+                pools[i]->retired = false;
+        }
+
+        /* Pools that are gone: waiters refused, holders finish. */
+        for (size_t i = 0; i < e->n_pools; i++)
+                if (!pool_find(pools, c->n_pools, e->pools[i]->name)) {
+                        e->pools[i]->ops->retire(e->pools[i], now);
+                        e->retired[e->n_retired++] = e->pools[i];
+                }
+        /* Pools revived from the retired list leave it. */
+        size_t j = 0;
+        for (size_t i = 0; i < e->n_retired; i++)
+                if (!pool_find(pools, c->n_pools, e->retired[i]->name))
+                        e->retired[j++] = e->retired[i];
+        e->n_retired = j;
+
+        free(e->pools);
+        e->pools = TAKE_PTR(pools);
+        e->n_pools = c->n_pools;
+        lanes_free(e->lanes, e->n_lanes);
+        e->lanes = lanes;
+        e->n_lanes = c->n_lanes;
+
+        mark_unsettled(e, now);
+        process_decisions(e);
+        retired_gc(e);
+        return 0;
+
+invalid:
+        r = -EINVAL;
+fail:
+        for (size_t i = 0; i < c->n_pools; i++)
+                if (created[i] && pools[i])
+                        pools[i]->ops->free(pools[i]);
+        if (lanes)
+                lanes_free(lanes, c->n_lanes);
+        return r;
+}
+
+/* ---- lifecycle ---- */
+
+int engine_new(EngineRandomFn random, void *random_userdata, Engine **ret) {
+        assert_return(random, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        Engine *e = calloc(1, sizeof(Engine));
+        if (!e)
+                return -ENOMEM;
+        e->random = random;
+        e->random_userdata = random_userdata;
+        list_init(&e->leases);
+        list_init(&e->waiting);
+        heap_init(&e->expiries);
+        *ret = e;
+        return 0;
+}
+
+Engine *engine_free(Engine *e) {
+        if (!e)
+                return NULL;
+        /* Waiting requests lose the engine's reference; the caller's stays valid for unref. */
+        ListNode *n;
+        while ((n = list_first(&e->waiting))) {
+                EngineRequest *r = container_of(n, EngineRequest, waiting_node);
+                r->engine = NULL;
+                request_finish(r);
+        }
+        while ((n = list_first(&e->leases))) {
+                EngineLease *l = container_of(n, EngineLease, node);
+                l->pool->ops->release(l->pool, l->grant, 0);
+                list_unlink(n);
+                lease_free(l);
+        }
+        for (size_t i = 0; i < e->n_pools; i++)
+                e->pools[i]->ops->free(e->pools[i]);
+        for (size_t i = 0; i < e->n_retired; i++)
+                e->retired[i]->ops->free(e->retired[i]);
+        free(e->pools);
+        free(e->retired);
+        lanes_free(e->lanes, e->n_lanes);
+        heap_done(&e->expiries);
+        free(e->pending);
+        free(e->events);
+        for (size_t i = 0; i < e->n_names; i++)
+                free(e->names[i]);
+        free(e->names);
+        return mfree(e);
+}

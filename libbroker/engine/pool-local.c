@@ -1,0 +1,889 @@
+/* SPDX-License-Identifier: MIT */
+/* pool-local.c — the in-process pool: slots, one queue, controlled-delay budgets (SPEC §3, §3.1).
+ *
+ * The queue is kept three ways, each for one question, so that no operation walks the waiters:
+ *   - per lane, one FIFO per distinct slot count k ("buckets"): who is next for a lane, given its limits;
+ *   - a rank tree ordered by (priority, arrival): a waiter's position;
+ *   - a deadline heap: whose budget ends next.
+ * Dispatch looks at the head of each (lane, k) bucket only: O(lanes × distinct k) per grant, however
+ * long the queue is. Lanes and distinct k are a handful in any real configuration. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "heap.h"
+#include "list.h"
+#include "macro.h"
+#include "pool.h"
+#include "rank-tree.h"
+
+typedef struct LocalPool LocalPool;
+typedef struct LocalLane LocalLane;
+
+typedef struct Bucket {
+        unsigned slots;
+        List fifo; /* PoolWaiter.fifo_node, in arrival order */
+} Bucket;
+
+/* A lane's share of this pool: its limits, what it holds, who of it waits. */
+struct LocalLane {
+        char *name;
+        int priority;
+        int64_t max_in_use;
+        unsigned reserve;
+        bool configured;   /* false: removed by reload, kept while it holds slots */
+        unsigned used;
+        size_t n_waiting;
+        Bucket **buckets;  /* sorted by slots, ascending; empty ones are kept: there are few */
+        size_t n_buckets;
+};
+
+struct PoolWaiter {
+        LocalPool *pool;
+        LocalLane *lane;
+        void *cookie;
+        unsigned slots;
+        uint64_t seq;
+        usec_t arrival;
+        QueueState state;
+        usec_t idle;
+        usec_t budget;
+        bool shed;         /* the saturated budget is the one that runs out */
+        ListNode fifo_node;
+        RankNode rank_node;
+        HeapNode deadline_node;
+};
+
+struct PoolGrant {
+        LocalLane *lane;
+        uint64_t token;
+        unsigned n_slots;
+        unsigned slots[];
+};
+
+typedef enum Verdict {
+        VERDICT_GRANTABLE, /* k slots are free and the lane's limits allow it */
+        VERDICT_HOLD,      /* too few free slots: holds back everyone behind it (no barging) */
+        VERDICT_PASS,      /* held back by a lane limit: passed over until the limit allows it */
+} Verdict;
+
+struct LocalPool {
+        Pool base;
+        usec_t congestion_timeout;      /* USEC_INFINITY when unset */
+        bool congestion_timeout_set;
+        int64_t max_queue;
+
+        uint64_t *occupied;             /* bitmap over capacity slot indices */
+        unsigned capacity;              /* ≥ limit, and ≥ every held index + 1 */
+        unsigned in_use;                /* occupied slots, wherever they are */
+        unsigned held_below_limit;      /* occupied slots with index < limit */
+        bool *member_drained;           /* [limit], or NULL */
+        char **drained_members;         /* names, survive reloads */
+        unsigned drained_free;          /* drained members below limit that are not occupied */
+
+        usec_t last_fast;
+        uint64_t next_token;
+        uint64_t next_seq;
+
+        LocalLane **lanes;
+        size_t n_lanes;
+
+        RankTree queue;
+        size_t n_waiting;
+        Heap deadlines;
+
+        bool congested;
+};
+
+#define POOL(p) container_of(p, LocalPool, base)
+
+static void strv_free(char **l) {
+        if (!l)
+                return;
+        for (char **i = l; *i; i++)
+                free(*i);
+        free(l);
+}
+
+static char **strv_copy(char *const *l) {
+        size_t n = 0;
+        if (!l)
+                return NULL;
+        while (l[n])
+                n++;
+        char **c = calloc(n + 1, sizeof(char *));
+        if (!c)
+                return NULL;
+        for (size_t i = 0; i < n; i++)
+                if (!(c[i] = strdup(l[i]))) {
+                        strv_free(c);
+                        return NULL;
+                }
+        return c;
+}
+
+static bool strv_contains(char *const *l, const char *s) {
+        for (; l && *l; l++)
+                if (streq(*l, s))
+                        return true;
+        return false;
+}
+
+/* ---- slots ---- */
+
+static bool slot_is_occupied(const LocalPool *p, unsigned i) {
+        return i < p->capacity && (p->occupied[i / 64] >> (i % 64)) & 1;
+}
+
+static int ensure_capacity(LocalPool *p, unsigned n) {
+        if (n <= p->capacity)
+                return 0;
+        unsigned words = DIV_ROUND_UP(n, 64), old_words = DIV_ROUND_UP(p->capacity, 64);
+        uint64_t *b = reallocarray(p->occupied, MAX(words, 1u), sizeof(uint64_t));
+        if (!b)
+                return -ENOMEM;
+        memset(b + old_words, 0, (words - old_words) * sizeof(uint64_t));
+        p->occupied = b;
+        p->capacity = words * 64;
+        return 0;
+}
+
+static bool member_is_drained(const LocalPool *p, unsigned i) {
+        return p->member_drained && i < p->base.limit && p->member_drained[i];
+}
+
+static unsigned free_slots(const LocalPool *p) {
+        if (p->base.drained)
+                return 0;
+        return p->base.limit - p->held_below_limit - p->drained_free;
+}
+
+static void slot_take(LocalPool *p, unsigned i) {
+        p->occupied[i / 64] |= UINT64_C(1) << (i % 64);
+        p->in_use++;
+        if (i < p->base.limit)
+                p->held_below_limit++;
+}
+
+static void slot_put(LocalPool *p, unsigned i) {
+        p->occupied[i / 64] &= ~(UINT64_C(1) << (i % 64));
+        p->in_use--;
+        if (i < p->base.limit) {
+                p->held_below_limit--;
+                if (member_is_drained(p, i))
+                        p->drained_free++;
+        }
+}
+
+/* Lowest free index below the limit that is not drained: the same request gets the same slot every time. */
+static unsigned slot_find_free(const LocalPool *p) {
+        for (unsigned w = 0; w < DIV_ROUND_UP(p->base.limit, 64); w++) {
+                uint64_t bits = ~p->occupied[w];
+                while (bits) {
+                        unsigned i = w * 64 + (unsigned) __builtin_ctzll(bits);
+                        if (i >= p->base.limit)
+                                return UINT32_MAX;
+                        if (!member_is_drained(p, i))
+                                return i;
+                        bits &= bits - 1;
+                }
+        }
+        return UINT32_MAX;
+}
+
+/* ---- budgets (SPEC §3.1) ---- */
+
+static usec_t fast_threshold(usec_t q) {
+        return MAX(q / 20, MIN(USEC_PER_SEC, q));
+}
+
+static usec_t saturated_budget(const LocalPool *p) {
+        if (p->congestion_timeout_set)
+                return p->congestion_timeout;
+        usec_t q = p->base.queue_timeout;
+        return MAX(q / 10, MIN(USEC_PER_SEC, q));
+}
+
+static usec_t idle_at(const LocalPool *p, usec_t now) {
+        return usec_sub_unsigned(now, p->last_fast);
+}
+
+/* ---- lanes ---- */
+
+static LocalLane *lane_free(LocalLane *l) {
+        if (!l)
+                return NULL;
+        for (size_t i = 0; i < l->n_buckets; i++)
+                free(l->buckets[i]);
+        free(l->buckets);
+        free(l->name);
+        return mfree(l);
+}
+
+static LocalLane *lane_find(const LocalPool *p, const char *name) {
+        for (size_t i = 0; i < p->n_lanes; i++)
+                if (streq(p->lanes[i]->name, name))
+                        return p->lanes[i];
+        return NULL;
+}
+
+static int lane_add(LocalPool *p, const PoolLaneRule *r, LocalLane **ret) {
+        LocalLane **a = reallocarray(p->lanes, p->n_lanes + 1, sizeof(LocalLane *));
+        if (!a)
+                return -ENOMEM;
+        p->lanes = a;
+        LocalLane *l = calloc(1, sizeof(LocalLane));
+        if (!l)
+                return -ENOMEM;
+        l->name = strdup(r->lane);
+        if (!l->name) {
+                free(l);
+                return -ENOMEM;
+        }
+        l->priority = r->priority;
+        l->max_in_use = r->max_in_use;
+        l->reserve = r->reserve;
+        p->lanes[p->n_lanes++] = l;
+        *ret = l;
+        return 0;
+}
+
+static void lane_apply_rule(LocalLane *l, const PoolLaneRule *r) {
+        l->priority = r->priority;
+        l->max_in_use = r->max_in_use;
+        l->reserve = r->reserve;
+        l->configured = true;
+}
+
+/* Removes lanes that reload dropped once they hold and wait for nothing. */
+static void lanes_gc(LocalPool *p) {
+        size_t j = 0;
+        for (size_t i = 0; i < p->n_lanes; i++) {
+                LocalLane *l = p->lanes[i];
+                if (!l->configured && l->used == 0 && l->n_waiting == 0)
+                        lane_free(l);
+                else
+                        p->lanes[j++] = l;
+        }
+        p->n_lanes = j;
+}
+
+static Bucket *lane_bucket(LocalLane *l, unsigned slots) {
+        size_t i = 0;
+        while (i < l->n_buckets && l->buckets[i]->slots < slots)
+                i++;
+        if (i < l->n_buckets && l->buckets[i]->slots == slots)
+                return l->buckets[i];
+
+        /* Buckets are allocated one by one: each FIFO's sentinel must not move. */
+        Bucket **a = reallocarray(l->buckets, l->n_buckets + 1, sizeof(Bucket *));
+        if (!a)
+                return NULL;
+        l->buckets = a;
+        Bucket *b = malloc(sizeof(Bucket));
+        if (!b)
+                return NULL;
+        b->slots = slots;
+        list_init(&b->fifo);
+        memmove(a + i + 1, a + i, (l->n_buckets - i) * sizeof(Bucket *));
+        a[i] = b;
+        l->n_buckets++;
+        return b;
+}
+
+/* Slots reserved for other lanes and not yet used by them (SPEC §3: reserve). */
+static unsigned reserved_for_others(const LocalPool *p, const LocalLane *l) {
+        unsigned r = 0;
+        for (size_t i = 0; i < p->n_lanes; i++) {
+                const LocalLane *m = p->lanes[i];
+                if (m != l && m->configured && m->reserve > m->used)
+                        r += m->reserve - m->used;
+        }
+        return r;
+}
+
+static Verdict lane_verdict(const LocalPool *p, const LocalLane *l, unsigned slots, unsigned free) {
+        if (l->max_in_use >= 0 && (int64_t) (l->used + slots) > l->max_in_use)
+                return VERDICT_PASS;
+        if (slots > free)
+                return VERDICT_HOLD;
+        if (free - slots < reserved_for_others(p, l))
+                return VERDICT_PASS;
+        return VERDICT_GRANTABLE;
+}
+
+/* The earliest waiter of a lane that is not passed over by its limits, or NULL. */
+static PoolWaiter *lane_next(const LocalPool *p, const LocalLane *l, unsigned free, Verdict *ret_verdict) {
+        PoolWaiter *best = NULL;
+        Verdict best_verdict = VERDICT_PASS;
+        for (size_t i = 0; i < l->n_buckets; i++) {
+                ListNode *n = list_first(&l->buckets[i]->fifo);
+                if (!n)
+                        continue;
+                Verdict v = lane_verdict(p, l, l->buckets[i]->slots, free);
+                if (v == VERDICT_PASS)
+                        continue;
+                PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
+                if (!best || w->seq < best->seq) {
+                        best = w;
+                        best_verdict = v;
+                }
+        }
+        *ret_verdict = best_verdict;
+        return best;
+}
+
+static bool waiter_before(const PoolWaiter *a, const PoolWaiter *b) {
+        return a->lane->priority > b->lane->priority || (a->lane->priority == b->lane->priority && a->seq < b->seq);
+}
+
+/* The first waiter in queue order that is not passed over: the one every grant must go through. */
+static PoolWaiter *queue_next(const LocalPool *p, int min_priority, Verdict *ret_verdict) {
+        unsigned free = free_slots(p);
+        PoolWaiter *best = NULL;
+        Verdict best_verdict = VERDICT_PASS;
+        for (size_t i = 0; i < p->n_lanes; i++) {
+                const LocalLane *l = p->lanes[i];
+                if (l->n_waiting == 0 || l->priority < min_priority)
+                        continue;
+                Verdict v;
+                PoolWaiter *w = lane_next(p, l, free, &v);
+                if (w && (!best || waiter_before(w, best))) {
+                        best = w;
+                        best_verdict = v;
+                }
+        }
+        *ret_verdict = best_verdict;
+        return best;
+}
+
+/* ---- waiters ---- */
+
+static void waiter_unlink(LocalPool *p, PoolWaiter *w) {
+        list_unlink(&w->fifo_node);
+        rank_tree_remove(&p->queue, &w->rank_node);
+        heap_remove(&p->deadlines, &w->deadline_node);
+        w->lane->n_waiting--;
+        p->n_waiting--;
+}
+
+static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t at) {
+        waiter_unlink(p, w);
+        pool_emit(&p->base, &(PoolDecision) {
+                .verdict = POOL_VERDICT_REFUSED,
+                .pool = &p->base,
+                .cookie = w->cookie,
+                .at = at,
+                .refusal = refusal,
+                .state = w->state,
+                .idle = w->idle,
+                .budget = w->budget,
+        });
+        free(w);
+}
+
+static int grant(LocalPool *p, LocalLane *l, void *cookie, unsigned slots, usec_t arrival, usec_t now,
+                 const PoolWaiter *w) {
+        PoolGrant *g = malloc(sizeof(PoolGrant) + slots * sizeof(unsigned));
+        if (!g)
+                return -ENOMEM;
+        *g = (PoolGrant) { .lane = l, .token = p->next_token++, .n_slots = slots };
+        for (unsigned i = 0; i < slots; i++) {
+                g->slots[i] = slot_find_free(p);
+                assert(g->slots[i] != UINT32_MAX);
+                slot_take(p, g->slots[i]);
+        }
+        l->used += slots;
+
+        /* A fast admission restarts the idle clock; a slow one does not (SPEC §3.1). */
+        if (p->base.queue_timeout_set && now - arrival <= fast_threshold(p->base.queue_timeout))
+                p->last_fast = now;
+
+        pool_emit(&p->base, &(PoolDecision) {
+                .verdict = POOL_VERDICT_GRANTED,
+                .pool = &p->base,
+                .cookie = cookie,
+                .at = now,
+                .state = w ? w->state : QUEUE_STATE_NONE,
+                .idle = w ? w->idle : 0,
+                .budget = w ? w->budget : USEC_INFINITY,
+                .grant = g,
+                .slots = g->slots,
+                .n_slots = slots,
+                .token = g->token,
+        });
+        return 0;
+}
+
+/* Step 3 of the instant: free slots go to waiters in queue order, until the first that cannot go. */
+static void dispatch(LocalPool *p, usec_t now) {
+        while (p->n_waiting > 0 && free_slots(p) > 0) {
+                Verdict v;
+                PoolWaiter *w = queue_next(p, INT32_MIN, &v);
+                if (!w || v != VERDICT_GRANTABLE)
+                        return;
+                waiter_unlink(p, w);
+                if (grant(p, w->lane, w->cookie, w->slots, w->arrival, now, w) < 0) {
+                        /* Out of memory mid-grant: refuse rather than lose the request silently. */
+                        pool_emit(&p->base, &(PoolDecision) {
+                                .verdict = POOL_VERDICT_REFUSED,
+                                .pool = &p->base,
+                                .cookie = w->cookie,
+                                .at = now,
+                                .refusal = REFUSAL_UNAVAILABLE,
+                        });
+                }
+                free(w);
+        }
+}
+
+/* ---- the congested gauge ---- */
+
+/* A one-slot request with no lane or client cap has no room: someone waits or no slot is free. */
+static bool pool_has_room_for_one(const LocalPool *p) {
+        return p->n_waiting == 0 && free_slots(p) > 0;
+}
+
+static bool congested_at(const LocalPool *p, usec_t now) {
+        if (!p->base.queue_timeout_set || p->base.drained || p->base.retired)
+                return false;
+        return !pool_has_room_for_one(p) && idle_at(p, now) > p->base.queue_timeout;
+}
+
+static void update_congestion(LocalPool *p, usec_t now) {
+        bool c = congested_at(p, now);
+        if (c == p->congested)
+                return;
+        p->congested = c;
+        pool_emit(&p->base, &(PoolDecision) {
+                .verdict = POOL_VERDICT_CONGESTION,
+                .pool = &p->base,
+                .at = now,
+                .idle = idle_at(p, now),
+                .congested = c,
+        });
+}
+
+/* ---- PoolOps ---- */
+
+static void local_free(Pool *base) {
+        LocalPool *p = POOL(base);
+        /* Waiters still queued belong to requests the engine is freeing too. */
+        for (size_t i = 0; i < p->n_lanes; i++) {
+                LocalLane *l = p->lanes[i];
+                for (size_t b = 0; b < l->n_buckets; b++) {
+                        ListNode *n;
+                        while ((n = list_first(&l->buckets[b]->fifo))) {
+                                PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
+                                list_unlink(n);
+                                free(w);
+                        }
+                }
+                lane_free(l);
+        }
+        free(p->lanes);
+        heap_done(&p->deadlines);
+        free(p->occupied);
+        free(p->member_drained);
+        strv_free(p->drained_members);
+        strv_free(p->base.members);
+        free(p);
+}
+
+static void recount_slots(LocalPool *p) {
+        p->held_below_limit = 0;
+        p->drained_free = 0;
+        for (unsigned i = 0; i < p->base.limit; i++) {
+                if (slot_is_occupied(p, i))
+                        p->held_below_limit++;
+                else if (member_is_drained(p, i))
+                        p->drained_free++;
+        }
+}
+
+static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now) {
+        LocalPool *p = POOL(base);
+        _cleanup_free_ bool *member_drained = NULL;
+        char **members = NULL;
+
+        if (c->limit == 0)
+                return -EINVAL;
+        int r = ensure_capacity(p, c->limit);
+        if (r < 0)
+                return r;
+        if (c->members) {
+                members = strv_copy(c->members);
+                if (!members)
+                        return -ENOMEM;
+                member_drained = calloc(c->limit, sizeof(bool));
+                if (!member_drained) {
+                        strv_free(members);
+                        return -ENOMEM;
+                }
+                for (unsigned i = 0; i < c->limit && members[i]; i++)
+                        member_drained[i] = strv_contains(p->drained_members, members[i]);
+        }
+        /* Lanes first: the only step that can fail half-way, and it only adds. */
+        for (size_t i = 0; i < n_rules; i++)
+                if (!lane_find(p, rules[i].lane)) {
+                        LocalLane *l;
+                        r = lane_add(p, &rules[i], &l);
+                        if (r < 0) {
+                                strv_free(members);
+                                return r;
+                        }
+                }
+
+        bool had_q = p->base.queue_timeout_set;
+        strv_free(p->base.members);
+        p->base.members = members;
+        free(p->member_drained);
+        p->member_drained = TAKE_PTR(member_drained);
+        p->base.limit = c->limit;
+        p->base.queue_timeout_set = c->queue_timeout_set;
+        p->base.queue_timeout = c->queue_timeout;
+        p->congestion_timeout_set = c->congestion_timeout_set;
+        p->congestion_timeout = c->congestion_timeout;
+        p->max_queue = c->max_queue;
+        /* A pool that starts measuring idle time starts from now (SPEC §3.1). */
+        if (!had_q && c->queue_timeout_set)
+                p->last_fast = now;
+        recount_slots(p);
+
+        for (size_t i = 0; i < p->n_lanes; i++) {
+                LocalLane *l = p->lanes[i];
+                const PoolLaneRule *rule = NULL;
+                for (size_t k = 0; k < n_rules && !rule; k++)
+                        if (streq(rules[k].lane, l->name))
+                                rule = &rules[k];
+                if (!rule) {
+                        /* Dropped by reload: its waiters have nowhere to go; its holders finish. */
+                        l->configured = false;
+                        l->reserve = 0;
+                        l->max_in_use = -1;
+                        for (size_t b = 0; b < l->n_buckets; b++) {
+                                ListNode *n;
+                                while ((n = list_first(&l->buckets[b]->fifo)))
+                                        waiter_refuse(p, container_of(n, PoolWaiter, fifo_node), REFUSAL_UNAVAILABLE,
+                                                      now);
+                        }
+                        continue;
+                }
+                int old_priority = l->priority;
+                lane_apply_rule(l, rule);
+                if (old_priority != l->priority)
+                        /* The queue is ordered by priority: re-key this lane's waiters. O(n log n), reload only. */
+                        for (size_t b = 0; b < l->n_buckets; b++)
+                                list_foreach(n, &l->buckets[b]->fifo) {
+                                        PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
+                                        rank_tree_remove(&p->queue, &w->rank_node);
+                                        rank_tree_insert(&p->queue, &w->rank_node, -(int64_t) l->priority, w->seq);
+                                }
+        }
+        lanes_gc(p);
+        return 0;
+}
+
+static void local_retire(Pool *base, usec_t now) {
+        LocalPool *p = POOL(base);
+        p->base.retired = true;
+        for (size_t i = 0; i < p->n_lanes; i++) {
+                LocalLane *l = p->lanes[i];
+                l->configured = false;
+                for (size_t b = 0; b < l->n_buckets; b++) {
+                        ListNode *n;
+                        while ((n = list_first(&l->buckets[b]->fifo)))
+                                waiter_refuse(p, container_of(n, PoolWaiter, fifo_node), REFUSAL_UNAVAILABLE, now);
+                }
+        }
+        update_congestion(p, now);
+}
+
+static void refuse_try(LocalPool *p, const PoolTry *t, Refusal refusal, usec_t now) {
+        pool_emit(&p->base, &(PoolDecision) {
+                .verdict = POOL_VERDICT_REFUSED,
+                .pool = &p->base,
+                .cookie = t->cookie,
+                .at = now,
+                .refusal = refusal,
+                .budget = USEC_INFINITY,
+        });
+}
+
+static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
+        LocalPool *p = POOL(base);
+
+        if (p->base.drained || p->base.retired) {
+                refuse_try(p, t, REFUSAL_UNAVAILABLE, now);
+                return 0;
+        }
+        LocalLane *l = lane_find(p, t->lane);
+        if (!l || !l->configured || t->slots == 0 || t->slots > p->base.limit)
+                return -EINVAL;
+
+        /* Room: nobody ahead of it in queue order who is not passed over, and k slots the lane may take.
+         * An arrival goes behind every waiter of its priority and above, so those are the ones to ask. */
+        Verdict ahead_verdict, v = lane_verdict(p, l, t->slots, free_slots(p));
+        if (v == VERDICT_GRANTABLE && !queue_next(p, l->priority, &ahead_verdict))
+                return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL);
+
+        if (!t->may_wait) {
+                refuse_try(p, t, REFUSAL_BUSY, now);
+                return 0;
+        }
+        if (p->max_queue >= 0 && (int64_t) p->n_waiting >= p->max_queue) {
+                refuse_try(p, t, REFUSAL_FULL, now);
+                return 0;
+        }
+
+        Bucket *b = lane_bucket(l, t->slots);
+        if (!b)
+                return -ENOMEM;
+        PoolWaiter *w = calloc(1, sizeof(PoolWaiter));
+        if (!w)
+                return -ENOMEM;
+        *w = (PoolWaiter) {
+                .pool = p,
+                .lane = l,
+                .cookie = t->cookie,
+                .slots = t->slots,
+                .seq = p->next_seq++,
+                .arrival = t->arrival,
+                .state = QUEUE_STATE_NONE,
+                .budget = USEC_INFINITY,
+        };
+        heap_node_init(&w->deadline_node);
+
+        /* The budget is fixed now, from the idle time now (SPEC §3.1). */
+        usec_t adaptive = USEC_INFINITY;
+        if (p->base.queue_timeout_set) {
+                w->idle = idle_at(p, now);
+                w->state = w->idle > p->base.queue_timeout ? QUEUE_STATE_SATURATED : QUEUE_STATE_KEEPING_UP;
+                adaptive = w->state == QUEUE_STATE_SATURATED ? saturated_budget(p) : p->base.queue_timeout;
+        }
+        usec_t base_budget = t->lane_budget_set ? t->lane_budget : adaptive;
+        w->budget = MIN(base_budget, t->client_cap);
+        w->shed = !t->lane_budget_set && w->state == QUEUE_STATE_SATURATED && adaptive <= t->client_cap;
+
+        if (w->budget != USEC_INFINITY) {
+                int r = heap_push(&p->deadlines, &w->deadline_node, usec_add(now, w->budget));
+                if (r < 0) {
+                        free(w);
+                        return r;
+                }
+        }
+        list_append(&b->fifo, &w->fifo_node);
+        rank_tree_insert(&p->queue, &w->rank_node, -(int64_t) l->priority, w->seq);
+        l->n_waiting++;
+        p->n_waiting++;
+
+        pool_emit(&p->base, &(PoolDecision) {
+                .verdict = POOL_VERDICT_QUEUED,
+                .pool = &p->base,
+                .cookie = t->cookie,
+                .at = now,
+                .state = w->state,
+                .idle = w->idle,
+                .budget = w->budget,
+                .waiter = w,
+        });
+        return 0;
+}
+
+static void local_withdraw(Pool *base, PoolWaiter *w, usec_t now) {
+        LocalPool *p = POOL(base);
+        waiter_unlink(p, w);
+        free(w);
+        lanes_gc(p);
+}
+
+static void local_release(Pool *base, PoolGrant *g, usec_t now) {
+        LocalPool *p = POOL(base);
+        for (unsigned i = 0; i < g->n_slots; i++)
+                slot_put(p, g->slots[i]);
+        g->lane->used -= g->n_slots;
+        free(g);
+        lanes_gc(p);
+}
+
+static int local_restore(Pool *base, const char *lane, const unsigned *slots, unsigned n_slots, uint64_t token,
+                         PoolGrant **ret) {
+        LocalPool *p = POOL(base);
+        LocalLane *l = lane_find(p, lane);
+        int r;
+
+        if (n_slots == 0)
+                return -EINVAL;
+        if (!l) {
+                        /* The lane is gone from the config: the slots are held under a lane that exists only for them. */
+                r = lane_add(p, &(PoolLaneRule) { .lane = lane, .max_in_use = -1 }, &l);
+                if (r < 0)
+                        return r;
+        }
+        for (unsigned i = 0; i < n_slots; i++) {
+                if (slots[i] >= 1u << 24)
+                        return -EINVAL;
+                r = ensure_capacity(p, slots[i] + 1);
+                if (r < 0)
+                        return r;
+                if (slot_is_occupied(p, slots[i]))
+                        return -EEXIST;
+                for (unsigned k = 0; k < i; k++)
+                        if (slots[k] == slots[i])
+                                return -EEXIST;
+        }
+        PoolGrant *g = malloc(sizeof(PoolGrant) + n_slots * sizeof(unsigned));
+        if (!g)
+                return -ENOMEM;
+        *g = (PoolGrant) { .lane = l, .token = token, .n_slots = n_slots };
+        for (unsigned i = 0; i < n_slots; i++) {
+                g->slots[i] = slots[i];
+                if (member_is_drained(p, slots[i]))
+                        p->drained_free--;
+                slot_take(p, slots[i]);
+        }
+        l->used += n_slots;
+        if (token >= p->next_token)
+                p->next_token = token + 1;
+        *ret = g;
+        return 0;
+}
+
+static void local_run(Pool *base, usec_t now) {
+        LocalPool *p = POOL(base);
+        dispatch(p, now);
+        /* Step 4: budgets that end at `now` (or were due earlier and are only now looked at), each refused at
+         * its own deadline. A refused waiter may have held others back, so grant again after. */
+        bool expired = false;
+        HeapNode *n;
+        while ((n = heap_peek(&p->deadlines)) && n->key <= now) {
+                PoolWaiter *w = container_of(n, PoolWaiter, deadline_node);
+                waiter_refuse(p, w, w->shed ? REFUSAL_SHED : REFUSAL_TIMEOUT, n->key);
+                expired = true;
+        }
+        if (expired) {
+                dispatch(p, now);
+                lanes_gc(p);
+        }
+        update_congestion(p, now);
+}
+
+static usec_t local_next_wakeup(const Pool *base) {
+        const LocalPool *p = POOL(base);
+        usec_t t = USEC_INFINITY;
+        HeapNode *n = heap_peek(&p->deadlines);
+        if (n)
+                t = n->key;
+        /* The gauge turns on by itself when idle passes Q while there is no room. */
+        if (!p->congested && p->base.queue_timeout_set && !p->base.drained && !p->base.retired &&
+            !pool_has_room_for_one(p))
+                t = MIN(t, usec_add(usec_add(p->last_fast, p->base.queue_timeout), 1));
+        return t;
+}
+
+static int local_drain(Pool *base, const char *member, bool on, usec_t now) {
+        LocalPool *p = POOL(base);
+
+        if (!member) {
+                p->base.drained = on;
+                if (on)
+                        for (size_t i = 0; i < p->n_lanes; i++) {
+                                LocalLane *l = p->lanes[i];
+                                for (size_t b = 0; b < l->n_buckets; b++) {
+                                        ListNode *n;
+                                        while ((n = list_first(&l->buckets[b]->fifo)))
+                                                waiter_refuse(p, container_of(n, PoolWaiter, fifo_node),
+                                                              REFUSAL_UNAVAILABLE, now);
+                                }
+                        }
+                return 0;
+        }
+
+        if (!strv_contains(p->base.members, member))
+                return -ENOENT;
+        bool was = strv_contains(p->drained_members, member);
+        if (was == on)
+                return 0;
+        if (on) {
+                size_t n = 0;
+                while (p->drained_members && p->drained_members[n])
+                        n++;
+                char **l = reallocarray(p->drained_members, n + 2, sizeof(char *));
+                if (!l)
+                        return -ENOMEM;
+                p->drained_members = l;
+                if (!(l[n] = strdup(member)))
+                        return -ENOMEM;
+                l[n + 1] = NULL;
+        } else {
+                char **w = p->drained_members;
+                for (char **i = p->drained_members; *i; i++)
+                        if (streq(*i, member))
+                                free(*i);
+                        else
+                                *w++ = *i;
+                *w = NULL;
+        }
+        for (unsigned i = 0; i < p->base.limit; i++)
+                if (streq(p->base.members[i], member))
+                        p->member_drained[i] = on;
+        recount_slots(p);
+        return 0;
+}
+
+static size_t local_position(const Pool *base, const PoolWaiter *w, size_t *ret_queued) {
+        const LocalPool *p = POOL(base);
+        if (ret_queued)
+                *ret_queued = p->n_waiting;
+        return rank_tree_rank(&p->queue, &w->rank_node);
+}
+
+static void local_info(const Pool *base, usec_t now, PoolInfo *ret) {
+        const LocalPool *p = POOL(base);
+        *ret = (PoolInfo) {
+                .limit = p->base.limit,
+                .in_use = p->in_use,
+                .waiting = p->n_waiting,
+                .congested = p->congested,
+                .drained = p->base.drained,
+                .queue_timeout_set = p->base.queue_timeout_set,
+                .queue_timeout = p->base.queue_timeout,
+                .idle = idle_at(p, now),
+                .next_token = p->next_token,
+        };
+}
+
+static void local_set_token_floor(Pool *base, uint64_t next_token) {
+        LocalPool *p = POOL(base);
+        p->next_token = MAX(p->next_token, next_token);
+}
+
+static const PoolOps local_ops = {
+        .kind = "local",
+        .free = local_free,
+        .configure = local_configure,
+        .retire = local_retire,
+        .submit = local_submit,
+        .withdraw = local_withdraw,
+        .release = local_release,
+        .restore = local_restore,
+        .run = local_run,
+        .next_wakeup = local_next_wakeup,
+        .drain = local_drain,
+        .position = local_position,
+        .info = local_info,
+        .set_token_floor = local_set_token_floor,
+};
+
+int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool **ret) {
+        LocalPool *p = calloc(1, sizeof(LocalPool));
+        if (!p)
+                return -ENOMEM;
+        p->base = (Pool) { .ops = &local_ops, .emit = emit, .emit_userdata = emit_userdata };
+        p->base.name = name;
+        p->next_token = 1;
+        p->max_queue = -1;
+        heap_init(&p->deadlines);
+        *ret = &p->base;
+        return 0;
+}

@@ -1,0 +1,1072 @@
+/* SPDX-License-Identifier: MIT */
+/* test-engine.c — the admission rules of SPEC §3 on a fake clock, one behaviour per test. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine.h"
+
+#define MS(x) ((usec_t) (x) * USEC_PER_MSEC)
+#define S(x) ((usec_t) (x) * USEC_PER_SEC)
+#define MIN_(x) ((usec_t) (x) * USEC_PER_MINUTE)
+
+/* ---- fixture: a config built by hand, an engine, and every event it emitted ---- */
+
+#define MAX_EVENTS 4096
+
+typedef struct Tag {
+        char name[16];
+        EngineRequest *request;
+        EngineLease *lease;
+        EngineEventType last;
+        Refusal refusal;
+        usec_t decided;
+        size_t n_events;
+        EngineEvent queued;
+        EngineEvent final;
+} Tag;
+
+typedef struct Fixture {
+        BrokerConfig config;
+        Engine *engine;
+        uint64_t rng;
+        Tag tags[512];
+        size_t n_tags;
+        EngineEvent congestion[64];
+        size_t n_congestion;
+        EngineEvent revoked[64];
+        size_t n_revoked;
+} Fixture;
+
+static uint64_t fake_random(void *userdata) {
+        uint64_t *s = userdata;
+        uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        return z ^ (z >> 31);
+}
+
+static PoolConfig *pool_add(Fixture *f, const char *name, unsigned limit) {
+        PoolConfig *p = calloc(1, sizeof(PoolConfig));
+        p->name = strdup(name);
+        p->limit = limit;
+        p->max_queue = -1;
+        f->config.pools = realloc(f->config.pools, (f->config.n_pools + 1) * sizeof(PoolConfig *));
+        f->config.pools[f->config.n_pools++] = p;
+        return p;
+}
+
+static void pool_set_members(PoolConfig *p, const char *const *members, size_t n) {
+        p->members = calloc(n + 1, sizeof(char *));
+        for (size_t i = 0; i < n; i++)
+                p->members[i] = strdup(members[i]);
+        p->n_members = n;
+        p->limit = (unsigned) n;
+}
+
+static void pool_set_q(PoolConfig *p, usec_t q) {
+        p->queue_timeout_set = true;
+        p->queue_timeout = q;
+}
+
+/* pools: a NULL-terminated list of names */
+static LaneConfig *lane_add(Fixture *f, const char *name, LanePolicy policy, ...) {
+        LaneConfig *l = calloc(1, sizeof(LaneConfig));
+        l->name = strdup(name);
+        l->policy = policy;
+        l->max_in_use = -1;
+        l->max_hold = USEC_INFINITY;
+        l->pools = calloc(8, sizeof(char *));
+        va_list ap;
+        va_start(ap, policy);
+        for (const char *p; (p = va_arg(ap, const char *));)
+                l->pools[l->n_pools++] = strdup(p);
+        va_end(ap);
+        f->config.lanes = realloc(f->config.lanes, (f->config.n_lanes + 1) * sizeof(LaneConfig *));
+        f->config.lanes[f->config.n_lanes++] = l;
+        return l;
+}
+
+static void config_clear(BrokerConfig *c) {
+        for (size_t i = 0; i < c->n_pools; i++) {
+                for (size_t k = 0; c->pools[i]->members && c->pools[i]->members[k]; k++)
+                        free(c->pools[i]->members[k]);
+                free(c->pools[i]->members);
+                free(c->pools[i]->name);
+                free(c->pools[i]);
+        }
+        for (size_t i = 0; i < c->n_lanes; i++) {
+                for (size_t k = 0; k < c->lanes[i]->n_pools; k++)
+                        free(c->lanes[i]->pools[k]);
+                free(c->lanes[i]->pools);
+                free(c->lanes[i]->name);
+                free(c->lanes[i]);
+        }
+        free(c->pools);
+        free(c->lanes);
+        *c = (BrokerConfig) {};
+}
+
+static void drain_events(Fixture *f) {
+        EngineEvent ev;
+        while (engine_pop_event(f->engine, &ev)) {
+                if (ev.type == ENGINE_EVENT_CONGESTION) {
+                        assert_true(f->n_congestion < ELEMENTSOF(f->congestion));
+                        f->congestion[f->n_congestion++] = ev;
+                        continue;
+                }
+                if (ev.type == ENGINE_EVENT_REVOKE) {
+                        assert_true(f->n_revoked < ELEMENTSOF(f->revoked));
+                        f->revoked[f->n_revoked++] = ev;
+                        continue;
+                }
+                Tag *t = ev.userdata;
+                assert_non_null(t);
+                t->n_events++;
+                t->last = ev.type;
+                if (ev.type == ENGINE_EVENT_QUEUED)
+                        t->queued = ev;
+                else {
+                        t->final = ev;
+                        t->decided = ev.at;
+                }
+                if (ev.type == ENGINE_EVENT_GRANTED)
+                        t->lease = ev.lease;
+                if (ev.type == ENGINE_EVENT_REFUSED)
+                        t->refusal = ev.refusal;
+        }
+}
+
+static int setup(void **state) {
+        Fixture *f = calloc(1, sizeof(Fixture));
+        f->rng = 42;
+        assert_int_equal(engine_new(fake_random, &f->rng, &f->engine), 0);
+        *state = f;
+        return 0;
+}
+
+static int teardown(void **state) {
+        Fixture *f = *state;
+        for (size_t i = 0; i < f->n_tags; i++)
+                engine_request_unref(f->tags[i].request);
+        engine_free(f->engine);
+        config_clear(&f->config);
+        free(f);
+        return 0;
+}
+
+static void configure(Fixture *f, usec_t now) {
+        assert_int_equal(engine_configure(f->engine, &f->config, now), 0);
+        drain_events(f);
+}
+
+typedef struct Req {
+        const char *lane;
+        unsigned slots;
+        bool no_wait;
+        usec_t max_wait;
+} Req;
+
+/* Acquire at `now` (an arrival of the instant; engine_run follows separately). */
+static Tag *arrive(Fixture *f, const char *name, Req q, usec_t now) {
+        Tag *t = &f->tags[f->n_tags++];
+        snprintf(t->name, sizeof t->name, "%s", name);
+        int r = engine_acquire(f->engine,
+                               &(EngineAcquire) {
+                                       .lane = q.lane ? q.lane : "l",
+                                       .slots = q.slots ? q.slots : 1,
+                                       .no_wait = q.no_wait,
+                                       .max_wait = q.max_wait ? q.max_wait : USEC_INFINITY,
+                                       .userdata = t,
+                               },
+                               now, &t->request);
+        assert_int_equal(r, 0);
+        drain_events(f);
+        return t;
+}
+
+static void run(Fixture *f, usec_t now) {
+        engine_run(f->engine, now);
+        drain_events(f);
+}
+
+/* An arrival as its own instant. */
+static Tag *acquire(Fixture *f, const char *name, Req q, usec_t now) {
+        Tag *t = arrive(f, name, q, now);
+        run(f, now);
+        return t;
+}
+
+static void release(Fixture *f, Tag *t, usec_t now) {
+        assert_non_null(t->lease);
+        engine_lease_release(t->lease, now);
+        t->lease = NULL;
+        drain_events(f);
+}
+
+static void end(Fixture *f, Tag *t, usec_t now) {
+        release(f, t, now);
+        run(f, now);
+}
+
+static bool granted(const Tag *t) {
+        return t->last == ENGINE_EVENT_GRANTED;
+}
+static bool queued(const Tag *t) {
+        return t->last == ENGINE_EVENT_QUEUED;
+}
+static bool refused(const Tag *t, Refusal r) {
+        return t->last == ENGINE_EVENT_REFUSED && t->refusal == r;
+}
+
+static unsigned pool_in_use(Fixture *f, size_t i) {
+        EnginePoolInfo info;
+        assert_int_equal(engine_pool_info(f->engine, i, 0, &info), 0);
+        return info.in_use;
+}
+
+static bool pool_congested(Fixture *f, size_t i) {
+        EnginePoolInfo info;
+        assert_int_equal(engine_pool_info(f->engine, i, 0, &info), 0);
+        return info.congested;
+}
+
+/* One pool "p" of `limit` with Q (0: unset), one wait lane "l". */
+static void simple(Fixture *f, unsigned limit, usec_t q) {
+        PoolConfig *p = pool_add(f, "p", limit);
+        if (q)
+                pool_set_q(p, q);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+}
+
+/* ---- budgets (SPEC §3.1) ---- */
+
+static void test_worked_example_keeping_up(void **state) {
+        Fixture *f = *state;
+        simple(f, 2, MIN_(5));
+        Tag *a = acquire(f, "A", (Req) {}, 0), *b = acquire(f, "B", (Req) {}, 0);
+        assert_true(granted(a) && granted(b));
+        Tag *c = acquire(f, "C", (Req) {}, S(4));
+        assert_true(queued(c));
+        assert_int_equal(c->queued.state, QUEUE_STATE_KEEPING_UP);
+        assert_int_equal(c->queued.idle, S(4));
+        assert_int_equal(c->queued.budget, MIN_(5));
+        end(f, a, S(9));
+        assert_true(granted(c));
+        assert_int_equal(c->final.wait, S(5));
+        Tag *d = acquire(f, "D", (Req) {}, MIN_(2));
+        assert_true(queued(d));
+        assert_int_equal(d->queued.state, QUEUE_STATE_KEEPING_UP);
+        assert_int_equal(d->queued.idle, S(111)); /* C's fast grant at 9 s reset idle */
+        assert_int_equal(d->queued.budget, MIN_(5));
+}
+
+static void test_worked_example_jammed(void **state) {
+        Fixture *f = *state;
+        simple(f, 2, MIN_(5));
+        acquire(f, "A", (Req) {}, 0);
+        acquire(f, "B", (Req) {}, 0);
+        Tag *c = acquire(f, "C", (Req) {}, S(10));
+        assert_int_equal(c->queued.budget, MIN_(5));
+        run(f, S(310) - 1);
+        assert_true(queued(c));
+        run(f, S(310));
+        assert_true(refused(c, REFUSAL_TIMEOUT));
+        assert_int_equal(c->decided, S(310));
+        Tag *d = acquire(f, "D", (Req) {}, S(311));
+        assert_int_equal(d->queued.state, QUEUE_STATE_SATURATED);
+        assert_int_equal(d->queued.idle, S(311));
+        assert_int_equal(d->queued.budget, S(30));
+        run(f, S(341));
+        assert_true(refused(d, REFUSAL_SHED));
+        assert_int_equal(d->decided, S(341));
+}
+
+static void test_idle_exactly_q_is_keeping_up(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, S(100));
+        acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, S(100));
+        assert_int_equal(b->queued.state, QUEUE_STATE_KEEPING_UP);
+        assert_int_equal(b->queued.budget, S(100));
+        Tag *c = acquire(f, "C", (Req) {}, S(100) + 1);
+        assert_int_equal(c->queued.state, QUEUE_STATE_SATURATED);
+        assert_int_equal(c->queued.budget, S(10));
+}
+
+static void test_wait_exactly_fast_threshold_is_fast(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, S(100)); /* fast threshold 5 s */
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, S(50));
+        end(f, a, S(55)); /* B waited exactly 5 s: fast, idle restarts at 55 s */
+        assert_true(granted(b));
+        Tag *c = acquire(f, "C", (Req) {}, S(155));
+        assert_int_equal(c->queued.idle, S(100));
+        assert_int_equal(c->queued.state, QUEUE_STATE_KEEPING_UP);
+}
+
+static void test_wait_above_fast_threshold_is_slow(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, S(100));
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, S(50));
+        end(f, a, S(55) + 1);
+        assert_true(granted(b));
+        Tag *c = acquire(f, "C", (Req) {}, S(101));
+        assert_int_equal(c->queued.idle, S(101)); /* still from the grant of A at 0 */
+        assert_int_equal(c->queued.state, QUEUE_STATE_SATURATED);
+}
+
+static void test_slow_admission_does_not_reset_idle(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, S(20)); /* fast threshold 1 s (floor), saturated budget 2 s */
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, S(1));
+        end(f, a, S(10)); /* B waited 9 s: slow */
+        assert_true(granted(b));
+        Tag *c = acquire(f, "C", (Req) {}, S(21));
+        assert_int_equal(c->queued.idle, S(21));
+        assert_int_equal(c->queued.state, QUEUE_STATE_SATURATED);
+}
+
+static void test_fast_threshold_floor_is_one_second(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, S(10)); /* Q/20 = 0.5 s, floor 1 s */
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, S(5));
+        end(f, a, S(6)); /* waited 1 s: fast by the floor */
+        assert_true(granted(b));
+        Tag *c = acquire(f, "C", (Req) {}, S(16));
+        assert_int_equal(c->queued.idle, S(10));
+}
+
+static void test_floors_never_exceed_q(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, MS(500)); /* fast threshold and saturated budget are min(1 s, Q) = 500 ms */
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, MS(1000));
+        assert_int_equal(b->queued.state, QUEUE_STATE_SATURATED);
+        assert_int_equal(b->queued.budget, MS(500));
+        run(f, MS(1500));
+        assert_true(refused(b, REFUSAL_SHED));
+        Tag *c = acquire(f, "C", (Req) {}, MS(1600));
+        end(f, a, MS(2100)); /* C waited exactly 500 ms: fast */
+        assert_true(granted(c));
+        Tag *d = acquire(f, "D", (Req) {}, MS(2600));
+        assert_int_equal(d->queued.idle, MS(500));
+        assert_int_equal(d->queued.state, QUEUE_STATE_KEEPING_UP);
+}
+
+static void test_saturated_budget_floor_is_one_second(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, S(5)); /* Q/10 = 0.5 s, floor 1 s */
+        acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, S(6));
+        assert_int_equal(b->queued.state, QUEUE_STATE_SATURATED);
+        assert_int_equal(b->queued.budget, S(1));
+}
+
+static void test_explicit_congestion_timeout_below_one_second_is_used_as_given(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 1);
+        pool_set_q(p, S(5));
+        p->congestion_timeout_set = true;
+        p->congestion_timeout = MS(200);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, S(6));
+        assert_int_equal(b->queued.budget, MS(200));
+        run(f, S(6) + MS(200));
+        assert_true(refused(b, REFUSAL_SHED));
+}
+
+static void test_refusals_do_not_reset_idle(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 1);
+        pool_set_q(p, S(10));
+        p->max_queue = 0;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        acquire(f, "A", (Req) {}, 0);
+        for (int i = 1; i <= 20; i++)
+                assert_true(refused(acquire(f, "X", (Req) {}, S(i)), REFUSAL_FULL));
+        p->max_queue = -1;
+        configure(f, S(20));
+        Tag *b = acquire(f, "B", (Req) {}, S(20));
+        assert_int_equal(b->queued.idle, S(20));
+        assert_int_equal(b->queued.state, QUEUE_STATE_SATURATED);
+}
+
+static void test_emptying_queue_does_not_reset_idle(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, S(10));
+        acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, S(1));
+        run(f, S(11));
+        assert_true(refused(b, REFUSAL_TIMEOUT)); /* the queue is empty now */
+        Tag *c = acquire(f, "C", (Req) {}, S(12));
+        assert_int_equal(c->queued.idle, S(12));
+        assert_int_equal(c->queued.state, QUEUE_STATE_SATURATED);
+}
+
+static void test_no_queue_timeout_means_no_budget(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, 0);
+        acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, S(1));
+        assert_int_equal(b->queued.budget, USEC_INFINITY);
+        assert_int_equal(b->queued.state, QUEUE_STATE_NONE);
+        assert_int_equal(engine_next_wakeup(f->engine), USEC_INFINITY);
+        run(f, S(1000000));
+        assert_true(queued(b));
+}
+
+static void test_lane_queue_timeout_replaces_adaptive_budget(void **state) {
+        Fixture *f = *state;
+        pool_set_q(pool_add(f, "p", 1), S(10));
+        LaneConfig *l = lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        l->queue_timeout_set = true;
+        l->queue_timeout = S(30);
+        LaneConfig *n = lane_add(f, "n", LANE_POLICY_WAIT, "p", NULL);
+        n->queue_timeout_set = true;
+        n->queue_timeout = USEC_INFINITY;
+        configure(f, 0);
+        acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, S(20)); /* saturated, but the lane budget rules */
+        assert_int_equal(b->queued.state, QUEUE_STATE_SATURATED);
+        assert_int_equal(b->queued.budget, S(30));
+        Tag *c = acquire(f, "C", (Req) { .lane = "n" }, S(20));
+        assert_int_equal(c->queued.budget, USEC_INFINITY);
+        run(f, S(50));
+        assert_true(refused(b, REFUSAL_TIMEOUT)); /* never shed: the saturated budget did not run out */
+        run(f, S(100000));
+        assert_true(queued(c));
+}
+
+static void test_client_cap_shortens_budget_and_times_out(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, S(100));
+        acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) { .max_wait = S(3) }, S(1));
+        assert_int_equal(b->queued.budget, S(3));
+        Tag *c = acquire(f, "C", (Req) { .max_wait = S(300) }, S(1)); /* can only shorten */
+        assert_int_equal(c->queued.budget, S(100));
+        run(f, S(4));
+        assert_true(refused(b, REFUSAL_TIMEOUT));
+}
+
+static void test_client_cap_below_saturated_budget_is_timeout_not_shed(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, S(100));
+        acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) { .max_wait = S(2) }, S(200));
+        assert_int_equal(b->queued.state, QUEUE_STATE_SATURATED);
+        assert_int_equal(b->queued.budget, S(2));
+        run(f, S(202));
+        assert_true(refused(b, REFUSAL_TIMEOUT));
+        Tag *c = acquire(f, "C", (Req) { .max_wait = S(20) }, S(300));
+        assert_int_equal(c->queued.budget, S(10));
+        run(f, S(310));
+        assert_true(refused(c, REFUSAL_SHED));
+}
+
+static void test_client_no_wait_is_busy(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, 0);
+        acquire(f, "A", (Req) {}, 0);
+        assert_true(refused(acquire(f, "B", (Req) { .no_wait = true }, S(1)), REFUSAL_BUSY));
+}
+
+static void test_client_wait_ignore_overrules_hints(void **state) {
+        Fixture *f = *state;
+        pool_set_q(pool_add(f, "p", 1), S(100));
+        LaneConfig *l = lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        l->client_wait_ignore = true;
+        configure(f, 0);
+        acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) { .no_wait = true }, S(1));
+        assert_true(queued(b));
+        Tag *c = acquire(f, "C", (Req) { .max_wait = S(1) }, S(1));
+        assert_int_equal(c->queued.budget, S(100));
+}
+
+/* ---- queue order ---- */
+
+static void test_fifo_within_a_lane(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 1), *c = acquire(f, "C", (Req) {}, 2), *d = acquire(f, "D", (Req) {}, 3);
+        end(f, a, 10);
+        assert_true(granted(b) && queued(c) && queued(d));
+        end(f, b, 20);
+        assert_true(granted(c) && queued(d));
+}
+
+static void test_higher_priority_goes_first(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "hi", LANE_POLICY_WAIT, "p", NULL)->priority = 10;
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 1);
+        Tag *c = acquire(f, "C", (Req) { .lane = "hi" }, 2);
+        size_t pos;
+        assert_int_equal(engine_request_position(c->request, &pos, NULL), 0);
+        assert_int_equal(pos, 0);
+        assert_int_equal(engine_request_position(b->request, &pos, NULL), 0);
+        assert_int_equal(pos, 1);
+        end(f, a, 10);
+        assert_true(granted(c) && queued(b));
+}
+
+static void test_no_barging_behind_a_multi_slot_waiter(void **state) {
+        Fixture *f = *state;
+        simple(f, 3, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        acquire(f, "B", (Req) {}, 0);
+        acquire(f, "C", (Req) {}, 0);
+        Tag *big = acquire(f, "BIG", (Req) { .slots = 2 }, 1);
+        Tag *small = acquire(f, "S", (Req) {}, 2);
+        end(f, a, 10); /* one slot free: BIG needs two, and S may not pass it */
+        assert_true(queued(big) && queued(small));
+        assert_int_equal(pool_in_use(f, 0), 2);
+        Tag *d = acquire(f, "D", (Req) { .no_wait = true }, 11); /* no room while someone waits */
+        assert_true(refused(d, REFUSAL_BUSY));
+}
+
+static void test_multi_slot_grant_hands_out_distinct_slots(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "rig-a", "rig-b", "rig-c" }, 3);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) { .slots = 2 }, 0);
+        const unsigned *idx;
+        const char *const *members;
+        assert_int_equal(engine_lease_slots(a->lease, &idx, &members), 1);
+        assert_int_equal(idx[0], 0);
+        assert_string_equal(members[0], "rig-a");
+        assert_int_equal(engine_lease_slots(b->lease, &idx, &members), 2);
+        assert_int_equal(idx[0], 1);
+        assert_int_equal(idx[1], 2);
+        assert_string_equal(members[1], "rig-c");
+        assert_true(engine_lease_token(b->lease) > engine_lease_token(a->lease));
+}
+
+static void test_max_queue_zero_grants_when_there_is_room(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1)->max_queue = 0;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        assert_true(granted(acquire(f, "A", (Req) {}, 0)));
+        assert_true(refused(acquire(f, "B", (Req) {}, 1), REFUSAL_FULL));
+}
+
+static void test_max_queue_caps_waiters(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1)->max_queue = 2;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        acquire(f, "A", (Req) {}, 0);
+        assert_true(queued(acquire(f, "B", (Req) {}, 1)));
+        assert_true(queued(acquire(f, "C", (Req) {}, 2)));
+        assert_true(refused(acquire(f, "D", (Req) {}, 3), REFUSAL_FULL));
+}
+
+/* ---- same-instant order (SPEC §3.3) ---- */
+
+static void test_cap_is_checked_before_freed_slots_are_handed_on(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1)->max_queue = 1;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 1);
+        /* At t = 10: A ends, then C arrives (B still waits: the queue is full), then B is granted. */
+        release(f, a, 10);
+        Tag *c = arrive(f, "C", (Req) {}, 10);
+        run(f, 10);
+        assert_true(refused(c, REFUSAL_FULL));
+        assert_true(granted(b));
+}
+
+static void test_arrival_does_not_take_a_slot_freed_for_a_waiter(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 1);
+        release(f, a, 10);
+        Tag *c = arrive(f, "C", (Req) {}, 10);
+        run(f, 10);
+        assert_true(granted(b) && queued(c));
+}
+
+static void test_grant_at_the_deadline_instant_beats_expiry(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, S(10));
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, S(1));
+        end(f, a, S(11)); /* B's budget ends at 11 s: grants come before expiries in an instant */
+        assert_true(granted(b));
+}
+
+static void test_waiter_never_granted_after_its_budget_ended(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, S(10));
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, S(1));
+        /* The loop was late: nothing ran at 11 s; A ends at 12 s. */
+        end(f, a, S(12));
+        assert_true(refused(b, REFUSAL_TIMEOUT));
+        assert_int_equal(b->decided, S(11));
+        assert_int_equal(pool_in_use(f, 0), 0);
+}
+
+/* ---- routing and lanes (SPEC §3.2) ---- */
+
+static void test_fail_fast_takes_first_pool_with_room(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "a", 1);
+        pool_add(f, "b", 1);
+        lane_add(f, "m", LANE_POLICY_FAIL_FAST, "a", "b", NULL);
+        configure(f, 0);
+        Tag *x = acquire(f, "X", (Req) { .lane = "m" }, 0);
+        Tag *y = acquire(f, "Y", (Req) { .lane = "m" }, 0);
+        Tag *z = acquire(f, "Z", (Req) { .lane = "m" }, 0);
+        assert_string_equal(x->final.pool, "a");
+        assert_string_equal(y->final.pool, "b");
+        assert_true(refused(z, REFUSAL_BUSY));
+        assert_string_equal(z->final.pool, "b");
+}
+
+static void test_wait_lane_queues_on_its_last_pool(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "a", 1);
+        pool_add(f, "b", 1);
+        lane_add(f, "n", LANE_POLICY_WAIT, "a", "b", NULL);
+        configure(f, 0);
+        acquire(f, "X", (Req) { .lane = "n" }, 0);
+        Tag *y = acquire(f, "Y", (Req) { .lane = "n" }, 0);
+        assert_string_equal(y->final.pool, "b");
+        Tag *z = acquire(f, "Z", (Req) { .lane = "n" }, 1);
+        assert_true(queued(z));
+        assert_string_equal(z->queued.pool, "b");
+}
+
+static void test_request_larger_than_a_pool_skips_it(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "small", 1);
+        pool_add(f, "big", 4);
+        lane_add(f, "l", LANE_POLICY_WAIT, "small", "big", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) { .slots = 3 }, 0);
+        assert_string_equal(a->final.pool, "big");
+        EngineRequest *r = NULL;
+        assert_int_equal(engine_acquire(f->engine, &(EngineAcquire) { .lane = "l", .slots = 5 }, 0, &r), -EINVAL);
+        assert_null(r);
+}
+
+static void test_invalid_requests_are_rejected(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, 0);
+        EngineRequest *r = NULL;
+        assert_int_equal(engine_acquire(f->engine, &(EngineAcquire) { .lane = "nope", .slots = 1 }, 0, &r), -ENOENT);
+        assert_int_equal(engine_acquire(f->engine, &(EngineAcquire) { .lane = "l", .slots = 0 }, 0, &r), -EINVAL);
+        assert_null(r);
+        assert_int_equal(pool_in_use(f, 0), 0);
+}
+
+static void test_max_in_use_passes_over_a_lane_at_its_cap(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 3);
+        lane_add(f, "n", LANE_POLICY_WAIT, "p", NULL)->max_in_use = 1;
+        lane_add(f, "m", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) { .lane = "n" }, 0);
+        Tag *b = acquire(f, "B", (Req) { .lane = "n" }, 1);
+        assert_true(granted(a) && queued(b));
+        Tag *c = acquire(f, "C", (Req) { .lane = "m" }, 2); /* B is passed over: C has room */
+        assert_true(granted(c));
+        end(f, a, 10);
+        assert_true(granted(b));
+}
+
+static void test_reserve_keeps_slots_for_its_lane(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 3);
+        lane_add(f, "merge", LANE_POLICY_FAIL_FAST, "p", NULL)->reserve = 1;
+        lane_add(f, "nightly", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        assert_true(granted(acquire(f, "N1", (Req) { .lane = "nightly" }, 0)));
+        assert_true(granted(acquire(f, "N2", (Req) { .lane = "nightly" }, 0)));
+        Tag *n3 = acquire(f, "N3", (Req) { .lane = "nightly" }, 1);
+        assert_true(queued(n3)); /* the third slot is merge's */
+        Tag *m = acquire(f, "M", (Req) { .lane = "merge" }, 2);
+        assert_true(granted(m)); /* the waiting nightly request is passed over, not in the way */
+        end(f, m, 3);
+        assert_true(queued(n3));
+}
+
+static void test_reserve_used_by_its_lane_frees_the_rest(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 2);
+        lane_add(f, "merge", LANE_POLICY_FAIL_FAST, "p", NULL)->reserve = 1;
+        lane_add(f, "nightly", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        assert_true(granted(acquire(f, "M", (Req) { .lane = "merge" }, 0)));
+        assert_true(granted(acquire(f, "N", (Req) { .lane = "nightly" }, 0)));
+}
+
+/* ---- cancellation, drain, reload ---- */
+
+static void test_cancelled_waiter_leaves_silently(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 1), *c = acquire(f, "C", (Req) {}, 2);
+        size_t n = b->n_events;
+        engine_request_cancel(b->request, 5);
+        run(f, 5);
+        assert_int_equal(b->n_events, n);
+        assert_false(engine_request_is_waiting(b->request));
+        size_t pos, queued_n;
+        assert_int_equal(engine_request_position(c->request, &pos, &queued_n), 0);
+        assert_int_equal(pos, 0);
+        assert_int_equal(queued_n, 1);
+        assert_int_equal(pool_in_use(f, 0), 1);
+        end(f, a, 10);
+        assert_true(granted(c));
+}
+
+static void test_drained_pool_refuses_waiters_unavailable(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 1);
+        assert_int_equal(engine_drain(f->engine, "p", NULL, true, 2), 0);
+        run(f, 2);
+        drain_events(f);
+        assert_true(refused(b, REFUSAL_UNAVAILABLE));
+        assert_true(refused(acquire(f, "C", (Req) {}, 3), REFUSAL_UNAVAILABLE));
+        end(f, a, 4);
+        assert_int_equal(engine_drain(f->engine, "p", NULL, false, 5), 0);
+        assert_true(granted(acquire(f, "D", (Req) {}, 5)));
+}
+
+static void test_drained_member_is_not_handed_out(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "a", "b" }, 2);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        assert_int_equal(engine_drain(f->engine, "p", "a", true, 0), 0);
+        assert_int_equal(engine_drain(f->engine, "p", "zz", true, 0), -ENOENT);
+        Tag *x = acquire(f, "X", (Req) {}, 1);
+        const char *const *members;
+        engine_lease_slots(x->lease, NULL, &members);
+        assert_string_equal(members[0], "b");
+        assert_true(queued(acquire(f, "Y", (Req) {}, 2)));
+}
+
+static void test_reload_shrink_lets_holders_finish(void **state) {
+        Fixture *f = *state;
+        simple(f, 3, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0), *b = acquire(f, "B", (Req) {}, 0);
+        acquire(f, "C", (Req) {}, 0);
+        f->config.pools[0]->limit = 1;
+        configure(f, 1);
+        assert_int_equal(pool_in_use(f, 0), 3); /* nobody is cut off */
+        Tag *d = acquire(f, "D", (Req) {}, 2);
+        assert_true(queued(d));
+        end(f, a, 3); /* slot 0, the one slot below the new limit, frees */
+        assert_true(granted(d));
+        end(f, b, 4); /* slot 1 is above the limit now: it frees, but is not handed out */
+        assert_int_equal(pool_in_use(f, 0), 2);
+        assert_true(queued(acquire(f, "E", (Req) {}, 5)));
+}
+
+static void test_reload_removing_pool_refuses_waiters_and_keeps_holders(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "a", 1);
+        pool_add(f, "b", 1);
+        lane_add(f, "l", LANE_POLICY_WAIT, "b", NULL);
+        lane_add(f, "k", LANE_POLICY_WAIT, "a", NULL);
+        configure(f, 0);
+        Tag *x = acquire(f, "X", (Req) {}, 0);
+        Tag *y = acquire(f, "Y", (Req) {}, 1);
+        /* remove pool b and lane l */
+        config_clear(&f->config);
+        pool_add(f, "a", 1);
+        lane_add(f, "k", LANE_POLICY_WAIT, "a", NULL);
+        configure(f, 2);
+        assert_true(refused(y, REFUSAL_UNAVAILABLE));
+        assert_string_equal(engine_lease_pool(x->lease), "b");
+        assert_int_equal(engine_pool_count(f->engine), 1);
+        end(f, x, 3);
+}
+
+static void test_reload_keeps_waiters_and_reorders_on_new_priority(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "k", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 1);
+        Tag *c = acquire(f, "C", (Req) { .lane = "k" }, 2);
+        f->config.lanes[1]->priority = 5;
+        configure(f, 3);
+        size_t pos;
+        assert_int_equal(engine_request_position(c->request, &pos, NULL), 0);
+        assert_int_equal(pos, 0);
+        end(f, a, 4);
+        assert_true(granted(c) && queued(b));
+}
+
+/* ---- leases ---- */
+
+static void test_max_hold_revokes_without_freeing(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL)->max_hold = S(60);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, S(1));
+        Tag *b = acquire(f, "B", (Req) {}, S(2));
+        assert_int_equal(engine_lease_expires_at(a->lease), S(61));
+        assert_int_equal(engine_next_wakeup(f->engine), S(61));
+        run(f, S(70));
+        assert_int_equal(f->n_revoked, 1);
+        assert_int_equal(f->revoked[0].at, S(61));
+        assert_ptr_equal(f->revoked[0].lease, a->lease);
+        assert_true(engine_lease_is_revoked(a->lease));
+        assert_true(queued(b));
+        end(f, a, S(71));
+        assert_true(granted(b));
+}
+
+static void test_restored_lease_occupies_its_slots_and_tokens_continue(void **state) {
+        Fixture *f = *state;
+        simple(f, 2, 0);
+        EngineLease *l;
+        assert_int_equal(engine_lease_restore(f->engine,
+                                              &(EngineLeaseRestore) { .pool = "p",
+                                                                      .lane = "l",
+                                                                      .slots = (const unsigned[]) { 1 },
+                                                                      .n_slots = 1,
+                                                                      .token = 41,
+                                                                      .expires_at = USEC_INFINITY },
+                                              &l),
+                         0);
+        assert_int_equal(engine_lease_restore(f->engine,
+                                              &(EngineLeaseRestore) { .pool = "p",
+                                                                      .lane = "l",
+                                                                      .slots = (const unsigned[]) { 1 },
+                                                                      .n_slots = 1,
+                                                                      .token = 42,
+                                                                      .expires_at = USEC_INFINITY },
+                                              &l),
+                         -EEXIST);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        const unsigned *idx;
+        engine_lease_slots(a->lease, &idx, NULL);
+        assert_int_equal(idx[0], 0);
+        assert_int_equal(engine_lease_token(a->lease), 42);
+        assert_true(queued(acquire(f, "B", (Req) {}, 0)));
+        assert_int_equal(engine_set_token_floor(f->engine, "p", 1000), 0);
+        end(f, a, 1);
+        assert_int_equal(engine_lease_token(f->tags[1].lease), 1000);
+}
+
+/* ---- congestion gauge ---- */
+
+static void test_congestion_turns_on_when_idle_passes_q_without_room(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, S(10));
+        acquire(f, "A", (Req) {}, 0);
+        acquire(f, "B", (Req) {}, S(1));
+        assert_false(pool_congested(f, 0));
+        assert_int_equal(engine_next_wakeup(f->engine), S(10) + 1); /* before B's budget at 11 s */
+        run(f, S(10) + 1);
+        assert_true(pool_congested(f, 0));
+        assert_int_equal(f->n_congestion, 1);
+        assert_true(f->congestion[0].congested);
+        assert_int_equal(f->congestion[0].at, S(10) + 1);
+}
+
+static void test_congestion_ends_with_a_fast_grant(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, S(10));
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        run(f, S(20));
+        assert_true(pool_congested(f, 0)); /* no free slot and idle > Q: the next request would be shed-bound */
+        Tag *b = acquire(f, "B", (Req) {}, S(30));
+        assert_int_equal(b->queued.state, QUEUE_STATE_SATURATED);
+        end(f, a, S(30) + MS(500)); /* B waited 0.5 s: fast */
+        assert_true(granted(b));
+        assert_false(pool_congested(f, 0)); /* room is gone but idle restarted */
+        assert_int_equal(f->n_congestion, 2);
+}
+
+static void test_idle_pool_with_room_is_not_congested(void **state) {
+        Fixture *f = *state;
+        simple(f, 2, S(10));
+        run(f, S(1000));
+        assert_false(pool_congested(f, 0));
+        assert_int_equal(engine_next_wakeup(f->engine), USEC_INFINITY);
+}
+
+/* ---- retry-after ---- */
+
+static void test_retry_after_range(void **state) {
+        unsigned lo = UINT32_MAX, hi = 0;
+        uint64_t s = 7;
+        for (int i = 0; i < 20000; i++) {
+                unsigned v = engine_retry_after_sec(true, MIN_(5), fake_random(&s));
+                lo = MIN(lo, v);
+                hi = MAX(hi, v);
+        }
+        assert_int_equal(lo, 1);
+        assert_int_equal(hi, 300);
+        lo = UINT32_MAX, hi = 0;
+        for (int i = 0; i < 20000; i++) {
+                unsigned v = engine_retry_after_sec(false, 0, fake_random(&s));
+                lo = MIN(lo, v);
+                hi = MAX(hi, v);
+        }
+        assert_int_equal(lo, 1);
+        assert_int_equal(hi, 60);
+        assert_int_equal(engine_retry_after_sec(true, MS(300), 12345), 1); /* ⌈0.3⌉ = 1 */
+        assert_int_equal(engine_retry_after_sec(true, MS(1500), 1), 2);   /* ⌈1.5⌉ = 2: [1, 2] */
+}
+
+static void test_refusal_carries_retry_after_of_the_refusing_pool(void **state) {
+        Fixture *f = *state;
+        pool_set_q(pool_add(f, "p", 1), S(3));
+        lane_add(f, "m", LANE_POLICY_FAIL_FAST, "p", NULL);
+        configure(f, 0);
+        acquire(f, "A", (Req) { .lane = "m" }, 0);
+        for (int i = 0; i < 50; i++) {
+                Tag *t = acquire(f, "X", (Req) { .lane = "m" }, 1);
+                assert_true(refused(t, REFUSAL_BUSY));
+                assert_in_range(t->final.retry_after_sec, 1, 3);
+        }
+}
+
+/* ---- invariants under a random workload ---- */
+
+static void test_random_workload_never_oversubscribes(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 4);
+        pool_set_q(p, S(5));
+        p->max_queue = 50;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "m", LANE_POLICY_FAIL_FAST, "p", NULL)->reserve = 1;
+        lane_add(f, "hi", LANE_POLICY_WAIT, "p", NULL)->priority = 3;
+        configure(f, 0);
+        uint64_t s = 99;
+        const char *lanes[] = { "l", "m", "hi" };
+        usec_t now = 0;
+        for (int i = 0; i < 400 && f->n_tags < ELEMENTSOF(f->tags); i++) {
+                now += MS(fake_random(&s) % 700);
+                uint64_t op = fake_random(&s) % 3;
+                if (op == 0) {
+                        /* end a random lease */
+                        if (f->n_tags > 0) {
+                                size_t k = (size_t) (fake_random(&s) % f->n_tags);
+                                if (f->tags[k].lease)
+                                        end(f, &f->tags[k], now);
+                        }
+                } else if (op == 1 && f->n_tags > 0) {
+                        size_t k = (size_t) (fake_random(&s) % f->n_tags);
+                        if (queued(&f->tags[k]))
+                                engine_request_cancel(f->tags[k].request, now);
+                        run(f, now);
+                } else
+                        acquire(f, "R",
+                                (Req) { .lane = lanes[fake_random(&s) % 3], .slots = 1 + (unsigned) (fake_random(&s) % 2) },
+                                now);
+                unsigned held = 0;
+                for (size_t k = 0; k < f->n_tags; k++)
+                        if (f->tags[k].lease) {
+                                const unsigned *idx;
+                                unsigned n = engine_lease_slots(f->tags[k].lease, &idx, NULL);
+                                held += n;
+                                for (unsigned x = 0; x < n; x++)
+                                        assert_true(idx[x] < 4);
+                        }
+                assert_true(held <= 4);
+                assert_int_equal(held, pool_in_use(f, 0));
+                /* After every instant settles no waiter that could go is left waiting. */
+                EnginePoolInfo info;
+                engine_pool_info(f->engine, 0, now, &info);
+                if (info.waiting > 0 && info.in_use == 0)
+                        fail_msg("waiters left behind with every slot free");
+        }
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+#define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
+                T(test_worked_example_keeping_up),
+                T(test_worked_example_jammed),
+                T(test_idle_exactly_q_is_keeping_up),
+                T(test_wait_exactly_fast_threshold_is_fast),
+                T(test_wait_above_fast_threshold_is_slow),
+                T(test_slow_admission_does_not_reset_idle),
+                T(test_fast_threshold_floor_is_one_second),
+                T(test_floors_never_exceed_q),
+                T(test_saturated_budget_floor_is_one_second),
+                T(test_explicit_congestion_timeout_below_one_second_is_used_as_given),
+                T(test_refusals_do_not_reset_idle),
+                T(test_emptying_queue_does_not_reset_idle),
+                T(test_no_queue_timeout_means_no_budget),
+                T(test_lane_queue_timeout_replaces_adaptive_budget),
+                T(test_client_cap_shortens_budget_and_times_out),
+                T(test_client_cap_below_saturated_budget_is_timeout_not_shed),
+                T(test_client_no_wait_is_busy),
+                T(test_client_wait_ignore_overrules_hints),
+                T(test_fifo_within_a_lane),
+                T(test_higher_priority_goes_first),
+                T(test_no_barging_behind_a_multi_slot_waiter),
+                T(test_multi_slot_grant_hands_out_distinct_slots),
+                T(test_max_queue_zero_grants_when_there_is_room),
+                T(test_max_queue_caps_waiters),
+                T(test_cap_is_checked_before_freed_slots_are_handed_on),
+                T(test_arrival_does_not_take_a_slot_freed_for_a_waiter),
+                T(test_grant_at_the_deadline_instant_beats_expiry),
+                T(test_waiter_never_granted_after_its_budget_ended),
+                T(test_fail_fast_takes_first_pool_with_room),
+                T(test_wait_lane_queues_on_its_last_pool),
+                T(test_request_larger_than_a_pool_skips_it),
+                T(test_invalid_requests_are_rejected),
+                T(test_max_in_use_passes_over_a_lane_at_its_cap),
+                T(test_reserve_keeps_slots_for_its_lane),
+                T(test_reserve_used_by_its_lane_frees_the_rest),
+                T(test_cancelled_waiter_leaves_silently),
+                T(test_drained_pool_refuses_waiters_unavailable),
+                T(test_drained_member_is_not_handed_out),
+                T(test_reload_shrink_lets_holders_finish),
+                T(test_reload_removing_pool_refuses_waiters_and_keeps_holders),
+                T(test_reload_keeps_waiters_and_reorders_on_new_priority),
+                T(test_max_hold_revokes_without_freeing),
+                T(test_restored_lease_occupies_its_slots_and_tokens_continue),
+                T(test_congestion_turns_on_when_idle_passes_q_without_room),
+                T(test_congestion_ends_with_a_fast_grant),
+                T(test_idle_pool_with_room_is_not_congested),
+                T(test_retry_after_range),
+                T(test_refusal_carries_retry_after_of_the_refusing_pool),
+                T(test_random_workload_never_oversubscribes),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
