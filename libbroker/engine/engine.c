@@ -635,7 +635,7 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         r->lane_budget_set = lane->queue_timeout_set;
         r->lane_budget = lane->queue_timeout;
         r->client_cap = hear_client ? a->max_wait : USEC_INFINITY;
-        r->max_hold = lane->max_hold;
+        r->max_hold = MIN(lane->max_hold, a->max_hold > 0 ? a->max_hold : USEC_INFINITY);
         r->arrival = now;
         r->phase = REQUEST_ROUTING;
         r->state = QUEUE_STATE_NONE;

@@ -88,6 +88,7 @@ typedef struct EngineAcquire {
         unsigned slots;           /* ≥ 1 */
         bool no_wait;             /* the client's wait:false */
         usec_t max_wait;          /* the client's queueWaitMs; USEC_INFINITY: none */
+        usec_t max_hold;          /* the client's cap on the hold, below the lane's max-hold; 0 or USEC_INFINITY: none */
         void *userdata;
 } EngineAcquire;
 
