@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/* json.h — jansson helpers: parameter objects checked against a table, and small builders. */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "macro.h"
+
+/* jansson ships json_decrefp() for _cleanup_(json_decrefp) json_t *v = NULL; */
+
+/* Caps that apply when a table entry leaves max_length at 0. */
+#define JSON_STRING_MAX_DEFAULT ((size_t) 4096)
+#define JSON_ARRAY_MAX_DEFAULT ((size_t) 4096)
+
+typedef enum JsonFieldType {
+        JSON_FIELD_STRING,   /* const char **: borrowed from the object; no NUL inside, ≤ max_length bytes */
+        JSON_FIELD_BOOL,     /* bool * */
+        JSON_FIELD_INT64,    /* int64_t *: an integer (not a real) within [min, max] */
+        JSON_FIELD_UINT64,   /* uint64_t *: likewise, never negative */
+        JSON_FIELD_UNSIGNED, /* unsigned *: likewise, ≤ UINT_MAX */
+        JSON_FIELD_OBJECT,   /* json_t **: borrowed */
+        JSON_FIELD_ARRAY,    /* json_t **: borrowed, ≤ max_length elements */
+        JSON_FIELD_STRV,     /* char ***: a new NULL-terminated copy, ≤ max_length elements, each string
+                              * as for JSON_FIELD_STRING (≤ JSON_STRING_MAX_DEFAULT); the old value is freed */
+        _JSON_FIELD_TYPE_MAX,
+        _JSON_FIELD_TYPE_INVALID = -EINVAL,
+} JsonFieldType;
+
+typedef enum JsonFieldFlags {
+        JSON_MANDATORY = 1 << 0, /* absent or null is an error; otherwise both leave the destination alone */
+} JsonFieldFlags;
+
+/* One entry of a dispatch table; a table ends with an entry whose name is NULL.
+ * Integer ranges: min == max == 0 means the type's whole range (jansson itself reads no integer beyond
+ * int64, so UINT64 tops out at INT64_MAX). */
+typedef struct JsonField {
+        const char *name;
+        JsonFieldType type;
+        JsonFieldFlags flags;
+        void *destination;
+        int64_t min, max;
+        size_t max_length;
+} JsonField;
+
+typedef enum JsonDispatchFlags {
+        JSON_DISPATCH_ALLOW_UNKNOWN = 1 << 0, /* ignore keys the table does not name (replies from newer servers) */
+} JsonDispatchFlags;
+
+/* Checks every key of object (NULL counts as {}) against table, then stores the values. Nothing is
+ * written unless everything is valid. Returns 0; -EINVAL for an unknown key, a missing mandatory one,
+ * a wrong type, a number out of range, a string with a NUL or over its cap — and then points
+ * *reterr_parameter (if not NULL) at the offending name, for InvalidParameter; -ENOMEM. */
+int json_dispatch(json_t *object, const JsonField table[], JsonDispatchFlags flags, const char **reterr_parameter);
+
+/* Parses exactly size bytes as one JSON object (NUL escapes allowed in strings, duplicate keys refused).
+ * Returns 0; -EBADMSG for malformed JSON or a value that is not an object; -ENOMEM. */
+int json_parse_object(const void *data, size_t size, json_t **ret);
+
+/* json_pack() that returns an errno: 0; -ENOMEM; -EINVAL for a bad format or a NULL where the format
+ * wants a value (use "s?"/"o?" for optional ones). */
+int json_build(json_t **ret, const char *fmt, ...);
+
+/* A JSON array of the strings of l (NULL: an empty array). Returns 0; -EINVAL for a string that is not
+ * UTF-8; -ENOMEM. */
+int json_strv_new(char *const *l, json_t **ret);
+
+/* Frees a NULL-terminated string array as JSON_FIELD_STRV allocates it; returns NULL. */
+char **json_strv_free(char **l);
+DEFINE_TRIVIAL_CLEANUP_FUNC(char **, json_strv_free);
+
+/* Compact JSON text of v, NUL-terminated (jansson escapes every control character, NUL included, so
+ * the text has no NUL of its own). *ret_size counts the bytes without the NUL. Returns 0 or -ENOMEM. */
+int json_format(const json_t *v, char **ret, size_t *ret_size);

@@ -1,0 +1,767 @@
+/* SPDX-License-Identifier: MIT */
+/* varlink.c — Varlink framing: names, calls and replies, the input buffer, the output queue, the stream. */
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "varlink.h"
+
+/* The standard service interface as varlink.org's reference implementations ship it, with the two
+ * errors (PermissionDenied, ExpectedMore) that systemd and python-varlink added. */
+const char varlink_interface_org_varlink_service[] =
+        "# The Varlink Service Interface is provided by every varlink service. It\n"
+        "# describes the service and the interfaces it implements.\n"
+        "interface org.varlink.service\n"
+        "\n"
+        "# Get a list of all the interfaces a service provides and information\n"
+        "# about the implementation.\n"
+        "method GetInfo() -> (\n"
+        "  vendor: string,\n"
+        "  product: string,\n"
+        "  version: string,\n"
+        "  url: string,\n"
+        "  interfaces: []string\n"
+        ")\n"
+        "\n"
+        "# Get the description of an interface that is implemented by this service.\n"
+        "method GetInterfaceDescription(interface: string) -> (description: string)\n"
+        "\n"
+        "# The requested interface was not found.\n"
+        "error InterfaceNotFound (interface: string)\n"
+        "\n"
+        "# The requested method was not found\n"
+        "error MethodNotFound (method: string)\n"
+        "\n"
+        "# The interface defines the requested method, but the service does not\n"
+        "# implement it.\n"
+        "error MethodNotImplemented (method: string)\n"
+        "\n"
+        "# One of the passed parameters is invalid.\n"
+        "error InvalidParameter (parameter: string)\n"
+        "\n"
+        "# Client is denied access\n"
+        "error PermissionDenied ()\n"
+        "\n"
+        "# Method is expected to be called with 'more' set to true, but wasn't\n"
+        "error ExpectedMore ()\n";
+
+/* ---- names ---- */
+
+static bool char_lower_alnum(char c) {
+        return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+}
+
+static bool char_alnum(char c) {
+        return char_lower_alnum(c) || (c >= 'A' && c <= 'Z');
+}
+
+/* [a-z]([-]*[a-z0-9])*(\.[a-z0-9]([-]*[a-z0-9])*)+ over s[0..n) */
+static bool interface_name_valid_n(const char *s, size_t n) {
+        size_t segments = 0;
+        size_t i = 0;
+
+        if (n == 0 || !(s[0] >= 'a' && s[0] <= 'z'))
+                return false;
+        while (i < n) {
+                /* A segment starts with a letter or digit and ends with one; dashes only inside. */
+                if (!char_lower_alnum(s[i]))
+                        return false;
+                while (i < n && s[i] != '.') {
+                        if (!char_lower_alnum(s[i]) && s[i] != '-')
+                                return false;
+                        i++;
+                }
+                if (s[i - 1] == '-')
+                        return false;
+                segments++;
+                if (i < n) {
+                        i++; /* the dot */
+                        if (i == n)
+                                return false;
+                }
+        }
+        return segments >= 2;
+}
+
+bool varlink_interface_name_valid(const char *s) {
+        return s && interface_name_valid_n(s, strlen(s));
+}
+
+bool varlink_member_name_valid(const char *s) {
+        if (!s || !(s[0] >= 'A' && s[0] <= 'Z'))
+                return false;
+        for (const char *p = s + 1; *p; p++)
+                if (!char_alnum(*p))
+                        return false;
+        return true;
+}
+
+int varlink_method_split(const char *method, size_t *ret_interface_len, const char **ret_member) {
+        assert_return(method, -EINVAL);
+
+        const char *dot = strrchr(method, '.');
+        if (!dot || !varlink_member_name_valid(dot + 1) || !interface_name_valid_n(method, dot - method))
+                return -EINVAL;
+        if (ret_interface_len)
+                *ret_interface_len = dot - method;
+        if (ret_member)
+                *ret_member = dot + 1;
+        return 0;
+}
+
+bool varlink_qualified_name_valid(const char *s) {
+        return s && varlink_method_split(s, NULL, NULL) >= 0;
+}
+
+bool varlink_method_in_interface(const char *method, const char *interface) {
+        if (!method || !interface)
+                return false;
+        size_t n = strlen(interface);
+        return strncmp(method, interface, n) == 0 && method[n] == '.' && !strchr(method + n + 1, '.');
+}
+
+/* ---- calls and replies ---- */
+
+static bool json_is_bool_or_null(const json_t *v) {
+        return json_is_boolean(v) || json_is_null(v);
+}
+
+/* A string that is a qualified name: no NUL inside (json strings may hold \u0000), valid grammar. */
+static bool json_is_qualified_name(const json_t *v) {
+        return json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v) &&
+                varlink_qualified_name_valid(json_string_value(v));
+}
+
+/* Vendor extensions are keys in reverse-domain notation; anything else unknown is a broken message. */
+static bool key_is_extension(const char *key) {
+        return strchr(key, '.');
+}
+
+/* Makes "parameters" an object: adds {} when it is absent or null. */
+static int parameters_normalize(json_t *msg, json_t **ret) {
+        json_t *p = json_object_get(msg, "parameters");
+        if (json_is_object(p)) {
+                *ret = p;
+                return 0;
+        }
+        p = json_object();
+        if (!p)
+                return -ENOMEM;
+        if (json_object_set_new(msg, "parameters", p) < 0)
+                return -ENOMEM;
+        *ret = p;
+        return 0;
+}
+
+int varlink_call_parse(json_t *msg, VarlinkCall *ret) {
+        const char *key, *method = NULL;
+        VarlinkCallFlags flags = 0;
+        json_t *v, *parameters;
+        int r;
+
+        assert_return(ret, -EINVAL);
+
+        if (!json_is_object(msg))
+                return -EBADMSG;
+
+        json_object_foreach(msg, key, v) {
+                if (streq(key, "method")) {
+                        if (!json_is_qualified_name(v))
+                                return -EBADMSG;
+                        method = json_string_value(v);
+                } else if (streq(key, "parameters")) {
+                        if (!json_is_object(v) && !json_is_null(v))
+                                return -EBADMSG;
+                } else if (streq(key, "more") || streq(key, "oneway") || streq(key, "upgrade")) {
+                        if (!json_is_bool_or_null(v))
+                                return -EBADMSG;
+                        if (json_is_true(v))
+                                flags |= key[0] == 'm' ? VARLINK_CALL_MORE :
+                                         key[0] == 'o' ? VARLINK_CALL_ONEWAY : VARLINK_CALL_UPGRADE;
+                } else if (!key_is_extension(key))
+                        return -EBADMSG;
+        }
+        if (!method)
+                return -EBADMSG;
+        /* A oneway call has no reply at all, a more call several: together they mean nothing. */
+        if ((flags & VARLINK_CALL_MORE) && (flags & VARLINK_CALL_ONEWAY))
+                return -EBADMSG;
+
+        r = parameters_normalize(msg, &parameters);
+        if (r < 0)
+                return r;
+
+        *ret = (VarlinkCall) {
+                .method = method,
+                .parameters = parameters,
+                .flags = flags,
+        };
+        return 0;
+}
+
+int varlink_reply_parse(json_t *msg, VarlinkReply *ret) {
+        const char *key, *error = NULL;
+        VarlinkReplyFlags flags = 0;
+        json_t *v, *parameters;
+        int r;
+
+        assert_return(ret, -EINVAL);
+
+        if (!json_is_object(msg))
+                return -EBADMSG;
+
+        json_object_foreach(msg, key, v) {
+                if (streq(key, "error")) {
+                        if (json_is_null(v))
+                                continue;
+                        if (!json_is_qualified_name(v))
+                                return -EBADMSG;
+                        error = json_string_value(v);
+                } else if (streq(key, "parameters")) {
+                        if (!json_is_object(v) && !json_is_null(v))
+                                return -EBADMSG;
+                } else if (streq(key, "continues")) {
+                        if (!json_is_bool_or_null(v))
+                                return -EBADMSG;
+                        if (json_is_true(v))
+                                flags |= VARLINK_REPLY_CONTINUES;
+                } else if (!key_is_extension(key))
+                        return -EBADMSG;
+        }
+        /* An error ends its call. */
+        if (error && (flags & VARLINK_REPLY_CONTINUES))
+                return -EBADMSG;
+
+        r = parameters_normalize(msg, &parameters);
+        if (r < 0)
+                return r;
+
+        *ret = (VarlinkReply) {
+                .error = error,
+                .parameters = parameters,
+                .flags = flags,
+        };
+        return 0;
+}
+
+/* Sets msg[key] to parameters, or to a new {} when NULL. */
+static int set_parameters(json_t *msg, json_t *parameters) {
+        json_t *p = parameters ? json_incref(parameters) : json_object();
+        if (!p)
+                return -ENOMEM;
+        return json_object_set_new(msg, "parameters", p) < 0 ? -ENOMEM : 0;
+}
+
+static int set_true(json_t *msg, const char *key) {
+        return json_object_set_new(msg, key, json_true()) < 0 ? -ENOMEM : 0;
+}
+
+int varlink_call_new(const char *method, json_t *parameters, VarlinkCallFlags flags, json_t **ret) {
+        int r;
+
+        assert_return(varlink_qualified_name_valid(method), -EINVAL);
+        assert_return(!parameters || json_is_object(parameters), -EINVAL);
+        assert_return((flags & ~(VARLINK_CALL_MORE | VARLINK_CALL_ONEWAY | VARLINK_CALL_UPGRADE)) == 0, -EINVAL);
+        assert_return(!((flags & VARLINK_CALL_MORE) && (flags & VARLINK_CALL_ONEWAY)), -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        _cleanup_(json_decrefp) json_t *m = json_object();
+        if (!m)
+                return -ENOMEM;
+        if (json_object_set_new(m, "method", json_string(method)) < 0)
+                return -ENOMEM;
+        r = set_parameters(m, parameters);
+        if (r < 0)
+                return r;
+        static const struct {
+                VarlinkCallFlags flag;
+                const char *key;
+        } keys[] = {
+                { VARLINK_CALL_MORE, "more" },
+                { VARLINK_CALL_ONEWAY, "oneway" },
+                { VARLINK_CALL_UPGRADE, "upgrade" },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(keys); i++)
+                if (flags & keys[i].flag) {
+                        r = set_true(m, keys[i].key);
+                        if (r < 0)
+                                return r;
+                }
+
+        *ret = TAKE_PTR(m);
+        return 0;
+}
+
+int varlink_reply_new(json_t *parameters, VarlinkReplyFlags flags, json_t **ret) {
+        int r;
+
+        assert_return(!parameters || json_is_object(parameters), -EINVAL);
+        assert_return((flags & ~VARLINK_REPLY_CONTINUES) == 0, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        _cleanup_(json_decrefp) json_t *m = json_object();
+        if (!m)
+                return -ENOMEM;
+        r = set_parameters(m, parameters);
+        if (r < 0)
+                return r;
+        if (flags & VARLINK_REPLY_CONTINUES) {
+                r = set_true(m, "continues");
+                if (r < 0)
+                        return r;
+        }
+
+        *ret = TAKE_PTR(m);
+        return 0;
+}
+
+int varlink_error_new(const char *error, json_t *parameters, json_t **ret) {
+        int r;
+
+        assert_return(varlink_qualified_name_valid(error), -EINVAL);
+        assert_return(!parameters || json_is_object(parameters), -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        _cleanup_(json_decrefp) json_t *m = json_object();
+        if (!m)
+                return -ENOMEM;
+        if (json_object_set_new(m, "error", json_string(error)) < 0)
+                return -ENOMEM;
+        r = set_parameters(m, parameters);
+        if (r < 0)
+                return r;
+
+        *ret = TAKE_PTR(m);
+        return 0;
+}
+
+int varlink_message_format(const json_t *msg, char **ret, size_t *ret_size) {
+        size_t n;
+        int r;
+
+        assert_return(json_is_object(msg), -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        /* json_format()'s own terminator is the message's NUL: the text cannot hold another one. */
+        r = json_format(msg, ret, &n);
+        if (r < 0)
+                return r;
+        if (ret_size)
+                *ret_size = n + 1;
+        return 0;
+}
+
+int varlink_call_format(const char *method, json_t *parameters, VarlinkCallFlags flags, char **ret, size_t *ret_size) {
+        _cleanup_(json_decrefp) json_t *m = NULL;
+        int r;
+
+        r = varlink_call_new(method, parameters, flags, &m);
+        if (r < 0)
+                return r;
+        return varlink_message_format(m, ret, ret_size);
+}
+
+int varlink_reply_format(json_t *parameters, VarlinkReplyFlags flags, char **ret, size_t *ret_size) {
+        _cleanup_(json_decrefp) json_t *m = NULL;
+        int r;
+
+        r = varlink_reply_new(parameters, flags, &m);
+        if (r < 0)
+                return r;
+        return varlink_message_format(m, ret, ret_size);
+}
+
+int varlink_error_format(const char *error, json_t *parameters, char **ret, size_t *ret_size) {
+        _cleanup_(json_decrefp) json_t *m = NULL;
+        int r;
+
+        r = varlink_error_new(error, parameters, &m);
+        if (r < 0)
+                return r;
+        return varlink_message_format(m, ret, ret_size);
+}
+
+/* ---- input ---- */
+
+void varlink_input_init(VarlinkInput *in, size_t max_message) {
+        *in = (VarlinkInput) {
+                .max = max_message > 0 ? max_message : VARLINK_CALL_MAX_DEFAULT,
+        };
+}
+
+static void input_release(VarlinkInput *in) {
+        in->data = mfree(in->data);
+        in->start = in->scanned = in->end = in->allocated = 0;
+}
+
+void varlink_input_done(VarlinkInput *in) {
+        input_release(in);
+}
+
+/* Makes room for size more bytes after end. Moving the partial message to the front costs each byte at
+ * most once: it is moved only after the messages before it were taken, and it is taken before the next
+ * move. */
+static int input_reserve(VarlinkInput *in, size_t size) {
+        if (in->start > 0) {
+                size_t n = in->end - in->start;
+                memmove(in->data, in->data + in->start, n);
+                in->scanned -= in->start;
+                in->end = n;
+                in->start = 0;
+        }
+        if (in->allocated - in->end >= size)
+                return 0;
+        if (size > SIZE_MAX / 2 - in->end)
+                return -ENOMEM;
+
+        size_t a = MAX(in->end + size, 2 * in->allocated);
+        char *d = realloc(in->data, a);
+        if (!d)
+                return -ENOMEM;
+        in->data = d;
+        in->allocated = a;
+        return 0;
+}
+
+int varlink_input_feed(VarlinkInput *in, const void *data, size_t size) {
+        int r;
+
+        assert_return(in, -EINVAL);
+        assert_return(data || size == 0, -EINVAL);
+
+        if (size == 0)
+                return 0;
+        r = input_reserve(in, size);
+        if (r < 0)
+                return r;
+        memcpy(in->data + in->end, data, size);
+        in->end += size;
+        return 0;
+}
+
+int varlink_input_next(VarlinkInput *in, json_t **ret) {
+        int r;
+
+        assert_return(in, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        if (in->start == in->end) {
+                /* Idle connections hold no buffer. */
+                input_release(in);
+                return 0;
+        }
+
+        char *nul = memchr(in->data + in->scanned, 0, in->end - in->scanned);
+        if (!nul) {
+                in->scanned = in->end;
+                return in->end - in->start > in->max ? -EMSGSIZE : 0;
+        }
+
+        size_t n = nul - (in->data + in->start);
+        if (n > in->max)
+                return -EMSGSIZE;
+
+        json_t *m = NULL;
+        r = json_parse_object(in->data + in->start, n, &m);
+        if (r == -ENOMEM)
+                return r;
+        /* Taken, parsed or not: a broken message must not block the ones behind it. */
+        in->start = in->scanned = in->start + n + 1;
+        if (in->start == in->end)
+                input_release(in);
+        if (r < 0)
+                return r;
+
+        *ret = m;
+        return 1;
+}
+
+/* ---- output ---- */
+
+struct VarlinkChunk {
+        VarlinkChunk *next;
+        size_t start, end, allocated;
+        char data[];
+};
+
+/* Small replies share a chunk; a larger message gets one of its own size. */
+#define CHUNK_SIZE_MIN ((size_t) 4096 - sizeof(VarlinkChunk))
+/* sendmsg() with this many chunks at most per call. */
+#define FLUSH_IOV_MAX 16
+
+void varlink_output_init(VarlinkOutput *out, size_t max_pending) {
+        *out = (VarlinkOutput) {
+                .max = max_pending > 0 ? max_pending : VARLINK_OUTPUT_MAX_DEFAULT,
+        };
+}
+
+void varlink_output_done(VarlinkOutput *out) {
+        while (out->head) {
+                VarlinkChunk *c = out->head;
+                out->head = c->next;
+                free(c);
+        }
+        out->tail = NULL;
+        out->pending = 0;
+}
+
+/* A position in the queue, to take back a message that did not fit. */
+typedef struct OutputMark {
+        VarlinkChunk *tail;
+        size_t tail_end;
+        size_t pending;
+} OutputMark;
+
+static OutputMark output_mark(const VarlinkOutput *out) {
+        return (OutputMark) {
+                .tail = out->tail,
+                .tail_end = out->tail ? out->tail->end : 0,
+                .pending = out->pending,
+        };
+}
+
+static void output_rollback(VarlinkOutput *out, const OutputMark *m) {
+        VarlinkChunk *c = m->tail ? m->tail->next : out->head;
+        while (c) {
+                VarlinkChunk *next = c->next;
+                free(c);
+                c = next;
+        }
+        if (m->tail) {
+                m->tail->next = NULL;
+                m->tail->end = m->tail_end;
+        } else
+                out->head = NULL;
+        out->tail = m->tail;
+        out->pending = m->pending;
+}
+
+static int output_append(VarlinkOutput *out, const void *data, size_t size) {
+        if (size > out->max - out->pending)
+                return -ENOBUFS;
+
+        VarlinkChunk *t = out->tail;
+        size_t room = t ? t->allocated - t->end : 0;
+        size_t k = MIN(room, size);
+        if (k > 0) {
+                memcpy(t->data + t->end, data, k);
+                t->end += k;
+        }
+        if (k < size) {
+                size_t n = size - k, a = MAX(n, CHUNK_SIZE_MIN);
+                VarlinkChunk *c = malloc(sizeof(VarlinkChunk) + a);
+                if (!c)
+                        return -ENOMEM;
+                *c = (VarlinkChunk) { .end = n, .allocated = a };
+                memcpy(c->data, (const char *) data + k, n);
+                if (t)
+                        t->next = c;
+                else
+                        out->head = c;
+                out->tail = c;
+        }
+        out->pending += size;
+        return 0;
+}
+
+int varlink_output_enqueue(VarlinkOutput *out, const void *data, size_t size) {
+        OutputMark m;
+        int r;
+
+        assert_return(out, -EINVAL);
+        assert_return(data || size == 0, -EINVAL);
+
+        m = output_mark(out);
+        r = output_append(out, data, size);
+        if (r < 0)
+                output_rollback(out, &m);
+        return r;
+}
+
+typedef struct DumpContext {
+        VarlinkOutput *out;
+        int error;
+} DumpContext;
+
+static int dump_callback(const char *buffer, size_t size, void *userdata) {
+        DumpContext *ctx = userdata;
+        int r = output_append(ctx->out, buffer, size);
+        if (r < 0) {
+                ctx->error = r;
+                return -1;
+        }
+        return 0;
+}
+
+int varlink_output_enqueue_json(VarlinkOutput *out, const json_t *msg) {
+        DumpContext ctx = { .out = out };
+        OutputMark m;
+        int r;
+
+        assert_return(out, -EINVAL);
+        assert_return(json_is_object(msg), -EINVAL);
+
+        /* Serialized straight into the queue: a large Status reply is never built twice. */
+        m = output_mark(out);
+        if (json_dump_callback(msg, dump_callback, &ctx, JSON_COMPACT) < 0)
+                r = ctx.error < 0 ? ctx.error : -ENOMEM;
+        else
+                r = output_append(out, "", 1);
+        if (r < 0)
+                output_rollback(out, &m);
+        return r;
+}
+
+int varlink_output_flush(VarlinkOutput *out, int fd) {
+        assert_return(out, -EINVAL);
+        assert_return(fd >= 0, -EBADF);
+
+        while (out->head) {
+                struct iovec iov[FLUSH_IOV_MAX];
+                size_t n_iov = 0;
+
+                for (VarlinkChunk *c = out->head; c && n_iov < FLUSH_IOV_MAX; c = c->next)
+                        iov[n_iov++] = (struct iovec) { c->data + c->start, c->end - c->start };
+
+                struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n_iov };
+                ssize_t k = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        if (errno == EWOULDBLOCK)
+                                return -EAGAIN;
+                        return negative_errno();
+                }
+
+                /* Drop what went out; a partial write leaves the first chunk with an offset. */
+                size_t sent = (size_t) k;
+                out->pending -= sent;
+                while (sent > 0) {
+                        VarlinkChunk *c = out->head;
+                        size_t d = MIN(sent, c->end - c->start);
+                        c->start += d;
+                        sent -= d;
+                        if (c->start == c->end) {
+                                out->head = c->next;
+                                free(c);
+                        }
+                }
+                if (!out->head)
+                        out->tail = NULL;
+        }
+        return 0;
+}
+
+/* ---- stream ---- */
+
+void varlink_stream_init(VarlinkStream *s, int fd, size_t max_message, size_t max_output) {
+        s->fd = fd;
+        varlink_input_init(&s->input, max_message);
+        varlink_output_init(&s->output, max_output);
+}
+
+void varlink_stream_done(VarlinkStream *s) {
+        if (!s)
+                return;
+        varlink_input_done(&s->input);
+        varlink_output_done(&s->output);
+        s->fd = -EBADF;
+}
+
+ssize_t varlink_stream_read(VarlinkStream *s) {
+        VarlinkInput *in;
+        int r;
+
+        assert_return(s, -EINVAL);
+        assert_return(s->fd >= 0, -EBADF);
+
+        in = &s->input;
+        /* Never more than one message's worth beyond what is buffered: bounded memory per connection,
+         * and once the caller has taken every whole message the partial one always has room to end. */
+        size_t pending = varlink_input_pending(in);
+        if (pending > in->max)
+                return -ENOBUFS;
+        size_t room = in->max + 1 - pending;
+
+        r = input_reserve(in, MIN(room, VARLINK_READ_SIZE));
+        if (r < 0)
+                return r;
+        size_t n = MIN(room, in->allocated - in->end);
+
+        for (;;) {
+                ssize_t k = recv(s->fd, in->data + in->end, n, MSG_DONTWAIT);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k <= 0) {
+                        r = k < 0 ? (errno == EWOULDBLOCK ? -EAGAIN : negative_errno()) : 0;
+                        if (pending == 0)
+                                input_release(in); /* a wakeup for nothing keeps no buffer */
+                        return r;
+                }
+                in->end += (size_t) k;
+                return k;
+        }
+}
+
+int varlink_stream_next(VarlinkStream *s, json_t **ret) {
+        assert_return(s, -EINVAL);
+        return varlink_input_next(&s->input, ret);
+}
+
+int varlink_stream_enqueue(VarlinkStream *s, const json_t *msg) {
+        assert_return(s, -EINVAL);
+        return varlink_output_enqueue_json(&s->output, msg);
+}
+
+int varlink_stream_call(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags) {
+        _cleanup_(json_decrefp) json_t *m = NULL;
+        int r;
+
+        assert_return(s, -EINVAL);
+
+        r = varlink_call_new(method, parameters, flags, &m);
+        if (r < 0)
+                return r;
+        return varlink_stream_enqueue(s, m);
+}
+
+int varlink_stream_reply(VarlinkStream *s, json_t *parameters, VarlinkReplyFlags flags) {
+        _cleanup_(json_decrefp) json_t *m = NULL;
+        int r;
+
+        assert_return(s, -EINVAL);
+
+        r = varlink_reply_new(parameters, flags, &m);
+        if (r < 0)
+                return r;
+        return varlink_stream_enqueue(s, m);
+}
+
+int varlink_stream_reply_error(VarlinkStream *s, const char *error, json_t *parameters) {
+        _cleanup_(json_decrefp) json_t *m = NULL;
+        int r;
+
+        assert_return(s, -EINVAL);
+
+        r = varlink_error_new(error, parameters, &m);
+        if (r < 0)
+                return r;
+        return varlink_stream_enqueue(s, m);
+}
+
+int varlink_stream_reply_error_string(VarlinkStream *s, const char *error, const char *key, const char *value) {
+        _cleanup_(json_decrefp) json_t *p = NULL;
+        int r;
+
+        assert_return(key, -EINVAL);
+        assert_return(value, -EINVAL);
+
+        r = json_build(&p, "{s:s}", key, value);
+        if (r < 0)
+                return r;
+        return varlink_stream_reply_error(s, error, p);
+}
+
+int varlink_stream_flush(VarlinkStream *s) {
+        assert_return(s, -EINVAL);
+        return varlink_output_flush(&s->output, s->fd);
+}

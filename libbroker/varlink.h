@@ -1,0 +1,184 @@
+/* SPDX-License-Identifier: MIT */
+/* varlink.h — Varlink framing (varlink.org): NUL-terminated JSON messages, calls, replies and errors,
+ * and a non-blocking stream over a caller's socket. No event loop and no logging here: the daemon drives
+ * it from sd-event, the client from poll(). */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "json.h"
+#include "macro.h"
+
+/* A call larger than this is refused: what brokerd reads. */
+#define VARLINK_CALL_MAX_DEFAULT ((size_t) 64 * 1024)
+/* What a client accepts in one reply: a Status of thousands of waiters is larger than a call. */
+#define VARLINK_REPLY_MAX_DEFAULT ((size_t) 16 * 1024 * 1024)
+/* Bytes queued for a peer that does not read; past it the connection is cut. */
+#define VARLINK_OUTPUT_MAX_DEFAULT ((size_t) 16 * 1024 * 1024)
+/* One read(): bounds the memory a burst takes before it is parsed. */
+#define VARLINK_READ_SIZE ((size_t) 16 * 1024)
+
+#define VARLINK_SERVICE_INTERFACE "org.varlink.service"
+#define VARLINK_ERROR_INTERFACE_NOT_FOUND "org.varlink.service.InterfaceNotFound"     /* {interface} */
+#define VARLINK_ERROR_METHOD_NOT_FOUND "org.varlink.service.MethodNotFound"           /* {method} */
+#define VARLINK_ERROR_METHOD_NOT_IMPLEMENTED "org.varlink.service.MethodNotImplemented" /* {method} */
+#define VARLINK_ERROR_INVALID_PARAMETER "org.varlink.service.InvalidParameter"       /* {parameter} */
+#define VARLINK_ERROR_PERMISSION_DENIED "org.varlink.service.PermissionDenied"       /* {} */
+#define VARLINK_ERROR_EXPECTED_MORE "org.varlink.service.ExpectedMore"               /* {} */
+
+/* The interface definitions served by org.varlink.service.GetInterfaceDescription, verbatim.
+ * io.slotbroker's is generated at build time from io.slotbroker.varlink. */
+extern const char varlink_interface_org_varlink_service[];
+extern const char varlink_interface_io_slotbroker[];
+
+/* Names (varlink.org grammar). An interface is reverse-domain: "io.slotbroker"; a member (method, error,
+ * type) starts with an uppercase letter: "Acquire"; a qualified name is both: "io.slotbroker.Acquire". */
+bool varlink_interface_name_valid(const char *s);
+bool varlink_member_name_valid(const char *s);
+bool varlink_qualified_name_valid(const char *s);
+
+/* Splits "io.slotbroker.Acquire" at its last dot, without copying: *ret_interface_len = 13,
+ * *ret_member points at "Acquire". Either may be NULL. Returns 0, or -EINVAL for an invalid name. */
+int varlink_method_split(const char *method, size_t *ret_interface_len, const char **ret_member);
+
+/* True when method is a member of interface: varlink_method_in_interface("io.slotbroker.Acquire",
+ * "io.slotbroker"). Does not validate. */
+bool varlink_method_in_interface(const char *method, const char *interface);
+
+typedef enum VarlinkCallFlags {
+        VARLINK_CALL_MORE = 1 << 0,    /* the caller takes several replies, all but the last with continues */
+        VARLINK_CALL_ONEWAY = 1 << 1,  /* the caller wants no reply at all */
+        VARLINK_CALL_UPGRADE = 1 << 2, /* the connection leaves Varlink after the reply */
+} VarlinkCallFlags;
+
+typedef enum VarlinkReplyFlags {
+        VARLINK_REPLY_CONTINUES = 1 << 0, /* more replies to the same call follow */
+} VarlinkReplyFlags;
+
+/* A parsed call; everything is borrowed from the message, which must outlive it. */
+typedef struct VarlinkCall {
+        const char *method;     /* "interface.Method", valid by the grammar */
+        json_t *parameters;     /* always an object */
+        VarlinkCallFlags flags;
+} VarlinkCall;
+
+/* A parsed reply; borrowed from the message like VarlinkCall. */
+typedef struct VarlinkReply {
+        const char *error;      /* NULL, or the qualified error name */
+        json_t *parameters;     /* always an object */
+        VarlinkReplyFlags flags;
+} VarlinkReply;
+
+/* Reads a call: "method" mandatory; "parameters" an object (absent or null: an empty object is added to
+ * msg); "more", "oneway", "upgrade" booleans (null: false); other keys only as vendor extensions
+ * ("org.example.key", containing a dot). Returns 0; -EBADMSG for anything else, including more together
+ * with oneway and a method name the grammar refuses (the caller cannot answer such a call: it closes);
+ * -ENOMEM. *ret untouched on failure. */
+int varlink_call_parse(json_t *msg, VarlinkCall *ret);
+
+/* Reads a reply: "parameters" (absent or null: an empty object is added), "continues", "error" (a
+ * qualified name; an error is always final). Other keys as for calls. Returns 0, -EBADMSG, -ENOMEM. */
+int varlink_reply_parse(json_t *msg, VarlinkReply *ret);
+
+/* Message objects. parameters is borrowed (NULL: {}); it must be an object. Return 0, -EINVAL (an invalid
+ * name, more together with oneway, continues on an error), -ENOMEM. */
+int varlink_call_new(const char *method, json_t *parameters, VarlinkCallFlags flags, json_t **ret);
+int varlink_reply_new(json_t *parameters, VarlinkReplyFlags flags, json_t **ret);
+int varlink_error_new(const char *error, json_t *parameters, json_t **ret);
+
+/* Wire bytes: compact JSON and the terminating NUL; *ret_size counts the NUL. Return 0, -EINVAL, -ENOMEM. */
+int varlink_message_format(const json_t *msg, char **ret, size_t *ret_size);
+int varlink_call_format(const char *method, json_t *parameters, VarlinkCallFlags flags, char **ret, size_t *ret_size);
+int varlink_reply_format(json_t *parameters, VarlinkReplyFlags flags, char **ret, size_t *ret_size);
+int varlink_error_format(const char *error, json_t *parameters, char **ret, size_t *ret_size);
+
+/* Input: bytes in arbitrary chunks in, whole messages out. Holds at most one partial message besides
+ * those not yet taken, and gives its memory back whenever it is empty, so that ten thousand idle
+ * connections cost nothing here. Each byte is scanned for the NUL once: O(n) for any chunking. */
+typedef struct VarlinkInput {
+        char *data;
+        size_t start;     /* first byte not yet taken */
+        size_t scanned;   /* data[start..scanned) holds no NUL */
+        size_t end;       /* one past the last byte received */
+        size_t allocated;
+        size_t max;       /* largest message, without its NUL */
+} VarlinkInput;
+
+/* max_message 0 means VARLINK_CALL_MAX_DEFAULT. */
+void varlink_input_init(VarlinkInput *in, size_t max_message);
+void varlink_input_done(VarlinkInput *in);
+/* Appends a chunk. Returns 0 or -ENOMEM. */
+int varlink_input_feed(VarlinkInput *in, const void *data, size_t size);
+/* Takes the next whole message. Returns 1 and *ret (a new reference); 0 when no whole message is
+ * buffered; -EMSGSIZE when a message is longer than max (with or without its NUL yet: it can never
+ * become valid, the connection must be closed); -EBADMSG for malformed JSON or a non-object (the
+ * message is dropped); -ENOMEM. */
+int varlink_input_next(VarlinkInput *in, json_t **ret);
+/* Bytes received and not yet taken as messages: after EOF, nonzero means a truncated message. */
+static inline size_t varlink_input_pending(const VarlinkInput *in) {
+        return in->end - in->start;
+}
+
+/* Output: serialized messages waiting for the socket, capped. A list of chunks rather than one buffer,
+ * so that a peer that reads a little at a time never makes us move what is queued; chunks are freed as
+ * they are sent and an empty queue costs no memory. */
+typedef struct VarlinkChunk VarlinkChunk;
+typedef struct VarlinkOutput {
+        VarlinkChunk *head, *tail;
+        size_t pending;   /* bytes queued and not yet sent */
+        size_t max;       /* cap on pending */
+} VarlinkOutput;
+
+/* max_pending 0 means VARLINK_OUTPUT_MAX_DEFAULT. */
+void varlink_output_init(VarlinkOutput *out, size_t max_pending);
+void varlink_output_done(VarlinkOutput *out);
+/* Queues bytes as they are (a whole message, NUL included). Returns 0; -ENOBUFS when the pending bytes
+ * would exceed the cap (nothing is queued: the daemon cuts such a connection); -ENOMEM. */
+int varlink_output_enqueue(VarlinkOutput *out, const void *data, size_t size);
+/* Serializes msg straight into the queue, with its NUL. Returns as varlink_output_enqueue(). */
+int varlink_output_enqueue_json(VarlinkOutput *out, const json_t *msg);
+/* Sends what is pending with send(MSG_NOSIGNAL|MSG_DONTWAIT), keeping what a partial write left.
+ * Returns 0 when everything was sent; -EAGAIN when the socket is full and bytes remain (wait for
+ * POLLOUT); another negative errno (-EPIPE, -ECONNRESET, …) when the connection is broken. */
+int varlink_output_flush(VarlinkOutput *out, int fd);
+static inline size_t varlink_output_pending(const VarlinkOutput *out) {
+        return out->pending;
+}
+
+/* A connection: a socket, its input and its output. The fd stays the caller's: varlink_stream_done()
+ * does not close it (sd-event or the client owns it). Works on blocking and non-blocking sockets alike:
+ * every read and send is MSG_DONTWAIT. */
+typedef struct VarlinkStream {
+        int fd;
+        VarlinkInput input;
+        VarlinkOutput output;
+} VarlinkStream;
+
+/* max_message and max_output 0 mean the defaults (VARLINK_CALL_MAX_DEFAULT, VARLINK_OUTPUT_MAX_DEFAULT). */
+void varlink_stream_init(VarlinkStream *s, int fd, size_t max_message, size_t max_output);
+void varlink_stream_done(VarlinkStream *s);
+/* One recv() of at most VARLINK_READ_SIZE bytes into the input. Returns the number of bytes (> 0); 0 at
+ * EOF; -EAGAIN when nothing is there; -ENOBUFS when messages not yet taken fill the input (take them
+ * with varlink_stream_next() first, or stop reading); another negative errno (-ECONNRESET, …). */
+ssize_t varlink_stream_read(VarlinkStream *s);
+/* As varlink_input_next(). */
+int varlink_stream_next(VarlinkStream *s, json_t **ret);
+/* As varlink_output_enqueue_json(); nothing is sent until varlink_stream_flush(). */
+int varlink_stream_enqueue(VarlinkStream *s, const json_t *msg);
+/* Queue a call, a reply, an error; parameters borrowed (NULL: {}). Return 0, -EINVAL, -ENOBUFS, -ENOMEM. */
+int varlink_stream_call(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags);
+int varlink_stream_reply(VarlinkStream *s, json_t *parameters, VarlinkReplyFlags flags);
+int varlink_stream_reply_error(VarlinkStream *s, const char *error, json_t *parameters);
+/* An error whose parameters are one string, as the standard ones: ("…InvalidParameter", "parameter", "slots"). */
+int varlink_stream_reply_error_string(VarlinkStream *s, const char *error, const char *key, const char *value);
+/* As varlink_output_flush() on the stream's fd. */
+int varlink_stream_flush(VarlinkStream *s);
+static inline size_t varlink_stream_pending_output(const VarlinkStream *s) {
+        return varlink_output_pending(&s->output);
+}
+static inline size_t varlink_stream_pending_input(const VarlinkStream *s) {
+        return varlink_input_pending(&s->input);
+}

@@ -1,0 +1,407 @@
+/* SPDX-License-Identifier: MIT */
+/* test-json.c — the parameter dispatcher and the JSON builders. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <limits.h>
+
+#include "json.h"
+
+static json_t *parse(const char *text) {
+        json_t *v = NULL;
+        assert_int_equal(json_parse_object(text, strlen(text), &v), 0);
+        return v;
+}
+
+/* Everything one table can hold, with defaults that show whether a field was written. */
+typedef struct Params {
+        const char *lane;
+        bool wait;
+        int64_t delta;
+        uint64_t big;
+        unsigned slots;
+        json_t *extra;
+        json_t *list;
+        char **members;
+} Params;
+
+#define PARAMS_INIT { .lane = "unset", .wait = true, .delta = -7, .big = 7, .slots = 7 }
+
+static int dispatch(json_t *o, Params *p, JsonDispatchFlags flags, const char **bad) {
+        const JsonField table[] = {
+                { "lane", JSON_FIELD_STRING, JSON_MANDATORY, &p->lane, .max_length = 16 },
+                { "wait", JSON_FIELD_BOOL, 0, &p->wait },
+                { "delta", JSON_FIELD_INT64, 0, &p->delta, .min = -100, .max = 100 },
+                { "big", JSON_FIELD_UINT64, 0, &p->big },
+                { "slots", JSON_FIELD_UNSIGNED, 0, &p->slots },
+                { "extra", JSON_FIELD_OBJECT, 0, &p->extra },
+                { "list", JSON_FIELD_ARRAY, 0, &p->list, .max_length = 3 },
+                { "members", JSON_FIELD_STRV, 0, &p->members, .max_length = 3 },
+                {}
+        };
+        return json_dispatch(o, table, flags, bad);
+}
+
+static void test_dispatch_stores_every_type(void **state) {
+        _cleanup_(json_decrefp) json_t *o = parse(
+                "{\"lane\":\"merge\",\"wait\":false,\"delta\":-100,\"big\":9223372036854775807,\"slots\":4294967295,"
+                "\"extra\":{\"a\":1},\"list\":[1,\"x\",null],\"members\":[\"rig-a\",\"rig-b\"]}");
+        Params p = PARAMS_INIT;
+        const char *bad = NULL;
+
+        assert_int_equal(dispatch(o, &p, 0, &bad), 0);
+        assert_null(bad);
+        assert_string_equal(p.lane, "merge");
+        assert_false(p.wait);
+        assert_int_equal(p.delta, -100);
+        assert_true(p.big == (uint64_t) INT64_MAX);
+        assert_int_equal(p.slots, UINT_MAX);
+        assert_ptr_equal(p.extra, json_object_get(o, "extra"));
+        assert_ptr_equal(p.list, json_object_get(o, "list"));
+        assert_non_null(p.members);
+        assert_string_equal(p.members[0], "rig-a");
+        assert_string_equal(p.members[1], "rig-b");
+        assert_null(p.members[2]);
+        json_strv_free(p.members);
+}
+
+static void test_dispatch_leaves_absent_optional_fields_alone(void **state) {
+        _cleanup_(json_decrefp) json_t *o = parse("{\"lane\":\"merge\"}");
+        Params p = PARAMS_INIT;
+
+        assert_int_equal(dispatch(o, &p, 0, NULL), 0);
+        assert_string_equal(p.lane, "merge");
+        assert_true(p.wait);
+        assert_int_equal(p.delta, -7);
+        assert_int_equal(p.big, 7);
+        assert_int_equal(p.slots, 7);
+        assert_null(p.extra);
+        assert_null(p.members);
+}
+
+static void test_dispatch_treats_null_as_absent(void **state) {
+        _cleanup_(json_decrefp) json_t *o = parse(
+                "{\"lane\":\"merge\",\"wait\":null,\"delta\":null,\"extra\":null,\"members\":null}");
+        Params p = PARAMS_INIT;
+
+        assert_int_equal(dispatch(o, &p, 0, NULL), 0);
+        assert_true(p.wait);
+        assert_int_equal(p.delta, -7);
+        assert_null(p.extra);
+        assert_null(p.members);
+}
+
+static void assert_refused(const char *text, const char *expected_parameter) {
+        _cleanup_(json_decrefp) json_t *o = parse(text);
+        Params p = PARAMS_INIT;
+        const char *bad = NULL;
+
+        assert_int_equal(dispatch(o, &p, 0, &bad), -EINVAL);
+        assert_non_null(bad);
+        assert_string_equal(bad, expected_parameter);
+        /* Nothing written on failure. */
+        assert_string_equal(p.lane, "unset");
+        assert_true(p.wait);
+        assert_int_equal(p.delta, -7);
+        assert_int_equal(p.big, 7);
+        assert_int_equal(p.slots, 7);
+        assert_null(p.extra);
+        assert_null(p.list);
+        assert_null(p.members);
+}
+
+static void test_dispatch_refuses_missing_mandatory_field(void **state) {
+        assert_refused("{}", "lane");
+        assert_refused("{\"wait\":true}", "lane");
+}
+
+static void test_dispatch_refuses_null_mandatory_field(void **state) {
+        assert_refused("{\"lane\":null}", "lane");
+}
+
+static void test_dispatch_refuses_unknown_field(void **state) {
+        assert_refused("{\"lane\":\"merge\",\"slotz\":1}", "slotz");
+}
+
+static void test_dispatch_allows_unknown_field_when_asked(void **state) {
+        _cleanup_(json_decrefp) json_t *o = parse("{\"lane\":\"merge\",\"newer\":1}");
+        Params p = PARAMS_INIT;
+
+        assert_int_equal(dispatch(o, &p, JSON_DISPATCH_ALLOW_UNKNOWN, NULL), 0);
+        assert_string_equal(p.lane, "merge");
+}
+
+static void test_dispatch_refuses_wrong_type_of_every_field(void **state) {
+        static const struct {
+                const char *text, *parameter;
+        } cases[] = {
+                { "{\"lane\":1}", "lane" },
+                { "{\"lane\":true}", "lane" },
+                { "{\"lane\":[\"merge\"]}", "lane" },
+                { "{\"lane\":{}}", "lane" },
+                { "{\"lane\":\"m\",\"wait\":1}", "wait" },
+                { "{\"lane\":\"m\",\"wait\":\"true\"}", "wait" },
+                { "{\"lane\":\"m\",\"delta\":\"1\"}", "delta" },
+                { "{\"lane\":\"m\",\"delta\":true}", "delta" },
+                { "{\"lane\":\"m\",\"big\":[]}", "big" },
+                { "{\"lane\":\"m\",\"slots\":{}}", "slots" },
+                { "{\"lane\":\"m\",\"extra\":[]}", "extra" },
+                { "{\"lane\":\"m\",\"extra\":\"{}\"}", "extra" },
+                { "{\"lane\":\"m\",\"list\":{}}", "list" },
+                { "{\"lane\":\"m\",\"list\":1}", "list" },
+                { "{\"lane\":\"m\",\"members\":\"rig-a\"}", "members" },
+                { "{\"lane\":\"m\",\"members\":[\"rig-a\",1]}", "members" },
+                { "{\"lane\":\"m\",\"members\":[null]}", "members" },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++)
+                assert_refused(cases[i].text, cases[i].parameter);
+}
+
+static void test_dispatch_refuses_real_where_integer_required(void **state) {
+        assert_refused("{\"lane\":\"m\",\"delta\":1.0}", "delta");
+        assert_refused("{\"lane\":\"m\",\"big\":1e3}", "big");
+        assert_refused("{\"lane\":\"m\",\"slots\":0.5}", "slots");
+}
+
+static void test_dispatch_refuses_integer_out_of_range(void **state) {
+        assert_refused("{\"lane\":\"m\",\"delta\":101}", "delta");
+        assert_refused("{\"lane\":\"m\",\"delta\":-101}", "delta");
+        assert_refused("{\"lane\":\"m\",\"big\":-1}", "big");
+        assert_refused("{\"lane\":\"m\",\"slots\":-1}", "slots");
+        assert_refused("{\"lane\":\"m\",\"slots\":4294967296}", "slots");
+}
+
+static void test_dispatch_accepts_range_bounds(void **state) {
+        Params p = PARAMS_INIT;
+        _cleanup_(json_decrefp) json_t *lo = parse("{\"lane\":\"m\",\"delta\":-100,\"big\":0,\"slots\":0}");
+        _cleanup_(json_decrefp) json_t *hi = parse("{\"lane\":\"m\",\"delta\":100}");
+
+        assert_int_equal(dispatch(lo, &p, 0, NULL), 0);
+        assert_int_equal(p.delta, -100);
+        assert_int_equal(p.big, 0);
+        assert_int_equal(p.slots, 0);
+        assert_int_equal(dispatch(hi, &p, 0, NULL), 0);
+        assert_int_equal(p.delta, 100);
+}
+
+static void test_dispatch_int64_without_range_takes_whole_range(void **state) {
+        int64_t v = 0;
+        const JsonField table[] = {
+                { "v", JSON_FIELD_INT64, JSON_MANDATORY, &v },
+                {}
+        };
+        _cleanup_(json_decrefp) json_t *lo = parse("{\"v\":-9223372036854775808}");
+        _cleanup_(json_decrefp) json_t *hi = parse("{\"v\":9223372036854775807}");
+
+        assert_int_equal(json_dispatch(lo, table, 0, NULL), 0);
+        assert_true(v == INT64_MIN);
+        assert_int_equal(json_dispatch(hi, table, 0, NULL), 0);
+        assert_true(v == INT64_MAX);
+}
+
+static void test_dispatch_refuses_string_with_embedded_nul(void **state) {
+        assert_refused("{\"lane\":\"mer\\u0000ge\"}", "lane");
+        assert_refused("{\"lane\":\"m\",\"members\":[\"a\\u0000\"]}", "members");
+}
+
+static void test_dispatch_refuses_string_over_cap(void **state) {
+        Params p = PARAMS_INIT;
+        _cleanup_(json_decrefp) json_t *at_cap = parse("{\"lane\":\"0123456789abcdef\"}");
+
+        assert_int_equal(dispatch(at_cap, &p, 0, NULL), 0);
+        assert_refused("{\"lane\":\"0123456789abcdefg\"}", "lane");
+}
+
+static void test_dispatch_applies_default_string_cap(void **state) {
+        const char *s = NULL;
+        const JsonField table[] = {
+                { "s", JSON_FIELD_STRING, 0, &s },
+                {}
+        };
+        _cleanup_free_ char *big = malloc(JSON_STRING_MAX_DEFAULT + 2);
+        assert_non_null(big);
+        memset(big, 'x', JSON_STRING_MAX_DEFAULT + 1);
+        big[JSON_STRING_MAX_DEFAULT + 1] = 0;
+
+        _cleanup_(json_decrefp) json_t *over = json_pack("{s:s}", "s", big);
+        const char *bad = NULL;
+        assert_int_equal(json_dispatch(over, table, 0, &bad), -EINVAL);
+        assert_string_equal(bad, "s");
+
+        big[JSON_STRING_MAX_DEFAULT] = 0;
+        _cleanup_(json_decrefp) json_t *at = json_pack("{s:s}", "s", big);
+        assert_int_equal(json_dispatch(at, table, 0, NULL), 0);
+        assert_int_equal(strlen(s), JSON_STRING_MAX_DEFAULT);
+}
+
+static void test_dispatch_refuses_arrays_over_cap(void **state) {
+        assert_refused("{\"lane\":\"m\",\"list\":[1,2,3,4]}", "list");
+        assert_refused("{\"lane\":\"m\",\"members\":[\"a\",\"b\",\"c\",\"d\"]}", "members");
+}
+
+static void test_dispatch_replaces_previous_strv(void **state) {
+        _cleanup_(json_decrefp) json_t *o = parse("{\"lane\":\"m\",\"members\":[]}");
+        Params p = PARAMS_INIT;
+
+        p.members = calloc(2, sizeof(char *));
+        assert_non_null(p.members);
+        p.members[0] = strdup("old");
+        assert_int_equal(dispatch(o, &p, 0, NULL), 0);
+        assert_non_null(p.members);
+        assert_null(p.members[0]);
+        json_strv_free(p.members);
+}
+
+static void test_dispatch_takes_null_object_as_empty(void **state) {
+        Params p = PARAMS_INIT;
+        const char *bad = NULL;
+        bool flag = false;
+        const JsonField optional_only[] = {
+                { "flag", JSON_FIELD_BOOL, 0, &flag },
+                {}
+        };
+
+        assert_int_equal(dispatch(NULL, &p, 0, &bad), -EINVAL);
+        assert_string_equal(bad, "lane");
+        assert_int_equal(json_dispatch(NULL, optional_only, 0, NULL), 0);
+        assert_false(flag);
+}
+
+static void test_dispatch_refuses_non_object(void **state) {
+        _cleanup_(json_decrefp) json_t *a = json_array();
+        Params p = PARAMS_INIT;
+
+        assert_int_equal(dispatch(a, &p, 0, NULL), -EINVAL);
+}
+
+static void test_parse_object_refuses_malformed_json(void **state) {
+        static const char *const bad[] = {
+                "", " ", "{", "{\"a\":}", "{\"a\" 1}", "{a:1}", "{\"a\":1,}", "{\"a\":1}x", "{\"a\":tru}",
+                "{\"a\":\"\\x\"}", "{\"a\":\"\xff\"}", "{\"a\":NaN}", "{\"a\":99999999999999999999}",
+                "{\"a\":1e999}", "{\"a\\u0000b\":1}",
+        };
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                json_t *v = (json_t *) 0x1;
+                assert_int_equal(json_parse_object(bad[i], strlen(bad[i]), &v), -EBADMSG);
+                assert_ptr_equal(v, (json_t *) 0x1);
+        }
+}
+
+static void test_parse_object_refuses_non_object(void **state) {
+        static const char *const bad[] = { "[]", "1", "\"x\"", "null", "true", "[{}]" };
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                json_t *v = NULL;
+                assert_int_equal(json_parse_object(bad[i], strlen(bad[i]), &v), -EBADMSG);
+                assert_null(v);
+        }
+}
+
+static void test_parse_object_refuses_duplicate_keys(void **state) {
+        json_t *v = NULL;
+        const char *t = "{\"lane\":\"a\",\"lane\":\"b\"}";
+        assert_int_equal(json_parse_object(t, strlen(t), &v), -EBADMSG);
+}
+
+static void test_parse_object_refuses_deep_nesting(void **state) {
+        size_t depth = 5000;
+        _cleanup_free_ char *t = malloc(2 * depth + 8);
+        assert_non_null(t);
+        char *p = stpcpy(t, "{\"a\":");
+        for (size_t i = 0; i < depth; i++)
+                *p++ = '[';
+        for (size_t i = 0; i < depth; i++)
+                *p++ = ']';
+        *p++ = '}';
+        json_t *v = NULL;
+        assert_int_equal(json_parse_object(t, p - t, &v), -EBADMSG);
+}
+
+static void test_parse_object_reads_exactly_the_bytes_given(void **state) {
+        const char t[] = "{\"a\":1} trailing garbage";
+        _cleanup_(json_decrefp) json_t *v = NULL;
+        assert_int_equal(json_parse_object(t, 7, &v), 0);
+        assert_int_equal(json_integer_value(json_object_get(v, "a")), 1);
+}
+
+static void test_build_packs_values(void **state) {
+        _cleanup_(json_decrefp) json_t *v = NULL;
+        _cleanup_free_ char *s = NULL;
+
+        assert_int_equal(json_build(&v, "{s:s, s:I, s:b, s:s?}", "pool", "grid", "n", (json_int_t) 3, "on", 1, "job", NULL), 0);
+        assert_int_equal(json_format(v, &s, NULL), 0);
+        assert_string_equal(s, "{\"pool\":\"grid\",\"n\":3,\"on\":true,\"job\":null}");
+}
+
+static void test_build_refuses_null_for_mandatory_string(void **state) {
+        json_t *v = (json_t *) 0x1;
+        assert_int_equal(json_build(&v, "{s:s}", "pool", (const char *) NULL), -EINVAL);
+        assert_ptr_equal(v, (json_t *) 0x1);
+}
+
+static void test_strv_new_builds_array(void **state) {
+        char *l[] = { (char *) "rig-a", (char *) "rig-b", NULL };
+        _cleanup_(json_decrefp) json_t *a = NULL, *empty = NULL;
+        _cleanup_free_ char *s = NULL;
+
+        assert_int_equal(json_strv_new(l, &a), 0);
+        assert_int_equal(json_format(a, &s, NULL), 0);
+        assert_string_equal(s, "[\"rig-a\",\"rig-b\"]");
+        assert_int_equal(json_strv_new(NULL, &empty), 0);
+        assert_int_equal(json_array_size(empty), 0);
+}
+
+static void test_strv_new_refuses_invalid_utf8(void **state) {
+        char *l[] = { (char *) "ok", (char *) "\xc3\x28", NULL };
+        json_t *a = NULL;
+        assert_int_equal(json_strv_new(l, &a), -EINVAL);
+        assert_null(a);
+}
+
+static void test_format_is_compact_and_escapes_control_characters(void **state) {
+        _cleanup_(json_decrefp) json_t *v = json_pack("{s:s#, s:[i,i]}", "s", "a\0b\n\x01\"", (int) 6, "l", 1, 2);
+        _cleanup_free_ char *s = NULL;
+        size_t n = 0;
+
+        assert_non_null(v);
+        assert_int_equal(json_format(v, &s, &n), 0);
+        assert_string_equal(s, "{\"s\":\"a\\u0000b\\n\\u0001\\\"\",\"l\":[1,2]}");
+        assert_int_equal(n, strlen(s));
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_dispatch_stores_every_type),
+                cmocka_unit_test(test_dispatch_leaves_absent_optional_fields_alone),
+                cmocka_unit_test(test_dispatch_treats_null_as_absent),
+                cmocka_unit_test(test_dispatch_refuses_missing_mandatory_field),
+                cmocka_unit_test(test_dispatch_refuses_null_mandatory_field),
+                cmocka_unit_test(test_dispatch_refuses_unknown_field),
+                cmocka_unit_test(test_dispatch_allows_unknown_field_when_asked),
+                cmocka_unit_test(test_dispatch_refuses_wrong_type_of_every_field),
+                cmocka_unit_test(test_dispatch_refuses_real_where_integer_required),
+                cmocka_unit_test(test_dispatch_refuses_integer_out_of_range),
+                cmocka_unit_test(test_dispatch_accepts_range_bounds),
+                cmocka_unit_test(test_dispatch_int64_without_range_takes_whole_range),
+                cmocka_unit_test(test_dispatch_refuses_string_with_embedded_nul),
+                cmocka_unit_test(test_dispatch_refuses_string_over_cap),
+                cmocka_unit_test(test_dispatch_applies_default_string_cap),
+                cmocka_unit_test(test_dispatch_refuses_arrays_over_cap),
+                cmocka_unit_test(test_dispatch_replaces_previous_strv),
+                cmocka_unit_test(test_dispatch_takes_null_object_as_empty),
+                cmocka_unit_test(test_dispatch_refuses_non_object),
+                cmocka_unit_test(test_parse_object_refuses_malformed_json),
+                cmocka_unit_test(test_parse_object_refuses_non_object),
+                cmocka_unit_test(test_parse_object_refuses_duplicate_keys),
+                cmocka_unit_test(test_parse_object_refuses_deep_nesting),
+                cmocka_unit_test(test_parse_object_reads_exactly_the_bytes_given),
+                cmocka_unit_test(test_build_packs_values),
+                cmocka_unit_test(test_build_refuses_null_for_mandatory_string),
+                cmocka_unit_test(test_strv_new_builds_array),
+                cmocka_unit_test(test_strv_new_refuses_invalid_utf8),
+                cmocka_unit_test(test_format_is_compact_and_escapes_control_characters),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
