@@ -42,3 +42,6 @@ static inline bool list_node_is_linked(const ListNode *n) {
 }
 
 #define list_foreach(n, l) for (ListNode *n = (l)->next; n != (l); n = n->next)
+/* For loops that may unlink the node they are on (and only that one). */
+#define list_foreach_safe(n, l) \
+        for (ListNode *n = (l)->next, *n##_next = n->next; n != (l); n = n##_next, n##_next = n->next)

@@ -1,0 +1,336 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "acquire.h"
+#include "audit.h"
+#include "connection.h"
+#include "lease.h"
+#include "log.h"
+#include "manager.h"
+#include "process.h"
+
+#define JOB_MAX 1024
+
+static int reply_invalid_parameter(Connection *c, const char *parameter) {
+        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "parameter", parameter);
+        return connection_reply_error(c, VARLINK_ERROR_INVALID_PARAMETER, p);
+}
+
+static void audit_denied(Connection *c, const char *lane, const char *job) {
+        AuditRecord r = AUDIT_RECORD_INIT;
+        r.decision = "denied";
+        r.lane = lane;
+        r.job = job;
+        r.uid = c->cred.uid;
+        r.pid = c->cred.pid;
+        audit_decision(c->manager, &r);
+}
+
+void acquire_start(Connection *c, const VarlinkCall *call) {
+        Manager *m = c->manager;
+        AcquireCall *a = &c->acquire;
+        const char *lane = NULL, *job = NULL, *reclaim = NULL;
+        unsigned slots = 1;
+        bool wait = true, detach = false;
+        int64_t queue_wait_ms = 0, pid = 0, max_hold_ms = 0;
+        const char *bad = NULL;
+
+        if (call->flags & VARLINK_CALL_ONEWAY) {
+                /* Nobody would hear the grant: SPEC §5 makes this an error, not a silent lease. */
+                reply_invalid_parameter(c, "oneway");
+                return;
+        }
+        const JsonField table[] = {
+                { "lane", JSON_FIELD_STRING, JSON_MANDATORY, &lane, .max_length = 64 },
+                { "slots", JSON_FIELD_UNSIGNED, 0, &slots, 1, 1 << 20 },
+                { "wait", JSON_FIELD_BOOL, 0, &wait },
+                { "queueWaitMs", JSON_FIELD_INT64, 0, &queue_wait_ms, 1, INT32_MAX },
+                { "job", JSON_FIELD_STRING, 0, &job, .max_length = JOB_MAX },
+                { "pid", JSON_FIELD_INT64, 0, &pid, 1, INT32_MAX },
+                { "reclaim", JSON_FIELD_STRING, 0, &reclaim, .max_length = 64 },
+                { "detach", JSON_FIELD_BOOL, 0, &detach },
+                { "maxHoldMs", JSON_FIELD_INT64, 0, &max_hold_ms, 1, INT64_MAX / 1000 },
+                {},
+        };
+        int r = json_dispatch(call->parameters, table, 0, &bad);
+        if (r < 0) {
+                reply_invalid_parameter(c, bad ?: "parameters");
+                return;
+        }
+        if (detach && max_hold_ms == 0) {
+                reply_invalid_parameter(c, "maxHoldMs"); /* a detached lease needs an end of its own */
+                return;
+        }
+        if (!conf_find_lane(m->config, lane)) {
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
+                connection_reply_error(c, "io.slotbroker.NoSuchLane", p);
+                return;
+        }
+        if (!manager_lane_allows(m, lane, c->cred.uid, c->groups, c->n_groups)) {
+                audit_denied(c, lane, job);
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
+                connection_reply_error(c, "io.slotbroker.PermissionDenied", p);
+                return;
+        }
+        if (reclaim) {
+                /* Leases outlive a restart only with history (persisted leases); none is restored here. */
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", reclaim);
+                connection_reply_error(c, "io.slotbroker.NoSuchLease", p);
+                return;
+        }
+
+        _cleanup_close_ int pidfd = -EBADF;
+        ProcessInfo command = {};
+        if (pid > 0) {
+                pidfd = process_open((pid_t) pid, &command);
+                if (pidfd < 0 || process_check_attachable(&command, c->cred.pid, c->cred.uid) < 0) {
+                        reply_invalid_parameter(c, "pid");
+                        return;
+                }
+        }
+
+        /* At its waiter limit a uid may still take a free slot, but not wait for one. */
+        UidUsage *u = manager_uid_usage(m, c->cred.uid, true);
+        bool no_wait = !wait || (u && u->waiters >= m->config->max_waiters_per_uid);
+
+        a->lane = strdup(lane);
+        a->job = job ? strdup(job) : NULL;
+        if (!a->lane || (job && !a->job)) {
+                log_oom();
+                connection_close(c);
+                return;
+        }
+        a->active = true;
+        a->more = call->flags & VARLINK_CALL_MORE;
+        a->detach = detach;
+        a->slots = slots;
+        a->max_hold = max_hold_ms > 0 ? (usec_t) max_hold_ms * USEC_PER_MSEC : USEC_INFINITY;
+        a->last_position = a->last_queued = 0;
+        a->counted_waiter = false;
+        a->has_command = pidfd >= 0;
+        a->command = command;
+        a->command_pidfd = TAKE_FD(pidfd);
+
+        r = engine_acquire(m->engine,
+                           &(EngineAcquire) {
+                                   .lane = lane,
+                                   .slots = slots,
+                                   .no_wait = no_wait,
+                                   .max_wait = queue_wait_ms > 0 ? (usec_t) queue_wait_ms * USEC_PER_MSEC
+                                                                 : USEC_INFINITY,
+                                   .max_hold = a->max_hold,
+                                   .userdata = c,
+                           },
+                           now_monotonic(), &a->request);
+        if (r == -ENOENT || r == -EINVAL) {
+                a->active = false;
+                if (r == -ENOENT) {
+                        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
+                        connection_reply_error(c, "io.slotbroker.NoSuchLane", p);
+                } else
+                        reply_invalid_parameter(c, "slots"); /* more slots than any pool of the lane has */
+                connection_acquire_done(c);
+                return;
+        }
+        if (r < 0) {
+                log_error_errno(r, "Failed to queue a request: %m");
+                connection_close(c);
+        }
+        /* The outcome arrives as engine events at manager_sync(). */
+}
+
+static json_t *queued_reply(Connection *c, size_t position, size_t queued) {
+        EngineRequest *req = c->acquire.request;
+        usec_t budget = engine_request_budget(req);
+        json_t *p = json_pack("{s:s, s:s, s:I, s:I}", "state", "queued", "pool", engine_request_pool(req),
+                              "position", (json_int_t) position, "queued", (json_int_t) queued);
+        if (p && budget != USEC_INFINITY)
+                json_object_set_new(p, "budgetMs", json_integer((json_int_t) (budget / USEC_PER_MSEC)));
+        return p;
+}
+
+static void send_position(Connection *c, usec_t now) {
+        AcquireCall *a = &c->acquire;
+        size_t pos, queued;
+        if (engine_request_position(a->request, &pos, &queued) < 0)
+                return;
+        pos++; /* clients count from 1 */
+        if (pos == a->last_position && queued == a->last_queued)
+                return;
+        _cleanup_(json_decrefp) json_t *p = queued_reply(c, pos, queued);
+        if (!p || connection_reply(c, p, true) < 0)
+                return;
+        a->last_position = pos;
+        a->last_queued = queued;
+        a->last_position_sent = now;
+}
+
+void acquire_send_positions(Manager *m) {
+        usec_t now = now_monotonic();
+        list_foreach_safe(n, &m->connections) { /* a reply may close c, and only c */
+                Connection *c = container_of(n, Connection, node);
+                AcquireCall *a = &c->acquire;
+                if (!a->more || !connection_is_waiting(c))
+                        continue;
+                /* A client that has not read the last update gets no new one: its output stays bounded. */
+                if (varlink_stream_pending_output(&c->stream) > 0)
+                        continue;
+                if (now - a->last_position_sent < USEC_PER_SEC)
+                        continue;
+                send_position(c, now);
+        }
+}
+
+static void waiter_count(Connection *c, bool on) {
+        AcquireCall *a = &c->acquire;
+        if (a->counted_waiter == on)
+                return;
+        UidUsage *u = manager_uid_usage(c->manager, c->cred.uid, on);
+        if (u) {
+                if (on)
+                        u->waiters++;
+                else if (u->waiters > 0)
+                        u->waiters--;
+        }
+        a->counted_waiter = on;
+}
+
+static void on_queued(Manager *m, Connection *c, const EngineEvent *ev) {
+        if (c->closed)
+                return;
+        waiter_count(c, true);
+        manager_status_changed(m);
+        if (c->acquire.more)
+                send_position(c, now_monotonic());
+}
+
+static void on_granted(Manager *m, Connection *c, const EngineEvent *ev) {
+        AcquireCall *a = &c->acquire;
+        Lease *l;
+
+        waiter_count(c, false);
+        int r = lease_new(m, ev->lease, c->closed ? NULL : c, c->cred.uid, c->cred.pid, a->job, a->detach,
+                          a->has_command ? &a->command : NULL, TAKE_FD(a->command_pidfd), &l);
+        if (r < 0) {
+                log_error_errno(r, "Failed to record a lease: %m");
+                engine_lease_release(ev->lease, now_monotonic());
+                if (!c->closed) {
+                        _cleanup_(json_decrefp) json_t *p =
+                                json_pack("{s:i, s:s, s:s}", "retryAfterSec", 1, "pool", ev->pool, "reason", "internal");
+                        connection_reply_error(c, "io.slotbroker.Unavailable", p);
+                        connection_acquire_done(c);
+                }
+                return;
+        }
+        a->has_command = false;
+
+        AuditRecord rec = AUDIT_RECORD_INIT;
+        rec.decision = "granted";
+        rec.pool = ev->pool;
+        rec.lane = ev->lane;
+        rec.job = l->job;
+        rec.lease = l->id;
+        rec.token = engine_lease_token(ev->lease);
+        rec.wait = ev->wait;
+        rec.budget = ev->queued ? ev->budget : USEC_INFINITY;
+        rec.idle = ev->queued ? ev->idle : USEC_INFINITY;
+        rec.state = ev->queued ? queue_state_to_string(ev->state) : NULL;
+        rec.uid = c->cred.uid;
+        rec.pid = c->cred.pid;
+        audit_decision(m, &rec);
+
+        if (c->closed) {
+                /* Gone between the decision and now: the lease lives on only if its command does. */
+                lease_holder_gone(l);
+                return;
+        }
+        _cleanup_(json_decrefp) json_t *lease = lease_to_json(l);
+        _cleanup_(json_decrefp) json_t *p = lease ? json_pack("{s:s, s:O}", "state", "granted", "lease", lease) : NULL;
+        bool continues = a->more && !a->detach;
+        if (!p) {
+                log_oom();
+                connection_close(c);
+                return;
+        }
+        connection_reply(c, p, continues);
+        a->request = engine_request_unref(a->request);
+        if (!continues) {
+                /* A plain Acquire ends with the grant; a detached lease leaves the connection free. */
+                a->active = false;
+                if (a->detach)
+                        connection_acquire_done(c);
+        }
+}
+
+static const char *refusal_error(Refusal r) {
+        switch (r) {
+        case REFUSAL_BUSY:
+                return "io.slotbroker.Busy";
+        case REFUSAL_FULL:
+                return "io.slotbroker.QueueFull";
+        case REFUSAL_TIMEOUT:
+                return "io.slotbroker.QueueTimeout";
+        case REFUSAL_SHED:
+                return "io.slotbroker.QueueShed";
+        default:
+                return "io.slotbroker.Unavailable";
+        }
+}
+
+static void on_refused(Manager *m, Connection *c, const EngineEvent *ev) {
+        AcquireCall *a = &c->acquire;
+
+        waiter_count(c, false);
+        manager_status_changed(m);
+
+        AuditRecord rec = AUDIT_RECORD_INIT;
+        rec.decision = refusal_to_string(ev->refusal);
+        rec.pool = ev->pool;
+        rec.lane = ev->lane;
+        rec.job = a->job;
+        rec.wait = ev->wait;
+        rec.budget = ev->queued ? ev->budget : USEC_INFINITY;
+        rec.idle = ev->queued ? ev->idle : USEC_INFINITY;
+        rec.state = ev->queued ? queue_state_to_string(ev->state) : NULL;
+        rec.uid = c->cred.uid;
+        rec.pid = c->cred.pid;
+        rec.retry_after_sec = ev->retry_after_sec;
+        audit_decision(m, &rec);
+
+        if (c->closed)
+                return;
+        _cleanup_(json_decrefp) json_t *p =
+                json_pack("{s:I, s:s?}", "retryAfterSec", (json_int_t) ev->retry_after_sec, "pool", ev->pool);
+        if (p && (ev->refusal == REFUSAL_TIMEOUT || ev->refusal == REFUSAL_SHED))
+                json_object_set_new(p, "waitedMs", json_integer((json_int_t) (ev->wait / USEC_PER_MSEC)));
+        if (p && ev->refusal == REFUSAL_UNAVAILABLE)
+                json_object_set_new(p, "reason", json_string("drained or removed"));
+        connection_reply_error(c, refusal_error(ev->refusal), p);
+        connection_acquire_done(c);
+}
+
+void acquire_handle_event(Manager *m, const EngineEvent *ev) {
+        switch (ev->type) {
+        case ENGINE_EVENT_QUEUED:
+                on_queued(m, ev->userdata, ev);
+                break;
+        case ENGINE_EVENT_GRANTED:
+                on_granted(m, ev->userdata, ev);
+                break;
+        case ENGINE_EVENT_REFUSED:
+                on_refused(m, ev->userdata, ev);
+                break;
+        case ENGINE_EVENT_REVOKE:
+                if (ev->userdata)
+                        lease_revoke(ev->userdata, "max-hold");
+                break;
+        case ENGINE_EVENT_CONGESTION:
+                audit_congestion(m, ev->pool, ev->congested, ev->idle);
+                manager_status_changed(m);
+                break;
+        default:
+                break;
+        }
+}

@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: MIT */
+/* audit.h — every decision, recorded once: the journal entry of SPEC §7 (and, with history, its row).
+ * Callers describe what happened; this module decides what is written where. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "time-util.h"
+
+typedef struct Manager Manager;
+typedef struct Lease Lease;
+
+typedef struct AuditRecord {
+        const char *decision;     /* granted, busy, full, timeout, shed, unavailable, cancelled, released,
+                                   * revoked, overdue, restored, denied */
+        const char *pool;
+        const char *lane;
+        const char *job;
+        const char *lease;
+        uint64_t token;           /* 0: none */
+        usec_t wait;              /* USEC_INFINITY: not applicable */
+        usec_t hold;
+        usec_t budget;
+        usec_t idle;
+        const char *state;        /* keeping-up, saturated, or NULL */
+        uid_t uid;                /* (uid_t) -1: unknown */
+        pid_t pid;                /* 0: unknown */
+        unsigned retry_after_sec; /* 0: none */
+        const char *reason;       /* a few words for the message, or NULL */
+} AuditRecord;
+
+#define AUDIT_RECORD_INIT                                                                                   \
+        (AuditRecord) {                                                                                    \
+                .wait = USEC_INFINITY, .hold = USEC_INFINITY, .budget = USEC_INFINITY, .idle = USEC_INFINITY, \
+                .uid = (uid_t) -1,                                                                         \
+        }
+
+void audit_decision(Manager *m, const AuditRecord *r);
+/* A lease-level decision (released, revoked, overdue, restored), filled from the lease. */
+void audit_lease(const Lease *l, const char *decision, const char *reason);
+/* The congested gauge of a pool changed. */
+void audit_congestion(Manager *m, const char *pool, bool congested, usec_t idle);

@@ -1,0 +1,268 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#include "audit.h"
+#include "connection.h"
+#include "lease.h"
+#include "log.h"
+#include "manager.h"
+#include "methods.h"
+
+/* Reads per wakeup: a client that streams without pause cannot hold the loop. */
+#define READS_PER_WAKEUP 4
+
+static int connection_get_groups(Connection *c) {
+        socklen_t size = 64 * sizeof(gid_t);
+        for (;;) {
+                gid_t *g = malloc(size);
+                if (!g)
+                        return -ENOMEM;
+                socklen_t n = size;
+                if (getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, g, &n) >= 0) {
+                        c->groups = g;
+                        c->n_groups = n / sizeof(gid_t);
+                        return 0;
+                }
+                free(g);
+                if (errno != ERANGE)
+                        return negative_errno();
+                size = n > size ? n : size * 2; /* the kernel says how much it needs */
+        }
+}
+
+bool connection_is_waiting(const Connection *c) {
+        return c->acquire.active && c->acquire.request && engine_request_is_waiting(c->acquire.request);
+}
+
+/* An open Acquire, or a lease held by this connection, answers first: later calls wait (SPEC §5). */
+static bool connection_busy(const Connection *c) {
+        return c->acquire.active || c->lease;
+}
+
+static void connection_update_events(Connection *c) {
+        if (c->closed)
+                return;
+        uint32_t events = EPOLLIN;
+        if (varlink_stream_pending_output(&c->stream) > 0)
+                events |= EPOLLOUT;
+        (void) sd_event_source_set_io_events(c->io, events);
+}
+
+static void connection_flush(Connection *c) {
+        if (c->closed || varlink_stream_pending_output(&c->stream) == 0)
+                return;
+        int r = varlink_stream_flush(&c->stream);
+        if (r < 0 && r != -EAGAIN) {
+                log_debug("Connection of pid %d broke: %s", (int) c->cred.pid, strerror(-r));
+                connection_close(c);
+        }
+}
+
+int connection_reply(Connection *c, json_t *parameters, bool continues) {
+        if (c->closed)
+                return -ENOTCONN;
+        if (c->oneway)
+                return 0;
+        int r = varlink_stream_reply(&c->stream, parameters, continues ? VARLINK_REPLY_CONTINUES : 0);
+        if (r == -ENOBUFS) {
+                log_warning("Client pid %d does not read its replies; closing its connection.", (int) c->cred.pid);
+                connection_close(c);
+                return r;
+        }
+        if (r < 0)
+                return r;
+        connection_flush(c);
+        connection_update_events(c);
+        return 0;
+}
+
+int connection_reply_error(Connection *c, const char *error, json_t *parameters) {
+        if (c->closed)
+                return -ENOTCONN;
+        if (c->oneway)
+                return 0;
+        int r = varlink_stream_reply_error(&c->stream, error, parameters);
+        if (r == -ENOBUFS) {
+                connection_close(c);
+                return r;
+        }
+        if (r < 0)
+                return r;
+        connection_flush(c);
+        connection_update_events(c);
+        return 0;
+}
+
+void connection_dispatch(Connection *c) {
+        while (!c->closed && !connection_busy(c)) {
+                _cleanup_(json_decrefp) json_t *msg = NULL;
+                int r = varlink_stream_next(&c->stream, &msg);
+                if (r == 0)
+                        break;
+                if (r < 0) {
+                        /* A message we cannot parse cannot be answered either: the stream has lost its framing. */
+                        log_debug("Closing connection of pid %d: %s", (int) c->cred.pid,
+                                  r == -EMSGSIZE ? "message too long" : "malformed message");
+                        connection_close(c);
+                        return;
+                }
+                VarlinkCall call;
+                r = varlink_call_parse(msg, &call);
+                if (r < 0) {
+                        log_debug("Closing connection of pid %d: not a Varlink call", (int) c->cred.pid);
+                        connection_close(c);
+                        return;
+                }
+                methods_dispatch(c, &call);
+        }
+        connection_flush(c);
+        connection_update_events(c);
+}
+
+void connection_acquire_done(Connection *c) {
+        AcquireCall *a = &c->acquire;
+        a->active = false;
+        a->request = engine_request_unref(a->request);
+        a->command_pidfd = safe_close(a->command_pidfd);
+        a->has_command = false;
+        a->lane = mfree(a->lane);
+        a->job = mfree(a->job);
+        connection_dispatch(c);
+}
+
+static int connection_io(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Connection *c = userdata;
+        Manager *m = c->manager;
+
+        if (revents & EPOLLOUT)
+                connection_flush(c);
+
+        if (!c->closed && (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+                for (int i = 0; i < READS_PER_WAKEUP && !c->closed; i++) {
+                        ssize_t n = varlink_stream_read(&c->stream);
+                        if (n == -EAGAIN)
+                                break;
+                        if (n == -ENOBUFS) {
+                                if (connection_busy(c)) {
+                                        /* Pipelining a whole buffer behind an open Acquire is abuse, not use. */
+                                        log_debug("Closing connection of pid %d: input full behind an Acquire",
+                                                  (int) c->cred.pid);
+                                        connection_close(c);
+                                        break;
+                                }
+                                connection_dispatch(c);
+                                continue;
+                        }
+                        if (n <= 0) {
+                                /* EOF: for a waiter the client went away; for a holder its life line ended. */
+                                connection_close(c);
+                                break;
+                        }
+                        connection_dispatch(c);
+                }
+
+        connection_update_events(c);
+        manager_sync(m);
+        return 0;
+}
+
+int connection_new(Manager *m, int fd, Connection **ret) {
+        _cleanup_close_ int fd_owned = fd;
+        const BrokerConfig *cfg = m->config;
+
+        Connection *c = calloc(1, sizeof(Connection));
+        if (!c)
+                return -ENOMEM;
+        c->manager = m;
+        c->fd = -EBADF;
+        c->acquire.command_pidfd = -EBADF;
+
+        socklen_t len = sizeof c->cred;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->cred, &len) < 0) {
+                free(c);
+                return negative_errno();
+        }
+        c->fd = TAKE_FD(fd_owned);
+        int r = connection_get_groups(c);
+        if (r < 0)
+                goto fail;
+        varlink_stream_init(&c->stream, c->fd, cfg->max_message_size, cfg->max_output_per_connection);
+        r = sd_event_add_io(m->event, &c->io, c->fd, EPOLLIN, connection_io, c);
+        if (r < 0) {
+                varlink_stream_done(&c->stream);
+                goto fail;
+        }
+        list_append(&m->connections, &c->node);
+        m->n_connections++;
+        manager_uid_usage(m, c->cred.uid, true)->connections++;
+        *ret = c;
+        return 0;
+fail:
+        safe_close(c->fd);
+        free(c->groups);
+        free(c);
+        return r;
+}
+
+void connection_free(Connection *c) {
+        if (!c)
+                return;
+        assert(c->closed);
+        free(c->acquire.lane);
+        free(c->acquire.job);
+        free(c);
+}
+
+void connection_close(Connection *c) {
+        if (!c || c->closed)
+                return;
+        Manager *m = c->manager;
+        c->closed = true;
+
+        AcquireCall *a = &c->acquire;
+        if (a->request && engine_request_is_waiting(a->request)) {
+                AuditRecord rec = AUDIT_RECORD_INIT;
+                rec.decision = "cancelled";
+                rec.pool = engine_request_pool(a->request);
+                rec.lane = a->lane;
+                rec.job = a->job;
+                rec.wait = usec_sub_unsigned(now_monotonic(), engine_request_arrival(a->request));
+                rec.budget = engine_request_budget(a->request);
+                rec.uid = c->cred.uid;
+                rec.pid = c->cred.pid;
+                audit_decision(m, &rec);
+                engine_request_cancel(a->request, now_monotonic());
+        }
+        if (a->counted_waiter) {
+                UidUsage *u = manager_uid_usage(m, c->cred.uid, false);
+                if (u && u->waiters > 0)
+                        u->waiters--;
+                a->counted_waiter = false;
+        }
+        a->request = engine_request_unref(a->request);
+        a->command_pidfd = safe_close(a->command_pidfd);
+        a->active = false; /* lane and job stay for the audit of decisions still on their way */
+
+        if (c->lease)
+                lease_holder_gone(c->lease); /* clears c->lease */
+
+        c->io = sd_event_source_disable_unref(c->io);
+        varlink_stream_done(&c->stream);
+        c->fd = safe_close(c->fd);
+        free(c->groups);
+        c->groups = NULL;
+
+        list_unlink(&c->node);
+        m->n_connections--;
+        UidUsage *u = manager_uid_usage(m, c->cred.uid, false);
+        if (u && u->connections > 0)
+                u->connections--;
+        manager_status_changed(m);
+
+        /* Callers up the stack may still hold c: it is freed once this loop iteration is over. */
+        list_append(&m->closed_connections, &c->node);
+        (void) sd_event_source_set_enabled(m->gc_source, SD_EVENT_ONESHOT);
+}

@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: MIT */
+/* connection.h — one client connection: its socket, credentials, Varlink stream, and the Acquire it
+ * may have open (waiting, or holding a lease). Calls are answered in order; calls that arrive behind an
+ * open Acquire wait in the input until it ends. */
+#pragma once
+
+#include <stdbool.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <systemd/sd-event.h>
+
+#include "engine.h"
+#include "list.h"
+#include "process.h"
+#include "varlink.h"
+
+typedef struct Connection Connection;
+typedef struct Manager Manager;
+typedef struct Lease Lease;
+
+/* An Acquire call in progress. */
+typedef struct AcquireCall {
+        bool active;
+        bool more;                 /* replies continue; otherwise one final reply */
+        bool detach;
+        char *lane;
+        char *job;
+        unsigned slots;
+        usec_t max_hold;           /* the client's cap; USEC_INFINITY: none */
+        EngineRequest *request;    /* while waiting */
+        size_t last_position;      /* 1-based, as last sent; 0: none yet */
+        size_t last_queued;
+        usec_t last_position_sent; /* monotonic; updates go out at most once a second */
+        bool counted_waiter;       /* counted in its uid's waiters */
+        int command_pidfd;         /* the attached command, verified at the call */
+        ProcessInfo command;
+        bool has_command;
+} AcquireCall;
+
+struct Connection {
+        Manager *manager;
+        ListNode node;             /* Manager.connections, or Manager.closed_connections once closed */
+        int fd;
+        sd_event_source *io;
+        VarlinkStream stream;
+        struct ucred cred;
+        gid_t *groups;
+        size_t n_groups;
+        AcquireCall acquire;
+        Lease *lease;              /* the lease this connection holds (its life line), if any */
+        bool oneway;               /* the call being run wants no reply */
+        bool closed;
+};
+
+/* Takes ownership of fd (an accepted socket). Returns 0 or negative errno; fd is closed on failure. */
+int connection_new(Manager *m, int fd, Connection **ret);
+/* Closes: a waiting request is withdrawn (audited "cancelled"), a held lease loses its life line. The
+ * memory stays valid until the manager's next collection, so callers up the stack may still look. */
+void connection_close(Connection *c);
+void connection_free(Connection *c);
+
+/* Queue a reply or an error on the connection; a connection whose unsent output passes its cap is closed
+ * (later, from the loop: callers may still touch it). Return 0 or negative errno. */
+int connection_reply(Connection *c, json_t *parameters, bool continues);
+int connection_reply_error(Connection *c, const char *error, json_t *parameters);
+
+/* The Acquire on this connection ended (refused, or its lease ended): answer the calls behind it. */
+void connection_acquire_done(Connection *c);
+
+/* Answer pipelined calls that are ready; called when an Acquire ends. */
+void connection_dispatch(Connection *c);
+
+bool connection_is_waiting(const Connection *c);

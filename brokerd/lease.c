@@ -1,0 +1,271 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+
+#include "connection.h"
+#include "lease.h"
+#include "audit.h"
+#include "log.h"
+#include "macro.h"
+#include "manager.h"
+
+/* How long a holder without a command may ignore a revocation before its connection is cut. */
+#define REVOKE_GRACE_USEC (5 * USEC_PER_SEC)
+
+static const char *const lease_state_table[_LEASE_STATE_MAX] = {
+        [LEASE_HELD] = "held",
+        [LEASE_REVOKED] = "revoked",
+        [LEASE_OVERDUE] = "overdue",
+        [LEASE_RESTORED] = "restored",
+};
+
+const char *lease_state_to_string(LeaseState s) {
+        return s >= 0 && s < _LEASE_STATE_MAX ? lease_state_table[s] : NULL;
+}
+
+static bool lease_command_running(const Lease *l) {
+        return l->has_command && !l->command_gone;
+}
+
+void lease_free(Lease *l) {
+        if (!l)
+                return;
+        sd_event_source_disable_unref(l->command_source);
+        sd_event_source_disable_unref(l->grace_timer);
+        safe_close(l->command_pidfd);
+        free(l->job);
+        free(l);
+}
+
+void lease_end(Lease *l, const char *decision) {
+        Manager *m = l->manager;
+        usec_t now = now_monotonic();
+
+        audit_lease(l, decision, NULL);
+        if (l->holder) {
+                l->holder->lease = NULL;
+                l->holder = NULL;
+        }
+        engine_lease_release(l->engine_lease, now);
+        list_unlink(&l->node);
+        m->n_leases--;
+        manager_status_changed(m);
+        lease_free(l);
+}
+
+/* Ends the lease once nobody holds it any more: no connection, no running command. */
+static void lease_maybe_end(Lease *l, const char *decision) {
+        if (l->holder || lease_command_running(l) || l->detached)
+                return;
+        lease_end(l, decision);
+}
+
+static void lease_command_check_group(Lease *l) {
+        /* slotctl puts the command in a group of its own; then the whole group must be gone (SPEC §3.4). A
+         * command that shares its parent's group is watched by its leader alone. */
+        if (l->command.pgid == l->command.pid && process_group_is_alive(l->command.pgid))
+                return;
+        l->command_gone = true;
+}
+
+static int on_command_exit(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Lease *l = userdata;
+        Manager *m = l->manager;
+
+        l->command_leader_exited = true;
+        l->command_source = sd_event_source_disable_unref(l->command_source);
+        l->command_pidfd = safe_close(l->command_pidfd);
+        lease_command_check_group(l);
+        if (l->command_gone)
+                lease_maybe_end(l, l->state == LEASE_HELD ? "released" : "revoked");
+        manager_sync(m);
+        return 0;
+}
+
+void lease_poll_command(Lease *l) {
+        if (!l->command_leader_exited || l->command_gone)
+                return;
+        lease_command_check_group(l);
+        if (l->command_gone)
+                lease_maybe_end(l, l->state == LEASE_HELD ? "released" : "revoked");
+}
+
+static void lease_make_id(char id[static LEASE_ID_LEN + 1]) {
+        uint8_t bytes[LEASE_ID_LEN / 2];
+        /* getrandom() never blocks once the pool is initialised, which it is long before a daemon starts. */
+        if (getrandom(bytes, sizeof bytes, 0) != sizeof bytes)
+                for (size_t i = 0; i < sizeof bytes; i++)
+                        bytes[i] = (uint8_t) manager_random(NULL);
+        for (size_t i = 0; i < sizeof bytes; i++)
+                snprintf(id + 2 * i, 3, "%02x", bytes[i]);
+}
+
+int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t pid, const char *job, bool detached,
+              const ProcessInfo *command, int command_pidfd, Lease **ret) {
+        _cleanup_close_ int pidfd = command_pidfd;
+
+        Lease *l = calloc(1, sizeof(Lease));
+        if (!l)
+                return -ENOMEM;
+        *l = (Lease) {
+                .manager = m,
+                .engine_lease = el,
+                .state = LEASE_HELD,
+                .uid = uid,
+                .pid = pid,
+                .detached = detached,
+                .command_pidfd = -EBADF,
+                .granted_mono = engine_lease_granted_at(el),
+        };
+        l->granted_real = manager_realtime_of(l->granted_mono);
+        lease_make_id(l->id);
+        if (job && !(l->job = strdup(job))) {
+                free(l);
+                return -ENOMEM;
+        }
+        if (command && pidfd >= 0) {
+                int r = sd_event_add_io(m->event, &l->command_source, pidfd, EPOLLIN, on_command_exit, l);
+                if (r < 0) {
+                        lease_free(l);
+                        return r;
+                }
+                l->has_command = true;
+                l->command = *command;
+                l->command_pidfd = TAKE_FD(pidfd);
+        }
+        if (holder && !detached) {
+                l->holder = holder;
+                holder->lease = l;
+        }
+        engine_lease_set_userdata(el, l);
+        list_append(&m->leases, &l->node);
+        m->n_leases++;
+        manager_status_changed(m);
+        *ret = l;
+        return 0;
+}
+
+/* Tells the holder how its lease ended, as the last reply of its Acquire. Returns true if the
+ * connection stays (a "more" call took the reply); a plain Acquire's connection is closed instead. */
+static bool lease_tell_holder(Lease *l, const char *state) {
+        Connection *c = l->holder;
+        if (!c || c->closed)
+                return false;
+        if (c->acquire.active && c->acquire.more) {
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", state);
+                (void) connection_reply(c, p, false);
+                c->acquire.active = false;
+                return true;
+        }
+        connection_close(c); /* a plain Acquire's life line is the connection itself (SPEC §5) */
+        return false;
+}
+
+void lease_holder_gone(Lease *l) {
+        if (l->holder) {
+                l->holder->lease = NULL;
+                l->holder = NULL;
+        }
+        l->grace_timer = sd_event_source_disable_unref(l->grace_timer);
+        if (l->state == LEASE_REVOKED && lease_command_running(l)) {
+                l->state = LEASE_OVERDUE;
+                audit_lease(l, "overdue", "revoked, and nobody is left to stop the command");
+                manager_status_changed(l->manager);
+        }
+        lease_maybe_end(l, l->state == LEASE_HELD ? "released" : "revoked");
+}
+
+static int on_revoke_grace(sd_event_source *s, uint64_t usec, void *userdata) {
+        Lease *l = userdata;
+        Manager *m = l->manager;
+        l->grace_timer = sd_event_source_disable_unref(l->grace_timer);
+        if (l->holder)
+                connection_close(l->holder); /* takes the lease with it */
+        manager_sync(m);
+        return 0;
+}
+
+void lease_revoke(Lease *l, const char *reason) {
+        if (l->state != LEASE_HELD && l->state != LEASE_RESTORED)
+                return;
+        l->state = LEASE_REVOKED;
+        audit_lease(l, "revoked", reason);
+        manager_status_changed(l->manager);
+
+        if (!lease_tell_holder(l, "revoked")) {
+                /* Nobody on the line (detached, gone, or a plain Acquire just closed). */
+                if (l->holder == NULL) {
+                        if (lease_command_running(l)) {
+                                l->state = LEASE_OVERDUE;
+                                audit_lease(l, "overdue", "revoked, and nobody is left to stop the command");
+                        } else
+                                lease_end(l, "revoked");
+                }
+                return;
+        }
+        if (!lease_command_running(l))
+                (void) sd_event_add_time_relative(l->manager->event, &l->grace_timer, CLOCK_MONOTONIC,
+                                                  REVOKE_GRACE_USEC, 0, on_revoke_grace, l);
+}
+
+void lease_release(Lease *l) {
+        if (lease_command_running(l)) {
+                lease_revoke(l, "released while its command runs");
+                return;
+        }
+        Connection *c = l->holder;
+        if (c) {
+                c->lease = NULL;
+                l->holder = NULL;
+                if (c->acquire.active && c->acquire.more) {
+                        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "released");
+                        (void) connection_reply(c, p, false);
+                        connection_acquire_done(c);
+                } else
+                        connection_close(c);
+        }
+        lease_end(l, "released");
+}
+
+json_t *lease_to_json(const Lease *l) {
+        const EngineLease *el = l->engine_lease;
+        const unsigned *idx;
+        const char *const *members;
+        unsigned n = engine_lease_slots(el, &idx, &members);
+
+        _cleanup_(json_decrefp) json_t *slots = json_array(), *names = members ? json_array() : NULL;
+        if (!slots || (members && !names))
+                return NULL;
+        for (unsigned i = 0; i < n; i++) {
+                if (json_array_append_new(slots, json_integer(idx[i])) < 0)
+                        return NULL;
+                if (names && json_array_append_new(names, json_string(members[i] ? members[i] : "")) < 0)
+                        return NULL;
+        }
+        json_t *o = json_pack("{s:s, s:I, s:s, s:O, s:s, s:I, s:I, s:I, s:b}",
+                              "id", l->id,
+                              "token", (json_int_t) engine_lease_token(el),
+                              "pool", engine_lease_pool(el),
+                              "slots", slots,
+                              "lane", engine_lease_lane(el),
+                              "uid", (json_int_t) l->uid,
+                              "pid", (json_int_t) l->pid,
+                              "grantedAt", (json_int_t) l->granted_real,
+                              "detached", l->detached);
+        if (!o)
+                return NULL;
+        if (names)
+                json_object_set(o, "members", names);
+        if (l->job)
+                json_object_set_new(o, "job", json_string(l->job));
+        if (l->has_command)
+                json_object_set_new(o, "commandPid", json_integer(l->command.pid));
+        usec_t exp = engine_lease_expires_at(el);
+        if (exp != USEC_INFINITY)
+                json_object_set_new(o, "expiresAt", json_integer((json_int_t) manager_realtime_of(exp)));
+        return o;
+}

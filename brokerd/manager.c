@@ -1,0 +1,613 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <grp.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+
+#include "acquire.h"
+#include "config-files.h"
+#include "config.h"
+#include "connection.h"
+#include "lease.h"
+#include "log.h"
+#include "manager.h"
+
+#define TICK_USEC USEC_PER_SEC
+/* Connections accepted per wakeup of the listening socket: a connect storm cannot hold the loop. */
+#define ACCEPTS_PER_WAKEUP 64
+
+uint64_t manager_random(void *userdata) {
+        uint64_t v;
+        if (getrandom(&v, sizeof v, GRND_NONBLOCK) == sizeof v)
+                return v;
+        /* Only before the kernel's pool is seeded, which is before any daemon runs: not worth more. */
+        static uint64_t fallback = 0x9e3779b97f4a7c15ULL;
+        fallback ^= now_monotonic();
+        fallback ^= fallback << 13, fallback ^= fallback >> 7, fallback ^= fallback << 17;
+        return fallback;
+}
+
+usec_t manager_realtime_of(usec_t monotonic) {
+        usec_t now_m = now_monotonic(), now_r = now_realtime();
+        return monotonic <= now_m ? usec_sub_unsigned(now_r, now_m - monotonic) : now_r + (monotonic - now_m);
+}
+
+UidUsage *manager_uid_usage(Manager *m, uid_t uid, bool create) {
+        for (size_t i = 0; i < m->n_uid_usage; i++)
+                if (m->uid_usage[i].uid == uid)
+                        return &m->uid_usage[i];
+        if (!create)
+                return NULL;
+        UidUsage *a = reallocarray(m->uid_usage, m->n_uid_usage + 1, sizeof(UidUsage));
+        if (!a)
+                return NULL;
+        m->uid_usage = a;
+        a[m->n_uid_usage] = (UidUsage) { .uid = uid };
+        return &a[m->n_uid_usage++];
+}
+
+Lease *manager_find_lease(Manager *m, const char *id) {
+        list_foreach(n, &m->leases) {
+                Lease *l = container_of(n, Lease, node);
+                if (streq(l->id, id))
+                        return l;
+        }
+        return NULL;
+}
+
+bool manager_is_admin(const Manager *m, uid_t uid) {
+        return uid == 0 || uid == getuid();
+}
+
+/* ---- lane ACLs ---- */
+
+static void acls_free(LaneAcl *acls, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                free(acls[i].uids);
+                free(acls[i].gids);
+        }
+        free(acls);
+}
+
+static int parse_id(const char *s, uint32_t *ret) {
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(s, &end, 10);
+        if (errno || *end || end == s || v >= UINT32_MAX)
+                return -EINVAL;
+        *ret = (uint32_t) v;
+        return 0;
+}
+
+static void acl_error(ConfErrors *errors, const LaneConfig *lc, const char *key, const char *what, const char *name) {
+        ConfError *a = reallocarray(errors->errors, errors->n_errors + 1, sizeof(ConfError));
+        if (!a)
+                return;
+        errors->errors = a;
+        ConfError *e = &a[errors->n_errors++];
+        *e = (ConfError) {};
+        if (lc->source.file)
+                (void) asprintf(&e->where, "%s:%u", lc->source.file, lc->source.line);
+        e->key = strdup(key);
+        (void) asprintf(&e->message, "unknown %s \"%s\"", what, name);
+}
+
+/* Names become ids once, at load: an NSS lookup per request could block the loop. */
+static int acls_resolve(const BrokerConfig *c, LaneAcl **ret, size_t *ret_n, ConfErrors *errors) {
+        LaneAcl *acls = calloc(c->n_lanes ?: 1, sizeof(LaneAcl));
+        bool failed = false;
+        if (!acls)
+                return -ENOMEM;
+        for (size_t i = 0; i < c->n_lanes; i++) {
+                const LaneConfig *lc = c->lanes[i];
+                LaneAcl *acl = &acls[i];
+                acl->lane = lc->name;
+                acl->restricted = lc->allow_users || lc->allow_groups;
+                for (char **u = lc->allow_users; u && *u; u++) {
+                        uint32_t id;
+                        if (parse_id(*u, &id) < 0) {
+                                struct passwd *pw = getpwnam(*u);
+                                if (!pw) {
+                                        acl_error(errors, lc, "allow-users", "user", *u);
+                                        failed = true;
+                                        continue;
+                                }
+                                id = pw->pw_uid;
+                        }
+                        uid_t *a = reallocarray(acl->uids, acl->n_uids + 1, sizeof(uid_t));
+                        if (!a)
+                                goto oom;
+                        acl->uids = a;
+                        a[acl->n_uids++] = id;
+                }
+                for (char **g = lc->allow_groups; g && *g; g++) {
+                        uint32_t id;
+                        if (parse_id(*g, &id) < 0) {
+                                struct group *gr = getgrnam(*g);
+                                if (!gr) {
+                                        acl_error(errors, lc, "allow-groups", "group", *g);
+                                        failed = true;
+                                        continue;
+                                }
+                                id = gr->gr_gid;
+                        }
+                        gid_t *a = reallocarray(acl->gids, acl->n_gids + 1, sizeof(gid_t));
+                        if (!a)
+                                goto oom;
+                        acl->gids = a;
+                        a[acl->n_gids++] = id;
+                }
+        }
+        if (failed) {
+                acls_free(acls, c->n_lanes);
+                return -EINVAL;
+        }
+        *ret = acls;
+        *ret_n = c->n_lanes;
+        return 0;
+oom:
+        acls_free(acls, c->n_lanes);
+        return -ENOMEM;
+}
+
+bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gid_t *groups, size_t n_groups) {
+        if (uid == 0)
+                return true;
+        for (size_t i = 0; i < m->n_acls; i++) {
+                const LaneAcl *acl = &m->acls[i];
+                if (!streq(acl->lane, lane))
+                        continue;
+                if (!acl->restricted)
+                        return true;
+                for (size_t k = 0; k < acl->n_uids; k++)
+                        if (acl->uids[k] == uid)
+                                return true;
+                for (size_t k = 0; k < acl->n_gids; k++)
+                        for (size_t g = 0; g < n_groups; g++)
+                                if (acl->gids[k] == groups[g])
+                                        return true;
+                return false;
+        }
+        return false;
+}
+
+/* ---- the engine's clock ---- */
+
+static int on_engine_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        manager_sync(userdata);
+        return 0;
+}
+
+void manager_sync(Manager *m) {
+        static bool syncing = false;
+        if (syncing)
+                return; /* a handler below called back up: the outer loop picks its events up */
+        syncing = true;
+        for (;;) {
+                engine_run(m->engine, now_monotonic());
+                EngineEvent ev;
+                bool any = false;
+                while (engine_pop_event(m->engine, &ev)) {
+                        acquire_handle_event(m, &ev);
+                        any = true;
+                }
+                if (!any)
+                        break;
+        }
+        usec_t next = engine_next_wakeup(m->engine);
+        if (next == USEC_INFINITY)
+                (void) sd_event_source_set_enabled(m->engine_timer, SD_EVENT_OFF);
+        else {
+                (void) sd_event_source_set_time(m->engine_timer, next);
+                (void) sd_event_source_set_enabled(m->engine_timer, SD_EVENT_ONESHOT);
+        }
+        syncing = false;
+}
+
+/* ---- STATUS=, watchdog, tick ---- */
+
+static void manager_update_status(Manager *m) {
+        char buf[1024];
+        size_t len = 0;
+        usec_t now = now_monotonic();
+
+        m->status_dirty = false;
+        for (size_t i = 0; i < engine_pool_count(m->engine) && len < sizeof buf - 64; i++) {
+                EnginePoolInfo info;
+                if (engine_pool_info(m->engine, i, now, &info) < 0)
+                        continue;
+                int k = snprintf(buf + len, sizeof buf - len, "%s%s %u/%u in use, %zu waiting%s%s", i ? "; " : "",
+                                 info.name, info.in_use, info.limit, info.waiting, info.congested ? ", congested" : "",
+                                 info.drained ? ", drained" : "");
+                if (k < 0 || (size_t) k >= sizeof buf - len)
+                        break;
+                len += (size_t) k;
+        }
+        (void) sd_notifyf(false, "STATUS=%s", len ? buf : "no pools");
+}
+
+static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
+        Manager *m = userdata;
+
+        acquire_send_positions(m);
+        list_foreach_safe(n, &m->leases)
+                lease_poll_command(container_of(n, Lease, node));
+        if (m->status_dirty)
+                manager_update_status(m);
+        manager_sync(m);
+        (void) sd_event_source_set_time_relative(s, TICK_USEC);
+        return 0;
+}
+
+static int on_watchdog(sd_event_source *s, uint64_t usec, void *userdata) {
+        Manager *m = userdata;
+        (void) sd_notify(false, "WATCHDOG=1");
+        (void) sd_event_source_set_time_relative(s, m->watchdog_usec / 2);
+        return 0;
+}
+
+static int on_gc(sd_event_source *s, void *userdata) {
+        Manager *m = userdata;
+        ListNode *n;
+        while ((n = list_first(&m->closed_connections))) {
+                list_unlink(n);
+                connection_free(container_of(n, Connection, node));
+        }
+        return 0;
+}
+
+/* ---- reload ---- */
+
+int manager_reload(Manager *m, ConfErrors *errors) {
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        LaneAcl *acls = NULL;
+        size_t n_acls = 0;
+
+        (void) sd_notifyf(false, "RELOADING=1\nSTATUS=Reloading configuration…");
+        int r = config_load(m->config_path, &c, errors);
+        if (r >= 0)
+                r = acls_resolve(c, &acls, &n_acls, errors);
+        if (r >= 0) {
+                r = engine_configure(m->engine, c, now_monotonic());
+                if (r < 0)
+                        acls_free(acls, n_acls);
+        }
+        if (r < 0) {
+                (void) sd_notify(false, "READY=1");
+                log_error_errno(r, "Reloading the configuration failed; the old one stays: %m");
+                manager_status_changed(m);
+                return r;
+        }
+        if (!streq_ptr(c->socket_path, m->config->socket_path))
+                log_notice("socket= changed; it takes effect when brokerd restarts.");
+        acls_free(m->acls, m->n_acls);
+        m->acls = acls;
+        m->n_acls = n_acls;
+        conf_free(m->config);
+        m->config = TAKE_PTR(c);
+        log_info("Configuration reloaded: %zu pools, %zu lanes.", m->config->n_pools, m->config->n_lanes);
+        (void) sd_notify(false, "READY=1");
+        manager_update_status(m);
+        manager_sync(m);
+        return 0;
+}
+
+static int on_sighup(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
+        Manager *m = userdata;
+        ConfErrors errors = {};
+        if (manager_reload(m, &errors) < 0)
+                for (size_t i = 0; i < errors.n_errors; i++)
+                        log_error("%s%s%s%s%s", errors.errors[i].where ?: "", errors.errors[i].where ? ": " : "",
+                                  errors.errors[i].key ?: "", errors.errors[i].key ? ": " : "",
+                                  errors.errors[i].message ?: "");
+        conf_errors_done(&errors);
+        return 0;
+}
+
+static int on_exit_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
+        Manager *m = userdata;
+        log_info("Received SIG%s, exiting.", sigabbrev_np((int) si->ssi_signo) ?: "?");
+        (void) sd_notify(false, "STOPPING=1");
+        return sd_event_exit(m->event, 0);
+}
+
+/* ---- the listening socket ---- */
+
+static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Manager *m = userdata;
+
+        for (int i = 0; i < ACCEPTS_PER_WAKEUP; i++) {
+                int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                if (cfd < 0) {
+                        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                                log_warning_errno(errno, "accept() failed: %m");
+                        break;
+                }
+                struct ucred cred;
+                socklen_t len = sizeof cred;
+                if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+                        safe_close(cfd);
+                        continue;
+                }
+                UidUsage *u = manager_uid_usage(m, cred.uid, false);
+                if (m->n_connections >= m->config->max_connections ||
+                    (u && u->connections >= m->config->max_connections_per_uid)) {
+                        /* Refused before any call, so there is nobody to answer: the client sees EOF. */
+                        log_warning("Connection limit reached (uid %d); refusing a connection.", (int) cred.uid);
+                        safe_close(cfd);
+                        continue;
+                }
+                Connection *c;
+                int r = connection_new(m, cfd, &c);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to set up a connection: %m");
+        }
+        manager_status_changed(m);
+        return 0;
+}
+
+static int socket_take_from_systemd(void) {
+        char **names = NULL;
+        int n = sd_listen_fds_with_names(true, &names);
+        if (n <= 0) {
+                free(names);
+                return n < 0 ? n : -ENOENT;
+        }
+        int fd = -ENOENT;
+        for (int i = 0; i < n; i++) {
+                if (fd < 0 && (streq(names[i], "varlink") || n == 1))
+                        fd = SD_LISTEN_FDS_START + i;
+                else
+                        safe_close(SD_LISTEN_FDS_START + i); /* not ours to serve */
+                free(names[i]);
+        }
+        free(names);
+        return fd;
+}
+
+static int mkdir_parents(const char *path) {
+        _cleanup_free_ char *p = strdup(path);
+        if (!p)
+                return -ENOMEM;
+        for (char *s = p + 1; (s = strchr(s, '/')); s++) {
+                *s = '\0';
+                if (mkdir(p, 0755) < 0 && errno != EEXIST)
+                        return negative_errno();
+                *s = '/';
+        }
+        return 0;
+}
+
+static int socket_bind_path(const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        if (strlen(path) >= sizeof sa.sun_path)
+                return -ENAMETOOLONG;
+        strcpy(sa.sun_path, path);
+
+        int r = mkdir_parents(path);
+        if (r < 0)
+                return r;
+        _cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return negative_errno();
+        if (bind(fd, (struct sockaddr *) &sa, sizeof sa) < 0) {
+                if (errno != EADDRINUSE)
+                        return negative_errno();
+                /* A socket file is there: if somebody answers on it, another broker runs; else it is stale. */
+                _cleanup_close_ int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                if (probe >= 0 && connect(probe, (struct sockaddr *) &sa, sizeof sa) == 0)
+                        return -EADDRINUSE;
+                if (unlink(path) < 0 && errno != ENOENT)
+                        return negative_errno();
+                if (bind(fd, (struct sockaddr *) &sa, sizeof sa) < 0)
+                        return negative_errno();
+        }
+        /* As systemd's SocketMode= default: who may connect is the lanes' ACLs' business. */
+        if (chmod(path, 0666) < 0)
+                return negative_errno();
+        if (listen(fd, SOMAXCONN) < 0)
+                return negative_errno();
+        return TAKE_FD(fd);
+}
+
+static char *default_socket_path(void) {
+        const char *e = getenv("RUNTIME_DIRECTORY");
+        char *p = NULL;
+        if (e && *e) {
+                /* systemd may list several directories, separated by colons: ours is the first. */
+                size_t len = strcspn(e, ":");
+                (void) asprintf(&p, "%.*s/io.slotbroker", (int) len, e);
+                return p;
+        }
+        if (getuid() == 0)
+                return strdup("/run/brokerd/io.slotbroker");
+        e = getenv("XDG_RUNTIME_DIR");
+        if (e && *e)
+                (void) asprintf(&p, "%s/brokerd/io.slotbroker", e);
+        else
+                (void) asprintf(&p, "/run/user/%d/brokerd/io.slotbroker", (int) getuid());
+        return p;
+}
+
+int manager_start(Manager *m) {
+        int fd = socket_take_from_systemd();
+        if (fd >= 0) {
+                log_debug("Listening on the socket systemd passed.");
+        } else {
+                fd = socket_bind_path(m->socket_path);
+                if (fd < 0)
+                        return log_error_errno(fd, "Failed to listen on %s: %m", m->socket_path);
+                m->socket_bound_here = true;
+                log_info("Listening on %s.", m->socket_path);
+        }
+        m->listen_fd = fd;
+        int r = sd_event_add_io(m->event, &m->listen_source, fd, EPOLLIN, on_accept, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to watch the listening socket: %m");
+        manager_update_status(m);
+        (void) sd_notify(false, "READY=1");
+        return 0;
+}
+
+int manager_run(Manager *m) {
+        return sd_event_loop(m->event);
+}
+
+/* ---- lifecycle ---- */
+
+static void raise_nofile_limit(void) {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= rl.rlim_max)
+                return;
+        /* Connections are fds: the soft limit (often 1024) would cap clients long before max-connections. */
+        rl.rlim_cur = rl.rlim_max;
+        (void) setrlimit(RLIMIT_NOFILE, &rl);
+}
+
+int manager_new(const ManagerOptions *o, Manager **ret) {
+        _cleanup_(manager_freep) Manager *m = NULL;
+        ConfErrors errors = {};
+        int r;
+
+        m = calloc(1, sizeof(Manager));
+        if (!m)
+                return log_oom();
+        m->listen_fd = -EBADF;
+        list_init(&m->connections);
+        list_init(&m->closed_connections);
+        list_init(&m->leases);
+
+        if (o->config_path && !(m->config_path = strdup(o->config_path)))
+                return log_oom();
+        r = config_load(m->config_path, &m->config, &errors);
+        if (r >= 0)
+                r = acls_resolve(m->config, &m->acls, &m->n_acls, &errors);
+        if (r < 0) {
+                for (size_t i = 0; i < errors.n_errors; i++)
+                        log_error("%s%s%s%s%s", errors.errors[i].where ?: "", errors.errors[i].where ? ": " : "",
+                                  errors.errors[i].key ?: "", errors.errors[i].key ? ": " : "",
+                                  errors.errors[i].message ?: "");
+                conf_errors_done(&errors);
+                return log_error_errno(r, "Failed to load the configuration: %m");
+        }
+
+        const char *env_socket = getenv("SLOTBROKER_SOCKET");
+        if (o->socket_path)
+                m->socket_path = strdup(o->socket_path);
+        else if (env_socket && *env_socket)
+                m->socket_path = strdup(env_socket);
+        else if (m->config->socket_path)
+                m->socket_path = strdup(m->config->socket_path);
+        else
+                m->socket_path = default_socket_path();
+        if (!m->socket_path)
+                return log_oom();
+
+        const char *env_state = getenv("STATE_DIRECTORY");
+        m->state_directory = strdup(o->state_directory                      ? o->state_directory
+                                    : env_state && *env_state                ? env_state
+                                    : m->config->state_directory             ? m->config->state_directory
+                                                                             : "/var/lib/brokerd");
+        if (!m->state_directory)
+                return log_oom();
+
+        r = engine_new(manager_random, m, &m->engine);
+        if (r < 0)
+                return log_error_errno(r, "Failed to create the engine: %m");
+        r = engine_configure(m->engine, m->config, now_monotonic());
+        if (r < 0)
+                return log_error_errno(r, "Failed to apply the configuration: %m");
+
+        r = sd_event_default(&m->event);
+        if (r < 0)
+                return log_error_errno(r, "Failed to allocate the event loop: %m");
+
+        sigset_t mask;
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGHUP);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGINT);
+        if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+                return log_error_errno(errno, "Failed to block signals: %m");
+        /* A client that hangs up mid-reply must not kill us; sends also use MSG_NOSIGNAL. */
+        signal(SIGPIPE, SIG_IGN);
+        raise_nofile_limit();
+
+        if ((r = sd_event_add_signal(m->event, NULL, SIGHUP, on_sighup, m)) < 0 ||
+            (r = sd_event_add_signal(m->event, NULL, SIGTERM, on_exit_signal, m)) < 0 ||
+            (r = sd_event_add_signal(m->event, NULL, SIGINT, on_exit_signal, m)) < 0)
+                return log_error_errno(r, "Failed to watch signals: %m");
+
+        /* Engine deadlines are exact: no coalescing (accuracy 1 µs), or a budget would end late. */
+        r = sd_event_add_time(m->event, &m->engine_timer, CLOCK_MONOTONIC, USEC_INFINITY, 1, on_engine_timer, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the engine timer: %m");
+        (void) sd_event_source_set_enabled(m->engine_timer, SD_EVENT_OFF);
+
+        r = sd_event_add_time_relative(m->event, &m->tick_timer, CLOCK_MONOTONIC, TICK_USEC, 10 * USEC_PER_MSEC, on_tick,
+                                       m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the tick timer: %m");
+        (void) sd_event_source_set_enabled(m->tick_timer, SD_EVENT_ON);
+
+        r = sd_event_add_defer(m->event, &m->gc_source, on_gc, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the collector: %m");
+        (void) sd_event_source_set_enabled(m->gc_source, SD_EVENT_OFF);
+
+        if (sd_watchdog_enabled(false, &m->watchdog_usec) > 0) {
+                r = sd_event_add_time_relative(m->event, &m->watchdog_timer, CLOCK_MONOTONIC, m->watchdog_usec / 2, 0,
+                                               on_watchdog, m);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to add the watchdog timer: %m");
+                (void) sd_event_source_set_enabled(m->watchdog_timer, SD_EVENT_ON);
+        }
+
+        *ret = TAKE_PTR(m);
+        return 0;
+}
+
+Manager *manager_free(Manager *m) {
+        if (!m)
+                return NULL;
+        /* Shutting down is not releasing: leases simply end with the process. */
+        ListNode *n;
+        while ((n = list_first(&m->leases))) {
+                list_unlink(n);
+                lease_free(container_of(n, Lease, node));
+        }
+        while ((n = list_first(&m->connections))) {
+                Connection *c = container_of(n, Connection, node);
+                c->lease = NULL;
+                connection_close(c);
+        }
+        if (m->gc_source)
+                on_gc(m->gc_source, m);
+        sd_event_source_disable_unref(m->listen_source);
+        safe_close(m->listen_fd);
+        if (m->socket_bound_here && m->socket_path)
+                (void) unlink(m->socket_path);
+        sd_event_source_disable_unref(m->engine_timer);
+        sd_event_source_disable_unref(m->tick_timer);
+        sd_event_source_disable_unref(m->watchdog_timer);
+        sd_event_source_disable_unref(m->gc_source);
+        engine_free(m->engine);
+        acls_free(m->acls, m->n_acls);
+        conf_free(m->config);
+        free(m->uid_usage);
+        free(m->config_path);
+        free(m->socket_path);
+        free(m->state_directory);
+        sd_event_unref(m->event);
+        return mfree(m);
+}

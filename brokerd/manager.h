@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: MIT */
+/* manager.h — the daemon's state: configuration, the engine and its clock, connections, leases,
+ * and the timers that drive them. Everything here runs on one sd-event loop. */
+#pragma once
+
+#include <stdbool.h>
+#include <systemd/sd-event.h>
+
+#include "conf.h"
+#include "engine.h"
+#include "list.h"
+#include "time-util.h"
+
+typedef struct Connection Connection;
+typedef struct Lease Lease;
+
+/* Connections and waiters per uid, for the limits of SPEC §10. */
+typedef struct UidUsage {
+        uid_t uid;
+        unsigned connections;
+        unsigned waiters;
+} UidUsage;
+
+/* A lane's access list, resolved to ids when the configuration is loaded. */
+typedef struct LaneAcl {
+        const char *lane;               /* borrowed from the config */
+        bool restricted;                /* false: anyone who may open the socket */
+        uid_t *uids;
+        size_t n_uids;
+        gid_t *gids;
+        size_t n_gids;
+} LaneAcl;
+
+typedef struct Manager {
+        sd_event *event;
+        char *config_path;              /* --config, or NULL for /etc/brokerd/brokerd.conf */
+        BrokerConfig *config;
+        LaneAcl *acls;
+        size_t n_acls;
+        char *socket_path;              /* where we listen (self-bound), or NULL under socket activation */
+        bool socket_bound_here;
+        char *state_directory;
+
+        Engine *engine;
+        uint64_t random_state;          /* unused with getrandom(); kept for a seeded test mode */
+        sd_event_source *engine_timer;
+
+        int listen_fd;
+        sd_event_source *listen_source;
+        List connections;               /* Connection.node */
+        List closed_connections;        /* freed by gc_source, after the handler that closed them */
+        sd_event_source *gc_source;
+        unsigned n_connections;
+        UidUsage *uid_usage;
+        size_t n_uid_usage;
+
+        List leases;                    /* Lease.node */
+        unsigned n_leases;
+
+        sd_event_source *tick_timer;    /* once a second: position updates, process groups, STATUS= */
+        sd_event_source *watchdog_timer;
+        usec_t watchdog_usec;
+        bool status_dirty;
+        bool accepting_paused;          /* at the connection limit: listen socket not polled */
+} Manager;
+
+typedef struct ManagerOptions {
+        const char *config_path;
+        const char *socket_path;        /* overrides config and default */
+        const char *state_directory;    /* overrides config and default */
+} ManagerOptions;
+
+int manager_new(const ManagerOptions *o, Manager **ret);
+Manager *manager_free(Manager *m);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Manager *, manager_free);
+
+/* Opens (or takes from systemd) the socket and starts serving. Returns 0 or negative errno. */
+int manager_start(Manager *m);
+int manager_run(Manager *m);
+
+/* Settles the engine at the current time, hands its events to connections and leases, and re-arms the
+ * engine timer. Called at the end of every handler that touched the engine. */
+void manager_sync(Manager *m);
+
+/* Reloads configuration files. Returns 0, or -EINVAL with errors filled (the old config stays). */
+int manager_reload(Manager *m, ConfErrors *errors);
+
+/* May uid (with its groups) use the lane? Root always may. */
+bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gid_t *groups, size_t n_groups);
+/* May uid administer the broker (reload, drain, cancel)? Root and the broker's own uid. */
+bool manager_is_admin(const Manager *m, uid_t uid);
+
+UidUsage *manager_uid_usage(Manager *m, uid_t uid, bool create);
+
+Lease *manager_find_lease(Manager *m, const char *id);
+
+/* Marks STATUS= for an update at the next tick. */
+static inline void manager_status_changed(Manager *m) {
+        m->status_dirty = true;
+}
+
+/* The random source of the engine and of lease ids. */
+uint64_t manager_random(void *userdata);
+
+/* Monotonic µs → realtime µs, for timestamps clients see. */
+usec_t manager_realtime_of(usec_t monotonic);

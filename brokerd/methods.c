@@ -1,0 +1,354 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "acquire.h"
+#include "audit.h"
+#include "config.h"
+#include "connection.h"
+#include "lease.h"
+#include "log.h"
+#include "manager.h"
+#include "methods.h"
+
+#define INTERFACE "io.slotbroker"
+
+static void reply_invalid_parameter(Connection *c, const char *parameter) {
+        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "parameter", parameter);
+        connection_reply_error(c, VARLINK_ERROR_INVALID_PARAMETER, p);
+}
+
+/* Dispatches parameters; on failure answers InvalidParameter and returns false. */
+static bool parameters_ok(Connection *c, const VarlinkCall *call, const JsonField table[]) {
+        const char *bad = NULL;
+        if (json_dispatch(call->parameters, table, 0, &bad) >= 0)
+                return true;
+        reply_invalid_parameter(c, bad ?: "parameters");
+        return false;
+}
+
+static bool require_admin(Connection *c) {
+        if (manager_is_admin(c->manager, c->cred.uid))
+                return true;
+        connection_reply_error(c, VARLINK_ERROR_PERMISSION_DENIED, NULL);
+        return false;
+}
+
+static void method_get_info(Connection *c, const VarlinkCall *call) {
+        if (!parameters_ok(c, call, (const JsonField[]) { {} }))
+                return;
+        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s, s:s, s:s, s:s, s:[s, s]}", "vendor", "slotbroker", "product",
+                                                      "brokerd", "version", PACKAGE_VERSION, "url",
+                                                      "https://github.com/slotbroker/slotbroker", "interfaces",
+                                                      VARLINK_SERVICE_INTERFACE, INTERFACE);
+        connection_reply(c, p, false);
+}
+
+static void method_get_interface_description(Connection *c, const VarlinkCall *call) {
+        const char *interface = NULL;
+        if (!parameters_ok(c, call,
+                           (const JsonField[]) { { "interface", JSON_FIELD_STRING, JSON_MANDATORY, &interface }, {} }))
+                return;
+        const char *text = streq(interface, INTERFACE)                     ? varlink_interface_io_slotbroker
+                           : streq(interface, VARLINK_SERVICE_INTERFACE) ? varlink_interface_org_varlink_service
+                                                                           : NULL;
+        if (!text) {
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "interface", interface);
+                connection_reply_error(c, VARLINK_ERROR_INTERFACE_NOT_FOUND, p);
+                return;
+        }
+        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "description", text);
+        connection_reply(c, p, false);
+}
+
+static void method_release(Connection *c, const VarlinkCall *call) {
+        const char *id = NULL;
+        if (!parameters_ok(c, call,
+                           (const JsonField[]) { { "lease", JSON_FIELD_STRING, JSON_MANDATORY, &id, .max_length = 64 }, {} }))
+                return;
+        Lease *l = manager_find_lease(c->manager, id);
+        if (!l) {
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", id);
+                connection_reply_error(c, "io.slotbroker.NoSuchLease", p);
+                return;
+        }
+        if (c->cred.uid != 0 && c->cred.uid != l->uid) {
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", engine_lease_lane(l->engine_lease));
+                connection_reply_error(c, "io.slotbroker.PermissionDenied", p);
+                return;
+        }
+        lease_release(l);
+        connection_reply(c, NULL, false);
+}
+
+static json_t *pool_status(Manager *m, size_t i, usec_t now) {
+        EnginePoolInfo info;
+        if (engine_pool_info(m->engine, i, now, &info) < 0)
+                return NULL;
+        const PoolConfig *pc = conf_find_pool(m->config, info.name);
+        json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:b, s:b}", "name", info.name, "limit", (json_int_t) info.limit,
+                              "inUse", (json_int_t) info.in_use, "waiting", (json_int_t) info.waiting, "congested",
+                              info.congested, "drained", info.drained);
+        if (!o)
+                return NULL;
+        if (pc && pc->max_queue >= 0)
+                json_object_set_new(o, "maxQueue", json_integer(pc->max_queue));
+        if (info.members) {
+                json_t *members;
+                if (json_strv_new(info.members, &members) >= 0)
+                        json_object_set_new(o, "members", members);
+        }
+        if (info.queue_timeout_set) {
+                json_object_set_new(o, "queueTimeoutMs", json_integer((json_int_t) (info.queue_timeout / USEC_PER_MSEC)));
+                json_object_set_new(o, "idleMs", json_integer((json_int_t) (info.idle / USEC_PER_MSEC)));
+        }
+        return o;
+}
+
+static json_t *waiter_status(Connection *c, usec_t now) {
+        AcquireCall *a = &c->acquire;
+        size_t pos, queued;
+        if (engine_request_position(a->request, &pos, &queued) < 0)
+                return NULL;
+        json_t *o = json_pack("{s:I, s:s, s:s, s:I, s:I, s:I, s:I}", "position", (json_int_t) pos + 1, "pool",
+                              engine_request_pool(a->request), "lane", a->lane, "slots", (json_int_t) a->slots, "uid",
+                              (json_int_t) c->cred.uid, "pid", (json_int_t) c->cred.pid, "waitedMs",
+                              (json_int_t) (usec_sub_unsigned(now, engine_request_arrival(a->request)) / USEC_PER_MSEC));
+        if (!o)
+                return NULL;
+        if (a->job)
+                json_object_set_new(o, "job", json_string(a->job));
+        usec_t budget = engine_request_budget(a->request);
+        if (budget != USEC_INFINITY)
+                json_object_set_new(o, "budgetMs", json_integer((json_int_t) (budget / USEC_PER_MSEC)));
+        return o;
+}
+
+static int waiter_compare(const void *a, const void *b) {
+        json_t *x = *(json_t *const *) a, *y = *(json_t *const *) b;
+        int r = strcmp(json_string_value(json_object_get(x, "pool")), json_string_value(json_object_get(y, "pool")));
+        if (r != 0)
+                return r;
+        json_int_t px = json_integer_value(json_object_get(x, "position")),
+                   py = json_integer_value(json_object_get(y, "position"));
+        return px < py ? -1 : px > py;
+}
+
+static void method_status(Connection *c, const VarlinkCall *call) {
+        Manager *m = c->manager;
+        usec_t now = now_monotonic();
+        _cleanup_free_ json_t **w = NULL;
+
+        if (!parameters_ok(c, call, (const JsonField[]) { {} }))
+                return;
+        _cleanup_(json_decrefp) json_t *pools = json_array(), *holders = json_array(), *waiters = json_array();
+        if (!pools || !holders || !waiters)
+                goto oom;
+        for (size_t i = 0; i < engine_pool_count(m->engine); i++)
+                if (json_array_append_new(pools, pool_status(m, i, now)) < 0)
+                        goto oom;
+        list_foreach(n, &m->leases) {
+                Lease *l = container_of(n, Lease, node);
+                json_t *h = json_pack("{s:o, s:s, s:I}", "lease", lease_to_json(l), "state", lease_state_to_string(l->state),
+                                      "heldMs", (json_int_t) (usec_sub_unsigned(now, l->granted_mono) / USEC_PER_MSEC));
+                if (json_array_append_new(holders, h) < 0)
+                        goto oom;
+        }
+        /* Waiters by pool, then place: collect, then sort. O(n log n) per Status call, never per grant. */
+        size_t n_waiters = 0;
+        list_foreach(n, &m->connections)
+                n_waiters += connection_is_waiting(container_of(n, Connection, node));
+        w = calloc(n_waiters ?: 1, sizeof(json_t *));
+        if (!w)
+                goto oom;
+        size_t k = 0;
+        list_foreach(n, &m->connections) {
+                Connection *x = container_of(n, Connection, node);
+                if (connection_is_waiting(x) && k < n_waiters && (w[k] = waiter_status(x, now)))
+                        k++;
+        }
+        qsort(w, k, sizeof(json_t *), waiter_compare);
+        for (size_t i = 0; i < k; i++)
+                json_array_append_new(waiters, w[i]);
+
+        _cleanup_(json_decrefp) json_t *p =
+                json_pack("{s:O, s:O, s:O}", "pools", pools, "holders", holders, "waiters", waiters);
+        if (!p)
+                goto oom;
+        connection_reply(c, p, false);
+        return;
+oom:
+        log_oom();
+        connection_close(c);
+}
+
+static void method_reload(Connection *c, const VarlinkCall *call) {
+        if (!parameters_ok(c, call, (const JsonField[]) { {} }) || !require_admin(c))
+                return;
+        ConfErrors errors = {};
+        int r = manager_reload(c->manager, &errors);
+        if (r >= 0) {
+                connection_reply(c, NULL, false);
+                return;
+        }
+        _cleanup_(json_decrefp) json_t *list = json_array();
+        for (size_t i = 0; list && i < errors.n_errors; i++) {
+                const ConfError *e = &errors.errors[i];
+                char *s = NULL;
+                if (asprintf(&s, "%s%s%s%s%s", e->where ?: "", e->where ? ": " : "", e->key ?: "", e->key ? ": " : "",
+                             e->message ?: "invalid") >= 0) {
+                        json_array_append_new(list, json_string(s));
+                        free(s);
+                }
+        }
+        if (list && errors.n_errors == 0)
+                json_array_append_new(list, json_string(strerror(-r)));
+        conf_errors_done(&errors);
+        _cleanup_(json_decrefp) json_t *p = json_pack("{s:O}", "errors", list);
+        connection_reply_error(c, "io.slotbroker.ReloadFailed", p);
+}
+
+static void method_drain(Connection *c, const VarlinkCall *call) {
+        const char *pool = NULL, *member = NULL;
+        bool on = true;
+        if (!parameters_ok(c, call,
+                           (const JsonField[]) {
+                                   { "pool", JSON_FIELD_STRING, JSON_MANDATORY, &pool, .max_length = 64 },
+                                   { "member", JSON_FIELD_STRING, 0, &member, .max_length = 64 },
+                                   { "on", JSON_FIELD_BOOL, JSON_MANDATORY, &on },
+                                   {},
+                           }) ||
+            !require_admin(c))
+                return;
+        int r = engine_drain(c->manager->engine, pool, member, on, now_monotonic());
+        if (r == -ENOENT) {
+                reply_invalid_parameter(c, member && conf_find_pool(c->manager->config, pool) ? "member" : "pool");
+                return;
+        }
+        if (r < 0) {
+                connection_reply_error(c, "io.slotbroker.Unavailable", NULL);
+                return;
+        }
+        log_info("Pool %s%s%s %s by uid %d.", pool, member ? " member " : "", member ?: "", on ? "drained" : "undrained",
+                 (int) c->cred.uid);
+        manager_status_changed(c->manager);
+        connection_reply(c, NULL, false);
+}
+
+static void method_cancel(Connection *c, const VarlinkCall *call) {
+        Manager *m = c->manager;
+        const char *pool = NULL, *lane = NULL, *job = NULL;
+        int64_t uid = -1;
+        if (!parameters_ok(c, call,
+                           (const JsonField[]) {
+                                   { "pool", JSON_FIELD_STRING, 0, &pool, .max_length = 64 },
+                                   { "lane", JSON_FIELD_STRING, 0, &lane, .max_length = 64 },
+                                   { "job", JSON_FIELD_STRING, 0, &job, .max_length = 1024 },
+                                   { "uid", JSON_FIELD_INT64, 0, &uid, 0, UINT32_MAX - 1 },
+                                   {},
+                           }) ||
+            !require_admin(c))
+                return;
+
+        /* Collect first: answering a waiter runs the calls it pipelined, which may close other connections. */
+        size_t n_match = 0;
+        list_foreach(node, &m->connections)
+                n_match += connection_is_waiting(container_of(node, Connection, node));
+        _cleanup_free_ Connection **match = calloc(n_match ?: 1, sizeof(Connection *));
+        if (!match) {
+                log_oom();
+                connection_close(c);
+                return;
+        }
+        size_t k = 0;
+        list_foreach(node, &m->connections) {
+                Connection *x = container_of(node, Connection, node);
+                AcquireCall *a = &x->acquire;
+                if (!connection_is_waiting(x) || k >= n_match)
+                        continue;
+                if ((pool && !streq(pool, engine_request_pool(a->request))) || (lane && !streq(lane, a->lane)) ||
+                    (job && !streq_ptr(job, a->job)) || (uid >= 0 && (uid_t) uid != x->cred.uid))
+                        continue;
+                match[k++] = x;
+        }
+
+        unsigned n = 0;
+        usec_t now = now_monotonic();
+        for (size_t i = 0; i < k; i++) {
+                Connection *x = match[i];
+                AcquireCall *a = &x->acquire;
+                if (x->closed || !connection_is_waiting(x))
+                        continue; /* closed by a call another waiter pipelined */
+
+                AuditRecord rec = AUDIT_RECORD_INIT;
+                rec.decision = "cancelled";
+                rec.pool = engine_request_pool(a->request);
+                rec.lane = a->lane;
+                rec.job = a->job;
+                rec.wait = usec_sub_unsigned(now, engine_request_arrival(a->request));
+                rec.uid = x->cred.uid;
+                rec.pid = x->cred.pid;
+                rec.reason = "cancelled by an administrator";
+                audit_decision(m, &rec);
+
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s, s:s}", "retryAfterSec", 1, "pool",
+                                                              rec.pool, "reason", "cancelled");
+                engine_request_cancel(a->request, now);
+                if (a->counted_waiter) {
+                        UidUsage *u = manager_uid_usage(m, x->cred.uid, false);
+                        if (u && u->waiters > 0)
+                                u->waiters--;
+                        a->counted_waiter = false;
+                }
+                connection_reply_error(x, "io.slotbroker.Unavailable", p);
+                n++;
+                connection_acquire_done(x);
+        }
+        _cleanup_(json_decrefp) json_t *p = json_pack("{s:I}", "cancelled", (json_int_t) n);
+        connection_reply(c, p, false);
+}
+
+static void method_not_implemented(Connection *c, const VarlinkCall *call) {
+        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "method", call->method);
+        connection_reply_error(c, VARLINK_ERROR_METHOD_NOT_IMPLEMENTED, p);
+}
+
+static const struct {
+        const char *name;
+        void (*handler)(Connection *c, const VarlinkCall *call);
+} method_table[] = {
+        { "org.varlink.service.GetInfo", method_get_info },
+        { "org.varlink.service.GetInterfaceDescription", method_get_interface_description },
+        { "io.slotbroker.Acquire", acquire_start },
+        { "io.slotbroker.Release", method_release },
+        { "io.slotbroker.Status", method_status },
+        { "io.slotbroker.History", method_not_implemented },
+        { "io.slotbroker.Metrics", method_not_implemented },
+        { "io.slotbroker.Reload", method_reload },
+        { "io.slotbroker.Drain", method_drain },
+        { "io.slotbroker.Cancel", method_cancel },
+};
+
+void methods_dispatch(Connection *c, const VarlinkCall *call) {
+        /* A oneway call is run but not answered (Acquire refuses oneway calls itself: SPEC §5). */
+        c->oneway = (call->flags & VARLINK_CALL_ONEWAY) && !streq(call->method, "io.slotbroker.Acquire");
+        for (size_t i = 0; i < ELEMENTSOF(method_table); i++)
+                if (streq(method_table[i].name, call->method)) {
+                        method_table[i].handler(c, call);
+                        c->oneway = false;
+                        return;
+                }
+        if (varlink_method_in_interface(call->method, INTERFACE) ||
+            varlink_method_in_interface(call->method, VARLINK_SERVICE_INTERFACE)) {
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "method", call->method);
+                connection_reply_error(c, VARLINK_ERROR_METHOD_NOT_FOUND, p);
+                c->oneway = false;
+                return;
+        }
+        size_t len = 0;
+        (void) varlink_method_split(call->method, &len, NULL);
+        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s%}", "interface", call->method, len);
+        connection_reply_error(c, VARLINK_ERROR_INTERFACE_NOT_FOUND, p);
+        c->oneway = false;
+}

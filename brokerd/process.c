@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "macro.h"
+#include "process.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
+#endif
+
+static int read_small_file(const char *path, char *buf, size_t size) {
+        _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return errno == ENOENT ? -ESRCH : negative_errno();
+        ssize_t n = read(fd, buf, size - 1);
+        if (n < 0)
+                return errno == ESRCH ? -ESRCH : negative_errno();
+        buf[n] = '\0';
+        return 0;
+}
+
+int process_get_info(pid_t pid, ProcessInfo *ret) {
+        char path[64], buf[4096];
+        int r;
+
+        assert_return(pid > 0, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
+        r = read_small_file(path, buf, sizeof buf);
+        if (r < 0)
+                return r;
+        /* The command name may hold spaces and parentheses: the fields start after the last ')'. */
+        char *p = strrchr(buf, ')');
+        if (!p)
+                return -EIO;
+        char state;
+        int ppid, pgid;
+        unsigned long long start_time;
+        /* fields 3..22: state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt utime stime
+         * cutime cstime priority nice num_threads itrealvalue starttime */
+        if (sscanf(p + 1,
+                   " %c %d %d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                   &state, &ppid, &pgid, &start_time) != 4)
+                return -EIO;
+
+        snprintf(path, sizeof path, "/proc/%d/status", (int) pid);
+        r = read_small_file(path, buf, sizeof buf);
+        if (r < 0)
+                return r;
+        const char *uid_line = strstr(buf, "\nUid:");
+        unsigned long uid;
+        if (!uid_line || sscanf(uid_line + 5, "%lu", &uid) != 1)
+                return -EIO;
+
+        *ret = (ProcessInfo) {
+                .pid = pid,
+                .ppid = ppid,
+                .pgid = pgid,
+                .uid = (uid_t) uid,
+                .state = state,
+                .start_time = start_time,
+        };
+        return 0;
+}
+
+int process_open(pid_t pid, ProcessInfo *ret) {
+        assert_return(pid > 0, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        _cleanup_close_ int fd = (int) syscall(SYS_pidfd_open, pid, 0);
+        if (fd < 0)
+                return negative_errno();
+        ProcessInfo info;
+        int r = process_get_info(pid, &info);
+        if (r < 0)
+                return r;
+        /* Still alive after we read /proc: the pid was not recycled in between, so the facts are its. */
+        if (syscall(SYS_pidfd_send_signal, fd, 0, NULL, 0) < 0)
+                return errno == ESRCH ? -ESRCH : negative_errno();
+        *ret = info;
+        return TAKE_FD(fd);
+}
+
+int process_check_attachable(const ProcessInfo *p, pid_t peer_pid, uid_t peer_uid) {
+        assert_return(p, -EINVAL);
+        if (p->pid == peer_pid)
+                return 0;
+        if (p->ppid != peer_pid || p->uid != peer_uid)
+                return -EPERM;
+        return 0;
+}
+
+bool process_is_alive(pid_t pid, uint64_t start_time) {
+        ProcessInfo info;
+        if (process_get_info(pid, &info) < 0)
+                return false;
+        return info.start_time == start_time && info.state != 'Z' && info.state != 'X';
+}
+
+bool process_group_is_alive(pid_t pgid) {
+        if (pgid <= 1)
+                return false;
+        /* EPERM means it exists but belongs to someone we may not signal: alive all the same. */
+        return kill(-pgid, 0) == 0 || errno == EPERM;
+}
+
+bool pidfd_has_exited(int pidfd) {
+        struct pollfd p = { .fd = pidfd, .events = POLLIN };
+        return poll(&p, 1, 0) > 0;
+}

@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/* process.h — facts about client processes from /proc and pidfds: who a pid is, whether it or its
+ * process group still lives. No event loop here; the caller watches the pidfd. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct ProcessInfo {
+        pid_t pid;
+        pid_t ppid;
+        pid_t pgid;
+        uid_t uid;                 /* real uid */
+        char state;                /* 'R', 'S', …; 'Z' for a zombie: exited, not yet reaped */
+        uint64_t start_time;       /* clock ticks since boot: with the pid, names a process for good */
+} ProcessInfo;
+
+/* Reads /proc/PID/stat and /proc/PID/status. Returns 0, -ESRCH if it does not exist, -EIO if unparsable. */
+int process_get_info(pid_t pid, ProcessInfo *ret);
+
+/* Opens a pidfd (O_CLOEXEC by the kernel) and reads the process's facts, checking afterwards that the
+ * pidfd still refers to a live process, so the facts cannot belong to a recycled pid.
+ * Returns the pidfd (≥ 0) and fills *ret, or -ESRCH, -ENOSYS, other negative errno. */
+int process_open(pid_t pid, ProcessInfo *ret);
+
+/* May `pid` be attached to a lease asked for by the peer `peer_pid` with uid `peer_uid` (SPEC §3.4):
+ * the peer itself, or a direct child of it with the same uid. Returns 0, -EPERM if it may not,
+ * -ESRCH if it does not exist. */
+int process_check_attachable(const ProcessInfo *p, pid_t peer_pid, uid_t peer_uid);
+
+/* True while the process pid with this start time runs (pid reuse gives another start time; a zombie
+ * has exited). */
+bool process_is_alive(pid_t pid, uint64_t start_time);
+
+/* True while any process of the group exists: kill(-pgid, 0). */
+bool process_group_is_alive(pid_t pgid);
+
+/* True once the pidfd's process has exited (it may be a zombie: not yet reaped by its parent). */
+bool pidfd_has_exited(int pidfd);
