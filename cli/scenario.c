@@ -1,0 +1,1237 @@
+/* SPDX-License-Identifier: MIT */
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scenario.h"
+
+/* More would take hours to simulate; the cap also keeps ids and counters far from overflow. */
+#define ARRIVALS_MAX ((uint64_t) UINT32_MAX)
+#define RATE_WHOLE_MAX UINT64_C(1000000000000)
+#define RATE_FRACTION_DIGITS_MAX 6
+/* queueWaitMs is an integer from 1 to 2^31−1 (SPEC §3.2). */
+#define MAX_WAIT_MS_MAX ((uint64_t) INT32_MAX)
+
+_printf_(2, 3) static int set_error(char **error, const char *fmt, ...) {
+        va_list ap;
+        char *m = NULL;
+
+        va_start(ap, fmt);
+        int k = vasprintf(&m, fmt, ap);
+        va_end(ap);
+        if (k < 0)
+                return -ENOMEM;
+        free(*error);
+        *error = m;
+        return -EINVAL;
+}
+
+static char *strdup_or_null(const char *s) {
+        return s ? strdup(s) : NULL;
+}
+
+static void strv_free_n(char **v, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                free(v[i]);
+        free(v);
+}
+
+static void traffic_done(ScenarioTraffic *t) {
+        free(t->lane);
+        free(t->origin);
+        *t = (ScenarioTraffic) {};
+}
+
+/* A deep copy: the phase or request owns its lane and origin. */
+static int traffic_copy(const ScenarioTraffic *from, ScenarioTraffic *to) {
+        ScenarioTraffic t = *from;
+
+        t.lane = strdup_or_null(from->lane);
+        t.origin = strdup_or_null(from->origin);
+        if ((from->lane && !t.lane) || (from->origin && !t.origin)) {
+                traffic_done(&t);
+                return -ENOMEM;
+        }
+        *to = t;
+        return 0;
+}
+
+int scenario_new(const char *origin, Scenario **ret) {
+        assert_return(origin, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        _cleanup_(scenario_freep) Scenario *s = calloc(1, sizeof(Scenario));
+        if (!s)
+                return -ENOMEM;
+        s->origin = strdup(origin);
+        if (!s->origin)
+                return -ENOMEM;
+        s->deadline_ms = SIM_FOREVER;
+
+        *ret = TAKE_PTR(s);
+        return 0;
+}
+
+Scenario *scenario_free(Scenario *s) {
+        if (!s)
+                return NULL;
+
+        for (size_t i = 0; i < s->n_settings; i++) {
+                free(s->settings[i].section);
+                free(s->settings[i].key);
+                free(s->settings[i].value);
+                free(s->settings[i].where);
+                free(s->settings[i].origin);
+        }
+        free(s->settings);
+        strv_free_n(s->pools, s->n_pools);
+        strv_free_n(s->pool_wheres, s->n_pools);
+        strv_free_n(s->lanes, s->n_lanes);
+        strv_free_n(s->lane_wheres, s->n_lanes);
+        for (size_t i = 0; i < s->n_phases; i++)
+                traffic_done(&s->phases[i].traffic);
+        free(s->phases);
+        for (size_t i = 0; i < s->n_requests; i++) {
+                free(s->requests[i].name);
+                traffic_done(&s->requests[i].traffic);
+        }
+        free(s->requests);
+        free(s->request_order);
+        free(s->origin);
+        return mfree(s);
+}
+
+int scenario_add_setting(Scenario *s, const char *section, const char *key, const char *value, const char *where,
+                         const char *origin) {
+        assert_return(s && section && key && value && where && origin, -EINVAL);
+
+        ScenarioSetting *n = reallocarray(s->settings, s->n_settings + 1, sizeof(ScenarioSetting));
+        if (!n)
+                return -ENOMEM;
+        s->settings = n;
+
+        ScenarioSetting set = {
+                .section = strdup(section),
+                .key = strdup(key),
+                .value = strdup(value),
+                .where = strdup(where),
+                .origin = strdup(origin),
+        };
+        if (!set.section || !set.key || !set.value || !set.where || !set.origin) {
+                free(set.section);
+                free(set.key);
+                free(set.value);
+                free(set.where);
+                free(set.origin);
+                return -ENOMEM;
+        }
+        s->settings[s->n_settings++] = set;
+        return 0;
+}
+
+static bool strv_contains_n(char *const *v, size_t n, const char *s) {
+        for (size_t i = 0; i < n; i++)
+                if (streq(v[i], s))
+                        return true;
+        return false;
+}
+
+/* Appends name and where to two arrays of the same length n. */
+static int strv_push_pair(char ***names, char ***wheres, size_t *n, const char *name, const char *where) {
+        char **a = reallocarray(*names, *n + 1, sizeof(char *));
+        if (!a)
+                return -ENOMEM;
+        *names = a;
+        char **b = reallocarray(*wheres, *n + 1, sizeof(char *));
+        if (!b)
+                return -ENOMEM;
+        *wheres = b;
+
+        a[*n] = strdup(name);
+        b[*n] = strdup(where);
+        if (!a[*n] || !b[*n]) {
+                free(a[*n]);
+                free(b[*n]);
+                return -ENOMEM;
+        }
+        (*n)++;
+        return 0;
+}
+
+int scenario_add_pool(Scenario *s, const char *name, const char *where) {
+        assert_return(s && name && where, -EINVAL);
+        if (strv_contains_n(s->pools, s->n_pools, name))
+                return 0;
+        return strv_push_pair(&s->pools, &s->pool_wheres, &s->n_pools, name, where);
+}
+
+int scenario_add_lane(Scenario *s, const char *name, const char *where) {
+        assert_return(s && name && where, -EINVAL);
+        if (strv_contains_n(s->lanes, s->n_lanes, name))
+                return 0;
+        return strv_push_pair(&s->lanes, &s->lane_wheres, &s->n_lanes, name, where);
+}
+
+const char *scenario_pool_name(const Scenario *s, const char *name) {
+        if (!name)
+                return NULL;
+        for (size_t i = 0; i < s->n_pools; i++)
+                if (streq(s->pools[i], name))
+                        return s->pools[i];
+        return NULL;
+}
+
+/* ---- values ---- */
+
+int parse_rate(const char *s, Rate *ret) {
+        static const struct {
+                const char *suffix;
+                uint64_t seconds;
+        } units[] = {
+                { "/s", 1 }, { "/sec", 1 }, { "/min", 60 }, { "/m", 60 }, { "/h", 3600 }, { "/hour", 3600 },
+        };
+        uint64_t whole = 0, fraction = 0, scale = 1;
+        const char *p = s;
+
+        assert_return(s, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        if (!isdigit((unsigned char) *p))
+                return -EINVAL; /* also rejects a sign */
+        for (; isdigit((unsigned char) *p); p++) {
+                whole = whole * 10 + (uint64_t) (*p - '0');
+                if (whole > RATE_WHOLE_MAX)
+                        return -EINVAL;
+        }
+        if (*p == '.') {
+                p++;
+                if (!isdigit((unsigned char) *p))
+                        return -EINVAL;
+                for (unsigned k = 0; isdigit((unsigned char) *p); p++, k++) {
+                        if (k >= RATE_FRACTION_DIGITS_MAX)
+                                return -EINVAL;
+                        fraction = fraction * 10 + (uint64_t) (*p - '0');
+                        scale *= 10;
+                }
+        }
+        for (size_t i = 0; i < ELEMENTSOF(units); i++)
+                if (streq(p, units[i].suffix)) {
+                        *ret = (Rate) {
+                                .num = whole * scale + fraction,
+                                .den = scale * units[i].seconds,
+                        };
+                        return 0;
+                }
+        return -EINVAL;
+}
+
+int parse_duration_ms(const char *s, bool allow_forever, uint64_t *ret) {
+        usec_t usec;
+        int r;
+
+        assert_return(s, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        if (streq(s, "forever")) {
+                if (!allow_forever)
+                        return -EINVAL;
+                *ret = SIM_FOREVER;
+                return 0;
+        }
+        r = timespan_parse(s, USEC_PER_SEC, &usec);
+        if (r < 0)
+                return r;
+        if (usec == USEC_INFINITY) {
+                if (!allow_forever)
+                        return -EINVAL;
+                *ret = SIM_FOREVER;
+                return 0;
+        }
+        if (usec % USEC_PER_MSEC != 0)
+                return -EDOM;
+        *ret = usec / USEC_PER_MSEC;
+        return 0;
+}
+
+uint64_t arrival_phase_count(Rate rate, uint64_t duration_ms) {
+        /* floor(i·1000·den/num) < D  ⇔  i·1000·den < D·num  ⇔  i < D·num / (1000·den): the count is the ceiling. */
+        if (rate.num == 0 || rate.den == 0 || duration_ms == 0)
+                return 0;
+        unsigned __int128 d = (unsigned __int128) 1000 * rate.den;
+        unsigned __int128 n = ((unsigned __int128) duration_ms * rate.num + d - 1) / d;
+        return n > UINT64_MAX ? UINT64_MAX : (uint64_t) n;
+}
+
+uint64_t arrival_phase_offset_ms(Rate rate, uint64_t i) {
+        assert(rate.num > 0);
+        /* The 64-bit division is the common case; it runs once per arrival. */
+        if (rate.den <= UINT64_MAX / 1000 && i <= UINT64_MAX / (1000 * rate.den))
+                return i * 1000 * rate.den / rate.num;
+        unsigned __int128 v = (unsigned __int128) i * 1000 * rate.den / rate.num;
+        return v > UINT64_MAX ? UINT64_MAX : (uint64_t) v;
+}
+
+/* ---- phases from "RATE/s:DURATION,…" ---- */
+
+static int add_phase(Scenario *s, const char *rate, const char *duration, const ScenarioTraffic *traffic,
+                     const char *origin, char **error) {
+        ArrivalPhase phase = {};
+        int r;
+
+        if (parse_rate(rate, &phase.rate) < 0)
+                return set_error(error, "%s: invalid rate \"%s\"", origin, rate);
+        r = parse_duration_ms(duration, false, &phase.duration_ms);
+        if (r == -EDOM)
+                return set_error(error, "%s: invalid duration \"%s\": the virtual clock counts whole milliseconds",
+                                 origin, duration);
+        if (r < 0 || phase.duration_ms == 0)
+                return set_error(error, "%s: invalid duration \"%s\"", origin, duration);
+
+        ArrivalPhase *n = reallocarray(s->phases, s->n_phases + 1, sizeof(ArrivalPhase));
+        if (!n)
+                return -ENOMEM;
+        s->phases = n;
+        r = traffic_copy(traffic, &phase.traffic);
+        if (r < 0)
+                return r;
+        s->phases[s->n_phases++] = phase;
+        return 0;
+}
+
+int scenario_add_phases(Scenario *s, const char *spec, const ScenarioTraffic *traffic, char **error) {
+        assert_return(s && spec && traffic && error, -EINVAL);
+
+        const char *origin = traffic->origin ?: "--arrivals";
+        _cleanup_free_ char *copy = strdup(spec);
+        if (!copy)
+                return -ENOMEM;
+        if (*copy == '\0')
+                return set_error(error, "%s: no phase given, expected RATE/s:DURATION", origin);
+
+        char *save = NULL;
+        for (char *phase = strtok_r(copy, ",", &save); phase; phase = strtok_r(NULL, ",", &save)) {
+                char *colon = strchr(phase, ':');
+                if (!colon)
+                        return set_error(error, "%s: invalid phase \"%s\", expected RATE/s:DURATION", origin, phase);
+                *colon = '\0';
+                int r = add_phase(s, phase, colon + 1, traffic, origin, error);
+                if (r < 0)
+                        return r;
+        }
+        /* strtok_r skips empty fields; a stray comma is still a typo worth reporting. */
+        if (spec[0] == ',' || spec[strlen(spec) - 1] == ',' || strstr(spec, ",,"))
+                return set_error(error, "%s: empty phase in \"%s\"", origin, spec);
+        return 0;
+}
+
+/* ---- finishing ---- */
+
+static int compare_request_order(const void *a, const void *b, void *userdata) {
+        const Scenario *s = userdata;
+        size_t x = *(const size_t *) a, y = *(const size_t *) b;
+        uint64_t tx = s->requests[x].at_ms, ty = s->requests[y].at_ms;
+
+        if (tx != ty)
+                return tx < ty ? -1 : 1;
+        return x < y ? -1 : x > y; /* file order within an instant */
+}
+
+static int check_lane(const Scenario *s, const ScenarioTraffic *t, char **error) {
+        if (!t->lane)
+                return set_error(error, "%s.lane: missing (the scenario has several lanes)", t->origin);
+        if (!strv_contains_n(s->lanes, s->n_lanes, t->lane))
+                return set_error(error, "%s.lane: unknown lane \"%s\"", t->origin, t->lane);
+        return 0;
+}
+
+int scenario_finish(Scenario *s, char **error) {
+        uint64_t start = 0, total = 0;
+        int r;
+
+        assert_return(s && error, -EINVAL);
+        assert_return(!s->finished, -EBUSY);
+
+        for (size_t i = 0; i < s->n_phases; i++) {
+                ArrivalPhase *p = &s->phases[i];
+
+                r = check_lane(s, &p->traffic, error);
+                if (r < 0)
+                        return r;
+                p->start_ms = start;
+                p->count = arrival_phase_count(p->rate, p->duration_ms);
+                p->first = total;
+                if (p->count > ARRIVALS_MAX - total)
+                        return set_error(error, "%s: too many arrivals (more than %" PRIu64 ")", p->traffic.origin,
+                                         ARRIVALS_MAX);
+                total += p->count;
+                if (p->duration_ms > SIM_FOREVER / 2 - start)
+                        return set_error(error, "%s: the phases last too long", p->traffic.origin);
+                start += p->duration_ms;
+        }
+        s->n_generated = total;
+
+        for (size_t i = 0; i < s->n_requests; i++) {
+                r = check_lane(s, &s->requests[i].traffic, error);
+                if (r < 0)
+                        return r;
+        }
+        if (s->n_requests > ARRIVALS_MAX - total)
+                return set_error(error, "%s: too many requests", s->origin);
+
+        free(s->request_order);
+        s->request_order = NULL;
+        if (s->n_requests > 0) {
+                s->request_order = calloc(s->n_requests, sizeof(size_t));
+                if (!s->request_order)
+                        return -ENOMEM;
+                for (size_t i = 0; i < s->n_requests; i++)
+                        s->request_order[i] = i;
+                qsort_r(s->request_order, s->n_requests, sizeof(size_t), compare_request_order, s);
+        }
+
+        s->finished = true;
+        return 0;
+}
+
+const ScenarioTraffic *scenario_traffic(const Scenario *s, uint64_t id) {
+        if (id >= s->n_generated) {
+                uint64_t k = id - s->n_generated;
+                return k < s->n_requests ? &s->requests[k].traffic : NULL;
+        }
+
+        /* The last phase whose first arrival is at or before id: a phase without arrivals shares its
+         * `first` with the next one, which comes later in the array and so wins. */
+        size_t lo = 0, hi = s->n_phases;
+        while (hi - lo > 1) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (s->phases[mid].first <= id)
+                        lo = mid;
+                else
+                        hi = mid;
+        }
+        return &s->phases[lo].traffic;
+}
+
+const char *scenario_request_name(const Scenario *s, uint64_t id) {
+        if (id < s->n_generated || id - s->n_generated >= s->n_requests)
+                return NULL;
+        return s->requests[id - s->n_generated].name;
+}
+
+/* ---- the configuration ---- */
+
+static const char *conf_error_text(const ConfErrors *errors) {
+        if (errors->n_errors == 0 || !errors->errors[errors->n_errors - 1].message)
+                return "invalid value";
+        return errors->errors[errors->n_errors - 1].message;
+}
+
+static bool lane_fits(const BrokerConfig *c, const ScenarioTraffic *t, unsigned *ret_largest) {
+        const LaneConfig *l = conf_find_lane(c, t->lane);
+        unsigned largest = 0;
+
+        if (!l)
+                return false;
+        for (size_t i = 0; i < l->n_pools; i++) {
+                const PoolConfig *p = conf_find_pool(c, l->pools[i]);
+                if (p)
+                        largest = MAX(largest, p->limit);
+        }
+        *ret_largest = largest;
+        return t->slots <= largest;
+}
+
+static int check_fits(const BrokerConfig *c, const ScenarioTraffic *t, const char *key, const char *value,
+                      char **error) {
+        unsigned largest = 0;
+
+        if (!conf_find_lane(c, t->lane))
+                return set_error(error, "%s.lane: unknown lane \"%s\"", t->origin, t->lane);
+        if (lane_fits(c, t, &largest))
+                return 0;
+        if (key)
+                return set_error(error, "%s.slots: %u slots, but with %s=%s no pool of lane \"%s\" has more than %u",
+                                 t->origin, t->slots, key, value, t->lane, largest);
+        return set_error(error, "%s.slots: %u slots, but no pool of lane \"%s\" has more than %u", t->origin,
+                         t->slots, t->lane, largest);
+}
+
+int scenario_build_config(const Scenario *s, const char *key, const char *value, char **error, BrokerConfig **ret) {
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        ConfErrors errors = {};
+        int r;
+
+        assert_return(s && error && ret, -EINVAL);
+        assert_return(!key == !value, -EINVAL);
+
+        r = conf_new(&c);
+        if (r < 0)
+                return r;
+
+        /* Sections first, so that conf_validate() names where a pool or lane was defined. */
+        for (size_t i = 0; i < s->n_pools + s->n_lanes; i++) {
+                bool pool = i < s->n_pools;
+                const char *name = pool ? s->pools[i] : s->lanes[i - s->n_pools];
+                const char *where = pool ? s->pool_wheres[i] : s->lane_wheres[i - s->n_pools];
+                _cleanup_free_ char *section = NULL;
+                ConfSource source = { .file = (char *) where };
+
+                if (asprintf(&section, "%s %s", pool ? "pool" : "lane", name) < 0) {
+                        r = -ENOMEM;
+                        goto finish;
+                }
+                r = conf_section_add(c, section, &source, &errors);
+                if (r == -EINVAL)
+                        r = set_error(error, "%s: %s", where, conf_error_text(&errors));
+                if (r < 0)
+                        goto finish;
+        }
+
+        for (size_t i = 0; i < s->n_settings; i++) {
+                const ScenarioSetting *set = &s->settings[i];
+                ConfSource source = { .file = set->where };
+
+                r = conf_set(c, set->section, set->key, set->value, &source, &errors);
+                if (r == -EINVAL)
+                        r = set_error(error, "%s: %s", set->origin, conf_error_text(&errors));
+                if (r < 0)
+                        goto finish;
+        }
+
+        if (key) {
+                _cleanup_free_ char *origin = NULL;
+                if (asprintf(&origin, "--sweep %s=%s", key, value) < 0) {
+                        r = -ENOMEM;
+                        goto finish;
+                }
+                for (size_t i = 0; i < s->n_pools; i++) {
+                        _cleanup_free_ char *section = NULL;
+                        ConfSource source = { .file = origin };
+
+                        if (asprintf(&section, "pool %s", s->pools[i]) < 0) {
+                                r = -ENOMEM;
+                                goto finish;
+                        }
+                        r = conf_set(c, section, key, value, &source, &errors);
+                        if (r == -EINVAL)
+                                r = set_error(error, "%s: %s", origin, conf_error_text(&errors));
+                        if (r < 0)
+                                goto finish;
+                }
+        }
+
+        r = conf_validate(c, &errors);
+        if (r == -EINVAL) {
+                /* Every problem, one per line, each naming where it came from. */
+                _cleanup_free_ char *text = NULL;
+                size_t size = 0;
+                FILE *f = open_memstream(&text, &size);
+                if (!f) {
+                        r = -ENOMEM;
+                        goto finish;
+                }
+                conf_errors_print(&errors, f);
+                if (fclose(f) != 0 || !text) {
+                        r = -ENOMEM;
+                        goto finish;
+                }
+                while (size > 0 && text[size - 1] == '\n')
+                        text[--size] = '\0';
+                r = set_error(error, "%s", size > 0 ? text : "invalid configuration");
+                goto finish;
+        }
+        if (r < 0)
+                goto finish;
+
+        for (size_t i = 0; i < s->n_phases; i++) {
+                if (s->phases[i].count == 0)
+                        continue;
+                r = check_fits(c, &s->phases[i].traffic, key, value, error);
+                if (r < 0)
+                        goto finish;
+        }
+        for (size_t i = 0; i < s->n_requests; i++) {
+                r = check_fits(c, &s->requests[i].traffic, key, value, error);
+                if (r < 0)
+                        goto finish;
+        }
+
+        *ret = TAKE_PTR(c);
+        r = 0;
+finish:
+        conf_errors_done(&errors);
+        return r;
+}
+
+/* ---- scenario files ---- */
+
+typedef enum ValueKind {
+        VALUE_INTEGER,
+        VALUE_STRING,
+        VALUE_STRING_LIST, /* joined with spaces, as the INI file would have it */
+} ValueKind;
+
+typedef struct KeyRule {
+        const char *key;
+        ValueKind kind;
+} KeyRule;
+
+/* The config's own key names (SPEC §4); conf_set() judges the values. */
+static const KeyRule pool_keys[] = {
+        { "limit", VALUE_INTEGER },
+        { "members", VALUE_STRING_LIST },
+        { "max-queue", VALUE_INTEGER },
+        { "queue-timeout", VALUE_STRING },
+        { "queue-congestion-timeout", VALUE_STRING },
+        { "backend", VALUE_STRING },
+};
+
+static const KeyRule lane_keys[] = {
+        { "pools", VALUE_STRING_LIST },
+        { "policy", VALUE_STRING },
+        { "priority", VALUE_INTEGER },
+        { "max-in-use", VALUE_INTEGER },
+        { "reserve", VALUE_INTEGER },
+        { "queue-timeout", VALUE_STRING },
+        { "client-wait", VALUE_STRING },
+        { "max-hold", VALUE_STRING },
+        { "allow-users", VALUE_STRING_LIST },
+        { "allow-groups", VALUE_STRING_LIST },
+};
+
+static const char *json_kind(const json_t *v) {
+        switch (json_typeof(v)) {
+        case JSON_OBJECT:
+                return "an object";
+        case JSON_ARRAY:
+                return "an array";
+        case JSON_STRING:
+                return "a string";
+        case JSON_INTEGER:
+                return "an integer";
+        case JSON_REAL:
+                return "a number with a fraction";
+        case JSON_TRUE:
+        case JSON_FALSE:
+                return "a boolean";
+        case JSON_NULL:
+        default:
+                return "null";
+        }
+}
+
+/* Names become INI section names and space-separated lists: no blanks, no controls, not empty. */
+static bool name_is_valid(const char *s, size_t len) {
+        if (len == 0 || strlen(s) != len || len > 255)
+                return false;
+        for (const char *p = s; *p; p++)
+                if ((unsigned char) *p <= ' ' || *p == 0x7f || *p == '[' || *p == ']')
+                        return false;
+        return true;
+}
+
+static int get_string(const json_t *v, const char *path, char **error, const char **ret) {
+        if (!json_is_string(v))
+                return set_error(error, "%s: expected a string, got %s", path, json_kind(v));
+        if (strlen(json_string_value(v)) != json_string_length(v))
+                return set_error(error, "%s: contains a NUL character", path);
+        *ret = json_string_value(v);
+        return 0;
+}
+
+static int value_to_string(const json_t *v, ValueKind kind, const char *path, char **error, char **ret) {
+        char *s = NULL;
+
+        switch (kind) {
+        case VALUE_INTEGER:
+                if (!json_is_integer(v))
+                        return set_error(error, "%s: expected an integer, got %s", path, json_kind(v));
+                if (asprintf(&s, "%" JSON_INTEGER_FORMAT, json_integer_value(v)) < 0)
+                        return -ENOMEM;
+                break;
+
+        case VALUE_STRING: {
+                const char *t;
+                int r = get_string(v, path, error, &t);
+                if (r < 0)
+                        return r;
+                s = strdup(t);
+                if (!s)
+                        return -ENOMEM;
+                break;
+        }
+
+        case VALUE_STRING_LIST: {
+                size_t i, size = 0;
+                json_t *e;
+                FILE *f;
+
+                if (!json_is_array(v))
+                        return set_error(error, "%s: expected an array of names, got %s", path, json_kind(v));
+                json_array_foreach(v, i, e)
+                        if (!json_is_string(e) || !name_is_valid(json_string_value(e), json_string_length(e)))
+                                return set_error(error, "%s[%zu]: expected a name (a string without blanks)", path, i);
+                f = open_memstream(&s, &size);
+                if (!f)
+                        return -ENOMEM;
+                json_array_foreach(v, i, e)
+                        fprintf(f, "%s%s", i > 0 ? " " : "", json_string_value(e));
+                if (fclose(f) != 0 || !s) {
+                        free(s);
+                        return -ENOMEM;
+                }
+                break;
+        }
+        }
+
+        *ret = s;
+        return 0;
+}
+
+static int parse_section(Scenario *s, const char *kind, const char *name, const json_t *obj, const KeyRule *rules,
+                         size_t n_rules, char **error) {
+        _cleanup_free_ char *section = NULL, *where = NULL;
+        const char *key;
+        json_t *v;
+        int r;
+
+        if (asprintf(&where, "%s: %ss.%s", s->origin, kind, name) < 0)
+                return -ENOMEM;
+        if (!json_is_object(obj))
+                return set_error(error, "%s: expected an object, got %s", where, json_kind(obj));
+        if (asprintf(&section, "%s %s", kind, name) < 0)
+                return -ENOMEM;
+
+        json_object_foreach((json_t *) obj, key, v) {
+                _cleanup_free_ char *path = NULL, *value = NULL;
+                const KeyRule *rule = NULL;
+
+                if (asprintf(&path, "%s.%s", where, key) < 0)
+                        return -ENOMEM;
+                for (size_t i = 0; i < n_rules; i++)
+                        if (streq(rules[i].key, key))
+                                rule = &rules[i];
+                if (!rule)
+                        return set_error(error, "%s: unknown key", path);
+
+                if (streq(kind, "lane") && streq(key, "pools")) {
+                        size_t i;
+                        json_t *e;
+
+                        if (!json_is_array(v) || json_array_size(v) == 0)
+                                return set_error(error, "%s: expected a non-empty array of pool names", path);
+                        json_array_foreach(v, i, e)
+                                if (json_is_string(e) && !scenario_pool_name(s, json_string_value(e)))
+                                        return set_error(error, "%s[%zu]: unknown pool \"%s\"", path, i,
+                                                         json_string_value(e));
+                }
+
+                r = value_to_string(v, rule->kind, path, error, &value);
+                if (r < 0)
+                        return r;
+                r = scenario_add_setting(s, section, key, value, where, path);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int parse_pools(Scenario *s, const json_t *pools, const json_t *pool, char **error) {
+        const char *name;
+        json_t *v;
+        int r;
+
+        if (pools && pool)
+                return set_error(error, "%s: pool: cannot be combined with \"pools\"", s->origin);
+        if (pool) {
+                _cleanup_free_ char *where = NULL;
+
+                if (!json_is_object(pool))
+                        return set_error(error, "%s: pool: expected an object, got %s", s->origin, json_kind(pool));
+                if (asprintf(&where, "%s: pool", s->origin) < 0)
+                        return -ENOMEM;
+                r = scenario_add_pool(s, "default", where);
+                if (r < 0)
+                        return r;
+                /* The shorthand names its keys as written: "pool.limit". */
+                json_object_foreach((json_t *) pool, name, v) {
+                        _cleanup_free_ char *path = NULL, *value = NULL;
+                        const KeyRule *rule = NULL;
+
+                        if (asprintf(&path, "%s.%s", where, name) < 0)
+                                return -ENOMEM;
+                        for (size_t i = 0; i < ELEMENTSOF(pool_keys); i++)
+                                if (streq(pool_keys[i].key, name))
+                                        rule = &pool_keys[i];
+                        if (!rule)
+                                return set_error(error, "%s: unknown key", path);
+                        r = value_to_string(v, rule->kind, path, error, &value);
+                        if (r < 0)
+                                return r;
+                        r = scenario_add_setting(s, "pool default", name, value, where, path);
+                        if (r < 0)
+                                return r;
+                }
+                return 0;
+        }
+
+        if (!pools)
+                return set_error(error, "%s: pools: missing (or \"pool\" for a single pool)", s->origin);
+        if (!json_is_object(pools))
+                return set_error(error, "%s: pools: expected an object, got %s", s->origin, json_kind(pools));
+        if (json_object_size(pools) == 0)
+                return set_error(error, "%s: pools: no pool defined", s->origin);
+
+        /* Names first, so that the order of keys in the file does not matter to lanes. */
+        json_object_foreach((json_t *) pools, name, v) {
+                _cleanup_free_ char *where = NULL;
+
+                if (!conf_name_is_valid(name))
+                        return set_error(error, "%s: pools: invalid pool name \"%s\" (expected 1 to %d characters from A-Z a-z 0-9 . _ -)",
+                                         s->origin, name, CONF_NAME_MAX);
+                if (asprintf(&where, "%s: pools.%s", s->origin, name) < 0)
+                        return -ENOMEM;
+                r = scenario_add_pool(s, name, where);
+                if (r < 0)
+                        return r;
+        }
+        json_object_foreach((json_t *) pools, name, v) {
+                r = parse_section(s, "pool", name, v, pool_keys, ELEMENTSOF(pool_keys), error);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int parse_lanes(Scenario *s, const json_t *lanes, char **error) {
+        const char *name;
+        json_t *v;
+        int r;
+
+        if (!lanes) {
+                if (s->n_pools != 1)
+                        return set_error(error, "%s: lanes: missing (needed with more than one pool)", s->origin);
+                /* One lane that waits on the one pool (SPEC §9). */
+                _cleanup_free_ char *where = NULL;
+                if (asprintf(&where, "%s: the default lane", s->origin) < 0)
+                        return -ENOMEM;
+                r = scenario_add_lane(s, "default", where);
+                if (r < 0)
+                        return r;
+                r = scenario_add_setting(s, "lane default", "pools", s->pools[0], where, where);
+                if (r < 0)
+                        return r;
+                return scenario_add_setting(s, "lane default", "policy", "wait", where, where);
+        }
+
+        if (!json_is_object(lanes))
+                return set_error(error, "%s: lanes: expected an object, got %s", s->origin, json_kind(lanes));
+        if (json_object_size(lanes) == 0)
+                return set_error(error, "%s: lanes: no lane defined", s->origin);
+        json_object_foreach((json_t *) lanes, name, v) {
+                _cleanup_free_ char *where = NULL;
+
+                if (!conf_name_is_valid(name))
+                        return set_error(error, "%s: lanes: invalid lane name \"%s\" (expected 1 to %d characters from A-Z a-z 0-9 . _ -)",
+                                         s->origin, name, CONF_NAME_MAX);
+                if (asprintf(&where, "%s: lanes.%s", s->origin, name) < 0)
+                        return -ENOMEM;
+                r = scenario_add_lane(s, name, where);
+                if (r < 0)
+                        return r;
+                r = parse_section(s, "lane", name, v, lane_keys, ELEMENTSOF(lane_keys), error);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int parse_duration_value(const json_t *v, bool allow_forever, const char *path, char **error,
+                                uint64_t *ret) {
+        const char *text;
+        int r;
+
+        r = get_string(v, path, error, &text);
+        if (r < 0)
+                return r;
+        r = parse_duration_ms(text, allow_forever, ret);
+        if (r == -EDOM)
+                return set_error(error, "%s: invalid duration \"%s\": the virtual clock counts whole milliseconds",
+                                 path, text);
+        if (r < 0)
+                return set_error(error, "%s: invalid duration \"%s\"", path, text);
+        return 0;
+}
+
+/* The keys a phase and a request share. Returns 1 if `key` was one of them. */
+static int parse_traffic_key(Scenario *s, ScenarioTraffic *t, const char *key, const json_t *v, const char *path,
+                             char **error) {
+        const char *text;
+        int r = 0;
+
+        if (streq(key, "hold")) {
+                r = parse_duration_value(v, true, path, error, &t->hold_ms);
+        } else if (streq(key, "lane")) {
+                r = get_string(v, path, error, &text);
+                if (r < 0)
+                        return r;
+                if (!strv_contains_n(s->lanes, s->n_lanes, text))
+                        return set_error(error, "%s: unknown lane \"%s\"", path, text);
+                free(t->lane);
+                t->lane = strdup(text);
+                if (!t->lane)
+                        return -ENOMEM;
+        } else if (streq(key, "slots")) {
+                if (!json_is_integer(v))
+                        return set_error(error, "%s: expected an integer, got %s", path, json_kind(v));
+                json_int_t n = json_integer_value(v);
+                if (n < 1 || n > 1000000)
+                        return set_error(error, "%s: invalid slot count %" JSON_INTEGER_FORMAT, path, n);
+                t->slots = (unsigned) n;
+        } else if (streq(key, "wait")) {
+                if (!json_is_boolean(v))
+                        return set_error(error, "%s: expected a boolean, got %s", path, json_kind(v));
+                t->no_wait = !json_is_true(v);
+        } else if (streq(key, "max-wait")) {
+                uint64_t ms;
+                r = parse_duration_value(v, false, path, error, &ms);
+                if (r < 0)
+                        return r;
+                if (ms < 1 || ms > MAX_WAIT_MS_MAX)
+                        return set_error(error, "%s: out of range (1ms to %" PRIu64 "ms)", path, MAX_WAIT_MS_MAX);
+                t->max_wait = ms * USEC_PER_MSEC;
+        } else
+                return 0;
+
+        return r < 0 ? r : 1;
+}
+
+static int traffic_init(Scenario *s, ScenarioTraffic *t, const char *origin) {
+        *t = (ScenarioTraffic) {
+                .slots = 1,
+                .hold_ms = SIM_FOREVER,
+                .max_wait = USEC_INFINITY,
+        };
+        t->origin = strdup(origin);
+        if (!t->origin)
+                return -ENOMEM;
+        /* With one lane, naming it is optional. */
+        if (s->n_lanes == 1) {
+                t->lane = strdup(s->lanes[0]);
+                if (!t->lane)
+                        return -ENOMEM;
+        }
+        return 0;
+}
+
+static int parse_arrivals(Scenario *s, const json_t *arrivals, char **error) {
+        size_t i;
+        json_t *phase;
+        int r;
+
+        if (!json_is_array(arrivals))
+                return set_error(error, "%s: arrivals: expected an array, got %s", s->origin, json_kind(arrivals));
+
+        json_array_foreach(arrivals, i, phase) {
+                _cleanup_(traffic_done) ScenarioTraffic t = {};
+                _cleanup_free_ char *origin = NULL;
+                const char *rate = NULL, *duration = NULL, *key;
+                bool have_hold = false;
+                json_t *v;
+
+                if (asprintf(&origin, "%s: arrivals[%zu]", s->origin, i) < 0)
+                        return -ENOMEM;
+                if (!json_is_object(phase))
+                        return set_error(error, "%s: expected an object, got %s", origin, json_kind(phase));
+                r = traffic_init(s, &t, origin);
+                if (r < 0)
+                        return r;
+
+                json_object_foreach(phase, key, v) {
+                        _cleanup_free_ char *path = NULL;
+                        if (asprintf(&path, "%s.%s", origin, key) < 0)
+                                return -ENOMEM;
+
+                        if (streq(key, "rate")) {
+                                r = get_string(v, path, error, &rate);
+                                if (r < 0)
+                                        return r;
+                                Rate dummy;
+                                if (parse_rate(rate, &dummy) < 0)
+                                        return set_error(error, "%s: invalid rate \"%s\"", path, rate);
+                                continue;
+                        }
+                        if (streq(key, "for")) {
+                                uint64_t ms;
+                                r = parse_duration_value(v, false, path, error, &ms);
+                                if (r < 0)
+                                        return r;
+                                if (ms == 0)
+                                        return set_error(error, "%s: invalid duration \"%s\": must be positive", path,
+                                                         json_string_value(v));
+                                duration = json_string_value(v);
+                                continue;
+                        }
+                        r = parse_traffic_key(s, &t, key, v, path, error);
+                        if (r < 0)
+                                return r;
+                        if (r == 0)
+                                return set_error(error, "%s: unknown key", path);
+                        if (streq(key, "hold"))
+                                have_hold = true;
+                }
+                if (!rate)
+                        return set_error(error, "%s.rate: missing", origin);
+                if (!duration)
+                        return set_error(error, "%s.for: missing", origin);
+                if (!have_hold)
+                        return set_error(error, "%s.hold: missing", origin);
+
+                r = add_phase(s, rate, duration, &t, origin, error);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int parse_requests(Scenario *s, const json_t *requests, char **error) {
+        size_t i;
+        json_t *req;
+        int r;
+
+        if (!json_is_array(requests))
+                return set_error(error, "%s: requests: expected an array, got %s", s->origin, json_kind(requests));
+
+        json_array_foreach(requests, i, req) {
+                _cleanup_(traffic_done) ScenarioTraffic t = {};
+                _cleanup_free_ char *origin = NULL, *name = NULL;
+                uint64_t at = SIM_FOREVER;
+                bool have_hold = false;
+                const char *key;
+                json_t *v;
+
+                if (asprintf(&origin, "%s: requests[%zu]", s->origin, i) < 0)
+                        return -ENOMEM;
+                if (!json_is_object(req))
+                        return set_error(error, "%s: expected an object, got %s", origin, json_kind(req));
+                r = traffic_init(s, &t, origin);
+                if (r < 0)
+                        return r;
+
+                json_object_foreach(req, key, v) {
+                        _cleanup_free_ char *path = NULL;
+                        if (asprintf(&path, "%s.%s", origin, key) < 0)
+                                return -ENOMEM;
+
+                        if (streq(key, "name")) {
+                                if (!json_is_string(v) || !name_is_valid(json_string_value(v), json_string_length(v)))
+                                        return set_error(error, "%s: expected a name (a string without blanks)", path);
+                                /* Numbers name the generated requests; an explicit "7" would be ambiguous. */
+                                if (strspn(json_string_value(v), "0123456789") == json_string_length(v))
+                                        return set_error(error, "%s: \"%s\" is a number, which names a generated request",
+                                                         path, json_string_value(v));
+                                for (size_t k = 0; k < s->n_requests; k++)
+                                        if (streq(s->requests[k].name, json_string_value(v)))
+                                                return set_error(error, "%s: duplicate name \"%s\"", path,
+                                                                 json_string_value(v));
+                                free(name);
+                                name = strdup(json_string_value(v));
+                                if (!name)
+                                        return -ENOMEM;
+                                continue;
+                        }
+                        if (streq(key, "at")) {
+                                r = parse_duration_value(v, false, path, error, &at);
+                                if (r < 0)
+                                        return r;
+                                continue;
+                        }
+                        r = parse_traffic_key(s, &t, key, v, path, error);
+                        if (r < 0)
+                                return r;
+                        if (r == 0)
+                                return set_error(error, "%s: unknown key", path);
+                        if (streq(key, "hold"))
+                                have_hold = true;
+                }
+                if (!name)
+                        return set_error(error, "%s.name: missing", origin);
+                if (at == SIM_FOREVER)
+                        return set_error(error, "%s.at: missing", origin);
+                if (!have_hold)
+                        return set_error(error, "%s.hold: missing", origin);
+
+                ScenarioRequest *n = reallocarray(s->requests, s->n_requests + 1, sizeof(ScenarioRequest));
+                if (!n)
+                        return -ENOMEM;
+                s->requests = n;
+                s->requests[s->n_requests++] = (ScenarioRequest) {
+                        .name = TAKE_PTR(name),
+                        .at_ms = at,
+                        .traffic = t,
+                };
+                t = (ScenarioTraffic) {};
+        }
+        return 0;
+}
+
+static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
+        static const char *const top_keys[] = { "pools", "pool", "lanes", "deadline", "arrivals", "requests" };
+        const char *key;
+        json_t *v;
+        int r;
+
+        if (!json_is_object(root))
+                return set_error(error, "%s: expected an object at the top, got %s", s->origin, json_kind(root));
+        json_object_foreach((json_t *) root, key, v) {
+                bool known = false;
+                for (size_t i = 0; i < ELEMENTSOF(top_keys); i++)
+                        known = known || streq(top_keys[i], key);
+                if (!known)
+                        return set_error(error, "%s: %s: unknown key", s->origin, key);
+        }
+
+        /* Pools before lanes before traffic, whatever the order in the file: each refers to the one before. */
+        r = parse_pools(s, json_object_get(root, "pools"), json_object_get(root, "pool"), error);
+        if (r < 0)
+                return r;
+        r = parse_lanes(s, json_object_get(root, "lanes"), error);
+        if (r < 0)
+                return r;
+
+        v = json_object_get(root, "deadline");
+        if (v) {
+                _cleanup_free_ char *path = NULL;
+                if (asprintf(&path, "%s: deadline", s->origin) < 0)
+                        return -ENOMEM;
+                r = parse_duration_value(v, true, path, error, &s->deadline_ms);
+                if (r < 0)
+                        return r;
+        }
+
+        v = json_object_get(root, "arrivals");
+        if (v) {
+                r = parse_arrivals(s, v, error);
+                if (r < 0)
+                        return r;
+        }
+        v = json_object_get(root, "requests");
+        if (v) {
+                r = parse_requests(s, v, error);
+                if (r < 0)
+                        return r;
+        }
+
+        return scenario_finish(s, error);
+}
+
+static int scenario_load(json_t *root, const json_error_t *jerr, const char *origin, char **error, Scenario **ret) {
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        int r;
+
+        if (!root) {
+                if (jerr->line > 0)
+                        return set_error(error, "%s:%d:%d: invalid JSON: %s", origin, jerr->line, jerr->column,
+                                         jerr->text);
+                return set_error(error, "%s: %s", origin, jerr->text);
+        }
+
+        r = scenario_new(origin, &s);
+        if (r < 0)
+                return r;
+        r = scenario_parse_json(s, root, error);
+        if (r < 0)
+                return r;
+
+        *ret = TAKE_PTR(s);
+        return 0;
+}
+
+int scenario_load_file(const char *path, char **error, Scenario **ret) {
+        json_error_t jerr;
+
+        assert_return(path && error && ret, -EINVAL);
+
+        json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+        int r = scenario_load(root, &jerr, path, error, ret);
+        json_decref(root);
+        return r;
+}
+
+int scenario_load_string(const char *text, const char *origin, char **error, Scenario **ret) {
+        json_error_t jerr;
+
+        assert_return(text && origin && error && ret, -EINVAL);
+
+        json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+        int r = scenario_load(root, &jerr, origin, error, ret);
+        json_decref(root);
+        return r;
+}
+
+/* ---- walking the arrivals ---- */
+
+static void cursor_settle(ArrivalCursor *c) {
+        const Scenario *s = c->scenario;
+
+        while (c->phase < s->n_phases && c->i >= s->phases[c->phase].count) {
+                c->phase++;
+                c->i = 0;
+        }
+        if (c->phase < s->n_phases) {
+                const ArrivalPhase *p = &s->phases[c->phase];
+                c->next_gen_ms = p->start_ms + arrival_phase_offset_ms(p->rate, c->i);
+        } else
+                c->next_gen_ms = SIM_FOREVER;
+}
+
+void arrival_cursor_init(ArrivalCursor *c, const Scenario *s) {
+        assert(s->finished);
+        *c = (ArrivalCursor) {
+                .scenario = s,
+        };
+        cursor_settle(c);
+}
+
+static uint64_t cursor_next_request_ms(const ArrivalCursor *c) {
+        const Scenario *s = c->scenario;
+        return c->request < s->n_requests ? s->requests[s->request_order[c->request]].at_ms : SIM_FOREVER;
+}
+
+uint64_t arrival_cursor_peek(const ArrivalCursor *c) {
+        return MIN(c->next_gen_ms, cursor_next_request_ms(c));
+}
+
+bool arrival_cursor_next(ArrivalCursor *c, Arrival *ret) {
+        const Scenario *s = c->scenario;
+        uint64_t req_ms = cursor_next_request_ms(c);
+
+        if (c->next_gen_ms == SIM_FOREVER && req_ms == SIM_FOREVER)
+                return false;
+
+        /* Generated arrivals go before explicit requests of the same instant (SPEC §3.3). */
+        if (c->next_gen_ms <= req_ms) {
+                const ArrivalPhase *p = &s->phases[c->phase];
+                *ret = (Arrival) {
+                        .at_ms = c->next_gen_ms,
+                        .id = p->first + c->i,
+                        .traffic = &p->traffic,
+                };
+                c->i++;
+                cursor_settle(c);
+                return true;
+        }
+
+        size_t k = s->request_order[c->request++];
+        *ret = (Arrival) {
+                .at_ms = req_ms,
+                .id = s->n_generated + k,
+                .traffic = &s->requests[k].traffic,
+        };
+        return true;
+}

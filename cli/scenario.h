@@ -1,0 +1,145 @@
+/* SPDX-License-Identifier: MIT */
+/* scenario.h — what the simulator runs: pools and lanes (as the config's own key = value settings), arrival
+ * phases and explicit requests, read from a scenario file or assembled from slotctl simulate's options. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conf.h"
+#include "macro.h"
+#include "time-util.h"
+
+/* A hold that never ends, a deadline that never passes, an arrival that never comes (milliseconds). */
+#define SIM_FOREVER UINT64_MAX
+
+/* Arrivals per second = num / den, kept exact so that floor(i × 1000 / rate) is exact too. */
+typedef struct Rate {
+        uint64_t num;
+        uint64_t den; /* ≥ 1 */
+} Rate;
+
+/* One setting for conf_set(). `where` becomes its ConfSource (conf_validate() prints "where: key: message"),
+ * origin names the value itself ("scenario.json: pools.grid.limit", "--limit"). */
+typedef struct ScenarioSetting {
+        char *section;
+        char *key;
+        char *value;
+        char *where;
+        char *origin;
+} ScenarioSetting;
+
+/* What each request of a phase, or one explicit request, asks for. */
+typedef struct ScenarioTraffic {
+        char *lane;
+        unsigned slots;
+        uint64_t hold_ms;  /* SIM_FOREVER: never ends */
+        bool no_wait;      /* the client's wait: false */
+        usec_t max_wait;   /* the client's queueWaitMs in µs; USEC_INFINITY: none */
+        char *origin;      /* "arrivals[0]", "requests[2]", "--arrivals" */
+} ScenarioTraffic;
+
+typedef struct ArrivalPhase {
+        Rate rate;
+        uint64_t duration_ms;
+        uint64_t start_ms; /* phases run back to back */
+        uint64_t count;    /* arrivals in the phase */
+        uint64_t first;    /* index of its first arrival among all generated ones */
+        ScenarioTraffic traffic;
+} ArrivalPhase;
+
+typedef struct ScenarioRequest {
+        char *name;
+        uint64_t at_ms;
+        ScenarioTraffic traffic;
+} ScenarioRequest;
+
+typedef struct Scenario {
+        char *origin;                /* the file name, or "slotctl simulate" */
+        ScenarioSetting *settings;
+        size_t n_settings;
+        char **pools;                /* pool names in definition order; records point into these */
+        char **pool_wheres;          /* where each was defined, for conf_section_add() */
+        size_t n_pools;
+        char **lanes;
+        char **lane_wheres;
+        size_t n_lanes;
+        ArrivalPhase *phases;
+        size_t n_phases;
+        ScenarioRequest *requests;   /* in file order */
+        size_t n_requests;
+        size_t *request_order;       /* indices of requests by time, stable: file order within an instant */
+        uint64_t n_generated;        /* arrivals over all phases */
+        uint64_t deadline_ms;        /* SIM_FOREVER: none */
+        bool finished;
+} Scenario;
+
+/* Request ids: generated arrivals are 0 … n_generated−1 in arrival order (named "1", "2", …), explicit
+ * requests follow in file order. */
+
+int scenario_new(const char *origin, Scenario **ret);
+Scenario *scenario_free(Scenario *s);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Scenario *, scenario_free);
+
+/* Reads a scenario file (SPEC §9). On -EINVAL, *error names the culprit ("file: arrivals[0].rate: …");
+ * -ENOMEM otherwise. Returns 0 and a finished scenario. */
+int scenario_load_file(const char *path, char **error, Scenario **ret);
+/* The same from a string; origin stands for the file name in messages. */
+int scenario_load_string(const char *text, const char *origin, char **error, Scenario **ret);
+
+/* Building a scenario from options: a setting, a lane/pool name, arrival phases "RATE/s:DURATION,…".
+ * Each returns 0, -ENOMEM, or -EINVAL with *error set. */
+int scenario_add_setting(Scenario *s, const char *section, const char *key, const char *value, const char *where,
+                         const char *origin);
+int scenario_add_pool(Scenario *s, const char *name, const char *where);
+int scenario_add_lane(Scenario *s, const char *name, const char *where);
+int scenario_add_phases(Scenario *s, const char *spec, const ScenarioTraffic *traffic, char **error);
+/* Checks lanes, computes phase starts and counts, orders the explicit requests. */
+int scenario_finish(Scenario *s, char **error);
+
+/* The configuration to run: every setting through conf_set(), then `key = value` on every pool (a sweep;
+ * key NULL for none), then conf_validate() and a check that every request fits some pool of its lane.
+ * Returns 0, -ENOMEM, or -EINVAL with *error naming the setting. */
+int scenario_build_config(const Scenario *s, const char *key, const char *value, char **error, BrokerConfig **ret);
+
+/* What request `id` asks for. */
+const ScenarioTraffic *scenario_traffic(const Scenario *s, uint64_t id);
+/* "C" for an explicit request; generated ones have no stored name (their number is id + 1). */
+const char *scenario_request_name(const Scenario *s, uint64_t id);
+/* The scenario's own copy of a pool name, to outlive the engine's. NULL if unknown. */
+const char *scenario_pool_name(const Scenario *s, const char *name);
+
+/* "40/s", "2.5/s", "90/min", "6/h"; 0 is allowed (a quiet phase). Returns 0 or -EINVAL. */
+int parse_rate(const char *s, Rate *ret);
+/* A time span in whole milliseconds (systemd syntax, a bare number counts seconds as in config files);
+ * with allow_forever, "forever" and "infinity" give SIM_FOREVER. Returns 0, -EINVAL (syntax, or forever
+ * where it is not allowed), -EDOM (a part below a millisecond: the virtual clock has none), -ERANGE. */
+int parse_duration_ms(const char *s, bool allow_forever, uint64_t *ret);
+
+/* How many arrivals a phase has: the i with floor(i × 1000 / rate) < duration. */
+uint64_t arrival_phase_count(Rate rate, uint64_t duration_ms);
+/* When the i-th arrival of a phase comes, from the phase's start: floor(i × 1000 / rate) ms. */
+uint64_t arrival_phase_offset_ms(Rate rate, uint64_t i);
+
+typedef struct Arrival {
+        uint64_t at_ms;
+        uint64_t id;
+        const ScenarioTraffic *traffic;
+} Arrival;
+
+/* Walks the arrivals of a finished scenario in same-instant order: generated ones first, then explicit
+ * requests in file order. O(1) per arrival, no allocation. */
+typedef struct ArrivalCursor {
+        const Scenario *scenario;
+        size_t phase;
+        uint64_t i;            /* next arrival within the phase */
+        uint64_t next_gen_ms;  /* cached: when it comes; SIM_FOREVER when no phase has one left */
+        size_t request;        /* next explicit request, in time order */
+} ArrivalCursor;
+
+void arrival_cursor_init(ArrivalCursor *c, const Scenario *s);
+/* When the next arrival comes; SIM_FOREVER when none is left. */
+uint64_t arrival_cursor_peek(const ArrivalCursor *c);
+/* Takes the next arrival. Returns false when none is left. */
+bool arrival_cursor_next(ArrivalCursor *c, Arrival *ret);

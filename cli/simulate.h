@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: MIT */
+/* simulate.h — `slotctl simulate`: the real engine on a virtual millisecond clock, and its reports. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "engine.h"
+#include "scenario.h"
+
+/* The largest number waiting per second of virtual time: element s−1 covers [s−1, s) and holds the largest
+ * count at the end of any instant in it; a second without instants carries the count of the last instant. */
+typedef struct PeakQueue {
+        uint32_t *seconds;
+        size_t n, allocated;
+        uint32_t current;  /* the count after the last instant */
+} PeakQueue;
+
+void peak_queue_init(PeakQueue *p);
+void peak_queue_done(PeakQueue *p);
+/* Counts `waiting` at the end of the instant t_ms; instants come in time order. Returns 0 or -ENOMEM. */
+int peak_queue_observe(PeakQueue *p, uint64_t t_ms, uint32_t waiting);
+uint32_t peak_queue_max(const PeakQueue *p);
+
+typedef enum SimOutcome {
+        SIM_OUTCOME_PENDING,  /* still waiting when nothing more could happen */
+        SIM_OUTCOME_GRANTED,
+        SIM_OUTCOME_REFUSED,
+        _SIM_OUTCOME_MAX,
+        _SIM_OUTCOME_INVALID = -EINVAL,
+} SimOutcome;
+
+/* One request's story, kept only when it will be printed. */
+typedef struct SimRecord {
+        uint64_t id;
+        uint64_t arrived_ms;
+        uint64_t decided_ms;
+        uint64_t waited_ms;
+        const char *pool;     /* the scenario's copy; NULL before a pool decided anything */
+        bool queued;
+        QueueState state;
+        usec_t idle;
+        usec_t budget;        /* USEC_INFINITY: unbounded */
+        SimOutcome outcome;
+        Refusal refusal;
+} SimRecord;
+
+typedef struct SimResult {
+        uint64_t requests;
+        uint64_t granted;
+        uint64_t refused[_REFUSAL_MAX];
+        uint64_t late;
+        PeakQueue peaks;
+        uint64_t first_refusal_ms;  /* SIM_FOREVER: none */
+        uint64_t longest_wait_ms;
+        uint64_t drained_ms;        /* SIM_FOREVER: null (a hold never ends, or nothing arrived) */
+        uint64_t end_ms;            /* the last instant */
+        SimRecord *records;         /* in arrival order */
+        size_t n_records;
+} SimResult;
+
+SimResult *sim_result_free(SimResult *r);
+DEFINE_TRIVIAL_CLEANUP_FUNC(SimResult *, sim_result_free);
+
+typedef struct SimOptions {
+        uint64_t seed;
+        bool per_request;     /* records for generated requests too */
+} SimOptions;
+
+/* Runs a finished scenario against a validated config. Returns 0 or negative errno (-ENOMEM, or what the
+ * engine returned). */
+int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimResult **ret);
+
+/* The seeded random source handed to the engine. */
+uint64_t sim_splitmix64(void *state);
+
+void sim_print_text(const Scenario *s, const SimResult *r, FILE *f);
+void sim_print_json(const Scenario *s, const SimResult *r, FILE *f);
+
+/* Formats milliseconds as seconds floored to a tenth ("3.3"); returns buf. */
+const char *sim_format_tenths(char *buf, size_t size, uint64_t ms);
+
+/* The verb: parses its options, prints a report, returns an exit status (64 on usage errors). */
+int verb_simulate(int argc, char *argv[]);
