@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""slotctl simulate end to end: SPEC §9's reference figures, §3.1's worked examples, the --json shape,
+--sweep, bad inputs and determinism.
+
+Usage: test-simulate.py SLOTCTL SCENARIO_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SLOTCTL = None
+SCENARIOS = None
+
+REFERENCE = ["--limit", "6", "--max-queue", "100", "--hold", "200ms", "--deadline", "30s"]
+
+
+def simulate(*args, check=True):
+    p = subprocess.run([SLOTCTL, "simulate", *args], capture_output=True, text=True, timeout=60)
+    if check and p.returncode != 0:
+        raise AssertionError(f"slotctl simulate {' '.join(args)} exited {p.returncode}: {p.stderr}")
+    return p
+
+
+def simulate_json(*args):
+    return json.loads(simulate(*args, "--json").stdout)
+
+
+def refused(report):
+    return sum(report["refused"].values())
+
+
+def floor_tenths(ms):
+    return ms // 100
+
+
+class ReferenceFigures(unittest.TestCase):
+    """SPEC §9: limit 6, max-queue 100, hold 200 ms, deadline 30 s."""
+
+    def test_25_per_second_nothing_waits(self):
+        r = simulate_json(*REFERENCE, "--arrivals", "25/s:60s")
+        self.assertEqual(r["requests"], 1500)
+        self.assertEqual(refused(r), 0)
+        self.assertEqual(max(r["peakQueueBySecond"]), 0)
+        self.assertEqual(r["longestWaitMs"], 0)
+        self.assertEqual(floor_tenths(r["drainedMs"]), 2)
+        self.assertIsNone(r["firstRefusalMs"])
+        text = simulate(*REFERENCE, "--arrivals", "25/s:60s").stdout
+        self.assertIn("drained          0.2 s after the last arrival", text)
+        self.assertIn("first refusal   none", text)
+
+    def test_40_per_second_fills_the_queue(self):
+        r = simulate_json(*REFERENCE, "--arrivals", "40/s:60s")
+        peaks = r["peakQueueBySecond"]
+        self.assertEqual([peaks[4], peaks[19], peaks[39], peaks[59]], [50, 100, 100, 100])
+        self.assertEqual(r["requests"], 2400)
+        self.assertEqual(refused(r), 500)
+        self.assertEqual(r["refused"]["full"], 500)
+        self.assertEqual(r["late"], 0)
+        self.assertEqual(floor_tenths(r["firstRefusalMs"]), 100)
+        self.assertEqual(floor_tenths(r["longestWaitMs"]), 33)
+        self.assertEqual(floor_tenths(r["drainedMs"]), 35)
+        text = simulate(*REFERENCE, "--arrivals", "40/s:60s").stdout
+        self.assertIn("first refusal   10.0 s", text)
+        self.assertIn("longest wait     3.3 s", text)
+        self.assertIn("drained          3.5 s after the last arrival", text)
+        self.assertIn("refused          500", text)
+
+    def test_burst_then_steady(self):
+        r = simulate_json(*REFERENCE, "--arrivals", "200/s:1s,20/s:59s")
+        peaks = r["peakQueueBySecond"]
+        self.assertEqual([peaks[4], peaks[19], peaks[39], peaks[59]], [69, 0, 0, 0])
+        self.assertEqual(r["requests"], 1380)
+        self.assertEqual(refused(r), 71)
+        self.assertEqual(floor_tenths(r["firstRefusalMs"]), 5)
+        self.assertEqual(floor_tenths(r["longestWaitMs"]), 33)
+        text = simulate(*REFERENCE, "--arrivals", "200/s:1s,20/s:59s").stdout
+        self.assertIn("first refusal    0.5 s", text)
+        self.assertIn("longest wait     3.3 s", text)
+
+    def test_peak_queue_covers_every_second_until_the_end(self):
+        r = simulate_json(*REFERENCE, "--arrivals", "40/s:60s")
+        # The last arrival is at 59975 ms; the queue of 100 drains in 3.33 s, the last hold ends 200 ms later.
+        self.assertEqual(len(r["peakQueueBySecond"]), 64)
+        self.assertEqual(r["peakQueueBySecond"][-1], 9)
+
+
+class WorkedExamples(unittest.TestCase):
+    """SPEC §3.1, Q = 5m (fast 15 s, saturated budget 30 s), limit 2."""
+
+    def requests(self, name):
+        r = simulate_json("--scenario", os.path.join(SCENARIOS, name))
+        return {q["name"]: q for q in r["perRequest"]}, r
+
+    def test_keeping_up(self):
+        q, r = self.requests("keeping-up.json")
+        self.assertEqual([q["A"]["outcome"], q["B"]["outcome"]], ["granted", "granted"])
+        self.assertEqual(q["A"]["decidedMs"], 0)
+        c = q["C"]
+        self.assertEqual(c["arrivedMs"], 4000)
+        self.assertEqual(c["state"], "keeping-up")
+        self.assertEqual(c["idleMs"], 4000)
+        self.assertEqual(c["budgetMs"], 300000)
+        self.assertEqual(c["outcome"], "granted")
+        self.assertEqual(c["decidedMs"], 9000)
+        self.assertEqual(c["waitedMs"], 5000)
+        d = q["D"]
+        self.assertEqual(d["arrivedMs"], 120000)
+        self.assertEqual(d["state"], "keeping-up")
+        self.assertEqual(d["idleMs"], 111000)  # C's fast grant at 9 s reset idle
+        self.assertEqual(d["budgetMs"], 300000)
+        self.assertIsNone(r["drainedMs"])  # B and C hold forever
+
+    def test_jammed(self):
+        q, r = self.requests("jammed.json")
+        c = q["C"]
+        self.assertEqual(c["arrivedMs"], 10000)
+        self.assertEqual(c["state"], "keeping-up")
+        self.assertEqual(c["budgetMs"], 300000)
+        self.assertEqual(c["outcome"], "timeout")
+        self.assertEqual(c["decidedMs"], 310000)
+        self.assertIsNone(c["waitedMs"])
+        d = q["D"]
+        self.assertEqual(d["arrivedMs"], 311000)
+        self.assertEqual(d["state"], "saturated")
+        self.assertEqual(d["idleMs"], 311000)
+        self.assertEqual(d["budgetMs"], 30000)
+        self.assertEqual(d["outcome"], "shed")
+        self.assertEqual(d["decidedMs"], 341000)
+        self.assertEqual(r["refused"], {"busy": 0, "full": 0, "timeout": 1, "shed": 1})
+        self.assertEqual(r["firstRefusalMs"], 310000)
+
+    def test_text_report_has_a_row_per_request(self):
+        text = simulate("--scenario", os.path.join(SCENARIOS, "jammed.json")).stdout
+        rows = {line.split()[0]: line.split() for line in text.splitlines() if line[:2] in ("A ", "B ", "C ", "D ")}
+        self.assertEqual(sorted(rows), ["A", "B", "C", "D"])
+        self.assertIn("saturated", rows["D"])
+        self.assertIn("shed", rows["D"])
+        self.assertIn("341.0", rows["D"])
+
+
+class JsonShape(unittest.TestCase):
+    TOP = {"requests": int, "granted": int, "refused": dict, "late": int, "peakQueueBySecond": list,
+           "firstRefusalMs": (int, type(None)), "longestWaitMs": int, "drainedMs": (int, type(None)),
+           "perRequest": list}
+    RECORD = {"name": str, "arrivedMs": int, "pool": str, "state": (str, type(None)),
+              "idleMs": (int, type(None)), "budgetMs": (int, type(None)), "outcome": (str, type(None)),
+              "decidedMs": (int, type(None)), "waitedMs": (int, type(None))}
+
+    def check_types(self, obj, shape):
+        self.assertEqual(set(obj), set(shape))
+        for key, kind in shape.items():
+            self.assertIsInstance(obj[key], kind, key)
+            self.assertNotIsInstance(obj[key], bool, key)
+
+    def test_summary_fields(self):
+        r = simulate_json(*REFERENCE, "--arrivals", "40/s:60s")
+        self.check_types(r, self.TOP)
+        self.assertEqual(set(r["refused"]), {"busy", "full", "timeout", "shed"})
+        self.assertTrue(all(isinstance(v, int) for v in r["peakQueueBySecond"]))
+        self.assertEqual(r["perRequest"], [])  # generated requests only with --per-request
+        self.assertEqual(r["granted"] + refused(r), r["requests"])
+
+    def test_per_request_fields(self):
+        r = simulate_json(*REFERENCE, "--arrivals", "40/s:20s", "--per-request")
+        self.assertEqual(len(r["perRequest"]), r["requests"])
+        self.assertEqual([q["name"] for q in r["perRequest"][:3]], ["1", "2", "3"])
+        outcomes = set()
+        for q in r["perRequest"]:
+            self.check_types(q, self.RECORD)
+            outcomes.add(q["outcome"])
+            if q["outcome"] == "granted":
+                self.assertEqual(q["decidedMs"] - q["arrivedMs"], q["waitedMs"])
+            else:
+                self.assertIsNone(q["waitedMs"])
+        self.assertEqual(outcomes, {"granted", "full"})
+
+    def test_explicit_requests_always_reported(self):
+        for name in ("keeping-up.json", "jammed.json"):
+            r = simulate_json("--scenario", os.path.join(SCENARIOS, name))
+            self.assertEqual([q["name"] for q in r["perRequest"]], ["A", "B", "C", "D"])
+            for q in r["perRequest"]:
+                self.check_types(q, self.RECORD)
+
+
+class Sweep(unittest.TestCase):
+    KEYS = {"value", "requests", "granted", "busy", "full", "timeout", "shed", "late", "longestWaitMs", "peakQueue"}
+
+    def test_limit_rows(self):
+        rows = simulate_json(*REFERENCE, "--arrivals", "40/s:60s", "--sweep", "limit=6..10")
+        self.assertEqual([row["value"] for row in rows], [6, 7, 8, 9, 10])
+        for row in rows:
+            self.assertEqual(set(row), self.KEYS)
+            self.assertEqual(row["requests"], 2400)
+        first = rows[0]
+        self.assertEqual((first["full"], first["peakQueue"], first["longestWaitMs"] // 100), (500, 100, 33))
+        # More slots never refuse more, nor wait longer, in the 40/s case.
+        refusals = [row["busy"] + row["full"] + row["timeout"] + row["shed"] for row in rows]
+        self.assertEqual(refusals, sorted(refusals, reverse=True))
+        waits = [row["longestWaitMs"] for row in rows]
+        self.assertEqual(waits, sorted(waits, reverse=True))
+        self.assertEqual(rows[-1]["granted"], 2400)
+
+    def test_text_has_a_row_per_value(self):
+        text = simulate(*REFERENCE, "--arrivals", "40/s:60s", "--sweep", "limit=6..10").stdout
+        lines = text.strip().splitlines()
+        self.assertTrue(lines[0].split()[0] == "limit")
+        self.assertEqual([line.split()[0] for line in lines[1:]], ["6", "7", "8", "9", "10"])
+
+    def test_other_keys(self):
+        rows = simulate_json(*REFERENCE, "--arrivals", "40/s:60s", "--sweep", "max-queue=0..2")
+        self.assertEqual([row["peakQueue"] for row in rows], [0, 1, 2])
+        rows = simulate_json("--limit", "2", "--hold", "1s", "--arrivals", "3/s:20s", "--queue-timeout", "1s",
+                             "--sweep", "queue-timeout=1..3")
+        self.assertEqual(len(rows), 3)
+
+    def test_sweep_of_a_scenario(self):
+        rows = simulate_json("--scenario", os.path.join(SCENARIOS, "jammed.json"), "--sweep", "limit=2..4")
+        self.assertEqual([row["shed"] + row["timeout"] for row in rows], [2, 0, 0])
+
+
+class BadInput(unittest.TestCase):
+    def expect_usage_error(self, args, culprit):
+        p = simulate(*args, check=False)
+        self.assertEqual(p.returncode, 64, f"{args}: {p.stderr}")
+        self.assertEqual(p.stdout, "", args)
+        self.assertIn(culprit, p.stderr, args)
+
+    def test_command_line(self):
+        cases = [
+            (["--limit", "6", "--hold", "200ms", "--arrivals", "-4/s:10s"], 'invalid rate "-4/s"'),
+            (["--limit", "6", "--hold", "200ms", "--arrivals", "40/s"], 'invalid phase "40/s"'),
+            (["--limit", "6", "--hold", "200ms", "--arrivals", "40/s:1x"], 'invalid duration "1x"'),
+            (["--limit", "6", "--hold", "soon", "--arrivals", "40/s:10s"], "--hold"),
+            (["--limit", "6", "--hold", "1500us", "--arrivals", "40/s:10s"], "whole milliseconds"),
+            (["--limit", "zero", "--hold", "1s", "--arrivals", "40/s:10s"], "--limit"),
+            (["--limit", "0", "--hold", "1s", "--arrivals", "40/s:10s"], "--limit"),
+            (["--limit", "6", "--max-queue", "-1", "--hold", "1s", "--arrivals", "40/s:10s"], "--max-queue"),
+            (["--limit", "6", "--queue-timeout", "5m", "--queue-congestion-timeout", "10m", "--hold", "1s",
+              "--arrivals", "4/s:10s"], "queue-congestion-timeout"),
+            (["--limit", "6", "--hold", "1s"], "--arrivals"),
+            (["--hold", "1s", "--arrivals", "4/s:1s"], "--limit"),
+            (["--limit", "6", "--hold", "1s", "--arrivals", "4/s:1s", "--frobnicate"], "--frobnicate"),
+            (["--limit", "6", "--hold", "1s", "--arrivals", "4/s:1s", "--sweep", "colour=1..2"], "colour"),
+            (["--limit", "6", "--hold", "1s", "--arrivals", "4/s:1s", "--sweep", "limit=9..6"], "9..6"),
+            (["--limit", "6", "--hold", "1s", "--arrivals", "4/s:1s", "--sweep", "limit=0..2"], "limit=0"),
+            (["--limit", "6", "--hold", "1s", "--arrivals", "4/s:1s", "--seed", "x"], "--seed"),
+            (["--limit", "6", "--hold", "1s", "--arrivals", "4/s:1s", "stray"], "stray"),
+            (["--scenario", "/nonexistent/scenario.json"], "/nonexistent/scenario.json"),
+            (["--scenario", os.path.join(SCENARIOS, "jammed.json"), "--limit", "3"], "--limit"),
+        ]
+        for args, culprit in cases:
+            with self.subTest(args=args):
+                self.expect_usage_error(args, culprit)
+
+    def test_scenario_files(self):
+        cases = [
+            ('{"pool": {"limit": 2}, "arrivals": [{"rate": "-4/s", "for": "1s", "hold": "1s"}]}',
+             'arrivals[0].rate: invalid rate "-4/s"'),
+            ('{"pool": {"limit": 2}, "arrivals": [{"rate": "4/s", "for": "ten", "hold": "1s"}]}',
+             'arrivals[0].for: invalid duration "ten"'),
+            ('{"pool": {"limit": 2}, "arrivals": [{"rate": "4/s", "for": "1s", "hold": "1s", "colour": 1}]}',
+             "arrivals[0].colour: unknown key"),
+            ('{"pool": {"limit": "2"}}', "pool.limit: expected an integer"),
+            ('{"pool": {"limit": 2, "queue-timeout": 300}}', "pool.queue-timeout: expected a string"),
+            ('{"pool": {"limit": 2}, "requests": [{"name": "A", "at": "1s", "hold": "1s", "lane": "merge"}]}',
+             'requests[0].lane: unknown lane "merge"'),
+            ('{"pools": {"a": {"limit": 1}}, "lanes": {"m": {"pools": ["b"]}}}', 'lanes.m.pools[0]: unknown pool "b"'),
+            ('{"pools": {"a": {"limit": 1}}, "lanes": {"m": {"pools": ["a"], "policy": "sometimes"}}}',
+             "lanes.m.policy"),
+            ('{"pool": {"limit": 2}, "requests": [{"name": "A", "at": "0s", "hold": "1s", "slots": 3}]}',
+             "requests[0].slots"),
+            ('{"pool": {"limit": 2}, "unexpected": []}', "unexpected: unknown key"),
+            ('{"pool": {"limit": 2}, "arrivals": [', "invalid JSON"),
+            ("", "invalid JSON"),
+        ]
+        with tempfile.TemporaryDirectory() as tmp:
+            for i, (text, culprit) in enumerate(cases):
+                path = os.path.join(tmp, f"bad-{i}.json")
+                with open(path, "w") as f:
+                    f.write(text)
+                with self.subTest(scenario=text):
+                    self.expect_usage_error(["--scenario", path], f"bad-{i}.json")
+                    self.expect_usage_error(["--scenario", path], culprit)
+
+
+class Determinism(unittest.TestCase):
+    def test_same_seed_same_output(self):
+        args = [*REFERENCE, "--arrivals", "200/s:1s,20/s:59s", "--queue-timeout", "2s", "--per-request", "--json"]
+        a = simulate(*args, "--seed", "7").stdout
+        b = simulate(*args, "--seed", "7").stdout
+        self.assertEqual(a, b)
+        self.assertEqual(json.loads(a)["requests"], 1380)
+
+    def test_text_is_stable(self):
+        args = ["--scenario", os.path.join(SCENARIOS, "keeping-up.json")]
+        self.assertEqual(simulate(*args).stdout, simulate(*args).stdout)
+
+
+class Cli(unittest.TestCase):
+    def test_help_and_version(self):
+        self.assertEqual(subprocess.run([SLOTCTL, "--help"], capture_output=True).returncode, 0)
+        self.assertEqual(subprocess.run([SLOTCTL, "simulate", "--help"], capture_output=True).returncode, 0)
+        p = subprocess.run([SLOTCTL, "--version"], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0)
+        self.assertTrue(p.stdout.startswith("slotctl "))
+
+    def test_usage_errors_exit_64(self):
+        for args in ([], ["frobnicate"], ["--frobnicate"]):
+            p = subprocess.run([SLOTCTL, *args], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 64, args)
+            self.assertEqual(p.stdout, "")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    SLOTCTL, SCENARIOS = sys.argv[1], sys.argv[2]
+    unittest.main(argv=[sys.argv[0], *sys.argv[3:]], verbosity=2)

@@ -1,0 +1,353 @@
+/* SPDX-License-Identifier: MIT */
+/* test-scenario.c — rates, durations, the arrival generator and scenario files. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "scenario.h"
+
+static void test_rate_parsing(void **state) {
+        Rate r;
+
+        assert_int_equal(parse_rate("40/s", &r), 0);
+        assert_true(r.num == 40 && r.den == 1);
+        assert_int_equal(parse_rate("2.5/s", &r), 0);
+        assert_true(r.num == 25 && r.den == 10);
+        assert_int_equal(parse_rate("90/min", &r), 0);
+        assert_true(r.num == 90 && r.den == 60);
+        assert_int_equal(parse_rate("6/h", &r), 0);
+        assert_true(r.num == 6 && r.den == 3600);
+        assert_int_equal(parse_rate("0/s", &r), 0);
+        assert_true(r.num == 0);
+
+        const char *bad[] = { "-4/s", "+4/s", "4", "4/", "/s", "4/s ", " 4/s", "4/d", "1./s", ".5/s",
+                              "1.1234567/s", "4s", "4/S", "1e3/s", "", "99999999999999/s" };
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                r = (Rate) { 7, 7 };
+                assert_int_equal(parse_rate(bad[i], &r), -EINVAL);
+                assert_true(r.num == 7 && r.den == 7); /* untouched on failure */
+        }
+}
+
+static void test_duration_parsing(void **state) {
+        uint64_t ms;
+
+        assert_int_equal(parse_duration_ms("200ms", false, &ms), 0);
+        assert_int_equal(ms, 200);
+        assert_int_equal(parse_duration_ms("60s", false, &ms), 0);
+        assert_int_equal(ms, 60000);
+        assert_int_equal(parse_duration_ms("5min 11s", false, &ms), 0);
+        assert_int_equal(ms, 311000);
+        assert_int_equal(parse_duration_ms("1.5s", false, &ms), 0);
+        assert_int_equal(ms, 1500);
+        assert_int_equal(parse_duration_ms("30", false, &ms), 0); /* a bare number counts seconds, as in config */
+        assert_int_equal(ms, 30000);
+        assert_int_equal(parse_duration_ms("0", false, &ms), 0);
+        assert_int_equal(ms, 0);
+
+        assert_int_equal(parse_duration_ms("forever", true, &ms), 0);
+        assert_true(ms == SIM_FOREVER);
+        assert_int_equal(parse_duration_ms("infinity", true, &ms), 0);
+        assert_true(ms == SIM_FOREVER);
+
+        ms = 42;
+        assert_int_equal(parse_duration_ms("forever", false, &ms), -EINVAL);
+        assert_int_equal(parse_duration_ms("infinity", false, &ms), -EINVAL);
+        assert_int_equal(parse_duration_ms("1500us", false, &ms), -EDOM);
+        assert_int_equal(parse_duration_ms("-1s", false, &ms), -EINVAL);
+        assert_int_equal(parse_duration_ms("10x", false, &ms), -EINVAL);
+        assert_int_equal(parse_duration_ms("", false, &ms), -EINVAL);
+        assert_int_equal(ms, 42);
+}
+
+static void test_floor_formula_at_odd_rates(void **state) {
+        const Rate three = { 3, 1 }, seven = { 7, 1 };
+        const uint64_t at3[] = { 0, 333, 666 };
+        const uint64_t at7[] = { 0, 142, 285, 428, 571, 714, 857 };
+
+        assert_int_equal(arrival_phase_count(three, 1000), 3);
+        for (size_t i = 0; i < ELEMENTSOF(at3); i++)
+                assert_int_equal(arrival_phase_offset_ms(three, i), at3[i]);
+        assert_int_equal(arrival_phase_count(seven, 1000), 7);
+        for (size_t i = 0; i < ELEMENTSOF(at7); i++)
+                assert_int_equal(arrival_phase_offset_ms(seven, i), at7[i]);
+
+        /* The i-th arrival counts while its time is < the duration: 3/s over 1001 ms has a 4th at 1000. */
+        assert_int_equal(arrival_phase_count(three, 1001), 4);
+        assert_int_equal(arrival_phase_count(three, 999), 3);
+        assert_int_equal(arrival_phase_count(three, 667), 3);
+        assert_int_equal(arrival_phase_count(three, 666), 2);
+        assert_int_equal(arrival_phase_count(seven, 60000), 420);
+
+        /* Fractional rates stay exact. */
+        const Rate half = { 5, 10 };
+        assert_int_equal(arrival_phase_count(half, 10000), 5);
+        assert_int_equal(arrival_phase_offset_ms(half, 4), 8000);
+        assert_int_equal(arrival_phase_count((Rate) { 0, 1 }, 10000), 0);
+
+        /* Huge indices go through 128-bit arithmetic without wrapping. */
+        const Rate slow = { 1, 3600 };
+        assert_int_equal(arrival_phase_offset_ms(slow, 1000000000000ULL), 3600000000000000000ULL);
+}
+
+static Scenario *load(const char *json) {
+        Scenario *s = NULL;
+        char *error = NULL;
+        int r = scenario_load_string(json, "test.json", &error, &s);
+        if (r < 0)
+                fail_msg("unexpected error %d: %s", r, error ?: "(none)");
+        free(error);
+        return s;
+}
+
+static void test_phases_run_back_to_back(void **state) {
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        const uint64_t expect[] = { 0, 333, 666, 1000, 1142, 1285, 1428, 1571, 1714, 1857 };
+        ArrivalCursor c;
+        Arrival a;
+
+        assert_int_equal(scenario_new("slotctl simulate", &s), 0);
+        assert_int_equal(scenario_add_pool(s, "default", "--limit"), 0);
+        assert_int_equal(scenario_add_lane(s, "default", "lane"), 0);
+        char lane[] = "default", origin[] = "--arrivals";
+        ScenarioTraffic t = { .lane = lane, .slots = 1, .hold_ms = 200, .max_wait = USEC_INFINITY, .origin = origin };
+        char *error = NULL;
+        assert_int_equal(scenario_add_phases(s, "3/s:1s,7/s:1s", &t, &error), 0);
+        assert_int_equal(scenario_finish(s, &error), 0);
+        assert_null(error);
+
+        assert_int_equal(s->n_generated, 10);
+        assert_int_equal(s->phases[1].start_ms, 1000);
+        assert_int_equal(s->phases[1].first, 3);
+
+        arrival_cursor_init(&c, s);
+        for (size_t i = 0; i < ELEMENTSOF(expect); i++) {
+                assert_int_equal(arrival_cursor_peek(&c), expect[i]);
+                assert_true(arrival_cursor_next(&c, &a));
+                assert_int_equal(a.at_ms, expect[i]);
+                assert_int_equal(a.id, i);
+                assert_ptr_equal(a.traffic, scenario_traffic(s, a.id));
+        }
+        assert_true(arrival_cursor_peek(&c) == SIM_FOREVER);
+        assert_false(arrival_cursor_next(&c, &a));
+}
+
+static void test_quiet_phase_shifts_the_next(void **state) {
+        _cleanup_(scenario_freep) Scenario *s = load(
+                "{\"pool\": {\"limit\": 1}, \"arrivals\": ["
+                " {\"rate\": \"2/s\", \"for\": \"1s\", \"hold\": \"1ms\"},"
+                " {\"rate\": \"0/s\", \"for\": \"5s\", \"hold\": \"1ms\"},"
+                " {\"rate\": \"1/s\", \"for\": \"2s\", \"hold\": \"7ms\"}]}");
+        const uint64_t expect[] = { 0, 500, 6000, 7000 };
+        ArrivalCursor c;
+        Arrival a;
+
+        assert_int_equal(s->n_generated, 4);
+        arrival_cursor_init(&c, s);
+        for (size_t i = 0; i < ELEMENTSOF(expect); i++) {
+                assert_true(arrival_cursor_next(&c, &a));
+                assert_int_equal(a.at_ms, expect[i]);
+        }
+        /* The phase without arrivals is skipped when looking up a request's traffic. */
+        assert_int_equal(scenario_traffic(s, 2)->hold_ms, 7);
+        assert_int_equal(scenario_traffic(s, 1)->hold_ms, 1);
+}
+
+static void test_generated_arrivals_come_before_explicit_ones(void **state) {
+        _cleanup_(scenario_freep) Scenario *s = load(
+                "{\"pool\": {\"limit\": 1},"
+                " \"arrivals\": [{\"rate\": \"1/s\", \"for\": \"3s\", \"hold\": \"1s\"}],"
+                " \"requests\": [{\"name\": \"late\", \"at\": \"2s\", \"hold\": \"1s\"},"
+                "              {\"name\": \"first\", \"at\": \"1s\", \"hold\": \"1s\"},"
+                "              {\"name\": \"second\", \"at\": \"1s\", \"hold\": \"forever\"}]}");
+        /* (time, id): generated ids 0..2, explicit 3.. in file order. */
+        const uint64_t expect[][2] = { { 0, 0 }, { 1000, 1 }, { 1000, 4 }, { 1000, 5 }, { 2000, 2 }, { 2000, 3 } };
+        ArrivalCursor c;
+        Arrival a;
+
+        arrival_cursor_init(&c, s);
+        for (size_t i = 0; i < ELEMENTSOF(expect); i++) {
+                assert_true(arrival_cursor_next(&c, &a));
+                assert_int_equal(a.at_ms, expect[i][0]);
+                assert_int_equal(a.id, expect[i][1]);
+        }
+        assert_false(arrival_cursor_next(&c, &a));
+        assert_string_equal(scenario_request_name(s, 4), "first");
+        assert_null(scenario_request_name(s, 1));
+        assert_true(scenario_traffic(s, 5)->hold_ms == SIM_FOREVER);
+}
+
+static void test_scenario_keys_become_config_settings(void **state) {
+        _cleanup_(scenario_freep) Scenario *s = load(
+                "{\"pools\": {\"grid\": {\"limit\": 2, \"queue-timeout\": \"5m\", \"max-queue\": 100},"
+                "             \"rigs\": {\"members\": [\"rig-a\", \"rig-b\", \"rig-c\"]}},"
+                " \"lanes\": {\"merge\": {\"pools\": [\"grid\", \"rigs\"], \"policy\": \"fail-fast\", \"priority\": 3},"
+                "             \"nightly\": {\"pools\": [\"rigs\"], \"max-hold\": \"1h\"}},"
+                " \"deadline\": \"30s\","
+                " \"arrivals\": [{\"rate\": \"40/s\", \"for\": \"60s\", \"hold\": \"200ms\", \"lane\": \"merge\"}],"
+                " \"requests\": [{\"name\": \"C\", \"at\": \"10s\", \"hold\": \"1m\", \"lane\": \"nightly\", \"slots\": 2,"
+                "                 \"wait\": false, \"max-wait\": \"20s\"}]}");
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        char *error = NULL;
+
+        assert_int_equal(s->deadline_ms, 30000);
+        assert_int_equal(s->n_generated, 2400);
+        assert_true(s->requests[0].traffic.no_wait);
+        assert_int_equal(s->requests[0].traffic.max_wait, 20 * USEC_PER_SEC);
+        assert_int_equal(s->requests[0].traffic.slots, 2);
+
+        assert_int_equal(scenario_build_config(s, NULL, NULL, &error, &c), 0);
+        const PoolConfig *grid = conf_find_pool(c, "grid"), *rigs = conf_find_pool(c, "rigs");
+        assert_non_null(grid);
+        assert_non_null(rigs);
+        assert_int_equal(grid->limit, 2);
+        assert_int_equal(grid->max_queue, 100);
+        assert_int_equal(grid->queue_timeout, 5 * USEC_PER_MINUTE);
+        assert_int_equal(rigs->limit, 3);
+        const LaneConfig *merge = conf_find_lane(c, "merge");
+        assert_non_null(merge);
+        assert_int_equal(merge->policy, LANE_POLICY_FAIL_FAST);
+        assert_int_equal(merge->priority, 3);
+        assert_int_equal(merge->n_pools, 2);
+        assert_int_equal(conf_find_lane(c, "nightly")->max_hold, USEC_PER_HOUR);
+
+        /* A sweep sets the key on every pool. */
+        conf_free(TAKE_PTR(c));
+        assert_int_equal(scenario_build_config(s, "max-queue", "7", &error, &c), 0);
+        assert_int_equal(conf_find_pool(c, "grid")->max_queue, 7);
+        assert_int_equal(conf_find_pool(c, "rigs")->max_queue, 7);
+        assert_null(error);
+}
+
+static void test_bad_scenarios_name_the_culprit(void **state) {
+        static const struct {
+                const char *json;
+                const char *error;
+        } cases[] = {
+                { "{\"pool\": {\"limit\": 2}, \"arrivals\": [{\"rate\": \"-4/s\", \"for\": \"1s\", \"hold\": \"1s\"}]}",
+                  "test.json: arrivals[0].rate: invalid rate \"-4/s\"" },
+                { "{\"pool\": {\"limit\": 2}, \"arrivals\": [{\"rate\": \"4/s\", \"for\": \"1x\", \"hold\": \"1s\"}]}",
+                  "test.json: arrivals[0].for: invalid duration \"1x\"" },
+                { "{\"pool\": {\"limit\": 2}, \"arrivals\": [{\"rate\": \"4/s\", \"for\": \"1s\"}]}",
+                  "test.json: arrivals[0].hold: missing" },
+                { "{\"pool\": {\"limit\": 2}, \"arrivals\": [{\"rate\": 4, \"for\": \"1s\", \"hold\": \"1s\"}]}",
+                  "test.json: arrivals[0].rate: expected a string, got an integer" },
+                { "{\"pool\": {\"limit\": 2}, \"arrivals\": [{\"rate\": \"4/s\", \"for\": \"1s\", \"hold\": \"1s\", \"x\": 1}]}",
+                  "test.json: arrivals[0].x: unknown key" },
+                { "{\"pool\": {\"limit\": 2}, \"requests\": [{\"name\": \"A\", \"at\": \"1s\", \"hold\": \"1s\", \"lane\": \"m\"}]}",
+                  "test.json: requests[0].lane: unknown lane \"m\"" },
+                { "{\"pool\": {\"limit\": 2}, \"requests\": [{\"at\": \"1s\", \"hold\": \"1s\"}]}",
+                  "test.json: requests[0].name: missing" },
+                { "{\"pool\": {\"limit\": 2}, \"requests\": [{\"name\": \"7\", \"at\": \"1s\", \"hold\": \"1s\"}]}",
+                  "test.json: requests[0].name: \"7\" is a number" },
+                { "{\"pool\": {\"limit\": 2}, \"requests\": [{\"name\": \"A\", \"at\": \"1s\", \"hold\": \"1s\", \"wait\": 0}]}",
+                  "test.json: requests[0].wait: expected a boolean, got an integer" },
+                { "{\"pool\": {\"limit\": 2}, \"requests\": [{\"name\": \"A\", \"at\": \"1s\", \"hold\": \"1s\", \"max-wait\": \"0\"}]}",
+                  "test.json: requests[0].max-wait: out of range" },
+                { "{\"pool\": {\"limit\": \"2\"}}", "test.json: pool.limit: expected an integer, got a string" },
+                { "{\"pool\": {\"limit\": 2.5}}", "test.json: pool.limit: expected an integer, got a number with a fraction" },
+                { "{\"pool\": {\"limit\": 2, \"queue-timeout\": 300}}",
+                  "test.json: pool.queue-timeout: expected a string, got an integer" },
+                { "{\"pool\": {\"limit\": 2}, \"pools\": {}}", "test.json: pool: cannot be combined with \"pools\"" },
+                { "{\"lanes\": {}}", "test.json: pools: missing" },
+                { "{\"pools\": {\"a\": {\"limit\": 1}}, \"lanes\": {\"m\": {\"pools\": [\"b\"]}}}",
+                  "test.json: lanes.m.pools[0]: unknown pool \"b\"" },
+                { "{\"pools\": {\"a\": {\"limit\": 1}}, \"lanes\": {\"m\": {\"pools\": [\"a\"], \"colour\": \"red\"}}}",
+                  "test.json: lanes.m.colour: unknown key" },
+                { "{\"pools\": {\"a b\": {\"limit\": 1}}}", "test.json: pools: invalid pool name \"a b\"" },
+                { "{\"pool\": {\"limit\": 2}, \"deadline\": \"soon\"}", "test.json: deadline: invalid duration \"soon\"" },
+                { "{\"pool\": {\"limit\": 2}, \"extra\": true}", "test.json: extra: unknown key" },
+                { "[1, 2]", "test.json: expected an object at the top, got an array" },
+                { "{\"pool\": {\"limit\": 2},", "test.json:1:" },
+                { "{\"pool\": {\"limit\": 2}, \"pool\": {\"limit\": 3}}", "test.json:1:" },
+        };
+
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                Scenario *s = NULL;
+                char *error = NULL;
+
+                assert_int_equal(scenario_load_string(cases[i].json, "test.json", &error, &s), -EINVAL);
+                assert_null(s);
+                assert_non_null(error);
+                if (strncmp(error, cases[i].error, strlen(cases[i].error)) != 0)
+                        fail_msg("case %zu: got \"%s\", expected it to start with \"%s\"", i, error, cases[i].error);
+                free(error);
+        }
+}
+
+static void test_config_errors_name_the_scenario_key(void **state) {
+        static const struct {
+                const char *json;
+                const char *error;
+        } cases[] = {
+                { "{\"pool\": {\"limit\": 0}}", "test.json: pool.limit: " },
+                { "{\"pools\": {\"a\": {\"limit\": 1}}, \"lanes\": {\"m\": {\"pools\": [\"a\"], \"policy\": \"maybe\"}}}",
+                  "test.json: lanes.m.policy: " },
+                { "{\"pool\": {\"limit\": 2, \"queue-timeout\": \"5m\", \"queue-congestion-timeout\": \"10m\"}}",
+                  "test.json: pool: queue-congestion-timeout: " },
+                { "{\"pool\": {\"limit\": 2}, \"requests\": [{\"name\": \"A\", \"at\": \"0\", \"hold\": \"1s\", \"slots\": 3}]}",
+                  "test.json: requests[0].slots: 3 slots, but no pool of lane \"default\" has more than 2" },
+        };
+
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                _cleanup_(scenario_freep) Scenario *s = load(cases[i].json);
+                BrokerConfig *c = NULL;
+                char *error = NULL;
+
+                assert_int_equal(scenario_build_config(s, NULL, NULL, &error, &c), -EINVAL);
+                assert_null(c);
+                assert_non_null(error);
+                if (strncmp(error, cases[i].error, strlen(cases[i].error)) != 0)
+                        fail_msg("case %zu: got \"%s\", expected it to start with \"%s\"", i, error, cases[i].error);
+                free(error);
+        }
+}
+
+static void test_bad_phase_lists(void **state) {
+        static const struct {
+                const char *spec;
+                const char *error;
+        } cases[] = {
+                { "40/s", "--arrivals: invalid phase \"40/s\"" },
+                { "40:60s", "--arrivals: invalid rate \"40\"" },
+                { "40/s:0s", "--arrivals: invalid duration \"0s\"" },
+                { "40/s:forever", "--arrivals: invalid duration \"forever\"" },
+                { "40/s:1s,", "--arrivals: empty phase" },
+                { "", "--arrivals: no phase given" },
+        };
+        char lane[] = "default", origin[] = "--arrivals";
+        ScenarioTraffic t = { .lane = lane, .slots = 1, .hold_ms = 200, .max_wait = USEC_INFINITY, .origin = origin };
+
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                _cleanup_(scenario_freep) Scenario *s = NULL;
+                char *error = NULL;
+
+                assert_int_equal(scenario_new("slotctl simulate", &s), 0);
+                assert_int_equal(scenario_add_phases(s, cases[i].spec, &t, &error), -EINVAL);
+                assert_non_null(error);
+                if (strncmp(error, cases[i].error, strlen(cases[i].error)) != 0)
+                        fail_msg("case %zu: got \"%s\", expected it to start with \"%s\"", i, error, cases[i].error);
+                free(error);
+        }
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_rate_parsing),
+                cmocka_unit_test(test_duration_parsing),
+                cmocka_unit_test(test_floor_formula_at_odd_rates),
+                cmocka_unit_test(test_phases_run_back_to_back),
+                cmocka_unit_test(test_quiet_phase_shifts_the_next),
+                cmocka_unit_test(test_generated_arrivals_come_before_explicit_ones),
+                cmocka_unit_test(test_scenario_keys_become_config_settings),
+                cmocka_unit_test(test_bad_scenarios_name_the_culprit),
+                cmocka_unit_test(test_config_errors_name_the_scenario_key),
+                cmocka_unit_test(test_bad_phase_lists),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: MIT */
+/* test-simulate.c — peak-queue accounting, and the virtual clock driving the real engine. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "simulate.h"
+
+static void test_peak_is_the_largest_count_in_its_second(void **state) {
+        PeakQueue p;
+        peak_queue_init(&p);
+
+        assert_int_equal(peak_queue_observe(&p, 0, 3), 0);
+        assert_int_equal(peak_queue_observe(&p, 400, 9), 0);
+        assert_int_equal(peak_queue_observe(&p, 999, 1), 0);
+        assert_int_equal(peak_queue_observe(&p, 1000, 2), 0); /* 1000 ms opens second 2: [1, 2) */
+        assert_int_equal(p.n, 2);
+        assert_int_equal(p.seconds[0], 9);
+        assert_int_equal(p.seconds[1], 2);
+        assert_int_equal(peak_queue_max(&p), 9);
+        peak_queue_done(&p);
+}
+
+static void test_peak_second_without_instants_carries_the_current_count(void **state) {
+        PeakQueue p;
+        peak_queue_init(&p);
+
+        assert_int_equal(peak_queue_observe(&p, 500, 4), 0);
+        assert_int_equal(peak_queue_observe(&p, 900, 7), 0);
+        assert_int_equal(peak_queue_observe(&p, 950, 5), 0);
+        /* Seconds 2..4 have no instant: they carry 5, what the last instant left, not the peak 7. */
+        assert_int_equal(peak_queue_observe(&p, 4200, 0), 0);
+        const uint32_t expect[] = { 7, 5, 5, 5, 0 };
+        assert_int_equal(p.n, ELEMENTSOF(expect));
+        for (size_t i = 0; i < ELEMENTSOF(expect); i++)
+                assert_int_equal(p.seconds[i], expect[i]);
+        peak_queue_done(&p);
+}
+
+static void test_peak_before_the_first_instant_is_zero(void **state) {
+        PeakQueue p;
+        peak_queue_init(&p);
+
+        assert_int_equal(peak_queue_observe(&p, 10000, 1), 0);
+        assert_int_equal(p.n, 11);
+        for (size_t i = 0; i < 10; i++)
+                assert_int_equal(p.seconds[i], 0);
+        assert_int_equal(p.seconds[10], 1);
+        peak_queue_done(&p);
+}
+
+static void test_peak_counts_a_repeated_instant_once_settled(void **state) {
+        PeakQueue p;
+        peak_queue_init(&p);
+
+        /* A second pass of one instant (a zero hold, a revocation) is another end of an instant. */
+        assert_int_equal(peak_queue_observe(&p, 2000, 3), 0);
+        assert_int_equal(peak_queue_observe(&p, 2000, 1), 0);
+        assert_int_equal(p.n, 3);
+        assert_int_equal(p.seconds[2], 3);
+        assert_int_equal(p.current, 1);
+        peak_queue_done(&p);
+}
+
+static void test_format_tenths_floors(void **state) {
+        char buf[32];
+        assert_string_equal(sim_format_tenths(buf, sizeof buf, 3325), "3.3");
+        assert_string_equal(sim_format_tenths(buf, sizeof buf, 3399), "3.3");
+        assert_string_equal(sim_format_tenths(buf, sizeof buf, 99), "0.0");
+        assert_string_equal(sim_format_tenths(buf, sizeof buf, 10000), "10.0");
+        assert_string_equal(sim_format_tenths(buf, sizeof buf, 341000), "341.0");
+}
+
+static void test_splitmix64_is_seeded(void **state) {
+        uint64_t a = 1, b = 1, c = 2;
+        uint64_t x = sim_splitmix64(&a), y = sim_splitmix64(&b), z = sim_splitmix64(&c);
+        assert_true(x == y);
+        assert_true(x != z);
+        assert_true(sim_splitmix64(&a) != x);
+}
+
+static SimResult *run(const char *json, bool per_request) {
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        SimResult *result = NULL;
+        char *error = NULL;
+
+        if (scenario_load_string(json, "test.json", &error, &s) < 0 ||
+            scenario_build_config(s, NULL, NULL, &error, &c) < 0)
+                fail_msg("scenario: %s", error ?: "(no message)");
+        SimOptions o = { .seed = 1, .per_request = per_request };
+        assert_int_equal(sim_run(s, c, &o, &result), 0);
+        return result;
+}
+
+#define REFERENCE_POOL "\"pool\": {\"limit\": 6, \"max-queue\": 100}, \"deadline\": \"30s\""
+
+static void test_reference_40_per_second(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{" REFERENCE_POOL ", \"arrivals\": [{\"rate\": \"40/s\", \"for\": \"60s\", \"hold\": \"200ms\"}]}", false);
+
+        assert_int_equal(r->requests, 2400);
+        assert_int_equal(r->granted, 1900);
+        assert_int_equal(r->refused[REFUSAL_FULL], 500);
+        assert_int_equal(r->late, 0);
+        assert_int_equal(r->peaks.seconds[4], 50);
+        assert_int_equal(r->peaks.seconds[19], 100);
+        assert_int_equal(r->peaks.seconds[39], 100);
+        assert_int_equal(r->peaks.seconds[59], 100);
+        assert_int_equal(r->first_refusal_ms / 100, 100);
+        assert_int_equal(r->longest_wait_ms / 100, 33);
+        assert_int_equal(r->drained_ms / 100, 35);
+        assert_int_equal(r->n_records, 0); /* nothing kept per request unless asked */
+}
+
+static void test_reference_burst_then_steady(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{" REFERENCE_POOL ", \"arrivals\": [{\"rate\": \"200/s\", \"for\": \"1s\", \"hold\": \"200ms\"},"
+                "                                   {\"rate\": \"20/s\", \"for\": \"59s\", \"hold\": \"200ms\"}]}", false);
+
+        assert_int_equal(r->requests, 1380);
+        assert_int_equal(r->refused[REFUSAL_FULL] + r->refused[REFUSAL_BUSY] + r->refused[REFUSAL_TIMEOUT] +
+                                 r->refused[REFUSAL_SHED],
+                         71);
+        assert_int_equal(r->peaks.seconds[4], 69);
+        assert_int_equal(r->peaks.seconds[19], 0);
+        assert_int_equal(r->first_refusal_ms / 100, 5);
+        assert_int_equal(r->longest_wait_ms / 100, 33);
+}
+
+static void test_simulation_covers_every_second_until_the_last_hold_ends(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{" REFERENCE_POOL ", \"arrivals\": [{\"rate\": \"25/s\", \"for\": \"60s\", \"hold\": \"200ms\"}]}", false);
+
+        /* The last arrival is at 59960 ms, its hold ends at 60160 ms: second 61. */
+        assert_int_equal(r->end_ms, 60160);
+        assert_int_equal(r->peaks.n, 61);
+        assert_int_equal(peak_queue_max(&r->peaks), 0);
+        assert_int_equal(r->drained_ms, 200);
+        assert_true(r->first_refusal_ms == SIM_FOREVER);
+}
+
+static void test_jammed_worked_example(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{\"pool\": {\"limit\": 2, \"queue-timeout\": \"5m\"}, \"requests\": ["
+                " {\"name\": \"A\", \"at\": \"0s\", \"hold\": \"forever\"},"
+                " {\"name\": \"B\", \"at\": \"0s\", \"hold\": \"forever\"},"
+                " {\"name\": \"C\", \"at\": \"10s\", \"hold\": \"1m\"},"
+                " {\"name\": \"D\", \"at\": \"5min 11s\", \"hold\": \"1m\"}]}", false);
+
+        assert_int_equal(r->n_records, 4);
+        const SimRecord *c = &r->records[2], *d = &r->records[3];
+        assert_int_equal(c->outcome, SIM_OUTCOME_REFUSED);
+        assert_int_equal(c->refusal, REFUSAL_TIMEOUT);
+        assert_int_equal(c->state, QUEUE_STATE_KEEPING_UP);
+        assert_int_equal(c->budget, 300 * USEC_PER_SEC);
+        assert_int_equal(c->decided_ms, 310000);
+        assert_int_equal(d->arrived_ms, 311000);
+        assert_int_equal(d->state, QUEUE_STATE_SATURATED);
+        assert_int_equal(d->idle, 311 * USEC_PER_SEC);
+        assert_int_equal(d->budget, 30 * USEC_PER_SEC);
+        assert_int_equal(d->refusal, REFUSAL_SHED);
+        assert_int_equal(d->decided_ms, 341000);
+        assert_true(r->drained_ms == SIM_FOREVER); /* A and B hold forever */
+}
+
+static void test_max_hold_revocation_ends_the_lease_at_once(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{\"pools\": {\"p\": {\"limit\": 1}}, \"lanes\": {\"l\": {\"pools\": [\"p\"], \"max-hold\": \"3s\"}},"
+                " \"deadline\": \"4s\", \"requests\": ["
+                " {\"name\": \"A\", \"at\": \"0s\", \"hold\": \"forever\"},"
+                " {\"name\": \"B\", \"at\": \"1s\", \"hold\": \"10s\"}]}", false);
+
+        assert_int_equal(r->records[1].decided_ms, 3000);  /* A revoked at 3 s frees the slot for B */
+        assert_int_equal(r->records[1].waited_ms, 2000);
+        assert_int_equal(r->end_ms, 6000);                 /* B revoked at 3 s + 3 s */
+        assert_int_equal(r->drained_ms, 5000);
+        assert_int_equal(r->late, 1);                      /* B: 2 s wait + 3 s held > 4 s */
+}
+
+static void test_per_request_records_follow_arrival_order(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{\"pool\": {\"limit\": 1}, \"arrivals\": [{\"rate\": \"1/s\", \"for\": \"3s\", \"hold\": \"100ms\"}],"
+                " \"requests\": [{\"name\": \"X\", \"at\": \"1s\", \"hold\": \"1s\"}]}", true);
+
+        assert_int_equal(r->n_records, 4);
+        const uint64_t ids[] = { 0, 1, 3, 2 };
+        for (size_t i = 0; i < ELEMENTSOF(ids); i++)
+                assert_int_equal(r->records[i].id, ids[i]);
+        /* X arrived right after "2" at 1 s and waits for it: 100 ms. */
+        assert_int_equal(r->records[2].waited_ms, 100);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_peak_is_the_largest_count_in_its_second),
+                cmocka_unit_test(test_peak_second_without_instants_carries_the_current_count),
+                cmocka_unit_test(test_peak_before_the_first_instant_is_zero),
+                cmocka_unit_test(test_peak_counts_a_repeated_instant_once_settled),
+                cmocka_unit_test(test_format_tenths_floors),
+                cmocka_unit_test(test_splitmix64_is_seeded),
+                cmocka_unit_test(test_reference_40_per_second),
+                cmocka_unit_test(test_reference_burst_then_steady),
+                cmocka_unit_test(test_simulation_covers_every_second_until_the_last_hold_ends),
+                cmocka_unit_test(test_jammed_worked_example),
+                cmocka_unit_test(test_max_hold_revocation_ends_the_lease_at_once),
+                cmocka_unit_test(test_per_request_records_follow_arrival_order),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
