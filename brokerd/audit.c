@@ -1,25 +1,216 @@
 /* SPDX-License-Identifier: MIT */
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <syslog.h>
 
 #include "audit.h"
+#include "history.h"
 #include "lease.h"
 #include "log.h"
 #include "manager.h"
 
-static bool is_routine(const char *decision) {
-        return streq(decision, "granted") || streq(decision, "released");
+/* One MESSAGE_ID per decision, fixed forever: the journal catalog (units/slotbroker.catalog) explains each. */
+static const struct {
+        const char *decision;
+        const char *message_id;
+        const char *tag;
+        int priority;
+        bool routine; /* journaled only with audit = all */
+} decisions[] = {
+        { "granted", "4f244161cad643b4947fb481e7eb36ad", "LEASE_GRANTED", LOG_INFO, true },
+        { "released", "07775bc3af6047d6ab0d9bd49d41b10b", "LEASE_RELEASED", LOG_INFO, true },
+        { "cancelled", "7743832e4df5428a86b9c6a1c15c8b7c", "QUEUE_CANCELLED", LOG_INFO, true },
+        { "busy", "a1a991c3c12e4d2cb5c56b054695c258", "QUEUE_BUSY", LOG_NOTICE, false },
+        { "full", "cc15246e1da14187bfc22c683a0798e9", "QUEUE_FULL", LOG_WARNING, false },
+        { "timeout", "e21062bdaea848b7a9abefd8bb4f899d", "QUEUE_TIMEOUT", LOG_WARNING, false },
+        { "shed", "1f7f11e9eec84e6d9929be16c88a5ea5", "QUEUE_SHED", LOG_WARNING, false },
+        { "unavailable", "c2a3df104ea5463a815a6ad35366dbf3", "QUEUE_UNAVAILABLE", LOG_WARNING, false },
+        { "denied", "3ffb3355927943a2afe90967a212dcc1", "LANE_DENIED", LOG_WARNING, false },
+        { "revoked", "31753500d52c47f7851ae09419896386", "LEASE_REVOKED", LOG_NOTICE, false },
+        { "overdue", "75a490370b904c1cb50fe100bb7963ca", "LEASE_OVERDUE", LOG_WARNING, false },
+        { "restored", "786c4bac1ab141be8e629ad2d654d1d7", "LEASE_RESTORED", LOG_NOTICE, false },
+};
+#define MESSAGE_ID_CONGESTED "bea33a9df3d140f5b7d01ea4bf9aca7e"
+#define MESSAGE_ID_UNCONGESTED "bdc54e22d19e4e57a561169ac2768548"
+#define MESSAGE_ID_RELOAD "19905e0f437b4ad0a532f312640d8ed4"
+#define MESSAGE_ID_SUPPRESSED "45e9e5b1aa044c65a4d63010ef89a05b"
+
+static int decision_index(const char *decision) {
+        for (size_t i = 0; i < ELEMENTSOF(decisions); i++)
+                if (streq(decisions[i].decision, decision))
+                        return (int) i;
+        return -1;
+}
+
+void audit_init(Audit *a, const char *journal_socket) {
+        *a = (Audit) {};
+        journal_writer_init(&a->journal, journal_socket);
+}
+
+void audit_done(Audit *a) {
+        journal_writer_done(&a->journal);
+}
+
+/* Fields are formatted into one buffer; iovecs point into it. */
+typedef struct Fields {
+        char buf[4096];
+        size_t used;
+        struct iovec iov[32];
+        size_t n;
+} Fields;
+
+_printf_(2, 3) static void field(Fields *f, const char *fmt, ...) {
+        if (f->n >= ELEMENTSOF(f->iov) || f->used >= sizeof f->buf)
+                return;
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(f->buf + f->used, sizeof f->buf - f->used, fmt, ap);
+        va_end(ap);
+        if (k < 0)
+                return;
+        size_t len = MIN((size_t) k, sizeof f->buf - f->used - 1);
+        f->iov[f->n++] = (struct iovec) { .iov_base = f->buf + f->used, .iov_len = len };
+        f->used += len + 1;
+}
+
+static void journal_send(Manager *m, Fields *f) {
+        field(f, "SYSLOG_IDENTIFIER=brokerd");
+        (void) journal_writer_send(&m->audit.journal, f->iov, f->n);
+}
+
+static const char *usec_str(char *buf, size_t size, usec_t t) {
+        return timespan_format(buf, size, t);
+}
+
+static void compose_message(const AuditRecord *r, const char *tag, char *buf, size_t size) {
+        char w[TIMESPAN_MAX], b[TIMESPAN_MAX], i[TIMESPAN_MAX];
+        const char *d = r->decision, *pool = r->pool ?: "?", *lane = r->lane ?: "?";
+
+        if (streq(d, "busy"))
+                snprintf(buf, size, "[%s] Request of lane %s refused: no room in pool %s (retry after %u s)", tag, lane,
+                         pool, r->retry_after_sec);
+        else if (streq(d, "full"))
+                snprintf(buf, size, "[%s] Request of lane %s refused: the queue of pool %s is full (retry after %u s)",
+                         tag, lane, pool, r->retry_after_sec);
+        else if (streq(d, "timeout"))
+                snprintf(buf, size, "[%s] Request of lane %s refused after waiting %s on pool %s: its budget of %s ran out%s%s",
+                         tag, lane, usec_str(w, sizeof w, r->wait), pool, usec_str(b, sizeof b, r->budget),
+                         r->state ? " while " : "", r->state ?: "");
+        else if (streq(d, "shed"))
+                snprintf(buf, size,
+                         "[%s] Request of lane %s shed after %s on pool %s: saturated (no fast admission for %s), budget %s",
+                         tag, lane, usec_str(w, sizeof w, r->wait), pool, usec_str(i, sizeof i, r->idle),
+                         usec_str(b, sizeof b, r->budget));
+        else if (streq(d, "unavailable"))
+                snprintf(buf, size, "[%s] Request of lane %s refused: pool %s is %s", tag, lane, pool,
+                         r->reason ?: "drained or removed");
+        else if (streq(d, "denied"))
+                snprintf(buf, size, "[%s] uid %d may not use lane %s", tag, (int) r->uid, lane);
+        else if (r->lease)
+                snprintf(buf, size, "[%s] Lease %s of pool %s (lane %s%s%s) %s%s%s", tag, r->lease, pool, lane,
+                         r->job ? ", job " : "", r->job ?: "", d, r->reason ? ": " : "", r->reason ?: "");
+        else
+                snprintf(buf, size, "[%s] Request of lane %s on pool %s %s%s%s", tag, lane, pool, d,
+                         r->reason ? ": " : "", r->reason ?: "");
+}
+
+static void journal_decision(Manager *m, const AuditRecord *r, int k) {
+        Fields f = { .n = 0 };
+        char msg[1024];
+        compose_message(r, decisions[k].tag, msg, sizeof msg);
+        field(&f, "MESSAGE=%s", msg);
+        field(&f, "MESSAGE_ID=%s", decisions[k].message_id);
+        field(&f, "PRIORITY=%d", decisions[k].priority);
+        field(&f, "SLOT_DECISION=%s", r->decision);
+        if (r->pool)
+                field(&f, "SLOT_POOL=%s", r->pool);
+        if (r->lane)
+                field(&f, "SLOT_LANE=%s", r->lane);
+        if (r->job)
+                field(&f, "SLOT_JOB=%s", r->job);
+        if (r->lease)
+                field(&f, "SLOT_LEASE=%s", r->lease);
+        if (r->token)
+                field(&f, "SLOT_TOKEN=%llu", (unsigned long long) r->token);
+        if (r->wait != USEC_INFINITY)
+                field(&f, "SLOT_WAIT_USEC=%llu", (unsigned long long) r->wait);
+        if (r->hold != USEC_INFINITY)
+                field(&f, "SLOT_HOLD_USEC=%llu", (unsigned long long) r->hold);
+        if (r->budget != USEC_INFINITY)
+                field(&f, "SLOT_BUDGET_USEC=%llu", (unsigned long long) r->budget);
+        if (r->idle != USEC_INFINITY)
+                field(&f, "SLOT_IDLE_USEC=%llu", (unsigned long long) r->idle);
+        if (r->state)
+                field(&f, "SLOT_STATE=%s", r->state);
+        if (r->uid != (uid_t) -1)
+                field(&f, "SLOT_CLIENT_UID=%u", (unsigned) r->uid);
+        if (r->pid > 0)
+                field(&f, "SLOT_CLIENT_PID=%d", (int) r->pid);
+        if (r->retry_after_sec)
+                field(&f, "SLOT_RETRY_AFTER_SEC=%u", r->retry_after_sec);
+        if (r->reason)
+                field(&f, "SLOT_REASON=%s", r->reason);
+        journal_send(m, &f);
+}
+
+/* A storm of one kind is summarised: AUDIT_BURST entries per window, then a count. */
+static bool audit_admit(Audit *a, int k, usec_t now) {
+        AuditLimit *l = &a->limits[k];
+        if (now - l->window_start >= AUDIT_WINDOW_USEC) {
+                l->window_start = now;
+                l->in_window = 0;
+        }
+        if (l->in_window < AUDIT_BURST) {
+                l->in_window++;
+                return true;
+        }
+        l->suppressed++;
+        return false;
+}
+
+static void journal_suppressed(Manager *m, int k, unsigned long n) {
+        Fields f = { .n = 0 };
+        field(&f, "MESSAGE=[%s] %lu further %s decisions not journaled individually in the last %llus (see history)",
+              decisions[k].tag, n, decisions[k].decision, (unsigned long long) (AUDIT_WINDOW_USEC / USEC_PER_SEC));
+        field(&f, "MESSAGE_ID=%s", MESSAGE_ID_SUPPRESSED);
+        field(&f, "PRIORITY=%d", LOG_NOTICE);
+        field(&f, "SLOT_DECISION=%s", decisions[k].decision);
+        field(&f, "SLOT_SUPPRESSED=%lu", n);
+        journal_send(m, &f);
+}
+
+void audit_tick(Manager *m) {
+        Audit *a = &m->audit;
+        usec_t now = now_monotonic();
+        for (size_t k = 0; k < ELEMENTSOF(decisions); k++) {
+                AuditLimit *l = &a->limits[k];
+                if (l->suppressed > 0 && now - l->window_start >= AUDIT_WINDOW_USEC) {
+                        journal_suppressed(m, (int) k, l->suppressed);
+                        l->suppressed = 0;
+                }
+        }
+        journal_writer_flush(&a->journal);
+        unsigned long dropped = journal_writer_take_dropped(&a->journal);
+        if (dropped > 0) {
+                /* Said on stderr, which journald reads through another path, and counted for metrics. */
+                a->journal_dropped_total += dropped;
+                log_warning("journald did not keep up: %lu audit entries could not be sent (history has them).",
+                            dropped);
+        }
 }
 
 void audit_decision(Manager *m, const AuditRecord *r) {
-        char wait[TIMESPAN_MAX] = "-";
-        if (r->wait != USEC_INFINITY)
-                timespan_format(wait, sizeof wait, r->wait);
-        int level = is_routine(r->decision) && m->config->audit != AUDIT_ALL ? LOG_DEBUG : LOG_INFO;
-        log_full_errno(level, 0, "%s pool=%s lane=%s job=%s lease=%s uid=%d pid=%d wait=%s%s%s", r->decision,
-                       r->pool ?: "-", r->lane ?: "-", r->job ?: "-", r->lease ?: "-", (int) r->uid, (int) r->pid,
-                       wait, r->reason ? " reason=" : "", r->reason ?: "");
+        int k = decision_index(r->decision);
+        if (k < 0)
+                return;
+        if (m->history)
+                history_append(m->history, r, now_realtime());
+        if (decisions[k].routine && m->config->audit != AUDIT_ALL)
+                return;
+        if (audit_admit(&m->audit, k, now_monotonic()))
+                journal_decision(m, r, k);
 }
 
 void audit_lease(const Lease *l, const char *decision, const char *reason) {
@@ -38,7 +229,29 @@ void audit_lease(const Lease *l, const char *decision, const char *reason) {
 }
 
 void audit_congestion(Manager *m, const char *pool, bool congested, usec_t idle) {
-        char buf[TIMESPAN_MAX];
-        log_info("pool %s %s (idle %s)", pool, congested ? "congested" : "no longer congested",
-                 timespan_format(buf, sizeof buf, idle));
+        Fields f = { .n = 0 };
+        char i[TIMESPAN_MAX];
+        timespan_format(i, sizeof i, idle);
+        if (congested)
+                field(&f, "MESSAGE=[POOL_CONGESTED] Pool %s is congested: no room, and no fast admission for %s", pool, i);
+        else
+                field(&f, "MESSAGE=[POOL_UNCONGESTED] Pool %s is no longer congested", pool);
+        field(&f, "MESSAGE_ID=%s", congested ? MESSAGE_ID_CONGESTED : MESSAGE_ID_UNCONGESTED);
+        field(&f, "PRIORITY=%d", congested ? LOG_WARNING : LOG_NOTICE);
+        field(&f, "SLOT_POOL=%s", pool);
+        field(&f, "SLOT_CONGESTED=%d", congested);
+        field(&f, "SLOT_IDLE_USEC=%llu", (unsigned long long) idle);
+        journal_send(m, &f);
+}
+
+void audit_reload(Manager *m, bool ok, const char *detail) {
+        Fields f = { .n = 0 };
+        if (ok)
+                field(&f, "MESSAGE=[CONFIG_RELOADED] Configuration reloaded: %s", detail ?: "");
+        else
+                field(&f, "MESSAGE=[CONFIG_REJECTED] Configuration rejected, the previous one stays: %s", detail ?: "");
+        field(&f, "MESSAGE_ID=%s", MESSAGE_ID_RELOAD);
+        field(&f, "PRIORITY=%d", ok ? LOG_NOTICE : LOG_ERR);
+        field(&f, "SLOT_RELOAD=%s", ok ? "applied" : "rejected");
+        journal_send(m, &f);
 }

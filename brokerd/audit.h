@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
-/* audit.h — every decision, recorded once: the journal entry of SPEC §7 (and, with history, its row).
- * Callers describe what happened; this module decides what is written where. */
+/* audit.h — every decision, recorded once: a structured journal entry (SPEC §7: SLOT_* fields, a fixed
+ * MESSAGE_ID per decision, a tag opening MESSAGE) and a history row. Callers say what happened; this
+ * module decides what is written where, and summarises storms rather than flooding the journal. */
 #pragma once
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "journal.h"
 #include "time-util.h"
 
 typedef struct Manager Manager;
@@ -37,8 +39,31 @@ typedef struct AuditRecord {
                 .uid = (uid_t) -1,                                                                         \
         }
 
+/* Entries of one decision kind allowed per window before the rest are only counted. */
+#define AUDIT_BURST 100
+#define AUDIT_WINDOW_USEC (10 * USEC_PER_SEC)
+
+typedef struct AuditLimit {
+        usec_t window_start;
+        unsigned in_window;
+        unsigned long suppressed;
+} AuditLimit;
+
+typedef struct Audit {
+        JournalWriter journal;
+        AuditLimit limits[16];
+        unsigned long journal_dropped_total;
+} Audit;
+
+void audit_init(Audit *a, const char *journal_socket);
+void audit_done(Audit *a);
+/* Once a second: summaries of suppressed entries, and the journal backlog. */
+void audit_tick(Manager *m);
+
 void audit_decision(Manager *m, const AuditRecord *r);
 /* A lease-level decision (released, revoked, overdue, restored), filled from the lease. */
 void audit_lease(const Lease *l, const char *decision, const char *reason);
 /* The congested gauge of a pool changed. */
 void audit_congestion(Manager *m, const char *pool, bool congested, usec_t idle);
+/* A reload applied (ok) or rejected (first error). */
+void audit_reload(Manager *m, bool ok, const char *detail);

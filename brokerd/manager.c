@@ -240,6 +240,7 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
         acquire_send_positions(m);
+        audit_tick(m);
         list_foreach_safe(n, &m->leases)
                 lease_poll_command(container_of(n, Lease, node));
         if (m->status_dirty)
@@ -285,6 +286,12 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         if (r < 0) {
                 (void) sd_notify(false, "READY=1");
                 log_error_errno(r, "Reloading the configuration failed; the old one stays: %m");
+                char detail[512] = "";
+                if (errors->n_errors > 0)
+                        snprintf(detail, sizeof detail, "%s%s%s%s%s", errors->errors[0].where ?: "",
+                                 errors->errors[0].where ? ": " : "", errors->errors[0].key ?: "",
+                                 errors->errors[0].key ? ": " : "", errors->errors[0].message ?: "");
+                audit_reload(m, false, errors->n_errors > 0 ? detail : strerror(-r));
                 manager_status_changed(m);
                 return r;
         }
@@ -295,7 +302,10 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         m->n_acls = n_acls;
         conf_free(m->config);
         m->config = TAKE_PTR(c);
-        log_info("Configuration reloaded: %zu pools, %zu lanes.", m->config->n_pools, m->config->n_lanes);
+        char detail[128];
+        snprintf(detail, sizeof detail, "%zu pools, %zu lanes", m->config->n_pools, m->config->n_lanes);
+        log_info("Configuration reloaded: %s.", detail);
+        audit_reload(m, true, detail);
         (void) sd_notify(false, "READY=1");
         manager_update_status(m);
         manager_sync(m);
@@ -483,6 +493,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         if (!m)
                 return log_oom();
         m->listen_fd = -EBADF;
+        audit_init(&m->audit, getenv("SLOTBROKER_JOURNAL_SOCKET"));
         list_init(&m->connections);
         list_init(&m->closed_connections);
         list_init(&m->leases);
@@ -602,6 +613,7 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->watchdog_timer);
         sd_event_source_disable_unref(m->gc_source);
         engine_free(m->engine);
+        audit_done(&m->audit);
         acls_free(m->acls, m->n_acls);
         conf_free(m->config);
         free(m->uid_usage);

@@ -6,12 +6,14 @@
 #include <stdbool.h>
 #include <systemd/sd-event.h>
 
+#include "audit.h"
 #include "conf.h"
 #include "engine.h"
 #include "list.h"
 #include "time-util.h"
 
 typedef struct Connection Connection;
+typedef struct History History;
 typedef struct Lease Lease;
 
 /* Connections and waiters per uid, for the limits of SPEC §10. */
@@ -40,6 +42,9 @@ typedef struct Manager {
         char *socket_path;              /* where we listen (self-bound), or NULL under socket activation */
         bool socket_bound_here;
         char *state_directory;
+
+        Audit audit;
+        History *history;               /* NULL until opened */
 
         Engine *engine;
         uint64_t random_state;          /* unused with getrandom(); kept for a seeded test mode */

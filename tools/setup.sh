@@ -1,0 +1,28 @@
+#!/bin/bash
+# Installs slotbroker's build dependencies from Debian's packages (as root, when any is missing),
+# then configures and compiles into ./build. Used by the README's two commands and by CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+        build-essential meson ninja-build pkg-config
+        libsystemd-dev libsqlite3-dev libjansson-dev libcmocka-dev libinih-dev
+        scdoc python3 systemd util-linux procps sqlite3
+        clang libclang-rt-dev valgrind
+        debootstrap zstd
+)
+missing=()
+for p in "${packages[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+        echo "==> Installing: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -f build/build.ninja ]; then
+        meson setup build -Dwerror=true -Dtests=enabled
+fi
+ninja -C build
