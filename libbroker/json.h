@@ -52,7 +52,8 @@ typedef enum JsonDispatchFlags {
 /* Checks every key of object (NULL counts as {}) against table, then stores the values. Nothing is
  * written unless everything is valid. Returns 0; -EINVAL for an unknown key, a missing mandatory one,
  * a wrong type, a number out of range, a string with a NUL or over its cap — and then points
- * *reterr_parameter (if not NULL) at the offending name, for InvalidParameter; -ENOMEM. */
+ * *reterr_parameter (if not NULL) at the offending name, for InvalidParameter (borrowed from the table
+ * or the object); -ENOMEM. */
 int json_dispatch(json_t *object, const JsonField table[], JsonDispatchFlags flags, const char **reterr_parameter);
 
 /* Parses exactly size bytes as one JSON object (NUL escapes allowed in strings, duplicate keys refused).

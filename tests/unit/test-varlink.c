@@ -590,6 +590,31 @@ static void test_output_json_past_cap_leaves_queue_as_it_was(void **state) {
         safe_close(sv[1]);
 }
 
+static void test_output_refused_message_frees_its_chunks(void **state) {
+        VarlinkOutput out;
+        const size_t n = 5000;
+        _cleanup_free_ char *s = malloc(n + 1);
+
+        assert_non_null(s);
+        memset(s, 'x', n);
+        s[n] = 0;
+        _cleanup_(json_decrefp) json_t *m = json_pack("{s:s}", "parameters", s);
+        _cleanup_(json_decrefp) json_t *small = parse("{\"parameters\":{}}");
+
+        /* Refused only at its last bytes, after it filled new chunks: into an empty queue, then behind a
+         * message that stays. */
+        varlink_output_init(&out, n + 10);
+        assert_int_equal(varlink_output_enqueue_json(&out, m), -ENOBUFS);
+        assert_int_equal(varlink_output_pending(&out), 0);
+        assert_null(out.head);
+        assert_null(out.tail);
+        assert_int_equal(varlink_output_enqueue_json(&out, small), 0);
+        assert_int_equal(varlink_output_enqueue_json(&out, m), -ENOBUFS);
+        assert_int_equal(varlink_output_pending(&out), 18);
+        assert_ptr_equal(out.head, out.tail);
+        varlink_output_done(&out);
+}
+
 static void test_output_spans_chunks_for_large_messages(void **state) {
         VarlinkOutput out;
         int sv[2];
@@ -1235,6 +1260,7 @@ int main(void) {
                 cmocka_unit_test(test_input_gives_memory_back_when_empty),
                 cmocka_unit_test(test_output_refuses_past_cap),
                 cmocka_unit_test(test_output_json_past_cap_leaves_queue_as_it_was),
+                cmocka_unit_test(test_output_refused_message_frees_its_chunks),
                 cmocka_unit_test(test_output_spans_chunks_for_large_messages),
                 cmocka_unit_test(test_stream_round_trip_over_socketpair),
                 cmocka_unit_test(test_stream_keeps_partial_writes_for_a_slow_reader),
