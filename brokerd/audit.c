@@ -205,6 +205,7 @@ void audit_decision(Manager *m, const AuditRecord *r) {
         int k = decision_index(r->decision);
         if (k < 0)
                 return;
+        metrics_record(&m->metrics, r);
         if (m->history)
                 history_append(m->history, r, now_realtime());
         if (decisions[k].routine && m->config->audit != AUDIT_ALL)

@@ -6,6 +6,7 @@
 
 #include "audit.h"
 #include "connection.h"
+#include "history.h"
 #include "lease.h"
 #include "log.h"
 #include "manager.h"
@@ -39,7 +40,7 @@ bool connection_is_waiting(const Connection *c) {
 
 /* An open Acquire, or a lease held by this connection, answers first: later calls wait (SPEC §5). */
 static bool connection_busy(const Connection *c) {
-        return c->acquire.active || c->lease;
+        return c->acquire.active || c->lease || c->history_pending;
 }
 
 static void connection_update_events(Connection *c) {
@@ -221,6 +222,8 @@ void connection_close(Connection *c) {
                 return;
         Manager *m = c->manager;
         c->closed = true;
+        if (c->history_pending && m->history)
+                history_cancel(m->history, c);
 
         AcquireCall *a = &c->acquire;
         if (a->request && engine_request_is_waiting(a->request)) {

@@ -49,6 +49,7 @@ struct Connection {
         AcquireCall acquire;
         Lease *lease;              /* the lease this connection holds (its life line), if any */
         bool oneway;               /* the call being run wants no reply */
+        bool history_pending;      /* a History call is answered later, from the writer thread */
         bool closed;
 };
 

@@ -23,6 +23,8 @@
 #include "manager.h"
 
 #define TICK_USEC USEC_PER_SEC
+/* node_exporter scrapes every 15-60 s: fresher files would only cost writes. */
+#define METRICS_TEXTFILE_INTERVAL (15 * USEC_PER_SEC)
 /* Connections accepted per wakeup of the listening socket: a connect storm cannot hold the loop. */
 #define ACCEPTS_PER_WAKEUP 64
 
@@ -241,6 +243,10 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
 
         acquire_send_positions(m);
         audit_tick(m);
+        if (m->config->metrics_textfile && now_monotonic() - m->metrics.last_textfile >= METRICS_TEXTFILE_INTERVAL) {
+                m->metrics.last_textfile = now_monotonic();
+                metrics_write_textfile(m);
+        }
         list_foreach_safe(n, &m->leases)
                 lease_poll_command(container_of(n, Lease, node));
         if (m->status_dirty)
@@ -614,6 +620,7 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->gc_source);
         engine_free(m->engine);
         audit_done(&m->audit);
+        metrics_done(&m->metrics);
         acls_free(m->acls, m->n_acls);
         conf_free(m->config);
         free(m->uid_usage);

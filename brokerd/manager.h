@@ -10,6 +10,7 @@
 #include "conf.h"
 #include "engine.h"
 #include "list.h"
+#include "metrics.h"
 #include "time-util.h"
 
 typedef struct Connection Connection;
@@ -44,6 +45,7 @@ typedef struct Manager {
         char *state_directory;
 
         Audit audit;
+        Metrics metrics;
         History *history;               /* NULL until opened */
 
         Engine *engine;

@@ -1,0 +1,286 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "connection.h"
+#include "history.h"
+#include "lease.h"
+#include "log.h"
+#include "manager.h"
+#include "metrics.h"
+
+static const double wait_bounds[METRICS_WAIT_BUCKETS] = { 0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800, 3600 };
+static const double hold_bounds[METRICS_HOLD_BUCKETS] = { 1, 10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 86400 };
+
+void metrics_done(Metrics *m) {
+        for (size_t i = 0; i < m->n_series; i++) {
+                free(m->series[i].pool);
+                free(m->series[i].lane);
+                free(m->series[i].reason);
+        }
+        for (size_t i = 0; i < m->n_pools; i++)
+                free(m->pools[i].pool);
+        free(m->series);
+        free(m->pools);
+        *m = (Metrics) {};
+}
+
+static MetricsSeries *series_get(Metrics *m, const char *pool, const char *lane, const char *reason) {
+        for (size_t i = 0; i < m->n_series; i++) {
+                MetricsSeries *s = &m->series[i];
+                if (streq(s->pool, pool) && streq(s->lane, lane) && streq_ptr(s->reason, reason))
+                        return s;
+        }
+        MetricsSeries *a = reallocarray(m->series, m->n_series + 1, sizeof(MetricsSeries));
+        if (!a)
+                return NULL;
+        m->series = a;
+        MetricsSeries *s = &a[m->n_series];
+        *s = (MetricsSeries) { .pool = strdup(pool), .lane = strdup(lane), .reason = reason ? strdup(reason) : NULL };
+        if (!s->pool || !s->lane || (reason && !s->reason)) {
+                free(s->pool);
+                free(s->lane);
+                free(s->reason);
+                return NULL;
+        }
+        m->n_series++;
+        return s;
+}
+
+static MetricsPool *pool_get(Metrics *m, const char *pool) {
+        for (size_t i = 0; i < m->n_pools; i++)
+                if (streq(m->pools[i].pool, pool))
+                        return &m->pools[i];
+        MetricsPool *a = reallocarray(m->pools, m->n_pools + 1, sizeof(MetricsPool));
+        if (!a)
+                return NULL;
+        m->pools = a;
+        a[m->n_pools] = (MetricsPool) { .pool = strdup(pool) };
+        if (!a[m->n_pools].pool)
+                return NULL;
+        return &a[m->n_pools++];
+}
+
+static void histogram_observe(MetricsHistogram *h, const double *bounds, size_t n, double v) {
+        for (size_t i = 0; i < n; i++)
+                if (v <= bounds[i])
+                        h->counts[i]++; /* cumulative, as Prometheus wants the buckets */
+        h->total++;
+        h->sum += v;
+}
+
+static bool is_refusal(const char *d) {
+        return streq(d, "busy") || streq(d, "full") || streq(d, "timeout") || streq(d, "shed") ||
+               streq(d, "unavailable");
+}
+
+void metrics_record(Metrics *m, const AuditRecord *r) {
+        if (streq(r->decision, "denied")) {
+                m->denied++;
+                return;
+        }
+        if (!r->pool || !r->lane)
+                return;
+        if (streq(r->decision, "granted")) {
+                MetricsSeries *s = series_get(m, r->pool, r->lane, NULL);
+                if (s)
+                        s->count++;
+                MetricsPool *p = pool_get(m, r->pool);
+                if (p && r->wait != USEC_INFINITY)
+                        histogram_observe(&p->wait, wait_bounds, METRICS_WAIT_BUCKETS, (double) r->wait / 1e6);
+        } else if (is_refusal(r->decision)) {
+                MetricsSeries *s = series_get(m, r->pool, r->lane, r->decision);
+                if (s)
+                        s->count++;
+        } else if ((streq(r->decision, "released") || streq(r->decision, "revoked")) && r->hold != USEC_INFINITY) {
+                MetricsPool *p = pool_get(m, r->pool);
+                if (p)
+                        histogram_observe(&p->hold, hold_bounds, METRICS_HOLD_BUCKETS, (double) r->hold / 1e6);
+        }
+}
+
+/* Label values: backslash, quote and newline escaped (the exposition format's rules). */
+static void put_label(FILE *f, const char *v) {
+        for (; *v; v++)
+                switch (*v) {
+                case '\\':
+                        fputs("\\\\", f);
+                        break;
+                case '"':
+                        fputs("\\\"", f);
+                        break;
+                case '\n':
+                        fputs("\\n", f);
+                        break;
+                default:
+                        fputc(*v, f);
+                }
+}
+
+static void header(FILE *f, const char *name, const char *type, const char *help) {
+        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void pool_gauge(FILE *f, const char *name, const char *pool, uint64_t v) {
+        fprintf(f, "%s{pool=\"", name);
+        put_label(f, pool);
+        fprintf(f, "\"} %llu\n", (unsigned long long) v);
+}
+
+static void histogram(FILE *f, const char *name, const char *pool, const MetricsHistogram *h, const double *bounds,
+                      size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                fprintf(f, "%s_bucket{pool=\"", name);
+                put_label(f, pool);
+                fprintf(f, "\",le=\"%g\"} %llu\n", bounds[i], (unsigned long long) h->counts[i]);
+        }
+        fprintf(f, "%s_bucket{pool=\"", name);
+        put_label(f, pool);
+        fprintf(f, "\",le=\"+Inf\"} %llu\n", (unsigned long long) h->total);
+        fprintf(f, "%s_sum{pool=\"", name);
+        put_label(f, pool);
+        fprintf(f, "\"} %.6f\n", h->sum);
+        fprintf(f, "%s_count{pool=\"", name);
+        put_label(f, pool);
+        fprintf(f, "\"} %llu\n", (unsigned long long) h->total);
+}
+
+int metrics_render(Manager *m, char **ret) {
+        char *buf = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&buf, &size);
+        if (!f)
+                return -ENOMEM;
+        usec_t now = now_monotonic();
+        size_t n = engine_pool_count(m->engine);
+        EnginePoolInfo info;
+
+        static const struct {
+                const char *name, *help;
+        } gauges[] = {
+                { "slotbroker_slots", "Slots in the pool (its limit)." },
+                { "slotbroker_slots_in_use", "Slots held by leases." },
+                { "slotbroker_queue_length", "Requests waiting in the pool's queue." },
+                { "slotbroker_queue_congested", "1 while a new request would be queued with the saturated budget." },
+        };
+        for (size_t g = 0; g < ELEMENTSOF(gauges); g++) {
+                header(f, gauges[g].name, "gauge", gauges[g].help);
+                for (size_t i = 0; i < n; i++) {
+                        if (engine_pool_info(m->engine, i, now, &info) < 0)
+                                continue;
+                        uint64_t v = g == 0 ? info.limit : g == 1 ? info.in_use : g == 2 ? info.waiting : info.congested;
+                        pool_gauge(f, gauges[g].name, info.name, v);
+                }
+        }
+
+        header(f, "slotbroker_granted_total", "counter", "Requests granted, by pool and lane.");
+        for (size_t i = 0; i < m->metrics.n_series; i++) {
+                const MetricsSeries *s = &m->metrics.series[i];
+                if (s->reason)
+                        continue;
+                fputs("slotbroker_granted_total{pool=\"", f);
+                put_label(f, s->pool);
+                fputs("\",lane=\"", f);
+                put_label(f, s->lane);
+                fprintf(f, "\"} %llu\n", (unsigned long long) s->count);
+        }
+        header(f, "slotbroker_rejected_total", "counter", "Requests refused, by pool, lane and reason.");
+        for (size_t i = 0; i < m->metrics.n_series; i++) {
+                const MetricsSeries *s = &m->metrics.series[i];
+                if (!s->reason)
+                        continue;
+                fputs("slotbroker_rejected_total{pool=\"", f);
+                put_label(f, s->pool);
+                fputs("\",lane=\"", f);
+                put_label(f, s->lane);
+                fputs("\",reason=\"", f);
+                put_label(f, s->reason);
+                fprintf(f, "\"} %llu\n", (unsigned long long) s->count);
+        }
+        header(f, "slotbroker_wait_seconds", "histogram", "Time granted requests waited.");
+        for (size_t i = 0; i < m->metrics.n_pools; i++)
+                histogram(f, "slotbroker_wait_seconds", m->metrics.pools[i].pool, &m->metrics.pools[i].wait, wait_bounds,
+                          METRICS_WAIT_BUCKETS);
+        header(f, "slotbroker_hold_seconds", "histogram", "Time leases were held.");
+        for (size_t i = 0; i < m->metrics.n_pools; i++)
+                histogram(f, "slotbroker_hold_seconds", m->metrics.pools[i].pool, &m->metrics.pools[i].hold, hold_bounds,
+                          METRICS_HOLD_BUCKETS);
+
+        header(f, "slotbroker_denied_total", "counter", "Requests refused by a lane's access list.");
+        fprintf(f, "slotbroker_denied_total %llu\n", (unsigned long long) m->metrics.denied);
+        header(f, "slotbroker_connections", "gauge", "Open client connections.");
+        fprintf(f, "slotbroker_connections %u\n", m->n_connections);
+        header(f, "slotbroker_leases", "gauge", "Leases, held or waiting for their command to end.");
+        fprintf(f, "slotbroker_leases %u\n", m->n_leases);
+        header(f, "slotbroker_journal_dropped_total", "counter", "Audit entries journald did not take in time.");
+        fprintf(f, "slotbroker_journal_dropped_total %lu\n", m->audit.journal_dropped_total);
+        if (m->history) {
+                HistoryStats hs;
+                history_get_stats(m->history, &hs);
+                header(f, "slotbroker_history_healthy", "gauge", "1 while the history database can be written.");
+                fprintf(f, "slotbroker_history_healthy %d\n", hs.healthy);
+                header(f, "slotbroker_history_rows_dropped_total", "counter", "History rows lost to a full backlog.");
+                fprintf(f, "slotbroker_history_rows_dropped_total %llu\n", (unsigned long long) hs.rows_dropped);
+        }
+        if (fclose(f) != 0) {
+                free(buf);
+                return -ENOMEM;
+        }
+        *ret = buf;
+        return 0;
+}
+
+typedef struct TextfileJob {
+        char *path;
+        char *text;
+} TextfileJob;
+
+/* Runs off the loop: the metrics file lives on a disk the loop must never wait for. */
+static void *textfile_thread(void *p) {
+        TextfileJob *job = p;
+        char *tmp = NULL;
+        if (asprintf(&tmp, "%s.tmp.%d", job->path, (int) getpid()) >= 0) {
+                int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+                if (fd >= 0) {
+                        size_t len = strlen(job->text);
+                        bool ok = write(fd, job->text, len) == (ssize_t) len && fsync(fd) == 0;
+                        ok = close(fd) == 0 && ok;
+                        if (!ok || rename(tmp, job->path) < 0)
+                                (void) unlink(tmp);
+                }
+                free(tmp);
+        }
+        free(job->path);
+        free(job->text);
+        free(job);
+        return NULL;
+}
+
+void metrics_write_textfile(Manager *m) {
+        if (!m->config->metrics_textfile)
+                return;
+        TextfileJob *job = calloc(1, sizeof(TextfileJob));
+        if (!job)
+                return;
+        job->path = strdup(m->config->metrics_textfile);
+        if (!job->path || metrics_render(m, &job->text) < 0) {
+                free(job->path);
+                free(job);
+                return;
+        }
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &attr, textfile_thread, job) != 0) {
+                free(job->path);
+                free(job->text);
+                free(job);
+        }
+        pthread_attr_destroy(&attr);
+}

@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+/* metrics.h — counters and histograms of decisions, and their Prometheus text (SPEC §7), also written
+ * atomically to metrics-textfile= for node_exporter's textfile collector. */
+#pragma once
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "audit.h"
+#include "time-util.h"
+
+typedef struct Manager Manager;
+
+#define METRICS_WAIT_BUCKETS 12
+#define METRICS_HOLD_BUCKETS 11
+
+typedef struct MetricsHistogram {
+        uint64_t counts[METRICS_HOLD_BUCKETS > METRICS_WAIT_BUCKETS ? METRICS_HOLD_BUCKETS : METRICS_WAIT_BUCKETS];
+        uint64_t total;
+        double sum; /* seconds */
+} MetricsHistogram;
+
+/* One labelled series: pool, lane and (for refusals) reason; names are the engine's interned strings or
+ * the audit table's constants, so they outlive the series. */
+typedef struct MetricsSeries {
+        char *pool;
+        char *lane;
+        char *reason;      /* NULL: granted */
+        uint64_t count;
+} MetricsSeries;
+
+typedef struct MetricsPool {
+        char *pool;
+        MetricsHistogram wait;
+        MetricsHistogram hold;
+} MetricsPool;
+
+typedef struct Metrics {
+        MetricsSeries *series;
+        size_t n_series;
+        MetricsPool *pools;
+        size_t n_pools;
+        uint64_t denied;
+        usec_t last_textfile;
+} Metrics;
+
+void metrics_done(Metrics *m);
+/* Counts one decision (called by the audit sink, for every decision). */
+void metrics_record(Metrics *m, const AuditRecord *r);
+/* The exposition text. Returns 0 or -ENOMEM; *ret is malloc'ed. */
+int metrics_render(Manager *m, char **ret);
+/* Writes metrics-textfile= (if set) through a short-lived thread: temp file, fsync, rename. */
+void metrics_write_textfile(Manager *m);
