@@ -51,7 +51,7 @@ static void int_range(const JsonField *f, int64_t *ret_min, int64_t *ret_max) {
 }
 
 static bool field_value_ok(const JsonField *f, const json_t *v) {
-        size_t cap = f->max_length > 0 ? f->max_length : 0;
+        size_t cap = f->max_length; /* 0: the default for the type */
 
         switch (f->type) {
         case JSON_FIELD_STRING:

@@ -408,10 +408,19 @@ static int input_reserve(VarlinkInput *in, size_t size) {
                 in->end = n;
                 in->start = 0;
         }
+        if (size > SIZE_MAX / 4 - in->end)
+                return -ENOMEM;
+        size_t need = MAX(in->end + size, VARLINK_READ_SIZE);
+        if (in->allocated > 4 * need) {
+                /* A large message has gone through: do not keep its buffer for the small ones behind it. */
+                char *d = realloc(in->data, 2 * need);
+                if (d) {
+                        in->data = d;
+                        in->allocated = 2 * need;
+                }
+        }
         if (in->allocated - in->end >= size)
                 return 0;
-        if (size > SIZE_MAX / 2 - in->end)
-                return -ENOMEM;
 
         size_t a = MAX(in->end + size, 2 * in->allocated);
         char *d = realloc(in->data, a);
@@ -631,6 +640,9 @@ int varlink_output_flush(VarlinkOutput *out, int fd) {
                                 return -EAGAIN;
                         return negative_errno();
                 }
+
+                if (k == 0)
+                        return -EIO; /* cannot happen on a stream socket: never spin on it */
 
                 /* Drop what went out; a partial write leaves the first chunk with an offset. */
                 size_t sent = (size_t) k;

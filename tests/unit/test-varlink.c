@@ -550,6 +550,29 @@ static void test_input_gives_memory_back_when_empty(void **state) {
         varlink_input_done(&in);
 }
 
+static void test_input_shrinks_after_a_large_message(void **state) {
+        VarlinkInput in;
+        const size_t n = 1 << 20;
+        _cleanup_free_ char *big = malloc(n + 16);
+        json_t *m = NULL;
+
+        assert_non_null(big);
+        char *p = stpcpy(big, "{\"a\":\"");
+        memset(p, 'x', n);
+        p = stpcpy(p + n, "\"}");
+        *p++ = 0;
+        *p++ = '{'; /* the start of the next message */
+        varlink_input_init(&in, VARLINK_REPLY_MAX_DEFAULT);
+        assert_int_equal(varlink_input_feed(&in, big, p - big), 0);
+        assert_int_equal(varlink_input_next(&in, &m), 1);
+        json_decref(m);
+        assert_true(in.allocated > n);
+        assert_int_equal(varlink_input_feed(&in, "}", 2), 0);
+        assert_true(in.allocated <= 2 * VARLINK_READ_SIZE);
+        assert_int_equal(take_all(&in, "{}"), 1);
+        varlink_input_done(&in);
+}
+
 /* ---- output ---- */
 
 static void test_output_refuses_past_cap(void **state) {
@@ -1258,6 +1281,7 @@ int main(void) {
                 cmocka_unit_test(test_input_refuses_non_object),
                 cmocka_unit_test(test_input_refuses_empty_message),
                 cmocka_unit_test(test_input_gives_memory_back_when_empty),
+                cmocka_unit_test(test_input_shrinks_after_a_large_message),
                 cmocka_unit_test(test_output_refuses_past_cap),
                 cmocka_unit_test(test_output_json_past_cap_leaves_queue_as_it_was),
                 cmocka_unit_test(test_output_refused_message_frees_its_chunks),
