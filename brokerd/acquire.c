@@ -13,6 +13,8 @@
 
 #define JOB_MAX 1024
 
+static void answer_grant(Connection *c, Lease *l);
+
 static int reply_invalid_parameter(Connection *c, const char *parameter) {
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "parameter", parameter);
         return connection_reply_error(c, VARLINK_ERROR_INVALID_PARAMETER, p);
@@ -75,9 +77,19 @@ void acquire_start(Connection *c, const VarlinkCall *call) {
                 return;
         }
         if (reclaim) {
-                /* Leases outlive a restart only with history (persisted leases); none is restored here. */
-                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", reclaim);
-                connection_reply_error(c, "io.slotbroker.NoSuchLease", p);
+                /* After a restart: the owner takes back a lease it held; no new request is made. */
+                Lease *l = manager_find_lease(m, reclaim);
+                if (!l || (l->uid != c->cred.uid && c->cred.uid != 0) || !streq(engine_lease_lane(l->engine_lease), lane) ||
+                    lease_reclaim(l, c) < 0) {
+                        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", reclaim);
+                        connection_reply_error(c, "io.slotbroker.NoSuchLease", p);
+                        return;
+                }
+                log_info("Lease %s reclaimed by pid %d.", l->id, (int) c->cred.pid);
+                a->active = true;
+                a->more = call->flags & VARLINK_CALL_MORE;
+                a->detach = false;
+                answer_grant(c, l);
                 return;
         }
 
@@ -206,6 +218,80 @@ static void on_queued(Manager *m, Connection *c, const EngineEvent *ev) {
                 send_position(c, now_monotonic());
 }
 
+/* Sends the grant to the client that asked (SPEC §5: continues while the connection is the life line). */
+static void answer_grant(Connection *c, Lease *l) {
+        AcquireCall *a = &c->acquire;
+        _cleanup_(json_decrefp) json_t *lease = lease_to_json(l);
+        _cleanup_(json_decrefp) json_t *p = lease ? json_pack("{s:s, s:O}", "state", "granted", "lease", lease) : NULL;
+        bool continues = a->more && !a->detach;
+        if (!p) {
+                log_oom();
+                connection_close(c);
+                return;
+        }
+        connection_reply(c, p, continues);
+        a->request = engine_request_unref(a->request);
+        if (!continues) {
+                /* A plain Acquire ends with the grant; a detached lease leaves the connection free. */
+                a->active = false;
+                if (a->detach)
+                        connection_acquire_done(c);
+        }
+}
+
+static void audit_grant(Manager *m, const Lease *l, const LeaseGrant *g) {
+        AuditRecord rec = AUDIT_RECORD_INIT;
+        rec.decision = "granted";
+        rec.pool = engine_lease_pool(l->engine_lease);
+        rec.lane = engine_lease_lane(l->engine_lease);
+        rec.job = l->job;
+        rec.lease = l->id;
+        rec.token = engine_lease_token(l->engine_lease);
+        rec.wait = g->wait;
+        rec.budget = g->budget;
+        rec.idle = g->idle;
+        rec.state = queue_state_to_string(g->state);
+        rec.uid = l->uid;
+        rec.pid = l->pid;
+        audit_decision(m, &rec);
+}
+
+/* The lease row is durable (or history is degraded): now the grant may be answered (SPEC §3.4). */
+static void on_lease_persisted(Lease *l, int result) {
+        Manager *m = l->manager;
+        Connection *c = l->requester;
+
+        l->requester = NULL;
+        if (c)
+                c->acquire.pending = NULL;
+        if (result < 0) {
+                /* Never granted unpersisted: give the slots back and refuse. */
+                log_warning_errno(result, "Could not persist lease %s; refusing the request: %m", l->id);
+                AuditRecord rec = AUDIT_RECORD_INIT;
+                rec.decision = "unavailable";
+                rec.pool = engine_lease_pool(l->engine_lease);
+                rec.lane = engine_lease_lane(l->engine_lease);
+                rec.job = l->job;
+                rec.uid = l->uid;
+                rec.pid = l->pid;
+                rec.reason = "the lease could not be written to the state directory";
+                audit_decision(m, &rec);
+                if (c && !c->closed) {
+                        _cleanup_(json_decrefp) json_t *p =
+                                json_pack("{s:i, s:s, s:s}", "retryAfterSec", 5, "pool", rec.pool, "reason", "state not writable");
+                        c->lease = NULL;
+                        l->holder = NULL;
+                        connection_reply_error(c, "io.slotbroker.Unavailable", p);
+                        connection_acquire_done(c);
+                }
+                lease_discard(l);
+                return;
+        }
+        audit_grant(m, l, &l->grant);
+        if (c && !c->closed)
+                answer_grant(c, l);
+}
+
 static void on_granted(Manager *m, Connection *c, const EngineEvent *ev) {
         AcquireCall *a = &c->acquire;
         Lease *l;
@@ -225,43 +311,23 @@ static void on_granted(Manager *m, Connection *c, const EngineEvent *ev) {
                 return;
         }
         a->has_command = false;
-
-        AuditRecord rec = AUDIT_RECORD_INIT;
-        rec.decision = "granted";
-        rec.pool = ev->pool;
-        rec.lane = ev->lane;
-        rec.job = l->job;
-        rec.lease = l->id;
-        rec.token = engine_lease_token(ev->lease);
-        rec.wait = ev->wait;
-        rec.budget = ev->queued ? ev->budget : USEC_INFINITY;
-        rec.idle = ev->queued ? ev->idle : USEC_INFINITY;
-        rec.state = ev->queued ? queue_state_to_string(ev->state) : NULL;
-        rec.uid = c->cred.uid;
-        rec.pid = c->cred.pid;
-        audit_decision(m, &rec);
+        l->grant = (LeaseGrant) {
+                .wait = ev->wait,
+                .budget = ev->queued ? ev->budget : USEC_INFINITY,
+                .idle = ev->queued ? ev->idle : USEC_INFINITY,
+                .state = ev->queued ? ev->state : QUEUE_STATE_NONE,
+        };
 
         if (c->closed) {
                 /* Gone between the decision and now: the lease lives on only if its command does. */
+                audit_grant(m, l, &l->grant);
+                lease_persist(l, NULL);
                 lease_holder_gone(l);
                 return;
         }
-        _cleanup_(json_decrefp) json_t *lease = lease_to_json(l);
-        _cleanup_(json_decrefp) json_t *p = lease ? json_pack("{s:s, s:O}", "state", "granted", "lease", lease) : NULL;
-        bool continues = a->more && !a->detach;
-        if (!p) {
-                log_oom();
-                connection_close(c);
-                return;
-        }
-        connection_reply(c, p, continues);
-        a->request = engine_request_unref(a->request);
-        if (!continues) {
-                /* A plain Acquire ends with the grant; a detached lease leaves the connection free. */
-                a->active = false;
-                if (a->detach)
-                        connection_acquire_done(c);
-        }
+        a->pending = l;
+        l->requester = c;
+        lease_persist(l, on_lease_persisted);
 }
 
 static const char *refusal_error(Refusal r) {

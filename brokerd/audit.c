@@ -77,7 +77,11 @@ _printf_(2, 3) static void field(Fields *f, const char *fmt, ...) {
 
 static void journal_send(Manager *m, Fields *f) {
         field(f, "SYSLOG_IDENTIFIER=brokerd");
-        (void) journal_writer_send(&m->audit.journal, f->iov, f->n);
+        if (journal_writer_send(&m->audit.journal, f->iov, f->n) != -ENOTCONN)
+                return;
+        /* Without journald (brokerd started by hand), the message goes to stderr: still seen, still once. */
+        if (f->n > 0 && f->iov[0].iov_len > 8 && strncmp(f->iov[0].iov_base, "MESSAGE=", 8) == 0)
+                log_info("%.*s", (int) f->iov[0].iov_len - 8, (const char *) f->iov[0].iov_base + 8);
 }
 
 static const char *usec_str(char *buf, size_t size, usec_t t) {

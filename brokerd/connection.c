@@ -248,6 +248,10 @@ void connection_close(Connection *c) {
         a->request = engine_request_unref(a->request);
         a->command_pidfd = safe_close(a->command_pidfd);
         a->active = false; /* lane and job stay for the audit of decisions still on their way */
+        if (a->pending) {
+                a->pending->requester = NULL; /* its row still gets written; nobody hears the grant */
+                a->pending = NULL;
+        }
 
         if (c->lease)
                 lease_holder_gone(c->lease); /* clears c->lease */

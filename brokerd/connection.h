@@ -35,6 +35,7 @@ typedef struct AcquireCall {
         int command_pidfd;         /* the attached command, verified at the call */
         ProcessInfo command;
         bool has_command;
+        Lease *pending;            /* granted, its row being written: the answer waits for it */
 } AcquireCall;
 
 struct Connection {

@@ -132,6 +132,8 @@ int journal_writer_send(JournalWriter *w, const struct iovec *fields, size_t n_f
                 int r = send_raw(w, data, size);
                 if (r > 0)
                         return 0;
+                if (r == -ENOENT || r == -ECONNREFUSED)
+                        return -ENOTCONN; /* no journald at all: not a loss to count, the caller says it elsewhere */
                 if (r < 0) {
                         w->dropped++;
                         return -ENOBUFS;

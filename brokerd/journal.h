@@ -28,8 +28,8 @@ void journal_writer_init(JournalWriter *w, const char *path);
 void journal_writer_done(JournalWriter *w);
 
 /* Sends one entry of "FIELD=value" items (values may hold newlines; the protocol's binary form is
- * used then). Returns 0 when sent, 1 when queued behind a full socket, -ENOBUFS when dropped (counted),
- * -ENOMEM. */
+ * used then). Returns 0 when sent, 1 when queued behind a full socket, -ENOTCONN when no journald listens
+ * (not counted), -ENOBUFS when dropped (counted), -ENOMEM. */
 int journal_writer_send(JournalWriter *w, const struct iovec *fields, size_t n_fields);
 
 /* Retries the backlog; call when the socket may have drained (a timer does). Returns entries left. */

@@ -7,6 +7,7 @@
 #include <sys/random.h>
 
 #include "connection.h"
+#include "history.h"
 #include "lease.h"
 #include "audit.h"
 #include "log.h"
@@ -34,6 +35,8 @@ static bool lease_command_running(const Lease *l) {
 void lease_free(Lease *l) {
         if (!l)
                 return;
+        if (l->persisted && l->manager->history)
+                history_cancel(l->manager->history, l);
         sd_event_source_disable_unref(l->command_source);
         sd_event_source_disable_unref(l->grace_timer);
         safe_close(l->command_pidfd);
@@ -41,20 +44,82 @@ void lease_free(Lease *l) {
         free(l);
 }
 
-void lease_end(Lease *l, const char *decision) {
+static void lease_forget(Lease *l) {
         Manager *m = l->manager;
-        usec_t now = now_monotonic();
-
-        audit_lease(l, decision, NULL);
+        if (l->requester) {
+                l->requester->acquire.pending = NULL;
+                l->requester = NULL;
+        }
         if (l->holder) {
                 l->holder->lease = NULL;
                 l->holder = NULL;
         }
-        engine_lease_release(l->engine_lease, now);
+        if (m->history)
+                history_lease_delete(m->history, l->id);
+        engine_lease_release(l->engine_lease, now_monotonic());
         list_unlink(&l->node);
         m->n_leases--;
         manager_status_changed(m);
         lease_free(l);
+}
+
+void lease_discard(Lease *l) {
+        lease_forget(l);
+}
+
+void lease_end(Lease *l, const char *decision) {
+        audit_lease(l, decision, NULL);
+        lease_forget(l);
+}
+
+static void on_history_committed(History *h, int result, void *userdata) {
+        Lease *l = userdata;
+        LeasePersistedFn done = l->persisted;
+        l->persisted = NULL;
+        if (done)
+                done(l, result);
+        manager_sync(l->manager);
+}
+
+static void persisted_nobody_waits(Lease *l, int result) {
+        if (result < 0)
+                log_warning_errno(result, "Could not persist lease %s: it will not survive a restart: %m", l->id);
+}
+
+void lease_persist(Lease *l, LeasePersistedFn done) {
+        Manager *m = l->manager;
+        const unsigned *idx;
+        unsigned n = engine_lease_slots(l->engine_lease, &idx, NULL);
+        usec_t exp = engine_lease_expires_at(l->engine_lease);
+
+        if (!done)
+                done = persisted_nobody_waits;
+        if (!m->history) {
+                done(l, HISTORY_NOT_PERSISTED);
+                return;
+        }
+        HistoryLeaseRow row = {
+                .id = l->id,
+                .pool = (char *) engine_lease_pool(l->engine_lease),
+                .lane = (char *) engine_lease_lane(l->engine_lease),
+                .slots = (unsigned *) idx,
+                .n_slots = n,
+                .token = engine_lease_token(l->engine_lease),
+                .job = l->job,
+                .uid = l->uid,
+                .pid = l->pid,
+                .command_pid = l->has_command ? l->command.pid : 0,
+                .command_start_time = l->has_command ? l->command.start_time : 0,
+                .detached = l->detached,
+                .granted_at = l->granted_real,
+                .expires_at = exp == USEC_INFINITY ? USEC_INFINITY : manager_realtime_of(exp),
+        };
+        l->persisted = done;
+        int r = history_lease_commit(m->history, &row, on_history_committed, l);
+        if (r < 0) {
+                l->persisted = NULL;
+                done(l, r);
+        }
 }
 
 /* Ends the lease once nobody holds it any more: no connection, no running command. */
@@ -146,6 +211,94 @@ int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t 
         m->n_leases++;
         manager_status_changed(m);
         *ret = l;
+        return 0;
+}
+
+static int on_reclaim_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
+        Lease *l = userdata;
+        Manager *m = l->manager;
+        l->grace_timer = sd_event_source_disable_unref(l->grace_timer);
+        if (l->state == LEASE_RESTORED && !l->holder) {
+                audit_lease(l, "released", "not reclaimed within the reclaim grace");
+                lease_discard(l);
+        }
+        manager_sync(m);
+        return 0;
+}
+
+int lease_restore(Manager *m, const HistoryLeaseRow *row, Lease **ret) {
+        usec_t now_m = now_monotonic(), now_r = now_realtime();
+        _cleanup_close_ int pidfd = -EBADF;
+        ProcessInfo command = {};
+        int r;
+
+        assert_return(strlen(row->id) == LEASE_ID_LEN, -EINVAL);
+
+        /* A command that still runs (same pid, same start time) keeps holding its lease. */
+        bool command_alive = false;
+        if (row->command_pid > 0) {
+                pidfd = process_open(row->command_pid, &command);
+                command_alive = pidfd >= 0 && command.start_time == row->command_start_time && command.state != 'Z';
+                if (!command_alive)
+                        pidfd = safe_close(pidfd);
+        }
+        bool expired = row->expires_at != USEC_INFINITY && row->expires_at <= now_r;
+        if ((row->command_pid > 0 && !command_alive) || (row->detached && expired)) {
+                *ret = NULL;
+                return 0; /* ended while brokerd was down */
+        }
+
+        usec_t granted_mono = row->granted_at <= now_r ? usec_sub_unsigned(now_m, now_r - row->granted_at) : now_m;
+        usec_t expires_mono = row->expires_at == USEC_INFINITY ? USEC_INFINITY
+                              : expired                        ? now_m
+                                                               : now_m + (row->expires_at - now_r);
+        EngineLease *el;
+        r = engine_lease_restore(m->engine,
+                                 &(EngineLeaseRestore) {
+                                         .pool = row->pool,
+                                         .lane = row->lane,
+                                         .slots = row->slots,
+                                         .n_slots = row->n_slots,
+                                         .token = row->token,
+                                         .granted_at = granted_mono,
+                                         .expires_at = expires_mono,
+                                 },
+                                 &el);
+        if (r < 0)
+                return r;
+
+        Lease *l;
+        r = lease_new(m, el, NULL, row->uid, row->pid, row->job, row->detached, command_alive ? &command : NULL,
+                      TAKE_FD(pidfd), &l);
+        if (r < 0) {
+                engine_lease_release(el, now_m);
+                return r;
+        }
+        memcpy(l->id, row->id, LEASE_ID_LEN + 1);
+        l->granted_real = row->granted_at;
+        if (!command_alive && !row->detached) {
+                /* Held only by a connection that died with the old brokerd: its owner may come back for it. */
+                l->state = LEASE_RESTORED;
+                r = sd_event_add_time_relative(m->event, &l->grace_timer, CLOCK_MONOTONIC, m->config->reclaim_grace, 0,
+                                               on_reclaim_timeout, l);
+                if (r < 0) {
+                        lease_discard(l);
+                        return r;
+                }
+        }
+        audit_lease(l, "restored", command_alive ? "its command still runs" : row->detached ? "detached" : "awaiting reclaim");
+        *ret = l;
+        return 0;
+}
+
+int lease_reclaim(Lease *l, Connection *c) {
+        if (l->holder || l->detached || (l->state != LEASE_RESTORED && l->state != LEASE_HELD))
+                return -EBUSY;
+        l->grace_timer = sd_event_source_disable_unref(l->grace_timer);
+        l->state = LEASE_HELD;
+        l->holder = c;
+        c->lease = l;
+        manager_status_changed(l->manager);
         return 0;
 }
 

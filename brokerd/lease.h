@@ -27,6 +27,17 @@ typedef enum LeaseState {
         _LEASE_STATE_INVALID = -EINVAL,
 } LeaseState;
 
+/* How the request that became the lease fared, for the audit of its grant. */
+typedef struct LeaseGrant {
+        usec_t wait;
+        usec_t budget;                  /* USEC_INFINITY: unbounded or not queued */
+        usec_t idle;                    /* USEC_INFINITY: not queued on a pool with queue-timeout */
+        QueueState state;
+} LeaseGrant;
+
+typedef struct Lease Lease;
+typedef void (*LeasePersistedFn)(Lease *l, int result);
+
 typedef struct Lease {
         Manager *manager;
         ListNode node;                  /* Manager.leases */
@@ -49,12 +60,33 @@ typedef struct Lease {
         bool command_leader_exited;
         bool command_gone;
 
-        sd_event_source *grace_timer;   /* a revoked lease without a command: cut its connection */
+        sd_event_source *grace_timer;   /* a revoked lease without a command: cut its connection; or the
+                                         * reclaim grace of a lease restored after a restart */
+
+        LeaseGrant grant;
+        Connection *requester;          /* waits for the grant while the lease row is written */
+        LeasePersistedFn persisted;     /* pending history commit, or NULL */
 } Lease;
 
 /* Creates the daemon's lease for a fresh grant. Takes command_pidfd (-EBADF: none). */
 int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t pid, const char *job, bool detached,
               const ProcessInfo *command, int command_pidfd, Lease **ret);
+
+/* A lease row found at start (SPEC §3.4): re-occupies its slots if it still has a holder — a running
+ * command (same pid and start time), a detached lease before its expiry, or a connection that may
+ * reclaim it within the reclaim grace. Returns 0 with *ret NULL when the lease ended while brokerd was
+ * down, 0 with the lease, or negative errno (-ENOENT: its pool is gone; -EEXIST: a slot is taken). */
+typedef struct HistoryLeaseRow HistoryLeaseRow;
+int lease_restore(Manager *m, const HistoryLeaseRow *row, Lease **ret);
+/* The owner came back (Acquire with reclaim): the connection becomes the lease's life line again.
+ * Returns 0, or -EBUSY when someone holds it already. */
+int lease_reclaim(Lease *l, Connection *c);
+
+/* Writes the lease row (SPEC §3.4: before the grant is answered); done is called on the loop with 0,
+ * HISTORY_NOT_PERSISTED (history degraded) or a negative errno. done NULL: nobody waits for it. */
+void lease_persist(Lease *l, LeasePersistedFn done);
+/* A grant withdrawn before it was answered: the slots go back, no "released" decision is recorded. */
+void lease_discard(Lease *l);
 
 /* The connection went away: the lease ends unless its command still runs. */
 void lease_holder_gone(Lease *l);

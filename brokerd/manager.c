@@ -18,6 +18,7 @@
 #include "config-files.h"
 #include "config.h"
 #include "connection.h"
+#include "history.h"
 #include "lease.h"
 #include "log.h"
 #include "manager.h"
@@ -455,7 +456,73 @@ static char *default_socket_path(void) {
         return p;
 }
 
+static void audit_ended_while_down(Manager *m, const HistoryLeaseRow *row, const char *reason) {
+        AuditRecord rec = AUDIT_RECORD_INIT;
+        rec.decision = "released";
+        rec.pool = row->pool;
+        rec.lane = row->lane;
+        rec.job = row->job;
+        rec.lease = row->id;
+        rec.token = row->token;
+        rec.uid = row->uid;
+        rec.pid = row->pid;
+        rec.reason = reason;
+        audit_decision(m, &rec);
+}
+
+/* Before the first request (SPEC §3.4): fencing tokens continue above their high-water marks, and leases
+ * that still have a holder take their old slots again. Refusals during recovery are fine; over-admission
+ * is not, so this runs before the socket is watched. */
+static int manager_open_history(Manager *m) {
+        HistoryTokenFloor *floors = NULL;
+        HistoryLeaseRow *rows = NULL;
+        size_t n_floors = 0, n_rows = 0;
+
+        int r = history_new(m->event, m->state_directory, m->config->history_retention, &m->history);
+        if (r == -EOPNOTSUPP)
+                return 0;
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up history in %s: %m", m->state_directory);
+
+        r = history_load_token_floors(m->history, &floors, &n_floors);
+        if (r < 0)
+                return log_error_errno(r, "Failed to read fencing tokens: %m");
+        for (size_t i = 0; i < n_floors; i++) {
+                (void) engine_set_token_floor(m->engine, floors[i].pool, floors[i].next_token);
+                free(floors[i].pool);
+        }
+        free(floors);
+
+        r = history_load_leases(m->history, &rows, &n_rows);
+        if (r < 0)
+                return log_error_errno(r, "Failed to read leases: %m");
+        unsigned restored = 0, ended = 0;
+        for (size_t i = 0; i < n_rows; i++) {
+                Lease *l = NULL;
+                r = lease_restore(m, &rows[i], &l);
+                if (r < 0 || !l) {
+                        audit_ended_while_down(m, &rows[i],
+                                               r == -ENOENT   ? "its pool is no longer configured"
+                                               : r == -EEXIST ? "its slot is taken by another restored lease"
+                                               : r < 0        ? "could not be restored"
+                                                              : "it ended while brokerd was down");
+                        history_lease_delete(m->history, rows[i].id);
+                        ended++;
+                } else
+                        restored++;
+                history_lease_row_done(&rows[i]);
+        }
+        free(rows);
+        if (restored + ended > 0)
+                log_info("Restored %u lease(s); %u ended while brokerd was down.", restored, ended);
+        return 0;
+}
+
 int manager_start(Manager *m) {
+        int r = manager_open_history(m);
+        if (r < 0)
+                return r;
+
         int fd = socket_take_from_systemd();
         if (fd >= 0) {
                 log_debug("Listening on the socket systemd passed.");
@@ -467,7 +534,7 @@ int manager_start(Manager *m) {
                 log_info("Listening on %s.", m->socket_path);
         }
         m->listen_fd = fd;
-        int r = sd_event_add_io(m->event, &m->listen_source, fd, EPOLLIN, on_accept, m);
+        r = sd_event_add_io(m->event, &m->listen_source, fd, EPOLLIN, on_accept, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to watch the listening socket: %m");
         manager_update_status(m);
@@ -618,6 +685,8 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->tick_timer);
         sd_event_source_disable_unref(m->watchdog_timer);
         sd_event_source_disable_unref(m->gc_source);
+        /* Leases are not ended: their rows stay for the next start to restore. */
+        m->history = history_free(m->history);
         engine_free(m->engine);
         audit_done(&m->audit);
         metrics_done(&m->metrics);
