@@ -1,0 +1,21 @@
+#!/bin/bash
+# The whole test suite: unit tests, integration tests against the real brokerd, fuzz corpora replay,
+# then the same under AddressSanitizer/UndefinedBehaviorSanitizer (clang) and the unit tests under valgrind.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh
+
+echo "==> meson test (gcc, -Werror)"
+meson test -C build --print-errorlogs
+
+echo "==> meson test under ASan/UBSan (clang)"
+if [ ! -f build-asan/build.ninja ]; then
+        CC=clang meson setup build-asan -Dwerror=true -Dtests=enabled -Db_sanitize=address,undefined -Db_lundef=false
+fi
+ninja -C build-asan
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        meson test -C build-asan --print-errorlogs --suite unit --suite fuzz
+
+echo "==> unit tests under valgrind"
+meson test -C build --print-errorlogs --suite unit \
+        --wrap='valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite -q'
