@@ -31,16 +31,20 @@ static const char *skip_space(const char *p) {
         return p;
 }
 
-/* One "<number>[.<fraction>]<unit>" component; returns the position after it or NULL. */
-static const char *parse_component(const char *p, usec_t default_unit, usec_t *ret) {
+/* One "<number>[.<fraction>]<unit>" component; returns the position after it, or NULL with *ret_error
+ * set to -EINVAL (syntax) or -ERANGE (overflow). */
+static const char *parse_component(const char *p, usec_t default_unit, usec_t *ret, int *ret_error) {
         uint64_t whole = 0;
         const char *start = p;
 
+        *ret_error = -EINVAL;
         if (!isdigit((unsigned char) *p) && *p != '.')
                 return NULL;
         for (; isdigit((unsigned char) *p); p++) {
-                if (whole > (UINT64_MAX - 9) / 10)
+                if (whole > (UINT64_MAX - 9) / 10) {
+                        *ret_error = -ERANGE;
                         return NULL;
+                }
                 whole = whole * 10 + (uint64_t) (*p - '0');
         }
 
@@ -69,7 +73,10 @@ static const char *parse_component(const char *p, usec_t default_unit, usec_t *r
         }
         if (isalpha((unsigned char) *p))
                 return NULL; /* an unknown unit */
+        if (*p && !isspace((unsigned char) p[-1]))
+                return NULL; /* "1.5.5": a bare number runs into the next one */
 found:
+        *ret_error = -ERANGE;
         if (whole > 0 && unit > UINT64_MAX / whole)
                 return NULL;
         usec_t v = whole * unit;
@@ -95,9 +102,10 @@ int timespan_parse(const char *s, usec_t default_unit, usec_t *ret_usec) {
         usec_t total = 0;
         while (*p) {
                 usec_t part;
-                const char *next = parse_component(p, default_unit, &part);
+                int r;
+                const char *next = parse_component(p, default_unit, &part, &r);
                 if (!next)
-                        return -EINVAL;
+                        return r;
                 if (total > UINT64_MAX - 1 - part)
                         return -ERANGE;
                 total += part;
