@@ -43,6 +43,10 @@ typedef struct PoolConfig {
         ConfSource congestion_timeout_source;
         int64_t max_queue;            /* -1: no cap; 0: nobody may wait */
         char *backend;                /* NULL: local; "redis://HOST:PORT/DB" later */
+        /* Kept for conf_validate() and conf_dump(); the engine needs only `limit`. */
+        unsigned limit_given;         /* limit= as written; 0: not given */
+        ConfSource limit_source;
+        ConfSource members_source;
 } PoolConfig;
 
 typedef struct LaneConfig {
@@ -61,6 +65,8 @@ typedef struct LaneConfig {
         usec_t max_hold;              /* USEC_INFINITY: leases may be held forever */
         char **allow_users;           /* NULL: anyone may use the lane (subject to the socket's mode) */
         char **allow_groups;
+        ConfSource max_in_use_source; /* for conf_validate()'s messages */
+        ConfSource reserve_source;
 } LaneConfig;
 
 typedef struct BrokerConfig {
@@ -94,7 +100,13 @@ typedef struct ConfError {
 typedef struct ConfErrors {
         ConfError *errors;
         size_t n_errors;
+        size_t n_dropped;             /* beyond CONF_ERRORS_MAX, or lost to a failed allocation */
 } ConfErrors;
+
+#define CONF_ERRORS_MAX 1000
+#define CONF_NAME_MAX 64              /* pool, lane and member names: [A-Za-z0-9._-]{1,64} */
+#define CONF_LIMIT_MAX 1000000U       /* slots per pool */
+#define CONF_SECTIONS_MAX 4096        /* pools, and lanes, per configuration */
 
 int conf_new(BrokerConfig **ret);
 BrokerConfig *conf_free(BrokerConfig *c);
@@ -109,6 +121,11 @@ int conf_new_default(unsigned n_cpus, BrokerConfig **ret);
 int conf_set(BrokerConfig *c, const char *section, const char *key, const char *value, const ConfSource *source,
              ConfErrors *errors);
 
+/* Declares a section at its header line, so that a section without keys exists too and its source
+ * names the header. conf_set() creates missing sections itself. Returns 0, or -EINVAL/-ENOMEM with an
+ * error appended (unknown section, invalid name, too many sections). */
+int conf_section_add(BrokerConfig *c, const char *section, const ConfSource *source, ConfErrors *errors);
+
 /* Cross-checks (lanes naming missing pools, congestion timeout above Q, reserves above limits, …).
  * Returns 0 or -EINVAL with every problem appended to errors. */
 int conf_validate(const BrokerConfig *c, ConfErrors *errors);
@@ -119,9 +136,20 @@ LaneConfig *conf_find_lane(const BrokerConfig *c, const char *name);
 /* Prints the effective configuration as INI that conf_set() reads back unchanged. */
 void conf_dump(const BrokerConfig *c, FILE *f);
 
+/* Appends one error; errors may be NULL. Returns -EINVAL, for `return conf_errors_add(…);`. */
+int conf_errors_add(ConfErrors *errors, const ConfSource *source, const char *key, const char *format, ...)
+        _printf_(4, 5);
 void conf_errors_done(ConfErrors *errors);
 /* "file:line: key: message" per line. */
 void conf_errors_print(const ConfErrors *errors, FILE *f);
 
+/* "file:line", or "file" for line 0, into buf; NULL when there is no file. */
+const char *conf_source_where(const ConfSource *source, char *buf, size_t size);
+
+/* [A-Za-z0-9._-]{1,64}: the names of pools, lanes and members. */
+bool conf_name_is_valid(const char *s);
+
 const char *lane_policy_to_string(LanePolicy p);
 LanePolicy lane_policy_from_string(const char *s);
+const char *audit_level_to_string(AuditLevel a);
+AuditLevel audit_level_from_string(const char *s);

@@ -1,0 +1,1391 @@
+/* SPDX-License-Identifier: MIT */
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conf.h"
+
+#define SOCKET_PATH_MAX 107 /* sizeof(sockaddr_un.sun_path) − NUL */
+#define QUOTE_MAX 96
+#define ERROR_KEY_MAX 64
+
+#define DEFAULT_HISTORY_RETENTION (30 * USEC_PER_DAY)
+#define DEFAULT_RECLAIM_GRACE (30 * USEC_PER_SEC)
+#define DEFAULT_MAX_CONNECTIONS 8192U
+#define DEFAULT_MAX_CONNECTIONS_PER_UID 4096U
+#define DEFAULT_MAX_WAITERS_PER_UID 4096U
+#define DEFAULT_MAX_MESSAGE_SIZE ((size_t) 64 * 1024)
+#define DEFAULT_MAX_OUTPUT_PER_CONNECTION ((size_t) 1024 * 1024)
+#define DEFAULT_LANE_POLICY LANE_POLICY_WAIT
+
+#define CONNECTIONS_MAX 1048576U
+#define DURATION_HINT "a time span such as 500ms, 30s, 5min, 1h 30min"
+
+#define new0(t) ((t *) calloc(1, sizeof(t)))
+
+static const char *strempty(const char *s) {
+        return s ?: "";
+}
+
+typedef enum SectionKind {
+        SECTION_BROKER,
+        SECTION_POOL,
+        SECTION_LANE,
+} SectionKind;
+
+/* ---- strings and lists ---- */
+
+static void strv_free(char **l) {
+        if (!l)
+                return;
+        for (char **i = l; *i; i++)
+                free(*i);
+        free(l);
+}
+
+static bool strv_contains(char *const *l, const char *s) {
+        for (char *const *i = l; i && *i; i++)
+                if (streq(*i, s))
+                        return true;
+        return false;
+}
+
+/* Splits at runs of whitespace. Returns 0 (an empty value gives NULL and 0 words) or -ENOMEM. */
+static int split_words(const char *value, char ***ret, size_t *ret_n) {
+        char **l = NULL;
+        size_t n = 0;
+
+        for (const char *p = value;;) {
+                while (isspace((unsigned char) *p))
+                        p++;
+                if (!*p)
+                        break;
+                const char *e = p;
+                while (*e && !isspace((unsigned char) *e))
+                        e++;
+                char **nl = realloc(l, (n + 2) * sizeof(char *));
+                if (!nl)
+                        goto oom;
+                l = nl;
+                l[n] = strndup(p, (size_t) (e - p));
+                if (!l[n])
+                        goto oom;
+                l[++n] = NULL;
+                p = e;
+        }
+        *ret = l;
+        *ret_n = n;
+        return 0;
+oom:
+        if (l)
+                l[n] = NULL;
+        strv_free(l);
+        return -ENOMEM;
+}
+
+/* The words joined by single spaces, for conf_dump(). */
+static void fputs_words(char *const *l, FILE *f) {
+        for (char *const *i = l; i && *i; i++)
+                fprintf(f, "%s%s", i == l ? "" : " ", *i);
+}
+
+/* A value for an error message: quoted, control characters escaped, long ones cut. */
+static const char *quote(char buf[static QUOTE_MAX], const char *s) {
+        size_t j = 0;
+
+        buf[j++] = '"';
+        for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
+                if (j + 9 >= QUOTE_MAX) {
+                        memcpy(buf + j, "...", 3);
+                        j += 3;
+                        break;
+                }
+                if (*p == '"' || *p == '\\') {
+                        buf[j++] = '\\';
+                        buf[j++] = (char) *p;
+                } else if (*p < 0x20 || *p == 0x7f)
+                        j += (size_t) snprintf(buf + j, QUOTE_MAX - j, "\\x%02x", *p);
+                else
+                        buf[j++] = (char) *p;
+        }
+        buf[j++] = '"';
+        buf[j] = '\0';
+        return buf;
+}
+
+bool conf_name_is_valid(const char *s) {
+        size_t n = 0;
+
+        if (!s)
+                return false;
+        for (; s[n]; n++)
+                if (!isascii((unsigned char) s[n]) ||
+                    !(isalnum((unsigned char) s[n]) || s[n] == '.' || s[n] == '_' || s[n] == '-'))
+                        return false;
+        return n >= 1 && n <= CONF_NAME_MAX;
+}
+
+/* A user or group for allow-users=/allow-groups=: a numeric id, or a name as useradd and LDAP allow it.
+ * Names are resolved by the daemon, not here: they may not exist yet when the config is checked. */
+static bool id_is_valid(const char *s) {
+        size_t n = strlen(s);
+
+        if (n == 0 || n > 255)
+                return false;
+        if (strspn(s, "0123456789") == n) {
+                uint64_t v = 0;
+                for (const char *p = s; *p; p++) {
+                        v = v * 10 + (uint64_t) (*p - '0');
+                        if (v >= UINT32_MAX) /* (uid_t) -1 means "no id" */
+                                return false;
+                }
+                return true;
+        }
+        if (s[0] == '-' || s[0] == '+' || streq(s, ".") || streq(s, ".."))
+                return false;
+        for (const unsigned char *p = (const unsigned char *) s; *p; p++)
+                if (*p < 0x20 || *p == 0x7f || isspace(*p) || strchr(":/,;", *p))
+                        return false;
+        return true;
+}
+
+/* ---- sources and errors ---- */
+
+const char *conf_source_where(const ConfSource *source, char *buf, size_t size) {
+        if (!source || !source->file)
+                return NULL;
+        if (source->line > 0)
+                snprintf(buf, size, "%s:%u", source->file, source->line);
+        else
+                snprintf(buf, size, "%s", source->file);
+        return buf;
+}
+
+static void conf_source_done(ConfSource *s) {
+        s->file = mfree(s->file);
+        s->line = 0;
+}
+
+static int conf_source_copy(ConfSource *dst, const ConfSource *src) {
+        char *file = NULL;
+
+        if (src && src->file) {
+                file = strdup(src->file);
+                if (!file)
+                        return -ENOMEM;
+        }
+        free(dst->file);
+        dst->file = file;
+        dst->line = src ? src->line : 0;
+        return 0;
+}
+
+/* Errors end up on terminals and in the journal: no byte of a hostile file may act as a control code. */
+static char *sanitize(char *s) {
+        for (char *p = s; p && *p; p++)
+                if ((unsigned char) *p < 0x20 || *p == 0x7f)
+                        *p = '?';
+        return s;
+}
+
+int conf_errors_add(ConfErrors *errors, const ConfSource *source, const char *key, const char *format, ...) {
+        ConfError e = {};
+        va_list ap;
+
+        if (!errors)
+                return -EINVAL;
+        if (errors->n_errors >= CONF_ERRORS_MAX)
+                goto drop;
+
+        va_start(ap, format);
+        int k = vasprintf(&e.message, format, ap);
+        va_end(ap);
+        if (k < 0) {
+                e.message = NULL;
+                goto drop;
+        }
+        if (source && source->file) {
+                k = source->line > 0 ? asprintf(&e.where, "%s:%u", source->file, source->line)
+                                     : asprintf(&e.where, "%s", source->file);
+                if (k < 0) {
+                        e.where = NULL;
+                        goto drop;
+                }
+        }
+        if (key) {
+                size_t n = strlen(key);
+                k = n > ERROR_KEY_MAX ? asprintf(&e.key, "%.*s...", ERROR_KEY_MAX, key) : asprintf(&e.key, "%s", key);
+                if (k < 0) {
+                        e.key = NULL;
+                        goto drop;
+                }
+        }
+        sanitize(e.message);
+        sanitize(e.where);
+        sanitize(e.key);
+        ConfError *n = realloc(errors->errors, (errors->n_errors + 1) * sizeof(ConfError));
+        if (!n)
+                goto drop;
+        errors->errors = n;
+        errors->errors[errors->n_errors++] = e;
+        return -EINVAL;
+drop:
+        free(e.message);
+        free(e.where);
+        free(e.key);
+        errors->n_dropped++;
+        return -EINVAL;
+}
+
+void conf_errors_done(ConfErrors *errors) {
+        if (!errors)
+                return;
+        for (size_t i = 0; i < errors->n_errors; i++) {
+                free(errors->errors[i].where);
+                free(errors->errors[i].key);
+                free(errors->errors[i].message);
+        }
+        errors->errors = mfree(errors->errors);
+        errors->n_errors = 0;
+        errors->n_dropped = 0;
+}
+
+void conf_errors_print(const ConfErrors *errors, FILE *f) {
+        if (!errors)
+                return;
+        for (size_t i = 0; i < errors->n_errors; i++) {
+                const ConfError *e = errors->errors + i;
+                if (e->where)
+                        fprintf(f, "%s: ", e->where);
+                if (e->key)
+                        fprintf(f, "%s: ", e->key);
+                fprintf(f, "%s\n", e->message);
+        }
+        if (errors->n_dropped > 0)
+                fprintf(f, "(%zu more errors not shown)\n", errors->n_dropped);
+}
+
+static int oom(ConfErrors *errors, const ConfSource *source, const char *key) {
+        (void) conf_errors_add(errors, source, key, "out of memory");
+        return -ENOMEM;
+}
+
+/* ---- enums ---- */
+
+static const char *const lane_policy_table[_LANE_POLICY_MAX] = {
+        [LANE_POLICY_FAIL_FAST] = "fail-fast",
+        [LANE_POLICY_WAIT] = "wait",
+};
+
+const char *lane_policy_to_string(LanePolicy p) {
+        if (p < 0 || p >= _LANE_POLICY_MAX)
+                return NULL;
+        return lane_policy_table[p];
+}
+
+LanePolicy lane_policy_from_string(const char *s) {
+        for (int i = 0; s && i < _LANE_POLICY_MAX; i++)
+                if (streq(s, lane_policy_table[i]))
+                        return (LanePolicy) i;
+        return _LANE_POLICY_INVALID;
+}
+
+static const char *const audit_level_table[_AUDIT_LEVEL_MAX] = {
+        [AUDIT_DECISIONS] = "decisions",
+        [AUDIT_ALL] = "all",
+};
+
+const char *audit_level_to_string(AuditLevel a) {
+        if (a < 0 || a >= _AUDIT_LEVEL_MAX)
+                return NULL;
+        return audit_level_table[a];
+}
+
+AuditLevel audit_level_from_string(const char *s) {
+        for (int i = 0; s && i < _AUDIT_LEVEL_MAX; i++)
+                if (streq(s, audit_level_table[i]))
+                        return (AuditLevel) i;
+        return _AUDIT_LEVEL_INVALID;
+}
+
+/* ---- objects ---- */
+
+static PoolConfig *pool_config_free(PoolConfig *p) {
+        if (!p)
+                return NULL;
+        free(p->name);
+        conf_source_done(&p->source);
+        strv_free(p->members);
+        conf_source_done(&p->congestion_timeout_source);
+        free(p->backend);
+        conf_source_done(&p->limit_source);
+        conf_source_done(&p->members_source);
+        return mfree(p);
+}
+
+static LaneConfig *lane_config_free(LaneConfig *l) {
+        if (!l)
+                return NULL;
+        free(l->name);
+        conf_source_done(&l->source);
+        strv_free(l->pools);
+        conf_source_done(&l->pools_source);
+        strv_free(l->allow_users);
+        strv_free(l->allow_groups);
+        conf_source_done(&l->max_in_use_source);
+        conf_source_done(&l->reserve_source);
+        return mfree(l);
+}
+
+int conf_new(BrokerConfig **ret) {
+        assert_return(ret, -EINVAL);
+
+        BrokerConfig *c = new0(BrokerConfig);
+        if (!c)
+                return -ENOMEM;
+        *c = (BrokerConfig) {
+                .audit = AUDIT_DECISIONS,
+                .history_retention = DEFAULT_HISTORY_RETENTION,
+                .reclaim_grace = DEFAULT_RECLAIM_GRACE,
+                .exit_idle_after = USEC_INFINITY,
+                .max_connections = DEFAULT_MAX_CONNECTIONS,
+                .max_connections_per_uid = DEFAULT_MAX_CONNECTIONS_PER_UID,
+                .max_waiters_per_uid = DEFAULT_MAX_WAITERS_PER_UID,
+                .max_message_size = DEFAULT_MAX_MESSAGE_SIZE,
+                .max_output_per_connection = DEFAULT_MAX_OUTPUT_PER_CONNECTION,
+        };
+        *ret = c;
+        return 0;
+}
+
+BrokerConfig *conf_free(BrokerConfig *c) {
+        if (!c)
+                return NULL;
+        free(c->socket_path);
+        free(c->state_directory);
+        free(c->metrics_textfile);
+        for (size_t i = 0; i < c->n_pools; i++)
+                pool_config_free(c->pools[i]);
+        free(c->pools);
+        for (size_t i = 0; i < c->n_lanes; i++)
+                lane_config_free(c->lanes[i]);
+        free(c->lanes);
+        return mfree(c);
+}
+
+PoolConfig *conf_find_pool(const BrokerConfig *c, const char *name) {
+        if (!c || !name)
+                return NULL;
+        for (size_t i = 0; i < c->n_pools; i++)
+                if (streq(c->pools[i]->name, name))
+                        return c->pools[i];
+        return NULL;
+}
+
+LaneConfig *conf_find_lane(const BrokerConfig *c, const char *name) {
+        if (!c || !name)
+                return NULL;
+        for (size_t i = 0; i < c->n_lanes; i++)
+                if (streq(c->lanes[i]->name, name))
+                        return c->lanes[i];
+        return NULL;
+}
+
+static int pool_add(BrokerConfig *c, const char *name, const ConfSource *source, PoolConfig **ret) {
+        PoolConfig **n = realloc(c->pools, (c->n_pools + 1) * sizeof(PoolConfig *));
+        if (!n)
+                return -ENOMEM;
+        c->pools = n;
+
+        PoolConfig *p = new0(PoolConfig);
+        if (!p)
+                return -ENOMEM;
+        p->max_queue = -1;
+        p->name = strdup(name);
+        if (!p->name || conf_source_copy(&p->source, source) < 0) {
+                pool_config_free(p);
+                return -ENOMEM;
+        }
+        c->pools[c->n_pools++] = p;
+        *ret = p;
+        return 0;
+}
+
+static int lane_add(BrokerConfig *c, const char *name, const ConfSource *source, LaneConfig **ret) {
+        LaneConfig **n = realloc(c->lanes, (c->n_lanes + 1) * sizeof(LaneConfig *));
+        if (!n)
+                return -ENOMEM;
+        c->lanes = n;
+
+        LaneConfig *l = new0(LaneConfig);
+        if (!l)
+                return -ENOMEM;
+        l->policy = DEFAULT_LANE_POLICY;
+        l->max_in_use = -1;
+        l->max_hold = USEC_INFINITY;
+        l->name = strdup(name);
+        if (!l->name || conf_source_copy(&l->source, source) < 0) {
+                lane_config_free(l);
+                return -ENOMEM;
+        }
+        c->lanes[c->n_lanes++] = l;
+        *ret = l;
+        return 0;
+}
+
+/* ---- values ---- */
+
+typedef struct ConfKey ConfKey;
+typedef int (*ConfSetFn)(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                         ConfErrors *errors);
+
+/* One key of a section: how to parse it and where it goes. */
+struct ConfKey {
+        const char *name;
+        ConfSetFn set;
+        size_t offset;          /* of the field in BrokerConfig, PoolConfig or LaneConfig */
+        uint64_t min, max;      /* numbers and durations; a duration may be infinity iff max is USEC_INFINITY */
+        uint64_t def;           /* what an empty value restores */
+        bool infinity;          /* integers: "infinity" means no cap (stored as -1) */
+};
+
+#define FIELD(object, k, type) ((type *) ((char *) (object) + (k)->offset))
+
+static int parse_u64(const char *s, uint64_t *ret) {
+        uint64_t v = 0;
+
+        if (!*s)
+                return -EINVAL;
+        for (const char *p = s; *p; p++) {
+                if (*p < '0' || *p > '9')
+                        return -EINVAL;
+                unsigned d = (unsigned) (*p - '0');
+                if (v > (UINT64_MAX - d) / 10)
+                        return -ERANGE;
+                v = v * 10 + d;
+        }
+        *ret = v;
+        return 0;
+}
+
+/* An integer in [k->min, k->max]; with k->infinity, "infinity" gives UINT64_MAX. */
+static int parse_number(const ConfKey *k, const char *value, const ConfSource *source, ConfErrors *errors,
+                        uint64_t *ret) {
+        char q[QUOTE_MAX];
+        uint64_t v;
+
+        if (k->infinity && streq(value, "infinity")) {
+                *ret = UINT64_MAX;
+                return 0;
+        }
+        int r = parse_u64(value, &v);
+        if (r == -EINVAL)
+                return conf_errors_add(errors, source, k->name,
+                                       "invalid number %s (expected an integer from %" PRIu64 " to %" PRIu64 "%s)",
+                                       quote(q, value), k->min, k->max, k->infinity ? ", or infinity" : "");
+        if (r < 0 || v < k->min || v > k->max)
+                return conf_errors_add(errors, source, k->name,
+                                       "%s is out of range (expected an integer from %" PRIu64 " to %" PRIu64 "%s)",
+                                       quote(q, value), k->min, k->max, k->infinity ? ", or infinity" : "");
+        *ret = v;
+        return 0;
+}
+
+static int parse_duration(const ConfKey *k, const char *value, const ConfSource *source, ConfErrors *errors,
+                          usec_t *ret) {
+        char q[QUOTE_MAX], lo[TIMESPAN_MAX];
+        usec_t v;
+        bool inf = k->max == USEC_INFINITY;
+
+        int r = timespan_parse(value, USEC_PER_SEC, &v);
+        if (r == -ERANGE)
+                return conf_errors_add(errors, source, k->name, "duration %s is too long (expected %s%s)",
+                                       quote(q, value), DURATION_HINT, inf ? ", or infinity" : "");
+        if (r < 0)
+                return conf_errors_add(errors, source, k->name, "invalid duration %s (expected %s%s)",
+                                       quote(q, value), DURATION_HINT, inf ? ", or infinity" : "");
+        if (v == USEC_INFINITY && !inf)
+                return conf_errors_add(errors, source, k->name, "%s is not accepted here (expected a finite %s)",
+                                       quote(q, value), DURATION_HINT);
+        if (v < k->min && k->min == 1)
+                return conf_errors_add(errors, source, k->name, "duration %s must be greater than 0%s",
+                                       quote(q, value), inf ? " (infinity for none)" : "");
+        if (v < k->min)
+                return conf_errors_add(errors, source, k->name, "duration %s is too short (expected at least %s)",
+                                       quote(q, value), timespan_format(lo, sizeof lo, k->min));
+        *ret = v;
+        return 0;
+}
+
+/* A byte count: a plain integer, or one with a K, M or G suffix (powers of 1024). */
+static int parse_bytes(const ConfKey *k, const char *value, const ConfSource *source, ConfErrors *errors,
+                       uint64_t *ret) {
+        static const struct {
+                const char *suffix;
+                uint64_t factor;
+        } suffixes[] = {
+                { "", 1 },
+                { "K", UINT64_C(1) << 10 }, { "KiB", UINT64_C(1) << 10 },
+                { "M", UINT64_C(1) << 20 }, { "MiB", UINT64_C(1) << 20 },
+                { "G", UINT64_C(1) << 30 }, { "GiB", UINT64_C(1) << 30 },
+        };
+        char q[QUOTE_MAX], digits[32];
+        size_t n = strspn(value, "0123456789");
+        uint64_t v;
+
+        for (size_t i = 0; i < ELEMENTSOF(suffixes); i++) {
+                if (!streq(value + n, suffixes[i].suffix))
+                        continue;
+                if (n == 0 || n >= sizeof digits)
+                        break;
+                memcpy(digits, value, n);
+                digits[n] = '\0';
+                if (parse_u64(digits, &v) < 0 || v > UINT64_MAX / suffixes[i].factor)
+                        goto range;
+                v *= suffixes[i].factor;
+                if (v < k->min || v > k->max)
+                        goto range;
+                *ret = v;
+                return 0;
+        }
+        return conf_errors_add(errors, source, k->name,
+                               "invalid size %s (expected a number of bytes, optionally with K, M or G)",
+                               quote(q, value));
+range:
+        return conf_errors_add(errors, source, k->name,
+                               "size %s is out of range (expected %" PRIu64 " to %" PRIu64 " bytes)", quote(q, value),
+                               k->min, k->max);
+}
+
+/* Checks a list of pool or member names: valid and no duplicates. */
+static int check_names(const ConfKey *k, char *const *l, const char *what, const ConfSource *source,
+                       ConfErrors *errors) {
+        char q[QUOTE_MAX];
+
+        for (size_t i = 0; l && l[i]; i++) {
+                if (!conf_name_is_valid(l[i]))
+                        return conf_errors_add(errors, source, k->name,
+                                               "invalid %s name %s (expected 1 to %d characters from A-Z a-z 0-9 . _ -)",
+                                               what, quote(q, l[i]), CONF_NAME_MAX);
+                for (size_t j = 0; j < i; j++)
+                        if (streq(l[i], l[j]))
+                                return conf_errors_add(errors, source, k->name, "%s %s is listed twice", what,
+                                                       quote(q, l[i]));
+        }
+        return 0;
+}
+
+static int set_path(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                    ConfErrors *errors) {
+        char **field = FIELD(object, k, char *), q[QUOTE_MAX];
+        char *v = NULL;
+
+        if (*value) {
+                if (value[0] != '/')
+                        return conf_errors_add(errors, source, k->name,
+                                               "%s is not an absolute path (expected a path starting with /)",
+                                               quote(q, value));
+                if (strlen(value) > k->max)
+                        return conf_errors_add(errors, source, k->name, "path %s is too long (at most %" PRIu64 " bytes)",
+                                               quote(q, value), k->max);
+                /* conf_dump() must read back: in a file, " ;" starts a comment. */
+                for (const char *i = value; (i = strchr(i + 1, ';'));)
+                        if (isspace((unsigned char) i[-1]))
+                                return conf_errors_add(errors, source, k->name,
+                                                       "path %s contains \" ;\", which starts a comment", quote(q, value));
+                v = strdup(value);
+                if (!v)
+                        return oom(errors, source, k->name);
+        }
+        free(*field);
+        *field = v;
+        return 0;
+}
+
+static int set_duration(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                        ConfErrors *errors) {
+        usec_t v = k->def;
+
+        if (*value && parse_duration(k, value, source, errors, &v) < 0)
+                return -EINVAL;
+        *FIELD(object, k, usec_t) = v;
+        return 0;
+}
+
+static int set_unsigned(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                        ConfErrors *errors) {
+        uint64_t v = k->def;
+
+        if (*value && parse_number(k, value, source, errors, &v) < 0)
+                return -EINVAL;
+        *FIELD(object, k, unsigned) = (unsigned) v;
+        return 0;
+}
+
+static int set_bytes(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                     ConfErrors *errors) {
+        uint64_t v = k->def;
+
+        if (*value && parse_bytes(k, value, source, errors, &v) < 0)
+                return -EINVAL;
+        *FIELD(object, k, size_t) = (size_t) v;
+        return 0;
+}
+
+/* A cap stored as int64_t, −1 for none (an empty value or infinity). */
+static int set_cap(const ConfKey *k, void *object, const char *value, const ConfSource *source, ConfErrors *errors) {
+        uint64_t v = UINT64_MAX;
+
+        if (*value && parse_number(k, value, source, errors, &v) < 0)
+                return -EINVAL;
+        *FIELD(object, k, int64_t) = v == UINT64_MAX ? -1 : (int64_t) v;
+        return 0;
+}
+
+static int set_audit(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                     ConfErrors *errors) {
+        char q[QUOTE_MAX];
+        AuditLevel a = AUDIT_DECISIONS;
+
+        if (*value) {
+                a = audit_level_from_string(value);
+                if (a < 0)
+                        return conf_errors_add(errors, source, k->name, "invalid audit level %s (expected decisions or all)",
+                                               quote(q, value));
+        }
+        *FIELD(object, k, AuditLevel) = a;
+        return 0;
+}
+
+static int set_pool_limit(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                          ConfErrors *errors) {
+        PoolConfig *p = object;
+        uint64_t v = 0;
+
+        if (*value && parse_number(k, value, source, errors, &v) < 0)
+                return -EINVAL;
+        if (conf_source_copy(&p->limit_source, v > 0 ? source : NULL) < 0)
+                return oom(errors, source, k->name);
+        p->limit_given = (unsigned) v;
+        p->limit = p->n_members > 0 ? (unsigned) p->n_members : p->limit_given;
+        return 0;
+}
+
+static int set_pool_members(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                            ConfErrors *errors) {
+        PoolConfig *p = object;
+        char **l = NULL;
+        size_t n = 0;
+
+        if (split_words(value, &l, &n) < 0)
+                return oom(errors, source, k->name);
+        if (check_names(k, l, "member", source, errors) < 0)
+                goto fail;
+        if (n > CONF_LIMIT_MAX) {
+                conf_errors_add(errors, source, k->name, "%zu members are too many (at most %u)", n, CONF_LIMIT_MAX);
+                goto fail;
+        }
+        if (conf_source_copy(&p->members_source, n > 0 ? source : NULL) < 0) {
+                strv_free(l);
+                return oom(errors, source, k->name);
+        }
+        strv_free(p->members);
+        p->members = l;
+        p->n_members = n;
+        p->limit = n > 0 ? (unsigned) n : p->limit_given;
+        return 0;
+fail:
+        strv_free(l);
+        return -EINVAL;
+}
+
+/* Infinity, like an empty value, leaves the pool without Q: no budgets. */
+static int set_pool_queue_timeout(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                                  ConfErrors *errors) {
+        PoolConfig *p = object;
+        usec_t v = USEC_INFINITY;
+
+        if (*value && parse_duration(k, value, source, errors, &v) < 0)
+                return -EINVAL;
+        p->queue_timeout_set = v != USEC_INFINITY;
+        p->queue_timeout = p->queue_timeout_set ? v : 0;
+        return 0;
+}
+
+static int set_pool_congestion_timeout(const ConfKey *k, void *object, const char *value,
+                                       const ConfSource *source, ConfErrors *errors) {
+        PoolConfig *p = object;
+        usec_t v = 0;
+
+        if (*value && parse_duration(k, value, source, errors, &v) < 0)
+                return -EINVAL;
+        if (conf_source_copy(&p->congestion_timeout_source, *value ? source : NULL) < 0)
+                return oom(errors, source, k->name);
+        p->congestion_timeout_set = *value;
+        p->congestion_timeout = v;
+        return 0;
+}
+
+/* redis://HOST[:PORT][/DB], HOST a name or an address, [v6] in brackets. Only checked here: the
+ * connection is the daemon's business. */
+static bool redis_url_is_valid(const char *s) {
+        const char *p = s + strlen("redis://"), *e;
+        uint64_t v;
+        char buf[16];
+
+        if (strncmp(s, "redis://", strlen("redis://")) != 0)
+                return false;
+        if (*p == '[') {
+                e = strchr(p, ']');
+                if (!e || e == p + 1 || strspn(p + 1, "0123456789abcdefABCDEF:.") != (size_t) (e - p - 1))
+                        return false;
+                p = e + 1;
+        } else {
+                size_t n = strspn(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_");
+                if (n == 0 || n > 253)
+                        return false;
+                p += n;
+        }
+        if (*p == ':') {
+                size_t n = strspn(++p, "0123456789");
+                if (n == 0 || n >= sizeof buf)
+                        return false;
+                memcpy(buf, p, n);
+                buf[n] = '\0';
+                if (parse_u64(buf, &v) < 0 || v < 1 || v > 65535)
+                        return false;
+                p += n;
+        }
+        if (*p == '/') {
+                size_t n = strspn(++p, "0123456789");
+                if (n == 0 || n >= sizeof buf)
+                        return false;
+                memcpy(buf, p, n);
+                buf[n] = '\0';
+                if (parse_u64(buf, &v) < 0 || v > INT_MAX)
+                        return false;
+                p += n;
+        }
+        return *p == '\0';
+}
+
+static int set_pool_backend(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                            ConfErrors *errors) {
+        PoolConfig *p = object;
+        char q[QUOTE_MAX];
+        char *v = NULL;
+
+        if (*value) {
+                if (!redis_url_is_valid(value))
+                        return conf_errors_add(errors, source, k->name,
+                                               "invalid backend %s (expected redis://HOST[:PORT][/DB], or nothing for a local pool)",
+                                               quote(q, value));
+                v = strdup(value);
+                if (!v)
+                        return oom(errors, source, k->name);
+        }
+        free(p->backend);
+        p->backend = v;
+        return 0;
+}
+
+static int set_lane_pools(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                          ConfErrors *errors) {
+        LaneConfig *l = object;
+        char **v = NULL;
+        size_t n = 0;
+
+        if (split_words(value, &v, &n) < 0)
+                return oom(errors, source, k->name);
+        if (check_names(k, v, "pool", source, errors) < 0) {
+                strv_free(v);
+                return -EINVAL;
+        }
+        if (conf_source_copy(&l->pools_source, source) < 0) {
+                strv_free(v);
+                return oom(errors, source, k->name);
+        }
+        strv_free(l->pools);
+        l->pools = v;
+        l->n_pools = n;
+        return 0;
+}
+
+static int set_lane_policy(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                           ConfErrors *errors) {
+        LaneConfig *l = object;
+        char q[QUOTE_MAX];
+        LanePolicy p = DEFAULT_LANE_POLICY;
+
+        if (*value) {
+                p = lane_policy_from_string(value);
+                if (p < 0)
+                        return conf_errors_add(errors, source, k->name, "invalid policy %s (expected fail-fast or wait)",
+                                               quote(q, value));
+        }
+        l->policy = p;
+        return 0;
+}
+
+static int set_lane_priority(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                             ConfErrors *errors) {
+        LaneConfig *l = object;
+        char q[QUOTE_MAX];
+        uint64_t v = 0;
+        bool negative = value[0] == '-';
+
+        if (*value) {
+                int r = parse_u64(value + negative, &v);
+                if (r == -EINVAL)
+                        return conf_errors_add(errors, source, k->name,
+                                               "invalid number %s (expected an integer from %d to %d)", quote(q, value),
+                                               INT_MIN, INT_MAX);
+                if (r < 0 || v > (uint64_t) INT_MAX + negative)
+                        return conf_errors_add(errors, source, k->name,
+                                               "%s is out of range (expected an integer from %d to %d)", quote(q, value),
+                                               INT_MIN, INT_MAX);
+        }
+        l->priority = negative ? (int) (-(int64_t) v) : (int) v;
+        return 0;
+}
+
+static int set_lane_max_in_use(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                               ConfErrors *errors) {
+        LaneConfig *l = object;
+        ConfSource s = {};
+
+        /* Copied first: once set_cap() succeeded nothing may fail. */
+        if (conf_source_copy(&s, *value ? source : NULL) < 0)
+                return oom(errors, source, k->name);
+        if (set_cap(k, object, value, source, errors) < 0) {
+                conf_source_done(&s);
+                return -EINVAL;
+        }
+        conf_source_done(&l->max_in_use_source);
+        l->max_in_use_source = s;
+        return 0;
+}
+
+static int set_lane_reserve(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                            ConfErrors *errors) {
+        LaneConfig *l = object;
+        ConfSource s = {};
+
+        if (conf_source_copy(&s, *value ? source : NULL) < 0)
+                return oom(errors, source, k->name);
+        if (set_unsigned(k, object, value, source, errors) < 0) {
+                conf_source_done(&s);
+                return -EINVAL;
+        }
+        conf_source_done(&l->reserve_source);
+        l->reserve_source = s;
+        return 0;
+}
+
+/* Unlike the pool's, a lane's infinity is a value: its waiters wait without a budget. */
+static int set_lane_queue_timeout(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                                  ConfErrors *errors) {
+        LaneConfig *l = object;
+        usec_t v = 0;
+
+        if (*value && parse_duration(k, value, source, errors, &v) < 0)
+                return -EINVAL;
+        l->queue_timeout_set = *value;
+        l->queue_timeout = v;
+        return 0;
+}
+
+static int set_lane_client_wait(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                                ConfErrors *errors) {
+        LaneConfig *l = object;
+        char q[QUOTE_MAX];
+
+        if (*value && !streq(value, "honor") && !streq(value, "ignore"))
+                return conf_errors_add(errors, source, k->name, "invalid value %s (expected honor or ignore)",
+                                       quote(q, value));
+        l->client_wait_ignore = streq(value, "ignore");
+        return 0;
+}
+
+static int set_id_list(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                       ConfErrors *errors) {
+        char ***field = FIELD(object, k, char **), q[QUOTE_MAX];
+        char **l = NULL;
+        size_t n = 0;
+
+        if (split_words(value, &l, &n) < 0)
+                return oom(errors, source, k->name);
+        for (size_t i = 0; i < n; i++)
+                if (!id_is_valid(l[i])) {
+                        conf_errors_add(errors, source, k->name,
+                                        "invalid %s %s (expected names or numeric ids, separated by spaces)",
+                                        streq(k->name, "allow-users") ? "user" : "group", quote(q, l[i]));
+                        strv_free(l);
+                        return -EINVAL;
+                }
+        strv_free(*field);
+        *field = l;
+        return 0;
+}
+
+static const ConfKey broker_keys[] = {
+        { "socket", set_path, offsetof(BrokerConfig, socket_path), .max = SOCKET_PATH_MAX },
+        { "state-directory", set_path, offsetof(BrokerConfig, state_directory), .max = PATH_MAX - 1 },
+        { "audit", set_audit, offsetof(BrokerConfig, audit) },
+        { "history-retention", set_duration, offsetof(BrokerConfig, history_retention), .min = USEC_PER_SEC,
+          .max = USEC_INFINITY, .def = DEFAULT_HISTORY_RETENTION },
+        { "metrics-textfile", set_path, offsetof(BrokerConfig, metrics_textfile), .max = PATH_MAX - 1 },
+        { "reclaim-grace", set_duration, offsetof(BrokerConfig, reclaim_grace), .min = 0, .max = USEC_INFINITY - 1,
+          .def = DEFAULT_RECLAIM_GRACE },
+        { "exit-idle-after", set_duration, offsetof(BrokerConfig, exit_idle_after), .min = USEC_PER_MSEC,
+          .max = USEC_INFINITY, .def = USEC_INFINITY },
+        { "max-connections", set_unsigned, offsetof(BrokerConfig, max_connections), .min = 1, .max = CONNECTIONS_MAX,
+          .def = DEFAULT_MAX_CONNECTIONS },
+        { "max-connections-per-uid", set_unsigned, offsetof(BrokerConfig, max_connections_per_uid), .min = 1,
+          .max = CONNECTIONS_MAX, .def = DEFAULT_MAX_CONNECTIONS_PER_UID },
+        { "max-waiters-per-uid", set_unsigned, offsetof(BrokerConfig, max_waiters_per_uid), .min = 0,
+          .max = CONNECTIONS_MAX, .def = DEFAULT_MAX_WAITERS_PER_UID },
+        { "max-message-size", set_bytes, offsetof(BrokerConfig, max_message_size), .min = 1024,
+          .max = 16 * 1024 * 1024, .def = DEFAULT_MAX_MESSAGE_SIZE },
+        { "max-output-per-connection", set_bytes, offsetof(BrokerConfig, max_output_per_connection), .min = 4096,
+          .max = 1024 * 1024 * 1024, .def = DEFAULT_MAX_OUTPUT_PER_CONNECTION },
+};
+
+static const ConfKey pool_keys[] = {
+        { "limit", set_pool_limit, 0, .min = 1, .max = CONF_LIMIT_MAX },
+        { "members", set_pool_members },
+        { "queue-timeout", set_pool_queue_timeout, .min = 1, .max = USEC_INFINITY },
+        { "queue-congestion-timeout", set_pool_congestion_timeout, .min = 0, .max = USEC_INFINITY - 1 },
+        { "max-queue", set_cap, offsetof(PoolConfig, max_queue), .min = 0, .max = INT64_MAX, .infinity = true },
+        { "backend", set_pool_backend },
+};
+
+static const ConfKey lane_keys[] = {
+        { "pools", set_lane_pools },
+        { "policy", set_lane_policy },
+        { "priority", set_lane_priority },
+        { "max-in-use", set_lane_max_in_use, offsetof(LaneConfig, max_in_use), .min = 1, .max = CONF_LIMIT_MAX,
+          .infinity = true },
+        { "reserve", set_lane_reserve, offsetof(LaneConfig, reserve), .min = 0, .max = CONF_LIMIT_MAX },
+        { "queue-timeout", set_lane_queue_timeout, .min = 1, .max = USEC_INFINITY },
+        { "client-wait", set_lane_client_wait },
+        { "max-hold", set_duration, offsetof(LaneConfig, max_hold), .min = USEC_PER_MSEC, .max = USEC_INFINITY,
+          .def = USEC_INFINITY },
+        { "allow-users", set_id_list, offsetof(LaneConfig, allow_users) },
+        { "allow-groups", set_id_list, offsetof(LaneConfig, allow_groups) },
+};
+
+static const ConfKey *find_key(const ConfKey *keys, size_t n, const char *name) {
+        for (size_t i = 0; i < n; i++)
+                if (streq(keys[i].name, name))
+                        return keys + i;
+        return NULL;
+}
+
+static int unknown_key(const ConfKey *keys, size_t n, const char *section, const char *key,
+                       const ConfSource *source, ConfErrors *errors) {
+        char known[512] = "";
+        size_t len = 0;
+
+        for (size_t i = 0; i < n; i++) {
+                int k = snprintf(known + len, sizeof known - len, "%s%s", i > 0 ? ", " : "", keys[i].name);
+                if (k < 0 || (size_t) k >= sizeof known - len)
+                        break;
+                len += (size_t) k;
+        }
+        return conf_errors_add(errors, source, key, "unknown key in [%s] (known keys: %s)", section, known);
+}
+
+/* "broker", "pool NAME", "lane NAME"; the name is copied to name_buf. */
+static int section_parse(const char *section, const char *key, const ConfSource *source, ConfErrors *errors,
+                         SectionKind *ret_kind, char name_buf[static CONF_NAME_MAX + 1]) {
+        char q[QUOTE_MAX];
+        const char *p = section;
+        size_t n = strcspn(p, " \t");
+        SectionKind kind;
+
+        if (n == 6 && strncmp(p, "broker", 6) == 0)
+                kind = SECTION_BROKER;
+        else if (n == 4 && strncmp(p, "pool", 4) == 0)
+                kind = SECTION_POOL;
+        else if (n == 4 && strncmp(p, "lane", 4) == 0)
+                kind = SECTION_LANE;
+        else if (*p == '\0' && key)
+                return conf_errors_add(errors, source, key,
+                                       "setting outside of any section (expected it under [broker], [pool NAME] or [lane NAME])");
+        else
+                return conf_errors_add(errors, source, key,
+                                       "unknown section [%.*s] (expected [broker], [pool NAME] or [lane NAME])",
+                                       (int) MIN(strlen(section), (size_t) 64), section);
+
+        p += n;
+        p += strspn(p, " \t");
+        if (kind == SECTION_BROKER) {
+                if (*p)
+                        return conf_errors_add(errors, source, key, "[broker] takes no name, got %s", quote(q, p));
+                name_buf[0] = '\0';
+        } else {
+                const char *what = kind == SECTION_POOL ? "pool" : "lane";
+                size_t m = strcspn(p, " \t");
+
+                if (m == 0)
+                        return conf_errors_add(errors, source, key, "[%s] needs a name: [%s NAME]", what, what);
+                if (p[m + strspn(p + m, " \t")] != '\0')
+                        return conf_errors_add(errors, source, key,
+                                               "[%s] takes one name, got %s (names cannot contain spaces)", what,
+                                               quote(q, p));
+                memcpy(name_buf, p, MIN(m, (size_t) CONF_NAME_MAX));
+                name_buf[MIN(m, (size_t) CONF_NAME_MAX)] = '\0';
+                if (m > CONF_NAME_MAX || !conf_name_is_valid(name_buf))
+                        return conf_errors_add(errors, source, key,
+                                               "invalid %s name %s%s (expected 1 to %d characters from A-Z a-z 0-9 . _ -)",
+                                               what, quote(q, name_buf), m > CONF_NAME_MAX ? "..." : "", CONF_NAME_MAX);
+        }
+        *ret_kind = kind;
+        return 0;
+}
+
+/* Finds or creates the section's pool or lane; *ret_created tells whether it is new. */
+static int section_object(BrokerConfig *c, SectionKind kind, const char *name, const char *key,
+                          const ConfSource *source, ConfErrors *errors, void **ret, bool *ret_created) {
+        int r;
+
+        *ret_created = false;
+        if (kind == SECTION_BROKER) {
+                *ret = c;
+                return 0;
+        }
+        if (kind == SECTION_POOL) {
+                PoolConfig *p = conf_find_pool(c, name);
+                if (!p) {
+                        if (c->n_pools >= CONF_SECTIONS_MAX)
+                                return conf_errors_add(errors, source, key, "too many pools (at most %d)",
+                                                       CONF_SECTIONS_MAX);
+                        r = pool_add(c, name, source, &p);
+                        if (r < 0)
+                                return oom(errors, source, key);
+                        *ret_created = true;
+                }
+                *ret = p;
+                return 0;
+        }
+        LaneConfig *l = conf_find_lane(c, name);
+        if (!l) {
+                if (c->n_lanes >= CONF_SECTIONS_MAX)
+                        return conf_errors_add(errors, source, key, "too many lanes (at most %d)", CONF_SECTIONS_MAX);
+                r = lane_add(c, name, source, &l);
+                if (r < 0)
+                        return oom(errors, source, key);
+                *ret_created = true;
+        }
+        *ret = l;
+        return 0;
+}
+
+int conf_section_add(BrokerConfig *c, const char *section, const ConfSource *source, ConfErrors *errors) {
+        char name[CONF_NAME_MAX + 1];
+        SectionKind kind;
+        void *object;
+        bool created;
+
+        assert_return(c, -EINVAL);
+        assert_return(section, -EINVAL);
+
+        if (section_parse(section, NULL, source, errors, &kind, name) < 0)
+                return -EINVAL;
+        return section_object(c, kind, name, NULL, source, errors, &object, &created);
+}
+
+int conf_set(BrokerConfig *c, const char *section, const char *key, const char *value, const ConfSource *source,
+             ConfErrors *errors) {
+        char name[CONF_NAME_MAX + 1];
+        const ConfKey *keys, *k;
+        SectionKind kind;
+        size_t n_keys;
+        void *object;
+        bool created;
+        int r;
+
+        assert_return(c, -EINVAL);
+        assert_return(section, -EINVAL);
+        assert_return(key, -EINVAL);
+        assert_return(value, -EINVAL);
+
+        if (section_parse(section, key, source, errors, &kind, name) < 0)
+                return -EINVAL;
+        keys = kind == SECTION_BROKER ? broker_keys : kind == SECTION_POOL ? pool_keys : lane_keys;
+        n_keys = kind == SECTION_BROKER ? ELEMENTSOF(broker_keys)
+                 : kind == SECTION_POOL ? ELEMENTSOF(pool_keys)
+                                        : ELEMENTSOF(lane_keys);
+        if (!*key)
+                return conf_errors_add(errors, source, NULL, "missing key name before = (expected KEY=VALUE)");
+        k = find_key(keys, n_keys, key);
+        if (!k)
+                return unknown_key(keys, n_keys, kind == SECTION_BROKER ? "broker" : section, key, source, errors);
+
+        /* Values are compared exactly below, so surrounding whitespace goes (as the INI reader strips it). */
+        while (isspace((unsigned char) *value))
+                value++;
+        size_t len = strlen(value);
+        while (len > 0 && isspace((unsigned char) value[len - 1]))
+                len--;
+        _cleanup_free_ char *v = strndup(value, len);
+        if (!v)
+                return oom(errors, source, key);
+        for (const unsigned char *p = (const unsigned char *) v; *p; p++)
+                if ((*p < 0x20 && *p != '\t') || *p == 0x7f) {
+                        char q[QUOTE_MAX];
+                        return conf_errors_add(errors, source, key, "value %s contains a control character",
+                                               quote(q, v));
+                }
+
+        r = section_object(c, kind, name, key, source, errors, &object, &created);
+        if (r < 0)
+                return r;
+        r = k->set(k, object, v, source, errors);
+        if (r < 0 && created) {
+                /* The section came with this key: a failed key leaves no trace. */
+                if (kind == SECTION_POOL)
+                        pool_config_free(c->pools[--c->n_pools]);
+                else
+                        lane_config_free(c->lanes[--c->n_lanes]);
+        }
+        return r;
+}
+
+/* ---- the embedded default ---- */
+
+int conf_new_default(unsigned n_cpus, BrokerConfig **ret) {
+        static const struct {
+                const char *section, *key, *value;
+        } settings[] = {
+                { "pool default", "queue-timeout", "5min" },
+                { "lane merge", "pools", "default" },
+                { "lane merge", "policy", "fail-fast" },
+                { "lane nightly", "pools", "default" },
+                { "lane nightly", "policy", "wait" },
+                { "lane nightly", "queue-timeout", "infinity" },
+        };
+        const ConfSource source = { .file = (char *) "(embedded default)" };
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        char limit[16];
+        int r;
+
+        assert_return(ret, -EINVAL);
+
+        r = conf_new(&c);
+        if (r < 0)
+                return r;
+        snprintf(limit, sizeof limit, "%u", MIN(MAX(n_cpus, 1U), CONF_LIMIT_MAX));
+        r = conf_set(c, "pool default", "limit", limit, &source, NULL);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < ELEMENTSOF(settings); i++) {
+                r = conf_set(c, settings[i].section, settings[i].key, settings[i].value, &source, NULL);
+                if (r < 0)
+                        return r;
+        }
+        *ret = TAKE_PTR(c);
+        return 0;
+}
+
+/* ---- cross-checks ---- */
+
+static bool lane_uses_pool(const LaneConfig *l, const char *pool) {
+        return strv_contains(l->pools, pool);
+}
+
+static int validate_pool(const BrokerConfig *c, const PoolConfig *p, ConfErrors *errors) {
+        char a[TIMESPAN_MAX], b[TIMESPAN_MAX];
+        int r = 0;
+
+        if (p->n_members == 0 && p->limit_given == 0)
+                r = conf_errors_add(errors, &p->source, "limit", "pool %s has no slots: set limit= or members=",
+                                    p->name);
+        else if (p->n_members > 0 && p->limit_given > 0 && p->limit_given != p->n_members)
+                r = conf_errors_add(errors, &p->limit_source, "limit",
+                                    "pool %s has limit=%u but %zu members (limit= may be left out: it is the member count)",
+                                    p->name, p->limit_given, p->n_members);
+        if (p->limit > CONF_LIMIT_MAX)
+                r = conf_errors_add(errors, &p->source, "limit", "pool %s has %u slots, more than %u", p->name,
+                                    p->limit, CONF_LIMIT_MAX);
+
+        if (p->congestion_timeout_set) {
+                if (!p->queue_timeout_set)
+                        r = conf_errors_add(errors, &p->congestion_timeout_source, "queue-congestion-timeout",
+                                            "pool %s has no queue-timeout=: the saturated budget needs one", p->name);
+                else if (p->congestion_timeout > p->queue_timeout)
+                        r = conf_errors_add(errors, &p->congestion_timeout_source, "queue-congestion-timeout",
+                                            "%s exceeds queue-timeout=%s of pool %s (the saturated budget may not be longer)",
+                                            timespan_format(a, sizeof a, p->congestion_timeout),
+                                            timespan_format(b, sizeof b, p->queue_timeout), p->name);
+        }
+
+        /* Reservations: all of them must fit, and every lane must be left at least one slot. */
+        uint64_t reserved = 0;
+        const LaneConfig *last = NULL;
+        for (size_t i = 0; i < c->n_lanes; i++)
+                if (c->lanes[i]->reserve > 0 && lane_uses_pool(c->lanes[i], p->name)) {
+                        reserved += c->lanes[i]->reserve;
+                        last = c->lanes[i];
+                }
+        if (p->limit == 0 || !last)
+                return r;
+        if (reserved > p->limit)
+                return conf_errors_add(errors, &last->reserve_source, "reserve",
+                                       "lanes reserve %" PRIu64 " slots of pool %s, which has %u", reserved, p->name,
+                                       p->limit);
+        for (size_t i = 0; i < c->n_lanes; i++) {
+                const LaneConfig *l = c->lanes[i];
+                if (!lane_uses_pool(l, p->name) || reserved - l->reserve < p->limit)
+                        continue;
+                r = conf_errors_add(errors, &l->pools_source, "pools",
+                                    "lane %s could never get a slot of pool %s: other lanes reserve all %u of them",
+                                    l->name, p->name, p->limit);
+        }
+        return r;
+}
+
+static int validate_lane(const BrokerConfig *c, const LaneConfig *l, ConfErrors *errors) {
+        int r = 0;
+
+        if (l->n_pools == 0)
+                r = conf_errors_add(errors, l->pools_source.file ? &l->pools_source : &l->source, "pools",
+                                    "lane %s names no pool (expected pools=NAME…, in order of preference)", l->name);
+        for (size_t i = 0; i < l->n_pools; i++)
+                if (!conf_find_pool(c, l->pools[i]))
+                        r = conf_errors_add(errors, &l->pools_source, "pools",
+                                            "lane %s names pool %s, which is not defined (no [pool %s] section)",
+                                            l->name, l->pools[i], l->pools[i]);
+        if (l->max_in_use == 0 || l->max_in_use < -1)
+                r = conf_errors_add(errors, &l->max_in_use_source, "max-in-use",
+                                    "lane %s has max-in-use=%" PRId64 " (expected at least 1, or infinity)", l->name,
+                                    l->max_in_use);
+        else if (l->max_in_use > 0 && l->reserve > l->max_in_use)
+                r = conf_errors_add(errors, &l->reserve_source, "reserve",
+                                    "lane %s reserves %u slots but may use only %" PRId64 " (max-in-use=)", l->name,
+                                    l->reserve, l->max_in_use);
+        if (l->policy < 0 || l->policy >= _LANE_POLICY_MAX)
+                r = conf_errors_add(errors, &l->source, "policy", "lane %s has no valid policy", l->name);
+        return r;
+}
+
+int conf_validate(const BrokerConfig *c, ConfErrors *errors) {
+        int r = 0;
+
+        assert_return(c, -EINVAL);
+
+        if (c->n_lanes == 0)
+                r = conf_errors_add(errors, NULL, NULL,
+                                    "no lane is configured: clients could acquire nothing (add a [lane NAME] section with pools=)");
+        for (size_t i = 0; i < c->n_pools; i++)
+                if (validate_pool(c, c->pools[i], errors) < 0)
+                        r = -EINVAL;
+        for (size_t i = 0; i < c->n_lanes; i++)
+                if (validate_lane(c, c->lanes[i], errors) < 0)
+                        r = -EINVAL;
+        return r;
+}
+
+/* ---- dump ---- */
+
+static void dump_path(FILE *f, const char *key, const char *value, const char *unset) {
+        if (value)
+                fprintf(f, "%s=%s\n", key, value);
+        else
+                fprintf(f, "#%s= (unset: %s)\n", key, unset);
+}
+
+static void dump_bytes(FILE *f, const char *key, size_t v) {
+        if (v > 0 && v % (1024 * 1024) == 0)
+                fprintf(f, "%s=%zuM\n", key, v / (1024 * 1024));
+        else if (v > 0 && v % 1024 == 0)
+                fprintf(f, "%s=%zuK\n", key, v / 1024);
+        else
+                fprintf(f, "%s=%zu\n", key, v);
+}
+
+static void dump_cap(FILE *f, const char *key, int64_t v) {
+        if (v < 0)
+                fprintf(f, "%s=infinity\n", key);
+        else
+                fprintf(f, "%s=%" PRId64 "\n", key, v);
+}
+
+void conf_dump(const BrokerConfig *c, FILE *f) {
+        char t[TIMESPAN_MAX];
+
+        if (!c || !f)
+                return;
+
+        fputs("[broker]\n", f);
+        dump_path(f, "socket", c->socket_path, "the mode's default");
+        dump_path(f, "state-directory", c->state_directory, "$STATE_DIRECTORY or /var/lib/brokerd");
+        fprintf(f, "audit=%s\n", strempty(audit_level_to_string(c->audit)));
+        fprintf(f, "history-retention=%s\n", timespan_format(t, sizeof t, c->history_retention));
+        dump_path(f, "metrics-textfile", c->metrics_textfile, "no textfile");
+        fprintf(f, "reclaim-grace=%s\n", timespan_format(t, sizeof t, c->reclaim_grace));
+        fprintf(f, "exit-idle-after=%s\n", timespan_format(t, sizeof t, c->exit_idle_after));
+        fprintf(f, "max-connections=%u\n", c->max_connections);
+        fprintf(f, "max-connections-per-uid=%u\n", c->max_connections_per_uid);
+        fprintf(f, "max-waiters-per-uid=%u\n", c->max_waiters_per_uid);
+        dump_bytes(f, "max-message-size", c->max_message_size);
+        dump_bytes(f, "max-output-per-connection", c->max_output_per_connection);
+
+        for (size_t i = 0; i < c->n_pools; i++) {
+                const PoolConfig *p = c->pools[i];
+
+                fprintf(f, "\n[pool %s]\n", p->name);
+                if (p->limit_given > 0)
+                        fprintf(f, "limit=%u\n", p->limit_given);
+                if (p->n_members > 0) {
+                        fputs("members=", f);
+                        fputs_words(p->members, f);
+                        fputc('\n', f);
+                }
+                fprintf(f, "queue-timeout=%s\n",
+                        p->queue_timeout_set ? timespan_format(t, sizeof t, p->queue_timeout) : "infinity");
+                if (p->congestion_timeout_set)
+                        fprintf(f, "queue-congestion-timeout=%s\n", timespan_format(t, sizeof t, p->congestion_timeout));
+                else
+                        fputs("#queue-congestion-timeout= (unset: queue-timeout/10, at least min(1s, queue-timeout))\n", f);
+                dump_cap(f, "max-queue", p->max_queue);
+                dump_path(f, "backend", p->backend, "local");
+        }
+
+        for (size_t i = 0; i < c->n_lanes; i++) {
+                const LaneConfig *l = c->lanes[i];
+
+                fprintf(f, "\n[lane %s]\n", l->name);
+                fputs("pools=", f);
+                fputs_words(l->pools, f);
+                fputc('\n', f);
+                fprintf(f, "policy=%s\n", strempty(lane_policy_to_string(l->policy)));
+                fprintf(f, "priority=%d\n", l->priority);
+                dump_cap(f, "max-in-use", l->max_in_use);
+                fprintf(f, "reserve=%u\n", l->reserve);
+                if (l->queue_timeout_set)
+                        fprintf(f, "queue-timeout=%s\n", timespan_format(t, sizeof t, l->queue_timeout));
+                else
+                        fputs("#queue-timeout= (unset: the pool's budget)\n", f);
+                fprintf(f, "client-wait=%s\n", l->client_wait_ignore ? "ignore" : "honor");
+                fprintf(f, "max-hold=%s\n", timespan_format(t, sizeof t, l->max_hold));
+                if (l->allow_users) {
+                        fputs("allow-users=", f);
+                        fputs_words(l->allow_users, f);
+                        fputc('\n', f);
+                } else
+                        fputs("#allow-users= (unset: anyone who can reach the socket)\n", f);
+                if (l->allow_groups) {
+                        fputs("allow-groups=", f);
+                        fputs_words(l->allow_groups, f);
+                        fputc('\n', f);
+                } else
+                        fputs("#allow-groups= (unset: no group grants access)\n", f);
+        }
+}
