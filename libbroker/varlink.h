@@ -96,8 +96,9 @@ int varlink_reply_format(json_t *parameters, VarlinkReplyFlags flags, char **ret
 int varlink_error_format(const char *error, json_t *parameters, char **ret, size_t *ret_size);
 
 /* Input: bytes in arbitrary chunks in, whole messages out. Holds at most one partial message besides
- * those not yet taken, and gives its memory back whenever it is empty, so that ten thousand idle
- * connections cost nothing here. Each byte is scanned for the NUL once: O(n) for any chunking. */
+ * those not yet taken, gives its memory back whenever it is empty (ten thousand idle connections cost
+ * nothing here) and shrinks after a large message. Each byte is scanned for the NUL once and moved at
+ * most once: O(n) for any chunking. */
 typedef struct VarlinkInput {
         char *data;
         size_t start;     /* first byte not yet taken */
@@ -140,7 +141,8 @@ void varlink_output_done(VarlinkOutput *out);
 int varlink_output_enqueue(VarlinkOutput *out, const void *data, size_t size);
 /* Serializes msg straight into the queue, with its NUL. Returns as varlink_output_enqueue(). */
 int varlink_output_enqueue_json(VarlinkOutput *out, const json_t *msg);
-/* Sends what is pending with send(MSG_NOSIGNAL|MSG_DONTWAIT), keeping what a partial write left.
+/* Sends what is pending with sendmsg(MSG_NOSIGNAL|MSG_DONTWAIT), several chunks a call, keeping what a
+ * partial write left.
  * Returns 0 when everything was sent; -EAGAIN when the socket is full and bytes remain (wait for
  * POLLOUT); another negative errno (-EPIPE, -ECONNRESET, …) when the connection is broken. */
 int varlink_output_flush(VarlinkOutput *out, int fd);
@@ -160,8 +162,8 @@ typedef struct VarlinkStream {
 /* max_message and max_output 0 mean the defaults (VARLINK_CALL_MAX_DEFAULT, VARLINK_OUTPUT_MAX_DEFAULT). */
 void varlink_stream_init(VarlinkStream *s, int fd, size_t max_message, size_t max_output);
 void varlink_stream_done(VarlinkStream *s);
-/* One recv() of at most VARLINK_READ_SIZE bytes into the input. Returns the number of bytes (> 0); 0 at
- * EOF; -EAGAIN when nothing is there; -ENOBUFS when messages not yet taken fill the input (take them
+/* One recv() into the input, of at most what a message could still take: the buffered bytes and the
+ * read together never exceed max_message + 1. Returns the number of bytes (> 0); 0 at EOF; -EAGAIN when nothing is there; -ENOBUFS when messages not yet taken fill the input (take them
  * with varlink_stream_next() first, or stop reading); another negative errno (-ECONNRESET, …). */
 ssize_t varlink_stream_read(VarlinkStream *s);
 /* As varlink_input_next(). */
