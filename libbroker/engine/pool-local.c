@@ -621,10 +621,11 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
         if (!l || !l->configured || t->slots == 0 || t->slots > p->base.limit)
                 return -EINVAL;
 
-        /* Room: nobody ahead of it in queue order who is not passed over, and k slots the lane may take.
-         * An arrival goes behind every waiter of its priority and above, so those are the ones to ask. */
+        /* Room (SPEC §3): nobody waiting, k slots free, and the lane's limits allow it. A waiter that a lane
+         * limit passes over does not count as waiting here, as it does not hold back the queue either:
+         * otherwise a nightly waiter kept out of merge's reserved slot would keep merge out of it too. */
         Verdict ahead_verdict, v = lane_verdict(p, l, t->slots, free_slots(p));
-        if (v == VERDICT_GRANTABLE && !queue_next(p, l->priority, &ahead_verdict))
+        if (v == VERDICT_GRANTABLE && !queue_next(p, INT32_MIN, &ahead_verdict))
                 return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL);
 
         if (!t->may_wait) {

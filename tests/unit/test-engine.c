@@ -529,6 +529,21 @@ static void test_higher_priority_goes_first(void **state) {
         assert_true(granted(c) && queued(b));
 }
 
+static void test_higher_priority_arrival_does_not_take_a_slot_freed_for_a_waiter(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "m", LANE_POLICY_FAIL_FAST, "p", NULL)->priority = 10;
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 1);
+        release(f, a, 10);
+        Tag *m = arrive(f, "M", (Req) { .lane = "m" }, 10); /* someone waits: no room, whatever the priority */
+        run(f, 10);
+        assert_true(refused(m, REFUSAL_BUSY));
+        assert_true(granted(b));
+}
+
 static void test_no_barging_behind_a_multi_slot_waiter(void **state) {
         Fixture *f = *state;
         simple(f, 3, 0);
@@ -1038,6 +1053,7 @@ int main(void) {
                 T(test_client_wait_ignore_overrules_hints),
                 T(test_fifo_within_a_lane),
                 T(test_higher_priority_goes_first),
+                T(test_higher_priority_arrival_does_not_take_a_slot_freed_for_a_waiter),
                 T(test_no_barging_behind_a_multi_slot_waiter),
                 T(test_multi_slot_grant_hands_out_distinct_slots),
                 T(test_max_queue_zero_grants_when_there_is_room),
