@@ -278,7 +278,7 @@ static void on_lease_persisted(Lease *l, int result) {
                 audit_decision(m, &rec);
                 if (c && !c->closed) {
                         _cleanup_(json_decrefp) json_t *p =
-                                json_pack("{s:i, s:s, s:s}", "retryAfterSec", 5, "pool", rec.pool, "reason", "state not writable");
+                                json_pack("{s:i, s:s, s:s}", "retryAfterSec", 5, "pool", rec.pool, "reason", "storage");
                         c->lease = NULL;
                         l->holder = NULL;
                         connection_reply_error(c, "io.slotbroker.Unavailable", p);
@@ -372,7 +372,7 @@ static void on_refused(Manager *m, Connection *c, const EngineEvent *ev) {
         if (p && (ev->refusal == REFUSAL_TIMEOUT || ev->refusal == REFUSAL_SHED))
                 json_object_set_new(p, "waitedMs", json_integer((json_int_t) (ev->wait / USEC_PER_MSEC)));
         if (p && ev->refusal == REFUSAL_UNAVAILABLE)
-                json_object_set_new(p, "reason", json_string("drained or removed"));
+                json_object_set_new(p, "reason", json_string(conf_find_pool(m->config, ev->pool) ? "drained" : "removed"));
         connection_reply_error(c, refusal_error(ev->refusal), p);
         connection_acquire_done(c);
 }

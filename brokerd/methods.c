@@ -32,7 +32,7 @@ static bool parameters_ok(Connection *c, const VarlinkCall *call, const JsonFiel
 static bool require_admin(Connection *c) {
         if (manager_is_admin(c->manager, c->cred.uid))
                 return true;
-        connection_reply_error(c, VARLINK_ERROR_PERMISSION_DENIED, NULL);
+        connection_reply_error(c, "io.slotbroker.PermissionDenied", NULL);
         return false;
 }
 
@@ -224,11 +224,13 @@ static void method_drain(Connection *c, const VarlinkCall *call) {
                 return;
         int r = engine_drain(c->manager->engine, pool, member, on, now_monotonic());
         if (r == -ENOENT) {
-                reply_invalid_parameter(c, member && conf_find_pool(c->manager->config, pool) ? "member" : "pool");
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s, s:s?}", "pool", pool, "member", member);
+                connection_reply_error(c, "io.slotbroker.NoSuchPool", p);
                 return;
         }
         if (r < 0) {
-                connection_reply_error(c, "io.slotbroker.Unavailable", NULL);
+                log_oom();
+                connection_close(c);
                 return;
         }
         log_info("Pool %s%s%s %s by uid %d.", pool, member ? " member " : "", member ?: "", on ? "drained" : "undrained",
@@ -327,7 +329,7 @@ static void on_history_page(History *h, int error, json_t *events, int64_t next_
         Connection *c = userdata;
         c->history_pending = false;
         if (error < 0) {
-                _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s}", "retryAfterSec", 5, "reason", "history unavailable");
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s}", "retryAfterSec", 5, "reason", "storage");
                 connection_reply_error(c, "io.slotbroker.Unavailable", p);
         } else {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:O}", "events", events);
@@ -356,7 +358,7 @@ static void method_history(Connection *c, const VarlinkCall *call) {
                            }))
                 return;
         if (!m->history) {
-                _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s}", "retryAfterSec", 5, "reason", "history unavailable");
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s}", "retryAfterSec", 5, "reason", "storage");
                 connection_reply_error(c, "io.slotbroker.Unavailable", p);
                 return;
         }

@@ -951,12 +951,15 @@ static void test_embedded_interface_equals_file(void **state) {
 
 /* A checker for the varlink.org interface grammar (its PEG, no more lenient): members separated by
  * newlines, no space between a field's type and its comma, names as the grammar has them, custom types
- * defined, no name twice. With require_docs, every declaration and every field of a struct must be
- * preceded by a comment line. Returns NULL or what is wrong. */
+ * defined, no name twice. With require_docs, every declaration must be preceded by a comment block that
+ * documents each of its fields on a line "#   name: …" — field comments go above the declaration, not
+ * between fields, which systemd 255/256's varlinkctl cannot parse. Returns NULL or what is wrong. */
 typedef struct Idl {
         const char *p;
         bool require_docs;
         bool documented;       /* the last thing skipped was a comment line directly above */
+        const char *doc_start; /* the comment block directly above the current declaration */
+        const char *doc_end;
         char names[64][64];
         size_t n_names;
         char refs[64][64];
@@ -968,9 +971,12 @@ static void idl_skip(Idl *x) {
         unsigned newlines = 0;
         bool comment = false;
 
+        const char *block = NULL;
         for (;;) {
                 char c = *x->p;
                 if (c == '#') {
+                        if (!comment || newlines > 1)
+                                block = x->p;
                         while (*x->p && *x->p != '\n')
                                 x->p++;
                         comment = true;
@@ -984,6 +990,23 @@ static void idl_skip(Idl *x) {
                         break;
         }
         x->documented = comment && newlines <= 1;
+        if (x->documented) {
+                x->doc_start = block;
+                x->doc_end = x->p;
+        }
+}
+
+/* Is the field documented as "#   name:" in the block above its declaration? */
+static bool idl_field_documented(const Idl *x, const char *name) {
+        char needle[80];
+        snprintf(needle, sizeof needle, "\n#   %s: ", name);
+        for (const char *p = x->doc_start; p && p < x->doc_end; p++) {
+                p = strstr(p, needle);
+                if (!p || p >= x->doc_end)
+                        return false;
+                return true;
+        }
+        return false;
 }
 
 static bool idl_fail(Idl *x, const char *what) {
@@ -1062,10 +1085,12 @@ static bool idl_struct_or_enum(Idl *x, bool fields_need_docs) {
                 return true;
         }
         for (;;) {
-                if (fields_need_docs && x->require_docs && !x->documented)
-                        return idl_fail(x, "undocumented field");
+                if (x->documented)
+                        return idl_fail(x, "a comment between fields (systemd 255/256 cannot parse it)");
                 if (idl_word(x, w, sizeof(w)) == 0 || !idl_field_name_valid(w))
                         return idl_fail(x, "bad field name");
+                if (fields_need_docs && x->require_docs && !idl_field_documented(x, w))
+                        return idl_fail(x, "undocumented field");
                 for (size_t i = 0; i < n; i++)
                         if (streq(seen[i], w))
                                 return idl_fail(x, "field defined twice");
@@ -1142,17 +1167,20 @@ static const char *idl_check(const char *text, bool require_docs) {
                         break;
                 if (require_docs && !x.documented)
                         return "undocumented declaration";
+                const char *doc_start = x.doc_start, *doc_end = x.doc_end;
                 idl_word(&x, w, sizeof(w));
                 if (streq(w, "type")) {
                         if (!idl_name(&x, true))
                                 return x.error;
                         idl_skip(&x);
+                        x.doc_start = doc_start, x.doc_end = doc_end;
                         if (!idl_struct_or_enum(&x, true))
                                 return x.error;
                 } else if (streq(w, "method")) {
                         if (!idl_name(&x, true))
                                 return x.error;
                         idl_skip(&x);
+                        x.doc_start = doc_start, x.doc_end = doc_end;
                         if (!idl_struct_or_enum(&x, true))
                                 return x.error;
                         idl_skip(&x);
@@ -1160,12 +1188,14 @@ static const char *idl_check(const char *text, bool require_docs) {
                                 return "-> expected";
                         x.p += 2;
                         idl_skip(&x);
+                        x.doc_start = doc_start, x.doc_end = doc_end;
                         if (!idl_struct_or_enum(&x, true))
                                 return x.error;
                 } else if (streq(w, "error")) {
                         if (!idl_name(&x, true))
                                 return x.error;
                         idl_skip(&x);
+                        x.doc_start = doc_start, x.doc_end = doc_end;
                         if (!idl_struct_or_enum(&x, true))
                                 return x.error;
                 } else
@@ -1221,7 +1251,8 @@ static void test_idl_checker_refuses_broken_definitions(void **state) {
         assert_null(idl_check("interface io.x\ntype T (a: ?[]int, b: [string](x, y), c: ?[string]object)\n"
                               "method Foo(t: T) -> ()\n", false));
         assert_non_null(idl_check("interface io.x\nmethod Foo(a: int) -> ()\n", true));
-        assert_null(idl_check("# d\ninterface io.x\n# d\nmethod Foo(\n# d\na: int\n) -> ()\n", true));
+        assert_null(idl_check("# d\ninterface io.x\n# d\n#   a: the a\nmethod Foo(\na: int\n) -> ()\n", true));
+        assert_non_null(idl_check("# d\ninterface io.x\n# d\nmethod Foo(\n# d\na: int\n) -> ()\n", true));
         assert_non_null(idl_check("# d\ninterface io.x\n# d\n\nmethod Foo() -> ()\n", true));
 }
 
