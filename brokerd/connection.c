@@ -97,26 +97,39 @@ int connection_reply_error(Connection *c, const char *error, json_t *parameters)
         return 0;
 }
 
+/* Release of the lease this connection holds may overtake the wait for that lease to end: it is what
+ * ends it, and the Acquire's last reply still goes out before the Release's, in order. This lets one
+ * connection take and give back lease after lease. */
+static bool call_releases_own_lease(const Connection *c, const VarlinkCall *call) {
+        if (!c->lease || c->acquire.pending || c->history_pending || !streq(call->method, "io.slotbroker.Release"))
+                return false;
+        json_t *id = json_object_get(call->parameters, "lease");
+        return json_is_string(id) && streq(json_string_value(id), c->lease->id);
+}
+
 void connection_dispatch(Connection *c) {
-        while (!c->closed && !connection_busy(c)) {
-                _cleanup_(json_decrefp) json_t *msg = NULL;
-                int r = varlink_stream_next(&c->stream, &msg);
-                if (r == 0)
-                        break;
-                if (r < 0) {
-                        /* A message we cannot parse cannot be answered either: the stream has lost its framing. */
-                        log_debug("Closing connection of pid %d: %s", (int) c->cred.pid,
-                                  r == -EMSGSIZE ? "message too long" : "malformed message");
-                        connection_close(c);
-                        return;
+        while (!c->closed) {
+                if (!c->next_call) {
+                        int r = varlink_stream_next(&c->stream, &c->next_call);
+                        if (r == 0)
+                                break;
+                        if (r < 0) {
+                                /* A message we cannot parse cannot be answered either: the stream lost its framing. */
+                                log_debug("Closing connection of pid %d: %s", (int) c->cred.pid,
+                                          r == -EMSGSIZE ? "message too long" : "malformed message");
+                                connection_close(c);
+                                return;
+                        }
                 }
                 VarlinkCall call;
-                r = varlink_call_parse(msg, &call);
-                if (r < 0) {
+                if (varlink_call_parse(c->next_call, &call) < 0) {
                         log_debug("Closing connection of pid %d: not a Varlink call", (int) c->cred.pid);
                         connection_close(c);
                         return;
                 }
+                if (connection_busy(c) && !call_releases_own_lease(c, &call))
+                        break; /* answered, in order, once the open Acquire ends */
+                _cleanup_(json_decrefp) json_t *msg = TAKE_PTR(c->next_call);
                 methods_dispatch(c, &call);
         }
         connection_flush(c);
@@ -257,6 +270,8 @@ void connection_close(Connection *c) {
                 lease_holder_gone(c->lease); /* clears c->lease */
 
         c->io = sd_event_source_disable_unref(c->io);
+        json_decref(c->next_call);
+        c->next_call = NULL;
         varlink_stream_done(&c->stream);
         c->fd = safe_close(c->fd);
         free(c->groups);

@@ -44,6 +44,7 @@ struct Connection {
         int fd;
         sd_event_source *io;
         VarlinkStream stream;
+        json_t *next_call;         /* taken from the stream, waiting for an open Acquire to end */
         struct ucred cred;
         gid_t *groups;
         size_t n_groups;

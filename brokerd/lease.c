@@ -365,7 +365,7 @@ void lease_revoke(Lease *l, const char *reason) {
                                                   REVOKE_GRACE_USEC, 0, on_revoke_grace, l);
 }
 
-void lease_release(Lease *l) {
+void lease_release(Lease *l, Connection *by) {
         if (lease_command_running(l)) {
                 lease_revoke(l, "released while its command runs");
                 return;
@@ -377,9 +377,11 @@ void lease_release(Lease *l) {
                 if (c->acquire.active && c->acquire.more) {
                         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "released");
                         (void) connection_reply(c, p, false);
-                        connection_acquire_done(c);
-                } else
-                        connection_close(c);
+                        c->acquire.active = false;
+                        if (c != by)
+                                connection_acquire_done(c);
+                } else if (c != by)
+                        connection_close(c); /* a plain Acquire's life line is the connection itself */
         }
         lease_end(l, "released");
 }

@@ -90,9 +90,9 @@ void lease_discard(Lease *l);
 
 /* The connection went away: the lease ends unless its command still runs. */
 void lease_holder_gone(Lease *l);
-/* Release by the holder's uid or root from any connection: ends it, or revokes it if its command runs.
- * The holder is told ("released" or "revoked"). */
-void lease_release(Lease *l);
+/* Release by the holder's uid or root from any connection (`by`, which may be the holder itself): ends it,
+ * or revokes it if its command runs. The holder is told ("released" or "revoked"). */
+void lease_release(Lease *l, Connection *by);
 /* max-hold or an administrator: the holder is told to stop; the slots free when it has. */
 void lease_revoke(Lease *l, const char *reason);
 /* Once a second: process groups whose leader has exited. */

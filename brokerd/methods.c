@@ -79,7 +79,7 @@ static void method_release(Connection *c, const VarlinkCall *call) {
                 connection_reply_error(c, "io.slotbroker.PermissionDenied", p);
                 return;
         }
-        lease_release(l);
+        lease_release(l, c);
         connection_reply(c, NULL, false);
 }
 
