@@ -1,0 +1,824 @@
+/* SPDX-License-Identifier: MIT */
+/* client.c — libbroker's client side of io.slotbroker: connections, Acquire as a stream of events,
+ * one-reply calls, leases. Framing and JSON come from varlink.c and json.c; nothing here logs. */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "json.h"
+#include "macro.h"
+#include "varlink.h"
+
+#define INTERFACE "io.slotbroker"
+#define SYSTEM_SOCKET_PATH "/run/brokerd/io.slotbroker"
+#define USER_SOCKET_SUFFIX "/brokerd/io.slotbroker"
+
+/* The first layouts of the extensible structs: a caller built against this header passes at least
+ * these sizes. Fields appended later must keep zero as "not given". */
+#define ACQUIRE_OPTIONS_SIZE_V1 sizeof(BrokerAcquireOptions)
+#define EVENT_SIZE_V1 sizeof(BrokerEvent)
+
+typedef enum ClientState {
+        CLIENT_IDLE,      /* no call open: broker_call() may use the connection */
+        CLIENT_ACQUIRING, /* Acquire sent, neither granted nor refused yet */
+        CLIENT_HOLDING,   /* granted; the call stays open for "released" or "revoked" */
+        CLIENT_BROKEN,    /* EOF or a protocol error: nothing more comes on this connection */
+} ClientState;
+
+struct BrokerClient {
+        int fd;
+        char *socket_path;
+        VarlinkStream stream;
+        ClientState state;
+        bool acquire_detach;   /* the open Acquire asked for a detached lease */
+
+        /* The message behind the last event: the event's strings point into it. */
+        json_t *current;
+
+        /* The last refusal or error of a call, for messages. */
+        char *error_name;
+        char *error_parameters;
+        unsigned retry_after_sec;
+};
+
+struct BrokerLease {
+        char *json;
+        char *id;
+        char *pool;
+        char *lane;
+        char *job;
+        uint64_t token;
+        unsigned *slots;
+        char **members; /* NULL, or n_slots names */
+        size_t n_slots;
+        uint64_t granted_at;
+        uint64_t expires_at;
+};
+
+static const struct {
+        const char *name;
+        int result;
+} error_table[] = {
+        { "io.slotbroker.Busy", BROKER_REFUSED_BUSY },
+        { "io.slotbroker.QueueFull", BROKER_REFUSED_FULL },
+        { "io.slotbroker.QueueTimeout", BROKER_REFUSED_TIMEOUT },
+        { "io.slotbroker.QueueShed", BROKER_REFUSED_SHED },
+        { "io.slotbroker.Unavailable", BROKER_REFUSED_UNAVAILABLE },
+        { "io.slotbroker.NoSuchLane", BROKER_NO_SUCH_LANE },
+        { "io.slotbroker.PermissionDenied", BROKER_PERMISSION_DENIED },
+        { VARLINK_ERROR_PERMISSION_DENIED, BROKER_PERMISSION_DENIED },
+        { "io.slotbroker.InvalidParameter", BROKER_INVALID_PARAMETER },
+        { VARLINK_ERROR_INVALID_PARAMETER, BROKER_INVALID_PARAMETER },
+        { "io.slotbroker.NoSuchLease", BROKER_NO_SUCH_LEASE },
+        { "io.slotbroker.NoSuchPool", BROKER_NO_SUCH_POOL },
+        { "io.slotbroker.ReloadFailed", BROKER_RELOAD_FAILED },
+        { VARLINK_ERROR_METHOD_NOT_FOUND, BROKER_METHOD_NOT_FOUND },
+        { VARLINK_ERROR_METHOD_NOT_IMPLEMENTED, BROKER_METHOD_NOT_FOUND },
+        { VARLINK_ERROR_INTERFACE_NOT_FOUND, BROKER_METHOD_NOT_FOUND },
+};
+
+static const char *const result_table[_BROKER_RESULT_MAX] = {
+        [BROKER_GRANTED] = "granted",
+        [BROKER_REFUSED_BUSY] = "busy",
+        [BROKER_REFUSED_FULL] = "full",
+        [BROKER_REFUSED_TIMEOUT] = "timeout",
+        [BROKER_REFUSED_SHED] = "shed",
+        [BROKER_REFUSED_UNAVAILABLE] = "unavailable",
+        [BROKER_NO_SUCH_LANE] = "no-such-lane",
+        [BROKER_PERMISSION_DENIED] = "permission-denied",
+        [BROKER_INVALID_PARAMETER] = "invalid-parameter",
+        [BROKER_NO_SUCH_LEASE] = "no-such-lease",
+        [BROKER_NO_SUCH_POOL] = "no-such-pool",
+        [BROKER_RELOAD_FAILED] = "reload-failed",
+        [BROKER_METHOD_NOT_FOUND] = "method-not-found",
+        [BROKER_ERROR_OTHER] = "error",
+};
+
+static const char *const event_table[_BROKER_EVENT_MAX] = {
+        [BROKER_EVENT_NONE] = "none",
+        [BROKER_EVENT_QUEUED] = "queued",
+        [BROKER_EVENT_GRANTED] = "granted",
+        [BROKER_EVENT_REFUSED] = "refused",
+        [BROKER_EVENT_RELEASED] = "released",
+        [BROKER_EVENT_REVOKED] = "revoked",
+};
+
+_public_ const char *broker_result_to_string(int result) {
+        return result >= 0 && result < _BROKER_RESULT_MAX ? result_table[result] : NULL;
+}
+
+_public_ const char *broker_event_type_to_string(BrokerEventType t) {
+        return t >= 0 && t < _BROKER_EVENT_MAX ? event_table[t] : NULL;
+}
+
+static int error_to_result(const char *name) {
+        for (size_t i = 0; i < ELEMENTSOF(error_table); i++)
+                if (streq(error_table[i].name, name))
+                        return error_table[i].result;
+        return BROKER_ERROR_OTHER;
+}
+
+/* ---- sockets ---- */
+
+static bool socket_exists(const char *path) {
+        struct stat st;
+        return stat(path, &st) >= 0 && S_ISSOCK(st.st_mode);
+}
+
+_public_ int broker_client_default_socket_path(char **ret) {
+        assert_return(ret, -EINVAL);
+
+        const char *e = secure_getenv("SLOTBROKER_SOCKET");
+        char *p = NULL;
+        if (e && *e)
+                p = strdup(e);
+        else if (geteuid() != 0) {
+                /* A user broker if one runs; else the system one, whose socket group admits CI users. */
+                e = secure_getenv("XDG_RUNTIME_DIR");
+                if (e && *e ? asprintf(&p, "%s" USER_SOCKET_SUFFIX, e) < 0
+                            : asprintf(&p, "/run/user/%u" USER_SOCKET_SUFFIX, (unsigned) geteuid()) < 0)
+                        return -ENOMEM;
+                if (!socket_exists(p)) {
+                        free(p);
+                        p = strdup(SYSTEM_SOCKET_PATH);
+                }
+        } else
+                p = strdup(SYSTEM_SOCKET_PATH);
+        if (!p)
+                return -ENOMEM;
+        *ret = p;
+        return 0;
+}
+
+static int socket_connect(const char *path, int *ret_fd) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        size_t len = strlen(path);
+        socklen_t salen;
+
+        if (len == 0)
+                return -EINVAL;
+        if (len >= sizeof sa.sun_path)
+                return -ENAMETOOLONG;
+        memcpy(sa.sun_path, path, len);
+        if (path[0] == '@') {
+                sa.sun_path[0] = '\0'; /* abstract namespace, as systemd spells it */
+                salen = (socklen_t) (offsetof(struct sockaddr_un, sun_path) + len);
+        } else
+                salen = (socklen_t) sizeof sa;
+
+        _cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return negative_errno();
+        if (connect(fd, (struct sockaddr *) &sa, salen) < 0) {
+                if (errno != EINTR && errno != EINPROGRESS)
+                        return negative_errno();
+                /* Interrupted: the connection proceeds on its own; wait for it rather than connect twice. */
+                struct pollfd p = { .fd = fd, .events = POLLOUT };
+                int err = 0;
+                socklen_t errlen = sizeof err;
+                while (poll(&p, 1, -1) < 0)
+                        if (errno != EINTR)
+                                return negative_errno();
+                if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &errlen) < 0)
+                        return negative_errno();
+                if (err != 0)
+                        return -err;
+        }
+        *ret_fd = TAKE_FD(fd);
+        return 0;
+}
+
+static void client_error_reset(BrokerClient *c) {
+        c->error_name = mfree(c->error_name);
+        c->error_parameters = mfree(c->error_parameters);
+        c->retry_after_sec = 0;
+}
+
+/* Remembers an error reply. Returns its BROKER_… code, or -ENOMEM. */
+static int client_error_set(BrokerClient *c, const char *name, json_t *parameters) {
+        client_error_reset(c);
+        c->error_name = strdup(name);
+        if (!c->error_name)
+                return -ENOMEM;
+        if (json_format(parameters, &c->error_parameters, NULL) < 0)
+                return -ENOMEM;
+        json_t *retry = json_object_get(parameters, "retryAfterSec");
+        if (json_is_integer(retry) && json_integer_value(retry) > 0)
+                c->retry_after_sec = (unsigned) MIN(json_integer_value(retry), (json_int_t) UINT32_MAX);
+        return error_to_result(name);
+}
+
+_public_ int broker_client_connect(const char *socket_path, BrokerClient **ret) {
+        _cleanup_free_ char *path = NULL;
+        int fd, r;
+
+        assert_return(ret, -EINVAL);
+
+        if (socket_path)
+                path = strdup(socket_path);
+        else if ((r = broker_client_default_socket_path(&path)) < 0)
+                return r;
+        if (!path)
+                return -ENOMEM;
+
+        BrokerClient *c = calloc(1, sizeof(BrokerClient));
+        if (!c)
+                return -ENOMEM;
+        r = socket_connect(path, &fd);
+        if (r < 0) {
+                free(c);
+                return r;
+        }
+        c->fd = fd;
+        c->socket_path = TAKE_PTR(path);
+        /* Replies may be large (a Status of thousands of waiters); calls are small. */
+        varlink_stream_init(&c->stream, fd, VARLINK_REPLY_MAX_DEFAULT, 0);
+        c->state = CLIENT_IDLE;
+        *ret = c;
+        return 0;
+}
+
+_public_ BrokerClient *broker_client_free(BrokerClient *c) {
+        if (!c)
+                return NULL;
+        json_decref(c->current);
+        varlink_stream_done(&c->stream);
+        safe_close(c->fd);
+        client_error_reset(c);
+        free(c->socket_path);
+        free(c);
+        return NULL;
+}
+
+_public_ int broker_client_get_fd(const BrokerClient *c) {
+        assert_return(c, -EINVAL);
+        if (c->state == CLIENT_BROKEN)
+                return -ENOTCONN;
+        return c->fd;
+}
+
+_public_ int broker_client_get_events(const BrokerClient *c) {
+        assert_return(c, -EINVAL);
+        return POLLIN | (varlink_stream_pending_output(&c->stream) > 0 ? POLLOUT : 0);
+}
+
+_public_ const char *broker_client_get_socket_path(const BrokerClient *c) {
+        return c ? c->socket_path : NULL;
+}
+
+_public_ unsigned broker_client_retry_after_sec(const BrokerClient *c) {
+        return c ? c->retry_after_sec : 0;
+}
+
+_public_ const char *broker_client_error_name(const BrokerClient *c) {
+        return c ? c->error_name : NULL;
+}
+
+_public_ const char *broker_client_error_parameters(const BrokerClient *c) {
+        return c ? c->error_parameters : NULL;
+}
+
+/* The connection is of no further use; a broken pipe and a reset mean the same to callers. */
+static int client_break(BrokerClient *c, int error) {
+        c->state = CLIENT_BROKEN;
+        if (error == -EPIPE || error == 0)
+                return -ECONNRESET;
+        return error;
+}
+
+/* ---- leases ---- */
+
+_public_ BrokerLease *broker_lease_free(BrokerLease *l) {
+        if (!l)
+                return NULL;
+        free(l->json);
+        free(l->id);
+        free(l->pool);
+        free(l->lane);
+        free(l->job);
+        free(l->slots);
+        json_strv_free(l->members);
+        free(l);
+        return NULL;
+}
+DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerLease *, broker_lease_free);
+
+static size_t strv_length(char *const *l) {
+        size_t n = 0;
+        while (l && l[n])
+                n++;
+        return n;
+}
+
+static char *strdup_or_null(const char *s, bool *oom) {
+        if (!s)
+                return NULL;
+        char *p = strdup(s);
+        if (!p)
+                *oom = true;
+        return p;
+}
+
+/* Reads an io.slotbroker.Lease. Unknown fields are skipped: a newer broker may add some. Returns 0,
+ * -EBADMSG or -ENOMEM. */
+static int lease_from_json(json_t *o, BrokerLease **ret) {
+        const char *id = NULL, *pool = NULL, *lane = NULL, *job = NULL;
+        int64_t token = 0, granted_at = 0, expires_at = 0;
+        json_t *slots = NULL;
+        _cleanup_(json_strv_freep) char **members = NULL;
+        int r;
+
+        const JsonField table[] = {
+                { "id", JSON_FIELD_STRING, JSON_MANDATORY, &id },
+                { "token", JSON_FIELD_INT64, JSON_MANDATORY, &token, 0, INT64_MAX },
+                { "pool", JSON_FIELD_STRING, JSON_MANDATORY, &pool },
+                { "slots", JSON_FIELD_ARRAY, JSON_MANDATORY, &slots, .max_length = 1 << 20 },
+                { "members", JSON_FIELD_STRV, 0, &members, .max_length = 1 << 20 },
+                { "lane", JSON_FIELD_STRING, JSON_MANDATORY, &lane },
+                { "job", JSON_FIELD_STRING, 0, &job },
+                { "grantedAt", JSON_FIELD_INT64, 0, &granted_at, 0, INT64_MAX },
+                { "expiresAt", JSON_FIELD_INT64, 0, &expires_at, 0, INT64_MAX },
+                {},
+        };
+        r = json_dispatch(o, table, JSON_DISPATCH_ALLOW_UNKNOWN, NULL);
+        if (r == -ENOMEM)
+                return r;
+        if (r < 0 || !json_is_object(o))
+                return -EBADMSG;
+        size_t n = json_array_size(slots);
+        if (n == 0 || (members && strv_length(members) != n))
+                return -EBADMSG;
+
+        _cleanup_(broker_lease_freep) BrokerLease *l = calloc(1, sizeof(BrokerLease));
+        if (!l)
+                return -ENOMEM;
+        l->slots = calloc(n, sizeof(unsigned));
+        if (!l->slots)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                json_t *v = json_array_get(slots, i);
+                if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+                        return -EBADMSG;
+                l->slots[i] = (unsigned) json_integer_value(v);
+        }
+        l->n_slots = n;
+        bool oom = false;
+        l->id = strdup_or_null(id, &oom);
+        l->pool = strdup_or_null(pool, &oom);
+        l->lane = strdup_or_null(lane, &oom);
+        l->job = strdup_or_null(job, &oom);
+        if (oom)
+                return -ENOMEM;
+        l->members = TAKE_PTR(members);
+        l->token = (uint64_t) token;
+        l->granted_at = (uint64_t) granted_at;
+        l->expires_at = (uint64_t) expires_at;
+        r = json_format(o, &l->json, NULL);
+        if (r < 0)
+                return r;
+        *ret = TAKE_PTR(l);
+        return 0;
+}
+
+_public_ const char *broker_lease_id(const BrokerLease *l) {
+        return l ? l->id : NULL;
+}
+
+_public_ const char *broker_lease_pool(const BrokerLease *l) {
+        return l ? l->pool : NULL;
+}
+
+_public_ const char *broker_lease_lane(const BrokerLease *l) {
+        return l ? l->lane : NULL;
+}
+
+_public_ const char *broker_lease_job(const BrokerLease *l) {
+        return l ? l->job : NULL;
+}
+
+_public_ uint64_t broker_lease_token(const BrokerLease *l) {
+        return l ? l->token : 0;
+}
+
+_public_ size_t broker_lease_n_slots(const BrokerLease *l) {
+        return l ? l->n_slots : 0;
+}
+
+_public_ int broker_lease_slot(const BrokerLease *l, size_t i) {
+        assert_return(l, -EINVAL);
+        assert_return(i < l->n_slots, -ERANGE);
+        return (int) l->slots[i];
+}
+
+_public_ const char *broker_lease_member(const BrokerLease *l, size_t i) {
+        if (!l || !l->members || i >= l->n_slots)
+                return NULL;
+        return l->members[i];
+}
+
+_public_ uint64_t broker_lease_granted_at(const BrokerLease *l) {
+        return l ? l->granted_at : 0;
+}
+
+_public_ uint64_t broker_lease_expires_at(const BrokerLease *l) {
+        return l ? l->expires_at : 0;
+}
+
+_public_ const char *broker_lease_json(const BrokerLease *l) {
+        return l ? l->json : NULL;
+}
+
+/* ---- Acquire ---- */
+
+/* Copies the caller's options into this version's layout: a shorter struct (an older caller) is
+ * padded with zeros; a longer one (a newer caller) is accepted only if what we do not know is zero. */
+static int options_copy(const BrokerAcquireOptions *o, BrokerAcquireOptions *ret) {
+        if (o->size < ACQUIRE_OPTIONS_SIZE_V1)
+                return -EINVAL;
+        for (size_t i = sizeof(BrokerAcquireOptions); i < o->size; i++)
+                if (((const uint8_t *) o)[i] != 0)
+                        return -E2BIG;
+        memcpy(ret, o, sizeof(BrokerAcquireOptions));
+        return 0;
+}
+
+static int acquire_parameters(const BrokerAcquireOptions *o, json_t **ret) {
+        _cleanup_(json_decrefp) json_t *p = NULL;
+        int r;
+
+        if (!o->lane || !*o->lane)
+                return -EINVAL;
+        if (o->queue_wait_ms > INT32_MAX)
+                return -EINVAL;
+        if (o->detach && o->max_hold_ms == 0)
+                return -EINVAL; /* a detached lease needs an end of its own */
+        if (o->max_hold_ms > (uint64_t) INT64_MAX / 1000 || o->pid < 0 || o->slots > INT32_MAX)
+                return -EINVAL;
+        if (o->wait < BROKER_WAIT_DEFAULT || o->wait > BROKER_WAIT_NO)
+                return -EINVAL;
+
+        r = json_build(&p, "{s:s}", "lane", o->lane);
+        if (r < 0)
+                return r;
+        if (o->slots > 0)
+                r = json_object_set_new(p, "slots", json_integer(o->slots));
+        if (r >= 0 && o->wait != BROKER_WAIT_DEFAULT)
+                r = json_object_set_new(p, "wait", json_boolean(o->wait == BROKER_WAIT_YES));
+        if (r >= 0 && o->queue_wait_ms > 0)
+                r = json_object_set_new(p, "queueWaitMs", json_integer((json_int_t) o->queue_wait_ms));
+        if (r >= 0 && o->job)
+                r = json_object_set_new(p, "job", json_string(o->job));
+        if (r >= 0 && o->pid > 0)
+                r = json_object_set_new(p, "pid", json_integer(o->pid));
+        if (r >= 0 && o->reclaim)
+                r = json_object_set_new(p, "reclaim", json_string(o->reclaim));
+        if (r >= 0 && o->detach)
+                r = json_object_set_new(p, "detach", json_true());
+        if (r >= 0 && o->max_hold_ms > 0)
+                r = json_object_set_new(p, "maxHoldMs", json_integer((json_int_t) o->max_hold_ms));
+        if (r < 0)
+                /* json_string() fails on invalid UTF-8 as well as on OOM: the caller's string is the likelier. */
+                return (o->job && !json_object_get(p, "job")) || (o->reclaim && !json_object_get(p, "reclaim"))
+                               ? -EINVAL
+                               : -ENOMEM;
+        *ret = TAKE_PTR(p);
+        return 0;
+}
+
+_public_ int broker_acquire_start(BrokerClient *c, const BrokerAcquireOptions *options) {
+        BrokerAcquireOptions o;
+        _cleanup_(json_decrefp) json_t *p = NULL;
+        int r;
+
+        assert_return(c, -EINVAL);
+        assert_return(options, -EINVAL);
+
+        r = options_copy(options, &o);
+        if (r < 0)
+                return r;
+        if (c->state == CLIENT_BROKEN)
+                return -ENOTCONN;
+        if (c->state != CLIENT_IDLE)
+                return -EBUSY;
+        r = acquire_parameters(&o, &p);
+        if (r < 0)
+                return r;
+
+        client_error_reset(c);
+        r = varlink_stream_call(&c->stream, INTERFACE ".Acquire", p, VARLINK_CALL_MORE);
+        if (r < 0)
+                return r;
+        r = varlink_stream_flush(&c->stream);
+        if (r < 0 && r != -EAGAIN) /* EAGAIN: the rest goes out from broker_client_process() */
+                return client_break(c, r);
+        c->state = CLIENT_ACQUIRING;
+        c->acquire_detach = o.detach;
+        return 0;
+}
+
+static const char *json_string_member(json_t *o, const char *key) {
+        return json_string_value(json_object_get(o, key)); /* NULL when absent or not a string */
+}
+
+static uint64_t json_uint_member(json_t *o, const char *key, uint64_t fallback) {
+        json_t *v = json_object_get(o, key);
+        return json_is_integer(v) && json_integer_value(v) >= 0 ? (uint64_t) json_integer_value(v) : fallback;
+}
+
+/* One message of an open Acquire: the event it means, or -EBADMSG when it does not fit the state. */
+static int client_handle_message(BrokerClient *c, json_t *msg, BrokerEvent *ev) {
+        VarlinkReply reply;
+        int r;
+
+        r = varlink_reply_parse(msg, &reply);
+        if (r < 0)
+                return r == -ENOMEM ? r : -EBADMSG;
+        bool continues = reply.flags & VARLINK_REPLY_CONTINUES;
+
+        if (reply.error) {
+                if (c->state != CLIENT_ACQUIRING)
+                        return -EBADMSG;
+                r = client_error_set(c, reply.error, reply.parameters);
+                if (r < 0)
+                        return r;
+                c->state = CLIENT_IDLE;
+                ev->type = BROKER_EVENT_REFUSED;
+                ev->refusal = r;
+                ev->retry_after_sec = c->retry_after_sec;
+                ev->pool = json_string_member(reply.parameters, "pool");
+                ev->waited_ms = json_uint_member(reply.parameters, "waitedMs", 0);
+                ev->reason = json_string_member(reply.parameters, "reason");
+                return ev->type;
+        }
+
+        const char *state = json_string_member(reply.parameters, "state");
+        if (!state)
+                return -EBADMSG;
+
+        if (c->state == CLIENT_ACQUIRING && streq(state, "queued")) {
+                if (!continues)
+                        return -EBADMSG;
+                json_t *budget = json_object_get(reply.parameters, "budgetMs");
+                ev->type = BROKER_EVENT_QUEUED;
+                ev->position = (BrokerPosition) {
+                        .pool = json_string_member(reply.parameters, "pool"),
+                        .position = json_uint_member(reply.parameters, "position", 0),
+                        .queued = json_uint_member(reply.parameters, "queued", 0),
+                        .budget_ms = json_is_integer(budget) && json_integer_value(budget) >= 0
+                                             ? (int64_t) json_integer_value(budget)
+                                             : -1,
+                };
+                return ev->type;
+        }
+        if (c->state == CLIENT_ACQUIRING && streq(state, "granted")) {
+                BrokerLease *l;
+                r = lease_from_json(json_object_get(reply.parameters, "lease"), &l);
+                if (r < 0)
+                        return r;
+                /* A detached lease answers once; an attached one keeps the call open as its life line. A
+                 * final grant of an attached lease would leave the lease held with nothing more to say. */
+                c->state = continues ? CLIENT_HOLDING : c->acquire_detach ? CLIENT_IDLE : CLIENT_HOLDING;
+                ev->type = BROKER_EVENT_GRANTED;
+                ev->lease = l;
+                return ev->type;
+        }
+        if (c->state == CLIENT_HOLDING && !continues && (streq(state, "released") || streq(state, "revoked"))) {
+                c->state = CLIENT_IDLE;
+                ev->type = streq(state, "released") ? BROKER_EVENT_RELEASED : BROKER_EVENT_REVOKED;
+                return ev->type;
+        }
+        return -EBADMSG;
+}
+
+static void event_store(BrokerEvent *ret, const BrokerEvent *ev) {
+        size_t size = ret->size;
+        memcpy(ret, ev, MIN(size, sizeof(BrokerEvent)));
+        if (size > sizeof(BrokerEvent))
+                memset((uint8_t *) ret + sizeof(BrokerEvent), 0, size - sizeof(BrokerEvent));
+        ret->size = size;
+}
+
+_public_ int broker_client_process(BrokerClient *c, BrokerEvent *ret) {
+        BrokerEvent ev = { .size = sizeof(BrokerEvent), .type = BROKER_EVENT_NONE };
+        int r;
+
+        assert_return(c, -EINVAL);
+        assert_return(ret, -EINVAL);
+        assert_return(ret->size >= EVENT_SIZE_V1, -EINVAL);
+
+        json_decref(TAKE_PTR(c->current));
+        if (c->state == CLIENT_BROKEN)
+                return -ENOTCONN;
+
+        if (varlink_stream_pending_output(&c->stream) > 0) {
+                r = varlink_stream_flush(&c->stream);
+                if (r < 0 && r != -EAGAIN)
+                        return client_break(c, r);
+        }
+
+        for (;;) {
+                _cleanup_(json_decrefp) json_t *msg = NULL;
+                r = varlink_stream_next(&c->stream, &msg);
+                if (r < 0)
+                        return client_break(c, r == -EMSGSIZE || r == -ENOMEM ? r : -EBADMSG);
+                if (r > 0) {
+                        if (c->state == CLIENT_IDLE)
+                                return client_break(c, -EBADMSG); /* nothing was asked */
+                        r = client_handle_message(c, msg, &ev);
+                        if (r < 0)
+                                return client_break(c, r);
+                        c->current = TAKE_PTR(msg); /* the event's strings point into it */
+                        event_store(ret, &ev);
+                        return ev.type;
+                }
+
+                ssize_t n = varlink_stream_read(&c->stream);
+                if (n == -EAGAIN) {
+                        event_store(ret, &ev);
+                        return BROKER_EVENT_NONE;
+                }
+                if (n == -ENOBUFS)
+                        return client_break(c, -EMSGSIZE);
+                if (n <= 0)
+                        return client_break(c, n == 0 ? -ECONNRESET : (int) n);
+        }
+}
+
+/* Waits for the events poll() should wait for; EINTR is the caller's signal handler's business, and
+ * the wait resumes after it. */
+static int fd_wait(int fd, short events) {
+        struct pollfd p = { .fd = fd, .events = events };
+        for (;;) {
+                if (poll(&p, 1, -1) >= 0)
+                        return 0;
+                if (errno != EINTR)
+                        return negative_errno();
+        }
+}
+
+_public_ int broker_acquire(BrokerClient *c, const BrokerAcquireOptions *options, BrokerLease **ret) {
+        BrokerAcquireOptions o;
+        int r;
+
+        assert_return(c, -EINVAL);
+        assert_return(options, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        r = options_copy(options, &o);
+        if (r < 0)
+                return r;
+        r = broker_acquire_start(c, &o);
+        if (r < 0)
+                return r;
+
+        for (;;) {
+                BrokerEvent ev = BROKER_EVENT_INIT;
+                r = broker_client_process(c, &ev);
+                if (r < 0)
+                        return r;
+                switch (ev.type) {
+                case BROKER_EVENT_NONE:
+                        r = fd_wait(c->fd, (short) broker_client_get_events(c));
+                        if (r < 0)
+                                return r;
+                        break;
+                case BROKER_EVENT_QUEUED:
+                        if (o.on_position)
+                                o.on_position(&ev.position, o.userdata);
+                        break;
+                case BROKER_EVENT_GRANTED:
+                        *ret = ev.lease;
+                        return 0;
+                case BROKER_EVENT_REFUSED:
+                        return ev.refusal;
+                default:
+                        return -EBADMSG; /* the lease cannot end before it was granted */
+                }
+        }
+}
+
+/* ---- one-reply calls ---- */
+
+/* Sends a call and waits for its one reply, on a blocking or non-blocking stream alike. Returns 0 and
+ * the message, or a negative errno (-ECONNRESET for EOF). */
+static int stream_call_wait(VarlinkStream *s, const char *method, json_t *parameters, json_t **ret) {
+        int r;
+
+        r = varlink_stream_call(s, method, parameters, 0);
+        if (r < 0)
+                return r;
+        while ((r = varlink_stream_flush(s)) == -EAGAIN) {
+                r = fd_wait(s->fd, POLLOUT);
+                if (r < 0)
+                        return r;
+        }
+        if (r < 0)
+                return r == -EPIPE ? -ECONNRESET : r;
+
+        for (;;) {
+                json_t *msg;
+                r = varlink_stream_next(s, &msg);
+                if (r < 0)
+                        return r == -EMSGSIZE || r == -ENOMEM ? r : -EBADMSG;
+                if (r > 0) {
+                        *ret = msg;
+                        return 0;
+                }
+                ssize_t n = varlink_stream_read(s);
+                if (n == -EAGAIN) {
+                        r = fd_wait(s->fd, POLLIN);
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
+                if (n == -ENOBUFS)
+                        return -EMSGSIZE;
+                if (n == 0)
+                        return -ECONNRESET;
+                if (n < 0)
+                        return (int) n;
+        }
+}
+
+_public_ int broker_call(BrokerClient *c, const char *method, const char *parameters_json, char **ret_reply_json) {
+        _cleanup_free_ char *qualified = NULL;
+        _cleanup_(json_decrefp) json_t *parameters = NULL, *msg = NULL;
+        _cleanup_close_ int fd = -EBADF;
+        VarlinkStream temporary, *s;
+        VarlinkReply reply;
+        int r;
+
+        assert_return(c, -EINVAL);
+        assert_return(method, -EINVAL);
+
+        if (!strchr(method, '.')) {
+                if (asprintf(&qualified, INTERFACE ".%s", method) < 0)
+                        return -ENOMEM;
+                method = qualified;
+        }
+        if (!varlink_qualified_name_valid(method))
+                return -EINVAL;
+        if (parameters_json) {
+                r = json_parse_object(parameters_json, strlen(parameters_json), &parameters);
+                if (r < 0)
+                        return r == -ENOMEM ? r : -EINVAL;
+        }
+
+        client_error_reset(c);
+        json_decref(TAKE_PTR(c->current));
+        bool own = c->state == CLIENT_IDLE && varlink_stream_pending_input(&c->stream) == 0;
+        if (own)
+                s = &c->stream;
+        else {
+                /* Behind an open Acquire the call would be answered only after the lease ends. */
+                r = socket_connect(c->socket_path, &fd);
+                if (r < 0)
+                        return r;
+                varlink_stream_init(&temporary, fd, VARLINK_REPLY_MAX_DEFAULT, 0);
+                s = &temporary;
+        }
+        r = stream_call_wait(s, method, parameters, &msg);
+        if (!own)
+                varlink_stream_done(&temporary);
+        if (r < 0)
+                return own ? client_break(c, r) : r;
+
+        r = varlink_reply_parse(msg, &reply);
+        if (r < 0 || (reply.flags & VARLINK_REPLY_CONTINUES)) {
+                r = r == -ENOMEM ? r : -EBADMSG;
+                return own ? client_break(c, r) : r;
+        }
+        if (reply.error)
+                return client_error_set(c, reply.error, reply.parameters);
+        if (ret_reply_json) {
+                r = json_format(reply.parameters, ret_reply_json, NULL);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+_public_ int broker_release(BrokerClient *c, const char *lease_id) {
+        _cleanup_(json_decrefp) json_t *p = NULL;
+        _cleanup_free_ char *text = NULL;
+        int r;
+
+        assert_return(c, -EINVAL);
+        assert_return(lease_id && *lease_id, -EINVAL);
+
+        r = json_build(&p, "{s:s}", "lease", lease_id);
+        if (r < 0)
+                return r;
+        r = json_format(p, &text, NULL);
+        if (r < 0)
+                return r;
+        return broker_call(c, INTERFACE ".Release", text, NULL);
+}
