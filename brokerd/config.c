@@ -27,6 +27,7 @@ typedef struct Parser {
         unsigned line;          /* of the line last handed to inih: its handler runs before the next read */
         char *section;          /* in full: inih cuts section names at 49 bytes */
         bool section_ok;        /* false after a bad header: its keys are skipped, the header was reported */
+        bool failed;            /* some line was refused (errors may be NULL, so count here) */
         int r;                  /* -ENOMEM, which no later line can make good */
 } Parser;
 
@@ -40,6 +41,7 @@ static void parser_section(Parser *p, const char *line, size_t len, const ConfSo
 
         if (!end) {
                 conf_errors_add(p->errors, src, NULL, "section header without ] (expected [broker], [pool NAME] or [lane NAME])");
+                p->failed = true;
                 goto bad;
         }
         const char *rest = end + 1;
@@ -47,6 +49,7 @@ static void parser_section(Parser *p, const char *line, size_t len, const ConfSo
                 rest++;
         if (rest < line + len && *rest != ';' && *rest != '#') {
                 conf_errors_add(p->errors, src, NULL, "unexpected text after the section header's ]");
+                p->failed = true;
                 goto bad;
         }
 
@@ -65,6 +68,7 @@ static void parser_section(Parser *p, const char *line, size_t len, const ConfSo
         int r = conf_section_add(p->config, section, src, p->errors);
         if (r == -ENOMEM)
                 p->r = r;
+        p->failed = p->failed || r < 0;
         p->section_ok = r >= 0;
         return;
 bad:
@@ -105,6 +109,7 @@ static char *parser_read(char *buf, int num, void *userdata) {
                 return buf;
         if (len > CONFIG_LINE_MAX || len + 2 > (size_t) num) {
                 conf_errors_add(p->errors, &src, NULL, "line is longer than %d bytes", CONFIG_LINE_MAX);
+                p->failed = true;
                 return buf;
         }
         if (line[0] == '[') {
@@ -115,6 +120,7 @@ static char *parser_read(char *buf, int num, void *userdata) {
         const char *eq = memchr(line, '=', len);
         if (!eq) {
                 conf_errors_add(p->errors, &src, NULL, "expected KEY=VALUE, a [section] header or a comment");
+                p->failed = true;
                 return buf;
         }
         size_t klen = (size_t) (eq - line);
@@ -122,12 +128,14 @@ static char *parser_read(char *buf, int num, void *userdata) {
                 klen--;
         if (klen == 0) {
                 conf_errors_add(p->errors, &src, NULL, "missing key before = (expected KEY=VALUE)");
+                p->failed = true;
                 return buf;
         }
         for (size_t i = 0; i < klen; i++)
                 if (!key_char(line[i])) {
                         conf_errors_add(p->errors, &src, NULL, "invalid key \"%.*s\" (expected KEY=VALUE, keys like queue-timeout)",
                                         (int) MIN(klen, (size_t) 64), line);
+                        p->failed = true;
                         return buf;
                 }
 
@@ -147,6 +155,7 @@ static int parser_handle(void *userdata, const char *section, const char *key, c
         int r = conf_set(p->config, p->section ?: "", key, value ?: "", &src, p->errors);
         if (r == -ENOMEM)
                 p->r = r;
+        p->failed = p->failed || r < 0;
         return 1;
 }
 
@@ -175,8 +184,6 @@ int config_parse_buffer(BrokerConfig *c, const char *data, size_t size, const ch
                 .size = size,
                 .section_ok = true,
         };
-        size_t n_before = errors ? errors->n_errors + errors->n_dropped : 0;
-
         /* inih's options are process-wide variables: set what this parser relies on, and put them back.
          * The line buffer is on the heap, large enough for any line parser_read() lets through. */
         bool use_stack = ini_use_stack, allow_realloc = ini_allow_realloc, inline_comments = ini_allow_inline_comments,
@@ -208,14 +215,12 @@ int config_parse_buffer(BrokerConfig *c, const char *data, size_t size, const ch
                 (void) conf_errors_add(errors, &src, NULL, "out of memory");
                 return -ENOMEM;
         }
-        if (k > 0 && (!errors || errors->n_errors + errors->n_dropped == n_before)) {
+        if (k > 0 && !p.failed) {
                 /* parser_read() lets through only lines inih accepts; should that ever change, still fail. */
                 src.line = (unsigned) k;
                 return conf_errors_add(errors, &src, NULL, "syntax error");
         }
-        if (k != 0 || (errors && errors->n_errors + errors->n_dropped > n_before))
-                return -EINVAL;
-        return 0;
+        return p.failed || k != 0 ? -EINVAL : 0;
 }
 
 /* A file we cannot read is told apart from one with errors in it: see config_load_full(). */

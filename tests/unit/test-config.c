@@ -487,6 +487,24 @@ static void test_load_buffer_refuses_nul(void **state) {
         assert_has_error("buf:2", NULL, "NUL byte");
 }
 
+static void test_errors_are_detected_without_an_error_list(void **state) {
+        static const char *const bad[] = {
+                "[pool grid]\nlimit=zero\n", "[pool grid\n", "[pool grid] x\n", "[nope]\n", "x\n", "=1\n",
+                "a b=1\n", "[pool grid]\nfrobnicate=1\n", "limit=1\n",
+        };
+
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                BrokerConfig *n = NULL;
+                assert_int_equal(conf_new(&n), 0);
+                if (config_parse_buffer(n, bad[i], strlen(bad[i]), "t", NULL) != -EINVAL)
+                        fail_msg("\"%s\" was accepted without an error list", bad[i]);
+                conf_free(n);
+                assert_int_equal(config_load_string(bad[i], "t", &c, NULL), -EINVAL);
+                assert_null(c);
+        }
+        assert_int_equal(config_load_string(MINIMAL, "t", &c, NULL), 0);
+}
+
 static void test_empty_string_is_not_a_config(void **state) {
         assert_int_equal(config_load_string("", "empty", &c, &errors), -EINVAL);
         assert_has_error(NULL, NULL, "no lane is configured");
@@ -560,6 +578,7 @@ int main(void) {
                 T(test_load_string_validates),
                 T(test_load_string_names_its_source),
                 T(test_load_buffer_refuses_nul),
+                T(test_errors_are_detected_without_an_error_list),
                 T(test_empty_string_is_not_a_config),
                 T(test_dump_of_a_loaded_config_loads_back_the_same),
         };
