@@ -22,8 +22,8 @@ shift 2
 state=$R.state
 cache=${SLOTBROKER_TEST_CACHE:-/var/cache/slotbroker-test}
 cg_root=/sys/fs/cgroup/unified
-[ -d "$cg_root/cgroup.procs" ] || [ -f "$cg_root/cgroup.procs" ] || cg_root=/sys/fs/cgroup
-CG=$cg_root/slotbroker-ct-$(basename "$R")
+[ -f "$cg_root/cgroup.procs" ] || cg_root=/sys/fs/cgroup
+CG=$cg_root/slotbroker-ct-$(printf '%s' "$R" | sha256sum | cut -c1-12)
 
 # What brokerd and slotctl link, and what the test drives (systemd-sysusers, runuser, useradd: required).
 packages=systemd,systemd-sysv,dbus,libsystemd0,libsqlite3-0,libjansson4,libinih1,procps
