@@ -6,6 +6,8 @@
 #
 # WORK_DIR keeps a build with --prefix=/usr (incremental across runs) and the container's root
 # (removed at the end); the debootstrapped root is cached by container.sh outside the source tree.
+# SLOTBROKER_LANE_DEBS=DIR installs the .debs of DIR (dpkg-buildpackage's output) with dpkg inside
+# the booted container instead, so that the maintainer scripts run against a live systemd.
 # SLOTBROKER_LANE_KEEP=1 leaves a failed run's container running, for a look inside.
 # Exit 77 (skip) when not root, when a tool is missing, or when the Debian mirror cannot be reached
 # for the first build of the root.
@@ -87,13 +89,16 @@ in_use() { status_json | python3 -c 'import json, sys; print(sum(p["inUse"] for 
 
 # ---- build and install, as a package would ----
 
-log "building with --prefix=/usr in $build"
-if [ ! -f "$build/build.ninja" ]; then
-        meson setup "$build" "$src" --prefix=/usr --sysconfdir=/etc --localstatedir=/var \
-                -Dtests=disabled -Dman=disabled -Dsystemd=enabled >"$work.setup.log" 2>&1 ||
-                { cat "$work.setup.log"; fail "meson setup"; }
+debs=${SLOTBROKER_LANE_DEBS:-}
+if [ -z "$debs" ]; then
+        log "building with --prefix=/usr in $build"
+        if [ ! -f "$build/build.ninja" ]; then
+                meson setup "$build" "$src" --prefix=/usr --sysconfdir=/etc --localstatedir=/var \
+                        -Dtests=disabled -Dman=disabled -Dsystemd=enabled >"$work.setup.log" 2>&1 ||
+                        { cat "$work.setup.log"; fail "meson setup"; }
+        fi
+        ninja -C "$build" >"$work.ninja.log" 2>&1 || { tail -n 30 "$work.ninja.log"; fail "build"; }
 fi
-ninja -C "$build" >"$work.ninja.log" 2>&1 || { tail -n 30 "$work.ninja.log"; fail "build"; }
 
 log "unpacking the Debian 12 root"
 rc=0
@@ -101,14 +106,21 @@ rc=0
 [ $rc = 77 ] && skip "no Debian 12 root: debootstrap could not reach the mirror"
 [ $rc = 0 ] || fail "container.sh build"
 
-meson install -C "$build" --destdir "$root" --no-rebuild --quiet >"$work.install.log" 2>&1 ||
-        { cat "$work.install.log"; fail "meson install"; }
-chroot "$root" ldconfig
-# What the package's maintainer scripts and dpkg triggers do; tmpfiles.d is left to the boot.
-systemd-sysusers --root="$root" >/dev/null
-systemctl --root="$root" enable brokerd.socket >/dev/null 2>&1
-journalctl --root="$root" --update-catalog
-chroot "$root" useradd --create-home --groups slotbroker --shell /bin/sh tester
+if [ -z "$debs" ]; then
+        meson install -C "$build" --destdir "$root" --no-rebuild --quiet >"$work.install.log" 2>&1 ||
+                { cat "$work.install.log"; fail "meson install"; }
+        chroot "$root" ldconfig
+        # What the package's maintainer scripts and dpkg triggers do; tmpfiles.d is left to the boot.
+        systemd-sysusers --root="$root" >/dev/null
+        systemctl --root="$root" enable brokerd.socket >/dev/null 2>&1
+        journalctl --root="$root" --update-catalog
+else
+        mkdir -p "$root/root/debs"
+        cp "$debs"/slotbroker_*.deb "$debs"/libbroker1_*.deb "$debs"/libbroker-dev_*.deb "$root/root/debs/"
+fi
+# A CI user, in the group that may connect (made by the package's sysusers.d).
+add_tester() { chroot "$root" useradd --create-home --groups slotbroker --shell /bin/sh tester; }
+[ -n "$debs" ] || add_tester
 
 mkdir -p "$root/etc/brokerd"
 cat >"$root/etc/brokerd/brokerd.conf" <<'EOF'
@@ -128,10 +140,13 @@ pools = ci
 policy = wait
 EOF
 
-# The example nightly sweep, as documented: its units copied to /etc, the timer brought forward to
-# "one second after it starts" by a drop-in.
-examples=$root/usr/share/doc/slotbroker/examples
-cp "$examples/slotbroker-nightly.service" "$examples/slotbroker-nightly.timer" "$root/etc/systemd/system/"
+# The example nightly sweep, as documented: its units copied to /etc (after the installation), the
+# timer brought forward to "one second after it starts" by a drop-in.
+install_examples() {
+        local examples=$root/usr/share/doc/slotbroker/examples
+        cp "$examples/slotbroker-nightly.service" "$examples/slotbroker-nightly.timer" "$root/etc/systemd/system/"
+}
+[ -n "$debs" ] || install_examples
 mkdir -p "$root/etc/systemd/system/slotbroker-nightly.timer.d"
 cat >"$root/etc/systemd/system/slotbroker-nightly.timer.d/soon.conf" <<'EOF'
 [Timer]
@@ -152,6 +167,15 @@ chmod 0755 "$root/usr/local/bin/nightly-sweep"
 log "booting"
 "$ct" boot "$root" >/dev/null || fail "the container did not boot (see $root.state/console.log)"
 ok "systemd runs as PID 1 of the container"
+
+if [ -n "$debs" ]; then
+        cx sh -c 'dpkg -i /root/debs/*.deb' >"$work.dpkg.log" 2>&1 || { cat "$work.dpkg.log"; fail "dpkg -i"; }
+        install_examples
+        add_tester
+        cx systemctl daemon-reload
+        cx journalctl --update-catalog   # systemd's dpkg trigger does this too; triggers may be deferred
+        ok "dpkg -i $(cd "$root/root/debs" && echo *.deb)"
+fi
 
 # 1. The socket listens before brokerd runs.
 is_active brokerd.socket active || fail "brokerd.socket is not active after boot"
