@@ -42,6 +42,8 @@ typedef struct HistoryLeaseRow {
 } HistoryLeaseRow;
 
 void history_lease_row_done(HistoryLeaseRow *row);
+/* Frees what history_load_leases() returned. */
+void history_lease_rows_free(HistoryLeaseRow *rows, size_t n);
 
 /* A pool's next unused fencing token as persisted. */
 typedef struct HistoryTokenFloor {
@@ -49,10 +51,13 @@ typedef struct HistoryTokenFloor {
         uint64_t next_token;
 } HistoryTokenFloor;
 
+/* Frees what history_load_token_floors() returned. */
+void history_token_floors_free(HistoryTokenFloor *floors, size_t n);
+
 typedef struct HistoryQuery {
-        usec_t since, until;      /* realtime µs; 0 and USEC_INFINITY: unbounded */
-        const char *lane, *pool, *decision;
-        unsigned limit;           /* capped at HISTORY_QUERY_LIMIT_MAX */
+        usec_t since, until;      /* realtime µs, since ≤ time < until; either 0 or USEC_INFINITY: unbounded */
+        const char *lane, *pool, *decision; /* NULL: any */
+        unsigned limit;           /* capped at HISTORY_QUERY_LIMIT_MAX; 0: that cap */
         int64_t cursor;           /* 0: from the start; else continue after this event id */
 } HistoryQuery;
 
@@ -62,22 +67,27 @@ typedef struct HistoryQuery {
  * can be written: the lease lives in memory only); a negative errno when the write failed. */
 #define HISTORY_NOT_PERSISTED 1
 typedef void (*HistoryDoneFn)(History *h, int result, void *userdata);
-/* events: a JSON array of HistoryEvent objects as io.slotbroker.varlink defines them (borrowed);
- * next_cursor: 0 when there is no further page. */
+/* events: a JSON array of HistoryEvent objects as io.slotbroker.varlink defines them (borrowed; fields
+ * that do not apply are absent), oldest first; next_cursor: 0 when there is no further page. error: 0, or
+ * negative errno (-EIO while the database cannot be opened) with events NULL. */
 typedef void (*HistoryQueryFn)(History *h, int error, json_t *events, int64_t next_cursor, void *userdata);
 
 /* Opens (creating, migrating) directory/history.db on the writer thread. Never fails for disk reasons: a
- * database that cannot be opened puts history in the degraded state (logged once, retried every few
- * seconds); a corrupt or foreign file is moved aside as history.db.corrupt-<timestamp> and a fresh one
- * made. retention: rows older than this are pruned, a little at a time. Returns 0, -ENOMEM, or errors
- * creating the thread. */
+ * database that cannot be opened puts history in the degraded state (logged once, retried every 5 s); a
+ * corrupt or foreign file (or one of a newer schema) is moved aside as history.db.corrupt-<UTC timestamp>
+ * (with its -wal and -shm) and a fresh one made, carrying over the leases and token marks the old one still
+ * gives. Beside it, history.db.ballast reserves 1 MiB that lease commits get when the disk fills up.
+ * retention: rows older than this are pruned, a little at a time (0 or USEC_INFINITY: never). Returns 0,
+ * -ENOMEM, or errors creating the eventfd, its event source or the thread. */
 int history_new(sd_event *event, const char *directory, usec_t retention, History **ret);
-/* Writes what is queued (waiting at most a few seconds for the disk), stops the thread, frees. */
+/* Writes what is queued (waiting at most a few seconds for the disk), stops the thread, frees. Pending
+ * callbacks are not called. Not from inside a history callback. */
 History *history_free(History *h);
 DEFINE_TRIVIAL_CLEANUP_FUNC(History *, history_free);
 
-/* At start, before the first request (blocking is fine then): the persisted leases and token floors.
- * Both return 0 with nothing when the database is degraded. */
+/* At start, before the first request (blocking is fine then: they wait for the writer thread's first
+ * attempt to open the database): the persisted leases and token floors. Both return 0 with nothing
+ * (*ret NULL, *ret_n 0) when the database is degraded; otherwise 0, -ENOMEM, or a read error. */
 int history_load_leases(History *h, HistoryLeaseRow **ret, size_t *ret_n);
 int history_load_token_floors(History *h, HistoryTokenFloor **ret, size_t *ret_n);
 
@@ -92,7 +102,8 @@ void history_append(History *h, const AuditRecord *r, usec_t realtime);
  * refused: SPEC §3.4), HISTORY_NOT_PERSISTED when history is degraded. Several pending commits are
  * grouped into one transaction. Returns 0 or -ENOMEM. */
 int history_lease_commit(History *h, const HistoryLeaseRow *row, HistoryDoneFn done, void *userdata);
-/* Forgets a lease row (ordered after its commit). Never blocks. */
+/* Forgets a lease row (ordered after its commit). Never blocks. While the database cannot be written the
+ * delete is kept and applied once it can. */
 void history_lease_delete(History *h, const char *id);
 
 /* Runs a History query on the writer thread. Returns 0 or -ENOMEM. */
@@ -100,14 +111,23 @@ int history_query(History *h, const HistoryQuery *q, HistoryQueryFn done, void *
 /* A pending done/query callback's userdata is going away: it will not be called. */
 void history_cancel(History *h, void *userdata);
 
-/* True while the database works; false in the degraded state. */
+/* True while the database works; false in the degraded state and while writes fail (disk full, I/O
+ * errors), when lease commits are still tried and may fail. */
 bool history_is_healthy(const History *h);
+
+/* Called on the loop thread after history's health changed (changes in between may be coalesced into
+ * one call). healthy true after a false means history recovered — possibly into a fresh database after
+ * corruption — and may lack leases committed before or refused meanwhile: commit the live leases again. */
+typedef void (*HistoryHealthFn)(History *h, bool healthy, void *userdata);
+void history_set_health_callback(History *h, HistoryHealthFn fn, void *userdata);
 
 /* For metrics: rows written, rows dropped, the longest batch commit (µs). */
 typedef struct HistoryStats {
         uint64_t rows_written;
         uint64_t rows_dropped;
-        uint64_t commits;
+        uint64_t rows_pending;    /* queued or being retried */
+        uint64_t commits;         /* transactions: row batches and lease groups */
+        uint64_t write_errors;    /* failed transactions, each retried or answered */
         usec_t longest_commit;
         bool healthy;
 } HistoryStats;

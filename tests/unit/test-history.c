@@ -1,0 +1,928 @@
+/* SPDX-License-Identifier: MIT */
+/* test-history.c — history.db: schema and migrations, decision rows and their queries, lease rows and
+ * token marks across reopening, retention, and the failures of SPEC §10 (corrupt and foreign files, a
+ * read-only directory, a full disk). Each test gets a fresh directory and drives a real sd-event loop
+ * until the callback it waits for has run. The mount tests need root: the test process puts itself in
+ * a private mount namespace, where read-only bind mounts and a tiny tmpfs vanish with it. */
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <setjmp.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "history-internal.h"
+#include "log.h"
+
+static bool have_mounts = false;
+
+typedef struct Fixture {
+        char dir[64];
+        char state[128];      /* the state directory under test: dir/state */
+        char mounted[128];    /* a mount point to detach at teardown, or "" */
+        sd_event *event;
+        History *h;
+        unsigned health_calls;
+        bool healthy;
+} Fixture;
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+        return remove(path) < 0 ? -1 : 0;
+}
+
+static int setup(void **state) {
+        Fixture *f = calloc(1, sizeof(Fixture));
+        assert_non_null(f);
+        strcpy(f->dir, "/tmp/test-history-XXXXXX");
+        assert_non_null(mkdtemp(f->dir));
+        snprintf(f->state, sizeof f->state, "%s/state", f->dir);
+        assert_int_equal(sd_event_new(&f->event), 0);
+
+        history_tuning = (HistoryTuning) {
+                .flush_delay = 100 * USEC_PER_MSEC,
+                .reopen_interval = 300 * USEC_PER_MSEC,
+                .retention_interval = USEC_PER_MINUTE,
+                .retry_min = 20 * USEC_PER_MSEC,
+                .retry_max = 200 * USEC_PER_MSEC,
+                .stop_timeout = USEC_PER_SEC,
+                .ballast_size = 1024 * 1024,
+        };
+        *state = f;
+        return 0;
+}
+
+static int teardown(void **state) {
+        Fixture *f = *state;
+
+        f->h = history_free(f->h);
+        sd_event_unref(f->event);
+        if (f->mounted[0])
+                (void) umount2(f->mounted, MNT_DETACH);
+        (void) nftw(f->dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+        free(f);
+        return 0;
+}
+
+/* Runs the loop until *flag is set; false after timeout. */
+static bool run_until(Fixture *f, const bool *flag, usec_t timeout) {
+        usec_t end = now_monotonic() + timeout;
+        while (!*flag) {
+                if (now_monotonic() > end)
+                        return false;
+                assert_true(sd_event_run(f->event, 50 * USEC_PER_MSEC) >= 0);
+        }
+        return true;
+}
+
+/* Runs the loop for a while: for the tests that check something does not happen. */
+static void run_for(Fixture *f, usec_t duration) {
+        usec_t end = now_monotonic() + duration;
+        while (now_monotonic() < end)
+                assert_true(sd_event_run(f->event, 20 * USEC_PER_MSEC) >= 0);
+}
+
+static void on_health(History *h, bool healthy, void *userdata) {
+        Fixture *f = userdata;
+        f->health_calls++;
+        f->healthy = healthy;
+}
+
+/* Opens history in f->state and waits for the writer's first attempt to open the database. */
+static void open_history(Fixture *f, usec_t retention) {
+        HistoryLeaseRow *rows = NULL;
+        size_t n = 0;
+
+        assert_int_equal(history_new(f->event, f->state, retention, &f->h), 0);
+        assert_int_equal(history_load_leases(f->h, &rows, &n), 0);
+        history_lease_rows_free(rows, n);
+        history_set_health_callback(f->h, on_health, f);
+        f->healthy = history_is_healthy(f->h);
+}
+
+static void reopen_history(Fixture *f) {
+        f->h = history_free(f->h);
+        open_history(f, 0);
+}
+
+typedef struct Done {
+        bool called;
+        int result;
+} Done;
+
+static void on_done(History *h, int result, void *userdata) {
+        Done *d = userdata;
+        d->called = true;
+        d->result = result;
+}
+
+static int commit_sync(Fixture *f, const HistoryLeaseRow *row) {
+        Done d = {};
+        assert_int_equal(history_lease_commit(f->h, row, on_done, &d), 0);
+        assert_true(run_until(f, &d.called, 10 * USEC_PER_SEC));
+        return d.result;
+}
+
+typedef struct QueryResult {
+        bool called;
+        int error;
+        json_t *events;
+        int64_t next;
+} QueryResult;
+
+static void on_query(History *h, int error, json_t *events, int64_t next, void *userdata) {
+        QueryResult *q = userdata;
+        q->called = true;
+        q->error = error;
+        q->events = json_incref(events);
+        q->next = next;
+}
+
+static void query_sync(Fixture *f, const HistoryQuery *q, QueryResult *ret) {
+        *ret = (QueryResult) {};
+        assert_int_equal(history_query(f->h, q, on_query, ret), 0);
+        assert_true(run_until(f, &ret->called, 30 * USEC_PER_SEC));
+}
+
+/* Every event matching q, following the cursor. */
+static size_t query_count(Fixture *f, HistoryQuery q) {
+        size_t n = 0;
+        for (;;) {
+                QueryResult r;
+                query_sync(f, &q, &r);
+                assert_int_equal(r.error, 0);
+                n += json_array_size(r.events);
+                json_decref(r.events);
+                if (r.next == 0)
+                        return n;
+                q.cursor = r.next;
+        }
+}
+
+static AuditRecord record(const char *decision, const char *pool, const char *lane) {
+        AuditRecord r = AUDIT_RECORD_INIT;
+        r.decision = decision;
+        r.pool = pool;
+        r.lane = lane;
+        return r;
+}
+
+static int64_t db_int(const char *path, const char *sql) {
+        sqlite3 *db = NULL;
+        sqlite3_stmt *st = NULL;
+        int64_t v = -1;
+
+        assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+        assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+        if (sqlite3_step(st) == SQLITE_ROW)
+                v = sqlite3_column_int64(st, 0);
+        sqlite3_finalize(st);
+        sqlite3_close(db);
+        return v;
+}
+
+static void db_exec(const char *path, const char *sql) {
+        sqlite3 *db = NULL;
+        assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL), SQLITE_OK);
+        assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+        sqlite3_close(db);
+}
+
+static char *db_path(Fixture *f) {
+        static char path[160];
+        snprintf(path, sizeof path, "%s/history.db", f->state);
+        return path;
+}
+
+/* The name history.db was moved to, or NULL. */
+static char *find_moved_aside(Fixture *f) {
+        static char path[256];
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "ls %s | grep -E '^history\\.db\\.corrupt-[0-9]{8}T[0-9]{6}$'", f->state);
+        FILE *p = popen(cmd, "re");
+        assert_non_null(p);
+        char name[128];
+        bool found = fgets(name, sizeof name, p) != NULL;
+        pclose(p);
+        if (!found)
+                return NULL;
+        name[strcspn(name, "\n")] = '\0';
+        snprintf(path, sizeof path, "%s/%s", f->state, name);
+        return path;
+}
+
+static HistoryLeaseRow lease_row(const char *id, const char *pool, uint64_t token) {
+        static unsigned slots[] = { 0, 2 };
+        return (HistoryLeaseRow) {
+                .id = (char *) id,
+                .pool = (char *) pool,
+                .lane = (char *) "merge",
+                .slots = slots,
+                .n_slots = 2,
+                .token = token,
+                .job = (char *) "https://ci.example/job/7",
+                .uid = 1000,
+                .pid = 4242,
+                .command_pid = 4243,
+                .command_start_time = 123456,
+                .detached = false,
+                .granted_at = 1700000000000000,
+                .expires_at = USEC_INFINITY,
+        };
+}
+
+static int commit_lease(Fixture *f, const char *id, const char *pool, uint64_t token) {
+        HistoryLeaseRow row = lease_row(id, pool, token);
+        return commit_sync(f, &row);
+}
+
+static uint64_t token_floor(Fixture *f, const char *pool) {
+        HistoryTokenFloor *floors = NULL;
+        size_t n = 0;
+        uint64_t v = 0;
+
+        assert_int_equal(history_load_token_floors(f->h, &floors, &n), 0);
+        for (size_t i = 0; i < n; i++)
+                if (streq(floors[i].pool, pool))
+                        v = floors[i].next_token;
+        history_token_floors_free(floors, n);
+        return v;
+}
+
+/* ---- schema ---- */
+
+static void test_new_database_gets_current_schema(void **state) {
+        Fixture *f = *state;
+        struct stat st;
+
+        snprintf(f->state, sizeof f->state, "%s/var/lib/brokerd", f->dir); /* missing: created */
+        open_history(f, 0);
+        assert_true(history_is_healthy(f->h));
+        assert_int_equal(stat(f->state, &st), 0);
+        assert_int_equal(st.st_mode & 07777, 0750);
+
+        assert_int_equal(db_int(db_path(f), "PRAGMA user_version"), (int64_t) history_schema_version());
+        assert_int_equal(db_int(db_path(f), "PRAGMA application_id"), HISTORY_APPLICATION_ID);
+        char wal[200];
+        snprintf(wal, sizeof wal, "%s-wal", db_path(f));
+        assert_int_equal(access(wal, F_OK), 0); /* WAL mode */
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM sqlite_master WHERE name IN "
+                                            "('events','leases','tokens','events_time','events_decision_time')"),
+                         5);
+}
+
+static void test_old_schema_is_migrated_and_keeps_its_rows(void **state) {
+        Fixture *f = *state;
+        QueryResult r;
+
+        assert_int_equal(mkdir(f->state, 0750), 0);
+        assert_int_equal(history_schema_create(db_path(f), 1), 0);
+        db_exec(db_path(f), "INSERT INTO events (time, decision, pool, lane, wait_us) VALUES (5000000, 'granted', 'grid', 'merge', 1500)");
+        assert_int_equal(db_int(db_path(f), "PRAGMA user_version"), 1);
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM pragma_table_info('events') WHERE name = 'reason'"), 0);
+
+        open_history(f, 0);
+        assert_true(history_is_healthy(f->h));
+        assert_int_equal(db_int(db_path(f), "PRAGMA user_version"), (int64_t) history_schema_version());
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM pragma_table_info('events') WHERE name = 'reason'"), 1);
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM events WHERE reason IS NULL"), 1);
+        assert_null(find_moved_aside(f));
+
+        query_sync(f, &(HistoryQuery) { .lane = "merge" }, &r);
+        assert_int_equal(r.error, 0);
+        assert_int_equal(json_array_size(r.events), 1);
+        assert_int_equal(json_integer_value(json_object_get(json_array_get(r.events, 0), "waitedMs")), 1);
+        json_decref(r.events);
+}
+
+static void test_newer_schema_is_moved_aside(void **state) {
+        Fixture *f = *state;
+
+        assert_int_equal(mkdir(f->state, 0750), 0);
+        db_exec(db_path(f), "PRAGMA application_id = 1397510996; PRAGMA user_version = 99; CREATE TABLE future (x);");
+        open_history(f, 0);
+        assert_true(history_is_healthy(f->h));
+        const char *moved = find_moved_aside(f);
+        assert_non_null(moved);
+        assert_int_equal(db_int(moved, "PRAGMA user_version"), 99);
+        assert_int_equal(db_int(db_path(f), "PRAGMA user_version"), (int64_t) history_schema_version());
+}
+
+/* ---- decision rows ---- */
+
+static void append_sample(Fixture *f) {
+        /* 12 rows: 3 pools × 2 lanes × (granted at t, released at t+1s), times 10 s apart. */
+        static const char *const pools[] = { "grid", "rig", "db" }, *const lanes[] = { "merge", "nightly" };
+        usec_t t = 1700000000 * USEC_PER_SEC;
+        unsigned k = 0;
+
+        for (size_t p = 0; p < ELEMENTSOF(pools); p++)
+                for (size_t l = 0; l < ELEMENTSOF(lanes); l++, k++) {
+                        char lease[32];
+                        snprintf(lease, sizeof lease, "lease-%u", k);
+                        AuditRecord g = record("granted", pools[p], lanes[l]);
+                        g.lease = lease;
+                        g.token = k + 1;
+                        g.wait = 2500 * USEC_PER_MSEC;
+                        g.budget = 5 * USEC_PER_MINUTE;
+                        g.idle = USEC_PER_SEC;
+                        g.state = "keeping-up";
+                        g.uid = 1000;
+                        g.pid = 100 + k;
+                        g.job = "job";
+                        history_append(f->h, &g, t + k * 10 * USEC_PER_SEC);
+                        AuditRecord e = record("released", pools[p], lanes[l]);
+                        e.lease = lease;
+                        e.hold = 42 * USEC_PER_SEC;
+                        history_append(f->h, &e, t + k * 10 * USEC_PER_SEC + USEC_PER_SEC);
+                }
+}
+
+static void test_rows_are_queryable_with_every_filter(void **state) {
+        Fixture *f = *state;
+        usec_t t = 1700000000 * USEC_PER_SEC;
+        QueryResult r;
+
+        open_history(f, 0);
+        append_sample(f);
+
+        assert_int_equal(query_count(f, (HistoryQuery) {}), 12);
+        assert_int_equal(query_count(f, (HistoryQuery) { .until = USEC_INFINITY }), 12);
+        assert_int_equal(query_count(f, (HistoryQuery) { .lane = "merge" }), 6);
+        assert_int_equal(query_count(f, (HistoryQuery) { .pool = "rig" }), 4);
+        assert_int_equal(query_count(f, (HistoryQuery) { .decision = "released" }), 6);
+        assert_int_equal(query_count(f, (HistoryQuery) { .pool = "rig", .lane = "nightly", .decision = "granted" }), 1);
+        assert_int_equal(query_count(f, (HistoryQuery) { .pool = "nonesuch" }), 0);
+        /* since ≤ time < until: rows k = 2, 3 (granted at t+20s and t+30s, released a second later). */
+        assert_int_equal(query_count(f, (HistoryQuery) { .since = t + 20 * USEC_PER_SEC, .until = t + 40 * USEC_PER_SEC }), 4);
+        assert_int_equal(query_count(f, (HistoryQuery) { .since = t + 20 * USEC_PER_SEC, .until = t + 21 * USEC_PER_SEC }), 1);
+        assert_int_equal(query_count(f, (HistoryQuery) { .since = t + 51 * USEC_PER_SEC }), 1);
+
+        /* The HistoryEvent of io.slotbroker.varlink, and nothing that does not apply. */
+        query_sync(f, &(HistoryQuery) { .pool = "grid", .lane = "merge" }, &r);
+        assert_int_equal(r.error, 0);
+        assert_int_equal(r.next, 0);
+        assert_int_equal(json_array_size(r.events), 2);
+        json_t *g = json_array_get(r.events, 0), *e = json_array_get(r.events, 1);
+        assert_true(json_integer_value(json_object_get(g, "id")) > 0);
+        assert_true(json_integer_value(json_object_get(e, "id")) > json_integer_value(json_object_get(g, "id")));
+        assert_int_equal(json_integer_value(json_object_get(g, "time")), (json_int_t) t);
+        assert_string_equal(json_string_value(json_object_get(g, "decision")), "granted");
+        assert_string_equal(json_string_value(json_object_get(g, "pool")), "grid");
+        assert_string_equal(json_string_value(json_object_get(g, "lane")), "merge");
+        assert_string_equal(json_string_value(json_object_get(g, "job")), "job");
+        assert_string_equal(json_string_value(json_object_get(g, "lease")), "lease-0");
+        assert_string_equal(json_string_value(json_object_get(g, "state")), "keeping-up");
+        assert_int_equal(json_integer_value(json_object_get(g, "uid")), 1000);
+        assert_int_equal(json_integer_value(json_object_get(g, "pid")), 100);
+        assert_int_equal(json_integer_value(json_object_get(g, "token")), 1);
+        assert_int_equal(json_integer_value(json_object_get(g, "waitedMs")), 2500);
+        assert_int_equal(json_integer_value(json_object_get(g, "budgetMs")), 300000);
+        assert_null(json_object_get(g, "heldMs"));
+        assert_int_equal(json_integer_value(json_object_get(e, "heldMs")), 42000);
+        assert_string_equal(json_string_value(json_object_get(e, "decision")), "released");
+        assert_null(json_object_get(e, "waitedMs"));
+        assert_null(json_object_get(e, "uid"));
+        assert_null(json_object_get(e, "pid"));
+        assert_null(json_object_get(e, "token"));
+        assert_null(json_object_get(e, "state"));
+        assert_null(json_object_get(e, "job"));
+        json_decref(r.events);
+}
+
+static void test_pages_follow_the_cursor(void **state) {
+        Fixture *f = *state;
+        HistoryQuery q = { .limit = 1000 };
+        size_t sizes[8], n_pages = 0;
+        int64_t last = 0;
+
+        open_history(f, 0);
+        for (unsigned i = 0; i < 2500; i++) {
+                AuditRecord r = record(i % 2 ? "busy" : "granted", "grid", "merge");
+                history_append(f->h, &r, (1700000000 + i) * USEC_PER_SEC);
+        }
+
+        for (;;) {
+                QueryResult r;
+                query_sync(f, &q, &r);
+                assert_int_equal(r.error, 0);
+                size_t i;
+                json_t *e;
+                json_array_foreach(r.events, i, e) {
+                        int64_t id = json_integer_value(json_object_get(e, "id"));
+                        assert_true(id > last); /* ordered by id, no repeats across pages */
+                        last = id;
+                }
+                assert_true(n_pages < ELEMENTSOF(sizes));
+                sizes[n_pages++] = json_array_size(r.events);
+                json_decref(r.events);
+                if (r.next == 0)
+                        break;
+                assert_int_equal(r.next, last);
+                q.cursor = r.next;
+        }
+        assert_int_equal(n_pages, 3);
+        assert_int_equal(sizes[0], 1000);
+        assert_int_equal(sizes[1], 1000);
+        assert_int_equal(sizes[2], 500);
+
+        /* limit 0 and limits above the cap both mean the cap. */
+        QueryResult r;
+        query_sync(f, &(HistoryQuery) { .limit = 0 }, &r);
+        assert_int_equal(json_array_size(r.events), HISTORY_QUERY_LIMIT_MAX);
+        assert_true(r.next > 0);
+        json_decref(r.events);
+        query_sync(f, &(HistoryQuery) { .limit = 100000 }, &r);
+        assert_int_equal(json_array_size(r.events), HISTORY_QUERY_LIMIT_MAX);
+        json_decref(r.events);
+        /* Filtered paging: 1250 busy rows. */
+        assert_int_equal(query_count(f, (HistoryQuery) { .decision = "busy", .limit = 300 }), 1250);
+}
+
+static void test_cancelled_query_is_not_called_back(void **state) {
+        Fixture *f = *state;
+        QueryResult cancelled = {}, other;
+
+        open_history(f, 0);
+        assert_int_equal(history_query(f->h, &(HistoryQuery) {}, on_query, &cancelled), 0);
+        history_cancel(f->h, &cancelled);
+        query_sync(f, &(HistoryQuery) {}, &other); /* answered after the first */
+        json_decref(other.events);
+        assert_false(cancelled.called);
+}
+
+static void test_free_writes_what_is_queued(void **state) {
+        Fixture *f = *state;
+
+        open_history(f, 0);
+        for (unsigned i = 0; i < 10; i++) {
+                AuditRecord r = record("granted", "grid", "merge");
+                history_append(f->h, &r, now_realtime());
+        }
+        /* Freed before the batch's 100 ms are up. */
+        reopen_history(f);
+        assert_int_equal(query_count(f, (HistoryQuery) {}), 10);
+}
+
+static void test_200k_rows_all_land(void **state) {
+        Fixture *f = *state;
+        HistoryStats st;
+        const unsigned n = 200000;
+
+        open_history(f, 0);
+        usec_t start = now_monotonic();
+        for (unsigned i = 0; i < n; i++) {
+                AuditRecord r = record(i % 3 ? "granted" : "released", "grid", i % 2 ? "merge" : "nightly");
+                r.wait = i;
+                r.lease = "0123456789abcdef0123456789abcdef";
+                r.job = "https://ci.example.org/project/pipelines/123456/jobs/7890";
+                history_append(f->h, &r, now_realtime());
+                /* Stay under the backlog bound: the loop would, at 200,000 decisions a second. */
+                if (i % 1000 == 999)
+                        for (;;) {
+                                history_get_stats(f->h, &st);
+                                if (st.rows_pending < HISTORY_BACKLOG_MAX / 2)
+                                        break;
+                                assert_true(sd_event_run(f->event, USEC_PER_MSEC) >= 0);
+                        }
+        }
+        /* A query is answered once every row queued before it is written. */
+        QueryResult q;
+        query_sync(f, &(HistoryQuery) { .limit = 1 }, &q);
+        json_decref(q.events);
+        usec_t elapsed = now_monotonic() - start;
+        history_get_stats(f->h, &st);
+        assert_int_equal(st.rows_written, n);
+        assert_int_equal(st.rows_dropped, 0);
+        assert_int_equal(st.rows_pending, 0);
+        printf("# 200000 rows in %" PRIu64 " ms: %" PRIu64 " rows/s, %" PRIu64 " commits, longest %" PRIu64 " µs\n",
+               elapsed / USEC_PER_MSEC, (uint64_t) n * USEC_PER_SEC / elapsed, st.commits, st.longest_commit);
+        /* i % 3 != 0 are granted, i odd are merge: the odd i not divisible by 3. */
+        assert_int_equal(query_count(f, (HistoryQuery) { .since = 1, .decision = "granted", .lane = "merge" }),
+                         n / 2 - (n / 3 + 1) / 2);
+}
+
+/* ---- leases and tokens ---- */
+
+static void test_lease_commit_is_loaded_after_reopen_and_delete_forgets_it(void **state) {
+        Fixture *f = *state;
+        HistoryLeaseRow row = lease_row("L1", "grid", 7), detached = lease_row("L2", "rig", 1), *rows = NULL;
+        size_t n = 0;
+
+        detached.detached = true;
+        detached.job = NULL;
+        detached.command_pid = 0;
+        detached.command_start_time = 0;
+        detached.n_slots = 1;
+        detached.expires_at = 1700000600000000;
+
+        open_history(f, 0);
+        assert_int_equal(commit_sync(f, &row), 0);
+        assert_int_equal(commit_sync(f, &detached), 0);
+
+        reopen_history(f);
+        assert_int_equal(history_load_leases(f->h, &rows, &n), 0);
+        assert_int_equal(n, 2);
+        assert_string_equal(rows[0].id, "L1");
+        assert_string_equal(rows[0].pool, "grid");
+        assert_string_equal(rows[0].lane, "merge");
+        assert_int_equal(rows[0].n_slots, 2);
+        assert_int_equal(rows[0].slots[0], 0);
+        assert_int_equal(rows[0].slots[1], 2);
+        assert_int_equal(rows[0].token, 7);
+        assert_string_equal(rows[0].job, "https://ci.example/job/7");
+        assert_int_equal(rows[0].uid, 1000);
+        assert_int_equal(rows[0].pid, 4242);
+        assert_int_equal(rows[0].command_pid, 4243);
+        assert_int_equal(rows[0].command_start_time, 123456);
+        assert_false(rows[0].detached);
+        assert_int_equal(rows[0].granted_at, 1700000000000000);
+        assert_true(rows[0].expires_at == USEC_INFINITY);
+        assert_string_equal(rows[1].id, "L2");
+        assert_true(rows[1].detached);
+        assert_null(rows[1].job);
+        assert_int_equal(rows[1].command_pid, 0);
+        assert_int_equal(rows[1].n_slots, 1);
+        assert_int_equal(rows[1].expires_at, 1700000600000000);
+        history_lease_rows_free(rows, n);
+
+        /* A delete is ordered after the commit queued before it. */
+        HistoryLeaseRow l3 = lease_row("L3", "grid", 8);
+        Done d = {};
+        assert_int_equal(history_lease_commit(f->h, &l3, on_done, &d), 0);
+        history_lease_delete(f->h, "L3");
+        history_lease_delete(f->h, "L1");
+        assert_true(run_until(f, &d.called, 10 * USEC_PER_SEC));
+        assert_int_equal(d.result, 0);
+
+        reopen_history(f);
+        assert_int_equal(history_load_leases(f->h, &rows, &n), 0);
+        assert_int_equal(n, 1);
+        assert_string_equal(rows[0].id, "L2");
+        history_lease_rows_free(rows, n);
+}
+
+static void test_tokens_are_reserved_in_blocks_and_never_go_back(void **state) {
+        Fixture *f = *state;
+
+        open_history(f, 0);
+        assert_int_equal(token_floor(f, "grid"), 0);
+
+        assert_int_equal(commit_lease(f, "a", "grid", 1), 0);
+        assert_int_equal(token_floor(f, "grid"), 1 + HISTORY_TOKEN_BLOCK);
+        /* Below the mark: no new reservation. */
+        assert_int_equal(commit_lease(f, "b", "grid", HISTORY_TOKEN_BLOCK), 0);
+        assert_int_equal(token_floor(f, "grid"), 1 + HISTORY_TOKEN_BLOCK);
+        /* Reaching it reserves the next block. */
+        assert_int_equal(commit_lease(f, "c", "grid", 1 + HISTORY_TOKEN_BLOCK), 0);
+        assert_int_equal(token_floor(f, "grid"), 1 + 2 * HISTORY_TOKEN_BLOCK);
+        /* Pools are independent. */
+        assert_int_equal(commit_lease(f, "d", "rig", 5), 0);
+        assert_int_equal(token_floor(f, "rig"), 5 + HISTORY_TOKEN_BLOCK);
+
+        reopen_history(f);
+        assert_int_equal(token_floor(f, "grid"), 1 + 2 * HISTORY_TOKEN_BLOCK);
+        assert_int_equal(token_floor(f, "rig"), 5 + HISTORY_TOKEN_BLOCK);
+        /* A lower token (a daemon that lost count) never lowers the mark, in memory or on disk. */
+        assert_int_equal(commit_lease(f, "e", "grid", 3), 0);
+        assert_int_equal(token_floor(f, "grid"), 1 + 2 * HISTORY_TOKEN_BLOCK);
+        reopen_history(f);
+        assert_int_equal(token_floor(f, "grid"), 1 + 2 * HISTORY_TOKEN_BLOCK);
+        assert_int_equal(db_int(db_path(f), "SELECT next_token FROM tokens WHERE pool = 'grid'"), 1 + 2 * HISTORY_TOKEN_BLOCK);
+}
+
+/* ---- retention ---- */
+
+static void test_retention_prunes_old_rows_in_chunks(void **state) {
+        Fixture *f = *state;
+        const unsigned n_old = 2 * HISTORY_RETENTION_CHUNK + 123;
+        usec_t now = now_realtime();
+
+        history_tuning.retention_interval = 200 * USEC_PER_MSEC;
+        assert_int_equal(history_new(f->event, f->state, USEC_PER_HOUR, &f->h), 0);
+        for (unsigned i = 0; i < n_old; i++) {
+                AuditRecord r = record("granted", "grid", "merge");
+                history_append(f->h, &r, now - 2 * USEC_PER_HOUR + i);
+        }
+        for (unsigned i = 0; i < 10; i++) {
+                AuditRecord r = record("busy", "grid", "merge");
+                history_append(f->h, &r, now - 30 * USEC_PER_MINUTE + i);
+        }
+        assert_in_range(query_count(f, (HistoryQuery) {}), 10, n_old + 10);
+
+        /* The next passes delete a chunk at a time until only the recent rows are left. */
+        usec_t end = now_monotonic() + 10 * USEC_PER_SEC;
+        size_t left;
+        while ((left = query_count(f, (HistoryQuery) {})) > 10 && now_monotonic() < end)
+                run_for(f, 100 * USEC_PER_MSEC);
+        assert_int_equal(left, 10);
+        assert_int_equal(query_count(f, (HistoryQuery) { .decision = "busy" }), 10);
+}
+
+/* ---- corrupt and foreign files ---- */
+
+static void test_corrupt_file_is_moved_aside(void **state) {
+        Fixture *f = *state;
+        char junk[64 * 1024];
+        struct stat st;
+
+        assert_int_equal(mkdir(f->state, 0750), 0);
+        srand(42);
+        for (size_t i = 0; i < sizeof junk; i++)
+                junk[i] = (char) rand();
+        int fd = open(db_path(f), O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, junk, sizeof junk), sizeof junk);
+        close(fd);
+
+        open_history(f, 0);
+        assert_true(history_is_healthy(f->h));
+        const char *moved = find_moved_aside(f);
+        assert_non_null(moved);
+        assert_int_equal(stat(moved, &st), 0);
+        assert_int_equal(st.st_size, sizeof junk); /* kept as it was, for a post-mortem */
+
+        /* The fresh database works. */
+        assert_int_equal(commit_lease(f, "L", "grid", 1), 0);
+        AuditRecord r = record("granted", "grid", "merge");
+        history_append(f->h, &r, now_realtime());
+        assert_int_equal(query_count(f, (HistoryQuery) {}), 1);
+}
+
+static void test_foreign_database_is_moved_aside(void **state) {
+        Fixture *f = *state;
+
+        assert_int_equal(mkdir(f->state, 0750), 0);
+        db_exec(db_path(f), "CREATE TABLE recipes (name TEXT); INSERT INTO recipes VALUES ('bread');");
+
+        open_history(f, 0);
+        assert_true(history_is_healthy(f->h));
+        const char *moved = find_moved_aside(f);
+        assert_non_null(moved);
+        assert_int_equal(db_int(moved, "SELECT count(*) FROM recipes"), 1);
+        assert_int_equal(db_int(db_path(f), "PRAGMA application_id"), HISTORY_APPLICATION_ID);
+        assert_int_equal(commit_lease(f, "L", "grid", 1), 0);
+}
+
+static void test_corrupt_file_gives_up_its_leases_and_tokens(void **state) {
+        Fixture *f = *state;
+        HistoryLeaseRow *rows = NULL;
+        size_t n = 0;
+
+        open_history(f, 0);
+        assert_int_equal(commit_lease(f, "L1", "grid", 3000), 0);
+        for (unsigned i = 0; i < 5000; i++) {
+                AuditRecord r = record("granted", "grid", "merge");
+                r.job = "a job label long enough to fill a few pages of the events table";
+                history_append(f->h, &r, now_realtime());
+        }
+        assert_int_equal(query_count(f, (HistoryQuery) { .limit = 1 }) > 0, 1);
+        f->h = history_free(f->h);
+
+        /* Garbage over the end of the file, where the events' pages are; the leases and tokens tables
+         * were created first and sit near its start. */
+        int fd = open(db_path(f), O_WRONLY | O_CLOEXEC);
+        assert_true(fd >= 0);
+        off_t size = lseek(fd, 0, SEEK_END);
+        assert_true(size > 64 * 1024);
+        char junk[4096];
+        memset(junk, 0x5a, sizeof junk);
+        for (off_t o = size / 2; o + (off_t) sizeof junk <= size; o += 2 * (off_t) sizeof junk)
+                assert_int_equal(pwrite(fd, junk, sizeof junk, o), sizeof junk);
+        close(fd);
+
+        /* Reading everything finds the damage: the file goes aside, its leases and marks come along. */
+        open_history(f, 0);
+        QueryResult r;
+        HistoryQuery q = {};
+        for (unsigned i = 0; i < 100; i++) {
+                query_sync(f, &q, &r);
+                json_decref(r.events);
+                if (r.error != 0 || r.next == 0)
+                        break;
+                q.cursor = r.next;
+        }
+        assert_int_equal(r.error, -EBADMSG);
+        assert_non_null(find_moved_aside(f));
+        assert_true(history_is_healthy(f->h));
+        /* Told to commit its live leases again. */
+        assert_true(run_until(f, &f->healthy, USEC_PER_SEC));
+        assert_true(f->health_calls >= 1);
+        assert_int_equal(token_floor(f, "grid"), 3000 + HISTORY_TOKEN_BLOCK);
+        f->h = history_free(f->h);
+        open_history(f, 0);
+        assert_int_equal(token_floor(f, "grid"), 3000 + HISTORY_TOKEN_BLOCK);
+        assert_int_equal(history_load_leases(f->h, &rows, &n), 0);
+        assert_int_equal(n, 1);
+        assert_string_equal(rows[0].id, "L1");
+        history_lease_rows_free(rows, n);
+}
+
+/* ---- a read-only directory ---- */
+
+static size_t count_in_file(const char *path, const char *needle) {
+        char line[4096];
+        size_t n = 0;
+        FILE *fp = fopen(path, "re");
+        if (!fp)
+                return 0;
+        while (fgets(line, sizeof line, fp))
+                if (strstr(line, needle))
+                        n++;
+        fclose(fp);
+        return n;
+}
+
+static void test_read_only_directory_degrades_then_recovers(void **state) {
+        Fixture *f = *state;
+        char log_path[128];
+
+        if (!have_mounts) {
+                print_message("# skipped: needs root and a private mount namespace (read-only bind mount)\n");
+                skip();
+        }
+        assert_int_equal(mkdir(f->state, 0750), 0);
+        assert_int_equal(mount(f->state, f->state, "none", MS_BIND, NULL), 0);
+        strcpy(f->mounted, f->state);
+        assert_int_equal(mount("none", f->state, "none", MS_REMOUNT | MS_BIND | MS_RDONLY, NULL), 0);
+
+        /* Capture stderr: the failure must be logged once, not once per attempt or per row. */
+        snprintf(log_path, sizeof log_path, "%s/stderr", f->dir);
+        int saved = dup(STDERR_FILENO);
+        int logfd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        assert_true(saved >= 0 && logfd >= 0);
+        fflush(stderr);
+        dup2(logfd, STDERR_FILENO);
+
+        open_history(f, 0);
+        assert_false(history_is_healthy(f->h));
+        assert_int_equal(token_floor(f, "grid"), 0);
+        Done d = {};
+        HistoryLeaseRow l1 = lease_row("L1", "grid", 1);
+        assert_int_equal(history_lease_commit(f->h, &l1, on_done, &d), 0);
+        assert_false(d.called); /* never from inside the call */
+        assert_true(run_until(f, &d.called, 100 * USEC_PER_MSEC));
+        assert_int_equal(d.result, HISTORY_NOT_PERSISTED);
+        for (unsigned i = 0; i < 100; i++) {
+                AuditRecord r = record("busy", "grid", "merge");
+                history_append(f->h, &r, now_realtime());
+        }
+        history_lease_delete(f->h, "gone-while-degraded");
+        QueryResult q;
+        query_sync(f, &(HistoryQuery) {}, &q);
+        assert_int_equal(q.error, -EIO);
+        assert_null(q.events);
+        run_for(f, 4 * history_tuning.reopen_interval); /* several attempts */
+        assert_false(history_is_healthy(f->h));
+
+        /* Writable again: within the retry period history opens, health says so, and the rows kept
+         * meanwhile are written. */
+        assert_int_equal(mount("none", f->state, "none", MS_REMOUNT | MS_BIND, NULL), 0);
+        usec_t t0 = now_monotonic();
+        assert_true(run_until(f, &f->healthy, history_tuning.reopen_interval + 2 * USEC_PER_SEC));
+        assert_true(now_monotonic() - t0 <= history_tuning.reopen_interval + USEC_PER_SEC);
+        assert_int_equal(f->health_calls, 1);
+        assert_true(history_is_healthy(f->h));
+        assert_int_equal(commit_lease(f, "L1", "grid", 1), 0);
+        assert_int_equal(query_count(f, (HistoryQuery) { .decision = "busy" }), 100);
+
+        fflush(stderr);
+        dup2(saved, STDERR_FILENO);
+        close(saved);
+        close(logfd);
+        assert_int_equal(count_in_file(log_path, "Cannot open history database"), 1);
+        assert_int_equal(count_in_file(log_path, "is available again"), 1);
+}
+
+/* ---- a full disk ---- */
+
+static int fill(const char *path) {
+        static char buf[64 * 1024];
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        assert_true(fd >= 0);
+        memset(buf, 'x', sizeof buf);
+        for (size_t chunk = sizeof buf; chunk >= 512;) {
+                if (write(fd, buf, chunk) < 0) {
+                        assert_int_equal(errno, ENOSPC);
+                        chunk /= 2;
+                }
+        }
+        return fd;
+}
+
+static void test_full_disk_keeps_rows_and_lease_commits(void **state) {
+        Fixture *f = *state;
+        char filler[160], ballast[160];
+        HistoryStats st;
+        const unsigned n = 10000;
+        struct stat sb;
+
+        if (!have_mounts) {
+                print_message("# skipped: needs root and a private mount namespace (a small tmpfs)\n");
+                skip();
+        }
+        assert_int_equal(mkdir(f->state, 0750), 0);
+        assert_int_equal(mount("tmpfs", f->state, "tmpfs", 0, "size=8m,mode=0750"), 0);
+        strcpy(f->mounted, f->state);
+        snprintf(filler, sizeof filler, "%s/filler", f->state);
+        snprintf(ballast, sizeof ballast, "%s/history.db.ballast", f->state);
+
+        open_history(f, 0);
+        assert_true(history_is_healthy(f->h));
+        assert_int_equal(stat(ballast, &sb), 0);
+        assert_int_equal(sb.st_size, 1024 * 1024);
+        assert_int_equal(commit_lease(f, "before", "grid", 1), 0);
+
+        close(fill(filler));
+        for (unsigned i = 0; i < n; i++) {
+                AuditRecord r = record("granted", "grid", "merge");
+                r.job = "https://ci.example.org/project/pipelines/123456/jobs/7890";
+                history_append(f->h, &r, now_realtime());
+        }
+        /* No room for them: the batches fail and stay queued. */
+        usec_t end = now_monotonic() + 10 * USEC_PER_SEC;
+        while (f->healthy && now_monotonic() < end)
+                run_for(f, 50 * USEC_PER_MSEC);
+        assert_false(history_is_healthy(f->h));
+        history_get_stats(f->h, &st);
+        assert_true(st.rows_written < n);
+        assert_true(st.rows_pending > 0);
+        assert_int_equal(st.rows_dropped, 0);
+        assert_true(st.write_errors > 0);
+
+        /* The lease commit gets the reserve; further ones still fit in what it gave back. */
+        for (unsigned i = 0; i < 20; i++) {
+                char id[16];
+                snprintf(id, sizeof id, "full-%u", i);
+                assert_int_equal(commit_lease(f, id, "grid", 2 + i), 0);
+        }
+        assert_int_equal(stat(ballast, &sb) < 0 ? errno : 0, ENOENT);
+
+        /* Rows are retried, not lost, and do not eat the space given back. */
+        run_for(f, 300 * USEC_PER_MSEC);
+        history_get_stats(f->h, &st);
+        assert_true(st.rows_written < n);
+        assert_int_equal(st.rows_dropped, 0);
+        assert_int_equal(commit_lease(f, "still", "grid", 30), 0);
+
+        /* Space again: everything lands, the reserve is back, health too. */
+        assert_int_equal(unlink(filler), 0);
+        end = now_monotonic() + 10 * USEC_PER_SEC;
+        for (;;) {
+                history_get_stats(f->h, &st);
+                if (st.rows_written == n || now_monotonic() > end)
+                        break;
+                run_for(f, 50 * USEC_PER_MSEC);
+        }
+        assert_int_equal(st.rows_written, n);
+        assert_int_equal(st.rows_dropped, 0);
+        assert_true(run_until(f, &f->healthy, USEC_PER_SEC));
+        assert_int_equal(stat(ballast, &sb), 0);
+        assert_int_equal(sb.st_size, 1024 * 1024);
+        assert_int_equal(query_count(f, (HistoryQuery) {}), n);
+
+        HistoryLeaseRow *rows = NULL;
+        size_t k = 0;
+        reopen_history(f);
+        assert_int_equal(history_load_leases(f->h, &rows, &k), 0);
+        assert_int_equal(k, 22);
+        history_lease_rows_free(rows, k);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(test_new_database_gets_current_schema, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_old_schema_is_migrated_and_keeps_its_rows, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_newer_schema_is_moved_aside, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_rows_are_queryable_with_every_filter, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_pages_follow_the_cursor, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_cancelled_query_is_not_called_back, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_free_writes_what_is_queued, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_200k_rows_all_land, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_lease_commit_is_loaded_after_reopen_and_delete_forgets_it, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_tokens_are_reserved_in_blocks_and_never_go_back, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_retention_prunes_old_rows_in_chunks, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_corrupt_file_is_moved_aside, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_foreign_database_is_moved_aside, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_corrupt_file_gives_up_its_leases_and_tokens, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_read_only_directory_degrades_then_recovers, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_full_disk_keeps_rows_and_lease_commits, setup, teardown),
+        };
+
+        /* A private mount namespace for the whole process, before any thread exists (unshare() refuses
+         * CLONE_NEWNS in a threaded process): the mounts of the tests never reach the machine. */
+        if (geteuid() == 0 && unshare(CLONE_NEWNS) == 0 && mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == 0)
+                have_mounts = true;
+
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
