@@ -177,6 +177,13 @@ if [ -n "$debs" ]; then
         ok "dpkg -i $(cd "$root/root/debs" && echo *.deb)"
 fi
 
+# 0. The installed units, as this systemd reads them: systemd-analyze verify prints nothing. (No man
+# pages in the root: --man=no.)
+out=$(cx systemd-analyze verify --man=no brokerd.socket brokerd.service \
+        slotbroker-nightly.timer slotbroker-nightly.service 2>&1) || true
+[ -z "$out" ] || fail "systemd-analyze verify on the installed units: $out"
+ok "systemd-analyze verify on the installed units prints nothing"
+
 # 1. The socket listens before brokerd runs.
 is_active brokerd.socket active || fail "brokerd.socket is not active after boot"
 is_active brokerd.service inactive || fail "brokerd.service runs before any client connected"
