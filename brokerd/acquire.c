@@ -176,23 +176,63 @@ static void send_position(Connection *c, usec_t now) {
                 return;
         a->last_position = pos;
         a->last_queued = queued;
-        a->last_position_sent = now;
 }
 
-void acquire_send_positions(Manager *m) {
-        usec_t now = now_monotonic();
-        list_foreach_safe(n, &m->connections) { /* a reply may close c, and only c */
-                Connection *c = container_of(n, Connection, node);
-                AcquireCall *a = &c->acquire;
-                if (!a->more || !connection_is_waiting(c))
-                        continue;
-                /* A client that has not read the last update gets no new one: its output stays bounded. */
-                if (varlink_stream_pending_output(&c->stream) > 0)
-                        continue;
-                if (now - a->last_position_sent < USEC_PER_SEC)
-                        continue;
-                send_position(c, now);
+/* Position updates go round a queue kept in the order waiters were last looked at: the head is always the
+ * one whose second is up first. Each run takes at most POSITION_BATCH of them, so ten thousand waiters
+ * cost ten thousand small replies a second, spread out, and never a stall of the loop. */
+#define POSITION_BATCH 128
+
+static void position_queue_leave(Connection *c) {
+        if (list_node_is_linked(&c->acquire.position_node))
+                list_unlink(&c->acquire.position_node);
+}
+
+static void position_queue_arm(Manager *m, usec_t now, bool more_due) {
+        ListNode *head = list_first(&m->position_queue);
+        if (!head) {
+                (void) sd_event_source_set_enabled(m->position_timer, SD_EVENT_OFF);
+                return;
         }
+        AcquireCall *a = container_of(head, AcquireCall, position_node);
+        usec_t t = more_due ? now : usec_add(a->last_position_check, USEC_PER_SEC);
+        (void) sd_event_source_set_time(m->position_timer, t);
+        (void) sd_event_source_set_enabled(m->position_timer, SD_EVENT_ONESHOT);
+}
+
+static void position_queue_join(Connection *c, usec_t now) {
+        Manager *m = c->manager;
+        bool was_empty = list_is_empty(&m->position_queue);
+        c->acquire.last_position_check = now;
+        list_append(&m->position_queue, &c->acquire.position_node);
+        if (was_empty)
+                position_queue_arm(m, now, false);
+}
+
+int acquire_on_position_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        Manager *m = userdata;
+        usec_t now = now_monotonic();
+        unsigned n = 0;
+        ListNode *head;
+
+        while ((head = list_first(&m->position_queue)) && n < POSITION_BATCH) {
+                AcquireCall *a = container_of(head, AcquireCall, position_node);
+                if (usec_add(a->last_position_check, USEC_PER_SEC) > now)
+                        break;
+                Connection *c = container_of(a, Connection, acquire);
+                list_unlink(head);
+                a->last_position_check = now;
+                list_append(&m->position_queue, head);
+                /* A client that has not read its last update gets no new one: its output stays bounded. */
+                if (varlink_stream_pending_output(&c->stream) == 0)
+                        send_position(c, now); /* may close c: then it left the queue */
+                n++;
+        }
+        head = list_first(&m->position_queue);
+        bool more_due = head && n == POSITION_BATCH &&
+                        usec_add(container_of(head, AcquireCall, position_node)->last_position_check, USEC_PER_SEC) <= now;
+        position_queue_arm(m, now, more_due);
+        return 0;
 }
 
 static void waiter_count(Connection *c, bool on) {
@@ -214,8 +254,12 @@ static void on_queued(Manager *m, Connection *c, const EngineEvent *ev) {
                 return;
         waiter_count(c, true);
         manager_status_changed(m);
-        if (c->acquire.more)
-                send_position(c, now_monotonic());
+        if (c->acquire.more) {
+                usec_t now = now_monotonic();
+                send_position(c, now);
+                if (!c->closed)
+                        position_queue_join(c, now);
+        }
 }
 
 /* Sends the grant to the client that asked (SPEC §5: continues while the connection is the life line). */
@@ -297,6 +341,7 @@ static void on_granted(Manager *m, Connection *c, const EngineEvent *ev) {
         Lease *l;
 
         waiter_count(c, false);
+        position_queue_leave(c);
         int r = lease_new(m, ev->lease, c->closed ? NULL : c, c->cred.uid, c->cred.pid, a->job, a->detach,
                           a->has_command ? &a->command : NULL, TAKE_FD(a->command_pidfd), &l);
         if (r < 0) {
@@ -349,6 +394,7 @@ static void on_refused(Manager *m, Connection *c, const EngineEvent *ev) {
         AcquireCall *a = &c->acquire;
 
         waiter_count(c, false);
+        position_queue_leave(c);
         manager_status_changed(m);
 
         AuditRecord rec = AUDIT_RECORD_INIT;
@@ -375,6 +421,10 @@ static void on_refused(Manager *m, Connection *c, const EngineEvent *ev) {
                 json_object_set_new(p, "reason", json_string(conf_find_pool(m->config, ev->pool) ? "drained" : "removed"));
         connection_reply_error(c, refusal_error(ev->refusal), p);
         connection_acquire_done(c);
+}
+
+void acquire_forget_waiter(Connection *c) {
+        position_queue_leave(c);
 }
 
 void acquire_handle_event(Manager *m, const EngineEvent *ev) {

@@ -3,6 +3,8 @@
  * and leases. */
 #pragma once
 
+#include <systemd/sd-event.h>
+
 #include "engine.h"
 #include "varlink.h"
 
@@ -15,5 +17,7 @@ void acquire_start(Connection *c, const VarlinkCall *call);
 /* An engine event: a request queued, granted or refused, a lease reaching max-hold, a pool's gauge. */
 void acquire_handle_event(Manager *m, const EngineEvent *ev);
 
-/* Once a second: waiters whose place changed hear of it (at most one reply a second each). */
-void acquire_send_positions(Manager *m);
+/* The position timer: waiters whose place changed hear of it, at most once a second each. */
+int acquire_on_position_timer(sd_event_source *s, uint64_t usec, void *userdata);
+/* The waiter leaves (closed, or cancelled by an administrator): no more position updates. */
+void acquire_forget_waiter(Connection *c);

@@ -4,6 +4,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
+#include "acquire.h"
 #include "audit.h"
 #include "connection.h"
 #include "history.h"
@@ -239,6 +240,7 @@ void connection_close(Connection *c) {
                 history_cancel(m->history, c);
 
         AcquireCall *a = &c->acquire;
+        acquire_forget_waiter(c);
         if (a->request && engine_request_is_waiting(a->request)) {
                 AuditRecord rec = AUDIT_RECORD_INIT;
                 rec.decision = "cancelled";

@@ -30,7 +30,8 @@ typedef struct AcquireCall {
         EngineRequest *request;    /* while waiting */
         size_t last_position;      /* 1-based, as last sent; 0: none yet */
         size_t last_queued;
-        usec_t last_position_sent; /* monotonic; updates go out at most once a second */
+        usec_t last_position_check; /* monotonic; updates go out at most once a second */
+        ListNode position_node;     /* Manager.position_queue, while waiting with "more" */
         bool counted_waiter;       /* counted in its uid's waiters */
         int command_pidfd;         /* the attached command, verified at the call */
         ProcessInfo command;

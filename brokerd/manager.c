@@ -242,7 +242,6 @@ static void manager_update_status(Manager *m) {
 static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
-        acquire_send_positions(m);
         audit_tick(m);
         if (m->config->metrics_textfile && now_monotonic() - m->metrics.last_textfile >= METRICS_TEXTFILE_INTERVAL) {
                 m->metrics.last_textfile = now_monotonic();
@@ -570,6 +569,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         list_init(&m->connections);
         list_init(&m->closed_connections);
         list_init(&m->leases);
+        list_init(&m->position_queue);
 
         if (o->config_path && !(m->config_path = strdup(o->config_path)))
                 return log_oom();
@@ -644,6 +644,12 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
                 return log_error_errno(r, "Failed to add the tick timer: %m");
         (void) sd_event_source_set_enabled(m->tick_timer, SD_EVENT_ON);
 
+        r = sd_event_add_time(m->event, &m->position_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
+                              acquire_on_position_timer, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the position timer: %m");
+        (void) sd_event_source_set_enabled(m->position_timer, SD_EVENT_OFF);
+
         r = sd_event_add_defer(m->event, &m->gc_source, on_gc, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the collector: %m");
@@ -683,6 +689,7 @@ Manager *manager_free(Manager *m) {
                 (void) unlink(m->socket_path);
         sd_event_source_disable_unref(m->engine_timer);
         sd_event_source_disable_unref(m->tick_timer);
+        sd_event_source_disable_unref(m->position_timer);
         sd_event_source_disable_unref(m->watchdog_timer);
         sd_event_source_disable_unref(m->gc_source);
         /* Leases are not ended: their rows stay for the next start to restore. */

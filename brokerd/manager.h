@@ -64,7 +64,9 @@ typedef struct Manager {
         List leases;                    /* Lease.node */
         unsigned n_leases;
 
-        sd_event_source *tick_timer;    /* once a second: position updates, process groups, STATUS= */
+        sd_event_source *tick_timer;    /* once a second: process groups, audit summaries, STATUS= */
+        List position_queue;            /* waiters by when their position was last looked at */
+        sd_event_source *position_timer;
         sd_event_source *watchdog_timer;
         usec_t watchdog_usec;
         bool status_dirty;

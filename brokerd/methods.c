@@ -298,6 +298,7 @@ static void method_cancel(Connection *c, const VarlinkCall *call) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s, s:s}", "retryAfterSec", 1, "pool",
                                                               rec.pool, "reason", "cancelled");
                 engine_request_cancel(a->request, now);
+                acquire_forget_waiter(x);
                 if (a->counted_waiter) {
                         UidUsage *u = manager_uid_usage(m, x->cred.uid, false);
                         if (u && u->waiters > 0)
