@@ -7,6 +7,7 @@
 #                               debootstraps it (~1 min, network) and caches it as a .tar.zst in
 #                               $SLOTBROKER_TEST_CACHE (default /var/cache/slotbroker-test), later runs
 #                               unpack the cache (seconds). Exit 77 if the mirror cannot be reached.
+#                               $SLOTBROKER_TEST_MIRROR overrides the mirror of /etc/apt/sources*.
 #   container.sh boot ROOT      boot it; prints the container's init pid; waits until it runs
 #   container.sh exec ROOT CMD… run CMD inside (systemctl, journalctl, slotctl…)
 #   container.sh stop ROOT      kill it (by its pid), unmount, and remove its cgroup
@@ -30,7 +31,8 @@ packages=systemd,systemd-sysv,dbus,libsystemd0,libsqlite3-0,libjansson4,libinih1
 key=bookworm-$(printf '%s' "$packages" | sha256sum | cut -c1-12)
 
 mirror() {
-        local m
+        local m=${SLOTBROKER_TEST_MIRROR:-}
+        [ -z "$m" ] || { echo "$m"; return; }
         m=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n1)
         [ -n "$m" ] || m=$(awk '$1 == "deb" && $3 ~ /^bookworm$/ { print $2; exit }' /etc/apt/sources.list 2>/dev/null)
         echo "${m:-http://deb.debian.org/debian}"
