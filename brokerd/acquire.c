@@ -180,8 +180,8 @@ static void send_position(Connection *c, usec_t now) {
 
 /* Position updates go round a queue kept in the order waiters were last looked at: the head is always the
  * one whose second is up first. Each run takes at most POSITION_BATCH of them, so ten thousand waiters
- * cost ten thousand small replies a second, spread out, and never a stall of the loop. */
-#define POSITION_BATCH 128
+ * cost ten thousand small replies a second, spread out,, and never a stall of the loop. */
+#define POSITION_BATCH 32
 
 static void position_queue_leave(Connection *c) {
         if (list_node_is_linked(&c->acquire.position_node))

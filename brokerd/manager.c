@@ -649,6 +649,8 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         if (r < 0)
                 return log_error_errno(r, "Failed to add the position timer: %m");
         (void) sd_event_source_set_enabled(m->position_timer, SD_EVENT_OFF);
+        /* Position updates are courtesy: a release or a new call waiting in the same iteration goes first. */
+        (void) sd_event_source_set_priority(m->position_timer, SD_EVENT_PRIORITY_IDLE);
 
         r = sd_event_add_defer(m->event, &m->gc_source, on_gc, m);
         if (r < 0)
