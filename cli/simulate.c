@@ -9,6 +9,7 @@
 #include <sysexits.h>
 
 #include "heap.h"
+#include "replay.h"
 #include "simulate.h"
 
 /* ---- peak queue by second ---- */
@@ -716,6 +717,8 @@ static const char *arg_hold = NULL;
 static const char *arg_arrivals = NULL;
 static const char *arg_deadline = NULL;
 static const char *arg_scenario = NULL;
+static const char *arg_replay = NULL;
+static const char *arg_replay_pool = NULL;
 static uint64_t arg_seed = 1;
 static bool arg_per_request = false;
 static bool arg_json = false;
@@ -724,7 +727,8 @@ static uint64_t arg_sweep_from = 0, arg_sweep_to = 0;
 
 static void help(void) {
         printf("slotctl simulate [OPTIONS…]\n"
-               "slotctl simulate --scenario FILE.json [OPTIONS…]\n\n"
+               "slotctl simulate --scenario FILE.json [OPTIONS…]\n"
+               "slotctl simulate --replay history.db [--pool NAME] [OPTIONS…]\n\n"
                "Run the admission engine on a virtual millisecond clock: capacity planning without a daemon.\n\n"
                "  --limit N                      Slots of the pool\n"
                "  --max-queue N                  Most requests waiting (default: no cap)\n"
@@ -734,6 +738,9 @@ static void help(void) {
                "  --arrivals RATE/s:DUR[,…]      Arrival phases, back to back\n"
                "  --deadline DUR                 The client's patience: wait + hold beyond it is late\n"
                "  --scenario FILE                Pools, lanes, arrivals and requests from a JSON file\n"
+               "  --replay HISTORY.DB            The requests brokerd recorded, against the pool options given\n"
+               "                                 (the recorded pool's otherwise)\n"
+               "  --pool NAME                    With --replay: the pool whose requests to replay\n"
                "  --seed N                       Seed of the random source (default 1)\n"
                "  --per-request                  Report every generated request too\n"
                "  --sweep KEY=A..B               One run per value of limit, max-queue or queue-timeout (s)\n"
@@ -816,6 +823,8 @@ static int parse_argv(int argc, char *argv[]) {
                 ARG_PER_REQUEST,
                 ARG_JSON,
                 ARG_SWEEP,
+                ARG_REPLAY,
+                ARG_POOL,
         };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
@@ -831,6 +840,8 @@ static int parse_argv(int argc, char *argv[]) {
                 { "per-request", no_argument, NULL, ARG_PER_REQUEST },
                 { "json", no_argument, NULL, ARG_JSON },
                 { "sweep", required_argument, NULL, ARG_SWEEP },
+                { "replay", required_argument, NULL, ARG_REPLAY },
+                { "pool", required_argument, NULL, ARG_POOL },
                 {}
         };
         /* The pool and traffic options of the command-line mode, which a scenario file replaces. */
@@ -878,6 +889,12 @@ static int parse_argv(int argc, char *argv[]) {
                 case ARG_SCENARIO:
                         arg_scenario = optarg;
                         break;
+                case ARG_REPLAY:
+                        arg_replay = optarg;
+                        break;
+                case ARG_POOL:
+                        arg_replay_pool = optarg;
+                        break;
                 case ARG_SEED:
                         if (parse_u64(optarg, &arg_seed) < 0)
                                 return log_usage("--seed: invalid number \"%s\"", optarg);
@@ -908,7 +925,12 @@ static int parse_argv(int argc, char *argv[]) {
                         return log_usage("%s cannot be combined with --scenario (set it in the scenario file)",
                                          cli_only[i].name);
         }
-        if (!arg_scenario) {
+        if (arg_replay && (arg_scenario || arg_arrivals || arg_hold))
+                return log_usage("--replay cannot be combined with %s (the history gives the requests)",
+                                 arg_scenario ? "--scenario" : arg_arrivals ? "--arrivals" : "--hold");
+        if (arg_replay_pool && !arg_replay)
+                return log_usage("--pool needs --replay");
+        if (!arg_scenario && !arg_replay) {
                 if (!arg_limit)
                         return log_usage("--limit is missing (or give --scenario FILE)");
                 if (!arg_hold)
@@ -1012,7 +1034,21 @@ static int run(void) {
 
         if (arg_scenario)
                 r = scenario_load_file(arg_scenario, &error, &s);
-        else
+        else if (arg_replay) {
+                _cleanup_(replay_info_done) ReplayInfo info = {};
+                r = replay_load(&(ReplayOptions) {
+                                        .path = arg_replay,
+                                        .pool = arg_replay_pool,
+                                        .limit = arg_limit,
+                                        .max_queue = arg_max_queue,
+                                        .queue_timeout = arg_queue_timeout,
+                                        .queue_congestion_timeout = arg_queue_congestion_timeout,
+                                        .deadline = arg_deadline,
+                                },
+                                &error, &s, &info);
+                if (r >= 0)
+                        replay_info_print(&info, stderr);
+        } else
                 r = build_cli_scenario(&error, &s);
         if (r == -EINVAL) {
                 if (error)
@@ -1069,6 +1105,8 @@ static int run(void) {
                         log_error_errno(r, "Failed to simulate");
                         goto finish;
                 }
+                if (arg_replay && !arg_per_request)
+                        replay_result_trim(result); /* thousands of recorded requests: only on request */
                 if (!arg_sweep_key) {
                         if (arg_json)
                                 sim_print_json(s, result, stdout);

@@ -1,0 +1,625 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <inttypes.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "replay.h"
+
+/* The decisions that are requests: each arrived, and was either granted or refused for want of room. */
+#define REQUEST_DECISIONS "('granted', 'busy', 'full', 'timeout', 'shed')"
+/* The decisions that end a lease and say how long it was held. */
+#define END_DECISIONS "('released', 'revoked')"
+
+typedef struct ReplayRequest {
+        int64_t id;
+        uint64_t time_us;
+        uint64_t arrival_us;
+        size_t lane;
+        bool granted;
+        int64_t hold_us;   /* -1: unknown */
+} ReplayRequest;
+
+typedef struct ReplayLane {
+        char *name;
+        bool queued;       /* some request of it waited, or had a budget */
+        bool busy;         /* it was refused busy */
+        uint64_t *holds;   /* of its grants whose lease ended */
+        size_t n_holds;
+} ReplayLane;
+
+typedef struct Replay {
+        sqlite3 *db;
+        const char *path;
+        char *pool;
+        ReplayRequest *requests;
+        size_t n_requests;
+        ReplayLane *lanes;
+        size_t n_lanes;
+        uint64_t *keeping_up_budgets, *saturated_budgets;
+        size_t n_keeping_up, n_saturated;
+        uint64_t last_us;
+} Replay;
+
+static void replay_done(Replay *r) {
+        sqlite3_close_v2(r->db);
+        free(r->pool);
+        free(r->requests);
+        for (size_t i = 0; i < r->n_lanes; i++) {
+                free(r->lanes[i].name);
+                free(r->lanes[i].holds);
+        }
+        free(r->lanes);
+        free(r->keeping_up_budgets);
+        free(r->saturated_budgets);
+}
+
+void replay_info_done(ReplayInfo *info) {
+        if (!info)
+                return;
+        free(info->pool);
+        for (char **l = info->lanes; l && *l; l++)
+                free(*l);
+        free(info->lanes);
+        *info = (ReplayInfo) {};
+}
+
+_printf_(2, 3) static int set_error(char **error, const char *fmt, ...) {
+        va_list ap;
+        char *m = NULL;
+
+        va_start(ap, fmt);
+        int k = vasprintf(&m, fmt, ap);
+        va_end(ap);
+        if (k < 0)
+                return -ENOMEM;
+        free(*error);
+        *error = m;
+        return -EINVAL;
+}
+
+static int push_u64(uint64_t **a, size_t *n, uint64_t v) {
+        uint64_t *b = reallocarray(*a, *n + 1, sizeof(uint64_t));
+        if (!b)
+                return -ENOMEM;
+        b[(*n)++] = v;
+        *a = b;
+        return 0;
+}
+
+static int compare_u64(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+        return x < y ? -1 : x > y;
+}
+
+/* The value that occurs most often (the smallest of a tie); sorts the array. */
+static uint64_t mode_u64(uint64_t *a, size_t n) {
+        uint64_t best = a[0];
+        size_t best_n = 0;
+
+        qsort(a, n, sizeof(uint64_t), compare_u64);
+        for (size_t i = 0; i < n;) {
+                size_t j = i;
+                while (j < n && a[j] == a[i])
+                        j++;
+                if (j - i > best_n) {
+                        best = a[i];
+                        best_n = j - i;
+                }
+                i = j;
+        }
+        return best;
+}
+
+/* The lower median; sorts the array. */
+static uint64_t median_u64(uint64_t *a, size_t n) {
+        qsort(a, n, sizeof(uint64_t), compare_u64);
+        return a[(n - 1) / 2];
+}
+
+/* "file:" URI of a path, read-only: ?, # and % would end or escape the path. */
+static int uri_ro(const char *path, bool immutable, char **ret) {
+        size_t n = strlen(path);
+        char *u = malloc(n * 3 + 32), *p = u;
+        if (!u)
+                return -ENOMEM;
+        p += sprintf(p, "file:");
+        for (const char *s = path; *s; s++) {
+                if (*s == '?' || *s == '#' || *s == '%')
+                        p += sprintf(p, "%%%02X", (unsigned char) *s);
+                else
+                        *p++ = *s;
+        }
+        strcpy(p, immutable ? "?mode=ro&immutable=1" : "?mode=ro");
+        *ret = u;
+        return 0;
+}
+
+static int replay_open(Replay *r, char **error) {
+        int rc = SQLITE_CANTOPEN;
+
+        /* Read-only, never creating it; a WAL database in a directory we may not write still opens
+         * as immutable (its newest, not yet checkpointed rows then missing). */
+        for (int immutable = 0; immutable <= 1 && rc == SQLITE_CANTOPEN; immutable++) {
+                _cleanup_free_ char *uri = NULL;
+                if (uri_ro(r->path, immutable, &uri) < 0)
+                        return -ENOMEM;
+                sqlite3_close_v2(r->db);
+                r->db = NULL;
+                rc = sqlite3_open_v2(uri, &r->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL);
+                if (rc == SQLITE_OK)
+                        rc = sqlite3_exec(r->db, "PRAGMA temp_store = MEMORY; SELECT count(*) FROM sqlite_master", NULL,
+                                          NULL, NULL);
+        }
+        if (rc != SQLITE_OK)
+                return set_error(error, "--replay: cannot read '%s': %s", r->path,
+                                 r->db ? sqlite3_errmsg(r->db) : sqlite3_errstr(rc));
+        return 0;
+}
+
+static int choose_pool(Replay *r, const char *wanted, char **error) {
+        sqlite3_stmt *st = NULL;
+        _cleanup_free_ char *list = NULL;
+        size_t n = 0, list_len = 0;
+        bool found = false;
+        int rc;
+
+        rc = sqlite3_prepare_v2(r->db,
+                                "SELECT pool, count(*) FROM events WHERE decision IN " REQUEST_DECISIONS
+                                " AND pool IS NOT NULL GROUP BY pool ORDER BY pool",
+                                -1, &st, NULL);
+        if (rc != SQLITE_OK)
+                return set_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
+                                 sqlite3_errmsg(r->db));
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+                const char *pool = (const char *) sqlite3_column_text(st, 0);
+                char *l;
+                n++;
+                if (wanted && streq(pool, wanted))
+                        found = true;
+                if (!r->pool && !(r->pool = strdup(pool)))
+                        rc = SQLITE_NOMEM;
+                if (asprintf(&l, "%s%s%s (%lld)", list ?: "", list ? ", " : "", pool,
+                             (long long) sqlite3_column_int64(st, 1)) < 0) {
+                        rc = SQLITE_NOMEM;
+                        break;
+                }
+                free(list);
+                list = l;
+                list_len++;
+        }
+        sqlite3_finalize(st);
+        if (rc == SQLITE_NOMEM)
+                return -ENOMEM;
+        if (rc != SQLITE_DONE)
+                return set_error(error, "--replay: reading '%s': %s", r->path, sqlite3_errmsg(r->db));
+
+        if (n == 0)
+                return set_error(error, "--replay: '%s' holds no requests (no granted or refused decisions)", r->path);
+        if (wanted) {
+                if (!found)
+                        return set_error(error, "--pool: '%s' has no requests for pool '%s'; it has: %s", r->path, wanted,
+                                         list);
+                free(r->pool);
+                r->pool = strdup(wanted);
+                return r->pool ? 0 : -ENOMEM;
+        }
+        if (n > 1)
+                return set_error(error, "--replay: '%s' has requests for several pools; choose one with --pool: %s",
+                                 r->path, list);
+        return 0;
+}
+
+static int lane_index(Replay *r, const char *name, size_t *ret) {
+        for (size_t i = 0; i < r->n_lanes; i++)
+                if (streq(r->lanes[i].name, name)) {
+                        *ret = i;
+                        return 0;
+                }
+        ReplayLane *a = reallocarray(r->lanes, r->n_lanes + 1, sizeof(ReplayLane));
+        if (!a)
+                return -ENOMEM;
+        r->lanes = a;
+        r->lanes[r->n_lanes] = (ReplayLane) { .name = strdup(name) };
+        if (!r->lanes[r->n_lanes].name)
+                return -ENOMEM;
+        *ret = r->n_lanes++;
+        return 0;
+}
+
+static int read_requests(Replay *r, char **error) {
+        sqlite3_stmt *st = NULL;
+        int rc;
+
+        /* Each lease's first end says how long it was held; the temporary table (in memory, allowed on a
+         * read-only connection) makes the join one lookup per request. */
+        rc = sqlite3_exec(r->db, "CREATE TEMP TABLE replay_ends (lease TEXT PRIMARY KEY, hold_us INTEGER NOT NULL)",
+                          NULL, NULL, NULL);
+        if (rc == SQLITE_OK)
+                rc = sqlite3_prepare_v2(r->db,
+                                        "INSERT OR IGNORE INTO replay_ends SELECT lease, hold_us FROM events "
+                                        "WHERE pool = ? AND decision IN " END_DECISIONS
+                                        " AND lease IS NOT NULL AND hold_us IS NOT NULL ORDER BY id",
+                                        -1, &st, NULL);
+        if (rc == SQLITE_OK) {
+                sqlite3_bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
+                rc = sqlite3_step(st);
+                rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
+        }
+        sqlite3_finalize(st);
+        st = NULL;
+        if (rc == SQLITE_OK)
+                rc = sqlite3_prepare_v2(r->db, "SELECT max(time) FROM events", -1, &st, NULL);
+        if (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+                r->last_us = (uint64_t) MAX(sqlite3_column_int64(st, 0), 0);
+        sqlite3_finalize(st);
+        st = NULL;
+        if (rc == SQLITE_OK)
+                rc = sqlite3_prepare_v2(r->db,
+                                        "SELECT e.id, e.time, e.decision, e.lane, e.wait_us, e.budget_us, e.state, n.hold_us "
+                                        "FROM events e LEFT JOIN replay_ends n ON n.lease = e.lease "
+                                        "WHERE e.pool = ? AND e.decision IN " REQUEST_DECISIONS " ORDER BY e.id",
+                                        -1, &st, NULL);
+        if (rc != SQLITE_OK)
+                return set_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
+                                 sqlite3_errmsg(r->db));
+
+        sqlite3_bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+                const char *decision = (const char *) sqlite3_column_text(st, 2);
+                const char *lane = (const char *) sqlite3_column_text(st, 3);
+                const char *state = (const char *) sqlite3_column_text(st, 6);
+                int64_t time_us = sqlite3_column_int64(st, 1), wait_us = sqlite3_column_int64(st, 4);
+                bool granted = streq(decision, "granted");
+                size_t k;
+
+                if (!lane || time_us < 0)
+                        continue; /* not from brokerd: every request names its lane */
+                if (lane_index(r, lane, &k) < 0)
+                        goto oom;
+                ReplayLane *l = &r->lanes[k];
+                if (wait_us > 0 || sqlite3_column_type(st, 5) != SQLITE_NULL)
+                        l->queued = true;
+                if (streq(decision, "busy"))
+                        l->busy = true;
+                if (sqlite3_column_type(st, 5) != SQLITE_NULL && state) {
+                        uint64_t budget = (uint64_t) MAX(sqlite3_column_int64(st, 5), 0);
+                        if (streq(state, "keeping-up") && push_u64(&r->keeping_up_budgets, &r->n_keeping_up, budget) < 0)
+                                goto oom;
+                        if (streq(state, "saturated") && push_u64(&r->saturated_budgets, &r->n_saturated, budget) < 0)
+                                goto oom;
+                }
+
+                int64_t hold = -1;
+                if (granted && sqlite3_column_type(st, 7) != SQLITE_NULL) {
+                        hold = MAX(sqlite3_column_int64(st, 7), 0);
+                        if (push_u64(&l->holds, &l->n_holds, (uint64_t) hold) < 0)
+                                goto oom;
+                }
+
+                ReplayRequest *a = reallocarray(r->requests, r->n_requests + 1, sizeof(ReplayRequest));
+                if (!a)
+                        goto oom;
+                r->requests = a;
+                r->requests[r->n_requests++] = (ReplayRequest) {
+                        .id = sqlite3_column_int64(st, 0),
+                        .time_us = (uint64_t) time_us,
+                        .arrival_us = (uint64_t) time_us - (uint64_t) MIN(MAX(wait_us, 0), time_us),
+                        .lane = k,
+                        .granted = granted,
+                        .hold_us = hold,
+                };
+        }
+        sqlite3_finalize(st);
+        if (rc != SQLITE_DONE)
+                return set_error(error, "--replay: reading '%s': %s", r->path, sqlite3_errmsg(r->db));
+        if (r->n_requests == 0)
+                return set_error(error, "--replay: '%s' holds no requests for pool '%s'", r->path, r->pool);
+        return 0;
+oom:
+        sqlite3_finalize(st);
+        return -ENOMEM;
+}
+
+typedef struct Edge {
+        uint64_t t;
+        int delta;
+} Edge;
+
+static int compare_edges(const void *a, const void *b) {
+        const Edge *x = a, *y = b;
+        if (x->t != y->t)
+                return x->t < y->t ? -1 : 1;
+        return x->delta - y->delta; /* ends before starts at one instant: a slot freed is taken again */
+}
+
+/* The most leases held at once: a lower bound of the limit, and the limit itself once the pool refused
+ * anyone for want of room. */
+static int peak_held(const Replay *r, unsigned *ret) {
+        _cleanup_free_ Edge *edges = calloc(MAX(r->n_requests, 1u) * 2, sizeof(Edge));
+        size_t n = 0;
+        int held = 0, peak = 0;
+
+        if (!edges)
+                return -ENOMEM;
+        for (size_t i = 0; i < r->n_requests; i++) {
+                const ReplayRequest *q = &r->requests[i];
+                if (!q->granted)
+                        continue;
+                uint64_t end = q->hold_us >= 0 ? q->time_us + (uint64_t) q->hold_us : MAX(r->last_us, q->time_us);
+                edges[n++] = (Edge) { q->time_us, +1 };
+                edges[n++] = (Edge) { end, -1 };
+        }
+        qsort(edges, n, sizeof(Edge), compare_edges);
+        for (size_t i = 0; i < n; i++) {
+                held += edges[i].delta;
+                peak = MAX(peak, held);
+        }
+        *ret = (unsigned) peak;
+        return 0;
+}
+
+static void format_usec(char *buf, size_t size, usec_t u) {
+        if (u % USEC_PER_MSEC == 0)
+                snprintf(buf, size, "%" PRIu64 "ms", u / USEC_PER_MSEC);
+        else
+                snprintf(buf, size, "%" PRIu64 "us", u);
+}
+
+static int add_pool_setting(Scenario *s, const char *section, const char *key, const char *given, const char *option,
+                            const char *inferred, const char *path) {
+        if (given)
+                return scenario_add_setting(s, section, key, given, option, option);
+        if (inferred)
+                return scenario_add_setting(s, section, key, inferred, path, path);
+        return 0;
+}
+
+static int build_requests(const Replay *r, uint64_t t0, ReplayInfo *info, char **error, ScenarioRequest **ret) {
+        ScenarioRequest *reqs = calloc(r->n_requests, sizeof(ScenarioRequest));
+        uint64_t *medians = calloc(MAX(r->n_lanes, 1u), sizeof(uint64_t)), all_median = 0;
+        _cleanup_free_ uint64_t *all = NULL;
+        size_t n_all = 0;
+        int k = -ENOMEM;
+
+        if (!reqs || !medians)
+                goto fail;
+
+        /* Refused requests never held anything: they get the median hold of their lane's grants (of all
+         * grants when the lane has none), a middle guess rather than an extreme one. */
+        for (size_t i = 0; i < r->n_lanes; i++)
+                for (size_t j = 0; j < r->lanes[i].n_holds; j++)
+                        if (push_u64(&all, &n_all, r->lanes[i].holds[j]) < 0)
+                                goto fail;
+        if (n_all > 0)
+                all_median = median_u64(all, n_all);
+        for (size_t i = 0; i < r->n_lanes; i++)
+                medians[i] = r->lanes[i].n_holds > 0 ? median_u64(r->lanes[i].holds, r->lanes[i].n_holds) : all_median;
+
+        for (size_t i = 0; i < r->n_requests; i++) {
+                const ReplayRequest *q = &r->requests[i];
+                uint64_t hold;
+
+                if (q->hold_us >= 0)
+                        hold = (uint64_t) q->hold_us;
+                else if (q->granted) {
+                        hold = usec_sub_unsigned(r->last_us, q->time_us); /* still held when the history ends */
+                        info->open_holds++;
+                } else {
+                        if (n_all == 0) {
+                                k = set_error(error,
+                                              "--replay: no lease of pool '%s' ended in '%s': the refused requests "
+                                              "have no hold to borrow",
+                                              r->pool, r->path);
+                                goto fail;
+                        }
+                        hold = medians[q->lane];
+                        info->median_holds++;
+                }
+
+                ScenarioRequest *o = &reqs[i];
+                if (asprintf(&o->name, "e%" PRId64, q->id) < 0 ||
+                    asprintf(&o->traffic.origin, "%s: event %" PRId64, r->path, q->id) < 0 ||
+                    !(o->traffic.lane = strdup(r->lanes[q->lane].name)))
+                        goto fail;
+                o->at_ms = (q->arrival_us - t0) / USEC_PER_MSEC;
+                o->traffic.slots = 1;
+                o->traffic.hold_ms = hold / USEC_PER_MSEC;
+                o->traffic.max_wait = USEC_INFINITY;
+        }
+        free(medians);
+        *ret = reqs;
+        return 0;
+
+fail:
+        for (size_t i = 0; reqs && i < r->n_requests; i++) {
+                free(reqs[i].name);
+                free(reqs[i].traffic.origin);
+                free(reqs[i].traffic.lane);
+        }
+        free(reqs);
+        free(medians);
+        return k;
+}
+
+static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, char **error, Scenario **ret) {
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        _cleanup_free_ char *section = NULL;
+        char limit[32] = "", qt[32] = "", ct[32] = "";
+        uint64_t t0 = UINT64_MAX;
+        int k;
+
+        for (size_t i = 0; i < r->n_requests; i++)
+                t0 = MIN(t0, r->requests[i].arrival_us);
+        info->first_us = t0;
+        info->last_us = r->last_us;
+        info->requests = r->n_requests;
+        info->inferred_queue_timeout = info->inferred_congestion_timeout = USEC_INFINITY;
+
+        if (!o->limit) {
+                k = peak_held(r, &info->inferred_limit);
+                if (k < 0)
+                        return k;
+                if (info->inferred_limit == 0)
+                        return set_error(error, "--replay: '%s' shows no grant in pool '%s' to infer its limit from; "
+                                                "give --limit", r->path, r->pool);
+                snprintf(limit, sizeof limit, "%u", info->inferred_limit);
+        }
+        /* While keeping up, a waiter's budget is Q; while saturated, the congestion timeout: the most
+         * frequent recorded budget of each (lane or client caps make a few differ). */
+        if (!o->queue_timeout && r->n_keeping_up > 0) {
+                info->inferred_queue_timeout = mode_u64(r->keeping_up_budgets, r->n_keeping_up);
+                format_usec(qt, sizeof qt, info->inferred_queue_timeout);
+        }
+        if (!o->queue_congestion_timeout && r->n_saturated > 0 && (o->queue_timeout || qt[0])) {
+                usec_t c = mode_u64(r->saturated_budgets, r->n_saturated);
+                if (o->queue_timeout || c <= info->inferred_queue_timeout) {
+                        info->inferred_congestion_timeout = c;
+                        format_usec(ct, sizeof ct, c);
+                }
+        }
+
+        k = scenario_new(r->path, &s);
+        if (k < 0)
+                return k;
+        if (asprintf(&section, "pool %s", r->pool) < 0)
+                return -ENOMEM;
+        k = scenario_add_pool(s, r->pool, r->path);
+        if (k >= 0)
+                k = add_pool_setting(s, section, "limit", o->limit, "--limit", limit[0] ? limit : NULL, r->path);
+        if (k >= 0)
+                k = add_pool_setting(s, section, "max-queue", o->max_queue, "--max-queue", NULL, r->path);
+        if (k >= 0)
+                k = add_pool_setting(s, section, "queue-timeout", o->queue_timeout, "--queue-timeout", qt[0] ? qt : NULL,
+                                     r->path);
+        if (k >= 0)
+                k = add_pool_setting(s, section, "queue-congestion-timeout", o->queue_congestion_timeout,
+                                     "--queue-congestion-timeout", ct[0] ? ct : NULL, r->path);
+        if (k < 0)
+                return k;
+
+        info->lanes = calloc(r->n_lanes + 1, sizeof(char *));
+        if (!info->lanes)
+                return -ENOMEM;
+        for (size_t i = 0; i < r->n_lanes; i++) {
+                const ReplayLane *l = &r->lanes[i];
+                /* A lane that only ever granted at once or refused busy failed fast (or its clients asked not
+                 * to wait, which comes to the same). */
+                const char *policy = l->busy && !l->queued ? "fail-fast" : "wait";
+                _cleanup_free_ char *lane_section = NULL;
+
+                if (asprintf(&lane_section, "lane %s", l->name) < 0 ||
+                    asprintf(&info->lanes[i], "%s (%s)", l->name, policy) < 0)
+                        return -ENOMEM;
+                k = scenario_add_lane(s, l->name, r->path);
+                if (k >= 0)
+                        k = scenario_add_setting(s, lane_section, "pools", r->pool, r->path, r->path);
+                if (k >= 0)
+                        k = scenario_add_setting(s, lane_section, "policy", policy, r->path, r->path);
+                if (k < 0)
+                        return k;
+        }
+
+        k = build_requests(r, t0, info, error, &s->requests);
+        if (k < 0)
+                return k;
+        s->n_requests = r->n_requests;
+
+        if (o->deadline) {
+                k = parse_duration_ms(o->deadline, true, &s->deadline_ms);
+                if (k < 0)
+                        return set_error(error, "--deadline: invalid duration \"%s\"", o->deadline);
+        }
+        k = scenario_finish(s, error);
+        if (k < 0)
+                return k;
+        *ret = TAKE_PTR(s);
+        return 0;
+}
+
+int replay_load(const ReplayOptions *o, char **error, Scenario **ret, ReplayInfo *ret_info) {
+        _cleanup_(replay_info_done) ReplayInfo info = {};
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        Replay r = { .path = o->path };
+        int k;
+
+        assert_return(o && o->path && error && ret && ret_info, -EINVAL);
+
+        k = replay_open(&r, error);
+        if (k >= 0)
+                k = choose_pool(&r, o->pool, error);
+        if (k >= 0)
+                k = read_requests(&r, error);
+        if (k >= 0)
+                k = build_scenario(&r, o, &info, error, &s);
+        if (k >= 0) {
+                sqlite3_stmt *st = NULL;
+
+                info.pool = TAKE_PTR(r.pool);
+                /* A refusal the replay cannot model without --max-queue: worth a word. */
+                if (sqlite3_prepare_v2(r.db, "SELECT count(*) FROM events WHERE pool = ? AND decision = 'full'", -1, &st,
+                                       NULL) == SQLITE_OK) {
+                        sqlite3_bind_text(st, 1, info.pool, -1, SQLITE_STATIC);
+                        if (sqlite3_step(st) == SQLITE_ROW)
+                                info.full_refusals = (uint64_t) sqlite3_column_int64(st, 0);
+                }
+                sqlite3_finalize(st);
+        }
+        replay_done(&r);
+        if (k < 0)
+                return k;
+
+        *ret = TAKE_PTR(s);
+        *ret_info = info;
+        info = (ReplayInfo) {};
+        return 0;
+}
+
+static void format_time(char *buf, size_t size, uint64_t us) {
+        time_t t = (time_t) (us / USEC_PER_SEC);
+        struct tm tm;
+        if (!localtime_r(&t, &tm) || strftime(buf, size, "%Y-%m-%d %H:%M:%S", &tm) == 0)
+                snprintf(buf, size, "@%" PRIu64, us / USEC_PER_SEC);
+}
+
+void replay_info_print(const ReplayInfo *info, FILE *f) {
+        char first[64], last[64], span[TIMESPAN_MAX];
+
+        format_time(first, sizeof first, info->first_us);
+        format_time(last, sizeof last, info->last_us);
+        fprintf(f, "slotctl simulate: replaying %" PRIu64 " requests of pool '%s' recorded from %s to %s\n",
+                info->requests, info->pool, first, last);
+        if (info->inferred_limit > 0)
+                fprintf(f, "  limit %u: the most slots held at once in the history (--limit sets another)\n",
+                        info->inferred_limit);
+        if (info->inferred_queue_timeout != USEC_INFINITY)
+                fprintf(f, "  queue-timeout %s: the usual budget of waiters while the pool kept up\n",
+                        timespan_format(span, sizeof span, info->inferred_queue_timeout));
+        if (info->inferred_congestion_timeout != USEC_INFINITY)
+                fprintf(f, "  queue-congestion-timeout %s: the usual budget of waiters while it was saturated\n",
+                        timespan_format(span, sizeof span, info->inferred_congestion_timeout));
+        fputs("  lanes:", f);
+        for (char **l = info->lanes; l && *l; l++)
+                fprintf(f, "%s %s", l == info->lanes ? "" : ",", *l);
+        fputc('\n', f);
+        if (info->median_holds > 0)
+                fprintf(f, "  %" PRIu64 " refused requests hold their lane's median hold (their own is unknown)\n",
+                        info->median_holds);
+        if (info->open_holds > 0)
+                fprintf(f, "  %" PRIu64 " grants had not ended by the last event: they hold until then\n",
+                        info->open_holds);
+        if (info->full_refusals > 0)
+                fprintf(f, "  the history has %" PRIu64 " 'full' refusals: the pool had a max-queue (--max-queue sets it)\n",
+                        info->full_refusals);
+}
+
+void replay_result_trim(SimResult *r) {
+        if (!r)
+                return;
+        r->records = mfree(r->records);
+        r->n_records = 0;
+}

@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: MIT */
+/* replay.h — `slotctl simulate --replay history.db`: the requests brokerd recorded for one pool, turned
+ * into a scenario for the simulator, to be run against another pool configuration. */
+#pragma once
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "scenario.h"
+#include "simulate.h"
+
+typedef struct ReplayOptions {
+        const char *path;          /* history.db */
+        const char *pool;          /* NULL: the one pool the history has requests for */
+        /* The pool settings of the run, as slotctl simulate's options give them; NULL: what the history
+         * shows (see ReplayInfo). */
+        const char *limit;
+        const char *max_queue;
+        const char *queue_timeout;
+        const char *queue_congestion_timeout;
+        const char *deadline;      /* --deadline; NULL: none */
+} ReplayOptions;
+
+/* What the history gave, and what had to be assumed: said on stderr before the report. */
+typedef struct ReplayInfo {
+        char *pool;
+        uint64_t requests;         /* granted and refused (busy, full, timeout, shed) rows of the pool */
+        uint64_t first_us, last_us;/* first arrival, last event of the history (µs, realtime) */
+        uint64_t median_holds;     /* refused requests given their lane's median hold (their own is unknown) */
+        uint64_t open_holds;       /* grants whose lease had not ended: held until the last event */
+        uint64_t full_refusals;    /* recorded `full` refusals: the pool had a max-queue */
+        unsigned inferred_limit;   /* 0: --limit given */
+        usec_t inferred_queue_timeout;            /* USEC_INFINITY: given, or none recorded */
+        usec_t inferred_congestion_timeout;       /* likewise */
+        char **lanes;              /* "merge (fail-fast)", …; NULL-terminated */
+} ReplayInfo;
+
+void replay_info_done(ReplayInfo *info);
+
+/* Reads the events of the pool from the database (opened read-only) and builds a finished scenario: the
+ * pool with the given settings or the recorded ones, one lane per recorded lane (fail-fast when it never
+ * queued anyone and was refused busy, else wait), and one request per granted or refused row: arriving at
+ * time − wait, for 1 slot, holding its lease as long as the released/revoked row of the lease says (a
+ * refused one: the median hold of its lane's grants). Returns 0; -EINVAL with *error set (no such file,
+ * not a history, no requests, several pools and no --pool, nothing to infer the limit from); -ENOMEM. */
+int replay_load(const ReplayOptions *o, char **error, Scenario **ret, ReplayInfo *ret_info);
+
+void replay_info_print(const ReplayInfo *info, FILE *f);
+
+/* A replay's requests are explicit requests of the scenario, whose records the reports always print:
+ * drops them unless --per-request asked for them. */
+void replay_result_trim(SimResult *r);

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""slotctl simulate --replay: recorded requests from a history.db, built here with python's sqlite3 in
+brokerd's schema, run against other pool settings.
+
+Usage: test-replay.py SLOTCTL
+"""
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SLOTCTL = None
+T0 = 1_700_000_000 * 1_000_000  # µs, realtime
+MS = 1000
+S = 1_000_000
+
+# history.db as brokerd writes it (schema version 2: migration 1's tables, events.reason from 2).
+SCHEMA = """
+PRAGMA application_id = 1397509972;
+CREATE TABLE events (
+  id INTEGER PRIMARY KEY, time INTEGER NOT NULL, decision TEXT NOT NULL,
+  pool TEXT, lane TEXT, job TEXT, lease TEXT, token INTEGER,
+  wait_us INTEGER, hold_us INTEGER, budget_us INTEGER, idle_us INTEGER,
+  state TEXT, uid INTEGER, pid INTEGER, retry_after_sec INTEGER, reason TEXT);
+CREATE INDEX events_time ON events(time);
+CREATE INDEX events_decision_time ON events(decision, time);
+CREATE TABLE leases (id TEXT PRIMARY KEY, pool TEXT NOT NULL, lane TEXT NOT NULL, slots TEXT NOT NULL,
+  token INTEGER NOT NULL, job TEXT, uid INTEGER NOT NULL, pid INTEGER NOT NULL, command_pid INTEGER,
+  command_start_time INTEGER, detached INTEGER NOT NULL, granted_at INTEGER NOT NULL, expires_at INTEGER);
+CREATE TABLE tokens (pool TEXT PRIMARY KEY, next_token INTEGER NOT NULL);
+PRAGMA user_version = 2;
+"""
+
+
+class History:
+    """Writes decisions as brokerd's audit would: a grant, and later its lease's end."""
+
+    def __init__(self, path):
+        self.db = sqlite3.connect(path)
+        self.db.executescript(SCHEMA)
+        self.leases = 0
+
+    def add(self, t_us, decision, pool, lane, **kw):
+        cols = {"time": T0 + t_us, "decision": decision, "pool": pool, "lane": lane, "uid": 1000, "pid": 4242, **kw}
+        self.db.execute(f"INSERT INTO events ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                        list(cols.values()))
+
+    def grant(self, at_us, pool, lane, hold_us, wait_us=0, budget_us=None, state=None, end="released"):
+        """A request that arrived at at_us, was granted after wait_us and held hold_us (None: not ended)."""
+        self.leases += 1
+        lease = f"lease{self.leases:028d}"
+        self.add(at_us + wait_us, "granted", pool, lane, lease=lease, token=self.leases, wait_us=wait_us,
+                 budget_us=budget_us, state=state)
+        if hold_us is not None:
+            self.add(at_us + wait_us + hold_us, end, pool, lane, lease=lease, token=self.leases, hold_us=hold_us)
+
+    def refuse(self, at_us, decision, pool, lane, wait_us=0, budget_us=None, state=None):
+        self.add(at_us + wait_us, decision, pool, lane, wait_us=wait_us, budget_us=budget_us, state=state,
+                 retry_after_sec=7)
+
+    def close(self):
+        self.db.commit()
+        self.db.close()
+
+
+def simulate(*args, check=True):
+    p = subprocess.run([SLOTCTL, "simulate", *args], capture_output=True, text=True, timeout=60)
+    if check and p.returncode != 0:
+        raise AssertionError(f"slotctl simulate {' '.join(args)} exited {p.returncode}: {p.stderr}")
+    return p
+
+
+def simulate_json(*args):
+    return json.loads(simulate(*args, "--json").stdout)
+
+
+class Replay(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "history.db")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def fail_fast_history(self):
+        """The merge lane fails fast on a pool of 6: 12 requests 100 ms apart, each holding 10 s; the
+        first 6 were granted, the next 6 refused busy."""
+        h = History(self.path)
+        for i in range(12):
+            if i < 6:
+                h.grant(i * 100 * MS, "grid", "merge", 10 * S)
+            else:
+                h.refuse(i * 100 * MS, "busy", "grid", "merge")
+        h.close()
+
+    def test_limits_change_the_refusals(self):
+        self.fail_fast_history()
+        p = simulate("--replay", self.path, "--json")
+        recorded = json.loads(p.stdout)
+        self.assertEqual(recorded["requests"], 12)
+        # The recorded pool: limit 6, the most held at once; merge failed fast.
+        self.assertEqual(recorded["refused"]["busy"], 6)
+        self.assertIn("limit 6: the most slots held at once", p.stderr)
+        self.assertIn("merge (fail-fast)", p.stderr)
+        self.assertIn("6 refused requests hold their lane's median hold", p.stderr)
+        self.assertEqual(recorded["perRequest"], [])
+
+        smaller = simulate_json("--replay", self.path, "--limit", "4")
+        larger = simulate_json("--replay", self.path, "--limit", "10")
+        self.assertEqual((smaller["granted"], smaller["refused"]["busy"]), (4, 8))
+        self.assertEqual((larger["granted"], larger["refused"]["busy"]), (10, 2))
+
+    def test_sweep(self):
+        self.fail_fast_history()
+        rows = simulate_json("--replay", self.path, "--sweep", "limit=4..8")
+        self.assertEqual([r["value"] for r in rows], [4, 5, 6, 7, 8])
+        self.assertEqual([r["busy"] for r in rows], [8, 7, 6, 5, 4])
+        text = simulate("--replay", self.path, "--sweep", "limit=4..8").stdout
+        self.assertIn("limit", text.splitlines()[0])
+
+    def test_arrival_is_time_minus_wait_and_refused_borrow_the_median_hold(self):
+        # Pool rig, limit 1, Q = 2 s, lane nightly waits. A arrives at 0 and holds 5 s. B arrives at 1 s,
+        # waits its 2 s budget and is refused at 3 s (recorded at 3 s with wait 2 s). C arrives at 5.5 s
+        # and holds 1 s. A second pool keeps --pool necessary.
+        h = History(self.path)
+        h.grant(0, "rig", "nightly", 5 * S)
+        h.refuse(1 * S, "timeout", "rig", "nightly", wait_us=2 * S, budget_us=2 * S, state="keeping-up")
+        h.grant(5500 * MS, "rig", "nightly", 1 * S)
+        h.grant(0, "grid", "merge", 1 * S)
+        h.close()
+
+        p = simulate("--replay", self.path, check=False)
+        self.assertEqual(p.returncode, 64)
+        self.assertIn("several pools", p.stderr)
+        self.assertIn("grid (1)", p.stderr)
+        self.assertIn("rig (3)", p.stderr)
+
+        # Recorded settings: limit 1 (inferred), Q 2 s (the keeping-up budget). B arrived at 1 s, not at
+        # 3 s: it waits for A until 5 s, longer than Q, as recorded.
+        p = simulate("--replay", self.path, "--pool", "rig", "--json", "--per-request")
+        r = json.loads(p.stdout)
+        self.assertIn("queue-timeout 2s", p.stderr)
+        self.assertIn("nightly (wait)", p.stderr)
+        self.assertEqual(r["requests"], 3)
+        self.assertEqual(r["refused"]["timeout"], 1)
+        b = [x for x in r["perRequest"] if x["arrivedMs"] == 1000]
+        self.assertEqual(len(b), 1)
+        self.assertEqual(b[0]["outcome"], "timeout")
+        self.assertEqual(b[0]["decidedMs"], 3000)
+
+        # A budget of 3 s is still too short for a wait of 4 s; one of 5 s is not. Had the replay put B's
+        # arrival at 3 s, both would grant it.
+        r = simulate_json("--replay", self.path, "--pool", "rig", "--queue-timeout", "3s")
+        self.assertEqual(r["refused"]["timeout"], 1)
+        r = simulate_json("--replay", self.path, "--pool", "rig", "--queue-timeout", "5s", "--per-request")
+        self.assertEqual(r["refused"]["timeout"], 0)
+        b = [x for x in r["perRequest"] if x["arrivedMs"] == 1000][0]
+        self.assertEqual((b["outcome"], b["waitedMs"]), ("granted", 4000))
+
+        # With two slots B is granted at once and holds the lower median of its lane's holds (1 s, of
+        # 5 s and 1 s): everything has drained 1 s after C's arrival at 5.5 s, C holding 1 s too.
+        r = simulate_json("--replay", self.path, "--pool", "rig", "--limit", "2")
+        self.assertEqual(r["granted"], 3)
+        self.assertEqual(r["drainedMs"], 1000)
+
+    def test_open_lease_holds_until_the_history_ends(self):
+        h = History(self.path)
+        h.grant(0, "grid", "merge", None)           # never released
+        h.grant(1 * S, "grid", "merge", 1 * S)      # the last event is its release at 2 s
+        h.refuse(1500 * MS, "busy", "grid", "merge")
+        h.close()
+        p = simulate("--replay", self.path, "--json")
+        r = json.loads(p.stdout)
+        self.assertIn("1 grants had not ended by the last event", p.stderr)
+        self.assertIn("limit 2", p.stderr)
+        self.assertEqual((r["granted"], r["refused"]["busy"]), (2, 1))
+
+    def test_bad_input(self):
+        p = simulate("--replay", os.path.join(self.dir.name, "missing.db"), check=False)
+        self.assertEqual(p.returncode, 64)
+        self.assertIn("cannot read", p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.dir.name, "missing.db")))  # never created
+
+        with open(self.path, "wb") as f:
+            f.write(os.urandom(8192))
+        p = simulate("--replay", self.path, check=False)
+        self.assertEqual(p.returncode, 64)
+
+        os.unlink(self.path)
+        db = sqlite3.connect(self.path)
+        db.execute("CREATE TABLE recipes (name TEXT)")
+        db.close()
+        p = simulate("--replay", self.path, check=False)
+        self.assertEqual(p.returncode, 64)
+        self.assertIn("not a brokerd history database", p.stderr)
+
+        os.unlink(self.path)
+        History(self.path).close()
+        p = simulate("--replay", self.path, check=False)
+        self.assertEqual(p.returncode, 64)
+        self.assertIn("holds no requests", p.stderr)
+
+        self.fail_fast_history_at(os.path.join(self.dir.name, "h2.db"))
+        for extra, message in ((["--scenario", "x.json"], "cannot be combined with --scenario"),
+                               (["--arrivals", "1/s:1s"], "cannot be combined with --arrivals"),
+                               (["--pool", "nonesuch"], "has no requests for pool 'nonesuch'")):
+            p = simulate("--replay", os.path.join(self.dir.name, "h2.db"), *extra, check=False)
+            self.assertEqual(p.returncode, 64, extra)
+            self.assertIn(message, p.stderr)
+        p = simulate("--pool", "grid", "--limit", "1", "--hold", "1s", "--arrivals", "1/s:1s", check=False)
+        self.assertEqual(p.returncode, 64)
+        self.assertIn("--pool needs --replay", p.stderr)
+
+    def fail_fast_history_at(self, path):
+        saved, self.path = self.path, path
+        try:
+            self.fail_fast_history()
+        finally:
+            self.path = saved
+
+
+if __name__ == "__main__":
+    SLOTCTL = os.path.abspath(sys.argv[1])
+    unittest.main(argv=[sys.argv[0], "-v"])
