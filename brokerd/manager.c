@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
 #include <signal.h>
@@ -388,6 +389,12 @@ static int socket_take_from_systemd(void) {
                 free(names[i]);
         }
         free(names);
+        /* systemd passes the socket as the unit says (blocking by default): accept() must never wait. */
+        if (fd >= 0) {
+                int flags = fcntl(fd, F_GETFL);
+                if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)
+                        return log_error_errno(errno, "Failed to make the passed socket non-blocking: %m");
+        }
         return fd;
 }
 

@@ -86,8 +86,9 @@ int process_open(pid_t pid, ProcessInfo *ret) {
         int r = process_get_info(pid, &info);
         if (r < 0)
                 return r;
-        /* Still alive after we read /proc: the pid was not recycled in between, so the facts are its. */
-        if (syscall(SYS_pidfd_send_signal, fd, 0, NULL, 0) < 0)
+        /* Still alive after we read /proc: the pid was not recycled in between, so the facts are its.
+         * EPERM (another user's process, and no CAP_KILL) means it exists all the same. */
+        if (syscall(SYS_pidfd_send_signal, fd, 0, NULL, 0) < 0 && errno != EPERM)
                 return errno == ESRCH ? -ESRCH : negative_errno();
         *ret = info;
         return TAKE_FD(fd);

@@ -6,7 +6,10 @@ cd "$(dirname "$0")/.."
 bash tools/setup.sh
 
 echo "==> meson test (gcc, -Werror)"
-meson test -C build --print-errorlogs
+meson test -C build --print-errorlogs --no-suite systemd
+
+echo "==> the units under a real systemd (a booted Debian 12 root; skipped without root or the Debian mirror)"
+meson test -C build --print-errorlogs --suite systemd
 
 echo "==> meson test under ASan/UBSan (clang)"
 if [ ! -f build-asan/build.ninja ]; then
