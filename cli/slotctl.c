@@ -13,6 +13,16 @@
 
 /* Adding a verb is one line here (and its file in meson.build). */
 #define SLOTCTL_VERBS(X) \
+        X(run, "Acquire a slot, run a command with it, release it") \
+        X(acquire, "Acquire a detached lease (--detach --max-hold) and print its id") \
+        X(release, "End a lease by its id") \
+        X(status, "Show pools, their holders and waiters") \
+        X(history, "Show recorded decisions") \
+        X(metrics, "Print the metrics (Prometheus text)") \
+        X(drain, "Stop granting from a pool or one of its members") \
+        X(undrain, "Grant from a drained pool or member again") \
+        X(cancel, "Refuse matching waiting requests") \
+        X(reload, "Apply the configuration again, and report its errors") \
         X(simulate, "Run the admission engine on a virtual clock (capacity planning)")
 
 #define DECLARE_VERB(name, summary) int verb_##name(int argc, char *argv[]);

@@ -1,0 +1,266 @@
+/* SPDX-License-Identifier: MIT */
+/* acquire.c — slotctl acquire --detach and slotctl release: a lease held by no process, for a set-up
+ * step and a later tear-down step (SPEC §3.4 "Detached leases"). */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli-util.h"
+
+static const char *arg_socket = NULL;
+static const char *arg_lane = NULL;
+static unsigned arg_slots = 0;
+static bool arg_detach = false;
+static usec_t arg_max_hold = 0;
+static bool arg_no_wait = false;
+static usec_t arg_max_wait = USEC_INFINITY;
+static const char *arg_job = NULL;
+static bool arg_json = false;
+static bool arg_quiet = false;
+static unsigned arg_conflict_exit_code = EXIT_REFUSED;
+
+static void acquire_help(void) {
+        printf("slotctl acquire --detach --max-hold=DURATION [OPTIONS…]\n\n"
+               "Acquire a detached lease, held by no process, and print its id. It ends with\n"
+               "'slotctl release ID' or when --max-hold runs out.\n\n"
+               "     --detach                   Mandatory: the lease outlives this command\n"
+               "     --max-hold=DURATION        Mandatory: the lease ends after DURATION at the latest\n"
+               "  -l --lane=LANE                Ask under LANE (default: $SLOTBROKER_LANE)\n"
+               "  -n --slots=N                  Ask for N slots (default: 1)\n"
+               "     --no-wait                  Refuse at once rather than queue\n"
+               "     --max-wait=DURATION        Wait at most DURATION\n"
+               "     --job=NAME                 Label for status and history (default: the CI job's URL)\n"
+               "     --json                     Print the lease as JSON\n"
+               "  -q --quiet                    Print nothing while waiting\n"
+               "     --conflict-exit-code=N     Exit N when refused (default: 75)\n"
+               "     --socket=PATH              Talk to the broker at PATH\n"
+               "  -h --help                     Show this help\n");
+}
+
+static int acquire_parse_argv(int argc, char *argv[]) {
+        enum {
+                ARG_DETACH = 0x100,
+                ARG_MAX_HOLD,
+                ARG_NO_WAIT,
+                ARG_MAX_WAIT,
+                ARG_JOB,
+                ARG_JSON,
+                ARG_CONFLICT_EXIT_CODE,
+                ARG_SOCKET,
+        };
+        static const struct option options[] = {
+                { "detach", no_argument, NULL, ARG_DETACH },
+                { "max-hold", required_argument, NULL, ARG_MAX_HOLD },
+                { "lane", required_argument, NULL, 'l' },
+                { "slots", required_argument, NULL, 'n' },
+                { "no-wait", no_argument, NULL, ARG_NO_WAIT },
+                { "max-wait", required_argument, NULL, ARG_MAX_WAIT },
+                { "job", required_argument, NULL, ARG_JOB },
+                { "json", no_argument, NULL, ARG_JSON },
+                { "quiet", no_argument, NULL, 'q' },
+                { "conflict-exit-code", required_argument, NULL, ARG_CONFLICT_EXIT_CODE },
+                { "socket", required_argument, NULL, ARG_SOCKET },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        int c;
+
+        optind = 0;
+        opterr = 0;
+        while ((c = getopt_long(argc, argv, ":l:n:qh", options, NULL)) >= 0)
+                switch (c) {
+                case ARG_DETACH:
+                        arg_detach = true;
+                        break;
+                case ARG_MAX_HOLD:
+                        if (cli_parse_duration("--max-hold", optarg, false, &arg_max_hold) < 0)
+                                return -EINVAL;
+                        if (arg_max_hold < USEC_PER_MSEC)
+                                return log_usage("acquire", "--max-hold: must be at least 1ms");
+                        break;
+                case 'l':
+                        arg_lane = optarg;
+                        break;
+                case 'n':
+                        if (cli_parse_unsigned("--slots", optarg, 1, 1u << 20, &arg_slots) < 0)
+                                return -EINVAL;
+                        break;
+                case ARG_NO_WAIT:
+                        arg_no_wait = true;
+                        break;
+                case ARG_MAX_WAIT:
+                        if (cli_parse_duration("--max-wait", optarg, true, &arg_max_wait) < 0)
+                                return -EINVAL;
+                        if (arg_max_wait != USEC_INFINITY &&
+                            (arg_max_wait == 0 || DIV_ROUND_UP(arg_max_wait, USEC_PER_MSEC) > INT32_MAX))
+                                return log_usage("acquire", "--max-wait: \"%s\" is not between 1ms and 24d 20h", optarg);
+                        break;
+                case ARG_JOB:
+                        if (strlen(optarg) > CLI_JOB_MAX)
+                                return log_usage("acquire", "--job: longer than %d bytes", CLI_JOB_MAX);
+                        arg_job = optarg;
+                        break;
+                case ARG_JSON:
+                        arg_json = true;
+                        break;
+                case 'q':
+                        arg_quiet = true;
+                        break;
+                case ARG_CONFLICT_EXIT_CODE:
+                        if (cli_parse_unsigned("--conflict-exit-code", optarg, 0, 255, &arg_conflict_exit_code) < 0)
+                                return -EINVAL;
+                        break;
+                case ARG_SOCKET:
+                        arg_socket = optarg;
+                        break;
+                case 'h':
+                        acquire_help();
+                        return 0;
+                case ':':
+                        return log_usage("acquire", "option '%s' needs a value", argv[optind - 1]);
+                default:
+                        return log_usage("acquire", "unknown option '%s'", argv[optind - 1]);
+                }
+
+        if (optind < argc)
+                return log_usage("acquire", "unexpected argument '%s'", argv[optind]);
+        /* A lease held by slotctl's own connection would end as slotctl exits: use 'slotctl run'. */
+        if (!arg_detach)
+                return log_usage("acquire", "only detached leases: use --detach, or 'slotctl run' to hold a slot for a command");
+        if (arg_max_hold == 0)
+                return log_usage("acquire", "--detach needs --max-hold=DURATION: a detached lease must end on its own");
+        if (!arg_lane) {
+                const char *e = getenv("SLOTBROKER_LANE");
+                if (!e || !*e)
+                        return log_usage("acquire", "no lane given: use --lane=LANE or set $SLOTBROKER_LANE");
+                arg_lane = e;
+        }
+        return 1;
+}
+
+static void on_position(const BrokerPosition *p, void *userdata) {
+        bool *announced = userdata;
+        char position[CLI_POSITION_MAX];
+        if (arg_quiet || *announced)
+                return;
+        /* One line: a set-up step is short, and no live line is worth a second code path. */
+        log_notice("waiting for a slot of pool %s: %s", p->pool ?: "?", cli_format_position(position, p));
+        *announced = true;
+}
+
+int verb_acquire(int argc, char *argv[]) {
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        _cleanup_free_ char *job = NULL;
+        bool announced = false;
+        int r;
+
+        r = acquire_parse_argv(argc, argv);
+        if (r <= 0)
+                return r < 0 ? EXIT_USAGE : EXIT_SUCCESS;
+        if (!arg_job) {
+                if (cli_job_from_environment(&job) < 0) {
+                        log_error("Out of memory.");
+                        return EXIT_FAILURE;
+                }
+                arg_job = job;
+        }
+
+        r = cli_connect(arg_socket, &c);
+        if (r < 0)
+                return cli_exit_status_from_errno(r);
+
+        BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
+        o.lane = arg_lane;
+        o.slots = arg_slots;
+        o.wait = arg_no_wait ? BROKER_WAIT_NO : BROKER_WAIT_DEFAULT;
+        o.queue_wait_ms = arg_max_wait == USEC_INFINITY ? 0 : DIV_ROUND_UP(arg_max_wait, USEC_PER_MSEC);
+        o.job = arg_job;
+        o.detach = true;
+        o.max_hold_ms = DIV_ROUND_UP(arg_max_hold, USEC_PER_MSEC);
+        o.on_position = on_position;
+        o.userdata = &announced;
+
+        /* Interrupted while waiting, slotctl dies of the signal: closing the connection withdraws. */
+        r = broker_acquire(c, &o, &l);
+        if (r < 0) {
+                if (cli_errno_is_unreachable(r))
+                        log_error_errno(r, "lost the connection to the broker: %m");
+                else
+                        log_error_errno(r, "acquire failed: %m");
+                return cli_exit_status_from_errno(r);
+        }
+        if (r > 0)
+                return cli_log_result(c, "acquire", r, (int) arg_conflict_exit_code);
+
+        if (arg_json)
+                printf("%s\n", broker_lease_json(l));
+        else
+                printf("%s\n", broker_lease_id(l));
+        if (fflush(stdout) != 0) {
+                /* Nobody learnt the id: give the slots back rather than leak them until max-hold. */
+                log_error_errno(errno, "Failed to print the lease: %m");
+                (void) broker_release(c, broker_lease_id(l));
+                return EXIT_FAILURE;
+        }
+        return EXIT_SUCCESS;
+}
+
+/* ---- release ---- */
+
+static void release_help(void) {
+        printf("slotctl release [OPTIONS…] LEASE\n\n"
+               "End a lease by its id (the owner's user or root). A lease whose command still runs is\n"
+               "revoked: its holder stops the command, and the slots free when it has exited.\n\n"
+               "     --socket=PATH   Talk to the broker at PATH\n"
+               "  -h --help          Show this help\n");
+}
+
+int verb_release(int argc, char *argv[]) {
+        enum { ARG_SOCKET = 0x100 };
+        static const struct option options[] = {
+                { "socket", required_argument, NULL, ARG_SOCKET },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+        const char *socket_path = NULL;
+        int r, opt;
+
+        optind = 0;
+        opterr = 0;
+        while ((opt = getopt_long(argc, argv, ":h", options, NULL)) >= 0)
+                switch (opt) {
+                case ARG_SOCKET:
+                        socket_path = optarg;
+                        break;
+                case 'h':
+                        release_help();
+                        return EXIT_SUCCESS;
+                case ':':
+                        log_usage("release", "option '%s' needs a value", argv[optind - 1]);
+                        return EXIT_USAGE;
+                default:
+                        log_usage("release", "unknown option '%s'", argv[optind - 1]);
+                        return EXIT_USAGE;
+                }
+        if (optind + 1 != argc) {
+                log_usage("release", "%s", optind >= argc ? "a lease id is missing" : "one lease id only");
+                return EXIT_USAGE;
+        }
+
+        r = cli_connect(socket_path, &c);
+        if (r < 0)
+                return cli_exit_status_from_errno(r);
+        r = broker_release(c, argv[optind]);
+        if (r < 0) {
+                log_error_errno(r, "release failed: %m");
+                return cli_exit_status_from_errno(r);
+        }
+        if (r > 0)
+                return cli_log_result(c, "release", r, EXIT_FAILURE);
+        return EXIT_SUCCESS;
+}

@@ -1,0 +1,319 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli-util.h"
+
+static void log_va(const char *prefix, const char *format, va_list ap) {
+        /* One fprintf per line would interleave with the command's output less than several writes. */
+        char line[4096];
+        vsnprintf(line, sizeof line, format, ap);
+        fprintf(stderr, "slotctl: %s%s\n", prefix, line);
+}
+
+void log_error(const char *format, ...) {
+        va_list ap;
+        va_start(ap, format);
+        log_va("", format, ap);
+        va_end(ap);
+}
+
+void log_warning(const char *format, ...) {
+        va_list ap;
+        va_start(ap, format);
+        log_va("warning: ", format, ap);
+        va_end(ap);
+}
+
+void log_notice(const char *format, ...) {
+        va_list ap;
+        va_start(ap, format);
+        log_va("", format, ap);
+        va_end(ap);
+}
+
+int log_error_errno(int error, const char *format, ...) {
+        va_list ap;
+        error = error < 0 ? -error : error;
+        errno = error;
+        va_start(ap, format);
+        log_va("", format, ap);
+        va_end(ap);
+        return -error;
+}
+
+int log_usage(const char *verb, const char *format, ...) {
+        va_list ap;
+        char line[4096];
+        va_start(ap, format);
+        vsnprintf(line, sizeof line, format, ap);
+        va_end(ap);
+        fprintf(stderr, "slotctl %s: %s (see slotctl %s --help)\n", verb, line, verb);
+        return -EINVAL;
+}
+
+int cli_parse_duration(const char *option, const char *s, bool allow_infinity, usec_t *ret) {
+        usec_t t;
+        /* A bare number counts in seconds, as in config files and timeout(1). */
+        int r = timespan_parse(s, USEC_PER_SEC, &t);
+        if (r < 0) {
+                log_error("%s: invalid duration \"%s\" (e.g. 30s, 5min, 1h 30min%s)", option, s,
+                          allow_infinity ? ", infinity" : "");
+                return -EINVAL;
+        }
+        if (t == USEC_INFINITY && !allow_infinity) {
+                log_error("%s: \"%s\" is not a finite duration", option, s);
+                return -EINVAL;
+        }
+        *ret = t;
+        return 0;
+}
+
+int cli_parse_unsigned(const char *option, const char *s, unsigned min, unsigned max, unsigned *ret) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (!*s || *end || errno != 0 || s[0] == '-' || s[0] == '+' || v < min || v > max) {
+                log_error("%s: expected a number from %u to %u, got \"%s\"", option, min, max, s);
+                return -EINVAL;
+        }
+        *ret = (unsigned) v;
+        return 0;
+}
+
+static const char *getenv_nonempty(const char *name) {
+        const char *e = getenv(name);
+        return e && *e ? e : NULL;
+}
+
+/* Cuts s to at most max bytes without splitting a UTF-8 sequence. */
+static void utf8_truncate(char *s, size_t max) {
+        size_t n = strlen(s);
+        if (n <= max)
+                return;
+        n = max;
+        while (n > 0 && ((unsigned char) s[n] & 0xc0) == 0x80)
+                n--; /* s[n] continues a sequence: cut before the sequence starts */
+        s[n] = '\0';
+}
+
+int cli_job_from_environment(char **ret) {
+        const char *e;
+        char *job = NULL;
+
+        if ((e = getenv_nonempty("CI_JOB_URL")))
+                job = strdup(e);
+        else if ((e = getenv_nonempty("GITHUB_RUN_ID")) && getenv_nonempty("GITHUB_REPOSITORY")) {
+                const char *server = getenv_nonempty("GITHUB_SERVER_URL") ?: "https://github.com";
+                const char *name = getenv_nonempty("GITHUB_JOB");
+                if (asprintf(&job, "%s/%s/actions/runs/%s%s%s", server, getenv("GITHUB_REPOSITORY"), e,
+                             name ? " " : "", name ?: "") < 0)
+                        return -ENOMEM;
+        } else if ((e = getenv_nonempty("BUILDKITE_BUILD_URL")) || (e = getenv_nonempty("BUILD_URL")))
+                job = strdup(e);
+        else {
+                *ret = NULL;
+                return 0;
+        }
+        if (!job)
+                return -ENOMEM;
+        utf8_truncate(job, CLI_JOB_MAX);
+        *ret = job;
+        return 0;
+}
+
+bool cli_errno_is_unreachable(int error) {
+        switch (abs(error)) {
+        case ENOENT:
+        case ENOTDIR:
+        case ECONNREFUSED:
+        case ECONNRESET:
+        case ECONNABORTED:
+        case EPIPE:
+        case ENOTCONN:
+        case ENXIO:
+        case EAGAIN: /* the listen backlog is full: no broker that will answer soon */
+                return true;
+        default:
+                return false;
+        }
+}
+
+int cli_connect(const char *socket_path, BrokerClient **ret) {
+        _cleanup_free_ char *path = NULL;
+        int r;
+
+        if (!socket_path) {
+                r = broker_client_default_socket_path(&path);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to determine the broker's socket: %m");
+                socket_path = path;
+        }
+        r = broker_client_connect(socket_path, ret);
+        if (r == -EACCES || r == -EPERM)
+                return log_error_errno(r, "permission denied on the broker's socket %s", socket_path);
+        if (r < 0 && cli_errno_is_unreachable(r))
+                return log_error_errno(r, "cannot reach the broker at %s: %m", socket_path);
+        if (r < 0)
+                return log_error_errno(r, "Failed to connect to the broker at %s: %m", socket_path);
+        return 0;
+}
+
+int cli_exit_status_from_errno(int error) {
+        if (error == -EACCES || error == -EPERM)
+                return EXIT_NO_PERMISSION;
+        if (cli_errno_is_unreachable(error))
+                return EXIT_UNREACHABLE;
+        if (error == -EINVAL)
+                return EXIT_USAGE;
+        return EXIT_FAILURE;
+}
+
+static const char *param_string(json_t *p, const char *key) {
+        return json_string_value(json_object_get(p, key));
+}
+
+int cli_log_result(BrokerClient *c, const char *what, int result, int conflict_exit_code) {
+        _cleanup_(json_decrefp) json_t *p = NULL;
+        const char *text = broker_client_error_parameters(c);
+        const char *name = broker_client_error_name(c) ?: "?";
+        char retry[64] = "", waited[CLI_DURATION_MAX];
+
+        if (text)
+                p = json_loads(text, 0, NULL);
+        const char *pool = param_string(p, "pool") ?: "?";
+        unsigned retry_after = broker_client_retry_after_sec(c);
+        if (retry_after > 0)
+                snprintf(retry, sizeof retry, "; retry after %u s", retry_after);
+        json_t *w = json_object_get(p, "waitedMs");
+        cli_format_duration_ms(waited, json_is_integer(w) ? (uint64_t) json_integer_value(w) : 0);
+
+        switch (result) {
+        case BROKER_REFUSED_BUSY:
+                log_error("refused (busy): pool %s is full%s", pool, retry);
+                return conflict_exit_code;
+        case BROKER_REFUSED_FULL:
+                log_error("refused (full): the queue of pool %s is full%s", pool, retry);
+                return conflict_exit_code;
+        case BROKER_REFUSED_TIMEOUT:
+                log_error("refused (timeout): no slot of pool %s within %s%s", pool, waited, retry);
+                return conflict_exit_code;
+        case BROKER_REFUSED_SHED:
+                log_error("refused (shed): pool %s is saturated, shed after %s of waiting%s", pool, waited, retry);
+                return conflict_exit_code;
+        case BROKER_REFUSED_UNAVAILABLE: {
+                const char *reason = param_string(p, "reason");
+                if (param_string(p, "pool"))
+                        log_error("%s (unavailable): pool %s%s%s%s", streq(what, "acquire") ? "refused" : what,
+                                  param_string(p, "pool"), reason ? ": " : "", reason ?: "", retry);
+                else
+                        log_error("%s (unavailable): %s%s", streq(what, "acquire") ? "refused" : what,
+                                  reason ?: "the broker cannot serve this now", retry);
+                return conflict_exit_code;
+        }
+        case BROKER_NO_SUCH_LANE:
+                log_error("%s: no lane \"%s\" is configured", what, param_string(p, "lane") ?: "?");
+                return EXIT_USAGE;
+        case BROKER_NO_SUCH_POOL:
+                log_error("%s: no pool \"%s\"%s%s%s is configured", what, pool, param_string(p, "member") ? " with member \"" : "",
+                          param_string(p, "member") ?: "", param_string(p, "member") ? "\"" : "");
+                return EXIT_USAGE;
+        case BROKER_PERMISSION_DENIED:
+                if (param_string(p, "lane"))
+                        log_error("%s: permission denied by lane %s", what, param_string(p, "lane"));
+                else
+                        log_error("%s: permission denied (root or the broker's own user only)", what);
+                return EXIT_NO_PERMISSION;
+        case BROKER_INVALID_PARAMETER:
+                log_error("%s: the broker refused parameter \"%s\"", what, param_string(p, "parameter") ?: "?");
+                return EXIT_USAGE;
+        case BROKER_NO_SUCH_LEASE:
+                log_error("%s: no lease \"%s\"", what, param_string(p, "lease") ?: "?");
+                return EXIT_FAILURE;
+        case BROKER_METHOD_NOT_FOUND:
+                log_error("%s: this broker does not implement %s", what, param_string(p, "method") ?: param_string(p, "interface") ?: "it");
+                return EXIT_FAILURE;
+        default:
+                log_error("%s failed: %s %s", what, name, text ?: "");
+                return EXIT_FAILURE;
+        }
+}
+
+int cli_call(const char *socket_path, const char *what, const char *method, json_t *parameters, json_t **ret_reply) {
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+        _cleanup_free_ char *text = NULL, *reply = NULL;
+        int r;
+
+        if (parameters && json_format(parameters, &text, NULL) < 0) {
+                log_error("Out of memory.");
+                return EXIT_FAILURE;
+        }
+        r = cli_connect(socket_path, &c);
+        if (r < 0)
+                return cli_exit_status_from_errno(r);
+        r = broker_call(c, method, text, ret_reply ? &reply : NULL);
+        if (r < 0) {
+                if (cli_errno_is_unreachable(r))
+                        log_error_errno(r, "%s: the broker closed the connection", what);
+                else
+                        log_error_errno(r, "%s failed: %m", what);
+                return cli_exit_status_from_errno(r);
+        }
+        if (r > 0)
+                return cli_log_result(c, what, r, EXIT_FAILURE);
+        if (ret_reply) {
+                json_t *v = json_loads(reply, 0, NULL);
+                if (!json_is_object(v)) {
+                        json_decref(v);
+                        log_error("%s: the broker's reply is not a JSON object", what);
+                        return EXIT_FAILURE;
+                }
+                *ret_reply = v;
+        }
+        return 0;
+}
+
+const char *cli_format_duration_ms(char buf[static CLI_DURATION_MAX], uint64_t ms) {
+        static const struct {
+                uint64_t seconds;
+                const char *unit;
+        } units[] = { { 86400, "d" }, { 3600, "h" }, { 60, "min" }, { 1, "s" } };
+        uint64_t s = ms / 1000;
+
+        if (ms < 1000) {
+                snprintf(buf, CLI_DURATION_MAX, "%" PRIu64 "ms", ms);
+                return buf;
+        }
+        /* The two largest units only: "2h 5min", not "2h 5min 7s"; a live line needs no more. */
+        for (size_t i = 0; i < ELEMENTSOF(units); i++) {
+                if (s < units[i].seconds)
+                        continue;
+                uint64_t major = s / units[i].seconds;
+                int n = snprintf(buf, CLI_DURATION_MAX, "%" PRIu64 "%s", major, units[i].unit);
+                if (i + 1 < ELEMENTSOF(units)) {
+                        uint64_t minor = s % units[i].seconds / units[i + 1].seconds;
+                        if (minor > 0 && n > 0 && n < CLI_DURATION_MAX)
+                                snprintf(buf + n, CLI_DURATION_MAX - (size_t) n, " %" PRIu64 "%s", minor, units[i + 1].unit);
+                }
+                break;
+        }
+        return buf;
+}
+
+void cli_print_json(const json_t *v, FILE *f) {
+        _cleanup_free_ char *text = NULL;
+        if (json_format(v, &text, NULL) >= 0)
+                fprintf(f, "%s\n", text);
+}
+
+const char *cli_format_position(char buf[static CLI_POSITION_MAX], const BrokerPosition *p) {
+        char budget[CLI_DURATION_MAX];
+        snprintf(buf, CLI_POSITION_MAX, "position %" PRIu64 " of %" PRIu64 ", budget %s", p->position, p->queued,
+                 p->budget_ms < 0 ? "unbounded" : cli_format_duration_ms(budget, (uint64_t) p->budget_ms));
+        return buf;
+}

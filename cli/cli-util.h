@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: MIT */
+/* cli-util.h — what slotctl's broker verbs share: SPEC §6's exit codes, messages on stderr, option
+ * values (durations, numbers, the CI job label), the connection to the broker and human output. */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sysexits.h>
+
+#include "broker.h"
+#include "json.h"
+#include "macro.h"
+#include "time-util.h"
+
+/* SPEC §6: one table, in slotctl(1). A command's own status passes through unchanged. */
+enum {
+        EXIT_USAGE = EX_USAGE,             /* 64: usage error, unknown lane, invalid parameter */
+        EXIT_UNREACHABLE = EX_UNAVAILABLE, /* 69: the broker cannot be reached */
+        EXIT_REFUSED = EX_TEMPFAIL,        /* 75: busy, full, timeout, shed, unavailable */
+        EXIT_NO_PERMISSION = EX_NOPERM,    /* 77: the socket or the lane's ACL refused us */
+        EXIT_TIMEOUT = 124,                /* --timeout, max-hold or an administrator ended the command */
+};
+
+/* The verbs of this module's files, as slotctl.c's table calls them: argv from the verb's name on;
+ * they return the exit status. */
+int verb_run(int argc, char *argv[]);
+int verb_acquire(int argc, char *argv[]);
+int verb_release(int argc, char *argv[]);
+int verb_status(int argc, char *argv[]);
+int verb_history(int argc, char *argv[]);
+int verb_metrics(int argc, char *argv[]);
+int verb_drain(int argc, char *argv[]);
+int verb_undrain(int argc, char *argv[]);
+int verb_cancel(int argc, char *argv[]);
+int verb_reload(int argc, char *argv[]);
+
+DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerClient *, broker_client_free);
+DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerLease *, broker_lease_free);
+
+/* The longest job label brokerd takes (its JOB_MAX); a longer one is InvalidParameter there. */
+#define CLI_JOB_MAX 1024
+
+/* "slotctl: …" on stderr. The _errno variants put error in errno for "%m" and return -abs(error), so
+ * that `return log_error_errno(r, "…: %m");` propagates r. */
+void log_error(const char *format, ...) _printf_(1, 2);
+void log_warning(const char *format, ...) _printf_(1, 2);
+void log_notice(const char *format, ...) _printf_(1, 2);
+int log_error_errno(int error, const char *format, ...) _printf_(2, 3);
+/* A usage error: the message, then a pointer to --help. Returns -EINVAL. */
+int log_usage(const char *verb, const char *format, ...) _printf_(2, 3);
+
+/* Option values. Each logs what is wrong, naming the option, and returns -EINVAL; *ret untouched then. */
+int cli_parse_duration(const char *option, const char *s, bool allow_infinity, usec_t *ret);
+int cli_parse_unsigned(const char *option, const char *s, unsigned min, unsigned max, unsigned *ret);
+
+/* The job label CI systems would want in status and history: CI_JOB_URL (GitLab), the run's URL and job
+ * name (GitHub Actions), BUILDKITE_BUILD_URL, BUILD_URL (Jenkins), in that order; cut to CLI_JOB_MAX at a
+ * UTF-8 boundary. Returns 0 and a new string or NULL (none set) in *ret; -ENOMEM. */
+int cli_job_from_environment(char **ret);
+
+/* True for the connect() and I/O errors that mean "no broker there", which SPEC §6 maps to 69. */
+bool cli_errno_is_unreachable(int error);
+
+/* Connects (socket_path NULL: $SLOTBROKER_SOCKET, else the default) and logs what went wrong. Returns 0;
+ * a negative errno, already logged: see cli_exit_status_from_errno(). */
+int cli_connect(const char *socket_path, BrokerClient **ret);
+
+/* Exit statuses for failures: unreachable → 69, permission → 77, -EINVAL → 64, else 1. */
+int cli_exit_status_from_errno(int error);
+
+/* Logs a refusal or error reply of a call (result > 0) with what the broker said, and returns its exit
+ * status: conflict_exit_code for busy/full/timeout/shed/unavailable, 64 for an unknown lane or an invalid
+ * parameter, 77 for permission denied, else 1. what names the request: "acquire", "drain", … */
+int cli_log_result(BrokerClient *c, const char *what, int result, int conflict_exit_code);
+
+/* One call with one reply, everything logged: connects, calls, parses the reply. Returns 0 and the
+ * reply's parameters in *ret_reply (NULL: dropped), or an exit status (> 0) after logging. */
+int cli_call(const char *socket_path, const char *what, const char *method, json_t *parameters, json_t **ret_reply);
+
+/* Human durations: "850ms", "12s", "1min 30s", "2h 5min" (coarser as they grow). Return buf. */
+#define CLI_DURATION_MAX 32
+const char *cli_format_duration_ms(char buf[static CLI_DURATION_MAX], uint64_t ms);
+
+/* Prints a JSON value on one line, and a newline. */
+void cli_print_json(const json_t *v, FILE *f);
+
+/* How a "queued" position reads in messages: "position 2 of 5, budget 5min". Returns buf. */
+#define CLI_POSITION_MAX 128
+const char *cli_format_position(char buf[static CLI_POSITION_MAX], const BrokerPosition *p);

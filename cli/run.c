@@ -1,0 +1,718 @@
+/* SPDX-License-Identifier: MIT */
+/* run.c — slotctl run: fork the command first, blocked on a pipe in a process group of its own; acquire
+ * a slot with the command's pid attached; let it go with the lease in its environment; supervise it
+ * (signals, --timeout, revocation) and exit with its status. SPEC §3.4 and §6. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/pidfd.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli-util.h"
+
+/* A terminal's line follows the waited time; a CI log gets a line now and then, not a flood. */
+#define PROGRESS_INTERVAL_TTY USEC_PER_SEC
+#define PROGRESS_INTERVAL_LOG (30 * USEC_PER_SEC)
+#define KILL_AFTER_DEFAULT (5 * USEC_PER_SEC)
+
+static const char *arg_socket = NULL;
+static const char *arg_lane = NULL;
+static unsigned arg_slots = 0;
+static bool arg_no_wait = false;
+static usec_t arg_max_wait = USEC_INFINITY;
+static const char *arg_job = NULL;
+static usec_t arg_timeout = USEC_INFINITY;
+static usec_t arg_kill_after = KILL_AFTER_DEFAULT;
+static bool arg_if_unavailable_run = false;
+static bool arg_quiet = false;
+static unsigned arg_conflict_exit_code = EXIT_REFUSED;
+static char **arg_command = NULL;
+
+/* The variables a granted command gets; the same names are unset when it runs without a slot, so that
+ * a nested run never sees its parent's lease as its own. */
+static const char *const slot_variables[] = {
+        "SLOT_LEASE", "SLOT_TOKEN", "SLOT_POOL", "SLOT_INDEX", "SLOT_MEMBER", "SLOT_LANE",
+};
+
+typedef enum RunPhase {
+        PHASE_WAITING,  /* the command is blocked on its pipe until the grant */
+        PHASE_RUNNING,  /* it runs */
+        PHASE_STOPPING, /* --timeout or a revocation: SIGTERM sent, SIGKILL at kill_at */
+} RunPhase;
+
+typedef struct Run {
+        RunPhase phase;
+        BrokerClient *client;  /* NULL: running without a slot, or the broker went away */
+        BrokerLease *lease;
+        pid_t child;           /* the command's pid and process group; 0 once reaped */
+        int pidfd;
+        int signal_fd;
+        int go_fd;             /* the write end of the command's pipe, until the grant */
+        sigset_t saved_mask;
+        bool mask_saved;
+        int exit_status;       /* >= 0 once decided */
+
+        /* Progress while waiting. */
+        bool tty;
+        bool line_drawn;       /* a live line is on the terminal */
+        bool wait_announced;   /* a plain "waiting" line was printed */
+        bool have_position;
+        char pool[128];
+        BrokerPosition position;
+        usec_t wait_start;
+        usec_t next_progress;
+
+        usec_t timeout_at;
+        usec_t kill_at;
+} Run;
+
+#define RUN_INIT                                                                                                   \
+        ((Run) {                                                                                                   \
+                .pidfd = -EBADF,                                                                                   \
+                .signal_fd = -EBADF,                                                                               \
+                .go_fd = -EBADF,                                                                                   \
+                .exit_status = -1,                                                                                 \
+                .next_progress = USEC_INFINITY,                                                                    \
+                .timeout_at = USEC_INFINITY,                                                                       \
+                .kill_at = USEC_INFINITY,                                                                          \
+        })
+
+static void help(void) {
+        printf("slotctl run [OPTIONS…] [--] COMMAND [ARGUMENT…]\n\n"
+               "Acquire a slot from brokerd, run COMMAND with it (no shell), release it.\n\n"
+               "  -l --lane=LANE                Ask under LANE (default: $SLOTBROKER_LANE)\n"
+               "  -n --slots=N                  Ask for N slots (default: 1)\n"
+               "     --no-wait                  Refuse at once rather than queue\n"
+               "     --max-wait=DURATION        Wait at most DURATION (shortens the lane's budget)\n"
+               "     --job=NAME                 Label for status and history (default: the CI job's URL)\n"
+               "     --timeout=DURATION         Stop COMMAND this long after the grant (exit 124)\n"
+               "     --kill-after=DURATION      SIGKILL this long after SIGTERM (default: 5s)\n"
+               "     --if-unavailable=fail|run  Broker unreachable: exit 69, or run without a slot\n"
+               "  -q --quiet                    Print nothing while waiting\n"
+               "     --conflict-exit-code=N     Exit N when refused (default: 75)\n"
+               "     --socket=PATH              Talk to the broker at PATH\n"
+               "  -h --help                     Show this help\n\n"
+               "COMMAND gets SLOT_LEASE, SLOT_TOKEN, SLOT_POOL, SLOT_INDEX, SLOT_MEMBER and SLOT_LANE.\n"
+               "Exit status: COMMAND's own (128+N if it died of signal N); 75 refused; 124 timed out or\n"
+               "revoked; 130/143 interrupted while waiting; 69 no broker; 77 permission denied; 64 usage.\n"
+               "See slotctl(1).\n");
+}
+
+static int parse_argv(int argc, char *argv[]) {
+        enum {
+                ARG_NO_WAIT = 0x100,
+                ARG_MAX_WAIT,
+                ARG_JOB,
+                ARG_TIMEOUT,
+                ARG_KILL_AFTER,
+                ARG_IF_UNAVAILABLE,
+                ARG_CONFLICT_EXIT_CODE,
+                ARG_SOCKET,
+        };
+        static const struct option options[] = {
+                { "lane", required_argument, NULL, 'l' },
+                { "slots", required_argument, NULL, 'n' },
+                { "no-wait", no_argument, NULL, ARG_NO_WAIT },
+                { "max-wait", required_argument, NULL, ARG_MAX_WAIT },
+                { "job", required_argument, NULL, ARG_JOB },
+                { "timeout", required_argument, NULL, ARG_TIMEOUT },
+                { "kill-after", required_argument, NULL, ARG_KILL_AFTER },
+                { "if-unavailable", required_argument, NULL, ARG_IF_UNAVAILABLE },
+                { "quiet", no_argument, NULL, 'q' },
+                { "conflict-exit-code", required_argument, NULL, ARG_CONFLICT_EXIT_CODE },
+                { "socket", required_argument, NULL, ARG_SOCKET },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        int c;
+
+        /* "+": the first non-option starts the command, whose options are its own. */
+        optind = 0;
+        opterr = 0;
+        while ((c = getopt_long(argc, argv, "+:l:n:qh", options, NULL)) >= 0)
+                switch (c) {
+                case 'l':
+                        arg_lane = optarg;
+                        break;
+                case 'n':
+                        if (cli_parse_unsigned("--slots", optarg, 1, 1u << 20, &arg_slots) < 0)
+                                return -EINVAL;
+                        break;
+                case ARG_NO_WAIT:
+                        arg_no_wait = true;
+                        break;
+                case ARG_MAX_WAIT: {
+                        usec_t t;
+                        if (cli_parse_duration("--max-wait", optarg, true, &t) < 0)
+                                return -EINVAL;
+                        /* The protocol's queueWaitMs: 1 ms .. 2^31-1 ms (SPEC §3.2). */
+                        if (t != USEC_INFINITY && (t == 0 || DIV_ROUND_UP(t, USEC_PER_MSEC) > INT32_MAX))
+                                return log_usage("run", "--max-wait: \"%s\" is not between 1ms and 24d 20h", optarg);
+                        arg_max_wait = t;
+                        break;
+                }
+                case ARG_JOB:
+                        if (strlen(optarg) > CLI_JOB_MAX)
+                                return log_usage("run", "--job: longer than %d bytes", CLI_JOB_MAX);
+                        arg_job = optarg;
+                        break;
+                case ARG_TIMEOUT:
+                        if (cli_parse_duration("--timeout", optarg, true, &arg_timeout) < 0)
+                                return -EINVAL;
+                        if (arg_timeout == 0)
+                                return log_usage("run", "--timeout: must be longer than 0");
+                        break;
+                case ARG_KILL_AFTER:
+                        if (cli_parse_duration("--kill-after", optarg, false, &arg_kill_after) < 0)
+                                return -EINVAL;
+                        break;
+                case ARG_IF_UNAVAILABLE:
+                        if (streq(optarg, "fail"))
+                                arg_if_unavailable_run = false;
+                        else if (streq(optarg, "run"))
+                                arg_if_unavailable_run = true;
+                        else
+                                return log_usage("run", "--if-unavailable: expected fail or run, got \"%s\"", optarg);
+                        break;
+                case 'q':
+                        arg_quiet = true;
+                        break;
+                case ARG_CONFLICT_EXIT_CODE:
+                        if (cli_parse_unsigned("--conflict-exit-code", optarg, 0, 255, &arg_conflict_exit_code) < 0)
+                                return -EINVAL;
+                        break;
+                case ARG_SOCKET:
+                        arg_socket = optarg;
+                        break;
+                case 'h':
+                        help();
+                        return 0;
+                case ':':
+                        return log_usage("run", "option '%s' needs a value", argv[optind - 1]);
+                default:
+                        return log_usage("run", "unknown option '%s'", argv[optind - 1]);
+                }
+
+        if (optind >= argc)
+                return log_usage("run", "no command given");
+        arg_command = argv + optind;
+
+        if (!arg_lane) {
+                const char *e = getenv("SLOTBROKER_LANE");
+                if (!e || !*e)
+                        return log_usage("run", "no lane given: use --lane=LANE or set $SLOTBROKER_LANE");
+                arg_lane = e;
+        }
+        return 1;
+}
+
+/* ---- the command ---- */
+
+/* In the child, until exec: wait for the parent's word, then become the command. Never returns. */
+static _Noreturn void child_main(int fd, pid_t parent, const sigset_t *mask) {
+        /* Its own group: the broker watches the group, and signals reach the command's children too. */
+        (void) setpgid(0, 0);
+        /* slotctl dying before the grant must not leave a command behind that would start later. */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+                _exit(EXIT_FAILURE);
+
+        char *buf = NULL;
+        size_t size = 0, allocated = 0;
+        for (;;) {
+                if (size == allocated) {
+                        allocated = allocated ? allocated * 2 : 4096;
+                        char *b = realloc(buf, allocated);
+                        if (!b)
+                                _exit(EXIT_FAILURE);
+                        buf = b;
+                }
+                ssize_t n = read(fd, buf + size, allocated - size);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        _exit(EXIT_FAILURE);
+                if (n == 0)
+                        break;
+                size += (size_t) n;
+        }
+        if (size == 0 || buf[0] != 'G')
+                _exit(EXIT_SUCCESS); /* slotctl said no (refused, interrupted): nothing to run */
+
+        /* "G", then NUL-terminated entries: "NAME=VALUE" sets, "NAME" unsets. */
+        for (size_t i = 1; i < size;) {
+                char *e = buf + i;
+                size_t len = strnlen(e, size - i);
+                if (i + len >= size)
+                        break; /* unterminated: ignore */
+                char *eq = strchr(e, '=');
+                if (eq) {
+                        *eq = '\0';
+                        (void) setenv(e, eq + 1, 1);
+                } else
+                        (void) unsetenv(e);
+                i += len + 1;
+        }
+        free(buf);
+        safe_close(fd);
+
+        /* Granted: from here the command outlives slotctl, and the broker keeps its slot until the
+         * command's group is gone (SPEC §3.4: SIGKILL of slotctl never frees a running command's slot). */
+        (void) prctl(PR_SET_PDEATHSIG, 0);
+        (void) sigprocmask(SIG_SETMASK, mask, NULL);
+        execvp(arg_command[0], arg_command);
+        int error = errno;
+        fprintf(stderr, "slotctl: failed to execute %s: %s\n", arg_command[0], strerror(error));
+        _exit(error == ENOENT ? 127 : 126); /* as shells and env(1) */
+}
+
+static int run_fork(Run *r) {
+        int pipefd[2];
+
+        if (pipe2(pipefd, O_CLOEXEC) < 0)
+                return log_error_errno(errno, "Failed to create a pipe: %m");
+        pid_t parent = getpid();
+        pid_t pid = fork();
+        if (pid < 0) {
+                safe_close(pipefd[0]);
+                safe_close(pipefd[1]);
+                return log_error_errno(errno, "Failed to fork: %m");
+        }
+        if (pid == 0) {
+                safe_close(pipefd[1]); /* else the pipe never ends if slotctl dies */
+                child_main(pipefd[0], parent, &r->saved_mask);
+        }
+        safe_close(pipefd[0]);
+        r->go_fd = pipefd[1];
+        r->child = pid;
+        /* Set on both sides: whichever runs first, the group exists before anybody signals it. */
+        (void) setpgid(pid, pid);
+        r->pidfd = pidfd_open(pid, 0);
+        if (r->pidfd < 0 && errno != ENOSYS)
+                return log_error_errno(errno, "Failed to watch the command's process: %m");
+        /* ENOSYS (kernels before 5.3, valgrind): SIGCHLD on the signalfd tells the same. */
+        return 0;
+}
+
+/* Signals the command's whole group. Never with pid 0: kill(0, …) would hit slotctl's own group. */
+static void group_kill(const Run *r, int sig) {
+        if (r->child > 0)
+                (void) kill(-r->child, sig);
+}
+
+static int exit_status_of(int status) {
+        if (WIFEXITED(status))
+                return WEXITSTATUS(status);
+        if (WIFSIGNALED(status))
+                return 128 + WTERMSIG(status);
+        return EXIT_FAILURE;
+}
+
+/* Kills what is left of the command's group and reaps the leader. The group is signalled before the
+ * leader is reaped: while the leader is unreaped its pid, and so the group id, cannot be reused. */
+static int run_reap(Run *r, bool kill_leader) {
+        int status = 0;
+        if (r->child <= 0)
+                return -ESRCH;
+        if (kill_leader)
+                (void) kill(r->child, SIGKILL);
+        (void) kill(-r->child, SIGKILL);
+        while (waitpid(r->child, &status, 0) < 0)
+                if (errno != EINTR)
+                        return -errno;
+        r->child = 0;
+        r->pidfd = safe_close(r->pidfd);
+        return exit_status_of(status);
+}
+
+/* Tells the blocked command to go: with the lease's variables, or (lease NULL) without a slot. */
+static int run_let_go(Run *r, const BrokerLease *l) {
+        _cleanup_free_ char *buf = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&buf, &size);
+        if (!f)
+                return -ENOMEM;
+
+        fputc('G', f);
+        if (l) {
+                size_t n = broker_lease_n_slots(l);
+                fprintf(f, "SLOT_LEASE=%s%cSLOT_TOKEN=%" PRIu64 "%cSLOT_POOL=%s%cSLOT_LANE=%s%c", broker_lease_id(l),
+                        '\0', broker_lease_token(l), '\0', broker_lease_pool(l), '\0', broker_lease_lane(l), '\0');
+                fputs("SLOT_INDEX=", f);
+                for (size_t i = 0; i < n; i++)
+                        fprintf(f, "%s%d", i > 0 ? "," : "", broker_lease_slot(l, i));
+                fputc('\0', f);
+                if (broker_lease_member(l, 0)) {
+                        fputs("SLOT_MEMBER=", f);
+                        for (size_t i = 0; i < n; i++)
+                                fprintf(f, "%s%s", i > 0 ? "," : "", broker_lease_member(l, i) ?: "");
+                } else
+                        fputs("SLOT_MEMBER", f);
+                fputc('\0', f);
+        } else
+                for (size_t i = 0; i < ELEMENTSOF(slot_variables); i++) {
+                        fputs(slot_variables[i], f);
+                        fputc('\0', f);
+                }
+        if (fclose(f) != 0)
+                return -ENOMEM;
+
+        /* A few hundred bytes: the pipe takes them at once. EPIPE means the command is already gone,
+         * which its pidfd reports. */
+        for (size_t done = 0; done < size;) {
+                ssize_t k = write(r->go_fd, buf + done, size - done);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k < 0)
+                        break;
+                done += (size_t) k;
+        }
+        r->go_fd = safe_close(r->go_fd);
+        return 0;
+}
+
+/* ---- progress while waiting ---- */
+
+static void progress_clear(Run *r) {
+        if (r->line_drawn) {
+                fputs("\r\033[K", stderr);
+                fflush(stderr);
+                r->line_drawn = false;
+        }
+}
+
+static void progress_draw(Run *r, usec_t now) {
+        char line[512], position[CLI_POSITION_MAX], waited[CLI_DURATION_MAX];
+        struct winsize ws = {};
+
+        snprintf(line, sizeof line, "slotctl: waiting for pool %s: %s, waited %s", r->pool,
+                 cli_format_position(position, &r->position),
+                 cli_format_duration_ms(waited, usec_sub_unsigned(now, r->wait_start) / USEC_PER_MSEC));
+        /* A line wider than the terminal wraps, and "\r" then redraws only its last part. */
+        if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) >= 0 && ws.ws_col > 1 && (size_t) ws.ws_col - 1 < sizeof line)
+                line[ws.ws_col - 1] = '\0';
+        fprintf(stderr, "\r\033[K%s", line);
+        fflush(stderr);
+        r->line_drawn = true;
+}
+
+static void progress_update(Run *r, const BrokerPosition *p, usec_t now) {
+        snprintf(r->pool, sizeof r->pool, "%s", p->pool ?: "?");
+        r->position = *p;
+        r->position.pool = r->pool;
+        r->have_position = true;
+        if (arg_quiet)
+                return;
+        if (r->tty) {
+                progress_draw(r, now);
+                r->next_progress = now + PROGRESS_INTERVAL_TTY;
+        } else if (!r->wait_announced) {
+                char position[CLI_POSITION_MAX];
+                log_notice("waiting for a slot of pool %s: %s", r->pool, cli_format_position(position, &r->position));
+                r->wait_announced = true;
+                r->next_progress = now + PROGRESS_INTERVAL_LOG;
+        }
+}
+
+static void progress_tick(Run *r, usec_t now) {
+        if (arg_quiet || !r->have_position) {
+                r->next_progress = USEC_INFINITY;
+                return;
+        }
+        if (r->tty) {
+                progress_draw(r, now);
+                r->next_progress = now + PROGRESS_INTERVAL_TTY;
+        } else {
+                char position[CLI_POSITION_MAX], waited[CLI_DURATION_MAX];
+                log_notice("still waiting for pool %s: %s, waited %s", r->pool, cli_format_position(position, &r->position),
+                           cli_format_duration_ms(waited, usec_sub_unsigned(now, r->wait_start) / USEC_PER_MSEC));
+                r->next_progress = now + PROGRESS_INTERVAL_LOG;
+        }
+}
+
+/* ---- phases ---- */
+
+static void run_start(Run *r, BrokerLease *l, usec_t now) {
+        progress_clear(r);
+        if (r->wait_announced && l) {
+                char waited[CLI_DURATION_MAX];
+                log_notice("granted a slot of pool %s after %s", broker_lease_pool(l),
+                           cli_format_duration_ms(waited, usec_sub_unsigned(now, r->wait_start) / USEC_PER_MSEC));
+        }
+        r->lease = l;
+        if (run_let_go(r, l) < 0) {
+                log_error("Out of memory.");
+                (void) run_reap(r, true);
+                r->exit_status = EXIT_FAILURE;
+                return;
+        }
+        r->phase = PHASE_RUNNING;
+        r->next_progress = USEC_INFINITY;
+        if (arg_timeout != USEC_INFINITY)
+                r->timeout_at = usec_add(now, arg_timeout);
+}
+
+static void run_stop(Run *r, usec_t now, const char *why) {
+        if (r->phase != PHASE_RUNNING)
+                return;
+        log_error("%s; stopping the command", why);
+        group_kill(r, SIGTERM);
+        group_kill(r, SIGCONT); /* a stopped command could not act on SIGTERM */
+        r->phase = PHASE_STOPPING;
+        r->timeout_at = USEC_INFINITY;
+        r->kill_at = usec_add(now, arg_kill_after);
+}
+
+/* Before the grant: nothing ran; the child is killed unseen and the request withdrawn. */
+static void run_abandon(Run *r, int exit_status) {
+        progress_clear(r);
+        /* Closing the connection withdraws the request, or ends a grant still on its way to us. */
+        r->client = broker_client_free(r->client);
+        (void) run_reap(r, true);
+        r->exit_status = exit_status;
+}
+
+static void run_on_signal(Run *r, int sig) {
+        if (r->phase == PHASE_WAITING) {
+                run_abandon(r, 128 + sig);
+                return;
+        }
+        /* The command decides what a signal means; its status becomes ours. */
+        group_kill(r, sig);
+}
+
+static void run_on_broker_lost(Run *r, int error, usec_t now) {
+        r->client = broker_client_free(r->client);
+        if (r->phase != PHASE_WAITING) {
+                errno = -error;
+                log_warning("lost the connection to the broker (%m); the command keeps running");
+                return;
+        }
+        progress_clear(r);
+        if (arg_if_unavailable_run && cli_errno_is_unreachable(error)) {
+                log_warning("lost the connection to the broker while waiting; running the command without a slot");
+                run_start(r, NULL, now);
+                return;
+        }
+        log_error_errno(error, "lost the connection to the broker while waiting: %m");
+        run_abandon(r, cli_errno_is_unreachable(error) ? EXIT_UNREACHABLE : EXIT_FAILURE);
+}
+
+static void run_on_broker(Run *r, usec_t now) {
+        while (r->client && r->exit_status < 0) {
+                BrokerEvent ev = BROKER_EVENT_INIT;
+                int k = broker_client_process(r->client, &ev);
+                if (k < 0) {
+                        run_on_broker_lost(r, k, now);
+                        return;
+                }
+                switch (ev.type) {
+                case BROKER_EVENT_NONE:
+                        return;
+                case BROKER_EVENT_QUEUED:
+                        if (r->phase == PHASE_WAITING)
+                                progress_update(r, &ev.position, now);
+                        break;
+                case BROKER_EVENT_GRANTED:
+                        run_start(r, ev.lease, now);
+                        break;
+                case BROKER_EVENT_REFUSED:
+                        progress_clear(r);
+                        run_abandon(r, cli_log_result(r->client, "acquire", ev.refusal, (int) arg_conflict_exit_code));
+                        return;
+                case BROKER_EVENT_RELEASED:
+                        /* The broker sends this only when no command holds the lease any more. */
+                        log_warning("the lease was released from another connection");
+                        break;
+                case BROKER_EVENT_REVOKED:
+                        run_stop(r, now, "the lease was revoked (max-hold or an administrator)");
+                        break;
+                default:
+                        break;
+                }
+        }
+}
+
+static void run_on_child_exit(Run *r);
+
+static void run_on_signals(Run *r) {
+        struct signalfd_siginfo si;
+        while (r->exit_status < 0) {
+                ssize_t n = read(r->signal_fd, &si, sizeof si);
+                if (n != sizeof si)
+                        return; /* EAGAIN: all read */
+                if (si.ssi_signo == SIGCHLD) {
+                        if (r->child > 0)
+                                run_on_child_exit(r); /* checks, without reaping, whether it was ours */
+                } else
+                        run_on_signal(r, (int) si.ssi_signo);
+        }
+}
+
+static void run_on_child_exit(Run *r) {
+        siginfo_t si = {};
+        /* WNOWAIT: the leader stays a zombie, and its group id reserved, until run_reap() killed the rest. */
+        if (waitid(P_PID, (id_t) r->child, &si, WEXITED | WNOHANG | WNOWAIT) < 0 || si.si_pid == 0)
+                return;
+        int status = run_reap(r, false);
+        if (r->phase == PHASE_WAITING) {
+                progress_clear(r);
+                r->client = broker_client_free(r->client);
+                log_error("the command's process ended before it was started");
+                r->exit_status = status >= 0 ? status : EXIT_FAILURE;
+                return;
+        }
+        r->exit_status = r->phase == PHASE_STOPPING ? EXIT_TIMEOUT : status >= 0 ? status : EXIT_FAILURE;
+}
+
+static int run_loop(Run *r) {
+        while (r->exit_status < 0) {
+                struct pollfd p[3] = {
+                        { .fd = r->signal_fd, .events = POLLIN },
+                        { .fd = r->pidfd, .events = POLLIN },
+                        { .fd = -1 },
+                };
+                if (r->client)
+                        p[2] = (struct pollfd) { .fd = broker_client_get_fd(r->client),
+                                                 .events = (short) broker_client_get_events(r->client) };
+
+                usec_t now = now_monotonic();
+                usec_t deadline = MIN(r->next_progress, MIN(r->timeout_at, r->kill_at));
+                int timeout = -1;
+                if (deadline != USEC_INFINITY)
+                        timeout = deadline <= now ? 0 : (int) MIN(DIV_ROUND_UP(deadline - now, USEC_PER_MSEC), (usec_t) INT_MAX);
+
+                if (poll(p, ELEMENTSOF(p), timeout) < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return log_error_errno(errno, "poll() failed: %m");
+                }
+                now = now_monotonic();
+
+                if (p[0].revents)
+                        run_on_signals(r);
+                if (r->exit_status < 0 && r->client && p[2].revents)
+                        run_on_broker(r, now);
+                if (r->exit_status < 0 && r->child > 0 && p[1].revents)
+                        run_on_child_exit(r);
+                if (r->exit_status >= 0)
+                        break;
+
+                if (now >= r->kill_at) {
+                        group_kill(r, SIGKILL);
+                        r->kill_at = USEC_INFINITY;
+                }
+                if (now >= r->timeout_at) {
+                        char t[TIMESPAN_MAX];
+                        char why[TIMESPAN_MAX + 32];
+                        snprintf(why, sizeof why, "--timeout=%s reached", timespan_format(t, sizeof t, arg_timeout));
+                        run_stop(r, now, why);
+                }
+                if (now >= r->next_progress)
+                        progress_tick(r, now);
+        }
+        return 0;
+}
+
+static void run_done(Run *r) {
+        progress_clear(r);
+        if (r->child > 0)
+                (void) run_reap(r, true);
+        /* After the command: closing the connection is what releases the lease. */
+        r->client = broker_client_free(r->client);
+        r->lease = broker_lease_free(r->lease);
+        safe_close(r->pidfd);
+        safe_close(r->signal_fd);
+        safe_close(r->go_fd);
+        if (r->mask_saved)
+                (void) sigprocmask(SIG_SETMASK, &r->saved_mask, NULL);
+}
+
+int verb_run(int argc, char *argv[]) {
+        _cleanup_(run_done) Run r = RUN_INIT;
+        _cleanup_free_ char *job = NULL;
+        sigset_t mask;
+        int k;
+
+        k = parse_argv(argc, argv);
+        if (k <= 0)
+                return k < 0 ? EXIT_USAGE : EXIT_SUCCESS;
+        if (!arg_job) {
+                if (cli_job_from_environment(&job) < 0) {
+                        log_error("Out of memory.");
+                        return EXIT_FAILURE;
+                }
+                arg_job = job;
+        }
+        r.tty = isatty(STDERR_FILENO) && !arg_quiet;
+
+        /* Signals arrive through a signalfd, in the loop. SIGPIPE is blocked too (not ignored: an ignored
+         * disposition would survive exec into the command); the child restores the mask before exec. */
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGINT);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGHUP);
+        sigaddset(&mask, SIGQUIT);
+        sigaddset(&mask, SIGCHLD); /* the pidfd's stand-in where there is none */
+        if (sigprocmask(SIG_BLOCK, &mask, &r.saved_mask) < 0) {
+                log_error_errno(errno, "Failed to block signals: %m");
+                return EXIT_FAILURE;
+        }
+        r.mask_saved = true;
+        r.signal_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+        if (r.signal_fd < 0) {
+                log_error_errno(errno, "Failed to create a signalfd: %m");
+                return EXIT_FAILURE;
+        }
+        sigset_t pipe_mask;
+        sigemptyset(&pipe_mask);
+        sigaddset(&pipe_mask, SIGPIPE);
+        (void) sigprocmask(SIG_BLOCK, &pipe_mask, NULL);
+
+        /* The command first, so that its pid goes with the Acquire call (SPEC §3.4) and so that it holds
+         * no copy of the broker connection (which would keep a withdrawn request alive). */
+        if (run_fork(&r) < 0)
+                return EXIT_FAILURE;
+        r.wait_start = now_monotonic();
+
+        k = cli_connect(arg_socket, &r.client);
+        if (k < 0) {
+                if (arg_if_unavailable_run && cli_errno_is_unreachable(k)) {
+                        log_warning("running the command without a slot (--if-unavailable=run)");
+                        run_start(&r, NULL, now_monotonic());
+                } else {
+                        run_abandon(&r, cli_exit_status_from_errno(k));
+                        return r.exit_status;
+                }
+        } else {
+                BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
+                o.lane = arg_lane;
+                o.slots = arg_slots;
+                o.wait = arg_no_wait ? BROKER_WAIT_NO : BROKER_WAIT_DEFAULT;
+                o.queue_wait_ms = arg_max_wait == USEC_INFINITY ? 0 : DIV_ROUND_UP(arg_max_wait, USEC_PER_MSEC);
+                o.job = arg_job;
+                o.pid = r.child;
+                k = broker_acquire_start(r.client, &o);
+                if (k == -EINVAL) {
+                        log_error("invalid request (a job label or lane that is not UTF-8?)");
+                        run_abandon(&r, EXIT_USAGE);
+                        return r.exit_status;
+                }
+                if (k < 0)
+                        run_on_broker_lost(&r, k, now_monotonic());
+        }
+
+        if (r.exit_status < 0 && run_loop(&r) < 0)
+                return EXIT_FAILURE;
+        return r.exit_status;
+}

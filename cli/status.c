@@ -1,0 +1,422 @@
+/* SPDX-License-Identifier: MIT */
+/* status.c — the verbs that show data: slotctl status (pools, holders, waiters), history, metrics. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli-util.h"
+
+/* Options every data verb takes; parse_common() handles them and rejects the rest. */
+static const char *arg_socket = NULL;
+static bool arg_json = false;
+
+#define USAGE_BAR_WIDTH_MAX 20
+#define JOB_COLUMN_MAX 40
+
+static json_int_t int_member(json_t *o, const char *key, json_int_t fallback) {
+        json_t *v = json_object_get(o, key);
+        return json_is_integer(v) ? json_integer_value(v) : fallback;
+}
+
+static const char *string_member(json_t *o, const char *key) {
+        return json_string_value(json_object_get(o, key));
+}
+
+static const char *duration_member(char buf[static CLI_DURATION_MAX], json_t *o, const char *key, const char *null) {
+        json_t *v = json_object_get(o, key);
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+                return null;
+        return cli_format_duration_ms(buf, (uint64_t) json_integer_value(v));
+}
+
+/* A job label cut for a column: URLs are long, their ends say the most. */
+static const char *job_column(char buf[static JOB_COLUMN_MAX + 8], const char *job) {
+        if (!job)
+                return "-";
+        size_t n = strlen(job);
+        if (n <= JOB_COLUMN_MAX)
+                return job;
+        const char *tail = job + n - (JOB_COLUMN_MAX - 3);
+        while ((*tail & 0xc0) == 0x80)
+                tail++; /* not in the middle of a UTF-8 sequence */
+        snprintf(buf, JOB_COLUMN_MAX + 8, "…%s", tail);
+        return buf;
+}
+
+static void print_usage_bar(json_int_t in_use, json_int_t limit) {
+        int width = (int) MIN(MAX(limit, (json_int_t) 1), (json_int_t) USAGE_BAR_WIDTH_MAX);
+        int filled = limit > 0 ? (int) MIN((in_use * width + limit - 1) / limit, (json_int_t) width) : 0;
+        putchar('[');
+        for (int i = 0; i < width; i++)
+                putchar(i < filled ? '#' : '-');
+        putchar(']');
+}
+
+static void print_slots(json_t *lease) {
+        json_t *members = json_object_get(lease, "members"), *slots = json_object_get(lease, "slots");
+        json_t *list = json_is_array(members) ? members : slots;
+        size_t i;
+        json_t *v;
+        char buf[64];
+        int width = 0;
+
+        json_array_foreach(list, i, v) {
+                if (json_is_string(v))
+                        snprintf(buf, sizeof buf, "%s", json_string_value(v));
+                else
+                        snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+                width += printf("%s%s", i > 0 ? "," : "", buf);
+        }
+        printf("%*s", MAX(0, 8 - width), "");
+}
+
+static void print_pool(json_t *pool, json_t *holders, json_t *waiters) {
+        const char *name = string_member(pool, "name") ?: "?";
+        json_int_t limit = int_member(pool, "limit", 0), in_use = int_member(pool, "inUse", 0);
+        json_int_t waiting = int_member(pool, "waiting", 0), max_queue = int_member(pool, "maxQueue", -1);
+        size_t i;
+        json_t *v;
+
+        printf("%-10s ", name);
+        print_usage_bar(in_use, limit);
+        printf("  %" JSON_INTEGER_FORMAT "/%" JSON_INTEGER_FORMAT " in use, %" JSON_INTEGER_FORMAT " waiting", in_use, limit,
+               waiting);
+        if (max_queue >= 0)
+                printf(" (max %" JSON_INTEGER_FORMAT ")", max_queue);
+        if (json_is_true(json_object_get(pool, "congested")))
+                printf(", congested");
+        if (json_is_true(json_object_get(pool, "drained")))
+                printf(", drained");
+        json_t *drained_members = json_object_get(pool, "drainedMembers");
+        if (json_array_size(drained_members) > 0) {
+                printf(", drained members:");
+                json_array_foreach(drained_members, i, v)
+                        printf(" %s", json_string_value(v) ?: "?");
+        }
+        putchar('\n');
+
+        bool header = false;
+        json_array_foreach(holders, i, v) {
+                json_t *lease = json_object_get(v, "lease");
+                if (!streq_ptr(string_member(lease, "pool"), name))
+                        continue;
+                char job[JOB_COLUMN_MAX + 8], held[CLI_DURATION_MAX];
+                if (!header) {
+                        printf("  %-32s %-10s %-8s %-6s %-8s %-8s %-8s %-10s %s\n", "LEASE", "LANE", "SLOTS", "UID", "PID",
+                               "COMMAND", "HELD", "STATE", "JOB");
+                        header = true;
+                }
+                printf("  %-32s %-10s ", string_member(lease, "id") ?: "?", string_member(lease, "lane") ?: "?");
+                print_slots(lease);
+                json_int_t command = int_member(lease, "commandPid", 0);
+                char command_buf[32] = "-";
+                if (command > 0)
+                        snprintf(command_buf, sizeof command_buf, "%" JSON_INTEGER_FORMAT, command);
+                printf(" %-6" JSON_INTEGER_FORMAT " %-8" JSON_INTEGER_FORMAT " %-8s %-8s %-10s %s\n", int_member(lease, "uid", -1),
+                       int_member(lease, "pid", 0), command_buf, duration_member(held, v, "heldMs", "?"),
+                       json_is_true(json_object_get(lease, "detached")) && streq_ptr(string_member(v, "state"), "held")
+                               ? "detached"
+                               : string_member(v, "state") ?: "?",
+                       job_column(job, string_member(lease, "job")));
+        }
+
+        header = false;
+        json_array_foreach(waiters, i, v) {
+                if (!streq_ptr(string_member(v, "pool"), name))
+                        continue;
+                char job[JOB_COLUMN_MAX + 8], waited[CLI_DURATION_MAX], budget[CLI_DURATION_MAX];
+                if (!header) {
+                        printf("  %-8s %-10s %-5s %-6s %-8s %-8s %-10s %s\n", "WAITING", "LANE", "SLOTS", "UID", "PID", "WAITED",
+                               "BUDGET", "JOB");
+                        header = true;
+                }
+                printf("  %-8" JSON_INTEGER_FORMAT " %-10s %-5" JSON_INTEGER_FORMAT " %-6" JSON_INTEGER_FORMAT
+                       " %-8" JSON_INTEGER_FORMAT " %-8s %-10s %s\n",
+                       int_member(v, "position", 0), string_member(v, "lane") ?: "?", int_member(v, "slots", 1),
+                       int_member(v, "uid", -1), int_member(v, "pid", 0), duration_member(waited, v, "waitedMs", "?"),
+                       duration_member(budget, v, "budgetMs", "unbounded"), job_column(job, string_member(v, "job")));
+        }
+}
+
+/* --socket, --json and --help, and no other option; extra options come from the caller's table. */
+static int parse_common(const char *verb, void (*help)(void), int argc, char *argv[], const struct option *extra,
+                        int (*on_extra)(int c, const char *value)) {
+        enum { ARG_SOCKET = 0x100, ARG_JSON };
+        struct option options[16] = {
+                { "socket", required_argument, NULL, ARG_SOCKET },
+                { "json", no_argument, NULL, ARG_JSON },
+                { "help", no_argument, NULL, 'h' },
+        };
+        size_t n = 3;
+        for (; extra && extra->name && n < ELEMENTSOF(options) - 1; extra++)
+                options[n++] = *extra;
+        int c;
+
+        optind = 0;
+        opterr = 0;
+        while ((c = getopt_long(argc, argv, ":h", options, NULL)) >= 0)
+                switch (c) {
+                case ARG_SOCKET:
+                        arg_socket = optarg;
+                        break;
+                case ARG_JSON:
+                        arg_json = true;
+                        break;
+                case 'h':
+                        help();
+                        return 0;
+                case ':':
+                        return log_usage(verb, "option '%s' needs a value", argv[optind - 1]);
+                case '?':
+                        return log_usage(verb, "unknown option '%s'", argv[optind - 1]);
+                default:
+                        if (!on_extra || on_extra(c, optarg) < 0)
+                                return -EINVAL;
+                }
+        if (optind < argc)
+                return log_usage(verb, "unexpected argument '%s'", argv[optind]);
+        return 1;
+}
+
+static void status_help(void) {
+        printf("slotctl status [OPTIONS…]\n\n"
+               "Show every pool with its usage, the leases that hold its slots and the requests waiting.\n\n"
+               "     --json          Print the broker's Status reply as it is\n"
+               "     --socket=PATH   Talk to the broker at PATH\n"
+               "  -h --help          Show this help\n");
+}
+
+int verb_status(int argc, char *argv[]) {
+        _cleanup_(json_decrefp) json_t *reply = NULL;
+        int r;
+
+        r = parse_common("status", status_help, argc, argv, NULL, NULL);
+        if (r <= 0)
+                return r < 0 ? EXIT_USAGE : EXIT_SUCCESS;
+        r = cli_call(arg_socket, "status", "io.slotbroker.Status", NULL, &reply);
+        if (r != 0)
+                return r;
+        if (arg_json) {
+                cli_print_json(reply, stdout);
+                return EXIT_SUCCESS;
+        }
+
+        json_t *pools = json_object_get(reply, "pools"), *holders = json_object_get(reply, "holders"),
+               *waiters = json_object_get(reply, "waiters");
+        size_t i;
+        json_t *pool;
+        if (json_array_size(pools) == 0)
+                printf("No pools are configured.\n");
+        json_array_foreach(pools, i, pool) {
+                if (i > 0)
+                        putchar('\n');
+                print_pool(pool, holders, waiters);
+        }
+        return fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+/* ---- metrics ---- */
+
+static void metrics_help(void) {
+        printf("slotctl metrics [OPTIONS…]\n\n"
+               "Print the broker's metrics in the Prometheus text format.\n\n"
+               "     --json          Print the broker's Metrics reply as it is\n"
+               "     --socket=PATH   Talk to the broker at PATH\n"
+               "  -h --help          Show this help\n");
+}
+
+int verb_metrics(int argc, char *argv[]) {
+        _cleanup_(json_decrefp) json_t *reply = NULL;
+        int r;
+
+        r = parse_common("metrics", metrics_help, argc, argv, NULL, NULL);
+        if (r <= 0)
+                return r < 0 ? EXIT_USAGE : EXIT_SUCCESS;
+        r = cli_call(arg_socket, "metrics", "io.slotbroker.Metrics", NULL, &reply);
+        if (r != 0)
+                return r;
+        if (arg_json)
+                cli_print_json(reply, stdout);
+        else {
+                const char *text = string_member(reply, "text") ?: "";
+                fputs(text, stdout);
+                if (*text && text[strlen(text) - 1] != '\n')
+                        putchar('\n');
+        }
+        return fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+/* ---- history ---- */
+
+static const char *const decisions[] = {
+        "granted", "busy",    "full",     "timeout", "shed",     "unavailable",
+        "cancelled", "released", "revoked", "overdue", "restored", "denied",
+};
+
+static json_t *arg_history_filters = NULL;
+static unsigned arg_history_limit = 0;
+
+static json_t *filters_free(void) {
+        json_decref(arg_history_filters);
+        return NULL;
+}
+
+/* "@EPOCH", a time span meaning that long ago ("1h"), or a local date and time ("2024-05-01",
+ * "2024-05-01 13:30", "2024-05-01 13:30:05"). Returns µs since the epoch, or -EINVAL after logging. */
+static int parse_time(const char *option, const char *s, int64_t *ret) {
+        usec_t span;
+        if (s[0] == '@') {
+                char *end;
+                errno = 0;
+                long long v = strtoll(s + 1, &end, 10);
+                if (errno == 0 && end != s + 1 && !*end && v >= 0 && v < INT64_MAX / (long long) USEC_PER_SEC) {
+                        *ret = (int64_t) v * (int64_t) USEC_PER_SEC;
+                        return 0;
+                }
+        } else if (timespan_parse(s, USEC_PER_SEC, &span) >= 0 && span != USEC_INFINITY) {
+                usec_t now = now_realtime();
+                *ret = (int64_t) usec_sub_unsigned(now, span);
+                return 0;
+        } else {
+                static const char *const formats[] = { "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d" };
+                for (size_t i = 0; i < ELEMENTSOF(formats); i++) {
+                        struct tm tm = { .tm_isdst = -1 };
+                        const char *end = strptime(s, formats[i], &tm);
+                        if (!end || *end)
+                                continue;
+                        time_t t = mktime(&tm);
+                        if (t == (time_t) -1 || t < 0)
+                                break;
+                        *ret = (int64_t) t * (int64_t) USEC_PER_SEC;
+                        return 0;
+                }
+        }
+        log_error("%s: invalid time \"%s\" (e.g. 1h for an hour ago, 2024-05-01 13:30, @1714563000)", option, s);
+        return -EINVAL;
+}
+
+enum { ARG_SINCE = 0x200, ARG_UNTIL, ARG_LANE, ARG_POOL, ARG_DECISION, ARG_LIMIT };
+
+static int history_option(int c, const char *value) {
+        int64_t t;
+        switch (c) {
+        case ARG_SINCE:
+        case ARG_UNTIL:
+                if (parse_time(c == ARG_SINCE ? "--since" : "--until", value, &t) < 0)
+                        return -EINVAL;
+                return json_object_set_new(arg_history_filters, c == ARG_SINCE ? "since" : "until", json_integer(t));
+        case ARG_LANE:
+        case ARG_POOL:
+                return json_object_set_new(arg_history_filters, c == ARG_LANE ? "lane" : "pool", json_string(value));
+        case ARG_DECISION:
+                for (size_t i = 0; i < ELEMENTSOF(decisions); i++)
+                        if (streq(decisions[i], value))
+                                return json_object_set_new(arg_history_filters, "decision", json_string(value));
+                return log_usage("history", "--decision: unknown decision \"%s\"", value);
+        case ARG_LIMIT:
+                return cli_parse_unsigned("--limit", value, 1, INT32_MAX, &arg_history_limit);
+        default:
+                return log_usage("history", "unknown option");
+        }
+}
+
+static void history_help(void) {
+        printf("slotctl history [OPTIONS…]\n\n"
+               "Show the broker's recorded decisions, oldest first.\n\n"
+               "     --since=TIME       Decisions at or after TIME (1h: an hour ago; 2024-05-01 13:30; @EPOCH)\n"
+               "     --until=TIME       Decisions before TIME\n"
+               "     --lane=LANE        Decisions for LANE\n"
+               "     --pool=POOL        Decisions for POOL\n"
+               "     --decision=WHAT    granted, busy, full, timeout, shed, unavailable, cancelled,\n"
+               "                        released, revoked, overdue, restored or denied\n"
+               "     --limit=N          At most N events\n"
+               "     --json             Print {\"events\": […]} as the broker's History replies give them\n"
+               "     --socket=PATH      Talk to the broker at PATH\n"
+               "  -h --help             Show this help\n");
+}
+
+static void print_event(json_t *e) {
+        char when[64] = "?", waited[CLI_DURATION_MAX], held[CLI_DURATION_MAX], job[JOB_COLUMN_MAX + 8];
+        json_int_t t = int_member(e, "time", -1);
+        if (t >= 0) {
+                time_t sec = (time_t) (t / (json_int_t) USEC_PER_SEC);
+                struct tm tm;
+                if (localtime_r(&sec, &tm))
+                        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+        }
+        printf("%-19s %-11s %-10s %-10s %-8s %-8s %-32s %s\n", when, string_member(e, "decision") ?: "?",
+               string_member(e, "pool") ?: "-", string_member(e, "lane") ?: "-", duration_member(waited, e, "waitedMs", "-"),
+               duration_member(held, e, "heldMs", "-"), string_member(e, "lease") ?: "-",
+               job_column(job, string_member(e, "job")));
+}
+
+int verb_history(int argc, char *argv[]) {
+        static const struct option extra[] = {
+                { "since", required_argument, NULL, ARG_SINCE },
+                { "until", required_argument, NULL, ARG_UNTIL },
+                { "lane", required_argument, NULL, ARG_LANE },
+                { "pool", required_argument, NULL, ARG_POOL },
+                { "decision", required_argument, NULL, ARG_DECISION },
+                { "limit", required_argument, NULL, ARG_LIMIT },
+                {},
+        };
+        _cleanup_(json_decrefp) json_t *all = json_array();
+        int r;
+
+        arg_history_filters = json_object();
+        if (!arg_history_filters || !all) {
+                log_error("Out of memory.");
+                return EXIT_FAILURE;
+        }
+        r = parse_common("history", history_help, argc, argv, extra, history_option);
+        if (r <= 0) {
+                arg_history_filters = filters_free();
+                return r < 0 ? EXIT_USAGE : EXIT_SUCCESS;
+        }
+
+        bool header = false;
+        size_t printed = 0;
+        for (;;) {
+                _cleanup_(json_decrefp) json_t *reply = NULL;
+                if (arg_history_limit > 0)
+                        json_object_set_new(arg_history_filters, "limit", json_integer(arg_history_limit - (json_int_t) printed));
+                r = cli_call(arg_socket, "history", "io.slotbroker.History", arg_history_filters, &reply);
+                if (r != 0)
+                        break;
+                json_t *events = json_object_get(reply, "events"), *e;
+                size_t i;
+                json_array_foreach(events, i, e) {
+                        if (arg_history_limit > 0 && printed >= arg_history_limit)
+                                break;
+                        if (arg_json)
+                                json_array_append(all, e);
+                        else {
+                                if (!header) {
+                                        printf("%-19s %-11s %-10s %-10s %-8s %-8s %-32s %s\n", "TIME", "DECISION", "POOL", "LANE",
+                                               "WAITED", "HELD", "LEASE", "JOB");
+                                        header = true;
+                                }
+                                print_event(e);
+                        }
+                        printed++;
+                }
+                json_t *cursor = json_object_get(reply, "cursor");
+                /* A page that brings nothing cannot advance: stop rather than ask for ever. */
+                if (!json_is_integer(cursor) || json_array_size(events) == 0 ||
+                    (arg_history_limit > 0 && printed >= arg_history_limit))
+                        break;
+                json_object_set(arg_history_filters, "cursor", cursor);
+        }
+        arg_history_filters = filters_free();
+        if (r != 0)
+                return r;
+        if (arg_json) {
+                _cleanup_(json_decrefp) json_t *out = json_pack("{s:O}", "events", all);
+                cli_print_json(out, stdout);
+        }
+        return fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
