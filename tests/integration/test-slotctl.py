@@ -1,0 +1,645 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""slotctl against the real brokerd: run (environment, exit codes, refusals, signals, --timeout, process
+groups, SIGKILL of slotctl), acquire --detach/release, status, drain/undrain, cancel, reload — SPEC §6's
+exit-code table end to end. Each test starts its own brokerd on a private socket and config and kills it
+by pid at the end.
+
+Usage: test-slotctl.py SLOTCTL BROKERD
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+SLOTCTL = None
+BROKERD = None
+
+CONFIG = """\
+[pool grid]
+limit = 1
+queue-timeout = 5m
+
+[pool rigs]
+members = rig-a rig-b rig-c
+
+[lane merge]
+pools = grid
+policy = fail-fast
+
+[lane nightly]
+pools = grid
+policy = wait
+queue-timeout = infinity
+
+[lane rig]
+pools = rigs
+policy = wait
+
+[lane short]
+pools = grid
+policy = fail-fast
+max-hold = 1s
+
+[lane locked]
+pools = grid
+allow-users = root
+"""
+
+# Variables of the environment that would change what slotctl does: the tests set them explicitly.
+SCRUBBED = ("CI_JOB_URL", "GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID", "GITHUB_JOB",
+            "BUILDKITE_BUILD_URL", "BUILD_URL", "SLOTBROKER_SOCKET", "SLOTBROKER_LANE", "SLOT_LEASE", "SLOT_TOKEN",
+            "SLOT_POOL", "SLOT_INDEX", "SLOT_MEMBER", "SLOT_LANE")
+
+
+def wait_for(condition, timeout=10.0, what="condition"):
+    """Polls condition() with short sleeps until it is true; fails after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class Broker:
+    """brokerd on a private socket, config and state directory."""
+
+    def __init__(self, config=CONFIG):
+        self.dir = tempfile.mkdtemp(prefix="test-slotctl-")
+        os.chmod(self.dir, 0o755)  # the permission tests run slotctl as nobody
+        self.socket = os.path.join(self.dir, "sock")
+        self.config = os.path.join(self.dir, "brokerd.conf")
+        self.write_config(config)
+        self.log = open(os.path.join(self.dir, "brokerd.log"), "w")
+        self.proc = subprocess.Popen(
+            [BROKERD, "--config", self.config, "--socket", self.socket,
+             "--state-directory", os.path.join(self.dir, "state")],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_for(self.connectable, 10, "brokerd to accept connections")
+
+    def write_config(self, text):
+        with open(self.config, "w") as f:
+            f.write(text)
+
+    def connectable(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"brokerd exited with {self.proc.returncode}: {self.read_log()}")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(self.socket)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def read_log(self):
+        with open(os.path.join(self.dir, "brokerd.log")) as f:
+            return f.read()
+
+    def call(self, method, parameters=None):
+        """One Varlink call with our own framing, independent of slotctl."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(self.socket)
+            s.sendall(json.dumps({"method": method, "parameters": parameters or {}}).encode() + b"\0")
+            data = b""
+            while not data.endswith(b"\0"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise AssertionError("brokerd closed the connection")
+                data += chunk
+        reply = json.loads(data[:-1])
+        if "error" in reply:
+            raise AssertionError(f"{method}: {reply}")
+        return reply.get("parameters", {})
+
+    def status(self):
+        return self.call("io.slotbroker.Status")
+
+    def holders(self):
+        return self.status()["holders"]
+
+    def waiters(self):
+        return self.status()["waiters"]
+
+    def wait_idle(self):
+        """The broker frees a slot a little after its command's group is gone: wait for that."""
+        wait_for(lambda: not self.holders() and not self.waiters(), 10, "the broker to be idle")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SlotctlTest(unittest.TestCase):
+    config = CONFIG
+
+    def setUp(self):
+        self.broker = Broker(self.config)
+        self.children = []
+
+    def tearDown(self):
+        for p in self.children:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            for f in (p.stdout, p.stderr):
+                if f:
+                    f.close()
+        self.broker.stop()
+
+    def env(self, **extra):
+        env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+        env["SLOTBROKER_SOCKET"] = self.broker.socket
+        env.update(extra)
+        return env
+
+    def run_slotctl(self, *args, env=None, timeout=30, **kw):
+        return subprocess.run([SLOTCTL, *args], env=env or self.env(), capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL, **kw)
+
+    def start_slotctl(self, *args, env=None, **kw):
+        p = subprocess.Popen([SLOTCTL, *args], env=env or self.env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, **kw)
+        self.children.append(p)
+        return p
+
+    def path(self, name):
+        return os.path.join(self.broker.dir, name)
+
+    def hold_until(self, stop_file, lane="merge", *extra):
+        """A slotctl run whose command holds its slot until stop_file exists. Returns the Popen once held."""
+        p = self.start_slotctl("run", "--lane", lane, *extra, "--", "sh", "-c",
+                               f'while [ ! -e "{stop_file}" ]; do sleep 0.05; done')
+        wait_for(lambda: any(h["lease"].get("commandPid") for h in self.broker.holders()), 10, "the slot to be held")
+        return p
+
+
+class RunEnvironment(SlotctlTest):
+    def test_command_gets_the_lease_in_its_environment(self):
+        r = self.run_slotctl("run", "--lane", "merge", "--", "env", env=self.env(SLOT_MEMBER="stale-from-parent"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        env = dict(line.split("=", 1) for line in r.stdout.splitlines() if line.startswith("SLOT_"))
+        self.assertRegex(env["SLOT_LEASE"], r"^[0-9a-f]{32}$")
+        self.assertRegex(env["SLOT_TOKEN"], r"^[1-9][0-9]*$")
+        self.assertEqual(env["SLOT_POOL"], "grid")
+        self.assertEqual(env["SLOT_INDEX"], "0")
+        self.assertEqual(env["SLOT_LANE"], "merge")
+        # Not a pool of members: a SLOT_MEMBER inherited from an outer run must not leak in.
+        self.assertNotIn("SLOT_MEMBER", env)
+        self.assertEqual(r.stderr, "")
+
+    def test_member_pool_lists_members_and_indices(self):
+        r = self.run_slotctl("run", "--lane", "rig", "--slots", "2", "--", "env")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        env = dict(line.split("=", 1) for line in r.stdout.splitlines() if line.startswith("SLOT_"))
+        self.assertEqual(env["SLOT_POOL"], "rigs")
+        indices = [int(i) for i in env["SLOT_INDEX"].split(",")]
+        members = env["SLOT_MEMBER"].split(",")
+        self.assertEqual(len(indices), 2)
+        self.assertEqual(members, [["rig-a", "rig-b", "rig-c"][i] for i in indices])
+
+    def test_lane_defaults_from_environment_and_is_required(self):
+        r = self.run_slotctl("run", "--", "true", env=self.env(SLOTBROKER_LANE="merge"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.run_slotctl("run", "--", "true")
+        self.assertEqual(r.returncode, 64)
+        self.assertIn("no lane given", r.stderr)
+
+    def test_command_runs_without_a_shell(self):
+        r = self.run_slotctl("run", "--lane", "nightly", "--", "echo", "$HOME", "a b")
+        self.assertEqual(r.stdout, "$HOME a b\n")
+        r = self.run_slotctl("run", "--lane", "nightly", "--", "/nonexistent/command")
+        self.assertEqual(r.returncode, 127)
+        self.assertIn("failed to execute", r.stderr)
+
+
+class ExitCodes(SlotctlTest):
+    def test_command_status_passes_through(self):
+        for script, code in (("exit 0", 0), ("exit 3", 3), ("kill -KILL $$", 128 + 9), ("kill -TERM $$", 128 + 15)):
+            r = self.run_slotctl("run", "--lane", "nightly", "--", "sh", "-c", script)
+            self.assertEqual(r.returncode, code, f"{script}: {r.stderr}")
+
+    def test_busy_exits_75_with_the_retry_hint(self):
+        stop = self.path("stop")
+        holder = self.hold_until(stop)
+        r = self.run_slotctl("run", "--lane", "merge", "--", "touch", self.path("ran"))
+        self.assertEqual(r.returncode, 75)
+        self.assertRegex(r.stderr, r"slotctl: refused \(busy\): pool grid is full; retry after \d+ s")
+        self.assertFalse(os.path.exists(self.path("ran")), "a refused command must never run")
+        r = self.run_slotctl("run", "--lane", "merge", "--conflict-exit-code", "42", "--", "true")
+        self.assertEqual(r.returncode, 42)
+        r = self.run_slotctl("run", "--lane", "nightly", "--no-wait", "--", "true")
+        self.assertEqual(r.returncode, 75)
+        open(stop, "w").close()
+        self.assertEqual(holder.wait(10), 0)
+
+    def test_max_wait_times_out_with_75(self):
+        stop = self.path("stop")
+        holder = self.hold_until(stop)
+        start = time.monotonic()
+        r = self.run_slotctl("run", "--lane", "nightly", "--max-wait", "300ms", "--", "true")
+        self.assertEqual(r.returncode, 75)
+        self.assertIn("refused (timeout)", r.stderr)
+        self.assertLess(time.monotonic() - start, 5)
+        open(stop, "w").close()
+        holder.wait(10)
+
+    def test_broker_absent_exits_69_unless_told_to_run(self):
+        missing = self.path("no-such-socket")
+        r = self.run_slotctl("run", "--socket", missing, "--lane", "merge", "--", "touch", self.path("ran"))
+        self.assertEqual(r.returncode, 69)
+        self.assertIn("cannot reach the broker", r.stderr)
+        self.assertFalse(os.path.exists(self.path("ran")))
+
+        r = self.run_slotctl("run", "--socket", missing, "--if-unavailable", "run", "--lane", "merge", "--",
+                             "sh", "-c", 'echo "lease=${SLOT_LEASE-unset}"; exit 5',
+                             env=self.env(SLOT_LEASE="from-an-outer-run"))
+        self.assertEqual(r.returncode, 5)
+        self.assertEqual(r.stdout, "lease=unset\n")
+        self.assertIn("without a slot", r.stderr)
+
+    def test_usage_errors_exit_64(self):
+        for args in (["run", "--lane", "merge"],                       # no command
+                     ["run", "--bogus", "--", "true"],
+                     ["run", "--lane", "merge", "--slots", "0", "--", "true"],
+                     ["run", "--lane", "merge", "--timeout", "soon", "--", "true"],
+                     ["run", "--lane", "merge", "--if-unavailable", "maybe", "--", "true"],
+                     ["run", "--lane", "merge", "--max-wait", "0", "--", "true"],
+                     ["status", "extra"],
+                     ["release"],
+                     ["acquire", "--detach", "--lane", "merge"]):       # no --max-hold
+            r = self.run_slotctl(*args)
+            self.assertEqual(r.returncode, 64, f"{args}: {r.stderr}")
+            self.assertRegex(r.stderr, r"^slotctl[ :]")
+
+    def test_unknown_lane_and_impossible_request_exit_64(self):
+        r = self.run_slotctl("run", "--lane", "nope", "--", "true")
+        self.assertEqual(r.returncode, 64)
+        self.assertIn('no lane "nope"', r.stderr)
+        r = self.run_slotctl("run", "--lane", "merge", "--slots", "2", "--", "true")
+        self.assertEqual(r.returncode, 64)
+        self.assertIn('parameter "slots"', r.stderr)
+
+    def test_permission_denied_exits_77(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root to run slotctl as another user")
+        if not os.access(SLOTCTL, os.X_OK) or any(
+                not os.stat(d).st_mode & 0o001 for d in parents(os.path.dirname(os.path.realpath(SLOTCTL)))):
+            self.skipTest("slotctl is not reachable by nobody")
+
+        def as_nobody():
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+
+        # The lane's ACL admits root only.
+        r = self.run_slotctl("run", "--lane", "locked", "--", "true", preexec_fn=as_nobody)
+        self.assertEqual(r.returncode, 77, r.stderr)
+        self.assertIn("permission denied by lane locked", r.stderr)
+        # The socket itself.
+        os.chmod(self.broker.socket, 0o600)
+        r = self.run_slotctl("run", "--lane", "merge", "--", "true", preexec_fn=as_nobody)
+        self.assertEqual(r.returncode, 77, r.stderr)
+        r = self.run_slotctl("status", preexec_fn=as_nobody)
+        self.assertEqual(r.returncode, 77, r.stderr)
+
+
+def read_int(path):
+    with open(path) as f:
+        return int(f.read())
+
+
+def parents(path):
+    while True:
+        yield path
+        if path == "/":
+            return
+        path = os.path.dirname(path)
+
+
+class Signals(SlotctlTest):
+    def test_sigint_while_waiting_withdraws_and_exits_130(self):
+        stop = self.path("stop")
+        holder = self.hold_until(stop)
+        for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+            waiter = self.start_slotctl("run", "--lane", "nightly", "--", "touch", self.path("ran"))
+            wait_for(lambda: len(self.broker.waiters()) == 1, 10, "the waiter to queue")
+            waiter.send_signal(sig)
+            self.assertEqual(waiter.wait(10), code)
+            wait_for(lambda: not self.broker.waiters(), 5, "the waiter to be withdrawn")
+        # The blocked command was never let go, and the holder is undisturbed.
+        self.assertFalse(os.path.exists(self.path("ran")))
+        self.assertEqual(len(self.broker.holders()), 1)
+        open(stop, "w").close()
+        self.assertEqual(holder.wait(10), 0)
+
+    def test_signals_are_forwarded_to_the_running_command(self):
+        p = self.start_slotctl("run", "--lane", "merge", "--", "sh", "-c",
+                               f'trap "exit 7" TERM; touch "{self.path("ready")}"; while :; do sleep 0.05; done')
+        wait_for(lambda: os.path.exists(self.path("ready")), 10, "the command to start")
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(10), 7)
+
+    def test_sigkill_of_slotctl_keeps_the_slot_until_the_command_exits(self):
+        stop = self.path("stop")
+        p = self.hold_until(stop)
+        command = self.broker.holders()[0]["lease"]["commandPid"]
+        p.kill()
+        p.wait()
+        # The connection is gone, the command runs: the slot stays held (SPEC §3.4), for as long as we look.
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            self.assertEqual(len(self.broker.holders()), 1)
+            self.assertTrue(pid_alive(command))
+            time.sleep(0.1)
+        r = self.run_slotctl("run", "--lane", "merge", "--", "true")
+        self.assertEqual(r.returncode, 75)
+        open(stop, "w").close()
+        wait_for(lambda: not self.broker.holders(), 5, "the slot to be freed once the command exited")
+
+    def test_broker_going_away_leaves_the_command_running(self):
+        stop = self.path("stop")
+        p = self.hold_until(stop)
+        os.kill(self.broker.proc.pid, signal.SIGKILL)
+        self.broker.proc.wait()
+        time.sleep(0.2)
+        self.assertIsNone(p.poll(), "the command must keep running")
+        open(stop, "w").close()
+        self.assertEqual(p.wait(10), 0)
+        self.assertIn("lost the connection to the broker", p.stderr.read())
+
+
+class Timeouts(SlotctlTest):
+    def test_timeout_kills_the_whole_group_and_exits_124(self):
+        # The leader and its grandchild both ignore SIGTERM: only SIGKILL after --kill-after ends them.
+        pidfile = self.path("grandchild")
+        script = (f'sh -c \'echo $$ > "{pidfile}"; exec sleep 60\' & '
+                  'wait')
+        start = time.monotonic()
+        r = self.run_slotctl("run", "--lane", "merge", "--timeout", "1s", "--kill-after", "1s", "--",
+                             "sh", "-c", f'trap "" TERM; {script}')
+        elapsed = time.monotonic() - start
+        self.assertEqual(r.returncode, 124, r.stderr)
+        self.assertIn("--timeout=1s reached", r.stderr)
+        self.assertGreaterEqual(elapsed, 1.9)
+        self.assertLess(elapsed, 10)
+        grandchild = read_int(pidfile)
+        wait_for(lambda: not pid_alive(grandchild), 5, "the grandchild to be gone")
+        self.broker.wait_idle()
+
+    def test_group_is_killed_when_the_leader_exits(self):
+        # The leader ends on SIGTERM at once; what it left behind goes with it.
+        pidfile = self.path("grandchild")
+        r = self.run_slotctl("run", "--lane", "merge", "--timeout", "500ms", "--", "sh", "-c",
+                             f'sh -c \'trap "" TERM; echo $$ > "{pidfile}"; exec sleep 60\' & sleep 60')
+        self.assertEqual(r.returncode, 124, r.stderr)
+        grandchild = read_int(pidfile)
+        wait_for(lambda: not pid_alive(grandchild), 5, "the grandchild to be gone")
+
+    def test_leftovers_are_killed_after_a_normal_exit(self):
+        pidfile = self.path("grandchild")
+        r = self.run_slotctl("run", "--lane", "merge", "--", "sh", "-c",
+                             f'sh -c \'echo $$ > "{pidfile}"; exec sleep 60\' & '
+                             f'while [ ! -s "{pidfile}" ]; do sleep 0.02; done; exit 4')
+        self.assertEqual(r.returncode, 4, r.stderr)
+        grandchild = read_int(pidfile)
+        wait_for(lambda: not pid_alive(grandchild), 5, "the background process to be gone")
+        self.broker.wait_idle()
+
+    def test_max_hold_revocation_stops_the_command_with_124(self):
+        start = time.monotonic()
+        r = self.run_slotctl("run", "--lane", "short", "--", "sleep", "30")
+        self.assertEqual(r.returncode, 124, r.stderr)
+        self.assertIn("revoked", r.stderr)
+        self.assertLess(time.monotonic() - start, 10)
+
+
+class Job(SlotctlTest):
+    def job_seen_by_command(self, *args, **env):
+        r = self.run_slotctl("run", "--lane", "merge", *args, "--", SLOTCTL, "status", "--json", env=self.env(**env))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        holders = json.loads(r.stdout)["holders"]
+        self.assertEqual(len(holders), 1)
+        self.broker.wait_idle()
+        return holders[0]["lease"].get("job")
+
+    def test_job_defaults_from_ci_variables(self):
+        self.assertIsNone(self.job_seen_by_command())
+        self.assertEqual(self.job_seen_by_command(CI_JOB_URL="https://gitlab.example/g/p/-/jobs/42",
+                                                  BUILD_URL="https://jenkins.example/job/1/"),
+                         "https://gitlab.example/g/p/-/jobs/42")
+        self.assertEqual(self.job_seen_by_command(GITHUB_SERVER_URL="https://github.com", GITHUB_REPOSITORY="o/r",
+                                                  GITHUB_RUN_ID="123", GITHUB_JOB="build"),
+                         "https://github.com/o/r/actions/runs/123 build")
+        self.assertEqual(self.job_seen_by_command(BUILDKITE_BUILD_URL="https://buildkite.example/b/7"),
+                         "https://buildkite.example/b/7")
+        self.assertEqual(self.job_seen_by_command("--job", "mine", CI_JOB_URL="https://gitlab.example/x"), "mine")
+
+
+class Progress(SlotctlTest):
+    def test_waiting_prints_one_plain_line_off_a_terminal(self):
+        stop = self.path("stop")
+        holder = self.hold_until(stop)
+        waiter = self.start_slotctl("run", "--lane", "nightly", "--", "true")
+        quiet = self.start_slotctl("run", "--lane", "nightly", "--quiet", "--", "true")
+        wait_for(lambda: len(self.broker.waiters()) == 2, 10, "two waiters")
+        open(stop, "w").close()
+        self.assertEqual(holder.wait(10), 0)
+        self.assertEqual(waiter.wait(20), 0)
+        self.assertEqual(quiet.wait(20), 0)
+        err = waiter.stderr.read()
+        self.assertRegex(err, r"slotctl: waiting for a slot of pool grid: position [12] of [12], budget unbounded\n")
+        self.assertIn("granted a slot of pool grid after", err)
+        self.assertNotIn("\r", err)
+        self.assertEqual(quiet.stderr.read(), "")
+
+
+class Status(SlotctlTest):
+    def test_status_shows_pools_holders_and_waiters(self):
+        stop = self.path("stop")
+        holder = self.hold_until(stop, "merge", "--job", "ci/holder")
+        waiter = self.start_slotctl("run", "--lane", "nightly", "--job", "ci/waiter", "--", "true")
+        wait_for(lambda: self.broker.waiters(), 10, "a waiter")
+        lease = self.broker.holders()[0]["lease"]
+
+        r = self.run_slotctl("status")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"grid\s+\[#\]\s+1/1 in use, 1 waiting")
+        self.assertRegex(r.stdout, r"rigs\s+\[---\]\s+0/3 in use, 0 waiting")
+        self.assertIn(lease["id"], r.stdout)
+        self.assertIn("ci/holder", r.stdout)
+        self.assertIn("ci/waiter", r.stdout)
+        self.assertRegex(r.stdout, r"\n  1\s+nightly ")
+
+        r = self.run_slotctl("status", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        st = json.loads(r.stdout)
+        self.assertEqual({p["name"] for p in st["pools"]}, {"grid", "rigs"})
+        self.assertEqual(st["holders"][0]["lease"]["id"], lease["id"])
+        self.assertEqual(st["waiters"][0]["job"], "ci/waiter")
+
+        open(stop, "w").close()
+        self.assertEqual(holder.wait(10), 0)
+        self.assertEqual(waiter.wait(10), 0)
+
+
+class Detached(SlotctlTest):
+    def test_acquire_detach_and_release(self):
+        r = self.run_slotctl("acquire", "--detach", "--max-hold", "1h", "--lane", "merge", "--job", "setup")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lease = r.stdout.strip()
+        self.assertRegex(lease, r"^[0-9a-f]{32}$")
+        # Held by nobody: slotctl has exited and the slot is still taken.
+        holders = self.broker.holders()
+        self.assertEqual([h["lease"]["id"] for h in holders], [lease])
+        self.assertTrue(holders[0]["lease"]["detached"])
+        self.assertEqual(self.run_slotctl("run", "--lane", "merge", "--", "true").returncode, 75)
+
+        r = self.run_slotctl("release", lease)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.broker.holders(), [])
+        r = self.run_slotctl("release", lease)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no lease", r.stderr)
+
+    def test_acquire_json_and_max_hold(self):
+        r = self.run_slotctl("acquire", "--detach", "--max-hold", "1s", "--lane", "merge", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lease = json.loads(r.stdout)
+        self.assertTrue(lease["detached"])
+        self.assertEqual(lease["pool"], "grid")
+        self.assertGreater(lease["expiresAt"], lease["grantedAt"])
+        wait_for(lambda: not self.broker.holders(), 5, "max-hold to end the detached lease")
+
+    def test_acquire_refused_and_only_detached(self):
+        stop = self.path("stop")
+        holder = self.hold_until(stop)
+        r = self.run_slotctl("acquire", "--detach", "--max-hold", "1h", "--lane", "merge")
+        self.assertEqual(r.returncode, 75)
+        self.assertEqual(r.stdout, "")
+        r = self.run_slotctl("acquire", "--max-hold", "1h", "--lane", "merge")
+        self.assertEqual(r.returncode, 64)
+        open(stop, "w").close()
+        holder.wait(10)
+
+
+class Admin(SlotctlTest):
+    def test_drain_and_undrain(self):
+        r = self.run_slotctl("drain", "grid")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(self.broker.status()["pools"][0]["drained"])
+        self.assertIn("drained", self.run_slotctl("status").stdout)
+        r = self.run_slotctl("run", "--lane", "merge", "--", "true")
+        self.assertEqual(r.returncode, 75)
+        self.assertIn("refused (unavailable)", r.stderr)
+        r = self.run_slotctl("undrain", "grid")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.run_slotctl("run", "--lane", "merge", "--", "true").returncode, 0)
+
+        r = self.run_slotctl("drain", "nope")
+        self.assertEqual(r.returncode, 64)
+        self.assertIn('no pool "nope"', r.stderr)
+        r = self.run_slotctl("drain", "rigs", "rig-z")
+        self.assertEqual(r.returncode, 64)
+        self.assertIn('pool rigs has no member "rig-z"', r.stderr)
+        r = self.run_slotctl("drain", "nope", "rig-z")
+        self.assertEqual(r.returncode, 64)
+        self.assertIn('no pool "nope"', r.stderr)
+        # Drained members are passed over.
+        self.assertEqual(self.run_slotctl("drain", "rigs", "rig-a").returncode, 0)
+        self.assertEqual(self.run_slotctl("drain", "rigs", "rig-b").returncode, 0)
+        r = self.run_slotctl("run", "--lane", "rig", "--", "sh", "-c", 'echo "$SLOT_MEMBER"')
+        self.assertEqual((r.returncode, r.stdout), (0, "rig-c\n"), r.stderr)
+        self.assertEqual(self.run_slotctl("undrain", "rigs", "rig-a").returncode, 0)
+
+    def test_drain_refuses_waiters(self):
+        stop = self.path("stop")
+        holder = self.hold_until(stop)
+        waiter = self.start_slotctl("run", "--lane", "nightly", "--", "true")
+        wait_for(lambda: self.broker.waiters(), 10, "a waiter")
+        self.assertEqual(self.run_slotctl("drain", "grid").returncode, 0)
+        self.assertEqual(waiter.wait(10), 75)
+        self.assertIn("refused (unavailable)", waiter.stderr.read())
+        open(stop, "w").close()
+        holder.wait(10)
+
+    def test_cancel_refuses_matching_waiters(self):
+        stop = self.path("stop")
+        holder = self.hold_until(stop)
+        waiter = self.start_slotctl("run", "--lane", "nightly", "--job", "victim", "--", "true")
+        wait_for(lambda: self.broker.waiters(), 10, "a waiter")
+        r = self.run_slotctl("cancel", "--lane", "merge")
+        self.assertEqual((r.returncode, r.stdout), (0, "Cancelled 0 waiting requests.\n"))
+        r = self.run_slotctl("cancel", "--job", "victim", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout), {"cancelled": 1})
+        self.assertEqual(waiter.wait(10), 75)
+        self.assertIn("cancelled", waiter.stderr.read())
+        self.assertEqual(self.run_slotctl("cancel").returncode, 64)  # no filter: --all is needed
+        self.assertEqual(self.run_slotctl("cancel", "--all").stdout, "Cancelled 0 waiting requests.\n")
+        open(stop, "w").close()
+        holder.wait(10)
+
+    def test_reload_applies_or_reports_every_error(self):
+        self.broker.write_config(CONFIG + "\n[lane broken]\npools = missing\nbogus = 1\n")
+        r = self.run_slotctl("reload")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("reload failed", r.stderr)
+        self.assertRegex(r.stderr, r"brokerd\.conf:\d+: bogus")
+        self.assertRegex(r.stderr, r"brokerd\.conf:\d+: pools: .*missing")
+        # The old configuration stays.
+        self.assertEqual({p["name"] for p in self.broker.status()["pools"]}, {"grid", "rigs"})
+
+        self.broker.write_config(CONFIG + "\n[pool extra]\nlimit = 2\n")
+        r = self.run_slotctl("reload")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("extra", {p["name"] for p in self.broker.status()["pools"]})
+
+    def test_unreachable_broker_for_every_verb_is_69(self):
+        missing = self.path("no-such-socket")
+        for args in (["status"], ["drain", "grid"], ["reload"], ["cancel", "--all"], ["release", "x"],
+                     ["acquire", "--detach", "--max-hold", "1m", "--lane", "merge"]):
+            r = self.run_slotctl(*args, "--socket", missing)
+            self.assertEqual(r.returncode, 69, f"{args}: {r.stderr}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    SLOTCTL = os.path.abspath(sys.argv[1])
+    BROKERD = os.path.abspath(sys.argv[2])
+    unittest.main(argv=[sys.argv[0], "-v", *sys.argv[3:]])

@@ -1,0 +1,727 @@
+/* SPDX-License-Identifier: MIT */
+/* test-client.c — libbroker through libbroker.so's exported API: against the real brokerd (started here on
+ * a private socket, $BROKERD names the binary) and against a scripted fake server for what a healthy
+ * broker never sends. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "macro.h"
+
+DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerClient *, broker_client_free);
+DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerLease *, broker_lease_free);
+
+static char tmpdir[] = "/tmp/test-client-XXXXXX";
+static char socket_path[256];
+static pid_t broker_pid;
+
+/* grid: one slot, Q = 5m. rigs: three named members. merge fails fast; nightly waits without a lane cap. */
+static const char config[] = "[pool grid]\n"
+                             "limit = 1\n"
+                             "queue-timeout = 5m\n"
+                             "[pool rigs]\n"
+                             "members = rig-a rig-b rig-c\n"
+                             "[lane merge]\n"
+                             "pools = grid\n"
+                             "policy = fail-fast\n"
+                             "[lane nightly]\n"
+                             "pools = grid\n"
+                             "policy = wait\n"
+                             "queue-timeout = infinity\n"
+                             "[lane rig]\n"
+                             "pools = rigs\n"
+                             "policy = wait\n";
+
+/* ---- helpers ---- */
+
+static void sleep_ms(int ms) {
+        (void) poll(NULL, 0, ms);
+}
+
+static int broker_start(void **state) {
+        char path[512];
+        const char *brokerd = getenv("BROKERD");
+
+        if (!brokerd || !*brokerd) {
+                fprintf(stderr, "# $BROKERD is not set\n");
+                return -1;
+        }
+        if (!mkdtemp(tmpdir))
+                return -1;
+        snprintf(socket_path, sizeof socket_path, "%s/sock", tmpdir);
+        snprintf(path, sizeof path, "%s/brokerd.conf", tmpdir);
+        FILE *f = fopen(path, "we");
+        if (!f)
+                return -1;
+        fputs(config, f);
+        fclose(f);
+
+        broker_pid = fork();
+        if (broker_pid < 0)
+                return -1;
+        if (broker_pid == 0) {
+                char state_dir[512];
+                snprintf(state_dir, sizeof state_dir, "%s/state", tmpdir);
+                int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+                if (null >= 0 && !getenv("TEST_CLIENT_BROKER_LOG")) {
+                        dup2(null, STDOUT_FILENO);
+                        dup2(null, STDERR_FILENO);
+                }
+                execl(brokerd, brokerd, "--config", path, "--socket", socket_path, "--state-directory", state_dir,
+                      (char *) NULL);
+                _exit(127);
+        }
+        /* Ready when it accepts a connection: bounded, short waits on that condition. */
+        for (int i = 0; i < 500; i++) {
+                BrokerClient *c;
+                if (broker_client_connect(socket_path, &c) >= 0) {
+                        broker_client_free(c);
+                        return 0;
+                }
+                if (waitpid(broker_pid, NULL, WNOHANG) == broker_pid) {
+                        broker_pid = 0;
+                        fprintf(stderr, "# brokerd exited at start\n");
+                        return -1;
+                }
+                sleep_ms(10);
+        }
+        fprintf(stderr, "# brokerd did not accept connections within 5 s\n");
+        return -1;
+}
+
+static int broker_stop(void **state) {
+        if (broker_pid > 0) {
+                kill(broker_pid, SIGTERM);
+                waitpid(broker_pid, NULL, 0);
+        }
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+        return system(cmd) == 0 ? 0 : -1;
+}
+
+static BrokerClient *connect_or_fail(void) {
+        BrokerClient *c = NULL;
+        assert_int_equal(broker_client_connect(socket_path, &c), 0);
+        assert_non_null(c);
+        return c;
+}
+
+static json_t *status(void) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        _cleanup_free_ char *text = NULL;
+        assert_int_equal(broker_call(c, "Status", NULL, &text), 0);
+        json_t *v = json_loads(text, 0, NULL);
+        assert_non_null(v);
+        return v;
+}
+
+static json_int_t pool_field(json_t *st, const char *pool, const char *field) {
+        size_t i;
+        json_t *p;
+        json_array_foreach(json_object_get(st, "pools"), i, p)
+                if (streq(json_string_value(json_object_get(p, "name")), pool))
+                        return json_integer_value(json_object_get(p, field));
+        fail_msg("no pool %s", pool);
+        return -1;
+}
+
+/* The broker sees a closed connection a little after close(): wait until every slot is free and nobody
+ * waits, so that each test starts from an idle broker. */
+static int wait_idle(void **state) {
+        for (int i = 0; i < 300; i++) {
+                json_t *st = status();
+                bool idle = json_array_size(json_object_get(st, "holders")) == 0 &&
+                            json_array_size(json_object_get(st, "waiters")) == 0;
+                json_decref(st);
+                if (idle)
+                        return 0;
+                sleep_ms(10);
+        }
+        fprintf(stderr, "# the broker did not become idle\n");
+        return -1;
+}
+
+static BrokerAcquireOptions options(const char *lane) {
+        BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
+        o.lane = lane;
+        return o;
+}
+
+/* Polls c until an event other than NONE arrives (at most ~5 s). Returns broker_client_process()'s result. */
+static int next_event(BrokerClient *c, BrokerEvent *ev) {
+        for (int i = 0; i < 500; i++) {
+                *ev = BROKER_EVENT_INIT;
+                int r = broker_client_process(c, ev);
+                if (r != BROKER_EVENT_NONE)
+                        return r;
+                struct pollfd p = { .fd = broker_client_get_fd(c), .events = (short) broker_client_get_events(c) };
+                (void) poll(&p, 1, 10);
+        }
+        fail_msg("no event within 5 s");
+        return -1;
+}
+
+/* ---- connections ---- */
+
+static void test_connect_to_missing_socket_is_enoent(void **state) {
+        char path[300];
+        BrokerClient *c = (BrokerClient *) 0x1;
+        snprintf(path, sizeof path, "%s/nothing-here", tmpdir);
+        assert_int_equal(broker_client_connect(path, &c), -ENOENT);
+        assert_ptr_equal(c, (BrokerClient *) 0x1); /* untouched on failure */
+}
+
+static void test_connect_to_stale_socket_is_econnrefused(void **state) {
+        char path[100];
+        BrokerClient *c = NULL;
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        snprintf(path, sizeof path, "%s/stale", tmpdir);
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(fd >= 0);
+        assert_int_equal(bind(fd, (struct sockaddr *) &sa, sizeof sa), 0);
+        close(fd); /* bound, never listened: nobody answers */
+        assert_int_equal(broker_client_connect(path, &c), -ECONNREFUSED);
+        unlink(path);
+}
+
+static void test_connect_checks_arguments(void **state) {
+        BrokerClient *c = NULL;
+        char long_path[200];
+        memset(long_path, 'x', sizeof long_path - 1);
+        long_path[sizeof long_path - 1] = '\0';
+        assert_int_equal(broker_client_connect(socket_path, NULL), -EINVAL);
+        assert_int_equal(broker_client_connect(long_path, &c), -ENAMETOOLONG);
+        assert_null(broker_client_free(NULL));
+        assert_int_equal(broker_client_get_fd(NULL), -EINVAL);
+}
+
+static void test_default_socket_path_follows_environment(void **state) {
+        _cleanup_free_ char *p = NULL, *q = NULL;
+        const char *saved = getenv("SLOTBROKER_SOCKET");
+        _cleanup_free_ char *copy = saved ? strdup(saved) : NULL;
+
+        setenv("SLOTBROKER_SOCKET", socket_path, 1);
+        assert_int_equal(broker_client_default_socket_path(&p), 0);
+        assert_string_equal(p, socket_path);
+
+        /* NULL connects there too. */
+        BrokerClient *c = NULL;
+        assert_int_equal(broker_client_connect(NULL, &c), 0);
+        assert_string_equal(broker_client_get_socket_path(c), socket_path);
+        broker_client_free(c);
+
+        unsetenv("SLOTBROKER_SOCKET");
+        assert_int_equal(broker_client_default_socket_path(&q), 0);
+        if (geteuid() == 0)
+                assert_string_equal(q, "/run/brokerd/io.slotbroker");
+        else
+                assert_non_null(strstr(q, "/io.slotbroker"));
+        if (copy)
+                setenv("SLOTBROKER_SOCKET", copy, 1);
+}
+
+/* ---- acquire ---- */
+
+static void test_acquire_grants_a_lease_with_its_fields(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        BrokerAcquireOptions o = options("merge");
+        o.job = "https://ci.example/job/1";
+
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_GRANTED);
+        assert_int_equal(strlen(broker_lease_id(l)), 32);
+        assert_string_equal(broker_lease_pool(l), "grid");
+        assert_string_equal(broker_lease_lane(l), "merge");
+        assert_string_equal(broker_lease_job(l), "https://ci.example/job/1");
+        assert_true(broker_lease_token(l) > 0);
+        assert_int_equal(broker_lease_n_slots(l), 1);
+        assert_int_equal(broker_lease_slot(l, 0), 0);
+        assert_int_equal(broker_lease_slot(l, 1), -ERANGE);
+        assert_null(broker_lease_member(l, 0));
+        assert_true(broker_lease_granted_at(l) > 0);
+        assert_int_equal(broker_lease_expires_at(l), 0);
+        assert_non_null(strstr(broker_lease_json(l), broker_lease_id(l)));
+        /* One lease per connection. */
+        assert_int_equal(broker_acquire_start(c, &o), -EBUSY);
+}
+
+static void test_tokens_increase_per_pool(void **state) {
+        uint64_t last = 0;
+        for (int i = 0; i < 3; i++) {
+                _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+                _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+                BrokerAcquireOptions o = options("nightly"); /* waits out the previous connection's close */
+                assert_int_equal(broker_acquire(c, &o, &l), BROKER_GRANTED);
+                assert_true(broker_lease_token(l) > last);
+                last = broker_lease_token(l);
+        }
+}
+
+static void test_busy_is_a_positive_result_with_retry_after(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *holder = connect_or_fail(), *c = connect_or_fail();
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        BrokerLease *untouched = (BrokerLease *) 0x1;
+        BrokerAcquireOptions o = options("merge");
+
+        assert_int_equal(broker_acquire(holder, &o, &l), BROKER_GRANTED);
+        assert_int_equal(broker_acquire(c, &o, &untouched), BROKER_REFUSED_BUSY);
+        assert_ptr_equal(untouched, (BrokerLease *) 0x1);
+        assert_true(BROKER_RESULT_IS_CONFLICT(BROKER_REFUSED_BUSY));
+        assert_string_equal(broker_client_error_name(c), "io.slotbroker.Busy");
+        /* Q = 5m: uniform in [1, 300]. */
+        assert_in_range(broker_client_retry_after_sec(c), 1, 300);
+        assert_non_null(strstr(broker_client_error_parameters(c), "\"pool\":\"grid\""));
+        assert_string_equal(broker_result_to_string(BROKER_REFUSED_BUSY), "busy");
+        /* After a refusal the connection is free for another request. */
+        assert_int_equal(broker_acquire(c, &o, &untouched), BROKER_REFUSED_BUSY);
+}
+
+static void test_closing_the_connection_releases_the_lease(void **state) {
+        BrokerClient *holder = connect_or_fail();
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL, *l2 = NULL;
+        BrokerAcquireOptions o = options("merge");
+
+        assert_int_equal(broker_acquire(holder, &o, &l), BROKER_GRANTED);
+        broker_client_free(holder);
+        o = options("nightly");
+        assert_int_equal(broker_acquire(c, &o, &l2), BROKER_GRANTED);
+        assert_string_not_equal(broker_lease_id(l), broker_lease_id(l2));
+}
+
+static void test_wait_no_refuses_at_once(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *holder = connect_or_fail(), *c = connect_or_fail();
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        BrokerAcquireOptions o = options("merge");
+        assert_int_equal(broker_acquire(holder, &o, &l), BROKER_GRANTED);
+
+        o = options("nightly");
+        o.wait = BROKER_WAIT_NO;
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_REFUSED_BUSY);
+}
+
+static void on_position(const BrokerPosition *p, void *userdata) {
+        int *calls = userdata;
+        assert_string_equal(p->pool, "grid");
+        assert_int_equal(p->position, 1);
+        assert_int_equal(p->queued, 1);
+        (*calls)++;
+}
+
+static void test_queue_wait_ms_caps_the_wait_and_reports_positions(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *holder = connect_or_fail(), *c = connect_or_fail();
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        BrokerAcquireOptions o = options("merge");
+        int calls = 0;
+        assert_int_equal(broker_acquire(holder, &o, &l), BROKER_GRANTED);
+
+        o = options("nightly");
+        o.queue_wait_ms = 200;
+        o.on_position = on_position;
+        o.userdata = &calls;
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_REFUSED_TIMEOUT);
+        assert_true(calls >= 1);
+        assert_string_equal(broker_client_error_name(c), "io.slotbroker.QueueTimeout");
+        assert_non_null(strstr(broker_client_error_parameters(c), "waitedMs"));
+}
+
+static void test_event_api_reports_queued_then_granted(void **state) {
+        BrokerClient *holder = connect_or_fail();
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        BrokerAcquireOptions o = options("merge");
+        BrokerEvent ev;
+        assert_int_equal(broker_acquire(holder, &o, &l), BROKER_GRANTED);
+
+        o = options("nightly");
+        o.job = "waiter";
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_QUEUED);
+        assert_int_equal(ev.type, BROKER_EVENT_QUEUED);
+        assert_string_equal(ev.position.pool, "grid");
+        assert_int_equal(ev.position.position, 1);
+        assert_int_equal(ev.position.queued, 1);
+        assert_int_equal(ev.position.budget_ms, -1); /* the nightly lane waits without a cap */
+
+        broker_client_free(holder);
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_GRANTED);
+        assert_non_null(ev.lease);
+        assert_string_equal(broker_lease_job(ev.lease), "waiter");
+        broker_lease_free(ev.lease);
+        ev = BROKER_EVENT_INIT;
+        assert_int_equal(broker_client_process(c, &ev), BROKER_EVENT_NONE);
+}
+
+static void test_release_from_another_connection_ends_the_call(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *holder = connect_or_fail(), *other = connect_or_fail();
+        BrokerAcquireOptions o = options("merge");
+        BrokerEvent ev;
+
+        assert_int_equal(broker_acquire_start(holder, &o), 0);
+        assert_int_equal(next_event(holder, &ev), BROKER_EVENT_GRANTED);
+        _cleanup_(broker_lease_freep) BrokerLease *l = ev.lease;
+
+        assert_int_equal(broker_release(other, broker_lease_id(l)), 0);
+        assert_int_equal(next_event(holder, &ev), BROKER_EVENT_RELEASED);
+        /* The call is over: the connection takes a new request. */
+        assert_int_equal(broker_acquire_start(holder, &o), 0);
+        assert_int_equal(next_event(holder, &ev), BROKER_EVENT_GRANTED);
+        broker_lease_free(ev.lease);
+}
+
+static void test_release_of_unknown_lease_is_no_such_lease(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        assert_int_equal(broker_release(c, "00000000000000000000000000000000"), BROKER_NO_SUCH_LEASE);
+        assert_string_equal(broker_client_error_name(c), "io.slotbroker.NoSuchLease");
+        assert_int_equal(broker_client_retry_after_sec(c), 0);
+        assert_int_equal(broker_release(c, ""), -EINVAL);
+}
+
+static void test_unknown_lane_and_too_many_slots(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        BrokerLease *l = NULL;
+        BrokerAcquireOptions o = options("no-such-lane");
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_NO_SUCH_LANE);
+        assert_non_null(strstr(broker_client_error_parameters(c), "no-such-lane"));
+
+        o = options("merge");
+        o.slots = 2; /* grid has one */
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_INVALID_PARAMETER);
+        assert_null(l);
+}
+
+static void test_members_pool_names_the_members(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        BrokerAcquireOptions o = options("rig");
+        o.slots = 2;
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_GRANTED);
+        assert_string_equal(broker_lease_pool(l), "rigs");
+        assert_int_equal(broker_lease_n_slots(l), 2);
+        for (size_t i = 0; i < 2; i++) {
+                int slot = broker_lease_slot(l, i);
+                assert_in_range(slot, 0, 2);
+                const char *names[] = { "rig-a", "rig-b", "rig-c" };
+                assert_string_equal(broker_lease_member(l, i), names[slot]);
+        }
+        assert_null(broker_lease_member(l, 2));
+}
+
+static void test_detached_lease_needs_max_hold_and_frees_the_connection(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        _cleanup_free_ char *text = NULL;
+        BrokerAcquireOptions o = options("merge");
+        o.detach = true;
+        assert_int_equal(broker_acquire_start(c, &o), -EINVAL);
+
+        o.max_hold_ms = 60000;
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_GRANTED);
+        assert_true(broker_lease_expires_at(l) > broker_lease_granted_at(l));
+        /* Detached: the connection is idle at once, and calls go over it. */
+        assert_int_equal(broker_call(c, "io.slotbroker.Status", "{}", &text), 0);
+        assert_non_null(strstr(text, broker_lease_id(l)));
+        broker_client_free(TAKE_PTR(c));
+
+        /* It outlives its connection until released. */
+        json_t *st = status();
+        assert_int_equal(pool_field(st, "grid", "inUse"), 1);
+        json_decref(st);
+        _cleanup_(broker_client_freep) BrokerClient *other = connect_or_fail();
+        assert_int_equal(broker_release(other, broker_lease_id(l)), 0);
+        st = status();
+        assert_int_equal(pool_field(st, "grid", "inUse"), 0);
+        json_decref(st);
+}
+
+static void test_options_are_checked(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        struct {
+                BrokerAcquireOptions o;
+                uint64_t future;
+        } larger = { .o = options("merge") };
+
+        BrokerAcquireOptions o = options(NULL);
+        assert_int_equal(broker_acquire_start(c, &o), -EINVAL);
+        o = options("merge");
+        o.size = sizeof(BrokerAcquireOptions) - 1;
+        assert_int_equal(broker_acquire_start(c, &o), -EINVAL);
+        o = options("merge");
+        o.queue_wait_ms = (uint64_t) INT32_MAX + 1;
+        assert_int_equal(broker_acquire_start(c, &o), -EINVAL);
+        o = options("merge");
+        o.job = "\xff\xfe not UTF-8";
+        assert_int_equal(broker_acquire_start(c, &o), -EINVAL);
+
+        /* A caller built against a newer header: unknown fields must be zero. */
+        larger.o.size = sizeof larger;
+        larger.future = 1;
+        assert_int_equal(broker_acquire_start(c, &larger.o), -E2BIG);
+        larger.future = 0;
+        assert_int_equal(broker_acquire_start(c, &larger.o), 0);
+
+        BrokerEvent small = { .size = 4 };
+        assert_int_equal(broker_client_process(c, &small), -EINVAL);
+}
+
+static void test_attached_pid_is_reported_and_holds_the_slot(void **state) {
+        BrokerClient *c;
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        int pipefd[2];
+        assert_int_equal(pipe2(pipefd, O_CLOEXEC), 0);
+        pid_t child = fork();
+        assert_true(child >= 0);
+        if (child == 0) {
+                char b;
+                close(pipefd[1]);
+                (void) read(pipefd[0], &b, 1);
+                _exit(0);
+        }
+        close(pipefd[0]);
+        /* Connected after the fork: a copy of the connection in the child would hold the lease too. */
+        c = connect_or_fail();
+
+        BrokerAcquireOptions o = options("merge");
+        o.pid = child;
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_GRANTED);
+        assert_non_null(strstr(broker_lease_json(l), "\"commandPid\""));
+
+        /* The connection goes; the command still runs: the slot stays (SPEC §3.4). */
+        broker_client_free(c);
+        sleep_ms(100);
+        json_t *st = status();
+        assert_int_equal(pool_field(st, "grid", "inUse"), 1);
+        json_decref(st);
+
+        close(pipefd[1]); /* the command ends */
+        assert_int_equal(waitpid(child, NULL, 0), child);
+        assert_int_equal(wait_idle(NULL), 0);
+}
+
+static void test_pid_of_a_stranger_is_invalid(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        BrokerLease *l = NULL;
+        BrokerAcquireOptions o = options("merge");
+        o.pid = 1; /* not us, not our child */
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_INVALID_PARAMETER);
+        assert_non_null(strstr(broker_client_error_parameters(c), "\"pid\""));
+}
+
+/* ---- other calls ---- */
+
+static void test_call_returns_the_reply_parameters(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        _cleanup_free_ char *text = NULL, *info = NULL;
+        assert_int_equal(broker_call(c, "Status", NULL, &text), 0);
+        json_t *v = json_loads(text, 0, NULL);
+        assert_non_null(v);
+        assert_true(json_is_array(json_object_get(v, "pools")));
+        json_decref(v);
+        assert_int_equal(broker_call(c, "org.varlink.service.GetInfo", "{}", &info), 0);
+        assert_non_null(strstr(info, "io.slotbroker"));
+        assert_int_equal(broker_call(c, "Status", NULL, NULL), 0);
+}
+
+static void test_call_reports_errors_as_positive_codes(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        char *text = (char *) 0x1;
+        assert_int_equal(broker_call(c, "NoSuchMethod", NULL, &text), BROKER_METHOD_NOT_FOUND);
+        assert_ptr_equal(text, (char *) 0x1);
+        assert_string_equal(broker_client_error_name(c), "org.varlink.service.MethodNotFound");
+        assert_int_equal(broker_call(c, "Drain", "{\"pool\":\"nope\",\"on\":true}", NULL), BROKER_NO_SUCH_POOL);
+        assert_string_equal(broker_client_error_name(c), "io.slotbroker.NoSuchPool");
+        assert_int_equal(broker_call(c, "Drain", "{\"pool\":7}", NULL), BROKER_INVALID_PARAMETER);
+        assert_int_equal(broker_call(c, "Status", "[1]", NULL), -EINVAL);
+        assert_int_equal(broker_call(c, "bad name!", NULL, NULL), -EINVAL);
+        /* Errors do not spoil the connection. */
+        assert_int_equal(broker_call(c, "Status", NULL, NULL), 0);
+}
+
+static void test_call_while_holding_uses_a_new_connection(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        _cleanup_free_ char *text = NULL;
+        BrokerAcquireOptions o = options("merge");
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_GRANTED);
+        /* On the held connection the call would wait for the lease to end. */
+        assert_int_equal(broker_call(c, "Status", NULL, &text), 0);
+        assert_non_null(strstr(text, broker_lease_id(l)));
+        assert_int_equal(broker_release(c, broker_lease_id(l)), 0);
+        BrokerEvent ev;
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_RELEASED);
+}
+
+static void test_drain_refuses_waiters_as_unavailable(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *holder = connect_or_fail(), *c = connect_or_fail(),
+                                                    *admin = connect_or_fail();
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        BrokerAcquireOptions o = options("merge");
+        BrokerEvent ev;
+        assert_int_equal(broker_acquire(holder, &o, &l), BROKER_GRANTED);
+        o = options("nightly");
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_QUEUED);
+
+        assert_int_equal(broker_call(admin, "Drain", "{\"pool\":\"grid\",\"on\":true}", NULL), 0);
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_REFUSED);
+        assert_int_equal(ev.refusal, BROKER_REFUSED_UNAVAILABLE);
+        assert_string_equal(ev.pool, "grid");
+        assert_non_null(ev.reason);
+        assert_true(ev.retry_after_sec >= 1);
+        assert_int_equal(broker_call(admin, "Drain", "{\"pool\":\"grid\",\"on\":false}", NULL), 0);
+}
+
+/* ---- a scripted server: what a healthy broker never sends ---- */
+
+typedef struct Fake {
+        int listen_fd;
+        int fd;
+        char path[100];
+} Fake;
+
+static void fake_start(Fake *f, BrokerClient **ret) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        snprintf(f->path, sizeof f->path, "%s/fake", tmpdir);
+        unlink(f->path);
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", f->path);
+        f->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(f->listen_fd >= 0);
+        assert_int_equal(bind(f->listen_fd, (struct sockaddr *) &sa, sizeof sa), 0);
+        assert_int_equal(listen(f->listen_fd, 4), 0);
+        assert_int_equal(broker_client_connect(f->path, ret), 0);
+        f->fd = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        assert_true(f->fd >= 0);
+}
+
+static void fake_send(Fake *f, const char *msg) {
+        size_t n = strlen(msg) + 1; /* with the NUL */
+        assert_int_equal(send(f->fd, msg, n, MSG_NOSIGNAL), (ssize_t) n);
+}
+
+static void fake_done(Fake *f) {
+        safe_close(f->fd);
+        safe_close(f->listen_fd);
+        unlink(f->path);
+}
+
+static void test_broker_going_away_is_econnreset(void **state) {
+        Fake f;
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+        BrokerAcquireOptions o = options("merge");
+        BrokerEvent ev;
+        fake_start(&f, &c);
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        fake_send(&f, "{\"parameters\":{\"state\":\"queued\",\"pool\":\"p\",\"position\":2,\"queued\":3,\"budgetMs\":5000},"
+                      "\"continues\":true}");
+        f.fd = safe_close(f.fd);
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_QUEUED);
+        assert_int_equal(ev.position.budget_ms, 5000);
+        ev = BROKER_EVENT_INIT;
+        assert_int_equal(broker_client_process(c, &ev), -ECONNRESET);
+        assert_int_equal(broker_client_process(c, &ev), -ENOTCONN);
+        assert_int_equal(broker_client_get_fd(c), -ENOTCONN);
+        fake_done(&f);
+}
+
+static void test_protocol_violations_are_ebadmsg(void **state) {
+        static const char *const bad[] = {
+                "not json",
+                "[1,2]",
+                "{\"parameters\":{\"state\":\"granted\",\"lease\":{\"id\":\"x\"}},\"continues\":true}", /* a lease without slots */
+                "{\"parameters\":{\"state\":\"released\"}}",                                             /* nothing granted */
+                "{\"parameters\":{\"state\":\"queued\"}}",                                               /* queued, yet final */
+                "{\"parameters\":{\"state\":\"dancing\"},\"continues\":true}",
+                "{\"error\":\"io.slotbroker.Busy\",\"continues\":true}",
+        };
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                Fake f;
+                _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+                BrokerAcquireOptions o = options("merge");
+                BrokerEvent ev;
+                fake_start(&f, &c);
+                assert_int_equal(broker_acquire_start(c, &o), 0);
+                fake_send(&f, bad[i]);
+                int r = next_event(c, &ev);
+                if (r != -EBADMSG)
+                        fail_msg("message %zu: %d, not -EBADMSG", i, r);
+                fake_done(&f);
+        }
+}
+
+static void test_unsolicited_reply_is_ebadmsg(void **state) {
+        Fake f;
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+        BrokerEvent ev = BROKER_EVENT_INIT;
+        fake_start(&f, &c);
+        fake_send(&f, "{\"parameters\":{}}");
+        sleep_ms(20);
+        assert_int_equal(broker_client_process(c, &ev), -EBADMSG);
+        fake_done(&f);
+}
+
+static void test_refusal_from_unknown_error_is_error_other(void **state) {
+        Fake f;
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+        BrokerAcquireOptions o = options("merge");
+        BrokerEvent ev;
+        fake_start(&f, &c);
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        fake_send(&f, "{\"error\":\"org.example.Strange\",\"parameters\":{\"retryAfterSec\":7}}");
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_REFUSED);
+        assert_int_equal(ev.refusal, BROKER_ERROR_OTHER);
+        assert_int_equal(ev.retry_after_sec, 7);
+        assert_string_equal(broker_client_error_name(c), "org.example.Strange");
+        fake_done(&f);
+}
+
+int main(void) {
+        /* Tests that hold slots start from an idle broker (wait_idle). */
+#define T(name) cmocka_unit_test_setup(name, wait_idle)
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_connect_to_missing_socket_is_enoent),
+                cmocka_unit_test(test_connect_to_stale_socket_is_econnrefused),
+                cmocka_unit_test(test_connect_checks_arguments),
+                cmocka_unit_test(test_default_socket_path_follows_environment),
+                T(test_acquire_grants_a_lease_with_its_fields),
+                T(test_tokens_increase_per_pool),
+                T(test_busy_is_a_positive_result_with_retry_after),
+                T(test_closing_the_connection_releases_the_lease),
+                T(test_wait_no_refuses_at_once),
+                T(test_queue_wait_ms_caps_the_wait_and_reports_positions),
+                T(test_event_api_reports_queued_then_granted),
+                T(test_release_from_another_connection_ends_the_call),
+                T(test_release_of_unknown_lease_is_no_such_lease),
+                T(test_unknown_lane_and_too_many_slots),
+                T(test_members_pool_names_the_members),
+                T(test_detached_lease_needs_max_hold_and_frees_the_connection),
+                T(test_options_are_checked),
+                T(test_attached_pid_is_reported_and_holds_the_slot),
+                T(test_pid_of_a_stranger_is_invalid),
+                T(test_call_returns_the_reply_parameters),
+                T(test_call_reports_errors_as_positive_codes),
+                T(test_call_while_holding_uses_a_new_connection),
+                T(test_drain_refuses_waiters_as_unavailable),
+                cmocka_unit_test(test_broker_going_away_is_econnreset),
+                cmocka_unit_test(test_protocol_violations_are_ebadmsg),
+                cmocka_unit_test(test_unsolicited_reply_is_ebadmsg),
+                cmocka_unit_test(test_refusal_from_unknown_error_is_error_other),
+        };
+        return cmocka_run_group_tests(tests, broker_start, broker_stop);
+}
