@@ -201,9 +201,12 @@ class SlotctlTest(unittest.TestCase):
         return os.path.join(self.broker.dir, name)
 
     def hold_until(self, stop_file, lane="merge", *extra):
-        """A slotctl run whose command holds its slot until stop_file exists. Returns the Popen once held."""
+        """A slotctl run whose command holds its slot until stop_file exists. Returns the Popen once the
+        command runs (not merely granted: until its exec, the command still dies with slotctl)."""
+        started = stop_file + ".started"
         p = self.start_slotctl("run", "--lane", lane, *extra, "--", "sh", "-c",
-                               f'while [ ! -e "{stop_file}" ]; do sleep 0.05; done')
+                               f'touch "{started}"; while [ ! -e "{stop_file}" ]; do sleep 0.05; done')
+        wait_for(lambda: os.path.exists(started), 10, "the command to start")
         wait_for(lambda: any(h["lease"].get("commandPid") for h in self.broker.holders()), 10, "the slot to be held")
         return p
 
