@@ -942,26 +942,9 @@ class SocketActivated(Scenarios, unittest.TestCase):
     named "varlink"."""
     MODE = "activate"
 
-    @classmethod
-    def setUpClass(cls):
-        b = Broker(CONFIG, mode=cls.MODE, name="brokerd-main").start(wait=False)
-        cls.broker = b
-        try:
-            b.wait_ready(timeout=3)
-        except AssertionError:
-            if accept_blocks_on_passed_socket(b):
-                raise unittest.SkipTest("KNOWN BUG: " + BLOCKING_LISTENER_BUG)
-            raise
-
     def test_listens_on_the_passed_socket(self):
         self.assertIn("Listening on the socket systemd passed", self.broker.log())
         self.assertTrue(os.path.realpath(f"/proc/{self.broker.pid}/exe").endswith("brokerd"))
-
-
-BLOCKING_LISTENER_BUG = (
-    "under socket activation brokerd hangs in accept4() on the socket it was passed: the fd from "
-    "systemd-socket-activate (as from systemd) is blocking and brokerd/manager.c never sets O_NONBLOCK on it, "
-    "so on_accept()'s loop blocks after the first connection and nothing is ever served")
 
 
 def accept_blocks_on_passed_socket(b):
@@ -976,16 +959,17 @@ def accept_blocks_on_passed_socket(b):
 
 
 class SocketActivation(unittest.TestCase):
-    """The socket-activated daemon serves its clients (the scenarios above depend on it)."""
+    """The socket-activated daemon serves its clients (the scenarios above depend on it). A regression test:
+    the fd systemd-socket-activate passes is blocking, and brokerd once hung in accept4() on it."""
 
-    @known_bug(BLOCKING_LISTENER_BUG)
     def test_socket_activated_brokerd_serves_clients(self):
         b = Broker(RELOAD_BASE, mode="activate", name="brokerd-activation").start(wait=False)
         self.addCleanup(b.stop)
         try:
             b.wait_ready(timeout=3)
         except AssertionError as e:
-            raise AssertionError(f"{e}; stuck in accept4 on a blocking fd 3: {accept_blocks_on_passed_socket(b)}")
+            raise AssertionError(f"{e}; stuck in accept4() on a blocking fd 3 (the passed socket): "
+                                 f"{accept_blocks_on_passed_socket(b)}")
         for _ in range(3):
             self.assertTrue(b.responsive())
 
