@@ -138,6 +138,9 @@ struct History {
 
         pthread_t thread;
         bool thread_started;
+        pthread_t checkpointer;
+        bool checkpointer_started;
+        int checkpoint_fd;             /* writer → checkpointer: the WAL has grown */
         pthread_mutex_t mutex;
         pthread_cond_t load_cond;      /* wakes a caller of history_load_*() */
 
@@ -532,10 +535,11 @@ static int db_open_file(const char *path, sqlite3 **ret) {
         sqlite3_finalize(st);
         if (rc != SQLITE_OK)
                 return rc;
-        /* 16 MiB of page cache keeps the index pages that inserts touch in memory. */
+        /* 16 MiB of page cache keeps the index pages that inserts touch in memory; a WAL that a burst made
+         * large shrinks back to 64 MiB once it starts over. */
         return sqlite3_exec(db,
                             "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY; "
-                            "PRAGMA cache_size = -16384;",
+                            "PRAGMA cache_size = -16384; PRAGMA journal_size_limit = 67108864;",
                             NULL, NULL, NULL);
 }
 
@@ -842,6 +846,7 @@ typedef enum OpenResult {
 
 static void writer_apply_deferred(History *h);
 static OpenResult writer_open_at(History *h, bool afresh, const char *salvage_from);
+static int on_wal_commit(void *userdata, sqlite3 *db, const char *name, int frames);
 
 static OpenResult writer_open(History *h) {
         return writer_open_at(h, false, NULL);
@@ -893,8 +898,10 @@ static OpenResult writer_open_at(History *h, bool afresh, const char *salvage_fr
                 return writer_fail(h, strerror(-r));
 
         rc = db_open_file(h->path, &w->db);
-        if (rc == SQLITE_OK)
+        if (rc == SQLITE_OK) {
+                sqlite3_wal_hook(w->db, on_wal_commit, h); /* replaces the automatic checkpoint */
                 rc = db_identify(w->db, &kind, &version);
+        }
         if (!afresh && rc == SQLITE_OK && kind == DB_FOREIGN)
                 return writer_start_afresh(h, "not a brokerd history database (or one of a newer brokerd)", false);
         if (!afresh && sqlite_is_corrupt(rc))
@@ -1072,8 +1079,12 @@ static int writer_write_batch(History *h) {
         int rc;
 
         rc = sqlite3_exec(w->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-        for (; rc == SQLITE_OK && e && n < HISTORY_BATCH_MAX; e = e->next, n++)
+        for (; rc == SQLITE_OK && e && n < HISTORY_BATCH_MAX; e = e->next, n++) {
+                /* A lease commit (a grant waits for it) cuts the batch short rather than wait for all of it. */
+                if (n % 64 == 0 && n > 0 && atomic_load_explicit(&h->ops, memory_order_relaxed))
+                        break;
                 rc = event_row_insert(w->insert_event, e);
+        }
         if (rc == SQLITE_OK)
                 rc = sqlite3_exec(w->db, "COMMIT", NULL, NULL, NULL);
         if (rc != SQLITE_OK) {
@@ -1755,6 +1766,52 @@ static int on_wakeup(sd_event_source *s, int fd, uint32_t revents, void *userdat
         return 0;
 }
 
+/* Checkpoints copy the WAL into history.db and fsync both: tens of milliseconds on a busy disk, which
+ * SQLite's automatic checkpoint would charge to whichever commit crosses its threshold — a lease commit
+ * that a grant waits for, as likely as not. So the writer's connection never checkpoints; this thread
+ * does, on a connection of its own, which a PASSIVE checkpoint lets run alongside the writer's commits.
+ * A connection per checkpoint: it never keeps a file open that the writer has moved aside. */
+#define CHECKPOINT_FRAMES 1000
+/* Under sustained overload the WAL never empties while commits keep coming; past this many frames (64 MiB
+ * of 4 KiB pages) the writer checkpoints itself, holding commits back until the log can start over. */
+#define CHECKPOINT_FRAMES_MAX 16384
+
+static int on_wal_commit(void *userdata, sqlite3 *db, const char *name, int frames) {
+        History *h = userdata;
+        if (frames >= CHECKPOINT_FRAMES_MAX)
+                (void) sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+        else if (frames >= CHECKPOINT_FRAMES)
+                (void) eventfd_write(h->checkpoint_fd, 1);
+        return SQLITE_OK;
+}
+
+static void *checkpointer_thread(void *userdata) {
+        History *h = userdata;
+
+        for (;;) {
+                struct pollfd p = { .fd = h->checkpoint_fd, .events = POLLIN };
+                sqlite3 *db = NULL;
+                eventfd_t v;
+
+                (void) ppoll(&p, 1, NULL, NULL);
+                (void) eventfd_read(h->checkpoint_fd, &v);
+                if (atomic_load(&h->stopping))
+                        break;
+                /* No SQLITE_OPEN_CREATE: between a file moved aside and its successor there is nothing to do. */
+                if (sqlite3_open_v2(h->path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW,
+                                    NULL) == SQLITE_OK) {
+                        sqlite3_busy_timeout(db, 50);
+                        /* A connection finds the WAL only on its first read: before it, a checkpoint
+                         * does nothing. Failures (a full disk) leave the WAL to grow: the writer's commits
+                         * then say so. */
+                        if (sqlite3_exec(db, "PRAGMA schema_version", NULL, NULL, NULL) == SQLITE_OK)
+                                (void) sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+                }
+                sqlite3_close_v2(db);
+        }
+        return NULL;
+}
+
 int history_new(sd_event *event, const char *directory, usec_t retention, History **ret) {
         pthread_condattr_t attr;
         sigset_t all, old;
@@ -1767,7 +1824,7 @@ int history_new(sd_event *event, const char *directory, usec_t retention, Histor
         _cleanup_(history_freep) History *h = calloc(1, sizeof(History));
         if (!h)
                 return -ENOMEM;
-        h->wakeup_fd = h->writer_fd = -EBADF;
+        h->wakeup_fd = h->writer_fd = h->checkpoint_fd = -EBADF;
         h->retention = retention;
         h->event = sd_event_ref(event);
         pthread_mutex_init(&h->mutex, NULL);
@@ -1787,19 +1844,26 @@ int history_new(sd_event *event, const char *directory, usec_t retention, Histor
         h->writer_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (h->writer_fd < 0)
                 return -errno;
+        h->checkpoint_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (h->checkpoint_fd < 0)
+                return -errno;
         r = sd_event_add_io(event, &h->wakeup_source, h->wakeup_fd, EPOLLIN, on_wakeup, h);
         if (r < 0)
                 return r;
         (void) sd_event_source_set_description(h->wakeup_source, "history");
 
-        /* The writer takes no signal: the loop's signal sources rely on every thread blocking them. */
+        /* The threads take no signal: the loop's signal sources rely on every thread blocking them. */
         sigfillset(&all);
         pthread_sigmask(SIG_SETMASK, &all, &old);
-        r = -pthread_create(&h->thread, NULL, writer_thread, h);
+        r = -pthread_create(&h->checkpointer, NULL, checkpointer_thread, h);
+        if (r == 0) {
+                h->checkpointer_started = true;
+                r = -pthread_create(&h->thread, NULL, writer_thread, h);
+                h->thread_started = r == 0;
+        }
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (r < 0)
                 return r;
-        h->thread_started = true;
 
         *ret = TAKE_PTR(h);
         return 0;
@@ -1814,6 +1878,11 @@ History *history_free(History *h) {
                 atomic_store(&h->stopping, true);
                 wake_writer(h);
                 pthread_join(h->thread, NULL);
+        }
+        if (h->checkpointer_started) {
+                atomic_store(&h->stopping, true);
+                (void) eventfd_write(h->checkpoint_fd, 1);
+                pthread_join(h->checkpointer, NULL);
         }
 
         /* Callbacks are not called any more: whoever waits on them is going away too. */
@@ -1833,6 +1902,7 @@ History *history_free(History *h) {
         sd_event_source_disable_unref(h->wakeup_source);
         safe_close(h->wakeup_fd);
         safe_close(h->writer_fd);
+        safe_close(h->checkpoint_fd);
         sd_event_unref(h->event);
         pthread_cond_destroy(&h->load_cond);
         pthread_mutex_destroy(&h->mutex);

@@ -3,9 +3,10 @@
  * and the fencing-token high-water marks (SPEC §3.4, §7).
  *
  * The event loop never touches the disk: every statement runs on one writer thread with its own
- * connection; results come back to the loop through an eventfd watched by sd-event. Decision rows are
- * batched (one transaction per batch); lease rows are committed before their grant is answered (small WAL
- * commits, grouped when several are pending). A failing disk degrades history, not admission. */
+ * connection (WAL checkpoints on a second thread, so that no commit pays for one); results come back to
+ * the loop through an eventfd watched by sd-event. Decision rows are batched (one transaction per batch);
+ * lease rows are committed before their grant is answered (small WAL commits, grouped when several are
+ * pending). A failing disk degrades history, not admission. */
 #pragma once
 
 #include <jansson.h>
