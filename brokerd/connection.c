@@ -24,8 +24,16 @@ static int connection_get_groups(Connection *c) {
                         return -ENOMEM;
                 socklen_t n = size;
                 if (getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, g, &n) >= 0) {
-                        c->groups = g;
-                        c->n_groups = n / sizeof(gid_t);
+                        /* SO_PEERGROUPS lists the supplementary groups; the primary one counts for allow-groups= too. */
+                        size_t k = n / sizeof(gid_t);
+                        gid_t *a = reallocarray(g, k + 1, sizeof(gid_t));
+                        if (!a) {
+                                free(g);
+                                return -ENOMEM;
+                        }
+                        a[k] = c->cred.gid;
+                        c->groups = a;
+                        c->n_groups = k + 1;
                         return 0;
                 }
                 free(g);
@@ -108,6 +116,16 @@ static bool call_releases_own_lease(const Connection *c, const VarlinkCall *call
         return json_is_string(id) && streq(json_string_value(id), c->lease->id);
 }
 
+/* Bad input gets a clear answer, then the connection goes: after a message we could not read, the
+ * stream's framing cannot be trusted for the next one. */
+static void connection_protocol_error(Connection *c, const char *reason) {
+        log_debug("Closing connection of pid %d: %s message", (int) c->cred.pid, reason);
+        c->oneway = false;
+        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "reason", reason);
+        (void) connection_reply_error(c, "io.slotbroker.ProtocolError", p);
+        connection_close(c);
+}
+
 void connection_dispatch(Connection *c) {
         while (!c->closed) {
                 if (!c->next_call) {
@@ -115,17 +133,13 @@ void connection_dispatch(Connection *c) {
                         if (r == 0)
                                 break;
                         if (r < 0) {
-                                /* A message we cannot parse cannot be answered either: the stream lost its framing. */
-                                log_debug("Closing connection of pid %d: %s", (int) c->cred.pid,
-                                          r == -EMSGSIZE ? "message too long" : "malformed message");
-                                connection_close(c);
+                                connection_protocol_error(c, r == -EMSGSIZE ? "too-long" : "malformed");
                                 return;
                         }
                 }
                 VarlinkCall call;
                 if (varlink_call_parse(c->next_call, &call) < 0) {
-                        log_debug("Closing connection of pid %d: not a Varlink call", (int) c->cred.pid);
-                        connection_close(c);
+                        connection_protocol_error(c, "not-a-call");
                         return;
                 }
                 if (connection_busy(c) && !call_releases_own_lease(c, &call))

@@ -74,11 +74,12 @@ void lease_end(Lease *l, const char *decision) {
 
 static void on_history_committed(History *h, int result, void *userdata) {
         Lease *l = userdata;
+        Manager *m = l->manager; /* done() may end the lease */
         LeasePersistedFn done = l->persisted;
         l->persisted = NULL;
         if (done)
                 done(l, result);
-        manager_sync(l->manager);
+        manager_sync(m);
 }
 
 static void persisted_nobody_waits(Lease *l, int result) {
@@ -302,23 +303,23 @@ int lease_reclaim(Lease *l, Connection *c) {
         return 0;
 }
 
-/* Tells the holder how its lease ended, as the last reply of its Acquire. Returns true if the
- * connection stays (a "more" call took the reply); a plain Acquire's connection is closed instead. */
-static bool lease_tell_holder(Lease *l, const char *state) {
-        Connection *c = l->holder;
-        if (!c || c->closed)
-                return false;
-        if (c->acquire.active && c->acquire.more) {
-                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", state);
-                (void) connection_reply(c, p, false);
-                c->acquire.active = false;
-                return true;
+/* The command's state as of now, not as of the last event: slotctl closes its connection right after its
+ * command's group is gone, often before brokerd has read the pidfd's wakeup or polled the group. */
+static void lease_command_refresh(Lease *l) {
+        if (!l->has_command || l->command_gone)
+                return;
+        if (!l->command_leader_exited) {
+                if (l->command_pidfd < 0 || !pidfd_has_exited(l->command_pidfd))
+                        return;
+                l->command_leader_exited = true;
+                l->command_source = sd_event_source_disable_unref(l->command_source);
+                l->command_pidfd = safe_close(l->command_pidfd);
         }
-        connection_close(c); /* a plain Acquire's life line is the connection itself (SPEC §5) */
-        return false;
+        lease_command_check_group(l);
 }
 
 void lease_holder_gone(Lease *l) {
+        lease_command_refresh(l);
         if (l->holder) {
                 l->holder->lease = NULL;
                 l->holder = NULL;
@@ -349,20 +350,28 @@ void lease_revoke(Lease *l, const char *reason) {
         audit_lease(l, "revoked", reason);
         manager_status_changed(l->manager);
 
-        if (!lease_tell_holder(l, "revoked")) {
-                /* Nobody on the line (detached, gone, or a plain Acquire just closed). */
-                if (l->holder == NULL) {
-                        if (lease_command_running(l)) {
-                                l->state = LEASE_OVERDUE;
-                                audit_lease(l, "overdue", "revoked, and nobody is left to stop the command");
-                        } else
-                                lease_end(l, "revoked");
-                }
+        Connection *c = l->holder;
+        if (c && c->acquire.active && c->acquire.more) {
+                /* The last reply of the Acquire tells the holder to stop (SPEC §3.4). */
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "revoked");
+                (void) connection_reply(c, p, false);
+                c->acquire.active = false;
+                if (!lease_command_running(l))
+                        (void) sd_event_add_time_relative(l->manager->event, &l->grace_timer, CLOCK_MONOTONIC,
+                                                          REVOKE_GRACE_USEC, 0, on_revoke_grace, l);
                 return;
         }
-        if (!lease_command_running(l))
-                (void) sd_event_add_time_relative(l->manager->event, &l->grace_timer, CLOCK_MONOTONIC,
-                                                  REVOKE_GRACE_USEC, 0, on_revoke_grace, l);
+        if (c) {
+                /* A plain Acquire's life line is the connection itself: the broker closes it (SPEC §5). That
+                 * ends the lease, or makes it overdue while its command runs; l may be gone after this. */
+                connection_close(c);
+                return;
+        }
+        if (lease_command_running(l)) {
+                l->state = LEASE_OVERDUE;
+                audit_lease(l, "overdue", "revoked, and nobody is left to stop the command");
+        } else
+                lease_end(l, "revoked");
 }
 
 void lease_release(Lease *l, Connection *by) {

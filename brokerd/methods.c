@@ -100,6 +100,11 @@ static json_t *pool_status(Manager *m, size_t i, usec_t now) {
                 if (json_strv_new(info.members, &members) >= 0)
                         json_object_set_new(o, "members", members);
         }
+        if (info.drained_members) {
+                json_t *drained;
+                if (json_strv_new(info.drained_members, &drained) >= 0)
+                        json_object_set_new(o, "drainedMembers", drained);
+        }
         if (info.queue_timeout_set) {
                 json_object_set_new(o, "queueTimeoutMs", json_integer((json_int_t) (info.queue_timeout / USEC_PER_MSEC)));
                 json_object_set_new(o, "idleMs", json_integer((json_int_t) (info.idle / USEC_PER_MSEC)));
@@ -123,6 +128,9 @@ static json_t *waiter_status(Connection *c, usec_t now) {
         usec_t budget = engine_request_budget(a->request);
         if (budget != USEC_INFINITY)
                 json_object_set_new(o, "budgetMs", json_integer((json_int_t) (budget / USEC_PER_MSEC)));
+        const char *state = queue_state_to_string(engine_request_state(a->request));
+        if (state)
+                json_object_set_new(o, "budgetState", json_string(state));
         return o;
 }
 

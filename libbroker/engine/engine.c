@@ -227,6 +227,10 @@ usec_t engine_request_budget(const EngineRequest *r) {
         return r && r->queued ? r->budget : USEC_INFINITY;
 }
 
+QueueState engine_request_state(const EngineRequest *r) {
+        return r && r->queued ? r->state : QUEUE_STATE_NONE;
+}
+
 const char *engine_request_pool(const EngineRequest *r) {
         return r && r->pool ? r->pool->name : NULL;
 }
@@ -754,6 +758,7 @@ int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret)
                 .idle = info.idle,
                 .next_token = info.next_token,
                 .members = p->members,
+                .drained_members = info.drained_members,
         };
         return 0;
 }

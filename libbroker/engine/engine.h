@@ -109,6 +109,8 @@ int engine_request_position(const EngineRequest *r, size_t *ret_position, size_t
 usec_t engine_request_arrival(const EngineRequest *r);
 /* The budget the request got when it joined its queue; USEC_INFINITY when unbounded or not queued. */
 usec_t engine_request_budget(const EngineRequest *r);
+/* How its pool fared when it joined the queue (QUEUE_STATE_NONE: not queued, or a pool without queue-timeout). */
+QueueState engine_request_state(const EngineRequest *r);
 const char *engine_request_pool(const EngineRequest *r);
 
 /* Settles the instant `now` (grants, then expiries, then gauges, then max-hold revocations). */
@@ -165,6 +167,7 @@ typedef struct EnginePoolInfo {
         usec_t idle;
         uint64_t next_token;
         char *const *members;     /* NULL-terminated, or NULL */
+        char *const *drained_members; /* NULL-terminated, or NULL */
 } EnginePoolInfo;
 
 /* The configured pools, in configuration order. */

@@ -76,7 +76,6 @@ struct LocalPool {
         uint64_t *occupied;             /* bitmap over capacity slot indices */
         unsigned capacity;              /* ≥ limit, and ≥ every held index + 1 */
         unsigned in_use;                /* occupied slots, wherever they are */
-        unsigned held_below_limit;      /* occupied slots with index < limit */
         bool *member_drained;           /* [limit], or NULL */
         char **drained_members;         /* names, survive reloads */
         unsigned drained_free;          /* drained members below limit that are not occupied */
@@ -152,27 +151,25 @@ static bool member_is_drained(const LocalPool *p, unsigned i) {
         return p->member_drained && i < p->base.limit && p->member_drained[i];
 }
 
+/* Slots that may be granted now. Counted against every slot held, also those above a limit that a reload
+ * shrank: the invariant is slots held ≤ the limit in force when each was granted (SPEC §3.4), so a new grant
+ * must fit under the new limit with the old holders still counted. */
 static unsigned free_slots(const LocalPool *p) {
-        if (p->base.drained)
+        if (p->base.drained || p->in_use + p->drained_free >= p->base.limit)
                 return 0;
-        return p->base.limit - p->held_below_limit - p->drained_free;
+        return p->base.limit - p->in_use - p->drained_free;
 }
 
 static void slot_take(LocalPool *p, unsigned i) {
         p->occupied[i / 64] |= UINT64_C(1) << (i % 64);
         p->in_use++;
-        if (i < p->base.limit)
-                p->held_below_limit++;
 }
 
 static void slot_put(LocalPool *p, unsigned i) {
         p->occupied[i / 64] &= ~(UINT64_C(1) << (i % 64));
         p->in_use--;
-        if (i < p->base.limit) {
-                p->held_below_limit--;
-                if (member_is_drained(p, i))
-                        p->drained_free++;
-        }
+        if (member_is_drained(p, i))
+                p->drained_free++;
 }
 
 /* Lowest free index below the limit that is not drained: the same request gets the same slot every time. */
@@ -490,15 +487,11 @@ static void local_free(Pool *base) {
         free(p);
 }
 
-static void recount_slots(LocalPool *p) {
-        p->held_below_limit = 0;
+static void recount_drained(LocalPool *p) {
         p->drained_free = 0;
-        for (unsigned i = 0; i < p->base.limit; i++) {
-                if (slot_is_occupied(p, i))
-                        p->held_below_limit++;
-                else if (member_is_drained(p, i))
+        for (unsigned i = 0; i < p->base.limit; i++)
+                if (!slot_is_occupied(p, i) && member_is_drained(p, i))
                         p->drained_free++;
-        }
 }
 
 static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now) {
@@ -548,7 +541,7 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
         /* A pool that starts measuring idle time starts from now (SPEC §3.1). */
         if (!had_q && c->queue_timeout_set)
                 p->last_fast = now;
-        recount_slots(p);
+        recount_drained(p);
 
         for (size_t i = 0; i < p->n_lanes; i++) {
                 LocalLane *l = p->lanes[i];
@@ -828,7 +821,7 @@ static int local_drain(Pool *base, const char *member, bool on, usec_t now) {
         for (unsigned i = 0; i < p->base.limit; i++)
                 if (streq(p->base.members[i], member))
                         p->member_drained[i] = on;
-        recount_slots(p);
+        recount_drained(p);
         return 0;
 }
 
@@ -851,6 +844,7 @@ static void local_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .queue_timeout = p->base.queue_timeout,
                 .idle = idle_at(p, now),
                 .next_token = p->next_token,
+                .drained_members = p->drained_members && p->drained_members[0] ? p->drained_members : NULL,
         };
 }
 

@@ -76,6 +76,7 @@ typedef struct PoolInfo {
         usec_t queue_timeout;
         usec_t idle;              /* now − the last fast admission */
         uint64_t next_token;
+        char *const *drained_members; /* NULL-terminated, or NULL; valid until the next command */
 } PoolInfo;
 
 typedef struct PoolOps {

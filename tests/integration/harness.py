@@ -841,55 +841,6 @@ def client_main(argv):
     return 0
 
 
-# ---- known daemon bugs ----
-
-def known_bug(reason):
-    """Marks a test that fails because of a known brokerd bug: the failure is reported as a skip whose
-    reason names the bug (and the assertion that failed); once the bug is fixed the test fails with
-    "known bug appears fixed", so that the marker is removed and the test guards the fix."""
-    import functools
-    import unittest
-
-    def decorate(fn):
-        @functools.wraps(fn)
-        def wrapper(self, *args, **kwargs):
-            try:
-                fn(self, *args, **kwargs)
-            except (AssertionError, VarlinkError, ConnectionClosed, OSError) as e:
-                raise unittest.SkipTest(f"KNOWN BUG: {reason} [{type(e).__name__}: {e}]")
-            raise AssertionError(f"known bug appears fixed, remove @known_bug: {reason}")
-        return wrapper
-    return decorate
-
-
-def crash_is_known_bug(reason, signals=(-11,)):
-    """For a test that can trip over a known crash of brokerd (a race that it hits at random): if the test
-    fails and self.broker died of one of `signals`, it is reported as a skip naming the bug. Any other failure,
-    or a death by another signal, stays a failure."""
-    import functools
-    import unittest
-
-    def decorate(fn):
-        @functools.wraps(fn)
-        def wrapper(self, *args, **kwargs):
-            try:
-                return fn(self, *args, **kwargs)
-            except Exception as e:
-                b = self.broker
-                if b is not None and b.proc is not None:
-                    try:
-                        b.proc.wait(2)  # a crashing daemon closes its sockets a moment before it is reaped
-                    except subprocess.TimeoutExpired:
-                        pass
-                if b is not None and b.proc is not None and b.proc.poll() in signals:
-                    self.known_crash = True  # for tearDown: the dead broker is accounted for
-                    raise unittest.SkipTest(f"KNOWN BUG: brokerd died (status {b.proc.returncode}): {reason} "
-                                            f"[{type(e).__name__}: {e}]")
-                raise
-        return wrapper
-    return decorate
-
-
 # ---- running a test script ----
 
 def main(argv=None):

@@ -15,7 +15,7 @@ import unittest
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
-from harness import (Broker, Child, VarlinkError, known_bug, run_client_as, spawn_client_as,  # noqa: E402
+from harness import (Broker, Child, VarlinkError, run_client_as, spawn_client_as,  # noqa: E402
                      read_json_line, wait_for, NOBODY_UID, NOGROUP_GID)
 
 VARLINK_FILE = None
@@ -146,11 +146,6 @@ policy = sometimes
 """
 
 
-USE_AFTER_FREE_BUG = (
-    "use after free in brokerd/lease.c on_history_committed when a client leaves while its grant is being "
-    "recorded (see test-brokerd-robust's test_client_gone_while_its_grant_is_recorded)")
-
-
 def lines_of(text, needle):
     """1-based line number of the first line containing needle."""
     for i, line in enumerate(text.splitlines(), 1):
@@ -182,8 +177,6 @@ class Scenarios:
     def tearDown(self):
         # Every scenario cleans up after itself; nothing may be left held or waiting.
         self.doCleanups()
-        if getattr(self, "known_crash", False):
-            return  # reported as a known bug; setUp of the next test starts a new broker
         self.broker.wait_idle(timeout=5)
 
     # ---- helpers ----
@@ -399,8 +392,6 @@ class Scenarios:
         self.assertEqual(w.lease["slots"], [0])
         self.assertEqual(self.waiters("wq"), [])
 
-    @known_bug("Status waiters lack budgetState (\"keeping-up\"/\"saturated\") although the pool has a "
-               "queue timeout: brokerd/methods.c waiter_status() never sets it")
     def test_status_waiter_reports_budget_state(self):
         self.hold("wq")
         self.queue("wq")
@@ -488,7 +479,6 @@ class Scenarios:
         second.until(lambda a: a.queued and a.params["position"] == 1, timeout=2.5, what="position 1")
         self.assertEqual(second.params["queued"], 1)
 
-    @harness.crash_is_known_bug(USE_AFTER_FREE_BUG)
     def test_nothing_leaks_after_many_cycles(self):
         b = self.broker
         wait_for(lambda: not b.client_connections(), message="no client connection left in brokerd")
@@ -674,7 +664,6 @@ class Scenarios:
         w.until_granted(timeout=2)
         self.assertEqual((w.lease["slots"], w.lease["members"]), ([0], ["m1"]))
 
-    @known_bug("Status pools lack drainedMembers: brokerd/methods.c pool_status() never sets it")
     def test_status_reports_drained_members(self):
         self.call("io.slotbroker.Drain", {"pool": "rig", "member": "m2", "on": True})
         self.addCleanup(lambda: self.call("io.slotbroker.Drain", {"pool": "rig", "member": "m2", "on": False}))
@@ -759,8 +748,6 @@ class Scenarios:
         self.assertEqual(out[0].get("error"), "io.slotbroker.PermissionDenied", f"uid 65533 in no allowed group: {out}")
         self.hold("rootonly")  # root always may
 
-    @known_bug("allow-groups ignores the peer's primary group: brokerd checks SO_PEERGROUPS (the supplementary "
-               "groups) only, not SO_PEERCRED's gid (brokerd/manager.c manager_lane_allows)")
     def test_lane_acl_counts_the_primary_group(self):
         out = run_client_as(self.path, "io.slotbroker.Acquire", {"lane": "groupok"}, more=True)  # gid nogroup only
         self.assertEqual(out[0].get("parameters", {}).get("state"), "granted",
@@ -818,9 +805,6 @@ class Scenarios:
         self.assertEqual(g.error, "io.slotbroker.Busy", f"lane fresh still configured: {g.msg}")
         self.assertTrue(b.alive())
 
-    @known_bug("over-subscription after a reload shrinks a pool: with limit 2 → 1 and two holders, when the "
-               "holder of slot 0 ends, the waiter is granted slot 0 while slot 1 is still held: 2 in use, limit 1 "
-               "(libbroker/engine/pool-local.c counts only holders below the new limit)")
     def test_shrunk_pool_grants_nothing_above_its_new_limit(self):
         b = self.start_broker(RELOAD_BASE)
         h0, i0 = b.tracked(lambda: b.acquire("shrink"))
@@ -922,9 +906,6 @@ class SelfBound(Scenarios, unittest.TestCase):
         self.assertLess(cut_after, t_revoked + 5 + 1.5, f"cut {cut_after - t_revoked:.2f} s after the revocation")
         wait_for(lambda: not self.holders("hold"), message="the deaf holder's slot to free")
 
-    @known_bug("brokerd crashes (SIGSEGV, use after free) when max-hold revokes a lease acquired without "
-               "'more': lease_revoke() reads the lease after lease_tell_holder() closed the connection, which "
-               "ended and freed it (brokerd/lease.c)")
     def test_max_hold_closes_a_plain_acquire(self):
         b = self.start_broker(MAX_HOLD_CONFIG)  # its own broker: the bug kills it
         t0 = time.monotonic()

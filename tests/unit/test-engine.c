@@ -797,18 +797,23 @@ static void test_drained_member_is_not_handed_out(void **state) {
 static void test_reload_shrink_lets_holders_finish(void **state) {
         Fixture *f = *state;
         simple(f, 3, 0);
-        Tag *a = acquire(f, "A", (Req) {}, 0), *b = acquire(f, "B", (Req) {}, 0);
-        acquire(f, "C", (Req) {}, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0), *b = acquire(f, "B", (Req) {}, 0), *c = acquire(f, "C", (Req) {}, 0);
         f->config.pools[0]->limit = 1;
         configure(f, 1);
         assert_int_equal(pool_in_use(f, 0), 3); /* nobody is cut off */
         Tag *d = acquire(f, "D", (Req) {}, 2);
         assert_true(queued(d));
-        end(f, a, 3); /* slot 0, the one slot below the new limit, frees */
+        end(f, a, 3); /* slot 0 is below the new limit, but two holders still count against it */
+        assert_true(queued(d));
+        end(f, b, 4);
+        assert_true(queued(d));
+        end(f, c, 5); /* now a grant keeps slots held ≤ 1 */
         assert_true(granted(d));
-        end(f, b, 4); /* slot 1 is above the limit now: it frees, but is not handed out */
-        assert_int_equal(pool_in_use(f, 0), 2);
-        assert_true(queued(acquire(f, "E", (Req) {}, 5)));
+        const unsigned *idx;
+        engine_lease_slots(d->lease, &idx, NULL);
+        assert_int_equal(idx[0], 0);
+        assert_int_equal(pool_in_use(f, 0), 1);
+        assert_true(queued(acquire(f, "E", (Req) {}, 6)));
 }
 
 static void test_reload_removing_pool_refuses_waiters_and_keeps_holders(void **state) {

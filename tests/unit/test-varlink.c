@@ -1263,7 +1263,7 @@ static void test_interface_defines_every_method_and_error(void **state) {
                 "\nmethod Metrics() -> (\n", "\nmethod Reload() -> ()\n", "\nmethod Drain(\n", "\nmethod Cancel(\n",
                 "\nerror Busy (\n", "\nerror QueueFull (\n", "\nerror QueueTimeout (\n", "\nerror QueueShed (\n",
                 "\nerror Unavailable (\n", "\nerror NoSuchLane (\n", "\nerror PermissionDenied (\n",
-                "\nerror NoSuchPool (\n", "\nerror NoSuchLease (\n", "\nerror ReloadFailed (\n",
+                "\nerror NoSuchPool (\n", "\nerror NoSuchLease (\n", "\nerror ReloadFailed (\n", "\nerror ProtocolError (\n",
                 "\ntype Lease (\n", "\ntype PoolStatus (\n", "\ntype Holder (\n", "\ntype Waiter (\n",
                 "\ntype HistoryEvent (\n",
         };
