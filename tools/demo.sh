@@ -21,7 +21,8 @@ echo "== $jobs nightly jobs contend for $slots slots: $slots run, 2 wait their t
 pids=()
 for i in $(seq "$jobs"); do
         "$slotctl" run --lane nightly --job "nightly-$i" --quiet -- \
-                sh -c 'echo "  $SLOT_JOB: slot $SLOT_INDEX of pool $SLOT_POOL, token $SLOT_TOKEN"; sleep 2' &
+                sh -c 'echo "  $1 runs on slot $SLOT_INDEX of pool $SLOT_POOL (fencing token $SLOT_TOKEN)"; sleep 2' \
+                sh "nightly-$i" &
         pids+=($!)
 done
 sleep 1
