@@ -265,8 +265,24 @@ static json_t *filters_free(void) {
         return NULL;
 }
 
-/* "@EPOCH", a time span meaning that long ago ("1h"), or a local date and time ("2024-05-01",
- * "2024-05-01 13:30", "2024-05-01 13:30:05"). Returns µs since the epoch, or -EINVAL after logging. */
+/* A span meaning that long ago, spelled as journalctl takes it too: "1h", "-1h", "1h ago". Returns the
+ * span or USEC_INFINITY. */
+static usec_t parse_ago(const char *s) {
+        _cleanup_free_ char *copy = strdup(s[0] == '-' ? s + 1 : s);
+        usec_t span;
+        if (!copy)
+                return USEC_INFINITY;
+        size_t len = strlen(copy);
+        if (len > 4 && streq(copy + len - 4, " ago"))
+                copy[len - 4] = '\0';
+        if (timespan_parse(copy, USEC_PER_SEC, &span) < 0)
+                return USEC_INFINITY;
+        return span;
+}
+
+/* "@EPOCH", a time span meaning that long ago ("1h", "-1h", "1h ago"), or a local date and time
+ * ("2024-05-01", "2024-05-01 13:30", "2024-05-01 13:30:05"). Returns µs since the epoch, or -EINVAL after
+ * logging. */
 static int parse_time(const char *option, const char *s, int64_t *ret) {
         usec_t span;
         if (s[0] == '@') {
@@ -277,7 +293,7 @@ static int parse_time(const char *option, const char *s, int64_t *ret) {
                         *ret = (int64_t) v * (int64_t) USEC_PER_SEC;
                         return 0;
                 }
-        } else if (timespan_parse(s, USEC_PER_SEC, &span) >= 0 && span != USEC_INFINITY) {
+        } else if ((span = parse_ago(s)) != USEC_INFINITY) {
                 usec_t now = now_realtime();
                 *ret = (int64_t) usec_sub_unsigned(now, span);
                 return 0;
@@ -295,7 +311,7 @@ static int parse_time(const char *option, const char *s, int64_t *ret) {
                         return 0;
                 }
         }
-        log_error("%s: invalid time \"%s\" (e.g. 1h for an hour ago, 2024-05-01 13:30, @1714563000)", option, s);
+        log_error("%s: invalid time \"%s\" (e.g. -1h or \"1h ago\", 2024-05-01 13:30, @1714563000)", option, s);
         return -EINVAL;
 }
 
@@ -327,7 +343,7 @@ static int history_option(int c, const char *value) {
 static void history_help(void) {
         printf("slotctl history [OPTIONS…]\n\n"
                "Show the broker's recorded decisions, oldest first.\n\n"
-               "     --since=TIME       Decisions at or after TIME (1h: an hour ago; 2024-05-01 13:30; @EPOCH)\n"
+               "     --since=TIME       Decisions at or after TIME (-1h or \"1h ago\"; 2024-05-01 13:30; @EPOCH)\n"
                "     --until=TIME       Decisions before TIME\n"
                "     --lane=LANE        Decisions for LANE\n"
                "     --pool=POOL        Decisions for POOL\n"
