@@ -284,19 +284,11 @@ static void answer_grant(Connection *c, Lease *l) {
 }
 
 static void audit_grant(Manager *m, const Lease *l, const LeaseGrant *g) {
-        AuditRecord rec = AUDIT_RECORD_INIT;
-        rec.decision = "granted";
-        rec.pool = engine_lease_pool(l->engine_lease);
-        rec.lane = engine_lease_lane(l->engine_lease);
-        rec.job = l->job;
-        rec.lease = l->id;
-        rec.token = engine_lease_token(l->engine_lease);
+        AuditRecord rec = audit_record_of_lease(l, "granted");
         rec.wait = g->wait;
         rec.budget = g->budget;
         rec.idle = g->idle;
         rec.state = queue_state_to_string(g->state);
-        rec.uid = l->uid;
-        rec.pid = l->pid;
         audit_decision(m, &rec);
 }
 
@@ -311,13 +303,9 @@ static void on_lease_persisted(Lease *l, int result) {
         if (result < 0) {
                 /* Never granted unpersisted: give the slots back and refuse. */
                 log_warning_errno(result, "Could not persist lease %s; refusing the request: %m", l->id);
-                AuditRecord rec = AUDIT_RECORD_INIT;
-                rec.decision = "unavailable";
-                rec.pool = engine_lease_pool(l->engine_lease);
-                rec.lane = engine_lease_lane(l->engine_lease);
-                rec.job = l->job;
-                rec.uid = l->uid;
-                rec.pid = l->pid;
+                AuditRecord rec = audit_record_of_lease(l, "unavailable");
+                rec.lease = NULL; /* never answered: no lease came of it */
+                rec.token = 0;
                 rec.reason = "the lease could not be written to the state directory";
                 audit_decision(m, &rec);
                 if (c && !c->closed) {

@@ -218,7 +218,7 @@ void audit_decision(Manager *m, const AuditRecord *r) {
                 journal_decision(m, r, k);
 }
 
-void audit_lease(const Lease *l, const char *decision, const char *reason) {
+AuditRecord audit_record_of_lease(const Lease *l, const char *decision) {
         AuditRecord r = AUDIT_RECORD_INIT;
         r.decision = decision;
         r.pool = engine_lease_pool(l->engine_lease);
@@ -226,9 +226,14 @@ void audit_lease(const Lease *l, const char *decision, const char *reason) {
         r.job = l->job;
         r.lease = l->id;
         r.token = engine_lease_token(l->engine_lease);
-        r.hold = usec_sub_unsigned(now_monotonic(), l->granted_mono);
         r.uid = l->uid;
         r.pid = l->pid;
+        return r;
+}
+
+void audit_lease(const Lease *l, const char *decision, const char *reason) {
+        AuditRecord r = audit_record_of_lease(l, decision);
+        r.hold = usec_sub_unsigned(now_monotonic(), l->granted_mono);
         r.reason = reason;
         audit_decision(l->manager, &r);
 }

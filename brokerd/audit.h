@@ -61,7 +61,9 @@ void audit_done(Audit *a);
 void audit_tick(Manager *m);
 
 void audit_decision(Manager *m, const AuditRecord *r);
-/* A lease-level decision (released, revoked, overdue, restored), filled from the lease. */
+/* A record filled from the lease: pool, lane, job, lease id, token, uid, pid. */
+AuditRecord audit_record_of_lease(const Lease *l, const char *decision);
+/* A lease-level decision (released, revoked, overdue, restored), with its hold so far. */
 void audit_lease(const Lease *l, const char *decision, const char *reason);
 /* The congested gauge of a pool changed. */
 void audit_congestion(Manager *m, const char *pool, bool congested, usec_t idle);

@@ -71,12 +71,9 @@ static void connection_flush(Connection *c) {
         }
 }
 
-int connection_reply(Connection *c, json_t *parameters, bool continues) {
-        if (c->closed)
-                return -ENOTCONN;
-        if (c->oneway)
-                return 0;
-        int r = varlink_stream_reply(&c->stream, parameters, continues ? VARLINK_REPLY_CONTINUES : 0);
+/* After queueing a reply: a client that lets its unsent output pass the cap is cut (SPEC §10), else what
+ * can go now goes. */
+static int connection_queued(Connection *c, int r) {
         if (r == -ENOBUFS) {
                 log_warning("Client pid %d does not read its replies; closing its connection.", (int) c->cred.pid);
                 connection_close(c);
@@ -89,21 +86,20 @@ int connection_reply(Connection *c, json_t *parameters, bool continues) {
         return 0;
 }
 
+int connection_reply(Connection *c, json_t *parameters, bool continues) {
+        if (c->closed)
+                return -ENOTCONN;
+        if (c->oneway)
+                return 0;
+        return connection_queued(c, varlink_stream_reply(&c->stream, parameters, continues ? VARLINK_REPLY_CONTINUES : 0));
+}
+
 int connection_reply_error(Connection *c, const char *error, json_t *parameters) {
         if (c->closed)
                 return -ENOTCONN;
         if (c->oneway)
                 return 0;
-        int r = varlink_stream_reply_error(&c->stream, error, parameters);
-        if (r == -ENOBUFS) {
-                connection_close(c);
-                return r;
-        }
-        if (r < 0)
-                return r;
-        connection_flush(c);
-        connection_update_events(c);
-        return 0;
+        return connection_queued(c, varlink_stream_reply_error(&c->stream, error, parameters));
 }
 
 /* Release of the lease this connection holds may overtake the wait for that lease to end: it is what

@@ -106,10 +106,46 @@ static void acl_error(ConfErrors *errors, const LaneConfig *lc, const char *key,
         (void) asprintf(&e->message, "unknown %s \"%s\"", what, name);
 }
 
+_Static_assert(sizeof(uid_t) == sizeof(uint32_t) && sizeof(gid_t) == sizeof(uint32_t), "32-bit ids");
+
+/* Names (or numeric ids) to ids, for allow-users= (users) or allow-groups= (!users). Unknown names are
+ * errors; returns 0, -EINVAL (errors filled) or -ENOMEM. */
+static int resolve_ids(const LaneConfig *lc, char *const *names, bool users, uint32_t **ret, size_t *ret_n,
+                       ConfErrors *errors) {
+        _cleanup_free_ uint32_t *ids = NULL;
+        size_t n = 0;
+        bool failed = false;
+
+        for (char *const *name = names; name && *name; name++) {
+                uint32_t id;
+                if (parse_id(*name, &id) < 0) {
+                        struct passwd *pw = users ? getpwnam(*name) : NULL;
+                        struct group *gr = users ? NULL : getgrnam(*name);
+                        if (!pw && !gr) {
+                                acl_error(errors, lc, users ? "allow-users" : "allow-groups", users ? "user" : "group",
+                                          *name);
+                                failed = true;
+                                continue;
+                        }
+                        id = pw ? pw->pw_uid : gr->gr_gid;
+                }
+                uint32_t *a = reallocarray(ids, n + 1, sizeof(uint32_t));
+                if (!a)
+                        return -ENOMEM;
+                ids = a;
+                ids[n++] = id;
+        }
+        if (failed)
+                return -EINVAL;
+        *ret = TAKE_PTR(ids);
+        *ret_n = n;
+        return 0;
+}
+
 /* Names become ids once, at load: an NSS lookup per request could block the loop. */
 static int acls_resolve(const BrokerConfig *c, LaneAcl **ret, size_t *ret_n, ConfErrors *errors) {
         LaneAcl *acls = calloc(c->n_lanes ?: 1, sizeof(LaneAcl));
-        bool failed = false;
+        int result = 0;
         if (!acls)
                 return -ENOMEM;
         for (size_t i = 0; i < c->n_lanes; i++) {
@@ -117,51 +153,21 @@ static int acls_resolve(const BrokerConfig *c, LaneAcl **ret, size_t *ret_n, Con
                 LaneAcl *acl = &acls[i];
                 acl->lane = lc->name;
                 acl->restricted = lc->allow_users || lc->allow_groups;
-                for (char **u = lc->allow_users; u && *u; u++) {
-                        uint32_t id;
-                        if (parse_id(*u, &id) < 0) {
-                                struct passwd *pw = getpwnam(*u);
-                                if (!pw) {
-                                        acl_error(errors, lc, "allow-users", "user", *u);
-                                        failed = true;
-                                        continue;
-                                }
-                                id = pw->pw_uid;
-                        }
-                        uid_t *a = reallocarray(acl->uids, acl->n_uids + 1, sizeof(uid_t));
-                        if (!a)
-                                goto oom;
-                        acl->uids = a;
-                        a[acl->n_uids++] = id;
-                }
-                for (char **g = lc->allow_groups; g && *g; g++) {
-                        uint32_t id;
-                        if (parse_id(*g, &id) < 0) {
-                                struct group *gr = getgrnam(*g);
-                                if (!gr) {
-                                        acl_error(errors, lc, "allow-groups", "group", *g);
-                                        failed = true;
-                                        continue;
-                                }
-                                id = gr->gr_gid;
-                        }
-                        gid_t *a = reallocarray(acl->gids, acl->n_gids + 1, sizeof(gid_t));
-                        if (!a)
-                                goto oom;
-                        acl->gids = a;
-                        a[acl->n_gids++] = id;
-                }
+                /* Every lane is resolved, so that every unknown name is reported in one go. */
+                int ru = resolve_ids(lc, lc->allow_users, true, &acl->uids, &acl->n_uids, errors);
+                int rg = resolve_ids(lc, lc->allow_groups, false, &acl->gids, &acl->n_gids, errors);
+                if (ru == -ENOMEM || rg == -ENOMEM)
+                        result = -ENOMEM;
+                else if (result == 0 && (ru < 0 || rg < 0))
+                        result = -EINVAL;
         }
-        if (failed) {
+        if (result < 0) {
                 acls_free(acls, c->n_lanes);
-                return -EINVAL;
+                return result;
         }
         *ret = acls;
         *ret_n = c->n_lanes;
         return 0;
-oom:
-        acls_free(acls, c->n_lanes);
-        return -ENOMEM;
 }
 
 bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gid_t *groups, size_t n_groups) {

@@ -28,9 +28,9 @@ typedef struct UidUsage {
 typedef struct LaneAcl {
         const char *lane;               /* borrowed from the config */
         bool restricted;                /* false: anyone who may open the socket */
-        uid_t *uids;
+        uint32_t *uids;                 /* uid_t and gid_t are 32 bits on Linux */
         size_t n_uids;
-        gid_t *gids;
+        uint32_t *gids;
         size_t n_gids;
 } LaneAcl;
 
