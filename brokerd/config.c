@@ -16,6 +16,7 @@
 #include <ini.h>
 
 #include "config-files.h"
+#include "strv.h"
 
 typedef struct Parser {
         BrokerConfig *config;
@@ -290,12 +291,6 @@ static int config_apply_file(BrokerConfig *c, const char *path, bool required, C
         if (r < 0)
                 return r;
         return config_parse_buffer(c, data, size, path, errors);
-}
-
-static void strv_free(char **l) {
-        for (char **i = l; i && *i; i++)
-                free(*i);
-        free(l);
 }
 
 static int compare_strings(const void *a, const void *b) {

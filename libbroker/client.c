@@ -15,6 +15,7 @@
 #include "broker.h"
 #include "json.h"
 #include "macro.h"
+#include "strv.h"
 #include "varlink.h"
 
 #define INTERFACE "io.slotbroker"
@@ -310,13 +311,6 @@ _public_ BrokerLease *broker_lease_free(BrokerLease *l) {
         return NULL;
 }
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerLease *, broker_lease_free);
-
-static size_t strv_length(char *const *l) {
-        size_t n = 0;
-        while (l && l[n])
-                n++;
-        return n;
-}
 
 static char *strdup_or_null(const char *s, bool *oom) {
         if (!s)

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "conf.h"
+#include "strv.h"
 
 #define SOCKET_PATH_MAX 107 /* sizeof(sockaddr_un.sun_path) − NUL */
 #define QUOTE_MAX 96
@@ -39,21 +40,6 @@ typedef enum SectionKind {
 } SectionKind;
 
 /* ---- strings and lists ---- */
-
-static void strv_free(char **l) {
-        if (!l)
-                return;
-        for (char **i = l; *i; i++)
-                free(*i);
-        free(l);
-}
-
-static bool strv_contains(char *const *l, const char *s) {
-        for (char *const *i = l; i && *i; i++)
-                if (streq(*i, s))
-                        return true;
-        return false;
-}
 
 /* Splits at runs of whitespace. Returns 0 (an empty value gives NULL and 0 words) or -ENOMEM. */
 static int split_words(const char *value, char ***ret, size_t *ret_n) {

@@ -4,14 +4,10 @@
 #include <stdarg.h>
 
 #include "json.h"
+#include "strv.h"
 
 char **json_strv_free(char **l) {
-        if (!l)
-                return NULL;
-        for (char **i = l; *i; i++)
-                free(*i);
-        free(l);
-        return NULL;
+        return strv_free(l);
 }
 
 static const JsonField *field_find(const JsonField table[], const char *name) {

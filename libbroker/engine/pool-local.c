@@ -16,6 +16,7 @@
 #include "macro.h"
 #include "pool.h"
 #include "rank-tree.h"
+#include "strv.h"
 
 typedef struct LocalPool LocalPool;
 typedef struct LocalLane LocalLane;
@@ -95,38 +96,6 @@ struct LocalPool {
 };
 
 #define POOL(p) container_of(p, LocalPool, base)
-
-static void strv_free(char **l) {
-        if (!l)
-                return;
-        for (char **i = l; *i; i++)
-                free(*i);
-        free(l);
-}
-
-static char **strv_copy(char *const *l) {
-        size_t n = 0;
-        if (!l)
-                return NULL;
-        while (l[n])
-                n++;
-        char **c = calloc(n + 1, sizeof(char *));
-        if (!c)
-                return NULL;
-        for (size_t i = 0; i < n; i++)
-                if (!(c[i] = strdup(l[i]))) {
-                        strv_free(c);
-                        return NULL;
-                }
-        return c;
-}
-
-static bool strv_contains(char *const *l, const char *s) {
-        for (; l && *l; l++)
-                if (streq(*l, s))
-                        return true;
-        return false;
-}
 
 /* ---- slots ---- */
 
