@@ -140,7 +140,7 @@ void connection_dispatch(Connection *c) {
                 }
                 if (connection_busy(c) && !call_releases_own_lease(c, &call))
                         break; /* answered, in order, once the open Acquire ends */
-                _cleanup_(json_decrefp) json_t *msg = TAKE_PTR(c->next_call);
+                _unused_ _cleanup_(json_decrefp) json_t *msg = TAKE_PTR(c->next_call); /* owns the call's strings */
                 methods_dispatch(c, &call);
         }
         connection_flush(c);

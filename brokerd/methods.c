@@ -144,33 +144,31 @@ static int waiter_compare(const void *a, const void *b) {
         return px < py ? -1 : px > py;
 }
 
-static void method_status(Connection *c, const VarlinkCall *call) {
-        Manager *m = c->manager;
+/* The Status reply's parameters, or NULL when out of memory. */
+static json_t *status_build(Manager *m) {
         usec_t now = now_monotonic();
-        _cleanup_free_ json_t **w = NULL;
 
-        if (!parameters_ok(c, call, (const JsonField[]) { {} }))
-                return;
         _cleanup_(json_decrefp) json_t *pools = json_array(), *holders = json_array(), *waiters = json_array();
         if (!pools || !holders || !waiters)
-                goto oom;
+                return NULL;
         for (size_t i = 0; i < engine_pool_count(m->engine); i++)
                 if (json_array_append_new(pools, pool_status(m, i, now)) < 0)
-                        goto oom;
+                        return NULL;
         list_foreach(n, &m->leases) {
                 Lease *l = container_of(n, Lease, node);
                 json_t *h = json_pack("{s:o, s:s, s:I}", "lease", lease_to_json(l), "state", lease_state_to_string(l->state),
                                       "heldMs", (json_int_t) (usec_sub_unsigned(now, l->granted_mono) / USEC_PER_MSEC));
                 if (json_array_append_new(holders, h) < 0)
-                        goto oom;
+                        return NULL;
         }
+
         /* Waiters by pool, then place: collect, then sort. O(n log n) per Status call, never per grant. */
         size_t n_waiters = 0;
         list_foreach(n, &m->connections)
                 n_waiters += connection_is_waiting(container_of(n, Connection, node));
-        w = calloc(n_waiters ?: 1, sizeof(json_t *));
+        _cleanup_free_ json_t **w = calloc(n_waiters ?: 1, sizeof(json_t *));
         if (!w)
-                goto oom;
+                return NULL;
         size_t k = 0;
         list_foreach(n, &m->connections) {
                 Connection *x = container_of(n, Connection, node);
@@ -179,17 +177,22 @@ static void method_status(Connection *c, const VarlinkCall *call) {
         }
         qsort(w, k, sizeof(json_t *), waiter_compare);
         for (size_t i = 0; i < k; i++)
-                json_array_append_new(waiters, w[i]);
+                if (json_array_append_new(waiters, w[i]) < 0)
+                        return NULL; /* the rest of w leaks only if jansson itself ran out */
 
-        _cleanup_(json_decrefp) json_t *p =
-                json_pack("{s:O, s:O, s:O}", "pools", pools, "holders", holders, "waiters", waiters);
-        if (!p)
-                goto oom;
+        return json_pack("{s:O, s:O, s:O}", "pools", pools, "holders", holders, "waiters", waiters);
+}
+
+static void method_status(Connection *c, const VarlinkCall *call) {
+        if (!parameters_ok(c, call, (const JsonField[]) { {} }))
+                return;
+        _cleanup_(json_decrefp) json_t *p = status_build(c->manager);
+        if (!p) {
+                log_oom();
+                connection_close(c);
+                return;
+        }
         connection_reply(c, p, false);
-        return;
-oom:
-        log_oom();
-        connection_close(c);
 }
 
 static void method_reload(Connection *c, const VarlinkCall *call) {

@@ -9,7 +9,7 @@
 
 #include "cli-util.h"
 
-static void log_va(const char *prefix, const char *format, va_list ap) {
+_printf_(2, 0) static void log_va(const char *prefix, const char *format, va_list ap) {
         /* One fprintf per line would interleave with the command's output less than several writes. */
         char line[4096];
         vsnprintf(line, sizeof line, format, ap);

@@ -1,6 +1,8 @@
 #!/bin/bash
-# The whole test suite: unit tests, integration tests against the real brokerd, fuzz corpora replay,
-# then the same under AddressSanitizer/UndefinedBehaviorSanitizer (clang) and the unit tests under valgrind.
+# The whole test suite: unit tests, integration tests against the real brokerd, fuzz corpora replay, the
+# units under a real systemd, then everything but the systemd lane again with AddressSanitizer and
+# UndefinedBehaviorSanitizer (clang: brokerd itself runs sanitized under the integration tests), and the
+# unit tests under valgrind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -17,7 +19,7 @@ if [ ! -f build-asan/build.ninja ]; then
 fi
 ninja -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-        meson test -C build-asan --print-errorlogs --suite unit --suite fuzz
+        meson test -C build-asan --print-errorlogs --suite unit --suite fuzz --suite integration
 
 echo "==> unit tests under valgrind"
 meson test -C build --print-errorlogs --suite unit \
