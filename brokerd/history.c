@@ -484,7 +484,7 @@ typedef enum DbKind {
 } DbKind;
 
 static int db_identify(sqlite3 *db, DbKind *ret_kind, unsigned *ret_version) {
-        int64_t app, version, objects;
+        int64_t app = 0, version = 0, objects = 0; /* -O3 cannot see exec_int() sets them on SQLITE_OK */
         int rc;
 
         rc = exec_int(db, "PRAGMA application_id", &app);

@@ -853,7 +853,7 @@ static int parse_lanes(Scenario *s, const json_t *lanes, char **error) {
 
 static int parse_duration_value(const json_t *v, bool allow_forever, const char *path, char **error,
                                 uint64_t *ret) {
-        const char *text;
+        const char *text = NULL;
         int r;
 
         r = get_string(v, path, error, &text);
