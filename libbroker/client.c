@@ -43,6 +43,10 @@ struct BrokerClient {
 
         /* The message behind the last event: the event's strings point into it. */
         json_t *current;
+        /* The Acquire's last reply, read ahead of the reply of a Release on this connection: the next
+         * broker_client_process() reports it. */
+        json_t *deferred;
+        char *held_lease_id;   /* while HOLDING: the id of the lease this connection holds */
 
         /* The last refusal or error of a call, for messages. */
         char *error_name;
@@ -251,6 +255,8 @@ _public_ BrokerClient *broker_client_free(BrokerClient *c) {
         if (!c)
                 return NULL;
         json_decref(c->current);
+        json_decref(c->deferred);
+        free(c->held_lease_id);
         varlink_stream_done(&c->stream);
         safe_close(c->fd);
         client_error_reset(c);
@@ -580,12 +586,15 @@ static int client_handle_message(BrokerClient *c, json_t *msg, BrokerEvent *ev) 
                 /* A detached lease answers once; an attached one keeps the call open as its life line. A
                  * final grant of an attached lease would leave the lease held with nothing more to say. */
                 c->state = continues ? CLIENT_HOLDING : c->acquire_detach ? CLIENT_IDLE : CLIENT_HOLDING;
+                free(c->held_lease_id);
+                c->held_lease_id = c->state == CLIENT_HOLDING ? strdup(l->id) : NULL; /* NULL: only the fast path is lost */
                 ev->type = BROKER_EVENT_GRANTED;
                 ev->lease = l;
                 return ev->type;
         }
         if (c->state == CLIENT_HOLDING && !continues && (streq(state, "released") || streq(state, "revoked"))) {
                 c->state = CLIENT_IDLE;
+                c->held_lease_id = mfree(c->held_lease_id);
                 ev->type = streq(state, "released") ? BROKER_EVENT_RELEASED : BROKER_EVENT_REVOKED;
                 return ev->type;
         }
@@ -619,8 +628,8 @@ _public_ int broker_client_process(BrokerClient *c, BrokerEvent *ret) {
         }
 
         for (;;) {
-                _cleanup_(json_decrefp) json_t *msg = NULL;
-                r = varlink_stream_next(&c->stream, &msg);
+                _cleanup_(json_decrefp) json_t *msg = TAKE_PTR(c->deferred);
+                r = msg ? 1 : varlink_stream_next(&c->stream, &msg);
                 if (r < 0)
                         return client_break(c, r == -EMSGSIZE || r == -ENOMEM ? r : -EBADMSG);
                 if (r > 0) {
@@ -673,8 +682,14 @@ _public_ int broker_acquire(BrokerClient *c, const BrokerAcquireOptions *options
         if (r < 0)
                 return r;
 
-        for (;;) {
+        /* The answer cannot be there yet: wait before the first read rather than after a read that fails. */
+        for (bool wait = true;; wait = false) {
                 BrokerEvent ev = BROKER_EVENT_INIT;
+                if (wait) {
+                        r = fd_wait(c->fd, (short) broker_client_get_events(c));
+                        if (r < 0)
+                                return r;
+                }
                 r = broker_client_process(c, &ev);
                 if (r < 0)
                         return r;
@@ -800,6 +815,71 @@ _public_ int broker_call(BrokerClient *c, const char *method, const char *parame
         return 0;
 }
 
+/* Releases the lease this connection holds over the connection itself: the broker lets a Release of its own
+ * lease overtake the open Acquire, answers the Acquire with "released" (kept for the next
+ * broker_client_process(), as a release from elsewhere would be) and then the Release. This saves a
+ * connection set up and torn down per release, on both sides. */
+static int client_release_own(BrokerClient *c, json_t *parameters) {
+        _cleanup_(json_decrefp) json_t *msg = NULL;
+        VarlinkReply reply;
+        int r;
+
+        client_error_reset(c);
+        json_decref(TAKE_PTR(c->current));
+        r = varlink_stream_call(&c->stream, INTERFACE ".Release", parameters, 0);
+        if (r < 0)
+                return r;
+        while ((r = varlink_stream_flush(&c->stream)) == -EAGAIN) {
+                r = fd_wait(c->fd, POLLOUT);
+                if (r < 0)
+                        return r;
+        }
+        if (r < 0)
+                return client_break(c, r);
+
+        for (bool wait = true;;) {
+                r = varlink_stream_next(&c->stream, &msg);
+                if (r < 0)
+                        return client_break(c, r == -EMSGSIZE || r == -ENOMEM ? r : -EBADMSG);
+                if (r == 0) {
+                        if (wait) { /* the replies cannot be there yet: no read that fails first */
+                                wait = false;
+                                r = fd_wait(c->fd, POLLIN);
+                                if (r < 0)
+                                        return r;
+                        }
+                        ssize_t n = varlink_stream_read(&c->stream);
+                        if (n == -EAGAIN) {
+                                r = fd_wait(c->fd, POLLIN);
+                                if (r < 0)
+                                        return r;
+                                continue;
+                        }
+                        if (n == -ENOBUFS)
+                                return client_break(c, -EMSGSIZE);
+                        if (n <= 0)
+                                return client_break(c, n == 0 ? -ECONNRESET : (int) n);
+                        continue;
+                }
+                r = varlink_reply_parse(msg, &reply);
+                if (r < 0)
+                        return client_break(c, r == -ENOMEM ? r : -EBADMSG);
+                if (!c->deferred && !reply.error && !(reply.flags & VARLINK_REPLY_CONTINUES)) {
+                        const char *state = json_string_member(reply.parameters, "state");
+                        if (state && (streq(state, "released") || streq(state, "revoked"))) {
+                                c->deferred = TAKE_PTR(msg); /* the Acquire's end: first, as the broker orders them */
+                                continue;
+                        }
+                }
+                break; /* the Release's reply */
+        }
+        if (!c->deferred || (reply.flags & VARLINK_REPLY_CONTINUES))
+                return client_break(c, -EBADMSG);
+        if (reply.error)
+                return client_error_set(c, reply.error, reply.parameters);
+        return 0;
+}
+
 _public_ int broker_release(BrokerClient *c, const char *lease_id) {
         _cleanup_(json_decrefp) json_t *p = NULL;
         _cleanup_free_ char *text = NULL;
@@ -811,6 +891,9 @@ _public_ int broker_release(BrokerClient *c, const char *lease_id) {
         r = json_build(&p, "{s:s}", "lease", lease_id);
         if (r < 0)
                 return r;
+        if (c->state == CLIENT_HOLDING && c->held_lease_id && streq(c->held_lease_id, lease_id) && !c->deferred &&
+            varlink_stream_pending_input(&c->stream) == 0)
+                return client_release_own(c, p);
         r = json_format(p, &text, NULL);
         if (r < 0)
                 return r;
