@@ -121,6 +121,8 @@ typedef struct Writer {
         bool retention_more;           /* the last pass stopped at its chunk size */
         bool ballast;                  /* history.db.ballast exists */
         bool failing;                  /* a write failed and none has succeeded since */
+        int wal_frames;                /* the WAL's length after the last commit */
+        int checkpoint_at;             /* the length at which the checkpointer is asked next */
         bool full_logged, io_logged, degraded_logged;
 } Writer;
 
@@ -1778,37 +1780,64 @@ static int on_wakeup(sd_event_source *s, int fd, uint32_t revents, void *userdat
 
 static int on_wal_commit(void *userdata, sqlite3 *db, const char *name, int frames) {
         History *h = userdata;
+        Writer *w = &h->w;
+
+        /* Asked once per CHECKPOINT_FRAMES of growth, not on every commit past the threshold: under a
+         * steady stream of commits a PASSIVE checkpoint never lets the log start over, and asking on every
+         * commit ran one checkpoint (a connection opened, two fdatasyncs) per few commits. */
+        if (frames < w->wal_frames || w->checkpoint_at == 0)
+                w->checkpoint_at = CHECKPOINT_FRAMES; /* the log started over */
+        w->wal_frames = frames;
         if (frames >= CHECKPOINT_FRAMES_MAX)
                 (void) sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
-        else if (frames >= CHECKPOINT_FRAMES)
+        else if (frames >= w->checkpoint_at) {
+                w->checkpoint_at = frames + CHECKPOINT_FRAMES;
                 (void) eventfd_write(h->checkpoint_fd, 1);
+        }
         return SQLITE_OK;
+}
+
+/* The checkpointer's connection, kept while the database it was opened on is still the file at h->path. */
+static bool checkpointer_db_current(History *h, const struct stat *opened) {
+        struct stat st;
+        return stat(h->path, &st) == 0 && st.st_dev == opened->st_dev && st.st_ino == opened->st_ino;
 }
 
 static void *checkpointer_thread(void *userdata) {
         History *h = userdata;
+        sqlite3 *db = NULL;
+        struct stat opened = {};
 
         for (;;) {
                 struct pollfd p = { .fd = h->checkpoint_fd, .events = POLLIN };
-                sqlite3 *db = NULL;
                 eventfd_t v;
 
                 (void) ppoll(&p, 1, NULL, NULL);
                 (void) eventfd_read(h->checkpoint_fd, &v);
                 if (atomic_load(&h->stopping))
                         break;
-                /* No SQLITE_OPEN_CREATE: between a file moved aside and its successor there is nothing to do. */
-                if (sqlite3_open_v2(h->path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW,
-                                    NULL) == SQLITE_OK) {
-                        sqlite3_busy_timeout(db, 50);
-                        /* A connection finds the WAL only on its first read: before it, a checkpoint
-                         * does nothing. Failures (a full disk) leave the WAL to grow: the writer's commits
-                         * then say so. */
-                        if (sqlite3_exec(db, "PRAGMA schema_version", NULL, NULL, NULL) == SQLITE_OK)
-                                (void) sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+                /* A file moved aside (and its successor) gets a connection of its own: the old one is let go. */
+                if (db && !checkpointer_db_current(h, &opened)) {
+                        sqlite3_close_v2(db);
+                        db = NULL;
                 }
-                sqlite3_close_v2(db);
+                /* No SQLITE_OPEN_CREATE: between a file moved aside and its successor there is nothing to do. */
+                if (!db) {
+                        if (stat(h->path, &opened) < 0 ||
+                            sqlite3_open_v2(h->path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW,
+                                            NULL) != SQLITE_OK) {
+                                sqlite3_close_v2(db);
+                                db = NULL;
+                                continue;
+                        }
+                        sqlite3_busy_timeout(db, 50);
+                }
+                /* A connection finds the WAL only on its first read: before it, a checkpoint does nothing.
+                 * Failures (a full disk) leave the WAL to grow: the writer's commits then say so. */
+                if (sqlite3_exec(db, "PRAGMA schema_version", NULL, NULL, NULL) == SQLITE_OK)
+                        (void) sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
         }
+        sqlite3_close_v2(db);
         return NULL;
 }
 
@@ -2111,7 +2140,12 @@ void history_lease_delete(History *h, const char *id) {
                 return; /* the row stays; a restart ends the lease anyway, as its holder is gone */
         }
         op->type = OP_LEASE_DELETE;
-        queue_op(h, op);
+        /* Nobody waits for a delete: it goes with the next lease commit's transaction, or with the next
+         * batch of decision rows (there is one on its way whenever rows are queued, flush-delay at most).
+         * A transaction of its own per release was half of the writer's commits. */
+        (void) STACK_PUSH(&h->ops, op);
+        if (atomic_load(&h->n_rows) == 0)
+                wake_writer(h);
 }
 
 int history_query(History *h, const HistoryQuery *q, HistoryQueryFn done, void *userdata) {
