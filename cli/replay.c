@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <sqlite3.h>
@@ -9,6 +10,25 @@
 #include <time.h>
 
 #include "replay.h"
+
+/* libsqlite3 is loaded when a replay needs it, not linked: every other verb, `slotctl run` first, then
+ * starts without mapping and relocating it and the libm it pulls in (a third of slotctl's start-up). The
+ * header still gives the types and constants; the functions come from this table. */
+static struct {
+        void *handle;
+        __typeof__(sqlite3_bind_text) *bind_text;
+        __typeof__(sqlite3_close_v2) *close_v2;
+        __typeof__(sqlite3_column_int64) *column_int64;
+        __typeof__(sqlite3_column_text) *column_text;
+        __typeof__(sqlite3_column_type) *column_type;
+        __typeof__(sqlite3_errmsg) *errmsg;
+        __typeof__(sqlite3_errstr) *errstr;
+        __typeof__(sqlite3_exec) *exec;
+        __typeof__(sqlite3_finalize) *finalize;
+        __typeof__(sqlite3_open_v2) *open_v2;
+        __typeof__(sqlite3_prepare_v2) *prepare_v2;
+        __typeof__(sqlite3_step) *step;
+} sq;
 
 /* The decisions that are requests: each arrived, and was either granted or refused for want of room. */
 #define REQUEST_DECISIONS "('granted', 'busy', 'full', 'timeout', 'shed')"
@@ -46,7 +66,8 @@ typedef struct Replay {
 } Replay;
 
 static void replay_done(Replay *r) {
-        sqlite3_close_v2(r->db);
+        if (r->db)
+                sq.close_v2(r->db);
         free(r->pool);
         free(r->requests);
         for (size_t i = 0; i < r->n_lanes; i++) {
@@ -80,6 +101,34 @@ _printf_(2, 3) static int set_error(char **error, const char *fmt, ...) {
         free(*error);
         *error = m;
         return -EINVAL;
+}
+
+static int sqlite_load(char **error) {
+        if (sq.handle)
+                return 0;
+        void *h = dlopen("libsqlite3.so.0", RTLD_NOW | RTLD_LOCAL);
+        if (!h)
+                return set_error(error, "--replay needs libsqlite3.so.0: %s", dlerror());
+#define SYM(name)                                                                                          \
+        if (!(sq.name = dlsym(h, "sqlite3_" #name))) {                                                     \
+                dlclose(h);                                                                                \
+                return set_error(error, "--replay: libsqlite3.so.0 lacks sqlite3_%s", #name);              \
+        }
+        SYM(bind_text);
+        SYM(close_v2);
+        SYM(column_int64);
+        SYM(column_text);
+        SYM(column_type);
+        SYM(errmsg);
+        SYM(errstr);
+        SYM(exec);
+        SYM(finalize);
+        SYM(open_v2);
+        SYM(prepare_v2);
+        SYM(step);
+#undef SYM
+        sq.handle = h;
+        return 0;
 }
 
 static int push_u64(uint64_t **a, size_t *n, uint64_t v) {
@@ -142,22 +191,25 @@ static int uri_ro(const char *path, bool immutable, char **ret) {
 static int replay_open(Replay *r, char **error) {
         int rc = SQLITE_CANTOPEN;
 
+        int k = sqlite_load(error);
+        if (k < 0)
+                return k;
         /* Read-only, never creating it; a WAL database in a directory we may not write still opens
          * as immutable (its newest, not yet checkpointed rows then missing). */
         for (int immutable = 0; immutable <= 1 && rc == SQLITE_CANTOPEN; immutable++) {
                 _cleanup_free_ char *uri = NULL;
                 if (uri_ro(r->path, immutable, &uri) < 0)
                         return -ENOMEM;
-                sqlite3_close_v2(r->db);
+                sq.close_v2(r->db);
                 r->db = NULL;
-                rc = sqlite3_open_v2(uri, &r->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL);
+                rc = sq.open_v2(uri, &r->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL);
                 if (rc == SQLITE_OK)
-                        rc = sqlite3_exec(r->db, "PRAGMA temp_store = MEMORY; SELECT count(*) FROM sqlite_master", NULL,
+                        rc = sq.exec(r->db, "PRAGMA temp_store = MEMORY; SELECT count(*) FROM sqlite_master", NULL,
                                           NULL, NULL);
         }
         if (rc != SQLITE_OK)
                 return set_error(error, "--replay: cannot read '%s': %s", r->path,
-                                 r->db ? sqlite3_errmsg(r->db) : sqlite3_errstr(rc));
+                                 r->db ? sq.errmsg(r->db) : sq.errstr(rc));
         return 0;
 }
 
@@ -168,15 +220,15 @@ static int choose_pool(Replay *r, const char *wanted, char **error) {
         bool found = false;
         int rc;
 
-        rc = sqlite3_prepare_v2(r->db,
+        rc = sq.prepare_v2(r->db,
                                 "SELECT pool, count(*) FROM events WHERE decision IN " REQUEST_DECISIONS
                                 " AND pool IS NOT NULL GROUP BY pool ORDER BY pool",
                                 -1, &st, NULL);
         if (rc != SQLITE_OK)
                 return set_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
-                                 sqlite3_errmsg(r->db));
-        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-                const char *pool = (const char *) sqlite3_column_text(st, 0);
+                                 sq.errmsg(r->db));
+        while ((rc = sq.step(st)) == SQLITE_ROW) {
+                const char *pool = (const char *) sq.column_text(st, 0);
                 char *l;
                 n++;
                 if (wanted && streq(pool, wanted))
@@ -184,7 +236,7 @@ static int choose_pool(Replay *r, const char *wanted, char **error) {
                 if (!r->pool && !(r->pool = strdup(pool)))
                         rc = SQLITE_NOMEM;
                 if (asprintf(&l, "%s%s%s (%lld)", list ?: "", list ? ", " : "", pool,
-                             (long long) sqlite3_column_int64(st, 1)) < 0) {
+                             (long long) sq.column_int64(st, 1)) < 0) {
                         rc = SQLITE_NOMEM;
                         break;
                 }
@@ -192,11 +244,11 @@ static int choose_pool(Replay *r, const char *wanted, char **error) {
                 list = l;
                 list_len++;
         }
-        sqlite3_finalize(st);
+        sq.finalize(st);
         if (rc == SQLITE_NOMEM)
                 return -ENOMEM;
         if (rc != SQLITE_DONE)
-                return set_error(error, "--replay: reading '%s': %s", r->path, sqlite3_errmsg(r->db));
+                return set_error(error, "--replay: reading '%s': %s", r->path, sq.errmsg(r->db));
 
         if (n == 0)
                 return set_error(error, "--replay: '%s' holds no requests (no granted or refused decisions)", r->path);
@@ -237,43 +289,43 @@ static int read_requests(Replay *r, char **error) {
 
         /* Each lease's first end says how long it was held; the temporary table (in memory, allowed on a
          * read-only connection) makes the join one lookup per request. */
-        rc = sqlite3_exec(r->db, "CREATE TEMP TABLE replay_ends (lease TEXT PRIMARY KEY, hold_us INTEGER NOT NULL)",
+        rc = sq.exec(r->db, "CREATE TEMP TABLE replay_ends (lease TEXT PRIMARY KEY, hold_us INTEGER NOT NULL)",
                           NULL, NULL, NULL);
         if (rc == SQLITE_OK)
-                rc = sqlite3_prepare_v2(r->db,
+                rc = sq.prepare_v2(r->db,
                                         "INSERT OR IGNORE INTO replay_ends SELECT lease, hold_us FROM events "
                                         "WHERE pool = ? AND decision IN " END_DECISIONS
                                         " AND lease IS NOT NULL AND hold_us IS NOT NULL ORDER BY id",
                                         -1, &st, NULL);
         if (rc == SQLITE_OK) {
-                sqlite3_bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
-                rc = sqlite3_step(st);
+                sq.bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
+                rc = sq.step(st);
                 rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
         }
-        sqlite3_finalize(st);
+        sq.finalize(st);
         st = NULL;
         if (rc == SQLITE_OK)
-                rc = sqlite3_prepare_v2(r->db, "SELECT max(time) FROM events", -1, &st, NULL);
-        if (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-                r->last_us = (uint64_t) MAX(sqlite3_column_int64(st, 0), 0);
-        sqlite3_finalize(st);
+                rc = sq.prepare_v2(r->db, "SELECT max(time) FROM events", -1, &st, NULL);
+        if (rc == SQLITE_OK && sq.step(st) == SQLITE_ROW)
+                r->last_us = (uint64_t) MAX(sq.column_int64(st, 0), 0);
+        sq.finalize(st);
         st = NULL;
         if (rc == SQLITE_OK)
-                rc = sqlite3_prepare_v2(r->db,
+                rc = sq.prepare_v2(r->db,
                                         "SELECT e.id, e.time, e.decision, e.lane, e.wait_us, e.budget_us, e.state, n.hold_us "
                                         "FROM events e LEFT JOIN replay_ends n ON n.lease = e.lease "
                                         "WHERE e.pool = ? AND e.decision IN " REQUEST_DECISIONS " ORDER BY e.id",
                                         -1, &st, NULL);
         if (rc != SQLITE_OK)
                 return set_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
-                                 sqlite3_errmsg(r->db));
+                                 sq.errmsg(r->db));
 
-        sqlite3_bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
-        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-                const char *decision = (const char *) sqlite3_column_text(st, 2);
-                const char *lane = (const char *) sqlite3_column_text(st, 3);
-                const char *state = (const char *) sqlite3_column_text(st, 6);
-                int64_t time_us = sqlite3_column_int64(st, 1), wait_us = sqlite3_column_int64(st, 4);
+        sq.bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
+        while ((rc = sq.step(st)) == SQLITE_ROW) {
+                const char *decision = (const char *) sq.column_text(st, 2);
+                const char *lane = (const char *) sq.column_text(st, 3);
+                const char *state = (const char *) sq.column_text(st, 6);
+                int64_t time_us = sq.column_int64(st, 1), wait_us = sq.column_int64(st, 4);
                 bool granted = streq(decision, "granted");
                 size_t k;
 
@@ -282,12 +334,12 @@ static int read_requests(Replay *r, char **error) {
                 if (lane_index(r, lane, &k) < 0)
                         goto oom;
                 ReplayLane *l = &r->lanes[k];
-                if (wait_us > 0 || sqlite3_column_type(st, 5) != SQLITE_NULL)
+                if (wait_us > 0 || sq.column_type(st, 5) != SQLITE_NULL)
                         l->queued = true;
                 if (streq(decision, "busy"))
                         l->busy = true;
-                if (sqlite3_column_type(st, 5) != SQLITE_NULL && state) {
-                        uint64_t budget = (uint64_t) MAX(sqlite3_column_int64(st, 5), 0);
+                if (sq.column_type(st, 5) != SQLITE_NULL && state) {
+                        uint64_t budget = (uint64_t) MAX(sq.column_int64(st, 5), 0);
                         if (streq(state, "keeping-up") && push_u64(&r->keeping_up_budgets, &r->n_keeping_up, budget) < 0)
                                 goto oom;
                         if (streq(state, "saturated") && push_u64(&r->saturated_budgets, &r->n_saturated, budget) < 0)
@@ -295,8 +347,8 @@ static int read_requests(Replay *r, char **error) {
                 }
 
                 int64_t hold = -1;
-                if (granted && sqlite3_column_type(st, 7) != SQLITE_NULL) {
-                        hold = MAX(sqlite3_column_int64(st, 7), 0);
+                if (granted && sq.column_type(st, 7) != SQLITE_NULL) {
+                        hold = MAX(sq.column_int64(st, 7), 0);
                         if (push_u64(&l->holds, &l->n_holds, (uint64_t) hold) < 0)
                                 goto oom;
                 }
@@ -306,7 +358,7 @@ static int read_requests(Replay *r, char **error) {
                         goto oom;
                 r->requests = a;
                 r->requests[r->n_requests++] = (ReplayRequest) {
-                        .id = sqlite3_column_int64(st, 0),
+                        .id = sq.column_int64(st, 0),
                         .time_us = (uint64_t) time_us,
                         .arrival_us = (uint64_t) time_us - (uint64_t) MIN(MAX(wait_us, 0), time_us),
                         .lane = k,
@@ -314,14 +366,14 @@ static int read_requests(Replay *r, char **error) {
                         .hold_us = hold,
                 };
         }
-        sqlite3_finalize(st);
+        sq.finalize(st);
         if (rc != SQLITE_DONE)
-                return set_error(error, "--replay: reading '%s': %s", r->path, sqlite3_errmsg(r->db));
+                return set_error(error, "--replay: reading '%s': %s", r->path, sq.errmsg(r->db));
         if (r->n_requests == 0)
                 return set_error(error, "--replay: '%s' holds no requests for pool '%s'", r->path, r->pool);
         return 0;
 oom:
-        sqlite3_finalize(st);
+        sq.finalize(st);
         return -ENOMEM;
 }
 
@@ -561,13 +613,13 @@ int replay_load(const ReplayOptions *o, char **error, Scenario **ret, ReplayInfo
 
                 info.pool = TAKE_PTR(r.pool);
                 /* A refusal the replay cannot model without --max-queue: worth a word. */
-                if (sqlite3_prepare_v2(r.db, "SELECT count(*) FROM events WHERE pool = ? AND decision = 'full'", -1, &st,
+                if (sq.prepare_v2(r.db, "SELECT count(*) FROM events WHERE pool = ? AND decision = 'full'", -1, &st,
                                        NULL) == SQLITE_OK) {
-                        sqlite3_bind_text(st, 1, info.pool, -1, SQLITE_STATIC);
-                        if (sqlite3_step(st) == SQLITE_ROW)
-                                info.full_refusals = (uint64_t) sqlite3_column_int64(st, 0);
+                        sq.bind_text(st, 1, info.pool, -1, SQLITE_STATIC);
+                        if (sq.step(st) == SQLITE_ROW)
+                                info.full_refusals = (uint64_t) sq.column_int64(st, 0);
                 }
-                sqlite3_finalize(st);
+                sq.finalize(st);
         }
         replay_done(&r);
         if (k < 0)
