@@ -259,6 +259,18 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         if (m->status_dirty)
                 manager_update_status(m);
         manager_sync(m);
+
+        /* exit-idle-after= (SPEC §8): only under socket activation, where the next client starts us again,
+         * and only with no connection and no lease (waiters have connections). */
+        usec_t now = now_monotonic();
+        if (m->n_connections > 0 || m->n_leases > 0 || m->socket_bound_here)
+                m->idle_since = now;
+        else if (m->config->exit_idle_after != USEC_INFINITY && now - m->idle_since >= m->config->exit_idle_after) {
+                log_info("Idle for %s: exiting; the socket stays with systemd.",
+                         timespan_format((char[TIMESPAN_MAX]) {}, TIMESPAN_MAX, m->config->exit_idle_after));
+                (void) sd_notify(false, "STOPPING=1");
+                return sd_event_exit(m->event, 0);
+        }
         (void) sd_event_source_set_time_relative(s, TICK_USEC);
         return 0;
 }
@@ -549,6 +561,7 @@ int manager_start(Manager *m) {
         r = sd_event_add_io(m->event, &m->listen_source, fd, EPOLLIN, on_accept, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to watch the listening socket: %m");
+        m->idle_since = now_monotonic();
         manager_update_status(m);
         (void) sd_notify(false, "READY=1");
         return 0;

@@ -70,6 +70,7 @@ typedef struct Manager {
         sd_event_source *watchdog_timer;
         usec_t watchdog_usec;
         bool status_dirty;
+        usec_t idle_since;              /* monotonic: since when nothing was connected or held */
         bool accepting_paused;          /* at the connection limit: listen socket not polled */
 } Manager;
 

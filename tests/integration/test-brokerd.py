@@ -955,6 +955,36 @@ class SocketActivation(unittest.TestCase):
             self.assertTrue(b.responsive())
 
 
+class IdleExit(unittest.TestCase):
+    """exit-idle-after= (SPEC §8): under socket activation brokerd exits once nothing is connected or held,
+    and not while a lease is held."""
+
+    CONFIG = "[broker]\nexit-idle-after=1s\n[pool p]\nlimit=1\n[lane l]\npools=p\n"
+
+    def test_exits_when_idle_and_not_while_a_lease_is_held(self):
+        b = Broker(self.CONFIG, mode="activate", name="brokerd-idle").start()
+        self.addCleanup(b.stop)
+        holder = b.acquire("l")
+        self.assertTrue(holder.granted, holder.msg)
+        # A held lease keeps it: still there well past the idle time.
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            self.assertTrue(b.alive(), "brokerd exited while a lease was held")
+            time.sleep(0.1)
+        holder.close()
+        wait_for(lambda: not b.alive(), timeout=5, message="brokerd to exit once idle")
+        self.assertEqual(b.proc.returncode, 0, "an idle exit is a clean exit")
+        self.assertIn("Idle for 1s: exiting", b.log())
+
+    def test_self_bound_brokerd_never_exits_when_idle(self):
+        b = Broker(self.CONFIG, mode="bound", name="brokerd-idle-bound").start()
+        self.addCleanup(b.stop)
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            self.assertTrue(b.alive(), "a self-bound brokerd exited when idle: nobody would start it again")
+            time.sleep(0.1)
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit(__doc__)
