@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* run.c — slotctl run: fork the command first, blocked on a pipe in a process group of its own; acquire
  * a slot with the command's pid attached; let it go with the lease in its environment; supervise it
- * (signals, --timeout, revocation) and exit with its status. SPEC §3.4 and §6. */
+ * (signals, --timeout, revocation; reconnecting to reclaim the lease when brokerd restarts under it) and
+ * exit with its status. SPEC §3.4 and §6. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -25,6 +26,12 @@
 #define PROGRESS_INTERVAL_TTY USEC_PER_SEC
 #define PROGRESS_INTERVAL_LOG (30 * USEC_PER_SEC)
 #define KILL_AFTER_DEFAULT (5 * USEC_PER_SEC)
+/* As brokerd's default reclaim-grace=: a lease held only by our connection waits that long for us. */
+#define RECLAIM_FOR_DEFAULT (30 * USEC_PER_SEC)
+/* Reconnection attempts start soon (a restart takes a fraction of a second) and slow down to one every
+ * 2 s: a broker that stays away is not hammered. */
+#define RECONNECT_BACKOFF_FIRST (100 * USEC_PER_MSEC)
+#define RECONNECT_BACKOFF_MAX (2 * USEC_PER_SEC)
 
 static const char *arg_socket = NULL;
 static const char *arg_lane = NULL;
@@ -34,6 +41,7 @@ static usec_t arg_max_wait = USEC_INFINITY;
 static const char *arg_job = NULL;
 static usec_t arg_timeout = USEC_INFINITY;
 static usec_t arg_kill_after = KILL_AFTER_DEFAULT;
+static usec_t arg_reclaim_for = RECLAIM_FOR_DEFAULT;
 static bool arg_if_unavailable_run = false;
 static bool arg_quiet = false;
 static unsigned arg_conflict_exit_code = EXIT_REFUSED;
@@ -75,6 +83,14 @@ typedef struct Run {
 
         usec_t timeout_at;
         usec_t kill_at;
+
+        /* The broker went away while the command runs: reconnect and reclaim the lease (SPEC §3.4). */
+        char *socket_path;     /* where the broker was reached */
+        bool reconnecting;     /* the connection was lost, the lease not reclaimed yet, attempts go on */
+        bool reclaiming;       /* r->client carries an Acquire with reclaim, not answered yet */
+        usec_t reconnect_at;   /* the next attempt; USEC_INFINITY: none planned */
+        usec_t reconnect_until; /* when this episode's attempts end (--reclaim-for) */
+        usec_t reconnect_backoff;
 } Run;
 
 #define RUN_INIT                                                                                                   \
@@ -86,6 +102,7 @@ typedef struct Run {
                 .next_progress = USEC_INFINITY,                                                                    \
                 .timeout_at = USEC_INFINITY,                                                                       \
                 .kill_at = USEC_INFINITY,                                                                          \
+                .reconnect_at = USEC_INFINITY,                                                                     \
         })
 
 static void help(void) {
@@ -98,6 +115,8 @@ static void help(void) {
                "     --job=NAME                 Label for status and history (default: the CI job's URL)\n"
                "     --timeout=DURATION         Stop COMMAND this long after the grant (exit 124)\n"
                "     --kill-after=DURATION      SIGKILL this long after SIGTERM (default: 5s)\n"
+               "     --reclaim-for=DURATION     Broker restarted under COMMAND: try this long to reconnect\n"
+               "                                and reclaim the lease (default: 30s; 0: do not)\n"
                "     --if-unavailable=fail|run  Broker unreachable: exit 69, or run without a slot\n"
                "  -q --quiet                    Print nothing while waiting\n"
                "     --conflict-exit-code=N     Exit N when refused (default: 75)\n"
@@ -116,6 +135,7 @@ static int parse_argv(int argc, char *argv[]) {
                 ARG_JOB,
                 ARG_TIMEOUT,
                 ARG_KILL_AFTER,
+                ARG_RECLAIM_FOR,
                 ARG_IF_UNAVAILABLE,
                 ARG_CONFLICT_EXIT_CODE,
                 ARG_SOCKET,
@@ -128,6 +148,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "job", required_argument, NULL, ARG_JOB },
                 { "timeout", required_argument, NULL, ARG_TIMEOUT },
                 { "kill-after", required_argument, NULL, ARG_KILL_AFTER },
+                { "reclaim-for", required_argument, NULL, ARG_RECLAIM_FOR },
                 { "if-unavailable", required_argument, NULL, ARG_IF_UNAVAILABLE },
                 { "quiet", no_argument, NULL, 'q' },
                 { "conflict-exit-code", required_argument, NULL, ARG_CONFLICT_EXIT_CODE },
@@ -175,6 +196,10 @@ static int parse_argv(int argc, char *argv[]) {
                         break;
                 case ARG_KILL_AFTER:
                         if (cli_parse_duration("--kill-after", optarg, false, &arg_kill_after) < 0)
+                                return -EINVAL;
+                        break;
+                case ARG_RECLAIM_FOR:
+                        if (cli_parse_duration("--reclaim-for", optarg, true, &arg_reclaim_for) < 0)
                                 return -EINVAL;
                         break;
                 case ARG_IF_UNAVAILABLE:
@@ -491,11 +516,86 @@ static void run_on_signal(Run *r, int sig) {
         group_kill(r, sig);
 }
 
+/* ---- the broker restarted under the command ---- */
+
+static void run_reconnect_end(Run *r) {
+        r->reconnecting = r->reclaiming = false;
+        r->reconnect_at = USEC_INFINITY;
+}
+
+static void run_reconnect_schedule(Run *r, usec_t now) {
+        if (now >= r->reconnect_until) {
+                char t[TIMESPAN_MAX];
+                log_warning("could not reclaim lease %s within %s; the command keeps running without the broker's "
+                            "word (brokerd keeps its slots while it runs)",
+                            broker_lease_id(r->lease), timespan_format(t, sizeof t, arg_reclaim_for));
+                run_reconnect_end(r);
+                return;
+        }
+        r->reconnect_at = MIN(usec_add(now, r->reconnect_backoff), r->reconnect_until);
+        r->reconnect_backoff = MIN(r->reconnect_backoff * 2, RECONNECT_BACKOFF_MAX);
+}
+
+/* One attempt: connect, and ask for the lease back with the command's pid. The answer comes through
+ * run_on_broker(); a broker that is not listening yet means another attempt later. */
+static void run_reconnect(Run *r, usec_t now) {
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+
+        r->reconnect_at = USEC_INFINITY;
+        if (broker_client_connect(r->socket_path, &c) >= 0) {
+                BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
+                o.lane = broker_lease_lane(r->lease);
+                o.reclaim = broker_lease_id(r->lease);
+                o.pid = r->child;
+                if (broker_acquire_start(c, &o) >= 0) {
+                        r->client = TAKE_PTR(c);
+                        r->reclaiming = true;
+                        return;
+                }
+        }
+        run_reconnect_schedule(r, now);
+}
+
+static void run_reclaimed(Run *r, BrokerLease *l) {
+        run_reconnect_end(r);
+        log_notice("reconnected to the broker; lease %s reclaimed", broker_lease_id(l));
+        broker_lease_free(r->lease);
+        r->lease = l;
+}
+
+/* The broker answered the reclaim with no: the command keeps running; a lease the broker restored for
+ * the command's pid stays held while it runs, and that is all that can be had. */
+static void run_reclaim_refused(Run *r, int result) {
+        run_reconnect_end(r);
+        r->client = broker_client_free(r->client);
+        if (result == BROKER_NO_SUCH_LEASE)
+                log_warning("the broker no longer knows lease %s; the command keeps running",
+                            broker_lease_id(r->lease));
+        else
+                log_warning("the broker refused to give lease %s back (%s); the command keeps running",
+                            broker_lease_id(r->lease), broker_result_to_string(result) ?: "error");
+}
+
 static void run_on_broker_lost(Run *r, int error, usec_t now) {
         r->client = broker_client_free(r->client);
         if (r->phase != PHASE_WAITING) {
-                errno = -error;
-                log_warning("lost the connection to the broker (%m); the command keeps running");
+                r->reclaiming = false;
+                if (r->phase != PHASE_RUNNING || !r->lease || !r->socket_path || arg_reclaim_for == 0) {
+                        errno = -error;
+                        log_warning("lost the connection to the broker (%m); the command keeps running");
+                        run_reconnect_end(r);
+                        return;
+                }
+                if (!r->reconnecting) {
+                        /* A lost reclaim attempt (the broker not ready yet, or gone again) is part of the episode. */
+                        errno = -error;
+                        log_warning("lost the connection to the broker (%m); the command keeps running, reconnecting "
+                                    "to reclaim lease %s", broker_lease_id(r->lease));
+                        r->reconnecting = true;
+                        r->reconnect_until = usec_add(now, arg_reclaim_for);
+                        r->reconnect_backoff = RECONNECT_BACKOFF_FIRST;
+                }
+                run_reconnect_schedule(r, now);
                 return;
         }
         progress_clear(r);
@@ -524,9 +624,16 @@ static void run_on_broker(Run *r, usec_t now) {
                                 progress_update(r, &ev.position, now);
                         break;
                 case BROKER_EVENT_GRANTED:
-                        run_start(r, ev.lease, now);
+                        if (r->reclaiming)
+                                run_reclaimed(r, ev.lease);
+                        else
+                                run_start(r, ev.lease, now);
                         break;
                 case BROKER_EVENT_REFUSED:
+                        if (r->reclaiming) {
+                                run_reclaim_refused(r, ev.refusal);
+                                return;
+                        }
                         progress_clear(r);
                         run_abandon(r, cli_log_result(r->client, "acquire", ev.refusal, (int) arg_conflict_exit_code));
                         return;
@@ -587,7 +694,7 @@ static int run_loop(Run *r) {
                                                  .events = (short) broker_client_get_events(r->client) };
 
                 usec_t now = now_monotonic();
-                usec_t deadline = MIN(r->next_progress, MIN(r->timeout_at, r->kill_at));
+                usec_t deadline = MIN(MIN(r->next_progress, r->reconnect_at), MIN(r->timeout_at, r->kill_at));
                 int timeout = -1;
                 if (deadline != USEC_INFINITY)
                         timeout = deadline <= now ? 0 : (int) MIN(DIV_ROUND_UP(deadline - now, USEC_PER_MSEC), (usec_t) INT_MAX);
@@ -620,6 +727,8 @@ static int run_loop(Run *r) {
                 }
                 if (now >= r->next_progress)
                         progress_tick(r, now);
+                if (now >= r->reconnect_at && !r->client)
+                        run_reconnect(r, now);
         }
         return 0;
 }
@@ -634,6 +743,7 @@ static void run_done(Run *r) {
         safe_close(r->pidfd);
         safe_close(r->signal_fd);
         safe_close(r->go_fd);
+        free(r->socket_path);
         if (r->mask_saved)
                 (void) sigprocmask(SIG_SETMASK, &r->saved_mask, NULL);
 }
@@ -695,6 +805,13 @@ int verb_run(int argc, char *argv[]) {
                         return r.exit_status;
                 }
         } else {
+                /* Kept for a reconnection, should the broker restart while the command runs. */
+                r.socket_path = strdup(broker_client_get_socket_path(r.client));
+                if (!r.socket_path) {
+                        log_error("Out of memory.");
+                        run_abandon(&r, EXIT_FAILURE);
+                        return r.exit_status;
+                }
                 BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
                 o.lane = arg_lane;
                 o.slots = arg_slots;
