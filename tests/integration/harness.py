@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 """harness.py — shared helpers for the integration tests: a byte-level Varlink client, the real brokerd
 on a private socket (self-bound or through systemd-socket-activate), a stand-in NOTIFY_SOCKET, polling
-helpers and child processes in process groups of their own. Python 3 standard library only.
+helpers, the invariant checker under load (Tracker, monitor: test-brokerd-stress.py, test-restart.py) and
+child processes in process groups of their own. Python 3 standard library only.
 
 Run as a program it is a tiny client for tests that need another uid (see client_main()):
     harness.py call SOCKET METHOD [PARAMS_JSON] [--more] [--pid-self] [--hold]
@@ -529,6 +530,16 @@ class Broker:
             self.notify = None
         return self.returncode
 
+    def crash(self):
+        """SIGKILL (a crash: no cleanup of any kind) and reap it; start() runs it again on the same state
+        directory and socket."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        if self._log:
+            self._log.close()
+            self._log = None
+
     def log(self):
         try:
             with open(self.log_path, "rb") as f:
@@ -661,6 +672,147 @@ def cleanup_all(keep=False):
         else:
             b.cleanup()
     _all_brokers.clear()
+
+
+# ---- the invariant under load (SPEC §3.4, §10) ----
+
+class Tracker:
+    """What clients saw of one pool of `limit` slots, checked as they see it. A client removes its lease
+    from `live` before it does anything that ends it (close, Release), so a grant of a slot still in `live`
+    is a double grant. Thread-safe; violations collect in .failures, outcomes in .counts."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.lock = threading.Lock()
+        self.live = {}          # slot -> lease id
+        self.ids = set()
+        self.tokens = set()
+        self.failures = []
+        self.counts = {}
+
+    def fail(self, text):
+        with self.lock:
+            if len(self.failures) < 50:
+                self.failures.append(text)
+
+    def count(self, what):
+        with self.lock:
+            self.counts[what] = self.counts.get(what, 0) + 1
+
+    def granted(self, lease):
+        with self.lock:
+            if lease["id"] in self.ids:
+                self.failures.append(f"lease id {lease['id']} granted twice")
+            self.ids.add(lease["id"])
+            if lease["token"] in self.tokens:
+                self.failures.append(f"fencing token {lease['token']} granted twice")
+            self.tokens.add(lease["token"])
+            for slot in lease["slots"]:
+                if not 0 <= slot < self.limit:
+                    self.failures.append(f"slot {slot} outside 0..{self.limit - 1}: {lease}")
+                if slot in self.live:
+                    self.failures.append(f"slot {slot} granted to {lease['id']} while lease {self.live[slot]} holds it")
+                self.live[slot] = lease["id"]
+            self.counts["granted"] = self.counts.get("granted", 0) + 1
+
+    def ending(self, lease):
+        with self.lock:
+            for slot in lease["slots"]:
+                if self.live.get(slot) == lease["id"]:
+                    del self.live[slot]
+
+
+def pool_violations(status, pool, limit):
+    """The invariant's checks on one Status sample of one pool: holders ≤ limit, the holders' slots
+    distinct and within the limit, inUse = what the holders hold, lease ids unique, waiters' positions 1..n.
+    Returns (violations as texts, the pool's PoolStatus)."""
+    out = []
+    [p] = [x for x in status["pools"] if x["name"] == pool]
+    holders = [h for h in status["holders"] if h["lease"]["pool"] == pool]
+    slots = [x for h in holders for x in h["lease"]["slots"]]
+    ids = [h["lease"]["id"] for h in holders]
+    if p["inUse"] > p["limit"] or p["inUse"] > limit:
+        out.append(f"over-subscribed: {p['inUse']} in use of {p['limit']}")
+    if len(slots) != len(set(slots)):
+        out.append(f"two live leases hold the same slot: {sorted(slots)}")
+    if any(not 0 <= x < limit for x in slots):
+        out.append(f"slot outside the pool: {slots}")
+    if len(slots) != p["inUse"]:
+        out.append(f"inUse {p['inUse']} but the holders hold {len(slots)} slots")
+    if len(ids) != len(set(ids)):
+        out.append(f"a lease id listed twice: {ids}")
+    positions = [w["position"] for w in status["waiters"] if w["pool"] == pool]
+    if positions != list(range(1, len(positions) + 1)):
+        out.append(f"waiter positions {positions}")
+    if p["waiting"] != len(positions):
+        out.append(f"waiting {p['waiting']} but {len(positions)} waiters listed")
+    return out, p
+
+
+class Restarts:
+    """What a test tells monitor() when it crashes and restarts brokerd: begin() before the kill, end() once
+    the new one answers. A connection made before a restart may fail; one made after it may not (a thread
+    starved while the test restarted brokerd only finds its old connection broken later)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.count = 0
+        self.down = False
+
+    def begin(self):
+        with self.lock:
+            self.count += 1
+            self.down = True
+
+    def end(self):
+        with self.lock:
+            self.down = False
+
+    def expected(self, since):
+        """True when a failure of a connection made at restart count `since` is the restart's doing."""
+        with self.lock:
+            return self.down or self.count != since
+
+
+def monitor(path, pool, limit, tracker, stop, stats, interval=0.003, restarts=None, on_sample=None,
+            timeout=10.0):
+    """Samples Status until `stop` (a threading.Event) is set, reporting pool_violations() to the tracker;
+    stats gets "samples", "max_in_use" and "max_waiting". restarts: a Restarts the test updates when it
+    crashes and restarts brokerd: connection failures it explains are expected, and the monitor
+    reconnects. on_sample(status, asked) may add checks of its own (it returns violations as texts); asked
+    is when the Status call was sent (time.monotonic()), so that a check knows what had happened before."""
+    conn = None
+    since = 0
+    try:
+        while not stop.is_set():
+            try:
+                if conn is None:
+                    since = restarts.count if restarts else 0
+                    conn = Varlink(path, timeout)
+                asked = time.monotonic()
+                s = conn.call("io.slotbroker.Status")
+            except (OSError, ConnectionClosed, TimeoutError):
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                if restarts is None or not restarts.expected(since):
+                    raise
+                stop.wait(0.01)
+                continue
+            stats["samples"] += 1
+            violations, p = pool_violations(s, pool, limit)
+            if on_sample:
+                violations += on_sample(s, asked)
+            for v in violations:
+                tracker.fail(v)
+            stats["max_in_use"] = max(stats.get("max_in_use", 0), p["inUse"])
+            stats["max_waiting"] = max(stats.get("max_waiting", 0), p["waiting"])
+            stop.wait(interval)
+    except Exception as e:  # noqa: BLE001 — any failure of the monitor is a test failure
+        tracker.fail(f"monitor: {type(e).__name__}: {e}")
+    finally:
+        if conn is not None:
+            conn.close()
 
 
 # ---- processes ----

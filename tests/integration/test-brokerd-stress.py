@@ -20,7 +20,7 @@ import unittest
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
-from harness import Broker, ConnectionClosed, Varlink, VarlinkError, wait_for  # noqa: E402
+from harness import Broker, ConnectionClosed, Tracker, Varlink, VarlinkError, wait_for  # noqa: E402
 
 LIMIT = 4
 CONFIG = f"""\
@@ -44,50 +44,8 @@ queue-timeout = 500ms
 """
 
 ANSWER_TIMEOUT = 10.0  # longer than any budget (2 s): a request not answered by then is lost
-
-
-class Tracker:
-    """What the clients saw, checked as they see it. A client removes its lease from `live` before it does
-    anything that ends it (close, Release), so a grant of a slot still in `live` is a double grant."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.live = {}          # slot -> lease id
-        self.ids = set()
-        self.tokens = set()
-        self.failures = []
-        self.counts = {}
-
-    def fail(self, text):
-        with self.lock:
-            if len(self.failures) < 50:
-                self.failures.append(text)
-
-    def count(self, what):
-        with self.lock:
-            self.counts[what] = self.counts.get(what, 0) + 1
-
-    def granted(self, lease):
-        with self.lock:
-            if lease["id"] in self.ids:
-                self.failures.append(f"lease id {lease['id']} granted twice")
-            self.ids.add(lease["id"])
-            if lease["token"] in self.tokens:
-                self.failures.append(f"fencing token {lease['token']} granted twice")
-            self.tokens.add(lease["token"])
-            for slot in lease["slots"]:
-                if not 0 <= slot < LIMIT:
-                    self.failures.append(f"slot {slot} outside 0..{LIMIT - 1}: {lease}")
-                if slot in self.live:
-                    self.failures.append(f"slot {slot} granted to {lease['id']} while lease {self.live[slot]} holds it")
-                self.live[slot] = lease["id"]
-            self.counts["granted"] = self.counts.get("granted", 0) + 1
-
-    def ending(self, lease):
-        with self.lock:
-            for slot in lease["slots"]:
-                if self.live.get(slot) == lease["id"]:
-                    del self.live[slot]
+# The checks themselves (harness.Tracker: what the clients saw; harness.monitor: Status samples) are shared
+# with test-restart.py, which runs the same invariant across crashes of brokerd.
 
 
 def client(path, tracker, deadline, rng, name):
@@ -163,42 +121,6 @@ def client(path, tracker, deadline, rng, name):
         admin.close()
 
 
-def monitor(path, tracker, stop, stats):
-    """Samples Status: holders ≤ limit, the holders' slots distinct and within the limit, inUse = what the
-    holders hold, lease ids unique, waiters' positions 1..n."""
-    conn = Varlink(path, ANSWER_TIMEOUT)
-    try:
-        while not stop.is_set():
-            s = conn.call("io.slotbroker.Status")
-            stats["samples"] += 1
-            [pool] = [p for p in s["pools"] if p["name"] == "s"]
-            holders = [h for h in s["holders"] if h["lease"]["pool"] == "s"]
-            slots = [x for h in holders for x in h["lease"]["slots"]]
-            ids = [h["lease"]["id"] for h in holders]
-            if pool["inUse"] > pool["limit"]:
-                tracker.fail(f"over-subscribed: {pool['inUse']} in use of {pool['limit']}")
-            if len(slots) != len(set(slots)):
-                tracker.fail(f"two live leases hold the same slot: {sorted(slots)}")
-            if any(not 0 <= x < LIMIT for x in slots):
-                tracker.fail(f"slot outside the pool: {slots}")
-            if len(slots) != pool["inUse"]:
-                tracker.fail(f"inUse {pool['inUse']} but the holders hold {len(slots)} slots")
-            if len(ids) != len(set(ids)):
-                tracker.fail(f"a lease id listed twice: {ids}")
-            positions = [w["position"] for w in s["waiters"] if w["pool"] == "s"]
-            if positions != list(range(1, len(positions) + 1)):
-                tracker.fail(f"waiter positions {positions}")
-            if pool["waiting"] != len(positions):
-                tracker.fail(f"waiting {pool['waiting']} but {len(positions)} waiters listed")
-            stats["max_in_use"] = max(stats["max_in_use"], pool["inUse"])
-            stats["max_waiting"] = max(stats["max_waiting"], pool["waiting"])
-            stop.wait(0.003)
-    except Exception as e:  # noqa: BLE001 — any failure of the monitor is a test failure
-        tracker.fail(f"monitor: {type(e).__name__}: {e}")
-    finally:
-        conn.close()
-
-
 def reloader(path, tracker, stop, stats):
     """Reloads the (unchanged) configuration twice a second: a reload must not drop or disturb anything."""
     conn = Varlink(path, ANSWER_TIMEOUT)
@@ -224,10 +146,11 @@ class Invariant(unittest.TestCase):
         wait_for(lambda: not b.client_connections(), message="no connection before the run")
         baseline = b.fds()
 
-        tracker = Tracker()
+        tracker = Tracker(LIMIT)
         stats = {"samples": 0, "max_in_use": 0, "max_waiting": 0, "reloads": 0}
         stop = threading.Event()
-        mon = threading.Thread(target=monitor, args=(b.socket_path, tracker, stop, stats), daemon=True)
+        mon = threading.Thread(target=harness.monitor, args=(b.socket_path, "s", LIMIT, tracker, stop, stats),
+                               daemon=True)
         mon.start()
         rel = threading.Thread(target=reloader, args=(b.socket_path, tracker, stop, stats), daemon=True)
         rel.start()
