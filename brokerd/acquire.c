@@ -397,6 +397,8 @@ static void on_refused(Manager *m, Connection *c, const EngineEvent *ev) {
         rec.uid = c->cred.uid;
         rec.pid = c->cred.pid;
         rec.retry_after_sec = ev->retry_after_sec;
+        if (ev->refusal == REFUSAL_UNAVAILABLE)
+                rec.reason = conf_find_pool(m->config, ev->pool) ? "the pool is drained" : "the pool was removed by a reload";
         audit_decision(m, &rec);
 
         if (c->closed)

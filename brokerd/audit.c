@@ -17,7 +17,7 @@ static const struct {
         const char *message_id;
         const char *tag;
         int priority;
-        bool routine; /* journaled only with audit = all */
+        bool routine; /* journaled only with audit = all, unless a reason says it is out of the ordinary */
 } decisions[] = {
         { "granted", "4f244161cad643b4947fb481e7eb36ad", "LEASE_GRANTED", LOG_INFO, true },
         { "released", "07775bc3af6047d6ab0d9bd49d41b10b", "LEASE_RELEASED", LOG_INFO, true },
@@ -108,8 +108,8 @@ static void compose_message(const AuditRecord *r, const char *tag, char *buf, si
                          tag, lane, usec_str(w, sizeof w, r->wait), pool, usec_str(i, sizeof i, r->idle),
                          usec_str(b, sizeof b, r->budget));
         else if (streq(d, "unavailable"))
-                snprintf(buf, size, "[%s] Request of lane %s refused: pool %s is %s", tag, lane, pool,
-                         r->reason ?: "drained or removed");
+                snprintf(buf, size, "[%s] Request of lane %s refused on pool %s: %s", tag, lane, pool,
+                         r->reason ?: "the pool is drained or was removed");
         else if (streq(d, "denied"))
                 snprintf(buf, size, "[%s] uid %d may not use lane %s", tag, (int) r->uid, lane);
         else if (r->lease)
@@ -212,7 +212,8 @@ void audit_decision(Manager *m, const AuditRecord *r) {
         metrics_record(&m->metrics, r);
         if (m->history)
                 history_append(m->history, r, now_realtime());
-        if (decisions[k].routine && m->config->audit != AUDIT_ALL)
+        /* A release at the end of a restart's recovery, or after a revocation, is not routine: its reason says why. */
+        if (decisions[k].routine && !r->reason && m->config->audit != AUDIT_ALL)
                 return;
         if (audit_admit(&m->audit, k, now_monotonic()))
                 journal_decision(m, r, k);

@@ -924,6 +924,16 @@ static OpenResult writer_open_at(History *h, bool afresh, const char *salvage_fr
         }
         if (rc == SQLITE_OK)
                 rc = token_marks_load(h, w->db);
+        if (rc == SQLITE_OK && afresh) {
+                /* What the moved file held of the tokens may be lost with it. The clock in µs is above any
+                 * token handed out so far (a token per µs would be a million grants a second, for years):
+                 * every pool continues above it, under the name no pool can have (HISTORY_TOKEN_FLOOR_ALL). */
+                TokenMark *all = token_mark_get(w, HISTORY_TOKEN_FLOOR_ALL);
+                if (!all)
+                        rc = SQLITE_NOMEM;
+                else
+                        all->committed = all->pending = MAX(all->committed, (uint64_t) now_realtime());
+        }
         if (rc == SQLITE_OK && w->n_marks > 0) {
                 /* After a fresh start the marks we knew go back in: tokens never go back. */
                 rc = sqlite3_exec(w->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);

@@ -46,6 +46,10 @@ void history_lease_row_done(HistoryLeaseRow *row);
 /* Frees what history_load_leases() returned. */
 void history_lease_rows_free(HistoryLeaseRow *rows, size_t n);
 
+/* The pool name of a floor that applies to every pool: set when a database had to be started afresh and
+ * its token marks may be lost (no pool name can contain '*'). */
+#define HISTORY_TOKEN_FLOOR_ALL "*"
+
 /* A pool's next unused fencing token as persisted. */
 typedef struct HistoryTokenFloor {
         char *pool;

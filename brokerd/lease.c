@@ -67,8 +67,10 @@ void lease_discard(Lease *l) {
         lease_forget(l);
 }
 
-void lease_end(Lease *l, const char *decision) {
-        audit_lease(l, decision, NULL);
+void lease_end(Lease *l) {
+        /* A revocation was recorded when it happened; the end is the slots' release, recorded once, with
+         * the whole hold (the hold histogram counts each lease once). */
+        audit_lease(l, "released", l->state == LEASE_HELD ? NULL : "after its revocation");
         lease_forget(l);
 }
 
@@ -124,10 +126,10 @@ void lease_persist(Lease *l, LeasePersistedFn done) {
 }
 
 /* Ends the lease once nobody holds it any more: no connection, no running command. */
-static void lease_maybe_end(Lease *l, const char *decision) {
+static void lease_maybe_end(Lease *l) {
         if (l->holder || lease_command_running(l) || l->detached)
                 return;
-        lease_end(l, decision);
+        lease_end(l);
 }
 
 static void lease_command_check_group(Lease *l) {
@@ -147,7 +149,7 @@ static int on_command_exit(sd_event_source *s, int fd, uint32_t revents, void *u
         l->command_pidfd = safe_close(l->command_pidfd);
         lease_command_check_group(l);
         if (l->command_gone)
-                lease_maybe_end(l, l->state == LEASE_HELD ? "released" : "revoked");
+                lease_maybe_end(l);
         manager_sync(m);
         return 0;
 }
@@ -157,7 +159,7 @@ void lease_poll_command(Lease *l) {
                 return;
         lease_command_check_group(l);
         if (l->command_gone)
-                lease_maybe_end(l, l->state == LEASE_HELD ? "released" : "revoked");
+                lease_maybe_end(l);
 }
 
 static void lease_make_id(char id[static LEASE_ID_LEN + 1]) {
@@ -330,7 +332,7 @@ void lease_holder_gone(Lease *l) {
                 audit_lease(l, "overdue", "revoked, and nobody is left to stop the command");
                 manager_status_changed(l->manager);
         }
-        lease_maybe_end(l, l->state == LEASE_HELD ? "released" : "revoked");
+        lease_maybe_end(l);
 }
 
 static int on_revoke_grace(sd_event_source *s, uint64_t usec, void *userdata) {
@@ -371,7 +373,7 @@ void lease_revoke(Lease *l, const char *reason) {
                 l->state = LEASE_OVERDUE;
                 audit_lease(l, "overdue", "revoked, and nobody is left to stop the command");
         } else
-                lease_end(l, "revoked");
+                lease_end(l);
 }
 
 void lease_release(Lease *l, Connection *by) {
@@ -392,7 +394,7 @@ void lease_release(Lease *l, Connection *by) {
                 } else if (c != by)
                         connection_close(c); /* a plain Acquire's life line is the connection itself */
         }
-        lease_end(l, "released");
+        lease_end(l);
 }
 
 json_t *lease_to_json(const Lease *l) {

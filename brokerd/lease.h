@@ -107,4 +107,4 @@ const char *lease_state_to_string(LeaseState s);
 void lease_free(Lease *l);
 
 /* The slots are given back to the engine and the lease is freed. */
-void lease_end(Lease *l, const char *decision);
+void lease_end(Lease *l);

@@ -69,6 +69,14 @@ Lease *manager_find_lease(Manager *m, const char *id) {
         return NULL;
 }
 
+/* A floor for every pool (after a database was started afresh): pools configured later get it too. */
+static void manager_apply_token_floor_all(Manager *m) {
+        if (m->token_floor_all == 0)
+                return;
+        for (size_t i = 0; i < m->config->n_pools; i++)
+                (void) engine_set_token_floor(m->engine, m->config->pools[i]->name, m->token_floor_all);
+}
+
 bool manager_is_admin(const Manager *m, uid_t uid) {
         return uid == 0 || uid == getuid();
 }
@@ -327,6 +335,7 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         m->n_acls = n_acls;
         conf_free(m->config);
         m->config = TAKE_PTR(c);
+        manager_apply_token_floor_all(m);
         char detail[128];
         snprintf(detail, sizeof detail, "%zu pools, %zu lanes", m->config->n_pools, m->config->n_lanes);
         log_info("Configuration reloaded: %s.", detail);
@@ -511,11 +520,13 @@ static int manager_open_history(Manager *m) {
         r = history_load_token_floors(m->history, &floors, &n_floors);
         if (r < 0)
                 return log_error_errno(r, "Failed to read fencing tokens: %m");
-        for (size_t i = 0; i < n_floors; i++) {
-                (void) engine_set_token_floor(m->engine, floors[i].pool, floors[i].next_token);
-                free(floors[i].pool);
-        }
-        free(floors);
+        for (size_t i = 0; i < n_floors; i++)
+                if (streq(floors[i].pool, HISTORY_TOKEN_FLOOR_ALL))
+                        m->token_floor_all = MAX(m->token_floor_all, floors[i].next_token);
+                else
+                        (void) engine_set_token_floor(m->engine, floors[i].pool, floors[i].next_token);
+        history_token_floors_free(floors, n_floors);
+        manager_apply_token_floor_all(m);
 
         r = history_load_leases(m->history, &rows, &n_rows);
         if (r < 0)

@@ -71,6 +71,7 @@ typedef struct Manager {
         usec_t watchdog_usec;
         bool status_dirty;
         usec_t idle_since;              /* monotonic: since when nothing was connected or held */
+        uint64_t token_floor_all;       /* fencing tokens of every pool continue above it; 0: none */
         bool accepting_paused;          /* at the connection limit: listen socket not polled */
 } Manager;
 

@@ -295,14 +295,17 @@ static void method_cancel(Connection *c, const VarlinkCall *call) {
                 if (x->closed || !connection_is_waiting(x))
                         continue; /* closed by a call another waiter pipelined */
 
+                /* The client is refused (Unavailable): recorded as that refusal, with the reason. */
                 AuditRecord rec = AUDIT_RECORD_INIT;
-                rec.decision = "cancelled";
+                rec.decision = "unavailable";
                 rec.pool = engine_request_pool(a->request);
                 rec.lane = a->lane;
                 rec.job = a->job;
                 rec.wait = usec_sub_unsigned(now, engine_request_arrival(a->request));
                 rec.uid = x->cred.uid;
                 rec.pid = x->cred.pid;
+                rec.budget = engine_request_budget(a->request);
+                rec.retry_after_sec = 1;
                 rec.reason = "cancelled by an administrator";
                 audit_decision(m, &rec);
 

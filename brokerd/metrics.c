@@ -97,7 +97,8 @@ void metrics_record(Metrics *m, const AuditRecord *r) {
                 MetricsSeries *s = series_get(m, r->pool, r->lane, r->decision);
                 if (s)
                         s->count++;
-        } else if ((streq(r->decision, "released") || streq(r->decision, "revoked")) && r->hold != USEC_INFINITY) {
+        } else if (streq(r->decision, "released") && r->hold != USEC_INFINITY) {
+                /* Every lease ends with exactly one release (a revoked one too, when its slots free). */
                 MetricsPool *p = pool_get(m, r->pool);
                 if (p)
                         histogram_observe(&p->hold, hold_bounds, METRICS_HOLD_BUCKETS, (double) r->hold / 1e6);

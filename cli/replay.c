@@ -32,7 +32,8 @@ static struct {
 
 /* The decisions that are requests: each arrived, and was either granted or refused for want of room. */
 #define REQUEST_DECISIONS "('granted', 'busy', 'full', 'timeout', 'shed')"
-/* The decisions that end a lease and say how long it was held. */
+/* The decisions that say how long a lease was held. Every lease ends with one "released" row, its whole
+ * hold; a "revoked" row (the hold when it was revoked) only stands in where no release was recorded. */
 #define END_DECISIONS "('released', 'revoked')"
 
 typedef struct ReplayRequest {
@@ -295,7 +296,7 @@ static int read_requests(Replay *r, char **error) {
                 rc = sq.prepare_v2(r->db,
                                         "INSERT OR IGNORE INTO replay_ends SELECT lease, hold_us FROM events "
                                         "WHERE pool = ? AND decision IN " END_DECISIONS
-                                        " AND lease IS NOT NULL AND hold_us IS NOT NULL ORDER BY id",
+                                        " AND lease IS NOT NULL AND hold_us IS NOT NULL ORDER BY decision = 'released' DESC, id",
                                         -1, &st, NULL);
         if (rc == SQLITE_OK) {
                 sq.bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
