@@ -3,6 +3,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <syslog.h>
 
 #include "audit.h"
@@ -45,12 +46,36 @@ static int decision_index(const char *decision) {
 }
 
 void audit_init(Audit *a, const char *journal_socket) {
-        *a = (Audit) {};
+        *a = (Audit) { .backlog_fd = -EBADF };
         journal_writer_init(&a->journal, journal_socket);
 }
 
 void audit_done(Audit *a) {
+        a->backlog_source = sd_event_source_disable_unref(a->backlog_source);
         journal_writer_done(&a->journal);
+}
+
+static int on_journal_writable(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Manager *m = userdata;
+        journal_writer_flush(&m->audit.journal);
+        audit_watch_backlog(m);
+        return 0;
+}
+
+void audit_watch_backlog(Manager *m) {
+        Audit *a = &m->audit;
+        int fd = a->journal.n_backlog > 0 ? a->journal.fd : -EBADF;
+
+        if (fd != a->backlog_fd) {
+                /* journald restarted: the writer reconnected on another fd. */
+                a->backlog_source = sd_event_source_disable_unref(a->backlog_source);
+                a->backlog_fd = -EBADF;
+                if (fd >= 0 && sd_event_add_io(m->event, &a->backlog_source, fd, EPOLLOUT, on_journal_writable, m) >= 0)
+                        a->backlog_fd = fd;
+                return;
+        }
+        if (a->backlog_source)
+                (void) sd_event_source_set_enabled(a->backlog_source, fd >= 0 ? SD_EVENT_ON : SD_EVENT_OFF);
 }
 
 /* Fields are formatted into one buffer; iovecs point into it. */
@@ -77,7 +102,10 @@ _printf_(2, 3) static void field(Fields *f, const char *fmt, ...) {
 
 static void journal_send(Manager *m, Fields *f) {
         field(f, "SYSLOG_IDENTIFIER=brokerd");
-        if (journal_writer_send(&m->audit.journal, f->iov, f->n) != -ENOTCONN)
+        int r = journal_writer_send(&m->audit.journal, f->iov, f->n);
+        if (r == 1)
+                audit_watch_backlog(m); /* queued behind a full socket: sent when it drains */
+        if (r != -ENOTCONN)
                 return;
         /* Without journald (brokerd started by hand), the message goes to stderr: still seen, still once. */
         if (f->n > 0 && f->iov[0].iov_len > 8 && strncmp(f->iov[0].iov_base, "MESSAGE=", 8) == 0)
@@ -196,6 +224,7 @@ void audit_tick(Manager *m) {
                 }
         }
         journal_writer_flush(&a->journal);
+        audit_watch_backlog(m);
         unsigned long dropped = journal_writer_take_dropped(&a->journal);
         if (dropped > 0) {
                 /* Said on stderr, which journald reads through another path, and counted for metrics. */

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <systemd/sd-event.h>
+
 #include "journal.h"
 #include "time-util.h"
 
@@ -51,12 +53,16 @@ typedef struct AuditLimit {
 
 typedef struct Audit {
         JournalWriter journal;
+        sd_event_source *backlog_source; /* EPOLLOUT on the journal socket while entries wait */
+        int backlog_fd;
         AuditLimit limits[16];
         unsigned long journal_dropped_total;
 } Audit;
 
 void audit_init(Audit *a, const char *journal_socket);
 void audit_done(Audit *a);
+/* The journal's backlog is sent as soon as journald's socket takes it, not only at the next tick. */
+void audit_watch_backlog(Manager *m);
 /* Once a second: summaries of suppressed entries, and the journal backlog. */
 void audit_tick(Manager *m);
 
