@@ -22,5 +22,6 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print
         meson test -C build-asan --print-errorlogs --suite unit --suite fuzz --suite integration
 
 echo "==> unit tests under valgrind"
-meson test -C build --print-errorlogs --suite unit \
-        --wrap='valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite -q'
+# Ten times the timeouts: valgrind runs the history writer's 200,000 rows some twenty times slower.
+meson test -C build --print-errorlogs --suite unit --timeout-multiplier 10 \
+        --wrap='valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite --fair-sched=yes -q'
