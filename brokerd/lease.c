@@ -6,10 +6,10 @@
 #include <sys/epoll.h>
 #include <sys/random.h>
 
+#include "audit.h"
 #include "connection.h"
 #include "history.h"
 #include "lease.h"
-#include "audit.h"
 #include "log.h"
 #include "macro.h"
 #include "manager.h"
@@ -44,7 +44,7 @@ void lease_free(Lease *l) {
         free(l);
 }
 
-static void lease_forget(Lease *l) {
+void lease_discard(Lease *l) {
         Manager *m = l->manager;
         if (l->requester) {
                 l->requester->acquire.pending = NULL;
@@ -63,15 +63,11 @@ static void lease_forget(Lease *l) {
         lease_free(l);
 }
 
-void lease_discard(Lease *l) {
-        lease_forget(l);
-}
-
 void lease_end(Lease *l) {
         /* A revocation was recorded when it happened; the end is the slots' release, recorded once, with
          * the whole hold (the hold histogram counts each lease once). */
         audit_lease(l, "released", l->state == LEASE_HELD ? NULL : "after its revocation");
-        lease_forget(l);
+        lease_discard(l);
 }
 
 static void on_history_committed(History *h, int result, void *userdata) {

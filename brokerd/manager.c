@@ -503,6 +503,24 @@ static void audit_ended_while_down(Manager *m, const HistoryLeaseRow *row, const
         audit_decision(m, &rec);
 }
 
+/* History recovered (the disk came back, or a fresh database replaced a corrupt one): leases granted while
+ * it could not be written, or missing from a fresh file, are written now, so that they survive a restart. */
+static void on_history_health(History *h, bool healthy, void *userdata) {
+        Manager *m = userdata;
+        if (!healthy)
+                return;
+        unsigned n = 0;
+        list_foreach(node, &m->leases) {
+                Lease *l = container_of(node, Lease, node);
+                if (!l->persisted) {
+                        lease_persist(l, NULL);
+                        n++;
+                }
+        }
+        if (n > 0)
+                log_info("History is writable again: %u live lease(s) written.", n);
+}
+
 /* Before the first request (SPEC §3.4): fencing tokens continue above their high-water marks, and leases
  * that still have a holder take their old slots again. Refusals during recovery are fine; over-admission
  * is not, so this runs before the socket is watched. */
@@ -516,6 +534,7 @@ static int manager_open_history(Manager *m) {
                 return 0;
         if (r < 0)
                 return log_error_errno(r, "Failed to set up history in %s: %m", m->state_directory);
+        history_set_health_callback(m->history, on_history_health, m);
 
         r = history_load_token_floors(m->history, &floors, &n_floors);
         if (r < 0)
