@@ -10,17 +10,10 @@
 
 #include "cli-util.h"
 
-static const char *arg_socket = NULL;
-static const char *arg_lane = NULL;
-static unsigned arg_slots = 0;
+static CliRequest arg_request = CLI_REQUEST_INIT;
 static bool arg_detach = false;
 static usec_t arg_max_hold = 0;
-static bool arg_no_wait = false;
-static usec_t arg_max_wait = USEC_INFINITY;
-static const char *arg_job = NULL;
 static bool arg_json = false;
-static bool arg_quiet = false;
-static unsigned arg_conflict_exit_code = EXIT_REFUSED;
 
 static void acquire_help(void) {
         printf("slotctl acquire --detach --max-hold=DURATION [OPTIONS…]\n\n"
@@ -44,33 +37,21 @@ static int acquire_parse_argv(int argc, char *argv[]) {
         enum {
                 ARG_DETACH = 0x100,
                 ARG_MAX_HOLD,
-                ARG_NO_WAIT,
-                ARG_MAX_WAIT,
-                ARG_JOB,
                 ARG_JSON,
-                ARG_CONFLICT_EXIT_CODE,
-                ARG_SOCKET,
         };
         static const struct option options[] = {
                 { "detach", no_argument, NULL, ARG_DETACH },
                 { "max-hold", required_argument, NULL, ARG_MAX_HOLD },
-                { "lane", required_argument, NULL, 'l' },
-                { "slots", required_argument, NULL, 'n' },
-                { "no-wait", no_argument, NULL, ARG_NO_WAIT },
-                { "max-wait", required_argument, NULL, ARG_MAX_WAIT },
-                { "job", required_argument, NULL, ARG_JOB },
                 { "json", no_argument, NULL, ARG_JSON },
-                { "quiet", no_argument, NULL, 'q' },
-                { "conflict-exit-code", required_argument, NULL, ARG_CONFLICT_EXIT_CODE },
-                { "socket", required_argument, NULL, ARG_SOCKET },
                 { "help", no_argument, NULL, 'h' },
+                CLI_REQUEST_OPTIONS,
                 {},
         };
         int c;
 
         optind = 0;
         opterr = 0;
-        while ((c = getopt_long(argc, argv, ":l:n:qh", options, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, ":" CLI_REQUEST_SHORT_OPTIONS "h", options, NULL)) >= 0)
                 switch (c) {
                 case ARG_DETACH:
                         arg_detach = true;
@@ -81,48 +62,22 @@ static int acquire_parse_argv(int argc, char *argv[]) {
                         if (arg_max_hold < USEC_PER_MSEC)
                                 return log_usage("acquire", "--max-hold: must be at least 1ms");
                         break;
-                case 'l':
-                        arg_lane = optarg;
-                        break;
-                case 'n':
-                        if (cli_parse_unsigned("--slots", optarg, 1, 1u << 20, &arg_slots) < 0)
-                                return -EINVAL;
-                        break;
-                case ARG_NO_WAIT:
-                        arg_no_wait = true;
-                        break;
-                case ARG_MAX_WAIT:
-                        if (cli_parse_duration("--max-wait", optarg, true, &arg_max_wait) < 0)
-                                return -EINVAL;
-                        if (arg_max_wait != USEC_INFINITY &&
-                            (arg_max_wait == 0 || DIV_ROUND_UP(arg_max_wait, USEC_PER_MSEC) > INT32_MAX))
-                                return log_usage("acquire", "--max-wait: \"%s\" is not between 1ms and 24d 20h", optarg);
-                        break;
-                case ARG_JOB:
-                        if (strlen(optarg) > CLI_JOB_MAX)
-                                return log_usage("acquire", "--job: longer than %d bytes", CLI_JOB_MAX);
-                        arg_job = optarg;
-                        break;
                 case ARG_JSON:
                         arg_json = true;
-                        break;
-                case 'q':
-                        arg_quiet = true;
-                        break;
-                case ARG_CONFLICT_EXIT_CODE:
-                        if (cli_parse_unsigned("--conflict-exit-code", optarg, 0, 255, &arg_conflict_exit_code) < 0)
-                                return -EINVAL;
-                        break;
-                case ARG_SOCKET:
-                        arg_socket = optarg;
                         break;
                 case 'h':
                         acquire_help();
                         return 0;
                 case ':':
                         return log_usage("acquire", "option '%s' needs a value", argv[optind - 1]);
-                default:
-                        return log_usage("acquire", "unknown option '%s'", argv[optind - 1]);
+                default: {
+                        int k = cli_request_parse_option("acquire", c, optarg, &arg_request);
+                        if (k < 0)
+                                return k;
+                        if (k == 0)
+                                return log_usage("acquire", "unknown option '%s'", argv[optind - 1]);
+                        break;
+                }
                 }
 
         if (optind < argc)
@@ -132,11 +87,11 @@ static int acquire_parse_argv(int argc, char *argv[]) {
                 return log_usage("acquire", "only detached leases: use --detach, or 'slotctl run' to hold a slot for a command");
         if (arg_max_hold == 0)
                 return log_usage("acquire", "--detach needs --max-hold=DURATION: a detached lease must end on its own");
-        if (!arg_lane) {
+        if (!arg_request.lane) {
                 const char *e = getenv("SLOTBROKER_LANE");
                 if (!e || !*e)
                         return log_usage("acquire", "no lane given: use --lane=LANE or set $SLOTBROKER_LANE");
-                arg_lane = e;
+                arg_request.lane = e;
         }
         return 1;
 }
@@ -144,7 +99,7 @@ static int acquire_parse_argv(int argc, char *argv[]) {
 static void on_position(const BrokerPosition *p, void *userdata) {
         bool *announced = userdata;
         char position[CLI_POSITION_MAX];
-        if (arg_quiet || *announced)
+        if (arg_request.quiet || *announced)
                 return;
         /* One line: a set-up step is short, and no live line is worth a second code path. */
         log_notice("waiting for a slot of pool %s: %s", p->pool ?: "?", cli_format_position(position, p));
@@ -161,24 +116,24 @@ int verb_acquire(int argc, char *argv[]) {
         r = acquire_parse_argv(argc, argv);
         if (r <= 0)
                 return r < 0 ? EXIT_USAGE : EXIT_SUCCESS;
-        if (!arg_job) {
+        if (!arg_request.job) {
                 if (cli_job_from_environment(&job) < 0) {
                         log_error("Out of memory.");
                         return EXIT_FAILURE;
                 }
-                arg_job = job;
+                arg_request.job = job;
         }
 
-        r = cli_connect(arg_socket, &c);
+        r = cli_connect(arg_request.socket, &c);
         if (r < 0)
                 return cli_exit_status_from_errno(r);
 
         BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
-        o.lane = arg_lane;
-        o.slots = arg_slots;
-        o.wait = arg_no_wait ? BROKER_WAIT_NO : BROKER_WAIT_DEFAULT;
-        o.queue_wait_ms = arg_max_wait == USEC_INFINITY ? 0 : DIV_ROUND_UP(arg_max_wait, USEC_PER_MSEC);
-        o.job = arg_job;
+        o.lane = arg_request.lane;
+        o.slots = arg_request.slots;
+        o.wait = arg_request.no_wait ? BROKER_WAIT_NO : BROKER_WAIT_DEFAULT;
+        o.queue_wait_ms = arg_request.max_wait == USEC_INFINITY ? 0 : DIV_ROUND_UP(arg_request.max_wait, USEC_PER_MSEC);
+        o.job = arg_request.job;
         o.detach = true;
         o.max_hold_ms = DIV_ROUND_UP(arg_max_hold, USEC_PER_MSEC);
         o.on_position = on_position;
@@ -194,7 +149,7 @@ int verb_acquire(int argc, char *argv[]) {
                 return cli_exit_status_from_errno(r);
         }
         if (r > 0)
-                return cli_log_result(c, "acquire", r, (int) arg_conflict_exit_code);
+                return cli_log_result(c, "acquire", r, (int) arg_request.conflict_exit_code);
 
         if (arg_json)
                 printf("%s\n", broker_lease_json(l));

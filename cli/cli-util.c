@@ -317,3 +317,42 @@ const char *cli_format_position(char buf[static CLI_POSITION_MAX], const BrokerP
                  p->budget_ms < 0 ? "unbounded" : cli_format_duration_ms(budget, (uint64_t) p->budget_ms));
         return buf;
 }
+
+int cli_request_parse_option(const char *verb, int c, const char *value, CliRequest *r) {
+        switch (c) {
+        case 'l':
+                r->lane = value;
+                return 1;
+        case 'n':
+                return cli_parse_unsigned("--slots", value, 1, 1u << 20, &r->slots) < 0 ? -EINVAL : 1;
+        case CLI_ARG_NO_WAIT:
+                r->no_wait = true;
+                return 1;
+        case CLI_ARG_MAX_WAIT: {
+                usec_t t;
+                if (cli_parse_duration("--max-wait", value, true, &t) < 0)
+                        return -EINVAL;
+                /* The protocol's queueWaitMs: 1 ms .. 2^31-1 ms (SPEC §3.2). */
+                if (t != USEC_INFINITY && (t == 0 || DIV_ROUND_UP(t, USEC_PER_MSEC) > INT32_MAX))
+                        return log_usage(verb, "--max-wait: \"%s\" is not between 1ms and 24d 20h", value);
+                r->max_wait = t;
+                return 1;
+        }
+        case CLI_ARG_JOB:
+                if (strlen(value) > CLI_JOB_MAX)
+                        return log_usage(verb, "--job: longer than %d bytes", CLI_JOB_MAX);
+                r->job = value;
+                return 1;
+        case 'q':
+                r->quiet = true;
+                return 1;
+        case CLI_ARG_CONFLICT_EXIT_CODE:
+                return cli_parse_unsigned("--conflict-exit-code", value, 0, 255, &r->conflict_exit_code) < 0 ? -EINVAL
+                                                                                                             : 1;
+        case CLI_ARG_SOCKET:
+                r->socket = value;
+                return 1;
+        default:
+                return 0;
+        }
+}

@@ -53,6 +53,41 @@ int log_usage(const char *verb, const char *format, ...) _printf_(2, 3);
 
 /* Option values. Each logs what is wrong, naming the option, and returns -EINVAL; *ret untouched then. */
 int cli_parse_duration(const char *option, const char *s, bool allow_infinity, usec_t *ret);
+
+/* The options of every verb that asks for slots (run, acquire), parsed in one place. */
+typedef struct CliRequest {
+        const char *socket;
+        const char *lane;
+        unsigned slots;            /* 0: the broker's default (1) */
+        bool no_wait;
+        usec_t max_wait;           /* USEC_INFINITY: no cap */
+        const char *job;
+        bool quiet;
+        unsigned conflict_exit_code;
+} CliRequest;
+#define CLI_REQUEST_INIT { .max_wait = USEC_INFINITY, .conflict_exit_code = EXIT_REFUSED }
+
+enum {
+        CLI_ARG_NO_WAIT = 0x1000, /* above any verb's own ARG_* */
+        CLI_ARG_MAX_WAIT,
+        CLI_ARG_JOB,
+        CLI_ARG_CONFLICT_EXIT_CODE,
+        CLI_ARG_SOCKET,
+};
+#define CLI_REQUEST_OPTIONS                                                            \
+        { "lane", required_argument, NULL, 'l' },                                      \
+        { "slots", required_argument, NULL, 'n' },                                     \
+        { "no-wait", no_argument, NULL, CLI_ARG_NO_WAIT },                             \
+        { "max-wait", required_argument, NULL, CLI_ARG_MAX_WAIT },                     \
+        { "job", required_argument, NULL, CLI_ARG_JOB },                               \
+        { "quiet", no_argument, NULL, 'q' },                                           \
+        { "conflict-exit-code", required_argument, NULL, CLI_ARG_CONFLICT_EXIT_CODE }, \
+        { "socket", required_argument, NULL, CLI_ARG_SOCKET }
+#define CLI_REQUEST_SHORT_OPTIONS "l:n:q"
+
+/* Takes getopt's c and optarg if c is one of CLI_REQUEST_OPTIONS. Returns 1 if it was, 0 if not, or
+ * -EINVAL after a usage message naming verb. */
+int cli_request_parse_option(const char *verb, int c, const char *value, CliRequest *r);
 int cli_parse_unsigned(const char *option, const char *s, unsigned min, unsigned max, unsigned *ret);
 
 /* The job label CI systems would want in status and history: CI_JOB_URL (GitLab), the run's URL and job

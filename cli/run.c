@@ -33,18 +33,11 @@
 #define RECONNECT_BACKOFF_FIRST (100 * USEC_PER_MSEC)
 #define RECONNECT_BACKOFF_MAX (2 * USEC_PER_SEC)
 
-static const char *arg_socket = NULL;
-static const char *arg_lane = NULL;
-static unsigned arg_slots = 0;
-static bool arg_no_wait = false;
-static usec_t arg_max_wait = USEC_INFINITY;
-static const char *arg_job = NULL;
+static CliRequest arg_request = CLI_REQUEST_INIT;
 static usec_t arg_timeout = USEC_INFINITY;
 static usec_t arg_kill_after = KILL_AFTER_DEFAULT;
 static usec_t arg_reclaim_for = RECLAIM_FOR_DEFAULT;
 static bool arg_if_unavailable_run = false;
-static bool arg_quiet = false;
-static unsigned arg_conflict_exit_code = EXIT_REFUSED;
 static char **arg_command = NULL;
 
 /* The variables a granted command gets; the same names are unset when it runs without a slot, so that
@@ -130,30 +123,18 @@ static void help(void) {
 
 static int parse_argv(int argc, char *argv[]) {
         enum {
-                ARG_NO_WAIT = 0x100,
-                ARG_MAX_WAIT,
-                ARG_JOB,
-                ARG_TIMEOUT,
+                ARG_TIMEOUT = 0x100,
                 ARG_KILL_AFTER,
                 ARG_RECLAIM_FOR,
                 ARG_IF_UNAVAILABLE,
-                ARG_CONFLICT_EXIT_CODE,
-                ARG_SOCKET,
         };
         static const struct option options[] = {
-                { "lane", required_argument, NULL, 'l' },
-                { "slots", required_argument, NULL, 'n' },
-                { "no-wait", no_argument, NULL, ARG_NO_WAIT },
-                { "max-wait", required_argument, NULL, ARG_MAX_WAIT },
-                { "job", required_argument, NULL, ARG_JOB },
                 { "timeout", required_argument, NULL, ARG_TIMEOUT },
                 { "kill-after", required_argument, NULL, ARG_KILL_AFTER },
                 { "reclaim-for", required_argument, NULL, ARG_RECLAIM_FOR },
                 { "if-unavailable", required_argument, NULL, ARG_IF_UNAVAILABLE },
-                { "quiet", no_argument, NULL, 'q' },
-                { "conflict-exit-code", required_argument, NULL, ARG_CONFLICT_EXIT_CODE },
-                { "socket", required_argument, NULL, ARG_SOCKET },
                 { "help", no_argument, NULL, 'h' },
+                CLI_REQUEST_OPTIONS,
                 {},
         };
         int c;
@@ -161,33 +142,8 @@ static int parse_argv(int argc, char *argv[]) {
         /* "+": the first non-option starts the command, whose options are its own. */
         optind = 0;
         opterr = 0;
-        while ((c = getopt_long(argc, argv, "+:l:n:qh", options, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, "+:" CLI_REQUEST_SHORT_OPTIONS "h", options, NULL)) >= 0)
                 switch (c) {
-                case 'l':
-                        arg_lane = optarg;
-                        break;
-                case 'n':
-                        if (cli_parse_unsigned("--slots", optarg, 1, 1u << 20, &arg_slots) < 0)
-                                return -EINVAL;
-                        break;
-                case ARG_NO_WAIT:
-                        arg_no_wait = true;
-                        break;
-                case ARG_MAX_WAIT: {
-                        usec_t t;
-                        if (cli_parse_duration("--max-wait", optarg, true, &t) < 0)
-                                return -EINVAL;
-                        /* The protocol's queueWaitMs: 1 ms .. 2^31-1 ms (SPEC §3.2). */
-                        if (t != USEC_INFINITY && (t == 0 || DIV_ROUND_UP(t, USEC_PER_MSEC) > INT32_MAX))
-                                return log_usage("run", "--max-wait: \"%s\" is not between 1ms and 24d 20h", optarg);
-                        arg_max_wait = t;
-                        break;
-                }
-                case ARG_JOB:
-                        if (strlen(optarg) > CLI_JOB_MAX)
-                                return log_usage("run", "--job: longer than %d bytes", CLI_JOB_MAX);
-                        arg_job = optarg;
-                        break;
                 case ARG_TIMEOUT:
                         if (cli_parse_duration("--timeout", optarg, true, &arg_timeout) < 0)
                                 return -EINVAL;
@@ -210,34 +166,30 @@ static int parse_argv(int argc, char *argv[]) {
                         else
                                 return log_usage("run", "--if-unavailable: expected fail or run, got \"%s\"", optarg);
                         break;
-                case 'q':
-                        arg_quiet = true;
-                        break;
-                case ARG_CONFLICT_EXIT_CODE:
-                        if (cli_parse_unsigned("--conflict-exit-code", optarg, 0, 255, &arg_conflict_exit_code) < 0)
-                                return -EINVAL;
-                        break;
-                case ARG_SOCKET:
-                        arg_socket = optarg;
-                        break;
                 case 'h':
                         help();
                         return 0;
                 case ':':
                         return log_usage("run", "option '%s' needs a value", argv[optind - 1]);
-                default:
-                        return log_usage("run", "unknown option '%s'", argv[optind - 1]);
+                default: {
+                        int k = cli_request_parse_option("run", c, optarg, &arg_request);
+                        if (k < 0)
+                                return k;
+                        if (k == 0)
+                                return log_usage("run", "unknown option '%s'", argv[optind - 1]);
+                        break;
+                }
                 }
 
         if (optind >= argc)
                 return log_usage("run", "no command given");
         arg_command = argv + optind;
 
-        if (!arg_lane) {
+        if (!arg_request.lane) {
                 const char *e = getenv("SLOTBROKER_LANE");
                 if (!e || !*e)
                         return log_usage("run", "no lane given: use --lane=LANE or set $SLOTBROKER_LANE");
-                arg_lane = e;
+                arg_request.lane = e;
         }
         return 1;
 }
@@ -436,7 +388,7 @@ static void progress_update(Run *r, const BrokerPosition *p, usec_t now) {
         r->position = *p;
         r->position.pool = r->pool;
         r->have_position = true;
-        if (arg_quiet)
+        if (arg_request.quiet)
                 return;
         if (r->tty) {
                 progress_draw(r, now);
@@ -450,7 +402,7 @@ static void progress_update(Run *r, const BrokerPosition *p, usec_t now) {
 }
 
 static void progress_tick(Run *r, usec_t now) {
-        if (arg_quiet || !r->have_position) {
+        if (arg_request.quiet || !r->have_position) {
                 r->next_progress = USEC_INFINITY;
                 return;
         }
@@ -635,7 +587,7 @@ static void run_on_broker(Run *r, usec_t now) {
                                 return;
                         }
                         progress_clear(r);
-                        run_abandon(r, cli_log_result(r->client, "acquire", ev.refusal, (int) arg_conflict_exit_code));
+                        run_abandon(r, cli_log_result(r->client, "acquire", ev.refusal, (int) arg_request.conflict_exit_code));
                         return;
                 case BROKER_EVENT_RELEASED:
                         /* The broker sends this only when no command holds the lease any more. */
@@ -757,14 +709,14 @@ int verb_run(int argc, char *argv[]) {
         k = parse_argv(argc, argv);
         if (k <= 0)
                 return k < 0 ? EXIT_USAGE : EXIT_SUCCESS;
-        if (!arg_job) {
+        if (!arg_request.job) {
                 if (cli_job_from_environment(&job) < 0) {
                         log_error("Out of memory.");
                         return EXIT_FAILURE;
                 }
-                arg_job = job;
+                arg_request.job = job;
         }
-        r.tty = isatty(STDERR_FILENO) && !arg_quiet;
+        r.tty = isatty(STDERR_FILENO) && !arg_request.quiet;
 
         /* Signals arrive through a signalfd, in the loop. SIGPIPE is blocked too (not ignored: an ignored
          * disposition would survive exec into the command); the child restores the mask before exec. */
@@ -795,7 +747,7 @@ int verb_run(int argc, char *argv[]) {
                 return EXIT_FAILURE;
         r.wait_start = now_monotonic();
 
-        k = cli_connect(arg_socket, &r.client);
+        k = cli_connect(arg_request.socket, &r.client);
         if (k < 0) {
                 if (arg_if_unavailable_run && cli_errno_is_unreachable(k)) {
                         log_warning("running the command without a slot (--if-unavailable=run)");
@@ -813,11 +765,11 @@ int verb_run(int argc, char *argv[]) {
                         return r.exit_status;
                 }
                 BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
-                o.lane = arg_lane;
-                o.slots = arg_slots;
-                o.wait = arg_no_wait ? BROKER_WAIT_NO : BROKER_WAIT_DEFAULT;
-                o.queue_wait_ms = arg_max_wait == USEC_INFINITY ? 0 : DIV_ROUND_UP(arg_max_wait, USEC_PER_MSEC);
-                o.job = arg_job;
+                o.lane = arg_request.lane;
+                o.slots = arg_request.slots;
+                o.wait = arg_request.no_wait ? BROKER_WAIT_NO : BROKER_WAIT_DEFAULT;
+                o.queue_wait_ms = arg_request.max_wait == USEC_INFINITY ? 0 : DIV_ROUND_UP(arg_request.max_wait, USEC_PER_MSEC);
+                o.job = arg_request.job;
                 o.pid = r.child;
                 k = broker_acquire_start(r.client, &o);
                 if (k == -EINVAL) {
