@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* run.c — slotctl run: fork the command first, blocked on a pipe in a process group of its own; acquire
+/* run.c — slotctl run: start the command first, held in a process group of its own; acquire
  * a slot with the command's pid attached; let it go with the lease in its environment; supervise it
  * (signals, --timeout, revocation; reconnecting to reclaim the lease when brokerd restarts under it) and
  * exit with its status. SPEC §3.4 and §6. */
@@ -21,6 +21,8 @@
 #include <unistd.h>
 
 #include "cli-util.h"
+#include "held-command.h"
+#include "strv.h"
 
 /* A terminal's line follows the waited time; a CI log gets a line now and then, not a flood. */
 #define PROGRESS_INTERVAL_TTY USEC_PER_SEC
@@ -59,7 +61,7 @@ typedef struct Run {
         pid_t child;           /* the command's pid and process group; 0 once reaped */
         int pidfd;
         int signal_fd;
-        int go_fd;             /* the write end of the command's pipe, until the grant */
+        HeldCommand *command;  /* until the grant */
         sigset_t saved_mask;
         bool mask_saved;
         int exit_status;       /* >= 0 once decided */
@@ -90,7 +92,6 @@ typedef struct Run {
         ((Run) {                                                                                                   \
                 .pidfd = -EBADF,                                                                                   \
                 .signal_fd = -EBADF,                                                                               \
-                .go_fd = -EBADF,                                                                                   \
                 .exit_status = -1,                                                                                 \
                 .next_progress = USEC_INFINITY,                                                                    \
                 .timeout_at = USEC_INFINITY,                                                                       \
@@ -196,85 +197,12 @@ static int parse_argv(int argc, char *argv[]) {
 
 /* ---- the command ---- */
 
-/* In the child, until exec: wait for the parent's word, then become the command. Never returns. */
-static _Noreturn void child_main(int fd, pid_t parent, const sigset_t *mask) {
-        /* Its own group: the broker watches the group, and signals reach the command's children too. */
-        (void) setpgid(0, 0);
-        /* slotctl dying before the grant must not leave a command behind that would start later. */
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
-                _exit(EXIT_FAILURE);
-
-        char *buf = NULL;
-        size_t size = 0, allocated = 0;
-        for (;;) {
-                if (size == allocated) {
-                        allocated = allocated ? allocated * 2 : 4096;
-                        char *b = realloc(buf, allocated);
-                        if (!b)
-                                _exit(EXIT_FAILURE);
-                        buf = b;
-                }
-                ssize_t n = read(fd, buf + size, allocated - size);
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n < 0)
-                        _exit(EXIT_FAILURE);
-                if (n == 0)
-                        break;
-                size += (size_t) n;
-        }
-        if (size == 0 || buf[0] != 'G')
-                _exit(EXIT_SUCCESS); /* slotctl said no (refused, interrupted): nothing to run */
-
-        /* "G", then NUL-terminated entries: "NAME=VALUE" sets, "NAME" unsets. */
-        for (size_t i = 1; i < size;) {
-                char *e = buf + i;
-                size_t len = strnlen(e, size - i);
-                if (i + len >= size)
-                        break; /* unterminated: ignore */
-                char *eq = strchr(e, '=');
-                if (eq) {
-                        *eq = '\0';
-                        (void) setenv(e, eq + 1, 1);
-                } else
-                        (void) unsetenv(e);
-                i += len + 1;
-        }
-        free(buf);
-        safe_close(fd);
-
-        /* Granted: from here the command outlives slotctl, and the broker keeps its slot until the
-         * command's group is gone (SPEC §3.4: SIGKILL of slotctl never frees a running command's slot). */
-        (void) prctl(PR_SET_PDEATHSIG, 0);
-        (void) sigprocmask(SIG_SETMASK, mask, NULL);
-        execvp(arg_command[0], arg_command);
-        int error = errno;
-        fprintf(stderr, "slotctl: failed to execute %s: %s\n", arg_command[0], strerror(error));
-        _exit(error == ENOENT ? 127 : 126); /* as shells and env(1) */
-}
-
-static int run_fork(Run *r) {
-        int pipefd[2];
-
-        if (pipe2(pipefd, O_CLOEXEC) < 0)
-                return log_error_errno(errno, "Failed to create a pipe: %m");
-        pid_t parent = getpid();
-        pid_t pid = fork();
-        if (pid < 0) {
-                safe_close(pipefd[0]);
-                safe_close(pipefd[1]);
-                return log_error_errno(errno, "Failed to fork: %m");
-        }
-        if (pid == 0) {
-                safe_close(pipefd[1]); /* else the pipe never ends if slotctl dies */
-                child_main(pipefd[0], parent, &r->saved_mask);
-        }
-        safe_close(pipefd[0]);
-        r->go_fd = pipefd[1];
-        r->child = pid;
-        /* Set on both sides: whichever runs first, the group exists before anybody signals it. */
-        (void) setpgid(pid, pid);
-        r->pidfd = pidfd_open(pid, 0);
+static int run_spawn(Run *r) {
+        int k = held_command_new(arg_command, &r->saved_mask, &r->command);
+        if (k < 0)
+                return log_error_errno(k, "Failed to start the command's process: %m");
+        r->child = held_command_get_pid(r->command);
+        r->pidfd = pidfd_open(r->child, 0);
         if (r->pidfd < 0 && errno != ENOSYS)
                 return log_error_errno(errno, "Failed to watch the command's process: %m");
         /* ENOSYS (kernels before 5.3, valgrind): SIGCHLD on the signalfd tells the same. */
@@ -312,49 +240,83 @@ static int run_reap(Run *r, bool kill_leader) {
         return exit_status_of(status);
 }
 
-/* Tells the blocked command to go: with the lease's variables, or (lease NULL) without a slot. */
-static int run_let_go(Run *r, const BrokerLease *l) {
-        _cleanup_free_ char *buf = NULL;
+/* SLOT_INDEX's or SLOT_MEMBER's value: one entry per slot, comma-separated. */
+static char *lease_slot_list(const BrokerLease *l, bool members) {
+        char *list = NULL;
         size_t size = 0;
-        FILE *f = open_memstream(&buf, &size);
+        FILE *f = open_memstream(&list, &size);
         if (!f)
-                return -ENOMEM;
-
-        fputc('G', f);
-        if (l) {
-                size_t n = broker_lease_n_slots(l);
-                fprintf(f, "SLOT_LEASE=%s%cSLOT_TOKEN=%" PRIu64 "%cSLOT_POOL=%s%cSLOT_LANE=%s%c", broker_lease_id(l),
-                        '\0', broker_lease_token(l), '\0', broker_lease_pool(l), '\0', broker_lease_lane(l), '\0');
-                fputs("SLOT_INDEX=", f);
-                for (size_t i = 0; i < n; i++)
-                        fprintf(f, "%s%d", i > 0 ? "," : "", broker_lease_slot(l, i));
-                fputc('\0', f);
-                if (broker_lease_member(l, 0)) {
-                        fputs("SLOT_MEMBER=", f);
-                        for (size_t i = 0; i < n; i++)
-                                fprintf(f, "%s%s", i > 0 ? "," : "", broker_lease_member(l, i) ?: "");
-                } else
-                        fputs("SLOT_MEMBER", f);
-                fputc('\0', f);
-        } else
-                for (size_t i = 0; i < ELEMENTSOF(slot_variables); i++) {
-                        fputs(slot_variables[i], f);
-                        fputc('\0', f);
-                }
-        if (fclose(f) != 0)
-                return -ENOMEM;
-
-        /* A few hundred bytes: the pipe takes them at once. EPIPE means the command is already gone,
-         * which its pidfd reports. */
-        for (size_t done = 0; done < size;) {
-                ssize_t k = write(r->go_fd, buf + done, size - done);
-                if (k < 0 && errno == EINTR)
-                        continue;
-                if (k < 0)
-                        break;
-                done += (size_t) k;
+                return NULL;
+        for (size_t i = 0; i < broker_lease_n_slots(l); i++) {
+                if (i > 0)
+                        fputc(',', f);
+                if (members)
+                        fputs(broker_lease_member(l, i) ?: "", f);
+                else
+                        fprintf(f, "%d", broker_lease_slot(l, i));
         }
-        r->go_fd = safe_close(r->go_fd);
+        if (fclose(f) != 0)
+                return mfree(list);
+        return list;
+}
+
+static bool is_slot_variable(const char *assignment) {
+        for (size_t i = 0; i < ELEMENTSOF(slot_variables); i++) {
+                size_t len = strlen(slot_variables[i]);
+                if (strncmp(assignment, slot_variables[i], len) == 0 && assignment[len] == '=')
+                        return true;
+        }
+        return false;
+}
+
+/* The command's environment: ours without any SLOT_* variable, plus the lease's when it has one. */
+static char **run_environment(const BrokerLease *l) {
+        size_t k = 0;
+        _cleanup_(strv_freep) char **env = calloc(strv_length(environ) + ELEMENTSOF(slot_variables) + 1, sizeof(char *));
+        if (!env)
+                return NULL;
+
+        for (char **e = environ; *e; e++)
+                if (!is_slot_variable(*e) && !(env[k++] = strdup(*e)))
+                        return NULL;
+        if (!l)
+                return TAKE_PTR(env);
+
+        _cleanup_free_ char *indices = lease_slot_list(l, false);
+        _cleanup_free_ char *members = broker_lease_member(l, 0) ? lease_slot_list(l, true) : NULL;
+        if (!indices || (broker_lease_member(l, 0) && !members))
+                return NULL;
+        char token[sizeof "18446744073709551615"];
+        (void) snprintf(token, sizeof token, "%" PRIu64, broker_lease_token(l));
+        const char *values[][2] = {
+                { "SLOT_LEASE", broker_lease_id(l) }, { "SLOT_TOKEN", token },
+                { "SLOT_POOL", broker_lease_pool(l) }, { "SLOT_LANE", broker_lease_lane(l) },
+                { "SLOT_INDEX", indices }, { "SLOT_MEMBER", members }, /* without members, no SLOT_MEMBER */
+        };
+        for (size_t i = 0; i < ELEMENTSOF(values); i++) {
+                if (!values[i][1])
+                        continue;
+                if (asprintf(&env[k], "%s=%s", values[i][0], values[i][1]) < 0) {
+                        env[k] = NULL; /* asprintf() left it undefined */
+                        return NULL;
+                }
+                k++;
+        }
+        return TAKE_PTR(env);
+}
+
+/* Lets the held command run: with the lease's variables, or (lease NULL) without a slot. */
+static int run_let_go(Run *r, const BrokerLease *l) {
+        _cleanup_(strv_freep) char **env = run_environment(l);
+        if (!env)
+                return -ENOMEM;
+        int k = held_command_start(r->command, env);
+        r->command = held_command_free(r->command);
+        if (k == -EPIPE)
+                return 0; /* already gone, which its pidfd reports */
+        if (k < 0)
+                /* It exits 127 or 126, which becomes our status when it is reaped. */
+                log_error_errno(k, "failed to execute %s: %m", arg_command[0]);
         return 0;
 }
 
@@ -694,7 +656,7 @@ static void run_done(Run *r) {
         r->lease = broker_lease_free(r->lease);
         safe_close(r->pidfd);
         safe_close(r->signal_fd);
-        safe_close(r->go_fd);
+        r->command = held_command_free(r->command);
         free(r->socket_path);
         if (r->mask_saved)
                 (void) sigprocmask(SIG_SETMASK, &r->saved_mask, NULL);
@@ -743,7 +705,7 @@ int verb_run(int argc, char *argv[]) {
 
         /* The command first, so that its pid goes with the Acquire call (SPEC §3.4) and so that it holds
          * no copy of the broker connection (which would keep a withdrawn request alive). */
-        if (run_fork(&r) < 0)
+        if (run_spawn(&r) < 0)
                 return EXIT_FAILURE;
         r.wait_start = now_monotonic();
 
