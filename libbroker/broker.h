@@ -190,6 +190,14 @@ const char *broker_client_error_parameters(const BrokerClient *c);
  * other Varlink errors; a negative errno as broker_call(). */
 int broker_release(BrokerClient *c, const char *lease_id);
 
+/* Releases the lease this client holds, over its own connection, and returns at once: the lease's end
+ * comes through broker_client_process() as RELEASED (REVOKED while its command still runs), which takes
+ * the Release's reply too; an error in that reply is kept for broker_client_error_name(). For event loops
+ * that drive many clients; broker_acquire_start() may follow the RELEASED event at once. Returns 0;
+ * -ESRCH when no lease is held on this connection; -EALREADY when a release is already on its way;
+ * -ENOTCONN after the broker went away; -ENOMEM; another negative errno when the call cannot be sent. */
+int broker_release_start(BrokerClient *c);
+
 /* A call with one reply: method is "io.slotbroker.Status" or just "Status" (io.slotbroker is implied);
  * parameters_json is a JSON object's text, or NULL for {}. Runs on the client's connection when it is
  * idle, else on a new one (as broker_release()), and blocks until the reply. Returns 0 and the reply's

@@ -47,6 +47,7 @@ struct BrokerClient {
          * broker_client_process() reports it. */
         json_t *deferred;
         char *held_lease_id;   /* while HOLDING: the id of the lease this connection holds */
+        bool release_pending;  /* broker_release_start()'s Release is not answered yet */
 
         /* The last refusal or error of a call, for messages. */
         char *error_name;
@@ -601,6 +602,30 @@ static int client_handle_message(BrokerClient *c, json_t *msg, BrokerEvent *ev) 
         return -EBADMSG;
 }
 
+/* Whether msg is the reply to broker_release_start()'s Release, which the broker sends after the Acquire's
+ * end; while the lease lasts (its command still runs) it is the one message without a state. Its error,
+ * if any, is kept for broker_client_error_name(): the lease's end is what the caller waits for. Returns 1
+ * when it was (and takes it), 0 when it belongs to the Acquire, or a negative errno. */
+static int client_take_release_reply(BrokerClient *c, json_t *msg) {
+        VarlinkReply reply;
+        int r;
+
+        r = varlink_reply_parse(msg, &reply);
+        if (r < 0)
+                return r == -ENOMEM ? r : -EBADMSG;
+        if (c->state == CLIENT_HOLDING && !reply.error && json_string_member(reply.parameters, "state"))
+                return 0;
+        if (reply.flags & VARLINK_REPLY_CONTINUES)
+                return -EBADMSG;
+        c->release_pending = false;
+        if (reply.error) {
+                r = client_error_set(c, reply.error, reply.parameters);
+                if (r < 0)
+                        return r;
+        }
+        return 1;
+}
+
 static void event_store(BrokerEvent *ret, const BrokerEvent *ev) {
         size_t size = ret->size;
         memcpy(ret, ev, MIN(size, sizeof(BrokerEvent)));
@@ -632,6 +657,13 @@ _public_ int broker_client_process(BrokerClient *c, BrokerEvent *ret) {
                 r = msg ? 1 : varlink_stream_next(&c->stream, &msg);
                 if (r < 0)
                         return client_break(c, r == -EMSGSIZE || r == -ENOMEM ? r : -EBADMSG);
+                if (r > 0 && c->release_pending) {
+                        int taken = client_take_release_reply(c, msg);
+                        if (taken < 0)
+                                return client_break(c, taken);
+                        if (taken > 0)
+                                continue;
+                }
                 if (r > 0) {
                         if (c->state == CLIENT_IDLE)
                                 return client_break(c, -EBADMSG); /* nothing was asked */
@@ -783,7 +815,7 @@ _public_ int broker_call(BrokerClient *c, const char *method, const char *parame
 
         client_error_reset(c);
         json_decref(TAKE_PTR(c->current));
-        bool own = c->state == CLIENT_IDLE && varlink_stream_pending_input(&c->stream) == 0;
+        bool own = c->state == CLIENT_IDLE && !c->release_pending && varlink_stream_pending_input(&c->stream) == 0;
         if (own)
                 s = &c->stream;
         else {
@@ -892,10 +924,37 @@ _public_ int broker_release(BrokerClient *c, const char *lease_id) {
         if (r < 0)
                 return r;
         if (c->state == CLIENT_HOLDING && c->held_lease_id && streq(c->held_lease_id, lease_id) && !c->deferred &&
-            varlink_stream_pending_input(&c->stream) == 0)
+            !c->release_pending && varlink_stream_pending_input(&c->stream) == 0)
                 return client_release_own(c, p);
         r = json_format(p, &text, NULL);
         if (r < 0)
                 return r;
         return broker_call(c, INTERFACE ".Release", text, NULL);
+}
+
+_public_ int broker_release_start(BrokerClient *c) {
+        _cleanup_(json_decrefp) json_t *p = NULL;
+        int r;
+
+        assert_return(c, -EINVAL);
+
+        if (c->state == CLIENT_BROKEN)
+                return -ENOTCONN;
+        if (c->state != CLIENT_HOLDING || !c->held_lease_id)
+                return -ESRCH;
+        if (c->release_pending)
+                return -EALREADY;
+        r = json_build(&p, "{s:s}", "lease", c->held_lease_id);
+        if (r < 0)
+                return r;
+
+        client_error_reset(c);
+        r = varlink_stream_call(&c->stream, INTERFACE ".Release", p, 0);
+        if (r < 0)
+                return r;
+        r = varlink_stream_flush(&c->stream);
+        if (r < 0 && r != -EAGAIN) /* EAGAIN: the rest goes out from broker_client_process() */
+                return client_break(c, r);
+        c->release_pending = true;
+        return 0;
 }

@@ -3,8 +3,10 @@
  * against the message rate redis-benchmark gets from a Lua semaphore script (bench-pairs.lua) on the same
  * machine. Target: pairs/s × 2 ≥ redis req/s.
  *
- * Each client is a thread with a connection of its own that loops broker_acquire() → broker_release() →
- * the "released" event, for SECONDS. Two pools: one of 64 slots (nobody waits) and one of 16 (half the
+ * The clients are connections driven from one poll() loop, as redis-benchmark drives its own: each goes
+ * broker_acquire_start() → granted → broker_release_start() → released → …, for SECONDS. With
+ * $BENCH_PAIRS_THREADS=1 each is a thread that loops the blocking broker_acquire() → broker_release() → the
+ * "released" event instead. Two pools: one of 64 slots (nobody waits) and one of 16 (half the
  * clients wait for the other half). The reference is one redis-server started here on a private Unix socket
  * without persistence, driven by redis-benchmark -c CLIENTS with the script's acquire, then its release
  * (each for about SECONDS); a 50/50 mix of the two runs at their harmonic mean, which is the reference
@@ -245,8 +247,25 @@ static void *client_main(void *userdata) {
         return NULL;
 }
 
-/* CLIENTS threads loop acquire → release for `seconds`. Returns pairs per second and the CPU per message. */
-static Cost run_pairs(const char *lane, int n_clients, double seconds) {
+/* What a run measured: pairs per second and the CPU per message. */
+static Cost pairs_cost(uint64_t pairs, uint64_t t0, uint64_t server0, uint64_t main0, uint64_t client0) {
+        double elapsed = (double) (now_ns() - t0) / 1e9; /* until the last client finished its last pair */
+        uint64_t server = process_cpu_ns(brokerd, false) - server0, main = process_cpu_ns(brokerd, true) - main0,
+                 client = self_cpu_ns() - client0;
+        double messages = 2.0 * (double) (pairs > 0 ? pairs : 1);
+        return (Cost) { .rate = (double) pairs / elapsed, .server_us = (double) server / 1e3 / messages,
+                        .server_main_us = (double) main / 1e3 / messages, .client_us = (double) client / 1e3 / messages };
+}
+
+static _Noreturn void die_refused(int result) {
+        fprintf(stderr, "bench-pairs: a client was refused (%s); the benchmark's pools must never refuse\n",
+                broker_result_to_string(result) ?: "?");
+        cleanup();
+        exit(EXIT_FAILURE);
+}
+
+/* CLIENTS threads loop acquire → release for `seconds`, each blocked on its own connection. */
+static Cost run_pairs_threads(const char *lane, int n_clients, double seconds) {
         Client *cl = calloc((size_t) n_clients, sizeof(Client));
         if (!cl)
                 die("calloc", ENOMEM);
@@ -277,21 +296,84 @@ static Cost run_pairs(const char *lane, int n_clients, double seconds) {
                         error = cl[i].error;
                 broker_client_free(cl[i].c);
         }
-        double elapsed = (double) (now_ns() - t0) / 1e9; /* until the last client finished its last pair */
-        uint64_t server = process_cpu_ns(brokerd, false) - server0, main = process_cpu_ns(brokerd, true) - main0,
-                 client = self_cpu_ns() - client0;
+        Cost cost = pairs_cost(pairs, t0, server0, main0, client0);
         free(cl);
         if (error < 0)
                 die("acquire/release", -error);
-        if (error > 0) {
-                fprintf(stderr, "bench-pairs: a client was refused (%s); the benchmark's pools must never refuse\n",
-                        broker_result_to_string(error) ?: "?");
-                cleanup();
-                exit(EXIT_FAILURE);
+        if (error > 0)
+                die_refused(error);
+        return cost;
+}
+
+/* CLIENTS connections driven by one thread's poll() loop, as redis-benchmark drives its connections: each
+ * goes acquire → granted → release → released → acquire … for `seconds`, with libbroker's event API. */
+static Cost run_pairs_loop(const char *lane, int n_clients, double seconds) {
+        BrokerClient **c = calloc((size_t) n_clients, sizeof(BrokerClient *));
+        struct pollfd *p = calloc((size_t) n_clients, sizeof(struct pollfd));
+        BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
+        uint64_t pairs = 0;
+        int r, open = n_clients;
+
+        if (!c || !p)
+                die("calloc", ENOMEM);
+        o.lane = lane;
+        for (int i = 0; i < n_clients; i++) {
+                r = broker_client_connect(broker_sock, &c[i]);
+                if (r < 0)
+                        die("broker_client_connect", -r);
         }
-        double messages = 2.0 * (double) (pairs > 0 ? pairs : 1);
-        return (Cost) { .rate = (double) pairs / elapsed, .server_us = (double) server / 1e3 / messages,
-                        .server_main_us = (double) main / 1e3 / messages, .client_us = (double) client / 1e3 / messages };
+        uint64_t t0 = now_ns(), server0 = process_cpu_ns(brokerd, false), main0 = process_cpu_ns(brokerd, true),
+                 client0 = self_cpu_ns(), end = t0 + (uint64_t) (seconds * 1e9);
+        for (int i = 0; i < n_clients; i++)
+                if ((r = broker_acquire_start(c[i], &o)) < 0)
+                        die("broker_acquire_start", -r);
+        while (open > 0) {
+                for (int i = 0; i < n_clients; i++)
+                        p[i] = (struct pollfd) { .fd = c[i] ? broker_client_get_fd(c[i]) : -1,
+                                                 .events = c[i] ? (short) broker_client_get_events(c[i]) : 0 };
+                if (poll(p, (nfds_t) n_clients, 5000) == 0)
+                        die("poll", ETIMEDOUT);
+                bool stopping = now_ns() >= end;
+                for (int i = 0; i < n_clients; i++) {
+                        if (!c[i] || !p[i].revents)
+                                continue;
+                        for (;;) {
+                                BrokerEvent ev = BROKER_EVENT_INIT;
+                                r = broker_client_process(c[i], &ev);
+                                if (r < 0)
+                                        die("broker_client_process", -r);
+                                if (r == BROKER_EVENT_NONE)
+                                        break;
+                                if (r == BROKER_EVENT_GRANTED) {
+                                        broker_lease_free(ev.lease);
+                                        if ((r = broker_release_start(c[i])) < 0)
+                                                die("broker_release_start", -r);
+                                } else if (r == BROKER_EVENT_RELEASED) {
+                                        pairs++;
+                                        if (stopping) {
+                                                c[i] = broker_client_free(c[i]);
+                                                open--;
+                                                break;
+                                        }
+                                        if ((r = broker_acquire_start(c[i], &o)) < 0)
+                                                die("broker_acquire_start", -r);
+                                } else if (r == BROKER_EVENT_REFUSED)
+                                        die_refused(ev.refusal);
+                                else if (r != BROKER_EVENT_QUEUED)
+                                        die("unexpected event", EPROTO);
+                        }
+                }
+        }
+        Cost cost = pairs_cost(pairs, t0, server0, main0, client0);
+        free(c);
+        free(p);
+        return cost;
+}
+
+static bool client_threads; /* $BENCH_PAIRS_THREADS: a thread per client instead of one event loop */
+
+static Cost run_pairs(const char *lane, int n_clients, double seconds) {
+        return client_threads ? run_pairs_threads(lane, n_clients, seconds) : run_pairs_loop(lane, n_clients, seconds);
 }
 
 /* ---- redis ---- */
@@ -437,6 +519,8 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench-pairs: CLIENTS 1..4096, SECONDS > 0, ROUNDS 1..%d\n", MAX_ROUNDS);
                 return 2;
         }
+        const char *threads = getenv("BENCH_PAIRS_THREADS");
+        client_threads = threads && *threads && strcmp(threads, "0") != 0;
         signal(SIGPIPE, SIG_IGN);
         struct rlimit rl;
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
@@ -511,8 +595,9 @@ int main(int argc, char **argv) {
         free(script);
 
         char la[128];
-        printf("bench-pairs: %d clients, %.1f s per run, %d rounds; load average at start: %s\n", n_clients, seconds,
-               rounds, loadavg(la, sizeof la));
+        printf("bench-pairs: %d clients (%s), %.1f s per run, %d rounds; load average at start: %s\n", n_clients,
+               client_threads ? "a thread each, blocking calls" : "one event loop, as redis-benchmark", seconds, rounds,
+               loadavg(la, sizeof la));
 
         /* How many requests make `seconds` of redis-benchmark: a short run tells the rate. */
         long n_redis = 0;

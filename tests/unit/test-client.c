@@ -173,7 +173,7 @@ static int next_event(BrokerClient *c, BrokerEvent *ev) {
                 struct pollfd p = { .fd = broker_client_get_fd(c), .events = (short) broker_client_get_events(c) };
                 (void) poll(&p, 1, 10);
         }
-        fail_msg("no event within 5 s");
+        fail_msg("no event within 5 s (client error %s)", broker_client_error_name(c) ?: "none");
         return -1;
 }
 
@@ -384,6 +384,39 @@ static void test_release_from_another_connection_ends_the_call(void **state) {
         assert_int_equal(broker_acquire_start(holder, &o), 0);
         assert_int_equal(next_event(holder, &ev), BROKER_EVENT_GRANTED);
         broker_lease_free(ev.lease);
+}
+
+static void test_release_start_ends_the_lease_without_blocking(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        BrokerAcquireOptions o = options("merge");
+        BrokerEvent ev;
+
+        assert_int_equal(broker_release_start(c), -ESRCH); /* nothing held */
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        assert_int_equal(broker_release_start(c), -ESRCH); /* not granted yet */
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_GRANTED);
+        uint64_t token = broker_lease_token(ev.lease);
+        broker_lease_free(ev.lease);
+
+        assert_int_equal(broker_release_start(c), 0);
+        assert_int_equal(broker_release_start(c), -EALREADY);
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_RELEASED);
+        /* The next request at once, behind the Release's reply, which the client takes unseen. The pool
+         * has one slot: a grant proves the release freed it. */
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_GRANTED);
+        assert_true(broker_lease_token(ev.lease) > token);
+        broker_lease_free(ev.lease);
+
+        /* A call right after the lease's end does not take the Release's reply for its own. */
+        assert_int_equal(broker_release_start(c), 0);
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_RELEASED);
+        _cleanup_free_ char *reply = NULL;
+        assert_int_equal(broker_call(c, "Status", NULL, &reply), 0);
+        assert_non_null(strstr(reply, "\"pools\""));
+        ev = BROKER_EVENT_INIT;
+        assert_int_equal(broker_client_process(c, &ev), BROKER_EVENT_NONE);
+        assert_null(broker_client_error_name(c));
 }
 
 static void test_release_of_unknown_lease_is_no_such_lease(void **state) {
@@ -707,6 +740,7 @@ int main(void) {
                 T(test_queue_wait_ms_caps_the_wait_and_reports_positions),
                 T(test_event_api_reports_queued_then_granted),
                 T(test_release_from_another_connection_ends_the_call),
+                T(test_release_start_ends_the_lease_without_blocking),
                 T(test_release_of_unknown_lease_is_no_such_lease),
                 T(test_unknown_lane_and_too_many_slots),
                 T(test_members_pool_names_the_members),
