@@ -81,6 +81,8 @@ static int connection_queued(Connection *c, int r) {
         }
         if (r < 0)
                 return r;
+        if (c->dispatching > 0)
+                return 0; /* one send for all the replies of the calls being run: connection_dispatch() */
         connection_flush(c);
         connection_update_events(c);
         return 0;
@@ -122,7 +124,8 @@ static void connection_protocol_error(Connection *c, const char *reason) {
         connection_close(c);
 }
 
-void connection_dispatch(Connection *c) {
+/* Runs the calls that can be answered now. Returns false when the connection had to go. */
+static bool connection_run_calls(Connection *c) {
         while (!c->closed) {
                 if (!c->next_call) {
                         int r = varlink_stream_next(&c->stream, &c->next_call);
@@ -130,19 +133,30 @@ void connection_dispatch(Connection *c) {
                                 break;
                         if (r < 0) {
                                 connection_protocol_error(c, r == -EMSGSIZE ? "too-long" : "malformed");
-                                return;
+                                return false;
                         }
                 }
                 VarlinkCall call;
                 if (varlink_call_parse(c->next_call, &call) < 0) {
                         connection_protocol_error(c, "not-a-call");
-                        return;
+                        return false;
                 }
                 if (connection_busy(c) && !call_releases_own_lease(c, &call))
                         break; /* answered, in order, once the open Acquire ends */
                 _unused_ _cleanup_(json_decrefp) json_t *msg = TAKE_PTR(c->next_call); /* owns the call's strings */
                 methods_dispatch(c, &call);
         }
+        return true;
+}
+
+void connection_dispatch(Connection *c) {
+        /* A Release of the connection's own lease answers twice (the Acquire's end, then the Release),
+         * and pipelined calls once each: all of it leaves in one send. */
+        c->dispatching++;
+        bool ok = connection_run_calls(c);
+        c->dispatching--;
+        if (!ok || c->dispatching > 0)
+                return;
         connection_flush(c);
         connection_update_events(c);
 }
@@ -187,6 +201,8 @@ static int connection_io(sd_event_source *s, int fd, uint32_t revents, void *use
                                 break;
                         }
                         connection_dispatch(c);
+                        if (c->stream.drained)
+                                break; /* nothing more now; epoll says when there is */
                 }
 
         connection_update_events(c);
@@ -245,6 +261,10 @@ void connection_close(Connection *c) {
         if (!c || c->closed)
                 return;
         Manager *m = c->manager;
+        /* Replies held back for one send (connection_dispatch()) still go, as far as the socket takes them:
+         * a ProtocolError, say, before the close it announces. */
+        if (c->dispatching > 0 && varlink_stream_pending_output(&c->stream) > 0)
+                (void) varlink_stream_flush(&c->stream);
         c->closed = true;
         if (c->history_pending && m->history)
                 history_cancel(m->history, c);

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/random.h>
 
 #include "audit.h"
 #include "connection.h"
@@ -158,12 +157,9 @@ void lease_poll_command(Lease *l) {
                 lease_maybe_end(l);
 }
 
-static void lease_make_id(char id[static LEASE_ID_LEN + 1]) {
+static void lease_make_id(Manager *m, char id[static LEASE_ID_LEN + 1]) {
         uint8_t bytes[LEASE_ID_LEN / 2];
-        /* getrandom() never blocks once the pool is initialised, which it is long before a daemon starts. */
-        if (getrandom(bytes, sizeof bytes, 0) != sizeof bytes)
-                for (size_t i = 0; i < sizeof bytes; i++)
-                        bytes[i] = (uint8_t) manager_random(NULL);
+        manager_random_bytes(m, bytes, sizeof bytes);
         for (size_t i = 0; i < sizeof bytes; i++)
                 snprintf(id + 2 * i, 3, "%02x", bytes[i]);
 }
@@ -186,7 +182,7 @@ int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t 
                 .granted_mono = engine_lease_granted_at(el),
         };
         l->granted_real = manager_realtime_of(l->granted_mono);
-        lease_make_id(l->id);
+        lease_make_id(m, l->id);
         if (job && !(l->job = strdup(job))) {
                 free(l);
                 return -ENOMEM;

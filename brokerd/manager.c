@@ -30,15 +30,32 @@
 /* Connections accepted per wakeup of the listening socket: a connect storm cannot hold the loop. */
 #define ACCEPTS_PER_WAKEUP 64
 
+void manager_random_bytes(Manager *m, void *buf, size_t n) {
+        uint8_t *p = buf;
+        while (n > 0) {
+                if (m->random_left == 0) {
+                        if (getrandom(m->random_pool, sizeof m->random_pool, GRND_NONBLOCK) != sizeof m->random_pool) {
+                                /* Only before the kernel's pool is seeded, which is before any daemon runs. */
+                                uint64_t x = 0x9e3779b97f4a7c15ULL ^ now_monotonic() ^ now_realtime();
+                                for (size_t i = 0; i < sizeof m->random_pool; i++) {
+                                        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                                        m->random_pool[i] = (uint8_t) x;
+                                }
+                        }
+                        m->random_left = sizeof m->random_pool;
+                }
+                size_t k = MIN(n, m->random_left);
+                memcpy(p, m->random_pool + sizeof m->random_pool - m->random_left, k);
+                m->random_left -= k;
+                p += k;
+                n -= k;
+        }
+}
+
 uint64_t manager_random(void *userdata) {
         uint64_t v;
-        if (getrandom(&v, sizeof v, GRND_NONBLOCK) == sizeof v)
-                return v;
-        /* Only before the kernel's pool is seeded, which is before any daemon runs: not worth more. */
-        static uint64_t fallback = 0x9e3779b97f4a7c15ULL;
-        fallback ^= now_monotonic();
-        fallback ^= fallback << 13, fallback ^= fallback >> 7, fallback ^= fallback << 17;
-        return fallback;
+        manager_random_bytes(userdata, &v, sizeof v);
+        return v;
 }
 
 usec_t manager_realtime_of(usec_t monotonic) {

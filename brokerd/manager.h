@@ -49,7 +49,9 @@ typedef struct Manager {
         History *history;               /* NULL until opened */
 
         Engine *engine;
-        uint64_t random_state;          /* unused with getrandom(); kept for a seeded test mode */
+        /* getrandom() drawn in blocks: lease ids and the engine's jitter cost a syscall per block. */
+        uint8_t random_pool[256];
+        size_t random_left;
         sd_event_source *engine_timer;
 
         int listen_fd;
@@ -110,8 +112,9 @@ static inline void manager_status_changed(Manager *m) {
         m->status_dirty = true;
 }
 
-/* The random source of the engine and of lease ids. */
+/* The random source of the engine (userdata: the Manager) and of lease ids. */
 uint64_t manager_random(void *userdata);
+void manager_random_bytes(Manager *m, void *buf, size_t n);
 
 /* Monotonic µs → realtime µs, for timestamps clients see. */
 usec_t manager_realtime_of(usec_t monotonic);

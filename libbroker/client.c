@@ -675,6 +675,12 @@ _public_ int broker_client_process(BrokerClient *c, BrokerEvent *ret) {
                         return ev.type;
                 }
 
+                /* The last read emptied the socket: poll() first, rather than a read that says EAGAIN. */
+                if (c->stream.drained) {
+                        c->stream.drained = false;
+                        event_store(ret, &ev);
+                        return BROKER_EVENT_NONE;
+                }
                 ssize_t n = varlink_stream_read(&c->stream);
                 if (n == -EAGAIN) {
                         event_store(ret, &ev);

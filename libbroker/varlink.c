@@ -703,6 +703,7 @@ ssize_t varlink_stream_read(VarlinkStream *s) {
                 ssize_t k = recv(s->fd, in->data + in->end, n, MSG_DONTWAIT);
                 if (k < 0 && errno == EINTR)
                         continue;
+                s->drained = k >= 0 && (size_t) k < n;
                 if (k <= 0) {
                         r = k < 0 ? (errno == EWOULDBLOCK ? -EAGAIN : negative_errno()) : 0;
                         if (pending == 0)

@@ -157,6 +157,9 @@ typedef struct VarlinkStream {
         int fd;
         VarlinkInput input;
         VarlinkOutput output;
+        /* The last read took less than it had room for: the socket was empty then. Under level-triggered
+         * polling the next read can wait for the next wakeup, which saves a recv() that would say EAGAIN. */
+        bool drained;
 } VarlinkStream;
 
 /* max_message and max_output 0 mean the defaults (VARLINK_CALL_MAX_DEFAULT, VARLINK_OUTPUT_MAX_DEFAULT). */
