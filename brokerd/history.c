@@ -151,6 +151,7 @@ struct History {
         atomic_int_fast64_t n_rows;    /* about how many are in rows: may lag a push or a take */
         atomic_uint_fast64_t first_row_at; /* when rows last became non-empty */
         _Atomic(Op *) ops;             /* newest first */
+        atomic_bool writer_woken;      /* writer_fd was written and the writer has not looked since */
         atomic_bool stopping;
         atomic_uint_fast64_t stop_deadline;
 
@@ -230,8 +231,11 @@ static void kick(History *h) {
         (void) eventfd_write(h->wakeup_fd, 1);
 }
 
+/* One eventfd write per wakeup, not per push: while a wake is posted and the writer has not taken it,
+ * whatever is pushed meanwhile goes with it (the writer takes the stacks after clearing the flag). */
 static void wake_writer(History *h) {
-        (void) eventfd_write(h->writer_fd, 1);
+        if (!atomic_exchange(&h->writer_woken, true))
+                (void) eventfd_write(h->writer_fd, 1);
 }
 
 /* Pushes onto a lock-free stack; returns true when it was empty. */
@@ -1648,7 +1652,11 @@ static void writer_sleep(History *h, usec_t wake) {
                 ts = usec_to_timespec(usec_sub_unsigned(wake, now_monotonic()));
                 timeout = &ts;
         }
-        (void) ppoll(&p, 1, timeout, NULL);
+        /* Read here too: a wake can land between the flag's clearing and the read that goes with it. */
+        if (ppoll(&p, 1, timeout, NULL) > 0) {
+                eventfd_t v;
+                (void) eventfd_read(h->writer_fd, &v);
+        }
 }
 
 static void writer_main_loop(History *h) {
@@ -1658,8 +1666,9 @@ static void writer_main_loop(History *h) {
                 eventfd_t v;
                 Op *ops;
 
-                /* Cleared before looking: a push after this point makes the fd readable again. */
-                (void) eventfd_read(h->writer_fd, &v);
+                /* Cleared before looking: a push after this point wakes us again. */
+                if (atomic_exchange(&h->writer_woken, false))
+                        (void) eventfd_read(h->writer_fd, &v);
 
                 ops = STACK_TAKE(&h->ops);
                 if (ops) {
