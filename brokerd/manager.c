@@ -125,10 +125,12 @@ static void acl_error(ConfErrors *errors, const LaneConfig *lc, const char *key,
         errors->errors = a;
         ConfError *e = &a[errors->n_errors++];
         *e = (ConfError) {};
-        if (lc->source.file)
-                (void) asprintf(&e->where, "%s:%u", lc->source.file, lc->source.line);
+        /* Out of memory: the error still counts, with less said about it. */
+        if (lc->source.file && asprintf(&e->where, "%s:%u", lc->source.file, lc->source.line) < 0)
+                e->where = NULL;
         e->key = strdup(key);
-        (void) asprintf(&e->message, "unknown %s \"%s\"", what, name);
+        if (asprintf(&e->message, "unknown %s \"%s\"", what, name) < 0)
+                e->message = NULL;
 }
 
 _Static_assert(sizeof(uid_t) == sizeof(uint32_t) && sizeof(gid_t) == sizeof(uint32_t), "32-bit ids");
@@ -493,17 +495,14 @@ static char *default_socket_path(void) {
         if (e && *e) {
                 /* systemd may list several directories, separated by colons: ours is the first. */
                 size_t len = strcspn(e, ":");
-                (void) asprintf(&p, "%.*s/io.slotbroker", (int) len, e);
-                return p;
+                return asprintf(&p, "%.*s/io.slotbroker", (int) len, e) < 0 ? NULL : p;
         }
         if (getuid() == 0)
                 return strdup("/run/brokerd/io.slotbroker");
         e = getenv("XDG_RUNTIME_DIR");
-        if (e && *e)
-                (void) asprintf(&p, "%s/brokerd/io.slotbroker", e);
-        else
-                (void) asprintf(&p, "/run/user/%d/brokerd/io.slotbroker", (int) getuid());
-        return p;
+        int r = e && *e ? asprintf(&p, "%s/brokerd/io.slotbroker", e)
+                        : asprintf(&p, "/run/user/%d/brokerd/io.slotbroker", (int) getuid());
+        return r < 0 ? NULL : p;
 }
 
 static void audit_ended_while_down(Manager *m, const HistoryLeaseRow *row, const char *reason) {

@@ -250,7 +250,7 @@ void conf_errors_print(const ConfErrors *errors, FILE *f) {
                         fprintf(f, "%s: ", e->where);
                 if (e->key)
                         fprintf(f, "%s: ", e->key);
-                fprintf(f, "%s\n", e->message);
+                fprintf(f, "%s\n", e->message ?: "(out of memory while describing this error)");
         }
         if (errors->n_dropped > 0)
                 fprintf(f, "(%zu more errors not shown)\n", errors->n_dropped);

@@ -308,7 +308,7 @@ int main(int argc, char *argv[]) {
 
         history_free(b.h);
         sd_event_unref(e);
-        if (cleanup)
-                (void) system(cleanup);
+        if (cleanup && system(cleanup) != 0)
+                fprintf(stderr, "bench-history: could not remove its directory\n");
         return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }

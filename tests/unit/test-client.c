@@ -524,8 +524,7 @@ static void test_attached_pid_is_reported_and_holds_the_slot(void **state) {
         if (child == 0) {
                 char b;
                 close(pipefd[1]);
-                (void) read(pipefd[0], &b, 1);
-                _exit(0);
+                _exit(read(pipefd[0], &b, 1) >= 0 ? 0 : 1);
         }
         close(pipefd[0]);
         /* Connected after the fork: a copy of the connection in the child would hold the lease too. */

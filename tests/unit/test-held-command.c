@@ -169,8 +169,7 @@ static void test_dies_with_its_starter(void **state) {
         if (starter == 0) {
                 HeldCommand *c = held_shell("touch orphan", &no_signals);
                 pid_t pid = held_command_get_pid(c);
-                (void) write(fds[1], &pid, sizeof pid);
-                _exit(0); /* without a word, and without freeing c */
+                _exit(write(fds[1], &pid, sizeof pid) == sizeof pid ? 0 : 1); /* without a word, and without freeing c */
         }
         close(fds[1]);
         pid_t held;
