@@ -14,7 +14,6 @@
 #include "manager.h"
 
 /* How long a holder without a command may ignore a revocation before its connection is cut. */
-#define REVOKE_GRACE_USEC (5 * USEC_PER_SEC)
 
 static const char *const lease_state_table[_LEASE_STATE_MAX] = {
         [LEASE_HELD] = "held",
@@ -352,7 +351,7 @@ void lease_revoke(Lease *l, const char *reason) {
                 c->acquire.active = false;
                 if (!lease_command_running(l))
                         (void) sd_event_add_time_relative(l->manager->event, &l->grace_timer, CLOCK_MONOTONIC,
-                                                          REVOKE_GRACE_USEC, 0, on_revoke_grace, l);
+                                                          l->manager->config->revoke_grace, 0, on_revoke_grace, l);
                 return;
         }
         if (c) {

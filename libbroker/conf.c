@@ -17,6 +17,8 @@
 
 #define DEFAULT_HISTORY_RETENTION (30 * USEC_PER_DAY)
 #define DEFAULT_RECLAIM_GRACE (30 * USEC_PER_SEC)
+/* As slotctl's --kill-after default: the same grace, whichever side ends the work. */
+#define DEFAULT_REVOKE_GRACE (5 * USEC_PER_SEC)
 #define DEFAULT_MAX_CONNECTIONS 8192U
 #define DEFAULT_MAX_CONNECTIONS_PER_UID 4096U
 #define DEFAULT_MAX_WAITERS_PER_UID 4096U
@@ -338,6 +340,7 @@ int conf_new(BrokerConfig **ret) {
                 .audit = AUDIT_DECISIONS,
                 .history_retention = DEFAULT_HISTORY_RETENTION,
                 .reclaim_grace = DEFAULT_RECLAIM_GRACE,
+                .revoke_grace = DEFAULT_REVOKE_GRACE,
                 .exit_idle_after = USEC_INFINITY,
                 .max_connections = DEFAULT_MAX_CONNECTIONS,
                 .max_connections_per_uid = DEFAULT_MAX_CONNECTIONS_PER_UID,
@@ -928,6 +931,8 @@ static const ConfKey broker_keys[] = {
         { "metrics-textfile", set_path, offsetof(BrokerConfig, metrics_textfile), .max = PATH_MAX - 1 },
         { "reclaim-grace", set_duration, offsetof(BrokerConfig, reclaim_grace), .min = 0, .max = USEC_INFINITY - 1,
           .def = DEFAULT_RECLAIM_GRACE },
+        { "revoke-grace", set_duration, offsetof(BrokerConfig, revoke_grace), .min = 0, .max = USEC_INFINITY - 1,
+          .def = DEFAULT_REVOKE_GRACE },
         { "exit-idle-after", set_duration, offsetof(BrokerConfig, exit_idle_after), .min = USEC_PER_MSEC,
           .max = USEC_INFINITY, .def = USEC_INFINITY },
         { "max-connections", set_unsigned, offsetof(BrokerConfig, max_connections), .min = 1, .max = CONNECTIONS_MAX,
@@ -1316,6 +1321,7 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
         fprintf(f, "history-retention=%s\n", timespan_format(t, sizeof t, c->history_retention));
         dump_path(f, "metrics-textfile", c->metrics_textfile, "no textfile");
         fprintf(f, "reclaim-grace=%s\n", timespan_format(t, sizeof t, c->reclaim_grace));
+        fprintf(f, "revoke-grace=%s\n", timespan_format(t, sizeof t, c->revoke_grace));
         fprintf(f, "exit-idle-after=%s\n", timespan_format(t, sizeof t, c->exit_idle_after));
         fprintf(f, "max-connections=%u\n", c->max_connections);
         fprintf(f, "max-connections-per-uid=%u\n", c->max_connections_per_uid);

@@ -76,6 +76,7 @@ typedef struct BrokerConfig {
         usec_t history_retention;
         char *metrics_textfile;
         usec_t reclaim_grace;         /* how long a restored connection-held lease waits for its owner */
+        usec_t revoke_grace;          /* how long a revoked holder without a command has to let go */
         usec_t exit_idle_after;       /* USEC_INFINITY: never exit when idle */
         /* per-client limits (SPEC §10) */
         unsigned max_connections;

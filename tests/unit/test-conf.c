@@ -148,6 +148,7 @@ static void test_new_config_has_documented_broker_defaults(void **state) {
         assert_true(c->history_retention == 30 * USEC_PER_DAY);
         assert_null(c->metrics_textfile);
         assert_true(c->reclaim_grace == 30 * USEC_PER_SEC);
+        assert_true(c->revoke_grace == 5 * USEC_PER_SEC);
         assert_true(c->exit_idle_after == USEC_INFINITY);
         assert_int_equal(c->max_connections, 8192);
         assert_int_equal(c->max_connections_per_uid, 4096);
@@ -276,6 +277,15 @@ static void test_broker_reclaim_grace_may_be_zero_but_not_infinity(void **state)
         set_ok("broker", "reclaim-grace", "1min 30s");
         assert_true(c->reclaim_grace == 90 * USEC_PER_SEC);
         set_fails("broker", "reclaim-grace", "infinity", "finite");
+}
+
+static void test_broker_revoke_grace_may_be_zero_but_not_infinity(void **state) {
+        set_ok("broker", "revoke-grace", "0");
+        assert_true(c->revoke_grace == 0);
+        set_ok("broker", "revoke-grace", "750ms");
+        assert_true(c->revoke_grace == 750 * USEC_PER_MSEC);
+        set_fails("broker", "revoke-grace", "infinity", "finite");
+        set_fails("broker", "revoke-grace", "-1s", "invalid duration");
 }
 
 static void test_broker_exit_idle_after(void **state) {
@@ -1016,6 +1026,7 @@ int main(void) {
                 T(test_broker_audit_is_decisions_or_all),
                 T(test_broker_history_retention_is_a_positive_duration),
                 T(test_broker_reclaim_grace_may_be_zero_but_not_infinity),
+                T(test_broker_revoke_grace_may_be_zero_but_not_infinity),
                 T(test_broker_exit_idle_after),
                 T(test_broker_connection_limits_are_strict_integers),
                 T(test_broker_max_waiters_per_uid_may_be_zero),
