@@ -68,14 +68,12 @@ static int acquire_parse_argv(int argc, char *argv[]) {
                 case 'h':
                         acquire_help();
                         return 0;
-                case ':':
-                        return log_usage("acquire", "option '%s' needs a value", argv[optind - 1]);
                 default: {
                         int k = cli_request_parse_option("acquire", c, optarg, &arg_request);
                         if (k < 0)
                                 return k;
-                        if (k == 0)
-                                return log_usage("acquire", "unknown option '%s'", argv[optind - 1]);
+                        if (k == 0) /* also ':' and '?' */
+                                return log_usage_option("acquire", c, argv);
                         break;
                 }
                 }
@@ -195,11 +193,8 @@ int verb_release(int argc, char *argv[]) {
                 case 'h':
                         release_help();
                         return EXIT_SUCCESS;
-                case ':':
-                        log_usage("release", "option '%s' needs a value", argv[optind - 1]);
-                        return EXIT_USAGE;
-                default:
-                        log_usage("release", "unknown option '%s'", argv[optind - 1]);
+                default: /* ':' or '?' */
+                        log_usage_option("release", opt, argv);
                         return EXIT_USAGE;
                 }
         if (optind + 1 != argc) {

@@ -61,11 +61,8 @@ static int drain(const char *verb, bool on, int argc, char *argv[]) {
                 case 'h':
                         drain_help(verb);
                         return EXIT_SUCCESS;
-                case ':':
-                        log_usage(verb, "option '%s' needs a value", argv[optind - 1]);
-                        return EXIT_USAGE;
-                default:
-                        log_usage(verb, "unknown option '%s'", argv[optind - 1]);
+                default: /* ':' or '?' */
+                        log_usage_option(verb, opt, argv);
                         return EXIT_USAGE;
                 }
         if (optind >= argc || argc - optind > 2) {
@@ -196,11 +193,8 @@ int verb_cancel(int argc, char *argv[]) {
                 case 'h':
                         cancel_help();
                         return EXIT_SUCCESS;
-                case ':':
-                        log_usage("cancel", "option '%s' needs a value", argv[optind - 1]);
-                        return EXIT_USAGE;
-                default:
-                        log_usage("cancel", "unknown option '%s'", argv[optind - 1]);
+                default: /* ':' or '?' */
+                        log_usage_option("cancel", opt, argv);
                         return EXIT_USAGE;
                 }
         if (optind < argc) {
@@ -256,11 +250,8 @@ int verb_reload(int argc, char *argv[]) {
                 case 'h':
                         reload_help();
                         return EXIT_SUCCESS;
-                case ':':
-                        log_usage("reload", "option '%s' needs a value", argv[optind - 1]);
-                        return EXIT_USAGE;
-                default:
-                        log_usage("reload", "unknown option '%s'", argv[optind - 1]);
+                default: /* ':' or '?' */
+                        log_usage_option("reload", opt, argv);
                         return EXIT_USAGE;
                 }
         if (optind < argc) {

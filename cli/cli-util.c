@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -55,6 +56,12 @@ int log_usage(const char *verb, const char *format, ...) {
         va_end(ap);
         fprintf(stderr, "slotctl %s: %s (see slotctl %s --help)\n", verb, line, verb);
         return -EINVAL;
+}
+
+int log_usage_option(const char *verb, int opt, char *argv[]) {
+        const char *option = argv[optind - 1];
+        return opt == ':' ? log_usage(verb, "option '%s' needs a value", option)
+                          : log_usage(verb, "unknown option '%s'", option);
 }
 
 int cli_parse_duration(const char *option, const char *s, bool allow_infinity, usec_t *ret) {

@@ -50,6 +50,9 @@ void log_notice(const char *format, ...) _printf_(1, 2);
 int log_error_errno(int error, const char *format, ...) _printf_(2, 3);
 /* A usage error: the message, then a pointer to --help. Returns -EINVAL. */
 int log_usage(const char *verb, const char *format, ...) _printf_(2, 3);
+/* What getopt_long() reports as ':' (a value missing) or anything else it did not expect (an unknown
+ * option), for optstrings that start with ':' and opterr = 0, as a usage error. Returns -EINVAL. */
+int log_usage_option(const char *verb, int opt, char *argv[]);
 
 /* Option values. Each logs what is wrong, naming the option, and returns -EINVAL; *ret untouched then. */
 int cli_parse_duration(const char *option, const char *s, bool allow_infinity, usec_t *ret);

@@ -170,14 +170,12 @@ static int parse_argv(int argc, char *argv[]) {
                 case 'h':
                         help();
                         return 0;
-                case ':':
-                        return log_usage("run", "option '%s' needs a value", argv[optind - 1]);
                 default: {
                         int k = cli_request_parse_option("run", c, optarg, &arg_request);
                         if (k < 0)
                                 return k;
-                        if (k == 0)
-                                return log_usage("run", "unknown option '%s'", argv[optind - 1]);
+                        if (k == 0) /* also ':' and '?' */
+                                return log_usage_option("run", c, argv);
                         break;
                 }
                 }

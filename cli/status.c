@@ -170,9 +170,8 @@ static int parse_common(const char *verb, void (*help)(void), int argc, char *ar
                         help();
                         return 0;
                 case ':':
-                        return log_usage(verb, "option '%s' needs a value", argv[optind - 1]);
                 case '?':
-                        return log_usage(verb, "unknown option '%s'", argv[optind - 1]);
+                        return log_usage_option(verb, c, argv);
                 default:
                         if (!on_extra || on_extra(c, optarg) < 0)
                                 return -EINVAL;
