@@ -277,6 +277,9 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
         audit_tick(m);
+        if (m->refused_unlogged > 1)
+                log_warning("Connection limit reached: %u more connections refused.", m->refused_unlogged - 1);
+        m->refused_unlogged = 0;
         if (m->config->metrics_textfile && now_monotonic() - m->metrics.last_textfile >= METRICS_TEXTFILE_INTERVAL) {
                 m->metrics.last_textfile = now_monotonic();
                 metrics_write_textfile(m);
@@ -405,8 +408,11 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                 UidUsage *u = manager_uid_usage(m, cred.uid, false);
                 if (m->n_connections >= m->config->max_connections ||
                     (u && u->connections >= m->config->max_connections_per_uid)) {
-                        /* Refused before any call, so there is nobody to answer: the client sees EOF. */
-                        log_warning("Connection limit reached (uid %d); refusing a connection.", (int) cred.uid);
+                        /* Refused before any call, so there is nobody to answer: the client sees EOF. A storm
+                         * gets its first line now and a count once a second (on_tick), not a line each. */
+                        if (m->refused_unlogged++ == 0)
+                                log_warning("Connection limit reached (uid %d); refusing a connection.", (int) cred.uid);
+                        m->metrics.connections_refused++;
                         safe_close(cfd);
                         continue;
                 }

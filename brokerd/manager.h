@@ -74,7 +74,7 @@ typedef struct Manager {
         bool status_dirty;
         usec_t idle_since;              /* monotonic: since when nothing was connected or held */
         uint64_t token_floor_all;       /* fencing tokens of every pool continue above it; 0: none */
-        bool accepting_paused;          /* at the connection limit: listen socket not polled */
+        unsigned refused_unlogged;      /* connections refused at a limit since the last line about it */
 } Manager;
 
 typedef struct ManagerOptions {

@@ -216,6 +216,9 @@ int metrics_render(Manager *m, char **ret) {
         fprintf(f, "slotbroker_denied_total %llu\n", (unsigned long long) m->metrics.denied);
         header(f, "slotbroker_connections", "gauge", "Open client connections.");
         fprintf(f, "slotbroker_connections %u\n", m->n_connections);
+        header(f, "slotbroker_connections_refused_total", "counter",
+               "Connections closed at once because max-connections or max-connections-per-uid was reached.");
+        fprintf(f, "slotbroker_connections_refused_total %llu\n", (unsigned long long) m->metrics.connections_refused);
         header(f, "slotbroker_leases", "gauge", "Leases, held or waiting for their command to end.");
         fprintf(f, "slotbroker_leases %u\n", m->n_leases);
         header(f, "slotbroker_journal_dropped_total", "counter", "Audit entries journald did not take in time.");

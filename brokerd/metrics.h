@@ -41,6 +41,7 @@ typedef struct Metrics {
         MetricsPool *pools;
         size_t n_pools;
         uint64_t denied;
+        uint64_t connections_refused;  /* closed at accept: a connection limit was reached */
         usec_t last_textfile;
 } Metrics;
 

@@ -9,6 +9,7 @@ Usage: test-brokerd-robust.py BROKERD [unittest arguments]
 """
 import json
 import os
+import re
 import selectors
 import socket
 import sys
@@ -296,8 +297,13 @@ class Limits(unittest.TestCase):
         self.broker.wait_idle()
         wait_for(lambda: not self.broker.client_connections(), message="brokerd to close every connection")
 
+    def refused_total(self):
+        text = self.broker.call("io.slotbroker.Metrics")["text"]
+        return int(re.search(r"^slotbroker_connections_refused_total (\d+)$", text, re.M).group(1))
+
     def test_connections_per_uid(self):
         b = self.broker
+        refused = self.refused_total()
         conns = []
         for i in range(3):
             c, inode = b.tracked(lambda: self._open_answered())
@@ -313,8 +319,10 @@ class Limits(unittest.TestCase):
         c, inode = conns.pop()
         c.close()
         b.wait_connection_gone(inode)
-        again = self._open_answered()  # a place is free again
+        again, inode = b.tracked(lambda: self._open_answered())  # a place is free again
         again.close()
+        b.wait_connection_gone(inode)  # so that the Metrics call below has a place too
+        self.assertEqual(self.refused_total(), refused + 1, "the refused connection is counted once")
 
     def _open_answered(self):
         c = self.broker.connect()
