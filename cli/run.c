@@ -4,7 +4,6 @@
  * (signals, --timeout, revocation; reconnecting to reclaim the lease when brokerd restarts under it) and
  * exit with its status. SPEC §3.4 and §6. */
 #include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -15,7 +14,6 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/pidfd.h>
-#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
