@@ -20,8 +20,9 @@
 
 #include "held-command.h"
 
-/* The child's stack until exec: execvpe() keeps the path it tries there, up to PATH_MAX. */
-#define HELD_STACK_SIZE (64 * 1024)
+/* The child's stack until exec: execvpe() keeps the path it tries there (up to PATH_MAX), and for a script
+ * without "#!" a copy of argv to run it with /bin/sh, so the stack grows with argv (as posix_spawn's does). */
+#define HELD_STACK_BASE (64 * 1024)
 
 /* What the child reads. Fixed before the clone, since slotctl runs on while the child starts; envp alone
  * is written later, before the word to go, and read after it. */
@@ -41,6 +42,7 @@ struct HeldCommand {
         int go_fd;          /* our ends, closed once used */
         int status_fd;
         void *stack;
+        size_t stack_size;
 };
 
 /* Not instrumented by ASan, whose bookkeeping expects one stack per thread: the child runs on a stack of its
@@ -110,7 +112,7 @@ HeldCommand *held_command_free(HeldCommand *c) {
         safe_close(c->go_fd);
         safe_close(c->status_fd);
         if (c->stack)
-                (void) munmap(c->stack, HELD_STACK_SIZE);
+                (void) munmap(c->stack, c->stack_size);
         free(c);
         return NULL;
 }
@@ -135,7 +137,11 @@ int held_command_new(char *const *argv, const sigset_t *exec_mask, HeldCommand *
                 return -errno;
         c->status_fd = fds[0];
         child_status_fd = fds[1];
-        c->stack = mmap(NULL, HELD_STACK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+        size_t argc = 0, page = (size_t) sysconf(_SC_PAGESIZE);
+        while (argv[argc])
+                argc++;
+        c->stack_size = (HELD_STACK_BASE + (argc + 2) * sizeof(char *) + page - 1) / page * page;
+        c->stack = mmap(NULL, c->stack_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
         if (c->stack == MAP_FAILED) {
                 c->stack = NULL;
                 return -errno;
@@ -149,7 +155,7 @@ int held_command_new(char *const *argv, const sigset_t *exec_mask, HeldCommand *
                 .parent_fds = { c->go_fd, c->status_fd },
         };
 
-        pid_t pid = clone(held_command_child, (char *) c->stack + HELD_STACK_SIZE, CLONE_VM | SIGCHLD, &c->child);
+        pid_t pid = clone(held_command_child, (char *) c->stack + c->stack_size, CLONE_VM | SIGCHLD, &c->child);
         if (pid < 0)
                 return -errno;
         c->pid = pid;

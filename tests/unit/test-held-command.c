@@ -156,6 +156,32 @@ static void test_exec_failures_are_reported(void **state) {
         assert_int_equal(failed_exec_status(path_of("not-executable"), EACCES), 126);
 }
 
+/* A script without "#!" runs through /bin/sh, which execvpe() arranges with a copy of argv on the child's
+ * stack: a long command line must fit there too. */
+static void test_script_without_interpreter_line_gets_a_long_argv(void **state) {
+        enum { N_ARGS = 20000 };
+        char script[256], *envp[] = { "PATH=/usr/bin:/bin", NULL };
+        (void) state;
+
+        snprintf(script, sizeof script, "%s/no-interpreter-line", dir);
+        FILE *f = fopen(script, "we");
+        assert_non_null(f);
+        fprintf(f, "echo $# > %s/argc\n", dir);
+        assert_int_equal(fclose(f), 0);
+        assert_int_equal(chmod(script, 0755), 0);
+
+        char **argv = calloc(N_ARGS + 2, sizeof(char *));
+        assert_non_null(argv);
+        argv[0] = script;
+        for (size_t i = 1; i <= N_ARGS; i++)
+                argv[i] = "x";
+        HeldCommand *c = NULL;
+        assert_int_equal(held_command_new(argv, &no_signals, &c), 0);
+        assert_int_equal(finish(c, envp), 0);
+        free(argv);
+        assert_string_equal(slurp(path_of("argc")), "20000\n");
+}
+
 /* A starter that dies before the word takes its held command with it: nothing starts later. */
 static void test_dies_with_its_starter(void **state) {
         int fds[2];
@@ -204,6 +230,7 @@ int main(void) {
                 cmocka_unit_test(test_gets_the_given_signal_mask),
                 cmocka_unit_test(test_dismissed_command_exits_without_running),
                 cmocka_unit_test(test_exec_failures_are_reported),
+                cmocka_unit_test(test_script_without_interpreter_line_gets_a_long_argv),
                 cmocka_unit_test(test_dies_with_its_starter),
                 cmocka_unit_test(test_invalid_arguments),
         };
