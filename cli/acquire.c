@@ -164,7 +164,7 @@ int verb_acquire(int argc, char *argv[]) {
 
 /* ---- release ---- */
 
-static void release_help(void) {
+static void release_help(const char *verb) {
         printf("slotctl release [OPTIONS…] LEASE\n\n"
                "End a lease by its id (the owner's user or root). A lease whose command still runs is\n"
                "revoked: its holder stops the command, and the slots free when it has exited.\n\n"
@@ -173,30 +173,13 @@ static void release_help(void) {
 }
 
 int verb_release(int argc, char *argv[]) {
-        enum { ARG_SOCKET = 0x100 };
-        static const struct option options[] = {
-                { "socket", required_argument, NULL, ARG_SOCKET },
-                { "help", no_argument, NULL, 'h' },
-                {},
-        };
         _cleanup_(broker_client_freep) BrokerClient *c = NULL;
         const char *socket_path = NULL;
-        int r, opt;
+        int r;
 
-        optind = 0;
-        opterr = 0;
-        while ((opt = getopt_long(argc, argv, ":h", options, NULL)) >= 0)
-                switch (opt) {
-                case ARG_SOCKET:
-                        socket_path = optarg;
-                        break;
-                case 'h':
-                        release_help();
-                        return EXIT_SUCCESS;
-                default: /* ':' or '?' */
-                        log_usage_option("release", opt, argv);
-                        return EXIT_USAGE;
-                }
+        r = cli_parse_socket_options("release", argc, argv, release_help, &socket_path);
+        if (r <= 0)
+                return r < 0 ? EXIT_USAGE : EXIT_SUCCESS;
         if (optind + 1 != argc) {
                 log_usage("release", "%s", optind >= argc ? "a lease id is missing" : "one lease id only");
                 return EXIT_USAGE;

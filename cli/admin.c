@@ -40,31 +40,14 @@ static bool pool_exists(BrokerClient *c, const char *pool) {
 }
 
 static int drain(const char *verb, bool on, int argc, char *argv[]) {
-        enum { ARG_SOCKET = 0x100 };
-        static const struct option options[] = {
-                { "socket", required_argument, NULL, ARG_SOCKET },
-                { "help", no_argument, NULL, 'h' },
-                {},
-        };
         _cleanup_(broker_client_freep) BrokerClient *c = NULL;
         _cleanup_(json_decrefp) json_t *p = NULL;
         _cleanup_free_ char *text = NULL;
-        int r, opt;
+        int r;
 
-        optind = 0;
-        opterr = 0;
-        while ((opt = getopt_long(argc, argv, ":h", options, NULL)) >= 0)
-                switch (opt) {
-                case ARG_SOCKET:
-                        arg_socket = optarg;
-                        break;
-                case 'h':
-                        drain_help(verb);
-                        return EXIT_SUCCESS;
-                default: /* ':' or '?' */
-                        log_usage_option(verb, opt, argv);
-                        return EXIT_USAGE;
-                }
+        r = cli_parse_socket_options(verb, argc, argv, drain_help, &arg_socket);
+        if (r <= 0)
+                return r < 0 ? EXIT_USAGE : EXIT_SUCCESS;
         if (optind >= argc || argc - optind > 2) {
                 log_usage(verb, "%s", optind >= argc ? "a pool is missing" : "a pool and at most one member");
                 return EXIT_USAGE;
@@ -221,7 +204,7 @@ int verb_cancel(int argc, char *argv[]) {
 
 /* ---- reload ---- */
 
-static void reload_help(void) {
+static void reload_help(const char *verb) {
         printf("slotctl reload [OPTIONS…]\n\n"
                "Make the broker read its configuration again, and wait until it is applied. A\n"
                "configuration with errors is rejected whole (the old one stays): each error is printed\n"
@@ -231,29 +214,12 @@ static void reload_help(void) {
 }
 
 int verb_reload(int argc, char *argv[]) {
-        enum { ARG_SOCKET = 0x100 };
-        static const struct option options[] = {
-                { "socket", required_argument, NULL, ARG_SOCKET },
-                { "help", no_argument, NULL, 'h' },
-                {},
-        };
         _cleanup_(broker_client_freep) BrokerClient *c = NULL;
-        int r, opt;
+        int r;
 
-        optind = 0;
-        opterr = 0;
-        while ((opt = getopt_long(argc, argv, ":h", options, NULL)) >= 0)
-                switch (opt) {
-                case ARG_SOCKET:
-                        arg_socket = optarg;
-                        break;
-                case 'h':
-                        reload_help();
-                        return EXIT_SUCCESS;
-                default: /* ':' or '?' */
-                        log_usage_option("reload", opt, argv);
-                        return EXIT_USAGE;
-                }
+        r = cli_parse_socket_options("reload", argc, argv, reload_help, &arg_socket);
+        if (r <= 0)
+                return r < 0 ? EXIT_USAGE : EXIT_SUCCESS;
         if (optind < argc) {
                 log_usage("reload", "unexpected argument '%s'", argv[optind]);
                 return EXIT_USAGE;

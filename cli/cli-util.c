@@ -64,6 +64,32 @@ int log_usage_option(const char *verb, int opt, char *argv[]) {
                           : log_usage(verb, "unknown option '%s'", option);
 }
 
+int cli_parse_socket_options(const char *verb, int argc, char *argv[], void (*help)(const char *verb),
+                             const char **socket_path) {
+        enum { ARG_SOCKET = 0x100 };
+        static const struct option options[] = {
+                { "socket", required_argument, NULL, ARG_SOCKET },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        int opt;
+
+        optind = 0;
+        opterr = 0;
+        while ((opt = getopt_long(argc, argv, ":h", options, NULL)) >= 0)
+                switch (opt) {
+                case ARG_SOCKET:
+                        *socket_path = optarg;
+                        break;
+                case 'h':
+                        help(verb);
+                        return 0;
+                default: /* ':' or '?' */
+                        return log_usage_option(verb, opt, argv);
+                }
+        return 1;
+}
+
 int cli_parse_duration(const char *option, const char *s, bool allow_infinity, usec_t *ret) {
         usec_t t;
         /* A bare number counts in seconds, as in config files and timeout(1). */
