@@ -177,7 +177,7 @@ int verb_release(int argc, char *argv[]) {
         const char *socket_path = NULL;
         int r;
 
-        r = cli_parse_socket_options("release", argc, argv, release_help, &socket_path);
+        r = cli_parse_options("release", argc, argv, release_help, &(CliOptions) { .socket_path = &socket_path });
         if (r <= 0)
                 return r < 0 ? EXIT_USAGE : EXIT_SUCCESS;
         if (optind + 1 != argc) {

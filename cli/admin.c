@@ -45,7 +45,7 @@ static int drain(const char *verb, bool on, int argc, char *argv[]) {
         _cleanup_free_ char *text = NULL;
         int r;
 
-        r = cli_parse_socket_options(verb, argc, argv, drain_help, &arg_socket);
+        r = cli_parse_options(verb, argc, argv, drain_help, &(CliOptions) { .socket_path = &arg_socket });
         if (r <= 0)
                 return r < 0 ? EXIT_USAGE : EXIT_SUCCESS;
         if (optind >= argc || argc - optind > 2) {
@@ -217,7 +217,7 @@ int verb_reload(int argc, char *argv[]) {
         _cleanup_(broker_client_freep) BrokerClient *c = NULL;
         int r;
 
-        r = cli_parse_socket_options("reload", argc, argv, reload_help, &arg_socket);
+        r = cli_parse_options("reload", argc, argv, reload_help, &(CliOptions) { .socket_path = &arg_socket });
         if (r <= 0)
                 return r < 0 ? EXIT_USAGE : EXIT_SUCCESS;
         if (optind < argc) {

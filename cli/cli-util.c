@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <assert.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -64,28 +65,40 @@ int log_usage_option(const char *verb, int opt, char *argv[]) {
                           : log_usage(verb, "unknown option '%s'", option);
 }
 
-int cli_parse_socket_options(const char *verb, int argc, char *argv[], void (*help)(const char *verb),
-                             const char **socket_path) {
-        enum { ARG_SOCKET = 0x100 };
-        static const struct option options[] = {
+int cli_parse_options(const char *verb, int argc, char *argv[], void (*help)(const char *verb), const CliOptions *o) {
+        enum { ARG_SOCKET = 0x100, ARG_JSON };
+        struct option options[16] = {
                 { "socket", required_argument, NULL, ARG_SOCKET },
                 { "help", no_argument, NULL, 'h' },
-                {},
         };
-        int opt;
+        size_t n = 2;
+        if (o->json)
+                options[n++] = (struct option) { "json", no_argument, NULL, ARG_JSON };
+        for (const struct option *e = o->extra; e && e->name; e++) {
+                assert(n < ELEMENTSOF(options) - 1);
+                options[n++] = *e;
+        }
+        int c;
 
         optind = 0;
         opterr = 0;
-        while ((opt = getopt_long(argc, argv, ":h", options, NULL)) >= 0)
-                switch (opt) {
+        while ((c = getopt_long(argc, argv, ":h", options, NULL)) >= 0)
+                switch (c) {
                 case ARG_SOCKET:
-                        *socket_path = optarg;
+                        *o->socket_path = optarg;
+                        break;
+                case ARG_JSON:
+                        *o->json = true;
                         break;
                 case 'h':
                         help(verb);
                         return 0;
-                default: /* ':' or '?' */
-                        return log_usage_option(verb, opt, argv);
+                case ':':
+                case '?':
+                        return log_usage_option(verb, c, argv);
+                default:
+                        if (!o->on_extra || o->on_extra(c, optarg) < 0)
+                                return -EINVAL;
                 }
         return 1;
 }

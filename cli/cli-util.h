@@ -54,11 +54,17 @@ int log_usage(const char *verb, const char *format, ...) _printf_(2, 3);
  * option), for optstrings that start with ':' and opterr = 0, as a usage error. Returns -EINVAL. */
 int log_usage_option(const char *verb, int opt, char *argv[]);
 
-/* The options of the verbs that take --socket and --help alone. Returns 1 to go on with argv[optind…] as
- * the verb's arguments and *socket_path set when --socket was given; 0 after printing the help; or
- * -EINVAL after a usage error. */
-int cli_parse_socket_options(const char *verb, int argc, char *argv[], void (*help)(const char *verb),
-                             const char **socket_path);
+/* The options of the verbs that talk to the broker: --socket and --help always, --json where the verb
+ * prints data, and the verb's own (extra, passed to on_extra, which returns < 0 after a usage error). */
+typedef struct CliOptions {
+        const char **socket_path;   /* set when --socket is given */
+        bool *json;                 /* NULL: no --json */
+        const struct option *extra; /* up to 12, terminated by {} */
+        int (*on_extra)(int c, const char *value);
+} CliOptions;
+/* Returns 1 to go on with argv[optind…] as the verb's arguments; 0 after printing the help; -EINVAL after
+ * a usage error. */
+int cli_parse_options(const char *verb, int argc, char *argv[], void (*help)(const char *verb), const CliOptions *o);
 
 /* Option values. Each logs what is wrong, naming the option, and returns -EINVAL; *ret untouched then. */
 int cli_parse_duration(const char *option, const char *s, bool allow_infinity, usec_t *ret);

@@ -142,46 +142,20 @@ static void print_pool(json_t *pool, json_t *holders, json_t *waiters) {
         }
 }
 
-/* --socket, --json and --help, and no other option; extra options come from the caller's table. */
-static int parse_common(const char *verb, void (*help)(void), int argc, char *argv[], const struct option *extra,
-                        int (*on_extra)(int c, const char *value)) {
-        enum { ARG_SOCKET = 0x100, ARG_JSON };
-        struct option options[16] = {
-                { "socket", required_argument, NULL, ARG_SOCKET },
-                { "json", no_argument, NULL, ARG_JSON },
-                { "help", no_argument, NULL, 'h' },
-        };
-        size_t n = 3;
-        for (; extra && extra->name && n < ELEMENTSOF(options) - 1; extra++)
-                options[n++] = *extra;
-        int c;
-
-        optind = 0;
-        opterr = 0;
-        while ((c = getopt_long(argc, argv, ":h", options, NULL)) >= 0)
-                switch (c) {
-                case ARG_SOCKET:
-                        arg_socket = optarg;
-                        break;
-                case ARG_JSON:
-                        arg_json = true;
-                        break;
-                case 'h':
-                        help();
-                        return 0;
-                case ':':
-                case '?':
-                        return log_usage_option(verb, c, argv);
-                default:
-                        if (!on_extra || on_extra(c, optarg) < 0)
-                                return -EINVAL;
-                }
+/* --socket, --json and --help, and no argument; extra options come from the caller's table. */
+static int parse_common(const char *verb, void (*help)(const char *verb), int argc, char *argv[],
+                        const struct option *extra, int (*on_extra)(int c, const char *value)) {
+        int r = cli_parse_options(verb, argc, argv, help,
+                                  &(CliOptions) { .socket_path = &arg_socket, .json = &arg_json, .extra = extra,
+                                                  .on_extra = on_extra });
+        if (r <= 0)
+                return r;
         if (optind < argc)
                 return log_usage(verb, "unexpected argument '%s'", argv[optind]);
         return 1;
 }
 
-static void status_help(void) {
+static void status_help(const char *verb) {
         printf("slotctl status [OPTIONS…]\n\n"
                "Show every pool with its usage, the leases that hold its slots and the requests waiting.\n\n"
                "     --json          Print the broker's Status reply as it is\n"
@@ -220,7 +194,7 @@ int verb_status(int argc, char *argv[]) {
 
 /* ---- metrics ---- */
 
-static void metrics_help(void) {
+static void metrics_help(const char *verb) {
         printf("slotctl metrics [OPTIONS…]\n\n"
                "Print the broker's metrics in the Prometheus text format.\n\n"
                "     --json          Print the broker's Metrics reply as it is\n"
@@ -339,7 +313,7 @@ static int history_option(int c, const char *value) {
         }
 }
 
-static void history_help(void) {
+static void history_help(const char *verb) {
         printf("slotctl history [OPTIONS…]\n\n"
                "Show the broker's recorded decisions, oldest first.\n\n"
                "     --since=TIME       Decisions at or after TIME (-1h or \"1h ago\"; 2024-05-01 13:30; @EPOCH)\n"
