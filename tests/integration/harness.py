@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import unittest
 
 sys.dont_write_bytecode = True  # never leave __pycache__ in the source tree (nor as root, for nobody)
 
@@ -675,6 +676,27 @@ def cleanup_all(keep=False):
 
 
 # ---- the invariant under load (SPEC §3.4, §10) ----
+
+class BrokerTestCase(unittest.TestCase):
+    """A test that starts brokerds of its own and holds requests on them, all ended with the test."""
+
+    def broker(self, config, name, clean_exit=True, **kw):
+        """brokerd, stopped at the end of the test; clean_exit: it must then exit 0 (under the sanitizers, an
+        error or a leak found at exit is a non-zero status)."""
+        b = Broker(config, name=name, **kw).start()
+        self.addCleanup(self.stop_broker, b, clean_exit)
+        return b
+
+    def stop_broker(self, b, clean_exit=True):
+        status = b.stop()
+        if clean_exit:
+            self.assertEqual(status, 0, f"{b.name} exited with status {status}:\n{b.log()[-4000:]}")
+
+    def acquire(self, b, lane, **params):
+        a = b.acquire(lane, **params)
+        self.addCleanup(a.close)
+        return a
+
 
 class Tracker:
     """What clients saw of one pool of `limit` slots, checked as they see it. A client removes its lease

@@ -29,7 +29,7 @@ import unittest
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
-from harness import Broker, Varlink, VarlinkError, wait_for  # noqa: E402
+from harness import Varlink, VarlinkError, wait_for  # noqa: E402
 
 SLOTCTL = None
 CATALOG = None
@@ -109,7 +109,7 @@ def read_catalog(path):
     return parsed
 
 
-class Audit(unittest.TestCase):
+class Audit(harness.BrokerTestCase):
     catalog = None
     ids = {}  # kind of entry -> the MESSAGE_ID seen for it: fixed, one per kind
 
@@ -118,22 +118,6 @@ class Audit(unittest.TestCase):
         if not JOURNALD_PID or not os.path.isdir(JOURNAL_DIR):
             raise unittest.SkipTest("not inside journald-ns.sh: no private journald")
         cls.catalog = read_catalog(CATALOG)
-
-    def broker(self, config, name):
-        """brokerd, stopped at the end of the test, where it must exit 0 (under the sanitizers, an error or a
-        leak found at exit is a non-zero status)."""
-        b = Broker(config, name=name).start()
-        self.addCleanup(self.stop_broker, b)
-        return b
-
-    def stop_broker(self, b):
-        status = b.stop()
-        self.assertEqual(status, 0, f"{b.name} exited with status {status}:\n{b.log()[-4000:]}")
-
-    def acquire(self, b, lane, **params):
-        a = b.acquire(lane, **params)
-        self.addCleanup(a.close)
-        return a
 
     # ---- checking entries ----
 

@@ -28,7 +28,7 @@ import unittest
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
-from harness import Broker, VarlinkError, wait_for  # noqa: E402
+from harness import VarlinkError, wait_for  # noqa: E402
 
 SLOTCTL = None
 PROMTOOL = shutil.which("promtool")
@@ -319,23 +319,7 @@ class Parser(unittest.TestCase):
                 parse_exposition(text)
 
 
-class Metrics(unittest.TestCase):
-
-    def broker(self, config, **kw):
-        """brokerd, stopped at the end of the test, where it must exit 0 (under the sanitizers, an error or a
-        leak found at exit is a non-zero status)."""
-        b = Broker(config, name="metrics", **kw).start()
-        self.addCleanup(self.stop_broker, b)
-        return b
-
-    def stop_broker(self, b):
-        status = b.stop()
-        self.assertEqual(status, 0, f"brokerd exited with status {status}:\n{b.log()[-4000:]}")
-
-    def acquire(self, b, lane, **params):
-        a = b.acquire(lane, **params)
-        self.addCleanup(a.close)
-        return a
+class Metrics(harness.BrokerTestCase):
 
     def metrics(self, b, promtool=True):
         text = b.call("io.slotbroker.Metrics")["text"]
@@ -358,7 +342,7 @@ class Metrics(unittest.TestCase):
             self.promtool("# HELP c C.\n# TYPE c counter\nc 1\n")
 
     def test_values_after_a_known_sequence(self):
-        b = self.broker(CONFIG)
+        b = self.broker(CONFIG, "metrics")
         # Two immediate grants fill p; a fail-fast request is busy; one waits, the next finds the queue full.
         a1 = self.acquire(b, "w", job="a1")
         a1.until_granted()
@@ -456,7 +440,7 @@ class Metrics(unittest.TestCase):
     def test_a_revoked_lease_is_one_hold(self):
         """A lease revoked by max-hold is recorded "revoked" when it is revoked and "released" when its slots
         free: one hold in slotbroker_hold_seconds, with the whole hold."""
-        b = self.broker("[pool q]\nlimit = 1\n\n[lane mh]\npools = q\nmax-hold = 300ms\n")
+        b = self.broker("[pool q]\nlimit = 1\n\n[lane mh]\npools = q\nmax-hold = 300ms\n", "metrics")
         a = self.acquire(b, "mh")
         a.until_granted()
         a.until(lambda x: x.state == "revoked", timeout=5, what="the revocation")
@@ -470,7 +454,7 @@ class Metrics(unittest.TestCase):
         self.addCleanup(shutil.rmtree, d, True)
         path = os.path.join(d, "slotbroker.prom")
         start = time.monotonic()
-        b = self.broker(CONFIG.replace("[pool p]", f"[broker]\nmetrics-textfile = {path}\n\n[pool p]", 1))
+        b = self.broker(CONFIG.replace("[pool p]", f"[broker]\nmetrics-textfile = {path}\n\n[pool p]", 1), "metrics")
         wait_for(lambda: os.path.exists(path), 20, interval=0.01, message="the metrics textfile")
         first = time.monotonic() - start
         self.assertLess(first, 15.0 + 2.0, "the textfile came later than 15 s after the start")

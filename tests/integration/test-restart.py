@@ -150,19 +150,7 @@ def reclaim_log_lines(b):
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"Lease ([0-9a-f]{32}) reclaimed by pid (\d+)", b.log())}
 
 
-class Restart(unittest.TestCase):
-
-    def broker(self, config, name, clean_exit=True, **kw):
-        """brokerd, stopped at the end of the test; clean_exit: it must then exit 0 (under the sanitizers, an
-        error or a leak found at exit is a non-zero status)."""
-        b = Broker(config, name=name, **kw).start()
-        self.addCleanup(self.stop_broker, b, clean_exit)
-        return b
-
-    def stop_broker(self, b, clean_exit):
-        status = b.stop()
-        if clean_exit:
-            self.assertEqual(status, 0, f"{b.name} exited with status {status}:\n{b.log()[-4000:]}")
+class Restart(harness.BrokerTestCase):
 
     def start_monitor(self, b, tracker, restarts, stats, on_sample=None):
         """harness.monitor on pool p (tracker.limit slots) until the test ends; returns a function ending it."""
