@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "connection.h"
@@ -244,21 +246,115 @@ typedef struct TextfileJob {
         char *text;
 } TextfileJob;
 
-/* Runs off the loop: the metrics file lives on a disk the loop must never wait for. */
+/* A fresh temporary name beside the textfile: "NAME.tmp.<16 hex digits>", never one a user of the directory
+ * can predict and plant a symlink at. */
+static int textfile_temporary_name(const char *base, char **ret) {
+        uint64_t r;
+        if (getrandom(&r, sizeof r, 0) != (ssize_t) sizeof r)
+                return -errno ?: -EIO;
+        return asprintf(ret, "%s.tmp.%016" PRIx64, base, r) < 0 ? -ENOMEM : 0;
+}
+
+/* Writes all of text to fd and flushes it to disk. */
+static int write_all_and_sync(int fd, const char *text) {
+        size_t len = strlen(text);
+        while (len > 0) {
+                ssize_t n = write(fd, text, len);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0)
+                        return n < 0 ? -errno : -EIO;
+                text += n;
+                len -= (size_t) n;
+        }
+        return fsync(fd) < 0 ? -errno : 0;
+}
+
+/* Gives the complete unnamed O_TMPFILE fd a new temporary name in dfd. linkat() never follows or replaces
+ * what is at the new name: a planted file or symlink only costs another name. */
+static int textfile_link(int fd, int dfd, const char *base, char **ret) {
+        char proc[64];
+        snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+        for (unsigned attempt = 0; attempt < 16; attempt++) {
+                _cleanup_free_ char *name = NULL;
+                int r = textfile_temporary_name(base, &name);
+                if (r < 0)
+                        return r;
+                if (linkat(AT_FDCWD, proc, dfd, name, AT_SYMLINK_FOLLOW) >= 0) {
+                        *ret = TAKE_PTR(name);
+                        return 0;
+                }
+                if (errno != EEXIST)
+                        return -errno;
+        }
+        return -EEXIST;
+}
+
+/* The fallback where O_TMPFILE is not supported: a random name created with O_EXCL|O_NOFOLLOW, which fails
+ * rather than open anything already there. */
+static int textfile_create(int dfd, const char *base, char **ret_name) {
+        for (unsigned attempt = 0; attempt < 16; attempt++) {
+                _cleanup_free_ char *name = NULL;
+                int r = textfile_temporary_name(base, &name);
+                if (r < 0)
+                        return r;
+                int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+                if (fd >= 0) {
+                        *ret_name = TAKE_PTR(name);
+                        return fd;
+                }
+                if (errno != EEXIST)
+                        return -errno;
+        }
+        return -EEXIST;
+}
+
+/* Replaces path with text atomically. The directory may be writable by others (a node_exporter textfile
+ * directory often is): the data goes into an unnamed O_TMPFILE and gets a random name only once complete,
+ * so nothing planted in the directory is ever opened or written through; rename() then replaces whatever
+ * is at path, a symlink included, and does not follow it. */
+static int textfile_write(const char *path, const char *text) {
+        _cleanup_free_ char *copy = strdup(path), *name = NULL;
+        _cleanup_close_ int dfd = -EBADF, fd = -EBADF;
+        int r;
+
+        if (!copy)
+                return -ENOMEM;
+        char *slash = strrchr(copy, '/');
+        const char *base = slash ? slash + 1 : copy;
+        if (slash)
+                *slash = '\0';
+        dfd = open(!slash ? "." : slash == copy ? "/" : copy, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0)
+                return -errno;
+
+        fd = openat(dfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+                r = write_all_and_sync(fd, text);
+                if (r >= 0)
+                        r = textfile_link(fd, dfd, base, &name);
+        } else
+                r = -errno;
+        /* No O_TMPFILE on this file system or kernel (older ones say EISDIR or EINVAL), or no /proc to link
+         * it from: a named temporary file, created safely. */
+        if ((r == -EOPNOTSUPP || r == -EISDIR || r == -EINVAL || r == -ENOENT) && !name) {
+                fd = safe_close(fd);
+                fd = r = textfile_create(dfd, base, &name);
+                if (r >= 0)
+                        r = write_all_and_sync(fd, text);
+        }
+        if (r >= 0 && renameat(dfd, name, dfd, base) < 0)
+                r = -errno;
+        if (r < 0 && name)
+                (void) unlinkat(dfd, name, 0);
+        return r;
+}
+
+/* Runs off the loop: the metrics file lives on a disk the loop must never wait for. A failed write is
+ * retried at the next interval; the loop has nobody to tell. */
 static void *textfile_thread(void *p) {
         TextfileJob *job = p;
-        char *tmp = NULL;
-        if (asprintf(&tmp, "%s.tmp.%d", job->path, (int) getpid()) >= 0) {
-                int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-                if (fd >= 0) {
-                        size_t len = strlen(job->text);
-                        bool ok = write(fd, job->text, len) == (ssize_t) len && fsync(fd) == 0;
-                        ok = close(fd) == 0 && ok;
-                        if (!ok || rename(tmp, job->path) < 0)
-                                (void) unlink(tmp);
-                }
-                free(tmp);
-        }
+        (void) textfile_write(job->path, job->text);
         free(job->path);
         free(job->text);
         free(job);

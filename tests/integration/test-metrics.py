@@ -490,9 +490,49 @@ class Metrics(harness.BrokerTestCase):
         self.promtool(text)
         print(f"\ntextfile: first after {first:.1f} s, {reads} reads across {len(inodes)} versions, "
               f"temporary names seen: {sorted(tmp_seen) or 'none'}", file=sys.stderr)
-        self.assertTrue(all(re.fullmatch(r"slotbroker\.prom\.tmp\.\d+", x) for x in tmp_seen), tmp_seen)
+        self.assertTrue(all(re.fullmatch(r"slotbroker\.prom\.tmp\.[0-9a-f]{16}", x) for x in tmp_seen), tmp_seen)
         # Nothing is left behind once a write is over.
         wait_for(lambda: os.listdir(d) == ["slotbroker.prom"], 5, message=f"only the textfile in {d}")
+        self.assertTrue(b.alive())
+
+    def test_textfile_does_not_follow_a_planted_symlink(self):
+        """A user who can write to the textfile's directory plants a symlink where brokerd once put its
+        temporary file (PATH.tmp.<pid>), pointing to a file of root's: brokerd must write neither through
+        it nor anywhere but its own new file."""
+        d = tempfile.mkdtemp(prefix="metrics-textfile-")
+        self.addCleanup(shutil.rmtree, d, True)
+        os.chmod(d, 0o1777)  # as a shared textfile directory may be
+        path = os.path.join(d, "slotbroker.prom")
+        victim = os.path.join(d, "victim")
+        with open(victim, "w") as f:
+            f.write("root's own\n")
+        os.chmod(victim, 0o600)
+        b = harness.Broker(CONFIG.replace("[pool p]", f"[broker]\nmetrics-textfile = {path}\n\n[pool p]", 1),
+                           name="metrics")
+        b.start(wait=False)
+        self.addCleanup(self.stop_broker, b)
+        os.symlink(victim, f"{path}.tmp.{b.pid}")
+        # What is at path now; a write after the symlink was planted replaces it (the first write comes
+        # within a second or so of the start, the next 15 s later).
+        try:
+            before = os.lstat(path).st_ino
+        except FileNotFoundError:
+            before = None
+
+        def written():
+            try:
+                return os.lstat(path).st_ino != before
+            except FileNotFoundError:
+                return False
+
+        wait_for(written, 40, interval=0.01, message="a textfile written after the symlink was planted")
+        with open(victim) as f:
+            self.assertEqual(f.read(), "root's own\n", "brokerd wrote through the planted symlink")
+        self.assertFalse(os.path.islink(path), "the textfile is a symlink (the planted one, renamed)")
+        with open(path) as f:
+            parse_exposition(f.read())
+        self.assertTrue(os.path.islink(f"{path}.tmp.{b.pid}"), "the planted symlink was moved away")
+        b.wait_ready()
         self.assertTrue(b.alive())
 
 
