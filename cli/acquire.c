@@ -96,11 +96,12 @@ static int acquire_parse_argv(int argc, char *argv[]) {
 
 static void on_position(const BrokerPosition *p, void *userdata) {
         bool *announced = userdata;
-        char position[CLI_POSITION_MAX];
+        char position[CLI_POSITION_MAX], pool[CLI_PRINTABLE_SIZE(256)];
         if (arg_request.quiet || *announced)
                 return;
         /* One line: a set-up step is short, and no live line is worth a second code path. */
-        log_notice("waiting for a slot of pool %s: %s", p->pool ?: "?", cli_format_position(position, p));
+        log_notice("waiting for a slot of pool %s: %s", cli_printable(pool, sizeof pool, p->pool ?: "?"),
+                   cli_format_position(position, p));
         *announced = true;
 }
 

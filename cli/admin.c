@@ -237,6 +237,10 @@ int verb_reload(int argc, char *argv[]) {
                 _cleanup_(json_decrefp) json_t *p = json_loads(broker_client_error_parameters(c) ?: "{}", 0, NULL);
                 json_t *errors = json_object_get(p, "errors"), *e;
                 size_t i;
+                if (cli_json_make_printable(errors) < 0) {
+                        log_error("Out of memory.");
+                        return EXIT_FAILURE;
+                }
                 log_error("reload failed; the old configuration stays in force:");
                 json_array_foreach(errors, i, e)
                         fprintf(stderr, "  %s\n", json_string_value(e) ?: "?");

@@ -232,6 +232,10 @@ int cli_log_result(BrokerClient *c, const char *what, int result, int conflict_e
 
         if (text)
                 p = json_loads(text, 0, NULL);
+        if (cli_json_make_printable(p) < 0) {
+                log_error("Out of memory.");
+                return EXIT_FAILURE;
+        }
         const char *pool = param_string(p, "pool") ?: "?";
         unsigned retry_after = broker_client_retry_after_sec(c);
         if (retry_after > 0)
@@ -284,9 +288,13 @@ int cli_log_result(BrokerClient *c, const char *what, int result, int conflict_e
         case BROKER_METHOD_NOT_FOUND:
                 log_error("%s: this broker does not implement %s", what, param_string(p, "method") ?: param_string(p, "interface") ?: "it");
                 return EXIT_FAILURE;
-        default:
-                log_error("%s failed: %s %s", what, name, text ?: "");
+        default: {
+                char name_buf[CLI_PRINTABLE_SIZE(256)];
+                _cleanup_free_ char *text_buf = text ? malloc(CLI_PRINTABLE_SIZE(strlen(text))) : NULL;
+                log_error("%s failed: %s %s", what, cli_printable(name_buf, sizeof name_buf, name),
+                          text_buf ? cli_printable(text_buf, CLI_PRINTABLE_SIZE(strlen(text)), text) : "");
                 return EXIT_FAILURE;
+        }
         }
 }
 
@@ -349,6 +357,115 @@ const char *cli_format_duration_ms(char buf[static CLI_DURATION_MAX], uint64_t m
                 break;
         }
         return buf;
+}
+
+/* The code point of the UTF-8 sequence at s (length in *ret_len), or -1 if s does not start one: overlong
+ * forms, surrogates and values past U+10FFFF are not UTF-8 either. */
+static int32_t utf8_decode(const unsigned char *s, size_t *ret_len) {
+        uint32_t c = s[0], min;
+        size_t len;
+
+        if (c < 0x80) {
+                *ret_len = 1;
+                return (int32_t) c;
+        }
+        if (c >= 0xc2 && c <= 0xdf)
+                len = 2, c &= 0x1f, min = 0x80;
+        else if (c >= 0xe0 && c <= 0xef)
+                len = 3, c &= 0x0f, min = 0x800;
+        else if (c >= 0xf0 && c <= 0xf4)
+                len = 4, c &= 0x07, min = 0x10000;
+        else
+                return -1;
+        for (size_t i = 1; i < len; i++) {
+                if ((s[i] & 0xc0) != 0x80) /* a NUL ends here too */
+                        return -1;
+                c = c << 6 | (s[i] & 0x3f);
+        }
+        if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+                return -1;
+        *ret_len = len;
+        return (int32_t) c;
+}
+
+static bool code_point_is_unsafe(int32_t c) {
+        return (c >= 0x80 && c <= 0x9f) || (c >= 0x202a && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069);
+}
+
+/* The escape for the character c (-1: the byte b, which starts no UTF-8 sequence) in esc, or NULL when c
+ * prints as itself. */
+static const char *escape_for(int32_t c, unsigned char b, char esc[static 8]) {
+        if (c < 0)
+                snprintf(esc, 8, "\\x%02x", b);
+        else if (c == '\\')
+                return "\\\\";
+        else if (c == '\t')
+                return "\\t";
+        else if (c == '\n')
+                return "\\n";
+        else if (c == '\r')
+                return "\\r";
+        else if (c < 0x20 || c == 0x7f)
+                snprintf(esc, 8, "\\x%02x", (unsigned) c);
+        else if (code_point_is_unsafe(c))
+                snprintf(esc, 8, "\\u%04x", (unsigned) c & 0xffff);
+        else
+                return NULL;
+        return esc;
+}
+
+const char *cli_printable(char *buf, size_t size, const char *s) {
+        const unsigned char *p = (const unsigned char *) s;
+        size_t n = 0;
+
+        assert(size > 0);
+        while (*p) {
+                char esc[8];
+                size_t len = 1;
+                int32_t c = utf8_decode(p, &len);
+                const char *out = escape_for(c, *p, esc);
+                size_t out_len = out ? strlen(out) : len;
+
+                if (n + out_len >= size)
+                        break;
+                memcpy(buf + n, out ?: (const char *) p, out_len);
+                n += out_len;
+                p += len;
+        }
+        buf[n] = '\0';
+        return buf;
+}
+
+int cli_json_make_printable(json_t *v) {
+        const char *key;
+        json_t *e;
+        size_t i;
+
+        if (!v)
+                return 0;
+        switch (json_typeof(v)) {
+        case JSON_STRING: {
+                size_t size = CLI_PRINTABLE_SIZE(json_string_length(v));
+                _cleanup_free_ char *buf = malloc(size);
+                if (!buf)
+                        return -ENOMEM;
+                /* A string with a NUL prints up to it, as printf would. */
+                cli_printable(buf, size, json_string_value(v));
+                return json_string_set(v, buf) < 0 ? -ENOMEM : 0;
+        }
+        case JSON_OBJECT:
+                json_object_foreach(v, key, e)
+                        if (cli_json_make_printable(e) < 0)
+                                return -ENOMEM;
+                return 0;
+        case JSON_ARRAY:
+                json_array_foreach(v, i, e)
+                        if (cli_json_make_printable(e) < 0)
+                                return -ENOMEM;
+                return 0;
+        default:
+                return 0;
+        }
 }
 
 void cli_print_json(const json_t *v, FILE *f) {

@@ -133,6 +133,21 @@ int cli_call(const char *socket_path, const char *what, const char *method, json
 #define CLI_DURATION_MAX 32
 const char *cli_format_duration_ms(char buf[static CLI_DURATION_MAX], uint64_t ms);
 
+/* Strings from the broker are other users' words (a --job label, a uid's request): before text output they
+ * are made printable, so that none can move the cursor, retitle or clear an administrator's terminal.
+ * Escaped as \xNN: C0 controls (\t, \n, \r by name), DEL and bytes that are not UTF-8; as \uNNNN: C1
+ * controls and the bidirectional overrides and isolates (U+202A–U+202E, U+2066–U+2069), which reorder what
+ * a line shows; and a backslash as \\, so that an escape cannot be forged. JSON output stays exact.
+ *
+ * Writes the printable form of s into buf (NUL-terminated, cut before an escape or character that does
+ * not fit) and returns buf. */
+const char *cli_printable(char *buf, size_t size, const char *s);
+/* Bytes enough for the printable form of len bytes, and its NUL. */
+#define CLI_PRINTABLE_SIZE(len) (4 * (len) + 1)
+/* Replaces every string in v (NULL: none), at any depth, by its printable form (object keys stay). Returns
+ * 0 or -ENOMEM. */
+int cli_json_make_printable(json_t *v);
+
 /* Prints a JSON value on one line, and a newline. */
 void cli_print_json(const json_t *v, FILE *f);
 

@@ -342,7 +342,7 @@ static void progress_draw(Run *r, usec_t now) {
 }
 
 static void progress_update(Run *r, const BrokerPosition *p, usec_t now) {
-        snprintf(r->pool, sizeof r->pool, "%s", p->pool ?: "?");
+        cli_printable(r->pool, sizeof r->pool, p->pool ?: "?");
         r->position = *p;
         r->position.pool = r->pool;
         r->have_position = true;
@@ -380,8 +380,8 @@ static void progress_tick(Run *r, usec_t now) {
 static void run_start(Run *r, BrokerLease *l, usec_t now) {
         progress_clear(r);
         if (r->wait_announced && l) {
-                char waited[CLI_DURATION_MAX];
-                log_notice("granted a slot of pool %s after %s", broker_lease_pool(l),
+                char waited[CLI_DURATION_MAX], pool[CLI_PRINTABLE_SIZE(256)];
+                log_notice("granted a slot of pool %s after %s", cli_printable(pool, sizeof pool, broker_lease_pool(l) ?: "?"),
                            cli_format_duration_ms(waited, usec_sub_unsigned(now, r->wait_start) / USEC_PER_MSEC));
         }
         r->lease = l;

@@ -177,6 +177,10 @@ int verb_status(int argc, char *argv[]) {
                 cli_print_json(reply, stdout);
                 return EXIT_SUCCESS;
         }
+        if (cli_json_make_printable(reply) < 0) {
+                log_error("Out of memory.");
+                return EXIT_FAILURE;
+        }
 
         json_t *pools = json_object_get(reply, "pools"), *holders = json_object_get(reply, "holders"),
                *waiters = json_object_get(reply, "waiters");
@@ -378,6 +382,11 @@ int verb_history(int argc, char *argv[]) {
                         break;
                 json_t *events = json_object_get(reply, "events"), *e;
                 size_t i;
+                if (!arg_json && cli_json_make_printable(events) < 0) {
+                        log_error("Out of memory.");
+                        r = EXIT_FAILURE;
+                        break;
+                }
                 json_array_foreach(events, i, e) {
                         if (arg_history_limit > 0 && printed >= arg_history_limit)
                                 break;

@@ -519,6 +519,39 @@ class Status(SlotctlTest):
         self.assertEqual(holder.wait(10), 0)
         self.assertEqual(waiter.wait(10), 0)
 
+    # What a user who can reach the socket puts in --job: OSC (retitle), BEL, CR (overwrite the line),
+    # DEL, a C1 CSI, a right-to-left override and a backslash; escaped it is 40 bytes, one job column.
+    HOSTILE_JOB = "a\x1b]0;x\x07b\x1b\rc\x7f\u009b\u202e\\d"
+    HOSTILE_JOB_PRINTED = "a\\x1b]0;x\\x07b\\x1b\\rc\\x7f\\u009b\\u202e\\\\d"
+
+    def assert_printable(self, text):
+        self.assertFalse(re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", text), repr(text))
+
+    def test_status_and_history_escape_what_clients_sent(self):
+        stop = self.path("stop")
+        holder = self.hold_until(stop, "merge", "--job", self.HOSTILE_JOB)
+        waiter = self.start_slotctl("run", "--lane", "nightly", "--job", self.HOSTILE_JOB, "--", "true")
+        wait_for(lambda: self.broker.waiters(), 10, "a waiter")
+
+        r = self.run_slotctl("status")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assert_printable(r.stdout)
+        self.assertEqual(r.stdout.count(self.HOSTILE_JOB_PRINTED), 2, r.stdout)  # the holder and the waiter
+        # JSON output is exact.
+        st = json.loads(self.run_slotctl("status", "--json").stdout)
+        self.assertEqual(st["holders"][0]["lease"]["job"], self.HOSTILE_JOB)
+
+        open(stop, "w").close()
+        self.assertEqual(holder.wait(10), 0)
+        self.assertEqual(waiter.wait(10), 0)
+        self.broker.wait_idle()
+        r = self.run_slotctl("history")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assert_printable(r.stdout)
+        self.assertIn(self.HOSTILE_JOB_PRINTED, r.stdout)
+        events = json.loads(self.run_slotctl("history", "--json").stdout)["events"]
+        self.assertIn(self.HOSTILE_JOB, [e.get("job") for e in events])
+
 
 class Detached(SlotctlTest):
     def test_acquire_detach_and_release(self):
