@@ -1006,6 +1006,16 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
 
         if (!json_is_array(requests))
                 return set_error(error, "%s: requests: expected an array, got %s", s->origin, json_kind(requests));
+        _cleanup_(json_decrefp) json_t *names = json_object(); /* the names so far, as a set */
+        if (!names)
+                return -ENOMEM;
+        if (json_array_size(requests) > 0) {
+                ScenarioRequest *all = reallocarray(s->requests, s->n_requests + json_array_size(requests),
+                                                    sizeof(ScenarioRequest));
+                if (!all)
+                        return -ENOMEM;
+                s->requests = all;
+        }
 
         json_array_foreach(requests, i, req) {
                 _cleanup_(traffic_done) ScenarioTraffic t = {};
@@ -1035,10 +1045,12 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
                                 if (strspn(json_string_value(v), "0123456789") == json_string_length(v))
                                         return set_error(error, "%s: \"%s\" is a number, which names a generated request",
                                                          path, json_string_value(v));
-                                for (size_t k = 0; k < s->n_requests; k++)
-                                        if (streq(s->requests[k].name, json_string_value(v)))
-                                                return set_error(error, "%s: duplicate name \"%s\"", path,
-                                                                 json_string_value(v));
+                                /* A hash set: checking each name against all before it took 29 s for 80,000 requests. */
+                                if (json_object_get(names, json_string_value(v)))
+                                        return set_error(error, "%s: duplicate name \"%s\"", path,
+                                                         json_string_value(v));
+                                if (json_object_set_new(names, json_string_value(v), json_true()) < 0)
+                                        return -ENOMEM;
                                 free(name);
                                 name = strdup(json_string_value(v));
                                 if (!name)
@@ -1066,10 +1078,6 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
                 if (!have_hold)
                         return set_error(error, "%s.hold: missing", origin);
 
-                ScenarioRequest *n = reallocarray(s->requests, s->n_requests + 1, sizeof(ScenarioRequest));
-                if (!n)
-                        return -ENOMEM;
-                s->requests = n;
                 s->requests[s->n_requests++] = (ScenarioRequest) {
                         .name = TAKE_PTR(name),
                         .at_ms = at,
