@@ -585,7 +585,7 @@ static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, c
         if (o->deadline) {
                 k = parse_duration_ms(o->deadline, true, &s->deadline_ms);
                 if (k < 0)
-                        return set_error(error, "--deadline: invalid duration \"%s\"", o->deadline);
+                        return scenario_duration_error(error, "--deadline", o->deadline, k);
         }
         k = scenario_finish(s, error);
         if (k < 0)

@@ -254,8 +254,20 @@ int parse_duration_ms(const char *s, bool allow_forever, uint64_t *ret) {
         }
         if (usec % USEC_PER_MSEC != 0)
                 return -EDOM;
+        if (usec / USEC_PER_MSEC > SIM_SPAN_MAX_MS)
+                return -ERANGE;
         *ret = usec / USEC_PER_MSEC;
         return 0;
+}
+
+int scenario_duration_error(char **error, const char *origin, const char *s, int r) {
+        if (r == -EDOM)
+                return set_error(error, "%s: invalid duration \"%s\": the virtual clock counts whole milliseconds", origin,
+                                 s);
+        if (r == -ERANGE)
+                return set_error(error, "%s: \"%s\" is longer than " SIM_SPAN_MAX_TEXT ", the most virtual time a simulation covers",
+                                 origin, s);
+        return set_error(error, "%s: invalid duration \"%s\"", origin, s);
 }
 
 uint64_t arrival_phase_count(Rate rate, uint64_t duration_ms) {
@@ -286,10 +298,9 @@ static int add_phase(Scenario *s, const char *rate, const char *duration, const 
         if (parse_rate(rate, &phase.rate) < 0)
                 return set_error(error, "%s: invalid rate \"%s\"", origin, rate);
         r = parse_duration_ms(duration, false, &phase.duration_ms);
-        if (r == -EDOM)
-                return set_error(error, "%s: invalid duration \"%s\": the virtual clock counts whole milliseconds",
-                                 origin, duration);
-        if (r < 0 || phase.duration_ms == 0)
+        if (r < 0)
+                return scenario_duration_error(error, origin, duration, r);
+        if (phase.duration_ms == 0)
                 return set_error(error, "%s: invalid duration \"%s\"", origin, duration);
 
         ArrivalPhase *n = reallocarray(s->phases, s->n_phases + 1, sizeof(ArrivalPhase));
@@ -369,8 +380,10 @@ int scenario_finish(Scenario *s, char **error) {
                         return set_error(error, "%s: too many arrivals (more than %" PRIu64 ")", p->traffic.origin,
                                          ARRIVALS_MAX);
                 total += p->count;
-                if (p->duration_ms > SIM_FOREVER / 2 - start)
-                        return set_error(error, "%s: the phases last too long", p->traffic.origin);
+                if (p->duration_ms > SIM_SPAN_MAX_MS - start)
+                        return set_error(error, "%s: the phases last longer than " SIM_SPAN_MAX_TEXT
+                                                ", the most virtual time a simulation covers",
+                                         p->traffic.origin);
                 start += p->duration_ms;
         }
         s->n_generated = total;
@@ -860,11 +873,8 @@ static int parse_duration_value(const json_t *v, bool allow_forever, const char 
         if (r < 0)
                 return r;
         r = parse_duration_ms(text, allow_forever, ret);
-        if (r == -EDOM)
-                return set_error(error, "%s: invalid duration \"%s\": the virtual clock counts whole milliseconds",
-                                 path, text);
         if (r < 0)
-                return set_error(error, "%s: invalid duration \"%s\"", path, text);
+                return scenario_duration_error(error, path, text, r);
         return 0;
 }
 

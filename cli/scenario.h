@@ -14,6 +14,12 @@
 /* A hold that never ends, a deadline that never passes, an arrival that never comes (milliseconds). */
 #define SIM_FOREVER UINT64_MAX
 
+/* The most virtual time a run covers, and so the longest duration it takes: the report keeps the queue's
+ * peak of every second (a year is 31,622,400 of them, 126 MB), so a longer run is refused rather than let
+ * memory grow with it. */
+#define SIM_SPAN_MAX_MS (UINT64_C(366) * 24 * 3600 * 1000)
+#define SIM_SPAN_MAX_TEXT "366d"
+
 /* Arrivals per second = num / den, kept exact so that floor(i × 1000 / rate) is exact too. */
 typedef struct Rate {
         uint64_t num;
@@ -114,8 +120,12 @@ const char *scenario_pool_name(const Scenario *s, const char *name);
 int parse_rate(const char *s, Rate *ret);
 /* A time span in whole milliseconds (systemd syntax, a bare number counts seconds as in config files);
  * with allow_forever, "forever" and "infinity" give SIM_FOREVER. Returns 0, -EINVAL (syntax, or forever
- * where it is not allowed), -EDOM (a part below a millisecond: the virtual clock has none), -ERANGE. */
+ * where it is not allowed), -EDOM (a part below a millisecond: the virtual clock has none), -ERANGE (finite
+ * but longer than SIM_SPAN_MAX_MS). */
 int parse_duration_ms(const char *s, bool allow_forever, uint64_t *ret);
+/* Sets *error to what is wrong with duration s, the value of origin ("--hold", "x.json: requests[0].at"),
+ * after parse_duration_ms() returned r < 0. Returns -EINVAL, or -ENOMEM. */
+int scenario_duration_error(char **error, const char *origin, const char *s, int r);
 
 /* How many arrivals a phase has: the i with floor(i × 1000 / rate) < duration. */
 uint64_t arrival_phase_count(Rate rate, uint64_t duration_ms);

@@ -28,13 +28,14 @@ int peak_queue_observe(PeakQueue *p, uint64_t t_ms, uint32_t waiting) {
 
         assert(p->n == 0 || second + 1 >= p->n); /* instants come in time order */
 
+        if (t_ms > SIM_SPAN_MAX_MS)
+                return -E2BIG;
         if (second < p->n)
                 p->seconds[second] = MAX(p->seconds[second], waiting);
         else {
-                if (second >= SIZE_MAX / sizeof(uint32_t) - 1)
-                        return -ENOMEM;
                 if (second >= p->allocated) {
-                        size_t allocated = MAX((size_t) second + 1, p->allocated * 2);
+                        size_t allocated = MIN(MAX((size_t) second + 1, p->allocated * 2),
+                                               (size_t) (SIM_SPAN_MAX_MS / 1000 + 1));
                         uint32_t *a = reallocarray(p->seconds, allocated, sizeof(uint32_t));
                         if (!a)
                                 return -ENOMEM;
@@ -960,17 +961,12 @@ static int build_cli_scenario(char **error, Scenario **ret) {
         int r;
 
         r = parse_duration_ms(arg_hold, true, &hold);
-        if (r == -EDOM)
-                return log_usage("--hold: invalid duration \"%s\": the virtual clock counts whole milliseconds", arg_hold);
         if (r < 0)
-                return log_usage("--hold: invalid duration \"%s\"", arg_hold);
+                return scenario_duration_error(error, "--hold", arg_hold, r);
         if (arg_deadline) {
                 r = parse_duration_ms(arg_deadline, true, &deadline);
-                if (r == -EDOM)
-                        return log_usage("--deadline: invalid duration \"%s\": the virtual clock counts whole milliseconds",
-                                         arg_deadline);
                 if (r < 0)
-                        return log_usage("--deadline: invalid duration \"%s\"", arg_deadline);
+                        return scenario_duration_error(error, "--deadline", arg_deadline, r);
         }
 
         r = scenario_new("slotctl simulate", &s);
@@ -1101,6 +1097,12 @@ static int run(void) {
                 _cleanup_(sim_result_freep) SimResult *result = NULL;
 
                 r = sim_run(s, configs[i], &options, &result);
+                if (r == -E2BIG) {
+                        log_usage("the simulation runs past " SIM_SPAN_MAX_TEXT " of virtual time, the most it covers "
+                                  "(holds, arrivals and waits add up): shorten them");
+                        ret = EX_USAGE;
+                        goto finish;
+                }
                 if (r < 0) {
                         log_error_errno(r, "Failed to simulate");
                         goto finish;

@@ -20,7 +20,8 @@ typedef struct PeakQueue {
 
 void peak_queue_init(PeakQueue *p);
 void peak_queue_done(PeakQueue *p);
-/* Counts `waiting` at the end of the instant t_ms; instants come in time order. Returns 0 or -ENOMEM. */
+/* Counts `waiting` at the end of the instant t_ms; instants come in time order. Returns 0, -ENOMEM, or
+ * -E2BIG past SIM_SPAN_MAX_MS (its memory grows with the seconds covered). */
 int peak_queue_observe(PeakQueue *p, uint64_t t_ms, uint32_t waiting);
 uint32_t peak_queue_max(const PeakQueue *p);
 
@@ -69,8 +70,8 @@ typedef struct SimOptions {
         bool per_request;     /* records for generated requests too */
 } SimOptions;
 
-/* Runs a finished scenario against a validated config. Returns 0 or negative errno (-ENOMEM, or what the
- * engine returned). */
+/* Runs a finished scenario against a validated config. Returns 0 or negative errno (-ENOMEM, -E2BIG when
+ * the run goes on past SIM_SPAN_MAX_MS of virtual time, or what the engine returned). */
 int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimResult **ret);
 
 /* The seeded random source handed to the engine. */

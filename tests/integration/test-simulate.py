@@ -286,6 +286,34 @@ class BadInput(unittest.TestCase):
                     self.expect_usage_error(["--scenario", path], f"bad-{i}.json")
                     self.expect_usage_error(["--scenario", path], culprit)
 
+    def test_virtual_time_is_bounded(self):
+        """The report keeps the queue's peak of every simulated second: a run covers at most 366 days, and
+        what would take it further is refused (it once grew memory for ever: --arrivals 1/s:100y)."""
+        base = ["--limit", "1"]
+        cases = [
+            ([*base, "--hold", "1s", "--arrivals", "1/s:100y"], '--arrivals: "100y" is longer than 366d'),
+            ([*base, "--hold", "400d", "--arrivals", "1/s:1s"], '--hold: "400d" is longer than 366d'),
+            ([*base, "--hold", "1s", "--arrivals", "1/s:200d,0/s:200d"], "--arrivals: the phases last longer than 366d"),
+            ([*base, "--hold", "1s", "--arrivals", "1/s:1s", "--deadline", "1000y"], '--deadline: "1000y"'),
+            # Each value in bounds, but the second request waits 300 days and holds 300 more.
+            ([*base, "--hold", "300d", "--arrivals", "1/s:2s"], "runs past 366d of virtual time"),
+            ([*base, "--hold", "300d", "--arrivals", "1/s:2s", "--sweep", "limit=1..2"], "runs past 366d"),
+        ]
+        for args, culprit in cases:
+            with self.subTest(args=args):
+                self.expect_usage_error(args, culprit)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "long.json")
+            with open(path, "w") as f:
+                f.write('{"pool": {"limit": 1}, "requests": [{"name": "A", "at": "367d", "hold": "1s"}]}')
+            self.expect_usage_error(["--scenario", path], 'requests[0].at: "367d" is longer than 366d')
+        # A long run within the bound is fine, and a forever hold is no span at all.
+        r = simulate_json(*base, "--hold", "forever", "--arrivals", "1/s:2s")
+        self.assertEqual((r["requests"], r["granted"]), (2, 1))
+        r = simulate_json(*base, "--hold", "30d", "--arrivals", "1/s:1s")
+        self.assertEqual(r["granted"], 1)
+        self.assertEqual(len(r["peakQueueBySecond"]), 30 * 86400 + 1)
+
 
 class Determinism(unittest.TestCase):
     def test_same_seed_same_output(self):

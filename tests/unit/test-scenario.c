@@ -63,7 +63,12 @@ static void test_duration_parsing(void **state) {
         assert_int_equal(parse_duration_ms("-1s", false, &ms), -EINVAL);
         assert_int_equal(parse_duration_ms("10x", false, &ms), -EINVAL);
         assert_int_equal(parse_duration_ms("", false, &ms), -EINVAL);
+        /* Longer than a run may cover (the report keeps a peak per second). */
+        assert_int_equal(parse_duration_ms("367d", true, &ms), -ERANGE);
+        assert_int_equal(parse_duration_ms("100y", false, &ms), -ERANGE);
         assert_int_equal(ms, 42);
+        assert_int_equal(parse_duration_ms("366d", false, &ms), 0);
+        assert_true(ms == SIM_SPAN_MAX_MS);
 }
 
 static void test_floor_formula_at_odd_rates(void **state) {
