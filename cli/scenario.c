@@ -584,7 +584,7 @@ finish:
 /* ---- scenario files ---- */
 
 typedef enum ValueKind {
-        VALUE_INTEGER,
+        VALUE_INTEGER,     /* or a string, as the INI file would have it: "infinity" */
         VALUE_STRING,
         VALUE_STRING_LIST, /* joined with spaces, as the INI file would have it */
 } ValueKind;
@@ -662,12 +662,16 @@ static int value_to_string(const json_t *v, ValueKind kind, const char *path, ch
 
         switch (kind) {
         case VALUE_INTEGER:
-                if (!json_is_integer(v))
+                if (json_is_integer(v)) {
+                        if (asprintf(&s, "%" JSON_INTEGER_FORMAT, json_integer_value(v)) < 0)
+                                return -ENOMEM;
+                        break;
+                }
+                /* Any other spelling the config takes ("infinity" for max-queue=) is the config parser's to
+                 * judge, the same as in brokerd.conf. */
+                if (!json_is_string(v))
                         return set_error(error, "%s: expected an integer, got %s", path, json_kind(v));
-                if (asprintf(&s, "%" JSON_INTEGER_FORMAT, json_integer_value(v)) < 0)
-                        return -ENOMEM;
-                break;
-
+                __attribute__((fallthrough));
         case VALUE_STRING: {
                 const char *t;
                 int r = get_string(v, path, error, &t);

@@ -230,6 +230,21 @@ static void test_scenario_keys_become_config_settings(void **state) {
         assert_null(error);
 }
 
+/* An integer key takes what brokerd.conf takes for it, spelled as a string too: max-queue = infinity. */
+static void test_integer_keys_take_the_config_spellings(void **state) {
+        _cleanup_(scenario_freep) Scenario *s = load(
+                "{\"pools\": {\"a\": {\"limit\": \"2\", \"max-queue\": \"infinity\"}, \"b\": {\"limit\": 1, \"max-queue\": 5}},"
+                " \"lanes\": {\"m\": {\"pools\": [\"a\", \"b\"], \"max-in-use\": \"infinity\"}}}");
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        char *error = NULL;
+
+        assert_int_equal(scenario_build_config(s, NULL, NULL, &error, &c), 0);
+        assert_null(error);
+        assert_int_equal(conf_find_pool(c, "a")->limit, 2);
+        assert_int_equal(conf_find_pool(c, "a")->max_queue, -1); /* no cap, as max-queue=infinity in the config */
+        assert_int_equal(conf_find_pool(c, "b")->max_queue, 5);
+}
+
 static void test_bad_scenarios_name_the_culprit(void **state) {
         static const struct {
                 const char *json;
@@ -255,7 +270,7 @@ static void test_bad_scenarios_name_the_culprit(void **state) {
                   "test.json: requests[0].wait: expected a boolean, got an integer" },
                 { "{\"pool\": {\"limit\": 2}, \"requests\": [{\"name\": \"A\", \"at\": \"1s\", \"hold\": \"1s\", \"max-wait\": \"0\"}]}",
                   "test.json: requests[0].max-wait: out of range" },
-                { "{\"pool\": {\"limit\": \"2\"}}", "test.json: pool.limit: expected an integer, got a string" },
+                { "{\"pool\": {\"limit\": true}}", "test.json: pool.limit: expected an integer, got a boolean" },
                 { "{\"pool\": {\"limit\": 2.5}}", "test.json: pool.limit: expected an integer, got a number with a fraction" },
                 { "{\"pool\": {\"limit\": 2, \"queue-timeout\": 300}}",
                   "test.json: pool.queue-timeout: expected a string, got an integer" },
@@ -388,6 +403,7 @@ int main(void) {
                 cmocka_unit_test(test_quiet_phase_shifts_the_next),
                 cmocka_unit_test(test_generated_arrivals_come_before_explicit_ones),
                 cmocka_unit_test(test_scenario_keys_become_config_settings),
+                cmocka_unit_test(test_integer_keys_take_the_config_spellings),
                 cmocka_unit_test(test_bad_scenarios_name_the_culprit),
                 cmocka_unit_test(test_many_explicit_requests_and_their_duplicate),
                 cmocka_unit_test(test_config_errors_name_the_scenario_key),
