@@ -75,7 +75,8 @@ static void method_release(Connection *c, const VarlinkCall *call) {
                 return;
         }
         if (c->cred.uid != 0 && c->cred.uid != l->uid) {
-                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", engine_lease_lane(l->engine_lease));
+                /* The lease is another user's: its lane's access list has nothing to do with it. */
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", id);
                 connection_reply_error(c, "io.slotbroker.PermissionDenied", p);
                 return;
         }

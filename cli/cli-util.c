@@ -274,7 +274,10 @@ int cli_log_result(BrokerClient *c, const char *what, int result, int conflict_e
                           param_string(p, "member") ?: "", param_string(p, "member") ? "\"" : "");
                 return EXIT_USAGE;
         case BROKER_PERMISSION_DENIED:
-                if (param_string(p, "lane"))
+                if (param_string(p, "lease"))
+                        log_error("%s: permission denied: lease %s belongs to another user (its owner or root may end it)",
+                                  what, param_string(p, "lease"));
+                else if (param_string(p, "lane"))
                         log_error("%s: permission denied by lane %s", what, param_string(p, "lane"));
                 else
                         log_error("%s: permission denied (root or the broker's own user only)", what);

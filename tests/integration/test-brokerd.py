@@ -616,6 +616,8 @@ class Scenarios:
         h = self.hold("rel")
         out = run_client_as(self.path, "io.slotbroker.Release", {"lease": h.lease["id"]})
         self.assertEqual(out[0].get("error"), "io.slotbroker.PermissionDenied", f"nobody released root's lease: {out}")
+        # The reason is the lease's owner, not the lane's access list.
+        self.assertEqual(out[0].get("parameters"), {"lease": h.lease["id"]}, out)
         self.assertEqual(len(self.holders("rel")), 1, "a refused Release changes nothing")
         self.assertIsNone(h.conn.poll(0), "the holder must not hear of a refused Release")
         # A lease of nobody's: another non-root uid may not release it, its owner may.

@@ -339,6 +339,14 @@ class ExitCodes(SlotctlTest):
         self.assertEqual(r.returncode, 77, r.stderr)
         r = self.run_slotctl("status", preexec_fn=as_nobody)
         self.assertEqual(r.returncode, 77, r.stderr)
+        os.chmod(self.broker.socket, 0o666)
+        # Another user's lease: its owner's, not the lane's ACL, is the reason.
+        lease = self.run_slotctl("acquire", "--detach", "--max-hold", "1h", "--lane", "merge").stdout.strip()
+        r = self.run_slotctl("release", lease, preexec_fn=as_nobody)
+        self.assertEqual(r.returncode, 77, r.stderr)
+        self.assertIn(f"permission denied: lease {lease} belongs to another user", r.stderr)
+        self.assertNotIn("lane", r.stderr)
+        self.assertEqual([h["lease"]["id"] for h in self.broker.holders()], [lease])
 
 
 def read_int(path):
