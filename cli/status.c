@@ -74,6 +74,60 @@ static void print_slots(json_t *lease) {
         printf("%*s", MAX(0, 8 - width), "");
 }
 
+/* The leases holding slots of pool name, as a table under its pool line. */
+static void print_holders(json_t *holders, const char *name) {
+        bool header = false;
+        size_t i;
+        json_t *v;
+
+        json_array_foreach(holders, i, v) {
+                json_t *lease = json_object_get(v, "lease");
+                if (!streq_ptr(string_member(lease, "pool"), name))
+                        continue;
+                char job[JOB_COLUMN_MAX + 8], held[CLI_DURATION_MAX];
+                if (!header) {
+                        printf("  %-32s %-10s %-8s %-6s %-8s %-8s %-8s %-10s %s\n", "LEASE", "LANE", "SLOTS", "UID", "PID",
+                               "COMMAND", "HELD", "STATE", "JOB");
+                        header = true;
+                }
+                printf("  %-32s %-10s ", string_member(lease, "id") ?: "?", string_member(lease, "lane") ?: "?");
+                print_slots(lease);
+                json_int_t command = int_member(lease, "commandPid", 0);
+                char command_buf[32] = "-";
+                if (command > 0)
+                        snprintf(command_buf, sizeof command_buf, "%" JSON_INTEGER_FORMAT, command);
+                printf(" %-6" JSON_INTEGER_FORMAT " %-8" JSON_INTEGER_FORMAT " %-8s %-8s %-10s %s\n", int_member(lease, "uid", -1),
+                       int_member(lease, "pid", 0), command_buf, duration_member(held, v, "heldMs", "?"),
+                       json_is_true(json_object_get(lease, "detached")) && streq_ptr(string_member(v, "state"), "held")
+                               ? "detached"
+                               : string_member(v, "state") ?: "?",
+                       job_column(job, string_member(lease, "job")));
+        }
+}
+
+/* The requests waiting for pool name, as a table under its pool line. */
+static void print_waiters(json_t *waiters, const char *name) {
+        bool header = false;
+        size_t i;
+        json_t *v;
+
+        json_array_foreach(waiters, i, v) {
+                if (!streq_ptr(string_member(v, "pool"), name))
+                        continue;
+                char job[JOB_COLUMN_MAX + 8], waited[CLI_DURATION_MAX], budget[CLI_DURATION_MAX];
+                if (!header) {
+                        printf("  %-8s %-10s %-5s %-6s %-8s %-8s %-10s %s\n", "WAITING", "LANE", "SLOTS", "UID", "PID", "WAITED",
+                               "BUDGET", "JOB");
+                        header = true;
+                }
+                printf("  %-8" JSON_INTEGER_FORMAT " %-10s %-5" JSON_INTEGER_FORMAT " %-6" JSON_INTEGER_FORMAT
+                       " %-8" JSON_INTEGER_FORMAT " %-8s %-10s %s\n",
+                       int_member(v, "position", 0), string_member(v, "lane") ?: "?", int_member(v, "slots", 1),
+                       int_member(v, "uid", -1), int_member(v, "pid", 0), duration_member(waited, v, "waitedMs", "?"),
+                       duration_member(budget, v, "budgetMs", "unbounded"), job_column(job, string_member(v, "job")));
+        }
+}
+
 static void print_pool(json_t *pool, json_t *holders, json_t *waiters) {
         const char *name = string_member(pool, "name") ?: "?";
         json_int_t limit = int_member(pool, "limit", 0), in_use = int_member(pool, "inUse", 0);
@@ -98,47 +152,46 @@ static void print_pool(json_t *pool, json_t *holders, json_t *waiters) {
                         printf(" %s", json_string_value(v) ?: "?");
         }
         putchar('\n');
+        print_holders(holders, name);
+        print_waiters(waiters, name);
+}
 
-        bool header = false;
+static bool pool_is_listed(json_t *pools, const char *name) {
+        size_t i;
+        json_t *pool;
+        json_array_foreach(pools, i, pool)
+                if (streq_ptr(string_member(pool, "name"), name))
+                        return true;
+        return false;
+}
+
+static const char *holder_pool(json_t *holder) {
+        return string_member(json_object_get(holder, "lease"), "pool");
+}
+
+/* A reload removed the pool, and leases of it are still held (they end when their holders are done,
+ * SPEC §3.4): the reply's pools have no line for it, but its holders still use what it stood for. One
+ * section per such pool, at its first holder; there are as many holders as slots at most. */
+static void print_removed_pools(json_t *pools, json_t *holders, json_t *waiters) {
+        size_t i, j;
+        json_t *v, *w;
+
         json_array_foreach(holders, i, v) {
-                json_t *lease = json_object_get(v, "lease");
-                if (!streq_ptr(string_member(lease, "pool"), name))
+                const char *name = holder_pool(v);
+                if (!name || pool_is_listed(pools, name))
                         continue;
-                char job[JOB_COLUMN_MAX + 8], held[CLI_DURATION_MAX];
-                if (!header) {
-                        printf("  %-32s %-10s %-8s %-6s %-8s %-8s %-8s %-10s %s\n", "LEASE", "LANE", "SLOTS", "UID", "PID",
-                               "COMMAND", "HELD", "STATE", "JOB");
-                        header = true;
-                }
-                printf("  %-32s %-10s ", string_member(lease, "id") ?: "?", string_member(lease, "lane") ?: "?");
-                print_slots(lease);
-                json_int_t command = int_member(lease, "commandPid", 0);
-                char command_buf[32] = "-";
-                if (command > 0)
-                        snprintf(command_buf, sizeof command_buf, "%" JSON_INTEGER_FORMAT, command);
-                printf(" %-6" JSON_INTEGER_FORMAT " %-8" JSON_INTEGER_FORMAT " %-8s %-8s %-10s %s\n", int_member(lease, "uid", -1),
-                       int_member(lease, "pid", 0), command_buf, duration_member(held, v, "heldMs", "?"),
-                       json_is_true(json_object_get(lease, "detached")) && streq_ptr(string_member(v, "state"), "held")
-                               ? "detached"
-                               : string_member(v, "state") ?: "?",
-                       job_column(job, string_member(lease, "job")));
-        }
-
-        header = false;
-        json_array_foreach(waiters, i, v) {
-                if (!streq_ptr(string_member(v, "pool"), name))
+                size_t n = 0;
+                bool first = true;
+                json_array_foreach(holders, j, w)
+                        if (streq_ptr(holder_pool(w), name)) {
+                                first = first && j >= i;
+                                n++;
+                        }
+                if (!first)
                         continue;
-                char job[JOB_COLUMN_MAX + 8], waited[CLI_DURATION_MAX], budget[CLI_DURATION_MAX];
-                if (!header) {
-                        printf("  %-8s %-10s %-5s %-6s %-8s %-8s %-10s %s\n", "WAITING", "LANE", "SLOTS", "UID", "PID", "WAITED",
-                               "BUDGET", "JOB");
-                        header = true;
-                }
-                printf("  %-8" JSON_INTEGER_FORMAT " %-10s %-5" JSON_INTEGER_FORMAT " %-6" JSON_INTEGER_FORMAT
-                       " %-8" JSON_INTEGER_FORMAT " %-8s %-10s %s\n",
-                       int_member(v, "position", 0), string_member(v, "lane") ?: "?", int_member(v, "slots", 1),
-                       int_member(v, "uid", -1), int_member(v, "pid", 0), duration_member(waited, v, "waitedMs", "?"),
-                       duration_member(budget, v, "budgetMs", "unbounded"), job_column(job, string_member(v, "job")));
+                printf("\n%-10s removed from the configuration, %zu lease%s still held\n", name, n, n == 1 ? "" : "s");
+                print_holders(holders, name);
+                print_waiters(waiters, name);
         }
 }
 
@@ -193,6 +246,7 @@ int verb_status(int argc, char *argv[]) {
                         putchar('\n');
                 print_pool(pool, holders, waiters);
         }
+        print_removed_pools(pools, holders, waiters);
         return fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 

@@ -527,6 +527,25 @@ class Status(SlotctlTest):
         self.assertEqual(holder.wait(10), 0)
         self.assertEqual(waiter.wait(10), 0)
 
+    def test_status_shows_the_holders_of_a_removed_pool(self):
+        lease = self.run_slotctl("acquire", "--detach", "--max-hold", "1h", "--lane", "rig", "--job", "on-rigs").stdout.strip()
+        self.assertRegex(lease, r"^[0-9a-f]{32}$")
+        # A reload removes pool rigs (and lane rig); the lease is held until it is released (SPEC §3.4).
+        self.broker.write_config(CONFIG.replace("[pool rigs]\nmembers = rig-a rig-b rig-c\n", "")
+                                 .replace("[lane rig]\npools = rigs\npolicy = wait\n", ""))
+        r = self.run_slotctl("reload")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        st = json.loads(self.run_slotctl("status", "--json").stdout)
+        self.assertEqual([p["name"] for p in st["pools"]], ["grid"])
+        self.assertEqual([h["lease"]["id"] for h in st["holders"]], [lease])
+
+        r = self.run_slotctl("status")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"\nrigs\s+removed from the configuration, 1 lease still held\n")
+        self.assertRegex(r.stdout, rf"\n  {lease} rig\s+rig-\w\s.*detached\s+on-rigs\n")
+        self.assertEqual(self.run_slotctl("release", lease).returncode, 0)
+        self.assertNotIn("rigs", self.run_slotctl("status").stdout)
+
     # What a user who can reach the socket puts in --job: OSC (retitle), BEL, CR (overwrite the line),
     # DEL, a C1 CSI, a right-to-left override and a backslash; escaped it is 40 bytes, one job column.
     HOSTILE_JOB = "a\x1b]0;x\x07b\x1b\rc\x7f\u009b\u202e\\d"
