@@ -513,7 +513,9 @@ static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, c
         info->requests = r->n_requests;
         info->inferred_queue_timeout = info->inferred_congestion_timeout = USEC_INFINITY;
 
-        if (!o->limit) {
+        /* A setting the sweep varies is given, value by value: inferring it would only mislead. */
+        bool limit_swept = streq_ptr(o->sweep_key, "limit"), qt_swept = streq_ptr(o->sweep_key, "queue-timeout");
+        if (!o->limit && !limit_swept) {
                 k = peak_held(r, &info->inferred_limit);
                 if (k < 0)
                         return k;
@@ -524,7 +526,7 @@ static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, c
         }
         /* While keeping up, a waiter's budget is Q; while saturated, the congestion timeout: the most
          * frequent recorded budget of each (lane or client caps make a few differ). */
-        if (!o->queue_timeout && r->n_keeping_up > 0) {
+        if (!o->queue_timeout && !qt_swept && r->n_keeping_up > 0) {
                 info->inferred_queue_timeout = mode_u64(r->keeping_up_budgets, r->n_keeping_up);
                 format_usec(qt, sizeof qt, info->inferred_queue_timeout);
         }

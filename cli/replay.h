@@ -19,6 +19,7 @@ typedef struct ReplayOptions {
         const char *queue_timeout;
         const char *queue_congestion_timeout;
         const char *deadline;      /* --deadline; NULL: none */
+        const char *sweep_key;     /* the pool setting --sweep varies ("limit", …): not inferred; NULL: none */
 } ReplayOptions;
 
 /* What the history gave, and what had to be assumed: said on stderr before the report. */
@@ -29,7 +30,7 @@ typedef struct ReplayInfo {
         uint64_t median_holds;     /* refused requests given their lane's median hold (their own is unknown) */
         uint64_t open_holds;       /* grants whose lease had not ended: held until the last event */
         uint64_t full_refusals;    /* recorded `full` refusals: the pool had a max-queue */
-        unsigned inferred_limit;   /* 0: --limit given */
+        unsigned inferred_limit;   /* 0: --limit given, or swept */
         usec_t inferred_queue_timeout;            /* USEC_INFINITY: given, or none recorded */
         usec_t inferred_congestion_timeout;       /* likewise */
         char **lanes;              /* "merge (fail-fast)", …; NULL-terminated */
@@ -42,7 +43,8 @@ void replay_info_done(ReplayInfo *info);
  * queued anyone and was refused busy, else wait), and one request per granted or refused row: arriving at
  * time − wait, for 1 slot, holding its lease as long as the released/revoked row of the lease says (a
  * refused one: the median hold of its lane's grants). Returns 0; -EINVAL with *error set (no such file,
- * not a history, no requests, several pools and no --pool, nothing to infer the limit from); -ENOMEM. */
+ * not a history, no requests, several pools and no --pool, nothing to infer the limit from when neither
+ * given nor swept); -ENOMEM. */
 int replay_load(const ReplayOptions *o, char **error, Scenario **ret, ReplayInfo *ret_info);
 
 void replay_info_print(const ReplayInfo *info, FILE *f);

@@ -1040,6 +1040,7 @@ static int run(void) {
                                         .queue_timeout = arg_queue_timeout,
                                         .queue_congestion_timeout = arg_queue_congestion_timeout,
                                         .deadline = arg_deadline,
+                                        .sweep_key = arg_sweep_key,
                                 },
                                 &error, &s, &info);
                 if (r >= 0)

@@ -119,8 +119,13 @@ class Replay(unittest.TestCase):
         rows = simulate_json("--replay", self.path, "--sweep", "limit=4..8")
         self.assertEqual([r["value"] for r in rows], [4, 5, 6, 7, 8])
         self.assertEqual([r["busy"] for r in rows], [8, 7, 6, 5, 4])
-        text = simulate("--replay", self.path, "--sweep", "limit=4..8").stdout
-        self.assertIn("limit", text.splitlines()[0])
+        # slotctl(1)'s own form; the swept setting is the sweep's, not inferred from the history (which
+        # would say "limit 6: the most slots held at once" and, with no grant to infer it from, refuse).
+        p = simulate("--replay", self.path, "--sweep", "limit=4..8")
+        self.assertIn("limit", p.stdout.splitlines()[0])
+        self.assertEqual(len(p.stdout.splitlines()), 6)
+        self.assertNotIn("the most slots held at once", p.stderr)
+        self.assertIn("merge (fail-fast)", p.stderr)
 
     def test_arrival_is_time_minus_wait_and_refused_borrow_the_median_hold(self):
         # Pool rig, limit 1, Q = 2 s, lane nightly waits. A arrives at 0 and holds 5 s. B arrives at 1 s,
@@ -154,6 +159,9 @@ class Replay(unittest.TestCase):
 
         # A budget of 3 s is still too short for a wait of 4 s; one of 5 s is not. Had the replay put B's
         # arrival at 3 s, both would grant it.
+        p = simulate("--replay", self.path, "--pool", "rig", "--sweep", "queue-timeout=3..5", "--json")
+        self.assertNotIn("queue-timeout 2s", p.stderr)
+        self.assertEqual([row["timeout"] for row in json.loads(p.stdout)], [1, 0, 0])  # 4 s: granted as its budget ends
         r = simulate_json("--replay", self.path, "--pool", "rig", "--queue-timeout", "3s")
         self.assertEqual(r["refused"]["timeout"], 1)
         r = simulate_json("--replay", self.path, "--pool", "rig", "--queue-timeout", "5s", "--per-request")
