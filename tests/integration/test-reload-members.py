@@ -63,7 +63,8 @@ class Run:
     """One `slotctl run` of the witness."""
 
     def __init__(self, test, b, lane, name):
-        self.test, self.name = test, name
+        self.test, self.b, self.name = test, b, name
+        self.token = self.pool = None
         self.err = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", lane, "--job", name,
                                       "--", "sh", test.witness, test.dir, name],
@@ -86,8 +87,11 @@ class Run:
         return int(words[1]), words[2:]
 
     def stop(self):
+        """Ends the command and waits until brokerd has ended its lease: slotctl exits without waiting."""
         open(os.path.join(self.test.dir, f"stop-{self.name}"), "w").close()
         self.test.assertEqual(self.proc.wait(10), 0, self.stderr())
+        wait_for(lambda: all(h["lease"]["token"] != self.token or h["lease"]["pool"] != self.pool
+                             for h in self.b.status()["holders"]), 10, message=f"the lease of {self.name} to end")
 
     def kill(self):
         open(os.path.join(self.test.dir, f"stop-{self.name}"), "w").close()
@@ -121,11 +125,12 @@ class ReloadMembers(harness.BrokerTestCase):
     def hold(self, b, pool, name):
         """A command that got a slot of `pool` (waiting lane) and runs; returns (Run, its slots)."""
         r = Run(self, b, f"w-{pool}", name)
-        token, slots = wait_for(lambda: r.started() or (r.proc.poll() is not None and "exited"), 10,
-                                message=f"{name} to start")
-        self.assertNotEqual(token, "exited", r.stderr())
-        self.tokens.append(token)
-        return r, slots
+        got = wait_for(lambda: r.started() or (r.proc.poll() is not None and ("exited", r.proc.returncode)), 10,
+                       message=f"{name} to start")
+        self.assertNotEqual(got[0], "exited", r.stderr())
+        r.token, r.pool = got[0], pool
+        self.tokens.append(r.token)
+        return r, got[1]
 
     def try_now(self, b, pool, name):
         """A fail-fast `slotctl run`: its slots while it runs, or None when it was refused (exit 75)."""
@@ -135,7 +140,8 @@ class ReloadMembers(harness.BrokerTestCase):
         if got[0] == "exit":
             self.assertEqual(got[1], EX_TEMPFAIL, r.stderr())
             return None, None
-        self.tokens.append(got[0])
+        r.token, r.pool = got[0], pool
+        self.tokens.append(r.token)
         return r, got[1]
 
     def refused(self, b, pool, name):
@@ -298,7 +304,6 @@ class ReloadMembers(harness.BrokerTestCase):
         self.refused(b, "grid", "second")  # the first command still runs
         self.assertEqual(b.pool("grid")["inUse"], 1)
         first.stop()
-        wait_for(lambda: b.pool("grid")["inUse"] == 0, 10, message="the first lease to end")
         third, slots = self.try_now(b, "grid", "third")
         self.assertEqual(slots, ["0"])
         third.stop()
