@@ -578,7 +578,8 @@ static int manager_open_history(Manager *m) {
                 r = lease_restore(m, &rows[i], &l);
                 if (r < 0 || !l) {
                         audit_ended_while_down(m, &rows[i],
-                                               r == -EEXIST   ? "its slot is taken by another restored lease"
+                                               r == -ENOENT   ? "its pool is no longer configured"
+                                               : r == -EEXIST ? "its slot is taken by another restored lease"
                                                : r < 0        ? "could not be restored"
                                                               : "it ended while brokerd was down");
                         history_lease_delete(m->history, rows[i].id);
