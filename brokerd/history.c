@@ -270,6 +270,12 @@ static int strdup_or_null(const char *s, char **ret) {
         return *ret ? 0 : -ENOMEM;
 }
 
+static void members_free(char **members, unsigned n) {
+        for (unsigned i = 0; members && i < n; i++)
+                free(members[i]);
+        free(members);
+}
+
 void history_lease_row_done(HistoryLeaseRow *row) {
         if (!row)
                 return;
@@ -277,6 +283,7 @@ void history_lease_row_done(HistoryLeaseRow *row) {
         free(row->pool);
         free(row->lane);
         free(row->slots);
+        members_free(row->members, row->n_slots);
         free(row->job);
         *row = (HistoryLeaseRow) {};
 }
@@ -298,6 +305,7 @@ static int lease_row_copy(const HistoryLeaseRow *from, HistoryLeaseRow *to) {
 
         r.id = r.pool = r.lane = r.job = NULL;
         r.slots = NULL;
+        r.members = NULL;
         if (strdup_or_null(from->id, &r.id) < 0 || strdup_or_null(from->pool, &r.pool) < 0 ||
             strdup_or_null(from->lane, &r.lane) < 0 || strdup_or_null(from->job, &r.job) < 0)
                 return -ENOMEM;
@@ -306,6 +314,14 @@ static int lease_row_copy(const HistoryLeaseRow *from, HistoryLeaseRow *to) {
                 if (!r.slots)
                         return -ENOMEM;
                 memcpy(r.slots, from->slots, from->n_slots * sizeof(unsigned));
+        }
+        if (from->members) {
+                r.members = calloc(from->n_slots, sizeof(char *));
+                if (!r.members)
+                        return -ENOMEM;
+                for (unsigned i = 0; i < from->n_slots; i++)
+                        if (strdup_or_null(from->members[i], &r.members[i]) < 0)
+                                return -ENOMEM;
         }
         *to = r;
         r = (HistoryLeaseRow) {};
@@ -428,12 +444,19 @@ static int migration_2_reason(sqlite3 *db) {
         return sqlite3_exec(db, "ALTER TABLE events ADD COLUMN reason TEXT", NULL, NULL, NULL);
 }
 
+/* A member is identified by its name, not by its index, which a reload or a restart with a new config may
+ * give to another member (SPEC §3.4): "rig-a,rig-c", beside slots "0,2"; NULL for anonymous slots. */
+static int migration_3_lease_members(sqlite3 *db) {
+        return sqlite3_exec(db, "ALTER TABLE leases ADD COLUMN members TEXT", NULL, NULL, NULL);
+}
+
 static const struct {
         const char *what;
         int (*run)(sqlite3 *db);
 } migrations[] = {
         { "initial schema", migration_1_initial },
         { "events.reason", migration_2_reason },
+        { "leases.members", migration_3_lease_members },
 };
 
 unsigned history_schema_version(void) {
@@ -687,8 +710,8 @@ static int prepare_statements(History *h) {
         if (rc == SQLITE_OK)
                 rc = sqlite3_prepare_v3(w->db,
                                         "INSERT OR REPLACE INTO leases (id, pool, lane, slots, token, job, uid, pid, "
-                                        "command_pid, command_start_time, detached, granted_at, expires_at) "
-                                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                                        "command_pid, command_start_time, detached, granted_at, expires_at, members) "
+                                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                                         -1, SQLITE_PREPARE_PERSISTENT, &w->upsert_lease, NULL);
         if (rc == SQLITE_OK)
                 rc = sqlite3_prepare_v3(w->db, "DELETE FROM leases WHERE id = ?", -1, SQLITE_PREPARE_PERSISTENT,
@@ -1186,12 +1209,58 @@ static int slots_parse(const char *s, unsigned **ret, unsigned *ret_n) {
         return 0;
 }
 
+/* Names, comma-separated (a name has no comma: conf_name_is_valid()); an entry without a name is empty.
+ * NULL when no slot has a name. */
+static int members_format(const HistoryLeaseRow *row, char **ret) {
+        size_t size = 1;
+        bool any = false;
+
+        *ret = NULL;
+        for (unsigned i = 0; row->members && i < row->n_slots; i++) {
+                size += (row->members[i] ? strlen(row->members[i]) : 0) + 1;
+                any = any || row->members[i];
+        }
+        if (!any)
+                return 0;
+        char *s = malloc(size), *p = s;
+        if (!s)
+                return -ENOMEM;
+        *p = '\0';
+        for (unsigned i = 0; i < row->n_slots; i++)
+                p = stpcpy(stpcpy(p, i > 0 ? "," : ""), row->members[i] ?: "");
+        *ret = s;
+        return 0;
+}
+
+/* The inverse of members_format() for a row of n slots; a list of another length is no list (-EINVAL). */
+static int members_parse(const char *s, unsigned n, char ***ret) {
+        *ret = NULL;
+        if (!s)
+                return 0;
+        char **a = calloc(MAX(n, 1u), sizeof(char *));
+        if (!a)
+                return -ENOMEM;
+        for (unsigned i = 0; i < n; i++) {
+                size_t len = strcspn(s, ",");
+                int r = (s[len] == ',') != (i + 1 < n) ? -EINVAL : 0;
+                if (r == 0 && len > 0 && !(a[i] = strndup(s, len)))
+                        r = -ENOMEM;
+                if (r < 0) {
+                        members_free(a, n);
+                        return r;
+                }
+                s += len + (s[len] == ',');
+        }
+        *ret = a;
+        return 0;
+}
+
 static int lease_row_bind_step(History *h, const HistoryLeaseRow *row) {
         sqlite3_stmt *st = h->w.upsert_lease;
-        _cleanup_free_ char *slots = NULL;
+        _cleanup_free_ char *slots = NULL, *members = NULL;
         int rc;
 
-        if (slots_format(row, &slots) < 0)
+        if (slots_format(row, &slots) < 0 || members_format(row, &members) < 0)
                 return SQLITE_NOMEM;
         bind_text(st, 1, row->id);
         bind_text(st, 2, row->pool);
@@ -1206,6 +1275,7 @@ static int lease_row_bind_step(History *h, const HistoryLeaseRow *row) {
         sqlite3_bind_int(st, 11, row->detached);
         bind_usec(st, 12, row->granted_at);
         bind_usec(st, 13, row->expires_at);
+        bind_text(st, 14, members);
         rc = sqlite3_step(st);
         sqlite3_reset(st);
         return rc == SQLITE_DONE ? SQLITE_OK : rc;
@@ -1351,8 +1421,15 @@ static int leases_read(sqlite3 *db, HistoryLeaseRow **ret, size_t *ret_n) {
 
         rc = sqlite3_prepare_v2(db,
                                 "SELECT id, pool, lane, slots, token, job, uid, pid, command_pid, command_start_time, "
-                                "detached, granted_at, expires_at FROM leases ORDER BY granted_at, id",
+                                "detached, granted_at, expires_at, members FROM leases ORDER BY granted_at, id",
                                 -1, &st, NULL);
+        if (rc == SQLITE_ERROR)
+                /* A file from before leases.members, that salvage reads as it is. */
+                rc = sqlite3_prepare_v2(db,
+                                        "SELECT id, pool, lane, slots, token, job, uid, pid, command_pid, "
+                                        "command_start_time, detached, granted_at, expires_at, NULL FROM leases "
+                                        "ORDER BY granted_at, id",
+                                        -1, &st, NULL);
         while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
                 HistoryLeaseRow row = {
                         .token = (uint64_t) MAX(sqlite3_column_int64(st, 4), 0),
@@ -1375,6 +1452,8 @@ static int leases_read(sqlite3 *db, HistoryLeaseRow **ret, size_t *ret_n) {
                         break;
                 }
                 int r = slots_parse((const char *) sqlite3_column_text(st, 3), &row.slots, &row.n_slots);
+                if (r >= 0)
+                        r = members_parse((const char *) sqlite3_column_text(st, 13), row.n_slots, &row.members);
                 if (r < 0 || !row.id || !row.pool || !row.lane) {
                         /* A row we cannot read back is skipped, not fatal: its lease is lost either way. */
                         history_lease_row_done(&row);

@@ -31,6 +31,7 @@ typedef struct HistoryLeaseRow {
         char *lane;
         unsigned *slots;
         unsigned n_slots;
+        char **members;           /* n_slots member names (an entry may be NULL), or NULL: anonymous slots */
         uint64_t token;
         char *job;                /* may be NULL */
         uid_t uid;

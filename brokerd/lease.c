@@ -86,7 +86,8 @@ static void persisted_nobody_waits(Lease *l, int result) {
 void lease_persist(Lease *l, LeasePersistedFn done) {
         Manager *m = l->manager;
         const unsigned *idx;
-        unsigned n = engine_lease_slots(l->engine_lease, &idx, NULL);
+        const char *const *members;
+        unsigned n = engine_lease_slots(l->engine_lease, &idx, &members);
         usec_t exp = engine_lease_expires_at(l->engine_lease);
 
         if (!done)
@@ -100,6 +101,7 @@ void lease_persist(Lease *l, LeasePersistedFn done) {
                 .pool = (char *) engine_lease_pool(l->engine_lease),
                 .lane = (char *) engine_lease_lane(l->engine_lease),
                 .slots = (unsigned *) idx,
+                .members = (char **) members,
                 .n_slots = n,
                 .token = engine_lease_token(l->engine_lease),
                 .job = l->job,
@@ -252,6 +254,7 @@ int lease_restore(Manager *m, const HistoryLeaseRow *row, Lease **ret) {
                                          .pool = row->pool,
                                          .lane = row->lane,
                                          .slots = row->slots,
+                                         .members = (const char *const *) row->members,
                                          .n_slots = row->n_slots,
                                          .token = row->token,
                                          .granted_at = granted_mono,

@@ -74,8 +74,9 @@ int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t 
 
 /* A lease row found at start (SPEC §3.4): re-occupies its slots if it still has a holder — a running
  * command (same pid and start time), a detached lease before its expiry, or a connection that may
- * reclaim it within the reclaim grace. Returns 0 with *ret NULL when the lease ended while brokerd was
- * down, 0 with the lease, or negative errno (-ENOENT: its pool is gone; -EEXIST: a slot is taken). */
+ * reclaim it within the reclaim grace —, also when its pool is no longer configured. Returns 0 with *ret
+ * NULL when the lease ended while brokerd was down, 0 with the lease, or negative errno (-EEXIST: a slot
+ * is taken). */
 typedef struct HistoryLeaseRow HistoryLeaseRow;
 int lease_restore(Manager *m, const HistoryLeaseRow *row, Lease **ret);
 /* The owner came back (Acquire with reclaim): the connection becomes the lease's life line again.

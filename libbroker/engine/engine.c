@@ -66,14 +66,24 @@ struct EngineLease {
         ListNode node;           /* Engine.leases */
 };
 
+typedef struct EngineTokenFloor {
+        const char *pool;        /* interned */
+        uint64_t next_token;
+} EngineTokenFloor;
+
 struct Engine {
         EngineRandomFn random;
         void *random_userdata;
 
         Pool **pools;            /* configured, in config order */
         size_t n_pools;
-        Pool **retired;          /* removed by reload, alive until their last lease ends */
+        Pool **retired;          /* removed by reload, or not configured but holding restored leases: alive
+                                  * until their last lease ends, or revived by a reload that names them */
         size_t n_retired;
+        /* Token floors of pools that are not here (yet, or any more): a pool made for the name starts there,
+         * so fencing tokens never go back, whatever reloads and restarts remove and add (SPEC §3.4). */
+        EngineTokenFloor *floors;
+        size_t n_floors;
         EngineLane **lanes;
         size_t n_lanes;
 
@@ -267,8 +277,9 @@ static EngineLease *lease_free(EngineLease *l) {
         return mfree(l);
 }
 
-static int lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, const unsigned *slots, unsigned n_slots,
-                     uint64_t token, usec_t granted_at, usec_t expires_at, void *userdata, EngineLease **ret) {
+static int lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, const unsigned *slots,
+                     const char *const *members, unsigned n_slots, uint64_t token, usec_t granted_at, usec_t expires_at,
+                     void *userdata, EngineLease **ret) {
         EngineLease *l = calloc(1, sizeof(EngineLease));
         if (!l)
                 return -ENOMEM;
@@ -289,12 +300,12 @@ static int lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, const u
                 goto oom;
         memcpy(l->slots, slots, n_slots * sizeof(unsigned));
         /* Member names are copied: a reload may rename the pool's members while the lease lives. */
-        if (p->members) {
+        if (members) {
                 l->members = calloc(n_slots, sizeof(char *));
                 if (!l->members)
                         goto oom;
                 for (unsigned i = 0; i < n_slots; i++)
-                        if (slots[i] < p->limit && !(l->members[i] = strdup(p->members[slots[i]])))
+                        if (members[i] && !(l->members[i] = strdup(members[i])))
                                 goto oom;
         }
         if (expires_at != USEC_INFINITY && heap_push(&e->expiries, &l->expiry_node, expires_at) < 0)
@@ -359,20 +370,40 @@ static Pool *pool_find(Pool **pools, size_t n, const char *name) {
         return NULL;
 }
 
-static bool pool_is_empty(const Pool *p) {
-        PoolInfo info;
-        p->ops->info(p, 0, &info);
-        return info.in_use == 0 && info.waiting == 0;
+static EngineTokenFloor *token_floor_find(const Engine *e, const char *pool) {
+        for (size_t i = 0; i < e->n_floors; i++)
+                if (streq(e->floors[i].pool, pool))
+                        return &e->floors[i];
+        return NULL;
 }
 
-/* A retired pool goes once nothing holds or waits on it. */
+static int token_floor_raise(Engine *e, const char *pool, uint64_t next_token) {
+        EngineTokenFloor *f = token_floor_find(e, pool);
+        if (!f) {
+                const char *name = engine_intern(e, pool);
+                EngineTokenFloor *a = reallocarray(e->floors, e->n_floors + 1, sizeof(EngineTokenFloor));
+                if (!name || !a)
+                        return -ENOMEM;
+                e->floors = a;
+                f = &a[e->n_floors++];
+                *f = (EngineTokenFloor) { .pool = name };
+        }
+        f->next_token = MAX(f->next_token, next_token);
+        return 0;
+}
+
+/* A retired pool goes once nothing holds or waits on it; its next token stays as the name's floor. */
 static void retired_gc(Engine *e) {
         size_t j = 0;
-        for (size_t i = 0; i < e->n_retired; i++)
-                if (pool_is_empty(e->retired[i]))
-                        e->retired[i]->ops->free(e->retired[i]);
+        for (size_t i = 0; i < e->n_retired; i++) {
+                Pool *p = e->retired[i];
+                PoolInfo info;
+                p->ops->info(p, 0, &info);
+                if (info.in_use == 0 && info.waiting == 0 && token_floor_raise(e, p->name, info.next_token) >= 0)
+                        p->ops->free(p);
                 else
-                        e->retired[j++] = e->retired[i];
+                        e->retired[j++] = p;
+        }
         e->n_retired = j;
 }
 
@@ -398,6 +429,26 @@ static void on_pool_decision(const PoolDecision *d, void *userdata) {
                 e->pending_head = 0;
         }
         e->pending[e->pending_head + e->n_pending++] = *d;
+}
+
+/* A pool of this name starts its fencing tokens above any the name had before. */
+static int pool_new_local(Engine *e, const char *pool, Pool **ret) {
+        const char *name = engine_intern(e, pool);
+        if (!name)
+                return -ENOMEM;
+        int r = pool_local_new(name, on_pool_decision, e, ret);
+        if (r < 0)
+                return r;
+        const EngineTokenFloor *f = token_floor_find(e, name);
+        if (f)
+                (*ret)->ops->set_token_floor(*ret, f->next_token);
+        return 0;
+}
+
+static int pool_new_for(Engine *e, const PoolConfig *pc, Pool **ret) {
+        if (pc->backend)
+                return -EOPNOTSUPP;
+        return pool_new_local(e, pc->name, ret);
 }
 
 static void refuse_request(Engine *e, EngineRequest *r, Pool *p, Refusal refusal, usec_t at) {
@@ -426,8 +477,8 @@ static void handle_granted(Engine *e, const PoolDecision *d) {
         EngineLease *l;
         usec_t expires = r->max_hold == USEC_INFINITY ? USEC_INFINITY : usec_add(d->at, r->max_hold);
 
-        if (lease_new(e, d->pool, d->grant, r->lane, d->slots, d->n_slots, d->token, d->at, expires, r->userdata,
-                      &l) < 0) {
+        if (lease_new(e, d->pool, d->grant, r->lane, d->slots, d->members, d->n_slots, d->token, d->at, expires,
+                      r->userdata, &l) < 0) {
                 d->pool->ops->release(d->pool, d->grant, d->at);
                 refuse_request(e, r, d->pool, REFUSAL_UNAVAILABLE, d->at);
                 return;
@@ -696,29 +747,59 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
 
         Pool *p = pool_find(e->pools, e->n_pools, rs->pool);
         if (!p)
-                return -ENOENT;
-        PoolGrant *g;
-        int r = p->ops->restore(p, rs->lane, rs->slots, rs->n_slots, rs->token, &g);
-        if (r < 0)
-                return r;
-        EngineLease *l;
-        r = lease_new(e, p, g, rs->lane, rs->slots, rs->n_slots, rs->token, rs->granted_at, rs->expires_at,
-                      rs->userdata, &l);
-        if (r < 0) {
-                p->ops->release(p, g, rs->granted_at);
-                return r;
+                p = pool_find(e->retired, e->n_retired, rs->pool);
+        if (!p) {
+                /* Its pool left the configuration: the lease still ends only when its holder is gone. A retired
+                 * pool holds it, as one removed by reload would, and a reload that names the pool revives it. */
+                Pool **a = reallocarray(e->retired, e->n_retired + 1, sizeof(Pool *));
+                if (!a)
+                        return -ENOMEM;
+                e->retired = a;
+                int r = pool_new_local(e, rs->pool, &p);
+                if (r < 0)
+                        return r;
+                p->ops->retire(p, rs->granted_at);
+                e->retired[e->n_retired++] = p;
         }
-        *ret = l;
-        return 0;
+        /* A lease recorded without member names (by an older brokerd): its members are those at its indices. */
+        _cleanup_free_ const char **by_index = NULL;
+        const char *const *members = rs->members;
+        if (!members && p->members) {
+                by_index = calloc(rs->n_slots, sizeof(char *));
+                if (!by_index) {
+                        retired_gc(e);
+                        return -ENOMEM;
+                }
+                for (unsigned i = 0; i < rs->n_slots; i++)
+                        by_index[i] = rs->slots[i] < p->limit ? p->members[rs->slots[i]] : NULL;
+                members = by_index;
+        }
+        PoolGrant *g;
+        int r = p->ops->restore(p, rs->lane, rs->slots, members, rs->n_slots, rs->token, &g);
+        if (r >= 0) {
+                EngineLease *l;
+                r = lease_new(e, p, g, rs->lane, rs->slots, members, rs->n_slots, rs->token, rs->granted_at,
+                              rs->expires_at, rs->userdata, &l);
+                if (r >= 0) {
+                        *ret = l;
+                        return 0;
+                }
+                p->ops->release(p, g, rs->granted_at);
+        }
+        retired_gc(e); /* a pool made for this lease alone goes again */
+        return r;
 }
 
 int engine_set_token_floor(Engine *e, const char *pool, uint64_t next_token) {
         assert_return(e && pool, -EINVAL);
         Pool *p = pool_find(e->pools, e->n_pools, pool);
         if (!p)
-                return -ENOENT;
-        p->ops->set_token_floor(p, next_token);
-        return 0;
+                p = pool_find(e->retired, e->n_retired, pool);
+        if (p) {
+                p->ops->set_token_floor(p, next_token);
+                return 0;
+        }
+        return token_floor_raise(e, pool, next_token);
 }
 
 int engine_drain(Engine *e, const char *pool, const char *member, bool on, usec_t now) {
@@ -833,15 +914,6 @@ static size_t rules_for_pool(const BrokerConfig *c, const char *name, PoolLaneRu
                         }
         }
         return n;
-}
-
-static int pool_new_for(Engine *e, const PoolConfig *pc, Pool **ret) {
-        if (pc->backend)
-                return -EOPNOTSUPP;
-        const char *name = engine_intern(e, pc->name);
-        if (!name)
-                return -ENOMEM;
-        return pool_local_new(name, on_pool_decision, e, ret);
 }
 
 int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
@@ -969,6 +1041,7 @@ Engine *engine_free(Engine *e) {
                 e->retired[i]->ops->free(e->retired[i]);
         free(e->pools);
         free(e->retired);
+        free(e->floors);
         lanes_free(e->lanes, e->n_lanes);
         heap_done(&e->expiries);
         free(e->pending);

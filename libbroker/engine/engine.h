@@ -78,8 +78,10 @@ Engine *engine_free(Engine *e);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Engine *, engine_free);
 
 /* The first configuration and every reload (SPEC §4): pools are matched by name and keep their holders,
- * waiters and idle time; a shrunk pool lets its holders finish; a removed pool refuses its waiters
- * (unavailable) and lives on until its last lease ends; waiters of a removed lane are refused likewise.
+ * waiters and idle time; a held member keeps its holder wherever the new list puts it, and one removed
+ * while held stays held above the limit until released; a shrunk pool lets its holders finish; a removed
+ * pool refuses its waiters (unavailable) and lives on until its last lease ends, or comes back with its
+ * holders if a later reload names it again; waiters of a removed lane are refused likewise.
  * The config must have passed conf_validate(). Returns 0 or negative errno (nothing changed then). */
 int engine_configure(Engine *e, const BrokerConfig *c, usec_t now);
 
@@ -127,7 +129,8 @@ void engine_lease_set_userdata(EngineLease *l, void *userdata);
 const char *engine_lease_pool(const EngineLease *l);
 const char *engine_lease_lane(const EngineLease *l);
 uint64_t engine_lease_token(const EngineLease *l);
-/* The slot indices, and their member names (NULL for a pool of anonymous slots). */
+/* The slot indices as granted, and their member names (NULL for a pool of anonymous slots). In a member
+ * pool the name is what identifies the slot: a reload may move the member to another index. */
 unsigned engine_lease_slots(const EngineLease *l, const unsigned **ret_indices, const char *const **ret_members);
 usec_t engine_lease_granted_at(const EngineLease *l);
 /* USEC_INFINITY without max-hold. */
@@ -139,6 +142,7 @@ typedef struct EngineLeaseRestore {
         const char *pool;
         const char *lane;
         const unsigned *slots;
+        const char *const *members; /* the slots' member names as recorded (NULL: those now at the indices) */
         unsigned n_slots;
         uint64_t token;
         usec_t granted_at;
@@ -146,9 +150,13 @@ typedef struct EngineLeaseRestore {
         void *userdata;
 } EngineLeaseRestore;
 
-/* Returns 0, -ENOENT (no such pool), -EEXIST (a slot is taken), -EINVAL, -ENOMEM. */
+/* Slots are found by member name in a member pool, by index otherwise. A pool that is not configured gets
+ * the lease all the same (a lease ends when its holder is gone, never because its pool left the
+ * configuration: SPEC §3.4): it is kept as a removed pool, its slots held until released, and a reload
+ * that configures it again revives it with them. Returns 0, -EEXIST (a slot is taken), -EINVAL, -ENOMEM. */
 int engine_lease_restore(Engine *e, const EngineLeaseRestore *r, EngineLease **ret);
-/* Fencing tokens of the pool continue at or above next_token. Returns 0 or -ENOENT. */
+/* Fencing tokens of the pool continue at or above next_token, also for a pool configured later. Returns 0
+ * or -ENOMEM. */
 int engine_set_token_floor(Engine *e, const char *pool, uint64_t next_token);
 
 /* Drains a pool (member NULL: its waiters are refused, new requests are unavailable) or one member

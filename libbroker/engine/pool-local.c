@@ -6,7 +6,12 @@
  *   - a rank tree ordered by (priority, arrival): a waiter's position;
  *   - a deadline heap: whose budget ends next.
  * Dispatch looks at the head of each (lane, k) bucket only: O(lanes × distinct k) per grant, however
- * long the queue is. Lanes and distinct k are a handful in any real configuration. */
+ * long the queue is. Lanes and distinct k are a handful in any real configuration.
+ *
+ * A held slot is identified by its member's name in a member pool, by its index in a pool of anonymous
+ * slots (SPEC §3.4). Its place in the occupancy bitmap follows that identity across reloads: a reordered
+ * member stays held by its holder, and a member removed while held sits above the limit, counted as held,
+ * until it is released — and is held again, not handed out, if a reload brings it back meanwhile. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,8 +63,11 @@ struct PoolWaiter {
 struct PoolGrant {
         LocalLane *lane;
         uint64_t token;
+        ListNode node;        /* LocalPool.grants */
         unsigned n_slots;
-        unsigned slots[];
+        unsigned *pos;        /* [n_slots] where each slot sits in the bitmap now: moves with reloads */
+        char **members;       /* [n_slots] each slot's member name, NULL for an anonymous one; or NULL */
+        unsigned indices[];   /* [n_slots] as granted: what the holder was told; then pos[n_slots] */
 };
 
 typedef enum Verdict {
@@ -74,8 +82,9 @@ struct LocalPool {
         bool congestion_timeout_set;
         int64_t max_queue;
 
-        uint64_t *occupied;             /* bitmap over capacity slot indices */
-        unsigned capacity;              /* ≥ limit, and ≥ every held index + 1 */
+        uint64_t *occupied;             /* bitmap over capacity slot positions */
+        unsigned capacity;              /* ≥ limit, and ≥ every held position + 1 */
+        List grants;                    /* PoolGrant.node: every slot held, to lay them out again on reload */
         unsigned in_use;                /* occupied slots, wherever they are */
         bool *member_drained;           /* [limit], or NULL */
         char **drained_members;         /* names, survive reloads */
@@ -99,8 +108,16 @@ struct LocalPool {
 
 /* ---- slots ---- */
 
+static bool bit_test(const uint64_t *b, unsigned i) {
+        return (b[i / 64] >> (i % 64)) & 1;
+}
+
+static void bit_set(uint64_t *b, unsigned i) {
+        b[i / 64] |= UINT64_C(1) << (i % 64);
+}
+
 static bool slot_is_occupied(const LocalPool *p, unsigned i) {
-        return i < p->capacity && (p->occupied[i / 64] >> (i % 64)) & 1;
+        return i < p->capacity && bit_test(p->occupied, i);
 }
 
 static int ensure_capacity(LocalPool *p, unsigned n) {
@@ -130,7 +147,9 @@ static unsigned free_slots(const LocalPool *p) {
 }
 
 static void slot_take(LocalPool *p, unsigned i) {
-        p->occupied[i / 64] |= UINT64_C(1) << (i % 64);
+        if (member_is_drained(p, i))
+                p->drained_free--; /* only a restored lease takes a drained member */
+        bit_set(p->occupied, i);
         p->in_use++;
 }
 
@@ -155,6 +174,156 @@ static unsigned slot_find_free(const LocalPool *p) {
                 }
         }
         return UINT32_MAX;
+}
+
+static void recount_drained(LocalPool *p) {
+        p->drained_free = 0;
+        for (unsigned i = 0; i < p->base.limit; i++)
+                if (!slot_is_occupied(p, i) && member_is_drained(p, i))
+                        p->drained_free++;
+}
+
+/* ---- grants and where their slots sit ---- */
+
+static PoolGrant *grant_free(PoolGrant *g) {
+        if (!g)
+                return NULL;
+        if (g->members)
+                for (unsigned i = 0; i < g->n_slots; i++)
+                        free(g->members[i]);
+        free(g->members);
+        return mfree(g);
+}
+
+/* named: the slots have member names (filled in by the caller). */
+static PoolGrant *grant_new(LocalLane *l, uint64_t token, unsigned n_slots, bool named) {
+        PoolGrant *g = calloc(1, sizeof(PoolGrant) + 2 * (size_t) n_slots * sizeof(unsigned));
+        if (!g)
+                return NULL;
+        *g = (PoolGrant) { .lane = l, .token = token, .n_slots = n_slots };
+        g->pos = g->indices + n_slots;
+        if (named && !(g->members = calloc(n_slots, sizeof(char *))))
+                return grant_free(g);
+        return g;
+}
+
+static const char *grant_member(const PoolGrant *g, unsigned i) {
+        return g->members ? g->members[i] : NULL;
+}
+
+/* A slot's place in a configuration, if it has one: its member's place among `members`, or its index
+ * when the pool has anonymous slots. A member that is not configured, or a slot of the other kind, has
+ * none. */
+static bool slot_home(char *const *members, const char *member, unsigned index, unsigned *ret) {
+        if (!members) {
+                if (member)
+                        return false;
+                *ret = index;
+                return true;
+        }
+        for (unsigned i = 0; member && members[i]; i++)
+                if (streq(members[i], member)) {
+                        *ret = i;
+                        return true;
+                }
+        return false;
+}
+
+static bool slot_same(const PoolGrant *g, unsigned i, const char *member, unsigned index) {
+        const char *m = grant_member(g, i);
+        return m || member ? m && member && streq(m, member) : g->indices[i] == index;
+}
+
+/* Whether some grant holds the slot identified by (member, index). O(1) when its place is free; a scan of
+ * the grants otherwise, which only restore needs. */
+static bool slot_is_held(const LocalPool *p, const char *member, unsigned index) {
+        unsigned home;
+        if (slot_home(p->base.members, member, index, &home) && !slot_is_occupied(p, home))
+                return false;
+        list_foreach(n, &p->grants) {
+                const PoolGrant *g = container_of(n, PoolGrant, node);
+                for (unsigned i = 0; i < g->n_slots; i++)
+                        if (slot_same(g, i, member, index))
+                                return true;
+        }
+        return false;
+}
+
+/* Where every held slot sits under a configuration (members, limit): first each at its place (see
+ * slot_home()), then the slots without one above the limit, where they count as held until released. */
+typedef struct Layout {
+        uint64_t *occupied;
+        unsigned capacity;
+        unsigned *pos;  /* every held slot's position, grant by grant in list order */
+} Layout;
+
+static void layout_done(Layout *l) {
+        free(l->occupied);
+        free(l->pos);
+        *l = (Layout) {};
+}
+
+static int layout_plan(const LocalPool *p, char *const *members, unsigned limit, Layout *ret) {
+        unsigned top = limit, k = 0;
+
+        list_foreach(n, &p->grants) {
+                const PoolGrant *g = container_of(n, PoolGrant, node);
+                for (unsigned i = 0; i < g->n_slots; i++) {
+                        unsigned home;
+                        if (slot_home(members, grant_member(g, i), g->indices[i], &home))
+                                top = MAX(top, home + 1);
+                }
+        }
+        /* Indices are below 2^24 (restore checks) and members as many as the config has: no overflow. */
+        Layout l = { .capacity = DIV_ROUND_UP(MAX(top + p->in_use, 1u), 64u) * 64 };
+        l.occupied = calloc(l.capacity / 64, sizeof(uint64_t));
+        l.pos = calloc(MAX(p->in_use, 1u), sizeof(unsigned));
+        if (!l.occupied || !l.pos) {
+                layout_done(&l);
+                return -ENOMEM;
+        }
+        list_foreach(n, &p->grants) {
+                const PoolGrant *g = container_of(n, PoolGrant, node);
+                for (unsigned i = 0; i < g->n_slots; i++, k++) {
+                        unsigned home;
+                        l.pos[k] = UINT32_MAX;
+                        /* Two grants never share an identity; were it so, the second goes above the limit. */
+                        if (slot_home(members, grant_member(g, i), g->indices[i], &home) && !bit_test(l.occupied, home)) {
+                                bit_set(l.occupied, home);
+                                l.pos[k] = home;
+                        }
+                }
+        }
+        unsigned next = limit;
+        k = 0;
+        list_foreach(n, &p->grants) {
+                const PoolGrant *g = container_of(n, PoolGrant, node);
+                for (unsigned i = 0; i < g->n_slots; i++, k++) {
+                        if (l.pos[k] != UINT32_MAX)
+                                continue;
+                        while (bit_test(l.occupied, next))
+                                next++;
+                        bit_set(l.occupied, next);
+                        l.pos[k] = next;
+                }
+        }
+        *ret = l;
+        return 0;
+}
+
+/* Takes the layout over; member_drained must already be that of the same configuration. */
+static void layout_apply(LocalPool *p, Layout *l) {
+        unsigned k = 0;
+        free(p->occupied);
+        p->occupied = TAKE_PTR(l->occupied);
+        p->capacity = l->capacity;
+        list_foreach(n, &p->grants) {
+                PoolGrant *g = container_of(n, PoolGrant, node);
+                for (unsigned i = 0; i < g->n_slots; i++)
+                        g->pos[i] = l->pos[k++];
+        }
+        layout_done(l);
+        recount_drained(p);
 }
 
 /* ---- budgets (SPEC §3.1) ---- */
@@ -350,16 +519,24 @@ static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t a
 
 static int grant(LocalPool *p, LocalLane *l, void *cookie, unsigned slots, usec_t arrival, usec_t now,
                  const PoolWaiter *w) {
-        PoolGrant *g = malloc(sizeof(PoolGrant) + slots * sizeof(unsigned));
+        PoolGrant *g = grant_new(l, p->next_token, slots, p->base.members != NULL);
         if (!g)
                 return -ENOMEM;
-        *g = (PoolGrant) { .lane = l, .token = p->next_token++, .n_slots = slots };
         for (unsigned i = 0; i < slots; i++) {
-                g->slots[i] = slot_find_free(p);
-                assert(g->slots[i] != UINT32_MAX);
-                slot_take(p, g->slots[i]);
+                unsigned pos = slot_find_free(p);
+                assert(pos != UINT32_MAX);
+                slot_take(p, pos);
+                g->indices[i] = g->pos[i] = pos;
+                if (g->members && !(g->members[i] = strdup(p->base.members[pos]))) {
+                        for (unsigned k = 0; k <= i; k++)
+                                slot_put(p, g->pos[k]);
+                        grant_free(g);
+                        return -ENOMEM;
+                }
         }
+        p->next_token++;
         l->used += slots;
+        list_append(&p->grants, &g->node);
 
         /* A fast admission restarts the idle clock; a slow one does not (SPEC §3.1). */
         if (p->base.queue_timeout_set && now - arrival <= fast_threshold(p->base.queue_timeout))
@@ -374,7 +551,8 @@ static int grant(LocalPool *p, LocalLane *l, void *cookie, unsigned slots, usec_
                 .idle = w ? w->idle : 0,
                 .budget = w ? w->budget : USEC_INFINITY,
                 .grant = g,
-                .slots = g->slots,
+                .slots = g->indices,
+                .members = (const char *const *) g->members,
                 .n_slots = slots,
                 .token = g->token,
         });
@@ -456,49 +634,43 @@ static void local_free(Pool *base) {
         free(p);
 }
 
-static void recount_drained(LocalPool *p) {
-        p->drained_free = 0;
-        for (unsigned i = 0; i < p->base.limit; i++)
-                if (!slot_is_occupied(p, i) && member_is_drained(p, i))
-                        p->drained_free++;
-}
-
 static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now) {
         LocalPool *p = POOL(base);
         _cleanup_free_ bool *member_drained = NULL;
-        char **members = NULL;
+        _cleanup_(strv_freep) char **members = NULL;
+        Layout layout;
+        int r;
 
         if (c->limit == 0)
                 return -EINVAL;
-        int r = ensure_capacity(p, c->limit);
-        if (r < 0)
-                return r;
         if (c->members) {
                 members = strv_copy(c->members);
                 if (!members)
                         return -ENOMEM;
                 member_drained = calloc(c->limit, sizeof(bool));
-                if (!member_drained) {
-                        strv_free(members);
+                if (!member_drained)
                         return -ENOMEM;
-                }
                 for (unsigned i = 0; i < c->limit && members[i]; i++)
                         member_drained[i] = strv_contains(p->drained_members, members[i]);
         }
-        /* Lanes first: the only step that can fail half-way, and it only adds. */
+        /* Held slots follow their member (or index) to its place in the new configuration. */
+        r = layout_plan(p, members, c->limit, &layout);
+        if (r < 0)
+                return r;
+        /* Lanes next: the only step that can fail half-way, and it only adds. */
         for (size_t i = 0; i < n_rules; i++)
                 if (!lane_find(p, rules[i].lane)) {
                         LocalLane *l;
                         r = lane_add(p, &rules[i], &l);
                         if (r < 0) {
-                                strv_free(members);
+                                layout_done(&layout);
                                 return r;
                         }
                 }
 
         bool had_q = p->base.queue_timeout_set;
         strv_free(p->base.members);
-        p->base.members = members;
+        p->base.members = TAKE_PTR(members);
         free(p->member_drained);
         p->member_drained = TAKE_PTR(member_drained);
         p->base.limit = c->limit;
@@ -510,7 +682,7 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
         /* A pool that starts measuring idle time starts from now (SPEC §3.1). */
         if (!had_q && c->queue_timeout_set)
                 p->last_fast = now;
-        recount_drained(p);
+        layout_apply(p, &layout);
 
         for (size_t i = 0; i < p->n_lanes; i++) {
                 LocalLane *l = p->lanes[i];
@@ -663,47 +835,78 @@ static void local_withdraw(Pool *base, PoolWaiter *w, usec_t now) {
 static void local_release(Pool *base, PoolGrant *g, usec_t now) {
         LocalPool *p = POOL(base);
         for (unsigned i = 0; i < g->n_slots; i++)
-                slot_put(p, g->slots[i]);
+                slot_put(p, g->pos[i]);
         g->lane->used -= g->n_slots;
-        free(g);
+        list_unlink(&g->node);
+        grant_free(g);
         lanes_gc(p);
 }
 
-static int local_restore(Pool *base, const char *lane, const unsigned *slots, unsigned n_slots, uint64_t token,
-                         PoolGrant **ret) {
+static int local_restore(Pool *base, const char *lane, const unsigned *slots, const char *const *members,
+                         unsigned n_slots, uint64_t token, PoolGrant **ret) {
         LocalPool *p = POOL(base);
         LocalLane *l = lane_find(p, lane);
+        bool in_place = true;
         int r;
 
         if (n_slots == 0)
                 return -EINVAL;
-        if (!l) {
-                        /* The lane is gone from the config: the slots are held under a lane that exists only for them. */
-                r = lane_add(p, &(PoolLaneRule) { .lane = lane, .max_in_use = -1 }, &l);
-                if (r < 0)
-                        return r;
-        }
-        for (unsigned i = 0; i < n_slots; i++) {
-                if (slots[i] >= 1u << 24)
-                        return -EINVAL;
-                r = ensure_capacity(p, slots[i] + 1);
-                if (r < 0)
-                        return r;
-                if (slot_is_occupied(p, slots[i]))
-                        return -EEXIST;
-                for (unsigned k = 0; k < i; k++)
-                        if (slots[k] == slots[i])
-                                return -EEXIST;
-        }
-        PoolGrant *g = malloc(sizeof(PoolGrant) + n_slots * sizeof(unsigned));
+        PoolGrant *g = grant_new(NULL, token, n_slots, members != NULL);
         if (!g)
                 return -ENOMEM;
-        *g = (PoolGrant) { .lane = l, .token = token, .n_slots = n_slots };
         for (unsigned i = 0; i < n_slots; i++) {
-                g->slots[i] = slots[i];
-                if (member_is_drained(p, slots[i]))
-                        p->drained_free--;
-                slot_take(p, slots[i]);
+                if (slots[i] >= 1u << 24) {
+                        grant_free(g);
+                        return -EINVAL;
+                }
+                g->indices[i] = slots[i];
+                if (members && members[i] && !(g->members[i] = strdup(members[i]))) {
+                        grant_free(g);
+                        return -ENOMEM;
+                }
+                bool twice = slot_is_held(p, grant_member(g, i), slots[i]);
+                for (unsigned k = 0; k < i && !twice; k++)
+                        twice = slot_same(g, k, grant_member(g, i), slots[i]);
+                if (twice) {
+                        grant_free(g);
+                        return -EEXIST;
+                }
+                unsigned home;
+                if (!slot_home(p->base.members, grant_member(g, i), slots[i], &home) || slot_is_occupied(p, home))
+                        in_place = false;
+                else if ((r = ensure_capacity(p, home + 1)) < 0) {
+                        grant_free(g);
+                        return r;
+                }
+        }
+        if (!l) {
+                /* The lane is gone from the config: the slots are held under a lane that exists only for them. */
+                r = lane_add(p, &(PoolLaneRule) { .lane = lane, .max_in_use = -1 }, &l);
+                if (r < 0) {
+                        grant_free(g);
+                        return r;
+                }
+        }
+        g->lane = l;
+        list_append(&p->grants, &g->node);
+        if (in_place)
+                for (unsigned i = 0; i < n_slots; i++) {
+                        (void) slot_home(p->base.members, grant_member(g, i), slots[i], &g->pos[i]); /* checked above */
+                        slot_take(p, g->pos[i]);
+                }
+        else {
+                /* A slot without a place here (a member not configured), or whose place a slot above the limit
+                 * sits on: everything is laid out again. Restore only. */
+                Layout layout;
+                p->in_use += n_slots;
+                r = layout_plan(p, p->base.members, p->base.limit, &layout);
+                if (r < 0) {
+                        p->in_use -= n_slots;
+                        list_unlink(&g->node);
+                        grant_free(g);
+                        return r;
+                }
+                layout_apply(p, &layout);
         }
         l->used += n_slots;
         if (token >= p->next_token)
@@ -845,6 +1048,7 @@ int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool 
                 return -ENOMEM;
         p->base = (Pool) { .ops = &local_ops, .emit = emit, .emit_userdata = emit_userdata };
         p->base.name = name;
+        list_init(&p->grants);
         p->next_token = 1;
         p->max_queue = -1;
         heap_init(&p->deadlines);

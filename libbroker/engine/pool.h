@@ -59,6 +59,7 @@ typedef struct PoolDecision {
         PoolWaiter *waiter;       /* QUEUED */
         PoolGrant *grant;         /* GRANTED */
         const unsigned *slots;    /* GRANTED: slot indices, n_slots of them */
+        const char *const *members; /* GRANTED: their member names, or NULL in a pool of anonymous slots */
         unsigned n_slots;
         uint64_t token;           /* GRANTED: fencing token */
         bool congested;           /* CONGESTION */
@@ -84,16 +85,19 @@ typedef struct PoolOps {
         void (*free)(Pool *p);
         /* The first configuration and every reload. Returns 0 or negative errno (state unchanged). */
         int (*configure)(Pool *p, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now);
-        /* Removed by reload: refuse every waiter (unavailable), let holders finish. */
+        /* Removed by reload: refuse every waiter (unavailable), let holders finish. Also a pool that is not
+         * configured at all, made only to hold leases restored after a restart; configure() revives it. */
         void (*retire)(Pool *p, usec_t now);
         /* Decides now if there is room or the try may not wait; otherwise queues. Returns 0 or -ENOMEM. */
         int (*submit)(Pool *p, const PoolTry *t, usec_t now);
         /* The client went away: removed without an answer. */
         void (*withdraw)(Pool *p, PoolWaiter *w, usec_t now);
         void (*release)(Pool *p, PoolGrant *g, usec_t now);
-        /* Re-occupies the given slots for a lease restored after a restart. */
-        int (*restore)(Pool *p, const char *lane, const unsigned *slots, unsigned n_slots, uint64_t token,
-                       PoolGrant **ret);
+        /* Re-occupies the given slots for a lease restored after a restart: members (NULL, or a name or NULL
+         * per slot) identify them by name in a member pool; without a name a slot is its index. Returns 0,
+         * -EEXIST (a slot is held already), -EINVAL, -ENOMEM. */
+        int (*restore)(Pool *p, const char *lane, const unsigned *slots, const char *const *members,
+                       unsigned n_slots, uint64_t token, PoolGrant **ret);
         /* Settles the instant `now`: grants freed slots to waiters in queue order, then refuses the waiters
          * whose budget ends at `now`, then updates the congested gauge. */
         void (*run)(Pool *p, usec_t now);

@@ -62,6 +62,9 @@ static PoolConfig *pool_add(Fixture *f, const char *name, unsigned limit) {
 }
 
 static void pool_set_members(PoolConfig *p, const char *const *members, size_t n) {
+        for (size_t k = 0; p->members && p->members[k]; k++)
+                free(p->members[k]);
+        free(p->members);
         p->members = calloc(n + 1, sizeof(char *));
         for (size_t i = 0; i < n; i++)
                 p->members[i] = strdup(members[i]);
@@ -908,6 +911,254 @@ static void test_restored_lease_occupies_its_slots_and_tokens_continue(void **st
         assert_int_equal(engine_lease_token(f->tags[1].lease), 1000);
 }
 
+/* ---- member identity across reloads and restarts (SPEC §3.4) ---- */
+
+#define MEMBERS(...) (const char *const[]) { __VA_ARGS__ }, ELEMENTSOF(((const char *const[]) { __VA_ARGS__ }))
+
+/* One member pool "p" and a wait lane "l" on it. */
+static PoolConfig *member_pool(Fixture *f, const char *const *members, size_t n) {
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, members, n);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        return p;
+}
+
+static const char *member_of(const Tag *t) {
+        const char *const *members;
+        assert_non_null(t->lease);
+        assert_int_equal(engine_lease_slots(t->lease, NULL, &members), 1);
+        assert_non_null(members);
+        return members[0];
+}
+
+static void test_reload_reorder_keeps_a_held_member_held(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = member_pool(f, MEMBERS("rig-a", "rig-b", "rig-c"));
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        assert_string_equal(member_of(a), "rig-a");
+        pool_set_members(p, MEMBERS("rig-b", "rig-a", "rig-c"));
+        configure(f, 1);
+        assert_string_equal(member_of(acquire(f, "B", (Req) {}, 2)), "rig-b");
+        assert_string_equal(member_of(acquire(f, "C", (Req) {}, 3)), "rig-c");
+        Tag *d = acquire(f, "D", (Req) {}, 4);
+        assert_true(queued(d));
+        end(f, a, 5);
+        assert_string_equal(member_of(d), "rig-a");
+        const unsigned *idx;
+        engine_lease_slots(d->lease, &idx, NULL);
+        assert_int_equal(idx[0], 1); /* its place in the list in force */
+}
+
+static void test_reload_removed_member_stays_held_until_released(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = member_pool(f, MEMBERS("rig-a", "rig-b", "rig-c"));
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        pool_set_members(p, MEMBERS("rig-b", "rig-c"));
+        configure(f, 1);
+        assert_int_equal(pool_in_use(f, 0), 1);
+        assert_string_equal(member_of(acquire(f, "B", (Req) {}, 2)), "rig-b");
+        Tag *c = acquire(f, "C", (Req) {}, 3); /* rig-c is free, but rig-a still counts against the limit of 2 */
+        assert_true(queued(c));
+        end(f, a, 4);
+        assert_string_equal(member_of(c), "rig-c");
+        assert_int_equal(pool_in_use(f, 0), 2);
+}
+
+static void test_reload_readded_member_is_not_handed_out_twice(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = member_pool(f, MEMBERS("rig-a", "rig-b", "rig-c"));
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        pool_set_members(p, MEMBERS("rig-b", "rig-c"));
+        configure(f, 1);
+        assert_string_equal(member_of(acquire(f, "B", (Req) {}, 2)), "rig-b");
+        pool_set_members(p, MEMBERS("rig-a", "rig-b", "rig-c"));
+        configure(f, 3);
+        assert_int_equal(pool_in_use(f, 0), 2);
+        assert_string_equal(member_of(acquire(f, "C", (Req) {}, 4)), "rig-c");
+        Tag *d = acquire(f, "D", (Req) {}, 5);
+        assert_true(queued(d));
+        end(f, a, 6);
+        assert_string_equal(member_of(d), "rig-a");
+}
+
+static void test_reload_shrinks_and_grows_members(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = member_pool(f, MEMBERS("a", "b", "c", "d"));
+        Tag *t[4];
+        for (int i = 0; i < 4; i++)
+                t[i] = acquire(f, "T", (Req) {}, 0);
+        pool_set_members(p, MEMBERS("a", "b"));
+        configure(f, 1);
+        assert_int_equal(pool_in_use(f, 0), 4); /* nobody is cut off */
+        Tag *x = acquire(f, "X", (Req) {}, 2);
+        end(f, t[0], 3);
+        end(f, t[2], 4);
+        assert_true(queued(x)); /* b and d still held: 2 of 2 */
+        end(f, t[3], 5);
+        assert_string_equal(member_of(x), "a");
+        pool_set_members(p, MEMBERS("a", "b", "c", "d", "e"));
+        configure(f, 6);
+        assert_string_equal(member_of(acquire(f, "Y", (Req) {}, 7)), "c");
+        assert_string_equal(member_of(acquire(f, "Z", (Req) {}, 7)), "d");
+        assert_string_equal(member_of(acquire(f, "V", (Req) {}, 7)), "e");
+        assert_true(queued(acquire(f, "W", (Req) {}, 8)));
+        assert_int_equal(pool_in_use(f, 0), 5);
+}
+
+static void test_drained_member_stays_drained_by_name_across_a_reorder(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = member_pool(f, MEMBERS("a", "b", "c"));
+        assert_int_equal(engine_drain(f->engine, "p", "b", true, 0), 0);
+        Tag *a = acquire(f, "A", (Req) {}, 1);
+        assert_string_equal(member_of(a), "a");
+        pool_set_members(p, MEMBERS("b", "c", "a"));
+        configure(f, 2);
+        assert_string_equal(member_of(acquire(f, "B", (Req) {}, 3)), "c");
+        Tag *c = acquire(f, "C", (Req) {}, 4);
+        assert_true(queued(c));
+        end(f, a, 5);
+        assert_string_equal(member_of(c), "a");
+        assert_int_equal(engine_drain(f->engine, "p", "b", false, 6), 0);
+        assert_string_equal(member_of(acquire(f, "D", (Req) {}, 7)), "b");
+}
+
+static void test_reload_grow_anonymous_pool_keeps_held_slots(void **state) {
+        Fixture *f = *state;
+        simple(f, 3, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0), *b = acquire(f, "B", (Req) {}, 0), *c = acquire(f, "C", (Req) {}, 0);
+        f->config.pools[0]->limit = 1;
+        configure(f, 1);
+        end(f, a, 2);
+        end(f, b, 3);
+        f->config.pools[0]->limit = 3; /* slot 2 is inside the limit again, and held */
+        configure(f, 4);
+        const unsigned *idx;
+        Tag *x = acquire(f, "X", (Req) {}, 5), *y = acquire(f, "Y", (Req) {}, 5);
+        engine_lease_slots(x->lease, &idx, NULL);
+        assert_int_equal(idx[0], 0);
+        engine_lease_slots(y->lease, &idx, NULL);
+        assert_int_equal(idx[0], 1);
+        assert_true(queued(acquire(f, "Z", (Req) {}, 6)));
+        end(f, c, 7);
+        engine_lease_slots(f->tags[5].lease, &idx, NULL);
+        assert_int_equal(idx[0], 2);
+}
+
+static void test_reload_to_anonymous_slots_keeps_members_counted(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = member_pool(f, MEMBERS("a", "b"));
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 0);
+        end(f, a, 1);
+        for (size_t k = 0; p->members[k]; k++)
+                free(p->members[k]);
+        free(p->members);
+        p->members = NULL;
+        p->n_members = 0;
+        configure(f, 2); /* limit 2 of anonymous slots; b's holder still holds a slot */
+        Tag *x = acquire(f, "X", (Req) {}, 3);
+        const char *const *members;
+        engine_lease_slots(x->lease, NULL, &members);
+        assert_null(members);
+        assert_true(queued(acquire(f, "Y", (Req) {}, 4)));
+        end(f, b, 5);
+        assert_true(granted(&f->tags[3]));
+}
+
+static int restore(Fixture *f, const char *pool, unsigned slot, const char *member, uint64_t token, EngineLease **ret) {
+        return engine_lease_restore(f->engine,
+                                    &(EngineLeaseRestore) {
+                                            .pool = pool,
+                                            .lane = "l",
+                                            .slots = (const unsigned[]) { slot },
+                                            .members = member ? (const char *const[]) { member } : NULL,
+                                            .n_slots = 1,
+                                            .token = token,
+                                            .expires_at = USEC_INFINITY,
+                                    },
+                                    ret);
+}
+
+static void test_restored_member_is_found_by_name(void **state) {
+        Fixture *f = *state;
+        member_pool(f, MEMBERS("rig-b", "rig-a"));
+        EngineLease *l, *dup;
+        assert_int_equal(restore(f, "p", 0, "rig-a", 7, &l), 0); /* index 0 when granted, rig-b's now */
+        assert_int_equal(restore(f, "p", 1, "rig-a", 8, &dup), -EEXIST);
+        assert_string_equal(member_of(acquire(f, "B", (Req) {}, 0)), "rig-b");
+        assert_true(queued(acquire(f, "C", (Req) {}, 0)));
+        engine_lease_release(l, 1);
+        run(f, 1);
+        assert_string_equal(member_of(&f->tags[1]), "rig-a");
+}
+
+static void test_restore_into_unconfigured_pool_holds_until_readded(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "q", 1);
+        lane_add(f, "k", LANE_POLICY_WAIT, "q", NULL);
+        configure(f, 0);
+        EngineLease *l;
+        assert_int_equal(restore(f, "p", 0, "rig-a", 41, &l), 0);
+        assert_string_equal(engine_lease_pool(l), "p");
+        assert_int_equal(engine_pool_count(f->engine), 1); /* not configured: not listed */
+        assert_int_equal(restore(f, "p", 0, "rig-a", 42, &(EngineLease *) { NULL }), -EEXIST);
+
+        /* The pool comes back, its members in another order. */
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, MEMBERS("rig-b", "rig-a"));
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 1);
+        assert_int_equal(pool_in_use(f, 1), 1);
+        Tag *b = acquire(f, "B", (Req) {}, 2);
+        assert_string_equal(member_of(b), "rig-b");
+        assert_int_equal(engine_lease_token(b->lease), 42);
+        Tag *c = acquire(f, "C", (Req) {}, 3);
+        assert_true(queued(c));
+        engine_lease_release(l, 4);
+        run(f, 4);
+        assert_string_equal(member_of(c), "rig-a");
+}
+
+static void test_restore_into_unconfigured_pool_ends_with_its_lease(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, 0);
+        EngineLease *l;
+        assert_int_equal(engine_set_token_floor(f->engine, "gone", 100), 0);
+        assert_int_equal(restore(f, "gone", 3, NULL, 50, &l), 0);
+        engine_lease_release(l, 1);
+        /* The pool went with its lease; its tokens did not. */
+        pool_add(f, "gone", 4);
+        lane_add(f, "g", LANE_POLICY_WAIT, "gone", NULL);
+        configure(f, 2);
+        Tag *x = acquire(f, "X", (Req) { .lane = "g" }, 3);
+        assert_int_equal(engine_lease_token(x->lease), 100);
+}
+
+static void test_tokens_continue_when_a_removed_pool_comes_back(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        pool_add(f, "q", 1);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "k", LANE_POLICY_WAIT, "q", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        assert_int_equal(engine_lease_token(a->lease), 1);
+        config_clear(&f->config);
+        pool_add(f, "q", 1);
+        lane_add(f, "k", LANE_POLICY_WAIT, "q", NULL);
+        configure(f, 1);
+        end(f, a, 2); /* the removed pool goes with its last lease */
+        config_clear(&f->config);
+        pool_add(f, "p", 1);
+        pool_add(f, "q", 1);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "k", LANE_POLICY_WAIT, "q", NULL);
+        configure(f, 3);
+        Tag *b = acquire(f, "B", (Req) {}, 4);
+        assert_int_equal(engine_lease_token(b->lease), 2);
+}
+
 /* ---- congestion gauge ---- */
 
 static void test_congestion_turns_on_when_idle_passes_q_without_room(void **state) {
@@ -1035,6 +1286,62 @@ static void test_random_workload_never_oversubscribes(void **state) {
         }
 }
 
+static void test_random_reloads_of_members_never_hand_a_member_out_twice(void **state) {
+        Fixture *f = *state;
+        static const char *const names[] = { "a", "b", "c", "d", "e", "f" };
+        PoolConfig *p = member_pool(f, MEMBERS("a", "b", "c"));
+        uint64_t s = 7;
+        usec_t now = 0;
+        for (int i = 0; i < 600 && f->n_tags < ELEMENTSOF(f->tags); i++) {
+                now += MS(1 + fake_random(&s) % 50);
+                uint64_t op = fake_random(&s) % 4;
+                if (op == 0) {
+                        /* A new member list: a random subset of the names, in a random order. */
+                        const char *pick[ELEMENTSOF(names)];
+                        size_t n = 0;
+                        for (size_t k = 0; k < ELEMENTSOF(names); k++)
+                                if (fake_random(&s) % 2)
+                                        pick[n++] = names[k];
+                        if (n == 0)
+                                pick[n++] = names[fake_random(&s) % ELEMENTSOF(names)];
+                        for (size_t k = n - 1; k > 0; k--) {
+                                size_t j = (size_t) (fake_random(&s) % (k + 1));
+                                const char *t = pick[k];
+                                pick[k] = pick[j];
+                                pick[j] = t;
+                        }
+                        pool_set_members(p, pick, n);
+                        configure(f, now);
+                } else if (op == 1) {
+                        size_t k = (size_t) (fake_random(&s) % MAX(f->n_tags, 1u));
+                        if (k < f->n_tags && f->tags[k].lease)
+                                end(f, &f->tags[k], now);
+                } else {
+                        unsigned k = 1 + (unsigned) (fake_random(&s) % MIN(p->limit, 2u));
+                        Tag *t = acquire(f, "R", (Req) { .slots = k, .no_wait = true }, now);
+                        if (granted(t))
+                                assert_true(pool_in_use(f, 0) <= p->limit); /* granted under the limit in force */
+                }
+                /* Every held member is held once, and the pool counts exactly what the leases hold. */
+                const char *held[64];
+                unsigned n_held = 0;
+                for (size_t k = 0; k < f->n_tags; k++) {
+                        if (!f->tags[k].lease)
+                                continue;
+                        const char *const *members;
+                        unsigned n = engine_lease_slots(f->tags[k].lease, NULL, &members);
+                        for (unsigned x = 0; x < n; x++) {
+                                for (unsigned y = 0; y < n_held; y++)
+                                        if (streq(held[y], members[x]))
+                                                fail_msg("member %s held twice", members[x]);
+                                assert_true(n_held < ELEMENTSOF(held));
+                                held[n_held++] = members[x];
+                        }
+                }
+                assert_int_equal(n_held, pool_in_use(f, 0));
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
@@ -1082,12 +1389,24 @@ int main(void) {
                 T(test_reload_keeps_waiters_and_reorders_on_new_priority),
                 T(test_max_hold_revokes_without_freeing),
                 T(test_restored_lease_occupies_its_slots_and_tokens_continue),
+                T(test_reload_reorder_keeps_a_held_member_held),
+                T(test_reload_removed_member_stays_held_until_released),
+                T(test_reload_readded_member_is_not_handed_out_twice),
+                T(test_reload_shrinks_and_grows_members),
+                T(test_drained_member_stays_drained_by_name_across_a_reorder),
+                T(test_reload_grow_anonymous_pool_keeps_held_slots),
+                T(test_reload_to_anonymous_slots_keeps_members_counted),
+                T(test_restored_member_is_found_by_name),
+                T(test_restore_into_unconfigured_pool_holds_until_readded),
+                T(test_restore_into_unconfigured_pool_ends_with_its_lease),
+                T(test_tokens_continue_when_a_removed_pool_comes_back),
                 T(test_congestion_turns_on_when_idle_passes_q_without_room),
                 T(test_congestion_ends_with_a_fast_grant),
                 T(test_idle_pool_with_room_is_not_congested),
                 T(test_retry_after_range),
                 T(test_refusal_carries_retry_after_of_the_refusing_pool),
                 T(test_random_workload_never_oversubscribes),
+                T(test_random_reloads_of_members_never_hand_a_member_out_twice),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -571,6 +571,34 @@ static void test_lease_commit_is_loaded_after_reopen_and_delete_forgets_it(void 
         history_lease_rows_free(rows, n);
 }
 
+static void test_lease_member_names_are_kept_and_old_rows_have_none(void **state) {
+        Fixture *f = *state;
+        HistoryLeaseRow named = lease_row("L1", "rig", 3), *rows = NULL;
+        size_t n = 0;
+
+        /* A row written before leases.members existed. */
+        assert_int_equal(mkdir(f->state, 0750), 0);
+        assert_int_equal(history_schema_create(db_path(f), 2), 0);
+        db_exec(db_path(f), "INSERT INTO leases (id, pool, lane, slots, token, uid, pid, detached, granted_at) "
+                            "VALUES ('L0', 'rig', 'merge', '1', 2, 1000, 4242, 0, 1690000000000000)");
+        named.members = (char *[]) { (char *) "rig-a", NULL }; /* the second slot has no name */
+
+        open_history(f, 0);
+        assert_int_equal(commit_sync(f, &named), 0);
+        reopen_history(f);
+        assert_int_equal(history_load_leases(f->h, &rows, &n), 0);
+        assert_int_equal(n, 2);
+        assert_string_equal(rows[0].id, "L0");
+        assert_null(rows[0].members);
+        assert_string_equal(rows[1].id, "L1");
+        assert_non_null(rows[1].members);
+        assert_string_equal(rows[1].members[0], "rig-a");
+        assert_null(rows[1].members[1]);
+        history_lease_rows_free(rows, n);
+        f->h = history_free(f->h); /* a database open in brokerd may be locked for other readers */
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM leases WHERE members = 'rig-a,'"), 1);
+}
+
 static void test_tokens_are_reserved_in_blocks_and_never_go_back(void **state) {
         Fixture *f = *state;
 
@@ -910,6 +938,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_200k_rows_all_land, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_lease_commit_is_loaded_after_reopen_and_delete_forgets_it, setup,
                                                 teardown),
+                cmocka_unit_test_setup_teardown(test_lease_member_names_are_kept_and_old_rows_have_none, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_tokens_are_reserved_in_blocks_and_never_go_back, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_retention_prunes_old_rows_in_chunks, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_corrupt_file_is_moved_aside, setup, teardown),
