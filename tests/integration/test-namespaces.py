@@ -14,6 +14,8 @@ SLOT_TOKEN):
 - SIGKILL of slotctl keeps the slot while the command runs;
 - SIGKILL and restart of brokerd restore the lease from the command's pid and start time: still refused;
 - when the command ends, the slot frees: the fail-fast request from the container is granted.
+- slotctl alive across a restart of brokerd reconnects and reclaims its lease (its command passed again):
+  a Release from the host then reaches it, and it stops the command (124).
 
 Environments: a PID namespace (unshare --pid, as root); a user + PID namespace entered as nobody
 (unshare --user --map-root-user --pid); a Debian 12 root (tests/systemd/container.sh's tree) chrooted into in
@@ -266,6 +268,29 @@ class NamespaceChecks:
         self.assertEqual(status, 0, out)
 
         open(os.path.join(self.work, "stop"), "w").close()
+        ns.communicate(timeout=10)
+
+    def test_slotctl_reclaims_its_lease_after_a_broker_restart(self):
+        b = self.b
+        witness, status = os.path.join(self.work, "witness"), os.path.join(self.work, "status")
+        ns = self.spawn('"$SLOTCTL" run --lane w -- sh -c \'echo "$SLOT_TOKEN" >"$W/witness"; exec sleep 600\'; '
+                        'echo $? >"$W/status"')
+        wait_for(lambda: os.path.exists(witness) and harness.read_text(witness).strip(), 15,
+                 message="the command's witness")
+        lease = self.holder()["lease"]
+
+        b.crash()
+        b.start()
+        # slotctl comes back by itself (Acquire with reclaim, its command passed again): its connection is
+        # the lease's life line once more.
+        wait_for(lambda: "Lease %s reclaimed" % lease["id"] in b.log(), 15, message="slotctl to reclaim its lease")
+        h = self.holder()
+        self.assertEqual((h["lease"]["id"], h["state"]), (lease["id"], "held"))
+        # A Release from the host now reaches slotctl in its namespace: it stops the command, exit 124.
+        b.call("io.slotbroker.Release", {"lease": lease["id"]})
+        wait_for(lambda: os.path.exists(status) and harness.read_text(status).strip(), 15, message="slotctl's exit")
+        self.assertEqual(harness.read_text(status).strip(), "124")
+        b.wait_idle()
         ns.communicate(timeout=10)
 
 
