@@ -318,6 +318,9 @@ class ContainerRootTest(NamespaceChecks, harness.BrokerTestCase):
     def setUpClass(cls):
         if os.geteuid() != 0:
             return
+        if not can_run(["unshare", "--mount", "--pid", "--fork", "true"]):
+            cls.build_error = "unshare --mount --pid is not permitted here"
+            return  # no tree built for nothing
         cls.root = tempfile.mkdtemp(prefix="test-namespaces-root-", dir="/var/tmp")
         p = subprocess.run(["bash", CONTAINER_SH, "build", cls.root], capture_output=True, text=True, timeout=900)
         if p.returncode != 0:
@@ -339,8 +342,6 @@ class ContainerRootTest(NamespaceChecks, harness.BrokerTestCase):
             if self.build_status not in (None, 77):  # 77: no debootstrap, or no mirror: cannot be built here
                 self.fail(self.build_error)
             self.skipTest(self.build_error)
-        if not can_run(["unshare", "--mount", "--pid", "--fork", "true"]):
-            self.skipTest("unshare --mount --pid is not permitted here")
         return ContainerRoot(work, self.root, broker.dir)
 
 
