@@ -36,7 +36,7 @@ void acquire_start(Connection *c, const VarlinkCall *call) {
         const char *lane = NULL, *job = NULL, *reclaim = NULL;
         unsigned slots = 1;
         bool wait = true, detach = false;
-        int64_t queue_wait_ms = 0, pid = 0, max_hold_ms = 0;
+        int64_t queue_wait_ms = 0, pid = 0, pidfd_index = -1, max_hold_ms = 0;
         const char *bad = NULL;
 
         if (call->flags & VARLINK_CALL_ONEWAY) {
@@ -51,6 +51,7 @@ void acquire_start(Connection *c, const VarlinkCall *call) {
                 { "queueWaitMs", JSON_FIELD_INT64, 0, &queue_wait_ms, 1, INT32_MAX },
                 { "job", JSON_FIELD_STRING, 0, &job, .max_length = JOB_MAX },
                 { "pid", JSON_FIELD_INT64, 0, &pid, 1, INT32_MAX },
+                { "pidfd", JSON_FIELD_INT64, 0, &pidfd_index, 0, VARLINK_FDS_MAX - 1 },
                 { "reclaim", JSON_FIELD_STRING, 0, &reclaim, .max_length = 64 },
                 { "detach", JSON_FIELD_BOOL, 0, &detach },
                 { "maxHoldMs", JSON_FIELD_INT64, 0, &max_hold_ms, 1, INT64_MAX / 1000 },
@@ -59,6 +60,10 @@ void acquire_start(Connection *c, const VarlinkCall *call) {
         int r = json_dispatch(call->parameters, table, 0, &bad);
         if (r < 0) {
                 reply_invalid_parameter(c, bad ?: "parameters");
+                return;
+        }
+        if (pid > 0 && pidfd_index >= 0) {
+                reply_invalid_parameter(c, "pidfd"); /* one command, named once */
                 return;
         }
         if (detach && max_hold_ms == 0) {
@@ -95,10 +100,20 @@ void acquire_start(Connection *c, const VarlinkCall *call) {
 
         _cleanup_close_ int pidfd = -EBADF;
         ProcessInfo command = {};
-        if (pid > 0) {
-                pidfd = process_open((pid_t) pid, &command);
-                if (pidfd < 0 || process_check_attachable(&command, c->cred.pid, c->cred.uid) < 0) {
-                        reply_invalid_parameter(c, "pid");
+        if (pid > 0 || pidfd_index >= 0) {
+                /* A pidfd names the process whatever PID namespace the client numbers it in; its pid in ours
+                 * is what the checks, the watch and a restart's restore use. Both ways the peer's pid and
+                 * uid (SO_PEERCRED) are in our namespaces already. */
+                if (pid > 0)
+                        r = pidfd = process_open((pid_t) pid, &command);
+                else {
+                        pidfd = varlink_fds_take(call->fds, (size_t) pidfd_index);
+                        r = pidfd < 0 ? pidfd : process_open_pidfd(pidfd, &command);
+                }
+                if (r < 0 || process_check_attachable(&command, c->cred.pid, c->cred.uid) < 0) {
+                        log_debug("Acquire of pid %d: the command it names cannot hold a lease: %s", (int) c->cred.pid,
+                                  r < 0 ? strerror(-r) : "neither the peer nor its child of the same uid");
+                        reply_invalid_parameter(c, pid > 0 ? "pid" : "pidfd");
                         return;
                 }
         }

@@ -128,7 +128,7 @@ static void connection_protocol_error(Connection *c, const char *reason) {
 static bool connection_run_calls(Connection *c) {
         while (!c->closed) {
                 if (!c->next_call) {
-                        int r = varlink_stream_next(&c->stream, &c->next_call);
+                        int r = varlink_stream_next_with_fds(&c->stream, &c->next_call, &c->next_call_fds);
                         if (r == 0)
                                 break;
                         if (r < 0) {
@@ -144,6 +144,11 @@ static bool connection_run_calls(Connection *c) {
                 if (connection_busy(c) && !call_releases_own_lease(c, &call))
                         break; /* answered, in order, once the open Acquire ends */
                 _unused_ _cleanup_(json_decrefp) json_t *msg = TAKE_PTR(c->next_call); /* owns the call's strings */
+                /* The call's fds are its own: a method takes what it uses, the rest close with the call. Moved
+                 * out first, since a method may end an Acquire and so run the calls behind it. */
+                _cleanup_(varlink_fds_close) VarlinkFds fds = c->next_call_fds;
+                c->next_call_fds = VARLINK_FDS_INIT;
+                call.fds = &fds;
                 methods_dispatch(c, &call);
         }
         return true;
@@ -231,6 +236,8 @@ int connection_new(Manager *m, int fd, Connection **ret) {
         if (r < 0)
                 goto fail;
         varlink_stream_init(&c->stream, c->fd, cfg->max_message_size, cfg->max_output_per_connection);
+        /* Acquire's pidfd comes with the call (SCM_RIGHTS): a pid would mean nothing from another PID namespace. */
+        varlink_stream_accept_fds(&c->stream, true);
         r = sd_event_add_io(m->event, &c->io, c->fd, EPOLLIN, connection_io, c);
         if (r < 0) {
                 varlink_stream_done(&c->stream);
@@ -304,6 +311,7 @@ void connection_close(Connection *c) {
         c->io = sd_event_source_disable_unref(c->io);
         json_decref(c->next_call);
         c->next_call = NULL;
+        varlink_fds_close(&c->next_call_fds);
         varlink_stream_done(&c->stream);
         c->fd = safe_close(c->fd);
         free(c->groups);

@@ -46,6 +46,7 @@ struct Connection {
         sd_event_source *io;
         VarlinkStream stream;
         json_t *next_call;         /* taken from the stream, waiting for an open Acquire to end */
+        VarlinkFds next_call_fds;  /* the fds passed with next_call */
         struct ucred cred;
         gid_t *groups;
         size_t n_groups;

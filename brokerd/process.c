@@ -63,15 +63,34 @@ int process_get_info(pid_t pid, ProcessInfo *ret) {
         unsigned long uid;
         if (!uid_line || sscanf(uid_line + 5, "%lu", &uid) != 1)
                 return -EIO;
+        const char *tgid_line = strstr(buf, "\nTgid:");
+        int tgid;
+        if (!tgid_line || sscanf(tgid_line + 6, "%d", &tgid) != 1)
+                return -EIO;
 
         *ret = (ProcessInfo) {
                 .pid = pid,
+                .tgid = tgid,
                 .ppid = ppid,
                 .pgid = pgid,
                 .uid = (uid_t) uid,
                 .state = state,
                 .start_time = start_time,
         };
+        return 0;
+}
+
+/* Reads pid's facts, pid being what pidfd refers to as far as we know: if the pidfd's process still lives
+ * after we read /proc, the pid was not recycled in between, so the facts are its. */
+static int process_get_info_of_pidfd(int pidfd, pid_t pid, ProcessInfo *ret) {
+        ProcessInfo info;
+        int r = process_get_info(pid, &info);
+        if (r < 0)
+                return r;
+        /* EPERM (another user's process, and no CAP_KILL) means it exists all the same; EBADF: no pidfd. */
+        if (syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) < 0 && errno != EPERM)
+                return errno == ESRCH ? -ESRCH : negative_errno();
+        *ret = info;
         return 0;
 }
 
@@ -82,16 +101,49 @@ int process_open(pid_t pid, ProcessInfo *ret) {
         _cleanup_close_ int fd = (int) syscall(SYS_pidfd_open, pid, 0);
         if (fd < 0)
                 return negative_errno();
-        ProcessInfo info;
-        int r = process_get_info(pid, &info);
+        int r = process_get_info_of_pidfd(fd, pid, ret);
         if (r < 0)
                 return r;
-        /* Still alive after we read /proc: the pid was not recycled in between, so the facts are its.
-         * EPERM (another user's process, and no CAP_KILL) means it exists all the same. */
-        if (syscall(SYS_pidfd_send_signal, fd, 0, NULL, 0) < 0 && errno != EPERM)
-                return errno == ESRCH ? -ESRCH : negative_errno();
-        *ret = info;
         return TAKE_FD(fd);
+}
+
+int pidfd_get_pid(int pidfd) {
+        char path[64], buf[4096];
+        int r;
+
+        assert_return(pidfd >= 0, -EBADF);
+
+        /* Our /proc is our PID namespace's: the kernel writes the pid as we number it there. */
+        snprintf(path, sizeof path, "/proc/self/fdinfo/%d", pidfd);
+        r = read_small_file(path, buf, sizeof buf);
+        if (r < 0)
+                return r == -ESRCH ? -EBADF : r;
+        const char *line = strstr(buf, "\nPid:");
+        int pid;
+        if (!line || sscanf(line + 5, "%d", &pid) != 1)
+                return -EBADF; /* not a pidfd */
+        /* -1: it has exited. 0: it lives in a PID namespace that ours does not contain. */
+        return pid > 0 ? pid : -ESRCH;
+}
+
+int process_open_pidfd(int pidfd, ProcessInfo *ret) {
+        ProcessInfo info;
+        int r;
+
+        assert_return(pidfd >= 0, -EBADF);
+        assert_return(ret, -EINVAL);
+
+        r = pidfd_get_pid(pidfd);
+        if (r < 0)
+                return r;
+        r = process_get_info_of_pidfd(pidfd, (pid_t) r, &info);
+        if (r < 0)
+                return r;
+        /* A thread's pidfd (PIDFD_THREAD) names no process of its own. */
+        if (info.tgid != info.pid)
+                return -EINVAL;
+        *ret = info;
+        return 0;
 }
 
 int process_check_attachable(const ProcessInfo *p, pid_t peer_pid, uid_t peer_uid) {

@@ -8,7 +8,8 @@
 #include <sys/types.h>
 
 typedef struct ProcessInfo {
-        pid_t pid;
+        pid_t pid;                 /* in our PID namespace, as everything here */
+        pid_t tgid;                /* its thread group: pid itself unless pid is a thread's id */
         pid_t ppid;
         pid_t pgid;
         uid_t uid;                 /* real uid */
@@ -23,6 +24,17 @@ int process_get_info(pid_t pid, ProcessInfo *ret);
  * pidfd still refers to a live process, so the facts cannot belong to a recycled pid.
  * Returns the pidfd (≥ 0) and fills *ret, or -ESRCH, -ENOSYS, other negative errno. */
 int process_open(pid_t pid, ProcessInfo *ret);
+
+/* The pid of a pidfd's process in our PID namespace, from /proc/self/fdinfo ("Pid:"). Returns it (> 0);
+ * -ESRCH when it has exited, or lives in a PID namespace that ours does not contain; -EBADF when the fd is
+ * no pidfd. */
+int pidfd_get_pid(int pidfd);
+
+/* As process_open() for a pidfd someone else opened (a client passed it with a call): its pid in our
+ * namespace and its facts, checked against the pidfd afterwards. The caller keeps the pidfd. Returns 0;
+ * -ESRCH when it has exited or cannot be seen from our namespace; -EBADF when the fd is no pidfd; -EINVAL
+ * for a thread's pidfd; another negative errno. */
+int process_open_pidfd(int pidfd, ProcessInfo *ret);
 
 /* May `pid` be attached to a lease asked for by the peer `peer_pid` with uid `peer_uid` (SPEC §3.4):
  * the peer itself, or a direct child of it with the same uid. Returns 0, -EPERM if it may not,

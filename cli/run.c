@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* run.c — slotctl run: start the command first, held in a process group of its own; acquire
- * a slot with the command's pid attached; let it go with the lease in its environment; supervise it
+ * a slot with the command attached (its pidfd, which names it from any PID namespace); let it go with the lease in its environment; supervise it
  * (signals, --timeout, revocation; reconnecting to reclaim the lease when brokerd restarts under it) and
  * exit with its status. SPEC §3.4 and §6. */
 #include <errno.h>
@@ -57,7 +57,7 @@ typedef struct Run {
         BrokerClient *client;  /* NULL: running without a slot, or the broker went away */
         BrokerLease *lease;
         pid_t child;           /* the command's pid and process group; 0 once reaped */
-        int pidfd;
+        int pidfd;             /* the command's, for our poll() and for the broker; -EBADF without pidfds */
         int signal_fd;
         HeldCommand *command;  /* until the grant */
         sigset_t saved_mask;
@@ -446,7 +446,17 @@ static void run_reconnect_schedule(Run *r, usec_t now) {
         r->reconnect_backoff = MIN(r->reconnect_backoff * 2, RECONNECT_BACKOFF_MAX);
 }
 
-/* One attempt: connect, and ask for the lease back with the command's pid. The answer comes through
+/* Names the command in an Acquire: by its pidfd, which means the same process to a broker in another PID
+ * namespace (slotctl in a CI job's container); by its pid where there are no pidfds (kernels before 5.3,
+ * valgrind), which is right only when the broker shares our PID namespace. */
+static void run_attach_command(const Run *r, BrokerAcquireOptions *o) {
+        if (r->pidfd >= 0)
+                o->pidfd = r->pidfd;
+        else
+                o->pid = r->child;
+}
+
+/* One attempt: connect, and ask for the lease back with the command attached. The answer comes through
  * run_on_broker(); a broker that is not listening yet means another attempt later. */
 static void run_reconnect(Run *r, usec_t now) {
         _cleanup_(broker_client_freep) BrokerClient *c = NULL;
@@ -456,7 +466,7 @@ static void run_reconnect(Run *r, usec_t now) {
                 BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
                 o.lane = broker_lease_lane(r->lease);
                 o.reclaim = broker_lease_id(r->lease);
-                o.pid = r->child;
+                run_attach_command(r, &o);
                 if (broker_acquire_start(c, &o) >= 0) {
                         r->client = TAKE_PTR(c);
                         r->reclaiming = true;
@@ -699,7 +709,7 @@ int verb_run(int argc, char *argv[]) {
         sigaddset(&pipe_mask, SIGPIPE);
         (void) sigprocmask(SIG_BLOCK, &pipe_mask, NULL);
 
-        /* The command first, so that its pid goes with the Acquire call (SPEC §3.4) and so that it holds
+        /* The command first, so that it goes with the Acquire call (SPEC §3.4) and so that it holds
          * no copy of the broker connection (which would keep a withdrawn request alive). */
         if (run_spawn(&r) < 0)
                 return EXIT_FAILURE;
@@ -728,7 +738,7 @@ int verb_run(int argc, char *argv[]) {
                 o.wait = arg_request.no_wait ? BROKER_WAIT_NO : BROKER_WAIT_DEFAULT;
                 o.queue_wait_ms = arg_request.max_wait == USEC_INFINITY ? 0 : DIV_ROUND_UP(arg_request.max_wait, USEC_PER_MSEC);
                 o.job = arg_request.job;
-                o.pid = r.child;
+                run_attach_command(&r, &o);
                 k = broker_acquire_start(r.client, &o);
                 if (k == -EINVAL) {
                         log_error("invalid request (a job label or lane that is not UTF-8?)");

@@ -73,7 +73,8 @@ typedef struct BrokerPosition {
 typedef void (*BrokerPositionCallback)(const BrokerPosition *position, void *userdata);
 
 /* Parameters of an Acquire call. Initialise with BROKER_ACQUIRE_OPTIONS_INIT: `size` lets later
- * versions append fields without breaking programs built against this header. */
+ * versions append fields without breaking programs built against this header, and fields whose "not
+ * given" is not zero (pidfd) get it there. */
 typedef struct BrokerAcquireOptions {
         size_t size;                    /* sizeof(BrokerAcquireOptions) */
         const char *lane;               /* mandatory */
@@ -88,9 +89,13 @@ typedef struct BrokerAcquireOptions {
         uint64_t max_hold_ms;           /* the longest hold wanted; can only shorten the lane's; 0: lane's */
         BrokerPositionCallback on_position; /* broker_acquire() only: called on every "queued" reply */
         void *userdata;                 /* passed to on_position */
+        int pidfd;                      /* the command as a pidfd (pidfd_open(2)), passed to the broker with the
+                                         * call (SCM_RIGHTS): the same rules as pid, but it names the process
+                                         * whatever PID namespace the caller lives in (a container); the caller
+                                         * keeps it. Not together with pid. Negative: none (the INIT's -1) */
 } BrokerAcquireOptions;
 
-#define BROKER_ACQUIRE_OPTIONS_INIT ((BrokerAcquireOptions) { .size = sizeof(BrokerAcquireOptions) })
+#define BROKER_ACQUIRE_OPTIONS_INIT ((BrokerAcquireOptions) { .size = sizeof(BrokerAcquireOptions), .pidfd = -1 })
 
 typedef enum BrokerEventType {
         BROKER_EVENT_NONE = 0, /* nothing (more) has arrived: poll the fd */
@@ -151,7 +156,8 @@ const char *broker_client_get_socket_path(const BrokerClient *c);
 
 /* Sends an Acquire call (with "more") and returns at once; the replies come through
  * broker_client_process(). One request or lease per client at a time. Returns 0; -EINVAL for missing or
- * invalid options (no lane, detach without max_hold_ms, queue_wait_ms out of range); -E2BIG when
+ * invalid options (no lane, detach without max_hold_ms, queue_wait_ms out of range, both pid and pidfd);
+ * -EBADF for a pidfd that is not open; -E2BIG when
  * options->size is larger than this library knows and the unknown fields are not zero; -EBUSY while a
  * request or a lease is open on this client; -ENOTCONN after the broker went away; -ENOMEM; another
  * negative errno when the call cannot be sent. */

@@ -23,8 +23,10 @@
 #define USER_SOCKET_SUFFIX "/brokerd/io.slotbroker"
 
 /* The first layouts of the extensible structs: a caller built against this header passes at least
- * these sizes. Fields appended later must keep zero as "not given". */
-#define ACQUIRE_OPTIONS_SIZE_V1 sizeof(BrokerAcquireOptions)
+ * these sizes. Fields appended later keep zero as "not given", or get their "not given" from
+ * options_copy() for callers that do not know them. */
+#define ACQUIRE_OPTIONS_SIZE_V1 offsetof(BrokerAcquireOptions, pidfd)
+#define ACQUIRE_OPTIONS_SIZE_V2 (offsetof(BrokerAcquireOptions, pidfd) + sizeof(int))
 #define EVENT_SIZE_V1 sizeof(BrokerEvent)
 
 typedef enum ClientState {
@@ -440,14 +442,19 @@ _public_ const char *broker_lease_json(const BrokerLease *l) {
 /* ---- Acquire ---- */
 
 /* Copies the caller's options into this version's layout: a shorter struct (an older caller) is
- * padded with zeros; a longer one (a newer caller) is accepted only if what we do not know is zero. */
+ * padded with what "not given" is for the fields it lacks; a longer one (a newer caller) is accepted only
+ * if what we do not know is zero. */
 static int options_copy(const BrokerAcquireOptions *o, BrokerAcquireOptions *ret) {
         if (o->size < ACQUIRE_OPTIONS_SIZE_V1)
                 return -EINVAL;
         for (size_t i = sizeof(BrokerAcquireOptions); i < o->size; i++)
                 if (((const uint8_t *) o)[i] != 0)
                         return -E2BIG;
-        memcpy(ret, o, sizeof(BrokerAcquireOptions));
+        *ret = BROKER_ACQUIRE_OPTIONS_INIT;
+        memcpy(ret, o, MIN(o->size, sizeof(BrokerAcquireOptions)));
+        ret->size = sizeof(BrokerAcquireOptions);
+        if (o->size < ACQUIRE_OPTIONS_SIZE_V2)
+                ret->pidfd = -1; /* V1 had no pidfd: its zero padding is not fd 0 */
         return 0;
 }
 
@@ -463,6 +470,8 @@ static int acquire_parameters(const BrokerAcquireOptions *o, json_t **ret) {
                 return -EINVAL; /* a detached lease needs an end of its own */
         if (o->max_hold_ms > (uint64_t) INT64_MAX / 1000 || o->pid < 0 || o->slots > INT32_MAX)
                 return -EINVAL;
+        if (o->pid > 0 && o->pidfd >= 0)
+                return -EINVAL; /* one command, named once */
         if (o->wait < BROKER_WAIT_DEFAULT || o->wait > BROKER_WAIT_NO)
                 return -EINVAL;
 
@@ -479,6 +488,8 @@ static int acquire_parameters(const BrokerAcquireOptions *o, json_t **ret) {
                 r = json_object_set_new(p, "job", json_string(o->job));
         if (r >= 0 && o->pid > 0)
                 r = json_object_set_new(p, "pid", json_integer(o->pid));
+        if (r >= 0 && o->pidfd >= 0)
+                r = json_object_set_new(p, "pidfd", json_integer(0)); /* the first fd passed with the call */
         if (r >= 0 && o->reclaim)
                 r = json_object_set_new(p, "reclaim", json_string(o->reclaim));
         if (r >= 0 && o->detach)
@@ -514,7 +525,8 @@ _public_ int broker_acquire_start(BrokerClient *c, const BrokerAcquireOptions *o
                 return r;
 
         client_error_reset(c);
-        r = varlink_stream_call(&c->stream, INTERFACE ".Acquire", p, VARLINK_CALL_MORE);
+        r = varlink_stream_call_with_fds(&c->stream, INTERFACE ".Acquire", p, VARLINK_CALL_MORE, &o.pidfd,
+                                         o.pidfd >= 0 ? 1 : 0);
         if (r < 0)
                 return r;
         r = varlink_stream_flush(&c->stream);

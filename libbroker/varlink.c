@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* varlink.c — Varlink framing: names, calls and replies, the input buffer, the output queue, the stream. */
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -380,6 +381,23 @@ int varlink_error_format(const char *error, json_t *parameters, char **ret, size
         return varlink_message_format(m, ret, ret_size);
 }
 
+/* ---- file descriptors ---- */
+
+void varlink_fds_close(VarlinkFds *f) {
+        if (!f)
+                return;
+        for (size_t i = 0; i < f->n; i++)
+                f->fds[i] = safe_close(f->fds[i]);
+        f->n = 0;
+}
+
+int varlink_fds_take(VarlinkFds *f, size_t index) {
+        assert_return(f, -EINVAL);
+        if (index >= f->n || f->fds[index] < 0)
+                return -ENXIO;
+        return TAKE_FD(f->fds[index]);
+}
+
 /* ---- input ---- */
 
 void varlink_input_init(VarlinkInput *in, size_t max_message) {
@@ -390,11 +408,13 @@ void varlink_input_init(VarlinkInput *in, size_t max_message) {
 
 static void input_release(VarlinkInput *in) {
         in->data = mfree(in->data);
+        in->offset += in->end;
         in->start = in->scanned = in->end = in->allocated = 0;
 }
 
 void varlink_input_done(VarlinkInput *in) {
         input_release(in);
+        varlink_fds_close(&in->fds);
 }
 
 /* Makes room for size more bytes after end. Moving the partial message to the front costs each byte at
@@ -404,6 +424,7 @@ static int input_reserve(VarlinkInput *in, size_t size) {
         if (in->start > 0) {
                 size_t n = in->end - in->start;
                 memmove(in->data, in->data + in->start, n);
+                in->offset += in->start;
                 in->scanned -= in->start;
                 in->end = n;
                 in->start = 0;
@@ -447,11 +468,50 @@ int varlink_input_feed(VarlinkInput *in, const void *data, size_t size) {
         return 0;
 }
 
+int varlink_input_feed_fds(VarlinkInput *in, const int *fds, size_t n) {
+        assert_return(in, -EINVAL);
+        assert_return(fds || n == 0, -EINVAL);
+
+        if (n == 0)
+                return 0;
+        if (in->end == in->start || n > VARLINK_FDS_MAX - in->fds.n) {
+                for (size_t i = 0; i < n; i++)
+                        safe_close(fds[i]);
+                return in->end == in->start ? -EINVAL : -ETOOMANYREFS;
+        }
+        for (size_t i = 0; i < n; i++) {
+                in->fds_at[in->fds.n] = in->offset + in->end - 1;
+                in->fds.fds[in->fds.n++] = fds[i];
+        }
+        return 0;
+}
+
+/* Hands the fds that arrived with bytes up to stream position `through` (a message's NUL) to ret, or
+ * closes them (ret NULL). They are in the order received, so they are a prefix. */
+static void input_take_fds(VarlinkInput *in, uint64_t through, VarlinkFds *ret) {
+        size_t k = 0;
+        while (k < in->fds.n && in->fds_at[k] <= through)
+                k++;
+        for (size_t i = 0; i < k; i++)
+                if (ret)
+                        ret->fds[ret->n++] = in->fds.fds[i];
+                else
+                        safe_close(in->fds.fds[i]);
+        memmove(in->fds.fds, in->fds.fds + k, (in->fds.n - k) * sizeof(int));
+        memmove(in->fds_at, in->fds_at + k, (in->fds.n - k) * sizeof(uint64_t));
+        in->fds.n -= k;
+}
+
 int varlink_input_next(VarlinkInput *in, json_t **ret) {
+        return varlink_input_next_with_fds(in, ret, NULL);
+}
+
+int varlink_input_next_with_fds(VarlinkInput *in, json_t **ret, VarlinkFds *ret_fds) {
         int r;
 
         assert_return(in, -EINVAL);
         assert_return(ret, -EINVAL);
+        assert_return(!ret_fds || ret_fds->n == 0, -EINVAL);
 
         if (in->start == in->end) {
                 /* Idle connections hold no buffer. */
@@ -468,13 +528,15 @@ int varlink_input_next(VarlinkInput *in, json_t **ret) {
         size_t n = nul - (in->data + in->start);
         if (n > in->max)
                 return -EMSGSIZE;
+        uint64_t nul_at = in->offset + (uint64_t) (nul - in->data);
 
         json_t *m = NULL;
         r = json_parse_object(in->data + in->start, n, &m);
         if (r == -ENOMEM)
                 return r;
-        /* Taken, parsed or not: a broken message must not block the ones behind it. */
+        /* Taken, parsed or not: a broken message must not block the ones behind it. Its fds go with it. */
         in->start = in->scanned = in->start + n + 1;
+        input_take_fds(in, nul_at, r < 0 ? NULL : ret_fds);
         if (in->start == in->end)
                 input_release(in);
         if (r < 0)
@@ -489,6 +551,7 @@ int varlink_input_next(VarlinkInput *in, json_t **ret) {
 struct VarlinkChunk {
         VarlinkChunk *next;
         size_t start, end, allocated;
+        VarlinkFds fds;  /* to pass with the first byte: the chunk then holds that one message, and is full */
         char data[];
 };
 
@@ -503,11 +566,16 @@ void varlink_output_init(VarlinkOutput *out, size_t max_pending) {
         };
 }
 
+static void chunk_free(VarlinkChunk *c) {
+        varlink_fds_close(&c->fds);
+        free(c);
+}
+
 void varlink_output_done(VarlinkOutput *out) {
         while (out->head) {
                 VarlinkChunk *c = out->head;
                 out->head = c->next;
-                free(c);
+                chunk_free(c);
         }
         out->tail = NULL;
         out->pending = 0;
@@ -532,7 +600,7 @@ static void output_rollback(VarlinkOutput *out, const OutputMark *m) {
         VarlinkChunk *c = m->tail ? m->tail->next : out->head;
         while (c) {
                 VarlinkChunk *next = c->next;
-                free(c);
+                chunk_free(c);
                 c = next;
         }
         if (m->tail) {
@@ -620,6 +688,64 @@ int varlink_output_enqueue_json(VarlinkOutput *out, const json_t *msg) {
         return r;
 }
 
+int varlink_output_enqueue_json_with_fds(VarlinkOutput *out, const json_t *msg, const int *fds, size_t n_fds) {
+        _cleanup_free_ char *text = NULL;
+        size_t size;
+        int r;
+
+        assert_return(out, -EINVAL);
+        assert_return(fds || n_fds == 0, -EINVAL);
+        assert_return(n_fds <= VARLINK_FDS_MAX, -EINVAL);
+
+        if (n_fds == 0)
+                return varlink_output_enqueue_json(out, msg);
+        /* A chunk of its own, of exactly its size: nothing is appended to it, so the sendmsg() that carries
+         * the fds carries no byte of another message. Rare (one per Acquire at most): formatted first. */
+        r = varlink_message_format(msg, &text, &size);
+        if (r < 0)
+                return r;
+        if (size > out->max - out->pending)
+                return -ENOBUFS;
+        VarlinkChunk *c = malloc(sizeof(VarlinkChunk) + size);
+        if (!c)
+                return -ENOMEM;
+        *c = (VarlinkChunk) { .end = size, .allocated = size };
+        memcpy(c->data, text, size);
+        for (size_t i = 0; i < n_fds; i++) {
+                c->fds.fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
+                if (c->fds.fds[i] < 0) {
+                        r = negative_errno();
+                        chunk_free(c);
+                        return r;
+                }
+                c->fds.n++;
+        }
+        if (out->tail)
+                out->tail->next = c;
+        else
+                out->head = c;
+        out->tail = c;
+        out->pending += size;
+        return 0;
+}
+
+/* The SCM_RIGHTS control message for fds, in a buffer of the caller's. */
+typedef union FdsControl {
+        struct cmsghdr header;
+        uint8_t buffer[CMSG_SPACE(sizeof(int) * VARLINK_FDS_MAX)];
+} FdsControl;
+
+static void msghdr_set_fds(struct msghdr *mh, FdsControl *control, const VarlinkFds *fds) {
+        memset(control, 0, sizeof *control);
+        mh->msg_control = control;
+        mh->msg_controllen = CMSG_SPACE(sizeof(int) * fds->n);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * fds->n);
+        memcpy(CMSG_DATA(cm), fds->fds, sizeof(int) * fds->n);
+}
+
 int varlink_output_flush(VarlinkOutput *out, int fd) {
         assert_return(out, -EINVAL);
         assert_return(fd >= 0, -EBADF);
@@ -627,11 +753,20 @@ int varlink_output_flush(VarlinkOutput *out, int fd) {
         while (out->head) {
                 struct iovec iov[FLUSH_IOV_MAX];
                 size_t n_iov = 0;
+                FdsControl control;
 
-                for (VarlinkChunk *c = out->head; c && n_iov < FLUSH_IOV_MAX; c = c->next)
+                for (VarlinkChunk *c = out->head; c && n_iov < FLUSH_IOV_MAX; c = c->next) {
+                        /* A message with fds goes in a sendmsg() of its own (see VarlinkInput). */
+                        if (c->fds.n > 0 && n_iov > 0)
+                                break;
                         iov[n_iov++] = (struct iovec) { c->data + c->start, c->end - c->start };
+                        if (c->fds.n > 0)
+                                break;
+                }
 
                 struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n_iov };
+                if (out->head->fds.n > 0)
+                        msghdr_set_fds(&mh, &control, &out->head->fds);
                 ssize_t k = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
                 if (k < 0) {
                         if (errno == EINTR)
@@ -643,6 +778,8 @@ int varlink_output_flush(VarlinkOutput *out, int fd) {
 
                 if (k == 0)
                         return -EIO; /* cannot happen on a stream socket: never spin on it */
+                /* They went with the first byte: the peer has its own now. */
+                varlink_fds_close(&out->head->fds);
 
                 /* Drop what went out; a partial write leaves the first chunk with an offset. */
                 size_t sent = (size_t) k;
@@ -654,7 +791,7 @@ int varlink_output_flush(VarlinkOutput *out, int fd) {
                         sent -= d;
                         if (c->start == c->end) {
                                 out->head = c->next;
-                                free(c);
+                                chunk_free(c);
                         }
                 }
                 if (!out->head)
@@ -666,7 +803,7 @@ int varlink_output_flush(VarlinkOutput *out, int fd) {
 /* ---- stream ---- */
 
 void varlink_stream_init(VarlinkStream *s, int fd, size_t max_message, size_t max_output) {
-        s->fd = fd;
+        *s = (VarlinkStream) { .fd = fd };
         varlink_input_init(&s->input, max_message);
         varlink_output_init(&s->output, max_output);
 }
@@ -677,6 +814,52 @@ void varlink_stream_done(VarlinkStream *s) {
         varlink_input_done(&s->input);
         varlink_output_done(&s->output);
         s->fd = -EBADF;
+}
+
+void varlink_stream_accept_fds(VarlinkStream *s, bool accept) {
+        if (s)
+                s->accept_fds = accept;
+}
+
+/* recv() for a stream that accepts fds: recvmsg() with room for VARLINK_FDS_MAX of them, each made
+ * O_CLOEXEC by the kernel as it arrives. Returns as recv() does, with the fds in *ret_fds; more than fit
+ * (MSG_CTRUNC: the kernel closed those it could not hand over) is -1 with errno ETOOMANYREFS, after
+ * closing the ones received. Any other control message is ignored: none carries a resource. */
+static ssize_t stream_recv_with_fds(int fd, void *buf, size_t size, VarlinkFds *ret_fds) {
+        FdsControl control;
+        struct iovec iov = { buf, size };
+        struct msghdr mh = {
+                .msg_iov = &iov,
+                .msg_iovlen = 1,
+                .msg_control = &control,
+                .msg_controllen = sizeof control,
+        };
+
+        ssize_t k = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (k < 0)
+                return k;
+        bool too_many = mh.msg_flags & MSG_CTRUNC;
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+                if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+                        continue;
+                size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                for (size_t i = 0; i < n; i++) {
+                        int received;
+                        memcpy(&received, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+                        if (ret_fds->n < VARLINK_FDS_MAX)
+                                ret_fds->fds[ret_fds->n++] = received;
+                        else {
+                                safe_close(received);
+                                too_many = true;
+                        }
+                }
+        }
+        if (too_many) {
+                varlink_fds_close(ret_fds);
+                errno = ETOOMANYREFS;
+                return -1;
+        }
+        return k;
 }
 
 ssize_t varlink_stream_read(VarlinkStream *s) {
@@ -700,17 +883,24 @@ ssize_t varlink_stream_read(VarlinkStream *s) {
         size_t n = MIN(room, in->allocated - in->end);
 
         for (;;) {
-                ssize_t k = recv(s->fd, in->data + in->end, n, MSG_DONTWAIT);
+                VarlinkFds fds = VARLINK_FDS_INIT;
+                ssize_t k = s->accept_fds ? stream_recv_with_fds(s->fd, in->data + in->end, n, &fds)
+                                          : recv(s->fd, in->data + in->end, n, MSG_DONTWAIT);
                 if (k < 0 && errno == EINTR)
                         continue;
-                s->drained = k >= 0 && (size_t) k < n;
+                /* A read that brought fds ends where they came, whatever follows: not a sign of an empty socket. */
+                s->drained = k >= 0 && (size_t) k < n && fds.n == 0;
                 if (k <= 0) {
                         r = k < 0 ? (errno == EWOULDBLOCK ? -EAGAIN : negative_errno()) : 0;
+                        varlink_fds_close(&fds);
                         if (pending == 0)
                                 input_release(in); /* a wakeup for nothing keeps no buffer */
                         return r;
                 }
                 in->end += (size_t) k;
+                r = varlink_input_feed_fds(in, fds.fds, fds.n);
+                if (r < 0)
+                        return r;
                 return k;
         }
 }
@@ -718,6 +908,11 @@ ssize_t varlink_stream_read(VarlinkStream *s) {
 int varlink_stream_next(VarlinkStream *s, json_t **ret) {
         assert_return(s, -EINVAL);
         return varlink_input_next(&s->input, ret);
+}
+
+int varlink_stream_next_with_fds(VarlinkStream *s, json_t **ret, VarlinkFds *ret_fds) {
+        assert_return(s, -EINVAL);
+        return varlink_input_next_with_fds(&s->input, ret, ret_fds);
 }
 
 int varlink_stream_enqueue(VarlinkStream *s, const json_t *msg) {
@@ -735,6 +930,19 @@ int varlink_stream_call(VarlinkStream *s, const char *method, json_t *parameters
         if (r < 0)
                 return r;
         return varlink_stream_enqueue(s, m);
+}
+
+int varlink_stream_call_with_fds(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags,
+                                 const int *fds, size_t n_fds) {
+        _cleanup_(json_decrefp) json_t *m = NULL;
+        int r;
+
+        assert_return(s, -EINVAL);
+
+        r = varlink_call_new(method, parameters, flags, &m);
+        if (r < 0)
+                return r;
+        return varlink_output_enqueue_json_with_fds(&s->output, m, fds, n_fds);
 }
 
 int varlink_stream_reply(VarlinkStream *s, json_t *parameters, VarlinkReplyFlags flags) {

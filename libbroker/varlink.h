@@ -7,6 +7,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "json.h"
@@ -20,6 +21,9 @@
 #define VARLINK_OUTPUT_MAX_DEFAULT ((size_t) 16 * 1024 * 1024)
 /* One read(): bounds the memory a burst takes before it is parsed. */
 #define VARLINK_READ_SIZE ((size_t) 16 * 1024)
+/* File descriptors passed with one message (SCM_RIGHTS), and waiting in one stream's input at once: a few,
+ * so that a client cannot make the daemon hold fds by the thousand. */
+#define VARLINK_FDS_MAX 4
 
 #define VARLINK_SERVICE_INTERFACE "org.varlink.service"
 #define VARLINK_ERROR_INTERFACE_NOT_FOUND "org.varlink.service.InterfaceNotFound"     /* {interface} */
@@ -58,11 +62,28 @@ typedef enum VarlinkReplyFlags {
         VARLINK_REPLY_CONTINUES = 1 << 0, /* more replies to the same call follow */
 } VarlinkReplyFlags;
 
+/* The file descriptors that came with one message, in the order they were sent (SCM_RIGHTS), as systemd's
+ * Varlink passes them: a parameter names one by its index. Each is O_CLOEXEC and owned here until taken. */
+typedef struct VarlinkFds {
+        int fds[VARLINK_FDS_MAX];
+        size_t n;               /* fds[0..n) are set; a taken one is -EBADF */
+} VarlinkFds;
+
+#define VARLINK_FDS_INIT ((VarlinkFds) { .n = 0 })
+
+/* Closes what was not taken; empty afterwards. Accepts NULL. */
+void varlink_fds_close(VarlinkFds *f);
+/* Takes the index-th fd: the caller owns it from now on. Returns it; -ENXIO when the message carried no fd
+ * at index, or it was taken already. */
+int varlink_fds_take(VarlinkFds *f, size_t index);
+
 /* A parsed call; everything is borrowed from the message, which must outlive it. */
 typedef struct VarlinkCall {
         const char *method;     /* "interface.Method", valid by the grammar */
         json_t *parameters;     /* always an object */
         VarlinkCallFlags flags;
+        VarlinkFds *fds;        /* passed with the call, or NULL (varlink_call_parse() sets NULL): a method
+                                 * takes those it uses, and the caller closes the rest after it */
 } VarlinkCall;
 
 /* A parsed reply; borrowed from the message like VarlinkCall. */
@@ -98,7 +119,13 @@ int varlink_error_format(const char *error, json_t *parameters, char **ret, size
 /* Input: bytes in arbitrary chunks in, whole messages out. Holds at most one partial message besides
  * those not yet taken, gives its memory back whenever it is empty (ten thousand idle connections cost
  * nothing here) and shrinks after a large message. Each byte is scanned for the NUL once and moved at
- * most once: O(n) for any chunking. */
+ * most once: O(n) for any chunking.
+ *
+ * File descriptors passed along belong to the message that holds the last byte received with them. On a
+ * stream socket the kernel hands fds out with the bytes of the sendmsg() that carried them, and a recvmsg()
+ * that returns fds ends inside those bytes: a sender that passes fds with the first byte of a message, in a
+ * sendmsg() of that message alone (as varlink_output_enqueue_json_with_fds() and sd-varlink do), gets them
+ * associated with that message, however the reads cut the stream. */
 typedef struct VarlinkInput {
         char *data;
         size_t start;     /* first byte not yet taken */
@@ -106,6 +133,9 @@ typedef struct VarlinkInput {
         size_t end;       /* one past the last byte received */
         size_t allocated;
         size_t max;       /* largest message, without its NUL */
+        uint64_t offset;  /* stream position of data[0]: the bytes received before it */
+        VarlinkFds fds;   /* received and not yet taken with their message */
+        uint64_t fds_at[VARLINK_FDS_MAX]; /* stream position of the last byte received with each */
 } VarlinkInput;
 
 /* max_message 0 means VARLINK_CALL_MAX_DEFAULT. */
@@ -113,11 +143,18 @@ void varlink_input_init(VarlinkInput *in, size_t max_message);
 void varlink_input_done(VarlinkInput *in);
 /* Appends a chunk. Returns 0 or -ENOMEM. */
 int varlink_input_feed(VarlinkInput *in, const void *data, size_t size);
+/* Attaches fds to the last byte fed, as they arrived with it. Takes them in every case (closed on failure).
+ * Returns 0; -ETOOMANYREFS when more than VARLINK_FDS_MAX would wait in the input (the connection must be
+ * closed); -EINVAL when no byte waits to carry them. */
+int varlink_input_feed_fds(VarlinkInput *in, const int *fds, size_t n);
 /* Takes the next whole message. Returns 1 and *ret (a new reference); 0 when no whole message is
  * buffered; -EMSGSIZE when a message is longer than max (with or without its NUL yet: it can never
  * become valid, the connection must be closed); -EBADMSG for malformed JSON or a non-object (the
- * message is dropped); -ENOMEM. */
+ * message is dropped); -ENOMEM. The fds that came with the message are closed. */
 int varlink_input_next(VarlinkInput *in, json_t **ret);
+/* As varlink_input_next(), and the fds that came with the message go to *ret_fds (which must be empty);
+ * it is left empty when there is no message, or a broken one (whose fds are closed). */
+int varlink_input_next_with_fds(VarlinkInput *in, json_t **ret, VarlinkFds *ret_fds);
 /* Bytes received and not yet taken as messages: after EOF, nonzero means a truncated message. */
 static inline size_t varlink_input_pending(const VarlinkInput *in) {
         return in->end - in->start;
@@ -141,6 +178,11 @@ void varlink_output_done(VarlinkOutput *out);
 int varlink_output_enqueue(VarlinkOutput *out, const void *data, size_t size);
 /* Serializes msg straight into the queue, with its NUL. Returns as varlink_output_enqueue(). */
 int varlink_output_enqueue_json(VarlinkOutput *out, const json_t *msg);
+/* Queues msg with fds to pass along: they go with its first byte, in a sendmsg() that carries this message
+ * alone, so that the peer can tell which message they came with. The fds stay the caller's: the queue
+ * sends copies (F_DUPFD_CLOEXEC), closed once sent. Returns as varlink_output_enqueue(); -EINVAL for more
+ * than VARLINK_FDS_MAX fds; -EBADF for an fd that is not open. */
+int varlink_output_enqueue_json_with_fds(VarlinkOutput *out, const json_t *msg, const int *fds, size_t n_fds);
 /* Sends what is pending with sendmsg(MSG_NOSIGNAL|MSG_DONTWAIT), several chunks a call, keeping what a
  * partial write left.
  * Returns 0 when everything was sent; -EAGAIN when the socket is full and bytes remain (wait for
@@ -160,21 +202,33 @@ typedef struct VarlinkStream {
         /* The last read took less than it had room for: the socket was empty then. Under level-triggered
          * polling the next read can wait for the next wakeup, which saves a recv() that would say EAGAIN. */
         bool drained;
+        /* Reads take the fds passed with messages (recvmsg() with SCM_RIGHTS); otherwise the kernel
+         * drops them. Set with varlink_stream_accept_fds(). */
+        bool accept_fds;
 } VarlinkStream;
 
 /* max_message and max_output 0 mean the defaults (VARLINK_CALL_MAX_DEFAULT, VARLINK_OUTPUT_MAX_DEFAULT). */
 void varlink_stream_init(VarlinkStream *s, int fd, size_t max_message, size_t max_output);
 void varlink_stream_done(VarlinkStream *s);
+/* Lets the stream's reads take file descriptors passed with messages (recvmsg(), MSG_CMSG_CLOEXEC), for
+ * varlink_stream_next_with_fds(). */
+void varlink_stream_accept_fds(VarlinkStream *s, bool accept);
 /* One recv() into the input, of at most what a message could still take: the buffered bytes and the
  * read together never exceed max_message + 1. Returns the number of bytes (> 0); 0 at EOF; -EAGAIN when nothing is there; -ENOBUFS when messages not yet taken fill the input (take them
- * with varlink_stream_next() first, or stop reading); another negative errno (-ECONNRESET, …). */
+ * with varlink_stream_next() first, or stop reading); -ETOOMANYREFS when the peer passed more fds than
+ * VARLINK_FDS_MAX with one read or waiting in the input (all of them closed: close the connection); another
+ * negative errno (-ECONNRESET, …). */
 ssize_t varlink_stream_read(VarlinkStream *s);
-/* As varlink_input_next(). */
+/* As varlink_input_next() and varlink_input_next_with_fds(). */
 int varlink_stream_next(VarlinkStream *s, json_t **ret);
+int varlink_stream_next_with_fds(VarlinkStream *s, json_t **ret, VarlinkFds *ret_fds);
 /* As varlink_output_enqueue_json(); nothing is sent until varlink_stream_flush(). */
 int varlink_stream_enqueue(VarlinkStream *s, const json_t *msg);
 /* Queue a call, a reply, an error; parameters borrowed (NULL: {}). Return 0, -EINVAL, -ENOBUFS, -ENOMEM. */
 int varlink_stream_call(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags);
+/* A call with fds passed along, as varlink_output_enqueue_json_with_fds(): the fds stay the caller's. */
+int varlink_stream_call_with_fds(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags,
+                                 const int *fds, size_t n_fds);
 int varlink_stream_reply(VarlinkStream *s, json_t *parameters, VarlinkReplyFlags flags);
 int varlink_stream_reply_error(VarlinkStream *s, const char *error, json_t *parameters);
 /* An error whose parameters are one string, as the standard ones: ("…InvalidParameter", "parameter", "slots"). */

@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/pidfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -507,8 +509,15 @@ static void test_options_are_checked(void **state) {
         BrokerAcquireOptions o = options(NULL);
         assert_int_equal(broker_acquire_start(c, &o), -EINVAL);
         o = options("merge");
-        o.size = sizeof(BrokerAcquireOptions) - 1;
+        o.size = offsetof(BrokerAcquireOptions, pidfd) - 1; /* smaller than the first layout */
         assert_int_equal(broker_acquire_start(c, &o), -EINVAL);
+        o = options("merge");
+        o.pid = getpid();
+        o.pidfd = STDERR_FILENO;
+        assert_int_equal(broker_acquire_start(c, &o), -EINVAL); /* one command, named once */
+        o = options("merge");
+        o.pidfd = 1000000;
+        assert_int_equal(broker_acquire_start(c, &o), -EBADF);
         o = options("merge");
         o.queue_wait_ms = (uint64_t) INT32_MAX + 1;
         assert_int_equal(broker_acquire_start(c, &o), -EINVAL);
@@ -567,6 +576,203 @@ static void test_pid_of_a_stranger_is_invalid(void **state) {
         o.pid = 1; /* not us, not our child */
         assert_int_equal(broker_acquire(c, &o, &l), BROKER_INVALID_PARAMETER);
         assert_non_null(strstr(broker_client_error_parameters(c), "\"pid\""));
+}
+
+/* ---- the command as a pidfd (SCM_RIGHTS) ---- */
+
+/* brokerd's pidfds: one per attached command it watches. */
+static int broker_pidfds(void) {
+        char dir[64], path[512], target[64];
+        int n = 0;
+        snprintf(dir, sizeof dir, "/proc/%d/fd", (int) broker_pid);
+        DIR *d = opendir(dir);
+        assert_non_null(d);
+        for (struct dirent *e; (e = readdir(d));) {
+                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+                ssize_t k = readlink(path, target, sizeof target - 1);
+                if (k > 0) {
+                        target[k] = 0;
+                        n += streq(target, "anon_inode:[pidfd]");
+                }
+        }
+        closedir(d);
+        return n;
+}
+
+static void wait_broker_pidfds(int n) {
+        for (int i = 0; i < 500 && broker_pidfds() != n; i++)
+                sleep_ms(10);
+        assert_int_equal(broker_pidfds(), n);
+}
+
+/* A child that waits for *ret_go to close, then exits 0. */
+static pid_t held_child(int *ret_go) {
+        int p[2];
+        assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+        pid_t child = fork();
+        assert_true(child >= 0);
+        if (child == 0) {
+                char b;
+                close(p[1]);
+                _exit(read(p[0], &b, 1) >= 0 ? 0 : 1);
+        }
+        close(p[0]);
+        *ret_go = p[1];
+        return child;
+}
+
+static json_int_t lease_command_pid(const BrokerLease *l) {
+        json_t *v = json_loads(broker_lease_json(l), 0, NULL);
+        assert_non_null(v);
+        json_int_t pid = json_integer_value(json_object_get(v, "commandPid"));
+        json_decref(v);
+        return pid;
+}
+
+static void test_attached_pidfd_holds_the_slot_and_is_let_go(void **state) {
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        int go;
+        pid_t child = held_child(&go);
+        _cleanup_close_ int pidfd = pidfd_open(child, 0);
+        assert_true(pidfd >= 0);
+        int before = broker_pidfds();
+        BrokerClient *c = connect_or_fail();
+
+        BrokerAcquireOptions o = options("merge");
+        o.pidfd = pidfd;
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_GRANTED);
+        assert_int_equal(lease_command_pid(l), child);
+        assert_int_equal(broker_pidfds(), before + 1); /* kept: the broker watches the command with it */
+
+        broker_client_free(c);
+        wait_connections_closed();
+        json_t *st = status();
+        assert_int_equal(pool_field(st, "grid", "inUse"), 1); /* the command still runs (SPEC §3.4) */
+        json_decref(st);
+
+        close(go);
+        assert_int_equal(waitpid(child, NULL, 0), child);
+        assert_int_equal(wait_idle(NULL), 0);
+        wait_broker_pidfds(before);
+        /* Ours stays ours. */
+        assert_int_equal(fcntl(pidfd, F_GETFD) >= 0, true);
+}
+
+static void test_pidfd_of_a_stranger_or_of_the_dead_is_invalid(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        BrokerLease *l = NULL;
+        int before = broker_pidfds();
+
+        _cleanup_close_ int init = pidfd_open(1, 0); /* not us, not our child */
+        assert_true(init >= 0);
+        BrokerAcquireOptions o = options("merge");
+        o.pidfd = init;
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_INVALID_PARAMETER);
+        assert_non_null(strstr(broker_client_error_parameters(c), "\"pidfd\""));
+
+        pid_t child = fork();
+        assert_true(child >= 0);
+        if (child == 0)
+                _exit(0);
+        _cleanup_close_ int dead = pidfd_open(child, 0);
+        assert_true(dead >= 0);
+        assert_int_equal(waitpid(child, NULL, 0), child); /* reaped: its fdinfo says Pid: -1 */
+        o.pidfd = dead;
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_INVALID_PARAMETER);
+        assert_non_null(strstr(broker_client_error_parameters(c), "\"pidfd\""));
+
+        /* Not a pidfd at all. */
+        o.pidfd = STDERR_FILENO;
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_INVALID_PARAMETER);
+        assert_int_equal(broker_pidfds(), before);
+}
+
+static void test_first_layout_of_the_options_passes_no_fd(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        /* A caller built before pidfd existed: what lies after its struct is not a pidfd, even when it is 0. */
+        BrokerAcquireOptions o = options("merge");
+        o.size = offsetof(BrokerAcquireOptions, pidfd);
+        o.pidfd = 0;
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_GRANTED);
+        assert_null(strstr(broker_lease_json(l), "\"commandPid\""));
+}
+
+/* A raw connection to brokerd, and calls sent on it with fds, as any Varlink client may send them. */
+static int raw_connect(void) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        assert_true(strlen(socket_path) < sizeof sa.sun_path);
+        memcpy(sa.sun_path, socket_path, strlen(socket_path));
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(fd >= 0);
+        assert_int_equal(connect(fd, (struct sockaddr *) &sa, sizeof sa), 0);
+        return fd;
+}
+
+static void raw_send_with_fds(int sock, const char *text, int fd, size_t n) {
+        union {
+                struct cmsghdr h;
+                uint8_t buf[CMSG_SPACE(sizeof(int) * 16)];
+        } control = {};
+        int fds[16];
+        assert_true(n <= 16);
+        for (size_t i = 0; i < n; i++)
+                fds[i] = fd;
+        struct iovec iov = { (void *) text, strlen(text) + 1 };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control,
+                             .msg_controllen = CMSG_SPACE(sizeof(int) * n) };
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * n);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * n);
+        assert_int_equal(sendmsg(sock, &mh, MSG_NOSIGNAL), (ssize_t) iov.iov_len);
+}
+
+/* The next message's text (up to its NUL) in buf, or "" at EOF. */
+static void raw_recv(int sock, char *buf, size_t size) {
+        size_t n = 0;
+        while (n < size - 1) {
+                struct pollfd p = { .fd = sock, .events = POLLIN };
+                assert_int_equal(poll(&p, 1, 5000), 1);
+                ssize_t k = recv(sock, buf + n, 1, 0);
+                assert_true(k >= 0);
+                if (k == 0 || buf[n] == 0)
+                        break;
+                n++;
+        }
+        buf[n] = 0;
+}
+
+/* Whether a copy of the pipe's write end is still open anywhere (its read end is O_NONBLOCK). */
+static bool pipe_writer_open(int read_fd) {
+        char b;
+        return read(read_fd, &b, 1) < 0 && errno == EAGAIN;
+}
+
+static void test_broker_closes_the_fds_no_call_uses(void **state) {
+        char reply[4096];
+        int p[2];
+        assert_int_equal(pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+        _cleanup_close_ int sock = raw_connect();
+
+        /* A call that takes no fd: they are closed once it is answered. */
+        raw_send_with_fds(sock, "{\"method\":\"io.slotbroker.Status\"}", p[1], 2);
+        raw_recv(sock, reply, sizeof reply);
+        assert_non_null(strstr(reply, "\"pools\""));
+        /* An Acquire naming an fd it was not given: refused, and the one it was given is closed. */
+        raw_send_with_fds(sock, "{\"method\":\"io.slotbroker.Acquire\",\"parameters\":{\"lane\":\"merge\",\"pidfd\":1}}", p[1], 1);
+        raw_recv(sock, reply, sizeof reply);
+        assert_non_null(strstr(reply, "InvalidParameter"));
+        assert_non_null(strstr(reply, "\"pidfd\""));
+        /* More fds than any call may carry: the connection goes, and they with it. */
+        raw_send_with_fds(sock, "{\"method\":\"io.slotbroker.Status\"}", p[1], 9);
+        raw_recv(sock, reply, sizeof reply);
+        assert_string_equal(reply, "");
+
+        close(p[1]);
+        assert_false(pipe_writer_open(p[0]));
+        close(p[0]);
 }
 
 /* ---- other calls ---- */
@@ -734,9 +940,24 @@ static void test_refusal_from_unknown_error_is_error_other(void **state) {
         fake_done(&f);
 }
 
-int main(void) {
+int main(int argc, char *argv[]) {
         /* Tests that hold slots start from an idle broker (wait_idle). */
 #define T(name) cmocka_unit_test_setup(name, wait_idle)
+        /* "test-client pidfd": the tests that open pidfds, a test of their own since valgrind (3.19) has no
+         * pidfd_open(); where the kernel has none either, all of them are skipped. */
+        const struct CMUnitTest pidfd_tests[] = {
+                T(test_attached_pidfd_holds_the_slot_and_is_let_go),
+                T(test_pidfd_of_a_stranger_or_of_the_dead_is_invalid),
+        };
+        if (argc > 1 && streq(argv[1], "pidfd")) {
+                int fd = pidfd_open(getpid(), 0);
+                if (fd < 0 && errno == ENOSYS) {
+                        printf("1..0 # SKIP no pidfd_open() here\n");
+                        return 0;
+                }
+                safe_close(fd);
+                return cmocka_run_group_tests(pidfd_tests, broker_start, broker_stop);
+        }
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_connect_to_missing_socket_is_enoent),
                 cmocka_unit_test(test_connect_to_stale_socket_is_econnrefused),
@@ -758,6 +979,8 @@ int main(void) {
                 T(test_options_are_checked),
                 T(test_attached_pid_is_reported_and_holds_the_slot),
                 T(test_pid_of_a_stranger_is_invalid),
+                T(test_first_layout_of_the_options_passes_no_fd),
+                T(test_broker_closes_the_fds_no_call_uses),
                 T(test_call_returns_the_reply_parameters),
                 T(test_call_reports_errors_as_positive_codes),
                 T(test_call_while_holding_uses_a_new_connection),

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include "varlink.h"
 
@@ -923,6 +924,351 @@ static void test_stream_refuses_oversize_message_from_socket(void **state) {
         safe_close(sv[1]);
 }
 
+/* ---- file descriptors passed with messages ---- */
+
+/* A pipe whose write end is passed around: its read end says whether any copy of the write end is still open
+ * anywhere (EAGAIN) or every one was closed (EOF), which is how the tests see that no fd leaked. */
+typedef struct Probe {
+        int read_fd;
+        int write_fd;
+} Probe;
+
+static Probe probe_new(void) {
+        int p[2];
+        assert_int_equal(pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+        return (Probe) { .read_fd = p[0], .write_fd = p[1] };
+}
+
+/* Closes our own write end; afterwards probe_open() tells whether a passed copy is still open. */
+static void probe_drop_ours(Probe *p) {
+        p->write_fd = safe_close(p->write_fd);
+}
+
+static bool probe_open(const Probe *p) {
+        char c;
+        ssize_t k = read(p->read_fd, &c, 1);
+        if (k < 0) {
+                assert_int_equal(errno, EAGAIN);
+                return true;
+        }
+        assert_int_equal(k, 0);
+        return false;
+}
+
+static void probe_done(Probe *p) {
+        safe_close(p->read_fd);
+        safe_close(p->write_fd);
+}
+
+static bool same_file(int a, int b) {
+        struct stat sa, sb;
+        assert_int_equal(fstat(a, &sa), 0);
+        assert_int_equal(fstat(b, &sb), 0);
+        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* Sends one message with n copies of fd in one sendmsg(), as a client that does not use our stream would. */
+static void send_with_fds(int sock, const char *text, int fd, size_t n) {
+        union {
+                struct cmsghdr h;
+                uint8_t buf[CMSG_SPACE(sizeof(int) * 16)];
+        } control = {};
+        int fds[16];
+        assert_true(n <= 16);
+        for (size_t i = 0; i < n; i++)
+                fds[i] = fd;
+        struct iovec iov = { (void *) text, strlen(text) + 1 };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control,
+                             .msg_controllen = CMSG_SPACE(sizeof(int) * n) };
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * n);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * n);
+        assert_int_equal(sendmsg(sock, &mh, MSG_NOSIGNAL), (ssize_t) iov.iov_len);
+}
+
+/* Reads and takes messages until `want` were taken: msgs[i] and the fds that came with it, fds[i]. */
+static void read_messages_with_fds(VarlinkStream *s, size_t want, json_t **msgs, VarlinkFds *fds) {
+        size_t taken = 0;
+        for (int rounds = 0; taken < want; rounds++) {
+                assert_true(rounds < 1000);
+                fds[taken] = VARLINK_FDS_INIT;
+                int r = varlink_stream_next_with_fds(s, &msgs[taken], &fds[taken]);
+                assert_true(r >= 0);
+                if (r > 0) {
+                        taken++;
+                        continue;
+                }
+                assert_int_equal(fds[taken].n, 0);
+                ssize_t k = varlink_stream_read(s);
+                assert_true(k > 0);
+        }
+}
+
+static void check_fds_arrive_with_their_message(size_t max_message) {
+        int sv[2];
+        VarlinkStream client, server;
+        json_t *msgs[3];
+        VarlinkFds fds[3];
+        Probe probe = probe_new();
+
+        socketpair_nonblock(sv);
+        varlink_stream_init(&client, sv[0], 0, 0);
+        varlink_stream_init(&server, sv[1], max_message, 0);
+        varlink_stream_accept_fds(&server, true);
+
+        /* Three calls queued before one flush: the one with the fd goes out alone, whatever surrounds it. */
+        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", "merge");
+        _cleanup_(json_decrefp) json_t *q = json_pack("{s:s, s:i}", "lane", "nightly", "pidfd", 0);
+        assert_int_equal(varlink_stream_call(&client, "io.slotbroker.Status", NULL, 0), 0);
+        assert_int_equal(varlink_stream_call_with_fds(&client, "io.slotbroker.Acquire", q, VARLINK_CALL_MORE,
+                                                      &probe.write_fd, 1), 0);
+        assert_int_equal(varlink_stream_call(&client, "io.slotbroker.Acquire", p, 0), 0);
+        assert_int_equal(varlink_stream_flush(&client), 0);
+        probe_drop_ours(&probe);
+        assert_true(probe_open(&probe)); /* the copy in flight, then the server's */
+
+        read_messages_with_fds(&server, 3, msgs, fds);
+        assert_int_equal(fds[0].n, 0);
+        assert_int_equal(fds[1].n, 1);
+        assert_int_equal(fds[2].n, 0);
+        assert_string_equal(json_string_value(json_object_get(json_object_get(msgs[1], "parameters"), "lane")), "nightly");
+        assert_true(same_file(fds[1].fds[0], probe.read_fd));
+        assert_true(fcntl(fds[1].fds[0], F_GETFD) & FD_CLOEXEC);
+        assert_true(probe_open(&probe));
+
+        int fd = varlink_fds_take(&fds[1], 0);
+        assert_true(fd >= 0);
+        assert_int_equal(varlink_fds_take(&fds[1], 0), -ENXIO); /* taken */
+        assert_int_equal(varlink_fds_take(&fds[1], 1), -ENXIO); /* never there */
+        varlink_fds_close(&fds[1]);
+        assert_true(probe_open(&probe)); /* the taker's now */
+        safe_close(fd);
+        assert_false(probe_open(&probe));
+
+        for (size_t i = 0; i < 3; i++)
+                json_decref(msgs[i]);
+        varlink_stream_done(&client);
+        varlink_stream_done(&server);
+        safe_close(sv[0]);
+        safe_close(sv[1]);
+        probe_done(&probe);
+}
+
+static void test_fds_arrive_with_their_message(void **state) {
+        check_fds_arrive_with_their_message(0);
+}
+
+static void test_fds_arrive_with_their_message_across_short_reads(void **state) {
+        /* 100 bytes a message at most: a read takes at most 101 bytes beyond those buffered, so the first
+         * read ends inside the second message (the calls are about 50, 90 and 65 bytes long). */
+        check_fds_arrive_with_their_message(100);
+}
+
+static void test_fds_of_a_message_taken_without_them_are_closed(void **state) {
+        int sv[2];
+        VarlinkStream s;
+        json_t *m = NULL;
+        Probe probe = probe_new();
+
+        socketpair_nonblock(sv);
+        varlink_stream_init(&s, sv[1], 0, 0);
+        varlink_stream_accept_fds(&s, true);
+        send_with_fds(sv[0], "{\"method\":\"io.slotbroker.Status\"}", probe.write_fd, 2);
+        probe_drop_ours(&probe);
+        assert_true(varlink_stream_read(&s) > 0);
+        assert_true(probe_open(&probe));
+        assert_int_equal(varlink_stream_next(&s, &m), 1);
+        assert_false(probe_open(&probe));
+        json_decref(m);
+        varlink_stream_done(&s);
+        safe_close(sv[0]);
+        safe_close(sv[1]);
+        probe_done(&probe);
+}
+
+static void test_fds_of_a_malformed_message_are_closed(void **state) {
+        int sv[2];
+        VarlinkStream s;
+        json_t *m = NULL;
+        VarlinkFds fds = VARLINK_FDS_INIT;
+        Probe probe = probe_new();
+
+        socketpair_nonblock(sv);
+        varlink_stream_init(&s, sv[1], 0, 0);
+        varlink_stream_accept_fds(&s, true);
+        send_with_fds(sv[0], "{not json", probe.write_fd, 1);
+        probe_drop_ours(&probe);
+        assert_true(varlink_stream_read(&s) > 0);
+        assert_int_equal(varlink_stream_next_with_fds(&s, &m, &fds), -EBADMSG);
+        assert_int_equal(fds.n, 0);
+        assert_false(probe_open(&probe));
+        varlink_stream_done(&s);
+        safe_close(sv[0]);
+        safe_close(sv[1]);
+        probe_done(&probe);
+}
+
+static void test_fds_beyond_the_cap_of_one_read_are_refused_and_closed(void **state) {
+        int sv[2];
+        VarlinkStream s;
+        Probe probe = probe_new();
+
+        socketpair_nonblock(sv);
+        varlink_stream_init(&s, sv[1], 0, 0);
+        varlink_stream_accept_fds(&s, true);
+        send_with_fds(sv[0], "{\"method\":\"io.slotbroker.Status\"}", probe.write_fd, VARLINK_FDS_MAX + 3);
+        probe_drop_ours(&probe);
+        assert_int_equal(varlink_stream_read(&s), -ETOOMANYREFS);
+        /* Those that fit were closed by us, the rest by the kernel. */
+        assert_false(probe_open(&probe));
+        varlink_stream_done(&s);
+        safe_close(sv[0]);
+        safe_close(sv[1]);
+        probe_done(&probe);
+}
+
+static void test_fds_waiting_in_the_input_are_capped(void **state) {
+        int sv[2];
+        VarlinkStream s;
+        Probe probe = probe_new();
+        ssize_t k;
+
+        socketpair_nonblock(sv);
+        varlink_stream_init(&s, sv[1], 0, 0);
+        varlink_stream_accept_fds(&s, true);
+        /* Pipelined calls, each with fds, none taken yet: a client must not make us hold fds in bulk. */
+        for (int i = 0; i < 3; i++)
+                send_with_fds(sv[0], "{\"method\":\"io.slotbroker.Status\"}", probe.write_fd, VARLINK_FDS_MAX / 2);
+        probe_drop_ours(&probe);
+        while ((k = varlink_stream_read(&s)) > 0)
+                ;
+        assert_int_equal(k, -ETOOMANYREFS);
+        assert_true(s.input.fds.n <= VARLINK_FDS_MAX);
+        varlink_stream_done(&s);
+        assert_false(probe_open(&probe));
+        safe_close(sv[0]);
+        safe_close(sv[1]);
+        probe_done(&probe);
+}
+
+static void test_stream_not_accepting_fds_leaves_none_open(void **state) {
+        int sv[2];
+        VarlinkStream s;
+        json_t *m = NULL;
+        Probe probe = probe_new();
+
+        socketpair_nonblock(sv);
+        varlink_stream_init(&s, sv[1], 0, 0); /* a client's stream: fds are not for it */
+        send_with_fds(sv[0], "{\"parameters\":{}}", probe.write_fd, 1);
+        probe_drop_ours(&probe);
+        assert_true(varlink_stream_read(&s) > 0);
+        assert_false(probe_open(&probe)); /* the kernel dropped it */
+        assert_int_equal(varlink_stream_next(&s, &m), 1);
+        json_decref(m);
+        varlink_stream_done(&s);
+        safe_close(sv[0]);
+        safe_close(sv[1]);
+        probe_done(&probe);
+}
+
+static void test_input_fds_belong_to_the_message_of_the_last_byte_fed(void **state) {
+        VarlinkInput in;
+        json_t *m = NULL;
+        VarlinkFds fds = VARLINK_FDS_INIT;
+        Probe probe = probe_new();
+
+        varlink_input_init(&in, 0);
+        int fd = fcntl(probe.write_fd, F_DUPFD_CLOEXEC, 3);
+        assert_int_equal(varlink_input_feed_fds(&in, &fd, 1), -EINVAL); /* no byte to carry it: closed */
+        assert_int_equal(varlink_input_feed(&in, "{}\0{\"a\":", 8), 0);
+        fd = fcntl(probe.write_fd, F_DUPFD_CLOEXEC, 3);
+        assert_int_equal(varlink_input_feed_fds(&in, &fd, 1), 0);
+        assert_int_equal(varlink_input_feed(&in, "1}\0{}", 5), 0);
+
+        assert_int_equal(varlink_input_next_with_fds(&in, &m, &fds), 1);
+        assert_int_equal(fds.n, 0);
+        json_decref(m);
+        assert_int_equal(varlink_input_next_with_fds(&in, &m, &fds), 1);
+        assert_int_equal(fds.n, 1);
+        assert_int_equal(json_integer_value(json_object_get(m, "a")), 1);
+        json_decref(m);
+        varlink_fds_close(&fds);
+
+        /* A partial message's fds wait with it, and go when the input does. */
+        fd = fcntl(probe.write_fd, F_DUPFD_CLOEXEC, 3);
+        assert_int_equal(varlink_input_feed_fds(&in, &fd, 1), 0);
+        assert_int_equal(varlink_input_next_with_fds(&in, &m, &fds), 0);
+        probe_drop_ours(&probe);
+        assert_true(probe_open(&probe));
+        varlink_input_done(&in);
+        assert_false(probe_open(&probe));
+        probe_done(&probe);
+}
+
+static void test_output_sends_a_message_with_fds_in_a_sendmsg_of_its_own(void **state) {
+        int sv[2];
+        VarlinkOutput out;
+        Probe probe = probe_new();
+        _cleanup_(json_decrefp) json_t *a = parse("{\"method\":\"a.b.A\"}");
+        _cleanup_(json_decrefp) json_t *b = parse("{\"method\":\"a.b.B\"}");
+        char buf[256];
+        union {
+                struct cmsghdr h;
+                uint8_t buf[CMSG_SPACE(sizeof(int) * 4)];
+        } control;
+
+        socketpair_nonblock(sv);
+        varlink_output_init(&out, 0);
+        assert_int_equal(varlink_output_enqueue_json(&out, a), 0);
+        assert_int_equal(varlink_output_enqueue_json_with_fds(&out, b, &probe.write_fd, 1), 0);
+        assert_int_equal(varlink_output_enqueue_json(&out, a), 0);
+        int bad = -1;
+        assert_int_equal(varlink_output_enqueue_json_with_fds(&out, a, &bad, 1), -EBADF);
+        int many[VARLINK_FDS_MAX + 1] = {};
+        assert_int_equal(varlink_output_enqueue_json_with_fds(&out, a, many, VARLINK_FDS_MAX + 1), -EINVAL);
+        assert_int_equal(varlink_output_pending(&out), 3 * 19);
+        assert_int_equal(varlink_output_flush(&out, sv[0]), 0);
+        probe_drop_ours(&probe);
+
+        /* The kernel ends a read that brings fds after the bytes they came with: A, then B with the fd. */
+        struct iovec iov = { buf, sizeof buf };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control, .msg_controllen = sizeof control };
+        ssize_t k = recvmsg(sv[1], &mh, MSG_CMSG_CLOEXEC);
+        assert_int_equal(k, 2 * 19);
+        assert_memory_equal(buf + 19, "{\"method\":\"a.b.B\"}", 19);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        assert_non_null(cm);
+        assert_int_equal(cm->cmsg_type, SCM_RIGHTS);
+        assert_int_equal(cm->cmsg_len, CMSG_LEN(sizeof(int)));
+        int fd;
+        memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+        assert_true(same_file(fd, probe.read_fd));
+        safe_close(fd);
+        assert_false(probe_open(&probe)); /* the queue's copy was closed once sent */
+        assert_int_equal(recv(sv[1], buf, sizeof buf, 0), 19);
+
+        varlink_output_done(&out);
+        safe_close(sv[0]);
+        safe_close(sv[1]);
+        probe_done(&probe);
+}
+
+static void test_output_done_closes_fds_never_sent(void **state) {
+        VarlinkOutput out;
+        Probe probe = probe_new();
+        _cleanup_(json_decrefp) json_t *b = parse("{\"method\":\"a.b.B\"}");
+
+        varlink_output_init(&out, 0);
+        assert_int_equal(varlink_output_enqueue_json_with_fds(&out, b, &probe.write_fd, 1), 0);
+        probe_drop_ours(&probe);
+        assert_true(probe_open(&probe));
+        varlink_output_done(&out);
+        assert_false(probe_open(&probe));
+        probe_done(&probe);
+}
+
 /* ---- the interface definition ---- */
 
 static char *read_file(const char *path, size_t *ret_size) {
@@ -1326,6 +1672,16 @@ int main(void) {
                 cmocka_unit_test(test_stream_flush_to_closed_peer_fails_without_sigpipe),
                 cmocka_unit_test(test_stream_read_refuses_when_messages_are_not_taken),
                 cmocka_unit_test(test_stream_refuses_oversize_message_from_socket),
+                cmocka_unit_test(test_fds_arrive_with_their_message),
+                cmocka_unit_test(test_fds_arrive_with_their_message_across_short_reads),
+                cmocka_unit_test(test_fds_of_a_message_taken_without_them_are_closed),
+                cmocka_unit_test(test_fds_of_a_malformed_message_are_closed),
+                cmocka_unit_test(test_fds_beyond_the_cap_of_one_read_are_refused_and_closed),
+                cmocka_unit_test(test_fds_waiting_in_the_input_are_capped),
+                cmocka_unit_test(test_stream_not_accepting_fds_leaves_none_open),
+                cmocka_unit_test(test_input_fds_belong_to_the_message_of_the_last_byte_fed),
+                cmocka_unit_test(test_output_sends_a_message_with_fds_in_a_sendmsg_of_its_own),
+                cmocka_unit_test(test_output_done_closes_fds_never_sent),
                 cmocka_unit_test(test_embedded_interface_equals_file),
                 cmocka_unit_test(test_interface_definition_follows_grammar_and_is_documented),
                 cmocka_unit_test(test_service_interface_follows_grammar),
