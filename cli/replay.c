@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <sqlite3.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,30 +89,16 @@ void replay_info_done(ReplayInfo *info) {
         *info = (ReplayInfo) {};
 }
 
-_printf_(2, 3) static int set_error(char **error, const char *fmt, ...) {
-        va_list ap;
-        char *m = NULL;
-
-        va_start(ap, fmt);
-        int k = vasprintf(&m, fmt, ap);
-        va_end(ap);
-        if (k < 0)
-                return -ENOMEM;
-        free(*error);
-        *error = m;
-        return -EINVAL;
-}
-
 static int sqlite_load(char **error) {
         if (sq.handle)
                 return 0;
         void *h = dlopen("libsqlite3.so.0", RTLD_NOW | RTLD_LOCAL);
         if (!h)
-                return set_error(error, "--replay needs libsqlite3.so.0: %s", dlerror());
+                return scenario_error(error, "--replay needs libsqlite3.so.0: %s", dlerror());
 #define SYM(name)                                                                                          \
         if (!(sq.name = dlsym(h, "sqlite3_" #name))) {                                                     \
                 dlclose(h);                                                                                \
-                return set_error(error, "--replay: libsqlite3.so.0 lacks sqlite3_%s", #name);              \
+                return scenario_error(error, "--replay: libsqlite3.so.0 lacks sqlite3_%s", #name);         \
         }
         SYM(bind_text);
         SYM(close_v2);
@@ -209,8 +194,8 @@ static int replay_open(Replay *r, char **error) {
                                           NULL, NULL);
         }
         if (rc != SQLITE_OK)
-                return set_error(error, "--replay: cannot read '%s': %s", r->path,
-                                 r->db ? sq.errmsg(r->db) : sq.errstr(rc));
+                return scenario_error(error, "--replay: cannot read '%s': %s", r->path,
+                                      r->db ? sq.errmsg(r->db) : sq.errstr(rc));
         return 0;
 }
 
@@ -226,8 +211,8 @@ static int choose_pool(Replay *r, const char *wanted, char **error) {
                                 " AND pool IS NOT NULL GROUP BY pool ORDER BY pool",
                                 -1, &st, NULL);
         if (rc != SQLITE_OK)
-                return set_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
-                                 sq.errmsg(r->db));
+                return scenario_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
+                                      sq.errmsg(r->db));
         while ((rc = sq.step(st)) == SQLITE_ROW) {
                 const char *pool = (const char *) sq.column_text(st, 0);
                 char *l;
@@ -249,21 +234,23 @@ static int choose_pool(Replay *r, const char *wanted, char **error) {
         if (rc == SQLITE_NOMEM)
                 return -ENOMEM;
         if (rc != SQLITE_DONE)
-                return set_error(error, "--replay: reading '%s': %s", r->path, sq.errmsg(r->db));
+                return scenario_error(error, "--replay: reading '%s': %s", r->path, sq.errmsg(r->db));
 
         if (n == 0)
-                return set_error(error, "--replay: '%s' holds no requests (no granted or refused decisions)", r->path);
+                return scenario_error(error, "--replay: '%s' holds no requests (no granted or refused decisions)",
+                                      r->path);
         if (wanted) {
                 if (!found)
-                        return set_error(error, "--pool: '%s' has no requests for pool '%s'; it has: %s", r->path, wanted,
-                                         list);
+                        return scenario_error(error, "--pool: '%s' has no requests for pool '%s'; it has: %s", r->path, wanted,
+                                              list);
                 free(r->pool);
                 r->pool = strdup(wanted);
                 return r->pool ? 0 : -ENOMEM;
         }
         if (n > 1)
-                return set_error(error, "--replay: '%s' has requests for several pools; choose one with --pool: %s",
-                                 r->path, list);
+                return scenario_error(error,
+                                      "--replay: '%s' has requests for several pools; choose one with --pool: %s",
+                                      r->path, list);
         return 0;
 }
 
@@ -318,8 +305,8 @@ static int read_requests(Replay *r, char **error) {
                                         "WHERE e.pool = ? AND e.decision IN " REQUEST_DECISIONS " ORDER BY e.id",
                                         -1, &st, NULL);
         if (rc != SQLITE_OK)
-                return set_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
-                                 sq.errmsg(r->db));
+                return scenario_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
+                                      sq.errmsg(r->db));
 
         sq.bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
         while ((rc = sq.step(st)) == SQLITE_ROW) {
@@ -369,9 +356,9 @@ static int read_requests(Replay *r, char **error) {
         }
         sq.finalize(st);
         if (rc != SQLITE_DONE)
-                return set_error(error, "--replay: reading '%s': %s", r->path, sq.errmsg(r->db));
+                return scenario_error(error, "--replay: reading '%s': %s", r->path, sq.errmsg(r->db));
         if (r->n_requests == 0)
-                return set_error(error, "--replay: '%s' holds no requests for pool '%s'", r->path, r->pool);
+                return scenario_error(error, "--replay: '%s' holds no requests for pool '%s'", r->path, r->pool);
         return 0;
 oom:
         sq.finalize(st);
@@ -464,10 +451,10 @@ static int build_requests(const Replay *r, uint64_t t0, ReplayInfo *info, char *
                         info->open_holds++;
                 } else {
                         if (n_all == 0) {
-                                k = set_error(error,
-                                              "--replay: no lease of pool '%s' ended in '%s': the refused requests "
-                                              "have no hold to borrow",
-                                              r->pool, r->path);
+                                k = scenario_error(error,
+                                                   "--replay: no lease of pool '%s' ended in '%s': the refused requests "
+                                                   "have no hold to borrow",
+                                                   r->pool, r->path);
                                 goto fail;
                         }
                         hold = medians[q->lane];
@@ -520,8 +507,8 @@ static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, c
                 if (k < 0)
                         return k;
                 if (info->inferred_limit == 0)
-                        return set_error(error, "--replay: '%s' shows no grant in pool '%s' to infer its limit from; "
-                                                "give --limit", r->path, r->pool);
+                        return scenario_error(error, "--replay: '%s' shows no grant in pool '%s' to infer its limit from; "
+                                                     "give --limit", r->path, r->pool);
                 snprintf(limit, sizeof limit, "%u", info->inferred_limit);
         }
         /* While keeping up, a waiter's budget is Q; while saturated, the congestion timeout: the most
