@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "fs-util.h"
 #include "history-internal.h"
 #include "log.h"
 
@@ -594,23 +595,6 @@ static void writer_close(History *h) {
         w->db = NULL;
 }
 
-static int mkdir_parents(const char *path, mode_t mode) {
-        _cleanup_free_ char *p = strdup(path);
-        if (!p)
-                return -ENOMEM;
-        for (char *s = p + 1; *s; s++) {
-                if (*s != '/')
-                        continue;
-                *s = '\0';
-                if (mkdir(p, mode) < 0 && errno != EEXIST)
-                        return -errno;
-                *s = '/';
-        }
-        if (mkdir(p, mode) < 0 && errno != EEXIST)
-                return -errno;
-        return 0;
-}
-
 /* A disk that fills up must not stop lease commits, since a failed one refuses a grant. SQLite's own
  * free pages cannot serve as the reserve: in WAL mode even deleting a "ballast" table has to append
  * frames to the log, which on a full disk cannot grow, and the pages it frees sit inside history.db
@@ -899,7 +883,7 @@ static OpenResult writer_open_at(History *h, bool afresh, const char *salvage_fr
         int rc, r;
 
         writer_close(h);
-        r = mkdir_parents(h->directory, 0750);
+        r = mkdir_parents(h->path, 0750); /* h->directory and the ones above */
         if (r < 0)
                 return writer_fail(h, strerror(-r));
 

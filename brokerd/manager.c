@@ -19,6 +19,7 @@
 #include "config-files.h"
 #include "config.h"
 #include "connection.h"
+#include "fs-util.h"
 #include "history.h"
 #include "lease.h"
 #include "log.h"
@@ -450,26 +451,13 @@ static int socket_take_from_systemd(void) {
         return fd;
 }
 
-static int mkdir_parents(const char *path) {
-        _cleanup_free_ char *p = strdup(path);
-        if (!p)
-                return -ENOMEM;
-        for (char *s = p + 1; (s = strchr(s, '/')); s++) {
-                *s = '\0';
-                if (mkdir(p, 0755) < 0 && errno != EEXIST)
-                        return negative_errno();
-                *s = '/';
-        }
-        return 0;
-}
-
 static int socket_bind_path(const char *path) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         if (strlen(path) >= sizeof sa.sun_path)
                 return -ENAMETOOLONG;
         strcpy(sa.sun_path, path);
 
-        int r = mkdir_parents(path);
+        int r = mkdir_parents(path, 0755);
         if (r < 0)
                 return r;
         _cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
