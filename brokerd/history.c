@@ -262,15 +262,6 @@ static void wake_writer(History *h) {
                 _fifo;                                                                          \
         })
 
-static int strdup_or_null(const char *s, char **ret) {
-        if (!s) {
-                *ret = NULL;
-                return 0;
-        }
-        *ret = strdup(s);
-        return *ret ? 0 : -ENOMEM;
-}
-
 void history_lease_row_done(HistoryLeaseRow *row) {
         if (!row)
                 return;

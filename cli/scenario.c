@@ -31,10 +31,6 @@ int scenario_error(char **error, const char *format, ...) {
         return -EINVAL;
 }
 
-static char *strdup_or_null(const char *s) {
-        return s ? strdup(s) : NULL;
-}
-
 static void strv_free_n(char **v, size_t n) {
         for (size_t i = 0; i < n; i++)
                 free(v[i]);
@@ -51,9 +47,8 @@ static void traffic_done(ScenarioTraffic *t) {
 static int traffic_copy(const ScenarioTraffic *from, ScenarioTraffic *to) {
         ScenarioTraffic t = *from;
 
-        t.lane = strdup_or_null(from->lane);
-        t.origin = strdup_or_null(from->origin);
-        if ((from->lane && !t.lane) || (from->origin && !t.origin)) {
+        t.lane = t.origin = NULL;
+        if (strdup_or_null(from->lane, &t.lane) < 0 || strdup_or_null(from->origin, &t.origin) < 0) {
                 traffic_done(&t);
                 return -ENOMEM;
         }
