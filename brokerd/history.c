@@ -427,6 +427,7 @@ static const struct {
         { "initial schema", migration_1_initial },
         { "events.reason", migration_2_reason },
 };
+_Static_assert(ELEMENTSOF(migrations) == HISTORY_SCHEMA_VERSION, "HISTORY_SCHEMA_VERSION counts the migrations");
 
 unsigned history_schema_version(void) {
         return ELEMENTSOF(migrations);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "history-schema.h"
 #include "replay.h"
 
 /* libsqlite3 is loaded when a replay needs it, not linked: every other verb, `slotctl run` first, then
@@ -196,6 +197,42 @@ static int replay_open(Replay *r, char **error) {
         if (rc != SQLITE_OK)
                 return scenario_error(error, "--replay: cannot read '%s': %s", r->path,
                                       r->db ? sq.errmsg(r->db) : sq.errstr(rc));
+        return 0;
+}
+
+static int pragma_int(sqlite3 *db, const char *sql, int64_t *ret) {
+        sqlite3_stmt *st = NULL;
+        int rc = sq.prepare_v2(db, sql, -1, &st, NULL);
+        if (rc == SQLITE_OK) {
+                rc = sq.step(st);
+                if (rc == SQLITE_ROW) {
+                        *ret = sq.column_int64(st, 0);
+                        rc = SQLITE_OK;
+                }
+        }
+        sq.finalize(st);
+        return rc;
+}
+
+/* Before any table is read: another program's file may have an "events" table of its own, and a newer
+ * brokerd's schema may mean something else by the columns read here. */
+static int replay_check_schema(Replay *r, char **error) {
+        int64_t app = 0, version = 0;
+        int rc;
+
+        rc = pragma_int(r->db, "PRAGMA application_id", &app);
+        if (rc == SQLITE_OK)
+                rc = pragma_int(r->db, "PRAGMA user_version", &version);
+        if (rc != SQLITE_OK)
+                return scenario_error(error, "--replay: cannot read '%s': %s", r->path, sq.errmsg(r->db));
+        if (app != HISTORY_APPLICATION_ID || version < 1)
+                return scenario_error(error, "--replay: '%s' is not a brokerd history database (application_id %#" PRIx64
+                                             ", user_version %" PRId64 ")",
+                                      r->path, (uint64_t) (uint32_t) app, version);
+        if (version > HISTORY_SCHEMA_VERSION)
+                return scenario_error(error, "--replay: '%s' was written by a newer brokerd (schema version %" PRId64
+                                             "; this slotctl reads versions 1 to %d): replay it with that version's slotctl",
+                                      r->path, version, HISTORY_SCHEMA_VERSION);
         return 0;
 }
 
@@ -592,6 +629,8 @@ int replay_load(const ReplayOptions *o, char **error, Scenario **ret, ReplayInfo
         assert_return(o && o->path && error && ret && ret_info, -EINVAL);
 
         k = replay_open(&r, error);
+        if (k >= 0)
+                k = replay_check_schema(&r, error);
         if (k >= 0)
                 k = choose_pool(&r, o->pool, error);
         if (k >= 0)
