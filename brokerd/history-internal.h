@@ -3,6 +3,7 @@
  * only: the daemon includes history.h. */
 #pragma once
 
+#include "history-schema.h"
 #include "history.h"
 
 /* The timings the writer thread works with. Tests shorten them (before history_new()) so that a
@@ -23,8 +24,6 @@ extern HistoryTuning history_tuning;
 #define HISTORY_BATCH_MAX 2000
 /* Events deleted per retention statement. */
 #define HISTORY_RETENTION_CHUNK 2000
-/* application_id in the database header ("SLOT"): tells our file from another program's. */
-#define HISTORY_APPLICATION_ID 0x534c4f54
 
 /* The schema version this build writes: the number of migrations. */
 unsigned history_schema_version(void);

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "fs-util.h"
 #include "history-internal.h"
 #include "log.h"
 
@@ -261,15 +262,6 @@ static void wake_writer(History *h) {
                 _fifo;                                                                          \
         })
 
-static int strdup_or_null(const char *s, char **ret) {
-        if (!s) {
-                *ret = NULL;
-                return 0;
-        }
-        *ret = strdup(s);
-        return *ret ? 0 : -ENOMEM;
-}
-
 static void members_free(char **members, unsigned n) {
         for (unsigned i = 0; members && i < n; i++)
                 free(members[i]);
@@ -458,6 +450,7 @@ static const struct {
         { "events.reason", migration_2_reason },
         { "leases.members", migration_3_lease_members },
 };
+_Static_assert(ELEMENTSOF(migrations) == HISTORY_SCHEMA_VERSION, "HISTORY_SCHEMA_VERSION counts the migrations");
 
 unsigned history_schema_version(void) {
         return ELEMENTSOF(migrations);
@@ -615,23 +608,6 @@ static void writer_close(History *h) {
         w->insert_event = w->upsert_lease = w->delete_lease = w->upsert_token = w->prune = NULL;
         sqlite3_close_v2(w->db);
         w->db = NULL;
-}
-
-static int mkdir_parents(const char *path, mode_t mode) {
-        _cleanup_free_ char *p = strdup(path);
-        if (!p)
-                return -ENOMEM;
-        for (char *s = p + 1; *s; s++) {
-                if (*s != '/')
-                        continue;
-                *s = '\0';
-                if (mkdir(p, mode) < 0 && errno != EEXIST)
-                        return -errno;
-                *s = '/';
-        }
-        if (mkdir(p, mode) < 0 && errno != EEXIST)
-                return -errno;
-        return 0;
 }
 
 /* A disk that fills up must not stop lease commits, since a failed one refuses a grant. SQLite's own
@@ -922,7 +898,7 @@ static OpenResult writer_open_at(History *h, bool afresh, const char *salvage_fr
         int rc, r;
 
         writer_close(h);
-        r = mkdir_parents(h->directory, 0750);
+        r = mkdir_parents(h->path, 0750); /* h->directory and the ones above */
         if (r < 0)
                 return writer_fail(h, strerror(-r));
 

@@ -19,6 +19,7 @@
 #include "config-files.h"
 #include "config.h"
 #include "connection.h"
+#include "fs-util.h"
 #include "history.h"
 #include "lease.h"
 #include "log.h"
@@ -118,19 +119,11 @@ static int parse_id(const char *s, uint32_t *ret) {
         return 0;
 }
 
-static void acl_error(ConfErrors *errors, const LaneConfig *lc, const char *key, const char *what, const char *name) {
-        ConfError *a = reallocarray(errors->errors, errors->n_errors + 1, sizeof(ConfError));
-        if (!a)
-                return;
-        errors->errors = a;
-        ConfError *e = &a[errors->n_errors++];
-        *e = (ConfError) {};
-        /* Out of memory: the error still counts, with less said about it. */
-        if (lc->source.file && asprintf(&e->where, "%s:%u", lc->source.file, lc->source.line) < 0)
-                e->where = NULL;
-        e->key = strdup(key);
-        if (asprintf(&e->message, "unknown %s \"%s\"", what, name) < 0)
-                e->message = NULL;
+static void log_conf_errors(const ConfErrors *errors) {
+        for (size_t i = 0; i < errors->n_errors; i++) {
+                _cleanup_free_ char *text = conf_error_to_string(&errors->errors[i]);
+                log_error("%s", text ?: "(out of memory while describing an error)");
+        }
 }
 
 _Static_assert(sizeof(uid_t) == sizeof(uint32_t) && sizeof(gid_t) == sizeof(uint32_t), "32-bit ids");
@@ -149,8 +142,8 @@ static int resolve_ids(const LaneConfig *lc, char *const *names, bool users, uin
                         struct passwd *pw = users ? getpwnam(*name) : NULL;
                         struct group *gr = users ? NULL : getgrnam(*name);
                         if (!pw && !gr) {
-                                acl_error(errors, lc, users ? "allow-users" : "allow-groups", users ? "user" : "group",
-                                          *name);
+                                conf_errors_add(errors, &lc->source, users ? "allow-users" : "allow-groups",
+                                                "unknown %s \"%s\"", users ? "user" : "group", *name);
                                 failed = true;
                                 continue;
                         }
@@ -341,12 +334,8 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         if (r < 0) {
                 (void) sd_notify(false, "READY=1");
                 log_error_errno(r, "Reloading the configuration failed; the old one stays: %m");
-                char detail[512] = "";
-                if (errors->n_errors > 0)
-                        snprintf(detail, sizeof detail, "%s%s%s%s%s", errors->errors[0].where ?: "",
-                                 errors->errors[0].where ? ": " : "", errors->errors[0].key ?: "",
-                                 errors->errors[0].key ? ": " : "", errors->errors[0].message ?: "");
-                audit_reload(m, false, errors->n_errors > 0 ? detail : strerror(-r));
+                _cleanup_free_ char *detail = errors->n_errors > 0 ? conf_error_to_string(&errors->errors[0]) : NULL;
+                audit_reload(m, false, detail ?: strerror(-r));
                 manager_status_changed(m);
                 return r;
         }
@@ -372,10 +361,7 @@ static int on_sighup(sd_event_source *s, const struct signalfd_siginfo *si, void
         Manager *m = userdata;
         ConfErrors errors = {};
         if (manager_reload(m, &errors) < 0)
-                for (size_t i = 0; i < errors.n_errors; i++)
-                        log_error("%s%s%s%s%s", errors.errors[i].where ?: "", errors.errors[i].where ? ": " : "",
-                                  errors.errors[i].key ?: "", errors.errors[i].key ? ": " : "",
-                                  errors.errors[i].message ?: "");
+                log_conf_errors(&errors);
         conf_errors_done(&errors);
         return 0;
 }
@@ -450,26 +436,13 @@ static int socket_take_from_systemd(void) {
         return fd;
 }
 
-static int mkdir_parents(const char *path) {
-        _cleanup_free_ char *p = strdup(path);
-        if (!p)
-                return -ENOMEM;
-        for (char *s = p + 1; (s = strchr(s, '/')); s++) {
-                *s = '\0';
-                if (mkdir(p, 0755) < 0 && errno != EEXIST)
-                        return negative_errno();
-                *s = '/';
-        }
-        return 0;
-}
-
 static int socket_bind_path(const char *path) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         if (strlen(path) >= sizeof sa.sun_path)
                 return -ENAMETOOLONG;
         strcpy(sa.sun_path, path);
 
-        int r = mkdir_parents(path);
+        int r = mkdir_parents(path, 0755);
         if (r < 0)
                 return r;
         _cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -655,10 +628,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         if (r >= 0)
                 r = acls_resolve(m->config, &m->acls, &m->n_acls, &errors);
         if (r < 0) {
-                for (size_t i = 0; i < errors.n_errors; i++)
-                        log_error("%s%s%s%s%s", errors.errors[i].where ?: "", errors.errors[i].where ? ": " : "",
-                                  errors.errors[i].key ?: "", errors.errors[i].key ? ": " : "",
-                                  errors.errors[i].message ?: "");
+                log_conf_errors(&errors);
                 conf_errors_done(&errors);
                 return log_error_errno(r, "Failed to load the configuration: %m");
         }

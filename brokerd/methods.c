@@ -207,13 +207,9 @@ static void method_reload(Connection *c, const VarlinkCall *call) {
         }
         _cleanup_(json_decrefp) json_t *list = json_array();
         for (size_t i = 0; list && i < errors.n_errors; i++) {
-                const ConfError *e = &errors.errors[i];
-                char *s = NULL;
-                if (asprintf(&s, "%s%s%s%s%s", e->where ?: "", e->where ? ": " : "", e->key ?: "", e->key ? ": " : "",
-                             e->message ?: "invalid") >= 0) {
+                _cleanup_free_ char *s = conf_error_to_string(&errors.errors[i]);
+                if (s)
                         json_array_append_new(list, json_string(s));
-                        free(s);
-                }
         }
         if (list && errors.n_errors == 0)
                 json_array_append_new(list, json_string(strerror(-r)));

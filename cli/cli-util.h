@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* cli-util.h — what slotctl's broker verbs share: SPEC §6's exit codes, messages on stderr, option
+/* cli-util.h — what slotctl's verbs share: SPEC §6's exit codes, messages on stderr, option
  * values (durations, numbers, the CI job label), the connection to the broker and human output. */
 #pragma once
 
@@ -35,6 +35,7 @@ int verb_drain(int argc, char *argv[]);
 int verb_undrain(int argc, char *argv[]);
 int verb_cancel(int argc, char *argv[]);
 int verb_reload(int argc, char *argv[]);
+int verb_simulate(int argc, char *argv[]);
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerClient *, broker_client_free);
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerLease *, broker_lease_free);

@@ -3,12 +3,12 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <sqlite3.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "history-schema.h"
 #include "replay.h"
 
 /* libsqlite3 is loaded when a replay needs it, not linked: every other verb, `slotctl run` first, then
@@ -90,30 +90,16 @@ void replay_info_done(ReplayInfo *info) {
         *info = (ReplayInfo) {};
 }
 
-_printf_(2, 3) static int set_error(char **error, const char *fmt, ...) {
-        va_list ap;
-        char *m = NULL;
-
-        va_start(ap, fmt);
-        int k = vasprintf(&m, fmt, ap);
-        va_end(ap);
-        if (k < 0)
-                return -ENOMEM;
-        free(*error);
-        *error = m;
-        return -EINVAL;
-}
-
 static int sqlite_load(char **error) {
         if (sq.handle)
                 return 0;
         void *h = dlopen("libsqlite3.so.0", RTLD_NOW | RTLD_LOCAL);
         if (!h)
-                return set_error(error, "--replay needs libsqlite3.so.0: %s", dlerror());
+                return scenario_error(error, "--replay needs libsqlite3.so.0: %s", dlerror());
 #define SYM(name)                                                                                          \
         if (!(sq.name = dlsym(h, "sqlite3_" #name))) {                                                     \
                 dlclose(h);                                                                                \
-                return set_error(error, "--replay: libsqlite3.so.0 lacks sqlite3_%s", #name);              \
+                return scenario_error(error, "--replay: libsqlite3.so.0 lacks sqlite3_%s", #name);         \
         }
         SYM(bind_text);
         SYM(close_v2);
@@ -209,8 +195,44 @@ static int replay_open(Replay *r, char **error) {
                                           NULL, NULL);
         }
         if (rc != SQLITE_OK)
-                return set_error(error, "--replay: cannot read '%s': %s", r->path,
-                                 r->db ? sq.errmsg(r->db) : sq.errstr(rc));
+                return scenario_error(error, "--replay: cannot read '%s': %s", r->path,
+                                      r->db ? sq.errmsg(r->db) : sq.errstr(rc));
+        return 0;
+}
+
+static int pragma_int(sqlite3 *db, const char *sql, int64_t *ret) {
+        sqlite3_stmt *st = NULL;
+        int rc = sq.prepare_v2(db, sql, -1, &st, NULL);
+        if (rc == SQLITE_OK) {
+                rc = sq.step(st);
+                if (rc == SQLITE_ROW) {
+                        *ret = sq.column_int64(st, 0);
+                        rc = SQLITE_OK;
+                }
+        }
+        sq.finalize(st);
+        return rc;
+}
+
+/* Before any table is read: another program's file may have an "events" table of its own, and a newer
+ * brokerd's schema may mean something else by the columns read here. */
+static int replay_check_schema(Replay *r, char **error) {
+        int64_t app = 0, version = 0;
+        int rc;
+
+        rc = pragma_int(r->db, "PRAGMA application_id", &app);
+        if (rc == SQLITE_OK)
+                rc = pragma_int(r->db, "PRAGMA user_version", &version);
+        if (rc != SQLITE_OK)
+                return scenario_error(error, "--replay: cannot read '%s': %s", r->path, sq.errmsg(r->db));
+        if (app != HISTORY_APPLICATION_ID || version < 1)
+                return scenario_error(error, "--replay: '%s' is not a brokerd history database (application_id %#" PRIx64
+                                             ", user_version %" PRId64 ")",
+                                      r->path, (uint64_t) (uint32_t) app, version);
+        if (version > HISTORY_SCHEMA_VERSION)
+                return scenario_error(error, "--replay: '%s' was written by a newer brokerd (schema version %" PRId64
+                                             "; this slotctl reads versions 1 to %d): replay it with that version's slotctl",
+                                      r->path, version, HISTORY_SCHEMA_VERSION);
         return 0;
 }
 
@@ -226,8 +248,8 @@ static int choose_pool(Replay *r, const char *wanted, char **error) {
                                 " AND pool IS NOT NULL GROUP BY pool ORDER BY pool",
                                 -1, &st, NULL);
         if (rc != SQLITE_OK)
-                return set_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
-                                 sq.errmsg(r->db));
+                return scenario_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
+                                      sq.errmsg(r->db));
         while ((rc = sq.step(st)) == SQLITE_ROW) {
                 const char *pool = (const char *) sq.column_text(st, 0);
                 char *l;
@@ -249,21 +271,23 @@ static int choose_pool(Replay *r, const char *wanted, char **error) {
         if (rc == SQLITE_NOMEM)
                 return -ENOMEM;
         if (rc != SQLITE_DONE)
-                return set_error(error, "--replay: reading '%s': %s", r->path, sq.errmsg(r->db));
+                return scenario_error(error, "--replay: reading '%s': %s", r->path, sq.errmsg(r->db));
 
         if (n == 0)
-                return set_error(error, "--replay: '%s' holds no requests (no granted or refused decisions)", r->path);
+                return scenario_error(error, "--replay: '%s' holds no requests (no granted or refused decisions)",
+                                      r->path);
         if (wanted) {
                 if (!found)
-                        return set_error(error, "--pool: '%s' has no requests for pool '%s'; it has: %s", r->path, wanted,
-                                         list);
+                        return scenario_error(error, "--pool: '%s' has no requests for pool '%s'; it has: %s", r->path, wanted,
+                                              list);
                 free(r->pool);
                 r->pool = strdup(wanted);
                 return r->pool ? 0 : -ENOMEM;
         }
         if (n > 1)
-                return set_error(error, "--replay: '%s' has requests for several pools; choose one with --pool: %s",
-                                 r->path, list);
+                return scenario_error(error,
+                                      "--replay: '%s' has requests for several pools; choose one with --pool: %s",
+                                      r->path, list);
         return 0;
 }
 
@@ -318,8 +342,8 @@ static int read_requests(Replay *r, char **error) {
                                         "WHERE e.pool = ? AND e.decision IN " REQUEST_DECISIONS " ORDER BY e.id",
                                         -1, &st, NULL);
         if (rc != SQLITE_OK)
-                return set_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
-                                 sq.errmsg(r->db));
+                return scenario_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
+                                      sq.errmsg(r->db));
 
         sq.bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
         while ((rc = sq.step(st)) == SQLITE_ROW) {
@@ -369,9 +393,9 @@ static int read_requests(Replay *r, char **error) {
         }
         sq.finalize(st);
         if (rc != SQLITE_DONE)
-                return set_error(error, "--replay: reading '%s': %s", r->path, sq.errmsg(r->db));
+                return scenario_error(error, "--replay: reading '%s': %s", r->path, sq.errmsg(r->db));
         if (r->n_requests == 0)
-                return set_error(error, "--replay: '%s' holds no requests for pool '%s'", r->path, r->pool);
+                return scenario_error(error, "--replay: '%s' holds no requests for pool '%s'", r->path, r->pool);
         return 0;
 oom:
         sq.finalize(st);
@@ -464,10 +488,10 @@ static int build_requests(const Replay *r, uint64_t t0, ReplayInfo *info, char *
                         info->open_holds++;
                 } else {
                         if (n_all == 0) {
-                                k = set_error(error,
-                                              "--replay: no lease of pool '%s' ended in '%s': the refused requests "
-                                              "have no hold to borrow",
-                                              r->pool, r->path);
+                                k = scenario_error(error,
+                                                   "--replay: no lease of pool '%s' ended in '%s': the refused requests "
+                                                   "have no hold to borrow",
+                                                   r->pool, r->path);
                                 goto fail;
                         }
                         hold = medians[q->lane];
@@ -520,8 +544,8 @@ static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, c
                 if (k < 0)
                         return k;
                 if (info->inferred_limit == 0)
-                        return set_error(error, "--replay: '%s' shows no grant in pool '%s' to infer its limit from; "
-                                                "give --limit", r->path, r->pool);
+                        return scenario_error(error, "--replay: '%s' shows no grant in pool '%s' to infer its limit from; "
+                                                     "give --limit", r->path, r->pool);
                 snprintf(limit, sizeof limit, "%u", info->inferred_limit);
         }
         /* While keeping up, a waiter's budget is Q; while saturated, the congestion timeout: the most
@@ -605,6 +629,8 @@ int replay_load(const ReplayOptions *o, char **error, Scenario **ret, ReplayInfo
         assert_return(o && o->path && error && ret && ret_info, -EINVAL);
 
         k = replay_open(&r, error);
+        if (k >= 0)
+                k = replay_check_schema(&r, error);
         if (k >= 0)
                 k = choose_pool(&r, o->pool, error);
         if (k >= 0)

@@ -42,9 +42,10 @@ void replay_info_done(ReplayInfo *info);
  * pool with the given settings or the recorded ones, one lane per recorded lane (fail-fast when it never
  * queued anyone and was refused busy, else wait), and one request per granted or refused row: arriving at
  * time − wait, for 1 slot, holding its lease as long as the released/revoked row of the lease says (a
- * refused one: the median hold of its lane's grants). Returns 0; -EINVAL with *error set (no such file,
- * not a history, no requests, several pools and no --pool, nothing to infer the limit from when neither
- * given nor swept); -ENOMEM. */
+ * refused one: the median hold of its lane's grants). The database's application_id and user_version are
+ * checked before any table is read. Returns 0; -EINVAL with *error set (no such file, not a history by its
+ * application_id, a newer brokerd's schema, no requests, several pools and no --pool, nothing to infer the
+ * limit from when neither given nor swept); -ENOMEM. */
 int replay_load(const ReplayOptions *o, char **error, Scenario **ret, ReplayInfo *ret_info);
 
 void replay_info_print(const ReplayInfo *info, FILE *f);

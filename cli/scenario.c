@@ -17,22 +17,18 @@
 /* queueWaitMs is an integer from 1 to 2^31−1 (SPEC §3.2). */
 #define MAX_WAIT_MS_MAX ((uint64_t) INT32_MAX)
 
-_printf_(2, 3) static int set_error(char **error, const char *fmt, ...) {
+int scenario_error(char **error, const char *format, ...) {
         va_list ap;
         char *m = NULL;
 
-        va_start(ap, fmt);
-        int k = vasprintf(&m, fmt, ap);
+        va_start(ap, format);
+        int k = vasprintf(&m, format, ap);
         va_end(ap);
         if (k < 0)
                 return -ENOMEM;
         free(*error);
         *error = m;
         return -EINVAL;
-}
-
-static char *strdup_or_null(const char *s) {
-        return s ? strdup(s) : NULL;
 }
 
 static void strv_free_n(char **v, size_t n) {
@@ -51,9 +47,8 @@ static void traffic_done(ScenarioTraffic *t) {
 static int traffic_copy(const ScenarioTraffic *from, ScenarioTraffic *to) {
         ScenarioTraffic t = *from;
 
-        t.lane = strdup_or_null(from->lane);
-        t.origin = strdup_or_null(from->origin);
-        if ((from->lane && !t.lane) || (from->origin && !t.origin)) {
+        t.lane = t.origin = NULL;
+        if (strdup_or_null(from->lane, &t.lane) < 0 || strdup_or_null(from->origin, &t.origin) < 0) {
                 traffic_done(&t);
                 return -ENOMEM;
         }
@@ -262,12 +257,12 @@ int parse_duration_ms(const char *s, bool allow_forever, uint64_t *ret) {
 
 int scenario_duration_error(char **error, const char *origin, const char *s, int r) {
         if (r == -EDOM)
-                return set_error(error, "%s: invalid duration \"%s\": the virtual clock counts whole milliseconds", origin,
-                                 s);
+                return scenario_error(error, "%s: invalid duration \"%s\": the virtual clock counts whole milliseconds", origin,
+                                      s);
         if (r == -ERANGE)
-                return set_error(error, "%s: \"%s\" is longer than " SIM_SPAN_MAX_TEXT ", the most virtual time a simulation covers",
-                                 origin, s);
-        return set_error(error, "%s: invalid duration \"%s\"", origin, s);
+                return scenario_error(error, "%s: \"%s\" is longer than " SIM_SPAN_MAX_TEXT ", the most virtual time a simulation covers",
+                                      origin, s);
+        return scenario_error(error, "%s: invalid duration \"%s\"", origin, s);
 }
 
 uint64_t arrival_phase_count(Rate rate, uint64_t duration_ms) {
@@ -296,12 +291,12 @@ static int add_phase(Scenario *s, const char *rate, const char *duration, const 
         int r;
 
         if (parse_rate(rate, &phase.rate) < 0)
-                return set_error(error, "%s: invalid rate \"%s\"", origin, rate);
+                return scenario_error(error, "%s: invalid rate \"%s\"", origin, rate);
         r = parse_duration_ms(duration, false, &phase.duration_ms);
         if (r < 0)
                 return scenario_duration_error(error, origin, duration, r);
         if (phase.duration_ms == 0)
-                return set_error(error, "%s: invalid duration \"%s\"", origin, duration);
+                return scenario_error(error, "%s: invalid duration \"%s\"", origin, duration);
 
         ArrivalPhase *n = reallocarray(s->phases, s->n_phases + 1, sizeof(ArrivalPhase));
         if (!n)
@@ -322,13 +317,14 @@ int scenario_add_phases(Scenario *s, const char *spec, const ScenarioTraffic *tr
         if (!copy)
                 return -ENOMEM;
         if (*copy == '\0')
-                return set_error(error, "%s: no phase given, expected RATE/s:DURATION", origin);
+                return scenario_error(error, "%s: no phase given, expected RATE/s:DURATION", origin);
 
         char *save = NULL;
         for (char *phase = strtok_r(copy, ",", &save); phase; phase = strtok_r(NULL, ",", &save)) {
                 char *colon = strchr(phase, ':');
                 if (!colon)
-                        return set_error(error, "%s: invalid phase \"%s\", expected RATE/s:DURATION", origin, phase);
+                        return scenario_error(error, "%s: invalid phase \"%s\", expected RATE/s:DURATION", origin,
+                                              phase);
                 *colon = '\0';
                 int r = add_phase(s, phase, colon + 1, traffic, origin, error);
                 if (r < 0)
@@ -336,7 +332,7 @@ int scenario_add_phases(Scenario *s, const char *spec, const ScenarioTraffic *tr
         }
         /* strtok_r skips empty fields; a stray comma is still a typo worth reporting. */
         if (spec[0] == ',' || spec[strlen(spec) - 1] == ',' || strstr(spec, ",,"))
-                return set_error(error, "%s: empty phase in \"%s\"", origin, spec);
+                return scenario_error(error, "%s: empty phase in \"%s\"", origin, spec);
         return 0;
 }
 
@@ -354,9 +350,9 @@ static int compare_request_order(const void *a, const void *b, void *userdata) {
 
 static int check_lane(const Scenario *s, const ScenarioTraffic *t, char **error) {
         if (!t->lane)
-                return set_error(error, "%s.lane: missing (the scenario has several lanes)", t->origin);
+                return scenario_error(error, "%s.lane: missing (the scenario has several lanes)", t->origin);
         if (!strv_contains_n(s->lanes, s->n_lanes, t->lane))
-                return set_error(error, "%s.lane: unknown lane \"%s\"", t->origin, t->lane);
+                return scenario_error(error, "%s.lane: unknown lane \"%s\"", t->origin, t->lane);
         return 0;
 }
 
@@ -377,13 +373,13 @@ int scenario_finish(Scenario *s, char **error) {
                 p->count = arrival_phase_count(p->rate, p->duration_ms);
                 p->first = total;
                 if (p->count > ARRIVALS_MAX - total)
-                        return set_error(error, "%s: too many arrivals (more than %" PRIu64 ")", p->traffic.origin,
-                                         ARRIVALS_MAX);
+                        return scenario_error(error, "%s: too many arrivals (more than %" PRIu64 ")", p->traffic.origin,
+                                              ARRIVALS_MAX);
                 total += p->count;
                 if (p->duration_ms > SIM_SPAN_MAX_MS - start)
-                        return set_error(error, "%s: the phases last longer than " SIM_SPAN_MAX_TEXT
-                                                ", the most virtual time a simulation covers",
-                                         p->traffic.origin);
+                        return scenario_error(error, "%s: the phases last longer than " SIM_SPAN_MAX_TEXT
+                                                     ", the most virtual time a simulation covers",
+                                              p->traffic.origin);
                 start += p->duration_ms;
         }
         s->n_generated = total;
@@ -394,7 +390,7 @@ int scenario_finish(Scenario *s, char **error) {
                         return r;
         }
         if (s->n_requests > ARRIVALS_MAX - total)
-                return set_error(error, "%s: too many requests", s->origin);
+                return scenario_error(error, "%s: too many requests", s->origin);
 
         free(s->request_order);
         s->request_order = NULL;
@@ -464,14 +460,15 @@ static int check_fits(const BrokerConfig *c, const ScenarioTraffic *t, const cha
         unsigned largest = 0;
 
         if (!conf_find_lane(c, t->lane))
-                return set_error(error, "%s.lane: unknown lane \"%s\"", t->origin, t->lane);
+                return scenario_error(error, "%s.lane: unknown lane \"%s\"", t->origin, t->lane);
         if (lane_fits(c, t, &largest))
                 return 0;
         if (key)
-                return set_error(error, "%s.slots: %u slots, but with %s=%s no pool of lane \"%s\" has more than %u",
-                                 t->origin, t->slots, key, value, t->lane, largest);
-        return set_error(error, "%s.slots: %u slots, but no pool of lane \"%s\" has more than %u", t->origin,
-                         t->slots, t->lane, largest);
+                return scenario_error(error,
+                                      "%s.slots: %u slots, but with %s=%s no pool of lane \"%s\" has more than %u",
+                                      t->origin, t->slots, key, value, t->lane, largest);
+        return scenario_error(error, "%s.slots: %u slots, but no pool of lane \"%s\" has more than %u", t->origin,
+                              t->slots, t->lane, largest);
 }
 
 int scenario_build_config(const Scenario *s, const char *key, const char *value, char **error, BrokerConfig **ret) {
@@ -500,7 +497,7 @@ int scenario_build_config(const Scenario *s, const char *key, const char *value,
                 }
                 r = conf_section_add(c, section, &source, &errors);
                 if (r == -EINVAL)
-                        r = set_error(error, "%s: %s", where, conf_error_text(&errors));
+                        r = scenario_error(error, "%s: %s", where, conf_error_text(&errors));
                 if (r < 0)
                         goto finish;
         }
@@ -511,7 +508,7 @@ int scenario_build_config(const Scenario *s, const char *key, const char *value,
 
                 r = conf_set(c, set->section, set->key, set->value, &source, &errors);
                 if (r == -EINVAL)
-                        r = set_error(error, "%s: %s", set->origin, conf_error_text(&errors));
+                        r = scenario_error(error, "%s: %s", set->origin, conf_error_text(&errors));
                 if (r < 0)
                         goto finish;
         }
@@ -532,7 +529,7 @@ int scenario_build_config(const Scenario *s, const char *key, const char *value,
                         }
                         r = conf_set(c, section, key, value, &source, &errors);
                         if (r == -EINVAL)
-                                r = set_error(error, "%s: %s", origin, conf_error_text(&errors));
+                                r = scenario_error(error, "%s: %s", origin, conf_error_text(&errors));
                         if (r < 0)
                                 goto finish;
                 }
@@ -555,7 +552,7 @@ int scenario_build_config(const Scenario *s, const char *key, const char *value,
                 }
                 while (size > 0 && text[size - 1] == '\n')
                         text[--size] = '\0';
-                r = set_error(error, "%s", size > 0 ? text : "invalid configuration");
+                r = scenario_error(error, "%s", size > 0 ? text : "invalid configuration");
                 goto finish;
         }
         if (r < 0)
@@ -650,9 +647,9 @@ static bool name_is_valid(const char *s, size_t len) {
 
 static int get_string(const json_t *v, const char *path, char **error, const char **ret) {
         if (!json_is_string(v))
-                return set_error(error, "%s: expected a string, got %s", path, json_kind(v));
+                return scenario_error(error, "%s: expected a string, got %s", path, json_kind(v));
         if (strlen(json_string_value(v)) != json_string_length(v))
-                return set_error(error, "%s: contains a NUL character", path);
+                return scenario_error(error, "%s: contains a NUL character", path);
         *ret = json_string_value(v);
         return 0;
 }
@@ -670,7 +667,7 @@ static int value_to_string(const json_t *v, ValueKind kind, const char *path, ch
                 /* Any other spelling the config takes ("infinity" for max-queue=) is the config parser's to
                  * judge, the same as in brokerd.conf. */
                 if (!json_is_string(v))
-                        return set_error(error, "%s: expected an integer, got %s", path, json_kind(v));
+                        return scenario_error(error, "%s: expected an integer, got %s", path, json_kind(v));
                 __attribute__((fallthrough));
         case VALUE_STRING: {
                 const char *t;
@@ -689,10 +686,11 @@ static int value_to_string(const json_t *v, ValueKind kind, const char *path, ch
                 FILE *f;
 
                 if (!json_is_array(v))
-                        return set_error(error, "%s: expected an array of names, got %s", path, json_kind(v));
+                        return scenario_error(error, "%s: expected an array of names, got %s", path, json_kind(v));
                 json_array_foreach(v, i, e)
                         if (!json_is_string(e) || !name_is_valid(json_string_value(e), json_string_length(e)))
-                                return set_error(error, "%s[%zu]: expected a name (a string without blanks)", path, i);
+                                return scenario_error(error, "%s[%zu]: expected a name (a string without blanks)", path,
+                                                      i);
                 f = open_memstream(&s, &size);
                 if (!f)
                         return -ENOMEM;
@@ -720,7 +718,7 @@ static int parse_section(Scenario *s, const char *kind, const char *name, const 
         if (asprintf(&where, "%s: %ss.%s", s->origin, kind, name) < 0)
                 return -ENOMEM;
         if (!json_is_object(obj))
-                return set_error(error, "%s: expected an object, got %s", where, json_kind(obj));
+                return scenario_error(error, "%s: expected an object, got %s", where, json_kind(obj));
         if (asprintf(&section, "%s %s", kind, name) < 0)
                 return -ENOMEM;
 
@@ -734,18 +732,18 @@ static int parse_section(Scenario *s, const char *kind, const char *name, const 
                         if (streq(rules[i].key, key))
                                 rule = &rules[i];
                 if (!rule)
-                        return set_error(error, "%s: unknown key", path);
+                        return scenario_error(error, "%s: unknown key", path);
 
                 if (streq(kind, "lane") && streq(key, "pools")) {
                         size_t i;
                         json_t *e;
 
                         if (!json_is_array(v) || json_array_size(v) == 0)
-                                return set_error(error, "%s: expected a non-empty array of pool names", path);
+                                return scenario_error(error, "%s: expected a non-empty array of pool names", path);
                         json_array_foreach(v, i, e)
                                 if (json_is_string(e) && !scenario_pool_name(s, json_string_value(e)))
-                                        return set_error(error, "%s[%zu]: unknown pool \"%s\"", path, i,
-                                                         json_string_value(e));
+                                        return scenario_error(error, "%s[%zu]: unknown pool \"%s\"", path, i,
+                                                              json_string_value(e));
                 }
 
                 r = value_to_string(v, rule->kind, path, error, &value);
@@ -764,12 +762,13 @@ static int parse_pools(Scenario *s, const json_t *pools, const json_t *pool, cha
         int r;
 
         if (pools && pool)
-                return set_error(error, "%s: pool: cannot be combined with \"pools\"", s->origin);
+                return scenario_error(error, "%s: pool: cannot be combined with \"pools\"", s->origin);
         if (pool) {
                 _cleanup_free_ char *where = NULL;
 
                 if (!json_is_object(pool))
-                        return set_error(error, "%s: pool: expected an object, got %s", s->origin, json_kind(pool));
+                        return scenario_error(error, "%s: pool: expected an object, got %s", s->origin,
+                                              json_kind(pool));
                 if (asprintf(&where, "%s: pool", s->origin) < 0)
                         return -ENOMEM;
                 r = scenario_add_pool(s, "default", where);
@@ -786,7 +785,7 @@ static int parse_pools(Scenario *s, const json_t *pools, const json_t *pool, cha
                                 if (streq(pool_keys[i].key, name))
                                         rule = &pool_keys[i];
                         if (!rule)
-                                return set_error(error, "%s: unknown key", path);
+                                return scenario_error(error, "%s: unknown key", path);
                         r = value_to_string(v, rule->kind, path, error, &value);
                         if (r < 0)
                                 return r;
@@ -798,19 +797,19 @@ static int parse_pools(Scenario *s, const json_t *pools, const json_t *pool, cha
         }
 
         if (!pools)
-                return set_error(error, "%s: pools: missing (or \"pool\" for a single pool)", s->origin);
+                return scenario_error(error, "%s: pools: missing (or \"pool\" for a single pool)", s->origin);
         if (!json_is_object(pools))
-                return set_error(error, "%s: pools: expected an object, got %s", s->origin, json_kind(pools));
+                return scenario_error(error, "%s: pools: expected an object, got %s", s->origin, json_kind(pools));
         if (json_object_size(pools) == 0)
-                return set_error(error, "%s: pools: no pool defined", s->origin);
+                return scenario_error(error, "%s: pools: no pool defined", s->origin);
 
         /* Names first, so that the order of keys in the file does not matter to lanes. */
         json_object_foreach((json_t *) pools, name, v) {
                 _cleanup_free_ char *where = NULL;
 
                 if (!conf_name_is_valid(name))
-                        return set_error(error, "%s: pools: invalid pool name \"%s\" (expected 1 to %d characters from A-Z a-z 0-9 . _ -)",
-                                         s->origin, name, CONF_NAME_MAX);
+                        return scenario_error(error, "%s: pools: invalid pool name \"%s\" (expected 1 to %d characters from A-Z a-z 0-9 . _ -)",
+                                              s->origin, name, CONF_NAME_MAX);
                 if (asprintf(&where, "%s: pools.%s", s->origin, name) < 0)
                         return -ENOMEM;
                 r = scenario_add_pool(s, name, where);
@@ -832,7 +831,7 @@ static int parse_lanes(Scenario *s, const json_t *lanes, char **error) {
 
         if (!lanes) {
                 if (s->n_pools != 1)
-                        return set_error(error, "%s: lanes: missing (needed with more than one pool)", s->origin);
+                        return scenario_error(error, "%s: lanes: missing (needed with more than one pool)", s->origin);
                 /* One lane that waits on the one pool (SPEC §9). */
                 _cleanup_free_ char *where = NULL;
                 if (asprintf(&where, "%s: the default lane", s->origin) < 0)
@@ -847,15 +846,15 @@ static int parse_lanes(Scenario *s, const json_t *lanes, char **error) {
         }
 
         if (!json_is_object(lanes))
-                return set_error(error, "%s: lanes: expected an object, got %s", s->origin, json_kind(lanes));
+                return scenario_error(error, "%s: lanes: expected an object, got %s", s->origin, json_kind(lanes));
         if (json_object_size(lanes) == 0)
-                return set_error(error, "%s: lanes: no lane defined", s->origin);
+                return scenario_error(error, "%s: lanes: no lane defined", s->origin);
         json_object_foreach((json_t *) lanes, name, v) {
                 _cleanup_free_ char *where = NULL;
 
                 if (!conf_name_is_valid(name))
-                        return set_error(error, "%s: lanes: invalid lane name \"%s\" (expected 1 to %d characters from A-Z a-z 0-9 . _ -)",
-                                         s->origin, name, CONF_NAME_MAX);
+                        return scenario_error(error, "%s: lanes: invalid lane name \"%s\" (expected 1 to %d characters from A-Z a-z 0-9 . _ -)",
+                                              s->origin, name, CONF_NAME_MAX);
                 if (asprintf(&where, "%s: lanes.%s", s->origin, name) < 0)
                         return -ENOMEM;
                 r = scenario_add_lane(s, name, where);
@@ -895,21 +894,21 @@ static int parse_traffic_key(Scenario *s, ScenarioTraffic *t, const char *key, c
                 if (r < 0)
                         return r;
                 if (!strv_contains_n(s->lanes, s->n_lanes, text))
-                        return set_error(error, "%s: unknown lane \"%s\"", path, text);
+                        return scenario_error(error, "%s: unknown lane \"%s\"", path, text);
                 free(t->lane);
                 t->lane = strdup(text);
                 if (!t->lane)
                         return -ENOMEM;
         } else if (streq(key, "slots")) {
                 if (!json_is_integer(v))
-                        return set_error(error, "%s: expected an integer, got %s", path, json_kind(v));
+                        return scenario_error(error, "%s: expected an integer, got %s", path, json_kind(v));
                 json_int_t n = json_integer_value(v);
                 if (n < 1 || n > 1000000)
-                        return set_error(error, "%s: invalid slot count %" JSON_INTEGER_FORMAT, path, n);
+                        return scenario_error(error, "%s: invalid slot count %" JSON_INTEGER_FORMAT, path, n);
                 t->slots = (unsigned) n;
         } else if (streq(key, "wait")) {
                 if (!json_is_boolean(v))
-                        return set_error(error, "%s: expected a boolean, got %s", path, json_kind(v));
+                        return scenario_error(error, "%s: expected a boolean, got %s", path, json_kind(v));
                 t->no_wait = !json_is_true(v);
         } else if (streq(key, "max-wait")) {
                 uint64_t ms;
@@ -917,7 +916,7 @@ static int parse_traffic_key(Scenario *s, ScenarioTraffic *t, const char *key, c
                 if (r < 0)
                         return r;
                 if (ms < 1 || ms > MAX_WAIT_MS_MAX)
-                        return set_error(error, "%s: out of range (1ms to %" PRIu64 "ms)", path, MAX_WAIT_MS_MAX);
+                        return scenario_error(error, "%s: out of range (1ms to %" PRIu64 "ms)", path, MAX_WAIT_MS_MAX);
                 t->max_wait = ms * USEC_PER_MSEC;
         } else
                 return 0;
@@ -949,7 +948,7 @@ static int parse_arrivals(Scenario *s, const json_t *arrivals, char **error) {
         int r;
 
         if (!json_is_array(arrivals))
-                return set_error(error, "%s: arrivals: expected an array, got %s", s->origin, json_kind(arrivals));
+                return scenario_error(error, "%s: arrivals: expected an array, got %s", s->origin, json_kind(arrivals));
 
         json_array_foreach(arrivals, i, phase) {
                 _cleanup_(traffic_done) ScenarioTraffic t = {};
@@ -961,7 +960,7 @@ static int parse_arrivals(Scenario *s, const json_t *arrivals, char **error) {
                 if (asprintf(&origin, "%s: arrivals[%zu]", s->origin, i) < 0)
                         return -ENOMEM;
                 if (!json_is_object(phase))
-                        return set_error(error, "%s: expected an object, got %s", origin, json_kind(phase));
+                        return scenario_error(error, "%s: expected an object, got %s", origin, json_kind(phase));
                 r = traffic_init(s, &t, origin);
                 if (r < 0)
                         return r;
@@ -977,7 +976,7 @@ static int parse_arrivals(Scenario *s, const json_t *arrivals, char **error) {
                                         return r;
                                 Rate dummy;
                                 if (parse_rate(rate, &dummy) < 0)
-                                        return set_error(error, "%s: invalid rate \"%s\"", path, rate);
+                                        return scenario_error(error, "%s: invalid rate \"%s\"", path, rate);
                                 continue;
                         }
                         if (streq(key, "for")) {
@@ -986,8 +985,8 @@ static int parse_arrivals(Scenario *s, const json_t *arrivals, char **error) {
                                 if (r < 0)
                                         return r;
                                 if (ms == 0)
-                                        return set_error(error, "%s: invalid duration \"%s\": must be positive", path,
-                                                         json_string_value(v));
+                                        return scenario_error(error, "%s: invalid duration \"%s\": must be positive", path,
+                                                              json_string_value(v));
                                 duration = json_string_value(v);
                                 continue;
                         }
@@ -995,16 +994,16 @@ static int parse_arrivals(Scenario *s, const json_t *arrivals, char **error) {
                         if (r < 0)
                                 return r;
                         if (r == 0)
-                                return set_error(error, "%s: unknown key", path);
+                                return scenario_error(error, "%s: unknown key", path);
                         if (streq(key, "hold"))
                                 have_hold = true;
                 }
                 if (!rate)
-                        return set_error(error, "%s.rate: missing", origin);
+                        return scenario_error(error, "%s.rate: missing", origin);
                 if (!duration)
-                        return set_error(error, "%s.for: missing", origin);
+                        return scenario_error(error, "%s.for: missing", origin);
                 if (!have_hold)
-                        return set_error(error, "%s.hold: missing", origin);
+                        return scenario_error(error, "%s.hold: missing", origin);
 
                 r = add_phase(s, rate, duration, &t, origin, error);
                 if (r < 0)
@@ -1019,7 +1018,7 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
         int r;
 
         if (!json_is_array(requests))
-                return set_error(error, "%s: requests: expected an array, got %s", s->origin, json_kind(requests));
+                return scenario_error(error, "%s: requests: expected an array, got %s", s->origin, json_kind(requests));
         _cleanup_(json_decrefp) json_t *names = json_object(); /* the names so far, as a set */
         if (!names)
                 return -ENOMEM;
@@ -1042,7 +1041,7 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
                 if (asprintf(&origin, "%s: requests[%zu]", s->origin, i) < 0)
                         return -ENOMEM;
                 if (!json_is_object(req))
-                        return set_error(error, "%s: expected an object, got %s", origin, json_kind(req));
+                        return scenario_error(error, "%s: expected an object, got %s", origin, json_kind(req));
                 r = traffic_init(s, &t, origin);
                 if (r < 0)
                         return r;
@@ -1054,15 +1053,16 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
 
                         if (streq(key, "name")) {
                                 if (!json_is_string(v) || !name_is_valid(json_string_value(v), json_string_length(v)))
-                                        return set_error(error, "%s: expected a name (a string without blanks)", path);
+                                        return scenario_error(error, "%s: expected a name (a string without blanks)",
+                                                              path);
                                 /* Numbers name the generated requests; an explicit "7" would be ambiguous. */
                                 if (strspn(json_string_value(v), "0123456789") == json_string_length(v))
-                                        return set_error(error, "%s: \"%s\" is a number, which names a generated request",
-                                                         path, json_string_value(v));
+                                        return scenario_error(error, "%s: \"%s\" is a number, which names a generated request",
+                                                              path, json_string_value(v));
                                 /* A hash set: checking each name against all before it took 29 s for 80,000 requests. */
                                 if (json_object_get(names, json_string_value(v)))
-                                        return set_error(error, "%s: duplicate name \"%s\"", path,
-                                                         json_string_value(v));
+                                        return scenario_error(error, "%s: duplicate name \"%s\"", path,
+                                                              json_string_value(v));
                                 if (json_object_set_new(names, json_string_value(v), json_true()) < 0)
                                         return -ENOMEM;
                                 free(name);
@@ -1081,16 +1081,16 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
                         if (r < 0)
                                 return r;
                         if (r == 0)
-                                return set_error(error, "%s: unknown key", path);
+                                return scenario_error(error, "%s: unknown key", path);
                         if (streq(key, "hold"))
                                 have_hold = true;
                 }
                 if (!name)
-                        return set_error(error, "%s.name: missing", origin);
+                        return scenario_error(error, "%s.name: missing", origin);
                 if (at == SIM_FOREVER)
-                        return set_error(error, "%s.at: missing", origin);
+                        return scenario_error(error, "%s.at: missing", origin);
                 if (!have_hold)
-                        return set_error(error, "%s.hold: missing", origin);
+                        return scenario_error(error, "%s.hold: missing", origin);
 
                 s->requests[s->n_requests++] = (ScenarioRequest) {
                         .name = TAKE_PTR(name),
@@ -1109,13 +1109,13 @@ static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
         int r;
 
         if (!json_is_object(root))
-                return set_error(error, "%s: expected an object at the top, got %s", s->origin, json_kind(root));
+                return scenario_error(error, "%s: expected an object at the top, got %s", s->origin, json_kind(root));
         json_object_foreach((json_t *) root, key, v) {
                 bool known = false;
                 for (size_t i = 0; i < ELEMENTSOF(top_keys); i++)
                         known = known || streq(top_keys[i], key);
                 if (!known)
-                        return set_error(error, "%s: %s: unknown key", s->origin, key);
+                        return scenario_error(error, "%s: %s: unknown key", s->origin, key);
         }
 
         /* Pools before lanes before traffic, whatever the order in the file: each refers to the one before. */
@@ -1158,9 +1158,9 @@ static int scenario_load(json_t *root, const json_error_t *jerr, const char *ori
 
         if (!root) {
                 if (jerr->line > 0)
-                        return set_error(error, "%s:%d:%d: invalid JSON: %s", origin, jerr->line, jerr->column,
-                                         jerr->text);
-                return set_error(error, "%s: %s", origin, jerr->text);
+                        return scenario_error(error, "%s:%d:%d: invalid JSON: %s", origin, jerr->line, jerr->column,
+                                              jerr->text);
+                return scenario_error(error, "%s: %s", origin, jerr->text);
         }
 
         r = scenario_new(origin, &s);

@@ -123,6 +123,10 @@ int parse_rate(const char *s, Rate *ret);
  * where it is not allowed), -EDOM (a part below a millisecond: the virtual clock has none), -ERANGE (finite
  * but longer than SIM_SPAN_MAX_MS). */
 int parse_duration_ms(const char *s, bool allow_forever, uint64_t *ret);
+/* The messages of the simulator's loaders: replaces *error with the formatted text, which names the culprit
+ * ("file: arrivals[0].rate: …", "--replay: …"). Returns -EINVAL, for `return scenario_error(error, …);`,
+ * or -ENOMEM. */
+int scenario_error(char **error, const char *format, ...) _printf_(2, 3);
 /* Sets *error to what is wrong with duration s, the value of origin ("--hold", "x.json: requests[0].at"),
  * after parse_duration_ms() returned r < 0. Returns -EINVAL, or -ENOMEM. */
 int scenario_duration_error(char **error, const char *origin, const char *s, int r);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* simulate.h — `slotctl simulate`: the real engine on a virtual millisecond clock, and its reports. */
+/* simulate.h — the simulator behind `slotctl simulate` (simulate-verb.c): the real engine on a virtual
+ * millisecond clock, and its reports. A library: it returns negative errno and prints only reports. */
 #pragma once
 
 #include <stdbool.h>
@@ -83,5 +84,15 @@ void sim_print_json(const Scenario *s, const SimResult *r, FILE *f);
 /* Formats milliseconds as seconds floored to a tenth ("3.3"); returns buf. */
 const char *sim_format_tenths(char *buf, size_t size, uint64_t ms);
 
-/* The verb: parses its options, prints a report, returns an exit status (64 on usage errors). */
-int verb_simulate(int argc, char *argv[]);
+/* One row of --sweep: the totals of the run for one value of the swept key. */
+typedef struct SimSweepRow {
+        uint64_t value;
+        uint64_t requests, granted, late, longest_wait_ms;
+        uint64_t refused[_REFUSAL_MAX];
+        uint32_t peak;
+} SimSweepRow;
+
+void sim_sweep_row_init(SimSweepRow *row, uint64_t value, const SimResult *r);
+/* A table with a row per value, headed by the key (text), or an array of objects (JSON). */
+void sim_sweep_print_text(const char *key, const SimSweepRow *rows, size_t n, FILE *f);
+void sim_sweep_print_json(const SimSweepRow *rows, size_t n, FILE *f);

@@ -321,15 +321,6 @@ _public_ BrokerLease *broker_lease_free(BrokerLease *l) {
 }
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerLease *, broker_lease_free);
 
-static char *strdup_or_null(const char *s, bool *oom) {
-        if (!s)
-                return NULL;
-        char *p = strdup(s);
-        if (!p)
-                *oom = true;
-        return p;
-}
-
 /* Reads an io.slotbroker.Lease. Unknown fields are skipped: a newer broker may add some. Returns 0,
  * -EBADMSG or -ENOMEM. */
 static int lease_from_json(json_t *o, BrokerLease **ret) {
@@ -373,12 +364,8 @@ static int lease_from_json(json_t *o, BrokerLease **ret) {
                 l->slots[i] = (unsigned) json_integer_value(v);
         }
         l->n_slots = n;
-        bool oom = false;
-        l->id = strdup_or_null(id, &oom);
-        l->pool = strdup_or_null(pool, &oom);
-        l->lane = strdup_or_null(lane, &oom);
-        l->job = strdup_or_null(job, &oom);
-        if (oom)
+        if (strdup_or_null(id, &l->id) < 0 || strdup_or_null(pool, &l->pool) < 0 ||
+            strdup_or_null(lane, &l->lane) < 0 || strdup_or_null(job, &l->job) < 0)
                 return -ENOMEM;
         l->members = TAKE_PTR(members);
         l->token = (uint64_t) token;

@@ -243,16 +243,23 @@ void conf_errors_done(ConfErrors *errors) {
         errors->n_dropped = 0;
 }
 
+char *conf_error_to_string(const ConfError *e) {
+        char *s;
+
+        if (!e)
+                return NULL;
+        if (asprintf(&s, "%s%s%s%s%s", e->where ?: "", e->where ? ": " : "", e->key ?: "", e->key ? ": " : "",
+                     e->message ?: "(out of memory while describing this error)") < 0)
+                return NULL;
+        return s;
+}
+
 void conf_errors_print(const ConfErrors *errors, FILE *f) {
         if (!errors)
                 return;
         for (size_t i = 0; i < errors->n_errors; i++) {
-                const ConfError *e = errors->errors + i;
-                if (e->where)
-                        fprintf(f, "%s: ", e->where);
-                if (e->key)
-                        fprintf(f, "%s: ", e->key);
-                fprintf(f, "%s\n", e->message ?: "(out of memory while describing this error)");
+                _cleanup_free_ char *s = conf_error_to_string(errors->errors + i);
+                fprintf(f, "%s\n", s ?: "(out of memory while describing an error)");
         }
         if (errors->n_dropped > 0)
                 fprintf(f, "(%zu more errors not shown)\n", errors->n_dropped);

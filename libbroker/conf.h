@@ -141,7 +141,10 @@ void conf_dump(const BrokerConfig *c, FILE *f);
 int conf_errors_add(ConfErrors *errors, const ConfSource *source, const char *key, const char *format, ...)
         _printf_(4, 5);
 void conf_errors_done(ConfErrors *errors);
-/* "file:line: key: message" per line. */
+/* One error as "file:line: key: message" (the parts it has), the form every report of errors uses. Returns
+ * a new string, or NULL when out of memory. */
+char *conf_error_to_string(const ConfError *e);
+/* conf_error_to_string() of each error, one per line. */
 void conf_errors_print(const ConfErrors *errors, FILE *f);
 
 /* "file:line", or "file" for line 0, into buf; NULL when there is no file. */

@@ -88,3 +88,13 @@ static inline bool streq_ptr(const char *a, const char *b) {
                 return a == b;
         return strcmp(a, b) == 0;
 }
+
+/* A copy of s, or NULL for NULL, in *ret. Returns 0, or -ENOMEM (*ret untouched then). */
+static inline int strdup_or_null(const char *s, char **ret) {
+        char *copy = NULL;
+
+        if (s && !(copy = strdup(s)))
+                return -ENOMEM;
+        *ret = copy;
+        return 0;
+}

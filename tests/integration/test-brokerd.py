@@ -808,6 +808,17 @@ class Scenarios:
         self.assertEqual(g.error, "io.slotbroker.Busy", f"lane fresh still configured: {g.msg}")
         self.assertTrue(b.alive())
 
+    def test_reload_names_unknown_users_and_groups(self):
+        b = self.start_broker(RELOAD_BASE)
+        config = RELOAD_BASE + "allow-users = root no-such-user-slotbroker\nallow-groups = no-such-group-slotbroker\n"
+        b.write_config(config)
+        err = self.expect_error(b.reload, "io.slotbroker.ReloadFailed")
+        lane_line = lines_of(config, "[lane shrink]")
+        self.assertEqual(sorted(err["errors"]),
+                         [f'{b.config_path}:{lane_line}: allow-groups: unknown group "no-such-group-slotbroker"',
+                          f'{b.config_path}:{lane_line}: allow-users: unknown user "no-such-user-slotbroker"'])
+        self.assertTrue(b.alive())
+
     def test_shrunk_pool_grants_nothing_above_its_new_limit(self):
         b = self.start_broker(RELOAD_BASE)
         h0, i0 = b.tracked(lambda: b.acquire("shrink"))

@@ -39,9 +39,9 @@ PRAGMA user_version = 2;
 class History:
     """Writes decisions as brokerd's audit would: a grant, and later its lease's end."""
 
-    def __init__(self, path):
+    def __init__(self, path, schema=SCHEMA):
         self.db = sqlite3.connect(path)
-        self.db.executescript(SCHEMA)
+        self.db.executescript(schema)
         self.leases = 0
 
     def add(self, t_us, decision, pool, lane, **kw):
@@ -86,10 +86,10 @@ class Replay(unittest.TestCase):
     def tearDown(self):
         self.dir.cleanup()
 
-    def fail_fast_history(self):
+    def fail_fast_history(self, schema=SCHEMA):
         """The merge lane fails fast on a pool of 6: 12 requests 100 ms apart, each holding 10 s; the
         first 6 were granted, the next 6 refused busy."""
-        h = History(self.path)
+        h = History(self.path, schema)
         for i in range(12):
             if i < 6:
                 h.grant(i * 100 * MS, "grid", "merge", 10 * S)
@@ -222,6 +222,31 @@ class Replay(unittest.TestCase):
         p = simulate("--pool", "grid", "--limit", "1", "--hold", "1s", "--arrivals", "1/s:1s", check=False)
         self.assertEqual(p.returncode, 64)
         self.assertIn("--pool needs --replay", p.stderr)
+
+    def test_another_programs_database_is_refused(self):
+        # Tables just like brokerd's, but not brokerd's file: its application_id says whose it is.
+        for app_id in (0, 0x12345678):
+            with self.subTest(application_id=app_id):
+                if os.path.exists(self.path):
+                    os.unlink(self.path)
+                self.fail_fast_history(SCHEMA.replace("application_id = 1397509972", f"application_id = {app_id}"))
+                p = simulate("--replay", self.path, check=False)
+                self.assertEqual(p.returncode, 64, p.stderr)
+                self.assertIn(f"'{self.path}' is not a brokerd history database", p.stderr)
+                self.assertEqual(p.stdout, "")
+
+    def test_a_newer_schema_is_refused(self):
+        self.fail_fast_history(SCHEMA.replace("user_version = 2", "user_version = 1000"))
+        p = simulate("--replay", self.path, check=False)
+        self.assertEqual(p.returncode, 64, p.stderr)
+        self.assertIn("newer brokerd (schema version 1000", p.stderr)
+        self.assertEqual(p.stdout, "")
+
+    def test_an_older_schema_is_read(self):
+        # Version 1 had no events.reason, which the replay does not read.
+        self.fail_fast_history(SCHEMA.replace(", reason TEXT", "").replace("user_version = 2", "user_version = 1"))
+        r = simulate_json("--replay", self.path)
+        self.assertEqual((r["requests"], r["granted"], r["refused"]["busy"]), (12, 6, 6))
 
     def fail_fast_history_at(self, path):
         saved, self.path = self.path, path

@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT */
+/* test-fs-util.c — mkdir_parents(): the directories leading to a path, never the path itself. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fs-util.h"
+#include "macro.h"
+
+static char root[] = "/tmp/test-fs-util-XXXXXX";
+
+static int setup(void **state) {
+        return mkdtemp(root) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+        char cmd[sizeof root + 16];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+        return system(cmd) == 0 ? 0 : -1;
+}
+
+static bool is_dir(const char *path, mode_t *ret_mode) {
+        struct stat st;
+        if (stat(path, &st) < 0 || !S_ISDIR(st.st_mode))
+                return false;
+        if (ret_mode)
+                *ret_mode = st.st_mode & 07777;
+        return true;
+}
+
+static void test_creates_every_parent_but_not_the_path(void **state) {
+        char path[256], dir[256];
+        mode_t mode = 0;
+
+        snprintf(path, sizeof path, "%s/a/b/c/sock", root);
+        assert_int_equal(mkdir_parents(path, 0750), 0);
+        snprintf(dir, sizeof dir, "%s/a/b/c", root);
+        assert_true(is_dir(dir, &mode));
+        assert_int_equal(mode & ~(mode_t) 0022, 0750 & ~(mode_t) 0022); /* the umask may take bits away */
+        assert_false(is_dir(path, NULL));
+        assert_int_equal(access(path, F_OK), -1);
+}
+
+static void test_existing_directories_are_fine(void **state) {
+        char path[256];
+
+        snprintf(path, sizeof path, "%s/x/y/history.db", root);
+        assert_int_equal(mkdir_parents(path, 0755), 0);
+        assert_int_equal(mkdir_parents(path, 0755), 0);
+        snprintf(path, sizeof path, "%s/x/y", root);
+        assert_true(is_dir(path, NULL));
+}
+
+static void test_a_file_in_the_way_is_an_error(void **state) {
+        char file[256], path[256];
+
+        snprintf(file, sizeof file, "%s/file", root);
+        int fd = open(file, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+        assert_true(fd >= 0);
+        close(fd);
+        snprintf(path, sizeof path, "%s/file/d/sock", root);
+        assert_int_equal(mkdir_parents(path, 0755), -ENOTDIR);
+}
+
+static void test_a_bare_name_has_no_parents(void **state) {
+        assert_int_equal(mkdir_parents("name-without-slash", 0755), 0);
+        assert_false(is_dir("name-without-slash", NULL));
+        assert_int_equal(mkdir_parents(NULL, 0755), -EINVAL);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_creates_every_parent_but_not_the_path),
+                cmocka_unit_test(test_existing_directories_are_fine),
+                cmocka_unit_test(test_a_file_in_the_way_is_an_error),
+                cmocka_unit_test(test_a_bare_name_has_no_parents),
+        };
+        return cmocka_run_group_tests(tests, setup, teardown);
+}
