@@ -58,7 +58,7 @@ static void connection_update_events(Connection *c) {
         uint32_t events = EPOLLIN;
         if (varlink_stream_pending_output(&c->stream) > 0)
                 events |= EPOLLOUT;
-        (void) sd_event_source_set_io_events(c->io, events);
+        (void) poller_set_events(c->manager->poller, &c->watch, events);
 }
 
 static void connection_flush(Connection *c) {
@@ -172,8 +172,8 @@ void connection_acquire_done(Connection *c) {
         connection_dispatch(c);
 }
 
-static int connection_io(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
-        Connection *c = userdata;
+static void connection_io(PollerWatch *w, uint32_t revents) {
+        Connection *c = container_of(w, Connection, watch);
         Manager *m = c->manager;
 
         if (revents & EPOLLOUT)
@@ -207,7 +207,6 @@ static int connection_io(sd_event_source *s, int fd, uint32_t revents, void *use
 
         connection_update_events(c);
         manager_sync(m);
-        return 0;
 }
 
 int connection_new(Manager *m, int fd, Connection **ret) {
@@ -219,6 +218,7 @@ int connection_new(Manager *m, int fd, Connection **ret) {
                 return -ENOMEM;
         c->manager = m;
         c->fd = -EBADF;
+        c->watch = (PollerWatch) POLLER_WATCH_INIT;
         c->acquire.command_pidfd = -EBADF;
 
         socklen_t len = sizeof c->cred;
@@ -231,7 +231,7 @@ int connection_new(Manager *m, int fd, Connection **ret) {
         if (r < 0)
                 goto fail;
         varlink_stream_init(&c->stream, c->fd, cfg->max_message_size, cfg->max_output_per_connection);
-        r = sd_event_add_io(m->event, &c->io, c->fd, EPOLLIN, connection_io, c);
+        r = poller_add(m->poller, &c->watch, c->fd, EPOLLIN, connection_io);
         if (r < 0) {
                 varlink_stream_done(&c->stream);
                 goto fail;
@@ -301,7 +301,7 @@ void connection_close(Connection *c) {
         if (c->lease)
                 lease_holder_gone(c->lease); /* clears c->lease */
 
-        c->io = sd_event_source_disable_unref(c->io);
+        poller_remove(m->poller, &c->watch);
         json_decref(c->next_call);
         c->next_call = NULL;
         varlink_stream_done(&c->stream);

@@ -11,6 +11,7 @@
 
 #include "engine.h"
 #include "list.h"
+#include "poller.h"
 #include "process.h"
 #include "varlink.h"
 
@@ -43,7 +44,7 @@ struct Connection {
         Manager *manager;
         ListNode node;             /* Manager.connections, or Manager.closed_connections once closed */
         int fd;
-        sd_event_source *io;
+        PollerWatch watch;         /* the socket, in Manager.poller */
         VarlinkStream stream;
         json_t *next_call;         /* taken from the stream, waiting for an open Acquire to end */
         struct ucred cred;

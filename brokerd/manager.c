@@ -730,6 +730,10 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         /* Position updates are courtesy: a release or a new call waiting in the same iteration goes first. */
         (void) sd_event_source_set_priority(m->position_timer, SD_EVENT_PRIORITY_IDLE);
 
+        r = poller_new(m->event, &m->poller);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up polling of connections: %m");
+
         r = sd_event_add_defer(m->event, &m->gc_source, on_gc, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the collector: %m");
@@ -763,6 +767,7 @@ Manager *manager_free(Manager *m) {
         }
         if (m->gc_source)
                 on_gc(m->gc_source, m);
+        m->poller = poller_free(m->poller);
         sd_event_source_disable_unref(m->listen_source);
         safe_close(m->listen_fd);
         if (m->socket_bound_here && m->socket_path)

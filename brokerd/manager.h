@@ -11,6 +11,7 @@
 #include "engine.h"
 #include "list.h"
 #include "metrics.h"
+#include "poller.h"
 #include "time-util.h"
 
 typedef struct Connection Connection;
@@ -56,6 +57,7 @@ typedef struct Manager {
 
         int listen_fd;
         sd_event_source *listen_source;
+        Poller *poller;                 /* the connections' sockets */
         List connections;               /* Connection.node */
         List closed_connections;        /* freed by gc_source, after the handler that closed them */
         sd_event_source *gc_source;
