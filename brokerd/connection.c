@@ -55,7 +55,8 @@ static bool connection_busy(const Connection *c) {
 static void connection_update_events(Connection *c) {
         if (c->closed)
                 return;
-        uint32_t events = EPOLLIN;
+        /* After EOF the socket stays readable (level-triggered: for ever); HUP still comes unasked. */
+        uint32_t events = c->read_eof ? 0 : EPOLLIN;
         if (varlink_stream_pending_output(&c->stream) > 0)
                 events |= EPOLLOUT;
         (void) poller_set_events(c->manager->poller, &c->watch, events);
@@ -149,6 +150,31 @@ static bool connection_run_calls(Connection *c) {
         return true;
 }
 
+/* A client that shut its sending side (shutdown(SHUT_WR), as `printf … | socat` does) can still read:
+ * its calls are answered, in order, and the connection closes once the last reply is out. An open
+ * Acquire is the exception: its connection is the lease's life line, and a client that can send nothing
+ * more has ended it, as a hang-up does (io.slotbroker(7)). */
+static void connection_close_if_finished(Connection *c) {
+        if (c->closed || !c->read_eof)
+                return;
+        if (c->acquire.active || c->lease) {
+                log_debug("Client pid %d shut its side of the connection with an Acquire open; closing.",
+                          (int) c->cred.pid);
+                connection_close(c);
+                return;
+        }
+        if (connection_busy(c) || c->next_call)
+                return; /* a reply still to come */
+        /* What is left in the input is the start of a call that never ended: nobody waits for its answer. */
+        if (varlink_stream_pending_output(&c->stream) == 0)
+                connection_close(c);
+}
+
+static void connection_read_ended(Connection *c) {
+        c->read_eof = true;
+        connection_close_if_finished(c);
+}
+
 void connection_dispatch(Connection *c) {
         /* A Release of the connection's own lease answers twice (the Acquire's end, then the Release),
          * and pipelined calls once each: all of it leaves in one send. */
@@ -158,6 +184,7 @@ void connection_dispatch(Connection *c) {
         if (!ok || c->dispatching > 0)
                 return;
         connection_flush(c);
+        connection_close_if_finished(c);
         connection_update_events(c);
 }
 
@@ -176,10 +203,14 @@ static void connection_io(PollerWatch *w, uint32_t revents) {
         Connection *c = container_of(w, Connection, watch);
         Manager *m = c->manager;
 
-        if (revents & EPOLLOUT)
+        if (revents & EPOLLOUT) {
                 connection_flush(c);
+                connection_close_if_finished(c);
+        }
+        if (!c->closed && c->read_eof && (revents & (EPOLLHUP | EPOLLERR)))
+                connection_close(c); /* it shut the other side too: nobody reads what is left */
 
-        if (!c->closed && (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+        if (!c->closed && !c->read_eof && (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)))
                 for (int i = 0; i < READS_PER_WAKEUP && !c->closed; i++) {
                         ssize_t n = varlink_stream_read(&c->stream);
                         if (n == -EAGAIN)
@@ -195,9 +226,12 @@ static void connection_io(PollerWatch *w, uint32_t revents) {
                                 connection_dispatch(c);
                                 continue;
                         }
-                        if (n <= 0) {
-                                /* EOF: for a waiter the client went away; for a holder its life line ended. */
-                                connection_close(c);
+                        if (n == 0) {
+                                connection_read_ended(c);
+                                break;
+                        }
+                        if (n < 0) {
+                                connection_close(c); /* reset: the client is gone */
                                 break;
                         }
                         connection_dispatch(c);

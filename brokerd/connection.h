@@ -54,6 +54,7 @@ struct Connection {
         Lease *lease;              /* the lease this connection holds (its life line), if any */
         bool oneway;               /* the call being run wants no reply */
         bool history_pending;      /* a History call is answered later, from the writer thread */
+        bool read_eof;             /* the client shut its sending side: answer what it sent, then close */
         unsigned dispatching;      /* calls are being run: their replies go out together at the end */
         bool closed;
 };

@@ -134,6 +134,30 @@ class Robustness(unittest.TestCase):
         self.assertEqual(self.assert_closed_by_broker(c, "EOF after a partial message"), [],
                          "a message without its NUL must not be answered")
 
+    # ---- half-closed clients (shutdown(SHUT_WR), as `printf … | socat` does) ----
+
+    def test_calls_of_a_half_closed_client_are_answered_then_the_connection_closes(self):
+        for calls in (["io.slotbroker.History"], ["io.slotbroker.Status"],
+                      ["io.slotbroker.History", "io.slotbroker.Status", "io.slotbroker.History"]):
+            with self.subTest(calls=calls):
+                c = self.connect()
+                c.send_raw(b"".join(Varlink.encode_call(m) for m in calls))
+                c.sock.shutdown(socket.SHUT_WR)
+                msgs = self.assert_closed_by_broker(c, "the replies to a half-closed client")
+                self.assertEqual(len(msgs), len(calls), f"one reply per call, then EOF: {msgs}")
+                for method, msg in zip(calls, msgs):
+                    self.assertNotIn("error", msg, msg)
+                    self.assertIn("events" if method.endswith("History") else "pools", msg["parameters"],
+                                  f"{method} answered in order: {msgs}")
+
+    def test_half_closing_ends_an_acquire_as_a_hang_up_does(self):
+        c = self.connect()
+        c.send("io.slotbroker.Acquire", {"lane": "rb"}, more=True)
+        self.assertEqual(c.recv()["parameters"]["state"], "granted")
+        c.sock.shutdown(socket.SHUT_WR)
+        self.assert_closed_by_broker(c, "an Acquire's client shut its side")
+        self.broker.wait_idle(["rb"])
+
     def test_oversize_message_without_nul_is_cut(self):
         c = self.connect()
         head = b'{"method":"org.varlink.service.GetInfo","parameters":{},"org.example.pad":"'
