@@ -340,6 +340,7 @@ void connection_close(Connection *c) {
         c->next_call = NULL;
         varlink_stream_done(&c->stream);
         c->fd = safe_close(c->fd);
+        manager_fd_released(m);
         free(c->groups);
         c->groups = NULL;
 

@@ -57,6 +57,11 @@ typedef struct Manager {
 
         int listen_fd;
         sd_event_source *listen_source;
+        /* Out of fds, accept() fails and the socket stays readable: the listener is switched off until a
+         * connection closes or this timer fires. */
+        sd_event_source *accept_resume_timer;
+        bool accept_paused;
+        bool accept_starved;            /* in an episode of accept() failing for want of fds (logged once) */
         Poller *poller;                 /* the connections' sockets */
         List connections;               /* Connection.node */
         List closed_connections;        /* freed by gc_source, after the handler that closed them */
@@ -108,6 +113,9 @@ bool manager_is_admin(const Manager *m, uid_t uid);
 UidUsage *manager_uid_usage(Manager *m, uid_t uid, bool create);
 
 Lease *manager_find_lease(Manager *m, const char *id);
+
+/* A connection's fd was closed: accepting resumes if it was paused for want of fds. */
+void manager_fd_released(Manager *m);
 
 /* Marks STATUS= for an update at the next tick. */
 static inline void manager_status_changed(Manager *m) {

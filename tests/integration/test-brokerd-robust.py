@@ -372,6 +372,65 @@ class Limits(unittest.TestCase):
         self.assertTrue(y.queued, f"below the limit again: {y.msg}")
 
 
+def cpu_seconds(pid):
+    """utime + stime of a process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class FdLimit(unittest.TestCase):
+    """brokerd at its RLIMIT_NOFILE (issue 9 h): accept() fails with EMFILE while connections wait in the
+    backlog, and the listening socket stays readable. brokerd must rest its listener instead of spinning,
+    log the episode once, count it, and serve every waiting client as fds free."""
+
+    NOFILE = 64
+    CLIENTS = 100
+
+    def test_connection_flood_at_the_fd_limit(self):
+        b = Broker(CONFIG, name="brokerd-nofile", nofile=self.NOFILE, debug=False).start()
+        self.addCleanup(b.stop)
+        conns = []
+        self.addCleanup(lambda: [c.close() for c in conns])
+        for i in range(self.CLIENTS):
+            c = Varlink(b.socket_path, timeout=10)  # connect() completes in the backlog, accepted or not
+            conns.append(c)
+            c.send("org.varlink.service.GetInfo")
+        answered = set()
+
+        def collect():
+            for i, c in enumerate(conns):
+                if i not in answered and c.poll(0) is not None:
+                    answered.add(i)
+            return len(answered)
+
+        wait_for(collect, timeout=10, message="brokerd to answer the clients its fds allow")
+        self.assertLess(len(answered), self.CLIENTS, "the test needs more clients than brokerd has fds for")
+
+        # brokerd's fds are all taken and clients wait in the backlog: it must rest, not spin.
+        cpu0, t0 = cpu_seconds(b.pid), time.monotonic()
+        time.sleep(1.5)
+        cpu, wall = cpu_seconds(b.pid) - cpu0, time.monotonic() - t0
+        self.assertLess(cpu, 0.3 * wall, f"brokerd used {cpu:.2f} s of CPU in {wall:.2f} s at its fd limit")
+        lines = [line for line in b.log().splitlines() if "accept()" in line]
+        self.assertLess(len(lines), 5, f"the fd shortage is logged once per episode, not per attempt: "
+                                       f"{len(lines)} lines, first {lines[:3]}")
+
+        # As answered clients leave, the waiting ones are accepted and answered: all of them in the end.
+        def drain():
+            for i in list(answered):
+                conns[i].close()
+            return collect() == self.CLIENTS
+
+        wait_for(drain, timeout=20, message="every client of the flood to be answered")
+        for c in conns:
+            c.close()
+        text = b.call("io.slotbroker.Metrics")["text"]
+        count = int(re.search(r"^slotbroker_accept_fd_exhausted_total (\d+)$", text, re.M).group(1))
+        self.assertGreaterEqual(count, 1, "the episode is counted")
+        self.assertTrue(b.responsive())
+
+
 class ClientGoneMidGrant(unittest.TestCase):
     """A client that sends Acquire and goes away while its grant is being recorded."""
 
