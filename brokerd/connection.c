@@ -7,7 +7,7 @@
 #include "acquire.h"
 #include "audit.h"
 #include "connection.h"
-#include "history.h"
+#include "history-call.h"
 #include "lease.h"
 #include "log.h"
 #include "manager.h"
@@ -62,6 +62,21 @@ static void connection_update_events(Connection *c) {
         (void) poller_set_events(c->manager->poller, &c->watch, events);
 }
 
+/* A producer waiting for the output to drain (History's pages) gets its turn. */
+static void connection_check_output_below(Connection *c) {
+        if (c->closed || !c->output_below || varlink_stream_pending_output(&c->stream) >= c->output_mark)
+                return;
+        void (*fn)(Connection *c) = c->output_below;
+        c->output_below = NULL;
+        fn(c);
+}
+
+void connection_when_output_below(Connection *c, size_t mark, void (*fn)(Connection *c)) {
+        c->output_mark = mark;
+        c->output_below = fn;
+        connection_check_output_below(c);
+}
+
 static void connection_flush(Connection *c) {
         if (c->closed || varlink_stream_pending_output(&c->stream) == 0)
                 return;
@@ -69,17 +84,35 @@ static void connection_flush(Connection *c) {
         if (r < 0 && r != -EAGAIN) {
                 log_debug("Connection of pid %d broke: %s", (int) c->cred.pid, strerror(-r));
                 connection_close(c);
+                return;
         }
+        connection_check_output_below(c);
 }
 
-/* After queueing a reply: a client that lets its unsent output pass the cap is cut (SPEC §10), else what
- * can go now goes. */
-static int connection_queued(Connection *c, int r) {
+/* A client that lets its unsent output pass the cap is cut (SPEC §10). */
+static int connection_check_queued(Connection *c, int r) {
         if (r == -ENOBUFS) {
                 log_warning("Client pid %d does not read its replies; closing its connection.", (int) c->cred.pid);
                 connection_close(c);
-                return r;
         }
+        return r;
+}
+
+int connection_reply_part(Connection *c, const void *data, size_t size) {
+        if (c->closed)
+                return -ENOTCONN;
+        return connection_check_queued(c, varlink_output_enqueue(&c->stream.output, data, size));
+}
+
+int connection_reply_part_json(Connection *c, const json_t *value) {
+        if (c->closed)
+                return -ENOTCONN;
+        return connection_check_queued(c, varlink_output_enqueue_json_part(&c->stream.output, value));
+}
+
+/* After queueing a reply: the cap, else what can go now goes. */
+static int connection_queued(Connection *c, int r) {
+        r = connection_check_queued(c, r);
         if (r < 0)
                 return r;
         if (c->dispatching > 0)
@@ -128,6 +161,8 @@ static void connection_protocol_error(Connection *c, const char *reason) {
 /* Runs the calls that can be answered now. Returns false when the connection had to go. */
 static bool connection_run_calls(Connection *c) {
         while (!c->closed) {
+                if (c->history_pending)
+                        break; /* its reply goes out in parts: nothing comes between them, not even an error */
                 if (!c->next_call) {
                         int r = varlink_stream_next(&c->stream, &c->next_call);
                         if (r == 0)
@@ -300,8 +335,7 @@ void connection_close(Connection *c) {
         if (c->dispatching > 0 && varlink_stream_pending_output(&c->stream) > 0)
                 (void) varlink_stream_flush(&c->stream);
         c->closed = true;
-        if (c->history_pending && m->history)
-                history_cancel(m->history, c);
+        history_call_abandon(c);
 
         AcquireCall *a = &c->acquire;
         acquire_forget_waiter(c);
@@ -338,6 +372,7 @@ void connection_close(Connection *c) {
         poller_remove(m->poller, &c->watch);
         json_decref(c->next_call);
         c->next_call = NULL;
+        manager_memory_freed(m, varlink_stream_pending_output(&c->stream) + c->stream.input.allocated);
         varlink_stream_done(&c->stream);
         c->fd = safe_close(c->fd);
         manager_fd_released(m);

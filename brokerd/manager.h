@@ -82,6 +82,7 @@ typedef struct Manager {
         usec_t idle_since;              /* monotonic: since when nothing was connected or held */
         uint64_t token_floor_all;       /* fencing tokens of every pool continue above it; 0: none */
         unsigned refused_unlogged;      /* connections refused at a limit since the last line about it */
+        size_t freed_untrimmed;         /* bytes of big buffers freed since the last malloc_trim() */
 } Manager;
 
 typedef struct ManagerOptions {
@@ -116,6 +117,10 @@ Lease *manager_find_lease(Manager *m, const char *id);
 
 /* A connection's fd was closed: accepting resumes if it was paused for want of fds. */
 void manager_fd_released(Manager *m);
+
+/* Buffers of this size were freed (a connection's output, a History reply's events): past a few MiB,
+ * malloc_trim() runs at the end of the loop iteration. Returns nothing; never fails. */
+void manager_memory_freed(Manager *m, size_t bytes);
 
 /* Marks STATUS= for an update at the next tick. */
 static inline void manager_status_changed(Manager *m) {

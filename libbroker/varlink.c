@@ -601,23 +601,35 @@ static int dump_callback(const char *buffer, size_t size, void *userdata) {
         return 0;
 }
 
-int varlink_output_enqueue_json(VarlinkOutput *out, const json_t *msg) {
+/* Serializes value straight into the queue, with the NUL that ends a message or without it. */
+static int output_enqueue_json(VarlinkOutput *out, const json_t *value, bool end) {
         DumpContext ctx = { .out = out };
         OutputMark m;
         int r;
 
-        assert_return(out, -EINVAL);
-        assert_return(json_is_object(msg), -EINVAL);
-
         /* Serialized straight into the queue: a large Status reply is never built twice. */
         m = output_mark(out);
-        if (json_dump_callback(msg, dump_callback, &ctx, JSON_COMPACT) < 0)
+        if (json_dump_callback(value, dump_callback, &ctx, JSON_COMPACT | JSON_ENCODE_ANY) < 0)
                 r = ctx.error < 0 ? ctx.error : -ENOMEM;
         else
-                r = output_append(out, "", 1);
+                r = end ? output_append(out, "", 1) : 0;
         if (r < 0)
                 output_rollback(out, &m);
         return r;
+}
+
+int varlink_output_enqueue_json(VarlinkOutput *out, const json_t *msg) {
+        assert_return(out, -EINVAL);
+        assert_return(json_is_object(msg), -EINVAL);
+
+        return output_enqueue_json(out, msg, true);
+}
+
+int varlink_output_enqueue_json_part(VarlinkOutput *out, const json_t *value) {
+        assert_return(out, -EINVAL);
+        assert_return(value, -EINVAL);
+
+        return output_enqueue_json(out, value, false);
 }
 
 int varlink_output_flush(VarlinkOutput *out, int fd) {

@@ -141,6 +141,10 @@ void varlink_output_done(VarlinkOutput *out);
 int varlink_output_enqueue(VarlinkOutput *out, const void *data, size_t size);
 /* Serializes msg straight into the queue, with its NUL. Returns as varlink_output_enqueue(). */
 int varlink_output_enqueue_json(VarlinkOutput *out, const json_t *msg);
+/* A message too large to build at once goes out in parts, as it is produced: the text around its
+ * values with varlink_output_enqueue() (the NUL at the very end), each value (of any JSON type) with
+ * this, without a NUL. Nothing else may be queued in between. Returns as varlink_output_enqueue(). */
+int varlink_output_enqueue_json_part(VarlinkOutput *out, const json_t *value);
 /* Sends what is pending with sendmsg(MSG_NOSIGNAL|MSG_DONTWAIT), several chunks a call, keeping what a
  * partial write left.
  * Returns 0 when everything was sent; -EAGAIN when the socket is full and bytes remain (wait for

@@ -12,6 +12,7 @@ import os
 import re
 import selectors
 import socket
+import struct
 import sys
 import time
 import unittest
@@ -370,6 +371,103 @@ class Limits(unittest.TestCase):
         y = b.acquire("p")
         self.addCleanup(y.close)
         self.assertTrue(y.queued, f"below the limit again: {y.msg}")
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def unread_bytes(sock):
+    """Bytes waiting in a socket's receive queue (FIONREAD)."""
+    import fcntl
+    import termios
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+class HistoryReplies(unittest.TestCase):
+    """History's reply is produced page by page as the client reads (issue 9 n): the pages must add up to
+    what one query gives, and clients that ask and never read must not pin memory or stall the loop."""
+
+    JOB = "j" * 300  # events of about 450 bytes: 1000 of them are more than the socket buffers take
+
+    @classmethod
+    def setUpClass(cls):
+        cls.broker = Broker(CONFIG, name="brokerd-history", debug=False).start()
+        b = cls.broker
+        # 2000 refusals: both ff slots held, then 2000 Acquires pipelined on one connection, refused at once.
+        cls.holders = [b.acquire("ff") for _ in range(2)]
+        call = Varlink.encode_call("io.slotbroker.Acquire", {"lane": "ff", "job": cls.JOB})
+        with b.connect(timeout=30) as c:
+            for _ in range(20):
+                c.send_raw(call * 100)
+                for _ in range(100):
+                    msg = c.recv(30)
+                    assert msg.get("error") == "io.slotbroker.Busy", msg
+        wait_for(lambda: len(b.call("io.slotbroker.History", {"limit": 1000, "cursor": 1000})["events"]) >= 1000,
+                 timeout=20, message="2000 events in the history")
+
+    @classmethod
+    def tearDownClass(cls):
+        for h in cls.holders:
+            h.close()
+        cls.broker.stop()
+
+    def history(self, **params):
+        return self.broker.call("io.slotbroker.History", params, timeout=30)
+
+    def test_pages_add_up_to_the_whole(self):
+        whole = self.history(limit=1000)
+        self.assertEqual(len(whole["events"]), 1000)
+        ids = [e["id"] for e in whole["events"]]
+        self.assertEqual(ids, sorted(set(ids)), "oldest first, each once")
+        self.assertEqual(whole["cursor"], ids[-1], "more events follow: the cursor is the last one's id")
+        self.assertEqual(whole["events"][-1]["job"], self.JOB)
+        pieces, cursor = [], 0
+        while len(pieces) < 1000:
+            page = self.history(limit=137, cursor=cursor)
+            self.assertLessEqual(len(page["events"]), 137)
+            pieces += page["events"]
+            cursor = page["cursor"]
+        self.assertEqual(pieces[:1000], whole["events"], "pages of 137 give the same events as one of 1000")
+        everything, cursor = [], 0
+        while cursor is not None:
+            page = self.history(limit=1000, cursor=cursor)
+            everything += page["events"]
+            cursor = page.get("cursor")
+        self.assertGreaterEqual(len(everything), 2000)
+        self.assertEqual(everything[:1000], whole["events"])
+        self.assertEqual(self.history(limit=5, decision="busy", cursor=ids[10])["events"], whole["events"][11:16])
+
+    def test_clients_that_ask_and_never_read(self):
+        b = self.broker
+        rss0 = rss_kib(b.pid)
+        conns = []
+        self.addCleanup(lambda: [c.close() for c in conns])
+        for i in range(300):
+            c = Varlink(b.socket_path, timeout=10)
+            conns.append(c)
+            c.send("io.slotbroker.History", {"limit": 1000})
+        wait_for(lambda: all(unread_bytes(c.sock) > 0 for c in conns), timeout=60,
+                 message="every History client to have the start of its reply")
+        t0 = time.monotonic()
+        a = b.acquire("rb", timeout=30)
+        took = time.monotonic() - t0
+        a.close()
+        self.assertTrue(a.granted, a.msg)
+        self.assertLess(took, 3.0, "a good client is answered while 300 History clients do not read")
+        grown = (rss_kib(b.pid) - rss0) / 1024
+        sys.stderr.write(f"brokerd's RSS grew by {grown:.1f} MiB for 300 History clients; an Acquire took "
+                         f"{took * 1000:.1f} ms\n")
+        self.assertLess(grown, 64, f"brokerd's RSS grew by {grown:.0f} MiB for 300 clients that do not read")
+        for c in conns:
+            c.close()
+        wait_for(lambda: len(b.client_connections()) == len(self.holders),
+                 message="brokerd to close every History connection")
+        self.assertTrue(b.responsive())
 
 
 def cpu_seconds(pid):
