@@ -410,7 +410,7 @@ static int input_reserve(VarlinkInput *in, size_t size) {
         }
         if (size > SIZE_MAX / 4 - in->end)
                 return -ENOMEM;
-        size_t need = MAX(in->end + size, VARLINK_READ_SIZE);
+        size_t need = MAX(in->end + size, VARLINK_INPUT_MIN);
         if (in->allocated > 4 * need) {
                 /* A large message has gone through: do not keep its buffer for the small ones behind it. */
                 char *d = realloc(in->data, 2 * need);
@@ -691,6 +691,20 @@ void varlink_stream_done(VarlinkStream *s) {
         s->fd = -EBADF;
 }
 
+/* The receive itself: at most n bytes into buf. Returns the number of bytes, 0 at EOF, -EAGAIN, or
+ * another negative errno; sets s->drained. */
+static ssize_t stream_recv(VarlinkStream *s, void *buf, size_t n) {
+        for (;;) {
+                ssize_t k = recv(s->fd, buf, n, MSG_DONTWAIT);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                s->drained = k >= 0 && (size_t) k < n;
+                if (k < 0)
+                        return errno == EWOULDBLOCK ? -EAGAIN : negative_errno();
+                return k;
+        }
+}
+
 ssize_t varlink_stream_read(VarlinkStream *s) {
         VarlinkInput *in;
         int r;
@@ -706,25 +720,20 @@ ssize_t varlink_stream_read(VarlinkStream *s) {
                 return -ENOBUFS;
         size_t room = in->max + 1 - pending;
 
-        r = input_reserve(in, MIN(room, VARLINK_READ_SIZE));
-        if (r < 0)
-                return r;
-        size_t n = MIN(room, in->allocated - in->end);
-
-        for (;;) {
-                ssize_t k = recv(s->fd, in->data + in->end, n, MSG_DONTWAIT);
-                if (k < 0 && errno == EINTR)
-                        continue;
-                s->drained = k >= 0 && (size_t) k < n;
-                if (k <= 0) {
-                        r = k < 0 ? (errno == EWOULDBLOCK ? -EAGAIN : negative_errno()) : 0;
-                        if (pending == 0)
-                                input_release(in); /* a wakeup for nothing keeps no buffer */
-                        return r;
-                }
-                in->end += (size_t) k;
+        /* Read on the stack, keep what came: the input then holds what the peer sent, not a read's
+         * worth. 4,000 connections dripping a byte at a time held 32 KiB each (128 MB, a page fault or
+         * two each as it grew); the copy costs less than the parse that follows. */
+        char scratch[VARLINK_READ_SIZE];
+        ssize_t k = stream_recv(s, scratch, MIN(room, sizeof scratch));
+        if (k <= 0) {
+                if (pending == 0)
+                        input_release(in); /* a wakeup for nothing keeps no buffer */
                 return k;
         }
+        r = varlink_input_feed(in, scratch, (size_t) k);
+        if (r < 0)
+                return r;
+        return k;
 }
 
 int varlink_stream_next(VarlinkStream *s, json_t **ret) {

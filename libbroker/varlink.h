@@ -20,6 +20,8 @@
 #define VARLINK_OUTPUT_MAX_DEFAULT ((size_t) 16 * 1024 * 1024)
 /* One read(): bounds the memory a burst takes before it is parsed. */
 #define VARLINK_READ_SIZE ((size_t) 16 * 1024)
+/* The smallest input buffer: it grows by doubling with what is buffered. */
+#define VARLINK_INPUT_MIN ((size_t) 256)
 
 #define VARLINK_SERVICE_INTERFACE "org.varlink.service"
 #define VARLINK_ERROR_INTERFACE_NOT_FOUND "org.varlink.service.InterfaceNotFound"     /* {interface} */
