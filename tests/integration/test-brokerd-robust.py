@@ -373,6 +373,74 @@ class Limits(unittest.TestCase):
         self.assertTrue(y.queued, f"below the limit again: {y.msg}")
 
 
+def thread_cpu_ns(pid):
+    """CPU time of a process's main thread so far, in ns (schedstat: exact, where /proc/PID/stat counts ticks)."""
+    with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+def unsent_bytes(sock):
+    """What a socket has sent that its peer has not read yet (SIOCOUTQ; 0 once the peer took it all)."""
+    import fcntl
+    import termios
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+
+
+class SlowClients(unittest.TestCase):
+    """Connections that drip a byte at a time and never finish a message (issue 9 f). brokerd's CPU per
+    byte received must not grow with the number of connections: with a source per connection, sd-event
+    polled every ready socket again for each one it dispatched, and a burst of N bytes on N connections
+    cost O(N²). The same number of bytes is dripped over few connections and over many; the CPU of the
+    many may not be several times that of the few."""
+
+    FEW, MANY, BYTES = 300, 3000, 12000
+
+    @classmethod
+    def setUpClass(cls):
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and hard < cls.MANY + 200:
+            raise unittest.SkipTest(f"RLIMIT_NOFILE's hard limit {hard} is below {cls.MANY + 200}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        cls.broker = Broker(CONFIG, name="brokerd-drip", debug=False).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.broker.stop()
+
+    def drip(self, n):
+        """brokerd's main-thread CPU, in ns, for BYTES bytes dripped in bursts of one byte on n connections."""
+        b = self.broker
+        socks = []
+        try:
+            for _ in range(n):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+                socks.append(s)
+                s.connect(b.socket_path)
+                s.sendall(b'{"method":"io.slotbroker.Status","parameters":{},"org.example.pad":"')
+            consumed = lambda: all(unsent_bytes(s) == 0 for s in socks)  # noqa: E731
+            wait_for(consumed, timeout=60, message="brokerd to read every connection's first bytes")
+            cpu0 = thread_cpu_ns(b.pid)
+            for _ in range(self.BYTES // n):
+                for s in socks:
+                    s.send(b"x")
+                wait_for(consumed, timeout=60, message="brokerd to read the burst")
+            return thread_cpu_ns(b.pid) - cpu0
+        finally:
+            for s in socks:
+                s.close()
+            wait_for(lambda: not b.client_connections(), timeout=30, message="brokerd to close the connections")
+
+    def test_cpu_per_byte_does_not_grow_with_connections(self):
+        few = self.drip(self.FEW)
+        many = self.drip(self.MANY)
+        sys.stderr.write(f"{self.BYTES} bytes: {few / self.BYTES / 1000:.1f} us a byte over {self.FEW} connections, "
+                         f"{many / self.BYTES / 1000:.1f} us over {self.MANY}\n")
+        self.assertLess(many, 3 * few, f"{self.BYTES} bytes cost {many / 1e6:.0f} ms of CPU over {self.MANY} "
+                                       f"connections, {few / 1e6:.0f} ms over {self.FEW}")
+        self.assertTrue(self.broker.responsive())
+
+
 def rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
