@@ -530,7 +530,11 @@ class HistoryReplies(unittest.TestCase):
         grown = (rss_kib(b.pid) - rss0) / 1024
         sys.stderr.write(f"brokerd's RSS grew by {grown:.1f} MiB for 300 History clients; an Acquire took "
                          f"{took * 1000:.1f} ms\n")
-        self.assertLess(grown, 64, f"brokerd's RSS grew by {grown:.0f} MiB for 300 clients that do not read")
+        # AddressSanitizer keeps freed memory in quarantine (256 MiB by default): no RSS figure means much.
+        with open(b.brokerd, "rb") as f:
+            sanitized = b"__asan_init" in f.read()
+        if not sanitized:
+            self.assertLess(grown, 64, f"brokerd's RSS grew by {grown:.0f} MiB for 300 clients that do not read")
         for c in conns:
             c.close()
         wait_for(lambda: len(b.client_connections()) == len(self.holders),
