@@ -241,9 +241,9 @@ int main(int argc, char **argv) {
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
         if ((long) rl.rlim_cur < n_conns + n_history + 64) {
-                fprintf(stderr, "RLIMIT_NOFILE %ld is too low for %d connections\n", (long) rl.rlim_cur,
+                fprintf(stderr, "RLIMIT_NOFILE %ld is too low for %d connections: skipped\n", (long) rl.rlim_cur,
                         n_conns + n_history);
-                return 2;
+                return 77; /* meson's SKIP: the machine cannot run it, nothing failed */
         }
 
         if (!mkdtemp(dir))
