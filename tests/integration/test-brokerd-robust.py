@@ -151,6 +151,14 @@ class Robustness(unittest.TestCase):
                     self.assertIn("events" if method.endswith("History") else "pools", msg["parameters"],
                                   f"{method} answered in order: {msgs}")
 
+    def test_malformed_call_behind_a_history_call_is_answered_after_it(self):
+        c = self.connect()
+        c.send_raw(Varlink.encode_call("io.slotbroker.History") + b'{"method": nope}\0')
+        msgs = self.assert_closed_by_broker(c, "a malformed call")
+        self.assertEqual(len(msgs), 2, msgs)
+        self.assertIn("events", msgs[0].get("parameters", {}), f"History's reply first, whole: {msgs}")
+        self.assertEqual(msgs[1:], self.protocol_error("malformed"))
+
     def test_half_closing_ends_an_acquire_as_a_hang_up_does(self):
         c = self.connect()
         c.send("io.slotbroker.Acquire", {"lane": "rb"}, more=True)
