@@ -166,6 +166,15 @@ class Robustness(unittest.TestCase):
         c.sock.shutdown(socket.SHUT_WR)
         self.assert_closed_by_broker(c, "an Acquire's client shut its side")
         self.broker.wait_idle(["rb"])
+        # And a waiting one: withdrawn.
+        h = self.broker.acquire("rb")
+        self.addCleanup(h.close)
+        w = self.connect()
+        w.send("io.slotbroker.Acquire", {"lane": "rb"}, more=True)
+        self.assertEqual(w.recv()["parameters"]["state"], "queued")
+        w.sock.shutdown(socket.SHUT_WR)
+        self.assert_closed_by_broker(w, "a waiting Acquire's client shut its side")
+        wait_for(lambda: self.broker.pool("rb")["waiting"] == 0, message="the waiter to be withdrawn")
 
     def test_oversize_message_without_nul_is_cut(self):
         c = self.connect()
