@@ -15,6 +15,9 @@
  * whole (issue 9 n); a page is at most 50 events of at most ~1.5 KiB each (the job label is 1 KiB). */
 #define HISTORY_PAGE_EVENTS 50U
 #define HISTORY_OUTPUT_LOW_MARK ((size_t) 16 * 1024)
+/* Pages read at once, for all clients: the writer thread runs the queries of a batch before the lease
+ * commits queued behind them, and hundreds of History clients would hold every grant behind their pages. */
+#define HISTORY_PAGES_READING_MAX 4U
 
 typedef struct HistoryCall {
         HistoryQuery query;     /* its strings owned; .cursor moves on page by page, .limit is a page's */
@@ -22,6 +25,9 @@ typedef struct HistoryCall {
         bool started;           /* the reply's opening text is queued */
         bool any;               /* an event is queued: the next one needs a comma */
         int64_t last_id;        /* of the last event queued */
+        Connection *connection;
+        bool reading;           /* a page is being read (counted in Manager.history_pages_reading) */
+        ListNode queue_node;    /* in Manager.history_page_queue while waiting for its turn */
 } HistoryCall;
 
 static HistoryCall *history_call_free(HistoryCall *h) {
@@ -65,19 +71,43 @@ static int history_call_close_reply(Connection *c, int64_t cursor) {
 
 static void on_history_page(History *history, int error, json_t *events, int64_t next_cursor, void *userdata);
 
-static void history_call_fetch(Connection *c) {
+static void history_call_read_page(Connection *c) {
         HistoryCall *h = c->history_call;
         h->query.limit = MIN(h->remaining, HISTORY_PAGE_EVENTS);
         if (history_query(c->manager->history, &h->query, on_history_page, c) < 0) {
                 log_oom();
                 connection_close(c);
+                return;
         }
+        h->reading = true;
+        c->manager->history_pages_reading++;
+}
+
+static void history_call_fetch(Connection *c) {
+        Manager *m = c->manager;
+        if (m->history_pages_reading >= HISTORY_PAGES_READING_MAX)
+                list_append(&m->history_page_queue, &c->history_call->queue_node);
+        else
+                history_call_read_page(c);
+}
+
+/* A page was read (or its call went away): the next call waiting has its turn. */
+static void history_page_done(Manager *m) {
+        m->history_pages_reading--;
+        ListNode *n = list_first(&m->history_page_queue);
+        if (!n)
+                return;
+        list_unlink(n);
+        history_call_read_page(container_of(n, HistoryCall, queue_node)->connection);
 }
 
 static void on_history_page(History *history, int error, json_t *events, int64_t next_cursor, void *userdata) {
         Connection *c = userdata;
         HistoryCall *h = c->history_call;
         int r = 0;
+
+        h->reading = false;
+        history_page_done(c->manager);
 
         if (error < 0) {
                 if (!h->started)
@@ -170,6 +200,7 @@ void history_call_start(Connection *c, const VarlinkCall *call) {
         h->query.until = until > 0 ? (usec_t) until : USEC_INFINITY;
         h->query.cursor = cursor;
         h->remaining = (unsigned) limit;
+        h->connection = c;
         c->history_call = h;
         /* Answered from the writer thread's pages; calls behind it wait, to keep replies in order. */
         c->history_pending = true;
@@ -177,11 +208,17 @@ void history_call_start(Connection *c, const VarlinkCall *call) {
 }
 
 void history_call_abandon(Connection *c) {
-        if (!c->history_call)
+        HistoryCall *h = c->history_call;
+        if (!h)
                 return;
-        if (c->manager->history)
+        if (list_node_is_linked(&h->queue_node))
+                list_unlink(&h->queue_node);
+        c->history_call = NULL; /* before another call's turn comes: it may close connections */
+        if (h->reading) {
                 history_cancel(c->manager->history, c);
-        c->history_call = history_call_free(c->history_call);
+                history_page_done(c->manager);
+        }
+        history_call_free(h);
         c->history_pending = false;
         c->output_below = NULL;
 }

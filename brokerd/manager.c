@@ -707,6 +707,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         list_init(&m->closed_connections);
         list_init(&m->leases);
         list_init(&m->position_queue);
+        list_init(&m->history_page_queue);
 
         if (o->config_path && !(m->config_path = strdup(o->config_path)))
                 return log_oom();

@@ -83,6 +83,8 @@ typedef struct Manager {
         uint64_t token_floor_all;       /* fencing tokens of every pool continue above it; 0: none */
         unsigned refused_unlogged;      /* connections refused at a limit since the last line about it */
         size_t freed_untrimmed;         /* bytes of big buffers freed since the last malloc_trim() */
+        unsigned history_pages_reading; /* History pages the writer thread is reading for clients */
+        List history_page_queue;        /* HistoryCall.queue_node: History calls waiting for their turn */
 } Manager;
 
 typedef struct ManagerOptions {
