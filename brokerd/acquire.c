@@ -12,6 +12,9 @@
 #include "process.h"
 
 #define JOB_MAX 1024
+/* maxHoldMs at most 3650 days: grant time plus the hold, in µs, then stays far inside expiresAt's int64
+ * (INT64_MAX / 1000 let a hold overflow it into a negative expiresAt). Longer is no bound at all. */
+#define MAX_HOLD_MS_MAX ((int64_t) 3650 * 24 * 3600 * 1000)
 
 static void answer_grant(Connection *c, Lease *l);
 
@@ -54,7 +57,7 @@ void acquire_start(Connection *c, const VarlinkCall *call) {
                 { "pidfd", JSON_FIELD_INT64, 0, &pidfd_index, 0, VARLINK_FDS_MAX - 1 },
                 { "reclaim", JSON_FIELD_STRING, 0, &reclaim, .max_length = 64 },
                 { "detach", JSON_FIELD_BOOL, 0, &detach },
-                { "maxHoldMs", JSON_FIELD_INT64, 0, &max_hold_ms, 1, INT64_MAX / 1000 },
+                { "maxHoldMs", JSON_FIELD_INT64, 0, &max_hold_ms, 1, MAX_HOLD_MS_MAX },
                 {},
         };
         int r = json_dispatch(call->parameters, table, 0, &bad);

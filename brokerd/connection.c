@@ -7,7 +7,7 @@
 #include "acquire.h"
 #include "audit.h"
 #include "connection.h"
-#include "history.h"
+#include "history-call.h"
 #include "lease.h"
 #include "log.h"
 #include "manager.h"
@@ -55,10 +55,26 @@ static bool connection_busy(const Connection *c) {
 static void connection_update_events(Connection *c) {
         if (c->closed)
                 return;
-        uint32_t events = EPOLLIN;
+        /* After EOF the socket stays readable (level-triggered: for ever); HUP still comes unasked. */
+        uint32_t events = c->read_eof ? 0 : EPOLLIN;
         if (varlink_stream_pending_output(&c->stream) > 0)
                 events |= EPOLLOUT;
-        (void) sd_event_source_set_io_events(c->io, events);
+        (void) poller_set_events(c->manager->poller, &c->watch, events);
+}
+
+/* A producer waiting for the output to drain (History's pages) gets its turn. */
+static void connection_check_output_below(Connection *c) {
+        if (c->closed || !c->output_below || varlink_stream_pending_output(&c->stream) >= c->output_mark)
+                return;
+        void (*fn)(Connection *c) = c->output_below;
+        c->output_below = NULL;
+        fn(c);
+}
+
+void connection_when_output_below(Connection *c, size_t mark, void (*fn)(Connection *c)) {
+        c->output_mark = mark;
+        c->output_below = fn;
+        connection_check_output_below(c);
 }
 
 static void connection_flush(Connection *c) {
@@ -68,17 +84,35 @@ static void connection_flush(Connection *c) {
         if (r < 0 && r != -EAGAIN) {
                 log_debug("Connection of pid %d broke: %s", (int) c->cred.pid, strerror(-r));
                 connection_close(c);
+                return;
         }
+        connection_check_output_below(c);
 }
 
-/* After queueing a reply: a client that lets its unsent output pass the cap is cut (SPEC §10), else what
- * can go now goes. */
-static int connection_queued(Connection *c, int r) {
+/* A client that lets its unsent output pass the cap is cut (SPEC §10). */
+static int connection_check_queued(Connection *c, int r) {
         if (r == -ENOBUFS) {
                 log_warning("Client pid %d does not read its replies; closing its connection.", (int) c->cred.pid);
                 connection_close(c);
-                return r;
         }
+        return r;
+}
+
+int connection_reply_part(Connection *c, const void *data, size_t size) {
+        if (c->closed)
+                return -ENOTCONN;
+        return connection_check_queued(c, varlink_output_enqueue(&c->stream.output, data, size));
+}
+
+int connection_reply_part_json(Connection *c, const json_t *value) {
+        if (c->closed)
+                return -ENOTCONN;
+        return connection_check_queued(c, varlink_output_enqueue_json_part(&c->stream.output, value));
+}
+
+/* After queueing a reply: the cap, else what can go now goes. */
+static int connection_queued(Connection *c, int r) {
+        r = connection_check_queued(c, r);
         if (r < 0)
                 return r;
         if (c->dispatching > 0)
@@ -127,6 +161,8 @@ static void connection_protocol_error(Connection *c, const char *reason) {
 /* Runs the calls that can be answered now. Returns false when the connection had to go. */
 static bool connection_run_calls(Connection *c) {
         while (!c->closed) {
+                if (c->history_pending)
+                        break; /* its reply goes out in parts: nothing comes between them, not even an error */
                 if (!c->next_call) {
                         int r = varlink_stream_next_with_fds(&c->stream, &c->next_call, &c->next_call_fds);
                         if (r == 0)
@@ -154,6 +190,31 @@ static bool connection_run_calls(Connection *c) {
         return true;
 }
 
+/* A client that shut its sending side (shutdown(SHUT_WR), as `printf … | socat` does) can still read:
+ * its calls are answered, in order, and the connection closes once the last reply is out. An open
+ * Acquire is the exception: its connection is the lease's life line, and a client that can send nothing
+ * more has ended it, as a hang-up does (io.slotbroker(7)). */
+static void connection_close_if_finished(Connection *c) {
+        if (c->closed || !c->read_eof)
+                return;
+        if (c->acquire.active || c->lease) {
+                log_debug("Client pid %d shut its side of the connection with an Acquire open; closing.",
+                          (int) c->cred.pid);
+                connection_close(c);
+                return;
+        }
+        if (connection_busy(c) || c->next_call)
+                return; /* a reply still to come */
+        /* What is left in the input is the start of a call that never ended: nobody waits for its answer. */
+        if (varlink_stream_pending_output(&c->stream) == 0)
+                connection_close(c);
+}
+
+static void connection_read_ended(Connection *c) {
+        c->read_eof = true;
+        connection_close_if_finished(c);
+}
+
 void connection_dispatch(Connection *c) {
         /* A Release of the connection's own lease answers twice (the Acquire's end, then the Release),
          * and pipelined calls once each: all of it leaves in one send. */
@@ -163,6 +224,7 @@ void connection_dispatch(Connection *c) {
         if (!ok || c->dispatching > 0)
                 return;
         connection_flush(c);
+        connection_close_if_finished(c);
         connection_update_events(c);
 }
 
@@ -177,14 +239,18 @@ void connection_acquire_done(Connection *c) {
         connection_dispatch(c);
 }
 
-static int connection_io(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
-        Connection *c = userdata;
+static void connection_io(PollerWatch *w, uint32_t revents) {
+        Connection *c = container_of(w, Connection, watch);
         Manager *m = c->manager;
 
-        if (revents & EPOLLOUT)
+        if (revents & EPOLLOUT) {
                 connection_flush(c);
+                connection_close_if_finished(c);
+        }
+        if (!c->closed && c->read_eof && (revents & (EPOLLHUP | EPOLLERR)))
+                connection_close(c); /* it shut the other side too: nobody reads what is left */
 
-        if (!c->closed && (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+        if (!c->closed && !c->read_eof && (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)))
                 for (int i = 0; i < READS_PER_WAKEUP && !c->closed; i++) {
                         ssize_t n = varlink_stream_read(&c->stream);
                         if (n == -EAGAIN)
@@ -200,9 +266,12 @@ static int connection_io(sd_event_source *s, int fd, uint32_t revents, void *use
                                 connection_dispatch(c);
                                 continue;
                         }
-                        if (n <= 0) {
-                                /* EOF: for a waiter the client went away; for a holder its life line ended. */
-                                connection_close(c);
+                        if (n == 0) {
+                                connection_read_ended(c);
+                                break;
+                        }
+                        if (n < 0) {
+                                connection_close(c); /* reset: the client is gone */
                                 break;
                         }
                         connection_dispatch(c);
@@ -212,7 +281,6 @@ static int connection_io(sd_event_source *s, int fd, uint32_t revents, void *use
 
         connection_update_events(c);
         manager_sync(m);
-        return 0;
 }
 
 int connection_new(Manager *m, int fd, Connection **ret) {
@@ -224,6 +292,7 @@ int connection_new(Manager *m, int fd, Connection **ret) {
                 return -ENOMEM;
         c->manager = m;
         c->fd = -EBADF;
+        c->watch = (PollerWatch) POLLER_WATCH_INIT;
         c->acquire.command_pidfd = -EBADF;
 
         socklen_t len = sizeof c->cred;
@@ -238,7 +307,7 @@ int connection_new(Manager *m, int fd, Connection **ret) {
         varlink_stream_init(&c->stream, c->fd, cfg->max_message_size, cfg->max_output_per_connection);
         /* Acquire's pidfd comes with the call (SCM_RIGHTS): a pid would mean nothing from another PID namespace. */
         varlink_stream_accept_fds(&c->stream, true);
-        r = sd_event_add_io(m->event, &c->io, c->fd, EPOLLIN, connection_io, c);
+        r = poller_add(m->poller, &c->watch, c->fd, EPOLLIN, connection_io);
         if (r < 0) {
                 varlink_stream_done(&c->stream);
                 goto fail;
@@ -273,8 +342,7 @@ void connection_close(Connection *c) {
         if (c->dispatching > 0 && varlink_stream_pending_output(&c->stream) > 0)
                 (void) varlink_stream_flush(&c->stream);
         c->closed = true;
-        if (c->history_pending && m->history)
-                history_cancel(m->history, c);
+        history_call_abandon(c);
 
         AcquireCall *a = &c->acquire;
         acquire_forget_waiter(c);
@@ -308,12 +376,14 @@ void connection_close(Connection *c) {
         if (c->lease)
                 lease_holder_gone(c->lease); /* clears c->lease */
 
-        c->io = sd_event_source_disable_unref(c->io);
+        poller_remove(m->poller, &c->watch);
         json_decref(c->next_call);
         c->next_call = NULL;
         varlink_fds_close(&c->next_call_fds);
+        manager_memory_freed(m, varlink_stream_pending_output(&c->stream) + c->stream.input.allocated);
         varlink_stream_done(&c->stream);
         c->fd = safe_close(c->fd);
+        manager_fd_released(m);
         free(c->groups);
         c->groups = NULL;
 

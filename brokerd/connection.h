@@ -11,6 +11,7 @@
 
 #include "engine.h"
 #include "list.h"
+#include "poller.h"
 #include "process.h"
 #include "varlink.h"
 
@@ -43,7 +44,7 @@ struct Connection {
         Manager *manager;
         ListNode node;             /* Manager.connections, or Manager.closed_connections once closed */
         int fd;
-        sd_event_source *io;
+        PollerWatch watch;         /* the socket, in Manager.poller */
         VarlinkStream stream;
         json_t *next_call;         /* taken from the stream, waiting for an open Acquire to end */
         VarlinkFds next_call_fds;  /* the fds passed with next_call */
@@ -54,6 +55,10 @@ struct Connection {
         Lease *lease;              /* the lease this connection holds (its life line), if any */
         bool oneway;               /* the call being run wants no reply */
         bool history_pending;      /* a History call is answered later, from the writer thread */
+        bool read_eof;             /* the client shut its sending side: answer what it sent, then close */
+        struct HistoryCall *history_call; /* the History reply being produced, page by page */
+        size_t output_mark;        /* output_below runs once the unsent output is below this */
+        void (*output_below)(Connection *c);
         unsigned dispatching;      /* calls are being run: their replies go out together at the end */
         bool closed;
 };
@@ -69,6 +74,16 @@ void connection_free(Connection *c);
  * (later, from the loop: callers may still touch it). Return 0 or negative errno. */
 int connection_reply(Connection *c, json_t *parameters, bool continues);
 int connection_reply_error(Connection *c, const char *error, json_t *parameters);
+
+/* A reply produced in parts as the client reads (History's): raw text, and JSON values without their
+ * NUL (varlink_output_enqueue_json_part()); the last part ends with the NUL. Nothing else may be queued
+ * meanwhile (the calls behind wait: the caller keeps the connection busy). They are sent at the next
+ * connection_dispatch(). A connection whose unsent output would pass its cap is closed. Return 0 or
+ * negative errno. */
+int connection_reply_part(Connection *c, const void *data, size_t size);
+int connection_reply_part_json(Connection *c, const json_t *value);
+/* fn runs once, as soon as the unsent output is below mark bytes (at once, if it is). */
+void connection_when_output_below(Connection *c, size_t mark, void (*fn)(Connection *c));
 
 /* The Acquire on this connection ended (refused, or its lease ended): answer the calls behind it. */
 void connection_acquire_done(Connection *c);

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <malloc.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
@@ -30,6 +31,8 @@
 #define METRICS_TEXTFILE_INTERVAL (15 * USEC_PER_SEC)
 /* Connections accepted per wakeup of the listening socket: a connect storm cannot hold the loop. */
 #define ACCEPTS_PER_WAKEUP 64
+/* Out of fds, accepting is tried again this often even if no connection closes (other fds free too). */
+#define ACCEPT_RESUME_USEC (250 * USEC_PER_MSEC)
 
 void manager_random_bytes(Manager *m, void *buf, size_t n) {
         uint8_t *p = buf;
@@ -305,12 +308,26 @@ static int on_watchdog(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
+/* glibc keeps what is freed in its arenas (the writer thread's too) and gives back only the top of a
+ * heap: 500 clients that asked for History and never read left 700 MB behind after they were gone. */
+#define TRIM_AFTER_FREED ((size_t) 4 * 1024 * 1024)
+
+void manager_memory_freed(Manager *m, size_t bytes) {
+        m->freed_untrimmed += bytes;
+        if (m->freed_untrimmed >= TRIM_AFTER_FREED)
+                (void) sd_event_source_set_enabled(m->gc_source, SD_EVENT_ONESHOT);
+}
+
 static int on_gc(sd_event_source *s, void *userdata) {
         Manager *m = userdata;
         ListNode *n;
         while ((n = list_first(&m->closed_connections))) {
                 list_unlink(n);
                 connection_free(container_of(n, Connection, node));
+        }
+        if (m->freed_untrimmed >= TRIM_AFTER_FREED) {
+                m->freed_untrimmed = 0;
+                (void) malloc_trim(0);
         }
         return 0;
 }
@@ -375,13 +392,55 @@ static int on_exit_signal(sd_event_source *s, const struct signalfd_siginfo *si,
 
 /* ---- the listening socket ---- */
 
+/* accept() failed for want of fds (or memory): the connection stays in the backlog and the socket
+ * readable, so a level-triggered loop would spin on it (issue 9 h). The listener rests until a connection
+ * closes or the timer fires, as systemd and nginx do; the episode is logged and counted once. */
+static void manager_pause_accepting(Manager *m, int error) {
+        if (!m->accept_starved) {
+                m->accept_starved = true;
+                m->metrics.accept_fd_exhausted++;
+                log_warning_errno(error, "accept() failed: %m; accepting no connections until one closes.");
+        }
+        m->accept_paused = true;
+        (void) sd_event_source_set_enabled(m->listen_source, SD_EVENT_OFF);
+        (void) sd_event_source_set_time_relative(m->accept_resume_timer, ACCEPT_RESUME_USEC);
+        (void) sd_event_source_set_enabled(m->accept_resume_timer, SD_EVENT_ONESHOT);
+}
+
+static void manager_resume_accepting(Manager *m) {
+        if (!m->accept_paused)
+                return;
+        m->accept_paused = false;
+        (void) sd_event_source_set_enabled(m->accept_resume_timer, SD_EVENT_OFF);
+        (void) sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);
+}
+
+void manager_fd_released(Manager *m) {
+        manager_resume_accepting(m);
+}
+
+static int on_accept_resume(sd_event_source *s, uint64_t usec, void *userdata) {
+        manager_resume_accepting(userdata);
+        return 0;
+}
+
+static bool errno_is_fd_shortage(int e) {
+        return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
+}
+
 static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Manager *m = userdata;
 
         for (int i = 0; i < ACCEPTS_PER_WAKEUP; i++) {
                 int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
                 if (cfd < 0) {
-                        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                        if (errno_is_fd_shortage(errno))
+                                manager_pause_accepting(m, errno);
+                        else if (errno == EAGAIN && m->accept_starved) {
+                                /* The backlog is drained: the episode is over. */
+                                m->accept_starved = false;
+                                log_info("Accepting connections again: every waiting one was taken.");
+                        } else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
                                 log_warning_errno(errno, "accept() failed: %m");
                         break;
                 }
@@ -621,6 +680,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         list_init(&m->closed_connections);
         list_init(&m->leases);
         list_init(&m->position_queue);
+        list_init(&m->history_page_queue);
 
         if (o->config_path && !(m->config_path = strdup(o->config_path)))
                 return log_oom();
@@ -700,6 +760,16 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         /* Position updates are courtesy: a release or a new call waiting in the same iteration goes first. */
         (void) sd_event_source_set_priority(m->position_timer, SD_EVENT_PRIORITY_IDLE);
 
+        r = sd_event_add_time(m->event, &m->accept_resume_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
+                              on_accept_resume, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to add the accept timer: %m");
+        (void) sd_event_source_set_enabled(m->accept_resume_timer, SD_EVENT_OFF);
+
+        r = poller_new(m->event, &m->poller);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up polling of connections: %m");
+
         r = sd_event_add_defer(m->event, &m->gc_source, on_gc, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the collector: %m");
@@ -733,10 +803,12 @@ Manager *manager_free(Manager *m) {
         }
         if (m->gc_source)
                 on_gc(m->gc_source, m);
+        m->poller = poller_free(m->poller);
         sd_event_source_disable_unref(m->listen_source);
         safe_close(m->listen_fd);
         if (m->socket_bound_here && m->socket_path)
                 (void) unlink(m->socket_path);
+        sd_event_source_disable_unref(m->accept_resume_timer);
         sd_event_source_disable_unref(m->engine_timer);
         sd_event_source_disable_unref(m->tick_timer);
         sd_event_source_disable_unref(m->position_timer);

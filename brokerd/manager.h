@@ -11,6 +11,7 @@
 #include "engine.h"
 #include "list.h"
 #include "metrics.h"
+#include "poller.h"
 #include "time-util.h"
 
 typedef struct Connection Connection;
@@ -56,6 +57,12 @@ typedef struct Manager {
 
         int listen_fd;
         sd_event_source *listen_source;
+        /* Out of fds, accept() fails and the socket stays readable: the listener is switched off until a
+         * connection closes or this timer fires. */
+        sd_event_source *accept_resume_timer;
+        bool accept_paused;
+        bool accept_starved;            /* in an episode of accept() failing for want of fds (logged once) */
+        Poller *poller;                 /* the connections' sockets */
         List connections;               /* Connection.node */
         List closed_connections;        /* freed by gc_source, after the handler that closed them */
         sd_event_source *gc_source;
@@ -75,6 +82,9 @@ typedef struct Manager {
         usec_t idle_since;              /* monotonic: since when nothing was connected or held */
         uint64_t token_floor_all;       /* fencing tokens of every pool continue above it; 0: none */
         unsigned refused_unlogged;      /* connections refused at a limit since the last line about it */
+        size_t freed_untrimmed;         /* bytes of big buffers freed since the last malloc_trim() */
+        unsigned history_pages_reading; /* History pages the writer thread is reading for clients */
+        List history_page_queue;        /* HistoryCall.queue_node: History calls waiting for their turn */
 } Manager;
 
 typedef struct ManagerOptions {
@@ -106,6 +116,13 @@ bool manager_is_admin(const Manager *m, uid_t uid);
 UidUsage *manager_uid_usage(Manager *m, uid_t uid, bool create);
 
 Lease *manager_find_lease(Manager *m, const char *id);
+
+/* A connection's fd was closed: accepting resumes if it was paused for want of fds. */
+void manager_fd_released(Manager *m);
+
+/* Buffers of this size were freed (a connection's output, a History reply's events): past a few MiB,
+ * malloc_trim() runs at the end of the loop iteration. Returns nothing; never fails. */
+void manager_memory_freed(Manager *m, size_t bytes);
 
 /* Marks STATUS= for an update at the next tick. */
 static inline void manager_status_changed(Manager *m) {

@@ -6,7 +6,7 @@
 #include "acquire.h"
 #include "audit.h"
 #include "config.h"
-#include "history.h"
+#include "history-call.h"
 #include "connection.h"
 #include "lease.h"
 #include "log.h"
@@ -337,63 +337,6 @@ static void method_metrics(Connection *c, const VarlinkCall *call) {
         connection_reply(c, p, false);
 }
 
-static void on_history_page(History *h, int error, json_t *events, int64_t next_cursor, void *userdata) {
-        Connection *c = userdata;
-        c->history_pending = false;
-        if (error < 0) {
-                _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s}", "retryAfterSec", 5, "reason", "storage");
-                connection_reply_error(c, "io.slotbroker.Unavailable", p);
-        } else {
-                _cleanup_(json_decrefp) json_t *p = json_pack("{s:O}", "events", events);
-                if (p && next_cursor > 0)
-                        json_object_set_new(p, "cursor", json_integer(next_cursor));
-                connection_reply(c, p, false);
-        }
-        connection_dispatch(c);
-        manager_sync(c->manager);
-}
-
-static void method_history(Connection *c, const VarlinkCall *call) {
-        Manager *m = c->manager;
-        int64_t since = 0, until = 0, limit = 100, cursor = 0;
-        const char *lane = NULL, *pool = NULL, *decision = NULL;
-        if (!parameters_ok(c, call,
-                           (const JsonField[]) {
-                                   { "since", JSON_FIELD_INT64, 0, &since, 0, INT64_MAX },
-                                   { "until", JSON_FIELD_INT64, 0, &until, 0, INT64_MAX },
-                                   { "lane", JSON_FIELD_STRING, 0, &lane, .max_length = 64 },
-                                   { "pool", JSON_FIELD_STRING, 0, &pool, .max_length = 64 },
-                                   { "decision", JSON_FIELD_STRING, 0, &decision, .max_length = 32 },
-                                   { "limit", JSON_FIELD_INT64, 0, &limit, 1, HISTORY_QUERY_LIMIT_MAX },
-                                   { "cursor", JSON_FIELD_INT64, 0, &cursor, 0, INT64_MAX },
-                                   {},
-                           }))
-                return;
-        if (!m->history) {
-                _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s}", "retryAfterSec", 5, "reason", "storage");
-                connection_reply_error(c, "io.slotbroker.Unavailable", p);
-                return;
-        }
-        int r = history_query(m->history,
-                              &(HistoryQuery) {
-                                      .since = (usec_t) since,
-                                      .until = until > 0 ? (usec_t) until : USEC_INFINITY,
-                                      .lane = lane,
-                                      .pool = pool,
-                                      .decision = decision,
-                                      .limit = (unsigned) limit,
-                                      .cursor = cursor,
-                              },
-                              on_history_page, c);
-        if (r < 0) {
-                log_oom();
-                connection_close(c);
-                return;
-        }
-        /* Answered from the writer thread's result; calls behind it wait, to keep replies in order. */
-        c->history_pending = true;
-}
-
 static const struct {
         const char *name;
         void (*handler)(Connection *c, const VarlinkCall *call);
@@ -403,7 +346,7 @@ static const struct {
         { "io.slotbroker.Acquire", acquire_start },
         { "io.slotbroker.Release", method_release },
         { "io.slotbroker.Status", method_status },
-        { "io.slotbroker.History", method_history },
+        { "io.slotbroker.History", history_call_start },
         { "io.slotbroker.Metrics", method_metrics },
         { "io.slotbroker.Reload", method_reload },
         { "io.slotbroker.Drain", method_drain },

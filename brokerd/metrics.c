@@ -221,6 +221,9 @@ int metrics_render(Manager *m, char **ret) {
         header(f, "slotbroker_connections_refused_total", "counter",
                "Connections closed at once because max-connections or max-connections-per-uid was reached.");
         fprintf(f, "slotbroker_connections_refused_total %llu\n", (unsigned long long) m->metrics.connections_refused);
+        header(f, "slotbroker_accept_fd_exhausted_total", "counter",
+               "Times brokerd ran out of file descriptors to accept connections with, and paused accepting.");
+        fprintf(f, "slotbroker_accept_fd_exhausted_total %llu\n", (unsigned long long) m->metrics.accept_fd_exhausted);
         header(f, "slotbroker_leases", "gauge", "Leases, held or waiting for their command to end.");
         fprintf(f, "slotbroker_leases %u\n", m->n_leases);
         header(f, "slotbroker_journal_dropped_total", "counter", "Audit entries journald did not take in time.");

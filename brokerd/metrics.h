@@ -42,6 +42,7 @@ typedef struct Metrics {
         size_t n_pools;
         uint64_t denied;
         uint64_t connections_refused;  /* closed at accept: a connection limit was reached */
+        uint64_t accept_fd_exhausted;  /* episodes of accept() failing for want of file descriptors */
         usec_t last_textfile;
 } Metrics;
 

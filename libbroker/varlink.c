@@ -431,7 +431,7 @@ static int input_reserve(VarlinkInput *in, size_t size) {
         }
         if (size > SIZE_MAX / 4 - in->end)
                 return -ENOMEM;
-        size_t need = MAX(in->end + size, VARLINK_READ_SIZE);
+        size_t need = MAX(in->end + size, VARLINK_INPUT_MIN);
         if (in->allocated > 4 * need) {
                 /* A large message has gone through: do not keep its buffer for the small ones behind it. */
                 char *d = realloc(in->data, 2 * need);
@@ -669,20 +669,18 @@ static int dump_callback(const char *buffer, size_t size, void *userdata) {
         return 0;
 }
 
-int varlink_output_enqueue_json(VarlinkOutput *out, const json_t *msg) {
+/* Serializes value straight into the queue, with the NUL that ends a message or without it. */
+static int output_enqueue_json(VarlinkOutput *out, const json_t *value, bool end) {
         DumpContext ctx = { .out = out };
         OutputMark m;
         int r;
 
-        assert_return(out, -EINVAL);
-        assert_return(json_is_object(msg), -EINVAL);
-
         /* Serialized straight into the queue: a large Status reply is never built twice. */
         m = output_mark(out);
-        if (json_dump_callback(msg, dump_callback, &ctx, JSON_COMPACT) < 0)
+        if (json_dump_callback(value, dump_callback, &ctx, JSON_COMPACT | JSON_ENCODE_ANY) < 0)
                 r = ctx.error < 0 ? ctx.error : -ENOMEM;
         else
-                r = output_append(out, "", 1);
+                r = end ? output_append(out, "", 1) : 0;
         if (r < 0)
                 output_rollback(out, &m);
         return r;
@@ -744,6 +742,20 @@ static void msghdr_set_fds(struct msghdr *mh, FdsControl *control, const Varlink
         cm->cmsg_type = SCM_RIGHTS;
         cm->cmsg_len = CMSG_LEN(sizeof(int) * fds->n);
         memcpy(CMSG_DATA(cm), fds->fds, sizeof(int) * fds->n);
+}
+
+int varlink_output_enqueue_json(VarlinkOutput *out, const json_t *msg) {
+        assert_return(out, -EINVAL);
+        assert_return(json_is_object(msg), -EINVAL);
+
+        return output_enqueue_json(out, msg, true);
+}
+
+int varlink_output_enqueue_json_part(VarlinkOutput *out, const json_t *value) {
+        assert_return(out, -EINVAL);
+        assert_return(value, -EINVAL);
+
+        return output_enqueue_json(out, value, false);
 }
 
 int varlink_output_flush(VarlinkOutput *out, int fd) {
@@ -862,6 +874,22 @@ static ssize_t stream_recv_with_fds(int fd, void *buf, size_t size, VarlinkFds *
         return k;
 }
 
+/* The receive itself: at most n bytes into buf, and with fds (into ret_fds, when not NULL) if the stream
+ * accepts them. Returns the number of bytes, 0 at EOF, -EAGAIN, or another negative errno; sets
+ * s->drained. */
+static ssize_t stream_recv(VarlinkStream *s, void *buf, size_t n, VarlinkFds *ret_fds) {
+        for (;;) {
+                ssize_t k = ret_fds ? stream_recv_with_fds(s->fd, buf, n, ret_fds) : recv(s->fd, buf, n, MSG_DONTWAIT);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                /* A read that brought fds ends where they came, whatever follows: not a sign of an empty socket. */
+                s->drained = k >= 0 && (size_t) k < n && (!ret_fds || ret_fds->n == 0);
+                if (k < 0)
+                        return errno == EWOULDBLOCK ? -EAGAIN : negative_errno();
+                return k;
+        }
+}
+
 ssize_t varlink_stream_read(VarlinkStream *s) {
         VarlinkInput *in;
         int r;
@@ -877,32 +905,28 @@ ssize_t varlink_stream_read(VarlinkStream *s) {
                 return -ENOBUFS;
         size_t room = in->max + 1 - pending;
 
-        r = input_reserve(in, MIN(room, VARLINK_READ_SIZE));
-        if (r < 0)
-                return r;
-        size_t n = MIN(room, in->allocated - in->end);
-
-        for (;;) {
-                VarlinkFds fds = VARLINK_FDS_INIT;
-                ssize_t k = s->accept_fds ? stream_recv_with_fds(s->fd, in->data + in->end, n, &fds)
-                                          : recv(s->fd, in->data + in->end, n, MSG_DONTWAIT);
-                if (k < 0 && errno == EINTR)
-                        continue;
-                /* A read that brought fds ends where they came, whatever follows: not a sign of an empty socket. */
-                s->drained = k >= 0 && (size_t) k < n && fds.n == 0;
-                if (k <= 0) {
-                        r = k < 0 ? (errno == EWOULDBLOCK ? -EAGAIN : negative_errno()) : 0;
-                        varlink_fds_close(&fds);
-                        if (pending == 0)
-                                input_release(in); /* a wakeup for nothing keeps no buffer */
-                        return r;
-                }
-                in->end += (size_t) k;
-                r = varlink_input_feed_fds(in, fds.fds, fds.n);
-                if (r < 0)
-                        return r;
+        /* Read on the stack, keep what came: the input then holds what the peer sent, not a read's
+         * worth. 4,000 connections dripping a byte at a time held 32 KiB each (128 MB, a page fault or
+         * two each as it grew); the copy costs less than the parse that follows. */
+        char scratch[VARLINK_READ_SIZE];
+        VarlinkFds fds = VARLINK_FDS_INIT;
+        ssize_t k = stream_recv(s, scratch, MIN(room, sizeof scratch), s->accept_fds ? &fds : NULL);
+        if (k <= 0) {
+                varlink_fds_close(&fds);
+                if (pending == 0)
+                        input_release(in); /* a wakeup for nothing keeps no buffer */
                 return k;
         }
+        r = varlink_input_feed(in, scratch, (size_t) k);
+        if (r < 0) {
+                varlink_fds_close(&fds);
+                return r;
+        }
+        /* After their bytes: the fds belong to the message that holds the last byte read with them. */
+        r = varlink_input_feed_fds(in, fds.fds, fds.n);
+        if (r < 0)
+                return r;
+        return k;
 }
 
 int varlink_stream_next(VarlinkStream *s, json_t **ret) {

@@ -24,6 +24,8 @@
 /* File descriptors passed with one message (SCM_RIGHTS), and waiting in one stream's input at once: a few,
  * so that a client cannot make the daemon hold fds by the thousand. */
 #define VARLINK_FDS_MAX 4
+/* The smallest input buffer: it grows by doubling with what is buffered. */
+#define VARLINK_INPUT_MIN ((size_t) 256)
 
 #define VARLINK_SERVICE_INTERFACE "org.varlink.service"
 #define VARLINK_ERROR_INTERFACE_NOT_FOUND "org.varlink.service.InterfaceNotFound"     /* {interface} */
@@ -183,6 +185,10 @@ int varlink_output_enqueue_json(VarlinkOutput *out, const json_t *msg);
  * sends copies (F_DUPFD_CLOEXEC), closed once sent. Returns as varlink_output_enqueue(); -EINVAL for more
  * than VARLINK_FDS_MAX fds; -EBADF for an fd that is not open. */
 int varlink_output_enqueue_json_with_fds(VarlinkOutput *out, const json_t *msg, const int *fds, size_t n_fds);
+/* A message too large to build at once goes out in parts, as it is produced: the text around its
+ * values with varlink_output_enqueue() (the NUL at the very end), each value (of any JSON type) with
+ * this, without a NUL. Nothing else may be queued in between. Returns as varlink_output_enqueue(). */
+int varlink_output_enqueue_json_part(VarlinkOutput *out, const json_t *value);
 /* Sends what is pending with sendmsg(MSG_NOSIGNAL|MSG_DONTWAIT), several chunks a call, keeping what a
  * partial write left.
  * Returns 0 when everything was sent; -EAGAIN when the socket is full and bytes remain (wait for

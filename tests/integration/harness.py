@@ -415,8 +415,10 @@ class Broker:
     binds it and starts brokerd (execs it in place: same pid) on the first connection, passing the socket
     as fd 3 named "varlink". notify=True adds a stand-in NOTIFY_SOCKET."""
 
-    def __init__(self, config=None, mode="bound", notify=False, debug=True, brokerd=None, name="brokerd"):
+    def __init__(self, config=None, mode="bound", notify=False, debug=True, brokerd=None, name="brokerd",
+                 nofile=None):
         assert mode in ("bound", "activate")
+        self.nofile = nofile  # RLIMIT_NOFILE, soft and hard (brokerd raises its soft limit to the hard one)
         self.brokerd = brokerd or find_brokerd()
         self.mode = mode
         self.debug = debug
@@ -471,8 +473,12 @@ class Broker:
             if self.debug:
                 argv += ["-E", "SYSTEMD_LOG_LEVEL=debug"]
             argv += self.argv()
+        preexec = None
+        if self.nofile is not None:
+            import resource
+            preexec = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))  # noqa: E731
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, env=env,
-                                     close_fds=True)
+                                     close_fds=True, preexec_fn=preexec)
         if self.mode == "activate":
             # As a .socket unit's SocketMode=0666 (the activator binds with its own mode): clients of other
             # uids must reach it, and the lanes' ACLs decide. Chmod does not connect: brokerd is not started.

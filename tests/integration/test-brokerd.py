@@ -19,6 +19,7 @@ from harness import (Broker, Child, VarlinkError, run_client_as, spawn_client_as
                      read_json_line, wait_for, NOBODY_UID, NOGROUP_GID)
 
 VARLINK_FILE = None
+MAX_HOLD_MS = 3650 * 24 * 3600 * 1000  # maxHoldMs's bound (io.slotbroker.varlink)
 
 # One pool per scenario, so that the scenarios can share one broker without meeting.
 CONFIG = """\
@@ -293,6 +294,8 @@ class Scenarios:
             (A, {"lane": "ff", "pid": 0}, "pid"),
             (A, {"lane": "ff", "pid": -1}, "pid"),
             (A, {"lane": "ff", "maxHoldMs": 0}, "maxHoldMs"),
+            (A, {"lane": "ff", "maxHoldMs": 9223372036854775}, "maxHoldMs"),  # its expiresAt overflowed
+            (A, {"lane": "ff", "maxHoldMs": MAX_HOLD_MS + 1}, "maxHoldMs"),
             (A, {"lane": "ff", "detach": "yes"}, "detach"),
             (A, {"lane": "ff", "detach": True}, "maxHoldMs"),  # a detached lease needs an end of its own
             (A, {"lane": "ff", "frobnicate": 1}, "frobnicate"),
@@ -588,6 +591,12 @@ class Scenarios:
         wait_for(lambda: not self.holders("rel"), timeout=3, message="the slot to free when the command exits")
 
     # ---- max-hold, release, detach ----
+
+    def test_longest_client_max_hold_has_a_real_expiry(self):
+        a = self.hold("rel", maxHoldMs=MAX_HOLD_MS)
+        self.assertEqual(a.lease["expiresAt"] - a.lease["grantedAt"], MAX_HOLD_MS * 1000,
+                         f"3650 days from the grant: {a.lease}")
+        a.close()
 
     def test_client_max_hold_revokes(self):
         t0 = time.monotonic()

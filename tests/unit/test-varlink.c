@@ -678,6 +678,30 @@ static void test_output_spans_chunks_for_large_messages(void **state) {
         safe_close(sv[1]);
 }
 
+static void test_output_message_in_parts(void **state) {
+        VarlinkOutput out;
+        int sv[2];
+        char got[256];
+        _cleanup_(json_decrefp) json_t *a = parse("{\"id\":1,\"job\":\"x\"}");
+        _cleanup_(json_decrefp) json_t *b = json_integer(7);
+
+        socketpair_nonblock(sv);
+        varlink_output_init(&out, 0);
+        assert_int_equal(varlink_output_enqueue(&out, "{\"parameters\":{\"events\":[", 25), 0);
+        assert_int_equal(varlink_output_enqueue_json_part(&out, a), 0);
+        assert_int_equal(varlink_output_enqueue(&out, ",", 1), 0);
+        assert_int_equal(varlink_output_enqueue_json_part(&out, b), 0); /* not an object: fine in a part */
+        assert_int_equal(varlink_output_enqueue(&out, "]}}", 4), 0);
+        assert_int_equal(varlink_output_flush(&out, sv[0]), 0);
+        ssize_t k = recv(sv[1], got, sizeof(got), 0);
+        static const char want[] = "{\"parameters\":{\"events\":[{\"id\":1,\"job\":\"x\"},7]}}";
+        assert_int_equal(k, sizeof want);
+        assert_memory_equal(got, want, sizeof want);
+        varlink_output_done(&out);
+        safe_close(sv[0]);
+        safe_close(sv[1]);
+}
+
 /* ---- stream ---- */
 
 static void test_stream_round_trip_over_socketpair(void **state) {
@@ -1663,6 +1687,7 @@ int main(void) {
                 cmocka_unit_test(test_output_json_past_cap_leaves_queue_as_it_was),
                 cmocka_unit_test(test_output_refused_message_frees_its_chunks),
                 cmocka_unit_test(test_output_spans_chunks_for_large_messages),
+                cmocka_unit_test(test_output_message_in_parts),
                 cmocka_unit_test(test_stream_round_trip_over_socketpair),
                 cmocka_unit_test(test_stream_keeps_partial_writes_for_a_slow_reader),
                 cmocka_unit_test(test_stream_read_returns_eagain_when_nothing_is_there),
