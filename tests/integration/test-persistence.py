@@ -14,8 +14,9 @@ is started again before it ended, and fencing tokens, in the order commands star
   time: made immutable (chattr +i; skipped where the file system or the privileges do not allow it).
   brokerd restores what the database holds, grants nothing it could not write (Unavailable, reason
   "storage"; Status still served), never dies (SIGBUS), recovers when the file is writable again, and
-  the witness sees no slot held twice and no token going back. Also: a read-only bind mount of the
-  state directory and a full tmpfs (private mount namespaces; skipped without them).
+  the witness sees no slot held twice and no token going back. Also: a tmpfs full at start and one that
+  fills up at run time (private mount namespaces; skipped without them); a read-only bind mount at
+  start is test-restart.py's.
 - lease-persistence = best-effort grants in memory-only mode, still with tokens that never go back.
 - A wall clock stepped back a year: a restored detached lease keeps no more of its max-hold than it
   had left at the last instant persisted (history.db's alive mark, written as the clock stood then).
@@ -442,6 +443,72 @@ class FullDisk(harness.BrokerTestCase):
         log = b.log()
         self.assertLessEqual(log.count("Refusing new leases"), 1, log[-3000:])
         self.assertNotIn("Could not persist lease", log)
+        self.assertTrue(b.alive())
+
+
+class MountFaults(harness.BrokerTestCase):
+    """The state directory full (a tmpfs) in a mount namespace of brokerd's own, at start (at run time:
+    FullDisk; a read-only bind mount at start: test-restart.py). A read-only remount while brokerd runs
+    cannot be made: the kernel refuses it (EBUSY) while history.db is open for writing."""
+
+    def setUp(self):
+        probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                "mount -t tmpfs -o size=1m none /mnt && mount --bind /mnt /mnt && "
+                                "mount -o remount,bind,ro /mnt"], capture_output=True)
+        if probe.returncode != 0:
+            self.skipTest(f"no private mount namespace here: {probe.stderr.decode().strip()}")
+        self.tmp = tempfile.mkdtemp(prefix="persistence-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.witness = Witness(self.tmp)
+
+    def broker_in_namespace(self, name, setup):
+        """brokerd in a mount namespace of its own, where `setup` (sh, $1 = the state directory) ran first."""
+        class InNamespace(Broker):
+            def argv(self):
+                script = setup + ' && shift && exec "$@"'
+                return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                        self.state_dir] + super().argv()
+        b = InNamespace(CONFIG, name=name)
+        os.makedirs(b.state_dir, exist_ok=True)
+        return b
+
+    def hold(self, b):
+        p = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "w", "--",
+                              *self.witness.command()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        self.addCleanup(lambda: (p.poll() is None and p.kill(), p.wait()))
+        wait_for(lambda: self.witness.started(), 10, message="the command to start")
+        return p
+
+    def ff_code(self, b):
+        p = subprocess.run([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "ff", "--",
+                            *self.witness.command("true")], stdin=subprocess.DEVNULL, capture_output=True,
+                           timeout=20)
+        return p.returncode
+
+    def test_full_tmpfs_at_start(self):
+        # A first run leaves history.db with a lease whose command runs; the second starts on a copy of it
+        # in a tmpfs with no room left.
+        first = self.broker_in_namespace("persist-full-1", "true")
+        first.start()
+        self.addCleanup(first.stop)
+        holder = self.hold(first)
+        token = self.witness.started()[-1][1]
+        first.crash()
+        b = self.broker_in_namespace(
+            "persist-full-2",
+            f'mount -t tmpfs -o size=4m none "$1" && cp -a {first.state_dir}/. "$1"/ && '
+            '{ dd if=/dev/zero of="$1"/filler bs=4k 2>/dev/null; true; }')
+        b.start()
+        self.addCleanup(self.stop_broker, b, True)
+        holders = b.status()["holders"]
+        self.assertEqual([h["lease"]["token"] for h in holders], [token], holders)
+        self.assertNotEqual(self.ff_code(b), 0, "granted the slot of a restored lease")
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        # slotctl is gone and its command too (slotctl's death signal): the slot frees; whatever is
+        # granted on the full disk must have been written.
+        self.witness.check(self)
         self.assertTrue(b.alive())
 
 
