@@ -353,6 +353,34 @@ class Persistence(harness.BrokerTestCase):
     def test_immutable_all_at_run_time(self):
         self.fault_at_run_time(DB_FILES)
 
+    def test_unreadable_database_grants_nothing_until_it_is_read(self):
+        """A corrupt history.db in a directory where it cannot be moved aside (made immutable): nothing can be
+        read, so nothing is granted (Unavailable, reason storage) and Status is served; once the directory
+        is writable again the file is moved aside, the fresh one starts above the realtime clock, and grants
+        resume, with tokens above every one issued before."""
+        b = self.broker(CONFIG, "persist-unreadable")
+        self.can_chattr(b.state_dir)
+        self.assertEqual(self.ff(b), 0)
+        b.stop()
+        db = os.path.join(b.state_dir, "history.db")
+        for f in glob.glob(db + "-*"):
+            os.unlink(f)
+        with open(db, "wb") as f:
+            f.write(os.urandom(64 * 1024))
+        self.assertTrue(chattr("+i", b.state_dir))
+        self.addCleanup(chattr, "-i", b.state_dir)
+        b.start()
+        self.assertEqual(b.status()["pools"][0]["inUse"], 0)  # Status is served
+        with self.assertRaises(VarlinkError) as e:
+            b.call("io.slotbroker.Acquire", {"lane": "ff"})
+        self.assertEqual(e.exception.error, "io.slotbroker.Unavailable")
+        self.assertEqual(e.exception.parameters["reason"], "storage")
+        self.assertNotEqual(self.ff(b), 0, "granted while what was persisted cannot be read")
+        self.assertIn("Cannot read the leases", b.log())
+        chattr("-i", b.state_dir)
+        wait_for(lambda: self.ff(b) == 0, 30, interval=0.5, message="grants once the database can be read")
+        self.witness.check(self)
+
     # ---- best-effort ----
 
     def test_best_effort_grants_in_memory_and_tokens_never_go_back(self):
