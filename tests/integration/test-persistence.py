@@ -424,6 +424,31 @@ class Persistence(harness.BrokerTestCase):
         self.assertLess(time.monotonic() - t0, 10)
 
 
+    def test_clock_stepped_back_bounds_a_long_hold_by_the_alive_mark(self):
+        """A lease granted 50 min before the crash with max-hold 1h had 10 min left when brokerd last ran (the
+        alive mark); with the clock now a year behind, it keeps those 10 min, not a year and 10 min."""
+        b = self.broker(CONFIG, "persist-alive")
+        out = subprocess.run([SLOTCTL, "acquire", "--socket", b.socket_path, "--lane", "w", "--detach",
+                              "--max-hold", "1h"], capture_output=True, text=True, timeout=10)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        b.crash()
+        year, minute = 365 * 24 * 3600 * 10**6, 60 * 10**6
+        db = sqlite3.connect(os.path.join(b.state_dir, "history.db"))
+        (alive,) = db.execute("SELECT at FROM alive").fetchone()
+        # Granted 50 min before the alive mark; then everything a year ahead of the clock.
+        db.execute("UPDATE leases SET granted_at = ? - ? + ?, expires_at = ? - ? + ? + ?",
+                   (alive, 50 * minute, year, alive, 50 * minute, 60 * minute, year))
+        db.execute("UPDATE alive SET at = at + ?", (year,))
+        db.commit()
+        db.close()
+        b.start()
+        holders = b.status()["holders"]
+        self.assertEqual(len(holders), 1, holders)
+        left = holders[0]["lease"]["expiresAt"] - time.time() * 10**6
+        self.assertLessEqual(left, 11 * minute, f"{left / minute:.0f} min left")
+        self.assertGreater(left, 9 * minute, f"{left / minute:.0f} min left")
+
+
 class FullDisk(harness.BrokerTestCase):
     """The state directory on a small tmpfs that fills up while brokerd runs."""
 
