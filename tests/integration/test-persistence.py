@@ -8,8 +8,9 @@ is started again before it ended, and fencing tokens, in the order commands star
 
 - Restart with every liveness shape of the held command (slotctl SIGKILLed first, then brokerd):
   leader running; leader exited with a member of its process group running; leader a zombie with a
-  member running; leader a zombie alone; everything exited. The restarted brokerd keeps exactly the
-  slots whose group still runs.
+  member running; leader a zombie alone; everything exited; a command sharing its client's group
+  (watched by its leader alone). The restarted brokerd keeps exactly the slots the live one would.
+  (Detached and connection-held leases: test-restart.py.)
 - Fault injection on each database file (history.db, -wal, -shm) and on all three, at start and at run
   time: made immutable (chattr +i; skipped where the file system or the privileges do not allow it).
   brokerd restores what the database holds, grants nothing it could not write (Unavailable, reason
@@ -249,6 +250,26 @@ class Persistence(harness.BrokerTestCase):
 
     def test_restart_all_gone(self):
         self.restart_shape("all-gone")
+
+    def test_restart_command_in_its_parents_group_is_watched_by_its_leader(self):
+        """A command attached by a client that did not give it a group of its own (it shares the client's):
+        the live brokerd watches its leader alone, and so does a restarted one. Held while the leader runs;
+        ended when it exits, although the client's group (this test) lives on."""
+        b = self.broker(CONFIG, "persist-shared-group")
+        child = subprocess.Popen(["sleep", "60"])  # our group, not a group of its own
+        self.addCleanup(lambda: (child.poll() is None and child.kill(), child.wait()))
+        a = b.acquire("w", pid=child.pid)
+        a.until_granted()
+        a.conn.close()  # only the command holds it now
+        b.crash()
+        b.start()
+        holders = b.status()["holders"]
+        self.assertEqual([h["lease"].get("commandPid") for h in holders], [child.pid], holders)
+        self.assertNotEqual(self.ff(b), 0)
+        child.kill()
+        child.wait()
+        wait_for(lambda: b.status()["pools"][0]["inUse"] == 0, 10, message="the slot to free")
+        self.assertEqual(self.ff(b), 0)
 
     # ---- faults on each database file ----
 
