@@ -304,6 +304,8 @@ class Persistence(harness.BrokerTestCase):
         holders = b.status()["holders"]
         self.assertEqual([h["lease"]["token"] for h in holders], [token], holders)
         # ...and nothing is granted while leases cannot be written.
+        self.assertEqual(b.status().get("unavailable"),
+                         "leases cannot be written to the state directory" if refuses else None)
         self.assert_refused(b, "storage" if refuses else None)
         chattr("-i", *paths)
         # Writable again: grants resume (after the command ends), tokens above the old ones.
@@ -391,7 +393,9 @@ class Persistence(harness.BrokerTestCase):
         self.assertTrue(chattr("+i", b.state_dir))
         self.addCleanup(chattr, "-i", b.state_dir)
         b.start()
-        self.assertEqual(b.status()["pools"][0]["inUse"], 0)  # Status is served
+        status = b.status()  # Status is served, and says why nothing is granted
+        self.assertEqual(status["pools"][0]["inUse"], 0)
+        self.assertEqual(status.get("unavailable"), "the state directory cannot be read")
         with self.assertRaises(VarlinkError) as e:
             b.call("io.slotbroker.Acquire", {"lane": "ff"})
         self.assertEqual(e.exception.error, "io.slotbroker.Unavailable")
