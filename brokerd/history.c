@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
@@ -161,6 +162,7 @@ struct History {
         atomic_bool dropping;          /* a drop episode was logged and has not ended */
         atomic_bool healthy;
         atomic_bool degraded;          /* no database: lease commits are answered at once */
+        atomic_int checkpoint_state;   /* CheckpointState: a lease commit interrupts a running checkpoint */
         atomic_uint epoch;             /* bumped on every change of health */
         atomic_uint_fast64_t rows_written, rows_dropped, commits, write_errors, longest_commit;
         atomic_uint_fast64_t backlog;  /* appended, neither written nor dropped: what HISTORY_BACKLOG_MAX bounds */
@@ -2002,13 +2004,43 @@ static int on_wal_commit(void *userdata, sqlite3 *db, const char *name, int fram
         return SQLITE_OK;
 }
 
+/* A lease commit that arrives while a checkpoint runs interrupts it (sqlite3_interrupt(), from the loop
+ * thread): the checkpoint stops between pages, as after a crash, and runs again later; the commit waits
+ * for no copy of pages. The states make the loop's call safe without a lock: it may call
+ * sqlite3_interrupt() only after moving RUNNING to INTERRUPTING, and the writer, which alone closes the
+ * connection, waits after its checkpoint until the loop's call is over (a store of a flag: an instant). */
+typedef enum CheckpointState {
+        CHECKPOINT_IDLE,
+        CHECKPOINT_RUNNING,
+        CHECKPOINT_INTERRUPTING,
+        CHECKPOINT_INTERRUPTED,
+} CheckpointState;
+
 /* Failures (a full disk) leave the WAL to grow: the writer's commits then say so. */
 static void writer_checkpoint_step(History *h) {
         Writer *w = &h->w;
+        int expected = CHECKPOINT_RUNNING;
 
         w->checkpoint_due = false;
         w->quiet_checkpoint_at = 0;
-        (void) sqlite3_wal_checkpoint_v2(w->db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+        atomic_store(&h->checkpoint_state, CHECKPOINT_RUNNING);
+        if (!atomic_load(&h->ops)) /* a commit queued just now would not interrupt it */
+                (void) sqlite3_wal_checkpoint_v2(w->db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+        if (!atomic_compare_exchange_strong(&h->checkpoint_state, &expected, CHECKPOINT_IDLE)) {
+                while (atomic_load(&h->checkpoint_state) != CHECKPOINT_INTERRUPTED)
+                        sched_yield();
+                atomic_store(&h->checkpoint_state, CHECKPOINT_IDLE);
+        }
+}
+
+/* On the loop thread. The flag it sets is cleared by the next statement the writer starts. */
+static void interrupt_checkpoint(History *h) {
+        int expected = CHECKPOINT_RUNNING;
+
+        if (!atomic_compare_exchange_strong(&h->checkpoint_state, &expected, CHECKPOINT_INTERRUPTING))
+                return;
+        sqlite3_interrupt(h->w.db);
+        atomic_store(&h->checkpoint_state, CHECKPOINT_INTERRUPTED);
 }
 
 int history_new(sd_event *event, const char *directory, usec_t retention, History **ret) {
@@ -2296,6 +2328,7 @@ int history_lease_commit(History *h, const HistoryLeaseRow *row, HistoryDoneFn d
                 return 0;
         }
         queue_op(h, TAKE_PTR(op));
+        interrupt_checkpoint(h); /* after the push: a checkpoint that starts later sees the op and does not run */
         return 0;
 }
 
