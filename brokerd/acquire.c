@@ -9,6 +9,7 @@
 #include "lease.h"
 #include "log.h"
 #include "manager.h"
+#include "persistence.h"
 #include "process.h"
 
 #define JOB_MAX 1024
@@ -21,6 +22,32 @@ static void answer_grant(Connection *c, Lease *l);
 static int reply_invalid_parameter(Connection *c, const char *parameter) {
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "parameter", parameter);
         return connection_reply_error(c, VARLINK_ERROR_INVALID_PARAMETER, p);
+}
+
+/* SPEC §3.4: nothing is granted that could not be persisted, nor before what was persisted has been read.
+ * Refused at once, rather than granted by the engine and withdrawn after a write that cannot succeed. */
+static bool refuse_for_storage(Connection *c, const char *lane, const char *job) {
+        const char *why = persistence_refusal(c->manager);
+        if (!why)
+                return false;
+        /* The pool it would have waited on, as for any refusal: metrics count refusals per pool. */
+        const LaneConfig *lc = conf_find_lane(c->manager->config, lane);
+        const char *pool = lc && lc->pools && lc->pools[0] ? lc->pools[lc->n_pools - 1] : NULL;
+        AuditRecord r = AUDIT_RECORD_INIT;
+        r.decision = "unavailable";
+        r.pool = pool;
+        r.lane = lane;
+        r.job = job;
+        r.uid = c->cred.uid;
+        r.pid = c->cred.pid;
+        r.retry_after_sec = 5;
+        r.reason = why;
+        audit_decision(c->manager, &r);
+        persistence_note_refused(c->manager, why);
+        _cleanup_(json_decrefp) json_t *p =
+                json_pack("{s:i, s:s?, s:s}", "retryAfterSec", 5, "pool", pool, "reason", "storage");
+        connection_reply_error(c, "io.slotbroker.Unavailable", p);
+        return true;
 }
 
 static void audit_denied(Connection *c, const char *lane, const char *job) {
@@ -100,6 +127,9 @@ void acquire_start(Connection *c, const VarlinkCall *call) {
                 answer_grant(c, l);
                 return;
         }
+
+        if (refuse_for_storage(c, lane, job))
+                return;
 
         _cleanup_close_ int pidfd = -EBADF;
         ProcessInfo command = {};
@@ -310,7 +340,8 @@ static void audit_grant(Manager *m, const Lease *l, const LeaseGrant *g) {
         audit_decision(m, &rec);
 }
 
-/* The lease row is durable (or history is degraded): now the grant may be answered (SPEC §3.4). */
+/* The lease row is durable (or could not be written, which lease-persistence=best-effort accepts): now the
+ * grant may be answered (SPEC §3.4). */
 static void on_lease_persisted(Lease *l, int result) {
         Manager *m = l->manager;
         Connection *c = l->requester;
@@ -318,14 +349,14 @@ static void on_lease_persisted(Lease *l, int result) {
         l->requester = NULL;
         if (c)
                 c->acquire.pending = NULL;
-        if (result < 0) {
+        if (!persistence_commit_allows_grant(m, l, result)) {
                 /* Never granted unpersisted: give the slots back and refuse. */
-                log_warning_errno(result, "Could not persist lease %s; refusing the request: %m", l->id);
                 AuditRecord rec = audit_record_of_lease(l, "unavailable");
                 rec.lease = NULL; /* never answered: no lease came of it */
                 rec.token = 0;
                 rec.reason = "the lease could not be written to the state directory";
                 audit_decision(m, &rec);
+                persistence_note_refused(m, rec.reason);
                 if (c && !c->closed) {
                         _cleanup_(json_decrefp) json_t *p =
                                 json_pack("{s:i, s:s, s:s}", "retryAfterSec", 5, "pool", rec.pool, "reason", "storage");

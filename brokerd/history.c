@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
@@ -70,8 +71,7 @@ typedef enum OpType {
         OP_LEASE_COMMIT,
         OP_LEASE_DELETE,
         OP_QUERY,
-        OP_LOAD_LEASES,
-        OP_LOAD_TOKENS,
+        OP_LOAD,
 } OpType;
 
 typedef struct Op {
@@ -87,15 +87,15 @@ typedef struct Op {
         int result;
         json_t *events;
         int64_t next_cursor;
-        HistoryLeaseRow *leases;
-        HistoryTokenFloor *floors;
-        size_t n_results;
-        bool finished;                 /* loads: the caller waits for it */
+        HistoryState state;            /* OP_LOAD */
+        bool finished;                 /* OP_LOAD without a callback: the caller waits for it */
+        bool async;                    /* OP_LOAD with a callback: handed back to the loop */
 
         /* Loop thread only: outstanding ops with a callback, for history_cancel(). */
         struct Op *all_prev, *all_next;
         HistoryDoneFn done;
         HistoryQueryFn query_done;
+        HistoryLoadFn load_done;
         void *userdata;
 } Op;
 
@@ -108,7 +108,7 @@ typedef struct TokenMark {
 /* Everything only the writer thread touches. */
 typedef struct Writer {
         sqlite3 *db;
-        sqlite3_stmt *insert_event, *upsert_lease, *delete_lease, *upsert_token, *prune;
+        sqlite3_stmt *insert_event, *upsert_lease, *delete_lease, *upsert_token, *prune, *upsert_alive;
         EventRow *rows, *rows_tail;    /* taken from the queue, not yet written */
         size_t n_rows;
         Op *deferred, *deferred_tail;  /* lease deletes waiting for a working database */
@@ -119,11 +119,14 @@ typedef struct Writer {
         usec_t backoff;
         usec_t reopen_at;
         usec_t retention_at;
+        usec_t alive_at;               /* when the next "alive at" mark is written */
         bool retention_more;           /* the last pass stopped at its chunk size */
         bool ballast;                  /* history.db.ballast exists */
         bool failing;                  /* a write failed and none has succeeded since */
         int wal_frames;                /* the WAL's length after the last commit */
-        int checkpoint_at;             /* the length at which the checkpointer is asked next */
+        int checkpoint_at;             /* the length at which the next checkpoint is due */
+        bool checkpoint_due;           /* run one when nothing else waits */
+        usec_t quiet_checkpoint_at;    /* monotonic: a checkpoint after a quiet spell; 0: none pending */
         bool full_logged, io_logged, degraded_logged;
 } Writer;
 
@@ -141,9 +144,6 @@ struct History {
 
         pthread_t thread;
         bool thread_started;
-        pthread_t checkpointer;
-        bool checkpointer_started;
-        int checkpoint_fd;             /* writer → checkpointer: the WAL has grown */
         pthread_mutex_t mutex;
         pthread_cond_t load_cond;      /* wakes a caller of history_load_*() */
 
@@ -163,6 +163,7 @@ struct History {
         atomic_bool dropping;          /* a drop episode was logged and has not ended */
         atomic_bool healthy;
         atomic_bool degraded;          /* no database: lease commits are answered at once */
+        atomic_int checkpoint_state;   /* CheckpointState: a lease commit interrupts a running checkpoint */
         atomic_uint epoch;             /* bumped on every change of health */
         atomic_uint_fast64_t rows_written, rows_dropped, commits, write_errors, longest_commit;
         atomic_uint_fast64_t backlog;  /* appended, neither written nor dropped: what HISTORY_BACKLOG_MAX bounds */
@@ -292,6 +293,14 @@ void history_token_floors_free(HistoryTokenFloor *floors, size_t n) {
         free(floors);
 }
 
+void history_state_done(HistoryState *s) {
+        if (!s)
+                return;
+        history_lease_rows_free(s->leases, s->n_leases);
+        history_token_floors_free(s->floors, s->n_floors);
+        *s = (HistoryState) {};
+}
+
 static int lease_row_copy(const HistoryLeaseRow *from, HistoryLeaseRow *to) {
         _cleanup_(history_lease_row_done) HistoryLeaseRow r = *from;
 
@@ -329,8 +338,7 @@ static Op *op_free(Op *op) {
         free((char *) op->query.pool);
         free((char *) op->query.decision);
         json_decref(op->events);
-        history_lease_rows_free(op->leases, op->leases ? op->n_results : 0);
-        history_token_floors_free(op->floors, op->floors ? op->n_results : 0);
+        history_state_done(&op->state);
         return mfree(op);
 }
 DEFINE_TRIVIAL_CLEANUP_FUNC(Op *, op_free);
@@ -442,6 +450,14 @@ static int migration_3_lease_members(sqlite3 *db) {
         return sqlite3_exec(db, "ALTER TABLE leases ADD COLUMN members TEXT", NULL, NULL, NULL);
 }
 
+/* The last instant (realtime µs) brokerd is known to have run, written with every lease commit and every
+ * HISTORY_ALIVE_INTERVAL: a restart never lets a lease keep more of its max-hold than it had left then,
+ * however far back the wall clock was stepped meanwhile. */
+static int migration_4_alive(sqlite3 *db) {
+        return sqlite3_exec(db, "CREATE TABLE alive (id INTEGER PRIMARY KEY CHECK (id = 1), at INTEGER NOT NULL)",
+                            NULL, NULL, NULL);
+}
+
 static const struct {
         const char *what;
         int (*run)(sqlite3 *db);
@@ -449,6 +465,7 @@ static const struct {
         { "initial schema", migration_1_initial },
         { "events.reason", migration_2_reason },
         { "leases.members", migration_3_lease_members },
+        { "alive mark", migration_4_alive },
 };
 _Static_assert(ELEMENTSOF(migrations) == HISTORY_SCHEMA_VERSION, "HISTORY_SCHEMA_VERSION counts the migrations");
 
@@ -542,8 +559,17 @@ static int db_open_file(const char *path, sqlite3 **ret) {
         *ret = db;
         if (rc != SQLITE_OK)
                 return rc;
-        /* A reader (sqlite3, slotctl simulate --replay) may briefly hold a lock; never wait long for it. */
         sqlite3_busy_timeout(db, 50);
+
+        /* Before anything reads the file: in EXCLUSIVE locking mode SQLite keeps the WAL index in heap memory
+         * and never maps history.db-shm. A mapped -shm whose pages the file system refuses to write back (made
+         * immutable, a file system gone read-only or full) kills the process with SIGBUS at the next write to
+         * it; a write to the heap cannot fail. The price: the database is ours alone while we run. Readers
+         * (slotctl simulate --replay, sqlite3) read it as immutable, without the rows not yet checkpointed,
+         * or after brokerd stops; and checkpoints run on this connection (on_wal_commit()). */
+        rc = sqlite3_exec(db, "PRAGMA locking_mode = EXCLUSIVE", NULL, NULL, NULL);
+        if (rc != SQLITE_OK)
+                return rc;
 
         /* WAL: a commit is one append to the log; NORMAL: no fsync per commit, durable across a crash of
          * brokerd (not of the machine), which SPEC §3.4 accepts. The journal_mode statement is also the
@@ -605,7 +631,8 @@ static void writer_close(History *h) {
         sqlite3_finalize(w->delete_lease);
         sqlite3_finalize(w->upsert_token);
         sqlite3_finalize(w->prune);
-        w->insert_event = w->upsert_lease = w->delete_lease = w->upsert_token = w->prune = NULL;
+        sqlite3_finalize(w->upsert_alive);
+        w->insert_event = w->upsert_lease = w->delete_lease = w->upsert_token = w->prune = w->upsert_alive = NULL;
         sqlite3_close_v2(w->db);
         w->db = NULL;
 }
@@ -703,6 +730,36 @@ static int prepare_statements(History *h) {
                                         "DELETE FROM events WHERE id IN "
                                         "(SELECT id FROM events WHERE time < ? ORDER BY id LIMIT ?)",
                                         -1, SQLITE_PREPARE_PERSISTENT, &w->prune, NULL);
+        if (rc == SQLITE_OK)
+                /* MAX(): a clock stepped back does not move the mark back. */
+                rc = sqlite3_prepare_v3(w->db,
+                                        "INSERT INTO alive (id, at) VALUES (1, ?) ON CONFLICT (id) "
+                                        "DO UPDATE SET at = MAX(at, excluded.at)",
+                                        -1, SQLITE_PREPARE_PERSISTENT, &w->upsert_alive, NULL);
+        return rc;
+}
+
+/* Inside a transaction. */
+static int alive_mark_step(History *h) {
+        sqlite3_stmt *st = h->w.upsert_alive;
+        sqlite3_bind_int64(st, 1, (int64_t) MIN(now_realtime(), (usec_t) INT64_MAX));
+        int rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        h->w.alive_at = now_monotonic() + HISTORY_ALIVE_INTERVAL;
+        return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+/* The mark, or 0 when there is none (a database of an older schema, or never written). */
+static int alive_mark_read(sqlite3 *db, usec_t *ret) {
+        int64_t v = 0;
+        int rc = exec_int(db, "SELECT at FROM alive WHERE id = 1", &v);
+        if (rc == SQLITE_NOTFOUND || rc == SQLITE_ERROR) {
+                /* no row; or no table, in a file of an older schema that could not be migrated (read-only) */
+                *ret = 0;
+                return SQLITE_OK;
+        }
+        if (rc == SQLITE_OK)
+                *ret = (usec_t) MAX(v, 0);
         return rc;
 }
 
@@ -852,6 +909,7 @@ typedef enum OpenResult {
 static void writer_apply_deferred(History *h);
 static OpenResult writer_open_at(History *h, bool afresh, const char *salvage_from);
 static int on_wal_commit(void *userdata, sqlite3 *db, const char *name, int frames);
+static void writer_checkpoint_step(History *h);
 
 static OpenResult writer_open(History *h) {
         return writer_open_at(h, false, NULL);
@@ -861,8 +919,8 @@ static OpenResult writer_fail(History *h, const char *error) {
         Writer *w = &h->w;
 
         if (!w->degraded_logged) {
-                log_error("Cannot open history database '%s' (%s): decisions are kept in memory (at most %d) and leases "
-                          "are not persisted; retrying every %" PRIu64 "s.",
+                log_error("Cannot open history database '%s' for writing (%s): decisions are kept in memory (at most %d) "
+                          "and leases cannot be written; retrying every %" PRIu64 "s.",
                           h->path, error, HISTORY_BACKLOG_MAX, history_tuning.reopen_interval / USEC_PER_SEC);
                 w->degraded_logged = true;
         }
@@ -950,7 +1008,9 @@ static OpenResult writer_open_at(History *h, bool afresh, const char *salvage_fr
         if (!afresh && sqlite_is_corrupt(rc))
                 return writer_start_afresh(h, "corrupt", true); /* corruption past the header */
         if (rc != SQLITE_OK)
-                return writer_fail(h, w->db ? sqlite3_errmsg(w->db) : sqlite3_errstr(rc));
+                /* The handle's message is of its last statement, which is not always the one that failed. */
+                return writer_fail(h, w->db && sqlite3_errcode(w->db) != SQLITE_OK ? sqlite3_errmsg(w->db)
+                                                                                    : sqlite3_errstr(rc));
 
         (void) writer_ensure_ballast(h);
         w->failing = false;
@@ -1304,6 +1364,8 @@ static int writer_lease_transaction(History *h, Op *ops) {
                         rc = lease_delete_step(h, op->lease_id);
         }
         if (rc == SQLITE_OK)
+                rc = alive_mark_step(h);
+        if (rc == SQLITE_OK)
                 rc = sqlite3_exec(w->db, "COMMIT", NULL, NULL, NULL);
 
         for (size_t i = 0; i < w->n_marks; i++) {
@@ -1455,40 +1517,128 @@ static int leases_read(sqlite3 *db, HistoryLeaseRow **ret, size_t *ret_n) {
         return rc;
 }
 
+static bool wal_is_absent(History *h) {
+        _cleanup_free_ char *wal = NULL;
+        struct stat st;
+        if (asprintf(&wal, "%s-wal", h->path) < 0)
+                return false;
+        return stat(wal, &st) < 0 && errno == ENOENT;
+}
+
+/* "file:PATH?mode=ro&immutable=1", with the characters that would end or escape the path escaped. */
+static int uri_immutable(const char *path, char **ret) {
+        char *u = malloc(strlen(path) * 3 + 32), *p = u;
+        if (!u)
+                return -ENOMEM;
+        p = stpcpy(p, "file:");
+        for (const char *c = path; *c; c++)
+                if (*c == '?' || *c == '#' || *c == '%')
+                        p += sprintf(p, "%%%02X", (unsigned char) *c);
+                else
+                        *p++ = *c;
+        strcpy(p, "?mode=ro&immutable=1");
+        *ret = u;
+        return 0;
+}
+
+/* A database the writer cannot open read-write (a read-only or full file system, files made immutable,
+ * wrong ownership) is still read: what it holds is what was persisted. Returns an SQLite code; *ret NULL
+ * with SQLITE_OK when there is no database at all (nothing was ever persisted there). */
+static int reader_open(History *h, sqlite3 **ret) {
+        sqlite3 *db = NULL;
+        DbKind kind;
+        unsigned version;
+        struct stat st;
+        int rc;
+
+        *ret = NULL;
+        if (stat(h->path, &st) < 0)
+                return errno == ENOENT ? SQLITE_OK : SQLITE_CANTOPEN;
+        rc = sqlite3_open_v2(h->path, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE |
+                                                   SQLITE_OPEN_NOFOLLOW,
+                             NULL);
+        if (rc == SQLITE_OK) {
+                sqlite3_busy_timeout(db, 50);
+                rc = db_identify(db, &kind, &version);
+        }
+        if ((rc & 0xff) == SQLITE_CANTOPEN && wal_is_absent(h)) {
+                /* SQLite reads a WAL database only where it can make the -wal and -shm (a read-only file
+                 * system cannot). Without a -wal, everything is in the file itself: read it as immutable. */
+                _cleanup_free_ char *uri = NULL;
+                sqlite3_close_v2(db);
+                db = NULL;
+                rc = uri_immutable(h->path, &uri) < 0 ? SQLITE_NOMEM
+                                                        : sqlite3_open_v2(uri, &db,
+                                                                          SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX |
+                                                                                  SQLITE_OPEN_EXRESCODE | SQLITE_OPEN_URI,
+                                                                          NULL);
+                if (rc == SQLITE_OK)
+                        rc = db_identify(db, &kind, &version);
+        }
+        if (rc == SQLITE_OK && kind == DB_FOREIGN)
+                rc = SQLITE_NOTADB;
+        if (rc == SQLITE_OK && kind == DB_EMPTY) {
+                sqlite3_close_v2(db);
+                return SQLITE_OK;
+        }
+        if (rc != SQLITE_OK) {
+                sqlite3_close_v2(db);
+                return rc;
+        }
+        *ret = db;
+        return SQLITE_OK;
+}
+
+/* The persisted leases, token marks and alive mark: from the writer's connection, or else from a read-only
+ * one. op->result: 0, or negative errno when what was persisted cannot be read. */
 static void writer_load(History *h, Op *op) {
         Writer *w = &h->w;
+        HistoryState *s = &op->state;
+        sqlite3 *ro = NULL, *db = w->db;
+        int rc = SQLITE_OK;
 
-        op->result = 0;
-        if (!w->db)
-                return;
-        if (op->type == OP_LOAD_LEASES) {
-                int rc = leases_read(w->db, &op->leases, &op->n_results);
-                if (rc != SQLITE_OK) {
-                        history_lease_rows_free(op->leases, op->n_results);
-                        op->leases = NULL;
-                        op->n_results = 0;
-                        op->result = sqlite_to_errno(rc);
+        if (!db) {
+                rc = reader_open(h, &ro);
+                db = ro;
+        }
+        if (rc == SQLITE_OK && ro)
+                rc = token_marks_load(h, ro); /* the writer's own were read when it opened */
+        if (rc == SQLITE_OK && db)
+                rc = leases_read(db, &s->leases, &s->n_leases);
+        if (rc == SQLITE_OK && db)
+                rc = alive_mark_read(db, &s->alive_at);
+        if (ro) {
+                if (rc != SQLITE_OK && !w->io_logged)
+                        log_error("Cannot read history database '%s' either: %s.", h->path, sqlite3_errmsg(ro));
+                sqlite3_close_v2(ro);
+        }
+        if (rc != SQLITE_OK) {
+                history_state_done(s);
+                op->result = sqlite_to_errno(rc);
+                if (w->db)
                         (void) writer_recover(h, rc);
-                }
                 return;
         }
 
         /* The marks are what the database holds, plus what a fresh start carried over. */
-        op->floors = calloc(MAX(w->n_marks, 1u), sizeof(HistoryTokenFloor));
-        if (!op->floors) {
+        s->floors = calloc(MAX(w->n_marks, 1u), sizeof(HistoryTokenFloor));
+        if (!s->floors) {
+                history_state_done(s);
                 op->result = -ENOMEM;
                 return;
         }
         for (size_t i = 0; i < w->n_marks; i++) {
-                op->floors[i].pool = strdup(w->marks[i].pool);
-                if (!op->floors[i].pool) {
-                        op->n_results = i;
+                s->floors[i].pool = strdup(w->marks[i].pool);
+                if (!s->floors[i].pool) {
+                        s->n_floors = i;
+                        history_state_done(s);
                         op->result = -ENOMEM;
                         return;
                 }
-                op->floors[i].next_token = w->marks[i].committed;
+                s->floors[i].next_token = w->marks[i].committed;
         }
-        op->n_results = w->n_marks;
+        s->n_floors = w->n_marks;
+        op->result = 0;
 }
 
 static void json_set_int(json_t *o, const char *key, sqlite3_stmt *st, int col, int64_t divisor) {
@@ -1607,6 +1757,25 @@ static void writer_retention_step(History *h) {
         w->retention_more = sqlite3_changes(w->db) >= HISTORY_RETENTION_CHUNK;
 }
 
+/* ---- the writer: the alive mark ---- */
+
+static void writer_alive_step(History *h) {
+        Writer *w = &h->w;
+        int rc;
+
+        w->alive_at = now_monotonic() + HISTORY_ALIVE_INTERVAL; /* also when it fails: retried then */
+        rc = sqlite3_exec(w->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+        if (rc == SQLITE_OK)
+                rc = alive_mark_step(h);
+        if (rc == SQLITE_OK)
+                rc = sqlite3_exec(w->db, "COMMIT", NULL, NULL, NULL);
+        if (rc != SQLITE_OK) {
+                rollback(w->db);
+                if (!sqlite_is_full(rc))
+                        (void) writer_recover(h, rc);
+        }
+}
+
 /* ---- the writer thread ---- */
 
 /* Hands ops back to the loop, in the order given. */
@@ -1665,9 +1834,12 @@ static void writer_ops(History *h, Op *ops) {
                 ops = op->next;
                 op->next = NULL;
                 switch (op->type) {
-                case OP_LOAD_LEASES:
-                case OP_LOAD_TOKENS:
+                case OP_LOAD:
                         writer_load(h, op);
+                        if (op->async) {
+                                hand_back(h, op);
+                                break;
+                        }
                         pthread_mutex_lock(&h->mutex);
                         op->finished = true;
                         pthread_cond_broadcast(&h->load_cond);
@@ -1767,8 +1939,19 @@ static void writer_main_loop(History *h) {
                                 writer_retention_step(h);
                                 continue;
                         }
+                        if (!stopping && (w->checkpoint_due ||
+                                          (w->quiet_checkpoint_at > 0 && now >= w->quiet_checkpoint_at))) {
+                                writer_checkpoint_step(h);
+                                continue;
+                        }
+                        if (!stopping && now >= w->alive_at) {
+                                writer_alive_step(h);
+                                continue;
+                        }
                         if (!stopping)
-                                wake = MIN(wake, w->retention_at);
+                                wake = MIN(wake, MIN(w->retention_at, w->alive_at));
+                        if (!stopping && w->quiet_checkpoint_at > 0)
+                                wake = MIN(wake, w->quiet_checkpoint_at);
                 }
                 writer_sleep(h, MIN(wake, deadline));
         }
@@ -1831,6 +2014,8 @@ static int on_wakeup(sd_event_source *s, int fd, uint32_t revents, void *userdat
                         op->query_done(h, op->result, op->events, op->next_cursor, op->userdata);
                 else if (op->type == OP_LEASE_COMMIT && op->done)
                         op->done(h, op->result, op->userdata);
+                else if (op->type == OP_LOAD && op->load_done)
+                        op->load_done(h, op->result, &op->state, op->userdata);
                 op_free(op);
         }
 
@@ -1844,75 +2029,73 @@ static int on_wakeup(sd_event_source *s, int fd, uint32_t revents, void *userdat
 
 /* Checkpoints copy the WAL into history.db and fsync both: tens of milliseconds on a busy disk, which
  * SQLite's automatic checkpoint would charge to whichever commit crosses its threshold — a lease commit
- * that a grant waits for, as likely as not. So the writer's connection never checkpoints; this thread
- * does, on a connection of its own, which a PASSIVE checkpoint lets run alongside the writer's commits.
- * A connection per checkpoint: it never keeps a file open that the writer has moved aside. */
+ * that a grant waits for, as likely as not. So the automatic checkpoint is off, and the writer checkpoints
+ * when nothing waits for it (writer_main_loop()): a lease commit that arrives meanwhile waits for one
+ * checkpoint at most. (A thread with a connection of its own would let them run side by side, but that
+ * needs the shared-memory WAL index that EXCLUSIVE locking avoids: see db_open_file().) */
 #define CHECKPOINT_FRAMES 1000
-/* Under sustained overload the WAL never empties while commits keep coming; past this many frames (64 MiB
- * of 4 KiB pages) the writer checkpoints itself, holding commits back until the log can start over. */
+/* Under sustained overload the writer is never idle; past this many frames (64 MiB of 4 KiB pages) it
+ * checkpoints at the next commit, holding commits back until the log can start over. */
 #define CHECKPOINT_FRAMES_MAX 16384
+/* After this long without a commit, what the WAL holds goes into history.db: readers of the file while
+ * brokerd runs (which read it as immutable, see db_open_file()) then see all but the last moments. */
+#define CHECKPOINT_QUIET USEC_PER_SEC
 
 static int on_wal_commit(void *userdata, sqlite3 *db, const char *name, int frames) {
         History *h = userdata;
         Writer *w = &h->w;
 
-        /* Asked once per CHECKPOINT_FRAMES of growth, not on every commit past the threshold: under a
-         * steady stream of commits a PASSIVE checkpoint never lets the log start over, and asking on every
-         * commit ran one checkpoint (a connection opened, two fdatasyncs) per few commits. */
+        /* Due once per CHECKPOINT_FRAMES of growth, not after every commit past the threshold. */
         if (frames < w->wal_frames || w->checkpoint_at == 0)
                 w->checkpoint_at = CHECKPOINT_FRAMES; /* the log started over */
         w->wal_frames = frames;
+        w->quiet_checkpoint_at = now_monotonic() + CHECKPOINT_QUIET;
         if (frames >= CHECKPOINT_FRAMES_MAX)
                 (void) sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
         else if (frames >= w->checkpoint_at) {
                 w->checkpoint_at = frames + CHECKPOINT_FRAMES;
-                (void) eventfd_write(h->checkpoint_fd, 1);
+                w->checkpoint_due = true;
         }
         return SQLITE_OK;
 }
 
-/* The checkpointer's connection, kept while the database it was opened on is still the file at h->path. */
-static bool checkpointer_db_current(History *h, const struct stat *opened) {
-        struct stat st;
-        return stat(h->path, &st) == 0 && st.st_dev == opened->st_dev && st.st_ino == opened->st_ino;
+/* A lease commit that arrives while a checkpoint runs interrupts it (sqlite3_interrupt(), from the loop
+ * thread): the checkpoint stops between pages, as after a crash, and runs again later; the commit waits
+ * for no copy of pages. The states make the loop's call safe without a lock: it may call
+ * sqlite3_interrupt() only after moving RUNNING to INTERRUPTING, and the writer, which alone closes the
+ * connection, waits after its checkpoint until the loop's call is over (a store of a flag: an instant). */
+typedef enum CheckpointState {
+        CHECKPOINT_IDLE,
+        CHECKPOINT_RUNNING,
+        CHECKPOINT_INTERRUPTING,
+        CHECKPOINT_INTERRUPTED,
+} CheckpointState;
+
+/* Failures (a full disk) leave the WAL to grow: the writer's commits then say so. */
+static void writer_checkpoint_step(History *h) {
+        Writer *w = &h->w;
+        int expected = CHECKPOINT_RUNNING;
+
+        w->checkpoint_due = false;
+        w->quiet_checkpoint_at = 0;
+        atomic_store(&h->checkpoint_state, CHECKPOINT_RUNNING);
+        if (!atomic_load(&h->ops)) /* a commit queued just now would not interrupt it */
+                (void) sqlite3_wal_checkpoint_v2(w->db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+        if (!atomic_compare_exchange_strong(&h->checkpoint_state, &expected, CHECKPOINT_IDLE)) {
+                while (atomic_load(&h->checkpoint_state) != CHECKPOINT_INTERRUPTED)
+                        sched_yield();
+                atomic_store(&h->checkpoint_state, CHECKPOINT_IDLE);
+        }
 }
 
-static void *checkpointer_thread(void *userdata) {
-        History *h = userdata;
-        sqlite3 *db = NULL;
-        struct stat opened = {};
+/* On the loop thread. The flag it sets is cleared by the next statement the writer starts. */
+static void interrupt_checkpoint(History *h) {
+        int expected = CHECKPOINT_RUNNING;
 
-        for (;;) {
-                struct pollfd p = { .fd = h->checkpoint_fd, .events = POLLIN };
-                eventfd_t v;
-
-                (void) ppoll(&p, 1, NULL, NULL);
-                (void) eventfd_read(h->checkpoint_fd, &v);
-                if (atomic_load(&h->stopping))
-                        break;
-                /* A file moved aside (and its successor) gets a connection of its own: the old one is let go. */
-                if (db && !checkpointer_db_current(h, &opened)) {
-                        sqlite3_close_v2(db);
-                        db = NULL;
-                }
-                /* No SQLITE_OPEN_CREATE: between a file moved aside and its successor there is nothing to do. */
-                if (!db) {
-                        if (stat(h->path, &opened) < 0 ||
-                            sqlite3_open_v2(h->path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW,
-                                            NULL) != SQLITE_OK) {
-                                sqlite3_close_v2(db);
-                                db = NULL;
-                                continue;
-                        }
-                        sqlite3_busy_timeout(db, 50);
-                }
-                /* A connection finds the WAL only on its first read: before it, a checkpoint does nothing.
-                 * Failures (a full disk) leave the WAL to grow: the writer's commits then say so. */
-                if (sqlite3_exec(db, "PRAGMA schema_version", NULL, NULL, NULL) == SQLITE_OK)
-                        (void) sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
-        }
-        sqlite3_close_v2(db);
-        return NULL;
+        if (!atomic_compare_exchange_strong(&h->checkpoint_state, &expected, CHECKPOINT_INTERRUPTING))
+                return;
+        sqlite3_interrupt(h->w.db);
+        atomic_store(&h->checkpoint_state, CHECKPOINT_INTERRUPTED);
 }
 
 int history_new(sd_event *event, const char *directory, usec_t retention, History **ret) {
@@ -1927,7 +2110,7 @@ int history_new(sd_event *event, const char *directory, usec_t retention, Histor
         _cleanup_(history_freep) History *h = calloc(1, sizeof(History));
         if (!h)
                 return -ENOMEM;
-        h->wakeup_fd = h->writer_fd = h->checkpoint_fd = -EBADF;
+        h->wakeup_fd = h->writer_fd = -EBADF;
         h->retention = retention;
         h->event = sd_event_ref(event);
         pthread_mutex_init(&h->mutex, NULL);
@@ -1947,9 +2130,6 @@ int history_new(sd_event *event, const char *directory, usec_t retention, Histor
         h->writer_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (h->writer_fd < 0)
                 return -errno;
-        h->checkpoint_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        if (h->checkpoint_fd < 0)
-                return -errno;
         r = sd_event_add_io(event, &h->wakeup_source, h->wakeup_fd, EPOLLIN, on_wakeup, h);
         if (r < 0)
                 return r;
@@ -1958,12 +2138,8 @@ int history_new(sd_event *event, const char *directory, usec_t retention, Histor
         /* The threads take no signal: the loop's signal sources rely on every thread blocking them. */
         sigfillset(&all);
         pthread_sigmask(SIG_SETMASK, &all, &old);
-        r = -pthread_create(&h->checkpointer, NULL, checkpointer_thread, h);
-        if (r == 0) {
-                h->checkpointer_started = true;
-                r = -pthread_create(&h->thread, NULL, writer_thread, h);
-                h->thread_started = r == 0;
-        }
+        r = -pthread_create(&h->thread, NULL, writer_thread, h);
+        h->thread_started = r == 0;
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (r < 0)
                 return r;
@@ -1981,11 +2157,6 @@ History *history_free(History *h) {
                 atomic_store(&h->stopping, true);
                 wake_writer(h);
                 pthread_join(h->thread, NULL);
-        }
-        if (h->checkpointer_started) {
-                atomic_store(&h->stopping, true);
-                (void) eventfd_write(h->checkpoint_fd, 1);
-                pthread_join(h->checkpointer, NULL);
         }
 
         /* Callbacks are not called any more: whoever waits on them is going away too. */
@@ -2005,7 +2176,6 @@ History *history_free(History *h) {
         sd_event_source_disable_unref(h->wakeup_source);
         safe_close(h->wakeup_fd);
         safe_close(h->writer_fd);
-        safe_close(h->checkpoint_fd);
         sd_event_unref(h->event);
         pthread_cond_destroy(&h->load_cond);
         pthread_mutex_destroy(&h->mutex);
@@ -2020,53 +2190,65 @@ static void queue_op(History *h, Op *op) {
         wake_writer(h);
 }
 
-/* Queues a load and waits for the writer to answer it: at start only. */
-static int load(History *h, OpType type, Op **ret) {
-        Op *op = calloc(1, sizeof(Op));
+int history_load_state(History *h, HistoryState *ret) {
+        assert_return(h && ret, -EINVAL);
+
+        _cleanup_(op_freep) Op *op = calloc(1, sizeof(Op));
         if (!op)
                 return -ENOMEM;
-        op->type = type;
+        op->type = OP_LOAD;
         queue_op(h, op);
 
+        /* Blocking is fine at start: nothing else is served yet. */
         pthread_mutex_lock(&h->mutex);
         while (!op->finished)
                 pthread_cond_wait(&h->load_cond, &h->mutex);
         pthread_mutex_unlock(&h->mutex);
-        *ret = op;
+        if (op->result < 0)
+                return op->result;
+        *ret = op->state;
+        op->state = (HistoryState) {};
+        return 0;
+}
+
+int history_load(History *h, HistoryLoadFn done, void *userdata) {
+        assert_return(h && done, -EINVAL);
+
+        Op *op = calloc(1, sizeof(Op));
+        if (!op)
+                return -ENOMEM;
+        op->type = OP_LOAD;
+        op->load_done = done;
+        op->async = true;
+        op->userdata = userdata;
+        all_link(h, op);
+        queue_op(h, op);
         return 0;
 }
 
 int history_load_leases(History *h, HistoryLeaseRow **ret, size_t *ret_n) {
-        _cleanup_(op_freep) Op *op = NULL;
-        int r;
-
+        HistoryState s;
         assert_return(h && ret && ret_n, -EINVAL);
-
-        r = load(h, OP_LOAD_LEASES, &op);
+        int r = history_load_state(h, &s);
         if (r < 0)
                 return r;
-        if (op->result < 0)
-                return op->result;
-        *ret = TAKE_PTR(op->leases);
-        *ret_n = op->n_results;
+        *ret = TAKE_PTR(s.leases);
+        *ret_n = s.n_leases;
+        s.n_leases = 0;
+        history_state_done(&s);
         return 0;
 }
 
 int history_load_token_floors(History *h, HistoryTokenFloor **ret, size_t *ret_n) {
-        _cleanup_(op_freep) Op *op = NULL;
-        int r;
-
+        HistoryState s;
         assert_return(h && ret && ret_n, -EINVAL);
-
-        r = load(h, OP_LOAD_TOKENS, &op);
+        int r = history_load_state(h, &s);
         if (r < 0)
                 return r;
-        if (op->result < 0)
-                return op->result;
-        *ret_n = op->n_results;
-        *ret = TAKE_PTR(op->floors);
-        if (*ret_n == 0)
-                *ret = mfree(*ret);
+        *ret_n = s.n_floors;
+        *ret = s.n_floors > 0 ? TAKE_PTR(s.floors) : NULL;
+        s.n_floors = 0;
+        history_state_done(&s);
         return 0;
 }
 
@@ -2201,6 +2383,7 @@ int history_lease_commit(History *h, const HistoryLeaseRow *row, HistoryDoneFn d
                 return 0;
         }
         queue_op(h, TAKE_PTR(op));
+        interrupt_checkpoint(h); /* after the push: a checkpoint that starts later sees the op and does not run */
         return 0;
 }
 
@@ -2249,6 +2432,7 @@ void history_cancel(History *h, void *userdata) {
                 if (op->userdata == userdata) {
                         op->done = NULL;
                         op->query_done = NULL;
+                        op->load_done = NULL;
                 }
 }
 
@@ -2258,6 +2442,10 @@ void history_set_health_callback(History *h, HistoryHealthFn fn, void *userdata)
         h->health = fn;
         h->health_userdata = userdata;
         h->epoch_seen = atomic_load(&h->epoch);
+}
+
+bool history_is_writable(const History *h) {
+        return h && !atomic_load(&((History *) h)->degraded);
 }
 
 bool history_is_healthy(const History *h) {

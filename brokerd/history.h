@@ -6,7 +6,9 @@
  * connection (WAL checkpoints on a second thread, so that no commit pays for one); results come back to
  * the loop through an eventfd watched by sd-event. Decision rows are batched (one transaction per batch);
  * lease rows are committed before their grant is answered (small WAL commits, grouped when several are
- * pending). A failing disk degrades history, not admission. */
+ * pending). A failing disk delays decision rows; a lease that cannot be written is reported as such, and
+ * the daemon refuses its grant (SPEC §3.4). The database is locked for this process alone while it is
+ * open (EXCLUSIVE locking: the WAL index lives in memory, no -shm is mapped). */
 #pragma once
 
 #include <jansson.h>
@@ -69,8 +71,8 @@ typedef struct HistoryQuery {
 
 #define HISTORY_QUERY_LIMIT_MAX 1000
 
-/* Called on the loop thread. result: 0 durable; HISTORY_NOT_PERSISTED when history is degraded (nothing
- * can be written: the lease lives in memory only); a negative errno when the write failed. */
+/* Called on the loop thread. result: 0 durable; HISTORY_NOT_PERSISTED when history is degraded (the
+ * database cannot be opened for writing: nothing was written); a negative errno when the write failed. */
 #define HISTORY_NOT_PERSISTED 1
 typedef void (*HistoryDoneFn)(History *h, int result, void *userdata);
 /* events: a JSON array of HistoryEvent objects as io.slotbroker.varlink defines them (borrowed; fields
@@ -91,9 +93,29 @@ int history_new(sd_event *event, const char *directory, usec_t retention, Histor
 History *history_free(History *h);
 DEFINE_TRIVIAL_CLEANUP_FUNC(History *, history_free);
 
-/* At start, before the first request (blocking is fine then: they wait for the writer thread's first
- * attempt to open the database): the persisted leases and token floors. Both return 0 with nothing
- * (*ret NULL, *ret_n 0) when the database is degraded; otherwise 0, -ENOMEM, or a read error. */
+/* How often the writer records that brokerd is alive (besides every lease commit). */
+#define HISTORY_ALIVE_INTERVAL (10 * USEC_PER_SEC)
+
+/* What was persisted, as a restart needs it. */
+typedef struct HistoryState {
+        HistoryLeaseRow *leases;
+        size_t n_leases;
+        HistoryTokenFloor *floors;
+        size_t n_floors;
+        usec_t alive_at;          /* realtime µs: brokerd was known to run then; 0: unknown */
+} HistoryState;
+void history_state_done(HistoryState *s);
+
+/* Reads what was persisted: through the writer's connection, or, when the database cannot be opened for
+ * writing, through a read-only one (reading is all a restore needs). No database file at all is an empty
+ * state. history_load_state() waits for the answer (at start, before the first request: blocking is fine
+ * then); history_load() calls done on the loop thread. Returns (or passes) 0, -ENOMEM, or the error that
+ * kept the database from being read (-EACCES, -EIO, -EBADMSG…): then nothing may be granted that the
+ * database could say is taken (SPEC §3.4). */
+int history_load_state(History *h, HistoryState *ret);
+typedef void (*HistoryLoadFn)(History *h, int error, HistoryState *state, void *userdata);
+int history_load(History *h, HistoryLoadFn done, void *userdata);
+/* The parts of history_load_state(), for tests. */
 int history_load_leases(History *h, HistoryLeaseRow **ret, size_t *ret_n);
 int history_load_token_floors(History *h, HistoryTokenFloor **ret, size_t *ret_n);
 
@@ -116,6 +138,10 @@ void history_lease_delete(History *h, const char *id);
 int history_query(History *h, const HistoryQuery *q, HistoryQueryFn done, void *userdata);
 /* A pending done/query callback's userdata is going away: it will not be called. */
 void history_cancel(History *h, void *userdata);
+
+/* False while the database cannot be opened for writing (the degraded state): lease commits are then
+ * answered HISTORY_NOT_PERSISTED at once. */
+bool history_is_writable(const History *h);
 
 /* True while the database works; false in the degraded state and while writes fail (disk full, I/O
  * errors), when lease commits are still tried and may fail. */

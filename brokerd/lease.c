@@ -222,32 +222,72 @@ static int on_reclaim_timeout(sd_event_source *s, uint64_t usec, void *userdata)
         return 0;
 }
 
-int lease_restore(Manager *m, const HistoryLeaseRow *row, Lease **ret) {
+/* What is left of a lease's max-hold (USEC_INFINITY: none). The wall clock may have been stepped back
+ * while brokerd was down: then now_r is before the instants persisted, and expires_at − now_r could be a
+ * year. What was left at the last instant brokerd is known to have run is the most that can be left now. */
+static usec_t restored_hold_left(const HistoryLeaseRow *row, usec_t alive_at, usec_t now_r) {
+        if (row->expires_at == USEC_INFINITY)
+                return USEC_INFINITY;
+        usec_t left = usec_sub_unsigned(row->expires_at, now_r);
+        usec_t last_known = MAX(row->granted_at, alive_at);
+        return MIN(left, usec_sub_unsigned(row->expires_at, last_known));
+}
+
+/* The command of a row: its leader (same pid, same start time, not a zombie), else its process group. The
+ * live daemon keeps a lease while the group of a command that leads its own group has a member
+ * (lease_command_check_group()), so a restart must too. The group is looked for only when the pid is
+ * free or the leader's zombie: the kernel does not reuse a pid while a group of that number exists. */
+typedef enum RestoredCommand {
+        RESTORED_COMMAND_GONE,
+        RESTORED_COMMAND_LEADER,
+        RESTORED_COMMAND_GROUP,
+} RestoredCommand;
+
+static RestoredCommand restored_command(const HistoryLeaseRow *row, int *ret_pidfd, ProcessInfo *ret_info) {
+        ProcessInfo info = {};
+        _cleanup_close_ int pidfd = process_open(row->command_pid, &info);
+
+        *ret_pidfd = -EBADF;
+        bool same = pidfd >= 0 && info.start_time == row->command_start_time;
+        if (same && info.state != 'Z') {
+                *ret_info = info;
+                *ret_pidfd = TAKE_FD(pidfd);
+                return RESTORED_COMMAND_LEADER;
+        }
+        if ((pidfd == -ESRCH || same) && process_group_is_alive(row->command_pid)) {
+                *ret_info = (ProcessInfo) {
+                        .pid = row->command_pid,
+                        .pgid = row->command_pid,
+                        .uid = row->uid,
+                        .start_time = row->command_start_time,
+                };
+                return RESTORED_COMMAND_GROUP;
+        }
+        return RESTORED_COMMAND_GONE;
+}
+
+int lease_restore(Manager *m, const HistoryLeaseRow *row, usec_t alive_at, Lease **ret) {
         usec_t now_m = now_monotonic(), now_r = now_realtime();
         _cleanup_close_ int pidfd = -EBADF;
         ProcessInfo command = {};
+        RestoredCommand rc = RESTORED_COMMAND_GONE;
         int r;
 
         assert_return(strlen(row->id) == LEASE_ID_LEN, -EINVAL);
 
-        /* A command that still runs (same pid, same start time) keeps holding its lease. */
-        bool command_alive = false;
-        if (row->command_pid > 0) {
-                pidfd = process_open(row->command_pid, &command);
-                command_alive = pidfd >= 0 && command.start_time == row->command_start_time && command.state != 'Z';
-                if (!command_alive)
-                        pidfd = safe_close(pidfd);
-        }
-        bool expired = row->expires_at != USEC_INFINITY && row->expires_at <= now_r;
+        /* A command that still runs keeps holding its lease. */
+        if (row->command_pid > 0)
+                rc = restored_command(row, &pidfd, &command);
+        bool command_alive = rc != RESTORED_COMMAND_GONE;
+        usec_t left = restored_hold_left(row, alive_at, now_r);
+        bool expired = left == 0;
         if ((row->command_pid > 0 && !command_alive) || (row->detached && expired)) {
                 *ret = NULL;
                 return 0; /* ended while brokerd was down */
         }
 
         usec_t granted_mono = row->granted_at <= now_r ? usec_sub_unsigned(now_m, now_r - row->granted_at) : now_m;
-        usec_t expires_mono = row->expires_at == USEC_INFINITY ? USEC_INFINITY
-                              : expired                        ? now_m
-                                                               : now_m + (row->expires_at - now_r);
+        usec_t expires_mono = left == USEC_INFINITY ? USEC_INFINITY : now_m + left;
         EngineLease *el;
         r = engine_lease_restore(m->engine,
                                  &(EngineLeaseRestore) {
@@ -265,11 +305,17 @@ int lease_restore(Manager *m, const HistoryLeaseRow *row, Lease **ret) {
                 return r;
 
         Lease *l;
-        r = lease_new(m, el, NULL, row->uid, row->pid, row->job, row->detached, command_alive ? &command : NULL,
-                      TAKE_FD(pidfd), &l);
+        r = lease_new(m, el, NULL, row->uid, row->pid, row->job, row->detached,
+                      rc == RESTORED_COMMAND_LEADER ? &command : NULL, TAKE_FD(pidfd), &l);
         if (r < 0) {
                 engine_lease_release(el, now_m);
                 return r;
+        }
+        if (rc == RESTORED_COMMAND_GROUP) {
+                /* The leader is gone: the tick polls its group, as for a leader that exited under us. */
+                l->has_command = true;
+                l->command = command;
+                l->command_leader_exited = true;
         }
         memcpy(l->id, row->id, LEASE_ID_LEN + 1);
         l->granted_real = row->granted_at;
@@ -283,7 +329,11 @@ int lease_restore(Manager *m, const HistoryLeaseRow *row, Lease **ret) {
                         return r;
                 }
         }
-        audit_lease(l, "restored", command_alive ? "its command still runs" : row->detached ? "detached" : "awaiting reclaim");
+        audit_lease(l, "restored",
+                    rc == RESTORED_COMMAND_LEADER  ? "its command still runs"
+                    : rc == RESTORED_COMMAND_GROUP ? "its command's process group still runs"
+                    : row->detached                ? "detached"
+                                                   : "awaiting reclaim");
         *ret = l;
         return 0;
 }

@@ -73,12 +73,14 @@ int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t 
               const ProcessInfo *command, int command_pidfd, Lease **ret);
 
 /* A lease row found at start (SPEC §3.4): re-occupies its slots if it still has a holder — a running
- * command (same pid and start time), a detached lease before its expiry, or a connection that may
- * reclaim it within the reclaim grace —, also when its pool is no longer configured. Returns 0 with *ret
- * NULL when the lease ended while brokerd was down, 0 with the lease, or negative errno (-EEXIST: a slot
- * is taken). */
+ * command (same pid and start time; or, its leader gone, a member of its process group), a detached lease
+ * before its expiry, or a connection that may reclaim it within the reclaim grace —, also when its pool is
+ * no longer configured. alive_at (realtime µs, 0: unknown): the last instant the previous brokerd is known
+ * to have run; no max-hold is restored longer than what was left of it then, whatever the wall clock says
+ * now. Returns 0 with *ret NULL when the lease ended while brokerd was down, 0 with the lease, or negative
+ * errno (-EEXIST: a slot is taken). */
 typedef struct HistoryLeaseRow HistoryLeaseRow;
-int lease_restore(Manager *m, const HistoryLeaseRow *row, Lease **ret);
+int lease_restore(Manager *m, const HistoryLeaseRow *row, usec_t alive_at, Lease **ret);
 /* The owner came back (Acquire with reclaim): the connection becomes the lease's life line again.
  * Returns 0, or -EBUSY when someone holds it already. */
 int lease_reclaim(Lease *l, Connection *c);

@@ -25,6 +25,7 @@
 #include "lease.h"
 #include "log.h"
 #include "manager.h"
+#include "persistence.h"
 
 #define TICK_USEC USEC_PER_SEC
 /* node_exporter scrapes every 15-60 s: fresher files would only cost writes. */
@@ -33,6 +34,8 @@
 #define ACCEPTS_PER_WAKEUP 64
 /* Out of fds, accepting is tried again this often even if no connection closes (other fds free too). */
 #define ACCEPT_RESUME_USEC (250 * USEC_PER_MSEC)
+/* How often a state directory that could not be read is read again (as history reopens the database). */
+#define STATE_RETRY_USEC (5 * USEC_PER_SEC)
 
 void manager_random_bytes(Manager *m, void *buf, size_t n) {
         uint8_t *p = buf;
@@ -249,6 +252,8 @@ void manager_sync(Manager *m) {
 
 /* ---- STATUS=, watchdog, tick ---- */
 
+static void manager_load_state_async(Manager *m);
+
 static void manager_update_status(Manager *m) {
         char buf[1024];
         size_t len = 0;
@@ -282,6 +287,8 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         }
         list_foreach_safe(n, &m->leases)
                 lease_poll_command(container_of(n, Lease, node));
+        if (!m->state_loaded && now_monotonic() >= m->state_retry_at)
+                manager_load_state_async(m);
         if (m->status_dirty)
                 manager_update_status(m);
         manager_sync(m);
@@ -358,6 +365,8 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         }
         if (!streq_ptr(c->socket_path, m->config->socket_path))
                 log_notice("socket= changed; it takes effect when brokerd restarts.");
+        if (c->lease_persistence != m->lease_persistence)
+                log_notice("lease-persistence= changed; it takes effect when brokerd restarts.");
         acls_free(m->acls, m->n_acls);
         m->acls = acls;
         m->n_acls = n_acls;
@@ -561,6 +570,8 @@ static void audit_ended_while_down(Manager *m, const HistoryLeaseRow *row, const
  * it could not be written, or missing from a fresh file, are written now, so that they survive a restart. */
 static void on_history_health(History *h, bool healthy, void *userdata) {
         Manager *m = userdata;
+        if (!m->state_loaded)
+                manager_load_state_async(m); /* it may be readable now: no need to wait for the next retry */
         if (!healthy)
                 return;
         unsigned n = 0;
@@ -573,56 +584,94 @@ static void on_history_health(History *h, bool healthy, void *userdata) {
         }
         if (n > 0)
                 log_info("History is writable again: %u live lease(s) written.", n);
+        persistence_recovered(m);
 }
 
-/* Before the first request (SPEC §3.4): fencing tokens continue above their high-water marks, and leases
- * that still have a holder take their old slots again. Refusals during recovery are fine; over-admission
- * is not, so this runs before the socket is watched. */
+/* Fencing tokens continue above their high-water marks, and leases that still have a holder take their
+ * old slots again. Nothing has been granted before this (persistence_refusal()), so nothing conflicts. */
+static void manager_apply_state(Manager *m, const HistoryState *s) {
+        for (size_t i = 0; i < s->n_floors; i++)
+                if (streq(s->floors[i].pool, HISTORY_TOKEN_FLOOR_ALL))
+                        m->token_floor_all = MAX(m->token_floor_all, s->floors[i].next_token);
+                else
+                        (void) engine_set_token_floor(m->engine, s->floors[i].pool, s->floors[i].next_token);
+        if (m->lease_persistence == LEASE_PERSISTENCE_BEST_EFFORT)
+                /* The last run may have handed out tokens it never wrote: the clock in µs is above them. */
+                m->token_floor_all = MAX(m->token_floor_all, (uint64_t) now_realtime());
+        manager_apply_token_floor_all(m);
+
+        unsigned restored = 0, ended = 0;
+        for (size_t i = 0; i < s->n_leases; i++) {
+                const HistoryLeaseRow *row = &s->leases[i];
+                Lease *l = NULL;
+                int r = lease_restore(m, row, s->alive_at, &l);
+                if (r < 0 || !l) {
+                        audit_ended_while_down(m, row,
+                                               r == -EEXIST   ? "its slot is taken by another restored lease"
+                                               : r < 0        ? "could not be restored"
+                                                              : "it ended while brokerd was down");
+                        history_lease_delete(m->history, row->id);
+                        ended++;
+                } else
+                        restored++;
+        }
+        if (restored + ended > 0)
+                log_info("Restored %u lease(s); %u ended while brokerd was down.", restored, ended);
+        m->state_loaded = true;
+        m->state_error = 0;
+        persistence_recovered(m);
+}
+
+static void manager_state_unreadable(Manager *m, int error) {
+        if (m->state_error != error)
+                log_error_errno(error, "Cannot read the leases and fencing tokens in %s: %m. Nothing is granted "
+                                       "until they can be read; retrying every %us.",
+                                m->state_directory, (unsigned) (STATE_RETRY_USEC / USEC_PER_SEC));
+        m->state_error = error;
+        m->state_retry_at = now_monotonic() + STATE_RETRY_USEC;
+}
+
+static void on_state_loaded(History *h, int error, HistoryState *s, void *userdata) {
+        Manager *m = userdata;
+        m->state_loading = false;
+        if (m->state_loaded)
+                return;
+        if (error < 0)
+                manager_state_unreadable(m, error);
+        else {
+                log_info("The state directory %s can be read again.", m->state_directory);
+                manager_apply_state(m, s);
+        }
+        manager_sync(m);
+}
+
+static void manager_load_state_async(Manager *m) {
+        if (m->state_loaded || m->state_loading || !m->history)
+                return;
+        if (history_load(m->history, on_state_loaded, m) >= 0)
+                m->state_loading = true;
+}
+
+/* Before the first request (SPEC §3.4). Refusals during recovery are fine; over-admission is not, so this
+ * runs before the socket is watched. A database that cannot be read is no reason not to start: Status is
+ * served, and nothing is granted until a later read succeeds. */
 static int manager_open_history(Manager *m) {
-        HistoryTokenFloor *floors = NULL;
-        HistoryLeaseRow *rows = NULL;
-        size_t n_floors = 0, n_rows = 0;
+        HistoryState s = {};
 
         int r = history_new(m->event, m->state_directory, m->config->history_retention, &m->history);
-        if (r == -EOPNOTSUPP)
-                return 0;
         if (r < 0)
                 return log_error_errno(r, "Failed to set up history in %s: %m", m->state_directory);
         history_set_health_callback(m->history, on_history_health, m);
 
-        r = history_load_token_floors(m->history, &floors, &n_floors);
-        if (r < 0)
-                return log_error_errno(r, "Failed to read fencing tokens: %m");
-        for (size_t i = 0; i < n_floors; i++)
-                if (streq(floors[i].pool, HISTORY_TOKEN_FLOOR_ALL))
-                        m->token_floor_all = MAX(m->token_floor_all, floors[i].next_token);
-                else
-                        (void) engine_set_token_floor(m->engine, floors[i].pool, floors[i].next_token);
-        history_token_floors_free(floors, n_floors);
-        manager_apply_token_floor_all(m);
-
-        r = history_load_leases(m->history, &rows, &n_rows);
-        if (r < 0)
-                return log_error_errno(r, "Failed to read leases: %m");
-        unsigned restored = 0, ended = 0;
-        for (size_t i = 0; i < n_rows; i++) {
-                Lease *l = NULL;
-                r = lease_restore(m, &rows[i], &l);
-                if (r < 0 || !l) {
-                        audit_ended_while_down(m, &rows[i],
-                                               r == -ENOENT   ? "its pool is no longer configured"
-                                               : r == -EEXIST ? "its slot is taken by another restored lease"
-                                               : r < 0        ? "could not be restored"
-                                                              : "it ended while brokerd was down");
-                        history_lease_delete(m->history, rows[i].id);
-                        ended++;
-                } else
-                        restored++;
-                history_lease_row_done(&rows[i]);
+        r = history_load_state(m->history, &s);
+        if (r == -ENOMEM)
+                return log_oom();
+        if (r < 0) {
+                manager_state_unreadable(m, r);
+                return 0;
         }
-        free(rows);
-        if (restored + ended > 0)
-                log_info("Restored %u lease(s); %u ended while brokerd was down.", restored, ended);
+        manager_apply_state(m, &s);
+        history_state_done(&s);
         return 0;
 }
 
@@ -692,6 +741,8 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
                 conf_errors_done(&errors);
                 return log_error_errno(r, "Failed to load the configuration: %m");
         }
+
+        m->lease_persistence = m->config->lease_persistence;
 
         const char *env_socket = getenv("SLOTBROKER_SOCKET");
         if (o->socket_path)

@@ -12,6 +12,7 @@
 #include "log.h"
 #include "manager.h"
 #include "methods.h"
+#include "persistence.h"
 
 #define INTERFACE "io.slotbroker"
 
@@ -181,7 +182,11 @@ static json_t *status_build(Manager *m) {
                 if (json_array_append_new(waiters, w[i]) < 0)
                         return NULL; /* the rest of w leaks only if jansson itself ran out */
 
-        return json_pack("{s:O, s:O, s:O}", "pools", pools, "holders", holders, "waiters", waiters);
+        json_t *status = json_pack("{s:O, s:O, s:O}", "pools", pools, "holders", holders, "waiters", waiters);
+        const char *unavailable = persistence_refusal(m);
+        if (status && unavailable)
+                json_object_set_new(status, "unavailable", json_string(unavailable));
+        return status;
 }
 
 static void method_status(Connection *c, const VarlinkCall *call) {

@@ -181,9 +181,10 @@ static int replay_open(Replay *r, char **error) {
         int k = sqlite_load(error);
         if (k < 0)
                 return k;
-        /* Read-only, never creating it; a WAL database in a directory we may not write still opens
-         * as immutable (its newest, not yet checkpointed rows then missing). */
-        for (int immutable = 0; immutable <= 1 && rc == SQLITE_CANTOPEN; immutable++) {
+        /* Read-only, never creating it. A WAL database in a directory we may not write, or one that a
+         * running brokerd holds (it locks history.db for itself: brokerd(8)), still opens as immutable, its
+         * newest rows (not yet checkpointed) then missing. */
+        for (int immutable = 0; immutable <= 1 && (rc == SQLITE_CANTOPEN || rc == SQLITE_BUSY); immutable++) {
                 _cleanup_free_ char *uri = NULL;
                 if (uri_ro(r->path, immutable, &uri) < 0)
                         return -ENOMEM;

@@ -308,6 +308,24 @@ AuditLevel audit_level_from_string(const char *s) {
         return _AUDIT_LEVEL_INVALID;
 }
 
+static const char *const lease_persistence_table[_LEASE_PERSISTENCE_MAX] = {
+        [LEASE_PERSISTENCE_REQUIRED] = "required",
+        [LEASE_PERSISTENCE_BEST_EFFORT] = "best-effort",
+};
+
+const char *lease_persistence_to_string(LeasePersistence p) {
+        if (p < 0 || p >= _LEASE_PERSISTENCE_MAX)
+                return NULL;
+        return lease_persistence_table[p];
+}
+
+LeasePersistence lease_persistence_from_string(const char *s) {
+        for (int i = 0; s && i < _LEASE_PERSISTENCE_MAX; i++)
+                if (streq(s, lease_persistence_table[i]))
+                        return (LeasePersistence) i;
+        return _LEASE_PERSISTENCE_INVALID;
+}
+
 /* ---- objects ---- */
 
 static PoolConfig *pool_config_free(PoolConfig *p) {
@@ -658,6 +676,21 @@ static int set_audit(const ConfKey *k, void *object, const char *value, const Co
         return 0;
 }
 
+static int set_lease_persistence(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                                 ConfErrors *errors) {
+        char q[QUOTE_MAX];
+        LeasePersistence p = LEASE_PERSISTENCE_REQUIRED;
+
+        if (*value) {
+                p = lease_persistence_from_string(value);
+                if (p < 0)
+                        return conf_errors_add(errors, source, k->name,
+                                               "invalid value %s (expected required or best-effort)", quote(q, value));
+        }
+        *FIELD(object, k, LeasePersistence) = p;
+        return 0;
+}
+
 static int set_pool_limit(const ConfKey *k, void *object, const char *value, const ConfSource *source,
                           ConfErrors *errors) {
         PoolConfig *p = object;
@@ -933,6 +966,7 @@ static const ConfKey broker_keys[] = {
         { "socket", set_path, offsetof(BrokerConfig, socket_path), .max = SOCKET_PATH_MAX },
         { "state-directory", set_path, offsetof(BrokerConfig, state_directory), .max = PATH_MAX - 1 },
         { "audit", set_audit, offsetof(BrokerConfig, audit) },
+        { "lease-persistence", set_lease_persistence, offsetof(BrokerConfig, lease_persistence) },
         { "history-retention", set_duration, offsetof(BrokerConfig, history_retention), .min = USEC_PER_SEC,
           .max = USEC_INFINITY, .def = DEFAULT_HISTORY_RETENTION },
         { "metrics-textfile", set_path, offsetof(BrokerConfig, metrics_textfile), .max = PATH_MAX - 1 },
@@ -1325,6 +1359,7 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
         dump_path(f, "socket", c->socket_path, "the mode's default");
         dump_path(f, "state-directory", c->state_directory, "$STATE_DIRECTORY or /var/lib/brokerd");
         fprintf(f, "audit=%s\n", strempty(audit_level_to_string(c->audit)));
+        fprintf(f, "lease-persistence=%s\n", strempty(lease_persistence_to_string(c->lease_persistence)));
         fprintf(f, "history-retention=%s\n", timespan_format(t, sizeof t, c->history_retention));
         dump_path(f, "metrics-textfile", c->metrics_textfile, "no textfile");
         fprintf(f, "reclaim-grace=%s\n", timespan_format(t, sizeof t, c->reclaim_grace));

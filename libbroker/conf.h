@@ -24,6 +24,14 @@ typedef enum AuditLevel {
         _AUDIT_LEVEL_INVALID = -EINVAL,
 } AuditLevel;
 
+/* [broker] lease-persistence= (SPEC §3.4): whether a lease that could not be written may be granted. */
+typedef enum LeasePersistence {
+        LEASE_PERSISTENCE_REQUIRED,    /* never: refused (unavailable) while leases cannot be written or read */
+        LEASE_PERSISTENCE_BEST_EFFORT, /* memory-only while the state directory fails; a restart may lose leases */
+        _LEASE_PERSISTENCE_MAX,
+        _LEASE_PERSISTENCE_INVALID = -EINVAL,
+} LeasePersistence;
+
 /* Where a setting came from, for error messages: "file:line". */
 typedef struct ConfSource {
         char *file;
@@ -73,6 +81,7 @@ typedef struct BrokerConfig {
         char *socket_path;            /* NULL: the default for the mode (system/user) */
         char *state_directory;        /* NULL: /var/lib/brokerd or $STATE_DIRECTORY */
         AuditLevel audit;
+        LeasePersistence lease_persistence;
         usec_t history_retention;
         char *metrics_textfile;
         usec_t reclaim_grace;         /* how long a restored connection-held lease waits for its owner */
@@ -157,3 +166,5 @@ const char *lane_policy_to_string(LanePolicy p);
 LanePolicy lane_policy_from_string(const char *s);
 const char *audit_level_to_string(AuditLevel a);
 AuditLevel audit_level_from_string(const char *s);
+const char *lease_persistence_to_string(LeasePersistence p);
+LeasePersistence lease_persistence_from_string(const char *s);

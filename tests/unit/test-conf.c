@@ -145,6 +145,7 @@ static void test_new_config_has_documented_broker_defaults(void **state) {
         assert_null(c->socket_path);
         assert_null(c->state_directory);
         assert_int_equal(c->audit, AUDIT_DECISIONS);
+        assert_int_equal(c->lease_persistence, LEASE_PERSISTENCE_REQUIRED);
         assert_true(c->history_retention == 30 * USEC_PER_DAY);
         assert_null(c->metrics_textfile);
         assert_true(c->reclaim_grace == 30 * USEC_PER_SEC);
@@ -251,6 +252,17 @@ static void test_broker_socket_path_fits_sockaddr_un(void **state) {
         set_ok("broker", "socket", path);
         path[107] = 'a';
         set_fails("broker", "socket", path, "too long");
+}
+
+static void test_broker_lease_persistence_is_required_or_best_effort(void **state) {
+        set_ok("broker", "lease-persistence", "best-effort");
+        assert_int_equal(c->lease_persistence, LEASE_PERSISTENCE_BEST_EFFORT);
+        set_ok("broker", "lease-persistence", "required");
+        assert_int_equal(c->lease_persistence, LEASE_PERSISTENCE_REQUIRED);
+        set_fails("broker", "lease-persistence", "memory", "expected required or best-effort");
+        set_ok("broker", "lease-persistence", "best-effort");
+        set_ok("broker", "lease-persistence", ""); /* empty: the default again */
+        assert_int_equal(c->lease_persistence, LEASE_PERSISTENCE_REQUIRED);
 }
 
 static void test_broker_audit_is_decisions_or_all(void **state) {
@@ -932,6 +944,7 @@ static void test_dump_of_every_key_reads_back_the_same(void **state) {
         set_ok("broker", "socket", "/run/slot/io.slotbroker");
         set_ok("broker", "state-directory", "/var/lib/slot");
         set_ok("broker", "audit", "all");
+        set_ok("broker", "lease-persistence", "best-effort");
         set_ok("broker", "history-retention", "90d 12h");
         set_ok("broker", "metrics-textfile", "/var/lib/prom/slot.prom");
         set_ok("broker", "reclaim-grace", "0");
@@ -1024,6 +1037,7 @@ int main(void) {
                 T(test_broker_paths_must_be_absolute),
                 T(test_broker_socket_path_fits_sockaddr_un),
                 T(test_broker_audit_is_decisions_or_all),
+                T(test_broker_lease_persistence_is_required_or_best_effort),
                 T(test_broker_history_retention_is_a_positive_duration),
                 T(test_broker_reclaim_grace_may_be_zero_but_not_infinity),
                 T(test_broker_revoke_grace_may_be_zero_but_not_infinity),

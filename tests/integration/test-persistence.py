@@ -1,0 +1,598 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""No slot granted twice, whatever the process tree or the state directory does (SPEC §3.4).
+
+A witness on the commands' side: every command `slotctl run` starts appends "start SLOT TOKEN" to a file
+when it starts and "end SLOT TOKEN" when it (or the last process of its group) ends. The check: no slot
+is started again before it ended, and fencing tokens, in the order commands started, only go up.
+
+- Restart with every liveness shape of the held command (slotctl SIGKILLed first, then brokerd):
+  leader running; leader exited with a member of its process group running; leader a zombie with a
+  member running; leader a zombie alone; everything exited; a command sharing its client's group
+  (watched by its leader alone). The restarted brokerd keeps exactly the slots the live one would.
+  (Detached and connection-held leases: test-restart.py.)
+- Fault injection on each database file (history.db, -wal, -shm) and on all three, at start and at run
+  time: made immutable (chattr +i; skipped where the file system or the privileges do not allow it).
+  brokerd restores what the database holds, grants nothing it could not write (Unavailable, reason
+  "storage"; Status still served), never dies (SIGBUS), recovers when the file is writable again, and
+  the witness sees no slot held twice and no token going back. Also: a tmpfs full at start and one that
+  fills up at run time (private mount namespaces; skipped without them); a read-only bind mount at
+  start is test-restart.py's.
+- lease-persistence = best-effort grants in memory-only mode, still with tokens that never go back.
+- A wall clock stepped back a year: a restored detached lease keeps no more of its max-hold than it
+  had left at the last instant persisted (history.db's alive mark, written as the clock stood then).
+- On a disk that fills up while brokerd runs, grants are refused (Unavailable) and the refusals are logged
+  once per episode, not once per request.
+
+Usage: test-persistence.py BROKERD SLOTCTL [unittest arguments]
+"""
+import glob
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.dont_write_bytecode = True
+import harness  # noqa: E402
+from harness import Broker, VarlinkError, wait_for  # noqa: E402
+
+SLOTCTL = None
+
+CONFIG = """\
+[broker]
+reclaim-grace = 2s
+
+[pool p]
+limit = 1
+
+[lane w]
+pools = p
+policy = wait
+
+[lane ff]
+pools = p
+policy = fail-fast
+"""
+
+DB_FILES = ("history.db", "history.db-wal", "history.db-shm")
+
+
+def pid_alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def pid_zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def reap(pid=-1):
+    while True:
+        try:
+            got, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if got == 0 or pid != -1:
+            return
+
+
+def chattr(flag, *paths):
+    return subprocess.run(["chattr", flag, *paths], capture_output=True).returncode == 0
+
+
+class Witness:
+    """What the commands themselves saw: their slot and token, when they started and ended."""
+
+    def __init__(self, directory):
+        self.path = os.path.join(directory, "witness")
+        open(self.path, "w").close()
+
+    def lines(self):
+        with open(self.path) as f:
+            return [line.split() for line in f if line.strip()]
+
+    def started(self, token=None):
+        return [(int(s), int(t)) for what, s, t in self.lines() if what == "start" and (token is None or int(t) == token)]
+
+    def check(self, test):
+        holder, tokens = {}, []
+        for what, slot, token in self.lines():
+            if what == "start":
+                test.assertNotIn(slot, holder, f"slot {slot} granted to token {token} while token {holder.get(slot)} "
+                                               f"still held it: {self.lines()}")
+                holder[slot] = token
+                tokens.append(int(token))
+            else:
+                if holder.get(slot) == token:
+                    del holder[slot]
+        test.assertEqual(tokens, sorted(set(tokens)), f"fencing tokens repeat or go back: {tokens}")
+
+    def command(self, body="sleep 60"):
+        """sh -c: record the start, run body, record the end (also on SIGTERM)."""
+        rec = f'"$SLOT_INDEX" "$SLOT_TOKEN" >> {self.path}'
+        return ["sh", "-c", f"echo start {rec}; trap 'echo end {rec}; exit 143' TERM; {body}; echo end {rec}"]
+
+    def group_command(self, release_leader):
+        """The leader exits once release_leader exists; a member of its group holds on and records the end
+        (the issue's `sh -c 'sleep 30 & …; exit 0'`)."""
+        rec = f'"$SLOT_INDEX" "$SLOT_TOKEN" >> {self.path}'
+        member = f"(trap 'echo end {rec}; exit 143' TERM; echo start {rec}; sleep 60 & wait; echo end {rec})"
+        return ["sh", "-c", f"{member} & while [ ! -e {release_leader} ]; do sleep 0.05; done; exit 0"]
+
+
+class Persistence(harness.BrokerTestCase):
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="persistence-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.witness = Witness(self.tmp)
+        self.groups = []
+        self.addCleanup(self.kill_groups)
+
+    def kill_groups(self):
+        for g in self.groups:
+            try:
+                os.killpg(g, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0)
+        reap()
+
+    def run_slotctl(self, b, lane, argv, *options):
+        """slotctl run, its command in a group of its own (slotctl's doing); returns (slotctl, command pid)."""
+        p = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", lane, *options, "--", *argv],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.addCleanup(lambda: (p.poll() is None and p.kill(), p.wait(), p.stderr.close()))
+        return p
+
+    def hold_with_slotctl(self, b, argv):
+        """A `slotctl run --lane w` that got the slot and whose command started; then slotctl is SIGKILLed:
+        the command alone holds the lease (SPEC §3.4). Returns (command pid, token)."""
+        before = len(self.witness.started())
+        p = self.run_slotctl(b, "w", argv)
+        wait_for(lambda: len(self.witness.started()) > before, 10, message="the command to start")
+        token = self.witness.started()[-1][1]
+        holder = [h for h in b.status()["holders"] if h["lease"]["token"] == token][0]
+        pid = holder["lease"]["commandPid"]
+        self.groups.append(pid)
+        p.kill()
+        p.wait()
+        return pid, token
+
+    def ff(self, b):
+        """A fail-fast `slotctl run --lane ff` of a witnessed command that ends at once: its exit status."""
+        p = self.run_slotctl(b, "ff", self.witness.command("true"))
+        return p.wait(20)
+
+    def assert_refused(self, b, reason=None):
+        with self.assertRaises(VarlinkError) as e:
+            b.call("io.slotbroker.Acquire", {"lane": "ff"})
+        if reason:
+            self.assertEqual(e.exception.error, "io.slotbroker.Unavailable", e.exception.parameters)
+            self.assertEqual(e.exception.parameters.get("reason"), reason)
+        self.assertNotEqual(self.ff(b), 0, "the fail-fast job was granted a held slot")
+
+    def end_group(self, pgid):
+        os.killpg(pgid, signal.SIGTERM)
+        wait_for(lambda: not group_alive(pgid) or (reap() or False), 10, message="the command's group to end")
+
+    # ---- restart with every liveness shape of the held process tree ----
+
+    def restart_shape(self, shape):
+        b = self.broker(CONFIG, f"persist-shape-{shape}")
+        release = os.path.join(self.tmp, "release")
+        pid, token = self.hold_with_slotctl(b, self.witness.group_command(release))
+        if shape in ("leader-exited", "leader-zombie", "all-gone", "zombie-alone"):
+            open(release, "w").close()
+            # slotctl is dead: the leader's parent is now us (harness.main makes the test a subreaper).
+            wait_for(lambda: not pid_alive(pid), 10, message="the leader to exit")
+            if shape == "leader-exited":
+                reap(pid)
+        if shape in ("all-gone", "zombie-alone"):
+            self.end_group(pid) if shape == "all-gone" else os.killpg(pid, signal.SIGTERM)
+            wait_for(lambda: len([x for x in self.witness.lines() if x[0] == "end"]) >= 1, 10,
+                     message="the member to record its end")
+            if shape == "all-gone":
+                reap(pid)
+        # A zombie leader is still in its group (kill(-pgid, 0) finds it), for the live brokerd as for a restarted
+        # one: the slot frees when whoever inherited it reaps it.
+        held = shape in ("leader-runs", "leader-exited", "leader-zombie", "zombie-alone")
+        if held:
+            # The running brokerd keeps it (SPEC §3.4)...
+            self.assertNotEqual(self.ff(b), 0)
+        b.crash()
+        b.start()
+        # ...and so must the restarted one.
+        if held:
+            self.assert_refused(b)
+            holders = b.status()["holders"]
+            self.assertEqual([h["lease"]["token"] for h in holders], [token], holders)
+            if shape == "zombie-alone":
+                reap()
+            else:
+                self.end_group(pid)
+                reap(pid)
+        wait_for(lambda: b.status()["pools"][0]["inUse"] == 0, 10, message="the slot to free")
+        self.assertEqual(self.ff(b), 0)
+        self.witness.check(self)
+
+    def test_restart_leader_runs(self):
+        self.restart_shape("leader-runs")
+
+    def test_restart_leader_exited_group_member_runs(self):
+        self.restart_shape("leader-exited")
+
+    def test_restart_leader_zombie_group_member_runs(self):
+        self.restart_shape("leader-zombie")
+
+    def test_restart_leader_zombie_group_gone(self):
+        self.restart_shape("zombie-alone")
+
+    def test_restart_all_gone(self):
+        self.restart_shape("all-gone")
+
+    def test_restart_command_in_its_parents_group_is_watched_by_its_leader(self):
+        """A command attached by a client that did not give it a group of its own (it shares the client's):
+        the live brokerd watches its leader alone, and so does a restarted one. Held while the leader runs;
+        ended when it exits, although the client's group (this test) lives on."""
+        b = self.broker(CONFIG, "persist-shared-group")
+        child = subprocess.Popen(["sleep", "60"])  # our group, not a group of its own
+        self.addCleanup(lambda: (child.poll() is None and child.kill(), child.wait()))
+        a = b.acquire("w", pid=child.pid)
+        a.until_granted()
+        a.conn.close()  # only the command holds it now
+        b.crash()
+        b.start()
+        holders = b.status()["holders"]
+        self.assertEqual([h["lease"].get("commandPid") for h in holders], [child.pid], holders)
+        self.assertNotEqual(self.ff(b), 0)
+        child.kill()
+        child.wait()
+        wait_for(lambda: b.status()["pools"][0]["inUse"] == 0, 10, message="the slot to free")
+        self.assertEqual(self.ff(b), 0)
+
+    # ---- faults on each database file ----
+
+    def can_chattr(self, directory):
+        probe = os.path.join(directory, "chattr-probe")
+        open(probe, "w").close()
+        ok = chattr("+i", probe)
+        if ok:
+            chattr("-i", probe)
+        os.unlink(probe)
+        if not ok:
+            self.skipTest("chattr +i does not work here (not root, or a file system without the immutable flag)")
+
+    def immutable(self, b, names):
+        paths = [os.path.join(b.state_dir, n) for n in names]
+        for p in paths:
+            if not os.path.exists(p):
+                open(p, "w").close()  # as it is after a clean stop: made, then made immutable
+        self.assertTrue(chattr("+i", *paths))
+        self.addCleanup(chattr, "-i", *paths)
+        return paths
+
+    def fault_at_start(self, names, refuses=True):
+        b = self.broker(CONFIG, "persist-start")
+        self.can_chattr(b.state_dir)
+        pid, token = self.hold_with_slotctl(b, self.witness.command())
+        b.crash()
+        paths = self.immutable(b, names)
+        b.start()
+        self.assertTrue(b.alive())
+        # What the database holds is read (read-only), so the held slot stays held and Status is served...
+        holders = b.status()["holders"]
+        self.assertEqual([h["lease"]["token"] for h in holders], [token], holders)
+        # ...and nothing is granted while leases cannot be written.
+        self.assertEqual(b.status().get("unavailable"),
+                         "leases cannot be written to the state directory" if refuses else None)
+        self.assert_refused(b, "storage" if refuses else None)
+        chattr("-i", *paths)
+        # Writable again: grants resume (after the command ends), tokens above the old ones.
+        self.end_group(pid)
+        reap(pid)
+        wait_for(lambda: b.status()["pools"][0]["inUse"] == 0, 10, message="the slot to free")
+        wait_for(lambda: self.ff(b) == 0, 20, interval=0.5, message="a grant once the database is writable")
+        self.assertEqual(b.log().count("Refusing new leases"), 1 if refuses else 0, b.log())
+        self.witness.check(self)
+        self.assertTrue(b.alive())
+
+    def test_immutable_db_at_start(self):
+        self.fault_at_start(["history.db"])
+
+    def test_immutable_wal_at_start(self):
+        self.fault_at_start(["history.db-wal"])
+
+    def test_immutable_shm_at_start(self):
+        # brokerd keeps the WAL index in memory (EXCLUSIVE locking): history.db-shm is not its business.
+        self.fault_at_start(["history.db-shm"], refuses=False)
+
+    def test_immutable_all_at_start(self):
+        self.fault_at_start(DB_FILES)
+
+    def fault_at_run_time(self, names):
+        b = self.broker(CONFIG, "persist-run")
+        self.can_chattr(b.state_dir)
+        pid, token = self.hold_with_slotctl(b, self.witness.command())
+        paths = self.immutable(b, names)
+        # Let the holder go and ask again: nothing may be granted that is not written.
+        self.end_group(pid)
+        reap(pid)
+        wait_for(lambda: b.status()["pools"][0]["inUse"] == 0, 10, message="the slot to free")
+        for _ in range(3):
+            p = self.run_slotctl(b, "w", self.witness.command("sleep 60"))
+            code = None
+            try:
+                code = p.wait(3)
+            except subprocess.TimeoutExpired:
+                pass
+            if code is None:
+                # Granted: then it must be in the database, which a crash shows.
+                started = self.witness.started()
+                self.assertGreater(len(started), 1)
+                self.groups.append(b.status()["holders"][0]["lease"]["commandPid"])
+                p.kill()
+                p.wait()
+                break
+        self.assertTrue(b.alive(), "brokerd died")
+        b.crash()
+        chattr("-i", *paths)
+        b.start()
+        # Whatever was granted is held after the restart: the fail-fast job must not get the slot while a
+        # granted command runs.
+        if len(self.witness.started()) > 1:
+            self.assertNotEqual(self.ff(b), 0, "a lease granted before the crash was lost")
+        self.witness.check(self)
+
+    def test_immutable_db_at_run_time(self):
+        self.fault_at_run_time(["history.db"])
+
+    def test_immutable_wal_at_run_time(self):
+        self.fault_at_run_time(["history.db-wal"])
+
+    def test_immutable_shm_at_run_time(self):
+        self.fault_at_run_time(["history.db-shm"])
+
+    def test_immutable_all_at_run_time(self):
+        self.fault_at_run_time(DB_FILES)
+
+    def test_unreadable_database_grants_nothing_until_it_is_read(self):
+        """A corrupt history.db in a directory where it cannot be moved aside (made immutable): nothing can be
+        read, so nothing is granted (Unavailable, reason storage) and Status is served; once the directory
+        is writable again the file is moved aside, the fresh one starts above the realtime clock, and grants
+        resume, with tokens above every one issued before."""
+        b = self.broker(CONFIG, "persist-unreadable")
+        self.can_chattr(b.state_dir)
+        self.assertEqual(self.ff(b), 0)
+        b.stop()
+        db = os.path.join(b.state_dir, "history.db")
+        for f in glob.glob(db + "-*"):
+            os.unlink(f)
+        with open(db, "wb") as f:
+            f.write(os.urandom(64 * 1024))
+        self.assertTrue(chattr("+i", b.state_dir))
+        self.addCleanup(chattr, "-i", b.state_dir)
+        b.start()
+        status = b.status()  # Status is served, and says why nothing is granted
+        self.assertEqual(status["pools"][0]["inUse"], 0)
+        self.assertEqual(status.get("unavailable"), "the state directory cannot be read")
+        with self.assertRaises(VarlinkError) as e:
+            b.call("io.slotbroker.Acquire", {"lane": "ff"})
+        self.assertEqual(e.exception.error, "io.slotbroker.Unavailable")
+        self.assertEqual(e.exception.parameters["reason"], "storage")
+        self.assertNotEqual(self.ff(b), 0, "granted while what was persisted cannot be read")
+        self.assertIn("Cannot read the leases", b.log())
+        chattr("-i", b.state_dir)
+        wait_for(lambda: self.ff(b) == 0, 30, interval=0.5, message="grants once the database can be read")
+        self.witness.check(self)
+
+    # ---- best-effort ----
+
+    def test_best_effort_grants_in_memory_and_tokens_never_go_back(self):
+        config = CONFIG.replace("[broker]\n", "[broker]\nlease-persistence = best-effort\n")
+        b = self.broker(config, "persist-best-effort")
+        self.can_chattr(b.state_dir)
+        self.assertEqual(self.ff(b), 0)
+        b.crash()
+        self.immutable(b, DB_FILES)
+        b.start()
+        self.assertEqual(self.ff(b), 0, "best-effort refused a grant")
+        self.assertEqual(self.ff(b), 0)
+        self.assertIn("not persisted", b.log())
+        b.crash()
+        b.start()
+        self.assertEqual(self.ff(b), 0)
+        self.witness.check(self)
+
+    # ---- the wall clock stepped back ----
+
+    def test_clock_stepped_back_does_not_stretch_a_restored_max_hold(self):
+        b = self.broker(CONFIG, "persist-clock")
+        out = subprocess.run([SLOTCTL, "acquire", "--socket", b.socket_path, "--lane", "w", "--detach",
+                              "--max-hold", "3s"], capture_output=True, text=True, timeout=10)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        b.crash()
+        # As if the clock now stood a year before the grant: move every persisted instant a year ahead.
+        year = 365 * 24 * 3600 * 10**6
+        db = sqlite3.connect(os.path.join(b.state_dir, "history.db"))
+        db.execute("UPDATE leases SET granted_at = granted_at + ?, expires_at = expires_at + ?", (year, year))
+        try:
+            db.execute("UPDATE alive SET at = at + ?", (year,))
+        except sqlite3.OperationalError:
+            pass  # a brokerd without the alive mark: what this test is about
+        db.commit()
+        db.close()
+        b.start()
+        self.assertEqual(len(b.status()["holders"]), 1)
+        t0 = time.monotonic()
+        wait_for(lambda: b.status()["pools"][0]["inUse"] == 0, 15, message="the restored lease to expire")
+        self.assertLess(time.monotonic() - t0, 10)
+
+
+    def test_clock_stepped_back_bounds_a_long_hold_by_the_alive_mark(self):
+        """A lease granted 50 min before the crash with max-hold 1h had 10 min left when brokerd last ran (the
+        alive mark); with the clock now a year behind, it keeps those 10 min, not a year and 10 min."""
+        b = self.broker(CONFIG, "persist-alive")
+        out = subprocess.run([SLOTCTL, "acquire", "--socket", b.socket_path, "--lane", "w", "--detach",
+                              "--max-hold", "1h"], capture_output=True, text=True, timeout=10)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        b.crash()
+        year, minute = 365 * 24 * 3600 * 10**6, 60 * 10**6
+        db = sqlite3.connect(os.path.join(b.state_dir, "history.db"))
+        (alive,) = db.execute("SELECT at FROM alive").fetchone()
+        # Granted 50 min before the alive mark; then everything a year ahead of the clock.
+        db.execute("UPDATE leases SET granted_at = ? - ? + ?, expires_at = ? - ? + ? + ?",
+                   (alive, 50 * minute, year, alive, 50 * minute, 60 * minute, year))
+        db.execute("UPDATE alive SET at = at + ?", (year,))
+        db.commit()
+        db.close()
+        b.start()
+        holders = b.status()["holders"]
+        self.assertEqual(len(holders), 1, holders)
+        left = holders[0]["lease"]["expiresAt"] - time.time() * 10**6
+        self.assertLessEqual(left, 11 * minute, f"{left / minute:.0f} min left")
+        self.assertGreater(left, 9 * minute, f"{left / minute:.0f} min left")
+
+
+class FullDisk(harness.BrokerTestCase):
+    """The state directory on a small tmpfs that fills up while brokerd runs."""
+
+    def test_full_disk_refuses_and_logs_once_per_episode(self):
+        probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                "mount -t tmpfs -o size=1m none /mnt"], capture_output=True)
+        if probe.returncode != 0:
+            self.skipTest(f"no private mount namespace with a tmpfs here: {probe.stderr.decode().strip()}")
+
+        class Full(Broker):
+            def argv(self):
+                script = 'mount -t tmpfs -o size=4m none "$1" && shift && exec "$@"'
+                return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                        self.state_dir] + super().argv()
+
+        b = Full(CONFIG, name="persist-full")
+        os.makedirs(b.state_dir, exist_ok=True)
+        b.start()
+        self.addCleanup(self.stop_broker, b, True)
+        a = b.acquire("w")
+        a.until_granted()
+        a.close()
+        # Fill what the history database left (the ballast stays: lease commits get it first).
+        fd = os.open(f"/proc/{b.pid}/root{b.state_dir}/filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while os.write(fd, b"x" * 4096) > 0:
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        answers = {}
+        job = "j" * 1000  # larger rows: the database needs more room per request
+        for _ in range(1500):
+            try:
+                with b.connect() as c:
+                    c.call("io.slotbroker.Acquire", {"lane": "ff", "job": job})
+                answers["granted"] = answers.get("granted", 0) + 1
+            except VarlinkError as e:
+                self.assertEqual(e.error, "io.slotbroker.Unavailable", e.parameters)
+                answers[e.error] = answers.get(e.error, 0) + 1
+            if answers.get("io.slotbroker.Unavailable", 0) >= 20:
+                break
+        self.assertGreaterEqual(answers.get("io.slotbroker.Unavailable", 0), 20, answers)
+        log = b.log()
+        self.assertLessEqual(log.count("Refusing new leases"), 1, log[-3000:])
+        self.assertNotIn("Could not persist lease", log)
+        self.assertTrue(b.alive())
+
+
+class MountFaults(harness.BrokerTestCase):
+    """The state directory full (a tmpfs) in a mount namespace of brokerd's own, at start (at run time:
+    FullDisk; a read-only bind mount at start: test-restart.py). A read-only remount while brokerd runs
+    cannot be made: the kernel refuses it (EBUSY) while history.db is open for writing."""
+
+    def setUp(self):
+        probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                "mount -t tmpfs -o size=1m none /mnt && mount --bind /mnt /mnt && "
+                                "mount -o remount,bind,ro /mnt"], capture_output=True)
+        if probe.returncode != 0:
+            self.skipTest(f"no private mount namespace here: {probe.stderr.decode().strip()}")
+        self.tmp = tempfile.mkdtemp(prefix="persistence-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.witness = Witness(self.tmp)
+
+    def broker_in_namespace(self, name, setup):
+        """brokerd in a mount namespace of its own, where `setup` (sh, $1 = the state directory) ran first."""
+        class InNamespace(Broker):
+            def argv(self):
+                script = setup + ' && shift && exec "$@"'
+                return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                        self.state_dir] + super().argv()
+        b = InNamespace(CONFIG, name=name)
+        os.makedirs(b.state_dir, exist_ok=True)
+        return b
+
+    def hold(self, b):
+        p = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "w", "--",
+                              *self.witness.command()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        self.addCleanup(lambda: (p.poll() is None and p.kill(), p.wait()))
+        wait_for(lambda: self.witness.started(), 10, message="the command to start")
+        return p
+
+    def ff_code(self, b):
+        p = subprocess.run([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "ff", "--",
+                            *self.witness.command("true")], stdin=subprocess.DEVNULL, capture_output=True,
+                           timeout=20)
+        return p.returncode
+
+    def test_full_tmpfs_at_start(self):
+        # A first run leaves history.db with a lease whose command runs; the second starts on a copy of it
+        # in a tmpfs with no room left.
+        first = self.broker_in_namespace("persist-full-1", "true")
+        first.start()
+        self.addCleanup(first.stop)
+        holder = self.hold(first)
+        token = self.witness.started()[-1][1]
+        first.crash()
+        b = self.broker_in_namespace(
+            "persist-full-2",
+            f'mount -t tmpfs -o size=4m none "$1" && cp -a {first.state_dir}/. "$1"/ && '
+            '{ dd if=/dev/zero of="$1"/filler bs=4k 2>/dev/null; true; }')
+        b.start()
+        self.addCleanup(self.stop_broker, b, True)
+        holders = b.status()["holders"]
+        self.assertEqual([h["lease"]["token"] for h in holders], [token], holders)
+        self.assertNotEqual(self.ff_code(b), 0, "granted the slot of a restored lease")
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        # slotctl is gone and its command too (slotctl's death signal): the slot frees; whatever is
+        # granted on the full disk must have been written.
+        self.witness.check(self)
+        self.assertTrue(b.alive())
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    os.environ["BROKERD"] = os.path.abspath(sys.argv[1])
+    SLOTCTL = os.path.abspath(sys.argv[2])
+    harness.main([sys.argv[0]] + sys.argv[3:])
