@@ -11,6 +11,7 @@ no namespaces, no CAP_SYS_ADMIN, a tool missing) instead of hiding it behind "OK
 
     test-skips.py BUILD_DIR
 """
+import glob
 import json
 import os
 import re
@@ -35,7 +36,9 @@ def why_skipped(output):
 
 
 def main(build_dir):
-    path = os.path.join(build_dir, "meson-logs", "testlog.json")
+    # The last run's: meson names the log after the wrapper (testlog-valgrind.json for --wrap=valgrind…).
+    logs = glob.glob(os.path.join(build_dir, "meson-logs", "testlog*.json"))
+    path = max(logs, key=os.path.getmtime, default=os.path.join(build_dir, "meson-logs", "testlog.json"))
     try:
         with open(path) as f:
             tests = [json.loads(line) for line in f if line.strip()]
@@ -49,7 +52,7 @@ def main(build_dir):
             print(f"SKIP  {name}: {why_skipped(output)}")
             continue
         for case, reason in TAP_CASE_SKIP.findall(output) + UNITTEST_SKIP.findall(output):
-            print(f"skip  {name}: {case}: {reason}")
+            print(f"skip  {name}: {case}: {reason}" if case else f"skip  {name}: {reason}")
     return 0
 
 
