@@ -10,6 +10,8 @@ Used by tools/test.sh, so that the summary of a run shows what could not run whe
 no namespaces, no CAP_SYS_ADMIN, a tool missing) instead of hiding it behind "OK".
 
     test-skips.py BUILD_DIR
+
+Exits 77 when the run skipped every test.
 """
 import glob
 import json
@@ -45,15 +47,17 @@ def main(build_dir):
     except OSError as e:
         print(f"test-skips: cannot read {path}: {e.strerror}", file=sys.stderr)
         return 1
+    skipped = 0
     for t in tests:
         name = t["name"].split(":", 1)[-1]  # "project:suite / test" → "suite / test"
         output = (t.get("stdout") or "") + "\n" + (t.get("stderr") or "")
         if t["result"] == "SKIP":
             print(f"SKIP  {name}: {why_skipped(output)}")
+            skipped += 1
             continue
         for case, reason in TAP_CASE_SKIP.findall(output) + UNITTEST_SKIP.findall(output):
             print(f"skip  {name}: {case}: {reason}" if case else f"skip  {name}: {reason}")
-    return 0
+    return 77 if tests and skipped == len(tests) else 0
 
 
 if __name__ == "__main__":

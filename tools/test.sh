@@ -10,8 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-stages=()   # "stage: outcome" lines for the summary
-skips=$(mktemp)
+stages=()   # each stage's outcome, with what it skipped, for the summary
 current=""
 summary() {
         local rc=$?
@@ -20,25 +19,26 @@ summary() {
         echo "==> summary (uid $(id -u), CapEff $(awk '/^CapEff/ { print $2 }' /proc/self/status))"
         local s
         for s in "${stages[@]}"; do echo "    $s"; done
-        if [ -s "$skips" ]; then
-                echo "    skipped here:"
-                sed 's/^/      /' "$skips"
-        fi
-        rm -f "$skips"
 }
 trap summary EXIT
 
-# stage NAME BUILD_DIR COMMAND…: runs a `meson test` stage and records its outcome and skips.
+# stage NAME BUILD_DIR COMMAND…: runs a `meson test` stage and records its outcome and what it skipped.
 stage() {
-        local name=$1 dir=$2
+        local name=$1 dir=$2 skipped rc=0
         shift 2
         echo "==> $name"
         current=$name
         "$@"
         current=""
-        local n
-        n=$( (python3 tools/test-skips.py "$dir" || true) | tee -a "$skips" | wc -l)
-        if [ "$n" = 0 ]; then stages+=("$name: ran"); else stages+=("$name: ran, $n skipped (below)"); fi
+        skipped=$(python3 tools/test-skips.py "$dir" | sed 's/^/        /') || rc=$?
+        if [ $rc = 77 ]; then
+                outcome="SKIPPED (every test)"
+        elif [ -n "$skipped" ]; then
+                outcome="ran, $(wc -l <<<"$skipped") skipped"
+        else
+                outcome=ran
+        fi
+        stages+=("$name: $outcome${skipped:+$'\n'$skipped}")
 }
 
 current="setup (tools/setup.sh)"
