@@ -61,6 +61,25 @@ def wait_for(predicate, timeout=DEFAULT_TIMEOUT, interval=POLL_INTERVAL, message
         time.sleep(interval)
 
 
+# ---- timing checks ----
+
+# How late a loaded machine may be: a CI runner shared by many jobs, a sanitizer build, a fresh root on
+# a slow disk run timers and deliver wake-ups up to this long after they are due. The upper bound of a
+# timing check allows it, so that the check tells "at its time" from "at another, wrong time" (never,
+# the lane's budget instead of the client's, the next poll period) without depending on the machine's
+# speed. The lower bound stays exact: never early is what the product promises.
+LATENESS = 2.0
+# The granularity allowed below a due time: the protocol's milliseconds.
+EARLINESS = 0.01
+
+
+def assert_on_time(elapsed, due, what):
+    """Fails unless `elapsed` (s, measured from before the test caused the event) is at least `due` (s)
+    and at most LATENESS after it."""
+    if not due - EARLINESS <= elapsed <= due + LATENESS:
+        raise AssertionError(f"{what} after {elapsed:.3f} s: due at {due:.3f} s (at most {LATENESS} s late)")
+
+
 # ---- the Varlink client ----
 
 class VarlinkError(Exception):

@@ -23,8 +23,10 @@ if [ "${JOURNALD_NS_INNER:-}" != 1 ]; then
         echo "journald-ns: $JOURNALD is missing (Debian package systemd); skipping" >&2
         exit 77
     fi
-    if ! unshare --mount --propagation private --pid --fork --mount-proc true 2>/dev/null; then
-        echo "journald-ns: cannot create mount and pid namespaces here; skipping" >&2
+    # Refused without CAP_SYS_ADMIN (an unprivileged container), and in a chroot, whose / is no mount
+    # point and so cannot be made private: the tmpfs mounts could reach the parent namespace.
+    if ! err=$(unshare --mount --propagation private --pid --fork --mount-proc true 2>&1); then
+        echo "journald-ns: cannot create private mount and pid namespaces here (${err//$'\n'/ }); skipping" >&2
         exit 77
     fi
     # --kill-child: if unshare dies (meson's timeout), the namespace's first process and so every

@@ -16,7 +16,7 @@ import unittest
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
 from harness import (Broker, Child, VarlinkError, run_client_as, spawn_client_as,  # noqa: E402
-                     read_json_line, wait_for, NOBODY_UID, NOGROUP_GID)
+                     read_json_line, wait_for, assert_on_time, LATENESS, NOBODY_UID, NOGROUP_GID)
 
 VARLINK_FILE = None
 MAX_HOLD_MS = 3650 * 24 * 3600 * 1000  # maxHoldMs's bound (io.slotbroker.varlink)
@@ -390,8 +390,8 @@ class Scenarios:
         self.assertGreaterEqual(st["waitedMs"], 0)
         t0 = time.monotonic()
         h.close()
-        w.until_granted(timeout=3)
-        self.assertLess(time.monotonic() - t0, 1.0, "a freed slot must go to the waiter at once")
+        w.until_granted(timeout=LATENESS + 1)
+        assert_on_time(time.monotonic() - t0, 0, "a freed slot must go to the waiter at once: granted")
         self.assertTrue(w.continues)
         self.assertEqual(w.lease["slots"], [0])
         self.assertEqual(self.waiters("wq"), [])
@@ -410,11 +410,13 @@ class Scenarios:
         t0 = time.monotonic()
         q = self.queue("wq", queueWaitMs=300)
         self.assertEqual(q.params.get("budgetMs"), 300, f"queueWaitMs caps the budget: {q.msg}")
-        q.until(lambda a: a.error, timeout=3, what="the QueueTimeout")
+        q.until(lambda a: a.error, timeout=0.3 + LATENESS + 1, what="the QueueTimeout")
         elapsed = time.monotonic() - t0
         self.assertEqual(q.error, "io.slotbroker.QueueTimeout", q.msg)
-        self.assertTrue(300 <= q.params["waitedMs"] <= 450, f"waitedMs {q.params['waitedMs']} for a 300 ms cap")
-        self.assertTrue(0.29 <= elapsed <= 1.1, f"refused after {elapsed:.3f} s for a 300 ms cap")
+        # brokerd's wait lies within the test's (both monotonic; ms truncate): no slack for speed needed.
+        self.assertTrue(300 <= q.params["waitedMs"] <= elapsed * 1000, f"waitedMs {q.params['waitedMs']} for a "
+                        f"300 ms cap, refused after {elapsed:.3f} s")
+        assert_on_time(elapsed, 0.3, "refused for a 300 ms cap")
 
     def test_position_updates_arrive_at_most_once_a_second(self):
         self.hold("wq", job="holder")
@@ -448,26 +450,29 @@ class Scenarios:
         t_c = time.monotonic()
         c = self.queue("jam", job="C")
         self.assertEqual(c.params["budgetMs"], 2000, f"C keeps up: budget Q: {c.msg}")
-        c.until(lambda a: a.error, timeout=4, what="C's refusal")
+        c.until(lambda a: a.error, timeout=2 + LATENESS + 1, what="C's refusal")
         t_c_refused = time.monotonic() - t_c
         self.assertEqual(c.error, "io.slotbroker.QueueTimeout", c.msg)
-        self.assertTrue(2000 <= c.params["waitedMs"] <= 2200, f"C waited {c.params['waitedMs']} ms, not Q")
-        self.assertTrue(1.99 <= t_c_refused <= 2.8, f"C refused after {t_c_refused:.3f} s")
+        self.assertTrue(2000 <= c.params["waitedMs"] <= t_c_refused * 1000,
+                        f"C waited {c.params['waitedMs']} ms, not Q (refused after {t_c_refused:.3f} s)")
+        assert_on_time(t_c_refused, 2, "C refused")
         self.assertTrue(1 <= c.params["retryAfterSec"] <= 2, c.msg)
         self.assertEqual(c.params["pool"], "jam")
         # No fast admission since A and B: the pool is congested (idle > Q).
         p = wait_for(lambda: (lambda p: p if p["congested"] else None)(self.broker.pool("jam")),
                      message="pool jam to be congested")
-        self.assertGreater(p["idleMs"], 2000)
+        # Congested means idle > Q in brokerd's µs; Status truncates to ms, so 2000.4 ms shows as 2000.
+        self.assertGreaterEqual(p["idleMs"], 2000)
         self.assertEqual(p["queueTimeoutMs"], 2000)
         t_d = time.monotonic()
         d = self.queue("jam", job="D")
         self.assertEqual(d.params["budgetMs"], 1000, f"D arrives saturated: budget Q/10, at least 1 s: {d.msg}")
-        d.until(lambda a: a.error, timeout=3, what="D's refusal")
+        d.until(lambda a: a.error, timeout=1 + LATENESS + 1, what="D's refusal")
         t_d_refused = time.monotonic() - t_d
         self.assertEqual(d.error, "io.slotbroker.QueueShed", d.msg)
-        self.assertTrue(1000 <= d.params["waitedMs"] <= 1200, f"D waited {d.params['waitedMs']} ms")
-        self.assertTrue(0.99 <= t_d_refused <= 1.8, f"D refused after {t_d_refused:.3f} s")
+        self.assertTrue(1000 <= d.params["waitedMs"] <= t_d_refused * 1000,
+                        f"D waited {d.params['waitedMs']} ms (refused after {t_d_refused:.3f} s)")
+        assert_on_time(t_d_refused, 1, "D refused")
         self.assertTrue(1 <= d.params["retryAfterSec"] <= 2, d.msg)
 
     def test_disconnect_while_waiting_frees_its_place(self):
@@ -529,9 +534,9 @@ class Scenarios:
         w = self.queue("cmd", job="next")
         t0 = time.monotonic()
         self.assertEqual(child.finish(), 0)
-        w.until_granted(timeout=3)
-        freed_after = time.monotonic() - t0
-        self.assertLess(freed_after, 2.0, f"slot freed {freed_after:.2f} s after the command exited (≤ ~1 s)")
+        w.until_granted(timeout=1 + LATENESS + 1)
+        # Within the second brokerd takes to see a group empty (≤ ~1 s).
+        self.assertLess(time.monotonic() - t0, 1 + LATENESS, "the slot frees within ~1 s of the command's exit")
 
     def test_grandchild_in_the_group_keeps_the_slot(self):
         child = Child(grandchild=True)
@@ -549,8 +554,9 @@ class Scenarios:
         self.assertEqual(h["state"], "held", "a grandchild left in the group must keep the slot")
         t0 = time.monotonic()
         child.kill_grandchild()
-        wait_for(lambda: not self.holders("cmd"), timeout=3, message="the slot to free once the group is empty")
-        self.assertLess(time.monotonic() - t0, 2.0, "the slot frees within ~1 s of the group's last exit")
+        wait_for(lambda: not self.holders("cmd"), timeout=1 + LATENESS + 1,
+                 message="the slot to free once the group is empty")
+        self.assertLess(time.monotonic() - t0, 1 + LATENESS, "the slot frees within ~1 s of the group's last exit")
 
     def test_pid_must_be_the_peer_or_its_child(self):
         grandchild = Child(grandchild=True)
@@ -603,9 +609,9 @@ class Scenarios:
         a = self.hold("rel", maxHoldMs=500)
         self.assertIsNotNone(a.lease.get("expiresAt"))
         self.assertAlmostEqual(a.lease["expiresAt"] - a.lease["grantedAt"], 500_000, delta=2000)
-        a.until(lambda x: x.state == "revoked", timeout=3, what="the revocation")
+        a.until(lambda x: x.state == "revoked", timeout=0.5 + LATENESS + 1, what="the revocation")
         self.assertFalse(a.continues)
-        self.assertTrue(0.49 <= time.monotonic() - t0 <= 1.3, "revoked at maxHoldMs")
+        assert_on_time(time.monotonic() - t0, 0.5, "revoked at maxHoldMs")
 
     def test_release_from_another_connection(self):
         h = self.hold("rel", job="h")
@@ -659,8 +665,9 @@ class Scenarios:
         b = self.acquire("det", detach=True, maxHoldMs=700)
         self.assertTrue(b.granted, b.msg)
         b.close()
-        wait_for(lambda: not self.holders("det"), timeout=3, message="the detached lease to end at maxHoldMs")
-        self.assertTrue(0.69 <= time.monotonic() - t0 <= 2.0, f"ended after {time.monotonic() - t0:.2f} s")
+        wait_for(lambda: not self.holders("det"), timeout=0.7 + LATENESS + 1,
+                 message="the detached lease to end at maxHoldMs")
+        assert_on_time(time.monotonic() - t0, 0.7, "the detached lease ended")
 
     # ---- administration ----
 
@@ -912,9 +919,9 @@ class SelfBound(Scenarios, unittest.TestCase):
         polite = self.hold("hold", job="polite")
         deaf = self.hold("hold", job="deaf")
         self.assertAlmostEqual(polite.lease["expiresAt"] - polite.lease["grantedAt"], 1_000_000, delta=2000)
-        polite.until(lambda a: a.state == "revoked", timeout=3, what="the revocation")
+        polite.until(lambda a: a.state == "revoked", timeout=1 + LATENESS + 1, what="the revocation")
         t_revoked = time.monotonic() - t0
-        self.assertTrue(0.99 <= t_revoked <= 1.8, f"revoked after {t_revoked:.2f} s for max-hold 1s")
+        assert_on_time(t_revoked, 1, "revoked for max-hold 1s")
         self.assertFalse(polite.continues, "revoked is the final reply")
         deaf.until(lambda a: a.state == "revoked", timeout=1, what="the revocation")
         self.assertEqual({h["lease"]["job"]: h["state"] for h in self.holders("hold")},
@@ -926,7 +933,7 @@ class SelfBound(Scenarios, unittest.TestCase):
         deaf.conn.wait_eof(timeout=8)
         cut_after = time.monotonic() - t0
         self.assertGreater(cut_after, t_revoked + 1.5, "cut before revoke-grace = 2s")
-        self.assertLess(cut_after, t_revoked + 2 + 1.5, f"cut {cut_after - t_revoked:.2f} s after the revocation")
+        self.assertLess(cut_after, t_revoked + 2 + LATENESS, f"cut {cut_after - t_revoked:.2f} s after the revocation")
         wait_for(lambda: not self.holders("hold"), message="the deaf holder's slot to free")
 
     def test_max_hold_closes_a_plain_acquire(self):
@@ -935,8 +942,8 @@ class SelfBound(Scenarios, unittest.TestCase):
         plain = b.acquire("hold", more=False)
         self.addCleanup(plain.close)
         self.assertTrue(plain.granted, plain.msg)
-        plain.conn.wait_eof(timeout=3)  # a plain Acquire's life line is cut on revocation
-        self.assertTrue(0.99 <= time.monotonic() - t0 <= 1.8, "cut at max-hold")
+        plain.conn.wait_eof(timeout=1 + LATENESS + 1)  # a plain Acquire's life line is cut on revocation
+        assert_on_time(time.monotonic() - t0, 1, "cut at max-hold")
         wait_for(lambda: not b.alive() or not b.status()["holders"], message="the slot to free")
         self.assertTrue(b.alive(), f"brokerd died (status {b.proc.returncode}) revoking a plain Acquire")
 

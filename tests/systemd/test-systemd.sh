@@ -9,8 +9,8 @@
 # SLOTBROKER_LANE_DEBS=DIR installs the .debs of DIR (dpkg-buildpackage's output) with dpkg inside
 # the booted container instead, so that the maintainer scripts run against a live systemd.
 # SLOTBROKER_LANE_KEEP=1 leaves a failed run's container running, for a look inside.
-# Exit 77 (skip) when not root, when a tool is missing, or when the Debian mirror cannot be reached
-# for the first build of the root.
+# Exit 77 (skip) when not root, without namespaces (no CAP_SYS_ADMIN), when a tool is missing, or when
+# the Debian mirror cannot be reached for the first build of the root.
 set -euo pipefail
 src=$(realpath "${1:?SOURCE_ROOT missing}")
 work=$(realpath -m "${2:?WORK_DIR missing}")
@@ -28,6 +28,12 @@ for tool in unshare nsenter chroot meson ninja python3; do
         command -v "$tool" >/dev/null || skip "$tool not found"
 done
 grep -qw cgroup2 /proc/filesystems || skip "the kernel has no cgroup2"
+# Refused without CAP_SYS_ADMIN (an unprivileged container is root without it), and in a chroot, whose /
+# is no mount point and so cannot be made private: the container's mounts could reach the parent namespace.
+err=$(unshare --mount --propagation private --pid --fork --cgroup --uts --ipc --net true 2>&1) ||
+        skip "cannot create the container's private mount, pid, cgroup, uts, ipc and net namespaces here (${err//$'\n'/ })"
+[ -f /sys/fs/cgroup/cgroup.procs ] || [ -f /sys/fs/cgroup/unified/cgroup.procs ] ||
+        skip "no cgroup2 hierarchy at /sys/fs/cgroup (is /sys mounted?)"
 
 # ---- helpers ----
 

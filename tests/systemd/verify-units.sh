@@ -12,8 +12,10 @@ src=$1 build=$2 sbindir=$3 bindir=$4 brokerd=$5 slotctl=$6
 
 if [ "${VERIFY_UNITS_INNER:-}" != 1 ]; then
         command -v systemd-analyze >/dev/null || { echo "SKIP: systemd-analyze not found"; exit 77; }
-        if [ "$(id -u)" != 0 ] || ! unshare -m true 2>/dev/null; then
-                echo "SKIP: needs root for a private mount namespace (systemd-analyze verify writes under /run)"
+        # Refused without CAP_SYS_ADMIN, and in a chroot, whose / is no mount point and so cannot be
+        # made private.
+        if [ "$(id -u)" != 0 ] || ! err=$(unshare -m --propagation private true 2>&1); then
+                echo "SKIP: needs root and a private mount namespace (systemd-analyze verify writes under /run)${err:+: ${err//$'\n'/ }}"
                 exit 77
         fi
         exec unshare -m --propagation private env VERIFY_UNITS_INNER=1 "$0" "$@"
