@@ -83,12 +83,22 @@ static void persisted_nobody_waits(Lease *l, int result) {
                 log_warning_errno(result, "Could not persist lease %s: it will not survive a restart: %m", l->id);
 }
 
+/* Realtime µs of the lease's expiry (USEC_INFINITY: none), counted from the grant's own realtime rather
+ * than from a fresh reading of the clocks: expiresAt − grantedAt is then exactly the hold. */
+static usec_t lease_expires_realtime(const Lease *l) {
+        usec_t exp = engine_lease_expires_at(l->engine_lease);
+        if (exp == USEC_INFINITY)
+                return USEC_INFINITY;
+        if (exp < l->granted_mono)
+                return manager_realtime_of(exp);
+        return usec_add(l->granted_real, exp - l->granted_mono);
+}
+
 void lease_persist(Lease *l, LeasePersistedFn done) {
         Manager *m = l->manager;
         const unsigned *idx;
         const char *const *members;
         unsigned n = engine_lease_slots(l->engine_lease, &idx, &members);
-        usec_t exp = engine_lease_expires_at(l->engine_lease);
 
         if (!done)
                 done = persisted_nobody_waits;
@@ -111,7 +121,7 @@ void lease_persist(Lease *l, LeasePersistedFn done) {
                 .command_start_time = l->has_command ? l->command.start_time : 0,
                 .detached = l->detached,
                 .granted_at = l->granted_real,
-                .expires_at = exp == USEC_INFINITY ? USEC_INFINITY : manager_realtime_of(exp),
+                .expires_at = lease_expires_realtime(l),
         };
         l->persisted = done;
         int r = history_lease_commit(m->history, &row, on_history_committed, l);
@@ -474,8 +484,8 @@ json_t *lease_to_json(const Lease *l) {
                 json_object_set_new(o, "job", json_string(l->job));
         if (l->has_command)
                 json_object_set_new(o, "commandPid", json_integer(l->command.pid));
-        usec_t exp = engine_lease_expires_at(el);
+        usec_t exp = lease_expires_realtime(l);
         if (exp != USEC_INFINITY)
-                json_object_set_new(o, "expiresAt", json_integer((json_int_t) manager_realtime_of(exp)));
+                json_object_set_new(o, "expiresAt", json_integer((json_int_t) exp));
         return o;
 }
