@@ -25,6 +25,7 @@
 
 #include "broker.h"
 #include "macro.h"
+#include "test-fds.h"
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerClient *, broker_client_free);
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerLease *, broker_lease_free);
@@ -709,26 +710,6 @@ static int raw_connect(void) {
         return fd;
 }
 
-static void raw_send_with_fds(int sock, const char *text, int fd, size_t n) {
-        union {
-                struct cmsghdr h;
-                uint8_t buf[CMSG_SPACE(sizeof(int) * 16)];
-        } control = {};
-        int fds[16];
-        assert_true(n <= 16);
-        for (size_t i = 0; i < n; i++)
-                fds[i] = fd;
-        struct iovec iov = { (void *) text, strlen(text) + 1 };
-        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control,
-                             .msg_controllen = CMSG_SPACE(sizeof(int) * n) };
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int) * n);
-        memcpy(CMSG_DATA(cm), fds, sizeof(int) * n);
-        assert_int_equal(sendmsg(sock, &mh, MSG_NOSIGNAL), (ssize_t) iov.iov_len);
-}
-
 /* The next message's text (up to its NUL) in buf, or "" at EOF. */
 static void raw_recv(int sock, char *buf, size_t size) {
         size_t n = 0;
@@ -757,16 +738,16 @@ static void test_broker_closes_the_fds_no_call_uses(void **state) {
         _cleanup_close_ int sock = raw_connect();
 
         /* A call that takes no fd: they are closed once it is answered. */
-        raw_send_with_fds(sock, "{\"method\":\"io.slotbroker.Status\"}", p[1], 2);
+        send_with_fds(sock, "{\"method\":\"io.slotbroker.Status\"}", p[1], 2);
         raw_recv(sock, reply, sizeof reply);
         assert_non_null(strstr(reply, "\"pools\""));
         /* An Acquire naming an fd it was not given: refused, and the one it was given is closed. */
-        raw_send_with_fds(sock, "{\"method\":\"io.slotbroker.Acquire\",\"parameters\":{\"lane\":\"merge\",\"pidfd\":1}}", p[1], 1);
+        send_with_fds(sock, "{\"method\":\"io.slotbroker.Acquire\",\"parameters\":{\"lane\":\"merge\",\"pidfd\":1}}", p[1], 1);
         raw_recv(sock, reply, sizeof reply);
         assert_non_null(strstr(reply, "InvalidParameter"));
         assert_non_null(strstr(reply, "\"pidfd\""));
         /* More fds than any call may carry: the connection goes, and they with it. */
-        raw_send_with_fds(sock, "{\"method\":\"io.slotbroker.Status\"}", p[1], 9);
+        send_with_fds(sock, "{\"method\":\"io.slotbroker.Status\"}", p[1], 9);
         raw_recv(sock, reply, sizeof reply);
         assert_string_equal(reply, "");
 

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "varlink.h"
+#include "test-fds.h"
 
 /* ---- helpers ---- */
 
@@ -989,27 +990,6 @@ static bool same_file(int a, int b) {
         assert_int_equal(fstat(a, &sa), 0);
         assert_int_equal(fstat(b, &sb), 0);
         return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
-/* Sends one message with n copies of fd in one sendmsg(), as a client that does not use our stream would. */
-static void send_with_fds(int sock, const char *text, int fd, size_t n) {
-        union {
-                struct cmsghdr h;
-                uint8_t buf[CMSG_SPACE(sizeof(int) * 16)];
-        } control = {};
-        int fds[16];
-        assert_true(n <= 16);
-        for (size_t i = 0; i < n; i++)
-                fds[i] = fd;
-        struct iovec iov = { (void *) text, strlen(text) + 1 };
-        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control,
-                             .msg_controllen = CMSG_SPACE(sizeof(int) * n) };
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int) * n);
-        memcpy(CMSG_DATA(cm), fds, sizeof(int) * n);
-        assert_int_equal(sendmsg(sock, &mh, MSG_NOSIGNAL), (ssize_t) iov.iov_len);
 }
 
 /* Reads and takes messages until `want` were taken: msgs[i] and the fds that came with it, fds[i]. */
