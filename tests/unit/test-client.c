@@ -537,19 +537,27 @@ static void test_options_are_checked(void **state) {
         assert_int_equal(broker_client_process(c, &small), -EINVAL);
 }
 
-static void test_attached_pid_is_reported_and_holds_the_slot(void **state) {
-        BrokerClient *c;
-        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
-        int pipefd[2];
-        assert_int_equal(pipe2(pipefd, O_CLOEXEC), 0);
+/* A child that waits for *ret_go to close, then exits 0. */
+static pid_t held_child(int *ret_go) {
+        int p[2];
+        assert_int_equal(pipe2(p, O_CLOEXEC), 0);
         pid_t child = fork();
         assert_true(child >= 0);
         if (child == 0) {
                 char b;
-                close(pipefd[1]);
-                _exit(read(pipefd[0], &b, 1) >= 0 ? 0 : 1);
+                close(p[1]);
+                _exit(read(p[0], &b, 1) >= 0 ? 0 : 1);
         }
-        close(pipefd[0]);
+        close(p[0]);
+        *ret_go = p[1];
+        return child;
+}
+
+static void test_attached_pid_is_reported_and_holds_the_slot(void **state) {
+        BrokerClient *c;
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        int go;
+        pid_t child = held_child(&go);
         /* Connected after the fork: a copy of the connection in the child would hold the lease too. */
         c = connect_or_fail();
 
@@ -565,7 +573,7 @@ static void test_attached_pid_is_reported_and_holds_the_slot(void **state) {
         assert_int_equal(pool_field(st, "grid", "inUse"), 1);
         json_decref(st);
 
-        close(pipefd[1]); /* the command ends */
+        close(go); /* the command ends */
         assert_int_equal(waitpid(child, NULL, 0), child);
         assert_int_equal(wait_idle(NULL), 0);
 }
@@ -604,22 +612,6 @@ static void wait_broker_pidfds(int n) {
         for (int i = 0; i < 500 && broker_pidfds() != n; i++)
                 sleep_ms(10);
         assert_int_equal(broker_pidfds(), n);
-}
-
-/* A child that waits for *ret_go to close, then exits 0. */
-static pid_t held_child(int *ret_go) {
-        int p[2];
-        assert_int_equal(pipe2(p, O_CLOEXEC), 0);
-        pid_t child = fork();
-        assert_true(child >= 0);
-        if (child == 0) {
-                char b;
-                close(p[1]);
-                _exit(read(p[0], &b, 1) >= 0 ? 0 : 1);
-        }
-        close(p[0]);
-        *ret_go = p[1];
-        return child;
 }
 
 static json_int_t lease_command_pid(const BrokerLease *l) {
