@@ -2,9 +2,9 @@
 # SPDX-License-Identifier: MIT
 """No slot granted twice, whatever the process tree or the state directory does (SPEC §3.4).
 
-A witness on the commands' side: every command `slotctl run` starts appends "start SLOT TOKEN" to a file
-when it starts and "end SLOT TOKEN" when it (or the last process of its group) ends. The check: no slot
-is started again before it ended, and fencing tokens, in the order commands started, only go up.
+Witnessed from the commands' side (witness.py): every command `slotctl run` starts takes an O_EXCL lock
+file per slot it holds and logs its start and end. The check: no slot is held twice at once, and fencing
+tokens, in the order commands started, only go up.
 
 - Restart with every liveness shape of the held command (slotctl SIGKILLed first, then brokerd):
   leader running; leader exited with a member of its process group running; leader a zombie with a
@@ -40,6 +40,7 @@ import unittest
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
 from harness import Broker, VarlinkError, wait_for  # noqa: E402
+from witness import Witness  # noqa: E402
 
 SLOTCTL = None
 
@@ -100,46 +101,6 @@ def chattr(flag, *paths):
     return subprocess.run(["chattr", flag, *paths], capture_output=True).returncode == 0
 
 
-class Witness:
-    """What the commands themselves saw: their slot and token, when they started and ended."""
-
-    def __init__(self, directory):
-        self.path = os.path.join(directory, "witness")
-        open(self.path, "w").close()
-
-    def lines(self):
-        with open(self.path) as f:
-            return [line.split() for line in f if line.strip()]
-
-    def started(self, token=None):
-        return [(int(s), int(t)) for what, s, t in self.lines() if what == "start" and (token is None or int(t) == token)]
-
-    def check(self, test):
-        holder, tokens = {}, []
-        for what, slot, token in self.lines():
-            if what == "start":
-                test.assertNotIn(slot, holder, f"slot {slot} granted to token {token} while token {holder.get(slot)} "
-                                               f"still held it: {self.lines()}")
-                holder[slot] = token
-                tokens.append(int(token))
-            else:
-                if holder.get(slot) == token:
-                    del holder[slot]
-        test.assertEqual(tokens, sorted(set(tokens)), f"fencing tokens repeat or go back: {tokens}")
-
-    def command(self, body="sleep 60"):
-        """sh -c: record the start, run body, record the end (also on SIGTERM)."""
-        rec = f'"$SLOT_INDEX" "$SLOT_TOKEN" >> {self.path}'
-        return ["sh", "-c", f"echo start {rec}; trap 'echo end {rec}; exit 143' TERM; {body}; echo end {rec}"]
-
-    def group_command(self, release_leader):
-        """The leader exits once release_leader exists; a member of its group holds on and records the end
-        (the issue's `sh -c 'sleep 30 & …; exit 0'`)."""
-        rec = f'"$SLOT_INDEX" "$SLOT_TOKEN" >> {self.path}'
-        member = f"(trap 'echo end {rec}; exit 143' TERM; echo start {rec}; sleep 60 & wait; echo end {rec})"
-        return ["sh", "-c", f"{member} & while [ ! -e {release_leader} ]; do sleep 0.05; done; exit 0"]
-
-
 class Persistence(harness.BrokerTestCase):
 
     def setUp(self):
@@ -171,7 +132,7 @@ class Persistence(harness.BrokerTestCase):
         before = len(self.witness.started())
         p = self.run_slotctl(b, "w", argv)
         wait_for(lambda: len(self.witness.started()) > before, 10, message="the command to start")
-        token = self.witness.started()[-1][1]
+        token = self.witness.started()[-1].token
         holder = [h for h in b.status()["holders"] if h["lease"]["token"] == token][0]
         pid = holder["lease"]["commandPid"]
         self.groups.append(pid)
@@ -210,7 +171,7 @@ class Persistence(harness.BrokerTestCase):
                 reap(pid)
         if shape in ("all-gone", "zombie-alone"):
             self.end_group(pid) if shape == "all-gone" else os.killpg(pid, signal.SIGTERM)
-            wait_for(lambda: len([x for x in self.witness.lines() if x[0] == "end"]) >= 1, 10,
+            wait_for(lambda: self.witness.ended(), 10,
                      message="the member to record its end")
             if shape == "all-gone":
                 reap(pid)
@@ -571,7 +532,7 @@ class MountFaults(harness.BrokerTestCase):
         first.start()
         self.addCleanup(first.stop)
         holder = self.hold(first)
-        token = self.witness.started()[-1][1]
+        token = self.witness.started()[-1].token
         first.crash()
         b = self.broker_in_namespace(
             "persist-full-2",
