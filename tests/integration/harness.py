@@ -875,6 +875,36 @@ def become_subreaper():
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
+def pid_alive(pid):
+    """True while pid runs (a zombie does not count)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def group_alive(pgid):
+    """True while process group pgid has a member (a zombie counts: it keeps its group, and a lease)."""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def reap(pid=-1):
+    """Reaps pid if it has exited; with -1, every child that has exited (as a subreaper, commands whose
+    slotctl died are ours)."""
+    while True:
+        try:
+            got, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if got == 0 or pid != -1:
+            return
+
+
 class Child:
     """A child of the test in a process group of its own, as slotctl runs a command. It runs until its
     stdin closes (finish()), or until killed. With grandchild=True it first starts a grandchild in the same
@@ -927,11 +957,7 @@ class Child:
         self.grandchild = None
 
     def group_alive(self):
-        try:
-            os.killpg(self.pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
+        return group_alive(self.pid)
 
 
 def run_client_as(socket_path, method, parameters=None, uid=NOBODY_UID, gid=NOGROUP_GID, more=False,

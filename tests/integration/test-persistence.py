@@ -39,7 +39,7 @@ import unittest
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
-from harness import Broker, VarlinkError, wait_for  # noqa: E402
+from harness import Broker, VarlinkError, group_alive, pid_alive, reap, wait_for  # noqa: E402
 from witness import Witness  # noqa: E402
 
 SLOTCTL = None
@@ -61,40 +61,6 @@ policy = fail-fast
 """
 
 DB_FILES = ("history.db", "history.db-wal", "history.db-shm")
-
-
-def pid_alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def pid_zombie(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def group_alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def reap(pid=-1):
-    while True:
-        try:
-            got, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if got == 0 or pid != -1:
-            return
 
 
 def chattr(flag, *paths):
