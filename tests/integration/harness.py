@@ -1068,6 +1068,17 @@ def client_main(argv):
 
 # ---- running a test script ----
 
+def arguments(usage, count):
+    """The command line of a test run as `test-x.py BROKERD PATH… [unittest arguments]`: exits with `usage`
+    unless `count` paths, brokerd's first, are given; puts brokerd's in $BROKERD (find_brokerd()). Returns
+    the paths, made absolute, and the argv for main()."""
+    if len(sys.argv) <= count:
+        sys.exit(usage)
+    paths = [os.path.abspath(a) for a in sys.argv[1:count + 1]]
+    os.environ["BROKERD"] = paths[0]
+    return paths, [sys.argv[0]] + sys.argv[count + 1:]
+
+
 def main(argv=None):
     """unittest.main() with the harness's bookkeeping: brokers left over are stopped, and their logs are
     printed (and their directories kept) if anything failed or $SLOTBROKER_TEST_KEEP is set. Exits 1 on
