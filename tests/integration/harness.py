@@ -688,6 +688,20 @@ class Broker:
             raise AssertionError(f"pools not idle after {timeout} s: {json.dumps(self.status())}")
 
 
+class MountNamespaceBroker(Broker):
+    """brokerd in a mount namespace of its own (private propagation) where `setup`, sh with $1 the state
+    directory, ran first (a tmpfs or a read-only bind mount there, say); the socket, beside the state
+    directory, stays reachable. The caller makes the state directory."""
+
+    def __init__(self, config, setup, **kw):
+        self.setup = setup
+        super().__init__(config, **kw)
+
+    def argv(self):
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", self.setup + ' && shift && exec "$@"',
+                "sh", self.state_dir] + super().argv()
+
+
 def cleanup_all(keep=False):
     """Stops every broker; removes their directories unless keep (then their logs are dumped)."""
     for b in _all_brokers:

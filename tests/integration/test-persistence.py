@@ -39,7 +39,7 @@ import unittest
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
-from harness import Broker, VarlinkError, group_alive, pid_alive, reap, wait_for  # noqa: E402
+from harness import MountNamespaceBroker, VarlinkError, group_alive, pid_alive, reap, wait_for  # noqa: E402
 from witness import Witness  # noqa: E402
 
 SLOTCTL = None
@@ -410,13 +410,7 @@ class FullDisk(harness.BrokerTestCase):
         if probe.returncode != 0:
             self.skipTest(f"no private mount namespace with a tmpfs here: {probe.stderr.decode().strip()}")
 
-        class Full(Broker):
-            def argv(self):
-                script = 'mount -t tmpfs -o size=4m none "$1" && shift && exec "$@"'
-                return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                        self.state_dir] + super().argv()
-
-        b = Full(CONFIG, name="persist-full")
+        b = MountNamespaceBroker(CONFIG, 'mount -t tmpfs -o size=4m none "$1"', name="persist-full")
         os.makedirs(b.state_dir, exist_ok=True)
         b.start()
         self.addCleanup(self.stop_broker, b, True)
@@ -467,13 +461,8 @@ class MountFaults(harness.BrokerTestCase):
         self.witness = Witness(self.tmp)
 
     def broker_in_namespace(self, name, setup):
-        """brokerd in a mount namespace of its own, where `setup` (sh, $1 = the state directory) ran first."""
-        class InNamespace(Broker):
-            def argv(self):
-                script = setup + ' && shift && exec "$@"'
-                return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                        self.state_dir] + super().argv()
-        b = InNamespace(CONFIG, name=name)
+        """brokerd in a mount namespace of its own where `setup` ran first; its state directory is made."""
+        b = MountNamespaceBroker(CONFIG, setup, name=name)
         os.makedirs(b.state_dir, exist_ok=True)
         return b
 

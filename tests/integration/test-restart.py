@@ -34,8 +34,8 @@ import unittest
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
-from harness import (Broker, ConnectionClosed, Restarts, Tracker, Varlink, VarlinkError, pid_alive, reap,  # noqa: E402
-                     wait_for)
+from harness import (ConnectionClosed, MountNamespaceBroker, Restarts, Tracker, Varlink,  # noqa: E402
+                     VarlinkError, pid_alive, reap, wait_for)
 
 SLOTCTL = None
 
@@ -543,15 +543,8 @@ class Restart(harness.BrokerTestCase):
         b.acquire("w", job="before").close()  # history.db exists, with a row
         b.stop()
 
-        class ReadOnly(Broker):
-            def argv(self):
-                # brokerd runs in a mount namespace of its own where its state directory is a read-only
-                # bind mount of itself; the socket, in the parent directory, stays reachable.
-                script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
-                return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                        self.state_dir] + super().argv()
-
-        ro = ReadOnly(config, name=name + "2")
+        # brokerd's state directory is a read-only bind mount of itself, in a mount namespace of its own.
+        ro = MountNamespaceBroker(config, 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1"', name=name + "2")
         shutil.copytree(b.state_dir, ro.state_dir)
         ro.start()
         self.addCleanup(self.stop_broker, ro, True)
