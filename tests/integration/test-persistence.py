@@ -67,12 +67,31 @@ def chattr(flag, *paths):
     return subprocess.run(["chattr", flag, *paths], capture_output=True).returncode == 0
 
 
-class Persistence(harness.BrokerTestCase):
+class Witnessed(harness.BrokerTestCase):
+    """Tests whose commands, run by slotctl, are witnessed (witness.py)."""
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="persistence-")
         self.addCleanup(shutil.rmtree, self.tmp, True)
         self.witness = Witness(self.tmp)
+
+    def run_slotctl(self, b, lane, argv, *options):
+        """slotctl run, its command in a group of its own (slotctl's doing); returns slotctl's Popen."""
+        p = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", lane, *options, "--", *argv],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.addCleanup(lambda: (p.poll() is None and p.kill(), p.wait(), p.stderr.close()))
+        return p
+
+    def ff(self, b):
+        """A fail-fast `slotctl run --lane ff` of a witnessed command that ends at once: its exit status."""
+        p = self.run_slotctl(b, "ff", self.witness.command("true"))
+        return p.wait(20)
+
+
+class Persistence(Witnessed):
+
+    def setUp(self):
+        super().setUp()
         self.groups = []
         self.addCleanup(self.kill_groups)
 
@@ -84,13 +103,6 @@ class Persistence(harness.BrokerTestCase):
                 pass
         time.sleep(0)
         reap()
-
-    def run_slotctl(self, b, lane, argv, *options):
-        """slotctl run, its command in a group of its own (slotctl's doing); returns (slotctl, command pid)."""
-        p = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", lane, *options, "--", *argv],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.addCleanup(lambda: (p.poll() is None and p.kill(), p.wait(), p.stderr.close()))
-        return p
 
     def hold_with_slotctl(self, b, argv):
         """A `slotctl run --lane w` that got the slot and whose command started; then slotctl is SIGKILLed:
@@ -105,11 +117,6 @@ class Persistence(harness.BrokerTestCase):
         p.kill()
         p.wait()
         return pid, token
-
-    def ff(self, b):
-        """A fail-fast `slotctl run --lane ff` of a witnessed command that ends at once: its exit status."""
-        p = self.run_slotctl(b, "ff", self.witness.command("true"))
-        return p.wait(20)
 
     def assert_refused(self, b, reason=None):
         with self.assertRaises(VarlinkError) as e:
@@ -445,7 +452,7 @@ class FullDisk(harness.BrokerTestCase):
         self.assertTrue(b.alive())
 
 
-class MountFaults(harness.BrokerTestCase):
+class MountFaults(Witnessed):
     """The state directory full (a tmpfs) in a mount namespace of brokerd's own, at start (at run time:
     FullDisk; a read-only bind mount at start: test-restart.py). A read-only remount while brokerd runs
     cannot be made: the kernel refuses it (EBUSY) while history.db is open for writing."""
@@ -456,9 +463,7 @@ class MountFaults(harness.BrokerTestCase):
                                 "mount -o remount,bind,ro /mnt"], capture_output=True)
         if probe.returncode != 0:
             self.skipTest(f"no private mount namespace here: {probe.stderr.decode().strip()}")
-        self.tmp = tempfile.mkdtemp(prefix="persistence-")
-        self.addCleanup(shutil.rmtree, self.tmp, True)
-        self.witness = Witness(self.tmp)
+        super().setUp()
 
     def broker_in_namespace(self, name, setup):
         """brokerd in a mount namespace of its own where `setup` ran first; its state directory is made."""
@@ -467,18 +472,9 @@ class MountFaults(harness.BrokerTestCase):
         return b
 
     def hold(self, b):
-        p = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "w", "--",
-                              *self.witness.command()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        self.addCleanup(lambda: (p.poll() is None and p.kill(), p.wait()))
+        p = self.run_slotctl(b, "w", self.witness.command())
         wait_for(lambda: self.witness.started(), 10, message="the command to start")
         return p
-
-    def ff_code(self, b):
-        p = subprocess.run([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "ff", "--",
-                            *self.witness.command("true")], stdin=subprocess.DEVNULL, capture_output=True,
-                           timeout=20)
-        return p.returncode
 
     def test_full_tmpfs_at_start(self):
         # A first run leaves history.db with a lease whose command runs; the second starts on a copy of it
@@ -497,7 +493,7 @@ class MountFaults(harness.BrokerTestCase):
         self.addCleanup(self.stop_broker, b, True)
         holders = b.status()["holders"]
         self.assertEqual([h["lease"]["token"] for h in holders], [token], holders)
-        self.assertNotEqual(self.ff_code(b), 0, "granted the slot of a restored lease")
+        self.assertNotEqual(self.ff(b), 0, "granted the slot of a restored lease")
         holder.send_signal(signal.SIGKILL)
         holder.wait()
         # slotctl is gone and its command too (slotctl's death signal): the slot frees; whatever is
