@@ -688,6 +688,20 @@ class Broker:
             raise AssertionError(f"pools not idle after {timeout} s: {json.dumps(self.status())}")
 
 
+class MountNamespaceBroker(Broker):
+    """brokerd in a mount namespace of its own (private propagation) where `setup`, sh with $1 the state
+    directory, ran first (a tmpfs or a read-only bind mount there, say); the socket, beside the state
+    directory, stays reachable. The caller makes the state directory."""
+
+    def __init__(self, config, setup, **kw):
+        self.setup = setup
+        super().__init__(config, **kw)
+
+    def argv(self):
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", self.setup + ' && shift && exec "$@"',
+                "sh", self.state_dir] + super().argv()
+
+
 def cleanup_all(keep=False):
     """Stops every broker; removes their directories unless keep (then their logs are dumped)."""
     for b in _all_brokers:
@@ -875,6 +889,36 @@ def become_subreaper():
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
+def pid_alive(pid):
+    """True while pid runs (a zombie does not count)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def group_alive(pgid):
+    """True while process group pgid has a member (a zombie counts: it keeps its group, and a lease)."""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def reap(pid=-1):
+    """Reaps pid if it has exited; with -1, every child that has exited (as a subreaper, commands whose
+    slotctl died are ours)."""
+    while True:
+        try:
+            got, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if got == 0 or pid != -1:
+            return
+
+
 class Child:
     """A child of the test in a process group of its own, as slotctl runs a command. It runs until its
     stdin closes (finish()), or until killed. With grandchild=True it first starts a grandchild in the same
@@ -927,11 +971,7 @@ class Child:
         self.grandchild = None
 
     def group_alive(self):
-        try:
-            os.killpg(self.pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
+        return group_alive(self.pid)
 
 
 def run_client_as(socket_path, method, parameters=None, uid=NOBODY_UID, gid=NOGROUP_GID, more=False,
@@ -1041,6 +1081,17 @@ def client_main(argv):
 
 
 # ---- running a test script ----
+
+def arguments(usage, count):
+    """The command line of a test run as `test-x.py BROKERD PATH… [unittest arguments]`: exits with `usage`
+    unless `count` paths, brokerd's first, are given; puts brokerd's in $BROKERD (find_brokerd()). Returns
+    the paths, made absolute, and the argv for main()."""
+    if len(sys.argv) <= count:
+        sys.exit(usage)
+    paths = [os.path.abspath(a) for a in sys.argv[1:count + 1]]
+    os.environ["BROKERD"] = paths[0]
+    return paths, [sys.argv[0]] + sys.argv[count + 1:]
+
 
 def main(argv=None):
     """unittest.main() with the harness's bookkeeping: brokers left over are stopped, and their logs are

@@ -591,9 +591,5 @@ policy = fail-fast
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 4:
-        sys.exit(__doc__)
-    os.environ["BROKERD"] = os.path.abspath(sys.argv[1])
-    SLOTCTL = os.path.abspath(sys.argv[2])
-    CATALOG = os.path.abspath(sys.argv[3])
-    harness.main([sys.argv[0]] + sys.argv[4:])
+    (_, SLOTCTL, CATALOG), argv = harness.arguments(__doc__, 3)
+    harness.main(argv)

@@ -642,7 +642,5 @@ class ClientGoneMidGrant(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    os.environ["BROKERD"] = os.path.abspath(sys.argv[1])
-    harness.main([sys.argv[0]] + sys.argv[2:])
+    _, argv = harness.arguments(__doc__, 1)
+    harness.main(argv)

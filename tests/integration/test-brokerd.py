@@ -1016,8 +1016,5 @@ class IdleExit(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    os.environ["BROKERD"] = os.path.abspath(sys.argv[1])
-    VARLINK_FILE = sys.argv[2]
-    harness.main([sys.argv[0]] + sys.argv[3:])
+    (_, VARLINK_FILE), argv = harness.arguments(__doc__, 2)
+    harness.main(argv)

@@ -537,8 +537,5 @@ class Metrics(harness.BrokerTestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    os.environ["BROKERD"] = os.path.abspath(sys.argv[1])
-    SLOTCTL = os.path.abspath(sys.argv[2])
-    harness.main([sys.argv[0]] + sys.argv[3:])
+    (_, SLOTCTL), argv = harness.arguments(__doc__, 2)
+    harness.main(argv)

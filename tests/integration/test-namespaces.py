@@ -346,9 +346,5 @@ class ContainerRootTest(NamespaceChecks, harness.BrokerTestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 4:
-        sys.exit(__doc__)
-    os.environ["BROKERD"] = os.path.abspath(sys.argv[1])
-    SLOTCTL = os.path.abspath(sys.argv[2])
-    CONTAINER_SH = os.path.abspath(sys.argv[3])
-    harness.main([sys.argv[0]] + sys.argv[4:])
+    (_, SLOTCTL, CONTAINER_SH), argv = harness.arguments(__doc__, 3)
+    harness.main(argv)

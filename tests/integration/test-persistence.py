@@ -2,9 +2,9 @@
 # SPDX-License-Identifier: MIT
 """No slot granted twice, whatever the process tree or the state directory does (SPEC §3.4).
 
-A witness on the commands' side: every command `slotctl run` starts appends "start SLOT TOKEN" to a file
-when it starts and "end SLOT TOKEN" when it (or the last process of its group) ends. The check: no slot
-is started again before it ended, and fencing tokens, in the order commands started, only go up.
+Witnessed from the commands' side (witness.py): every command `slotctl run` starts takes an O_EXCL lock
+file per slot it holds and logs its start and end. The check: no slot is held twice at once, and fencing
+tokens, in the order commands started, only go up.
 
 - Restart with every liveness shape of the held command (slotctl SIGKILLed first, then brokerd):
   leader running; leader exited with a member of its process group running; leader a zombie with a
@@ -39,7 +39,8 @@ import unittest
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
-from harness import Broker, VarlinkError, wait_for  # noqa: E402
+from harness import MountNamespaceBroker, VarlinkError, group_alive, pid_alive, reap, wait_for  # noqa: E402
+from witness import Witness  # noqa: E402
 
 SLOTCTL = None
 
@@ -62,90 +63,35 @@ policy = fail-fast
 DB_FILES = ("history.db", "history.db-wal", "history.db-shm")
 
 
-def pid_alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def pid_zombie(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def group_alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def reap(pid=-1):
-    while True:
-        try:
-            got, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if got == 0 or pid != -1:
-            return
-
-
 def chattr(flag, *paths):
     return subprocess.run(["chattr", flag, *paths], capture_output=True).returncode == 0
 
 
-class Witness:
-    """What the commands themselves saw: their slot and token, when they started and ended."""
-
-    def __init__(self, directory):
-        self.path = os.path.join(directory, "witness")
-        open(self.path, "w").close()
-
-    def lines(self):
-        with open(self.path) as f:
-            return [line.split() for line in f if line.strip()]
-
-    def started(self, token=None):
-        return [(int(s), int(t)) for what, s, t in self.lines() if what == "start" and (token is None or int(t) == token)]
-
-    def check(self, test):
-        holder, tokens = {}, []
-        for what, slot, token in self.lines():
-            if what == "start":
-                test.assertNotIn(slot, holder, f"slot {slot} granted to token {token} while token {holder.get(slot)} "
-                                               f"still held it: {self.lines()}")
-                holder[slot] = token
-                tokens.append(int(token))
-            else:
-                if holder.get(slot) == token:
-                    del holder[slot]
-        test.assertEqual(tokens, sorted(set(tokens)), f"fencing tokens repeat or go back: {tokens}")
-
-    def command(self, body="sleep 60"):
-        """sh -c: record the start, run body, record the end (also on SIGTERM)."""
-        rec = f'"$SLOT_INDEX" "$SLOT_TOKEN" >> {self.path}'
-        return ["sh", "-c", f"echo start {rec}; trap 'echo end {rec}; exit 143' TERM; {body}; echo end {rec}"]
-
-    def group_command(self, release_leader):
-        """The leader exits once release_leader exists; a member of its group holds on and records the end
-        (the issue's `sh -c 'sleep 30 & …; exit 0'`)."""
-        rec = f'"$SLOT_INDEX" "$SLOT_TOKEN" >> {self.path}'
-        member = f"(trap 'echo end {rec}; exit 143' TERM; echo start {rec}; sleep 60 & wait; echo end {rec})"
-        return ["sh", "-c", f"{member} & while [ ! -e {release_leader} ]; do sleep 0.05; done; exit 0"]
-
-
-class Persistence(harness.BrokerTestCase):
+class Witnessed(harness.BrokerTestCase):
+    """Tests whose commands, run by slotctl, are witnessed (witness.py)."""
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="persistence-")
         self.addCleanup(shutil.rmtree, self.tmp, True)
         self.witness = Witness(self.tmp)
+
+    def run_slotctl(self, b, lane, argv, *options):
+        """slotctl run, its command in a group of its own (slotctl's doing); returns slotctl's Popen."""
+        p = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", lane, *options, "--", *argv],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.addCleanup(lambda: (p.poll() is None and p.kill(), p.wait(), p.stderr.close()))
+        return p
+
+    def ff(self, b):
+        """A fail-fast `slotctl run --lane ff` of a witnessed command that ends at once: its exit status."""
+        p = self.run_slotctl(b, "ff", self.witness.command("true"))
+        return p.wait(20)
+
+
+class Persistence(Witnessed):
+
+    def setUp(self):
+        super().setUp()
         self.groups = []
         self.addCleanup(self.kill_groups)
 
@@ -158,31 +104,19 @@ class Persistence(harness.BrokerTestCase):
         time.sleep(0)
         reap()
 
-    def run_slotctl(self, b, lane, argv, *options):
-        """slotctl run, its command in a group of its own (slotctl's doing); returns (slotctl, command pid)."""
-        p = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", lane, *options, "--", *argv],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.addCleanup(lambda: (p.poll() is None and p.kill(), p.wait(), p.stderr.close()))
-        return p
-
     def hold_with_slotctl(self, b, argv):
         """A `slotctl run --lane w` that got the slot and whose command started; then slotctl is SIGKILLed:
         the command alone holds the lease (SPEC §3.4). Returns (command pid, token)."""
         before = len(self.witness.started())
         p = self.run_slotctl(b, "w", argv)
         wait_for(lambda: len(self.witness.started()) > before, 10, message="the command to start")
-        token = self.witness.started()[-1][1]
+        token = self.witness.started()[-1].token
         holder = [h for h in b.status()["holders"] if h["lease"]["token"] == token][0]
         pid = holder["lease"]["commandPid"]
         self.groups.append(pid)
         p.kill()
         p.wait()
         return pid, token
-
-    def ff(self, b):
-        """A fail-fast `slotctl run --lane ff` of a witnessed command that ends at once: its exit status."""
-        p = self.run_slotctl(b, "ff", self.witness.command("true"))
-        return p.wait(20)
 
     def assert_refused(self, b, reason=None):
         with self.assertRaises(VarlinkError) as e:
@@ -210,7 +144,7 @@ class Persistence(harness.BrokerTestCase):
                 reap(pid)
         if shape in ("all-gone", "zombie-alone"):
             self.end_group(pid) if shape == "all-gone" else os.killpg(pid, signal.SIGTERM)
-            wait_for(lambda: len([x for x in self.witness.lines() if x[0] == "end"]) >= 1, 10,
+            wait_for(lambda: self.witness.ended(), 10,
                      message="the member to record its end")
             if shape == "all-gone":
                 reap(pid)
@@ -483,13 +417,7 @@ class FullDisk(harness.BrokerTestCase):
         if probe.returncode != 0:
             self.skipTest(f"no private mount namespace with a tmpfs here: {probe.stderr.decode().strip()}")
 
-        class Full(Broker):
-            def argv(self):
-                script = 'mount -t tmpfs -o size=4m none "$1" && shift && exec "$@"'
-                return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                        self.state_dir] + super().argv()
-
-        b = Full(CONFIG, name="persist-full")
+        b = MountNamespaceBroker(CONFIG, 'mount -t tmpfs -o size=4m none "$1"', name="persist-full")
         os.makedirs(b.state_dir, exist_ok=True)
         b.start()
         self.addCleanup(self.stop_broker, b, True)
@@ -524,7 +452,7 @@ class FullDisk(harness.BrokerTestCase):
         self.assertTrue(b.alive())
 
 
-class MountFaults(harness.BrokerTestCase):
+class MountFaults(Witnessed):
     """The state directory full (a tmpfs) in a mount namespace of brokerd's own, at start (at run time:
     FullDisk; a read-only bind mount at start: test-restart.py). A read-only remount while brokerd runs
     cannot be made: the kernel refuses it (EBUSY) while history.db is open for writing."""
@@ -535,34 +463,18 @@ class MountFaults(harness.BrokerTestCase):
                                 "mount -o remount,bind,ro /mnt"], capture_output=True)
         if probe.returncode != 0:
             self.skipTest(f"no private mount namespace here: {probe.stderr.decode().strip()}")
-        self.tmp = tempfile.mkdtemp(prefix="persistence-")
-        self.addCleanup(shutil.rmtree, self.tmp, True)
-        self.witness = Witness(self.tmp)
+        super().setUp()
 
     def broker_in_namespace(self, name, setup):
-        """brokerd in a mount namespace of its own, where `setup` (sh, $1 = the state directory) ran first."""
-        class InNamespace(Broker):
-            def argv(self):
-                script = setup + ' && shift && exec "$@"'
-                return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                        self.state_dir] + super().argv()
-        b = InNamespace(CONFIG, name=name)
+        """brokerd in a mount namespace of its own where `setup` ran first; its state directory is made."""
+        b = MountNamespaceBroker(CONFIG, setup, name=name)
         os.makedirs(b.state_dir, exist_ok=True)
         return b
 
     def hold(self, b):
-        p = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "w", "--",
-                              *self.witness.command()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        self.addCleanup(lambda: (p.poll() is None and p.kill(), p.wait()))
+        p = self.run_slotctl(b, "w", self.witness.command())
         wait_for(lambda: self.witness.started(), 10, message="the command to start")
         return p
-
-    def ff_code(self, b):
-        p = subprocess.run([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "ff", "--",
-                            *self.witness.command("true")], stdin=subprocess.DEVNULL, capture_output=True,
-                           timeout=20)
-        return p.returncode
 
     def test_full_tmpfs_at_start(self):
         # A first run leaves history.db with a lease whose command runs; the second starts on a copy of it
@@ -571,7 +483,7 @@ class MountFaults(harness.BrokerTestCase):
         first.start()
         self.addCleanup(first.stop)
         holder = self.hold(first)
-        token = self.witness.started()[-1][1]
+        token = self.witness.started()[-1].token
         first.crash()
         b = self.broker_in_namespace(
             "persist-full-2",
@@ -581,7 +493,7 @@ class MountFaults(harness.BrokerTestCase):
         self.addCleanup(self.stop_broker, b, True)
         holders = b.status()["holders"]
         self.assertEqual([h["lease"]["token"] for h in holders], [token], holders)
-        self.assertNotEqual(self.ff_code(b), 0, "granted the slot of a restored lease")
+        self.assertNotEqual(self.ff(b), 0, "granted the slot of a restored lease")
         holder.send_signal(signal.SIGKILL)
         holder.wait()
         # slotctl is gone and its command too (slotctl's death signal): the slot frees; whatever is
@@ -591,8 +503,5 @@ class MountFaults(harness.BrokerTestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    os.environ["BROKERD"] = os.path.abspath(sys.argv[1])
-    SLOTCTL = os.path.abspath(sys.argv[2])
-    harness.main([sys.argv[0]] + sys.argv[3:])
+    (_, SLOTCTL), argv = harness.arguments(__doc__, 2)
+    harness.main(argv)

@@ -2,11 +2,11 @@
 # SPDX-License-Identifier: MIT
 """Reload and restart never hand a held slot out again (SPEC §3.4, §4), witnessed by the commands.
 
-Every command is a `slotctl run` of a small witness script: at its start it creates one lock file per
-member it was given (SLOT_MEMBER), or per index (SLOT_INDEX) in a pool of anonymous slots, with O_EXCL
+Every command is a `slotctl run` of the witness script (witness.py): at its start it creates one lock file
+per member it was given (SLOT_MEMBER), or per index (SLOT_INDEX) in a pool of anonymous slots, with O_EXCL
 (the shell's noclobber), and logs its token; it removes them when the test tells it to end. A lock file
 that already exists is a slot held twice, seen from the commands' side; tokens must be unique and grow in
-the order the test obtained the grants.
+the order the test obtained the grants (each waits for the command to start before asking again).
 
 - The reload matrix over a member pool: reorder (issue 9, 1a), remove a held member, add it back while
   held, shrink, grow, a drained member across a reorder, a restart with the members reordered; over a
@@ -18,35 +18,19 @@ the order the test obtained the grants.
 Usage: test-reload-members.py BROKERD SLOTCTL [unittest arguments]
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import unittest
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
 from harness import wait_for  # noqa: E402
+from witness import Witness  # noqa: E402
 
 SLOTCTL = None
 EX_TEMPFAIL = 75
-
-# The command each `slotctl run` runs: DIR NAME. noclobber makes `>` an O_EXCL open.
-WITNESS = r"""
-d=$1; n=$2
-slots=$(printf '%s' "${SLOT_MEMBER:-$SLOT_INDEX}" | tr , ' ')
-set -C
-for s in $slots; do
-        if ! printf '%s\n' "$n" 2>/dev/null >"$d/held-$s"; then
-                printf '%s got %s while %s holds it\n' "$n" "$s" "$(cat "$d/held-$s")" >>"$d/violations"
-        fi
-done
-printf '%s %s %s\n' "$n" "$SLOT_TOKEN" "$slots" >"$d/started-$n"
-while [ ! -e "$d/stop-$n" ]; do sleep 0.02; done
-for s in $slots; do
-        [ "$(cat "$d/held-$s" 2>/dev/null)" = "$n" ] && rm -f "$d/held-$s"
-done
-exit 0
-"""
-
 
 def config(pools, lanes_on=None):
     """pools: {name: "members = a b" or "limit = 2"}; every pool gets a waiting lane w-NAME and a
@@ -67,7 +51,7 @@ class Run:
         self.token = self.pool = None
         self.err = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", lane, "--job", name,
-                                      "--", "sh", test.witness, test.dir, name],
+                                      "--", *test.witness.command_until_stopped(name)],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err)
         test.addCleanup(self.kill)
 
@@ -77,24 +61,18 @@ class Run:
 
     def started(self):
         """(token, [slots]) once the command runs, else None."""
-        try:
-            with open(os.path.join(self.test.dir, f"started-{self.name}")) as f:
-                words = f.read().split()
-        except FileNotFoundError:
-            return None
-        if len(words) < 3:
-            return None  # being written
-        return int(words[1]), words[2:]
+        [start] = self.test.witness.started(self.name) or [None]
+        return start and (start.token, start.slots)
 
     def stop(self):
         """Ends the command and waits until brokerd has ended its lease: slotctl exits without waiting."""
-        open(os.path.join(self.test.dir, f"stop-{self.name}"), "w").close()
+        self.test.witness.stop(self.name)
         self.test.assertEqual(self.proc.wait(10), 0, self.stderr())
         wait_for(lambda: all(h["lease"]["token"] != self.token or h["lease"]["pool"] != self.pool
                              for h in self.b.status()["holders"]), 10, message=f"the lease of {self.name} to end")
 
     def kill(self):
-        open(os.path.join(self.test.dir, f"stop-{self.name}"), "w").close()
+        self.test.witness.stop(self.name)
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
@@ -106,21 +84,10 @@ class Run:
 class ReloadMembers(harness.BrokerTestCase):
 
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="reload-members-")
-        self.witness = os.path.join(self.dir, "witness.sh")
-        with open(self.witness, "w") as f:
-            f.write(WITNESS)
-        self.tokens = []  # in the order the grants were obtained
-        self.addCleanup(self.check_witness)
-
-    def check_witness(self):
-        try:
-            with open(os.path.join(self.dir, "violations")) as f:
-                self.fail("a slot was held twice at once:\n" + f.read())
-        except FileNotFoundError:
-            pass
-        self.assertEqual(len(self.tokens), len(set(self.tokens)), f"a fencing token was handed out twice: {self.tokens}")
-        self.assertEqual(self.tokens, sorted(self.tokens), f"fencing tokens went back: {self.tokens}")
+        directory = tempfile.mkdtemp(prefix="reload-members-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        self.witness = Witness(directory)
+        self.addCleanup(self.witness.check, self)
 
     def hold(self, b, pool, name):
         """A command that got a slot of `pool` (waiting lane) and runs; returns (Run, its slots)."""
@@ -129,7 +96,6 @@ class ReloadMembers(harness.BrokerTestCase):
                        message=f"{name} to start")
         self.assertNotEqual(got[0], "exited", r.stderr())
         r.token, r.pool = got[0], pool
-        self.tokens.append(r.token)
         return r, got[1]
 
     def try_now(self, b, pool, name):
@@ -141,7 +107,6 @@ class ReloadMembers(harness.BrokerTestCase):
             self.assertEqual(got[1], EX_TEMPFAIL, r.stderr())
             return None, None
         r.token, r.pool = got[0], pool
-        self.tokens.append(r.token)
         return r, got[1]
 
     def refused(self, b, pool, name):
@@ -325,9 +290,44 @@ class ReloadMembers(harness.BrokerTestCase):
         b.wait_idle()
 
 
+class WitnessCanFail(unittest.TestCase):
+    """The witness itself, without brokerd: it must see a slot held twice and a token going back."""
+
+    def witness(self):
+        directory = tempfile.mkdtemp(prefix="witness-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        return Witness(directory)
+
+    def run_witness(self, w, name, token, index="0", body=None):
+        env = dict(os.environ, SLOT_POOL="p", SLOT_INDEX=index, SLOT_TOKEN=str(token))
+        env.pop("SLOT_MEMBER", None)
+        argv = w.command(body, name) if body else w.command_until_stopped(name)
+        p = subprocess.Popen(argv, env=env)
+        self.addCleanup(lambda: (w.stop(name), p.wait(10)))
+        wait_for(lambda: w.started(name), 10, message=f"{name} to start")
+        return p
+
+    def test_one_holder_at_a_time_passes(self):
+        w = self.witness()
+        self.run_witness(w, "a", 1, body="true").wait(10)
+        self.run_witness(w, "b", 2)
+        w.check(self)
+
+    def test_a_slot_held_twice_fails(self):
+        w = self.witness()
+        self.run_witness(w, "a", 1)
+        self.run_witness(w, "b", 2)
+        with self.assertRaisesRegex(AssertionError, "held twice"):
+            w.check(self)
+
+    def test_a_token_going_back_fails(self):
+        w = self.witness()
+        self.run_witness(w, "a", 2, index="0")
+        self.run_witness(w, "b", 1, index="1")
+        with self.assertRaisesRegex(AssertionError, "go back"):
+            w.check(self)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    os.environ["BROKERD"] = os.path.abspath(sys.argv[1])
-    SLOTCTL = os.path.abspath(sys.argv[2])
-    harness.main([sys.argv[0]] + sys.argv[3:])
+    (_, SLOTCTL), argv = harness.arguments(__doc__, 2)
+    harness.main(argv)

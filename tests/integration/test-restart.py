@@ -34,7 +34,8 @@ import unittest
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
-from harness import Broker, ConnectionClosed, Restarts, Tracker, Varlink, VarlinkError, wait_for  # noqa: E402
+from harness import (ConnectionClosed, MountNamespaceBroker, Restarts, Tracker, Varlink,  # noqa: E402
+                     VarlinkError, pid_alive, reap, wait_for)
 
 SLOTCTL = None
 
@@ -65,32 +66,12 @@ max-hold = 3s
 
 # ---- helpers ----
 
-def pid_alive(pid):
-    """True while pid runs (a zombie does not count)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 def children_of(pid):
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             return [int(x) for x in f.read().split()]
     except FileNotFoundError:
         return []
-
-
-def reap_orphans():
-    """We are a subreaper (harness.main): commands whose slotctl died are ours to reap."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 class SlotctlRun:
@@ -120,7 +101,7 @@ class SlotctlRun:
             self.proc.kill()
             self.proc.wait()
         self.err.close()
-        reap_orphans()
+        reap()
 
 
 def holders_by_id(status):
@@ -508,7 +489,7 @@ class Restart(harness.BrokerTestCase):
                     tracker.count("slotctl lost while waiting")  # a crash before the grant: exit 69 (SPEC §6)
                 else:
                     tracker.fail(f"{name}: slotctl exited {p.returncode}: {err.strip()}")
-                reap_orphans()
+                reap()
 
         threads = [threading.Thread(target=client, args=(random.Random(master.getrandbits(64)), f"c{i}"), daemon=True)
                    for i in range(n_clients)]
@@ -562,15 +543,8 @@ class Restart(harness.BrokerTestCase):
         b.acquire("w", job="before").close()  # history.db exists, with a row
         b.stop()
 
-        class ReadOnly(Broker):
-            def argv(self):
-                # brokerd runs in a mount namespace of its own where its state directory is a read-only
-                # bind mount of itself; the socket, in the parent directory, stays reachable.
-                script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
-                return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                        self.state_dir] + super().argv()
-
-        ro = ReadOnly(config, name=name + "2")
+        # brokerd's state directory is a read-only bind mount of itself, in a mount namespace of its own.
+        ro = MountNamespaceBroker(config, 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1"', name=name + "2")
         shutil.copytree(b.state_dir, ro.state_dir)
         ro.start()
         self.addCleanup(self.stop_broker, ro, True)
@@ -671,8 +645,5 @@ class Restart(harness.BrokerTestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    os.environ["BROKERD"] = os.path.abspath(sys.argv[1])
-    SLOTCTL = os.path.abspath(sys.argv[2])
-    harness.main([sys.argv[0]] + sys.argv[3:])
+    (_, SLOTCTL), argv = harness.arguments(__doc__, 2)
+    harness.main(argv)

@@ -25,6 +25,7 @@
 
 #include "broker.h"
 #include "macro.h"
+#include "test-fds.h"
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerClient *, broker_client_free);
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerLease *, broker_lease_free);
@@ -536,19 +537,27 @@ static void test_options_are_checked(void **state) {
         assert_int_equal(broker_client_process(c, &small), -EINVAL);
 }
 
-static void test_attached_pid_is_reported_and_holds_the_slot(void **state) {
-        BrokerClient *c;
-        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
-        int pipefd[2];
-        assert_int_equal(pipe2(pipefd, O_CLOEXEC), 0);
+/* A child that waits for *ret_go to close, then exits 0. */
+static pid_t held_child(int *ret_go) {
+        int p[2];
+        assert_int_equal(pipe2(p, O_CLOEXEC), 0);
         pid_t child = fork();
         assert_true(child >= 0);
         if (child == 0) {
                 char b;
-                close(pipefd[1]);
-                _exit(read(pipefd[0], &b, 1) >= 0 ? 0 : 1);
+                close(p[1]);
+                _exit(read(p[0], &b, 1) >= 0 ? 0 : 1);
         }
-        close(pipefd[0]);
+        close(p[0]);
+        *ret_go = p[1];
+        return child;
+}
+
+static void test_attached_pid_is_reported_and_holds_the_slot(void **state) {
+        BrokerClient *c;
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        int go;
+        pid_t child = held_child(&go);
         /* Connected after the fork: a copy of the connection in the child would hold the lease too. */
         c = connect_or_fail();
 
@@ -564,7 +573,7 @@ static void test_attached_pid_is_reported_and_holds_the_slot(void **state) {
         assert_int_equal(pool_field(st, "grid", "inUse"), 1);
         json_decref(st);
 
-        close(pipefd[1]); /* the command ends */
+        close(go); /* the command ends */
         assert_int_equal(waitpid(child, NULL, 0), child);
         assert_int_equal(wait_idle(NULL), 0);
 }
@@ -603,22 +612,6 @@ static void wait_broker_pidfds(int n) {
         for (int i = 0; i < 500 && broker_pidfds() != n; i++)
                 sleep_ms(10);
         assert_int_equal(broker_pidfds(), n);
-}
-
-/* A child that waits for *ret_go to close, then exits 0. */
-static pid_t held_child(int *ret_go) {
-        int p[2];
-        assert_int_equal(pipe2(p, O_CLOEXEC), 0);
-        pid_t child = fork();
-        assert_true(child >= 0);
-        if (child == 0) {
-                char b;
-                close(p[1]);
-                _exit(read(p[0], &b, 1) >= 0 ? 0 : 1);
-        }
-        close(p[0]);
-        *ret_go = p[1];
-        return child;
 }
 
 static json_int_t lease_command_pid(const BrokerLease *l) {
@@ -709,26 +702,6 @@ static int raw_connect(void) {
         return fd;
 }
 
-static void raw_send_with_fds(int sock, const char *text, int fd, size_t n) {
-        union {
-                struct cmsghdr h;
-                uint8_t buf[CMSG_SPACE(sizeof(int) * 16)];
-        } control = {};
-        int fds[16];
-        assert_true(n <= 16);
-        for (size_t i = 0; i < n; i++)
-                fds[i] = fd;
-        struct iovec iov = { (void *) text, strlen(text) + 1 };
-        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control,
-                             .msg_controllen = CMSG_SPACE(sizeof(int) * n) };
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int) * n);
-        memcpy(CMSG_DATA(cm), fds, sizeof(int) * n);
-        assert_int_equal(sendmsg(sock, &mh, MSG_NOSIGNAL), (ssize_t) iov.iov_len);
-}
-
 /* The next message's text (up to its NUL) in buf, or "" at EOF. */
 static void raw_recv(int sock, char *buf, size_t size) {
         size_t n = 0;
@@ -757,16 +730,16 @@ static void test_broker_closes_the_fds_no_call_uses(void **state) {
         _cleanup_close_ int sock = raw_connect();
 
         /* A call that takes no fd: they are closed once it is answered. */
-        raw_send_with_fds(sock, "{\"method\":\"io.slotbroker.Status\"}", p[1], 2);
+        send_with_fds(sock, "{\"method\":\"io.slotbroker.Status\"}", p[1], 2);
         raw_recv(sock, reply, sizeof reply);
         assert_non_null(strstr(reply, "\"pools\""));
         /* An Acquire naming an fd it was not given: refused, and the one it was given is closed. */
-        raw_send_with_fds(sock, "{\"method\":\"io.slotbroker.Acquire\",\"parameters\":{\"lane\":\"merge\",\"pidfd\":1}}", p[1], 1);
+        send_with_fds(sock, "{\"method\":\"io.slotbroker.Acquire\",\"parameters\":{\"lane\":\"merge\",\"pidfd\":1}}", p[1], 1);
         raw_recv(sock, reply, sizeof reply);
         assert_non_null(strstr(reply, "InvalidParameter"));
         assert_non_null(strstr(reply, "\"pidfd\""));
         /* More fds than any call may carry: the connection goes, and they with it. */
-        raw_send_with_fds(sock, "{\"method\":\"io.slotbroker.Status\"}", p[1], 9);
+        send_with_fds(sock, "{\"method\":\"io.slotbroker.Status\"}", p[1], 9);
         raw_recv(sock, reply, sizeof reply);
         assert_string_equal(reply, "");
 

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "varlink.h"
+#include "test-fds.h"
 
 /* ---- helpers ---- */
 
@@ -991,25 +992,28 @@ static bool same_file(int a, int b) {
         return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-/* Sends one message with n copies of fd in one sendmsg(), as a client that does not use our stream would. */
-static void send_with_fds(int sock, const char *text, int fd, size_t n) {
-        union {
-                struct cmsghdr h;
-                uint8_t buf[CMSG_SPACE(sizeof(int) * 16)];
-        } control = {};
-        int fds[16];
-        assert_true(n <= 16);
-        for (size_t i = 0; i < n; i++)
-                fds[i] = fd;
-        struct iovec iov = { (void *) text, strlen(text) + 1 };
-        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control,
-                             .msg_controllen = CMSG_SPACE(sizeof(int) * n) };
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int) * n);
-        memcpy(CMSG_DATA(cm), fds, sizeof(int) * n);
-        assert_int_equal(sendmsg(sock, &mh, MSG_NOSIGNAL), (ssize_t) iov.iov_len);
+/* A stream reading one end of a socketpair (sv[1]), the other end (sv[0]) for send_with_fds(), and a probe
+ * whose write end is the fd sent. */
+typedef struct FdsCase {
+        int sv[2];
+        VarlinkStream s;
+        Probe probe;
+} FdsCase;
+
+static void fds_case_init(FdsCase *t, bool accept_fds) {
+        t->probe = probe_new();
+        socketpair_nonblock(t->sv);
+        varlink_stream_init(&t->s, t->sv[1], 0, 0);
+        if (accept_fds)
+                varlink_stream_accept_fds(&t->s, true);
+}
+
+/* Also after a varlink_stream_done() of the test's own: it may be called again. */
+static void fds_case_done(FdsCase *t) {
+        varlink_stream_done(&t->s);
+        safe_close(t->sv[0]);
+        safe_close(t->sv[1]);
+        probe_done(&t->probe);
 }
 
 /* Reads and takes messages until `want` were taken: msgs[i] and the fds that came with it, fds[i]. */
@@ -1091,110 +1095,77 @@ static void test_fds_arrive_with_their_message_across_short_reads(void **state) 
 }
 
 static void test_fds_of_a_message_taken_without_them_are_closed(void **state) {
-        int sv[2];
-        VarlinkStream s;
+        FdsCase t;
         json_t *m = NULL;
-        Probe probe = probe_new();
 
-        socketpair_nonblock(sv);
-        varlink_stream_init(&s, sv[1], 0, 0);
-        varlink_stream_accept_fds(&s, true);
-        send_with_fds(sv[0], "{\"method\":\"io.slotbroker.Status\"}", probe.write_fd, 2);
-        probe_drop_ours(&probe);
-        assert_true(varlink_stream_read(&s) > 0);
-        assert_true(probe_open(&probe));
-        assert_int_equal(varlink_stream_next(&s, &m), 1);
-        assert_false(probe_open(&probe));
+        fds_case_init(&t, true);
+        send_with_fds(t.sv[0], "{\"method\":\"io.slotbroker.Status\"}", t.probe.write_fd, 2);
+        probe_drop_ours(&t.probe);
+        assert_true(varlink_stream_read(&t.s) > 0);
+        assert_true(probe_open(&t.probe));
+        assert_int_equal(varlink_stream_next(&t.s, &m), 1);
+        assert_false(probe_open(&t.probe));
         json_decref(m);
-        varlink_stream_done(&s);
-        safe_close(sv[0]);
-        safe_close(sv[1]);
-        probe_done(&probe);
+        fds_case_done(&t);
 }
 
 static void test_fds_of_a_malformed_message_are_closed(void **state) {
-        int sv[2];
-        VarlinkStream s;
+        FdsCase t;
         json_t *m = NULL;
         VarlinkFds fds = VARLINK_FDS_INIT;
-        Probe probe = probe_new();
 
-        socketpair_nonblock(sv);
-        varlink_stream_init(&s, sv[1], 0, 0);
-        varlink_stream_accept_fds(&s, true);
-        send_with_fds(sv[0], "{not json", probe.write_fd, 1);
-        probe_drop_ours(&probe);
-        assert_true(varlink_stream_read(&s) > 0);
-        assert_int_equal(varlink_stream_next_with_fds(&s, &m, &fds), -EBADMSG);
+        fds_case_init(&t, true);
+        send_with_fds(t.sv[0], "{not json", t.probe.write_fd, 1);
+        probe_drop_ours(&t.probe);
+        assert_true(varlink_stream_read(&t.s) > 0);
+        assert_int_equal(varlink_stream_next_with_fds(&t.s, &m, &fds), -EBADMSG);
         assert_int_equal(fds.n, 0);
-        assert_false(probe_open(&probe));
-        varlink_stream_done(&s);
-        safe_close(sv[0]);
-        safe_close(sv[1]);
-        probe_done(&probe);
+        assert_false(probe_open(&t.probe));
+        fds_case_done(&t);
 }
 
 static void test_fds_beyond_the_cap_of_one_read_are_refused_and_closed(void **state) {
-        int sv[2];
-        VarlinkStream s;
-        Probe probe = probe_new();
+        FdsCase t;
 
-        socketpair_nonblock(sv);
-        varlink_stream_init(&s, sv[1], 0, 0);
-        varlink_stream_accept_fds(&s, true);
-        send_with_fds(sv[0], "{\"method\":\"io.slotbroker.Status\"}", probe.write_fd, VARLINK_FDS_MAX + 3);
-        probe_drop_ours(&probe);
-        assert_int_equal(varlink_stream_read(&s), -ETOOMANYREFS);
+        fds_case_init(&t, true);
+        send_with_fds(t.sv[0], "{\"method\":\"io.slotbroker.Status\"}", t.probe.write_fd, VARLINK_FDS_MAX + 3);
+        probe_drop_ours(&t.probe);
+        assert_int_equal(varlink_stream_read(&t.s), -ETOOMANYREFS);
         /* Those that fit were closed by us, the rest by the kernel. */
-        assert_false(probe_open(&probe));
-        varlink_stream_done(&s);
-        safe_close(sv[0]);
-        safe_close(sv[1]);
-        probe_done(&probe);
+        assert_false(probe_open(&t.probe));
+        fds_case_done(&t);
 }
 
 static void test_fds_waiting_in_the_input_are_capped(void **state) {
-        int sv[2];
-        VarlinkStream s;
-        Probe probe = probe_new();
+        FdsCase t;
         ssize_t k;
 
-        socketpair_nonblock(sv);
-        varlink_stream_init(&s, sv[1], 0, 0);
-        varlink_stream_accept_fds(&s, true);
+        fds_case_init(&t, true);
         /* Pipelined calls, each with fds, none taken yet: a client must not make us hold fds in bulk. */
         for (int i = 0; i < 3; i++)
-                send_with_fds(sv[0], "{\"method\":\"io.slotbroker.Status\"}", probe.write_fd, VARLINK_FDS_MAX / 2);
-        probe_drop_ours(&probe);
-        while ((k = varlink_stream_read(&s)) > 0)
+                send_with_fds(t.sv[0], "{\"method\":\"io.slotbroker.Status\"}", t.probe.write_fd, VARLINK_FDS_MAX / 2);
+        probe_drop_ours(&t.probe);
+        while ((k = varlink_stream_read(&t.s)) > 0)
                 ;
         assert_int_equal(k, -ETOOMANYREFS);
-        assert_true(s.input.fds.n <= VARLINK_FDS_MAX);
-        varlink_stream_done(&s);
-        assert_false(probe_open(&probe));
-        safe_close(sv[0]);
-        safe_close(sv[1]);
-        probe_done(&probe);
+        assert_true(t.s.input.fds.n <= VARLINK_FDS_MAX);
+        varlink_stream_done(&t.s);
+        assert_false(probe_open(&t.probe));
+        fds_case_done(&t);
 }
 
 static void test_stream_not_accepting_fds_leaves_none_open(void **state) {
-        int sv[2];
-        VarlinkStream s;
+        FdsCase t;
         json_t *m = NULL;
-        Probe probe = probe_new();
 
-        socketpair_nonblock(sv);
-        varlink_stream_init(&s, sv[1], 0, 0); /* a client's stream: fds are not for it */
-        send_with_fds(sv[0], "{\"parameters\":{}}", probe.write_fd, 1);
-        probe_drop_ours(&probe);
-        assert_true(varlink_stream_read(&s) > 0);
-        assert_false(probe_open(&probe)); /* the kernel dropped it */
-        assert_int_equal(varlink_stream_next(&s, &m), 1);
+        fds_case_init(&t, false); /* a client's stream: fds are not for it */
+        send_with_fds(t.sv[0], "{\"parameters\":{}}", t.probe.write_fd, 1);
+        probe_drop_ours(&t.probe);
+        assert_true(varlink_stream_read(&t.s) > 0);
+        assert_false(probe_open(&t.probe)); /* the kernel dropped it */
+        assert_int_equal(varlink_stream_next(&t.s, &m), 1);
         json_decref(m);
-        varlink_stream_done(&s);
-        safe_close(sv[0]);
-        safe_close(sv[1]);
-        probe_done(&probe);
+        fds_case_done(&t);
 }
 
 static void test_input_fds_belong_to_the_message_of_the_last_byte_fed(void **state) {

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""witness.py — "no slot granted twice", seen from the commands' side (SPEC §3.4).
+
+Every witnessed command is a `slotctl run` of a small shell script. When it starts it takes one lock file
+per slot it was given (SLOT_MEMBER, or SLOT_INDEX in a pool of anonymous slots, each in SLOT_POOL) with
+O_EXCL (the shell's noclobber): a lock file that already exists is a slot held twice at once, written to
+a violations file. It logs "start NAME POOL TOKEN SLOT..." and, when its body ends or it is sent SIGTERM,
+gives its lock files back and logs "end …". check() asserts that there were no violations and that each
+pool's fencing tokens, in the order the commands started, never repeat and never go back.
+
+    w = Witness(tmpdir)
+    subprocess.Popen([SLOTCTL, "run", …, "--", *w.command("sleep 60")])      # or w.command_until_stopped(name)
+    wait_for(lambda: w.started(), …); w.started()[-1].token
+    w.check(self)                                                              # in a unittest.TestCase
+
+Python 3 standard library only; imported beside harness.py.
+"""
+import collections
+import itertools
+import os
+import shlex
+
+# witness.sh DIR NAME BODY: BODY is shell text (eval'd) run between the start and the end; it sees $d and $n.
+SCRIPT = r"""
+d=$1 n=$2 body=$3
+slots=$(printf '%s' "${SLOT_MEMBER:-$SLOT_INDEX}" | tr , ' ')
+record() {
+        printf '%s %s %s %s %s\n' "$1" "$n" "$SLOT_POOL" "$SLOT_TOKEN" "$slots" >>"$d/log"
+}
+finish() {
+        for s in $slots; do
+                [ "$(cat "$d/held-$SLOT_POOL-$s" 2>/dev/null)" = "$n" ] && rm -f "$d/held-$SLOT_POOL-$s"
+        done
+        record end
+}
+trap 'finish; exit 143' TERM
+set -C
+for s in $slots; do
+        if ! printf '%s\n' "$n" 2>/dev/null >"$d/held-$SLOT_POOL-$s"; then
+                printf '%s got %s %s while %s holds it\n' "$n" "$SLOT_POOL" "$s" "$(cat "$d/held-$SLOT_POOL-$s")" \
+                        >>"$d/violations"
+        fi
+done
+set +C
+record start
+eval "$body"
+finish
+"""
+
+Event = collections.namedtuple("Event", "what name pool token slots")
+
+
+class Witness:
+    """The witness's files in `directory` (the test's own temporary directory)."""
+
+    def __init__(self, directory):
+        self.dir = directory
+        self.script = os.path.join(directory, "witness.sh")
+        with open(self.script, "w") as f:
+            f.write(SCRIPT)
+        open(os.path.join(directory, "log"), "w").close()
+        self._names = itertools.count(1)
+
+    def command(self, body="sleep 60", name=None):
+        """argv of a witnessed command that runs `body` (shell text); named `name` or a fresh name."""
+        return ["sh", self.script, self.dir, name or f"cmd-{next(self._names)}", body]
+
+    def command_until_stopped(self, name):
+        """argv of a witnessed command that runs until stop(name)."""
+        return self.command('while [ ! -e "$d/stop-$n" ]; do sleep 0.02; done', name)
+
+    def stop(self, name):
+        open(os.path.join(self.dir, f"stop-{name}"), "w").close()
+
+    def group_command(self, release_leader):
+        """argv of a process group whose leader exits once the file release_leader exists, while a witnessed
+        member of its group runs on (the issue's `sh -c 'sleep 30 & …; exit 0'`). The member ends on SIGTERM."""
+        member = shlex.join(self.command("sleep 60 & wait"))
+        return ["sh", "-c", f"{member} & while [ ! -e {release_leader} ]; do sleep 0.05; done; exit 0"]
+
+    def events(self):
+        """Every whole line of the log, in order, as Events (token an int, slots a list of str)."""
+        with open(os.path.join(self.dir, "log")) as f:
+            lines = f.read().split("\n")[:-1]  # the last one is "" or being written
+        out = []
+        for line in lines:
+            what, name, pool, token, *slots = line.split()
+            out.append(Event(what, name, pool, int(token), slots))
+        return out
+
+    def started(self, name=None):
+        """The commands that started (all, or the one named), in order."""
+        return [e for e in self.events() if e.what == "start" and name in (None, e.name)]
+
+    def ended(self, name=None):
+        return [e for e in self.events() if e.what == "end" and name in (None, e.name)]
+
+    def check(self, test):
+        """Fails `test` if a slot was held twice at once or a pool's fencing tokens repeated or went back."""
+        try:
+            with open(os.path.join(self.dir, "violations")) as f:
+                test.fail("a slot was held twice at once:\n" + f.read())
+        except FileNotFoundError:
+            pass
+        tokens = collections.defaultdict(list)
+        for e in self.started():
+            tokens[e.pool].append(e.token)
+        for pool, seen in tokens.items():
+            test.assertEqual(seen, sorted(set(seen)), f"fencing tokens of pool {pool} repeat or go back: {seen}")
