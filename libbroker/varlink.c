@@ -654,33 +654,20 @@ int varlink_output_enqueue(VarlinkOutput *out, const void *data, size_t size) {
         return r;
 }
 
-typedef struct DumpContext {
-        VarlinkOutput *out;
-        int error;
-} DumpContext;
-
-static int dump_callback(const char *buffer, size_t size, void *userdata) {
-        DumpContext *ctx = userdata;
-        int r = output_append(ctx->out, buffer, size);
-        if (r < 0) {
-                ctx->error = r;
-                return -1;
-        }
-        return 0;
+static int output_sink(const char *data, size_t size, void *userdata) {
+        return output_append(userdata, data, size);
 }
 
 /* Serializes value straight into the queue, with the NUL that ends a message or without it. */
 static int output_enqueue_json(VarlinkOutput *out, const json_t *value, bool end) {
-        DumpContext ctx = { .out = out };
         OutputMark m;
         int r;
 
         /* Serialized straight into the queue: a large Status reply is never built twice. */
         m = output_mark(out);
-        if (json_dump_callback(value, dump_callback, &ctx, JSON_COMPACT | JSON_ENCODE_ANY) < 0)
-                r = ctx.error < 0 ? ctx.error : -ENOMEM;
-        else
-                r = end ? output_append(out, "", 1) : 0;
+        r = json_serialize(value, output_sink, out);
+        if (r >= 0 && end)
+                r = output_append(out, "", 1);
         if (r < 0)
                 output_rollback(out, &m);
         return r;

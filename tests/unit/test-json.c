@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <limits.h>
 
 #include "json.h"
@@ -371,6 +372,83 @@ static void test_format_is_compact_and_escapes_control_characters(void **state) 
         assert_int_equal(n, strlen(s));
 }
 
+static int collect(const char *data, size_t size, void *userdata) {
+        size_t *calls = userdata;
+        assert_true(size > 0);
+        (void) data;
+        (*calls)++;
+        return 0;
+}
+
+static int refuse(const char *data, size_t size, void *userdata) {
+        (void) data;
+        (void) size;
+        (void) userdata;
+        return -ENOBUFS;
+}
+
+/* json_serialize() replaces jansson's dump on the wire: it must write the same bytes. */
+static void assert_serializes_as_jansson(json_t *v) {
+        _cleanup_free_ char *ours = NULL, *theirs = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+        size_t n = 0;
+
+        assert_non_null(theirs);
+        assert_int_equal(json_format(v, &ours, &n), 0);
+        assert_string_equal(ours, theirs);
+        assert_int_equal(n, strlen(theirs));
+}
+
+static void test_serialize_writes_what_jansson_writes(void **state) {
+        const char *texts[] = {
+                "{}", "[]", "{\"a\":[]}", "[{},[[]],{\"\":{}}]",
+                "{\"lease\":\"b7c0\\u00e9\\u2603\\ud83d\\ude00é/x\",\"n\":null,\"t\":true,\"f\":false}",
+                "{\"min\":-9223372036854775808,\"max\":9223372036854775807,\"zero\":0,\"neg\":-1,\"ten\":10}",
+                "{\"r\":[0.5,1.0,-2.25e-300,1e300,3.0,0.1]}",
+                "{\"esc\":\"\\u0000\\u001f\\u007f\\b\\f\\n\\r\\t\\\"\\\\\\/\"}",
+                "{\"z\":1,\"a\":2,\"m\":{\"y\":[1,\"2\",[3]],\"b\":{}}}",
+        };
+
+        for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+                json_error_t error;
+                _cleanup_(json_decrefp) json_t *v = json_loads(texts[i], JSON_ALLOW_NUL | JSON_DECODE_ANY, &error);
+                assert_non_null(v);
+                assert_serializes_as_jansson(v);
+        }
+
+        _cleanup_(json_decrefp) json_t *s = json_stringn("a\0b", 3), *i = json_integer(-42),
+                                        *k = json_object();
+        assert_serializes_as_jansson(s);
+        assert_serializes_as_jansson(i);
+        assert_serializes_as_jansson(json_true());
+        assert_int_equal(json_object_setn(k, "k\0\"ey", 5, json_string("v")), 0);
+        assert_serializes_as_jansson(k);
+}
+
+static void test_serialize_batches_long_text_and_stops_on_sink_error(void **state) {
+        _cleanup_(json_decrefp) json_t *a = json_array();
+        size_t calls = 0;
+
+        for (int i = 0; i < 5000; i++)
+                assert_int_equal(json_array_append_new(a, json_string("0123456789abcdef")), 0);
+        assert_serializes_as_jansson(a);
+        assert_int_equal(json_serialize(a, collect, &calls), 0);
+        /* About 95 KB of text in 4 KiB pieces, not a call per token. */
+        assert_in_range(calls, 20, 30);
+        assert_int_equal(json_serialize(a, refuse, NULL), -ENOBUFS);
+}
+
+static void test_serialize_refuses_a_cycle(void **state) {
+        json_t *a = json_array(), *b = json_array();
+
+        assert_int_equal(json_array_append(a, b), 0);
+        assert_int_equal(json_array_append(b, a), 0);
+        size_t calls = 0;
+        assert_int_equal(json_serialize(a, collect, &calls), -ELOOP);
+        json_array_clear(b);
+        json_decref(b);
+        json_decref(a);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_dispatch_stores_every_type),
@@ -402,6 +480,9 @@ int main(void) {
                 cmocka_unit_test(test_strv_new_builds_array),
                 cmocka_unit_test(test_strv_new_refuses_invalid_utf8),
                 cmocka_unit_test(test_format_is_compact_and_escapes_control_characters),
+                cmocka_unit_test(test_serialize_writes_what_jansson_writes),
+                cmocka_unit_test(test_serialize_batches_long_text_and_stops_on_sink_error),
+                cmocka_unit_test(test_serialize_refuses_a_cycle),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
