@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* json.c — jansson helpers: the parameter dispatcher and small builders. */
 #include <limits.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 
@@ -706,9 +705,8 @@ static int parse_number(JsonParser *ps, json_t **ret) {
                         q++;
         }
 
-        size_t n = (size_t) (q - s);
         if (!real) {
-                /* 19 digits always fit; longer ones go through strtoll() to find out. */
+                /* 18 digits always fit in an int64. */
                 const char *d = *s == '-' ? s + 1 : s;
                 if (q - d <= 18) {
                         int64_t v = 0;
@@ -722,28 +720,13 @@ static int parse_number(JsonParser *ps, json_t **ret) {
                         return 0;
                 }
         }
-        if (n >= 64)
-                /* strtod()/strtoll() need a terminated copy; numbers this long are for reals only. */
-                if (!real)
-                        return -EBADMSG;
-        _cleanup_free_ char *copy = strndup(s, n);
-        if (!copy)
-                return -ENOMEM;
-        errno = 0;
-        json_t *j;
-        if (real) {
-                double v = strtod(copy, NULL);
-                if (errno == ERANGE && (v == HUGE_VAL || v == -HUGE_VAL))
-                        return -EBADMSG;
-                j = json_real(v);
-        } else {
-                long long v = strtoll(copy, NULL, 10);
-                if (errno == ERANGE)
-                        return -EBADMSG;
-                j = json_integer(v);
-        }
+
+        /* Reals and long integers (rare here) as jansson converts them: its range checks, and its strtod()
+         * that does not follow the locale of the program that loaded libbroker. */
+        json_error_t error;
+        json_t *j = json_loadb(s, (size_t) (q - s), JSON_DECODE_ANY, &error);
         if (!j)
-                return -ENOMEM;
+                return json_error_code(&error) == json_error_out_of_memory ? -ENOMEM : -EBADMSG;
         ps->p = q;
         *ret = j;
         return 0;
