@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* json.c — jansson helpers: the parameter dispatcher and small builders. */
+/* json.c — jansson helpers: the parameter dispatcher, small builders, and the wire's parser and serializer. */
 #include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* json.h — jansson helpers: parameter objects checked against a table, and small builders. */
+/* json.h — jansson helpers: parameter objects checked against a table, small builders, and the parser and
+ * serializer of the wire (faster than jansson's own, same text). */
 #pragma once
 
 #include <jansson.h>
