@@ -171,8 +171,12 @@ void lease_poll_command(Lease *l) {
 static void lease_make_id(Manager *m, char id[static LEASE_ID_LEN + 1]) {
         uint8_t bytes[LEASE_ID_LEN / 2];
         manager_random_bytes(m, bytes, sizeof bytes);
-        for (size_t i = 0; i < sizeof bytes; i++)
-                snprintf(id + 2 * i, 3, "%02x", bytes[i]);
+        /* Not snprintf() per byte: that was 5% of the main thread in bench-pairs. */
+        for (size_t i = 0; i < sizeof bytes; i++) {
+                id[2 * i] = "0123456789abcdef"[bytes[i] >> 4];
+                id[2 * i + 1] = "0123456789abcdef"[bytes[i] & 15];
+        }
+        id[LEASE_ID_LEN] = 0;
 }
 
 int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t pid, const char *job, bool detached,

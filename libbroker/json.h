@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* json.h — jansson helpers: parameter objects checked against a table, and small builders. */
+/* json.h — jansson helpers: parameter objects checked against a table, small builders, and the parser and
+ * serializer of the wire (faster than jansson's own, same text). */
 #pragma once
 
 #include <jansson.h>
@@ -72,6 +73,16 @@ int json_strv_new(char *const *l, json_t **ret);
 char **json_strv_free(char **l);
 DEFINE_TRIVIAL_CLEANUP_FUNC(char **, json_strv_free);
 
-/* Compact JSON text of v, NUL-terminated (jansson escapes every control character, NUL included, so
- * the text has no NUL of its own). *ret_size counts the bytes without the NUL. Returns 0 or -ENOMEM. */
+/* Compact JSON text of v (json_serialize()'s), NUL-terminated (every control character is escaped, NUL
+ * included, so the text has no NUL of its own). *ret_size counts the bytes without the NUL. Returns 0,
+ * -ENOMEM or -ELOOP. */
 int json_format(const json_t *v, char **ret, size_t *ret_size);
+
+/* Receives serialized text in pieces; returns 0 or a negative errno that stops the serialization. */
+typedef int (*JsonSink)(const char *data, size_t size, void *userdata);
+
+/* Compact JSON text of v, byte for byte what json_dump_callback(v, …, JSON_COMPACT | JSON_ENCODE_ANY)
+ * produces, handed to sink in pieces of up to 4 KiB (batched on the stack: one sink call for a short
+ * message, where jansson calls it per token and formats every integer with snprintf()). Returns 0; the
+ * sink's error; -ELOOP for containers nested deeper than 2048 (a cycle); -ENOMEM. */
+int json_serialize(const json_t *v, JsonSink sink, void *userdata);

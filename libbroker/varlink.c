@@ -654,33 +654,20 @@ int varlink_output_enqueue(VarlinkOutput *out, const void *data, size_t size) {
         return r;
 }
 
-typedef struct DumpContext {
-        VarlinkOutput *out;
-        int error;
-} DumpContext;
-
-static int dump_callback(const char *buffer, size_t size, void *userdata) {
-        DumpContext *ctx = userdata;
-        int r = output_append(ctx->out, buffer, size);
-        if (r < 0) {
-                ctx->error = r;
-                return -1;
-        }
-        return 0;
+static int output_sink(const char *data, size_t size, void *userdata) {
+        return output_append(userdata, data, size);
 }
 
 /* Serializes value straight into the queue, with the NUL that ends a message or without it. */
 static int output_enqueue_json(VarlinkOutput *out, const json_t *value, bool end) {
-        DumpContext ctx = { .out = out };
         OutputMark m;
         int r;
 
         /* Serialized straight into the queue: a large Status reply is never built twice. */
         m = output_mark(out);
-        if (json_dump_callback(value, dump_callback, &ctx, JSON_COMPACT | JSON_ENCODE_ANY) < 0)
-                r = ctx.error < 0 ? ctx.error : -ENOMEM;
-        else
-                r = end ? output_append(out, "", 1) : 0;
+        r = json_serialize(value, output_sink, out);
+        if (r >= 0 && end)
+                r = output_append(out, "", 1);
         if (r < 0)
                 output_rollback(out, &m);
         return r;
@@ -944,16 +931,48 @@ int varlink_stream_enqueue(VarlinkStream *s, const json_t *msg) {
         return varlink_output_enqueue_json(&s->output, msg);
 }
 
-int varlink_stream_call(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags) {
-        _cleanup_(json_decrefp) json_t *m = NULL;
-        int r;
+/* Queues {"method":"METHOD","parameters":PARAMETERS<tail>} and its NUL without building the envelope as
+ * a json_t (a new object and two or three keys hashed, for every call and every reply): the bytes of
+ * varlink_call_format() and varlink_reply_format(), which a unit test compares. method (a qualified name:
+ * nothing to escape) may be NULL for a reply. */
+static int output_enqueue_envelope(VarlinkOutput *out, const char *method, const json_t *parameters, const char *tail) {
+        OutputMark m = output_mark(out);
+        int r = 0;
 
-        assert_return(s, -EINVAL);
-
-        r = varlink_call_new(method, parameters, flags, &m);
+        if (method) {
+                r = output_append(out, "{\"method\":\"", 11);
+                if (r >= 0)
+                        r = output_append(out, method, strlen(method));
+                if (r >= 0)
+                        r = output_append(out, "\",\"parameters\":", 15);
+        } else
+                r = output_append(out, "{\"parameters\":", 14);
+        if (r >= 0)
+                r = parameters ? json_serialize(parameters, output_sink, out) : output_append(out, "{}", 2);
+        if (r >= 0)
+                r = output_append(out, tail, strlen(tail) + 1); /* with the NUL that ends the message */
         if (r < 0)
-                return r;
-        return varlink_stream_enqueue(s, m);
+                output_rollback(out, &m);
+        return r;
+}
+
+int varlink_stream_call(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags) {
+        assert_return(s, -EINVAL);
+        assert_return(varlink_qualified_name_valid(method), -EINVAL);
+        assert_return(!parameters || json_is_object(parameters), -EINVAL);
+        assert_return((flags & ~(VARLINK_CALL_MORE | VARLINK_CALL_ONEWAY | VARLINK_CALL_UPGRADE)) == 0, -EINVAL);
+        assert_return(!((flags & VARLINK_CALL_MORE) && (flags & VARLINK_CALL_ONEWAY)), -EINVAL);
+
+        /* In varlink_call_new()'s order of keys. */
+        char tail[64] = "";
+        if (flags & VARLINK_CALL_MORE)
+                strcat(tail, ",\"more\":true");
+        if (flags & VARLINK_CALL_ONEWAY)
+                strcat(tail, ",\"oneway\":true");
+        if (flags & VARLINK_CALL_UPGRADE)
+                strcat(tail, ",\"upgrade\":true");
+        strcat(tail, "}");
+        return output_enqueue_envelope(&s->output, method, parameters, tail);
 }
 
 int varlink_stream_call_with_fds(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags,
@@ -970,15 +989,12 @@ int varlink_stream_call_with_fds(VarlinkStream *s, const char *method, json_t *p
 }
 
 int varlink_stream_reply(VarlinkStream *s, json_t *parameters, VarlinkReplyFlags flags) {
-        _cleanup_(json_decrefp) json_t *m = NULL;
-        int r;
-
         assert_return(s, -EINVAL);
+        assert_return(!parameters || json_is_object(parameters), -EINVAL);
+        assert_return((flags & ~VARLINK_REPLY_CONTINUES) == 0, -EINVAL);
 
-        r = varlink_reply_new(parameters, flags, &m);
-        if (r < 0)
-                return r;
-        return varlink_stream_enqueue(s, m);
+        return output_enqueue_envelope(&s->output, NULL, parameters,
+                                       flags & VARLINK_REPLY_CONTINUES ? ",\"continues\":true}" : "}");
 }
 
 int varlink_stream_reply_error(VarlinkStream *s, const char *error, json_t *parameters) {

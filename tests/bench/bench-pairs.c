@@ -119,6 +119,46 @@ static uint64_t process_cpu_ns(pid_t pid, bool main_only) {
         return sum;
 }
 
+/* Context switches of the threads of a process so far (voluntary: it waited for input, a lock, the disk;
+ * involuntary: preempted), as perf stat's context-switches counts them. */
+static uint64_t process_switches(pid_t pid) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/task", (int) pid);
+        DIR *d = opendir(path);
+        uint64_t sum = 0;
+        if (!d)
+                return 0;
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                if (de->d_name[0] == '.')
+                        continue;
+                char p[300], line[128];
+                snprintf(p, sizeof p, "/proc/%d/task/%s/status", (int) pid, de->d_name);
+                FILE *f = fopen(p, "re");
+                if (!f)
+                        continue;
+                while (fgets(line, sizeof line, f)) {
+                        unsigned long long n;
+                        if (sscanf(line, "voluntary_ctxt_switches: %llu", &n) == 1 ||
+                            sscanf(line, "nonvoluntary_ctxt_switches: %llu", &n) == 1)
+                                sum += n;
+                }
+                fclose(f);
+        }
+        closedir(d);
+        return sum;
+}
+
+static uint64_t rusage_switches(const struct rusage *ru) {
+        return (uint64_t) ru->ru_nvcsw + (uint64_t) ru->ru_nivcsw;
+}
+
+static uint64_t self_switches(void) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        return rusage_switches(&ru);
+}
+
 static uint64_t rusage_ns(const struct rusage *ru) {
         return ((uint64_t) ru->ru_utime.tv_sec + (uint64_t) ru->ru_stime.tv_sec) * 1000000000ULL +
                ((uint64_t) ru->ru_utime.tv_usec + (uint64_t) ru->ru_stime.tv_usec) * 1000ULL;
@@ -137,6 +177,7 @@ typedef struct Cost {
         double server_us;  /* per message */
         double server_main_us; /* brokerd: its main thread's share (the rest is the history's threads) */
         double client_us;
+        double server_switches, client_switches; /* context switches per message */
 } Cost;
 
 /* A program on $PATH, or NULL. */
@@ -248,13 +289,23 @@ static void *client_main(void *userdata) {
 }
 
 /* What a run measured: pairs per second and the CPU per message. */
+/* Context switches of brokerd and of this process when the run started (perf stat's context-switches). */
+static uint64_t run_server_switches0, run_client_switches0;
+
+static void switches_start(void) {
+        run_server_switches0 = process_switches(brokerd);
+        run_client_switches0 = self_switches();
+}
+
 static Cost pairs_cost(uint64_t pairs, uint64_t t0, uint64_t server0, uint64_t main0, uint64_t client0) {
         double elapsed = (double) (now_ns() - t0) / 1e9; /* until the last client finished its last pair */
         uint64_t server = process_cpu_ns(brokerd, false) - server0, main = process_cpu_ns(brokerd, true) - main0,
                  client = self_cpu_ns() - client0;
         double messages = 2.0 * (double) (pairs > 0 ? pairs : 1);
         return (Cost) { .rate = (double) pairs / elapsed, .server_us = (double) server / 1e3 / messages,
-                        .server_main_us = (double) main / 1e3 / messages, .client_us = (double) client / 1e3 / messages };
+                        .server_main_us = (double) main / 1e3 / messages, .client_us = (double) client / 1e3 / messages,
+                        .server_switches = (double) (process_switches(brokerd) - run_server_switches0) / messages,
+                        .client_switches = (double) (self_switches() - run_client_switches0) / messages };
 }
 
 static _Noreturn void die_refused(int result) {
@@ -280,6 +331,7 @@ static Cost run_pairs_threads(const char *lane, int n_clients, double seconds) {
                 if (r != 0)
                         die("pthread_create", r);
         }
+        switches_start();
         uint64_t t0 = now_ns(), server0 = process_cpu_ns(brokerd, false), main0 = process_cpu_ns(brokerd, true),
                  client0 = self_cpu_ns();
         atomic_store_explicit(&go, true, memory_order_release);
@@ -322,6 +374,7 @@ static Cost run_pairs_loop(const char *lane, int n_clients, double seconds) {
                 if (r < 0)
                         die("broker_client_connect", -r);
         }
+        switches_start();
         uint64_t t0 = now_ns(), server0 = process_cpu_ns(brokerd, false), main0 = process_cpu_ns(brokerd, true),
                  client0 = self_cpu_ns(), end = t0 + (uint64_t) (seconds * 1e9);
         for (int i = 0; i < n_clients; i++)
@@ -450,7 +503,7 @@ static Cost run_redis_benchmark(const char *program, int n_clients, long n, cons
         int pipefd[2];
         if (pipe2(pipefd, O_CLOEXEC) < 0)
                 die("pipe", errno);
-        uint64_t server0 = process_cpu_ns(redis, false);
+        uint64_t server0 = process_cpu_ns(redis, false), switches0 = process_switches(redis);
         pid_t pid = spawn(argv, pipefd[1]);
         close(pipefd[1]);
         char out[4096];
@@ -464,7 +517,9 @@ static Cost run_redis_benchmark(const char *program, int n_clients, long n, cons
         struct rusage ru = {};
         wait4(pid, &status, 0, &ru);
         uint64_t server = process_cpu_ns(redis, false) - server0;
-        Cost cost = { .server_us = (double) server / 1e3 / (double) n, .client_us = (double) rusage_ns(&ru) / 1e3 / (double) n };
+        Cost cost = { .server_us = (double) server / 1e3 / (double) n, .client_us = (double) rusage_ns(&ru) / 1e3 / (double) n,
+                      .server_switches = (double) (process_switches(redis) - switches0) / (double) n,
+                      .client_switches = (double) rusage_switches(&ru) / (double) n };
 
         /* --csv: a header line, then "test","rps",… */
         char *line = strchr(out, '\n');
@@ -498,12 +553,14 @@ static double median(double *v, int n) {
         return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-typedef enum CostPart { COST_SERVER, COST_SERVER_MAIN, COST_CLIENT } CostPart;
+typedef enum CostPart { COST_SERVER, COST_SERVER_MAIN, COST_CLIENT, COST_SERVER_SWITCHES, COST_CLIENT_SWITCHES } CostPart;
 
 static double median_cost(const Cost *c, int n, CostPart part) {
         double v[MAX_ROUNDS];
         for (int i = 0; i < n; i++)
-                v[i] = part == COST_SERVER ? c[i].server_us : part == COST_SERVER_MAIN ? c[i].server_main_us : c[i].client_us;
+                v[i] = part == COST_SERVER ? c[i].server_us : part == COST_SERVER_MAIN ? c[i].server_main_us :
+                       part == COST_CLIENT ? c[i].client_us : part == COST_SERVER_SWITCHES ? c[i].server_switches :
+                       c[i].client_switches;
         return median(v, n);
 }
 
@@ -658,6 +715,9 @@ int main(int argc, char **argv) {
                median_cost(roomy_c, rounds, COST_SERVER), median_cost(roomy_c, rounds, COST_SERVER_MAIN),
                median_cost(roomy_c, rounds, COST_CLIENT), roomy, median_cost(half_c, rounds, COST_SERVER),
                median_cost(half_c, rounds, COST_SERVER_MAIN), median_cost(half_c, rounds, COST_CLIENT), half);
+        printf("  context switches per message: brokerd %.2f, clients %.2f (limit %d); brokerd %.2f, clients %.2f (limit %d)\n",
+               median_cost(roomy_c, rounds, COST_SERVER_SWITCHES), median_cost(roomy_c, rounds, COST_CLIENT_SWITCHES), roomy,
+               median_cost(half_c, rounds, COST_SERVER_SWITCHES), median_cost(half_c, rounds, COST_CLIENT_SWITCHES), half);
         int status = EXIT_SUCCESS;
         if (with_redis) {
                 double m_acq = median(r_acq, rounds), m_rel = median(r_rel, rounds), m_mix = median(r_mix, rounds);
@@ -666,6 +726,9 @@ int main(int argc, char **argv) {
                 printf("  CPU per request: redis-server %.1f us, redis-benchmark %.1f us (acquire); %.1f us, %.1f us (release)\n",
                        median_cost(acq_c, rounds, COST_SERVER), median_cost(acq_c, rounds, COST_CLIENT), median_cost(rel_c, rounds, COST_SERVER),
                        median_cost(rel_c, rounds, COST_CLIENT));
+                printf("  context switches per request: redis-server %.2f, redis-benchmark %.2f (acquire); %.2f, %.2f (release)\n",
+                       median_cost(acq_c, rounds, COST_SERVER_SWITCHES), median_cost(acq_c, rounds, COST_CLIENT_SWITCHES),
+                       median_cost(rel_c, rounds, COST_SERVER_SWITCHES), median_cost(rel_c, rounds, COST_CLIENT_SWITCHES));
                 printf("ratio pairs/s x 2 / redis req/s (target >= 1.0): limit %d: %.3f; limit %d: %.3f\n", roomy,
                        m_mix > 0 ? 2 * m_roomy / m_mix : 0, half, m_mix > 0 ? 2 * m_half / m_mix : 0);
         } else

@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <limits.h>
 
 #include "json.h"
@@ -371,6 +372,204 @@ static void test_format_is_compact_and_escapes_control_characters(void **state) 
         assert_int_equal(n, strlen(s));
 }
 
+static int collect(const char *data, size_t size, void *userdata) {
+        size_t *calls = userdata;
+        assert_true(size > 0);
+        (void) data;
+        (*calls)++;
+        return 0;
+}
+
+static int refuse(const char *data, size_t size, void *userdata) {
+        (void) data;
+        (void) size;
+        (void) userdata;
+        return -ENOBUFS;
+}
+
+/* json_serialize() replaces jansson's dump on the wire: it must write the same bytes. */
+static void assert_serializes_as_jansson(json_t *v) {
+        _cleanup_free_ char *ours = NULL, *theirs = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+        size_t n = 0;
+
+        assert_non_null(theirs);
+        assert_int_equal(json_format(v, &ours, &n), 0);
+        assert_string_equal(ours, theirs);
+        assert_int_equal(n, strlen(theirs));
+}
+
+static void test_serialize_writes_what_jansson_writes(void **state) {
+        const char *texts[] = {
+                "{}", "[]", "{\"a\":[]}", "[{},[[]],{\"\":{}}]",
+                "{\"lease\":\"b7c0\\u00e9\\u2603\\ud83d\\ude00é/x\",\"n\":null,\"t\":true,\"f\":false}",
+                "{\"min\":-9223372036854775808,\"max\":9223372036854775807,\"zero\":0,\"neg\":-1,\"ten\":10}",
+                "{\"r\":[0.5,1.0,-2.25e-300,1e300,3.0,0.1]}",
+                "{\"esc\":\"\\u0000\\u001f\\u007f\\b\\f\\n\\r\\t\\\"\\\\\\/\"}",
+                "{\"z\":1,\"a\":2,\"m\":{\"y\":[1,\"2\",[3]],\"b\":{}}}",
+        };
+
+        for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+                json_error_t error;
+                _cleanup_(json_decrefp) json_t *v = json_loads(texts[i], JSON_ALLOW_NUL | JSON_DECODE_ANY, &error);
+                assert_non_null(v);
+                assert_serializes_as_jansson(v);
+        }
+
+        _cleanup_(json_decrefp) json_t *s = json_stringn("a\0b", 3), *i = json_integer(-42),
+                                        *k = json_object();
+        assert_serializes_as_jansson(s);
+        assert_serializes_as_jansson(i);
+        assert_serializes_as_jansson(json_true());
+        assert_int_equal(json_object_setn_new(k, "k\0\"ey", 5, json_string("v")), 0);
+        assert_serializes_as_jansson(k);
+}
+
+static void test_serialize_batches_long_text_and_stops_on_sink_error(void **state) {
+        _cleanup_(json_decrefp) json_t *a = json_array();
+        size_t calls = 0;
+
+        for (int i = 0; i < 5000; i++)
+                assert_int_equal(json_array_append_new(a, json_string("0123456789abcdef")), 0);
+        assert_serializes_as_jansson(a);
+        assert_int_equal(json_serialize(a, collect, &calls), 0);
+        /* About 95 KB of text in 4 KiB pieces, not a call per token. */
+        assert_in_range(calls, 20, 30);
+        assert_int_equal(json_serialize(a, refuse, NULL), -ENOBUFS);
+}
+
+static void test_serialize_refuses_a_cycle(void **state) {
+        json_t *a = json_array(), *b = json_array();
+
+        assert_int_equal(json_array_append(a, b), 0);
+        assert_int_equal(json_array_append(b, a), 0);
+        size_t calls = 0;
+        assert_int_equal(json_serialize(a, collect, &calls), -ELOOP);
+        json_array_clear(b);
+        json_decref(b);
+        json_decref(a);
+}
+
+/* json_parse_object() replaces json_loadb() on the wire: it must accept and refuse the same texts and build
+ * the same values. */
+static void assert_parses_as_jansson(const char *text, size_t size) {
+        json_error_t error;
+        json_t *theirs = json_loadb(text, size, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &error), *ours = NULL;
+        int r = json_parse_object(text, size, &ours);
+
+        if (theirs && !json_is_object(theirs)) {
+                json_decref(theirs);
+                theirs = NULL;
+        }
+        if (!!theirs != (r == 0))
+                fail_msg("jansson %s, json_parse_object() %d: '%.*s'", theirs ? "accepts" : error.text, r,
+                         (int) size, text);
+        if (theirs) {
+                assert_true(json_equal(ours, theirs));
+                _cleanup_free_ char *a = json_dumps(ours, JSON_COMPACT), *b = json_dumps(theirs, JSON_COMPACT);
+                assert_string_equal(a, b);
+        } else
+                assert_int_equal(r, -EBADMSG);
+        json_decref(theirs);
+        json_decref(ours);
+}
+
+static void test_parse_accepts_and_refuses_what_jansson_does(void **state) {
+        const char *texts[] = {
+                "{}", " {} ", "\t{\n}\r\n", "[]", "", " ", "{", "}", "{}x", "{} {}", "\"s\"", "1", "null",
+                "{\"a\":1}", "{\"a\":1,}", "{,}", "{\"a\"}", "{\"a\":}", "{a:1}", "{\"a\":1 \"b\":2}",
+                "{\"a\":1,\"a\":2}", "{\"a\":{\"a\":1},\"b\":[1,[2,[3,{}]]]}", "{\"\":0}",
+                "{\"a\":[1,]}", "{\"a\":[,1]}", "{\"a\":[1 2]}",
+                "{\"t\":true,\"f\":false,\"n\":null}", "{\"t\":tru}", "{\"t\":truex}", "{\"t\":True}",
+                "{\"t\":nul}", "{\"t\":true1}",
+                "{\"n\":0}", "{\"n\":-0}", "{\"n\":01}", "{\"n\":-01}", "{\"n\":-}", "{\"n\":+1}",
+                "{\"n\":1.}", "{\"n\":.5}", "{\"n\":1.5}", "{\"n\":-0.0}", "{\"n\":1e5}", "{\"n\":1E+5}",
+                "{\"n\":1e-5}", "{\"n\":1e}", "{\"n\":1e+}", "{\"n\":0x10}", "{\"n\":1.5e308}",
+                "{\"n\":1e309}", "{\"n\":-1e309}", "{\"n\":1e-400}", "{\"n\":123456789012345678}",
+                "{\"n\":1234567890123456789}", "{\"n\":9223372036854775807}", "{\"n\":9223372036854775808}",
+                "{\"n\":-9223372036854775808}", "{\"n\":-9223372036854775809}",
+                "{\"n\":00000000000000000000000000000000000000000000000000000000000000000001}",
+                "{\"n\":10000000000000000000000000000000000000000000000000000000000000000000}",
+                "{\"n\":1.0000000000000000000000000000000000000000000000000000000000000000001}",
+                "{\"n\":NaN}", "{\"n\":Infinity}",
+                "{\"s\":\"\\u0000\"}", "{\"s\\u0000\":1}", "{\"s\":\"\\ud83d\\ude00\"}",
+                "{\"s\":\"\\ud83d\"}", "{\"s\":\"\\ude00\"}", "{\"s\":\"\\ud83d\\u0041\"}",
+                "{\"s\":\"\\ud83dx\"}", "{\"s\":\"\\u12\"}", "{\"s\":\"\\u12g4\"}", "{\"s\":\"\\uABcd\"}",
+                "{\"s\":\"\\x\"}", "{\"s\":\"\\/\\b\\f\\n\\r\\t\\\"\\\\\"}", "{\"s\":\"a\\\"}",
+                "{\"s\":\"\t\"}", "{\"s\":\"\x7f\"}", "{\"s\":\"\xc3\xa9\"}", "{\"s\":\"\xc3\"}",
+                "{\"s\":\"\xc0\x80\"}", "{\"s\":\"\xe0\x80\x80\"}", "{\"s\":\"\xed\xa0\x80\"}",
+                "{\"s\":\"\xf4\x90\x80\x80\"}", "{\"s\":\"\xf0\x9f\x98\x80\"}", "{\"s\":\"\xff\"}",
+                "{\"\xc3\xa9\\n\":1}", "\xef\xbb\xbf{}", "{\"s\":\"", "{\"s\":\"\\", "{\"s\":",
+        };
+
+        for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+                assert_parses_as_jansson(texts[i], strlen(texts[i]));
+
+        /* A NUL byte after the object, and inside a string. */
+        assert_parses_as_jansson("{}\0", 3);
+        assert_parses_as_jansson("{\"a\":\"\0\"}", 9);
+
+        /* jansson's depth limit, to the level. */
+        for (size_t depth = 2045; depth <= 2052; depth++) {
+                _cleanup_free_ char *t = malloc(2 * depth + 8);
+                assert_non_null(t);
+                size_t n = 0;
+                t[n++] = '{';
+                memcpy(t + n, "\"a\":", 4);
+                n += 4;
+                for (size_t k = 1; k < depth; k++)
+                        t[n++] = '[';
+                for (size_t k = 1; k < depth; k++)
+                        t[n++] = ']';
+                t[n++] = '}';
+                assert_parses_as_jansson(t, n);
+        }
+}
+
+static void test_parse_agrees_with_jansson_on_mutated_messages(void **state) {
+        const char *seeds[] = {
+                "{\"method\":\"io.slotbroker.Acquire\",\"parameters\":{\"lane\":\"ci\",\"job\":\"b\\u00e9\",\"wait\":true,\"timeoutMs\":-1500},\"more\":true}",
+                "{\"parameters\":{\"lease\":{\"id\":\"28a3\",\"slots\":[0,1],\"members\":[\"a\",\"b\\n\"],\"x\":1.5e3,\"n\":null}},\"continues\":false}",
+        };
+        /* No raw NUL: the one place where the two differ, which no Varlink message can hold (see json.c). */
+        const char alphabet[] = "{}[]\":,\\ 0123456789-+.eEtrufalsn\x1f\x7f\xc3\xa9\xed\xf0";
+        uint64_t x = 0x9E3779B97F4A7C15ULL;
+
+        for (size_t i = 0; i < 20000; i++) {
+                const char *seed = seeds[i % 2];
+                char t[256];
+                size_t n = strlen(seed);
+                memcpy(t, seed, n);
+                /* One to three random edits: replace, insert, delete or cut. */
+                for (int e = 0; e < 1 + (int) (i % 3); e++) {
+                        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                        size_t at = (size_t) (x >> 8) % (n + 1);
+                        char c = alphabet[(x >> 40) % (sizeof alphabet - 1)];
+                        switch ((x >> 32) % 4) {
+                        case 0:
+                                if (at < n)
+                                        t[at] = c;
+                                break;
+                        case 1:
+                                if (n + 1 < sizeof t) {
+                                        memmove(t + at + 1, t + at, n - at);
+                                        t[at] = c;
+                                        n++;
+                                }
+                                break;
+                        case 2:
+                                if (at < n) {
+                                        memmove(t + at, t + at + 1, n - at - 1);
+                                        n--;
+                                }
+                                break;
+                        default:
+                                n = at;
+                        }
+                }
+                assert_parses_as_jansson(t, n);
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_dispatch_stores_every_type),
@@ -402,6 +601,11 @@ int main(void) {
                 cmocka_unit_test(test_strv_new_builds_array),
                 cmocka_unit_test(test_strv_new_refuses_invalid_utf8),
                 cmocka_unit_test(test_format_is_compact_and_escapes_control_characters),
+                cmocka_unit_test(test_serialize_writes_what_jansson_writes),
+                cmocka_unit_test(test_serialize_batches_long_text_and_stops_on_sink_error),
+                cmocka_unit_test(test_serialize_refuses_a_cycle),
+                cmocka_unit_test(test_parse_accepts_and_refuses_what_jansson_does),
+                cmocka_unit_test(test_parse_agrees_with_jansson_on_mutated_messages),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -343,6 +343,56 @@ static void test_reply_format_writes_continues_only_when_asked(void **state) {
         assert_bytes(b, nb, "{\"parameters\":{}}");
 }
 
+/* varlink_stream_call() and varlink_stream_reply() write their envelope themselves: the same bytes as the
+ * formatters that build it as a json_t. */
+static void assert_stream_bytes(VarlinkStream *s, int peer, const char *expected, size_t size) {
+        char buf[512];
+
+        assert_int_equal(varlink_stream_flush(s), 0);
+        assert_int_equal(read(peer, buf, sizeof buf), (ssize_t) size);
+        assert_memory_equal(buf, expected, size);
+}
+
+static void test_stream_call_and_reply_write_what_the_formatters_write(void **state) {
+        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s, s:i, s:[b]}", "lane", "m\"erge\n", "slots", 2, "x", 1);
+        const VarlinkCallFlags call_flags[] = { 0, VARLINK_CALL_MORE, VARLINK_CALL_ONEWAY, VARLINK_CALL_UPGRADE,
+                                                VARLINK_CALL_MORE | VARLINK_CALL_UPGRADE };
+        VarlinkStream s;
+        int sv[2];
+
+        socketpair_nonblock(sv);
+        varlink_stream_init(&s, sv[0], 0, 0);
+        for (size_t i = 0; i < ELEMENTSOF(call_flags); i++)
+                for (int with = 0; with < 2; with++) {
+                        _cleanup_free_ char *text = NULL;
+                        size_t n = 0;
+                        assert_int_equal(varlink_call_format("io.slotbroker.Acquire", with ? p : NULL, call_flags[i], &text, &n), 0);
+                        assert_int_equal(varlink_stream_call(&s, "io.slotbroker.Acquire", with ? p : NULL, call_flags[i]), 0);
+                        assert_stream_bytes(&s, sv[1], text, n);
+                }
+        for (int continues = 0; continues < 2; continues++)
+                for (int with = 0; with < 2; with++) {
+                        _cleanup_free_ char *text = NULL;
+                        size_t n = 0;
+                        VarlinkReplyFlags f = continues ? VARLINK_REPLY_CONTINUES : 0;
+                        assert_int_equal(varlink_reply_format(with ? p : NULL, f, &text, &n), 0);
+                        assert_int_equal(varlink_stream_reply(&s, with ? p : NULL, f), 0);
+                        assert_stream_bytes(&s, sv[1], text, n);
+                }
+
+        /* What the builders refuse, they still refuse, and nothing is queued. */
+        _cleanup_(json_decrefp) json_t *array = json_array();
+        assert_int_equal(varlink_stream_call(&s, "a.b.c", NULL, 0), -EINVAL);
+        assert_int_equal(varlink_stream_call(&s, "a.b.C", NULL, VARLINK_CALL_MORE | VARLINK_CALL_ONEWAY), -EINVAL);
+        assert_int_equal(varlink_stream_call(&s, "a.b.C", array, 0), -EINVAL);
+        assert_int_equal(varlink_stream_reply(&s, array, 0), -EINVAL);
+        assert_int_equal(varlink_stream_reply(&s, NULL, 1 << 5), -EINVAL);
+        assert_int_equal(s.output.pending, 0);
+        varlink_stream_done(&s);
+        safe_close(sv[0]);
+        safe_close(sv[1]);
+}
+
 static void test_error_format_writes_error_and_parameters(void **state) {
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s}", "retryAfterSec", 12, "pool", "grid");
         _cleanup_free_ char *a = NULL, *b = NULL;
@@ -1641,6 +1691,7 @@ int main(void) {
                 cmocka_unit_test(test_call_new_refuses_more_with_oneway_and_bad_names),
                 cmocka_unit_test(test_reply_format_writes_continues_only_when_asked),
                 cmocka_unit_test(test_error_format_writes_error_and_parameters),
+                cmocka_unit_test(test_stream_call_and_reply_write_what_the_formatters_write),
                 cmocka_unit_test(test_format_escapes_nul_inside_strings),
                 cmocka_unit_test(test_input_yields_message_split_at_every_offset),
                 cmocka_unit_test(test_input_yields_message_fed_byte_by_byte),
