@@ -83,15 +83,13 @@ static void persisted_nobody_waits(Lease *l, int result) {
                 log_warning_errno(result, "Could not persist lease %s: it will not survive a restart: %m", l->id);
 }
 
-/* Realtime µs of the lease's expiry (USEC_INFINITY: none), counted from the grant's own realtime rather
- * than from a fresh reading of the clocks: expiresAt − grantedAt is then exactly the hold. */
+/* Realtime µs of the lease's expiry (USEC_INFINITY: none), through the offset fixed when the lease was made
+ * rather than a fresh reading of both clocks: for a grant, expiresAt − grantedAt is then exactly the hold. */
 static usec_t lease_expires_realtime(const Lease *l) {
         usec_t exp = engine_lease_expires_at(l->engine_lease);
         if (exp == USEC_INFINITY)
                 return USEC_INFINITY;
-        if (exp < l->granted_mono)
-                return manager_realtime_of(exp);
-        return usec_add(l->granted_real, exp - l->granted_mono);
+        return (usec_t) ((int64_t) exp + l->realtime_offset);
 }
 
 void lease_persist(Lease *l, LeasePersistedFn done) {
@@ -197,6 +195,7 @@ int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t 
                 .granted_mono = engine_lease_granted_at(el),
         };
         l->granted_real = manager_realtime_of(l->granted_mono);
+        l->realtime_offset = (int64_t) l->granted_real - (int64_t) l->granted_mono;
         lease_make_id(m, l->id);
         if (job && !(l->job = strdup(job))) {
                 free(l);
@@ -333,6 +332,8 @@ int lease_restore(Manager *m, const HistoryLeaseRow *row, usec_t alive_at, Lease
         }
         memcpy(l->id, row->id, LEASE_ID_LEN + 1);
         l->granted_real = row->granted_at;
+        /* Today's offset, not the row's: the wall clock may have been stepped while brokerd was down. */
+        l->realtime_offset = (int64_t) now_r - (int64_t) now_m;
         if (!command_alive && !row->detached) {
                 /* Held only by a connection that died with the old brokerd: its owner may come back for it. */
                 l->state = LEASE_RESTORED;

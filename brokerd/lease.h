@@ -51,6 +51,7 @@ typedef struct Lease {
         bool detached;
         usec_t granted_mono;            /* monotonic, for durations */
         usec_t granted_real;            /* realtime, for clients and history */
+        int64_t realtime_offset;        /* realtime − monotonic for the lease's other instants (its expiry) */
 
         /* The attached command (SPEC §3.4): a pidfd on the leader, then its process group polled. */
         bool has_command;
