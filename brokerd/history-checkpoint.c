@@ -7,15 +7,16 @@
 /* Checkpoints copy the WAL into history.db and fsync both: tens of milliseconds on a busy disk, which
  * SQLite's automatic checkpoint would charge to whichever commit crosses its threshold — a lease commit
  * that a grant waits for, as likely as not. So the automatic checkpoint is off, and the writer checkpoints
- * when nothing waits for it (writer_main_loop()): a lease commit that arrives meanwhile interrupts it.
- * (A thread with a connection of its own would let them run side by side, but that needs the shared-memory
- * WAL index that EXCLUSIVE locking avoids: see db_open_file() in history-db.c.) */
+ * when nothing waits for it (writer_main_loop() in history-writer.c); a lease commit that arrives meanwhile
+ * interrupts it. (A thread with a connection of its own would let them run side by side, but that needs the
+ * shared-memory WAL index that EXCLUSIVE locking avoids: see db_open_file() in history-db.c.) */
 #define CHECKPOINT_FRAMES 1000
 /* Under sustained overload the writer is never idle; past this many frames (64 MiB of 4 KiB pages) it
  * checkpoints at the next commit, holding commits back until the log can start over. */
 #define CHECKPOINT_FRAMES_MAX 16384
 /* After this long without a commit, what the WAL holds goes into history.db: readers of the file while
- * brokerd runs (which read it as immutable, see db_open_file()) then see all but the last moments. */
+ * brokerd runs (which read it as immutable, see db_open_file() in history-db.c) then see all but the last
+ * moments. */
 #define CHECKPOINT_QUIET USEC_PER_SEC
 
 /* A lease commit that arrives while a checkpoint runs interrupts it (sqlite3_interrupt(), from the loop

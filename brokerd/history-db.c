@@ -227,7 +227,7 @@ static int db_open_file(const char *path, sqlite3 **ret) {
          * immutable, a file system gone read-only or full) kills the process with SIGBUS at the next write to
          * it; a write to the heap cannot fail. The price: the database is ours alone while we run. Readers
          * (slotctl simulate --replay, sqlite3) read it as immutable, without the rows not yet checkpointed,
-         * or after brokerd stops; and checkpoints run on this connection (on_wal_commit()). */
+         * or after brokerd stops; and checkpoints run on this connection (history-checkpoint.c). */
         rc = sqlite3_exec(db, "PRAGMA locking_mode = EXCLUSIVE", NULL, NULL, NULL);
         if (rc != SQLITE_OK)
                 return rc;

@@ -38,7 +38,7 @@ int history_db_init(HistoryDb *d, const char *directory); /* negative errno */
 void history_db_done(HistoryDb *d);
 
 /* Opens the file (closing what was open) and says what it holds. The hook is the connection's WAL hook
- * (the checkpointer's): it replaces SQLite's automatic checkpoint. d->db may be set on failure too. */
+ * (history_checkpoint_wal_hook()): it replaces SQLite's automatic checkpoint. d->db may be set on failure too. */
 int history_db_open(HistoryDb *d, int (*wal_hook)(void *, sqlite3 *, const char *, int), void *userdata,
                     HistoryDbKind *ret_kind, unsigned *ret_version);
 /* Makes the open file ready to write: migrates it from version, prepares the statements, carries over what

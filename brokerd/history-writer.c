@@ -298,7 +298,8 @@ static Op *writer_leases(HistoryWriter *w, Op *ops) {
         if (w->db.db) {
                 rc = writer_lease_transaction(w, ops);
                 if (rc != SQLITE_OK && history_sqlite_is_full(rc) && history_db_drop_ballast(&w->db)) {
-                        log_warning("History database '%s': disk full; released the reserve for lease commits.", w->db.path);
+                        log_warning("History database '%s': disk full; released the reserve for lease commits.",
+                                    w->db.path);
                         rc = writer_lease_transaction(w, ops);
                 } else if (rc != SQLITE_OK && writer_recover(w, rc) && w->db.db)
                         rc = writer_lease_transaction(w, ops);

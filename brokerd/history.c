@@ -332,7 +332,8 @@ int history_lease_commit(History *h, const HistoryLeaseRow *row, HistoryDoneFn d
                 return 0;
         }
         history_channel_queue_op(&h->channel, TAKE_PTR(op));
-        history_checkpoint_interrupt(&h->writer.checkpoint); /* after the push: a checkpoint that starts later sees the op and does not run */
+        /* After the push: a checkpoint that starts later sees the op and does not run. */
+        history_checkpoint_interrupt(&h->writer.checkpoint);
         return 0;
 }
 
