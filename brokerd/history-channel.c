@@ -118,7 +118,8 @@ void history_channel_finish_load(HistoryChannel *c, Op *op) {
 }
 
 /* One eventfd write per wakeup, not per push: while a wake is posted and the writer has not taken it,
- * whatever is pushed meanwhile goes with it (the writer takes the stacks after clearing the flag). */
+ * whatever is pushed meanwhile goes with it (the writer takes the stacks after clearing the flag). Saves
+ * the loop a write per grant while the writer is busy (measured: tests/bench/README.md, bench-pairs). */
 void history_channel_wake_writer(HistoryChannel *c) {
         if (!atomic_exchange(&c->writer_woken, true))
                 (void) eventfd_write(c->writer_fd, 1);
