@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* history.c — owns the loop side: the public History API on the event loop, the eventfd the writer wakes it
- * through, and the callbacks. The rest of the module: history-channel.c (what crosses to the writer),
- * history-writer.c (the thread), history-db.c (the file), history-checkpoint.c (WAL checkpoints). */
+/* history-loop.c — owns the loop side: history.h's API on the event loop, the eventfd the writer wakes it
+ * through, and the callbacks. The other rooms: history-channel.c (what crosses to the writer), history-writer.c
+ * (the thread), history-db.c (the file), history-checkpoint.c (WAL checkpoints). Each room is a .c of its own
+ * and none includes a room above it, so brokerd's include graph (tests/check-include-graph.py) stays acyclic:
+ * loop → writer → {db, checkpoint} → channel → history.h. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
