@@ -6,6 +6,6 @@
 /* application_id in the database header ("SLOT"): tells our file from another program's. */
 #define HISTORY_APPLICATION_ID 0x534c4f54
 
-/* user_version: the schema version this build writes, the number of migrations in brokerd/history.c
+/* user_version: the schema version this build writes, the number of migrations in brokerd/history-db.c
  * (which checks that they agree). Readers take versions 1 to this one; a higher one is a newer brokerd's. */
 #define HISTORY_SCHEMA_VERSION 4

@@ -1,0 +1,1092 @@
+/* SPDX-License-Identifier: MIT */
+/* history-db.c — owns the database file on the writer's connection: schema and migrations, opening and
+ * moving aside, salvage, the ballast, token marks, the read-only fallback, and every statement. */
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "fs-util.h"
+#include "history-db.h"
+#include "history-internal.h"
+#include "log.h"
+
+int history_sqlite_to_errno(int rc) {
+        switch (rc & 0xff) {
+        case SQLITE_OK:
+                return 0;
+        case SQLITE_NOMEM:
+                return -ENOMEM;
+        case SQLITE_FULL:
+                return -ENOSPC;
+        case SQLITE_READONLY:
+                return -EROFS;
+        case SQLITE_PERM:
+        case SQLITE_AUTH:
+                return -EACCES;
+        case SQLITE_CANTOPEN:
+                return -ENOENT;
+        case SQLITE_CORRUPT:
+        case SQLITE_NOTADB:
+                return -EBADMSG;
+        case SQLITE_BUSY:
+        case SQLITE_LOCKED:
+                return -EBUSY;
+        case SQLITE_TOOBIG:
+                return -E2BIG;
+        default:
+                return -EIO;
+        }
+}
+
+bool history_sqlite_is_corrupt(int rc) {
+        return (rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB;
+}
+
+bool history_sqlite_is_full(int rc) {
+        return (rc & 0xff) == SQLITE_FULL;
+}
+
+/* ---- the schema ---- */
+
+/* Migration n brings the schema from version n-1 to n. A new one is a function and an entry below;
+ * released ones never change. Each runs inside the transaction that also sets user_version. */
+static int migration_1_initial(sqlite3 *db) {
+        char id[64];
+        int rc;
+
+        snprintf(id, sizeof id, "PRAGMA application_id = %d", HISTORY_APPLICATION_ID);
+        rc = sqlite3_exec(db, id, NULL, NULL, NULL);
+        if (rc != SQLITE_OK)
+                return rc;
+
+        /* Indexes cost every insert (each about as much as the row itself), so events has only those that
+         * the retention pass and the History method's time and decision filters need: lane and pool
+         * filters scan by id, which pages of "newest first" reach quickly. No AUTOINCREMENT either (20%
+         * of an insert): ids are reused only after retention has emptied the table. */
+        static const char sql[] =
+                "CREATE TABLE events ("
+                "  id INTEGER PRIMARY KEY,"
+                "  time INTEGER NOT NULL,"                /* µs, CLOCK_REALTIME */
+                "  decision TEXT NOT NULL,"
+                "  pool TEXT, lane TEXT, job TEXT, lease TEXT, token INTEGER,"
+                "  wait_us INTEGER, hold_us INTEGER, budget_us INTEGER, idle_us INTEGER,"
+                "  state TEXT, uid INTEGER, pid INTEGER, retry_after_sec INTEGER);"
+                "CREATE INDEX events_time ON events(time);"
+                "CREATE INDEX events_decision_time ON events(decision, time);"
+                "CREATE TABLE leases ("
+                "  id TEXT PRIMARY KEY,"
+                "  pool TEXT NOT NULL, lane TEXT NOT NULL,"
+                "  slots TEXT NOT NULL,"                  /* \"0,2\" */
+                "  token INTEGER NOT NULL, job TEXT,"
+                "  uid INTEGER NOT NULL, pid INTEGER NOT NULL,"
+                "  command_pid INTEGER, command_start_time INTEGER,"
+                "  detached INTEGER NOT NULL,"
+                "  granted_at INTEGER NOT NULL,"          /* µs, CLOCK_REALTIME */
+                "  expires_at INTEGER);"                  /* NULL: no max-hold */
+                "CREATE TABLE tokens ("                   /* every token below next_token may have been used */
+                "  pool TEXT PRIMARY KEY,"
+                "  next_token INTEGER NOT NULL);";
+        return sqlite3_exec(db, sql, NULL, NULL, NULL);
+}
+
+/* The few words that say why ("drained", "storage", "max-hold"): rows before it have NULL. */
+static int migration_2_reason(sqlite3 *db) {
+        return sqlite3_exec(db, "ALTER TABLE events ADD COLUMN reason TEXT", NULL, NULL, NULL);
+}
+
+/* A member is identified by its name, not by its index, which a reload or a restart with a new config may
+ * give to another member (SPEC §3.4): "rig-a,rig-c", beside slots "0,2"; NULL for anonymous slots. */
+static int migration_3_lease_members(sqlite3 *db) {
+        return sqlite3_exec(db, "ALTER TABLE leases ADD COLUMN members TEXT", NULL, NULL, NULL);
+}
+
+/* The last instant (realtime µs) brokerd is known to have run, written with every lease commit and every
+ * HISTORY_ALIVE_INTERVAL: a restart never lets a lease keep more of its max-hold than it had left then,
+ * however far back the wall clock was stepped meanwhile. */
+static int migration_4_alive(sqlite3 *db) {
+        return sqlite3_exec(db, "CREATE TABLE alive (id INTEGER PRIMARY KEY CHECK (id = 1), at INTEGER NOT NULL)",
+                            NULL, NULL, NULL);
+}
+
+static const struct {
+        const char *what;
+        int (*run)(sqlite3 *db);
+} migrations[] = {
+        { "initial schema", migration_1_initial },
+        { "events.reason", migration_2_reason },
+        { "leases.members", migration_3_lease_members },
+        { "alive mark", migration_4_alive },
+};
+_Static_assert(ELEMENTSOF(migrations) == HISTORY_SCHEMA_VERSION, "HISTORY_SCHEMA_VERSION counts the migrations");
+
+unsigned history_schema_version(void) {
+        return ELEMENTSOF(migrations);
+}
+
+static int exec_int(sqlite3 *db, const char *sql, int64_t *ret) {
+        sqlite3_stmt *st = NULL;
+        int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+        if (rc != SQLITE_OK)
+                return rc;
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+                *ret = sqlite3_column_int64(st, 0);
+                rc = SQLITE_OK;
+        } else if (rc == SQLITE_DONE)
+                rc = SQLITE_NOTFOUND;
+        sqlite3_finalize(st);
+        return rc;
+}
+
+static void rollback(sqlite3 *db) {
+        if (db && !sqlite3_get_autocommit(db))
+                (void) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+int history_db_begin(HistoryDb *d) {
+        return sqlite3_exec(d->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+}
+
+int history_db_commit(HistoryDb *d) {
+        return sqlite3_exec(d->db, "COMMIT", NULL, NULL, NULL);
+}
+
+void history_db_rollback(HistoryDb *d) {
+        rollback(d->db);
+}
+
+/* Brings the schema from `from` to `to`, one transaction per step, so that a failure leaves a
+ * consistent older version that the next start migrates again. Returns an SQLite code. */
+static int migrate(sqlite3 *db, unsigned from, unsigned to) {
+        for (unsigned v = from; v < to; v++) {
+                char sql[64];
+                int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+                if (rc == SQLITE_OK)
+                        rc = migrations[v].run(db);
+                snprintf(sql, sizeof sql, "PRAGMA user_version = %u", v + 1);
+                if (rc == SQLITE_OK)
+                        rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+                if (rc == SQLITE_OK)
+                        rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+                if (rc != SQLITE_OK) {
+                        rollback(db);
+                        return rc;
+                }
+                if (from > 0) /* not for a database being created */
+                        log_info("History database migrated to schema version %u (%s).", v + 1, migrations[v].what);
+        }
+        return SQLITE_OK;
+}
+
+static int db_identify(sqlite3 *db, HistoryDbKind *ret_kind, unsigned *ret_version) {
+        int64_t app = 0, version = 0, objects = 0; /* -O3 cannot see exec_int() sets them on SQLITE_OK */
+        int rc;
+
+        rc = exec_int(db, "PRAGMA application_id", &app);
+        if (rc == SQLITE_OK)
+                rc = exec_int(db, "PRAGMA user_version", &version);
+        if (rc == SQLITE_OK)
+                rc = exec_int(db, "SELECT count(*) FROM sqlite_master", &objects);
+        if (rc != SQLITE_OK)
+                return rc;
+
+        if (app == HISTORY_APPLICATION_ID && version >= 1 && version <= (int64_t) ELEMENTSOF(migrations)) {
+                *ret_kind = HISTORY_DB_OURS;
+                *ret_version = (unsigned) version;
+        } else if (app == 0 && version == 0 && objects == 0) {
+                *ret_kind = HISTORY_DB_EMPTY;
+                *ret_version = 0;
+        } else
+                *ret_kind = HISTORY_DB_FOREIGN;
+        return SQLITE_OK;
+}
+
+/* Opens path with the connection settings every user of the file shares. Returns an SQLite code;
+ * *ret is set (possibly to a handle that needs closing) either way. */
+static int db_open_file(const char *path, sqlite3 **ret) {
+        sqlite3 *db = NULL;
+        int rc;
+
+        /* One thread uses the connection: SQLite's own mutexes would only cost. */
+        rc = sqlite3_open_v2(path, &db,
+                             SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE |
+                                     SQLITE_OPEN_NOFOLLOW,
+                             NULL);
+        *ret = db;
+        if (rc != SQLITE_OK)
+                return rc;
+        sqlite3_busy_timeout(db, 50);
+
+        /* Before anything reads the file: in EXCLUSIVE locking mode SQLite keeps the WAL index in heap memory
+         * and never maps history.db-shm. A mapped -shm whose pages the file system refuses to write back (made
+         * immutable, a file system gone read-only or full) kills the process with SIGBUS at the next write to
+         * it; a write to the heap cannot fail. The price: the database is ours alone while we run. Readers
+         * (slotctl simulate --replay, sqlite3) read it as immutable, without the rows not yet checkpointed,
+         * or after brokerd stops; and checkpoints run on this connection (history-checkpoint.c). */
+        rc = sqlite3_exec(db, "PRAGMA locking_mode = EXCLUSIVE", NULL, NULL, NULL);
+        if (rc != SQLITE_OK)
+                return rc;
+
+        /* WAL: a commit is one append to the log; NORMAL: no fsync per commit, durable across a crash of
+         * brokerd (not of the machine), which SPEC §3.4 accepts. The journal_mode statement is also the
+         * first to read the file, so a corrupt or foreign header shows here. */
+        sqlite3_stmt *st = NULL;
+        rc = sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, NULL);
+        if (rc == SQLITE_OK) {
+                rc = sqlite3_step(st);
+                rc = rc == SQLITE_ROW ? SQLITE_OK : rc;
+        }
+        sqlite3_finalize(st);
+        if (rc != SQLITE_OK)
+                return rc;
+        /* 16 MiB of page cache keeps the index pages that inserts touch in memory; a WAL that a burst made
+         * large shrinks back to 64 MiB once it starts over. */
+        return sqlite3_exec(db,
+                            "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY; "
+                            "PRAGMA cache_size = -16384; PRAGMA journal_size_limit = 67108864;",
+                            NULL, NULL, NULL);
+}
+
+int history_schema_create(const char *path, unsigned version) {
+        sqlite3 *db = NULL;
+        HistoryDbKind kind;
+        unsigned v;
+        int rc;
+
+        assert_return(path, -EINVAL);
+        assert_return(version >= 1 && version <= ELEMENTSOF(migrations), -EINVAL);
+
+        rc = db_open_file(path, &db);
+        if (rc == SQLITE_OK)
+                rc = db_identify(db, &kind, &v);
+        if (rc == SQLITE_OK && kind != HISTORY_DB_EMPTY) {
+                sqlite3_close_v2(db);
+                return -EEXIST;
+        }
+        if (rc == SQLITE_OK)
+                rc = migrate(db, 0, version);
+        sqlite3_close_v2(db);
+        return history_sqlite_to_errno(rc);
+}
+
+
+void history_db_close(HistoryDb *d) {
+        
+        sqlite3_finalize(d->insert_event);
+        sqlite3_finalize(d->upsert_lease);
+        sqlite3_finalize(d->delete_lease);
+        sqlite3_finalize(d->upsert_token);
+        sqlite3_finalize(d->prune);
+        sqlite3_finalize(d->upsert_alive);
+        d->insert_event = d->upsert_lease = d->delete_lease = d->upsert_token = d->prune = d->upsert_alive = NULL;
+        sqlite3_close_v2(d->db);
+        d->db = NULL;
+}
+
+/* A disk that fills up must not stop lease commits, since a failed one refuses a grant. SQLite's own
+ * free pages cannot serve as the reserve: in WAL mode even deleting a "ballast" table has to append
+ * frames to the log, which on a full disk cannot grow, and the pages it frees sit inside history.db
+ * where only a checkpoint could reuse them. So the reserve is a plain file beside the database: on
+ * SQLITE_FULL during a lease commit it is unlinked, which returns its blocks to the file system at once,
+ * and the commit is retried. Decision rows are not written again until the file could be re-created:
+ * the space it gave back stays for leases. The content is not zeros, which a compressing file system
+ * would not store. */
+static int ballast_create(HistoryDb *d) {
+        _cleanup_free_ char *tmp = NULL;
+        _cleanup_close_ int fd = -EBADF;
+        char buf[64 * 1024];
+        uint64_t x = 0x9e3779b97f4a7c15ULL;
+        int r = 0;
+
+        if (asprintf(&tmp, "%s.tmp", d->ballast_path) < 0)
+                return -ENOMEM;
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0)
+                return -errno;
+        for (uint64_t left = history_tuning.ballast_size; left > 0;) {
+                size_t n = MIN(left, sizeof buf);
+                for (size_t i = 0; i + 8 <= n; i += 8) {
+                        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                        memcpy(buf + i, &x, 8);
+                }
+                ssize_t k = write(fd, buf, n);
+                if (k < 0) {
+                        r = -errno;
+                        break;
+                }
+                left -= (uint64_t) k;
+        }
+        if (r == 0 && fsync(fd) < 0)
+                r = -errno;
+        if (r == 0 && rename(tmp, d->ballast_path) < 0)
+                r = -errno;
+        if (r < 0)
+                (void) unlink(tmp);
+        return r;
+}
+
+bool history_db_ensure_ballast(HistoryDb *d) {
+                struct stat st;
+
+        if (d->ballast)
+                return true;
+        if (stat(d->ballast_path, &st) >= 0 && (uint64_t) st.st_size >= history_tuning.ballast_size)
+                d->ballast = true;
+        else
+                d->ballast = ballast_create(d) >= 0;
+        return d->ballast;
+}
+
+bool history_db_drop_ballast(HistoryDb *d) {
+        
+        if (!d->ballast)
+                return false;
+        d->ballast = false;
+        return unlink(d->ballast_path) >= 0;
+}
+
+static int prepare_statements(HistoryDb *d) {
+                int rc;
+
+        rc = sqlite3_prepare_v3(d->db,
+                                "INSERT INTO events (time, decision, pool, lane, job, lease, token, wait_us, hold_us, "
+                                "budget_us, idle_us, state, uid, pid, retry_after_sec, reason) "
+                                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                                -1, SQLITE_PREPARE_PERSISTENT, &d->insert_event, NULL);
+        if (rc == SQLITE_OK)
+                rc = sqlite3_prepare_v3(d->db,
+                                        "INSERT OR REPLACE INTO leases (id, pool, lane, slots, token, job, uid, pid, "
+                                        "command_pid, command_start_time, detached, granted_at, expires_at, members) "
+                                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                                        -1, SQLITE_PREPARE_PERSISTENT, &d->upsert_lease, NULL);
+        if (rc == SQLITE_OK)
+                rc = sqlite3_prepare_v3(d->db, "DELETE FROM leases WHERE id = ?", -1, SQLITE_PREPARE_PERSISTENT,
+                                        &d->delete_lease, NULL);
+        if (rc == SQLITE_OK)
+                /* MAX(): a high-water mark never goes back, whatever order commits come in. */
+                rc = sqlite3_prepare_v3(d->db,
+                                        "INSERT INTO tokens (pool, next_token) VALUES (?, ?) ON CONFLICT (pool) "
+                                        "DO UPDATE SET next_token = MAX(next_token, excluded.next_token)",
+                                        -1, SQLITE_PREPARE_PERSISTENT, &d->upsert_token, NULL);
+        if (rc == SQLITE_OK)
+                rc = sqlite3_prepare_v3(d->db,
+                                        "DELETE FROM events WHERE id IN "
+                                        "(SELECT id FROM events WHERE time < ? ORDER BY id LIMIT ?)",
+                                        -1, SQLITE_PREPARE_PERSISTENT, &d->prune, NULL);
+        if (rc == SQLITE_OK)
+                /* MAX(): a clock stepped back does not move the mark back. */
+                rc = sqlite3_prepare_v3(d->db,
+                                        "INSERT INTO alive (id, at) VALUES (1, ?) ON CONFLICT (id) "
+                                        "DO UPDATE SET at = MAX(at, excluded.at)",
+                                        -1, SQLITE_PREPARE_PERSISTENT, &d->upsert_alive, NULL);
+        return rc;
+}
+
+int history_db_alive_mark(HistoryDb *d) {
+        sqlite3_stmt *st = d->upsert_alive;
+        sqlite3_bind_int64(st, 1, (int64_t) MIN(now_realtime(), (usec_t) INT64_MAX));
+        int rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+/* The mark, or 0 when there is none (a database of an older schema, or never written). */
+static int alive_mark_read(sqlite3 *db, usec_t *ret) {
+        int64_t v = 0;
+        int rc = exec_int(db, "SELECT at FROM alive WHERE id = 1", &v);
+        if (rc == SQLITE_NOTFOUND || rc == SQLITE_ERROR) {
+                /* no row; or no table, in a file of an older schema that could not be migrated (read-only) */
+                *ret = 0;
+                return SQLITE_OK;
+        }
+        if (rc == SQLITE_OK)
+                *ret = (usec_t) MAX(v, 0);
+        return rc;
+}
+
+static TokenMark *token_mark_find(HistoryDb *d, const char *pool) {
+        for (size_t i = 0; i < d->n_marks; i++)
+                if (streq(d->marks[i].pool, pool))
+                        return &d->marks[i];
+        return NULL;
+}
+
+static TokenMark *token_mark_get(HistoryDb *d, const char *pool) {
+        TokenMark *m = token_mark_find(d, pool);
+        if (m)
+                return m;
+
+        char *p = strdup(pool);
+        if (!p)
+                return NULL;
+        TokenMark *a = reallocarray(d->marks, d->n_marks + 1, sizeof(TokenMark));
+        if (!a) {
+                free(p);
+                return NULL;
+        }
+        d->marks = a;
+        d->marks[d->n_marks] = (TokenMark) { .pool = p };
+        return &d->marks[d->n_marks++];
+}
+
+/* Reads the tokens table into the marks, keeping the larger value. Returns an SQLite code. */
+static int token_marks_load(HistoryDb *d, sqlite3 *db) {
+                sqlite3_stmt *st = NULL;
+        int rc;
+
+        rc = sqlite3_prepare_v2(db, "SELECT pool, next_token FROM tokens", -1, &st, NULL);
+        while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+                const char *pool = (const char *) sqlite3_column_text(st, 0);
+                int64_t next = sqlite3_column_int64(st, 1);
+                if (!pool || next < 0) {
+                        rc = SQLITE_OK;
+                        continue;
+                }
+                TokenMark *m = token_mark_get(d, pool);
+                if (!m) {
+                        rc = SQLITE_NOMEM;
+                        break;
+                }
+                m->committed = m->pending = MAX(m->committed, (uint64_t) next);
+                rc = SQLITE_OK;
+        }
+        sqlite3_finalize(st);
+        return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+/* Writes every known mark: a database made afresh must not let tokens go back. */
+static int token_marks_store(HistoryDb *d) {
+                int rc = SQLITE_OK;
+
+        for (size_t i = 0; i < d->n_marks && rc == SQLITE_OK; i++) {
+                sqlite3_bind_text(d->upsert_token, 1, d->marks[i].pool, -1, SQLITE_STATIC);
+                sqlite3_bind_int64(d->upsert_token, 2, (int64_t) d->marks[i].committed);
+                rc = sqlite3_step(d->upsert_token);
+                rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
+                sqlite3_reset(d->upsert_token);
+        }
+        return rc;
+}
+
+static int leases_read(sqlite3 *db, HistoryLeaseRow **ret, size_t *ret_n);
+static int lease_row_bind_step(HistoryDb *d, const HistoryLeaseRow *row);
+
+/* A corrupt file still often holds a readable leases and tokens table: what it gives is carried into
+ * the fresh database, so that running commands keep their slots and tokens do not go back. */
+static void salvage(HistoryDb *d, const char *moved, size_t *ret_leases) {
+        HistoryLeaseRow *rows = NULL;
+        size_t n = 0, kept = 0;
+        sqlite3 *old = NULL;
+
+        *ret_leases = 0;
+        if (sqlite3_open_v2(moved, &old, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+                sqlite3_close_v2(old);
+                return;
+        }
+        (void) token_marks_load(d, old);
+        (void) leases_read(old, &rows, &n);
+        sqlite3_close_v2(old);
+
+        if (sqlite3_exec(d->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK) {
+                int rc = token_marks_store(d);
+                for (size_t i = 0; i < n && rc == SQLITE_OK; i++, kept++)
+                        rc = lease_row_bind_step(d, &rows[i]);
+                if (rc == SQLITE_OK)
+                        rc = sqlite3_exec(d->db, "COMMIT", NULL, NULL, NULL);
+                if (rc != SQLITE_OK) {
+                        rollback(d->db);
+                        kept = 0;
+                }
+        }
+        history_lease_rows_free(rows, n);
+        *ret_leases = kept;
+}
+
+/* Renames history.db and its -wal and -shm to history.db.corrupt-<UTC time>[-wal|-shm], with ".N" added
+ * should that name be taken. Returns 0 and the new name of the database, or negative errno. */
+int history_db_move_aside(HistoryDb *d, char **ret_moved) {
+        static const char *const sidecars[] = { "-wal", "-shm" };
+        char stamp[32];
+        struct tm tm;
+        time_t t = time(NULL);
+        int r;
+
+        if (!gmtime_r(&t, &tm) || strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &tm) == 0)
+                return -EINVAL;
+
+        for (unsigned attempt = 0; attempt < 100; attempt++) {
+                _cleanup_free_ char *moved = NULL;
+                if ((attempt == 0 ? asprintf(&moved, "%s.corrupt-%s", d->path, stamp)
+                                  : asprintf(&moved, "%s.corrupt-%s.%u", d->path, stamp, attempt)) < 0)
+                        return -ENOMEM;
+                if (renameat2(AT_FDCWD, d->path, AT_FDCWD, moved, RENAME_NOREPLACE) < 0) {
+                        if (errno == EEXIST)
+                                continue;
+                        r = -errno;
+                        if (r != -ENOENT)
+                                return r;
+                }
+                for (size_t i = 0; i < ELEMENTSOF(sidecars); i++) {
+                        _cleanup_free_ char *from = NULL, *to = NULL;
+                        if (asprintf(&from, "%s%s", d->path, sidecars[i]) < 0 ||
+                            asprintf(&to, "%s%s", moved, sidecars[i]) < 0)
+                                return -ENOMEM;
+                        if (rename(from, to) < 0 && errno != ENOENT)
+                                return -errno;
+                }
+                *ret_moved = TAKE_PTR(moved);
+                return 0;
+        }
+        return -EEXIST;
+}
+
+
+int history_db_init(HistoryDb *d, const char *directory) {
+        *d = (HistoryDb) {};
+        if (asprintf(&d->path, "%s/history.db", directory) < 0 ||
+            asprintf(&d->ballast_path, "%s/history.db.ballast", directory) < 0)
+                return -ENOMEM;
+        return 0;
+}
+
+void history_db_done(HistoryDb *d) {
+        history_db_close(d);
+        for (size_t i = 0; i < d->n_marks; i++)
+                free(d->marks[i].pool);
+        free(d->marks);
+        free(d->path);
+        free(d->ballast_path);
+        *d = (HistoryDb) {};
+}
+
+int history_db_open(HistoryDb *d, int (*wal_hook)(void *, sqlite3 *, const char *, int), void *userdata,
+                    HistoryDbKind *ret_kind, unsigned *ret_version) {
+        int rc;
+
+        history_db_close(d);
+        rc = db_open_file(d->path, &d->db);
+        if (rc != SQLITE_OK)
+                return rc;
+        sqlite3_wal_hook(d->db, wal_hook, userdata);
+        return db_identify(d->db, ret_kind, ret_version);
+}
+
+int history_db_setup(HistoryDb *d, unsigned version, bool afresh, const char *salvage_from) {
+        int rc = SQLITE_OK;
+
+        if (sqlite3_db_readonly(d->db, "main") == 1)
+                rc = SQLITE_READONLY; /* SQLite opens a file it may not write read-only, without a word */
+        if (rc == SQLITE_OK)
+                rc = migrate(d->db, version, ELEMENTSOF(migrations));
+        if (rc == SQLITE_OK)
+                rc = prepare_statements(d);
+        if (rc == SQLITE_OK && salvage_from) {
+                size_t n = 0;
+                salvage(d, salvage_from, &n);
+                if (n > 0)
+                        log_info("History: carried %zu active leases over from '%s'.", n, salvage_from);
+        }
+        if (rc == SQLITE_OK)
+                rc = token_marks_load(d, d->db);
+        if (rc == SQLITE_OK && afresh) {
+                /* What the moved file held of the tokens may be lost with it. The clock in µs is above any
+                 * token handed out so far (a token per µs would be a million grants a second, for years):
+                 * every pool continues above it, under the name no pool can have (HISTORY_TOKEN_FLOOR_ALL). */
+                TokenMark *all = token_mark_get(d, HISTORY_TOKEN_FLOOR_ALL);
+                if (!all)
+                        rc = SQLITE_NOMEM;
+                else
+                        all->committed = all->pending = MAX(all->committed, (uint64_t) now_realtime());
+        }
+        if (rc == SQLITE_OK && d->n_marks > 0) {
+                /* After a fresh start the marks we knew go back in: tokens never go back. */
+                rc = history_db_begin(d);
+                if (rc == SQLITE_OK)
+                        rc = token_marks_store(d);
+                if (rc == SQLITE_OK)
+                        rc = history_db_commit(d);
+                if (rc != SQLITE_OK)
+                        rollback(d->db);
+        }
+        return rc;
+}
+
+void history_db_token_marks_settle(HistoryDb *d, bool committed) {
+        for (size_t i = 0; i < d->n_marks; i++) {
+                if (committed)
+                        d->marks[i].committed = d->marks[i].pending;
+                else
+                        d->marks[i].pending = d->marks[i].committed;
+        }
+}
+
+int history_db_prune(HistoryDb *d, usec_t before, unsigned chunk, bool *ret_more) {
+        int rc;
+
+        *ret_more = false;
+        sqlite3_bind_int64(d->prune, 1, (int64_t) MIN(before, (usec_t) INT64_MAX));
+        sqlite3_bind_int(d->prune, 2, (int) chunk);
+        rc = sqlite3_step(d->prune);
+        sqlite3_reset(d->prune);
+        if (rc != SQLITE_DONE)
+                return rc;
+        *ret_more = sqlite3_changes(d->db) >= (int) chunk;
+        return SQLITE_OK;
+}
+
+static void bind_usec(sqlite3_stmt *st, int i, usec_t v) {
+        if (v == USEC_INFINITY)
+                sqlite3_bind_null(st, i);
+        else
+                sqlite3_bind_int64(st, i, (int64_t) MIN(v, (usec_t) INT64_MAX));
+}
+
+static void bind_text(sqlite3_stmt *st, int i, const char *s) {
+        if (s)
+                sqlite3_bind_text(st, i, s, -1, SQLITE_STATIC);
+        else
+                sqlite3_bind_null(st, i);
+}
+
+static void bind_nonzero(sqlite3_stmt *st, int i, int64_t v) {
+        if (v == 0)
+                sqlite3_bind_null(st, i);
+        else
+                sqlite3_bind_int64(st, i, v);
+}
+
+int history_db_insert_event(HistoryDb *d, const EventRow *e) {
+        sqlite3_stmt *st = d->insert_event;
+
+        sqlite3_bind_int64(st, 1, (int64_t) MIN(e->time, (usec_t) INT64_MAX));
+        bind_text(st, 2, e->decision);
+        bind_text(st, 3, e->pool);
+        bind_text(st, 4, e->lane);
+        bind_text(st, 5, e->job);
+        bind_text(st, 6, e->lease);
+        bind_nonzero(st, 7, (int64_t) MIN(e->token, (uint64_t) INT64_MAX));
+        bind_usec(st, 8, e->wait);
+        bind_usec(st, 9, e->hold);
+        bind_usec(st, 10, e->budget);
+        bind_usec(st, 11, e->idle);
+        bind_text(st, 12, e->state);
+        if (e->uid == (uid_t) -1)
+                sqlite3_bind_null(st, 13);
+        else
+                sqlite3_bind_int64(st, 13, e->uid);
+        bind_nonzero(st, 14, e->pid);
+        bind_nonzero(st, 15, e->retry_after_sec);
+        bind_text(st, 16, e->reason);
+        int rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+static int slots_format(const HistoryLeaseRow *row, char **ret) {
+        size_t size = (size_t) row->n_slots * 11 + 1;
+        char *s = malloc(size), *p = s;
+        if (!s)
+                return -ENOMEM;
+        *p = '\0';
+        for (unsigned i = 0; i < row->n_slots; i++)
+                p += snprintf(p, size - (size_t) (p - s), "%s%u", i > 0 ? "," : "", row->slots[i]);
+        *ret = s;
+        return 0;
+}
+
+static int slots_parse(const char *s, unsigned **ret, unsigned *ret_n) {
+        unsigned *a = NULL, n = 0;
+
+        while (s && *s) {
+                char *end;
+                errno = 0;
+                unsigned long v = strtoul(s, &end, 10);
+                if (errno != 0 || end == s || v > UINT_MAX || (*end != ',' && *end != '\0')) {
+                        free(a);
+                        return -EINVAL;
+                }
+                unsigned *b = reallocarray(a, n + 1, sizeof(unsigned));
+                if (!b) {
+                        free(a);
+                        return -ENOMEM;
+                }
+                a = b;
+                a[n++] = (unsigned) v;
+                s = *end ? end + 1 : end;
+        }
+        *ret = a;
+        *ret_n = n;
+        return 0;
+}
+
+/* Names, comma-separated (a name has no comma: conf_name_is_valid()); an entry without a name is empty.
+ * NULL when no slot has a name. */
+static int members_format(const HistoryLeaseRow *row, char **ret) {
+        size_t size = 1;
+        bool any = false;
+
+        *ret = NULL;
+        for (unsigned i = 0; row->members && i < row->n_slots; i++) {
+                size += (row->members[i] ? strlen(row->members[i]) : 0) + 1;
+                any = any || row->members[i];
+        }
+        if (!any)
+                return 0;
+        char *s = malloc(size), *p = s;
+        if (!s)
+                return -ENOMEM;
+        *p = '\0';
+        for (unsigned i = 0; i < row->n_slots; i++)
+                p = stpcpy(stpcpy(p, i > 0 ? "," : ""), row->members[i] ?: "");
+        *ret = s;
+        return 0;
+}
+
+/* The inverse of members_format() for a row of n slots; a list of another length is no list (-EINVAL). */
+static int members_parse(const char *s, unsigned n, char ***ret) {
+        *ret = NULL;
+        if (!s)
+                return 0;
+        char **a = calloc(MAX(n, 1u), sizeof(char *));
+        if (!a)
+                return -ENOMEM;
+        for (unsigned i = 0; i < n; i++) {
+                size_t len = strcspn(s, ",");
+                int r = (s[len] == ',') != (i + 1 < n) ? -EINVAL : 0;
+                if (r == 0 && len > 0 && !(a[i] = strndup(s, len)))
+                        r = -ENOMEM;
+                if (r < 0) {
+                        history_members_free(a, n);
+                        return r;
+                }
+                s += len + (s[len] == ',');
+        }
+        *ret = a;
+        return 0;
+}
+
+static int lease_row_bind_step(HistoryDb *d, const HistoryLeaseRow *row) {
+        sqlite3_stmt *st = d->upsert_lease;
+        _cleanup_free_ char *slots = NULL, *members = NULL;
+        int rc;
+
+        if (slots_format(row, &slots) < 0 || members_format(row, &members) < 0)
+                return SQLITE_NOMEM;
+        bind_text(st, 1, row->id);
+        bind_text(st, 2, row->pool);
+        bind_text(st, 3, row->lane ?: "");
+        bind_text(st, 4, slots);
+        sqlite3_bind_int64(st, 5, (int64_t) MIN(row->token, (uint64_t) INT64_MAX));
+        bind_text(st, 6, row->job);
+        sqlite3_bind_int64(st, 7, row->uid);
+        sqlite3_bind_int64(st, 8, row->pid);
+        bind_nonzero(st, 9, row->command_pid);
+        bind_nonzero(st, 10, (int64_t) MIN(row->command_start_time, (uint64_t) INT64_MAX));
+        sqlite3_bind_int(st, 11, row->detached);
+        bind_usec(st, 12, row->granted_at);
+        bind_usec(st, 13, row->expires_at);
+        bind_text(st, 14, members);
+        rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+int history_db_lease_delete(HistoryDb *d, const char *id) {
+        sqlite3_stmt *st = d->delete_lease;
+        bind_text(st, 1, id);
+        int rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+/* The row, and the pool's high-water mark when the token reaches it: all tokens below the mark may
+ * have been handed out, so a restart continues from it and never reuses one. */
+int history_db_lease_commit(HistoryDb *d, const HistoryLeaseRow *row) {
+                int rc;
+
+        rc = lease_row_bind_step(d, row);
+        if (rc != SQLITE_OK)
+                return rc;
+
+        TokenMark *m = token_mark_get(d, row->pool);
+        if (!m)
+                return SQLITE_NOMEM;
+        if (row->token < m->pending)
+                return SQLITE_OK;
+        m->pending = row->token + HISTORY_TOKEN_BLOCK;
+        sqlite3_bind_text(d->upsert_token, 1, row->pool, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(d->upsert_token, 2, (int64_t) MIN(m->pending, (uint64_t) INT64_MAX));
+        rc = sqlite3_step(d->upsert_token);
+        sqlite3_reset(d->upsert_token);
+        return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+
+static int leases_read(sqlite3 *db, HistoryLeaseRow **ret, size_t *ret_n) {
+        HistoryLeaseRow *rows = NULL;
+        sqlite3_stmt *st = NULL;
+        size_t n = 0;
+        int rc;
+
+        rc = sqlite3_prepare_v2(db,
+                                "SELECT id, pool, lane, slots, token, job, uid, pid, command_pid, command_start_time, "
+                                "detached, granted_at, expires_at, members FROM leases ORDER BY granted_at, id",
+                                -1, &st, NULL);
+        if (rc == SQLITE_ERROR)
+                /* A file from before leases.members, that salvage reads as it is. */
+                rc = sqlite3_prepare_v2(db,
+                                        "SELECT id, pool, lane, slots, token, job, uid, pid, command_pid, "
+                                        "command_start_time, detached, granted_at, expires_at, NULL FROM leases "
+                                        "ORDER BY granted_at, id",
+                                        -1, &st, NULL);
+        while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+                HistoryLeaseRow row = {
+                        .token = (uint64_t) MAX(sqlite3_column_int64(st, 4), 0),
+                        .uid = (uid_t) sqlite3_column_int64(st, 6),
+                        .pid = (pid_t) sqlite3_column_int64(st, 7),
+                        .command_pid = (pid_t) sqlite3_column_int64(st, 8),
+                        .command_start_time = (uint64_t) MAX(sqlite3_column_int64(st, 9), 0),
+                        .detached = sqlite3_column_int(st, 10) != 0,
+                        .granted_at = (usec_t) MAX(sqlite3_column_int64(st, 11), 0),
+                        .expires_at = sqlite3_column_type(st, 12) == SQLITE_NULL
+                                              ? USEC_INFINITY
+                                              : (usec_t) MAX(sqlite3_column_int64(st, 12), 0),
+                };
+                rc = SQLITE_NOMEM;
+                if (strdup_or_null((const char *) sqlite3_column_text(st, 0), &row.id) < 0 ||
+                    strdup_or_null((const char *) sqlite3_column_text(st, 1), &row.pool) < 0 ||
+                    strdup_or_null((const char *) sqlite3_column_text(st, 2), &row.lane) < 0 ||
+                    strdup_or_null((const char *) sqlite3_column_text(st, 5), &row.job) < 0) {
+                        history_lease_row_done(&row);
+                        break;
+                }
+                int r = slots_parse((const char *) sqlite3_column_text(st, 3), &row.slots, &row.n_slots);
+                if (r >= 0)
+                        r = members_parse((const char *) sqlite3_column_text(st, 13), row.n_slots, &row.members);
+                if (r < 0 || !row.id || !row.pool || !row.lane) {
+                        /* A row we cannot read back is skipped, not fatal: its lease is lost either way. */
+                        history_lease_row_done(&row);
+                        rc = r == -ENOMEM ? SQLITE_NOMEM : SQLITE_OK;
+                        if (rc != SQLITE_OK)
+                                break;
+                        continue;
+                }
+                HistoryLeaseRow *a = reallocarray(rows, n + 1, sizeof(HistoryLeaseRow));
+                if (!a) {
+                        history_lease_row_done(&row);
+                        break;
+                }
+                rows = a;
+                rows[n++] = row;
+                rc = SQLITE_OK;
+        }
+        sqlite3_finalize(st);
+        if (rc == SQLITE_DONE)
+                rc = SQLITE_OK;
+        *ret = rows; /* what could be read, also on failure: salvage takes it */
+        *ret_n = n;
+        return rc;
+}
+
+static bool wal_is_absent(HistoryDb *d) {
+        _cleanup_free_ char *wal = NULL;
+        struct stat st;
+        if (asprintf(&wal, "%s-wal", d->path) < 0)
+                return false;
+        return stat(wal, &st) < 0 && errno == ENOENT;
+}
+
+/* "file:PATH?mode=ro&immutable=1", with the characters that would end or escape the path escaped. */
+static int uri_immutable(const char *path, char **ret) {
+        char *u = malloc(strlen(path) * 3 + 32), *p = u;
+        if (!u)
+                return -ENOMEM;
+        p = stpcpy(p, "file:");
+        for (const char *c = path; *c; c++)
+                if (*c == '?' || *c == '#' || *c == '%')
+                        p += sprintf(p, "%%%02X", (unsigned char) *c);
+                else
+                        *p++ = *c;
+        strcpy(p, "?mode=ro&immutable=1");
+        *ret = u;
+        return 0;
+}
+
+/* A database the writer cannot open read-write (a read-only or full file system, files made immutable,
+ * wrong ownership) is still read: what it holds is what was persisted. Returns an SQLite code; *ret NULL
+ * with SQLITE_OK when there is no database at all (nothing was ever persisted there). */
+static int reader_open(HistoryDb *d, sqlite3 **ret) {
+        sqlite3 *db = NULL;
+        HistoryDbKind kind;
+        unsigned version;
+        struct stat st;
+        int rc;
+
+        *ret = NULL;
+        if (stat(d->path, &st) < 0)
+                return errno == ENOENT ? SQLITE_OK : SQLITE_CANTOPEN;
+        rc = sqlite3_open_v2(d->path, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE |
+                                                   SQLITE_OPEN_NOFOLLOW,
+                             NULL);
+        if (rc == SQLITE_OK) {
+                sqlite3_busy_timeout(db, 50);
+                rc = db_identify(db, &kind, &version);
+        }
+        if ((rc & 0xff) == SQLITE_CANTOPEN && wal_is_absent(d)) {
+                /* SQLite reads a WAL database only where it can make the -wal and -shm (a read-only file
+                 * system cannot). Without a -wal, everything is in the file itself: read it as immutable. */
+                _cleanup_free_ char *uri = NULL;
+                sqlite3_close_v2(db);
+                db = NULL;
+                rc = uri_immutable(d->path, &uri) < 0 ? SQLITE_NOMEM
+                                                        : sqlite3_open_v2(uri, &db,
+                                                                          SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX |
+                                                                                  SQLITE_OPEN_EXRESCODE | SQLITE_OPEN_URI,
+                                                                          NULL);
+                if (rc == SQLITE_OK)
+                        rc = db_identify(db, &kind, &version);
+        }
+        if (rc == SQLITE_OK && kind == HISTORY_DB_FOREIGN)
+                rc = SQLITE_NOTADB;
+        if (rc == SQLITE_OK && kind == HISTORY_DB_EMPTY) {
+                sqlite3_close_v2(db);
+                return SQLITE_OK;
+        }
+        if (rc != SQLITE_OK) {
+                sqlite3_close_v2(db);
+                return rc;
+        }
+        *ret = db;
+        return SQLITE_OK;
+}
+
+int history_db_read_state(HistoryDb *d, bool log_failure, HistoryState *ret) {
+        _cleanup_(history_state_done) HistoryState s = {};
+        sqlite3 *ro = NULL, *db = d->db;
+        int rc = SQLITE_OK;
+
+        if (!db) {
+                rc = reader_open(d, &ro);
+                db = ro;
+        }
+        if (rc == SQLITE_OK && ro)
+                rc = token_marks_load(d, ro); /* the writer's own were read when it opened */
+        if (rc == SQLITE_OK && db)
+                rc = leases_read(db, &s.leases, &s.n_leases);
+        if (rc == SQLITE_OK && db)
+                rc = alive_mark_read(db, &s.alive_at);
+        if (ro) {
+                if (rc != SQLITE_OK && log_failure)
+                        log_error("Cannot read history database '%s' either: %s.", d->path, sqlite3_errmsg(ro));
+                sqlite3_close_v2(ro);
+        }
+        if (rc != SQLITE_OK)
+                return rc;
+
+        /* The marks are what the database holds, plus what a fresh start carried over. */
+        s.floors = calloc(MAX(d->n_marks, 1u), sizeof(HistoryTokenFloor));
+        if (!s.floors)
+                return SQLITE_NOMEM;
+        for (size_t i = 0; i < d->n_marks; i++) {
+                s.floors[i].pool = strdup(d->marks[i].pool);
+                if (!s.floors[i].pool) {
+                        s.n_floors = i;
+                        return SQLITE_NOMEM;
+                }
+                s.floors[i].next_token = d->marks[i].committed;
+        }
+        s.n_floors = d->n_marks;
+        *ret = s;
+        s = (HistoryState) {};
+        return SQLITE_OK;
+}
+
+static void json_set_int(json_t *o, const char *key, sqlite3_stmt *st, int col, int64_t divisor) {
+        if (sqlite3_column_type(st, col) == SQLITE_NULL)
+                return;
+        json_object_set_new(o, key, json_integer(sqlite3_column_int64(st, col) / divisor));
+}
+
+static void json_set_text(json_t *o, const char *key, sqlite3_stmt *st, int col) {
+        const char *s = (const char *) sqlite3_column_text(st, col);
+        if (s)
+                json_object_set_new(o, key, json_string(s));
+}
+
+int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, int64_t *ret_next_cursor) {
+        _cleanup_(json_decrefp) json_t *events = NULL;
+        int64_t next_cursor = 0;
+        char sql[512];
+        sqlite3_stmt *st = NULL;
+        unsigned limit = q->limit == 0 ? HISTORY_QUERY_LIMIT_MAX : MIN(q->limit, HISTORY_QUERY_LIMIT_MAX);
+        bool since = q->since > 0 && q->since != USEC_INFINITY, until = q->until > 0 && q->until != USEC_INFINITY;
+        int rc, k = 1;
+
+        /* Only the filters given, so that the planner can use their indexes. */
+        snprintf(sql, sizeof sql,
+                 "SELECT id, time, decision, pool, lane, job, uid, pid, lease, token, wait_us, hold_us, budget_us, state "
+                 "FROM events WHERE id > ?%s%s%s%s%s ORDER BY id LIMIT ?",
+                 since ? " AND time >= ?" : "", until ? " AND time < ?" : "", q->lane ? " AND lane = ?" : "",
+                 q->pool ? " AND pool = ?" : "", q->decision ? " AND decision = ?" : "");
+        rc = sqlite3_prepare_v2(d->db, sql, -1, &st, NULL);
+        if (rc != SQLITE_OK)
+                return rc;
+        sqlite3_bind_int64(st, k++, MAX(q->cursor, 0));
+        if (since)
+                sqlite3_bind_int64(st, k++, (int64_t) MIN(q->since, (usec_t) INT64_MAX));
+        if (until)
+                sqlite3_bind_int64(st, k++, (int64_t) MIN(q->until, (usec_t) INT64_MAX));
+        if (q->lane)
+                bind_text(st, k++, q->lane);
+        if (q->pool)
+                bind_text(st, k++, q->pool);
+        if (q->decision)
+                bind_text(st, k++, q->decision);
+        sqlite3_bind_int64(st, k, (int64_t) limit + 1); /* one more tells whether another page exists */
+
+        events = json_array();
+        if (!events) {
+                sqlite3_finalize(st);
+                return SQLITE_NOMEM;
+        }
+        unsigned n = 0;
+        int64_t last = 0;
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+                if (n == limit) {
+                        next_cursor = last;
+                        break;
+                }
+                json_t *e = json_object();
+                if (!e || json_array_append_new(events, e) < 0) {
+                        sqlite3_finalize(st);
+                        return SQLITE_NOMEM;
+                }
+                last = sqlite3_column_int64(st, 0);
+                json_object_set_new(e, "id", json_integer(last));
+                json_set_int(e, "time", st, 1, 1);
+                json_set_text(e, "decision", st, 2);
+                json_set_text(e, "pool", st, 3);
+                json_set_text(e, "lane", st, 4);
+                json_set_text(e, "job", st, 5);
+                json_set_int(e, "uid", st, 6, 1);
+                json_set_int(e, "pid", st, 7, 1);
+                json_set_text(e, "lease", st, 8);
+                json_set_int(e, "token", st, 9, 1);
+                json_set_int(e, "waitedMs", st, 10, 1000);
+                json_set_int(e, "heldMs", st, 11, 1000);
+                json_set_int(e, "budgetMs", st, 12, 1000);
+                json_set_text(e, "state", st, 13);
+                n++;
+        }
+        sqlite3_finalize(st);
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+                return rc;
+        *ret_events = TAKE_PTR(events);
+        *ret_next_cursor = next_cursor;
+        return SQLITE_OK;
+}

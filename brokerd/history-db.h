@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: MIT */
+/* history-db.h — the database file, on the writer thread's connection: opening, schema and migrations, moving
+ * a bad file aside and salvaging it, the ballast, token marks, the read-only fallback, and every statement.
+ * Private to the history module (history*.c). The functions return SQLite result codes unless said
+ * otherwise; they keep no policy (retries, health, logging of episodes): that is the writer's. */
+#pragma once
+
+#include <sqlite3.h>
+
+#include "history-channel.h"
+
+/* A pool's reserved token high-water, as committed and as the open transaction raises it. */
+typedef struct TokenMark {
+        char *pool;
+        uint64_t committed, pending;
+} TokenMark;
+
+typedef struct HistoryDb {
+        char *path, *ballast_path;
+        sqlite3 *db; /* NULL: not open (degraded) */
+        sqlite3_stmt *insert_event, *upsert_lease, *delete_lease, *upsert_token, *prune, *upsert_alive;
+        TokenMark *marks; /* kept across reopenings and fresh starts: tokens never go back */
+        size_t n_marks;
+        bool ballast; /* history.db.ballast exists */
+} HistoryDb;
+
+typedef enum HistoryDbKind {
+        HISTORY_DB_OURS,
+        HISTORY_DB_EMPTY,
+        HISTORY_DB_FOREIGN, /* another program's SQLite file, or ours from a newer brokerd */
+} HistoryDbKind;
+
+int history_sqlite_to_errno(int rc);
+bool history_sqlite_is_corrupt(int rc);
+bool history_sqlite_is_full(int rc);
+
+int history_db_init(HistoryDb *d, const char *directory); /* negative errno */
+void history_db_done(HistoryDb *d);
+
+/* Opens the file (closing what was open) and says what it holds. The hook is the connection's WAL hook
+ * (history_checkpoint_wal_hook()): it replaces SQLite's automatic checkpoint. d->db may be set on failure too. */
+int history_db_open(HistoryDb *d, int (*wal_hook)(void *, sqlite3 *, const char *, int), void *userdata,
+                    HistoryDbKind *ret_kind, unsigned *ret_version);
+/* Makes the open file ready to write: migrates it from version, prepares the statements, carries over what
+ * salvage_from (a file moved aside) still gives, and writes the token marks back. afresh: the file was just
+ * made, in place of one moved aside whose marks may be lost: every pool continues above the clock. */
+int history_db_setup(HistoryDb *d, unsigned version, bool afresh, const char *salvage_from);
+void history_db_close(HistoryDb *d);
+
+/* Renames history.db and its -wal and -shm to history.db.corrupt-<UTC time>[-wal|-shm]. Negative errno. */
+int history_db_move_aside(HistoryDb *d, char **ret_moved);
+
+/* The reserve a full disk gives back to lease commits: true when it exists / when it was unlinked. */
+bool history_db_ensure_ballast(HistoryDb *d);
+bool history_db_drop_ballast(HistoryDb *d);
+
+int history_db_begin(HistoryDb *d);
+int history_db_commit(HistoryDb *d);
+void history_db_rollback(HistoryDb *d);
+
+/* Inside a transaction. */
+int history_db_insert_event(HistoryDb *d, const EventRow *e);
+int history_db_lease_commit(HistoryDb *d, const HistoryLeaseRow *row); /* the row and its pool's token mark */
+int history_db_lease_delete(HistoryDb *d, const char *id);
+int history_db_alive_mark(HistoryDb *d);
+/* After the transaction: the marks it raised are committed, or go back. */
+void history_db_token_marks_settle(HistoryDb *d, bool committed);
+
+/* Deletes up to chunk events older than before (realtime µs); *ret_more: the chunk was full. */
+int history_db_prune(HistoryDb *d, usec_t before, unsigned chunk, bool *ret_more);
+
+/* The persisted leases, token marks and alive mark: from the open connection, or else from a read-only
+ * one (a read-only or full file system, files made immutable). log_failure: say so when neither works. */
+int history_db_read_state(HistoryDb *d, bool log_failure, HistoryState *ret);
+
+/* One page of events, as the History method returns them. */
+int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, int64_t *ret_next_cursor);
