@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "audit.h"
+#include "decision.h"
 #include "time-util.h"
 
 typedef struct Manager Manager;
