@@ -217,6 +217,23 @@ bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gi
         return false;
 }
 
+void manager_metrics_gauges(Manager *m, MetricsGauges *ret) {
+        *ret = (MetricsGauges) {
+                .engine = m->engine,
+                .now = now_monotonic(),
+                .connections = m->n_connections,
+                .leases = m->n_leases,
+                .journal_dropped = m->audit.journal_dropped_total,
+                .history = m->history != NULL,
+        };
+        if (m->history) {
+                HistoryStats hs;
+                history_get_stats(m->history, &hs);
+                ret->history_healthy = hs.healthy;
+                ret->history_rows_dropped = hs.rows_dropped;
+        }
+}
+
 /* ---- the engine's clock ---- */
 
 static int on_engine_timer(sd_event_source *s, uint64_t usec, void *userdata) {
@@ -283,7 +300,9 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         m->refused_unlogged = 0;
         if (m->config->metrics_textfile && now_monotonic() - m->metrics.last_textfile >= METRICS_TEXTFILE_INTERVAL) {
                 m->metrics.last_textfile = now_monotonic();
-                metrics_write_textfile(m);
+                MetricsGauges g;
+                manager_metrics_gauges(m, &g);
+                metrics_write_textfile(&m->metrics, &g, m->config->metrics_textfile);
         }
         list_foreach_safe(n, &m->leases)
                 lease_poll_command(container_of(n, Lease, node));

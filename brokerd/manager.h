@@ -144,5 +144,8 @@ static inline void manager_status_changed(Manager *m) {
 uint64_t manager_random(void *userdata);
 void manager_random_bytes(Manager *m, void *buf, size_t n);
 
+/* The gauges of the Metrics method and of metrics-textfile=, as of now. */
+void manager_metrics_gauges(Manager *m, MetricsGauges *ret);
+
 /* Monotonic µs → realtime µs, for timestamps clients see. */
 usec_t manager_realtime_of(usec_t monotonic);

@@ -333,7 +333,9 @@ static void method_metrics(Connection *c, const VarlinkCall *call) {
         if (!parameters_ok(c, call, (const JsonField[]) { {} }))
                 return;
         _cleanup_free_ char *text = NULL;
-        if (metrics_render(c->manager, &text) < 0) {
+        MetricsGauges g;
+        manager_metrics_gauges(c->manager, &g);
+        if (metrics_render(&c->manager->metrics, &g, &text) < 0) {
                 log_oom();
                 connection_close(c);
                 return;
