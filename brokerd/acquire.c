@@ -42,7 +42,7 @@ static bool refuse_for_storage(Connection *c, const char *lane, const char *job)
         r.pid = c->cred.pid;
         r.retry_after_sec = 5;
         r.reason = why;
-        audit_decision(c->manager, &r);
+        audit_decision(&c->manager->audit, &r);
         persistence_note_refused(c->manager, why);
         _cleanup_(json_decrefp) json_t *p =
                 json_pack("{s:i, s:s?, s:s}", "retryAfterSec", 5, "pool", pool, "reason", "storage");
@@ -57,7 +57,7 @@ static void audit_denied(Connection *c, const char *lane, const char *job) {
         r.job = job;
         r.uid = c->cred.uid;
         r.pid = c->cred.pid;
-        audit_decision(c->manager, &r);
+        audit_decision(&c->manager->audit, &r);
 }
 
 void acquire_start(Connection *c, const VarlinkCall *call) {
@@ -332,12 +332,12 @@ static void answer_grant(Connection *c, Lease *l) {
 }
 
 static void audit_grant(Manager *m, const Lease *l, const LeaseGrant *g) {
-        AuditRecord rec = audit_record_of_lease(l, "granted");
+        AuditRecord rec = lease_audit_record(l, "granted");
         rec.wait = g->wait;
         rec.budget = g->budget;
         rec.idle = g->idle;
         rec.state = queue_state_to_string(g->state);
-        audit_decision(m, &rec);
+        audit_decision(&m->audit, &rec);
 }
 
 /* The lease row is durable (or could not be written, which lease-persistence=best-effort accepts): now the
@@ -351,11 +351,11 @@ static void on_lease_persisted(Lease *l, int result) {
                 c->acquire.pending = NULL;
         if (!persistence_commit_allows_grant(m, l, result)) {
                 /* Never granted unpersisted: give the slots back and refuse. */
-                AuditRecord rec = audit_record_of_lease(l, "unavailable");
+                AuditRecord rec = lease_audit_record(l, "unavailable");
                 rec.lease = NULL; /* never answered: no lease came of it */
                 rec.token = 0;
                 rec.reason = "the lease could not be written to the state directory";
-                audit_decision(m, &rec);
+                audit_decision(&m->audit, &rec);
                 persistence_note_refused(m, rec.reason);
                 if (c && !c->closed) {
                         _cleanup_(json_decrefp) json_t *p =
@@ -448,7 +448,7 @@ static void on_refused(Manager *m, Connection *c, const EngineEvent *ev) {
         rec.retry_after_sec = ev->retry_after_sec;
         if (ev->refusal == REFUSAL_UNAVAILABLE)
                 rec.reason = conf_find_pool(m->config, ev->pool) ? "the pool is drained" : "the pool was removed by a reload";
-        audit_decision(m, &rec);
+        audit_decision(&m->audit, &rec);
 
         if (c->closed)
                 return;
@@ -482,7 +482,7 @@ void acquire_handle_event(Manager *m, const EngineEvent *ev) {
                         lease_revoke(ev->userdata, "max-hold");
                 break;
         case ENGINE_EVENT_CONGESTION:
-                audit_congestion(m, ev->pool, ev->congested, ev->idle);
+                audit_congestion(&m->audit, ev->pool, ev->congested, ev->idle);
                 manager_status_changed(m);
                 break;
         default:

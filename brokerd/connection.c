@@ -356,7 +356,7 @@ void connection_close(Connection *c) {
                 rec.budget = engine_request_budget(a->request);
                 rec.uid = c->cred.uid;
                 rec.pid = c->cred.pid;
-                audit_decision(m, &rec);
+                audit_decision(&m->audit, &rec);
                 engine_request_cancel(a->request, now_monotonic());
         }
         if (a->counted_waiter) {

@@ -30,6 +30,27 @@ static bool lease_command_running(const Lease *l) {
         return l->has_command && !l->command_gone;
 }
 
+AuditRecord lease_audit_record(const Lease *l, const char *decision) {
+        AuditRecord r = AUDIT_RECORD_INIT;
+        r.decision = decision;
+        r.pool = engine_lease_pool(l->engine_lease);
+        r.lane = engine_lease_lane(l->engine_lease);
+        r.job = l->job;
+        r.lease = l->id;
+        r.token = engine_lease_token(l->engine_lease);
+        r.uid = l->uid;
+        r.pid = l->pid;
+        return r;
+}
+
+/* A lease-level decision (released, revoked, overdue, restored), with its hold so far. */
+static void lease_audit(const Lease *l, const char *decision, const char *reason) {
+        AuditRecord r = lease_audit_record(l, decision);
+        r.hold = usec_sub_unsigned(now_monotonic(), l->granted_mono);
+        r.reason = reason;
+        audit_decision(&l->manager->audit, &r);
+}
+
 void lease_free(Lease *l) {
         if (!l)
                 return;
@@ -64,7 +85,7 @@ void lease_discard(Lease *l) {
 void lease_end(Lease *l) {
         /* A revocation was recorded when it happened; the end is the slots' release, recorded once, with
          * the whole hold (the hold histogram counts each lease once). */
-        audit_lease(l, "released", l->state == LEASE_HELD ? NULL : "after its revocation");
+        lease_audit(l, "released", l->state == LEASE_HELD ? NULL : "after its revocation");
         lease_discard(l);
 }
 
@@ -215,7 +236,7 @@ static int on_reclaim_timeout(sd_event_source *s, uint64_t usec, void *userdata)
         Manager *m = l->manager;
         l->grace_timer = sd_event_source_disable_unref(l->grace_timer);
         if (l->state == LEASE_RESTORED && !l->holder) {
-                audit_lease(l, "released", "not reclaimed within the reclaim grace");
+                lease_audit(l, "released", "not reclaimed within the reclaim grace");
                 lease_discard(l);
         }
         manager_sync(m);
@@ -329,7 +350,7 @@ int lease_restore(Manager *m, const HistoryLeaseRow *row, usec_t alive_at, Lease
                         return r;
                 }
         }
-        audit_lease(l, "restored",
+        lease_audit(l, "restored",
                     rc == RESTORED_COMMAND_LEADER  ? "its command still runs"
                     : rc == RESTORED_COMMAND_GROUP ? "its command's process group still runs"
                     : row->detached                ? "detached"
@@ -373,7 +394,7 @@ void lease_holder_gone(Lease *l) {
         l->grace_timer = sd_event_source_disable_unref(l->grace_timer);
         if (l->state == LEASE_REVOKED && lease_command_running(l)) {
                 l->state = LEASE_OVERDUE;
-                audit_lease(l, "overdue", "revoked, and nobody is left to stop the command");
+                lease_audit(l, "overdue", "revoked, and nobody is left to stop the command");
                 manager_status_changed(l->manager);
         }
         lease_maybe_end(l);
@@ -393,7 +414,7 @@ void lease_revoke(Lease *l, const char *reason) {
         if (l->state != LEASE_HELD && l->state != LEASE_RESTORED)
                 return;
         l->state = LEASE_REVOKED;
-        audit_lease(l, "revoked", reason);
+        lease_audit(l, "revoked", reason);
         manager_status_changed(l->manager);
 
         Connection *c = l->holder;
@@ -415,7 +436,7 @@ void lease_revoke(Lease *l, const char *reason) {
         }
         if (lease_command_running(l)) {
                 l->state = LEASE_OVERDUE;
-                audit_lease(l, "overdue", "revoked, and nobody is left to stop the command");
+                lease_audit(l, "overdue", "revoked, and nobody is left to stop the command");
         } else
                 lease_end(l);
 }

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 #include <systemd/sd-event.h>
 
+#include "decision.h"
 #include "engine.h"
 #include "list.h"
 #include "process.h"
@@ -100,6 +101,9 @@ void lease_release(Lease *l, Connection *by);
 void lease_revoke(Lease *l, const char *reason);
 /* Once a second: process groups whose leader has exited. */
 void lease_poll_command(Lease *l);
+
+/* A record of a decision about the lease: pool, lane, job, lease id, token, uid, pid. */
+AuditRecord lease_audit_record(const Lease *l, const char *decision);
 
 /* The lease as clients see it (Varlink Lease type). */
 json_t *lease_to_json(const Lease *l);

@@ -294,7 +294,7 @@ static void manager_update_status(Manager *m) {
 static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
-        audit_tick(m);
+        audit_tick(&m->audit);
         if (m->refused_unlogged > 1)
                 log_warning("Connection limit reached: %u more connections refused.", m->refused_unlogged - 1);
         m->refused_unlogged = 0;
@@ -378,7 +378,7 @@ int manager_reload(Manager *m, ConfErrors *errors) {
                 (void) sd_notify(false, "READY=1");
                 log_error_errno(r, "Reloading the configuration failed; the old one stays: %m");
                 _cleanup_free_ char *detail = errors->n_errors > 0 ? conf_error_to_string(&errors->errors[0]) : NULL;
-                audit_reload(m, false, detail ?: strerror(-r));
+                audit_reload(&m->audit, false, detail ?: strerror(-r));
                 manager_status_changed(m);
                 return r;
         }
@@ -391,11 +391,12 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         m->n_acls = n_acls;
         conf_free(m->config);
         m->config = TAKE_PTR(c);
+        audit_set_level(&m->audit, m->config->audit);
         manager_apply_token_floor_all(m);
         char detail[128];
         snprintf(detail, sizeof detail, "%zu pools, %zu lanes", m->config->n_pools, m->config->n_lanes);
         log_info("Configuration reloaded: %s.", detail);
-        audit_reload(m, true, detail);
+        audit_reload(&m->audit, true, detail);
         (void) sd_notify(false, "READY=1");
         manager_update_status(m);
         manager_sync(m);
@@ -582,7 +583,7 @@ static void audit_ended_while_down(Manager *m, const HistoryLeaseRow *row, const
         rec.uid = row->uid;
         rec.pid = row->pid;
         rec.reason = reason;
-        audit_decision(m, &rec);
+        audit_decision(&m->audit, &rec);
 }
 
 /* History recovered (the disk came back, or a fresh database replaced a corrupt one): leases granted while
@@ -681,6 +682,7 @@ static int manager_open_history(Manager *m) {
         if (r < 0)
                 return log_error_errno(r, "Failed to set up history in %s: %m", m->state_directory);
         history_set_health_callback(m->history, on_history_health, m);
+        audit_set_history(&m->audit, m->history);
 
         r = history_load_state(m->history, &s);
         if (r == -ENOMEM)
@@ -743,7 +745,10 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         if (!m)
                 return log_oom();
         m->listen_fd = -EBADF;
-        audit_init(&m->audit, getenv("SLOTBROKER_JOURNAL_SOCKET"));
+        r = sd_event_default(&m->event);
+        audit_init(&m->audit, m->event, &m->metrics, getenv("SLOTBROKER_JOURNAL_SOCKET"));
+        if (r < 0)
+                return log_error_errno(r, "Failed to allocate the event loop: %m");
         list_init(&m->connections);
         list_init(&m->closed_connections);
         list_init(&m->leases);
@@ -762,6 +767,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         }
 
         m->lease_persistence = m->config->lease_persistence;
+        audit_set_level(&m->audit, m->config->audit);
 
         const char *env_socket = getenv("SLOTBROKER_SOCKET");
         if (o->socket_path)
@@ -789,10 +795,6 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         r = engine_configure(m->engine, m->config, now_monotonic());
         if (r < 0)
                 return log_error_errno(r, "Failed to apply the configuration: %m");
-
-        r = sd_event_default(&m->event);
-        if (r < 0)
-                return log_error_errno(r, "Failed to allocate the event loop: %m");
 
         sigset_t mask;
         sigemptyset(&mask);
@@ -885,6 +887,7 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->watchdog_timer);
         sd_event_source_disable_unref(m->gc_source);
         /* Leases are not ended: their rows stay for the next start to restore. */
+        audit_set_history(&m->audit, NULL);
         m->history = history_free(m->history);
         engine_free(m->engine);
         audit_done(&m->audit);

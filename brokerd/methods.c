@@ -309,7 +309,7 @@ static void method_cancel(Connection *c, const VarlinkCall *call) {
                 rec.budget = engine_request_budget(a->request);
                 rec.retry_after_sec = 1;
                 rec.reason = "cancelled by an administrator";
-                audit_decision(m, &rec);
+                audit_decision(&m->audit, &rec);
 
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s, s:s}", "retryAfterSec", 1, "pool",
                                                               rec.pool, "reason", "cancelled");
