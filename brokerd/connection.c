@@ -4,7 +4,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
-#include "acquire.h"
+#include "session.h"
 #include "audit.h"
 #include "connection.h"
 #include "history-call.h"
@@ -345,7 +345,7 @@ void connection_close(Connection *c) {
         history_call_abandon(c);
 
         AcquireCall *a = &c->acquire;
-        acquire_forget_waiter(c);
+        session_forget_waiter(c);
         if (a->request && engine_request_is_waiting(a->request)) {
                 AuditRecord rec = AUDIT_RECORD_INIT;
                 rec.decision = "cancelled";

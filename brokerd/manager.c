@@ -16,7 +16,7 @@
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 
-#include "acquire.h"
+#include "session.h"
 #include "config-files.h"
 #include "config.h"
 #include "connection.h"
@@ -251,7 +251,7 @@ void manager_sync(Manager *m) {
                 EngineEvent ev;
                 bool any = false;
                 while (engine_pop_event(m->engine, &ev)) {
-                        acquire_handle_event(m, &ev);
+                        session_on_engine_event(m, &ev);
                         any = true;
                 }
                 if (!any)
@@ -825,7 +825,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         (void) sd_event_source_set_enabled(m->tick_timer, SD_EVENT_ON);
 
         r = sd_event_add_time(m->event, &m->position_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
-                              acquire_on_position_timer, m);
+                              session_on_position_timer, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the position timer: %m");
         (void) sd_event_source_set_enabled(m->position_timer, SD_EVENT_OFF);

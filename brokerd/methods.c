@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "acquire.h"
+#include "session.h"
 #include "audit.h"
 #include "config.h"
 #include "history-call.h"
@@ -314,7 +314,7 @@ static void method_cancel(Connection *c, const VarlinkCall *call) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s, s:s}", "retryAfterSec", 1, "pool",
                                                               rec.pool, "reason", "cancelled");
                 engine_request_cancel(a->request, now);
-                acquire_forget_waiter(x);
+                session_forget_waiter(x);
                 if (a->counted_waiter) {
                         UidUsage *u = manager_uid_usage(m, x->cred.uid, false);
                         if (u && u->waiters > 0)
@@ -350,7 +350,7 @@ static const struct {
 } method_table[] = {
         { "org.varlink.service.GetInfo", method_get_info },
         { "org.varlink.service.GetInterfaceDescription", method_get_interface_description },
-        { "io.slotbroker.Acquire", acquire_start },
+        { "io.slotbroker.Acquire", session_acquire },
         { "io.slotbroker.Release", method_release },
         { "io.slotbroker.Status", method_status },
         { "io.slotbroker.History", history_call_start },

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "acquire.h"
+#include "session.h"
 #include "audit.h"
 #include "connection.h"
 #include "lease.h"
@@ -60,7 +60,7 @@ static void audit_denied(Connection *c, const char *lane, const char *job) {
         audit_decision(&c->manager->audit, &r);
 }
 
-void acquire_start(Connection *c, const VarlinkCall *call) {
+void session_acquire(Connection *c, const VarlinkCall *call) {
         Manager *m = c->manager;
         AcquireCall *a = &c->acquire;
         const char *lane = NULL, *job = NULL, *reclaim = NULL;
@@ -257,7 +257,7 @@ static void position_queue_join(Connection *c, usec_t now) {
                 position_queue_arm(m, now, false);
 }
 
-int acquire_on_position_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+int session_on_position_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
         usec_t now = now_monotonic();
         unsigned n = 0;
@@ -462,11 +462,11 @@ static void on_refused(Manager *m, Connection *c, const EngineEvent *ev) {
         connection_acquire_done(c);
 }
 
-void acquire_forget_waiter(Connection *c) {
+void session_forget_waiter(Connection *c) {
         position_queue_leave(c);
 }
 
-void acquire_handle_event(Manager *m, const EngineEvent *ev) {
+void session_on_engine_event(Manager *m, const EngineEvent *ev) {
         switch (ev->type) {
         case ENGINE_EVENT_QUEUED:
                 on_queued(m, ev->userdata, ev);
