@@ -345,26 +345,7 @@ void connection_close(Connection *c) {
         history_call_abandon(c);
 
         AcquireCall *a = &c->acquire;
-        session_forget_waiter(c);
-        if (a->request && engine_request_is_waiting(a->request)) {
-                AuditRecord rec = AUDIT_RECORD_INIT;
-                rec.decision = "cancelled";
-                rec.pool = engine_request_pool(a->request);
-                rec.lane = a->lane;
-                rec.job = a->job;
-                rec.wait = usec_sub_unsigned(now_monotonic(), engine_request_arrival(a->request));
-                rec.budget = engine_request_budget(a->request);
-                rec.uid = c->cred.uid;
-                rec.pid = c->cred.pid;
-                audit_decision(&m->audit, &rec);
-                engine_request_cancel(a->request, now_monotonic());
-        }
-        if (a->counted_waiter) {
-                UidUsage *u = manager_uid_usage(m, c->cred.uid, false);
-                if (u && u->waiters > 0)
-                        u->waiters--;
-                a->counted_waiter = false;
-        }
+        (void) session_waiter_withdraw(c, SESSION_WITHDRAW_GONE);
         a->request = engine_request_unref(a->request);
         a->command_pidfd = safe_close(a->command_pidfd);
         a->active = false; /* lane and job stay for the audit of decisions still on their way */

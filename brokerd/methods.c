@@ -290,40 +290,12 @@ static void method_cancel(Connection *c, const VarlinkCall *call) {
         }
 
         unsigned n = 0;
-        usec_t now = now_monotonic();
         for (size_t i = 0; i < k; i++) {
                 Connection *x = match[i];
-                AcquireCall *a = &x->acquire;
-                if (x->closed || !connection_is_waiting(x))
+                if (x->closed)
                         continue; /* closed by a call another waiter pipelined */
-
-                /* The client is refused (Unavailable): recorded as that refusal, with the reason. */
-                AuditRecord rec = AUDIT_RECORD_INIT;
-                rec.decision = "unavailable";
-                rec.pool = engine_request_pool(a->request);
-                rec.lane = a->lane;
-                rec.job = a->job;
-                rec.wait = usec_sub_unsigned(now, engine_request_arrival(a->request));
-                rec.uid = x->cred.uid;
-                rec.pid = x->cred.pid;
-                rec.budget = engine_request_budget(a->request);
-                rec.retry_after_sec = 1;
-                rec.reason = "cancelled by an administrator";
-                audit_decision(&m->audit, &rec);
-
-                _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s, s:s}", "retryAfterSec", 1, "pool",
-                                                              rec.pool, "reason", "cancelled");
-                engine_request_cancel(a->request, now);
-                session_forget_waiter(x);
-                if (a->counted_waiter) {
-                        UidUsage *u = manager_uid_usage(m, x->cred.uid, false);
-                        if (u && u->waiters > 0)
-                                u->waiters--;
-                        a->counted_waiter = false;
-                }
-                connection_reply_error(x, "io.slotbroker.Unavailable", p);
-                n++;
-                connection_acquire_done(x);
+                if (session_waiter_withdraw(x, SESSION_WITHDRAW_CANCELLED))
+                        n++;
         }
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:I}", "cancelled", (json_int_t) n);
         connection_reply(c, p, false);

@@ -18,6 +18,7 @@
 #define MAX_HOLD_MS_MAX ((int64_t) 3650 * 24 * 3600 * 1000)
 
 static void answer_grant(Connection *c, Lease *l);
+static void session_waiter_left(Connection *c);
 
 static int reply_invalid_parameter(Connection *c, const char *parameter) {
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "parameter", parameter);
@@ -377,8 +378,7 @@ static void on_granted(Manager *m, Connection *c, const EngineEvent *ev) {
         AcquireCall *a = &c->acquire;
         Lease *l;
 
-        waiter_count(c, false);
-        position_queue_leave(c);
+        session_waiter_left(c);
         int r = lease_new(m, ev->lease, c->closed ? NULL : c, c->cred.uid, c->cred.pid, a->job, a->detach,
                           a->has_command ? &a->command : NULL, TAKE_FD(a->command_pidfd), &l);
         if (r < 0) {
@@ -430,8 +430,7 @@ static const char *refusal_error(Refusal r) {
 static void on_refused(Manager *m, Connection *c, const EngineEvent *ev) {
         AcquireCall *a = &c->acquire;
 
-        waiter_count(c, false);
-        position_queue_leave(c);
+        session_waiter_left(c);
         manager_status_changed(m);
 
         AuditRecord rec = AUDIT_RECORD_INIT;
@@ -462,8 +461,46 @@ static void on_refused(Manager *m, Connection *c, const EngineEvent *ev) {
         connection_acquire_done(c);
 }
 
-void session_forget_waiter(Connection *c) {
+/* The waiter leaves the queue (granted, refused or withdrawn): no more position updates, and its uid has one
+ * waiter less. The only place that does either for a waiter that ends. */
+static void session_waiter_left(Connection *c) {
+        waiter_count(c, false);
         position_queue_leave(c);
+}
+
+bool session_waiter_withdraw(Connection *c, SessionWithdraw why) {
+        AcquireCall *a = &c->acquire;
+        if (!connection_is_waiting(c)) {
+                session_waiter_left(c); /* a no-op unless the engine's answer is still on its way */
+                return false;
+        }
+        usec_t now = now_monotonic();
+        AuditRecord rec = AUDIT_RECORD_INIT;
+        rec.pool = engine_request_pool(a->request);
+        rec.lane = a->lane;
+        rec.job = a->job;
+        rec.wait = usec_sub_unsigned(now, engine_request_arrival(a->request));
+        rec.budget = engine_request_budget(a->request);
+        rec.uid = c->cred.uid;
+        rec.pid = c->cred.pid;
+        if (why == SESSION_WITHDRAW_GONE)
+                rec.decision = "cancelled";
+        else {
+                /* The client is refused (Unavailable): recorded as that refusal, with the reason. */
+                rec.decision = "unavailable";
+                rec.retry_after_sec = 1;
+                rec.reason = "cancelled by an administrator";
+        }
+        audit_decision(&c->manager->audit, &rec);
+        engine_request_cancel(a->request, now);
+        session_waiter_left(c);
+        if (why == SESSION_WITHDRAW_CANCELLED) {
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s, s:s}", "retryAfterSec", 1, "pool",
+                                                              rec.pool, "reason", "cancelled");
+                connection_reply_error(c, "io.slotbroker.Unavailable", p);
+                connection_acquire_done(c);
+        }
+        return true;
 }
 
 void session_on_engine_event(Manager *m, const EngineEvent *ev) {

@@ -4,6 +4,7 @@
  * here as replies and leases. */
 #pragma once
 
+#include <stdbool.h>
 #include <systemd/sd-event.h>
 
 #include "engine.h"
@@ -20,5 +21,11 @@ void session_on_engine_event(Manager *m, const EngineEvent *ev);
 
 /* The position timer: waiters whose place changed hear of it, at most once a second each. */
 int session_on_position_timer(sd_event_source *s, uint64_t usec, void *userdata);
-/* The waiter leaves (closed, or cancelled by an administrator): no more position updates. */
-void session_forget_waiter(Connection *c);
+typedef enum SessionWithdraw {
+        SESSION_WITHDRAW_GONE,          /* its connection closed: audited "cancelled", nobody to answer */
+        SESSION_WITHDRAW_CANCELLED,     /* an administrator's Cancel: audited and answered "unavailable" */
+} SessionWithdraw;
+
+/* Withdraws c's waiting request, if it has one: the one way a waiter leaves other than by the engine's
+ * grant or refusal. Returns whether there was one. */
+bool session_waiter_withdraw(Connection *c, SessionWithdraw why);
