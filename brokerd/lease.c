@@ -6,12 +6,12 @@
 #include <sys/epoll.h>
 
 #include "audit.h"
-#include "connection.h"
 #include "history.h"
 #include "lease.h"
 #include "log.h"
 #include "macro.h"
 #include "manager.h"
+#include "session.h"
 
 /* How long a holder without a command may ignore a revocation before its connection is cut. */
 
@@ -91,12 +91,10 @@ void lease_end(Lease *l) {
 
 static void on_history_committed(History *h, int result, void *userdata) {
         Lease *l = userdata;
-        Manager *m = l->manager; /* done() may end the lease */
         LeasePersistedFn done = l->persisted;
         l->persisted = NULL;
         if (done)
                 done(l, result);
-        manager_sync(m);
 }
 
 static void persisted_nobody_waits(Lease *l, int result) {
@@ -159,7 +157,6 @@ static void lease_command_check_group(Lease *l) {
 
 static int on_command_exit(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Lease *l = userdata;
-        Manager *m = l->manager;
 
         l->command_leader_exited = true;
         l->command_source = sd_event_source_disable_unref(l->command_source);
@@ -167,7 +164,6 @@ static int on_command_exit(sd_event_source *s, int fd, uint32_t revents, void *u
         lease_command_check_group(l);
         if (l->command_gone)
                 lease_maybe_end(l);
-        manager_sync(m);
         return 0;
 }
 
@@ -186,7 +182,7 @@ static void lease_make_id(Manager *m, char id[static LEASE_ID_LEN + 1]) {
                 snprintf(id + 2 * i, 3, "%02x", bytes[i]);
 }
 
-int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t pid, const char *job, bool detached,
+int lease_new(Manager *m, EngineLease *el, Session *holder, uid_t uid, pid_t pid, const char *job, bool detached,
               const ProcessInfo *command, int command_pidfd, Lease **ret) {
         _cleanup_close_ int pidfd = command_pidfd;
 
@@ -233,13 +229,11 @@ int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t 
 
 static int on_reclaim_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         Lease *l = userdata;
-        Manager *m = l->manager;
         l->grace_timer = sd_event_source_disable_unref(l->grace_timer);
         if (l->state == LEASE_RESTORED && !l->holder) {
                 lease_audit(l, "released", "not reclaimed within the reclaim grace");
                 lease_discard(l);
         }
-        manager_sync(m);
         return 0;
 }
 
@@ -359,7 +353,7 @@ int lease_restore(Manager *m, const HistoryLeaseRow *row, usec_t alive_at, Lease
         return 0;
 }
 
-int lease_reclaim(Lease *l, Connection *c) {
+int lease_reclaim(Lease *l, Session *c) {
         if (l->holder || l->detached || (l->state != LEASE_RESTORED && l->state != LEASE_HELD))
                 return -EBUSY;
         l->grace_timer = sd_event_source_disable_unref(l->grace_timer);
@@ -402,11 +396,9 @@ void lease_holder_gone(Lease *l) {
 
 static int on_revoke_grace(sd_event_source *s, uint64_t usec, void *userdata) {
         Lease *l = userdata;
-        Manager *m = l->manager;
         l->grace_timer = sd_event_source_disable_unref(l->grace_timer);
         if (l->holder)
-                connection_close(l->holder); /* takes the lease with it */
-        manager_sync(m);
+                session_close(l->holder); /* takes the lease with it */
         return 0;
 }
 
@@ -417,11 +409,11 @@ void lease_revoke(Lease *l, const char *reason) {
         lease_audit(l, "revoked", reason);
         manager_status_changed(l->manager);
 
-        Connection *c = l->holder;
+        Session *c = l->holder;
         if (c && c->acquire.active && c->acquire.more) {
                 /* The last reply of the Acquire tells the holder to stop (SPEC §3.4). */
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "revoked");
-                (void) connection_reply(c, p, false);
+                (void) session_reply(c, p, false);
                 c->acquire.active = false;
                 if (!lease_command_running(l))
                         (void) sd_event_add_time_relative(l->manager->event, &l->grace_timer, CLOCK_MONOTONIC,
@@ -431,7 +423,7 @@ void lease_revoke(Lease *l, const char *reason) {
         if (c) {
                 /* A plain Acquire's life line is the connection itself: the broker closes it (SPEC §5). That
                  * ends the lease, or makes it overdue while its command runs; l may be gone after this. */
-                connection_close(c);
+                session_close(c);
                 return;
         }
         if (lease_command_running(l)) {
@@ -441,23 +433,23 @@ void lease_revoke(Lease *l, const char *reason) {
                 lease_end(l);
 }
 
-void lease_release(Lease *l, Connection *by) {
+void lease_release(Lease *l, Session *by) {
         if (lease_command_running(l)) {
                 lease_revoke(l, "released while its command runs");
                 return;
         }
-        Connection *c = l->holder;
+        Session *c = l->holder;
         if (c) {
                 c->lease = NULL;
                 l->holder = NULL;
                 if (c->acquire.active && c->acquire.more) {
                         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "released");
-                        (void) connection_reply(c, p, false);
+                        (void) session_reply(c, p, false);
                         c->acquire.active = false;
                         if (c != by)
-                                connection_acquire_done(c);
+                                session_acquire_done(c);
                 } else if (c != by)
-                        connection_close(c); /* a plain Acquire's life line is the connection itself */
+                        session_close(c); /* a plain Acquire's life line is the connection itself */
         }
         lease_end(l);
 }

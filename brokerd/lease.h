@@ -15,7 +15,7 @@
 #include "time-util.h"
 
 typedef struct Manager Manager;
-typedef struct Connection Connection;
+typedef struct Session Session;
 
 #define LEASE_ID_LEN 32
 
@@ -44,7 +44,7 @@ typedef struct Lease {
         ListNode node;                  /* Manager.leases */
         char id[LEASE_ID_LEN + 1];
         EngineLease *engine_lease;
-        Connection *holder;             /* the life line; NULL when detached or gone */
+        Session *holder;             /* the life line; NULL when detached or gone */
         LeaseState state;
         char *job;
         uid_t uid;
@@ -65,12 +65,12 @@ typedef struct Lease {
                                          * reclaim grace of a lease restored after a restart */
 
         LeaseGrant grant;
-        Connection *requester;          /* waits for the grant while the lease row is written */
+        Session *requester;          /* waits for the grant while the lease row is written */
         LeasePersistedFn persisted;     /* pending history commit, or NULL */
 } Lease;
 
 /* Creates the daemon's lease for a fresh grant. Takes command_pidfd (-EBADF: none). */
-int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t pid, const char *job, bool detached,
+int lease_new(Manager *m, EngineLease *el, Session *holder, uid_t uid, pid_t pid, const char *job, bool detached,
               const ProcessInfo *command, int command_pidfd, Lease **ret);
 
 /* A lease row found at start (SPEC §3.4): re-occupies its slots if it still has a holder — a running
@@ -84,7 +84,7 @@ typedef struct HistoryLeaseRow HistoryLeaseRow;
 int lease_restore(Manager *m, const HistoryLeaseRow *row, usec_t alive_at, Lease **ret);
 /* The owner came back (Acquire with reclaim): the connection becomes the lease's life line again.
  * Returns 0, or -EBUSY when someone holds it already. */
-int lease_reclaim(Lease *l, Connection *c);
+int lease_reclaim(Lease *l, Session *c);
 
 /* Writes the lease row (SPEC §3.4: before the grant is answered); done is called on the loop with 0,
  * HISTORY_NOT_PERSISTED (history degraded) or a negative errno. done NULL: nobody waits for it. */
@@ -96,7 +96,7 @@ void lease_discard(Lease *l);
 void lease_holder_gone(Lease *l);
 /* Release by the holder's uid or root from any connection (`by`, which may be the holder itself): ends it,
  * or revokes it if its command runs. The holder is told ("released" or "revoked"). */
-void lease_release(Lease *l, Connection *by);
+void lease_release(Lease *l, Session *by);
 /* max-hold or an administrator: the holder is told to stop; the slots free when it has. */
 void lease_revoke(Lease *l, const char *reason);
 /* Once a second: process groups whose leader has exited. */

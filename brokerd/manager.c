@@ -16,7 +16,6 @@
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 
-#include "session.h"
 #include "config-files.h"
 #include "config.h"
 #include "connection.h"
@@ -25,7 +24,9 @@
 #include "lease.h"
 #include "log.h"
 #include "manager.h"
+#include "methods.h"
 #include "persistence.h"
+#include "session.h"
 
 #define TICK_USEC USEC_PER_SEC
 /* node_exporter scrapes every 15-60 s: fresher files would only cost writes. */
@@ -236,16 +237,40 @@ void manager_metrics_gauges(Manager *m, MetricsGauges *ret) {
 
 /* ---- the engine's clock ---- */
 
+/* The drain that follows every dispatch does the work; it re-arms the timer (a oneshot, off now). */
 static int on_engine_timer(sd_event_source *s, uint64_t usec, void *userdata) {
-        manager_sync(userdata);
+        Manager *m = userdata;
+        m->engine_timer_at = 0;
         return 0;
 }
 
-void manager_sync(Manager *m) {
-        static bool syncing = false;
-        if (syncing)
-                return; /* a handler below called back up: the outer loop picks its events up */
-        syncing = true;
+/* glibc keeps what is freed in its arenas (the writer thread's too) and gives back only the top of a
+ * heap: 500 clients that asked for History and never read left 700 MB behind after they were gone. */
+#define TRIM_AFTER_FREED ((size_t) 4 * 1024 * 1024)
+
+void manager_memory_freed(Manager *m, size_t bytes) {
+        m->freed_untrimmed += bytes;
+}
+
+void manager_collect_session(Manager *m, Session *s) {
+        list_append(&m->closed_sessions, &s->node);
+}
+
+static void manager_collect(Manager *m) {
+        ListNode *n;
+        while ((n = list_first(&m->closed_sessions))) {
+                list_unlink(n);
+                session_free(container_of(n, Session, node));
+        }
+        if (m->freed_untrimmed >= TRIM_AFTER_FREED) {
+                m->freed_untrimmed = 0;
+                (void) malloc_trim(0);
+        }
+}
+
+/* The engine's events of what the last handler did, to sessions and leases; the engine's timer re-armed.
+ * Frees nothing: a poller batch may still name closed sessions' sockets. */
+static void manager_settle(Manager *m) {
         for (;;) {
                 engine_run(m->engine, now_monotonic());
                 EngineEvent ev;
@@ -258,13 +283,33 @@ void manager_sync(Manager *m) {
                         break;
         }
         usec_t next = engine_next_wakeup(m->engine);
+        if (next == m->engine_timer_at)
+                return; /* as armed: most iterations change nothing */
+        m->engine_timer_at = next;
         if (next == USEC_INFINITY)
                 (void) sd_event_source_set_enabled(m->engine_timer, SD_EVENT_OFF);
         else {
                 (void) sd_event_source_set_time(m->engine_timer, next);
                 (void) sd_event_source_set_enabled(m->engine_timer, SD_EVENT_ONESHOT);
         }
-        syncing = false;
+}
+
+/* After each connection's turn in a poller batch: a Status from the next one sees a settled engine. */
+static void on_connection_handled(void *userdata) {
+        manager_settle(userdata);
+}
+
+void manager_drain(Manager *m) {
+        manager_settle(m);
+        /* Last: no event still queued can name a closed session any more. */
+        manager_collect(m);
+}
+
+/* sd-event marks a post source pending whenever another source was dispatched: the drain follows each
+ * dispatch (a batch of connections, a timer, a history wakeup), once, and is never re-entered. */
+static int on_drain(sd_event_source *s, void *userdata) {
+        manager_drain(userdata);
+        return 0;
 }
 
 /* ---- STATUS=, watchdog, tick ---- */
@@ -310,7 +355,6 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
                 manager_load_state_async(m);
         if (m->status_dirty)
                 manager_update_status(m);
-        manager_sync(m);
 
         /* exit-idle-after= (SPEC §8): only under socket activation, where the next client starts us again,
          * and only with no connection and no lease (waiters have connections). */
@@ -331,30 +375,6 @@ static int on_watchdog(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
         (void) sd_notify(false, "WATCHDOG=1");
         (void) sd_event_source_set_time_relative(s, m->watchdog_usec / 2);
-        return 0;
-}
-
-/* glibc keeps what is freed in its arenas (the writer thread's too) and gives back only the top of a
- * heap: 500 clients that asked for History and never read left 700 MB behind after they were gone. */
-#define TRIM_AFTER_FREED ((size_t) 4 * 1024 * 1024)
-
-void manager_memory_freed(Manager *m, size_t bytes) {
-        m->freed_untrimmed += bytes;
-        if (m->freed_untrimmed >= TRIM_AFTER_FREED)
-                (void) sd_event_source_set_enabled(m->gc_source, SD_EVENT_ONESHOT);
-}
-
-static int on_gc(sd_event_source *s, void *userdata) {
-        Manager *m = userdata;
-        ListNode *n;
-        while ((n = list_first(&m->closed_connections))) {
-                list_unlink(n);
-                connection_free(container_of(n, Connection, node));
-        }
-        if (m->freed_untrimmed >= TRIM_AFTER_FREED) {
-                m->freed_untrimmed = 0;
-                (void) malloc_trim(0);
-        }
         return 0;
 }
 
@@ -399,7 +419,6 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         audit_reload(&m->audit, true, detail);
         (void) sd_notify(false, "READY=1");
         manager_update_status(m);
-        manager_sync(m);
         return 0;
 }
 
@@ -453,6 +472,19 @@ static int on_accept_resume(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
+int manager_add_connection(Manager *m, int fd) {
+        const ConnectionLimits limits = {
+                .max_message = m->config->max_message_size,
+                .max_output = m->config->max_output_per_connection,
+        };
+        Connection *c;
+        Session *s;
+        int r = connection_new(m->poller, fd, &limits, &c);
+        if (r < 0)
+                return r;
+        return session_new(m, c, methods_on_call, methods_on_disconnect, &s);
+}
+
 static bool errno_is_fd_shortage(int e) {
         return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
 }
@@ -490,8 +522,7 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                         safe_close(cfd);
                         continue;
                 }
-                Connection *c;
-                int r = connection_new(m, cfd, &c);
+                int r = manager_add_connection(m, cfd);
                 if (r < 0)
                         log_warning_errno(r, "Failed to set up a connection: %m");
         }
@@ -662,7 +693,6 @@ static void on_state_loaded(History *h, int error, HistoryState *s, void *userda
                 log_info("The state directory %s can be read again.", m->state_directory);
                 manager_apply_state(m, s);
         }
-        manager_sync(m);
 }
 
 static void manager_load_state_async(Manager *m) {
@@ -749,8 +779,8 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         audit_init(&m->audit, m->event, &m->metrics, getenv("SLOTBROKER_JOURNAL_SOCKET"));
         if (r < 0)
                 return log_error_errno(r, "Failed to allocate the event loop: %m");
-        list_init(&m->connections);
-        list_init(&m->closed_connections);
+        list_init(&m->sessions);
+        list_init(&m->closed_sessions);
         list_init(&m->leases);
         list_init(&m->position_queue);
         list_init(&m->history_page_queue);
@@ -817,6 +847,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         if (r < 0)
                 return log_error_errno(r, "Failed to add the engine timer: %m");
         (void) sd_event_source_set_enabled(m->engine_timer, SD_EVENT_OFF);
+        m->engine_timer_at = USEC_INFINITY;
 
         r = sd_event_add_time_relative(m->event, &m->tick_timer, CLOCK_MONOTONIC, TICK_USEC, 10 * USEC_PER_MSEC, on_tick,
                                        m);
@@ -841,11 +872,11 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         r = poller_new(m->event, &m->poller);
         if (r < 0)
                 return log_error_errno(r, "Failed to set up polling of connections: %m");
+        poller_set_after_each(m->poller, on_connection_handled, m);
 
-        r = sd_event_add_defer(m->event, &m->gc_source, on_gc, m);
+        r = sd_event_add_post(m->event, &m->drain_source, on_drain, m);
         if (r < 0)
-                return log_error_errno(r, "Failed to add the collector: %m");
-        (void) sd_event_source_set_enabled(m->gc_source, SD_EVENT_OFF);
+                return log_error_errno(r, "Failed to add the drain: %m");
 
         if (sd_watchdog_enabled(false, &m->watchdog_usec) > 0) {
                 r = sd_event_add_time_relative(m->event, &m->watchdog_timer, CLOCK_MONOTONIC, m->watchdog_usec / 2, 0,
@@ -868,13 +899,12 @@ Manager *manager_free(Manager *m) {
                 list_unlink(n);
                 lease_free(container_of(n, Lease, node));
         }
-        while ((n = list_first(&m->connections))) {
-                Connection *c = container_of(n, Connection, node);
-                c->lease = NULL;
-                connection_close(c);
+        while ((n = list_first(&m->sessions))) {
+                Session *s = container_of(n, Session, node);
+                s->lease = NULL;
+                session_close(s);
         }
-        if (m->gc_source)
-                on_gc(m->gc_source, m);
+        manager_collect(m);
         m->poller = poller_free(m->poller);
         sd_event_source_disable_unref(m->listen_source);
         safe_close(m->listen_fd);
@@ -885,7 +915,7 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->tick_timer);
         sd_event_source_disable_unref(m->position_timer);
         sd_event_source_disable_unref(m->watchdog_timer);
-        sd_event_source_disable_unref(m->gc_source);
+        sd_event_source_disable_unref(m->drain_source);
         /* Leases are not ended: their rows stay for the next start to restore. */
         audit_set_history(&m->audit, NULL);
         m->history = history_free(m->history);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* manager.h — the daemon's state: configuration, the engine and its clock, connections, leases,
- * and the timers that drive them. Everything here runs on one sd-event loop. */
+/* manager.h — the composition root: configuration, the engine and its clock, sessions, leases, the
+ * timers, and the drain that hands the engine's events on. Everything here runs on one sd-event loop.
+ * The map of brokerd's modules and their layers is brokerd/README.md: read it first. */
 #pragma once
 
 #include <stdbool.h>
@@ -14,7 +15,7 @@
 #include "poller.h"
 #include "time-util.h"
 
-typedef struct Connection Connection;
+typedef struct Session Session;
 typedef struct History History;
 typedef struct Lease Lease;
 
@@ -53,7 +54,8 @@ typedef struct Manager {
         /* getrandom() drawn in blocks: lease ids and the engine's jitter cost a syscall per block. */
         uint8_t random_pool[256];
         size_t random_left;
-        sd_event_source *engine_timer;
+        sd_event_source *engine_timer;  /* the engine's next deadline: the drain runs after it */
+        usec_t engine_timer_at;         /* as armed; USEC_INFINITY: off */
 
         int listen_fd;
         sd_event_source *listen_source;
@@ -63,9 +65,9 @@ typedef struct Manager {
         bool accept_paused;
         bool accept_starved;            /* in an episode of accept() failing for want of fds (logged once) */
         Poller *poller;                 /* the connections' sockets */
-        List connections;               /* Connection.node */
-        List closed_connections;        /* freed by gc_source, after the handler that closed them */
-        sd_event_source *gc_source;
+        List sessions;                  /* Session.node: one per client connection */
+        List closed_sessions;           /* freed by the drain, after the handler that closed them */
+        sd_event_source *drain_source;  /* post: engine events, collection, trimming, once per iteration */
         unsigned n_connections;
         UidUsage *uid_usage;
         size_t n_uid_usage;
@@ -112,9 +114,17 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(Manager *, manager_free);
 int manager_start(Manager *m);
 int manager_run(Manager *m);
 
-/* Settles the engine at the current time, hands its events to connections and leases, and re-arms the
- * engine timer. Called at the end of every handler that touched the engine. */
-void manager_sync(Manager *m);
+/* The drain: settles the engine at the current time, hands its events to sessions and leases, re-arms the
+ * engine timer, frees closed sessions. Runs after every other dispatch of the loop (a post source), so
+ * handlers never call it; public for tests that run no loop. */
+void manager_drain(Manager *m);
+
+/* Serves an accepted socket (taken; closed on failure): its session, its methods. Returns 0 or negative
+ * errno. */
+int manager_add_connection(Manager *m, int fd);
+
+/* A closed session, freed by the next drain (callers up the stack may still hold it). */
+void manager_collect_session(Manager *m, Session *s);
 
 /* Reloads configuration files. Returns 0, or -EINVAL with errors filled (the old config stays). */
 int manager_reload(Manager *m, ConfErrors *errors);

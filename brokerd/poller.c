@@ -14,7 +14,14 @@
 struct Poller {
         int epoll_fd;
         sd_event_source *source;
+        void (*after_each)(void *userdata);
+        void *after_each_userdata;
 };
+
+void poller_set_after_each(Poller *p, void (*fn)(void *userdata), void *userdata) {
+        p->after_each = fn;
+        p->after_each_userdata = userdata;
+}
 
 static int poller_dispatch(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Poller *p = userdata;
@@ -30,8 +37,11 @@ static int poller_dispatch(sd_event_source *s, int fd, uint32_t revents, void *u
         }
         for (int i = 0; i < n; i++) {
                 PollerWatch *w = ev[i].data.ptr;
-                if (w->fd >= 0) /* else removed by a handler earlier in this batch */
-                        w->handler(w, ev[i].events);
+                if (w->fd < 0)
+                        continue; /* removed by a handler earlier in this batch */
+                w->handler(w, ev[i].events);
+                if (p->after_each)
+                        p->after_each(p->after_each_userdata);
         }
         return 0;
 }

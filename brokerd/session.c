@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "session.h"
 #include "audit.h"
 #include "connection.h"
 #include "lease.h"
@@ -11,59 +10,60 @@
 #include "manager.h"
 #include "persistence.h"
 #include "process.h"
+#include "session.h"
 
 #define JOB_MAX 1024
 /* maxHoldMs at most 3650 days: grant time plus the hold, in µs, then stays far inside expiresAt's int64
  * (INT64_MAX / 1000 let a hold overflow it into a negative expiresAt). Longer is no bound at all. */
 #define MAX_HOLD_MS_MAX ((int64_t) 3650 * 24 * 3600 * 1000)
 
-static void answer_grant(Connection *c, Lease *l);
-static void session_waiter_left(Connection *c);
+static void answer_grant(Session *s, Lease *l);
+static void session_waiter_left(Session *s);
 
-static int reply_invalid_parameter(Connection *c, const char *parameter) {
+static int reply_invalid_parameter(Session *s, const char *parameter) {
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "parameter", parameter);
-        return connection_reply_error(c, VARLINK_ERROR_INVALID_PARAMETER, p);
+        return session_reply_error(s, VARLINK_ERROR_INVALID_PARAMETER, p);
 }
 
 /* SPEC §3.4: nothing is granted that could not be persisted, nor before what was persisted has been read.
  * Refused at once, rather than granted by the engine and withdrawn after a write that cannot succeed. */
-static bool refuse_for_storage(Connection *c, const char *lane, const char *job) {
-        const char *why = persistence_refusal(c->manager);
+static bool refuse_for_storage(Session *s, const char *lane, const char *job) {
+        const char *why = persistence_refusal(s->manager);
         if (!why)
                 return false;
         /* The pool it would have waited on, as for any refusal: metrics count refusals per pool. */
-        const LaneConfig *lc = conf_find_lane(c->manager->config, lane);
+        const LaneConfig *lc = conf_find_lane(s->manager->config, lane);
         const char *pool = lc && lc->pools && lc->pools[0] ? lc->pools[lc->n_pools - 1] : NULL;
         AuditRecord r = AUDIT_RECORD_INIT;
         r.decision = "unavailable";
         r.pool = pool;
         r.lane = lane;
         r.job = job;
-        r.uid = c->cred.uid;
-        r.pid = c->cred.pid;
+        r.uid = s->cred.uid;
+        r.pid = s->cred.pid;
         r.retry_after_sec = 5;
         r.reason = why;
-        audit_decision(&c->manager->audit, &r);
-        persistence_note_refused(c->manager, why);
+        audit_decision(&s->manager->audit, &r);
+        persistence_note_refused(s->manager, why);
         _cleanup_(json_decrefp) json_t *p =
                 json_pack("{s:i, s:s?, s:s}", "retryAfterSec", 5, "pool", pool, "reason", "storage");
-        connection_reply_error(c, "io.slotbroker.Unavailable", p);
+        session_reply_error(s, "io.slotbroker.Unavailable", p);
         return true;
 }
 
-static void audit_denied(Connection *c, const char *lane, const char *job) {
+static void audit_denied(Session *s, const char *lane, const char *job) {
         AuditRecord r = AUDIT_RECORD_INIT;
         r.decision = "denied";
         r.lane = lane;
         r.job = job;
-        r.uid = c->cred.uid;
-        r.pid = c->cred.pid;
-        audit_decision(&c->manager->audit, &r);
+        r.uid = s->cred.uid;
+        r.pid = s->cred.pid;
+        audit_decision(&s->manager->audit, &r);
 }
 
-void session_acquire(Connection *c, const VarlinkCall *call) {
-        Manager *m = c->manager;
-        AcquireCall *a = &c->acquire;
+void session_acquire(Session *s, const VarlinkCall *call) {
+        Manager *m = s->manager;
+        AcquireCall *a = &s->acquire;
         const char *lane = NULL, *job = NULL, *reclaim = NULL;
         unsigned slots = 1;
         bool wait = true, detach = false;
@@ -72,7 +72,7 @@ void session_acquire(Connection *c, const VarlinkCall *call) {
 
         if (call->flags & VARLINK_CALL_ONEWAY) {
                 /* Nobody would hear the grant: SPEC §5 makes this an error, not a silent lease. */
-                reply_invalid_parameter(c, "oneway");
+                reply_invalid_parameter(s, "oneway");
                 return;
         }
         const JsonField table[] = {
@@ -90,46 +90,48 @@ void session_acquire(Connection *c, const VarlinkCall *call) {
         };
         int r = json_dispatch(call->parameters, table, 0, &bad);
         if (r < 0) {
-                reply_invalid_parameter(c, bad ?: "parameters");
+                reply_invalid_parameter(s, bad ?: "parameters");
                 return;
         }
         if (pid > 0 && pidfd_index >= 0) {
-                reply_invalid_parameter(c, "pidfd"); /* one command, named once */
+                reply_invalid_parameter(s, "pidfd"); /* one command, named once */
                 return;
         }
         if (detach && max_hold_ms == 0) {
-                reply_invalid_parameter(c, "maxHoldMs"); /* a detached lease needs an end of its own */
+                reply_invalid_parameter(s, "maxHoldMs"); /* a detached lease needs an end of its own */
                 return;
         }
         if (!conf_find_lane(m->config, lane)) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
-                connection_reply_error(c, "io.slotbroker.NoSuchLane", p);
+                session_reply_error(s, "io.slotbroker.NoSuchLane", p);
                 return;
         }
-        if (!manager_lane_allows(m, lane, c->cred.uid, c->groups, c->n_groups)) {
-                audit_denied(c, lane, job);
+        const gid_t *groups;
+        size_t n_groups = connection_get_groups(s->connection, &groups);
+        if (!manager_lane_allows(m, lane, s->cred.uid, groups, n_groups)) {
+                audit_denied(s, lane, job);
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
-                connection_reply_error(c, "io.slotbroker.PermissionDenied", p);
+                session_reply_error(s, "io.slotbroker.PermissionDenied", p);
                 return;
         }
         if (reclaim) {
                 /* After a restart: the owner takes back a lease it held; no new request is made. */
                 Lease *l = manager_find_lease(m, reclaim);
-                if (!l || (l->uid != c->cred.uid && c->cred.uid != 0) || !streq(engine_lease_lane(l->engine_lease), lane) ||
-                    lease_reclaim(l, c) < 0) {
+                if (!l || (l->uid != s->cred.uid && s->cred.uid != 0) || !streq(engine_lease_lane(l->engine_lease), lane) ||
+                    lease_reclaim(l, s) < 0) {
                         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", reclaim);
-                        connection_reply_error(c, "io.slotbroker.NoSuchLease", p);
+                        session_reply_error(s, "io.slotbroker.NoSuchLease", p);
                         return;
                 }
-                log_info("Lease %s reclaimed by pid %d.", l->id, (int) c->cred.pid);
+                log_info("Lease %s reclaimed by pid %d.", l->id, (int) s->cred.pid);
                 a->active = true;
                 a->more = call->flags & VARLINK_CALL_MORE;
                 a->detach = false;
-                answer_grant(c, l);
+                answer_grant(s, l);
                 return;
         }
 
-        if (refuse_for_storage(c, lane, job))
+        if (refuse_for_storage(s, lane, job))
                 return;
 
         _cleanup_close_ int pidfd = -EBADF;
@@ -144,23 +146,23 @@ void session_acquire(Connection *c, const VarlinkCall *call) {
                         pidfd = varlink_fds_take(call->fds, (size_t) pidfd_index);
                         r = pidfd < 0 ? pidfd : process_open_pidfd(pidfd, &command);
                 }
-                if (r < 0 || process_check_attachable(&command, c->cred.pid, c->cred.uid) < 0) {
-                        log_debug("Acquire of pid %d: the command it names cannot hold a lease: %s", (int) c->cred.pid,
+                if (r < 0 || process_check_attachable(&command, s->cred.pid, s->cred.uid) < 0) {
+                        log_debug("Acquire of pid %d: the command it names cannot hold a lease: %s", (int) s->cred.pid,
                                   r < 0 ? strerror(-r) : "neither the peer nor its child of the same uid");
-                        reply_invalid_parameter(c, pid > 0 ? "pid" : "pidfd");
+                        reply_invalid_parameter(s, pid > 0 ? "pid" : "pidfd");
                         return;
                 }
         }
 
         /* At its waiter limit a uid may still take a free slot, but not wait for one. */
-        UidUsage *u = manager_uid_usage(m, c->cred.uid, true);
+        UidUsage *u = manager_uid_usage(m, s->cred.uid, true);
         bool no_wait = !wait || (u && u->waiters >= m->config->max_waiters_per_uid);
 
         a->lane = strdup(lane);
         a->job = job ? strdup(job) : NULL;
         if (!a->lane || (job && !a->job)) {
                 log_oom();
-                connection_close(c);
+                session_close(s);
                 return;
         }
         a->active = true;
@@ -182,28 +184,147 @@ void session_acquire(Connection *c, const VarlinkCall *call) {
                                    .max_wait = queue_wait_ms > 0 ? (usec_t) queue_wait_ms * USEC_PER_MSEC
                                                                  : USEC_INFINITY,
                                    .max_hold = a->max_hold,
-                                   .userdata = c,
+                                   .userdata = s,
                            },
                            now_monotonic(), &a->request);
         if (r == -ENOENT || r == -EINVAL) {
                 a->active = false;
                 if (r == -ENOENT) {
                         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
-                        connection_reply_error(c, "io.slotbroker.NoSuchLane", p);
+                        session_reply_error(s, "io.slotbroker.NoSuchLane", p);
                 } else
-                        reply_invalid_parameter(c, "slots"); /* more slots than any pool of the lane has */
-                connection_acquire_done(c);
+                        reply_invalid_parameter(s, "slots"); /* more slots than any pool of the lane has */
+                session_acquire_done(s);
                 return;
         }
         if (r < 0) {
                 log_error_errno(r, "Failed to queue a request: %m");
-                connection_close(c);
+                session_close(s);
         }
-        /* The outcome arrives as engine events at manager_sync(). */
+        /* The outcome arrives as engine events, at the drain (manager_drain()). */
 }
 
-static json_t *queued_reply(Connection *c, size_t position, size_t queued) {
-        EngineRequest *req = c->acquire.request;
+/* ---- the session and its connection ---- */
+
+static void session_on_input_ended(Connection *c, void *userdata) {
+        Session *s = userdata;
+        /* An open Acquire's connection is the lease's life line: a client that can send nothing more has
+         * ended it, as a hang-up does (io.slotbroker(7)). */
+        if (s->acquire.active || s->lease) {
+                log_debug("Client pid %d shut its side of the connection with an Acquire open; closing.",
+                          (int) s->cred.pid);
+                session_close(s);
+        }
+}
+
+int session_new(Manager *m, Connection *c, ConnectionCallFn call, ConnectionDisconnectFn disconnect, Session **ret) {
+        Session *s = calloc(1, sizeof(Session));
+        if (!s) {
+                connection_close(c);
+                connection_free(c);
+                return -ENOMEM;
+        }
+        *s = (Session) {
+                .manager = m,
+                .connection = c,
+                .cred = *connection_get_peer(c),
+                .acquire.command_pidfd = -EBADF,
+        };
+        connection_set_userdata(c, s);
+        connection_bind_call(c, call);
+        connection_bind_input_ended(c, session_on_input_ended);
+        connection_bind_disconnect(c, disconnect);
+        list_append(&m->sessions, &s->node);
+        m->n_connections++;
+        UidUsage *u = manager_uid_usage(m, s->cred.uid, true);
+        if (u)
+                u->connections++;
+        *ret = s;
+        return 0;
+}
+
+void session_free(Session *s) {
+        if (!s)
+                return;
+        assert(s->closed);
+        connection_free(s->connection);
+        free(s->acquire.lane);
+        free(s->acquire.job);
+        free(s);
+}
+
+int session_reply(Session *s, json_t *parameters, bool continues) {
+        return connection_reply(s->connection, parameters, continues);
+}
+
+int session_reply_error(Session *s, const char *error, json_t *parameters) {
+        return connection_reply_error(s->connection, error, parameters);
+}
+
+void session_close(Session *s) {
+        connection_close(s->connection); /* its disconnect handler ends up in session_on_disconnect() */
+}
+
+bool session_is_waiting(const Session *s) {
+        return s->acquire.active && s->acquire.request && engine_request_is_waiting(s->acquire.request);
+}
+
+/* Release of the lease this session holds may overtake the wait for that lease to end: it is what ends it,
+ * and the Acquire's last reply still goes out before the Release's, in order. This lets one connection
+ * take and give back lease after lease. */
+static bool call_releases_own_lease(const Session *s, const VarlinkCall *call) {
+        if (!s->lease || s->acquire.pending || s->history_pending || !streq(call->method, "io.slotbroker.Release"))
+                return false;
+        json_t *id = json_object_get(call->parameters, "lease");
+        return json_is_string(id) && streq(json_string_value(id), s->lease->id);
+}
+
+bool session_defers_call(const Session *s, const VarlinkCall *call) {
+        bool busy = s->acquire.active || s->lease || s->history_pending;
+        return busy && !call_releases_own_lease(s, call);
+}
+
+void session_acquire_done(Session *s) {
+        AcquireCall *a = &s->acquire;
+        a->active = false;
+        a->request = engine_request_unref(a->request);
+        a->command_pidfd = safe_close(a->command_pidfd);
+        a->has_command = false;
+        a->lane = mfree(a->lane);
+        a->job = mfree(a->job);
+        connection_resume(s->connection);
+}
+
+void session_on_disconnect(Session *s) {
+        Manager *m = s->manager;
+        AcquireCall *a = &s->acquire;
+
+        s->closed = true;
+        (void) session_waiter_withdraw(s, SESSION_WITHDRAW_GONE);
+        a->request = engine_request_unref(a->request);
+        a->command_pidfd = safe_close(a->command_pidfd);
+        a->active = false; /* lane and job stay for the audit of decisions still on their way */
+        if (a->pending) {
+                a->pending->requester = NULL; /* its row still gets written; nobody hears the grant */
+                a->pending = NULL;
+        }
+        if (s->lease)
+                lease_holder_gone(s->lease); /* clears s->lease */
+
+        manager_memory_freed(m, connection_get_buffered(s->connection));
+        manager_fd_released(m);
+        list_unlink(&s->node);
+        m->n_connections--;
+        UidUsage *u = manager_uid_usage(m, s->cred.uid, false);
+        if (u && u->connections > 0)
+                u->connections--;
+        manager_status_changed(m);
+        /* Callers up the stack may still hold s: it is freed once this loop iteration is over. */
+        manager_collect_session(m, s);
+}
+
+static json_t *queued_reply(Session *s, size_t position, size_t queued) {
+        EngineRequest *req = s->acquire.request;
         usec_t budget = engine_request_budget(req);
         json_t *p = json_pack("{s:s, s:s, s:I, s:I}", "state", "queued", "pool", engine_request_pool(req),
                               "position", (json_int_t) position, "queued", (json_int_t) queued);
@@ -212,16 +333,16 @@ static json_t *queued_reply(Connection *c, size_t position, size_t queued) {
         return p;
 }
 
-static void send_position(Connection *c, usec_t now) {
-        AcquireCall *a = &c->acquire;
+static void send_position(Session *s, usec_t now) {
+        AcquireCall *a = &s->acquire;
         size_t pos, queued;
         if (engine_request_position(a->request, &pos, &queued) < 0)
                 return;
         pos++; /* clients count from 1 */
         if (pos == a->last_position && queued == a->last_queued)
                 return;
-        _cleanup_(json_decrefp) json_t *p = queued_reply(c, pos, queued);
-        if (!p || connection_reply(c, p, true) < 0)
+        _cleanup_(json_decrefp) json_t *p = queued_reply(s, pos, queued);
+        if (!p || session_reply(s, p, true) < 0)
                 return;
         a->last_position = pos;
         a->last_queued = queued;
@@ -232,9 +353,9 @@ static void send_position(Connection *c, usec_t now) {
  * cost ten thousand small replies a second, spread out,, and never a stall of the loop. */
 #define POSITION_BATCH 32
 
-static void position_queue_leave(Connection *c) {
-        if (list_node_is_linked(&c->acquire.position_node))
-                list_unlink(&c->acquire.position_node);
+static void position_queue_leave(Session *s) {
+        if (list_node_is_linked(&s->acquire.position_node))
+                list_unlink(&s->acquire.position_node);
 }
 
 static void position_queue_arm(Manager *m, usec_t now, bool more_due) {
@@ -249,16 +370,16 @@ static void position_queue_arm(Manager *m, usec_t now, bool more_due) {
         (void) sd_event_source_set_enabled(m->position_timer, SD_EVENT_ONESHOT);
 }
 
-static void position_queue_join(Connection *c, usec_t now) {
-        Manager *m = c->manager;
+static void position_queue_join(Session *s, usec_t now) {
+        Manager *m = s->manager;
         bool was_empty = list_is_empty(&m->position_queue);
-        c->acquire.last_position_check = now;
-        list_append(&m->position_queue, &c->acquire.position_node);
+        s->acquire.last_position_check = now;
+        list_append(&m->position_queue, &s->acquire.position_node);
         if (was_empty)
                 position_queue_arm(m, now, false);
 }
 
-int session_on_position_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+int session_on_position_timer(sd_event_source *source, uint64_t usec, void *userdata) {
         Manager *m = userdata;
         usec_t now = now_monotonic();
         unsigned n = 0;
@@ -268,13 +389,13 @@ int session_on_position_timer(sd_event_source *s, uint64_t usec, void *userdata)
                 AcquireCall *a = container_of(head, AcquireCall, position_node);
                 if (usec_add(a->last_position_check, USEC_PER_SEC) > now)
                         break;
-                Connection *c = container_of(a, Connection, acquire);
+                Session *s = container_of(a, Session, acquire);
                 list_unlink(head);
                 a->last_position_check = now;
                 list_append(&m->position_queue, head);
                 /* A client that has not read its last update gets no new one: its output stays bounded. */
-                if (varlink_stream_pending_output(&c->stream) == 0)
-                        send_position(c, now); /* may close c: then it left the queue */
+                if (connection_get_pending_output(s->connection) == 0)
+                        send_position(s, now); /* may close s: then it left the queue */
                 n++;
         }
         head = list_first(&m->position_queue);
@@ -284,11 +405,11 @@ int session_on_position_timer(sd_event_source *s, uint64_t usec, void *userdata)
         return 0;
 }
 
-static void waiter_count(Connection *c, bool on) {
-        AcquireCall *a = &c->acquire;
+static void waiter_count(Session *s, bool on) {
+        AcquireCall *a = &s->acquire;
         if (a->counted_waiter == on)
                 return;
-        UidUsage *u = manager_uid_usage(c->manager, c->cred.uid, on);
+        UidUsage *u = manager_uid_usage(s->manager, s->cred.uid, on);
         if (u) {
                 if (on)
                         u->waiters++;
@@ -298,37 +419,37 @@ static void waiter_count(Connection *c, bool on) {
         a->counted_waiter = on;
 }
 
-static void on_queued(Manager *m, Connection *c, const EngineEvent *ev) {
-        if (c->closed)
+static void on_queued(Manager *m, Session *s, const EngineEvent *ev) {
+        if (s->closed)
                 return;
-        waiter_count(c, true);
+        waiter_count(s, true);
         manager_status_changed(m);
-        if (c->acquire.more) {
+        if (s->acquire.more) {
                 usec_t now = now_monotonic();
-                send_position(c, now);
-                if (!c->closed)
-                        position_queue_join(c, now);
+                send_position(s, now);
+                if (!s->closed)
+                        position_queue_join(s, now);
         }
 }
 
 /* Sends the grant to the client that asked (SPEC §5: continues while the connection is the life line). */
-static void answer_grant(Connection *c, Lease *l) {
-        AcquireCall *a = &c->acquire;
+static void answer_grant(Session *s, Lease *l) {
+        AcquireCall *a = &s->acquire;
         _cleanup_(json_decrefp) json_t *lease = lease_to_json(l);
         _cleanup_(json_decrefp) json_t *p = lease ? json_pack("{s:s, s:O}", "state", "granted", "lease", lease) : NULL;
         bool continues = a->more && !a->detach;
         if (!p) {
                 log_oom();
-                connection_close(c);
+                session_close(s);
                 return;
         }
-        connection_reply(c, p, continues);
+        session_reply(s, p, continues);
         a->request = engine_request_unref(a->request);
         if (!continues) {
                 /* A plain Acquire ends with the grant; a detached lease leaves the connection free. */
                 a->active = false;
                 if (a->detach)
-                        connection_acquire_done(c);
+                        session_acquire_done(s);
         }
 }
 
@@ -345,11 +466,11 @@ static void audit_grant(Manager *m, const Lease *l, const LeaseGrant *g) {
  * grant may be answered (SPEC §3.4). */
 static void on_lease_persisted(Lease *l, int result) {
         Manager *m = l->manager;
-        Connection *c = l->requester;
+        Session *s = l->requester;
 
         l->requester = NULL;
-        if (c)
-                c->acquire.pending = NULL;
+        if (s)
+                s->acquire.pending = NULL;
         if (!persistence_commit_allows_grant(m, l, result)) {
                 /* Never granted unpersisted: give the slots back and refuse. */
                 AuditRecord rec = lease_audit_record(l, "unavailable");
@@ -358,37 +479,37 @@ static void on_lease_persisted(Lease *l, int result) {
                 rec.reason = "the lease could not be written to the state directory";
                 audit_decision(&m->audit, &rec);
                 persistence_note_refused(m, rec.reason);
-                if (c && !c->closed) {
+                if (s && !s->closed) {
                         _cleanup_(json_decrefp) json_t *p =
                                 json_pack("{s:i, s:s, s:s}", "retryAfterSec", 5, "pool", rec.pool, "reason", "storage");
-                        c->lease = NULL;
+                        s->lease = NULL;
                         l->holder = NULL;
-                        connection_reply_error(c, "io.slotbroker.Unavailable", p);
-                        connection_acquire_done(c);
+                        session_reply_error(s, "io.slotbroker.Unavailable", p);
+                        session_acquire_done(s);
                 }
                 lease_discard(l);
                 return;
         }
         audit_grant(m, l, &l->grant);
-        if (c && !c->closed)
-                answer_grant(c, l);
+        if (s && !s->closed)
+                answer_grant(s, l);
 }
 
-static void on_granted(Manager *m, Connection *c, const EngineEvent *ev) {
-        AcquireCall *a = &c->acquire;
+static void on_granted(Manager *m, Session *s, const EngineEvent *ev) {
+        AcquireCall *a = &s->acquire;
         Lease *l;
 
-        session_waiter_left(c);
-        int r = lease_new(m, ev->lease, c->closed ? NULL : c, c->cred.uid, c->cred.pid, a->job, a->detach,
+        session_waiter_left(s);
+        int r = lease_new(m, ev->lease, s->closed ? NULL : s, s->cred.uid, s->cred.pid, a->job, a->detach,
                           a->has_command ? &a->command : NULL, TAKE_FD(a->command_pidfd), &l);
         if (r < 0) {
                 log_error_errno(r, "Failed to record a lease: %m");
                 engine_lease_release(ev->lease, now_monotonic());
-                if (!c->closed) {
+                if (!s->closed) {
                         _cleanup_(json_decrefp) json_t *p =
                                 json_pack("{s:i, s:s, s:s}", "retryAfterSec", 1, "pool", ev->pool, "reason", "internal");
-                        connection_reply_error(c, "io.slotbroker.Unavailable", p);
-                        connection_acquire_done(c);
+                        session_reply_error(s, "io.slotbroker.Unavailable", p);
+                        session_acquire_done(s);
                 }
                 return;
         }
@@ -400,7 +521,7 @@ static void on_granted(Manager *m, Connection *c, const EngineEvent *ev) {
                 .state = ev->queued ? ev->state : QUEUE_STATE_NONE,
         };
 
-        if (c->closed) {
+        if (s->closed) {
                 /* Gone between the decision and now: the lease lives on only if its command does. */
                 audit_grant(m, l, &l->grant);
                 lease_persist(l, NULL);
@@ -408,7 +529,7 @@ static void on_granted(Manager *m, Connection *c, const EngineEvent *ev) {
                 return;
         }
         a->pending = l;
-        l->requester = c;
+        l->requester = s;
         lease_persist(l, on_lease_persisted);
 }
 
@@ -427,10 +548,10 @@ static const char *refusal_error(Refusal r) {
         }
 }
 
-static void on_refused(Manager *m, Connection *c, const EngineEvent *ev) {
-        AcquireCall *a = &c->acquire;
+static void on_refused(Manager *m, Session *s, const EngineEvent *ev) {
+        AcquireCall *a = &s->acquire;
 
-        session_waiter_left(c);
+        session_waiter_left(s);
         manager_status_changed(m);
 
         AuditRecord rec = AUDIT_RECORD_INIT;
@@ -442,14 +563,14 @@ static void on_refused(Manager *m, Connection *c, const EngineEvent *ev) {
         rec.budget = ev->queued ? ev->budget : USEC_INFINITY;
         rec.idle = ev->queued ? ev->idle : USEC_INFINITY;
         rec.state = ev->queued ? queue_state_to_string(ev->state) : NULL;
-        rec.uid = c->cred.uid;
-        rec.pid = c->cred.pid;
+        rec.uid = s->cred.uid;
+        rec.pid = s->cred.pid;
         rec.retry_after_sec = ev->retry_after_sec;
         if (ev->refusal == REFUSAL_UNAVAILABLE)
                 rec.reason = conf_find_pool(m->config, ev->pool) ? "the pool is drained" : "the pool was removed by a reload";
         audit_decision(&m->audit, &rec);
 
-        if (c->closed)
+        if (s->closed)
                 return;
         _cleanup_(json_decrefp) json_t *p =
                 json_pack("{s:I, s:s?}", "retryAfterSec", (json_int_t) ev->retry_after_sec, "pool", ev->pool);
@@ -457,21 +578,21 @@ static void on_refused(Manager *m, Connection *c, const EngineEvent *ev) {
                 json_object_set_new(p, "waitedMs", json_integer((json_int_t) (ev->wait / USEC_PER_MSEC)));
         if (p && ev->refusal == REFUSAL_UNAVAILABLE)
                 json_object_set_new(p, "reason", json_string(conf_find_pool(m->config, ev->pool) ? "drained" : "removed"));
-        connection_reply_error(c, refusal_error(ev->refusal), p);
-        connection_acquire_done(c);
+        session_reply_error(s, refusal_error(ev->refusal), p);
+        session_acquire_done(s);
 }
 
 /* The waiter leaves the queue (granted, refused or withdrawn): no more position updates, and its uid has one
  * waiter less. The only place that does either for a waiter that ends. */
-static void session_waiter_left(Connection *c) {
-        waiter_count(c, false);
-        position_queue_leave(c);
+static void session_waiter_left(Session *s) {
+        waiter_count(s, false);
+        position_queue_leave(s);
 }
 
-bool session_waiter_withdraw(Connection *c, SessionWithdraw why) {
-        AcquireCall *a = &c->acquire;
-        if (!connection_is_waiting(c)) {
-                session_waiter_left(c); /* a no-op unless the engine's answer is still on its way */
+bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
+        AcquireCall *a = &s->acquire;
+        if (!session_is_waiting(s)) {
+                session_waiter_left(s); /* a no-op unless the engine's answer is still on its way */
                 return false;
         }
         usec_t now = now_monotonic();
@@ -481,8 +602,8 @@ bool session_waiter_withdraw(Connection *c, SessionWithdraw why) {
         rec.job = a->job;
         rec.wait = usec_sub_unsigned(now, engine_request_arrival(a->request));
         rec.budget = engine_request_budget(a->request);
-        rec.uid = c->cred.uid;
-        rec.pid = c->cred.pid;
+        rec.uid = s->cred.uid;
+        rec.pid = s->cred.pid;
         if (why == SESSION_WITHDRAW_GONE)
                 rec.decision = "cancelled";
         else {
@@ -491,14 +612,14 @@ bool session_waiter_withdraw(Connection *c, SessionWithdraw why) {
                 rec.retry_after_sec = 1;
                 rec.reason = "cancelled by an administrator";
         }
-        audit_decision(&c->manager->audit, &rec);
+        audit_decision(&s->manager->audit, &rec);
         engine_request_cancel(a->request, now);
-        session_waiter_left(c);
+        session_waiter_left(s);
         if (why == SESSION_WITHDRAW_CANCELLED) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s, s:s}", "retryAfterSec", 1, "pool",
                                                               rec.pool, "reason", "cancelled");
-                connection_reply_error(c, "io.slotbroker.Unavailable", p);
-                connection_acquire_done(c);
+                session_reply_error(s, "io.slotbroker.Unavailable", p);
+                session_acquire_done(s);
         }
         return true;
 }
