@@ -60,6 +60,17 @@ void manager_random_bytes(Manager *m, void *buf, size_t n) {
         }
 }
 
+static void lease_random_bytes(void *buf, size_t n, void *userdata) {
+        manager_random_bytes(userdata, buf, n);
+}
+
+/* What the modules take from the configuration, at start and at each reload. */
+static void manager_apply_settings(Manager *m) {
+        audit_set_level(&m->audit, m->config->audit);
+        m->leases.revoke_grace = m->config->revoke_grace;
+        m->leases.reclaim_grace = m->config->reclaim_grace;
+}
+
 uint64_t manager_random(void *userdata) {
         uint64_t v;
         manager_random_bytes(userdata, &v, sizeof v);
@@ -83,15 +94,6 @@ UidUsage *manager_uid_usage(Manager *m, uid_t uid, bool create) {
         m->uid_usage = a;
         a[m->n_uid_usage] = (UidUsage) { .uid = uid };
         return &a[m->n_uid_usage++];
-}
-
-Lease *manager_find_lease(Manager *m, const char *id) {
-        list_foreach(n, &m->leases) {
-                Lease *l = container_of(n, Lease, node);
-                if (streq(l->id, id))
-                        return l;
-        }
-        return NULL;
 }
 
 /* A floor for every pool (after a database was started afresh): pools configured later get it too. */
@@ -223,7 +225,7 @@ void manager_metrics_gauges(Manager *m, MetricsGauges *ret) {
                 .engine = m->engine,
                 .now = now_monotonic(),
                 .connections = m->n_connections,
-                .leases = m->n_leases,
+                .leases = m->leases.n_leases,
                 .journal_dropped = m->audit.journal_dropped_total,
                 .history = m->history != NULL,
         };
@@ -279,6 +281,11 @@ static void manager_settle(Manager *m) {
                         session_on_engine_event(m, &ev);
                         any = true;
                 }
+                LeaseEvent lev;
+                while (lease_table_pop_event(&m->leases, &lev)) {
+                        session_on_lease_event(m, &lev);
+                        any = true;
+                }
                 if (!any)
                         break;
         }
@@ -322,6 +329,7 @@ static void manager_update_status(Manager *m) {
         usec_t now = now_monotonic();
 
         m->status_dirty = false;
+        m->leases.changed = false;
         for (size_t i = 0; i < engine_pool_count(m->engine) && len < sizeof buf - 64; i++) {
                 EnginePoolInfo info;
                 if (engine_pool_info(m->engine, i, now, &info) < 0)
@@ -349,17 +357,16 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
                 manager_metrics_gauges(m, &g);
                 metrics_write_textfile(&m->metrics, &g, m->config->metrics_textfile);
         }
-        list_foreach_safe(n, &m->leases)
-                lease_poll_command(container_of(n, Lease, node));
+        lease_table_poll_commands(&m->leases);
         if (!m->state_loaded && now_monotonic() >= m->state_retry_at)
                 manager_load_state_async(m);
-        if (m->status_dirty)
+        if (m->status_dirty || m->leases.changed)
                 manager_update_status(m);
 
         /* exit-idle-after= (SPEC §8): only under socket activation, where the next client starts us again,
          * and only with no connection and no lease (waiters have connections). */
         usec_t now = now_monotonic();
-        if (m->n_connections > 0 || m->n_leases > 0 || m->socket_bound_here)
+        if (m->n_connections > 0 || m->leases.n_leases > 0 || m->socket_bound_here)
                 m->idle_since = now;
         else if (m->config->exit_idle_after != USEC_INFINITY && now - m->idle_since >= m->config->exit_idle_after) {
                 log_info("Idle for %s: exiting; the socket stays with systemd.",
@@ -411,7 +418,7 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         m->n_acls = n_acls;
         conf_free(m->config);
         m->config = TAKE_PTR(c);
-        audit_set_level(&m->audit, m->config->audit);
+        manager_apply_settings(m);
         manager_apply_token_floor_all(m);
         char detail[128];
         snprintf(detail, sizeof detail, "%zu pools, %zu lanes", m->config->n_pools, m->config->n_lanes);
@@ -626,9 +633,9 @@ static void on_history_health(History *h, bool healthy, void *userdata) {
         if (!healthy)
                 return;
         unsigned n = 0;
-        list_foreach(node, &m->leases) {
+        list_foreach(node, &m->leases.leases) {
                 Lease *l = container_of(node, Lease, node);
-                if (!l->persisted) {
+                if (!l->persist_pending) {
                         lease_persist(l, NULL);
                         n++;
                 }
@@ -655,7 +662,7 @@ static void manager_apply_state(Manager *m, const HistoryState *s) {
         for (size_t i = 0; i < s->n_leases; i++) {
                 const HistoryLeaseRow *row = &s->leases[i];
                 Lease *l = NULL;
-                int r = lease_restore(m, row, s->alive_at, &l);
+                int r = lease_restore(&m->leases, row, s->alive_at, &l);
                 if (r < 0 || !l) {
                         audit_ended_while_down(m, row,
                                                r == -EEXIST   ? "its slot is taken by another restored lease"
@@ -713,6 +720,7 @@ static int manager_open_history(Manager *m) {
                 return log_error_errno(r, "Failed to set up history in %s: %m", m->state_directory);
         history_set_health_callback(m->history, on_history_health, m);
         audit_set_history(&m->audit, m->history);
+        m->leases.history = m->history;
 
         r = history_load_state(m->history, &s);
         if (r == -ENOMEM)
@@ -777,11 +785,13 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         m->listen_fd = -EBADF;
         r = sd_event_default(&m->event);
         audit_init(&m->audit, m->event, &m->metrics, getenv("SLOTBROKER_JOURNAL_SOCKET"));
+        lease_table_init(&m->leases, m->event, NULL, &m->audit);
+        m->leases.random_bytes = lease_random_bytes;
+        m->leases.random_userdata = m;
         if (r < 0)
                 return log_error_errno(r, "Failed to allocate the event loop: %m");
         list_init(&m->sessions);
         list_init(&m->closed_sessions);
-        list_init(&m->leases);
         list_init(&m->position_queue);
         list_init(&m->history_page_queue);
 
@@ -797,7 +807,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         }
 
         m->lease_persistence = m->config->lease_persistence;
-        audit_set_level(&m->audit, m->config->audit);
+        manager_apply_settings(m);
 
         const char *env_socket = getenv("SLOTBROKER_SOCKET");
         if (o->socket_path)
@@ -822,6 +832,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         r = engine_new(manager_random, m, &m->engine);
         if (r < 0)
                 return log_error_errno(r, "Failed to create the engine: %m");
+        m->leases.engine = m->engine;
         r = engine_configure(m->engine, m->config, now_monotonic());
         if (r < 0)
                 return log_error_errno(r, "Failed to apply the configuration: %m");
@@ -895,10 +906,7 @@ Manager *manager_free(Manager *m) {
                 return NULL;
         /* Shutting down is not releasing: leases simply end with the process. */
         ListNode *n;
-        while ((n = list_first(&m->leases))) {
-                list_unlink(n);
-                lease_free(container_of(n, Lease, node));
-        }
+        lease_table_done(&m->leases);
         while ((n = list_first(&m->sessions))) {
                 Session *s = container_of(n, Session, node);
                 s->lease = NULL;
@@ -918,6 +926,7 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->drain_source);
         /* Leases are not ended: their rows stay for the next start to restore. */
         audit_set_history(&m->audit, NULL);
+        m->leases.history = NULL;
         m->history = history_free(m->history);
         engine_free(m->engine);
         audit_done(&m->audit);

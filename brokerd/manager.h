@@ -10,6 +10,7 @@
 #include "audit.h"
 #include "conf.h"
 #include "engine.h"
+#include "lease.h"
 #include "list.h"
 #include "metrics.h"
 #include "poller.h"
@@ -17,7 +18,6 @@
 
 typedef struct Session Session;
 typedef struct History History;
-typedef struct Lease Lease;
 
 /* Connections and waiters per uid, for the limits of SPEC §10. */
 typedef struct UidUsage {
@@ -72,8 +72,7 @@ typedef struct Manager {
         UidUsage *uid_usage;
         size_t n_uid_usage;
 
-        List leases;                    /* Lease.node */
-        unsigned n_leases;
+        LeaseTable leases;
 
         sd_event_source *tick_timer;    /* once a second: process groups, audit summaries, STATUS= */
         List position_queue;            /* waiters by when their position was last looked at */
@@ -135,8 +134,6 @@ bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gi
 bool manager_is_admin(const Manager *m, uid_t uid);
 
 UidUsage *manager_uid_usage(Manager *m, uid_t uid, bool create);
-
-Lease *manager_find_lease(Manager *m, const char *id);
 
 /* A connection's fd was closed: accepting resumes if it was paused for want of fds. */
 void manager_fd_released(Manager *m);

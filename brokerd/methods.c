@@ -69,7 +69,7 @@ static void method_release(Session *s, const VarlinkCall *call) {
         if (!parameters_ok(s, call,
                            (const JsonField[]) { { "lease", JSON_FIELD_STRING, JSON_MANDATORY, &id, .max_length = 64 }, {} }))
                 return;
-        Lease *l = manager_find_lease(s->manager, id);
+        Lease *l = lease_table_find(&s->manager->leases, id);
         if (!l) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", id);
                 session_reply_error(s, "io.slotbroker.NoSuchLease", p);
@@ -81,7 +81,7 @@ static void method_release(Session *s, const VarlinkCall *call) {
                 session_reply_error(s, "io.slotbroker.PermissionDenied", p);
                 return;
         }
-        lease_release(l, s);
+        session_lease_release(s, l);
         session_reply(s, NULL, false);
 }
 
@@ -156,7 +156,7 @@ static json_t *status_build(Manager *m) {
         for (size_t i = 0; i < engine_pool_count(m->engine); i++)
                 if (json_array_append_new(pools, pool_status(m, i, now)) < 0)
                         return NULL;
-        list_foreach(n, &m->leases) {
+        list_foreach(n, &m->leases.leases) {
                 Lease *l = container_of(n, Lease, node);
                 json_t *h = json_pack("{s:o, s:s, s:I}", "lease", lease_to_json(l), "state", lease_state_to_string(l->state),
                                       "heldMs", (json_int_t) (usec_sub_unsigned(now, l->granted_mono) / USEC_PER_MSEC));

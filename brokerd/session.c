@@ -116,13 +116,14 @@ void session_acquire(Session *s, const VarlinkCall *call) {
         }
         if (reclaim) {
                 /* After a restart: the owner takes back a lease it held; no new request is made. */
-                Lease *l = manager_find_lease(m, reclaim);
+                Lease *l = lease_table_find(&m->leases, reclaim);
                 if (!l || (l->uid != s->cred.uid && s->cred.uid != 0) || !streq(engine_lease_lane(l->engine_lease), lane) ||
                     lease_reclaim(l, s) < 0) {
                         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", reclaim);
                         session_reply_error(s, "io.slotbroker.NoSuchLease", p);
                         return;
                 }
+                s->lease = l; /* the lease's side: lease_reclaim() */
                 log_info("Lease %s reclaimed by pid %d.", l->id, (int) s->cred.pid);
                 a->active = true;
                 a->more = call->flags & VARLINK_CALL_MORE;
@@ -269,6 +270,52 @@ bool session_is_waiting(const Session *s) {
         return s->acquire.active && s->acquire.request && engine_request_is_waiting(s->acquire.request);
 }
 
+/* The holder link, both sides: s->lease here, the lease's holder in lease.c (set by lease_new() and
+ * lease_reclaim(), cleared here). Returns the lease s held. */
+static Lease *session_unlink_lease(Session *s) {
+        Lease *l = TAKE_PTR(s->lease);
+        if (l)
+                lease_clear_holder(l);
+        return l;
+}
+
+void session_lease_revoke(Lease *l, const char *reason) {
+        if (lease_revoke(l, reason) != LEASE_OUTCOME_REVOKED)
+                return; /* revoked already, or nobody holds it: overdue or ended */
+        Session *h = lease_get_holder(l);
+        if (h->acquire.active && h->acquire.more) {
+                /* The last reply of the Acquire tells the holder to stop (SPEC §3.4). */
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "revoked");
+                (void) session_reply(h, p, false);
+                h->acquire.active = false;
+                lease_start_revoke_grace(l);
+                return;
+        }
+        /* A plain Acquire's life line is the connection itself: the broker closes it (SPEC §5). That ends the
+         * lease, or makes it overdue while its command runs; l may be gone after this. */
+        session_close(h);
+}
+
+void session_lease_release(Session *by, Lease *l) {
+        if (lease_command_running(l)) {
+                session_lease_revoke(l, "released while its command runs");
+                return;
+        }
+        Session *h = lease_get_holder(l);
+        if (h) {
+                (void) session_unlink_lease(h);
+                if (h->acquire.active && h->acquire.more) {
+                        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "released");
+                        (void) session_reply(h, p, false);
+                        h->acquire.active = false;
+                        if (h != by)
+                                session_acquire_done(h);
+                } else if (h != by)
+                        session_close(h); /* a plain Acquire's life line is the connection itself */
+        }
+        lease_end(l);
+}
+
 /* Release of the lease this session holds may overtake the wait for that lease to end: it is what ends it,
  * and the Acquire's last reply still goes out before the Release's, in order. This lets one connection
  * take and give back lease after lease. */
@@ -305,11 +352,12 @@ void session_on_disconnect(Session *s) {
         a->command_pidfd = safe_close(a->command_pidfd);
         a->active = false; /* lane and job stay for the audit of decisions still on their way */
         if (a->pending) {
-                a->pending->requester = NULL; /* its row still gets written; nobody hears the grant */
+                lease_persist_forget(a->pending); /* its row still gets written; nobody hears the grant */
                 a->pending = NULL;
         }
-        if (s->lease)
-                lease_holder_gone(s->lease); /* clears s->lease */
+        Lease *l = session_unlink_lease(s);
+        if (l)
+                (void) lease_holder_gone(l);
 
         manager_memory_freed(m, connection_get_buffered(s->connection));
         manager_fd_released(m);
@@ -464,11 +512,7 @@ static void audit_grant(Manager *m, const Lease *l, const LeaseGrant *g) {
 
 /* The lease row is durable (or could not be written, which lease-persistence=best-effort accepts): now the
  * grant may be answered (SPEC §3.4). */
-static void on_lease_persisted(Lease *l, int result) {
-        Manager *m = l->manager;
-        Session *s = l->requester;
-
-        l->requester = NULL;
+static void on_lease_persisted(Manager *m, Lease *l, Session *s, int result) {
         if (s)
                 s->acquire.pending = NULL;
         if (!persistence_commit_allows_grant(m, l, result)) {
@@ -482,11 +526,12 @@ static void on_lease_persisted(Lease *l, int result) {
                 if (s && !s->closed) {
                         _cleanup_(json_decrefp) json_t *p =
                                 json_pack("{s:i, s:s, s:s}", "retryAfterSec", 5, "pool", rec.pool, "reason", "storage");
-                        s->lease = NULL;
-                        l->holder = NULL;
                         session_reply_error(s, "io.slotbroker.Unavailable", p);
-                        session_acquire_done(s);
                 }
+                if (s && s->lease == l)
+                        (void) session_unlink_lease(s);
+                if (s && !s->closed)
+                        session_acquire_done(s);
                 lease_discard(l);
                 return;
         }
@@ -500,7 +545,7 @@ static void on_granted(Manager *m, Session *s, const EngineEvent *ev) {
         Lease *l;
 
         session_waiter_left(s);
-        int r = lease_new(m, ev->lease, s->closed ? NULL : s, s->cred.uid, s->cred.pid, a->job, a->detach,
+        int r = lease_new(&m->leases, ev->lease, s->closed ? NULL : s, s->cred.uid, s->cred.pid, a->job, a->detach,
                           a->has_command ? &a->command : NULL, TAKE_FD(a->command_pidfd), &l);
         if (r < 0) {
                 log_error_errno(r, "Failed to record a lease: %m");
@@ -525,12 +570,13 @@ static void on_granted(Manager *m, Session *s, const EngineEvent *ev) {
                 /* Gone between the decision and now: the lease lives on only if its command does. */
                 audit_grant(m, l, &l->grant);
                 lease_persist(l, NULL);
-                lease_holder_gone(l);
+                (void) lease_holder_gone(l);
                 return;
         }
+        if (!a->detach)
+                s->lease = l; /* the lease's side: lease_new() */
         a->pending = l;
-        l->requester = s;
-        lease_persist(l, on_lease_persisted);
+        lease_persist(l, s);
 }
 
 static const char *refusal_error(Refusal r) {
@@ -624,6 +670,25 @@ bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
         return true;
 }
 
+void session_on_lease_event(Manager *m, const LeaseEvent *ev) {
+        switch (ev->type) {
+        case LEASE_EVENT_PERSISTED:
+                if (ev->grant)
+                        on_lease_persisted(m, ev->lease, ev->waiter, ev->result);
+                break;
+        case LEASE_EVENT_CUT: {
+                /* The revoke grace is over and the holder has not let go: its connection goes, and the lease
+                 * with it (or it becomes overdue while its command runs). */
+                Session *h = lease_get_holder(ev->lease);
+                if (h)
+                        session_close(h);
+                break;
+        }
+        default:
+                break;
+        }
+}
+
 void session_on_engine_event(Manager *m, const EngineEvent *ev) {
         switch (ev->type) {
         case ENGINE_EVENT_QUEUED:
@@ -637,7 +702,7 @@ void session_on_engine_event(Manager *m, const EngineEvent *ev) {
                 break;
         case ENGINE_EVENT_REVOKE:
                 if (ev->userdata)
-                        lease_revoke(ev->userdata, "max-hold");
+                        session_lease_revoke(ev->userdata, "max-hold");
                 break;
         case ENGINE_EVENT_CONGESTION:
                 audit_congestion(&m->audit, ev->pool, ev->congested, ev->idle);

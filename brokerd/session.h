@@ -78,6 +78,16 @@ void session_acquire_done(Session *s);
 /* io.slotbroker.Acquire. Replies (or starts waiting); never fails the connection. */
 void session_acquire(Session *s, const VarlinkCall *call);
 
+/* A lease event (lease_table_pop_event()): a grant's row written, a revoked holder's grace over. */
+typedef struct LeaseEvent LeaseEvent;
+void session_on_lease_event(Manager *m, const LeaseEvent *ev);
+/* Revokes l (max-hold, an administrator): its holder is told to stop, or cut when it holds by its
+ * connection alone. */
+void session_lease_revoke(Lease *l, const char *reason);
+/* Release of l from session by (its holder, or another connection of its uid or root): the holder hears
+ * "released" (or "revoked" while l's command runs) before by's reply. */
+void session_lease_release(Session *by, Lease *l);
+
 /* An engine event: a request queued, granted or refused, a lease reaching max-hold, a pool's gauge. */
 void session_on_engine_event(Manager *m, const EngineEvent *ev);
 

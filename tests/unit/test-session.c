@@ -183,10 +183,10 @@ static void test_grant_continues_and_closing_ends_the_lease(void **state) {
         Fixture *f = *state;
         Client *a = client_new(f);
         free(acquire_granted(f, a));
-        assert_int_equal(f->m->n_leases, 1);
+        assert_int_equal(f->m->leases.n_leases, 1);
         close(a->fd);
         a->fd = -EBADF;
-        PUMP_UNTIL(f, f->m->n_leases == 0); /* the connection was the lease's life line */
+        PUMP_UNTIL(f, f->m->leases.n_leases == 0); /* the connection was the lease's life line */
         assert_int_equal(f->m->n_connections, 0);
         client_free(a);
 }
@@ -268,7 +268,7 @@ static void test_waiter_that_closes_is_withdrawn_and_uncounted(void **state) {
         PUMP_UNTIL(f, f->m->n_connections == 1);
         assert_int_equal(pool_waiting(f), 0);
         assert_int_equal(uid_waiters(f), 0);
-        assert_int_equal(f->m->n_leases, 1); /* a's lease is untouched */
+        assert_int_equal(f->m->leases.n_leases, 1); /* a's lease is untouched */
         client_free(a);
         client_free(b);
 }
@@ -306,7 +306,7 @@ static void test_oneway_acquire_is_invalid_parameter(void **state) {
         json_t *r = client_wait(f, a);
         assert_string_equal(error_of(r), "org.varlink.service.InvalidParameter");
         json_decref(r);
-        assert_int_equal(f->m->n_leases, 0);
+        assert_int_equal(f->m->leases.n_leases, 0);
         client_free(a);
 }
 
