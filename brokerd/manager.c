@@ -358,7 +358,7 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
                 metrics_write_textfile(&m->metrics, &g, m->config->metrics_textfile);
         }
         lease_table_poll_commands(&m->leases);
-        if (!m->state_loaded && now_monotonic() >= m->state_retry_at)
+        if (!m->persistence.state_loaded && now_monotonic() >= m->state_retry_at)
                 manager_load_state_async(m);
         if (m->status_dirty || m->leases.changed)
                 manager_update_status(m);
@@ -411,7 +411,7 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         }
         if (!streq_ptr(c->socket_path, m->config->socket_path))
                 log_notice("socket= changed; it takes effect when brokerd restarts.");
-        if (c->lease_persistence != m->lease_persistence)
+        if (c->lease_persistence != m->persistence.mode)
                 log_notice("lease-persistence= changed; it takes effect when brokerd restarts.");
         acls_free(m->acls, m->n_acls);
         m->acls = acls;
@@ -628,7 +628,7 @@ static void audit_ended_while_down(Manager *m, const HistoryLeaseRow *row, const
  * it could not be written, or missing from a fresh file, are written now, so that they survive a restart. */
 static void on_history_health(History *h, bool healthy, void *userdata) {
         Manager *m = userdata;
-        if (!m->state_loaded)
+        if (!m->persistence.state_loaded)
                 manager_load_state_async(m); /* it may be readable now: no need to wait for the next retry */
         if (!healthy)
                 return;
@@ -642,7 +642,7 @@ static void on_history_health(History *h, bool healthy, void *userdata) {
         }
         if (n > 0)
                 log_info("History is writable again: %u live lease(s) written.", n);
-        persistence_recovered(m);
+        persistence_recovered(&m->persistence);
 }
 
 /* Fencing tokens continue above their high-water marks, and leases that still have a holder take their
@@ -653,7 +653,7 @@ static void manager_apply_state(Manager *m, const HistoryState *s) {
                         m->token_floor_all = MAX(m->token_floor_all, s->floors[i].next_token);
                 else
                         (void) engine_set_token_floor(m->engine, s->floors[i].pool, s->floors[i].next_token);
-        if (m->lease_persistence == LEASE_PERSISTENCE_BEST_EFFORT)
+        if (m->persistence.mode == LEASE_PERSISTENCE_BEST_EFFORT)
                 /* The last run may have handed out tokens it never wrote: the clock in µs is above them. */
                 m->token_floor_all = MAX(m->token_floor_all, (uint64_t) now_realtime());
         manager_apply_token_floor_all(m);
@@ -675,9 +675,9 @@ static void manager_apply_state(Manager *m, const HistoryState *s) {
         }
         if (restored + ended > 0)
                 log_info("Restored %u lease(s); %u ended while brokerd was down.", restored, ended);
-        m->state_loaded = true;
+        m->persistence.state_loaded = true;
         m->state_error = 0;
-        persistence_recovered(m);
+        persistence_recovered(&m->persistence);
 }
 
 static void manager_state_unreadable(Manager *m, int error) {
@@ -692,7 +692,7 @@ static void manager_state_unreadable(Manager *m, int error) {
 static void on_state_loaded(History *h, int error, HistoryState *s, void *userdata) {
         Manager *m = userdata;
         m->state_loading = false;
-        if (m->state_loaded)
+        if (m->persistence.state_loaded)
                 return;
         if (error < 0)
                 manager_state_unreadable(m, error);
@@ -703,7 +703,7 @@ static void on_state_loaded(History *h, int error, HistoryState *s, void *userda
 }
 
 static void manager_load_state_async(Manager *m) {
-        if (m->state_loaded || m->state_loading || !m->history)
+        if (m->persistence.state_loaded || m->state_loading || !m->history)
                 return;
         if (history_load(m->history, on_state_loaded, m) >= 0)
                 m->state_loading = true;
@@ -721,6 +721,7 @@ static int manager_open_history(Manager *m) {
         history_set_health_callback(m->history, on_history_health, m);
         audit_set_history(&m->audit, m->history);
         m->leases.history = m->history;
+        m->persistence.history = m->history;
 
         r = history_load_state(m->history, &s);
         if (r == -ENOMEM)
@@ -806,7 +807,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
                 return log_error_errno(r, "Failed to load the configuration: %m");
         }
 
-        m->lease_persistence = m->config->lease_persistence;
+        m->persistence.mode = m->config->lease_persistence;
         manager_apply_settings(m);
 
         const char *env_socket = getenv("SLOTBROKER_SOCKET");
@@ -927,6 +928,7 @@ Manager *manager_free(Manager *m) {
         /* Leases are not ended: their rows stay for the next start to restore. */
         audit_set_history(&m->audit, NULL);
         m->leases.history = NULL;
+        m->persistence.history = NULL;
         m->history = history_free(m->history);
         engine_free(m->engine);
         audit_done(&m->audit);

@@ -13,6 +13,7 @@
 #include "lease.h"
 #include "list.h"
 #include "metrics.h"
+#include "persistence.h"
 #include "poller.h"
 #include "time-util.h"
 
@@ -84,15 +85,10 @@ typedef struct Manager {
         uint64_t token_floor_all;       /* fencing tokens of every pool continue above it; 0: none */
 
         /* SPEC §3.4: nothing is granted before what was persisted has been read (persistence.h). */
-        LeasePersistence lease_persistence; /* as at start: a reload does not change it */
-        bool state_loaded;
+        Persistence persistence;
         bool state_loading;             /* an asynchronous read is on its way */
         usec_t state_retry_at;          /* monotonic: when to read it again */
         int state_error;                /* why the last read failed (negative errno) */
-        bool storage_refusing;          /* an episode of refusals for want of persistence: logged once */
-        unsigned storage_refused;       /* requests refused in it */
-        bool storage_unpersisted;       /* best-effort: an episode of grants that were not written */
-        unsigned storage_unpersisted_grants;
         unsigned refused_unlogged;      /* connections refused at a limit since the last line about it */
         size_t freed_untrimmed;         /* bytes of big buffers freed since the last malloc_trim() */
         unsigned history_pages_reading; /* History pages the writer thread is reading for clients */

@@ -183,7 +183,7 @@ static json_t *status_build(Manager *m) {
                         return NULL; /* the rest of w leaks only if jansson itself ran out */
 
         json_t *status = json_pack("{s:O, s:O, s:O}", "pools", pools, "holders", holders, "waiters", waiters);
-        const char *unavailable = persistence_refusal(m);
+        const char *unavailable = persistence_refusal(&m->persistence);
         if (status && unavailable)
                 json_object_set_new(status, "unavailable", json_string(unavailable));
         return status;

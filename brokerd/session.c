@@ -28,7 +28,7 @@ static int reply_invalid_parameter(Session *s, const char *parameter) {
 /* SPEC §3.4: nothing is granted that could not be persisted, nor before what was persisted has been read.
  * Refused at once, rather than granted by the engine and withdrawn after a write that cannot succeed. */
 static bool refuse_for_storage(Session *s, const char *lane, const char *job) {
-        const char *why = persistence_refusal(s->manager);
+        const char *why = persistence_refusal(&s->manager->persistence);
         if (!why)
                 return false;
         /* The pool it would have waited on, as for any refusal: metrics count refusals per pool. */
@@ -44,7 +44,7 @@ static bool refuse_for_storage(Session *s, const char *lane, const char *job) {
         r.retry_after_sec = 5;
         r.reason = why;
         audit_decision(&s->manager->audit, &r);
-        persistence_note_refused(s->manager, why);
+        persistence_note_refused(&s->manager->persistence, why);
         _cleanup_(json_decrefp) json_t *p =
                 json_pack("{s:i, s:s?, s:s}", "retryAfterSec", 5, "pool", pool, "reason", "storage");
         session_reply_error(s, "io.slotbroker.Unavailable", p);
@@ -515,14 +515,14 @@ static void audit_grant(Manager *m, const Lease *l, const LeaseGrant *g) {
 static void on_lease_persisted(Manager *m, Lease *l, Session *s, int result) {
         if (s)
                 s->acquire.pending = NULL;
-        if (!persistence_commit_allows_grant(m, l, result)) {
+        if (!persistence_commit_allows_grant(&m->persistence, l->id, result)) {
                 /* Never granted unpersisted: give the slots back and refuse. */
                 AuditRecord rec = lease_audit_record(l, "unavailable");
                 rec.lease = NULL; /* never answered: no lease came of it */
                 rec.token = 0;
                 rec.reason = "the lease could not be written to the state directory";
                 audit_decision(&m->audit, &rec);
-                persistence_note_refused(m, rec.reason);
+                persistence_note_refused(&m->persistence, rec.reason);
                 if (s && !s->closed) {
                         _cleanup_(json_decrefp) json_t *p =
                                 json_pack("{s:i, s:s, s:s}", "retryAfterSec", 5, "pool", rec.pool, "reason", "storage");
