@@ -8,7 +8,6 @@
 #include "history-call.h"
 #include "history.h"
 #include "log.h"
-#include "manager.h"
 #include "session.h"
 
 /* Events read per trip to the writer thread, and the unsent bytes below which the next trip starts.
@@ -28,8 +27,9 @@ typedef struct HistoryCall {
         bool any;               /* an event is queued: the next one needs a comma */
         int64_t last_id;        /* of the last event queued */
         Session *session;
-        bool reading;           /* a page is being read (counted in Manager.history_pages_reading) */
-        ListNode queue_node;    /* in Manager.history_page_queue while waiting for its turn */
+        HistoryCalls *calls;
+        bool reading;           /* a page is being read (counted in HistoryCalls.pages_reading) */
+        ListNode queue_node;    /* in HistoryCalls.page_queue while waiting for its turn */
 } HistoryCall;
 
 static HistoryCall *history_call_free(HistoryCall *h) {
@@ -67,19 +67,19 @@ static void on_history_page(History *history, int error, json_t *events, int64_t
 static void history_call_read_page(Session *s) {
         HistoryCall *h = s->history_call;
         h->query.limit = MIN(h->remaining, HISTORY_PAGE_EVENTS);
-        if (history_query(s->manager->history, &h->query, on_history_page, s) < 0) {
+        if (history_query(h->calls->history, &h->query, on_history_page, s) < 0) {
                 log_oom();
                 session_close(s);
                 return;
         }
         h->reading = true;
-        s->manager->history_pages_reading++;
+        h->calls->pages_reading++;
 }
 
 static void history_call_fetch(Session *s) {
-        Manager *m = s->manager;
-        if (m->history_pages_reading >= HISTORY_PAGES_READING_MAX)
-                list_append(&m->history_page_queue, &s->history_call->queue_node);
+        HistoryCalls *hc = s->history_call->calls;
+        if (hc->pages_reading >= HISTORY_PAGES_READING_MAX)
+                list_append(&hc->page_queue, &s->history_call->queue_node);
         else
                 history_call_read_page(s);
 }
@@ -89,9 +89,9 @@ static void on_output_below(Connection *c) {
 }
 
 /* A page was read (or its call went away): the next call waiting has its turn. */
-static void history_page_done(Manager *m) {
-        m->history_pages_reading--;
-        ListNode *n = list_first(&m->history_page_queue);
+static void history_page_done(HistoryCalls *hc) {
+        hc->pages_reading--;
+        ListNode *n = list_first(&hc->page_queue);
         if (!n)
                 return;
         list_unlink(n);
@@ -104,7 +104,7 @@ static void on_history_page(History *history, int error, json_t *events, int64_t
         int r = 0;
 
         h->reading = false;
-        history_page_done(s->manager);
+        history_page_done(h->calls);
 
         if (error < 0) {
                 if (!h->started)
@@ -143,7 +143,8 @@ static void on_history_page(History *history, int error, json_t *events, int64_t
         }
         /* The page's events were built on the writer thread and are freed after this callback: about
          * this much more than their text, in the writer's malloc arena. */
-        manager_memory_freed(s->manager, connection_get_pending_output(s->connection) - before);
+        if (h->calls->memory_freed)
+                h->calls->memory_freed(connection_get_pending_output(s->connection) - before, h->calls->userdata);
         h->remaining -= MIN(h->remaining, (unsigned) json_array_size(events));
         if (next_cursor <= 0 || h->remaining == 0) {
                 r = history_call_close_reply(s, next_cursor > 0 ? next_cursor : 0);
@@ -158,8 +159,12 @@ static void on_history_page(History *history, int error, json_t *events, int64_t
                 connection_when_output_below(s->connection, HISTORY_OUTPUT_LOW_MARK, on_output_below);
 }
 
-void history_call_start(Session *s, const VarlinkCall *call) {
-        Manager *m = s->manager;
+void history_calls_init(HistoryCalls *hc) {
+        *hc = (HistoryCalls) {};
+        list_init(&hc->page_queue);
+}
+
+void history_call_start(HistoryCalls *hc, Session *s, const VarlinkCall *call) {
         int64_t since = 0, until = 0, limit = 100, cursor = 0;
         const char *lane = NULL, *pool = NULL, *decision = NULL, *bad = NULL;
 
@@ -180,7 +185,7 @@ void history_call_start(Session *s, const VarlinkCall *call) {
         }
         if (connection_get_oneway(s->connection))
                 return; /* nobody wants the answer, and reading changes nothing */
-        if (!m->history) {
+        if (!hc->history) {
                 reply_unavailable(s);
                 return;
         }
@@ -201,6 +206,7 @@ void history_call_start(Session *s, const VarlinkCall *call) {
         h->query.cursor = cursor;
         h->remaining = (unsigned) limit;
         h->session = s;
+        h->calls = hc;
         s->history_call = h;
         /* Answered from the writer thread's pages; calls behind it wait, to keep replies in order. */
         s->history_pending = true;
@@ -216,8 +222,8 @@ void history_call_abandon(Session *s) {
                 list_unlink(&h->queue_node);
         s->history_call = NULL; /* before another call's turn comes: it may close connections */
         if (h->reading) {
-                history_cancel(s->manager->history, s);
-                history_page_done(s->manager);
+                history_cancel(h->calls->history, s);
+                history_page_done(h->calls);
         }
         history_call_free(h);
         s->history_pending = false;

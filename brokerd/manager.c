@@ -254,6 +254,10 @@ void manager_memory_freed(Manager *m, size_t bytes) {
         m->freed_untrimmed += bytes;
 }
 
+static void history_memory_freed(size_t bytes, void *userdata) {
+        manager_memory_freed(userdata, bytes);
+}
+
 void manager_collect_session(Manager *m, Session *s) {
         list_append(&m->closed_sessions, &s->node);
 }
@@ -722,6 +726,7 @@ static int manager_open_history(Manager *m) {
         audit_set_history(&m->audit, m->history);
         m->leases.history = m->history;
         m->persistence.history = m->history;
+        m->history_calls.history = m->history;
 
         r = history_load_state(m->history, &s);
         if (r == -ENOMEM)
@@ -794,7 +799,9 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         list_init(&m->sessions);
         list_init(&m->closed_sessions);
         list_init(&m->position_queue);
-        list_init(&m->history_page_queue);
+        history_calls_init(&m->history_calls);
+        m->history_calls.memory_freed = history_memory_freed;
+        m->history_calls.userdata = m;
 
         if (o->config_path && !(m->config_path = strdup(o->config_path)))
                 return log_oom();
@@ -929,6 +936,7 @@ Manager *manager_free(Manager *m) {
         audit_set_history(&m->audit, NULL);
         m->leases.history = NULL;
         m->persistence.history = NULL;
+        m->history_calls.history = NULL;
         m->history = history_free(m->history);
         engine_free(m->engine);
         audit_done(&m->audit);

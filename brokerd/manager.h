@@ -10,6 +10,7 @@
 #include "audit.h"
 #include "conf.h"
 #include "engine.h"
+#include "history-call.h"
 #include "lease.h"
 #include "list.h"
 #include "metrics.h"
@@ -91,8 +92,7 @@ typedef struct Manager {
         int state_error;                /* why the last read failed (negative errno) */
         unsigned refused_unlogged;      /* connections refused at a limit since the last line about it */
         size_t freed_untrimmed;         /* bytes of big buffers freed since the last malloc_trim() */
-        unsigned history_pages_reading; /* History pages the writer thread is reading for clients */
-        List history_page_queue;        /* HistoryCall.queue_node: History calls waiting for their turn */
+        HistoryCalls history_calls;     /* History replies being produced, page by page */
 } Manager;
 
 typedef struct ManagerOptions {

@@ -301,6 +301,10 @@ static void method_cancel(Session *s, const VarlinkCall *call) {
         session_reply(s, p, false);
 }
 
+static void method_history(Session *s, const VarlinkCall *call) {
+        history_call_start(&s->manager->history_calls, s, call);
+}
+
 static void method_metrics(Session *s, const VarlinkCall *call) {
         if (!parameters_ok(s, call, (const JsonField[]) { {} }))
                 return;
@@ -325,7 +329,7 @@ static const struct {
         { "io.slotbroker.Acquire", session_acquire },
         { "io.slotbroker.Release", method_release },
         { "io.slotbroker.Status", method_status },
-        { "io.slotbroker.History", history_call_start },
+        { "io.slotbroker.History", method_history },
         { "io.slotbroker.Metrics", method_metrics },
         { "io.slotbroker.Reload", method_reload },
         { "io.slotbroker.Drain", method_drain },
