@@ -82,20 +82,6 @@ usec_t manager_realtime_of(usec_t monotonic) {
         return monotonic <= now_m ? usec_sub_unsigned(now_r, now_m - monotonic) : now_r + (monotonic - now_m);
 }
 
-UidUsage *manager_uid_usage(Manager *m, uid_t uid, bool create) {
-        for (size_t i = 0; i < m->n_uid_usage; i++)
-                if (m->uid_usage[i].uid == uid)
-                        return &m->uid_usage[i];
-        if (!create)
-                return NULL;
-        UidUsage *a = reallocarray(m->uid_usage, m->n_uid_usage + 1, sizeof(UidUsage));
-        if (!a)
-                return NULL;
-        m->uid_usage = a;
-        a[m->n_uid_usage] = (UidUsage) { .uid = uid };
-        return &a[m->n_uid_usage++];
-}
-
 /* A floor for every pool (after a database was started afresh): pools configured later get it too. */
 static void manager_apply_token_floor_all(Manager *m) {
         if (m->token_floor_all == 0)
@@ -224,7 +210,7 @@ void manager_metrics_gauges(Manager *m, MetricsGauges *ret) {
         *ret = (MetricsGauges) {
                 .engine = m->engine,
                 .now = now_monotonic(),
-                .connections = m->n_connections,
+                .connections = m->sessions.n_sessions,
                 .leases = m->leases.n_leases,
                 .journal_dropped = m->audit.journal_dropped_total,
                 .history = m->history != NULL,
@@ -258,16 +244,16 @@ static void history_memory_freed(size_t bytes, void *userdata) {
         manager_memory_freed(userdata, bytes);
 }
 
-void manager_collect_session(Manager *m, Session *s) {
-        list_append(&m->closed_sessions, &s->node);
+static bool session_lane_allows(const char *lane, uid_t uid, const gid_t *groups, size_t n_groups, void *userdata) {
+        return manager_lane_allows(userdata, lane, uid, groups, n_groups);
+}
+
+static void session_fd_released(void *userdata) {
+        manager_fd_released(userdata);
 }
 
 static void manager_collect(Manager *m) {
-        ListNode *n;
-        while ((n = list_first(&m->closed_sessions))) {
-                list_unlink(n);
-                session_free(container_of(n, Session, node));
-        }
+        session_table_collect(&m->sessions);
         if (m->freed_untrimmed >= TRIM_AFTER_FREED) {
                 m->freed_untrimmed = 0;
                 (void) malloc_trim(0);
@@ -282,12 +268,12 @@ static void manager_settle(Manager *m) {
                 EngineEvent ev;
                 bool any = false;
                 while (engine_pop_event(m->engine, &ev)) {
-                        session_on_engine_event(m, &ev);
+                        session_on_engine_event(&m->sessions, &ev);
                         any = true;
                 }
                 LeaseEvent lev;
                 while (lease_table_pop_event(&m->leases, &lev)) {
-                        session_on_lease_event(m, &lev);
+                        session_on_lease_event(&m->sessions, &lev);
                         any = true;
                 }
                 if (!any)
@@ -334,6 +320,7 @@ static void manager_update_status(Manager *m) {
 
         m->status_dirty = false;
         m->leases.changed = false;
+        m->sessions.changed = false;
         for (size_t i = 0; i < engine_pool_count(m->engine) && len < sizeof buf - 64; i++) {
                 EnginePoolInfo info;
                 if (engine_pool_info(m->engine, i, now, &info) < 0)
@@ -364,13 +351,13 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         lease_table_poll_commands(&m->leases);
         if (!m->persistence.state_loaded && now_monotonic() >= m->state_retry_at)
                 manager_load_state_async(m);
-        if (m->status_dirty || m->leases.changed)
+        if (m->status_dirty || m->leases.changed || m->sessions.changed)
                 manager_update_status(m);
 
         /* exit-idle-after= (SPEC §8): only under socket activation, where the next client starts us again,
          * and only with no connection and no lease (waiters have connections). */
         usec_t now = now_monotonic();
-        if (m->n_connections > 0 || m->leases.n_leases > 0 || m->socket_bound_here)
+        if (m->sessions.n_sessions > 0 || m->leases.n_leases > 0 || m->socket_bound_here)
                 m->idle_since = now;
         else if (m->config->exit_idle_after != USEC_INFINITY && now - m->idle_since >= m->config->exit_idle_after) {
                 log_info("Idle for %s: exiting; the socket stays with systemd.",
@@ -422,6 +409,7 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         m->n_acls = n_acls;
         conf_free(m->config);
         m->config = TAKE_PTR(c);
+        m->sessions.config = m->config;
         manager_apply_settings(m);
         manager_apply_token_floor_all(m);
         char detail[128];
@@ -493,11 +481,16 @@ int manager_add_connection(Manager *m, int fd) {
         int r = connection_new(m->poller, fd, &limits, &c);
         if (r < 0)
                 return r;
-        return session_new(m, c, methods_on_call, methods_on_disconnect, &s);
+        return session_new(&m->sessions, c, methods_on_call, methods_on_disconnect, &s);
 }
 
 static bool errno_is_fd_shortage(int e) {
         return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
+}
+
+static bool manager_at_connection_limit(Manager *m, const UidUsage *u) {
+        return m->sessions.n_sessions >= m->config->max_connections ||
+               (u && u->connections >= m->config->max_connections_per_uid);
 }
 
 static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
@@ -522,9 +515,14 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                         safe_close(cfd);
                         continue;
                 }
-                UidUsage *u = manager_uid_usage(m, cred.uid, false);
-                if (m->n_connections >= m->config->max_connections ||
-                    (u && u->connections >= m->config->max_connections_per_uid)) {
+                UidUsage *u = session_table_uid_usage(&m->sessions, cred.uid, false);
+                if (manager_at_connection_limit(m, u)) {
+                        /* Before refusing: connections whose clients hung up, ready in the same wakeup, are
+                         * closed first (a client that closes one connection and opens another is not over). */
+                        poller_run(m->poller);
+                        u = session_table_uid_usage(&m->sessions, cred.uid, false);
+                }
+                if (manager_at_connection_limit(m, u)) {
                         /* Refused before any call, so there is nobody to answer: the client sees EOF. A storm
                          * gets its first line now and a count once a second (on_tick), not a line each. */
                         if (m->refused_unlogged++ == 0)
@@ -796,9 +794,6 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         m->leases.random_userdata = m;
         if (r < 0)
                 return log_error_errno(r, "Failed to allocate the event loop: %m");
-        list_init(&m->sessions);
-        list_init(&m->closed_sessions);
-        list_init(&m->position_queue);
         history_calls_init(&m->history_calls);
         m->history_calls.memory_freed = history_memory_freed;
         m->history_calls.userdata = m;
@@ -874,13 +869,18 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
                 return log_error_errno(r, "Failed to add the tick timer: %m");
         (void) sd_event_source_set_enabled(m->tick_timer, SD_EVENT_ON);
 
-        r = sd_event_add_time(m->event, &m->position_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
-                              session_on_position_timer, m);
+        r = session_table_init(&m->sessions, m->event);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the position timer: %m");
-        (void) sd_event_source_set_enabled(m->position_timer, SD_EVENT_OFF);
-        /* Position updates are courtesy: a release or a new call waiting in the same iteration goes first. */
-        (void) sd_event_source_set_priority(m->position_timer, SD_EVENT_PRIORITY_IDLE);
+        m->sessions.config = m->config;
+        m->sessions.engine = m->engine;
+        m->sessions.audit = &m->audit;
+        m->sessions.leases = &m->leases;
+        m->sessions.persistence = &m->persistence;
+        m->sessions.lane_allows = session_lane_allows;
+        m->sessions.fd_released = session_fd_released;
+        m->sessions.memory_freed = history_memory_freed;
+        m->sessions.userdata = m;
 
         r = sd_event_add_time(m->event, &m->accept_resume_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
                               on_accept_resume, m);
@@ -913,13 +913,8 @@ Manager *manager_free(Manager *m) {
         if (!m)
                 return NULL;
         /* Shutting down is not releasing: leases simply end with the process. */
-        ListNode *n;
         lease_table_done(&m->leases);
-        while ((n = list_first(&m->sessions))) {
-                Session *s = container_of(n, Session, node);
-                s->lease = NULL;
-                session_close(s);
-        }
+        session_table_done(&m->sessions);
         manager_collect(m);
         m->poller = poller_free(m->poller);
         sd_event_source_disable_unref(m->listen_source);
@@ -929,7 +924,6 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->accept_resume_timer);
         sd_event_source_disable_unref(m->engine_timer);
         sd_event_source_disable_unref(m->tick_timer);
-        sd_event_source_disable_unref(m->position_timer);
         sd_event_source_disable_unref(m->watchdog_timer);
         sd_event_source_disable_unref(m->drain_source);
         /* Leases are not ended: their rows stay for the next start to restore. */
@@ -943,7 +937,6 @@ Manager *manager_free(Manager *m) {
         metrics_done(&m->metrics);
         acls_free(m->acls, m->n_acls);
         conf_free(m->config);
-        free(m->uid_usage);
         free(m->config_path);
         free(m->socket_path);
         free(m->state_directory);

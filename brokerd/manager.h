@@ -16,17 +16,10 @@
 #include "metrics.h"
 #include "persistence.h"
 #include "poller.h"
+#include "session.h"
 #include "time-util.h"
 
-typedef struct Session Session;
 typedef struct History History;
-
-/* Connections and waiters per uid, for the limits of SPEC §10. */
-typedef struct UidUsage {
-        uid_t uid;
-        unsigned connections;
-        unsigned waiters;
-} UidUsage;
 
 /* A lane's access list, resolved to ids when the configuration is loaded. */
 typedef struct LaneAcl {
@@ -67,18 +60,12 @@ typedef struct Manager {
         bool accept_paused;
         bool accept_starved;            /* in an episode of accept() failing for want of fds (logged once) */
         Poller *poller;                 /* the connections' sockets */
-        List sessions;                  /* Session.node: one per client connection */
-        List closed_sessions;           /* freed by the drain, after the handler that closed them */
+        SessionTable sessions;          /* one per client connection */
         sd_event_source *drain_source;  /* post: engine events, collection, trimming, once per iteration */
-        unsigned n_connections;
-        UidUsage *uid_usage;
-        size_t n_uid_usage;
 
         LeaseTable leases;
 
         sd_event_source *tick_timer;    /* once a second: process groups, audit summaries, STATUS= */
-        List position_queue;            /* waiters by when their position was last looked at */
-        sd_event_source *position_timer;
         sd_event_source *watchdog_timer;
         usec_t watchdog_usec;
         bool status_dirty;
@@ -118,8 +105,6 @@ void manager_drain(Manager *m);
  * errno. */
 int manager_add_connection(Manager *m, int fd);
 
-/* A closed session, freed by the next drain (callers up the stack may still hold it). */
-void manager_collect_session(Manager *m, Session *s);
 
 /* Reloads configuration files. Returns 0, or -EINVAL with errors filled (the old config stays). */
 int manager_reload(Manager *m, ConfErrors *errors);
@@ -129,7 +114,6 @@ bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gi
 /* May uid administer the broker (reload, drain, cancel)? Root and the broker's own uid. */
 bool manager_is_admin(const Manager *m, uid_t uid);
 
-UidUsage *manager_uid_usage(Manager *m, uid_t uid, bool create);
 
 /* A connection's fd was closed: accepting resumes if it was paused for want of fds. */
 void manager_fd_released(Manager *m);

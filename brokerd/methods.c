@@ -16,6 +16,11 @@
 
 #define INTERFACE "io.slotbroker"
 
+/* The session's owner: the Manager (its SessionTable's userdata). */
+static Manager *manager_of(const Session *s) {
+        return s->table->userdata;
+}
+
 static void reply_invalid_parameter(Session *s, const char *parameter) {
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "parameter", parameter);
         session_reply_error(s, VARLINK_ERROR_INVALID_PARAMETER, p);
@@ -31,7 +36,7 @@ static bool parameters_ok(Session *s, const VarlinkCall *call, const JsonField t
 }
 
 static bool require_admin(Session *s) {
-        if (manager_is_admin(s->manager, s->cred.uid))
+        if (manager_is_admin(manager_of(s), s->cred.uid))
                 return true;
         session_reply_error(s, "io.slotbroker.PermissionDenied", NULL);
         return false;
@@ -69,7 +74,7 @@ static void method_release(Session *s, const VarlinkCall *call) {
         if (!parameters_ok(s, call,
                            (const JsonField[]) { { "lease", JSON_FIELD_STRING, JSON_MANDATORY, &id, .max_length = 64 }, {} }))
                 return;
-        Lease *l = lease_table_find(&s->manager->leases, id);
+        Lease *l = lease_table_find(&manager_of(s)->leases, id);
         if (!l) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", id);
                 session_reply_error(s, "io.slotbroker.NoSuchLease", p);
@@ -166,13 +171,13 @@ static json_t *status_build(Manager *m) {
 
         /* Waiters by pool, then place: collect, then sort. O(n log n) per Status call, never per grant. */
         size_t n_waiters = 0;
-        list_foreach(n, &m->sessions)
+        list_foreach(n, &m->sessions.sessions)
                 n_waiters += session_is_waiting(container_of(n, Session, node));
         _cleanup_free_ json_t **w = calloc(n_waiters ?: 1, sizeof(json_t *));
         if (!w)
                 return NULL;
         size_t k = 0;
-        list_foreach(n, &m->sessions) {
+        list_foreach(n, &m->sessions.sessions) {
                 Session *x = container_of(n, Session, node);
                 if (session_is_waiting(x) && k < n_waiters && (w[k] = waiter_status(x, now)))
                         k++;
@@ -192,7 +197,7 @@ static json_t *status_build(Manager *m) {
 static void method_status(Session *s, const VarlinkCall *call) {
         if (!parameters_ok(s, call, (const JsonField[]) { {} }))
                 return;
-        _cleanup_(json_decrefp) json_t *p = status_build(s->manager);
+        _cleanup_(json_decrefp) json_t *p = status_build(manager_of(s));
         if (!p) {
                 log_oom();
                 session_close(s);
@@ -205,7 +210,7 @@ static void method_reload(Session *s, const VarlinkCall *call) {
         if (!parameters_ok(s, call, (const JsonField[]) { {} }) || !require_admin(s))
                 return;
         ConfErrors errors = {};
-        int r = manager_reload(s->manager, &errors);
+        int r = manager_reload(manager_of(s), &errors);
         if (r >= 0) {
                 session_reply(s, NULL, false);
                 return;
@@ -235,7 +240,7 @@ static void method_drain(Session *s, const VarlinkCall *call) {
                            }) ||
             !require_admin(s))
                 return;
-        int r = engine_drain(s->manager->engine, pool, member, on, now_monotonic());
+        int r = engine_drain(manager_of(s)->engine, pool, member, on, now_monotonic());
         if (r == -ENOENT) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s, s:s?}", "pool", pool, "member", member);
                 session_reply_error(s, "io.slotbroker.NoSuchPool", p);
@@ -248,12 +253,12 @@ static void method_drain(Session *s, const VarlinkCall *call) {
         }
         log_info("Pool %s%s%s %s by uid %d.", pool, member ? " member " : "", member ?: "", on ? "drained" : "undrained",
                  (int) s->cred.uid);
-        manager_status_changed(s->manager);
+        manager_status_changed(manager_of(s));
         session_reply(s, NULL, false);
 }
 
 static void method_cancel(Session *s, const VarlinkCall *call) {
-        Manager *m = s->manager;
+        Manager *m = manager_of(s);
         const char *pool = NULL, *lane = NULL, *job = NULL;
         int64_t uid = -1;
         if (!parameters_ok(s, call,
@@ -269,7 +274,7 @@ static void method_cancel(Session *s, const VarlinkCall *call) {
 
         /* Collect first: answering a waiter runs the calls it pipelined, which may close other connections. */
         size_t n_match = 0;
-        list_foreach(node, &m->sessions)
+        list_foreach(node, &m->sessions.sessions)
                 n_match += session_is_waiting(container_of(node, Session, node));
         _cleanup_free_ Session **match = calloc(n_match ?: 1, sizeof(Session *));
         if (!match) {
@@ -278,7 +283,7 @@ static void method_cancel(Session *s, const VarlinkCall *call) {
                 return;
         }
         size_t k = 0;
-        list_foreach(node, &m->sessions) {
+        list_foreach(node, &m->sessions.sessions) {
                 Session *x = container_of(node, Session, node);
                 AcquireCall *a = &x->acquire;
                 if (!session_is_waiting(x) || k >= n_match)
@@ -302,7 +307,7 @@ static void method_cancel(Session *s, const VarlinkCall *call) {
 }
 
 static void method_history(Session *s, const VarlinkCall *call) {
-        history_call_start(&s->manager->history_calls, s, call);
+        history_call_start(&manager_of(s)->history_calls, s, call);
 }
 
 static void method_metrics(Session *s, const VarlinkCall *call) {
@@ -310,8 +315,8 @@ static void method_metrics(Session *s, const VarlinkCall *call) {
                 return;
         _cleanup_free_ char *text = NULL;
         MetricsGauges g;
-        manager_metrics_gauges(s->manager, &g);
-        if (metrics_render(&s->manager->metrics, &g, &text) < 0) {
+        manager_metrics_gauges(manager_of(s), &g);
+        if (metrics_render(&manager_of(s)->metrics, &g, &text) < 0) {
                 log_oom();
                 session_close(s);
                 return;

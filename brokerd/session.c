@@ -7,7 +7,6 @@
 #include "connection.h"
 #include "lease.h"
 #include "log.h"
-#include "manager.h"
 #include "persistence.h"
 #include "process.h"
 #include "session.h"
@@ -28,11 +27,11 @@ static int reply_invalid_parameter(Session *s, const char *parameter) {
 /* SPEC §3.4: nothing is granted that could not be persisted, nor before what was persisted has been read.
  * Refused at once, rather than granted by the engine and withdrawn after a write that cannot succeed. */
 static bool refuse_for_storage(Session *s, const char *lane, const char *job) {
-        const char *why = persistence_refusal(&s->manager->persistence);
+        const char *why = persistence_refusal(s->table->persistence);
         if (!why)
                 return false;
         /* The pool it would have waited on, as for any refusal: metrics count refusals per pool. */
-        const LaneConfig *lc = conf_find_lane(s->manager->config, lane);
+        const LaneConfig *lc = conf_find_lane(s->table->config, lane);
         const char *pool = lc && lc->pools && lc->pools[0] ? lc->pools[lc->n_pools - 1] : NULL;
         AuditRecord r = AUDIT_RECORD_INIT;
         r.decision = "unavailable";
@@ -43,8 +42,8 @@ static bool refuse_for_storage(Session *s, const char *lane, const char *job) {
         r.pid = s->cred.pid;
         r.retry_after_sec = 5;
         r.reason = why;
-        audit_decision(&s->manager->audit, &r);
-        persistence_note_refused(&s->manager->persistence, why);
+        audit_decision(s->table->audit, &r);
+        persistence_note_refused(s->table->persistence, why);
         _cleanup_(json_decrefp) json_t *p =
                 json_pack("{s:i, s:s?, s:s}", "retryAfterSec", 5, "pool", pool, "reason", "storage");
         session_reply_error(s, "io.slotbroker.Unavailable", p);
@@ -58,11 +57,11 @@ static void audit_denied(Session *s, const char *lane, const char *job) {
         r.job = job;
         r.uid = s->cred.uid;
         r.pid = s->cred.pid;
-        audit_decision(&s->manager->audit, &r);
+        audit_decision(s->table->audit, &r);
 }
 
 void session_acquire(Session *s, const VarlinkCall *call) {
-        Manager *m = s->manager;
+        SessionTable *m = s->table;
         AcquireCall *a = &s->acquire;
         const char *lane = NULL, *job = NULL, *reclaim = NULL;
         unsigned slots = 1;
@@ -108,7 +107,7 @@ void session_acquire(Session *s, const VarlinkCall *call) {
         }
         const gid_t *groups;
         size_t n_groups = connection_get_groups(s->connection, &groups);
-        if (!manager_lane_allows(m, lane, s->cred.uid, groups, n_groups)) {
+        if (!m->lane_allows(lane, s->cred.uid, groups, n_groups, m->userdata)) {
                 audit_denied(s, lane, job);
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
                 session_reply_error(s, "io.slotbroker.PermissionDenied", p);
@@ -116,7 +115,7 @@ void session_acquire(Session *s, const VarlinkCall *call) {
         }
         if (reclaim) {
                 /* After a restart: the owner takes back a lease it held; no new request is made. */
-                Lease *l = lease_table_find(&m->leases, reclaim);
+                Lease *l = lease_table_find(m->leases, reclaim);
                 if (!l || (l->uid != s->cred.uid && s->cred.uid != 0) || !streq(engine_lease_lane(l->engine_lease), lane) ||
                     lease_reclaim(l, s) < 0) {
                         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", reclaim);
@@ -156,7 +155,7 @@ void session_acquire(Session *s, const VarlinkCall *call) {
         }
 
         /* At its waiter limit a uid may still take a free slot, but not wait for one. */
-        UidUsage *u = manager_uid_usage(m, s->cred.uid, true);
+        UidUsage *u = session_table_uid_usage(m, s->cred.uid, true);
         bool no_wait = !wait || (u && u->waiters >= m->config->max_waiters_per_uid);
 
         a->lane = strdup(lane);
@@ -202,7 +201,66 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                 log_error_errno(r, "Failed to queue a request: %m");
                 session_close(s);
         }
-        /* The outcome arrives as engine events, at the drain (manager_drain()). */
+        /* The outcome arrives as engine events, at the owner's drain (session_on_engine_event()). */
+}
+
+/* ---- the table ---- */
+
+static int on_position_timer(sd_event_source *source, uint64_t usec, void *userdata);
+static void session_free(Session *s);
+
+int session_table_init(SessionTable *t, sd_event *event) {
+        *t = (SessionTable) {};
+        list_init(&t->sessions);
+        list_init(&t->closed);
+        list_init(&t->position_queue);
+        int r = sd_event_add_time(event, &t->position_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
+                                  on_position_timer, t);
+        if (r < 0)
+                return r;
+        (void) sd_event_source_set_enabled(t->position_timer, SD_EVENT_OFF);
+        /* Position updates are courtesy: a release or a new call waiting in the same iteration goes first. */
+        (void) sd_event_source_set_priority(t->position_timer, SD_EVENT_PRIORITY_IDLE);
+        return 0;
+}
+
+void session_table_collect(SessionTable *t) {
+        ListNode *n;
+        while ((n = list_first(&t->closed))) {
+                list_unlink(n);
+                session_free(container_of(n, Session, node));
+        }
+}
+
+void session_table_done(SessionTable *t) {
+        ListNode *n;
+        if (!t->sessions.next)
+                return; /* never initialised */
+        while ((n = list_first(&t->sessions))) {
+                Session *s = container_of(n, Session, node);
+                /* Shutting down is not releasing: leases end with the process (and may be freed already). */
+                s->lease = NULL;
+                s->acquire.pending = NULL;
+                session_close(s);
+        }
+        session_table_collect(t);
+        t->position_timer = sd_event_source_disable_unref(t->position_timer);
+        t->uid_usage = mfree(t->uid_usage);
+        t->n_uid_usage = 0;
+}
+
+UidUsage *session_table_uid_usage(SessionTable *t, uid_t uid, bool create) {
+        for (size_t i = 0; i < t->n_uid_usage; i++)
+                if (t->uid_usage[i].uid == uid)
+                        return &t->uid_usage[i];
+        if (!create)
+                return NULL;
+        UidUsage *a = reallocarray(t->uid_usage, t->n_uid_usage + 1, sizeof(UidUsage));
+        if (!a)
+                return NULL;
+        t->uid_usage = a;
+        a[t->n_uid_usage] = (UidUsage) { .uid = uid };
+        return &a[t->n_uid_usage++];
 }
 
 /* ---- the session and its connection ---- */
@@ -218,7 +276,8 @@ static void session_on_input_ended(Connection *c, void *userdata) {
         }
 }
 
-int session_new(Manager *m, Connection *c, ConnectionCallFn call, ConnectionDisconnectFn disconnect, Session **ret) {
+int session_new(SessionTable *m, Connection *c, ConnectionCallFn call, ConnectionDisconnectFn disconnect,
+                Session **ret) {
         Session *s = calloc(1, sizeof(Session));
         if (!s) {
                 connection_close(c);
@@ -226,7 +285,7 @@ int session_new(Manager *m, Connection *c, ConnectionCallFn call, ConnectionDisc
                 return -ENOMEM;
         }
         *s = (Session) {
-                .manager = m,
+                .table = m,
                 .connection = c,
                 .cred = *connection_get_peer(c),
                 .acquire.command_pidfd = -EBADF,
@@ -236,15 +295,15 @@ int session_new(Manager *m, Connection *c, ConnectionCallFn call, ConnectionDisc
         connection_bind_input_ended(c, session_on_input_ended);
         connection_bind_disconnect(c, disconnect);
         list_append(&m->sessions, &s->node);
-        m->n_connections++;
-        UidUsage *u = manager_uid_usage(m, s->cred.uid, true);
+        m->n_sessions++;
+        UidUsage *u = session_table_uid_usage(m, s->cred.uid, true);
         if (u)
                 u->connections++;
         *ret = s;
         return 0;
 }
 
-void session_free(Session *s) {
+static void session_free(Session *s) {
         if (!s)
                 return;
         assert(s->closed);
@@ -343,7 +402,7 @@ void session_acquire_done(Session *s) {
 }
 
 void session_on_disconnect(Session *s) {
-        Manager *m = s->manager;
+        SessionTable *m = s->table;
         AcquireCall *a = &s->acquire;
 
         s->closed = true;
@@ -359,16 +418,18 @@ void session_on_disconnect(Session *s) {
         if (l)
                 (void) lease_holder_gone(l);
 
-        manager_memory_freed(m, connection_get_buffered(s->connection));
-        manager_fd_released(m);
+        if (m->memory_freed)
+                m->memory_freed(connection_get_buffered(s->connection), m->userdata);
+        if (m->fd_released)
+                m->fd_released(m->userdata);
         list_unlink(&s->node);
-        m->n_connections--;
-        UidUsage *u = manager_uid_usage(m, s->cred.uid, false);
+        m->n_sessions--;
+        UidUsage *u = session_table_uid_usage(m, s->cred.uid, false);
         if (u && u->connections > 0)
                 u->connections--;
-        manager_status_changed(m);
+        m->changed = true;
         /* Callers up the stack may still hold s: it is freed once this loop iteration is over. */
-        manager_collect_session(m, s);
+        list_append(&m->closed, &s->node);
 }
 
 static json_t *queued_reply(Session *s, size_t position, size_t queued) {
@@ -406,7 +467,7 @@ static void position_queue_leave(Session *s) {
                 list_unlink(&s->acquire.position_node);
 }
 
-static void position_queue_arm(Manager *m, usec_t now, bool more_due) {
+static void position_queue_arm(SessionTable *m, usec_t now, bool more_due) {
         ListNode *head = list_first(&m->position_queue);
         if (!head) {
                 (void) sd_event_source_set_enabled(m->position_timer, SD_EVENT_OFF);
@@ -419,7 +480,7 @@ static void position_queue_arm(Manager *m, usec_t now, bool more_due) {
 }
 
 static void position_queue_join(Session *s, usec_t now) {
-        Manager *m = s->manager;
+        SessionTable *m = s->table;
         bool was_empty = list_is_empty(&m->position_queue);
         s->acquire.last_position_check = now;
         list_append(&m->position_queue, &s->acquire.position_node);
@@ -427,8 +488,8 @@ static void position_queue_join(Session *s, usec_t now) {
                 position_queue_arm(m, now, false);
 }
 
-int session_on_position_timer(sd_event_source *source, uint64_t usec, void *userdata) {
-        Manager *m = userdata;
+static int on_position_timer(sd_event_source *source, uint64_t usec, void *userdata) {
+        SessionTable *m = userdata;
         usec_t now = now_monotonic();
         unsigned n = 0;
         ListNode *head;
@@ -457,7 +518,7 @@ static void waiter_count(Session *s, bool on) {
         AcquireCall *a = &s->acquire;
         if (a->counted_waiter == on)
                 return;
-        UidUsage *u = manager_uid_usage(s->manager, s->cred.uid, on);
+        UidUsage *u = session_table_uid_usage(s->table, s->cred.uid, on);
         if (u) {
                 if (on)
                         u->waiters++;
@@ -467,11 +528,11 @@ static void waiter_count(Session *s, bool on) {
         a->counted_waiter = on;
 }
 
-static void on_queued(Manager *m, Session *s, const EngineEvent *ev) {
+static void on_queued(SessionTable *m, Session *s, const EngineEvent *ev) {
         if (s->closed)
                 return;
         waiter_count(s, true);
-        manager_status_changed(m);
+        m->changed = true;
         if (s->acquire.more) {
                 usec_t now = now_monotonic();
                 send_position(s, now);
@@ -501,28 +562,28 @@ static void answer_grant(Session *s, Lease *l) {
         }
 }
 
-static void audit_grant(Manager *m, const Lease *l, const LeaseGrant *g) {
+static void audit_grant(SessionTable *m, const Lease *l, const LeaseGrant *g) {
         AuditRecord rec = lease_audit_record(l, "granted");
         rec.wait = g->wait;
         rec.budget = g->budget;
         rec.idle = g->idle;
         rec.state = queue_state_to_string(g->state);
-        audit_decision(&m->audit, &rec);
+        audit_decision(m->audit, &rec);
 }
 
 /* The lease row is durable (or could not be written, which lease-persistence=best-effort accepts): now the
  * grant may be answered (SPEC §3.4). */
-static void on_lease_persisted(Manager *m, Lease *l, Session *s, int result) {
+static void on_lease_persisted(SessionTable *m, Lease *l, Session *s, int result) {
         if (s)
                 s->acquire.pending = NULL;
-        if (!persistence_commit_allows_grant(&m->persistence, l->id, result)) {
+        if (!persistence_commit_allows_grant(m->persistence, l->id, result)) {
                 /* Never granted unpersisted: give the slots back and refuse. */
                 AuditRecord rec = lease_audit_record(l, "unavailable");
                 rec.lease = NULL; /* never answered: no lease came of it */
                 rec.token = 0;
                 rec.reason = "the lease could not be written to the state directory";
-                audit_decision(&m->audit, &rec);
-                persistence_note_refused(&m->persistence, rec.reason);
+                audit_decision(m->audit, &rec);
+                persistence_note_refused(m->persistence, rec.reason);
                 if (s && !s->closed) {
                         _cleanup_(json_decrefp) json_t *p =
                                 json_pack("{s:i, s:s, s:s}", "retryAfterSec", 5, "pool", rec.pool, "reason", "storage");
@@ -540,12 +601,12 @@ static void on_lease_persisted(Manager *m, Lease *l, Session *s, int result) {
                 answer_grant(s, l);
 }
 
-static void on_granted(Manager *m, Session *s, const EngineEvent *ev) {
+static void on_granted(SessionTable *m, Session *s, const EngineEvent *ev) {
         AcquireCall *a = &s->acquire;
         Lease *l;
 
         session_waiter_left(s);
-        int r = lease_new(&m->leases, ev->lease, s->closed ? NULL : s, s->cred.uid, s->cred.pid, a->job, a->detach,
+        int r = lease_new(m->leases, ev->lease, s->closed ? NULL : s, s->cred.uid, s->cred.pid, a->job, a->detach,
                           a->has_command ? &a->command : NULL, TAKE_FD(a->command_pidfd), &l);
         if (r < 0) {
                 log_error_errno(r, "Failed to record a lease: %m");
@@ -594,11 +655,11 @@ static const char *refusal_error(Refusal r) {
         }
 }
 
-static void on_refused(Manager *m, Session *s, const EngineEvent *ev) {
+static void on_refused(SessionTable *m, Session *s, const EngineEvent *ev) {
         AcquireCall *a = &s->acquire;
 
         session_waiter_left(s);
-        manager_status_changed(m);
+        m->changed = true;
 
         AuditRecord rec = AUDIT_RECORD_INIT;
         rec.decision = refusal_to_string(ev->refusal);
@@ -614,7 +675,7 @@ static void on_refused(Manager *m, Session *s, const EngineEvent *ev) {
         rec.retry_after_sec = ev->retry_after_sec;
         if (ev->refusal == REFUSAL_UNAVAILABLE)
                 rec.reason = conf_find_pool(m->config, ev->pool) ? "the pool is drained" : "the pool was removed by a reload";
-        audit_decision(&m->audit, &rec);
+        audit_decision(m->audit, &rec);
 
         if (s->closed)
                 return;
@@ -658,7 +719,7 @@ bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
                 rec.retry_after_sec = 1;
                 rec.reason = "cancelled by an administrator";
         }
-        audit_decision(&s->manager->audit, &rec);
+        audit_decision(s->table->audit, &rec);
         engine_request_cancel(a->request, now);
         session_waiter_left(s);
         if (why == SESSION_WITHDRAW_CANCELLED) {
@@ -670,7 +731,7 @@ bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
         return true;
 }
 
-void session_on_lease_event(Manager *m, const LeaseEvent *ev) {
+void session_on_lease_event(SessionTable *m, const LeaseEvent *ev) {
         switch (ev->type) {
         case LEASE_EVENT_PERSISTED:
                 if (ev->grant)
@@ -689,7 +750,7 @@ void session_on_lease_event(Manager *m, const LeaseEvent *ev) {
         }
 }
 
-void session_on_engine_event(Manager *m, const EngineEvent *ev) {
+void session_on_engine_event(SessionTable *m, const EngineEvent *ev) {
         switch (ev->type) {
         case ENGINE_EVENT_QUEUED:
                 on_queued(m, ev->userdata, ev);
@@ -705,8 +766,8 @@ void session_on_engine_event(Manager *m, const EngineEvent *ev) {
                         session_lease_revoke(ev->userdata, "max-hold");
                 break;
         case ENGINE_EVENT_CONGESTION:
-                audit_congestion(&m->audit, ev->pool, ev->congested, ev->idle);
-                manager_status_changed(m);
+                audit_congestion(m->audit, ev->pool, ev->congested, ev->idle);
+                m->changed = true;
                 break;
         default:
                 break;

@@ -15,9 +15,49 @@
 #include "process.h"
 #include "varlink.h"
 
-typedef struct Manager Manager;
+typedef struct Audit Audit;
 typedef struct Lease Lease;
+typedef struct LeaseTable LeaseTable;
 typedef struct HistoryCall HistoryCall;
+typedef struct Persistence Persistence;
+typedef struct BrokerConfig BrokerConfig;
+
+/* Connections and waiters per uid, for the limits of SPEC §10. */
+typedef struct UidUsage {
+        uid_t uid;
+        unsigned connections;
+        unsigned waiters;
+} UidUsage;
+
+/* The sessions and what they need from outside, embedded in their owner (the Manager). */
+typedef struct SessionTable {
+        const BrokerConfig *config;     /* lanes, pools, max-waiters-per-uid; the owner's, updated at reload */
+        Engine *engine;
+        Audit *audit;
+        LeaseTable *leases;
+        Persistence *persistence;
+        List sessions;                  /* Session.node */
+        List closed;                    /* closed sessions, freed by session_table_collect() */
+        unsigned n_sessions;
+        UidUsage *uid_usage;
+        size_t n_uid_usage;
+        List position_queue;            /* waiters by when their position was last looked at */
+        sd_event_source *position_timer;
+        bool changed;                   /* a waiter came or went: STATUS= is stale */
+        /* The owner's answers and hooks (userdata: below). */
+        bool (*lane_allows)(const char *lane, uid_t uid, const gid_t *groups, size_t n_groups, void *userdata);
+        void (*fd_released)(void *userdata);
+        void (*memory_freed)(size_t bytes, void *userdata);
+        void *userdata;
+} SessionTable;
+
+/* The position timer is added to event (IDLE priority). Returns 0 or negative errno. */
+int session_table_init(SessionTable *t, sd_event *event);
+/* Shutdown: sessions are closed (their leases left to end with the process) and freed. */
+void session_table_done(SessionTable *t);
+UidUsage *session_table_uid_usage(SessionTable *t, uid_t uid, bool create);
+/* Frees the closed sessions: from the drain, when no queued event can name them any more. */
+void session_table_collect(SessionTable *t);
 
 /* An Acquire call in progress. */
 typedef struct AcquireCall {
@@ -41,8 +81,8 @@ typedef struct AcquireCall {
 } AcquireCall;
 
 typedef struct Session {
-        Manager *manager;
-        ListNode node;             /* Manager.sessions, or Manager.closed_sessions once closed */
+        SessionTable *table;
+        ListNode node;             /* SessionTable.sessions, or SessionTable.closed once closed */
         Connection *connection;
         struct ucred cred;         /* the peer's, as at accept */
         AcquireCall acquire;
@@ -55,9 +95,8 @@ typedef struct Session {
 /* A session for an accepted connection (taken: closed on failure), counted in its uid's connections.
  * Binds the connection's call handler to call (methods_on_call()), and its input-ended and disconnect
  * handlers to the session's; disconnect runs before the session is torn down. */
-int session_new(Manager *m, Connection *c, ConnectionCallFn call, ConnectionDisconnectFn disconnect, Session **ret);
-/* Only once closed (Manager's collection, at the end of a loop iteration). */
-void session_free(Session *s);
+int session_new(SessionTable *t, Connection *c, ConnectionCallFn call, ConnectionDisconnectFn disconnect,
+                Session **ret);
 /* The connection went (connection_close()): a waiting request is withdrawn (audited "cancelled"), a
  * pending grant is forgotten, a held lease loses its life line. Called from the disconnect handler. */
 void session_on_disconnect(Session *s);
@@ -80,7 +119,7 @@ void session_acquire(Session *s, const VarlinkCall *call);
 
 /* A lease event (lease_table_pop_event()): a grant's row written, a revoked holder's grace over. */
 typedef struct LeaseEvent LeaseEvent;
-void session_on_lease_event(Manager *m, const LeaseEvent *ev);
+void session_on_lease_event(SessionTable *t, const LeaseEvent *ev);
 /* Revokes l (max-hold, an administrator): its holder is told to stop, or cut when it holds by its
  * connection alone. */
 void session_lease_revoke(Lease *l, const char *reason);
@@ -89,10 +128,8 @@ void session_lease_revoke(Lease *l, const char *reason);
 void session_lease_release(Session *by, Lease *l);
 
 /* An engine event: a request queued, granted or refused, a lease reaching max-hold, a pool's gauge. */
-void session_on_engine_event(Manager *m, const EngineEvent *ev);
+void session_on_engine_event(SessionTable *t, const EngineEvent *ev);
 
-/* The position timer: waiters whose place changed hear of it, at most once a second each. */
-int session_on_position_timer(sd_event_source *source, uint64_t usec, void *userdata);
 
 typedef enum SessionWithdraw {
         SESSION_WITHDRAW_GONE,          /* its connection closed: audited "cancelled", nobody to answer */

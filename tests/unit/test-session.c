@@ -158,7 +158,7 @@ static bool continues(json_t *reply) {
 }
 
 static unsigned uid_waiters(Fixture *f) {
-        UidUsage *u = manager_uid_usage(f->m, getuid(), false);
+        UidUsage *u = session_table_uid_usage(&f->m->sessions, getuid(), false);
         return u ? u->waiters : 0;
 }
 
@@ -187,7 +187,7 @@ static void test_grant_continues_and_closing_ends_the_lease(void **state) {
         close(a->fd);
         a->fd = -EBADF;
         PUMP_UNTIL(f, f->m->leases.n_leases == 0); /* the connection was the lease's life line */
-        assert_int_equal(f->m->n_connections, 0);
+        assert_int_equal(f->m->sessions.n_sessions, 0);
         client_free(a);
 }
 
@@ -265,7 +265,7 @@ static void test_waiter_that_closes_is_withdrawn_and_uncounted(void **state) {
 
         close(b->fd);
         b->fd = -EBADF;
-        PUMP_UNTIL(f, f->m->n_connections == 1);
+        PUMP_UNTIL(f, f->m->sessions.n_sessions == 1);
         assert_int_equal(pool_waiting(f), 0);
         assert_int_equal(uid_waiters(f), 0);
         assert_int_equal(f->m->leases.n_leases, 1); /* a's lease is untouched */
