@@ -90,9 +90,6 @@ static void manager_apply_token_floor_all(Manager *m) {
                 (void) engine_set_token_floor(m->engine, m->config->pools[i]->name, m->token_floor_all);
 }
 
-bool manager_is_admin(const Manager *m, uid_t uid) {
-        return uid == 0 || uid == getuid();
-}
 
 /* ---- lane ACLs ---- */
 
@@ -250,6 +247,18 @@ static bool session_lane_allows(const char *lane, uid_t uid, const gid_t *groups
 
 static void session_fd_released(void *userdata) {
         manager_fd_released(userdata);
+}
+
+static int methods_reload(ConfErrors *errors, void *userdata) {
+        return manager_reload(userdata, errors);
+}
+
+static void methods_gauges(MetricsGauges *ret, void *userdata) {
+        manager_metrics_gauges(userdata, ret);
+}
+
+static void methods_status_changed(void *userdata) {
+        manager_status_changed(userdata);
 }
 
 static void manager_collect(Manager *m) {
@@ -410,6 +419,7 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         conf_free(m->config);
         m->config = TAKE_PTR(c);
         m->sessions.config = m->config;
+        m->methods.config = m->config;
         manager_apply_settings(m);
         manager_apply_token_floor_all(m);
         char detail[128];
@@ -873,6 +883,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         if (r < 0)
                 return log_error_errno(r, "Failed to add the position timer: %m");
         m->sessions.config = m->config;
+        m->methods.config = m->config;
         m->sessions.engine = m->engine;
         m->sessions.audit = &m->audit;
         m->sessions.leases = &m->leases;
@@ -881,6 +892,20 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         m->sessions.fd_released = session_fd_released;
         m->sessions.memory_freed = history_memory_freed;
         m->sessions.userdata = m;
+        m->sessions.call_userdata = &m->methods;
+        m->methods = (Methods) {
+                .config = m->config,
+                .engine = m->engine,
+                .sessions = &m->sessions,
+                .leases = &m->leases,
+                .persistence = &m->persistence,
+                .history_calls = &m->history_calls,
+                .metrics = &m->metrics,
+                .reload = methods_reload,
+                .gauges = methods_gauges,
+                .status_changed = methods_status_changed,
+                .userdata = m,
+        };
 
         r = sd_event_add_time(m->event, &m->accept_resume_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
                               on_accept_resume, m);

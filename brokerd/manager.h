@@ -13,6 +13,7 @@
 #include "history-call.h"
 #include "lease.h"
 #include "list.h"
+#include "methods.h"
 #include "metrics.h"
 #include "persistence.h"
 #include "poller.h"
@@ -80,6 +81,7 @@ typedef struct Manager {
         unsigned refused_unlogged;      /* connections refused at a limit since the last line about it */
         size_t freed_untrimmed;         /* bytes of big buffers freed since the last malloc_trim() */
         HistoryCalls history_calls;     /* History replies being produced, page by page */
+        Methods methods;                /* what the Varlink methods read and call */
 } Manager;
 
 typedef struct ManagerOptions {
@@ -111,8 +113,6 @@ int manager_reload(Manager *m, ConfErrors *errors);
 
 /* May uid (with its groups) use the lane? Root always may. */
 bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gid_t *groups, size_t n_groups);
-/* May uid administer the broker (reload, drain, cancel)? Root and the broker's own uid. */
-bool manager_is_admin(const Manager *m, uid_t uid);
 
 
 /* A connection's fd was closed: accepting resumes if it was paused for want of fds. */

@@ -9,16 +9,21 @@
 #include "history-call.h"
 #include "lease.h"
 #include "log.h"
-#include "manager.h"
+#include "metrics.h"
 #include "methods.h"
 #include "persistence.h"
 #include "session.h"
 
 #define INTERFACE "io.slotbroker"
 
-/* The session's owner: the Manager (its SessionTable's userdata). */
-static Manager *manager_of(const Session *s) {
-        return s->table->userdata;
+/* The context the owner bound with the sessions' call handler. */
+static Methods *methods_of(const Session *s) {
+        return s->table->call_userdata;
+}
+
+/* May uid administer the broker (reload, drain, cancel)? Root and the broker's own uid. */
+static bool is_admin(uid_t uid) {
+        return uid == 0 || uid == getuid();
 }
 
 static void reply_invalid_parameter(Session *s, const char *parameter) {
@@ -36,7 +41,7 @@ static bool parameters_ok(Session *s, const VarlinkCall *call, const JsonField t
 }
 
 static bool require_admin(Session *s) {
-        if (manager_is_admin(manager_of(s), s->cred.uid))
+        if (is_admin(s->cred.uid))
                 return true;
         session_reply_error(s, "io.slotbroker.PermissionDenied", NULL);
         return false;
@@ -74,7 +79,7 @@ static void method_release(Session *s, const VarlinkCall *call) {
         if (!parameters_ok(s, call,
                            (const JsonField[]) { { "lease", JSON_FIELD_STRING, JSON_MANDATORY, &id, .max_length = 64 }, {} }))
                 return;
-        Lease *l = lease_table_find(&manager_of(s)->leases, id);
+        Lease *l = lease_table_find(methods_of(s)->leases, id);
         if (!l) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", id);
                 session_reply_error(s, "io.slotbroker.NoSuchLease", p);
@@ -90,7 +95,7 @@ static void method_release(Session *s, const VarlinkCall *call) {
         session_reply(s, NULL, false);
 }
 
-static json_t *pool_status(Manager *m, size_t i, usec_t now) {
+static json_t *pool_status(Methods *m, size_t i, usec_t now) {
         EnginePoolInfo info;
         if (engine_pool_info(m->engine, i, now, &info) < 0)
                 return NULL;
@@ -152,7 +157,7 @@ static int waiter_compare(const void *a, const void *b) {
 }
 
 /* The Status reply's parameters, or NULL when out of memory. */
-static json_t *status_build(Manager *m) {
+static json_t *status_build(Methods *m) {
         usec_t now = now_monotonic();
 
         _cleanup_(json_decrefp) json_t *pools = json_array(), *holders = json_array(), *waiters = json_array();
@@ -161,7 +166,7 @@ static json_t *status_build(Manager *m) {
         for (size_t i = 0; i < engine_pool_count(m->engine); i++)
                 if (json_array_append_new(pools, pool_status(m, i, now)) < 0)
                         return NULL;
-        list_foreach(n, &m->leases.leases) {
+        list_foreach(n, &m->leases->leases) {
                 Lease *l = container_of(n, Lease, node);
                 json_t *h = json_pack("{s:o, s:s, s:I}", "lease", lease_to_json(l), "state", lease_state_to_string(l->state),
                                       "heldMs", (json_int_t) (usec_sub_unsigned(now, l->granted_mono) / USEC_PER_MSEC));
@@ -171,13 +176,13 @@ static json_t *status_build(Manager *m) {
 
         /* Waiters by pool, then place: collect, then sort. O(n log n) per Status call, never per grant. */
         size_t n_waiters = 0;
-        list_foreach(n, &m->sessions.sessions)
+        list_foreach(n, &m->sessions->sessions)
                 n_waiters += session_is_waiting(container_of(n, Session, node));
         _cleanup_free_ json_t **w = calloc(n_waiters ?: 1, sizeof(json_t *));
         if (!w)
                 return NULL;
         size_t k = 0;
-        list_foreach(n, &m->sessions.sessions) {
+        list_foreach(n, &m->sessions->sessions) {
                 Session *x = container_of(n, Session, node);
                 if (session_is_waiting(x) && k < n_waiters && (w[k] = waiter_status(x, now)))
                         k++;
@@ -188,7 +193,7 @@ static json_t *status_build(Manager *m) {
                         return NULL; /* the rest of w leaks only if jansson itself ran out */
 
         json_t *status = json_pack("{s:O, s:O, s:O}", "pools", pools, "holders", holders, "waiters", waiters);
-        const char *unavailable = persistence_refusal(&m->persistence);
+        const char *unavailable = persistence_refusal(m->persistence);
         if (status && unavailable)
                 json_object_set_new(status, "unavailable", json_string(unavailable));
         return status;
@@ -197,7 +202,7 @@ static json_t *status_build(Manager *m) {
 static void method_status(Session *s, const VarlinkCall *call) {
         if (!parameters_ok(s, call, (const JsonField[]) { {} }))
                 return;
-        _cleanup_(json_decrefp) json_t *p = status_build(manager_of(s));
+        _cleanup_(json_decrefp) json_t *p = status_build(methods_of(s));
         if (!p) {
                 log_oom();
                 session_close(s);
@@ -210,7 +215,7 @@ static void method_reload(Session *s, const VarlinkCall *call) {
         if (!parameters_ok(s, call, (const JsonField[]) { {} }) || !require_admin(s))
                 return;
         ConfErrors errors = {};
-        int r = manager_reload(manager_of(s), &errors);
+        int r = methods_of(s)->reload(&errors, methods_of(s)->userdata);
         if (r >= 0) {
                 session_reply(s, NULL, false);
                 return;
@@ -240,7 +245,7 @@ static void method_drain(Session *s, const VarlinkCall *call) {
                            }) ||
             !require_admin(s))
                 return;
-        int r = engine_drain(manager_of(s)->engine, pool, member, on, now_monotonic());
+        int r = engine_drain(methods_of(s)->engine, pool, member, on, now_monotonic());
         if (r == -ENOENT) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s, s:s?}", "pool", pool, "member", member);
                 session_reply_error(s, "io.slotbroker.NoSuchPool", p);
@@ -253,12 +258,12 @@ static void method_drain(Session *s, const VarlinkCall *call) {
         }
         log_info("Pool %s%s%s %s by uid %d.", pool, member ? " member " : "", member ?: "", on ? "drained" : "undrained",
                  (int) s->cred.uid);
-        manager_status_changed(manager_of(s));
+        methods_of(s)->status_changed(methods_of(s)->userdata);
         session_reply(s, NULL, false);
 }
 
 static void method_cancel(Session *s, const VarlinkCall *call) {
-        Manager *m = manager_of(s);
+        Methods *m = methods_of(s);
         const char *pool = NULL, *lane = NULL, *job = NULL;
         int64_t uid = -1;
         if (!parameters_ok(s, call,
@@ -274,7 +279,7 @@ static void method_cancel(Session *s, const VarlinkCall *call) {
 
         /* Collect first: answering a waiter runs the calls it pipelined, which may close other connections. */
         size_t n_match = 0;
-        list_foreach(node, &m->sessions.sessions)
+        list_foreach(node, &m->sessions->sessions)
                 n_match += session_is_waiting(container_of(node, Session, node));
         _cleanup_free_ Session **match = calloc(n_match ?: 1, sizeof(Session *));
         if (!match) {
@@ -283,7 +288,7 @@ static void method_cancel(Session *s, const VarlinkCall *call) {
                 return;
         }
         size_t k = 0;
-        list_foreach(node, &m->sessions.sessions) {
+        list_foreach(node, &m->sessions->sessions) {
                 Session *x = container_of(node, Session, node);
                 AcquireCall *a = &x->acquire;
                 if (!session_is_waiting(x) || k >= n_match)
@@ -307,7 +312,7 @@ static void method_cancel(Session *s, const VarlinkCall *call) {
 }
 
 static void method_history(Session *s, const VarlinkCall *call) {
-        history_call_start(&manager_of(s)->history_calls, s, call);
+        history_call_start(methods_of(s)->history_calls, s, call);
 }
 
 static void method_metrics(Session *s, const VarlinkCall *call) {
@@ -315,8 +320,8 @@ static void method_metrics(Session *s, const VarlinkCall *call) {
                 return;
         _cleanup_free_ char *text = NULL;
         MetricsGauges g;
-        manager_metrics_gauges(manager_of(s), &g);
-        if (metrics_render(&manager_of(s)->metrics, &g, &text) < 0) {
+        methods_of(s)->gauges(&g, methods_of(s)->userdata);
+        if (metrics_render(methods_of(s)->metrics, &g, &text) < 0) {
                 log_oom();
                 session_close(s);
                 return;

@@ -49,6 +49,7 @@ typedef struct SessionTable {
         void (*fd_released)(void *userdata);
         void (*memory_freed)(size_t bytes, void *userdata);
         void *userdata;
+        void *call_userdata;            /* for the call handler bound to each connection (the methods) */
 } SessionTable;
 
 /* The position timer is added to event (IDLE priority). Returns 0 or negative errno. */
