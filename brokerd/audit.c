@@ -8,9 +8,8 @@
 
 #include "audit.h"
 #include "history.h"
-#include "lease.h"
 #include "log.h"
-#include "manager.h"
+#include "metrics.h"
 
 /* One MESSAGE_ID per decision, fixed forever: the journal catalog (units/slotbroker.catalog) explains each. */
 static const struct {
@@ -45,9 +44,17 @@ static int decision_index(const char *decision) {
         return -1;
 }
 
-void audit_init(Audit *a, const char *journal_socket) {
-        *a = (Audit) { .backlog_fd = -EBADF };
+void audit_init(Audit *a, sd_event *event, Metrics *metrics, const char *journal_socket) {
+        *a = (Audit) { .backlog_fd = -EBADF, .event = event, .metrics = metrics };
         journal_writer_init(&a->journal, journal_socket);
+}
+
+void audit_set_history(Audit *a, History *history) {
+        a->history = history;
+}
+
+void audit_set_level(Audit *a, AuditLevel level) {
+        a->level = level;
 }
 
 void audit_done(Audit *a) {
@@ -55,22 +62,23 @@ void audit_done(Audit *a) {
         journal_writer_done(&a->journal);
 }
 
+static void audit_watch_backlog(Audit *a);
+
 static int on_journal_writable(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
-        Manager *m = userdata;
-        journal_writer_flush(&m->audit.journal);
-        audit_watch_backlog(m);
+        Audit *a = userdata;
+        journal_writer_flush(&a->journal);
+        audit_watch_backlog(a);
         return 0;
 }
 
-void audit_watch_backlog(Manager *m) {
-        Audit *a = &m->audit;
+static void audit_watch_backlog(Audit *a) {
         int fd = a->journal.n_backlog > 0 ? a->journal.fd : -EBADF;
 
         if (fd != a->backlog_fd) {
                 /* journald restarted: the writer reconnected on another fd. */
                 a->backlog_source = sd_event_source_disable_unref(a->backlog_source);
                 a->backlog_fd = -EBADF;
-                if (fd >= 0 && sd_event_add_io(m->event, &a->backlog_source, fd, EPOLLOUT, on_journal_writable, m) >= 0)
+                if (fd >= 0 && sd_event_add_io(a->event, &a->backlog_source, fd, EPOLLOUT, on_journal_writable, a) >= 0)
                         a->backlog_fd = fd;
                 return;
         }
@@ -100,11 +108,11 @@ _printf_(2, 3) static void field(Fields *f, const char *fmt, ...) {
         f->used += len + 1;
 }
 
-static void journal_send(Manager *m, Fields *f) {
+static void journal_send(Audit *a, Fields *f) {
         field(f, "SYSLOG_IDENTIFIER=brokerd");
-        int r = journal_writer_send(&m->audit.journal, f->iov, f->n);
+        int r = journal_writer_send(&a->journal, f->iov, f->n);
         if (r == 1)
-                audit_watch_backlog(m); /* queued behind a full socket: sent when it drains */
+                audit_watch_backlog(a); /* queued behind a full socket: sent when it drains */
         if (r != -ENOTCONN)
                 return;
         /* Without journald (brokerd started by hand), the message goes to stderr: still seen, still once. */
@@ -148,7 +156,7 @@ static void compose_message(const AuditRecord *r, const char *tag, char *buf, si
                          r->reason ? ": " : "", r->reason ?: "");
 }
 
-static void journal_decision(Manager *m, const AuditRecord *r, int k) {
+static void journal_decision(Audit *a, const AuditRecord *r, int k) {
         Fields f = { .n = 0 };
         char msg[1024];
         compose_message(r, decisions[k].tag, msg, sizeof msg);
@@ -184,7 +192,7 @@ static void journal_decision(Manager *m, const AuditRecord *r, int k) {
                 field(&f, "SLOT_RETRY_AFTER_SEC=%u", r->retry_after_sec);
         if (r->reason)
                 field(&f, "SLOT_REASON=%s", r->reason);
-        journal_send(m, &f);
+        journal_send(a, &f);
 }
 
 /* A storm of one kind is summarised: AUDIT_BURST entries per window, then a count. */
@@ -202,7 +210,7 @@ static bool audit_admit(Audit *a, int k, usec_t now) {
         return false;
 }
 
-static void journal_suppressed(Manager *m, int k, unsigned long n) {
+static void journal_suppressed(Audit *a, int k, unsigned long n) {
         Fields f = { .n = 0 };
         field(&f, "MESSAGE=[%s] %lu further %s decisions not journaled individually in the last %llus (see history)",
               decisions[k].tag, n, decisions[k].decision, (unsigned long long) (AUDIT_WINDOW_USEC / USEC_PER_SEC));
@@ -210,21 +218,20 @@ static void journal_suppressed(Manager *m, int k, unsigned long n) {
         field(&f, "PRIORITY=%d", LOG_NOTICE);
         field(&f, "SLOT_DECISION=%s", decisions[k].decision);
         field(&f, "SLOT_SUPPRESSED=%lu", n);
-        journal_send(m, &f);
+        journal_send(a, &f);
 }
 
-void audit_tick(Manager *m) {
-        Audit *a = &m->audit;
+void audit_tick(Audit *a) {
         usec_t now = now_monotonic();
         for (size_t k = 0; k < ELEMENTSOF(decisions); k++) {
                 AuditLimit *l = &a->limits[k];
                 if (l->suppressed > 0 && now - l->window_start >= AUDIT_WINDOW_USEC) {
-                        journal_suppressed(m, (int) k, l->suppressed);
+                        journal_suppressed(a, (int) k, l->suppressed);
                         l->suppressed = 0;
                 }
         }
         journal_writer_flush(&a->journal);
-        audit_watch_backlog(m);
+        audit_watch_backlog(a);
         unsigned long dropped = journal_writer_take_dropped(&a->journal);
         if (dropped > 0) {
                 /* Said on stderr, which journald reads through another path, and counted for metrics. */
@@ -234,41 +241,22 @@ void audit_tick(Manager *m) {
         }
 }
 
-void audit_decision(Manager *m, const AuditRecord *r) {
+void audit_decision(Audit *a, const AuditRecord *r) {
         int k = decision_index(r->decision);
         if (k < 0)
                 return;
-        metrics_record(&m->metrics, r);
-        if (m->history)
-                history_append(m->history, r, now_realtime());
+        if (a->metrics)
+                metrics_record(a->metrics, r);
+        if (a->history)
+                history_append(a->history, r, now_realtime());
         /* A release at the end of a restart's recovery, or after a revocation, is not routine: its reason says why. */
-        if (decisions[k].routine && !r->reason && m->config->audit != AUDIT_ALL)
+        if (decisions[k].routine && !r->reason && a->level != AUDIT_ALL)
                 return;
-        if (audit_admit(&m->audit, k, now_monotonic()))
-                journal_decision(m, r, k);
+        if (audit_admit(a, k, now_monotonic()))
+                journal_decision(a, r, k);
 }
 
-AuditRecord audit_record_of_lease(const Lease *l, const char *decision) {
-        AuditRecord r = AUDIT_RECORD_INIT;
-        r.decision = decision;
-        r.pool = engine_lease_pool(l->engine_lease);
-        r.lane = engine_lease_lane(l->engine_lease);
-        r.job = l->job;
-        r.lease = l->id;
-        r.token = engine_lease_token(l->engine_lease);
-        r.uid = l->uid;
-        r.pid = l->pid;
-        return r;
-}
-
-void audit_lease(const Lease *l, const char *decision, const char *reason) {
-        AuditRecord r = audit_record_of_lease(l, decision);
-        r.hold = usec_sub_unsigned(now_monotonic(), l->granted_mono);
-        r.reason = reason;
-        audit_decision(l->manager, &r);
-}
-
-void audit_congestion(Manager *m, const char *pool, bool congested, usec_t idle) {
+void audit_congestion(Audit *a, const char *pool, bool congested, usec_t idle) {
         Fields f = { .n = 0 };
         char i[TIMESPAN_MAX];
         timespan_format(i, sizeof i, idle);
@@ -281,10 +269,10 @@ void audit_congestion(Manager *m, const char *pool, bool congested, usec_t idle)
         field(&f, "SLOT_POOL=%s", pool);
         field(&f, "SLOT_CONGESTED=%d", congested);
         field(&f, "SLOT_IDLE_USEC=%llu", (unsigned long long) idle);
-        journal_send(m, &f);
+        journal_send(a, &f);
 }
 
-void audit_reload(Manager *m, bool ok, const char *detail) {
+void audit_reload(Audit *a, bool ok, const char *detail) {
         Fields f = { .n = 0 };
         if (ok)
                 field(&f, "MESSAGE=[CONFIG_RELOADED] Configuration reloaded: %s", detail ?: "");
@@ -293,5 +281,5 @@ void audit_reload(Manager *m, bool ok, const char *detail) {
         field(&f, "MESSAGE_ID=%s", MESSAGE_ID_RELOAD);
         field(&f, "PRIORITY=%d", ok ? LOG_NOTICE : LOG_ERR);
         field(&f, "SLOT_RELOAD=%s", ok ? "applied" : "rejected");
-        journal_send(m, &f);
+        journal_send(a, &f);
 }

@@ -10,36 +10,13 @@
 
 #include <systemd/sd-event.h>
 
+#include "conf.h"
+#include "decision.h"
 #include "journal.h"
 #include "time-util.h"
 
-typedef struct Manager Manager;
-typedef struct Lease Lease;
-
-typedef struct AuditRecord {
-        const char *decision;     /* granted, busy, full, timeout, shed, unavailable, cancelled, released,
-                                   * revoked, overdue, restored, denied */
-        const char *pool;
-        const char *lane;
-        const char *job;
-        const char *lease;
-        uint64_t token;           /* 0: none */
-        usec_t wait;              /* USEC_INFINITY: not applicable */
-        usec_t hold;
-        usec_t budget;
-        usec_t idle;
-        const char *state;        /* keeping-up, saturated, or NULL */
-        uid_t uid;                /* (uid_t) -1: unknown */
-        pid_t pid;                /* 0: unknown */
-        unsigned retry_after_sec; /* 0: none */
-        const char *reason;       /* a few words for the message, or NULL */
-} AuditRecord;
-
-#define AUDIT_RECORD_INIT                                                                                   \
-        (AuditRecord) {                                                                                    \
-                .wait = USEC_INFINITY, .hold = USEC_INFINITY, .budget = USEC_INFINITY, .idle = USEC_INFINITY, \
-                .uid = (uid_t) -1,                                                                         \
-        }
+typedef struct History History;
+typedef struct Metrics Metrics;
 
 /* Entries of one decision kind allowed per window before the rest are only counted. */
 #define AUDIT_BURST 100
@@ -57,21 +34,22 @@ typedef struct Audit {
         int backlog_fd;
         AuditLimit limits[16];
         unsigned long journal_dropped_total;
+        sd_event *event;                 /* where the backlog is watched */
+        Metrics *metrics;                /* sinks: every decision is counted and written to history */
+        History *history;                /* NULL: none (not opened yet, or a unit test) */
+        AuditLevel level;                /* [broker] audit=: whether routine decisions are journaled */
 } Audit;
 
-void audit_init(Audit *a, const char *journal_socket);
+/* The sinks: metrics (NULL: none) and, once it is open, history (audit_set_history()). */
+void audit_init(Audit *a, sd_event *event, Metrics *metrics, const char *journal_socket);
 void audit_done(Audit *a);
-/* The journal's backlog is sent as soon as journald's socket takes it, not only at the next tick. */
-void audit_watch_backlog(Manager *m);
+void audit_set_history(Audit *a, History *history);
+void audit_set_level(Audit *a, AuditLevel level);
 /* Once a second: summaries of suppressed entries, and the journal backlog. */
-void audit_tick(Manager *m);
+void audit_tick(Audit *a);
 
-void audit_decision(Manager *m, const AuditRecord *r);
-/* A record filled from the lease: pool, lane, job, lease id, token, uid, pid. */
-AuditRecord audit_record_of_lease(const Lease *l, const char *decision);
-/* A lease-level decision (released, revoked, overdue, restored), with its hold so far. */
-void audit_lease(const Lease *l, const char *decision, const char *reason);
+void audit_decision(Audit *a, const AuditRecord *r);
 /* The congested gauge of a pool changed. */
-void audit_congestion(Manager *m, const char *pool, bool congested, usec_t idle);
+void audit_congestion(Audit *a, const char *pool, bool congested, usec_t idle);
 /* A reload applied (ok) or rejected (first error). */
-void audit_reload(Manager *m, bool ok, const char *detail);
+void audit_reload(Audit *a, bool ok, const char *detail);

@@ -4,19 +4,37 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
-#include "acquire.h"
-#include "audit.h"
 #include "connection.h"
-#include "history-call.h"
-#include "lease.h"
 #include "log.h"
-#include "manager.h"
-#include "methods.h"
 
 /* Reads per wakeup: a client that streams without pause cannot hold the loop. */
 #define READS_PER_WAKEUP 4
 
-static int connection_get_groups(Connection *c) {
+struct Connection {
+        Poller *poller;
+        int fd;
+        PollerWatch watch;         /* the socket, in the poller */
+        VarlinkStream stream;
+        json_t *next_call;         /* taken from the stream, not run yet (deferred by the owner) */
+        VarlinkFds next_call_fds;  /* the fds passed with next_call */
+        struct ucred cred;
+        gid_t *groups;
+        size_t n_groups;
+        ConnectionCallFn on_call;
+        ConnectionInputEndedFn on_input_ended;
+        ConnectionDisconnectFn on_disconnect;
+        void *userdata;
+        bool deferred;             /* next_call was deferred: the owner resumes */
+        bool held;                 /* no call is taken: connection_set_held() */
+        bool oneway;               /* the call being run wants no reply */
+        bool read_eof;             /* the client shut its sending side: answer what it sent, then close */
+        size_t output_mark;        /* output_below runs once the unsent output is below this */
+        void (*output_below)(Connection *c);
+        unsigned dispatching;      /* calls are being run: their replies go out together at the end */
+        bool closed;
+};
+
+static int connection_read_groups(Connection *c) {
         socklen_t size = 64 * sizeof(gid_t);
         for (;;) {
                 gid_t *g = malloc(size);
@@ -43,14 +61,7 @@ static int connection_get_groups(Connection *c) {
         }
 }
 
-bool connection_is_waiting(const Connection *c) {
-        return c->acquire.active && c->acquire.request && engine_request_is_waiting(c->acquire.request);
-}
-
-/* An open Acquire, or a lease held by this connection, answers first: later calls wait (SPEC §5). */
-static bool connection_busy(const Connection *c) {
-        return c->acquire.active || c->lease || c->history_pending;
-}
+static int connection_read_groups(Connection *c);
 
 static void connection_update_events(Connection *c) {
         if (c->closed)
@@ -59,7 +70,7 @@ static void connection_update_events(Connection *c) {
         uint32_t events = c->read_eof ? 0 : EPOLLIN;
         if (varlink_stream_pending_output(&c->stream) > 0)
                 events |= EPOLLOUT;
-        (void) poller_set_events(c->manager->poller, &c->watch, events);
+        (void) poller_set_events(c->poller, &c->watch, events);
 }
 
 /* A producer waiting for the output to drain (History's pages) gets its turn. */
@@ -75,6 +86,56 @@ void connection_when_output_below(Connection *c, size_t mark, void (*fn)(Connect
         c->output_mark = mark;
         c->output_below = fn;
         connection_check_output_below(c);
+}
+
+size_t connection_get_pending_output(const Connection *c) {
+        return c->closed ? 0 : varlink_stream_pending_output(&c->stream);
+}
+
+size_t connection_get_buffered(const Connection *c) {
+        /* Also in the disconnect handler: the buffers are freed after it. */
+        return c->fd < 0 ? 0 : varlink_stream_pending_output(&c->stream) + c->stream.input.allocated;
+}
+
+void connection_set_oneway(Connection *c, bool oneway) {
+        c->oneway = oneway;
+}
+
+bool connection_get_oneway(const Connection *c) {
+        return c->oneway;
+}
+
+void connection_bind_call(Connection *c, ConnectionCallFn fn) {
+        c->on_call = fn;
+}
+
+void connection_bind_input_ended(Connection *c, ConnectionInputEndedFn fn) {
+        c->on_input_ended = fn;
+}
+
+void connection_bind_disconnect(Connection *c, ConnectionDisconnectFn fn) {
+        c->on_disconnect = fn;
+}
+
+void connection_set_userdata(Connection *c, void *userdata) {
+        c->userdata = userdata;
+}
+
+void *connection_get_userdata(const Connection *c) {
+        return c->userdata;
+}
+
+const struct ucred *connection_get_peer(const Connection *c) {
+        return &c->cred;
+}
+
+size_t connection_get_groups(const Connection *c, const gid_t **ret) {
+        *ret = c->groups;
+        return c->n_groups;
+}
+
+bool connection_is_closed(const Connection *c) {
+        return c->closed;
 }
 
 static void connection_flush(Connection *c) {
@@ -138,16 +199,6 @@ int connection_reply_error(Connection *c, const char *error, json_t *parameters)
         return connection_queued(c, varlink_stream_reply_error(&c->stream, error, parameters));
 }
 
-/* Release of the lease this connection holds may overtake the wait for that lease to end: it is what
- * ends it, and the Acquire's last reply still goes out before the Release's, in order. This lets one
- * connection take and give back lease after lease. */
-static bool call_releases_own_lease(const Connection *c, const VarlinkCall *call) {
-        if (!c->lease || c->acquire.pending || c->history_pending || !streq(call->method, "io.slotbroker.Release"))
-                return false;
-        json_t *id = json_object_get(call->parameters, "lease");
-        return json_is_string(id) && streq(json_string_value(id), c->lease->id);
-}
-
 /* Bad input gets a clear answer, then the connection goes: after a message we could not read, the
  * stream's framing cannot be trusted for the next one. */
 static void connection_protocol_error(Connection *c, const char *reason) {
@@ -161,8 +212,8 @@ static void connection_protocol_error(Connection *c, const char *reason) {
 /* Runs the calls that can be answered now. Returns false when the connection had to go. */
 static bool connection_run_calls(Connection *c) {
         while (!c->closed) {
-                if (c->history_pending)
-                        break; /* its reply goes out in parts: nothing comes between them, not even an error */
+                if (c->held)
+                        break; /* a reply goes out in parts: nothing comes between them, not even an error */
                 if (!c->next_call) {
                         int r = varlink_stream_next_with_fds(&c->stream, &c->next_call, &c->next_call_fds);
                         if (r == 0)
@@ -177,33 +228,37 @@ static bool connection_run_calls(Connection *c) {
                         connection_protocol_error(c, "not-a-call");
                         return false;
                 }
-                if (connection_busy(c) && !call_releases_own_lease(c, &call))
-                        break; /* answered, in order, once the open Acquire ends */
-                _unused_ _cleanup_(json_decrefp) json_t *msg = TAKE_PTR(c->next_call); /* owns the call's strings */
-                /* The call's fds are its own: a method takes what it uses, the rest close with the call. Moved
-                 * out first, since a method may end an Acquire and so run the calls behind it. */
+                _cleanup_(json_decrefp) json_t *msg = TAKE_PTR(c->next_call); /* owns the call's strings */
+                /* The call's fds are its own: the handler takes what it uses, the rest close with the call. Moved
+                 * out first, since the handler may resume the connection and so run the calls behind it. */
                 _cleanup_(varlink_fds_close) VarlinkFds fds = c->next_call_fds;
                 c->next_call_fds = VARLINK_FDS_INIT;
                 call.fds = &fds;
-                methods_dispatch(c, &call);
+                c->deferred = false;
+                if (c->on_call(c, &call, c->userdata) == CONNECTION_CALL_DEFER) {
+                        /* Answered, in order, once the owner resumes: kept as it came, fds included. */
+                        c->next_call = TAKE_PTR(msg);
+                        c->next_call_fds = fds;
+                        fds = VARLINK_FDS_INIT;
+                        c->deferred = true;
+                        break;
+                }
         }
         return true;
 }
 
 /* A client that shut its sending side (shutdown(SHUT_WR), as `printf … | socat` does) can still read:
- * its calls are answered, in order, and the connection closes once the last reply is out. An open
- * Acquire is the exception: its connection is the lease's life line, and a client that can send nothing
- * more has ended it, as a hang-up does (io.slotbroker(7)). */
+ * its calls are answered, in order, and the connection closes once the last reply is out. The owner may
+ * know better (an open Acquire ends with its client's input: io.slotbroker(7)). */
 static void connection_close_if_finished(Connection *c) {
         if (c->closed || !c->read_eof)
                 return;
-        if (c->acquire.active || c->lease) {
-                log_debug("Client pid %d shut its side of the connection with an Acquire open; closing.",
-                          (int) c->cred.pid);
-                connection_close(c);
-                return;
+        if (c->on_input_ended) {
+                c->on_input_ended(c, c->userdata);
+                if (c->closed)
+                        return;
         }
-        if (connection_busy(c) || c->next_call)
+        if (c->held || c->next_call)
                 return; /* a reply still to come */
         /* What is left in the input is the start of a call that never ended: nobody waits for its answer. */
         if (varlink_stream_pending_output(&c->stream) == 0)
@@ -215,7 +270,7 @@ static void connection_read_ended(Connection *c) {
         connection_close_if_finished(c);
 }
 
-void connection_dispatch(Connection *c) {
+static void connection_dispatch(Connection *c) {
         /* A Release of the connection's own lease answers twice (the Acquire's end, then the Release),
          * and pipelined calls once each: all of it leaves in one send. */
         c->dispatching++;
@@ -228,20 +283,20 @@ void connection_dispatch(Connection *c) {
         connection_update_events(c);
 }
 
-void connection_acquire_done(Connection *c) {
-        AcquireCall *a = &c->acquire;
-        a->active = false;
-        a->request = engine_request_unref(a->request);
-        a->command_pidfd = safe_close(a->command_pidfd);
-        a->has_command = false;
-        a->lane = mfree(a->lane);
-        a->job = mfree(a->job);
+void connection_set_held(Connection *c, bool held) {
+        c->held = held;
+        if (!held)
+                connection_resume(c);
+}
+
+void connection_resume(Connection *c) {
+        if (c->closed)
+                return;
         connection_dispatch(c);
 }
 
 static void connection_io(PollerWatch *w, uint32_t revents) {
         Connection *c = container_of(w, Connection, watch);
-        Manager *m = c->manager;
 
         if (revents & EPOLLOUT) {
                 connection_flush(c);
@@ -256,9 +311,9 @@ static void connection_io(PollerWatch *w, uint32_t revents) {
                         if (n == -EAGAIN)
                                 break;
                         if (n == -ENOBUFS) {
-                                if (connection_busy(c)) {
-                                        /* Pipelining a whole buffer behind an open Acquire is abuse, not use. */
-                                        log_debug("Closing connection of pid %d: input full behind an Acquire",
+                                if (c->deferred || c->held) {
+                                        /* Pipelining a whole buffer behind an open call is abuse, not use. */
+                                        log_debug("Closing connection of pid %d: input full behind an open call",
                                                   (int) c->cred.pid);
                                         connection_close(c);
                                         break;
@@ -280,20 +335,17 @@ static void connection_io(PollerWatch *w, uint32_t revents) {
                 }
 
         connection_update_events(c);
-        manager_sync(m);
 }
 
-int connection_new(Manager *m, int fd, Connection **ret) {
+int connection_new(Poller *poller, int fd, const ConnectionLimits *limits, Connection **ret) {
         _cleanup_close_ int fd_owned = fd;
-        const BrokerConfig *cfg = m->config;
 
         Connection *c = calloc(1, sizeof(Connection));
         if (!c)
                 return -ENOMEM;
-        c->manager = m;
+        c->poller = poller;
         c->fd = -EBADF;
         c->watch = (PollerWatch) POLLER_WATCH_INIT;
-        c->acquire.command_pidfd = -EBADF;
 
         socklen_t len = sizeof c->cred;
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->cred, &len) < 0) {
@@ -301,20 +353,17 @@ int connection_new(Manager *m, int fd, Connection **ret) {
                 return negative_errno();
         }
         c->fd = TAKE_FD(fd_owned);
-        int r = connection_get_groups(c);
+        int r = connection_read_groups(c);
         if (r < 0)
                 goto fail;
-        varlink_stream_init(&c->stream, c->fd, cfg->max_message_size, cfg->max_output_per_connection);
+        varlink_stream_init(&c->stream, c->fd, limits->max_message, limits->max_output);
         /* Acquire's pidfd comes with the call (SCM_RIGHTS): a pid would mean nothing from another PID namespace. */
         varlink_stream_accept_fds(&c->stream, true);
-        r = poller_add(m->poller, &c->watch, c->fd, EPOLLIN, connection_io);
+        r = poller_add(poller, &c->watch, c->fd, EPOLLIN, connection_io);
         if (r < 0) {
                 varlink_stream_done(&c->stream);
                 goto fail;
         }
-        list_append(&m->connections, &c->node);
-        m->n_connections++;
-        manager_uid_usage(m, c->cred.uid, true)->connections++;
         *ret = c;
         return 0;
 fail:
@@ -324,77 +373,30 @@ fail:
         return r;
 }
 
-void connection_free(Connection *c) {
+Connection *connection_free(Connection *c) {
         if (!c)
-                return;
+                return NULL;
         assert(c->closed);
-        free(c->acquire.lane);
-        free(c->acquire.job);
-        free(c);
+        return mfree(c);
 }
 
 void connection_close(Connection *c) {
         if (!c || c->closed)
                 return;
-        Manager *m = c->manager;
         /* Replies held back for one send (connection_dispatch()) still go, as far as the socket takes them:
          * a ProtocolError, say, before the close it announces. */
         if (c->dispatching > 0 && varlink_stream_pending_output(&c->stream) > 0)
                 (void) varlink_stream_flush(&c->stream);
-        c->closed = true;
-        history_call_abandon(c);
-
-        AcquireCall *a = &c->acquire;
-        acquire_forget_waiter(c);
-        if (a->request && engine_request_is_waiting(a->request)) {
-                AuditRecord rec = AUDIT_RECORD_INIT;
-                rec.decision = "cancelled";
-                rec.pool = engine_request_pool(a->request);
-                rec.lane = a->lane;
-                rec.job = a->job;
-                rec.wait = usec_sub_unsigned(now_monotonic(), engine_request_arrival(a->request));
-                rec.budget = engine_request_budget(a->request);
-                rec.uid = c->cred.uid;
-                rec.pid = c->cred.pid;
-                audit_decision(m, &rec);
-                engine_request_cancel(a->request, now_monotonic());
-        }
-        if (a->counted_waiter) {
-                UidUsage *u = manager_uid_usage(m, c->cred.uid, false);
-                if (u && u->waiters > 0)
-                        u->waiters--;
-                a->counted_waiter = false;
-        }
-        a->request = engine_request_unref(a->request);
-        a->command_pidfd = safe_close(a->command_pidfd);
-        a->active = false; /* lane and job stay for the audit of decisions still on their way */
-        if (a->pending) {
-                a->pending->requester = NULL; /* its row still gets written; nobody hears the grant */
-                a->pending = NULL;
-        }
-
-        if (c->lease)
-                lease_holder_gone(c->lease); /* clears c->lease */
-
-        poller_remove(m->poller, &c->watch);
+        c->closed = true; /* replies fail from here on */
+        c->output_below = NULL;
+        poller_remove(c->poller, &c->watch);
+        if (c->on_disconnect)
+                c->on_disconnect(c, c->userdata);
         json_decref(c->next_call);
         c->next_call = NULL;
         varlink_fds_close(&c->next_call_fds);
-        manager_memory_freed(m, varlink_stream_pending_output(&c->stream) + c->stream.input.allocated);
         varlink_stream_done(&c->stream);
         c->fd = safe_close(c->fd);
-        manager_fd_released(m);
         free(c->groups);
         c->groups = NULL;
-
-        list_unlink(&c->node);
-        m->n_connections--;
-        UidUsage *u = manager_uid_usage(m, c->cred.uid, false);
-        if (u && u->connections > 0)
-                u->connections--;
-        manager_status_changed(m);
-
-        /* Callers up the stack may still hold c: it is freed once this loop iteration is over. */
-        list_append(&m->closed_connections, &c->node);
-        (void) sd_event_source_set_enabled(m->gc_source, SD_EVENT_ONESHOT);
 }

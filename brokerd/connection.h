@@ -1,94 +1,82 @@
 /* SPDX-License-Identifier: MIT */
-/* connection.h — one client connection: its socket, credentials, Varlink stream, and the Acquire it
- * may have open (waiting, or holding a lease). Calls are answered in order; calls that arrive behind an
- * open Acquire wait in the input until it ends. */
+/* connection.h — one client socket: Varlink framing, its limits, the peer's credentials, the output and
+ * the fds passed with a call. It knows no method, lease or waiter: its owner binds handlers (a call, the
+ * end of the client's input, the disconnect), as sd-varlink's bind_method/bind_disconnect do, with one
+ * userdata. Calls are run in order; a call the owner defers waits in the input, with those behind it, until
+ * connection_resume(). */
 #pragma once
 
 #include <stdbool.h>
 #include <sys/socket.h>
 #include <sys/types.h>
-#include <systemd/sd-event.h>
 
-#include "engine.h"
-#include "list.h"
 #include "poller.h"
-#include "process.h"
 #include "varlink.h"
 
 typedef struct Connection Connection;
-typedef struct Manager Manager;
-typedef struct Lease Lease;
 
-/* An Acquire call in progress. */
-typedef struct AcquireCall {
-        bool active;
-        bool more;                 /* replies continue; otherwise one final reply */
-        bool detach;
-        char *lane;
-        char *job;
-        unsigned slots;
-        usec_t max_hold;           /* the client's cap; USEC_INFINITY: none */
-        EngineRequest *request;    /* while waiting */
-        size_t last_position;      /* 1-based, as last sent; 0: none yet */
-        size_t last_queued;
-        usec_t last_position_check; /* monotonic; updates go out at most once a second */
-        ListNode position_node;     /* Manager.position_queue, while waiting with "more" */
-        bool counted_waiter;       /* counted in its uid's waiters */
-        int command_pidfd;         /* the attached command, verified at the call */
-        ProcessInfo command;
-        bool has_command;
-        Lease *pending;            /* granted, its row being written: the answer waits for it */
-} AcquireCall;
+typedef enum ConnectionCallResult {
+        CONNECTION_CALL_DONE,   /* run: answered now, or later by the owner */
+        CONNECTION_CALL_DEFER,  /* not now: kept, and offered again after connection_resume() */
+} ConnectionCallResult;
 
-struct Connection {
-        Manager *manager;
-        ListNode node;             /* Manager.connections, or Manager.closed_connections once closed */
-        int fd;
-        PollerWatch watch;         /* the socket, in Manager.poller */
-        VarlinkStream stream;
-        json_t *next_call;         /* taken from the stream, waiting for an open Acquire to end */
-        VarlinkFds next_call_fds;  /* the fds passed with next_call */
-        struct ucred cred;
-        gid_t *groups;
-        size_t n_groups;
-        AcquireCall acquire;
-        Lease *lease;              /* the lease this connection holds (its life line), if any */
-        bool oneway;               /* the call being run wants no reply */
-        bool history_pending;      /* a History call is answered later, from the writer thread */
-        bool read_eof;             /* the client shut its sending side: answer what it sent, then close */
-        struct HistoryCall *history_call; /* the History reply being produced, page by page */
-        size_t output_mark;        /* output_below runs once the unsent output is below this */
-        void (*output_below)(Connection *c);
-        unsigned dispatching;      /* calls are being run: their replies go out together at the end */
-        bool closed;
-};
+/* A call; call->fds are its own (the handler takes what it uses, the rest close after it). The handler may
+ * close the connection. */
+typedef ConnectionCallResult (*ConnectionCallFn)(Connection *c, const VarlinkCall *call, void *userdata);
+/* The client shut its sending side; called whenever the connection looks whether it is finished, and may
+ * close it. Without one, the connection closes once every call is answered and the output is out. */
+typedef void (*ConnectionInputEndedFn)(Connection *c, void *userdata);
+/* Runs once, from connection_close() (the client went, its input was bad, it did not read, or the owner
+ * closed it), after the socket left the poller and before the socket and buffers are freed. */
+typedef void (*ConnectionDisconnectFn)(Connection *c, void *userdata);
 
-/* Takes ownership of fd (an accepted socket). Returns 0 or negative errno; fd is closed on failure. */
-int connection_new(Manager *m, int fd, Connection **ret);
-/* Closes: a waiting request is withdrawn (audited "cancelled"), a held lease loses its life line. The
- * memory stays valid until the manager's next collection, so callers up the stack may still look. */
-void connection_close(Connection *c);
-void connection_free(Connection *c);
+typedef struct ConnectionLimits {
+        size_t max_message;     /* a longer incoming message is a ProtocolError ("too-long") */
+        size_t max_output;      /* unsent output past this closes the connection (SPEC §10) */
+} ConnectionLimits;
 
-/* Queue a reply or an error on the connection; a connection whose unsent output passes its cap is closed
- * (later, from the loop: callers may still touch it). Return 0 or negative errno. */
+/* Takes ownership of fd (an accepted socket; closed on failure) and reads its peer's credentials. Returns 0
+ * or negative errno. */
+int connection_new(Poller *poller, int fd, const ConnectionLimits *limits, Connection **ret);
+/* Only once closed: the owner frees it when nothing up the stack can name it any more. */
+Connection *connection_free(Connection *c);
+
+void connection_bind_call(Connection *c, ConnectionCallFn fn);
+void connection_bind_input_ended(Connection *c, ConnectionInputEndedFn fn);
+void connection_bind_disconnect(Connection *c, ConnectionDisconnectFn fn);
+void connection_set_userdata(Connection *c, void *userdata);
+void *connection_get_userdata(const Connection *c);
+
+/* The peer as SO_PEERCRED saw it at accept. */
+const struct ucred *connection_get_peer(const Connection *c);
+/* Its supplementary groups and its primary group. */
+size_t connection_get_groups(const Connection *c, const gid_t **ret);
+
+/* Queue a reply or an error; a connection whose unsent output passes its cap is closed. Replies of a
+ * oneway call (connection_set_oneway()) are dropped. Return 0 or negative errno (-ENOTCONN once closed). */
 int connection_reply(Connection *c, json_t *parameters, bool continues);
 int connection_reply_error(Connection *c, const char *error, json_t *parameters);
+/* The call being run wants no reply (or, false, wants one after all). */
+void connection_set_oneway(Connection *c, bool oneway);
+bool connection_get_oneway(const Connection *c);
 
 /* A reply produced in parts as the client reads (History's): raw text, and JSON values without their
  * NUL (varlink_output_enqueue_json_part()); the last part ends with the NUL. Nothing else may be queued
- * meanwhile (the calls behind wait: the caller keeps the connection busy). They are sent at the next
- * connection_dispatch(). A connection whose unsent output would pass its cap is closed. Return 0 or
- * negative errno. */
+ * meanwhile: the owner holds the calls behind it (connection_set_held()). Return 0 or negative errno. */
 int connection_reply_part(Connection *c, const void *data, size_t size);
 int connection_reply_part_json(Connection *c, const json_t *value);
-/* fn runs once, as soon as the unsent output is below mark bytes (at once, if it is). */
+/* fn runs once, as soon as the unsent output is below mark bytes (at once, if it is); NULL: nothing. */
 void connection_when_output_below(Connection *c, size_t mark, void (*fn)(Connection *c));
+size_t connection_get_pending_output(const Connection *c);
+/* Bytes held by its buffers (input and unsent output), for the owner's accounting of memory freed. */
+size_t connection_get_buffered(const Connection *c);
 
-/* The Acquire on this connection ended (refused, or its lease ended): answer the calls behind it. */
-void connection_acquire_done(Connection *c);
+/* Held, no call is taken, not even read for a ProtocolError: a reply in parts is being produced. A client
+ * that fills its input meanwhile is closed. Unheld, the calls behind run (connection_resume()). */
+void connection_set_held(Connection *c, bool held);
+/* Runs the calls that can run now: a deferred one again, and those behind it. */
+void connection_resume(Connection *c);
 
-/* Answer pipelined calls that are ready; called when an Acquire ends. */
-void connection_dispatch(Connection *c);
-
-bool connection_is_waiting(const Connection *c);
+bool connection_is_closed(const Connection *c);
+/* Idempotent; the disconnect handler runs once. The memory stays until connection_free(). */
+void connection_close(Connection *c);

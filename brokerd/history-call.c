@@ -8,7 +8,7 @@
 #include "history-call.h"
 #include "history.h"
 #include "log.h"
-#include "manager.h"
+#include "session.h"
 
 /* Events read per trip to the writer thread, and the unsent bytes below which the next trip starts.
  * 500 clients asking for 1000 events each and reading nothing held 400-765 MB when the reply was built
@@ -26,9 +26,10 @@ typedef struct HistoryCall {
         bool started;           /* the reply's opening text is queued */
         bool any;               /* an event is queued: the next one needs a comma */
         int64_t last_id;        /* of the last event queued */
-        Connection *connection;
-        bool reading;           /* a page is being read (counted in Manager.history_pages_reading) */
-        ListNode queue_node;    /* in Manager.history_page_queue while waiting for its turn */
+        Session *session;
+        HistoryCalls *calls;
+        bool reading;           /* a page is being read (counted in HistoryCalls.pages_reading) */
+        ListNode queue_node;    /* in HistoryCalls.page_queue while waiting for its turn */
 } HistoryCall;
 
 static HistoryCall *history_call_free(HistoryCall *h) {
@@ -40,122 +41,130 @@ static HistoryCall *history_call_free(HistoryCall *h) {
         return mfree(h);
 }
 
-static void reply_unavailable(Connection *c) {
+static void reply_unavailable(Session *s) {
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s}", "retryAfterSec", 5, "reason", "storage");
-        connection_reply_error(c, "io.slotbroker.Unavailable", p);
+        session_reply_error(s, "io.slotbroker.Unavailable", p);
 }
 
 /* The reply is complete (or cut short): the calls behind it get their turn. */
-static void history_call_end(Connection *c) {
-        c->history_call = history_call_free(c->history_call);
-        c->history_pending = false;
-        c->output_below = NULL;
-        connection_dispatch(c);
-        manager_sync(c->manager);
+static void history_call_end(Session *s) {
+        s->history_call = history_call_free(s->history_call);
+        s->history_pending = false;
+        connection_when_output_below(s->connection, 0, NULL);
+        connection_set_held(s->connection, false);
 }
 
 /* The closing text; cursor 0: no further page. */
-static int history_call_close_reply(Connection *c, int64_t cursor) {
+static int history_call_close_reply(Session *s, int64_t cursor) {
         char tail[64];
         int n = cursor > 0 ? snprintf(tail, sizeof tail, "],\"cursor\":%" PRId64 "}}", cursor)
                            : snprintf(tail, sizeof tail, "]}}");
-        return connection_reply_part(c, tail, (size_t) n + 1); /* with the NUL that ends the message */
+        return connection_reply_part(s->connection, tail, (size_t) n + 1); /* with the NUL that ends the message */
 }
 
 static void on_history_page(History *history, int error, json_t *events, int64_t next_cursor, void *userdata);
 
-static void history_call_read_page(Connection *c) {
-        HistoryCall *h = c->history_call;
+static void history_call_read_page(Session *s) {
+        HistoryCall *h = s->history_call;
         h->query.limit = MIN(h->remaining, HISTORY_PAGE_EVENTS);
-        if (history_query(c->manager->history, &h->query, on_history_page, c) < 0) {
+        if (history_query(h->calls->history, &h->query, on_history_page, s) < 0) {
                 log_oom();
-                connection_close(c);
+                session_close(s);
                 return;
         }
         h->reading = true;
-        c->manager->history_pages_reading++;
+        h->calls->pages_reading++;
 }
 
-static void history_call_fetch(Connection *c) {
-        Manager *m = c->manager;
-        if (m->history_pages_reading >= HISTORY_PAGES_READING_MAX)
-                list_append(&m->history_page_queue, &c->history_call->queue_node);
+static void history_call_fetch(Session *s) {
+        HistoryCalls *hc = s->history_call->calls;
+        if (hc->pages_reading >= HISTORY_PAGES_READING_MAX)
+                list_append(&hc->page_queue, &s->history_call->queue_node);
         else
-                history_call_read_page(c);
+                history_call_read_page(s);
+}
+
+static void on_output_below(Connection *c) {
+        history_call_fetch(connection_get_userdata(c));
 }
 
 /* A page was read (or its call went away): the next call waiting has its turn. */
-static void history_page_done(Manager *m) {
-        m->history_pages_reading--;
-        ListNode *n = list_first(&m->history_page_queue);
+static void history_page_done(HistoryCalls *hc) {
+        hc->pages_reading--;
+        ListNode *n = list_first(&hc->page_queue);
         if (!n)
                 return;
         list_unlink(n);
-        history_call_read_page(container_of(n, HistoryCall, queue_node)->connection);
+        history_call_read_page(container_of(n, HistoryCall, queue_node)->session);
 }
 
 static void on_history_page(History *history, int error, json_t *events, int64_t next_cursor, void *userdata) {
-        Connection *c = userdata;
-        HistoryCall *h = c->history_call;
+        Session *s = userdata;
+        HistoryCall *h = s->history_call;
         int r = 0;
 
         h->reading = false;
-        history_page_done(c->manager);
+        history_page_done(h->calls);
 
         if (error < 0) {
                 if (!h->started)
-                        reply_unavailable(c);
+                        reply_unavailable(s);
                 else
                         /* Part of the reply is out: end it where it got to; the client's next page (from
                          * this cursor) gets the error. */
-                        r = history_call_close_reply(c, h->last_id);
-                history_call_end(c);
+                        r = history_call_close_reply(s, h->last_id);
+                history_call_end(s);
                 return;
         }
         if (!h->started) {
                 static const char head[] = "{\"parameters\":{\"events\":[";
-                r = connection_reply_part(c, head, sizeof head - 1);
+                r = connection_reply_part(s->connection, head, sizeof head - 1);
                 h->started = true;
         }
-        size_t i, before = varlink_stream_pending_output(&c->stream);
+        size_t i, before = connection_get_pending_output(s->connection);
         json_t *e;
         json_array_foreach(events, i, e) {
                 if (r < 0)
                         break;
                 if (h->any)
-                        r = connection_reply_part(c, ",", 1);
+                        r = connection_reply_part(s->connection, ",", 1);
                 if (r >= 0)
-                        r = connection_reply_part_json(c, e);
+                        r = connection_reply_part_json(s->connection, e);
                 h->any = true;
                 h->last_id = json_integer_value(json_object_get(e, "id"));
         }
         if (r < 0) {
                 /* Past the output cap the connection is closed already (and h freed with the call). */
-                if (!c->closed) {
+                if (!s->closed) {
                         log_oom();
-                        connection_close(c);
+                        session_close(s);
                 }
                 return;
         }
         /* The page's events were built on the writer thread and are freed after this callback: about
          * this much more than their text, in the writer's malloc arena. */
-        manager_memory_freed(c->manager, varlink_stream_pending_output(&c->stream) - before);
+        if (h->calls->memory_freed)
+                h->calls->memory_freed(connection_get_pending_output(s->connection) - before, h->calls->userdata);
         h->remaining -= MIN(h->remaining, (unsigned) json_array_size(events));
         if (next_cursor <= 0 || h->remaining == 0) {
-                r = history_call_close_reply(c, next_cursor > 0 ? next_cursor : 0);
+                r = history_call_close_reply(s, next_cursor > 0 ? next_cursor : 0);
                 if (r < 0)
                         return;
-                history_call_end(c);
+                history_call_end(s);
                 return;
         }
         h->query.cursor = next_cursor;
-        connection_dispatch(c); /* sends what was queued */
-        if (!c->closed)
-                connection_when_output_below(c, HISTORY_OUTPUT_LOW_MARK, history_call_fetch);
+        connection_resume(s->connection); /* sends what was queued; the calls behind still wait */
+        if (!s->closed)
+                connection_when_output_below(s->connection, HISTORY_OUTPUT_LOW_MARK, on_output_below);
 }
 
-void history_call_start(Connection *c, const VarlinkCall *call) {
-        Manager *m = c->manager;
+void history_calls_init(HistoryCalls *hc) {
+        *hc = (HistoryCalls) {};
+        list_init(&hc->page_queue);
+}
+
+void history_call_start(HistoryCalls *hc, Session *s, const VarlinkCall *call) {
         int64_t since = 0, until = 0, limit = 100, cursor = 0;
         const char *lane = NULL, *pool = NULL, *decision = NULL, *bad = NULL;
 
@@ -171,13 +180,13 @@ void history_call_start(Connection *c, const VarlinkCall *call) {
         };
         if (json_dispatch(call->parameters, table, 0, &bad) < 0) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "parameter", bad ?: "parameters");
-                connection_reply_error(c, VARLINK_ERROR_INVALID_PARAMETER, p);
+                session_reply_error(s, VARLINK_ERROR_INVALID_PARAMETER, p);
                 return;
         }
-        if (c->oneway)
+        if (connection_get_oneway(s->connection))
                 return; /* nobody wants the answer, and reading changes nothing */
-        if (!m->history) {
-                reply_unavailable(c);
+        if (!hc->history) {
+                reply_unavailable(s);
                 return;
         }
 
@@ -186,7 +195,7 @@ void history_call_start(Connection *c, const VarlinkCall *call) {
             strdup_or_null(decision, &h->decision) < 0) {
                 history_call_free(h);
                 log_oom();
-                connection_close(c);
+                session_close(s);
                 return;
         }
         h->query.lane = h->lane;
@@ -196,25 +205,26 @@ void history_call_start(Connection *c, const VarlinkCall *call) {
         h->query.until = until > 0 ? (usec_t) until : USEC_INFINITY;
         h->query.cursor = cursor;
         h->remaining = (unsigned) limit;
-        h->connection = c;
-        c->history_call = h;
+        h->session = s;
+        h->calls = hc;
+        s->history_call = h;
         /* Answered from the writer thread's pages; calls behind it wait, to keep replies in order. */
-        c->history_pending = true;
-        history_call_fetch(c);
+        s->history_pending = true;
+        connection_set_held(s->connection, true);
+        history_call_fetch(s);
 }
 
-void history_call_abandon(Connection *c) {
-        HistoryCall *h = c->history_call;
+void history_call_abandon(Session *s) {
+        HistoryCall *h = s->history_call;
         if (!h)
                 return;
         if (list_node_is_linked(&h->queue_node))
                 list_unlink(&h->queue_node);
-        c->history_call = NULL; /* before another call's turn comes: it may close connections */
+        s->history_call = NULL; /* before another call's turn comes: it may close connections */
         if (h->reading) {
-                history_cancel(c->manager->history, c);
-                history_page_done(c->manager);
+                history_cancel(h->calls->history, s);
+                history_page_done(h->calls);
         }
         history_call_free(h);
-        c->history_pending = false;
-        c->output_below = NULL;
+        s->history_pending = false;
 }

@@ -17,7 +17,7 @@
 #include <sys/types.h>
 #include <systemd/sd-event.h>
 
-#include "audit.h"
+#include "decision.h"
 #include "macro.h"
 #include "time-util.h"
 

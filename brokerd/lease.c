@@ -6,14 +6,81 @@
 #include <sys/epoll.h>
 
 #include "audit.h"
-#include "connection.h"
 #include "history.h"
 #include "lease.h"
 #include "log.h"
 #include "macro.h"
-#include "manager.h"
 
-/* How long a holder without a command may ignore a revocation before its connection is cut. */
+static usec_t now_of(const LeaseTable *t, clockid_t clock) {
+        return t->now ? t->now(clock) : clock == CLOCK_REALTIME ? now_realtime() : now_monotonic();
+}
+
+/* Monotonic µs → realtime µs, for timestamps clients see. */
+static usec_t realtime_of(const LeaseTable *t, usec_t monotonic) {
+        usec_t now_m = now_of(t, CLOCK_MONOTONIC), now_r = now_of(t, CLOCK_REALTIME);
+        return monotonic <= now_m ? usec_sub_unsigned(now_r, now_m - monotonic) : now_r + (monotonic - now_m);
+}
+
+void lease_table_init(LeaseTable *t, sd_event *event, Engine *engine, Audit *audit) {
+        *t = (LeaseTable) { .event = event, .engine = engine, .audit = audit };
+        list_init(&t->leases);
+}
+
+void lease_table_done(LeaseTable *t) {
+        ListNode *n;
+        while ((n = list_first(&t->leases)))
+                lease_free(container_of(n, Lease, node));
+        t->events = mfree(t->events);
+        t->n_events = t->events_head = t->events_allocated = 0;
+}
+
+Lease *lease_table_find(LeaseTable *t, const char *id) {
+        list_foreach(n, &t->leases) {
+                Lease *l = container_of(n, Lease, node);
+                if (streq(l->id, id))
+                        return l;
+        }
+        return NULL;
+}
+
+static void lease_table_push_event(LeaseTable *t, const LeaseEvent *ev) {
+        if (t->n_events == t->events_allocated) {
+                size_t n = MAX(t->events_allocated * 2, (size_t) 16);
+                LeaseEvent *a = calloc(n, sizeof(LeaseEvent));
+                if (!a) {
+                        log_oom();
+                        return; /* a PERSISTED lost: its waiter is answered when it goes; rare as a full disk */
+                }
+                for (size_t i = 0; i < t->n_events; i++)
+                        a[i] = t->events[(t->events_head + i) % t->events_allocated];
+                free(t->events);
+                t->events = a;
+                t->events_head = 0;
+                t->events_allocated = n;
+        }
+        t->events[(t->events_head + t->n_events++) % t->events_allocated] = *ev;
+}
+
+bool lease_table_pop_event(LeaseTable *t, LeaseEvent *ret) {
+        while (t->n_events > 0) {
+                *ret = t->events[t->events_head];
+                t->events_head = (t->events_head + 1) % t->events_allocated;
+                t->n_events--;
+                if (ret->lease)
+                        return true; /* else its lease was freed after it was queued */
+        }
+        return false;
+}
+
+/* A freed lease's queued events stay in the ring, emptied: no event names freed memory. */
+static void lease_table_drop_events(LeaseTable *t, const Lease *l) {
+        for (size_t i = 0; i < t->n_events; i++) {
+                LeaseEvent *e = &t->events[(t->events_head + i) % t->events_allocated];
+                if (e->lease == l)
+                        e->lease = NULL;
+        }
+}
+
 
 static const char *const lease_state_table[_LEASE_STATE_MAX] = {
         [LEASE_HELD] = "held",
@@ -26,15 +93,43 @@ const char *lease_state_to_string(LeaseState s) {
         return s >= 0 && s < _LEASE_STATE_MAX ? lease_state_table[s] : NULL;
 }
 
-static bool lease_command_running(const Lease *l) {
+bool lease_command_running(const Lease *l) {
         return l->has_command && !l->command_gone;
+}
+
+AuditRecord lease_audit_record(const Lease *l, const char *decision) {
+        AuditRecord r = AUDIT_RECORD_INIT;
+        r.decision = decision;
+        r.pool = engine_lease_pool(l->engine_lease);
+        r.lane = engine_lease_lane(l->engine_lease);
+        r.job = l->job;
+        r.lease = l->id;
+        r.token = engine_lease_token(l->engine_lease);
+        r.uid = l->uid;
+        r.pid = l->pid;
+        return r;
+}
+
+/* A lease-level decision (released, revoked, overdue, restored), with its hold so far. */
+static void lease_audit(const Lease *l, const char *decision, const char *reason) {
+        AuditRecord r = lease_audit_record(l, decision);
+        r.hold = usec_sub_unsigned(now_of(l->table, CLOCK_MONOTONIC), l->granted_mono);
+        r.reason = reason;
+        if (l->table->audit)
+                audit_decision(l->table->audit, &r);
 }
 
 void lease_free(Lease *l) {
         if (!l)
                 return;
-        if (l->persisted && l->manager->history)
-                history_cancel(l->manager->history, l);
+        LeaseTable *t = l->table;
+        if (l->persist_pending && t->history)
+                history_cancel(t->history, l);
+        lease_table_drop_events(t, l);
+        if (list_node_is_linked(&l->node)) {
+                list_unlink(&l->node);
+                t->n_leases--;
+        }
         sd_event_source_disable_unref(l->command_source);
         sd_event_source_disable_unref(l->grace_timer);
         safe_close(l->command_pidfd);
@@ -43,44 +138,45 @@ void lease_free(Lease *l) {
 }
 
 void lease_discard(Lease *l) {
-        Manager *m = l->manager;
-        if (l->requester) {
-                l->requester->acquire.pending = NULL;
-                l->requester = NULL;
-        }
-        if (l->holder) {
-                l->holder->lease = NULL;
-                l->holder = NULL;
-        }
-        if (m->history)
-                history_lease_delete(m->history, l->id);
-        engine_lease_release(l->engine_lease, now_monotonic());
-        list_unlink(&l->node);
-        m->n_leases--;
-        manager_status_changed(m);
+        LeaseTable *t = l->table;
+        assert(!l->holder); /* its session unlinked it first */
+        if (t->history)
+                history_lease_delete(t->history, l->id);
+        engine_lease_release(l->engine_lease, now_of(t, CLOCK_MONOTONIC));
+        t->changed = true;
         lease_free(l);
 }
 
 void lease_end(Lease *l) {
         /* A revocation was recorded when it happened; the end is the slots' release, recorded once, with
          * the whole hold (the hold histogram counts each lease once). */
-        audit_lease(l, "released", l->state == LEASE_HELD ? NULL : "after its revocation");
+        lease_audit(l, "released", l->state == LEASE_HELD ? NULL : "after its revocation");
         lease_discard(l);
+}
+
+static void lease_persisted(Lease *l, int result) {
+        void *waiter = TAKE_PTR(l->persist_waiter);
+        bool grant = l->persist_for_grant;
+        l->persist_for_grant = false;
+        if (!grant && result < 0)
+                log_warning_errno(result, "Could not persist lease %s: it will not survive a restart: %m", l->id);
+        lease_table_push_event(l->table, &(LeaseEvent) {
+                .type = LEASE_EVENT_PERSISTED,
+                .lease = l,
+                .grant = grant,
+                .waiter = waiter,
+                .result = result,
+        });
 }
 
 static void on_history_committed(History *h, int result, void *userdata) {
         Lease *l = userdata;
-        Manager *m = l->manager; /* done() may end the lease */
-        LeasePersistedFn done = l->persisted;
-        l->persisted = NULL;
-        if (done)
-                done(l, result);
-        manager_sync(m);
+        l->persist_pending = false;
+        lease_persisted(l, result);
 }
 
-static void persisted_nobody_waits(Lease *l, int result) {
-        if (result < 0)
-                log_warning_errno(result, "Could not persist lease %s: it will not survive a restart: %m", l->id);
+void lease_persist_forget(Lease *l) {
+        l->persist_waiter = NULL;
 }
 
 /* Realtime µs of the lease's expiry (USEC_INFINITY: none), through the offset fixed when the lease was made
@@ -92,16 +188,16 @@ static usec_t lease_expires_realtime(const Lease *l) {
         return (usec_t) ((int64_t) exp + l->realtime_offset);
 }
 
-void lease_persist(Lease *l, LeasePersistedFn done) {
-        Manager *m = l->manager;
+void lease_persist(Lease *l, void *waiter) {
+        LeaseTable *t = l->table;
         const unsigned *idx;
         const char *const *members;
         unsigned n = engine_lease_slots(l->engine_lease, &idx, &members);
 
-        if (!done)
-                done = persisted_nobody_waits;
-        if (!m->history) {
-                done(l, HISTORY_NOT_PERSISTED);
+        l->persist_waiter = waiter;
+        l->persist_for_grant = waiter != NULL;
+        if (!t->history) {
+                lease_persisted(l, HISTORY_NOT_PERSISTED);
                 return;
         }
         HistoryLeaseRow row = {
@@ -121,19 +217,19 @@ void lease_persist(Lease *l, LeasePersistedFn done) {
                 .granted_at = l->granted_real,
                 .expires_at = lease_expires_realtime(l),
         };
-        l->persisted = done;
-        int r = history_lease_commit(m->history, &row, on_history_committed, l);
-        if (r < 0) {
-                l->persisted = NULL;
-                done(l, r);
-        }
+        int r = history_lease_commit(t->history, &row, on_history_committed, l);
+        if (r < 0)
+                lease_persisted(l, r);
+        else
+                l->persist_pending = true;
 }
 
 /* Ends the lease once nobody holds it any more: no connection, no running command. */
-static void lease_maybe_end(Lease *l) {
+static bool lease_maybe_end(Lease *l) {
         if (l->holder || lease_command_running(l) || l->detached)
-                return;
+                return false;
         lease_end(l);
+        return true;
 }
 
 static void lease_command_check_group(Lease *l) {
@@ -146,7 +242,6 @@ static void lease_command_check_group(Lease *l) {
 
 static int on_command_exit(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Lease *l = userdata;
-        Manager *m = l->manager;
 
         l->command_leader_exited = true;
         l->command_source = sd_event_source_disable_unref(l->command_source);
@@ -154,11 +249,10 @@ static int on_command_exit(sd_event_source *s, int fd, uint32_t revents, void *u
         lease_command_check_group(l);
         if (l->command_gone)
                 lease_maybe_end(l);
-        manager_sync(m);
         return 0;
 }
 
-void lease_poll_command(Lease *l) {
+static void lease_poll_command(Lease *l) {
         if (!l->command_leader_exited || l->command_gone)
                 return;
         lease_command_check_group(l);
@@ -166,9 +260,14 @@ void lease_poll_command(Lease *l) {
                 lease_maybe_end(l);
 }
 
-static void lease_make_id(Manager *m, char id[static LEASE_ID_LEN + 1]) {
+void lease_table_poll_commands(LeaseTable *t) {
+        list_foreach_safe(n, &t->leases)
+                lease_poll_command(container_of(n, Lease, node));
+}
+
+static void lease_make_id(LeaseTable *t, char id[static LEASE_ID_LEN + 1]) {
         uint8_t bytes[LEASE_ID_LEN / 2];
-        manager_random_bytes(m, bytes, sizeof bytes);
+        t->random_bytes(bytes, sizeof bytes, t->random_userdata);
         /* Not snprintf() per byte: that was 5% of the main thread in bench-pairs. */
         for (size_t i = 0; i < sizeof bytes; i++) {
                 id[2 * i] = "0123456789abcdef"[bytes[i] >> 4];
@@ -177,7 +276,7 @@ static void lease_make_id(Manager *m, char id[static LEASE_ID_LEN + 1]) {
         id[LEASE_ID_LEN] = 0;
 }
 
-int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t pid, const char *job, bool detached,
+int lease_new(LeaseTable *t, EngineLease *el, void *holder, uid_t uid, pid_t pid, const char *job, bool detached,
               const ProcessInfo *command, int command_pidfd, Lease **ret) {
         _cleanup_close_ int pidfd = command_pidfd;
 
@@ -185,7 +284,7 @@ int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t 
         if (!l)
                 return -ENOMEM;
         *l = (Lease) {
-                .manager = m,
+                .table = t,
                 .engine_lease = el,
                 .state = LEASE_HELD,
                 .uid = uid,
@@ -194,15 +293,15 @@ int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t 
                 .command_pidfd = -EBADF,
                 .granted_mono = engine_lease_granted_at(el),
         };
-        l->granted_real = manager_realtime_of(l->granted_mono);
+        l->granted_real = realtime_of(t, l->granted_mono);
         l->realtime_offset = (int64_t) l->granted_real - (int64_t) l->granted_mono;
-        lease_make_id(m, l->id);
+        lease_make_id(t, l->id);
         if (job && !(l->job = strdup(job))) {
                 free(l);
                 return -ENOMEM;
         }
         if (command && pidfd >= 0) {
-                int r = sd_event_add_io(m->event, &l->command_source, pidfd, EPOLLIN, on_command_exit, l);
+                int r = sd_event_add_io(t->event, &l->command_source, pidfd, EPOLLIN, on_command_exit, l);
                 if (r < 0) {
                         lease_free(l);
                         return r;
@@ -211,27 +310,23 @@ int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t 
                 l->command = *command;
                 l->command_pidfd = TAKE_FD(pidfd);
         }
-        if (holder && !detached) {
+        if (!detached)
                 l->holder = holder;
-                holder->lease = l;
-        }
         engine_lease_set_userdata(el, l);
-        list_append(&m->leases, &l->node);
-        m->n_leases++;
-        manager_status_changed(m);
+        list_append(&t->leases, &l->node);
+        t->n_leases++;
+        t->changed = true;
         *ret = l;
         return 0;
 }
 
 static int on_reclaim_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         Lease *l = userdata;
-        Manager *m = l->manager;
         l->grace_timer = sd_event_source_disable_unref(l->grace_timer);
         if (l->state == LEASE_RESTORED && !l->holder) {
-                audit_lease(l, "released", "not reclaimed within the reclaim grace");
+                lease_audit(l, "released", "not reclaimed within the reclaim grace");
                 lease_discard(l);
         }
-        manager_sync(m);
         return 0;
 }
 
@@ -279,8 +374,8 @@ static RestoredCommand restored_command(const HistoryLeaseRow *row, int *ret_pid
         return RESTORED_COMMAND_GONE;
 }
 
-int lease_restore(Manager *m, const HistoryLeaseRow *row, usec_t alive_at, Lease **ret) {
-        usec_t now_m = now_monotonic(), now_r = now_realtime();
+int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Lease **ret) {
+        usec_t now_m = now_of(t, CLOCK_MONOTONIC), now_r = now_of(t, CLOCK_REALTIME);
         _cleanup_close_ int pidfd = -EBADF;
         ProcessInfo command = {};
         RestoredCommand rc = RESTORED_COMMAND_GONE;
@@ -302,7 +397,7 @@ int lease_restore(Manager *m, const HistoryLeaseRow *row, usec_t alive_at, Lease
         usec_t granted_mono = row->granted_at <= now_r ? usec_sub_unsigned(now_m, now_r - row->granted_at) : now_m;
         usec_t expires_mono = left == USEC_INFINITY ? USEC_INFINITY : now_m + left;
         EngineLease *el;
-        r = engine_lease_restore(m->engine,
+        r = engine_lease_restore(t->engine,
                                  &(EngineLeaseRestore) {
                                          .pool = row->pool,
                                          .lane = row->lane,
@@ -318,7 +413,7 @@ int lease_restore(Manager *m, const HistoryLeaseRow *row, usec_t alive_at, Lease
                 return r;
 
         Lease *l;
-        r = lease_new(m, el, NULL, row->uid, row->pid, row->job, row->detached,
+        r = lease_new(t, el, NULL, row->uid, row->pid, row->job, row->detached,
                       rc == RESTORED_COMMAND_LEADER ? &command : NULL, TAKE_FD(pidfd), &l);
         if (r < 0) {
                 engine_lease_release(el, now_m);
@@ -337,14 +432,14 @@ int lease_restore(Manager *m, const HistoryLeaseRow *row, usec_t alive_at, Lease
         if (!command_alive && !row->detached) {
                 /* Held only by a connection that died with the old brokerd: its owner may come back for it. */
                 l->state = LEASE_RESTORED;
-                r = sd_event_add_time_relative(m->event, &l->grace_timer, CLOCK_MONOTONIC, m->config->reclaim_grace, 0,
+                r = sd_event_add_time_relative(t->event, &l->grace_timer, CLOCK_MONOTONIC, t->reclaim_grace, 0,
                                                on_reclaim_timeout, l);
                 if (r < 0) {
                         lease_discard(l);
                         return r;
                 }
         }
-        audit_lease(l, "restored",
+        lease_audit(l, "restored",
                     rc == RESTORED_COMMAND_LEADER  ? "its command still runs"
                     : rc == RESTORED_COMMAND_GROUP ? "its command's process group still runs"
                     : row->detached                ? "detached"
@@ -353,15 +448,22 @@ int lease_restore(Manager *m, const HistoryLeaseRow *row, usec_t alive_at, Lease
         return 0;
 }
 
-int lease_reclaim(Lease *l, Connection *c) {
+int lease_reclaim(Lease *l, void *holder) {
         if (l->holder || l->detached || (l->state != LEASE_RESTORED && l->state != LEASE_HELD))
                 return -EBUSY;
         l->grace_timer = sd_event_source_disable_unref(l->grace_timer);
         l->state = LEASE_HELD;
-        l->holder = c;
-        c->lease = l;
-        manager_status_changed(l->manager);
+        l->holder = holder;
+        l->table->changed = true;
         return 0;
+}
+
+void *lease_get_holder(const Lease *l) {
+        return l->holder;
+}
+
+void lease_clear_holder(Lease *l) {
+        l->holder = NULL;
 }
 
 /* The command's state as of now, not as of the last event: slotctl closes its connection right after its
@@ -379,81 +481,53 @@ static void lease_command_refresh(Lease *l) {
         lease_command_check_group(l);
 }
 
-void lease_holder_gone(Lease *l) {
+/* Revoked, and nobody is left to tell: the command's end is what frees the slots, or they free now. */
+static LeaseOutcome lease_revoked_unheld(Lease *l) {
+        if (lease_command_running(l)) {
+                if (l->state != LEASE_OVERDUE) {
+                        l->state = LEASE_OVERDUE;
+                        lease_audit(l, "overdue", "revoked, and nobody is left to stop the command");
+                        l->table->changed = true;
+                }
+                return LEASE_OUTCOME_OVERDUE;
+        }
+        lease_end(l);
+        return LEASE_OUTCOME_ENDED;
+}
+
+LeaseOutcome lease_holder_gone(Lease *l) {
+        assert(!l->holder); /* its session unlinked it first */
         lease_command_refresh(l);
-        if (l->holder) {
-                l->holder->lease = NULL;
-                l->holder = NULL;
-        }
         l->grace_timer = sd_event_source_disable_unref(l->grace_timer);
-        if (l->state == LEASE_REVOKED && lease_command_running(l)) {
-                l->state = LEASE_OVERDUE;
-                audit_lease(l, "overdue", "revoked, and nobody is left to stop the command");
-                manager_status_changed(l->manager);
-        }
-        lease_maybe_end(l);
+        if (l->state == LEASE_REVOKED && lease_command_running(l))
+                return lease_revoked_unheld(l);
+        return lease_maybe_end(l) ? LEASE_OUTCOME_ENDED : LEASE_OUTCOME_HELD;
 }
 
 static int on_revoke_grace(sd_event_source *s, uint64_t usec, void *userdata) {
         Lease *l = userdata;
-        Manager *m = l->manager;
         l->grace_timer = sd_event_source_disable_unref(l->grace_timer);
         if (l->holder)
-                connection_close(l->holder); /* takes the lease with it */
-        manager_sync(m);
+                lease_table_push_event(l->table, &(LeaseEvent) { .type = LEASE_EVENT_CUT, .lease = l });
         return 0;
 }
 
-void lease_revoke(Lease *l, const char *reason) {
-        if (l->state != LEASE_HELD && l->state != LEASE_RESTORED)
+void lease_start_revoke_grace(Lease *l) {
+        if (lease_command_running(l))
                 return;
-        l->state = LEASE_REVOKED;
-        audit_lease(l, "revoked", reason);
-        manager_status_changed(l->manager);
-
-        Connection *c = l->holder;
-        if (c && c->acquire.active && c->acquire.more) {
-                /* The last reply of the Acquire tells the holder to stop (SPEC §3.4). */
-                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "revoked");
-                (void) connection_reply(c, p, false);
-                c->acquire.active = false;
-                if (!lease_command_running(l))
-                        (void) sd_event_add_time_relative(l->manager->event, &l->grace_timer, CLOCK_MONOTONIC,
-                                                          l->manager->config->revoke_grace, 0, on_revoke_grace, l);
-                return;
-        }
-        if (c) {
-                /* A plain Acquire's life line is the connection itself: the broker closes it (SPEC §5). That
-                 * ends the lease, or makes it overdue while its command runs; l may be gone after this. */
-                connection_close(c);
-                return;
-        }
-        if (lease_command_running(l)) {
-                l->state = LEASE_OVERDUE;
-                audit_lease(l, "overdue", "revoked, and nobody is left to stop the command");
-        } else
-                lease_end(l);
+        (void) sd_event_add_time_relative(l->table->event, &l->grace_timer, CLOCK_MONOTONIC, l->table->revoke_grace, 0,
+                                          on_revoke_grace, l);
 }
 
-void lease_release(Lease *l, Connection *by) {
-        if (lease_command_running(l)) {
-                lease_revoke(l, "released while its command runs");
-                return;
-        }
-        Connection *c = l->holder;
-        if (c) {
-                c->lease = NULL;
-                l->holder = NULL;
-                if (c->acquire.active && c->acquire.more) {
-                        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "released");
-                        (void) connection_reply(c, p, false);
-                        c->acquire.active = false;
-                        if (c != by)
-                                connection_acquire_done(c);
-                } else if (c != by)
-                        connection_close(c); /* a plain Acquire's life line is the connection itself */
-        }
-        lease_end(l);
+LeaseOutcome lease_revoke(Lease *l, const char *reason) {
+        if (l->state != LEASE_HELD && l->state != LEASE_RESTORED)
+                return LEASE_OUTCOME_HELD;
+        l->state = LEASE_REVOKED;
+        lease_audit(l, "revoked", reason);
+        l->table->changed = true;
+        if (l->holder)
+                return LEASE_OUTCOME_REVOKED;
+        return lease_revoked_unheld(l);
 }
 
 json_t *lease_to_json(const Lease *l) {

@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* lease.h — a granted lease as the daemon keeps it: who holds it (a connection, a command, nobody),
- * how it ends (release, revocation, the holders going away), and what clients see of it. */
+/* lease.h — the lease state machine: a granted lease (held, revoked, overdue, restored, ended), its
+ * command's pidfd and process group, its graces, its row. It never touches a session or a connection: the
+ * holder is an opaque pointer its owner links (session.c), what a caller asks is answered with a
+ * LeaseOutcome, and what happens on its own (a row written, a revoke grace over) is queued as a LeaseEvent
+ * the owner drains (lease_table_pop_event(), as engine_pop_event()). */
 #pragma once
 
 #include <jansson.h>
@@ -8,13 +11,14 @@
 #include <sys/types.h>
 #include <systemd/sd-event.h>
 
+#include "decision.h"
 #include "engine.h"
 #include "list.h"
 #include "process.h"
 #include "time-util.h"
 
-typedef struct Manager Manager;
-typedef struct Connection Connection;
+typedef struct Audit Audit;
+typedef struct History History;
 
 #define LEASE_ID_LEN 32
 
@@ -36,14 +40,66 @@ typedef struct LeaseGrant {
 } LeaseGrant;
 
 typedef struct Lease Lease;
-typedef void (*LeasePersistedFn)(Lease *l, int result);
+
+typedef enum LeaseEventType {
+        LEASE_EVENT_PERSISTED,  /* the row was written (result 0), not (HISTORY_NOT_PERSISTED: no history or
+                                 * degraded) or failed (< 0); waiter: as given to lease_persist() */
+        LEASE_EVENT_CUT,        /* the revoke grace is over and the holder still holds: its session must go */
+        _LEASE_EVENT_TYPE_MAX,
+        _LEASE_EVENT_TYPE_INVALID = -EINVAL,
+} LeaseEventType;
+
+typedef struct LeaseEvent {
+        LeaseEventType type;
+        Lease *lease;
+        bool grant;             /* PERSISTED: written for a grant (its answer depends on it) */
+        void *waiter;           /* PERSISTED: who waits for the grant, or NULL (gone, or nobody) */
+        int result;             /* PERSISTED */
+} LeaseEvent;
+
+#define LEASE_EVENTS_MAX 64
+
+/* The leases and what they need from outside, embedded in their owner (the Manager). */
+typedef struct LeaseTable {
+        sd_event *event;                /* pidfd watches and grace timers */
+        Engine *engine;
+        Audit *audit;
+        History *history;               /* NULL: rows are not written (PERSISTED says HISTORY_NOT_PERSISTED) */
+        usec_t revoke_grace;            /* a holder without a command may ignore a revocation this long */
+        usec_t reclaim_grace;           /* a restored lease waits this long for its owner */
+        usec_t (*now)(clockid_t clock); /* the clock: now_monotonic()/now_realtime() unless a test's */
+        void (*random_bytes)(void *buf, size_t n, void *userdata); /* lease ids */
+        void *random_userdata;
+        List leases;                    /* Lease.node */
+        unsigned n_leases;
+        bool changed;                   /* a lease came, went or changed state: STATUS= is stale */
+        LeaseEvent *events;             /* a ring, drained by the owner */
+        size_t events_head, n_events, events_allocated;
+} LeaseTable;
+
+void lease_table_init(LeaseTable *t, sd_event *event, Engine *engine, Audit *audit);
+/* Shutdown: the records are freed; rows and engine slots stay (leases end with the process). */
+void lease_table_done(LeaseTable *t);
+Lease *lease_table_find(LeaseTable *t, const char *id);
+/* Once a second: process groups whose leader has exited. */
+void lease_table_poll_commands(LeaseTable *t);
+bool lease_table_pop_event(LeaseTable *t, LeaseEvent *ret);
+
+typedef enum LeaseOutcome {
+        LEASE_OUTCOME_HELD,     /* nothing changed for the holder */
+        LEASE_OUTCOME_REVOKED,  /* revoked: the holder must be told (or, holding by its connection, cut) */
+        LEASE_OUTCOME_OVERDUE,  /* revoked with nobody to tell: it ends when its command does */
+        LEASE_OUTCOME_ENDED,    /* the slots are back; the lease is freed */
+        _LEASE_OUTCOME_MAX,
+        _LEASE_OUTCOME_INVALID = -EINVAL,
+} LeaseOutcome;
 
 typedef struct Lease {
-        Manager *manager;
-        ListNode node;                  /* Manager.leases */
+        LeaseTable *table;
+        ListNode node;                  /* LeaseTable.leases */
         char id[LEASE_ID_LEN + 1];
         EngineLease *engine_lease;
-        Connection *holder;             /* the life line; NULL when detached or gone */
+        void *holder;                   /* the life line (a session); NULL when detached or gone */
         LeaseState state;
         char *job;
         uid_t uid;
@@ -65,12 +121,14 @@ typedef struct Lease {
                                          * reclaim grace of a lease restored after a restart */
 
         LeaseGrant grant;
-        Connection *requester;          /* waits for the grant while the lease row is written */
-        LeasePersistedFn persisted;     /* pending history commit, or NULL */
+        void *persist_waiter;           /* waits for the grant while the lease row is written */
+        bool persist_for_grant;
+        bool persist_pending;           /* a history commit is on its way */
 } Lease;
 
-/* Creates the daemon's lease for a fresh grant. Takes command_pidfd (-EBADF: none). */
-int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t pid, const char *job, bool detached,
+/* Creates the daemon's lease for a fresh grant, held by holder (NULL: none; the caller links its side).
+ * Takes command_pidfd (-EBADF: none). */
+int lease_new(LeaseTable *t, EngineLease *el, void *holder, uid_t uid, pid_t pid, const char *job, bool detached,
               const ProcessInfo *command, int command_pidfd, Lease **ret);
 
 /* A lease row found at start (SPEC §3.4): re-occupies its slots if it still has a holder — a running
@@ -81,26 +139,36 @@ int lease_new(Manager *m, EngineLease *el, Connection *holder, uid_t uid, pid_t 
  * now. Returns 0 with *ret NULL when the lease ended while brokerd was down, 0 with the lease, or negative
  * errno (-EEXIST: a slot is taken). */
 typedef struct HistoryLeaseRow HistoryLeaseRow;
-int lease_restore(Manager *m, const HistoryLeaseRow *row, usec_t alive_at, Lease **ret);
-/* The owner came back (Acquire with reclaim): the connection becomes the lease's life line again.
- * Returns 0, or -EBUSY when someone holds it already. */
-int lease_reclaim(Lease *l, Connection *c);
+int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Lease **ret);
+/* The owner came back (Acquire with reclaim): holder becomes the lease's life line again (the caller
+ * links its side). Returns 0, or -EBUSY when someone holds it already. */
+int lease_reclaim(Lease *l, void *holder);
+void *lease_get_holder(const Lease *l);
+/* The holder lets go of its side (the caller clears its own): for session.c, which keeps both. */
+void lease_clear_holder(Lease *l);
 
-/* Writes the lease row (SPEC §3.4: before the grant is answered); done is called on the loop with 0,
- * HISTORY_NOT_PERSISTED (history degraded) or a negative errno. done NULL: nobody waits for it. */
-void lease_persist(Lease *l, LeasePersistedFn done);
+/* Writes the lease row (SPEC §3.4: before the grant is answered); LEASE_EVENT_PERSISTED follows, with
+ * waiter (NULL: nobody waits; a failure is logged). */
+void lease_persist(Lease *l, void *waiter);
+/* The waiter went: PERSISTED comes without it. */
+void lease_persist_forget(Lease *l);
 /* A grant withdrawn before it was answered: the slots go back, no "released" decision is recorded. */
 void lease_discard(Lease *l);
 
-/* The connection went away: the lease ends unless its command still runs. */
-void lease_holder_gone(Lease *l);
-/* Release by the holder's uid or root from any connection (`by`, which may be the holder itself): ends it,
- * or revokes it if its command runs. The holder is told ("released" or "revoked"). */
-void lease_release(Lease *l, Connection *by);
-/* max-hold or an administrator: the holder is told to stop; the slots free when it has. */
-void lease_revoke(Lease *l, const char *reason);
-/* Once a second: process groups whose leader has exited. */
-void lease_poll_command(Lease *l);
+/* The holder went away (unlinked already): the lease ends unless its command still runs or it is
+ * detached; revoked, it becomes overdue while its command runs. */
+LeaseOutcome lease_holder_gone(Lease *l);
+/* max-hold, an administrator, or a release while its command runs. Held by someone: REVOKED, and the
+ * holder must be told (then lease_start_revoke_grace()); nobody holding: OVERDUE (its command runs) or
+ * ENDED. HELD: it was revoked already. */
+LeaseOutcome lease_revoke(Lease *l, const char *reason);
+/* The holder was told to stop and holds on by its connection alone: LEASE_EVENT_CUT after the revoke
+ * grace, unless its command runs (then the command's end is what counts). */
+void lease_start_revoke_grace(Lease *l);
+bool lease_command_running(const Lease *l);
+
+/* A record of a decision about the lease: pool, lane, job, lease id, token, uid, pid. */
+AuditRecord lease_audit_record(const Lease *l, const char *decision);
 
 /* The lease as clients see it (Varlink Lease type). */
 json_t *lease_to_json(const Lease *l);
@@ -110,5 +178,6 @@ const char *lease_state_to_string(LeaseState s);
 /* Frees the daemon's record only, the engine keeps the slots: for shutdown, when leases end with the process. */
 void lease_free(Lease *l);
 
-/* The slots are given back to the engine and the lease is freed. */
+/* Released ("released" recorded, after a revocation with its reason): the slots go back to the engine and
+ * the lease is freed. The holder must be unlinked. */
 void lease_end(Lease *l);

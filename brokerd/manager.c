@@ -16,7 +16,6 @@
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 
-#include "acquire.h"
 #include "config-files.h"
 #include "config.h"
 #include "connection.h"
@@ -25,7 +24,9 @@
 #include "lease.h"
 #include "log.h"
 #include "manager.h"
+#include "methods.h"
 #include "persistence.h"
+#include "session.h"
 
 #define TICK_USEC USEC_PER_SEC
 /* node_exporter scrapes every 15-60 s: fresher files would only cost writes. */
@@ -59,6 +60,17 @@ void manager_random_bytes(Manager *m, void *buf, size_t n) {
         }
 }
 
+static void lease_random_bytes(void *buf, size_t n, void *userdata) {
+        manager_random_bytes(userdata, buf, n);
+}
+
+/* What the modules take from the configuration, at start and at each reload. */
+static void manager_apply_settings(Manager *m) {
+        audit_set_level(&m->audit, m->config->audit);
+        m->leases.revoke_grace = m->config->revoke_grace;
+        m->leases.reclaim_grace = m->config->reclaim_grace;
+}
+
 uint64_t manager_random(void *userdata) {
         uint64_t v;
         manager_random_bytes(userdata, &v, sizeof v);
@@ -70,29 +82,6 @@ usec_t manager_realtime_of(usec_t monotonic) {
         return monotonic <= now_m ? usec_sub_unsigned(now_r, now_m - monotonic) : now_r + (monotonic - now_m);
 }
 
-UidUsage *manager_uid_usage(Manager *m, uid_t uid, bool create) {
-        for (size_t i = 0; i < m->n_uid_usage; i++)
-                if (m->uid_usage[i].uid == uid)
-                        return &m->uid_usage[i];
-        if (!create)
-                return NULL;
-        UidUsage *a = reallocarray(m->uid_usage, m->n_uid_usage + 1, sizeof(UidUsage));
-        if (!a)
-                return NULL;
-        m->uid_usage = a;
-        a[m->n_uid_usage] = (UidUsage) { .uid = uid };
-        return &a[m->n_uid_usage++];
-}
-
-Lease *manager_find_lease(Manager *m, const char *id) {
-        list_foreach(n, &m->leases) {
-                Lease *l = container_of(n, Lease, node);
-                if (streq(l->id, id))
-                        return l;
-        }
-        return NULL;
-}
-
 /* A floor for every pool (after a database was started afresh): pools configured later get it too. */
 static void manager_apply_token_floor_all(Manager *m) {
         if (m->token_floor_all == 0)
@@ -101,9 +90,6 @@ static void manager_apply_token_floor_all(Manager *m) {
                 (void) engine_set_token_floor(m->engine, m->config->pools[i]->name, m->token_floor_all);
 }
 
-bool manager_is_admin(const Manager *m, uid_t uid) {
-        return uid == 0 || uid == getuid();
-}
 
 /* ---- lane ACLs ---- */
 
@@ -217,37 +203,119 @@ bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gi
         return false;
 }
 
+void manager_metrics_gauges(Manager *m, MetricsGauges *ret) {
+        *ret = (MetricsGauges) {
+                .engine = m->engine,
+                .now = now_monotonic(),
+                .connections = m->sessions.n_sessions,
+                .leases = m->leases.n_leases,
+                .journal_dropped = m->audit.journal_dropped_total,
+                .history = m->history != NULL,
+        };
+        if (m->history) {
+                HistoryStats hs;
+                history_get_stats(m->history, &hs);
+                ret->history_healthy = hs.healthy;
+                ret->history_rows_dropped = hs.rows_dropped;
+        }
+}
+
 /* ---- the engine's clock ---- */
 
+/* The drain that follows every dispatch does the work; it re-arms the timer (a oneshot, off now). */
 static int on_engine_timer(sd_event_source *s, uint64_t usec, void *userdata) {
-        manager_sync(userdata);
+        Manager *m = userdata;
+        m->engine_timer_at = 0;
         return 0;
 }
 
-void manager_sync(Manager *m) {
-        static bool syncing = false;
-        if (syncing)
-                return; /* a handler below called back up: the outer loop picks its events up */
-        syncing = true;
+/* glibc keeps what is freed in its arenas (the writer thread's too) and gives back only the top of a
+ * heap: 500 clients that asked for History and never read left 700 MB behind after they were gone. */
+#define TRIM_AFTER_FREED ((size_t) 4 * 1024 * 1024)
+
+void manager_memory_freed(Manager *m, size_t bytes) {
+        m->freed_untrimmed += bytes;
+}
+
+static void history_memory_freed(size_t bytes, void *userdata) {
+        manager_memory_freed(userdata, bytes);
+}
+
+static bool session_lane_allows(const char *lane, uid_t uid, const gid_t *groups, size_t n_groups, void *userdata) {
+        return manager_lane_allows(userdata, lane, uid, groups, n_groups);
+}
+
+static void session_fd_released(void *userdata) {
+        manager_fd_released(userdata);
+}
+
+static int methods_reload(ConfErrors *errors, void *userdata) {
+        return manager_reload(userdata, errors);
+}
+
+static void methods_gauges(MetricsGauges *ret, void *userdata) {
+        manager_metrics_gauges(userdata, ret);
+}
+
+static void methods_status_changed(void *userdata) {
+        manager_status_changed(userdata);
+}
+
+static void manager_collect(Manager *m) {
+        session_table_collect(&m->sessions);
+        if (m->freed_untrimmed >= TRIM_AFTER_FREED) {
+                m->freed_untrimmed = 0;
+                (void) malloc_trim(0);
+        }
+}
+
+/* The engine's events of what the last handler did, to sessions and leases; the engine's timer re-armed.
+ * Frees nothing: a poller batch may still name closed sessions' sockets. */
+static void manager_settle(Manager *m) {
         for (;;) {
                 engine_run(m->engine, now_monotonic());
                 EngineEvent ev;
                 bool any = false;
                 while (engine_pop_event(m->engine, &ev)) {
-                        acquire_handle_event(m, &ev);
+                        session_on_engine_event(&m->sessions, &ev);
+                        any = true;
+                }
+                LeaseEvent lev;
+                while (lease_table_pop_event(&m->leases, &lev)) {
+                        session_on_lease_event(&m->sessions, &lev);
                         any = true;
                 }
                 if (!any)
                         break;
         }
         usec_t next = engine_next_wakeup(m->engine);
+        if (next == m->engine_timer_at)
+                return; /* as armed: most iterations change nothing */
+        m->engine_timer_at = next;
         if (next == USEC_INFINITY)
                 (void) sd_event_source_set_enabled(m->engine_timer, SD_EVENT_OFF);
         else {
                 (void) sd_event_source_set_time(m->engine_timer, next);
                 (void) sd_event_source_set_enabled(m->engine_timer, SD_EVENT_ONESHOT);
         }
-        syncing = false;
+}
+
+/* After each connection's turn in a poller batch: a Status from the next one sees a settled engine. */
+static void on_connection_handled(void *userdata) {
+        manager_settle(userdata);
+}
+
+void manager_drain(Manager *m) {
+        manager_settle(m);
+        /* Last: no event still queued can name a closed session any more. */
+        manager_collect(m);
+}
+
+/* sd-event marks a post source pending whenever another source was dispatched: the drain follows each
+ * dispatch (a batch of connections, a timer, a history wakeup), once, and is never re-entered. */
+static int on_drain(sd_event_source *s, void *userdata) {
+        manager_drain(userdata);
+        return 0;
 }
 
 /* ---- STATUS=, watchdog, tick ---- */
@@ -260,6 +328,8 @@ static void manager_update_status(Manager *m) {
         usec_t now = now_monotonic();
 
         m->status_dirty = false;
+        m->leases.changed = false;
+        m->sessions.changed = false;
         for (size_t i = 0; i < engine_pool_count(m->engine) && len < sizeof buf - 64; i++) {
                 EnginePoolInfo info;
                 if (engine_pool_info(m->engine, i, now, &info) < 0)
@@ -277,26 +347,26 @@ static void manager_update_status(Manager *m) {
 static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
-        audit_tick(m);
+        audit_tick(&m->audit);
         if (m->refused_unlogged > 1)
                 log_warning("Connection limit reached: %u more connections refused.", m->refused_unlogged - 1);
         m->refused_unlogged = 0;
         if (m->config->metrics_textfile && now_monotonic() - m->metrics.last_textfile >= METRICS_TEXTFILE_INTERVAL) {
                 m->metrics.last_textfile = now_monotonic();
-                metrics_write_textfile(m);
+                MetricsGauges g;
+                manager_metrics_gauges(m, &g);
+                metrics_write_textfile(&m->metrics, &g, m->config->metrics_textfile);
         }
-        list_foreach_safe(n, &m->leases)
-                lease_poll_command(container_of(n, Lease, node));
-        if (!m->state_loaded && now_monotonic() >= m->state_retry_at)
+        lease_table_poll_commands(&m->leases);
+        if (!m->persistence.state_loaded && now_monotonic() >= m->state_retry_at)
                 manager_load_state_async(m);
-        if (m->status_dirty)
+        if (m->status_dirty || m->leases.changed || m->sessions.changed)
                 manager_update_status(m);
-        manager_sync(m);
 
         /* exit-idle-after= (SPEC §8): only under socket activation, where the next client starts us again,
          * and only with no connection and no lease (waiters have connections). */
         usec_t now = now_monotonic();
-        if (m->n_connections > 0 || m->n_leases > 0 || m->socket_bound_here)
+        if (m->sessions.n_sessions > 0 || m->leases.n_leases > 0 || m->socket_bound_here)
                 m->idle_since = now;
         else if (m->config->exit_idle_after != USEC_INFINITY && now - m->idle_since >= m->config->exit_idle_after) {
                 log_info("Idle for %s: exiting; the socket stays with systemd.",
@@ -312,30 +382,6 @@ static int on_watchdog(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
         (void) sd_notify(false, "WATCHDOG=1");
         (void) sd_event_source_set_time_relative(s, m->watchdog_usec / 2);
-        return 0;
-}
-
-/* glibc keeps what is freed in its arenas (the writer thread's too) and gives back only the top of a
- * heap: 500 clients that asked for History and never read left 700 MB behind after they were gone. */
-#define TRIM_AFTER_FREED ((size_t) 4 * 1024 * 1024)
-
-void manager_memory_freed(Manager *m, size_t bytes) {
-        m->freed_untrimmed += bytes;
-        if (m->freed_untrimmed >= TRIM_AFTER_FREED)
-                (void) sd_event_source_set_enabled(m->gc_source, SD_EVENT_ONESHOT);
-}
-
-static int on_gc(sd_event_source *s, void *userdata) {
-        Manager *m = userdata;
-        ListNode *n;
-        while ((n = list_first(&m->closed_connections))) {
-                list_unlink(n);
-                connection_free(container_of(n, Connection, node));
-        }
-        if (m->freed_untrimmed >= TRIM_AFTER_FREED) {
-                m->freed_untrimmed = 0;
-                (void) malloc_trim(0);
-        }
         return 0;
 }
 
@@ -359,27 +405,29 @@ int manager_reload(Manager *m, ConfErrors *errors) {
                 (void) sd_notify(false, "READY=1");
                 log_error_errno(r, "Reloading the configuration failed; the old one stays: %m");
                 _cleanup_free_ char *detail = errors->n_errors > 0 ? conf_error_to_string(&errors->errors[0]) : NULL;
-                audit_reload(m, false, detail ?: strerror(-r));
+                audit_reload(&m->audit, false, detail ?: strerror(-r));
                 manager_status_changed(m);
                 return r;
         }
         if (!streq_ptr(c->socket_path, m->config->socket_path))
                 log_notice("socket= changed; it takes effect when brokerd restarts.");
-        if (c->lease_persistence != m->lease_persistence)
+        if (c->lease_persistence != m->persistence.mode)
                 log_notice("lease-persistence= changed; it takes effect when brokerd restarts.");
         acls_free(m->acls, m->n_acls);
         m->acls = acls;
         m->n_acls = n_acls;
         conf_free(m->config);
         m->config = TAKE_PTR(c);
+        m->sessions.config = m->config;
+        m->methods.config = m->config;
+        manager_apply_settings(m);
         manager_apply_token_floor_all(m);
         char detail[128];
         snprintf(detail, sizeof detail, "%zu pools, %zu lanes", m->config->n_pools, m->config->n_lanes);
         log_info("Configuration reloaded: %s.", detail);
-        audit_reload(m, true, detail);
+        audit_reload(&m->audit, true, detail);
         (void) sd_notify(false, "READY=1");
         manager_update_status(m);
-        manager_sync(m);
         return 0;
 }
 
@@ -433,8 +481,26 @@ static int on_accept_resume(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
+int manager_add_connection(Manager *m, int fd) {
+        const ConnectionLimits limits = {
+                .max_message = m->config->max_message_size,
+                .max_output = m->config->max_output_per_connection,
+        };
+        Connection *c;
+        Session *s;
+        int r = connection_new(m->poller, fd, &limits, &c);
+        if (r < 0)
+                return r;
+        return session_new(&m->sessions, c, methods_on_call, methods_on_disconnect, &s);
+}
+
 static bool errno_is_fd_shortage(int e) {
         return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
+}
+
+static bool manager_at_connection_limit(Manager *m, const UidUsage *u) {
+        return m->sessions.n_sessions >= m->config->max_connections ||
+               (u && u->connections >= m->config->max_connections_per_uid);
 }
 
 static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
@@ -459,9 +525,14 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                         safe_close(cfd);
                         continue;
                 }
-                UidUsage *u = manager_uid_usage(m, cred.uid, false);
-                if (m->n_connections >= m->config->max_connections ||
-                    (u && u->connections >= m->config->max_connections_per_uid)) {
+                UidUsage *u = session_table_uid_usage(&m->sessions, cred.uid, false);
+                if (manager_at_connection_limit(m, u)) {
+                        /* Before refusing: connections whose clients hung up, ready in the same wakeup, are
+                         * closed first (a client that closes one connection and opens another is not over). */
+                        poller_run(m->poller);
+                        u = session_table_uid_usage(&m->sessions, cred.uid, false);
+                }
+                if (manager_at_connection_limit(m, u)) {
                         /* Refused before any call, so there is nobody to answer: the client sees EOF. A storm
                          * gets its first line now and a count once a second (on_tick), not a line each. */
                         if (m->refused_unlogged++ == 0)
@@ -470,8 +541,7 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                         safe_close(cfd);
                         continue;
                 }
-                Connection *c;
-                int r = connection_new(m, cfd, &c);
+                int r = manager_add_connection(m, cfd);
                 if (r < 0)
                         log_warning_errno(r, "Failed to set up a connection: %m");
         }
@@ -563,28 +633,28 @@ static void audit_ended_while_down(Manager *m, const HistoryLeaseRow *row, const
         rec.uid = row->uid;
         rec.pid = row->pid;
         rec.reason = reason;
-        audit_decision(m, &rec);
+        audit_decision(&m->audit, &rec);
 }
 
 /* History recovered (the disk came back, or a fresh database replaced a corrupt one): leases granted while
  * it could not be written, or missing from a fresh file, are written now, so that they survive a restart. */
 static void on_history_health(History *h, bool healthy, void *userdata) {
         Manager *m = userdata;
-        if (!m->state_loaded)
+        if (!m->persistence.state_loaded)
                 manager_load_state_async(m); /* it may be readable now: no need to wait for the next retry */
         if (!healthy)
                 return;
         unsigned n = 0;
-        list_foreach(node, &m->leases) {
+        list_foreach(node, &m->leases.leases) {
                 Lease *l = container_of(node, Lease, node);
-                if (!l->persisted) {
+                if (!l->persist_pending) {
                         lease_persist(l, NULL);
                         n++;
                 }
         }
         if (n > 0)
                 log_info("History is writable again: %u live lease(s) written.", n);
-        persistence_recovered(m);
+        persistence_recovered(&m->persistence);
 }
 
 /* Fencing tokens continue above their high-water marks, and leases that still have a holder take their
@@ -595,7 +665,7 @@ static void manager_apply_state(Manager *m, const HistoryState *s) {
                         m->token_floor_all = MAX(m->token_floor_all, s->floors[i].next_token);
                 else
                         (void) engine_set_token_floor(m->engine, s->floors[i].pool, s->floors[i].next_token);
-        if (m->lease_persistence == LEASE_PERSISTENCE_BEST_EFFORT)
+        if (m->persistence.mode == LEASE_PERSISTENCE_BEST_EFFORT)
                 /* The last run may have handed out tokens it never wrote: the clock in µs is above them. */
                 m->token_floor_all = MAX(m->token_floor_all, (uint64_t) now_realtime());
         manager_apply_token_floor_all(m);
@@ -604,7 +674,7 @@ static void manager_apply_state(Manager *m, const HistoryState *s) {
         for (size_t i = 0; i < s->n_leases; i++) {
                 const HistoryLeaseRow *row = &s->leases[i];
                 Lease *l = NULL;
-                int r = lease_restore(m, row, s->alive_at, &l);
+                int r = lease_restore(&m->leases, row, s->alive_at, &l);
                 if (r < 0 || !l) {
                         audit_ended_while_down(m, row,
                                                r == -EEXIST   ? "its slot is taken by another restored lease"
@@ -617,9 +687,9 @@ static void manager_apply_state(Manager *m, const HistoryState *s) {
         }
         if (restored + ended > 0)
                 log_info("Restored %u lease(s); %u ended while brokerd was down.", restored, ended);
-        m->state_loaded = true;
+        m->persistence.state_loaded = true;
         m->state_error = 0;
-        persistence_recovered(m);
+        persistence_recovered(&m->persistence);
 }
 
 static void manager_state_unreadable(Manager *m, int error) {
@@ -634,7 +704,7 @@ static void manager_state_unreadable(Manager *m, int error) {
 static void on_state_loaded(History *h, int error, HistoryState *s, void *userdata) {
         Manager *m = userdata;
         m->state_loading = false;
-        if (m->state_loaded)
+        if (m->persistence.state_loaded)
                 return;
         if (error < 0)
                 manager_state_unreadable(m, error);
@@ -642,11 +712,10 @@ static void on_state_loaded(History *h, int error, HistoryState *s, void *userda
                 log_info("The state directory %s can be read again.", m->state_directory);
                 manager_apply_state(m, s);
         }
-        manager_sync(m);
 }
 
 static void manager_load_state_async(Manager *m) {
-        if (m->state_loaded || m->state_loading || !m->history)
+        if (m->persistence.state_loaded || m->state_loading || !m->history)
                 return;
         if (history_load(m->history, on_state_loaded, m) >= 0)
                 m->state_loading = true;
@@ -662,6 +731,10 @@ static int manager_open_history(Manager *m) {
         if (r < 0)
                 return log_error_errno(r, "Failed to set up history in %s: %m", m->state_directory);
         history_set_health_callback(m->history, on_history_health, m);
+        audit_set_history(&m->audit, m->history);
+        m->leases.history = m->history;
+        m->persistence.history = m->history;
+        m->history_calls.history = m->history;
 
         r = history_load_state(m->history, &s);
         if (r == -ENOMEM)
@@ -724,12 +797,16 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         if (!m)
                 return log_oom();
         m->listen_fd = -EBADF;
-        audit_init(&m->audit, getenv("SLOTBROKER_JOURNAL_SOCKET"));
-        list_init(&m->connections);
-        list_init(&m->closed_connections);
-        list_init(&m->leases);
-        list_init(&m->position_queue);
-        list_init(&m->history_page_queue);
+        r = sd_event_default(&m->event);
+        audit_init(&m->audit, m->event, &m->metrics, getenv("SLOTBROKER_JOURNAL_SOCKET"));
+        lease_table_init(&m->leases, m->event, NULL, &m->audit);
+        m->leases.random_bytes = lease_random_bytes;
+        m->leases.random_userdata = m;
+        if (r < 0)
+                return log_error_errno(r, "Failed to allocate the event loop: %m");
+        history_calls_init(&m->history_calls);
+        m->history_calls.memory_freed = history_memory_freed;
+        m->history_calls.userdata = m;
 
         if (o->config_path && !(m->config_path = strdup(o->config_path)))
                 return log_oom();
@@ -742,7 +819,8 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
                 return log_error_errno(r, "Failed to load the configuration: %m");
         }
 
-        m->lease_persistence = m->config->lease_persistence;
+        m->persistence.mode = m->config->lease_persistence;
+        manager_apply_settings(m);
 
         const char *env_socket = getenv("SLOTBROKER_SOCKET");
         if (o->socket_path)
@@ -767,13 +845,10 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         r = engine_new(manager_random, m, &m->engine);
         if (r < 0)
                 return log_error_errno(r, "Failed to create the engine: %m");
+        m->leases.engine = m->engine;
         r = engine_configure(m->engine, m->config, now_monotonic());
         if (r < 0)
                 return log_error_errno(r, "Failed to apply the configuration: %m");
-
-        r = sd_event_default(&m->event);
-        if (r < 0)
-                return log_error_errno(r, "Failed to allocate the event loop: %m");
 
         sigset_t mask;
         sigemptyset(&mask);
@@ -796,6 +871,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         if (r < 0)
                 return log_error_errno(r, "Failed to add the engine timer: %m");
         (void) sd_event_source_set_enabled(m->engine_timer, SD_EVENT_OFF);
+        m->engine_timer_at = USEC_INFINITY;
 
         r = sd_event_add_time_relative(m->event, &m->tick_timer, CLOCK_MONOTONIC, TICK_USEC, 10 * USEC_PER_MSEC, on_tick,
                                        m);
@@ -803,13 +879,33 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
                 return log_error_errno(r, "Failed to add the tick timer: %m");
         (void) sd_event_source_set_enabled(m->tick_timer, SD_EVENT_ON);
 
-        r = sd_event_add_time(m->event, &m->position_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
-                              acquire_on_position_timer, m);
+        r = session_table_init(&m->sessions, m->event);
         if (r < 0)
                 return log_error_errno(r, "Failed to add the position timer: %m");
-        (void) sd_event_source_set_enabled(m->position_timer, SD_EVENT_OFF);
-        /* Position updates are courtesy: a release or a new call waiting in the same iteration goes first. */
-        (void) sd_event_source_set_priority(m->position_timer, SD_EVENT_PRIORITY_IDLE);
+        m->sessions.config = m->config;
+        m->methods.config = m->config;
+        m->sessions.engine = m->engine;
+        m->sessions.audit = &m->audit;
+        m->sessions.leases = &m->leases;
+        m->sessions.persistence = &m->persistence;
+        m->sessions.lane_allows = session_lane_allows;
+        m->sessions.fd_released = session_fd_released;
+        m->sessions.memory_freed = history_memory_freed;
+        m->sessions.userdata = m;
+        m->sessions.call_userdata = &m->methods;
+        m->methods = (Methods) {
+                .config = m->config,
+                .engine = m->engine,
+                .sessions = &m->sessions,
+                .leases = &m->leases,
+                .persistence = &m->persistence,
+                .history_calls = &m->history_calls,
+                .metrics = &m->metrics,
+                .reload = methods_reload,
+                .gauges = methods_gauges,
+                .status_changed = methods_status_changed,
+                .userdata = m,
+        };
 
         r = sd_event_add_time(m->event, &m->accept_resume_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
                               on_accept_resume, m);
@@ -820,11 +916,11 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         r = poller_new(m->event, &m->poller);
         if (r < 0)
                 return log_error_errno(r, "Failed to set up polling of connections: %m");
+        poller_set_after_each(m->poller, on_connection_handled, m);
 
-        r = sd_event_add_defer(m->event, &m->gc_source, on_gc, m);
+        r = sd_event_add_post(m->event, &m->drain_source, on_drain, m);
         if (r < 0)
-                return log_error_errno(r, "Failed to add the collector: %m");
-        (void) sd_event_source_set_enabled(m->gc_source, SD_EVENT_OFF);
+                return log_error_errno(r, "Failed to add the drain: %m");
 
         if (sd_watchdog_enabled(false, &m->watchdog_usec) > 0) {
                 r = sd_event_add_time_relative(m->event, &m->watchdog_timer, CLOCK_MONOTONIC, m->watchdog_usec / 2, 0,
@@ -842,18 +938,9 @@ Manager *manager_free(Manager *m) {
         if (!m)
                 return NULL;
         /* Shutting down is not releasing: leases simply end with the process. */
-        ListNode *n;
-        while ((n = list_first(&m->leases))) {
-                list_unlink(n);
-                lease_free(container_of(n, Lease, node));
-        }
-        while ((n = list_first(&m->connections))) {
-                Connection *c = container_of(n, Connection, node);
-                c->lease = NULL;
-                connection_close(c);
-        }
-        if (m->gc_source)
-                on_gc(m->gc_source, m);
+        lease_table_done(&m->leases);
+        session_table_done(&m->sessions);
+        manager_collect(m);
         m->poller = poller_free(m->poller);
         sd_event_source_disable_unref(m->listen_source);
         safe_close(m->listen_fd);
@@ -862,17 +949,19 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->accept_resume_timer);
         sd_event_source_disable_unref(m->engine_timer);
         sd_event_source_disable_unref(m->tick_timer);
-        sd_event_source_disable_unref(m->position_timer);
         sd_event_source_disable_unref(m->watchdog_timer);
-        sd_event_source_disable_unref(m->gc_source);
+        sd_event_source_disable_unref(m->drain_source);
         /* Leases are not ended: their rows stay for the next start to restore. */
+        audit_set_history(&m->audit, NULL);
+        m->leases.history = NULL;
+        m->persistence.history = NULL;
+        m->history_calls.history = NULL;
         m->history = history_free(m->history);
         engine_free(m->engine);
         audit_done(&m->audit);
         metrics_done(&m->metrics);
         acls_free(m->acls, m->n_acls);
         conf_free(m->config);
-        free(m->uid_usage);
         free(m->config_path);
         free(m->socket_path);
         free(m->state_directory);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* manager.h — the daemon's state: configuration, the engine and its clock, connections, leases,
- * and the timers that drive them. Everything here runs on one sd-event loop. */
+/* manager.h — the composition root: configuration, the engine and its clock, sessions, leases, the
+ * timers, and the drain that hands the engine's events on. Everything here runs on one sd-event loop.
+ * The map of brokerd's modules and their layers is brokerd/README.md: read it first. */
 #pragma once
 
 #include <stdbool.h>
@@ -9,21 +10,17 @@
 #include "audit.h"
 #include "conf.h"
 #include "engine.h"
+#include "history-call.h"
+#include "lease.h"
 #include "list.h"
+#include "methods.h"
 #include "metrics.h"
+#include "persistence.h"
 #include "poller.h"
+#include "session.h"
 #include "time-util.h"
 
-typedef struct Connection Connection;
 typedef struct History History;
-typedef struct Lease Lease;
-
-/* Connections and waiters per uid, for the limits of SPEC §10. */
-typedef struct UidUsage {
-        uid_t uid;
-        unsigned connections;
-        unsigned waiters;
-} UidUsage;
 
 /* A lane's access list, resolved to ids when the configuration is loaded. */
 typedef struct LaneAcl {
@@ -53,7 +50,8 @@ typedef struct Manager {
         /* getrandom() drawn in blocks: lease ids and the engine's jitter cost a syscall per block. */
         uint8_t random_pool[256];
         size_t random_left;
-        sd_event_source *engine_timer;
+        sd_event_source *engine_timer;  /* the engine's next deadline: the drain runs after it */
+        usec_t engine_timer_at;         /* as armed; USEC_INFINITY: off */
 
         int listen_fd;
         sd_event_source *listen_source;
@@ -63,19 +61,12 @@ typedef struct Manager {
         bool accept_paused;
         bool accept_starved;            /* in an episode of accept() failing for want of fds (logged once) */
         Poller *poller;                 /* the connections' sockets */
-        List connections;               /* Connection.node */
-        List closed_connections;        /* freed by gc_source, after the handler that closed them */
-        sd_event_source *gc_source;
-        unsigned n_connections;
-        UidUsage *uid_usage;
-        size_t n_uid_usage;
+        SessionTable sessions;          /* one per client connection */
+        sd_event_source *drain_source;  /* post: engine events, collection, trimming, once per iteration */
 
-        List leases;                    /* Lease.node */
-        unsigned n_leases;
+        LeaseTable leases;
 
         sd_event_source *tick_timer;    /* once a second: process groups, audit summaries, STATUS= */
-        List position_queue;            /* waiters by when their position was last looked at */
-        sd_event_source *position_timer;
         sd_event_source *watchdog_timer;
         usec_t watchdog_usec;
         bool status_dirty;
@@ -83,19 +74,14 @@ typedef struct Manager {
         uint64_t token_floor_all;       /* fencing tokens of every pool continue above it; 0: none */
 
         /* SPEC §3.4: nothing is granted before what was persisted has been read (persistence.h). */
-        LeasePersistence lease_persistence; /* as at start: a reload does not change it */
-        bool state_loaded;
+        Persistence persistence;
         bool state_loading;             /* an asynchronous read is on its way */
         usec_t state_retry_at;          /* monotonic: when to read it again */
         int state_error;                /* why the last read failed (negative errno) */
-        bool storage_refusing;          /* an episode of refusals for want of persistence: logged once */
-        unsigned storage_refused;       /* requests refused in it */
-        bool storage_unpersisted;       /* best-effort: an episode of grants that were not written */
-        unsigned storage_unpersisted_grants;
         unsigned refused_unlogged;      /* connections refused at a limit since the last line about it */
         size_t freed_untrimmed;         /* bytes of big buffers freed since the last malloc_trim() */
-        unsigned history_pages_reading; /* History pages the writer thread is reading for clients */
-        List history_page_queue;        /* HistoryCall.queue_node: History calls waiting for their turn */
+        HistoryCalls history_calls;     /* History replies being produced, page by page */
+        Methods methods;                /* what the Varlink methods read and call */
 } Manager;
 
 typedef struct ManagerOptions {
@@ -112,21 +98,22 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(Manager *, manager_free);
 int manager_start(Manager *m);
 int manager_run(Manager *m);
 
-/* Settles the engine at the current time, hands its events to connections and leases, and re-arms the
- * engine timer. Called at the end of every handler that touched the engine. */
-void manager_sync(Manager *m);
+/* The drain: settles the engine at the current time, hands its events to sessions and leases, re-arms the
+ * engine timer, frees closed sessions. Runs after every other dispatch of the loop (a post source), so
+ * handlers never call it; public for tests that run no loop. */
+void manager_drain(Manager *m);
+
+/* Serves an accepted socket (taken; closed on failure): its session, its methods. Returns 0 or negative
+ * errno. */
+int manager_add_connection(Manager *m, int fd);
+
 
 /* Reloads configuration files. Returns 0, or -EINVAL with errors filled (the old config stays). */
 int manager_reload(Manager *m, ConfErrors *errors);
 
 /* May uid (with its groups) use the lane? Root always may. */
 bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gid_t *groups, size_t n_groups);
-/* May uid administer the broker (reload, drain, cancel)? Root and the broker's own uid. */
-bool manager_is_admin(const Manager *m, uid_t uid);
 
-UidUsage *manager_uid_usage(Manager *m, uid_t uid, bool create);
-
-Lease *manager_find_lease(Manager *m, const char *id);
 
 /* A connection's fd was closed: accepting resumes if it was paused for want of fds. */
 void manager_fd_released(Manager *m);
@@ -143,6 +130,9 @@ static inline void manager_status_changed(Manager *m) {
 /* The random source of the engine (userdata: the Manager) and of lease ids. */
 uint64_t manager_random(void *userdata);
 void manager_random_bytes(Manager *m, void *buf, size_t n);
+
+/* The gauges of the Metrics method and of metrics-textfile=, as of now. */
+void manager_metrics_gauges(Manager *m, MetricsGauges *ret);
 
 /* Monotonic µs → realtime µs, for timestamps clients see. */
 usec_t manager_realtime_of(usec_t monotonic);

@@ -3,53 +3,63 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "acquire.h"
 #include "audit.h"
 #include "config.h"
-#include "history-call.h"
 #include "connection.h"
+#include "history-call.h"
 #include "lease.h"
 #include "log.h"
-#include "manager.h"
+#include "metrics.h"
 #include "methods.h"
 #include "persistence.h"
+#include "session.h"
 
 #define INTERFACE "io.slotbroker"
 
-static void reply_invalid_parameter(Connection *c, const char *parameter) {
+/* The context the owner bound with the sessions' call handler. */
+static Methods *methods_of(const Session *s) {
+        return s->table->call_userdata;
+}
+
+/* May uid administer the broker (reload, drain, cancel)? Root and the broker's own uid. */
+static bool is_admin(uid_t uid) {
+        return uid == 0 || uid == getuid();
+}
+
+static void reply_invalid_parameter(Session *s, const char *parameter) {
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "parameter", parameter);
-        connection_reply_error(c, VARLINK_ERROR_INVALID_PARAMETER, p);
+        session_reply_error(s, VARLINK_ERROR_INVALID_PARAMETER, p);
 }
 
 /* Dispatches parameters; on failure answers InvalidParameter and returns false. */
-static bool parameters_ok(Connection *c, const VarlinkCall *call, const JsonField table[]) {
+static bool parameters_ok(Session *s, const VarlinkCall *call, const JsonField table[]) {
         const char *bad = NULL;
         if (json_dispatch(call->parameters, table, 0, &bad) >= 0)
                 return true;
-        reply_invalid_parameter(c, bad ?: "parameters");
+        reply_invalid_parameter(s, bad ?: "parameters");
         return false;
 }
 
-static bool require_admin(Connection *c) {
-        if (manager_is_admin(c->manager, c->cred.uid))
+static bool require_admin(Session *s) {
+        if (is_admin(s->cred.uid))
                 return true;
-        connection_reply_error(c, "io.slotbroker.PermissionDenied", NULL);
+        session_reply_error(s, "io.slotbroker.PermissionDenied", NULL);
         return false;
 }
 
-static void method_get_info(Connection *c, const VarlinkCall *call) {
-        if (!parameters_ok(c, call, (const JsonField[]) { {} }))
+static void method_get_info(Session *s, const VarlinkCall *call) {
+        if (!parameters_ok(s, call, (const JsonField[]) { {} }))
                 return;
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s, s:s, s:s, s:s, s:[s, s]}", "vendor", "slotbroker", "product",
                                                       "brokerd", "version", PACKAGE_VERSION, "url",
                                                       "https://github.com/slotbroker/slotbroker", "interfaces",
                                                       VARLINK_SERVICE_INTERFACE, INTERFACE);
-        connection_reply(c, p, false);
+        session_reply(s, p, false);
 }
 
-static void method_get_interface_description(Connection *c, const VarlinkCall *call) {
+static void method_get_interface_description(Session *s, const VarlinkCall *call) {
         const char *interface = NULL;
-        if (!parameters_ok(c, call,
+        if (!parameters_ok(s, call,
                            (const JsonField[]) { { "interface", JSON_FIELD_STRING, JSON_MANDATORY, &interface }, {} }))
                 return;
         const char *text = streq(interface, INTERFACE)                     ? varlink_interface_io_slotbroker
@@ -57,35 +67,35 @@ static void method_get_interface_description(Connection *c, const VarlinkCall *c
                                                                            : NULL;
         if (!text) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "interface", interface);
-                connection_reply_error(c, VARLINK_ERROR_INTERFACE_NOT_FOUND, p);
+                session_reply_error(s, VARLINK_ERROR_INTERFACE_NOT_FOUND, p);
                 return;
         }
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "description", text);
-        connection_reply(c, p, false);
+        session_reply(s, p, false);
 }
 
-static void method_release(Connection *c, const VarlinkCall *call) {
+static void method_release(Session *s, const VarlinkCall *call) {
         const char *id = NULL;
-        if (!parameters_ok(c, call,
+        if (!parameters_ok(s, call,
                            (const JsonField[]) { { "lease", JSON_FIELD_STRING, JSON_MANDATORY, &id, .max_length = 64 }, {} }))
                 return;
-        Lease *l = manager_find_lease(c->manager, id);
+        Lease *l = lease_table_find(methods_of(s)->leases, id);
         if (!l) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", id);
-                connection_reply_error(c, "io.slotbroker.NoSuchLease", p);
+                session_reply_error(s, "io.slotbroker.NoSuchLease", p);
                 return;
         }
-        if (c->cred.uid != 0 && c->cred.uid != l->uid) {
+        if (s->cred.uid != 0 && s->cred.uid != l->uid) {
                 /* The lease is another user's: its lane's access list has nothing to do with it. */
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", id);
-                connection_reply_error(c, "io.slotbroker.PermissionDenied", p);
+                session_reply_error(s, "io.slotbroker.PermissionDenied", p);
                 return;
         }
-        lease_release(l, c);
-        connection_reply(c, NULL, false);
+        session_lease_release(s, l);
+        session_reply(s, NULL, false);
 }
 
-static json_t *pool_status(Manager *m, size_t i, usec_t now) {
+static json_t *pool_status(Methods *m, size_t i, usec_t now) {
         EnginePoolInfo info;
         if (engine_pool_info(m->engine, i, now, &info) < 0)
                 return NULL;
@@ -114,14 +124,14 @@ static json_t *pool_status(Manager *m, size_t i, usec_t now) {
         return o;
 }
 
-static json_t *waiter_status(Connection *c, usec_t now) {
-        AcquireCall *a = &c->acquire;
+static json_t *waiter_status(Session *s, usec_t now) {
+        AcquireCall *a = &s->acquire;
         size_t pos, queued;
         if (engine_request_position(a->request, &pos, &queued) < 0)
                 return NULL;
         json_t *o = json_pack("{s:I, s:s, s:s, s:I, s:I, s:I, s:I}", "position", (json_int_t) pos + 1, "pool",
                               engine_request_pool(a->request), "lane", a->lane, "slots", (json_int_t) a->slots, "uid",
-                              (json_int_t) c->cred.uid, "pid", (json_int_t) c->cred.pid, "waitedMs",
+                              (json_int_t) s->cred.uid, "pid", (json_int_t) s->cred.pid, "waitedMs",
                               (json_int_t) (usec_sub_unsigned(now, engine_request_arrival(a->request)) / USEC_PER_MSEC));
         if (!o)
                 return NULL;
@@ -147,7 +157,7 @@ static int waiter_compare(const void *a, const void *b) {
 }
 
 /* The Status reply's parameters, or NULL when out of memory. */
-static json_t *status_build(Manager *m) {
+static json_t *status_build(Methods *m) {
         usec_t now = now_monotonic();
 
         _cleanup_(json_decrefp) json_t *pools = json_array(), *holders = json_array(), *waiters = json_array();
@@ -156,7 +166,7 @@ static json_t *status_build(Manager *m) {
         for (size_t i = 0; i < engine_pool_count(m->engine); i++)
                 if (json_array_append_new(pools, pool_status(m, i, now)) < 0)
                         return NULL;
-        list_foreach(n, &m->leases) {
+        list_foreach(n, &m->leases->leases) {
                 Lease *l = container_of(n, Lease, node);
                 json_t *h = json_pack("{s:o, s:s, s:I}", "lease", lease_to_json(l), "state", lease_state_to_string(l->state),
                                       "heldMs", (json_int_t) (usec_sub_unsigned(now, l->granted_mono) / USEC_PER_MSEC));
@@ -166,15 +176,15 @@ static json_t *status_build(Manager *m) {
 
         /* Waiters by pool, then place: collect, then sort. O(n log n) per Status call, never per grant. */
         size_t n_waiters = 0;
-        list_foreach(n, &m->connections)
-                n_waiters += connection_is_waiting(container_of(n, Connection, node));
+        list_foreach(n, &m->sessions->sessions)
+                n_waiters += session_is_waiting(container_of(n, Session, node));
         _cleanup_free_ json_t **w = calloc(n_waiters ?: 1, sizeof(json_t *));
         if (!w)
                 return NULL;
         size_t k = 0;
-        list_foreach(n, &m->connections) {
-                Connection *x = container_of(n, Connection, node);
-                if (connection_is_waiting(x) && k < n_waiters && (w[k] = waiter_status(x, now)))
+        list_foreach(n, &m->sessions->sessions) {
+                Session *x = container_of(n, Session, node);
+                if (session_is_waiting(x) && k < n_waiters && (w[k] = waiter_status(x, now)))
                         k++;
         }
         qsort(w, k, sizeof(json_t *), waiter_compare);
@@ -183,80 +193,80 @@ static json_t *status_build(Manager *m) {
                         return NULL; /* the rest of w leaks only if jansson itself ran out */
 
         json_t *status = json_pack("{s:O, s:O, s:O}", "pools", pools, "holders", holders, "waiters", waiters);
-        const char *unavailable = persistence_refusal(m);
+        const char *unavailable = persistence_refusal(m->persistence);
         if (status && unavailable)
                 json_object_set_new(status, "unavailable", json_string(unavailable));
         return status;
 }
 
-static void method_status(Connection *c, const VarlinkCall *call) {
-        if (!parameters_ok(c, call, (const JsonField[]) { {} }))
+static void method_status(Session *s, const VarlinkCall *call) {
+        if (!parameters_ok(s, call, (const JsonField[]) { {} }))
                 return;
-        _cleanup_(json_decrefp) json_t *p = status_build(c->manager);
+        _cleanup_(json_decrefp) json_t *p = status_build(methods_of(s));
         if (!p) {
                 log_oom();
-                connection_close(c);
+                session_close(s);
                 return;
         }
-        connection_reply(c, p, false);
+        session_reply(s, p, false);
 }
 
-static void method_reload(Connection *c, const VarlinkCall *call) {
-        if (!parameters_ok(c, call, (const JsonField[]) { {} }) || !require_admin(c))
+static void method_reload(Session *s, const VarlinkCall *call) {
+        if (!parameters_ok(s, call, (const JsonField[]) { {} }) || !require_admin(s))
                 return;
         ConfErrors errors = {};
-        int r = manager_reload(c->manager, &errors);
+        int r = methods_of(s)->reload(&errors, methods_of(s)->userdata);
         if (r >= 0) {
-                connection_reply(c, NULL, false);
+                session_reply(s, NULL, false);
                 return;
         }
         _cleanup_(json_decrefp) json_t *list = json_array();
         for (size_t i = 0; list && i < errors.n_errors; i++) {
-                _cleanup_free_ char *s = conf_error_to_string(&errors.errors[i]);
-                if (s)
-                        json_array_append_new(list, json_string(s));
+                _cleanup_free_ char *text = conf_error_to_string(&errors.errors[i]);
+                if (text)
+                        json_array_append_new(list, json_string(text));
         }
         if (list && errors.n_errors == 0)
                 json_array_append_new(list, json_string(strerror(-r)));
         conf_errors_done(&errors);
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:O}", "errors", list);
-        connection_reply_error(c, "io.slotbroker.ReloadFailed", p);
+        session_reply_error(s, "io.slotbroker.ReloadFailed", p);
 }
 
-static void method_drain(Connection *c, const VarlinkCall *call) {
+static void method_drain(Session *s, const VarlinkCall *call) {
         const char *pool = NULL, *member = NULL;
         bool on = true;
-        if (!parameters_ok(c, call,
+        if (!parameters_ok(s, call,
                            (const JsonField[]) {
                                    { "pool", JSON_FIELD_STRING, JSON_MANDATORY, &pool, .max_length = 64 },
                                    { "member", JSON_FIELD_STRING, 0, &member, .max_length = 64 },
                                    { "on", JSON_FIELD_BOOL, JSON_MANDATORY, &on },
                                    {},
                            }) ||
-            !require_admin(c))
+            !require_admin(s))
                 return;
-        int r = engine_drain(c->manager->engine, pool, member, on, now_monotonic());
+        int r = engine_drain(methods_of(s)->engine, pool, member, on, now_monotonic());
         if (r == -ENOENT) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s, s:s?}", "pool", pool, "member", member);
-                connection_reply_error(c, "io.slotbroker.NoSuchPool", p);
+                session_reply_error(s, "io.slotbroker.NoSuchPool", p);
                 return;
         }
         if (r < 0) {
                 log_oom();
-                connection_close(c);
+                session_close(s);
                 return;
         }
         log_info("Pool %s%s%s %s by uid %d.", pool, member ? " member " : "", member ?: "", on ? "drained" : "undrained",
-                 (int) c->cred.uid);
-        manager_status_changed(c->manager);
-        connection_reply(c, NULL, false);
+                 (int) s->cred.uid);
+        methods_of(s)->status_changed(methods_of(s)->userdata);
+        session_reply(s, NULL, false);
 }
 
-static void method_cancel(Connection *c, const VarlinkCall *call) {
-        Manager *m = c->manager;
+static void method_cancel(Session *s, const VarlinkCall *call) {
+        Methods *m = methods_of(s);
         const char *pool = NULL, *lane = NULL, *job = NULL;
         int64_t uid = -1;
-        if (!parameters_ok(c, call,
+        if (!parameters_ok(s, call,
                            (const JsonField[]) {
                                    { "pool", JSON_FIELD_STRING, 0, &pool, .max_length = 64 },
                                    { "lane", JSON_FIELD_STRING, 0, &lane, .max_length = 64 },
@@ -264,24 +274,24 @@ static void method_cancel(Connection *c, const VarlinkCall *call) {
                                    { "uid", JSON_FIELD_INT64, 0, &uid, 0, UINT32_MAX - 1 },
                                    {},
                            }) ||
-            !require_admin(c))
+            !require_admin(s))
                 return;
 
         /* Collect first: answering a waiter runs the calls it pipelined, which may close other connections. */
         size_t n_match = 0;
-        list_foreach(node, &m->connections)
-                n_match += connection_is_waiting(container_of(node, Connection, node));
-        _cleanup_free_ Connection **match = calloc(n_match ?: 1, sizeof(Connection *));
+        list_foreach(node, &m->sessions->sessions)
+                n_match += session_is_waiting(container_of(node, Session, node));
+        _cleanup_free_ Session **match = calloc(n_match ?: 1, sizeof(Session *));
         if (!match) {
                 log_oom();
-                connection_close(c);
+                session_close(s);
                 return;
         }
         size_t k = 0;
-        list_foreach(node, &m->connections) {
-                Connection *x = container_of(node, Connection, node);
+        list_foreach(node, &m->sessions->sessions) {
+                Session *x = container_of(node, Session, node);
                 AcquireCall *a = &x->acquire;
-                if (!connection_is_waiting(x) || k >= n_match)
+                if (!session_is_waiting(x) || k >= n_match)
                         continue;
                 if ((pool && !streq(pool, engine_request_pool(a->request))) || (lane && !streq(lane, a->lane)) ||
                     (job && !streq_ptr(job, a->job)) || (uid >= 0 && (uid_t) uid != x->cred.uid))
@@ -290,93 +300,86 @@ static void method_cancel(Connection *c, const VarlinkCall *call) {
         }
 
         unsigned n = 0;
-        usec_t now = now_monotonic();
         for (size_t i = 0; i < k; i++) {
-                Connection *x = match[i];
-                AcquireCall *a = &x->acquire;
-                if (x->closed || !connection_is_waiting(x))
+                Session *x = match[i];
+                if (x->closed)
                         continue; /* closed by a call another waiter pipelined */
-
-                /* The client is refused (Unavailable): recorded as that refusal, with the reason. */
-                AuditRecord rec = AUDIT_RECORD_INIT;
-                rec.decision = "unavailable";
-                rec.pool = engine_request_pool(a->request);
-                rec.lane = a->lane;
-                rec.job = a->job;
-                rec.wait = usec_sub_unsigned(now, engine_request_arrival(a->request));
-                rec.uid = x->cred.uid;
-                rec.pid = x->cred.pid;
-                rec.budget = engine_request_budget(a->request);
-                rec.retry_after_sec = 1;
-                rec.reason = "cancelled by an administrator";
-                audit_decision(m, &rec);
-
-                _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s, s:s}", "retryAfterSec", 1, "pool",
-                                                              rec.pool, "reason", "cancelled");
-                engine_request_cancel(a->request, now);
-                acquire_forget_waiter(x);
-                if (a->counted_waiter) {
-                        UidUsage *u = manager_uid_usage(m, x->cred.uid, false);
-                        if (u && u->waiters > 0)
-                                u->waiters--;
-                        a->counted_waiter = false;
-                }
-                connection_reply_error(x, "io.slotbroker.Unavailable", p);
-                n++;
-                connection_acquire_done(x);
+                if (session_waiter_withdraw(x, SESSION_WITHDRAW_CANCELLED))
+                        n++;
         }
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:I}", "cancelled", (json_int_t) n);
-        connection_reply(c, p, false);
+        session_reply(s, p, false);
 }
 
-static void method_metrics(Connection *c, const VarlinkCall *call) {
-        if (!parameters_ok(c, call, (const JsonField[]) { {} }))
+static void method_history(Session *s, const VarlinkCall *call) {
+        history_call_start(methods_of(s)->history_calls, s, call);
+}
+
+static void method_metrics(Session *s, const VarlinkCall *call) {
+        if (!parameters_ok(s, call, (const JsonField[]) { {} }))
                 return;
         _cleanup_free_ char *text = NULL;
-        if (metrics_render(c->manager, &text) < 0) {
+        MetricsGauges g;
+        methods_of(s)->gauges(&g, methods_of(s)->userdata);
+        if (metrics_render(methods_of(s)->metrics, &g, &text) < 0) {
                 log_oom();
-                connection_close(c);
+                session_close(s);
                 return;
         }
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "text", text);
-        connection_reply(c, p, false);
+        session_reply(s, p, false);
 }
 
 static const struct {
         const char *name;
-        void (*handler)(Connection *c, const VarlinkCall *call);
+        void (*handler)(Session *s, const VarlinkCall *call);
 } method_table[] = {
         { "org.varlink.service.GetInfo", method_get_info },
         { "org.varlink.service.GetInterfaceDescription", method_get_interface_description },
-        { "io.slotbroker.Acquire", acquire_start },
+        { "io.slotbroker.Acquire", session_acquire },
         { "io.slotbroker.Release", method_release },
         { "io.slotbroker.Status", method_status },
-        { "io.slotbroker.History", history_call_start },
+        { "io.slotbroker.History", method_history },
         { "io.slotbroker.Metrics", method_metrics },
         { "io.slotbroker.Reload", method_reload },
         { "io.slotbroker.Drain", method_drain },
         { "io.slotbroker.Cancel", method_cancel },
 };
 
-void methods_dispatch(Connection *c, const VarlinkCall *call) {
+static void methods_dispatch(Session *s, const VarlinkCall *call) {
         /* A oneway call is run but not answered (Acquire refuses oneway calls itself: SPEC §5). */
-        c->oneway = (call->flags & VARLINK_CALL_ONEWAY) && !streq(call->method, "io.slotbroker.Acquire");
+        connection_set_oneway(s->connection,
+                              (call->flags & VARLINK_CALL_ONEWAY) && !streq(call->method, "io.slotbroker.Acquire"));
         for (size_t i = 0; i < ELEMENTSOF(method_table); i++)
                 if (streq(method_table[i].name, call->method)) {
-                        method_table[i].handler(c, call);
-                        c->oneway = false;
+                        method_table[i].handler(s, call);
+                        connection_set_oneway(s->connection, false);
                         return;
                 }
         if (varlink_method_in_interface(call->method, INTERFACE) ||
             varlink_method_in_interface(call->method, VARLINK_SERVICE_INTERFACE)) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "method", call->method);
-                connection_reply_error(c, VARLINK_ERROR_METHOD_NOT_FOUND, p);
-                c->oneway = false;
+                session_reply_error(s, VARLINK_ERROR_METHOD_NOT_FOUND, p);
+                connection_set_oneway(s->connection, false);
                 return;
         }
         size_t len = 0;
         (void) varlink_method_split(call->method, &len, NULL);
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s%}", "interface", call->method, len);
-        connection_reply_error(c, VARLINK_ERROR_INTERFACE_NOT_FOUND, p);
-        c->oneway = false;
+        session_reply_error(s, VARLINK_ERROR_INTERFACE_NOT_FOUND, p);
+        connection_set_oneway(s->connection, false);
+}
+
+ConnectionCallResult methods_on_call(Connection *c, const VarlinkCall *call, void *userdata) {
+        Session *s = userdata;
+        if (session_defers_call(s, call))
+                return CONNECTION_CALL_DEFER; /* answered, in order, once the open Acquire ends */
+        methods_dispatch(s, call);
+        return CONNECTION_CALL_DONE;
+}
+
+void methods_on_disconnect(Connection *c, void *userdata) {
+        Session *s = userdata;
+        history_call_abandon(s);
+        session_on_disconnect(s);
 }

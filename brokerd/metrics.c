@@ -9,11 +9,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "connection.h"
-#include "history.h"
-#include "lease.h"
 #include "log.h"
-#include "manager.h"
 #include "metrics.h"
 
 static const double wait_bounds[METRICS_WAIT_BUCKETS] = { 0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800, 3600 };
@@ -153,14 +149,13 @@ static void histogram(FILE *f, const char *name, const char *pool, const Metrics
         fprintf(f, "\"} %llu\n", (unsigned long long) h->total);
 }
 
-int metrics_render(Manager *m, char **ret) {
+int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
         char *buf = NULL;
         size_t size = 0;
         FILE *f = open_memstream(&buf, &size);
         if (!f)
                 return -ENOMEM;
-        usec_t now = now_monotonic();
-        size_t n = engine_pool_count(m->engine);
+        size_t n = engine_pool_count(g->engine);
         EnginePoolInfo info;
 
         static const struct {
@@ -171,19 +166,19 @@ int metrics_render(Manager *m, char **ret) {
                 { "slotbroker_queue_length", "Requests waiting in the pool's queue." },
                 { "slotbroker_queue_congested", "1 while a new request would be queued with the saturated budget." },
         };
-        for (size_t g = 0; g < ELEMENTSOF(gauges); g++) {
-                header(f, gauges[g].name, "gauge", gauges[g].help);
+        for (size_t k = 0; k < ELEMENTSOF(gauges); k++) {
+                header(f, gauges[k].name, "gauge", gauges[k].help);
                 for (size_t i = 0; i < n; i++) {
-                        if (engine_pool_info(m->engine, i, now, &info) < 0)
+                        if (engine_pool_info(g->engine, i, g->now, &info) < 0)
                                 continue;
-                        uint64_t v = g == 0 ? info.limit : g == 1 ? info.in_use : g == 2 ? info.waiting : info.congested;
-                        pool_gauge(f, gauges[g].name, info.name, v);
+                        uint64_t v = k == 0 ? info.limit : k == 1 ? info.in_use : k == 2 ? info.waiting : info.congested;
+                        pool_gauge(f, gauges[k].name, info.name, v);
                 }
         }
 
         header(f, "slotbroker_granted_total", "counter", "Requests granted, by pool and lane.");
-        for (size_t i = 0; i < m->metrics.n_series; i++) {
-                const MetricsSeries *s = &m->metrics.series[i];
+        for (size_t i = 0; i < m->n_series; i++) {
+                const MetricsSeries *s = &m->series[i];
                 if (s->reason)
                         continue;
                 fputs("slotbroker_granted_total{pool=\"", f);
@@ -193,8 +188,8 @@ int metrics_render(Manager *m, char **ret) {
                 fprintf(f, "\"} %llu\n", (unsigned long long) s->count);
         }
         header(f, "slotbroker_rejected_total", "counter", "Requests refused, by pool, lane and reason.");
-        for (size_t i = 0; i < m->metrics.n_series; i++) {
-                const MetricsSeries *s = &m->metrics.series[i];
+        for (size_t i = 0; i < m->n_series; i++) {
+                const MetricsSeries *s = &m->series[i];
                 if (!s->reason)
                         continue;
                 fputs("slotbroker_rejected_total{pool=\"", f);
@@ -206,35 +201,33 @@ int metrics_render(Manager *m, char **ret) {
                 fprintf(f, "\"} %llu\n", (unsigned long long) s->count);
         }
         header(f, "slotbroker_wait_seconds", "histogram", "Time granted requests waited.");
-        for (size_t i = 0; i < m->metrics.n_pools; i++)
-                histogram(f, "slotbroker_wait_seconds", m->metrics.pools[i].pool, &m->metrics.pools[i].wait, wait_bounds,
+        for (size_t i = 0; i < m->n_pools; i++)
+                histogram(f, "slotbroker_wait_seconds", m->pools[i].pool, &m->pools[i].wait, wait_bounds,
                           METRICS_WAIT_BUCKETS);
         header(f, "slotbroker_hold_seconds", "histogram", "Time leases were held.");
-        for (size_t i = 0; i < m->metrics.n_pools; i++)
-                histogram(f, "slotbroker_hold_seconds", m->metrics.pools[i].pool, &m->metrics.pools[i].hold, hold_bounds,
+        for (size_t i = 0; i < m->n_pools; i++)
+                histogram(f, "slotbroker_hold_seconds", m->pools[i].pool, &m->pools[i].hold, hold_bounds,
                           METRICS_HOLD_BUCKETS);
 
         header(f, "slotbroker_denied_total", "counter", "Requests refused by a lane's access list.");
-        fprintf(f, "slotbroker_denied_total %llu\n", (unsigned long long) m->metrics.denied);
+        fprintf(f, "slotbroker_denied_total %llu\n", (unsigned long long) m->denied);
         header(f, "slotbroker_connections", "gauge", "Open client connections.");
-        fprintf(f, "slotbroker_connections %u\n", m->n_connections);
+        fprintf(f, "slotbroker_connections %u\n", g->connections);
         header(f, "slotbroker_connections_refused_total", "counter",
                "Connections closed at once because max-connections or max-connections-per-uid was reached.");
-        fprintf(f, "slotbroker_connections_refused_total %llu\n", (unsigned long long) m->metrics.connections_refused);
+        fprintf(f, "slotbroker_connections_refused_total %llu\n", (unsigned long long) m->connections_refused);
         header(f, "slotbroker_accept_fd_exhausted_total", "counter",
                "Times brokerd ran out of file descriptors to accept connections with, and paused accepting.");
-        fprintf(f, "slotbroker_accept_fd_exhausted_total %llu\n", (unsigned long long) m->metrics.accept_fd_exhausted);
+        fprintf(f, "slotbroker_accept_fd_exhausted_total %llu\n", (unsigned long long) m->accept_fd_exhausted);
         header(f, "slotbroker_leases", "gauge", "Leases, held or waiting for their command to end.");
-        fprintf(f, "slotbroker_leases %u\n", m->n_leases);
+        fprintf(f, "slotbroker_leases %u\n", g->leases);
         header(f, "slotbroker_journal_dropped_total", "counter", "Audit entries journald did not take in time.");
-        fprintf(f, "slotbroker_journal_dropped_total %lu\n", m->audit.journal_dropped_total);
-        if (m->history) {
-                HistoryStats hs;
-                history_get_stats(m->history, &hs);
+        fprintf(f, "slotbroker_journal_dropped_total %lu\n", g->journal_dropped);
+        if (g->history) {
                 header(f, "slotbroker_history_healthy", "gauge", "1 while the history database can be written.");
-                fprintf(f, "slotbroker_history_healthy %d\n", hs.healthy);
+                fprintf(f, "slotbroker_history_healthy %d\n", g->history_healthy);
                 header(f, "slotbroker_history_rows_dropped_total", "counter", "History rows lost to a full backlog.");
-                fprintf(f, "slotbroker_history_rows_dropped_total %llu\n", (unsigned long long) hs.rows_dropped);
+                fprintf(f, "slotbroker_history_rows_dropped_total %llu\n", (unsigned long long) g->history_rows_dropped);
         }
         if (fclose(f) != 0) {
                 free(buf);
@@ -364,14 +357,12 @@ static void *textfile_thread(void *p) {
         return NULL;
 }
 
-void metrics_write_textfile(Manager *m) {
-        if (!m->config->metrics_textfile)
-                return;
+void metrics_write_textfile(const Metrics *m, const MetricsGauges *g, const char *path) {
         TextfileJob *job = calloc(1, sizeof(TextfileJob));
         if (!job)
                 return;
-        job->path = strdup(m->config->metrics_textfile);
-        if (!job->path || metrics_render(m, &job->text) < 0) {
+        job->path = strdup(path);
+        if (!job->path || metrics_render(m, g, &job->text) < 0) {
                 free(job->path);
                 free(job);
                 return;

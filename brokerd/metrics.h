@@ -3,13 +3,13 @@
  * atomically to metrics-textfile= for node_exporter's textfile collector. */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
-#include "audit.h"
+#include "decision.h"
+#include "engine.h"
 #include "time-util.h"
-
-typedef struct Manager Manager;
 
 #define METRICS_WAIT_BUCKETS 12
 #define METRICS_HOLD_BUCKETS 11
@@ -49,7 +49,19 @@ typedef struct Metrics {
 void metrics_done(Metrics *m);
 /* Counts one decision (called by the audit sink, for every decision). */
 void metrics_record(Metrics *m, const AuditRecord *r);
+/* The gauges: values of the moment that the owner reads from the modules that keep them. */
+typedef struct MetricsGauges {
+        const Engine *engine;           /* pools: limit, in use, waiting, congested */
+        usec_t now;                     /* monotonic, for the engine's pool gauges */
+        unsigned connections;
+        unsigned leases;
+        unsigned long journal_dropped;
+        bool history;                   /* false: no history gauges */
+        bool history_healthy;
+        uint64_t history_rows_dropped;
+} MetricsGauges;
+
 /* The exposition text. Returns 0 or -ENOMEM; *ret is malloc'ed. */
-int metrics_render(Manager *m, char **ret);
-/* Writes metrics-textfile= (if set) through a short-lived thread: temp file, fsync, rename. */
-void metrics_write_textfile(Manager *m);
+int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret);
+/* Writes the text to path through a short-lived thread: temp file, fsync, rename. */
+void metrics_write_textfile(const Metrics *m, const MetricsGauges *g, const char *path);

@@ -8,18 +8,29 @@
 
 #include <stdbool.h>
 
-typedef struct Manager Manager;
-typedef struct Lease Lease;
+#include "conf.h"
+
+typedef struct History History;
+
+typedef struct Persistence {
+        LeasePersistence mode;          /* as at start: a reload does not change it */
+        History *history;               /* NULL until opened */
+        bool state_loaded;              /* what was persisted has been read */
+        bool refusing;                  /* an episode of refusals for want of persistence: logged once */
+        unsigned refused;               /* requests refused in it */
+        bool unpersisted;               /* best-effort: an episode of grants that were not written */
+        unsigned unpersisted_grants;
+} Persistence;
 
 /* Why no new lease may be granted now (a few words for the audit), or NULL when one may. */
-const char *persistence_refusal(Manager *m);
+const char *persistence_refusal(const Persistence *p);
 
 /* A request was refused for want of persistence (why: as persistence_refusal() or the failed write says). */
-void persistence_note_refused(Manager *m, const char *why);
+void persistence_note_refused(Persistence *p, const char *why);
 
 /* A lease commit came back (result as HistoryDoneFn's). Returns true when the grant may be answered:
  * it was written, or best-effort allows it without. */
-bool persistence_commit_allows_grant(Manager *m, Lease *l, int result);
+bool persistence_commit_allows_grant(Persistence *p, const char *lease_id, int result);
 
 /* Leases can be written again: the episodes end. */
-void persistence_recovered(Manager *m);
+void persistence_recovered(Persistence *p);

@@ -14,10 +14,21 @@
 struct Poller {
         int epoll_fd;
         sd_event_source *source;
+        void (*after_each)(void *userdata);
+        void *after_each_userdata;
 };
 
+void poller_set_after_each(Poller *p, void (*fn)(void *userdata), void *userdata) {
+        p->after_each = fn;
+        p->after_each_userdata = userdata;
+}
+
 static int poller_dispatch(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
-        Poller *p = userdata;
+        poller_run(userdata);
+        return 0; /* an error return would disable the source: every connection would go deaf */
+}
+
+void poller_run(Poller *p) {
         struct epoll_event ev[POLLER_BATCH];
 
         /* Level-triggered: a socket left with unread bytes (a handler reads a bounded amount) is reported
@@ -26,14 +37,16 @@ static int poller_dispatch(sd_event_source *s, int fd, uint32_t revents, void *u
         if (n < 0) {
                 if (errno != EINTR)
                         log_warning_errno(errno, "epoll_wait() on the connections failed: %m");
-                return 0; /* an error return would disable the source: every connection would go deaf */
+                return;
         }
         for (int i = 0; i < n; i++) {
                 PollerWatch *w = ev[i].data.ptr;
-                if (w->fd >= 0) /* else removed by a handler earlier in this batch */
-                        w->handler(w, ev[i].events);
+                if (w->fd < 0)
+                        continue; /* removed by a handler earlier in this batch */
+                w->handler(w, ev[i].events);
+                if (p->after_each)
+                        p->after_each(p->after_each_userdata);
         }
-        return 0;
 }
 
 int poller_new(sd_event *event, Poller **ret) {

@@ -32,6 +32,14 @@ int poller_new(sd_event *event, Poller **ret);
 /* The watches must have been removed. */
 Poller *poller_free(Poller *p);
 
+/* fn runs after each handler of a batch, so that what one socket's handler started is settled before the
+ * next socket's turn (as with a source per socket); it must not free watches. NULL: nothing. */
+void poller_set_after_each(Poller *p, void (*fn)(void *userdata), void *userdata);
+
+/* Handles a batch of the sockets ready now, as the source does when the loop dispatches it: for an owner
+ * that must see them before it decides (not from a watch's handler). */
+void poller_run(Poller *p);
+
 /* Watches fd (level-triggered, as sd-event's io sources). Returns 0 or negative errno. */
 int poller_add(Poller *p, PollerWatch *w, int fd, uint32_t events, PollerHandler handler);
 /* Changes the events; no syscall when they are the ones set already. Returns 0 or negative errno. */

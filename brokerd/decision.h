@@ -1,0 +1,35 @@
+/* SPDX-License-Identifier: MIT */
+/* decision.h — one decision as every sink records it (the journal, history, metrics): what was decided,
+ * about which request or lease. A header of its own so that the sinks need not know the audit module
+ * that feeds them. */
+#pragma once
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "time-util.h"
+
+typedef struct AuditRecord {
+        const char *decision;     /* granted, busy, full, timeout, shed, unavailable, cancelled, released,
+                                   * revoked, overdue, restored, denied */
+        const char *pool;
+        const char *lane;
+        const char *job;
+        const char *lease;
+        uint64_t token;           /* 0: none */
+        usec_t wait;              /* USEC_INFINITY: not applicable */
+        usec_t hold;
+        usec_t budget;
+        usec_t idle;
+        const char *state;        /* keeping-up, saturated, or NULL */
+        uid_t uid;                /* (uid_t) -1: unknown */
+        pid_t pid;                /* 0: unknown */
+        unsigned retry_after_sec; /* 0: none */
+        const char *reason;       /* a few words for the message, or NULL */
+} AuditRecord;
+
+#define AUDIT_RECORD_INIT                                                                                   \
+        (AuditRecord) {                                                                                    \
+                .wait = USEC_INFINITY, .hold = USEC_INFINITY, .budget = USEC_INFINITY, .idle = USEC_INFINITY, \
+                .uid = (uid_t) -1,                                                                         \
+        }

@@ -1,0 +1,775 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "audit.h"
+#include "connection.h"
+#include "lease.h"
+#include "log.h"
+#include "persistence.h"
+#include "process.h"
+#include "session.h"
+
+#define JOB_MAX 1024
+/* maxHoldMs at most 3650 days: grant time plus the hold, in µs, then stays far inside expiresAt's int64
+ * (INT64_MAX / 1000 let a hold overflow it into a negative expiresAt). Longer is no bound at all. */
+#define MAX_HOLD_MS_MAX ((int64_t) 3650 * 24 * 3600 * 1000)
+
+static void answer_grant(Session *s, Lease *l);
+static void session_waiter_left(Session *s);
+
+static int reply_invalid_parameter(Session *s, const char *parameter) {
+        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "parameter", parameter);
+        return session_reply_error(s, VARLINK_ERROR_INVALID_PARAMETER, p);
+}
+
+/* SPEC §3.4: nothing is granted that could not be persisted, nor before what was persisted has been read.
+ * Refused at once, rather than granted by the engine and withdrawn after a write that cannot succeed. */
+static bool refuse_for_storage(Session *s, const char *lane, const char *job) {
+        const char *why = persistence_refusal(s->table->persistence);
+        if (!why)
+                return false;
+        /* The pool it would have waited on, as for any refusal: metrics count refusals per pool. */
+        const LaneConfig *lc = conf_find_lane(s->table->config, lane);
+        const char *pool = lc && lc->pools && lc->pools[0] ? lc->pools[lc->n_pools - 1] : NULL;
+        AuditRecord r = AUDIT_RECORD_INIT;
+        r.decision = "unavailable";
+        r.pool = pool;
+        r.lane = lane;
+        r.job = job;
+        r.uid = s->cred.uid;
+        r.pid = s->cred.pid;
+        r.retry_after_sec = 5;
+        r.reason = why;
+        audit_decision(s->table->audit, &r);
+        persistence_note_refused(s->table->persistence, why);
+        _cleanup_(json_decrefp) json_t *p =
+                json_pack("{s:i, s:s?, s:s}", "retryAfterSec", 5, "pool", pool, "reason", "storage");
+        session_reply_error(s, "io.slotbroker.Unavailable", p);
+        return true;
+}
+
+static void audit_denied(Session *s, const char *lane, const char *job) {
+        AuditRecord r = AUDIT_RECORD_INIT;
+        r.decision = "denied";
+        r.lane = lane;
+        r.job = job;
+        r.uid = s->cred.uid;
+        r.pid = s->cred.pid;
+        audit_decision(s->table->audit, &r);
+}
+
+void session_acquire(Session *s, const VarlinkCall *call) {
+        SessionTable *m = s->table;
+        AcquireCall *a = &s->acquire;
+        const char *lane = NULL, *job = NULL, *reclaim = NULL;
+        unsigned slots = 1;
+        bool wait = true, detach = false;
+        int64_t queue_wait_ms = 0, pid = 0, pidfd_index = -1, max_hold_ms = 0;
+        const char *bad = NULL;
+
+        if (call->flags & VARLINK_CALL_ONEWAY) {
+                /* Nobody would hear the grant: SPEC §5 makes this an error, not a silent lease. */
+                reply_invalid_parameter(s, "oneway");
+                return;
+        }
+        const JsonField table[] = {
+                { "lane", JSON_FIELD_STRING, JSON_MANDATORY, &lane, .max_length = 64 },
+                { "slots", JSON_FIELD_UNSIGNED, 0, &slots, 1, 1 << 20 },
+                { "wait", JSON_FIELD_BOOL, 0, &wait },
+                { "queueWaitMs", JSON_FIELD_INT64, 0, &queue_wait_ms, 1, INT32_MAX },
+                { "job", JSON_FIELD_STRING, 0, &job, .max_length = JOB_MAX },
+                { "pid", JSON_FIELD_INT64, 0, &pid, 1, INT32_MAX },
+                { "pidfd", JSON_FIELD_INT64, 0, &pidfd_index, 0, VARLINK_FDS_MAX - 1 },
+                { "reclaim", JSON_FIELD_STRING, 0, &reclaim, .max_length = 64 },
+                { "detach", JSON_FIELD_BOOL, 0, &detach },
+                { "maxHoldMs", JSON_FIELD_INT64, 0, &max_hold_ms, 1, MAX_HOLD_MS_MAX },
+                {},
+        };
+        int r = json_dispatch(call->parameters, table, 0, &bad);
+        if (r < 0) {
+                reply_invalid_parameter(s, bad ?: "parameters");
+                return;
+        }
+        if (pid > 0 && pidfd_index >= 0) {
+                reply_invalid_parameter(s, "pidfd"); /* one command, named once */
+                return;
+        }
+        if (detach && max_hold_ms == 0) {
+                reply_invalid_parameter(s, "maxHoldMs"); /* a detached lease needs an end of its own */
+                return;
+        }
+        if (!conf_find_lane(m->config, lane)) {
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
+                session_reply_error(s, "io.slotbroker.NoSuchLane", p);
+                return;
+        }
+        const gid_t *groups;
+        size_t n_groups = connection_get_groups(s->connection, &groups);
+        if (!m->lane_allows(lane, s->cred.uid, groups, n_groups, m->userdata)) {
+                audit_denied(s, lane, job);
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
+                session_reply_error(s, "io.slotbroker.PermissionDenied", p);
+                return;
+        }
+        if (reclaim) {
+                /* After a restart: the owner takes back a lease it held; no new request is made. */
+                Lease *l = lease_table_find(m->leases, reclaim);
+                if (!l || (l->uid != s->cred.uid && s->cred.uid != 0) || !streq(engine_lease_lane(l->engine_lease), lane) ||
+                    lease_reclaim(l, s) < 0) {
+                        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", reclaim);
+                        session_reply_error(s, "io.slotbroker.NoSuchLease", p);
+                        return;
+                }
+                s->lease = l; /* the lease's side: lease_reclaim() */
+                log_info("Lease %s reclaimed by pid %d.", l->id, (int) s->cred.pid);
+                a->active = true;
+                a->more = call->flags & VARLINK_CALL_MORE;
+                a->detach = false;
+                answer_grant(s, l);
+                return;
+        }
+
+        if (refuse_for_storage(s, lane, job))
+                return;
+
+        _cleanup_close_ int pidfd = -EBADF;
+        ProcessInfo command = {};
+        if (pid > 0 || pidfd_index >= 0) {
+                /* A pidfd names the process whatever PID namespace the client numbers it in; its pid in ours
+                 * is what the checks, the watch and a restart's restore use. Both ways the peer's pid and
+                 * uid (SO_PEERCRED) are in our namespaces already. */
+                if (pid > 0)
+                        r = pidfd = process_open((pid_t) pid, &command);
+                else {
+                        pidfd = varlink_fds_take(call->fds, (size_t) pidfd_index);
+                        r = pidfd < 0 ? pidfd : process_open_pidfd(pidfd, &command);
+                }
+                if (r < 0 || process_check_attachable(&command, s->cred.pid, s->cred.uid) < 0) {
+                        log_debug("Acquire of pid %d: the command it names cannot hold a lease: %s", (int) s->cred.pid,
+                                  r < 0 ? strerror(-r) : "neither the peer nor its child of the same uid");
+                        reply_invalid_parameter(s, pid > 0 ? "pid" : "pidfd");
+                        return;
+                }
+        }
+
+        /* At its waiter limit a uid may still take a free slot, but not wait for one. */
+        UidUsage *u = session_table_uid_usage(m, s->cred.uid, true);
+        bool no_wait = !wait || (u && u->waiters >= m->config->max_waiters_per_uid);
+
+        a->lane = strdup(lane);
+        a->job = job ? strdup(job) : NULL;
+        if (!a->lane || (job && !a->job)) {
+                log_oom();
+                session_close(s);
+                return;
+        }
+        a->active = true;
+        a->more = call->flags & VARLINK_CALL_MORE;
+        a->detach = detach;
+        a->slots = slots;
+        a->max_hold = max_hold_ms > 0 ? (usec_t) max_hold_ms * USEC_PER_MSEC : USEC_INFINITY;
+        a->last_position = a->last_queued = 0;
+        a->counted_waiter = false;
+        a->has_command = pidfd >= 0;
+        a->command = command;
+        a->command_pidfd = TAKE_FD(pidfd);
+
+        r = engine_acquire(m->engine,
+                           &(EngineAcquire) {
+                                   .lane = lane,
+                                   .slots = slots,
+                                   .no_wait = no_wait,
+                                   .max_wait = queue_wait_ms > 0 ? (usec_t) queue_wait_ms * USEC_PER_MSEC
+                                                                 : USEC_INFINITY,
+                                   .max_hold = a->max_hold,
+                                   .userdata = s,
+                           },
+                           now_monotonic(), &a->request);
+        if (r == -ENOENT || r == -EINVAL) {
+                a->active = false;
+                if (r == -ENOENT) {
+                        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
+                        session_reply_error(s, "io.slotbroker.NoSuchLane", p);
+                } else
+                        reply_invalid_parameter(s, "slots"); /* more slots than any pool of the lane has */
+                session_acquire_done(s);
+                return;
+        }
+        if (r < 0) {
+                log_error_errno(r, "Failed to queue a request: %m");
+                session_close(s);
+        }
+        /* The outcome arrives as engine events, at the owner's drain (session_on_engine_event()). */
+}
+
+/* ---- the table ---- */
+
+static int on_position_timer(sd_event_source *source, uint64_t usec, void *userdata);
+static void session_free(Session *s);
+
+int session_table_init(SessionTable *t, sd_event *event) {
+        *t = (SessionTable) {};
+        list_init(&t->sessions);
+        list_init(&t->closed);
+        list_init(&t->position_queue);
+        int r = sd_event_add_time(event, &t->position_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
+                                  on_position_timer, t);
+        if (r < 0)
+                return r;
+        (void) sd_event_source_set_enabled(t->position_timer, SD_EVENT_OFF);
+        /* Position updates are courtesy: a release or a new call waiting in the same iteration goes first. */
+        (void) sd_event_source_set_priority(t->position_timer, SD_EVENT_PRIORITY_IDLE);
+        return 0;
+}
+
+void session_table_collect(SessionTable *t) {
+        ListNode *n;
+        while ((n = list_first(&t->closed))) {
+                list_unlink(n);
+                session_free(container_of(n, Session, node));
+        }
+}
+
+void session_table_done(SessionTable *t) {
+        ListNode *n;
+        if (!t->sessions.next)
+                return; /* never initialised */
+        while ((n = list_first(&t->sessions))) {
+                Session *s = container_of(n, Session, node);
+                /* Shutting down is not releasing: leases end with the process (and may be freed already). */
+                s->lease = NULL;
+                s->acquire.pending = NULL;
+                session_close(s);
+        }
+        session_table_collect(t);
+        t->position_timer = sd_event_source_disable_unref(t->position_timer);
+        t->uid_usage = mfree(t->uid_usage);
+        t->n_uid_usage = 0;
+}
+
+UidUsage *session_table_uid_usage(SessionTable *t, uid_t uid, bool create) {
+        for (size_t i = 0; i < t->n_uid_usage; i++)
+                if (t->uid_usage[i].uid == uid)
+                        return &t->uid_usage[i];
+        if (!create)
+                return NULL;
+        UidUsage *a = reallocarray(t->uid_usage, t->n_uid_usage + 1, sizeof(UidUsage));
+        if (!a)
+                return NULL;
+        t->uid_usage = a;
+        a[t->n_uid_usage] = (UidUsage) { .uid = uid };
+        return &a[t->n_uid_usage++];
+}
+
+/* ---- the session and its connection ---- */
+
+static void session_on_input_ended(Connection *c, void *userdata) {
+        Session *s = userdata;
+        /* An open Acquire's connection is the lease's life line: a client that can send nothing more has
+         * ended it, as a hang-up does (io.slotbroker(7)). */
+        if (s->acquire.active || s->lease) {
+                log_debug("Client pid %d shut its side of the connection with an Acquire open; closing.",
+                          (int) s->cred.pid);
+                session_close(s);
+        }
+}
+
+int session_new(SessionTable *m, Connection *c, ConnectionCallFn call, ConnectionDisconnectFn disconnect,
+                Session **ret) {
+        Session *s = calloc(1, sizeof(Session));
+        if (!s) {
+                connection_close(c);
+                connection_free(c);
+                return -ENOMEM;
+        }
+        *s = (Session) {
+                .table = m,
+                .connection = c,
+                .cred = *connection_get_peer(c),
+                .acquire.command_pidfd = -EBADF,
+        };
+        connection_set_userdata(c, s);
+        connection_bind_call(c, call);
+        connection_bind_input_ended(c, session_on_input_ended);
+        connection_bind_disconnect(c, disconnect);
+        list_append(&m->sessions, &s->node);
+        m->n_sessions++;
+        UidUsage *u = session_table_uid_usage(m, s->cred.uid, true);
+        if (u)
+                u->connections++;
+        *ret = s;
+        return 0;
+}
+
+static void session_free(Session *s) {
+        if (!s)
+                return;
+        assert(s->closed);
+        connection_free(s->connection);
+        free(s->acquire.lane);
+        free(s->acquire.job);
+        free(s);
+}
+
+int session_reply(Session *s, json_t *parameters, bool continues) {
+        return connection_reply(s->connection, parameters, continues);
+}
+
+int session_reply_error(Session *s, const char *error, json_t *parameters) {
+        return connection_reply_error(s->connection, error, parameters);
+}
+
+void session_close(Session *s) {
+        connection_close(s->connection); /* its disconnect handler ends up in session_on_disconnect() */
+}
+
+bool session_is_waiting(const Session *s) {
+        return s->acquire.active && s->acquire.request && engine_request_is_waiting(s->acquire.request);
+}
+
+/* The holder link, both sides: s->lease here, the lease's holder in lease.c (set by lease_new() and
+ * lease_reclaim(), cleared here). Returns the lease s held. */
+static Lease *session_unlink_lease(Session *s) {
+        Lease *l = TAKE_PTR(s->lease);
+        if (l)
+                lease_clear_holder(l);
+        return l;
+}
+
+void session_lease_revoke(Lease *l, const char *reason) {
+        if (lease_revoke(l, reason) != LEASE_OUTCOME_REVOKED)
+                return; /* revoked already, or nobody holds it: overdue or ended */
+        Session *h = lease_get_holder(l);
+        if (h->acquire.active && h->acquire.more) {
+                /* The last reply of the Acquire tells the holder to stop (SPEC §3.4). */
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "revoked");
+                (void) session_reply(h, p, false);
+                h->acquire.active = false;
+                lease_start_revoke_grace(l);
+                return;
+        }
+        /* A plain Acquire's life line is the connection itself: the broker closes it (SPEC §5). That ends the
+         * lease, or makes it overdue while its command runs; l may be gone after this. */
+        session_close(h);
+}
+
+void session_lease_release(Session *by, Lease *l) {
+        if (lease_command_running(l)) {
+                session_lease_revoke(l, "released while its command runs");
+                return;
+        }
+        Session *h = lease_get_holder(l);
+        if (h) {
+                (void) session_unlink_lease(h);
+                if (h->acquire.active && h->acquire.more) {
+                        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "released");
+                        (void) session_reply(h, p, false);
+                        h->acquire.active = false;
+                        if (h != by)
+                                session_acquire_done(h);
+                } else if (h != by)
+                        session_close(h); /* a plain Acquire's life line is the connection itself */
+        }
+        lease_end(l);
+}
+
+/* Release of the lease this session holds may overtake the wait for that lease to end: it is what ends it,
+ * and the Acquire's last reply still goes out before the Release's, in order. This lets one connection
+ * take and give back lease after lease. */
+static bool call_releases_own_lease(const Session *s, const VarlinkCall *call) {
+        if (!s->lease || s->acquire.pending || s->history_pending || !streq(call->method, "io.slotbroker.Release"))
+                return false;
+        json_t *id = json_object_get(call->parameters, "lease");
+        return json_is_string(id) && streq(json_string_value(id), s->lease->id);
+}
+
+bool session_defers_call(const Session *s, const VarlinkCall *call) {
+        bool busy = s->acquire.active || s->lease || s->history_pending;
+        return busy && !call_releases_own_lease(s, call);
+}
+
+void session_acquire_done(Session *s) {
+        AcquireCall *a = &s->acquire;
+        a->active = false;
+        a->request = engine_request_unref(a->request);
+        a->command_pidfd = safe_close(a->command_pidfd);
+        a->has_command = false;
+        a->lane = mfree(a->lane);
+        a->job = mfree(a->job);
+        connection_resume(s->connection);
+}
+
+void session_on_disconnect(Session *s) {
+        SessionTable *m = s->table;
+        AcquireCall *a = &s->acquire;
+
+        s->closed = true;
+        (void) session_waiter_withdraw(s, SESSION_WITHDRAW_GONE);
+        a->request = engine_request_unref(a->request);
+        a->command_pidfd = safe_close(a->command_pidfd);
+        a->active = false; /* lane and job stay for the audit of decisions still on their way */
+        if (a->pending) {
+                lease_persist_forget(a->pending); /* its row still gets written; nobody hears the grant */
+                a->pending = NULL;
+        }
+        Lease *l = session_unlink_lease(s);
+        if (l)
+                (void) lease_holder_gone(l);
+
+        if (m->memory_freed)
+                m->memory_freed(connection_get_buffered(s->connection), m->userdata);
+        if (m->fd_released)
+                m->fd_released(m->userdata);
+        list_unlink(&s->node);
+        m->n_sessions--;
+        UidUsage *u = session_table_uid_usage(m, s->cred.uid, false);
+        if (u && u->connections > 0)
+                u->connections--;
+        m->changed = true;
+        /* Callers up the stack may still hold s: it is freed once this loop iteration is over. */
+        list_append(&m->closed, &s->node);
+}
+
+static json_t *queued_reply(Session *s, size_t position, size_t queued) {
+        EngineRequest *req = s->acquire.request;
+        usec_t budget = engine_request_budget(req);
+        json_t *p = json_pack("{s:s, s:s, s:I, s:I}", "state", "queued", "pool", engine_request_pool(req),
+                              "position", (json_int_t) position, "queued", (json_int_t) queued);
+        if (p && budget != USEC_INFINITY)
+                json_object_set_new(p, "budgetMs", json_integer((json_int_t) (budget / USEC_PER_MSEC)));
+        return p;
+}
+
+static void send_position(Session *s, usec_t now) {
+        AcquireCall *a = &s->acquire;
+        size_t pos, queued;
+        if (engine_request_position(a->request, &pos, &queued) < 0)
+                return;
+        pos++; /* clients count from 1 */
+        if (pos == a->last_position && queued == a->last_queued)
+                return;
+        _cleanup_(json_decrefp) json_t *p = queued_reply(s, pos, queued);
+        if (!p || session_reply(s, p, true) < 0)
+                return;
+        a->last_position = pos;
+        a->last_queued = queued;
+}
+
+/* Position updates go round a queue kept in the order waiters were last looked at: the head is always the
+ * one whose second is up first. Each run takes at most POSITION_BATCH of them, so ten thousand waiters
+ * cost ten thousand small replies a second, spread out,, and never a stall of the loop. */
+#define POSITION_BATCH 32
+
+static void position_queue_leave(Session *s) {
+        if (list_node_is_linked(&s->acquire.position_node))
+                list_unlink(&s->acquire.position_node);
+}
+
+static void position_queue_arm(SessionTable *m, usec_t now, bool more_due) {
+        ListNode *head = list_first(&m->position_queue);
+        if (!head) {
+                (void) sd_event_source_set_enabled(m->position_timer, SD_EVENT_OFF);
+                return;
+        }
+        AcquireCall *a = container_of(head, AcquireCall, position_node);
+        usec_t t = more_due ? now : usec_add(a->last_position_check, USEC_PER_SEC);
+        (void) sd_event_source_set_time(m->position_timer, t);
+        (void) sd_event_source_set_enabled(m->position_timer, SD_EVENT_ONESHOT);
+}
+
+static void position_queue_join(Session *s, usec_t now) {
+        SessionTable *m = s->table;
+        bool was_empty = list_is_empty(&m->position_queue);
+        s->acquire.last_position_check = now;
+        list_append(&m->position_queue, &s->acquire.position_node);
+        if (was_empty)
+                position_queue_arm(m, now, false);
+}
+
+static int on_position_timer(sd_event_source *source, uint64_t usec, void *userdata) {
+        SessionTable *m = userdata;
+        usec_t now = now_monotonic();
+        unsigned n = 0;
+        ListNode *head;
+
+        while ((head = list_first(&m->position_queue)) && n < POSITION_BATCH) {
+                AcquireCall *a = container_of(head, AcquireCall, position_node);
+                if (usec_add(a->last_position_check, USEC_PER_SEC) > now)
+                        break;
+                Session *s = container_of(a, Session, acquire);
+                list_unlink(head);
+                a->last_position_check = now;
+                list_append(&m->position_queue, head);
+                /* A client that has not read its last update gets no new one: its output stays bounded. */
+                if (connection_get_pending_output(s->connection) == 0)
+                        send_position(s, now); /* may close s: then it left the queue */
+                n++;
+        }
+        head = list_first(&m->position_queue);
+        bool more_due = head && n == POSITION_BATCH &&
+                        usec_add(container_of(head, AcquireCall, position_node)->last_position_check, USEC_PER_SEC) <= now;
+        position_queue_arm(m, now, more_due);
+        return 0;
+}
+
+static void waiter_count(Session *s, bool on) {
+        AcquireCall *a = &s->acquire;
+        if (a->counted_waiter == on)
+                return;
+        UidUsage *u = session_table_uid_usage(s->table, s->cred.uid, on);
+        if (u) {
+                if (on)
+                        u->waiters++;
+                else if (u->waiters > 0)
+                        u->waiters--;
+        }
+        a->counted_waiter = on;
+}
+
+static void on_queued(SessionTable *m, Session *s, const EngineEvent *ev) {
+        if (s->closed)
+                return;
+        waiter_count(s, true);
+        m->changed = true;
+        if (s->acquire.more) {
+                usec_t now = now_monotonic();
+                send_position(s, now);
+                if (!s->closed)
+                        position_queue_join(s, now);
+        }
+}
+
+/* Sends the grant to the client that asked (SPEC §5: continues while the connection is the life line). */
+static void answer_grant(Session *s, Lease *l) {
+        AcquireCall *a = &s->acquire;
+        _cleanup_(json_decrefp) json_t *lease = lease_to_json(l);
+        _cleanup_(json_decrefp) json_t *p = lease ? json_pack("{s:s, s:O}", "state", "granted", "lease", lease) : NULL;
+        bool continues = a->more && !a->detach;
+        if (!p) {
+                log_oom();
+                session_close(s);
+                return;
+        }
+        session_reply(s, p, continues);
+        a->request = engine_request_unref(a->request);
+        if (!continues) {
+                /* A plain Acquire ends with the grant; a detached lease leaves the connection free. */
+                a->active = false;
+                if (a->detach)
+                        session_acquire_done(s);
+        }
+}
+
+static void audit_grant(SessionTable *m, const Lease *l, const LeaseGrant *g) {
+        AuditRecord rec = lease_audit_record(l, "granted");
+        rec.wait = g->wait;
+        rec.budget = g->budget;
+        rec.idle = g->idle;
+        rec.state = queue_state_to_string(g->state);
+        audit_decision(m->audit, &rec);
+}
+
+/* The lease row is durable (or could not be written, which lease-persistence=best-effort accepts): now the
+ * grant may be answered (SPEC §3.4). */
+static void on_lease_persisted(SessionTable *m, Lease *l, Session *s, int result) {
+        if (s)
+                s->acquire.pending = NULL;
+        if (!persistence_commit_allows_grant(m->persistence, l->id, result)) {
+                /* Never granted unpersisted: give the slots back and refuse. */
+                AuditRecord rec = lease_audit_record(l, "unavailable");
+                rec.lease = NULL; /* never answered: no lease came of it */
+                rec.token = 0;
+                rec.reason = "the lease could not be written to the state directory";
+                audit_decision(m->audit, &rec);
+                persistence_note_refused(m->persistence, rec.reason);
+                if (s && !s->closed) {
+                        _cleanup_(json_decrefp) json_t *p =
+                                json_pack("{s:i, s:s, s:s}", "retryAfterSec", 5, "pool", rec.pool, "reason", "storage");
+                        session_reply_error(s, "io.slotbroker.Unavailable", p);
+                }
+                if (s && s->lease == l)
+                        (void) session_unlink_lease(s);
+                if (s && !s->closed)
+                        session_acquire_done(s);
+                lease_discard(l);
+                return;
+        }
+        audit_grant(m, l, &l->grant);
+        if (s && !s->closed)
+                answer_grant(s, l);
+}
+
+static void on_granted(SessionTable *m, Session *s, const EngineEvent *ev) {
+        AcquireCall *a = &s->acquire;
+        Lease *l;
+
+        session_waiter_left(s);
+        int r = lease_new(m->leases, ev->lease, s->closed ? NULL : s, s->cred.uid, s->cred.pid, a->job, a->detach,
+                          a->has_command ? &a->command : NULL, TAKE_FD(a->command_pidfd), &l);
+        if (r < 0) {
+                log_error_errno(r, "Failed to record a lease: %m");
+                engine_lease_release(ev->lease, now_monotonic());
+                if (!s->closed) {
+                        _cleanup_(json_decrefp) json_t *p =
+                                json_pack("{s:i, s:s, s:s}", "retryAfterSec", 1, "pool", ev->pool, "reason", "internal");
+                        session_reply_error(s, "io.slotbroker.Unavailable", p);
+                        session_acquire_done(s);
+                }
+                return;
+        }
+        a->has_command = false;
+        l->grant = (LeaseGrant) {
+                .wait = ev->wait,
+                .budget = ev->queued ? ev->budget : USEC_INFINITY,
+                .idle = ev->queued ? ev->idle : USEC_INFINITY,
+                .state = ev->queued ? ev->state : QUEUE_STATE_NONE,
+        };
+
+        if (s->closed) {
+                /* Gone between the decision and now: the lease lives on only if its command does. */
+                audit_grant(m, l, &l->grant);
+                lease_persist(l, NULL);
+                (void) lease_holder_gone(l);
+                return;
+        }
+        if (!a->detach)
+                s->lease = l; /* the lease's side: lease_new() */
+        a->pending = l;
+        lease_persist(l, s);
+}
+
+static const char *refusal_error(Refusal r) {
+        switch (r) {
+        case REFUSAL_BUSY:
+                return "io.slotbroker.Busy";
+        case REFUSAL_FULL:
+                return "io.slotbroker.QueueFull";
+        case REFUSAL_TIMEOUT:
+                return "io.slotbroker.QueueTimeout";
+        case REFUSAL_SHED:
+                return "io.slotbroker.QueueShed";
+        default:
+                return "io.slotbroker.Unavailable";
+        }
+}
+
+static void on_refused(SessionTable *m, Session *s, const EngineEvent *ev) {
+        AcquireCall *a = &s->acquire;
+
+        session_waiter_left(s);
+        m->changed = true;
+
+        AuditRecord rec = AUDIT_RECORD_INIT;
+        rec.decision = refusal_to_string(ev->refusal);
+        rec.pool = ev->pool;
+        rec.lane = ev->lane;
+        rec.job = a->job;
+        rec.wait = ev->wait;
+        rec.budget = ev->queued ? ev->budget : USEC_INFINITY;
+        rec.idle = ev->queued ? ev->idle : USEC_INFINITY;
+        rec.state = ev->queued ? queue_state_to_string(ev->state) : NULL;
+        rec.uid = s->cred.uid;
+        rec.pid = s->cred.pid;
+        rec.retry_after_sec = ev->retry_after_sec;
+        if (ev->refusal == REFUSAL_UNAVAILABLE)
+                rec.reason = conf_find_pool(m->config, ev->pool) ? "the pool is drained" : "the pool was removed by a reload";
+        audit_decision(m->audit, &rec);
+
+        if (s->closed)
+                return;
+        _cleanup_(json_decrefp) json_t *p =
+                json_pack("{s:I, s:s?}", "retryAfterSec", (json_int_t) ev->retry_after_sec, "pool", ev->pool);
+        if (p && (ev->refusal == REFUSAL_TIMEOUT || ev->refusal == REFUSAL_SHED))
+                json_object_set_new(p, "waitedMs", json_integer((json_int_t) (ev->wait / USEC_PER_MSEC)));
+        if (p && ev->refusal == REFUSAL_UNAVAILABLE)
+                json_object_set_new(p, "reason", json_string(conf_find_pool(m->config, ev->pool) ? "drained" : "removed"));
+        session_reply_error(s, refusal_error(ev->refusal), p);
+        session_acquire_done(s);
+}
+
+/* The waiter leaves the queue (granted, refused or withdrawn): no more position updates, and its uid has one
+ * waiter less. The only place that does either for a waiter that ends. */
+static void session_waiter_left(Session *s) {
+        waiter_count(s, false);
+        position_queue_leave(s);
+}
+
+bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
+        AcquireCall *a = &s->acquire;
+        if (!session_is_waiting(s)) {
+                session_waiter_left(s); /* a no-op unless the engine's answer is still on its way */
+                return false;
+        }
+        usec_t now = now_monotonic();
+        AuditRecord rec = AUDIT_RECORD_INIT;
+        rec.pool = engine_request_pool(a->request);
+        rec.lane = a->lane;
+        rec.job = a->job;
+        rec.wait = usec_sub_unsigned(now, engine_request_arrival(a->request));
+        rec.budget = engine_request_budget(a->request);
+        rec.uid = s->cred.uid;
+        rec.pid = s->cred.pid;
+        if (why == SESSION_WITHDRAW_GONE)
+                rec.decision = "cancelled";
+        else {
+                /* The client is refused (Unavailable): recorded as that refusal, with the reason. */
+                rec.decision = "unavailable";
+                rec.retry_after_sec = 1;
+                rec.reason = "cancelled by an administrator";
+        }
+        audit_decision(s->table->audit, &rec);
+        engine_request_cancel(a->request, now);
+        session_waiter_left(s);
+        if (why == SESSION_WITHDRAW_CANCELLED) {
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:i, s:s, s:s}", "retryAfterSec", 1, "pool",
+                                                              rec.pool, "reason", "cancelled");
+                session_reply_error(s, "io.slotbroker.Unavailable", p);
+                session_acquire_done(s);
+        }
+        return true;
+}
+
+void session_on_lease_event(SessionTable *m, const LeaseEvent *ev) {
+        switch (ev->type) {
+        case LEASE_EVENT_PERSISTED:
+                if (ev->grant)
+                        on_lease_persisted(m, ev->lease, ev->waiter, ev->result);
+                break;
+        case LEASE_EVENT_CUT: {
+                /* The revoke grace is over and the holder has not let go: its connection goes, and the lease
+                 * with it (or it becomes overdue while its command runs). */
+                Session *h = lease_get_holder(ev->lease);
+                if (h)
+                        session_close(h);
+                break;
+        }
+        default:
+                break;
+        }
+}
+
+void session_on_engine_event(SessionTable *m, const EngineEvent *ev) {
+        switch (ev->type) {
+        case ENGINE_EVENT_QUEUED:
+                on_queued(m, ev->userdata, ev);
+                break;
+        case ENGINE_EVENT_GRANTED:
+                on_granted(m, ev->userdata, ev);
+                break;
+        case ENGINE_EVENT_REFUSED:
+                on_refused(m, ev->userdata, ev);
+                break;
+        case ENGINE_EVENT_REVOKE:
+                if (ev->userdata)
+                        session_lease_revoke(ev->userdata, "max-hold");
+                break;
+        case ENGINE_EVENT_CONGESTION:
+                audit_congestion(m->audit, ev->pool, ev->congested, ev->idle);
+                m->changed = true;
+                break;
+        default:
+                break;
+        }
+}

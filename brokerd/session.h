@@ -1,0 +1,142 @@
+/* SPDX-License-Identifier: MIT */
+/* session.h — what one client connection has asked for: its Acquire (waiting or holding), its place in the
+ * queue and the position updates, its waiter and connection counts, every Acquire reply, and the link to
+ * the lease it holds (written on both sides only here and in lease.c's holder functions). The engine's
+ * events come back here as replies and leases. The transport under it is connection.h's. */
+#pragma once
+
+#include <stdbool.h>
+#include <sys/socket.h>
+#include <systemd/sd-event.h>
+
+#include "connection.h"
+#include "engine.h"
+#include "list.h"
+#include "process.h"
+#include "varlink.h"
+
+typedef struct Audit Audit;
+typedef struct Lease Lease;
+typedef struct LeaseTable LeaseTable;
+typedef struct HistoryCall HistoryCall;
+typedef struct Persistence Persistence;
+typedef struct BrokerConfig BrokerConfig;
+
+/* Connections and waiters per uid, for the limits of SPEC §10. */
+typedef struct UidUsage {
+        uid_t uid;
+        unsigned connections;
+        unsigned waiters;
+} UidUsage;
+
+/* The sessions and what they need from outside, embedded in their owner (the Manager). */
+typedef struct SessionTable {
+        const BrokerConfig *config;     /* lanes, pools, max-waiters-per-uid; the owner's, updated at reload */
+        Engine *engine;
+        Audit *audit;
+        LeaseTable *leases;
+        Persistence *persistence;
+        List sessions;                  /* Session.node */
+        List closed;                    /* closed sessions, freed by session_table_collect() */
+        unsigned n_sessions;
+        UidUsage *uid_usage;
+        size_t n_uid_usage;
+        List position_queue;            /* waiters by when their position was last looked at */
+        sd_event_source *position_timer;
+        bool changed;                   /* a waiter came or went: STATUS= is stale */
+        /* The owner's answers and hooks (userdata: below). */
+        bool (*lane_allows)(const char *lane, uid_t uid, const gid_t *groups, size_t n_groups, void *userdata);
+        void (*fd_released)(void *userdata);
+        void (*memory_freed)(size_t bytes, void *userdata);
+        void *userdata;
+        void *call_userdata;            /* for the call handler bound to each connection (the methods) */
+} SessionTable;
+
+/* The position timer is added to event (IDLE priority). Returns 0 or negative errno. */
+int session_table_init(SessionTable *t, sd_event *event);
+/* Shutdown: sessions are closed (their leases left to end with the process) and freed. */
+void session_table_done(SessionTable *t);
+UidUsage *session_table_uid_usage(SessionTable *t, uid_t uid, bool create);
+/* Frees the closed sessions: from the drain, when no queued event can name them any more. */
+void session_table_collect(SessionTable *t);
+
+/* An Acquire call in progress. */
+typedef struct AcquireCall {
+        bool active;
+        bool more;                 /* replies continue; otherwise one final reply */
+        bool detach;
+        char *lane;
+        char *job;
+        unsigned slots;
+        usec_t max_hold;           /* the client's cap; USEC_INFINITY: none */
+        EngineRequest *request;    /* while waiting */
+        size_t last_position;      /* 1-based, as last sent; 0: none yet */
+        size_t last_queued;
+        usec_t last_position_check; /* monotonic; updates go out at most once a second */
+        ListNode position_node;     /* Manager.position_queue, while waiting with "more" */
+        bool counted_waiter;       /* counted in its uid's waiters */
+        int command_pidfd;         /* the attached command, verified at the call */
+        ProcessInfo command;
+        bool has_command;
+        Lease *pending;            /* granted, its row being written: the answer waits for it */
+} AcquireCall;
+
+typedef struct Session {
+        SessionTable *table;
+        ListNode node;             /* SessionTable.sessions, or SessionTable.closed once closed */
+        Connection *connection;
+        struct ucred cred;         /* the peer's, as at accept */
+        AcquireCall acquire;
+        Lease *lease;              /* the lease this session holds (its life line), if any */
+        bool history_pending;      /* a History reply is being produced: the calls behind it wait */
+        HistoryCall *history_call;
+        bool closed;
+} Session;
+
+/* A session for an accepted connection (taken: closed on failure), counted in its uid's connections.
+ * Binds the connection's call handler to call (methods_on_call()), and its input-ended and disconnect
+ * handlers to the session's; disconnect runs before the session is torn down. */
+int session_new(SessionTable *t, Connection *c, ConnectionCallFn call, ConnectionDisconnectFn disconnect,
+                Session **ret);
+/* The connection went (connection_close()): a waiting request is withdrawn (audited "cancelled"), a
+ * pending grant is forgotten, a held lease loses its life line. Called from the disconnect handler. */
+void session_on_disconnect(Session *s);
+
+/* An open Acquire, or a held lease, answers first: later calls wait (SPEC §5); except a Release of the
+ * lease it holds, which is what ends that wait. */
+bool session_defers_call(const Session *s, const VarlinkCall *call);
+
+/* Replies and closing, through the connection. */
+int session_reply(Session *s, json_t *parameters, bool continues);
+int session_reply_error(Session *s, const char *error, json_t *parameters);
+void session_close(Session *s);
+
+bool session_is_waiting(const Session *s);
+/* The Acquire on this session ended (refused, or its lease ended): the calls behind it run. */
+void session_acquire_done(Session *s);
+
+/* io.slotbroker.Acquire. Replies (or starts waiting); never fails the connection. */
+void session_acquire(Session *s, const VarlinkCall *call);
+
+/* A lease event (lease_table_pop_event()): a grant's row written, a revoked holder's grace over. */
+typedef struct LeaseEvent LeaseEvent;
+void session_on_lease_event(SessionTable *t, const LeaseEvent *ev);
+/* Revokes l (max-hold, an administrator): its holder is told to stop, or cut when it holds by its
+ * connection alone. */
+void session_lease_revoke(Lease *l, const char *reason);
+/* Release of l from session by (its holder, or another connection of its uid or root): the holder hears
+ * "released" (or "revoked" while l's command runs) before by's reply. */
+void session_lease_release(Session *by, Lease *l);
+
+/* An engine event: a request queued, granted or refused, a lease reaching max-hold, a pool's gauge. */
+void session_on_engine_event(SessionTable *t, const EngineEvent *ev);
+
+
+typedef enum SessionWithdraw {
+        SESSION_WITHDRAW_GONE,          /* its connection closed: audited "cancelled", nobody to answer */
+        SESSION_WITHDRAW_CANCELLED,     /* an administrator's Cancel: audited and answered "unavailable" */
+} SessionWithdraw;
+
+/* Withdraws s's waiting request, if it has one: the one way a waiter leaves other than by the engine's
+ * grant or refusal. Returns whether there was one. */
+bool session_waiter_withdraw(Session *s, SessionWithdraw why);

@@ -1,0 +1,301 @@
+/* SPDX-License-Identifier: MIT */
+/* test-lease.c — the lease state machine alone (lease.h): no session, no history (rows are not written:
+ * PERSISTED says HISTORY_NOT_PERSISTED), no audit, a fake clock and an injected random source, a real
+ * engine for the slots, and a real sd-event loop for what a lease waits on (its command's pidfd, the
+ * revoke grace). What it does on its own comes out as events, drained as the manager does. */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config-files.h"
+#include "engine.h"
+#include "history.h"
+#include "lease.h"
+#include "process.h"
+
+static usec_t fake_mono = 1000 * USEC_PER_SEC, fake_real = 1700000000 * USEC_PER_SEC;
+
+static usec_t fake_now(clockid_t clock) {
+        return clock == CLOCK_REALTIME ? fake_real : fake_mono;
+}
+
+static void counting_bytes(void *buf, size_t n, void *userdata) {
+        uint8_t *counter = userdata;
+        for (size_t i = 0; i < n; i++)
+                ((uint8_t *) buf)[i] = (*counter)++;
+}
+
+static uint64_t engine_random(void *userdata) {
+        return 4; /* chosen by a fair dice roll */
+}
+
+typedef struct Fixture {
+        sd_event *event;
+        Engine *engine;
+        BrokerConfig *config;
+        LeaseTable t;
+        uint8_t counter;
+        pid_t child;
+} Fixture;
+
+static int setup(void **state) {
+        Fixture *f = calloc(1, sizeof(Fixture));
+        ConfErrors errors = {};
+        assert_non_null(f);
+        assert_int_equal(config_load_string("[pool p]\nlimit = 2\n\n[lane l]\npools = p\npolicy = wait\n", "test",
+                                            &f->config, &errors),
+                         0);
+        assert_int_equal(sd_event_new(&f->event), 0);
+        assert_int_equal(engine_new(engine_random, NULL, &f->engine), 0);
+        assert_int_equal(engine_configure(f->engine, f->config, fake_mono), 0);
+        lease_table_init(&f->t, f->event, f->engine, NULL);
+        f->t.now = fake_now;
+        f->t.random_bytes = counting_bytes;
+        f->t.random_userdata = &f->counter;
+        f->t.revoke_grace = 1000; /* 1 ms of the real clock: sd-event's timers */
+        f->t.reclaim_grace = USEC_PER_SEC;
+        f->child = -1;
+        *state = f;
+        return 0;
+}
+
+static int teardown(void **state) {
+        Fixture *f = *state;
+        lease_table_done(&f->t);
+        if (f->child > 0) {
+                (void) kill(f->child, SIGKILL);
+                (void) waitpid(f->child, NULL, 0);
+        }
+        engine_free(f->engine);
+        conf_free(f->config);
+        sd_event_unref(f->event);
+        free(f);
+        return 0;
+}
+
+static unsigned in_use(Fixture *f) {
+        EnginePoolInfo info;
+        assert_int_equal(engine_pool_info(f->engine, 0, fake_mono, &info), 0);
+        return info.in_use;
+}
+
+/* A fresh grant from the engine, made a lease. command: a child to attach, or none (NULL: pidfds are not
+ * available here). */
+static Lease *grant(Fixture *f, void *holder, bool detached, bool command) {
+        EngineRequest *req;
+        EngineEvent ev;
+        assert_int_equal(engine_acquire(f->engine, &(EngineAcquire) { .lane = "l", .slots = 1, .max_wait = USEC_INFINITY },
+                                        fake_mono, &req),
+                         0);
+        engine_run(f->engine, fake_mono);
+        assert_true(engine_pop_event(f->engine, &ev));
+        assert_int_equal(ev.type, ENGINE_EVENT_GRANTED);
+        engine_request_unref(req);
+
+        ProcessInfo info = {};
+        int pidfd = -EBADF;
+        if (command) {
+                f->child = fork();
+                assert_true(f->child >= 0);
+                if (f->child == 0) {
+                        pause();
+                        _exit(0);
+                }
+                pidfd = process_open(f->child, &info);
+                if (pidfd == -ENOSYS) {
+                        engine_lease_release(ev.lease, fake_mono);
+                        return NULL; /* no pidfd_open() here (valgrind 3.19 has none): the caller skips */
+                }
+                assert_true(pidfd >= 0);
+        }
+        Lease *l;
+        assert_int_equal(lease_new(&f->t, ev.lease, holder, 1000, 42, "job", detached, command ? &info : NULL, pidfd, &l),
+                         0);
+        return l;
+}
+
+static void pump(Fixture *f) {
+        assert_true(sd_event_run(f->event, 10 * 1000) >= 0);
+}
+
+static void test_ids_come_from_the_injected_random_source(void **state) {
+        Fixture *f = *state;
+        Lease *l = grant(f, NULL, true, false);
+        assert_string_equal(l->id, "000102030405060708090a0b0c0d0e0f");
+        assert_ptr_equal(lease_table_find(&f->t, "000102030405060708090a0b0c0d0e0f"), l);
+        assert_int_equal(f->t.n_leases, 1);
+}
+
+static void test_times_come_from_the_fake_clock(void **state) {
+        Fixture *f = *state;
+        Lease *l = grant(f, NULL, true, false);
+        fake_mono += 5 * USEC_PER_SEC;
+        fake_real += 5 * USEC_PER_SEC;
+        json_t *j = lease_to_json(l);
+        assert_non_null(j);
+        assert_int_equal(json_integer_value(json_object_get(j, "grantedAt")), fake_real - 5 * USEC_PER_SEC);
+        json_decref(j);
+}
+
+static void test_grant_without_history_reports_not_persisted(void **state) {
+        Fixture *f = *state;
+        int waiter;
+        LeaseEvent ev;
+        Lease *l = grant(f, &waiter, false, false);
+        assert_false(lease_table_pop_event(&f->t, &ev));
+        lease_persist(l, &waiter);
+        assert_true(lease_table_pop_event(&f->t, &ev));
+        assert_int_equal(ev.type, LEASE_EVENT_PERSISTED);
+        assert_ptr_equal(ev.lease, l);
+        assert_ptr_equal(ev.waiter, &waiter);
+        assert_true(ev.grant);
+        assert_int_equal(ev.result, HISTORY_NOT_PERSISTED);
+        assert_false(lease_table_pop_event(&f->t, &ev));
+
+        lease_persist(l, NULL); /* again, for nobody: not a grant's */
+        assert_true(lease_table_pop_event(&f->t, &ev));
+        assert_false(ev.grant);
+        assert_null(ev.waiter);
+}
+
+static void test_events_of_a_freed_lease_are_dropped(void **state) {
+        Fixture *f = *state;
+        int waiter;
+        LeaseEvent ev;
+        Lease *l = grant(f, &waiter, false, false);
+        lease_persist(l, &waiter);
+        lease_clear_holder(l);
+        lease_discard(l); /* the grant withdrawn: slots back, no release recorded */
+        assert_false(lease_table_pop_event(&f->t, &ev));
+        assert_int_equal(in_use(f), 0);
+        assert_int_equal(f->t.n_leases, 0);
+}
+
+static void test_holder_gone_ends_lease_without_command(void **state) {
+        Fixture *f = *state;
+        int holder;
+        Lease *l = grant(f, &holder, false, false);
+        assert_int_equal(in_use(f), 1);
+        f->t.changed = false;
+        lease_clear_holder(l);
+        assert_int_equal(lease_holder_gone(l), LEASE_OUTCOME_ENDED);
+        assert_int_equal(in_use(f), 0);
+        assert_int_equal(f->t.n_leases, 0);
+        assert_true(f->t.changed);
+}
+
+static void test_detached_lease_outlives_its_holder(void **state) {
+        Fixture *f = *state;
+        int holder;
+        Lease *l = grant(f, &holder, true, false);
+        assert_null(lease_get_holder(l)); /* detached: no life line */
+        assert_int_equal(lease_holder_gone(l), LEASE_OUTCOME_HELD);
+        assert_int_equal(f->t.n_leases, 1);
+}
+
+static void test_revoked_holder_is_cut_after_the_grace_not_before(void **state) {
+        Fixture *f = *state;
+        int holder;
+        LeaseEvent ev;
+        Lease *l = grant(f, &holder, false, false);
+        assert_int_equal(lease_revoke(l, "max-hold"), LEASE_OUTCOME_REVOKED);
+        assert_int_equal(l->state, LEASE_REVOKED);
+        assert_int_equal(lease_revoke(l, "again"), LEASE_OUTCOME_HELD); /* revoked once */
+        lease_start_revoke_grace(l);
+        assert_false(lease_table_pop_event(&f->t, &ev)); /* not before the grace */
+        for (int i = 0; !lease_table_pop_event(&f->t, &ev); i++) {
+                assert_true(i < 1000);
+                pump(f);
+        }
+        assert_int_equal(ev.type, LEASE_EVENT_CUT);
+        assert_ptr_equal(ev.lease, l);
+        assert_int_equal(in_use(f), 1); /* cutting is the owner's: the lease still holds */
+}
+
+static void test_revoked_lease_without_holder_or_command_ends(void **state) {
+        Fixture *f = *state;
+        Lease *l = grant(f, NULL, false, false);
+        assert_int_equal(lease_revoke(l, "max-hold"), LEASE_OUTCOME_ENDED);
+        assert_int_equal(in_use(f), 0);
+        assert_int_equal(f->t.n_leases, 0);
+}
+
+static void test_revoked_lease_with_command_is_overdue_until_it_exits(void **state) {
+        Fixture *f = *state;
+        Lease *l = grant(f, NULL, false, true);
+        if (!l)
+                skip();
+        assert_true(lease_command_running(l));
+        assert_int_equal(lease_revoke(l, "max-hold"), LEASE_OUTCOME_OVERDUE);
+        assert_int_equal(l->state, LEASE_OVERDUE);
+        for (int i = 0; i < 3; i++)
+                pump(f);
+        assert_int_equal(f->t.n_leases, 1); /* the command still runs */
+
+        assert_int_equal(kill(f->child, SIGKILL), 0);
+        for (int i = 0; f->t.n_leases > 0; i++) {
+                assert_true(i < 1000);
+                pump(f); /* the pidfd's wakeup */
+        }
+        assert_int_equal(in_use(f), 0);
+}
+
+static void test_holder_gone_keeps_lease_while_its_command_runs(void **state) {
+        Fixture *f = *state;
+        int holder;
+        Lease *l = grant(f, &holder, false, true);
+        if (!l)
+                skip();
+        lease_clear_holder(l);
+        assert_int_equal(lease_holder_gone(l), LEASE_OUTCOME_HELD);
+        assert_int_equal(f->t.n_leases, 1);
+        assert_int_equal(kill(f->child, SIGKILL), 0);
+        for (int i = 0; f->t.n_leases > 0; i++) {
+                assert_true(i < 1000);
+                pump(f);
+        }
+        assert_int_equal(in_use(f), 0);
+}
+
+static void test_reclaim_takes_an_unheld_lease_only(void **state) {
+        Fixture *f = *state;
+        int a, b;
+        Lease *l = grant(f, &a, false, false);
+        assert_int_equal(lease_reclaim(l, &b), -EBUSY); /* held */
+        lease_clear_holder(l);
+        assert_int_equal(lease_reclaim(l, &b), 0);
+        assert_ptr_equal(lease_get_holder(l), &b);
+}
+
+/* The tests that attach a command need pidfd_open(), which valgrind (3.19) does not have: they run as
+ * "test-lease pidfd", which meson keeps out of the valgrind run (suite no-valgrind). */
+int main(int argc, char *argv[]) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(test_ids_come_from_the_injected_random_source, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_times_come_from_the_fake_clock, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_grant_without_history_reports_not_persisted, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_events_of_a_freed_lease_are_dropped, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_holder_gone_ends_lease_without_command, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_detached_lease_outlives_its_holder, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_revoked_holder_is_cut_after_the_grace_not_before, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_revoked_lease_without_holder_or_command_ends, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_reclaim_takes_an_unheld_lease_only, setup, teardown),
+        };
+        const struct CMUnitTest pidfd_tests[] = {
+                cmocka_unit_test_setup_teardown(test_revoked_lease_with_command_is_overdue_until_it_exits, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_holder_gone_keeps_lease_while_its_command_runs, setup, teardown),
+        };
+        if (argc > 1 && strcmp(argv[1], "pidfd") == 0)
+                return cmocka_run_group_tests(pidfd_tests, NULL, NULL);
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
