@@ -41,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench-util.h"
 #include "broker.h"
 
 #define MAX_ROUNDS 32
@@ -48,12 +49,6 @@
 static char dir[] = "/tmp/bench-pairs.XXXXXX";
 static char broker_sock[108], redis_sock[108]; /* sizeof sockaddr_un.sun_path */
 static pid_t brokerd = 0, redis = 0;
-
-static uint64_t now_ns(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000000ULL + (uint64_t) ts.tv_nsec;
-}
 
 static void stop_children(void) {
         if (brokerd > 0) {
@@ -90,33 +85,6 @@ static const char *loadavg(char *buf, size_t size) {
                 fclose(f);
         buf[strcspn(buf, "\n")] = '\0';
         return buf;
-}
-
-/* CPU time of the threads of a process so far, in ns (schedstat: exact, where /proc/PID/stat counts ticks):
- * of all of them, or (main_only) of the main thread alone. */
-static uint64_t process_cpu_ns(pid_t pid, bool main_only) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/%d/task", (int) pid);
-        DIR *d = opendir(path);
-        uint64_t sum = 0;
-        if (!d)
-                return 0;
-        struct dirent *de;
-        while ((de = readdir(d))) {
-                if (de->d_name[0] == '.' || (main_only && atoi(de->d_name) != (int) pid))
-                        continue;
-                char p[300];
-                unsigned long long ns = 0;
-                snprintf(p, sizeof p, "/proc/%d/task/%s/schedstat", (int) pid, de->d_name);
-                FILE *f = fopen(p, "re");
-                if (f) {
-                        if (fscanf(f, "%llu", &ns) == 1)
-                                sum += ns;
-                        fclose(f);
-                }
-        }
-        closedir(d);
-        return sum;
 }
 
 /* Context switches of the threads of a process so far (voluntary: it waited for input, a lock, the disk;
@@ -298,8 +266,8 @@ static void switches_start(void) {
 }
 
 static Cost pairs_cost(uint64_t pairs, uint64_t t0, uint64_t server0, uint64_t main0, uint64_t client0) {
-        double elapsed = (double) (now_ns() - t0) / 1e9; /* until the last client finished its last pair */
-        uint64_t server = process_cpu_ns(brokerd, false) - server0, main = process_cpu_ns(brokerd, true) - main0,
+        double elapsed = (double) (bench_now_ns() - t0) / 1e9; /* until the last client finished its last pair */
+        uint64_t server = bench_process_cpu_ns(brokerd, false) - server0, main = bench_process_cpu_ns(brokerd, true) - main0,
                  client = self_cpu_ns() - client0;
         double messages = 2.0 * (double) (pairs > 0 ? pairs : 1);
         return (Cost) { .rate = (double) pairs / elapsed, .server_us = (double) server / 1e3 / messages,
@@ -332,7 +300,7 @@ static Cost run_pairs_threads(const char *lane, int n_clients, double seconds) {
                         die("pthread_create", r);
         }
         switches_start();
-        uint64_t t0 = now_ns(), server0 = process_cpu_ns(brokerd, false), main0 = process_cpu_ns(brokerd, true),
+        uint64_t t0 = bench_now_ns(), server0 = bench_process_cpu_ns(brokerd, false), main0 = bench_process_cpu_ns(brokerd, true),
                  client0 = self_cpu_ns();
         atomic_store_explicit(&go, true, memory_order_release);
         struct timespec ts = { .tv_sec = (time_t) seconds, .tv_nsec = (long) ((seconds - (double) (time_t) seconds) * 1e9) };
@@ -375,7 +343,7 @@ static Cost run_pairs_loop(const char *lane, int n_clients, double seconds) {
                         die("broker_client_connect", -r);
         }
         switches_start();
-        uint64_t t0 = now_ns(), server0 = process_cpu_ns(brokerd, false), main0 = process_cpu_ns(brokerd, true),
+        uint64_t t0 = bench_now_ns(), server0 = bench_process_cpu_ns(brokerd, false), main0 = bench_process_cpu_ns(brokerd, true),
                  client0 = self_cpu_ns(), end = t0 + (uint64_t) (seconds * 1e9);
         for (int i = 0; i < n_clients; i++)
                 if ((r = broker_acquire_start(c[i], &o)) < 0)
@@ -386,7 +354,7 @@ static Cost run_pairs_loop(const char *lane, int n_clients, double seconds) {
                                                  .events = c[i] ? (short) broker_client_get_events(c[i]) : 0 };
                 if (poll(p, (nfds_t) n_clients, 5000) == 0)
                         die("poll", ETIMEDOUT);
-                bool stopping = now_ns() >= end;
+                bool stopping = bench_now_ns() >= end;
                 for (int i = 0; i < n_clients; i++) {
                         if (!c[i] || !p[i].revents)
                                 continue;
@@ -503,7 +471,7 @@ static Cost run_redis_benchmark(const char *program, int n_clients, long n, cons
         int pipefd[2];
         if (pipe2(pipefd, O_CLOEXEC) < 0)
                 die("pipe", errno);
-        uint64_t server0 = process_cpu_ns(redis, false), switches0 = process_switches(redis);
+        uint64_t server0 = bench_process_cpu_ns(redis, false), switches0 = process_switches(redis);
         pid_t pid = spawn(argv, pipefd[1]);
         close(pipefd[1]);
         char out[4096];
@@ -516,7 +484,7 @@ static Cost run_redis_benchmark(const char *program, int n_clients, long n, cons
         int status;
         struct rusage ru = {};
         wait4(pid, &status, 0, &ru);
-        uint64_t server = process_cpu_ns(redis, false) - server0;
+        uint64_t server = bench_process_cpu_ns(redis, false) - server0;
         Cost cost = { .server_us = (double) server / 1e3 / (double) n, .client_us = (double) rusage_ns(&ru) / 1e3 / (double) n,
                       .server_switches = (double) (process_switches(redis) - switches0) / (double) n,
                       .client_switches = (double) rusage_switches(&ru) / (double) n };

@@ -30,6 +30,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench-util.h"
+
 #define TARGET_P99_US 5000.0
 
 static char dir[] = "/tmp/bench-slow-clients.XXXXXX";
@@ -42,70 +44,11 @@ static atomic_bool stop;
 static atomic_uint_fast64_t bytes_sent;
 static atomic_int drip_broken; /* connections brokerd closed */
 
-static uint64_t now_ns(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000000ULL + (uint64_t) ts.tv_nsec;
-}
-
 static void die(const char *what) {
         perror(what);
         if (brokerd > 0)
                 kill(brokerd, SIGTERM);
         exit(EXIT_FAILURE);
-}
-
-static int connect_broker(void) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock_path);
-        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-                die("socket");
-        if (connect(fd, (struct sockaddr *) &sa, sizeof sa) < 0) {
-                close(fd);
-                return -errno;
-        }
-        return fd;
-}
-
-/* CPU time of brokerd's threads so far, in ns (schedstat: exact, where /proc/PID/stat counts ticks). */
-static uint64_t process_cpu_ns(pid_t pid, bool main_only) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/%d/task", (int) pid);
-        DIR *d = opendir(path);
-        uint64_t sum = 0;
-        if (!d)
-                return 0;
-        struct dirent *de;
-        while ((de = readdir(d))) {
-                if (de->d_name[0] == '.' || (main_only && atoi(de->d_name) != (int) pid))
-                        continue;
-                char p[300];
-                unsigned long long ns = 0;
-                snprintf(p, sizeof p, "/proc/%d/task/%s/schedstat", (int) pid, de->d_name);
-                FILE *f = fopen(p, "re");
-                if (f) {
-                        if (fscanf(f, "%llu", &ns) == 1)
-                                sum += ns;
-                        fclose(f);
-                }
-        }
-        closedir(d);
-        return sum;
-}
-
-static long rss_kib(pid_t pid) {
-        char path[64], line[256];
-        snprintf(path, sizeof path, "/proc/%d/status", (int) pid);
-        FILE *f = fopen(path, "re");
-        long v = -1;
-        if (!f)
-                return -1;
-        while (fgets(line, sizeof line, f))
-                if (strncmp(line, "VmRSS:", 6) == 0)
-                        v = strtol(line + 6, NULL, 10);
-        fclose(f);
-        return v;
 }
 
 static void loadavg(char *buf, size_t size) {
@@ -131,7 +74,7 @@ static void *dripper(void *arg) {
         /* The attack is measured on brokerd, not on this process's scheduling: on a small machine the
          * burst's sends would otherwise take the good client's CPU. */
         (void) setpriority(PRIO_PROCESS, (id_t) gettid(), 19);
-        uint64_t next = now_ns();
+        uint64_t next = bench_now_ns();
         for (unsigned second = 0; !atomic_load(&stop); second++) {
                 char byte = second < sizeof drip_head - 1 ? drip_head[second] : 'x';
                 for (int i = 0; i < n_conns; i++) {
@@ -146,7 +89,7 @@ static void *dripper(void *arg) {
                         }
                 }
                 next += 1000000000ULL;
-                uint64_t now = now_ns();
+                uint64_t now = bench_now_ns();
                 if (next > now) {
                         struct timespec ts = { (time_t) ((next - now) / 1000000000ULL), (long) ((next - now) % 1000000000ULL) };
                         nanosleep(&ts, NULL);
@@ -158,9 +101,9 @@ static void *dripper(void *arg) {
 /* Reads one whole reply (up to its NUL) within timeout_ms; returns its length, or -1. */
 static ssize_t read_reply(int fd, char *buf, size_t size, int timeout_ms) {
         size_t len = 0;
-        uint64_t deadline = now_ns() + (uint64_t) timeout_ms * 1000000ULL;
+        uint64_t deadline = bench_now_ns() + (uint64_t) timeout_ms * 1000000ULL;
         for (;;) {
-                uint64_t now = now_ns();
+                uint64_t now = bench_now_ns();
                 if (now >= deadline)
                         return -1;
                 struct pollfd p = { .fd = fd, .events = POLLIN };
@@ -184,14 +127,14 @@ static ssize_t read_reply(int fd, char *buf, size_t size, int timeout_ms) {
 static uint64_t timed_acquire(void) {
         static const char call[] = "{\"method\":\"io.slotbroker.Acquire\",\"parameters\":{\"lane\":\"ff\"}}";
         char buf[4096];
-        uint64_t t0 = now_ns();
-        int fd = connect_broker();
+        uint64_t t0 = bench_now_ns();
+        int fd = bench_connect(sock_path);
         if (fd < 0)
                 return 0;
         uint64_t r = 0;
         if (send(fd, call, sizeof call, MSG_NOSIGNAL) == (ssize_t) sizeof call && read_reply(fd, buf, sizeof buf, 30000) > 0 &&
             strstr(buf, "\"granted\""))
-                r = now_ns() - t0;
+                r = bench_now_ns() - t0;
         else
                 fprintf(stderr, "Acquire failed: %s\n", buf);
         close(fd);
@@ -212,7 +155,7 @@ static void open_history_clients(void) {
         static const char call[] = "{\"method\":\"io.slotbroker.History\",\"parameters\":{\"limit\":1000}}";
         history_fds = calloc((size_t) n_history, sizeof(int));
         for (int i = 0; i < n_history; i++) {
-                history_fds[i] = connect_broker();
+                history_fds[i] = bench_connect(sock_path);
                 if (history_fds[i] < 0)
                         die("connect history client");
                 /* Small receive buffers, as a client that reads nothing keeps its side of the socket. */
@@ -275,7 +218,7 @@ int main(int argc, char **argv) {
         }
         int probe = -1;
         for (int i = 0; i < 500 && probe < 0; i++) {
-                probe = connect_broker();
+                probe = bench_connect(sock_path);
                 if (probe < 0)
                         usleep(10000); /* brokerd is starting: nothing to wait on but its socket */
         }
@@ -285,14 +228,14 @@ int main(int argc, char **argv) {
 
         char load_before[128], load_after[128];
         loadavg(load_before, sizeof load_before);
-        long rss_start = rss_kib(brokerd);
+        long rss_start = bench_process_status_kib(brokerd, "VmRSS:");
 
         if (n_history > 0)
                 fill_history(2000); /* two events a lease (granted and released): 4000 rows */
 
         drip_fds = calloc((size_t) n_conns, sizeof(int));
         for (int i = 0; i < n_conns; i++) {
-                drip_fds[i] = connect_broker();
+                drip_fds[i] = bench_connect(sock_path);
                 if (drip_fds[i] < 0)
                         die("connect dripper");
         }
@@ -314,18 +257,18 @@ int main(int argc, char **argv) {
 
         /* The drip alone first: brokerd's CPU per byte without the good client's Acquires (their lease
          * commits are most of the CPU of the next phase). */
-        uint64_t dcpu0 = process_cpu_ns(brokerd, false), dmain0 = process_cpu_ns(brokerd, true);
-        uint64_t dbytes0 = atomic_load(&bytes_sent), dt0 = now_ns();
+        uint64_t dcpu0 = bench_process_cpu_ns(brokerd, false), dmain0 = bench_process_cpu_ns(brokerd, true);
+        uint64_t dbytes0 = atomic_load(&bytes_sent), dt0 = bench_now_ns();
         sleep((unsigned) (seconds / 4 < 3 ? 3 : seconds / 4));
-        uint64_t dwall = now_ns() - dt0, dbytes = atomic_load(&bytes_sent) - dbytes0;
-        uint64_t dcpu = process_cpu_ns(brokerd, false) - dcpu0, dmain = process_cpu_ns(brokerd, true) - dmain0;
+        uint64_t dwall = bench_now_ns() - dt0, dbytes = atomic_load(&bytes_sent) - dbytes0;
+        uint64_t dcpu = bench_process_cpu_ns(brokerd, false) - dcpu0, dmain = bench_process_cpu_ns(brokerd, true) - dmain0;
 
-        uint64_t cpu0 = process_cpu_ns(brokerd, false), main0 = process_cpu_ns(brokerd, true);
-        uint64_t t0 = now_ns();
+        uint64_t cpu0 = bench_process_cpu_ns(brokerd, false), main0 = bench_process_cpu_ns(brokerd, true);
+        uint64_t t0 = bench_now_ns();
         size_t n_lat = 0, cap = 1024, failed = 0;
         uint64_t *lat = malloc(cap * sizeof(uint64_t));
         long rss_peak = 0;
-        while (now_ns() - t0 < (uint64_t) (seconds - 2) * 1000000000ULL) {
+        while (bench_now_ns() - t0 < (uint64_t) (seconds - 2) * 1000000000ULL) {
                 uint64_t l = timed_acquire();
                 if (!l) {
                         failed++;
@@ -334,13 +277,13 @@ int main(int argc, char **argv) {
                 if (n_lat == cap)
                         lat = realloc(lat, (cap *= 2) * sizeof(uint64_t));
                 lat[n_lat++] = l;
-                long rss = rss_kib(brokerd);
+                long rss = bench_process_status_kib(brokerd, "VmRSS:");
                 rss_peak = rss > rss_peak ? rss : rss_peak;
                 usleep(5000);
         }
-        uint64_t wall = now_ns() - t0;
-        uint64_t cpu = process_cpu_ns(brokerd, false) - cpu0, main_cpu = process_cpu_ns(brokerd, true) - main0;
-        long rss_loaded = rss_kib(brokerd);
+        uint64_t wall = bench_now_ns() - t0;
+        uint64_t cpu = bench_process_cpu_ns(brokerd, false) - cpu0, main_cpu = bench_process_cpu_ns(brokerd, true) - main0;
+        long rss_loaded = bench_process_status_kib(brokerd, "VmRSS:");
         atomic_store(&stop, true);
         pthread_join(t, NULL);
         for (int i = 0; i < n_conns; i++)
@@ -349,7 +292,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_history; i++)
                 close(history_fds[i]);
         sleep(2); /* brokerd closes them, frees and trims */
-        long rss_end = rss_kib(brokerd);
+        long rss_end = bench_process_status_kib(brokerd, "VmRSS:");
         loadavg(load_after, sizeof load_after);
         bool alive = waitpid(brokerd, NULL, WNOHANG) == 0;
 

@@ -21,34 +21,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench-util.h"
+
 static char dir[] = "/tmp/bench-waiters.XXXXXX";
 static char sock_path[100];
 static pid_t brokerd = 0;
-
-static uint64_t now_ns(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000000ULL + (uint64_t) ts.tv_nsec;
-}
 
 static void die(const char *what) {
         perror(what);
         if (brokerd > 0)
                 kill(brokerd, SIGTERM);
         exit(EXIT_FAILURE);
-}
-
-static int connect_broker(void) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock_path);
-        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-                die("socket");
-        if (connect(fd, (struct sockaddr *) &sa, sizeof sa) < 0) {
-                close(fd);
-                return -errno;
-        }
-        return fd;
 }
 
 static void send_acquire(int fd) {
@@ -78,20 +61,6 @@ static int read_replies(int fd, int *ret_position) {
                                 *ret_position = atoi(pos + 11);
                 }
         }
-}
-
-static long rss_kib(pid_t pid, const char *field) {
-        char path[64], line[256];
-        snprintf(path, sizeof path, "/proc/%d/status", (int) pid);
-        FILE *f = fopen(path, "re");
-        long v = -1;
-        if (!f)
-                return -1;
-        while (fgets(line, sizeof line, f))
-                if (strncmp(line, field, strlen(field)) == 0)
-                        v = strtol(line + strlen(field) + 1, NULL, 10);
-        fclose(f);
-        return v;
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -147,7 +116,7 @@ int main(int argc, char **argv) {
         }
         int holder = -1;
         for (int i = 0; i < 500 && holder < 0; i++) {
-                holder = connect_broker();
+                holder = bench_connect(sock_path);
                 if (holder < 0)
                         usleep(10000); /* brokerd is starting: nothing to wait on but its socket */
         }
@@ -161,7 +130,7 @@ int main(int argc, char **argv) {
         int *fds = calloc((size_t) n_waiters, sizeof(int));
         int *position = calloc((size_t) n_waiters, sizeof(int)); /* as the broker numbered them, from 1 */
         for (int i = 0; i < n_waiters; i++) {
-                fds[i] = connect_broker();
+                fds[i] = bench_connect(sock_path);
                 if (fds[i] < 0)
                         die("connect waiter");
                 send_acquire(fds[i]);
@@ -171,19 +140,19 @@ int main(int argc, char **argv) {
         /* Let every waiter's first reply ("queued") arrive. */
         struct epoll_event evs[1024];
         int seen = 0;
-        uint64_t deadline = now_ns() + 30000000000ULL;
-        while (seen < n_waiters && now_ns() < deadline) {
+        uint64_t deadline = bench_now_ns() + 30000000000ULL;
+        while (seen < n_waiters && bench_now_ns() < deadline) {
                 int k = epoll_wait(ep, evs, 1024, 100);
                 for (int i = 0; i < k; i++)
                         if (read_replies(fds[evs[i].data.u32], &position[evs[i].data.u32]) >= 0)
                                 seen++;
         }
-        long rss_before = rss_kib(brokerd, "VmRSS:");
+        long rss_before = bench_process_status_kib(brokerd, "VmRSS:");
 
         uint64_t *lat = calloc((size_t) n_grants, sizeof(uint64_t));
         int out_of_order = 0;
         for (int g = 0; g < n_grants; g++) {
-                uint64_t t0 = now_ns();
+                uint64_t t0 = bench_now_ns();
                 close(holder); /* the release */
                 int got = -1;
                 while (got < 0) {
@@ -194,7 +163,7 @@ int main(int argc, char **argv) {
                                 int idx = (int) evs[i].data.u32;
                                 int r = read_replies(fds[idx], NULL);
                                 if (r == 1 && got < 0) {
-                                        lat[g] = now_ns() - t0;
+                                        lat[g] = bench_now_ns() - t0;
                                         got = idx;
                                 }
                         }
@@ -204,7 +173,7 @@ int main(int argc, char **argv) {
                 epoll_ctl(ep, EPOLL_CTL_DEL, fds[got], NULL);
                 holder = fds[got];
         }
-        long rss_after = rss_kib(brokerd, "VmRSS:"), hwm = rss_kib(brokerd, "VmHWM:");
+        long rss_after = bench_process_status_kib(brokerd, "VmRSS:"), hwm = bench_process_status_kib(brokerd, "VmHWM:");
 
         qsort(lat, (size_t) n_grants, sizeof(uint64_t), cmp_u64);
         printf("waiters %d, grants %d: grant latency after a release p50 %.1f us, p99 %.1f us, max %.1f us; "

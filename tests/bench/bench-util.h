@@ -1,0 +1,21 @@
+/* SPDX-License-Identifier: MIT */
+/* bench-util.h — what the C benchmarks share: a monotonic clock, a connection to brokerd, and a process's
+ * CPU time and memory as /proc tells them. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* CLOCK_MONOTONIC in ns. */
+uint64_t bench_now_ns(void);
+
+/* A connected AF_UNIX stream socket (CLOEXEC) to path. Returns the fd, or negative errno. */
+int bench_connect(const char *path);
+
+/* CPU time of the threads of a process so far, in ns (schedstat: exact, where /proc/PID/stat counts ticks):
+ * of all of them, or (main_only) of the main thread alone. 0 when the process is gone. */
+uint64_t bench_process_cpu_ns(pid_t pid, bool main_only);
+
+/* A field of /proc/PID/status in KiB ("VmRSS:", "VmHWM:"), or -1. */
+long bench_process_status_kib(pid_t pid, const char *field);
