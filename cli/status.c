@@ -239,6 +239,9 @@ int verb_status(int argc, char *argv[]) {
                *waiters = json_object_get(reply, "waiters");
         size_t i;
         json_t *pool;
+        const char *unavailable = json_string_value(json_object_get(reply, "unavailable"));
+        if (unavailable)
+                printf("No lease is granted now: %s (brokerd.conf(5), lease-persistence=).\n\n", unavailable);
         if (json_array_size(pools) == 0)
                 printf("No pools are configured.\n");
         json_array_foreach(pools, i, pool) {

@@ -330,6 +330,8 @@ class Persistence(Witnessed):
         status = b.status()  # Status is served, and says why nothing is granted
         self.assertEqual(status["pools"][0]["inUse"], 0)
         self.assertEqual(status.get("unavailable"), "the state directory cannot be read")
+        text = subprocess.run([SLOTCTL, "status", "--socket", b.socket_path], capture_output=True, text=True)
+        self.assertIn("No lease is granted now: the state directory cannot be read", text.stdout, text.stderr)
         with self.assertRaises(VarlinkError) as e:
             b.call("io.slotbroker.Acquire", {"lane": "ff"})
         self.assertEqual(e.exception.error, "io.slotbroker.Unavailable")
