@@ -739,6 +739,23 @@ static bool parser_literal(JsonParser *ps, const char *word, size_t n) {
         return true;
 }
 
+/* After a member or an element: 1 when `close` ends the object or array (consumed), 0 after a ',' with
+ * another to come, -EBADMSG otherwise. */
+static int parser_after_element(JsonParser *ps, char close) {
+        parser_skip_space(ps);
+        if (ps->p >= ps->end)
+                return -EBADMSG;
+        if (*ps->p == close) {
+                ps->p++;
+                return 1;
+        }
+        if (*ps->p != ',')
+                return -EBADMSG;
+        ps->p++;
+        parser_skip_space(ps);
+        return 0;
+}
+
 static int parse_value(JsonParser *ps, json_t **ret);
 
 static int parse_object(JsonParser *ps, json_t **ret) {
@@ -780,18 +797,13 @@ static int parse_object(JsonParser *ps, json_t **ret) {
                         return r;
                 if (json_object_setn_new_nocheck(o, key, key_size, TAKE_PTR(v)) < 0)
                         return -ENOMEM;
-                parser_skip_space(ps);
-                if (ps->p >= ps->end)
-                        return -EBADMSG;
-                if (*ps->p == '}') {
-                        ps->p++;
+                r = parser_after_element(ps, '}');
+                if (r < 0)
+                        return r;
+                if (r > 0) {
                         *ret = TAKE_PTR(o);
                         return 0;
                 }
-                if (*ps->p != ',')
-                        return -EBADMSG;
-                ps->p++;
-                parser_skip_space(ps);
         }
 }
 
@@ -816,18 +828,13 @@ static int parse_array(JsonParser *ps, json_t **ret) {
                         return r;
                 if (json_array_append_new(a, v) < 0)
                         return -ENOMEM;
-                parser_skip_space(ps);
-                if (ps->p >= ps->end)
-                        return -EBADMSG;
-                if (*ps->p == ']') {
-                        ps->p++;
+                r = parser_after_element(ps, ']');
+                if (r < 0)
+                        return r;
+                if (r > 0) {
                         *ret = TAKE_PTR(a);
                         return 0;
                 }
-                if (*ps->p != ',')
-                        return -EBADMSG;
-                ps->p++;
-                parser_skip_space(ps);
         }
 }
 

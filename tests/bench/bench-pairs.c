@@ -402,16 +402,9 @@ static Cost run_pairs(const char *lane, int n_clients, double seconds) {
 /* One RESP command on a new connection to redis; the first line of the reply (and of a bulk string, its
  * content) in buf. Returns 0, or a negative errno. */
 static int resp_command(const char *const *args, char *buf, size_t size) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", redis_sock);
-        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int fd = bench_connect(redis_sock);
         if (fd < 0)
-                return -errno;
-        if (connect(fd, (struct sockaddr *) &sa, sizeof sa) < 0) {
-                int r = -errno;
-                close(fd);
-                return r;
-        }
+                return fd;
         size_t n = 0;
         while (args[n])
                 n++;
