@@ -77,16 +77,6 @@ static _Noreturn void die(const char *what, int error) {
         exit(EXIT_FAILURE);
 }
 
-static const char *loadavg(char *buf, size_t size) {
-        FILE *f = fopen("/proc/loadavg", "re");
-        if (!f || !fgets(buf, (int) size, f))
-                snprintf(buf, size, "?");
-        if (f)
-                fclose(f);
-        buf[strcspn(buf, "\n")] = '\0';
-        return buf;
-}
-
 /* Context switches of the threads of a process so far (voluntary: it waited for input, a lock, the disk;
  * involuntary: preempted), as perf stat's context-switches counts them. */
 static uint64_t process_switches(pid_t pid) {
@@ -615,7 +605,7 @@ int main(int argc, char **argv) {
         char la[128];
         printf("bench-pairs: %d clients (%s), %.1f s per run, %d rounds; load average at start: %s\n", n_clients,
                client_threads ? "a thread each, blocking calls" : "one event loop, as redis-benchmark", seconds, rounds,
-               loadavg(la, sizeof la));
+               bench_loadavg(la, sizeof la));
 
         /* How many requests make `seconds` of redis-benchmark: a short run tells the rate. */
         long n_redis = 0;
@@ -694,7 +684,7 @@ int main(int argc, char **argv) {
                        m_mix > 0 ? 2 * m_roomy / m_mix : 0, half, m_mix > 0 ? 2 * m_half / m_mix : 0);
         } else
                 status = 77;
-        printf("load average at end: %s\n", loadavg(la, sizeof la));
+        printf("load average at end: %s\n", bench_loadavg(la, sizeof la));
         cleanup();
         return status;
 }

@@ -51,15 +51,6 @@ static void die(const char *what) {
         exit(EXIT_FAILURE);
 }
 
-static void loadavg(char *buf, size_t size) {
-        FILE *f = fopen("/proc/loadavg", "re");
-        if (!f || !fgets(buf, (int) size, f))
-                snprintf(buf, size, "?");
-        if (f)
-                fclose(f);
-        buf[strcspn(buf, "\n")] = '\0';
-}
-
 static int cmp_u64(const void *a, const void *b) {
         uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
         return x < y ? -1 : x > y;
@@ -216,18 +207,13 @@ int main(int argc, char **argv) {
                 execl(argv[1], argv[1], "--config", conf, "--socket", sock_path, "--state-directory", state, (char *) NULL);
                 _exit(127);
         }
-        int probe = -1;
-        for (int i = 0; i < 500 && probe < 0; i++) {
-                probe = bench_connect(sock_path);
-                if (probe < 0)
-                        usleep(10000); /* brokerd is starting: nothing to wait on but its socket */
-        }
+        int probe = bench_connect_when_listening(sock_path);
         if (probe < 0)
                 die("connect");
         close(probe);
 
         char load_before[128], load_after[128];
-        loadavg(load_before, sizeof load_before);
+        bench_loadavg(load_before, sizeof load_before);
         long rss_start = bench_process_status_kib(brokerd, "VmRSS:");
 
         if (n_history > 0)
@@ -293,7 +279,7 @@ int main(int argc, char **argv) {
                 close(history_fds[i]);
         sleep(2); /* brokerd closes them, frees and trims */
         long rss_end = bench_process_status_kib(brokerd, "VmRSS:");
-        loadavg(load_after, sizeof load_after);
+        bench_loadavg(load_after, sizeof load_after);
         bool alive = waitpid(brokerd, NULL, WNOHANG) == 0;
 
         qsort(lat, n_lat, sizeof(uint64_t), cmp_u64);

@@ -31,6 +31,26 @@ int bench_connect(const char *path) {
         return fd;
 }
 
+int bench_connect_when_listening(const char *path) {
+        int fd = -ECONNREFUSED;
+        for (int i = 0; i < 500 && fd < 0; i++) {
+                fd = bench_connect(path);
+                if (fd < 0)
+                        usleep(10000); /* brokerd is starting: nothing to wait on but its socket */
+        }
+        return fd;
+}
+
+const char *bench_loadavg(char *buf, size_t size) {
+        FILE *f = fopen("/proc/loadavg", "re");
+        if (!f || !fgets(buf, (int) size, f))
+                snprintf(buf, size, "?");
+        if (f)
+                fclose(f);
+        buf[strcspn(buf, "\n")] = '\0';
+        return buf;
+}
+
 uint64_t bench_process_cpu_ns(pid_t pid, bool main_only) {
         char path[64];
         snprintf(path, sizeof path, "/proc/%d/task", (int) pid);

@@ -13,6 +13,12 @@ uint64_t bench_now_ns(void);
 /* A connected AF_UNIX stream socket (CLOEXEC) to path. Returns the fd, or negative errno. */
 int bench_connect(const char *path);
 
+/* The same, while brokerd starts: tried every 10 ms for up to 5 s. Returns the fd, or negative errno. */
+int bench_connect_when_listening(const char *path);
+
+/* /proc/loadavg's line in buf ("?" if unreadable). Returns buf. */
+const char *bench_loadavg(char *buf, size_t size);
+
 /* CPU time of the threads of a process so far, in ns (schedstat: exact, where /proc/PID/stat counts ticks):
  * of all of them, or (main_only) of the main thread alone. 0 when the process is gone. */
 uint64_t bench_process_cpu_ns(pid_t pid, bool main_only);

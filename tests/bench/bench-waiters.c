@@ -114,12 +114,7 @@ int main(int argc, char **argv) {
                 execl(argv[1], argv[1], "--config", conf, "--socket", sock_path, "--state-directory", state, (char *) NULL);
                 _exit(127);
         }
-        int holder = -1;
-        for (int i = 0; i < 500 && holder < 0; i++) {
-                holder = bench_connect(sock_path);
-                if (holder < 0)
-                        usleep(10000); /* brokerd is starting: nothing to wait on but its socket */
-        }
+        int holder = bench_connect_when_listening(sock_path);
         if (holder < 0)
                 die("connect");
         send_acquire(holder);
