@@ -6,7 +6,7 @@
 #include <sys/epoll.h>
 
 #include "audit.h"
-#include "history.h"
+#include "lease-log.h"
 #include "lease.h"
 #include "log.h"
 #include "macro.h"
@@ -32,6 +32,8 @@ void lease_table_done(LeaseTable *t) {
                 lease_free(container_of(n, Lease, node));
         t->events = mfree(t->events);
         t->n_events = t->events_head = t->events_allocated = 0;
+        t->persisting = mfree(t->persisting);
+        t->n_persisting = t->persisting_allocated = 0;
 }
 
 Lease *lease_table_find(LeaseTable *t, const char *id) {
@@ -123,8 +125,10 @@ void lease_free(Lease *l) {
         if (!l)
                 return;
         LeaseTable *t = l->table;
-        if (l->persist_pending && t->history)
-                history_cancel(t->history, l);
+        if (l->persist_pending)
+                for (size_t i = 0; i < t->n_persisting; i++)
+                        if (t->persisting[i] == l)
+                                t->persisting[i] = NULL;
         lease_table_drop_events(t, l);
         if (list_node_is_linked(&l->node)) {
                 list_unlink(&l->node);
@@ -140,8 +144,8 @@ void lease_free(Lease *l) {
 void lease_discard(Lease *l) {
         LeaseTable *t = l->table;
         assert(!l->holder); /* its session unlinked it first */
-        if (t->history)
-                history_lease_delete(t->history, l->id);
+        if (t->log)
+                (void) lease_log_end(t->log, l->id); /* lost to -ENOMEM: the lease ends again after a restart */
         engine_lease_release(l->engine_lease, now_of(t, CLOCK_MONOTONIC));
         t->changed = true;
         lease_free(l);
@@ -169,12 +173,6 @@ static void lease_persisted(Lease *l, int result) {
         });
 }
 
-static void on_history_committed(History *h, int result, void *userdata) {
-        Lease *l = userdata;
-        l->persist_pending = false;
-        lease_persisted(l, result);
-}
-
 void lease_persist_forget(Lease *l) {
         l->persist_waiter = NULL;
 }
@@ -188,20 +186,14 @@ static usec_t lease_expires_realtime(const Lease *l) {
         return (usec_t) ((int64_t) exp + l->realtime_offset);
 }
 
-void lease_persist(Lease *l, void *waiter) {
-        LeaseTable *t = l->table;
+/* The lease's row, borrowing its strings and arrays. */
+static HistoryLeaseRow lease_row(const Lease *l) {
         const unsigned *idx;
         const char *const *members;
         unsigned n = engine_lease_slots(l->engine_lease, &idx, &members);
 
-        l->persist_waiter = waiter;
-        l->persist_for_grant = waiter != NULL;
-        if (!t->history) {
-                lease_persisted(l, HISTORY_NOT_PERSISTED);
-                return;
-        }
-        HistoryLeaseRow row = {
-                .id = l->id,
+        return (HistoryLeaseRow) {
+                .id = (char *) l->id,
                 .pool = (char *) engine_lease_pool(l->engine_lease),
                 .lane = (char *) engine_lease_lane(l->engine_lease),
                 .slots = (unsigned *) idx,
@@ -217,11 +209,71 @@ void lease_persist(Lease *l, void *waiter) {
                 .granted_at = l->granted_real,
                 .expires_at = lease_expires_realtime(l),
         };
-        int r = history_lease_commit(t->history, &row, on_history_committed, l);
-        if (r < 0)
+}
+
+static int lease_table_reserve_persisting(LeaseTable *t) {
+        if (t->n_persisting < t->persisting_allocated)
+                return 0;
+        size_t n = MAX(t->persisting_allocated * 2, (size_t) 16);
+        Lease **a = reallocarray(t->persisting, n, sizeof(Lease *));
+        if (!a)
+                return -ENOMEM;
+        t->persisting = a;
+        t->persisting_allocated = n;
+        return 0;
+}
+
+void lease_persist(Lease *l, void *waiter) {
+        LeaseTable *t = l->table;
+
+        l->persist_waiter = waiter;
+        l->persist_for_grant = waiter != NULL;
+        if (!t->log) {
+                lease_persisted(l, LEASE_NOT_PERSISTED);
+                return;
+        }
+        HistoryLeaseRow row = lease_row(l);
+        if (l->persist_pending || lease_table_reserve_persisting(t) < 0 || lease_log_add(t->log, &row) < 0) {
+                lease_persisted(l, l->persist_pending ? -EBUSY : -ENOMEM);
+                return;
+        }
+        t->persisting[t->n_persisting++] = l;
+        l->persist_pending = true;
+}
+
+int lease_table_write_snapshot(LeaseTable *t) {
+        _cleanup_free_ HistoryLeaseRow *rows = calloc(MAX(t->n_leases, 1u), sizeof(HistoryLeaseRow));
+        size_t n = 0;
+
+        if (!t->log)
+                return -EBADF;
+        if (!rows)
+                return -ENOMEM;
+        list_foreach(node, &t->leases) {
+                Lease *l = container_of(node, Lease, node);
+                if (!l->persist_refused)
+                        rows[n++] = lease_row(l);
+        }
+        return lease_log_rewrite(t->log, rows, n, now_of(t, CLOCK_REALTIME));
+}
+
+bool lease_table_flush(LeaseTable *t) {
+        if (!t->log || (t->n_persisting == 0 && !lease_log_has_pending(t->log)))
+                return false;
+        int r = lease_log_flush(t->log);
+        size_t n = t->n_persisting;
+        t->n_persisting = 0;
+        for (size_t i = 0; i < n; i++) {
+                Lease *l = t->persisting[i];
+                if (!l)
+                        continue; /* freed meanwhile */
+                l->persist_pending = false;
+                l->persist_refused = r < 0 && l->persist_for_grant;
                 lease_persisted(l, r);
-        else
-                l->persist_pending = true;
+        }
+        if (r == 0 && lease_log_wants_rewrite(t->log, t->n_leases))
+                (void) lease_table_write_snapshot(t); /* a failure leaves the log as it was, longer */
+        return n > 0;
 }
 
 /* Ends the lease once nobody holds it any more: no connection, no running command. */

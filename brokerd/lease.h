@@ -18,7 +18,7 @@
 #include "time-util.h"
 
 typedef struct Audit Audit;
-typedef struct History History;
+typedef struct LeaseLog LeaseLog;
 
 #define LEASE_ID_LEN 32
 
@@ -42,8 +42,8 @@ typedef struct LeaseGrant {
 typedef struct Lease Lease;
 
 typedef enum LeaseEventType {
-        LEASE_EVENT_PERSISTED,  /* the row was written (result 0), not (HISTORY_NOT_PERSISTED: no history or
-                                 * degraded) or failed (< 0); waiter: as given to lease_persist() */
+        LEASE_EVENT_PERSISTED,  /* the row was written (result 0), not (LEASE_NOT_PERSISTED: no lease log) or
+                                 * failed (< 0); waiter: as given to lease_persist() */
         LEASE_EVENT_CUT,        /* the revoke grace is over and the holder still holds: its session must go */
         _LEASE_EVENT_TYPE_MAX,
         _LEASE_EVENT_TYPE_INVALID = -EINVAL,
@@ -59,12 +59,15 @@ typedef struct LeaseEvent {
 
 #define LEASE_EVENTS_MAX 64
 
+/* PERSISTED's result when there is no lease log to write to. */
+#define LEASE_NOT_PERSISTED 1
+
 /* The leases and what they need from outside, embedded in their owner (the Manager). */
 typedef struct LeaseTable {
         sd_event *event;                /* pidfd watches and grace timers */
         Engine *engine;
         Audit *audit;
-        History *history;               /* NULL: rows are not written (PERSISTED says HISTORY_NOT_PERSISTED) */
+        LeaseLog *log;                  /* NULL: rows are not written (PERSISTED says LEASE_NOT_PERSISTED) */
         usec_t revoke_grace;            /* a holder without a command may ignore a revocation this long */
         usec_t reclaim_grace;           /* a restored lease waits this long for its owner */
         usec_t (*now)(clockid_t clock); /* the clock: now_monotonic()/now_realtime() unless a test's */
@@ -75,6 +78,8 @@ typedef struct LeaseTable {
         bool changed;                   /* a lease came, went or changed state: STATUS= is stale */
         LeaseEvent *events;             /* a ring, drained by the owner */
         size_t events_head, n_events, events_allocated;
+        struct Lease **persisting;      /* rows in the log's buffer, answered by lease_table_flush() */
+        size_t n_persisting, persisting_allocated;
 } LeaseTable;
 
 void lease_table_init(LeaseTable *t, sd_event *event, Engine *engine, Audit *audit);
@@ -84,6 +89,13 @@ Lease *lease_table_find(LeaseTable *t, const char *id);
 /* Once a second: process groups whose leader has exited. */
 void lease_table_poll_commands(LeaseTable *t);
 bool lease_table_pop_event(LeaseTable *t, LeaseEvent *ret);
+/* Writes the rows and ends of this loop iteration in one write() (group commit), then queues a PERSISTED
+ * event for each row; rewrites the log when it has grown well past what is live. Returns true when it
+ * queued events. */
+bool lease_table_flush(LeaseTable *t);
+/* Writes every live lease into the log afresh: to mend a log that could not be written. Returns 0 or
+ * negative errno. */
+int lease_table_write_snapshot(LeaseTable *t);
 
 typedef enum LeaseOutcome {
         LEASE_OUTCOME_HELD,     /* nothing changed for the holder */
@@ -123,7 +135,8 @@ typedef struct Lease {
         LeaseGrant grant;
         void *persist_waiter;           /* waits for the grant while the lease row is written */
         bool persist_for_grant;
-        bool persist_pending;           /* a history commit is on its way */
+        bool persist_pending;           /* its row is in the log's buffer: in persisting[] */
+        bool persist_refused;           /* its row could not be written for its grant: it is being withdrawn */
 } Lease;
 
 /* Creates the daemon's lease for a fresh grant, held by holder (NULL: none; the caller links its side).
@@ -147,8 +160,8 @@ void *lease_get_holder(const Lease *l);
 /* The holder lets go of its side (the caller clears its own): for session.c, which keeps both. */
 void lease_clear_holder(Lease *l);
 
-/* Writes the lease row (SPEC §3.4: before the grant is answered); LEASE_EVENT_PERSISTED follows, with
- * waiter (NULL: nobody waits; a failure is logged). */
+/* Writes the lease row (SPEC §3.4: before the grant is answered) at the next lease_table_flush();
+ * LEASE_EVENT_PERSISTED follows, with waiter (NULL: nobody waits; a failure is logged). */
 void lease_persist(Lease *l, void *waiter);
 /* The waiter went: PERSISTED comes without it. */
 void lease_persist_forget(Lease *l);

@@ -21,6 +21,7 @@
 #include "connection.h"
 #include "fs-util.h"
 #include "history.h"
+#include "lease-log.h"
 #include "lease.h"
 #include "log.h"
 #include "manager.h"
@@ -306,7 +307,11 @@ static void on_connection_handled(void *userdata) {
 }
 
 void manager_drain(Manager *m) {
-        manager_settle(m);
+        /* The lease rows of all the grants settled since the last drain go in one write (group commit);
+         * their answers are events that may settle more. */
+        do
+                manager_settle(m);
+        while (lease_table_flush(&m->leases));
         /* Last: no event still queued can name a closed session any more. */
         manager_collect(m);
 }
@@ -321,6 +326,8 @@ static int on_drain(sd_event_source *s, void *userdata) {
 /* ---- STATUS=, watchdog, tick ---- */
 
 static void manager_load_state_async(Manager *m);
+static void manager_load_state(Manager *m, bool at_start);
+static void manager_write_lease_snapshot(Manager *m);
 
 static void manager_update_status(Manager *m) {
         char buf[1024];
@@ -359,7 +366,14 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         }
         lease_table_poll_commands(&m->leases);
         if (!m->persistence.state_loaded && now_monotonic() >= m->state_retry_at)
-                manager_load_state_async(m);
+                manager_load_state(m, false);
+        else if (m->lease_log && lease_log_is_broken(m->lease_log) && now_monotonic() >= m->lease_log_retry_at)
+                manager_write_lease_snapshot(m);
+        else if (m->lease_log && now_monotonic() >= m->lease_log_alive_at) {
+                /* A restart bounds a restored max-hold by this mark, whatever the wall clock says then. */
+                m->lease_log_alive_at = now_monotonic() + HISTORY_ALIVE_INTERVAL;
+                (void) lease_log_alive(m->lease_log, now_realtime());
+        }
         if (m->status_dirty || m->leases.changed || m->sessions.changed)
                 manager_update_status(m);
 
@@ -636,30 +650,36 @@ static void audit_ended_while_down(Manager *m, const HistoryLeaseRow *row, const
         audit_decision(&m->audit, &rec);
 }
 
-/* History recovered (the disk came back, or a fresh database replaced a corrupt one): leases granted while
- * it could not be written, or missing from a fresh file, are written now, so that they survive a restart. */
+/* History came back (or failed): a read of history.db that an older brokerd's leases wait for may now work. */
 static void on_history_health(History *h, bool healthy, void *userdata) {
         Manager *m = userdata;
         if (!m->persistence.state_loaded)
-                manager_load_state_async(m); /* it may be readable now: no need to wait for the next retry */
-        if (!healthy)
+                manager_load_state(m, false); /* it may be readable now: no need to wait for the next retry */
+}
+
+/* The lease log takes every live lease afresh (at start, and to mend it after writes failed). */
+static void manager_write_lease_snapshot(Manager *m) {
+        int r = lease_table_write_snapshot(&m->leases);
+        if (r < 0) {
+                if (r != m->lease_log_error)
+                        log_error_errno(r, "Cannot write the leases to %s/" LEASE_LOG_FILE ": %m. Retrying every %us.",
+                                        m->state_directory, (unsigned) (STATE_RETRY_USEC / USEC_PER_SEC));
+                m->lease_log_error = r;
+                m->lease_log_retry_at = now_monotonic() + STATE_RETRY_USEC;
                 return;
-        unsigned n = 0;
-        list_foreach(node, &m->leases.leases) {
-                Lease *l = container_of(node, Lease, node);
-                if (!l->persist_pending) {
-                        lease_persist(l, NULL);
-                        n++;
-                }
         }
-        if (n > 0)
-                log_info("History is writable again: %u live lease(s) written.", n);
+        if (m->lease_log_error < 0)
+                log_info("The leases are written to %s/" LEASE_LOG_FILE " again (%u live).", m->state_directory,
+                         m->leases.n_leases);
+        m->lease_log_error = 0;
         persistence_recovered(&m->persistence);
 }
 
 /* Fencing tokens continue above their high-water marks, and leases that still have a holder take their
- * old slots again. Nothing has been granted before this (persistence_refusal()), so nothing conflicts. */
-static void manager_apply_state(Manager *m, const HistoryState *s) {
+ * old slots again. Nothing has been granted before this (persistence_refusal()), so nothing conflicts.
+ * from_history: the state came from history.db, where brokerd kept leases before the lease log: once the
+ * log has them, they go from there. */
+static void manager_apply_state(Manager *m, const HistoryState *s, bool from_history) {
         for (size_t i = 0; i < s->n_floors; i++)
                 if (streq(s->floors[i].pool, HISTORY_TOKEN_FLOOR_ALL))
                         m->token_floor_all = MAX(m->token_floor_all, s->floors[i].next_token);
@@ -680,15 +700,27 @@ static void manager_apply_state(Manager *m, const HistoryState *s) {
                                                r == -EEXIST   ? "its slot is taken by another restored lease"
                                                : r < 0        ? "could not be restored"
                                                               : "it ended while brokerd was down");
-                        history_lease_delete(m->history, row->id);
                         ended++;
                 } else
                         restored++;
         }
         if (restored + ended > 0)
                 log_info("Restored %u lease(s); %u ended while brokerd was down.", restored, ended);
+
+        /* The log knows every token mark read, including those of pools no lease names any more. */
+        int r = lease_log_new(m->state_directory, s, m->token_floor_all, &m->lease_log);
+        if (r < 0) {
+                log_oom();
+                return; /* nothing is granted: tried again at the next retry */
+        }
+        m->leases.log = m->lease_log;
+        m->persistence.log = m->lease_log;
         m->persistence.state_loaded = true;
         m->state_error = 0;
+        manager_write_lease_snapshot(m);
+        if (from_history && m->lease_log_error == 0)
+                for (size_t i = 0; i < s->n_leases; i++)
+                        history_lease_delete(m->history, s->leases[i].id);
         persistence_recovered(&m->persistence);
 }
 
@@ -710,8 +742,62 @@ static void on_state_loaded(History *h, int error, HistoryState *s, void *userda
                 manager_state_unreadable(m, error);
         else {
                 log_info("The state directory %s can be read again.", m->state_directory);
-                manager_apply_state(m, s);
+                manager_apply_state(m, s, true);
         }
+}
+
+/* Reads what was persisted: the lease log; where there is none yet, what an older brokerd kept in
+ * history.db (read on the history thread: at start blocking, before the first request, later not). A
+ * lease log that is not one, or has damaged lines, cannot say which tokens it held: every pool's tokens
+ * then continue above the clock in µs. */
+static void manager_load_state(Manager *m, bool at_start) {
+        _cleanup_(history_state_done) HistoryState s = {};
+        LeaseLogRead info = {};
+
+        int r = lease_log_read(m->state_directory, &s, &info);
+        if (r == -EBADMSG) {
+                _cleanup_free_ char *moved = NULL;
+                r = lease_log_move_aside(m->state_directory, &moved);
+                if (r < 0) {
+                        manager_state_unreadable(m, -EBADMSG);
+                        return;
+                }
+                log_error("%s/" LEASE_LOG_FILE " is not a lease log: moved aside as %s. Fencing tokens continue above "
+                          "the clock; leases it may have held are not known.",
+                          m->state_directory, moved);
+                m->token_floor_all = MAX(m->token_floor_all, (uint64_t) now_realtime());
+                info = (LeaseLogRead) { .exists = true };
+        }
+        if (r < 0) {
+                if (r == -ENOMEM)
+                        log_oom();
+                manager_state_unreadable(m, r);
+                return;
+        }
+        if (info.damaged > 0) {
+                log_error("%s/" LEASE_LOG_FILE ": %u damaged line(s) skipped. Fencing tokens continue above the "
+                          "clock; a lease such a line held is not known.",
+                          m->state_directory, info.damaged);
+                m->token_floor_all = MAX(m->token_floor_all, (uint64_t) now_realtime());
+        }
+        if (info.exists || !m->history) {
+                if (m->state_error < 0)
+                        log_info("The state directory %s can be read again.", m->state_directory);
+                manager_apply_state(m, &s, false);
+                return;
+        }
+        if (!at_start) {
+                manager_load_state_async(m);
+                return;
+        }
+        history_state_done(&s);
+        r = history_load_state(m->history, &s);
+        if (r == -ENOMEM)
+                log_oom();
+        if (r < 0)
+                manager_state_unreadable(m, r);
+        else
+                manager_apply_state(m, &s, true);
 }
 
 static void manager_load_state_async(Manager *m) {
@@ -722,34 +808,22 @@ static void manager_load_state_async(Manager *m) {
 }
 
 /* Before the first request (SPEC §3.4). Refusals during recovery are fine; over-admission is not, so this
- * runs before the socket is watched. A database that cannot be read is no reason not to start: Status is
+ * runs before the socket is watched. State that cannot be read is no reason not to start: Status is
  * served, and nothing is granted until a later read succeeds. */
-static int manager_open_history(Manager *m) {
-        HistoryState s = {};
-
+static int manager_open_state(Manager *m) {
         int r = history_new(m->event, m->state_directory, m->config->history_retention, &m->history);
         if (r < 0)
                 return log_error_errno(r, "Failed to set up history in %s: %m", m->state_directory);
         history_set_health_callback(m->history, on_history_health, m);
         audit_set_history(&m->audit, m->history);
-        m->leases.history = m->history;
-        m->persistence.history = m->history;
         m->history_calls.history = m->history;
 
-        r = history_load_state(m->history, &s);
-        if (r == -ENOMEM)
-                return log_oom();
-        if (r < 0) {
-                manager_state_unreadable(m, r);
-                return 0;
-        }
-        manager_apply_state(m, &s);
-        history_state_done(&s);
+        manager_load_state(m, true);
         return 0;
 }
 
 int manager_start(Manager *m) {
-        int r = manager_open_history(m);
+        int r = manager_open_state(m);
         if (r < 0)
                 return r;
 
@@ -937,7 +1011,9 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
 Manager *manager_free(Manager *m) {
         if (!m)
                 return NULL;
-        /* Shutting down is not releasing: leases simply end with the process. */
+        /* Shutting down is not releasing: leases simply end with the process. What ended before is written:
+         * a SIGTERM may be dispatched before the drain that follows the close of a lease's connection. */
+        (void) lease_table_flush(&m->leases);
         lease_table_done(&m->leases);
         session_table_done(&m->sessions);
         manager_collect(m);
@@ -953,8 +1029,9 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->drain_source);
         /* Leases are not ended: their rows stay for the next start to restore. */
         audit_set_history(&m->audit, NULL);
-        m->leases.history = NULL;
-        m->persistence.history = NULL;
+        m->leases.log = NULL;
+        m->persistence.log = NULL;
+        m->lease_log = lease_log_free(m->lease_log);
         m->history_calls.history = NULL;
         m->history = history_free(m->history);
         engine_free(m->engine);

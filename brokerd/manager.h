@@ -45,6 +45,10 @@ typedef struct Manager {
         Audit audit;
         Metrics metrics;
         History *history;               /* NULL until opened */
+        LeaseLog *lease_log;            /* NULL until what was persisted has been read */
+        int lease_log_error;            /* why the last write of a snapshot failed (negative errno), or 0 */
+        usec_t lease_log_retry_at;      /* monotonic: when to try a snapshot again */
+        usec_t lease_log_alive_at;      /* monotonic: when to write the next alive mark */
 
         Engine *engine;
         /* getrandom() drawn in blocks: lease ids and the engine's jitter cost a syscall per block. */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
 
-#include "history.h"
+#include "lease-log.h"
 #include "log.h"
 #include "persistence.h"
 
@@ -11,7 +11,7 @@ const char *persistence_refusal(const Persistence *p) {
                 return "the state directory cannot be read";
         if (p->mode == LEASE_PERSISTENCE_BEST_EFFORT)
                 return NULL;
-        if (!p->history || !history_is_writable(p->history))
+        if (!p->log || lease_log_is_broken(p->log))
                 return "leases cannot be written to the state directory";
         return NULL;
 }
@@ -42,12 +42,12 @@ bool persistence_commit_allows_grant(Persistence *p, const char *lease_id, int r
 }
 
 void persistence_recovered(Persistence *p) {
-        if (p->refusing && p->state_loaded && (!p->history || history_is_writable(p->history))) {
+        if (p->refusing && p->state_loaded && p->log && !lease_log_is_broken(p->log)) {
                 log_info("Leases are persisted again; %u request(s) were refused meanwhile.", p->refused);
                 p->refusing = false;
                 p->refused = 0;
         }
-        if (p->unpersisted && p->history && history_is_writable(p->history)) {
+        if (p->unpersisted && p->log && !lease_log_is_broken(p->log)) {
                 log_info("Leases are persisted again; %u lease(s) were granted without being written meanwhile.",
                          p->unpersisted_grants);
                 p->unpersisted = false;

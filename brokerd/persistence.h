@@ -10,11 +10,11 @@
 
 #include "conf.h"
 
-typedef struct History History;
+typedef struct LeaseLog LeaseLog;
 
 typedef struct Persistence {
         LeasePersistence mode;          /* as at start: a reload does not change it */
-        History *history;               /* NULL until opened */
+        LeaseLog *log;                  /* NULL until what was persisted has been read */
         bool state_loaded;              /* what was persisted has been read */
         bool refusing;                  /* an episode of refusals for want of persistence: logged once */
         unsigned refused;               /* requests refused in it */
@@ -28,7 +28,7 @@ const char *persistence_refusal(const Persistence *p);
 /* A request was refused for want of persistence (why: as persistence_refusal() or the failed write says). */
 void persistence_note_refused(Persistence *p, const char *why);
 
-/* A lease commit came back (result as HistoryDoneFn's). Returns true when the grant may be answered:
+/* A lease row's write came back (LEASE_EVENT_PERSISTED's result). Returns true when the grant may be answered:
  * it was written, or best-effort allows it without. */
 bool persistence_commit_allows_grant(Persistence *p, const char *lease_id, int result);
 

@@ -11,31 +11,33 @@ tokens, in the order commands started, only go up.
   member running; leader a zombie alone; everything exited; a command sharing its client's group
   (watched by its leader alone). The restarted brokerd keeps exactly the slots the live one would.
   (Detached and connection-held leases: test-restart.py.)
-- Fault injection on each database file (history.db, -wal, -shm) and on all three, at start and at run
-  time: made immutable (chattr +i; skipped where the file system or the privileges do not allow it).
-  brokerd restores what the database holds, grants nothing it could not write (Unavailable, reason
-  "storage"; Status still served), never dies (SIGBUS), recovers when the file is writable again, and
-  the witness sees no slot held twice and no token going back. Also: a tmpfs full at start and one that
+- Fault injection on the lease log (leases.log), on the history database's files (history.db, -wal, -shm)
+  and on all of them, at start and at run time: made immutable (chattr +i; skipped where the file system
+  or the privileges do not allow it). brokerd restores what the lease log holds, grants nothing it could
+  not write there (Unavailable, reason "storage"; Status still served), never dies (SIGBUS), recovers when
+  the file is writable again, and the witness sees no slot held twice and no token going back. A history
+  database that cannot be written costs decision rows, not grants. Also: a tmpfs full at start and one that
   fills up at run time (private mount namespaces; skipped without them); a read-only bind mount at
   start is test-restart.py's.
 - lease-persistence = best-effort grants in memory-only mode, still with tokens that never go back.
 - A wall clock stepped back a year: a restored detached lease keeps no more of its max-hold than it
-  had left at the last instant persisted (history.db's alive mark, written as the clock stood then).
+  had left at the last instant persisted (the lease log's alive mark, written as the clock stood then).
 - On a disk that fills up while brokerd runs, grants are refused (Unavailable) and the refusals are logged
   once per episode, not once per request.
 
 Usage: test-persistence.py BROKERD SLOTCTL [unittest arguments]
 """
 import glob
+import json
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
+import zlib
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
@@ -61,6 +63,22 @@ policy = fail-fast
 """
 
 DB_FILES = ("history.db", "history.db-wal", "history.db-shm")
+LEASE_LOG = "leases.log"
+
+
+def edit_lease_log(state_dir, edit):
+    """Rewrites each record of the lease log as edit(record) returns it, each line with its CRC-32."""
+    path = os.path.join(state_dir, LEASE_LOG)
+    with open(path) as f:
+        lines = f.read().splitlines()
+    out = []
+    for line in lines:
+        crc, text = line.split(" ", 1)
+        assert int(crc, 16) == zlib.crc32(text.encode()), line
+        text = json.dumps(edit(json.loads(text)), separators=(",", ":"), ensure_ascii=False)
+        out.append(f"{zlib.crc32(text.encode()):08x} {text}\n")
+    with open(path, "w") as f:
+        f.write("".join(out))
 
 
 def chattr(flag, *paths):
@@ -251,18 +269,15 @@ class Persistence(Witnessed):
         self.witness.check(self)
         self.assertTrue(b.alive())
 
-    def test_immutable_db_at_start(self):
-        self.fault_at_start(["history.db"])
+    def test_immutable_lease_log_at_start(self):
+        self.fault_at_start([LEASE_LOG])
 
-    def test_immutable_wal_at_start(self):
-        self.fault_at_start(["history.db-wal"])
-
-    def test_immutable_shm_at_start(self):
-        # brokerd keeps the WAL index in memory (EXCLUSIVE locking): history.db-shm is not its business.
-        self.fault_at_start(["history.db-shm"], refuses=False)
+    def test_immutable_history_at_start(self):
+        # Decision rows wait in memory; leases are the lease log's business.
+        self.fault_at_start(DB_FILES, refuses=False)
 
     def test_immutable_all_at_start(self):
-        self.fault_at_start(DB_FILES)
+        self.fault_at_start((LEASE_LOG, *DB_FILES))
 
     def fault_at_run_time(self, names):
         b = self.broker(CONFIG, "persist-run")
@@ -298,31 +313,25 @@ class Persistence(Witnessed):
             self.assertNotEqual(self.ff(b), 0, "a lease granted before the crash was lost")
         self.witness.check(self)
 
-    def test_immutable_db_at_run_time(self):
-        self.fault_at_run_time(["history.db"])
+    def test_immutable_lease_log_at_run_time(self):
+        self.fault_at_run_time([LEASE_LOG])
 
-    def test_immutable_wal_at_run_time(self):
-        self.fault_at_run_time(["history.db-wal"])
-
-    def test_immutable_shm_at_run_time(self):
-        self.fault_at_run_time(["history.db-shm"])
-
-    def test_immutable_all_at_run_time(self):
+    def test_immutable_history_at_run_time(self):
         self.fault_at_run_time(DB_FILES)
 
-    def test_unreadable_database_grants_nothing_until_it_is_read(self):
-        """A corrupt history.db in a directory where it cannot be moved aside (made immutable): nothing can be
-        read, so nothing is granted (Unavailable, reason storage) and Status is served; once the directory
-        is writable again the file is moved aside, the fresh one starts above the realtime clock, and grants
-        resume, with tokens above every one issued before."""
+    def test_immutable_all_at_run_time(self):
+        self.fault_at_run_time((LEASE_LOG, *DB_FILES))
+
+    def test_unreadable_lease_log_grants_nothing_until_it_is_read(self):
+        """A lease log that is not one, in a directory where it cannot be moved aside (made immutable):
+        nothing can be read, so nothing is granted (Unavailable, reason storage) and Status is served; once
+        the directory is writable again the file is moved aside, tokens continue above the realtime clock,
+        and grants resume, with tokens above every one issued before."""
         b = self.broker(CONFIG, "persist-unreadable")
         self.can_chattr(b.state_dir)
         self.assertEqual(self.ff(b), 0)
         b.stop()
-        db = os.path.join(b.state_dir, "history.db")
-        for f in glob.glob(db + "-*"):
-            os.unlink(f)
-        with open(db, "wb") as f:
+        with open(os.path.join(b.state_dir, LEASE_LOG), "wb") as f:
             f.write(os.urandom(64 * 1024))
         self.assertTrue(chattr("+i", b.state_dir))
         self.addCleanup(chattr, "-i", b.state_dir)
@@ -339,7 +348,9 @@ class Persistence(Witnessed):
         self.assertNotEqual(self.ff(b), 0, "granted while what was persisted cannot be read")
         self.assertIn("Cannot read the leases", b.log())
         chattr("-i", b.state_dir)
-        wait_for(lambda: self.ff(b) == 0, 30, interval=0.5, message="grants once the database can be read")
+        wait_for(lambda: self.ff(b) == 0, 30, interval=0.5, message="grants once the lease log can be read")
+        self.assertIn("is not a lease log: moved aside", b.log())
+        self.assertEqual(len(glob.glob(os.path.join(b.state_dir, LEASE_LOG + ".corrupt-*"))), 1)
         self.witness.check(self)
 
     # ---- best-effort ----
@@ -350,7 +361,7 @@ class Persistence(Witnessed):
         self.can_chattr(b.state_dir)
         self.assertEqual(self.ff(b), 0)
         b.crash()
-        self.immutable(b, DB_FILES)
+        self.immutable(b, (LEASE_LOG, *DB_FILES))
         b.start()
         self.assertEqual(self.ff(b), 0, "best-effort refused a grant")
         self.assertEqual(self.ff(b), 0)
@@ -370,14 +381,13 @@ class Persistence(Witnessed):
         b.crash()
         # As if the clock now stood a year before the grant: move every persisted instant a year ahead.
         year = 365 * 24 * 3600 * 10**6
-        db = sqlite3.connect(os.path.join(b.state_dir, "history.db"))
-        db.execute("UPDATE leases SET granted_at = granted_at + ?, expires_at = expires_at + ?", (year, year))
-        try:
-            db.execute("UPDATE alive SET at = at + ?", (year,))
-        except sqlite3.OperationalError:
-            pass  # a brokerd without the alive mark: what this test is about
-        db.commit()
-        db.close()
+
+        def ahead(record):
+            if "lease" in record:
+                record["lease"]["grantedAt"] += year
+                record["lease"]["expiresAt"] += year
+            return record
+        edit_lease_log(b.state_dir, ahead)  # no alive mark moves with them: what this test is about
         b.start()
         self.assertEqual(len(b.status()["holders"]), 1)
         t0 = time.monotonic()
@@ -394,14 +404,19 @@ class Persistence(Witnessed):
         self.assertEqual(out.returncode, 0, out.stderr)
         b.crash()
         year, minute = 365 * 24 * 3600 * 10**6, 60 * 10**6
-        db = sqlite3.connect(os.path.join(b.state_dir, "history.db"))
-        (alive,) = db.execute("SELECT at FROM alive").fetchone()
+        alive = []
+        edit_lease_log(b.state_dir, lambda r: (alive.append(r["alive"]) if "alive" in r else None, r)[1])
+        alive = max(alive)
+
         # Granted 50 min before the alive mark; then everything a year ahead of the clock.
-        db.execute("UPDATE leases SET granted_at = ? - ? + ?, expires_at = ? - ? + ? + ?",
-                   (alive, 50 * minute, year, alive, 50 * minute, 60 * minute, year))
-        db.execute("UPDATE alive SET at = at + ?", (year,))
-        db.commit()
-        db.close()
+        def moved(record):
+            if "lease" in record:
+                record["lease"]["grantedAt"] = alive - 50 * minute + year
+                record["lease"]["expiresAt"] = alive - 50 * minute + 60 * minute + year
+            if "alive" in record:
+                record["alive"] += year
+            return record
+        edit_lease_log(b.state_dir, moved)
         b.start()
         holders = b.status()["holders"]
         self.assertEqual(len(holders), 1, holders)

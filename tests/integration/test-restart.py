@@ -317,7 +317,7 @@ class Restart(harness.BrokerTestCase):
         run = self.slotctl(b, "w", ["sh", "-c", "sleep 1.5; exit 7"])
         command_holders(b, 1)
         b.crash()
-        for f in glob.glob(os.path.join(b.state_dir, "history.db*")):
+        for f in glob.glob(os.path.join(b.state_dir, "history.db*")) + glob.glob(os.path.join(b.state_dir, "leases.log*")):
             os.unlink(f)  # a broker that never heard of the lease
         b.start()
         self.assertEqual(run.wait(10), 7, run.stderr())

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* test-lease.c — the lease state machine alone (lease.h): no session, no history (rows are not written:
- * PERSISTED says HISTORY_NOT_PERSISTED), no audit, a fake clock and an injected random source, a real
+/* test-lease.c — the lease state machine alone (lease.h): no session, no lease log (rows are not written:
+ * PERSISTED says LEASE_NOT_PERSISTED), no audit, a fake clock and an injected random source, a real
  * engine for the slots, and a real sd-event loop for what a lease waits on (its command's pidfd, the
  * revoke grace). What it does on its own comes out as events, drained as the manager does. */
 #include <errno.h>
@@ -146,7 +146,7 @@ static void test_times_come_from_the_fake_clock(void **state) {
         json_decref(j);
 }
 
-static void test_grant_without_history_reports_not_persisted(void **state) {
+static void test_grant_without_a_log_reports_not_persisted(void **state) {
         Fixture *f = *state;
         int waiter;
         LeaseEvent ev;
@@ -158,7 +158,7 @@ static void test_grant_without_history_reports_not_persisted(void **state) {
         assert_ptr_equal(ev.lease, l);
         assert_ptr_equal(ev.waiter, &waiter);
         assert_true(ev.grant);
-        assert_int_equal(ev.result, HISTORY_NOT_PERSISTED);
+        assert_int_equal(ev.result, LEASE_NOT_PERSISTED);
         assert_false(lease_table_pop_event(&f->t, &ev));
 
         lease_persist(l, NULL); /* again, for nobody: not a grant's */
@@ -282,7 +282,7 @@ int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_ids_come_from_the_injected_random_source, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_times_come_from_the_fake_clock, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_grant_without_history_reports_not_persisted, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_grant_without_a_log_reports_not_persisted, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_events_of_a_freed_lease_are_dropped, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_holder_gone_ends_lease_without_command, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_detached_lease_outlives_its_holder, setup, teardown),

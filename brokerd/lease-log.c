@@ -1,0 +1,730 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <fcntl.h>
+#include <assert.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "lease-log.h"
+
+#define LEASE_LOG_HEADER "{\"slotbroker\":\"leases\",\"version\":1}"
+#define LEASE_LOG_MAX_SIZE ((size_t) 256 * 1024 * 1024)
+/* Reserved past the end of the file (fallocate), and topped up when less than half of it is left. */
+#define LEASE_LOG_RESERVE ((off_t) 1024 * 1024)
+/* A log is rewritten once it has this many lines more than 4 per live lease. */
+#define LEASE_LOG_REWRITE_SLACK 4096
+
+typedef struct TokenMark {
+        char *pool;
+        uint64_t next;
+} TokenMark;
+
+typedef struct Buffer {
+        char *data;
+        size_t size, allocated;
+} Buffer;
+
+struct LeaseLog {
+        char *directory;
+        char *path;
+        int fd;
+        off_t size;             /* what was written and counts */
+        off_t reserved_to;      /* fallocate()d up to here */
+        Buffer pending;
+        size_t lines;           /* lines in the file, for lease_log_wants_rewrite() */
+        size_t pending_lines;
+        bool broken;
+        TokenMark *marks;
+        size_t n_marks;
+};
+
+/* ---- CRC-32 (zlib's polynomial, so that a test or an operator can check a line with zlib.crc32) ---- */
+
+static uint32_t crc_table[256];
+
+static void crc_table_init(void) {
+        for (uint32_t i = 0; i < 256; i++) {
+                uint32_t c = i;
+                for (int k = 0; k < 8; k++)
+                        c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+                crc_table[i] = c;
+        }
+}
+
+static uint32_t crc32_of(const char *data, size_t size) {
+        if (crc_table[1] == 0)
+                crc_table_init();
+        uint32_t c = 0xFFFFFFFFu;
+        for (size_t i = 0; i < size; i++)
+                c = crc_table[(c ^ (uint8_t) data[i]) & 0xFF] ^ (c >> 8);
+        return c ^ 0xFFFFFFFFu;
+}
+
+/* ---- lines ---- */
+
+static int buffer_reserve(Buffer *b, size_t more) {
+        if (b->size + more <= b->allocated)
+                return 0;
+        size_t n = MAX(b->allocated * 2, b->size + more + 256);
+        char *d = realloc(b->data, n);
+        if (!d)
+                return -ENOMEM;
+        b->data = d;
+        b->allocated = n;
+        return 0;
+}
+
+static int buffer_put(Buffer *b, const char *s, size_t n) {
+        if (buffer_reserve(b, n) < 0)
+                return -ENOMEM;
+        memcpy(b->data + b->size, s, n);
+        b->size += n;
+        return 0;
+}
+
+static int buffer_puts(Buffer *b, const char *s) {
+        return buffer_put(b, s, strlen(s));
+}
+
+static int buffer_printf(Buffer *b, const char *fmt, ...) _printf_(2, 3);
+static int buffer_printf(Buffer *b, const char *fmt, ...) {
+        char tmp[64];
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+        va_end(ap);
+        assert(n >= 0 && (size_t) n < sizeof tmp); /* numbers only */
+        return buffer_put(b, tmp, (size_t) n);
+}
+
+/* A JSON string. What is written here came through the protocol's JSON parser or the configuration: valid
+ * UTF-8, so escaping '"', '\\' and the control characters is all it takes. */
+static int buffer_put_string(Buffer *b, const char *s) {
+        if (buffer_reserve(b, strlen(s) * 6 + 2) < 0)
+                return -ENOMEM;
+        char *o = b->data + b->size;
+        *o++ = '"';
+        for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
+                if (*p == '"' || *p == '\\') {
+                        *o++ = '\\';
+                        *o++ = (char) *p;
+                } else if (*p < 0x20) {
+                        o += sprintf(o, "\\u%04x", *p);
+                } else
+                        *o++ = (char) *p;
+        }
+        *o++ = '"';
+        b->size = (size_t) (o - b->data);
+        return 0;
+}
+
+/* Starts a line: room for its CRC, filled in by line_end(). */
+static size_t line_begin(Buffer *b) {
+        size_t start = b->size;
+        if (buffer_put(b, "00000000 ", 9) < 0)
+                return SIZE_MAX;
+        return start;
+}
+
+static int line_end(Buffer *b, size_t start, int r) {
+        if (start == SIZE_MAX || r < 0 || buffer_reserve(b, 1) < 0) {
+                if (start != SIZE_MAX)
+                        b->size = start;
+                return -ENOMEM;
+        }
+        char hex[9];
+        snprintf(hex, sizeof hex, "%08" PRIx32, crc32_of(b->data + start + 9, b->size - start - 9));
+        memcpy(b->data + start, hex, 8);
+        b->data[b->size++] = '\n';
+        return 0;
+}
+
+static int line_literal(Buffer *b, const char *json) {
+        size_t start = line_begin(b);
+        return line_end(b, start, start == SIZE_MAX ? -ENOMEM : buffer_puts(b, json));
+}
+
+static int line_lease(Buffer *b, const HistoryLeaseRow *row) {
+        size_t start = line_begin(b);
+        int r = start == SIZE_MAX ? -ENOMEM : 0;
+        r = r ?: buffer_puts(b, "{\"lease\":{\"id\":");
+        r = r ?: buffer_put_string(b, row->id);
+        r = r ?: buffer_puts(b, ",\"pool\":");
+        r = r ?: buffer_put_string(b, row->pool);
+        r = r ?: buffer_puts(b, ",\"lane\":");
+        r = r ?: buffer_put_string(b, row->lane);
+        r = r ?: buffer_puts(b, ",\"slots\":[");
+        for (unsigned i = 0; r == 0 && i < row->n_slots; i++)
+                r = buffer_printf(b, i ? ",%u" : "%u", row->slots[i]);
+        r = r ?: buffer_puts(b, "]");
+        if (row->members) {
+                r = r ?: buffer_puts(b, ",\"members\":[");
+                for (unsigned i = 0; r == 0 && i < row->n_slots; i++) {
+                        r = i ? buffer_puts(b, ",") : 0;
+                        r = r ?: row->members[i] ? buffer_put_string(b, row->members[i]) : buffer_puts(b, "null");
+                }
+                r = r ?: buffer_puts(b, "]");
+        }
+        r = r ?: buffer_printf(b, ",\"token\":%" PRIu64, row->token);
+        if (row->job) {
+                r = r ?: buffer_puts(b, ",\"job\":");
+                r = r ?: buffer_put_string(b, row->job);
+        }
+        r = r ?: buffer_printf(b, ",\"uid\":%u,\"pid\":%d", (unsigned) row->uid, (int) row->pid);
+        if (row->command_pid > 0)
+                r = r ?: buffer_printf(b, ",\"commandPid\":%d,\"commandStart\":%" PRIu64, (int) row->command_pid,
+                                       row->command_start_time);
+        r = r ?: buffer_printf(b, ",\"detached\":%s,\"grantedAt\":%" PRIu64, row->detached ? "true" : "false",
+                               (uint64_t) row->granted_at);
+        if (row->expires_at != USEC_INFINITY)
+                r = r ?: buffer_printf(b, ",\"expiresAt\":%" PRIu64, (uint64_t) row->expires_at);
+        r = r ?: buffer_puts(b, "}}");
+        return line_end(b, start, r);
+}
+
+static int line_end_of(Buffer *b, const char *id) {
+        size_t start = line_begin(b);
+        int r = start == SIZE_MAX ? -ENOMEM : 0;
+        r = r ?: buffer_puts(b, "{\"end\":");
+        r = r ?: buffer_put_string(b, id);
+        r = r ?: buffer_puts(b, "}");
+        return line_end(b, start, r);
+}
+
+static int line_token(Buffer *b, const TokenMark *m) {
+        size_t start = line_begin(b);
+        int r = start == SIZE_MAX ? -ENOMEM : 0;
+        r = r ?: buffer_puts(b, "{\"token\":{\"pool\":");
+        r = r ?: buffer_put_string(b, m->pool);
+        r = r ?: buffer_printf(b, ",\"next\":%" PRIu64 "}}", m->next);
+        return line_end(b, start, r);
+}
+
+static int line_alive(Buffer *b, usec_t realtime) {
+        size_t start = line_begin(b);
+        return line_end(b, start, start == SIZE_MAX ? -ENOMEM : buffer_printf(b, "{\"alive\":%" PRIu64 "}",
+                                                                               (uint64_t) realtime));
+}
+
+/* ---- token marks ---- */
+
+static TokenMark *marks_find(TokenMark *marks, size_t n, const char *pool) {
+        for (size_t i = 0; i < n; i++)
+                if (streq(marks[i].pool, pool))
+                        return &marks[i];
+        return NULL;
+}
+
+static int marks_raise(TokenMark **marks, size_t *n, const char *pool, uint64_t next) {
+        TokenMark *m = marks_find(*marks, *n, pool);
+        if (m) {
+                m->next = MAX(m->next, next);
+                return 0;
+        }
+        TokenMark *a = reallocarray(*marks, *n + 1, sizeof(TokenMark));
+        if (!a)
+                return -ENOMEM;
+        *marks = a;
+        char *p = strdup(pool);
+        if (!p)
+                return -ENOMEM;
+        a[(*n)++] = (TokenMark) { .pool = p, .next = next };
+        return 0;
+}
+
+static void marks_free(TokenMark *marks, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                free(marks[i].pool);
+        free(marks);
+}
+
+/* ---- reading ---- */
+
+typedef struct Reader {
+        HistoryLeaseRow *leases;
+        size_t n_leases, allocated;
+        TokenMark *marks;
+        size_t n_marks;
+        usec_t alive_at;
+} Reader;
+
+static void reader_done(Reader *rd) {
+        history_lease_rows_free(rd->leases, rd->n_leases);
+        marks_free(rd->marks, rd->n_marks);
+}
+
+static void reader_forget(Reader *rd, const char *id) {
+        /* Ends are close to their grants in the log: look from the newest back. */
+        for (size_t i = rd->n_leases; i > 0; i--)
+                if (streq(rd->leases[i - 1].id, id)) {
+                        history_lease_row_done(&rd->leases[i - 1]);
+                        rd->leases[i - 1] = rd->leases[--rd->n_leases];
+                        return;
+                }
+}
+
+static char *json_strdup(const json_t *v) {
+        return json_is_string(v) ? strdup(json_string_value(v)) : NULL;
+}
+
+static int row_from_json(const json_t *o, HistoryLeaseRow *ret) {
+        _cleanup_(history_lease_row_done) HistoryLeaseRow row = { .expires_at = USEC_INFINITY };
+        json_t *slots = json_object_get(o, "slots"), *members = json_object_get(o, "members"), *v;
+
+        if (!json_is_string(json_object_get(o, "id")) || !json_is_string(json_object_get(o, "pool")) ||
+            !json_is_string(json_object_get(o, "lane")) || !json_is_array(slots) ||
+            !json_is_integer(json_object_get(o, "token")) || !json_is_integer(json_object_get(o, "grantedAt")) ||
+            (members && (!json_is_array(members) || json_array_size(members) != json_array_size(slots))) ||
+            json_array_size(slots) > UINT_MAX)
+                return -EBADMSG;
+        row.id = json_strdup(json_object_get(o, "id"));
+        row.pool = json_strdup(json_object_get(o, "pool"));
+        row.lane = json_strdup(json_object_get(o, "lane"));
+        if (!row.id || !row.pool || !row.lane)
+                return -ENOMEM;
+        row.n_slots = (unsigned) json_array_size(slots);
+        row.slots = calloc(MAX(row.n_slots, 1u), sizeof(unsigned));
+        if (!row.slots)
+                return -ENOMEM;
+        for (unsigned i = 0; i < row.n_slots; i++) {
+                v = json_array_get(slots, i);
+                if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > UINT_MAX)
+                        return -EBADMSG;
+                row.slots[i] = (unsigned) json_integer_value(v);
+        }
+        if (members) {
+                row.members = calloc(MAX(row.n_slots, 1u), sizeof(char *));
+                if (!row.members)
+                        return -ENOMEM;
+                for (unsigned i = 0; i < row.n_slots; i++) {
+                        v = json_array_get(members, i);
+                        if (json_is_null(v))
+                                continue;
+                        if (!(row.members[i] = json_strdup(v)))
+                                return json_is_string(v) ? -ENOMEM : -EBADMSG;
+                }
+        }
+        row.token = (uint64_t) json_integer_value(json_object_get(o, "token"));
+        if ((v = json_object_get(o, "job")) && !(row.job = json_strdup(v)))
+                return -EBADMSG;
+        row.uid = (uid_t) json_integer_value(json_object_get(o, "uid"));
+        row.pid = (pid_t) json_integer_value(json_object_get(o, "pid"));
+        row.command_pid = (pid_t) json_integer_value(json_object_get(o, "commandPid"));
+        row.command_start_time = (uint64_t) json_integer_value(json_object_get(o, "commandStart"));
+        row.detached = json_is_true(json_object_get(o, "detached"));
+        row.granted_at = (usec_t) json_integer_value(json_object_get(o, "grantedAt"));
+        if ((v = json_object_get(o, "expiresAt")))
+                row.expires_at = (usec_t) json_integer_value(v);
+        *ret = row;
+        row = (HistoryLeaseRow) {};
+        return 0;
+}
+
+/* One record. Returns 0, -EBADMSG (it does not say what a record says), -ENOMEM. */
+static int reader_apply(Reader *rd, const json_t *o) {
+        json_t *v;
+        int r;
+
+        if ((v = json_object_get(o, "lease"))) {
+                HistoryLeaseRow row;
+                r = row_from_json(v, &row);
+                if (r < 0)
+                        return r;
+                reader_forget(rd, row.id); /* a lease written again (a snapshot) replaces its old line */
+                if (marks_raise(&rd->marks, &rd->n_marks, row.pool, row.token + 1) < 0 ||
+                    (rd->n_leases == rd->allocated &&
+                     !(rd->leases = reallocarray(rd->leases, rd->allocated = MAX(rd->allocated * 2, (size_t) 16),
+                                                 sizeof(HistoryLeaseRow))))) {
+                        history_lease_row_done(&row);
+                        return -ENOMEM;
+                }
+                rd->leases[rd->n_leases++] = row;
+        } else if ((v = json_object_get(o, "end"))) {
+                if (!json_is_string(v))
+                        return -EBADMSG;
+                reader_forget(rd, json_string_value(v));
+        } else if ((v = json_object_get(o, "token"))) {
+                json_t *pool = json_object_get(v, "pool"), *next = json_object_get(v, "next");
+                if (!json_is_string(pool) || !json_is_integer(next))
+                        return -EBADMSG;
+                return marks_raise(&rd->marks, &rd->n_marks, json_string_value(pool), (uint64_t) json_integer_value(next));
+        } else if ((v = json_object_get(o, "alive"))) {
+                if (!json_is_integer(v))
+                        return -EBADMSG;
+                rd->alive_at = MAX(rd->alive_at, (usec_t) json_integer_value(v));
+        } else if (json_is_true(json_object_get(o, "reset"))) {
+                history_lease_rows_free(rd->leases, rd->n_leases);
+                rd->leases = NULL;
+                rd->n_leases = rd->allocated = 0;
+        } else
+                return -EBADMSG;
+        return 0;
+}
+
+/* A line's JSON, if its CRC checks out. */
+static json_t *line_parse(const char *line, size_t size) {
+        char hex[9];
+        if (size < 10 || line[8] != ' ')
+                return NULL;
+        memcpy(hex, line, 8);
+        hex[8] = 0;
+        char *end;
+        unsigned long crc = strtoul(hex, &end, 16);
+        if (*end || crc != crc32_of(line + 9, size - 9))
+                return NULL;
+        return json_loadb(line + 9, size - 9, JSON_REJECT_DUPLICATES, NULL);
+}
+
+static int read_all(int fd, char **ret, size_t *ret_size) {
+        struct stat st;
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        if ((uint64_t) st.st_size > LEASE_LOG_MAX_SIZE)
+                return -EFBIG;
+        size_t size = (size_t) st.st_size, got = 0;
+        _cleanup_free_ char *data = malloc(size + 1);
+        if (!data)
+                return -ENOMEM;
+        while (got < size) {
+                ssize_t k = read(fd, data + got, size - got);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k < 0)
+                        return -errno;
+                if (k == 0)
+                        break;
+                got += (size_t) k;
+        }
+        *ret_size = got;
+        *ret = TAKE_PTR(data);
+        return 0;
+}
+
+static char *path_in(const char *directory, const char *name) {
+        char *p;
+        return asprintf(&p, "%s/%s", directory, name) < 0 ? NULL : p;
+}
+
+int lease_log_read(const char *directory, HistoryState *ret_state, LeaseLogRead *ret_info) {
+        _cleanup_free_ char *path = path_in(directory, LEASE_LOG_FILE), *data = NULL;
+        _cleanup_close_ int fd = -EBADF;
+        _cleanup_(reader_done) Reader rd = {};
+        LeaseLogRead info = {};
+        size_t size = 0;
+        int r;
+
+        if (!path)
+                return -ENOMEM;
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0 && errno != ENOENT)
+                return -errno;
+        if (fd >= 0) {
+                info.exists = true;
+                r = read_all(fd, &data, &size);
+                if (r < 0)
+                        return r;
+                bool header = false;
+                for (size_t at = 0; at < size;) {
+                        char *nl = memchr(data + at, '\n', size - at);
+                        if (!nl)
+                                break; /* a torn last line: its write never completed, nothing waited for it */
+                        size_t len = (size_t) (nl - (data + at));
+                        json_t *o = line_parse(data + at, len);
+                        info.lines++;
+                        if (!header) {
+                                bool ok = o && len == 9 + strlen(LEASE_LOG_HEADER) &&
+                                          memcmp(data + at + 9, LEASE_LOG_HEADER, len - 9) == 0;
+                                json_decref(o);
+                                if (!ok)
+                                        return -EBADMSG;
+                                header = true;
+                        } else {
+                                r = o ? reader_apply(&rd, o) : -EBADMSG;
+                                json_decref(o);
+                                if (r == -ENOMEM)
+                                        return r;
+                                if (r < 0)
+                                        info.damaged++;
+                        }
+                        at += len + 1;
+                }
+                if (!header && size > 0)
+                        return -EBADMSG;
+        }
+
+        HistoryState s = { .alive_at = rd.alive_at };
+        s.floors = calloc(MAX(rd.n_marks, (size_t) 1), sizeof(HistoryTokenFloor));
+        if (!s.floors)
+                return -ENOMEM;
+        for (size_t i = 0; i < rd.n_marks; i++)
+                s.floors[s.n_floors++] = (HistoryTokenFloor) { .pool = TAKE_PTR(rd.marks[i].pool),
+                                                               .next_token = rd.marks[i].next };
+        s.leases = TAKE_PTR(rd.leases);
+        s.n_leases = rd.n_leases;
+        rd.n_leases = 0;
+        *ret_state = s;
+        if (ret_info)
+                *ret_info = info;
+        return 0;
+}
+
+int lease_log_move_aside(const char *directory, char **ret_moved) {
+        _cleanup_free_ char *path = path_in(directory, LEASE_LOG_FILE);
+        char stamp[32];
+        struct tm tm;
+        time_t t = time(NULL);
+
+        if (!path)
+                return -ENOMEM;
+        if (!gmtime_r(&t, &tm) || strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &tm) == 0)
+                return -EINVAL;
+        for (unsigned attempt = 0; attempt < 100; attempt++) {
+                _cleanup_free_ char *moved = NULL;
+                if ((attempt == 0 ? asprintf(&moved, "%s.corrupt-%s", path, stamp)
+                                  : asprintf(&moved, "%s.corrupt-%s.%u", path, stamp, attempt)) < 0)
+                        return -ENOMEM;
+                if (renameat2(AT_FDCWD, path, AT_FDCWD, moved, RENAME_NOREPLACE) < 0) {
+                        if (errno == EEXIST)
+                                continue;
+                        return -errno;
+                }
+                if (ret_moved)
+                        *ret_moved = TAKE_PTR(moved);
+                return 0;
+        }
+        return -EEXIST;
+}
+
+/* ---- writing ---- */
+
+static void lease_log_reserve(LeaseLog *log) {
+        if (log->reserved_to - log->size >= LEASE_LOG_RESERVE / 2)
+                return;
+        if (fallocate(log->fd, FALLOC_FL_KEEP_SIZE, log->size, LEASE_LOG_RESERVE) == 0)
+                log->reserved_to = log->size + LEASE_LOG_RESERVE;
+        /* else: no room, or a file system without it; the next write will tell */
+}
+
+/* Cuts off what a failed write left of its lines. Should that fail too, a reader skips the half line as
+ * damaged, and moves every token mark above the clock: safe, and loud. */
+static void truncate_back(LeaseLog *log) {
+        if (ftruncate(log->fd, log->size) < 0)
+                return;
+}
+
+static int write_all(int fd, const char *data, size_t size) {
+        while (size > 0) {
+                ssize_t k = write(fd, data, size);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k < 0)
+                        return -errno;
+                if (k == 0)
+                        return -EIO;
+                data += k;
+                size -= (size_t) k;
+        }
+        return 0;
+}
+
+/* A snapshot: the token marks, the live leases, the alive mark; lines counted into *lines. */
+static int snapshot_format(const LeaseLog *log, Buffer *b, const HistoryLeaseRow *leases, size_t n, usec_t alive,
+                           size_t *lines) {
+        int r = 0;
+        for (size_t i = 0; r == 0 && i < log->n_marks; i++)
+                r = line_token(b, &log->marks[i]);
+        for (size_t i = 0; r == 0 && i < n; i++)
+                r = line_lease(b, &leases[i]);
+        if (r == 0 && alive > 0)
+                r = line_alive(b, alive);
+        *lines += log->n_marks + n + (alive > 0);
+        return r;
+}
+
+/* Into a fresh file renamed over the log: the way a log shrinks. */
+static int rewrite_by_rename(LeaseLog *log, const HistoryLeaseRow *leases, size_t n, usec_t alive) {
+        _cleanup_free_ char *tmp = path_in(log->directory, LEASE_LOG_FILE ".new");
+        Buffer b = {};
+        size_t lines = 1;
+        int r;
+
+        if (!tmp)
+                return -ENOMEM;
+        r = line_literal(&b, LEASE_LOG_HEADER);
+        r = r ?: snapshot_format(log, &b, leases, n, alive, &lines);
+        if (r < 0) {
+                free(b.data);
+                return r;
+        }
+        _cleanup_close_ int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOCTTY, 0600);
+        if (fd < 0) {
+                free(b.data);
+                return -errno;
+        }
+        r = write_all(fd, b.data, b.size);
+        free(b.data);
+        if (r == 0 && rename(tmp, log->path) < 0)
+                r = -errno;
+        if (r < 0) {
+                (void) unlink(tmp);
+                return r;
+        }
+        safe_close(log->fd);
+        log->fd = TAKE_FD(fd);
+        log->size = (off_t) b.size;
+        log->reserved_to = 0;
+        log->lines = lines;
+        lease_log_reserve(log);
+        return 0;
+}
+
+/* Appended after a "reset" line to the log as it is: for a directory that takes no new file. */
+static int rewrite_in_place(LeaseLog *log, const HistoryLeaseRow *leases, size_t n, usec_t alive) {
+        Buffer b = {};
+        size_t lines = 0;
+        int r;
+
+        if (log->fd < 0) {
+                log->fd = open(log->path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOCTTY);
+                if (log->fd < 0)
+                        return -errno;
+                struct stat st;
+                if (fstat(log->fd, &st) < 0)
+                        return -errno;
+                log->size = st.st_size;
+                log->reserved_to = 0;
+        }
+        if (log->size == 0) {
+                r = line_literal(&b, LEASE_LOG_HEADER);
+                lines++;
+        } else
+                r = 0;
+        r = r ?: line_literal(&b, "{\"reset\":true}");
+        lines++;
+        r = r ?: snapshot_format(log, &b, leases, n, alive, &lines);
+        if (r == 0)
+                r = write_all(log->fd, b.data, b.size);
+        if (r < 0)
+                truncate_back(log);
+        else {
+                log->size += (off_t) b.size;
+                log->lines += lines;
+                lease_log_reserve(log);
+        }
+        free(b.data);
+        return r;
+}
+
+int lease_log_rewrite(LeaseLog *log, const HistoryLeaseRow *leases, size_t n, usec_t alive) {
+        int r = rewrite_by_rename(log, leases, n, alive);
+        if (r < 0 && r != -ENOMEM)
+                r = rewrite_in_place(log, leases, n, alive);
+        if (r == 0) {
+                log->broken = false;
+                log->pending.size = 0;
+                log->pending_lines = 0;
+        }
+        return r;
+}
+
+int lease_log_new(const char *directory, const HistoryState *marks, uint64_t floor_all, LeaseLog **ret) {
+        _cleanup_(lease_log_freep) LeaseLog *log = calloc(1, sizeof(LeaseLog));
+
+        if (!log)
+                return -ENOMEM;
+        log->fd = -EBADF;
+        log->broken = true; /* until a snapshot is written */
+        log->directory = strdup(directory);
+        log->path = path_in(directory, LEASE_LOG_FILE);
+        if (!log->directory || !log->path)
+                return -ENOMEM;
+        for (size_t i = 0; i < marks->n_floors; i++)
+                if (marks_raise(&log->marks, &log->n_marks, marks->floors[i].pool, marks->floors[i].next_token) < 0)
+                        return -ENOMEM;
+        for (size_t i = 0; i < marks->n_leases; i++)
+                if (marks_raise(&log->marks, &log->n_marks, marks->leases[i].pool, marks->leases[i].token + 1) < 0)
+                        return -ENOMEM;
+        if (floor_all > 0 && marks_raise(&log->marks, &log->n_marks, HISTORY_TOKEN_FLOOR_ALL, floor_all) < 0)
+                return -ENOMEM;
+        *ret = TAKE_PTR(log);
+        return 0;
+}
+
+LeaseLog *lease_log_free(LeaseLog *log) {
+        if (!log)
+                return NULL;
+        safe_close(log->fd);
+        free(log->pending.data);
+        marks_free(log->marks, log->n_marks);
+        free(log->directory);
+        free(log->path);
+        free(log);
+        return NULL;
+}
+
+int lease_log_add(LeaseLog *log, const HistoryLeaseRow *row) {
+        int r = marks_raise(&log->marks, &log->n_marks, row->pool, row->token + 1);
+        r = r ?: line_lease(&log->pending, row);
+        log->pending_lines += r == 0;
+        return r;
+}
+
+int lease_log_end(LeaseLog *log, const char *id) {
+        int r = line_end_of(&log->pending, id);
+        log->pending_lines += r == 0;
+        return r;
+}
+
+int lease_log_alive(LeaseLog *log, usec_t realtime) {
+        int r = line_alive(&log->pending, realtime);
+        log->pending_lines += r == 0;
+        return r;
+}
+
+bool lease_log_has_pending(const LeaseLog *log) {
+        return log->pending.size > 0;
+}
+
+int lease_log_flush(LeaseLog *log) {
+        int r = 0;
+
+        if (log->pending.size == 0)
+                return log->broken ? -EIO : 0;
+        if (log->broken)
+                r = -EIO; /* lines may be missing before these: only a rewrite mends it */
+        else {
+                r = write_all(log->fd, log->pending.data, log->pending.size);
+                if (r < 0) {
+                        truncate_back(log); /* no half line in the middle of the log */
+                        log->broken = true;
+                } else {
+                        log->size += (off_t) log->pending.size;
+                        log->lines += log->pending_lines;
+                        lease_log_reserve(log);
+                }
+        }
+        log->pending.size = 0;
+        log->pending_lines = 0;
+        return r;
+}
+
+bool lease_log_is_broken(const LeaseLog *log) {
+        return log->broken;
+}
+
+bool lease_log_wants_rewrite(const LeaseLog *log, size_t n_live) {
+        return log->lines > LEASE_LOG_REWRITE_SLACK + 4 * n_live;
+}
+
+uint64_t lease_log_token_mark(const LeaseLog *log, const char *pool) {
+        const TokenMark *m = marks_find(log->marks, log->n_marks, pool);
+        return m ? m->next : 0;
+}

@@ -1,0 +1,337 @@
+/* SPDX-License-Identifier: MIT */
+/* test-lease-log.c — the lease log alone (lease-log.h), in a temporary directory: what is written is what
+ * a restart reads; a torn last line, a damaged line, a file that is not a lease log; a write that fails
+ * half-way (RLIMIT_FSIZE) leaves no half line and a broken log that a snapshot mends; rewrites. */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "lease-log.h"
+
+typedef struct Fixture {
+        char dir[64];
+        char path[128];
+        LeaseLog *log;
+} Fixture;
+
+static int setup(void **state) {
+        Fixture *f = calloc(1, sizeof(Fixture));
+        assert_non_null(f);
+        strcpy(f->dir, "/tmp/test-lease-log.XXXXXX");
+        assert_non_null(mkdtemp(f->dir));
+        snprintf(f->path, sizeof f->path, "%s/" LEASE_LOG_FILE, f->dir);
+        HistoryState none = {};
+        assert_int_equal(lease_log_new(f->dir, &none, 0, &f->log), 0);
+        assert_true(lease_log_is_broken(f->log)); /* until its first snapshot */
+        assert_int_equal(lease_log_rewrite(f->log, NULL, 0, 0), 0);
+        assert_false(lease_log_is_broken(f->log));
+        *state = f;
+        return 0;
+}
+
+static int teardown(void **state) {
+        Fixture *f = *state;
+        char cmd[128];
+        lease_log_free(f->log);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
+        assert_int_equal(system(cmd), 0);
+        free(f);
+        return 0;
+}
+
+static unsigned slots_a[] = { 0, 3 };
+static char *members_a[] = { "grid-1", NULL };
+
+static HistoryLeaseRow row_a(void) {
+        return (HistoryLeaseRow) {
+                .id = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+                .pool = "p",
+                .lane = "merge",
+                .slots = slots_a,
+                .members = members_a,
+                .n_slots = 2,
+                .token = 41,
+                .job = "say \"hi\"\\\n\x01 ünïcode",
+                .uid = 1000,
+                .pid = 77,
+                .command_pid = 78,
+                .command_start_time = 123456789,
+                .detached = false,
+                .granted_at = 1700000000000001,
+                .expires_at = 1700000060000001,
+        };
+}
+
+static unsigned slots_b[] = { 1 };
+
+static HistoryLeaseRow row_b(const char *id, uint64_t token) {
+        return (HistoryLeaseRow) {
+                .id = (char *) id,
+                .pool = "q",
+                .lane = "nightly",
+                .slots = slots_b,
+                .n_slots = 1,
+                .token = token,
+                .uid = 0,
+                .pid = 5,
+                .detached = true,
+                .granted_at = 1700000000000002,
+                .expires_at = USEC_INFINITY,
+        };
+}
+
+static const HistoryTokenFloor *floor_of(const HistoryState *s, const char *pool) {
+        for (size_t i = 0; i < s->n_floors; i++)
+                if (streq(s->floors[i].pool, pool))
+                        return &s->floors[i];
+        return NULL;
+}
+
+static const HistoryLeaseRow *lease_of(const HistoryState *s, const char *id) {
+        for (size_t i = 0; i < s->n_leases; i++)
+                if (streq(s->leases[i].id, id))
+                        return &s->leases[i];
+        return NULL;
+}
+
+static void read_back(Fixture *f, HistoryState *s, LeaseLogRead *info) {
+        assert_int_equal(lease_log_read(f->dir, s, info), 0);
+        assert_true(info->exists);
+}
+
+static void test_what_is_written_is_read(void **state) {
+        Fixture *f = *state;
+        HistoryLeaseRow a = row_a(), b = row_b("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 7),
+                        c = row_b("cccccccccccccccccccccccccccccccc", 9);
+        assert_int_equal(lease_log_add(f->log, &a), 0);
+        assert_int_equal(lease_log_add(f->log, &b), 0);
+        assert_int_equal(lease_log_add(f->log, &c), 0);
+        assert_int_equal(lease_log_end(f->log, b.id), 0);
+        assert_int_equal(lease_log_alive(f->log, 1700000005000000), 0);
+        assert_true(lease_log_has_pending(f->log));
+        /* Nothing reaches the file before the flush. */
+        HistoryState s = {};
+        LeaseLogRead info;
+        read_back(f, &s, &info);
+        assert_int_equal(s.n_leases, 0);
+        history_state_done(&s);
+
+        assert_int_equal(lease_log_flush(f->log), 0);
+        assert_false(lease_log_has_pending(f->log));
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, 0);
+        assert_int_equal(s.n_leases, 2);
+        const HistoryLeaseRow *ra = lease_of(&s, a.id), *rc = lease_of(&s, c.id);
+        assert_non_null(ra);
+        assert_non_null(rc);
+        assert_null(lease_of(&s, b.id));
+        assert_string_equal(ra->pool, "p");
+        assert_string_equal(ra->lane, "merge");
+        assert_int_equal(ra->n_slots, 2);
+        assert_int_equal(ra->slots[1], 3);
+        assert_non_null(ra->members);
+        assert_string_equal(ra->members[0], "grid-1");
+        assert_null(ra->members[1]);
+        assert_string_equal(ra->job, a.job);
+        assert_int_equal(ra->token, 41);
+        assert_int_equal(ra->uid, 1000);
+        assert_int_equal(ra->pid, 77);
+        assert_int_equal(ra->command_pid, 78);
+        assert_int_equal(ra->command_start_time, 123456789);
+        assert_false(ra->detached);
+        assert_int_equal(ra->granted_at, a.granted_at);
+        assert_int_equal(ra->expires_at, a.expires_at);
+        assert_null(rc->members);
+        assert_null(rc->job);
+        assert_true(rc->detached);
+        assert_int_equal(rc->expires_at, USEC_INFINITY);
+        assert_int_equal(s.alive_at, 1700000005000000);
+        /* Every token given out stays below its pool's mark, the ended lease's too. */
+        assert_int_equal(floor_of(&s, "p")->next_token, 42);
+        assert_int_equal(floor_of(&s, "q")->next_token, 10);
+        history_state_done(&s);
+}
+
+static void test_token_marks_outlive_their_leases(void **state) {
+        Fixture *f = *state;
+        HistoryLeaseRow b = row_b("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 500);
+        assert_int_equal(lease_log_add(f->log, &b), 0);
+        assert_int_equal(lease_log_end(f->log, b.id), 0);
+        assert_int_equal(lease_log_flush(f->log), 0);
+        assert_int_equal(lease_log_token_mark(f->log, "q"), 501);
+        /* A snapshot without the lease keeps its pool's mark. */
+        assert_int_equal(lease_log_rewrite(f->log, NULL, 0, 0), 0);
+        HistoryState s = {};
+        LeaseLogRead info;
+        read_back(f, &s, &info);
+        assert_int_equal(s.n_leases, 0);
+        assert_int_equal(floor_of(&s, "q")->next_token, 501);
+        history_state_done(&s);
+}
+
+static void append_raw(Fixture *f, const char *text) {
+        int fd = open(f->path, O_WRONLY | O_APPEND | O_CLOEXEC);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, text, strlen(text)), (ssize_t) strlen(text));
+        close(fd);
+}
+
+static void test_torn_last_line_is_not_damage(void **state) {
+        Fixture *f = *state;
+        HistoryLeaseRow b = row_b("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 3);
+        assert_int_equal(lease_log_add(f->log, &b), 0);
+        assert_int_equal(lease_log_flush(f->log), 0);
+        append_raw(f, "0badc0de {\"lease\":{\"id\":\"cc");
+        HistoryState s = {};
+        LeaseLogRead info;
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, 0);
+        assert_int_equal(s.n_leases, 1);
+        history_state_done(&s);
+}
+
+static void test_damaged_line_is_counted_and_skipped(void **state) {
+        Fixture *f = *state;
+        HistoryLeaseRow b = row_b("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 3), c = row_b("cccccccccccccccccccccccccccccccc", 4);
+        assert_int_equal(lease_log_add(f->log, &b), 0);
+        assert_int_equal(lease_log_flush(f->log), 0);
+        append_raw(f, "00000000 {\"end\":\"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb\"}\n"); /* wrong CRC */
+        assert_int_equal(lease_log_add(f->log, &c), 0);
+        assert_int_equal(lease_log_flush(f->log), 0);
+        HistoryState s = {};
+        LeaseLogRead info;
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, 1);
+        assert_int_equal(s.n_leases, 2); /* the end did not check out: b is still held */
+        history_state_done(&s);
+}
+
+static void test_not_a_lease_log(void **state) {
+        Fixture *f = *state;
+        int fd = open(f->path, O_WRONLY | O_TRUNC | O_CLOEXEC);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, "SQLite format 3\0garbage\n", 24), 24);
+        close(fd);
+        HistoryState s = {};
+        LeaseLogRead info;
+        assert_int_equal(lease_log_read(f->dir, &s, &info), -EBADMSG);
+        char *moved = NULL;
+        assert_int_equal(lease_log_move_aside(f->dir, &moved), 0);
+        assert_non_null(strstr(moved, LEASE_LOG_FILE ".corrupt-"));
+        assert_int_equal(access(moved, F_OK), 0);
+        free(moved);
+        assert_int_equal(lease_log_read(f->dir, &s, &info), 0);
+        assert_false(info.exists);
+        history_state_done(&s);
+}
+
+static void test_failed_write_leaves_no_half_line_and_a_snapshot_mends(void **state) {
+        Fixture *f = *state;
+        HistoryLeaseRow a = row_a(), b = row_b("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 3);
+        struct stat st;
+        struct rlimit old, small;
+
+        assert_int_equal(lease_log_add(f->log, &b), 0);
+        assert_int_equal(lease_log_flush(f->log), 0);
+        assert_int_equal(stat(f->path, &st), 0);
+
+        /* The file may grow by 10 bytes: the write of a's line stops half-way, the next fails (EFBIG). */
+        assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+        small = (struct rlimit) { .rlim_cur = (rlim_t) st.st_size + 10, .rlim_max = old.rlim_max };
+        signal(SIGXFSZ, SIG_IGN);
+        assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
+        assert_int_equal(lease_log_add(f->log, &a), 0);
+        assert_int_equal(lease_log_flush(f->log), -EFBIG);
+        assert_true(lease_log_is_broken(f->log));
+        /* Broken: lines are not taken until a snapshot. */
+        assert_int_equal(lease_log_end(f->log, b.id), 0);
+        assert_int_equal(lease_log_flush(f->log), -EIO);
+        assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+
+        struct stat after;
+        assert_int_equal(stat(f->path, &after), 0);
+        assert_int_equal(after.st_size, st.st_size);
+        HistoryState s = {};
+        LeaseLogRead info;
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, 0);
+        assert_int_equal(s.n_leases, 1);
+        history_state_done(&s);
+
+        /* What is live now: a (granted best-effort, say), not b (ended while the log was broken). */
+        assert_int_equal(lease_log_rewrite(f->log, &a, 1, 1700000009000000), 0);
+        assert_false(lease_log_is_broken(f->log));
+        read_back(f, &s, &info);
+        assert_int_equal(s.n_leases, 1);
+        assert_string_equal(s.leases[0].id, a.id);
+        assert_int_equal(s.alive_at, 1700000009000000);
+        assert_int_equal(floor_of(&s, "q")->next_token, 4);
+        history_state_done(&s);
+}
+
+static void test_rewrite_when_the_log_outgrows_what_is_live(void **state) {
+        Fixture *f = *state;
+        char id[33];
+        unsigned n = 0;
+        while (!lease_log_wants_rewrite(f->log, 1)) {
+                snprintf(id, sizeof id, "%032x", n);
+                HistoryLeaseRow b = row_b(id, ++n);
+                assert_int_equal(lease_log_add(f->log, &b), 0);
+                assert_int_equal(lease_log_end(f->log, id), 0);
+                assert_int_equal(lease_log_flush(f->log), 0);
+                assert_true(n < 100000);
+        }
+        assert_true(n > 1000); /* not after a handful of lines */
+        HistoryLeaseRow live = row_b("dddddddddddddddddddddddddddddddd", n + 1);
+        assert_int_equal(lease_log_rewrite(f->log, &live, 1, 0), 0);
+        assert_false(lease_log_wants_rewrite(f->log, 1));
+        struct stat st;
+        assert_int_equal(stat(f->path, &st), 0);
+        assert_true(st.st_size < 1024);
+        HistoryState s = {};
+        LeaseLogRead info;
+        read_back(f, &s, &info);
+        assert_int_equal(s.n_leases, 1);
+        assert_int_equal(floor_of(&s, "q")->next_token, n + 2);
+        history_state_done(&s);
+}
+
+static void test_floor_for_every_pool(void **state) {
+        Fixture *f = *state;
+        HistoryState none = {};
+        LeaseLog *log;
+        assert_int_equal(lease_log_new(f->dir, &none, 1700000000000000, &log), 0);
+        assert_int_equal(lease_log_rewrite(log, NULL, 0, 0), 0);
+        HistoryState s = {};
+        LeaseLogRead info;
+        read_back(f, &s, &info);
+        assert_int_equal(floor_of(&s, HISTORY_TOKEN_FLOOR_ALL)->next_token, 1700000000000000);
+        history_state_done(&s);
+        lease_log_free(log);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(test_what_is_written_is_read, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_token_marks_outlive_their_leases, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_torn_last_line_is_not_damage, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_damaged_line_is_counted_and_skipped, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_not_a_lease_log, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_failed_write_leaves_no_half_line_and_a_snapshot_mends, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_rewrite_when_the_log_outgrows_what_is_live, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_floor_for_every_pool, setup, teardown),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
