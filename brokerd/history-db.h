@@ -9,17 +9,17 @@
 
 #include "history-channel.h"
 
-/* A pool's reserved token high-water, as committed and as the open transaction raises it. */
+/* A pool's token high-water mark, as a database gave it (or HISTORY_TOKEN_FLOOR_ALL's, after a fresh start). */
 typedef struct TokenMark {
         char *pool;
-        uint64_t committed, pending;
+        uint64_t next;
 } TokenMark;
 
 typedef struct HistoryDb {
         char *path, *ballast_path;
         sqlite3 *db; /* NULL: not open (degraded) */
-        sqlite3_stmt *insert_event, *upsert_lease, *delete_lease, *upsert_token, *prune, *upsert_alive;
-        TokenMark *marks; /* kept across reopenings and fresh starts: tokens never go back */
+        sqlite3_stmt *insert_event, *upsert_lease, *delete_lease, *upsert_token, *prune;
+        TokenMark *marks; /* kept across reopenings and fresh starts, for the carry-over: tokens never go back */
         size_t n_marks;
         bool ballast; /* history.db.ballast exists */
 } HistoryDb;
@@ -60,11 +60,7 @@ void history_db_rollback(HistoryDb *d);
 
 /* Inside a transaction. */
 int history_db_insert_event(HistoryDb *d, const EventRow *e);
-int history_db_lease_commit(HistoryDb *d, const HistoryLeaseRow *row); /* the row and its pool's token mark */
 int history_db_lease_delete(HistoryDb *d, const char *id);
-int history_db_alive_mark(HistoryDb *d);
-/* After the transaction: the marks it raised are committed, or go back. */
-void history_db_token_marks_settle(HistoryDb *d, bool committed);
 
 /* Deletes up to chunk events older than before (realtime µs); *ret_more: the chunk was full. */
 int history_db_prune(HistoryDb *d, usec_t before, unsigned chunk, bool *ret_more);
