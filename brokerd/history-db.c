@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* history-db.c — owns the database file on the writer's connection: schema and migrations, opening and
- * moving aside, salvage, the ballast, token marks, the read-only fallback, and every statement. */
+ * moving aside, salvage, the leases and token marks of an older brokerd, the read-only fallback, and every
+ * statement. */
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -287,68 +288,6 @@ void history_db_close(HistoryDb *d) {
         d->db = NULL;
 }
 
-/* A disk that fills up must not stop lease commits, since a failed one refuses a grant. SQLite's own
- * free pages cannot serve as the reserve: in WAL mode even deleting a "ballast" table has to append
- * frames to the log, which on a full disk cannot grow, and the pages it frees sit inside history.db
- * where only a checkpoint could reuse them. So the reserve is a plain file beside the database: on
- * SQLITE_FULL during a lease commit it is unlinked, which returns its blocks to the file system at once,
- * and the commit is retried. Decision rows are not written again until the file could be re-created:
- * the space it gave back stays for leases. The content is not zeros, which a compressing file system
- * would not store. */
-static int ballast_create(HistoryDb *d) {
-        _cleanup_free_ char *tmp = NULL;
-        _cleanup_close_ int fd = -EBADF;
-        char buf[64 * 1024];
-        uint64_t x = 0x9e3779b97f4a7c15ULL;
-        int r = 0;
-
-        if (asprintf(&tmp, "%s.tmp", d->ballast_path) < 0)
-                return -ENOMEM;
-        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0)
-                return -errno;
-        for (uint64_t left = history_tuning.ballast_size; left > 0;) {
-                size_t n = MIN(left, sizeof buf);
-                for (size_t i = 0; i + 8 <= n; i += 8) {
-                        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                        memcpy(buf + i, &x, 8);
-                }
-                ssize_t k = write(fd, buf, n);
-                if (k < 0) {
-                        r = -errno;
-                        break;
-                }
-                left -= (uint64_t) k;
-        }
-        if (r == 0 && fsync(fd) < 0)
-                r = -errno;
-        if (r == 0 && rename(tmp, d->ballast_path) < 0)
-                r = -errno;
-        if (r < 0)
-                (void) unlink(tmp);
-        return r;
-}
-
-bool history_db_ensure_ballast(HistoryDb *d) {
-                struct stat st;
-
-        if (d->ballast)
-                return true;
-        if (stat(d->ballast_path, &st) >= 0 && (uint64_t) st.st_size >= history_tuning.ballast_size)
-                d->ballast = true;
-        else
-                d->ballast = ballast_create(d) >= 0;
-        return d->ballast;
-}
-
-bool history_db_drop_ballast(HistoryDb *d) {
-        
-        if (!d->ballast)
-                return false;
-        d->ballast = false;
-        return unlink(d->ballast_path) >= 0;
-}
-
 static int prepare_statements(HistoryDb *d) {
                 int rc;
 
@@ -533,10 +472,21 @@ int history_db_move_aside(HistoryDb *d, char **ret_moved) {
 
 int history_db_init(HistoryDb *d, const char *directory) {
         *d = (HistoryDb) {};
-        if (asprintf(&d->path, "%s/history.db", directory) < 0 ||
-            asprintf(&d->ballast_path, "%s/history.db.ballast", directory) < 0)
+        if (asprintf(&d->path, "%s/history.db", directory) < 0)
                 return -ENOMEM;
         return 0;
+}
+
+/* An older brokerd kept 1 MiB in history.db.ballast (made through a .tmp) for lease commits on a full
+ * disk. Its lease commits went to the lease log: the reserve went with them. */
+void history_db_remove_ballast(HistoryDb *d) {
+        static const char *const suffixes[] = { ".ballast", ".ballast.tmp" };
+
+        for (size_t i = 0; i < ELEMENTSOF(suffixes); i++) {
+                _cleanup_free_ char *p = NULL;
+                if (asprintf(&p, "%s%s", d->path, suffixes[i]) >= 0)
+                        (void) unlink(p);
+        }
 }
 
 void history_db_done(HistoryDb *d) {
@@ -545,7 +495,6 @@ void history_db_done(HistoryDb *d) {
                 free(d->marks[i].pool);
         free(d->marks);
         free(d->path);
-        free(d->ballast_path);
         *d = (HistoryDb) {};
 }
 

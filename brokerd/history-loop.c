@@ -19,7 +19,6 @@ HistoryTuning history_tuning = {
         .retry_min = 100 * USEC_PER_MSEC,
         .retry_max = 5 * USEC_PER_SEC,
         .stop_timeout = 3 * USEC_PER_SEC,
-        .ballast_size = 1024 * 1024,
 };
 
 struct History {

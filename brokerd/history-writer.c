@@ -96,7 +96,6 @@ static OpenResult writer_open_at(HistoryWriter *w, bool afresh, const char *salv
                 return writer_fail(w, w->db.db && sqlite3_errcode(w->db.db) != SQLITE_OK ? sqlite3_errmsg(w->db.db)
                                                                                     : sqlite3_errstr(rc));
 
-        (void) history_db_ensure_ballast(&w->db);
         w->failing = false;
         w->backoff = 0;
         w->rows_retry_at = 0;
@@ -144,10 +143,10 @@ static void writer_note_failure(HistoryWriter *w, int rc) {
         }
 }
 
-/* A write went through. The episode is over only when no row waits for a retry and the reserve is
- * back: a small delete that fitted does not mean the disk has room for a batch. */
+/* A write went through. The episode is over only when no row waits for a retry: a small delete that
+ * fitted does not mean the disk has room for a batch. */
 static void writer_note_success(HistoryWriter *w) {
-        if (!w->failing || w->rows || !w->db.ballast)
+        if (!w->failing || w->rows)
                 return;
         w->failing = false;
         if (w->full_logged || w->io_logged)
@@ -206,12 +205,6 @@ static int writer_write_batch(HistoryWriter *w) {
 static void writer_rows_step(HistoryWriter *w) {
         int rc;
 
-        /* After the reserve went to lease commits, rows wait until it is back: its space is theirs. */
-        if (!w->db.ballast && !history_db_ensure_ballast(&w->db)) {
-                writer_note_failure(w, SQLITE_FULL);
-                writer_backoff(w);
-                return;
-        }
         rc = writer_write_batch(w);
         if (rc != SQLITE_OK && writer_recover(w, rc) && w->db.db)
                 rc = writer_write_batch(w); /* a fresh or reopened database: at once, not after a backoff */
@@ -482,6 +475,7 @@ static void writer_main_loop(HistoryWriter *w) {
 static void *writer_thread(void *userdata) {
         HistoryWriter *w = userdata;
 
+        history_db_remove_ballast(&w->db);
         (void) writer_open(w);
         w->retention_at = now_monotonic(); /* a first pass soon after start */
 

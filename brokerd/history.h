@@ -77,8 +77,9 @@ typedef void (*HistoryQueryFn)(History *h, int error, json_t *events, int64_t ne
  * database that cannot be opened puts history in the degraded state (logged once, retried every 5 s); a
  * corrupt or foreign file (or one of a newer schema) is moved aside as history.db.corrupt-<UTC timestamp>
  * (with its -wal and -shm) and a fresh one made, carrying over the leases and token marks the old one still
- * gives. Beside it, history.db.ballast reserves 1 MiB for a full disk. retention: rows older than this are pruned, a little at a time (0 or USEC_INFINITY: never). Returns 0,
- * -ENOMEM, or errors creating the eventfd, its event source or the thread. */
+ * gives. A history.db.ballast that an older brokerd reserved beside it is removed. retention: rows older
+ * than this are pruned, a little at a time (0 or USEC_INFINITY: never). Returns 0, -ENOMEM, or errors
+ * creating the eventfd, its event source or the thread. */
 int history_new(sd_event *event, const char *directory, usec_t retention, History **ret);
 /* Writes what is queued (waiting at most a few seconds for the disk), stops the thread, frees. Pending
  * callbacks are not called. Not from inside a history callback. */

@@ -56,7 +56,6 @@ static int setup(void **state) {
                 .retry_min = 20 * USEC_PER_MSEC,
                 .retry_max = 200 * USEC_PER_MSEC,
                 .stop_timeout = USEC_PER_SEC,
-                .ballast_size = 1024 * 1024,
         };
         *state = f;
         return 0;
@@ -322,6 +321,33 @@ static void test_newer_schema_is_moved_aside(void **state) {
         assert_int_equal(db_int(moved, "PRAGMA user_version"), 99);
         close_history(f);
         assert_int_equal(db_int(db_path(f), "PRAGMA user_version"), (int64_t) history_schema_version());
+}
+
+static void test_older_brokerds_ballast_is_removed(void **state) {
+        Fixture *f = *state;
+        char ballast[160], tmp[170];
+        static char buf[64 * 1024];
+
+        /* An older brokerd reserved 1 MiB beside history.db for its lease commits (and may have died
+         * while making it: the .tmp). Nothing needs it now: an upgraded state directory does not keep it. */
+        assert_int_equal(mkdir(f->state, 0750), 0);
+        snprintf(ballast, sizeof ballast, "%s/history.db.ballast", f->state);
+        snprintf(tmp, sizeof tmp, "%s.tmp", ballast);
+        const char *paths[] = { ballast, tmp };
+        for (size_t i = 0; i < ELEMENTSOF(paths); i++) {
+                int fd = open(paths[i], O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+                assert_true(fd >= 0);
+                for (unsigned k = 0; k < 16; k++)
+                        assert_int_equal(write(fd, buf, sizeof buf), sizeof buf);
+                close(fd);
+        }
+
+        open_history(f, 0);
+        assert_true(history_is_healthy(f->h));
+        for (size_t i = 0; i < ELEMENTSOF(paths); i++) {
+                assert_int_equal(access(paths[i], F_OK), -1);
+                assert_int_equal(errno, ENOENT);
+        }
 }
 
 /* ---- decision rows ---- */
@@ -938,6 +964,7 @@ int main(int argc, char *argv[]) {
                 cmocka_unit_test_setup_teardown(test_new_database_gets_current_schema, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_old_schema_is_migrated_and_keeps_its_rows, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_newer_schema_is_moved_aside, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_older_brokerds_ballast_is_removed, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_rows_are_queryable_with_every_filter, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_pages_follow_the_cursor, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_cancelled_query_is_not_called_back, setup, teardown),
