@@ -141,7 +141,6 @@ void history_channel_wait_load(HistoryChannel *c, Op *op) {
 Op *history_op_free(Op *op) {
         if (!op)
                 return NULL;
-        history_lease_row_done(&op->row);
         free(op->lease_id);
         free((char *) op->query.lane);
         free((char *) op->query.pool);

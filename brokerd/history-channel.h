@@ -37,7 +37,6 @@ typedef struct EventRow {
 } EventRow;
 
 typedef enum OpType {
-        OP_LEASE_COMMIT,
         OP_LEASE_DELETE,
         OP_QUERY,
         OP_LOAD,
@@ -48,7 +47,6 @@ typedef struct Op {
         struct Op *next;               /* in a channel's stack, or a writer's local list */
 
         /* Input, fixed once queued. */
-        HistoryLeaseRow row;           /* OP_LEASE_COMMIT */
         char *lease_id;                /* OP_LEASE_DELETE */
         HistoryQuery query;            /* OP_QUERY; its strings owned */
 
@@ -62,7 +60,6 @@ typedef struct Op {
 
         /* Loop thread only: outstanding ops with a callback, for history_cancel(). */
         struct Op *all_prev, *all_next;
-        HistoryDoneFn done;
         HistoryQueryFn query_done;
         HistoryLoadFn load_done;
         void *userdata;
@@ -91,7 +88,6 @@ struct HistoryChannel {
         /* Either side. */
         atomic_bool dropping;          /* a drop episode was logged and has not ended */
         atomic_bool healthy;
-        atomic_bool degraded;          /* no database: lease commits are answered at once */
         atomic_uint epoch;             /* bumped on every change of health */
         atomic_uint_fast64_t rows_written, rows_dropped, commits, write_errors, longest_commit;
         atomic_uint_fast64_t backlog;  /* appended, neither written nor dropped: what HISTORY_BACKLOG_MAX bounds */

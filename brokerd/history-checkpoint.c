@@ -1,15 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* history-checkpoint.c — owns the WAL checkpoints: when the writer runs one, and a lease commit's interrupt. */
-#include <sched.h>
-
+/* history-checkpoint.c — owns the WAL checkpoints: when the writer runs one. */
 #include "history-checkpoint.h"
 
 /* Checkpoints copy the WAL into history.db and fsync both: tens of milliseconds on a busy disk, which
- * SQLite's automatic checkpoint would charge to whichever commit crosses its threshold — a lease commit
- * that a grant waits for, as likely as not. So the automatic checkpoint is off, and the writer checkpoints
- * when nothing waits for it (writer_main_loop() in history-writer.c); a lease commit that arrives meanwhile
- * interrupts it. (A thread with a connection of its own would let them run side by side, but that needs the
- * shared-memory WAL index that EXCLUSIVE locking avoids: see db_open_file() in history-db.c.) */
+ * SQLite's automatic checkpoint would charge to whichever commit crosses its threshold, and so to a History
+ * query waiting behind that commit, or to the rows queued behind it. So the automatic checkpoint is off, and the writer checkpoints when it has nothing else to do
+ * (writer_main_loop() in history-writer.c). (A thread with a connection of its own would let them run side
+ * by side, but that needs the shared-memory WAL index that EXCLUSIVE locking avoids: see db_open_file() in
+ * history-db.c.) */
 #define CHECKPOINT_FRAMES 1000
 /* Under sustained overload the writer is never idle; past this many frames (64 MiB of 4 KiB pages) it
  * checkpoints at the next commit, holding commits back until the log can start over. */
@@ -18,18 +16,6 @@
  * brokerd runs (which read it as immutable, see db_open_file() in history-db.c) then see all but the last
  * moments. */
 #define CHECKPOINT_QUIET USEC_PER_SEC
-
-/* A lease commit that arrives while a checkpoint runs interrupts it (sqlite3_interrupt(), from the loop
- * thread): the checkpoint stops between pages, as after a crash, and runs again later; the commit waits
- * for no copy of pages. The states make the loop's call safe without a lock: it may call
- * sqlite3_interrupt() only after moving RUNNING to INTERRUPTING, and the writer, which alone closes the
- * connection, waits after its checkpoint until the loop's call is over (a store of a flag: an instant). */
-typedef enum CheckpointState {
-        CHECKPOINT_IDLE,
-        CHECKPOINT_RUNNING,
-        CHECKPOINT_INTERRUPTING,
-        CHECKPOINT_INTERRUPTED,
-} CheckpointState;
 
 int history_checkpoint_wal_hook(void *userdata, sqlite3 *db, const char *name, int frames) {
         HistoryCheckpoint *cp = userdata;
@@ -57,28 +43,8 @@ usec_t history_checkpoint_next(const HistoryCheckpoint *cp) {
 }
 
 /* Failures (a full disk) leave the WAL to grow: the writer's commits then say so. */
-void history_checkpoint_run(HistoryCheckpoint *cp, sqlite3 *db, HistoryChannel *c) {
-        int expected = CHECKPOINT_RUNNING;
-
+void history_checkpoint_run(HistoryCheckpoint *cp, sqlite3 *db) {
         cp->due = false;
         cp->quiet_at = 0;
-        cp->db = db;
-        atomic_store(&cp->state, CHECKPOINT_RUNNING);
-        if (!atomic_load(&c->ops)) /* a commit queued just now would not interrupt it */
-                (void) sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
-        if (!atomic_compare_exchange_strong(&cp->state, &expected, CHECKPOINT_IDLE)) {
-                while (atomic_load(&cp->state) != CHECKPOINT_INTERRUPTED)
-                        sched_yield();
-                atomic_store(&cp->state, CHECKPOINT_IDLE);
-        }
-}
-
-/* The flag it sets is cleared by the next statement the writer starts. */
-void history_checkpoint_interrupt(HistoryCheckpoint *cp) {
-        int expected = CHECKPOINT_RUNNING;
-
-        if (!atomic_compare_exchange_strong(&cp->state, &expected, CHECKPOINT_INTERRUPTING))
-                return;
-        sqlite3_interrupt(cp->db);
-        atomic_store(&cp->state, CHECKPOINT_INTERRUPTED);
+        (void) sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* history-db.c — owns the database file on the writer's connection: schema and migrations, opening and
- * moving aside, salvage, the ballast, token marks, the read-only fallback, and every statement. */
+ * moving aside, salvage, the leases and token marks of an older brokerd, the read-only fallback, and every
+ * statement. */
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -105,9 +106,9 @@ static int migration_3_lease_members(sqlite3 *db) {
         return sqlite3_exec(db, "ALTER TABLE leases ADD COLUMN members TEXT", NULL, NULL, NULL);
 }
 
-/* The last instant (realtime µs) brokerd is known to have run, written with every lease commit and every
- * HISTORY_ALIVE_INTERVAL: a restart never lets a lease keep more of its max-hold than it had left then,
- * however far back the wall clock was stepped meanwhile. */
+/* The last instant (realtime µs) brokerd is known to have run, written (before the lease log) with every
+ * lease commit and every 10 s: a restart never lets a lease keep more of its max-hold than it had left then,
+ * however far back the wall clock was stepped meanwhile. Now only read, to carry it over. */
 static int migration_4_alive(sqlite3 *db) {
         return sqlite3_exec(db, "CREATE TABLE alive (id INTEGER PRIMARY KEY CHECK (id = 1), at INTEGER NOT NULL)",
                             NULL, NULL, NULL);
@@ -282,72 +283,9 @@ void history_db_close(HistoryDb *d) {
         sqlite3_finalize(d->delete_lease);
         sqlite3_finalize(d->upsert_token);
         sqlite3_finalize(d->prune);
-        sqlite3_finalize(d->upsert_alive);
-        d->insert_event = d->upsert_lease = d->delete_lease = d->upsert_token = d->prune = d->upsert_alive = NULL;
+        d->insert_event = d->upsert_lease = d->delete_lease = d->upsert_token = d->prune = NULL;
         sqlite3_close_v2(d->db);
         d->db = NULL;
-}
-
-/* A disk that fills up must not stop lease commits, since a failed one refuses a grant. SQLite's own
- * free pages cannot serve as the reserve: in WAL mode even deleting a "ballast" table has to append
- * frames to the log, which on a full disk cannot grow, and the pages it frees sit inside history.db
- * where only a checkpoint could reuse them. So the reserve is a plain file beside the database: on
- * SQLITE_FULL during a lease commit it is unlinked, which returns its blocks to the file system at once,
- * and the commit is retried. Decision rows are not written again until the file could be re-created:
- * the space it gave back stays for leases. The content is not zeros, which a compressing file system
- * would not store. */
-static int ballast_create(HistoryDb *d) {
-        _cleanup_free_ char *tmp = NULL;
-        _cleanup_close_ int fd = -EBADF;
-        char buf[64 * 1024];
-        uint64_t x = 0x9e3779b97f4a7c15ULL;
-        int r = 0;
-
-        if (asprintf(&tmp, "%s.tmp", d->ballast_path) < 0)
-                return -ENOMEM;
-        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0)
-                return -errno;
-        for (uint64_t left = history_tuning.ballast_size; left > 0;) {
-                size_t n = MIN(left, sizeof buf);
-                for (size_t i = 0; i + 8 <= n; i += 8) {
-                        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                        memcpy(buf + i, &x, 8);
-                }
-                ssize_t k = write(fd, buf, n);
-                if (k < 0) {
-                        r = -errno;
-                        break;
-                }
-                left -= (uint64_t) k;
-        }
-        if (r == 0 && fsync(fd) < 0)
-                r = -errno;
-        if (r == 0 && rename(tmp, d->ballast_path) < 0)
-                r = -errno;
-        if (r < 0)
-                (void) unlink(tmp);
-        return r;
-}
-
-bool history_db_ensure_ballast(HistoryDb *d) {
-                struct stat st;
-
-        if (d->ballast)
-                return true;
-        if (stat(d->ballast_path, &st) >= 0 && (uint64_t) st.st_size >= history_tuning.ballast_size)
-                d->ballast = true;
-        else
-                d->ballast = ballast_create(d) >= 0;
-        return d->ballast;
-}
-
-bool history_db_drop_ballast(HistoryDb *d) {
-        
-        if (!d->ballast)
-                return false;
-        d->ballast = false;
-        return unlink(d->ballast_path) >= 0;
 }
 
 static int prepare_statements(HistoryDb *d) {
@@ -378,21 +316,7 @@ static int prepare_statements(HistoryDb *d) {
                                         "DELETE FROM events WHERE id IN "
                                         "(SELECT id FROM events WHERE time < ? ORDER BY id LIMIT ?)",
                                         -1, SQLITE_PREPARE_PERSISTENT, &d->prune, NULL);
-        if (rc == SQLITE_OK)
-                /* MAX(): a clock stepped back does not move the mark back. */
-                rc = sqlite3_prepare_v3(d->db,
-                                        "INSERT INTO alive (id, at) VALUES (1, ?) ON CONFLICT (id) "
-                                        "DO UPDATE SET at = MAX(at, excluded.at)",
-                                        -1, SQLITE_PREPARE_PERSISTENT, &d->upsert_alive, NULL);
         return rc;
-}
-
-int history_db_alive_mark(HistoryDb *d) {
-        sqlite3_stmt *st = d->upsert_alive;
-        sqlite3_bind_int64(st, 1, (int64_t) MIN(now_realtime(), (usec_t) INT64_MAX));
-        int rc = sqlite3_step(st);
-        sqlite3_reset(st);
-        return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
 /* The mark, or 0 when there is none (a database of an older schema, or never written). */
@@ -452,7 +376,7 @@ static int token_marks_load(HistoryDb *d, sqlite3 *db) {
                         rc = SQLITE_NOMEM;
                         break;
                 }
-                m->committed = m->pending = MAX(m->committed, (uint64_t) next);
+                m->next = MAX(m->next, (uint64_t) next);
                 rc = SQLITE_OK;
         }
         sqlite3_finalize(st);
@@ -465,7 +389,7 @@ static int token_marks_store(HistoryDb *d) {
 
         for (size_t i = 0; i < d->n_marks && rc == SQLITE_OK; i++) {
                 sqlite3_bind_text(d->upsert_token, 1, d->marks[i].pool, -1, SQLITE_STATIC);
-                sqlite3_bind_int64(d->upsert_token, 2, (int64_t) d->marks[i].committed);
+                sqlite3_bind_int64(d->upsert_token, 2, (int64_t) d->marks[i].next);
                 rc = sqlite3_step(d->upsert_token);
                 rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
                 sqlite3_reset(d->upsert_token);
@@ -548,10 +472,21 @@ int history_db_move_aside(HistoryDb *d, char **ret_moved) {
 
 int history_db_init(HistoryDb *d, const char *directory) {
         *d = (HistoryDb) {};
-        if (asprintf(&d->path, "%s/history.db", directory) < 0 ||
-            asprintf(&d->ballast_path, "%s/history.db.ballast", directory) < 0)
+        if (asprintf(&d->path, "%s/history.db", directory) < 0)
                 return -ENOMEM;
         return 0;
+}
+
+/* An older brokerd kept 1 MiB in history.db.ballast (made through a .tmp) for lease commits on a full
+ * disk. Its lease commits went to the lease log: the reserve went with them. */
+void history_db_remove_ballast(HistoryDb *d) {
+        static const char *const suffixes[] = { ".ballast", ".ballast.tmp" };
+
+        for (size_t i = 0; i < ELEMENTSOF(suffixes); i++) {
+                _cleanup_free_ char *p = NULL;
+                if (asprintf(&p, "%s%s", d->path, suffixes[i]) >= 0)
+                        (void) unlink(p);
+        }
 }
 
 void history_db_done(HistoryDb *d) {
@@ -560,7 +495,6 @@ void history_db_done(HistoryDb *d) {
                 free(d->marks[i].pool);
         free(d->marks);
         free(d->path);
-        free(d->ballast_path);
         *d = (HistoryDb) {};
 }
 
@@ -601,7 +535,7 @@ int history_db_setup(HistoryDb *d, unsigned version, bool afresh, const char *sa
                 if (!all)
                         rc = SQLITE_NOMEM;
                 else
-                        all->committed = all->pending = MAX(all->committed, (uint64_t) now_realtime());
+                        all->next = MAX(all->next, (uint64_t) now_realtime());
         }
         if (rc == SQLITE_OK && d->n_marks > 0) {
                 /* After a fresh start the marks we knew go back in: tokens never go back. */
@@ -614,15 +548,6 @@ int history_db_setup(HistoryDb *d, unsigned version, bool afresh, const char *sa
                         rollback(d->db);
         }
         return rc;
-}
-
-void history_db_token_marks_settle(HistoryDb *d, bool committed) {
-        for (size_t i = 0; i < d->n_marks; i++) {
-                if (committed)
-                        d->marks[i].committed = d->marks[i].pending;
-                else
-                        d->marks[i].pending = d->marks[i].committed;
-        }
 }
 
 int history_db_prune(HistoryDb *d, usec_t before, unsigned chunk, bool *ret_more) {
@@ -804,29 +729,6 @@ int history_db_lease_delete(HistoryDb *d, const char *id) {
         return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
-/* The row, and the pool's high-water mark when the token reaches it: all tokens below the mark may
- * have been handed out, so a restart continues from it and never reuses one. */
-int history_db_lease_commit(HistoryDb *d, const HistoryLeaseRow *row) {
-                int rc;
-
-        rc = lease_row_bind_step(d, row);
-        if (rc != SQLITE_OK)
-                return rc;
-
-        TokenMark *m = token_mark_get(d, row->pool);
-        if (!m)
-                return SQLITE_NOMEM;
-        if (row->token < m->pending)
-                return SQLITE_OK;
-        m->pending = row->token + HISTORY_TOKEN_BLOCK;
-        sqlite3_bind_text(d->upsert_token, 1, row->pool, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(d->upsert_token, 2, (int64_t) MIN(m->pending, (uint64_t) INT64_MAX));
-        rc = sqlite3_step(d->upsert_token);
-        sqlite3_reset(d->upsert_token);
-        return rc == SQLITE_DONE ? SQLITE_OK : rc;
-}
-
-
 static int leases_read(sqlite3 *db, HistoryLeaseRow **ret, size_t *ret_n) {
         HistoryLeaseRow *rows = NULL;
         sqlite3_stmt *st = NULL;
@@ -998,7 +900,7 @@ int history_db_read_state(HistoryDb *d, bool log_failure, HistoryState *ret) {
                         s.n_floors = i;
                         return SQLITE_NOMEM;
                 }
-                s.floors[i].next_token = d->marks[i].committed;
+                s.floors[i].next_token = d->marks[i].next;
         }
         s.n_floors = d->n_marks;
         *ret = s;

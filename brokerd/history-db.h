@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* history-db.h — the database file, on the writer thread's connection: opening, schema and migrations, moving
- * a bad file aside and salvaging it, the ballast, token marks, the read-only fallback, and every statement.
+ * a bad file aside and salvaging it, the leases and token marks of an older brokerd, the read-only fallback,
+ * and every statement.
  * Private to the history module (history*.c). The functions return SQLite result codes unless said
  * otherwise; they keep no policy (retries, health, logging of episodes): that is the writer's. */
 #pragma once
@@ -9,19 +10,18 @@
 
 #include "history-channel.h"
 
-/* A pool's reserved token high-water, as committed and as the open transaction raises it. */
+/* A pool's token high-water mark, as a database gave it (or HISTORY_TOKEN_FLOOR_ALL's, after a fresh start). */
 typedef struct TokenMark {
         char *pool;
-        uint64_t committed, pending;
+        uint64_t next;
 } TokenMark;
 
 typedef struct HistoryDb {
-        char *path, *ballast_path;
+        char *path;
         sqlite3 *db; /* NULL: not open (degraded) */
-        sqlite3_stmt *insert_event, *upsert_lease, *delete_lease, *upsert_token, *prune, *upsert_alive;
-        TokenMark *marks; /* kept across reopenings and fresh starts: tokens never go back */
+        sqlite3_stmt *insert_event, *upsert_lease, *delete_lease, *upsert_token, *prune;
+        TokenMark *marks; /* kept across reopenings and fresh starts, for the carry-over: tokens never go back */
         size_t n_marks;
-        bool ballast; /* history.db.ballast exists */
 } HistoryDb;
 
 typedef enum HistoryDbKind {
@@ -50,9 +50,8 @@ void history_db_close(HistoryDb *d);
 /* Renames history.db and its -wal and -shm to history.db.corrupt-<UTC time>[-wal|-shm]. Negative errno. */
 int history_db_move_aside(HistoryDb *d, char **ret_moved);
 
-/* The reserve a full disk gives back to lease commits: true when it exists / when it was unlinked. */
-bool history_db_ensure_ballast(HistoryDb *d);
-bool history_db_drop_ballast(HistoryDb *d);
+/* Removes the history.db.ballast an older brokerd left (best effort). */
+void history_db_remove_ballast(HistoryDb *d);
 
 int history_db_begin(HistoryDb *d);
 int history_db_commit(HistoryDb *d);
@@ -60,11 +59,7 @@ void history_db_rollback(HistoryDb *d);
 
 /* Inside a transaction. */
 int history_db_insert_event(HistoryDb *d, const EventRow *e);
-int history_db_lease_commit(HistoryDb *d, const HistoryLeaseRow *row); /* the row and its pool's token mark */
 int history_db_lease_delete(HistoryDb *d, const char *id);
-int history_db_alive_mark(HistoryDb *d);
-/* After the transaction: the marks it raised are committed, or go back. */
-void history_db_token_marks_settle(HistoryDb *d, bool committed);
 
 /* Deletes up to chunk events older than before (realtime µs); *ret_more: the chunk was full. */
 int history_db_prune(HistoryDb *d, usec_t before, unsigned chunk, bool *ret_more);

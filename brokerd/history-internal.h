@@ -15,7 +15,6 @@ typedef struct HistoryTuning {
         usec_t retry_min;          /* failed writes are retried after this, doubling ... */
         usec_t retry_max;          /* ... up to this */
         usec_t stop_timeout;       /* history_free() waits this long for a failing disk */
-        uint64_t ballast_size;     /* bytes kept in history.db.ballast for lease commits on a full disk */
 } HistoryTuning;
 
 extern HistoryTuning history_tuning;

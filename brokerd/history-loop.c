@@ -19,7 +19,6 @@ HistoryTuning history_tuning = {
         .retry_min = 100 * USEC_PER_MSEC,
         .retry_max = 5 * USEC_PER_SEC,
         .stop_timeout = 3 * USEC_PER_SEC,
-        .ballast_size = 1024 * 1024,
 };
 
 struct History {
@@ -72,34 +71,6 @@ void history_state_done(HistoryState *s) {
         *s = (HistoryState) {};
 }
 
-static int lease_row_copy(const HistoryLeaseRow *from, HistoryLeaseRow *to) {
-        _cleanup_(history_lease_row_done) HistoryLeaseRow r = *from;
-
-        r.id = r.pool = r.lane = r.job = NULL;
-        r.slots = NULL;
-        r.members = NULL;
-        if (strdup_or_null(from->id, &r.id) < 0 || strdup_or_null(from->pool, &r.pool) < 0 ||
-            strdup_or_null(from->lane, &r.lane) < 0 || strdup_or_null(from->job, &r.job) < 0)
-                return -ENOMEM;
-        if (from->n_slots > 0) {
-                r.slots = reallocarray(NULL, from->n_slots, sizeof(unsigned));
-                if (!r.slots)
-                        return -ENOMEM;
-                memcpy(r.slots, from->slots, from->n_slots * sizeof(unsigned));
-        }
-        if (from->members) {
-                r.members = calloc(from->n_slots, sizeof(char *));
-                if (!r.members)
-                        return -ENOMEM;
-                for (unsigned i = 0; i < from->n_slots; i++)
-                        if (strdup_or_null(from->members[i], &r.members[i]) < 0)
-                                return -ENOMEM;
-        }
-        *to = r;
-        r = (HistoryLeaseRow) {};
-        return 0;
-}
-
 static void all_link(History *h, Op *op) {
         op->all_prev = NULL;
         op->all_next = h->all;
@@ -133,8 +104,6 @@ static int on_wakeup(sd_event_source *s, int fd, uint32_t revents, void *userdat
                 /* The callbacks may queue more work or cancel ops further down this list. */
                 if (op->type == OP_QUERY && op->query_done)
                         op->query_done(h, op->result, op->events, op->next_cursor, op->userdata);
-                else if (op->type == OP_LEASE_COMMIT && op->done)
-                        op->done(h, op->result, op->userdata);
                 else if (op->type == OP_LOAD && op->load_done)
                         op->load_done(h, op->result, &op->state, op->userdata);
                 history_op_free(op);
@@ -311,34 +280,6 @@ void history_append(History *h, const AuditRecord *r, usec_t realtime) {
                 history_channel_wake_writer(&h->channel);
 }
 
-int history_lease_commit(History *h, const HistoryLeaseRow *row, HistoryDoneFn done, void *userdata) {
-        int r;
-
-        assert_return(h && row && row->id && row->pool, -EINVAL);
-
-        _cleanup_(history_op_freep) Op *op = calloc(1, sizeof(Op));
-        if (!op)
-                return -ENOMEM;
-        op->type = OP_LEASE_COMMIT;
-        r = lease_row_copy(row, &op->row);
-        if (r < 0)
-                return r;
-        op->done = done;
-        op->userdata = userdata;
-        all_link(h, op);
-
-        if (atomic_load(&h->channel.degraded)) {
-                /* No database: answered at once (through the eventfd, never from inside this call). */
-                op->result = HISTORY_NOT_PERSISTED;
-                history_channel_hand_back(&h->channel, TAKE_PTR(op));
-                return 0;
-        }
-        history_channel_queue_op(&h->channel, TAKE_PTR(op));
-        /* After the push: a checkpoint that starts later sees the op and does not run. */
-        history_checkpoint_interrupt(&h->writer.checkpoint);
-        return 0;
-}
-
 void history_lease_delete(History *h, const char *id) {
         if (!h || !id)
                 return;
@@ -346,15 +287,10 @@ void history_lease_delete(History *h, const char *id) {
         Op *op = calloc(1, sizeof(Op));
         if (!op || !(op->lease_id = strdup(id))) {
                 free(op);
-                return; /* the row stays; a restart ends the lease anyway, as its holder is gone */
+                return; /* the row stays: with a lease log beside it, history.db's leases are not read again */
         }
         op->type = OP_LEASE_DELETE;
-        /* Nobody waits for a delete: it goes with the next lease commit's transaction, or with the next
-         * batch of decision rows (there is one on its way whenever rows are queued, flush-delay at most).
-         * A transaction of its own per release was half of the writer's commits. */
-        (void) STACK_PUSH(&h->channel.ops, op);
-        if (atomic_load(&h->channel.n_rows) == 0)
-                history_channel_wake_writer(&h->channel);
+        history_channel_queue_op(&h->channel, op);
 }
 
 int history_query(History *h, const HistoryQuery *q, HistoryQueryFn done, void *userdata) {
@@ -382,7 +318,6 @@ void history_cancel(History *h, void *userdata) {
                 return;
         for (Op *op = h->all; op; op = op->all_next)
                 if (op->userdata == userdata) {
-                        op->done = NULL;
                         op->query_done = NULL;
                         op->load_done = NULL;
                 }
@@ -394,10 +329,6 @@ void history_set_health_callback(History *h, HistoryHealthFn fn, void *userdata)
         h->health = fn;
         h->health_userdata = userdata;
         h->epoch_seen = atomic_load(&h->channel.epoch);
-}
-
-bool history_is_writable(const History *h) {
-        return h && !atomic_load(&((History *) h)->channel.degraded);
 }
 
 bool history_is_healthy(const History *h) {

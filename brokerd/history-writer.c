@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* history-writer.c — owns the writer thread: batches of decision rows, lease transactions and deferred
- * deletes, retention, the alive mark, and what a failure means (retry, reopen, move aside, degrade). */
+/* history-writer.c — owns the writer thread: batches of decision rows, the deletes of carried-over lease
+ * rows, queries, retention, and what a failure means (retry, reopen, move aside, degrade). */
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
@@ -41,14 +41,13 @@ static OpenResult writer_open(HistoryWriter *w) {
 
 static OpenResult writer_fail(HistoryWriter *w, const char *error) {
         if (!w->degraded_logged) {
-                log_error("Cannot open history database '%s' for writing (%s): decisions are kept in memory (at most %d) "
-                          "and leases cannot be written; retrying every %" PRIu64 "s.",
+                log_error("Cannot open history database '%s' for writing (%s): decisions are kept in memory (at most %d); "
+                          "retrying every %" PRIu64 "s.",
                           w->db.path, error, HISTORY_BACKLOG_MAX, history_tuning.reopen_interval / USEC_PER_SEC);
                 w->degraded_logged = true;
         }
         history_db_close(&w->db);
         w->reopen_at = now_monotonic() + history_tuning.reopen_interval;
-        atomic_store(&w->channel->degraded, true);
         history_channel_set_health(w->channel, false);
         return OPEN_FAILED;
 }
@@ -97,7 +96,6 @@ static OpenResult writer_open_at(HistoryWriter *w, bool afresh, const char *salv
                 return writer_fail(w, w->db.db && sqlite3_errcode(w->db.db) != SQLITE_OK ? sqlite3_errmsg(w->db.db)
                                                                                     : sqlite3_errstr(rc));
 
-        (void) history_db_ensure_ballast(&w->db);
         w->failing = false;
         w->backoff = 0;
         w->rows_retry_at = 0;
@@ -105,7 +103,6 @@ static OpenResult writer_open_at(HistoryWriter *w, bool afresh, const char *salv
                 log_info("History database '%s' is available again.", w->db.path);
                 w->degraded_logged = false;
         }
-        atomic_store(&w->channel->degraded, false);
         history_channel_set_health(w->channel, true);
         writer_apply_deferred(w);
         return OPEN_OK;
@@ -115,8 +112,8 @@ static OpenResult writer_open_at(HistoryWriter *w, bool afresh, const char *salv
  * (reopened, or made afresh after corruption) and the work may be retried at once. */
 static bool writer_recover(HistoryWriter *w, int rc) {
         if (history_sqlite_is_corrupt(rc)) {
-                /* The fresh file may lack live leases: health going down and up again tells the daemon to
-                 * commit them anew. */
+                /* Health going down and up again tells the daemon that a read of the state that failed on
+                 * the corrupt file may now succeed on the fresh one (what the old file gave, carried over). */
                 history_channel_set_health(w->channel, false);
                 return writer_start_afresh(w, "corrupt", true) == OPEN_OK;
         }
@@ -137,8 +134,7 @@ static void writer_note_failure(HistoryWriter *w, int rc) {
         w->failing = true;
         history_channel_set_health(w->channel, false);
         if (history_sqlite_is_full(rc) && !w->full_logged) {
-                log_error("History database '%s': disk full. Decision rows stay queued (at most %d) and are retried; "
-                          "lease commits use the reserve.",
+                log_error("History database '%s': disk full. Decision rows stay queued (at most %d) and are retried.",
                           w->db.path, HISTORY_BACKLOG_MAX);
                 w->full_logged = true;
         } else if (!history_sqlite_is_full(rc) && !w->io_logged) {
@@ -147,12 +143,10 @@ static void writer_note_failure(HistoryWriter *w, int rc) {
         }
 }
 
-/* A write went through. The episode is over only when nothing waits for a retry and the reserve is
- * back: a lease commit that succeeded thanks to the reserve does not mean the disk has room. */
+/* A write went through. The episode is over only when no row waits for a retry: a small delete that
+ * fitted does not mean the disk has room for a batch. */
 static void writer_note_success(HistoryWriter *w) {
-        if (!w->failing)
-                return;
-        if (w->rows || !w->db.ballast)
+        if (!w->failing || w->rows)
                 return;
         w->failing = false;
         if (w->full_logged || w->io_logged)
@@ -184,12 +178,8 @@ static int writer_write_batch(HistoryWriter *w) {
         int rc;
 
         rc = history_db_begin(&w->db);
-        for (; rc == SQLITE_OK && e && n < HISTORY_BATCH_MAX; e = e->next, n++) {
-                /* A lease commit (a grant waits for it) cuts the batch short rather than wait for all of it. */
-                if (n % 64 == 0 && n > 0 && atomic_load_explicit(&w->channel->ops, memory_order_relaxed))
-                        break;
+        for (; rc == SQLITE_OK && e && n < HISTORY_BATCH_MAX; e = e->next, n++)
                 rc = history_db_insert_event(&w->db, e);
-        }
         if (rc == SQLITE_OK)
                 rc = history_db_commit(&w->db);
         if (rc != SQLITE_OK) {
@@ -215,12 +205,6 @@ static int writer_write_batch(HistoryWriter *w) {
 static void writer_rows_step(HistoryWriter *w) {
         int rc;
 
-        /* After the reserve went to lease commits, rows wait until it is back: its space is theirs. */
-        if (!w->db.ballast && !history_db_ensure_ballast(&w->db)) {
-                writer_note_failure(w, SQLITE_FULL);
-                writer_backoff(w);
-                return;
-        }
         rc = writer_write_batch(w);
         if (rc != SQLITE_OK && writer_recover(w, rc) && w->db.db)
                 rc = writer_write_batch(w); /* a fresh or reopened database: at once, not after a backoff */
@@ -235,29 +219,20 @@ static void writer_rows_step(HistoryWriter *w) {
         writer_backoff(w);
 }
 
-/* ---- leases ---- */
+/* ---- lease deletes ---- */
 
-/* One transaction: the deferred deletes, then the ops in the order they were queued, and the alive mark. */
-static int writer_lease_transaction(HistoryWriter *w, Op *ops) {
+/* One transaction: the deferred deletes, then these. */
+static int writer_delete_transaction(HistoryWriter *w, Op *ops) {
         usec_t start = now_monotonic();
         int rc;
 
         rc = history_db_begin(&w->db);
         for (Op *op = w->deferred; rc == SQLITE_OK && op; op = op->next)
                 rc = history_db_lease_delete(&w->db, op->lease_id);
-        for (Op *op = ops; rc == SQLITE_OK && op; op = op->next) {
-                if (op->type == OP_LEASE_COMMIT)
-                        rc = history_db_lease_commit(&w->db, &op->row);
-                else if (op->type == OP_LEASE_DELETE)
-                        rc = history_db_lease_delete(&w->db, op->lease_id);
-        }
+        for (Op *op = ops; rc == SQLITE_OK && op; op = op->next)
+                rc = history_db_lease_delete(&w->db, op->lease_id);
         if (rc == SQLITE_OK)
-                rc = history_db_alive_mark(&w->db);
-        if (rc == SQLITE_OK) {
-                w->alive_at = now_monotonic() + HISTORY_ALIVE_INTERVAL;
                 rc = history_db_commit(&w->db);
-        }
-        history_db_token_marks_settle(&w->db, rc == SQLITE_OK);
         if (rc != SQLITE_OK) {
                 history_db_rollback(&w->db);
                 return rc;
@@ -287,50 +262,32 @@ static void writer_defer_delete(HistoryWriter *w, Op *op) {
 static void writer_apply_deferred(HistoryWriter *w) {
         if (!w->deferred || !w->db.db)
                 return;
-        (void) writer_lease_transaction(w, NULL);
+        (void) writer_delete_transaction(w, NULL);
 }
 
-/* Commits and deletes, grouped. Each commit op gets its result; delete ops that could not be applied
- * are kept for later. Returns the ops to hand back (the loop frees what it allocated). */
-static Op *writer_leases(HistoryWriter *w, Op *ops) {
-        int rc = SQLITE_CANTOPEN, result;
+/* Deletes that cannot be applied now are kept for when the database works. */
+static void writer_deletes(HistoryWriter *w, Op *ops) {
+        int rc = SQLITE_CANTOPEN;
 
         if (w->db.db) {
-                rc = writer_lease_transaction(w, ops);
-                if (rc != SQLITE_OK && history_sqlite_is_full(rc) && history_db_drop_ballast(&w->db)) {
-                        log_warning("History database '%s': disk full; released the reserve for lease commits.",
-                                    w->db.path);
-                        rc = writer_lease_transaction(w, ops);
-                } else if (rc != SQLITE_OK && writer_recover(w, rc) && w->db.db)
-                        rc = writer_lease_transaction(w, ops);
+                rc = writer_delete_transaction(w, ops);
+                if (rc != SQLITE_OK && writer_recover(w, rc) && w->db.db)
+                        rc = writer_delete_transaction(w, ops);
+                if (rc == SQLITE_OK)
+                        writer_note_success(w);
+                else if (w->db.db)
+                        writer_note_failure(w, rc);
         }
-
         if (rc == SQLITE_OK) {
-                result = 0;
-                writer_note_success(w);
-        } else if (!w->db.db)
-                result = HISTORY_NOT_PERSISTED;
-        else {
-                result = history_sqlite_to_errno(rc);
-                writer_note_failure(w, rc);
+                history_channel_hand_back(w->channel, ops);
+                return;
         }
-
-        Op *commits = NULL, **tail = &commits;
         while (ops) {
                 Op *op = ops;
                 ops = op->next;
-                op->next = NULL;
-                if (op->type == OP_LEASE_DELETE && rc != SQLITE_OK) {
-                        writer_defer_delete(w, op);
-                        continue;
-                }
-                op->result = result;
-                *tail = op;
-                tail = &op->next;
+                writer_defer_delete(w, op);
         }
-        return commits;
 }
-
 
 /* ---- reads ---- */
 
@@ -354,7 +311,7 @@ static int writer_query(HistoryWriter *w, Op *op) {
         return history_sqlite_to_errno(rc);
 }
 
-/* ---- retention and the alive mark ---- */
+/* ---- retention ---- */
 
 static void writer_retention_step(HistoryWriter *w) {
         usec_t now = now_realtime();
@@ -365,27 +322,11 @@ static void writer_retention_step(HistoryWriter *w) {
         if (!w->db.db || w->retention == 0 || w->retention == USEC_INFINITY || now <= w->retention)
                 return;
 
-        /* A small chunk per statement: a month of rows never goes in one transaction, and lease commits
-         * and decision rows get their turn between chunks. */
+        /* A small chunk per statement: a month of rows never goes in one transaction, and decision rows
+         * and queries get their turn between chunks. */
         rc = history_db_prune(&w->db, now - w->retention, HISTORY_RETENTION_CHUNK, &w->retention_more);
         if (rc != SQLITE_OK && !history_sqlite_is_full(rc))
                 (void) writer_recover(w, rc);
-}
-
-static void writer_alive_step(HistoryWriter *w) {
-        int rc;
-
-        w->alive_at = now_monotonic() + HISTORY_ALIVE_INTERVAL; /* also when it fails: retried then */
-        rc = history_db_begin(&w->db);
-        if (rc == SQLITE_OK)
-                rc = history_db_alive_mark(&w->db);
-        if (rc == SQLITE_OK)
-                rc = history_db_commit(&w->db);
-        if (rc != SQLITE_OK) {
-                history_db_rollback(&w->db);
-                if (!history_sqlite_is_full(rc))
-                        (void) writer_recover(w, rc);
-        }
 }
 
 /* ---- the thread ---- */
@@ -415,7 +356,7 @@ static void writer_flush_rows(HistoryWriter *w) {
 }
 
 static void writer_ops(HistoryWriter *w, Op *ops) {
-        Op *leases = NULL, **leases_tail = &leases, *queries = NULL, **queries_tail = &queries;
+        Op *deletes = NULL, **deletes_tail = &deletes, *queries = NULL, **queries_tail = &queries;
 
         while (ops) {
                 Op *op = ops;
@@ -430,10 +371,9 @@ static void writer_ops(HistoryWriter *w, Op *ops) {
                         }
                         history_channel_finish_load(w->channel, op);
                         break;
-                case OP_LEASE_COMMIT:
                 case OP_LEASE_DELETE:
-                        *leases_tail = op;
-                        leases_tail = &op->next;
+                        *deletes_tail = op;
+                        deletes_tail = &op->next;
                         break;
                 case OP_QUERY:
                         *queries_tail = op;
@@ -442,9 +382,8 @@ static void writer_ops(HistoryWriter *w, Op *ops) {
                 }
         }
 
-        /* Lease commits first: a grant waits for them. */
-        if (leases)
-                history_channel_hand_back(w->channel, writer_leases(w, leases));
+        if (deletes)
+                writer_deletes(w, deletes);
 
         if (queries) {
                 /* A query sees every row appended before it. */
@@ -523,17 +462,11 @@ static void writer_main_loop(HistoryWriter *w) {
                                 continue;
                         }
                         if (!stopping && history_checkpoint_is_due(&w->checkpoint, now)) {
-                                history_checkpoint_run(&w->checkpoint, w->db.db, w->channel);
-                                continue;
-                        }
-                        if (!stopping && now >= w->alive_at) {
-                                writer_alive_step(w);
+                                history_checkpoint_run(&w->checkpoint, w->db.db);
                                 continue;
                         }
                         if (!stopping)
-                                wake = MIN(wake, MIN(w->retention_at, w->alive_at));
-                        if (!stopping)
-                                wake = MIN(wake, history_checkpoint_next(&w->checkpoint));
+                                wake = MIN(wake, MIN(w->retention_at, history_checkpoint_next(&w->checkpoint)));
                 }
                 writer_sleep(w, MIN(wake, deadline));
         }
@@ -542,6 +475,7 @@ static void writer_main_loop(HistoryWriter *w) {
 static void *writer_thread(void *userdata) {
         HistoryWriter *w = userdata;
 
+        history_db_remove_ballast(&w->db);
         (void) writer_open(w);
         w->retention_at = now_monotonic(); /* a first pass soon after start */
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* history-writer.h — the writer thread: it takes what the loop queues on the channel and writes it, in
- * batches of decision rows and lease transactions, prunes old rows, keeps the alive mark, and decides what
- * a failure means (retry, reopen, move aside, degrade). Private to the history module (history*.c). */
+ * batches of decision rows, deletes carried-over lease rows, answers queries, prunes old rows, and decides
+ * what a failure means (retry, reopen, move aside, degrade). Private to the history module (history*.c). */
 #pragma once
 
 #include "history-channel.h"
@@ -24,7 +24,6 @@ typedef struct HistoryWriter {
         usec_t backoff;
         usec_t reopen_at;
         usec_t retention_at;
-        usec_t alive_at;               /* when the next "alive at" mark is written */
         bool retention_more;           /* the last pass stopped at its chunk size */
         bool failing;                  /* a write failed and none has succeeded since */
         bool full_logged, io_logged, degraded_logged;

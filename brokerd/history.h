@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* history.h — the state directory's SQLite database (history.db): the decision history, the active leases
- * and the fencing-token high-water marks (SPEC §3.4, §7).
+/* history.h — the state directory's SQLite database (history.db): the decision history (SPEC §7), and,
+ * read once to carry them over to the lease log, the leases, fencing-token marks and alive mark that an
+ * older brokerd kept there (SPEC §3.4).
  *
  * The event loop never touches the disk: every statement runs on one writer thread with its own
- * connection (WAL checkpoints on a second thread, so that no commit pays for one); results come back to
- * the loop through an eventfd watched by sd-event. Decision rows are batched (one transaction per batch);
- * lease rows are committed before their grant is answered (small WAL commits, grouped when several are
- * pending). A failing disk delays decision rows; a lease that cannot be written is reported as such, and
- * the daemon refuses its grant (SPEC §3.4). The database is locked for this process alone while it is
+ * connection, which also checkpoints the WAL when it has nothing else to do; results come back to the loop
+ * through an eventfd watched by sd-event. Decision rows are batched (one transaction per batch); nothing
+ * the loop does waits for the writer but a query or the read of the state at start. A failing disk delays
+ * decision rows, and drops them past a bound. The database is locked for this process alone while it is
  * open (EXCLUSIVE locking: the WAL index lives in memory, no -shm is mapped). */
 #pragma once
 
@@ -23,10 +23,7 @@
 
 typedef struct History History;
 
-/* Fencing tokens are reserved this many at a time: one high-water write per block, not per grant. */
-#define HISTORY_TOKEN_BLOCK 1024
-
-/* A lease as it is kept for a restart. */
+/* A lease as it is kept for a restart (in the lease log; in history.db by an older brokerd). */
 typedef struct HistoryLeaseRow {
         char *id;
         char *pool;
@@ -71,11 +68,7 @@ typedef struct HistoryQuery {
 
 #define HISTORY_QUERY_LIMIT_MAX 1000
 
-/* Called on the loop thread. result: 0 durable; HISTORY_NOT_PERSISTED when history is degraded (the
- * database cannot be opened for writing: nothing was written); a negative errno when the write failed. */
-#define HISTORY_NOT_PERSISTED 1
-typedef void (*HistoryDoneFn)(History *h, int result, void *userdata);
-/* events: a JSON array of HistoryEvent objects as io.slotbroker.varlink defines them (borrowed; fields
+/* Called on the loop thread. events: a JSON array of HistoryEvent objects as io.slotbroker.varlink defines them (borrowed; fields
  * that do not apply are absent), oldest first; next_cursor: 0 when there is no further page. error: 0, or
  * negative errno (-EIO while the database cannot be opened) with events NULL. */
 typedef void (*HistoryQueryFn)(History *h, int error, json_t *events, int64_t next_cursor, void *userdata);
@@ -84,17 +77,14 @@ typedef void (*HistoryQueryFn)(History *h, int error, json_t *events, int64_t ne
  * database that cannot be opened puts history in the degraded state (logged once, retried every 5 s); a
  * corrupt or foreign file (or one of a newer schema) is moved aside as history.db.corrupt-<UTC timestamp>
  * (with its -wal and -shm) and a fresh one made, carrying over the leases and token marks the old one still
- * gives. Beside it, history.db.ballast reserves 1 MiB that lease commits get when the disk fills up.
- * retention: rows older than this are pruned, a little at a time (0 or USEC_INFINITY: never). Returns 0,
- * -ENOMEM, or errors creating the eventfd, its event source or the thread. */
+ * gives. A history.db.ballast that an older brokerd reserved beside it is removed. retention: rows older
+ * than this are pruned, a little at a time (0 or USEC_INFINITY: never). Returns 0, -ENOMEM, or errors
+ * creating the eventfd, its event source or the thread. */
 int history_new(sd_event *event, const char *directory, usec_t retention, History **ret);
 /* Writes what is queued (waiting at most a few seconds for the disk), stops the thread, frees. Pending
  * callbacks are not called. Not from inside a history callback. */
 History *history_free(History *h);
 DEFINE_TRIVIAL_CLEANUP_FUNC(History *, history_free);
-
-/* How often the writer records that brokerd is alive (besides every lease commit). */
-#define HISTORY_ALIVE_INTERVAL (10 * USEC_PER_SEC)
 
 /* What was persisted, as a restart needs it. */
 typedef struct HistoryState {
@@ -124,32 +114,23 @@ int history_load_token_floors(History *h, HistoryTokenFloor **ret, size_t *ret_n
 #define HISTORY_BACKLOG_MAX 100000
 void history_append(History *h, const AuditRecord *r, usec_t realtime);
 
-/* Commits a lease row — and, when its token reaches the pool's reserved high-water mark, the next
- * HISTORY_TOKEN_BLOCK tokens — then calls done on the loop thread: 0 when durable (as WAL with
- * synchronous=NORMAL makes it), a negative errno when it could not be written (the grant must then be
- * refused: SPEC §3.4), HISTORY_NOT_PERSISTED when history is degraded. Several pending commits are
- * grouped into one transaction. Returns 0 or -ENOMEM. */
-int history_lease_commit(History *h, const HistoryLeaseRow *row, HistoryDoneFn done, void *userdata);
-/* Forgets a lease row (ordered after its commit). Never blocks. While the database cannot be written the
- * delete is kept and applied once it can. */
+/* Forgets a lease row that history_load_state() gave (once the lease log has it). Never blocks. While the
+ * database cannot be written the delete is kept and applied once it can. */
 void history_lease_delete(History *h, const char *id);
 
 /* Runs a History query on the writer thread. Returns 0 or -ENOMEM. */
 int history_query(History *h, const HistoryQuery *q, HistoryQueryFn done, void *userdata);
-/* A pending done/query callback's userdata is going away: it will not be called. */
+/* A pending query or load callback's userdata is going away: it will not be called. */
 void history_cancel(History *h, void *userdata);
 
-/* False while the database cannot be opened for writing (the degraded state): lease commits are then
- * answered HISTORY_NOT_PERSISTED at once. */
-bool history_is_writable(const History *h);
-
-/* True while the database works; false in the degraded state and while writes fail (disk full, I/O
- * errors), when lease commits are still tried and may fail. */
+/* True while the database works; false in the degraded state (it cannot be opened for writing) and while
+ * writes fail (disk full, I/O errors). */
 bool history_is_healthy(const History *h);
 
 /* Called on the loop thread after history's health changed (changes in between may be coalesced into
  * one call). healthy true after a false means history recovered — possibly into a fresh database after
- * corruption — and may lack leases committed before or refused meanwhile: commit the live leases again. */
+ * corruption, into which what the old file still gave was carried over: a read of the state that failed
+ * may succeed now. */
 typedef void (*HistoryHealthFn)(History *h, bool healthy, void *userdata);
 void history_set_health_callback(History *h, HistoryHealthFn fn, void *userdata);
 
@@ -158,7 +139,7 @@ typedef struct HistoryStats {
         uint64_t rows_written;
         uint64_t rows_dropped;
         uint64_t rows_pending;    /* queued or being retried */
-        uint64_t commits;         /* transactions: row batches and lease groups */
+        uint64_t commits;         /* transactions: row batches and lease deletes */
         uint64_t write_errors;    /* failed transactions, each retried or answered */
         usec_t longest_commit;
         bool healthy;

@@ -61,6 +61,8 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(LeaseLog *, lease_log_free);
 int lease_log_add(LeaseLog *log, const HistoryLeaseRow *row);
 int lease_log_end(LeaseLog *log, const char *id);
 int lease_log_alive(LeaseLog *log, usec_t realtime);
+/* How often the loop writes an alive mark (besides every snapshot). */
+#define LEASE_LOG_ALIVE_INTERVAL (10 * USEC_PER_SEC)
 bool lease_log_has_pending(const LeaseLog *log);
 
 /* Writes what is buffered in one write(). Returns 0, or negative errno: then nothing buffered counts (a

@@ -371,7 +371,7 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
                 manager_write_lease_snapshot(m);
         else if (m->lease_log && now_monotonic() >= m->lease_log_alive_at) {
                 /* A restart bounds a restored max-hold by this mark, whatever the wall clock says then. */
-                m->lease_log_alive_at = now_monotonic() + HISTORY_ALIVE_INTERVAL;
+                m->lease_log_alive_at = now_monotonic() + LEASE_LOG_ALIVE_INTERVAL;
                 (void) lease_log_alive(m->lease_log, now_realtime());
         }
         if (m->status_dirty || m->leases.changed || m->sessions.changed)

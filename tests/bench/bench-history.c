@@ -9,10 +9,8 @@
  * loop (the timer's work, and history's own eventfd callbacks); a dispatch over 1 ms is classified by
  * the thread's context switches: voluntary (it waited: a lock, I/O — history's fault) or involuntary only
  * (the machine is busy: run it under `chrt -f 10` to see the loop's own latency). Then it waits for the
- * backlog to drain.
- * Meanwhile a lease is committed every 10 ms, timed from history_lease_commit() to its callback on the
- * loop: what a grant waits for. A second phase finds the writer's capacity: the loop appends as fast as
- * the backlog bound lets it.
+ * backlog to drain. (Leases are not in history any more but in the lease log: nothing here times them.)
+ * A second phase finds the writer's capacity: the loop appends as fast as the backlog bound lets it.
  * Prints the figures; fails only when rows are lost or history cannot be opened. */
 #include <getopt.h>
 #include <inttypes.h>
@@ -42,12 +40,6 @@ typedef struct Bench {
         uint64_t slow_preempted; /* ... during which it only lost the CPU to other processes */
         bool saturate;          /* phase 2: as fast as the bound allows */
         bool done;
-        /* Lease commits, 100 a second alongside the rows: what a grant waits for. */
-        usec_t next_lease, lease_started;
-        bool lease_pending;
-        uint64_t n_leases;
-        usec_t lease_latency[4096];
-        size_t n_latency;
 } Bench;
 
 static void append_one(Bench *b, unsigned i) {
@@ -72,44 +64,6 @@ static void append_one(Bench *b, unsigned i) {
         b->appended++;
 }
 
-static void on_lease_done(History *h, int result, void *userdata) {
-        Bench *b = userdata;
-
-        if (result != 0)
-                fprintf(stderr, "bench-history: lease commit failed: %s\n", result < 0 ? strerror(-result) : "not persisted");
-        if (b->n_latency < ELEMENTSOF(b->lease_latency))
-                b->lease_latency[b->n_latency++] = now_monotonic() - b->lease_started;
-        b->lease_pending = false;
-}
-
-static void commit_lease(Bench *b) {
-        static unsigned slots[] = { 0 };
-        char id[40];
-
-        snprintf(id, sizeof id, "%032" PRIx64, b->n_leases);
-        HistoryLeaseRow row = {
-                .id = id,
-                .pool = (char *) "grid",
-                .lane = (char *) "merge",
-                .slots = slots,
-                .n_slots = 1,
-                .token = ++b->n_leases,
-                .uid = 1000,
-                .pid = 4242,
-                .granted_at = now_realtime(),
-                .expires_at = USEC_INFINITY,
-        };
-        b->lease_started = now_monotonic();
-        b->lease_pending = history_lease_commit(b->h, &row, on_lease_done, b) >= 0;
-        if (b->lease_pending && b->n_leases > 1)
-                history_lease_delete(b->h, id); /* as leases end: the table stays small */
-}
-
-static int compare_usec(const void *a, const void *c) {
-        usec_t x = *(const usec_t *) a, y = *(const usec_t *) c;
-        return x < y ? -1 : x > y;
-}
-
 static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         Bench *b = userdata;
         usec_t now = now_monotonic();
@@ -123,10 +77,6 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
 
         history_get_stats(b->h, &st);
         b->max_backlog = MAX(b->max_backlog, st.rows_pending);
-        if (!b->saturate && !b->lease_pending && now >= b->next_lease) {
-                commit_lease(b);
-                b->next_lease = now + 10 * USEC_PER_MSEC;
-        }
         if (b->saturate) {
                 /* Up to half the bound queued: the writer's pace, never a drop. */
                 for (unsigned i = 0; i < 2000 && st.rows_pending + i < HISTORY_BACKLOG_MAX / 2; i++)
@@ -191,7 +141,6 @@ static int phase(sd_event *e, Bench *b, bool saturate, const char *name) {
         b->max_append = b->max_dispatch = b->max_lateness = 0;
         b->max_backlog = 0;
         b->slow_blocked = b->slow_preempted = 0;
-        b->n_latency = 0;
         b->done = false;
         b->started = b->last_tick = now_monotonic();
         b->ends = b->started + arg_seconds * USEC_PER_SEC;
@@ -228,13 +177,6 @@ static int phase(sd_event *e, Bench *b, bool saturate, const char *name) {
         printf("%s: dispatches over 1 ms: %" PRIu64 " while the loop slept (waiting on something), %" PRIu64
                " while it was only descheduled (other processes had the CPU)\n",
                name, b->slow_blocked, b->slow_preempted);
-        if (b->n_latency > 0) {
-                qsort(b->lease_latency, b->n_latency, sizeof(usec_t), compare_usec);
-                printf("%s: %zu lease commits alongside (commit to callback on the loop): median %" PRIu64
-                       " µs, p99 %" PRIu64 " µs, longest %" PRIu64 " µs\n",
-                       name, b->n_latency, b->lease_latency[b->n_latency / 2], b->lease_latency[b->n_latency * 99 / 100],
-                       b->lease_latency[b->n_latency - 1]);
-        }
         if (written != b->appended || after.rows_dropped != before.rows_dropped) {
                 fprintf(stderr, "bench-history: rows were lost\n");
                 return -EIO;

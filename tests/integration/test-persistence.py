@@ -441,7 +441,7 @@ class FullDisk(harness.BrokerTestCase):
         a = b.acquire("w")
         a.until_granted()
         a.close()
-        # Fill what the history database left (the ballast stays: lease commits get it first).
+        # Fill what is left but the lease log's reserve (fallocate()d past its end: lease lines get it).
         fd = os.open(f"/proc/{b.pid}/root{b.state_dir}/filler", os.O_WRONLY | os.O_CREAT, 0o600)
         try:
             while os.write(fd, b"x" * 4096) > 0:
