@@ -639,24 +639,41 @@ static void test_blocking_read_has_its_own_timeout(void **state) {
 
         redis_start(f, NULL);
         f->options.blocking = true;
-        f->options.command_timeout = 200 * USEC_PER_MSEC;
+        f->options.command_timeout = 400 * USEC_PER_MSEC;
         link_start(f);
         wait_up(f);
 
-        /* Blocks 600 ms on the server, three times the command timeout: not a timeout. */
-        const char *const xread[] = { "XREAD", "BLOCK", "600", "STREAMS", "s", "$" };
+        /* Blocks 1 s on the server, more than twice the command timeout: not a timeout. */
+        const char *const xread[] = { "XREAD", "BLOCK", "1000", "STREAMS", "s", "$" };
         Reply r = {};
         usec_t sent = now_monotonic();
-        assert_int_equal(redis_link_command_blocking(f->link, 600 * USEC_PER_MSEC, on_reply, &r, 6, xread, NULL), 0);
-        assert_int_equal(redis_link_command_blocking(f->link, 600 * USEC_PER_MSEC, on_reply, NULL, 6, xread, NULL),
-                         -EBUSY);
+        assert_int_equal(redis_link_command_blocking(f->link, USEC_PER_SEC, on_reply, &r, 6, xread, NULL), 0);
+        assert_int_equal(redis_link_command_blocking(f->link, USEC_PER_SEC, on_reply, NULL, 6, xread, NULL), -EBUSY);
         assert_true(run_until(f, reply_done, &r, DEADLINE));
         assert_int_equal(r.error, 0);
         assert_int_equal(r.type, REDIS_REPLY_NIL);
-        assert_true(now_monotonic() - sent >= 600 * USEC_PER_MSEC);
+        assert_true(now_monotonic() - sent >= USEC_PER_SEC);
         redis_link_get_stats(f->link, &stats);
         assert_int_equal(stats.timeouts, 0);
         assert_int_equal(stats.ups, 1);
+}
+
+static void test_blocking_read_times_out_after_its_block_and_the_timeout(void **state) {
+        Fixture *f = *state;
+        const char *const xread[] = { "XREAD", "BLOCK", "200", "STREAMS", "s", "$" };
+        Reply r = {};
+
+        redis_start(f, NULL);
+        f->options.blocking = true;
+        f->options.command_timeout = 200 * USEC_PER_MSEC;
+        link_start(f);
+        wait_up(f);
+        assert_int_equal(kill(f->redis.pid, SIGSTOP), 0);
+        usec_t sent = now_monotonic();
+        assert_int_equal(redis_link_command_blocking(f->link, 200 * USEC_PER_MSEC, on_reply, &r, 6, xread, NULL), 0);
+        assert_true(run_until(f, reply_done, &r, DEADLINE));
+        assert_int_equal(r.error, -ETIMEDOUT);
+        assert_true(now_monotonic() - sent >= 400 * USEC_PER_MSEC);
 }
 
 static void test_blocking_command_needs_a_blocking_link(void **state) {
@@ -743,6 +760,7 @@ int main(void) {
                 T(test_a_server_that_is_not_redis_fails_the_link),
                 T(test_a_silent_server_times_out_the_setup),
                 T(test_blocking_read_has_its_own_timeout),
+                T(test_blocking_read_times_out_after_its_block_and_the_timeout),
                 T(test_blocking_command_needs_a_blocking_link),
                 T(test_sockets_are_close_on_exec),
                 T(test_link_may_be_freed_from_its_callbacks),
