@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "conf.h"
+#include "redis-endpoint.h"
 #include "strv.h"
 
 #define SOCKET_PATH_MAX 107 /* sizeof(sockaddr_un.sun_path) − NUL */
@@ -760,49 +761,6 @@ static int set_pool_congestion_timeout(const ConfKey *k, void *object, const cha
         return 0;
 }
 
-/* redis://HOST[:PORT][/DB], HOST a name or an address, [v6] in brackets. Only checked here: the
- * connection is the daemon's business. */
-static bool redis_url_is_valid(const char *s) {
-        const char *p = s + strlen("redis://"), *e;
-        uint64_t v;
-        char buf[16];
-
-        if (strncmp(s, "redis://", strlen("redis://")) != 0)
-                return false;
-        if (*p == '[') {
-                e = strchr(p, ']');
-                if (!e || e == p + 1 || strspn(p + 1, "0123456789abcdefABCDEF:.") != (size_t) (e - p - 1))
-                        return false;
-                p = e + 1;
-        } else {
-                size_t n = strspn(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_");
-                if (n == 0 || n > 253)
-                        return false;
-                p += n;
-        }
-        if (*p == ':') {
-                size_t n = strspn(++p, "0123456789");
-                if (n == 0 || n >= sizeof buf)
-                        return false;
-                memcpy(buf, p, n);
-                buf[n] = '\0';
-                if (parse_u64(buf, &v) < 0 || v < 1 || v > 65535)
-                        return false;
-                p += n;
-        }
-        if (*p == '/') {
-                size_t n = strspn(++p, "0123456789");
-                if (n == 0 || n >= sizeof buf)
-                        return false;
-                memcpy(buf, p, n);
-                buf[n] = '\0';
-                if (parse_u64(buf, &v) < 0 || v > INT_MAX)
-                        return false;
-                p += n;
-        }
-        return *p == '\0';
-}
-
 static int set_pool_backend(const ConfKey *k, void *object, const char *value, const ConfSource *source,
                             ConfErrors *errors) {
         PoolConfig *p = object;
@@ -810,10 +768,20 @@ static int set_pool_backend(const ConfKey *k, void *object, const char *value, c
         char *v = NULL;
 
         if (*value) {
-                if (!redis_url_is_valid(value))
+                /* Only checked here: the connection is the daemon's business. */
+                RedisEndpoint e;
+                int r = redis_endpoint_parse(value, &e);
+                if (r == -ENOMEM)
+                        return oom(errors, source, k->name);
+                if (r == -EPROTONOSUPPORT)
                         return conf_errors_add(errors, source, k->name,
-                                               "invalid backend %s (expected redis://HOST[:PORT][/DB], or nothing for a local pool)",
+                                               "invalid backend %s (no TLS: use a unix:// socket, a private network or a tunnel)",
                                                quote(q, value));
+                if (r < 0)
+                        return conf_errors_add(errors, source, k->name,
+                                               "invalid backend %s (expected redis://HOST[:PORT][/DB] or unix:///PATH[?db=DB], or nothing for a local pool)",
+                                               quote(q, value));
+                redis_endpoint_done(&e);
                 v = strdup(value);
                 if (!v)
                         return oom(errors, source, k->name);

@@ -50,7 +50,7 @@ typedef struct PoolConfig {
         usec_t congestion_timeout;
         ConfSource congestion_timeout_source;
         int64_t max_queue;            /* -1: no cap; 0: nobody may wait */
-        char *backend;                /* NULL: local; "redis://HOST:PORT/DB" later */
+        char *backend;                /* NULL: local; a redis:// or unix:// URL (redis-endpoint.h) */
         /* Kept for conf_validate() and conf_dump(); the engine needs only `limit`. */
         unsigned limit_given;         /* limit= as written; 0: not given */
         ConfSource limit_source;

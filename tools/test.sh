@@ -56,7 +56,7 @@ stage "the units under a real systemd (a booted Debian 12 root)" build \
 echo "==> building with ASan/UBSan (clang)"
 current="ASan/UBSan build"
 if [ ! -f build-asan/build.ninja ]; then
-        CC=clang meson setup build-asan -Dwerror=true -Dtests=enabled -Db_sanitize=address,undefined -Db_lundef=false
+        CC=clang meson setup build-asan -Dwerror=true -Dtests=enabled -Dredis=enabled -Db_sanitize=address,undefined -Db_lundef=false
 fi
 ninja -C build-asan
 current=""

@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: MIT */
+/* redis-link.h — one logical connection to one Redis, on the event loop: connect, set up, time out,
+ * reconnect, and the commands of its owner.
+ *
+ * A link keeps trying by itself. Each attempt resolves the host off the loop (resolve.h: never a blocking
+ * getaddrinfo() on it; hiredis then gets a numeric address, which it does not look up), connects without
+ * blocking (a new hiredis context each time, every address of the name in turn), then sets it up:
+ * AUTH (when a password file is given), SELECT, INFO (the server's run_id, and maxmemory-policy, which must
+ * be noeviction: a pool whose keys Redis may evict cannot keep its promises), and SCRIPT LOAD of every
+ * registered script, so that EVALSHA does not meet NOSCRIPT. Only then is the link up, and its owner told
+ * the run id (another one than last time: Redis restarted, and what it held may be gone).
+ *
+ * hiredis 0.14 has no command timeout: each command has a deadline here, and one that passes ends the
+ * connection (shutdown() of the socket, the context freed, a new one later). Attempts are spaced by a
+ * jittered backoff, 100 ms doubling to 5 s, back to 100 ms once up. A configuration error (refused
+ * password, no such DB, an eviction policy, not a Redis server, a script Redis does not compile) makes the
+ * link FAILED rather than DOWN: it still retries, at the slowest pace, since only an operator can fix it.
+ *
+ * No logging here: what a person should read goes to the owner's log callback, what the owner must act on
+ * comes as state changes and reply callbacks. Callbacks may free the link (nothing is called after that).
+ * Every socket is close-on-exec. hiredis writes with write(): the process ignores SIGPIPE (brokerd does). */
+#pragma once
+
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <systemd/sd-event.h>
+
+#include "redis-endpoint.h"
+#include "time-util.h"
+
+typedef struct RedisLink RedisLink;
+
+typedef enum RedisLinkState {
+        REDIS_LINK_DOWN,        /* not connected (yet, or any more); retrying */
+        REDIS_LINK_UP,          /* set up: commands are sent */
+        REDIS_LINK_FAILED,      /* a configuration error; retrying slowly */
+        _REDIS_LINK_STATE_MAX,
+        _REDIS_LINK_STATE_INVALID = -EINVAL,
+} RedisLinkState;
+
+const char *redis_link_state_to_string(RedisLinkState s);
+
+/* A command's outcome. error 0: reply is Redis's answer (an error reply too: REDIS_REPLY_ERROR is an
+ * answer), valid during the call only. error < 0, reply NULL: -ETIMEDOUT (its deadline passed),
+ * -ECONNRESET (the connection ended first); either way the command may or may not have run. */
+typedef void (*RedisReplyFn)(RedisLink *link, int error, const redisReply *reply, void *userdata);
+
+/* A state change, and a change of reason while DOWN or FAILED. detail: UP, the server's run_id; DOWN and
+ * FAILED, why, a sentence for the journal. */
+typedef void (*RedisLinkStateFn)(RedisLink *link, RedisLinkState state, const char *detail, void *userdata);
+
+/* priority as syslog's (LOG_DEBUG: attempts, retries); message without a newline. */
+typedef void (*RedisLinkLogFn)(RedisLink *link, int priority, const char *message, void *userdata);
+
+typedef struct RedisLinkOptions {
+        const char *user;               /* ACL user for AUTH; NULL: the default user */
+        const char *password_file;      /* NULL: no AUTH; read at each attempt (a rotated password is
+                                         * picked up without a reload); one trailing newline is dropped */
+        usec_t command_timeout;         /* 0: REDIS_LINK_COMMAND_TIMEOUT_DEFAULT */
+        usec_t connect_timeout;         /* resolve + connect + setup; 0: the command timeout */
+        usec_t backoff_min, backoff_max; /* 0: 100 ms, 5 s */
+        /* A link for blocking reads (XREAD BLOCK): redis_link_command_blocking() is accepted only here, so
+         * that a blocked read never delays the commands of another link. */
+        bool blocking;
+        RedisLinkStateFn on_state;
+        RedisLinkLogFn on_log;
+        uint64_t (*random)(void *userdata); /* backoff jitter; NULL: getrandom() once, then a PRNG */
+        void *userdata;                 /* of on_state, on_log and random */
+} RedisLinkOptions;
+
+#define REDIS_LINK_COMMAND_TIMEOUT_DEFAULT (2 * USEC_PER_SEC)
+#define REDIS_LINK_BACKOFF_MIN_DEFAULT (100 * USEC_PER_MSEC)
+#define REDIS_LINK_BACKOFF_MAX_DEFAULT (5 * USEC_PER_SEC)
+
+/* A new link to endpoint; the first attempt starts from the loop, not in here (no callback runs before
+ * this returns). The endpoint and options are copied. Returns 0, -EINVAL, -ENOMEM or sd-event's error. */
+int redis_link_new(sd_event *event, const RedisEndpoint *endpoint, const RedisLinkOptions *options,
+                   RedisLink **ret);
+
+/* Closes the connection; no callback is called any more, not even for the commands in flight. */
+RedisLink *redis_link_free(RedisLink *link);
+
+RedisLinkState redis_link_get_state(const RedisLink *link);
+/* The run id of the server as of the last time the link went up; NULL before. */
+const char *redis_link_get_run_id(const RedisLink *link);
+
+/* Registers a Lua script, loaded at every setup from now on (and at once if the link is up), in
+ * *ret_handle for redis_link_evalsha(). Returns 0, -ENOMEM. */
+int redis_link_add_script(RedisLink *link, const char *source, unsigned *ret_handle);
+
+/* Sends a command. Returns 0 (fn is then called exactly once, unless the link is freed first),
+ * -ENOTCONN at once while the link is not UP, -EINVAL (no argument, or a command that changes the
+ * connection's protocol: SUBSCRIBE, MONITOR…), -ENOMEM. */
+int redis_link_command(RedisLink *link, RedisReplyFn fn, void *userdata, int argc, const char *const *argv,
+                       const size_t *argvlen);
+
+/* EVALSHA of a registered script with nkeys keys then the other arguments (argc in all, lengths in
+ * argvlen; argvlen NULL: strings). A NOSCRIPT reply (SCRIPT FLUSH, a failover) makes the link load the
+ * script again and send the call once more (after the commands sent meanwhile); its owner sees the second
+ * reply only. Returns as redis_link_command(), and -ENOENT for an unknown handle. */
+int redis_link_evalsha(RedisLink *link, unsigned script, RedisReplyFn fn, void *userdata, unsigned nkeys,
+                       int argc, const char *const *argv, const size_t *argvlen);
+
+/* A command that may block on the server for up to block (XREAD BLOCK ms): its deadline is block plus the
+ * command timeout. Only on a link made with .blocking (else -EINVAL), one at a time (-EBUSY). Returns as
+ * redis_link_command(). */
+int redis_link_command_blocking(RedisLink *link, usec_t block, RedisReplyFn fn, void *userdata, int argc,
+                                const char *const *argv, const size_t *argvlen);
+
+typedef struct RedisLinkStats {
+        usec_t rtt_last;                /* the last command's round trip (blocking ones are not counted) */
+        usec_t rtt_avg;                 /* its moving average (1/8 weight to each new sample) */
+        uint64_t attempts;              /* connection attempts started */
+        uint64_t ups;                   /* how often the link went up */
+        uint64_t timeouts;              /* commands that timed out */
+        uint64_t script_reloads;        /* NOSCRIPT replies answered by a reload */
+} RedisLinkStats;
+
+void redis_link_get_stats(const RedisLink *link, RedisLinkStats *ret);

@@ -1,0 +1,788 @@
+/* SPDX-License-Identifier: MIT */
+/* test-redis-link.c — brokerd's Redis link (redis-link.h) against real redis-server processes that each
+ * test starts in a temporary directory, on a private port and Unix socket, and stops by pid: setup, commands,
+ * scripts and NOSCRIPT, timeouts, reconnects, the configuration errors, a server that is not Redis.
+ * Everything waits for a condition on the event loop, up to a deadline; nothing sleeps to synchronise.
+ * Without redis-server the whole test is one TAP skip. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <systemd/sd-event.h>
+
+#include "redis-link.h"
+
+#define DEADLINE (10 * USEC_PER_SEC)
+#define MAX_ATTEMPT_TIMES 8
+
+static char redis_server[4096];
+
+typedef struct RedisServer {
+        pid_t pid;
+        int port;
+} RedisServer;
+
+typedef struct Reply {
+        bool done;
+        int error;
+        int type;
+        char text[256];
+        long long integer;
+} Reply;
+
+typedef struct Fixture {
+        char dir[64];
+        char socket_path[128];
+        char password_path[128];
+        sd_event *event;
+        RedisServer redis;
+        RedisLink *link;
+        RedisLinkOptions options;
+        unsigned n_told;                /* state changes told */
+        RedisLinkState state;
+        char detail[512];
+        usec_t attempt_times[MAX_ATTEMPT_TIMES];
+        size_t n_attempts;
+        bool free_in_callback;          /* the next reply callback frees the link */
+        int not_redis_fd;               /* a listening socket that answers garbage, or stays silent */
+        bool not_redis_silent;
+        sd_event_source *not_redis_source;
+        int accepted[4];
+        size_t n_accepted;
+} Fixture;
+
+/* ---- redis-server processes ---- */
+
+static int free_port(void) {
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof sa;
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+        assert_true(fd >= 0);
+        assert_int_equal(bind(fd, (struct sockaddr *) &sa, sizeof sa), 0);
+        assert_int_equal(getsockname(fd, (struct sockaddr *) &sa, &len), 0);
+        close(fd);
+        return ntohs(sa.sin_port);
+}
+
+static bool unix_socket_answers(const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        bool ok;
+
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%.100s", path);
+        ok = fd >= 0 && connect(fd, (struct sockaddr *) &sa, sizeof sa) == 0;
+        if (fd >= 0)
+                close(fd);
+        return ok;
+}
+
+/* Starts redis-server on f->redis.port (a new one if 0) and f->socket_path, with extra arguments (NULL
+ * ended), and waits until its socket accepts. */
+static void redis_start(Fixture *f, const char *const *extra) {
+        char port[16], log[192];
+        const char *argv[64];
+        size_t n = 0;
+
+        if (f->redis.port == 0)
+                f->redis.port = free_port();
+        snprintf(port, sizeof port, "%d", f->redis.port);
+        snprintf(log, sizeof log, "%s/redis.log", f->dir);
+        argv[n++] = redis_server;
+        const char *const base[] = {
+                "--port", port, "--bind", "127.0.0.1", "--unixsocket", f->socket_path, "--unixsocketperm", "700",
+                "--save", "", "--appendonly", "no", "--dir", f->dir, "--logfile", log, "--daemonize", "no",
+                "--maxmemory-policy", "noeviction",
+        };
+        for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+                argv[n++] = base[i];
+        for (; extra && *extra; extra++)
+                argv[n++] = *extra;
+        argv[n] = NULL;
+
+        (void) unlink(f->socket_path);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                execv(redis_server, (char *const *) argv);
+                _exit(127);
+        }
+        f->redis.pid = pid;
+
+        /* Waiting for a condition (the socket answers), not for a time. */
+        for (int i = 0; !unix_socket_answers(f->socket_path); i++) {
+                int status;
+                if (waitpid(pid, &status, WNOHANG) == pid)
+                        fail_msg("redis-server exited (status %d), see %s", status, log);
+                if (i > 2000)
+                        fail_msg("redis-server did not open %s", f->socket_path);
+                (void) nanosleep(&(struct timespec) { .tv_nsec = 5 * 1000 * 1000 }, NULL);
+        }
+}
+
+static void redis_stop(Fixture *f) {
+        if (f->redis.pid <= 0)
+                return;
+        (void) kill(f->redis.pid, SIGKILL);
+        (void) waitpid(f->redis.pid, NULL, 0);
+        f->redis.pid = 0;
+}
+
+/* ---- the link and the loop ---- */
+
+static void on_state(RedisLink *link, RedisLinkState state, const char *detail, void *userdata) {
+        Fixture *f = userdata;
+
+        f->n_told++;
+        f->state = state;
+        snprintf(f->detail, sizeof f->detail, "%s", detail ?: "");
+        if (f->free_in_callback) {
+                f->free_in_callback = false;
+                f->link = redis_link_free(f->link);
+        }
+}
+
+static void on_log(RedisLink *link, int priority, const char *message, void *userdata) {
+        Fixture *f = userdata;
+
+        if (strncmp(message, "Connecting", strlen("Connecting")) == 0 && f->n_attempts < MAX_ATTEMPT_TIMES)
+                f->attempt_times[f->n_attempts++] = now_monotonic();
+}
+
+static void on_reply(RedisLink *link, int error, const redisReply *reply, void *userdata) {
+        Reply *r = userdata;
+
+        r->done = true;
+        r->error = error;
+        if (reply) {
+                r->type = reply->type;
+                r->integer = reply->integer;
+                if (reply->str)
+                        snprintf(r->text, sizeof r->text, "%s", reply->str);
+        }
+}
+
+static void on_reply_then_free(RedisLink *link, int error, const redisReply *reply, void *userdata) {
+        Fixture *f = userdata;
+
+        redis_link_free(f->link);
+        f->link = NULL;
+}
+
+static void link_start_url(Fixture *f, const char *url) {
+        RedisEndpoint e;
+
+        assert_int_equal(redis_endpoint_parse(url, &e), 0);
+        f->options.on_state = on_state;
+        f->options.on_log = on_log;
+        f->options.userdata = f;
+        assert_int_equal(redis_link_new(f->event, &e, &f->options, &f->link), 0);
+        redis_endpoint_done(&e);
+}
+
+static void link_start(Fixture *f) {
+        char url[64];
+
+        snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->redis.port);
+        link_start_url(f, url);
+}
+
+/* Runs the loop until cond(f) holds or the deadline passes; returns cond(f). */
+static bool run_until(Fixture *f, bool (*cond)(Fixture *f, const void *arg), const void *arg, usec_t timeout) {
+        usec_t deadline = now_monotonic() + timeout;
+
+        while (!cond(f, arg) && now_monotonic() < deadline)
+                assert_true(sd_event_run(f->event, 10 * USEC_PER_MSEC) >= 0);
+        return cond(f, arg);
+}
+
+static bool told(Fixture *f, const void *state) {
+        return f->n_told > 0 && f->state == *(const RedisLinkState *) state;
+}
+
+static bool reply_done(Fixture *f, const void *reply) {
+        return ((const Reply *) reply)->done;
+}
+
+static bool attempts_at_least(Fixture *f, const void *n) {
+        return f->n_attempts >= *(const size_t *) n;
+}
+
+static void wait_state(Fixture *f, RedisLinkState state) {
+        if (!run_until(f, told, &state, DEADLINE))
+                fail_msg("link not %s (last told: %s, \"%s\")", redis_link_state_to_string(state),
+                         f->n_told ? redis_link_state_to_string(f->state) : "nothing", f->detail);
+}
+
+static void wait_up(Fixture *f) {
+        wait_state(f, REDIS_LINK_UP);
+        assert_int_equal(redis_link_get_state(f->link), REDIS_LINK_UP);
+}
+
+/* Sends argv (NULL ended) and waits for its outcome. */
+static Reply command(Fixture *f, const char *const *argv) {
+        Reply r = {};
+        int argc = 0;
+
+        while (argv[argc])
+                argc++;
+        assert_int_equal(redis_link_command(f->link, on_reply, &r, argc, argv, NULL), 0);
+        assert_true(run_until(f, reply_done, &r, DEADLINE));
+        return r;
+}
+
+static Reply evalsha(Fixture *f, unsigned script, const char *arg) {
+        Reply r = {};
+
+        assert_int_equal(redis_link_evalsha(f->link, script, on_reply, &r, 0, 1, (const char *const[]) { arg }, NULL), 0);
+        assert_true(run_until(f, reply_done, &r, DEADLINE));
+        return r;
+}
+
+#define CMD(...) command(f, (const char *const[]) { __VA_ARGS__, NULL })
+
+static void write_file(const char *path, const char *text) {
+        FILE *file = fopen(path, "we");
+        assert_non_null(file);
+        fputs(text, file);
+        assert_int_equal(fclose(file), 0);
+}
+
+static int setup(void **state) {
+        Fixture *f = calloc(1, sizeof *f);
+
+        assert_non_null(f);
+        snprintf(f->dir, sizeof f->dir, "/tmp/test-redis-link-XXXXXX");
+        assert_non_null(mkdtemp(f->dir));
+        snprintf(f->socket_path, sizeof f->socket_path, "%s/redis.sock", f->dir);
+        snprintf(f->password_path, sizeof f->password_path, "%s/password", f->dir);
+        f->not_redis_fd = -EBADF;
+        assert_int_equal(sd_event_new(&f->event), 0);
+        *state = f;
+        return 0;
+}
+
+static int teardown(void **state) {
+        Fixture *f = *state;
+        char path[192];
+
+        redis_link_free(f->link);
+        /* What a freed link leaves to hiredis ends in this loop iteration, or in the next. */
+        (void) sd_event_run(f->event, 0);
+        if (f->redis.pid > 0)
+                (void) kill(f->redis.pid, SIGCONT);
+        redis_stop(f);
+        sd_event_source_disable_unref(f->not_redis_source);
+        if (f->not_redis_fd >= 0)
+                close(f->not_redis_fd);
+        for (size_t i = 0; i < f->n_accepted; i++)
+                close(f->accepted[i]);
+        sd_event_unref(f->event);
+        (void) unlink(f->socket_path);
+        (void) unlink(f->password_path);
+        snprintf(path, sizeof path, "%s/redis.log", f->dir);
+        (void) unlink(path);
+        (void) rmdir(f->dir);
+        free(f);
+        return 0;
+}
+
+/* ---- tests ---- */
+
+static void test_link_comes_up_with_the_run_id_and_answers_commands(void **state) {
+        Fixture *f = *state;
+        RedisLinkStats stats;
+
+        redis_start(f, NULL);
+        link_start(f);
+        assert_int_equal(redis_link_get_state(f->link), REDIS_LINK_DOWN);
+        wait_up(f);
+        assert_int_equal(strlen(f->detail), 40); /* INFO's run_id: 40 hex digits */
+        assert_string_equal(redis_link_get_run_id(f->link), f->detail);
+
+        Reply r = CMD("SET", "k", "v");
+        assert_int_equal(r.error, 0);
+        assert_int_equal(r.type, REDIS_REPLY_STATUS);
+        assert_string_equal(r.text, "OK");
+        r = CMD("GET", "k");
+        assert_int_equal(r.type, REDIS_REPLY_STRING);
+        assert_string_equal(r.text, "v");
+        r = CMD("INCRBY", "n", "5");
+        assert_int_equal(r.integer, 5);
+
+        redis_link_get_stats(f->link, &stats);
+        assert_int_equal(stats.ups, 1);
+        assert_true(stats.rtt_last > 0);
+        assert_true(stats.rtt_avg > 0);
+        assert_int_equal(stats.timeouts, 0);
+}
+
+static void test_command_while_down_fails_at_once(void **state) {
+        Fixture *f = *state;
+
+        redis_start(f, NULL);
+        link_start(f);
+        /* Not connected before the loop ran: refused without waiting. */
+        assert_int_equal(redis_link_command(f->link, on_reply, NULL, 1, (const char *const[]) { "PING" }, NULL),
+                         -ENOTCONN);
+        assert_int_equal(redis_link_evalsha(f->link, 0, on_reply, NULL, 0, 0, NULL, NULL), -ENOENT);
+}
+
+static void test_commands_that_change_the_connection_are_refused(void **state) {
+        Fixture *f = *state;
+
+        redis_start(f, NULL);
+        link_start(f);
+        wait_up(f);
+        static const char *const reserved[] = { "SUBSCRIBE", "psubscribe", "MONITOR", "SELECT", "AUTH", "QUIT" };
+        for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++)
+                assert_int_equal(redis_link_command(f->link, on_reply, NULL, 2,
+                                                    (const char *const[]) { reserved[i], "x" }, NULL), -EINVAL);
+        assert_int_equal(redis_link_command(f->link, on_reply, NULL, 0, (const char *const[]) { NULL }, NULL), -EINVAL);
+}
+
+static void test_unix_socket_url_selects_its_db(void **state) {
+        Fixture *f = *state;
+        char url[192];
+
+        redis_start(f, NULL);
+        snprintf(url, sizeof url, "unix://%s?db=3", f->socket_path);
+        link_start_url(f, url);
+        wait_up(f);
+        Reply r = CMD("CLIENT", "INFO");
+        assert_int_equal(r.error, 0);
+        if (!strstr(r.text, " db=3 "))
+                fail_msg("CLIENT INFO: %s", r.text);
+}
+
+static void test_hostname_is_resolved_off_the_loop(void **state) {
+        Fixture *f = *state;
+        char url[64];
+
+        redis_start(f, NULL);
+        /* localhost may give ::1 first, where this redis-server does not listen: the next address is tried. */
+        snprintf(url, sizeof url, "redis://localhost:%d/2", f->redis.port);
+        link_start_url(f, url);
+        wait_up(f);
+        Reply r = CMD("CLIENT", "INFO");
+        assert_non_null(strstr(r.text, " db=2 "));
+}
+
+static const char *const echo_script = "-- the first argument\nreturn ARGV[1]";
+
+static void test_evalsha_runs_a_script_loaded_at_setup(void **state) {
+        Fixture *f = *state;
+        RedisLinkStats stats;
+        unsigned h, h2;
+
+        redis_start(f, NULL);
+        link_start(f);
+        assert_int_equal(redis_link_add_script(f->link, echo_script, &h), 0);
+        wait_up(f);
+
+        Reply r = evalsha(f, h, "hello");
+        assert_int_equal(r.error, 0);
+        assert_int_equal(r.type, REDIS_REPLY_STRING);
+        assert_string_equal(r.text, "hello");
+        redis_link_get_stats(f->link, &stats);
+        assert_int_equal(stats.script_reloads, 0);
+
+        /* A script added while up works at once too. */
+        assert_int_equal(redis_link_add_script(f->link, "return tonumber(ARGV[1]) + 1", &h2), 0);
+        r = evalsha(f, h2, "41");
+        assert_int_equal(r.type, REDIS_REPLY_INTEGER);
+        assert_int_equal(r.integer, 42);
+        r = evalsha(f, h2, "1");
+        assert_int_equal(r.integer, 2);
+        redis_link_get_stats(f->link, &stats);
+        assert_int_equal(stats.script_reloads, 0);
+}
+
+static void test_script_flush_then_evalsha_reloads_and_retries_once(void **state) {
+        Fixture *f = *state;
+        RedisLinkStats stats;
+        unsigned h;
+
+        redis_start(f, NULL);
+        link_start(f);
+        assert_int_equal(redis_link_add_script(f->link, echo_script, &h), 0);
+        wait_up(f);
+        Reply r = CMD("SCRIPT", "FLUSH");
+        assert_string_equal(r.text, "OK");
+
+        r = evalsha(f, h, "again");
+        assert_int_equal(r.error, 0);
+        assert_int_equal(r.type, REDIS_REPLY_STRING);
+        assert_string_equal(r.text, "again");
+        redis_link_get_stats(f->link, &stats);
+        assert_int_equal(stats.script_reloads, 1);
+
+        r = evalsha(f, h, "once more");
+        assert_string_equal(r.text, "once more");
+        redis_link_get_stats(f->link, &stats);
+        assert_int_equal(stats.script_reloads, 1);
+}
+
+static void test_a_script_redis_cannot_compile_fails_the_link(void **state) {
+        Fixture *f = *state;
+        unsigned h;
+
+        redis_start(f, NULL);
+        link_start(f);
+        assert_int_equal(redis_link_add_script(f->link, "return (", &h), 0);
+        wait_state(f, REDIS_LINK_FAILED);
+        assert_non_null(strstr(f->detail, "SCRIPT LOAD of script 0 refused"));
+}
+
+static void test_command_timeout_ends_the_connection_then_it_comes_back(void **state) {
+        Fixture *f = *state;
+        RedisLinkStats stats;
+        char run_id[64];
+
+        redis_start(f, NULL);
+        f->options.command_timeout = 300 * USEC_PER_MSEC;
+        link_start(f);
+        wait_up(f);
+        snprintf(run_id, sizeof run_id, "%.60s", f->detail);
+
+        /* A Redis that does not answer (stopped): hiredis 0.14 would wait for ever. */
+        assert_int_equal(kill(f->redis.pid, SIGSTOP), 0);
+        usec_t sent = now_monotonic();
+        Reply r = {}, behind = {};
+        assert_int_equal(redis_link_command(f->link, on_reply, &r, 1, (const char *const[]) { "PING" }, NULL), 0);
+        assert_int_equal(redis_link_command(f->link, on_reply, &behind, 1, (const char *const[]) { "PING" }, NULL), 0);
+        assert_true(run_until(f, reply_done, &behind, DEADLINE));
+        assert_true(r.done);
+        assert_int_equal(r.error, -ETIMEDOUT);
+        assert_int_equal(behind.error, -ECONNRESET);
+        assert_true(now_monotonic() - sent >= 300 * USEC_PER_MSEC);
+        wait_state(f, REDIS_LINK_DOWN);
+        assert_non_null(strstr(f->detail, "no reply"));
+        assert_int_equal(redis_link_command(f->link, on_reply, NULL, 1, (const char *const[]) { "PING" }, NULL),
+                         -ENOTCONN);
+
+        assert_int_equal(kill(f->redis.pid, SIGCONT), 0);
+        wait_up(f);
+        assert_string_equal(f->detail, run_id); /* the same server: nothing was lost */
+        redis_link_get_stats(f->link, &stats);
+        assert_int_equal(stats.timeouts, 1);
+        assert_true(stats.ups >= 2);
+}
+
+static void test_redis_restart_is_seen_as_a_new_run_id(void **state) {
+        Fixture *f = *state;
+        char run_id[64];
+
+        redis_start(f, NULL);
+        link_start(f);
+        wait_up(f);
+        snprintf(run_id, sizeof run_id, "%.60s", f->detail);
+
+        redis_stop(f);
+        wait_state(f, REDIS_LINK_DOWN);
+        redis_start(f, NULL); /* the same port */
+        wait_up(f);
+        assert_string_not_equal(f->detail, run_id);
+        Reply r = CMD("PING");
+        assert_string_equal(r.text, "PONG");
+}
+
+static void test_unreachable_port_fails_fast_and_backs_off(void **state) {
+        Fixture *f = *state;
+        const size_t attempts = 4;
+
+        f->redis.port = free_port(); /* nobody listens there */
+        link_start(f);
+        assert_true(run_until(f, attempts_at_least, &attempts, DEADLINE));
+        assert_int_equal(f->n_told, 1); /* down, once, not at every attempt */
+        assert_int_equal(f->state, REDIS_LINK_DOWN);
+        assert_non_null(strstr(f->detail, "refused"));
+        assert_int_equal(redis_link_command(f->link, on_reply, NULL, 1, (const char *const[]) { "PING" }, NULL),
+                         -ENOTCONN);
+        /* Jittered between half and all of 100 ms, 200 ms, 400 ms: never sooner than the half. */
+        for (size_t i = 1; i < attempts; i++) {
+                usec_t gap = f->attempt_times[i] - f->attempt_times[i - 1], floor = (50 * USEC_PER_MSEC) << (i - 1);
+                if (gap < floor)
+                        fail_msg("attempt %zu came %" PRIu64 " µs after the one before, before %" PRIu64 " µs", i,
+                                 (uint64_t) gap, (uint64_t) floor);
+        }
+}
+
+static void test_password_file_authenticates(void **state) {
+        Fixture *f = *state;
+
+        redis_start(f, (const char *const[]) { "--requirepass", "s3cret", NULL });
+        write_file(f->password_path, "s3cret\n");
+        f->options.password_file = f->password_path;
+        f->options.user = "default";
+        link_start(f);
+        wait_up(f);
+        Reply r = CMD("PING");
+        assert_string_equal(r.text, "PONG");
+}
+
+static void test_wrong_password_is_a_configuration_error(void **state) {
+        Fixture *f = *state;
+
+        redis_start(f, (const char *const[]) { "--requirepass", "s3cret", NULL });
+        write_file(f->password_path, "guess\n");
+        f->options.password_file = f->password_path;
+        link_start(f);
+        wait_state(f, REDIS_LINK_FAILED);
+        assert_non_null(strstr(f->detail, "AUTH refused"));
+        assert_int_equal(redis_link_get_state(f->link), REDIS_LINK_FAILED);
+}
+
+static void test_missing_password_is_a_configuration_error(void **state) {
+        Fixture *f = *state;
+
+        redis_start(f, (const char *const[]) { "--requirepass", "s3cret", NULL });
+        link_start(f);
+        wait_state(f, REDIS_LINK_FAILED);
+        assert_non_null(strstr(f->detail, "requires a password"));
+}
+
+static void test_wrong_db_is_a_configuration_error(void **state) {
+        Fixture *f = *state;
+        char url[64];
+
+        redis_start(f, NULL);
+        snprintf(url, sizeof url, "redis://127.0.0.1:%d/99", f->redis.port);
+        link_start_url(f, url);
+        wait_state(f, REDIS_LINK_FAILED);
+        assert_non_null(strstr(f->detail, "SELECT 99 refused"));
+}
+
+static void test_eviction_policy_other_than_noeviction_is_refused(void **state) {
+        Fixture *f = *state;
+
+        redis_start(f, (const char *const[]) { "--maxmemory-policy", "allkeys-lru", NULL });
+        link_start(f);
+        wait_state(f, REDIS_LINK_FAILED);
+        assert_non_null(strstr(f->detail, "allkeys-lru"));
+        assert_non_null(strstr(f->detail, "noeviction"));
+        assert_int_equal(redis_link_command(f->link, on_reply, NULL, 1, (const char *const[]) { "PING" }, NULL),
+                         -ENOTCONN);
+}
+
+/* A listening socket that is not Redis: it answers garbage to whatever comes, or stays silent. */
+static int on_not_redis(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Fixture *f = userdata;
+        static const char garbage[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+        int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+
+        if (c < 0)
+                return 0;
+        if (!f->not_redis_silent)
+                assert_int_equal(write(c, garbage, sizeof garbage - 1), (ssize_t) sizeof garbage - 1);
+        if (f->n_accepted < sizeof f->accepted / sizeof f->accepted[0])
+                f->accepted[f->n_accepted++] = c;
+        else
+                close(c);
+        return 0;
+}
+
+static void not_redis_start(Fixture *f, bool silent) {
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof sa;
+
+        f->not_redis_silent = silent;
+        f->not_redis_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        assert_true(f->not_redis_fd >= 0);
+        assert_int_equal(bind(f->not_redis_fd, (struct sockaddr *) &sa, sizeof sa), 0);
+        assert_int_equal(listen(f->not_redis_fd, 16), 0);
+        assert_int_equal(getsockname(f->not_redis_fd, (struct sockaddr *) &sa, &len), 0);
+        f->redis.port = ntohs(sa.sin_port);
+        assert_int_equal(sd_event_add_io(f->event, &f->not_redis_source, f->not_redis_fd, EPOLLIN, on_not_redis, f), 0);
+}
+
+static void test_a_server_that_is_not_redis_fails_the_link(void **state) {
+        Fixture *f = *state;
+
+        not_redis_start(f, false);
+        link_start(f);
+        wait_state(f, REDIS_LINK_FAILED);
+        assert_non_null(strstr(f->detail, "Not a Redis server"));
+}
+
+static void test_a_silent_server_times_out_the_setup(void **state) {
+        Fixture *f = *state;
+
+        not_redis_start(f, true);
+        f->options.command_timeout = 200 * USEC_PER_MSEC;
+        link_start(f);
+        wait_state(f, REDIS_LINK_DOWN);
+        if (!strstr(f->detail, "Timed out setting the connection up"))
+                fail_msg("told: %s", f->detail);
+}
+
+static void test_blocking_read_has_its_own_timeout(void **state) {
+        Fixture *f = *state;
+        RedisLinkStats stats;
+
+        redis_start(f, NULL);
+        f->options.blocking = true;
+        f->options.command_timeout = 400 * USEC_PER_MSEC;
+        link_start(f);
+        wait_up(f);
+
+        /* Blocks 1 s on the server, more than twice the command timeout: not a timeout. */
+        const char *const xread[] = { "XREAD", "BLOCK", "1000", "STREAMS", "s", "$" };
+        Reply r = {};
+        usec_t sent = now_monotonic();
+        assert_int_equal(redis_link_command_blocking(f->link, USEC_PER_SEC, on_reply, &r, 6, xread, NULL), 0);
+        assert_int_equal(redis_link_command_blocking(f->link, USEC_PER_SEC, on_reply, NULL, 6, xread, NULL), -EBUSY);
+        assert_true(run_until(f, reply_done, &r, DEADLINE));
+        assert_int_equal(r.error, 0);
+        assert_int_equal(r.type, REDIS_REPLY_NIL);
+        assert_true(now_monotonic() - sent >= USEC_PER_SEC);
+        redis_link_get_stats(f->link, &stats);
+        assert_int_equal(stats.timeouts, 0);
+        assert_int_equal(stats.ups, 1);
+}
+
+static void test_blocking_read_times_out_after_its_block_and_the_timeout(void **state) {
+        Fixture *f = *state;
+        const char *const xread[] = { "XREAD", "BLOCK", "200", "STREAMS", "s", "$" };
+        Reply r = {};
+
+        redis_start(f, NULL);
+        f->options.blocking = true;
+        f->options.command_timeout = 200 * USEC_PER_MSEC;
+        link_start(f);
+        wait_up(f);
+        assert_int_equal(kill(f->redis.pid, SIGSTOP), 0);
+        usec_t sent = now_monotonic();
+        assert_int_equal(redis_link_command_blocking(f->link, 200 * USEC_PER_MSEC, on_reply, &r, 6, xread, NULL), 0);
+        assert_true(run_until(f, reply_done, &r, DEADLINE));
+        assert_int_equal(r.error, -ETIMEDOUT);
+        assert_true(now_monotonic() - sent >= 400 * USEC_PER_MSEC);
+}
+
+static void test_blocking_command_needs_a_blocking_link(void **state) {
+        Fixture *f = *state;
+
+        redis_start(f, NULL);
+        link_start(f);
+        wait_up(f);
+        assert_int_equal(redis_link_command_blocking(f->link, USEC_PER_SEC, on_reply, NULL, 1,
+                                                     (const char *const[]) { "PING" }, NULL), -EINVAL);
+}
+
+static void test_sockets_are_close_on_exec(void **state) {
+        Fixture *f = *state;
+        DIR *d;
+        struct dirent *de;
+        unsigned sockets = 0;
+
+        redis_start(f, NULL);
+        link_start(f);
+        wait_up(f);
+        d = opendir("/proc/self/fd");
+        assert_non_null(d);
+        while ((de = readdir(d))) {
+                int fd = atoi(de->d_name);
+                struct stat st;
+                if (de->d_name[0] == '.' || fd == dirfd(d) || fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
+                        continue;
+                sockets++;
+                if (!(fcntl(fd, F_GETFD) & FD_CLOEXEC))
+                        fail_msg("socket fd %d is not close-on-exec", fd);
+        }
+        closedir(d);
+        assert_true(sockets >= 1);
+}
+
+static void test_link_may_be_freed_from_its_callbacks(void **state) {
+        Fixture *f = *state;
+        Reply behind = {};
+
+        redis_start(f, NULL);
+        link_start(f);
+        wait_up(f);
+        /* From a reply, with another command in flight behind it: that one is never called back. */
+        assert_int_equal(redis_link_command(f->link, on_reply_then_free, f, 1, (const char *const[]) { "PING" }, NULL), 0);
+        assert_int_equal(redis_link_command(f->link, on_reply, &behind, 1, (const char *const[]) { "PING" }, NULL), 0);
+        for (int i = 0; f->link && i < 1000; i++)
+                assert_true(sd_event_run(f->event, 10 * USEC_PER_MSEC) >= 0);
+        assert_null(f->link);
+        for (int i = 0; i < 5; i++)
+                assert_true(sd_event_run(f->event, 10 * USEC_PER_MSEC) >= 0);
+        assert_false(behind.done);
+
+        /* From a state callback: the link that saw Redis go away is freed there. */
+        f->n_told = 0;
+        link_start(f);
+        wait_up(f);
+        f->free_in_callback = true;
+        redis_stop(f);
+        for (int i = 0; f->link && i < 1000; i++)
+                assert_true(sd_event_run(f->event, 10 * USEC_PER_MSEC) >= 0);
+        assert_null(f->link);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+#define T(t) cmocka_unit_test_setup_teardown(t, setup, teardown)
+                T(test_link_comes_up_with_the_run_id_and_answers_commands),
+                T(test_command_while_down_fails_at_once),
+                T(test_commands_that_change_the_connection_are_refused),
+                T(test_unix_socket_url_selects_its_db),
+                T(test_hostname_is_resolved_off_the_loop),
+                T(test_evalsha_runs_a_script_loaded_at_setup),
+                T(test_script_flush_then_evalsha_reloads_and_retries_once),
+                T(test_a_script_redis_cannot_compile_fails_the_link),
+                T(test_command_timeout_ends_the_connection_then_it_comes_back),
+                T(test_redis_restart_is_seen_as_a_new_run_id),
+                T(test_unreachable_port_fails_fast_and_backs_off),
+                T(test_password_file_authenticates),
+                T(test_wrong_password_is_a_configuration_error),
+                T(test_missing_password_is_a_configuration_error),
+                T(test_wrong_db_is_a_configuration_error),
+                T(test_eviction_policy_other_than_noeviction_is_refused),
+                T(test_a_server_that_is_not_redis_fails_the_link),
+                T(test_a_silent_server_times_out_the_setup),
+                T(test_blocking_read_has_its_own_timeout),
+                T(test_blocking_read_times_out_after_its_block_and_the_timeout),
+                T(test_blocking_command_needs_a_blocking_link),
+                T(test_sockets_are_close_on_exec),
+                T(test_link_may_be_freed_from_its_callbacks),
+#undef T
+        };
+        const char *env = getenv("REDIS_SERVER"), *path = getenv("PATH");
+
+        /* redis-server from $REDIS_SERVER, else the first in $PATH. */
+        if (env)
+                snprintf(redis_server, sizeof redis_server, "%s", env);
+        else
+                for (const char *p = path ?: "/usr/bin:/bin"; *p && !redis_server[0]; p += strcspn(p, ":"), p += *p == ':') {
+                        char candidate[4096];
+                        snprintf(candidate, sizeof candidate, "%.*s/redis-server", (int) strcspn(p, ":"), p);
+                        if (access(candidate, X_OK) == 0)
+                                snprintf(redis_server, sizeof redis_server, "%s", candidate);
+                }
+        if (!redis_server[0] || access(redis_server, X_OK) < 0) {
+                printf("1..0 # SKIP redis-server not found (install redis-server, or set REDIS_SERVER)\n");
+                return 0;
+        }
+        /* A killed redis-server must not take the test with it through a write to its socket. */
+        signal(SIGPIPE, SIG_IGN);
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
