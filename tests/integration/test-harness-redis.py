@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 """The fault harness of the shared-pool tests, tested on its own (no brokerd): tcpproxy.py's rules against a
 plain echo server and against redis-server, redisd.py's server control (restarts keeping or losing data,
-CLIENT PAUSE, SIGSTOP, configuration, passwords).
+CLIENT PAUSE, SIGSTOP, configuration, passwords), and witness.py's checks for several brokerds (each
+shown to catch what it is for).
 
 Checks that nothing arrives during a blackhole look for a while and can only pass wrongly on a slow machine,
 never fail; every other wait is on a condition. The redis-server cases skip without redis-server.
@@ -25,6 +26,7 @@ import redisd  # noqa: E402
 from harness import wait_for  # noqa: E402
 from redisd import RedisServer, Resp, RespError  # noqa: E402
 from tcpproxy import TcpProxy  # noqa: E402
+from witness import Witness  # noqa: E402
 
 # How long a check that nothing arrives looks: long enough for a forwarded byte to arrive on any machine
 # not stopped outright, and a check that passes wrongly when slower is no harm.
@@ -441,6 +443,72 @@ class TestProxyRedis(RedisTestCase):
             sent = time.monotonic()
             self.assertEqual(c.call("PING"), "PONG")
             self.assertGreaterEqual(time.monotonic() - sent, 1.0)
+
+
+class TestWitnessShared(unittest.TestCase):
+    """witness.py's checks for several brokerds, fed by its own script run as `slotctl run` would run it."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="test-witness-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.w = Witness(self.dir)
+
+    def run_cmd(self, pool, token, slots, name=None, body="true"):
+        env = dict(os.environ, SLOT_POOL=pool, SLOT_TOKEN=str(token), SLOT_INDEX=",".join(map(str, slots)))
+        subprocess.run(self.w.command(body, name), env=env, check=True, timeout=30)
+
+    def start_cmd(self, pool, token, slots, name):
+        env = dict(os.environ, SLOT_POOL=pool, SLOT_TOKEN=str(token), SLOT_INDEX=",".join(map(str, slots)))
+        p = subprocess.Popen(self.w.command_until_stopped(name), env=env)
+        self.addCleanup(p.kill)
+        wait_for(lambda: self.w.started(name), message=f"{name} to start")
+        return p
+
+    def end_cmd(self, p, name):
+        self.w.stop(name)
+        p.wait(30)
+
+    def assert_fails(self, check, text):
+        with self.assertRaisesRegex(AssertionError, text):
+            check(self)
+
+    def test_a_clean_history_passes(self):
+        # Two "nodes" granting in turn: slot 0 by tokens 10 then 30, slot 1 by 20; the start order
+        # (30 before 20) is not the token order, which only a single brokerd guarantees.
+        a = self.start_cmd("grid", 10, [0], "a")
+        self.end_cmd(a, "a")
+        b = self.start_cmd("grid", 30, [0], "b")
+        c = self.start_cmd("grid", 20, [1], "c")
+        self.assertEqual(self.w.max_concurrent(), {"grid": 2})
+        self.end_cmd(b, "b")
+        self.end_cmd(c, "c")
+        self.w.check_shared(self, {"grid": 2})
+        self.assert_fails(self.w.check, "repeat or go back")  # the single-brokerd check is stricter
+
+    def test_a_slot_held_twice_is_caught(self):
+        a = self.start_cmd("grid", 1, [0], "a")
+        self.run_cmd("grid", 2, [0])
+        self.end_cmd(a, "a")
+        self.assert_fails(self.w.check_fencing, "held twice")
+
+    def test_a_token_given_twice_is_caught(self):
+        self.run_cmd("grid", 5, [0])
+        self.run_cmd("grid", 5, [1])
+        self.assert_fails(self.w.check_fencing, "both got token 5")
+
+    def test_tokens_going_back_on_a_slot_are_caught(self):
+        self.run_cmd("grid", 9, [2])
+        self.run_cmd("grid", 8, [2])
+        self.assert_fails(self.w.check_fencing, "do not increase")
+
+    def test_more_holders_than_the_limit_are_caught(self):
+        procs = [(self.start_cmd("grid", t, [t], f"n{t}"), f"n{t}") for t in range(3)]
+        procs.append((self.start_cmd("other", 1, [0], "o"), "o"))  # another pool's holders do not count
+        self.w.check_limits(self, {"grid": 3})
+        self.assert_fails(lambda t: self.w.check_limits(t, {"grid": 2}), "3 slots held at once, limit 2")
+        for p, name in procs:
+            self.end_cmd(p, name)
+        self.assertEqual(self.w.max_concurrent()["grid"], 3, "a maximum, not the last count")
 
 
 if __name__ == "__main__":
