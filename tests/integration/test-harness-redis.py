@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""The fault harness of the shared-pool tests, tested on its own (no brokerd): tcpproxy.py's rules against a
-plain echo server and against redis-server, redisd.py's server control (restarts keeping or losing data,
-CLIENT PAUSE, SIGSTOP, configuration, passwords), and witness.py's checks for several brokerds (each
-shown to catch what it is for).
+"""The fault harness of the shared-pool tests, tested on its own: tcpproxy.py's rules against a plain echo
+server and against redis-server, redisd.py's server control (restarts keeping or losing data, CLIENT PAUSE,
+SIGSTOP, configuration, passwords), witness.py's checks for several brokerds (each shown to catch what it
+is for), faults.py's seeded schedule (reproducible from its seed), its faults on Redis and the proxies,
+and its test for shared pools in brokerd (against stand-ins, and the brokerd under test if given).
 
 Checks that nothing arrives during a blackhole look for a while and can only pass wrongly on a slow machine,
 never fail; every other wait is on a condition. The redis-server cases skip without redis-server.
 
-Usage: test-harness-redis.py [unittest arguments]
+Usage: test-harness-redis.py [BROKERD] [unittest arguments]
 """
 import os
 import shutil
@@ -21,6 +22,7 @@ import time
 import unittest
 
 sys.dont_write_bytecode = True
+import faults  # noqa: E402
 import harness  # noqa: E402
 import redisd  # noqa: E402
 from harness import wait_for  # noqa: E402
@@ -227,9 +229,8 @@ class TestProxyEcho(ProxyTestCase):
 
     def test_reset_refuses_new_connections_for_a_while(self):
         self.proxy.reset(refuse_for=60)
-        s = self.client()  # the kernel accepted it; the proxy resets it as soon as it sees it
-        s.settimeout(5)
-        with self.assertRaises(ConnectionResetError):
+        # The kernel accepts it; the proxy resets it as soon as it sees it: at connect() already, or later.
+        with self.assertRaises(ConnectionResetError), connect(self.proxy.address) as s:
             s.sendall(b"x")
             s.recv(1)
         self.assertEqual(self.proxy.stats()["refused"], 1)
@@ -511,5 +512,133 @@ class TestWitnessShared(unittest.TestCase):
         self.assertEqual(self.w.max_concurrent()["grid"], 3, "a maximum, not the last count")
 
 
+class TestFaultSchedule(unittest.TestCase):
+    def test_reproducible_from_its_seed(self):
+        a = faults.schedule(1234, count=25, nodes=3)
+        self.assertEqual(a, faults.schedule(1234, count=25, nodes=3))
+        self.assertNotEqual(a, faults.schedule(1235, count=25, nodes=3))
+
+    def test_every_kind_at_least_once(self):
+        for seed in range(20):
+            s = faults.schedule(seed, count=20, nodes=3)
+            self.assertEqual(len(s), 20)
+            self.assertEqual({f.kind for f in s}, set(faults.KINDS), f"seed {seed}")
+            for f in s:
+                if f.kind in faults.NODE_KINDS:
+                    self.assertIn(f.node, range(3))
+
+    def test_seed_from_the_environment(self):
+        os.environ[faults.SEED_VARIABLE] = "42"
+        try:
+            self.assertEqual(faults.seed(), 42)
+        finally:
+            del os.environ[faults.SEED_VARIABLE]
+        self.assertIsInstance(faults.seed(), int)
+
+
+FAKE_BROKERD = r"""
+import os, socket, sys
+kind = KIND
+if "--check-config" in sys.argv:
+    if kind == "refuses":
+        sys.exit("brokerd.conf:3: unknown key 'backend'")
+    sys.exit(0)
+if kind == "old":
+    sys.exit("brokerd: Failed to apply the configuration: Operation not supported")
+if kind == "broken":
+    sys.exit("brokerd: Failed to open the history: Input/output error")
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[sys.argv.index("--socket") + 1])
+s.listen(4)
+while True:  # until SIGTERM
+    c, _ = s.accept()
+    while c.recv(4096).find(b"\0") < 0:
+        pass
+    c.sendall(b'{"parameters":{"vendor":"fake"}}\0')
+    c.close()
+"""
+
+
+class TestSharedPoolsBuilt(unittest.TestCase):
+    """faults.shared_pools_built() against stand-ins for brokerd before and after issue 11."""
+
+    def fake(self, kind):
+        d = tempfile.mkdtemp(prefix="fake-brokerd-")
+        self.addCleanup(shutil.rmtree, d, True)
+        path = os.path.join(d, "brokerd")
+        with open(path, "w") as f:
+            f.write(f"#!{sys.executable}\n" + FAKE_BROKERD.replace("KIND", repr(kind)))
+        os.chmod(path, 0o755)
+        return path
+
+    def test_brokerd_that_exits_operation_not_supported(self):
+        self.assertEqual(faults.shared_pools_built(self.fake("old")), (False, faults.NOT_BUILT))
+
+    def test_brokerd_whose_check_config_refuses_backend(self):
+        built, reason = faults.shared_pools_built(self.fake("refuses"))
+        self.assertFalse(built)
+        self.assertIn(faults.NOT_BUILT, reason)
+        self.assertIn("unknown key 'backend'", reason)
+
+    def test_brokerd_that_runs_the_pool(self):
+        self.assertEqual(faults.shared_pools_built(self.fake("new")), (True, None))
+
+    def test_brokerd_that_fails_otherwise_is_a_failure(self):
+        with self.assertRaisesRegex(AssertionError, "Input/output error"):
+            faults.shared_pools_built(self.fake("broken"))
+
+    def test_the_brokerd_under_test_answers_one_way_or_the_other(self):
+        if not os.environ.get("BROKERD"):
+            self.skipTest("BROKERD is not set (meson passes it)")
+        built, reason = faults.shared_pools_built()
+        self.assertIn((built, reason), ((True, None), (False, faults.NOT_BUILT)))
+
+
+class TestFaultInjection(RedisTestCase):
+    """The faults that touch Redis and the proxies, applied and undone (brokerd's own: test-shared-faults)."""
+
+    def setUp(self):
+        super().setUp()
+        self.redis = self.server(appendonly=True)
+        self.proxy = TcpProxy(self.redis.address).start()
+        self.addCleanup(self.proxy.close)
+        self.cluster = faults.Cluster(self.redis, [self.proxy], brokers=[])
+
+    def test_redis_restart_keeping_and_losing_data(self):
+        self.redis.call("SET", "k", "v")
+        run_id = self.redis.run_id()
+        self.cluster.inject(faults.Fault("redis-restart-aof", None, 0.0))
+        self.assertNotEqual(self.redis.run_id(), run_id)
+        self.assertEqual(self.redis.call("GET", "k"), "v")
+        self.cluster.inject(faults.Fault("redis-restart-lost", None, 0.0))
+        self.assertIsNone(self.redis.call("GET", "k"))
+
+    def test_proxy_faults_hit_and_end_with_the_proxy_passing(self):
+        for kind in ("blackhole", "delay"):
+            with self.subTest(kind), Resp(self.proxy.address, timeout=QUIET) as c:
+                hit = []
+                self.cluster.inject(faults.Fault(kind, 0, 2 * QUIET),
+                                    lambda at: hit.append(self.assertRaises(TimeoutError, c.call, "PING")))
+                self.assertEqual(len(hit), 1)
+                self.assertTrue(self.proxy.passing())
+                self.assertEqual(c.read(timeout=10), "PONG")  # held, then delivered
+        with Resp(self.proxy.address) as c:
+            c.call("PING")
+            self.cluster.inject(faults.Fault("reset", 0, 0.0))
+            with self.assertRaises((ConnectionResetError, ConnectionError)):
+                c.call("PING")
+
+    def test_client_pause(self):
+        answered = []
+        start = time.monotonic()
+        self.cluster.inject(faults.Fault("client-pause", None, 0.5),
+                            lambda at: answered.append((self.redis.call("SET", "k", "v", timeout=30),
+                                                        time.monotonic())))
+        self.assertEqual(answered[0][0], "OK")
+        self.assertGreaterEqual(answered[0][1] - start, 0.5, "a command during the pause was answered at once")
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and not sys.argv[1].startswith("-") and os.path.isfile(sys.argv[1]):
+        os.environ["BROKERD"] = os.path.abspath(sys.argv.pop(1))
     harness.main()
