@@ -22,6 +22,7 @@ import subprocess
 import time
 
 import harness
+import redisd
 
 SEED_VARIABLE = "SLOTBROKER_FAULT_SEED"
 
@@ -169,6 +170,21 @@ def shared_pools_built(brokerd=None):
         raise AssertionError(f"brokerd with a shared pool exited with {b.proc.returncode}:\n{b.log()[-3000:]}")
     finally:
         b.cleanup()
+
+
+_built = None
+
+
+def skip_unless_shared_pools(test):
+    """In a TestCase's setUp: skipTest() (the reason of shared_pools_built(), probed once per run) unless
+    the brokerd under test has shared pools, or redis-server is missing. In setUp rather than setUpClass:
+    a skipped class runs no test, and harness.main() exits 77 only when every test that ran skipped."""
+    global _built
+    redisd.require_redis_server()
+    if _built is None:
+        _built = shared_pools_built()
+    if not _built[0]:
+        test.skipTest(_built[1])
 
 
 def _answers_or_exited(b):

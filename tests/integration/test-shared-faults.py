@@ -40,7 +40,6 @@ import unittest
 sys.dont_write_bytecode = True
 import faults  # noqa: E402
 import harness  # noqa: E402
-import redisd  # noqa: E402
 from harness import Broker, wait_for  # noqa: E402
 from redisd import RedisServer  # noqa: E402
 from tcpproxy import TcpProxy  # noqa: E402
@@ -115,12 +114,7 @@ class ClientLoop(threading.Thread):
 
 class TestSharedFaults(unittest.TestCase):
     def setUp(self):
-        # In setUp, not setUpClass: a skipped class runs no test, and harness.main() exits 77 only when
-        # every test that ran was skipped.
-        redisd.require_redis_server()
-        built, reason = faults.shared_pools_built()
-        if not built:
-            self.skipTest(reason)
+        faults.skip_unless_shared_pools(self)
         self.tmp = tempfile.mkdtemp(prefix="test-shared-faults-")
         self.addCleanup(shutil.rmtree, self.tmp, True)
         self.redis = RedisServer(self.tmp, appendonly=True).start()
