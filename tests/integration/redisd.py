@@ -26,6 +26,7 @@ Python 3 standard library only; imported beside harness.py.
 """
 import atexit
 import ctypes
+import itertools
 import os
 import shutil
 import signal
@@ -172,6 +173,9 @@ def parse_info(text):
 # ---- the server ----
 
 _all_servers = []
+_numbers = itertools.count()
+# sockaddr_un's sun_path, with its terminating NUL.
+UNIX_PATH_MAX = 108
 
 
 def _free_tcp_port():
@@ -197,9 +201,11 @@ class RedisServer:
         require_redis_server()
         if port is None and not unix:
             port = 0
-        self.dir = os.path.join(tmpdir, f"{name}-{len(_all_servers)}-{os.getpid()}")
-        os.makedirs(self.dir)
+        self.dir = os.path.join(tmpdir, f"{name}-{next(_numbers)}-{os.getpid()}")
         self.socket_path = os.path.join(self.dir, "redis.sock") if unix else None
+        if self.socket_path and len(self.socket_path.encode()) >= UNIX_PATH_MAX:
+            raise ValueError(f"{self.socket_path}: too long for a Unix socket (a shorter tmpdir, or unix=False)")
+        os.makedirs(self.dir)
         self._want_port = port
         self.port = None if port == 0 else port
         self.appendonly = appendonly

@@ -297,6 +297,14 @@ class TestRedisServer(RedisTestCase):
         self.assertEqual(r.config_get("maxmemory-policy"), "noeviction")
         self.assertEqual(r.config_get("save"), "")
 
+    def test_servers_get_directories_of_their_own(self):
+        a, b = RedisServer(self.tmp), RedisServer(self.tmp)
+        a.close()
+        c = RedisServer(self.tmp)  # the numbering does not reuse a closed server's number
+        self.assertEqual(len({a.dir, b.dir, c.dir}), 3)
+        for r in (b, c):
+            r.close()
+
     def test_tcp_only(self):
         r = self.server(unix=False)
         self.assertIsNone(r.socket_path)
