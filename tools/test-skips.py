@@ -28,10 +28,14 @@ SAYS_SKIP = re.compile(r"skip", re.I)
 
 
 def why_skipped(output):
-    """The reason a whole test gave: its TAP plan's, else its last line that says skip, else its last line."""
+    """The reason a whole test gave: its TAP plan's, else its unittest cases' (harness.main() exits 77 when
+    every case skipped), else its last line that says skip, else its last line."""
     m = TAP_PLAN_SKIP.search(output)
     if m:
         return m.group(1).strip() or "(no reason given)"
+    reasons = sorted({reason for _, reason in UNITTEST_SKIP.findall(output)})
+    if reasons:
+        return "; ".join(reasons)
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     said = [line for line in lines if SAYS_SKIP.search(line)]
     return (said or lines or ["(no reason given)"])[-1]

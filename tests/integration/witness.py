@@ -5,14 +5,23 @@
 Every witnessed command is a `slotctl run` of a small shell script. When it starts it takes one lock file
 per slot it was given (SLOT_MEMBER, or SLOT_INDEX in a pool of anonymous slots, each in SLOT_POOL) with
 O_EXCL (the shell's noclobber): a lock file that already exists is a slot held twice at once, written to
-a violations file. It logs "start NAME POOL TOKEN SLOT..." and, when its body ends or it is sent SIGTERM,
-gives its lock files back and logs "end …". check() asserts that there were no violations and that each
-pool's fencing tokens, in the order the commands started, never repeat and never go back.
+a violations file. It then counts the pool's lock files (every slot held at that instant, its own
+included) into a holders file, logs "start NAME POOL TOKEN SLOT..." and, when its body ends or it is sent
+SIGTERM, gives its lock files back and logs "end …".
+
+check() asserts that there were no violations and that each pool's fencing tokens, in the order the
+commands started, never repeat and never go back: right for one brokerd, whose commands start in grant
+order. Commands of several brokerds sharing a pool (SPEC §11) start in no such order (two grants a
+microsecond apart on two hosts), so check_shared() asserts what does hold there: no violations, tokens
+unique per pool, increasing along each slot's successive holders (check_fencing()), and at most the
+pool's limit of slots held at every instant (check_limits(), from the holders file: the number of lock
+files only grows when a command takes its own, which then counts them).
 
     w = Witness(tmpdir)
     subprocess.Popen([SLOTCTL, "run", …, "--", *w.command("sleep 60")])      # or w.command_until_stopped(name)
     wait_for(lambda: w.started(), …); w.started()[-1].token
     w.check(self)                                                              # in a unittest.TestCase
+    w.check_shared(self, {"grid": 4})                                          # several brokerds, one pool
 
 Python 3 standard library only; imported beside harness.py.
 """
@@ -28,21 +37,25 @@ slots=$(printf '%s' "${SLOT_MEMBER:-$SLOT_INDEX}" | tr , ' ')
 record() {
         printf '%s %s %s %s %s\n' "$1" "$n" "$SLOT_POOL" "$SLOT_TOKEN" "$slots" >>"$d/log"
 }
+held=$d/held/$SLOT_POOL
 finish() {
         for s in $slots; do
-                [ "$(cat "$d/held-$SLOT_POOL-$s" 2>/dev/null)" = "$n" ] && rm -f "$d/held-$SLOT_POOL-$s"
+                [ "$(cat "$held/$s" 2>/dev/null)" = "$n" ] && rm -f "$held/$s"
         done
         record end
 }
 trap 'finish; exit 143' TERM
+mkdir -p "$held"
 set -C
 for s in $slots; do
-        if ! printf '%s\n' "$n" 2>/dev/null >"$d/held-$SLOT_POOL-$s"; then
-                printf '%s got %s %s while %s holds it\n' "$n" "$SLOT_POOL" "$s" "$(cat "$d/held-$SLOT_POOL-$s")" \
+        if ! printf '%s\n' "$n" 2>/dev/null >"$held/$s"; then
+                printf '%s got %s %s while %s holds it\n' "$n" "$SLOT_POOL" "$s" "$(cat "$held/$s")" \
                         >>"$d/violations"
         fi
 done
 set +C
+set -- "$held"/*
+printf '%s %s %s\n' "$SLOT_POOL" "$#" "$n" >>"$d/holders"
 record start
 eval "$body"
 finish
@@ -96,15 +109,68 @@ class Witness:
     def ended(self, name=None):
         return [e for e in self.events() if e.what == "end" and name in (None, e.name)]
 
-    def check(self, test):
-        """Fails `test` if a slot was held twice at once or a pool's fencing tokens repeated or went back."""
+    def check_violations(self, test):
+        """Fails `test` if a slot was held twice at once."""
         try:
             with open(os.path.join(self.dir, "violations")) as f:
                 test.fail("a slot was held twice at once:\n" + f.read())
         except FileNotFoundError:
             pass
+
+    def check(self, test):
+        """Fails `test` if a slot was held twice at once or a pool's fencing tokens repeated or went back."""
+        self.check_violations(test)
         tokens = collections.defaultdict(list)
         for e in self.started():
             tokens[e.pool].append(e.token)
         for pool, seen in tokens.items():
             test.assertEqual(seen, sorted(set(seen)), f"fencing tokens of pool {pool} repeat or go back: {seen}")
+
+    # several brokerds sharing a pool (SPEC §11)
+
+    def holders(self):
+        """Every count taken at a start, in order: (pool, slots held then, command name)."""
+        try:
+            with open(os.path.join(self.dir, "holders")) as f:
+                lines = f.read().split("\n")[:-1]
+        except FileNotFoundError:
+            return []
+        return [(pool, int(count), name) for pool, count, name in (line.split() for line in lines)]
+
+    def max_concurrent(self):
+        """{pool: the most slots held at once}: the maximum over time is reached when some command takes its
+        lock files, and that command counts them right after (a release in between can only lower it)."""
+        out = {}
+        for pool, count, _ in self.holders():
+            out[pool] = max(out.get(pool, 0), count)
+        return out
+
+    def check_fencing(self, test):
+        """Fails `test` if a slot was held twice at once, two commands got the same fencing token of a pool,
+        or a slot's successive holders (in the order they took it: each takes the lock file after the one
+        before gave it back) got tokens that do not increase."""
+        self.check_violations(test)
+        owner = {}
+        per_slot = collections.defaultdict(list)
+        for e in self.started():
+            other = owner.setdefault((e.pool, e.token), e.name)
+            test.assertEqual(other, e.name, f"{e.name} and {other} both got token {e.token} of pool {e.pool}")
+            for s in e.slots:
+                per_slot[e.pool, s].append((e.token, e.name))
+        for (pool, slot), seen in per_slot.items():
+            tokens = [t for t, _ in seen]
+            test.assertEqual(tokens, sorted(set(tokens)),
+                             f"fencing tokens of slot {slot} of pool {pool} do not increase from holder to holder: "
+                             f"{seen}")
+
+    def check_limits(self, test, limits):
+        """Fails `test` if a pool of `limits` ({pool: limit}) ever had more slots held at once."""
+        seen = self.max_concurrent()
+        for pool, limit in limits.items():
+            test.assertLessEqual(seen.get(pool, 0), limit, f"pool {pool}: {seen.get(pool)} slots held at once, "
+                                 f"limit {limit}")
+
+    def check_shared(self, test, limits):
+        """check_fencing() and check_limits(): the invariant of a pool shared by several brokerds."""
+        self.check_fencing(test)
+        self.check_limits(test, limits)
