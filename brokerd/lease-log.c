@@ -186,6 +186,10 @@ static int line_lease(Buffer *b, const HistoryLeaseRow *row) {
                                (uint64_t) row->granted_at);
         if (row->expires_at != USEC_INFINITY)
                 r = r ?: buffer_printf(b, ",\"expiresAt\":%" PRIu64, (uint64_t) row->expires_at);
+        if (row->remote_id) {
+                r = r ?: buffer_puts(b, ",\"remote\":");
+                r = r ?: buffer_put_string(b, row->remote_id);
+        }
         r = r ?: buffer_puts(b, "}}");
         return line_end(b, start, r);
 }
@@ -323,6 +327,8 @@ static int row_from_json(const json_t *o, HistoryLeaseRow *ret) {
         row.granted_at = (usec_t) json_integer_value(json_object_get(o, "grantedAt"));
         if ((v = json_object_get(o, "expiresAt")))
                 row.expires_at = (usec_t) json_integer_value(v);
+        if ((v = json_object_get(o, "remote")) && !(row.remote_id = json_strdup(v)))
+                return json_is_string(v) ? -ENOMEM : -EBADMSG;
         *ret = row;
         row = (HistoryLeaseRow) {};
         return 0;
