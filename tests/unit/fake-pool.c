@@ -43,6 +43,7 @@ struct FakePool {
         usec_t wait;
         usec_t wakeup;
         bool sticky;
+        bool hold_answers;
         char prefix[32];
         char restored_remote_id[64];
         FakePoolStats stats;
@@ -198,6 +199,10 @@ bool fake_pool_lose(FakePool *p, uint64_t token, const char *reason, usec_t at) 
         return false;
 }
 
+void fake_pool_hold_answers(FakePool *p, bool hold) {
+        p->hold_answers = hold;
+}
+
 void fake_pool_set_wakeup(FakePool *p, usec_t t, bool sticky) {
         p->wakeup = t;
         p->sticky = sticky;
@@ -289,7 +294,8 @@ static void op_run(Pool *base, usec_t now) {
         p->stats.runs[p->stats.n_runs++] = now;
         if (!p->sticky)
                 p->wakeup = USEC_INFINITY;
-        fake_pool_answer(p, now);
+        if (!p->hold_answers)
+                fake_pool_answer(p, now);
 }
 
 static usec_t op_next_wakeup(const Pool *base) {

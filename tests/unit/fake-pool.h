@@ -39,6 +39,8 @@ void fake_pool_name_grants(FakePool *p, const char *prefix);
 /* The grant with this token is lost: a LOST decision for the lease it was bound to. Returns false if no grant
  * with that token is bound. */
 bool fake_pool_lose(FakePool *p, uint64_t token, const char *reason, usec_t at);
+/* run() sends no answers (the backend is slow): only fake_pool_answer() does. */
+void fake_pool_hold_answers(FakePool *p, bool hold);
 /* next_wakeup() reports t; sticky: even after run() (an answer that has not come yet). */
 void fake_pool_set_wakeup(FakePool *p, usec_t t, bool sticky);
 
