@@ -182,6 +182,19 @@ static void event_push(Engine *e, const EngineEvent *ev) {
         e->events[(e->events_head + e->n_events++) % e->events_allocated] = *ev;
 }
 
+/* A lease released is not revoked afterwards: a REVOKE still queued for it (its max-hold or its loss was
+ * settled by the release call itself) would hand the caller a lease, and its userdata, already gone. */
+static void events_forget_lease(Engine *e, const EngineLease *l) {
+        size_t kept = 0;
+        for (size_t i = 0; i < e->n_events; i++) {
+                const EngineEvent *ev = &e->events[(e->events_head + i) % e->events_allocated];
+                if (ev->type == ENGINE_EVENT_REVOKE && ev->lease == l)
+                        continue;
+                e->events[(e->events_head + kept++) % e->events_allocated] = *ev;
+        }
+        e->n_events = kept;
+}
+
 bool engine_pop_event(Engine *e, EngineEvent *ret) {
         if (!e || e->n_events == 0)
                 return false;
@@ -809,6 +822,7 @@ void engine_lease_release(EngineLease *l, usec_t now) {
                 return;
         Engine *e = l->engine;
         engine_advance(e, now);
+        events_forget_lease(e, l);
         heap_remove(&e->expiries, &l->expiry_node);
         l->pool->ops->release(l->pool, l->grant, now);
         list_unlink(&l->node);

@@ -151,7 +151,8 @@ void engine_take_decisions(Engine *e);
 /* Takes the oldest pending event. Returns true if there was one. */
 bool engine_pop_event(Engine *e, EngineEvent *ret);
 
-/* Leases: owned by the engine from the grant until engine_lease_release(). */
+/* Leases: owned by the engine from the grant until engine_lease_release(); no event names a lease after it
+ * (a REVOKE that the release call itself settled is dropped). */
 void engine_lease_release(EngineLease *l, usec_t now);
 void *engine_lease_get_userdata(const EngineLease *l);
 void engine_lease_set_userdata(EngineLease *l, void *userdata);

@@ -266,6 +266,20 @@ static void test_a_lost_grant_revokes_the_lease_with_the_pool_reason(void **stat
         assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 0);
 }
 
+static void test_a_lease_released_as_its_loss_comes_in_is_not_revoked(void **state) {
+        Fixture *f = *state;
+        EngineRequest *r = acquire(f, "held", S(1));
+        run(f, S(1));
+        EngineLease *l = grant_of(f, r)->lease;
+        assert_true(fake_pool_lose(pool_a(f), engine_lease_token(l), "node-expired", S(2)));
+        /* The release is the first call after the loss came in: it ends the lease, whose REVOKE would point
+         * at nothing. */
+        engine_lease_release(l, S(2));
+        take_events(f);
+        assert_int_equal(count_events(f, ENGINE_EVENT_REVOKE), 0);
+        assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 0);
+}
+
 static void test_max_hold_revocation_says_so(void **state) {
         Fixture *f = *state;
         EngineRequest *r = acquire(f, "held", S(1));
@@ -393,6 +407,7 @@ int main(void) {
                 T(test_cancel_after_a_queued_answer_withdraws_the_waiter),
                 T(test_cancel_after_a_grant_came_in_leaves_the_grant_to_the_caller),
                 T(test_a_lost_grant_revokes_the_lease_with_the_pool_reason),
+                T(test_a_lease_released_as_its_loss_comes_in_is_not_revoked),
                 T(test_max_hold_revocation_says_so),
                 T(test_the_pool_measures_the_wait_when_it_says),
                 T(test_a_restored_lease_is_bound_with_its_remote_id),

@@ -911,11 +911,25 @@ static void test_max_hold_revokes_without_freeing(void **state) {
         run(f, S(70));
         assert_int_equal(f->n_revoked, 1);
         assert_int_equal(f->revoked[0].at, S(61));
+        assert_string_equal(f->revoked[0].reason, "max-hold");
         assert_ptr_equal(f->revoked[0].lease, a->lease);
         assert_true(engine_lease_is_revoked(a->lease));
         assert_true(queued(b));
         end(f, a, S(71));
         assert_true(granted(b));
+}
+
+/* Released after its max-hold passed, with nothing run in between: the release settles the max-hold
+ * first, but no REVOKE is left for a lease that is gone (its userdata with it). */
+static void test_lease_released_after_its_max_hold_unseen_is_not_revoked(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL)->max_hold = S(60);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, S(1));
+        release(f, a, S(70));
+        assert_int_equal(f->n_revoked, 0);
+        assert_int_equal(pool_in_use(f, 0), 0);
 }
 
 static void test_restored_lease_occupies_its_slots_and_tokens_continue(void **state) {
@@ -1428,6 +1442,7 @@ int main(void) {
                 T(test_reload_removing_pool_refuses_waiters_and_keeps_holders),
                 T(test_reload_keeps_waiters_and_reorders_on_new_priority),
                 T(test_max_hold_revokes_without_freeing),
+                T(test_lease_released_after_its_max_hold_unseen_is_not_revoked),
                 T(test_restored_lease_occupies_its_slots_and_tokens_continue),
                 T(test_reload_reorder_keeps_a_held_member_held),
                 T(test_reload_removed_member_stays_held_until_released),
