@@ -48,6 +48,7 @@ void history_lease_row_done(HistoryLeaseRow *row) {
         free(row->slots);
         history_members_free(row->members, row->n_slots);
         free(row->job);
+        free(row->remote_id);
         *row = (HistoryLeaseRow) {};
 }
 

@@ -40,6 +40,7 @@ typedef struct HistoryLeaseRow {
         bool detached;
         usec_t granted_at;        /* realtime µs */
         usec_t expires_at;        /* realtime µs; USEC_INFINITY: no max-hold */
+        char *remote_id;          /* a shared pool's name for the lease ("NODE:RID"), or NULL: local */
 } HistoryLeaseRow;
 
 void history_lease_row_done(HistoryLeaseRow *row);

@@ -214,6 +214,10 @@ static int line_lease(Buffer *b, const HistoryLeaseRow *row) {
         r = r ?: buffer_put_field_u64(b, ",\"grantedAt\":", row->granted_at);
         if (row->expires_at != USEC_INFINITY)
                 r = r ?: buffer_put_field_u64(b, ",\"expiresAt\":", row->expires_at);
+        if (row->remote_id) {
+                r = r ?: buffer_puts(b, ",\"remote\":");
+                r = r ?: buffer_put_string(b, row->remote_id);
+        }
         r = r ?: buffer_puts(b, "}}");
         return line_end(b, start, r);
 }
@@ -354,6 +358,8 @@ static int row_from_json(const json_t *o, HistoryLeaseRow *ret) {
         row.granted_at = (usec_t) json_integer_value(json_object_get(o, "grantedAt"));
         if ((v = json_object_get(o, "expiresAt")))
                 row.expires_at = (usec_t) json_integer_value(v);
+        if ((v = json_object_get(o, "remote")) && !(row.remote_id = json_strdup(v)))
+                return json_is_string(v) ? -ENOMEM : -EBADMSG;
         *ret = row;
         row = (HistoryLeaseRow) {};
         return 0;

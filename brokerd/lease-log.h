@@ -9,7 +9,8 @@
  * zlib's crc32()) and a JSON object:
  *
  *   {"slotbroker":"leases","version":1}         the first line
- *   {"lease":{…}}                                a lease granted (or restored), as HistoryLeaseRow
+ *   {"lease":{…}}                                a lease granted (or restored), as HistoryLeaseRow; "remote"
+ *                                                (a shared pool's id of it) only when it has one
  *   {"end":"ID"}                                 a lease ended
  *   {"token":{"pool":"P","next":N}}              a pool's next unused token ("*": every pool)
  *   {"alive":µs}                                 brokerd ran at this realtime instant

@@ -208,6 +208,7 @@ static HistoryLeaseRow lease_row(const Lease *l) {
                 .detached = l->detached,
                 .granted_at = l->granted_real,
                 .expires_at = lease_expires_realtime(l),
+                .remote_id = (char *) engine_lease_remote_id(l->engine_lease),
         };
 }
 
@@ -459,6 +460,7 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
                                          .token = row->token,
                                          .granted_at = granted_mono,
                                          .expires_at = expires_mono,
+                                         .remote_id = row->remote_id,
                                  },
                                  &el);
         if (r < 0)

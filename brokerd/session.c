@@ -655,6 +655,30 @@ static const char *refusal_error(Refusal r) {
         }
 }
 
+/* Why a pool is unavailable, for the client: the pool's word, else drained or removed by a reload. */
+static const char *unavailable_reason(const SessionTable *m, const EngineEvent *ev) {
+        if (ev->reason)
+                return ev->reason;
+        return conf_find_pool(m->config, ev->pool) ? "drained" : "removed";
+}
+
+/* The same, for the journal. */
+static const char *unavailable_reason_text(const char *reason) {
+        static const struct {
+                const char *reason, *text;
+        } table[] = {
+                { "drained", "the pool is drained" },
+                { "removed", "the pool was removed by a reload" },
+                { "backend", "the pool's backend cannot be reached" },
+                { "rules", "the pool's rules differ from those its backend enforces" },
+                { "recovery", "the pool's backend is recovering" },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(table); i++)
+                if (streq(table[i].reason, reason))
+                        return table[i].text;
+        return reason;
+}
+
 static void on_refused(SessionTable *m, Session *s, const EngineEvent *ev) {
         AcquireCall *a = &s->acquire;
 
@@ -674,7 +698,7 @@ static void on_refused(SessionTable *m, Session *s, const EngineEvent *ev) {
         rec.pid = s->cred.pid;
         rec.retry_after_sec = ev->retry_after_sec;
         if (ev->refusal == REFUSAL_UNAVAILABLE)
-                rec.reason = conf_find_pool(m->config, ev->pool) ? "the pool is drained" : "the pool was removed by a reload";
+                rec.reason = unavailable_reason_text(unavailable_reason(m, ev));
         audit_decision(m->audit, &rec);
 
         if (s->closed)
@@ -684,7 +708,7 @@ static void on_refused(SessionTable *m, Session *s, const EngineEvent *ev) {
         if (p && (ev->refusal == REFUSAL_TIMEOUT || ev->refusal == REFUSAL_SHED))
                 json_object_set_new(p, "waitedMs", json_integer((json_int_t) (ev->wait / USEC_PER_MSEC)));
         if (p && ev->refusal == REFUSAL_UNAVAILABLE)
-                json_object_set_new(p, "reason", json_string(conf_find_pool(m->config, ev->pool) ? "drained" : "removed"));
+                json_object_set_new(p, "reason", json_string(unavailable_reason(m, ev)));
         session_reply_error(s, refusal_error(ev->refusal), p);
         session_acquire_done(s);
 }
@@ -699,6 +723,9 @@ static void session_waiter_left(Session *s) {
 bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
         AcquireCall *a = &s->acquire;
         if (!session_is_waiting(s)) {
+                if (why == SESSION_WITHDRAW_GONE && engine_request_is_in_flight(a->request))
+                        /* A pool that decides later has not answered: it is told to forget the request. */
+                        engine_request_cancel(a->request, now_monotonic());
                 session_waiter_left(s); /* a no-op unless the engine's answer is still on its way */
                 return false;
         }
@@ -763,7 +790,7 @@ void session_on_engine_event(SessionTable *m, const EngineEvent *ev) {
                 break;
         case ENGINE_EVENT_REVOKE:
                 if (ev->userdata)
-                        session_lease_revoke(ev->userdata, "max-hold");
+                        session_lease_revoke(ev->userdata, ev->reason ? ev->reason : "max-hold");
                 break;
         case ENGINE_EVENT_CONGESTION:
                 audit_congestion(m->audit, ev->pool, ev->congested, ev->idle);

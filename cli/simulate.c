@@ -121,6 +121,15 @@ static SimLease *sim_lease_new(Sim *sim) {
         return l;
 }
 
+/* After every engine call: the answers of pools that decide later are in, and handled, before anything else
+ * happens (a no-op for in-process pools, which answer during the call). */
+static void sim_quiesce(Sim *sim) {
+        if (!sim->options->quiesce)
+                return;
+        sim->options->quiesce(sim->options->quiesce_userdata);
+        engine_take_decisions(sim->engine);
+}
+
 static void sim_lease_end(Sim *sim, SimLease *l, uint64_t t_ms) {
         usec_t now = t_ms * USEC_PER_MSEC;
         uint64_t deadline = sim->scenario->deadline_ms;
@@ -132,6 +141,7 @@ static void sim_lease_end(Sim *sim, SimLease *l, uint64_t t_ms) {
         sim->any_end = true;
 
         engine_lease_release(l->lease, now);
+        sim_quiesce(sim);
         sim->n_live--;
         if (l->ending)
                 sim->n_ending--;
@@ -257,6 +267,7 @@ static int sim_arrive(Sim *sim, const Arrival *a) {
         r = engine_acquire(sim->engine, &acquire, a->at_ms * USEC_PER_MSEC, &request);
         if (r < 0)
                 return r;
+        sim_quiesce(sim);
         /* Events tell everything that follows; the request itself is not needed. */
         engine_request_unref(request);
 
@@ -378,9 +389,11 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
         r = engine_new(sim_splitmix64, &sim.random_state, &sim.engine);
         if (r < 0)
                 goto finish;
+        engine_set_pool_factory(sim.engine, o->factory ?: engine_pool_factory_local, o->factory_userdata);
         r = engine_configure(sim.engine, c, 0);
         if (r < 0)
                 goto finish;
+        sim_quiesce(&sim);
 
         arrival_cursor_init(&cursor, s);
         for (;;) {
@@ -408,6 +421,7 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
                 }
                 /* (3) freed slots go to waiters, (4) budgets that end now refuse. */
                 engine_run(sim.engine, now);
+                sim_quiesce(&sim);
                 while (engine_pop_event(sim.engine, &ev)) {
                         r = sim_handle_event(&sim, &ev);
                         if (r < 0)

@@ -69,6 +69,13 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(SimResult *, sim_result_free);
 typedef struct SimOptions {
         uint64_t seed;
         bool per_request;     /* records for generated requests too */
+        /* Makes the pools that have a backend; NULL: engine_pool_factory_local (their rules, in-process). */
+        EnginePoolFactoryFn factory;
+        void *factory_userdata;
+        /* Called after every engine call until the pools that decide later have answered; NULL: none do.
+         * The simulator knows nothing of what they talk to. */
+        void (*quiesce)(void *userdata);
+        void *quiesce_userdata;
 } SimOptions;
 
 /* Runs a finished scenario against a validated config. Returns 0 or negative errno (-ENOMEM, -E2BIG when

@@ -22,7 +22,7 @@ typedef struct EngineLane {
 } EngineLane;
 
 typedef enum RequestPhase {
-        REQUEST_ROUTING, /* trying the lane's pools in order */
+        REQUEST_ROUTING, /* trying the lane's pools in order (a pool that decides later: its answer awaited) */
         REQUEST_WAITING, /* queued on a pool */
         REQUEST_DONE,    /* granted, refused or withdrawn */
 } RequestPhase;
@@ -47,7 +47,7 @@ struct EngineRequest {
         QueueState state;
         usec_t idle, budget;
         bool queued;
-        ListNode waiting_node;   /* Engine.waiting */
+        ListNode node;           /* Engine.requests, until the final decision */
 };
 
 struct EngineLease {
@@ -59,6 +59,7 @@ struct EngineLease {
         unsigned *slots;
         char **members;          /* n_slots names, or NULL */
         uint64_t token;
+        char *remote_id;         /* the backend's name of a shared lease; NULL: local */
         usec_t granted_at, expires_at;
         bool revoked;
         void *userdata;
@@ -87,8 +88,11 @@ struct Engine {
         EngineLane **lanes;
         size_t n_lanes;
 
+        EnginePoolFactoryFn factory; /* pools with a backend; NULL: refused */
+        void *factory_userdata;
+
         List leases;
-        List waiting;
+        List requests;           /* routing or waiting: the engine holds a reference */
         Heap expiries;           /* leases with max-hold */
 
         /* Pool decisions are queued and handled after the pool call returns: a pool never sees the
@@ -178,6 +182,19 @@ static void event_push(Engine *e, const EngineEvent *ev) {
         e->events[(e->events_head + e->n_events++) % e->events_allocated] = *ev;
 }
 
+/* A lease released is not revoked afterwards: a REVOKE still queued for it (its max-hold or its loss was
+ * settled by the release call itself) would hand the caller a lease, and its userdata, already gone. */
+static void events_forget_lease(Engine *e, const EngineLease *l) {
+        size_t kept = 0;
+        for (size_t i = 0; i < e->n_events; i++) {
+                const EngineEvent *ev = &e->events[(e->events_head + i) % e->events_allocated];
+                if (ev->type == ENGINE_EVENT_REVOKE && ev->lease == l)
+                        continue;
+                e->events[(e->events_head + kept++) % e->events_allocated] = *ev;
+        }
+        e->n_events = kept;
+}
+
 bool engine_pop_event(Engine *e, EngineEvent *ret) {
         if (!e || e->n_events == 0)
                 return false;
@@ -205,8 +222,8 @@ EngineRequest *engine_request_unref(EngineRequest *r) {
 
 /* The engine's own reference ends with the request's final decision. */
 static void request_finish(EngineRequest *r) {
-        if (r->phase == REQUEST_WAITING)
-                list_unlink(&r->waiting_node);
+        if (list_node_is_linked(&r->node))
+                list_unlink(&r->node);
         r->phase = REQUEST_DONE;
         r->waiter = NULL;
         engine_request_unref(r);
@@ -214,6 +231,10 @@ static void request_finish(EngineRequest *r) {
 
 bool engine_request_is_waiting(const EngineRequest *r) {
         return r && r->phase == REQUEST_WAITING;
+}
+
+bool engine_request_is_in_flight(const EngineRequest *r) {
+        return r && r->phase == REQUEST_ROUTING;
 }
 
 int engine_request_position(const EngineRequest *r, size_t *ret_position, size_t *ret_queued) {
@@ -274,12 +295,13 @@ static EngineLease *lease_free(EngineLease *l) {
                         free(l->members[i]);
         free(l->members);
         free(l->slots);
+        free(l->remote_id);
         return mfree(l);
 }
 
 static int lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, const unsigned *slots,
-                     const char *const *members, unsigned n_slots, uint64_t token, usec_t granted_at, usec_t expires_at,
-                     void *userdata, EngineLease **ret) {
+                     const char *const *members, unsigned n_slots, uint64_t token, const char *remote_id,
+                     usec_t granted_at, usec_t expires_at, void *userdata, EngineLease **ret) {
         EngineLease *l = calloc(1, sizeof(EngineLease));
         if (!l)
                 return -ENOMEM;
@@ -308,6 +330,8 @@ static int lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, const u
                         if (members[i] && !(l->members[i] = strdup(members[i])))
                                 goto oom;
         }
+        if (remote_id && !(l->remote_id = strdup(remote_id)))
+                goto oom;
         if (expires_at != USEC_INFINITY && heap_push(&e->expiries, &l->expiry_node, expires_at) < 0)
                 goto oom;
         list_append(&e->leases, &l->node);
@@ -359,6 +383,31 @@ usec_t engine_lease_expires_at(const EngineLease *l) {
 
 bool engine_lease_is_revoked(const EngineLease *l) {
         return l && l->revoked;
+}
+
+const char *engine_lease_remote_id(const EngineLease *l) {
+        return l ? l->remote_id : NULL;
+}
+
+bool engine_lease_is_shared(const EngineLease *l) {
+        return l && l->remote_id;
+}
+
+/* The holder is told (once); the slots stay taken until the lease is released (SPEC §3.4). */
+static void lease_revoke(Engine *e, EngineLease *l, usec_t at, const char *reason) {
+        heap_remove(&e->expiries, &l->expiry_node);
+        if (l->revoked)
+                return; /* a lease lost after its max-hold: its holder is letting go already */
+        l->revoked = true;
+        event_push(e, &(EngineEvent) {
+                .type = ENGINE_EVENT_REVOKE,
+                .at = at,
+                .userdata = l->userdata,
+                .lease = l,
+                .pool = l->pool->name,
+                .lane = l->lane,
+                .reason = reason,
+        });
 }
 
 /* ---- pools ---- */
@@ -431,12 +480,31 @@ static void on_pool_decision(const PoolDecision *d, void *userdata) {
         e->pending[e->pending_head + e->n_pending++] = *d;
 }
 
-/* A pool of this name starts its fencing tokens above any the name had before. */
-static int pool_new_local(Engine *e, const char *pool, Pool **ret) {
+void engine_set_pool_factory(Engine *e, EnginePoolFactoryFn factory, void *userdata) {
+        if (!e)
+                return;
+        e->factory = factory;
+        e->factory_userdata = userdata;
+}
+
+int engine_pool_factory_local(const PoolConfig *pc, const char *name, PoolEmitFn emit, void *emit_userdata,
+                              void *userdata, Pool **ret) {
+        return pool_local_new(name, emit, emit_userdata, ret);
+}
+
+/* pc NULL: an in-process pool (one made to hold restored leases). A pool of this name starts its fencing
+ * tokens above any the name had before. */
+static int pool_new_for(Engine *e, const PoolConfig *pc, const char *pool, Pool **ret) {
         const char *name = engine_intern(e, pool);
         if (!name)
                 return -ENOMEM;
-        int r = pool_local_new(name, on_pool_decision, e, ret);
+        int r;
+        if (!pc || !pc->backend)
+                r = pool_local_new(name, on_pool_decision, e, ret);
+        else if (e->factory)
+                r = e->factory(pc, name, on_pool_decision, e, e->factory_userdata, ret);
+        else
+                r = -EOPNOTSUPP;
         if (r < 0)
                 return r;
         const EngineTokenFloor *f = token_floor_find(e, name);
@@ -445,13 +513,13 @@ static int pool_new_local(Engine *e, const char *pool, Pool **ret) {
         return 0;
 }
 
-static int pool_new_for(Engine *e, const PoolConfig *pc, Pool **ret) {
-        if (pc->backend)
-                return -EOPNOTSUPP;
-        return pool_new_local(e, pc->name, ret);
+/* The wait of a request a pool decided on: the pool's own measure (a remote pool's clock), if it gave one. */
+static usec_t decision_wait(const PoolDecision *d, const EngineRequest *r) {
+        return d->has_wait ? d->wait : usec_sub_unsigned(d->at, r->arrival);
 }
 
-static void refuse_request(Engine *e, EngineRequest *r, Pool *p, Refusal refusal, usec_t at) {
+static void refuse_request(Engine *e, EngineRequest *r, Pool *p, Refusal refusal, usec_t at, usec_t wait,
+                           const char *reason) {
         event_push(e, &(EngineEvent) {
                 .type = ENGINE_EVENT_REFUSED,
                 .at = at,
@@ -460,7 +528,7 @@ static void refuse_request(Engine *e, EngineRequest *r, Pool *p, Refusal refusal
                 .pool = p ? p->name : NULL,
                 .lane = r->lane,
                 .arrival = r->arrival,
-                .wait = usec_sub_unsigned(at, r->arrival),
+                .wait = wait,
                 .state = r->state,
                 .idle = r->idle,
                 .budget = r->queued ? r->budget : USEC_INFINITY,
@@ -468,6 +536,7 @@ static void refuse_request(Engine *e, EngineRequest *r, Pool *p, Refusal refusal
                 .refusal = refusal,
                 .retry_after_sec = engine_retry_after_sec(p && p->queue_timeout_set, p ? p->queue_timeout : 0,
                                                           e->random(e->random_userdata)),
+                .reason = reason,
         });
         request_finish(r);
 }
@@ -477,12 +546,14 @@ static void handle_granted(Engine *e, const PoolDecision *d) {
         EngineLease *l;
         usec_t expires = r->max_hold == USEC_INFINITY ? USEC_INFINITY : usec_add(d->at, r->max_hold);
 
-        if (lease_new(e, d->pool, d->grant, r->lane, d->slots, d->members, d->n_slots, d->token, d->at, expires,
-                      r->userdata, &l) < 0) {
+        if (lease_new(e, d->pool, d->grant, r->lane, d->slots, d->members, d->n_slots, d->token, d->remote_id,
+                      d->at, expires, r->userdata, &l) < 0) {
                 d->pool->ops->release(d->pool, d->grant, d->at);
-                refuse_request(e, r, d->pool, REFUSAL_UNAVAILABLE, d->at);
+                refuse_request(e, r, d->pool, REFUSAL_UNAVAILABLE, d->at, decision_wait(d, r), NULL);
                 return;
         }
+        if (d->pool->ops->bind_grant)
+                d->pool->ops->bind_grant(d->pool, d->grant, l);
         event_push(e, &(EngineEvent) {
                 .type = ENGINE_EVENT_GRANTED,
                 .at = d->at,
@@ -492,7 +563,7 @@ static void handle_granted(Engine *e, const PoolDecision *d) {
                 .pool = d->pool->name,
                 .lane = l->lane,
                 .arrival = r->arrival,
-                .wait = usec_sub_unsigned(d->at, r->arrival),
+                .wait = decision_wait(d, r),
                 .state = r->state,
                 .idle = r->idle,
                 .budget = r->queued ? r->budget : USEC_INFINITY,
@@ -517,7 +588,6 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
                 r->state = d->state;
                 r->idle = d->idle;
                 r->budget = d->budget;
-                list_append(&e->waiting, &r->waiting_node);
                 event_push(e, &(EngineEvent) {
                         .type = ENGINE_EVENT_QUEUED,
                         .at = d->at,
@@ -538,10 +608,16 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
                 if (r->phase == REQUEST_ROUTING && r->next_route < r->n_route &&
                     (d->refusal == REFUSAL_BUSY || d->refusal == REFUSAL_UNAVAILABLE)) {
                         if (request_try_next(e, r, d->at) < 0)
-                                refuse_request(e, r, d->pool, REFUSAL_UNAVAILABLE, d->at);
+                                refuse_request(e, r, d->pool, REFUSAL_UNAVAILABLE, d->at,
+                                               usec_sub_unsigned(d->at, r->arrival), NULL);
                         break;
                 }
-                refuse_request(e, r, d->pool, d->refusal, d->at);
+                refuse_request(e, r, d->pool, d->refusal, d->at, decision_wait(d, r), d->reason);
+                break;
+
+        case POOL_VERDICT_LOST:
+                /* The cookie is the lease bound with bind_grant(). */
+                lease_revoke(e, d->cookie, d->at, d->reason ? d->reason : "lost");
                 break;
 
         case POOL_VERDICT_CONGESTION:
@@ -578,49 +654,57 @@ static void settle(Engine *e, usec_t t) {
                 e->retired[i]->ops->run(e->retired[i], t);
         process_decisions(e);
 
-        /* max-hold: the holder is told; the slots stay taken until the lease is released (SPEC §3.4). */
         HeapNode *n;
-        while ((n = heap_peek(&e->expiries)) && n->key <= t) {
-                heap_remove(&e->expiries, n);
-                EngineLease *l = container_of(n, EngineLease, expiry_node);
-                l->revoked = true;
-                event_push(e, &(EngineEvent) {
-                        .type = ENGINE_EVENT_REVOKE,
-                        .at = n->key,
-                        .userdata = l->userdata,
-                        .lease = l,
-                        .pool = l->pool->name,
-                        .lane = l->lane,
-                });
-        }
+        while ((n = heap_peek(&e->expiries)) && n->key <= t)
+                lease_revoke(e, container_of(n, EngineLease, expiry_node), n->key, "max-hold");
         e->unsettled = false;
 }
 
-usec_t engine_next_wakeup(const Engine *e) {
+/* The earliest wakeup later than `after` (USEC_INFINITY: none). */
+static usec_t next_wakeup_after(const Engine *e, usec_t after, bool any) {
         usec_t t = USEC_INFINITY;
-        if (!e)
-                return t;
-        if (e->unsettled)
+        Pool *const *lists[] = { e->pools, e->retired };
+        size_t sizes[] = { e->n_pools, e->n_retired };
+        if (e->unsettled && (!any || e->unsettled_at > after))
                 t = e->unsettled_at;
-        for (size_t i = 0; i < e->n_pools; i++)
-                t = MIN(t, e->pools[i]->ops->next_wakeup(e->pools[i]));
-        for (size_t i = 0; i < e->n_retired; i++)
-                t = MIN(t, e->retired[i]->ops->next_wakeup(e->retired[i]));
+        for (size_t k = 0; k < ELEMENTSOF(lists); k++)
+                for (size_t i = 0; i < sizes[k]; i++) {
+                        usec_t w = lists[k][i]->ops->next_wakeup(lists[k][i]);
+                        if (!any || w > after)
+                                t = MIN(t, w);
+                }
         HeapNode *n = heap_peek(&e->expiries);
-        if (n)
+        if (n && (!any || n->key > after))
                 t = MIN(t, n->key);
         return t;
 }
 
-/* Applies everything due before `now`, each at its own instant, so that a command at `now` sees the
- * state the clock says it should: an expired waiter is refused at its deadline, never granted late. */
+/* Applies what pools decided since the last call, then everything due before `now`, each at its own
+ * instant, so that a command at `now` sees the state the clock says it should: an expired waiter is
+ * refused at its deadline, never granted late. Each instant is settled once, in increasing order: a pool
+ * whose wakeup is still due after running it (a remote pool awaiting its backend's answer) is not run
+ * again and again. */
 static void engine_advance(Engine *e, usec_t now) {
+        process_decisions(e);
+        bool any = false;
+        usec_t done = 0;
         for (;;) {
-                usec_t t = engine_next_wakeup(e);
+                usec_t t = next_wakeup_after(e, done, any);
                 if (t >= now)
                         break;
                 settle(e, t);
+                done = t;
+                any = true;
         }
+}
+
+void engine_take_decisions(Engine *e) {
+        if (e)
+                process_decisions(e);
+}
+
+usec_t engine_next_wakeup(const Engine *e) {
+        return e ? next_wakeup_after(e, 0, false) : USEC_INFINITY;
 }
 
 static void mark_unsettled(Engine *e, usec_t now) {
@@ -697,12 +781,14 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         r->budget = USEC_INFINITY;
 
         mark_unsettled(e, now);
+        list_append(&e->requests, &r->node);
         if (r->n_route == 0) {
-                refuse_request(e, r, fits, REFUSAL_UNAVAILABLE, now);
+                refuse_request(e, r, fits, REFUSAL_UNAVAILABLE, now, 0, NULL);
         } else {
                 int k = request_try_next(e, r, now);
                 if (k < 0) {
                         /* Nothing was queued; the decision queue holds nothing of this request. */
+                        list_unlink(&r->node);
                         request_free(r);
                         return k;
                 }
@@ -716,11 +802,16 @@ void engine_request_cancel(EngineRequest *r, usec_t now) {
         if (!r || !r->engine)
                 return;
         Engine *e = r->engine;
-        /* Settle first: a budget that ended before `now` has already refused it. */
+        /* Settle first: a budget that ended before `now` has already refused it, and a decision that came
+         * in is the answer (its event follows). */
         engine_advance(e, now);
-        if (r->phase != REQUEST_WAITING)
+        if (r->phase == REQUEST_WAITING)
+                r->pool->ops->withdraw(r->pool, r->waiter, now);
+        else if (r->phase == REQUEST_ROUTING && r->pool->ops->cancel_try)
+                /* Its pool has not answered yet (the in-process pool always has): nothing will come now. */
+                r->pool->ops->cancel_try(r->pool, r, now);
+        else
                 return;
-        r->pool->ops->withdraw(r->pool, r->waiter, now);
         mark_unsettled(e, now);
         request_finish(r);
         retired_gc(e);
@@ -731,6 +822,7 @@ void engine_lease_release(EngineLease *l, usec_t now) {
                 return;
         Engine *e = l->engine;
         engine_advance(e, now);
+        events_forget_lease(e, l);
         heap_remove(&e->expiries, &l->expiry_node);
         l->pool->ops->release(l->pool, l->grant, now);
         list_unlink(&l->node);
@@ -755,7 +847,7 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
                 if (!a)
                         return -ENOMEM;
                 e->retired = a;
-                int r = pool_new_local(e, rs->pool, &p);
+                int r = pool_new_for(e, NULL, rs->pool, &p);
                 if (r < 0)
                         return r;
                 p->ops->retire(p, rs->granted_at);
@@ -775,12 +867,24 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
                 members = by_index;
         }
         PoolGrant *g;
-        int r = p->ops->restore(p, rs->lane, rs->slots, members, rs->n_slots, rs->token, &g);
+        int r = p->ops->restore(p,
+                                &(PoolRestore) {
+                                        .lane = rs->lane,
+                                        .slots = rs->slots,
+                                        .members = members,
+                                        .n_slots = rs->n_slots,
+                                        .token = rs->token,
+                                        .remote_id = rs->remote_id,
+                                        .granted_at = rs->granted_at,
+                                },
+                                &g);
         if (r >= 0) {
                 EngineLease *l;
-                r = lease_new(e, p, g, rs->lane, rs->slots, members, rs->n_slots, rs->token, rs->granted_at,
-                              rs->expires_at, rs->userdata, &l);
+                r = lease_new(e, p, g, rs->lane, rs->slots, members, rs->n_slots, rs->token, rs->remote_id,
+                              rs->granted_at, rs->expires_at, rs->userdata, &l);
                 if (r >= 0) {
+                        if (p->ops->bind_grant)
+                                p->ops->bind_grant(p, g, l);
                         *ret = l;
                         return 0;
                 }
@@ -842,6 +946,16 @@ int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret)
                 .drained_members = info.drained_members,
         };
         return 0;
+}
+
+int engine_pool_snapshot(const Engine *e, size_t i, PoolSnapshot *ret) {
+        assert_return(e && ret, -EINVAL);
+        if (i >= e->n_pools)
+                return -ENOENT;
+        const Pool *p = e->pools[i];
+        if (!p->ops->snapshot)
+                return -EOPNOTSUPP;
+        return p->ops->snapshot(p, ret);
 }
 
 /* ---- configuration ---- */
@@ -939,7 +1053,7 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
                         /* A pool removed earlier and still draining comes back as itself: its holders count. */
                         pools[i] = pool_find(e->retired, e->n_retired, pc->name);
                 if (!pools[i]) {
-                        r = pool_new_for(e, pc, &pools[i]);
+                        r = pool_new_for(e, pc, pc->name, &pools[i]);
                         if (r < 0)
                                 goto fail;
                         created[i] = true;
@@ -1013,7 +1127,7 @@ int engine_new(EngineRandomFn random, void *random_userdata, Engine **ret) {
         e->random = random;
         e->random_userdata = random_userdata;
         list_init(&e->leases);
-        list_init(&e->waiting);
+        list_init(&e->requests);
         heap_init(&e->expiries);
         *ret = e;
         return 0;
@@ -1022,10 +1136,10 @@ int engine_new(EngineRandomFn random, void *random_userdata, Engine **ret) {
 Engine *engine_free(Engine *e) {
         if (!e)
                 return NULL;
-        /* Waiting requests lose the engine's reference; the caller's stays valid for unref. */
+        /* Requests not decided lose the engine's reference; the caller's stays valid for unref. */
         ListNode *n;
-        while ((n = list_first(&e->waiting))) {
-                EngineRequest *r = container_of(n, EngineRequest, waiting_node);
+        while ((n = list_first(&e->requests))) {
+                EngineRequest *r = container_of(n, EngineRequest, node);
                 r->engine = NULL;
                 request_finish(r);
         }

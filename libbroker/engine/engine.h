@@ -22,6 +22,12 @@ typedef struct Engine Engine;
 typedef struct EngineRequest EngineRequest;
 typedef struct EngineLease EngineLease;
 
+/* pool.h: what the engine routes to, and what a pool factory makes. */
+typedef struct Pool Pool;
+typedef struct PoolDecision PoolDecision;
+typedef struct PoolSnapshot PoolSnapshot;
+typedef void (*PoolEmitFn)(const PoolDecision *d, void *userdata);
+
 typedef enum Refusal {
         REFUSAL_BUSY,        /* no room, and the lane or client would not wait */
         REFUSAL_FULL,        /* the queue is at max-queue */
@@ -44,7 +50,7 @@ typedef enum EngineEventType {
         ENGINE_EVENT_QUEUED,     /* the request waits; not final */
         ENGINE_EVENT_GRANTED,    /* final: the request became a lease */
         ENGINE_EVENT_REFUSED,    /* final */
-        ENGINE_EVENT_REVOKE,     /* a lease reached max-hold; it holds its slots until released */
+        ENGINE_EVENT_REVOKE,     /* a lease reached max-hold, or its pool lost it; it holds its slots until released */
         ENGINE_EVENT_CONGESTION, /* a pool's congested gauge changed */
         _ENGINE_EVENT_TYPE_MAX,
         _ENGINE_EVENT_TYPE_INVALID = -EINVAL,
@@ -67,6 +73,10 @@ typedef struct EngineEvent {
         Refusal refusal;          /* REFUSED */
         unsigned retry_after_sec; /* REFUSED */
         bool congested;           /* CONGESTION */
+        /* REFUSED unavailable: the pool's word for why ("backend", "rules", "recovery"), NULL when it gave
+         * none (drained or removed); REVOKE: "max-hold", or the pool's ("node-expired", "reclaim-conflict",
+         * "fenced", …). Static. */
+        const char *reason;
 } EngineEvent;
 
 /* A uniformly distributed 64-bit value; the daemon uses getrandom(), the simulator a seeded generator. */
@@ -76,6 +86,17 @@ int engine_new(EngineRandomFn random, void *random_userdata, Engine **ret);
 /* Frees pools, requests and leases; handles the caller still holds become invalid. */
 Engine *engine_free(Engine *e);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Engine *, engine_free);
+
+/* Makes the pool object for a configured pool with a backend (pc->backend set), named `name` (valid as long
+ * as the pool), sending its decisions to emit(d, emit_userdata). Returns 0 or negative errno, which
+ * engine_configure() returns (-EOPNOTSUPP: built without Redis). */
+typedef int (*EnginePoolFactoryFn)(const PoolConfig *pc, const char *name, PoolEmitFn emit, void *emit_userdata,
+                                   void *userdata, Pool **ret);
+/* Without a factory a pool with a backend is refused (-EOPNOTSUPP). */
+void engine_set_pool_factory(Engine *e, EnginePoolFactoryFn factory, void *userdata);
+/* A factory that simulates a pool with a backend in-process: its rules, not its sharing (slotctl simulate). */
+int engine_pool_factory_local(const PoolConfig *pc, const char *name, PoolEmitFn emit, void *emit_userdata,
+                              void *userdata, Pool **ret);
 
 /* The first configuration and every reload (SPEC §4): pools are matched by name and keep their holders,
  * waiters and idle time; a held member keeps its holder wherever the new list puts it, and one removed
@@ -100,12 +121,16 @@ typedef struct EngineAcquire {
  * -EINVAL when no pool of the lane has `slots` slots, -ENOMEM. */
 int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest **ret);
 
-/* The client went away while waiting: the request leaves its queue without an answer. */
+/* The client went away while waiting, or before a pool that decides later has decided: the request leaves
+ * its queue (or is forgotten) without an answer. A decision that came in before is handled first: its event
+ * follows as usual. */
 void engine_request_cancel(EngineRequest *r, usec_t now);
 /* Requests are shared between the caller and the engine; drop the caller's reference when done. */
 EngineRequest *engine_request_unref(EngineRequest *r);
 DEFINE_TRIVIAL_CLEANUP_FUNC(EngineRequest *, engine_request_unref);
 bool engine_request_is_waiting(const EngineRequest *r);
+/* Submitted to a pool that decides later, which has not answered yet: engine_request_cancel() forgets it. */
+bool engine_request_is_in_flight(const EngineRequest *r);
 /* The request's 0-based place in its queue and the queue's length. Returns 0, or -ESTALE if it is not waiting. */
 int engine_request_position(const EngineRequest *r, size_t *ret_position, size_t *ret_queued);
 usec_t engine_request_arrival(const EngineRequest *r);
@@ -119,10 +144,15 @@ const char *engine_request_pool(const EngineRequest *r);
 void engine_run(Engine *e, usec_t now);
 /* When engine_run() next has work of its own; USEC_INFINITY if never. */
 usec_t engine_next_wakeup(const Engine *e);
+/* Handles the decisions pools sent outside an engine call (a remote pool's answers): their events follow.
+ * Every entry point above does this first; a driver that waited for answers and wants their events without
+ * settling an instant calls this. */
+void engine_take_decisions(Engine *e);
 /* Takes the oldest pending event. Returns true if there was one. */
 bool engine_pop_event(Engine *e, EngineEvent *ret);
 
-/* Leases: owned by the engine from the grant until engine_lease_release(). */
+/* Leases: owned by the engine from the grant until engine_lease_release(); no event names a lease after it
+ * (a REVOKE that the release call itself settled is dropped). */
 void engine_lease_release(EngineLease *l, usec_t now);
 void *engine_lease_get_userdata(const EngineLease *l);
 void engine_lease_set_userdata(EngineLease *l, void *userdata);
@@ -136,6 +166,9 @@ usec_t engine_lease_granted_at(const EngineLease *l);
 /* USEC_INFINITY without max-hold. */
 usec_t engine_lease_expires_at(const EngineLease *l);
 bool engine_lease_is_revoked(const EngineLease *l);
+/* The backend's name of a shared lease ("NODE:RID"), to persist with it; NULL for a local lease. */
+const char *engine_lease_remote_id(const EngineLease *l);
+bool engine_lease_is_shared(const EngineLease *l);
 
 /* A lease that outlived a restart of the daemon, re-occupying exactly its old slots. */
 typedef struct EngineLeaseRestore {
@@ -147,10 +180,12 @@ typedef struct EngineLeaseRestore {
         uint64_t token;
         usec_t granted_at;
         usec_t expires_at;        /* USEC_INFINITY: none */
+        const char *remote_id;    /* as engine_lease_remote_id() said; NULL: a local lease */
         void *userdata;
 } EngineLeaseRestore;
 
-/* Slots are found by member name in a member pool, by index otherwise. A pool that is not configured gets
+/* Slots are found by member name in a member pool, by index otherwise. A shared pool holds them until its
+ * backend confirms them, and revokes the lease (REVOKE, with the reason) if it cannot. A pool that is not configured gets
  * the lease all the same (a lease ends when its holder is gone, never because its pool left the
  * configuration: SPEC §3.4): it is kept as a removed pool, its slots held until released, and a reload
  * that configures it again revives it with them. Returns 0, -EEXIST (a slot is taken), -EINVAL, -ENOMEM. */
@@ -181,6 +216,10 @@ typedef struct EnginePoolInfo {
 /* The configured pools, in configuration order. */
 size_t engine_pool_count(const Engine *e);
 int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret);
+/* The holders and waiters of every node of the i-th configured pool, from its cache (pool.h). Returns 0,
+ * -ENOENT, -EOPNOTSUPP for a pool without a backend (the daemon's tables are the whole truth), or -ENODATA
+ * before the pool has fetched any. */
+int engine_pool_snapshot(const Engine *e, size_t i, PoolSnapshot *ret);
 
 const char *refusal_to_string(Refusal r);
 Refusal refusal_from_string(const char *s);

@@ -842,16 +842,19 @@ static void local_release(Pool *base, PoolGrant *g, usec_t now) {
         lanes_gc(p);
 }
 
-static int local_restore(Pool *base, const char *lane, const unsigned *slots, const char *const *members,
-                         unsigned n_slots, uint64_t token, PoolGrant **ret) {
+static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
         LocalPool *p = POOL(base);
+        const char *lane = rs->lane;
+        const unsigned *slots = rs->slots;
+        const char *const *members = rs->members;
+        unsigned n_slots = rs->n_slots;
         LocalLane *l = lane_find(p, lane);
         bool in_place = true;
         int r;
 
         if (n_slots == 0)
                 return -EINVAL;
-        PoolGrant *g = grant_new(NULL, token, n_slots, members != NULL);
+        PoolGrant *g = grant_new(NULL, rs->token, n_slots, members != NULL);
         if (!g)
                 return -ENOMEM;
         for (unsigned i = 0; i < n_slots; i++) {
@@ -909,8 +912,8 @@ static int local_restore(Pool *base, const char *lane, const unsigned *slots, co
                 layout_apply(p, &layout);
         }
         l->used += n_slots;
-        if (token >= p->next_token)
-                p->next_token = token + 1;
+        if (rs->token >= p->next_token)
+                p->next_token = rs->token + 1;
         *ret = g;
         return 0;
 }

@@ -3,7 +3,8 @@
  *
  * A decision may come back during the command (the in-process pool) or later (a pool kept in Redis,
  * with round trips and its own clock); the engine never assumes either. Decisions reach the engine
- * through the emit callback given at creation. */
+ * through the emit callback given at creation (PoolEmitFn, engine.h); one emitted outside an engine call
+ * waits in the engine until its next call. */
 #pragma once
 
 #include <stdbool.h>
@@ -43,6 +44,10 @@ typedef enum PoolVerdict {
         POOL_VERDICT_QUEUED,
         POOL_VERDICT_REFUSED,    /* busy (no room and may not wait), full, timeout, shed, unavailable */
         POOL_VERDICT_CONGESTION, /* the congested gauge changed */
+        /* A grant the pool can no longer vouch for: its backend freed it (its node expired, a reclaim after a
+         * restart conflicted or came too late) or will before long (the self-fence deadline). The engine
+         * revokes the lease; its slots count as held here until engine_lease_release(). */
+        POOL_VERDICT_LOST,
         _POOL_VERDICT_MAX,
         _POOL_VERDICT_INVALID = -EINVAL,
 } PoolVerdict;
@@ -50,7 +55,7 @@ typedef enum PoolVerdict {
 typedef struct PoolDecision {
         PoolVerdict verdict;
         Pool *pool;
-        void *cookie;
+        void *cookie;             /* the try's (PoolTry.cookie); LOST: the grant's, from bind_grant() */
         usec_t at;
         Refusal refusal;          /* REFUSED */
         QueueState state;         /* QUEUED, and final decisions of requests that were queued */
@@ -63,9 +68,17 @@ typedef struct PoolDecision {
         unsigned n_slots;
         uint64_t token;           /* GRANTED: fencing token */
         bool congested;           /* CONGESTION */
+        /* GRANTED, and REFUSED of a queued request: the wait as the pool measured it, on its own clock (a
+         * remote pool). has_wait false: the engine takes at − arrival, as for the in-process pool. */
+        bool has_wait;
+        usec_t wait;
+        /* REFUSED unavailable, LOST: a static word for clients and the journal ("drained", "backend",
+         * "rules", "recovery", "node-expired", "reclaim-conflict", "fenced"); NULL: the engine's default. */
+        const char *reason;
+        /* GRANTED: the backend's name for the lease ("NODE:RID"), to persist for a reclaim after a restart;
+         * NULL for an in-process pool. Valid during the emit only. */
+        const char *remote_id;
 } PoolDecision;
-
-typedef void (*PoolEmitFn)(const PoolDecision *d, void *userdata);
 
 typedef struct PoolInfo {
         unsigned limit;
@@ -78,7 +91,51 @@ typedef struct PoolInfo {
         usec_t idle;              /* now − the last fast admission */
         uint64_t next_token;
         char *const *drained_members; /* NULL-terminated, or NULL; valid until the next command */
+        /* A pool kept by a backend (remote true; the fields below mean nothing otherwise). in_use and waiting
+         * are then this node's own, exact; congested and idle come from the cache, cache_age old. */
+        bool remote;
+        bool backend_up;
+        const char *unavailable;  /* NULL, or why submit() refuses at once: "backend", "rules", "recovery" */
+        char *const *differing_keys; /* "rules": the keys whose values differ; valid until the next command */
+        usec_t rtt;               /* the backend's last round trip */
+        unsigned n_nodes;         /* live nodes seen in the last heartbeat reply */
+        usec_t cache_age;
 } PoolInfo;
+
+/* Status of a pool kept by a backend: the holders and waiters of every node, as last fetched. */
+typedef struct PoolSnapshotEntry {
+        const char *node;         /* the node's name (its hostname) */
+        bool own;                 /* this node's: the daemon has the details */
+        const char *lane;
+        unsigned n_slots;
+        const unsigned *slots;    /* holders */
+        const char *const *members; /* holders: NULL, or a name (or NULL) per slot */
+        uint64_t token;           /* holders */
+        usec_t since;             /* granted_at or arrival, the pool clock mapped to local monotonic */
+        size_t position;          /* waiters, 0-based */
+} PoolSnapshotEntry;
+
+#define POOL_SNAPSHOT_WAITERS_MAX 100
+
+typedef struct PoolSnapshot {
+        const PoolSnapshotEntry *holders;
+        size_t n_holders;
+        const PoolSnapshotEntry *waiters; /* the first of the queue, at most POOL_SNAPSHOT_WAITERS_MAX */
+        size_t n_waiters;
+        size_t waiting;           /* all of them */
+        usec_t age;               /* how old the snapshot is */
+} PoolSnapshot;                   /* valid until the next command to the pool */
+
+/* A lease that outlived a restart of the daemon, as restore() takes it. */
+typedef struct PoolRestore {
+        const char *lane;
+        const unsigned *slots;
+        const char *const *members; /* NULL, or a name or NULL per slot */
+        unsigned n_slots;
+        uint64_t token;
+        const char *remote_id;    /* the backend's name for it; NULL: an in-process lease */
+        usec_t granted_at;
+} PoolRestore;
 
 typedef struct PoolOps {
         const char *kind;
@@ -88,27 +145,48 @@ typedef struct PoolOps {
         /* Removed by reload: refuse every waiter (unavailable), let holders finish. Also a pool that is not
          * configured at all, made only to hold leases restored after a restart; configure() revives it. */
         void (*retire)(Pool *p, usec_t now);
-        /* Decides now if there is room or the try may not wait; otherwise queues. Returns 0 or -ENOMEM. */
+        /* Decides now if there is room or the try may not wait; otherwise queues. A remote pool decides
+         * later (one decision for the cookie, then nothing unless it was QUEUED); it still checks the lane
+         * and size against its own copy of the config now. Returns 0 or -ENOMEM. */
         int (*submit)(Pool *p, const PoolTry *t, usec_t now);
         /* The client went away: removed without an answer. */
         void (*withdraw)(Pool *p, PoolWaiter *w, usec_t now);
         void (*release)(Pool *p, PoolGrant *g, usec_t now);
-        /* Re-occupies the given slots for a lease restored after a restart: members (NULL, or a name or NULL
-         * per slot) identify them by name in a member pool; without a name a slot is its index. Returns 0,
-         * -EEXIST (a slot is held already), -EINVAL, -ENOMEM. */
-        int (*restore)(Pool *p, const char *lane, const unsigned *slots, const char *const *members,
-                       unsigned n_slots, uint64_t token, PoolGrant **ret);
+        /* Re-occupies a restored lease's slots at once: members identify them by name in a member pool;
+         * without a name a slot is its index. The in-process pool holds them for good; a remote pool holds
+         * them provisionally and asks its backend to reclaim them, and a reclaim that fails is a LOST
+         * decision later. Returns 0, -EEXIST (a slot is held already), -EINVAL, -ENOMEM. */
+        int (*restore)(Pool *p, const PoolRestore *r, PoolGrant **ret);
         /* Settles the instant `now`: grants freed slots to waiters in queue order, then refuses the waiters
-         * whose budget ends at `now`, then updates the congested gauge. */
+         * whose budget ends at `now`, then updates the congested gauge. A remote pool asks its backend to,
+         * and decides when the answer comes. */
         void (*run)(Pool *p, usec_t now);
-        /* The next instant at which run() has something to do on its own (a budget ends, the gauge flips). */
+        /* The next instant at which run() has something to do on its own (a budget ends, the gauge flips).
+         * After run(t) it should be later than t, or USEC_INFINITY while the answer to run(t) is awaited:
+         * the engine runs a due instant only once per call, but the daemon's timer would fire again and
+         * again for one that stays due. */
         usec_t (*next_wakeup)(const Pool *p);
         int (*drain)(Pool *p, const char *member, bool on, usec_t now);
-        /* 0-based place of a waiter in the queue. */
+        /* 0-based place of a waiter in the queue (a remote pool: as last fetched). */
         size_t (*position)(const Pool *p, const PoolWaiter *w, size_t *ret_queued);
+        /* Never a round trip: a remote pool answers from its cache. A retired pool is freed once info() says
+         * nothing is held or waiting: a remote pool counts its tries not answered yet as waiting. */
         void (*info)(const Pool *p, usec_t now, PoolInfo *ret);
         /* Fencing tokens continue above this (restart: the persisted high-water mark). */
         void (*set_token_floor)(Pool *p, uint64_t next_token);
+
+        /* The operations below are for pools that decide later (NULL in the in-process pool). */
+
+        /* The engine's lease for a grant (after GRANTED, or restore()): the cookie of the grant's LOST
+         * decision. NULL: the pool never loses a grant. */
+        void (*bind_grant)(Pool *p, PoolGrant *g, void *cookie);
+        /* The engine forgets a try whose decision has not come yet (its client went away): the pool emits
+         * nothing more for the cookie and undoes what the answer would have done (a queued waiter is
+         * withdrawn, a grant released). NULL: submit() always decides before it returns. */
+        void (*cancel_try)(Pool *p, void *cookie, usec_t now);
+        /* The holders and waiters of every node, from a cache (never a round trip). Returns 0, or -ENODATA
+         * before the first fetch. NULL: the daemon's own tables are the whole truth (in-process pool). */
+        int (*snapshot)(const Pool *p, PoolSnapshot *ret);
 } PoolOps;
 
 /* The part every implementation shares: identity, the config the engine routes on, the decision sink. */

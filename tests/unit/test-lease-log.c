@@ -307,6 +307,40 @@ static void test_rewrite_when_the_log_outgrows_what_is_live(void **state) {
         history_state_done(&s);
 }
 
+/* A shared pool's lease keeps the backend's name for it across a restart (and a rewrite); a local lease's
+ * line has no such field, as before shared pools. */
+static void test_remote_id_is_kept_for_shared_leases_only(void **state) {
+        Fixture *f = *state;
+        HistoryLeaseRow shared = row_b("eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee", 11), local = row_a();
+        shared.remote_id = "0123456789abcdef0123456789abcdef:42";
+        assert_int_equal(lease_log_add(f->log, &shared), 0);
+        assert_int_equal(lease_log_add(f->log, &local), 0);
+        assert_int_equal(lease_log_flush(f->log), 0);
+
+        for (int pass = 0; pass < 2; pass++) {
+                HistoryState s = {};
+                LeaseLogRead info;
+                read_back(f, &s, &info);
+                assert_int_equal(info.damaged, 0);
+                assert_int_equal(s.n_leases, 2);
+                assert_string_equal(lease_of(&s, shared.id)->remote_id, shared.remote_id);
+                assert_null(lease_of(&s, local.id)->remote_id);
+                history_state_done(&s);
+                /* The snapshot writes the same lines. */
+                HistoryLeaseRow live[] = { shared, local };
+                assert_int_equal(lease_log_rewrite(f->log, live, 2, 0), 0);
+        }
+
+        FILE *file = fopen(f->path, "re");
+        assert_non_null(file);
+        char line[1024];
+        unsigned with_remote = 0;
+        while (fgets(line, sizeof line, file))
+                with_remote += strstr(line, "\"remote\":") != NULL;
+        fclose(file);
+        assert_int_equal(with_remote, 1);
+}
+
 static void test_floor_for_every_pool(void **state) {
         Fixture *f = *state;
         HistoryState none = {};
@@ -332,6 +366,7 @@ int main(void) {
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_rewrite_when_the_log_outgrows_what_is_live, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_floor_for_every_pool, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_remote_id_is_kept_for_shared_leases_only, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

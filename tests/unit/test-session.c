@@ -2,8 +2,9 @@
 /* test-session.c — a client's session in brokerd's core (session.h with methods, lease and the drain), over
  * a socketpair handed to manager_add_connection(): the Acquire's replies and its lease's life line, calls
  * pipelined behind an open Acquire, the queue's positions, and the one way a waiter is withdrawn (its
- * connection closes, or an administrator cancels it). A real Manager on a private state directory and
- * socket, driven by its own sd-event loop until the reply waited for has come. */
+ * connection closes, or an administrator cancels it); with a pool that decides later (tests/unit/fake-pool.c),
+ * the pool's reason for a refusal, and a client that goes before its pool answered. A real Manager on a
+ * private state directory and socket, driven by its own sd-event loop until the reply waited for has come. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -20,6 +21,7 @@
 #include <jansson.h>
 
 #include "engine.h"
+#include "fake-pool.h"
 #include "manager.h"
 
 static const char config[] = "[pool p]\n"
@@ -37,7 +39,9 @@ typedef struct Client {
 
 typedef struct Fixture {
         char dir[64];
+        char config_path[128];
         Manager *m;
+        FakePoolSet pools;
 } Fixture;
 
 static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
@@ -51,6 +55,7 @@ static int setup(void **state) {
         strcpy(f->dir, "/tmp/test-session-XXXXXX");
         assert_non_null(mkdtemp(f->dir));
         snprintf(path, sizeof path, "%s/brokerd.conf", f->dir);
+        snprintf(f->config_path, sizeof f->config_path, "%s", path);
         snprintf(socket_path, sizeof socket_path, "%s/sock", f->dir);
         snprintf(state_dir, sizeof state_dir, "%s/state", f->dir);
         FILE *c = fopen(path, "we");
@@ -299,6 +304,55 @@ static void test_admin_cancel_refuses_unavailable_then_runs_pipelined_calls(void
         client_free(admin);
 }
 
+/* Pool "s" with a backend, made by the fake factory (the daemon has none yet), and lane "ls" waiting on it. */
+static FakePool *add_shared_pool(Fixture *f) {
+        FILE *c = fopen(f->config_path, "we");
+        assert_non_null(c);
+        fprintf(c, "%s\n[pool s]\nlimit = 1\nbackend = redis://127.0.0.1:1/0\n\n[lane ls]\npools = s\n", config);
+        fclose(c);
+        engine_set_pool_factory(f->m->engine, fake_pool_factory, &f->pools);
+        ConfErrors errors = {};
+        assert_int_equal(manager_reload(f->m, &errors), 0);
+        conf_errors_done(&errors);
+        FakePool *p = fake_pool_set_find(&f->pools, "s");
+        assert_non_null(p);
+        return p;
+}
+
+static void test_unavailable_says_the_pool_reason(void **state) {
+        Fixture *f = *state;
+        FakePool *p = add_shared_pool(f);
+        fake_pool_refuse(p, REFUSAL_UNAVAILABLE, "backend");
+        Client *a = client_new(f);
+        client_send(a, "io.slotbroker.Acquire", "{\"lane\":\"ls\"}", "more");
+        json_t *r = client_wait(f, a);
+        assert_string_equal(error_of(r), "io.slotbroker.Unavailable");
+        assert_string_equal(json_string_value(json_object_get(json_object_get(r, "parameters"), "reason")), "backend");
+        json_decref(r);
+        client_free(a);
+}
+
+static void test_client_gone_before_the_pool_answered_is_forgotten_there(void **state) {
+        Fixture *f = *state;
+        FakePool *p = add_shared_pool(f);
+        fake_pool_hold_answers(p, true);
+        Client *a = client_new(f);
+        client_send(a, "io.slotbroker.Acquire", "{\"lane\":\"ls\"}", "more");
+        PUMP_UNTIL(f, fake_pool_stats(p)->pending == 1);
+        close(a->fd);
+        a->fd = -EBADF;
+        PUMP_UNTIL(f, f->m->sessions.n_sessions == 0);
+        assert_int_equal(fake_pool_stats(p)->cancelled, 1);
+        assert_int_equal(fake_pool_stats(p)->pending, 0);
+        /* Nothing comes of it: no lease, no waiter. */
+        fake_pool_answer(p, now_monotonic());
+        manager_drain(f->m);
+        assert_int_equal(f->m->leases.n_leases, 0);
+        assert_int_equal(fake_pool_stats(p)->in_use, 0);
+        assert_int_equal(uid_waiters(f), 0);
+        client_free(a);
+}
+
 static void test_oneway_acquire_is_invalid_parameter(void **state) {
         Fixture *f = *state;
         Client *a = client_new(f);
@@ -320,6 +374,9 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_admin_cancel_refuses_unavailable_then_runs_pipelined_calls, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_oneway_acquire_is_invalid_parameter, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_unavailable_says_the_pool_reason, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_client_gone_before_the_pool_answered_is_forgotten_there, setup,
+                                                teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

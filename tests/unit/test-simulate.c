@@ -196,6 +196,32 @@ static void test_per_request_records_follow_arrival_order(void **state) {
         assert_int_equal(r->records[2].waited_ms, 100);
 }
 
+/* A pool with a backend is simulated in-process, by the same rules: the same decisions as without. */
+static void test_backend_pool_is_simulated_in_process(void **state) {
+#define JAMMED(extra)                                                                                       \
+        "{\"pool\": {\"limit\": 2, \"queue-timeout\": \"5m\"" extra "}, \"requests\": ["                   \
+        " {\"name\": \"A\", \"at\": \"0s\", \"hold\": \"forever\"},"                                      \
+        " {\"name\": \"B\", \"at\": \"0s\", \"hold\": \"1m\"},"                                           \
+        " {\"name\": \"C\", \"at\": \"10s\", \"hold\": \"1m\"},"                                          \
+        " {\"name\": \"D\", \"at\": \"5min 11s\", \"hold\": \"1m\"}]}"
+        _cleanup_(sim_result_freep) SimResult *local = run(JAMMED(""), false);
+        _cleanup_(sim_result_freep) SimResult *shared = run(JAMMED(", \"backend\": \"redis://127.0.0.1:1/0\""), false);
+#undef JAMMED
+        assert_int_equal(shared->n_records, local->n_records);
+        assert_int_equal(shared->granted, 4);
+        for (size_t i = 0; i < local->n_records; i++) {
+                const SimRecord *x = &local->records[i], *y = &shared->records[i];
+                assert_int_equal(y->decided_ms, x->decided_ms);
+                assert_int_equal(y->waited_ms, x->waited_ms);
+                assert_int_equal(y->outcome, x->outcome);
+                assert_int_equal(y->refusal, x->refusal);
+                assert_int_equal(y->state, x->state);
+                assert_int_equal(y->budget, x->budget);
+                assert_int_equal(y->idle, x->idle);
+        }
+        assert_int_equal(shared->end_ms, local->end_ms);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_peak_is_the_largest_count_in_its_second),
@@ -210,6 +236,7 @@ int main(void) {
                 cmocka_unit_test(test_jammed_worked_example),
                 cmocka_unit_test(test_max_hold_revocation_ends_the_lease_at_once),
                 cmocka_unit_test(test_per_request_records_follow_arrival_order),
+                cmocka_unit_test(test_backend_pool_is_simulated_in_process),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,409 @@
+/* SPDX-License-Identifier: MIT */
+/* fake-pool.c — a pool that decides later (fake-pool.h). Fixed-size tables: a test uses a handful of tries. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake-pool.h"
+
+#define FAKE_SLOTS_MAX 64
+#define FAKE_TRIES_MAX 64
+#define FAKE_GRANTS_MAX 64
+
+/* A try, from submit() until it is answered with a final decision, withdrawn or cancelled. */
+struct PoolWaiter {
+        bool used;
+        bool queued;              /* QUEUED was sent */
+        void *cookie;
+        unsigned slots;
+        bool may_wait;
+};
+
+struct PoolGrant {
+        bool used;
+        void *cookie;             /* bind_grant()'s */
+        uint64_t token;
+        unsigned n_slots;
+        unsigned slots[FAKE_SLOTS_MAX];
+        char remote_id[64];
+};
+
+struct FakePool {
+        Pool base;
+        struct PoolWaiter tries[FAKE_TRIES_MAX]; /* in arrival order */
+        size_t n_tries;
+        struct PoolGrant grants[FAKE_GRANTS_MAX];
+        bool taken[FAKE_SLOTS_MAX];
+        uint64_t next_token;
+        Refusal refusal;
+        const char *reason;
+        Refusal waiter_refusal;
+        usec_t wait;
+        usec_t wakeup;
+        bool sticky;
+        bool hold_answers;
+        char prefix[32];
+        char restored_remote_id[64];
+        FakePoolStats stats;
+};
+
+static FakePool *fake(const Pool *p) {
+        return (FakePool *) p;
+}
+
+static void fail(const char *what) {
+        /* The tests are the only users: a table too small, or an engine that spins, ends the run loudly. */
+        fprintf(stderr, "fake-pool: %s\n", what);
+        abort();
+}
+
+static void emit(FakePool *p, PoolDecision d) {
+        d.pool = &p->base;
+        if (d.verdict == POOL_VERDICT_GRANTED || d.verdict == POOL_VERDICT_REFUSED) {
+                d.has_wait = p->wait != USEC_INFINITY;
+                d.wait = d.has_wait ? p->wait : 0;
+        }
+        pool_emit(&p->base, &d);
+}
+
+static void count(FakePool *p) {
+        p->stats.pending = p->stats.waiting = 0;
+        p->stats.in_use = 0;
+        for (size_t i = 0; i < p->n_tries; i++)
+                if (p->tries[i].used) {
+                        if (p->tries[i].queued)
+                                p->stats.waiting++;
+                        else
+                                p->stats.pending++;
+                }
+        for (size_t i = 0; i < FAKE_SLOTS_MAX; i++)
+                p->stats.in_use += p->taken[i];
+}
+
+static bool has_room(const FakePool *p, unsigned slots) {
+        unsigned free_slots = 0;
+        for (unsigned i = 0; i < p->base.limit; i++)
+                free_slots += !p->taken[i];
+        return slots <= free_slots;
+}
+
+static struct PoolGrant *grant_new(FakePool *p) {
+        for (size_t i = 0; i < FAKE_GRANTS_MAX; i++)
+                if (!p->grants[i].used) {
+                        p->grants[i] = (struct PoolGrant) { .used = true };
+                        return &p->grants[i];
+                }
+        fail("too many grants");
+        return NULL;
+}
+
+static void grant(FakePool *p, struct PoolWaiter *w, usec_t now) {
+        struct PoolGrant *g = grant_new(p);
+        g->token = p->next_token++;
+        for (unsigned i = 0; i < p->base.limit && g->n_slots < w->slots; i++)
+                if (!p->taken[i]) {
+                        p->taken[i] = true;
+                        g->slots[g->n_slots++] = i;
+                }
+        if (p->prefix[0])
+                snprintf(g->remote_id, sizeof g->remote_id, "%s:%" PRIu64, p->prefix, g->token);
+        w->used = false;
+        emit(p, (PoolDecision) {
+                .verdict = POOL_VERDICT_GRANTED,
+                .cookie = w->cookie,
+                .at = now,
+                .budget = USEC_INFINITY,
+                .grant = g,
+                .slots = g->slots,
+                .n_slots = g->n_slots,
+                .token = g->token,
+                .remote_id = g->remote_id[0] ? g->remote_id : NULL,
+        });
+}
+
+static void refuse(FakePool *p, struct PoolWaiter *w, Refusal refusal, const char *reason, usec_t now) {
+        w->used = false;
+        emit(p, (PoolDecision) {
+                .verdict = POOL_VERDICT_REFUSED,
+                .cookie = w->cookie,
+                .at = now,
+                .refusal = refusal,
+                .budget = USEC_INFINITY,
+                .reason = refusal == REFUSAL_UNAVAILABLE ? reason : NULL,
+        });
+}
+
+void fake_pool_answer(FakePool *p, usec_t now) {
+        bool blocked = false; /* a waiter ahead could not be served: nobody behind it barges */
+        for (size_t i = 0; i < p->n_tries; i++) {
+                struct PoolWaiter *w = &p->tries[i];
+                if (!w->used)
+                        continue;
+                if (!w->queued && p->refusal != _REFUSAL_INVALID)
+                        refuse(p, w, p->refusal, p->reason, now);
+                else if (!blocked && has_room(p, w->slots))
+                        grant(p, w, now);
+                else if (w->queued && p->waiter_refusal != _REFUSAL_INVALID)
+                        refuse(p, w, p->waiter_refusal, NULL, now);
+                else if (w->queued)
+                        blocked = true;
+                else if (w->may_wait) {
+                        w->queued = true;
+                        blocked = true;
+                        emit(p, (PoolDecision) {
+                                .verdict = POOL_VERDICT_QUEUED,
+                                .cookie = w->cookie,
+                                .at = now,
+                                .budget = USEC_INFINITY,
+                                .waiter = w,
+                        });
+                } else
+                        refuse(p, w, REFUSAL_BUSY, NULL, now);
+        }
+        count(p);
+}
+
+void fake_pool_refuse(FakePool *p, Refusal refusal, const char *reason) {
+        p->refusal = refusal;
+        p->reason = reason;
+}
+
+void fake_pool_refuse_waiters(FakePool *p, Refusal refusal) {
+        p->waiter_refusal = refusal;
+}
+
+void fake_pool_measure_wait(FakePool *p, usec_t wait) {
+        p->wait = wait;
+}
+
+void fake_pool_name_grants(FakePool *p, const char *prefix) {
+        snprintf(p->prefix, sizeof p->prefix, "%s", prefix);
+}
+
+bool fake_pool_lose(FakePool *p, uint64_t token, const char *reason, usec_t at) {
+        for (size_t i = 0; i < FAKE_GRANTS_MAX; i++) {
+                struct PoolGrant *g = &p->grants[i];
+                if (g->used && g->token == token && g->cookie) {
+                        /* Its slots stay counted until the engine releases the lease. */
+                        emit(p, (PoolDecision) {
+                                .verdict = POOL_VERDICT_LOST,
+                                .cookie = g->cookie,
+                                .at = at,
+                                .reason = reason,
+                        });
+                        return true;
+                }
+        }
+        return false;
+}
+
+void fake_pool_hold_answers(FakePool *p, bool hold) {
+        p->hold_answers = hold;
+}
+
+void fake_pool_set_wakeup(FakePool *p, usec_t t, bool sticky) {
+        p->wakeup = t;
+        p->sticky = sticky;
+}
+
+const FakePoolStats *fake_pool_stats(const FakePool *p) {
+        return &p->stats;
+}
+
+/* ---- PoolOps ---- */
+
+static void op_free(Pool *base) {
+        free(fake(base));
+}
+
+static int op_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now) {
+        if (c->limit > FAKE_SLOTS_MAX)
+                return -EINVAL;
+        base->limit = c->limit;
+        base->queue_timeout_set = c->queue_timeout_set;
+        base->queue_timeout = c->queue_timeout;
+        return 0;
+}
+
+static void op_retire(Pool *base, usec_t now) {
+        FakePool *p = fake(base);
+        base->retired = true;
+        for (size_t i = 0; i < p->n_tries; i++)
+                if (p->tries[i].used)
+                        refuse(p, &p->tries[i], REFUSAL_UNAVAILABLE, NULL, now);
+        count(p);
+}
+
+static int op_submit(Pool *base, const PoolTry *t, usec_t now) {
+        FakePool *p = fake(base);
+        if (p->n_tries == FAKE_TRIES_MAX)
+                fail("too many tries");
+        p->tries[p->n_tries++] = (struct PoolWaiter) {
+                .used = true,
+                .cookie = t->cookie,
+                .slots = t->slots,
+                .may_wait = t->may_wait,
+        };
+        count(p);
+        return 0;
+}
+
+static void op_withdraw(Pool *base, PoolWaiter *w, usec_t now) {
+        FakePool *p = fake(base);
+        w->used = false;
+        p->stats.withdrawn++;
+        count(p);
+}
+
+static void op_release(Pool *base, PoolGrant *g, usec_t now) {
+        FakePool *p = fake(base);
+        for (unsigned i = 0; i < g->n_slots; i++)
+                p->taken[g->slots[i]] = false;
+        g->used = false;
+        p->stats.released++;
+        count(p);
+}
+
+static int op_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
+        FakePool *p = fake(base);
+        for (unsigned i = 0; i < rs->n_slots; i++)
+                if (rs->slots[i] >= FAKE_SLOTS_MAX || p->taken[rs->slots[i]])
+                        return -EEXIST;
+        struct PoolGrant *g = grant_new(p);
+        g->token = rs->token;
+        for (unsigned i = 0; i < rs->n_slots; i++) {
+                p->taken[rs->slots[i]] = true;
+                g->slots[g->n_slots++] = rs->slots[i];
+        }
+        if (rs->remote_id)
+                snprintf(g->remote_id, sizeof g->remote_id, "%s", rs->remote_id);
+        snprintf(p->restored_remote_id, sizeof p->restored_remote_id, "%s", rs->remote_id ?: "");
+        p->stats.restored_remote_id = rs->remote_id ? p->restored_remote_id : NULL;
+        p->next_token = rs->token >= p->next_token ? rs->token + 1 : p->next_token;
+        count(p);
+        *ret = g;
+        return 0;
+}
+
+static void op_run(Pool *base, usec_t now) {
+        FakePool *p = fake(base);
+        if (p->stats.n_runs == FAKE_RUNS_MAX)
+                fail("run() called too often: does the engine spin on a wakeup that stays due?");
+        p->stats.runs[p->stats.n_runs++] = now;
+        if (!p->sticky)
+                p->wakeup = USEC_INFINITY;
+        if (!p->hold_answers)
+                fake_pool_answer(p, now);
+}
+
+static usec_t op_next_wakeup(const Pool *base) {
+        return fake(base)->wakeup;
+}
+
+static int op_drain(Pool *base, const char *member, bool on, usec_t now) {
+        if (member)
+                return -ENOENT;
+        base->drained = on;
+        return 0;
+}
+
+static size_t op_position(const Pool *base, const PoolWaiter *w, size_t *ret_queued) {
+        const FakePool *p = fake(base);
+        size_t pos = 0, queued = 0;
+        for (size_t i = 0; i < p->n_tries; i++)
+                if (p->tries[i].used && p->tries[i].queued) {
+                        if (&p->tries[i] == w)
+                                pos = queued;
+                        queued++;
+                }
+        if (ret_queued)
+                *ret_queued = queued;
+        return pos;
+}
+
+static void op_info(const Pool *base, usec_t now, PoolInfo *ret) {
+        const FakePool *p = fake(base);
+        *ret = (PoolInfo) {
+                .limit = base->limit,
+                .in_use = p->stats.in_use,
+                .waiting = p->stats.waiting + p->stats.pending, /* a retired pool stays while they are answered */
+                .drained = base->drained,
+                .next_token = p->next_token,
+                .remote = true,
+                .backend_up = true,
+        };
+}
+
+static void op_set_token_floor(Pool *base, uint64_t next_token) {
+        FakePool *p = fake(base);
+        if (next_token > p->next_token)
+                p->next_token = next_token;
+}
+
+static void op_bind_grant(Pool *base, PoolGrant *g, void *cookie) {
+        g->cookie = cookie;
+}
+
+static void op_cancel_try(Pool *base, void *cookie, usec_t now) {
+        FakePool *p = fake(base);
+        for (size_t i = 0; i < p->n_tries; i++)
+                if (p->tries[i].used && p->tries[i].cookie == cookie)
+                        p->tries[i].used = false;
+        p->stats.cancelled++;
+        p->stats.last_cancelled = cookie;
+        count(p);
+}
+
+static int op_snapshot(const Pool *base, PoolSnapshot *ret) {
+        const FakePool *p = fake(base);
+        *ret = (PoolSnapshot) { .waiting = p->stats.waiting };
+        return 0;
+}
+
+static const PoolOps fake_ops = {
+        .kind = "fake",
+        .free = op_free,
+        .configure = op_configure,
+        .retire = op_retire,
+        .submit = op_submit,
+        .withdraw = op_withdraw,
+        .release = op_release,
+        .restore = op_restore,
+        .run = op_run,
+        .next_wakeup = op_next_wakeup,
+        .drain = op_drain,
+        .position = op_position,
+        .info = op_info,
+        .set_token_floor = op_set_token_floor,
+        .bind_grant = op_bind_grant,
+        .cancel_try = op_cancel_try,
+        .snapshot = op_snapshot,
+};
+
+int fake_pool_factory(const PoolConfig *pc, const char *name, PoolEmitFn emit_fn, void *emit_userdata, void *userdata,
+                      Pool **ret) {
+        FakePoolSet *s = userdata;
+        if (s->n_pools == FAKE_POOLS_MAX)
+                return -ENOMEM;
+        FakePool *p = calloc(1, sizeof(FakePool));
+        if (!p)
+                return -ENOMEM;
+        p->base = (Pool) { .ops = &fake_ops, .name = name, .emit = emit_fn, .emit_userdata = emit_userdata };
+        p->next_token = 1;
+        p->refusal = _REFUSAL_INVALID;
+        p->waiter_refusal = _REFUSAL_INVALID;
+        p->wait = USEC_INFINITY;
+        p->wakeup = USEC_INFINITY;
+        s->pools[s->n_pools++] = p;
+        *ret = &p->base;
+        return 0;
+}
+
+FakePool *fake_pool_set_find(const FakePoolSet *s, const char *name) {
+        for (size_t i = 0; i < s->n_pools; i++)
+                if (streq(s->pools[i]->base.name, name))
+                        return s->pools[i];
+        return NULL;
+}
