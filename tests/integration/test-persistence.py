@@ -146,7 +146,13 @@ class Persistence(Witnessed):
 
     def end_group(self, pgid):
         os.killpg(pgid, signal.SIGTERM)
-        wait_for(lambda: not group_alive(pgid) or (reap() or False), 10, message="the command's group to end")
+        try:
+            wait_for(lambda: not group_alive(pgid) or (reap() or False), 10, message="the command's group to end")
+        except AssertionError:
+            # Seen twice under a loaded parallel run, never alone: say what the group was doing.
+            ps = subprocess.run(["ps", "-o", "pid,ppid,pgid,stat,wchan:20,args", "-g", str(pgid)],
+                                capture_output=True, text=True).stdout
+            raise AssertionError(f"process group {pgid} still runs 10 s after SIGTERM:\n{ps}")
 
     # ---- restart with every liveness shape of the held process tree ----
 
