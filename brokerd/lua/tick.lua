@@ -1,0 +1,164 @@
+-- tick.lua — a node's heartbeat: registration and liveness, the pool's creation and epoch, agreement on
+-- the rules, the token floor, a page of reconcile, and the instant (memo §3.6). In the manual clock mode
+-- it is also the engine's run(now): the instant that the operations of `now` left unsettled.
+--
+-- KEYS  [1] "{sb:POOL}"
+-- ARGV  [1..5] the head (README)   [6] node name   [7] the rules canon the node wants ("=": as in its
+--       last tick)   [8] fp_n   [9] fp_x   [10] fp_s (the node's fingerprint of its records)
+--       (not used here: the node compares them with the reply's; they make a MONITOR trace show both)
+--       [11] token floor ("-": none; else tokens continue above floor − 1)   [12] a new epoch (random
+--       hex, used only if the pool's keys must be made)   [13] page_lo   [14] page_hi ("": no reconcile;
+--       "-"/"+": open ends)   [15…] the node's rids in [page_lo, page_hi], at most RECONCILE_PAGE
+-- Decides: no meta.epoch → the pool is new or Redis lost it: its keys are made with the caller's epoch,
+--       clock mode (manual iff ARGV[3] is a number) and, in the redis clock mode, a recovery window of one
+--       node TTL (no node can tell a new pool from a lost one); no stored rules → the caller's canon is
+--       stored. Then every earlier instant is settled (dead nodes reaped in pages: "settling" before the
+--       heartbeat counts if the budget runs out). Agreement: the wanted canon equal to the stored one →
+--       ok; else adopted when every other live node wants it too and the change needs no re-layout
+--       (members changed while slots are held, a priority or a lane with waiters changed: "rules" until
+--       then); else "rules" with the differing keys. The node's deadline becomes now + TTL either way
+--       (leases granted under agreed rules keep heartbeating). The token floor raises the counter. The
+--       reconcile page drops this node's records in [page_lo, page_hi] that the page does not list
+--       (a waiter withdrawn, a lease released). Then the instant at now.
+-- Appends: the instant's grants and refusals, to their owners' streams and outcome keys.
+-- Returns: { status ("ok" | "rules" | "settling" | …), now, body, events, cache, notices } with body
+--       { deadline, epoch, recovery_until, rules status, { differing keys… }, { fp_n, fp_x, fp_s },
+--       stream last id, live nodes, reconciled_to ("": the whole page range; else the last rid looked at,
+--       continue after it) } (README, "tick").
+-- Worst case: SETTLE_MAX steps + RECONCILE_PAGE × O(log n) + O(nodes) for adoption + O(rules size).
+
+local NAME, CANON_ARG = ARGV[6], ARGV[7]
+local FLOOR, NEW_EPOCH = ARGV[11], ARGV[12]
+local PAGE_LO, PAGE_HI = ARGV[13] or '', ARGV[14] or ''
+
+local function differing_keys(a, b)
+        local keys, seen = {}, {}
+        for k, v in pairs(a) do
+                seen[k] = true
+                if b[k] ~= v then keys[#keys + 1] = k end
+        end
+        for k in pairs(b) do if not seen[k] then keys[#keys + 1] = k end end
+        table.sort(keys)
+        return keys
+end
+
+local function rules_store(canon)
+        local fields = canon_parse(canon)
+        redis.call('DEL', K.rules)
+        local args = { 'canon', canon }
+        for k, v in pairs(fields) do args[#args + 1] = k; args[#args + 1] = v end
+        redis.call('HSET', K.rules, unpack(args))
+        local had_q = R.q ~= nil
+        R = rules_from(fields)
+        R.canon = canon
+        -- A pool that starts measuring idle time starts from now (SPEC §3.1).
+        if R.q and not had_q then meta_set('last_fast', now) end
+end
+
+-- What an adoption may change without moving anyone: see the header.
+local function adoption_is_simple(new)
+        if (new.members and table.concat(new.members, ',') or '') ~= (R.members and table.concat(R.members, ',') or '')
+           and M.in_use > 0 then
+                return false
+        end
+        for _, lane in ipairs(R.lane_names) do
+                local c = lane_get(lane)
+                if c.waiting > 0 and (not new.lanes[lane] or new.lanes[lane].priority ~= R.lanes[lane].priority) then
+                        return false
+                end
+        end
+        return true
+end
+
+-- A member list changed while nothing is held: busy is the drained members' new places.
+local function relayout_members()
+        redis.call('DEL', K.busy, K.occ, K.sid)
+        local drained_free = 0
+        for i, m in ipairs(R.members or {}) do
+                if i <= R.limit and redis.call('SISMEMBER', K.dm, m) == 1 then
+                        redis.call('SETBIT', K.busy, i - 1, 1)
+                        drained_free = drained_free + 1
+                end
+        end
+        meta_set('drained_free', drained_free)
+end
+
+local function agree(canon)
+        if canon == R.canon then return 'ok', {} end
+        local wanted = canon_parse(canon)
+        local diff = differing_keys(canon_parse(R.canon), wanted)
+        for _, other in ipairs(redis.call('ZRANGEBYSCORE', K.nodes, '(' .. istr(now), '+inf')) do
+                if other ~= NODE and redis.call('HGET', k_node(other), 'rules') ~= canon then return 'rules', diff end
+        end
+        local new = rules_from(wanted)
+        if not adoption_is_simple(new) then return 'rules', diff end
+        local members_changed = table.concat(new.members or {}, ',') ~= table.concat(R.members or {}, ',')
+        rules_store(canon)
+        if members_changed then relayout_members() end
+        return 'ok', {}
+end
+
+local function reconcile()
+        if PAGE_LO == '' then return '' end
+        local listed = {}
+        for i = 15, #ARGV do listed[ARGV[i]] = true end
+        local lo = PAGE_LO == '-' and '-' or '[' .. PAGE_LO
+        local hi = PAGE_HI == '+' and '+' or '[' .. PAGE_HI
+        local rids = redis.call('ZRANGEBYLEX', k_records(NODE), lo, hi, 'LIMIT', 0, RECONCILE_PAGE)
+        for _, rid in ipairs(rids) do
+                if not listed[rid] then
+                        local ref = redis.call('HGET', K.rid, NODE .. ':' .. rid) or ''
+                        local kind, id = string.match(ref, '^(%a):(.+)$')
+                        local w = kind == 'w' and waiter_get(id)
+                        local l = kind == 'l' and lease_get(id)
+                        if w then waiter_unlink(w)
+                        elseif l then lease_free(l)
+                        else redis.call('ZREM', k_records(NODE), rid) end -- no record behind it: no fingerprint
+                end
+        end
+        if #rids == RECONCILE_PAGE then return rids[#rids] end
+        return ''
+end
+
+local function tick()
+        local early_reply = prelude_begin(true)
+        if early_reply then return early_reply end
+
+        local canon = CANON_ARG
+        if canon == '=' then
+                canon = redis.call('HGET', k_node(NODE), 'rules')
+                if not canon then return early('canon') end
+        end
+        if not M.epoch then
+                local ttl = rules_from(canon_parse(canon)).ttl
+                meta_set('version', VERSION)
+                meta_set('epoch', NEW_EPOCH)
+                meta_set('clock_mode', MANUAL_NOW ~= '-' and 'manual' or 'redis')
+                meta_set('run_id', RUN_ID)
+                meta_set('recovery_until', M.clock_mode == 'manual' and 0 or now + ttl)
+        end
+        if not R.canon then rules_store(canon) end
+
+        if not settle_until(now) then return reply('settling') end
+
+        local status, diff = agree(canon)
+        local deadline = now + R.ttl
+        redis.call('ZADD', K.nodes, deadline, NODE)
+        redis.call('HSET', k_node(NODE), 'name', NAME, 'rules', canon)
+        redis.call('HSETNX', k_node(NODE), 'since', now)
+        if FLOOR ~= '-' and tonumber(FLOOR) and tonumber(FLOOR) - 1 > M.counter then
+                meta_set('counter', tonumber(FLOOR) - 1)
+        end
+        local reconciled_to = reconcile()
+        instant(now)
+
+        local fp = redis.call('HMGET', k_node(NODE), 'fp_n', 'fp_x', 'fp_s')
+        local last = redis.call('XREVRANGE', k_stream(NODE), '+', '-', 'COUNT', 1)[1]
+        return reply(status, {
+                deadline, M.epoch, M.recovery_until, status, diff,
+                { tonumber(fp[1] or '0'), tonumber(fp[2] or '0'), tonumber(fp[3] or '0') },
+                last and last[1] or '0-0', redis.call('ZCOUNT', K.nodes, '(' .. istr(now), '+inf'), reconciled_to,
+        })
+end
+
+return tick()

@@ -1,0 +1,843 @@
+/* SPDX-License-Identifier: MIT */
+/* test-shared-scripts.c — the Lua scripts of shared pools (brokerd/lua) run by a real redis-server that
+ * the test starts on a private Unix socket, driven through hiredis's synchronous API. Pools are made in
+ * the manual clock mode (memo §3.10): every call says its `now`, so that times, budgets and tokens are
+ * exact, as in test-engine.c, whose rules (pool-local.c) the scripts port. Each test flushes the server.
+ * Without redis-server the whole test is one TAP skip. */
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+#include <hiredis/hiredis.h>
+
+#include "redis-server.h"
+#include "shared-scripts.h"
+
+#define POOL "{sb:p}"
+#define SETTLE_MAX 64
+#define REAP_PAGE 128
+#define SEC 1000000LL
+
+/* Decision fields (brokerd/lua/README, "Decision"). */
+enum { D_VERDICT, D_RID, D_AT, D_WAIT, D_REFUSAL, D_REASON, D_STATE, D_IDLE, D_BUDGET, D_POSITION, D_QUEUED,
+       D_TOKEN, D_SLOTS, D_MEMBERS };
+/* Cache fields. */
+enum { C_IN_USE, C_WAITING, C_CONGESTED, C_IDLE, C_DRAINED, C_NEXT_WAKEUP, C_COUNTER, C_EPOCH, C_RECOVERY,
+       C_STREAM_LAST, C_LIMIT };
+/* Reply elements. */
+enum { R_STATUS, R_NOW, R_BODY, R_EVENTS, R_CACHE, R_NOTICES };
+
+static TestRedis server;
+static redisContext *redis;
+static char shas[8][41];
+
+/* ---- calls ---- */
+
+static const char *sha_of(const char *op) {
+        for (size_t i = 0; i < shared_scripts_n; i++)
+                if (strcmp(shared_scripts[i].name, op) == 0)
+                        return shas[i];
+        fail_msg("no script %s", op);
+        return NULL;
+}
+
+/* Runs an operation script with the head (version 1, node, now or "-" for the redis clock, run id "run1",
+ * settle) and the op's arguments (NULL-terminated). */
+static redisReply *call_v(const char *op, const char *node, long long now, int settle, va_list ap) {
+        const char *argv[600];
+        char now_s[32], settle_s[4];
+        size_t n = 0;
+
+        if (now < 0)
+                snprintf(now_s, sizeof now_s, "-");
+        else
+                snprintf(now_s, sizeof now_s, "%lld", now);
+        snprintf(settle_s, sizeof settle_s, "%d", settle);
+        argv[n++] = "EVALSHA";
+        argv[n++] = sha_of(op);
+        argv[n++] = "1";
+        argv[n++] = POOL;
+        argv[n++] = "1";
+        argv[n++] = node;
+        argv[n++] = now_s;
+        argv[n++] = "run1";
+        argv[n++] = settle_s;
+        for (const char *a; (a = va_arg(ap, const char *)); )
+                argv[n++] = a;
+        redisReply *r = redisCommandArgv(redis, (int) n, argv, NULL);
+        assert_non_null(r);
+        if (r->type == REDIS_REPLY_ERROR)
+                fail_msg("%s: %s", op, r->str);
+        assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+        assert_int_equal(r->elements, 6);
+        return r;
+}
+
+static redisReply *call(const char *op, const char *node, long long now, int settle, ...) {
+        va_list ap;
+        va_start(ap, settle);
+        redisReply *r = call_v(op, node, now, settle, ap);
+        va_end(ap);
+        return r;
+}
+
+static const char *status(const redisReply *r) {
+        return r->element[R_STATUS]->str;
+}
+
+static const redisReply *body(const redisReply *r) {
+        return r->element[R_BODY];
+}
+
+static long long cache(const redisReply *r, size_t i) {
+        assert_true(r->element[R_CACHE]->elements > i);
+        return r->element[R_CACHE]->element[i]->integer;
+}
+
+static size_t n_events(const redisReply *r) {
+        return r->element[R_EVENTS]->elements;
+}
+
+static const redisReply *event(const redisReply *r, size_t i) {
+        assert_true(n_events(r) > i);
+        return r->element[R_EVENTS]->element[i];
+}
+
+static const char *field_s(const redisReply *d, size_t i) {
+        return d->element[i]->str;
+}
+
+static long long field_i(const redisReply *d, size_t i) {
+        return d->element[i]->integer;
+}
+
+#define CANON_ONE_LANE "backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\nlane.ci.reserve=0\n"
+
+static redisReply *tick_as(const char *node, long long now, const char *canon) {
+        return call("tick", node, now, 1, node, canon, "0", "0", "0", "-", "epoch1", "", NULL);
+}
+
+static void tick_ok(const char *node, long long now, const char *canon) {
+        redisReply *r = tick_as(node, now, canon);
+        assert_string_equal(status(r), "ok");
+        freeReplyObject(r);
+}
+
+/* submit as node n1 at now, settle 0 (the tick completes the instant, as the engine's run()). */
+static redisReply *submit_at(long long now, const char *rid, const char *lane, int k, bool may_wait,
+                             long long client_cap) {
+        char k_s[16], cap_s[32];
+        snprintf(k_s, sizeof k_s, "%d", k);
+        snprintf(cap_s, sizeof cap_s, "%lld", client_cap);
+        redisReply *r = call("submit", "n1", now, 0, rid, lane, k_s, may_wait ? "1" : "0", "0", "-1", cap_s, "-",
+                             NULL);
+        assert_string_equal(status(r), "ok");
+        return r;
+}
+
+static void expect_verdict(const char *rid, long long now, const char *lane, int k, const char *verdict) {
+        redisReply *r = submit_at(now, rid, lane, k, true, -1);
+        assert_string_equal(field_s(body(r), D_VERDICT), verdict);
+        freeReplyObject(r);
+}
+
+static redisReply *release_at(long long now, long long token, const char *rid) {
+        char t[32];
+        snprintf(t, sizeof t, "%lld", token);
+        redisReply *r = call("release", "n1", now, 0, t, rid, NULL);
+        assert_string_equal(status(r), "ok");
+        return r;
+}
+
+/* ---- fixture ---- */
+
+static int setup(void **state) {
+        redisReply *r = redisCommand(redis, "FLUSHALL");
+        assert_non_null(r);
+        freeReplyObject(r);
+        return 0;
+}
+
+/* ---- tests ---- */
+
+static void test_grants_up_to_the_limit_then_queues_and_hands_on_in_order(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
+
+        redisReply *a = submit_at(2000, "a", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+        assert_int_equal(field_i(body(a), D_TOKEN), 1);
+        assert_int_equal(body(a)->element[D_SLOTS]->element[0]->integer, 0);
+        expect_verdict("b", 2000, "ci", 1, "granted");
+        redisReply *c = submit_at(2000, "c", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(c), D_VERDICT), "queued");
+        assert_int_equal(field_i(body(c), D_POSITION), 0);
+        expect_verdict("d", 2000, "ci", 1, "queued");
+        freeReplyObject(c);
+
+        /* Slot 0 frees at 5000: the first waiter gets it, on the same slot, with the next token. */
+        freeReplyObject(release_at(5000, field_i(body(a), D_TOKEN), "a"));
+        freeReplyObject(a);
+        redisReply *t = tick_as("n1", 5000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_VERDICT), "granted");
+        assert_string_equal(field_s(event(t, 0), D_RID), "c");
+        assert_int_equal(field_i(event(t, 0), D_AT), 5000);
+        assert_int_equal(field_i(event(t, 0), D_WAIT), 3000);
+        assert_int_equal(field_i(event(t, 0), D_TOKEN), 3);
+        assert_int_equal(event(t, 0)->element[D_SLOTS]->element[0]->integer, 0);
+        assert_int_equal(cache(t, C_IN_USE), 2);
+        assert_int_equal(cache(t, C_WAITING), 1);
+        freeReplyObject(t);
+}
+
+static void test_same_rid_twice_is_one_request(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        expect_verdict("a", 2000, "ci", 1, "granted");
+        redisReply *b1 = submit_at(2000, "b", "ci", 1, true, -1);
+        redisReply *b2 = submit_at(3000, "b", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(b2), D_VERDICT), "queued");
+        assert_int_equal(cache(b2, C_WAITING), 1);
+        freeReplyObject(b1);
+        freeReplyObject(b2);
+        /* A granted rid again: its grant, not a second one. */
+        redisReply *a2 = submit_at(3000, "a", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(a2), D_VERDICT), "granted");
+        assert_int_equal(field_i(body(a2), D_TOKEN), 1);
+        assert_int_equal(cache(a2, C_IN_USE), 1);
+        assert_int_equal(cache(a2, C_COUNTER), 1);
+        freeReplyObject(a2);
+        /* A refused one again (after its outcome was recorded): the same refusal. */
+        redisReply *c1 = submit_at(3000, "c", "ci", 1, false, -1);
+        assert_string_equal(field_s(body(c1), D_REFUSAL), "busy");
+        freeReplyObject(c1);
+        redisReply *c2 = submit_at(3000, "c", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(c2), D_VERDICT), "refused");
+        assert_string_equal(field_s(body(c2), D_REFUSAL), "busy");
+        assert_int_equal(cache(c2, C_WAITING), 1);
+        freeReplyObject(c2);
+}
+
+#define CANON_TWO_LANES \
+        "backend-node-ttl=30000000\nlane.hi.max-in-use=-1\nlane.hi.priority=10\nlane.hi.reserve=0\n" \
+        "lane.lo.max-in-use=-1\nlane.lo.priority=0\nlane.lo.reserve=0\nlimit=2\n"
+
+/* A high-priority head that needs two slots holds everyone back: no barging by a one-slot waiter. */
+static void test_priority_head_holds_back_smaller_waiters(void **state) {
+        tick_ok("n1", 1000, CANON_TWO_LANES);
+        redisReply *a = submit_at(2000, "a", "lo", 1, true, -1);
+        redisReply *b = submit_at(2000, "b", "lo", 1, true, -1);
+        expect_verdict("w1", 3000, "lo", 1, "queued");
+        redisReply *w2 = submit_at(3000, "w2", "hi", 2, true, -1);
+        assert_int_equal(field_i(body(w2), D_POSITION), 0); /* ahead of the earlier lo waiter */
+        freeReplyObject(w2);
+
+        freeReplyObject(release_at(4000, field_i(body(a), D_TOKEN), "a"));
+        redisReply *t = tick_as("n1", 4000, "=");
+        assert_int_equal(n_events(t), 0);
+        freeReplyObject(t);
+
+        freeReplyObject(release_at(5000, field_i(body(b), D_TOKEN), "b"));
+        t = tick_as("n1", 5000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "w2");
+        assert_int_equal(event(t, 0)->element[D_SLOTS]->elements, 2);
+        freeReplyObject(t);
+        freeReplyObject(a);
+        freeReplyObject(b);
+}
+
+/* max-in-use passes a lane's waiter over; reserve keeps the last slot for the other lane. */
+static void test_lane_limits_pass_over_and_reserve_holds_a_slot(void **state) {
+        tick_ok("n1", 1000,
+                "backend-node-ttl=30000000\nlane.merge.max-in-use=-1\nlane.merge.priority=0\nlane.merge.reserve=1\n"
+                "lane.nightly.max-in-use=1\nlane.nightly.priority=0\nlane.nightly.reserve=0\nlimit=3\n");
+        expect_verdict("n-a", 2000, "nightly", 1, "granted");
+        /* nightly is at its max-in-use: queued, and passed over... */
+        expect_verdict("n-b", 2000, "nightly", 1, "queued");
+        /* ...so a merge request finds room although someone waits. */
+        expect_verdict("m-a", 2000, "merge", 1, "granted");
+        /* One slot left, reserved for merge by nobody (merge uses 1 ≥ reserve 1): a merge request takes it. */
+        expect_verdict("m-b", 2000, "merge", 1, "granted");
+}
+
+static void test_reserve_keeps_the_last_slot_from_another_lane(void **state) {
+        tick_ok("n1", 1000,
+                "backend-node-ttl=30000000\nlane.merge.max-in-use=-1\nlane.merge.priority=0\nlane.merge.reserve=1\n"
+                "lane.nightly.max-in-use=-1\nlane.nightly.priority=0\nlane.nightly.reserve=0\nlimit=2\n");
+        expect_verdict("n-a", 2000, "nightly", 1, "granted");
+        /* The last free slot is merge's reserve: nightly queues, merge still gets it. */
+        expect_verdict("n-b", 2000, "nightly", 1, "queued");
+        expect_verdict("m-a", 2000, "merge", 1, "granted");
+}
+
+/* SPEC §3.3: at one instant the releases come first, then arrivals (no barging past a waiter), then the
+ * queue is served, then the budgets that end now are refused — a waiter whose budget ends at the
+ * instant its slot frees is granted. */
+static void test_same_instant_order(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        tick_ok("n1", 1000, "=");
+        redisReply *w = submit_at(2000, "w", "ci", 1, true, 8000); /* budget ends at 10000 */
+        assert_int_equal(field_i(body(w), D_BUDGET), 8000);
+        freeReplyObject(w);
+        tick_ok("n1", 2000, "=");
+
+        freeReplyObject(release_at(10000, field_i(body(a), D_TOKEN), "a"));
+        expect_verdict("late", 10000, "ci", 1, "queued");
+        redisReply *t = tick_as("n1", 10000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "w");
+        assert_string_equal(field_s(event(t, 0), D_VERDICT), "granted");
+        freeReplyObject(t);
+        freeReplyObject(a);
+}
+
+/* A budget ends at its own instant, even when the next call comes much later; the refusal says when. */
+static void test_budget_runs_out_at_its_own_deadline(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\nqueue-timeout=10000000\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        redisReply *w = submit_at(2000, "w", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(w), D_STATE), "keeping-up");
+        assert_int_equal(field_i(body(w), D_BUDGET), 10 * SEC);
+        freeReplyObject(w);
+        tick_ok("n1", 2000, "=");
+
+        /* The gauge flips first (idle passes Q at 1000 + Q + 1), then the budget ends. (Before the node's
+         * own deadline, 2000 + 30 s: past it the node's lease would be reaped too.) */
+        redisReply *t = tick_as("n1", 20 * SEC, "=");
+        assert_int_equal(n_events(t), 2);
+        assert_string_equal(field_s(event(t, 0), 0), "congestion");
+        assert_int_equal(field_i(event(t, 0), 1), 1000 + 10 * SEC + 1);
+        assert_string_equal(field_s(event(t, 1), D_VERDICT), "refused");
+        assert_string_equal(field_s(event(t, 1), D_RID), "w");
+        assert_string_equal(field_s(event(t, 1), D_REFUSAL), "timeout");
+        assert_int_equal(field_i(event(t, 1), D_AT), 10 * SEC + 2000);
+        assert_int_equal(field_i(event(t, 1), D_WAIT), 10 * SEC);
+        freeReplyObject(t);
+}
+
+/* The gauge turns on by itself once idle passes Q with no room, at last_fast + Q + 1. */
+static void test_congestion_flips_at_its_own_instant(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\nqueue-timeout=10000000\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        redisReply *t = tick_as("n1", 1000, "=");
+        assert_int_equal(cache(t, C_NEXT_WAKEUP), 1000 + 10 * SEC + 1);
+        freeReplyObject(t);
+
+        t = tick_as("n1", 20 * SEC, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), 0), "congestion");
+        assert_int_equal(field_i(event(t, 0), 1), 1000 + 10 * SEC + 1);
+        assert_int_equal(field_i(event(t, 0), 3), 1);
+        assert_int_equal(cache(t, C_CONGESTED), 1);
+        freeReplyObject(t);
+}
+
+static void test_release_of_an_unknown_token_changes_nothing(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        redisReply *r = release_at(2000, 99, "a");
+        assert_string_equal(body(r)->element[0]->str, "gone");
+        assert_int_equal(cache(r, C_IN_USE), 1);
+        freeReplyObject(r);
+        /* The right token, another node: not its lease. */
+        redisReply *o = call("release", "n2", 2000, 0, "1", "a", NULL);
+        assert_string_equal(body(o)->element[0]->str, "gone");
+        assert_int_equal(cache(o, C_IN_USE), 1);
+        freeReplyObject(o);
+        r = release_at(2000, 1, "a");
+        assert_string_equal(body(r)->element[0]->str, "released");
+        assert_int_equal(cache(r, C_IN_USE), 0);
+        freeReplyObject(r);
+        /* Twice: gone. */
+        r = release_at(2000, 1, "a");
+        assert_string_equal(body(r)->element[0]->str, "gone");
+        freeReplyObject(r);
+}
+
+static void test_withdraw_unlinks_a_waiter_without_answer(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        expect_verdict("w", 1000, "ci", 1, "queued");
+        redisReply *r = call("withdraw", "n1", 2000, 0, "w", NULL);
+        assert_string_equal(body(r)->element[0]->str, "withdrawn");
+        assert_int_equal(cache(r, C_WAITING), 0);
+        assert_int_equal(n_events(r), 0);
+        freeReplyObject(r);
+        freeReplyObject(release_at(3000, field_i(body(a), D_TOKEN), "a"));
+        redisReply *t = tick_as("n1", 3000, "=");
+        assert_int_equal(n_events(t), 0);
+        assert_int_equal(cache(t, C_IN_USE), 0);
+        freeReplyObject(t);
+        freeReplyObject(a);
+}
+
+/* Decisions for another node's requests go to that node's stream, not into the caller's reply. */
+static void test_grants_for_another_node_go_to_its_stream(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        tick_ok("n2", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        redisReply *w = call("submit", "n2", 1000, 0, "w", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(w), D_VERDICT), "queued");
+        freeReplyObject(w);
+        freeReplyObject(release_at(2000, field_i(body(a), D_TOKEN), "a"));
+        redisReply *t = tick_as("n1", 2000, "=");
+        assert_int_equal(n_events(t), 0);
+        freeReplyObject(t);
+        redisReply *s = redisCommand(redis, "XRANGE " POOL ":s:n2 - +");
+        assert_int_equal(s->type, REDIS_REPLY_ARRAY);
+        assert_int_equal(s->elements, 1);
+        freeReplyObject(s);
+        freeReplyObject(a);
+}
+
+/* The pool's keys made by a test (manual clock) are refused by a production node, and the other way. */
+static void test_a_production_node_refuses_a_manual_clock_pool(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *r = call("submit", "n2", -1, 1, "x", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "manual-clock");
+        freeReplyObject(r);
+        r = call("tick", "n2", -1, 1, "n2", CANON_ONE_LANE "limit=1\n", "0", "0", "0", "-", "e2", "", NULL);
+        assert_string_equal(status(r), "manual-clock");
+        freeReplyObject(r);
+}
+
+static void test_manual_now_never_goes_back(void **state) {
+        tick_ok("n1", 5000, CANON_ONE_LANE "limit=1\n");
+        redisReply *r = submit_at(5000, "a", "ci", 1, true, -1); /* equal: allowed */
+        freeReplyObject(r);
+        r = call("submit", "n1", 4999, 0, "b", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "clock");
+        freeReplyObject(r);
+}
+
+/* In the redis clock mode, a new pool (or one Redis lost) grants nothing for one node TTL. */
+static void test_a_new_redis_clock_pool_starts_with_a_recovery_window(void **state) {
+        redisReply *t = call("tick", "n1", -1, 1, "n1", CANON_ONE_LANE "limit=1\n", "0", "0", "0", "-", "e1", "",
+                             NULL);
+        assert_string_equal(status(t), "ok");
+        long long now = t->element[R_NOW]->integer;
+        assert_int_equal(cache(t, C_RECOVERY), now + 30 * SEC);
+        freeReplyObject(t);
+        redisReply *r = call("submit", "n1", -1, 1, "x", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "ok");
+        assert_string_equal(field_s(body(r), D_REFUSAL), "unavailable");
+        assert_string_equal(field_s(body(r), D_REASON), "recovery");
+        freeReplyObject(r);
+        r = call("submit", "n1", -1, 1, "y", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        /* Its pool clock is strictly increasing. */
+        assert_true(r->element[R_NOW]->integer > now);
+        freeReplyObject(r);
+}
+
+static void test_rules_mismatch_names_the_keys_then_adoption(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
+        tick_ok("n2", 1000, CANON_ONE_LANE "limit=2\n");
+        /* n2 wants limit 3: n1 still wants 2, so n2 is refused with the key that differs. */
+        redisReply *t = tick_as("n2", 2000, CANON_ONE_LANE "limit=3\n");
+        assert_string_equal(status(t), "rules");
+        const redisReply *diff = body(t)->element[4];
+        assert_int_equal(diff->elements, 1);
+        assert_string_equal(diff->element[0]->str, "limit");
+        freeReplyObject(t);
+        redisReply *s = call("submit", "n2", 2000, 0, "x", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(s), "rules");
+        freeReplyObject(s);
+        /* n1 reloads too: every live node wants limit 3, which is adopted. */
+        t = tick_as("n1", 3000, CANON_ONE_LANE "limit=3\n");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(cache(t, C_LIMIT), 3);
+        freeReplyObject(t);
+        tick_ok("n2", 3000, "=");
+}
+
+/* FNV-1a 32, as pool-shared.c will compute it. */
+static uint32_t fnv1a32(const char *s) {
+        uint32_t h = 2166136261u;
+        for (; *s; s++) {
+                h ^= (unsigned char) *s;
+                h *= 16777619u;
+        }
+        return h;
+}
+
+static void test_fingerprints_equal_the_c_implementation(void **state) {
+        uint32_t x = 0, sum = 0;
+        unsigned n = 0;
+        char rid[17], kind_rid[20];
+        uint64_t seed = 0x9e3779b97f4a7c15u;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1000\n");
+        for (int i = 0; i < 10000; i++) {
+                seed = seed * 6364136223846793005u + 1442695040888963407u;
+                snprintf(rid, sizeof rid, "%016" PRIx64, seed);
+                redisReply *r = submit_at(1000, rid, "ci", 1, true, -1);
+                const char *v = field_s(body(r), D_VERDICT);
+                snprintf(kind_rid, sizeof kind_rid, "%s%c", rid, strcmp(v, "granted") == 0 ? 'l' : 'w');
+                freeReplyObject(r);
+                uint32_t h = fnv1a32(kind_rid);
+                x ^= h;
+                sum += h;
+                n++;
+        }
+        redisReply *t = tick_as("n1", 1000, "=");
+        const redisReply *fp = body(t)->element[5];
+        assert_int_equal(fp->element[0]->integer, n);
+        assert_int_equal(fp->element[1]->integer, x);
+        assert_int_equal(fp->element[2]->integer, sum);
+        freeReplyObject(t);
+}
+
+/* Budgets: 100 waiters whose budgets all end at one instant are refused over two calls, at most
+ * SETTLE_MAX steps each; the operation that found them unsettled is "settling" and changes nothing. */
+static void test_expiries_beyond_the_budget_are_settled_over_calls(void **state) {
+        char rid[16];
+        size_t refused = 0, calls = 0;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        for (int i = 0; i < 100; i++) {
+                snprintf(rid, sizeof rid, "w%03d", i);
+                redisReply *r = submit_at(1000, rid, "ci", 1, true, 5 * SEC);
+                freeReplyObject(r);
+        }
+        tick_ok("n1", 1000, "=");
+        for (;;) {
+                redisReply *s = call("submit", "n1", 10 * SEC, 0, "late", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+                calls++;
+                assert_true(n_events(s) <= SETTLE_MAX);
+                refused += n_events(s);
+                bool settling = strcmp(status(s), "settling") == 0;
+                if (!settling)
+                        assert_string_equal(field_s(body(s), D_VERDICT), "queued");
+                freeReplyObject(s);
+                if (!settling)
+                        break;
+                assert_true(calls < 10);
+        }
+        assert_int_equal(refused, 100);
+        assert_true(calls >= 2);
+}
+
+/* A dead node's 1,000 waiters and its lease are freed a page per call; its slot then goes on in order. */
+static void test_a_dead_node_is_reaped_in_pages(void **state) {
+        char rid[16];
+        size_t calls = 0, granted = 0;
+        bool expired = false;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        tick_ok("n2", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = call("submit", "n2", 1000, 0, "a", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+        freeReplyObject(a);
+        for (int i = 0; i < 1000; i++) {
+                snprintf(rid, sizeof rid, "d%04d", i);
+                freeReplyObject(call("submit", "n2", 1000, 0, rid, "ci", "1", "1", "0", "-1", "-1", "-", NULL));
+        }
+        expect_verdict("mine", 2000, "ci", 1, "queued");
+        tick_ok("n1", 2000, "=");
+
+        /* n1 keeps heartbeating; n2 stopped at 1000, deadline 1000 + 30 s. */
+        tick_ok("n1", 20 * SEC, "=");
+        for (long long now = 31 * SEC; !expired; now += 1000) {
+                redisReply *t = tick_as("n1", now, "=");
+                calls++;
+                for (size_t i = 0; i < t->element[R_NOTICES]->elements; i++) {
+                        const redisReply *nt = t->element[R_NOTICES]->element[i];
+                        assert_string_equal(nt->element[0]->str, "node-expired");
+                        assert_int_equal(nt->element[3]->integer, 1);
+                        assert_int_equal(nt->element[4]->integer, 1000);
+                        expired = true;
+                }
+                for (size_t i = 0; i < n_events(t); i++)
+                        if (strcmp(field_s(event(t, i), D_VERDICT), "granted") == 0) {
+                                assert_string_equal(field_s(event(t, i), D_RID), "mine");
+                                /* Granted at the instant the node died, not when the reaping ended. */
+                                assert_int_equal(field_i(event(t, i), D_AT), 1000 + 30 * SEC);
+                                granted++;
+                        }
+                freeReplyObject(t);
+                assert_true(calls < 100);
+        }
+        assert_true(calls >= 1000 / REAP_PAGE);
+        assert_int_equal(granted, 1);
+        redisReply *e = redisCommand(redis, "EXISTS " POOL ":nr:n2 " POOL ":node:n2");
+        assert_int_equal(e->integer, 0);
+        freeReplyObject(e);
+}
+
+/* Worst-case script time with 10,000 waiters: a queueing submit, a release that hands on, a tick. Measured
+ * by Redis (SLOWLOG with a 0 µs threshold), printed; asserted only loosely (the machine is shared). */
+static void test_script_time_at_10000_waiters(void **state) {
+        char rid[16];
+        long long worst = 0;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=4\nqueue-timeout=600000000\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        for (int i = 0; i < 3; i++) {
+                snprintf(rid, sizeof rid, "h%d", i);
+                freeReplyObject(submit_at(1000, rid, "ci", 1, true, -1));
+        }
+        for (int i = 0; i < 10000; i++) {
+                snprintf(rid, sizeof rid, "w%05d", i);
+                freeReplyObject(submit_at(1000, rid, "ci", 1 + i % 3, true, -1));
+        }
+        tick_ok("n1", 1000, "=");
+        freeReplyObject(redisCommand(redis, "CONFIG SET slowlog-log-slower-than 0"));
+        freeReplyObject(redisCommand(redis, "CONFIG SET slowlog-max-len 1024"));
+        freeReplyObject(redisCommand(redis, "SLOWLOG RESET"));
+        freeReplyObject(submit_at(2000, "x", "ci", 2, true, -1));
+        freeReplyObject(release_at(3000, field_i(body(a), D_TOKEN), "a"));
+        freeReplyObject(tick_as("n1", 3000, "="));
+        freeReplyObject(call("withdraw", "n1", 4000, 1, "w05000", NULL));
+        redisReply *pos = call("submit", "n1", 4000, 1, "w09999", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_int_equal(field_i(body(pos), D_POSITION), 9997); /* w00000 granted, w05000 withdrawn */
+        freeReplyObject(pos);
+        redisReply *log = redisCommand(redis, "SLOWLOG GET 1024");
+        for (size_t i = 0; i < log->elements; i++) {
+                const redisReply *e = log->element[i];
+                if (strcasecmp(e->element[3]->element[0]->str, "EVALSHA") == 0) {
+                        long long us = e->element[2]->integer;
+                        if (us > worst)
+                                worst = us;
+                }
+        }
+        freeReplyObject(log);
+        freeReplyObject(a);
+        printf("# worst script call at 10,000 waiters: %lld µs\n", worst);
+        assert_true(worst > 0);
+        assert_true(worst < 50000);
+}
+
+static void test_positions_say_queued_granted_refused_or_gone(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        expect_verdict("w1", 1000, "ci", 1, "queued");
+        expect_verdict("w2", 1000, "ci", 1, "queued");
+        freeReplyObject(submit_at(1000, "b", "ci", 1, false, -1)); /* refused busy */
+        redisReply *r = call("positions", "n1", 1000, 0, "pos", "w2", "a", "b", "nope", NULL);
+        assert_string_equal(status(r), "ok");
+        const redisReply *p = body(r);
+        assert_int_equal(p->elements, 4);
+        assert_string_equal(p->element[0]->element[0]->str, "queued");
+        assert_int_equal(p->element[0]->element[1]->integer, 1);
+        assert_int_equal(p->element[0]->element[2]->integer, 2);
+        assert_string_equal(p->element[1]->element[D_VERDICT]->str, "granted");
+        assert_int_equal(p->element[1]->element[D_TOKEN]->integer, 1);
+        assert_string_equal(p->element[2]->element[D_REFUSAL]->str, "busy");
+        assert_string_equal(p->element[3]->element[0]->str, "gone");
+        freeReplyObject(r);
+}
+
+static void test_status_lists_every_nodes_holders_and_the_first_waiters(void **state) {
+        char rid[16];
+
+        tick_ok("n1", 1000, CANON_TWO_LANES);
+        redisReply *t = call("tick", "n2", 1000, 1, "host-two", CANON_TWO_LANES, "0", "0", "0", "-", "e", "", NULL);
+        freeReplyObject(t);
+        expect_verdict("a", 1000, "lo", 1, "granted");
+        freeReplyObject(call("submit", "n2", 1000, 0, "b", "hi", "1", "1", "0", "-1", "-1", "-", NULL));
+        for (int i = 0; i < 150; i++) {
+                snprintf(rid, sizeof rid, "w%03d", i);
+                freeReplyObject(submit_at(1000, rid, "lo", 1, true, -1));
+        }
+        freeReplyObject(call("submit", "n2", 1000, 0, "late-hi", "hi", "1", "1", "0", "-1", "-1", "-", NULL));
+        redisReply *r = call("positions", "n1", 1000, 0, "status", NULL);
+        const redisReply *holders = body(r)->element[0], *waiters = body(r)->element[1];
+        assert_int_equal(holders->elements, 2);
+        bool saw_two = false;
+        for (size_t i = 0; i < holders->elements; i++)
+                saw_two |= strcmp(holders->element[i]->element[0]->str, "host-two") == 0;
+        assert_true(saw_two);
+        assert_int_equal(waiters->elements, 100);
+        /* The later high-priority waiter is first. */
+        assert_string_equal(waiters->element[0]->element[0]->str, "host-two");
+        assert_string_equal(waiters->element[0]->element[1]->str, "hi");
+        assert_string_equal(waiters->element[1]->element[1]->str, "lo");
+        assert_int_equal(waiters->element[99]->element[4]->integer, 99);
+        assert_int_equal(body(r)->element[2]->integer, 151);
+        freeReplyObject(r);
+}
+
+static void test_a_pool_drain_refuses_every_waiter_within_the_budget(void **state) {
+        char rid[16];
+        size_t refused = 0, calls = 0;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        for (int i = 0; i < 100; i++) {
+                snprintf(rid, sizeof rid, "w%03d", i);
+                freeReplyObject(submit_at(1000, rid, "ci", 1, true, -1));
+        }
+        tick_ok("n1", 1000, "=");
+        for (;;) {
+                redisReply *d = call("drain", "n1", 2000, 0, "", "1", NULL);
+                calls++;
+                assert_true(n_events(d) <= SETTLE_MAX);
+                for (size_t i = 0; i < n_events(d); i++) {
+                        assert_string_equal(field_s(event(d, i), D_REFUSAL), "unavailable");
+                        assert_string_equal(field_s(event(d, i), D_REASON), "drained");
+                }
+                refused += n_events(d);
+                bool settling = strcmp(status(d), "settling") == 0;
+                assert_int_equal(cache(d, C_DRAINED), 1);
+                freeReplyObject(d);
+                if (!settling)
+                        break;
+                assert_true(calls < 10);
+        }
+        assert_int_equal(refused, 100);
+        assert_int_equal(calls, 2);
+        /* Drained: a new request is refused, a freed slot goes to nobody. */
+        redisReply *s = submit_at(2000, "new", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(s), D_REASON), "drained");
+        freeReplyObject(s);
+        freeReplyObject(release_at(3000, field_i(body(a), D_TOKEN), "a"));
+        freeReplyObject(call("drain", "n1", 4000, 0, "", "0", NULL));
+        expect_verdict("after", 4000, "ci", 1, "granted");
+        freeReplyObject(a);
+}
+
+#define CANON_MEMBERS CANON_ONE_LANE "limit=2\nmembers=alpha,beta\n"
+
+static void test_a_drained_member_is_not_granted(void **state) {
+        tick_ok("n1", 1000, CANON_MEMBERS);
+        redisReply *d = call("drain", "n1", 1000, 0, "alpha", "1", NULL);
+        assert_string_equal(body(d)->element[0]->str, "drained");
+        freeReplyObject(d);
+        d = call("drain", "n1", 1000, 0, "gamma", "1", NULL);
+        assert_string_equal(body(d)->element[0]->str, "unknown-member");
+        freeReplyObject(d);
+        redisReply *b = submit_at(1000, "b", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(b), D_VERDICT), "granted");
+        assert_string_equal(body(b)->element[D_MEMBERS]->element[0]->str, "beta");
+        assert_int_equal(body(b)->element[D_SLOTS]->element[0]->integer, 1);
+        freeReplyObject(b);
+        expect_verdict("c", 1000, "ci", 1, "queued");
+        tick_ok("n1", 1000, "=");
+        freeReplyObject(call("drain", "n1", 2000, 0, "alpha", "0", NULL));
+        redisReply *t = tick_as("n1", 2000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(event(t, 0)->element[D_MEMBERS]->element[0]->str, "alpha");
+        freeReplyObject(t);
+}
+
+static redisReply *reclaim(long long now, const char *rid, const char *token, const char *slot) {
+        return call("reclaim", "n1", now, 1, rid, "ci", "1", token, "1000", slot, NULL);
+}
+
+/* Redis lost the pool (a new redis-clock pool looks the same): inside the recovery window a node takes its
+ * leases back, on the same slots and tokens; a slot taken is a conflict. */
+static void test_reclaim_inside_the_recovery_window(void **state) {
+        redisReply *t = call("tick", "n1", -1, 1, "n1", CANON_ONE_LANE "limit=2\n", "0", "0", "0", "-", "e1", "",
+                             NULL);
+        freeReplyObject(t);
+        redisReply *r = reclaim(-1, "a", "500", "1");
+        assert_string_equal(status(r), "ok");
+        assert_string_equal(body(r)->element[0]->str, "confirmed");
+        assert_int_equal(cache(r, C_IN_USE), 1);
+        assert_int_equal(cache(r, C_COUNTER), 500);
+        freeReplyObject(r);
+        r = reclaim(-1, "a", "500", "1");
+        assert_string_equal(body(r)->element[0]->str, "confirmed");
+        assert_int_equal(cache(r, C_IN_USE), 1);
+        freeReplyObject(r);
+        r = reclaim(-1, "b", "400", "1");
+        assert_string_equal(body(r)->element[0]->str, "conflict");
+        freeReplyObject(r);
+        r = reclaim(-1, "c", "450", "0");
+        assert_string_equal(body(r)->element[0]->str, "confirmed");
+        assert_int_equal(cache(r, C_IN_USE), 2);
+        assert_int_equal(cache(r, C_COUNTER), 500);
+        freeReplyObject(r);
+        /* Released as any lease. */
+        r = call("release", "n1", -1, 1, "500", "a", NULL);
+        assert_string_equal(body(r)->element[0]->str, "released");
+        freeReplyObject(r);
+}
+
+static void test_reclaim_outside_a_recovery_window_is_lost(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        redisReply *r = reclaim(2000, "a", "1", "0");
+        assert_string_equal(body(r)->element[0]->str, "confirmed");
+        freeReplyObject(r);
+        r = reclaim(2000, "gone", "7", "1");
+        assert_string_equal(body(r)->element[0]->str, "lost");
+        assert_int_equal(cache(r, C_IN_USE), 1);
+        freeReplyObject(r);
+        freeReplyObject(a);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+#define T(f) cmocka_unit_test_setup(f, setup)
+                T(test_grants_up_to_the_limit_then_queues_and_hands_on_in_order),
+                T(test_same_rid_twice_is_one_request),
+                T(test_priority_head_holds_back_smaller_waiters),
+                T(test_lane_limits_pass_over_and_reserve_holds_a_slot),
+                T(test_reserve_keeps_the_last_slot_from_another_lane),
+                T(test_same_instant_order),
+                T(test_budget_runs_out_at_its_own_deadline),
+                T(test_congestion_flips_at_its_own_instant),
+                T(test_release_of_an_unknown_token_changes_nothing),
+                T(test_withdraw_unlinks_a_waiter_without_answer),
+                T(test_grants_for_another_node_go_to_its_stream),
+                T(test_a_production_node_refuses_a_manual_clock_pool),
+                T(test_manual_now_never_goes_back),
+                T(test_a_new_redis_clock_pool_starts_with_a_recovery_window),
+                T(test_rules_mismatch_names_the_keys_then_adoption),
+                T(test_fingerprints_equal_the_c_implementation),
+                T(test_expiries_beyond_the_budget_are_settled_over_calls),
+                T(test_a_dead_node_is_reaped_in_pages),
+                T(test_positions_say_queued_granted_refused_or_gone),
+                T(test_status_lists_every_nodes_holders_and_the_first_waiters),
+                T(test_a_pool_drain_refuses_every_waiter_within_the_budget),
+                T(test_a_drained_member_is_not_granted),
+                T(test_reclaim_inside_the_recovery_window),
+                T(test_reclaim_outside_a_recovery_window_is_lost),
+                T(test_script_time_at_10000_waiters),
+#undef T
+        };
+        int r;
+
+        if (!test_redis_find()) {
+                printf("1..0 # SKIP redis-server not found (install redis-server, or set REDIS_SERVER)\n");
+                return 0;
+        }
+        signal(SIGPIPE, SIG_IGN);
+        r = test_redis_start(&server);
+        if (r < 0) {
+                printf("Bail out! redis-server did not start: %s\n", strerror(-r));
+                return 1;
+        }
+        redis = redisConnectUnix(server.socket_path);
+        if (!redis || redis->err) {
+                printf("Bail out! cannot connect to %s\n", server.socket_path);
+                test_redis_stop(&server);
+                return 1;
+        }
+        for (size_t i = 0; i < shared_scripts_n; i++) {
+                redisReply *s = redisCommand(redis, "SCRIPT LOAD %s", shared_scripts[i].text);
+                if (!s || s->type != REDIS_REPLY_STRING) {
+                        printf("Bail out! script %s does not load: %s\n", shared_scripts[i].name, s ? s->str : "?");
+                        test_redis_stop(&server);
+                        return 1;
+                }
+                snprintf(shas[i], sizeof shas[i], "%s", s->str);
+                freeReplyObject(s);
+        }
+        r = cmocka_run_group_tests(tests, NULL, NULL);
+        redisFree(redis);
+        test_redis_stop(&server);
+        return r;
+}
