@@ -159,7 +159,8 @@ end
 ---------------------------------------------------------------------------------------------- clock
 
 -- The pool clock (memo §4.6): Redis's TIME minus a skew that absorbs gaps (no node reached Redis: time
--- stood still) and backward steps (frozen until TIME catches up); strictly increasing per call. A
+-- stood still but for one second) and backward steps (the clock goes on from where it was); strictly
+-- increasing per call. A
 -- manual pool takes the caller's now instead (tests only), which may repeat but never go back.
 -- Returns false when a manual now goes backwards.
 local function clock(manual)
