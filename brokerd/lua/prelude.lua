@@ -91,18 +91,17 @@ local function meta_load()
         M.unsettled_at = tonumber(M.unsettled_at or '')   -- nil: settled
 end
 
+-- Changes to meta, lane counters and fingerprints are kept here and written once, by flush() (every
+-- reply does it): a grant touches each of them, and a command costs more than the Lua around it.
+local meta_dirty = {}
+
 local function meta_set(field, value)
         M[field] = value
-        if value == nil then
-                redis.call('HDEL', K.meta, field)
-        else
-                redis.call('HSET', K.meta, field, value)
-        end
+        meta_dirty[field] = true
 end
 
 local function meta_incr(field, by)
-        M[field] = M[field] + by
-        redis.call('HINCRBY', K.meta, field, by)
+        meta_set(field, M[field] + by)
 end
 
 ---------------------------------------------------------------------------------------------- rules
@@ -198,14 +197,18 @@ local function fnv1a32(s)
         return h
 end
 
+local fp_delta = {}             -- node -> { n, x, s } not yet written
+
 local function fingerprint_change(node, rid, kind, sign)
-        local key = k_node(node)
-        local f = redis.call('HMGET', key, 'fp_n', 'fp_x', 'fp_s')
+        local d = fp_delta[node]
+        if not d then
+                d = { 0, 0, 0 }
+                fp_delta[node] = d
+        end
         local h = fnv1a32(rid .. kind)
-        local n = tonumber(f[1] or '0') + sign
-        local x = bit.bxor(tonumber(f[2] or '0'), h) % 4294967296
-        local s = (tonumber(f[3] or '0') + sign * h) % 4294967296
-        redis.call('HSET', key, 'fp_n', n, 'fp_x', x, 'fp_s', s)
+        d[1] = d[1] + sign
+        d[2] = bit.bxor(d[2], h) % 4294967296
+        d[3] = (d[3] + sign * h) % 4294967296
 end
 
 local function record_add(node, rid, kind, ref)
@@ -220,13 +223,20 @@ local function record_remove(node, rid, kind)
         fingerprint_change(node, rid, kind, -1)
 end
 
+-- A waiter granted: its record stays (same rid, same place in nr:N), only its reference and kind change.
+local function record_turn_into_lease(node, rid, ref)
+        redis.call('HSET', K.rid, node .. ':' .. rid, ref)
+        fingerprint_change(node, rid, 'w', -1)
+        fingerprint_change(node, rid, 'l', 1)
+end
+
 ---------------------------------------------------------------------------------------------- lanes and slots
 
 local function lane_get(l)
         local c = lane_cache[l]
         if not c then
                 local a = redis.call('HMGET', k_lane(l), 'used', 'waiting')
-                c = { used = tonumber(a[1] or '0'), waiting = tonumber(a[2] or '0') }
+                c = { used = tonumber(a[1] or '0'), waiting = tonumber(a[2] or '0'), dirty = false }
                 lane_cache[l] = c
         end
         return c
@@ -235,7 +245,37 @@ end
 local function lane_incr(l, field, by)
         local c = lane_get(l)
         c[field] = c[field] + by
-        redis.call('HINCRBY', k_lane(l), field, by)
+        c.dirty = true
+end
+
+-- Writes what meta_set(), lane_incr() and fingerprint_change() kept. Idempotent.
+local function flush()
+        local set, del = {}, {}
+        for f in pairs(meta_dirty) do
+                if M[f] == nil then
+                        del[#del + 1] = f
+                else
+                        set[#set + 1] = f
+                        set[#set + 1] = M[f]
+                end
+        end
+        meta_dirty = {}
+        if #set > 0 then redis.call('HSET', K.meta, unpack(set)) end
+        if #del > 0 then redis.call('HDEL', K.meta, unpack(del)) end
+        for l, c in pairs(lane_cache) do
+                if c.dirty then
+                        redis.call('HSET', k_lane(l), 'used', c.used, 'waiting', c.waiting)
+                        c.dirty = false
+                end
+        end
+        for node, d in pairs(fp_delta) do
+                local key = k_node(node)
+                local f = redis.call('HMGET', key, 'fp_n', 'fp_x', 'fp_s')
+                redis.call('HSET', key, 'fp_n', tonumber(f[1] or '0') + d[1],
+                           'fp_x', bit.bxor(tonumber(f[2] or '0'), d[2]) % 4294967296,
+                           'fp_s', (tonumber(f[3] or '0') + d[3]) % 4294967296)
+        end
+        fp_delta = {}
 end
 
 -- pool-local.c:free_slots(): counted against every slot held, also those above a shrunk limit.
@@ -278,7 +318,9 @@ local function queue_next()
                         local prio = R.lanes[lane].priority
                         for _, k in ipairs(redis.call('SMEMBERS', k_lk(lane))) do
                                 local head = redis.call('ZRANGE', k_bucket(lane, k), 0, 0)[1]
-                                if head then
+                                if not head then
+                                        redis.call('SREM', k_lk(lane), k) -- emptied: see waiter_unlink()
+                                else
                                         local v = lane_verdict(lane, tonumber(k), free)
                                         if v ~= PASS and (not best or prio > best_prio or
                                                           (prio == best_prio and head < best)) then
@@ -325,20 +367,22 @@ local function decision(verdict, rid, at, o)
         }
 end
 
-local function outcome_store(node, rid, d)
-        redis.call('SET', k_outcome(node, rid), cmsgpack.pack(d), 'PX', math.floor((R.ttl or 30000000) / 1000) + 10000)
+-- packed: cmsgpack of d when the caller has it already (it costs more than a command).
+local function outcome_store(node, rid, d, packed)
+        redis.call('SET', k_outcome(node, rid), packed or cmsgpack.pack(d), 'PX',
+                   math.floor((R.ttl or 30000000) / 1000) + 10000)
 end
 
 -- A final decision for a node's request: into its stream, its outcome key, and the reply if it is the
 -- caller's.
 local function notify(node, d)
-        local id = redis.call('XADD', k_stream(node), 'MAXLEN', '~', STREAM_MAXLEN, '*',
-                              'd', cmsgpack.pack(d))
+        local packed = cmsgpack.pack(d)
+        local id = redis.call('XADD', k_stream(node), 'MAXLEN', '~', STREAM_MAXLEN, '*', 'd', packed)
         if node == NODE then
                 stream_last = id
                 events[#events + 1] = d
         end
-        outcome_store(node, d[2], d)
+        outcome_store(node, d[2], d, packed)
 end
 
 ---------------------------------------------------------------------------------------------- waiters
@@ -365,7 +409,9 @@ end
 local function waiter_position(w)
         local pos = 0
         for _, p in ipairs(redis.call('ZRANGEBYSCORE', K.prios, '(' .. istr(w.prio), '+inf')) do
-                pos = pos + redis.call('ZCARD', k_queue(p))
+                local n = redis.call('ZCARD', k_queue(p))
+                if n == 0 then redis.call('ZREM', K.prios, p) end -- emptied: see waiter_unlink()
+                pos = pos + n
         end
         return pos + (redis.call('ZRANK', k_queue(w.prio), w.wid) or 0)
 end
@@ -382,16 +428,15 @@ local function waiter_link(w)
         meta_incr('waiting', 1)
 end
 
-local function waiter_unlink(w)
+-- Emptied buckets and priority queues stay listed in lk:L and prios until a reader finds them empty
+-- (queue_next(), waiter_position()): two ZCARDs less per grant. keep_record: the caller turns the
+-- waiter's record into its lease's.
+local function waiter_unlink(w, keep_record)
         redis.call('HDEL', K.w, w.wid)
-        local b = k_bucket(w.lane, w.k)
-        redis.call('ZREM', b, w.wid)
-        if redis.call('ZCARD', b) == 0 then redis.call('SREM', k_lk(w.lane), w.k) end
-        local q = k_queue(w.prio)
-        redis.call('ZREM', q, w.wid)
-        if redis.call('ZCARD', q) == 0 then redis.call('ZREM', K.prios, w.prio) end
-        redis.call('ZREM', K.dl, w.wid)
-        record_remove(w.node, w.rid, 'w')
+        redis.call('ZREM', k_bucket(w.lane, w.k), w.wid)
+        redis.call('ZREM', k_queue(w.prio), w.wid)
+        if w.deadline ~= INF then redis.call('ZREM', K.dl, w.wid) end
+        if not keep_record then record_remove(w.node, w.rid, 'w') end
         lane_incr(w.lane, 'waiting', -1)
         meta_incr('waiting', -1)
 end
@@ -458,7 +503,11 @@ local function grant(node, rid, lane, k, arrival, t, w)
         meta_incr('in_use', k)
         lane_incr(lane, 'used', k)
         lease_put(l)
-        record_add(node, rid, 'l', 'l:' .. istr(token))
+        if w then
+                record_turn_into_lease(node, rid, 'l:' .. istr(token))
+        else
+                record_add(node, rid, 'l', 'l:' .. istr(token))
+        end
         -- A fast admission restarts the idle clock; a slow one does not (SPEC §3.1).
         if R.q and t - arrival <= fast_threshold(R.q) then meta_set('last_fast', t) end
         return l
@@ -511,7 +560,7 @@ local function dispatch(t)
                 if not wid or v ~= GRANTABLE then return true end
                 if not step() then return false end
                 local w = waiter_get(wid)
-                waiter_unlink(w)
+                waiter_unlink(w, true)
                 local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w)
                 notify(w.node, lease_decision(l))
         end
@@ -564,6 +613,7 @@ local function reap(t)
                 end
                 local name = redis.call('HGET', k_node(dead), 'name') or dead
                 redis.call('DEL', k_node(dead), k_records(dead), k_stream(dead), K.reaping)
+                fp_delta[dead] = nil
                 redis.call('ZREM', K.nodes, dead)
                 notices[#notices + 1] = { 'node-expired', dead, name, n_leases, n_waiters }
         end
@@ -640,11 +690,13 @@ local function cache()
 end
 
 local function reply(status, body)
+        flush()
         return { status, now, body or {}, events, cache(), notices }
 end
 
 -- A reply before the pool's state was looked at: no events, no cache.
 local function early(status, body)
+        flush()
         return { status, now, body or {}, {}, {}, {} }
 end
 

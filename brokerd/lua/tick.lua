@@ -152,6 +152,7 @@ local function tick()
         local reconciled_to = reconcile()
         instant(now)
 
+        flush()
         local fp = redis.call('HMGET', k_node(NODE), 'fp_n', 'fp_x', 'fp_s')
         local last = redis.call('XREVRANGE', k_stream(NODE), '+', '-', 'COUNT', 1)[1]
         return reply(status, {
