@@ -20,7 +20,7 @@ local K = {
         meta = P .. ':meta', clock = P .. ':clock', rules = P .. ':rules', occ = P .. ':occ',
         busy = P .. ':busy', sid = P .. ':sid', h = P .. ':h', dm = P .. ':dm', w = P .. ':w',
         dl = P .. ':dl', rid = P .. ':rid', nodes = P .. ':nodes', prios = P .. ':prios',
-        reaping = P .. ':reaping',
+        reaping = P .. ':reaping', rekey = P .. ':rekey',
 }
 local function k_lane(l) return P .. ':lane:' .. l end
 local function k_lk(l) return P .. ':lk:' .. l end
@@ -333,10 +333,9 @@ local function queue_next()
         return best, best_verdict
 end
 
--- A slot's identity: its member's name, or "#INDEX" in a pool of anonymous slots.
-local function slot_identity(pos)
-        if R.members then return R.members[pos + 1] end
-        return '#' .. pos
+-- A held slot's identity: its member's name, or "#INDEX" for an anonymous slot (sid's keys).
+local function lease_slot_identity(l, i)
+        return l.members[i] or ('#' .. l.slots[i])
 end
 
 local function member_drained_at(pos)
@@ -499,7 +498,7 @@ local function grant(node, rid, lane, k, arrival, t, w)
         end
         meta_set('counter', token)
         l.token = token
-        for i = 1, k do redis.call('HSET', K.sid, slot_identity(l.pos[i]), token) end
+        for i = 1, k do redis.call('HSET', K.sid, lease_slot_identity(l, i), token) end
         meta_incr('in_use', k)
         lane_incr(lane, 'used', k)
         lease_put(l)
@@ -523,13 +522,62 @@ local function lease_free(l)
                 else
                         redis.call('SETBIT', K.busy, pos, 0)
                 end
-                local id = slot_identity(pos)
-                if id and redis.call('HGET', K.sid, id) == istr(l.token) then redis.call('HDEL', K.sid, id) end
+                local id = lease_slot_identity(l, i)
+                if redis.call('HGET', K.sid, id) == istr(l.token) then redis.call('HDEL', K.sid, id) end
         end
         meta_incr('in_use', -l.k)
         lane_incr(l.lane, 'used', -l.k)
         redis.call('HDEL', K.h, istr(l.token))
         record_remove(l.node, l.rid, 'l')
+end
+
+---------------------------------------------------------------------------------------------- rules adopted
+
+-- What an adopted rules change leaves to do (tick.lua, agree()), in {sb:P}:rekey: "at" (the adoption's
+-- instant), "drop:L" (a lane removed: its waiters are refused unavailable at "at", as
+-- pool-local.c:local_configure() does) and "move:L" = the new priority (its waiters move from their old
+-- per-priority queue to the new one; queue_next() reads priorities from the rules, so dispatch is right
+-- at once and only positions wait for the move). One step per waiter; the job runs at the start of
+-- instants until done. Returns false when the budget ran out.
+local function rekey_step()
+        local job = redis.call('HGETALL', K.rekey)
+        if #job == 0 then return true end
+        local at
+        for i = 1, #job, 2 do if job[i] == 'at' then at = tonumber(job[i + 1]) end end
+        for i = 1, #job, 2 do
+                local kind, lane = string.match(job[i], '^(%a+):(.+)$')
+                if kind then
+                        for _, k in ipairs(redis.call('SMEMBERS', k_lk(lane))) do
+                                local b = k_bucket(lane, k)
+                                while true do
+                                        local wids
+                                        if kind == 'drop' then
+                                                wids = redis.call('ZRANGE', b, 0, 0)
+                                        else
+                                                local cur = redis.call('HGET', K.rekey, 'cur:' .. lane .. ':' .. k)
+                                                wids = redis.call('ZRANGEBYLEX', b, cur and ('(' .. cur) or '-', '+', 'LIMIT', 0, 1)
+                                        end
+                                        local wid = wids[1]
+                                        if not wid then break end
+                                        if not step() then return false end
+                                        local w = waiter_get(wid)
+                                        if kind == 'drop' then
+                                                waiter_refuse(w, 'unavailable', '', at)
+                                        else
+                                                local prio = tonumber(job[i + 1])
+                                                redis.call('ZREM', k_queue(w.prio), wid)
+                                                w.prio = prio
+                                                waiter_put(w)
+                                                redis.call('ZADD', k_queue(prio), 0, wid)
+                                                redis.call('ZADD', K.prios, prio, prio)
+                                                redis.call('HSET', K.rekey, 'cur:' .. lane .. ':' .. k, wid)
+                                        end
+                                end
+                        end
+                end
+        end
+        redis.call('DEL', K.rekey)
+        return true
 end
 
 ---------------------------------------------------------------------------------------------- the instant
@@ -628,6 +676,7 @@ local function instant(t)
                 meta_set('phase', 0)
         end
         if not reap(t) then return false end
+        if not rekey_step() then return false end
         if M.recovery_until > 0 and t >= M.recovery_until then meta_set('recovery_until', 0) end
         if M.phase == 0 then
                 if not dispatch(t) then return false end

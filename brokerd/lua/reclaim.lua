@@ -62,7 +62,7 @@ local function reclaim()
                         meta_incr('drained_free', -1) -- only a restored lease takes a drained member
                 end
                 redis.call('SETBIT', K.busy, l.pos[i], 1)
-                redis.call('HSET', K.sid, slot_identity(l.pos[i]), TOKEN)
+                redis.call('HSET', K.sid, lease_slot_identity(l, i), TOKEN)
         end
         meta_incr('in_use', K_SLOTS)
         lane_incr(LANE, 'used', K_SLOTS)

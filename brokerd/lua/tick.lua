@@ -14,9 +14,10 @@
 --       node TTL (no node can tell a new pool from a lost one); no stored rules → the caller's canon is
 --       stored. Then every earlier instant is settled (dead nodes reaped in pages: "settling" before the
 --       heartbeat counts if the budget runs out). Agreement: the wanted canon equal to the stored one →
---       ok; else adopted when every other live node wants it too and the change needs no re-layout
---       (members changed while slots are held, a priority or a lane with waiters changed: "rules" until
---       then); else "rules" with the differing keys. The node's deadline becomes now + TTL either way
+--       ok; else adopted when every other live node wants it too (held slots laid out again at once, a
+--       removed lane's waiters refused and a re-prioritised lane's waiters moved by a job that runs at
+--       the start of instants, SETTLE_MAX per call: no other adoption while it runs); else "rules" with
+--       the differing keys. The node's deadline becomes now + TTL either way
 --       (leases granted under agreed rules keep heartbeating). The token floor raises the counter. The
 --       reconcile page drops this node's records in [page_lo, page_hi] that the page does not list
 --       (a waiter withdrawn, a lease released). Then the instant at now.
@@ -25,7 +26,8 @@
 --       { deadline, epoch, recovery_until, rules status, { differing keys… }, { fp_n, fp_x, fp_s },
 --       stream last id, live nodes, reconciled_to ("": the whole page range; else the last rid looked at,
 --       continue after it) } (README, "tick").
--- Worst case: SETTLE_MAX steps + RECONCILE_PAGE × O(log n) + O(nodes) for adoption + O(rules size).
+-- Worst case: SETTLE_MAX steps + RECONCILE_PAGE × O(log n) + O(nodes) for adoption + O(rules size);
+--       an adoption that lays held slots out again: O(slots held) once.
 
 local NAME, CANON_ARG = ARGV[6], ARGV[7]
 local FLOOR, NEW_EPOCH = ARGV[11], ARGV[12]
@@ -55,27 +57,50 @@ local function rules_store(canon)
         if R.q and not had_q then meta_set('last_fast', now) end
 end
 
--- What an adoption may change without moving anyone: see the header.
-local function adoption_is_simple(new)
-        if (new.members and table.concat(new.members, ',') or '') ~= (R.members and table.concat(R.members, ',') or '')
-           and M.in_use > 0 then
-                return false
-        end
-        for _, lane in ipairs(R.lane_names) do
-                local c = lane_get(lane)
-                if c.waiting > 0 and (not new.lanes[lane] or new.lanes[lane].priority ~= R.lanes[lane].priority) then
-                        return false
+-- pool-local.c:layout_plan()/layout_apply() under the stored (just adopted) rules: every held slot at
+-- its place (its member's index among the members, or its index in a pool of anonymous slots) when
+-- that place is free, the others above the limit, where they count as held until released; then `busy`
+-- is `occ` plus the drained members' free places. O(slots held), in one call: held ≤ the old limit plus
+-- what was above it already.
+local function relayout()
+        local home_of = {}
+        for i, m in ipairs(R.members or {}) do home_of[m] = i - 1 end
+        local leases = {}
+        local h = redis.call('HGETALL', K.h)
+        for i = 1, #h, 2 do leases[#leases + 1] = lease_get(h[i]) end
+        table.sort(leases, function(a, b) return a.token < b.token end) -- grant order, as pool-local's list
+        local taken = {}
+        for _, l in ipairs(leases) do
+                for i = 1, l.k do
+                        local m, home = l.members[i], nil
+                        if R.members then home = m and home_of[m] elseif not m then home = l.slots[i] end
+                        if home and not taken[home] then
+                                taken[home] = true
+                                l.pos[i] = home
+                        else
+                                l.pos[i] = false
+                        end
                 end
         end
-        return true
-end
-
--- A member list changed while nothing is held: busy is the drained members' new places.
-local function relayout_members()
-        redis.call('DEL', K.busy, K.occ, K.sid)
+        local next = R.limit
+        for _, l in ipairs(leases) do
+                for i = 1, l.k do
+                        if not l.pos[i] then
+                                while taken[next] do next = next + 1 end
+                                taken[next] = true
+                                l.pos[i] = next
+                        end
+                end
+                lease_put(l)
+        end
+        redis.call('DEL', K.occ, K.busy)
+        for pos in pairs(taken) do
+                redis.call('SETBIT', K.occ, pos, 1)
+                redis.call('SETBIT', K.busy, pos, 1)
+        end
         local drained_free = 0
         for i, m in ipairs(R.members or {}) do
-                if i <= R.limit and redis.call('SISMEMBER', K.dm, m) == 1 then
+                if i <= R.limit and not taken[i - 1] and redis.call('SISMEMBER', K.dm, m) == 1 then
                         redis.call('SETBIT', K.busy, i - 1, 1)
                         drained_free = drained_free + 1
                 end
@@ -83,6 +108,10 @@ local function relayout_members()
         meta_set('drained_free', drained_free)
 end
 
+-- The wanted canon becomes the pool's when every other live node wants it too (memo §4.8). What it
+-- changes is applied as pool-local.c:local_configure() does: held slots laid out again, a removed
+-- lane's waiters refused, a re-prioritised lane's waiters moved (those two as a job: prelude.lua,
+-- rekey_step(), at this instant). While such a job runs no other change is adopted.
 local function agree(canon)
         if canon == R.canon then return 'ok', {} end
         local wanted = canon_parse(canon)
@@ -90,11 +119,33 @@ local function agree(canon)
         for _, other in ipairs(redis.call('ZRANGEBYSCORE', K.nodes, '(' .. istr(now), '+inf')) do
                 if other ~= NODE and redis.call('HGET', k_node(other), 'rules') ~= canon then return 'rules', diff end
         end
-        local new = rules_from(wanted)
-        if not adoption_is_simple(new) then return 'rules', diff end
-        local members_changed = table.concat(new.members or {}, ',') ~= table.concat(R.members or {}, ',')
+        if redis.call('EXISTS', K.rekey) == 1 then return 'rules', diff end
+
+        local old, new = R, rules_from(wanted)
+        local job = {}
+        for _, lane in ipairs(old.lane_names) do
+                if lane_get(lane).waiting > 0 then
+                        if not new.lanes[lane] then
+                                job[#job + 1] = 'drop:' .. lane
+                                job[#job + 1] = 1
+                        elseif new.lanes[lane].priority ~= old.lanes[lane].priority then
+                                job[#job + 1] = 'move:' .. lane
+                                job[#job + 1] = new.lanes[lane].priority
+                        end
+                end
+        end
+        local layout_changed = new.limit ~= old.limit or
+                table.concat(new.members or {}, ',') ~= table.concat(old.members or {}, ',') or
+                (new.members == nil) ~= (old.members == nil)
         rules_store(canon)
-        if members_changed then relayout_members() end
+        if layout_changed then relayout() end
+        if #job > 0 then
+                redis.call('HSET', K.rekey, 'at', now, unpack(job))
+                if M.unsettled_at ~= now then
+                        meta_set('unsettled_at', now)
+                        meta_set('phase', 0)
+                end
+        end
         return 'ok', {}
 end
 

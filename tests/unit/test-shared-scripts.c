@@ -887,6 +887,78 @@ static void test_the_pool_clock_absorbs_gaps_and_backward_steps(void **state) {
         freeReplyObject(t);
 }
 
+#define CANON_A_B(prio_b) \
+        "backend-node-ttl=30000000\nlane.a.priority=0\nlane.b.priority=" prio_b "\nlimit=1\n"
+
+/* A reload adopted by every node applies as pool-local's configure(): a re-prioritised lane's waiters go
+ * ahead (positions follow), a removed lane's waiters are refused unavailable at the adoption's instant. */
+static void test_adopted_rules_move_and_refuse_waiters(void **state) {
+        tick_ok("n1", 1000, CANON_A_B("0"));
+        redisReply *h = submit_at(1000, "h", "a", 1, true, -1);
+        expect_verdict("a1", 1000, "a", 1, "queued");
+        expect_verdict("b1", 1000, "b", 1, "queued");
+        expect_verdict("a2", 1000, "a", 1, "queued");
+        tick_ok("n1", 1000, "=");
+
+        tick_ok("n1", 2000, CANON_A_B("10"));
+        redisReply *p = call("positions", "n1", 2000, 0, "pos", "b1", "a1", "a2", NULL);
+        assert_int_equal(body(p)->element[0]->element[1]->integer, 0);
+        assert_int_equal(body(p)->element[1]->element[1]->integer, 1);
+        assert_int_equal(body(p)->element[2]->element[1]->integer, 2);
+        freeReplyObject(p);
+
+        redisReply *t = tick_as("n1", 3000, "backend-node-ttl=30000000\nlane.b.priority=10\nlimit=1\n");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(n_events(t), 2);
+        assert_string_equal(field_s(event(t, 0), D_RID), "a1");
+        assert_string_equal(field_s(event(t, 0), D_REFUSAL), "unavailable");
+        assert_int_equal(field_i(event(t, 0), D_AT), 3000);
+        assert_string_equal(field_s(event(t, 1), D_RID), "a2");
+        assert_int_equal(cache(t, C_WAITING), 1);
+        freeReplyObject(t);
+        /* The removed lane's holder finishes; its slot goes to b1. */
+        freeReplyObject(release_at(4000, field_i(body(h), D_TOKEN), "h"));
+        t = tick_as("n1", 4000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "b1");
+        freeReplyObject(t);
+        freeReplyObject(h);
+}
+
+/* Members reordered and one removed while held: held slots follow their member (pool-local's
+ * layout_plan()), the removed one counts as held above the limit until released. */
+static void test_adopted_members_lay_held_slots_out_again(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=3\nmembers=alpha,beta,gamma\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        redisReply *b = submit_at(1000, "b", "ci", 1, true, -1);
+        assert_string_equal(body(b)->element[D_MEMBERS]->element[0]->str, "beta");
+        tick_ok("n1", 1000, "=");
+
+        tick_ok("n1", 2000, CANON_ONE_LANE "limit=2\nmembers=gamma,alpha\n");
+        /* alpha at its new place 1, beta above the limit: both held, nothing free. */
+        expect_verdict("c", 2000, "ci", 1, "queued");
+        tick_ok("n1", 2000, "=");
+        freeReplyObject(release_at(3000, field_i(body(b), D_TOKEN), "b"));
+        redisReply *t = tick_as("n1", 3000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "c");
+        assert_string_equal(event(t, 0)->element[D_MEMBERS]->element[0]->str, "gamma");
+        assert_int_equal(event(t, 0)->element[D_SLOTS]->element[0]->integer, 0);
+        assert_int_equal(cache(t, C_IN_USE), 2);
+        freeReplyObject(t);
+        /* alpha's holder releases at its new place: alpha is granted next. */
+        expect_verdict("d", 3000, "ci", 1, "queued");
+        tick_ok("n1", 3000, "=");
+        freeReplyObject(release_at(4000, field_i(body(a), D_TOKEN), "a"));
+        t = tick_as("n1", 4000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(event(t, 0)->element[D_MEMBERS]->element[0]->str, "alpha");
+        assert_int_equal(event(t, 0)->element[D_SLOTS]->element[0]->integer, 1);
+        freeReplyObject(t);
+        freeReplyObject(a);
+        freeReplyObject(b);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup(f, setup)
@@ -905,6 +977,8 @@ int main(void) {
                 T(test_manual_now_never_goes_back),
                 T(test_a_new_redis_clock_pool_starts_with_a_recovery_window),
                 T(test_rules_mismatch_names_the_keys_then_adoption),
+                T(test_adopted_rules_move_and_refuse_waiters),
+                T(test_adopted_members_lay_held_slots_out_again),
                 T(test_fingerprints_equal_the_c_implementation),
                 T(test_expiries_beyond_the_budget_are_settled_over_calls),
                 T(test_a_dead_node_is_reaped_in_pages),
