@@ -959,6 +959,86 @@ static void test_adopted_members_lay_held_slots_out_again(void **state) {
         freeReplyObject(b);
 }
 
+/* SPEC §3.1: a pool idle for longer than Q is saturated: a newcomer's budget is the saturated one (Q/10,
+ * at least 1 s), and running out of it is "shed", not "timeout". */
+static void test_a_saturated_pool_sheds_at_the_saturated_budget(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\nqueue-timeout=20000000\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        tick_ok("n1", 25 * SEC, "=");
+        redisReply *w = submit_at(25 * SEC, "w", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(w), D_STATE), "saturated");
+        assert_int_equal(field_i(body(w), D_IDLE), 25 * SEC - 1000);
+        assert_int_equal(field_i(body(w), D_BUDGET), 2 * SEC);
+        freeReplyObject(w);
+        /* A client cap below the saturated budget: its own timeout, not a shed. */
+        redisReply *c = submit_at(25 * SEC, "c", "ci", 1, true, SEC);
+        assert_int_equal(field_i(body(c), D_BUDGET), SEC);
+        freeReplyObject(c);
+        tick_ok("n1", 25 * SEC, "=");
+        redisReply *t = tick_as("n1", 28 * SEC, "=");
+        assert_int_equal(n_events(t), 2);
+        assert_string_equal(field_s(event(t, 0), D_RID), "c");
+        assert_string_equal(field_s(event(t, 0), D_REFUSAL), "timeout");
+        assert_string_equal(field_s(event(t, 1), D_RID), "w");
+        assert_string_equal(field_s(event(t, 1), D_REFUSAL), "shed");
+        assert_int_equal(field_i(event(t, 1), D_AT), 27 * SEC);
+        freeReplyObject(t);
+}
+
+static void test_max_queue_refuses_full_and_an_unknown_lane_is_invalid(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\nmax-queue=1\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        expect_verdict("w", 1000, "ci", 1, "queued");
+        redisReply *f = submit_at(1000, "f", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(f), D_REFUSAL), "full");
+        freeReplyObject(f);
+        redisReply *r = call("submit", "n1", 1000, 0, "x", "nope", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "invalid");
+        freeReplyObject(r);
+        r = call("submit", "n1", 1000, 0, "y", "ci", "2", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "invalid");
+        freeReplyObject(r);
+}
+
+static void test_an_unregistered_node_or_another_version_is_refused(void **state) {
+        redisReply *r = call("submit", "n1", 1000, 0, "x", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "unregistered");
+        freeReplyObject(r);
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        r = call("submit", "n9", 1000, 0, "x", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "unregistered");
+        freeReplyObject(r);
+        const char *argv[] = { "EVALSHA", sha_of("submit"), "1", POOL, "2", "n1", "1000", "run1", "0", "x", "ci", "1",
+                               "1", "0", "-1", "-1", "-" };
+        r = redisCommandArgv(redis, sizeof argv / sizeof argv[0], argv, NULL);
+        assert_string_equal(r->element[R_STATUS]->str, "version");
+        freeReplyObject(r);
+}
+
+/* Reconcile: the node's page lists what it has; a record Redis has in that range and the page lacks (a
+ * waiter withdrawn, a lease released while a reply was lost) is dropped, and the fingerprint follows. */
+static void test_reconcile_drops_what_the_node_no_longer_has(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        expect_verdict("w", 1000, "ci", 1, "queued");
+        expect_verdict("x", 1000, "ci", 1, "queued");
+        tick_ok("n1", 1000, "=");
+        redisReply *t = call("tick", "n1", 2000, 1, "n1", "=", "0", "0", "0", "-", "e1", "-", "+", "x", NULL);
+        assert_string_equal(status(t), "ok");
+        assert_string_equal(body(t)->element[8]->str, "");
+        assert_int_equal(cache(t, C_IN_USE), 1);  /* a released, w withdrawn: x got the slot */
+        assert_int_equal(cache(t, C_WAITING), 0);
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "x");
+        freeReplyObject(t);
+        t = tick_as("n1", 2000, "=");
+        const redisReply *fp = body(t)->element[5];
+        assert_int_equal(fp->element[0]->integer, 1);
+        assert_int_equal(fp->element[1]->integer, fnv1a32("xl"));
+        freeReplyObject(t);
+        freeReplyObject(a);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup(f, setup)
@@ -991,6 +1071,10 @@ int main(void) {
                 T(test_redis_clock_tokens_follow_the_time),
                 T(test_a_new_run_id_starts_a_recovery_window),
                 T(test_the_pool_clock_absorbs_gaps_and_backward_steps),
+                T(test_a_saturated_pool_sheds_at_the_saturated_budget),
+                T(test_max_queue_refuses_full_and_an_unknown_lane_is_invalid),
+                T(test_an_unregistered_node_or_another_version_is_refused),
+                T(test_reconcile_drops_what_the_node_no_longer_has),
                 T(test_script_time_at_10000_waiters),
 #undef T
         };
