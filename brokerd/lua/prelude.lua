@@ -374,9 +374,28 @@ end
 
 -- A final decision for a node's request: into its stream, its outcome key, and the reply if it is the
 -- caller's.
+--
+-- Stream entries are plain field/value strings (README, "Stream entries"), so that the node reads them
+-- as it reads replies, without a msgpack decoder.
+local STREAM_FIELDS = {
+        'verdict', 'rid', 'at', 'wait', 'refusal', 'reason', 'state', 'idle', 'budget', 'position', 'queued',
+        'token',
+}
+
 local function notify(node, d)
         local packed = cmsgpack.pack(d)
-        local id = redis.call('XADD', k_stream(node), 'MAXLEN', '~', STREAM_MAXLEN, '*', 'd', packed)
+        local args = { 'XADD', k_stream(node), 'MAXLEN', '~', STREAM_MAXLEN, '*' }
+        for i, name in ipairs(STREAM_FIELDS) do
+                args[#args + 1] = name
+                args[#args + 1] = type(d[i]) == 'number' and istr(d[i]) or d[i]
+        end
+        local slots = {}
+        for i, v in ipairs(d[13]) do slots[i] = istr(v) end
+        args[#args + 1] = 'slots'
+        args[#args + 1] = table.concat(slots, ',')
+        args[#args + 1] = 'members'
+        args[#args + 1] = table.concat(d[14], ',')
+        local id = redis.call(unpack(args))
         if node == NODE then
                 stream_last = id
                 events[#events + 1] = d

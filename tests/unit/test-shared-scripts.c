@@ -397,6 +397,13 @@ static void test_grants_for_another_node_go_to_its_stream(void **state) {
         redisReply *s = redisCommand(redis, "XRANGE " POOL ":s:n2 - +");
         assert_int_equal(s->type, REDIS_REPLY_ARRAY);
         assert_int_equal(s->elements, 1);
+        const redisReply *f = s->element[0]->element[1];
+        const char *want[] = { "verdict", "granted", "rid", "w", "at", "2000", "wait", "1000", "refusal", "",
+                               "reason", "", "state", "none", "idle", "0", "budget", "-1", "position", "0",
+                               "queued", "0", "token", "2", "slots", "0", "members", "" };
+        assert_int_equal(f->elements, sizeof want / sizeof want[0]);
+        for (size_t i = 0; i < f->elements; i++)
+                assert_string_equal(f->element[i]->str, want[i]);
         freeReplyObject(s);
         freeReplyObject(a);
 }
