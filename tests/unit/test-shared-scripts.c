@@ -558,7 +558,13 @@ static void test_a_dead_node_is_reaped_in_pages(void **state) {
         /* n1 keeps heartbeating; n2 stopped at 1000, deadline 1000 + 30 s. */
         tick_ok("n1", 20 * SEC, "=");
         for (long long now = 31 * SEC; !expired; now += 1000) {
+                redisReply *before = redisCommand(redis, "ZCARD " POOL ":nr:n2");
                 redisReply *t = tick_as("n1", now, "=");
+                redisReply *after = redisCommand(redis, "ZCARD " POOL ":nr:n2");
+                /* One page per call, at most. */
+                assert_true(before->integer - after->integer <= REAP_PAGE);
+                freeReplyObject(before);
+                freeReplyObject(after);
                 calls++;
                 for (size_t i = 0; i < t->element[R_NOTICES]->elements; i++) {
                         const redisReply *nt = t->element[R_NOTICES]->element[i];
