@@ -159,9 +159,8 @@ end
 
 -- The pool clock (memo §4.6): Redis's TIME minus a skew that absorbs gaps (no node reached Redis: time
 -- stood still but for one second) and backward steps (the clock goes on from where it was); strictly
--- increasing per call. A
--- manual pool takes the caller's now instead (tests only), which may repeat but never go back.
--- Returns false when a manual now goes backwards.
+-- increasing per call. A manual pool takes the caller's now instead (tests only), which may repeat but
+-- never go back. Returns false when a manual now goes backwards.
 local function clock(manual)
         local tm = redis.call('TIME')
         raw_time = tonumber(tm[1]) * USEC_PER_SEC + tonumber(tm[2])
