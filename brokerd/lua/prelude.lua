@@ -713,9 +713,17 @@ end
 
 -- pool-local.c:local_next_wakeup(), plus what only a shared pool has: an unsettled instant, dead nodes,
 -- the end of a recovery window. nil: nothing due.
+--
+-- While an instant u is unsettled, operations of u have changed the state after every earlier instant
+-- was settled: nothing they make due can be earlier than u (the gauge, which pool-local.c looks at only
+-- when it runs, flips at u, not at last_fast + Q + 1 in the past).
 local function next_due()
-        local t = M.unsettled_at
-        local function consider(v) if v and (not t or v < t) then t = v end end
+        local u = M.unsettled_at
+        local t = u
+        local function consider(v)
+                if v and u and v < u then v = u end
+                if v and (not t or v < t) then t = v end
+        end
         consider(tonumber(redis.call('ZRANGE', K.dl, 0, 0, 'WITHSCORES')[2]))
         consider(tonumber(redis.call('ZRANGE', K.nodes, 0, 0, 'WITHSCORES')[2]))
         if M.recovery_until > 0 then consider(M.recovery_until) end

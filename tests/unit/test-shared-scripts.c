@@ -18,6 +18,7 @@
 #include <cmocka.h>
 #include <hiredis/hiredis.h>
 
+#include "pool.h"
 #include "redis-server.h"
 #include "shared-scripts.h"
 
@@ -1052,6 +1053,308 @@ static void test_reconcile_drops_what_the_node_no_longer_has(void **state) {
         freeReplyObject(a);
 }
 
+/* ---- the scripts against pool-local.c itself ----
+ *
+ * The same random sequence of requests, releases, withdrawals and drains, instant by instant, through
+ * pool-local (the reference) and through the scripts in the manual clock mode; the decisions of both,
+ * in order, must be equal: verdict, request, instant, refusal, state, idle, budget, token, slots, and the
+ * congestion flips. The lanes are configured in name order, the order in which the scripts walk them. */
+
+typedef struct Dec {
+        char verdict[12], rid[16], refusal[12], state[12];
+        long long at, idle, budget, token;
+        unsigned n_slots, slots[4];
+        int congested;
+} Dec;
+
+typedef struct Req {
+        char rid[16];
+        int phase;              /* 0 none, 1 waiting, 2 held, 3 done */
+        PoolWaiter *waiter;
+        PoolGrant *grant;
+        long long token;
+} Req;
+
+#define DIFF_REQS 400
+#define DIFF_DECS 4096
+
+typedef struct Diff {
+        Dec local[DIFF_DECS], remote[DIFF_DECS];
+        size_t n_local, n_remote;
+        Req reqs[DIFF_REQS];
+        size_t n_reqs;
+} Diff;
+
+static const char *const refusal_names[] = { "busy", "full", "timeout", "shed", "unavailable" };
+static const char *const state_names[] = { "none", "keeping-up", "saturated" };
+
+static void on_local_decision(const PoolDecision *d, void *userdata) {
+        Diff *df = userdata;
+        Req *r = d->cookie;
+        Dec *o = &df->local[df->n_local++];
+
+        assert_true(df->n_local < DIFF_DECS);
+        *o = (Dec) { .at = (long long) d->at };
+        switch (d->verdict) {
+        case POOL_VERDICT_CONGESTION:
+                snprintf(o->verdict, sizeof o->verdict, "congestion");
+                o->idle = (long long) d->idle;
+                o->congested = d->congested;
+                return;
+        case POOL_VERDICT_GRANTED:
+                snprintf(o->verdict, sizeof o->verdict, "granted");
+                r->phase = 2;
+                r->grant = d->grant;
+                r->token = (long long) d->token;
+                o->token = (long long) d->token;
+                o->n_slots = d->n_slots;
+                for (unsigned i = 0; i < d->n_slots && i < 4; i++)
+                        o->slots[i] = d->slots[i];
+                break;
+        case POOL_VERDICT_QUEUED:
+                snprintf(o->verdict, sizeof o->verdict, "queued");
+                r->phase = 1;
+                r->waiter = d->waiter;
+                break;
+        case POOL_VERDICT_REFUSED:
+                snprintf(o->verdict, sizeof o->verdict, "refused");
+                snprintf(o->refusal, sizeof o->refusal, "%s", refusal_names[d->refusal]);
+                r->phase = 3;
+                break;
+        default:
+                fail();
+        }
+        snprintf(o->rid, sizeof o->rid, "%s", r->rid);
+        snprintf(o->state, sizeof o->state, "%s", state_names[d->state]);
+        o->idle = (long long) d->idle;
+        o->budget = d->budget == USEC_INFINITY ? -1 : (long long) d->budget;
+}
+
+static void remote_decision(Diff *df, const redisReply *d) {
+        Dec *o = &df->remote[df->n_remote++];
+
+        assert_true(df->n_remote < DIFF_DECS);
+        *o = (Dec) {};
+        snprintf(o->verdict, sizeof o->verdict, "%s", d->element[0]->str);
+        if (strcmp(o->verdict, "congestion") == 0) {
+                o->at = d->element[1]->integer;
+                o->idle = d->element[2]->integer;
+                o->congested = (int) d->element[3]->integer;
+                return;
+        }
+        snprintf(o->rid, sizeof o->rid, "%s", d->element[D_RID]->str);
+        o->at = d->element[D_AT]->integer;
+        snprintf(o->refusal, sizeof o->refusal, "%s", d->element[D_REFUSAL]->str);
+        snprintf(o->state, sizeof o->state, "%s", d->element[D_STATE]->str);
+        o->idle = d->element[D_IDLE]->integer;
+        o->budget = d->element[D_BUDGET]->integer;
+        o->token = d->element[D_TOKEN]->integer;
+        o->n_slots = (unsigned) d->element[D_SLOTS]->elements;
+        for (unsigned i = 0; i < o->n_slots && i < 4; i++)
+                o->slots[i] = (unsigned) d->element[D_SLOTS]->element[i]->integer;
+}
+
+/* A script call's decisions: its events, then (submit) its own; "settling" is sent again. */
+static void remote_call(Diff *df, bool is_submit, const char *op, long long now, ...) {
+        for (int tries = 0;; tries++) {
+                va_list ap;
+                va_start(ap, now);
+                redisReply *r = call_v(op, "n1", now, 0, ap);
+                va_end(ap);
+                for (size_t i = 0; i < n_events(r); i++)
+                        remote_decision(df, event(r, i));
+                bool settling = strcmp(status(r), "settling") == 0;
+                if (!settling) {
+                        assert_string_equal(status(r), "ok");
+                        if (is_submit)
+                                remote_decision(df, body(r));
+                }
+                freeReplyObject(r);
+                if (!settling)
+                        return;
+                assert_true(tries < 100);
+        }
+}
+
+static void remote_tick(Diff *df, long long now) {
+        for (int tries = 0;; tries++) {
+                redisReply *r = tick_as("n1", now, "=");
+                for (size_t i = 0; i < n_events(r); i++)
+                        remote_decision(df, event(r, i));
+                bool settling = strcmp(status(r), "settling") == 0;
+                freeReplyObject(r);
+                if (!settling)
+                        return;
+                assert_true(tries < 100);
+        }
+}
+
+static unsigned long diff_seen[8];      /* granted, queued, busy, full, timeout, shed, unavailable, congestion */
+
+static void count(const Dec *d) {
+        static const char *const kinds[] = { "busy", "full", "timeout", "shed", "unavailable" };
+        if (strcmp(d->verdict, "granted") == 0)
+                diff_seen[0]++;
+        else if (strcmp(d->verdict, "queued") == 0)
+                diff_seen[1]++;
+        else if (strcmp(d->verdict, "congestion") == 0)
+                diff_seen[7]++;
+        else
+                for (size_t i = 0; i < 5; i++)
+                        if (strcmp(d->refusal, kinds[i]) == 0)
+                                diff_seen[2 + i]++;
+}
+
+static void compare(Diff *df, unsigned seed, int step) {
+        size_t n = df->n_local > df->n_remote ? df->n_local : df->n_remote;
+        for (size_t i = 0; i < df->n_local; i++)
+                count(&df->local[i]);
+        for (size_t i = 0; i < n; i++) {
+                const Dec *a = i < df->n_local ? &df->local[i] : NULL, *b = i < df->n_remote ? &df->remote[i] : NULL;
+                if (a && b && strcmp(a->verdict, b->verdict) == 0 && strcmp(a->rid, b->rid) == 0 && a->at == b->at &&
+                    strcmp(a->refusal, b->refusal) == 0 && strcmp(a->state, b->state) == 0 && a->idle == b->idle &&
+                    a->budget == b->budget && a->token == b->token && a->n_slots == b->n_slots &&
+                    memcmp(a->slots, b->slots, sizeof a->slots) == 0 && a->congested == b->congested)
+                        continue;
+                if (getenv("DIFF_DEBUG"))
+                        for (size_t j = 0; j < n; j++)
+                                fprintf(stderr, "%zu: L %s %s %lld %s | R %s %s %lld %s\n", j,
+                                        j < df->n_local ? df->local[j].verdict : "-", j < df->n_local ? df->local[j].rid : "",
+                                        j < df->n_local ? df->local[j].at : 0, j < df->n_local ? df->local[j].refusal : "",
+                                        j < df->n_remote ? df->remote[j].verdict : "-", j < df->n_remote ? df->remote[j].rid : "",
+                                        j < df->n_remote ? df->remote[j].at : 0, j < df->n_remote ? df->remote[j].refusal : "");
+                fail_msg("seed %u step %d decision %zu: pool-local %s %s at=%lld %s %s idle=%lld budget=%lld "
+                         "token=%lld slots=%u/%u c=%d, scripts %s %s at=%lld %s %s idle=%lld budget=%lld token=%lld "
+                         "slots=%u/%u c=%d",
+                         seed, step, i,
+                         a ? a->verdict : "-", a ? a->rid : "", a ? a->at : 0, a ? a->refusal : "", a ? a->state : "",
+                         a ? a->idle : 0, a ? a->budget : 0, a ? a->token : 0, a ? a->n_slots : 0,
+                         a ? a->slots[0] : 0, a ? a->congested : 0,
+                         b ? b->verdict : "-", b ? b->rid : "", b ? b->at : 0, b ? b->refusal : "", b ? b->state : "",
+                         b ? b->idle : 0, b ? b->budget : 0, b ? b->token : 0, b ? b->n_slots : 0,
+                         b ? b->slots[0] : 0, b ? b->congested : 0);
+        }
+        df->n_local = df->n_remote = 0;
+}
+
+static unsigned next_random(unsigned *s) {
+        *s = *s * 1103515245u + 12345u;
+        return (*s >> 8) & 0xffffff;
+}
+
+static void run_differential(unsigned seed, bool with_q) {
+        static Diff df;
+        static const PoolLaneRule rules[] = {
+                { .lane = "a", .priority = 0, .max_in_use = -1 },
+                { .lane = "b", .priority = 5, .max_in_use = 2 },
+                { .lane = "c", .priority = 0, .max_in_use = -1, .reserve = 1 },
+        };
+        const char *lanes[] = { "a", "b", "c" };
+        PoolConfig pc = {
+                .limit = with_q ? 4 : 3,
+                .queue_timeout_set = with_q,
+                .queue_timeout = 5 * SEC,
+                .max_queue = with_q ? -1 : 5,
+        };
+        const char *canon = with_q ?
+                "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\nlane.b.priority=5\n"
+                "lane.c.priority=0\nlane.c.reserve=1\nlimit=4\nqueue-timeout=5000000\n" :
+                "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\nlane.b.priority=5\n"
+                "lane.c.priority=0\nlane.c.reserve=1\nlimit=3\nmax-queue=5\n";
+        Pool *p = NULL;
+        long long now = 1000;
+        unsigned rnd = seed;
+        bool drained = false;
+
+        freeReplyObject(redisCommand(redis, "FLUSHALL"));
+        df.n_local = df.n_remote = df.n_reqs = 0;
+        assert_int_equal(pool_local_new("p", on_local_decision, &df, &p), 0);
+        assert_int_equal(p->ops->configure(p, &pc, rules, 3, (usec_t) now), 0);
+        tick_ok("n1", now, canon);
+
+        for (int step = 0; step < 300; step++) {
+                unsigned dt = next_random(&rnd) % 4;
+                if (dt > 0)
+                        now += (long long) (next_random(&rnd) % (3 * SEC)) + 1;
+                /* The instants before now, at their own times (engine_advance()). */
+                for (usec_t t; (t = p->ops->next_wakeup(p)) < (usec_t) now; )
+                        p->ops->run(p, t);
+
+                unsigned n_ops = 1 + next_random(&rnd) % 3;
+                for (unsigned o = 0; o < n_ops; o++) {
+                        unsigned what = next_random(&rnd) % 100;
+                        if (what < 50 && df.n_reqs < DIFF_REQS) {
+                                Req *r = &df.reqs[df.n_reqs++];
+                                *r = (Req) {};
+                                snprintf(r->rid, sizeof r->rid, "r%04zu", df.n_reqs);
+                                const char *lane = lanes[next_random(&rnd) % 3];
+                                unsigned k = 1 + next_random(&rnd) % 3;
+                                bool may_wait = next_random(&rnd) % 100 < 85;
+                                long long cap = next_random(&rnd) % 3 == 0 ? (long long) (1 + next_random(&rnd) % 12) * SEC : -1;
+                                char k_s[8], cap_s[32];
+                                snprintf(k_s, sizeof k_s, "%u", k);
+                                snprintf(cap_s, sizeof cap_s, "%lld", cap);
+                                assert_int_equal(p->ops->submit(p, &(PoolTry) {
+                                        .cookie = r, .lane = lane, .slots = k, .may_wait = may_wait,
+                                        .lane_budget = USEC_INFINITY,
+                                        .client_cap = cap < 0 ? USEC_INFINITY : (usec_t) cap,
+                                        .arrival = (usec_t) now,
+                                }, (usec_t) now), 0);
+                                remote_call(&df, true, "submit", now, r->rid, lane, k_s, may_wait ? "1" : "0", "0", "-1",
+                                            cap_s, "-", NULL);
+                        } else if (what < 92) {
+                                int want = what < 80 ? 2 : 1;
+                                size_t n = 0, pick;
+                                for (size_t i = 0; i < df.n_reqs; i++)
+                                        n += df.reqs[i].phase == want;
+                                if (n == 0)
+                                        continue;
+                                pick = next_random(&rnd) % n;
+                                for (size_t i = 0; i < df.n_reqs; i++) {
+                                        Req *r = &df.reqs[i];
+                                        if (r->phase != want || pick-- > 0)
+                                                continue;
+                                        r->phase = 3;
+                                        if (want == 2) {
+                                                char tok[32];
+                                                snprintf(tok, sizeof tok, "%lld", r->token);
+                                                p->ops->release(p, r->grant, (usec_t) now);
+                                                remote_call(&df, false, "release", now, tok, r->rid, NULL);
+                                        } else {
+                                                p->ops->withdraw(p, r->waiter, (usec_t) now);
+                                                remote_call(&df, false, "withdraw", now, r->rid, NULL);
+                                        }
+                                        break;
+                                }
+                        } else if (drained ? what >= 94 : what >= 99) {
+                                drained = !drained;
+                                assert_int_equal(p->ops->drain(p, NULL, drained, (usec_t) now), 0);
+                                remote_call(&df, false, "drain", now, "", drained ? "1" : "0", NULL);
+                        }
+                }
+                /* The end of the instant (engine_run()). */
+                p->ops->run(p, (usec_t) now);
+                remote_tick(&df, now);
+                if (getenv("DIFF_DEBUG"))
+                        fprintf(stderr, "step %d now %lld\n", step, now);
+                compare(&df, seed, step);
+        }
+        p->ops->free(p);
+}
+
+static void test_scripts_decide_as_pool_local_does(void **state) {
+        for (unsigned seed = 1; seed <= 8; seed++) {
+                run_differential(seed, true);
+                run_differential(seed * 7919, false);
+        }
+        printf("# compared: %lu granted, %lu queued, refused %lu busy %lu full %lu timeout %lu shed "
+               "%lu unavailable, %lu congestion flips\n", diff_seen[0], diff_seen[1], diff_seen[2], diff_seen[3],
+               diff_seen[4], diff_seen[5], diff_seen[6], diff_seen[7]);
+        /* Every kind of decision was compared at least once. */
+        for (size_t i = 0; i < 8; i++)
+                assert_true(diff_seen[i] > 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup(f, setup)
@@ -1088,6 +1391,7 @@ int main(void) {
                 T(test_max_queue_refuses_full_and_an_unknown_lane_is_invalid),
                 T(test_an_unregistered_node_or_another_version_is_refused),
                 T(test_reconcile_drops_what_the_node_no_longer_has),
+                T(test_scripts_decide_as_pool_local_does),
                 T(test_script_time_at_10000_waiters),
 #undef T
         };
