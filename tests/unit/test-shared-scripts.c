@@ -1242,7 +1242,12 @@ static unsigned next_random(unsigned *s) {
         return (*s >> 8) & 0xffffff;
 }
 
-static void run_differential(unsigned seed, bool with_q) {
+/* variant 0: queue-timeout 5 s, limit 4; 1: no queue-timeout, limit 3, max-queue 5; 2: members alpha…delta,
+ * queue-timeout 5 s with a congestion timeout of 2 s, lane a's own budget of 4 s, member drains. */
+static void run_differential(unsigned seed, int variant) {
+        bool with_q = variant != 1, members = variant == 2;
+        char *member_names[] = { (char *) "alpha", (char *) "beta", (char *) "gamma", (char *) "delta", NULL };
+        const char *drained_member = NULL;
         static Diff df;
         static const PoolLaneRule rules[] = {
                 { .lane = "a", .priority = 0, .max_in_use = -1 },
@@ -1252,15 +1257,24 @@ static void run_differential(unsigned seed, bool with_q) {
         const char *lanes[] = { "a", "b", "c" };
         PoolConfig pc = {
                 .limit = with_q ? 4 : 3,
+                .members = members ? member_names : NULL,
+                .n_members = members ? 4 : 0,
                 .queue_timeout_set = with_q,
                 .queue_timeout = 5 * SEC,
+                .congestion_timeout_set = members,
+                .congestion_timeout = 2 * SEC,
                 .max_queue = with_q ? -1 : 5,
         };
-        const char *canon = with_q ?
+        const char *const canons[] = {
                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\nlane.b.priority=5\n"
-                "lane.c.priority=0\nlane.c.reserve=1\nlimit=4\nqueue-timeout=5000000\n" :
+                "lane.c.priority=0\nlane.c.reserve=1\nlimit=4\nqueue-timeout=5000000\n",
                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\nlane.b.priority=5\n"
-                "lane.c.priority=0\nlane.c.reserve=1\nlimit=3\nmax-queue=5\n";
+                "lane.c.priority=0\nlane.c.reserve=1\nlimit=3\nmax-queue=5\n",
+                "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\nlane.b.max-in-use=2\n"
+                "lane.b.priority=5\nlane.c.priority=0\nlane.c.reserve=1\nlimit=4\nmembers=alpha,beta,gamma,delta\n"
+                "queue-congestion-timeout=2000000\nqueue-timeout=5000000\n",
+        };
+        const char *canon = canons[variant];
         Pool *p = NULL;
         long long now = 1000;
         unsigned rnd = seed;
@@ -1291,17 +1305,19 @@ static void run_differential(unsigned seed, bool with_q) {
                                 unsigned k = 1 + next_random(&rnd) % 3;
                                 bool may_wait = next_random(&rnd) % 100 < 85;
                                 long long cap = next_random(&rnd) % 3 == 0 ? (long long) (1 + next_random(&rnd) % 12) * SEC : -1;
+                                bool lane_budget = members && strcmp(lane, "a") == 0;
                                 char k_s[8], cap_s[32];
                                 snprintf(k_s, sizeof k_s, "%u", k);
                                 snprintf(cap_s, sizeof cap_s, "%lld", cap);
                                 assert_int_equal(p->ops->submit(p, &(PoolTry) {
                                         .cookie = r, .lane = lane, .slots = k, .may_wait = may_wait,
-                                        .lane_budget = USEC_INFINITY,
+                                        .lane_budget_set = lane_budget,
+                                        .lane_budget = lane_budget ? 4 * SEC : USEC_INFINITY,
                                         .client_cap = cap < 0 ? USEC_INFINITY : (usec_t) cap,
                                         .arrival = (usec_t) now,
                                 }, (usec_t) now), 0);
-                                remote_call(&df, true, "submit", now, r->rid, lane, k_s, may_wait ? "1" : "0", "0", "-1",
-                                            cap_s, "-", NULL);
+                                remote_call(&df, true, "submit", now, r->rid, lane, k_s, may_wait ? "1" : "0",
+                                            lane_budget ? "1" : "0", lane_budget ? "4000000" : "-1", cap_s, "-", NULL);
                         } else if (what < 92) {
                                 int want = what < 80 ? 2 : 1;
                                 size_t n = 0, pick;
@@ -1326,6 +1342,12 @@ static void run_differential(unsigned seed, bool with_q) {
                                         }
                                         break;
                                 }
+                        } else if (members && what >= 95) {
+                                /* One member drained at a time: on, then off again. */
+                                const char *m = drained_member ?: member_names[next_random(&rnd) % 4];
+                                assert_int_equal(p->ops->drain(p, m, !drained_member, (usec_t) now), 0);
+                                remote_call(&df, false, "drain", now, m, drained_member ? "0" : "1", NULL);
+                                drained_member = drained_member ? NULL : m;
                         } else if (drained ? what >= 94 : what >= 99) {
                                 drained = !drained;
                                 assert_int_equal(p->ops->drain(p, NULL, drained, (usec_t) now), 0);
@@ -1343,10 +1365,9 @@ static void run_differential(unsigned seed, bool with_q) {
 }
 
 static void test_scripts_decide_as_pool_local_does(void **state) {
-        for (unsigned seed = 1; seed <= 8; seed++) {
-                run_differential(seed, true);
-                run_differential(seed * 7919, false);
-        }
+        for (unsigned seed = 1; seed <= 6; seed++)
+                for (int variant = 0; variant < 3; variant++)
+                        run_differential(seed * 7919 + (unsigned) variant, variant);
         printf("# compared: %lu granted, %lu queued, refused %lu busy %lu full %lu timeout %lu shed "
                "%lu unavailable, %lu congestion flips\n", diff_seen[0], diff_seen[1], diff_seen[2], diff_seen[3],
                diff_seen[4], diff_seen[5], diff_seen[6], diff_seen[7]);
