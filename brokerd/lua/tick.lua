@@ -1,6 +1,8 @@
 -- tick.lua — a node's heartbeat: registration and liveness, the pool's creation and epoch, agreement on
 -- the rules, the token floor, a page of reconcile, and the instant (memo §3.6). In the manual clock mode
--- it is also the engine's run(now): the instant that the operations of `now` left unsettled.
+-- a tick with the settle flag 1 is the engine's run(now): it completes the instant that the operations of
+-- `now` left unsettled; with 0 (a configure or a heartbeat between them) it leaves the instant open, as
+-- every other operation does.
 --
 -- KEYS  [1] "{sb:POOL}"
 -- ARGV  [1..5] the head (README)   [6] node name   [7] the rules canon the node wants ("=": as in its
@@ -20,7 +22,8 @@
 --       the differing keys. The node's deadline becomes now + TTL either way
 --       (leases granted under agreed rules keep heartbeating). The token floor raises the counter. The
 --       reconcile page drops this node's records in [page_lo, page_hi] that the page does not list
---       (a waiter withdrawn, a lease released). Then the instant at now.
+--       (a waiter withdrawn, a lease released). Then the instant at now (settle flag 1), or it stays
+--       open for a later call (0).
 -- Appends: the instant's grants and refusals, to their owners' streams and outcome keys.
 -- Returns: { status ("ok" | "rules" | "settling" | …), now, body, events, cache, notices } with body
 --       { deadline, epoch, recovery_until, rules status, { differing keys… }, { fp_n, fp_x, fp_s },
@@ -201,7 +204,10 @@ local function tick()
                 meta_set('counter', tonumber(FLOOR) - 1)
         end
         local reconciled_to = reconcile()
-        instant(now)
+        -- An adoption's refusals belong to this call (pool-local refuses them in configure(), before any
+        -- later arrival of the instant); what the budget leaves runs at the start of the instant.
+        rekey_step()
+        finish_instant()
 
         flush()
         local fp = redis.call('HMGET', k_node(NODE), 'fp_n', 'fp_x', 'fp_s')

@@ -1277,7 +1277,7 @@ static void run_differential(unsigned seed, int variant) {
         const char *canon = canons[variant];
         Pool *p = NULL;
         long long now = 1000;
-        unsigned rnd = seed;
+        unsigned rnd = seed, n_lanes = 3;
         bool drained = false;
 
         freeReplyObject(redisCommand(redis, "FLUSHALL"));
@@ -1294,6 +1294,45 @@ static void run_differential(unsigned seed, int variant) {
                 for (usec_t t; (t = p->ops->next_wakeup(p)) < (usec_t) now; )
                         p->ops->run(p, t);
 
+                /* Half-way, a reload: lane b's priority drops below a's, lane c goes, and in the member pool
+                 * the members are reordered and beta removed (held slots follow their member). */
+                if (step == 150 && variant != 1) {
+                        static const PoolLaneRule reloaded[] = {
+                                { .lane = "a", .priority = 0, .max_in_use = -1 },
+                                { .lane = "b", .priority = -1, .max_in_use = 2 },
+                        };
+                        char *new_members[] = { (char *) "delta", (char *) "gamma", (char *) "alpha", NULL };
+                        PoolConfig pc2 = pc;
+                        if (members) {
+                                pc2.members = new_members;
+                                pc2.n_members = 3;
+                                pc2.limit = 3;
+                        }
+                        if (drained_member && strcmp(drained_member, "beta") == 0) {
+                                /* Undrained first: a removed member's drain is not carried over the same way. */
+                                assert_int_equal(p->ops->drain(p, "beta", false, (usec_t) now), 0);
+                                remote_call(&df, false, "drain", now, "beta", "0", NULL);
+                                drained_member = NULL;
+                        }
+                        assert_int_equal(p->ops->configure(p, &pc2, reloaded, 2, (usec_t) now), 0);
+                        /* A configure's tick leaves the instant open (settle 0): run() completes it. */
+                        redisReply *t = call("tick", "n1", now, 0, "n1", members ?
+                                "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\n"
+                                "lane.b.max-in-use=2\nlane.b.priority=-1\nlimit=3\nmembers=delta,gamma,alpha\n"
+                                "queue-congestion-timeout=2000000\nqueue-timeout=5000000\n" :
+                                "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\n"
+                                "lane.b.priority=-1\nlimit=4\nqueue-timeout=5000000\n",
+                                "0", "0", "0", "-", "e1", "", NULL);
+                        assert_string_equal(status(t), "ok");
+                        for (size_t i = 0; i < n_events(t); i++)
+                                remote_decision(&df, event(t, i));
+                        freeReplyObject(t);
+                        n_lanes = 2;
+                        if (members)
+                                for (size_t i = 0; i < 4; i++)
+                                        member_names[i] = i < 3 ? new_members[i] : NULL;
+                }
+
                 unsigned n_ops = 1 + next_random(&rnd) % 3;
                 for (unsigned o = 0; o < n_ops; o++) {
                         unsigned what = next_random(&rnd) % 100;
@@ -1301,7 +1340,7 @@ static void run_differential(unsigned seed, int variant) {
                                 Req *r = &df.reqs[df.n_reqs++];
                                 *r = (Req) {};
                                 snprintf(r->rid, sizeof r->rid, "r%04zu", df.n_reqs);
-                                const char *lane = lanes[next_random(&rnd) % 3];
+                                const char *lane = lanes[next_random(&rnd) % n_lanes];
                                 unsigned k = 1 + next_random(&rnd) % 3;
                                 bool may_wait = next_random(&rnd) % 100 < 85;
                                 long long cap = next_random(&rnd) % 3 == 0 ? (long long) (1 + next_random(&rnd) % 12) * SEC : -1;
@@ -1344,7 +1383,7 @@ static void run_differential(unsigned seed, int variant) {
                                 }
                         } else if (members && what >= 95) {
                                 /* One member drained at a time: on, then off again. */
-                                const char *m = drained_member ?: member_names[next_random(&rnd) % 4];
+                                const char *m = drained_member ?: member_names[next_random(&rnd) % (n_lanes == 3 ? 4 : 3)];
                                 assert_int_equal(p->ops->drain(p, m, !drained_member, (usec_t) now), 0);
                                 remote_call(&df, false, "drain", now, m, drained_member ? "0" : "1", NULL);
                                 drained_member = drained_member ? NULL : m;
