@@ -46,14 +46,14 @@ local function positions()
         local h = redis.call('HGETALL', K.h)
         for i = 1, #h, 2 do
                 local l = lease_get(h[i])
-                holders[#holders + 1] = { name_of(l.node), l.lane, l.token, l.at, l.slots, l.members }
+                holders[#holders + 1] = { l.node, name_of(l.node), l.rid, l.lane, l.token, l.at, l.slots, l.members }
         end
         local waiters = {}
         for _, prio in ipairs(redis.call('ZREVRANGE', K.prios, 0, -1)) do
                 if #waiters >= STATUS_WAITERS then break end
                 for _, wid in ipairs(redis.call('ZRANGE', k_queue(prio), 0, STATUS_WAITERS - #waiters - 1)) do
                         local w = waiter_get(wid)
-                        waiters[#waiters + 1] = { name_of(w.node), w.lane, w.k, w.arrival, #waiters }
+                        waiters[#waiters + 1] = { w.node, name_of(w.node), w.rid, w.lane, w.k, w.arrival, #waiters }
                 end
         end
         return reply('ok', { holders, waiters, M.waiting })

@@ -707,14 +707,21 @@ static void test_status_lists_every_nodes_holders_and_the_first_waiters(void **s
         assert_int_equal(holders->elements, 2);
         bool saw_two = false;
         for (size_t i = 0; i < holders->elements; i++)
-                saw_two |= strcmp(holders->element[i]->element[0]->str, "host-two") == 0;
+                if (strcmp(holders->element[i]->element[1]->str, "host-two") == 0) {
+                        assert_string_equal(holders->element[i]->element[0]->str, "n2");
+                        assert_string_equal(holders->element[i]->element[2]->str, "b");
+                        assert_string_equal(holders->element[i]->element[3]->str, "hi");
+                        saw_two = true;
+                }
         assert_true(saw_two);
         assert_int_equal(waiters->elements, 100);
         /* The later high-priority waiter is first. */
-        assert_string_equal(waiters->element[0]->element[0]->str, "host-two");
-        assert_string_equal(waiters->element[0]->element[1]->str, "hi");
-        assert_string_equal(waiters->element[1]->element[1]->str, "lo");
-        assert_int_equal(waiters->element[99]->element[4]->integer, 99);
+        assert_string_equal(waiters->element[0]->element[1]->str, "host-two");
+        assert_string_equal(waiters->element[0]->element[2]->str, "late-hi");
+        assert_string_equal(waiters->element[0]->element[3]->str, "hi");
+        assert_string_equal(waiters->element[1]->element[3]->str, "lo");
+        assert_string_equal(waiters->element[1]->element[2]->str, "w000");
+        assert_int_equal(waiters->element[99]->element[6]->integer, 99);
         assert_int_equal(body(r)->element[2]->integer, 151);
         freeReplyObject(r);
 }
