@@ -11,9 +11,10 @@
 --
 -- Bounded work: a call makes at most SETTLE_MAX steps (an instant settled, a grant, a refusal, a
 -- congestion flip, a page of a dead node's records). An instant that cannot finish within the budget is
--- left unsettled (meta.unsettled_at, meta.phase) and the next call continues it at the same instant;
--- an operation that finds earlier instants still unsettled after the budget is not applied: the reply
--- is "settling" and the node sends the same call again (request ids make that safe).
+-- left unsettled (meta.unsettled_at, meta.phase, meta.running) and the next call finishes it first, at
+-- its own instant; an operation that finds earlier instants (or one under way) still unsettled after
+-- the budget is not applied: the reply is "settling" and the node sends the same call again (request
+-- ids make that safe).
 
 local P = KEYS[1]
 local K = {
@@ -81,7 +82,7 @@ end
 
 local META_NUMBERS = {
         'version', 'recovery_until', 'last_fast', 'congested', 'counter', 'seq', 'in_use', 'waiting',
-        'drained', 'drained_free', 'phase',
+        'drained', 'drained_free', 'phase', 'running',
 }
 
 local function meta_load()
@@ -693,6 +694,7 @@ local function instant(t)
                 meta_set('unsettled_at', t)
                 meta_set('phase', 0)
         end
+        meta_set('running', 1)
         if not reap(t) then return false end
         if not rekey_step() then return false end
         if M.recovery_until > 0 and t >= M.recovery_until then meta_set('recovery_until', 0) end
@@ -708,6 +710,7 @@ local function instant(t)
         if not update_congestion(t) then return false end
         meta_set('unsettled_at', nil)
         meta_set('phase', 0)
+        meta_set('running', nil)
         return true
 end
 
@@ -733,11 +736,14 @@ local function next_due()
         return t
 end
 
--- engine.c:engine_advance(): every instant before now, each at its own time. False: budget spent.
+-- engine.c:engine_advance(): every instant before t, each at its own time, and t itself if it is under
+-- way (an instant cut short by the budget: pool-local would have finished it before anything later at
+-- t; one that operations of t merely marked waits for the tick). False: budget spent.
 local function settle_until(t)
         while true do
                 local due = next_due()
-                if not due or due >= t then return true end
+                if not due or due > t then return true end
+                if due == t and not (M.running == 1 and M.unsettled_at == t) then return true end
                 if not step() then return false end
                 if not instant(due) then return false end
         end

@@ -1422,6 +1422,40 @@ static void test_scripts_decide_as_pool_local_does(void **state) {
                 assert_true(diff_seen[i] > 0);
 }
 
+/* An instant cut short by the budget is finished before anything later at that instant: pool-local's
+ * run() would have granted every waiter it could before a later arrival of the same instant came, which
+ * then finds the free slot and nobody ahead of it. */
+static void test_an_instant_cut_short_is_finished_before_a_later_arrival(void **state) {
+        char rid[16];
+        size_t granted = 0;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=101\n");
+        redisReply *big = submit_at(1000, "big", "ci", 100, true, -1);
+        expect_verdict("one", 1000, "ci", 1, "granted");
+        for (int i = 0; i < 100; i++) {
+                snprintf(rid, sizeof rid, "w%03d", i);
+                expect_verdict(rid, 1000, "ci", 1, "queued");
+        }
+        tick_ok("n1", 1000, "=");
+
+        /* 100 slots free at 2000: the run of 2000 grants 64 (the budget), the rest is left under way. */
+        freeReplyObject(release_at(2000, field_i(body(big), D_TOKEN), "big"));
+        freeReplyObject(big);
+        redisReply *t = tick_as("n1", 2000, "=");
+        assert_int_equal(n_events(t), SETTLE_MAX);
+        granted += n_events(t);
+        freeReplyObject(t);
+        /* "one" ends at 2000 too, after the run: its slot is free, and nobody waits any more. */
+        redisReply *r = release_at(2000, 2, "one");
+        assert_string_equal(body(r)->element[0]->str, "released");
+        granted += n_events(r);
+        freeReplyObject(r);
+        assert_int_equal(granted, 100);
+        redisReply *late = submit_at(2000, "late", "ci", 1, false, -1);
+        assert_string_equal(field_s(body(late), D_VERDICT), "granted");
+        freeReplyObject(late);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup(f, setup)
@@ -1458,6 +1492,7 @@ int main(void) {
                 T(test_max_queue_refuses_full_and_an_unknown_lane_is_invalid),
                 T(test_an_unregistered_node_or_another_version_is_refused),
                 T(test_reconcile_drops_what_the_node_no_longer_has),
+                T(test_an_instant_cut_short_is_finished_before_a_later_arrival),
                 T(test_scripts_decide_as_pool_local_does),
                 T(test_script_time_at_10000_waiters),
 #undef T
