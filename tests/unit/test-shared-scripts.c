@@ -1456,6 +1456,46 @@ static void test_an_instant_cut_short_is_finished_before_a_later_arrival(void **
         freeReplyObject(late);
 }
 
+/* Pages: a reconcile looks at RECONCILE_PAGE records at most and says where to go on; positions takes
+ * POSITIONS_MAX rids at most. */
+static void test_reconcile_and_positions_are_paged(void **state) {
+        static char rids[600][8];
+        const char *argv[32 + 600];
+        size_t n = 0;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        for (int i = 0; i < 600; i++) {
+                snprintf(rids[i], sizeof rids[i], "r%03d", i);
+                freeReplyObject(submit_at(1000, rids[i], "ci", 1, true, -1));
+        }
+        tick_ok("n1", 1000, "=");
+        const char *head[] = { "EVALSHA", sha_of("tick"), "1", POOL, "1", "n1", "2000", "run1", "1", "n1", "=", "0",
+                               "0", "0", "-", "e1", "-", "+" };
+        for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
+                argv[n++] = head[i];
+        for (int i = 0; i < 600; i++)
+                argv[n++] = rids[i];
+        redisReply *t = redisCommandArgv(redis, (int) n, argv, NULL);
+        assert_string_equal(t->element[R_STATUS]->str, "ok");
+        assert_string_equal(t->element[R_BODY]->element[8]->str, "r511");
+        assert_int_equal(cache(t, C_WAITING), 599); /* nothing dropped: every record was listed */
+        freeReplyObject(t);
+
+        n = 0;
+        const char *phead[] = { "EVALSHA", sha_of("positions"), "1", POOL, "1", "n1", "2000", "run1", "0", "pos" };
+        for (size_t i = 0; i < sizeof phead / sizeof phead[0]; i++)
+                argv[n++] = phead[i];
+        for (int i = 0; i < 257; i++)
+                argv[n++] = rids[i];
+        redisReply *p = redisCommandArgv(redis, (int) n, argv, NULL);
+        assert_string_equal(p->element[R_STATUS]->str, "invalid");
+        freeReplyObject(p);
+        p = redisCommandArgv(redis, (int) n - 1, argv, NULL);
+        assert_string_equal(p->element[R_STATUS]->str, "ok");
+        assert_int_equal(p->element[R_BODY]->elements, 256);
+        freeReplyObject(p);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup(f, setup)
@@ -1492,6 +1532,7 @@ int main(void) {
                 T(test_max_queue_refuses_full_and_an_unknown_lane_is_invalid),
                 T(test_an_unregistered_node_or_another_version_is_refused),
                 T(test_reconcile_drops_what_the_node_no_longer_has),
+                T(test_reconcile_and_positions_are_paged),
                 T(test_an_instant_cut_short_is_finished_before_a_later_arrival),
                 T(test_scripts_decide_as_pool_local_does),
                 T(test_script_time_at_10000_waiters),
