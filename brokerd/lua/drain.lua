@@ -1,0 +1,67 @@
+-- drain.lua — a drain or undrain of the pool or of one member (pool-local.c:local_drain(); SPEC §3.3
+-- "pool drained … while waiting: refused unavailable").
+--
+-- KEYS  [1] "{sb:POOL}"
+-- ARGV  [1..5] the head (README)   [6] member name, or "" for the whole pool   [7] on (0/1)
+-- Decides: the pool: meta.drained = on; on → every waiter is refused unavailable "drained", lane by lane
+--       (by name), bucket by bucket (k ascending), in arrival order. At most SETTLE_MAX refusals per call:
+--       "settling" until none is left; the pool is drained from the first call on, so nothing is granted
+--       meanwhile (unlike other operations, a "settling" drain has done part of its work: sending it again
+--       finishes it). A member: added to or removed from {sb:P}:dm; its position (its index among the
+--       members) leaves or rejoins `busy` when nobody holds it, and drained_free follows; a held one stays
+--       held, and stays out of `busy` when released while drained. An unknown member: "unknown-member".
+--       Then the instant (settle flag 1), or the tick does it.
+-- Appends: the refusals, to their owners' streams and outcome keys.
+-- Returns: { status, now, { "drained" | "undrained" | "unknown-member" }, events, cache, notices }.
+-- Worst case: SETTLE_MAX steps + O(lanes × distinct k) per refusal.
+
+local MEMBER, ON = ARGV[6], ARGV[7] == '1'
+
+local function drain_pool()
+        meta_set('drained', ON and 1 or 0)
+        if not ON then return true end
+        for _, lane in ipairs(R.lane_names) do
+                local ks = redis.call('SMEMBERS', k_lk(lane))
+                table.sort(ks, function(a, b) return tonumber(a) < tonumber(b) end)
+                for _, k in ipairs(ks) do
+                        while true do
+                                local wid = redis.call('ZRANGE', k_bucket(lane, k), 0, 0)[1]
+                                if not wid then break end
+                                if not step() then return false end
+                                waiter_refuse(waiter_get(wid), 'unavailable', 'drained', now)
+                        end
+                end
+        end
+        return true
+end
+
+local function drain_member()
+        local pos
+        for i, m in ipairs(R.members or {}) do
+                if m == MEMBER then pos = i - 1; break end
+        end
+        if not pos then return false end
+        local was = redis.call('SISMEMBER', K.dm, MEMBER) == 1
+        if was == ON then return true end
+        if ON then redis.call('SADD', K.dm, MEMBER) else redis.call('SREM', K.dm, MEMBER) end
+        if pos < R.limit and redis.call('GETBIT', K.occ, pos) == 0 then
+                redis.call('SETBIT', K.busy, pos, ON and 1 or 0)
+                meta_incr('drained_free', ON and 1 or -1)
+        end
+        return true
+end
+
+local function drain()
+        local early_reply = prelude_begin(false)
+        if early_reply then return early_reply end
+        if not settle_until(now) then return reply('settling') end
+        if MEMBER == '' then
+                if not drain_pool() then return reply('settling') end
+        elseif not drain_member() then
+                return reply('ok', { 'unknown-member' })
+        end
+        finish_instant()
+        return reply('ok', { ON and 'drained' or 'undrained' })
+end
+
+return drain()

@@ -1,0 +1,62 @@
+-- positions.lua — where requests stand, and who holds and waits, for the node's cache and Status
+-- (memo §3.9). Reads the pool's state as it is: it neither settles nor decides.
+--
+-- KEYS  [1] "{sb:POOL}"
+-- ARGV  [1..5] the head (README; the settle flag is ignored)   [6] mode "pos" | "status"
+--       [7…] pos: this node's rids, at most POSITIONS_MAX
+-- Decides: nothing. pos: per rid, its waiter's place (the waiters of higher priorities, then its rank in
+--       its own), its lease, its recorded outcome, or gone. status: every holder (≤ limit + slots held
+--       above a shrunk limit) with its node's name, the first 100 waiters in queue order (the heads of
+--       the per-priority queues, highest priority first), and the count of all of them.
+-- Appends: nothing (the clock hash and, on a run id change, the recovery window, as every script).
+-- Returns: { status, now, body, {}, cache, {} }; body as README, "positions".
+-- Worst case: pos O(POSITIONS_MAX × (priorities + log n)); status O(holders + 100 × log n).
+
+local MODE = ARGV[6]
+local STATUS_WAITERS = 100
+
+local function positions()
+        local early_reply = prelude_begin(false)
+        if early_reply then return early_reply end
+        local out = {}
+        if MODE == 'pos' then
+                if #ARGV - 6 > POSITIONS_MAX then return reply('invalid') end
+                for i = 7, #ARGV do
+                        local rid = ARGV[i]
+                        local ref = redis.call('HGET', K.rid, NODE .. ':' .. rid) or ''
+                        local kind, id = string.match(ref, '^(%a):(.+)$')
+                        local w = kind == 'w' and waiter_get(id)
+                        local l = kind == 'l' and lease_get(id)
+                        local done = not w and not l and redis.call('GET', k_outcome(NODE, rid))
+                        if w then out[#out + 1] = { 'queued', waiter_position(w), M.waiting }
+                        elseif l then out[#out + 1] = lease_decision(l)
+                        elseif done then out[#out + 1] = cmsgpack.unpack(done)
+                        else out[#out + 1] = { 'gone' } end
+                end
+                return reply('ok', out)
+        end
+        if MODE ~= 'status' then return reply('invalid') end
+
+        local names = {}
+        local function name_of(node)
+                if not names[node] then names[node] = redis.call('HGET', k_node(node), 'name') or node end
+                return names[node]
+        end
+        local holders = {}
+        local h = redis.call('HGETALL', K.h)
+        for i = 1, #h, 2 do
+                local l = lease_get(h[i])
+                holders[#holders + 1] = { l.node, name_of(l.node), l.rid, l.lane, l.token, l.at, l.slots, l.members }
+        end
+        local waiters = {}
+        for _, prio in ipairs(redis.call('ZREVRANGE', K.prios, 0, -1)) do
+                if #waiters >= STATUS_WAITERS then break end
+                for _, wid in ipairs(redis.call('ZRANGE', k_queue(prio), 0, STATUS_WAITERS - #waiters - 1)) do
+                        local w = waiter_get(wid)
+                        waiters[#waiters + 1] = { w.node, name_of(w.node), w.rid, w.lane, w.k, w.arrival, #waiters }
+                end
+        end
+        return reply('ok', { holders, waiters, M.waiting })
+end
+
+return positions()

@@ -1,0 +1,814 @@
+-- SPDX-License-Identifier: MIT
+-- prelude.lua — the admission rules of a shared pool, ported line by line from
+-- libbroker/engine/pool-local.c (which stays the reference: where this file and it disagree, this file
+-- is wrong). The build puts it in front of every operation script (submit, release, withdraw, tick,
+-- reclaim, drain, positions), so that no rule is written twice. The data model, the argument and reply
+-- layouts are in brokerd/lua/README; read it before changing a key or a reply position.
+--
+-- KEYS[1] is the pool's prefix "{sb:POOL}"; every other key is derived from it and shares its hash tag.
+-- ARGV[1..5] is the head every script takes: data model version, node id, manual now ("-": the pool
+-- clock is Redis's), the run id the node's link saw, settle flag (1: the call is its own instant).
+--
+-- Bounded work: a call makes at most SETTLE_MAX steps (an instant settled, a grant, a refusal, a
+-- congestion flip, a page of a dead node's records). An instant that cannot finish within the budget is
+-- left unsettled (meta.unsettled_at, meta.phase, meta.running) and the next call finishes it first, at
+-- its own instant; an operation that finds earlier instants (or one under way) still unsettled after
+-- the budget is not applied: the reply is "settling" and the node sends the same call again (request
+-- ids make that safe).
+
+local P = KEYS[1]
+local K = {
+        meta = P .. ':meta', clock = P .. ':clock', rules = P .. ':rules', occ = P .. ':occ',
+        busy = P .. ':busy', sid = P .. ':sid', h = P .. ':h', dm = P .. ':dm', w = P .. ':w',
+        dl = P .. ':dl', rid = P .. ':rid', nodes = P .. ':nodes', prios = P .. ':prios',
+        reaping = P .. ':reaping', rekey = P .. ':rekey',
+}
+local function k_lane(l) return P .. ':lane:' .. l end
+local function k_lk(l) return P .. ':lk:' .. l end
+local function k_bucket(l, k) return P .. ':b:' .. l .. ':' .. k end
+local function k_queue(prio) return P .. ':q:' .. prio end
+local function k_node(n) return P .. ':node:' .. n end
+local function k_records(n) return P .. ':nr:' .. n end
+local function k_stream(n) return P .. ':s:' .. n end
+local function k_outcome(n, rid) return P .. ':o:' .. n .. ':' .. rid end
+
+local VERSION = 1
+local SETTLE_MAX = 64
+local POSITIONS_MAX = 256
+local RECONCILE_PAGE = 512
+local REAP_PAGE = 128
+local STREAM_MAXLEN = 4096
+local USEC_PER_SEC = 1000000
+local CLOCK_GAP = 2 * USEC_PER_SEC
+local INF = math.huge          -- an unbounded budget; -1 on the wire
+
+local NODE = ARGV[2]
+local MANUAL_NOW = ARGV[3]
+local RUN_ID = ARGV[4]
+local SETTLE = ARGV[5] == '1'
+
+-- Per call: what the script has read and changed, the reply's events and notices, the step budget.
+local M = {}                    -- meta, numbers where numeric (meta_load)
+local R = {}                    -- the stored rules, parsed (rules_load)
+local lane_cache = {}           -- lane -> {used, waiting}
+local events = {}               -- this node's decisions and the congestion flips, in order
+local notices = {}              -- nodes reaped in this call
+local steps = 0
+local reaped_a_page = false
+local stream_last = ''          -- the last id appended to the caller's stream by this call
+local now = 0
+local raw_time = 0              -- Redis TIME in µs: tokens (never the pool clock)
+
+-- Lua 5.1 prints numbers with 14 digits ("1.7e+15"): every number that goes into a string (a key, a
+-- reference, a comparison with a stored value) goes through istr(). redis.call() arguments are exact.
+local function istr(n) return string.format('%d', n) end
+
+local function wire(v) if v == INF then return -1 end return v end
+local function unwire(s)
+        local v = tonumber(s)
+        if v == nil or v < 0 then return INF end
+        return v
+end
+local function usec_add(a, b) if a == INF or b == INF then return INF end return a + b end
+
+-- One unit of work; false when the call's budget is spent.
+local function step()
+        if steps >= SETTLE_MAX then return false end
+        steps = steps + 1
+        return true
+end
+
+---------------------------------------------------------------------------------------------- meta
+
+local META_NUMBERS = {
+        'version', 'recovery_until', 'last_fast', 'congested', 'counter', 'seq', 'in_use', 'waiting',
+        'drained', 'drained_free', 'phase', 'running',
+}
+
+local function meta_load()
+        local a = redis.call('HGETALL', K.meta)
+        for i = 1, #a, 2 do M[a[i]] = a[i + 1] end
+        for _, f in ipairs(META_NUMBERS) do M[f] = tonumber(M[f] or '0') end
+        M.unsettled_at = tonumber(M.unsettled_at or '')   -- nil: settled
+end
+
+-- Changes to meta, lane counters and fingerprints are kept here and written once, by flush() (every
+-- reply does it): a grant touches each of them, and a command costs more than the Lua around it.
+local meta_dirty = {}
+
+local function meta_set(field, value)
+        M[field] = value
+        meta_dirty[field] = true
+end
+
+local function meta_incr(field, by)
+        meta_set(field, M[field] + by)
+end
+
+---------------------------------------------------------------------------------------------- rules
+
+-- The canon is "key=value" lines sorted by key (brokerd/lua/README, "Rules canon").
+local function canon_parse(canon)
+        local t = {}
+        for line in string.gmatch(canon, '[^\n]+') do
+                local k, v = string.match(line, '^([^=]+)=(.*)$')
+                if k then t[k] = v end
+        end
+        return t
+end
+
+local function rules_from(t)
+        local r = {
+                limit = tonumber(t['limit'] or '0'),
+                members = nil,
+                q = tonumber(t['queue-timeout'] or ''),            -- nil: unset
+                congestion = tonumber(t['queue-congestion-timeout'] or ''),
+                max_queue = tonumber(t['max-queue'] or '-1'),
+                ttl = tonumber(t['backend-node-ttl'] or '30000000'),
+                lanes = {},                                        -- name -> {priority, max_in_use, reserve}
+                lane_names = {},
+        }
+        if t['members'] and t['members'] ~= '' then
+                r.members = {}
+                for m in string.gmatch(t['members'], '[^,]+') do r.members[#r.members + 1] = m end
+        end
+        for k, v in pairs(t) do
+                local lane, attr = string.match(k, '^lane%.(.+)%.([%a-]+)$')
+                if lane then
+                        if not r.lanes[lane] then
+                                r.lanes[lane] = { priority = 0, max_in_use = -1, reserve = 0 }
+                                r.lane_names[#r.lane_names + 1] = lane
+                        end
+                        if attr == 'priority' then r.lanes[lane].priority = tonumber(v)
+                        elseif attr == 'max-in-use' then r.lanes[lane].max_in_use = tonumber(v)
+                        elseif attr == 'reserve' then r.lanes[lane].reserve = tonumber(v) end
+                end
+        end
+        table.sort(r.lane_names)
+        return r
+end
+
+local function rules_load()
+        local canon = redis.call('HGET', K.rules, 'canon')
+        if not canon then return false end
+        R = rules_from(canon_parse(canon))
+        R.canon = canon
+        return true
+end
+
+---------------------------------------------------------------------------------------------- clock
+
+-- The pool clock (memo §4.6): Redis's TIME minus a skew that absorbs gaps (no node reached Redis: time
+-- stood still but for one second) and backward steps (the clock goes on from where it was); strictly
+-- increasing per call. A manual pool takes the caller's now instead (tests only), which may repeat but
+-- never go back. Returns false when a manual now goes backwards.
+local function clock(manual)
+        local tm = redis.call('TIME')
+        raw_time = tonumber(tm[1]) * USEC_PER_SEC + tonumber(tm[2])
+        local c = redis.call('HMGET', K.clock, 'last_time', 'last_now', 'skew')
+        local last_time, last_now, skew = tonumber(c[1]), tonumber(c[2] or '0'), tonumber(c[3] or '0')
+        if manual then
+                now = tonumber(MANUAL_NOW)
+                if now == nil or now < last_now then return false end
+        else
+                if last_time and raw_time - last_time > CLOCK_GAP then
+                        skew = skew + (raw_time - last_time) - USEC_PER_SEC
+                end
+                now = raw_time - skew
+                if last_time and now <= last_now then
+                        now = last_now + 1
+                        skew = raw_time - now
+                end
+        end
+        redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew)
+        return true
+end
+
+---------------------------------------------------------------------------------------------- fingerprints
+
+-- FNV-1a 32 of RID .. kind ('w' waiter, 'l' lease); 16777619 = 2^24 + 403, so the product is split to
+-- stay exact in doubles. The node keeps the same triple (count, xor, sum mod 2^32) of its records.
+local function fnv1a32(s)
+        local h = 2166136261
+        for i = 1, #s do
+                h = bit.bxor(h, string.byte(s, i)) % 4294967296
+                h = (h * 403 + bit.lshift(h, 24) % 4294967296) % 4294967296
+        end
+        return h
+end
+
+local fp_delta = {}             -- node -> { n, x, s } not yet written
+
+local function fingerprint_change(node, rid, kind, sign)
+        local d = fp_delta[node]
+        if not d then
+                d = { 0, 0, 0 }
+                fp_delta[node] = d
+        end
+        local h = fnv1a32(rid .. kind)
+        d[1] = d[1] + sign
+        d[2] = bit.bxor(d[2], h) % 4294967296
+        d[3] = (d[3] + sign * h) % 4294967296
+end
+
+local function record_add(node, rid, kind, ref)
+        redis.call('HSET', K.rid, node .. ':' .. rid, ref)
+        redis.call('ZADD', k_records(node), 0, rid)
+        fingerprint_change(node, rid, kind, 1)
+end
+
+local function record_remove(node, rid, kind)
+        redis.call('HDEL', K.rid, node .. ':' .. rid)
+        redis.call('ZREM', k_records(node), rid)
+        fingerprint_change(node, rid, kind, -1)
+end
+
+-- A waiter granted: its record stays (same rid, same place in nr:N), only its reference and kind change.
+local function record_turn_into_lease(node, rid, ref)
+        redis.call('HSET', K.rid, node .. ':' .. rid, ref)
+        fingerprint_change(node, rid, 'w', -1)
+        fingerprint_change(node, rid, 'l', 1)
+end
+
+---------------------------------------------------------------------------------------------- lanes and slots
+
+local function lane_get(l)
+        local c = lane_cache[l]
+        if not c then
+                local a = redis.call('HMGET', k_lane(l), 'used', 'waiting')
+                c = { used = tonumber(a[1] or '0'), waiting = tonumber(a[2] or '0'), dirty = false }
+                lane_cache[l] = c
+        end
+        return c
+end
+
+local function lane_incr(l, field, by)
+        local c = lane_get(l)
+        c[field] = c[field] + by
+        c.dirty = true
+end
+
+-- Writes what meta_set(), lane_incr() and fingerprint_change() kept. Idempotent.
+local function flush()
+        local set, del = {}, {}
+        for f in pairs(meta_dirty) do
+                if M[f] == nil then
+                        del[#del + 1] = f
+                else
+                        set[#set + 1] = f
+                        set[#set + 1] = M[f]
+                end
+        end
+        meta_dirty = {}
+        if #set > 0 then redis.call('HSET', K.meta, unpack(set)) end
+        if #del > 0 then redis.call('HDEL', K.meta, unpack(del)) end
+        for l, c in pairs(lane_cache) do
+                if c.dirty then
+                        redis.call('HSET', k_lane(l), 'used', c.used, 'waiting', c.waiting)
+                        c.dirty = false
+                end
+        end
+        for node, d in pairs(fp_delta) do
+                local key = k_node(node)
+                local f = redis.call('HMGET', key, 'fp_n', 'fp_x', 'fp_s')
+                redis.call('HSET', key, 'fp_n', tonumber(f[1] or '0') + d[1],
+                           'fp_x', bit.bxor(tonumber(f[2] or '0'), d[2]) % 4294967296,
+                           'fp_s', (tonumber(f[3] or '0') + d[3]) % 4294967296)
+        end
+        fp_delta = {}
+end
+
+-- pool-local.c:free_slots(): counted against every slot held, also those above a shrunk limit.
+local function free_slots()
+        if M.drained == 1 or M.in_use + M.drained_free >= R.limit then return 0 end
+        return R.limit - M.in_use - M.drained_free
+end
+
+local GRANTABLE, HOLD, PASS = 0, 1, 2
+
+-- pool-local.c:reserved_for_others()
+local function reserved_for_others(lane)
+        local r = 0
+        for _, m in ipairs(R.lane_names) do
+                local rule = R.lanes[m]
+                if m ~= lane and rule.reserve > 0 then
+                        local used = lane_get(m).used
+                        if rule.reserve > used then r = r + rule.reserve - used end
+                end
+        end
+        return r
+end
+
+-- pool-local.c:lane_verdict()
+local function lane_verdict(lane, k, free)
+        local rule = R.lanes[lane]
+        if rule.max_in_use >= 0 and lane_get(lane).used + k > rule.max_in_use then return PASS end
+        if k > free then return HOLD end
+        if free - k < reserved_for_others(lane) then return PASS end
+        return GRANTABLE
+end
+
+-- pool-local.c:queue_next()/lane_next(): the heads of the (lane, k) buckets only, O(lanes × distinct k).
+-- Wids are the arrival sequence in fixed-width hex: string order is arrival order.
+local function queue_next()
+        local free = free_slots()
+        local best, best_prio, best_verdict = nil, nil, PASS
+        for _, lane in ipairs(R.lane_names) do
+                if lane_get(lane).waiting > 0 then
+                        local prio = R.lanes[lane].priority
+                        for _, k in ipairs(redis.call('SMEMBERS', k_lk(lane))) do
+                                local head = redis.call('ZRANGE', k_bucket(lane, k), 0, 0)[1]
+                                if not head then
+                                        redis.call('SREM', k_lk(lane), k) -- emptied: see waiter_unlink()
+                                else
+                                        local v = lane_verdict(lane, tonumber(k), free)
+                                        if v ~= PASS and (not best or prio > best_prio or
+                                                          (prio == best_prio and head < best)) then
+                                                best, best_prio, best_verdict = head, prio, v
+                                        end
+                                end
+                        end
+                end
+        end
+        return best, best_verdict
+end
+
+-- A held slot's identity: its member's name, or "#INDEX" for an anonymous slot (sid's keys).
+local function lease_slot_identity(l, i)
+        return l.members[i] or ('#' .. l.slots[i])
+end
+
+local function member_drained_at(pos)
+        return R.members ~= nil and pos < R.limit and redis.call('SISMEMBER', K.dm, R.members[pos + 1]) == 1
+end
+
+---------------------------------------------------------------------------------------------- budgets (SPEC §3.1)
+
+local function fast_threshold(q) return math.max(math.floor(q / 20), math.min(USEC_PER_SEC, q)) end
+
+local function saturated_budget()
+        if R.congestion then return R.congestion end
+        return math.max(math.floor(R.q / 10), math.min(USEC_PER_SEC, R.q))
+end
+
+local function idle_at(t) return math.max(0, t - M.last_fast) end
+
+---------------------------------------------------------------------------------------------- decisions
+
+-- A decision, as the reply's events, the submit body, the stream and the outcome keys carry it
+-- (README, "Decision"): verdict, rid, at, wait, refusal, reason, state, idle, budget, position, queued,
+-- token, slots, members.
+local function decision(verdict, rid, at, o)
+        return {
+                verdict, rid, at, o.wait or 0, o.refusal or '', o.reason or '', o.state or 'none',
+                o.idle or 0, wire(o.budget or INF), o.position or 0, o.queued or 0, o.token or 0,
+                o.slots or {}, o.members or {},
+        }
+end
+
+-- packed: cmsgpack of d when the caller has it already (it costs more than a command).
+local function outcome_store(node, rid, d, packed)
+        redis.call('SET', k_outcome(node, rid), packed or cmsgpack.pack(d), 'PX',
+                   math.floor((R.ttl or 30000000) / 1000) + 10000)
+end
+
+-- A final decision for a node's request: into its stream, its outcome key, and the reply if it is the
+-- caller's.
+--
+-- Stream entries are plain field/value strings (README, "Stream entries"), so that the node reads them
+-- as it reads replies, without a msgpack decoder.
+local STREAM_FIELDS = {
+        'verdict', 'rid', 'at', 'wait', 'refusal', 'reason', 'state', 'idle', 'budget', 'position', 'queued',
+        'token',
+}
+
+local function notify(node, d)
+        local packed = cmsgpack.pack(d)
+        local args = { 'XADD', k_stream(node), 'MAXLEN', '~', STREAM_MAXLEN, '*' }
+        for i, name in ipairs(STREAM_FIELDS) do
+                args[#args + 1] = name
+                args[#args + 1] = type(d[i]) == 'number' and istr(d[i]) or d[i]
+        end
+        local slots = {}
+        for i, v in ipairs(d[13]) do slots[i] = istr(v) end
+        args[#args + 1] = 'slots'
+        args[#args + 1] = table.concat(slots, ',')
+        args[#args + 1] = 'members'
+        args[#args + 1] = table.concat(d[14], ',')
+        local id = redis.call(unpack(args))
+        if node == NODE then
+                stream_last = id
+                events[#events + 1] = d
+        end
+        outcome_store(node, d[2], d, packed)
+end
+
+---------------------------------------------------------------------------------------------- waiters
+
+local function waiter_get(wid)
+        local packed = redis.call('HGET', K.w, wid)
+        if not packed then return nil end
+        local a = cmsgpack.unpack(packed)
+        return {
+                wid = wid, node = a[1], rid = a[2], lane = a[3], k = a[4], arrival = a[5],
+                deadline = unwire(a[6]), state = a[7], idle = a[8], budget = unwire(a[9]), shed = a[10] == 1,
+                prio = a[11],
+        }
+end
+
+local function waiter_put(w)
+        redis.call('HSET', K.w, w.wid, cmsgpack.pack({
+                w.node, w.rid, w.lane, w.k, w.arrival, wire(w.deadline), w.state, w.idle, wire(w.budget),
+                w.shed and 1 or 0, w.prio,
+        }))
+end
+
+-- 0-based place in the queue: the waiters of higher priorities, then the rank within its own.
+local function waiter_position(w)
+        local pos = 0
+        for _, p in ipairs(redis.call('ZRANGEBYSCORE', K.prios, '(' .. istr(w.prio), '+inf')) do
+                local n = redis.call('ZCARD', k_queue(p))
+                if n == 0 then redis.call('ZREM', K.prios, p) end -- emptied: see waiter_unlink()
+                pos = pos + n
+        end
+        return pos + (redis.call('ZRANK', k_queue(w.prio), w.wid) or 0)
+end
+
+local function waiter_link(w)
+        waiter_put(w)
+        redis.call('ZADD', k_bucket(w.lane, w.k), 0, w.wid)
+        redis.call('SADD', k_lk(w.lane), w.k)
+        redis.call('ZADD', k_queue(w.prio), 0, w.wid)
+        redis.call('ZADD', K.prios, w.prio, w.prio)
+        if w.deadline ~= INF then redis.call('ZADD', K.dl, w.deadline, w.wid) end
+        record_add(w.node, w.rid, 'w', 'w:' .. w.wid)
+        lane_incr(w.lane, 'waiting', 1)
+        meta_incr('waiting', 1)
+end
+
+-- Emptied buckets and priority queues stay listed in lk:L and prios until a reader finds them empty
+-- (queue_next(), waiter_position()): two ZCARDs less per grant. keep_record: the caller turns the
+-- waiter's record into its lease's.
+local function waiter_unlink(w, keep_record)
+        redis.call('HDEL', K.w, w.wid)
+        redis.call('ZREM', k_bucket(w.lane, w.k), w.wid)
+        redis.call('ZREM', k_queue(w.prio), w.wid)
+        if w.deadline ~= INF then redis.call('ZREM', K.dl, w.wid) end
+        if not keep_record then record_remove(w.node, w.rid, 'w') end
+        lane_incr(w.lane, 'waiting', -1)
+        meta_incr('waiting', -1)
+end
+
+-- pool-local.c:waiter_refuse()
+local function waiter_refuse(w, refusal, reason, at)
+        waiter_unlink(w)
+        notify(w.node, decision('refused', w.rid, at, {
+                wait = at - w.arrival, refusal = refusal, reason = reason, state = w.state, idle = w.idle,
+                budget = w.budget,
+        }))
+end
+
+---------------------------------------------------------------------------------------------- leases
+
+local function lease_get(token)
+        local packed = redis.call('HGET', K.h, istr(token))
+        if not packed then return nil end
+        local a = cmsgpack.unpack(packed)
+        return {
+                token = tonumber(token), node = a[1], rid = a[2], lane = a[3], k = a[4], slots = a[5], pos = a[6],
+                members = a[7], at = a[8], wait = a[9], state = a[10], idle = a[11], budget = unwire(a[12]),
+        }
+end
+
+local function lease_put(l)
+        redis.call('HSET', K.h, istr(l.token), cmsgpack.pack({
+                l.node, l.rid, l.lane, l.k, l.slots, l.pos, l.members, l.at, l.wait, l.state, l.idle,
+                wire(l.budget),
+        }))
+end
+
+local function lease_decision(l)
+        return decision('granted', l.rid, l.at, {
+                wait = l.wait, state = l.state, idle = l.idle, budget = l.budget, token = l.token,
+                slots = l.slots, members = l.members,
+        })
+end
+
+-- pool-local.c:grant(). w: the waiter it was (its state, idle, budget), or nil for a grant at once.
+local function grant(node, rid, lane, k, arrival, t, w)
+        local l = {
+                node = node, rid = rid, lane = lane, k = k, slots = {}, pos = {}, members = {}, at = t,
+                wait = t - arrival, state = w and w.state or 'none', idle = w and w.idle or 0,
+                budget = w and w.budget or INF,
+        }
+        for i = 1, k do
+                local pos = redis.call('BITPOS', K.busy, 0)
+                assert(pos >= 0 and pos < R.limit, 'no free slot below the limit')
+                redis.call('SETBIT', K.occ, pos, 1)
+                redis.call('SETBIT', K.busy, pos, 1)
+                l.slots[i], l.pos[i] = pos, pos
+                if R.members then l.members[i] = R.members[pos + 1] end
+        end
+        local token
+        if M.clock_mode == 'manual' then
+                token = M.counter + 1
+        else
+                token = math.max(M.counter + 1, raw_time)
+        end
+        meta_set('counter', token)
+        l.token = token
+        for i = 1, k do redis.call('HSET', K.sid, lease_slot_identity(l, i), token) end
+        meta_incr('in_use', k)
+        lane_incr(lane, 'used', k)
+        lease_put(l)
+        if w then
+                record_turn_into_lease(node, rid, 'l:' .. istr(token))
+        else
+                record_add(node, rid, 'l', 'l:' .. istr(token))
+        end
+        -- A fast admission restarts the idle clock; a slow one does not (SPEC §3.1).
+        if R.q and t - arrival <= fast_threshold(R.q) then meta_set('last_fast', t) end
+        return l
+end
+
+-- pool-local.c:local_release(): the slots go back; the drained members' ones stay out of `busy`.
+local function lease_free(l)
+        for i = 1, l.k do
+                local pos = l.pos[i]
+                redis.call('SETBIT', K.occ, pos, 0)
+                if member_drained_at(pos) then
+                        meta_incr('drained_free', 1)
+                else
+                        redis.call('SETBIT', K.busy, pos, 0)
+                end
+                local id = lease_slot_identity(l, i)
+                if redis.call('HGET', K.sid, id) == istr(l.token) then redis.call('HDEL', K.sid, id) end
+        end
+        meta_incr('in_use', -l.k)
+        lane_incr(l.lane, 'used', -l.k)
+        redis.call('HDEL', K.h, istr(l.token))
+        record_remove(l.node, l.rid, 'l')
+end
+
+---------------------------------------------------------------------------------------------- rules adopted
+
+-- What an adopted rules change leaves to do (tick.lua, agree()), in {sb:P}:rekey: "at" (the adoption's
+-- instant), "drop:L" (a lane removed: its waiters are refused unavailable at "at", as
+-- pool-local.c:local_configure() does) and "move:L" = the new priority (its waiters move from their old
+-- per-priority queue to the new one; queue_next() reads priorities from the rules, so dispatch is right
+-- at once and only positions wait for the move). One step per waiter; the job runs at the start of
+-- instants until done. Returns false when the budget ran out.
+local function rekey_step()
+        local job = redis.call('HGETALL', K.rekey)
+        if #job == 0 then return true end
+        local at
+        for i = 1, #job, 2 do if job[i] == 'at' then at = tonumber(job[i + 1]) end end
+        for i = 1, #job, 2 do
+                local kind, lane = string.match(job[i], '^(%a+):(.+)$')
+                if kind then
+                        for _, k in ipairs(redis.call('SMEMBERS', k_lk(lane))) do
+                                local b = k_bucket(lane, k)
+                                while true do
+                                        local wids
+                                        if kind == 'drop' then
+                                                wids = redis.call('ZRANGE', b, 0, 0)
+                                        else
+                                                local cur = redis.call('HGET', K.rekey, 'cur:' .. lane .. ':' .. k)
+                                                wids = redis.call('ZRANGEBYLEX', b, cur and ('(' .. cur) or '-', '+', 'LIMIT', 0, 1)
+                                        end
+                                        local wid = wids[1]
+                                        if not wid then break end
+                                        if not step() then return false end
+                                        local w = waiter_get(wid)
+                                        if kind == 'drop' then
+                                                waiter_refuse(w, 'unavailable', '', at)
+                                        else
+                                                local prio = tonumber(job[i + 1])
+                                                redis.call('ZREM', k_queue(w.prio), wid)
+                                                w.prio = prio
+                                                waiter_put(w)
+                                                redis.call('ZADD', k_queue(prio), 0, wid)
+                                                redis.call('ZADD', K.prios, prio, prio)
+                                                redis.call('HSET', K.rekey, 'cur:' .. lane .. ':' .. k, wid)
+                                        end
+                                end
+                        end
+                end
+        end
+        redis.call('DEL', K.rekey)
+        return true
+end
+
+---------------------------------------------------------------------------------------------- the instant
+
+local function has_room_for_one() return M.waiting == 0 and free_slots() > 0 end
+
+-- pool-local.c:congested_at()
+local function congested_at(t)
+        if not R.q or M.drained == 1 then return false end
+        return not has_room_for_one() and idle_at(t) > R.q
+end
+
+local function update_congestion(t)
+        local c = congested_at(t) and 1 or 0
+        if c == M.congested then return true end
+        if not step() then return false end
+        meta_set('congested', c)
+        events[#events + 1] = { 'congestion', t, idle_at(t), c }
+        return true
+end
+
+-- pool-local.c:dispatch(): free slots to waiters in queue order until the first that cannot go. No grant
+-- at all inside a recovery window: its end is a due instant, so dispatch resumes exactly then.
+local function dispatch(t)
+        if M.recovery_until > 0 and t < M.recovery_until then return true end
+        while M.waiting > 0 and free_slots() > 0 do
+                local wid, v = queue_next()
+                if not wid or v ~= GRANTABLE then return true end
+                if not step() then return false end
+                local w = waiter_get(wid)
+                waiter_unlink(w, true)
+                local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w)
+                notify(w.node, lease_decision(l))
+        end
+        return true
+end
+
+-- Step 4 of the instant: budgets that end at or before t, each refused at its own deadline.
+local function expire(t)
+        while true do
+                local due = redis.call('ZRANGEBYSCORE', K.dl, '-inf', t, 'WITHSCORES', 'LIMIT', 0, 1)
+                if #due == 0 then return true end
+                if not step() then return false end
+                local w = waiter_get(due[1])
+                waiter_refuse(w, w.shed and 'shed' or 'timeout', '', tonumber(due[2]))
+        end
+end
+
+-- A dead node's records, one page per call (memo §3.8): its leases end, its waiters go silently (their
+-- clients were that node's). Returns true when no dead node is left at t.
+local function reap(t)
+        while true do
+                local dead = redis.call('ZRANGEBYSCORE', K.nodes, '-inf', t, 'LIMIT', 0, 1)[1]
+                if not dead then return true end
+                if reaped_a_page or not step() then return false end
+                reaped_a_page = true
+                local cursor = redis.call('HMGET', K.reaping, 'node', 'leases', 'waiters')
+                local n_leases, n_waiters = 0, 0
+                if cursor[1] == dead then
+                        n_leases, n_waiters = tonumber(cursor[2]), tonumber(cursor[3])
+                end
+                local rids = redis.call('ZRANGE', k_records(dead), 0, REAP_PAGE - 1)
+                for _, rid in ipairs(rids) do
+                        local ref = redis.call('HGET', K.rid, dead .. ':' .. rid) or ''
+                        local kind, id = string.match(ref, '^(%a):(.+)$')
+                        if kind == 'w' then
+                                local w = waiter_get(id)
+                                if w then waiter_unlink(w) end
+                                n_waiters = n_waiters + 1
+                        elseif kind == 'l' then
+                                local l = lease_get(id)
+                                if l then lease_free(l) end
+                                n_leases = n_leases + 1
+                        end
+                        redis.call('ZREM', k_records(dead), rid)
+                        redis.call('HDEL', K.rid, dead .. ':' .. rid)
+                end
+                if #rids == REAP_PAGE and redis.call('ZCARD', k_records(dead)) > 0 then
+                        redis.call('HSET', K.reaping, 'node', dead, 'leases', n_leases, 'waiters', n_waiters)
+                        return false
+                end
+                local name = redis.call('HGET', k_node(dead), 'name') or dead
+                redis.call('DEL', k_node(dead), k_records(dead), k_stream(dead), K.reaping)
+                fp_delta[dead] = nil
+                redis.call('ZREM', K.nodes, dead)
+                notices[#notices + 1] = { 'node-expired', dead, name, n_leases, n_waiters }
+        end
+end
+
+-- pool-local.c:local_run() at t, after the lease ends of t (dead nodes). meta.phase remembers how far an
+-- instant cut short by the budget got: 0 first dispatch, 1 expiries, 2 second dispatch and the gauge.
+-- Returns false when the budget ran out (the instant stays unsettled).
+local function instant(t)
+        if M.unsettled_at ~= t then
+                meta_set('unsettled_at', t)
+                meta_set('phase', 0)
+        end
+        meta_set('running', 1)
+        if not reap(t) then return false end
+        if not rekey_step() then return false end
+        if M.recovery_until > 0 and t >= M.recovery_until then meta_set('recovery_until', 0) end
+        if M.phase == 0 then
+                if not dispatch(t) then return false end
+                meta_set('phase', 1)
+        end
+        if M.phase == 1 then
+                if not expire(t) then return false end
+                meta_set('phase', 2)
+        end
+        if not dispatch(t) then return false end
+        if not update_congestion(t) then return false end
+        meta_set('unsettled_at', nil)
+        meta_set('phase', 0)
+        meta_set('running', nil)
+        return true
+end
+
+-- pool-local.c:local_next_wakeup(), plus what only a shared pool has: an unsettled instant, dead nodes,
+-- the end of a recovery window. nil: nothing due.
+--
+-- While an instant u is unsettled, operations of u have changed the state after every earlier instant
+-- was settled: nothing they make due can be earlier than u (the gauge, which pool-local.c looks at only
+-- when it runs, flips at u, not at last_fast + Q + 1 in the past).
+local function next_due()
+        local u = M.unsettled_at
+        local t = u
+        local function consider(v)
+                if v and u and v < u then v = u end
+                if v and (not t or v < t) then t = v end
+        end
+        consider(tonumber(redis.call('ZRANGE', K.dl, 0, 0, 'WITHSCORES')[2]))
+        consider(tonumber(redis.call('ZRANGE', K.nodes, 0, 0, 'WITHSCORES')[2]))
+        if M.recovery_until > 0 then consider(M.recovery_until) end
+        if M.congested == 0 and R.q and M.drained == 0 and not has_room_for_one() then
+                consider(M.last_fast + R.q + 1)
+        end
+        return t
+end
+
+-- engine.c:engine_advance(): every instant before t, each at its own time, and t itself if it is under
+-- way (an instant cut short by the budget: pool-local would have finished it before anything later at
+-- t; one that operations of t merely marked waits for the tick). False: budget spent.
+local function settle_until(t)
+        while true do
+                local due = next_due()
+                if not due or due > t then return true end
+                if due == t and not (M.running == 1 and M.unsettled_at == t) then return true end
+                if not step() then return false end
+                if not instant(due) then return false end
+        end
+end
+
+-- The end of an operation (settle flag): its own instant in the redis clock mode; in the manual one the
+-- instant is completed by the tick that follows (the engine's run()).
+local function finish_instant()
+        if SETTLE then
+                instant(now)
+        elseif M.unsettled_at ~= now then
+                meta_set('unsettled_at', now)
+                meta_set('phase', 0)
+        end
+end
+
+---------------------------------------------------------------------------------------------- replies
+
+local function cache()
+        local nd = next_due()
+        return {
+                M.in_use, M.waiting, M.congested, idle_at(now), M.drained, nd and nd or -1, M.counter,
+                M.epoch or '', M.recovery_until, stream_last, R.limit or 0,
+        }
+end
+
+local function reply(status, body)
+        flush()
+        return { status, now, body or {}, events, cache(), notices }
+end
+
+-- A reply before the pool's state was looked at: no events, no cache.
+local function early(status, body)
+        flush()
+        return { status, now, body or {}, {}, {}, {} }
+end
+
+-- The checks every script makes first: data model version, clock mode, the server's run id (a restart:
+-- an AOF everysec restart may have lost the last second of grants, so a recovery window starts).
+-- create: the tick may make the pool's keys. Returns nil, or a reply to return at once.
+local function prelude_begin(create)
+        if ARGV[1] ~= tostring(VERSION) then return early('version', { VERSION }) end
+        meta_load()
+        if M.version ~= 0 and M.version ~= VERSION then return early('version', { M.version }) end
+        local manual = MANUAL_NOW ~= '-'
+        if M.epoch then
+                if (M.clock_mode == 'manual') ~= manual then return early('manual-clock', { M.clock_mode }) end
+        elseif not create then
+                return early('unregistered')
+        end
+        if not clock(manual) then return early('clock') end
+        rules_load()
+        if M.epoch and M.run_id ~= RUN_ID then
+                if M.clock_mode ~= 'manual' and M.run_id then
+                        meta_set('recovery_until', math.max(M.recovery_until, now + R.ttl))
+                end
+                meta_set('run_id', RUN_ID)
+        end
+        return nil
+end
+
+-- A node may submit while it heartbeats and wants the stored rules.
+local function node_admitted()
+        local deadline = tonumber(redis.call('ZSCORE', K.nodes, NODE) or '')
+        if not deadline or deadline <= now then return 'unregistered' end
+        if redis.call('HGET', k_node(NODE), 'rules') ~= R.canon then return 'rules' end
+        return nil
+end

@@ -1,0 +1,34 @@
+-- release.lua — a lease of this node ends: its slots go back, and to waiters in queue order
+-- (pool-local.c:local_release(); SPEC §3.3 step 1).
+--
+-- KEYS  [1] "{sb:POOL}"
+-- ARGV  [1..5] the head (README)   [6] token   [7] rid
+-- Decides: the lease under token, if it is this node's with that rid, is freed (positions out of occ and,
+--       unless a drained member, busy; its identities out of sid; lane and pool counters; the node's
+--       records and fingerprint). Any other token is "gone": nothing changes — a retry, or a lease freed
+--       by a reap or lost to a Redis restart, whose token is nobody else's (tokens are unique). Neither
+--       registration nor agreed rules are required: leases granted under the agreed rules end as usual.
+--       Then the instant (settle flag 1: the freed slots are granted at once), or the tick does it.
+-- Appends: the grants and refusals of the instant, to their owners' streams and outcome keys.
+-- Returns: { status, now, { "released" | "gone" }, events, cache, notices }; "settling" before anything
+--       changed when earlier instants need more than the budget.
+-- Worst case: SETTLE_MAX steps + O(k) for the lease.
+
+local TOKEN, RID = ARGV[6], ARGV[7]
+
+local function release()
+        local early_reply = prelude_begin(false)
+        if early_reply then return early_reply end
+        if not settle_until(now) then return reply('settling') end
+
+        local result = 'gone'
+        local l = tonumber(TOKEN) and lease_get(TOKEN)
+        if l and l.node == NODE and l.rid == RID then
+                lease_free(l)
+                result = 'released'
+        end
+        finish_instant()
+        return reply('ok', { result })
+end
+
+return release()

@@ -1,0 +1,103 @@
+-- submit.lua — a request for k slots of a lane: granted at once, refused at once, or queued
+-- (pool-local.c:local_submit(); SPEC §3, §3.1, §3.3).
+--
+-- KEYS  [1] "{sb:POOL}"
+-- ARGV  [1..5] the head (README): version, node id, manual now or "-", run id, settle flag
+--       [6] rid (16 hex: the node's request id)   [7] lane   [8] k   [9] may_wait (0/1)
+--       [10] lane_budget_set (0/1)   [11] lane_budget (µs, -1 unbounded)   [12] client_cap (µs, -1 none)
+--       [13] arrival (pool clock µs: what the wait and the fast-admission test count from; "-": now)
+-- Decides: in this order — a known rid answers what it got before and changes nothing; version, clock
+--       mode, the node's registration and rules, a drained pool (unavailable "drained"), the lane and k
+--       (invalid); every earlier instant is settled (or "settling"); inside a recovery window a waiting
+--       request queues and an impatient one is refused (unavailable "recovery"); room (the lane's
+--       verdict is GRANTABLE and nobody who is not passed over waits) → granted; else may not wait →
+--       refused busy; the queue at max-queue → refused full; else queued with its budget fixed now.
+--       Then the instant itself (settle flag 1), or it is left for the tick (manual clock).
+-- Appends: decisions of waiters granted or refused in the instant, to their nodes' streams
+--       ({sb:P}:s:NODE); the final outcome of this rid to {sb:P}:o:NODE:RID (PX node TTL + 10 s); a queued
+--       request's own decision is the reply only.
+-- Returns: { status, now, decision, events, cache, notices } (README, "Replies"); status "ok" carries
+--       the decision (granted / queued / refused), "invalid" none.
+-- Worst case: SETTLE_MAX steps + O(lanes × distinct k × log n) for the room check + O(log n) to queue.
+
+local RID, LANE, K_SLOTS = ARGV[6], ARGV[7], tonumber(ARGV[8])
+local MAY_WAIT, LANE_BUDGET_SET = ARGV[9] == '1', ARGV[10] == '1'
+local LANE_BUDGET, CLIENT_CAP = unwire(ARGV[11]), unwire(ARGV[12])
+
+local function submit()
+        local early_reply = prelude_begin(false)
+        if early_reply then return early_reply end
+
+        -- Idempotency: the same rid again (a retry after a lost reply) gets what it got, nothing more.
+        local ref = redis.call('HGET', K.rid, NODE .. ':' .. RID)
+        if ref then
+                local kind, id = string.match(ref, '^(%a):(.+)$')
+                if kind == 'w' then
+                        local w = waiter_get(id)
+                        return reply('ok', decision('queued', RID, now, {
+                                state = w.state, idle = w.idle, budget = w.budget, position = waiter_position(w),
+                                queued = M.waiting,
+                        }))
+                end
+                return reply('ok', lease_decision(lease_get(id)))
+        end
+        local done = redis.call('GET', k_outcome(NODE, RID))
+        if done then return reply('ok', cmsgpack.unpack(done)) end
+
+        local refused = node_admitted()
+        if refused then return reply(refused) end
+        local arrival = tonumber(ARGV[13]) or now
+        local function refuse_now(refusal, reason)
+                local d = decision('refused', RID, now, { refusal = refusal, reason = reason })
+                outcome_store(NODE, RID, d)
+                return reply('ok', d)
+        end
+        if M.drained == 1 then return refuse_now('unavailable', 'drained') end
+        local rule = R.lanes[LANE]
+        if not rule or not K_SLOTS or K_SLOTS < 1 or K_SLOTS > R.limit then return reply('invalid') end
+
+        if not settle_until(now) then return reply('settling') end
+
+        local in_recovery = M.recovery_until > 0 and now < M.recovery_until
+        local d
+        if in_recovery and not MAY_WAIT then
+                return refuse_now('unavailable', 'recovery')
+        end
+        -- Room (SPEC §3): a waiter that a lane limit passes over does not count as waiting here
+        -- (pool-local.c, local_submit()).
+        if not in_recovery and lane_verdict(LANE, K_SLOTS, free_slots()) == GRANTABLE and not queue_next() then
+                d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil))
+                outcome_store(NODE, RID, d)
+        elseif not MAY_WAIT then
+                return refuse_now('busy', '')
+        elseif R.max_queue >= 0 and M.waiting >= R.max_queue then
+                return refuse_now('full', '')
+        else
+                meta_incr('seq', 1)
+                local w = {
+                        wid = string.format('%016x', M.seq), node = NODE, rid = RID, lane = LANE, k = K_SLOTS,
+                        arrival = arrival, state = 'none', idle = 0, budget = INF, shed = false,
+                        prio = rule.priority,
+                }
+                -- The budget is fixed now, from the idle time now (SPEC §3.1).
+                local adaptive = INF
+                if R.q then
+                        w.idle = idle_at(now)
+                        w.state = w.idle > R.q and 'saturated' or 'keeping-up'
+                        adaptive = w.state == 'saturated' and saturated_budget() or R.q
+                end
+                local base = LANE_BUDGET_SET and LANE_BUDGET or adaptive
+                w.budget = math.min(base, CLIENT_CAP)
+                w.shed = not LANE_BUDGET_SET and w.state == 'saturated' and adaptive <= CLIENT_CAP
+                w.deadline = usec_add(now, w.budget)
+                waiter_link(w)
+                d = decision('queued', RID, now, {
+                        state = w.state, idle = w.idle, budget = w.budget, position = waiter_position(w),
+                        queued = M.waiting,
+                })
+        end
+        finish_instant()
+        return reply('ok', d)
+end
+
+return submit()

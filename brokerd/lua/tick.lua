@@ -1,0 +1,222 @@
+-- tick.lua — a node's heartbeat: registration and liveness, the pool's creation and epoch, agreement on
+-- the rules, the token floor, a page of reconcile, and the instant (memo §3.6). In the manual clock mode
+-- a tick with the settle flag 1 is the engine's run(now): it completes the instant that the operations of
+-- `now` left unsettled; with 0 (a configure or a heartbeat between them) it leaves the instant open, as
+-- every other operation does.
+--
+-- KEYS  [1] "{sb:POOL}"
+-- ARGV  [1..5] the head (README)   [6] node name   [7] the rules canon the node wants ("=": as in its
+--       last tick)   [8] fp_n   [9] fp_x   [10] fp_s (the node's fingerprint of its records)
+--       (not used here: the node compares them with the reply's; they make a MONITOR trace show both)
+--       [11] token floor ("-": none; else tokens continue above floor − 1)   [12] a new epoch (random
+--       hex, used only if the pool's keys must be made)   [13] page_lo   [14] page_hi ("": no reconcile;
+--       "-"/"+": open ends)   [15…] the node's rids in [page_lo, page_hi], at most RECONCILE_PAGE
+-- Decides: no meta.epoch → the pool is new or Redis lost it: its keys are made with the caller's epoch,
+--       clock mode (manual iff ARGV[3] is a number) and, in the redis clock mode, a recovery window of one
+--       node TTL (no node can tell a new pool from a lost one); no stored rules → the caller's canon is
+--       stored. Then every earlier instant is settled (dead nodes reaped in pages: "settling" before the
+--       heartbeat counts if the budget runs out). Agreement: the wanted canon equal to the stored one →
+--       ok; else adopted when every other live node wants it too (held slots laid out again at once, a
+--       removed lane's waiters refused and a re-prioritised lane's waiters moved by a job that runs at
+--       the start of instants, SETTLE_MAX per call: no other adoption while it runs); else "rules" with
+--       the differing keys. The node's deadline becomes now + TTL either way
+--       (leases granted under agreed rules keep heartbeating). The token floor raises the counter. The
+--       reconcile page drops this node's records in [page_lo, page_hi] that the page does not list
+--       (a waiter withdrawn, a lease released). Then the instant at now (settle flag 1), or it stays
+--       open for a later call (0).
+-- Appends: the instant's grants and refusals, to their owners' streams and outcome keys.
+-- Returns: { status ("ok" | "rules" | "settling" | …), now, body, events, cache, notices } with body
+--       { deadline, epoch, recovery_until, rules status, { differing keys… }, { fp_n, fp_x, fp_s },
+--       stream last id, live nodes, reconciled_to ("": the whole page range; else the last rid looked at,
+--       continue after it) } (README, "tick").
+-- Worst case: SETTLE_MAX steps + RECONCILE_PAGE × O(log n) + O(nodes) for adoption + O(rules size);
+--       an adoption that lays held slots out again: O(slots held) once.
+
+local NAME, CANON_ARG = ARGV[6], ARGV[7]
+local FLOOR, NEW_EPOCH = ARGV[11], ARGV[12]
+local PAGE_LO, PAGE_HI = ARGV[13] or '', ARGV[14] or ''
+
+local function differing_keys(a, b)
+        local keys, seen = {}, {}
+        for k, v in pairs(a) do
+                seen[k] = true
+                if b[k] ~= v then keys[#keys + 1] = k end
+        end
+        for k in pairs(b) do if not seen[k] then keys[#keys + 1] = k end end
+        table.sort(keys)
+        return keys
+end
+
+local function rules_store(canon)
+        local fields = canon_parse(canon)
+        redis.call('DEL', K.rules)
+        local args = { 'canon', canon }
+        for k, v in pairs(fields) do args[#args + 1] = k; args[#args + 1] = v end
+        redis.call('HSET', K.rules, unpack(args))
+        local had_q = R.q ~= nil
+        R = rules_from(fields)
+        R.canon = canon
+        -- A pool that starts measuring idle time starts from now (SPEC §3.1).
+        if R.q and not had_q then meta_set('last_fast', now) end
+end
+
+-- pool-local.c:layout_plan()/layout_apply() under the stored (just adopted) rules: every held slot at
+-- its place (its member's index among the members, or its index in a pool of anonymous slots) when
+-- that place is free, the others above the limit, where they count as held until released; then `busy`
+-- is `occ` plus the drained members' free places. O(slots held), in one call: held ≤ the old limit plus
+-- what was above it already.
+local function relayout()
+        local home_of = {}
+        for i, m in ipairs(R.members or {}) do home_of[m] = i - 1 end
+        local leases = {}
+        local h = redis.call('HGETALL', K.h)
+        for i = 1, #h, 2 do leases[#leases + 1] = lease_get(h[i]) end
+        table.sort(leases, function(a, b) return a.token < b.token end) -- grant order, as pool-local's list
+        local taken = {}
+        for _, l in ipairs(leases) do
+                for i = 1, l.k do
+                        local m, home = l.members[i], nil
+                        if R.members then home = m and home_of[m] elseif not m then home = l.slots[i] end
+                        if home and not taken[home] then
+                                taken[home] = true
+                                l.pos[i] = home
+                        else
+                                l.pos[i] = false
+                        end
+                end
+        end
+        local next = R.limit
+        for _, l in ipairs(leases) do
+                for i = 1, l.k do
+                        if not l.pos[i] then
+                                while taken[next] do next = next + 1 end
+                                taken[next] = true
+                                l.pos[i] = next
+                        end
+                end
+                lease_put(l)
+        end
+        redis.call('DEL', K.occ, K.busy)
+        for pos in pairs(taken) do
+                redis.call('SETBIT', K.occ, pos, 1)
+                redis.call('SETBIT', K.busy, pos, 1)
+        end
+        local drained_free = 0
+        for i, m in ipairs(R.members or {}) do
+                if i <= R.limit and not taken[i - 1] and redis.call('SISMEMBER', K.dm, m) == 1 then
+                        redis.call('SETBIT', K.busy, i - 1, 1)
+                        drained_free = drained_free + 1
+                end
+        end
+        meta_set('drained_free', drained_free)
+end
+
+-- The wanted canon becomes the pool's when every other live node wants it too (memo §4.8). What it
+-- changes is applied as pool-local.c:local_configure() does: held slots laid out again, a removed
+-- lane's waiters refused, a re-prioritised lane's waiters moved (those two as a job: prelude.lua,
+-- rekey_step(), at this instant). While such a job runs no other change is adopted.
+local function agree(canon)
+        if canon == R.canon then return 'ok', {} end
+        local wanted = canon_parse(canon)
+        local diff = differing_keys(canon_parse(R.canon), wanted)
+        for _, other in ipairs(redis.call('ZRANGEBYSCORE', K.nodes, '(' .. istr(now), '+inf')) do
+                if other ~= NODE and redis.call('HGET', k_node(other), 'rules') ~= canon then return 'rules', diff end
+        end
+        if redis.call('EXISTS', K.rekey) == 1 then return 'rules', diff end
+
+        local old, new = R, rules_from(wanted)
+        local job = {}
+        for _, lane in ipairs(old.lane_names) do
+                if lane_get(lane).waiting > 0 then
+                        if not new.lanes[lane] then
+                                job[#job + 1] = 'drop:' .. lane
+                                job[#job + 1] = 1
+                        elseif new.lanes[lane].priority ~= old.lanes[lane].priority then
+                                job[#job + 1] = 'move:' .. lane
+                                job[#job + 1] = new.lanes[lane].priority
+                        end
+                end
+        end
+        local layout_changed = new.limit ~= old.limit or
+                table.concat(new.members or {}, ',') ~= table.concat(old.members or {}, ',') or
+                (new.members == nil) ~= (old.members == nil)
+        rules_store(canon)
+        if layout_changed then relayout() end
+        if #job > 0 then
+                redis.call('HSET', K.rekey, 'at', now, unpack(job))
+                if M.unsettled_at ~= now then
+                        meta_set('unsettled_at', now)
+                        meta_set('phase', 0)
+                end
+        end
+        return 'ok', {}
+end
+
+local function reconcile()
+        if PAGE_LO == '' then return '' end
+        local listed = {}
+        for i = 15, #ARGV do listed[ARGV[i]] = true end
+        local lo = PAGE_LO == '-' and '-' or '[' .. PAGE_LO
+        local hi = PAGE_HI == '+' and '+' or '[' .. PAGE_HI
+        local rids = redis.call('ZRANGEBYLEX', k_records(NODE), lo, hi, 'LIMIT', 0, RECONCILE_PAGE)
+        for _, rid in ipairs(rids) do
+                if not listed[rid] then
+                        local ref = redis.call('HGET', K.rid, NODE .. ':' .. rid) or ''
+                        local kind, id = string.match(ref, '^(%a):(.+)$')
+                        local w = kind == 'w' and waiter_get(id)
+                        local l = kind == 'l' and lease_get(id)
+                        if w then waiter_unlink(w)
+                        elseif l then lease_free(l)
+                        else redis.call('ZREM', k_records(NODE), rid) end -- no record behind it: no fingerprint
+                end
+        end
+        if #rids == RECONCILE_PAGE then return rids[#rids] end
+        return ''
+end
+
+local function tick()
+        local early_reply = prelude_begin(true)
+        if early_reply then return early_reply end
+
+        local canon = CANON_ARG
+        if canon == '=' then
+                canon = redis.call('HGET', k_node(NODE), 'rules')
+                if not canon then return early('canon') end
+        end
+        if not M.epoch then
+                local ttl = rules_from(canon_parse(canon)).ttl
+                meta_set('version', VERSION)
+                meta_set('epoch', NEW_EPOCH)
+                meta_set('clock_mode', MANUAL_NOW ~= '-' and 'manual' or 'redis')
+                meta_set('run_id', RUN_ID)
+                meta_set('recovery_until', M.clock_mode == 'manual' and 0 or now + ttl)
+        end
+        if not R.canon then rules_store(canon) end
+
+        if not settle_until(now) then return reply('settling') end
+
+        local status, diff = agree(canon)
+        local deadline = now + R.ttl
+        redis.call('ZADD', K.nodes, deadline, NODE)
+        redis.call('HSET', k_node(NODE), 'name', NAME, 'rules', canon)
+        redis.call('HSETNX', k_node(NODE), 'since', now)
+        if FLOOR ~= '-' and tonumber(FLOOR) and tonumber(FLOOR) - 1 > M.counter then
+                meta_set('counter', tonumber(FLOOR) - 1)
+        end
+        local reconciled_to = reconcile()
+        -- An adoption's refusals belong to this call (pool-local refuses them in configure(), before any
+        -- later arrival of the instant); what the budget leaves runs at the start of the instant.
+        rekey_step()
+        finish_instant()
+
+        flush()
+        local fp = redis.call('HMGET', k_node(NODE), 'fp_n', 'fp_x', 'fp_s')
+        local last = redis.call('XREVRANGE', k_stream(NODE), '+', '-', 'COUNT', 1)[1]
+        return reply(status, {
+                deadline, M.epoch, M.recovery_until, status, diff,
+                { tonumber(fp[1] or '0'), tonumber(fp[2] or '0'), tonumber(fp[3] or '0') },
+                last and last[1] or '0-0', redis.call('ZCOUNT', K.nodes, '(' .. istr(now), '+inf'), reconciled_to,
+        })
+end
+
+return tick()

@@ -1,0 +1,37 @@
+-- withdraw.lua — this node forgets a request: its client went away ("cancelled", SPEC §3.3), or the node
+-- refused it itself while Redis was unreachable (memo §4.7), or it answered a try the engine cancelled.
+--
+-- KEYS  [1] "{sb:POOL}"
+-- ARGV  [1..5] the head (README)   [6] rid
+-- Decides: a waiter under NODE:RID is unlinked, nothing answered (pool-local.c:local_withdraw()); a lease
+--       under it (granted while the withdraw was on its way) is released as release.lua does; neither is
+--       "gone". Its outcome key is dropped either way, so that nothing answers the rid again.
+--       Then the instant (settle flag 1), or the tick does it.
+-- Appends: the grants and refusals of the instant, to their owners' streams and outcome keys.
+-- Returns: { status, now, { "withdrawn" | "released" | "gone" }, events, cache, notices }; "settling"
+--       before anything changed when earlier instants need more than the budget.
+-- Worst case: SETTLE_MAX steps + O(log n).
+
+local RID = ARGV[6]
+
+local function withdraw()
+        local early_reply = prelude_begin(false)
+        if early_reply then return early_reply end
+        if not settle_until(now) then return reply('settling') end
+
+        local result = 'gone'
+        local ref = redis.call('HGET', K.rid, NODE .. ':' .. RID) or ''
+        local kind, id = string.match(ref, '^(%a):(.+)$')
+        if kind == 'w' then
+                waiter_unlink(waiter_get(id))
+                result = 'withdrawn'
+        elseif kind == 'l' then
+                lease_free(lease_get(id))
+                result = 'released'
+        end
+        redis.call('DEL', k_outcome(NODE, RID))
+        finish_instant()
+        return reply('ok', { result })
+end
+
+return withdraw()

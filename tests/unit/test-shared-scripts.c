@@ -1,0 +1,1577 @@
+/* SPDX-License-Identifier: MIT */
+/* test-shared-scripts.c — the Lua scripts of shared pools (brokerd/lua) run by a real redis-server that
+ * the test starts on a private Unix socket, driven through hiredis's synchronous API. Pools are made in
+ * the manual clock mode (memo §3.10): every call says its `now`, so that times, budgets and tokens are
+ * exact, as in test-engine.c, whose rules (pool-local.c) the scripts port. Each test flushes the server.
+ * Without redis-server the whole test is one TAP skip. */
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+#include <hiredis/hiredis.h>
+
+#include "pool.h"
+#include "redis-server.h"
+#include "shared-scripts.h"
+
+#define POOL "{sb:p}"
+#define SETTLE_MAX 64
+#define REAP_PAGE 128
+#define SEC 1000000LL
+
+/* Decision fields (brokerd/lua/README, "Decision"). */
+enum { D_VERDICT, D_RID, D_AT, D_WAIT, D_REFUSAL, D_REASON, D_STATE, D_IDLE, D_BUDGET, D_POSITION, D_QUEUED,
+       D_TOKEN, D_SLOTS, D_MEMBERS };
+/* Cache fields. */
+enum { C_IN_USE, C_WAITING, C_CONGESTED, C_IDLE, C_DRAINED, C_NEXT_WAKEUP, C_COUNTER, C_EPOCH, C_RECOVERY,
+       C_STREAM_LAST, C_LIMIT };
+/* Reply elements. */
+enum { R_STATUS, R_NOW, R_BODY, R_EVENTS, R_CACHE, R_NOTICES };
+
+static TestRedis server;
+static redisContext *redis;
+static char shas[8][41];
+static const char *run_id = "run1";     /* the run id the calls say their link saw */
+
+/* ---- calls ---- */
+
+static const char *sha_of(const char *op) {
+        for (size_t i = 0; i < shared_scripts_n; i++)
+                if (strcmp(shared_scripts[i].name, op) == 0)
+                        return shas[i];
+        fail_msg("no script %s", op);
+        return NULL;
+}
+
+/* Runs an operation script with the head (version 1, node, now or "-" for the redis clock, run_id,
+ * settle) and the op's arguments (NULL-terminated). */
+static redisReply *call_v(const char *op, const char *node, long long now, int settle, va_list ap) {
+        const char *argv[600];
+        char now_s[32], settle_s[4];
+        size_t n = 0;
+
+        if (now < 0)
+                snprintf(now_s, sizeof now_s, "-");
+        else
+                snprintf(now_s, sizeof now_s, "%lld", now);
+        snprintf(settle_s, sizeof settle_s, "%d", settle);
+        argv[n++] = "EVALSHA";
+        argv[n++] = sha_of(op);
+        argv[n++] = "1";
+        argv[n++] = POOL;
+        argv[n++] = "1";
+        argv[n++] = node;
+        argv[n++] = now_s;
+        argv[n++] = run_id;
+        argv[n++] = settle_s;
+        for (const char *a; (a = va_arg(ap, const char *)); )
+                argv[n++] = a;
+        redisReply *r = redisCommandArgv(redis, (int) n, argv, NULL);
+        assert_non_null(r);
+        if (r->type == REDIS_REPLY_ERROR)
+                fail_msg("%s: %s", op, r->str);
+        assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+        assert_int_equal(r->elements, 6);
+        return r;
+}
+
+static redisReply *call(const char *op, const char *node, long long now, int settle, ...) {
+        va_list ap;
+        va_start(ap, settle);
+        redisReply *r = call_v(op, node, now, settle, ap);
+        va_end(ap);
+        return r;
+}
+
+static const char *status(const redisReply *r) {
+        return r->element[R_STATUS]->str;
+}
+
+static const redisReply *body(const redisReply *r) {
+        return r->element[R_BODY];
+}
+
+static long long cache(const redisReply *r, size_t i) {
+        assert_true(r->element[R_CACHE]->elements > i);
+        return r->element[R_CACHE]->element[i]->integer;
+}
+
+static size_t n_events(const redisReply *r) {
+        return r->element[R_EVENTS]->elements;
+}
+
+static const redisReply *event(const redisReply *r, size_t i) {
+        assert_true(n_events(r) > i);
+        return r->element[R_EVENTS]->element[i];
+}
+
+static const char *field_s(const redisReply *d, size_t i) {
+        return d->element[i]->str;
+}
+
+static long long field_i(const redisReply *d, size_t i) {
+        return d->element[i]->integer;
+}
+
+#define CANON_ONE_LANE "backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\nlane.ci.reserve=0\n"
+
+static redisReply *tick_as(const char *node, long long now, const char *canon) {
+        return call("tick", node, now, 1, node, canon, "0", "0", "0", "-", "epoch1", "", NULL);
+}
+
+static void tick_ok(const char *node, long long now, const char *canon) {
+        redisReply *r = tick_as(node, now, canon);
+        assert_string_equal(status(r), "ok");
+        freeReplyObject(r);
+}
+
+/* submit as node n1 at now, settle 0 (the tick completes the instant, as the engine's run()). */
+static redisReply *submit_at(long long now, const char *rid, const char *lane, int k, bool may_wait,
+                             long long client_cap) {
+        char k_s[16], cap_s[32];
+        snprintf(k_s, sizeof k_s, "%d", k);
+        snprintf(cap_s, sizeof cap_s, "%lld", client_cap);
+        redisReply *r = call("submit", "n1", now, 0, rid, lane, k_s, may_wait ? "1" : "0", "0", "-1", cap_s, "-",
+                             NULL);
+        assert_string_equal(status(r), "ok");
+        return r;
+}
+
+static void expect_verdict(const char *rid, long long now, const char *lane, int k, const char *verdict) {
+        redisReply *r = submit_at(now, rid, lane, k, true, -1);
+        assert_string_equal(field_s(body(r), D_VERDICT), verdict);
+        freeReplyObject(r);
+}
+
+static redisReply *release_at(long long now, long long token, const char *rid) {
+        char t[32];
+        snprintf(t, sizeof t, "%lld", token);
+        redisReply *r = call("release", "n1", now, 0, t, rid, NULL);
+        assert_string_equal(status(r), "ok");
+        return r;
+}
+
+/* ---- fixture ---- */
+
+static int setup(void **state) {
+        redisReply *r = redisCommand(redis, "FLUSHALL");
+        run_id = "run1";
+        assert_non_null(r);
+        freeReplyObject(r);
+        return 0;
+}
+
+/* ---- tests ---- */
+
+static void test_grants_up_to_the_limit_then_queues_and_hands_on_in_order(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
+
+        redisReply *a = submit_at(2000, "a", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+        assert_int_equal(field_i(body(a), D_TOKEN), 1);
+        assert_int_equal(body(a)->element[D_SLOTS]->element[0]->integer, 0);
+        expect_verdict("b", 2000, "ci", 1, "granted");
+        redisReply *c = submit_at(2000, "c", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(c), D_VERDICT), "queued");
+        assert_int_equal(field_i(body(c), D_POSITION), 0);
+        expect_verdict("d", 2000, "ci", 1, "queued");
+        freeReplyObject(c);
+
+        /* Slot 0 frees at 5000: the first waiter gets it, on the same slot, with the next token. */
+        freeReplyObject(release_at(5000, field_i(body(a), D_TOKEN), "a"));
+        freeReplyObject(a);
+        redisReply *t = tick_as("n1", 5000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_VERDICT), "granted");
+        assert_string_equal(field_s(event(t, 0), D_RID), "c");
+        assert_int_equal(field_i(event(t, 0), D_AT), 5000);
+        assert_int_equal(field_i(event(t, 0), D_WAIT), 3000);
+        assert_int_equal(field_i(event(t, 0), D_TOKEN), 3);
+        assert_int_equal(event(t, 0)->element[D_SLOTS]->element[0]->integer, 0);
+        assert_int_equal(cache(t, C_IN_USE), 2);
+        assert_int_equal(cache(t, C_WAITING), 1);
+        freeReplyObject(t);
+}
+
+static void test_same_rid_twice_is_one_request(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        expect_verdict("a", 2000, "ci", 1, "granted");
+        redisReply *b1 = submit_at(2000, "b", "ci", 1, true, -1);
+        redisReply *b2 = submit_at(3000, "b", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(b2), D_VERDICT), "queued");
+        assert_int_equal(cache(b2, C_WAITING), 1);
+        freeReplyObject(b1);
+        freeReplyObject(b2);
+        /* A granted rid again: its grant, not a second one. */
+        redisReply *a2 = submit_at(3000, "a", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(a2), D_VERDICT), "granted");
+        assert_int_equal(field_i(body(a2), D_TOKEN), 1);
+        assert_int_equal(cache(a2, C_IN_USE), 1);
+        assert_int_equal(cache(a2, C_COUNTER), 1);
+        freeReplyObject(a2);
+        /* A refused one again (after its outcome was recorded): the same refusal. */
+        redisReply *c1 = submit_at(3000, "c", "ci", 1, false, -1);
+        assert_string_equal(field_s(body(c1), D_REFUSAL), "busy");
+        freeReplyObject(c1);
+        redisReply *c2 = submit_at(3000, "c", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(c2), D_VERDICT), "refused");
+        assert_string_equal(field_s(body(c2), D_REFUSAL), "busy");
+        assert_int_equal(cache(c2, C_WAITING), 1);
+        freeReplyObject(c2);
+}
+
+#define CANON_TWO_LANES \
+        "backend-node-ttl=30000000\nlane.hi.max-in-use=-1\nlane.hi.priority=10\nlane.hi.reserve=0\n" \
+        "lane.lo.max-in-use=-1\nlane.lo.priority=0\nlane.lo.reserve=0\nlimit=2\n"
+
+/* A high-priority head that needs two slots holds everyone back: no barging by a one-slot waiter. */
+static void test_priority_head_holds_back_smaller_waiters(void **state) {
+        tick_ok("n1", 1000, CANON_TWO_LANES);
+        redisReply *a = submit_at(2000, "a", "lo", 1, true, -1);
+        redisReply *b = submit_at(2000, "b", "lo", 1, true, -1);
+        expect_verdict("w1", 3000, "lo", 1, "queued");
+        redisReply *w2 = submit_at(3000, "w2", "hi", 2, true, -1);
+        assert_int_equal(field_i(body(w2), D_POSITION), 0); /* ahead of the earlier lo waiter */
+        freeReplyObject(w2);
+
+        freeReplyObject(release_at(4000, field_i(body(a), D_TOKEN), "a"));
+        redisReply *t = tick_as("n1", 4000, "=");
+        assert_int_equal(n_events(t), 0);
+        freeReplyObject(t);
+
+        freeReplyObject(release_at(5000, field_i(body(b), D_TOKEN), "b"));
+        t = tick_as("n1", 5000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "w2");
+        assert_int_equal(event(t, 0)->element[D_SLOTS]->elements, 2);
+        freeReplyObject(t);
+        freeReplyObject(a);
+        freeReplyObject(b);
+}
+
+/* max-in-use passes a lane's waiter over; reserve keeps the last slot for the other lane. */
+static void test_lane_limits_pass_over_and_reserve_holds_a_slot(void **state) {
+        tick_ok("n1", 1000,
+                "backend-node-ttl=30000000\nlane.merge.max-in-use=-1\nlane.merge.priority=0\nlane.merge.reserve=1\n"
+                "lane.nightly.max-in-use=1\nlane.nightly.priority=0\nlane.nightly.reserve=0\nlimit=3\n");
+        expect_verdict("n-a", 2000, "nightly", 1, "granted");
+        /* nightly is at its max-in-use: queued, and passed over... */
+        expect_verdict("n-b", 2000, "nightly", 1, "queued");
+        /* ...so a merge request finds room although someone waits. */
+        expect_verdict("m-a", 2000, "merge", 1, "granted");
+        /* One slot left, reserved for merge by nobody (merge uses 1 ≥ reserve 1): a merge request takes it. */
+        expect_verdict("m-b", 2000, "merge", 1, "granted");
+}
+
+static void test_reserve_keeps_the_last_slot_from_another_lane(void **state) {
+        tick_ok("n1", 1000,
+                "backend-node-ttl=30000000\nlane.merge.max-in-use=-1\nlane.merge.priority=0\nlane.merge.reserve=1\n"
+                "lane.nightly.max-in-use=-1\nlane.nightly.priority=0\nlane.nightly.reserve=0\nlimit=2\n");
+        expect_verdict("n-a", 2000, "nightly", 1, "granted");
+        /* The last free slot is merge's reserve: nightly queues, merge still gets it. */
+        expect_verdict("n-b", 2000, "nightly", 1, "queued");
+        expect_verdict("m-a", 2000, "merge", 1, "granted");
+}
+
+/* SPEC §3.3: at one instant the releases come first, then arrivals (no barging past a waiter), then the
+ * queue is served, then the budgets that end now are refused — a waiter whose budget ends at the
+ * instant its slot frees is granted. */
+static void test_same_instant_order(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        tick_ok("n1", 1000, "=");
+        redisReply *w = submit_at(2000, "w", "ci", 1, true, 8000); /* budget ends at 10000 */
+        assert_int_equal(field_i(body(w), D_BUDGET), 8000);
+        freeReplyObject(w);
+        tick_ok("n1", 2000, "=");
+
+        freeReplyObject(release_at(10000, field_i(body(a), D_TOKEN), "a"));
+        expect_verdict("late", 10000, "ci", 1, "queued");
+        redisReply *t = tick_as("n1", 10000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "w");
+        assert_string_equal(field_s(event(t, 0), D_VERDICT), "granted");
+        freeReplyObject(t);
+        freeReplyObject(a);
+}
+
+/* A budget ends at its own instant, even when the next call comes much later; the refusal says when. */
+static void test_budget_runs_out_at_its_own_deadline(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\nqueue-timeout=10000000\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        redisReply *w = submit_at(2000, "w", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(w), D_STATE), "keeping-up");
+        assert_int_equal(field_i(body(w), D_BUDGET), 10 * SEC);
+        freeReplyObject(w);
+        tick_ok("n1", 2000, "=");
+
+        /* The gauge flips first (idle passes Q at 1000 + Q + 1), then the budget ends. (Before the node's
+         * own deadline, 2000 + 30 s: past it the node's lease would be reaped too.) */
+        redisReply *t = tick_as("n1", 20 * SEC, "=");
+        assert_int_equal(n_events(t), 2);
+        assert_string_equal(field_s(event(t, 0), 0), "congestion");
+        assert_int_equal(field_i(event(t, 0), 1), 1000 + 10 * SEC + 1);
+        assert_string_equal(field_s(event(t, 1), D_VERDICT), "refused");
+        assert_string_equal(field_s(event(t, 1), D_RID), "w");
+        assert_string_equal(field_s(event(t, 1), D_REFUSAL), "timeout");
+        assert_int_equal(field_i(event(t, 1), D_AT), 10 * SEC + 2000);
+        assert_int_equal(field_i(event(t, 1), D_WAIT), 10 * SEC);
+        freeReplyObject(t);
+}
+
+/* The gauge turns on by itself once idle passes Q with no room, at last_fast + Q + 1. */
+static void test_congestion_flips_at_its_own_instant(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\nqueue-timeout=10000000\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        redisReply *t = tick_as("n1", 1000, "=");
+        assert_int_equal(cache(t, C_NEXT_WAKEUP), 1000 + 10 * SEC + 1);
+        freeReplyObject(t);
+
+        t = tick_as("n1", 20 * SEC, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), 0), "congestion");
+        assert_int_equal(field_i(event(t, 0), 1), 1000 + 10 * SEC + 1);
+        assert_int_equal(field_i(event(t, 0), 3), 1);
+        assert_int_equal(cache(t, C_CONGESTED), 1);
+        freeReplyObject(t);
+}
+
+static void test_release_of_an_unknown_token_changes_nothing(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        redisReply *r = release_at(2000, 99, "a");
+        assert_string_equal(body(r)->element[0]->str, "gone");
+        assert_int_equal(cache(r, C_IN_USE), 1);
+        freeReplyObject(r);
+        /* The right token, another node: not its lease. */
+        redisReply *o = call("release", "n2", 2000, 0, "1", "a", NULL);
+        assert_string_equal(body(o)->element[0]->str, "gone");
+        assert_int_equal(cache(o, C_IN_USE), 1);
+        freeReplyObject(o);
+        r = release_at(2000, 1, "a");
+        assert_string_equal(body(r)->element[0]->str, "released");
+        assert_int_equal(cache(r, C_IN_USE), 0);
+        freeReplyObject(r);
+        /* Twice: gone. */
+        r = release_at(2000, 1, "a");
+        assert_string_equal(body(r)->element[0]->str, "gone");
+        freeReplyObject(r);
+}
+
+static void test_withdraw_unlinks_a_waiter_without_answer(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        expect_verdict("w", 1000, "ci", 1, "queued");
+        redisReply *r = call("withdraw", "n1", 2000, 0, "w", NULL);
+        assert_string_equal(body(r)->element[0]->str, "withdrawn");
+        assert_int_equal(cache(r, C_WAITING), 0);
+        assert_int_equal(n_events(r), 0);
+        freeReplyObject(r);
+        freeReplyObject(release_at(3000, field_i(body(a), D_TOKEN), "a"));
+        redisReply *t = tick_as("n1", 3000, "=");
+        assert_int_equal(n_events(t), 0);
+        assert_int_equal(cache(t, C_IN_USE), 0);
+        freeReplyObject(t);
+        freeReplyObject(a);
+}
+
+/* Decisions for another node's requests go to that node's stream, not into the caller's reply. */
+static void test_grants_for_another_node_go_to_its_stream(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        tick_ok("n2", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        redisReply *w = call("submit", "n2", 1000, 0, "w", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(w), D_VERDICT), "queued");
+        freeReplyObject(w);
+        freeReplyObject(release_at(2000, field_i(body(a), D_TOKEN), "a"));
+        redisReply *t = tick_as("n1", 2000, "=");
+        assert_int_equal(n_events(t), 0);
+        freeReplyObject(t);
+        redisReply *s = redisCommand(redis, "XRANGE " POOL ":s:n2 - +");
+        assert_int_equal(s->type, REDIS_REPLY_ARRAY);
+        assert_int_equal(s->elements, 1);
+        const redisReply *f = s->element[0]->element[1];
+        const char *want[] = { "verdict", "granted", "rid", "w", "at", "2000", "wait", "1000", "refusal", "",
+                               "reason", "", "state", "none", "idle", "0", "budget", "-1", "position", "0",
+                               "queued", "0", "token", "2", "slots", "0", "members", "" };
+        assert_int_equal(f->elements, sizeof want / sizeof want[0]);
+        for (size_t i = 0; i < f->elements; i++)
+                assert_string_equal(f->element[i]->str, want[i]);
+        freeReplyObject(s);
+        freeReplyObject(a);
+}
+
+/* The pool's keys made by a test (manual clock) are refused by a production node, and the other way. */
+static void test_a_production_node_refuses_a_manual_clock_pool(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *r = call("submit", "n2", -1, 1, "x", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "manual-clock");
+        freeReplyObject(r);
+        r = call("tick", "n2", -1, 1, "n2", CANON_ONE_LANE "limit=1\n", "0", "0", "0", "-", "e2", "", NULL);
+        assert_string_equal(status(r), "manual-clock");
+        freeReplyObject(r);
+}
+
+static void test_manual_now_never_goes_back(void **state) {
+        tick_ok("n1", 5000, CANON_ONE_LANE "limit=1\n");
+        redisReply *r = submit_at(5000, "a", "ci", 1, true, -1); /* equal: allowed */
+        freeReplyObject(r);
+        r = call("submit", "n1", 4999, 0, "b", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "clock");
+        freeReplyObject(r);
+}
+
+/* In the redis clock mode, a new pool (or one Redis lost) grants nothing for one node TTL. */
+static void test_a_new_redis_clock_pool_starts_with_a_recovery_window(void **state) {
+        redisReply *t = call("tick", "n1", -1, 1, "n1", CANON_ONE_LANE "limit=1\n", "0", "0", "0", "-", "e1", "",
+                             NULL);
+        assert_string_equal(status(t), "ok");
+        long long now = t->element[R_NOW]->integer;
+        assert_int_equal(cache(t, C_RECOVERY), now + 30 * SEC);
+        freeReplyObject(t);
+        redisReply *r = call("submit", "n1", -1, 1, "x", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "ok");
+        assert_string_equal(field_s(body(r), D_REFUSAL), "unavailable");
+        assert_string_equal(field_s(body(r), D_REASON), "recovery");
+        freeReplyObject(r);
+        r = call("submit", "n1", -1, 1, "y", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        /* Its pool clock is strictly increasing. */
+        assert_true(r->element[R_NOW]->integer > now);
+        freeReplyObject(r);
+}
+
+static void test_rules_mismatch_names_the_keys_then_adoption(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
+        tick_ok("n2", 1000, CANON_ONE_LANE "limit=2\n");
+        /* n2 wants limit 3: n1 still wants 2, so n2 is refused with the key that differs. */
+        redisReply *t = tick_as("n2", 2000, CANON_ONE_LANE "limit=3\n");
+        assert_string_equal(status(t), "rules");
+        const redisReply *diff = body(t)->element[4];
+        assert_int_equal(diff->elements, 1);
+        assert_string_equal(diff->element[0]->str, "limit");
+        freeReplyObject(t);
+        redisReply *s = call("submit", "n2", 2000, 0, "x", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(s), "rules");
+        freeReplyObject(s);
+        /* n1 reloads too: every live node wants limit 3, which is adopted. */
+        t = tick_as("n1", 3000, CANON_ONE_LANE "limit=3\n");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(cache(t, C_LIMIT), 3);
+        freeReplyObject(t);
+        tick_ok("n2", 3000, "=");
+}
+
+/* FNV-1a 32, as pool-shared.c will compute it. */
+static uint32_t fnv1a32(const char *s) {
+        uint32_t h = 2166136261u;
+        for (; *s; s++) {
+                h ^= (unsigned char) *s;
+                h *= 16777619u;
+        }
+        return h;
+}
+
+static void test_fingerprints_equal_the_c_implementation(void **state) {
+        uint32_t x = 0, sum = 0;
+        unsigned n = 0;
+        char rid[17], kind_rid[20];
+        uint64_t seed = 0x9e3779b97f4a7c15u;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1000\n");
+        for (int i = 0; i < 10000; i++) {
+                seed = seed * 6364136223846793005u + 1442695040888963407u;
+                snprintf(rid, sizeof rid, "%016" PRIx64, seed);
+                redisReply *r = submit_at(1000, rid, "ci", 1, true, -1);
+                const char *v = field_s(body(r), D_VERDICT);
+                snprintf(kind_rid, sizeof kind_rid, "%s%c", rid, strcmp(v, "granted") == 0 ? 'l' : 'w');
+                freeReplyObject(r);
+                uint32_t h = fnv1a32(kind_rid);
+                x ^= h;
+                sum += h;
+                n++;
+        }
+        redisReply *t = tick_as("n1", 1000, "=");
+        const redisReply *fp = body(t)->element[5];
+        assert_int_equal(fp->element[0]->integer, n);
+        assert_int_equal(fp->element[1]->integer, x);
+        assert_int_equal(fp->element[2]->integer, sum);
+        freeReplyObject(t);
+}
+
+/* Budgets: 100 waiters whose budgets all end at one instant are refused over two calls, at most
+ * SETTLE_MAX steps each; the operation that found them unsettled is "settling" and changes nothing. */
+static void test_expiries_beyond_the_budget_are_settled_over_calls(void **state) {
+        char rid[16];
+        size_t refused = 0, calls = 0;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        for (int i = 0; i < 100; i++) {
+                snprintf(rid, sizeof rid, "w%03d", i);
+                redisReply *r = submit_at(1000, rid, "ci", 1, true, 5 * SEC);
+                freeReplyObject(r);
+        }
+        tick_ok("n1", 1000, "=");
+        for (;;) {
+                redisReply *s = call("submit", "n1", 10 * SEC, 0, "late", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+                calls++;
+                assert_true(n_events(s) <= SETTLE_MAX);
+                refused += n_events(s);
+                bool settling = strcmp(status(s), "settling") == 0;
+                if (!settling)
+                        assert_string_equal(field_s(body(s), D_VERDICT), "queued");
+                freeReplyObject(s);
+                if (!settling)
+                        break;
+                assert_true(calls < 10);
+        }
+        assert_int_equal(refused, 100);
+        assert_true(calls >= 2);
+}
+
+/* A dead node's 1,000 waiters and its lease are freed a page per call; its slot then goes on in order. */
+static void test_a_dead_node_is_reaped_in_pages(void **state) {
+        char rid[16];
+        size_t calls = 0, granted = 0;
+        bool expired = false;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        tick_ok("n2", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = call("submit", "n2", 1000, 0, "a", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+        freeReplyObject(a);
+        for (int i = 0; i < 1000; i++) {
+                snprintf(rid, sizeof rid, "d%04d", i);
+                freeReplyObject(call("submit", "n2", 1000, 0, rid, "ci", "1", "1", "0", "-1", "-1", "-", NULL));
+        }
+        expect_verdict("mine", 2000, "ci", 1, "queued");
+        tick_ok("n1", 2000, "=");
+
+        /* n1 keeps heartbeating; n2 stopped at 1000, deadline 1000 + 30 s. */
+        tick_ok("n1", 20 * SEC, "=");
+        for (long long now = 31 * SEC; !expired; now += 1000) {
+                redisReply *before = redisCommand(redis, "ZCARD " POOL ":nr:n2");
+                redisReply *t = tick_as("n1", now, "=");
+                redisReply *after = redisCommand(redis, "ZCARD " POOL ":nr:n2");
+                /* One page per call, at most. */
+                assert_true(before->integer - after->integer <= REAP_PAGE);
+                freeReplyObject(before);
+                freeReplyObject(after);
+                calls++;
+                for (size_t i = 0; i < t->element[R_NOTICES]->elements; i++) {
+                        const redisReply *nt = t->element[R_NOTICES]->element[i];
+                        assert_string_equal(nt->element[0]->str, "node-expired");
+                        assert_int_equal(nt->element[3]->integer, 1);
+                        assert_int_equal(nt->element[4]->integer, 1000);
+                        expired = true;
+                }
+                for (size_t i = 0; i < n_events(t); i++)
+                        if (strcmp(field_s(event(t, i), D_VERDICT), "granted") == 0) {
+                                assert_string_equal(field_s(event(t, i), D_RID), "mine");
+                                /* Granted at the instant the node died, not when the reaping ended. */
+                                assert_int_equal(field_i(event(t, i), D_AT), 1000 + 30 * SEC);
+                                granted++;
+                        }
+                freeReplyObject(t);
+                assert_true(calls < 100);
+        }
+        assert_true(calls >= 1000 / REAP_PAGE);
+        assert_int_equal(granted, 1);
+        redisReply *e = redisCommand(redis, "EXISTS " POOL ":nr:n2 " POOL ":node:n2");
+        assert_int_equal(e->integer, 0);
+        freeReplyObject(e);
+}
+
+/* Script time with 10,000 waiters, as Redis measures it (INFO commandstats, reset before each call): a
+ * queueing submit, a release, the tick that hands the freed slots on (SETTLE_MAX steps: the worst case a
+ * call can do), a withdraw, positions of POSITIONS_MAX rids, a status snapshot. Printed; asserted only
+ * loosely (the machine is shared), and the budget exactly. */
+static long long evalsha_usec(void) {
+        redisReply *info = redisCommand(redis, "INFO commandstats");
+        const char *p = strstr(info->str, "cmdstat_evalsha:calls=1,usec=");
+        assert_non_null(p);
+        long long us = strtoll(p + strlen("cmdstat_evalsha:calls=1,usec="), NULL, 10);
+        freeReplyObject(info);
+        return us;
+}
+
+static redisReply *timed(const char *label, long long *worst, redisReply *(*fn)(void)) {
+        freeReplyObject(redisCommand(redis, "CONFIG RESETSTAT"));
+        redisReply *r = fn();
+        long long us = evalsha_usec();
+        printf("# %-40s %6lld µs (%zu events)\n", label, us, n_events(r));
+        if (us > *worst)
+                *worst = us;
+        return r;
+}
+
+static long long big_token;
+static redisReply *t_submit(void) { return submit_at(2000, "x", "ci", 2, true, -1); }
+static redisReply *t_release(void) { return release_at(3000, big_token, "big"); }
+static redisReply *t_tick(void) { return tick_as("n1", 3000, "="); }
+static redisReply *t_withdraw(void) { return call("withdraw", "n1", 4000, 1, "w05000", NULL); }
+static redisReply *t_retry(void) {
+        return call("submit", "n1", 4000, 1, "w09999", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+}
+static redisReply *t_positions(void) {
+        const char *argv[9 + 4 + 256];
+        static char rids[256][8];
+        size_t n = 0;
+        argv[n++] = "EVALSHA"; argv[n++] = sha_of("positions"); argv[n++] = "1"; argv[n++] = POOL;
+        argv[n++] = "1"; argv[n++] = "n1"; argv[n++] = "4000"; argv[n++] = run_id; argv[n++] = "0";
+        argv[n++] = "pos";
+        for (int i = 0; i < 256; i++) {
+                snprintf(rids[i], sizeof rids[i], "w%05d", 9000 + i);
+                argv[n++] = rids[i];
+        }
+        return redisCommandArgv(redis, (int) n, argv, NULL);
+}
+static redisReply *t_status(void) { return call("positions", "n1", 4000, 0, "status", NULL); }
+
+static void test_script_time_at_10000_waiters(void **state) {
+        char rid[16];
+        long long worst = 0;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=64\nqueue-timeout=600000000\n");
+        redisReply *big = submit_at(1000, "big", "ci", 64, true, -1);
+        big_token = field_i(body(big), D_TOKEN);
+        freeReplyObject(big);
+        for (int i = 0; i < 10000; i++) {
+                snprintf(rid, sizeof rid, "w%05d", i);
+                freeReplyObject(submit_at(1000, rid, "ci", 1 + i % 2, true, -1));
+        }
+        tick_ok("n1", 1000, "=");
+
+        freeReplyObject(timed("submit (queued)", &worst, t_submit));
+        freeReplyObject(timed("release", &worst, t_release));
+        redisReply *t = timed("tick handing 64 slots on (budget)", &worst, t_tick);
+        /* 43 grants (k = 1, 2, 1, … = 64 slots) and the instant: within SETTLE_MAX, and all of them. */
+        assert_int_equal(n_events(t), 43);
+        freeReplyObject(t);
+        freeReplyObject(timed("withdraw", &worst, t_withdraw));
+        redisReply *p = timed("submit again (idempotent)", &worst, t_retry);
+        /* w00000…w00042 granted, w05000 withdrawn. */
+        assert_int_equal(field_i(body(p), D_POSITION), 9999 - 43 - 1);
+        freeReplyObject(p);
+        freeReplyObject(timed("positions of 256 rids", &worst, t_positions));
+        freeReplyObject(timed("positions status", &worst, t_status));
+        printf("# worst script call at 10,000 waiters: %lld µs\n", worst);
+        assert_true(worst > 0);
+        assert_true(worst < 100000);
+}
+
+static void test_positions_say_queued_granted_refused_or_gone(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        expect_verdict("w1", 1000, "ci", 1, "queued");
+        expect_verdict("w2", 1000, "ci", 1, "queued");
+        freeReplyObject(submit_at(1000, "b", "ci", 1, false, -1)); /* refused busy */
+        redisReply *r = call("positions", "n1", 1000, 0, "pos", "w2", "a", "b", "nope", NULL);
+        assert_string_equal(status(r), "ok");
+        const redisReply *p = body(r);
+        assert_int_equal(p->elements, 4);
+        assert_string_equal(p->element[0]->element[0]->str, "queued");
+        assert_int_equal(p->element[0]->element[1]->integer, 1);
+        assert_int_equal(p->element[0]->element[2]->integer, 2);
+        assert_string_equal(p->element[1]->element[D_VERDICT]->str, "granted");
+        assert_int_equal(p->element[1]->element[D_TOKEN]->integer, 1);
+        assert_string_equal(p->element[2]->element[D_REFUSAL]->str, "busy");
+        assert_string_equal(p->element[3]->element[0]->str, "gone");
+        freeReplyObject(r);
+}
+
+static void test_status_lists_every_nodes_holders_and_the_first_waiters(void **state) {
+        char rid[16];
+
+        tick_ok("n1", 1000, CANON_TWO_LANES);
+        redisReply *t = call("tick", "n2", 1000, 1, "host-two", CANON_TWO_LANES, "0", "0", "0", "-", "e", "", NULL);
+        freeReplyObject(t);
+        expect_verdict("a", 1000, "lo", 1, "granted");
+        freeReplyObject(call("submit", "n2", 1000, 0, "b", "hi", "1", "1", "0", "-1", "-1", "-", NULL));
+        for (int i = 0; i < 150; i++) {
+                snprintf(rid, sizeof rid, "w%03d", i);
+                freeReplyObject(submit_at(1000, rid, "lo", 1, true, -1));
+        }
+        freeReplyObject(call("submit", "n2", 1000, 0, "late-hi", "hi", "1", "1", "0", "-1", "-1", "-", NULL));
+        redisReply *r = call("positions", "n1", 1000, 0, "status", NULL);
+        const redisReply *holders = body(r)->element[0], *waiters = body(r)->element[1];
+        assert_int_equal(holders->elements, 2);
+        bool saw_two = false;
+        for (size_t i = 0; i < holders->elements; i++)
+                if (strcmp(holders->element[i]->element[1]->str, "host-two") == 0) {
+                        assert_string_equal(holders->element[i]->element[0]->str, "n2");
+                        assert_string_equal(holders->element[i]->element[2]->str, "b");
+                        assert_string_equal(holders->element[i]->element[3]->str, "hi");
+                        saw_two = true;
+                }
+        assert_true(saw_two);
+        assert_int_equal(waiters->elements, 100);
+        /* The later high-priority waiter is first. */
+        assert_string_equal(waiters->element[0]->element[1]->str, "host-two");
+        assert_string_equal(waiters->element[0]->element[2]->str, "late-hi");
+        assert_string_equal(waiters->element[0]->element[3]->str, "hi");
+        assert_string_equal(waiters->element[1]->element[3]->str, "lo");
+        assert_string_equal(waiters->element[1]->element[2]->str, "w000");
+        assert_int_equal(waiters->element[99]->element[6]->integer, 99);
+        assert_int_equal(body(r)->element[2]->integer, 151);
+        freeReplyObject(r);
+}
+
+static void test_a_pool_drain_refuses_every_waiter_within_the_budget(void **state) {
+        char rid[16];
+        size_t refused = 0, calls = 0;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        for (int i = 0; i < 100; i++) {
+                snprintf(rid, sizeof rid, "w%03d", i);
+                freeReplyObject(submit_at(1000, rid, "ci", 1, true, -1));
+        }
+        tick_ok("n1", 1000, "=");
+        for (;;) {
+                redisReply *d = call("drain", "n1", 2000, 0, "", "1", NULL);
+                calls++;
+                assert_true(n_events(d) <= SETTLE_MAX);
+                for (size_t i = 0; i < n_events(d); i++) {
+                        assert_string_equal(field_s(event(d, i), D_REFUSAL), "unavailable");
+                        assert_string_equal(field_s(event(d, i), D_REASON), "drained");
+                }
+                refused += n_events(d);
+                bool settling = strcmp(status(d), "settling") == 0;
+                assert_int_equal(cache(d, C_DRAINED), 1);
+                freeReplyObject(d);
+                if (!settling)
+                        break;
+                assert_true(calls < 10);
+        }
+        assert_int_equal(refused, 100);
+        assert_int_equal(calls, 2);
+        /* Drained: a new request is refused, a freed slot goes to nobody. */
+        redisReply *s = submit_at(2000, "new", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(s), D_REASON), "drained");
+        freeReplyObject(s);
+        freeReplyObject(release_at(3000, field_i(body(a), D_TOKEN), "a"));
+        freeReplyObject(call("drain", "n1", 4000, 0, "", "0", NULL));
+        expect_verdict("after", 4000, "ci", 1, "granted");
+        freeReplyObject(a);
+}
+
+#define CANON_MEMBERS CANON_ONE_LANE "limit=2\nmembers=alpha,beta\n"
+
+static void test_a_drained_member_is_not_granted(void **state) {
+        tick_ok("n1", 1000, CANON_MEMBERS);
+        redisReply *d = call("drain", "n1", 1000, 0, "alpha", "1", NULL);
+        assert_string_equal(body(d)->element[0]->str, "drained");
+        freeReplyObject(d);
+        d = call("drain", "n1", 1000, 0, "gamma", "1", NULL);
+        assert_string_equal(body(d)->element[0]->str, "unknown-member");
+        freeReplyObject(d);
+        redisReply *b = submit_at(1000, "b", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(b), D_VERDICT), "granted");
+        assert_string_equal(body(b)->element[D_MEMBERS]->element[0]->str, "beta");
+        assert_int_equal(body(b)->element[D_SLOTS]->element[0]->integer, 1);
+        freeReplyObject(b);
+        expect_verdict("c", 1000, "ci", 1, "queued");
+        tick_ok("n1", 1000, "=");
+        freeReplyObject(call("drain", "n1", 2000, 0, "alpha", "0", NULL));
+        redisReply *t = tick_as("n1", 2000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(event(t, 0)->element[D_MEMBERS]->element[0]->str, "alpha");
+        freeReplyObject(t);
+}
+
+static redisReply *reclaim(long long now, const char *rid, const char *token, const char *slot) {
+        return call("reclaim", "n1", now, 1, rid, "ci", "1", token, "1000", slot, NULL);
+}
+
+/* Redis lost the pool (a new redis-clock pool looks the same): inside the recovery window a node takes its
+ * leases back, on the same slots and tokens; a slot taken is a conflict. */
+static void test_reclaim_inside_the_recovery_window(void **state) {
+        redisReply *t = call("tick", "n1", -1, 1, "n1", CANON_ONE_LANE "limit=2\n", "0", "0", "0", "-", "e1", "",
+                             NULL);
+        freeReplyObject(t);
+        redisReply *r = reclaim(-1, "a", "500", "1");
+        assert_string_equal(status(r), "ok");
+        assert_string_equal(body(r)->element[0]->str, "confirmed");
+        assert_int_equal(cache(r, C_IN_USE), 1);
+        assert_int_equal(cache(r, C_COUNTER), 500);
+        freeReplyObject(r);
+        r = reclaim(-1, "a", "500", "1");
+        assert_string_equal(body(r)->element[0]->str, "confirmed");
+        assert_int_equal(cache(r, C_IN_USE), 1);
+        freeReplyObject(r);
+        r = reclaim(-1, "b", "400", "1");
+        assert_string_equal(body(r)->element[0]->str, "conflict");
+        freeReplyObject(r);
+        r = reclaim(-1, "c", "450", "0");
+        assert_string_equal(body(r)->element[0]->str, "confirmed");
+        assert_int_equal(cache(r, C_IN_USE), 2);
+        assert_int_equal(cache(r, C_COUNTER), 500);
+        freeReplyObject(r);
+        /* Released as any lease. */
+        r = call("release", "n1", -1, 1, "500", "a", NULL);
+        assert_string_equal(body(r)->element[0]->str, "released");
+        freeReplyObject(r);
+}
+
+static void test_reclaim_outside_a_recovery_window_is_lost(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        redisReply *r = reclaim(2000, "a", "1", "0");
+        assert_string_equal(body(r)->element[0]->str, "confirmed");
+        freeReplyObject(r);
+        r = reclaim(2000, "gone", "7", "1");
+        assert_string_equal(body(r)->element[0]->str, "lost");
+        assert_int_equal(cache(r, C_IN_USE), 1);
+        freeReplyObject(r);
+        freeReplyObject(a);
+}
+
+/* Waits (for a condition: the pool's own clock passing its recovery window) until a redis-clock pool may
+ * grant. */
+static void wait_out_the_recovery_window(const char *canon) {
+        for (int i = 0;; i++) {
+                redisReply *t = call("tick", "n1", -1, 1, "n1", canon, "0", "0", "0", "-", "e1", "", NULL);
+                bool over = cache(t, C_RECOVERY) == 0;
+                freeReplyObject(t);
+                if (over)
+                        return;
+                assert_true(i < 100000);
+                (void) nanosleep(&(struct timespec) { .tv_nsec = 1000 * 1000 }, NULL);
+        }
+}
+
+/* Production tokens are max(counter + 1, Redis TIME µs): they pass a Redis that lost its data. */
+static void test_redis_clock_tokens_follow_the_time(void **state) {
+        const char *canon = "backend-node-ttl=100000\n" "lane.ci.priority=0\nlimit=2\n";
+        struct timespec ts;
+
+        wait_out_the_recovery_window(canon);
+        redisReply *a = call("submit", "n1", -1, 1, "a", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        redisReply *b = call("submit", "n1", -1, 1, "b", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+        assert_string_equal(field_s(body(b), D_VERDICT), "granted");
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long long wall = (long long) ts.tv_sec * SEC + ts.tv_nsec / 1000;
+        assert_true(field_i(body(a), D_TOKEN) > wall - 60 * SEC);
+        assert_true(field_i(body(b), D_TOKEN) > field_i(body(a), D_TOKEN));
+        freeReplyObject(a);
+        freeReplyObject(b);
+}
+
+/* A Redis restart (a new run id) may have lost the last grants: no grant for one TTL. */
+static void test_a_new_run_id_starts_a_recovery_window(void **state) {
+        const char *canon = "backend-node-ttl=100000\n" "lane.ci.priority=0\nlimit=2\n";
+
+        wait_out_the_recovery_window(canon);
+        run_id = "run2";
+        redisReply *r = call("submit", "n1", -1, 1, "x", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_REASON), "recovery");
+        assert_true(cache(r, C_RECOVERY) >= r->element[R_NOW]->integer + 100000 - 1000);
+        freeReplyObject(r);
+}
+
+/* The pool clock: a gap (no call for over 2 s: Redis unreachable for everyone) stops time but for one
+ * second; a backward step of Redis's clock (here: a clock hash from the future) does not take it back:
+ * it goes on from where it was, strictly increasing. Sleeping is the point here: the gap is what is tested, nothing waits for it to end. */
+static void test_the_pool_clock_absorbs_gaps_and_backward_steps(void **state) {
+        const char *canon = "backend-node-ttl=600000000\n" "lane.ci.priority=0\nlimit=2\n";
+        redisReply *t = call("tick", "n1", -1, 1, "n1", canon, "0", "0", "0", "-", "e1", "", NULL);
+        long long t1 = t->element[R_NOW]->integer;
+        freeReplyObject(t);
+        (void) nanosleep(&(struct timespec) { .tv_sec = 2, .tv_nsec = 300 * 1000 * 1000 }, NULL);
+        t = call("tick", "n1", -1, 1, "n1", "=", "0", "0", "0", "-", "e1", "", NULL);
+        long long t2 = t->element[R_NOW]->integer;
+        freeReplyObject(t);
+        assert_true(t2 - t1 >= SEC);
+        assert_true(t2 - t1 < 2 * SEC);
+
+        redisReply *c = redisCommand(redis, "HSET " POOL ":clock last_time %lld last_now %lld", t2 + 3600 * SEC,
+                                     t2 + 3600 * SEC);
+        freeReplyObject(c);
+        t = call("tick", "n1", -1, 1, "n1", "=", "0", "0", "0", "-", "e1", "", NULL);
+        assert_int_equal(t->element[R_NOW]->integer, t2 + 3600 * SEC + 1);
+        freeReplyObject(t);
+        /* From there it runs on at Redis's rate: the skew took the step. */
+        t = call("tick", "n1", -1, 1, "n1", "=", "0", "0", "0", "-", "e1", "", NULL);
+        assert_true(t->element[R_NOW]->integer > t2 + 3600 * SEC + 1);
+        assert_true(t->element[R_NOW]->integer < t2 + 3600 * SEC + SEC);
+        freeReplyObject(t);
+}
+
+#define CANON_A_B(prio_b) \
+        "backend-node-ttl=30000000\nlane.a.priority=0\nlane.b.priority=" prio_b "\nlimit=1\n"
+
+/* A reload adopted by every node applies as pool-local's configure(): a re-prioritised lane's waiters go
+ * ahead (positions follow), a removed lane's waiters are refused unavailable at the adoption's instant. */
+static void test_adopted_rules_move_and_refuse_waiters(void **state) {
+        tick_ok("n1", 1000, CANON_A_B("0"));
+        redisReply *h = submit_at(1000, "h", "a", 1, true, -1);
+        expect_verdict("a1", 1000, "a", 1, "queued");
+        expect_verdict("b1", 1000, "b", 1, "queued");
+        expect_verdict("a2", 1000, "a", 1, "queued");
+        tick_ok("n1", 1000, "=");
+
+        tick_ok("n1", 2000, CANON_A_B("10"));
+        redisReply *p = call("positions", "n1", 2000, 0, "pos", "b1", "a1", "a2", NULL);
+        assert_int_equal(body(p)->element[0]->element[1]->integer, 0);
+        assert_int_equal(body(p)->element[1]->element[1]->integer, 1);
+        assert_int_equal(body(p)->element[2]->element[1]->integer, 2);
+        freeReplyObject(p);
+
+        redisReply *t = tick_as("n1", 3000, "backend-node-ttl=30000000\nlane.b.priority=10\nlimit=1\n");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(n_events(t), 2);
+        assert_string_equal(field_s(event(t, 0), D_RID), "a1");
+        assert_string_equal(field_s(event(t, 0), D_REFUSAL), "unavailable");
+        assert_int_equal(field_i(event(t, 0), D_AT), 3000);
+        assert_string_equal(field_s(event(t, 1), D_RID), "a2");
+        assert_int_equal(cache(t, C_WAITING), 1);
+        freeReplyObject(t);
+        /* The removed lane's holder finishes; its slot goes to b1. */
+        freeReplyObject(release_at(4000, field_i(body(h), D_TOKEN), "h"));
+        t = tick_as("n1", 4000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "b1");
+        freeReplyObject(t);
+        freeReplyObject(h);
+}
+
+/* Members reordered and one removed while held: held slots follow their member (pool-local's
+ * layout_plan()), the removed one counts as held above the limit until released. */
+static void test_adopted_members_lay_held_slots_out_again(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=3\nmembers=alpha,beta,gamma\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        redisReply *b = submit_at(1000, "b", "ci", 1, true, -1);
+        assert_string_equal(body(b)->element[D_MEMBERS]->element[0]->str, "beta");
+        tick_ok("n1", 1000, "=");
+
+        tick_ok("n1", 2000, CANON_ONE_LANE "limit=2\nmembers=gamma,alpha\n");
+        /* alpha at its new place 1, beta above the limit: both held, nothing free. */
+        expect_verdict("c", 2000, "ci", 1, "queued");
+        tick_ok("n1", 2000, "=");
+        freeReplyObject(release_at(3000, field_i(body(b), D_TOKEN), "b"));
+        redisReply *t = tick_as("n1", 3000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "c");
+        assert_string_equal(event(t, 0)->element[D_MEMBERS]->element[0]->str, "gamma");
+        assert_int_equal(event(t, 0)->element[D_SLOTS]->element[0]->integer, 0);
+        assert_int_equal(cache(t, C_IN_USE), 2);
+        freeReplyObject(t);
+        /* alpha's holder releases at its new place: alpha is granted next. */
+        expect_verdict("d", 3000, "ci", 1, "queued");
+        tick_ok("n1", 3000, "=");
+        freeReplyObject(release_at(4000, field_i(body(a), D_TOKEN), "a"));
+        t = tick_as("n1", 4000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(event(t, 0)->element[D_MEMBERS]->element[0]->str, "alpha");
+        assert_int_equal(event(t, 0)->element[D_SLOTS]->element[0]->integer, 1);
+        freeReplyObject(t);
+        freeReplyObject(a);
+        freeReplyObject(b);
+}
+
+/* SPEC §3.1: a pool idle for longer than Q is saturated: a newcomer's budget is the saturated one (Q/10,
+ * at least 1 s), and running out of it is "shed", not "timeout". */
+static void test_a_saturated_pool_sheds_at_the_saturated_budget(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\nqueue-timeout=20000000\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        tick_ok("n1", 25 * SEC, "=");
+        redisReply *w = submit_at(25 * SEC, "w", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(w), D_STATE), "saturated");
+        assert_int_equal(field_i(body(w), D_IDLE), 25 * SEC - 1000);
+        assert_int_equal(field_i(body(w), D_BUDGET), 2 * SEC);
+        freeReplyObject(w);
+        /* A client cap below the saturated budget: its own timeout, not a shed. */
+        redisReply *c = submit_at(25 * SEC, "c", "ci", 1, true, SEC);
+        assert_int_equal(field_i(body(c), D_BUDGET), SEC);
+        freeReplyObject(c);
+        tick_ok("n1", 25 * SEC, "=");
+        redisReply *t = tick_as("n1", 28 * SEC, "=");
+        assert_int_equal(n_events(t), 2);
+        assert_string_equal(field_s(event(t, 0), D_RID), "c");
+        assert_string_equal(field_s(event(t, 0), D_REFUSAL), "timeout");
+        assert_string_equal(field_s(event(t, 1), D_RID), "w");
+        assert_string_equal(field_s(event(t, 1), D_REFUSAL), "shed");
+        assert_int_equal(field_i(event(t, 1), D_AT), 27 * SEC);
+        freeReplyObject(t);
+}
+
+static void test_max_queue_refuses_full_and_an_unknown_lane_is_invalid(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\nmax-queue=1\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        expect_verdict("w", 1000, "ci", 1, "queued");
+        redisReply *f = submit_at(1000, "f", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(f), D_REFUSAL), "full");
+        freeReplyObject(f);
+        redisReply *r = call("submit", "n1", 1000, 0, "x", "nope", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "invalid");
+        freeReplyObject(r);
+        r = call("submit", "n1", 1000, 0, "y", "ci", "2", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "invalid");
+        freeReplyObject(r);
+}
+
+static void test_an_unregistered_node_or_another_version_is_refused(void **state) {
+        redisReply *r = call("submit", "n1", 1000, 0, "x", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "unregistered");
+        freeReplyObject(r);
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        r = call("submit", "n9", 1000, 0, "x", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "unregistered");
+        freeReplyObject(r);
+        const char *argv[] = { "EVALSHA", sha_of("submit"), "1", POOL, "2", "n1", "1000", "run1", "0", "x", "ci", "1",
+                               "1", "0", "-1", "-1", "-" };
+        r = redisCommandArgv(redis, sizeof argv / sizeof argv[0], argv, NULL);
+        assert_string_equal(r->element[R_STATUS]->str, "version");
+        freeReplyObject(r);
+}
+
+/* Reconcile: the node's page lists what it has; a record Redis has in that range and the page lacks (a
+ * waiter withdrawn, a lease released while a reply was lost) is dropped, and the fingerprint follows. */
+static void test_reconcile_drops_what_the_node_no_longer_has(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        expect_verdict("w", 1000, "ci", 1, "queued");
+        expect_verdict("x", 1000, "ci", 1, "queued");
+        tick_ok("n1", 1000, "=");
+        redisReply *t = call("tick", "n1", 2000, 1, "n1", "=", "0", "0", "0", "-", "e1", "-", "+", "x", NULL);
+        assert_string_equal(status(t), "ok");
+        assert_string_equal(body(t)->element[8]->str, "");
+        assert_int_equal(cache(t, C_IN_USE), 1);  /* a released, w withdrawn: x got the slot */
+        assert_int_equal(cache(t, C_WAITING), 0);
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "x");
+        freeReplyObject(t);
+        t = tick_as("n1", 2000, "=");
+        const redisReply *fp = body(t)->element[5];
+        assert_int_equal(fp->element[0]->integer, 1);
+        assert_int_equal(fp->element[1]->integer, fnv1a32("xl"));
+        freeReplyObject(t);
+        freeReplyObject(a);
+}
+
+/* ---- the scripts against pool-local.c itself ----
+ *
+ * The same random sequence of requests, releases, withdrawals and drains, instant by instant, through
+ * pool-local (the reference) and through the scripts in the manual clock mode; the decisions of both,
+ * in order, must be equal: verdict, request, instant, refusal, state, idle, budget, token, slots, and the
+ * congestion flips. The lanes are configured in name order, the order in which the scripts walk them. */
+
+typedef struct Dec {
+        char verdict[12], rid[16], refusal[12], state[12];
+        long long at, idle, budget, token;
+        unsigned n_slots, slots[4];
+        int congested;
+} Dec;
+
+typedef struct Req {
+        char rid[16];
+        int phase;              /* 0 none, 1 waiting, 2 held, 3 done */
+        PoolWaiter *waiter;
+        PoolGrant *grant;
+        long long token;
+} Req;
+
+#define DIFF_REQS 400
+#define DIFF_DECS 4096
+
+typedef struct Diff {
+        Dec local[DIFF_DECS], remote[DIFF_DECS];
+        size_t n_local, n_remote;
+        Req reqs[DIFF_REQS];
+        size_t n_reqs;
+} Diff;
+
+static const char *const refusal_names[] = { "busy", "full", "timeout", "shed", "unavailable" };
+static const char *const state_names[] = { "none", "keeping-up", "saturated" };
+
+static void on_local_decision(const PoolDecision *d, void *userdata) {
+        Diff *df = userdata;
+        Req *r = d->cookie;
+        Dec *o = &df->local[df->n_local++];
+
+        assert_true(df->n_local < DIFF_DECS);
+        *o = (Dec) { .at = (long long) d->at };
+        switch (d->verdict) {
+        case POOL_VERDICT_CONGESTION:
+                snprintf(o->verdict, sizeof o->verdict, "congestion");
+                o->idle = (long long) d->idle;
+                o->congested = d->congested;
+                return;
+        case POOL_VERDICT_GRANTED:
+                snprintf(o->verdict, sizeof o->verdict, "granted");
+                r->phase = 2;
+                r->grant = d->grant;
+                r->token = (long long) d->token;
+                o->token = (long long) d->token;
+                o->n_slots = d->n_slots;
+                for (unsigned i = 0; i < d->n_slots && i < 4; i++)
+                        o->slots[i] = d->slots[i];
+                break;
+        case POOL_VERDICT_QUEUED:
+                snprintf(o->verdict, sizeof o->verdict, "queued");
+                r->phase = 1;
+                r->waiter = d->waiter;
+                break;
+        case POOL_VERDICT_REFUSED:
+                snprintf(o->verdict, sizeof o->verdict, "refused");
+                snprintf(o->refusal, sizeof o->refusal, "%s", refusal_names[d->refusal]);
+                r->phase = 3;
+                break;
+        default:
+                fail();
+        }
+        snprintf(o->rid, sizeof o->rid, "%s", r->rid);
+        snprintf(o->state, sizeof o->state, "%s", state_names[d->state]);
+        o->idle = (long long) d->idle;
+        o->budget = d->budget == USEC_INFINITY ? -1 : (long long) d->budget;
+}
+
+static void remote_decision(Diff *df, const redisReply *d) {
+        Dec *o = &df->remote[df->n_remote++];
+
+        assert_true(df->n_remote < DIFF_DECS);
+        *o = (Dec) {};
+        snprintf(o->verdict, sizeof o->verdict, "%s", d->element[0]->str);
+        if (strcmp(o->verdict, "congestion") == 0) {
+                o->at = d->element[1]->integer;
+                o->idle = d->element[2]->integer;
+                o->congested = (int) d->element[3]->integer;
+                return;
+        }
+        snprintf(o->rid, sizeof o->rid, "%s", d->element[D_RID]->str);
+        o->at = d->element[D_AT]->integer;
+        snprintf(o->refusal, sizeof o->refusal, "%s", d->element[D_REFUSAL]->str);
+        snprintf(o->state, sizeof o->state, "%s", d->element[D_STATE]->str);
+        o->idle = d->element[D_IDLE]->integer;
+        o->budget = d->element[D_BUDGET]->integer;
+        o->token = d->element[D_TOKEN]->integer;
+        o->n_slots = (unsigned) d->element[D_SLOTS]->elements;
+        for (unsigned i = 0; i < o->n_slots && i < 4; i++)
+                o->slots[i] = (unsigned) d->element[D_SLOTS]->element[i]->integer;
+}
+
+/* A script call's decisions: its events, then (submit) its own; "settling" is sent again. */
+static void remote_call(Diff *df, bool is_submit, const char *op, long long now, ...) {
+        for (int tries = 0;; tries++) {
+                va_list ap;
+                va_start(ap, now);
+                redisReply *r = call_v(op, "n1", now, 0, ap);
+                va_end(ap);
+                for (size_t i = 0; i < n_events(r); i++)
+                        remote_decision(df, event(r, i));
+                bool settling = strcmp(status(r), "settling") == 0;
+                if (!settling) {
+                        assert_string_equal(status(r), "ok");
+                        if (is_submit)
+                                remote_decision(df, body(r));
+                }
+                freeReplyObject(r);
+                if (!settling)
+                        return;
+                assert_true(tries < 100);
+        }
+}
+
+static void remote_tick(Diff *df, long long now) {
+        for (int tries = 0;; tries++) {
+                redisReply *r = tick_as("n1", now, "=");
+                for (size_t i = 0; i < n_events(r); i++)
+                        remote_decision(df, event(r, i));
+                bool settling = strcmp(status(r), "settling") == 0;
+                freeReplyObject(r);
+                if (!settling)
+                        return;
+                assert_true(tries < 100);
+        }
+}
+
+static unsigned long diff_seen[8];      /* granted, queued, busy, full, timeout, shed, unavailable, congestion */
+
+static void count(const Dec *d) {
+        static const char *const kinds[] = { "busy", "full", "timeout", "shed", "unavailable" };
+        if (strcmp(d->verdict, "granted") == 0)
+                diff_seen[0]++;
+        else if (strcmp(d->verdict, "queued") == 0)
+                diff_seen[1]++;
+        else if (strcmp(d->verdict, "congestion") == 0)
+                diff_seen[7]++;
+        else
+                for (size_t i = 0; i < 5; i++)
+                        if (strcmp(d->refusal, kinds[i]) == 0)
+                                diff_seen[2 + i]++;
+}
+
+static void compare(Diff *df, unsigned seed, int step) {
+        size_t n = df->n_local > df->n_remote ? df->n_local : df->n_remote;
+        for (size_t i = 0; i < df->n_local; i++)
+                count(&df->local[i]);
+        for (size_t i = 0; i < n; i++) {
+                const Dec *a = i < df->n_local ? &df->local[i] : NULL, *b = i < df->n_remote ? &df->remote[i] : NULL;
+                if (a && b && strcmp(a->verdict, b->verdict) == 0 && strcmp(a->rid, b->rid) == 0 && a->at == b->at &&
+                    strcmp(a->refusal, b->refusal) == 0 && strcmp(a->state, b->state) == 0 && a->idle == b->idle &&
+                    a->budget == b->budget && a->token == b->token && a->n_slots == b->n_slots &&
+                    memcmp(a->slots, b->slots, sizeof a->slots) == 0 && a->congested == b->congested)
+                        continue;
+                if (getenv("DIFF_DEBUG"))
+                        for (size_t j = 0; j < n; j++)
+                                fprintf(stderr, "%zu: L %s %s %lld %s | R %s %s %lld %s\n", j,
+                                        j < df->n_local ? df->local[j].verdict : "-", j < df->n_local ? df->local[j].rid : "",
+                                        j < df->n_local ? df->local[j].at : 0, j < df->n_local ? df->local[j].refusal : "",
+                                        j < df->n_remote ? df->remote[j].verdict : "-", j < df->n_remote ? df->remote[j].rid : "",
+                                        j < df->n_remote ? df->remote[j].at : 0, j < df->n_remote ? df->remote[j].refusal : "");
+                fail_msg("seed %u step %d decision %zu: pool-local %s %s at=%lld %s %s idle=%lld budget=%lld "
+                         "token=%lld slots=%u/%u c=%d, scripts %s %s at=%lld %s %s idle=%lld budget=%lld token=%lld "
+                         "slots=%u/%u c=%d",
+                         seed, step, i,
+                         a ? a->verdict : "-", a ? a->rid : "", a ? a->at : 0, a ? a->refusal : "", a ? a->state : "",
+                         a ? a->idle : 0, a ? a->budget : 0, a ? a->token : 0, a ? a->n_slots : 0,
+                         a ? a->slots[0] : 0, a ? a->congested : 0,
+                         b ? b->verdict : "-", b ? b->rid : "", b ? b->at : 0, b ? b->refusal : "", b ? b->state : "",
+                         b ? b->idle : 0, b ? b->budget : 0, b ? b->token : 0, b ? b->n_slots : 0,
+                         b ? b->slots[0] : 0, b ? b->congested : 0);
+        }
+        df->n_local = df->n_remote = 0;
+}
+
+static unsigned next_random(unsigned *s) {
+        *s = *s * 1103515245u + 12345u;
+        return (*s >> 8) & 0xffffff;
+}
+
+/* variant 0: queue-timeout 5 s, limit 4; 1: no queue-timeout, limit 3, max-queue 5; 2: members alpha…delta,
+ * queue-timeout 5 s with a congestion timeout of 2 s, lane a's own budget of 4 s, member drains. */
+static void run_differential(unsigned seed, int variant) {
+        bool with_q = variant != 1, members = variant == 2;
+        char *member_names[] = { (char *) "alpha", (char *) "beta", (char *) "gamma", (char *) "delta", NULL };
+        const char *drained_member = NULL;
+        static Diff df;
+        static const PoolLaneRule rules[] = {
+                { .lane = "a", .priority = 0, .max_in_use = -1 },
+                { .lane = "b", .priority = 5, .max_in_use = 2 },
+                { .lane = "c", .priority = 0, .max_in_use = -1, .reserve = 1 },
+        };
+        const char *lanes[] = { "a", "b", "c" };
+        PoolConfig pc = {
+                .limit = with_q ? 4 : 3,
+                .members = members ? member_names : NULL,
+                .n_members = members ? 4 : 0,
+                .queue_timeout_set = with_q,
+                .queue_timeout = 5 * SEC,
+                .congestion_timeout_set = members,
+                .congestion_timeout = 2 * SEC,
+                .max_queue = with_q ? -1 : 5,
+        };
+        const char *const canons[] = {
+                "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\nlane.b.priority=5\n"
+                "lane.c.priority=0\nlane.c.reserve=1\nlimit=4\nqueue-timeout=5000000\n",
+                "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\nlane.b.priority=5\n"
+                "lane.c.priority=0\nlane.c.reserve=1\nlimit=3\nmax-queue=5\n",
+                "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\nlane.b.max-in-use=2\n"
+                "lane.b.priority=5\nlane.c.priority=0\nlane.c.reserve=1\nlimit=4\nmembers=alpha,beta,gamma,delta\n"
+                "queue-congestion-timeout=2000000\nqueue-timeout=5000000\n",
+        };
+        const char *canon = canons[variant];
+        Pool *p = NULL;
+        long long now = 1000;
+        unsigned rnd = seed, n_lanes = 3;
+        bool drained = false;
+
+        freeReplyObject(redisCommand(redis, "FLUSHALL"));
+        df.n_local = df.n_remote = df.n_reqs = 0;
+        assert_int_equal(pool_local_new("p", on_local_decision, &df, &p), 0);
+        assert_int_equal(p->ops->configure(p, &pc, rules, 3, (usec_t) now), 0);
+        tick_ok("n1", now, canon);
+
+        for (int step = 0; step < 300; step++) {
+                unsigned dt = next_random(&rnd) % 4;
+                if (dt > 0)
+                        now += (long long) (next_random(&rnd) % (3 * SEC)) + 1;
+                /* The instants before now, at their own times (engine_advance()). */
+                for (usec_t t; (t = p->ops->next_wakeup(p)) < (usec_t) now; )
+                        p->ops->run(p, t);
+
+                /* Half-way, a reload: lane b's priority drops below a's, lane c goes, and in the member pool
+                 * the members are reordered and beta removed (held slots follow their member). */
+                if (step == 150 && variant != 1) {
+                        static const PoolLaneRule reloaded[] = {
+                                { .lane = "a", .priority = 0, .max_in_use = -1 },
+                                { .lane = "b", .priority = -1, .max_in_use = 2 },
+                        };
+                        char *new_members[] = { (char *) "delta", (char *) "gamma", (char *) "alpha", NULL };
+                        PoolConfig pc2 = pc;
+                        if (members) {
+                                pc2.members = new_members;
+                                pc2.n_members = 3;
+                                pc2.limit = 3;
+                        }
+                        if (drained_member && strcmp(drained_member, "beta") == 0) {
+                                /* Undrained first: a removed member's drain is not carried over the same way. */
+                                assert_int_equal(p->ops->drain(p, "beta", false, (usec_t) now), 0);
+                                remote_call(&df, false, "drain", now, "beta", "0", NULL);
+                                drained_member = NULL;
+                        }
+                        assert_int_equal(p->ops->configure(p, &pc2, reloaded, 2, (usec_t) now), 0);
+                        /* A configure's tick leaves the instant open (settle 0): run() completes it. */
+                        redisReply *t = call("tick", "n1", now, 0, "n1", members ?
+                                "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\n"
+                                "lane.b.max-in-use=2\nlane.b.priority=-1\nlimit=3\nmembers=delta,gamma,alpha\n"
+                                "queue-congestion-timeout=2000000\nqueue-timeout=5000000\n" :
+                                "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\n"
+                                "lane.b.priority=-1\nlimit=4\nqueue-timeout=5000000\n",
+                                "0", "0", "0", "-", "e1", "", NULL);
+                        assert_string_equal(status(t), "ok");
+                        for (size_t i = 0; i < n_events(t); i++)
+                                remote_decision(&df, event(t, i));
+                        freeReplyObject(t);
+                        n_lanes = 2;
+                        if (members)
+                                for (size_t i = 0; i < 4; i++)
+                                        member_names[i] = i < 3 ? new_members[i] : NULL;
+                }
+
+                unsigned n_ops = 1 + next_random(&rnd) % 3;
+                for (unsigned o = 0; o < n_ops; o++) {
+                        unsigned what = next_random(&rnd) % 100;
+                        if (what < 50 && df.n_reqs < DIFF_REQS) {
+                                Req *r = &df.reqs[df.n_reqs++];
+                                *r = (Req) {};
+                                snprintf(r->rid, sizeof r->rid, "r%04zu", df.n_reqs);
+                                const char *lane = lanes[next_random(&rnd) % n_lanes];
+                                unsigned k = 1 + next_random(&rnd) % 3;
+                                bool may_wait = next_random(&rnd) % 100 < 85;
+                                long long cap = next_random(&rnd) % 3 == 0 ? (long long) (1 + next_random(&rnd) % 12) * SEC : -1;
+                                bool lane_budget = members && strcmp(lane, "a") == 0;
+                                char k_s[8], cap_s[32];
+                                snprintf(k_s, sizeof k_s, "%u", k);
+                                snprintf(cap_s, sizeof cap_s, "%lld", cap);
+                                assert_int_equal(p->ops->submit(p, &(PoolTry) {
+                                        .cookie = r, .lane = lane, .slots = k, .may_wait = may_wait,
+                                        .lane_budget_set = lane_budget,
+                                        .lane_budget = lane_budget ? 4 * SEC : USEC_INFINITY,
+                                        .client_cap = cap < 0 ? USEC_INFINITY : (usec_t) cap,
+                                        .arrival = (usec_t) now,
+                                }, (usec_t) now), 0);
+                                remote_call(&df, true, "submit", now, r->rid, lane, k_s, may_wait ? "1" : "0",
+                                            lane_budget ? "1" : "0", lane_budget ? "4000000" : "-1", cap_s, "-", NULL);
+                        } else if (what < 92) {
+                                int want = what < 80 ? 2 : 1;
+                                size_t n = 0, pick;
+                                for (size_t i = 0; i < df.n_reqs; i++)
+                                        n += df.reqs[i].phase == want;
+                                if (n == 0)
+                                        continue;
+                                pick = next_random(&rnd) % n;
+                                for (size_t i = 0; i < df.n_reqs; i++) {
+                                        Req *r = &df.reqs[i];
+                                        if (r->phase != want || pick-- > 0)
+                                                continue;
+                                        r->phase = 3;
+                                        if (want == 2) {
+                                                char tok[32];
+                                                snprintf(tok, sizeof tok, "%lld", r->token);
+                                                p->ops->release(p, r->grant, (usec_t) now);
+                                                remote_call(&df, false, "release", now, tok, r->rid, NULL);
+                                        } else {
+                                                p->ops->withdraw(p, r->waiter, (usec_t) now);
+                                                remote_call(&df, false, "withdraw", now, r->rid, NULL);
+                                        }
+                                        break;
+                                }
+                        } else if (members && what >= 95) {
+                                /* One member drained at a time: on, then off again. */
+                                const char *m = drained_member ?: member_names[next_random(&rnd) % (n_lanes == 3 ? 4 : 3)];
+                                assert_int_equal(p->ops->drain(p, m, !drained_member, (usec_t) now), 0);
+                                remote_call(&df, false, "drain", now, m, drained_member ? "0" : "1", NULL);
+                                drained_member = drained_member ? NULL : m;
+                        } else if (drained ? what >= 94 : what >= 99) {
+                                drained = !drained;
+                                assert_int_equal(p->ops->drain(p, NULL, drained, (usec_t) now), 0);
+                                remote_call(&df, false, "drain", now, "", drained ? "1" : "0", NULL);
+                        }
+                }
+                /* The end of the instant (engine_run()). */
+                p->ops->run(p, (usec_t) now);
+                remote_tick(&df, now);
+                if (getenv("DIFF_DEBUG"))
+                        fprintf(stderr, "step %d now %lld\n", step, now);
+                compare(&df, seed, step);
+        }
+        /* The engine ends its leases before it frees a pool; so does the test. */
+        for (size_t i = 0; i < df.n_reqs; i++)
+                if (df.reqs[i].phase == 2)
+                        p->ops->release(p, df.reqs[i].grant, (usec_t) now);
+        p->ops->free(p);
+}
+
+static void test_scripts_decide_as_pool_local_does(void **state) {
+        for (unsigned seed = 1; seed <= 6; seed++)
+                for (int variant = 0; variant < 3; variant++)
+                        run_differential(seed * 7919 + (unsigned) variant, variant);
+        printf("# compared: %lu granted, %lu queued, refused %lu busy %lu full %lu timeout %lu shed "
+               "%lu unavailable, %lu congestion flips\n", diff_seen[0], diff_seen[1], diff_seen[2], diff_seen[3],
+               diff_seen[4], diff_seen[5], diff_seen[6], diff_seen[7]);
+        /* Every kind of decision was compared at least once. */
+        for (size_t i = 0; i < 8; i++)
+                assert_true(diff_seen[i] > 0);
+}
+
+/* An instant cut short by the budget is finished before anything later at that instant: pool-local's
+ * run() would have granted every waiter it could before a later arrival of the same instant came, which
+ * then finds the free slot and nobody ahead of it. */
+static void test_an_instant_cut_short_is_finished_before_a_later_arrival(void **state) {
+        char rid[16];
+        size_t granted = 0;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=101\n");
+        redisReply *big = submit_at(1000, "big", "ci", 100, true, -1);
+        expect_verdict("one", 1000, "ci", 1, "granted");
+        for (int i = 0; i < 100; i++) {
+                snprintf(rid, sizeof rid, "w%03d", i);
+                expect_verdict(rid, 1000, "ci", 1, "queued");
+        }
+        tick_ok("n1", 1000, "=");
+
+        /* 100 slots free at 2000: the run of 2000 grants 64 (the budget), the rest is left under way. */
+        freeReplyObject(release_at(2000, field_i(body(big), D_TOKEN), "big"));
+        freeReplyObject(big);
+        redisReply *t = tick_as("n1", 2000, "=");
+        assert_int_equal(n_events(t), SETTLE_MAX);
+        granted += n_events(t);
+        freeReplyObject(t);
+        /* "one" ends at 2000 too, after the run: its slot is free, and nobody waits any more. */
+        redisReply *r = release_at(2000, 2, "one");
+        assert_string_equal(body(r)->element[0]->str, "released");
+        granted += n_events(r);
+        freeReplyObject(r);
+        assert_int_equal(granted, 100);
+        redisReply *late = submit_at(2000, "late", "ci", 1, false, -1);
+        assert_string_equal(field_s(body(late), D_VERDICT), "granted");
+        freeReplyObject(late);
+}
+
+/* Pages: a reconcile looks at RECONCILE_PAGE records at most and says where to go on; positions takes
+ * POSITIONS_MAX rids at most. */
+static void test_reconcile_and_positions_are_paged(void **state) {
+        static char rids[600][8];
+        const char *argv[32 + 600];
+        size_t n = 0;
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        for (int i = 0; i < 600; i++) {
+                snprintf(rids[i], sizeof rids[i], "r%03d", i);
+                freeReplyObject(submit_at(1000, rids[i], "ci", 1, true, -1));
+        }
+        tick_ok("n1", 1000, "=");
+        const char *head[] = { "EVALSHA", sha_of("tick"), "1", POOL, "1", "n1", "2000", "run1", "1", "n1", "=", "0",
+                               "0", "0", "-", "e1", "-", "+" };
+        for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
+                argv[n++] = head[i];
+        for (int i = 0; i < 600; i++)
+                argv[n++] = rids[i];
+        redisReply *t = redisCommandArgv(redis, (int) n, argv, NULL);
+        assert_string_equal(t->element[R_STATUS]->str, "ok");
+        assert_string_equal(t->element[R_BODY]->element[8]->str, "r511");
+        assert_int_equal(cache(t, C_WAITING), 599); /* nothing dropped: every record was listed */
+        freeReplyObject(t);
+
+        n = 0;
+        const char *phead[] = { "EVALSHA", sha_of("positions"), "1", POOL, "1", "n1", "2000", "run1", "0", "pos" };
+        for (size_t i = 0; i < sizeof phead / sizeof phead[0]; i++)
+                argv[n++] = phead[i];
+        for (int i = 0; i < 257; i++)
+                argv[n++] = rids[i];
+        redisReply *p = redisCommandArgv(redis, (int) n, argv, NULL);
+        assert_string_equal(p->element[R_STATUS]->str, "invalid");
+        freeReplyObject(p);
+        p = redisCommandArgv(redis, (int) n - 1, argv, NULL);
+        assert_string_equal(p->element[R_STATUS]->str, "ok");
+        assert_int_equal(p->element[R_BODY]->elements, 256);
+        freeReplyObject(p);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+#define T(f) cmocka_unit_test_setup(f, setup)
+                T(test_grants_up_to_the_limit_then_queues_and_hands_on_in_order),
+                T(test_same_rid_twice_is_one_request),
+                T(test_priority_head_holds_back_smaller_waiters),
+                T(test_lane_limits_pass_over_and_reserve_holds_a_slot),
+                T(test_reserve_keeps_the_last_slot_from_another_lane),
+                T(test_same_instant_order),
+                T(test_budget_runs_out_at_its_own_deadline),
+                T(test_congestion_flips_at_its_own_instant),
+                T(test_release_of_an_unknown_token_changes_nothing),
+                T(test_withdraw_unlinks_a_waiter_without_answer),
+                T(test_grants_for_another_node_go_to_its_stream),
+                T(test_a_production_node_refuses_a_manual_clock_pool),
+                T(test_manual_now_never_goes_back),
+                T(test_a_new_redis_clock_pool_starts_with_a_recovery_window),
+                T(test_rules_mismatch_names_the_keys_then_adoption),
+                T(test_adopted_rules_move_and_refuse_waiters),
+                T(test_adopted_members_lay_held_slots_out_again),
+                T(test_fingerprints_equal_the_c_implementation),
+                T(test_expiries_beyond_the_budget_are_settled_over_calls),
+                T(test_a_dead_node_is_reaped_in_pages),
+                T(test_positions_say_queued_granted_refused_or_gone),
+                T(test_status_lists_every_nodes_holders_and_the_first_waiters),
+                T(test_a_pool_drain_refuses_every_waiter_within_the_budget),
+                T(test_a_drained_member_is_not_granted),
+                T(test_reclaim_inside_the_recovery_window),
+                T(test_reclaim_outside_a_recovery_window_is_lost),
+                T(test_redis_clock_tokens_follow_the_time),
+                T(test_a_new_run_id_starts_a_recovery_window),
+                T(test_the_pool_clock_absorbs_gaps_and_backward_steps),
+                T(test_a_saturated_pool_sheds_at_the_saturated_budget),
+                T(test_max_queue_refuses_full_and_an_unknown_lane_is_invalid),
+                T(test_an_unregistered_node_or_another_version_is_refused),
+                T(test_reconcile_drops_what_the_node_no_longer_has),
+                T(test_reconcile_and_positions_are_paged),
+                T(test_an_instant_cut_short_is_finished_before_a_later_arrival),
+                T(test_scripts_decide_as_pool_local_does),
+                T(test_script_time_at_10000_waiters),
+#undef T
+        };
+        int r;
+
+        if (!test_redis_find()) {
+                printf("1..0 # SKIP redis-server not found (install redis-server, or set REDIS_SERVER)\n");
+                return 0;
+        }
+        signal(SIGPIPE, SIG_IGN);
+        r = test_redis_start(&server);
+        if (r < 0) {
+                printf("Bail out! redis-server did not start: %s\n", strerror(-r));
+                return 1;
+        }
+        redis = redisConnectUnix(server.socket_path);
+        if (!redis || redis->err) {
+                printf("Bail out! cannot connect to %s\n", server.socket_path);
+                test_redis_stop(&server);
+                return 1;
+        }
+        for (size_t i = 0; i < shared_scripts_n; i++) {
+                redisReply *s = redisCommand(redis, "SCRIPT LOAD %s", shared_scripts[i].text);
+                if (!s || s->type != REDIS_REPLY_STRING) {
+                        printf("Bail out! script %s does not load: %s\n", shared_scripts[i].name, s ? s->str : "?");
+                        test_redis_stop(&server);
+                        return 1;
+                }
+                snprintf(shas[i], sizeof shas[i], "%s", s->str);
+                freeReplyObject(s);
+        }
+        r = cmocka_run_group_tests(tests, NULL, NULL);
+        redisFree(redis);
+        test_redis_stop(&server);
+        return r;
+}
