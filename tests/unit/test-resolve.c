@@ -2,6 +2,7 @@
 /* test-resolve.c — lookups off the event loop (resolve.h): an answer comes back through the loop, and a
  * cancelled lookup is never heard of. */
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <setjmp.h>
 #include <stdbool.h>
@@ -37,11 +38,24 @@ static void on_resolved(ResolveQuery *q, int error, const struct addrinfo *ai, v
         resolve_query_free(q);
 }
 
+/* A bare Debian root (debootstrap, no /etc/hosts) cannot resolve "localhost" at all: nothing to test there. */
+static bool localhost_resolves(void) {
+        struct addrinfo *ai = NULL;
+        int r = getaddrinfo("localhost", NULL, &(struct addrinfo) { .ai_socktype = SOCK_STREAM }, &ai);
+        freeaddrinfo(ai);
+        return r == 0;
+}
+
 static void test_localhost_resolves_through_the_loop(void **state) {
         const struct addrinfo hints = { .ai_socktype = SOCK_STREAM };
         sd_event *e = NULL;
         ResolveQuery *q = NULL;
         Result r = {};
+
+        if (!localhost_resolves()) {
+                print_message("# localhost does not resolve on this machine (no /etc/hosts?)\n");
+                skip();
+        }
 
         assert_int_equal(sd_event_new(&e), 0);
         assert_int_equal(resolve_getaddrinfo(e, "localhost", &hints, on_resolved, &r, &q), 0);
