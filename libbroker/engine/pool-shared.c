@@ -1050,10 +1050,13 @@ static void events_apply(SharedPool *p, const RespValue *events, usec_t now) {
 
 /* A call that cannot be made now (the node is not registered, its rules differ): sent again once the
  * node is up. A submit is answered here instead: its client should not wait for an agreement. */
-static void call_park(SharedPool *p, Call *c, const char *reason, usec_t now) {
+static void call_park(SharedPool *p, Call *c, bool ran, const char *reason, usec_t now) {
         if (c->script == SHARED_SCRIPT_SUBMIT) {
                 PoolWaiter *w = try_find(p, c->rid);
-                call_free(c);
+                /* One that may have run is withdrawn; one that did not is dropped (by try_refuse_locally()). */
+                c->ever_sent = ran;
+                if (ran || !w)
+                        call_free(c);
                 if (w)
                         try_refuse_locally(p, w, reason, now);
                 return;
@@ -1063,6 +1066,13 @@ static void call_park(SharedPool *p, Call *c, const char *reason, usec_t now) {
                 return;
         }
         c->sent = false;
+}
+
+static bool outbox_holds_only(SharedPool *p, const Call *c) {
+        list_foreach(n, &p->outbox)
+                if (container_of(n, Call, node) != c)
+                        return false;
+        return true;
 }
 
 static void tick_done(SharedPool *p, const RespValue *status, const RespValue *body, usec_t sent_boot,
@@ -1147,7 +1157,7 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
          * another node's call reaches the stream after the reply that counted it). */
         const RespValue *fp = resp_at(body, 5);
         int64_t n, x, s;
-        if (!list_is_empty(&p->outbox) || !resp_int(resp_at(fp, 0), &n) || !resp_int(resp_at(fp, 1), &x) ||
+        if (!outbox_holds_only(p, c) || !resp_int(resp_at(fp, 0), &n) || !resp_int(resp_at(fp, 1), &x) ||
             !resp_int(resp_at(fp, 2), &s))
                 return;
         if ((uint64_t) n == p->fp.n && (uint32_t) x == p->fp.x && (uint32_t) s == p->fp.s) {
@@ -1240,7 +1250,7 @@ void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *
         if (reply->type == RESP_ERROR || !status) {
                 /* A script error (out of memory under noeviction, NOSCRIPT between a restart and the load):
                  * a submit is answered here, anything else is tried again after the next tick. */
-                call_park(p, c, "backend", now);
+                call_park(p, c, true, "backend", now);
                 return;
         }
 
@@ -1269,7 +1279,7 @@ void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *
                 /* Reaped while away, or Redis lost the pool: register again first. */
                 state_set(p, SHARED_STATE_REGISTERING);
                 p->reclaim_all = true;
-                call_park(p, c, "backend", now);
+                call_park(p, c, false, "backend", now);
                 if (!p->tick_pending)
                         (void) queue_tick(p, false, now);
                 return;
@@ -1279,7 +1289,7 @@ void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *
                 if (p->state != SHARED_STATE_REFUSED)
                         notice_push(p, SHARED_NOTICE_REFUSED, NULL, why, 0, 0);
                 state_set(p, SHARED_STATE_REFUSED);
-                call_park(p, c, "backend", now);
+                call_park(p, c, false, "backend", now);
                 refuse_all_tries(p, "backend", now);
                 return;
         }
@@ -1296,7 +1306,7 @@ void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *
         }
         if (resp_is(status, "rules")) {
                 state_set(p, SHARED_STATE_MISMATCH);
-                call_park(p, c, "rules", now);
+                call_park(p, c, false, "rules", now);
                 return;
         }
         switch (c->script) {
