@@ -114,6 +114,19 @@ typedef struct SharedPool {
         unsigned n_nodes;
         char **differing_keys;
         const char *unavailable;
+
+        size_t positions_cursor; /* the refresh of waiters' places goes round, a page a heartbeat */
+
+        /* Status: the holders and waiters of every node, fetched every second while someone looks. */
+        bool status_wanted;     /* snapshot() was asked since the last run() */
+        bool status_pending;    /* a status call is in the outbox */
+        usec_t status_until;    /* keep fetching until then */
+        usec_t status_last;     /* monotonic, the last fetch queued */
+        usec_t last_now;        /* the latest `now` seen, for the snapshot's age */
+        bool snap_valid;
+        usec_t snap_at;
+        PoolSnapshotEntry *snap_holders, *snap_waiters;
+        size_t n_snap_holders, n_snap_waiters, snap_waiting;
 } SharedPool;
 
 static SharedPool *SHARED(const Pool *p) {
@@ -464,15 +477,21 @@ fail:
         return r;
 }
 
-/* Where this node's queued requests stand now: answers what a lost stream entry would have said. */
-static int queue_positions(SharedPool *p, usec_t now) {
+/* Where this node's queued requests stand now. all: every one of them, in pages (answers what a lost
+ * stream entry would have said); else the next page of the round that refreshes their places. */
+static int queue_positions(SharedPool *p, bool all, usec_t now) {
         Call *c = NULL;
         unsigned n = 0;
+        size_t index = 0, skip = all ? 0 : p->positions_cursor;
         int r;
         list_foreach(i, &p->tries) {
                 PoolWaiter *w = container_of(i, PoolWaiter, node);
                 if (!w->queued)
                         continue;
+                if (index++ < skip)
+                        continue;
+                if (!all && n == SHARED_POSITIONS_MAX)
+                        break;
                 if (!c) {
                         if ((r = call_new(p, SHARED_SCRIPT_POSITIONS, false, now, &c)) < 0 ||
                             (r = call_add(c, "pos")) < 0)
@@ -480,18 +499,35 @@ static int queue_positions(SharedPool *p, usec_t now) {
                 }
                 if ((r = call_add(c, "%s", w->rid)) < 0)
                         goto fail;
-                if (++n == SHARED_POSITIONS_MAX) {
+                if (++n == SHARED_POSITIONS_MAX && all) {
                         call_queue(p, c);
                         c = NULL;
                         n = 0;
                 }
         }
+        if (!all)
+                p->positions_cursor = index > skip + n ? skip + n : 0; /* the end reached: from the start */
         if (c)
                 call_queue(p, c);
         return 0;
 fail:
         call_free(c);
         return r;
+}
+
+static int queue_status(SharedPool *p, usec_t now) {
+        Call *c;
+        int r = call_new(p, SHARED_SCRIPT_POSITIONS, false, now, &c);
+        if (r < 0)
+                return r;
+        if ((r = call_add(c, "status")) < 0) {
+                call_free(c);
+                return r;
+        }
+        p->status_pending = true;
+        p->status_last = now;
+        call_queue(p, c);
+        return 0;
 }
 
 /* A submit that was never sent is simply dropped; one that may have run is withdrawn (idempotent). */
@@ -569,6 +605,12 @@ static void try_refuse_locally(SharedPool *p, PoolWaiter *w, const char *reason,
 }
 
 static void refuse_all_tries(SharedPool *p, const char *reason, usec_t now) {
+        /* Places asked for and not sent yet are of nobody now. */
+        list_foreach_safe(i, &p->outbox) {
+                Call *c = container_of(i, Call, node);
+                if (c->script == SHARED_SCRIPT_POSITIONS && !c->ever_sent && streq(c->argv[6], "pos"))
+                        call_free(c);
+        }
         ListNode *n;
         while ((n = list_first(&p->tries)))
                 try_refuse_locally(p, container_of(n, PoolWaiter, node), reason, now);
@@ -1167,7 +1209,7 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
         if (++p->fp_mismatches < 2)
                 return;
         p->fp_mismatches = 0;
-        (void) queue_positions(p, now);
+        (void) queue_positions(p, true, now);
         if (!p->reconcile_from && (p->reconcile_from = strdup("-")))
                 (void) queue_tick(p, false, now);
 }
@@ -1196,6 +1238,101 @@ static void positions_done(SharedPool *p, const RespValue *body, Call *c, usec_t
                         decision_done(&d);
                 }
         }
+}
+
+static void snapshot_entries_free(PoolSnapshotEntry *e, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                free((char *) e[i].node);
+                free((char *) e[i].lane);
+                free((unsigned *) e[i].slots);
+                strv_free((char **) e[i].members);
+        }
+        free(e);
+}
+
+static void snapshot_clear(SharedPool *p) {
+        snapshot_entries_free(p->snap_holders, p->n_snap_holders);
+        snapshot_entries_free(p->snap_waiters, p->n_snap_waiters);
+        p->snap_holders = p->snap_waiters = NULL;
+        p->n_snap_holders = p->n_snap_waiters = 0;
+}
+
+/* One holder { node id, node name, rid, lane, token, granted_at, { slots… }, { members… } } or waiter
+ * { node id, node name, rid, lane, k, arrival, position } of the status body. */
+static int snapshot_entry_parse(const SharedPool *p, const RespValue *v, bool holder, usec_t now,
+                                PoolSnapshotEntry *ret) {
+        int64_t a, b;
+        if (!v || v->type != RESP_ARRAY || v->n != (holder ? 8u : 7u) ||
+            !resp_int(resp_at(v, 4), &a) || !resp_int(resp_at(v, 5), &b))
+                return -EBADMSG;
+        const RespValue *id = resp_at(v, 0);
+        *ret = (PoolSnapshotEntry) {
+                .node = resp_strdup(resp_at(v, 1)),
+                .own = id && id->type == RESP_STRING && mem_is(id->str, id->len, p->params.node_id),
+                .lane = resp_strdup(resp_at(v, 3)),
+                .since = local_time_of(p, b, 0, now),
+        };
+        if (!ret->node || !ret->lane)
+                return -ENOMEM;
+        if (!holder) {
+                int64_t pos = 0;
+                (void) resp_int(resp_at(v, 6), &pos);
+                ret->n_slots = (unsigned) MAX(a, (int64_t) 0);
+                ret->position = (size_t) MAX(pos, (int64_t) 0);
+                return 0;
+        }
+        ret->token = (uint64_t) a;
+        Decision d = { .budget = USEC_INFINITY };
+        int r = decision_set(&d, "slots", resp_at(v, 6));
+        if (r >= 0)
+                r = decision_set(&d, "members", resp_at(v, 7));
+        if (r < 0) {
+                decision_done(&d);
+                return r;
+        }
+        ret->n_slots = d.n_slots;
+        ret->slots = TAKE_PTR(d.slots);
+        ret->members = (const char *const *) TAKE_PTR(d.members);
+        return 0;
+}
+
+static int snapshot_list_parse(const SharedPool *p, const RespValue *v, bool holder, usec_t now,
+                               PoolSnapshotEntry **ret, size_t *ret_n) {
+        size_t n = v && v->type == RESP_ARRAY ? v->n : 0;
+        PoolSnapshotEntry *e = calloc(MAX(n, (size_t) 1), sizeof(PoolSnapshotEntry));
+        if (!e)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                int r = snapshot_entry_parse(p, &v->elements[i], holder, now, &e[i]);
+                if (r < 0) {
+                        snapshot_entries_free(e, i + 1);
+                        return r;
+                }
+        }
+        *ret = e;
+        *ret_n = n;
+        return 0;
+}
+
+static void status_done(SharedPool *p, const RespValue *body, usec_t now) {
+        PoolSnapshotEntry *holders, *waiters;
+        size_t n_holders, n_waiters;
+        int64_t waiting = 0;
+        if (snapshot_list_parse(p, resp_at(body, 0), true, now, &holders, &n_holders) < 0)
+                return;
+        if (snapshot_list_parse(p, resp_at(body, 1), false, now, &waiters, &n_waiters) < 0) {
+                snapshot_entries_free(holders, n_holders);
+                return;
+        }
+        (void) resp_int(resp_at(body, 2), &waiting);
+        snapshot_clear(p);
+        p->snap_holders = holders;
+        p->n_snap_holders = n_holders;
+        p->snap_waiters = waiters;
+        p->n_snap_waiters = MIN(n_waiters, (size_t) POOL_SNAPSHOT_WAITERS_MAX);
+        p->snap_waiting = (size_t) MAX(waiting, (int64_t) 0);
+        p->snap_at = now;
+        p->snap_valid = true;
 }
 
 static void reclaim_done(SharedPool *p, const RespValue *body, Call *c, usec_t now) {
@@ -1245,6 +1382,8 @@ void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *
                 if (c->run)
                         p->run_pending = false;
         }
+        if (c->script == SHARED_SCRIPT_POSITIONS && streq(c->argv[6], "status"))
+                p->status_pending = false;
 
         const RespValue *status = resp_at(reply, 0);
         if (reply->type == RESP_ERROR || !status) {
@@ -1314,7 +1453,10 @@ void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *
                 submit_done(p, status, body, c, now);
                 break;
         case SHARED_SCRIPT_POSITIONS:
-                positions_done(p, body, c, now);
+                if (streq(c->argv[6], "status"))
+                        status_done(p, body, now);
+                else
+                        positions_done(p, body, c, now);
                 break;
         case SHARED_SCRIPT_RECLAIM:
                 reclaim_done(p, body, c, now);
@@ -1376,6 +1518,7 @@ static void shared_free(Pool *base) {
                 shared_notice_done(&nn->notice);
                 free(nn);
         }
+        snapshot_clear(p);
         strv_free(p->base.members);
         strv_free(p->lanes);
         strv_free(p->differing_keys);
@@ -1633,8 +1776,19 @@ static void shared_bind_grant(Pool *base, PoolGrant *g, void *cookie) {
 
 static void shared_run(Pool *base, usec_t now) {
         SharedPool *p = SHARED(base);
+        p->last_now = MAX(p->last_now, now);
         check_waiter_grace(p, now);
-        if (!p->link_up || p->state == SHARED_STATE_REFUSED || p->tick_pending)
+        if (p->status_wanted) {
+                p->status_wanted = false;
+                p->status_until = usec_add(now, SHARED_STATUS_KEEP);
+        }
+        if (!p->link_up || p->state == SHARED_STATE_REFUSED)
+                return;
+        bool operations = state_sends_operations(p->state);
+        if (operations && now < p->status_until && !p->status_pending &&
+            (p->status_last == 0 || now >= usec_add(p->status_last, USEC_PER_SEC)))
+                (void) queue_status(p, now);
+        if (p->tick_pending)
                 return;
         /* The manual clock: every run() is the engine's instant, completed by Redis (memo §3.10). In
          * production: the heartbeat, or the pool's own next instant (a budget ending, a gauge flip). */
@@ -1642,8 +1796,14 @@ static void shared_run(Pool *base, usec_t now) {
                    now >= usec_add(p->last_tick, p->params.heartbeat) ||
                    (p->cache.valid && p->cache.next_wakeup >= 0 &&
                     local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1) <= now);
-        if (due)
-                (void) queue_tick(p, true, now);
+        if (!due)
+                return;
+        (void) queue_tick(p, true, now);
+        if (!operations)
+                return;
+        /* Waiters' places: a page a heartbeat, round robin (every run() in the manual mode, so that a test
+         * reads exact places). */
+        (void) queue_positions(p, false, now);
 }
 
 static usec_t shared_next_wakeup(const Pool *base) {
@@ -1720,9 +1880,21 @@ static void shared_set_token_floor(Pool *base, uint64_t next_token) {
 }
 
 static int shared_snapshot(const Pool *base, PoolSnapshot *ret) {
-        (void) base;
-        (void) ret;
-        return -ENODATA; /* the status fetch is not built yet: Status shows this node's own tables */
+        /* Status never waits for Redis: it gets the last snapshot, and asking keeps the fetches going (the
+         * next run() starts them; a cache's bookkeeping, hence the cast). */
+        SharedPool *p = SHARED(base);
+        p->status_wanted = true;
+        if (!p->snap_valid)
+                return -ENODATA;
+        *ret = (PoolSnapshot) {
+                .holders = p->snap_holders,
+                .n_holders = p->n_snap_holders,
+                .waiters = p->snap_waiters,
+                .n_waiters = p->n_snap_waiters,
+                .waiting = p->snap_waiting,
+                .age = p->last_now - MIN(p->last_now, p->snap_at),
+        };
+        return 0;
 }
 
 static const PoolOps shared_ops = {

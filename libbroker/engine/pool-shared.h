@@ -119,6 +119,8 @@ typedef struct SharedPoolParams {
 #define SHARED_FENCE_SLACK (2 * USEC_PER_SEC)
 #define SHARED_POSITIONS_MAX 256u
 #define SHARED_RECONCILE_PAGE 512u
+/* Status snapshots are fetched every second for this long after Status last asked. */
+#define SHARED_STATUS_KEEP (30 * USEC_PER_SEC)
 
 /* `name` and the strings of `params` must outlive the pool. Returns 0, -EINVAL, -ENOMEM. */
 int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn emit, void *emit_userdata,

@@ -689,38 +689,76 @@ static void test_keys_made_by_a_test_are_refused(void **state) {
         no_call(f);
 }
 
-static void test_lost_stream_entry_found_by_the_heartbeat(void **state) {
+static void test_lost_stream_entry_found_by_the_positions_round(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1));
         int cookie;
         char rid[17];
         queued(f, &cookie, S(1), rid);
-        /* Another node's release granted it; the stream entry was lost (trimmed). Redis's fingerprint: a
-         * lease where this node has a waiter. */
-        uint32_t h = fnv1a32(rid, 'l');
+        /* Another node's release granted it; the stream entry was lost (trimmed). The heartbeat's round of
+         * places asks for it and gets the grant. */
+        f->pool->ops->run(f->pool, S(2));
+        const SharedCall *t = take(f, SHARED_SCRIPT_TICK);
+        const SharedCall *c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "pos");
+        assert_int_equal(c->argc, 8);
+        assert_string_equal(arg(c, 7), rid);
+        done(f, t, reply("ok", 1, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(2, 0, 0, -1, "")), S(2), S(2));
+        done(f, c, reply("ok", 1, arr(1, decision("granted", rid, 1, 0, "", 0, 12, arr(1, num(1)))), EMPTY,
+                         cache(2, 0, 0, -1, "")), S(2), S(2));
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(f->seen[1].token, 12);
+        no_call(f);
+}
+
+static void test_positions_round_updates_places(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        queued(f, &cookie, S(1), rid);
+        f->pool->ops->run(f->pool, S(2));
+        take(f, SHARED_SCRIPT_TICK);
+        const SharedCall *c = take(f, SHARED_SCRIPT_POSITIONS);
+        done(f, c, reply("ok", 1, arr(1, arr(3, str("queued"), num(1), num(2))), EMPTY, cache(2, 2, 0, -1, "")),
+             S(2), S(2));
+        size_t queued_n;
+        assert_int_equal(f->pool->ops->position(f->pool, f->seen[0].waiter, &queued_n), 1);
+        assert_int_equal(queued_n, 2);
+}
+
+static void test_fingerprint_mismatch_twice_reconciles(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        /* Redis holds a record this node does not know (a grant for a try it forgot, say): n = 2. */
+        uint32_t h = fnv1a32(rid, 'l') ^ fnv1a32("00000000000000ff", 'l');
+        uint32_t sum = fnv1a32(rid, 'l') + fnv1a32("00000000000000ff", 'l');
         for (int i = 0; i < 2; i++) {
                 f->pool->ops->run(f->pool, S(2 + i));
                 const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
-                done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(2, 0, 0, -1, "")),
+                done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 2, h, sum, ""), EMPTY, cache(2, 0, 0, -1, "")),
                      S(2 + i), S(2 + i));
                 if (i == 0)
                         no_call(f); /* once may be a stream entry on its way */
         }
-        const SharedCall *c = take(f, SHARED_SCRIPT_POSITIONS);
-        assert_string_equal(arg(c, 6), "pos");
-        assert_string_equal(arg(c, 7), rid);
+        /* A page of every rid this node has: the script drops what the page does not list. */
         const SharedCall *t = take(f, SHARED_SCRIPT_TICK);
         assert_string_equal(arg(t, 13), "-");
         assert_string_equal(arg(t, 14), "+");
         assert_int_equal(t->argc, 16);
         assert_string_equal(arg(t, 15), rid);
-        done(f, c, reply("ok", 1, arr(1, decision("granted", rid, 1, 0, "", 0, 12, arr(1, num(1)))), EMPTY,
-                         cache(2, 0, 0, -1, "")), S(4), S(4));
-        assert_int_equal(f->n_seen, 2);
-        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
-        assert_int_equal(f->seen[1].token, 12);
-        done(f, t, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(2, 0, 0, -1, "")), S(4), S(4));
+        done(f, t, reply("ok", 1, tick_body("ok", EMPTY, 1, fnv1a32(rid, 'l'), fnv1a32(rid, 'l'), ""), EMPTY,
+                         cache(1, 0, 0, -1, "")), S(4), S(4));
         no_call(f);
+        /* Agreed again: the next heartbeat carries no page. */
+        f->pool->ops->run(f->pool, S(5));
+        t = take(f, SHARED_SCRIPT_TICK);
+        assert_int_equal(t->argc, 15);
+        assert_string_equal(arg(t, 14), "");
 }
 
 static void test_positions_gone_refuses_the_waiter(void **state) {
@@ -729,16 +767,52 @@ static void test_positions_gone_refuses_the_waiter(void **state) {
         int cookie;
         char rid[17];
         queued(f, &cookie, S(1), rid);
-        for (int i = 0; i < 2; i++) {
-                f->pool->ops->run(f->pool, S(2 + i));
-                const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
-                done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")),
-                     S(2 + i), S(2 + i));
-        }
+        f->pool->ops->run(f->pool, S(2));
+        take(f, SHARED_SCRIPT_TICK);
         const SharedCall *c = take(f, SHARED_SCRIPT_POSITIONS);
-        done(f, c, reply("ok", 1, arr(1, arr(1, str("gone"))), EMPTY, cache(0, 0, 0, -1, "")), S(4), S(4));
+        done(f, c, reply("ok", 1, arr(1, arr(1, str("gone"))), EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
         assert_int_equal(f->seen[1].verdict, POOL_VERDICT_REFUSED);
         assert_string_equal(f->seen[1].reason, "node-expired");
+}
+
+static void test_status_snapshot_from_the_cache(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        PoolSnapshot snap;
+        assert_int_equal(f->pool->ops->snapshot(f->pool, &snap), -ENODATA);
+        f->pool->ops->run(f->pool, S(1) + 1);
+        const SharedCall *c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "status");
+        assert_int_equal(c->argc, 7);
+        RespValue holders = arr(2,
+                                arr(8, str(NODE), str("runner-1"), str("0000000000000001"), str("ci"), num(5),
+                                    num(S(1)), arr(1, num(0)), EMPTY),
+                                arr(8, str("ffff"), str("runner-2"), str("0000000000000009"), str("ci"), num(6),
+                                    num(S(1)), arr(1, num(1)), EMPTY));
+        RespValue waiters = arr(1, arr(7, str("ffff"), str("runner-2"), str("000000000000000a"), str("ci"), num(2),
+                                       num(S(1)), num(0)));
+        done(f, c, reply("ok", S(1), arr(3, holders, waiters, num(1)), EMPTY, cache(2, 1, 0, -1, "")), S(1), S(1));
+        f->pool->ops->run(f->pool, S(1) + S(1) / 2);
+        no_call(f); /* at most one a second */
+        assert_int_equal(f->pool->ops->snapshot(f->pool, &snap), 0);
+        assert_int_equal(snap.n_holders, 2);
+        assert_true(snap.holders[0].own);
+        assert_false(snap.holders[1].own);
+        assert_string_equal(snap.holders[1].node, "runner-2");
+        assert_int_equal(snap.holders[1].token, 6);
+        assert_int_equal(snap.holders[1].slots[0], 1);
+        assert_int_equal(snap.n_waiters, 1);
+        assert_int_equal(snap.waiters[0].n_slots, 2);
+        assert_int_equal(snap.waiting, 1);
+        assert_int_equal(snap.age, S(1) / 2);
+        /* Nobody asks for 30 s: the fetches stop. */
+        f->pool->ops->run(f->pool, S(2) + 2);
+        c = take(f, SHARED_SCRIPT_POSITIONS);
+        done(f, c, reply("ok", S(1), arr(3, EMPTY, EMPTY, num(0)), EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+        tick_ok(f, S(2), S(2));
+        f->pool->ops->run(f->pool, S(40));
+        c = take(f, SHARED_SCRIPT_TICK);
+        no_call(f);
 }
 
 static void test_next_wakeup_is_never_left_in_the_past(void **state) {
@@ -875,7 +949,10 @@ int main(void) {
                 T(test_run_id_change_reclaims_every_lease),
                 T(test_rules_mismatch_refuses_and_keeps_heartbeating),
                 T(test_keys_made_by_a_test_are_refused),
-                T(test_lost_stream_entry_found_by_the_heartbeat),
+                T(test_lost_stream_entry_found_by_the_positions_round),
+                T(test_positions_round_updates_places),
+                T(test_fingerprint_mismatch_twice_reconciles),
+                T(test_status_snapshot_from_the_cache),
                 T(test_positions_gone_refuses_the_waiter),
                 T(test_next_wakeup_is_never_left_in_the_past),
                 T(test_info_and_congestion_from_the_cache),
