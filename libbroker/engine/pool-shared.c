@@ -37,6 +37,7 @@ struct PoolWaiter {
         ListNode node;
         char rid[RID_LEN + 1];
         void *cookie;
+        char *lane;            /* its grant's, for a reclaim */
         usec_t arrival;
         bool queued;           /* QUEUED was emitted: it counts in the fingerprint as "w" */
         size_t position, n_queued;
@@ -570,6 +571,7 @@ static PoolGrant *grant_find(SharedPool *p, const char *rid) {
 static void try_free(PoolWaiter *w) {
         if (list_node_is_linked(&w->node))
                 list_unlink(&w->node);
+        free(w->lane);
         free(w);
 }
 
@@ -870,7 +872,7 @@ static void decision_apply(SharedPool *p, const Decision *d, usec_t now) {
                         .waiter = w,
                 });
         } else if (streq(d->verdict, "granted")) {
-                PoolGrant *g = grant_new(p->params.node_id, d->rid, NULL, d);
+                PoolGrant *g = grant_new(p->params.node_id, d->rid, w->lane, d);
                 if (!g)
                         return; /* out of memory: the heartbeat's reconcile finds the lease again */
                 if (w->queued)
@@ -1660,11 +1662,16 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         snprintf(w->rid, sizeof w->rid, "%016" PRIx64, p->params.random(p->params.random_userdata));
         w->cookie = t->cookie;
         w->arrival = t->arrival;
+        w->lane = strdup(t->lane);
+        if (!w->lane) {
+                free(w);
+                return -ENOMEM;
+        }
 
         Call *c;
         int r = call_new(p, SHARED_SCRIPT_SUBMIT, op_settles(p), now, &c);
         if (r < 0) {
-                free(w);
+                try_free(w);
                 return r;
         }
         strcpy(c->rid, w->rid);
@@ -1681,7 +1688,7 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
             (r = call_add(c, "%" PRId64, wire_usec(t->client_cap))) < 0 ||
             (r = call_add(c, "%s", arrival)) < 0) {
                 call_free(c);
-                free(w);
+                try_free(w);
                 return r;
         }
         list_append(&p->tries, &w->node);

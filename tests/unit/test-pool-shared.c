@@ -538,8 +538,69 @@ static void test_fence_deadline_from_the_last_acknowledged_heartbeat(void **stat
         f->pool->ops->release(f->pool, f->seen[0].grant, S(7));
         pool_shared_link_up(f->pool, "run1", S(8));
         tick_ok(f, S(8), S(8));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
         const SharedCall *c = take(f, SHARED_SCRIPT_RELEASE);
         assert_string_equal(arg(c, 7), rid);
+}
+
+static void test_intents_are_replayed_in_order_after_a_reconnect(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int a, b, w;
+        char rid_a[17], rid_b[17], rid_w[17];
+        granted(f, &a, S(1), rid_a);
+        PoolGrant *ga = f->seen[f->n_seen - 1].grant;
+        granted(f, &b, S(1), rid_b);
+        PoolGrant *gb = f->seen[f->n_seen - 1].grant;
+        queued(f, &w, S(1), rid_w);
+        PoolWaiter *ww = f->seen[f->n_seen - 1].waiter;
+        pool_shared_link_down(f->pool, S(2));
+        f->pool->ops->release(f->pool, gb, S(2));
+        f->pool->ops->withdraw(f->pool, ww, S(2));
+        f->pool->ops->release(f->pool, ga, S(3));
+        no_call(f);
+        pool_shared_link_up(f->pool, "run1", S(4));
+        tick_ok(f, S(4), S(4));
+        assert_string_equal(arg(take(f, SHARED_SCRIPT_RELEASE), 7), rid_b);
+        assert_string_equal(arg(take(f, SHARED_SCRIPT_WITHDRAW), 6), rid_w);
+        assert_string_equal(arg(take(f, SHARED_SCRIPT_RELEASE), 7), rid_a);
+        no_call(f);
+}
+
+static void test_epoch_change_reclaims_every_lease(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        f->pool->ops->run(f->pool, S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        RespValue body = arr(9, num(0), str("e2"), num(S(32)), str("ok"), EMPTY, arr(3, num(0), num(0), num(0)),
+                             str("0-0"), num(1), str(""));
+        done(f, c, reply("ok", 1, body, EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_RECLAIMING);
+        c = take(f, SHARED_SCRIPT_RECLAIM);
+        assert_string_equal(arg(c, 6), rid);
+        /* Submits still go: Redis's recovery window decides them. */
+        int other;
+        assert_int_equal(submit(f, &other, 1, true, S(2)), 0);
+        take(f, SHARED_SCRIPT_SUBMIT);
+        done(f, c, reply("ok", 1, arr(1, str("confirmed")), EMPTY, cache(1, 0, 0, -1, "")), S(2), S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        assert_int_equal(f->n_seen, 1); /* no LOST */
+}
+
+static void test_refused_pool_comes_back_when_the_cause_is_gone(void **state) {
+        Fixture *f = *state;
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, arr(6, str("version"), num(0), arr(1, num(2)), EMPTY, EMPTY, EMPTY), S(1), S(1));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_REFUSED);
+        pool_shared_link_down(f->pool, S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_REFUSED);
+        pool_shared_link_up(f->pool, "run9", S(3));
+        tick_ok(f, S(3), S(3));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
 }
 
 static void test_restored_lease_fences_from_the_alive_mark(void **state) {
@@ -609,8 +670,12 @@ static void test_run_id_change_reclaims_every_lease(void **state) {
         done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(3), S(3));
         assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_RECLAIMING);
         c = take(f, SHARED_SCRIPT_RECLAIM);
+        assert_int_equal(c->argc, 12);
         assert_string_equal(arg(c, 6), rid);
+        assert_string_equal(arg(c, 7), "ci");
+        assert_string_equal(arg(c, 8), "1");
         assert_string_equal(arg(c, 9), "7");
+        assert_string_equal(arg(c, 11), "0");
         done(f, c, reply("ok", 1, arr(1, str("lost")), EMPTY, cache(0, 0, 0, -1, "")), S(3), S(3));
         assert_int_equal(f->seen[1].verdict, POOL_VERDICT_LOST);
         assert_string_equal(f->seen[1].reason, "node-expired");
@@ -944,6 +1009,9 @@ int main(void) {
                 T(test_settling_sends_the_same_call_again),
                 T(test_waiters_are_kept_for_the_grace_then_refused),
                 T(test_fence_deadline_from_the_last_acknowledged_heartbeat),
+                T(test_intents_are_replayed_in_order_after_a_reconnect),
+                T(test_epoch_change_reclaims_every_lease),
+                T(test_refused_pool_comes_back_when_the_cause_is_gone),
                 T(test_restored_lease_fences_from_the_alive_mark),
                 T(test_restored_lease_is_reclaimed),
                 T(test_run_id_change_reclaims_every_lease),
