@@ -114,7 +114,8 @@ typedef struct SharedPool {
         usec_t rtt;
         unsigned n_nodes;
         char **differing_keys;
-        const char *unavailable;
+        const char *unavailable; /* static: the reason refusals carry */
+        char *refused_why;       /* REFUSED: what the link or Redis said ("eviction-policy", "manual-clock") */
 
         size_t positions_cursor; /* the refresh of waiters' places goes round, a page a heartbeat */
 
@@ -970,6 +971,7 @@ void pool_shared_link_up(Pool *base, const char *run_id, usec_t now) {
         if (p->down_since != USEC_INFINITY)
                 notice_push(p, SHARED_NOTICE_BACKEND_REGAINED, NULL, NULL, 0, 0);
         p->down_since = USEC_INFINITY;
+        p->refused_why = mfree(p->refused_why);
         state_set(p, SHARED_STATE_REGISTERING);
         /* Whatever was in flight is sent again, identical, after the registering tick. */
         list_foreach(n, &p->outbox)
@@ -994,6 +996,22 @@ void pool_shared_link_down(Pool *base, usec_t now) {
                 state_set(p, SHARED_STATE_DOWN);
         p->down_since = now;
         notice_push(p, SHARED_NOTICE_BACKEND_LOST, NULL, NULL, 0, 0);
+}
+
+void pool_shared_link_failed(Pool *base, const char *why, usec_t now) {
+        SharedPool *p = SHARED(base);
+        bool was_up = p->link_up;
+        pool_shared_link_down(base, now);
+        if (!was_up && p->down_since == USEC_INFINITY)
+                p->down_since = now;
+        char *s = strdup(why);
+        if (s) {
+                free(p->refused_why);
+                p->refused_why = s;
+        }
+        if (p->state != SHARED_STATE_REFUSED)
+                notice_push(p, SHARED_NOTICE_REFUSED, NULL, why, 0, 0);
+        state_set(p, SHARED_STATE_REFUSED);
 }
 
 void pool_shared_set_last_ack(Pool *base, usec_t boot) {
@@ -1429,6 +1447,8 @@ void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *
                 _cleanup_free_ char *why = resp_strdup(status);
                 if (p->state != SHARED_STATE_REFUSED)
                         notice_push(p, SHARED_NOTICE_REFUSED, NULL, why, 0, 0);
+                free(p->refused_why);
+                p->refused_why = TAKE_PTR(why);
                 state_set(p, SHARED_STATE_REFUSED);
                 call_park(p, c, false, "backend", now);
                 refuse_all_tries(p, "backend", now);
@@ -1530,6 +1550,7 @@ static void shared_free(Pool *base) {
         free(p->stream_resume);
         free(p->run_id);
         free(p->reconcile_from);
+        free(p->refused_why);
         free(p->cache.epoch);
         free(p);
 }
@@ -1874,7 +1895,7 @@ static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .next_token = p->cache.counter + 1,
                 .remote = true,
                 .backend_up = state_sends_operations(p->state),
-                .unavailable = p->unavailable,
+                .unavailable = p->state == SHARED_STATE_REFUSED && p->refused_why ? p->refused_why : p->unavailable,
                 .differing_keys = p->differing_keys,
                 .rtt = p->rtt,
                 .n_nodes = p->n_nodes,

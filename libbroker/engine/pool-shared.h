@@ -69,7 +69,7 @@ typedef enum SharedState {
         SHARED_STATE_MISMATCH,    /* this node's rules differ from the stored ones */
         SHARED_STATE_DOWN,        /* the link went down; waiters kept for the grace, leases until the fence */
         SHARED_STATE_FENCED,      /* down past the self-fence deadline: every lease was lost */
-        SHARED_STATE_REFUSED,     /* the keys were made by a test, or another data model version */
+        SHARED_STATE_REFUSED,     /* the link failed for good, the keys were made by a test, another data model */
         _SHARED_STATE_MAX,
         _SHARED_STATE_INVALID = -EINVAL,
 } SharedState;
@@ -83,7 +83,7 @@ typedef enum SharedNoticeType {
         SHARED_NOTICE_RULES_MISMATCH, /* detail: the differing keys, joined by "," */
         SHARED_NOTICE_RULES_AGREED,
         SHARED_NOTICE_RECOVERY,       /* a recovery window began: Redis restarted or lost the pool */
-        SHARED_NOTICE_REFUSED,        /* detail: the status ("manual-clock", "version") */
+        SHARED_NOTICE_REFUSED,        /* detail: why ("manual-clock", "version", the link's "eviction-policy", …) */
         SHARED_NOTICE_FENCED,         /* the self-fence deadline passed: every lease lost */
         _SHARED_NOTICE_TYPE_MAX,
         _SHARED_NOTICE_TYPE_INVALID = -EINVAL,
@@ -136,6 +136,9 @@ void pool_shared_call_done(Pool *p, uint64_t id, int error, const RespValue *rep
 /* The command link went up (run_id: INFO server's) or down. */
 void pool_shared_link_up(Pool *p, const char *run_id, usec_t now);
 void pool_shared_link_down(Pool *p, usec_t now);
+/* The link gave up on a cause that a retry will not cure (a password, a database, not Redis, an eviction
+ * policy other than noeviction): the pool is refused, loudly, until the link comes up. why: for people. */
+void pool_shared_link_failed(Pool *p, const char *why, usec_t now);
 
 /* A restarted daemon's last proof of life (history's alive mark, on CLOCK_BOOTTIME): until a heartbeat is
  * acknowledged, restored leases fence from it. */

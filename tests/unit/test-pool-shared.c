@@ -603,6 +603,39 @@ static void test_refused_pool_comes_back_when_the_cause_is_gone(void **state) {
         assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
 }
 
+static void test_link_failure_refuses_the_pool_loudly(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int lease, waiter;
+        char rid_l[17], rid_w[17];
+        granted(f, &lease, S(1), rid_l);
+        queued(f, &waiter, S(1), rid_w);
+        pool_shared_link_failed(f->pool, "eviction-policy", S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_REFUSED);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_string_equal(info.unavailable, "eviction-policy");
+        assert_false(info.backend_up);
+        int other;
+        assert_int_equal(submit(f, &other, 1, true, S(2)), 0);
+        assert_string_equal(f->seen[2].reason, "backend");
+        /* Waiters: the grace as for an outage; the lease: until the fence. */
+        f->pool->ops->run(f->pool, S(2) + WAITER_GRACE);
+        assert_ptr_equal(f->seen[3].cookie, &waiter);
+        assert_int_equal(f->seen[3].verdict, POOL_VERDICT_REFUSED);
+        assert_int_not_equal(pool_shared_fence_deadline(f->pool), USEC_INFINITY);
+        bool refused = false;
+        SharedNotice n;
+        while (pool_shared_pop_notice(f->pool, &n)) {
+                if (n.type == SHARED_NOTICE_REFUSED) {
+                        refused = true;
+                        assert_string_equal(n.detail, "eviction-policy");
+                }
+                shared_notice_done(&n);
+        }
+        assert_true(refused);
+}
+
 static void test_restored_lease_fences_from_the_alive_mark(void **state) {
         Fixture *f = *state;
         unsigned slot = 1;
@@ -1012,6 +1045,7 @@ int main(void) {
                 T(test_intents_are_replayed_in_order_after_a_reconnect),
                 T(test_epoch_change_reclaims_every_lease),
                 T(test_refused_pool_comes_back_when_the_cause_is_gone),
+                T(test_link_failure_refuses_the_pool_loudly),
                 T(test_restored_lease_fences_from_the_alive_mark),
                 T(test_restored_lease_is_reclaimed),
                 T(test_run_id_change_reclaims_every_lease),
