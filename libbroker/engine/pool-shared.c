@@ -25,7 +25,7 @@ typedef struct Call {
         bool run;              /* tick: the engine's run(), whose answer next_wakeup() waits for */
         bool reconcile;        /* tick carrying a reconcile page */
         char rid[RID_LEN + 1]; /* submit, release, withdraw, reclaim */
-        usec_t queued_at;      /* monotonic: the round trip is measured from here */
+        usec_t sent_at;        /* monotonic: the round trip is measured from here */
         char **argv;
         size_t *argvlen;
         size_t argc, allocated;
@@ -288,7 +288,7 @@ static int call_new(SharedPool *p, SharedScript script, bool settle, usec_t now,
         if (!c)
                 return -ENOMEM;
         c->script = script;
-        c->queued_at = now;
+        p->last_now = MAX(p->last_now, now);
         int r;
         if ((r = call_add(c, "%s", p->key)) < 0 ||
             (r = call_add(c, "1")) < 0 ||
@@ -329,7 +329,7 @@ static bool state_sends_operations(SharedState s) {
         return s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING;
 }
 
-bool pool_shared_take_call(Pool *base, const SharedCall **ret) {
+bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
         SharedPool *p = SHARED(base);
         if (!p->link_up || p->state == SHARED_STATE_REFUSED)
                 return false;
@@ -342,6 +342,7 @@ bool pool_shared_take_call(Pool *base, const SharedCall **ret) {
                 if (c->script != SHARED_SCRIPT_TICK && !state_sends_operations(p->state))
                         continue;
                 c->sent = c->ever_sent = true;
+                c->sent_at = now;
                 c->view = (SharedCall) {
                         .id = c->id,
                         .script = c->script,
@@ -361,7 +362,6 @@ bool pool_shared_take_call(Pool *base, const SharedCall **ret) {
 static int rid_cmp(const void *a, const void *b) {
         return strcmp(*(const char *const *) a, *(const char *const *) b);
 }
-
 
 static int queue_tick(SharedPool *p, bool run, usec_t now) {
         Call *c;
@@ -385,32 +385,21 @@ static int queue_tick(SharedPool *p, bool run, usec_t now) {
         if (p->reconcile_from) {
                 /* One page of this node's rids from reconcile_from on: the script drops the records of the
                  * range that the page does not list (a record Redis has and this node forgot). */
-                _cleanup_free_ const char **rids = NULL;
-                size_t n = 0, cap = 0;
-                list_foreach(i, &p->tries) {
-                        if (n == cap) {
-                                cap = MAX(cap * 2, (size_t) 64);
-                                const char **a = realloc(rids, cap * sizeof(char *));
-                                if (!a) {
-                                        r = -ENOMEM;
-                                        goto fail;
-                                }
-                                rids = a;
-                        }
+                size_t n = 0;
+                list_foreach(i, &p->tries)
+                        n++;
+                list_foreach(i, &p->grants)
+                        n++;
+                _cleanup_free_ const char **rids = calloc(MAX(n, (size_t) 1), sizeof(char *));
+                if (!rids) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                n = 0;
+                list_foreach(i, &p->tries)
                         rids[n++] = container_of(i, PoolWaiter, node)->rid;
-                }
-                list_foreach(i, &p->grants) {
-                        if (n == cap) {
-                                cap = MAX(cap * 2, (size_t) 64);
-                                const char **a = realloc(rids, cap * sizeof(char *));
-                                if (!a) {
-                                        r = -ENOMEM;
-                                        goto fail;
-                                }
-                                rids = a;
-                        }
+                list_foreach(i, &p->grants)
                         rids[n++] = container_of(i, PoolGrant, node)->rid;
-                }
                 qsort(rids, n, sizeof(char *), rid_cmp);
                 size_t first = 0;
                 if (!streq(p->reconcile_from, "-"))
@@ -1388,6 +1377,7 @@ static void submit_done(SharedPool *p, const RespValue *status, const RespValue 
 
 void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
         SharedPool *p = SHARED(base);
+        p->last_now = MAX(p->last_now, now);
         Call *c = call_find(p, id);
         if (!c || !c->sent)
                 return;
@@ -1415,13 +1405,12 @@ void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *
 
         int64_t pool_now = 0;
         (void) resp_int(resp_at(reply, 1), &pool_now);
+        p->rtt = now - MIN(now, c->sent_at);
         if (!p->params.manual_clock && pool_now > 0) {
                 /* The pool clock at the midpoint of the round trip (memo §4.6). */
-                usec_t mid = c->queued_at + (now - MIN(now, c->queued_at)) / 2;
-                p->offset = pool_now - (int64_t) mid;
+                p->offset = pool_now - (int64_t) (c->sent_at + p->rtt / 2);
                 p->offset_known = true;
         }
-        p->rtt = now - MIN(now, c->queued_at);
 
         if (resp_is(status, "settling")) {
                 /* Earlier instants needed the whole budget: the same call again, at once. */
@@ -1784,7 +1773,7 @@ static int shared_restore(Pool *base, const PoolRestore *r, PoolGrant **ret) {
         if (!g)
                 return -ENOMEM;
         g->provisional = true;
-        int k = queue_reclaim(p, g, 0);
+        int k = queue_reclaim(p, g, p->last_now); /* restore() has no `now`: the manual clock must not step back */
         if (k < 0) {
                 grant_free(g);
                 return k;

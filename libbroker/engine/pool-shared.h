@@ -126,8 +126,9 @@ typedef struct SharedPoolParams {
 int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn emit, void *emit_userdata,
                     Pool **ret);
 
-/* The oldest call that may be sent now; false when none. Calls are sent in this order on one connection. */
-bool pool_shared_take_call(Pool *p, const SharedCall **ret);
+/* The oldest call that may be sent now (monotonic: the round trip counts from it); false when none. Calls
+ * are sent in this order on one connection. */
+bool pool_shared_take_call(Pool *p, usec_t now, const SharedCall **ret);
 /* The answer to a taken call. reply NULL: error < 0 (-ETIMEDOUT, -ECONNRESET, -ENOTCONN: it may or may not
  * have run; it is sent again, identical, when the link is back). sent_boot: CLOCK_BOOTTIME when it was
  * sent; now: monotonic. */

@@ -105,6 +105,7 @@ typedef struct Fixture {
         size_t n_seen;
         uint64_t random;
         unsigned wakes;
+        usec_t clock;  /* when the fake driver sends */
         char *canon;
 } Fixture;
 
@@ -184,7 +185,7 @@ static const char *arg(const SharedCall *c, size_t i) {
 /* The next call the pool sends, which must be of `script`. */
 static const SharedCall *take(Fixture *f, SharedScript script) {
         const SharedCall *c = NULL;
-        assert_true(pool_shared_take_call(f->pool, &c));
+        assert_true(pool_shared_take_call(f->pool, f->clock, &c));
         assert_string_equal(shared_script_to_string(c->script), shared_script_to_string(script));
         assert_int_equal(c->n_keys, 1);
         assert_string_equal(arg(c, 0), "{sb:grid}");
@@ -195,7 +196,7 @@ static const SharedCall *take(Fixture *f, SharedScript script) {
 
 static void no_call(Fixture *f) {
         const SharedCall *c = NULL;
-        assert_false(pool_shared_take_call(f->pool, &c));
+        assert_false(pool_shared_take_call(f->pool, f->clock, &c));
 }
 
 static void done(Fixture *f, const SharedCall *c, RespValue r, usec_t boot, usec_t now) {
@@ -1015,6 +1016,46 @@ static void test_manual_clock_passes_now_and_leaves_the_instant_to_run(void **st
         assert_int_equal(f->seen[1].wait, S(1) - 5);
 }
 
+static void test_pool_clock_is_mapped_by_the_round_trip(void **state) {
+        Fixture *f = *state;
+        /* Redis's pool clock reads 1000 s + 2 ms at the midpoint of a 4 ms round trip sent at 1 s here. */
+        pool_shared_link_up(f->pool, "run1", S(1));
+        f->clock = S(1);
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", S(1000) + MS(2), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY,
+                         cache(0, 0, 0, -1, "")), S(1), S(1) + MS(4));
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_int_equal(info.rtt, MS(4));
+        /* The pool's next instant (1001.5 s there), on the local clock, before the heartbeat (2 s). */
+        f->pool->ops->run(f->pool, S(1) + MS(4));
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), S(2));
+        f->pool->ops->run(f->pool, S(2));
+        f->clock = S(2);
+        c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", S(1001) + MS(2), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY,
+                         cache(0, 0, 0, S(1001) + MS(500), "")), S(2), S(2) + MS(4));
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), S(2) + MS(500));
+        /* A request that arrived 1 s ago (routed on from another pool) keeps its arrival on the pool clock. */
+        int cookie;
+        PoolTry t = { .cookie = &cookie, .lane = "ci", .slots = 1, .may_wait = true,
+                      .lane_budget = USEC_INFINITY, .client_cap = USEC_INFINITY, .arrival = S(2) };
+        assert_int_equal(f->pool->ops->submit(f->pool, &t, S(3)), 0);
+        f->clock = S(3);
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 13), "1001000000");
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        done(f, c, reply("ok", S(1002), decision("queued", rid, S(1002), 0, "", 0, 0, EMPTY), EMPTY,
+                         cache(2, 1, 0, -1, "")), S(3), S(3));
+        /* Granted at pool time 1003 s: 4 s here. */
+        RespValue fields = arr(8, str("verdict"), str("granted"), str("rid"), str(rid), str("at"), str("1003000000"),
+                               str("slots"), str("0"));
+        pool_shared_stream_entry(f->pool, "5-1", &fields, S(6));
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(f->seen[1].at, S(4));
+}
+
 static void test_drain_is_a_call(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1));
@@ -1061,6 +1102,7 @@ int main(void) {
                 T(test_unregistered_registers_again),
                 cmocka_unit_test_setup_teardown(test_manual_clock_passes_now_and_leaves_the_instant_to_run,
                                                 setup_manual, teardown),
+                T(test_pool_clock_is_mapped_by_the_round_trip),
                 T(test_drain_is_a_call),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
