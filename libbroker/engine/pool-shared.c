@@ -581,8 +581,8 @@ static void try_refuse_locally(SharedPool *p, PoolWaiter *w, const char *reason,
         if (w->queued)
                 fp_remove(p, w->rid, 'w');
         forget_submit(p, w->rid, now);
+        /* A decision of this node: the wait is the engine's own measure (has_wait false). */
         void *cookie = w->cookie;
-        bool queued = w->queued;
         try_free(w);
         emit(p, (PoolDecision) {
                 .verdict = POOL_VERDICT_REFUSED,
@@ -591,8 +591,6 @@ static void try_refuse_locally(SharedPool *p, PoolWaiter *w, const char *reason,
                 .refusal = REFUSAL_UNAVAILABLE,
                 .budget = USEC_INFINITY,
                 .reason = reason,
-                .has_wait = !queued,
-                .wait = 0,
         });
 }
 
@@ -1688,7 +1686,8 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         /* The arrival on the pool clock: the wait and the fast-admission test count from it. */
         char arrival[32] = "-";
         if (p->params.manual_clock || p->offset_known)
-                snprintf(arrival, sizeof arrival, "%" PRId64, pool_clock_of(p, now) - (int64_t) (now - MIN(now, t->arrival)));
+                snprintf(arrival, sizeof arrival, "%" PRId64,
+                         pool_clock_of(p, now) - (int64_t) (now - MIN(now, t->arrival)));
         if ((r = call_add(c, "%s", w->rid)) < 0 ||
             (r = call_add(c, "%s", t->lane)) < 0 ||
             (r = call_add(c, "%u", t->slots)) < 0 ||

@@ -51,7 +51,8 @@ static RespValue arr(size_t n, ...) {
 
 #define EMPTY arr(0)
 
-static RespValue cache(int64_t in_use, int64_t waiting, int64_t congested, int64_t next_wakeup, const char *stream_last) {
+static RespValue cache(int64_t in_use, int64_t waiting, int64_t congested, int64_t next_wakeup,
+                       const char *stream_last) {
         return arr(11, num(in_use), num(waiting), num(congested), num(0), num(0), num(next_wakeup), num(100),
                    str("e1"), num(0), str(stream_last), num(2));
 }
@@ -419,7 +420,8 @@ static void test_cancel_try_before_the_answer(void **state) {
         f->pool->ops->cancel_try(f->pool, &b, S(1));
         const SharedCall *w = take(f, SHARED_SCRIPT_WITHDRAW);
         assert_string_equal(arg(w, 6), rid);
-        done(f, c, reply("ok", 1, decision("granted", rid, 1, 0, "", 0, 5, arr(1, num(0))), EMPTY, cache(1, 0, 0, -1, "")),
+        done(f, c, reply("ok", 1, decision("granted", rid, 1, 0, "", 0, 5, arr(1, num(0))), EMPTY,
+                         cache(1, 0, 0, -1, "")),
              S(1), S(1));
         assert_int_equal(f->n_seen, 0);
         PoolInfo info;
@@ -447,7 +449,8 @@ static void test_lost_reply_is_retried_with_the_same_rid(void **state) {
         tick_ok(f, S(3), S(3));
         c = take(f, SHARED_SCRIPT_SUBMIT);
         assert_string_equal(arg(c, 6), rid);
-        done(f, c, reply("ok", 1, decision("granted", rid, 1, 0, "", 0, 5, arr(1, num(0))), EMPTY, cache(1, 0, 0, -1, "")),
+        done(f, c, reply("ok", 1, decision("granted", rid, 1, 0, "", 0, 5, arr(1, num(0))), EMPTY,
+                         cache(1, 0, 0, -1, "")),
              S(3), S(3));
         assert_int_equal(f->n_seen, 1);
         assert_int_equal(f->seen[0].verdict, POOL_VERDICT_GRANTED);
@@ -732,7 +735,8 @@ static void test_rules_mismatch_refuses_and_keeps_heartbeating(void **state) {
         queued(f, &waiter, S(1), rid_w);
         f->pool->ops->run(f->pool, S(2));
         const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
-        done(f, c, reply("rules", 1, tick_body("rules", arr(1, str("limit")), 0, 0, 0, ""), EMPTY, cache(1, 1, 0, -1, "")),
+        done(f, c, reply("rules", 1, tick_body("rules", arr(1, str("limit")), 0, 0, 0, ""), EMPTY,
+                         cache(1, 1, 0, -1, "")),
              S(2), S(2));
         assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_MISMATCH);
         assert_int_equal(f->seen[2].verdict, POOL_VERDICT_REFUSED);
@@ -754,7 +758,8 @@ static void test_rules_mismatch_refuses_and_keeps_heartbeating(void **state) {
         assert_string_equal(f->seen[3].reason, "rules");
         f->pool->ops->run(f->pool, S(3));
         c = take(f, SHARED_SCRIPT_TICK);
-        done(f, c, reply("rules", 1, tick_body("rules", arr(1, str("limit")), 0, 0, 0, ""), EMPTY, cache(1, 1, 0, -1, "")),
+        done(f, c, reply("rules", 1, tick_body("rules", arr(1, str("limit")), 0, 0, 0, ""), EMPTY,
+                         cache(1, 1, 0, -1, "")),
              S(50), S(3));
         assert_int_equal(pool_shared_fence_deadline(f->pool), S(50) + TTL - REVOKE_GRACE - S(2));
         /* The withdraw waits for agreement. */
