@@ -1343,13 +1343,11 @@ static void status_done(SharedPool *p, const RespValue *body, usec_t now) {
 }
 
 static void reclaim_done(SharedPool *p, const RespValue *body, Call *c, usec_t now) {
-        PoolGrant *g = grant_find(p, c->rid);
-        if (!g)
-                return;
+        PoolGrant *g = grant_find(p, c->rid); /* NULL: released meanwhile */
         const RespValue *verdict = resp_at(body, 0);
-        if (resp_is(verdict, "confirmed"))
+        if (g && resp_is(verdict, "confirmed"))
                 g->provisional = false;
-        else
+        else if (g)
                 grant_lose(p, g, resp_is(verdict, "conflict") ? "reclaim-conflict" : "node-expired", true, now);
         if (p->state == SHARED_STATE_RECLAIMING && !has_provisional(p))
                 state_set(p, SHARED_STATE_UP);

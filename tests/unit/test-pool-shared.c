@@ -693,6 +693,23 @@ static void test_restored_lease_is_reclaimed(void **state) {
         no_call(f);
 }
 
+static void test_lease_released_while_reclaimed_ends_the_reclaiming(void **state) {
+        Fixture *f = *state;
+        unsigned slot = 0;
+        PoolRestore r = { .lane = "ci", .slots = &slot, .n_slots = 1, .token = 77,
+                          .remote_id = NODE ":00000000000000aa", .granted_at = 5 };
+        PoolGrant *g;
+        assert_int_equal(f->pool->ops->restore(f->pool, &r, &g), 0);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        tick_ok(f, S(1), S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_RECLAIM);
+        f->pool->ops->release(f->pool, g, S(1));
+        done(f, c, reply("ok", 1, arr(1, str("confirmed")), EMPTY, cache(1, 0, 0, -1, "")), S(1), S(1));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        assert_string_equal(arg(take(f, SHARED_SCRIPT_RELEASE), 6), "77");
+        assert_int_equal(f->n_seen, 0);
+}
+
 static void test_run_id_change_reclaims_every_lease(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1));
@@ -1094,6 +1111,7 @@ int main(void) {
                 T(test_link_failure_refuses_the_pool_loudly),
                 T(test_restored_lease_fences_from_the_alive_mark),
                 T(test_restored_lease_is_reclaimed),
+                T(test_lease_released_while_reclaimed_ends_the_reclaiming),
                 T(test_run_id_change_reclaims_every_lease),
                 T(test_rules_mismatch_refuses_and_keeps_heartbeating),
                 T(test_keys_made_by_a_test_are_refused),
