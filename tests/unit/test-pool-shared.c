@@ -1078,6 +1078,23 @@ static void test_pool_clock_is_mapped_by_the_round_trip(void **state) {
         assert_int_equal(f->seen[1].at, S(4));
 }
 
+static void test_recovery_window_refusal_carries_its_reason(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, false, S(2)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        RespValue d = arr(14, str("refused"), str(rid), num(S(2)), num(0), str("unavailable"), str("recovery"),
+                          str("none"), num(0), num(-1), num(0), num(0), num(0), EMPTY, EMPTY);
+        done(f, c, reply("ok", S(2), d, EMPTY, cache(0, 0, 0, S(31), "")), S(2), S(2));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_REFUSED);
+        assert_int_equal(f->seen[0].refusal, REFUSAL_UNAVAILABLE);
+        assert_string_equal(f->seen[0].reason, "recovery");
+}
+
 static void test_drain_is_a_call(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1));
@@ -1126,6 +1143,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_manual_clock_passes_now_and_leaves_the_instant_to_run,
                                                 setup_manual, teardown),
                 T(test_pool_clock_is_mapped_by_the_round_trip),
+                T(test_recovery_window_refusal_carries_its_reason),
                 T(test_drain_is_a_call),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
