@@ -1,0 +1,1965 @@
+/* SPDX-License-Identifier: MIT */
+/* pool-shared.c — a pool kept in Redis, the pure half (pool-shared.h): commands out as script calls,
+ * replies and stream entries in as decisions, this node's mirror, the failure states of memo §4.7. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "list.h"
+#include "macro.h"
+#include "pool-shared.h"
+#include "strv.h"
+
+#define RID_LEN 16
+
+/* The outbox: every call stays here from queueing until its answer, in send order. */
+typedef struct Call {
+        ListNode node;
+        uint64_t id;
+        SharedScript script;
+        bool sent;             /* taken and not answered */
+        bool ever_sent;        /* may have run: a submit dropped afterwards needs a withdraw */
+        bool run;              /* tick: the engine's run(), whose answer next_wakeup() waits for */
+        bool reconcile;        /* tick carrying a reconcile page */
+        char rid[RID_LEN + 1]; /* submit, release, withdraw, reclaim */
+        usec_t sent_at;        /* monotonic: the round trip is measured from here */
+        char **argv;
+        size_t *argvlen;
+        size_t argc, allocated;
+        SharedCall view;
+} Call;
+
+/* This node's request, from submit() until its final decision (or withdraw/cancel). */
+struct PoolWaiter {
+        ListNode node;
+        char rid[RID_LEN + 1];
+        void *cookie;
+        char *lane;            /* its grant's, for a reclaim */
+        usec_t arrival;
+        bool queued;           /* QUEUED was emitted: it counts in the fingerprint as "w" */
+        size_t position, n_queued;
+};
+
+struct PoolGrant {
+        ListNode node;
+        char rid[RID_LEN + 1];
+        char *remote_id;       /* "NODE:RID" */
+        void *cookie;
+        char *lane;
+        uint64_t token;
+        usec_t granted_at;     /* pool clock */
+        unsigned n_slots;
+        unsigned *slots;
+        char **members;        /* NULL, or n_slots names */
+        bool provisional;      /* restored or to be reclaimed: the reclaim has not answered */
+        bool lost;             /* LOST was emitted */
+        bool freed_remotely;   /* Redis no longer has it: not in the fingerprint */
+};
+
+typedef struct Fingerprint {
+        uint64_t n;
+        uint32_t x, s;
+} Fingerprint;
+
+typedef struct NoticeNode {
+        ListNode node;
+        SharedNotice notice;
+} NoticeNode;
+
+/* The pool-wide figures of the last reply (README: the reply's [5]). */
+typedef struct Cache {
+        bool valid;
+        uint64_t in_use, waiting;
+        bool congested;
+        usec_t idle;
+        int64_t next_wakeup;   /* pool clock, -1 none */
+        uint64_t counter;
+        char *epoch;
+        usec_t at;             /* monotonic, when it came */
+} Cache;
+
+typedef struct SharedPool {
+        Pool base;
+        SharedPoolParams params;
+        char *key;             /* "{sb:NAME}" */
+        char *stream_key;
+        char *stream_resume;
+        char *run_id;          /* the link's, as last seen */
+        SharedState state;
+        bool link_up;
+
+        char **lanes;          /* the configured lanes, for submit()'s check */
+        char *canon;
+
+        List tries, grants, outbox, notices;
+        uint64_t next_call_id;
+        Fingerprint fp;
+        unsigned fp_mismatches;
+        char *reconcile_from;  /* a paged reconcile in progress: the next page starts here */
+
+        Cache cache;
+        bool congested;        /* as last emitted */
+        bool tick_pending;     /* a tick is in the outbox */
+        bool run_pending;      /* a run() tick is in the outbox: next_wakeup() says USEC_INFINITY */
+        bool reclaim_all;      /* the run id or the epoch changed: every lease is reclaimed */
+        usec_t last_tick;      /* monotonic, queued */
+        usec_t down_since;     /* monotonic, USEC_INFINITY: up (or never was) */
+        usec_t acked_boot;     /* CLOCK_BOOTTIME send time of the last acknowledged tick */
+        uint64_t token_floor;  /* 0: none to send */
+        int64_t offset;        /* pool clock − monotonic, from the last round trip */
+        bool offset_known;
+        usec_t rtt;
+        unsigned n_nodes;
+        char **differing_keys;
+        const char *unavailable; /* static: the reason refusals carry */
+        char *refused_why;       /* REFUSED: what the link or Redis said ("eviction-policy", "manual-clock") */
+
+        size_t positions_cursor; /* the refresh of waiters' places goes round, a page a heartbeat */
+
+        /* Status: the holders and waiters of every node, fetched every second while someone looks. */
+        bool status_wanted;     /* snapshot() was asked since the last run() */
+        bool status_pending;    /* a status call is in the outbox */
+        usec_t status_until;    /* keep fetching until then */
+        usec_t status_last;     /* monotonic, the last fetch queued */
+        usec_t last_now;        /* the latest `now` seen, for the snapshot's age */
+        bool snap_valid;
+        usec_t snap_at;
+        PoolSnapshotEntry *snap_holders, *snap_waiters;
+        size_t n_snap_holders, n_snap_waiters, snap_waiting;
+} SharedPool;
+
+static SharedPool *SHARED(const Pool *p) {
+        return (SharedPool *) p;
+}
+
+static const char *const script_names[_SHARED_SCRIPT_MAX] = {
+        [SHARED_SCRIPT_SUBMIT] = "submit",
+        [SHARED_SCRIPT_RELEASE] = "release",
+        [SHARED_SCRIPT_WITHDRAW] = "withdraw",
+        [SHARED_SCRIPT_TICK] = "tick",
+        [SHARED_SCRIPT_RECLAIM] = "reclaim",
+        [SHARED_SCRIPT_DRAIN] = "drain",
+        [SHARED_SCRIPT_POSITIONS] = "positions",
+};
+
+const char *shared_script_to_string(SharedScript s) {
+        return s >= 0 && s < _SHARED_SCRIPT_MAX ? script_names[s] : NULL;
+}
+
+static const char *const state_names[_SHARED_STATE_MAX] = {
+        [SHARED_STATE_CONNECTING] = "connecting",
+        [SHARED_STATE_REGISTERING] = "registering",
+        [SHARED_STATE_RECLAIMING] = "reclaiming",
+        [SHARED_STATE_UP] = "up",
+        [SHARED_STATE_MISMATCH] = "mismatch",
+        [SHARED_STATE_DOWN] = "down",
+        [SHARED_STATE_FENCED] = "fenced",
+        [SHARED_STATE_REFUSED] = "refused",
+};
+
+const char *shared_state_to_string(SharedState s) {
+        return s >= 0 && s < _SHARED_STATE_MAX ? state_names[s] : NULL;
+}
+
+void shared_notice_done(SharedNotice *n) {
+        if (!n)
+                return;
+        n->node = mfree(n->node);
+        n->detail = mfree(n->detail);
+}
+
+/* ---------------------------------------------------------------------------------------- fingerprint */
+
+/* README "Fingerprint": FNV-1a 32 over RID then the kind letter. */
+static uint32_t fnv1a32(const char *rid, char kind) {
+        uint32_t h = 2166136261u;
+        for (const char *c = rid; *c; c++)
+                h = (h ^ (uint8_t) *c) * 16777619u;
+        return (h ^ (uint8_t) kind) * 16777619u;
+}
+
+static void fp_add(SharedPool *p, const char *rid, char kind) {
+        uint32_t h = fnv1a32(rid, kind);
+        p->fp.n++;
+        p->fp.x ^= h;
+        p->fp.s += h;
+}
+
+static void fp_remove(SharedPool *p, const char *rid, char kind) {
+        uint32_t h = fnv1a32(rid, kind);
+        p->fp.n--;
+        p->fp.x ^= h;
+        p->fp.s -= h;
+}
+
+/* ------------------------------------------------------------------------------------------- notices */
+
+static void notice_push(SharedPool *p, SharedNoticeType type, const char *node, const char *detail,
+                        uint64_t leases, uint64_t waiters) {
+        NoticeNode *n = calloc(1, sizeof(NoticeNode));
+        if (!n)
+                return; /* a notice is for people; the pool's state does not depend on it */
+        n->notice = (SharedNotice) {
+                .type = type,
+                .node = node ? strdup(node) : NULL,
+                .detail = detail ? strdup(detail) : NULL,
+                .freed_leases = leases,
+                .freed_waiters = waiters,
+        };
+        list_append(&p->notices, &n->node);
+}
+
+bool pool_shared_pop_notice(Pool *base, SharedNotice *ret) {
+        SharedPool *p = SHARED(base);
+        ListNode *n = list_first(&p->notices);
+        if (!n)
+                return false;
+        list_unlink(n);
+        NoticeNode *nn = container_of(n, NoticeNode, node);
+        *ret = nn->notice;
+        free(nn);
+        return true;
+}
+
+/* -------------------------------------------------------------------------------------------- outbox */
+
+static Call *call_free(Call *c) {
+        if (!c)
+                return NULL;
+        if (list_node_is_linked(&c->node))
+                list_unlink(&c->node);
+        for (size_t i = 0; i < c->argc; i++)
+                free(c->argv[i]);
+        free(c->argv);
+        free(c->argvlen);
+        return mfree(c);
+}
+
+static int call_add(Call *c, const char *fmt, ...) _printf_(2, 3);
+static int call_add(Call *c, const char *fmt, ...) {
+        if (c->argc == c->allocated) {
+                size_t n = MAX(c->allocated * 2, (size_t) 16);
+                char **a = realloc(c->argv, n * sizeof(char *));
+                if (!a)
+                        return -ENOMEM;
+                c->argv = a;
+                size_t *l = realloc(c->argvlen, n * sizeof(size_t));
+                if (!l)
+                        return -ENOMEM;
+                c->argvlen = l;
+                c->allocated = n;
+        }
+        va_list ap;
+        va_start(ap, fmt);
+        char *s = NULL;
+        int r = vasprintf(&s, fmt, ap);
+        va_end(ap);
+        if (r < 0)
+                return -ENOMEM;
+        c->argv[c->argc] = s;
+        c->argvlen[c->argc++] = (size_t) r;
+        return 0;
+}
+
+static int64_t wire_usec(usec_t u) {
+        return u == USEC_INFINITY ? -1 : (int64_t) u;
+}
+
+/* The pool clock for `now`: the engine's own in the manual mode, else mapped by the last round trip. */
+static int64_t pool_clock_of(const SharedPool *p, usec_t now) {
+        return p->params.manual_clock ? (int64_t) now : (int64_t) now + p->offset;
+}
+
+/* A pool-clock time on the local monotonic clock, clamped into [lo, hi]. */
+static usec_t local_time_of(const SharedPool *p, int64_t t, usec_t lo, usec_t hi) {
+        int64_t l = p->params.manual_clock || !p->offset_known ? t : t - p->offset;
+        usec_t u = l < 0 ? 0 : (usec_t) l;
+        if (!p->params.manual_clock && !p->offset_known)
+                u = hi;
+        return MIN(MAX(u, lo), hi);
+}
+
+/* A call with the ARGV head of every script (README, "The ARGV head"). */
+static int call_new(SharedPool *p, SharedScript script, bool settle, usec_t now, Call **ret) {
+        _cleanup_(freep) Call *c = calloc(1, sizeof(Call));
+        if (!c)
+                return -ENOMEM;
+        c->script = script;
+        p->last_now = MAX(p->last_now, now);
+        int r;
+        if ((r = call_add(c, "%s", p->key)) < 0 ||
+            (r = call_add(c, "1")) < 0 ||
+            (r = call_add(c, "%s", p->params.node_id)) < 0 ||
+            (p->params.manual_clock ? (r = call_add(c, "%" PRIu64, now)) : (r = call_add(c, "-"))) < 0 ||
+            (r = call_add(c, "%s", p->run_id ?: "")) < 0 ||
+            (r = call_add(c, "%d", settle)) < 0) {
+                Call *tmp = TAKE_PTR(c);
+                call_free(tmp);
+                return r;
+        }
+        *ret = TAKE_PTR(c);
+        return 0;
+}
+
+/* Production calls are their own instant; in the manual mode the engine's run(now) completes it. */
+static bool op_settles(const SharedPool *p) {
+        return !p->params.manual_clock;
+}
+
+static void call_queue(SharedPool *p, Call *c) {
+        c->id = ++p->next_call_id;
+        list_append(&p->outbox, &c->node);
+        if (p->params.wake)
+                p->params.wake(p->params.wake_userdata);
+}
+
+static Call *call_find(SharedPool *p, uint64_t id) {
+        list_foreach(n, &p->outbox) {
+                Call *c = container_of(n, Call, node);
+                if (c->id == id)
+                        return c;
+        }
+        return NULL;
+}
+
+static bool state_sends_operations(SharedState s) {
+        return s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING;
+}
+
+bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
+        SharedPool *p = SHARED(base);
+        if (!p->link_up || p->state == SHARED_STATE_REFUSED)
+                return false;
+        /* A tick goes whenever the link is up; other calls wait for a registered node with agreed rules
+         * (a release parked during a mismatch keeps its place behind earlier ones). */
+        list_foreach(n, &p->outbox) {
+                Call *c = container_of(n, Call, node);
+                if (c->sent)
+                        continue;
+                if (c->script != SHARED_SCRIPT_TICK && !state_sends_operations(p->state))
+                        continue;
+                c->sent = c->ever_sent = true;
+                c->sent_at = now;
+                c->view = (SharedCall) {
+                        .id = c->id,
+                        .script = c->script,
+                        .n_keys = 1,
+                        .argc = c->argc,
+                        .argv = (const char *const *) c->argv,
+                        .argvlen = c->argvlen,
+                };
+                *ret = &c->view;
+                return true;
+        }
+        return false;
+}
+
+/* ------------------------------------------------------------------------------------ calls by script */
+
+static int rid_cmp(const void *a, const void *b) {
+        return strcmp(*(const char *const *) a, *(const char *const *) b);
+}
+
+static int queue_tick(SharedPool *p, bool run, usec_t now) {
+        Call *c;
+        int r = call_new(p, SHARED_SCRIPT_TICK, run || op_settles(p), now, &c);
+        if (r < 0)
+                return r;
+        c->run = run;
+        char floor[32] = "-";
+        if (p->token_floor > 0)
+                snprintf(floor, sizeof floor, "%" PRIu64, p->token_floor);
+        char epoch[17];
+        snprintf(epoch, sizeof epoch, "%016" PRIx64, p->params.random(p->params.random_userdata));
+        if ((r = call_add(c, "%s", p->params.node_name)) < 0 ||
+            (r = call_add(c, "%s", p->canon ?: "")) < 0 ||
+            (r = call_add(c, "%" PRIu64, p->fp.n)) < 0 ||
+            (r = call_add(c, "%" PRIu32, p->fp.x)) < 0 ||
+            (r = call_add(c, "%" PRIu32, p->fp.s)) < 0 ||
+            (r = call_add(c, "%s", floor)) < 0 ||
+            (r = call_add(c, "%s", epoch)) < 0)
+                goto fail;
+        if (p->reconcile_from) {
+                /* One page of this node's rids from reconcile_from on: the script drops the records of the
+                 * range that the page does not list (a record Redis has and this node forgot). */
+                size_t n = 0;
+                list_foreach(i, &p->tries)
+                        n++;
+                list_foreach(i, &p->grants)
+                        n++;
+                _cleanup_free_ const char **rids = calloc(MAX(n, (size_t) 1), sizeof(char *));
+                if (!rids) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                n = 0;
+                list_foreach(i, &p->tries)
+                        rids[n++] = container_of(i, PoolWaiter, node)->rid;
+                list_foreach(i, &p->grants)
+                        rids[n++] = container_of(i, PoolGrant, node)->rid;
+                qsort(rids, n, sizeof(char *), rid_cmp);
+                size_t first = 0;
+                if (!streq(p->reconcile_from, "-"))
+                        while (first < n && strcmp(rids[first], p->reconcile_from) < 0)
+                                first++;
+                size_t last = MIN(n, first + SHARED_RECONCILE_PAGE); /* exclusive */
+                const char *hi = last == n ? "+" : rids[last - 1];
+                if ((r = call_add(c, "%s", p->reconcile_from)) < 0 || (r = call_add(c, "%s", hi)) < 0)
+                        goto fail;
+                for (size_t i = first; i < last; i++)
+                        if ((r = call_add(c, "%s", rids[i])) < 0)
+                                goto fail;
+                c->reconcile = true;
+        } else if ((r = call_add(c, "%s", "")) < 0 || (r = call_add(c, "%s", "")) < 0)
+                goto fail;
+        p->tick_pending = true;
+        p->run_pending = p->run_pending || run;
+        p->last_tick = now;
+        call_queue(p, c);
+        return 0;
+fail:
+        call_free(c);
+        return r;
+}
+
+static int queue_rid_call(SharedPool *p, SharedScript script, const char *rid, uint64_t token, usec_t now) {
+        Call *c;
+        int r = call_new(p, script, op_settles(p), now, &c);
+        if (r < 0)
+                return r;
+        strcpy(c->rid, rid);
+        if (script == SHARED_SCRIPT_RELEASE)
+                r = call_add(c, "%" PRIu64, token);
+        if (r >= 0)
+                r = call_add(c, "%s", rid);
+        if (r < 0) {
+                call_free(c);
+                return r;
+        }
+        call_queue(p, c);
+        return 0;
+}
+
+static int queue_reclaim(SharedPool *p, const PoolGrant *g, usec_t now) {
+        Call *c;
+        int r = call_new(p, SHARED_SCRIPT_RECLAIM, op_settles(p), now, &c);
+        if (r < 0)
+                return r;
+        strcpy(c->rid, g->rid);
+        if ((r = call_add(c, "%s", g->rid)) < 0 ||
+            (r = call_add(c, "%s", g->lane)) < 0 ||
+            (r = call_add(c, "%u", g->n_slots)) < 0 ||
+            (r = call_add(c, "%" PRIu64, g->token)) < 0 ||
+            (r = call_add(c, "%" PRIu64, g->granted_at)) < 0)
+                goto fail;
+        for (unsigned i = 0; i < g->n_slots; i++)
+                if ((r = call_add(c, "%u", g->slots[i])) < 0)
+                        goto fail;
+        for (unsigned i = 0; g->members && i < g->n_slots; i++)
+                if ((r = call_add(c, "%s", g->members[i] ?: "")) < 0)
+                        goto fail;
+        call_queue(p, c);
+        return 0;
+fail:
+        call_free(c);
+        return r;
+}
+
+/* Where this node's queued requests stand now. all: every one of them, in pages (answers what a lost
+ * stream entry would have said); else the next page of the round that refreshes their places. */
+static int queue_positions(SharedPool *p, bool all, usec_t now) {
+        Call *c = NULL;
+        unsigned n = 0;
+        size_t index = 0, skip = all ? 0 : p->positions_cursor;
+        int r;
+        list_foreach(i, &p->tries) {
+                PoolWaiter *w = container_of(i, PoolWaiter, node);
+                if (!w->queued)
+                        continue;
+                if (index++ < skip)
+                        continue;
+                if (!all && n == SHARED_POSITIONS_MAX)
+                        break;
+                if (!c) {
+                        if ((r = call_new(p, SHARED_SCRIPT_POSITIONS, false, now, &c)) < 0 ||
+                            (r = call_add(c, "pos")) < 0)
+                                goto fail;
+                }
+                if ((r = call_add(c, "%s", w->rid)) < 0)
+                        goto fail;
+                if (++n == SHARED_POSITIONS_MAX && all) {
+                        call_queue(p, c);
+                        c = NULL;
+                        n = 0;
+                }
+        }
+        if (!all)
+                p->positions_cursor = index > skip + n ? skip + n : 0; /* the end reached: from the start */
+        if (c)
+                call_queue(p, c);
+        return 0;
+fail:
+        call_free(c);
+        return r;
+}
+
+static int queue_status(SharedPool *p, usec_t now) {
+        Call *c;
+        int r = call_new(p, SHARED_SCRIPT_POSITIONS, false, now, &c);
+        if (r < 0)
+                return r;
+        if ((r = call_add(c, "status")) < 0) {
+                call_free(c);
+                return r;
+        }
+        p->status_pending = true;
+        p->status_last = now;
+        call_queue(p, c);
+        return 0;
+}
+
+/* A submit that was never sent is simply dropped; one that may have run is withdrawn (idempotent). */
+static void forget_submit(SharedPool *p, const char *rid, usec_t now) {
+        list_foreach_safe(n, &p->outbox) {
+                Call *c = container_of(n, Call, node);
+                if (c->script == SHARED_SCRIPT_SUBMIT && streq(c->rid, rid) && !c->ever_sent) {
+                        call_free(c);
+                        return;
+                }
+        }
+        (void) queue_rid_call(p, SHARED_SCRIPT_WITHDRAW, rid, 0, now);
+}
+
+/* ------------------------------------------------------------------------------------------ decisions */
+
+static void emit(SharedPool *p, PoolDecision d) {
+        d.pool = &p->base;
+        pool_emit(&p->base, &d);
+}
+
+static PoolWaiter *try_find(SharedPool *p, const char *rid) {
+        list_foreach(n, &p->tries) {
+                PoolWaiter *w = container_of(n, PoolWaiter, node);
+                if (streq(w->rid, rid))
+                        return w;
+        }
+        return NULL;
+}
+
+static PoolGrant *grant_find(SharedPool *p, const char *rid) {
+        list_foreach(n, &p->grants) {
+                PoolGrant *g = container_of(n, PoolGrant, node);
+                if (streq(g->rid, rid))
+                        return g;
+        }
+        return NULL;
+}
+
+static void try_free(PoolWaiter *w) {
+        if (list_node_is_linked(&w->node))
+                list_unlink(&w->node);
+        free(w->lane);
+        free(w);
+}
+
+static void grant_free(PoolGrant *g) {
+        if (list_node_is_linked(&g->node))
+                list_unlink(&g->node);
+        free(g->remote_id);
+        free(g->lane);
+        free(g->slots);
+        strv_free(g->members);
+        free(g);
+}
+
+/* A refusal made by this node (backend unreachable, rules differ, pool retired): the try is answered now
+ * and Redis is told to forget it. */
+static void try_refuse_locally(SharedPool *p, PoolWaiter *w, const char *reason, usec_t now) {
+        if (w->queued)
+                fp_remove(p, w->rid, 'w');
+        forget_submit(p, w->rid, now);
+        /* A decision of this node: the wait is the engine's own measure (has_wait false). */
+        void *cookie = w->cookie;
+        try_free(w);
+        emit(p, (PoolDecision) {
+                .verdict = POOL_VERDICT_REFUSED,
+                .cookie = cookie,
+                .at = now,
+                .refusal = REFUSAL_UNAVAILABLE,
+                .budget = USEC_INFINITY,
+                .reason = reason,
+        });
+}
+
+static void refuse_all_tries(SharedPool *p, const char *reason, usec_t now) {
+        /* Places asked for and not sent yet are of nobody now. */
+        list_foreach_safe(i, &p->outbox) {
+                Call *c = container_of(i, Call, node);
+                if (c->script == SHARED_SCRIPT_POSITIONS && !c->ever_sent && streq(c->argv[6], "pos"))
+                        call_free(c);
+        }
+        ListNode *n;
+        while ((n = list_first(&p->tries)))
+                try_refuse_locally(p, container_of(n, PoolWaiter, node), reason, now);
+}
+
+static void grant_lose(SharedPool *p, PoolGrant *g, const char *reason, bool freed_remotely, usec_t now) {
+        if (freed_remotely && !g->freed_remotely) {
+                fp_remove(p, g->rid, 'l');
+                g->freed_remotely = true;
+        }
+        g->provisional = false;
+        if (g->lost)
+                return;
+        g->lost = true;
+        emit(p, (PoolDecision) {
+                .verdict = POOL_VERDICT_LOST,
+                .cookie = g->cookie,
+                .at = now,
+                .grant = g,
+                .token = g->token,
+                .budget = USEC_INFINITY,
+                .reason = reason,
+        });
+}
+
+/* A Decision (README, "Decision") parsed from a reply or a stream entry. */
+typedef struct Decision {
+        char verdict[16];
+        char rid[RID_LEN + 1];
+        int64_t at, wait;
+        Refusal refusal;
+        const char *reason;
+        QueueState state;
+        usec_t idle, budget;
+        size_t position, queued;
+        uint64_t token;
+        unsigned n_slots;
+        unsigned *slots;
+        char **members;
+} Decision;
+
+static void decision_done(Decision *d) {
+        d->slots = mfree(d->slots);
+        d->members = strv_free(d->members);
+}
+
+static const char *static_reason(const char *s, size_t len) {
+        static const char *const known[] = { "drained", "recovery", "backend", "rules", "node-expired" };
+        for (size_t i = 0; i < ELEMENTSOF(known); i++)
+                if (strlen(known[i]) == len && memcmp(known[i], s, len) == 0)
+                        return known[i];
+        return NULL;
+}
+
+static bool mem_is(const char *s, size_t len, const char *word) {
+        return strlen(word) == len && memcmp(s, word, len) == 0;
+}
+
+static bool resp_is(const RespValue *v, const char *word) {
+        return v && v->type == RESP_STRING && mem_is(v->str, v->len, word);
+}
+
+static bool resp_int(const RespValue *v, int64_t *ret) {
+        if (!v)
+                return false;
+        if (v->type == RESP_INTEGER) {
+                *ret = v->integer;
+                return true;
+        }
+        if (v->type != RESP_STRING || v->len == 0 || v->len > 20)
+                return false;
+        char buf[24], *end;
+        memcpy(buf, v->str, v->len);
+        buf[v->len] = 0;
+        errno = 0;
+        long long x = strtoll(buf, &end, 10);
+        if (errno != 0 || *end)
+                return false;
+        *ret = x;
+        return true;
+}
+
+static const RespValue *resp_at(const RespValue *v, size_t i) {
+        return v && v->type == RESP_ARRAY && i < v->n ? &v->elements[i] : NULL;
+}
+
+static char *resp_strdup(const RespValue *v) {
+        if (!v || v->type != RESP_STRING)
+                return NULL;
+        return strndup(v->str, v->len);
+}
+
+/* One named field of a decision, from its text (a stream entry) or its RESP value (a reply). */
+static int decision_set(Decision *d, const char *name, const RespValue *v) {
+        int64_t x = 0;
+        if (streq(name, "verdict") || streq(name, "rid")) {
+                if (!v || v->type != RESP_STRING)
+                        return -EBADMSG;
+                size_t max = streq(name, "rid") ? RID_LEN : sizeof d->verdict - 1;
+                if (v->len > max)
+                        return -EBADMSG;
+                char *dst = streq(name, "rid") ? d->rid : d->verdict;
+                memcpy(dst, v->str, v->len);
+                dst[v->len] = 0;
+        } else if (streq(name, "refusal")) {
+                static const char *const names[_REFUSAL_MAX] = {
+                        [REFUSAL_BUSY] = "busy", [REFUSAL_FULL] = "full", [REFUSAL_TIMEOUT] = "timeout",
+                        [REFUSAL_SHED] = "shed", [REFUSAL_UNAVAILABLE] = "unavailable",
+                };
+                d->refusal = REFUSAL_BUSY;
+                for (int i = 0; i < _REFUSAL_MAX; i++)
+                        if (resp_is(v, names[i]))
+                                d->refusal = i;
+        } else if (streq(name, "reason")) {
+                d->reason = v && v->type == RESP_STRING ? static_reason(v->str, v->len) : NULL;
+        } else if (streq(name, "state")) {
+                d->state = resp_is(v, "saturated") ? QUEUE_STATE_SATURATED :
+                           resp_is(v, "keeping-up") ? QUEUE_STATE_KEEPING_UP : QUEUE_STATE_NONE;
+        } else if (streq(name, "slots") || streq(name, "members")) {
+                /* An array in a reply; "a,b,c" in a stream entry. */
+                _cleanup_(strv_freep) char **items = NULL;
+                size_t n = 0;
+                if (v && v->type == RESP_ARRAY) {
+                        items = calloc(v->n + 1, sizeof(char *));
+                        if (!items)
+                                return -ENOMEM;
+                        for (size_t i = 0; i < v->n; i++) {
+                                const RespValue *e = &v->elements[i];
+                                if (e->type == RESP_INTEGER) {
+                                        if (asprintf(&items[n], "%" PRId64, e->integer) < 0)
+                                                items[n] = NULL;
+                                } else
+                                        items[n] = resp_strdup(e);
+                                if (!items[n])
+                                        return -ENOMEM;
+                                n++;
+                        }
+                } else if (v && v->type == RESP_STRING && v->len > 0) {
+                        items = calloc(v->len + 2, sizeof(char *));
+                        if (!items)
+                                return -ENOMEM;
+                        const char *s = v->str, *end = v->str + v->len;
+                        while (s <= end) {
+                                const char *comma = memchr(s, ',', (size_t) (end - s));
+                                const char *stop = comma ?: end;
+                                items[n] = strndup(s, (size_t) (stop - s));
+                                if (!items[n])
+                                        return -ENOMEM;
+                                n++;
+                                s = stop + 1;
+                        }
+                }
+                if (streq(name, "members")) {
+                        d->members = n > 0 ? TAKE_PTR(items) : NULL;
+                } else {
+                        d->slots = calloc(MAX(n, (size_t) 1), sizeof(unsigned));
+                        if (!d->slots)
+                                return -ENOMEM;
+                        for (size_t i = 0; i < n; i++)
+                                d->slots[i] = (unsigned) strtoul(items[i], NULL, 10);
+                        d->n_slots = (unsigned) n;
+                }
+        } else {
+                if (!resp_int(v, &x))
+                        return -EBADMSG;
+                if (streq(name, "at"))
+                        d->at = x;
+                else if (streq(name, "wait"))
+                        d->wait = x;
+                else if (streq(name, "idle"))
+                        d->idle = x < 0 ? 0 : (usec_t) x;
+                else if (streq(name, "budget"))
+                        d->budget = x < 0 ? USEC_INFINITY : (usec_t) x;
+                else if (streq(name, "position"))
+                        d->position = (size_t) MAX(x, (int64_t) 0);
+                else if (streq(name, "queued"))
+                        d->queued = (size_t) MAX(x, (int64_t) 0);
+                else if (streq(name, "token"))
+                        d->token = (uint64_t) x;
+        }
+        return 0;
+}
+
+/* The Decision's fields in README order (also the stream's field names). */
+static const char *const decision_fields[] = {
+        "verdict", "rid", "at", "wait", "refusal", "reason", "state", "idle", "budget", "position", "queued",
+        "token", "slots", "members",
+};
+
+static int decision_from_array(const RespValue *v, Decision *ret) {
+        *ret = (Decision) { .budget = USEC_INFINITY };
+        if (!v || v->type != RESP_ARRAY || v->n != ELEMENTSOF(decision_fields))
+                return -EBADMSG;
+        for (size_t i = 0; i < v->n; i++) {
+                int r = decision_set(ret, decision_fields[i], &v->elements[i]);
+                if (r < 0) {
+                        decision_done(ret);
+                        return r;
+                }
+        }
+        return 0;
+}
+
+static PoolGrant *grant_new(const char *node_id, const char *rid, const char *lane, const Decision *d) {
+        PoolGrant *g = calloc(1, sizeof(PoolGrant));
+        if (!g)
+                return NULL;
+        strcpy(g->rid, rid);
+        g->token = d->token;
+        g->granted_at = d->at < 0 ? 0 : (usec_t) d->at;
+        g->n_slots = d->n_slots;
+        g->slots = calloc(MAX(d->n_slots, 1u), sizeof(unsigned));
+        g->lane = lane ? strdup(lane) : NULL;
+        if (asprintf(&g->remote_id, "%s:%s", node_id, rid) < 0)
+                g->remote_id = NULL;
+        if (!g->slots || !g->remote_id || (lane && !g->lane)) {
+                grant_free(g);
+                return NULL;
+        }
+        memcpy(g->slots, d->slots, d->n_slots * sizeof(unsigned));
+        if (d->members) {
+                g->members = strv_copy(d->members);
+                if (!g->members) {
+                        grant_free(g);
+                        return NULL;
+                }
+        }
+        return g;
+}
+
+/* A decision about one of this node's requests, from a reply or the stream: the first copy wins. */
+static void decision_apply(SharedPool *p, const Decision *d, usec_t now) {
+        PoolWaiter *w = try_find(p, d->rid);
+        if (!w) {
+                /* A grant for a rid this node no longer waits for (withdrawn, cancelled, refused here during an
+                 * outage) and does not hold: its client is gone, so the slots go back. */
+                if (streq(d->verdict, "granted") && !grant_find(p, d->rid))
+                        (void) queue_rid_call(p, SHARED_SCRIPT_RELEASE, d->rid, d->token, now);
+                return;
+        }
+        usec_t at = local_time_of(p, d->at, w->arrival, now);
+
+        if (streq(d->verdict, "queued")) {
+                w->position = d->position;
+                w->n_queued = d->queued;
+                if (w->queued)
+                        return;
+                w->queued = true;
+                fp_add(p, w->rid, 'w');
+                emit(p, (PoolDecision) {
+                        .verdict = POOL_VERDICT_QUEUED,
+                        .cookie = w->cookie,
+                        .at = at,
+                        .state = d->state,
+                        .idle = d->idle,
+                        .budget = d->budget,
+                        .waiter = w,
+                });
+        } else if (streq(d->verdict, "granted")) {
+                PoolGrant *g = grant_new(p->params.node_id, d->rid, w->lane, d);
+                if (!g)
+                        return; /* out of memory: the heartbeat's reconcile finds the lease again */
+                if (w->queued)
+                        fp_remove(p, w->rid, 'w');
+                fp_add(p, g->rid, 'l');
+                list_append(&p->grants, &g->node);
+                void *cookie = w->cookie;
+                try_free(w);
+                emit(p, (PoolDecision) {
+                        .verdict = POOL_VERDICT_GRANTED,
+                        .cookie = cookie,
+                        .at = at,
+                        .state = d->state,
+                        .idle = d->idle,
+                        .budget = d->budget,
+                        .grant = g,
+                        .slots = g->slots,
+                        .members = (const char *const *) g->members,
+                        .n_slots = g->n_slots,
+                        .token = g->token,
+                        .has_wait = true,
+                        .wait = d->wait < 0 ? 0 : (usec_t) d->wait,
+                        .remote_id = g->remote_id,
+                });
+        } else if (streq(d->verdict, "refused")) {
+                if (w->queued)
+                        fp_remove(p, w->rid, 'w');
+                void *cookie = w->cookie;
+                try_free(w);
+                emit(p, (PoolDecision) {
+                        .verdict = POOL_VERDICT_REFUSED,
+                        .cookie = cookie,
+                        .at = at,
+                        .refusal = d->refusal,
+                        .state = d->state,
+                        .idle = d->idle,
+                        .budget = d->budget,
+                        .reason = d->reason,
+                        .has_wait = true,
+                        .wait = d->wait < 0 ? 0 : (usec_t) d->wait,
+                });
+        }
+}
+
+static void congestion_apply(SharedPool *p, bool congested, int64_t at, usec_t now) {
+        if (congested == p->congested)
+                return;
+        p->congested = congested;
+        emit(p, (PoolDecision) {
+                .verdict = POOL_VERDICT_CONGESTION,
+                .at = local_time_of(p, at, 0, now),
+                .budget = USEC_INFINITY,
+                .congested = congested,
+        });
+}
+
+/* ---------------------------------------------------------------------------------------- the states */
+
+static void state_set(SharedPool *p, SharedState s) {
+        p->state = s;
+        p->unavailable = s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING ? NULL :
+                         s == SHARED_STATE_MISMATCH ? "rules" : "backend";
+}
+
+static bool has_provisional(SharedPool *p) {
+        list_foreach(n, &p->grants)
+                if (container_of(n, PoolGrant, node)->provisional)
+                        return true;
+        return false;
+}
+
+/* Every lease this node still vouches for is claimed again: Redis restarted, or lost the pool. */
+static void reclaim_all(SharedPool *p, usec_t now) {
+        list_foreach(n, &p->grants) {
+                PoolGrant *g = container_of(n, PoolGrant, node);
+                if (g->lost || g->provisional)
+                        continue;
+                g->provisional = true;
+                (void) queue_reclaim(p, g, now);
+        }
+}
+
+void pool_shared_link_up(Pool *base, const char *run_id, usec_t now) {
+        SharedPool *p = SHARED(base);
+        if (p->run_id && run_id && !streq(p->run_id, run_id))
+                p->reclaim_all = true;
+        if (run_id) {
+                char *s = strdup(run_id);
+                if (s) {
+                        free(p->run_id);
+                        p->run_id = s;
+                }
+        }
+        p->link_up = true;
+        if (p->down_since != USEC_INFINITY)
+                notice_push(p, SHARED_NOTICE_BACKEND_REGAINED, NULL, NULL, 0, 0);
+        p->down_since = USEC_INFINITY;
+        p->refused_why = mfree(p->refused_why);
+        state_set(p, SHARED_STATE_REGISTERING);
+        /* Whatever was in flight is sent again, identical, after the registering tick. */
+        list_foreach(n, &p->outbox)
+                container_of(n, Call, node)->sent = false;
+        p->tick_pending = p->run_pending = false;
+        list_foreach_safe(n, &p->outbox) {
+                Call *c = container_of(n, Call, node);
+                if (c->script == SHARED_SCRIPT_TICK)
+                        call_free(c); /* stale arguments; a new one is made below */
+        }
+        (void) queue_tick(p, false, now);
+}
+
+void pool_shared_link_down(Pool *base, usec_t now) {
+        SharedPool *p = SHARED(base);
+        if (!p->link_up)
+                return;
+        p->link_up = false;
+        list_foreach(n, &p->outbox)
+                container_of(n, Call, node)->sent = false;
+        if (p->state != SHARED_STATE_FENCED && p->state != SHARED_STATE_REFUSED)
+                state_set(p, SHARED_STATE_DOWN);
+        p->down_since = now;
+        notice_push(p, SHARED_NOTICE_BACKEND_LOST, NULL, NULL, 0, 0);
+}
+
+void pool_shared_link_failed(Pool *base, const char *why, usec_t now) {
+        SharedPool *p = SHARED(base);
+        bool was_up = p->link_up;
+        pool_shared_link_down(base, now);
+        if (!was_up && p->down_since == USEC_INFINITY)
+                p->down_since = now;
+        char *s = strdup(why);
+        if (s) {
+                free(p->refused_why);
+                p->refused_why = s;
+        }
+        if (p->state != SHARED_STATE_REFUSED)
+                notice_push(p, SHARED_NOTICE_REFUSED, NULL, why, 0, 0);
+        state_set(p, SHARED_STATE_REFUSED);
+}
+
+void pool_shared_set_last_ack(Pool *base, usec_t boot) {
+        SharedPool *p = SHARED(base);
+        if (p->acked_boot == USEC_INFINITY || boot > p->acked_boot)
+                p->acked_boot = boot;
+}
+
+usec_t pool_shared_fence_deadline(const Pool *base) {
+        SharedPool *p = SHARED(base);
+        bool any = false;
+        list_foreach(n, &p->grants)
+                if (!container_of(n, PoolGrant, node)->lost)
+                        any = true;
+        if (!any || p->acked_boot == USEC_INFINITY)
+                return USEC_INFINITY;
+        /* Redis frees this node's leases no earlier than acked + TTL; its commands must be gone before,
+         * with the revoke grace to let go and 2 s for a forward step of Redis's clock (memo §4.3). */
+        usec_t margin = p->params.revoke_grace + SHARED_FENCE_SLACK;
+        usec_t end = usec_add(p->acked_boot, p->params.node_ttl);
+        return end > margin ? end - margin : 0;
+}
+
+void pool_shared_fence_check(Pool *base, usec_t boot_now, usec_t now) {
+        SharedPool *p = SHARED(base);
+        usec_t f = pool_shared_fence_deadline(base);
+        if (f == USEC_INFINITY || boot_now < f)
+                return;
+        notice_push(p, SHARED_NOTICE_FENCED, NULL, NULL, 0, 0);
+        if (p->state == SHARED_STATE_DOWN)
+                state_set(p, SHARED_STATE_FENCED);
+        list_foreach(n, &p->grants)
+                grant_lose(p, container_of(n, PoolGrant, node), "fenced", false, now);
+}
+
+/* While the backend cannot be reached, waiters are kept for the grace (a short blip should not cost them
+ * their place), then refused so that their clients can go elsewhere. */
+static void check_waiter_grace(SharedPool *p, usec_t now) {
+        if (p->down_since == USEC_INFINITY || now < usec_add(p->down_since, p->params.waiter_grace))
+                return;
+        refuse_all_tries(p, "backend", now);
+}
+
+/* --------------------------------------------------------------------------------------------- replies */
+
+static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now, usec_t now) {
+        int64_t x;
+        if (!cache || cache->type != RESP_ARRAY || cache->n < 11)
+                return;
+        p->cache.valid = true;
+        p->cache.at = now;
+        if (resp_int(resp_at(cache, 0), &x))
+                p->cache.in_use = (uint64_t) MAX(x, (int64_t) 0);
+        if (resp_int(resp_at(cache, 1), &x))
+                p->cache.waiting = (uint64_t) MAX(x, (int64_t) 0);
+        if (resp_int(resp_at(cache, 2), &x))
+                p->cache.congested = x != 0;
+        if (resp_int(resp_at(cache, 3), &x))
+                p->cache.idle = (usec_t) MAX(x, (int64_t) 0);
+        if (resp_int(resp_at(cache, 5), &x))
+                p->cache.next_wakeup = x;
+        if (resp_int(resp_at(cache, 6), &x))
+                p->cache.counter = (uint64_t) MAX(x, (int64_t) 0);
+        /* Another node's call may have flipped the gauge: this node's own gauge follows the pool's. */
+        congestion_apply(p, p->cache.congested, pool_now, now);
+}
+
+static void notices_apply(SharedPool *p, const RespValue *notices) {
+        for (size_t i = 0; notices && notices->type == RESP_ARRAY && i < notices->n; i++) {
+                const RespValue *n = &notices->elements[i];
+                int64_t leases = 0, waiters = 0;
+                if (!resp_is(resp_at(n, 0), "node-expired"))
+                        continue;
+                _cleanup_free_ char *name = resp_strdup(resp_at(n, 2));
+                (void) resp_int(resp_at(n, 3), &leases);
+                (void) resp_int(resp_at(n, 4), &waiters);
+                notice_push(p, SHARED_NOTICE_NODE_EXPIRED, name, NULL, (uint64_t) leases, (uint64_t) waiters);
+        }
+}
+
+static void events_apply(SharedPool *p, const RespValue *events, usec_t now) {
+        for (size_t i = 0; events && events->type == RESP_ARRAY && i < events->n; i++) {
+                const RespValue *e = &events->elements[i];
+                if (resp_is(resp_at(e, 0), "congestion")) {
+                        int64_t at = 0, c = 0;
+                        (void) resp_int(resp_at(e, 1), &at);
+                        (void) resp_int(resp_at(e, 3), &c);
+                        congestion_apply(p, c != 0, at, now);
+                        continue;
+                }
+                Decision d;
+                if (decision_from_array(e, &d) < 0)
+                        continue;
+                decision_apply(p, &d, now);
+                decision_done(&d);
+        }
+}
+
+/* A call that cannot be made now (the node is not registered, its rules differ): sent again once the
+ * node is up. A submit is answered here instead: its client should not wait for an agreement. */
+static void call_park(SharedPool *p, Call *c, bool ran, const char *reason, usec_t now) {
+        if (c->script == SHARED_SCRIPT_SUBMIT) {
+                PoolWaiter *w = try_find(p, c->rid);
+                /* One that may have run is withdrawn; one that did not is dropped (by try_refuse_locally()). */
+                c->ever_sent = ran;
+                if (ran || !w)
+                        call_free(c);
+                if (w)
+                        try_refuse_locally(p, w, reason, now);
+                return;
+        }
+        if (c->script == SHARED_SCRIPT_POSITIONS || c->script == SHARED_SCRIPT_TICK) {
+                call_free(c); /* made again from the state of the day */
+                return;
+        }
+        c->sent = false;
+}
+
+static bool outbox_holds_only(SharedPool *p, const Call *c) {
+        list_foreach(n, &p->outbox)
+                if (container_of(n, Call, node) != c)
+                        return false;
+        return true;
+}
+
+static void tick_done(SharedPool *p, const RespValue *status, const RespValue *body, usec_t sent_boot,
+                      Call *c, usec_t now) {
+        bool rules_ok = resp_is(status, "ok");
+        /* The heartbeat counts either way: leases granted under agreed rules keep their node alive. */
+        if (p->acked_boot == USEC_INFINITY || sent_boot > p->acked_boot)
+                p->acked_boot = sent_boot;
+        p->token_floor = 0;
+
+        _cleanup_free_ char *epoch = resp_strdup(resp_at(body, 1));
+        if (epoch) {
+                if (p->cache.epoch && !streq(p->cache.epoch, epoch))
+                        p->reclaim_all = true;
+                free(p->cache.epoch);
+                p->cache.epoch = TAKE_PTR(epoch);
+        }
+        int64_t nodes;
+        if (resp_int(resp_at(body, 7), &nodes))
+                p->n_nodes = (unsigned) MAX(nodes, (int64_t) 0);
+        if (!p->stream_resume) {
+                p->stream_resume = resp_strdup(resp_at(body, 6));
+        }
+
+        if (!rules_ok) {
+                const RespValue *keys = resp_at(body, 4);
+                _cleanup_(strv_freep) char **diff = calloc((keys && keys->type == RESP_ARRAY ? keys->n : 0) + 1,
+                                                           sizeof(char *));
+                size_t len = 0;
+                for (size_t i = 0; diff && keys && keys->type == RESP_ARRAY && i < keys->n; i++)
+                        if ((diff[i] = resp_strdup(&keys->elements[i])))
+                                len += strlen(diff[i]) + 1;
+                if (p->state != SHARED_STATE_MISMATCH) {
+                        _cleanup_free_ char *joined = calloc(len + 1, 1);
+                        for (size_t i = 0; joined && diff && diff[i]; i++) {
+                                if (i > 0)
+                                        strcat(joined, ",");
+                                strcat(joined, diff[i]);
+                        }
+                        notice_push(p, SHARED_NOTICE_RULES_MISMATCH, NULL, joined, 0, 0);
+                }
+                strv_free(p->differing_keys);
+                p->differing_keys = TAKE_PTR(diff);
+                state_set(p, SHARED_STATE_MISMATCH);
+                refuse_all_tries(p, "rules", now);
+                return;
+        }
+
+        if (p->state == SHARED_STATE_MISMATCH)
+                notice_push(p, SHARED_NOTICE_RULES_AGREED, NULL, NULL, 0, 0);
+        p->differing_keys = strv_free(p->differing_keys);
+        if (p->reclaim_all) {
+                p->reclaim_all = false;
+                notice_push(p, SHARED_NOTICE_RECOVERY, NULL, NULL, 0, 0);
+                reclaim_all(p, now);
+        }
+        state_set(p, has_provisional(p) ? SHARED_STATE_RECLAIMING : SHARED_STATE_UP);
+
+        /* Reconcile: a page answered moves the cursor on; "" means the page's whole range was done. */
+        if (c->reconcile) {
+                _cleanup_free_ char *to = resp_strdup(resp_at(body, 8));
+                const char *hi = c->argv[14];
+                if (to && *to) {
+                        free(p->reconcile_from);
+                        p->reconcile_from = TAKE_PTR(to);
+                } else if (streq(hi, "+")) {
+                        p->reconcile_from = mfree(p->reconcile_from);
+                } else {
+                        char *s = strdup(hi);
+                        if (s) {
+                                free(p->reconcile_from);
+                                p->reconcile_from = s;
+                        }
+                }
+                if (p->reconcile_from)
+                        (void) queue_tick(p, false, now);
+                return;
+        }
+
+        /* The fingerprint: compared only when nothing else is in flight (a call in the outbox changes Redis's
+         * side before this node's), and acted on when two heartbeats in a row differ (a grant made by
+         * another node's call reaches the stream after the reply that counted it). */
+        const RespValue *fp = resp_at(body, 5);
+        int64_t n, x, s;
+        if (!outbox_holds_only(p, c) || !resp_int(resp_at(fp, 0), &n) || !resp_int(resp_at(fp, 1), &x) ||
+            !resp_int(resp_at(fp, 2), &s))
+                return;
+        if ((uint64_t) n == p->fp.n && (uint32_t) x == p->fp.x && (uint32_t) s == p->fp.s) {
+                p->fp_mismatches = 0;
+                return;
+        }
+        if (++p->fp_mismatches < 2)
+                return;
+        p->fp_mismatches = 0;
+        (void) queue_positions(p, true, now);
+        if (!p->reconcile_from && (p->reconcile_from = strdup("-")))
+                (void) queue_tick(p, false, now);
+}
+
+static void positions_done(SharedPool *p, const RespValue *body, Call *c, usec_t now) {
+        /* One answer per rid asked, in order (argv[7…]). */
+        for (size_t i = 0; body && body->type == RESP_ARRAY && i < body->n && 7 + i < c->argc; i++) {
+                const RespValue *e = &body->elements[i];
+                const char *rid = c->argv[7 + i];
+                PoolWaiter *w = try_find(p, rid);
+                if (resp_is(resp_at(e, 0), "queued")) {
+                        int64_t pos, queued;
+                        if (w && resp_int(resp_at(e, 1), &pos) && resp_int(resp_at(e, 2), &queued)) {
+                                w->position = (size_t) MAX(pos, (int64_t) 0);
+                                w->n_queued = (size_t) MAX(queued, (int64_t) 0);
+                        }
+                } else if (resp_is(resp_at(e, 0), "gone")) {
+                        /* Redis forgot it (this node was reaped while away): its client gets an answer. */
+                        if (w)
+                                try_refuse_locally(p, w, "node-expired", now);
+                } else {
+                        Decision d;
+                        if (decision_from_array(e, &d) < 0)
+                                continue;
+                        decision_apply(p, &d, now);
+                        decision_done(&d);
+                }
+        }
+}
+
+static void snapshot_entries_free(PoolSnapshotEntry *e, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                free((char *) e[i].node);
+                free((char *) e[i].lane);
+                free((unsigned *) e[i].slots);
+                strv_free((char **) e[i].members);
+        }
+        free(e);
+}
+
+static void snapshot_clear(SharedPool *p) {
+        snapshot_entries_free(p->snap_holders, p->n_snap_holders);
+        snapshot_entries_free(p->snap_waiters, p->n_snap_waiters);
+        p->snap_holders = p->snap_waiters = NULL;
+        p->n_snap_holders = p->n_snap_waiters = 0;
+}
+
+/* One holder { node id, node name, rid, lane, token, granted_at, { slots… }, { members… } } or waiter
+ * { node id, node name, rid, lane, k, arrival, position } of the status body. */
+static int snapshot_entry_parse(const SharedPool *p, const RespValue *v, bool holder, usec_t now,
+                                PoolSnapshotEntry *ret) {
+        int64_t a, b;
+        if (!v || v->type != RESP_ARRAY || v->n != (holder ? 8u : 7u) ||
+            !resp_int(resp_at(v, 4), &a) || !resp_int(resp_at(v, 5), &b))
+                return -EBADMSG;
+        const RespValue *id = resp_at(v, 0);
+        *ret = (PoolSnapshotEntry) {
+                .node = resp_strdup(resp_at(v, 1)),
+                .own = id && id->type == RESP_STRING && mem_is(id->str, id->len, p->params.node_id),
+                .lane = resp_strdup(resp_at(v, 3)),
+                .since = local_time_of(p, b, 0, now),
+        };
+        if (!ret->node || !ret->lane)
+                return -ENOMEM;
+        if (!holder) {
+                int64_t pos = 0;
+                (void) resp_int(resp_at(v, 6), &pos);
+                ret->n_slots = (unsigned) MAX(a, (int64_t) 0);
+                ret->position = (size_t) MAX(pos, (int64_t) 0);
+                return 0;
+        }
+        ret->token = (uint64_t) a;
+        Decision d = { .budget = USEC_INFINITY };
+        int r = decision_set(&d, "slots", resp_at(v, 6));
+        if (r >= 0)
+                r = decision_set(&d, "members", resp_at(v, 7));
+        if (r < 0) {
+                decision_done(&d);
+                return r;
+        }
+        ret->n_slots = d.n_slots;
+        ret->slots = TAKE_PTR(d.slots);
+        ret->members = (const char *const *) TAKE_PTR(d.members);
+        return 0;
+}
+
+static int snapshot_list_parse(const SharedPool *p, const RespValue *v, bool holder, usec_t now,
+                               PoolSnapshotEntry **ret, size_t *ret_n) {
+        size_t n = v && v->type == RESP_ARRAY ? v->n : 0;
+        PoolSnapshotEntry *e = calloc(MAX(n, (size_t) 1), sizeof(PoolSnapshotEntry));
+        if (!e)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                int r = snapshot_entry_parse(p, &v->elements[i], holder, now, &e[i]);
+                if (r < 0) {
+                        snapshot_entries_free(e, i + 1);
+                        return r;
+                }
+        }
+        *ret = e;
+        *ret_n = n;
+        return 0;
+}
+
+static void status_done(SharedPool *p, const RespValue *body, usec_t now) {
+        PoolSnapshotEntry *holders, *waiters;
+        size_t n_holders, n_waiters;
+        int64_t waiting = 0;
+        if (snapshot_list_parse(p, resp_at(body, 0), true, now, &holders, &n_holders) < 0)
+                return;
+        if (snapshot_list_parse(p, resp_at(body, 1), false, now, &waiters, &n_waiters) < 0) {
+                snapshot_entries_free(holders, n_holders);
+                return;
+        }
+        (void) resp_int(resp_at(body, 2), &waiting);
+        snapshot_clear(p);
+        p->snap_holders = holders;
+        p->n_snap_holders = n_holders;
+        p->snap_waiters = waiters;
+        p->n_snap_waiters = MIN(n_waiters, (size_t) POOL_SNAPSHOT_WAITERS_MAX);
+        p->snap_waiting = (size_t) MAX(waiting, (int64_t) 0);
+        p->snap_at = now;
+        p->snap_valid = true;
+}
+
+static void reclaim_done(SharedPool *p, const RespValue *body, Call *c, usec_t now) {
+        PoolGrant *g = grant_find(p, c->rid); /* NULL: released meanwhile */
+        const RespValue *verdict = resp_at(body, 0);
+        if (g && resp_is(verdict, "confirmed"))
+                g->provisional = false;
+        else if (g)
+                grant_lose(p, g, resp_is(verdict, "conflict") ? "reclaim-conflict" : "node-expired", true, now);
+        if (p->state == SHARED_STATE_RECLAIMING && !has_provisional(p))
+                state_set(p, SHARED_STATE_UP);
+}
+
+static void submit_done(SharedPool *p, const RespValue *status, const RespValue *body, Call *c, usec_t now) {
+        PoolWaiter *w = try_find(p, c->rid);
+        if (!w)
+                return; /* cancelled meanwhile: its withdraw follows in the outbox */
+        if (resp_is(status, "ok")) {
+                Decision d;
+                if (decision_from_array(body, &d) < 0) {
+                        try_refuse_locally(p, w, "backend", now);
+                        return;
+                }
+                decision_apply(p, &d, now);
+                decision_done(&d);
+                return;
+        }
+        /* "invalid": this node's copy of the rules let it through, the stored ones do not. */
+        try_refuse_locally(p, w, resp_is(status, "invalid") ? "rules" : "backend", now);
+}
+
+void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
+        SharedPool *p = SHARED(base);
+        p->last_now = MAX(p->last_now, now);
+        Call *c = call_find(p, id);
+        if (!c || !c->sent)
+                return;
+        if (!reply || error < 0) {
+                /* It may or may not have run: sent again, identical, once the link is back (idempotent by
+                 * rid); link_down() follows from the driver. */
+                c->sent = false;
+                return;
+        }
+        if (c->script == SHARED_SCRIPT_TICK) {
+                p->tick_pending = false;
+                if (c->run)
+                        p->run_pending = false;
+        }
+        if (c->script == SHARED_SCRIPT_POSITIONS && streq(c->argv[6], "status"))
+                p->status_pending = false;
+
+        const RespValue *status = resp_at(reply, 0);
+        if (reply->type == RESP_ERROR || !status) {
+                /* A script error (out of memory under noeviction, NOSCRIPT between a restart and the load):
+                 * a submit is answered here, anything else is tried again after the next tick. */
+                call_park(p, c, true, "backend", now);
+                return;
+        }
+
+        int64_t pool_now = 0;
+        (void) resp_int(resp_at(reply, 1), &pool_now);
+        p->rtt = now - MIN(now, c->sent_at);
+        if (!p->params.manual_clock && pool_now > 0) {
+                /* The pool clock at the midpoint of the round trip (memo §4.6). */
+                p->offset = pool_now - (int64_t) (c->sent_at + p->rtt / 2);
+                p->offset_known = true;
+        }
+
+        if (resp_is(status, "settling")) {
+                /* Earlier instants needed the whole budget: the same call again, at once. */
+                events_apply(p, resp_at(reply, 3), now);
+                cache_apply(p, resp_at(reply, 4), pool_now, now);
+                c->sent = false;
+                if (c->script == SHARED_SCRIPT_TICK) {
+                        p->tick_pending = true;
+                        p->run_pending = p->run_pending || c->run;
+                }
+                return;
+        }
+        if (resp_is(status, "unregistered")) {
+                /* Reaped while away, or Redis lost the pool: register again first. */
+                state_set(p, SHARED_STATE_REGISTERING);
+                p->reclaim_all = true;
+                call_park(p, c, false, "backend", now);
+                if (!p->tick_pending)
+                        (void) queue_tick(p, false, now);
+                return;
+        }
+        if (resp_is(status, "version") || resp_is(status, "manual-clock")) {
+                _cleanup_free_ char *why = resp_strdup(status);
+                if (p->state != SHARED_STATE_REFUSED)
+                        notice_push(p, SHARED_NOTICE_REFUSED, NULL, why, 0, 0);
+                free(p->refused_why);
+                p->refused_why = TAKE_PTR(why);
+                state_set(p, SHARED_STATE_REFUSED);
+                call_park(p, c, false, "backend", now);
+                refuse_all_tries(p, "backend", now);
+                return;
+        }
+
+        events_apply(p, resp_at(reply, 3), now);
+        cache_apply(p, resp_at(reply, 4), pool_now, now);
+        notices_apply(p, resp_at(reply, 5));
+        const RespValue *body = resp_at(reply, 2);
+
+        if (c->script == SHARED_SCRIPT_TICK && (resp_is(status, "ok") || resp_is(status, "rules"))) {
+                tick_done(p, status, body, sent_boot, c, now);
+                call_free(c);
+                return;
+        }
+        if (resp_is(status, "rules")) {
+                state_set(p, SHARED_STATE_MISMATCH);
+                call_park(p, c, false, "rules", now);
+                return;
+        }
+        switch (c->script) {
+        case SHARED_SCRIPT_SUBMIT:
+                submit_done(p, status, body, c, now);
+                break;
+        case SHARED_SCRIPT_POSITIONS:
+                if (streq(c->argv[6], "status"))
+                        status_done(p, body, now);
+                else
+                        positions_done(p, body, c, now);
+                break;
+        case SHARED_SCRIPT_RECLAIM:
+                reclaim_done(p, body, c, now);
+                break;
+        default:
+                break; /* release, withdraw, drain: "gone" is success too */
+        }
+        call_free(c);
+}
+
+/* ---------------------------------------------------------------------------------------------- stream */
+
+void pool_shared_stream_entry(Pool *base, const char *entry_id, const RespValue *fields, usec_t now) {
+        SharedPool *p = SHARED(base);
+        char *id = strdup(entry_id);
+        if (id) {
+                free(p->stream_resume);
+                p->stream_resume = id;
+        }
+        Decision d = { .budget = USEC_INFINITY };
+        for (size_t i = 0; fields && fields->type == RESP_ARRAY && i + 1 < fields->n; i += 2) {
+                _cleanup_free_ char *name = resp_strdup(&fields->elements[i]);
+                if (name && decision_set(&d, name, &fields->elements[i + 1]) < 0) {
+                        decision_done(&d);
+                        return;
+                }
+        }
+        if (d.rid[0])
+                decision_apply(p, &d, now);
+        decision_done(&d);
+}
+
+const char *pool_shared_stream_key(const Pool *base) {
+        return SHARED(base)->stream_key;
+}
+
+const char *pool_shared_stream_resume_id(const Pool *base) {
+        return SHARED(base)->stream_resume;
+}
+
+SharedState pool_shared_state(const Pool *base) {
+        return SHARED(base)->state;
+}
+
+/* ------------------------------------------------------------------------------------------ pool ops */
+
+static void shared_free(Pool *base) {
+        SharedPool *p = SHARED(base);
+        ListNode *n;
+        while ((n = list_first(&p->outbox)))
+                call_free(container_of(n, Call, node));
+        while ((n = list_first(&p->tries)))
+                try_free(container_of(n, PoolWaiter, node));
+        while ((n = list_first(&p->grants)))
+                grant_free(container_of(n, PoolGrant, node));
+        while ((n = list_first(&p->notices))) {
+                list_unlink(n);
+                NoticeNode *nn = container_of(n, NoticeNode, node);
+                shared_notice_done(&nn->notice);
+                free(nn);
+        }
+        snapshot_clear(p);
+        strv_free(p->base.members);
+        strv_free(p->lanes);
+        strv_free(p->differing_keys);
+        free(p->canon);
+        free(p->key);
+        free(p->stream_key);
+        free(p->stream_resume);
+        free(p->run_id);
+        free(p->reconcile_from);
+        free(p->refused_why);
+        free(p->cache.epoch);
+        free(p);
+}
+
+static int canon_cmp(const void *a, const void *b) {
+        const char *x = *(const char *const *) a, *y = *(const char *const *) b;
+        /* Sorted by key: compare up to '=' ('=' sorts below every name character but '-' and '.'). */
+        size_t lx = strcspn(x, "="), ly = strcspn(y, "=");
+        int r = strncmp(x, y, MIN(lx, ly));
+        return r != 0 ? r : (lx > ly) - (lx < ly);
+}
+
+/* README "Rules canon": key=value lines sorted by key. Lane queue-timeouts are not in PoolLaneRule
+ * (only submit needs them, and carries them), so agreement does not cover them. */
+static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t ttl, char **ret) {
+        size_t n = 0, cap = 8 + 3 * n_rules;
+        _cleanup_(strv_freep) char **lines = calloc(cap + 1, sizeof(char *));
+        if (!lines)
+                return -ENOMEM;
+#define LINE(...) do { if (asprintf(&lines[n], __VA_ARGS__) < 0) { lines[n] = NULL; return -ENOMEM; } n++; } while (0)
+        LINE("limit=%u", c->limit);
+        if (c->members) {
+                size_t len = 1;
+                for (size_t i = 0; c->members[i]; i++)
+                        len += strlen(c->members[i]) + 1;
+                _cleanup_free_ char *joined = calloc(len, 1);
+                if (!joined)
+                        return -ENOMEM;
+                for (size_t i = 0; c->members[i]; i++) {
+                        if (i > 0)
+                                strcat(joined, ",");
+                        strcat(joined, c->members[i]);
+                }
+                LINE("members=%s", joined);
+        }
+        if (c->queue_timeout_set)
+                LINE("queue-timeout=%" PRId64, wire_usec(c->queue_timeout));
+        if (c->congestion_timeout_set)
+                LINE("queue-congestion-timeout=%" PRId64, wire_usec(c->congestion_timeout));
+        if (c->max_queue >= 0)
+                LINE("max-queue=%" PRId64, c->max_queue);
+        LINE("backend-node-ttl=%" PRIu64, ttl);
+        for (size_t i = 0; i < n_rules; i++) {
+                LINE("lane.%s.priority=%d", rules[i].lane, rules[i].priority);
+                LINE("lane.%s.max-in-use=%" PRId64, rules[i].lane, rules[i].max_in_use);
+                LINE("lane.%s.reserve=%u", rules[i].lane, rules[i].reserve);
+        }
+#undef LINE
+        qsort(lines, n, sizeof(char *), canon_cmp);
+        size_t len = 1;
+        for (size_t i = 0; i < n; i++)
+                len += strlen(lines[i]) + 1;
+        char *s = calloc(len, 1);
+        if (!s)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                strcat(s, lines[i]);
+                strcat(s, "\n");
+        }
+        *ret = s;
+        return 0;
+}
+
+static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now) {
+        SharedPool *p = SHARED(base);
+        _cleanup_free_ char *canon = NULL;
+        int r = canon_build(c, rules, n_rules, p->params.node_ttl, &canon);
+        if (r < 0)
+                return r;
+        _cleanup_(strv_freep) char **lanes = calloc(n_rules + 1, sizeof(char *));
+        if (!lanes)
+                return -ENOMEM;
+        for (size_t i = 0; i < n_rules; i++)
+                if (!(lanes[i] = strdup(rules[i].lane)))
+                        return -ENOMEM;
+        _cleanup_(strv_freep) char **members = NULL;
+        if (c->members && !(members = strv_copy(c->members)))
+                return -ENOMEM;
+
+        strv_free(p->lanes);
+        p->lanes = TAKE_PTR(lanes);
+        strv_free(p->base.members);
+        p->base.members = TAKE_PTR(members);
+        p->base.limit = c->limit;
+        p->base.queue_timeout_set = c->queue_timeout_set;
+        p->base.queue_timeout = c->queue_timeout;
+        p->base.retired = false;
+        bool changed = !p->canon || !streq(p->canon, canon);
+        free(p->canon);
+        p->canon = TAKE_PTR(canon);
+        /* The rules go to Redis with the next tick; agreement is Redis's answer (memo §4.8). */
+        if (changed && p->link_up)
+                (void) queue_tick(p, false, now);
+        return 0;
+}
+
+static void shared_retire(Pool *base, usec_t now) {
+        SharedPool *p = SHARED(base);
+        p->base.retired = true;
+        /* NULL reason: the engine says "removed", as for an in-process pool. */
+        refuse_all_tries(p, NULL, now);
+}
+
+static bool lane_is_configured(const SharedPool *p, const char *lane) {
+        return strv_contains(p->lanes, lane);
+}
+
+static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
+        SharedPool *p = SHARED(base);
+
+        if (p->base.retired) {
+                emit(p, (PoolDecision) { .verdict = POOL_VERDICT_REFUSED, .cookie = t->cookie, .at = now,
+                                         .refusal = REFUSAL_UNAVAILABLE, .budget = USEC_INFINITY });
+                return 0;
+        }
+        if (!lane_is_configured(p, t->lane) || t->slots == 0 || t->slots > p->base.limit)
+                return -EINVAL;
+        check_waiter_grace(p, now);
+        if (!state_sends_operations(p->state)) {
+                /* Unreachable, rules that differ, or refused: at once, so that the lane tries its next pool. */
+                emit(p, (PoolDecision) { .verdict = POOL_VERDICT_REFUSED, .cookie = t->cookie, .at = now,
+                                         .refusal = REFUSAL_UNAVAILABLE, .budget = USEC_INFINITY,
+                                         .reason = p->unavailable });
+                return 0;
+        }
+
+        PoolWaiter *w = calloc(1, sizeof(PoolWaiter));
+        if (!w)
+                return -ENOMEM;
+        snprintf(w->rid, sizeof w->rid, "%016" PRIx64, p->params.random(p->params.random_userdata));
+        w->cookie = t->cookie;
+        w->arrival = t->arrival;
+        w->lane = strdup(t->lane);
+        if (!w->lane) {
+                free(w);
+                return -ENOMEM;
+        }
+
+        Call *c;
+        int r = call_new(p, SHARED_SCRIPT_SUBMIT, op_settles(p), now, &c);
+        if (r < 0) {
+                try_free(w);
+                return r;
+        }
+        strcpy(c->rid, w->rid);
+        /* The arrival on the pool clock: the wait and the fast-admission test count from it. */
+        char arrival[32] = "-";
+        if (p->params.manual_clock || p->offset_known)
+                snprintf(arrival, sizeof arrival, "%" PRId64,
+                         pool_clock_of(p, now) - (int64_t) (now - MIN(now, t->arrival)));
+        if ((r = call_add(c, "%s", w->rid)) < 0 ||
+            (r = call_add(c, "%s", t->lane)) < 0 ||
+            (r = call_add(c, "%u", t->slots)) < 0 ||
+            (r = call_add(c, "%d", t->may_wait)) < 0 ||
+            (r = call_add(c, "%d", t->lane_budget_set)) < 0 ||
+            (r = call_add(c, "%" PRId64, wire_usec(t->lane_budget))) < 0 ||
+            (r = call_add(c, "%" PRId64, wire_usec(t->client_cap))) < 0 ||
+            (r = call_add(c, "%s", arrival)) < 0) {
+                call_free(c);
+                try_free(w);
+                return r;
+        }
+        list_append(&p->tries, &w->node);
+        call_queue(p, c);
+        return 0;
+}
+
+static void try_forget(SharedPool *p, PoolWaiter *w, usec_t now) {
+        if (w->queued)
+                fp_remove(p, w->rid, 'w');
+        forget_submit(p, w->rid, now);
+        try_free(w);
+}
+
+static void shared_withdraw(Pool *base, PoolWaiter *w, usec_t now) {
+        try_forget(SHARED(base), w, now);
+}
+
+static void shared_cancel_try(Pool *base, void *cookie, usec_t now) {
+        SharedPool *p = SHARED(base);
+        list_foreach(n, &p->tries) {
+                PoolWaiter *w = container_of(n, PoolWaiter, node);
+                if (w->cookie == cookie) {
+                        try_forget(p, w, now);
+                        return;
+                }
+        }
+}
+
+static void shared_release(Pool *base, PoolGrant *g, usec_t now) {
+        SharedPool *p = SHARED(base);
+        /* Also a lost lease: if Redis still has it (fenced before Redis freed it), it goes now; if not, the
+         * release is "gone", harmlessly (its token is nobody else's). */
+        if (!g->freed_remotely) {
+                fp_remove(p, g->rid, 'l');
+                (void) queue_rid_call(p, SHARED_SCRIPT_RELEASE, g->rid, g->token, now);
+        }
+        grant_free(g);
+}
+
+static int shared_restore(Pool *base, const PoolRestore *r, PoolGrant **ret) {
+        SharedPool *p = SHARED(base);
+        if (!r->remote_id || r->n_slots == 0)
+                return -EINVAL;
+        const char *colon = strrchr(r->remote_id, ':');
+        if (!colon || strlen(colon + 1) != RID_LEN)
+                return -EINVAL;
+        list_foreach(n, &p->grants) {
+                PoolGrant *g = container_of(n, PoolGrant, node);
+                for (unsigned i = 0; i < g->n_slots; i++)
+                        for (unsigned j = 0; j < r->n_slots; j++)
+                                if (g->slots[i] == r->slots[j])
+                                        return -EEXIST;
+        }
+        _cleanup_(strv_freep) char **members = NULL;
+        if (r->members) {
+                members = calloc(r->n_slots + 1, sizeof(char *));
+                if (!members)
+                        return -ENOMEM;
+                for (unsigned i = 0; i < r->n_slots; i++)
+                        if (!(members[i] = strdup(r->members[i] ?: "")))
+                                return -ENOMEM;
+        }
+        Decision d = {
+                .token = r->token,
+                .at = (int64_t) r->granted_at,
+                .n_slots = r->n_slots,
+                .slots = (unsigned *) r->slots,
+                .members = members,
+        };
+        PoolGrant *g = grant_new(p->params.node_id, colon + 1, r->lane, &d);
+        if (!g)
+                return -ENOMEM;
+        g->provisional = true;
+        int k = queue_reclaim(p, g, p->last_now); /* restore() has no `now`: the manual clock must not step back */
+        if (k < 0) {
+                grant_free(g);
+                return k;
+        }
+        fp_add(p, g->rid, 'l');
+        list_append(&p->grants, &g->node);
+        if (p->state == SHARED_STATE_UP)
+                state_set(p, SHARED_STATE_RECLAIMING);
+        *ret = g;
+        return 0;
+}
+
+static void shared_bind_grant(Pool *base, PoolGrant *g, void *cookie) {
+        (void) base;
+        g->cookie = cookie;
+}
+
+static void shared_run(Pool *base, usec_t now) {
+        SharedPool *p = SHARED(base);
+        p->last_now = MAX(p->last_now, now);
+        check_waiter_grace(p, now);
+        if (p->status_wanted) {
+                p->status_wanted = false;
+                p->status_until = usec_add(now, SHARED_STATUS_KEEP);
+        }
+        if (!p->link_up || p->state == SHARED_STATE_REFUSED)
+                return;
+        bool operations = state_sends_operations(p->state);
+        if (operations && now < p->status_until && !p->status_pending &&
+            (p->status_last == 0 || now >= usec_add(p->status_last, USEC_PER_SEC)))
+                (void) queue_status(p, now);
+        if (p->tick_pending)
+                return;
+        /* The manual clock: every run() is the engine's instant, completed by Redis (memo §3.10). In
+         * production: the heartbeat, or the pool's own next instant (a budget ending, a gauge flip). */
+        bool due = p->params.manual_clock ||
+                   now >= usec_add(p->last_tick, p->params.heartbeat) ||
+                   (p->cache.valid && p->cache.next_wakeup >= 0 &&
+                    local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1) <= now);
+        if (!due)
+                return;
+        (void) queue_tick(p, true, now);
+        if (!operations)
+                return;
+        /* Waiters' places: a page a heartbeat, round robin (every run() in the manual mode, so that a test
+         * reads exact places). */
+        (void) queue_positions(p, false, now);
+}
+
+static usec_t shared_next_wakeup(const Pool *base) {
+        SharedPool *p = SHARED(base);
+        usec_t w = USEC_INFINITY;
+        if (p->down_since != USEC_INFINITY && !list_is_empty(&p->tries))
+                w = usec_add(p->down_since, p->params.waiter_grace);
+        /* While a tick is awaited its answer decides the next instant: a wakeup reported now would stay in
+         * the past until then. */
+        if (!p->link_up || p->state == SHARED_STATE_REFUSED || p->tick_pending || p->run_pending)
+                return w;
+        w = MIN(w, usec_add(p->last_tick, p->params.heartbeat));
+        if (p->cache.valid && p->cache.next_wakeup >= 0)
+                w = MIN(w, local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1));
+        return w;
+}
+
+static int shared_drain(Pool *base, const char *member, bool on, usec_t now) {
+        SharedPool *p = SHARED(base);
+        if (member && !strv_contains(p->base.members, member))
+                return -ENOENT;
+        Call *c;
+        int r = call_new(p, SHARED_SCRIPT_DRAIN, op_settles(p), now, &c);
+        if (r < 0)
+                return r;
+        if ((r = call_add(c, "%s", member ?: "")) < 0 || (r = call_add(c, "%d", on)) < 0) {
+                call_free(c);
+                return r;
+        }
+        if (!member)
+                p->base.drained = on;
+        call_queue(p, c);
+        return 0;
+}
+
+static size_t shared_position(const Pool *base, const PoolWaiter *w, size_t *ret_queued) {
+        (void) base;
+        if (ret_queued)
+                *ret_queued = w->n_queued;
+        return w->position;
+}
+
+static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
+        SharedPool *p = SHARED(base);
+        unsigned in_use = 0;
+        size_t waiting = 0;
+        list_foreach(n, &p->grants)
+                in_use += container_of(n, PoolGrant, node)->n_slots;
+        /* Tries not answered yet count as waiting: a retired pool must not be freed under them. */
+        list_foreach(n, &p->tries)
+                waiting++;
+        *ret = (PoolInfo) {
+                .limit = p->base.limit,
+                .in_use = in_use,
+                .waiting = waiting,
+                .congested = p->congested,
+                .drained = p->base.drained,
+                .queue_timeout_set = p->base.queue_timeout_set,
+                .queue_timeout = p->base.queue_timeout,
+                .idle = p->cache.valid ? usec_add(p->cache.idle, now - MIN(now, p->cache.at)) : 0,
+                .next_token = p->cache.counter + 1,
+                .remote = true,
+                .backend_up = state_sends_operations(p->state),
+                .unavailable = p->state == SHARED_STATE_REFUSED && p->refused_why ? p->refused_why : p->unavailable,
+                .differing_keys = p->differing_keys,
+                .rtt = p->rtt,
+                .n_nodes = p->n_nodes,
+                .cache_age = p->cache.valid ? now - MIN(now, p->cache.at) : USEC_INFINITY,
+        };
+}
+
+static void shared_set_token_floor(Pool *base, uint64_t next_token) {
+        SHARED(base)->token_floor = next_token;
+}
+
+static int shared_snapshot(const Pool *base, PoolSnapshot *ret) {
+        /* Status never waits for Redis: it gets the last snapshot, and asking keeps the fetches going (the
+         * next run() starts them; a cache's bookkeeping, hence the cast). */
+        SharedPool *p = SHARED(base);
+        p->status_wanted = true;
+        if (!p->snap_valid)
+                return -ENODATA;
+        *ret = (PoolSnapshot) {
+                .holders = p->snap_holders,
+                .n_holders = p->n_snap_holders,
+                .waiters = p->snap_waiters,
+                .n_waiters = p->n_snap_waiters,
+                .waiting = p->snap_waiting,
+                .age = p->last_now - MIN(p->last_now, p->snap_at),
+        };
+        return 0;
+}
+
+static const PoolOps shared_ops = {
+        .kind = "shared",
+        .free = shared_free,
+        .configure = shared_configure,
+        .retire = shared_retire,
+        .submit = shared_submit,
+        .withdraw = shared_withdraw,
+        .release = shared_release,
+        .restore = shared_restore,
+        .run = shared_run,
+        .next_wakeup = shared_next_wakeup,
+        .drain = shared_drain,
+        .position = shared_position,
+        .info = shared_info,
+        .set_token_floor = shared_set_token_floor,
+        .bind_grant = shared_bind_grant,
+        .cancel_try = shared_cancel_try,
+        .snapshot = shared_snapshot,
+};
+
+int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn emit_fn, void *emit_userdata,
+                    Pool **ret) {
+        if (!name || !params || !params->node_id || !params->node_name || !params->random || !emit_fn)
+                return -EINVAL;
+        SharedPool *p = calloc(1, sizeof(SharedPool));
+        if (!p)
+                return -ENOMEM;
+        p->base = (Pool) {
+                .ops = &shared_ops,
+                .name = name,
+                .emit = emit_fn,
+                .emit_userdata = emit_userdata,
+        };
+        p->params = *params;
+        list_init(&p->tries);
+        list_init(&p->grants);
+        list_init(&p->outbox);
+        list_init(&p->notices);
+        p->down_since = USEC_INFINITY;
+        p->acked_boot = USEC_INFINITY;
+        state_set(p, SHARED_STATE_CONNECTING);
+        if (asprintf(&p->key, "{sb:%s}", name) < 0)
+                p->key = NULL;
+        if (asprintf(&p->stream_key, "{sb:%s}:s:%s", name, params->node_id) < 0)
+                p->stream_key = NULL;
+        if (!p->key || !p->stream_key) {
+                shared_free(&p->base);
+                return -ENOMEM;
+        }
+        *ret = &p->base;
+        return 0;
+}

@@ -1,0 +1,161 @@
+/* SPDX-License-Identifier: MIT */
+/* pool-shared.h — a pool kept in Redis, the pure half: it never decides and does no I/O.
+ *
+ * Pool commands become script calls in an outbox (which script, KEYS, ARGV: brokerd/lua/README is the
+ * contract), which the driver (brokerd's backend) sends in order on one connection; script replies and
+ * entries of this node's stream become the pool's decisions. Besides it keeps this node's waiters and
+ * grants, the pool-wide figures of the last reply (for info() and Status), the per-pool failure state
+ * machine (memo §4.7) and the self-fence deadline (§4.3). Time is passed in: `now` is the engine's
+ * monotonic µs, `boot` CLOCK_BOOTTIME µs (liveness must count while a host is suspended). */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pool.h"
+
+typedef enum SharedScript {
+        SHARED_SCRIPT_SUBMIT,
+        SHARED_SCRIPT_RELEASE,
+        SHARED_SCRIPT_WITHDRAW,
+        SHARED_SCRIPT_TICK,
+        SHARED_SCRIPT_RECLAIM,
+        SHARED_SCRIPT_DRAIN,
+        SHARED_SCRIPT_POSITIONS,
+        _SHARED_SCRIPT_MAX,
+        _SHARED_SCRIPT_INVALID = -EINVAL,
+} SharedScript;
+
+/* The name of a script as brokerd/lua names its file ("submit", …). */
+const char *shared_script_to_string(SharedScript s);
+
+/* A RESP value, as the driver converts hiredis's redisReply: no hiredis type crosses into the engine. */
+typedef enum RespType {
+        RESP_NIL,
+        RESP_INTEGER,
+        RESP_STRING,
+        RESP_ARRAY,
+        RESP_ERROR,
+        _RESP_TYPE_MAX,
+        _RESP_TYPE_INVALID = -EINVAL,
+} RespType;
+
+typedef struct RespValue {
+        RespType type;
+        int64_t integer;
+        const char *str;                  /* STRING, ERROR; not NUL-terminated necessarily */
+        size_t len;
+        const struct RespValue *elements; /* ARRAY */
+        size_t n;
+} RespValue;
+
+/* One EVALSHA to make: script, then KEYS then ARGV (n_keys of them keys). Owned by the pool until
+ * pool_shared_call_done() for its id. */
+typedef struct SharedCall {
+        uint64_t id;
+        SharedScript script;
+        unsigned n_keys;
+        size_t argc;
+        const char *const *argv;
+        const size_t *argvlen;
+} SharedCall;
+
+typedef enum SharedState {
+        SHARED_STATE_CONNECTING,  /* the link was never up */
+        SHARED_STATE_REGISTERING, /* the first tick of this link is in flight */
+        SHARED_STATE_RECLAIMING,  /* restored (or possibly lost) leases are being reclaimed */
+        SHARED_STATE_UP,
+        SHARED_STATE_MISMATCH,    /* this node's rules differ from the stored ones */
+        SHARED_STATE_DOWN,        /* the link went down; waiters kept for the grace, leases until the fence */
+        SHARED_STATE_FENCED,      /* down past the self-fence deadline: every lease was lost */
+        SHARED_STATE_REFUSED,     /* the link failed for good, the keys were made by a test, another data model */
+        _SHARED_STATE_MAX,
+        _SHARED_STATE_INVALID = -EINVAL,
+} SharedState;
+
+const char *shared_state_to_string(SharedState s);
+
+typedef enum SharedNoticeType {
+        SHARED_NOTICE_BACKEND_LOST,
+        SHARED_NOTICE_BACKEND_REGAINED,
+        SHARED_NOTICE_NODE_EXPIRED,   /* node, freed_leases, freed_waiters */
+        SHARED_NOTICE_RULES_MISMATCH, /* detail: the differing keys, joined by "," */
+        SHARED_NOTICE_RULES_AGREED,
+        SHARED_NOTICE_RECOVERY,       /* a recovery window began: Redis restarted or lost the pool */
+        SHARED_NOTICE_REFUSED,        /* detail: why ("manual-clock", "version", the link's "eviction-policy", …) */
+        SHARED_NOTICE_FENCED,         /* the self-fence deadline passed: every lease lost */
+        _SHARED_NOTICE_TYPE_MAX,
+        _SHARED_NOTICE_TYPE_INVALID = -EINVAL,
+} SharedNoticeType;
+
+typedef struct SharedNotice {
+        SharedNoticeType type;
+        char *node;                   /* NODE_EXPIRED: its name */
+        char *detail;
+        uint64_t freed_leases;
+        uint64_t freed_waiters;
+} SharedNotice;
+
+void shared_notice_done(SharedNotice *n);
+
+typedef struct SharedPoolParams {
+        const char *node_id;          /* 32 hex, persistent */
+        const char *node_name;        /* hostname */
+        usec_t node_ttl;              /* backend-node-ttl */
+        usec_t revoke_grace;          /* part of the self-fence margin */
+        usec_t waiter_grace;          /* how long waiters are kept while the backend is unreachable (5 s) */
+        usec_t heartbeat;             /* 1 s */
+        bool manual_clock;            /* tests only: the engine's `now` is the pool clock (memo §3.10) */
+        /* Request ids and epochs: 64 random bits. */
+        uint64_t (*random)(void *userdata);
+        void *random_userdata;
+        /* A call was queued: the driver sends it after this dispatch. May be NULL. */
+        void (*wake)(void *userdata);
+        void *wake_userdata;
+} SharedPoolParams;
+
+/* The self-fence margin: the deadline comes this much before Redis may free this node's leases. */
+#define SHARED_FENCE_SLACK (2 * USEC_PER_SEC)
+#define SHARED_POSITIONS_MAX 256u
+#define SHARED_RECONCILE_PAGE 512u
+/* Status snapshots are fetched every second for this long after Status last asked. */
+#define SHARED_STATUS_KEEP (30 * USEC_PER_SEC)
+
+/* `name` and the strings of `params` must outlive the pool. Returns 0, -EINVAL, -ENOMEM. */
+int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn emit, void *emit_userdata,
+                    Pool **ret);
+
+/* The oldest call that may be sent now (monotonic: the round trip counts from it); false when none. Calls
+ * are sent in this order on one connection. */
+bool pool_shared_take_call(Pool *p, usec_t now, const SharedCall **ret);
+/* The answer to a taken call. reply NULL: error < 0 (-ETIMEDOUT, -ECONNRESET, -ENOTCONN: it may or may not
+ * have run; it is sent again, identical, when the link is back). sent_boot: CLOCK_BOOTTIME when it was
+ * sent; now: monotonic. */
+void pool_shared_call_done(Pool *p, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now);
+
+/* The command link went up (run_id: INFO server's) or down. */
+void pool_shared_link_up(Pool *p, const char *run_id, usec_t now);
+void pool_shared_link_down(Pool *p, usec_t now);
+/* The link gave up on a cause that a retry will not cure (a password, a database, not Redis, an eviction
+ * policy other than noeviction): the pool is refused, loudly, until the link comes up. why: for people. */
+void pool_shared_link_failed(Pool *p, const char *why, usec_t now);
+
+/* A restarted daemon's last proof of life (history's alive mark, on CLOCK_BOOTTIME): until a heartbeat is
+ * acknowledged, restored leases fence from it. */
+void pool_shared_set_last_ack(Pool *p, usec_t boot);
+/* CLOCK_BOOTTIME deadline at which every lease must be given up (USEC_INFINITY: no lease, or no ack yet
+ * and nothing restored); the driver arms a timer and calls pool_shared_fence_check() then. */
+usec_t pool_shared_fence_deadline(const Pool *p);
+void pool_shared_fence_check(Pool *p, usec_t boot_now, usec_t now);
+
+/* One entry of this node's stream (XREAD), in id order: fields as "name value …" strings. */
+void pool_shared_stream_entry(Pool *p, const char *entry_id, const RespValue *fields, usec_t now);
+const char *pool_shared_stream_key(const Pool *p);
+/* Where XREAD continues: the last entry handed in, or the stream's last id at the first tick. NULL: do not
+ * read yet (no tick answered). */
+const char *pool_shared_stream_resume_id(const Pool *p);
+
+SharedState pool_shared_state(const Pool *p);
+/* Things a person should read, oldest first; the driver journals them. Returns false when none. */
+bool pool_shared_pop_notice(Pool *p, SharedNotice *ret);

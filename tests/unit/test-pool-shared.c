@@ -1,0 +1,1150 @@
+/* SPDX-License-Identifier: MIT */
+/* test-pool-shared.c — the pure half of a pool kept in Redis, against a fake backend: the test takes the
+ * calls the pool makes, checks their ARGV against brokerd/lua/README and answers with canned replies in the
+ * README's formats, on a fake clock. No Redis. */
+#include <errno.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "pool-shared.h"
+
+#define S(x) ((usec_t) (x) * USEC_PER_SEC)
+#define MS(x) ((usec_t) (x) * USEC_PER_MSEC)
+#define TTL S(30)
+#define REVOKE_GRACE S(5)
+#define WAITER_GRACE S(5)
+#define NODE "0123456789abcdef0123456789abcdef"
+
+/* ----------------------------------------------------------------------------- RESP values, canned */
+
+/* Replies are built in an arena that lives for one test. */
+static RespValue arena[8192];
+static size_t arena_used;
+
+static RespValue str(const char *s) {
+        return (RespValue) { .type = RESP_STRING, .str = s, .len = strlen(s) };
+}
+
+static RespValue num(int64_t i) {
+        return (RespValue) { .type = RESP_INTEGER, .integer = i };
+}
+
+static RespValue arr(size_t n, ...) {
+        assert_true(arena_used + n <= ELEMENTSOF(arena));
+        RespValue *e = &arena[arena_used];
+        arena_used += n;
+        va_list ap;
+        va_start(ap, n);
+        for (size_t i = 0; i < n; i++)
+                e[i] = va_arg(ap, RespValue);
+        va_end(ap);
+        return (RespValue) { .type = RESP_ARRAY, .elements = e, .n = n };
+}
+
+#define EMPTY arr(0)
+
+static RespValue cache(int64_t in_use, int64_t waiting, int64_t congested, int64_t next_wakeup,
+                       const char *stream_last) {
+        return arr(11, num(in_use), num(waiting), num(congested), num(0), num(0), num(next_wakeup), num(100),
+                   str("e1"), num(0), str(stream_last), num(2));
+}
+
+static RespValue reply(const char *status, int64_t now, RespValue body, RespValue events, RespValue c) {
+        return arr(6, str(status), num(now), body, events, c, EMPTY);
+}
+
+static RespValue decision(const char *verdict, const char *rid, int64_t at, int64_t wait, const char *refusal,
+                          int64_t position, int64_t token, RespValue slots) {
+        return arr(14, str(verdict), str(rid), num(at), num(wait), str(refusal), str(""), str("none"), num(0),
+                   num(-1), num(position), num(position + 1), num(token), slots, EMPTY);
+}
+
+/* README "Fingerprint", for the test's own view of what Redis holds. */
+static uint32_t fnv1a32(const char *rid, char kind) {
+        uint32_t h = 2166136261u;
+        for (const char *c = rid; *c; c++)
+                h = (h ^ (uint8_t) *c) * 16777619u;
+        return (h ^ (uint8_t) kind) * 16777619u;
+}
+
+static RespValue tick_body(const char *rules, RespValue diff, int64_t fp_n, int64_t fp_x, int64_t fp_s,
+                           const char *reconciled_to) {
+        return arr(9, num(0), str("e1"), num(0), str(rules), diff, arr(3, num(fp_n), num(fp_x), num(fp_s)),
+                   str("0-0"), num(2), str(reconciled_to));
+}
+
+/* ------------------------------------------------------------------------------------------ fixture */
+
+typedef struct Seen {
+        PoolVerdict verdict;
+        void *cookie;
+        usec_t at;
+        Refusal refusal;
+        const char *reason;
+        uint64_t token;
+        unsigned n_slots;
+        unsigned slot0;
+        bool has_wait;
+        usec_t wait;
+        bool congested;
+        PoolGrant *grant;
+        PoolWaiter *waiter;
+        char remote_id[64];
+} Seen;
+
+typedef struct Fixture {
+        Pool *pool;
+        Seen seen[64];
+        size_t n_seen;
+        uint64_t random;
+        unsigned wakes;
+        usec_t clock;  /* when the fake driver sends */
+        char *canon;
+} Fixture;
+
+static void on_decision(const PoolDecision *d, void *userdata) {
+        Fixture *f = userdata;
+        assert_true(f->n_seen < ELEMENTSOF(f->seen));
+        Seen *s = &f->seen[f->n_seen++];
+        *s = (Seen) {
+                .verdict = d->verdict, .cookie = d->cookie, .at = d->at, .refusal = d->refusal,
+                .reason = d->reason, .token = d->token, .n_slots = d->n_slots,
+                .slot0 = d->n_slots > 0 ? d->slots[0] : 0, .has_wait = d->has_wait, .wait = d->wait,
+                .congested = d->congested, .grant = d->grant, .waiter = d->waiter,
+        };
+        if (d->remote_id)
+                snprintf(s->remote_id, sizeof s->remote_id, "%s", d->remote_id);
+}
+
+static uint64_t next_random(void *userdata) {
+        Fixture *f = userdata;
+        return ++f->random;
+}
+
+static void on_wake(void *userdata) {
+        Fixture *f = userdata;
+        f->wakes++;
+}
+
+static Fixture *fixture_new(bool manual) {
+        Fixture *f = calloc(1, sizeof(Fixture));
+        assert_non_null(f);
+        arena_used = 0;
+        SharedPoolParams params = {
+                .node_id = NODE,
+                .node_name = "runner-1",
+                .node_ttl = TTL,
+                .revoke_grace = REVOKE_GRACE,
+                .waiter_grace = WAITER_GRACE,
+                .heartbeat = S(1),
+                .manual_clock = manual,
+                .random = next_random,
+                .random_userdata = f,
+                .wake = on_wake,
+                .wake_userdata = f,
+        };
+        assert_int_equal(pool_shared_new("grid", &params, on_decision, f, &f->pool), 0);
+        PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1 };
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(1)), 0);
+        return f;
+}
+
+static void fixture_free(Fixture *f) {
+        f->pool->ops->free(f->pool);
+        free(f);
+}
+
+static int setup(void **state) {
+        *state = fixture_new(false);
+        return 0;
+}
+
+static int setup_manual(void **state) {
+        *state = fixture_new(true);
+        return 0;
+}
+
+static int teardown(void **state) {
+        fixture_free(*state);
+        return 0;
+}
+
+static const char *arg(const SharedCall *c, size_t i) {
+        assert_true(i < c->argc);
+        return c->argv[i];
+}
+
+/* The next call the pool sends, which must be of `script`. */
+static const SharedCall *take(Fixture *f, SharedScript script) {
+        const SharedCall *c = NULL;
+        assert_true(pool_shared_take_call(f->pool, f->clock, &c));
+        assert_string_equal(shared_script_to_string(c->script), shared_script_to_string(script));
+        assert_int_equal(c->n_keys, 1);
+        assert_string_equal(arg(c, 0), "{sb:grid}");
+        assert_string_equal(arg(c, 1), "1");
+        assert_string_equal(arg(c, 2), NODE);
+        return c;
+}
+
+static void no_call(Fixture *f) {
+        const SharedCall *c = NULL;
+        assert_false(pool_shared_take_call(f->pool, f->clock, &c));
+}
+
+static void done(Fixture *f, const SharedCall *c, RespValue r, usec_t boot, usec_t now) {
+        pool_shared_call_done(f->pool, c->id, 0, &r, boot, now);
+}
+
+static void tick_ok(Fixture *f, usec_t boot, usec_t now) {
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", (int64_t) now, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")),
+             boot, now);
+}
+
+/* The link comes up and the first tick is answered: the pool is up. */
+static void bring_up(Fixture *f, usec_t now) {
+        pool_shared_link_up(f->pool, "run1", now);
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_REGISTERING);
+        tick_ok(f, now, now);
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+}
+
+static int submit(Fixture *f, void *cookie, unsigned k, bool may_wait, usec_t now) {
+        PoolTry t = {
+                .cookie = cookie, .lane = "ci", .slots = k, .may_wait = may_wait,
+                .lane_budget = USEC_INFINITY, .client_cap = USEC_INFINITY, .arrival = now,
+        };
+        return f->pool->ops->submit(f->pool, &t, now);
+}
+
+/* Submits and answers with a grant of slot 0, token 7. Returns the rid. */
+static const char *granted(Fixture *f, void *cookie, usec_t now, char rid[static 17]) {
+        assert_int_equal(submit(f, cookie, 1, true, now), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        snprintf(rid, 17, "%s", arg(c, 6));
+        done(f, c, reply("ok", (int64_t) now, decision("granted", rid, (int64_t) now, 0, "", 0, 7, arr(1, num(0))),
+                         EMPTY, cache(1, 0, 0, -1, "")), now, now);
+        assert_int_equal(f->seen[f->n_seen - 1].verdict, POOL_VERDICT_GRANTED);
+        return rid;
+}
+
+static const char *queued(Fixture *f, void *cookie, usec_t now, char rid[static 17]) {
+        assert_int_equal(submit(f, cookie, 1, true, now), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        snprintf(rid, 17, "%s", arg(c, 6));
+        done(f, c, reply("ok", (int64_t) now, decision("queued", rid, (int64_t) now, 0, "", 3, 0, EMPTY),
+                         EMPTY, cache(2, 4, 0, -1, "")), now, now);
+        assert_int_equal(f->seen[f->n_seen - 1].verdict, POOL_VERDICT_QUEUED);
+        return rid;
+}
+
+/* ------------------------------------------------------------------------------------------- tests */
+
+static void test_submit_is_refused_at_once_before_the_backend_is_reached(void **state) {
+        Fixture *f = *state;
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(2)), 0);
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_REFUSED);
+        assert_int_equal(f->seen[0].refusal, REFUSAL_UNAVAILABLE);
+        assert_string_equal(f->seen[0].reason, "backend");
+        no_call(f);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_true(info.remote);
+        assert_false(info.backend_up);
+        assert_string_equal(info.unavailable, "backend");
+}
+
+static void test_submit_checks_lane_and_size_itself(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        PoolTry t = { .cookie = &cookie, .lane = "nightly", .slots = 1, .lane_budget = USEC_INFINITY,
+                      .client_cap = USEC_INFINITY };
+        assert_int_equal(f->pool->ops->submit(f->pool, &t, S(1)), -EINVAL);
+        assert_int_equal(submit(f, &cookie, 3, true, S(1)), -EINVAL);
+        no_call(f);
+}
+
+static void test_registering_tick_carries_name_canon_and_floor(void **state) {
+        Fixture *f = *state;
+        f->pool->ops->set_token_floor(f->pool, 42);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 3), "-");   /* production: Redis's clock */
+        assert_string_equal(arg(c, 4), "run1");
+        assert_string_equal(arg(c, 5), "1");   /* its own instant */
+        assert_string_equal(arg(c, 6), "runner-1");
+        assert_string_equal(arg(c, 7), "backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\n"
+                                       "lane.ci.reserve=0\nlimit=2\n");
+        assert_string_equal(arg(c, 8), "0");
+        assert_string_equal(arg(c, 11), "42");
+        assert_int_equal(strlen(arg(c, 12)), 16);
+        assert_string_equal(arg(c, 13), "");
+        assert_string_equal(arg(c, 14), "");
+        /* Nothing but the tick goes before the node is registered. */
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(1)), 0);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_REFUSED);
+        no_call(f);
+        done(f, c, reply("ok", 5000000, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")),
+             S(1), S(1));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        assert_string_equal(pool_shared_stream_resume_id(f->pool), "0-0");
+        assert_string_equal(pool_shared_stream_key(f->pool), "{sb:grid}:s:" NODE);
+        /* The floor is sent once. */
+        f->pool->ops->run(f->pool, S(2));
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 11), "-");
+}
+
+static void test_submit_granted_at_once(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, false, S(1)), 0);
+        assert_int_equal(f->n_seen, 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_int_equal(c->argc, 14);
+        assert_string_equal(arg(c, 7), "ci");
+        assert_string_equal(arg(c, 8), "1");
+        assert_string_equal(arg(c, 9), "0");
+        assert_string_equal(arg(c, 11), "-1");
+        assert_string_equal(arg(c, 12), "-1");
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        assert_int_equal(strlen(rid), 16);
+        done(f, c, reply("ok", 9000000, decision("granted", rid, 9000000, 0, "", 0, 1700000000000000, arr(1, num(1))),
+                         EMPTY, cache(1, 0, 0, -1, "")), S(1), S(1));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_GRANTED);
+        assert_ptr_equal(f->seen[0].cookie, &cookie);
+        assert_int_equal(f->seen[0].token, 1700000000000000);
+        assert_int_equal(f->seen[0].n_slots, 1);
+        assert_int_equal(f->seen[0].slot0, 1);
+        assert_true(f->seen[0].has_wait);
+        char remote[64];
+        snprintf(remote, sizeof remote, NODE ":%s", rid);
+        assert_string_equal(f->seen[0].remote_id, remote);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(1), &info);
+        assert_int_equal(info.in_use, 1);
+        assert_int_equal(info.waiting, 0);
+        assert_true(info.backend_up);
+        assert_null(info.unavailable);
+        /* release: token and rid */
+        f->pool->ops->release(f->pool, f->seen[0].grant, S(2));
+        c = take(f, SHARED_SCRIPT_RELEASE);
+        assert_string_equal(arg(c, 6), "1700000000000000");
+        assert_string_equal(arg(c, 7), rid);
+        done(f, c, reply("ok", 9500000, arr(1, str("released")), EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_int_equal(info.in_use, 0);
+}
+
+static void test_queued_then_granted_through_the_stream_once(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        queued(f, &cookie, S(1), rid);
+        size_t queued_at;
+        size_t pos = f->pool->ops->position(f->pool, f->seen[0].waiter, &queued_at);
+        assert_int_equal(pos, 3);
+        assert_int_equal(queued_at, 4);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(1), &info);
+        assert_int_equal(info.waiting, 1);
+
+        RespValue fields = arr(28, str("verdict"), str("granted"), str("rid"), str(rid), str("at"), str("1500000"),
+                               str("wait"), str("250000"), str("refusal"), str(""), str("reason"), str(""),
+                               str("state"), str("none"), str("idle"), str("0"), str("budget"), str("-1"),
+                               str("position"), str("0"), str("queued"), str("0"), str("token"), str("9"),
+                               str("slots"), str("0,1"), str("members"), str(""));
+        pool_shared_stream_entry(f->pool, "1-1", &fields, S(2));
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(f->seen[1].token, 9);
+        assert_int_equal(f->seen[1].n_slots, 2);
+        assert_int_equal(f->seen[1].wait, 250000);
+        assert_string_equal(pool_shared_stream_resume_id(f->pool), "1-1");
+        /* The same decision again (the reply's copy, or a re-read): nothing. */
+        pool_shared_stream_entry(f->pool, "1-2", &fields, S(2));
+        assert_int_equal(f->n_seen, 2);
+        no_call(f);
+}
+
+static void test_grant_for_a_withdrawn_rid_is_released(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        queued(f, &cookie, S(1), rid);
+        f->pool->ops->withdraw(f->pool, f->seen[0].waiter, S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(c, 6), rid);
+        /* The grant was made before the withdraw reached Redis: its stream entry comes after. */
+        RespValue fields = arr(8, str("verdict"), str("granted"), str("rid"), str(rid), str("token"), str("11"),
+                               str("slots"), str("1"));
+        pool_shared_stream_entry(f->pool, "2-1", &fields, S(2));
+        assert_int_equal(f->n_seen, 1);
+        done(f, c, reply("ok", 1, arr(1, str("released")), EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+        c = take(f, SHARED_SCRIPT_RELEASE);
+        assert_string_equal(arg(c, 6), "11");
+        assert_string_equal(arg(c, 7), rid);
+}
+
+static void test_cancel_try_before_the_answer(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int a, b;
+        /* Not yet sent: dropped, nothing goes to Redis. */
+        assert_int_equal(submit(f, &a, 1, true, S(1)), 0);
+        f->pool->ops->cancel_try(f->pool, &a, S(1));
+        no_call(f);
+        /* Sent: withdrawn after it (same connection, so after the submit), and its answer is not emitted. */
+        assert_int_equal(submit(f, &b, 1, true, S(1)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        f->pool->ops->cancel_try(f->pool, &b, S(1));
+        const SharedCall *w = take(f, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(w, 6), rid);
+        done(f, c, reply("ok", 1, decision("granted", rid, 1, 0, "", 0, 5, arr(1, num(0))), EMPTY,
+                         cache(1, 0, 0, -1, "")),
+             S(1), S(1));
+        assert_int_equal(f->n_seen, 0);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(1), &info);
+        assert_int_equal(info.in_use, 0);
+        assert_int_equal(info.waiting, 0);
+}
+
+static void test_lost_reply_is_retried_with_the_same_rid(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(1)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        uint64_t id = c->id;
+        pool_shared_call_done(f->pool, id, -ETIMEDOUT, NULL, S(1), S(2));
+        pool_shared_link_down(f->pool, S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_DOWN);
+        no_call(f);
+        assert_int_equal(f->n_seen, 0);
+        pool_shared_link_up(f->pool, "run1", S(3));
+        /* The tick first (it registers again if needed), then the very same submit. */
+        tick_ok(f, S(3), S(3));
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 6), rid);
+        done(f, c, reply("ok", 1, decision("granted", rid, 1, 0, "", 0, 5, arr(1, num(0))), EMPTY,
+                         cache(1, 0, 0, -1, "")),
+             S(3), S(3));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_GRANTED);
+        no_call(f);
+}
+
+static void test_settling_sends_the_same_call_again(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(1)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        uint64_t id = c->id;
+        done(f, c, reply("settling", 1, EMPTY, EMPTY, cache(2, 100, 0, 0, "")), S(1), S(1));
+        assert_int_equal(f->n_seen, 0);
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_int_equal(c->id, id);
+        assert_string_equal(arg(c, 6), rid);
+}
+
+static void test_waiters_are_kept_for_the_grace_then_refused(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        queued(f, &cookie, S(1), rid);
+        pool_shared_link_down(f->pool, S(10));
+        SharedNotice n;
+        assert_true(pool_shared_pop_notice(f->pool, &n));
+        assert_int_equal(n.type, SHARED_NOTICE_BACKEND_LOST);
+        shared_notice_done(&n);
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), S(10) + WAITER_GRACE);
+        /* A new request is refused at once, so that its lane tries its next pool. */
+        int other;
+        assert_int_equal(submit(f, &other, 1, true, S(11)), 0);
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[1].refusal, REFUSAL_UNAVAILABLE);
+        assert_string_equal(f->seen[1].reason, "backend");
+
+        f->pool->ops->run(f->pool, S(10) + WAITER_GRACE - 1);
+        assert_int_equal(f->n_seen, 2);
+        f->pool->ops->run(f->pool, S(10) + WAITER_GRACE);
+        assert_int_equal(f->n_seen, 3);
+        assert_int_equal(f->seen[2].verdict, POOL_VERDICT_REFUSED);
+        assert_ptr_equal(f->seen[2].cookie, &cookie);
+        assert_string_equal(f->seen[2].reason, "backend");
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), USEC_INFINITY);
+        /* Redis is told once it can be: the registering tick, then the withdraw. */
+        pool_shared_link_up(f->pool, "run1", S(20));
+        assert_true(pool_shared_pop_notice(f->pool, &n));
+        assert_int_equal(n.type, SHARED_NOTICE_BACKEND_REGAINED);
+        shared_notice_done(&n);
+        tick_ok(f, S(20), S(20));
+        const SharedCall *c = take(f, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(c, 6), rid);
+}
+
+static void test_fence_deadline_from_the_last_acknowledged_heartbeat(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), USEC_INFINITY); /* no lease */
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        f->pool->ops->bind_grant(f->pool, f->seen[0].grant, &cookie);
+        usec_t boot = S(1000);
+        f->pool->ops->run(f->pool, S(2));
+        tick_ok(f, boot, S(2));
+        usec_t F = boot + TTL - (REVOKE_GRACE + S(2));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), F);
+        pool_shared_link_down(f->pool, S(3));
+        pool_shared_fence_check(f->pool, F - 1, S(4));
+        assert_int_equal(f->n_seen, 1);
+        pool_shared_fence_check(f->pool, F, S(5));
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_LOST);
+        assert_ptr_equal(f->seen[1].cookie, &cookie);
+        assert_string_equal(f->seen[1].reason, "fenced");
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_FENCED);
+        assert_int_equal(pool_shared_fence_deadline(f->pool), USEC_INFINITY);
+        pool_shared_fence_check(f->pool, F + S(1), S(6));
+        assert_int_equal(f->n_seen, 2);
+        /* The slots stay held here until the engine releases; then Redis is told (idempotent). */
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(6), &info);
+        assert_int_equal(info.in_use, 1);
+        f->pool->ops->release(f->pool, f->seen[0].grant, S(7));
+        pool_shared_link_up(f->pool, "run1", S(8));
+        tick_ok(f, S(8), S(8));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        const SharedCall *c = take(f, SHARED_SCRIPT_RELEASE);
+        assert_string_equal(arg(c, 7), rid);
+}
+
+static void test_intents_are_replayed_in_order_after_a_reconnect(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int a, b, w;
+        char rid_a[17], rid_b[17], rid_w[17];
+        granted(f, &a, S(1), rid_a);
+        PoolGrant *ga = f->seen[f->n_seen - 1].grant;
+        granted(f, &b, S(1), rid_b);
+        PoolGrant *gb = f->seen[f->n_seen - 1].grant;
+        queued(f, &w, S(1), rid_w);
+        PoolWaiter *ww = f->seen[f->n_seen - 1].waiter;
+        pool_shared_link_down(f->pool, S(2));
+        f->pool->ops->release(f->pool, gb, S(2));
+        f->pool->ops->withdraw(f->pool, ww, S(2));
+        f->pool->ops->release(f->pool, ga, S(3));
+        no_call(f);
+        pool_shared_link_up(f->pool, "run1", S(4));
+        tick_ok(f, S(4), S(4));
+        assert_string_equal(arg(take(f, SHARED_SCRIPT_RELEASE), 7), rid_b);
+        assert_string_equal(arg(take(f, SHARED_SCRIPT_WITHDRAW), 6), rid_w);
+        assert_string_equal(arg(take(f, SHARED_SCRIPT_RELEASE), 7), rid_a);
+        no_call(f);
+}
+
+static void test_epoch_change_reclaims_every_lease(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        f->pool->ops->run(f->pool, S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        RespValue body = arr(9, num(0), str("e2"), num(S(32)), str("ok"), EMPTY, arr(3, num(0), num(0), num(0)),
+                             str("0-0"), num(1), str(""));
+        done(f, c, reply("ok", 1, body, EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_RECLAIMING);
+        c = take(f, SHARED_SCRIPT_RECLAIM);
+        assert_string_equal(arg(c, 6), rid);
+        /* Submits still go: Redis's recovery window decides them. */
+        int other;
+        assert_int_equal(submit(f, &other, 1, true, S(2)), 0);
+        take(f, SHARED_SCRIPT_SUBMIT);
+        done(f, c, reply("ok", 1, arr(1, str("confirmed")), EMPTY, cache(1, 0, 0, -1, "")), S(2), S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        assert_int_equal(f->n_seen, 1); /* no LOST */
+}
+
+static void test_refused_pool_comes_back_when_the_cause_is_gone(void **state) {
+        Fixture *f = *state;
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, arr(6, str("version"), num(0), arr(1, num(2)), EMPTY, EMPTY, EMPTY), S(1), S(1));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_REFUSED);
+        pool_shared_link_down(f->pool, S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_REFUSED);
+        pool_shared_link_up(f->pool, "run9", S(3));
+        tick_ok(f, S(3), S(3));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+}
+
+static void test_link_failure_refuses_the_pool_loudly(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int lease, waiter;
+        char rid_l[17], rid_w[17];
+        granted(f, &lease, S(1), rid_l);
+        queued(f, &waiter, S(1), rid_w);
+        pool_shared_link_failed(f->pool, "eviction-policy", S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_REFUSED);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_string_equal(info.unavailable, "eviction-policy");
+        assert_false(info.backend_up);
+        int other;
+        assert_int_equal(submit(f, &other, 1, true, S(2)), 0);
+        assert_string_equal(f->seen[2].reason, "backend");
+        /* Waiters: the grace as for an outage; the lease: until the fence. */
+        f->pool->ops->run(f->pool, S(2) + WAITER_GRACE);
+        assert_ptr_equal(f->seen[3].cookie, &waiter);
+        assert_int_equal(f->seen[3].verdict, POOL_VERDICT_REFUSED);
+        assert_int_not_equal(pool_shared_fence_deadline(f->pool), USEC_INFINITY);
+        bool refused = false;
+        SharedNotice n;
+        while (pool_shared_pop_notice(f->pool, &n)) {
+                if (n.type == SHARED_NOTICE_REFUSED) {
+                        refused = true;
+                        assert_string_equal(n.detail, "eviction-policy");
+                }
+                shared_notice_done(&n);
+        }
+        assert_true(refused);
+}
+
+static void test_restored_lease_fences_from_the_alive_mark(void **state) {
+        Fixture *f = *state;
+        unsigned slot = 1;
+        PoolRestore r = { .lane = "ci", .slots = &slot, .n_slots = 1, .token = 77,
+                          .remote_id = NODE ":00000000000000aa", .granted_at = 5 };
+        PoolGrant *g;
+        assert_int_equal(f->pool->ops->restore(f->pool, &r, &g), 0);
+        assert_int_equal(f->pool->ops->restore(f->pool, &r, &g), -EEXIST);
+        assert_int_equal(pool_shared_fence_deadline(f->pool), USEC_INFINITY);
+        pool_shared_set_last_ack(f->pool, S(100));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(100) + TTL - REVOKE_GRACE - S(2));
+}
+
+static void test_restored_lease_is_reclaimed(void **state) {
+        Fixture *f = *state;
+        unsigned slots[] = { 0, 1 };
+        int lease_a, lease_b;
+        PoolRestore ra = { .lane = "ci", .slots = &slots[0], .n_slots = 1, .token = 77,
+                           .remote_id = NODE ":00000000000000aa", .granted_at = 5 };
+        PoolRestore rb = { .lane = "ci", .slots = &slots[1], .n_slots = 1, .token = 78,
+                           .remote_id = NODE ":00000000000000bb", .granted_at = 6 };
+        PoolGrant *ga, *gb;
+        assert_int_equal(f->pool->ops->restore(f->pool, &ra, &ga), 0);
+        assert_int_equal(f->pool->ops->restore(f->pool, &rb, &gb), 0);
+        f->pool->ops->bind_grant(f->pool, ga, &lease_a);
+        f->pool->ops->bind_grant(f->pool, gb, &lease_b);
+        no_call(f);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        tick_ok(f, S(1), S(1));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_RECLAIMING);
+        const SharedCall *c = take(f, SHARED_SCRIPT_RECLAIM);
+        assert_int_equal(c->argc, 12);
+        assert_string_equal(arg(c, 6), "00000000000000aa");
+        assert_string_equal(arg(c, 7), "ci");
+        assert_string_equal(arg(c, 8), "1");
+        assert_string_equal(arg(c, 9), "77");
+        assert_string_equal(arg(c, 10), "5");
+        assert_string_equal(arg(c, 11), "0");
+        const SharedCall *d = take(f, SHARED_SCRIPT_RECLAIM);
+        done(f, c, reply("ok", 1, arr(1, str("confirmed")), EMPTY, cache(1, 0, 0, -1, "")), S(1), S(1));
+        assert_int_equal(f->n_seen, 0);
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_RECLAIMING);
+        done(f, d, reply("ok", 1, arr(1, str("conflict")), EMPTY, cache(1, 0, 0, -1, "")), S(1), S(1));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_LOST);
+        assert_ptr_equal(f->seen[0].cookie, &lease_b);
+        assert_string_equal(f->seen[0].reason, "reclaim-conflict");
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        /* Redis freed the conflicting one already: its release sends nothing. */
+        f->pool->ops->release(f->pool, gb, S(2));
+        no_call(f);
+}
+
+static void test_lease_released_while_reclaimed_ends_the_reclaiming(void **state) {
+        Fixture *f = *state;
+        unsigned slot = 0;
+        PoolRestore r = { .lane = "ci", .slots = &slot, .n_slots = 1, .token = 77,
+                          .remote_id = NODE ":00000000000000aa", .granted_at = 5 };
+        PoolGrant *g;
+        assert_int_equal(f->pool->ops->restore(f->pool, &r, &g), 0);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        tick_ok(f, S(1), S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_RECLAIM);
+        f->pool->ops->release(f->pool, g, S(1));
+        done(f, c, reply("ok", 1, arr(1, str("confirmed")), EMPTY, cache(1, 0, 0, -1, "")), S(1), S(1));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        assert_string_equal(arg(take(f, SHARED_SCRIPT_RELEASE), 6), "77");
+        assert_int_equal(f->n_seen, 0);
+}
+
+static void test_run_id_change_reclaims_every_lease(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        f->pool->ops->bind_grant(f->pool, f->seen[0].grant, &cookie);
+        pool_shared_link_down(f->pool, S(2));
+        pool_shared_link_up(f->pool, "run2", S(3));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 4), "run2");
+        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(3), S(3));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_RECLAIMING);
+        c = take(f, SHARED_SCRIPT_RECLAIM);
+        assert_int_equal(c->argc, 12);
+        assert_string_equal(arg(c, 6), rid);
+        assert_string_equal(arg(c, 7), "ci");
+        assert_string_equal(arg(c, 8), "1");
+        assert_string_equal(arg(c, 9), "7");
+        assert_string_equal(arg(c, 11), "0");
+        done(f, c, reply("ok", 1, arr(1, str("lost")), EMPTY, cache(0, 0, 0, -1, "")), S(3), S(3));
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_LOST);
+        assert_string_equal(f->seen[1].reason, "node-expired");
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        SharedNotice n;
+        bool recovery = false;
+        while (pool_shared_pop_notice(f->pool, &n)) {
+                recovery = recovery || n.type == SHARED_NOTICE_RECOVERY;
+                shared_notice_done(&n);
+        }
+        assert_true(recovery);
+}
+
+static void test_rules_mismatch_refuses_and_keeps_heartbeating(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int lease, waiter;
+        char rid_l[17], rid_w[17];
+        granted(f, &lease, S(1), rid_l);
+        queued(f, &waiter, S(1), rid_w);
+        f->pool->ops->run(f->pool, S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("rules", 1, tick_body("rules", arr(1, str("limit")), 0, 0, 0, ""), EMPTY,
+                         cache(1, 1, 0, -1, "")),
+             S(2), S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_MISMATCH);
+        assert_int_equal(f->seen[2].verdict, POOL_VERDICT_REFUSED);
+        assert_ptr_equal(f->seen[2].cookie, &waiter);
+        assert_string_equal(f->seen[2].reason, "rules");
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_string_equal(info.unavailable, "rules");
+        assert_string_equal(info.differing_keys[0], "limit");
+        assert_null(info.differing_keys[1]);
+        SharedNotice n;
+        assert_true(pool_shared_pop_notice(f->pool, &n));
+        assert_int_equal(n.type, SHARED_NOTICE_RULES_MISMATCH);
+        assert_string_equal(n.detail, "limit");
+        shared_notice_done(&n);
+        /* New requests: at once. The lease stays, and heartbeats go on (the fence moves with them). */
+        int other;
+        assert_int_equal(submit(f, &other, 1, true, S(3)), 0);
+        assert_string_equal(f->seen[3].reason, "rules");
+        f->pool->ops->run(f->pool, S(3));
+        c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("rules", 1, tick_body("rules", arr(1, str("limit")), 0, 0, 0, ""), EMPTY,
+                         cache(1, 1, 0, -1, "")),
+             S(50), S(3));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(50) + TTL - REVOKE_GRACE - S(2));
+        /* The withdraw waits for agreement. */
+        no_call(f);
+        f->pool->ops->run(f->pool, S(4));
+        tick_ok(f, S(4), S(4));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        c = take(f, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(c, 6), rid_w);
+        assert_true(pool_shared_pop_notice(f->pool, &n));
+        assert_int_equal(n.type, SHARED_NOTICE_RULES_AGREED);
+        shared_notice_done(&n);
+}
+
+static void test_keys_made_by_a_test_are_refused(void **state) {
+        Fixture *f = *state;
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        RespValue r = arr(6, str("manual-clock"), num(0), arr(1, str("manual")), EMPTY, EMPTY, EMPTY);
+        done(f, c, r, S(1), S(1));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_REFUSED);
+        SharedNotice n;
+        assert_true(pool_shared_pop_notice(f->pool, &n));
+        assert_int_equal(n.type, SHARED_NOTICE_REFUSED);
+        assert_string_equal(n.detail, "manual-clock");
+        shared_notice_done(&n);
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(2)), 0);
+        assert_string_equal(f->seen[0].reason, "backend");
+        f->pool->ops->run(f->pool, S(5));
+        no_call(f);
+}
+
+static void test_lost_stream_entry_found_by_the_positions_round(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        queued(f, &cookie, S(1), rid);
+        /* Another node's release granted it; the stream entry was lost (trimmed). The heartbeat's round of
+         * places asks for it and gets the grant. */
+        f->pool->ops->run(f->pool, S(2));
+        const SharedCall *t = take(f, SHARED_SCRIPT_TICK);
+        const SharedCall *c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "pos");
+        assert_int_equal(c->argc, 8);
+        assert_string_equal(arg(c, 7), rid);
+        done(f, t, reply("ok", 1, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(2, 0, 0, -1, "")), S(2), S(2));
+        done(f, c, reply("ok", 1, arr(1, decision("granted", rid, 1, 0, "", 0, 12, arr(1, num(1)))), EMPTY,
+                         cache(2, 0, 0, -1, "")), S(2), S(2));
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(f->seen[1].token, 12);
+        no_call(f);
+}
+
+static void test_positions_round_updates_places(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        queued(f, &cookie, S(1), rid);
+        f->pool->ops->run(f->pool, S(2));
+        take(f, SHARED_SCRIPT_TICK);
+        const SharedCall *c = take(f, SHARED_SCRIPT_POSITIONS);
+        done(f, c, reply("ok", 1, arr(1, arr(3, str("queued"), num(1), num(2))), EMPTY, cache(2, 2, 0, -1, "")),
+             S(2), S(2));
+        size_t queued_n;
+        assert_int_equal(f->pool->ops->position(f->pool, f->seen[0].waiter, &queued_n), 1);
+        assert_int_equal(queued_n, 2);
+}
+
+static void test_fingerprint_mismatch_twice_reconciles(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        /* Redis holds a record this node does not know (a grant for a try it forgot, say): n = 2. */
+        uint32_t h = fnv1a32(rid, 'l') ^ fnv1a32("00000000000000ff", 'l');
+        uint32_t sum = fnv1a32(rid, 'l') + fnv1a32("00000000000000ff", 'l');
+        for (int i = 0; i < 2; i++) {
+                f->pool->ops->run(f->pool, S(2 + i));
+                const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+                done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 2, h, sum, ""), EMPTY, cache(2, 0, 0, -1, "")),
+                     S(2 + i), S(2 + i));
+                if (i == 0)
+                        no_call(f); /* once may be a stream entry on its way */
+        }
+        /* A page of every rid this node has: the script drops what the page does not list. */
+        const SharedCall *t = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(t, 13), "-");
+        assert_string_equal(arg(t, 14), "+");
+        assert_int_equal(t->argc, 16);
+        assert_string_equal(arg(t, 15), rid);
+        done(f, t, reply("ok", 1, tick_body("ok", EMPTY, 1, fnv1a32(rid, 'l'), fnv1a32(rid, 'l'), ""), EMPTY,
+                         cache(1, 0, 0, -1, "")), S(4), S(4));
+        no_call(f);
+        /* Agreed again: the next heartbeat carries no page. */
+        f->pool->ops->run(f->pool, S(5));
+        t = take(f, SHARED_SCRIPT_TICK);
+        assert_int_equal(t->argc, 15);
+        assert_string_equal(arg(t, 14), "");
+}
+
+static void test_positions_gone_refuses_the_waiter(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        queued(f, &cookie, S(1), rid);
+        f->pool->ops->run(f->pool, S(2));
+        take(f, SHARED_SCRIPT_TICK);
+        const SharedCall *c = take(f, SHARED_SCRIPT_POSITIONS);
+        done(f, c, reply("ok", 1, arr(1, arr(1, str("gone"))), EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(f->seen[1].reason, "node-expired");
+}
+
+static void test_status_snapshot_from_the_cache(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        PoolSnapshot snap;
+        assert_int_equal(f->pool->ops->snapshot(f->pool, &snap), -ENODATA);
+        f->pool->ops->run(f->pool, S(1) + 1);
+        const SharedCall *c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "status");
+        assert_int_equal(c->argc, 7);
+        RespValue holders = arr(2,
+                                arr(8, str(NODE), str("runner-1"), str("0000000000000001"), str("ci"), num(5),
+                                    num(S(1)), arr(1, num(0)), EMPTY),
+                                arr(8, str("ffff"), str("runner-2"), str("0000000000000009"), str("ci"), num(6),
+                                    num(S(1)), arr(1, num(1)), EMPTY));
+        RespValue waiters = arr(1, arr(7, str("ffff"), str("runner-2"), str("000000000000000a"), str("ci"), num(2),
+                                       num(S(1)), num(0)));
+        done(f, c, reply("ok", S(1), arr(3, holders, waiters, num(1)), EMPTY, cache(2, 1, 0, -1, "")), S(1), S(1));
+        f->pool->ops->run(f->pool, S(1) + S(1) / 2);
+        no_call(f); /* at most one a second */
+        assert_int_equal(f->pool->ops->snapshot(f->pool, &snap), 0);
+        assert_int_equal(snap.n_holders, 2);
+        assert_true(snap.holders[0].own);
+        assert_false(snap.holders[1].own);
+        assert_string_equal(snap.holders[1].node, "runner-2");
+        assert_int_equal(snap.holders[1].token, 6);
+        assert_int_equal(snap.holders[1].slots[0], 1);
+        assert_int_equal(snap.n_waiters, 1);
+        assert_int_equal(snap.waiters[0].n_slots, 2);
+        assert_int_equal(snap.waiting, 1);
+        assert_int_equal(snap.age, S(1) / 2);
+        /* Nobody asks for 30 s: the fetches stop. */
+        f->pool->ops->run(f->pool, S(2) + 2);
+        c = take(f, SHARED_SCRIPT_POSITIONS);
+        done(f, c, reply("ok", S(1), arr(3, EMPTY, EMPTY, num(0)), EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+        tick_ok(f, S(2), S(2));
+        f->pool->ops->run(f->pool, S(40));
+        c = take(f, SHARED_SCRIPT_TICK);
+        no_call(f);
+}
+
+static void test_next_wakeup_is_never_left_in_the_past(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), S(2)); /* the heartbeat */
+        f->pool->ops->run(f->pool, S(2));
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), USEC_INFINITY);
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), USEC_INFINITY);
+        /* The pool has something due at once (unsettled work): reported, and run sends one tick only. */
+        done(f, c, reply("ok", S(2), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, S(2), "")), S(2), S(2));
+        assert_true(f->pool->ops->next_wakeup(f->pool) <= S(2));
+        f->pool->ops->run(f->pool, S(2));
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), USEC_INFINITY);
+        f->pool->ops->run(f->pool, S(2));
+        take(f, SHARED_SCRIPT_TICK);
+        no_call(f);
+}
+
+static void test_info_and_congestion_from_the_cache(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        f->pool->ops->run(f->pool, S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        RespValue events = arr(1, arr(4, str("congestion"), num(S(2) - 10), num(S(9)), num(1)));
+        RespValue notices = arr(1, arr(5, str("node-expired"), str("ffff"), str("runner-9"), num(3), num(4)));
+        RespValue r = arr(6, str("ok"), num(S(2)), tick_body("ok", EMPTY, 0, 0, 0, ""), events,
+                          cache(2, 5, 1, -1, ""), notices);
+        done(f, c, r, S(2), S(2));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_CONGESTION);
+        assert_true(f->seen[0].congested);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(3), &info);
+        assert_true(info.congested);
+        assert_int_equal(info.n_nodes, 2);
+        assert_int_equal(info.in_use, 0);    /* this node's own */
+        assert_int_equal(info.cache_age, S(1));
+        assert_int_equal(info.next_token, 101);
+        SharedNotice n;
+        assert_true(pool_shared_pop_notice(f->pool, &n));
+        assert_int_equal(n.type, SHARED_NOTICE_NODE_EXPIRED);
+        assert_string_equal(n.node, "runner-9");
+        assert_int_equal(n.freed_leases, 3);
+        assert_int_equal(n.freed_waiters, 4);
+        shared_notice_done(&n);
+        /* Another node's call flipped it back: the cache says so. */
+        f->pool->ops->run(f->pool, S(3));
+        c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", S(3), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(3), S(3));
+        assert_int_equal(f->n_seen, 2);
+        assert_false(f->seen[1].congested);
+}
+
+static void test_unregistered_registers_again(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(2)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        RespValue r = arr(6, str("unregistered"), num(0), EMPTY, EMPTY, EMPTY, EMPTY);
+        done(f, c, r, S(2), S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_REGISTERING);
+        assert_string_equal(f->seen[0].reason, "backend");
+        take(f, SHARED_SCRIPT_TICK);
+        no_call(f);
+}
+
+static void test_manual_clock_passes_now_and_leaves_the_instant_to_run(void **state) {
+        Fixture *f = *state;
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 3), "1000000");
+        assert_string_equal(arg(c, 5), "0");   /* a configure's tick leaves the instant open */
+        done(f, c, reply("ok", S(1), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(1), S(1));
+        int cookie;
+        PoolTry t = { .cookie = &cookie, .lane = "ci", .slots = 1, .may_wait = true,
+                      .lane_budget = USEC_INFINITY, .client_cap = S(4), .arrival = S(1) + 5 };
+        assert_int_equal(f->pool->ops->submit(f->pool, &t, S(2)), 0);
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 3), "2000000");
+        assert_string_equal(arg(c, 5), "0");
+        assert_string_equal(arg(c, 12), "4000000");
+        assert_string_equal(arg(c, 13), "1000005");
+        f->pool->ops->run(f->pool, S(2));
+        const SharedCall *tick = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(tick, 3), "2000000");
+        assert_string_equal(arg(tick, 5), "1");
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        done(f, c, reply("ok", S(2), decision("queued", rid, S(2), 0, "", 0, 0, EMPTY), EMPTY, cache(2, 1, 0, -1, "")),
+             S(2), S(2));
+        /* The decision's time is the pool's: the engine's own in this mode. */
+        done(f, tick, reply("ok", S(2), tick_body("ok", EMPTY, 1, fnv1a32(rid, 'w'), fnv1a32(rid, 'w'), ""),
+                            arr(1, decision("refused", rid, S(2), S(1) - 5, "timeout", 0, 0, EMPTY)),
+                            cache(2, 0, 0, -1, "")), S(2), S(2));
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_REFUSED);
+        assert_int_equal(f->seen[1].refusal, REFUSAL_TIMEOUT);
+        assert_int_equal(f->seen[1].at, S(2));
+        assert_int_equal(f->seen[1].wait, S(1) - 5);
+}
+
+static void test_pool_clock_is_mapped_by_the_round_trip(void **state) {
+        Fixture *f = *state;
+        /* Redis's pool clock reads 1000 s + 2 ms at the midpoint of a 4 ms round trip sent at 1 s here. */
+        pool_shared_link_up(f->pool, "run1", S(1));
+        f->clock = S(1);
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", S(1000) + MS(2), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY,
+                         cache(0, 0, 0, -1, "")), S(1), S(1) + MS(4));
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_int_equal(info.rtt, MS(4));
+        /* The pool's next instant (1001.5 s there), on the local clock, before the heartbeat (2 s). */
+        f->pool->ops->run(f->pool, S(1) + MS(4));
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), S(2));
+        f->pool->ops->run(f->pool, S(2));
+        f->clock = S(2);
+        c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", S(1001) + MS(2), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY,
+                         cache(0, 0, 0, S(1001) + MS(500), "")), S(2), S(2) + MS(4));
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), S(2) + MS(500));
+        /* A request that arrived 1 s ago (routed on from another pool) keeps its arrival on the pool clock. */
+        int cookie;
+        PoolTry t = { .cookie = &cookie, .lane = "ci", .slots = 1, .may_wait = true,
+                      .lane_budget = USEC_INFINITY, .client_cap = USEC_INFINITY, .arrival = S(2) };
+        assert_int_equal(f->pool->ops->submit(f->pool, &t, S(3)), 0);
+        f->clock = S(3);
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 13), "1001000000");
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        done(f, c, reply("ok", S(1002), decision("queued", rid, S(1002), 0, "", 0, 0, EMPTY), EMPTY,
+                         cache(2, 1, 0, -1, "")), S(3), S(3));
+        /* Granted at pool time 1003 s: 4 s here. */
+        RespValue fields = arr(8, str("verdict"), str("granted"), str("rid"), str(rid), str("at"), str("1003000000"),
+                               str("slots"), str("0"));
+        pool_shared_stream_entry(f->pool, "5-1", &fields, S(6));
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(f->seen[1].at, S(4));
+}
+
+static void test_recovery_window_refusal_carries_its_reason(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, false, S(2)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        RespValue d = arr(14, str("refused"), str(rid), num(S(2)), num(0), str("unavailable"), str("recovery"),
+                          str("none"), num(0), num(-1), num(0), num(0), num(0), EMPTY, EMPTY);
+        done(f, c, reply("ok", S(2), d, EMPTY, cache(0, 0, 0, S(31), "")), S(2), S(2));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_REFUSED);
+        assert_int_equal(f->seen[0].refusal, REFUSAL_UNAVAILABLE);
+        assert_string_equal(f->seen[0].reason, "recovery");
+}
+
+static void test_drain_is_a_call(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        assert_int_equal(f->pool->ops->drain(f->pool, "nope", true, S(1)), -ENOENT);
+        assert_int_equal(f->pool->ops->drain(f->pool, NULL, true, S(1)), 0);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(1), &info);
+        assert_true(info.drained);
+        const SharedCall *c = take(f, SHARED_SCRIPT_DRAIN);
+        assert_string_equal(arg(c, 6), "");
+        assert_string_equal(arg(c, 7), "1");
+}
+
+int main(void) {
+#define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
+        const struct CMUnitTest tests[] = {
+                T(test_submit_is_refused_at_once_before_the_backend_is_reached),
+                T(test_submit_checks_lane_and_size_itself),
+                T(test_registering_tick_carries_name_canon_and_floor),
+                T(test_submit_granted_at_once),
+                T(test_queued_then_granted_through_the_stream_once),
+                T(test_grant_for_a_withdrawn_rid_is_released),
+                T(test_cancel_try_before_the_answer),
+                T(test_lost_reply_is_retried_with_the_same_rid),
+                T(test_settling_sends_the_same_call_again),
+                T(test_waiters_are_kept_for_the_grace_then_refused),
+                T(test_fence_deadline_from_the_last_acknowledged_heartbeat),
+                T(test_intents_are_replayed_in_order_after_a_reconnect),
+                T(test_epoch_change_reclaims_every_lease),
+                T(test_refused_pool_comes_back_when_the_cause_is_gone),
+                T(test_link_failure_refuses_the_pool_loudly),
+                T(test_restored_lease_fences_from_the_alive_mark),
+                T(test_restored_lease_is_reclaimed),
+                T(test_lease_released_while_reclaimed_ends_the_reclaiming),
+                T(test_run_id_change_reclaims_every_lease),
+                T(test_rules_mismatch_refuses_and_keeps_heartbeating),
+                T(test_keys_made_by_a_test_are_refused),
+                T(test_lost_stream_entry_found_by_the_positions_round),
+                T(test_positions_round_updates_places),
+                T(test_fingerprint_mismatch_twice_reconciles),
+                T(test_status_snapshot_from_the_cache),
+                T(test_positions_gone_refuses_the_waiter),
+                T(test_next_wakeup_is_never_left_in_the_past),
+                T(test_info_and_congestion_from_the_cache),
+                T(test_unregistered_registers_again),
+                cmocka_unit_test_setup_teardown(test_manual_clock_passes_now_and_leaves_the_instant_to_run,
+                                                setup_manual, teardown),
+                T(test_pool_clock_is_mapped_by_the_round_trip),
+                T(test_recovery_window_refusal_carries_its_reason),
+                T(test_drain_is_a_call),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
