@@ -376,15 +376,6 @@ static void test_unix_socket_url_selects_its_db(void **state) {
 static void test_hostname_is_resolved_off_the_loop(void **state) {
         Fixture *f = *state;
         char url[64];
-        struct addrinfo *ai = NULL;
-
-        /* A bare Debian root (debootstrap, no /etc/hosts) cannot resolve "localhost" at all. */
-        int k = getaddrinfo("localhost", NULL, &(struct addrinfo) { .ai_socktype = SOCK_STREAM }, &ai);
-        freeaddrinfo(ai);
-        if (k != 0) {
-                print_message("# localhost does not resolve on this machine (no /etc/hosts?)\n");
-                skip();
-        }
         redis_start(f, NULL);
         /* localhost may give ::1 first, where this redis-server does not listen: the next address is tried. */
         snprintf(url, sizeof url, "redis://localhost:%d/2", f->redis.port);
@@ -747,14 +738,13 @@ static void test_link_may_be_freed_from_its_callbacks(void **state) {
         assert_null(f->link);
 }
 
-int main(void) {
+int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
 #define T(t) cmocka_unit_test_setup_teardown(t, setup, teardown)
                 T(test_link_comes_up_with_the_run_id_and_answers_commands),
                 T(test_command_while_down_fails_at_once),
                 T(test_commands_that_change_the_connection_are_refused),
                 T(test_unix_socket_url_selects_its_db),
-                T(test_hostname_is_resolved_off_the_loop),
                 T(test_evalsha_runs_a_script_loaded_at_setup),
                 T(test_script_flush_then_evalsha_reloads_and_retries_once),
                 T(test_a_script_redis_cannot_compile_fails_the_link),
@@ -773,9 +763,15 @@ int main(void) {
                 T(test_blocking_command_needs_a_blocking_link),
                 T(test_sockets_are_close_on_exec),
                 T(test_link_may_be_freed_from_its_callbacks),
+        };
+        /* A bare Debian root (debootstrap, no /etc/hosts) cannot resolve "localhost" at all: the case runs as a
+         * test of its own (cmocka's skip() prints "not ok N # SKIP", a failure to meson). */
+        const struct CMUnitTest hostname_tests[] = {
+                T(test_hostname_is_resolved_off_the_loop),
 #undef T
         };
         const char *env = getenv("REDIS_SERVER"), *path = getenv("PATH");
+        bool hostname = argc > 1 && strcmp(argv[1], "hostname") == 0;
 
         /* redis-server from $REDIS_SERVER, else the first in $PATH. */
         if (env)
@@ -793,5 +789,15 @@ int main(void) {
         }
         /* A killed redis-server must not take the test with it through a write to its socket. */
         signal(SIGPIPE, SIG_IGN);
+        if (hostname) {
+                struct addrinfo *ai = NULL;
+                int k = getaddrinfo("localhost", NULL, &(struct addrinfo) { .ai_socktype = SOCK_STREAM }, &ai);
+                freeaddrinfo(ai);
+                if (k != 0) {
+                        printf("1..0 # SKIP localhost does not resolve here (no /etc/hosts)\n");
+                        return 0;
+                }
+                return cmocka_run_group_tests(hostname_tests, NULL, NULL);
+        }
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

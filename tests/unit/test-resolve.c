@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -38,7 +39,8 @@ static void on_resolved(ResolveQuery *q, int error, const struct addrinfo *ai, v
         resolve_query_free(q);
 }
 
-/* A bare Debian root (debootstrap, no /etc/hosts) cannot resolve "localhost" at all: nothing to test there. */
+/* A bare Debian root (debootstrap, no /etc/hosts) cannot resolve "localhost" at all. (cmocka's skip() would
+ * print "not ok N # SKIP", which meson counts as a failure: the case runs as a test of its own instead.) */
 static bool localhost_resolves(void) {
         struct addrinfo *ai = NULL;
         int r = getaddrinfo("localhost", NULL, &(struct addrinfo) { .ai_socktype = SOCK_STREAM }, &ai);
@@ -52,10 +54,6 @@ static void test_localhost_resolves_through_the_loop(void **state) {
         ResolveQuery *q = NULL;
         Result r = {};
 
-        if (!localhost_resolves()) {
-                print_message("# localhost does not resolve on this machine (no /etc/hosts?)\n");
-                skip();
-        }
 
         assert_int_equal(sd_event_new(&e), 0);
         assert_int_equal(resolve_getaddrinfo(e, "localhost", &hints, on_resolved, &r, &q), 0);
@@ -88,10 +86,20 @@ static void test_cancelled_lookup_is_not_called_back(void **state) {
         sd_event_unref(e);
 }
 
-int main(void) {
+int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_localhost_resolves_through_the_loop),
                 cmocka_unit_test(test_cancelled_lookup_is_not_called_back),
         };
+        const struct CMUnitTest hostname_tests[] = {
+                cmocka_unit_test(test_localhost_resolves_through_the_loop),
+        };
+
+        if (argc > 1 && strcmp(argv[1], "hostname") == 0) {
+                if (!localhost_resolves()) {
+                        printf("1..0 # SKIP localhost does not resolve here (no /etc/hosts)\n");
+                        return 0;
+                }
+                return cmocka_run_group_tests(hostname_tests, NULL, NULL);
+        }
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
