@@ -435,40 +435,21 @@ static void salvage(HistoryDb *d, const char *moved, size_t *ret_leases) {
  * should that name be taken. Returns 0 and the new name of the database, or negative errno. */
 int history_db_move_aside(HistoryDb *d, char **ret_moved) {
         static const char *const sidecars[] = { "-wal", "-shm" };
-        char stamp[32];
-        struct tm tm;
-        time_t t = time(NULL);
-        int r;
+        _cleanup_free_ char *moved = NULL;
 
-        if (!gmtime_r(&t, &tm) || strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &tm) == 0)
-                return -EINVAL;
-
-        for (unsigned attempt = 0; attempt < 100; attempt++) {
-                _cleanup_free_ char *moved = NULL;
-                if ((attempt == 0 ? asprintf(&moved, "%s.corrupt-%s", d->path, stamp)
-                                  : asprintf(&moved, "%s.corrupt-%s.%u", d->path, stamp, attempt)) < 0)
+        int r = rename_aside(d->path, /* missing_ok= */ true, &moved);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < ELEMENTSOF(sidecars); i++) {
+                _cleanup_free_ char *from = NULL, *to = NULL;
+                if (asprintf(&from, "%s%s", d->path, sidecars[i]) < 0 || asprintf(&to, "%s%s", moved, sidecars[i]) < 0)
                         return -ENOMEM;
-                if (renameat2(AT_FDCWD, d->path, AT_FDCWD, moved, RENAME_NOREPLACE) < 0) {
-                        if (errno == EEXIST)
-                                continue;
-                        r = -errno;
-                        if (r != -ENOENT)
-                                return r;
-                }
-                for (size_t i = 0; i < ELEMENTSOF(sidecars); i++) {
-                        _cleanup_free_ char *from = NULL, *to = NULL;
-                        if (asprintf(&from, "%s%s", d->path, sidecars[i]) < 0 ||
-                            asprintf(&to, "%s%s", moved, sidecars[i]) < 0)
-                                return -ENOMEM;
-                        if (rename(from, to) < 0 && errno != ENOENT)
-                                return -errno;
-                }
-                *ret_moved = TAKE_PTR(moved);
-                return 0;
+                if (rename(from, to) < 0 && errno != ENOENT)
+                        return -errno;
         }
-        return -EEXIST;
+        *ret_moved = TAKE_PTR(moved);
+        return 0;
 }
-
 
 int history_db_init(HistoryDb *d, const char *directory) {
         *d = (HistoryDb) {};

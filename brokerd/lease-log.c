@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fs-util.h"
 #include "lease-log.h"
 
 #define LEASE_LOG_HEADER "{\"slotbroker\":\"leases\",\"version\":1}"
@@ -515,29 +516,9 @@ int lease_log_read(const char *directory, HistoryState *ret_state, LeaseLogRead 
 
 int lease_log_move_aside(const char *directory, char **ret_moved) {
         _cleanup_free_ char *path = path_in(directory, LEASE_LOG_FILE);
-        char stamp[32];
-        struct tm tm;
-        time_t t = time(NULL);
-
         if (!path)
                 return -ENOMEM;
-        if (!gmtime_r(&t, &tm) || strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &tm) == 0)
-                return -EINVAL;
-        for (unsigned attempt = 0; attempt < 100; attempt++) {
-                _cleanup_free_ char *moved = NULL;
-                if ((attempt == 0 ? asprintf(&moved, "%s.corrupt-%s", path, stamp)
-                                  : asprintf(&moved, "%s.corrupt-%s.%u", path, stamp, attempt)) < 0)
-                        return -ENOMEM;
-                if (renameat2(AT_FDCWD, path, AT_FDCWD, moved, RENAME_NOREPLACE) < 0) {
-                        if (errno == EEXIST)
-                                continue;
-                        return -errno;
-                }
-                if (ret_moved)
-                        *ret_moved = TAKE_PTR(moved);
-                return 0;
-        }
-        return -EEXIST;
+        return rename_aside(path, /* missing_ok= */ false, ret_moved);
 }
 
 /* ---- writing ---- */

@@ -1,7 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "fs-util.h"
 #include "macro.h"
@@ -19,4 +23,31 @@ int mkdir_parents(const char *path, mode_t mode) {
                 *s = '/';
         }
         return 0;
+}
+
+int rename_aside(const char *path, bool missing_ok, char **ret_moved) {
+        char stamp[32];
+        struct tm tm;
+        time_t t = time(NULL);
+
+        assert_return(path, -EINVAL);
+        assert_return(ret_moved, -EINVAL);
+
+        if (!gmtime_r(&t, &tm) || strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &tm) == 0)
+                return -EINVAL;
+        for (unsigned attempt = 0; attempt < 100; attempt++) {
+                _cleanup_free_ char *moved = NULL;
+                if ((attempt == 0 ? asprintf(&moved, "%s.corrupt-%s", path, stamp)
+                                  : asprintf(&moved, "%s.corrupt-%s.%u", path, stamp, attempt)) < 0)
+                        return -ENOMEM;
+                if (renameat2(AT_FDCWD, path, AT_FDCWD, moved, RENAME_NOREPLACE) < 0) {
+                        if (errno == EEXIST)
+                                continue;
+                        if (errno != ENOENT || !missing_ok)
+                                return negative_errno();
+                }
+                *ret_moved = TAKE_PTR(moved);
+                return 0;
+        }
+        return -EEXIST;
 }

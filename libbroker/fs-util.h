@@ -2,8 +2,15 @@
 /* fs-util.h — file-system helpers the daemon's modules share. */
 #pragma once
 
+#include <stdbool.h>
 #include <sys/types.h>
 
 /* Creates the directories leading to path, not path itself ("/run/a/b/sock": /run, /run/a, /run/a/b),
  * each with mode where it is created; existing ones are left as they are. Returns 0 or negative errno. */
 int mkdir_parents(const char *path, mode_t mode);
+
+/* Renames path to path.corrupt-<UTC time> (".N" appended while that name is taken; never over a file) and
+ * returns the new name: a damaged file kept for an operator, out of the way. missing_ok: a path that does
+ * not exist is no error, and the name it would have had is returned (for the files that go with it).
+ * Returns 0, -ENOMEM, -EEXIST (100 names taken), or rename's error. */
+int rename_aside(const char *path, bool missing_ok, char **ret_moved);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* test-fs-util.c — mkdir_parents(): the directories leading to a path, never the path itself. */
+/* test-fs-util.c — mkdir_parents(): the directories leading to a path, never the path itself; rename_aside():
+ * a damaged file out of the way, never over another. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -10,6 +11,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -77,12 +79,51 @@ static void test_a_bare_name_has_no_parents(void **state) {
         assert_int_equal(mkdir_parents(NULL, 0755), -EINVAL);
 }
 
+static void touch(const char *path, const char *text) {
+        FILE *f = fopen(path, "we");
+        assert_non_null(f);
+        fputs(text, f);
+        fclose(f);
+}
+
+static void test_rename_aside_never_over_another(void **state) {
+        char path[256], *first = NULL, *second = NULL;
+
+        snprintf(path, sizeof path, "%s/leases.log", root);
+        touch(path, "one");
+        assert_int_equal(rename_aside(path, false, &first), 0);
+        assert_non_null(strstr(first, "/leases.log.corrupt-"));
+        assert_int_equal(access(path, F_OK), -1);
+        assert_int_equal(access(first, F_OK), 0);
+        /* Within the same second: the name is taken, ".1" is added. */
+        touch(path, "two");
+        assert_int_equal(rename_aside(path, false, &second), 0);
+        assert_string_not_equal(first, second);
+        assert_int_equal(access(first, F_OK), 0);
+        assert_int_equal(access(second, F_OK), 0);
+        free(first);
+        free(second);
+}
+
+static void test_rename_aside_of_a_missing_file(void **state) {
+        char path[256], *moved = NULL;
+
+        snprintf(path, sizeof path, "%s/missing", root);
+        assert_int_equal(rename_aside(path, false, &moved), -ENOENT);
+        assert_null(moved);
+        assert_int_equal(rename_aside(path, true, &moved), 0);
+        assert_non_null(strstr(moved, "/missing.corrupt-"));
+        free(moved);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_creates_every_parent_but_not_the_path),
                 cmocka_unit_test(test_existing_directories_are_fine),
                 cmocka_unit_test(test_a_file_in_the_way_is_an_error),
                 cmocka_unit_test(test_a_bare_name_has_no_parents),
+                cmocka_unit_test(test_rename_aside_never_over_another),
+                cmocka_unit_test(test_rename_aside_of_a_missing_file),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
