@@ -77,36 +77,6 @@ static _Noreturn void die(const char *what, int error) {
         exit(EXIT_FAILURE);
 }
 
-/* Context switches of the threads of a process so far (voluntary: it waited for input, a lock, the disk;
- * involuntary: preempted), as perf stat's context-switches counts them. */
-static uint64_t process_switches(pid_t pid) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/%d/task", (int) pid);
-        DIR *d = opendir(path);
-        uint64_t sum = 0;
-        if (!d)
-                return 0;
-        struct dirent *de;
-        while ((de = readdir(d))) {
-                if (de->d_name[0] == '.')
-                        continue;
-                char p[300], line[128];
-                snprintf(p, sizeof p, "/proc/%d/task/%s/status", (int) pid, de->d_name);
-                FILE *f = fopen(p, "re");
-                if (!f)
-                        continue;
-                while (fgets(line, sizeof line, f)) {
-                        unsigned long long n;
-                        if (sscanf(line, "voluntary_ctxt_switches: %llu", &n) == 1 ||
-                            sscanf(line, "nonvoluntary_ctxt_switches: %llu", &n) == 1)
-                                sum += n;
-                }
-                fclose(f);
-        }
-        closedir(d);
-        return sum;
-}
-
 static uint64_t rusage_switches(const struct rusage *ru) {
         return (uint64_t) ru->ru_nvcsw + (uint64_t) ru->ru_nivcsw;
 }
@@ -251,7 +221,7 @@ static void *client_main(void *userdata) {
 static uint64_t run_server_switches0, run_client_switches0;
 
 static void switches_start(void) {
-        run_server_switches0 = process_switches(brokerd);
+        run_server_switches0 = bench_process_switches(brokerd);
         run_client_switches0 = self_switches();
 }
 
@@ -262,7 +232,7 @@ static Cost pairs_cost(uint64_t pairs, uint64_t t0, uint64_t server0, uint64_t m
         double messages = 2.0 * (double) (pairs > 0 ? pairs : 1);
         return (Cost) { .rate = (double) pairs / elapsed, .server_us = (double) server / 1e3 / messages,
                         .server_main_us = (double) main / 1e3 / messages, .client_us = (double) client / 1e3 / messages,
-                        .server_switches = (double) (process_switches(brokerd) - run_server_switches0) / messages,
+                        .server_switches = (double) (bench_process_switches(brokerd) - run_server_switches0) / messages,
                         .client_switches = (double) (self_switches() - run_client_switches0) / messages };
 }
 
@@ -454,7 +424,7 @@ static Cost run_redis_benchmark(const char *program, int n_clients, long n, cons
         int pipefd[2];
         if (pipe2(pipefd, O_CLOEXEC) < 0)
                 die("pipe", errno);
-        uint64_t server0 = bench_process_cpu_ns(redis, false), switches0 = process_switches(redis);
+        uint64_t server0 = bench_process_cpu_ns(redis, false), switches0 = bench_process_switches(redis);
         pid_t pid = spawn(argv, pipefd[1]);
         close(pipefd[1]);
         char out[4096];
@@ -469,7 +439,7 @@ static Cost run_redis_benchmark(const char *program, int n_clients, long n, cons
         wait4(pid, &status, 0, &ru);
         uint64_t server = bench_process_cpu_ns(redis, false) - server0;
         Cost cost = { .server_us = (double) server / 1e3 / (double) n, .client_us = (double) rusage_ns(&ru) / 1e3 / (double) n,
-                      .server_switches = (double) (process_switches(redis) - switches0) / (double) n,
+                      .server_switches = (double) (bench_process_switches(redis) - switches0) / (double) n,
                       .client_switches = (double) rusage_switches(&ru) / (double) n };
 
         /* --csv: a header line, then "test","rps",… */

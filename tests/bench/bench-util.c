@@ -51,7 +51,9 @@ const char *bench_loadavg(char *buf, size_t size) {
         return buf;
 }
 
-uint64_t bench_process_cpu_ns(pid_t pid, bool main_only) {
+/* The sum over a process's threads (or its main thread alone) of what value() reads from one thread's
+ * /proc/PID/task/TID/FILE. */
+static uint64_t process_tasks_sum(pid_t pid, bool main_only, const char *file, uint64_t (*value)(FILE *f)) {
         char path[64];
         snprintf(path, sizeof path, "/proc/%d/task", (int) pid);
         DIR *d = opendir(path);
@@ -63,17 +65,40 @@ uint64_t bench_process_cpu_ns(pid_t pid, bool main_only) {
                 if (de->d_name[0] == '.' || (main_only && atoi(de->d_name) != (int) pid))
                         continue;
                 char p[300];
-                unsigned long long ns = 0;
-                snprintf(p, sizeof p, "/proc/%d/task/%s/schedstat", (int) pid, de->d_name);
+                snprintf(p, sizeof p, "/proc/%d/task/%s/%s", (int) pid, de->d_name, file);
                 FILE *f = fopen(p, "re");
                 if (f) {
-                        if (fscanf(f, "%llu", &ns) == 1)
-                                sum += ns;
+                        sum += value(f);
                         fclose(f);
                 }
         }
         closedir(d);
         return sum;
+}
+
+static uint64_t schedstat_ns(FILE *f) {
+        unsigned long long ns = 0;
+        return fscanf(f, "%llu", &ns) == 1 ? ns : 0;
+}
+
+uint64_t bench_process_cpu_ns(pid_t pid, bool main_only) {
+        return process_tasks_sum(pid, main_only, "schedstat", schedstat_ns);
+}
+
+static uint64_t status_switches(FILE *f) {
+        char line[128];
+        uint64_t sum = 0;
+        while (fgets(line, sizeof line, f)) {
+                unsigned long long n;
+                if (sscanf(line, "voluntary_ctxt_switches: %llu", &n) == 1 ||
+                    sscanf(line, "nonvoluntary_ctxt_switches: %llu", &n) == 1)
+                        sum += n;
+        }
+        return sum;
+}
+
+uint64_t bench_process_switches(pid_t pid) {
+        return process_tasks_sum(pid, false, "status", status_switches);
 }
 
 long bench_process_status_kib(pid_t pid, const char *field) {

@@ -22,6 +22,9 @@ const char *bench_loadavg(char *buf, size_t size);
 /* CPU time of the threads of a process so far, in ns (schedstat: exact, where /proc/PID/stat counts ticks):
  * of all of them, or (main_only) of the main thread alone. 0 when the process is gone. */
 uint64_t bench_process_cpu_ns(pid_t pid, bool main_only);
+/* Context switches of the threads of a process so far (voluntary: it waited for input, a lock, the disk;
+ * involuntary: preempted), as perf stat's context-switches counts them. */
+uint64_t bench_process_switches(pid_t pid);
 
 /* A field of /proc/PID/status in KiB ("VmRSS:", "VmHWM:"), or -1. */
 long bench_process_status_kib(pid_t pid, const char *field);
