@@ -532,24 +532,3 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
         *ret = bp->pool;
         return 0;
 }
-
-int backend_table_pool_info(const BackendTable *t, const char *name, BackendPoolInfo *ret) {
-        for (size_t i = 0; i < t->n_backends; i++) {
-                Backend *b = t->backends[i];
-                for (size_t j = 0; j < b->n_pools; j++) {
-                        Pool *p = b->pools[j]->pool;
-                        if (!streq(p->name, name))
-                                continue;
-                        RedisLinkStats st;
-                        redis_link_get_stats(b->commands, &st);
-                        SharedState s = pool_shared_state(p);
-                        *ret = (BackendPoolInfo) {
-                                .up = s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING,
-                                .state = s,
-                                .rtt = st.rtt_last,
-                        };
-                        return 0;
-                }
-        }
-        return -ENOENT;
-}

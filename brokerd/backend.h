@@ -44,12 +44,3 @@ void backend_table_done(BackendTable *t);
  * sd-event's error. */
 int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn emit, void *emit_userdata,
                            void *userdata, Pool **ret);
-
-typedef struct BackendPoolInfo {
-        bool up;                        /* the pool's state is UP or RECLAIMING */
-        SharedState state;
-        usec_t rtt;                     /* the command link's last round trip; 0: none yet */
-} BackendPoolInfo;
-
-/* The backend figures of pool `name`; -ENOENT if it is not a shared pool. */
-int backend_table_pool_info(const BackendTable *t, const char *name, BackendPoolInfo *ret);

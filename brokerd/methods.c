@@ -107,6 +107,17 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                 return NULL;
         if (pc && pc->max_queue >= 0)
                 json_object_set_new(o, "maxQueue", json_integer(pc->max_queue));
+        if (info.remote) {
+                json_t *b = json_pack("{s:b, s:I, s:I}", "up", info.backend_up, "rttMs",
+                                      (json_int_t) (info.rtt / USEC_PER_MSEC), "nodes", (json_int_t) info.n_nodes);
+                if (b && info.unavailable)
+                        json_object_set_new(b, "unavailable", json_string(info.unavailable));
+                json_t *keys;
+                if (b && info.differing_keys && json_strv_new(info.differing_keys, &keys) >= 0)
+                        json_object_set_new(b, "differingKeys", keys);
+                if (b)
+                        json_object_set_new(o, "backend", b);
+        }
         if (info.members) {
                 json_t *members;
                 if (json_strv_new(info.members, &members) >= 0)
