@@ -163,6 +163,8 @@ static void on_call_reply(RedisLink *link, int error, const redisReply *reply, v
                 return; /* the pool went away meanwhile */
 
         _cleanup_free_ RespValue *v = NULL;
+        if (error == 0 && b->table->on_rtt)
+                b->table->on_rtt(bp->pool->name, now_boottime() - MIN(now_boottime(), f->sent_boot), b->table->userdata);
         if (error == 0) {
                 v = reply_to_resp(reply);
                 if (!v)
@@ -324,7 +326,8 @@ static void on_commands_state(RedisLink *link, RedisLinkState state, const char 
                 if (state == REDIS_LINK_UP)
                         pool_shared_link_up(p, detail ?: "", now);
                 else if (state == REDIS_LINK_FAILED)
-                        pool_shared_link_failed(p, detail ?: "the backend failed", now);
+                        /* The word is what Status and the journal show; the link logged the sentence. */
+                        pool_shared_link_failed(p, redis_link_get_failure(link) ?: "backend", now);
                 else
                         pool_shared_link_down(p, now);
         }

@@ -30,7 +30,9 @@ typedef struct BackendTable {
         uint64_t (*random)(void *userdata);
         /* A notice of pool `pool` (backend lost/regained, node expired, rules, recovery, fenced). */
         void (*on_notice)(const char *pool, const SharedNotice *n, void *userdata);
-        void *userdata;                 /* of random and on_notice */
+        /* A call of pool `pool` answered after rtt (metrics). May be NULL. */
+        void (*on_rtt)(const char *pool, usec_t rtt, void *userdata);
+        void *userdata;                 /* of random, on_notice and on_rtt */
         Backend **backends;
         size_t n_backends;
 } BackendTable;

@@ -283,6 +283,11 @@ static int manager_pool_factory(const PoolConfig *pc, const char *name, PoolEmit
         return backend_table_pool_new(pc, name, emit, emit_userdata, &m->backends, ret);
 }
 
+static void on_backend_rtt(const char *pool, usec_t rtt, void *userdata) {
+        Manager *m = userdata;
+        metrics_backend_rtt(&m->metrics, pool, rtt);
+}
+
 static void on_backend_notice(const char *pool, const SharedNotice *n, void *userdata) {
         Manager *m = userdata;
         audit_backend(&m->audit, pool, n);
@@ -952,6 +957,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         backend_table_init(&m->backends, m->event, &m->node);
         m->backends.random = manager_random;
         m->backends.on_notice = on_backend_notice;
+        m->backends.on_rtt = on_backend_rtt;
         m->backends.userdata = m;
         engine_set_pool_factory(m->engine, manager_pool_factory, m);
 #endif

@@ -73,7 +73,12 @@ class TestShared(harness.BrokerTestCase):
         a.until_granted(timeout=timeout)
         return a
 
+    def wait_backend_up(self, b):
+        # Until its first heartbeat is answered a node refuses the pool at once (reason "backend").
+        wait_for(lambda: b.pool("shared")["backend"]["up"], timeout=30, message=f"{b.name}: the backend up")
+
     def first_grant(self, b):
+        self.wait_backend_up(b)
         # The first use of a pool waits out one TTL: a generous bound, never a sleep.
         return self.granted_in_time(b, "ci", TTL + 20)
 
@@ -81,6 +86,7 @@ class TestShared(harness.BrokerTestCase):
         a = self.broker(config(self.redis.url(), "node-a"), "shared-a")
         b = self.broker(config(self.redis.url(), "node-b"), "shared-b")
         held_a = [self.first_grant(a), self.granted_in_time(a, "ci", 10)]
+        self.wait_backend_up(b)
         tokens = {h.lease["token"] for h in held_a}
         self.assertEqual(len(tokens), 2, "fencing tokens are unique per pool")
         self.assertEqual(sorted(h.lease["slots"][0] for h in held_a), [0, 1])
@@ -102,6 +108,15 @@ class TestShared(harness.BrokerTestCase):
         # Still two holders in all: A's other one, and B's.
         again = self.acquire(a, "now")
         self.assertEqual(again.error, "io.slotbroker.Busy", again.msg)
+
+        # Status and metrics say the backend is up, and how long its calls take.
+        backend = b.pool("shared")["backend"]
+        self.assertTrue(backend["up"], backend)
+        self.assertEqual(backend["nodes"], 2, backend)
+        text = b.call("io.slotbroker.Metrics")["text"]
+        self.assertIn('slotbroker_backend_up{pool="shared"} 1', text.splitlines())
+        self.assertRegex(text, r'slotbroker_backend_rtt_seconds_count\{pool="shared"\} [1-9]')
+        self.assertNotIn('slotbroker_backend_up{pool="local"}', text)
 
     def test_redis_down_then_back(self):
         a = self.broker(config(self.redis.url(), "node-a"), "shared-down")
@@ -129,6 +144,9 @@ class TestShared(harness.BrokerTestCase):
         backend = a.pool("shared").get("backend")
         self.assertIsNotNone(backend, "Status has the pool's backend")
         self.assertFalse(backend["up"], backend)
+        self.assertEqual(backend.get("unavailable"), "backend", backend)
+        text = a.call("io.slotbroker.Metrics")["text"]
+        self.assertIn('slotbroker_backend_up{pool="shared"} 0', text.splitlines())
 
         # Local pools are untouched.
         local = self.acquire(a, "local")
@@ -137,7 +155,7 @@ class TestShared(harness.BrokerTestCase):
 
         # Redis back with nothing: a recovery window (one TTL), then grants again.
         self.redis.restart(keep_data=False)
-        wait_for(lambda: a.pool("shared")["backend"]["up"], timeout=30, message="the backend up again")
+        self.wait_backend_up(a)
         start = time.monotonic()
         self.granted_in_time(a, "ci", TTL + 20)
         self.assertGreaterEqual(time.monotonic() - start, TTL - 2,
