@@ -374,9 +374,13 @@ static void manager_update_status(Manager *m) {
                 EnginePoolInfo info;
                 if (engine_pool_info(m->engine, i, now, &info) < 0)
                         continue;
-                int k = snprintf(buf + len, sizeof buf - len, "%s%s %u/%u in use, %zu waiting%s%s", i ? "; " : "",
+                /* A shared pool's in use and waiting are this node's; its backend's state is what an operator
+                 * looking at systemctl status needs first. */
+                int k = snprintf(buf + len, sizeof buf - len, "%s%s %u/%u in use, %zu waiting%s%s%s%s", i ? "; " : "",
                                  info.name, info.in_use, info.limit, info.waiting, info.congested ? ", congested" : "",
-                                 info.drained ? ", drained" : "");
+                                 info.drained ? ", drained" : "",
+                                 info.remote && !info.backend_up ? ", backend " : "",
+                                 info.remote && !info.backend_up ? info.unavailable ?: "down" : "");
                 if (k < 0 || (size_t) k >= sizeof buf - len)
                         break;
                 len += (size_t) k;
