@@ -428,11 +428,15 @@ void backend_table_init(BackendTable *t, sd_event *event, const Node *node) {
         *t = (BackendTable) { .event = event, .node = node };
 }
 
+static BackendTable *the_table;
+
 void backend_table_done(BackendTable *t) {
         for (size_t i = 0; i < t->n_backends; i++)
                 backend_free(t->backends[i]);
         t->backends = mfree(t->backends);
         t->n_backends = 0;
+        if (the_table == t)
+                the_table = NULL;
 }
 
 /* The engine frees pools through their ops; a shared pool's free must also take it off its Backend (and
@@ -440,7 +444,7 @@ void backend_table_done(BackendTable *t) {
  * does that first. The engine stays unaware of Backends. */
 static PoolOps backend_pool_ops;
 static void (*shared_pool_free)(Pool *p);
-static BackendTable *the_table; /* one per process: brokerd has one Manager */
+/* the_table (above): one per process, as brokerd has one Manager; the factory refuses a second. */
 
 static void backend_pool_free(Pool *p) {
         BackendTable *t = the_table;
