@@ -98,6 +98,18 @@ class TestShared(harness.BrokerTestCase):
         self.addCleanup(waiter.close)
         self.assertEqual(waiter.state, "queued", waiter.msg)
 
+        # Each node's Status lists the other node's entries by the node's name (from a snapshot: wait).
+        def others(node, key):
+            entries = node.status().get(key) or []
+            return entries or None
+        held_elsewhere = wait_for(lambda: others(b, "otherHolders"), timeout=10, message="B to list A's holders")
+        self.assertEqual(sorted((h["node"], h["pool"], h["slots"][0]) for h in held_elsewhere),
+                         [("node-a", "shared", 0), ("node-a", "shared", 1)])
+        self.assertEqual({h["token"] for h in held_elsewhere}, tokens)
+        self.assertNotIn("uid", held_elsewhere[0])
+        waiting_elsewhere = wait_for(lambda: others(a, "otherWaiters"), timeout=10, message="A to list B's waiter")
+        self.assertEqual([(w["node"], w["lane"], w["position"]) for w in waiting_elsewhere], [("node-b", "ci", 1)])
+
         # A releases one: B's waiter is granted that slot, with a token above both of A's.
         released = held_a.pop(0)
         slot = released.lease["slots"][0]
