@@ -539,3 +539,19 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
         *ret = bp->pool;
         return 0;
 }
+
+void backend_table_set_last_alive(BackendTable *t, usec_t realtime) {
+        if (realtime == 0)
+                return;
+        /* Realtime to CLOCK_BOOTTIME by the distance from now: a wall clock step meanwhile moves it, which
+         * only an alive mark in the future could make late, and that is clamped to now. */
+        usec_t now_real = now_realtime(), boot = now_boottime();
+        usec_t ago = now_real > realtime ? now_real - realtime : 0;
+        usec_t at = boot > ago ? boot - ago : 0;
+        for (size_t i = 0; i < t->n_backends; i++) {
+                Backend *b = t->backends[i];
+                for (size_t j = 0; j < b->n_pools; j++)
+                        pool_shared_set_last_ack(b->pools[j]->pool, at);
+                backend_after(b);
+        }
+}

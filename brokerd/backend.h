@@ -46,3 +46,8 @@ void backend_table_done(BackendTable *t);
  * sd-event's error. */
 int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn emit, void *emit_userdata,
                            void *userdata, Pool **ret);
+
+/* A restarted daemon's last proof of life (the lease log's alive mark, realtime µs; 0: none): until a
+ * heartbeat is acknowledged, the leases restored into shared pools fence from it (memo §4.7, CONNECTING),
+ * so that a restart while Redis is unreachable still revokes them in time. */
+void backend_table_set_last_alive(BackendTable *t, usec_t realtime);

@@ -743,6 +743,9 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
         }
         if (restored + ended > 0)
                 log_info("Restored %u lease(s); %u ended while brokerd was down.", restored, ended);
+#if HAVE_REDIS
+        backend_table_set_last_alive(&m->backends, s->alive_at);
+#endif
 
         /* The log knows every token mark read, including those of pools no lease names any more. */
         int r = lease_log_new(m->state_directory, s, m->token_floor_all, &m->lease_log);
