@@ -35,6 +35,21 @@ static const struct {
 #define MESSAGE_ID_CONGESTED "bea33a9df3d140f5b7d01ea4bf9aca7e"
 #define MESSAGE_ID_UNCONGESTED "bdc54e22d19e4e57a561169ac2768548"
 #define MESSAGE_ID_RELOAD "19905e0f437b4ad0a532f312640d8ed4"
+/* Shared pools: one per SharedNoticeType. */
+static const struct {
+        const char *message_id;
+        const char *tag;
+        int priority;
+} backend_notices[_SHARED_NOTICE_TYPE_MAX] = {
+        [SHARED_NOTICE_BACKEND_LOST] = { "df893d6975254fed9706386c78f44932", "BACKEND_LOST", LOG_WARNING },
+        [SHARED_NOTICE_BACKEND_REGAINED] = { "185ca0c44d094851aac57dcd16b4a003", "BACKEND_REGAINED", LOG_NOTICE },
+        [SHARED_NOTICE_NODE_EXPIRED] = { "39d3339ff7be4724b909055d88c4a041", "NODE_EXPIRED", LOG_WARNING },
+        [SHARED_NOTICE_RULES_MISMATCH] = { "cf754fdc103b4be08cdd4883666573ce", "RULES_MISMATCH", LOG_ERR },
+        [SHARED_NOTICE_RULES_AGREED] = { "316dced49d0942a59689462290195443", "RULES_AGREED", LOG_NOTICE },
+        [SHARED_NOTICE_RECOVERY] = { "cb105e38e9cd4f4baea8776cbb22af5f", "BACKEND_RECOVERY", LOG_WARNING },
+        [SHARED_NOTICE_REFUSED] = { "397937a0387b403fa1ad6192cc5d3e21", "BACKEND_REFUSED", LOG_ERR },
+        [SHARED_NOTICE_FENCED] = { "f046efe4f321444484acfa458fafc1f5", "BACKEND_FENCED", LOG_ERR },
+};
 #define MESSAGE_ID_SUPPRESSED "45e9e5b1aa044c65a4d63010ef89a05b"
 
 static int decision_index(const char *decision) {
@@ -281,5 +296,53 @@ void audit_reload(Audit *a, bool ok, const char *detail) {
         field(&f, "MESSAGE_ID=%s", MESSAGE_ID_RELOAD);
         field(&f, "PRIORITY=%d", ok ? LOG_NOTICE : LOG_ERR);
         field(&f, "SLOT_RELOAD=%s", ok ? "applied" : "rejected");
+        journal_send(a, &f);
+}
+
+void audit_backend(Audit *a, const char *pool, const SharedNotice *n) {
+        if (n->type < 0 || n->type >= _SHARED_NOTICE_TYPE_MAX)
+                return;
+        Fields f = { .n = 0 };
+        const char *tag = backend_notices[n->type].tag;
+        switch (n->type) {
+        case SHARED_NOTICE_BACKEND_LOST:
+                field(&f, "MESSAGE=[%s] Pool %s lost its backend: refused until it is back%s%s", tag, pool,
+                      n->detail ? ": " : "", n->detail ?: "");
+                break;
+        case SHARED_NOTICE_BACKEND_REGAINED:
+                field(&f, "MESSAGE=[%s] Pool %s reached its backend again", tag, pool);
+                break;
+        case SHARED_NOTICE_NODE_EXPIRED:
+                field(&f, "MESSAGE=[%s] Pool %s: node %s expired; its %" PRIu64 " leases and %" PRIu64 " waiters were freed",
+                      tag, pool, n->node ?: "", n->freed_leases, n->freed_waiters);
+                break;
+        case SHARED_NOTICE_RULES_MISMATCH:
+                field(&f, "MESSAGE=[%s] Pool %s is refused: its rules differ from those its backend enforces (%s)", tag,
+                      pool, n->detail ?: "");
+                break;
+        case SHARED_NOTICE_RULES_AGREED:
+                field(&f, "MESSAGE=[%s] Pool %s: its rules agree with its backend's", tag, pool);
+                break;
+        case SHARED_NOTICE_RECOVERY:
+                field(&f, "MESSAGE=[%s] Pool %s: its backend restarted or lost the pool; no grant until the live nodes reclaimed their leases",
+                      tag, pool);
+                break;
+        case SHARED_NOTICE_REFUSED:
+                field(&f, "MESSAGE=[%s] Pool %s is refused by its backend: %s", tag, pool, n->detail ?: "");
+                break;
+        case SHARED_NOTICE_FENCED:
+                field(&f, "MESSAGE=[%s] Pool %s: its backend was unreachable too long; every lease of this node was revoked",
+                      tag, pool);
+                break;
+        default:
+                return;
+        }
+        field(&f, "MESSAGE_ID=%s", backend_notices[n->type].message_id);
+        field(&f, "PRIORITY=%d", backend_notices[n->type].priority);
+        field(&f, "SLOT_POOL=%s", pool);
+        if (n->node)
+                field(&f, "SLOT_NODE=%s", n->node);
+        if (n->detail)
+                field(&f, "SLOT_DETAIL=%s", n->detail);
         journal_send(a, &f);
 }

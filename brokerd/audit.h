@@ -13,6 +13,7 @@
 #include "conf.h"
 #include "decision.h"
 #include "journal.h"
+#include "pool-shared.h"
 #include "time-util.h"
 
 typedef struct History History;
@@ -52,4 +53,7 @@ void audit_decision(Audit *a, const AuditRecord *r);
 /* The congested gauge of a pool changed. */
 void audit_congestion(Audit *a, const char *pool, bool congested, usec_t idle);
 /* A reload applied (ok) or rejected (first error). */
+/* A shared pool's notice (its backend lost or regained, another node expired, rules, recovery, fenced):
+ * journaled with a MESSAGE_ID whose catalog entry says what to do. */
+void audit_backend(Audit *a, const char *pool, const SharedNotice *n);
 void audit_reload(Audit *a, bool ok, const char *detail);

@@ -262,6 +262,39 @@ static void methods_status_changed(void *userdata) {
         manager_status_changed(userdata);
 }
 
+#if HAVE_REDIS
+static void node_random_bytes(void *buf, size_t n, void *userdata) {
+        manager_random_bytes(userdata, buf, n);
+}
+
+/* The engine's factory for pools with backend=: the node identity is read (or made) on first use, so that a
+ * daemon without shared pools never writes one. */
+static int manager_pool_factory(const PoolConfig *pc, const char *name, PoolEmitFn emit, void *emit_userdata,
+                                void *userdata, Pool **ret) {
+        Manager *m = userdata;
+        if (!m->node_loaded) {
+                int r = node_load(&m->node, m->state_directory, m->config->node_name, node_random_bytes, m);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to read or make the node id in %s: %m", m->state_directory);
+                m->node_loaded = true;
+                log_info("Node %s (%s) in shared pools.", m->node.name, m->node.id);
+        }
+        m->backends.revoke_grace = m->config->revoke_grace;
+        return backend_table_pool_new(pc, name, emit, emit_userdata, &m->backends, ret);
+}
+
+static void on_backend_rtt(const char *pool, usec_t rtt, void *userdata) {
+        Manager *m = userdata;
+        metrics_backend_rtt(&m->metrics, pool, rtt);
+}
+
+static void on_backend_notice(const char *pool, const SharedNotice *n, void *userdata) {
+        Manager *m = userdata;
+        audit_backend(&m->audit, pool, n);
+        m->status_dirty = true;
+}
+#endif
+
 static void manager_collect(Manager *m) {
         session_table_collect(&m->sessions);
         if (m->freed_untrimmed >= TRIM_AFTER_FREED) {
@@ -341,9 +374,13 @@ static void manager_update_status(Manager *m) {
                 EnginePoolInfo info;
                 if (engine_pool_info(m->engine, i, now, &info) < 0)
                         continue;
-                int k = snprintf(buf + len, sizeof buf - len, "%s%s %u/%u in use, %zu waiting%s%s", i ? "; " : "",
+                /* A shared pool's in use and waiting are this node's; its backend's state is what an operator
+                 * looking at systemctl status needs first. */
+                int k = snprintf(buf + len, sizeof buf - len, "%s%s %u/%u in use, %zu waiting%s%s%s%s", i ? "; " : "",
                                  info.name, info.in_use, info.limit, info.waiting, info.congested ? ", congested" : "",
-                                 info.drained ? ", drained" : "");
+                                 info.drained ? ", drained" : "",
+                                 info.remote && !info.backend_up ? ", backend " : "",
+                                 info.remote && !info.backend_up ? info.unavailable ?: "down" : "");
                 if (k < 0 || (size_t) k >= sizeof buf - len)
                         break;
                 len += (size_t) k;
@@ -706,6 +743,9 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
         }
         if (restored + ended > 0)
                 log_info("Restored %u lease(s); %u ended while brokerd was down.", restored, ended);
+#if HAVE_REDIS
+        backend_table_set_last_alive(&m->backends, s->alive_at);
+#endif
 
         /* The log knows every token mark read, including those of pools no lease names any more. */
         int r = lease_log_new(m->state_directory, s, m->token_floor_all, &m->lease_log);
@@ -920,6 +960,14 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         if (r < 0)
                 return log_error_errno(r, "Failed to create the engine: %m");
         m->leases.engine = m->engine;
+#if HAVE_REDIS
+        backend_table_init(&m->backends, m->event, &m->node);
+        m->backends.random = manager_random;
+        m->backends.on_notice = on_backend_notice;
+        m->backends.on_rtt = on_backend_rtt;
+        m->backends.userdata = m;
+        engine_set_pool_factory(m->engine, manager_pool_factory, m);
+#endif
         r = engine_configure(m->engine, m->config, now_monotonic());
         if (r < 0)
                 return log_error_errno(r, "Failed to apply the configuration: %m");
@@ -1035,6 +1083,11 @@ Manager *manager_free(Manager *m) {
         m->history_calls.history = NULL;
         m->history = history_free(m->history);
         engine_free(m->engine);
+#if HAVE_REDIS
+        /* After the engine: freeing its shared pools takes them off their backends. */
+        backend_table_done(&m->backends);
+        node_done(&m->node);
+#endif
         audit_done(&m->audit);
         metrics_done(&m->metrics);
         acls_free(m->acls, m->n_acls);

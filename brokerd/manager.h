@@ -8,6 +8,7 @@
 #include <systemd/sd-event.h>
 
 #include "audit.h"
+#include "config.h"
 #include "conf.h"
 #include "engine.h"
 #include "history-call.h"
@@ -19,6 +20,10 @@
 #include "poller.h"
 #include "session.h"
 #include "time-util.h"
+#if HAVE_REDIS
+#include "backend.h"
+#include "node.h"
+#endif
 
 typedef struct History History;
 
@@ -86,6 +91,12 @@ typedef struct Manager {
         size_t freed_untrimmed;         /* bytes of big buffers freed since the last malloc_trim() */
         HistoryCalls history_calls;     /* History replies being produced, page by page */
         Methods methods;                /* what the Varlink methods read and call */
+#if HAVE_REDIS
+        /* Shared pools: this daemon's identity there (read when the first one is made) and their Redis. */
+        Node node;
+        bool node_loaded;
+        BackendTable backends;
+#endif
 } Manager;
 
 typedef struct ManagerOptions {

@@ -107,6 +107,17 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                 return NULL;
         if (pc && pc->max_queue >= 0)
                 json_object_set_new(o, "maxQueue", json_integer(pc->max_queue));
+        if (info.remote) {
+                json_t *b = json_pack("{s:b, s:I, s:I}", "up", info.backend_up, "rttMs",
+                                      (json_int_t) (info.rtt / USEC_PER_MSEC), "nodes", (json_int_t) info.n_nodes);
+                if (b && info.unavailable)
+                        json_object_set_new(b, "unavailable", json_string(info.unavailable));
+                json_t *keys;
+                if (b && info.differing_keys && json_strv_new(info.differing_keys, &keys) >= 0)
+                        json_object_set_new(b, "differingKeys", keys);
+                if (b)
+                        json_object_set_new(o, "backend", b);
+        }
         if (info.members) {
                 json_t *members;
                 if (json_strv_new(info.members, &members) >= 0)
@@ -157,6 +168,59 @@ static int waiter_compare(const void *a, const void *b) {
 }
 
 /* The Status reply's parameters, or NULL when out of memory. */
+/* The holders and waiters of other nodes in shared pools, from each pool's last snapshot (Status never
+ * waits for Redis; asking keeps the snapshots coming). Another node's clients are not ours to show: their
+ * node, lane, slots and times only. This node's own are in holders and waiters already. */
+static void status_add_other_nodes(Methods *m, json_t *status, usec_t now) {
+        _cleanup_(json_decrefp) json_t *holders = NULL, *waiters = NULL;
+        for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
+                EnginePoolInfo info;
+                PoolSnapshot snap;
+                if (engine_pool_info(m->engine, i, now, &info) < 0 || engine_pool_snapshot(m->engine, i, &snap) < 0)
+                        continue;
+                if (!holders && !(holders = json_array()))
+                        return;
+                if (!waiters && !(waiters = json_array()))
+                        return;
+                for (size_t k = 0; k < snap.n_holders; k++) {
+                        const PoolSnapshotEntry *e = &snap.holders[k];
+                        if (e->own)
+                                continue;
+                        json_t *slots = json_array();
+                        for (unsigned j = 0; slots && j < e->n_slots; j++)
+                                json_array_append_new(slots, json_integer(e->slots[j]));
+                        json_t *h = json_pack("{s:s, s:s, s:s, s:o, s:I, s:I}", "node", e->node ?: "", "pool", info.name,
+                                              "lane", e->lane ?: "", "slots", slots ?: json_array(), "token",
+                                              (json_int_t) e->token, "heldMs",
+                                              (json_int_t) (usec_sub_unsigned(now, e->since) / USEC_PER_MSEC));
+                        if (h && e->members) {
+                                json_t *names = json_array();
+                                for (unsigned j = 0; names && j < e->n_slots; j++)
+                                        json_array_append_new(names, json_string(e->members[j] ?: ""));
+                                if (names)
+                                        json_object_set_new(h, "members", names);
+                        }
+                        if (h)
+                                json_array_append_new(holders, h);
+                }
+                for (size_t k = 0; k < snap.n_waiters; k++) {
+                        const PoolSnapshotEntry *e = &snap.waiters[k];
+                        if (e->own)
+                                continue;
+                        json_t *w = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I}", "node", e->node ?: "", "pool", info.name,
+                                              "lane", e->lane ?: "", "slots", (json_int_t) e->n_slots, "position",
+                                              (json_int_t) e->position + 1, "waitedMs",
+                                              (json_int_t) (usec_sub_unsigned(now, e->since) / USEC_PER_MSEC));
+                        if (w)
+                                json_array_append_new(waiters, w);
+                }
+        }
+        if (holders)
+                json_object_set(status, "otherHolders", holders);
+        if (waiters)
+                json_object_set(status, "otherWaiters", waiters);
+}
+
 static json_t *status_build(Methods *m) {
         usec_t now = now_monotonic();
 
@@ -193,6 +257,8 @@ static json_t *status_build(Methods *m) {
                         return NULL; /* the rest of w leaks only if jansson itself ran out */
 
         json_t *status = json_pack("{s:O, s:O, s:O}", "pools", pools, "holders", holders, "waiters", waiters);
+        if (status)
+                status_add_other_nodes(m, status, now);
         const char *unavailable = persistence_refusal(m->persistence);
         if (status && unavailable)
                 json_object_set_new(status, "unavailable", json_string(unavailable));

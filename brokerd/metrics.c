@@ -14,6 +14,9 @@
 
 static const double wait_bounds[METRICS_WAIT_BUCKETS] = { 0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800, 3600 };
 static const double hold_bounds[METRICS_HOLD_BUCKETS] = { 1, 10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 86400 };
+static const double rtt_bounds[METRICS_RTT_BUCKETS] = { 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                        0.05, 0.1, 0.5, 2 };
+_Static_assert(METRICS_RTT_BUCKETS <= ELEMENTSOF(((MetricsHistogram *) NULL)->counts), "rtt buckets fit");
 
 void metrics_done(Metrics *m) {
         for (size_t i = 0; i < m->n_series; i++) {
@@ -101,6 +104,12 @@ void metrics_record(Metrics *m, const AuditRecord *r) {
                 if (p)
                         histogram_observe(&p->hold, hold_bounds, METRICS_HOLD_BUCKETS, (double) r->hold / 1e6);
         }
+}
+
+void metrics_backend_rtt(Metrics *m, const char *pool, usec_t rtt) {
+        MetricsPool *p = pool_get(m, pool);
+        if (p)
+                histogram_observe(&p->rtt, rtt_bounds, METRICS_RTT_BUCKETS, (double) rtt / 1e6);
 }
 
 /* Label values: backslash, quote and newline escaped (the exposition format's rules). */
@@ -208,6 +217,27 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
         for (size_t i = 0; i < m->n_pools; i++)
                 histogram(f, "slotbroker_hold_seconds", m->pools[i].pool, &m->pools[i].hold, hold_bounds,
                           METRICS_HOLD_BUCKETS);
+
+        bool any_remote = false;
+        for (size_t i = 0; i < n; i++)
+                if (engine_pool_info(g->engine, i, g->now, &info) >= 0 && info.remote) {
+                        if (!any_remote)
+                                header(f, "slotbroker_backend_up", "gauge",
+                                       "1 while a shared pool is served: its backend reached, the rules agreed.");
+                        any_remote = true;
+                        pool_gauge(f, "slotbroker_backend_up", info.name, info.backend_up);
+                }
+        bool any_rtt = false;
+        for (size_t i = 0; i < m->n_pools; i++) {
+                if (m->pools[i].rtt.total == 0)
+                        continue;
+                if (!any_rtt)
+                        header(f, "slotbroker_backend_rtt_seconds", "histogram",
+                               "Round trips of a shared pool's calls to its backend.");
+                any_rtt = true;
+                histogram(f, "slotbroker_backend_rtt_seconds", m->pools[i].pool, &m->pools[i].rtt, rtt_bounds,
+                          METRICS_RTT_BUCKETS);
+        }
 
         header(f, "slotbroker_denied_total", "counter", "Requests refused by a lane's access list.");
         fprintf(f, "slotbroker_denied_total %llu\n", (unsigned long long) m->denied);

@@ -13,6 +13,7 @@
 
 #define METRICS_WAIT_BUCKETS 12
 #define METRICS_HOLD_BUCKETS 11
+#define METRICS_RTT_BUCKETS 12
 
 typedef struct MetricsHistogram {
         uint64_t counts[METRICS_HOLD_BUCKETS > METRICS_WAIT_BUCKETS ? METRICS_HOLD_BUCKETS : METRICS_WAIT_BUCKETS];
@@ -33,6 +34,7 @@ typedef struct MetricsPool {
         char *pool;
         MetricsHistogram wait;
         MetricsHistogram hold;
+        MetricsHistogram rtt;           /* a shared pool's script calls */
 } MetricsPool;
 
 typedef struct Metrics {
@@ -49,6 +51,8 @@ typedef struct Metrics {
 void metrics_done(Metrics *m);
 /* Counts one decision (called by the audit sink, for every decision). */
 void metrics_record(Metrics *m, const AuditRecord *r);
+/* One round trip of a shared pool's call to its backend. */
+void metrics_backend_rtt(Metrics *m, const char *pool, usec_t rtt);
 /* The gauges: values of the moment that the owner reads from the modules that keep them. */
 typedef struct MetricsGauges {
         const Engine *engine;           /* pools: limit, in use, waiting, congested */

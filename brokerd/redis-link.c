@@ -76,6 +76,7 @@ struct RedisLink {
         bool ending;
         RedisLinkState end_state;
         char *end_reason;
+        const char *failure;            /* static: why the link is FAILED, in a word (redis_link_get_failure()) */
         bool in_connect_callback;       /* hiredis uses the context after it: no free from in there */
 
         RedisCall *calls, *calls_tail;
@@ -451,6 +452,7 @@ static int link_check_info(RedisLink *link, const redisReply *reply, char **ret_
 
         if (!reply || reply->type != REDIS_REPLY_STRING || !info_field(reply->str, "run_id", run_id, sizeof run_id)) {
                 snprintf(reason, sizeof reason, "Not a Redis server: INFO answered %.80s", reply_text(reply));
+                link->failure = "not-redis";
                 link_end(link, REDIS_LINK_FAILED, reason);
                 return -1;
         }
@@ -460,6 +462,7 @@ static int link_check_info(RedisLink *link, const redisReply *reply, char **ret_
         }
         if (info_field(reply->str, "role", role, sizeof role) && !streq(role, "master")) {
                 snprintf(reason, sizeof reason, "Redis is a replica (role:%s): it refuses writes", role);
+                link->failure = "replica";
                 link_end(link, REDIS_LINK_FAILED, reason);
                 return -1;
         }
@@ -469,6 +472,7 @@ static int link_check_info(RedisLink *link, const redisReply *reply, char **ret_
                 snprintf(reason, sizeof reason,
                          "Redis's maxmemory-policy is %s: it may evict a pool's keys; set it to noeviction",
                          info_field(reply->str, "maxmemory_policy", policy, sizeof policy) ? policy : "unknown");
+                link->failure = "eviction-policy";
                 link_end(link, REDIS_LINK_FAILED, reason);
                 return -1;
         }
@@ -527,6 +531,7 @@ static void on_setup_reply(RedisLink *link, int error, const redisReply *reply, 
                                  (unsigned) (step - SETUP_SCRIPT), text);
                 else
                         snprintf(reason, sizeof reason, "%s refused: %s", what, text);
+                link->failure = step == SETUP_SELECT ? "database" : step >= SETUP_SCRIPT ? "script" : "auth";
                 link_end(link, state, reason);
                 return;
         }
@@ -605,6 +610,7 @@ static void on_context_end(redisAsyncContext *ac, void *userdata) {
         } else if (ac->err == REDIS_ERR_PROTOCOL) {
                 /* A Redis server never breaks the protocol: this is something else at that address. */
                 state = REDIS_LINK_FAILED;
+                link->failure = "not-redis";
                 snprintf(reason, sizeof reason, "Not a Redis server: %s", ac->errstr);
         } else if (ac->err != 0)
                 snprintf(reason, sizeof reason, "%s", ac->errstr);
@@ -741,6 +747,7 @@ static void link_attempt(RedisLink *link) {
                 if (r < 0) {
                         snprintf(reason, sizeof reason, "Could not read the password file %s: %s",
                                  link->options.password_file, strerror(-r));
+                        link->failure = "password-file";
                         link_attempt_failed(link, REDIS_LINK_FAILED, reason);
                         return;
                 }
@@ -930,6 +937,10 @@ RedisLink *redis_link_free(RedisLink *link) {
 RedisLinkState redis_link_get_state(const RedisLink *link) {
         assert_return(link, _REDIS_LINK_STATE_INVALID);
         return link->phase == PHASE_UP ? REDIS_LINK_UP : link->state == REDIS_LINK_FAILED ? REDIS_LINK_FAILED : REDIS_LINK_DOWN;
+}
+
+const char *redis_link_get_failure(const RedisLink *link) {
+        return link && redis_link_get_state(link) == REDIS_LINK_FAILED ? link->failure : NULL;
 }
 
 const char *redis_link_get_run_id(const RedisLink *link) {

@@ -337,6 +337,8 @@ static PoolConfig *pool_config_free(PoolConfig *p) {
         strv_free(p->members);
         conf_source_done(&p->congestion_timeout_source);
         free(p->backend);
+        free(p->backend_user);
+        free(p->backend_password_file);
         conf_source_done(&p->limit_source);
         conf_source_done(&p->members_source);
         return mfree(p);
@@ -384,6 +386,7 @@ BrokerConfig *conf_free(BrokerConfig *c) {
         free(c->socket_path);
         free(c->state_directory);
         free(c->metrics_textfile);
+        free(c->node_name);
         for (size_t i = 0; i < c->n_pools; i++)
                 pool_config_free(c->pools[i]);
         free(c->pools);
@@ -421,6 +424,7 @@ static int pool_add(BrokerConfig *c, const char *name, const ConfSource *source,
         if (!p)
                 return -ENOMEM;
         p->max_queue = -1;
+        p->backend_node_ttl = CONF_NODE_TTL_DEFAULT;
         p->name = strdup(name);
         if (!p->name || conf_source_copy(&p->source, source) < 0) {
                 pool_config_free(p);
@@ -791,6 +795,28 @@ static int set_pool_backend(const ConfKey *k, void *object, const char *value, c
         return 0;
 }
 
+/* A word for a protocol field (node-name=, backend-user=): printable, no space, at most k->max bytes. */
+static int set_word(const ConfKey *k, void *object, const char *value, const ConfSource *source, ConfErrors *errors) {
+        char **field = FIELD(object, k, char *), q[QUOTE_MAX];
+        char *v = NULL;
+
+        if (*value) {
+                if (strlen(value) > k->max)
+                        return conf_errors_add(errors, source, k->name, "%s is too long (at most %" PRIu64 " bytes)",
+                                               quote(q, value), k->max);
+                for (const char *i = value; *i; i++)
+                        if (!isgraph((unsigned char) *i))
+                                return conf_errors_add(errors, source, k->name,
+                                                       "%s contains a space or a control character", quote(q, value));
+                v = strdup(value);
+                if (!v)
+                        return oom(errors, source, k->name);
+        }
+        free(*field);
+        *field = v;
+        return 0;
+}
+
 static int set_lane_pools(const ConfKey *k, void *object, const char *value, const ConfSource *source,
                           ConfErrors *errors) {
         LaneConfig *l = object;
@@ -944,6 +970,7 @@ static const ConfKey broker_keys[] = {
           .def = DEFAULT_REVOKE_GRACE },
         { "exit-idle-after", set_duration, offsetof(BrokerConfig, exit_idle_after), .min = USEC_PER_MSEC,
           .max = USEC_INFINITY, .def = USEC_INFINITY },
+        { "node-name", set_word, offsetof(BrokerConfig, node_name), .max = 255 },
         { "max-connections", set_unsigned, offsetof(BrokerConfig, max_connections), .min = 1, .max = CONNECTIONS_MAX,
           .def = DEFAULT_MAX_CONNECTIONS },
         { "max-connections-per-uid", set_unsigned, offsetof(BrokerConfig, max_connections_per_uid), .min = 1,
@@ -963,6 +990,10 @@ static const ConfKey pool_keys[] = {
         { "queue-congestion-timeout", set_pool_congestion_timeout, .min = 0, .max = USEC_INFINITY - 1 },
         { "max-queue", set_cap, offsetof(PoolConfig, max_queue), .min = 0, .max = INT64_MAX, .infinity = true },
         { "backend", set_pool_backend },
+        { "backend-user", set_word, offsetof(PoolConfig, backend_user), .max = 255 },
+        { "backend-password-file", set_path, offsetof(PoolConfig, backend_password_file), .max = PATH_MAX - 1 },
+        { "backend-node-ttl", set_duration, offsetof(PoolConfig, backend_node_ttl), .min = USEC_PER_SEC,
+          .max = 24 * USEC_PER_HOUR, .def = CONF_NODE_TTL_DEFAULT },
 };
 
 static const ConfKey lane_keys[] = {
@@ -1204,6 +1235,15 @@ static int validate_pool(const BrokerConfig *c, const PoolConfig *p, ConfErrors 
         char a[TIMESPAN_MAX], b[TIMESPAN_MAX];
         int r = 0;
 
+        /* memo §4.3: the node fences at TTL − (revoke-grace + 2 s) after its last acknowledged heartbeat. */
+        if (p->backend &&
+            p->backend_node_ttl < usec_add(usec_add(c->revoke_grace, 2 * USEC_PER_SEC), CONF_NODE_TTL_WINDOW_MIN))
+                r = conf_errors_add(errors, &p->source, "backend-node-ttl",
+                                    "pool %s: backend-node-ttl=%s must be at least revoke-grace + 5s (%s), or its leases would be revoked at the first missed heartbeat",
+                                    p->name, timespan_format(a, sizeof a, p->backend_node_ttl),
+                                    timespan_format(b, sizeof b,
+                                                    usec_add(usec_add(c->revoke_grace, 2 * USEC_PER_SEC),
+                                                             CONF_NODE_TTL_WINDOW_MIN)));
         if (p->n_members == 0 && p->limit_given == 0)
                 r = conf_errors_add(errors, &p->source, "limit", "pool %s has no slots: set limit= or members=",
                                     p->name);
@@ -1333,6 +1373,10 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
         fprintf(f, "reclaim-grace=%s\n", timespan_format(t, sizeof t, c->reclaim_grace));
         fprintf(f, "revoke-grace=%s\n", timespan_format(t, sizeof t, c->revoke_grace));
         fprintf(f, "exit-idle-after=%s\n", timespan_format(t, sizeof t, c->exit_idle_after));
+        if (c->node_name)
+                fprintf(f, "node-name=%s\n", c->node_name);
+        else
+                fputs("#node-name= (unset: the hostname)\n", f);
         fprintf(f, "max-connections=%u\n", c->max_connections);
         fprintf(f, "max-connections-per-uid=%u\n", c->max_connections_per_uid);
         fprintf(f, "max-waiters-per-uid=%u\n", c->max_waiters_per_uid);
@@ -1358,6 +1402,12 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
                         fputs("#queue-congestion-timeout= (unset: queue-timeout/10, at least min(1s, queue-timeout))\n", f);
                 dump_cap(f, "max-queue", p->max_queue);
                 dump_path(f, "backend", p->backend, "local");
+                if (p->backend) {
+                        if (p->backend_user)
+                                fprintf(f, "backend-user=%s\n", p->backend_user);
+                        dump_path(f, "backend-password-file", p->backend_password_file, "no AUTH");
+                        fprintf(f, "backend-node-ttl=%s\n", timespan_format(t, sizeof t, p->backend_node_ttl));
+                }
         }
 
         for (size_t i = 0; i < c->n_lanes; i++) {

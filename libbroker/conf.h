@@ -51,6 +51,9 @@ typedef struct PoolConfig {
         ConfSource congestion_timeout_source;
         int64_t max_queue;            /* -1: no cap; 0: nobody may wait */
         char *backend;                /* NULL: local; a redis:// or unix:// URL (redis-endpoint.h) */
+        char *backend_user;           /* ACL user for AUTH; NULL: Redis's default user */
+        char *backend_password_file;  /* NULL: no AUTH */
+        usec_t backend_node_ttl;      /* how long Redis keeps a silent node's leases (CONF_NODE_TTL_DEFAULT) */
         /* Kept for conf_validate() and conf_dump(); the engine needs only `limit`. */
         unsigned limit_given;         /* limit= as written; 0: not given */
         ConfSource limit_source;
@@ -87,6 +90,7 @@ typedef struct BrokerConfig {
         usec_t reclaim_grace;         /* how long a restored connection-held lease waits for its owner */
         usec_t revoke_grace;          /* how long a revoked holder without a command has to let go */
         usec_t exit_idle_after;       /* USEC_INFINITY: never exit when idle */
+        char *node_name;              /* this daemon's name in shared pools; NULL: the hostname */
         /* per-client limits (SPEC §10) */
         unsigned max_connections;
         unsigned max_connections_per_uid;
@@ -117,6 +121,10 @@ typedef struct ConfErrors {
 #define CONF_NAME_MAX 64              /* pool, lane and member names: [A-Za-z0-9._-]{1,64} */
 #define CONF_LIMIT_MAX 1000000U       /* slots per pool */
 #define CONF_SECTIONS_MAX 4096        /* pools, and lanes, per configuration */
+#define CONF_NODE_TTL_DEFAULT (30 * USEC_PER_SEC)
+/* backend-node-ttl must leave this much of a heartbeat window once the self-fence margin (revoke-grace + 2 s)
+ * is taken off: below it a node would fence itself at the first missed heartbeat. */
+#define CONF_NODE_TTL_WINDOW_MIN (3 * USEC_PER_SEC)
 
 int conf_new(BrokerConfig **ret);
 BrokerConfig *conf_free(BrokerConfig *c);

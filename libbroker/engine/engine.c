@@ -944,6 +944,12 @@ int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret)
                 .next_token = info.next_token,
                 .members = p->members,
                 .drained_members = info.drained_members,
+                .remote = info.remote,
+                .backend_up = info.backend_up,
+                .unavailable = info.unavailable,
+                .differing_keys = info.differing_keys,
+                .rtt = info.rtt,
+                .n_nodes = info.n_nodes,
         };
         return 0;
 }

@@ -211,6 +211,13 @@ typedef struct EnginePoolInfo {
         uint64_t next_token;
         char *const *members;     /* NULL-terminated, or NULL */
         char *const *drained_members; /* NULL-terminated, or NULL */
+        /* A pool kept by a backend (remote true; the fields below mean nothing otherwise): PoolInfo's. */
+        bool remote;
+        bool backend_up;
+        const char *unavailable;
+        char *const *differing_keys;
+        usec_t rtt;
+        unsigned n_nodes;
 } EnginePoolInfo;
 
 /* The configured pools, in configuration order. */

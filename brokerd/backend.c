@@ -1,0 +1,557 @@
+/* SPDX-License-Identifier: MIT */
+#include "backend.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <syslog.h>
+#include <time.h>
+
+#include "log.h"
+#include "macro.h"
+#include "redis-endpoint.h"
+#include "redis-link.h"
+#include "shared-scripts.h"
+
+#define XREAD_COUNT "256"
+#define XREAD_BLOCK (5 * USEC_PER_SEC)
+#define READ_RETRY (1 * USEC_PER_SEC)
+#define WAITER_GRACE (5 * USEC_PER_SEC)
+#define HEARTBEAT (1 * USEC_PER_SEC)
+
+/* One pool on a Backend. serial tells a reply for a pool that was freed (and maybe replaced at the same
+ * address) from one for the live pool. */
+typedef struct BackendPool {
+        Pool *pool;
+        uint64_t serial;
+        SharedPoolParams params;
+} BackendPool;
+
+struct Backend {
+        BackendTable *table;
+        char *url, *user, *password_file; /* what makes two pools' backends the same one */
+        RedisLink *commands;
+        RedisLink *reader;
+        unsigned scripts[_SHARED_SCRIPT_MAX];
+        BackendPool **pools;
+        size_t n_pools;
+        uint64_t next_serial;
+        sd_event_source *flush;         /* defer: send what the pools queued, after this dispatch */
+        sd_event_source *fence_timer;   /* CLOCK_BOOTTIME: the earliest self-fence deadline */
+        sd_event_source *read_retry;    /* after an error reply to XREAD: not a busy loop */
+        bool reading;                   /* an XREAD is in flight */
+};
+
+/* What a reply callback needs to find its pool again. */
+typedef struct InFlight {
+        Backend *backend;
+        uint64_t serial;
+        uint64_t call_id;
+        usec_t sent_boot;
+} InFlight;
+
+/* Liveness counts while a host is suspended: CLOCK_BOOTTIME (memo §4.3). */
+static usec_t now_boottime(void) {
+        struct timespec ts;
+        if (clock_gettime(CLOCK_BOOTTIME, &ts) < 0)
+                return now_monotonic();
+        return (usec_t) ts.tv_sec * USEC_PER_SEC + (usec_t) ts.tv_nsec / 1000;
+}
+
+static BackendPool *backend_find_serial(Backend *b, uint64_t serial) {
+        for (size_t i = 0; i < b->n_pools; i++)
+                if (b->pools[i]->serial == serial)
+                        return b->pools[i];
+        return NULL;
+}
+
+/* ---- hiredis replies to RespValues ---- */
+
+static size_t reply_count(const redisReply *r) {
+        size_t n = 1;
+        if (r->type == REDIS_REPLY_ARRAY)
+                for (size_t i = 0; i < r->elements; i++)
+                        n += reply_count(r->element[i]);
+        return n;
+}
+
+/* Fills *v from r, children from *next on (a flat array sized by reply_count()). Strings stay hiredis's. */
+static void reply_convert(const redisReply *r, RespValue *v, RespValue **next) {
+        *v = (RespValue) {};
+        switch (r->type) {
+        case REDIS_REPLY_STRING:
+        case REDIS_REPLY_STATUS:
+                v->type = RESP_STRING;
+                v->str = r->str;
+                v->len = r->len;
+                break;
+        case REDIS_REPLY_ERROR:
+                v->type = RESP_ERROR;
+                v->str = r->str;
+                v->len = r->len;
+                break;
+        case REDIS_REPLY_INTEGER:
+                v->type = RESP_INTEGER;
+                v->integer = r->integer;
+                break;
+        case REDIS_REPLY_ARRAY: {
+                RespValue *children = *next;
+                *next += r->elements;
+                v->type = RESP_ARRAY;
+                v->elements = children;
+                v->n = r->elements;
+                for (size_t i = 0; i < r->elements; i++)
+                        reply_convert(r->element[i], children + i, next);
+                break;
+        }
+        default:
+                v->type = RESP_NIL;
+        }
+}
+
+/* The RespValue tree of r in one allocation (NULL: out of memory), valid as long as r. */
+static RespValue *reply_to_resp(const redisReply *r) {
+        RespValue *all = calloc(reply_count(r), sizeof(RespValue));
+        if (!all)
+                return NULL;
+        RespValue *next = all + 1;
+        reply_convert(r, all, &next);
+        return all;
+}
+
+/* ---- after every callback: notices, the fence timer, what to send ---- */
+
+static void backend_wake(void *userdata) {
+        Backend *b = userdata;
+        (void) sd_event_source_set_enabled(b->flush, SD_EVENT_ONESHOT);
+}
+
+static void backend_start_read(Backend *b);
+
+static void backend_after(Backend *b) {
+        usec_t fence = USEC_INFINITY;
+        for (size_t i = 0; i < b->n_pools; i++) {
+                Pool *p = b->pools[i]->pool;
+                SharedNotice n;
+                while (pool_shared_pop_notice(p, &n)) {
+                        if (b->table->on_notice)
+                                b->table->on_notice(p->name, &n, b->table->userdata);
+                        shared_notice_done(&n);
+                }
+                usec_t f = pool_shared_fence_deadline(p);
+                if (f < fence)
+                        fence = f;
+        }
+        if (fence == USEC_INFINITY)
+                (void) sd_event_source_set_enabled(b->fence_timer, SD_EVENT_OFF);
+        else {
+                (void) sd_event_source_set_time(b->fence_timer, fence);
+                (void) sd_event_source_set_enabled(b->fence_timer, SD_EVENT_ONESHOT);
+        }
+        backend_wake(b);
+        backend_start_read(b);
+}
+
+/* ---- script calls ---- */
+
+static void on_call_reply(RedisLink *link, int error, const redisReply *reply, void *userdata) {
+        _cleanup_free_ InFlight *f = userdata;
+        Backend *b = f->backend;
+        BackendPool *bp = backend_find_serial(b, f->serial);
+        if (!bp)
+                return; /* the pool went away meanwhile */
+
+        _cleanup_free_ RespValue *v = NULL;
+        if (error == 0 && b->table->on_rtt)
+                b->table->on_rtt(bp->pool->name, now_boottime() - MIN(now_boottime(), f->sent_boot), b->table->userdata);
+        if (error == 0) {
+                v = reply_to_resp(reply);
+                if (!v)
+                        error = -ENOMEM; /* as a lost reply: the call is made again, identical */
+        }
+        pool_shared_call_done(bp->pool, f->call_id, error, v, f->sent_boot, now_monotonic());
+        backend_after(b);
+}
+
+static void backend_send_calls(Backend *b, BackendPool *bp) {
+        const SharedCall *c;
+        usec_t now = now_monotonic();
+        while (pool_shared_take_call(bp->pool, now, &c)) {
+                InFlight *f = calloc(1, sizeof(InFlight));
+                int r = -ENOMEM;
+                if (f) {
+                        *f = (InFlight) { .backend = b, .serial = bp->serial, .call_id = c->id, .sent_boot = now_boottime() };
+                        r = redis_link_evalsha(b->commands, b->scripts[c->script], on_call_reply, f, c->n_keys,
+                                               (int) c->argc, c->argv, c->argvlen);
+                }
+                if (r < 0) {
+                        free(f);
+                        /* Not sent: the pool sends it again once the link is (back) up. */
+                        pool_shared_call_done(bp->pool, c->id, r == -ENOMEM ? -ENOMEM : -ENOTCONN, NULL,
+                                              now_boottime(), now);
+                        return;
+                }
+        }
+}
+
+static int on_flush(sd_event_source *s, void *userdata) {
+        Backend *b = userdata;
+        for (size_t i = 0; i < b->n_pools; i++)
+                backend_send_calls(b, b->pools[i]);
+        /* Sending decides nothing; a refused send may have queued notices. */
+        for (size_t i = 0; i < b->n_pools; i++) {
+                SharedNotice n;
+                while (pool_shared_pop_notice(b->pools[i]->pool, &n)) {
+                        if (b->table->on_notice)
+                                b->table->on_notice(b->pools[i]->pool->name, &n, b->table->userdata);
+                        shared_notice_done(&n);
+                }
+        }
+        return 0;
+}
+
+static int on_fence_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        Backend *b = userdata;
+        usec_t boot = now_boottime(), now = now_monotonic();
+        for (size_t i = 0; i < b->n_pools; i++)
+                pool_shared_fence_check(b->pools[i]->pool, boot, now);
+        backend_after(b);
+        return 0;
+}
+
+/* ---- the stream reader ---- */
+
+static BackendPool *backend_find_stream(Backend *b, const char *key, size_t len) {
+        for (size_t i = 0; i < b->n_pools; i++) {
+                const char *k = pool_shared_stream_key(b->pools[i]->pool);
+                if (k && strlen(k) == len && memcmp(k, key, len) == 0)
+                        return b->pools[i];
+        }
+        return NULL;
+}
+
+/* XREAD's reply: [[key, [[id, [field, value, …]], …]], …], or nil when the block ran out. */
+static void backend_read_entries(Backend *b, const redisReply *reply) {
+        usec_t now = now_monotonic();
+        for (size_t i = 0; i < reply->elements; i++) {
+                const redisReply *s = reply->element[i];
+                if (s->type != REDIS_REPLY_ARRAY || s->elements != 2 || s->element[0]->type != REDIS_REPLY_STRING ||
+                    s->element[1]->type != REDIS_REPLY_ARRAY)
+                        continue;
+                BackendPool *bp = backend_find_stream(b, s->element[0]->str, s->element[0]->len);
+                if (!bp)
+                        continue;
+                const redisReply *entries = s->element[1];
+                for (size_t j = 0; j < entries->elements; j++) {
+                        const redisReply *e = entries->element[j];
+                        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 || e->element[0]->type != REDIS_REPLY_STRING)
+                                continue;
+                        _cleanup_free_ RespValue *fields = reply_to_resp(e->element[1]);
+                        if (!fields)
+                                return; /* read again from the last entry handed in */
+                        pool_shared_stream_entry(bp->pool, e->element[0]->str, fields, now);
+                }
+        }
+}
+
+static void on_read_reply(RedisLink *link, int error, const redisReply *reply, void *userdata) {
+        Backend *b = userdata;
+        b->reading = false;
+        if (error == 0 && reply->type == REDIS_REPLY_ARRAY)
+                backend_read_entries(b, reply);
+        else if (error == 0 && reply->type == REDIS_REPLY_ERROR) {
+                log_warning("Redis refused to read the streams of shared pools: %s", reply->str);
+                (void) sd_event_source_set_time_relative(b->read_retry, READ_RETRY);
+                (void) sd_event_source_set_enabled(b->read_retry, SD_EVENT_ONESHOT);
+                backend_after(b);
+                return;
+        }
+        /* An error (< 0): the link reconnects and says so; the read starts again then. */
+        backend_after(b);
+}
+
+static void backend_start_read(Backend *b) {
+        if (b->reading || redis_link_get_state(b->reader) != REDIS_LINK_UP)
+                return;
+        int enabled = SD_EVENT_OFF;
+        (void) sd_event_source_get_enabled(b->read_retry, &enabled);
+        if (enabled != SD_EVENT_OFF)
+                return;
+
+        size_t n = 0;
+        for (size_t i = 0; i < b->n_pools; i++)
+                if (pool_shared_stream_resume_id(b->pools[i]->pool) && pool_shared_stream_key(b->pools[i]->pool))
+                        n++;
+        if (n == 0)
+                return; /* nothing to read before a pool's first tick: it gives the id to read from */
+
+        _cleanup_free_ const char **argv = calloc(6 + 2 * n, sizeof(const char *));
+        if (!argv)
+                return; /* tried again after the next reply */
+        size_t k = 0;
+        argv[k++] = "XREAD";
+        argv[k++] = "COUNT";
+        argv[k++] = XREAD_COUNT;
+        argv[k++] = "BLOCK";
+        argv[k++] = "5000";
+        argv[k++] = "STREAMS";
+        for (size_t i = 0; i < b->n_pools; i++)
+                if (pool_shared_stream_resume_id(b->pools[i]->pool) && pool_shared_stream_key(b->pools[i]->pool))
+                        argv[k++] = pool_shared_stream_key(b->pools[i]->pool);
+        for (size_t i = 0; i < b->n_pools; i++)
+                if (pool_shared_stream_resume_id(b->pools[i]->pool) && pool_shared_stream_key(b->pools[i]->pool))
+                        argv[k++] = pool_shared_stream_resume_id(b->pools[i]->pool);
+        if (redis_link_command_blocking(b->reader, XREAD_BLOCK, on_read_reply, b, (int) k, argv, NULL) >= 0)
+                b->reading = true;
+}
+
+static int on_read_retry(sd_event_source *s, uint64_t usec, void *userdata) {
+        backend_start_read(userdata);
+        return 0;
+}
+
+/* ---- the links ---- */
+
+static void on_link_log(RedisLink *link, int priority, const char *message, void *userdata) {
+        Backend *b = userdata;
+        log_full_errno(priority, 0, "Redis %s: %s", b->url, message);
+}
+
+static void on_commands_state(RedisLink *link, RedisLinkState state, const char *detail, void *userdata) {
+        Backend *b = userdata;
+        usec_t now = now_monotonic();
+        for (size_t i = 0; i < b->n_pools; i++) {
+                Pool *p = b->pools[i]->pool;
+                if (state == REDIS_LINK_UP)
+                        pool_shared_link_up(p, detail ?: "", now);
+                else if (state == REDIS_LINK_FAILED)
+                        /* The word is what Status and the journal show; the link logged the sentence. */
+                        pool_shared_link_failed(p, redis_link_get_failure(link) ?: "backend", now);
+                else
+                        pool_shared_link_down(p, now);
+        }
+        backend_after(b);
+}
+
+static void on_reader_state(RedisLink *link, RedisLinkState state, const char *detail, void *userdata) {
+        Backend *b = userdata;
+        if (state != REDIS_LINK_UP)
+                b->reading = false;
+        backend_after(b);
+}
+
+static Backend *backend_free(Backend *b) {
+        if (!b)
+                return NULL;
+        redis_link_free(b->commands);
+        redis_link_free(b->reader);
+        sd_event_source_disable_unref(b->flush);
+        sd_event_source_disable_unref(b->fence_timer);
+        sd_event_source_disable_unref(b->read_retry);
+        for (size_t i = 0; i < b->n_pools; i++)
+                free(b->pools[i]);
+        free(b->pools);
+        free(b->url);
+        free(b->user);
+        free(b->password_file);
+        return mfree(b);
+}
+
+static int backend_new(BackendTable *t, const PoolConfig *pc, Backend **ret) {
+        RedisEndpoint endpoint;
+        int r = redis_endpoint_parse(pc->backend, &endpoint);
+        if (r < 0)
+                return r;
+
+        Backend *b = calloc(1, sizeof(Backend));
+        if (!b) {
+                redis_endpoint_done(&endpoint);
+                return -ENOMEM;
+        }
+        b->table = t;
+        b->url = strdup(pc->backend);
+        if (!b->url || strdup_or_null(pc->backend_user, &b->user) < 0 ||
+            strdup_or_null(pc->backend_password_file, &b->password_file) < 0)
+                r = -ENOMEM;
+        if (r >= 0)
+                r = sd_event_add_defer(t->event, &b->flush, on_flush, b);
+        if (r >= 0)
+                r = sd_event_add_time(t->event, &b->fence_timer, CLOCK_BOOTTIME, USEC_INFINITY, 1, on_fence_timer, b);
+        if (r >= 0)
+                r = sd_event_add_time(t->event, &b->read_retry, CLOCK_MONOTONIC, USEC_INFINITY, 1, on_read_retry, b);
+        if (r >= 0) {
+                (void) sd_event_source_set_enabled(b->flush, SD_EVENT_OFF);
+                (void) sd_event_source_set_enabled(b->fence_timer, SD_EVENT_OFF);
+                (void) sd_event_source_set_enabled(b->read_retry, SD_EVENT_OFF);
+        }
+        RedisLinkOptions o = {
+                .user = pc->backend_user,
+                .password_file = pc->backend_password_file,
+                .on_state = on_commands_state,
+                .on_log = on_link_log,
+                .userdata = b,
+        };
+        if (r >= 0)
+                r = redis_link_new(t->event, &endpoint, &o, &b->commands);
+        if (r >= 0) {
+                o.blocking = true;
+                o.on_state = on_reader_state;
+                r = redis_link_new(t->event, &endpoint, &o, &b->reader);
+        }
+        redis_endpoint_done(&endpoint);
+        /* Scripts by the engine's names: the embedded table's order is the build's, not SharedScript's. */
+        for (int s = 0; r >= 0 && s < _SHARED_SCRIPT_MAX; s++) {
+                const char *name = shared_script_to_string(s);
+                const SharedScriptText *text = NULL;
+                for (size_t i = 0; i < shared_scripts_n; i++)
+                        if (streq(shared_scripts[i].name, name))
+                                text = shared_scripts + i;
+                r = text ? redis_link_add_script(b->commands, text->text, &b->scripts[s]) : -ENOENT;
+        }
+        if (r < 0) {
+                backend_free(b);
+                return r;
+        }
+        *ret = b;
+        return 0;
+}
+
+static bool backend_matches(const Backend *b, const PoolConfig *pc) {
+        return streq(b->url, pc->backend) && streq_ptr(b->user, pc->backend_user) &&
+               streq_ptr(b->password_file, pc->backend_password_file);
+}
+
+/* ---- the table ---- */
+
+void backend_table_init(BackendTable *t, sd_event *event, const Node *node) {
+        *t = (BackendTable) { .event = event, .node = node };
+}
+
+static BackendTable *the_table;
+
+void backend_table_done(BackendTable *t) {
+        for (size_t i = 0; i < t->n_backends; i++)
+                backend_free(t->backends[i]);
+        t->backends = mfree(t->backends);
+        t->n_backends = 0;
+        if (the_table == t)
+                the_table = NULL;
+}
+
+/* The engine frees pools through their ops; a shared pool's free must also take it off its Backend (and
+ * free the Backend with its last pool), so the pools made here get a copy of pool-shared's ops whose free
+ * does that first. The engine stays unaware of Backends. */
+static PoolOps backend_pool_ops;
+static void (*shared_pool_free)(Pool *p);
+/* the_table (above): one per process, as brokerd has one Manager; the factory refuses a second. */
+
+static void backend_pool_free(Pool *p) {
+        BackendTable *t = the_table;
+        for (size_t i = 0; t && i < t->n_backends; i++) {
+                Backend *b = t->backends[i];
+                for (size_t j = 0; j < b->n_pools; j++) {
+                        if (b->pools[j]->pool != p)
+                                continue;
+                        free(b->pools[j]);
+                        memmove(b->pools + j, b->pools + j + 1, (b->n_pools - j - 1) * sizeof(BackendPool *));
+                        if (--b->n_pools == 0) {
+                                backend_free(b);
+                                memmove(t->backends + i, t->backends + i + 1, (t->n_backends - i - 1) * sizeof(Backend *));
+                                t->n_backends--;
+                        }
+                        goto done;
+                }
+        }
+done:
+        shared_pool_free(p);
+}
+
+int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn emit, void *emit_userdata,
+                           void *userdata, Pool **ret) {
+        BackendTable *t = userdata;
+        int r;
+
+        if (!pc || !pc->backend || !t || !t->node)
+                return -EINVAL;
+        if (the_table && the_table != t)
+                return -EBUSY;
+        the_table = t;
+
+        Backend *b = NULL;
+        for (size_t i = 0; i < t->n_backends && !b; i++)
+                if (backend_matches(t->backends[i], pc))
+                        b = t->backends[i];
+        bool made = false;
+        if (!b) {
+                Backend **n = realloc(t->backends, (t->n_backends + 1) * sizeof(Backend *));
+                if (!n)
+                        return -ENOMEM;
+                t->backends = n;
+                r = backend_new(t, pc, &b);
+                if (r < 0)
+                        return r;
+                t->backends[t->n_backends++] = b;
+                made = true;
+        }
+
+        BackendPool **n = realloc(b->pools, (b->n_pools + 1) * sizeof(BackendPool *));
+        BackendPool *bp = n ? calloc(1, sizeof(BackendPool)) : NULL;
+        if (n)
+                b->pools = n;
+        r = bp ? 0 : -ENOMEM;
+        if (bp) {
+                bp->serial = ++b->next_serial;
+                bp->params = (SharedPoolParams) {
+                        .node_id = t->node->id,
+                        .node_name = t->node->name,
+                        .node_ttl = pc->backend_node_ttl,
+                        .revoke_grace = t->revoke_grace,
+                        .waiter_grace = WAITER_GRACE,
+                        .heartbeat = HEARTBEAT,
+                        .random = t->random,
+                        .random_userdata = t->userdata,
+                        .wake = backend_wake,
+                        .wake_userdata = b,
+                };
+                r = pool_shared_new(name, &bp->params, emit, emit_userdata, &bp->pool);
+        }
+        if (r < 0) {
+                free(bp);
+                if (made) {
+                        backend_free(b);
+                        t->n_backends--;
+                }
+                return r;
+        }
+        if (!shared_pool_free) {
+                shared_pool_free = bp->pool->ops->free;
+                backend_pool_ops = *bp->pool->ops;
+                backend_pool_ops.free = backend_pool_free;
+        }
+        bp->pool->ops = &backend_pool_ops;
+        b->pools[b->n_pools++] = bp;
+
+        /* A link already up tells only the pools it knew: this one learns it here. */
+        if (redis_link_get_state(b->commands) == REDIS_LINK_UP)
+                pool_shared_link_up(bp->pool, redis_link_get_run_id(b->commands) ?: "", now_monotonic());
+        backend_wake(b);
+        *ret = bp->pool;
+        return 0;
+}
+
+void backend_table_set_last_alive(BackendTable *t, usec_t realtime) {
+        if (realtime == 0)
+                return;
+        /* Realtime to CLOCK_BOOTTIME by the distance from now: a wall clock step meanwhile moves it, which
+         * only an alive mark in the future could make late, and that is clamped to now. */
+        usec_t now_real = now_realtime(), boot = now_boottime();
+        usec_t ago = now_real > realtime ? now_real - realtime : 0;
+        usec_t at = boot > ago ? boot - ago : 0;
+        for (size_t i = 0; i < t->n_backends; i++) {
+                Backend *b = t->backends[i];
+                for (size_t j = 0; j < b->n_pools; j++)
+                        pool_shared_set_last_ack(b->pools[j]->pool, at);
+                backend_after(b);
+        }
+}

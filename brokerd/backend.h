@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+/* backend.h — the Redis side of shared pools (memo §1.6): one Backend per distinct endpoint and
+ * credentials, made by the engine's pool factory when a pool names it and freed with its last pool.
+ *
+ * A Backend has two RedisLinks: one for the pools' script calls (EVALSHA, in the order each pool's outbox
+ * gives them) and one blocked in XREAD on this node's stream of every pool on it, resumed from the last
+ * entry handed in. It turns hiredis replies into RespValues for pool-shared.c (which decides nothing either:
+ * Redis does), tells the pools when the link goes up or down, arms the CLOCK_BOOTTIME self-fence timer, and
+ * hands their notices to its owner. The decisions the pools emit reach the engine; the manager's drain,
+ * which follows every dispatch, processes them. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <systemd/sd-event.h>
+
+#include "conf.h"
+#include "engine.h"
+#include "node.h"
+#include "pool-shared.h"
+#include "time-util.h"
+
+typedef struct Backend Backend;
+
+typedef struct BackendTable {
+        sd_event *event;
+        const Node *node;               /* the owner's; outlives the table */
+        usec_t revoke_grace;            /* [broker] revoke-grace: part of the self-fence margin */
+        uint64_t (*random)(void *userdata);
+        /* A notice of pool `pool` (backend lost/regained, node expired, rules, recovery, fenced). */
+        void (*on_notice)(const char *pool, const SharedNotice *n, void *userdata);
+        /* A call of pool `pool` answered after rtt (metrics). May be NULL. */
+        void (*on_rtt)(const char *pool, usec_t rtt, void *userdata);
+        void *userdata;                 /* of random, on_notice and on_rtt */
+        Backend **backends;
+        size_t n_backends;
+} BackendTable;
+
+void backend_table_init(BackendTable *t, sd_event *event, const Node *node);
+/* Frees the backends that are left (their pools are the engine's: free the engine first). */
+void backend_table_done(BackendTable *t);
+
+/* An EnginePoolFactoryFn, userdata the BackendTable: a pool-shared on the Backend of pc's endpoint and
+ * credentials (made on first use). Returns 0, -EINVAL (a backend= that does not parse), -ENOMEM, or
+ * sd-event's error. */
+int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn emit, void *emit_userdata,
+                           void *userdata, Pool **ret);
+
+/* A restarted daemon's last proof of life (the lease log's alive mark, realtime µs; 0: none): until a
+ * heartbeat is acknowledged, the leases restored into shared pools fence from it (memo §4.7, CONNECTING),
+ * so that a restart while Redis is unreachable still revokes them in time. */
+void backend_table_set_last_alive(BackendTable *t, usec_t realtime);
