@@ -96,12 +96,22 @@ class Broker:
         self.config = os.path.join(self.dir, "brokerd.conf")
         self.write_config(config)
         self.log = open(os.path.join(self.dir, "brokerd.log"), "w")
+        self.env = dict(os.environ, **(env or {}))
+        self.start()
+
+    def start(self):
         self.proc = subprocess.Popen(
             [BROKERD, "--config", self.config, "--socket", self.socket,
              "--state-directory", os.path.join(self.dir, "state")],
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-            env=dict(os.environ, **(env or {})))
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         wait_for(self.connectable, 10, "brokerd to accept connections")
+
+    def kill_and_restart(self):
+        """SIGKILL, then a new brokerd on the same socket and state (it restores the leases); same log."""
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        os.unlink(self.socket)
+        self.start()
 
     def write_config(self, text):
         with open(self.config, "w") as f:
@@ -460,7 +470,7 @@ class Timeouts(SlotctlTest):
         self.assertLess(time.monotonic() - start, 10)
 
 
-class Fencing(SlotctlTest):
+class FencedTest(SlotctlTest):
     """slotctl run asks for fence; brokerd renews only where a lease needs it (shared pools), so these tests
     use brokerd's test hook, which renews every fenced lease every FENCE_MS / 4 with a fence of FENCE_MS."""
     FENCE_MS = 2000
@@ -482,8 +492,11 @@ class Fencing(SlotctlTest):
         # A renewal logged after the command started was sent after the grant (brokerd logs it once the
         # replies went out): slotctl has it in its socket, whatever becomes of brokerd now.
         seen = self.renewals()
-        wait_for(lambda: self.renewals() > seen, 10, "a renewal")
+        wait_for(lambda: self.renewals() > seen, 10 + self.FENCE_MS / 1000, "a renewal")
         return p
+
+
+class Fencing(FencedTest):
 
     def test_stopped_broker_means_the_command_is_stopped_with_124(self):
         term = self.path("term")
@@ -507,6 +520,22 @@ class Fencing(SlotctlTest):
         self.assertIsNone(p.poll(), "the command was stopped although renewals kept coming")
         open(stop, "w").close()
         self.assertEqual(p.wait(10), 0)
+
+
+class FencedReclaim(FencedTest):
+    # A fence that outlasts a restart of brokerd on a loaded machine.
+    FENCE_MS = 12000
+
+    def test_reclaim_after_a_restart_asks_for_renewals_again(self):
+        stop = self.path("stop")
+        p = self.start_fenced(f'while [ ! -e "{stop}" ]; do sleep 0.05; done')
+        self.broker.kill_and_restart()
+        # The new brokerd renews only a session that reclaimed the lease with fence.
+        seen = self.renewals()
+        wait_for(lambda: self.renewals() > seen, 20, "a renewal of the reclaimed lease")
+        open(stop, "w").close()
+        self.assertEqual(p.wait(10), 0)
+        self.assertIn("reclaimed", p.stderr.read())
 
 
 class Job(SlotctlTest):
