@@ -129,7 +129,8 @@ void session_on_lease_event(SessionTable *t, const LeaseEvent *ev);
 void session_lease_revoke(Lease *l, const char *reason);
 /* The lease s holds is safe for fence_in from now (the shared pool's heartbeat was acknowledged): s hears
  * {state: "held", fenceInMs} when its Acquire asked for fence, and stops its command should no renewal
- * follow in time (io.slotbroker(7)). Nothing is sent otherwise. Returns whether a renewal went out. */
+ * follow in time (io.slotbroker(7)). Nothing is sent otherwise. The caller paces them (design memo 4.4: when
+ * the deadline moved by a second or more, at most once a second). Returns whether a renewal went out. */
 bool session_lease_renew(Session *s, usec_t fence_in);
 /* Release of l from session by (its holder, or another connection of its uid or root): the holder hears
  * "released" (or "revoked" while l's command runs) before by's reply. */
