@@ -65,7 +65,7 @@ void session_acquire(Session *s, const VarlinkCall *call) {
         AcquireCall *a = &s->acquire;
         const char *lane = NULL, *job = NULL, *reclaim = NULL;
         unsigned slots = 1;
-        bool wait = true, detach = false;
+        bool wait = true, detach = false, fence = false;
         int64_t queue_wait_ms = 0, pid = 0, pidfd_index = -1, max_hold_ms = 0;
         const char *bad = NULL;
 
@@ -85,6 +85,7 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                 { "reclaim", JSON_FIELD_STRING, 0, &reclaim, .max_length = 64 },
                 { "detach", JSON_FIELD_BOOL, 0, &detach },
                 { "maxHoldMs", JSON_FIELD_INT64, 0, &max_hold_ms, 1, MAX_HOLD_MS_MAX },
+                { "fence", JSON_FIELD_BOOL, 0, &fence },
                 {},
         };
         int r = json_dispatch(call->parameters, table, 0, &bad);
@@ -127,6 +128,7 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                 a->active = true;
                 a->more = call->flags & VARLINK_CALL_MORE;
                 a->detach = false;
+                a->fence = fence;
                 answer_grant(s, l);
                 return;
         }
@@ -168,6 +170,7 @@ void session_acquire(Session *s, const VarlinkCall *call) {
         a->active = true;
         a->more = call->flags & VARLINK_CALL_MORE;
         a->detach = detach;
+        a->fence = fence;
         a->slots = slots;
         a->max_hold = max_hold_ms > 0 ? (usec_t) max_hold_ms * USEC_PER_MSEC : USEC_INFINITY;
         a->last_position = a->last_queued = 0;
@@ -209,6 +212,37 @@ void session_acquire(Session *s, const VarlinkCall *call) {
 static int on_position_timer(sd_event_source *source, uint64_t usec, void *userdata);
 static void session_free(Session *s);
 
+/* Test-only: SLOTBROKER_TEST_RENEW_MS=N renews every fenced lease, of any pool, every N/4 ms with a fence of
+ * N ms, as the shared pools' heartbeat will. It lets the integration tests stop brokerd (SIGSTOP) under a
+ * fenced `slotctl run` without a Redis; production brokerd sends no renewal for a local pool. */
+static int on_test_renew_timer(sd_event_source *source, uint64_t usec, void *userdata) {
+        SessionTable *t = userdata;
+        unsigned n_renewed = 0;
+        list_foreach_safe(n, &t->sessions) /* a failed reply closes its session: it moves to t->closed */
+                n_renewed += session_lease_renew(container_of(n, Session, node), t->test_renew);
+        if (n_renewed > 0) /* after the replies: a test that reads this knows they were sent */
+                log_debug("Test hook: renewed %u fenced leases.", n_renewed);
+        return sd_event_source_set_time(source, usec_add(usec, t->test_renew / 4));
+}
+
+static int test_renew_setup(SessionTable *t, sd_event *event) {
+        const char *e = getenv("SLOTBROKER_TEST_RENEW_MS");
+        char *end;
+        if (!e || !*e)
+                return 0;
+        errno = 0;
+        unsigned long ms = strtoul(e, &end, 10);
+        if (errno != 0 || *end || ms < 4 || ms > 3600 * 1000)
+                return log_error_errno(-EINVAL, "Invalid SLOTBROKER_TEST_RENEW_MS='%s'.", e);
+        t->test_renew = (usec_t) ms * USEC_PER_MSEC;
+        log_warning("SLOTBROKER_TEST_RENEW_MS=%lu: renewing every fenced lease (a test hook).", ms);
+        int r = sd_event_add_time(event, &t->test_renew_timer, CLOCK_MONOTONIC, usec_add(now_monotonic(), t->test_renew / 4),
+                                  0, on_test_renew_timer, t);
+        if (r < 0)
+                return r;
+        return sd_event_source_set_enabled(t->test_renew_timer, SD_EVENT_ON);
+}
+
 int session_table_init(SessionTable *t, sd_event *event) {
         *t = (SessionTable) {};
         list_init(&t->sessions);
@@ -221,7 +255,7 @@ int session_table_init(SessionTable *t, sd_event *event) {
         (void) sd_event_source_set_enabled(t->position_timer, SD_EVENT_OFF);
         /* Position updates are courtesy: a release or a new call waiting in the same iteration goes first. */
         (void) sd_event_source_set_priority(t->position_timer, SD_EVENT_PRIORITY_IDLE);
-        return 0;
+        return test_renew_setup(t, event);
 }
 
 void session_table_collect(SessionTable *t) {
@@ -245,6 +279,7 @@ void session_table_done(SessionTable *t) {
         }
         session_table_collect(t);
         t->position_timer = sd_event_source_disable_unref(t->position_timer);
+        t->test_renew_timer = sd_event_source_disable_unref(t->test_renew_timer);
         t->uid_usage = mfree(t->uid_usage);
         t->n_uid_usage = 0;
 }
@@ -353,6 +388,20 @@ void session_lease_revoke(Lease *l, const char *reason) {
         /* A plain Acquire's life line is the connection itself: the broker closes it (SPEC §5). That ends the
          * lease, or makes it overdue while its command runs; l may be gone after this. */
         session_close(h);
+}
+
+bool session_lease_renew(Session *s, usec_t fence_in) {
+        AcquireCall *a = &s->acquire;
+        /* Only the open stream of a held lease carries renewals, and only to a client that asked for them. */
+        if (s->closed || !s->lease || a->pending || !a->active || !a->more || !a->fence)
+                return false;
+        _cleanup_(json_decrefp) json_t *p =
+                json_pack("{s:s, s:I}", "state", "held", "fenceInMs", (json_int_t) (fence_in / USEC_PER_MSEC));
+        if (!p) {
+                log_oom();
+                return false; /* the client fences itself a little early: safe */
+        }
+        return session_reply(s, p, true) >= 0;
 }
 
 void session_lease_release(Session *by, Lease *l) {

@@ -43,6 +43,8 @@ typedef struct SessionTable {
         size_t n_uid_usage;
         List position_queue;            /* waiters by when their position was last looked at */
         sd_event_source *position_timer;
+        sd_event_source *test_renew_timer; /* SLOTBROKER_TEST_RENEW_MS, tests only */
+        usec_t test_renew;
         bool changed;                   /* a waiter came or went: STATUS= is stale */
         /* The owner's answers and hooks (userdata: below). */
         bool (*lane_allows)(const char *lane, uid_t uid, const gid_t *groups, size_t n_groups, void *userdata);
@@ -65,6 +67,7 @@ typedef struct AcquireCall {
         bool active;
         bool more;                 /* replies continue; otherwise one final reply */
         bool detach;
+        bool fence;                /* the client wants "held" renewals while it holds the lease */
         char *lane;
         char *job;
         unsigned slots;
@@ -124,6 +127,11 @@ void session_on_lease_event(SessionTable *t, const LeaseEvent *ev);
 /* Revokes l (max-hold, an administrator): its holder is told to stop, or cut when it holds by its
  * connection alone. */
 void session_lease_revoke(Lease *l, const char *reason);
+/* The lease s holds is safe for fence_in from now (the shared pool's heartbeat was acknowledged): s hears
+ * {state: "held", fenceInMs} when its Acquire asked for fence, and stops its command should no renewal
+ * follow in time (io.slotbroker(7)). Nothing is sent otherwise. The caller paces them (design memo 4.4: when
+ * the deadline moved by a second or more, at most once a second). Returns whether a renewal went out. */
+bool session_lease_renew(Session *s, usec_t fence_in);
 /* Release of l from session by (its holder, or another connection of its uid or root): the holder hears
  * "released" (or "revoked" while l's command runs) before by's reply. */
 void session_lease_release(Session *by, Lease *l);

@@ -76,6 +76,10 @@ typedef struct Run {
 
         usec_t timeout_at;
         usec_t kill_at;
+        /* CLOCK_BOOTTIME, not monotonic like the rest: the broker's renewal counts time this host spent
+         * suspended too. USEC_INFINITY until the first "held" renewal: a lease without renewals (a local
+         * pool, an older broker) is not fenced. */
+        usec_t fence_at;
 
         /* The broker went away while the command runs: reconnect and reclaim the lease (SPEC §3.4). */
         char *socket_path;     /* where the broker was reached */
@@ -94,6 +98,7 @@ typedef struct Run {
                 .next_progress = USEC_INFINITY,                                                                    \
                 .timeout_at = USEC_INFINITY,                                                                       \
                 .kill_at = USEC_INFINITY,                                                                          \
+                .fence_at = USEC_INFINITY,                                                                         \
                 .reconnect_at = USEC_INFINITY,                                                                     \
         })
 
@@ -466,6 +471,7 @@ static void run_reconnect(Run *r, usec_t now) {
                 BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
                 o.lane = broker_lease_lane(r->lease);
                 o.reclaim = broker_lease_id(r->lease);
+                o.fence = true;
                 run_attach_command(r, &o);
                 if (broker_acquire_start(c, &o) >= 0) {
                         r->client = TAKE_PTR(c);
@@ -564,6 +570,10 @@ static void run_on_broker(Run *r, usec_t now) {
                 case BROKER_EVENT_REVOKED:
                         run_stop(r, now, "the lease was revoked (max-hold or an administrator)");
                         break;
+                case BROKER_EVENT_HELD:
+                        /* From the receipt: the broker's own deadline is later by the time the reply travelled. */
+                        r->fence_at = usec_add(now_boottime(), ev.fence_in_ms * USEC_PER_MSEC);
+                        break;
                 default:
                         break;
                 }
@@ -615,6 +625,9 @@ static int run_loop(Run *r) {
 
                 usec_t now = now_monotonic();
                 usec_t deadline = MIN(MIN(r->next_progress, r->reconnect_at), MIN(r->timeout_at, r->kill_at));
+                if (r->phase == PHASE_RUNNING && r->fence_at != USEC_INFINITY)
+                        /* The fence in the monotonic terms of the rest: what is left of it now. */
+                        deadline = MIN(deadline, usec_add(now, usec_sub_unsigned(r->fence_at, now_boottime())));
                 int timeout = -1;
                 if (deadline != USEC_INFINITY)
                         timeout = deadline <= now ? 0 : (int) MIN(DIV_ROUND_UP(deadline - now, USEC_PER_MSEC), (usec_t) INT_MAX);
@@ -638,6 +651,12 @@ static int run_loop(Run *r) {
                 if (now >= r->kill_at) {
                         group_kill(r, SIGKILL);
                         r->kill_at = USEC_INFINITY;
+                }
+                if (r->phase == PHASE_RUNNING && now_boottime() >= r->fence_at) {
+                        /* The broker may be stopped or cut off, and the pool's other brokers free its slots
+                         * after their timeout: the command stops before that, as for a revocation. */
+                        r->fence_at = USEC_INFINITY;
+                        run_stop(r, now, "no renewal of the lease came in time (the broker is stopped or cut off)");
                 }
                 if (now >= r->timeout_at) {
                         char t[TIMESPAN_MAX];
@@ -738,6 +757,7 @@ int verb_run(int argc, char *argv[]) {
                 o.wait = arg_request.no_wait ? BROKER_WAIT_NO : BROKER_WAIT_DEFAULT;
                 o.queue_wait_ms = arg_request.max_wait == USEC_INFINITY ? 0 : DIV_ROUND_UP(arg_request.max_wait, USEC_PER_MSEC);
                 o.job = arg_request.job;
+                o.fence = true; /* renewals come only for leases that need them: a shared pool's */
                 run_attach_command(&r, &o);
                 k = broker_acquire_start(r.client, &o);
                 if (k == -EINVAL) {

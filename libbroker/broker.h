@@ -93,6 +93,10 @@ typedef struct BrokerAcquireOptions {
                                          * call (SCM_RIGHTS): the same rules as pid, but it names the process
                                          * whatever PID namespace the caller lives in (a container); the caller
                                          * keeps it. Not together with pid. Negative: none (the INIT's -1) */
+        bool fence;                     /* ask for "held" renewals (BROKER_EVENT_HELD) while the lease is held:
+                                         * a lease of a shared pool is safe only while they keep coming. A
+                                         * broker that does not know fencing is asked again without it, and
+                                         * sends none */
 } BrokerAcquireOptions;
 
 #define BROKER_ACQUIRE_OPTIONS_INIT ((BrokerAcquireOptions) { .size = sizeof(BrokerAcquireOptions), .pidfd = -1 })
@@ -104,6 +108,8 @@ typedef enum BrokerEventType {
         BROKER_EVENT_REFUSED,  /* refused: .refusal, .retry_after_sec, .pool, .waited_ms, .reason */
         BROKER_EVENT_RELEASED, /* the lease was released from another connection */
         BROKER_EVENT_REVOKED,  /* the lease was revoked (max-hold, an administrator): stop the work */
+        BROKER_EVENT_HELD,     /* options.fence: the lease is renewed; stop the work if no renewal comes
+                                * within .fence_in_ms of this event (the broker may be stopped or gone) */
         _BROKER_EVENT_MAX,
 } BrokerEventType;
 
@@ -119,6 +125,7 @@ typedef struct BrokerEvent {
         const char *pool;           /* REFUSED: the pool that refused, when the broker named one */
         uint64_t waited_ms;         /* REFUSED: timeout and shed: how long the request waited */
         const char *reason;         /* REFUSED: unavailable: "drained", "cancelled", …; NULL otherwise */
+        uint64_t fence_in_ms;       /* HELD: how long the lease is safe from the moment it was received */
 } BrokerEvent;
 
 #define BROKER_EVENT_INIT ((BrokerEvent) { .size = sizeof(BrokerEvent) })
@@ -165,7 +172,7 @@ int broker_acquire_start(BrokerClient *c, const BrokerAcquireOptions *options);
 
 /* Takes what the broker sent without blocking, and reports one event in *ret: call it until it returns
  * BROKER_EVENT_NONE before polling again. After GRANTED the connection stays open as the lease's life
- * line and may still report RELEASED or REVOKED. Returns the event type (>= 0); -ECONNRESET when the
+ * line and may still report RELEASED or REVOKED, and HELD renewals when options->fence asked for them. Returns the event type (>= 0); -ECONNRESET when the
  * broker closed the connection (a waiting request is then lost; a lease held by a command survives in
  * the broker); -EBADMSG for a reply that breaks the protocol; -EMSGSIZE for one larger than
  * VARLINK_REPLY_MAX_DEFAULT (16 MiB); -ENOTCONN after either; -EINVAL; -ENOMEM. *ret is written for

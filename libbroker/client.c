@@ -2,6 +2,7 @@
 /* client.c — libbroker's client side of io.slotbroker: connections, Acquire as a stream of events,
  * one-reply calls, leases. Framing and JSON come from varlink.c and json.c; nothing here logs. */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
@@ -27,7 +28,7 @@
  * options_copy() for callers that do not know them. */
 #define ACQUIRE_OPTIONS_SIZE_V1 offsetof(BrokerAcquireOptions, pidfd)
 #define ACQUIRE_OPTIONS_SIZE_V2 (offsetof(BrokerAcquireOptions, pidfd) + sizeof(int))
-#define EVENT_SIZE_V1 sizeof(BrokerEvent)
+#define EVENT_SIZE_V1 offsetof(BrokerEvent, fence_in_ms)
 
 typedef enum ClientState {
         CLIENT_IDLE,      /* no call open: broker_call() may use the connection */
@@ -42,6 +43,10 @@ struct BrokerClient {
         VarlinkStream stream;
         ClientState state;
         bool acquire_detach;   /* the open Acquire asked for a detached lease */
+        /* The open Acquire asked for fence: the same call without it, and a copy of its pidfd, for a broker
+         * that refuses the parameter it does not know (an older one): it is then asked again without. */
+        json_t *unfenced;
+        int unfenced_pidfd;
 
         /* The message behind the last event: the event's strings point into it. */
         json_t *current;
@@ -117,6 +122,7 @@ static const char *const event_table[_BROKER_EVENT_MAX] = {
         [BROKER_EVENT_REFUSED] = "refused",
         [BROKER_EVENT_RELEASED] = "released",
         [BROKER_EVENT_REVOKED] = "revoked",
+        [BROKER_EVENT_HELD] = "held",
 };
 
 _public_ const char *broker_result_to_string(int result) {
@@ -246,6 +252,7 @@ _public_ int broker_client_connect(const char *socket_path, BrokerClient **ret) 
                 return r;
         }
         c->fd = fd;
+        c->unfenced_pidfd = -EBADF;
         c->socket_path = TAKE_PTR(path);
         /* Replies may be large (a Status of thousands of waiters); calls are small. */
         varlink_stream_init(&c->stream, fd, VARLINK_REPLY_MAX_DEFAULT, 0);
@@ -259,6 +266,8 @@ _public_ BrokerClient *broker_client_free(BrokerClient *c) {
                 return NULL;
         json_decref(c->current);
         json_decref(c->deferred);
+        json_decref(c->unfenced);
+        safe_close(c->unfenced_pidfd);
         free(c->held_lease_id);
         varlink_stream_done(&c->stream);
         safe_close(c->fd);
@@ -492,6 +501,32 @@ static int acquire_parameters(const BrokerAcquireOptions *o, json_t **ret) {
         return 0;
 }
 
+static const char *json_string_member(json_t *o, const char *key) {
+        return json_string_value(json_object_get(o, key)); /* NULL when absent or not a string */
+}
+
+/* The Acquire's first answer came: the broker knows every parameter it was sent. */
+static void acquire_unfenced_forget(BrokerClient *c) {
+        json_decref(TAKE_PTR(c->unfenced));
+        c->unfenced_pidfd = safe_close(c->unfenced_pidfd);
+}
+
+/* A broker that does not know "fence" refuses it as an unknown parameter (json_dispatch() names the first
+ * key it does not know): the same Acquire goes again without it, and the lease is simply not fenced. Returns
+ * 1 when the error was that and the call was sent again, 0 when it was another, or a negative errno. */
+static int acquire_retry_unfenced(BrokerClient *c, const VarlinkReply *reply) {
+        if (!c->unfenced || error_to_result(reply->error) != BROKER_INVALID_PARAMETER ||
+            !streq_ptr(json_string_member(reply->parameters, "parameter"), "fence"))
+                return 0;
+        int r = varlink_stream_call_with_fds(&c->stream, INTERFACE ".Acquire", c->unfenced, VARLINK_CALL_MORE,
+                                             &c->unfenced_pidfd, c->unfenced_pidfd >= 0 ? 1 : 0);
+        acquire_unfenced_forget(c);
+        if (r < 0)
+                return r;
+        r = varlink_stream_flush(&c->stream);
+        return r < 0 && r != -EAGAIN ? r : 1;
+}
+
 _public_ int broker_acquire_start(BrokerClient *c, const BrokerAcquireOptions *options) {
         BrokerAcquireOptions o;
         _cleanup_(json_decrefp) json_t *p = NULL;
@@ -511,21 +546,33 @@ _public_ int broker_acquire_start(BrokerClient *c, const BrokerAcquireOptions *o
         if (r < 0)
                 return r;
 
+        _cleanup_(json_decrefp) json_t *unfenced = NULL;
+        _cleanup_close_ int unfenced_pidfd = -EBADF;
+        if (o.fence) {
+                unfenced = json_copy(p);
+                if (!unfenced || json_object_set_new(p, "fence", json_true()) < 0)
+                        return -ENOMEM;
+                if (o.pidfd >= 0) {
+                        unfenced_pidfd = fcntl(o.pidfd, F_DUPFD_CLOEXEC, 3);
+                        if (unfenced_pidfd < 0)
+                                return -errno;
+                }
+        }
+
         client_error_reset(c);
         r = varlink_stream_call_with_fds(&c->stream, INTERFACE ".Acquire", p, VARLINK_CALL_MORE, &o.pidfd,
                                          o.pidfd >= 0 ? 1 : 0);
         if (r < 0)
                 return r;
+        acquire_unfenced_forget(c);
+        c->unfenced = TAKE_PTR(unfenced);
+        c->unfenced_pidfd = TAKE_FD(unfenced_pidfd);
         r = varlink_stream_flush(&c->stream);
         if (r < 0 && r != -EAGAIN) /* EAGAIN: the rest goes out from broker_client_process() */
                 return client_break(c, r);
         c->state = CLIENT_ACQUIRING;
         c->acquire_detach = o.detach;
         return 0;
-}
-
-static const char *json_string_member(json_t *o, const char *key) {
-        return json_string_value(json_object_get(o, key)); /* NULL when absent or not a string */
 }
 
 static uint64_t json_uint_member(json_t *o, const char *key, uint64_t fallback) {
@@ -546,6 +593,10 @@ static int client_handle_message(BrokerClient *c, json_t *msg, BrokerEvent *ev) 
         if (reply.error) {
                 if (c->state != CLIENT_ACQUIRING)
                         return -EBADMSG;
+                r = acquire_retry_unfenced(c, &reply);
+                if (r != 0)
+                        return r < 0 ? r : BROKER_EVENT_NONE; /* asked again: no event yet */
+                acquire_unfenced_forget(c);
                 r = client_error_set(c, reply.error, reply.parameters);
                 if (r < 0)
                         return r;
@@ -562,6 +613,7 @@ static int client_handle_message(BrokerClient *c, json_t *msg, BrokerEvent *ev) 
         const char *state = json_string_member(reply.parameters, "state");
         if (!state)
                 return -EBADMSG;
+        acquire_unfenced_forget(c);
 
         if (c->state == CLIENT_ACQUIRING && streq(state, "queued")) {
                 if (!continues)
@@ -590,6 +642,14 @@ static int client_handle_message(BrokerClient *c, json_t *msg, BrokerEvent *ev) 
                 c->held_lease_id = c->state == CLIENT_HOLDING ? strdup(l->id) : NULL; /* NULL: only the fast path is lost */
                 ev->type = BROKER_EVENT_GRANTED;
                 ev->lease = l;
+                return ev->type;
+        }
+        if (c->state == CLIENT_HOLDING && continues && streq(state, "held")) {
+                json_t *fence = json_object_get(reply.parameters, "fenceInMs");
+                if (!json_is_integer(fence) || json_integer_value(fence) < 0)
+                        return -EBADMSG;
+                ev->type = BROKER_EVENT_HELD;
+                ev->fence_in_ms = (uint64_t) json_integer_value(fence);
                 return ev->type;
         }
         if (c->state == CLIENT_HOLDING && !continues && (streq(state, "released") || streq(state, "revoked"))) {
@@ -669,6 +729,8 @@ _public_ int broker_client_process(BrokerClient *c, BrokerEvent *ret) {
                         r = client_handle_message(c, msg, &ev);
                         if (r < 0)
                                 return client_break(c, r);
+                        if (r == BROKER_EVENT_NONE)
+                                continue; /* taken without an event to report */
                         c->current = TAKE_PTR(msg); /* the event's strings point into it */
                         event_store(ret, &ev);
                         return ev.type;

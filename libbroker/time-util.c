@@ -162,3 +162,7 @@ usec_t now_monotonic(void) {
 usec_t now_realtime(void) {
         return now_clock(CLOCK_REALTIME);
 }
+
+usec_t now_boottime(void) {
+        return now_clock(CLOCK_BOOTTIME);
+}

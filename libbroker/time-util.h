@@ -26,6 +26,8 @@ const char *timespan_format(char *buf, size_t size, usec_t t);
 
 usec_t now_monotonic(void);
 usec_t now_realtime(void);
+/* Monotonic and running while the machine is suspended: for deadlines set by another host's clock. */
+usec_t now_boottime(void);
 
 static inline usec_t usec_add(usec_t a, usec_t b) {
         return a > USEC_INFINITY - b ? USEC_INFINITY : a + b;

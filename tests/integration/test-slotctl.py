@@ -89,18 +89,29 @@ def pid_alive(pid):
 class Broker:
     """brokerd on a private socket, config and state directory."""
 
-    def __init__(self, config=CONFIG):
+    def __init__(self, config=CONFIG, env=None):
         self.dir = tempfile.mkdtemp(prefix="test-slotctl-")
         os.chmod(self.dir, 0o755)  # the permission tests run slotctl as nobody
         self.socket = os.path.join(self.dir, "sock")
         self.config = os.path.join(self.dir, "brokerd.conf")
         self.write_config(config)
         self.log = open(os.path.join(self.dir, "brokerd.log"), "w")
+        self.env = dict(os.environ, **(env or {}))
+        self.start()
+
+    def start(self):
         self.proc = subprocess.Popen(
             [BROKERD, "--config", self.config, "--socket", self.socket,
              "--state-directory", os.path.join(self.dir, "state")],
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         wait_for(self.connectable, 10, "brokerd to accept connections")
+
+    def kill_and_restart(self):
+        """SIGKILL, then a new brokerd on the same socket and state (it restores the leases); same log."""
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        os.unlink(self.socket)
+        self.start()
 
     def write_config(self, text):
         with open(self.config, "w") as f:
@@ -457,6 +468,74 @@ class Timeouts(SlotctlTest):
         self.assertEqual(r.returncode, 124, r.stderr)
         self.assertIn("revoked", r.stderr)
         self.assertLess(time.monotonic() - start, 10)
+
+
+class FencedTest(SlotctlTest):
+    """slotctl run asks for fence; brokerd renews only where a lease needs it (shared pools), so these tests
+    use brokerd's test hook, which renews every fenced lease every FENCE_MS / 4 with a fence of FENCE_MS."""
+    FENCE_MS = 2000
+    RENEWED = "Test hook: renewed"
+
+    def setUp(self):
+        self.broker = Broker(self.config, env={"SLOTBROKER_TEST_RENEW_MS": str(self.FENCE_MS),
+                                               "SYSTEMD_LOG_LEVEL": "debug"})
+        self.children = []
+
+    def renewals(self):
+        return self.broker.read_log().count(self.RENEWED)
+
+    def start_fenced(self, script):
+        started = self.path("started")
+        p = self.start_slotctl("run", "--lane", "merge", "--kill-after", "5s", "--", "sh", "-c",
+                               f'touch "{started}"; {script}')
+        wait_for(lambda: os.path.exists(started), 10, "the command to start")
+        # A renewal logged after the command started was sent after the grant (brokerd logs it once the
+        # replies went out): slotctl has it in its socket, whatever becomes of brokerd now.
+        seen = self.renewals()
+        wait_for(lambda: self.renewals() > seen, 10 + self.FENCE_MS / 1000, "a renewal")
+        return p
+
+
+class Fencing(FencedTest):
+
+    def test_stopped_broker_means_the_command_is_stopped_with_124(self):
+        term = self.path("term")
+        p = self.start_fenced(f'trap "touch \\"{term}\\"; exit 0" TERM; while :; do sleep 0.05; done')
+        os.kill(self.broker.proc.pid, signal.SIGSTOP)
+        try:
+            rc = p.wait(30)
+        finally:
+            os.kill(self.broker.proc.pid, signal.SIGCONT)
+        stderr = p.stderr.read()
+        self.assertEqual(rc, 124, stderr)
+        self.assertTrue(os.path.exists(term), "the command is told to stop with SIGTERM")
+        self.assertIn("no renewal of the lease came in time", stderr)
+
+    def test_renewed_lease_outlives_its_fence(self):
+        # The command runs for more than two fences' worth of renewals: each renewal pushes the deadline on.
+        stop = self.path("stop")
+        p = self.start_fenced(f'while [ ! -e "{stop}" ]; do sleep 0.05; done')
+        seen = self.renewals()
+        wait_for(lambda: self.renewals() >= seen + 10, 30, "renewals for more than two fences")
+        self.assertIsNone(p.poll(), "the command was stopped although renewals kept coming")
+        open(stop, "w").close()
+        self.assertEqual(p.wait(10), 0)
+
+
+class FencedReclaim(FencedTest):
+    # A fence that outlasts a restart of brokerd on a loaded machine.
+    FENCE_MS = 12000
+
+    def test_reclaim_after_a_restart_asks_for_renewals_again(self):
+        stop = self.path("stop")
+        p = self.start_fenced(f'while [ ! -e "{stop}" ]; do sleep 0.05; done')
+        self.broker.kill_and_restart()
+        # The new brokerd renews only a session that reclaimed the lease with fence.
+        seen = self.renewals()
+        wait_for(lambda: self.renewals() > seen, 20, "a renewal of the reclaimed lease")
+        open(stop, "w").close()
+        self.assertEqual(p.wait(10), 0)
+        self.assertIn("reclaimed", p.stderr.read())
 
 
 class Job(SlotctlTest):

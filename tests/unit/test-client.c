@@ -402,6 +402,20 @@ static void test_release_from_another_connection_ends_the_call(void **state) {
         broker_lease_free(ev.lease);
 }
 
+static void test_fence_on_a_local_pool_is_accepted_and_sends_no_renewal(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *holder = connect_or_fail(), *other = connect_or_fail();
+        BrokerAcquireOptions o = options("merge");
+        BrokerEvent ev;
+
+        o.fence = true;
+        assert_int_equal(broker_acquire_start(holder, &o), 0);
+        assert_int_equal(next_event(holder, &ev), BROKER_EVENT_GRANTED);
+        _cleanup_(broker_lease_freep) BrokerLease *l = ev.lease;
+        /* The next message after the grant is the lease's end: no "held" came in between. */
+        assert_int_equal(broker_release(other, broker_lease_id(l)), 0);
+        assert_int_equal(next_event(holder, &ev), BROKER_EVENT_RELEASED);
+}
+
 static void test_release_start_ends_the_lease_without_blocking(void **state) {
         _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
         BrokerAcquireOptions o = options("merge");
@@ -888,6 +902,101 @@ static void test_protocol_violations_are_ebadmsg(void **state) {
         }
 }
 
+/* Processes c until the fake has something to read, asserting that no event came meanwhile. */
+static void process_until_fake_readable(BrokerClient *c, Fake *f) {
+        for (int i = 0; i < 500; i++) {
+                BrokerEvent ev = BROKER_EVENT_INIT;
+                assert_int_equal(broker_client_process(c, &ev), BROKER_EVENT_NONE);
+                struct pollfd p = { .fd = f->fd, .events = POLLIN };
+                if (poll(&p, 1, 10) > 0)
+                        return;
+        }
+        fail_msg("the client sent nothing within 5 s");
+}
+
+static void test_broker_without_fence_is_asked_again_without_it(void **state) {
+        Fake f;
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+        BrokerAcquireOptions o = options("merge");
+        BrokerEvent ev;
+        char buf[4096];
+
+        fake_start(&f, &c);
+        o.fence = true;
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        raw_recv(f.fd, buf, sizeof buf);
+        assert_non_null(strstr(buf, "\"fence\":true"));
+        /* What an older brokerd's json_dispatch() answers for a key it does not know. */
+        fake_send(&f, "{\"error\":\"org.varlink.service.InvalidParameter\",\"parameters\":{\"parameter\":\"fence\"}}");
+        process_until_fake_readable(c, &f);
+        raw_recv(f.fd, buf, sizeof buf);
+        assert_non_null(strstr(buf, "io.slotbroker.Acquire"));
+        assert_null(strstr(buf, "fence"));
+        assert_non_null(strstr(buf, "\"lane\":\"merge\""));
+        fake_send(&f, "{\"parameters\":{\"state\":\"granted\",\"lease\":{\"id\":\"L1\",\"pool\":\"grid\","
+                      "\"lane\":\"merge\",\"token\":1,\"slots\":[0],\"grantedAt\":1}},\"continues\":true}");
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_GRANTED);
+        broker_lease_free(ev.lease);
+        assert_null(broker_client_error_name(c));
+        fake_done(&f);
+}
+
+static void test_other_invalid_parameter_is_a_refusal_even_with_fence(void **state) {
+        Fake f;
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+        BrokerAcquireOptions o = options("merge");
+        BrokerEvent ev;
+
+        fake_start(&f, &c);
+        o.fence = true;
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        fake_send(&f, "{\"error\":\"org.varlink.service.InvalidParameter\",\"parameters\":{\"parameter\":\"slots\"}}");
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_REFUSED);
+        assert_int_equal(ev.refusal, BROKER_INVALID_PARAMETER);
+        fake_done(&f);
+}
+
+static void test_held_renewal_is_an_event_with_its_fence(void **state) {
+        Fake f;
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+        BrokerAcquireOptions o = options("merge");
+        BrokerEvent ev;
+
+        fake_start(&f, &c);
+        o.fence = true;
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        fake_send(&f, "{\"parameters\":{\"state\":\"granted\",\"lease\":{\"id\":\"L1\",\"pool\":\"grid\","
+                      "\"lane\":\"merge\",\"token\":1,\"slots\":[0],\"grantedAt\":1}},\"continues\":true}");
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_GRANTED);
+        broker_lease_free(ev.lease);
+        fake_send(&f, "{\"parameters\":{\"state\":\"held\",\"fenceInMs\":1500},\"continues\":true}");
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_HELD);
+        assert_int_equal(ev.fence_in_ms, 1500);
+        assert_string_equal(broker_event_type_to_string(ev.type), "held");
+        /* A renewal is no end: the lease's end still comes. */
+        fake_send(&f, "{\"parameters\":{\"state\":\"revoked\"}}");
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_REVOKED);
+        fake_done(&f);
+}
+
+static void test_held_without_its_fence_is_ebadmsg(void **state) {
+        Fake f;
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+        BrokerAcquireOptions o = options("merge");
+        BrokerEvent ev;
+
+        fake_start(&f, &c);
+        o.fence = true;
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        fake_send(&f, "{\"parameters\":{\"state\":\"granted\",\"lease\":{\"id\":\"L1\",\"pool\":\"grid\","
+                      "\"lane\":\"merge\",\"token\":1,\"slots\":[0],\"grantedAt\":1}},\"continues\":true}");
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_GRANTED);
+        broker_lease_free(ev.lease);
+        fake_send(&f, "{\"parameters\":{\"state\":\"held\"},\"continues\":true}");
+        assert_int_equal(next_event(c, &ev), -EBADMSG);
+        fake_done(&f);
+}
+
 static void test_unsolicited_reply_is_ebadmsg(void **state) {
         Fake f;
         _cleanup_(broker_client_freep) BrokerClient *c = NULL;
@@ -944,6 +1053,7 @@ int main(int argc, char *argv[]) {
                 T(test_queue_wait_ms_caps_the_wait_and_reports_positions),
                 T(test_event_api_reports_queued_then_granted),
                 T(test_release_from_another_connection_ends_the_call),
+                T(test_fence_on_a_local_pool_is_accepted_and_sends_no_renewal),
                 T(test_release_start_ends_the_lease_without_blocking),
                 T(test_release_of_unknown_lease_is_no_such_lease),
                 T(test_unknown_lane_and_too_many_slots),
@@ -960,6 +1070,10 @@ int main(int argc, char *argv[]) {
                 T(test_drain_refuses_waiters_as_unavailable),
                 cmocka_unit_test(test_broker_going_away_is_econnreset),
                 cmocka_unit_test(test_protocol_violations_are_ebadmsg),
+                cmocka_unit_test(test_broker_without_fence_is_asked_again_without_it),
+                cmocka_unit_test(test_other_invalid_parameter_is_a_refusal_even_with_fence),
+                cmocka_unit_test(test_held_renewal_is_an_event_with_its_fence),
+                cmocka_unit_test(test_held_without_its_fence_is_ebadmsg),
                 cmocka_unit_test(test_unsolicited_reply_is_ebadmsg),
                 cmocka_unit_test(test_refusal_from_unknown_error_is_error_other),
         };
