@@ -51,14 +51,6 @@ typedef struct InFlight {
         usec_t sent_boot;
 } InFlight;
 
-/* Liveness counts while a host is suspended: CLOCK_BOOTTIME (memo §4.3). */
-static usec_t now_boottime(void) {
-        struct timespec ts;
-        if (clock_gettime(CLOCK_BOOTTIME, &ts) < 0)
-                return now_monotonic();
-        return (usec_t) ts.tv_sec * USEC_PER_SEC + (usec_t) ts.tv_nsec / 1000;
-}
-
 static BackendPool *backend_find_serial(Backend *b, uint64_t serial) {
         for (size_t i = 0; i < b->n_pools; i++)
                 if (b->pools[i]->serial == serial)
