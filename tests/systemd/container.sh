@@ -27,7 +27,7 @@ cg_root=/sys/fs/cgroup/unified
 CG=$cg_root/slotbroker-ct-$(printf '%s' "$R" | sha256sum | cut -c1-12)
 
 # What brokerd and slotctl link, and what the test drives (systemd-sysusers, runuser, useradd: required).
-packages=systemd,systemd-sysv,dbus,libsystemd0,libsqlite3-0,libjansson4,libinih1,procps
+packages=systemd,systemd-sysv,dbus,libsystemd0,libsqlite3-0,libjansson4,libinih1,libhiredis0.14,procps
 key=bookworm-$(printf '%s' "$packages" | sha256sum | cut -c1-12)
 
 mirror() {
