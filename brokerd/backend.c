@@ -28,6 +28,8 @@ typedef struct BackendPool {
         SharedPoolParams params;
 } BackendPool;
 
+typedef struct InFlight InFlight;
+
 struct Backend {
         BackendTable *table;
         char *url, *user, *password_file; /* what makes two pools' backends the same one */
@@ -41,15 +43,41 @@ struct Backend {
         sd_event_source *fence_timer;   /* CLOCK_BOOTTIME: the earliest self-fence deadline */
         sd_event_source *read_retry;    /* after an error reply to XREAD: not a busy loop */
         bool reading;                   /* an XREAD is in flight */
+        InFlight *in_flight;            /* script calls sent and not answered: ours to free */
 };
 
-/* What a reply callback needs to find its pool again. */
-typedef struct InFlight {
+/* What a reply callback needs to find its pool again. The Backend owns it, not the link: a freed link
+ * drops its calls without calling back. */
+struct InFlight {
         Backend *backend;
+        InFlight *prev, *next;
         uint64_t serial;
         uint64_t call_id;
         usec_t sent_boot;
-} InFlight;
+};
+
+static InFlight *in_flight_new(Backend *b) {
+        InFlight *f = calloc(1, sizeof(InFlight));
+        if (!f)
+                return NULL;
+        *f = (InFlight) { .backend = b, .next = b->in_flight };
+        if (b->in_flight)
+                b->in_flight->prev = f;
+        b->in_flight = f;
+        return f;
+}
+
+static void in_flight_free(InFlight *f) {
+        if (!f)
+                return;
+        if (f->prev)
+                f->prev->next = f->next;
+        else
+                f->backend->in_flight = f->next;
+        if (f->next)
+                f->next->prev = f->prev;
+        free(f);
+}
 
 static BackendPool *backend_find_serial(Backend *b, uint64_t serial) {
         for (size_t i = 0; i < b->n_pools; i++)
@@ -148,21 +176,25 @@ static void backend_after(Backend *b) {
 /* ---- script calls ---- */
 
 static void on_call_reply(RedisLink *link, int error, const redisReply *reply, void *userdata) {
-        _cleanup_free_ InFlight *f = userdata;
+        InFlight *f = userdata;
         Backend *b = f->backend;
+        uint64_t call_id = f->call_id;
+        usec_t sent_boot = f->sent_boot;
         BackendPool *bp = backend_find_serial(b, f->serial);
+
+        in_flight_free(f);
         if (!bp)
                 return; /* the pool went away meanwhile */
 
         _cleanup_free_ RespValue *v = NULL;
         if (error == 0 && b->table->on_rtt)
-                b->table->on_rtt(bp->pool->name, now_boottime() - MIN(now_boottime(), f->sent_boot), b->table->userdata);
+                b->table->on_rtt(bp->pool->name, now_boottime() - MIN(now_boottime(), sent_boot), b->table->userdata);
         if (error == 0) {
                 v = reply_to_resp(reply);
                 if (!v)
                         error = -ENOMEM; /* as a lost reply: the call is made again, identical */
         }
-        pool_shared_call_done(bp->pool, f->call_id, error, v, f->sent_boot, now_monotonic());
+        pool_shared_call_done(bp->pool, call_id, error, v, sent_boot, now_monotonic());
         backend_after(b);
 }
 
@@ -170,15 +202,17 @@ static void backend_send_calls(Backend *b, BackendPool *bp) {
         const SharedCall *c;
         usec_t now = now_monotonic();
         while (pool_shared_take_call(bp->pool, now, &c)) {
-                InFlight *f = calloc(1, sizeof(InFlight));
+                InFlight *f = in_flight_new(b);
                 int r = -ENOMEM;
                 if (f) {
-                        *f = (InFlight) { .backend = b, .serial = bp->serial, .call_id = c->id, .sent_boot = now_boottime() };
+                        f->serial = bp->serial;
+                        f->call_id = c->id;
+                        f->sent_boot = now_boottime();
                         r = redis_link_evalsha(b->commands, b->scripts[c->script], on_call_reply, f, c->n_keys,
                                                (int) c->argc, c->argv, c->argvlen);
                 }
                 if (r < 0) {
-                        free(f);
+                        in_flight_free(f);
                         /* Not sent: the pool sends it again once the link is (back) up. */
                         pool_shared_call_done(bp->pool, c->id, r == -ENOMEM ? -ENOMEM : -ENOTCONN, NULL,
                                               now_boottime(), now);
@@ -338,6 +372,8 @@ static Backend *backend_free(Backend *b) {
                 return NULL;
         redis_link_free(b->commands);
         redis_link_free(b->reader);
+        while (b->in_flight)
+                in_flight_free(b->in_flight);
         sd_event_source_disable_unref(b->flush);
         sd_event_source_disable_unref(b->fence_timer);
         sd_event_source_disable_unref(b->read_retry);
