@@ -456,43 +456,36 @@ void backend_table_init(BackendTable *t, sd_event *event, const Node *node) {
         *t = (BackendTable) { .event = event, .node = node };
 }
 
-static BackendTable *the_table;
-
 void backend_table_done(BackendTable *t) {
         for (size_t i = 0; i < t->n_backends; i++)
                 backend_free(t->backends[i]);
         t->backends = mfree(t->backends);
         t->n_backends = 0;
-        if (the_table == t)
-                the_table = NULL;
 }
 
-/* The engine frees pools through their ops; a shared pool's free must also take it off its Backend (and
- * free the Backend with its last pool), so the pools made here get a copy of pool-shared's ops whose free
- * does that first. The engine stays unaware of Backends. */
-static PoolOps backend_pool_ops;
-static void (*shared_pool_free)(Pool *p);
-/* the_table (above): one per process, as brokerd has one Manager; the factory refuses a second. */
-
-static void backend_pool_free(Pool *p) {
-        BackendTable *t = the_table;
-        for (size_t i = 0; t && i < t->n_backends; i++) {
-                Backend *b = t->backends[i];
-                for (size_t j = 0; j < b->n_pools; j++) {
-                        if (b->pools[j]->pool != p)
-                                continue;
-                        free(b->pools[j]);
-                        memmove(b->pools + j, b->pools + j + 1, (b->n_pools - j - 1) * sizeof(BackendPool *));
-                        if (--b->n_pools == 0) {
-                                backend_free(b);
-                                memmove(t->backends + i, t->backends + i + 1, (t->n_backends - i - 1) * sizeof(Backend *));
-                                t->n_backends--;
-                        }
-                        goto done;
+static void backend_table_remove(BackendTable *t, Backend *b) {
+        for (size_t i = 0; i < t->n_backends; i++)
+                if (t->backends[i] == b) {
+                        memmove(t->backends + i, t->backends + i + 1, (t->n_backends - i - 1) * sizeof(Backend *));
+                        t->n_backends--;
+                        return;
                 }
+}
+
+/* The engine is freeing a shared pool: off its Backend, and the Backend goes with its last pool. */
+static void backend_detach_pool(Pool *p, void *userdata) {
+        Backend *b = userdata;
+        for (size_t j = 0; j < b->n_pools; j++) {
+                if (b->pools[j]->pool != p)
+                        continue;
+                free(b->pools[j]);
+                memmove(b->pools + j, b->pools + j + 1, (b->n_pools - j - 1) * sizeof(BackendPool *));
+                if (--b->n_pools == 0) {
+                        backend_table_remove(b->table, b);
+                        backend_free(b);
+                }
+                return;
         }
-done:
-        shared_pool_free(p);
 }
 
 int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn emit, void *emit_userdata,
@@ -502,9 +495,6 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
 
         if (!pc || !pc->backend || !t || !t->node)
                 return -EINVAL;
-        if (the_table && the_table != t)
-                return -EBUSY;
-        the_table = t;
 
         Backend *b = NULL;
         for (size_t i = 0; i < t->n_backends && !b; i++)
@@ -541,6 +531,8 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
                         .random_userdata = t->userdata,
                         .wake = backend_wake,
                         .wake_userdata = b,
+                        .detach = backend_detach_pool,
+                        .detach_userdata = b,
                 };
                 r = pool_shared_new(name, &bp->params, emit, emit_userdata, &bp->pool);
         }
@@ -552,12 +544,6 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
                 }
                 return r;
         }
-        if (!shared_pool_free) {
-                shared_pool_free = bp->pool->ops->free;
-                backend_pool_ops = *bp->pool->ops;
-                backend_pool_ops.free = backend_pool_free;
-        }
-        bp->pool->ops = &backend_pool_ops;
         b->pools[b->n_pools++] = bp;
 
         /* A link already up tells only the pools it knew: this one learns it here. */

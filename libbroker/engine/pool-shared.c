@@ -1513,6 +1513,8 @@ SharedState pool_shared_state(const Pool *base) {
 static void shared_free(Pool *base) {
         SharedPool *p = SHARED(base);
         ListNode *n;
+        if (p->params.detach)
+                p->params.detach(base, p->params.detach_userdata);
         while ((n = list_first(&p->outbox)))
                 call_free(container_of(n, Call, node));
         while ((n = list_first(&p->tries)))

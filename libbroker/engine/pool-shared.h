@@ -113,6 +113,9 @@ typedef struct SharedPoolParams {
         /* A call was queued: the driver sends it after this dispatch. May be NULL. */
         void (*wake)(void *userdata);
         void *wake_userdata;
+        /* The engine is freeing the pool: the driver forgets it (first thing in its free). May be NULL. */
+        void (*detach)(Pool *p, void *userdata);
+        void *detach_userdata;
 } SharedPoolParams;
 
 /* The self-fence margin: the deadline comes this much before Redis may free this node's leases. */
