@@ -273,7 +273,7 @@ static int manager_pool_factory(const PoolConfig *pc, const char *name, PoolEmit
                                 void *userdata, Pool **ret) {
         Manager *m = userdata;
         if (!m->node_loaded) {
-                int r = node_load(&m->node, m->state_directory, m->config->node_name, node_random_bytes, m);
+                int r = node_load(m->state_directory, m->config->node_name, node_random_bytes, m, &m->node);
                 if (r < 0)
                         return log_error_errno(r, "Failed to read or make the node id in %s: %m", m->state_directory);
                 m->node_loaded = true;

@@ -65,8 +65,8 @@ static int id_create(int dir_fd, const char *id) {
         return r;
 }
 
-int node_load(Node *ret, const char *state_directory, const char *name,
-              void (*random_bytes)(void *buf, size_t n, void *userdata), void *userdata) {
+int node_load(const char *state_directory, const char *name,
+              void (*random_bytes)(void *buf, size_t n, void *userdata), void *userdata, Node *ret) {
         if (!ret || !state_directory || !random_bytes)
                 return -EINVAL;
 

@@ -19,6 +19,6 @@ typedef struct Node {
 /* Reads STATE_DIRECTORY/node-id, or makes it (O_EXCL: two daemons on one directory agree on the first
  * one's id); name is node-name= (NULL: the hostname). A file that is not 32 hex digits is moved aside and
  * replaced. random_bytes fills a new id. Returns 0, or negative errno (the directory is unwritable, …). */
-int node_load(Node *ret, const char *state_directory, const char *name,
-              void (*random_bytes)(void *buf, size_t n, void *userdata), void *userdata);
+int node_load(const char *state_directory, const char *name,
+              void (*random_bytes)(void *buf, size_t n, void *userdata), void *userdata, Node *ret);
 void node_done(Node *n);

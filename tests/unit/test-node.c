@@ -43,13 +43,13 @@ static void test_made_once_then_read(void **state) {
         uint8_t byte = 0xab;
         Node n;
         calls = 0;
-        assert_int_equal(node_load(&n, sub, "runner-1", fill, &byte), 0);
+        assert_int_equal(node_load(sub, "runner-1", fill, &byte, &n), 0);
         assert_string_equal(n.id, "abababababababababababababababab");
         assert_string_equal(n.name, "runner-1");
         node_done(&n);
 
         byte = 0xcd;
-        assert_int_equal(node_load(&n, sub, NULL, fill, &byte), 0);
+        assert_int_equal(node_load(sub, NULL, fill, &byte, &n), 0);
         assert_string_equal(n.id, "abababababababababababababababab"); /* the same node */
         assert_int_equal(calls, 1);
         char host[256] = {};
@@ -68,7 +68,7 @@ static void test_damaged_id_replaced(void **state) {
 
         uint8_t byte = 0x01;
         Node n;
-        assert_int_equal(node_load(&n, dir, "x", fill, &byte), 0);
+        assert_int_equal(node_load(dir, "x", fill, &byte, &n), 0);
         assert_string_equal(n.id, "01010101010101010101010101010101");
         node_done(&n);
 
