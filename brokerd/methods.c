@@ -167,7 +167,6 @@ static int waiter_compare(const void *a, const void *b) {
         return px < py ? -1 : px > py;
 }
 
-/* The Status reply's parameters, or NULL when out of memory. */
 /* The holders and waiters of other nodes in shared pools, from each pool's last snapshot (Status never
  * waits for Redis; asking keeps the snapshots coming). Another node's clients are not ours to show: their
  * node, lane, slots and times only. This node's own are in holders and waiters already. */
@@ -221,6 +220,7 @@ static void status_add_other_nodes(Methods *m, json_t *status, usec_t now) {
                 json_object_set(status, "otherWaiters", waiters);
 }
 
+/* The Status reply's parameters, or NULL when out of memory. */
 static json_t *status_build(Methods *m) {
         usec_t now = now_monotonic();
 
