@@ -108,8 +108,9 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
         if (pc && pc->max_queue >= 0)
                 json_object_set_new(o, "maxQueue", json_integer(pc->max_queue));
         if (info.remote) {
-                json_t *b = json_pack("{s:b, s:I, s:I}", "up", info.backend_up, "rttMs",
-                                      (json_int_t) (info.rtt / USEC_PER_MSEC), "nodes", (json_int_t) info.n_nodes);
+                json_t *b = json_pack("{s:b, s:I, s:I, s:I, s:I}", "up", info.backend_up, "rttMs",
+                                      (json_int_t) (info.rtt / USEC_PER_MSEC), "nodes", (json_int_t) info.n_nodes,
+                                      "inUse", (json_int_t) info.all_in_use, "waiting", (json_int_t) info.all_waiting);
                 if (b && info.unavailable)
                         json_object_set_new(b, "unavailable", json_string(info.unavailable));
                 json_t *keys;

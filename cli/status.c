@@ -128,19 +128,79 @@ static void print_waiters(json_t *waiters, const char *name) {
         }
 }
 
-static void print_pool(json_t *pool, json_t *holders, json_t *waiters) {
+/* Other nodes' leases in shared pool name (Status's otherHolders): no lease id, uid or job to show. */
+static void print_other_holders(json_t *holders, const char *name) {
+        bool header = false;
+        size_t i;
+        json_t *v;
+
+        json_array_foreach(holders, i, v) {
+                if (!streq_ptr(string_member(v, "pool"), name))
+                        continue;
+                char held[CLI_DURATION_MAX];
+                if (!header) {
+                        printf("  %-20s %-10s %-8s %-20s %s\n", "OTHER NODE", "LANE", "SLOTS", "TOKEN", "HELD");
+                        header = true;
+                }
+                printf("  %-20s %-10s ", string_member(v, "node") ?: "?", string_member(v, "lane") ?: "?");
+                print_slots(v);
+                printf(" %-20" JSON_INTEGER_FORMAT " %s\n", int_member(v, "token", 0),
+                       duration_member(held, v, "heldMs", "?"));
+        }
+}
+
+/* Other nodes' requests waiting in shared pool name (Status's otherWaiters), by queue position. */
+static void print_other_waiters(json_t *waiters, const char *name) {
+        bool header = false;
+        size_t i;
+        json_t *v;
+
+        json_array_foreach(waiters, i, v) {
+                if (!streq_ptr(string_member(v, "pool"), name))
+                        continue;
+                char waited[CLI_DURATION_MAX];
+                if (!header) {
+                        printf("  %-8s %-20s %-10s %-5s %s\n", "WAITING", "OTHER NODE", "LANE", "SLOTS", "WAITED");
+                        header = true;
+                }
+                printf("  %-8" JSON_INTEGER_FORMAT " %-20s %-10s %-5" JSON_INTEGER_FORMAT " %s\n", int_member(v, "position", 0),
+                       string_member(v, "node") ?: "?", string_member(v, "lane") ?: "?", int_member(v, "slots", 1),
+                       duration_member(waited, v, "waitedMs", "?"));
+        }
+}
+
+/* A shared pool's line counts every node (backend.inUse, backend.waiting), then says what is this node's
+ * and how the backend is. */
+static void print_pool_counts(json_t *pool, json_int_t limit) {
+        json_t *backend = json_object_get(pool, "backend");
+        json_int_t in_use = int_member(pool, "inUse", 0), waiting = int_member(pool, "waiting", 0);
+        json_int_t max_queue = int_member(pool, "maxQueue", -1);
+        json_int_t all_in_use = json_is_object(backend) ? int_member(backend, "inUse", in_use) : in_use;
+        json_int_t all_waiting = json_is_object(backend) ? int_member(backend, "waiting", waiting) : waiting;
+
+        print_usage_bar(all_in_use, limit);
+        printf("  %" JSON_INTEGER_FORMAT "/%" JSON_INTEGER_FORMAT " in use, %" JSON_INTEGER_FORMAT " waiting", all_in_use,
+               limit, all_waiting);
+        if (max_queue >= 0)
+                printf(" (max %" JSON_INTEGER_FORMAT ")", max_queue);
+        if (!json_is_object(backend))
+                return;
+        json_int_t nodes = int_member(backend, "nodes", 0);
+        printf(" on %" JSON_INTEGER_FORMAT " node%s (here %" JSON_INTEGER_FORMAT " in use, %" JSON_INTEGER_FORMAT " waiting)",
+               nodes, nodes == 1 ? "" : "s", in_use, waiting);
+        if (json_is_true(json_object_get(backend, "up")))
+                printf(", backend up (%" JSON_INTEGER_FORMAT " ms)", int_member(backend, "rttMs", 0));
+        else
+                printf(", backend %s", string_member(backend, "unavailable") ?: "down");
+}
+
+static void print_pool(json_t *pool, json_t *reply) {
         const char *name = string_member(pool, "name") ?: "?";
-        json_int_t limit = int_member(pool, "limit", 0), in_use = int_member(pool, "inUse", 0);
-        json_int_t waiting = int_member(pool, "waiting", 0), max_queue = int_member(pool, "maxQueue", -1);
         size_t i;
         json_t *v;
 
         printf("%-10s ", name);
-        print_usage_bar(in_use, limit);
-        printf("  %" JSON_INTEGER_FORMAT "/%" JSON_INTEGER_FORMAT " in use, %" JSON_INTEGER_FORMAT " waiting", in_use, limit,
-               waiting);
-        if (max_queue >= 0)
-                printf(" (max %" JSON_INTEGER_FORMAT ")", max_queue);
+        print_pool_counts(pool, int_member(pool, "limit", 0));
         if (json_is_true(json_object_get(pool, "congested")))
                 printf(", congested");
         if (json_is_true(json_object_get(pool, "drained")))
@@ -152,8 +212,10 @@ static void print_pool(json_t *pool, json_t *holders, json_t *waiters) {
                         printf(" %s", json_string_value(v) ?: "?");
         }
         putchar('\n');
-        print_holders(holders, name);
-        print_waiters(waiters, name);
+        print_holders(json_object_get(reply, "holders"), name);
+        print_other_holders(json_object_get(reply, "otherHolders"), name);
+        print_waiters(json_object_get(reply, "waiters"), name);
+        print_other_waiters(json_object_get(reply, "otherWaiters"), name);
 }
 
 static bool pool_is_listed(json_t *pools, const char *name) {
@@ -247,7 +309,7 @@ int verb_status(int argc, char *argv[]) {
         json_array_foreach(pools, i, pool) {
                 if (i > 0)
                         putchar('\n');
-                print_pool(pool, holders, waiters);
+                print_pool(pool, reply);
         }
         print_removed_pools(pools, holders, waiters);
         return fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

@@ -950,6 +950,8 @@ int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret)
                 .differing_keys = info.differing_keys,
                 .rtt = info.rtt,
                 .n_nodes = info.n_nodes,
+                .all_in_use = info.all_in_use,
+                .all_waiting = info.all_waiting,
         };
         return 0;
 }

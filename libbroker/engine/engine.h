@@ -218,6 +218,8 @@ typedef struct EnginePoolInfo {
         char *const *differing_keys;
         usec_t rtt;
         unsigned n_nodes;
+        unsigned all_in_use;
+        size_t all_waiting;
 } EnginePoolInfo;
 
 /* The configured pools, in configuration order. */

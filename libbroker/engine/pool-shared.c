@@ -3,6 +3,7 @@
  * replies and stream entries in as decisions, this node's mirror, the failure states of memo §4.7. */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1887,6 +1888,8 @@ static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .differing_keys = p->differing_keys,
                 .rtt = p->rtt,
                 .n_nodes = p->n_nodes,
+                .all_in_use = p->cache.valid ? (unsigned) MIN(p->cache.in_use, (uint64_t) UINT_MAX) : in_use,
+                .all_waiting = p->cache.valid ? (size_t) p->cache.waiting : waiting,
                 .cache_age = p->cache.valid ? now - MIN(now, p->cache.at) : USEC_INFINITY,
         };
 }

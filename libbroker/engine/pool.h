@@ -99,6 +99,8 @@ typedef struct PoolInfo {
         char *const *differing_keys; /* "rules": the keys whose values differ; valid until the next command */
         usec_t rtt;               /* the backend's last round trip */
         unsigned n_nodes;         /* live nodes seen in the last heartbeat reply */
+        unsigned all_in_use;      /* slots held and requests waiting on every node, from the cache (this */
+        size_t all_waiting;       /* node's own until the first reply) */
         usec_t cache_age;
 } PoolInfo;
 

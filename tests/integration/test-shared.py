@@ -7,12 +7,14 @@
 - Redis killed: Acquire on the shared pool gets io.slotbroker.Unavailable (reason "backend") with
   retryAfterSec at once, Status says the backend is down, and local pools grant as before;
 - Redis back (its data gone): grants resume after the recovery window (one backend-node-ttl, short here);
+- `slotctl status` counts every node's holders and waiters in a shared pool's line and lists the other
+  node's by its name;
 - --check-config accepts backend-user=, backend-password-file=, backend-node-ttl=, node-name= and prints them.
 
 A pool's first use waits one node TTL (memo §3.6: no node can tell a new pool from a lost one), hence
 the short backend-node-ttl (revoke-grace 1s keeps it valid). Skipped (77) without redis-server.
 
-Usage: test-shared.py BROKERD [unittest arguments]
+Usage: test-shared.py BROKERD SLOTCTL [unittest arguments]
 """
 import os
 import shutil
@@ -28,6 +30,7 @@ from harness import wait_for  # noqa: E402
 from redisd import RedisServer  # noqa: E402
 
 TTL = 6  # seconds: backend-node-ttl, the recovery window
+SLOTCTL = None
 
 
 def config(backend, node, limit=2, extra=""):
@@ -109,6 +112,16 @@ class TestShared(harness.BrokerTestCase):
         self.assertNotIn("uid", held_elsewhere[0])
         waiting_elsewhere = wait_for(lambda: others(a, "otherWaiters"), timeout=10, message="A to list B's waiter")
         self.assertEqual([(w["node"], w["lane"], w["position"]) for w in waiting_elsewhere], [("node-b", "ci", 1)])
+
+        # slotctl status on B: the pool's line counts both nodes, B's own waiter, A's holders by name.
+        out = subprocess.run([SLOTCTL, "status", "--socket", b.socket_path], capture_output=True, text=True,
+                             timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        lines = out.stdout.splitlines()
+        line = next(x for x in lines if x.startswith("shared "))
+        self.assertIn("2/2 in use, 1 waiting on 2 nodes (here 0 in use, 1 waiting), backend up", line)
+        self.assertEqual(sorted(x.split()[:3] for x in lines if x.split()[:1] == ["node-a"]),
+                         [["node-a", "ci", "0"], ["node-a", "ci", "1"]])
 
         # A releases one: B's waiter is granted that slot, with a token above both of A's.
         released = held_a.pop(0)
@@ -198,5 +211,5 @@ class TestShared(harness.BrokerTestCase):
 
 
 if __name__ == "__main__":
-    (_,), argv = harness.arguments(__doc__, 1)
+    (_, SLOTCTL), argv = harness.arguments(__doc__, 2)
     harness.main(argv)
