@@ -1031,6 +1031,8 @@ static size_t rules_for_pool(const BrokerConfig *c, const char *name, PoolLaneRu
                                         .priority = lc->priority,
                                         .max_in_use = lc->max_in_use,
                                         .reserve = lc->reserve,
+                                        .budget_set = lc->queue_timeout_set,
+                                        .budget = lc->queue_timeout,
                                 };
                                 break;
                         }

@@ -1554,7 +1554,7 @@ static int canon_cmp(const void *a, const void *b) {
 /* README "Rules canon": key=value lines sorted by key. Lane queue-timeouts are not in PoolLaneRule
  * (only submit needs them, and carries them), so agreement does not cover them. */
 static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t ttl, char **ret) {
-        size_t n = 0, cap = 8 + 3 * n_rules;
+        size_t n = 0, cap = 8 + 4 * n_rules;
         _cleanup_(strv_freep) char **lines = calloc(cap + 1, sizeof(char *));
         if (!lines)
                 return -ENOMEM;
@@ -1585,6 +1585,8 @@ static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
                 LINE("lane.%s.priority=%d", rules[i].lane, rules[i].priority);
                 LINE("lane.%s.max-in-use=%" PRId64, rules[i].lane, rules[i].max_in_use);
                 LINE("lane.%s.reserve=%u", rules[i].lane, rules[i].reserve);
+                if (rules[i].budget_set)
+                        LINE("lane.%s.queue-timeout=%" PRId64, rules[i].lane, wire_usec(rules[i].budget));
         }
 #undef LINE
         qsort(lines, n, sizeof(char *), canon_cmp);

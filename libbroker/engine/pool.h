@@ -25,6 +25,10 @@ typedef struct PoolLaneRule {
         int priority;
         int64_t max_in_use; /* -1: no cap */
         unsigned reserve;
+        /* The lane's queue-timeout: requests carry it (PoolTry.lane_budget); here for the rules a shared
+         * pool's nodes must agree on (SPEC §11). */
+        bool budget_set;
+        usec_t budget;            /* may be USEC_INFINITY */
 } PoolLaneRule;
 
 /* A command: take `slots` slots for a lane, now or (if may_wait) when they free up. */

@@ -1003,6 +1003,23 @@ static void test_unregistered_registers_again(void **state) {
         no_call(f);
 }
 
+/* A lane's queue-timeout is one of the rules nodes must agree on (SPEC §11): it is in the canon. */
+static void test_canon_carries_lane_budgets(void **state) {
+        Fixture *f = *state;
+        PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1 };
+        PoolLaneRule rules[] = {
+                { .lane = "ci", .priority = 0, .max_in_use = -1, .budget_set = true, .budget = S(90) },
+                { .lane = "nightly", .priority = 0, .max_in_use = -1, .budget_set = true, .budget = USEC_INFINITY },
+        };
+        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 2, S(1)), 0);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 7), "backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\n"
+                                       "lane.ci.queue-timeout=90000000\nlane.ci.reserve=0\n"
+                                       "lane.nightly.max-in-use=-1\nlane.nightly.priority=0\n"
+                                       "lane.nightly.queue-timeout=-1\nlane.nightly.reserve=0\nlimit=2\n");
+}
+
 static void test_manual_clock_passes_now_and_leaves_the_instant_to_run(void **state) {
         Fixture *f = *state;
         pool_shared_link_up(f->pool, "run1", S(1));
@@ -1114,6 +1131,7 @@ int main(void) {
                 T(test_submit_is_refused_at_once_before_the_backend_is_reached),
                 T(test_submit_checks_lane_and_size_itself),
                 T(test_registering_tick_carries_name_canon_and_floor),
+                T(test_canon_carries_lane_budgets),
                 T(test_submit_granted_at_once),
                 T(test_queued_then_granted_through_the_stream_once),
                 T(test_grant_for_a_withdrawn_rid_is_released),
