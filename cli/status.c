@@ -128,17 +128,75 @@ static void print_waiters(json_t *waiters, const char *name) {
         }
 }
 
-static void print_pool(json_t *pool, json_t *holders, json_t *waiters) {
+/* How this node sees a shared pool's backend (Status "backend"), under its pool line. */
+static void print_backend(json_t *backend) {
+        if (!json_is_object(backend))
+                return;
+        if (json_is_true(json_object_get(backend, "up"))) {
+                printf("  shared: backend up, %" JSON_INTEGER_FORMAT " node%s, round trip %" JSON_INTEGER_FORMAT " ms\n",
+                       int_member(backend, "nodes", 0), int_member(backend, "nodes", 0) == 1 ? "" : "s",
+                       int_member(backend, "rttMs", 0));
+                return;
+        }
+        printf("  shared: refused here (%s)", string_member(backend, "unavailable") ?: "backend");
+        json_t *keys = json_object_get(backend, "differingKeys");
+        size_t i;
+        json_t *v;
+        if (json_array_size(keys) > 0) {
+                printf(", these keys differ from the agreed rules:");
+                json_array_foreach(keys, i, v)
+                        printf(" %s", json_string_value(v) ?: "?");
+        }
+        putchar('\n');
+}
+
+/* Other nodes' leases and waiters in shared pool name (Status otherHolders/otherWaiters), by node name.
+ * Another node's clients are not this one's to show: no lease id, uid, pid or job. */
+static void print_other_nodes(json_t *holders, json_t *waiters, const char *name) {
+        bool header = false;
+        size_t i;
+        json_t *v;
+        char held[CLI_DURATION_MAX], waited[CLI_DURATION_MAX];
+
+        json_array_foreach(holders, i, v) {
+                if (!streq_ptr(string_member(v, "pool"), name))
+                        continue;
+                if (!header) {
+                        printf("  %-20s %-10s %-8s %-20s %s\n", "HELD ON NODE", "LANE", "SLOTS", "TOKEN", "HELD");
+                        header = true;
+                }
+                printf("  %-20s %-10s ", string_member(v, "node") ?: "?", string_member(v, "lane") ?: "?");
+                print_slots(v);
+                printf(" %-20" JSON_INTEGER_FORMAT " %s\n", int_member(v, "token", 0), duration_member(held, v, "heldMs", "?"));
+        }
+        header = false;
+        json_array_foreach(waiters, i, v) {
+                if (!streq_ptr(string_member(v, "pool"), name))
+                        continue;
+                if (!header) {
+                        printf("  %-20s %-8s %-10s %-5s %s\n", "WAITING ON NODE", "POSITION", "LANE", "SLOTS", "WAITED");
+                        header = true;
+                }
+                printf("  %-20s %-8" JSON_INTEGER_FORMAT " %-10s %-5" JSON_INTEGER_FORMAT " %s\n", string_member(v, "node") ?: "?",
+                       int_member(v, "position", 0), string_member(v, "lane") ?: "?", int_member(v, "slots", 1),
+                       duration_member(waited, v, "waitedMs", "?"));
+        }
+}
+
+static void print_pool(json_t *pool, json_t *reply) {
         const char *name = string_member(pool, "name") ?: "?";
         json_int_t limit = int_member(pool, "limit", 0), in_use = int_member(pool, "inUse", 0);
         json_int_t waiting = int_member(pool, "waiting", 0), max_queue = int_member(pool, "maxQueue", -1);
         size_t i;
         json_t *v;
 
+        /* A shared pool's inUse and waiting are this node's own (exact); the other nodes' are listed below,
+         * from a snapshot up to a second old: adding the two could show more than the limit. */
+        const char *where = json_object_get(pool, "backend") ? " here" : "";
         printf("%-10s ", name);
         print_usage_bar(in_use, limit);
-        printf("  %" JSON_INTEGER_FORMAT "/%" JSON_INTEGER_FORMAT " in use, %" JSON_INTEGER_FORMAT " waiting", in_use, limit,
-               waiting);
+        printf("  %" JSON_INTEGER_FORMAT "/%" JSON_INTEGER_FORMAT " in use%s, %" JSON_INTEGER_FORMAT " waiting%s", in_use,
+               limit, where, waiting, where);
         if (max_queue >= 0)
                 printf(" (max %" JSON_INTEGER_FORMAT ")", max_queue);
         if (json_is_true(json_object_get(pool, "congested")))
@@ -152,8 +210,10 @@ static void print_pool(json_t *pool, json_t *holders, json_t *waiters) {
                         printf(" %s", json_string_value(v) ?: "?");
         }
         putchar('\n');
-        print_holders(holders, name);
-        print_waiters(waiters, name);
+        print_backend(json_object_get(pool, "backend"));
+        print_holders(json_object_get(reply, "holders"), name);
+        print_waiters(json_object_get(reply, "waiters"), name);
+        print_other_nodes(json_object_get(reply, "otherHolders"), json_object_get(reply, "otherWaiters"), name);
 }
 
 static bool pool_is_listed(json_t *pools, const char *name) {
@@ -247,7 +307,7 @@ int verb_status(int argc, char *argv[]) {
         json_array_foreach(pools, i, pool) {
                 if (i > 0)
                         putchar('\n');
-                print_pool(pool, holders, waiters);
+                print_pool(pool, reply);
         }
         print_removed_pools(pools, holders, waiters);
         return fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
