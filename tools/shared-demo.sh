@@ -95,7 +95,7 @@ job() { # job NUMBER NODE, in a subshell that becomes slotctl
                 held=$(ls "$locks" | wc -l)
                 echo "$held" >>"$locks/../held-counts"
                 echo "  $name via runner-$node: slot $SLOT_INDEX, fencing token $SLOT_TOKEN ($held of 2 slots held)"
-                sleep 2
+                sleep 3
                 rmdir "$locks/slot-$SLOT_INDEX"' sh "$locks" "job-$1" "$2"
 }
 for i in $(seq 6); do
@@ -109,7 +109,7 @@ done
 # fetch one): ask until it lists a lease held there.
 for _ in $(seq 300); do [ "$(ls "$locks" | wc -l)" -ge 2 ] && break; sleep 0.1; done
 for node in a b; do
-        for _ in $(seq 50); do
+        for _ in $(seq 100); do
                 "$slotctl" status --socket "$run/$node/io.slotbroker" | grep -q "HELD ON NODE" && break
                 sleep 0.1
         done
