@@ -128,79 +128,81 @@ static void print_waiters(json_t *waiters, const char *name) {
         }
 }
 
-/* Other nodes' leases in shared pool name (Status's otherHolders): no lease id, uid or job to show. */
-static void print_other_holders(json_t *holders, const char *name) {
+/* How this node sees a shared pool's backend (Status "backend"), under its pool line. */
+static void print_backend(json_t *backend) {
+        if (!json_is_object(backend))
+                return;
+        if (json_is_true(json_object_get(backend, "up"))) {
+                printf("  shared: backend up, %" JSON_INTEGER_FORMAT " node%s, round trip %" JSON_INTEGER_FORMAT " ms\n",
+                       int_member(backend, "nodes", 0), int_member(backend, "nodes", 0) == 1 ? "" : "s",
+                       int_member(backend, "rttMs", 0));
+                return;
+        }
+        printf("  shared: refused here (%s)", string_member(backend, "unavailable") ?: "backend");
+        json_t *keys = json_object_get(backend, "differingKeys");
+        size_t i;
+        json_t *v;
+        if (json_array_size(keys) > 0) {
+                printf(", these keys differ from the agreed rules:");
+                json_array_foreach(keys, i, v)
+                        printf(" %s", json_string_value(v) ?: "?");
+        }
+        putchar('\n');
+}
+
+/* Other nodes' leases and waiters in shared pool name (Status otherHolders/otherWaiters), by node name.
+ * Another node's clients are not this one's to show: no lease id, uid, pid or job. */
+static void print_other_nodes(json_t *holders, json_t *waiters, const char *name) {
         bool header = false;
         size_t i;
         json_t *v;
+        char held[CLI_DURATION_MAX], waited[CLI_DURATION_MAX];
 
         json_array_foreach(holders, i, v) {
                 if (!streq_ptr(string_member(v, "pool"), name))
                         continue;
-                char held[CLI_DURATION_MAX];
                 if (!header) {
-                        printf("  %-20s %-10s %-8s %-20s %s\n", "OTHER NODE", "LANE", "SLOTS", "TOKEN", "HELD");
+                        printf("  %-20s %-10s %-8s %-20s %s\n", "HELD ON NODE", "LANE", "SLOTS", "TOKEN", "HELD");
                         header = true;
                 }
                 printf("  %-20s %-10s ", string_member(v, "node") ?: "?", string_member(v, "lane") ?: "?");
                 print_slots(v);
-                printf(" %-20" JSON_INTEGER_FORMAT " %s\n", int_member(v, "token", 0),
-                       duration_member(held, v, "heldMs", "?"));
+                printf(" %-20" JSON_INTEGER_FORMAT " %s\n", int_member(v, "token", 0), duration_member(held, v, "heldMs", "?"));
         }
-}
-
-/* Other nodes' requests waiting in shared pool name (Status's otherWaiters), by queue position. */
-static void print_other_waiters(json_t *waiters, const char *name) {
-        bool header = false;
-        size_t i;
-        json_t *v;
-
+        header = false;
         json_array_foreach(waiters, i, v) {
                 if (!streq_ptr(string_member(v, "pool"), name))
                         continue;
-                char waited[CLI_DURATION_MAX];
                 if (!header) {
-                        printf("  %-8s %-20s %-10s %-5s %s\n", "WAITING", "OTHER NODE", "LANE", "SLOTS", "WAITED");
+                        printf("  %-20s %-8s %-10s %-5s %s\n", "WAITING ON NODE", "POSITION", "LANE", "SLOTS", "WAITED");
                         header = true;
                 }
-                printf("  %-8" JSON_INTEGER_FORMAT " %-20s %-10s %-5" JSON_INTEGER_FORMAT " %s\n", int_member(v, "position", 0),
-                       string_member(v, "node") ?: "?", string_member(v, "lane") ?: "?", int_member(v, "slots", 1),
+                printf("  %-20s %-8" JSON_INTEGER_FORMAT " %-10s %-5" JSON_INTEGER_FORMAT " %s\n", string_member(v, "node") ?: "?",
+                       int_member(v, "position", 0), string_member(v, "lane") ?: "?", int_member(v, "slots", 1),
                        duration_member(waited, v, "waitedMs", "?"));
         }
 }
 
-/* A shared pool's line counts every node (backend.inUse, backend.waiting), then says what is this node's
- * and how the backend is. */
-static void print_pool_counts(json_t *pool, json_int_t limit) {
-        json_t *backend = json_object_get(pool, "backend");
-        json_int_t in_use = int_member(pool, "inUse", 0), waiting = int_member(pool, "waiting", 0);
-        json_int_t max_queue = int_member(pool, "maxQueue", -1);
-        json_int_t all_in_use = json_is_object(backend) ? int_member(backend, "inUse", in_use) : in_use;
-        json_int_t all_waiting = json_is_object(backend) ? int_member(backend, "waiting", waiting) : waiting;
-
-        print_usage_bar(all_in_use, limit);
-        printf("  %" JSON_INTEGER_FORMAT "/%" JSON_INTEGER_FORMAT " in use, %" JSON_INTEGER_FORMAT " waiting", all_in_use,
-               limit, all_waiting);
-        if (max_queue >= 0)
-                printf(" (max %" JSON_INTEGER_FORMAT ")", max_queue);
-        if (!json_is_object(backend))
-                return;
-        json_int_t nodes = int_member(backend, "nodes", 0);
-        printf(" on %" JSON_INTEGER_FORMAT " node%s (here %" JSON_INTEGER_FORMAT " in use, %" JSON_INTEGER_FORMAT " waiting)",
-               nodes, nodes == 1 ? "" : "s", in_use, waiting);
-        if (json_is_true(json_object_get(backend, "up")))
-                printf(", backend up (%" JSON_INTEGER_FORMAT " ms)", int_member(backend, "rttMs", 0));
-        else
-                printf(", backend %s", string_member(backend, "unavailable") ?: "down");
-}
-
 static void print_pool(json_t *pool, json_t *reply) {
         const char *name = string_member(pool, "name") ?: "?";
+        json_int_t limit = int_member(pool, "limit", 0), in_use = int_member(pool, "inUse", 0);
+        json_int_t waiting = int_member(pool, "waiting", 0), max_queue = int_member(pool, "maxQueue", -1);
         size_t i;
         json_t *v;
 
+        /* A shared pool's line counts every node (backend.inUse and waiting, from the backend's last reply),
+         * then this node's own part; the other nodes' entries are listed below. */
+        json_t *backend = json_object_get(pool, "backend");
+        json_int_t shown_in_use = json_is_object(backend) ? int_member(backend, "inUse", in_use) : in_use;
+        json_int_t shown_waiting = json_is_object(backend) ? int_member(backend, "waiting", waiting) : waiting;
         printf("%-10s ", name);
-        print_pool_counts(pool, int_member(pool, "limit", 0));
+        print_usage_bar(shown_in_use, limit);
+        printf("  %" JSON_INTEGER_FORMAT "/%" JSON_INTEGER_FORMAT " in use, %" JSON_INTEGER_FORMAT " waiting", shown_in_use,
+               limit, shown_waiting);
+        if (max_queue >= 0)
+                printf(" (max %" JSON_INTEGER_FORMAT ")", max_queue);
+        if (json_is_object(backend))
+                printf(", here %" JSON_INTEGER_FORMAT " in use, %" JSON_INTEGER_FORMAT " waiting", in_use, waiting);
         if (json_is_true(json_object_get(pool, "congested")))
                 printf(", congested");
         if (json_is_true(json_object_get(pool, "drained")))
@@ -212,10 +214,10 @@ static void print_pool(json_t *pool, json_t *reply) {
                         printf(" %s", json_string_value(v) ?: "?");
         }
         putchar('\n');
+        print_backend(backend);
         print_holders(json_object_get(reply, "holders"), name);
-        print_other_holders(json_object_get(reply, "otherHolders"), name);
         print_waiters(json_object_get(reply, "waiters"), name);
-        print_other_waiters(json_object_get(reply, "otherWaiters"), name);
+        print_other_nodes(json_object_get(reply, "otherHolders"), json_object_get(reply, "otherWaiters"), name);
 }
 
 static bool pool_is_listed(json_t *pools, const char *name) {

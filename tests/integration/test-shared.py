@@ -119,7 +119,7 @@ class TestShared(harness.BrokerTestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         lines = out.stdout.splitlines()
         line = next(x for x in lines if x.startswith("shared "))
-        self.assertIn("2/2 in use, 1 waiting on 2 nodes (here 0 in use, 1 waiting), backend up", line)
+        self.assertIn("2/2 in use, 1 waiting, here 0 in use, 1 waiting", line)
         self.assertEqual(sorted(x.split()[:3] for x in lines if x.split()[:1] == ["node-a"]),
                          [["node-a", "ci", "0"], ["node-a", "ci", "1"]])
 

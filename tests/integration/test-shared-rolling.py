@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""The rolling change of a shared pool's rules, as brokerd.conf(5) (SHARED POOLS, "Agreement on the rules")
+tells it, on three brokerds sharing one pool through a real redis-server: limit 2 → 3.
+
+- a runner reloaded before the last refuses the pool (Unavailable, reason "rules"; Status names the keys
+  that differ), keeps its lease, and the runners not yet reloaded keep serving it under the old limit;
+- the last reload makes every runner serve the pool again, under the new limit;
+- the pool is never refused everywhere, and two limits are never enforced at once.
+
+Skipped (77) without redis-server or shared pools.
+
+Usage: test-shared-rolling.py BROKERD [unittest arguments]
+"""
+import shutil
+import sys
+import tempfile
+
+sys.dont_write_bytecode = True
+import faults  # noqa: E402
+import harness  # noqa: E402
+from harness import wait_for  # noqa: E402
+from redisd import RedisServer  # noqa: E402
+
+TTL = 6  # seconds: backend-node-ttl, the recovery window of the pool's first use
+
+
+def config(backend, node, limit):
+    return f"""\
+[broker]
+node-name = {node}
+revoke-grace = 1s
+
+[pool grid]
+limit = {limit}
+backend = {backend}
+backend-node-ttl = {TTL}s
+
+[lane ci]
+pools = grid
+policy = wait
+
+[lane now]
+pools = grid
+policy = fail-fast
+"""
+
+
+class TestSharedRolling(harness.BrokerTestCase):
+    def setUp(self):
+        faults.skip_unless_shared_pools(self)
+        self.tmp = tempfile.mkdtemp(prefix="test-shared-rolling-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.redis = RedisServer(self.tmp).start()
+        self.addCleanup(self.redis.close)
+
+    def backend(self, b):
+        return b.pool("grid").get("backend") or {}
+
+    def wait_served(self, b, nodes=3):
+        wait_for(lambda: self.backend(b).get("up") and self.backend(b).get("nodes") == nodes, timeout=30,
+                 message=f"{b.name} to serve the pool with {nodes} nodes live")
+
+    def reload_with(self, b, limit):
+        b.write_config(config(self.redis.url(), b.name, limit))
+        b.reload()
+
+    def refused_for_rules(self, b):
+        wait_for(lambda: self.backend(b).get("unavailable") == "rules", timeout=10,
+                 message=f"{b.name} to refuse the pool for its rules")
+        self.assertEqual(self.backend(b).get("differingKeys"), ["limit"], self.backend(b))
+        r = self.acquire(b, "now")
+        r.close()
+        self.assertEqual((r.error, r.params.get("reason")), ("io.slotbroker.Unavailable", "rules"), r.msg)
+
+    def busy(self, b):
+        """b serves the pool and it is full: a fail-fast request is refused busy (not unavailable)."""
+        r = self.acquire(b, "now")
+        r.close()
+        self.assertEqual(r.error, "io.slotbroker.Busy", r.msg)
+
+    def test_rolling_limit_change(self):
+        a, b, c = (self.broker(config(self.redis.url(), name, 2), name) for name in ("runner-a", "runner-b", "runner-c"))
+        for x in (a, b, c):
+            self.wait_served(x)
+        held_a = self.acquire(a, "ci")
+        self.addCleanup(held_a.close)
+        held_a.until_granted(timeout=TTL + 20)  # the pool's first use waits its recovery window
+        held_b = self.acquire(b, "ci")
+        self.addCleanup(held_b.close)
+        held_b.until_granted(timeout=10)
+
+        # Step 2: runner-a reloaded first refuses the pool and says why; its lease stays held. The others
+        # keep serving it under the old limit: full at 2.
+        self.reload_with(a, 3)
+        self.refused_for_rules(a)
+        self.busy(c)
+        self.busy(b)
+
+        # runner-b too: c alone still serves, still at the old limit.
+        self.reload_with(b, 3)
+        self.refused_for_rules(b)
+        self.busy(c)
+
+        # Step 3: the last reload; every runner serves the pool again, under limit 3.
+        self.reload_with(c, 3)
+        for x in (a, b, c):
+            self.wait_served(x)
+            self.assertEqual(x.pool("grid")["limit"], 3)
+        third = self.acquire(c, "now")
+        self.addCleanup(third.close)
+        self.assertTrue(third.granted, third.msg)
+        self.busy(a)
+
+        # The leases granted under the old rules were never revoked: held, and nothing more said to them.
+        for x, h in ((a, held_a), (b, held_b)):
+            states = {e["lease"]["id"]: e["state"] for e in x.status()["holders"]}
+            self.assertEqual(states.get(h.lease["id"]), "held", states)
+            said = h.conn.poll(0.0)
+            self.assertIsNone(said, f"{x.name}'s holder was told something")
+
+
+if __name__ == "__main__":
+    (_,), argv = harness.arguments(__doc__, 1)
+    harness.main(argv)
