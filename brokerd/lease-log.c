@@ -2,7 +2,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <assert.h>
-#include <inttypes.h>
 #include <limits.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -476,7 +475,6 @@ int lease_log_read(const char *directory, HistoryState *ret_state, LeaseLogRead 
                                 break; /* a torn last line: its write never completed, nothing waited for it */
                         size_t len = (size_t) (nl - (data + at));
                         json_t *o = line_parse(data + at, len);
-                        info.lines++;
                         if (!header) {
                                 bool ok = o && len == 9 + strlen(LEASE_LOG_HEADER) &&
                                           memcmp(data + at + 9, LEASE_LOG_HEADER, len - 9) == 0;

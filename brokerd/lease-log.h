@@ -38,7 +38,6 @@ typedef struct LeaseLog LeaseLog;
 typedef struct LeaseLogRead {
         bool exists;            /* false: there was no leases.log (a new state directory, or an older brokerd's) */
         unsigned damaged;       /* lines skipped because they did not check out (a torn last line is not counted) */
-        size_t lines;           /* lines read, for deciding when to rewrite */
 } LeaseLogRead;
 
 /* Reads directory/leases.log. No file: 0 with an empty state and ret_info->exists false. Returns 0, or
