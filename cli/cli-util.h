@@ -36,6 +36,7 @@ int verb_undrain(int argc, char *argv[]);
 int verb_cancel(int argc, char *argv[]);
 int verb_reload(int argc, char *argv[]);
 int verb_simulate(int argc, char *argv[]);
+int verb_report(int argc, char *argv[]);
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerClient *, broker_client_free);
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerLease *, broker_lease_free);
