@@ -320,20 +320,20 @@ static void chart_timeline(FILE *f, const Report *r, const ReportPool *p) {
 }
 
 /* p50, p95 and max of each period with grants, told apart by marker shape as well as by words. */
-static void put_marker(FILE *f, const char *series, double x, double y, const char *title) {
+static void put_marker(FILE *f, const char *class, const char *series, double x, double y, const char *title) {
         if (streq(series, "p50"))
-                fprintf(f, "<circle class=\"point\" data-series=\"p50\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\">",
-                        x, y, COLOUR_IN_USE);
+                fprintf(f, "<circle class=\"%s\" data-series=\"p50\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\">",
+                        class, x, y, COLOUR_IN_USE);
         else if (streq(series, "p95"))
                 fprintf(f,
-                        "<path class=\"point\" data-series=\"p95\" d=\"M%.1f %.1fl5 9h-10z\" fill=\"none\" stroke=\"%s\" "
+                        "<path class=\"%s\" data-series=\"p95\" d=\"M%.1f %.1fl5 9h-10z\" fill=\"none\" stroke=\"%s\" "
                         "stroke-width=\"1.5\">",
-                        x, y - 5, COLOUR_WAITING);
+                        class, x, y - 5, COLOUR_WAITING);
         else
                 fprintf(f,
-                        "<path class=\"point\" data-series=\"max\" d=\"M%.1f %.1fl8 8m0 -8l-8 8\" stroke=\"%s\" "
+                        "<path class=\"%s\" data-series=\"max\" d=\"M%.1f %.1fl8 8m0 -8l-8 8\" stroke=\"%s\" "
                         "stroke-width=\"1.5\">",
-                        x - 4, y - 4, COLOUR_INK);
+                        class, x - 4, y - 4, COLOUR_INK);
         fprintf(f, "<title>%s</title></%s>", title, streq(series, "p50") ? "circle" : "path");
 }
 
@@ -375,17 +375,17 @@ static void chart_lane_waits(FILE *f, const Report *r, const ReportLane *l) {
                 for (size_t s = 0; s < 3; s++) {
                         char t[64 + CLI_DURATION_MAX], d[CLI_DURATION_MAX];
                         snprintf(t, sizeof t, "%s %s of %" PRIu64 " grants", series[s], duration(d, v[s]), w->n);
-                        put_marker(f, series[s], x, plot_y((double) v[s], top), t);
+                        put_marker(f, "point", series[s], x, plot_y((double) v[s], top), t);
                         points++;
                 }
         }
         double lx = MARGIN_L + PLOT_W - 250, ly = 12;
         fputs("<g class=\"legend\">", f);
-        put_marker(f, "p50", lx, ly, "median");
+        put_marker(f, "key", "p50", lx, ly, "median");
         legend_text(f, lx + 10, ly, "median");
-        put_marker(f, "p95", lx + 80, ly, "p95");
+        put_marker(f, "key", "p95", lx + 80, ly, "p95");
         legend_text(f, lx + 90, ly, "95th percentile");
-        put_marker(f, "max", lx + 200, ly, "max");
+        put_marker(f, "key", "max", lx + 200, ly, "max");
         legend_text(f, lx + 210, ly, "longest");
         fprintf(f, "</g><desc>%zu points</desc></svg></figure>\n", points);
 }
