@@ -345,7 +345,7 @@ static void chart_lane_waits(FILE *f, const Report *r, const ReportLane *l) {
         double scale;
         const char *unit;
         duration_unit(l->waits.max, &scale, &unit);
-        double step = nice_step(MAX((double) l->waits.max / scale, 1), 5) * scale;
+        double step = nice_step(MAX((double) l->waits.max / scale, 5), 5) * scale;
         double top = MAX(ceil_positive((double) l->waits.max / step), 1) * step;
         size_t points = 0;
 
