@@ -129,6 +129,8 @@ Report *report_free(Report *r) {
                 }
                 free(p->lanes);
                 free(p->buckets);
+                free(p->sweep);
+                free(p->sweep_error);
                 free(p->name);
         }
         free(r->pools);

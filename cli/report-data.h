@@ -61,6 +61,13 @@ typedef struct ReportLane {
         uint64_t (*period_refused)[_REPORT_REASON_MAX];  /* n_periods */
 } ReportLane;
 
+/* One point of a capacity curve (--replay-sweep): the pool's recorded requests re-run at this limit. */
+typedef struct ReportSweepPoint {
+        unsigned limit;
+        uint64_t requests, granted, refused;
+        usec_t p95_wait, longest_wait;          /* of the grants */
+} ReportSweepPoint;
+
 typedef struct ReportPool {
         char *name;
         ReportBucket *buckets;    /* n_buckets */
@@ -78,6 +85,10 @@ typedef struct ReportPool {
         usec_t congested_us;      /* time with a request waiting with the saturated budget */
         ReportWaits waits;
         bool clamped;             /* an end without its start (cut by retention): a count stayed at 0 */
+
+        ReportSweepPoint *sweep;  /* the capacity curve, by limit; NULL: none asked for, or sweep_error */
+        size_t n_sweep;
+        char *sweep_error;        /* why a curve asked for could not be drawn */
 } ReportPool;
 
 /* A row of the report's tables: the longest holds, the revocations, the jobs refused most. */

@@ -571,6 +571,65 @@ static void chart_refusals(FILE *f, const Report *r, const ReportPool *p) {
         fprintf(f, "</g><desc>%zu bars</desc></svg>\n", bars);
 }
 
+/* The capacity curve: the recorded requests re-run at each limit; refusals as bars, the grants' p95 wait
+ * written above each, and every figure in the table beside it. */
+static void chart_sweep(FILE *f, const ReportPool *p) {
+        char a[CLI_DURATION_MAX], b[CLI_DURATION_MAX];
+
+        if (!p->sweep && !p->sweep_error)
+                return;
+        fputs("<h3>Capacity: the recorded requests at other limits</h3><p class=\"summary\">", f);
+        if (!p->sweep) {
+                fputs("The recorded requests could not be replayed: ", f);
+                put_text(f, p->sweep_error);
+                fputs(".</p>\n", f);
+                return;
+        }
+        const ReportSweepPoint *first = &p->sweep[0], *last = &p->sweep[p->n_sweep - 1];
+        fprintf(f, "The %" PRIu64 " requests recorded for this pool (its whole history), re-run by the simulator at "
+                   "each limit (<code>slotctl simulate --replay</code>): at %u slots %" PRIu64 " would be refused "
+                   "and 95%% of grants would wait at most %s; at %u slots %" PRIu64 " and %s.</p>\n",
+                first->requests, first->limit, first->refused, duration(a, first->p95_wait), last->limit, last->refused,
+                duration(b, last->p95_wait));
+
+        fputs("<table class=\"sweep\"><tr><th>limit</th><th>requests</th><th>granted</th><th>refused</th><th>p95 wait</th>"
+              "<th>longest wait</th></tr>",
+              f);
+        uint64_t max = 0;
+        for (size_t i = 0; i < p->n_sweep; i++) {
+                const ReportSweepPoint *pt = &p->sweep[i];
+                fprintf(f, "<tr><td class=\"n\">%u</td><td class=\"n\">%" PRIu64 "</td><td class=\"n\">%" PRIu64
+                           "</td><td class=\"n\">%" PRIu64 "</td><td class=\"n\">%s</td><td class=\"n\">%s</td></tr>",
+                        pt->limit, pt->requests, pt->granted, pt->refused, duration(a, pt->p95_wait),
+                        duration(b, pt->longest_wait));
+                max = MAX(max, pt->refused);
+        }
+        fputs("</table>\n", f);
+
+        double step, top = count_axis_top((double) max, &step);
+        svg_open(f, "capacity", "Refusals and p95 wait of the recorded requests at each limit");
+        y_axis(f, top, step, 1, "refused requests");
+        double w = PLOT_W / (double) p->n_sweep;
+        for (size_t i = 0; i < p->n_sweep; i++) {
+                const ReportSweepPoint *pt = &p->sweep[i];
+                double x = MARGIN_L + w * (double) i, y = plot_y((double) pt->refused, top);
+                fprintf(f,
+                        "<rect class=\"bar\" data-limit=\"%u\" data-count=\"%" PRIu64 "\" data-p95-ms=\"%" PRIu64 "\" "
+                        "data-longest-ms=\"%" PRIu64 "\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"url(#p-busy)\" "
+                        "stroke=\"%s\"><title>limit %u: %" PRIu64 " refused</title></rect>",
+                        pt->limit, pt->refused, pt->p95_wait / USEC_PER_MSEC, pt->longest_wait / USEC_PER_MSEC, x + w * 0.15, y, w * 0.7, MARGIN_T + PLOT_H - y, COLOUR_INK, pt->limit,
+                        pt->refused);
+                fprintf(f, "<text class=\"value\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">p95 %s</text>", x + w / 2,
+                        y - 4, duration(a, pt->p95_wait));
+                fprintf(f, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%u</text>", x + w / 2,
+                        MARGIN_T + PLOT_H + 18, pt->limit);
+        }
+        fprintf(f, "<text class=\"axis-title\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">limit (slots); above each bar, "
+                   "the 95th percentile wait of the grants</text>",
+                MARGIN_L + PLOT_W / 2, CHART_H - 8);
+        fprintf(f, "<desc>%zu bars</desc></svg>\n", p->n_sweep);
+}
+
 static void pool_summary(FILE *f, const Report *r, const ReportPool *p) {
         fputs("<p class=\"summary\">", f);
         put_figure(f, "requests", p->granted + p->refused_total);
@@ -581,7 +640,7 @@ static void pool_summary(FILE *f, const Report *r, const ReportPool *p) {
         fprintf(f, " refused, %" PRIu64 " withdrawn by their clients while waiting; %" PRIu64 " leases ended, ", p->cancelled,
                 p->released);
         put_figure(f, "revoked", p->revoked);
-        fputs(" revoked or overdue.", f);
+        fputs(" revoked.", f);
         if (p->clamped)
                 fputs(" <span class=\"muted\">Some leases or waits began before the oldest row kept (history-retention=): "
                       "counts near the start may be low.</span>",
@@ -611,6 +670,7 @@ static void section_pool(FILE *f, const Report *r, const ReportPool *p) {
         chart_waits(f, r, p);
         chart_wait_histogram(f, p);
         chart_refusals(f, r, p);
+        chart_sweep(f, p);
         fputs("</section>\n", f);
 }
 

@@ -16,6 +16,7 @@
 #include "history-file.h"
 #include "report-data.h"
 #include "report-html.h"
+#include "report-sweep.h"
 
 #define STRINGIFY_(x) #x
 #define STRINGIFY(x) STRINGIFY_(x)
@@ -24,6 +25,10 @@ static const char *arg_history = NULL;
 static const char *arg_output = NULL;
 static const char *arg_pool = NULL;
 static int64_t arg_since = -1, arg_until = -1;
+static unsigned arg_sweep_from = 0, arg_sweep_to = 0; /* 0: no --replay-sweep */
+
+/* Limits a curve may have: each is a whole replay of the pool's history. */
+#define SWEEP_VALUES_MAX 64
 
 static void help(void) {
         printf("slotctl report [OPTIONS…] -o FILE.html\n\n"
@@ -36,11 +41,14 @@ static void help(void) {
                "     --since=TIME      From TIME (-1h or \"1h ago\"; 2024-05-01 13:30; @EPOCH; default: the first row)\n"
                "     --until=TIME      Up to TIME, excluded (default: just after the last row)\n"
                "     --pool=NAME       Only this pool (shown even if it has no decision)\n"
+               "     --replay-sweep=limit=A..B\n"
+               "                       Add each pool's capacity curve: its recorded requests re-run by the\n"
+               "                       simulator at every limit from A to B (slotctl simulate --replay)\n"
                "  -h --help            Show this help\n");
 }
 
 static int parse_argv(int argc, char *argv[]) {
-        enum { ARG_HISTORY = 0x100, ARG_SINCE, ARG_UNTIL, ARG_POOL };
+        enum { ARG_HISTORY = 0x100, ARG_SINCE, ARG_UNTIL, ARG_POOL, ARG_REPLAY_SWEEP };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "output", required_argument, NULL, 'o' },
@@ -48,6 +56,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "since", required_argument, NULL, ARG_SINCE },
                 { "until", required_argument, NULL, ARG_UNTIL },
                 { "pool", required_argument, NULL, ARG_POOL },
+                { "replay-sweep", required_argument, NULL, ARG_REPLAY_SWEEP },
                 {}
         };
         int c;
@@ -74,6 +83,18 @@ static int parse_argv(int argc, char *argv[]) {
                 case ARG_POOL:
                         arg_pool = optarg;
                         break;
+                case ARG_REPLAY_SWEEP: {
+                        unsigned from, to;
+                        int n = -1;
+                        if (sscanf(optarg, "limit=%u..%u%n", &from, &to, &n) != 2 || n < 0 || optarg[n] != '\0' ||
+                            from < 1 || from > to || to - from >= SWEEP_VALUES_MAX)
+                                return log_usage("report", "--replay-sweep: expected limit=A..B with 1 ≤ A ≤ B, at most %d values, "
+                                                           "got \"%s\"",
+                                                 SWEEP_VALUES_MAX, optarg);
+                        arg_sweep_from = from;
+                        arg_sweep_to = to;
+                        break;
+                }
                 default:
                         return log_usage_option("report", c, argv);
                 }
@@ -431,6 +452,11 @@ int verb_report(int argc, char *argv[]) {
         if (k < 0)
                 return EXIT_FAILURE;
         report_finish(r);
+        for (size_t i = 0; arg_sweep_from > 0 && i < r->n_pools; i++) {
+                k = report_sweep_pool(path, &r->pools[i], arg_sweep_from, arg_sweep_to);
+                if (k < 0)
+                        return log_error_errno(k, "Failed to replay pool %s: %m", r->pools[i].name), EXIT_FAILURE;
+        }
 
         k = write_report(r, path);
         return k < 0 ? EXIT_FAILURE : EXIT_SUCCESS;

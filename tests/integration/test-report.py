@@ -87,6 +87,8 @@ class Page(html.parser.HTMLParser):
             for cls, key in (("bar", "bars"), ("point", "points"), ("series", "series"), ("congested", "congested")):
                 if a.get("class") == cls:
                     self._chart[key] += 1
+        if tag == "rect" and "data-limit" in a and self._pool is not None:
+            self._pool.setdefault("capacity", {})[int(a["data-limit"])] = (int(a["data-count"]), int(a["data-longest-ms"]))
         if tag == "span" and "data-figure" in a:
             self._figure = a
 
@@ -247,6 +249,19 @@ class Report(harness.BrokerTestCase):
         self.check_page(Page(text))
         self.assertIn('<span data-figure="revocations">1</span>', text)
         self.assertIn("max-hold", text)
+
+    def test_replay_sweep_is_simulate_replay_sweep(self):
+        _, text = self.report("--replay-sweep", "limit=1..3")
+        capacity = Page(text).pools["grid"]["capacity"]
+        p = slotctl("simulate", "--replay", self.history, "--pool", "grid", "--sweep", "limit=1..3", "--json")
+        rows = json.loads(p.stdout)
+        self.assertEqual(capacity, {r["value"]: (sum(r[k] for k in REASONS if k in r), r["longestWaitMs"]) for r in rows})
+        self.assertEqual(Page(text).pools["grid"]["charts"]["capacity"]["bars"], 3)
+
+        p = slotctl("report", "--history", self.history, "-o", "-", "--replay-sweep", "limit=0..3", check=False)
+        self.assertEqual(p.returncode, 64)
+        p = slotctl("report", "--history", self.history, "-o", "-", "--replay-sweep", "queue-timeout=1..3", check=False)
+        self.assertEqual(p.returncode, 64)
 
     def test_report_in_chromium(self):
         if not CHROMIUM:

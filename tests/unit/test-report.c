@@ -247,6 +247,32 @@ static void test_page_says_when_there_is_nothing(void **state) {
         assert_null(strstr(quiet, "<svg class=\"chart\""));
 }
 
+static void test_page_draws_the_capacity_curve_or_says_why_not(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
+        ReportPool *p = &r->pools[0];
+        p->sweep = calloc(3, sizeof(ReportSweepPoint));
+        assert_non_null(p->sweep);
+        for (unsigned i = 0; i < 3; i++)
+                p->sweep[p->n_sweep++] = (ReportSweepPoint) {
+                        .limit = 4 + i, .requests = 10, .granted = 8 + i, .refused = 2 - i, .p95_wait = (3 - i) * S,
+                };
+        report_finish(r);
+        _cleanup_free_ char *html = render(r);
+        assert_int_equal(count(html, "data-chart=\"capacity\""), 1);
+        assert_int_equal(count(html, "data-limit="), 3);
+        assert_non_null(strstr(html, "data-limit=\"4\" data-count=\"2\" data-p95-ms=\"3000\""));
+        assert_non_null(strstr(html, "at 4 slots 2 would be refused"));
+
+        p->sweep = mfree(p->sweep);
+        p->n_sweep = 0;
+        p->sweep_error = strdup("no lease of pool 'grid' ended");
+        _cleanup_free_ char *why = render(r);
+        assert_int_equal(count(why, "data-chart=\"capacity\""), 0);
+        assert_non_null(strstr(why, "could not be replayed: no lease of pool &#39;grid&#39; ended"));
+}
+
 int main(void) {
         static const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_wait_bins_have_exact_edges_at_powers_of_two),
@@ -259,6 +285,7 @@ int main(void) {
                 cmocka_unit_test(test_page_has_the_charts_bars_and_figures),
                 cmocka_unit_test(test_page_is_self_contained_and_escapes_other_users_words),
                 cmocka_unit_test(test_page_says_when_there_is_nothing),
+                cmocka_unit_test(test_page_draws_the_capacity_curve_or_says_why_not),
         };
         setenv("TZ", "UTC", 1);
         return cmocka_run_group_tests(tests, NULL, NULL);
