@@ -116,6 +116,7 @@ typedef struct Report {
         ReportRow holds[REPORT_TABLE_ROWS], revocations[REPORT_TABLE_ROWS], jobs[REPORT_TABLE_ROWS];
         size_t n_holds, n_revocations, n_jobs;
         uint64_t revocations_total; /* there may be more than the table shows */
+        bool virtual_clock;       /* a simulation's times, from 0: shown as offsets, not dates */
 } Report;
 
 /* since < until. Returns 0, -EINVAL, -ENOMEM. */

@@ -86,6 +86,11 @@ static const char *duration(char buf[static CLI_DURATION_MAX], usec_t u) {
                 snprintf(buf, CLI_DURATION_MAX, "%" PRIu64 "µs", u);
                 return buf;
         }
+        /* Waits of a few seconds are the ones compared: a tenth, which cli_format_duration_ms() drops. */
+        if (u >= USEC_PER_SEC && u < 10 * USEC_PER_SEC) {
+                snprintf(buf, CLI_DURATION_MAX, "%" PRIu64 ".%" PRIu64 "s", u / USEC_PER_SEC, u % USEC_PER_SEC / (USEC_PER_SEC / 10));
+                return buf;
+        }
         return cli_format_duration_ms(buf, u / USEC_PER_MSEC);
 }
 
@@ -98,6 +103,17 @@ __attribute__((format(strftime, 3, 0))) static const char *format_time(char buf[
         struct tm tm;
         if (!localtime_r(&sec, &tm) || strftime(buf, TIME_MAX, format, &tm) == 0)
                 snprintf(buf, TIME_MAX, "@%" PRIu64, t / USEC_PER_SEC);
+        return buf;
+}
+
+/* A time as the report shows it: a date and time of the local zone, or, on a simulation's virtual clock, the
+ * offset from its start ("+1min 5s"). */
+__attribute__((format(strftime, 4, 0))) static const char *when(const Report *r, char buf[static TIME_MAX], usec_t t,
+                                                               const char *format) {
+        if (!r->virtual_clock)
+                return format_time(buf, t, format);
+        char d[CLI_DURATION_MAX];
+        snprintf(buf, TIME_MAX, "+%s", cli_format_duration_ms(d, (t - r->since) / USEC_PER_MSEC));
         return buf;
 }
 #pragma GCC diagnostic pop
@@ -176,7 +192,8 @@ static void y_axis(FILE *f, double top, double step, double scale, const char *u
 }
 
 /* Time ticks at whole steps of the local clock, few enough to read. */
-static void time_axis(FILE *f, usec_t since, usec_t until) {
+static void time_axis(FILE *f, const Report *r) {
+        usec_t since = r->since, until = r->until;
         static const usec_t steps[] = {
                 10 * USEC_PER_MSEC, 50 * USEC_PER_MSEC, 100 * USEC_PER_MSEC, 500 * USEC_PER_MSEC, USEC_PER_SEC,
                 2 * USEC_PER_SEC, 5 * USEC_PER_SEC, 10 * USEC_PER_SEC, 15 * USEC_PER_SEC, 30 * USEC_PER_SEC,
@@ -193,7 +210,7 @@ static void time_axis(FILE *f, usec_t since, usec_t until) {
         /* Whole steps of local time: shift by the zone's offset, round, shift back. */
         time_t s = (time_t) (since / USEC_PER_SEC);
         struct tm tm;
-        int64_t offset = localtime_r(&s, &tm) ? (int64_t) tm.tm_gmtoff * (int64_t) USEC_PER_SEC : 0;
+        int64_t offset = !r->virtual_clock && localtime_r(&s, &tm) ? (int64_t) tm.tm_gmtoff * (int64_t) USEC_PER_SEC : 0;
         usec_t local = (usec_t) ((int64_t) since + offset);
         usec_t first = (usec_t) ((int64_t) (DIV_ROUND_UP(local, step) * step) - offset);
 
@@ -203,19 +220,24 @@ static void time_axis(FILE *f, usec_t since, usec_t until) {
                 double x = MARGIN_L + (double) (t - since) / (double) range * PLOT_W;
                 fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>", x, x, MARGIN_T + PLOT_H,
                         MARGIN_T + PLOT_H + 5);
-                const char *label = step < USEC_PER_MINUTE ? format_time(b, t, "%H:%M:%S") :
-                                    step < USEC_PER_DAY    ? format_time(b, t, "%H:%M") :
-                                                             format_time(b, t, "%b %d");
+                const char *label = step < USEC_PER_MINUTE ? when(r, b, t, "%H:%M:%S") :
+                                    step < USEC_PER_DAY    ? when(r, b, t, "%H:%M") :
+                                                             when(r, b, t, "%b %d");
                 fprintf(f, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s", x,
                         MARGIN_T + PLOT_H + 18, label);
-                if (step < USEC_PER_SEC)
+                if (step < USEC_PER_SEC && !r->virtual_clock)
                         fprintf(f, ".%02" PRIu64, (t % USEC_PER_SEC) / (10 * USEC_PER_MSEC));
                 fputs("</text>", f);
         }
         char z[TIME_MAX], a[TIME_MAX], b[TIME_MAX];
-        fprintf(f, "<text class=\"axis-title\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">time (%s, from %s to %s)</text>",
-                MARGIN_L + PLOT_W / 2, CHART_H - 8, format_time(z, since, "%Z"), format_time(a, since, "%Y-%m-%d %H:%M:%S"),
-                format_time(b, until, "%Y-%m-%d %H:%M:%S"));
+        if (r->virtual_clock)
+                fprintf(f, "<text class=\"axis-title\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">time since the start of "
+                           "the simulation</text>",
+                        MARGIN_L + PLOT_W / 2, CHART_H - 8);
+        else
+                fprintf(f, "<text class=\"axis-title\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">time (%s, from %s to %s)</text>",
+                        MARGIN_L + PLOT_W / 2, CHART_H - 8, format_time(z, since, "%Z"),
+                        format_time(a, since, "%Y-%m-%d %H:%M:%S"), format_time(b, until, "%Y-%m-%d %H:%M:%S"));
         fputs("</g>", f);
 }
 
@@ -274,12 +296,12 @@ static void chart_timeline(FILE *f, const Report *r, const ReportPool *p) {
                         "<rect class=\"congested\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
                         "fill=\"url(#p-congested)\"><title>congested from %s</title></rect>",
                         time_x(r, from), MARGIN_T, MAX(time_x(r, to) - time_x(r, from), 1.0), PLOT_H,
-                        format_time(t, from, "%H:%M:%S"));
+                        when(r, t, from, "%H:%M:%S"));
                 runs++;
                 i = j;
         }
         y_axis(f, top, step, 1, "slots (leases)");
-        time_axis(f, r->since, r->until);
+        time_axis(f, r);
 
         static const struct {
                 const char *series, *colour, *dash, *label;
@@ -360,7 +382,7 @@ static void chart_lane_waits(FILE *f, const Report *r, const ReportLane *l) {
         fputs("</b></figcaption>", f);
         svg_open(f, "waits", title);
         y_axis(f, top, step, scale, axis);
-        time_axis(f, r->since, r->until);
+        time_axis(f, r);
         double slot = PLOT_W / (double) r->n_periods;
         for (size_t i = 0; i < r->n_periods; i++) {
                 const ReportWaits *w = &l->period_waits[i];
@@ -538,7 +560,10 @@ static void chart_refusals(FILE *f, const Report *r, const ReportPool *p) {
         for (size_t i = 0; i < r->n_periods; i++) {
                 double base = 0;
                 char t[TIME_MAX];
-                format_time(t, r->period_start + i * r->period_us, r->period_us == USEC_PER_DAY ? "%Y-%m-%d" : "%Y-%m-%d %H:00");
+                if (r->period_us == USEC_PER_DAY)
+                        when(r, t, r->period_start + i * r->period_us, "%Y-%m-%d");
+                else
+                        when(r, t, r->period_start + i * r->period_us, "%Y-%m-%d %H:00");
                 for (ReportReason k = 0; k < _REPORT_REASON_MAX; k++) {
                         uint64_t n = 0;
                         for (size_t j = 0; j < p->n_lanes; j++)
@@ -560,11 +585,12 @@ static void chart_refusals(FILE *f, const Report *r, const ReportPool *p) {
                 char t[TIME_MAX];
                 fprintf(f, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>",
                         MARGIN_L + w * ((double) i + 0.5), MARGIN_T + PLOT_H + 18,
-                        format_time(t, r->period_start + i * r->period_us, r->period_us == USEC_PER_DAY ? "%b %d" : "%H:00"));
+                        r->period_us == USEC_PER_DAY ? when(r, t, r->period_start + i * r->period_us, "%b %d") :
+                                                       when(r, t, r->period_start + i * r->period_us, "%H:00"));
         }
         char z[TIME_MAX];
         fprintf(f, "<text class=\"axis-title\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s starting (%s)</text>",
-                MARGIN_L + PLOT_W / 2, CHART_H - 8, period_word(r), format_time(z, r->since, "%Z"));
+                MARGIN_L + PLOT_W / 2, CHART_H - 8, period_word(r), r->virtual_clock ? "from the start" : format_time(z, r->since, "%Z"));
         fputs("<g class=\"legend\">", f);
         for (ReportReason k = 0; k < _REPORT_REASON_MAX; k++)
                 reason_swatch(f, k, MARGIN_L + PLOT_W - 460 + 95 * (double) k, 12);
@@ -676,7 +702,7 @@ static void section_pool(FILE *f, const Report *r, const ReportPool *p) {
 
 /* ---- the tables across pools ---- */
 
-static void table_rows(FILE *f, const char *class, const ReportRow *rows, size_t n, bool jobs) {
+static void table_rows(FILE *f, const Report *r, const char *class, const ReportRow *rows, size_t n, bool jobs) {
         fprintf(f, "<table class=\"%s\"><tr>", class);
         if (jobs) {
                 fputs("<th>job</th><th>refusals</th>", f);
@@ -695,7 +721,7 @@ static void table_rows(FILE *f, const char *class, const ReportRow *rows, size_t
                                 fprintf(f, "<td class=\"n\">%" PRIu64 "</td>", row->refused[k]);
                 } else {
                         char t[TIME_MAX], d[CLI_DURATION_MAX];
-                        fputs(format_time(t, row->time, "%Y-%m-%d %H:%M:%S"), f);
+                        fputs(when(r, t, row->time, "%Y-%m-%d %H:%M:%S"), f);
                         fputs("</td><td>", f);
                         put_text(f, row->pool);
                         fputs("</td><td>", f);
@@ -721,7 +747,7 @@ static void section_tables(FILE *f, const Report *r) {
                 fputs("<p class=\"summary\">No request was refused.</p>\n", f);
         else {
                 fprintf(f, "<p class=\"summary\">The %zu jobs (by their --job label) refused most often.</p>\n", r->n_jobs);
-                table_rows(f, "jobs", r->jobs, r->n_jobs, true);
+                table_rows(f, r, "jobs", r->jobs, r->n_jobs, true);
         }
         fputs("<h3>Longest holds</h3>", f);
         if (r->n_holds == 0)
@@ -730,7 +756,7 @@ static void section_tables(FILE *f, const Report *r) {
                 char d[CLI_DURATION_MAX];
                 fprintf(f, "<p class=\"summary\">The %zu longest leases that ended in this range; the longest was held %s.</p>\n",
                         r->n_holds, duration(d, r->holds[0].duration));
-                table_rows(f, "holds", r->holds, r->n_holds, false);
+                table_rows(f, r, "holds", r->holds, r->n_holds, false);
         }
         fputs("<h3>Revocations</h3><p class=\"summary\">", f);
         put_figure(f, "revocations", r->revocations_total);
@@ -739,7 +765,7 @@ static void section_tables(FILE *f, const Report *r) {
         else {
                 fprintf(f, " leases were revoked (max-hold, a release or an administrator) or went overdue%s.</p>\n",
                         r->revocations_total > r->n_revocations ? "; the first are listed" : "");
-                table_rows(f, "revocations", r->revocations, r->n_revocations, false);
+                table_rows(f, r, "revocations", r->revocations, r->n_revocations, false);
         }
         fputs("</section>\n", f);
 }
@@ -782,7 +808,13 @@ int report_html_write(const Report *r, const ReportHtmlOptions *o, FILE *f) {
                    "<title>slotbroker report, %s to %s</title><style>%s</style></head>\n<body>\n",
                 a, b, css);
         defs(f);
-        fprintf(f, "<h1>Slot usage report</h1>\n<p class=\"range\">From <time>%s</time> to <time>%s</time> (%s)", a, b, z);
+        if (r->virtual_clock) {
+                char d[CLI_DURATION_MAX];
+                fprintf(f, "<h1>Slot usage report</h1>\n<p class=\"range\">A simulated run of %s",
+                        duration(d, r->until - r->since));
+        } else
+                fprintf(f, "<h1>Slot usage report</h1>\n<p class=\"range\">From <time>%s</time> to <time>%s</time> (%s)", a,
+                        b, z);
         if (o && o->source) {
                 fputs(", from <code>", f);
                 put_text(f, o->source);
@@ -792,7 +824,10 @@ int report_html_write(const Report *r, const ReportHtmlOptions *o, FILE *f) {
                 fputs(", by ", f);
                 put_text(f, o->generator);
         }
-        fputs(". Leases count once whatever their number of slots (history.db does not record it).</p>\n", f);
+        fputs(r->virtual_clock ? ". Leases count once whatever their number of slots; a lane's max-hold is not applied to "
+                                 "the drawing.</p>\n" :
+                                 ". Leases count once whatever their number of slots (history.db does not record it).</p>\n",
+              f);
 
         if (r->n_pools == 0)
                 fputs("<p class=\"summary empty\">The history holds no decision in this range.</p>\n", f);

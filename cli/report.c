@@ -1,6 +1,4 @@
 /* SPDX-License-Identifier: MIT */
-/* report.c — `slotctl report`: history.db read as a stream of rows in time order into report-data's
- * aggregates, then drawn by report-html into one self-contained HTML file. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -16,6 +14,7 @@
 #include "history-file.h"
 #include "report-data.h"
 #include "report-html.h"
+#include "report.h"
 #include "report-sweep.h"
 
 #define STRINGIFY_(x) #x
@@ -367,36 +366,35 @@ static bool has_reason_column(sqlite3 *db) {
 
 /* ---- writing ---- */
 
-/* The page appears whole or not at all: written beside the target, then renamed over it. */
-static int write_report(const Report *r, const char *source) {
-        const ReportHtmlOptions o = { .source = source, .generator = "slotctl " PACKAGE_VERSION };
-        if (streq(arg_output, "-")) {
-                if (report_html_write(r, &o, stdout) < 0)
+int report_write_file(const Report *r, const ReportHtmlOptions *o, const char *path) {
+        if (streq(path, "-")) {
+                if (report_html_write(r, o, stdout) < 0)
                         return log_error_errno(-EIO, "Failed to write the report to standard output: %m");
                 return 0;
         }
+        /* The page appears whole or not at all: written beside its name, then renamed over it. */
         _cleanup_free_ char *tmp = NULL;
-        if (asprintf(&tmp, "%s.XXXXXX", arg_output) < 0)
-                return log_error_errno(-ENOMEM, "Failed to write '%s': %m", arg_output);
+        if (asprintf(&tmp, "%s.XXXXXX", path) < 0)
+                return log_error_errno(-ENOMEM, "Failed to write '%s': %m", path);
         int fd = mkostemp(tmp, O_CLOEXEC);
         if (fd < 0)
-                return log_error_errno(-errno, "Failed to write '%s': %m", arg_output);
+                return log_error_errno(-errno, "Failed to write '%s': %m", path);
         (void) fchmod(fd, 0644);
         FILE *f = fdopen(fd, "w");
         if (!f) {
                 int e = -errno;
                 close(fd);
                 unlink(tmp);
-                return log_error_errno(e, "Failed to write '%s': %m", arg_output);
+                return log_error_errno(e, "Failed to write '%s': %m", path);
         }
-        int k = report_html_write(r, &o, f);
+        int k = report_html_write(r, o, f);
         if (fclose(f) != 0 && k >= 0)
                 k = -errno;
-        if (k >= 0 && rename(tmp, arg_output) < 0)
+        if (k >= 0 && rename(tmp, path) < 0)
                 k = -errno;
         if (k < 0) {
                 unlink(tmp);
-                return log_error_errno(k, "Failed to write '%s': %m", arg_output);
+                return log_error_errno(k, "Failed to write '%s': %m", path);
         }
         return 0;
 }
@@ -458,6 +456,7 @@ int verb_report(int argc, char *argv[]) {
                         return log_error_errno(k, "Failed to replay pool %s: %m", r->pools[i].name), EXIT_FAILURE;
         }
 
-        k = write_report(r, path);
+        k = report_write_file(r, &(ReportHtmlOptions) { .source = path, .generator = "slotctl " PACKAGE_VERSION },
+                              arg_output);
         return k < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }

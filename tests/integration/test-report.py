@@ -263,6 +263,29 @@ class Report(harness.BrokerTestCase):
         p = slotctl("report", "--history", self.history, "-o", "-", "--replay-sweep", "queue-timeout=1..3", check=False)
         self.assertEqual(p.returncode, 64)
 
+    def test_simulate_html_draws_the_simulated_run(self):
+        """SPEC §9's reference run drawn: the page's figures are the simulator's own."""
+        args = ["simulate", "--limit", "6", "--max-queue", "100", "--hold", "200ms", "--arrivals", "40/s:60s",
+                "--deadline", "30s", "--queue-timeout", "5s"]
+        out = os.path.join(self.dir, "simulate.html")
+        text_run = slotctl(*args).stdout
+        self.assertEqual(slotctl(*args, "--html", out).stdout, text_run)  # the text report is unchanged
+        sim = json.loads(slotctl(*args, "--json").stdout)
+        with open(out) as f:
+            page = Page(f.read())
+        figures = page.pools["default"]["figures"]
+        self.assertEqual(figures["granted"], sim["granted"])
+        for reason in ("busy", "full", "timeout", "shed"):
+            self.assertEqual(figures[reason], sim["refused"][reason], reason)
+        self.assertEqual(figures["longest-wait"], sim["longestWaitMs"])
+        self.assertEqual(figures["peak-waiting"], max(sim["peakQueueBySecond"]))
+        self.assertEqual(figures["peak-in-use"], 6)
+        self.assertGreater(page.pools["default"]["charts"]["timeline"]["congested"], 0)
+        self.assertEqual(page.fetches, [])
+
+        p = slotctl(*args, "--html", out, "--sweep", "limit=6..7", check=False)
+        self.assertEqual(p.returncode, 64)
+
     def test_report_in_chromium(self):
         if not CHROMIUM:
             self.skipTest("chromium is not installed (Debian's chromium package)")
