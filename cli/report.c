@@ -139,9 +139,9 @@ static const char *column_text(sqlite3_stmt *st, int i) {
         return (const char *) sqlite_api.column_text(st, i);
 }
 
-static usec_t column_usec(sqlite3_stmt *st, int i) {
+static uint64_t column_u64(sqlite3_stmt *st, int i) {
         int64_t v = sqlite_api.column_int64(st, i);
-        return v > 0 ? (usec_t) v : 0;
+        return v > 0 ? (uint64_t) v : 0;
 }
 
 static int prepare_bound(sqlite3 *db, const char *where, const char *tail, const Report *r, sqlite3_stmt **ret) {
@@ -246,7 +246,7 @@ static int read_events(sqlite3 *db, Report *r) {
                                 .time = c->time,
                                 .pool = column_text(c->st, 1),
                                 .lane = column_text(c->st, 3),
-                                .wait = column_usec(c->st, 4),
+                                .wait = column_u64(c->st, 4),
                                 .reason = report_reason_from_string(column_text(c->st, 2)),
                         };
                         const char *state = column_text(c->st, 5);
@@ -285,12 +285,12 @@ static int read_holds(sqlite3 *db, Report *r) {
         while (k >= 0 && sqlite_api.step(st) == SQLITE_ROW)
                 k = report_table_add(r->holds, &r->n_holds,
                                      &(ReportRow) {
-                                             .time = column_usec(st, 0),
+                                             .time = column_u64(st, 0),
                                              .pool = (char *) column_text(st, 1),
                                              .lane = (char *) column_text(st, 2),
                                              .job = (char *) column_text(st, 3),
                                              .lease = (char *) column_text(st, 4),
-                                             .duration = column_usec(st, 5),
+                                             .duration = column_u64(st, 5),
                                      });
         sqlite_api.finalize(st);
         return k;
@@ -320,13 +320,13 @@ static int read_revocations(sqlite3 *db, Report *r, bool has_reason) {
                         return log_error_errno(-ENOMEM, "Failed to read history: %m");
                 k = report_table_add(r->revocations, &r->n_revocations,
                                      &(ReportRow) {
-                                             .time = column_usec(st, 0),
+                                             .time = column_u64(st, 0),
                                              .pool = (char *) column_text(st, 1),
                                              .lane = (char *) column_text(st, 2),
                                              .job = (char *) column_text(st, 3),
                                              .lease = (char *) column_text(st, 4),
                                              .duration = sqlite_api.column_type(st, 5) == SQLITE_NULL ? USEC_INFINITY :
-                                                                                                        column_usec(st, 5),
+                                                                                                        column_u64(st, 5),
                                              .what = what,
                                      });
         }
@@ -346,11 +346,11 @@ static int read_jobs(sqlite3 *db, Report *r) {
         while (k >= 0 && sqlite_api.step(st) == SQLITE_ROW) {
                 ReportRow row = {
                         .job = (char *) (column_text(st, 0) ?: "(no --job label)"),
-                        .count = column_usec(st, 1),
+                        .count = column_u64(st, 1),
                         .duration = USEC_INFINITY,
                 };
                 for (ReportReason i = 0; i < _REPORT_REASON_MAX; i++)
-                        row.refused[i] = column_usec(st, 2 + i);
+                        row.refused[i] = column_u64(st, 2 + i);
                 k = report_table_add(r->jobs, &r->n_jobs, &row);
         }
         sqlite_api.finalize(st);
