@@ -383,15 +383,14 @@ static void chart_lane_waits(FILE *f, const Report *r, const ReportLane *l) {
         svg_open(f, "waits", title);
         y_axis(f, top, step, scale, axis);
         time_axis(f, r);
-        double slot = PLOT_W / (double) r->n_periods;
         for (size_t i = 0; i < r->n_periods; i++) {
                 const ReportWaits *w = &l->period_waits[i];
                 if (w->n == 0)
                         continue;
-                usec_t mid = r->period_start + i * r->period_us + r->period_us / 2;
-                double x = mid < r->since || mid >= r->until ?
-                                   MARGIN_L + slot * ((double) i + 0.5) :
-                                   time_x(r, mid);
+                /* In the middle of the part of the period that the range covers. */
+                usec_t from = MAX(r->period_start + i * r->period_us, r->since);
+                usec_t to = MIN(r->period_start + (i + 1) * r->period_us, r->until);
+                double x = time_x(r, from + (to - from) / 2);
                 static const char *const series[] = { "p50", "p95", "max" };
                 usec_t v[3] = { report_waits_quantile(w, 0.5), report_waits_quantile(w, 0.95), w->max };
                 for (size_t s = 0; s < 3; s++) {
