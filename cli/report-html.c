@@ -220,9 +220,14 @@ static void time_axis(FILE *f, const Report *r) {
                 double x = MARGIN_L + (double) (t - since) / (double) range * PLOT_W;
                 fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>", x, x, MARGIN_T + PLOT_H,
                         MARGIN_T + PLOT_H + 5);
-                const char *label = step < USEC_PER_MINUTE ? when(r, b, t, "%H:%M:%S") :
-                                    step < USEC_PER_DAY    ? when(r, b, t, "%H:%M") :
-                                                             when(r, b, t, "%b %d");
+                /* Hours read as a clock; the ticks at midnight say the day instead. */
+                time_t ts = (time_t) (t / USEC_PER_SEC);
+                struct tm lt;
+                bool midnight = !r->virtual_clock && step >= USEC_PER_HOUR && localtime_r(&ts, &lt) && lt.tm_hour == 0 &&
+                                lt.tm_min == 0;
+                const char *label = step < USEC_PER_MINUTE           ? when(r, b, t, "%H:%M:%S") :
+                                    step < USEC_PER_DAY && !midnight ? when(r, b, t, "%H:%M") :
+                                                                       when(r, b, t, "%b %d");
                 fprintf(f, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s", x,
                         MARGIN_T + PLOT_H + 18, label);
                 if (step < USEC_PER_SEC && !r->virtual_clock)
