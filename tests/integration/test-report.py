@@ -292,7 +292,7 @@ class Report(harness.BrokerTestCase):
         _, text = self.report()
         path = os.path.join(self.dir, "test_report_in_chromium.html")
         profile = tempfile.mkdtemp(prefix="chromium-", dir=self.dir)
-        common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                   f"--user-data-dir={profile}", "--hide-scrollbars"]
         dom = subprocess.run(common + ["--dump-dom", f"file://{path}"], capture_output=True, text=True,
                              timeout=120, stdin=subprocess.DEVNULL)
