@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli-util.h"
 
@@ -521,4 +522,51 @@ int cli_request_parse_option(const char *verb, int c, const char *value, CliRequ
         default:
                 return 0;
         }
+}
+
+/* A span meaning that long ago, spelled as journalctl takes it too: "1h", "-1h", "1h ago". Returns the
+ * span or USEC_INFINITY. */
+static usec_t parse_ago(const char *s) {
+        _cleanup_free_ char *copy = strdup(s[0] == '-' ? s + 1 : s);
+        usec_t span;
+        if (!copy)
+                return USEC_INFINITY;
+        size_t len = strlen(copy);
+        if (len > 4 && streq(copy + len - 4, " ago"))
+                copy[len - 4] = '\0';
+        if (timespan_parse(copy, USEC_PER_SEC, &span) < 0)
+                return USEC_INFINITY;
+        return span;
+}
+
+int cli_parse_time(const char *option, const char *s, int64_t *ret) {
+        usec_t span;
+        if (s[0] == '@') {
+                char *end;
+                errno = 0;
+                long long v = strtoll(s + 1, &end, 10);
+                if (errno == 0 && end != s + 1 && !*end && v >= 0 && v < INT64_MAX / (long long) USEC_PER_SEC) {
+                        *ret = (int64_t) v * (int64_t) USEC_PER_SEC;
+                        return 0;
+                }
+        } else if ((span = parse_ago(s)) != USEC_INFINITY) {
+                usec_t now = now_realtime();
+                *ret = (int64_t) usec_sub_unsigned(now, span);
+                return 0;
+        } else {
+                static const char *const formats[] = { "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d" };
+                for (size_t i = 0; i < ELEMENTSOF(formats); i++) {
+                        struct tm tm = { .tm_isdst = -1 };
+                        const char *end = strptime(s, formats[i], &tm);
+                        if (!end || *end)
+                                continue;
+                        time_t t = mktime(&tm);
+                        if (t == (time_t) -1 || t < 0)
+                                break;
+                        *ret = (int64_t) t * (int64_t) USEC_PER_SEC;
+                        return 0;
+                }
+        }
+        log_error("%s: invalid time \"%s\" (e.g. -1h or \"1h ago\", 2024-05-01 13:30, @1714563000)", option, s);
+        return -EINVAL;
 }

@@ -36,6 +36,7 @@ int verb_undrain(int argc, char *argv[]);
 int verb_cancel(int argc, char *argv[]);
 int verb_reload(int argc, char *argv[]);
 int verb_simulate(int argc, char *argv[]);
+int verb_report(int argc, char *argv[]);
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerClient *, broker_client_free);
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerLease *, broker_lease_free);
@@ -105,6 +106,10 @@ enum {
  * -EINVAL after a usage message naming verb. */
 int cli_request_parse_option(const char *verb, int c, const char *value, CliRequest *r);
 int cli_parse_unsigned(const char *option, const char *s, unsigned min, unsigned max, unsigned *ret);
+/* A time as --since and --until take it: "@EPOCH", a time span meaning that long ago ("1h", "-1h", "1h ago"),
+ * or a local date and time ("2024-05-01", "2024-05-01 13:30", "2024-05-01 13:30:05"). Returns 0 and µs since
+ * the epoch in *ret, or -EINVAL after logging. */
+int cli_parse_time(const char *option, const char *s, int64_t *ret);
 
 /* The job label CI systems would want in status and history: CI_JOB_URL (GitLab), the run's URL and job
  * name (GitHub Actions), BUILDKITE_BUILD_URL, BUILD_URL (Jenkins), in that order; cut to CLI_JOB_MAX at a

@@ -1,5 +1,4 @@
 /* SPDX-License-Identifier: MIT */
-#include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <sqlite3.h>
@@ -8,27 +7,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "history-schema.h"
+#include "history-file.h"
 #include "replay.h"
-
-/* libsqlite3 is loaded when a replay needs it, not linked: every other verb, `slotctl run` first, then
- * starts without mapping and relocating it and the libm it pulls in (a third of slotctl's start-up). The
- * header still gives the types and constants; the functions come from this table. */
-static struct {
-        void *handle;
-        __typeof__(sqlite3_bind_text) *bind_text;
-        __typeof__(sqlite3_close_v2) *close_v2;
-        __typeof__(sqlite3_column_int64) *column_int64;
-        __typeof__(sqlite3_column_text) *column_text;
-        __typeof__(sqlite3_column_type) *column_type;
-        __typeof__(sqlite3_errmsg) *errmsg;
-        __typeof__(sqlite3_errstr) *errstr;
-        __typeof__(sqlite3_exec) *exec;
-        __typeof__(sqlite3_finalize) *finalize;
-        __typeof__(sqlite3_open_v2) *open_v2;
-        __typeof__(sqlite3_prepare_v2) *prepare_v2;
-        __typeof__(sqlite3_step) *step;
-} sq;
 
 /* The decisions that are requests: each arrived, and was either granted or refused for want of room. */
 #define REQUEST_DECISIONS "('granted', 'busy', 'full', 'timeout', 'shed')"
@@ -68,7 +48,7 @@ typedef struct Replay {
 
 static void replay_done(Replay *r) {
         if (r->db)
-                sq.close_v2(r->db);
+                sqlite_api.close_v2(r->db);
         free(r->pool);
         free(r->requests);
         for (size_t i = 0; i < r->n_lanes; i++) {
@@ -88,34 +68,6 @@ void replay_info_done(ReplayInfo *info) {
                 free(*l);
         free(info->lanes);
         *info = (ReplayInfo) {};
-}
-
-static int sqlite_load(char **error) {
-        if (sq.handle)
-                return 0;
-        void *h = dlopen("libsqlite3.so.0", RTLD_NOW | RTLD_LOCAL);
-        if (!h)
-                return scenario_error(error, "--replay needs libsqlite3.so.0: %s", dlerror());
-#define SYM(name)                                                                                          \
-        if (!(sq.name = dlsym(h, "sqlite3_" #name))) {                                                     \
-                dlclose(h);                                                                                \
-                return scenario_error(error, "--replay: libsqlite3.so.0 lacks sqlite3_%s", #name);         \
-        }
-        SYM(bind_text);
-        SYM(close_v2);
-        SYM(column_int64);
-        SYM(column_text);
-        SYM(column_type);
-        SYM(errmsg);
-        SYM(errstr);
-        SYM(exec);
-        SYM(finalize);
-        SYM(open_v2);
-        SYM(prepare_v2);
-        SYM(step);
-#undef SYM
-        sq.handle = h;
-        return 0;
 }
 
 static int push_u64(uint64_t **a, size_t *n, uint64_t v) {
@@ -157,86 +109,6 @@ static uint64_t median_u64(uint64_t *a, size_t n) {
         return a[(n - 1) / 2];
 }
 
-/* "file:" URI of a path, read-only: ?, # and % would end or escape the path. */
-static int uri_ro(const char *path, bool immutable, char **ret) {
-        size_t n = strlen(path);
-        char *u = malloc(n * 3 + 32), *p = u;
-        if (!u)
-                return -ENOMEM;
-        p += sprintf(p, "file:");
-        for (const char *s = path; *s; s++) {
-                if (*s == '?' || *s == '#' || *s == '%')
-                        p += sprintf(p, "%%%02X", (unsigned char) *s);
-                else
-                        *p++ = *s;
-        }
-        strcpy(p, immutable ? "?mode=ro&immutable=1" : "?mode=ro");
-        *ret = u;
-        return 0;
-}
-
-static int replay_open(Replay *r, char **error) {
-        int rc = SQLITE_CANTOPEN;
-
-        int k = sqlite_load(error);
-        if (k < 0)
-                return k;
-        /* Read-only, never creating it. A WAL database in a directory we may not write, or one that a
-         * running brokerd holds (it locks history.db for itself: brokerd(8)), still opens as immutable, its
-         * newest rows (not yet checkpointed) then missing. */
-        for (int immutable = 0; immutable <= 1 && (rc == SQLITE_CANTOPEN || rc == SQLITE_BUSY); immutable++) {
-                _cleanup_free_ char *uri = NULL;
-                if (uri_ro(r->path, immutable, &uri) < 0)
-                        return -ENOMEM;
-                sq.close_v2(r->db);
-                r->db = NULL;
-                rc = sq.open_v2(uri, &r->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL);
-                if (rc == SQLITE_OK)
-                        rc = sq.exec(r->db, "PRAGMA temp_store = MEMORY; SELECT count(*) FROM sqlite_master", NULL,
-                                          NULL, NULL);
-        }
-        if (rc != SQLITE_OK)
-                return scenario_error(error, "--replay: cannot read '%s': %s", r->path,
-                                      r->db ? sq.errmsg(r->db) : sq.errstr(rc));
-        return 0;
-}
-
-static int pragma_int(sqlite3 *db, const char *sql, int64_t *ret) {
-        sqlite3_stmt *st = NULL;
-        int rc = sq.prepare_v2(db, sql, -1, &st, NULL);
-        if (rc == SQLITE_OK) {
-                rc = sq.step(st);
-                if (rc == SQLITE_ROW) {
-                        *ret = sq.column_int64(st, 0);
-                        rc = SQLITE_OK;
-                }
-        }
-        sq.finalize(st);
-        return rc;
-}
-
-/* Before any table is read: another program's file may have an "events" table of its own, and a newer
- * brokerd's schema may mean something else by the columns read here. */
-static int replay_check_schema(Replay *r, char **error) {
-        int64_t app = 0, version = 0;
-        int rc;
-
-        rc = pragma_int(r->db, "PRAGMA application_id", &app);
-        if (rc == SQLITE_OK)
-                rc = pragma_int(r->db, "PRAGMA user_version", &version);
-        if (rc != SQLITE_OK)
-                return scenario_error(error, "--replay: cannot read '%s': %s", r->path, sq.errmsg(r->db));
-        if (app != HISTORY_APPLICATION_ID || version < 1)
-                return scenario_error(error, "--replay: '%s' is not a brokerd history database (application_id %#" PRIx64
-                                             ", user_version %" PRId64 ")",
-                                      r->path, (uint64_t) (uint32_t) app, version);
-        if (version > HISTORY_SCHEMA_VERSION)
-                return scenario_error(error, "--replay: '%s' was written by a newer brokerd (schema version %" PRId64
-                                             "; this slotctl reads versions 1 to %d): replay it with that version's slotctl",
-                                      r->path, version, HISTORY_SCHEMA_VERSION);
-        return 0;
-}
-
 static int choose_pool(Replay *r, const char *wanted, char **error) {
         sqlite3_stmt *st = NULL;
         _cleanup_free_ char *list = NULL;
@@ -244,15 +116,15 @@ static int choose_pool(Replay *r, const char *wanted, char **error) {
         bool found = false;
         int rc;
 
-        rc = sq.prepare_v2(r->db,
+        rc = sqlite_api.prepare_v2(r->db,
                                 "SELECT pool, count(*) FROM events WHERE decision IN " REQUEST_DECISIONS
                                 " AND pool IS NOT NULL GROUP BY pool ORDER BY pool",
                                 -1, &st, NULL);
         if (rc != SQLITE_OK)
                 return scenario_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
-                                      sq.errmsg(r->db));
-        while ((rc = sq.step(st)) == SQLITE_ROW) {
-                const char *pool = (const char *) sq.column_text(st, 0);
+                                      sqlite_api.errmsg(r->db));
+        while ((rc = sqlite_api.step(st)) == SQLITE_ROW) {
+                const char *pool = (const char *) sqlite_api.column_text(st, 0);
                 char *l;
                 n++;
                 if (wanted && streq(pool, wanted))
@@ -260,7 +132,7 @@ static int choose_pool(Replay *r, const char *wanted, char **error) {
                 if (!r->pool && !(r->pool = strdup(pool)))
                         rc = SQLITE_NOMEM;
                 if (asprintf(&l, "%s%s%s (%lld)", list ?: "", list ? ", " : "", pool,
-                             (long long) sq.column_int64(st, 1)) < 0) {
+                             (long long) sqlite_api.column_int64(st, 1)) < 0) {
                         rc = SQLITE_NOMEM;
                         break;
                 }
@@ -268,11 +140,11 @@ static int choose_pool(Replay *r, const char *wanted, char **error) {
                 list = l;
                 list_len++;
         }
-        sq.finalize(st);
+        sqlite_api.finalize(st);
         if (rc == SQLITE_NOMEM)
                 return -ENOMEM;
         if (rc != SQLITE_DONE)
-                return scenario_error(error, "--replay: reading '%s': %s", r->path, sq.errmsg(r->db));
+                return scenario_error(error, "--replay: reading '%s': %s", r->path, sqlite_api.errmsg(r->db));
 
         if (n == 0)
                 return scenario_error(error, "--replay: '%s' holds no requests (no granted or refused decisions)",
@@ -315,43 +187,43 @@ static int read_requests(Replay *r, char **error) {
 
         /* Each lease's first end says how long it was held; the temporary table (in memory, allowed on a
          * read-only connection) makes the join one lookup per request. */
-        rc = sq.exec(r->db, "CREATE TEMP TABLE replay_ends (lease TEXT PRIMARY KEY, hold_us INTEGER NOT NULL)",
+        rc = sqlite_api.exec(r->db, "CREATE TEMP TABLE replay_ends (lease TEXT PRIMARY KEY, hold_us INTEGER NOT NULL)",
                           NULL, NULL, NULL);
         if (rc == SQLITE_OK)
-                rc = sq.prepare_v2(r->db,
+                rc = sqlite_api.prepare_v2(r->db,
                                         "INSERT OR IGNORE INTO replay_ends SELECT lease, hold_us FROM events "
                                         "WHERE pool = ? AND decision IN " END_DECISIONS
                                         " AND lease IS NOT NULL AND hold_us IS NOT NULL ORDER BY decision = 'released' DESC, id",
                                         -1, &st, NULL);
         if (rc == SQLITE_OK) {
-                sq.bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
-                rc = sq.step(st);
+                sqlite_api.bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
+                rc = sqlite_api.step(st);
                 rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
         }
-        sq.finalize(st);
+        sqlite_api.finalize(st);
         st = NULL;
         if (rc == SQLITE_OK)
-                rc = sq.prepare_v2(r->db, "SELECT max(time) FROM events", -1, &st, NULL);
-        if (rc == SQLITE_OK && sq.step(st) == SQLITE_ROW)
-                r->last_us = (uint64_t) MAX(sq.column_int64(st, 0), 0);
-        sq.finalize(st);
+                rc = sqlite_api.prepare_v2(r->db, "SELECT max(time) FROM events", -1, &st, NULL);
+        if (rc == SQLITE_OK && sqlite_api.step(st) == SQLITE_ROW)
+                r->last_us = (uint64_t) MAX(sqlite_api.column_int64(st, 0), 0);
+        sqlite_api.finalize(st);
         st = NULL;
         if (rc == SQLITE_OK)
-                rc = sq.prepare_v2(r->db,
+                rc = sqlite_api.prepare_v2(r->db,
                                         "SELECT e.id, e.time, e.decision, e.lane, e.wait_us, e.budget_us, e.state, n.hold_us "
                                         "FROM events e LEFT JOIN replay_ends n ON n.lease = e.lease "
                                         "WHERE e.pool = ? AND e.decision IN " REQUEST_DECISIONS " ORDER BY e.id",
                                         -1, &st, NULL);
         if (rc != SQLITE_OK)
                 return scenario_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
-                                      sq.errmsg(r->db));
+                                      sqlite_api.errmsg(r->db));
 
-        sq.bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
-        while ((rc = sq.step(st)) == SQLITE_ROW) {
-                const char *decision = (const char *) sq.column_text(st, 2);
-                const char *lane = (const char *) sq.column_text(st, 3);
-                const char *state = (const char *) sq.column_text(st, 6);
-                int64_t time_us = sq.column_int64(st, 1), wait_us = sq.column_int64(st, 4);
+        sqlite_api.bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
+        while ((rc = sqlite_api.step(st)) == SQLITE_ROW) {
+                const char *decision = (const char *) sqlite_api.column_text(st, 2);
+                const char *lane = (const char *) sqlite_api.column_text(st, 3);
+                const char *state = (const char *) sqlite_api.column_text(st, 6);
+                int64_t time_us = sqlite_api.column_int64(st, 1), wait_us = sqlite_api.column_int64(st, 4);
                 bool granted = streq(decision, "granted");
                 size_t k;
 
@@ -360,12 +232,12 @@ static int read_requests(Replay *r, char **error) {
                 if (lane_index(r, lane, &k) < 0)
                         goto oom;
                 ReplayLane *l = &r->lanes[k];
-                if (wait_us > 0 || sq.column_type(st, 5) != SQLITE_NULL)
+                if (wait_us > 0 || sqlite_api.column_type(st, 5) != SQLITE_NULL)
                         l->queued = true;
                 if (streq(decision, "busy"))
                         l->busy = true;
-                if (sq.column_type(st, 5) != SQLITE_NULL && state) {
-                        uint64_t budget = (uint64_t) MAX(sq.column_int64(st, 5), 0);
+                if (sqlite_api.column_type(st, 5) != SQLITE_NULL && state) {
+                        uint64_t budget = (uint64_t) MAX(sqlite_api.column_int64(st, 5), 0);
                         if (streq(state, "keeping-up") && push_u64(&r->keeping_up_budgets, &r->n_keeping_up, budget) < 0)
                                 goto oom;
                         if (streq(state, "saturated") && push_u64(&r->saturated_budgets, &r->n_saturated, budget) < 0)
@@ -373,8 +245,8 @@ static int read_requests(Replay *r, char **error) {
                 }
 
                 int64_t hold = -1;
-                if (granted && sq.column_type(st, 7) != SQLITE_NULL) {
-                        hold = MAX(sq.column_int64(st, 7), 0);
+                if (granted && sqlite_api.column_type(st, 7) != SQLITE_NULL) {
+                        hold = MAX(sqlite_api.column_int64(st, 7), 0);
                         if (push_u64(&l->holds, &l->n_holds, (uint64_t) hold) < 0)
                                 goto oom;
                 }
@@ -384,7 +256,7 @@ static int read_requests(Replay *r, char **error) {
                         goto oom;
                 r->requests = a;
                 r->requests[r->n_requests++] = (ReplayRequest) {
-                        .id = sq.column_int64(st, 0),
+                        .id = sqlite_api.column_int64(st, 0),
                         .time_us = (uint64_t) time_us,
                         .arrival_us = (uint64_t) time_us - (uint64_t) MIN(MAX(wait_us, 0), time_us),
                         .lane = k,
@@ -392,14 +264,14 @@ static int read_requests(Replay *r, char **error) {
                         .hold_us = hold,
                 };
         }
-        sq.finalize(st);
+        sqlite_api.finalize(st);
         if (rc != SQLITE_DONE)
-                return scenario_error(error, "--replay: reading '%s': %s", r->path, sq.errmsg(r->db));
+                return scenario_error(error, "--replay: reading '%s': %s", r->path, sqlite_api.errmsg(r->db));
         if (r->n_requests == 0)
                 return scenario_error(error, "--replay: '%s' holds no requests for pool '%s'", r->path, r->pool);
         return 0;
 oom:
-        sq.finalize(st);
+        sqlite_api.finalize(st);
         return -ENOMEM;
 }
 
@@ -629,9 +501,10 @@ int replay_load(const ReplayOptions *o, char **error, Scenario **ret, ReplayInfo
 
         assert_return(o && o->path && error && ret && ret_info, -EINVAL);
 
-        k = replay_open(&r, error);
-        if (k >= 0)
-                k = replay_check_schema(&r, error);
+        k = history_file_open(r.path, "--replay", error, &r.db);
+        /* The temporary table of lease ends lives in memory (and is allowed on a read-only connection). */
+        if (k >= 0 && sqlite_api.exec(r.db, "PRAGMA temp_store = MEMORY", NULL, NULL, NULL) != SQLITE_OK)
+                k = -ENOMEM;
         if (k >= 0)
                 k = choose_pool(&r, o->pool, error);
         if (k >= 0)
@@ -643,13 +516,13 @@ int replay_load(const ReplayOptions *o, char **error, Scenario **ret, ReplayInfo
 
                 info.pool = TAKE_PTR(r.pool);
                 /* A refusal the replay cannot model without --max-queue: worth a word. */
-                if (sq.prepare_v2(r.db, "SELECT count(*) FROM events WHERE pool = ? AND decision = 'full'", -1, &st,
+                if (sqlite_api.prepare_v2(r.db, "SELECT count(*) FROM events WHERE pool = ? AND decision = 'full'", -1, &st,
                                        NULL) == SQLITE_OK) {
-                        sq.bind_text(st, 1, info.pool, -1, SQLITE_STATIC);
-                        if (sq.step(st) == SQLITE_ROW)
-                                info.full_refusals = (uint64_t) sq.column_int64(st, 0);
+                        sqlite_api.bind_text(st, 1, info.pool, -1, SQLITE_STATIC);
+                        if (sqlite_api.step(st) == SQLITE_ROW)
+                                info.full_refusals = (uint64_t) sqlite_api.column_int64(st, 0);
                 }
-                sq.finalize(st);
+                sqlite_api.finalize(st);
         }
         replay_done(&r);
         if (k < 0)

@@ -10,6 +10,8 @@
 
 #include "cli-util.h"
 #include "replay.h"
+#include "report-sim.h"
+#include "report.h"
 #include "scenario.h"
 #include "simulate.h"
 
@@ -30,6 +32,7 @@ static bool arg_per_request = false;
 static bool arg_json = false;
 static const char *arg_sweep_key = NULL;
 static uint64_t arg_sweep_from = 0, arg_sweep_to = 0;
+static const char *arg_html = NULL;
 
 static void help(void) {
         printf("slotctl simulate [OPTIONS…]\n"
@@ -51,6 +54,7 @@ static void help(void) {
                "  --per-request                  Report every generated request too\n"
                "  --sweep KEY=A..B               One run per value of limit, max-queue or queue-timeout (s)\n"
                "  --json                         Machine-readable output\n"
+               "  --html FILE                    Also draw the run as slotctl report's page ('-': stdout)\n"
                "  -h --help                      Show this help\n");
 }
 
@@ -114,6 +118,7 @@ static int parse_argv(int argc, char *argv[]) {
                 ARG_SWEEP,
                 ARG_REPLAY,
                 ARG_POOL,
+                ARG_HTML,
         };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
@@ -131,6 +136,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "sweep", required_argument, NULL, ARG_SWEEP },
                 { "replay", required_argument, NULL, ARG_REPLAY },
                 { "pool", required_argument, NULL, ARG_POOL },
+                { "html", required_argument, NULL, ARG_HTML },
                 {}
         };
         /* The pool and traffic options of the command-line mode, which a scenario file replaces. */
@@ -184,6 +190,9 @@ static int parse_argv(int argc, char *argv[]) {
                 case ARG_POOL:
                         arg_replay_pool = optarg;
                         break;
+                case ARG_HTML:
+                        arg_html = optarg;
+                        break;
                 case ARG_SEED:
                         if (parse_u64(optarg, &arg_seed) < 0)
                                 return log_usage("simulate", "--seed: invalid number \"%s\"", optarg);
@@ -228,6 +237,10 @@ static int parse_argv(int argc, char *argv[]) {
         }
         if (arg_sweep_key && arg_per_request)
                 return log_usage("simulate", "--per-request cannot be combined with --sweep");
+        if (arg_html && arg_sweep_key)
+                return log_usage("simulate", "--html cannot be combined with --sweep (it draws one run)");
+        if (arg_html && streq(arg_html, "-"))
+                return log_usage("simulate", "--html -: standard output has the simulation's own report");
         return 1;
 }
 
@@ -298,6 +311,15 @@ static int build_cli_scenario(char **error, Scenario **ret) {
 
         *ret = TAKE_PTR(s);
         return 0;
+}
+
+/* The records that --per-request would print: an explicit request's are always printed. */
+static void drop_generated_records(const Scenario *s, SimResult *r) {
+        size_t n = 0;
+        for (size_t i = 0; i < r->n_records; i++)
+                if (scenario_request_name(s, r->records[i].id))
+                        r->records[n++] = r->records[i];
+        r->n_records = n;
 }
 
 static void configs_free(BrokerConfig **configs, size_t n) {
@@ -379,7 +401,7 @@ static int run(void) {
 
         SimOptions options = {
                 .seed = arg_seed,
-                .per_request = arg_per_request,
+                .per_request = arg_per_request || arg_html, /* the page draws every request */
         };
         for (size_t i = 0; i < n_values; i++) {
                 _cleanup_(sim_result_freep) SimResult *result = NULL;
@@ -395,8 +417,21 @@ static int run(void) {
                         log_error_errno(r, "Failed to simulate: %m");
                         goto finish;
                 }
+                if (arg_html) {
+                        _cleanup_(report_freep) Report *report = NULL;
+                        r = report_from_simulation(s, result, &report);
+                        if (r < 0) {
+                                log_error_errno(r, "Failed to draw the simulation: %m");
+                                goto finish;
+                        }
+                        r = report_write_file(report, &(ReportHtmlOptions) { .source = "slotctl simulate" }, arg_html);
+                        if (r < 0)
+                                goto finish;
+                }
                 if (arg_replay && !arg_per_request)
                         replay_result_trim(result); /* thousands of recorded requests: only on request */
+                else if (arg_html && !arg_per_request)
+                        drop_generated_records(s, result); /* kept for the page only */
                 if (!arg_sweep_key) {
                         if (arg_json)
                                 sim_print_json(s, result, stdout);

@@ -23,7 +23,8 @@
         X(undrain, "Grant from a drained pool or member again") \
         X(cancel, "Refuse matching waiting requests") \
         X(reload, "Apply the configuration again, and report its errors") \
-        X(simulate, "Run the admission engine on a virtual clock (capacity planning)")
+        X(simulate, "Run the admission engine on a virtual clock (capacity planning)") \
+        X(report, "Draw history.db's decisions as a self-contained HTML page")
 
 #define DECLARE_VERB(name, summary) int verb_##name(int argc, char *argv[]);
 SLOTCTL_VERBS(DECLARE_VERB)

@@ -363,56 +363,6 @@ static json_t *filters_free(void) {
         return NULL;
 }
 
-/* A span meaning that long ago, spelled as journalctl takes it too: "1h", "-1h", "1h ago". Returns the
- * span or USEC_INFINITY. */
-static usec_t parse_ago(const char *s) {
-        _cleanup_free_ char *copy = strdup(s[0] == '-' ? s + 1 : s);
-        usec_t span;
-        if (!copy)
-                return USEC_INFINITY;
-        size_t len = strlen(copy);
-        if (len > 4 && streq(copy + len - 4, " ago"))
-                copy[len - 4] = '\0';
-        if (timespan_parse(copy, USEC_PER_SEC, &span) < 0)
-                return USEC_INFINITY;
-        return span;
-}
-
-/* "@EPOCH", a time span meaning that long ago ("1h", "-1h", "1h ago"), or a local date and time
- * ("2024-05-01", "2024-05-01 13:30", "2024-05-01 13:30:05"). Returns µs since the epoch, or -EINVAL after
- * logging. */
-static int parse_time(const char *option, const char *s, int64_t *ret) {
-        usec_t span;
-        if (s[0] == '@') {
-                char *end;
-                errno = 0;
-                long long v = strtoll(s + 1, &end, 10);
-                if (errno == 0 && end != s + 1 && !*end && v >= 0 && v < INT64_MAX / (long long) USEC_PER_SEC) {
-                        *ret = (int64_t) v * (int64_t) USEC_PER_SEC;
-                        return 0;
-                }
-        } else if ((span = parse_ago(s)) != USEC_INFINITY) {
-                usec_t now = now_realtime();
-                *ret = (int64_t) usec_sub_unsigned(now, span);
-                return 0;
-        } else {
-                static const char *const formats[] = { "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d" };
-                for (size_t i = 0; i < ELEMENTSOF(formats); i++) {
-                        struct tm tm = { .tm_isdst = -1 };
-                        const char *end = strptime(s, formats[i], &tm);
-                        if (!end || *end)
-                                continue;
-                        time_t t = mktime(&tm);
-                        if (t == (time_t) -1 || t < 0)
-                                break;
-                        *ret = (int64_t) t * (int64_t) USEC_PER_SEC;
-                        return 0;
-                }
-        }
-        log_error("%s: invalid time \"%s\" (e.g. -1h or \"1h ago\", 2024-05-01 13:30, @1714563000)", option, s);
-        return -EINVAL;
-}
-
 enum { ARG_SINCE = 0x200, ARG_UNTIL, ARG_LANE, ARG_POOL, ARG_DECISION, ARG_LIMIT };
 
 static int history_option(int c, const char *value) {
@@ -420,7 +370,7 @@ static int history_option(int c, const char *value) {
         switch (c) {
         case ARG_SINCE:
         case ARG_UNTIL:
-                if (parse_time(c == ARG_SINCE ? "--since" : "--until", value, &t) < 0)
+                if (cli_parse_time(c == ARG_SINCE ? "--since" : "--until", value, &t) < 0)
                         return -EINVAL;
                 return json_object_set_new(arg_history_filters, c == ARG_SINCE ? "since" : "until", json_integer(t));
         case ARG_LANE:

@@ -11,6 +11,8 @@ packages=(
         scdoc python3 systemd util-linux procps sqlite3
         clang libclang-rt-dev valgrind
         debootstrap zstd
+        # test-report loads slotctl report's page in a real browser (skipped without it): 122 MB to fetch.
+        chromium
 )
 missing=()
 for p in "${packages[@]}"; do

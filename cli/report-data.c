@@ -1,0 +1,338 @@
+/* SPDX-License-Identifier: MIT */
+#include <stdlib.h>
+#include <string.h>
+
+#include "report-data.h"
+
+static const char *const reason_table[_REPORT_REASON_MAX] = {
+        [REPORT_REASON_BUSY] = "busy",
+        [REPORT_REASON_FULL] = "full",
+        [REPORT_REASON_TIMEOUT] = "timeout",
+        [REPORT_REASON_SHED] = "shed",
+        [REPORT_REASON_UNAVAILABLE] = "unavailable",
+};
+
+const char *report_reason_to_string(ReportReason r) {
+        return r >= 0 && r < _REPORT_REASON_MAX ? reason_table[r] : NULL;
+}
+
+ReportReason report_reason_from_string(const char *s) {
+        for (size_t i = 0; s && i < _REPORT_REASON_MAX; i++)
+                if (streq(reason_table[i], s))
+                        return (ReportReason) i;
+        return _REPORT_REASON_INVALID;
+}
+
+/* 2^(i/8) for i in 0..7: the bins' edges within an octave (no libm: slotctl starts without it). */
+static const double octave_steps[REPORT_WAIT_BINS_PER_OCTAVE] = {
+        1.0, 1.0905077326652577, 1.189207115002721, 1.2968395546510096,
+        1.4142135623730951, 1.5422108254079407, 1.681792830507429, 1.8340080864093424,
+};
+
+usec_t report_wait_bin_floor(size_t bin) {
+        if (bin == 0)
+                return 0;
+        size_t i = bin - 1;
+        double edge = octave_steps[i % REPORT_WAIT_BINS_PER_OCTAVE] * (double) USEC_PER_MSEC *
+                      (double) (UINT64_C(1) << (i / REPORT_WAIT_BINS_PER_OCTAVE));
+        usec_t u = (usec_t) edge;
+        return (double) u < edge ? u + 1 : u;
+}
+
+size_t report_wait_bin(usec_t wait) {
+        /* The last bin whose floor is ≤ wait, by bisection. */
+        size_t lo = 0, hi = REPORT_WAIT_BINS - 1;
+        while (lo < hi) {
+                size_t mid = (lo + hi + 1) / 2;
+                if (report_wait_bin_floor(mid) <= wait)
+                        lo = mid;
+                else
+                        hi = mid - 1;
+        }
+        return lo;
+}
+
+void report_waits_add(ReportWaits *w, usec_t wait) {
+        w->n++;
+        w->max = MAX(w->max, wait);
+        w->bins[report_wait_bin(wait)]++;
+}
+
+usec_t report_waits_quantile(const ReportWaits *w, double p) {
+        if (w->n == 0)
+                return 0;
+        /* The rank of the p-quantile, 1-based: the lower one of a tie, as a median of an even count. */
+        double x = p * (double) w->n;
+        uint64_t rank = (uint64_t) x, seen = 0;
+        if ((double) rank < x)
+                rank++;
+        rank = MAX(rank, (uint64_t) 1);
+        for (size_t i = 0; i < REPORT_WAIT_BINS; i++) {
+                seen += w->bins[i];
+                if (seen >= rank)
+                        /* Under 1 ms reads as 0: immediate grants are most, and ms is the precision shown. */
+                        return i == 0 ? 0 : i + 1 < REPORT_WAIT_BINS ? MIN(report_wait_bin_floor(i + 1), w->max) : w->max;
+        }
+        return w->max;
+}
+
+/* Nice widths for the timeline's columns: the first that keeps a report within REPORT_BUCKETS_MAX. */
+static usec_t bucket_width(usec_t range) {
+        static const usec_t widths[] = {
+                10 * USEC_PER_MSEC, 50 * USEC_PER_MSEC, 100 * USEC_PER_MSEC, 250 * USEC_PER_MSEC,
+                500 * USEC_PER_MSEC, USEC_PER_SEC, 2 * USEC_PER_SEC, 5 * USEC_PER_SEC, 10 * USEC_PER_SEC,
+                15 * USEC_PER_SEC, 30 * USEC_PER_SEC, USEC_PER_MINUTE, 2 * USEC_PER_MINUTE, 5 * USEC_PER_MINUTE,
+                10 * USEC_PER_MINUTE, 15 * USEC_PER_MINUTE, 30 * USEC_PER_MINUTE, USEC_PER_HOUR,
+                2 * USEC_PER_HOUR, 3 * USEC_PER_HOUR, 6 * USEC_PER_HOUR, 12 * USEC_PER_HOUR, USEC_PER_DAY,
+        };
+        for (size_t i = 0; i < ELEMENTSOF(widths); i++)
+                if (DIV_ROUND_UP(range, widths[i]) <= REPORT_BUCKETS_MAX)
+                        return widths[i];
+        return DIV_ROUND_UP(DIV_ROUND_UP(range, REPORT_BUCKETS_MAX), USEC_PER_DAY) * USEC_PER_DAY;
+}
+
+int report_new(usec_t since, usec_t until, Report **ret) {
+        if (since >= until || until == USEC_INFINITY)
+                return -EINVAL;
+        Report *r = calloc(1, sizeof(Report));
+        if (!r)
+                return -ENOMEM;
+        r->since = since;
+        r->until = until;
+        r->bucket_us = bucket_width(until - since);
+        r->n_buckets = DIV_ROUND_UP(until - since, r->bucket_us);
+        /* Per hour, as people ask ("what happened at 3 am"); per day when hours would be too many to read. */
+        r->period_us = until - since > 31 * USEC_PER_DAY ? USEC_PER_DAY : USEC_PER_HOUR;
+        r->period_start = since - since % r->period_us;
+        r->n_periods = DIV_ROUND_UP(until - r->period_start, r->period_us);
+        *ret = r;
+        return 0;
+}
+
+static void row_done(ReportRow *row) {
+        free(row->pool);
+        free(row->lane);
+        free(row->job);
+        free(row->lease);
+        free(row->what);
+}
+
+Report *report_free(Report *r) {
+        if (!r)
+                return NULL;
+        for (size_t i = 0; i < r->n_pools; i++) {
+                ReportPool *p = &r->pools[i];
+                for (size_t j = 0; j < p->n_lanes; j++) {
+                        free(p->lanes[j].name);
+                        free(p->lanes[j].period_waits);
+                        free(p->lanes[j].period_refused);
+                }
+                free(p->lanes);
+                free(p->buckets);
+                free(p->sweep);
+                free(p->sweep_error);
+                free(p->name);
+        }
+        free(r->pools);
+        for (size_t i = 0; i < r->n_holds; i++)
+                row_done(&r->holds[i]);
+        for (size_t i = 0; i < r->n_revocations; i++)
+                row_done(&r->revocations[i]);
+        for (size_t i = 0; i < r->n_jobs; i++)
+                row_done(&r->jobs[i]);
+        free(r);
+        return NULL;
+}
+
+ReportPool *report_pool(Report *r, const char *name) {
+        for (size_t i = 0; i < r->n_pools; i++)
+                if (streq(r->pools[i].name, name))
+                        return &r->pools[i];
+        ReportPool *a = reallocarray(r->pools, r->n_pools + 1, sizeof(ReportPool));
+        if (!a)
+                return NULL;
+        r->pools = a;
+        ReportPool *p = &r->pools[r->n_pools];
+        *p = (ReportPool) {
+                .name = strdup(name),
+                .buckets = calloc(r->n_buckets, sizeof(ReportBucket)),
+        };
+        if (!p->name || !p->buckets) {
+                free(p->name);
+                free(p->buckets);
+                return NULL;
+        }
+        r->n_pools++;
+        return p;
+}
+
+static ReportLane *pool_lane(const Report *r, ReportPool *p, const char *name) {
+        for (size_t i = 0; i < p->n_lanes; i++)
+                if (streq(p->lanes[i].name, name))
+                        return &p->lanes[i];
+        ReportLane *a = reallocarray(p->lanes, p->n_lanes + 1, sizeof(ReportLane));
+        if (!a)
+                return NULL;
+        p->lanes = a;
+        ReportLane *l = &p->lanes[p->n_lanes];
+        *l = (ReportLane) {
+                .name = strdup(name),
+                .period_waits = calloc(r->n_periods, sizeof(ReportWaits)),
+                .period_refused = calloc(r->n_periods, sizeof(*l->period_refused)),
+        };
+        if (!l->name || !l->period_waits || !l->period_refused) {
+                free(l->name);
+                free(l->period_waits);
+                free(l->period_refused);
+                return NULL;
+        }
+        p->n_lanes++;
+        return l;
+}
+
+bool report_event_ends_wait(const ReportEvent *e) {
+        return e->wait > 0 && (e->kind == REPORT_GRANTED || e->kind == REPORT_REFUSED || e->kind == REPORT_CANCELLED);
+}
+
+static bool in_range(const Report *r, usec_t t) {
+        return t >= r->since && t < r->until;
+}
+
+/* The buckets up to and including the one of t start with the state the pool had before t. */
+static void pool_fill_to(const Report *r, ReportPool *p, size_t bucket) {
+        for (; p->n_filled <= bucket && p->n_filled < r->n_buckets; p->n_filled++)
+                p->buckets[p->n_filled] = (ReportBucket) {
+                        .in_use = p->in_use,
+                        .waiting = p->waiting,
+                        .congested = p->saturated > 0,
+                };
+}
+
+/* Time with a saturated waiter, clipped to the range. */
+static void pool_advance(const Report *r, ReportPool *p, usec_t t) {
+        if (p->saturated > 0) {
+                usec_t from = MAX(p->last_time, r->since), to = MIN(t, r->until);
+                if (to > from)
+                        p->congested_us += to - from;
+        }
+        p->last_time = t;
+}
+
+static void count_down(ReportPool *p, unsigned *n) {
+        if (*n == 0)
+                p->clamped = true;
+        else
+                (*n)--;
+}
+
+int report_add(Report *r, const ReportEvent *e) {
+        if (!e->pool || e->kind < 0 || e->kind >= _REPORT_EVENT_MAX || e->time >= r->until)
+                return -EINVAL;
+        ReportPool *p = report_pool(r, e->pool);
+        if (!p)
+                return -ENOMEM;
+        if (e->time < p->last_time)
+                return -EINVAL;
+
+        pool_advance(r, p, e->time);
+        bool counted = in_range(r, e->time);
+        size_t bucket = 0;
+        if (counted) {
+                bucket = (e->time - r->since) / r->bucket_us;
+                pool_fill_to(r, p, bucket);
+        }
+
+        switch (e->kind) {
+        case REPORT_ARRIVED:
+                p->waiting++;
+                if (e->saturated)
+                        p->saturated++;
+                break;
+        case REPORT_GRANTED:
+                p->in_use++;
+                break;
+        case REPORT_RELEASED:
+                count_down(p, &p->in_use);
+                break;
+        default:
+                break;
+        }
+        if (report_event_ends_wait(e)) {
+                count_down(p, &p->waiting);
+                if (e->saturated)
+                        count_down(p, &p->saturated);
+        }
+
+        if (counted) {
+                ReportBucket *b = &p->buckets[bucket];
+                b->in_use = MAX(b->in_use, p->in_use);
+                b->waiting = MAX(b->waiting, p->waiting);
+                b->congested = b->congested || p->saturated > 0;
+        }
+        if (!counted || e->kind == REPORT_ARRIVED)
+                return 0;
+
+        size_t period = (e->time - r->period_start) / r->period_us;
+        ReportLane *l = NULL;
+        if (e->kind == REPORT_GRANTED || e->kind == REPORT_REFUSED) {
+                l = pool_lane(r, p, e->lane ?: "-");
+                if (!l)
+                        return -ENOMEM;
+        }
+        switch (e->kind) {
+        case REPORT_GRANTED:
+                p->granted++;
+                l->granted++;
+                report_waits_add(&p->waits, e->wait);
+                report_waits_add(&l->waits, e->wait);
+                report_waits_add(&l->period_waits[period], e->wait);
+                break;
+        case REPORT_REFUSED:
+                if (e->reason < 0 || e->reason >= _REPORT_REASON_MAX)
+                        return -EINVAL;
+                p->refused[e->reason]++;
+                p->refused_total++;
+                l->refused[e->reason]++;
+                l->period_refused[period][e->reason]++;
+                break;
+        case REPORT_CANCELLED:
+                p->cancelled++;
+                break;
+        case REPORT_RELEASED:
+                p->released++;
+                break;
+        case REPORT_REVOKED:
+                p->revoked++;
+                break;
+        default:
+                break;
+        }
+        return 0;
+}
+
+void report_finish(Report *r) {
+        for (size_t i = 0; i < r->n_pools; i++) {
+                ReportPool *p = &r->pools[i];
+                pool_advance(r, p, r->until);
+                pool_fill_to(r, p, r->n_buckets - 1);
+                for (size_t b = 0; b < r->n_buckets; b++) {
+                        p->peak_in_use = MAX(p->peak_in_use, p->buckets[b].in_use);
+                        p->peak_waiting = MAX(p->peak_waiting, p->buckets[b].waiting);
+                }
+        }
+}
+
+int report_table_add(ReportRow *table, size_t *n, const ReportRow *row) {
+        if (*n >= REPORT_TABLE_ROWS)
+                return -ENOSPC;
+        ReportRow c = *row;
+        c.pool = c.lane = c.job = c.lease = c.what = NULL;
+        if (strdup_or_null(row->pool, &c.pool) < 0 || strdup_or_null(row->lane, &c.lane) < 0 ||
+            strdup_or_null(row->job, &c.job) < 0 || strdup_or_null(row->lease, &c.lease) < 0 ||
+            strdup_or_null(row->what, &c.what) < 0) {
+                row_done(&c);
+                return -ENOMEM;
+        }
+        table[(*n)++] = c;
+        return 0;
+}

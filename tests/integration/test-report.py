@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""slotctl report: a history.db filled through the real brokerd with a known sequence (grants, a wait, busy,
+full and timeout refusals, a revocation), drawn as HTML whose charts and figures must say what
+`slotctl history --json` says. When Debian's chromium is installed, the page is also loaded in it headless:
+--dump-dom must show the same charts and figures, --screenshot a non-blank image of the window's size
+(skipped, not passed, without chromium). Bad input: a missing file, another program's file, a newer schema,
+an empty history, a pool that never had an event.
+
+Usage: test-report.py BROKERD SLOTCTL [unittest arguments]
+"""
+import html.parser
+import json
+import os
+import shutil
+import sqlite3
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+import zlib
+
+sys.dont_write_bytecode = True
+import harness  # noqa: E402
+from harness import wait_for  # noqa: E402
+
+SLOTCTL = None
+CHROMIUM = shutil.which("chromium")
+REASONS = ("busy", "full", "timeout", "shed", "unavailable")
+ENV = dict(os.environ, TZ="UTC")
+
+CONFIG = """\
+[pool grid]
+limit = 1
+max-queue = 2
+queue-timeout = 5m
+
+[pool idle]
+limit = 1
+
+[lane merge]
+pools = grid
+policy = fail-fast
+
+[lane nightly]
+pools = grid
+policy = wait
+
+[lane short]
+pools = grid
+policy = fail-fast
+max-hold = 1s
+
+[lane spare]
+pools = idle
+"""
+
+
+class Page(html.parser.HTMLParser):
+    """What the tests read of a report: per pool its figures and, per chart, the count of its bars, points
+    and series; the page's summaries; anything that would load from elsewhere."""
+
+    def __init__(self, text):
+        super().__init__()
+        self.pools = {}          # name -> {"figures": {…}, "charts": {chart: {"bars": n, "points": n, …}}}
+        self.summaries = 0
+        self.fetches = []        # src=, href=, <script>, <link>
+        self._pool = None
+        self._chart = None
+        self._figure = None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag in ("script", "link", "iframe", "img", "object", "embed") or "src" in a or "href" in a:
+            self.fetches.append((tag, attrs))
+        if tag == "section" and "data-pool" in a:
+            self._pool = self.pools.setdefault(a["data-pool"], {"figures": {}, "charts": {}})
+        if tag == "p" and "summary" in (a.get("class") or "").split():
+            self.summaries += 1
+        if tag == "svg" and a.get("class") == "chart" and self._pool is not None:
+            self._chart = self._pool["charts"].setdefault(a["data-chart"], {"bars": 0, "points": 0, "series": 0,
+                                                                             "congested": 0, "n": 0})
+            self._chart["n"] += 1
+        if self._chart is not None:
+            for cls, key in (("bar", "bars"), ("point", "points"), ("series", "series"), ("congested", "congested")):
+                if a.get("class") == cls:
+                    self._chart[key] += 1
+        if tag == "rect" and "data-limit" in a and self._pool is not None:
+            self._pool.setdefault("capacity", {})[int(a["data-limit"])] = (int(a["data-count"]), int(a["data-longest-ms"]))
+        if tag == "span" and "data-figure" in a:
+            self._figure = a
+
+    def handle_data(self, data):
+        if self._figure is not None and self._pool is not None:
+            self._pool["figures"].setdefault(self._figure["data-figure"],
+                                             int(self._figure["data-ms"]) if "data-ms" in self._figure else int(data))
+            self._figure = None
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self._chart = None
+        if tag == "section":
+            self._pool = None
+        if tag == "span":
+            self._figure = None
+
+
+def png_size_and_colours(path):
+    """(width, height) from the IHDR, and how many distinct byte values the decompressed pixel rows hold: a
+    blank page has a handful (one colour and the filter bytes)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, size = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    return size, len(set(zlib.decompress(idat)))
+
+
+def slotctl(*args, check=True):
+    p = subprocess.run([SLOTCTL, *args], capture_output=True, text=True, timeout=120, env=ENV,
+                       stdin=subprocess.DEVNULL)
+    if check and p.returncode != 0:
+        raise AssertionError(f"slotctl {' '.join(args)} exited {p.returncode}: {p.stderr}")
+    return p
+
+
+def history_schema(path, version=4, application_id=0x534c4f54):
+    db = sqlite3.connect(path)
+    db.executescript(f"""
+        PRAGMA application_id = {application_id};
+        CREATE TABLE events (id INTEGER PRIMARY KEY, time INTEGER NOT NULL, decision TEXT NOT NULL,
+          pool TEXT, lane TEXT, job TEXT, lease TEXT, token INTEGER, wait_us INTEGER, hold_us INTEGER,
+          budget_us INTEGER, idle_us INTEGER, state TEXT, uid INTEGER, pid INTEGER, retry_after_sec INTEGER,
+          reason TEXT);
+        CREATE INDEX events_time ON events(time);
+        PRAGMA user_version = {version};""")
+    return db
+
+
+class Report(harness.BrokerTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="test-report-")
+        cls.events, cls.history = cls.fill_history()
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    @classmethod
+    def fill_history(cls):
+        """The known sequence, through brokerd; returns what `slotctl history --json` says of it and the
+        database, copied once brokerd has stopped (it keeps history.db locked for itself while it runs)."""
+        b = harness.Broker(CONFIG, name="report").start()
+        try:
+            a = b.acquire("merge")
+            a.until_granted()
+            busy = b.acquire("merge")                             # busy: merge fails fast
+            assert busy.error == "io.slotbroker.Busy", busy.msg
+            busy.close()
+            waiter = b.acquire("nightly")                         # waits…
+            assert waiter.queued, waiter.msg
+            late = b.acquire("nightly", queueWaitMs=300)          # …and this one too, for 300 ms at most
+            assert late.queued, late.msg
+            full = b.acquire("nightly")                           # the queue (max-queue 2) is full
+            assert full.error == "io.slotbroker.QueueFull", full.msg
+            full.close()
+            late.until(lambda x: x.error, 10, "the timeout")
+            assert late.error == "io.slotbroker.QueueTimeout", late.msg
+            late.close()
+            a.close()                                             # the first waiter is granted, ≥ 300 ms on
+            waiter.until_granted()
+            waiter.close()
+            b.wait_idle()
+            short = b.acquire("short")                            # revoked after max-hold = 1s
+            short.until_granted()
+            short.until(lambda x: x.state == "revoked" or x.error, 10, "the revocation")
+            short.close()
+            b.wait_idle()
+
+            def history():
+                p = slotctl("history", "--json", "--socket", b.socket_path)
+                events = json.loads(p.stdout)["events"]
+                released = [e for e in events if e["decision"] == "released"]
+                return events if len(released) >= 3 else None
+            events = wait_for(history, 10, message="every decision in the history")
+        finally:
+            status = b.stop()
+        assert status == 0, f"brokerd exited {status}: {b.log()[-2000:]}"
+        path = os.path.join(cls.dir, "history.db")
+        shutil.copy(os.path.join(b.state_dir, "history.db"), path)
+        b.cleanup()
+        return events, path
+
+    def report(self, *args, history=None, check=True):
+        out = os.path.join(self.dir, f"{self.id().rsplit('.', 1)[-1]}.html")
+        p = slotctl("report", "--history", history or self.history, "-o", out, *args, check=check)
+        if p.returncode != 0:
+            return p, None
+        with open(out) as f:
+            return p, f.read()
+
+    def expected(self, pool):
+        """The figures `slotctl history --json` gives for a pool."""
+        events = [e for e in self.events if e.get("pool") == pool]
+        grants = [e for e in events if e["decision"] == "granted"]
+        figures = {r: sum(e["decision"] == r for e in events) for r in REASONS}
+        figures["refused"] = sum(figures.values())
+        figures["granted"] = len(grants)
+        figures["longest-wait"] = max(e.get("waitedMs", 0) for e in grants)
+        figures["revocations"] = sum(e["decision"] in ("revoked", "overdue") for e in self.events)
+        hours = {(e["time"] // 3_600_000_000, e["decision"]) for e in events if e["decision"] in REASONS}
+        return figures, len(hours)
+
+    def check_page(self, page):
+        figures, bars = self.expected("grid")
+        self.assertEqual(figures["granted"], 3)
+        self.assertEqual((figures["busy"], figures["full"], figures["timeout"]), (1, 1, 1))
+        self.assertGreaterEqual(figures["longest-wait"], 300)
+        self.assertEqual(figures["revocations"], 1)
+
+        self.assertEqual(list(page.pools), ["grid"])
+        grid = page.pools["grid"]
+        for name in ("granted", "refused", *REASONS, "longest-wait"):
+            self.assertEqual(grid["figures"].get(name), figures[name], f"figure {name}")
+        self.assertEqual(grid["figures"]["peak-in-use"], 1)
+        self.assertEqual(grid["figures"]["peak-waiting"], 2)  # the first waiter and the one refused at 300 ms
+        charts = grid["charts"]
+        self.assertEqual(charts["timeline"]["series"], 2)             # in use, waiting
+        self.assertEqual(charts["refusals"]["bars"], bars)            # one per (hour, reason) with refusals
+        self.assertEqual(charts["waits"]["n"], 3)                     # merge, nightly, short
+        self.assertGreaterEqual(charts["waits"]["points"], 3 * 3)     # p50, p95, max per lane and hour
+        self.assertEqual(charts["wait-histogram"]["n"], 1)
+        self.assertEqual(page.fetches, [])
+        self.assertGreaterEqual(page.summaries, 5)
+
+    def test_report_says_what_history_says(self):
+        p, text = self.report()
+        self.assertEqual(p.stderr, "")
+        self.check_page(Page(text))
+        self.assertIn('<span data-figure="revocations">1</span>', text)
+        self.assertIn("max-hold", text)
+
+    def test_replay_sweep_is_simulate_replay_sweep(self):
+        _, text = self.report("--replay-sweep", "limit=1..3")
+        capacity = Page(text).pools["grid"]["capacity"]
+        p = slotctl("simulate", "--replay", self.history, "--pool", "grid", "--sweep", "limit=1..3", "--json")
+        rows = json.loads(p.stdout)
+        self.assertEqual(capacity, {r["value"]: (sum(r[k] for k in REASONS if k in r), r["longestWaitMs"]) for r in rows})
+        self.assertEqual(Page(text).pools["grid"]["charts"]["capacity"]["bars"], 3)
+
+        p = slotctl("report", "--history", self.history, "-o", "-", "--replay-sweep", "limit=0..3", check=False)
+        self.assertEqual(p.returncode, 64)
+        p = slotctl("report", "--history", self.history, "-o", "-", "--replay-sweep", "queue-timeout=1..3", check=False)
+        self.assertEqual(p.returncode, 64)
+
+    def test_simulate_html_draws_the_simulated_run(self):
+        """SPEC §9's reference run drawn: the page's figures are the simulator's own."""
+        args = ["simulate", "--limit", "6", "--max-queue", "100", "--hold", "200ms", "--arrivals", "40/s:60s",
+                "--deadline", "30s", "--queue-timeout", "5s"]
+        out = os.path.join(self.dir, "simulate.html")
+        text_run = slotctl(*args).stdout
+        self.assertEqual(slotctl(*args, "--html", out).stdout, text_run)  # the text report is unchanged
+        sim = json.loads(slotctl(*args, "--json").stdout)
+        with open(out) as f:
+            page = Page(f.read())
+        figures = page.pools["default"]["figures"]
+        self.assertEqual(figures["granted"], sim["granted"])
+        for reason in ("busy", "full", "timeout", "shed"):
+            self.assertEqual(figures[reason], sim["refused"][reason], reason)
+        self.assertEqual(figures["longest-wait"], sim["longestWaitMs"])
+        self.assertEqual(figures["peak-waiting"], max(sim["peakQueueBySecond"]))
+        self.assertEqual(figures["peak-in-use"], 6)
+        self.assertGreater(page.pools["default"]["charts"]["timeline"]["congested"], 0)
+        self.assertEqual(page.fetches, [])
+
+        p = slotctl(*args, "--html", out, "--sweep", "limit=6..7", check=False)
+        self.assertEqual(p.returncode, 64)
+
+    def test_report_in_chromium(self):
+        if not CHROMIUM:
+            self.skipTest("chromium is not installed (Debian's chromium package)")
+        _, text = self.report()
+        path = os.path.join(self.dir, "test_report_in_chromium.html")
+        profile = tempfile.mkdtemp(prefix="chromium-", dir=self.dir)
+        common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                  f"--user-data-dir={profile}", "--hide-scrollbars"]
+        dom = subprocess.run(common + ["--dump-dom", f"file://{path}"], capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL)
+        self.assertEqual(dom.returncode, 0, dom.stderr[-2000:])
+        self.check_page(Page(dom.stdout))
+
+        png = os.path.join(self.dir, "report.png")
+        shot = subprocess.run(common + [f"--screenshot={png}", "--window-size=1000,1400", f"file://{path}"],
+                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        self.assertEqual(shot.returncode, 0, shot.stderr[-2000:])
+        size, colours = png_size_and_colours(png)
+        self.assertEqual(size, (1000, 1400))
+        self.assertGreater(colours, 16, "the screenshot is blank")
+        if os.environ.get("SLOTBROKER_REPORT_PNG"):
+            shutil.copy(png, os.environ["SLOTBROKER_REPORT_PNG"])
+
+    def test_report_of_one_pool_without_events(self):
+        _, text = self.report("--pool", "idle")
+        page = Page(text)
+        self.assertEqual(list(page.pools), ["idle"])
+        self.assertEqual(page.pools["idle"]["charts"], {})
+        self.assertIn("Nothing was recorded for this pool", text)
+
+    def test_report_of_a_range_without_rows(self):
+        _, text = self.report("--since", "@1000000000", "--until", "@1000003600")
+        self.assertIn("holds no decision in this range", text)
+        self.assertEqual(Page(text).pools, {})
+
+    def test_bad_input(self):
+        missing = os.path.join(self.dir, "missing.db")
+        p, _ = self.report(history=missing, check=False)
+        self.assertEqual(p.returncode, 64, p.stderr)
+        self.assertIn("cannot read", p.stderr)
+        self.assertFalse(os.path.exists(missing))  # never created
+
+        other = os.path.join(self.dir, "other.db")
+        history_schema(other, application_id=1).close()
+        p, _ = self.report(history=other, check=False)
+        self.assertEqual(p.returncode, 64, p.stderr)
+        self.assertIn("not a brokerd history database", p.stderr)
+
+        newer = os.path.join(self.dir, "newer.db")
+        history_schema(newer, version=1000).close()
+        p, _ = self.report(history=newer, check=False)
+        self.assertEqual(p.returncode, 64, p.stderr)
+        self.assertIn("newer brokerd (schema version 1000", p.stderr)
+
+        p = slotctl("report", "--history", self.history, check=False)
+        self.assertEqual(p.returncode, 64)
+        self.assertIn("-o", p.stderr)
+        p = slotctl("report", "--history", self.history, "-o", "-", "--since", "@20", "--until", "@10", check=False)
+        self.assertEqual(p.returncode, 64)
+
+    def test_empty_history(self):
+        empty = os.path.join(self.dir, "empty.db")
+        history_schema(empty).close()
+        _, text = self.report(history=empty)
+        self.assertIn("holds no decision in this range", text)
+
+    def test_output_to_stdout_and_no_partial_file(self):
+        p = slotctl("report", "--history", self.history, "-o", "-")
+        self.assertTrue(p.stdout.startswith("<!DOCTYPE html>"))
+        self.assertTrue(p.stdout.rstrip().endswith("</html>"))
+        p = slotctl("report", "--history", self.history, "-o", os.path.join(self.dir, "no-such-dir", "r.html"),
+                    check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "no-such-dir")))
+
+
+if __name__ == "__main__":
+    (_, SLOTCTL), argv = harness.arguments(__doc__, 2)
+    harness.main(argv)

@@ -1,0 +1,292 @@
+/* SPDX-License-Identifier: MIT */
+/* test-report.c — slotctl report's aggregation (report-data) and drawing (report-html), fed events by hand:
+ * what the timeline, the waits and the refusals hold, and what the page says and never contains. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "report-data.h"
+#include "report-html.h"
+
+#define S USEC_PER_SEC
+#define MS USEC_PER_MSEC
+#define T0 (1699999200 * S) /* a whole hour */
+
+static void add(Report *r, ReportEventKind kind, usec_t at, const char *lane, usec_t wait, bool saturated,
+                ReportReason reason) {
+        ReportEvent e = {
+                .kind = kind, .time = T0 + at, .pool = "grid", .lane = lane, .wait = wait, .saturated = saturated,
+                .reason = reason,
+        };
+        assert_int_equal(report_add(r, &e), 0);
+}
+
+static const ReportBucket *bucket_at(const Report *r, const ReportPool *p, usec_t at) {
+        return &p->buckets[(T0 + at - r->since) / r->bucket_us];
+}
+
+static void test_wait_bins_have_exact_edges_at_powers_of_two(void **state) {
+        assert_int_equal(report_wait_bin(0), 0);
+        assert_int_equal(report_wait_bin(999), 0);
+        assert_int_equal(report_wait_bin(1000), 1);
+        assert_int_equal(report_wait_bin_floor(1), 1000);
+        assert_int_equal(report_wait_bin_floor(1 + REPORT_WAIT_BINS_PER_OCTAVE), 2000);
+        assert_int_equal(report_wait_bin(1999), REPORT_WAIT_BINS_PER_OCTAVE);
+        assert_int_equal(report_wait_bin(2000), 1 + REPORT_WAIT_BINS_PER_OCTAVE);
+        assert_int_equal(report_wait_bin(USEC_INFINITY), REPORT_WAIT_BINS - 1);
+        for (size_t i = 1; i < REPORT_WAIT_BINS; i++) {
+                assert_true(report_wait_bin_floor(i) > report_wait_bin_floor(i - 1));
+                assert_int_equal(report_wait_bin(report_wait_bin_floor(i)), i);
+                assert_int_equal(report_wait_bin(report_wait_bin_floor(i) - 1), i - 1);
+        }
+}
+
+static void test_quantiles_are_at_most_a_bin_high_and_the_max_is_exact(void **state) {
+        ReportWaits w = {};
+        assert_int_equal(report_waits_quantile(&w, 0.5), 0);
+        for (usec_t i = 1; i <= 100; i++)
+                report_waits_add(&w, i * 10 * MS); /* 10 ms … 1 s */
+        usec_t p50 = report_waits_quantile(&w, 0.5), p95 = report_waits_quantile(&w, 0.95);
+        assert_true(p50 >= 500 * MS && p50 <= 500 * MS * 109 / 100);
+        assert_true(p95 >= 950 * MS && p95 <= 1000 * MS);
+        assert_int_equal(report_waits_quantile(&w, 1), 1000 * MS);
+        assert_int_equal(w.max, 1000 * MS);
+
+        ReportWaits immediate = {};
+        report_waits_add(&immediate, 0);
+        report_waits_add(&immediate, 0);
+        report_waits_add(&immediate, 3 * S);
+        assert_int_equal(report_waits_quantile(&immediate, 0.5), 0);
+        assert_int_equal(report_waits_quantile(&immediate, 0.95), 3 * S);
+}
+
+static void test_timeline_steps_with_grants_waits_and_congestion(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        assert_int_equal(r->bucket_us, 50 * MS); /* 200 columns: the first width within 600 */
+
+        add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
+        add(r, REPORT_ARRIVED, 2 * S, NULL, 0, true, 0);             /* waits with the saturated budget… */
+        add(r, REPORT_REFUSED, 3 * S, "merge", 0, false, REPORT_REASON_BUSY);
+        add(r, REPORT_RELEASED, 4 * S, "merge", 0, false, 0);
+        add(r, REPORT_GRANTED, 4 * S, "nightly", 2 * S, true, 0);    /* …until the slot frees at 4 s */
+        add(r, REPORT_RELEASED, 6 * S, "nightly", 0, false, 0);
+        report_finish(r);
+
+        assert_int_equal(r->n_pools, 1);
+        const ReportPool *p = &r->pools[0];
+        assert_int_equal(bucket_at(r, p, 0)->in_use, 0);
+        assert_int_equal(bucket_at(r, p, 1 * S)->in_use, 1);
+        assert_int_equal(bucket_at(r, p, 1500 * MS)->in_use, 1); /* no event: the state carries on */
+        assert_int_equal(bucket_at(r, p, 2500 * MS)->waiting, 1);
+        assert_true(bucket_at(r, p, 2500 * MS)->congested);
+        assert_false(bucket_at(r, p, 1500 * MS)->congested);
+        assert_int_equal(bucket_at(r, p, 4500 * MS)->waiting, 0);
+        assert_false(bucket_at(r, p, 4500 * MS)->congested);
+        assert_int_equal(bucket_at(r, p, 4500 * MS)->in_use, 1);
+        assert_int_equal(bucket_at(r, p, 7 * S)->in_use, 0);
+        assert_int_equal(p->peak_in_use, 1);
+        assert_int_equal(p->peak_waiting, 1);
+        assert_int_equal(p->congested_us, 2 * S);
+        assert_int_equal(p->granted, 2);
+        assert_int_equal(p->refused[REPORT_REASON_BUSY], 1);
+        assert_int_equal(p->waits.max, 2 * S);
+        assert_false(p->clamped);
+}
+
+static void test_a_lease_granted_before_the_range_is_held_in_it(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        assert_int_equal(report_new(T0 + 10 * S, T0 + 20 * S, &r), 0);
+        add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
+        add(r, REPORT_RELEASED, 15 * S, "merge", 0, false, 0);
+        report_finish(r);
+
+        const ReportPool *p = &r->pools[0];
+        assert_int_equal(p->buckets[0].in_use, 1);
+        assert_int_equal(bucket_at(r, p, 16 * S)->in_use, 0);
+        assert_int_equal(p->granted, 0); /* the grant is before the range: not counted in it */
+        assert_int_equal(p->released, 1);
+}
+
+static void test_an_end_without_its_start_is_clamped_and_said(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        add(r, REPORT_RELEASED, 1 * S, "merge", 0, false, 0);
+        add(r, REPORT_GRANTED, 2 * S, "merge", 0, false, 0);
+        report_finish(r);
+        const ReportPool *p = &r->pools[0];
+        assert_true(p->clamped);
+        assert_int_equal(bucket_at(r, p, 3 * S)->in_use, 1);
+}
+
+static void test_events_out_of_order_or_past_the_range_are_refused(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        add(r, REPORT_GRANTED, 5 * S, "merge", 0, false, 0);
+        ReportEvent e = { .kind = REPORT_RELEASED, .time = T0 + 4 * S, .pool = "grid" };
+        assert_int_equal(report_add(r, &e), -EINVAL);
+        e.time = T0 + 10 * S;
+        assert_int_equal(report_add(r, &e), -EINVAL);
+        assert_int_equal(report_new(T0, T0, &(Report *) { NULL }), -EINVAL);
+}
+
+static void test_refusals_are_counted_per_lane_reason_and_hour(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        assert_int_equal(report_new(T0, T0 + 3 * USEC_PER_HOUR, &r), 0);
+        assert_int_equal(r->n_periods, 3);
+        assert_int_equal(r->period_us, USEC_PER_HOUR);
+        add(r, REPORT_REFUSED, 10 * S, "merge", 0, false, REPORT_REASON_BUSY);
+        add(r, REPORT_REFUSED, USEC_PER_HOUR + 10 * S, "merge", 0, false, REPORT_REASON_BUSY);
+        add(r, REPORT_ARRIVED, USEC_PER_HOUR + 20 * S, NULL, 0, false, 0);
+        add(r, REPORT_REFUSED, 2 * USEC_PER_HOUR + 20 * S, "nightly", USEC_PER_HOUR, false, REPORT_REASON_TIMEOUT);
+        report_finish(r);
+
+        const ReportPool *p = &r->pools[0];
+        assert_int_equal(p->n_lanes, 2);
+        assert_string_equal(p->lanes[0].name, "merge");
+        assert_int_equal(p->lanes[0].period_refused[0][REPORT_REASON_BUSY], 1);
+        assert_int_equal(p->lanes[0].period_refused[1][REPORT_REASON_BUSY], 1);
+        assert_int_equal(p->lanes[1].period_refused[2][REPORT_REASON_TIMEOUT], 1);
+        assert_int_equal(p->refused_total, 3);
+        assert_int_equal(p->peak_waiting, 1);
+        assert_int_equal(p->waits.n, 0); /* refused waits are not grants' waits */
+}
+
+/* ---- the page ---- */
+
+static char *render(const Report *r) {
+        char *buf = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&buf, &size);
+        assert_non_null(f);
+        assert_int_equal(report_html_write(r, &(ReportHtmlOptions) { .source = "history.db" }, f), 0);
+        fclose(f);
+        return buf;
+}
+
+static size_t count(const char *haystack, const char *needle) {
+        size_t n = 0;
+        for (const char *p = haystack; (p = strstr(p, needle)); p += strlen(needle))
+                n++;
+        return n;
+}
+
+static void test_page_has_the_charts_bars_and_figures(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        assert_int_equal(report_new(T0, T0 + 2 * USEC_PER_HOUR, &r), 0);
+        add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
+        add(r, REPORT_REFUSED, 2 * S, "merge", 0, false, REPORT_REASON_BUSY);
+        add(r, REPORT_REFUSED, 3 * S, "merge", 0, false, REPORT_REASON_FULL);
+        add(r, REPORT_REFUSED, USEC_PER_HOUR + 3 * S, "merge", 0, false, REPORT_REASON_BUSY);
+        add(r, REPORT_RELEASED, USEC_PER_HOUR + 4 * S, "merge", 0, false, 0);
+        report_finish(r);
+        _cleanup_free_ char *html = render(r);
+
+        assert_int_equal(count(html, "<svg class=\"chart\""), 4); /* timeline, merge's waits, histogram, refusals */
+        assert_int_equal(count(html, "data-chart=\"timeline\""), 1);
+        assert_int_equal(count(html, "data-chart=\"waits\""), 1);
+        assert_int_equal(count(html, "data-chart=\"wait-histogram\""), 1);
+        assert_int_equal(count(html, "data-chart=\"refusals\""), 1);
+        /* Hour 1: busy and full; hour 2: busy. */
+        assert_int_equal(count(html, "class=\"bar\" data-reason="), 3);
+        assert_int_equal(count(html, "data-reason=\"busy\""), 2);
+        assert_non_null(strstr(html, "<span data-figure=\"refused\">3</span>"));
+        assert_non_null(strstr(html, "<span data-figure=\"busy\">2</span>"));
+        assert_non_null(strstr(html, "<span data-figure=\"granted\">1</span>"));
+        /* Three markers (p50, p95, max) for the one hour with a grant. */
+        assert_int_equal(count(html, "class=\"point\" data-series="), 3);
+        /* One above each chart and the pool's; the jobs, holds and revocations. */
+        assert_int_equal(count(html, "<p class=\"summary\""), 5 + 3);
+}
+
+static void test_page_is_self_contained_and_escapes_other_users_words(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        ReportEvent e = {
+                .kind = REPORT_GRANTED, .time = T0 + S, .pool = "<script>alert(1)</script>", .lane = "\"><svg onload=alert(1)>",
+        };
+        assert_int_equal(report_add(r, &e), 0);
+        assert_int_equal(report_table_add(r->jobs, &r->n_jobs,
+                                          &(ReportRow) { .job = "job & <b>\x1b[2J</b>", .count = 1, .duration = USEC_INFINITY }),
+                         0);
+        report_finish(r);
+        _cleanup_free_ char *html = render(r);
+
+        assert_null(strstr(html, "<script"));
+        assert_null(strstr(html, "<svg onload"));
+        assert_non_null(strstr(html, "&quot;&gt;&lt;svg onload=alert(1)&gt;"));
+        assert_null(strstr(html, "\x1b"));
+        assert_non_null(strstr(html, "&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert_non_null(strstr(html, "job &amp; &lt;b&gt;\\x1b[2J&lt;/b&gt;"));
+        /* Nothing fetched from anywhere: no source, link or import. */
+        assert_null(strstr(html, "src="));
+        assert_null(strstr(html, "href="));
+        assert_null(strstr(html, "@import"));
+        assert_null(strstr(html, "url(http"));
+}
+
+static void test_page_says_when_there_is_nothing(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        report_finish(r);
+        _cleanup_free_ char *empty = render(r);
+        assert_non_null(strstr(empty, "holds no decision in this range"));
+        assert_null(strstr(empty, "<svg class=\"chart\""));
+
+        assert_non_null(report_pool(r, "quiet"));
+        report_finish(r);
+        _cleanup_free_ char *quiet = render(r);
+        assert_non_null(strstr(quiet, "data-pool=\"quiet\""));
+        assert_non_null(strstr(quiet, "Nothing was recorded for this pool"));
+        assert_null(strstr(quiet, "<svg class=\"chart\""));
+}
+
+static void test_page_draws_the_capacity_curve_or_says_why_not(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
+        ReportPool *p = &r->pools[0];
+        p->sweep = calloc(3, sizeof(ReportSweepPoint));
+        assert_non_null(p->sweep);
+        for (unsigned i = 0; i < 3; i++)
+                p->sweep[p->n_sweep++] = (ReportSweepPoint) {
+                        .limit = 4 + i, .requests = 10, .granted = 8 + i, .refused = 2 - i, .p95_wait = (3 - i) * S,
+                };
+        report_finish(r);
+        _cleanup_free_ char *html = render(r);
+        assert_int_equal(count(html, "data-chart=\"capacity\""), 1);
+        assert_int_equal(count(html, "data-limit="), 3);
+        assert_non_null(strstr(html, "data-limit=\"4\" data-count=\"2\" data-p95-ms=\"3000\""));
+        assert_non_null(strstr(html, "at 4 slots 2 would be refused"));
+
+        p->sweep = mfree(p->sweep);
+        p->n_sweep = 0;
+        p->sweep_error = strdup("no lease of pool 'grid' ended");
+        _cleanup_free_ char *why = render(r);
+        assert_int_equal(count(why, "data-chart=\"capacity\""), 0);
+        assert_non_null(strstr(why, "could not be replayed: no lease of pool &#39;grid&#39; ended"));
+}
+
+int main(void) {
+        static const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_wait_bins_have_exact_edges_at_powers_of_two),
+                cmocka_unit_test(test_quantiles_are_at_most_a_bin_high_and_the_max_is_exact),
+                cmocka_unit_test(test_timeline_steps_with_grants_waits_and_congestion),
+                cmocka_unit_test(test_a_lease_granted_before_the_range_is_held_in_it),
+                cmocka_unit_test(test_an_end_without_its_start_is_clamped_and_said),
+                cmocka_unit_test(test_events_out_of_order_or_past_the_range_are_refused),
+                cmocka_unit_test(test_refusals_are_counted_per_lane_reason_and_hour),
+                cmocka_unit_test(test_page_has_the_charts_bars_and_figures),
+                cmocka_unit_test(test_page_is_self_contained_and_escapes_other_users_words),
+                cmocka_unit_test(test_page_says_when_there_is_nothing),
+                cmocka_unit_test(test_page_draws_the_capacity_curve_or_says_why_not),
+        };
+        setenv("TZ", "UTC", 1);
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
