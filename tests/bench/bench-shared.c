@@ -368,6 +368,57 @@ static void commandstat(redisContext *rc, const char *cmd, uint64_t *ret_calls, 
         freeReplyObject(r);
 }
 
+/* ---- the brokerds' round trips to Redis ---- */
+
+/* slotbroker_backend_rtt_seconds's bounds (brokerd/metrics.c), and +Inf. */
+static const char *const rtt_le[] = { "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01",
+                                      "0.025",  "0.05",    "0.1",    "0.5",   "2",      "+Inf" };
+#define RTT_N (sizeof rtt_le / sizeof rtt_le[0])
+
+/* The histogram of the running brokerds' script calls to Redis on the pool (send → reply: Redis's queue,
+ * the script, both sides' scheduling), summed over the nodes: cumulative counts, as the metric has them. */
+static void rtt_histogram(const char *pool, uint64_t counts[RTT_N]) {
+        memset(counts, 0, RTT_N * sizeof(uint64_t));
+        for (int i = 0; i < N_NODES; i++) {
+                if (nodes[i].pid <= 0)
+                        continue;
+                BrokerClient *c = client_new(&nodes[i]);
+                char *reply = NULL;
+                int r = broker_call(c, "io.slotbroker.Metrics", "{}", &reply);
+                if (r != 0)
+                        die("Metrics", r < 0 ? -r : EPROTO);
+                for (size_t j = 0; j < RTT_N; j++) {
+                        char key[160]; /* the text is a JSON string: its quotes are escaped */
+                        snprintf(key, sizeof key, "slotbroker_backend_rtt_seconds_bucket{pool=\\\"%s\\\",le=\\\"%s\\\"} ",
+                                 pool, rtt_le[j]);
+                        const char *p = strstr(reply, key);
+                        if (p)
+                                counts[j] += strtoull(p + strlen(key), NULL, 10);
+                }
+                free(reply);
+                broker_client_free(c);
+        }
+}
+
+/* The bounds under which half and 99 % of the calls between two histograms fell. */
+static void rtt_print(const char *what, const uint64_t before[RTT_N], uint64_t after[RTT_N], bool now) {
+        if (now)
+                rtt_histogram("shared-roomy", after);
+        uint64_t total = after[RTT_N - 1] - before[RTT_N - 1];
+        const char *p50 = "?", *p99 = "?";
+        for (size_t j = RTT_N; j-- > 0;) {
+                uint64_t n = after[j] - before[j];
+                if (n * 100 >= total * 99)
+                        p99 = rtt_le[j];
+                if (n * 2 >= total)
+                        p50 = rtt_le[j];
+        }
+        printf("  %s: the brokerds' calls to Redis (send -> reply, %llu): p50 <= %s s, p99 <= %s s (under 0.5 ms: %.0f %%, "
+               "1 ms: %.0f %%)\n",
+               what, (unsigned long long) total, p50, p99, total ? 100.0 * (double) (after[2] - before[2]) / (double) total : 0,
+               total ? 100.0 * (double) (after[3] - before[3]) / (double) total : 0);
+}
+
 /* ---- pairs ---- */
 
 typedef struct Run {
@@ -378,33 +429,56 @@ typedef struct Run {
 } Run;
 
 /* n_clients connections, client i on nodes[i % n_nodes], driven from one poll() loop as bench-pairs drives
- * them: acquire → granted → release → released → … for `seconds`. */
-static Run run_pairs(redisContext *rc, const char *lane, int n_nodes, int n_clients, double seconds) {
+ * them: acquire → granted → release → released → … for `seconds`. With pace > 0 (pairs/s in all) each
+ * client starts its next acquire n_clients / pace seconds after its previous one started (at once if that
+ * is past): the latency of an Acquire at a rate the pool sustains, rather than at its limit. */
+static Run run_pairs(redisContext *rc, const char *lane, int n_nodes, int n_clients, double seconds, double pace) {
         BrokerClient **c = calloc((size_t) n_clients, sizeof(BrokerClient *));
         struct pollfd *p = calloc((size_t) n_clients, sizeof(struct pollfd));
         uint64_t *sent = calloc((size_t) n_clients, sizeof(uint64_t));
+        uint64_t *next = calloc((size_t) n_clients, sizeof(uint64_t)); /* paced: when its next acquire is due; 0: busy */
+        bool *releasing = calloc((size_t) n_clients, sizeof(bool));
+        uint64_t interval = pace > 0 ? (uint64_t) ((double) n_clients / pace * 1e9) : 0;
         Run run = {};
         uint64_t pairs = 0;
         int open = n_clients;
 
-        if (!c || !p || !sent)
+        if (!c || !p || !sent || !next || !releasing)
                 die("calloc", ENOMEM);
         for (int i = 0; i < n_clients; i++)
                 c[i] = client_new(&nodes[i % n_nodes]);
         freeReplyObject(redis_command(rc, "CONFIG RESETSTAT"));
         uint64_t t0 = bench_now_ns(), brokerds0 = brokerds_cpu_ns(), redis0 = bench_process_cpu_ns(redis, false),
                  clients0 = self_cpu_ns(), end = t0 + (uint64_t) (seconds * 1e9);
-        for (int i = 0; i < n_clients; i++) {
-                sent[i] = bench_now_ns();
-                acquire_start(c[i], lane);
-        }
+        for (int i = 0; i < n_clients; i++)
+                next[i] = t0 + interval * (uint64_t) i / (uint64_t) n_clients; /* spread over an interval */
         while (open > 0) {
-                for (int i = 0; i < n_clients; i++)
+                uint64_t now = bench_now_ns(), due = UINT64_MAX;
+                for (int i = 0; i < n_clients; i++) {
+                        if (c[i] && next[i] && now >= end) {
+                                c[i] = broker_client_free(c[i]);
+                                open--;
+                        } else if (c[i] && next[i] && next[i] <= now) {
+                                next[i] = 0;
+                                sent[i] = now;
+                                acquire_start(c[i], lane);
+                        } else if (c[i] && next[i] && next[i] < due)
+                                due = next[i];
                         p[i] = (struct pollfd) { .fd = c[i] ? broker_client_get_fd(c[i]) : -1,
                                                  .events = c[i] ? (short) broker_client_get_events(c[i]) : 0 };
-                int k = poll(p, (nfds_t) n_clients, 10000);
-                if (k == 0)
+                }
+                if (open == 0)
+                        break; /* the last ones were due after the end */
+                int timeout = due == UINT64_MAX ? 10000 : (int) ((due - now + 999999) / 1000000);
+                int k = poll(p, (nfds_t) n_clients, timeout);
+                if (k == 0 && due == UINT64_MAX) {
+                        for (int i = 0; i < n_clients; i++)
+                                if (c[i])
+                                        fprintf(stderr, "bench-shared: client %d on %s: no %s for %.0f ms\n", i,
+                                                nodes[i % n_nodes].name, releasing[i] ? "released" : "grant",
+                                                ms(bench_now_ns() - sent[i]));
                         die("poll", ETIMEDOUT);
+                }
                 if (k < 0 && errno != EINTR)
                         die("poll", errno);
                 bool stopping = bench_now_ns() >= end;
@@ -420,18 +494,22 @@ static Run run_pairs(redisContext *rc, const char *lane, int n_nodes, int n_clie
                                         break;
                                 if (r == BROKER_EVENT_GRANTED) {
                                         samples_add(&run.acquire, bench_now_ns() - sent[i]);
+                                        releasing[i] = true;
                                         broker_lease_free(ev.lease);
                                         if ((r = broker_release_start(c[i])) < 0)
                                                 die("broker_release_start", -r);
                                 } else if (r == BROKER_EVENT_RELEASED) {
                                         pairs++;
+                                        releasing[i] = false;
                                         if (stopping) {
                                                 c[i] = broker_client_free(c[i]);
                                                 open--;
                                                 break;
                                         }
-                                        sent[i] = bench_now_ns();
-                                        acquire_start(c[i], lane);
+                                        next[i] = sent[i] + interval; /* ≤ now when not paced: at once */
+                                        if (next[i] == 0)
+                                                next[i] = 1;
+                                        break;
                                 } else if (r == BROKER_EVENT_REFUSED)
                                         die_refused(lane, &ev);
                                 else if (r != BROKER_EVENT_QUEUED)
@@ -453,7 +531,30 @@ static Run run_pairs(redisContext *rc, const char *lane, int n_nodes, int n_clie
         free(c);
         free(p);
         free(sent);
+        free(next);
+        free(releasing);
         return run;
+}
+
+/* n_clients paced to `pace` pairs/s in all, on the shared pool and then on the local one. */
+static void run_paced(redisContext *rc, int n_clients, double seconds, double pace, const char *fraction) {
+        uint64_t rtt0[RTT_N], rtt1[RTT_N];
+        char la[128];
+        rtt_histogram("shared-roomy", rtt0);
+        Run shared = run_pairs(rc, "shared-roomy", N_NODES, n_clients, seconds, pace);
+        rtt_histogram("shared-roomy", rtt1);
+        Run local = run_pairs(rc, "local-roomy", 1, n_clients, seconds, pace);
+        printf("Immediate acquire, %d clients paced to %.0f pairs/s in all (%s the rate above; load average %s):\n  ",
+               n_clients, pace, fraction, bench_loadavg(la, sizeof la));
+        samples_print("shared (target p50 <= 1 ms, p99 <= 5 ms)", &shared.acquire);
+        printf(": %s; %.0f pairs/s\n  ",
+               quantile_ms(&shared.acquire, 0.5) <= 1 && quantile_ms(&shared.acquire, 0.99) <= 5 ? "met" : "MISSED",
+               shared.rate);
+        samples_print("local pool of node-a", &local.acquire);
+        printf("; %.0f pairs/s\n", local.rate);
+        rtt_print("paced", rtt0, rtt1, false);
+        free(shared.acquire.v);
+        free(local.acquire.v);
 }
 
 /* ---- one client at a time ---- */
@@ -536,6 +637,49 @@ static void run_hand_on(const char *lane, int n_nodes, Samples *out) {
                 broker_client_free(c[i]);
 }
 
+/* ---- the reference script ---- */
+
+/* bench-pairs.lua's semaphore (bench-pairs' reference) run in the same redis-server: 2 × n EVALSHA, an
+ * acquire and a release each time, pipelined 64 at a time from one connection. Returns its usec_per_call
+ * (INFO commandstats), or 0 without the file. */
+static double reference_script_us(redisContext *rc, int n) {
+        const char *path = getenv("BENCH_PAIRS_LUA");
+        if (!path || !*path)
+                path = BENCH_PAIRS_LUA;
+        FILE *f = fopen(path, "re");
+        char *text = NULL;
+        size_t len = 0;
+        if (!f)
+                return 0;
+        if (getdelim(&text, &len, '\0', f) < 0) {
+                fclose(f);
+                free(text);
+                return 0;
+        }
+        fclose(f);
+        redisReply *r = redis_command(rc, "SCRIPT LOAD %s", text);
+        char sha[41];
+        snprintf(sha, sizeof sha, "%s", r->str ?: "");
+        freeReplyObject(r);
+        free(text);
+        freeReplyObject(redis_command(rc, "CONFIG RESETSTAT"));
+        for (int i = 0; i < 2 * n; i += 64) {
+                for (int j = 0; j < 64; j++)
+                        if (redisAppendCommand(rc, j % 2 ? "EVALSHA %s 1 bench-shared release" : "EVALSHA %s 1 bench-shared acquire 1000000",
+                                               sha) != REDIS_OK)
+                                die("redisAppendCommand", ENOMEM);
+                for (int j = 0; j < 64; j++) {
+                        void *reply = NULL;
+                        if (redisGetReply(rc, &reply) != REDIS_OK || !reply || ((redisReply *) reply)->type == REDIS_REPLY_ERROR)
+                                die("bench-pairs.lua", EPROTO);
+                        freeReplyObject(reply);
+                }
+        }
+        uint64_t calls, usec;
+        commandstat(rc, "evalsha", &calls, &usec);
+        return calls ? (double) usec / (double) calls : 0;
+}
+
 /* ---- per script: a SLOWLOG window ---- */
 
 typedef struct ScriptFigure {
@@ -584,7 +728,7 @@ static void run_script_split(redisContext *rc, int n_clients, double seconds) {
         freeReplyObject(redis_command(rc, "CONFIG SET slowlog-max-len 1000000"));
         freeReplyObject(redis_command(rc, "SLOWLOG RESET"));
         freeReplyObject(redis_command(rc, "CONFIG SET slowlog-log-slower-than 0"));
-        Run run = run_pairs(rc, "shared-roomy", N_NODES, n_clients, seconds);
+        Run run = run_pairs(rc, "shared-roomy", N_NODES, n_clients, seconds, 0);
         freeReplyObject(redis_command(rc, "CONFIG SET slowlog-log-slower-than -1"));
         redisReply *r = redis_command(rc, "SLOWLOG GET -1");
         uint64_t other_calls = 0, other_usec = 0, total_usec = 0;
@@ -727,8 +871,8 @@ int main(int argc, char **argv) {
         }
         printf("first grants on every node after %.1f s (one TTL: a new pool's recovery window)\n",
                ms(bench_now_ns() - t_first) / 1e3);
-        free(run_pairs(rc, "shared-roomy", N_NODES, n_clients, 1).acquire.v);
-        free(run_pairs(rc, "local-roomy", 1, n_clients, 1).acquire.v);
+        free(run_pairs(rc, "shared-roomy", N_NODES, n_clients, 1, 0).acquire.v);
+        free(run_pairs(rc, "local-roomy", 1, n_clients, 1, 0).acquire.v);
 
         /* One client at a time. */
         Samples idle_shared = {}, idle_local = {};
@@ -747,9 +891,9 @@ int main(int argc, char **argv) {
         for (int i = 0; i < rounds; i++) {
                 for (int step = 0; step < 2; step++) {
                         if ((step == 0) == (i % 2 == 0))
-                                shared[i] = run_pairs(rc, "shared-roomy", N_NODES, n_clients, seconds);
+                                shared[i] = run_pairs(rc, "shared-roomy", N_NODES, n_clients, seconds, 0);
                         else
-                                local[i] = run_pairs(rc, "local-roomy", 1, n_clients, seconds);
+                                local[i] = run_pairs(rc, "local-roomy", 1, n_clients, seconds, 0);
                 }
                 ratio[i] = shared[i].rate / local[i].rate;
                 s_p50[i] = quantile_ms(&shared[i].acquire, 0.5);
@@ -778,9 +922,17 @@ int main(int argc, char **argv) {
         printf("  CPU per message: brokerds %.1f us (local %.1f us), redis-server %.1f us, clients %.1f us (local %.1f us)\n",
                MEDIAN_OF(shared, rounds, brokerds_us), MEDIAN_OF(local, rounds, brokerds_us), MEDIAN_OF(shared, rounds, redis_us),
                MEDIAN_OF(shared, rounds, clients_us), MEDIAN_OF(local, rounds, clients_us));
-        printf("  Redis per pair: %.2f EVALSHA, %.1f us of script each (INFO commandstats usec_per_call), %.2f XREAD\n",
-               MEDIAN_OF(shared, rounds, evalsha_per_pair), MEDIAN_OF(shared, rounds, script_us_per_call),
-               MEDIAN_OF(shared, rounds, xread_per_pair));
+        double reference = reference_script_us(rc, 20000), script_us = MEDIAN_OF(shared, rounds, script_us_per_call);
+        printf("  Redis per pair: %.2f EVALSHA, %.1f us of script each (INFO commandstats usec_per_call), %.2f XREAD; "
+               "bench-pairs.lua's semaphore in the same Redis: %.1f us per call (ratio %.1f)\n",
+               MEDIAN_OF(shared, rounds, evalsha_per_pair), script_us, MEDIAN_OF(shared, rounds, xread_per_pair), reference,
+               reference > 0 ? script_us / reference : 0);
+
+        /* Immediate acquire at a half and an eighth of the rate the shared pool just sustained: the latency
+         * without a backlog. */
+        run_paced(rc, n_clients, seconds, rate / 2, "half");
+        run_paced(rc, n_clients, seconds, rate / 8, "an eighth of");
+        rtt_print("all the runs so far", (uint64_t[RTT_N]) {}, (uint64_t[RTT_N]) {}, true);
         fflush(stdout);
 
         run_script_split(rc, n_clients, seconds / 2 > 2 ? seconds / 2 : 2);
