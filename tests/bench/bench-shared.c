@@ -824,7 +824,10 @@ int main(int argc, char **argv) {
 
         static char redis_server_buf[PATH_MAX];
         redis_server = getenv("REDIS_SERVER");
-        if (!redis_server || !*redis_server) {
+        if (redis_server && *redis_server) {
+                if (access(redis_server, X_OK) < 0)
+                        redis_server = NULL;
+        } else {
                 redis_server = NULL;
                 const char *path = getenv("PATH") ?: "/usr/bin:/bin";
                 for (const char *p = path; *p && !redis_server;) {
