@@ -106,13 +106,6 @@ static _Noreturn void die_refused(const char *what, const BrokerEvent *ev) {
         exit(EXIT_FAILURE);
 }
 
-static uint64_t self_cpu_ns(void) {
-        struct rusage ru;
-        getrusage(RUSAGE_SELF, &ru);
-        return ((uint64_t) ru.ru_utime.tv_sec + (uint64_t) ru.ru_stime.tv_sec) * 1000000000ULL +
-               ((uint64_t) ru.ru_utime.tv_usec + (uint64_t) ru.ru_stime.tv_usec) * 1000ULL;
-}
-
 static uint64_t brokerds_cpu_ns(void) {
         uint64_t sum = 0;
         for (int i = 0; i < N_NODES; i++)
@@ -449,7 +442,7 @@ static Run run_pairs(redisContext *rc, const char *lane, int n_nodes, int n_clie
                 c[i] = client_new(&nodes[i % n_nodes]);
         freeReplyObject(redis_command(rc, "CONFIG RESETSTAT"));
         uint64_t t0 = bench_now_ns(), brokerds0 = brokerds_cpu_ns(), redis0 = bench_process_cpu_ns(redis, false),
-                 clients0 = self_cpu_ns(), end = t0 + (uint64_t) (seconds * 1e9);
+                 clients0 = bench_self_cpu_ns(), end = t0 + (uint64_t) (seconds * 1e9);
         for (int i = 0; i < n_clients; i++)
                 next[i] = t0 + interval * (uint64_t) i / (uint64_t) n_clients; /* spread over an interval */
         while (open > 0) {
@@ -521,7 +514,7 @@ static Run run_pairs(redisContext *rc, const char *lane, int n_nodes, int n_clie
         run.rate = (double) pairs / elapsed;
         run.brokerds_us = (double) (brokerds_cpu_ns() - brokerds0) / 1e3 / messages;
         run.redis_us = (double) (bench_process_cpu_ns(redis, false) - redis0) / 1e3 / messages;
-        run.clients_us = (double) (self_cpu_ns() - clients0) / 1e3 / messages;
+        run.clients_us = (double) (bench_self_cpu_ns() - clients0) / 1e3 / messages;
         uint64_t calls, usec, xreads, xread_usec;
         commandstat(rc, "evalsha", &calls, &usec);
         commandstat(rc, "xread", &xreads, &xread_usec);
@@ -778,24 +771,13 @@ static void run_script_split(redisContext *rc, int n_clients, double seconds) {
         free(run.acquire.v);
 }
 
-/* ---- medians ---- */
-
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *) a, y = *(const double *) b;
-        return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-        qsort(v, (size_t) n, sizeof(double), cmp_double);
-        return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-#define MEDIAN_OF(runs, n, field)                          \
-        ({                                                 \
-                double _v[MAX_ROUNDS];                     \
-                for (int _i = 0; _i < (n); _i++)           \
-                        _v[_i] = (runs)[_i].field;         \
-                median(_v, (n));                           \
+/* The median over the rounds of one field of their Runs. */
+#define MEDIAN_OF(runs, n, field)                       \
+        ({                                              \
+                double _v[MAX_ROUNDS];                  \
+                for (int _i = 0; _i < (n); _i++)        \
+                        _v[_i] = (runs)[_i].field;      \
+                bench_median(_v, (n));                  \
         })
 
 int main(int argc, char **argv) {
@@ -823,21 +805,7 @@ int main(int argc, char **argv) {
         }
 
         static char redis_server_buf[PATH_MAX];
-        redis_server = getenv("REDIS_SERVER");
-        if (redis_server && *redis_server) {
-                if (access(redis_server, X_OK) < 0)
-                        redis_server = NULL;
-        } else {
-                redis_server = NULL;
-                const char *path = getenv("PATH") ?: "/usr/bin:/bin";
-                for (const char *p = path; *p && !redis_server;) {
-                        size_t n = strcspn(p, ":");
-                        snprintf(redis_server_buf, sizeof redis_server_buf, "%.*s/redis-server", (int) n, p);
-                        if (n > 0 && access(redis_server_buf, X_OK) == 0)
-                                redis_server = redis_server_buf;
-                        p += n + (p[n] == ':');
-                }
-        }
+        redis_server = bench_find_program("REDIS_SERVER", "redis-server", redis_server_buf, sizeof redis_server_buf);
         if (!redis_server) {
                 fprintf(stderr, "bench-shared: no redis-server (Debian: redis-server): skipped\n");
                 return 77;
@@ -918,10 +886,10 @@ int main(int argc, char **argv) {
         printf("Pairs, %d clients over %d brokerds, pool of %d: %.0f pairs/s (target >= 8000: %s); local pool of node-a: "
                "%.0f pairs/s; ratio shared / local %.3f\n",
                n_clients, N_NODES, 2 * n_clients, rate, rate >= 8000 ? "met" : "MISSED", MEDIAN_OF(local, rounds, rate),
-               median(ratio, rounds));
+               bench_median(ratio, rounds));
         printf("  immediate acquire under that load: shared p50 %.2f ms, p99 %.2f ms (targets 1 ms, 5 ms); local p50 %.2f ms, "
                "p99 %.2f ms\n",
-               median(s_p50, rounds), median(s_p99, rounds), median(l_p50, rounds), median(l_p99, rounds));
+               bench_median(s_p50, rounds), bench_median(s_p99, rounds), bench_median(l_p50, rounds), bench_median(l_p99, rounds));
         printf("  CPU per message: brokerds %.1f us (local %.1f us), redis-server %.1f us, clients %.1f us (local %.1f us)\n",
                MEDIAN_OF(shared, rounds, brokerds_us), MEDIAN_OF(local, rounds, brokerds_us), MEDIAN_OF(shared, rounds, redis_us),
                MEDIAN_OF(shared, rounds, clients_us), MEDIAN_OF(local, rounds, clients_us));
