@@ -412,6 +412,19 @@ static void rtt_print(const char *what, const uint64_t before[RTT_N], uint64_t a
                total ? 100.0 * (double) (after[3] - before[3]) / (double) total : 0);
 }
 
+/* LATENCY LATEST: [[event, when, latest ms, max ms], …]. */
+static void latency_print(redisContext *rc) {
+        redisReply *r = redis_command(rc, "LATENCY LATEST");
+        printf("  Redis's stalls of 1 ms or more (LATENCY LATEST, max ms):");
+        for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+                redisReply *e = r->element[i];
+                if (e->type == REDIS_REPLY_ARRAY && e->elements >= 4 && e->element[0]->type == REDIS_REPLY_STRING)
+                        printf(" %s %lld", e->element[0]->str, e->element[3]->integer);
+        }
+        printf("%s\n", r->type == REDIS_REPLY_ARRAY && r->elements > 0 ? "" : " none");
+        freeReplyObject(r);
+}
+
 /* ---- pairs ---- */
 
 typedef struct Run {
@@ -818,6 +831,9 @@ int main(int argc, char **argv) {
         redisContext *rc = redis_connect();
         if (!rc)
                 die("connect to redis-server", ECONNREFUSED);
+        /* Redis's own record of what stalled it for 1 ms or more (a script, an O(1) command, an expire
+         * cycle): with O(1) commands among them, Redis was descheduled, not busy. */
+        freeReplyObject(redis_command(rc, "CONFIG SET latency-monitor-threshold 1"));
         for (int i = 0; i < N_NODES; i++) {
                 node_write_config(&nodes[i], n_clients);
                 node_start(&nodes[i]);
@@ -904,6 +920,7 @@ int main(int argc, char **argv) {
         run_paced(rc, n_clients, seconds, rate / 2, "half");
         run_paced(rc, n_clients, seconds, rate / 8, "an eighth of");
         rtt_print("all the runs so far", (uint64_t[RTT_N]) {}, (uint64_t[RTT_N]) {}, true);
+        latency_print(rc);
         fflush(stdout);
 
         run_script_split(rc, n_clients, seconds / 2 > 2 ? seconds / 2 : 2);
