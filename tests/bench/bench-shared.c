@@ -4,14 +4,16 @@
  * node-c) sharing its pools, libbroker clients spread over them round-robin. Each figure is printed beside
  * the same measurement on a local pool of node-a (what bench-pairs measures), taken in the same run:
  *
- *   - immediate acquire (Acquire sent → grant read): one client at a time, and inside the pairs runs;
- *     target p50 ≤ 1 ms, p99 ≤ 5 ms;
+ *   - immediate acquire (Acquire sent → grant read): one client at a time; inside the pairs runs (at
+ *     Redis's limit); and with the clients paced to a half and an eighth of the pairs' rate; target
+ *     p50 ≤ 1 ms, p99 ≤ 5 ms;
  *   - pairs: CLIENTS connections from one poll() loop, each acquire → release → … for SECONDS, on a pool
  *     of 2 × CLIENTS slots (nobody waits); target ≥ 8,000 pairs/s; rounds alternate shared/local;
  *   - where a pair's time goes: the brokerds' CPU per message (all three), redis-server's, the clients',
- *     the EVALSHA calls per pair and their script time (INFO commandstats), and per script (a SLOWLOG
- *     window with threshold 0 over a short extra run, each sha named by loading the scripts brokerd
- *     embeds);
+ *     the EVALSHA calls per pair and their script time (INFO commandstats) against bench-pairs.lua's
+ *     semaphore run in the same Redis, the brokerds' round trips to Redis (their rtt histogram), Redis's
+ *     stalls (LATENCY LATEST), and per script (a SLOWLOG window with threshold 0 over a short extra run,
+ *     each sha named by loading the scripts brokerd embeds);
  *   - hand-on: a pool of one slot held through node X, a waiter through node X+1; the time from the
  *     holder's Release sent to the waiter's grant read (one clock: this process); target p99 ≤ 10 ms;
  *   - Redis restart (SIGKILL, started again empty on the same port) → the first grant, which must wait
@@ -289,7 +291,9 @@ static uint64_t acquire_through_unavailable(BrokerClient *c, const char *lane, d
                                 *ret_queued = bench_now_ns();
                         continue;
                 }
-                if (r != BROKER_EVENT_REFUSED || ev.refusal != BROKER_REFUSED_UNAVAILABLE)
+                if (r != BROKER_EVENT_REFUSED)
+                        die("unexpected event", EPROTO);
+                if (ev.refusal != BROKER_REFUSED_UNAVAILABLE)
                         die_refused(lane, &ev);
                 usleep(50000); /* the backend is not there yet: ask again, as a client would */
                 acquire_start(c, lane);
