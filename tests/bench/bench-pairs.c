@@ -87,17 +87,6 @@ static uint64_t self_switches(void) {
         return rusage_switches(&ru);
 }
 
-static uint64_t rusage_ns(const struct rusage *ru) {
-        return ((uint64_t) ru->ru_utime.tv_sec + (uint64_t) ru->ru_stime.tv_sec) * 1000000000ULL +
-               ((uint64_t) ru->ru_utime.tv_usec + (uint64_t) ru->ru_stime.tv_usec) * 1000ULL;
-}
-
-static uint64_t self_cpu_ns(void) {
-        struct rusage ru;
-        getrusage(RUSAGE_SELF, &ru);
-        return rusage_ns(&ru);
-}
-
 /* CPU spent per message (one acquire or one release, one redis request), in µs, of a run: the server's and
  * the clients'. On a machine that others load, the rates move with the load; these move much less. */
 typedef struct Cost {
@@ -107,22 +96,6 @@ typedef struct Cost {
         double client_us;
         double server_switches, client_switches; /* context switches per message */
 } Cost;
-
-/* A program on $PATH, or NULL. */
-static const char *find_program(const char *env, const char *name, char *buf, size_t size) {
-        const char *e = getenv(env);
-        if (e && *e)
-                return access(e, X_OK) == 0 ? e : NULL;
-        const char *path = getenv("PATH") ?: "/usr/bin:/bin";
-        for (const char *p = path; *p;) {
-                size_t n = strcspn(p, ":");
-                snprintf(buf, size, "%.*s/%s", (int) n, p, name);
-                if (n > 0 && access(buf, X_OK) == 0)
-                        return buf;
-                p += n + (p[n] == ':');
-        }
-        return NULL;
-}
 
 static pid_t spawn(const char *const *argv, int out_fd) {
         pid_t pid = fork();
@@ -228,7 +201,7 @@ static void switches_start(void) {
 static Cost pairs_cost(uint64_t pairs, uint64_t t0, uint64_t server0, uint64_t main0, uint64_t client0) {
         double elapsed = (double) (bench_now_ns() - t0) / 1e9; /* until the last client finished its last pair */
         uint64_t server = bench_process_cpu_ns(brokerd, false) - server0, main = bench_process_cpu_ns(brokerd, true) - main0,
-                 client = self_cpu_ns() - client0;
+                 client = bench_self_cpu_ns() - client0;
         double messages = 2.0 * (double) (pairs > 0 ? pairs : 1);
         return (Cost) { .rate = (double) pairs / elapsed, .server_us = (double) server / 1e3 / messages,
                         .server_main_us = (double) main / 1e3 / messages, .client_us = (double) client / 1e3 / messages,
@@ -261,7 +234,7 @@ static Cost run_pairs_threads(const char *lane, int n_clients, double seconds) {
         }
         switches_start();
         uint64_t t0 = bench_now_ns(), server0 = bench_process_cpu_ns(brokerd, false), main0 = bench_process_cpu_ns(brokerd, true),
-                 client0 = self_cpu_ns();
+                 client0 = bench_self_cpu_ns();
         atomic_store_explicit(&go, true, memory_order_release);
         struct timespec ts = { .tv_sec = (time_t) seconds, .tv_nsec = (long) ((seconds - (double) (time_t) seconds) * 1e9) };
         while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
@@ -304,7 +277,7 @@ static Cost run_pairs_loop(const char *lane, int n_clients, double seconds) {
         }
         switches_start();
         uint64_t t0 = bench_now_ns(), server0 = bench_process_cpu_ns(brokerd, false), main0 = bench_process_cpu_ns(brokerd, true),
-                 client0 = self_cpu_ns(), end = t0 + (uint64_t) (seconds * 1e9);
+                 client0 = bench_self_cpu_ns(), end = t0 + (uint64_t) (seconds * 1e9);
         for (int i = 0; i < n_clients; i++)
                 if ((r = broker_acquire_start(c[i], &o)) < 0)
                         die("broker_acquire_start", -r);
@@ -438,7 +411,7 @@ static Cost run_redis_benchmark(const char *program, int n_clients, long n, cons
         struct rusage ru = {};
         wait4(pid, &status, 0, &ru);
         uint64_t server = bench_process_cpu_ns(redis, false) - server0;
-        Cost cost = { .server_us = (double) server / 1e3 / (double) n, .client_us = (double) rusage_ns(&ru) / 1e3 / (double) n,
+        Cost cost = { .server_us = (double) server / 1e3 / (double) n, .client_us = (double) bench_rusage_ns(&ru) / 1e3 / (double) n,
                       .server_switches = (double) (bench_process_switches(redis) - switches0) / (double) n,
                       .client_switches = (double) rusage_switches(&ru) / (double) n };
 
@@ -464,16 +437,6 @@ static Cost run_redis_benchmark(const char *program, int n_clients, long n, cons
         return cost;
 }
 
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *) a, y = *(const double *) b;
-        return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-        qsort(v, (size_t) n, sizeof(double), cmp_double);
-        return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 typedef enum CostPart { COST_SERVER, COST_SERVER_MAIN, COST_CLIENT, COST_SERVER_SWITCHES, COST_CLIENT_SWITCHES } CostPart;
 
 static double median_cost(const Cost *c, int n, CostPart part) {
@@ -482,7 +445,7 @@ static double median_cost(const Cost *c, int n, CostPart part) {
                 v[i] = part == COST_SERVER ? c[i].server_us : part == COST_SERVER_MAIN ? c[i].server_main_us :
                        part == COST_CLIENT ? c[i].client_us : part == COST_SERVER_SWITCHES ? c[i].server_switches :
                        c[i].client_switches;
-        return median(v, n);
+        return bench_median(v, n);
 }
 
 int main(int argc, char **argv) {
@@ -507,9 +470,9 @@ int main(int argc, char **argv) {
         }
 
         char redis_server_buf[PATH_MAX], redis_benchmark_buf[PATH_MAX];
-        const char *redis_server = find_program("REDIS_SERVER", "redis-server", redis_server_buf, sizeof redis_server_buf);
+        const char *redis_server = bench_find_program("REDIS_SERVER", "redis-server", redis_server_buf, sizeof redis_server_buf);
         const char *redis_benchmark =
-                find_program("REDIS_BENCHMARK", "redis-benchmark", redis_benchmark_buf, sizeof redis_benchmark_buf);
+                bench_find_program("REDIS_BENCHMARK", "redis-benchmark", redis_benchmark_buf, sizeof redis_benchmark_buf);
         const char *lua = getenv("BENCH_PAIRS_LUA");
         if (!lua || !*lua) {
 #ifdef BENCH_PAIRS_LUA
@@ -627,7 +590,7 @@ int main(int argc, char **argv) {
                 fflush(stdout);
         }
 
-        double m_roomy = median(p_roomy, rounds), m_half = median(p_half, rounds);
+        double m_roomy = bench_median(p_roomy, rounds), m_half = bench_median(p_half, rounds);
         printf("libbroker, %d clients: limit %d (nobody waits): %.0f pairs/s (%.0f msg/s); limit %d (half wait): "
                "%.0f pairs/s (%.0f msg/s)\n",
                n_clients, roomy, m_roomy, 2 * m_roomy, half, m_half, 2 * m_half);
@@ -641,7 +604,7 @@ int main(int argc, char **argv) {
                median_cost(half_c, rounds, COST_SERVER_SWITCHES), median_cost(half_c, rounds, COST_CLIENT_SWITCHES), half);
         int status = EXIT_SUCCESS;
         if (with_redis) {
-                double m_acq = median(r_acq, rounds), m_rel = median(r_rel, rounds), m_mix = median(r_mix, rounds);
+                double m_acq = bench_median(r_acq, rounds), m_rel = bench_median(r_rel, rounds), m_mix = bench_median(r_mix, rounds);
                 printf("redis-benchmark -c %d, Lua semaphore: acquire %.0f req/s, release %.0f req/s, 50/50 mix %.0f req/s\n",
                        n_clients, m_acq, m_rel, m_mix);
                 printf("  CPU per request: redis-server %.1f us, redis-benchmark %.1f us (acquire); %.1f us, %.1f us (release)\n",

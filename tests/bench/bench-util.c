@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -114,4 +115,40 @@ long bench_process_status_kib(pid_t pid, const char *field) {
                         v = strtol(line + n, NULL, 10);
         fclose(f);
         return v;
+}
+
+uint64_t bench_rusage_ns(const struct rusage *ru) {
+        return ((uint64_t) ru->ru_utime.tv_sec + (uint64_t) ru->ru_stime.tv_sec) * 1000000000ULL +
+               ((uint64_t) ru->ru_utime.tv_usec + (uint64_t) ru->ru_stime.tv_usec) * 1000ULL;
+}
+
+uint64_t bench_self_cpu_ns(void) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        return bench_rusage_ns(&ru);
+}
+
+const char *bench_find_program(const char *env, const char *name, char *buf, size_t size) {
+        const char *e = getenv(env);
+        if (e && *e)
+                return access(e, X_OK) == 0 ? e : NULL;
+        const char *path = getenv("PATH") ?: "/usr/bin:/bin";
+        for (const char *p = path; *p;) {
+                size_t n = strcspn(p, ":");
+                snprintf(buf, size, "%.*s/%s", (int) n, p, name);
+                if (n > 0 && access(buf, X_OK) == 0)
+                        return buf;
+                p += n + (p[n] == ':');
+        }
+        return NULL;
+}
+
+static int cmp_double(const void *a, const void *b) {
+        double x = *(const double *) a, y = *(const double *) b;
+        return x < y ? -1 : x > y;
+}
+
+double bench_median(double *v, int n) {
+        qsort(v, (size_t) n, sizeof(double), cmp_double);
+        return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }

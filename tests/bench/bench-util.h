@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+struct rusage;
+
 /* CLOCK_MONOTONIC in ns. */
 uint64_t bench_now_ns(void);
 
@@ -28,3 +30,14 @@ uint64_t bench_process_switches(pid_t pid);
 
 /* A field of /proc/PID/status in KiB ("VmRSS:", "VmHWM:"), or -1. */
 long bench_process_status_kib(pid_t pid, const char *field);
+
+/* User + system time of a getrusage() or wait4() result, in ns; of this process so far. */
+uint64_t bench_rusage_ns(const struct rusage *ru);
+uint64_t bench_self_cpu_ns(void);
+
+/* A program: $ENV when it is set (NULL if that is not executable), else the first NAME on $PATH, written
+ * into buf; NULL when there is none. */
+const char *bench_find_program(const char *env, const char *name, char *buf, size_t size);
+
+/* The median of v[0..n) (sorts v). */
+double bench_median(double *v, int n);
