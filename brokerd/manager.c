@@ -388,6 +388,15 @@ static void manager_update_status(Manager *m) {
         (void) sd_notifyf(false, "STATUS=%s", len ? buf : "no pools");
 }
 
+/* How often the lease log gets an alive mark. */
+static usec_t manager_alive_interval(const Manager *m) {
+#if HAVE_REDIS
+        if (m->backends.n_backends > 0)
+                return TICK_USEC;
+#endif
+        return LEASE_LOG_ALIVE_INTERVAL;
+}
+
 static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
@@ -407,8 +416,11 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         else if (m->lease_log && lease_log_is_broken(m->lease_log) && now_monotonic() >= m->lease_log_retry_at)
                 manager_write_lease_snapshot(m);
         else if (m->lease_log && now_monotonic() >= m->lease_log_alive_at) {
-                /* A restart bounds a restored max-hold by this mark, whatever the wall clock says then. */
-                m->lease_log_alive_at = now_monotonic() + LEASE_LOG_ALIVE_INTERVAL;
+                /* A restart bounds a restored max-hold by this mark, whatever the wall clock says then. Leases
+                 * restored into shared pools fence from it until a heartbeat is acknowledged: with marks 10 s
+                 * apart a restart within a short backend-node-ttl would find the deadline passed and revoke
+                 * them at once, so a mark every tick while there are shared pools. */
+                m->lease_log_alive_at = now_monotonic() + manager_alive_interval(m);
                 (void) lease_log_alive(m->lease_log, now_realtime());
         }
         if (m->status_dirty || m->leases.changed || m->sessions.changed)
