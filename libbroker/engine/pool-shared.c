@@ -1058,6 +1058,10 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                 p->cache.congested = x != 0;
         if (resp_int(resp_at(cache, 3), &x))
                 p->cache.idle = (usec_t) MAX(x, (int64_t) 0);
+        /* A drain is the pool's, whichever node asked: this node's Status says so, and its engine routes
+         * past the pool as past a local drained one, until a reply says it is undrained. */
+        if (resp_int(resp_at(cache, 4), &x))
+                p->base.drained = x != 0;
         if (resp_int(resp_at(cache, 5), &x))
                 p->cache.next_wakeup = x;
         if (resp_int(resp_at(cache, 6), &x))
