@@ -496,9 +496,11 @@ class TestSharedJournal(SharedTestCase):
         url = self.redis.url()
         a = self.broker(config(url, "node-a"), "journal-a")
         b = self.broker(config(url, "node-b"), "journal-b", clean_exit=False)  # killed below
-        # (The first use of a pool is a recovery window too, but no node can tell it from a lost pool's: it
-        # is journaled when a node sees its backend restart, below.)
+        # The first use of the pool: a recovery window (no node can tell a new pool from a lost one), told of
+        # by each node that sees it.
         held_b = self.first_grant(b)
+        self.notice("BACKEND_RECOVERY", a)
+        self.notice("BACKEND_RECOVERY", b)
 
         # A third node with another limit is refused, and says which key differs.
         c = self.broker(config(url, "node-c", limit=3), "journal-c")
@@ -532,7 +534,8 @@ class TestSharedJournal(SharedTestCase):
         # Redis back, empty (a new run id): regained, and a recovery window while the live nodes reclaim.
         self.redis.restart(keep_data=False)
         self.notice("BACKEND_REGAINED", a)
-        self.notice("BACKEND_RECOVERY", a)
+        # Once per window, though A both saw Redis's new run id and the window in the reply's cache.
+        self.assertEqual(len(self.notice("BACKEND_RECOVERY", a, n=2)), 2)
         tags = {mid: tag for tag, mid in self.ids.items()}
         self.assertEqual(len(tags), len(NOTICES), f"two kinds of entries share a MESSAGE_ID: {self.ids}")
 
