@@ -128,7 +128,63 @@ static void print_waiters(json_t *waiters, const char *name) {
         }
 }
 
-static void print_pool(json_t *pool, json_t *holders, json_t *waiters) {
+/* A shared pool's backend, as this broker sees it: one line under the pool's. */
+static void print_backend(json_t *backend) {
+        if (!json_is_object(backend))
+                return;
+        json_int_t nodes = int_member(backend, "nodes", 0);
+        if (json_is_true(json_object_get(backend, "up")))
+                printf("  backend up, %" JSON_INTEGER_FORMAT " node%s, round trip %" JSON_INTEGER_FORMAT "ms\n", nodes,
+                       nodes == 1 ? "" : "s", int_member(backend, "rttMs", 0));
+        else
+                printf("  backend not serving: %s\n", string_member(backend, "unavailable") ?: "down");
+        json_t *keys = json_object_get(backend, "differingKeys");
+        if (json_array_size(keys) > 0) {
+                size_t i;
+                json_t *v;
+                printf("  rules differ from the other nodes' in:");
+                json_array_foreach(keys, i, v)
+                        printf(" %s", json_string_value(v) ?: "?");
+                putchar('\n');
+        }
+}
+
+/* Other nodes' leases and waiters in shared pool name (Status's otherHolders/otherWaiters): their node and
+ * lane, never their clients, which are not this broker's to show. */
+static void print_other_nodes(json_t *holders, json_t *waiters, const char *name) {
+        bool header = false;
+        size_t i;
+        json_t *v;
+
+        json_array_foreach(holders, i, v) {
+                if (!streq_ptr(string_member(v, "pool"), name))
+                        continue;
+                char held[CLI_DURATION_MAX];
+                if (!header) {
+                        printf("  %-20s %-10s %-8s %-20s %s\n", "OTHER NODE", "LANE", "SLOTS", "TOKEN", "HELD");
+                        header = true;
+                }
+                printf("  %-20s %-10s ", string_member(v, "node") ?: "?", string_member(v, "lane") ?: "?");
+                print_slots(v);
+                printf(" %-20" JSON_INTEGER_FORMAT " %s\n", int_member(v, "token", 0),
+                       duration_member(held, v, "heldMs", "?"));
+        }
+        header = false;
+        json_array_foreach(waiters, i, v) {
+                if (!streq_ptr(string_member(v, "pool"), name))
+                        continue;
+                char waited[CLI_DURATION_MAX];
+                if (!header) {
+                        printf("  %-8s %-20s %-10s %-5s %s\n", "WAITING", "OTHER NODE", "LANE", "SLOTS", "WAITED");
+                        header = true;
+                }
+                printf("  %-8" JSON_INTEGER_FORMAT " %-20s %-10s %-5" JSON_INTEGER_FORMAT " %s\n", int_member(v, "position", 0),
+                       string_member(v, "node") ?: "?", string_member(v, "lane") ?: "?", int_member(v, "slots", 1),
+                       duration_member(waited, v, "waitedMs", "?"));
+        }
+}
+
+static void print_pool(json_t *pool, json_t *holders, json_t *waiters, json_t *other_holders, json_t *other_waiters) {
         const char *name = string_member(pool, "name") ?: "?";
         json_int_t limit = int_member(pool, "limit", 0), in_use = int_member(pool, "inUse", 0);
         json_int_t waiting = int_member(pool, "waiting", 0), max_queue = int_member(pool, "maxQueue", -1);
@@ -152,8 +208,10 @@ static void print_pool(json_t *pool, json_t *holders, json_t *waiters) {
                         printf(" %s", json_string_value(v) ?: "?");
         }
         putchar('\n');
+        print_backend(json_object_get(pool, "backend"));
         print_holders(holders, name);
         print_waiters(waiters, name);
+        print_other_nodes(other_holders, other_waiters, name);
 }
 
 static bool pool_is_listed(json_t *pools, const char *name) {
@@ -247,7 +305,8 @@ int verb_status(int argc, char *argv[]) {
         json_array_foreach(pools, i, pool) {
                 if (i > 0)
                         putchar('\n');
-                print_pool(pool, holders, waiters);
+                print_pool(pool, holders, waiters, json_object_get(reply, "otherHolders"),
+                           json_object_get(reply, "otherWaiters"));
         }
         print_removed_pools(pools, holders, waiters);
         return fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

@@ -133,6 +133,13 @@ class SharedTestCase(harness.BrokerTestCase):
         # The first use of a pool waits out one TTL: a generous bound, never a sleep.
         return self.granted_in_time(b, "ci", TTL + 20)
 
+    def slotctl_status(self, b):
+        """`slotctl status`'s lines, split into words."""
+        out = subprocess.run([SLOTCTL, "status", "--socket", b.socket_path], capture_output=True, text=True,
+                             timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        return [line.split() for line in out.stdout.splitlines()]
+
     def arrived(self, acquisition):
         """The messages that have arrived on an Acquire call's connection, without waiting for more."""
         out = []
@@ -277,6 +284,15 @@ class TestShared(SharedTestCase):
             return seen if seen == ([("hi", 1, 1), ("ci", 2, 2)], [("ci", 1, 3)],
                                     [("node-b", "hi", 1, 1), ("node-b", "ci", 2, 2)]) else None
         wait_for(queue, timeout=10, message="both nodes to show the queue hi(B), ci×2(B), ci(A)")
+        # slotctl status shows them too: the backend's line, the other node's entries by its name.
+        rows = self.slotctl_status(a)
+        self.assertIn(["backend", "up,", "2", "nodes,", "round", "trip"], [r[:6] for r in rows])
+        self.assertIn(["3", "ci", "1", str(os.getuid())], [r[:4] for r in rows])
+        self.assertIn(["1", "node-b", "hi", "1"], [r[:4] for r in rows])
+        self.assertIn(["2", "node-b", "ci", "2"], [r[:4] for r in rows])
+        rows = wait_for(lambda: [r for r in self.slotctl_status(b) if r[:1] == ["node-a"]], timeout=10,
+                        message="B's slotctl status to list A's holders")
+        self.assertEqual(sorted((r[1], r[3]) for r in rows), sorted(("ci", str(h.lease["token"])) for h in (h1, h2)))
 
         # A frees a slot: B's priority waiter gets it (hand-on A → B). The two-slot waiter still lacks one.
         slot = h1.lease["slots"][0]
