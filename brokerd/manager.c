@@ -288,6 +288,16 @@ static void on_backend_rtt(const char *pool, usec_t rtt, void *userdata) {
         metrics_backend_rtt(&m->metrics, pool, rtt);
 }
 
+static void on_backend_fence_moved(const char *pool, usec_t deadline, void *userdata) {
+        Manager *m = userdata;
+        (void) session_table_renew_pool(&m->sessions, pool, deadline);
+}
+
+static usec_t session_fence_deadline(const char *pool, void *userdata) {
+        Manager *m = userdata;
+        return backend_table_fence_deadline(&m->backends, pool);
+}
+
 static void on_backend_notice(const char *pool, const SharedNotice *n, void *userdata) {
         Manager *m = userdata;
         audit_backend(&m->audit, pool, n);
@@ -388,6 +398,15 @@ static void manager_update_status(Manager *m) {
         (void) sd_notifyf(false, "STATUS=%s", len ? buf : "no pools");
 }
 
+/* How often the lease log gets an alive mark. */
+static usec_t manager_alive_interval(const Manager *m) {
+#if HAVE_REDIS
+        if (m->backends.n_backends > 0)
+                return TICK_USEC;
+#endif
+        return LEASE_LOG_ALIVE_INTERVAL;
+}
+
 static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
@@ -407,8 +426,11 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         else if (m->lease_log && lease_log_is_broken(m->lease_log) && now_monotonic() >= m->lease_log_retry_at)
                 manager_write_lease_snapshot(m);
         else if (m->lease_log && now_monotonic() >= m->lease_log_alive_at) {
-                /* A restart bounds a restored max-hold by this mark, whatever the wall clock says then. */
-                m->lease_log_alive_at = now_monotonic() + LEASE_LOG_ALIVE_INTERVAL;
+                /* A restart bounds a restored max-hold by this mark, whatever the wall clock says then. Leases
+                 * restored into shared pools fence from it until a heartbeat is acknowledged: with marks 10 s
+                 * apart a restart within a short backend-node-ttl would find the deadline passed and revoke
+                 * them at once, so a mark every tick while there are shared pools. */
+                m->lease_log_alive_at = now_monotonic() + manager_alive_interval(m);
                 (void) lease_log_alive(m->lease_log, now_realtime());
         }
         if (m->status_dirty || m->leases.changed || m->sessions.changed)
@@ -965,6 +987,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         m->backends.random = manager_random;
         m->backends.on_notice = on_backend_notice;
         m->backends.on_rtt = on_backend_rtt;
+        m->backends.on_fence_moved = on_backend_fence_moved;
         m->backends.userdata = m;
         engine_set_pool_factory(m->engine, manager_pool_factory, m);
 #endif
@@ -1013,6 +1036,9 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         m->sessions.lane_allows = session_lane_allows;
         m->sessions.fd_released = session_fd_released;
         m->sessions.memory_freed = history_memory_freed;
+#if HAVE_REDIS
+        m->sessions.fence_deadline = session_fence_deadline;
+#endif
         m->sessions.userdata = m;
         m->sessions.call_userdata = &m->methods;
         m->methods = (Methods) {

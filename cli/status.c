@@ -174,11 +174,11 @@ static void print_other_nodes(json_t *holders, json_t *waiters, const char *name
                 if (!streq_ptr(string_member(v, "pool"), name))
                         continue;
                 if (!header) {
-                        printf("  %-20s %-8s %-10s %-5s %s\n", "WAITING ON NODE", "POSITION", "LANE", "SLOTS", "WAITED");
+                        printf("  %-8s %-20s %-10s %-5s %s\n", "WAITING", "ON NODE", "LANE", "SLOTS", "WAITED");
                         header = true;
                 }
-                printf("  %-20s %-8" JSON_INTEGER_FORMAT " %-10s %-5" JSON_INTEGER_FORMAT " %s\n", string_member(v, "node") ?: "?",
-                       int_member(v, "position", 0), string_member(v, "lane") ?: "?", int_member(v, "slots", 1),
+                printf("  %-8" JSON_INTEGER_FORMAT " %-20s %-10s %-5" JSON_INTEGER_FORMAT " %s\n", int_member(v, "position", 0),
+                       string_member(v, "node") ?: "?", string_member(v, "lane") ?: "?", int_member(v, "slots", 1),
                        duration_member(waited, v, "waitedMs", "?"));
         }
 }

@@ -79,6 +79,7 @@ typedef struct Cache {
         int64_t next_wakeup;   /* pool clock, -1 none */
         uint64_t counter;
         char *epoch;
+        int64_t recovery_until; /* pool clock, 0 none */
         usec_t at;             /* monotonic, when it came */
 } Cache;
 
@@ -106,6 +107,7 @@ typedef struct SharedPool {
         bool tick_pending;     /* a tick is in the outbox */
         bool run_pending;      /* a run() tick is in the outbox: next_wakeup() says USEC_INFINITY */
         bool reclaim_all;      /* the run id or the epoch changed: every lease is reclaimed */
+        int64_t recovery_noticed; /* the end of the last recovery window journaled (pool clock) */
         usec_t last_tick;      /* monotonic, queued */
         usec_t down_since;     /* monotonic, USEC_INFINITY: up (or never was) */
         usec_t acked_boot;     /* CLOCK_BOOTTIME send time of the last acknowledged tick */
@@ -1059,10 +1061,25 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                 p->cache.congested = x != 0;
         if (resp_int(resp_at(cache, 3), &x))
                 p->cache.idle = (usec_t) MAX(x, (int64_t) 0);
+        /* A drain is the pool's, whichever node asked: this node's Status says so, and its engine routes
+         * past the pool as past a local drained one, until a reply says it is undrained. */
+        if (resp_int(resp_at(cache, 4), &x))
+                p->base.drained = x != 0;
         if (resp_int(resp_at(cache, 5), &x))
                 p->cache.next_wakeup = x;
         if (resp_int(resp_at(cache, 6), &x))
                 p->cache.counter = (uint64_t) MAX(x, (int64_t) 0);
+        /* A window this node has not told of: the pool's first use, or a restart another node saw first. One
+         * that a later call prolongs (the first script after a restart opens it, the run id check again) is
+         * the same window. */
+        if (resp_int(resp_at(cache, 8), &x)) {
+                p->cache.recovery_until = x;
+                if (x > pool_now) {
+                        if (p->recovery_noticed <= pool_now)
+                                notice_push(p, SHARED_NOTICE_RECOVERY, NULL, NULL, 0, 0);
+                        p->recovery_noticed = MAX(p->recovery_noticed, x);
+                }
+        }
         /* Another node's call may have flipped the gauge: this node's own gauge follows the pool's. */
         congestion_apply(p, p->cache.congested, pool_now, now);
 }
@@ -1176,7 +1193,9 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
         p->differing_keys = strv_free(p->differing_keys);
         if (p->reclaim_all) {
                 p->reclaim_all = false;
-                notice_push(p, SHARED_NOTICE_RECOVERY, NULL, NULL, 0, 0);
+                /* Unless the reply's cache showed the window already (cache_apply() told of it). */
+                if (p->cache.recovery_until == 0 || p->cache.recovery_until > p->recovery_noticed)
+                        notice_push(p, SHARED_NOTICE_RECOVERY, NULL, NULL, 0, 0);
                 reclaim_all(p, now);
         }
         state_set(p, has_provisional(p) ? SHARED_STATE_RECLAIMING : SHARED_STATE_UP);

@@ -17,24 +17,23 @@ Usage: journald-ns.sh python3 test-audit.py BROKERD SLOTCTL CATALOG [unittest ar
 """
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import unittest
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
+import journal as journal_ns  # noqa: E402
+from journal import read_catalog  # noqa: E402
 from harness import Varlink, VarlinkError, wait_for  # noqa: E402
+
+journal = journal_ns.entries
 
 SLOTCTL = None
 CATALOG = None
-JOURNAL_DIR = os.environ.get("JOURNALD_NS_DIRECTORY", "/run/log/journal")
-JOURNALD_PID = int(os.environ.get("JOURNALD_NS_PID", "0"))
+JOURNALD_PID = journal_ns.JOURNALD_PID
 # A burst of entries beyond journald's socket queue (net.unix.max_dgram_qlen, 10 without systemd's
 # sysctl.d) waits in brokerd's backlog, which it retries once a second: give the journal time.
 JOURNAL_TIMEOUT = 20.0
@@ -77,46 +76,13 @@ ABSENT = {
 MY_PID = str(os.getpid())
 
 
-def journal(*matches):
-    """Entries matching FIELD=value arguments (ANDed across fields), oldest first, as dicts."""
-    p = subprocess.run(["journalctl", "-D", JOURNAL_DIR, "-o", "json", "--no-pager", *matches],
-                       capture_output=True, text=True, timeout=30)
-    if p.returncode != 0 and p.stdout.strip():
-        raise AssertionError(f"journalctl {matches}: {p.stderr}")
-    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
-
-
-def read_catalog(path):
-    """{MESSAGE_ID: Subject} of the catalog, as systemd's own parser reads it (journalctl --update-catalog
-    into a scratch root: the machine's catalog database is not touched), checked against a plain parse."""
-    root = tempfile.mkdtemp(prefix="catalog-")
-    try:
-        os.makedirs(os.path.join(root, "usr/lib/systemd/catalog"))
-        shutil.copy(path, os.path.join(root, "usr/lib/systemd/catalog/slotbroker.catalog"))
-        subprocess.run(["journalctl", f"--root={root}", "--update-catalog"], check=True, capture_output=True)
-        listed = subprocess.run(["journalctl", f"--root={root}", "--list-catalog"], check=True, capture_output=True,
-                                text=True).stdout
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    parsed = {}
-    for line in listed.splitlines():
-        mid, _, subject = line.partition(" ")
-        parsed[mid] = subject.removeprefix("slotbroker: ")
-    with open(path) as f:
-        plain = re.findall(r"^-- ([0-9a-f]{32})$", f.read(), re.M)
-    if sorted(plain) != sorted(parsed) or len(plain) != len(set(plain)):
-        raise AssertionError(f"journalctl reads the catalog's ids as {sorted(parsed)}, the file has {plain}")
-    return parsed
-
-
 class Audit(harness.BrokerTestCase):
     catalog = None
     ids = {}  # kind of entry -> the MESSAGE_ID seen for it: fixed, one per kind
 
     @classmethod
     def setUpClass(cls):
-        if not JOURNALD_PID or not os.path.isdir(JOURNAL_DIR):
-            raise unittest.SkipTest("not inside journald-ns.sh: no private journald")
+        journal_ns.require_private_journald()
         cls.catalog = read_catalog(CATALOG)
 
     # ---- checking entries ----
