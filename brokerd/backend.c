@@ -569,3 +569,11 @@ void backend_table_set_last_alive(BackendTable *t, usec_t realtime) {
                 backend_after(b);
         }
 }
+
+bool backend_table_giving_back(const BackendTable *t) {
+        for (size_t i = 0; i < t->n_backends; i++)
+                for (size_t j = 0; j < t->backends[i]->n_pools; j++)
+                        if (pool_shared_giving_back(t->backends[i]->pools[j]->pool))
+                                return true;
+        return false;
+}

@@ -51,3 +51,7 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
  * heartbeat is acknowledged, the leases restored into shared pools fence from it (memo §4.7, CONNECTING),
  * so that a restart while Redis is unreachable still revokes them in time. */
 void backend_table_set_last_alive(BackendTable *t, usec_t realtime);
+
+/* Whether a pool on one of the backends still owes Redis a withdraw or release it can deliver
+ * (pool_shared_giving_back()): a clean stop keeps the loop running, bounded, until this is false. */
+bool backend_table_giving_back(const BackendTable *t);
