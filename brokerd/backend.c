@@ -593,3 +593,11 @@ usec_t backend_table_fence_deadline(const BackendTable *t, const char *pool) {
         }
         return USEC_INFINITY;
 }
+
+bool backend_table_giving_back(const BackendTable *t) {
+        for (size_t i = 0; i < t->n_backends; i++)
+                for (size_t j = 0; j < t->backends[i]->n_pools; j++)
+                        if (pool_shared_giving_back(t->backends[i]->pools[j]->pool))
+                                return true;
+        return false;
+}

@@ -59,3 +59,7 @@ void backend_table_set_last_alive(BackendTable *t, usec_t realtime);
 /* The self-fence deadline (CLOCK_BOOTTIME) of the shared pool `pool`: its leases are safe until then.
  * USEC_INFINITY: no such pool, no lease, or nothing acknowledged yet. */
 usec_t backend_table_fence_deadline(const BackendTable *t, const char *pool);
+
+/* Whether a pool on one of the backends still owes Redis a withdraw or release it can deliver
+ * (pool_shared_giving_back()): a clean stop keeps the loop running, bounded, until this is false. */
+bool backend_table_giving_back(const BackendTable *t);

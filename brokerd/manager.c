@@ -38,6 +38,11 @@
 #define ACCEPT_RESUME_USEC (250 * USEC_PER_MSEC)
 /* How often a state directory that could not be read is read again (as history reopens the database). */
 #define STATE_RETRY_USEC (5 * USEC_PER_SEC)
+/* How long a clean stop waits for Redis to answer the withdrawals of this node's waiters. One round trip
+ * takes well under a millisecond on a LAN; a Redis that has not answered within a heartbeat period is down
+ * or badly overloaded, and waiting for the link's command timeout (2 s) would only delay the stop: what is
+ * not withdrawn then, Redis reaps with the node after backend-node-ttl, as before. */
+#define STOP_GIVE_BACK_MAX (1 * USEC_PER_SEC)
 
 void manager_random_bytes(Manager *m, void *buf, size_t n) {
         uint8_t *p = buf;
@@ -359,11 +364,64 @@ void manager_drain(Manager *m) {
         manager_collect(m);
 }
 
+static bool manager_giving_back(Manager *m);
+
 /* sd-event marks a post source pending whenever another source was dispatched: the drain follows each
  * dispatch (a batch of connections, a timer, a history wakeup), once, and is never re-entered. */
 static int on_drain(sd_event_source *s, void *userdata) {
-        manager_drain(userdata);
+        Manager *m = userdata;
+        manager_drain(m);
+        /* A stop ends the loop once nothing is owed to Redis: the reply that settled the last withdrawal was
+         * a dispatch too. */
+        if (m->stopping && !manager_giving_back(m))
+                return sd_event_exit(m->event, 0);
         return 0;
+}
+
+/* ---- a clean stop ---- */
+
+/* Whether a shared pool still owes Redis a withdrawal (or a release) that its link can deliver. */
+static bool manager_giving_back(Manager *m) {
+#if HAVE_REDIS
+        return backend_table_giving_back(&m->backends);
+#else
+        return false;
+#endif
+}
+
+static int on_stop_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        Manager *m = userdata;
+        log_warning("Redis did not confirm within %s that this node's waiters left the shared pools; exiting. "
+                    "It drops them with this node after backend-node-ttl=.",
+                    timespan_format((char[TIMESPAN_MAX]) {}, TIMESPAN_MAX, STOP_GIVE_BACK_MAX));
+        return sd_event_exit(m->event, 0);
+}
+
+/* SIGTERM, SIGINT, idle exit. Leases are not ended: their rows stay for the next start, which restores
+ * them and, in a shared pool, reclaims them within backend-node-ttl= (SPEC §11). Waiters are: their
+ * clients see the connection close as the process ends anyway, and in a shared pool a waiter left in
+ * Redis's queue would take a freed slot for a client that is gone and keep it until the node expires
+ * (SPEC §3.3: a gone client's waiter is removed, the slot untouched). So the sessions without a lease are
+ * closed now, which withdraws their requests (calls to Redis, sent after this dispatch), and the loop runs
+ * on until Redis has answered them (on_drain) or STOP_GIVE_BACK_MAX passed. Nothing here blocks: an
+ * unreachable Redis owes nothing deliverable, and the first drain ends the loop. */
+static void manager_stop(Manager *m) {
+        m->stopping = true;
+        (void) sd_notify(false, "STOPPING=1");
+        /* New clients wait in the socket's backlog for the next start (systemd keeps the socket). */
+        (void) sd_event_source_set_enabled(m->listen_source, SD_EVENT_OFF);
+        (void) sd_event_source_set_enabled(m->accept_resume_timer, SD_EVENT_OFF);
+        session_table_close_all_but_holders(&m->sessions);
+        if (!manager_giving_back(m))
+                return; /* the drain that follows this dispatch ends the loop */
+        log_info("Waiting up to %s for Redis to take this node's waiters out of the shared pools.",
+                 timespan_format((char[TIMESPAN_MAX]) {}, TIMESPAN_MAX, STOP_GIVE_BACK_MAX));
+        int r = sd_event_add_time_relative(m->event, &m->stop_timer, CLOCK_MONOTONIC, STOP_GIVE_BACK_MAX,
+                                           10 * USEC_PER_MSEC, on_stop_timer, m);
+        if (r < 0) {
+                log_warning_errno(r, "Failed to bound the wait for Redis, exiting now: %m");
+                (void) sd_event_exit(m->event, 0);
+        }
 }
 
 /* ---- STATUS=, watchdog, tick ---- */
@@ -441,11 +499,11 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         usec_t now = now_monotonic();
         if (m->sessions.n_sessions > 0 || m->leases.n_leases > 0 || m->socket_bound_here)
                 m->idle_since = now;
-        else if (m->config->exit_idle_after != USEC_INFINITY && now - m->idle_since >= m->config->exit_idle_after) {
+        else if (!m->stopping && m->config->exit_idle_after != USEC_INFINITY &&
+                 now - m->idle_since >= m->config->exit_idle_after) {
                 log_info("Idle for %s: exiting; the socket stays with systemd.",
                          timespan_format((char[TIMESPAN_MAX]) {}, TIMESPAN_MAX, m->config->exit_idle_after));
-                (void) sd_notify(false, "STOPPING=1");
-                return sd_event_exit(m->event, 0);
+                manager_stop(m);
         }
         (void) sd_event_source_set_time_relative(s, TICK_USEC);
         return 0;
@@ -515,9 +573,13 @@ static int on_sighup(sd_event_source *s, const struct signalfd_siginfo *si, void
 
 static int on_exit_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
         Manager *m = userdata;
+        if (m->stopping) {
+                log_info("Received SIG%s again, exiting now.", sigabbrev_np((int) si->ssi_signo) ?: "?");
+                return sd_event_exit(m->event, 0);
+        }
         log_info("Received SIG%s, exiting.", sigabbrev_np((int) si->ssi_signo) ?: "?");
-        (void) sd_notify(false, "STOPPING=1");
-        return sd_event_exit(m->event, 0);
+        manager_stop(m);
+        return 0;
 }
 
 /* ---- the listening socket ---- */
@@ -538,7 +600,7 @@ static void manager_pause_accepting(Manager *m, int error) {
 }
 
 static void manager_resume_accepting(Manager *m) {
-        if (!m->accept_paused)
+        if (!m->accept_paused || m->stopping)
                 return;
         m->accept_paused = false;
         (void) sd_event_source_set_enabled(m->accept_resume_timer, SD_EVENT_OFF);
@@ -1101,6 +1163,7 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->tick_timer);
         sd_event_source_disable_unref(m->watchdog_timer);
         sd_event_source_disable_unref(m->drain_source);
+        sd_event_source_disable_unref(m->stop_timer);
         /* Leases are not ended: their rows stay for the next start to restore. */
         audit_set_history(&m->audit, NULL);
         m->leases.log = NULL;

@@ -80,6 +80,10 @@ typedef struct Manager {
         usec_t watchdog_usec;
         bool status_dirty;
         usec_t idle_since;              /* monotonic: since when nothing was connected or held */
+        /* A clean stop (SIGTERM, SIGINT, idle exit) in progress: the loop runs on, bounded, until Redis has
+         * taken this node's waiters out of the shared pools. */
+        bool stopping;
+        sd_event_source *stop_timer;
         uint64_t token_floor_all;       /* fencing tokens of every pool continue above it; 0: none */
 
         /* SPEC §3.4: nothing is granted before what was persisted has been read (persistence.h). */

@@ -284,6 +284,15 @@ void session_table_done(SessionTable *t) {
         t->n_uid_usage = 0;
 }
 
+void session_table_close_all_but_holders(SessionTable *t) {
+        /* Closing a session moves it to the closed list only: the loop goes on from the next one. */
+        list_foreach_safe(n, &t->sessions) {
+                Session *s = container_of(n, Session, node);
+                if (!s->lease && !s->acquire.pending)
+                        session_close(s);
+        }
+}
+
 UidUsage *session_table_uid_usage(SessionTable *t, uid_t uid, bool create) {
         for (size_t i = 0; i < t->n_uid_usage; i++)
                 if (t->uid_usage[i].uid == uid)

@@ -61,6 +61,10 @@ typedef struct SessionTable {
 int session_table_init(SessionTable *t, sd_event *event);
 /* Shutdown: sessions are closed (their leases left to end with the process) and freed. */
 void session_table_done(SessionTable *t);
+/* A clean stop: every session is closed but those holding a lease (or being granted one), which stay until
+ * the process ends, their leases with them. Waiters are withdrawn as for a hang-up (audited "cancelled"),
+ * and no connection that stays can queue a request any more: it holds a lease, so its calls wait. */
+void session_table_close_all_but_holders(SessionTable *t);
 UidUsage *session_table_uid_usage(SessionTable *t, uid_t uid, bool create);
 /* Frees the closed sessions: from the drain, when no queued event can name them any more. */
 void session_table_collect(SessionTable *t);

@@ -1528,6 +1528,19 @@ SharedState pool_shared_state(const Pool *base) {
         return SHARED(base)->state;
 }
 
+bool pool_shared_giving_back(const Pool *base) {
+        SharedPool *p = SHARED(base);
+        /* REGISTERING counts: its tick is on the way, and the operations follow it on the same link. */
+        if (!p->link_up || !(state_sends_operations(p->state) || p->state == SHARED_STATE_REGISTERING))
+                return false;
+        list_foreach(n, &p->outbox) {
+                const Call *c = container_of(n, Call, node);
+                if (c->script == SHARED_SCRIPT_WITHDRAW || c->script == SHARED_SCRIPT_RELEASE)
+                        return true;
+        }
+        return false;
+}
+
 /* ------------------------------------------------------------------------------------------ pool ops */
 
 static void shared_free(Pool *base) {

@@ -160,5 +160,10 @@ const char *pool_shared_stream_key(const Pool *p);
 const char *pool_shared_stream_resume_id(const Pool *p);
 
 SharedState pool_shared_state(const Pool *p);
+/* Whether this node still owes Redis a give-back it can deliver: a withdraw or release is queued or in
+ * flight while the link is up and the node is registered or registering. A clean stop of the daemon waits
+ * for this to turn false (bounded), so that no waiter of a gone client stays queued; false at once when
+ * the backend is unreachable or refuses the pool (Redis reaps the node after its TTL). */
+bool pool_shared_giving_back(const Pool *p);
 /* Things a person should read, oldest first; the driver journals them. Returns false when none. */
 bool pool_shared_pop_notice(Pool *p, SharedNotice *ret);

@@ -24,6 +24,8 @@
 - Redis back (its data gone): grants resume after the recovery window (one backend-node-ttl, short here);
 - `slotctl status` counts every node's holders and waiters in a shared pool's line and lists the other
   node's by its name;
+- a clean stop (SIGTERM) of a brokerd takes its waiters out of Redis's queue before it exits, within a
+  bound that holds when Redis does not answer, and leaves its leases for a restart to reclaim;
 - --check-config accepts backend-user=, backend-password-file=, backend-node-ttl=, node-name= and prints them.
 
 A pool's first use waits one node TTL (memo §3.6: no node can tell a new pool from a lost one), hence
@@ -46,6 +48,7 @@ import harness  # noqa: E402
 import journal  # noqa: E402
 from harness import wait_for  # noqa: E402
 from redisd import RedisServer  # noqa: E402
+from tcpproxy import TcpProxy  # noqa: E402
 from witness import Witness  # noqa: E402
 
 TTL = 6  # seconds: backend-node-ttl, the recovery window
@@ -480,6 +483,69 @@ class TestShared(SharedTestCase):
                              capture_output=True, text=True, timeout=30)
         self.assertNotEqual(out.returncode, 0)
         self.assertIn("backend-node-ttl", out.stderr)
+
+    # The bound brokerd(8) gives a clean stop to take its waiters out of shared pools (brokerd/manager.c).
+    STOP_WITHDRAW_MAX = 1.0
+
+    def test_clean_stop_withdraws_its_waiters(self):
+        """SIGTERM of B: its waiter leaves Redis's queue before B exits and B's lease stays (a restart within
+        the TTL reclaims it); the slot A frees then goes to A's next waiter at once, not to B's gone client.
+        A longer TTL than the other cases: the ghost the stop used to leave held a freed slot until B's node
+        expired, at least TTL − 1 s after the stop, far beyond the bounds below."""
+        ttl = 10
+
+        def cfg(node):
+            return config(self.redis.url(), node, ttl=ttl)
+        a = self.broker(cfg("node-a"), "stop-a")
+        b = self.broker(cfg("node-b"), "stop-b")
+        self.wait_backend_up(a)
+        held_a = self.granted_in_time(a, "ci", ttl + 20)  # the pool's first use waits one TTL
+        self.wait_backend_up(b)
+        held_b = self.granted_in_time(b, "ci", 10)
+        waiter = self.acquire(b, "ci")
+        self.assertEqual(waiter.state, "queued", waiter.msg)
+
+        def others(status, key):
+            return [(e["node"], e["lane"]) for e in status.get(key) or []]
+        wait_for(lambda: others(a.status(), "otherWaiters") == [("node-b", "ci")], timeout=10,
+                 message="A to list B's waiter")
+
+        start = time.monotonic()
+        self.assertEqual(b.stop(timeout=10), 0, b.log()[-4000:])
+        self.assertLess(time.monotonic() - start, self.STOP_WITHDRAW_MAX + harness.LATENESS,
+                        "the stop waited longer than its bound")
+
+        # A frees its slot: a new waiter through A has it well before B's node could expire.
+        slot = held_a.lease["slots"][0]
+        held_a.close()
+        fresh = self.acquire(a, "ci")
+        fresh.until_granted(timeout=ttl / 2)
+        self.assertEqual(fresh.lease["slots"], [slot])
+        # A's Status (a snapshot, refreshed every second) lists no waiter of B any more; B's lease stays in
+        # Redis until a restart reclaims it, or its node expires: a stop is not a release.
+        def without_waiters_of_b():
+            status = a.status()
+            return None if others(status, "otherWaiters") else status
+        status = wait_for(without_waiters_of_b, timeout=ttl / 2, interval=0.2, message="A to list no waiter of B")
+        self.assertEqual(others(status, "otherHolders"), [("node-b", "ci")])
+        self.assertEqual(held_b.lease["slots"], [1 - slot])
+
+    def test_clean_stop_is_bounded_when_redis_does_not_answer(self):
+        """A blackholed Redis (the link still looks up) answers no withdraw: SIGTERM exits all the same,
+        within the bound, and cleanly."""
+        proxy = TcpProxy(self.redis.address).start()
+        self.addCleanup(proxy.close)
+        b = self.broker(config(proxy.url(), "node-b", limit=1), "stop-blackholed")
+        held = self.first_grant(b)
+        waiter = self.acquire(b, "ci")
+        self.assertEqual(waiter.state, "queued", waiter.msg)
+        self.assertTrue(held.granted)
+
+        proxy.blackhole()
+        start = time.monotonic()
+        self.assertEqual(b.stop(timeout=10), 0, b.log()[-4000:])
+        self.assertLess(time.monotonic() - start, self.STOP_WITHDRAW_MAX + harness.LATENESS,
+                        "the stop waited longer than its bound")
 
 
 # The journal entries of shared pools: the tag opening MESSAGE, and words of their catalog entry's Subject.

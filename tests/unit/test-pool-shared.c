@@ -1125,6 +1125,37 @@ static void test_drain_is_a_call(void **state) {
         assert_string_equal(arg(c, 7), "1");
 }
 
+/* A clean stop of brokerd waits (bounded) while the pool gives something back to Redis that it can deliver. */
+static void test_giving_back_while_a_withdrawal_can_go_out(void **state) {
+        Fixture *f = *state;
+        assert_false(pool_shared_giving_back(f->pool));
+        bring_up(f, S(1));
+        int a, b;
+        char rid[17];
+        queued(f, &a, S(1), rid);
+        assert_false(pool_shared_giving_back(f->pool)); /* a waiter is not a debt: its withdrawal is */
+        f->pool->ops->withdraw(f->pool, f->seen[0].waiter, S(2));
+        assert_true(pool_shared_giving_back(f->pool));
+        const SharedCall *c = take(f, SHARED_SCRIPT_WITHDRAW);
+        assert_true(pool_shared_giving_back(f->pool)); /* in flight: not answered yet */
+        done(f, c, reply("ok", 2, arr(1, str("withdrawn")), EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+        assert_false(pool_shared_giving_back(f->pool));
+
+        /* Unreachable: nothing can be delivered, nothing to wait for (Redis reaps the node after its TTL). */
+        queued(f, &b, S(3), rid);
+        f->pool->ops->withdraw(f->pool, f->seen[f->n_seen - 1].waiter, S(3));
+        pool_shared_link_down(f->pool, S(3));
+        assert_false(pool_shared_giving_back(f->pool));
+        /* Back: the registering tick goes first, the withdrawal after it on the same link. */
+        pool_shared_link_up(f->pool, "run1", S(4));
+        assert_true(pool_shared_giving_back(f->pool));
+        tick_ok(f, S(4), S(4));
+        c = take(f, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(c, 6), rid);
+        done(f, c, reply("ok", 4, arr(1, str("withdrawn")), EMPTY, cache(0, 0, 0, -1, "")), S(4), S(4));
+        assert_false(pool_shared_giving_back(f->pool));
+}
+
 int main(void) {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
         const struct CMUnitTest tests[] = {
@@ -1163,6 +1194,7 @@ int main(void) {
                 T(test_pool_clock_is_mapped_by_the_round_trip),
                 T(test_recovery_window_refusal_carries_its_reason),
                 T(test_drain_is_a_call),
+                T(test_giving_back_while_a_withdrawal_can_go_out),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
