@@ -329,6 +329,13 @@ static bool state_sends_operations(SharedState s) {
         return s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING;
 }
 
+/* The driver's `now` (pool_shared_call_done(), link_up(), …) is the local monotonic clock. In the manual
+ * mode the engine's is the only clock, and it stands at the last `now` the engine gave: a reply handled
+ * later in real time must neither move the pool clock nor date a decision by it (memo §3.10). */
+static usec_t driver_now(const SharedPool *p, usec_t now) {
+        return p->params.manual_clock ? p->last_now : now;
+}
+
 bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
         SharedPool *p = SHARED(base);
         if (!p->link_up || p->state == SHARED_STATE_REFUSED)
@@ -945,6 +952,7 @@ static void reclaim_all(SharedPool *p, usec_t now) {
 
 void pool_shared_link_up(Pool *base, const char *run_id, usec_t now) {
         SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
         if (p->run_id && run_id && !streq(p->run_id, run_id))
                 p->reclaim_all = true;
         if (run_id) {
@@ -974,6 +982,7 @@ void pool_shared_link_up(Pool *base, const char *run_id, usec_t now) {
 
 void pool_shared_link_down(Pool *base, usec_t now) {
         SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
         if (!p->link_up)
                 return;
         p->link_up = false;
@@ -987,6 +996,7 @@ void pool_shared_link_down(Pool *base, usec_t now) {
 
 void pool_shared_link_failed(Pool *base, const char *why, usec_t now) {
         SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
         bool was_up = p->link_up;
         pool_shared_link_down(base, now);
         if (!was_up && p->down_since == USEC_INFINITY)
@@ -1024,6 +1034,7 @@ usec_t pool_shared_fence_deadline(const Pool *base) {
 
 void pool_shared_fence_check(Pool *base, usec_t boot_now, usec_t now) {
         SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
         usec_t f = pool_shared_fence_deadline(base);
         if (f == USEC_INFINITY || boot_now < f)
                 return;
@@ -1373,6 +1384,7 @@ static void submit_done(SharedPool *p, const RespValue *status, const RespValue 
 
 void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
         SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
         p->last_now = MAX(p->last_now, now);
         Call *c = call_find(p, id);
         if (!c || !c->sent)
@@ -1478,6 +1490,7 @@ void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *
 
 void pool_shared_stream_entry(Pool *base, const char *entry_id, const RespValue *fields, usec_t now) {
         SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
         char *id = strdup(entry_id);
         if (id) {
                 free(p->stream_resume);

@@ -1005,11 +1005,14 @@ static void test_unregistered_registers_again(void **state) {
 
 static void test_manual_clock_passes_now_and_leaves_the_instant_to_run(void **state) {
         Fixture *f = *state;
-        pool_shared_link_up(f->pool, "run1", S(1));
+        /* The engine stands at 1 s; the driver's clock (monotonic, here 1000 s) is not the pool's. */
+        f->pool->ops->run(f->pool, S(1));
+        pool_shared_link_up(f->pool, "run1", S(1000));
         const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
         assert_string_equal(arg(c, 3), "1000000");
         assert_string_equal(arg(c, 5), "0");   /* a configure's tick leaves the instant open */
-        done(f, c, reply("ok", S(1), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(1), S(1));
+        done(f, c, reply("ok", S(1), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(1000),
+             S(1000));
         int cookie;
         PoolTry t = { .cookie = &cookie, .lane = "ci", .slots = 1, .may_wait = true,
                       .lane_budget = USEC_INFINITY, .client_cap = S(4), .arrival = S(1) + 5 };
