@@ -1229,6 +1229,19 @@ static void test_congestion_turns_on_when_idle_passes_q_without_room(void **stat
         assert_int_equal(f->congestion[0].at, S(10) + 1);
 }
 
+static void test_congestion_turns_on_when_a_queue_forms_not_before(void **state) {
+        Fixture *f = *state;
+        simple(f, 2, S(10));
+        acquire(f, "A", (Req) {}, 0);
+        run(f, S(20)); /* idle is past Q, but a slot is free: room */
+        assert_false(pool_congested(f, 0));
+        acquire(f, "B", (Req) { .slots = 2 }, S(30)); /* queued: no room from now on */
+        assert_true(pool_congested(f, 0));
+        assert_int_equal(f->n_congestion, 1);
+        /* At the instant the queue formed, not at last fast admission + Q + 1 µs, before the room was gone. */
+        assert_int_equal(f->congestion[0].at, S(30));
+}
+
 static void test_congestion_ends_with_a_fast_grant(void **state) {
         Fixture *f = *state;
         simple(f, 1, S(10));
@@ -1456,6 +1469,7 @@ int main(void) {
                 T(test_restore_into_unconfigured_pool_ends_with_its_lease),
                 T(test_tokens_continue_when_a_removed_pool_comes_back),
                 T(test_congestion_turns_on_when_idle_passes_q_without_room),
+                T(test_congestion_turns_on_when_a_queue_forms_not_before),
                 T(test_congestion_ends_with_a_fast_grant),
                 T(test_idle_pool_with_room_is_not_congested),
                 T(test_retry_after_range),
