@@ -1815,7 +1815,10 @@ static void shared_run(Pool *base, usec_t now) {
         if (operations && now < p->status_until && !p->status_pending &&
             (p->status_last == 0 || now >= usec_add(p->status_last, USEC_PER_SEC)))
                 (void) queue_status(p, now);
-        if (p->tick_pending)
+        /* A tick of an earlier instant may still be out (the engine settles the instants before `now` one
+         * by one, and this pool says it has no wakeup until that answer): the manual clock's instant `now`
+         * needs its own tick all the same, or it would be completed only at the engine's next instant. */
+        if (p->tick_pending && !(p->params.manual_clock && now > p->last_tick))
                 return;
         /* The manual clock: every run() is the engine's instant, completed by Redis (memo §3.10). In
          * production: the heartbeat, or the pool's own next instant (a budget ending, a gauge flip). */
@@ -1842,7 +1845,10 @@ static usec_t shared_next_wakeup(const Pool *base) {
          * the past until then. */
         if (!p->link_up || p->state == SHARED_STATE_REFUSED || p->tick_pending || p->run_pending)
                 return w;
-        w = MIN(w, usec_add(p->last_tick, p->params.heartbeat));
+        /* In the manual mode every run() is a heartbeat, and the engine's instants are the only ones: an
+         * instant of the pool's own would be one the in-process pool does not have (memo §3.10). */
+        if (!p->params.manual_clock)
+                w = MIN(w, usec_add(p->last_tick, p->params.heartbeat));
         if (p->cache.valid && p->cache.next_wakeup >= 0)
                 w = MIN(w, local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1));
         return w;

@@ -1041,6 +1041,25 @@ static void test_manual_clock_passes_now_and_leaves_the_instant_to_run(void **st
         assert_int_equal(f->seen[1].wait, S(1) - 5);
 }
 
+static void test_manual_clock_has_no_instants_of_its_own(void **state) {
+        Fixture *f = *state;
+        pool_shared_link_up(f->pool, "run1", S(1000));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", S(1), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(1000),
+             S(1000));
+        /* Every run() is a heartbeat: nothing due in the pool, no wakeup (an in-process pool has none). */
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), USEC_INFINITY);
+        /* The engine settles an earlier instant, then its own, before the first answer: a tick for each. */
+        f->pool->ops->run(f->pool, S(2));
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 3), "2000000");
+        f->pool->ops->run(f->pool, S(3));
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 3), "3000000");
+        assert_string_equal(arg(c, 5), "1");
+        no_call(f);
+}
+
 static void test_pool_clock_is_mapped_by_the_round_trip(void **state) {
         Fixture *f = *state;
         /* Redis's pool clock reads 1000 s + 2 ms at the midpoint of a 4 ms round trip sent at 1 s here. */
@@ -1145,6 +1164,7 @@ int main(void) {
                 T(test_unregistered_registers_again),
                 cmocka_unit_test_setup_teardown(test_manual_clock_passes_now_and_leaves_the_instant_to_run,
                                                 setup_manual, teardown),
+                cmocka_unit_test_setup_teardown(test_manual_clock_has_no_instants_of_its_own, setup_manual, teardown),
                 T(test_pool_clock_is_mapped_by_the_round_trip),
                 T(test_recovery_window_refusal_carries_its_reason),
                 T(test_drain_is_a_call),
