@@ -537,6 +537,7 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
                         .revoke_grace = t->revoke_grace,
                         .waiter_grace = WAITER_GRACE,
                         .heartbeat = HEARTBEAT,
+                        .manual_clock = t->manual_clock,
                         .random = t->random,
                         .random_userdata = t->userdata,
                         .wake = backend_wake,
@@ -582,4 +583,16 @@ void backend_table_set_last_alive(BackendTable *t, usec_t realtime) {
                         pool_shared_set_last_ack(b->pools[j]->pool, at);
                 backend_after(b);
         }
+}
+
+bool backend_table_is_settled(const BackendTable *t) {
+        for (size_t i = 0; i < t->n_backends; i++) {
+                const Backend *b = t->backends[i];
+                if (b->in_flight)
+                        return false;
+                for (size_t j = 0; j < b->n_pools; j++)
+                        if (!pool_shared_is_settled(b->pools[j]->pool))
+                                return false;
+        }
+        return true;
 }

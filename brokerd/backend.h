@@ -33,6 +33,10 @@ typedef struct BackendTable {
         /* A call of pool `pool` answered after rtt (metrics). May be NULL. */
         void (*on_rtt)(const char *pool, usec_t rtt, void *userdata);
         void *userdata;                 /* of random, on_notice and on_rtt */
+        /* Tests only (test-shared-diff): the pools are made in the manual clock mode, on the engine's `now`
+         * (memo §3.10), so that their decisions can be compared with an in-process pool's. The daemon never
+         * sets it, and the scripts refuse a production node on a pool whose keys were made so. */
+        bool manual_clock;
         Backend **backends;
         size_t n_backends;
 } BackendTable;
@@ -51,3 +55,7 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
  * heartbeat is acknowledged, the leases restored into shared pools fence from it (memo §4.7, CONNECTING),
  * so that a restart while Redis is unreachable still revokes them in time. */
 void backend_table_set_last_alive(BackendTable *t, usec_t realtime);
+
+/* Whether every pool on every backend has its calls answered and its stream read up to what the last reply
+ * appended: nothing more can come without a new command. For tests that run the loop until then. */
+bool backend_table_is_settled(const BackendTable *t);

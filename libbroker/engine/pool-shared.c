@@ -78,6 +78,7 @@ typedef struct Cache {
         int64_t next_wakeup;   /* pool clock, -1 none */
         uint64_t counter;
         char *epoch;
+        char *stream_last;     /* the last entry a reply said it appended to this node's stream */
         usec_t at;             /* monotonic, when it came */
 } Cache;
 
@@ -1055,6 +1056,16 @@ static void check_waiter_grace(SharedPool *p, usec_t now) {
 
 /* --------------------------------------------------------------------------------------------- replies */
 
+/* Stream ids "MS-SEQ" in order (numbers compared as numbers). */
+static int stream_id_cmp(const char *a, const char *b) {
+        unsigned long long ams = 0, aseq = 0, bms = 0, bseq = 0;
+        (void) sscanf(a, "%llu-%llu", &ams, &aseq);
+        (void) sscanf(b, "%llu-%llu", &bms, &bseq);
+        if (ams != bms)
+                return ams < bms ? -1 : 1;
+        return aseq < bseq ? -1 : aseq > bseq;
+}
+
 static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now, usec_t now) {
         int64_t x;
         if (!cache || cache->type != RESP_ARRAY || cache->n < 11)
@@ -1073,6 +1084,15 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                 p->cache.next_wakeup = x;
         if (resp_int(resp_at(cache, 6), &x))
                 p->cache.counter = (uint64_t) MAX(x, (int64_t) 0);
+        const RespValue *last = resp_at(cache, 9);
+        if (last && last->type == RESP_STRING && last->len > 0) {
+                char *l = resp_strdup(last);
+                if (l && (!p->cache.stream_last || stream_id_cmp(l, p->cache.stream_last) > 0)) {
+                        free(p->cache.stream_last);
+                        p->cache.stream_last = TAKE_PTR(l);
+                }
+                free(l);
+        }
         /* Another node's call may have flipped the gauge: this node's own gauge follows the pool's. */
         congestion_apply(p, p->cache.congested, pool_now, now);
 }
@@ -1517,6 +1537,14 @@ const char *pool_shared_stream_resume_id(const Pool *base) {
         return SHARED(base)->stream_resume;
 }
 
+bool pool_shared_is_settled(const Pool *base) {
+        const SharedPool *p = SHARED(base);
+        if (p->state != SHARED_STATE_UP || !list_is_empty(&p->outbox))
+                return false;
+        return !p->cache.stream_last ||
+               (p->stream_resume && stream_id_cmp(p->stream_resume, p->cache.stream_last) >= 0);
+}
+
 SharedState pool_shared_state(const Pool *base) {
         return SHARED(base)->state;
 }
@@ -1550,6 +1578,7 @@ static void shared_free(Pool *base) {
         free(p->reconcile_from);
         free(p->refused_why);
         free(p->cache.epoch);
+        free(p->cache.stream_last);
         free(p);
 }
 

@@ -157,5 +157,8 @@ const char *pool_shared_stream_key(const Pool *p);
 const char *pool_shared_stream_resume_id(const Pool *p);
 
 SharedState pool_shared_state(const Pool *p);
+/* Up, every call answered, and the stream read up to the last entry a reply said it appended: nothing
+ * more comes without a new command (tests run their loop until then). */
+bool pool_shared_is_settled(const Pool *p);
 /* Things a person should read, oldest first; the driver journals them. Returns false when none. */
 bool pool_shared_pop_notice(Pool *p, SharedNotice *ret);
