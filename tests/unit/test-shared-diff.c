@@ -28,20 +28,15 @@
 
 #include <cmocka.h>
 #include <hiredis/hiredis.h>
-#include <systemd/sd-event.h>
 
-#include "backend.h"
 #include "conf.h"
 #include "engine.h"
-#include "node.h"
 #include "redis-server.h"
 #include "scenario.h"
+#include "shared-rig.h"
 #include "simulate.h"
 
 #define GENERATED 20
-#define NODE_TTL "24h"
-/* How long the loop may take to hear every answer after one engine call: a stuck pool, not a slow one. */
-#define SETTLE_TIMEOUT (60 * USEC_PER_SEC)
 
 static TestRedis server;
 static redisContext *admin;
@@ -127,58 +122,9 @@ static void record_event(const EngineEvent *ev, void *userdata) {
         fputc('\n', run->decisions.f);
 }
 
-/* ---- the shared side: a Backend on the test's redis-server, on a loop of the test's own ---- */
-
-typedef struct Rig {
-        sd_event *event;
-        BackendTable table;
-        Node node;
-        uint64_t random_state;
-} Rig;
-
-static uint64_t rig_random(void *userdata) {
-        return sim_splitmix64(userdata);
-}
-
-/* SimOptions.quiesce: the loop runs until every call the engine's last command made was answered and this
- * node's stream was read as far as the answers say it was written (no decision can still be on its way).
- * Returns whether there was anything to wait for. */
-static bool rig_quiesce(void *userdata) {
-        Rig *rig = userdata;
-        usec_t deadline = usec_add(now_monotonic(), SETTLE_TIMEOUT);
-        bool any = false;
-
-        for (; !backend_table_is_settled(&rig->table); any = true) {
-                if (now_monotonic() > deadline)
-                        fail_msg("the shared pools did not settle within %" PRIu64 " s",
-                                 SETTLE_TIMEOUT / USEC_PER_SEC);
-                assert_true(sd_event_run(rig->event, 100 * USEC_PER_MSEC) >= 0);
-        }
-        return any;
-}
-
-/* Notices are for people; here they explain a failure (a refused pool, a mismatch). */
-static void rig_notice(const char *pool, const SharedNotice *n, void *userdata) {
-        fprintf(stderr, "# pool %s: notice %d %s\n", pool, n->type, word(n->detail));
-}
-
-static void rig_init(Rig *rig) {
-        *rig = (Rig) { .random_state = 7 };
-        assert_int_equal(sd_event_new(&rig->event), 0);
-        snprintf(rig->node.id, sizeof rig->node.id, "%032x", 0xd1ffu);
-        rig->node.name = (char *) "diff";
-        backend_table_init(&rig->table, rig->event, &rig->node);
-        rig->table.manual_clock = true;
-        rig->table.random = rig_random;
-        rig->table.on_notice = rig_notice;
-        rig->table.userdata = &rig->random_state;
-}
-
-static void rig_done(Rig *rig) {
-        backend_table_done(&rig->table);
-        /* What the freed links left on the loop (closing sockets) runs now, not never. */
-        (void) sd_event_run(rig->event, 0);
-        rig->event = sd_event_unref(rig->event);
+/* SimOptions.quiesce */
+static bool quiesce(void *userdata) {
+        return shared_rig_quiesce(userdata);
 }
 
 /* ---- running a scenario both ways ---- */
@@ -188,18 +134,19 @@ static void run_scenario(const char *text, const char *origin, bool shared, Run 
         _cleanup_(conf_freep) BrokerConfig *c = NULL;
         _cleanup_(sim_result_freep) SimResult *result = NULL;
         char *error = NULL;
-        Rig rig;
+        SharedRig rig = {};
 
         /* Every pool gets the backend, both ways: in-process the simulator keeps its rules (the local
          * factory), shared the Backend keeps it in Redis. */
         if (scenario_load_string(text, origin, &error, &s) < 0)
                 fail_msg("%s: %s", origin, error ?: "(no message)");
-        /* The node's liveness is on the virtual clock too: a TTL longer than any gap between the engine's
-         * instants (every run() is a heartbeat in the manual mode), so that it never expires. */
+        /* The rig's node TTL in both runs: it is part of the rules, which the two must share. */
         for (size_t i = 0; i < s->n_pools; i++) {
                 char section[128];
                 snprintf(section, sizeof section, "pool %s", s->pools[i]);
-                assert_int_equal(scenario_add_setting(s, section, "backend-node-ttl", NODE_TTL, origin, origin), 0);
+                assert_int_equal(scenario_add_setting(s, section, "backend-node-ttl", SHARED_RIG_NODE_TTL_TEXT, origin,
+                                                      origin),
+                                 0);
         }
         if (scenario_build_config(s, "backend", backend_url, &error, &c) < 0)
                 fail_msg("%s: %s", origin, error ?: "(no message)");
@@ -217,15 +164,15 @@ static void run_scenario(const char *text, const char *origin, bool shared, Run 
                 redisReply *r = redisCommand(admin, "FLUSHALL");
                 assert_non_null(r);
                 freeReplyObject(r);
-                rig_init(&rig);
+                shared_rig_init(&rig);
                 o.factory = backend_table_pool_new;
                 o.factory_userdata = &rig.table;
-                o.quiesce = rig_quiesce;
+                o.quiesce = quiesce;
                 o.quiesce_userdata = &rig;
         }
         int r = sim_run(s, c, &o, &result);
         if (shared)
-                rig_done(&rig);
+                shared_rig_done(&rig);
         if (r < 0)
                 fail_msg("%s: %s run failed: %s", origin, shared ? "shared" : "local", strerror(-r));
         sim_print_json(s, result, ret->report.f);
