@@ -1669,8 +1669,13 @@ static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule 
         free(p->canon);
         p->canon = TAKE_PTR(canon);
         /* The rules go to Redis with the next tick; agreement is Redis's answer (memo §4.8). */
-        if (changed && p->link_up)
+        if (changed && p->link_up) {
                 (void) queue_tick(p, false, now);
+                /* New priorities move waiters: in the manual mode places are read after every change (as
+                 * after every run()), so that a test reads them exact, as from an in-process pool. */
+                if (p->params.manual_clock && state_sends_operations(p->state))
+                        (void) queue_positions(p, false, now);
+        }
         return 0;
 }
 

@@ -1060,6 +1060,27 @@ static void test_manual_clock_has_no_instants_of_its_own(void **state) {
         no_call(f);
 }
 
+static void test_manual_clock_reads_places_after_a_reload(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(2)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        done(f, c, reply("ok", S(2), decision("queued", rid, S(2), 0, "", 1, 0, EMPTY), EMPTY, cache(2, 2, 0, -1, "")),
+             S(2), S(2));
+        /* A new priority moves waiters: the reload's tick, then their places, as after a run(). */
+        PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1 };
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 5, .max_in_use = -1 } };
+        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(3)), 0);
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 5), "0");
+        c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "pos");
+        assert_string_equal(arg(c, 7), rid);
+}
+
 static void test_pool_clock_is_mapped_by_the_round_trip(void **state) {
         Fixture *f = *state;
         /* Redis's pool clock reads 1000 s + 2 ms at the midpoint of a 4 ms round trip sent at 1 s here. */
@@ -1165,6 +1186,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_manual_clock_passes_now_and_leaves_the_instant_to_run,
                                                 setup_manual, teardown),
                 cmocka_unit_test_setup_teardown(test_manual_clock_has_no_instants_of_its_own, setup_manual, teardown),
+                cmocka_unit_test_setup_teardown(test_manual_clock_reads_places_after_a_reload, setup_manual, teardown),
                 T(test_pool_clock_is_mapped_by_the_round_trip),
                 T(test_recovery_window_refusal_carries_its_reason),
                 T(test_drain_is_a_call),
