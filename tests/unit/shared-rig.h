@@ -12,10 +12,12 @@
 #include "backend.h"
 #include "node.h"
 
-/* Pools of the rig get this node TTL: on the virtual clock, longer than any gap between the engine's
- * instants (every run() is a heartbeat in the manual mode), so that the node never expires. */
+/* Pools of the rig get a node TTL on the virtual clock longer than any gap between the engine's instants
+ * (every run() is a heartbeat in the manual mode), so that the node never expires: configurations built
+ * by hand get 1000 days (test-engine jumps 11 days at once), scenario files conf.c's maximum (they span
+ * minutes). */
+#define SHARED_RIG_NODE_TTL (UINT64_C(1000) * 24 * USEC_PER_HOUR)
 #define SHARED_RIG_NODE_TTL_TEXT "24h"
-#define SHARED_RIG_NODE_TTL (24 * USEC_PER_HOUR)
 
 typedef struct SharedRig {
         sd_event *event;
