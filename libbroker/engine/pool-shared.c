@@ -96,6 +96,7 @@ typedef struct SharedPool {
         char *canon;
 
         List tries, grants, outbox, notices;
+        List held;             /* manual mode: stream entries that came while a call was out (HeldEntry) */
         uint64_t next_call_id;
         Fingerprint fp;
         unsigned fp_mismatches;
@@ -1402,9 +1403,35 @@ static void submit_done(SharedPool *p, const RespValue *status, const RespValue 
         try_refuse_locally(p, w, resp_is(status, "invalid") ? "rules" : "backend", now);
 }
 
-void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
-        SharedPool *p = SHARED(base);
-        now = driver_now(p, now);
+/* The manual clock mode decides in the order of the replies, as an in-process pool decides in the order
+ * of the calls: a stream entry (read on the other connection, so possibly ahead of a reply that Redis
+ * wrote before it) waits while a call is out. The caller's own decisions are in the replies anyway; an
+ * entry then only repeats one (the first copy wins) or carries another node's, which comes no later than
+ * the last reply. Production applies entries at once: a busy node always has a call out. */
+typedef struct HeldEntry {
+        ListNode node;
+        Decision decision;
+} HeldEntry;
+
+static bool calls_out(SharedPool *p) {
+        list_foreach(n, &p->outbox)
+                if (container_of(n, Call, node)->sent)
+                        return true;
+        return false;
+}
+
+static void held_entries_apply(SharedPool *p, usec_t now) {
+        ListNode *n;
+        while (!calls_out(p) && (n = list_first(&p->held))) {
+                list_unlink(n);
+                HeldEntry *h = container_of(n, HeldEntry, node);
+                decision_apply(p, &h->decision, now);
+                decision_done(&h->decision);
+                free(h);
+        }
+}
+
+static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
         p->last_now = MAX(p->last_now, now);
         Call *c = call_find(p, id);
         if (!c || !c->sent)
@@ -1506,6 +1533,13 @@ void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *
         call_free(c);
 }
 
+void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
+        SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
+        call_done(p, id, error, reply, sent_boot, now);
+        held_entries_apply(p, now);
+}
+
 /* ---------------------------------------------------------------------------------------------- stream */
 
 void pool_shared_stream_entry(Pool *base, const char *entry_id, const RespValue *fields, usec_t now) {
@@ -1524,8 +1558,19 @@ void pool_shared_stream_entry(Pool *base, const char *entry_id, const RespValue 
                         return;
                 }
         }
-        if (d.rid[0])
-                decision_apply(p, &d, now);
+        if (!d.rid[0]) {
+                decision_done(&d);
+                return;
+        }
+        if (p->params.manual_clock && calls_out(p)) {
+                HeldEntry *h = calloc(1, sizeof(HeldEntry));
+                if (h) {
+                        h->decision = d; /* its slots and members with it */
+                        list_append(&p->held, &h->node);
+                        return;
+                }
+        }
+        decision_apply(p, &d, now);
         decision_done(&d);
 }
 
@@ -1539,7 +1584,7 @@ const char *pool_shared_stream_resume_id(const Pool *base) {
 
 bool pool_shared_is_settled(const Pool *base) {
         const SharedPool *p = SHARED(base);
-        if (p->state != SHARED_STATE_UP || !list_is_empty(&p->outbox))
+        if (p->state != SHARED_STATE_UP || !list_is_empty(&p->outbox) || !list_is_empty(&p->held))
                 return false;
         return !p->cache.stream_last ||
                (p->stream_resume && stream_id_cmp(p->stream_resume, p->cache.stream_last) >= 0);
@@ -1560,6 +1605,12 @@ static void shared_free(Pool *base) {
                 try_free(container_of(n, PoolWaiter, node));
         while ((n = list_first(&p->grants)))
                 grant_free(container_of(n, PoolGrant, node));
+        while ((n = list_first(&p->held))) {
+                list_unlink(n);
+                HeldEntry *h = container_of(n, HeldEntry, node);
+                decision_done(&h->decision);
+                free(h);
+        }
         while ((n = list_first(&p->notices))) {
                 list_unlink(n);
                 NoticeNode *nn = container_of(n, NoticeNode, node);
@@ -2002,6 +2053,7 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
         list_init(&p->grants);
         list_init(&p->outbox);
         list_init(&p->notices);
+        list_init(&p->held);
         p->down_since = USEC_INFINITY;
         p->acked_boot = USEC_INFINITY;
         state_set(p, SHARED_STATE_CONNECTING);

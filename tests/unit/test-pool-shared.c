@@ -1081,6 +1081,37 @@ static void test_manual_clock_reads_places_after_a_reload(void **state) {
         assert_string_equal(arg(c, 7), rid);
 }
 
+static void test_manual_clock_applies_stream_entries_in_reply_order(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(2)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        f->pool->ops->run(f->pool, S(2));
+        const SharedCall *tick = take(f, SHARED_SCRIPT_TICK);
+        /* The tick's grant is read from the stream before either reply (another connection): it waits. */
+        RespValue fields = arr(28, str("verdict"), str("granted"), str("rid"), str(rid), str("at"), str("2000000"),
+                               str("wait"), str("0"), str("refusal"), str(""), str("reason"), str(""), str("state"),
+                               str("none"), str("idle"), str("0"), str("budget"), str("-1"), str("position"), str("0"),
+                               str("queued"), str("0"), str("token"), str("7"), str("slots"), str("0"), str("members"),
+                               str(""));
+        pool_shared_stream_entry(f->pool, "9-1", &fields, S(2));
+        assert_int_equal(f->n_seen, 0);
+        done(f, c, reply("ok", S(2), decision("queued", rid, S(2), 0, "", 0, 0, EMPTY), EMPTY, cache(0, 1, 0, -1, "9-1")),
+             S(2), S(2));
+        done(f, tick, reply("ok", S(2), tick_body("ok", EMPTY, 1, fnv1a32(rid, 'l'), fnv1a32(rid, 'l'), ""),
+                            arr(1, decision("granted", rid, S(2), 0, "", 0, 7, arr(1, num(0)))),
+                            cache(1, 0, 0, -1, "9-1")),
+             S(2), S(2));
+        /* Queued, then granted, as the calls decided; the entry repeated the grant. */
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_QUEUED);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(f->seen[1].token, 7);
+}
+
 static void test_pool_clock_is_mapped_by_the_round_trip(void **state) {
         Fixture *f = *state;
         /* Redis's pool clock reads 1000 s + 2 ms at the midpoint of a 4 ms round trip sent at 1 s here. */
@@ -1187,6 +1218,8 @@ int main(void) {
                                                 setup_manual, teardown),
                 cmocka_unit_test_setup_teardown(test_manual_clock_has_no_instants_of_its_own, setup_manual, teardown),
                 cmocka_unit_test_setup_teardown(test_manual_clock_reads_places_after_a_reload, setup_manual, teardown),
+                cmocka_unit_test_setup_teardown(test_manual_clock_applies_stream_entries_in_reply_order, setup_manual,
+                                                teardown),
                 T(test_pool_clock_is_mapped_by_the_round_trip),
                 T(test_recovery_window_refusal_carries_its_reason),
                 T(test_drain_is_a_call),
