@@ -10,8 +10,8 @@
  * max-hold, while a remote pool's decisions of that instant come with the answer to run(), after it —
  * two streams interleaved differently, neither reordered within itself (memo §5.1).
  *
- * The scenarios: every tests/scenarios file (JSON), and seeded generated ones (pools with limits, queue timeouts,
- * congestion timeouts, max-queue; lanes with priorities, max-in-use, reserve, max-hold and fail-fast;
+ * The scenarios: every tests/scenarios file (JSON), and seeded generated ones (pools with limits or members,
+ * queue timeouts, congestion timeouts, max-queue; lanes with priorities, max-in-use, reserve, max-hold and fail-fast;
  * requests of 1–3 slots, no-wait, client caps). The simulator has no drains and no cancels: those are
  * test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs. */
@@ -36,7 +36,7 @@
 #include "shared-rig.h"
 #include "simulate.h"
 
-#define GENERATED 20
+#define GENERATED 40
 
 static TestRedis server;
 static redisContext *admin;
@@ -283,10 +283,17 @@ static char *generate(uint64_t seed) {
         for (unsigned i = 0; i < n_pools; i++) {
                 unsigned qt = 200 + 100 * gen_below(&g, 40);
                 limits[i] = 1 + gen_below(&g, 6);
-                fprintf(g.f, "%s\"p%u\": {\"limit\": %u, \"queue-timeout\": \"%ums\"", i > 0 ? ", " : "", i, limits[i],
-                        qt);
+                fprintf(g.f, "%s\"p%u\": {\"queue-timeout\": \"%ums\"", i > 0 ? ", " : "", i, qt);
+                if (gen_chance(&g, 30)) {
+                        /* Named slots: grants carry members, laid out as pool-local lays them out. */
+                        fputs(", \"members\": [", g.f);
+                        for (unsigned m = 0; m < limits[i]; m++)
+                                fprintf(g.f, "%s\"m%u\"", m > 0 ? ", " : "", m);
+                        fputc(']', g.f);
+                } else
+                        fprintf(g.f, ", \"limit\": %u", limits[i]);
                 if (gen_chance(&g, 40)) /* at most the queue timeout (conf.c) */
-                        fprintf(g.f, ", \"queue-congestion-timeout\": \"%ums\"", 100 * gen_below(&g, 2 + qt / 100));
+                        fprintf(g.f, ", \"queue-congestion-timeout\": \"%ums\"", 100 * gen_below(&g, 1 + qt / 100));
                 if (gen_chance(&g, 40))
                         fprintf(g.f, ", \"max-queue\": %u", gen_below(&g, 8));
                 fputc('}', g.f);
