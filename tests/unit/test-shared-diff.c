@@ -14,7 +14,8 @@
  * queue timeouts, congestion timeouts, max-queue; lanes with priorities, max-in-use, reserve, max-hold and fail-fast;
  * requests of 1–3 slots, no-wait, client caps). The simulator has no drains and no cancels: those are
  * test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
- * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs. */
+ * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
+ * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED. */
 #include <glob.h>
 #include <inttypes.h>
 #include <setjmp.h>
@@ -275,7 +276,7 @@ static char *generate(uint64_t seed) {
         size_t size = 0;
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
         unsigned n_lanes = 1 + gen_below(&g, LANES_MAX);
-        unsigned lane_max_k[LANES_MAX];
+        unsigned lane_max_k[LANES_MAX], reserved[POOLS_MAX] = {};
 
         g.f = open_memstream(&text, &size);
         assert_non_null(g.f);
@@ -314,8 +315,17 @@ static char *generate(uint64_t seed) {
                         gen_below(&g, 3));
                 if (gen_chance(&g, 30))
                         fprintf(g.f, ", \"max-in-use\": %u", 1 + gen_below(&g, 4));
-                if (gen_chance(&g, 30))
-                        fprintf(g.f, ", \"reserve\": %u", gen_below(&g, 2));
+                if (gen_chance(&g, 30)) {
+                        /* conf.c: every lane must be able to get a slot, so the reserves of a pool stay
+                         * below its limit. */
+                        unsigned r = gen_below(&g, 2);
+                        for (unsigned k = 0; k < n; k++)
+                                if (reserved[(first + k) % n_pools] + r >= limits[(first + k) % n_pools])
+                                        r = 0;
+                        for (unsigned k = 0; k < n; k++)
+                                reserved[(first + k) % n_pools] += r;
+                        fprintf(g.f, ", \"reserve\": %u", r);
+                }
                 if (gen_chance(&g, 20))
                         fprintf(g.f, ", \"queue-timeout\": \"%ums\"", 100 + 100 * gen_below(&g, 30));
                 if (gen_chance(&g, 20))
@@ -356,8 +366,9 @@ static void test_generated(void **state) {
 }
 
 int main(void) {
-        struct CMUnitTest tests[GENERATED + 64];
-        size_t n = 0;
+        _cleanup_free_ struct CMUnitTest *tests = NULL;
+        _cleanup_free_ char *names = NULL;
+        size_t n = 0, generated = GENERATED;
         glob_t files = {};
         int r;
 
@@ -366,23 +377,29 @@ int main(void) {
                 printf("1..0 # SKIP redis-server not found (install redis-server, or set REDIS_SERVER)\n");
                 return 0;
         }
+        /* TEST_SHARED_DIFF_SEEDS=N: more generated scenarios, to look for differences (seeds 1…N). */
+        const char *seeds = getenv("TEST_SHARED_DIFF_SEEDS");
+        if (seeds)
+                generated = MIN(strtoul(seeds, NULL, 10), 100000ul);
         /* Run from tests/ (meson's workdir). */
         r = glob("scenarios/*.json", 0, NULL, &files);
         if (r != 0 || files.gl_pathc == 0) {
                 printf("Bail out! no scenarios/*.json here\n");
                 return 1;
         }
-        for (size_t i = 0; i < files.gl_pathc && n < ELEMENTSOF(tests) - GENERATED; i++)
+        tests = calloc(files.gl_pathc + generated, sizeof(struct CMUnitTest));
+        names = calloc(generated, 32);
+        assert(tests && names);
+        for (size_t i = 0; i < files.gl_pathc; i++)
                 tests[n++] = (struct CMUnitTest) {
                         .name = files.gl_pathv[i],
                         .test_func = test_scenario_file,
                         .initial_state = files.gl_pathv[i],
                 };
-        static char names[GENERATED][32];
-        for (size_t i = 0; i < GENERATED; i++) {
-                snprintf(names[i], sizeof names[i], "generated seed %zu", i + 1);
+        for (size_t i = 0; i < generated; i++) {
+                snprintf(names + 32 * i, 32, "generated seed %u", (unsigned) (i + 1));
                 tests[n++] = (struct CMUnitTest) {
-                        .name = names[i],
+                        .name = names + 32 * i,
                         .test_func = test_generated,
                         .initial_state = (void *) (uintptr_t) (i + 1),
                 };
