@@ -267,9 +267,10 @@ static bool gen_chance(Gen *g, unsigned percent) {
 #define POOLS_MAX 3
 #define LANES_MAX 3
 
-/* A scenario of a few pools and lanes and 20–80 requests over ~8 s, many of them at the same instants
- * (arrivals, releases and budgets colliding is where order matters). Every pool has a queue timeout, so
- * that every waiter is answered and the run ends. */
+/* A scenario of a few pools and lanes, 20–80 requests over ~8 s, many of them at the same instants
+ * (arrivals, releases and budgets colliding is where order matters), and maybe a phase of generated
+ * arrivals. A waiter of a pool without a queue timeout may wait for good: the run ends when nothing could
+ * serve it any more, the same both ways (a shared pool has no instants of its own in the manual mode). */
 static char *generate(uint64_t seed) {
         Gen g = { .state = seed * 1000003 };
         char *text = NULL;
@@ -282,18 +283,19 @@ static char *generate(uint64_t seed) {
         assert_non_null(g.f);
         fputs("{\"pools\": {", g.f);
         for (unsigned i = 0; i < n_pools; i++) {
-                unsigned qt = 200 + 100 * gen_below(&g, 40);
+                unsigned qt = gen_chance(&g, 20) ? 0 : 200 + 100 * gen_below(&g, 40);
                 limits[i] = 1 + gen_below(&g, 6);
-                fprintf(g.f, "%s\"p%u\": {\"queue-timeout\": \"%ums\"", i > 0 ? ", " : "", i, qt);
+                fprintf(g.f, "%s\"p%u\": {\"limit\": %u", i > 0 ? ", " : "", i, limits[i]);
+                if (qt > 0)
+                        fprintf(g.f, ", \"queue-timeout\": \"%ums\"", qt);
                 if (gen_chance(&g, 30)) {
                         /* Named slots: grants carry members, laid out as pool-local lays them out. */
                         fputs(", \"members\": [", g.f);
                         for (unsigned m = 0; m < limits[i]; m++)
                                 fprintf(g.f, "%s\"m%u\"", m > 0 ? ", " : "", m);
                         fputc(']', g.f);
-                } else
-                        fprintf(g.f, ", \"limit\": %u", limits[i]);
-                if (gen_chance(&g, 40)) /* at most the queue timeout (conf.c) */
+                }
+                if (gen_chance(&g, 40) && qt > 0) /* at most the queue timeout (conf.c) */
                         fprintf(g.f, ", \"queue-congestion-timeout\": \"%ums\"", 100 * gen_below(&g, 1 + qt / 100));
                 if (gen_chance(&g, 40))
                         fprintf(g.f, ", \"max-queue\": %u", gen_below(&g, 8));
@@ -349,7 +351,16 @@ static char *generate(uint64_t seed) {
                         fprintf(g.f, ", \"max-wait\": \"%ums\"", 100 * (1 + gen_below(&g, 30)));
                 fputc('}', g.f);
         }
-        fputs("]}", g.f);
+        fputc(']', g.f);
+        if (gen_chance(&g, 50)) {
+                /* A phase of generated arrivals on top: a steady stream colliding with the explicit ones. */
+                unsigned l = gen_below(&g, n_lanes);
+                fprintf(g.f, ", \"arrivals\": [{\"rate\": \"%u/s\", \"for\": \"%us\", \"hold\": \"%ums\", \"lane\": \"%c\", "
+                        "\"slots\": %u}]",
+                        1 + gen_below(&g, 40), 1 + gen_below(&g, 8), 50 * (1 + gen_below(&g, 20)), 'a' + l,
+                        1 + gen_below(&g, lane_max_k[l]));
+        }
+        fputc('}', g.f);
         assert_int_equal(fclose(g.f), 0);
         return text;
 }
