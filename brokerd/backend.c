@@ -16,6 +16,10 @@
 
 #define XREAD_COUNT "256"
 #define XREAD_BLOCK (5 * USEC_PER_SEC)
+/* While a pool has nowhere to read from yet (its first tick is out), it can only join the next XREAD: the
+ * read blocks briefly then, or the pool's stream would be unread for up to XREAD_BLOCK after its first
+ * tick. A pool that never registers (refused, rules that differ) keeps the reads short: ten a second. */
+#define XREAD_BLOCK_JOINING (100 * USEC_PER_MSEC)
 #define READ_RETRY (1 * USEC_PER_SEC)
 #define WAITER_GRACE (5 * USEC_PER_SEC)
 #define HEARTBEAT (1 * USEC_PER_SEC)
@@ -332,8 +336,9 @@ static void backend_start_read(Backend *b) {
         argv[k++] = "XREAD";
         argv[k++] = "COUNT";
         argv[k++] = XREAD_COUNT;
+        bool joining = n < b->n_pools;
         argv[k++] = "BLOCK";
-        argv[k++] = "5000";
+        argv[k++] = joining ? "100" : "5000";
         argv[k++] = "STREAMS";
         for (size_t i = 0; i < b->n_pools; i++)
                 if (pool_shared_stream_resume_id(b->pools[i]->pool) && pool_shared_stream_key(b->pools[i]->pool))
@@ -341,7 +346,8 @@ static void backend_start_read(Backend *b) {
         for (size_t i = 0; i < b->n_pools; i++)
                 if (pool_shared_stream_resume_id(b->pools[i]->pool) && pool_shared_stream_key(b->pools[i]->pool))
                         argv[k++] = pool_shared_stream_resume_id(b->pools[i]->pool);
-        if (redis_link_command_blocking(b->reader, XREAD_BLOCK, on_read_reply, b, (int) k, argv, NULL) >= 0)
+        if (redis_link_command_blocking(b->reader, joining ? XREAD_BLOCK_JOINING : XREAD_BLOCK, on_read_reply, b,
+                                        (int) k, argv, NULL) >= 0)
                 b->reading = true;
 }
 
@@ -541,6 +547,7 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
                         .revoke_grace = t->revoke_grace,
                         .waiter_grace = WAITER_GRACE,
                         .heartbeat = HEARTBEAT,
+                        .manual_clock = t->manual_clock,
                         .random = t->random,
                         .random_userdata = t->userdata,
                         .wake = backend_wake,
@@ -600,4 +607,16 @@ bool backend_table_giving_back(const BackendTable *t) {
                         if (pool_shared_giving_back(t->backends[i]->pools[j]->pool))
                                 return true;
         return false;
+}
+
+bool backend_table_is_settled(const BackendTable *t) {
+        for (size_t i = 0; i < t->n_backends; i++) {
+                const Backend *b = t->backends[i];
+                if (b->in_flight)
+                        return false;
+                for (size_t j = 0; j < b->n_pools; j++)
+                        if (!pool_shared_is_settled(b->pools[j]->pool))
+                                return false;
+        }
+        return true;
 }

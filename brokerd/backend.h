@@ -37,6 +37,11 @@ typedef struct BackendTable {
          * that their commands stop in time should brokerd stop renewing. May be NULL. */
         void (*on_fence_moved)(const char *pool, usec_t deadline, void *userdata);
         void *userdata;                 /* of random, on_notice, on_rtt and on_fence_moved */
+
+        /* Tests only (test-shared-diff): the pools are made in the manual clock mode, on the engine's `now`
+         * (memo §3.10), so that their decisions can be compared with an in-process pool's. The daemon never
+         * sets it, and the scripts refuse a production node on a pool whose keys were made so. */
+        bool manual_clock;
         Backend **backends;
         size_t n_backends;
 } BackendTable;
@@ -63,3 +68,7 @@ usec_t backend_table_fence_deadline(const BackendTable *t, const char *pool);
 /* Whether a pool on one of the backends still owes Redis a withdraw or release it can deliver
  * (pool_shared_giving_back()): a clean stop keeps the loop running, bounded, until this is false. */
 bool backend_table_giving_back(const BackendTable *t);
+
+/* Whether every pool on every backend has its calls answered and its stream read up to what the last reply
+ * appended: nothing more can come without a new command. For tests that run the loop until then. */
+bool backend_table_is_settled(const BackendTable *t);

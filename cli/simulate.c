@@ -126,8 +126,10 @@ static SimLease *sim_lease_new(Sim *sim) {
 static void sim_quiesce(Sim *sim) {
         if (!sim->options->quiesce)
                 return;
-        sim->options->quiesce(sim->options->quiesce_userdata);
-        engine_take_decisions(sim->engine);
+        /* Until nothing more comes: as an in-process pool, whose answers and their consequences are all in
+         * before the call returns. */
+        while (sim->options->quiesce(sim->options->quiesce_userdata))
+                engine_take_decisions(sim->engine);
 }
 
 static void sim_lease_end(Sim *sim, SimLease *l, uint64_t t_ms) {
@@ -193,6 +195,9 @@ static int sim_handle_event(Sim *sim, const EngineEvent *ev) {
         uint64_t id = (uint64_t) (uintptr_t) ev->userdata - 1;
         SimRecord *rec;
         int r;
+
+        if (sim->options->on_event)
+                sim->options->on_event(ev, sim->options->on_event_userdata);
 
         switch (ev->type) {
         case ENGINE_EVENT_QUEUED:

@@ -73,9 +73,14 @@ typedef struct SimOptions {
         EnginePoolFactoryFn factory;
         void *factory_userdata;
         /* Called after every engine call until the pools that decide later have answered; NULL: none do.
-         * The simulator knows nothing of what they talk to. */
-        void (*quiesce)(void *userdata);
+         * The simulator knows nothing of what they talk to. Returns whether anything was answered: the
+         * engine then takes the decisions, which may make calls of their own (a refusal routes the request
+         * to its lane's next pool), and it is called again. */
+        bool (*quiesce)(void *userdata);
         void *quiesce_userdata;
+        /* Sees every engine event, in the order the run handles them (a test compares two runs). NULL: none. */
+        void (*on_event)(const EngineEvent *ev, void *userdata);
+        void *on_event_userdata;
 } SimOptions;
 
 /* Runs a finished scenario against a validated config. Returns 0 or negative errno (-ENOMEM, -E2BIG when

@@ -720,7 +720,10 @@ end
 -- While an instant u is unsettled, operations of u have changed the state after every earlier instant
 -- was settled: nothing they make due can be earlier than u (the gauge, which pool-local.c looks at only
 -- when it runs, flips at u, not at last_fast + Q + 1 in the past).
-local function next_due()
+--
+-- for_caller: the caller's own liveness deadline is not an instant it has to be woken for (its heartbeats
+-- move it; if they stop, another node's call reaps it). Settling counts every node.
+local function next_due(for_caller)
         local u = M.unsettled_at
         local t = u
         local function consider(v)
@@ -728,7 +731,12 @@ local function next_due()
                 if v and (not t or v < t) then t = v end
         end
         consider(tonumber(redis.call('ZRANGE', K.dl, 0, 0, 'WITHSCORES')[2]))
-        consider(tonumber(redis.call('ZRANGE', K.nodes, 0, 0, 'WITHSCORES')[2]))
+        local first = redis.call('ZRANGE', K.nodes, 0, 1, 'WITHSCORES')
+        if for_caller and first[1] == NODE then
+                consider(tonumber(first[4]))
+        else
+                consider(tonumber(first[2]))
+        end
         if M.recovery_until > 0 then consider(M.recovery_until) end
         if M.congested == 0 and R.q and M.drained == 0 and not has_room_for_one() then
                 consider(M.last_fast + R.q + 1)
@@ -763,7 +771,7 @@ end
 ---------------------------------------------------------------------------------------------- replies
 
 local function cache()
-        local nd = next_due()
+        local nd = next_due(true)
         return {
                 M.in_use, M.waiting, M.congested, idle_at(now), M.drained, nd and nd or -1, M.counter,
                 M.epoch or '', M.recovery_until, stream_last, R.limit or 0,

@@ -91,6 +91,9 @@ struct LocalPool {
         unsigned drained_free;          /* drained members below limit that are not occupied */
 
         usec_t last_fast;
+        /* The latest instant a command named: the gauge cannot turn on before it (a queue that forms at u
+         * when idle passed Q long ago turns it on at u, not at last_fast + Q + 1 in the past). */
+        usec_t latest;
         uint64_t next_token;
         uint64_t next_seq;
 
@@ -636,6 +639,7 @@ static void local_free(Pool *base) {
 
 static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now) {
         LocalPool *p = POOL(base);
+        p->latest = MAX(p->latest, now);
         _cleanup_free_ bool *member_drained = NULL;
         _cleanup_(strv_freep) char **members = NULL;
         Layout layout;
@@ -746,6 +750,7 @@ static void refuse_try(LocalPool *p, const PoolTry *t, Refusal refusal, usec_t n
 
 static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
         LocalPool *p = POOL(base);
+        p->latest = MAX(p->latest, now);
 
         if (p->base.drained || p->base.retired) {
                 refuse_try(p, t, REFUSAL_UNAVAILABLE, now);
@@ -827,6 +832,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
 
 static void local_withdraw(Pool *base, PoolWaiter *w, usec_t now) {
         LocalPool *p = POOL(base);
+        p->latest = MAX(p->latest, now);
         waiter_unlink(p, w);
         free(w);
         lanes_gc(p);
@@ -834,6 +840,7 @@ static void local_withdraw(Pool *base, PoolWaiter *w, usec_t now) {
 
 static void local_release(Pool *base, PoolGrant *g, usec_t now) {
         LocalPool *p = POOL(base);
+        p->latest = MAX(p->latest, now);
         for (unsigned i = 0; i < g->n_slots; i++)
                 slot_put(p, g->pos[i]);
         g->lane->used -= g->n_slots;
@@ -920,6 +927,7 @@ static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
 
 static void local_run(Pool *base, usec_t now) {
         LocalPool *p = POOL(base);
+        p->latest = MAX(p->latest, now);
         dispatch(p, now);
         /* Step 4: budgets that end at `now` (or were due earlier and are only now looked at), each refused at
          * its own deadline. A refused waiter may have held others back, so grant again after. */
@@ -946,12 +954,13 @@ static usec_t local_next_wakeup(const Pool *base) {
         /* The gauge turns on by itself when idle passes Q while there is no room. */
         if (!p->congested && p->base.queue_timeout_set && !p->base.drained && !p->base.retired &&
             !pool_has_room_for_one(p))
-                t = MIN(t, usec_add(usec_add(p->last_fast, p->base.queue_timeout), 1));
+                t = MIN(t, MAX(usec_add(usec_add(p->last_fast, p->base.queue_timeout), 1), p->latest));
         return t;
 }
 
 static int local_drain(Pool *base, const char *member, bool on, usec_t now) {
         LocalPool *p = POOL(base);
+        p->latest = MAX(p->latest, now);
 
         if (!member) {
                 p->base.drained = on;

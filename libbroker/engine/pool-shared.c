@@ -80,6 +80,7 @@ typedef struct Cache {
         uint64_t counter;
         char *epoch;
         int64_t recovery_until; /* pool clock, 0 none */
+        char *stream_last;     /* the last entry a reply said it appended to this node's stream */
         usec_t at;             /* monotonic, when it came */
 } Cache;
 
@@ -97,6 +98,7 @@ typedef struct SharedPool {
         char *canon;
 
         List tries, grants, outbox, notices;
+        List held;             /* manual mode: stream entries that came while a call was out (HeldEntry) */
         uint64_t next_call_id;
         Fingerprint fp;
         unsigned fp_mismatches;
@@ -330,6 +332,13 @@ static Call *call_find(SharedPool *p, uint64_t id) {
 
 static bool state_sends_operations(SharedState s) {
         return s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING;
+}
+
+/* The driver's `now` (pool_shared_call_done(), link_up(), …) is the local monotonic clock. In the manual
+ * mode the engine's is the only clock, and it stands at the last `now` the engine gave: a reply handled
+ * later in real time must neither move the pool clock nor date a decision by it (memo §3.10). */
+static usec_t driver_now(const SharedPool *p, usec_t now) {
+        return p->params.manual_clock ? p->last_now : now;
 }
 
 bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
@@ -948,6 +957,7 @@ static void reclaim_all(SharedPool *p, usec_t now) {
 
 void pool_shared_link_up(Pool *base, const char *run_id, usec_t now) {
         SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
         if (p->run_id && run_id && !streq(p->run_id, run_id))
                 p->reclaim_all = true;
         if (run_id) {
@@ -977,6 +987,7 @@ void pool_shared_link_up(Pool *base, const char *run_id, usec_t now) {
 
 void pool_shared_link_down(Pool *base, usec_t now) {
         SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
         if (!p->link_up)
                 return;
         p->link_up = false;
@@ -990,6 +1001,7 @@ void pool_shared_link_down(Pool *base, usec_t now) {
 
 void pool_shared_link_failed(Pool *base, const char *why, usec_t now) {
         SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
         bool was_up = p->link_up;
         pool_shared_link_down(base, now);
         if (!was_up && p->down_since == USEC_INFINITY)
@@ -1027,6 +1039,7 @@ usec_t pool_shared_fence_deadline(const Pool *base) {
 
 void pool_shared_fence_check(Pool *base, usec_t boot_now, usec_t now) {
         SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
         usec_t f = pool_shared_fence_deadline(base);
         if (f == USEC_INFINITY || boot_now < f)
                 return;
@@ -1046,6 +1059,16 @@ static void check_waiter_grace(SharedPool *p, usec_t now) {
 }
 
 /* --------------------------------------------------------------------------------------------- replies */
+
+/* Stream ids "MS-SEQ" in order (numbers compared as numbers). */
+static int stream_id_cmp(const char *a, const char *b) {
+        unsigned long long ams = 0, aseq = 0, bms = 0, bseq = 0;
+        (void) sscanf(a, "%llu-%llu", &ams, &aseq);
+        (void) sscanf(b, "%llu-%llu", &bms, &bseq);
+        if (ams != bms)
+                return ams < bms ? -1 : 1;
+        return aseq < bseq ? -1 : aseq > bseq;
+}
 
 static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now, usec_t now) {
         int64_t x;
@@ -1079,6 +1102,15 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                                 notice_push(p, SHARED_NOTICE_RECOVERY, NULL, NULL, 0, 0);
                         p->recovery_noticed = MAX(p->recovery_noticed, x);
                 }
+        }
+        const RespValue *last = resp_at(cache, 9);
+        if (last && last->type == RESP_STRING && last->len > 0) {
+                char *l = resp_strdup(last);
+                if (l && (!p->cache.stream_last || stream_id_cmp(l, p->cache.stream_last) > 0)) {
+                        free(p->cache.stream_last);
+                        p->cache.stream_last = TAKE_PTR(l);
+                }
+                free(l);
         }
         /* Another node's call may have flipped the gauge: this node's own gauge follows the pool's. */
         congestion_apply(p, p->cache.congested, pool_now, now);
@@ -1391,8 +1423,35 @@ static void submit_done(SharedPool *p, const RespValue *status, const RespValue 
         try_refuse_locally(p, w, resp_is(status, "invalid") ? "rules" : "backend", now);
 }
 
-void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
-        SharedPool *p = SHARED(base);
+/* The manual clock mode decides in the order of the replies, as an in-process pool decides in the order
+ * of the calls: a stream entry (read on the other connection, so possibly ahead of a reply that Redis
+ * wrote before it) waits while a call is out. The caller's own decisions are in the replies anyway; an
+ * entry then only repeats one (the first copy wins) or carries another node's, which comes no later than
+ * the last reply. Production applies entries at once: a busy node always has a call out. */
+typedef struct HeldEntry {
+        ListNode node;
+        Decision decision;
+} HeldEntry;
+
+static bool calls_out(SharedPool *p) {
+        list_foreach(n, &p->outbox)
+                if (container_of(n, Call, node)->sent)
+                        return true;
+        return false;
+}
+
+static void held_entries_apply(SharedPool *p, usec_t now) {
+        ListNode *n;
+        while (!calls_out(p) && (n = list_first(&p->held))) {
+                list_unlink(n);
+                HeldEntry *h = container_of(n, HeldEntry, node);
+                decision_apply(p, &h->decision, now);
+                decision_done(&h->decision);
+                free(h);
+        }
+}
+
+static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
         p->last_now = MAX(p->last_now, now);
         Call *c = call_find(p, id);
         if (!c || !c->sent)
@@ -1494,10 +1553,18 @@ void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *
         call_free(c);
 }
 
+void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
+        SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
+        call_done(p, id, error, reply, sent_boot, now);
+        held_entries_apply(p, now);
+}
+
 /* ---------------------------------------------------------------------------------------------- stream */
 
 void pool_shared_stream_entry(Pool *base, const char *entry_id, const RespValue *fields, usec_t now) {
         SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
         char *id = strdup(entry_id);
         if (id) {
                 free(p->stream_resume);
@@ -1511,8 +1578,19 @@ void pool_shared_stream_entry(Pool *base, const char *entry_id, const RespValue 
                         return;
                 }
         }
-        if (d.rid[0])
-                decision_apply(p, &d, now);
+        if (!d.rid[0]) {
+                decision_done(&d);
+                return;
+        }
+        if (p->params.manual_clock && calls_out(p)) {
+                HeldEntry *h = calloc(1, sizeof(HeldEntry));
+                if (h) {
+                        h->decision = d; /* its slots and members with it */
+                        list_append(&p->held, &h->node);
+                        return;
+                }
+        }
+        decision_apply(p, &d, now);
         decision_done(&d);
 }
 
@@ -1522,6 +1600,14 @@ const char *pool_shared_stream_key(const Pool *base) {
 
 const char *pool_shared_stream_resume_id(const Pool *base) {
         return SHARED(base)->stream_resume;
+}
+
+bool pool_shared_is_settled(const Pool *base) {
+        const SharedPool *p = SHARED(base);
+        if (p->state != SHARED_STATE_UP || !list_is_empty(&p->outbox) || !list_is_empty(&p->held))
+                return false;
+        return !p->cache.stream_last ||
+               (p->stream_resume && stream_id_cmp(p->stream_resume, p->cache.stream_last) >= 0);
 }
 
 SharedState pool_shared_state(const Pool *base) {
@@ -1554,6 +1640,12 @@ static void shared_free(Pool *base) {
                 try_free(container_of(n, PoolWaiter, node));
         while ((n = list_first(&p->grants)))
                 grant_free(container_of(n, PoolGrant, node));
+        while ((n = list_first(&p->held))) {
+                list_unlink(n);
+                HeldEntry *h = container_of(n, HeldEntry, node);
+                decision_done(&h->decision);
+                free(h);
+        }
         while ((n = list_first(&p->notices))) {
                 list_unlink(n);
                 NoticeNode *nn = container_of(n, NoticeNode, node);
@@ -1572,6 +1664,7 @@ static void shared_free(Pool *base) {
         free(p->reconcile_from);
         free(p->refused_why);
         free(p->cache.epoch);
+        free(p->cache.stream_last);
         free(p);
 }
 
@@ -1664,8 +1757,13 @@ static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule 
         free(p->canon);
         p->canon = TAKE_PTR(canon);
         /* The rules go to Redis with the next tick; agreement is Redis's answer (memo §4.8). */
-        if (changed && p->link_up)
+        if (changed && p->link_up) {
                 (void) queue_tick(p, false, now);
+                /* New priorities move waiters: in the manual mode places are read after every change (as
+                 * after every run()), so that a test reads them exact, as from an in-process pool. */
+                if (p->params.manual_clock && state_sends_operations(p->state))
+                        (void) queue_positions(p, false, now);
+        }
         return 0;
 }
 
@@ -1839,7 +1937,10 @@ static void shared_run(Pool *base, usec_t now) {
         if (operations && now < p->status_until && !p->status_pending &&
             (p->status_last == 0 || now >= usec_add(p->status_last, USEC_PER_SEC)))
                 (void) queue_status(p, now);
-        if (p->tick_pending)
+        /* A tick of an earlier instant may still be out (the engine settles the instants before `now` one
+         * by one, and this pool says it has no wakeup until that answer): the manual clock's instant `now`
+         * needs its own tick all the same, or it would be completed only at the engine's next instant. */
+        if (p->tick_pending && !(p->params.manual_clock && now > p->last_tick))
                 return;
         /* The manual clock: every run() is the engine's instant, completed by Redis (memo §3.10). In
          * production: the heartbeat, or the pool's own next instant (a budget ending, a gauge flip). */
@@ -1866,7 +1967,10 @@ static usec_t shared_next_wakeup(const Pool *base) {
          * the past until then. */
         if (!p->link_up || p->state == SHARED_STATE_REFUSED || p->tick_pending || p->run_pending)
                 return w;
-        w = MIN(w, usec_add(p->last_tick, p->params.heartbeat));
+        /* In the manual mode every run() is a heartbeat, and the engine's instants are the only ones: an
+         * instant of the pool's own would be one the in-process pool does not have (memo §3.10). */
+        if (!p->params.manual_clock)
+                w = MIN(w, usec_add(p->last_tick, p->params.heartbeat));
         if (p->cache.valid && p->cache.next_wakeup >= 0)
                 w = MIN(w, local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1));
         return w;
@@ -1988,6 +2092,7 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
         list_init(&p->grants);
         list_init(&p->outbox);
         list_init(&p->notices);
+        list_init(&p->held);
         p->down_since = USEC_INFINITY;
         p->acked_boot = USEC_INFINITY;
         state_set(p, SHARED_STATE_CONNECTING);

@@ -165,5 +165,9 @@ SharedState pool_shared_state(const Pool *p);
  * for this to turn false (bounded), so that no waiter of a gone client stays queued; false at once when
  * the backend is unreachable or refuses the pool (Redis reaps the node after its TTL). */
 bool pool_shared_giving_back(const Pool *p);
+
+/* Up, every call answered, and the stream read up to the last entry a reply said it appended: nothing
+ * more comes without a new command (tests run their loop until then). */
+bool pool_shared_is_settled(const Pool *p);
 /* Things a person should read, oldest first; the driver journals them. Returns false when none. */
 bool pool_shared_pop_notice(Pool *p, SharedNotice *ret);

@@ -1022,11 +1022,14 @@ static void test_canon_carries_lane_budgets(void **state) {
 
 static void test_manual_clock_passes_now_and_leaves_the_instant_to_run(void **state) {
         Fixture *f = *state;
-        pool_shared_link_up(f->pool, "run1", S(1));
+        /* The engine stands at 1 s; the driver's clock (monotonic, here 1000 s) is not the pool's. */
+        f->pool->ops->run(f->pool, S(1));
+        pool_shared_link_up(f->pool, "run1", S(1000));
         const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
         assert_string_equal(arg(c, 3), "1000000");
         assert_string_equal(arg(c, 5), "0");   /* a configure's tick leaves the instant open */
-        done(f, c, reply("ok", S(1), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(1), S(1));
+        done(f, c, reply("ok", S(1), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(1000),
+             S(1000));
         int cookie;
         PoolTry t = { .cookie = &cookie, .lane = "ci", .slots = 1, .may_wait = true,
                       .lane_budget = USEC_INFINITY, .client_cap = S(4), .arrival = S(1) + 5 };
@@ -1053,6 +1056,77 @@ static void test_manual_clock_passes_now_and_leaves_the_instant_to_run(void **st
         assert_int_equal(f->seen[1].refusal, REFUSAL_TIMEOUT);
         assert_int_equal(f->seen[1].at, S(2));
         assert_int_equal(f->seen[1].wait, S(1) - 5);
+}
+
+static void test_manual_clock_has_no_instants_of_its_own(void **state) {
+        Fixture *f = *state;
+        pool_shared_link_up(f->pool, "run1", S(1000));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", S(1), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(1000),
+             S(1000));
+        /* Every run() is a heartbeat: nothing due in the pool, no wakeup (an in-process pool has none). */
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), USEC_INFINITY);
+        /* The engine settles an earlier instant, then its own, before the first answer: a tick for each. */
+        f->pool->ops->run(f->pool, S(2));
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 3), "2000000");
+        f->pool->ops->run(f->pool, S(3));
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 3), "3000000");
+        assert_string_equal(arg(c, 5), "1");
+        no_call(f);
+}
+
+static void test_manual_clock_reads_places_after_a_reload(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(2)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        done(f, c, reply("ok", S(2), decision("queued", rid, S(2), 0, "", 1, 0, EMPTY), EMPTY, cache(2, 2, 0, -1, "")),
+             S(2), S(2));
+        /* A new priority moves waiters: the reload's tick, then their places, as after a run(). */
+        PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1 };
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 5, .max_in_use = -1 } };
+        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(3)), 0);
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 5), "0");
+        c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "pos");
+        assert_string_equal(arg(c, 7), rid);
+}
+
+static void test_manual_clock_applies_stream_entries_in_reply_order(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(2)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        f->pool->ops->run(f->pool, S(2));
+        const SharedCall *tick = take(f, SHARED_SCRIPT_TICK);
+        /* The tick's grant is read from the stream before either reply (another connection): it waits. */
+        RespValue fields = arr(28, str("verdict"), str("granted"), str("rid"), str(rid), str("at"), str("2000000"),
+                               str("wait"), str("0"), str("refusal"), str(""), str("reason"), str(""), str("state"),
+                               str("none"), str("idle"), str("0"), str("budget"), str("-1"), str("position"), str("0"),
+                               str("queued"), str("0"), str("token"), str("7"), str("slots"), str("0"), str("members"),
+                               str(""));
+        pool_shared_stream_entry(f->pool, "9-1", &fields, S(2));
+        assert_int_equal(f->n_seen, 0);
+        done(f, c, reply("ok", S(2), decision("queued", rid, S(2), 0, "", 0, 0, EMPTY), EMPTY, cache(0, 1, 0, -1, "9-1")),
+             S(2), S(2));
+        done(f, tick, reply("ok", S(2), tick_body("ok", EMPTY, 1, fnv1a32(rid, 'l'), fnv1a32(rid, 'l'), ""),
+                            arr(1, decision("granted", rid, S(2), 0, "", 0, 7, arr(1, num(0)))),
+                            cache(1, 0, 0, -1, "9-1")),
+             S(2), S(2));
+        /* Queued, then granted, as the calls decided; the entry repeated the grant. */
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_QUEUED);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(f->seen[1].token, 7);
 }
 
 static void test_pool_clock_is_mapped_by_the_round_trip(void **state) {
@@ -1191,6 +1265,10 @@ int main(void) {
                 T(test_unregistered_registers_again),
                 cmocka_unit_test_setup_teardown(test_manual_clock_passes_now_and_leaves_the_instant_to_run,
                                                 setup_manual, teardown),
+                cmocka_unit_test_setup_teardown(test_manual_clock_has_no_instants_of_its_own, setup_manual, teardown),
+                cmocka_unit_test_setup_teardown(test_manual_clock_reads_places_after_a_reload, setup_manual, teardown),
+                cmocka_unit_test_setup_teardown(test_manual_clock_applies_stream_entries_in_reply_order, setup_manual,
+                                                teardown),
                 T(test_pool_clock_is_mapped_by_the_round_trip),
                 T(test_recovery_window_refusal_carries_its_reason),
                 T(test_drain_is_a_call),

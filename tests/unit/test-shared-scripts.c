@@ -171,6 +171,22 @@ static int setup(void **state) {
 
 /* ---- tests ---- */
 
+static void test_a_callers_own_deadline_is_not_its_wakeup(void **state) {
+        /* Alone and idle: nothing due for n1 (its heartbeats move its deadline at 1000 + 30 s). */
+        redisReply *t = tick_as("n1", 1000, CANON_ONE_LANE "limit=2\n");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(cache(t, C_NEXT_WAKEUP), -1);
+        freeReplyObject(t);
+        /* Another node's deadline is: its expiry frees what it holds. */
+        tick_ok("n2", 2000, CANON_ONE_LANE "limit=2\n");
+        t = tick_as("n1", 3000, "=");
+        assert_int_equal(cache(t, C_NEXT_WAKEUP), 2000 + 30 * SEC);
+        freeReplyObject(t);
+        t = tick_as("n2", 4000, "=");
+        assert_int_equal(cache(t, C_NEXT_WAKEUP), 3000 + 30 * SEC);
+        freeReplyObject(t);
+}
+
 static void test_grants_up_to_the_limit_then_queues_and_hands_on_in_order(void **state) {
         tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
 
@@ -1504,6 +1520,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup(f, setup)
                 T(test_grants_up_to_the_limit_then_queues_and_hands_on_in_order),
+                T(test_a_callers_own_deadline_is_not_its_wakeup),
                 T(test_same_rid_twice_is_one_request),
                 T(test_priority_head_holds_back_smaller_waiters),
                 T(test_lane_limits_pass_over_and_reserve_holds_a_slot),

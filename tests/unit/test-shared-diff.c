@@ -1,0 +1,437 @@
+/* SPDX-License-Identifier: MIT */
+/* test-shared-diff.c — the differential test of shared pools (memo §5.1): every scenario runs through the
+ * simulator twice, once with its pools in-process (pool-local.c) and once with them kept in a redis-server
+ * the test starts, through brokerd's Backend with the pools in the manual clock mode (memo §3.10: the
+ * engine's `now` is the pool clock). Issue 11's acceptance: the same decisions, in the same order.
+ *
+ * Compared: the per-request JSON reports, byte for byte, and the ordered engine events (verdict, time,
+ * request, pool, lane, wait, queue state, idle, budget, refusal, reason, token, slots). REVOKE (max-hold)
+ * is compared as a sequence of its own: the engine raises it itself at the instant the lease reaches its
+ * max-hold, while a remote pool's decisions of that instant come with the answer to run(), after it —
+ * two streams interleaved differently, neither reordered within itself (memo §5.1).
+ *
+ * The scenarios: every tests/scenarios file (JSON), and seeded generated ones (pools with limits or members,
+ * queue timeouts, congestion timeouts, max-queue; lanes with priorities, max-in-use, reserve, max-hold and fail-fast;
+ * requests of 1–3 slots, no-wait, client caps). The simulator has no drains and no cancels: those are
+ * test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
+ * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
+ * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED. */
+#include <glob.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <hiredis/hiredis.h>
+
+#include "conf.h"
+#include "engine.h"
+#include "redis-server.h"
+#include "scenario.h"
+#include "shared-rig.h"
+#include "simulate.h"
+
+#define GENERATED 40
+
+static TestRedis server;
+static redisContext *admin;
+static char backend_url[sizeof server.socket_path + 16];
+
+/* ---- what a run produced ---- */
+
+typedef struct Trace {
+        FILE *f;
+        char *text;
+        size_t size;
+} Trace;
+
+typedef struct Run {
+        Trace report;    /* sim_print_json() with every request */
+        Trace decisions; /* engine events but REVOKE, one line each */
+        Trace revokes;
+} Run;
+
+static void trace_open(Trace *t) {
+        *t = (Trace) {};
+        t->f = open_memstream(&t->text, &t->size);
+        assert_non_null(t->f);
+}
+
+static void trace_close(Trace *t) {
+        if (t->f)
+                assert_int_equal(fclose(t->f), 0);
+        t->f = NULL;
+}
+
+static void run_done(Run *r) {
+        trace_close(&r->report);
+        trace_close(&r->decisions);
+        trace_close(&r->revokes);
+        free(r->report.text);
+        free(r->decisions.text);
+        free(r->revokes.text);
+}
+
+static const char *word(const char *s) {
+        return s ?: "-";
+}
+
+static void record_event(const EngineEvent *ev, void *userdata) {
+        Run *run = userdata;
+
+        if (ev->type == ENGINE_EVENT_REVOKE) {
+                fprintf(run->revokes.f, "revoke at=%" PRIu64 " token=%" PRIu64 " pool=%s lane=%s reason=%s\n", ev->at,
+                        engine_lease_token(ev->lease), word(engine_lease_pool(ev->lease)),
+                        word(engine_lease_lane(ev->lease)), word(ev->reason));
+                return;
+        }
+        if (ev->type == ENGINE_EVENT_CONGESTION) {
+                fprintf(run->decisions.f, "congestion at=%" PRIu64 " pool=%s congested=%d\n", ev->at, word(ev->pool),
+                        ev->congested);
+                return;
+        }
+
+        static const char *const verdicts[] = {
+                [ENGINE_EVENT_QUEUED] = "queued",
+                [ENGINE_EVENT_GRANTED] = "granted",
+                [ENGINE_EVENT_REFUSED] = "refused",
+        };
+        fprintf(run->decisions.f,
+                "%s at=%" PRIu64 " request=%" PRIuPTR " pool=%s lane=%s queued=%d state=%d idle=%" PRIu64
+                " budget=%" PRIu64,
+                verdicts[ev->type], ev->at, (uintptr_t) ev->userdata, word(ev->pool), word(ev->lane), ev->queued,
+                ev->state, ev->idle, ev->budget);
+        if (ev->type == ENGINE_EVENT_GRANTED) {
+                const unsigned *slots;
+                const char *const *members;
+                unsigned n = engine_lease_slots(ev->lease, &slots, &members);
+                fprintf(run->decisions.f, " wait=%" PRIu64 " token=%" PRIu64 " slots=", ev->wait,
+                        engine_lease_token(ev->lease));
+                for (unsigned i = 0; i < n; i++)
+                        fprintf(run->decisions.f, "%s%u%s%s", i > 0 ? "," : "", slots[i], members ? ":" : "",
+                                members ? word(members[i]) : "");
+        }
+        if (ev->type == ENGINE_EVENT_REFUSED)
+                fprintf(run->decisions.f, " wait=%" PRIu64 " refusal=%s reason=%s", ev->wait,
+                        word(refusal_to_string(ev->refusal)), word(ev->reason));
+        fputc('\n', run->decisions.f);
+}
+
+/* SimOptions.quiesce */
+static bool quiesce(void *userdata) {
+        return shared_rig_quiesce(userdata);
+}
+
+/* ---- running a scenario both ways ---- */
+
+static void run_scenario(const char *text, const char *origin, bool shared, Run *ret) {
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        _cleanup_(sim_result_freep) SimResult *result = NULL;
+        char *error = NULL;
+        SharedRig rig = {};
+
+        /* Every pool gets the backend, both ways: in-process the simulator keeps its rules (the local
+         * factory), shared the Backend keeps it in Redis. */
+        if (scenario_load_string(text, origin, &error, &s) < 0)
+                fail_msg("%s: %s", origin, error ?: "(no message)");
+        /* The rig's node TTL in both runs: it is part of the rules, which the two must share. */
+        for (size_t i = 0; i < s->n_pools; i++) {
+                char section[128];
+                snprintf(section, sizeof section, "pool %s", s->pools[i]);
+                assert_int_equal(scenario_add_setting(s, section, "backend-node-ttl", SHARED_RIG_NODE_TTL_TEXT, origin,
+                                                      origin),
+                                 0);
+        }
+        if (scenario_build_config(s, "backend", backend_url, &error, &c) < 0)
+                fail_msg("%s: %s", origin, error ?: "(no message)");
+
+        trace_open(&ret->report);
+        trace_open(&ret->decisions);
+        trace_open(&ret->revokes);
+        SimOptions o = {
+                .seed = 1,
+                .per_request = true,
+                .on_event = record_event,
+                .on_event_userdata = ret,
+        };
+        if (shared) {
+                redisReply *r = redisCommand(admin, "FLUSHALL");
+                assert_non_null(r);
+                freeReplyObject(r);
+                shared_rig_init(&rig);
+                o.factory = backend_table_pool_new;
+                o.factory_userdata = &rig.table;
+                o.quiesce = quiesce;
+                o.quiesce_userdata = &rig;
+        }
+        int r = sim_run(s, c, &o, &result);
+        if (shared)
+                shared_rig_done(&rig);
+        if (r < 0)
+                fail_msg("%s: %s run failed: %s", origin, shared ? "shared" : "local", strerror(-r));
+        sim_print_json(s, result, ret->report.f);
+        trace_close(&ret->report);
+        trace_close(&ret->decisions);
+        trace_close(&ret->revokes);
+}
+
+/* Fails naming the first line where the two texts differ, with both versions of it. */
+static void assert_same_text(const char *origin, const char *what, const char *local, const char *shared) {
+        if (strcmp(local, shared) == 0)
+                return;
+        size_t line = 1;
+        const char *a = local, *b = shared;
+        while (*a && *a == *b) {
+                if (*a == '\n') {
+                        line++;
+                        local = a + 1;
+                        shared = b + 1;
+                }
+                a++;
+                b++;
+        }
+        int la = (int) strcspn(local, "\n"), lb = (int) strcspn(shared, "\n");
+        fail_msg("%s: %s differ at line %zu:\n  local:  %.*s\n  shared: %.*s", origin, what, line, la, local, lb,
+                 shared);
+}
+
+/* TEST_SHARED_DIFF_DUMP=DIR: both runs' traces as files, to read a difference whole. */
+static void dump(const char *origin, const char *side, const Run *r) {
+        const char *dir = getenv("TEST_SHARED_DIFF_DUMP");
+        if (!dir)
+                return;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s.%s", dir, origin, side);
+        for (char *c = path + strlen(dir) + 1; *c; c++)
+                if (*c == '/' || *c == ' ')
+                        *c = '_';
+        FILE *f = fopen(path, "we");
+        if (!f)
+                return;
+        fprintf(f, "%s\n%s\n%s", r->decisions.text, r->revokes.text, r->report.text);
+        fclose(f);
+}
+
+static void check_scenario(const char *text, const char *origin) {
+        Run local = {}, shared = {};
+
+        run_scenario(text, origin, false, &local);
+        run_scenario(text, origin, true, &shared);
+        dump(origin, "local", &local);
+        dump(origin, "shared", &shared);
+        /* A scenario that decides nothing compares nothing. */
+        assert_true(local.decisions.size > 0);
+        assert_same_text(origin, "decisions", local.decisions.text, shared.decisions.text);
+        assert_same_text(origin, "max-hold revocations", local.revokes.text, shared.revokes.text);
+        assert_same_text(origin, "reports", local.report.text, shared.report.text);
+        run_done(&local);
+        run_done(&shared);
+}
+
+/* ---- the scenario files ---- */
+
+static void test_scenario_file(void **state) {
+        const char *path = *state;
+        _cleanup_free_ char *text = NULL;
+        size_t size = 0;
+        FILE *f = fopen(path, "re");
+
+        assert_non_null(f);
+        assert_true(getdelim(&text, &size, '\0', f) > 0);
+        fclose(f);
+        check_scenario(text, path);
+}
+
+/* ---- generated scenarios ---- */
+
+typedef struct Gen {
+        uint64_t state;
+        FILE *f;
+} Gen;
+
+static unsigned gen_below(Gen *g, unsigned n) {
+        return (unsigned) (sim_splitmix64(&g->state) % n);
+}
+
+static bool gen_chance(Gen *g, unsigned percent) {
+        return gen_below(g, 100) < percent;
+}
+
+#define POOLS_MAX 3
+#define LANES_MAX 3
+
+/* A scenario of a few pools and lanes, 20–80 requests over ~8 s, many of them at the same instants
+ * (arrivals, releases and budgets colliding is where order matters), and maybe a phase of generated
+ * arrivals. A waiter of a pool without a queue timeout may wait for good: the run ends when nothing could
+ * serve it any more, the same both ways (a shared pool has no instants of its own in the manual mode). */
+static char *generate(uint64_t seed) {
+        Gen g = { .state = seed * 1000003 };
+        char *text = NULL;
+        size_t size = 0;
+        unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
+        unsigned n_lanes = 1 + gen_below(&g, LANES_MAX);
+        unsigned lane_max_k[LANES_MAX], reserved[POOLS_MAX] = {};
+
+        g.f = open_memstream(&text, &size);
+        assert_non_null(g.f);
+        fputs("{\"pools\": {", g.f);
+        for (unsigned i = 0; i < n_pools; i++) {
+                unsigned qt = gen_chance(&g, 20) ? 0 : 200 + 100 * gen_below(&g, 40);
+                limits[i] = 1 + gen_below(&g, 6);
+                fprintf(g.f, "%s\"p%u\": {\"limit\": %u", i > 0 ? ", " : "", i, limits[i]);
+                if (qt > 0)
+                        fprintf(g.f, ", \"queue-timeout\": \"%ums\"", qt);
+                if (gen_chance(&g, 30)) {
+                        /* Named slots: grants carry members, laid out as pool-local lays them out. */
+                        fputs(", \"members\": [", g.f);
+                        for (unsigned m = 0; m < limits[i]; m++)
+                                fprintf(g.f, "%s\"m%u\"", m > 0 ? ", " : "", m);
+                        fputc(']', g.f);
+                }
+                if (gen_chance(&g, 40) && qt > 0) /* at most the queue timeout (conf.c) */
+                        fprintf(g.f, ", \"queue-congestion-timeout\": \"%ums\"", 100 * gen_below(&g, 1 + qt / 100));
+                if (gen_chance(&g, 40))
+                        fprintf(g.f, ", \"max-queue\": %u", gen_below(&g, 8));
+                fputc('}', g.f);
+        }
+        fputs("}, \"lanes\": {", g.f);
+        for (unsigned l = 0; l < n_lanes; l++) {
+                /* Lanes in name order: the scripts walk them so (brokerd/lua/README), pool-local in the
+                 * configuration's order, which only the order of refusals in one drain could tell apart. */
+                fprintf(g.f, "%s\"%c\": {\"pools\": [", l > 0 ? ", " : "", 'a' + l);
+                unsigned first = gen_below(&g, n_pools), n = 1 + gen_below(&g, n_pools);
+                lane_max_k[l] = 0;
+                for (unsigned k = 0; k < n; k++) {
+                        unsigned p = (first + k) % n_pools;
+                        fprintf(g.f, "%s\"p%u\"", k > 0 ? ", " : "", p);
+                        lane_max_k[l] = MAX(lane_max_k[l], MIN(limits[p], 3u));
+                }
+                fprintf(g.f, "], \"policy\": \"%s\", \"priority\": %u", gen_chance(&g, 20) ? "fail-fast" : "wait",
+                        gen_below(&g, 3));
+                if (gen_chance(&g, 30))
+                        fprintf(g.f, ", \"max-in-use\": %u", 1 + gen_below(&g, 4));
+                if (gen_chance(&g, 30)) {
+                        /* conf.c: every lane must be able to get a slot, so the reserves of a pool stay
+                         * below its limit. */
+                        unsigned r = gen_below(&g, 2);
+                        for (unsigned k = 0; k < n; k++)
+                                if (reserved[(first + k) % n_pools] + r >= limits[(first + k) % n_pools])
+                                        r = 0;
+                        for (unsigned k = 0; k < n; k++)
+                                reserved[(first + k) % n_pools] += r;
+                        fprintf(g.f, ", \"reserve\": %u", r);
+                }
+                if (gen_chance(&g, 20))
+                        fprintf(g.f, ", \"queue-timeout\": \"%ums\"", 100 + 100 * gen_below(&g, 30));
+                if (gen_chance(&g, 20))
+                        fprintf(g.f, ", \"max-hold\": \"%ums\"", 100 + 100 * gen_below(&g, 30));
+                fputc('}', g.f);
+        }
+        fputs("}, \"requests\": [", g.f);
+        unsigned n_requests = 20 + gen_below(&g, 61);
+        for (unsigned i = 0; i < n_requests; i++) {
+                unsigned l = gen_below(&g, n_lanes);
+                /* Instants on a 100 ms grid, so that many coincide. */
+                fprintf(g.f, "%s{\"name\": \"r%u\", \"at\": \"%ums\", \"lane\": \"%c\", \"slots\": %u, \"hold\": ",
+                        i > 0 ? ", " : "", i, 100 * gen_below(&g, 80), 'a' + l, 1 + gen_below(&g, lane_max_k[l]));
+                if (gen_chance(&g, 10))
+                        fputs("\"forever\"", g.f);
+                else
+                        fprintf(g.f, "\"%ums\"", 100 * (1 + gen_below(&g, 40)));
+                if (gen_chance(&g, 15))
+                        fputs(", \"wait\": false", g.f);
+                if (gen_chance(&g, 25))
+                        fprintf(g.f, ", \"max-wait\": \"%ums\"", 100 * (1 + gen_below(&g, 30)));
+                fputc('}', g.f);
+        }
+        fputc(']', g.f);
+        if (gen_chance(&g, 50)) {
+                /* A phase of generated arrivals on top: a steady stream colliding with the explicit ones. */
+                unsigned l = gen_below(&g, n_lanes);
+                fprintf(g.f, ", \"arrivals\": [{\"rate\": \"%u/s\", \"for\": \"%us\", \"hold\": \"%ums\", \"lane\": \"%c\", "
+                        "\"slots\": %u}]",
+                        1 + gen_below(&g, 40), 1 + gen_below(&g, 8), 50 * (1 + gen_below(&g, 20)), 'a' + l,
+                        1 + gen_below(&g, lane_max_k[l]));
+        }
+        fputc('}', g.f);
+        assert_int_equal(fclose(g.f), 0);
+        return text;
+}
+
+static void test_generated(void **state) {
+        uint64_t seed = (uintptr_t) *state;
+        _cleanup_free_ char *text = generate(seed);
+        char origin[64];
+
+        snprintf(origin, sizeof origin, "generated scenario %" PRIu64, seed);
+        if (getenv("TEST_SHARED_DIFF_PRINT"))
+                fprintf(stderr, "# %s: %s\n", origin, text);
+        check_scenario(text, origin);
+}
+
+int main(void) {
+        _cleanup_free_ struct CMUnitTest *tests = NULL;
+        _cleanup_free_ char *names = NULL;
+        size_t n = 0, generated = GENERATED;
+        glob_t files = {};
+        int r;
+
+        if (!test_redis_find()) {
+                /* The TAP plan says skip; meson (1.0) counts exit status 77 of a TAP test as an error. */
+                printf("1..0 # SKIP redis-server not found (install redis-server, or set REDIS_SERVER)\n");
+                return 0;
+        }
+        /* TEST_SHARED_DIFF_SEEDS=N: more generated scenarios, to look for differences (seeds 1…N). */
+        const char *seeds = getenv("TEST_SHARED_DIFF_SEEDS");
+        if (seeds)
+                generated = MIN(strtoul(seeds, NULL, 10), 100000ul);
+        /* Run from tests/ (meson's workdir). */
+        r = glob("scenarios/*.json", 0, NULL, &files);
+        if (r != 0 || files.gl_pathc == 0) {
+                printf("Bail out! no scenarios/*.json here\n");
+                return 1;
+        }
+        tests = calloc(files.gl_pathc + generated, sizeof(struct CMUnitTest));
+        names = calloc(generated, 32);
+        assert(tests && names);
+        for (size_t i = 0; i < files.gl_pathc; i++)
+                tests[n++] = (struct CMUnitTest) {
+                        .name = files.gl_pathv[i],
+                        .test_func = test_scenario_file,
+                        .initial_state = files.gl_pathv[i],
+                };
+        for (size_t i = 0; i < generated; i++) {
+                snprintf(names + 32 * i, 32, "generated seed %u", (unsigned) (i + 1));
+                tests[n++] = (struct CMUnitTest) {
+                        .name = names + 32 * i,
+                        .test_func = test_generated,
+                        .initial_state = (void *) (uintptr_t) (i + 1),
+                };
+        }
+
+        signal(SIGPIPE, SIG_IGN);
+        r = test_redis_start(&server);
+        if (r < 0) {
+                printf("Bail out! redis-server did not start: %s\n", strerror(-r));
+                return 1;
+        }
+        snprintf(backend_url, sizeof backend_url, "unix://%s", server.socket_path);
+        admin = redisConnectUnix(server.socket_path);
+        if (!admin || admin->err) {
+                printf("Bail out! cannot connect to %s\n", server.socket_path);
+                test_redis_stop(&server);
+                return 1;
+        }
+        r = _cmocka_run_group_tests("test-shared-diff", tests, n, NULL, NULL);
+        redisFree(admin);
+        test_redis_stop(&server);
+        globfree(&files);
+        return r;
+}
