@@ -606,8 +606,12 @@ class Restart(harness.BrokerTestCase):
         b.start()
         moved = glob.glob(db + ".corrupt-*")
         self.assertEqual(len([m for m in moved if not m.endswith(("-wal", "-shm"))]), 1, moved)
-        with open(db, "rb") as f:
-            self.assertEqual(f.read(16), b"SQLite format 3\0", "no fresh history.db")
+
+        def header():
+            with open(db, "rb") as f:
+                return f.read(16)
+        # The history writer makes the fresh file on its own thread, after brokerd is listening.
+        wait_for(lambda: header() == b"SQLite format 3\0", message="a fresh history.db")
         self.assertIn("moved aside as", b.log())
         a = b.acquire("w", job="after")
         lease = a.until_granted()
