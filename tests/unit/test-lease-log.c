@@ -4,6 +4,7 @@
  * half-way (RLIMIT_FSIZE) leaves no half line and a broken log that a snapshot mends; rewrites. */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -355,6 +356,95 @@ static void test_floor_for_every_pool(void **state) {
         lease_log_free(log);
 }
 
+/* The leases of a long log: most lines drop a lease read before them (an end, the same lease written
+ * again, a reset), which lease_log_read() finds by id. 24,800 lease lines; the live ones come out once
+ * each, with their last line's token. */
+#define MANY 20000
+#define MANY_BEFORE_RESET 12000
+#define ENDS_LAG 37
+
+static bool many_is_live(unsigned i) {
+        return i < MANY_BEFORE_RESET ? i % 3 == 1 : i % 3 != 0;
+}
+
+static uint64_t many_token(unsigned i) {
+        return i + 1 + (i < MANY_BEFORE_RESET && i % 15 == 1 ? 100000 : 0);
+}
+
+static int cmp_row_id(const void *a, const void *b) {
+        return strcmp(((const HistoryLeaseRow *) a)->id, ((const HistoryLeaseRow *) b)->id);
+}
+
+static void test_many_leases_ends_rewrites_and_a_reset(void **state) {
+        Fixture *f = *state;
+        static char ids[MANY][33];
+        static HistoryLeaseRow snapshot[MANY_BEFORE_RESET];
+        size_t n_snapshot = 0;
+        char newdir[192];
+
+        for (unsigned i = 0; i < MANY; i++) {
+                /* Random-looking, as brokerd's are (consecutive ones would spread evenly over any hash). */
+                uint64_t x = (i + 1) * 0x9e3779b97f4a7c15u;
+                x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9u;
+                snprintf(ids[i], sizeof ids[i], "%016" PRIx64 "%016x", x ^ (x >> 29), i);
+                if (i == MANY_BEFORE_RESET) {
+                        /* A snapshot that cannot be renamed over the log is appended after a "reset": it keeps
+                         * i % 3 == 1 and drops i % 3 == 2, read before it. */
+                        assert_int_equal(lease_log_flush(f->log), 0);
+                        snprintf(newdir, sizeof newdir, "%s/" LEASE_LOG_FILE ".new", f->dir);
+                        assert_int_equal(mkdir(newdir, 0700), 0);
+                        assert_int_equal(lease_log_rewrite(f->log, snapshot, n_snapshot, 0), 0);
+                        assert_int_equal(rmdir(newdir), 0);
+                }
+                HistoryLeaseRow b = row_b(ids[i], i + 1);
+                assert_int_equal(lease_log_add(f->log, &b), 0);
+                /* Ends come out of order: the lease that goes is seldom the last one read. */
+                if (i >= ENDS_LAG && (i - ENDS_LAG) % 3 == 0)
+                        assert_int_equal(lease_log_end(f->log, ids[i - ENDS_LAG]), 0);
+                if (i < MANY_BEFORE_RESET && i % 3 == 1)
+                        snapshot[n_snapshot++] = b;
+                if (i % 100 == 99)
+                        assert_int_equal(lease_log_flush(f->log), 0);
+        }
+        for (unsigned i = MANY - ENDS_LAG; i < MANY; i++)
+                if (i % 3 == 0)
+                        assert_int_equal(lease_log_end(f->log, ids[i]), 0);
+        /* After the reset, some of the snapshot's leases written again with another token. */
+        for (unsigned i = 1; i < MANY_BEFORE_RESET; i += 15) {
+                HistoryLeaseRow b = row_b(ids[i], many_token(i));
+                assert_int_equal(lease_log_add(f->log, &b), 0);
+        }
+        assert_int_equal(lease_log_flush(f->log), 0);
+
+        FILE *file = fopen(f->path, "re");
+        assert_non_null(file);
+        char line[1024];
+        unsigned resets = 0;
+        while (fgets(line, sizeof line, file))
+                resets += strstr(line, "{\"reset\":true}") != NULL;
+        fclose(file);
+        assert_int_equal(resets, 1);
+
+        HistoryState s = {};
+        LeaseLogRead info;
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, 0);
+        static HistoryLeaseRow expected[MANY];
+        size_t n_expected = 0;
+        for (unsigned i = 0; i < MANY; i++)
+                if (many_is_live(i))
+                        expected[n_expected++] = (HistoryLeaseRow) { .id = ids[i], .token = many_token(i) };
+        qsort(expected, n_expected, sizeof expected[0], cmp_row_id);
+        qsort(s.leases, s.n_leases, sizeof s.leases[0], cmp_row_id);
+        assert_int_equal(s.n_leases, n_expected);
+        for (size_t i = 0; i < n_expected; i++) {
+                assert_string_equal(s.leases[i].id, expected[i].id);
+                assert_int_equal(s.leases[i].token, expected[i].token);
+        }
+        assert_int_equal(floor_of(&s, "q")->next_token, many_token(1 + 15 * ((MANY_BEFORE_RESET - 2) / 15)) + 1);
+        history_state_done(&s);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_what_is_written_is_read, setup, teardown),
@@ -367,6 +457,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_rewrite_when_the_log_outgrows_what_is_live, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_floor_for_every_pool, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_remote_id_is_kept_for_shared_leases_only, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_many_leases_ends_rewrites_and_a_reset, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
