@@ -188,6 +188,19 @@ static void append_raw(Fixture *f, const char *text) {
         close(fd);
 }
 
+/* How many lines of the log hold this text. */
+static unsigned lines_with(Fixture *f, const char *text) {
+        FILE *file = fopen(f->path, "re");
+        char line[1024];
+        unsigned n = 0;
+
+        assert_non_null(file);
+        while (fgets(line, sizeof line, file))
+                n += strstr(line, text) != NULL;
+        fclose(file);
+        return n;
+}
+
 static void test_torn_last_line_is_not_damage(void **state) {
         Fixture *f = *state;
         HistoryLeaseRow b = row_b("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 3);
@@ -332,14 +345,7 @@ static void test_remote_id_is_kept_for_shared_leases_only(void **state) {
                 assert_int_equal(lease_log_rewrite(f->log, live, 2, 0), 0);
         }
 
-        FILE *file = fopen(f->path, "re");
-        assert_non_null(file);
-        char line[1024];
-        unsigned with_remote = 0;
-        while (fgets(line, sizeof line, file))
-                with_remote += strstr(line, "\"remote\":") != NULL;
-        fclose(file);
-        assert_int_equal(with_remote, 1);
+        assert_int_equal(lines_with(f, "\"remote\":"), 1);
 }
 
 static void test_floor_for_every_pool(void **state) {
@@ -416,14 +422,7 @@ static void test_many_leases_ends_rewrites_and_a_reset(void **state) {
         }
         assert_int_equal(lease_log_flush(f->log), 0);
 
-        FILE *file = fopen(f->path, "re");
-        assert_non_null(file);
-        char line[1024];
-        unsigned resets = 0;
-        while (fgets(line, sizeof line, file))
-                resets += strstr(line, "{\"reset\":true}") != NULL;
-        fclose(file);
-        assert_int_equal(resets, 1);
+        assert_int_equal(lines_with(f, "{\"reset\":true}"), 1);
 
         HistoryState s = {};
         LeaseLogRead info;
