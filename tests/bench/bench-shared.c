@@ -30,8 +30,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
-#include <limits.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -42,13 +40,13 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "bench-util.h"
 #include "broker.h"
+#include "redis-server.h"
 #include "shared-scripts.h"
 
 #define N_NODES 3
@@ -57,9 +55,9 @@
 #define IDLE_ACQUIRES 300
 
 static char dir[] = "/tmp/bench-shared.XXXXXX";
-static const char *brokerd_path, *redis_server;
-static int redis_port, ttl_sec = 6;
-static pid_t redis = 0;
+static const char *brokerd_path;
+static int ttl_sec = 6;
+static TestRedis redis;
 
 typedef struct Node {
         const char *name;
@@ -76,11 +74,7 @@ static void stop_children(void) {
                         waitpid(nodes[i].pid, NULL, 0);
                         nodes[i].pid = 0;
                 }
-        if (redis > 0) {
-                kill(redis, SIGKILL); /* nothing of it is kept */
-                waitpid(redis, NULL, 0);
-                redis = 0;
-        }
+        test_redis_stop(&redis); /* nothing of it is kept */
 }
 
 static void cleanup(bool keep) {
@@ -138,21 +132,9 @@ static pid_t spawn(const char *const *argv, const char *log) {
         return pid;
 }
 
-/* A TCP port on 127.0.0.1 that nobody listens on now (the kernel's pick; redis-server takes it a moment
- * later: another program could take it first, and redis-server would then fail to start, loudly). */
-static int free_port(void) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        socklen_t len = sizeof sa;
-        if (fd < 0 || bind(fd, (struct sockaddr *) &sa, sizeof sa) < 0 || getsockname(fd, (struct sockaddr *) &sa, &len) < 0)
-                die("a free port", errno);
-        close(fd);
-        return ntohs(sa.sin_port);
-}
-
 static redisContext *redis_connect(void) {
         struct timeval tv = { .tv_sec = 5 };
-        redisContext *c = redisConnectWithTimeout("127.0.0.1", redis_port, tv);
+        redisContext *c = redisConnectWithTimeout("127.0.0.1", redis.port, tv);
         if (c && c->err) {
                 redisFree(c);
                 return NULL;
@@ -160,31 +142,6 @@ static redisContext *redis_connect(void) {
         if (c)
                 (void) redisSetTimeout(c, (struct timeval) { .tv_sec = 30 });
         return c;
-}
-
-/* Starts redis-server on redis_port and waits until it answers PING. */
-static void redis_start(void) {
-        char port[16];
-        snprintf(port, sizeof port, "%d", redis_port);
-        redis = spawn((const char *const[]) { redis_server, "--port", port, "--bind", "127.0.0.1", "--save", "",
-                                              "--appendonly", "no", "--dir", dir, NULL },
-                      NULL);
-        for (int i = 0; i < 500; i++) {
-                redisContext *c = redis_connect();
-                if (c) {
-                        redisReply *r = redisCommand(c, "PING");
-                        bool ok = r && r->type == REDIS_REPLY_STATUS;
-                        freeReplyObject(r);
-                        redisFree(c);
-                        if (ok)
-                                return;
-                }
-                if (waitpid(redis, NULL, WNOHANG) == redis)
-                        break;
-                usleep(10000); /* starting up: nothing to wait on but the port */
-        }
-        redis = 0;
-        die("redis-server did not start", EIO);
 }
 
 static redisReply *redis_command(redisContext *c, const char *fmt, ...) {
@@ -226,7 +183,7 @@ static void node_write_config(Node *n, int n_clients) {
                 fprintf(f, "[pool shared-%s]\nlimit=%d\nbackend=redis://127.0.0.1:%d/0\nbackend-node-ttl=%ds\n"
                            "[lane shared-%s]\npools=shared-%s\npolicy=wait\n"
                            "[pool local-%s]\nlimit=%d\n[lane local-%s]\npools=local-%s\npolicy=wait\n",
-                        pools[i], limit, redis_port, ttl_sec, pools[i], pools[i], pools[i], limit, pools[i], pools[i]);
+                        pools[i], limit, redis.port, ttl_sec, pools[i], pools[i], pools[i], limit, pools[i], pools[i]);
         }
         fclose(f);
 }
@@ -458,7 +415,7 @@ static Run run_pairs(redisContext *rc, const char *lane, int n_nodes, int n_clie
         for (int i = 0; i < n_clients; i++)
                 c[i] = client_new(&nodes[i % n_nodes]);
         freeReplyObject(redis_command(rc, "CONFIG RESETSTAT"));
-        uint64_t t0 = bench_now_ns(), brokerds0 = brokerds_cpu_ns(), redis0 = bench_process_cpu_ns(redis, false),
+        uint64_t t0 = bench_now_ns(), brokerds0 = brokerds_cpu_ns(), redis0 = bench_process_cpu_ns(redis.pid, false),
                  clients0 = bench_self_cpu_ns(), end = t0 + (uint64_t) (seconds * 1e9);
         for (int i = 0; i < n_clients; i++)
                 next[i] = t0 + interval * (uint64_t) i / (uint64_t) n_clients; /* spread over an interval */
@@ -530,7 +487,7 @@ static Run run_pairs(redisContext *rc, const char *lane, int n_nodes, int n_clie
         double elapsed = (double) (bench_now_ns() - t0) / 1e9, messages = 2.0 * (double) (pairs ? pairs : 1);
         run.rate = (double) pairs / elapsed;
         run.brokerds_us = (double) (brokerds_cpu_ns() - brokerds0) / 1e3 / messages;
-        run.redis_us = (double) (bench_process_cpu_ns(redis, false) - redis0) / 1e3 / messages;
+        run.redis_us = (double) (bench_process_cpu_ns(redis.pid, false) - redis0) / 1e3 / messages;
         run.clients_us = (double) (bench_self_cpu_ns() - clients0) / 1e3 / messages;
         uint64_t calls, usec, xreads, xread_usec;
         commandstat(rc, "evalsha", &calls, &usec);
@@ -821,17 +778,16 @@ int main(int argc, char **argv) {
                 (void) setrlimit(RLIMIT_NOFILE, &rl);
         }
 
-        static char redis_server_buf[PATH_MAX];
-        redis_server = bench_find_program("REDIS_SERVER", "redis-server", redis_server_buf, sizeof redis_server_buf);
-        if (!redis_server) {
+        if (!test_redis_find()) {
                 fprintf(stderr, "bench-shared: no redis-server (Debian: redis-server): skipped\n");
                 return 77;
         }
 
         if (!mkdtemp(dir))
                 die("mkdtemp", errno);
-        redis_port = free_port();
-        redis_start();
+        int r = test_redis_start_full(&redis, TEST_REDIS_ANY_PORT, NULL);
+        if (r < 0)
+                die("redis-server did not start", -r);
         redisContext *rc = redis_connect();
         if (!rc)
                 die("connect to redis-server", ECONNREFUSED);
@@ -846,7 +802,7 @@ int main(int argc, char **argv) {
         char la[128];
         printf("bench-shared: redis-server on 127.0.0.1:%d, %d brokerds, %d clients, %.1f s per run, %d rounds, "
                "backend-node-ttl %d s; load average at start: %s\n",
-               redis_port, N_NODES, n_clients, seconds, rounds, ttl_sec, bench_loadavg(la, sizeof la));
+               redis.port, N_NODES, n_clients, seconds, rounds, ttl_sec, bench_loadavg(la, sizeof la));
         fflush(stdout);
 
         /* A pool's first use waits one TTL (nobody can tell a new pool from a lost one): every node's first
@@ -943,11 +899,11 @@ int main(int argc, char **argv) {
 
         /* Redis restarted empty: the first grant waits out the recovery window, which starts when a node
          * first reaches the new Redis (at or after t0): t1 - t0 - TTL is an upper bound of the delay. */
-        kill(redis, SIGKILL);
-        waitpid(redis, NULL, 0);
-        redis = 0;
+        test_redis_kill(&redis);
         redisFree(rc);
-        redis_start();
+        r = test_redis_restart(&redis, NULL);
+        if (r < 0)
+                die("redis-server did not start again", -r);
         uint64_t t0 = bench_now_ns(), queued;
         rc = redis_connect();
         if (!rc)
@@ -967,7 +923,7 @@ int main(int argc, char **argv) {
         (void) acquire_through_unavailable(holder, "shared-one", ttl_sec + 60, NULL);
         acquire_start(waiter, "shared-one");
         BrokerEvent ev;
-        int r = next_event(waiter, &ev, 10000);
+        r = next_event(waiter, &ev, 10000);
         if (r != BROKER_EVENT_QUEUED)
                 die("kill -9: the waiter was not queued", r < 0 ? -r : EPROTO);
         t0 = bench_now_ns();

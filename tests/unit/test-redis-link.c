@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* test-redis-link.c — brokerd's Redis link (redis-link.h) against real redis-server processes that each
- * test starts in a temporary directory, on a private port and Unix socket, and stops by pid: setup, commands,
- * scripts and NOSCRIPT, timeouts, reconnects, the configuration errors, a server that is not Redis.
+ * test starts (redis-server.h: a temporary directory, a private port and Unix socket, killed by pid):
+ * setup, commands, scripts and NOSCRIPT, timeouts, reconnects, the configuration errors, a server that is
+ * not Redis.
  * Everything waits for a condition on the event loop, up to a deadline; nothing sleeps to synchronise.
  * Without redis-server the whole test is one TAP skip. */
 #include <dirent.h>
@@ -20,8 +21,6 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,16 +28,10 @@
 #include <systemd/sd-event.h>
 
 #include "redis-link.h"
+#include "redis-server.h"
 
 #define DEADLINE (10 * USEC_PER_SEC)
 #define MAX_ATTEMPT_TIMES 8
-
-static char redis_server[4096];
-
-typedef struct RedisServer {
-        pid_t pid;
-        int port;
-} RedisServer;
 
 typedef struct Reply {
         bool done;
@@ -49,11 +42,11 @@ typedef struct Reply {
 } Reply;
 
 typedef struct Fixture {
-        char dir[64];
-        char socket_path[128];
+        char dir[64];                   /* the password file's */
         char password_path[128];
         sd_event *event;
-        RedisServer redis;
+        TestRedis redis;
+        int port;                       /* where the link connects: the redis-server's, or another */
         RedisLink *link;
         RedisLinkOptions options;
         unsigned n_told;                /* state changes told */
@@ -71,79 +64,10 @@ typedef struct Fixture {
 
 /* ---- redis-server processes ---- */
 
-static int free_port(void) {
-        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        socklen_t len = sizeof sa;
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-        assert_true(fd >= 0);
-        assert_int_equal(bind(fd, (struct sockaddr *) &sa, sizeof sa), 0);
-        assert_int_equal(getsockname(fd, (struct sockaddr *) &sa, &len), 0);
-        close(fd);
-        return ntohs(sa.sin_port);
-}
-
-static bool unix_socket_answers(const char *path) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        bool ok;
-
-        snprintf(sa.sun_path, sizeof sa.sun_path, "%.100s", path);
-        ok = fd >= 0 && connect(fd, (struct sockaddr *) &sa, sizeof sa) == 0;
-        if (fd >= 0)
-                close(fd);
-        return ok;
-}
-
-/* Starts redis-server on f->redis.port (a new one if 0) and f->socket_path, with extra arguments (NULL
- * ended), and waits until its socket accepts. */
+/* Starts redis-server on a new port and a Unix socket, with extra arguments (NULL ended). */
 static void redis_start(Fixture *f, const char *const *extra) {
-        char port[16], log[192];
-        const char *argv[64];
-        size_t n = 0;
-
-        if (f->redis.port == 0)
-                f->redis.port = free_port();
-        snprintf(port, sizeof port, "%d", f->redis.port);
-        snprintf(log, sizeof log, "%s/redis.log", f->dir);
-        argv[n++] = redis_server;
-        const char *const base[] = {
-                "--port", port, "--bind", "127.0.0.1", "--unixsocket", f->socket_path, "--unixsocketperm", "700",
-                "--save", "", "--appendonly", "no", "--dir", f->dir, "--logfile", log, "--daemonize", "no",
-                "--maxmemory-policy", "noeviction",
-        };
-        for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
-                argv[n++] = base[i];
-        for (; extra && *extra; extra++)
-                argv[n++] = *extra;
-        argv[n] = NULL;
-
-        (void) unlink(f->socket_path);
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-                execv(redis_server, (char *const *) argv);
-                _exit(127);
-        }
-        f->redis.pid = pid;
-
-        /* Waiting for a condition (the socket answers), not for a time. */
-        for (int i = 0; !unix_socket_answers(f->socket_path); i++) {
-                int status;
-                if (waitpid(pid, &status, WNOHANG) == pid)
-                        fail_msg("redis-server exited (status %d), see %s", status, log);
-                if (i > 2000)
-                        fail_msg("redis-server did not open %s", f->socket_path);
-                (void) nanosleep(&(struct timespec) { .tv_nsec = 5 * 1000 * 1000 }, NULL);
-        }
-}
-
-static void redis_stop(Fixture *f) {
-        if (f->redis.pid <= 0)
-                return;
-        (void) kill(f->redis.pid, SIGKILL);
-        (void) waitpid(f->redis.pid, NULL, 0);
-        f->redis.pid = 0;
+        assert_int_equal(test_redis_start_full(&f->redis, TEST_REDIS_ANY_PORT, extra), 0);
+        f->port = f->redis.port;
 }
 
 /* ---- the link and the loop ---- */
@@ -201,7 +125,7 @@ static void link_start_url(Fixture *f, const char *url) {
 static void link_start(Fixture *f) {
         char url[64];
 
-        snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->redis.port);
+        snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->port);
         link_start_url(f, url);
 }
 
@@ -272,7 +196,6 @@ static int setup(void **state) {
         assert_non_null(f);
         snprintf(f->dir, sizeof f->dir, "/tmp/test-redis-link-XXXXXX");
         assert_non_null(mkdtemp(f->dir));
-        snprintf(f->socket_path, sizeof f->socket_path, "%s/redis.sock", f->dir);
         snprintf(f->password_path, sizeof f->password_path, "%s/password", f->dir);
         f->not_redis_fd = -EBADF;
         assert_int_equal(sd_event_new(&f->event), 0);
@@ -282,24 +205,20 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
         Fixture *f = *state;
-        char path[192];
 
         redis_link_free(f->link);
         /* What a freed link leaves to hiredis ends in this loop iteration, or in the next. */
         (void) sd_event_run(f->event, 0);
         if (f->redis.pid > 0)
                 (void) kill(f->redis.pid, SIGCONT);
-        redis_stop(f);
+        test_redis_stop(&f->redis);
         sd_event_source_disable_unref(f->not_redis_source);
         if (f->not_redis_fd >= 0)
                 close(f->not_redis_fd);
         for (size_t i = 0; i < f->n_accepted; i++)
                 close(f->accepted[i]);
         sd_event_unref(f->event);
-        (void) unlink(f->socket_path);
         (void) unlink(f->password_path);
-        snprintf(path, sizeof path, "%s/redis.log", f->dir);
-        (void) unlink(path);
         (void) rmdir(f->dir);
         free(f);
         return 0;
@@ -364,7 +283,7 @@ static void test_unix_socket_url_selects_its_db(void **state) {
         char url[192];
 
         redis_start(f, NULL);
-        snprintf(url, sizeof url, "unix://%s?db=3", f->socket_path);
+        snprintf(url, sizeof url, "unix://%s?db=3", f->redis.socket_path);
         link_start_url(f, url);
         wait_up(f);
         Reply r = CMD("CLIENT", "INFO");
@@ -378,7 +297,7 @@ static void test_hostname_is_resolved_off_the_loop(void **state) {
         char url[64];
         redis_start(f, NULL);
         /* localhost may give ::1 first, where this redis-server does not listen: the next address is tried. */
-        snprintf(url, sizeof url, "redis://localhost:%d/2", f->redis.port);
+        snprintf(url, sizeof url, "redis://localhost:%d/2", f->port);
         link_start_url(f, url);
         wait_up(f);
         Reply r = CMD("CLIENT", "INFO");
@@ -495,9 +414,9 @@ static void test_redis_restart_is_seen_as_a_new_run_id(void **state) {
         wait_up(f);
         snprintf(run_id, sizeof run_id, "%.60s", f->detail);
 
-        redis_stop(f);
+        test_redis_kill(&f->redis);
         wait_state(f, REDIS_LINK_DOWN);
-        redis_start(f, NULL); /* the same port */
+        assert_int_equal(test_redis_restart(&f->redis, NULL), 0); /* the same port */
         wait_up(f);
         assert_string_not_equal(f->detail, run_id);
         Reply r = CMD("PING");
@@ -508,7 +427,8 @@ static void test_unreachable_port_fails_fast_and_backs_off(void **state) {
         Fixture *f = *state;
         const size_t attempts = 4;
 
-        f->redis.port = free_port(); /* nobody listens there */
+        f->port = test_redis_free_port(); /* nobody listens there */
+        assert_true(f->port > 0);
         link_start(f);
         assert_true(run_until(f, attempts_at_least, &attempts, DEADLINE));
         assert_int_equal(f->n_told, 1); /* down, once, not at every attempt */
@@ -564,7 +484,7 @@ static void test_wrong_db_is_a_configuration_error(void **state) {
         char url[64];
 
         redis_start(f, NULL);
-        snprintf(url, sizeof url, "redis://127.0.0.1:%d/99", f->redis.port);
+        snprintf(url, sizeof url, "redis://127.0.0.1:%d/99", f->port);
         link_start_url(f, url);
         wait_state(f, REDIS_LINK_FAILED);
         assert_non_null(strstr(f->detail, "SELECT 99 refused"));
@@ -609,7 +529,7 @@ static void not_redis_start(Fixture *f, bool silent) {
         assert_int_equal(bind(f->not_redis_fd, (struct sockaddr *) &sa, sizeof sa), 0);
         assert_int_equal(listen(f->not_redis_fd, 16), 0);
         assert_int_equal(getsockname(f->not_redis_fd, (struct sockaddr *) &sa, &len), 0);
-        f->redis.port = ntohs(sa.sin_port);
+        f->port = ntohs(sa.sin_port);
         assert_int_equal(sd_event_add_io(f->event, &f->not_redis_source, f->not_redis_fd, EPOLLIN, on_not_redis, f), 0);
 }
 
@@ -732,7 +652,7 @@ static void test_link_may_be_freed_from_its_callbacks(void **state) {
         link_start(f);
         wait_up(f);
         f->free_in_callback = true;
-        redis_stop(f);
+        test_redis_kill(&f->redis);
         for (int i = 0; f->link && i < 1000; i++)
                 assert_true(sd_event_run(f->event, 10 * USEC_PER_MSEC) >= 0);
         assert_null(f->link);
@@ -770,20 +690,9 @@ int main(int argc, char *argv[]) {
                 T(test_hostname_is_resolved_off_the_loop),
 #undef T
         };
-        const char *env = getenv("REDIS_SERVER"), *path = getenv("PATH");
         bool hostname = argc > 1 && strcmp(argv[1], "hostname") == 0;
 
-        /* redis-server from $REDIS_SERVER, else the first in $PATH. */
-        if (env)
-                snprintf(redis_server, sizeof redis_server, "%s", env);
-        else
-                for (const char *p = path ?: "/usr/bin:/bin"; *p && !redis_server[0]; p += strcspn(p, ":"), p += *p == ':') {
-                        char candidate[4096];
-                        snprintf(candidate, sizeof candidate, "%.*s/redis-server", (int) strcspn(p, ":"), p);
-                        if (access(candidate, X_OK) == 0)
-                                snprintf(redis_server, sizeof redis_server, "%s", candidate);
-                }
-        if (!redis_server[0] || access(redis_server, X_OK) < 0) {
+        if (!test_redis_find()) {
                 printf("1..0 # SKIP redis-server not found (install redis-server, or set REDIS_SERVER)\n");
                 return 0;
         }
