@@ -17,6 +17,7 @@
 
 #include "conf.h"
 #include "engine.h"
+#include "metrics.h"
 #include "node.h"
 #include "pool-shared.h"
 #include "time-util.h"
@@ -32,7 +33,10 @@ typedef struct BackendTable {
         void (*on_notice)(const char *pool, const SharedNotice *n, void *userdata);
         /* A call of pool `pool` answered after rtt (metrics). May be NULL. */
         void (*on_rtt)(const char *pool, usec_t rtt, void *userdata);
-        void *userdata;                 /* of random, on_notice and on_rtt */
+        /* The Sentinels of backend url moved its primary from `previous` to `primary` ("HOST:PORT"). Every
+         * pool on it sees the new primary's run id, as after a restart. May be NULL. */
+        void (*on_failover)(const char *url, const char *previous, const char *primary, void *userdata);
+        void *userdata;                 /* of random, on_notice, on_rtt and on_failover */
         Backend **backends;
         size_t n_backends;
 } BackendTable;
@@ -46,6 +50,10 @@ void backend_table_done(BackendTable *t);
  * sd-event's error. */
 int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn emit, void *emit_userdata,
                            void *userdata, Pool **ret);
+
+/* For pool `pool` behind Sentinels (redis-sentinel://), where its primary is and its failovers, in *ret
+ * (the address valid until the next dispatch). Returns true, or false for any other pool. */
+bool backend_table_primary(const BackendTable *t, const char *pool, BackendPrimary *ret);
 
 /* A restarted daemon's last proof of life (the lease log's alive mark, realtime µs; 0: none): until a
  * heartbeat is acknowledged, the leases restored into shared pools fence from it (memo §4.7, CONNECTING),
