@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Shared pools behind Redis Sentinel (issue 12, SPEC §11 "High availability").
+
+Real processes, started here on private loopback ports and stopped by pid: a primary and a replica
+(redis-server), three Sentinels (`redis-server CONF --sentinel`, down-after 1 s, quorum 2) and three
+brokerds whose pool grid (limit 4) has backend = redis-sentinel://S1,S2,S3/grid-redis. Client loops run
+`slotctl run` of the witness command (witness.py) on all three brokerds.
+
+- kill -9 of the primary under load: the Sentinels promote the replica and every brokerd follows it. Grants
+  resume (the time from the kill is printed) within down-after + the failover + the recovery window (a
+  failover is a Redis restart for SPEC §11: one node TTL without new grants while the nodes reclaim) + 5 s;
+  from the commands' side: holders <= limit, no slot twice, tokens unique and increasing along each slot;
+  every command that ran through the failover kept its slot (none revoked: exit 124); Status names the new
+  primary and counts one failover.
+- The Sentinel every brokerd asks first is killed, the other two still a majority: grants go on as before,
+  and a failover after it is still followed (through the next Sentinel of the list).
+
+A SKIP (77) without redis-server or shared pools.
+
+Usage: test-sentinel.py BROKERD SLOTCTL [unittest arguments]
+"""
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.dont_write_bytecode = True
+import faults  # noqa: E402
+import harness  # noqa: E402
+import redisd  # noqa: E402
+from harness import Broker, wait_for  # noqa: E402
+from redisd import RedisServer, Resp, RespError  # noqa: E402
+from witness import Witness  # noqa: E402
+
+SLOTCTL = None
+MASTER = "grid-redis"
+NODES = 3
+CLIENTS = 60
+LIMIT = 4
+DOWN_AFTER = 1.0
+# The self-fence margin (TTL − revoke-grace − 2 s = 7 s) outlasts a failover (down-after + election, ~3 s)
+# with room for a loaded machine: commands keep their slots through it.
+TTL = 10.0
+REVOKE_GRACE = 1.0
+MAX_HOLD = 3.0
+EXIT_CODES = {0, 75}  # ran, or refused at once while the pool had no primary (waiters get unavailable)
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SentinelServer:
+    """`redis-server CONF --sentinel` in a directory of its own, monitoring MASTER; stopped by its pid."""
+
+    def __init__(self, tmpdir, primary_port, index):
+        self.dir = os.path.join(tmpdir, f"sentinel-{index}")
+        os.makedirs(self.dir)
+        self.port = _free_port()
+        self.conf = os.path.join(self.dir, "sentinel.conf")
+        self.log_path = os.path.join(self.dir, "sentinel.log")
+        with open(self.conf, "w") as f:
+            f.write(f"port {self.port}\nbind 127.0.0.1\ndaemonize no\ndir {self.dir}\nlogfile {self.log_path}\n"
+                    f"sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n"
+                    f"sentinel down-after-milliseconds {MASTER} {int(DOWN_AFTER * 1000)}\n"
+                    f"sentinel failover-timeout {MASTER} 10000\n"
+                    f"sentinel parallel-syncs {MASTER} 1\n")
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen([redisd.REDIS_SERVER, self.conf, "--sentinel"], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, close_fds=True,
+                                     preexec_fn=redisd._die_with_parent)
+        wait_for(lambda: self._pings(), timeout=20, message=f"Sentinel on port {self.port}")
+        return self
+
+    def _pings(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"redis-server --sentinel exited:\n{self.log()[-2000:]}")
+        try:
+            return self.call("PING") == "PONG"
+        except (OSError, RespError, TimeoutError):
+            return False
+
+    def call(self, *args):
+        with Resp(("127.0.0.1", self.port), timeout=2.0) as c:
+            return c.call(*args)
+
+    def master(self):
+        reply = self.call("SENTINEL", "master", MASTER)
+        return dict(zip(reply[::2], reply[1::2]))
+
+    def primary_port(self):
+        return int(self.call("SENTINEL", "get-master-addr-by-name", MASTER)[1])
+
+    def kill9(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def log(self):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+
+def config(backend, node):
+    return f"""\
+[broker]
+node-name = node{node}
+revoke-grace = {REVOKE_GRACE:g}s
+
+[pool grid]
+limit = {LIMIT}
+backend = {backend}
+backend-node-ttl = {TTL:g}s
+
+[lane grid]
+pools = grid
+policy = wait
+"""
+
+
+class ClientLoop(threading.Thread):
+    """`slotctl run`s of the witness, one after the other, on one node; every exit kept with its times."""
+
+    def __init__(self, witness, broker, index, rng, stop):
+        super().__init__(name=f"c{index}", daemon=True)
+        self.witness, self.broker, self.rng, self.stop = witness, broker, rng, stop
+        self.exits = []  # (monotonic s of the start, of the exit, exit status, command name, stderr)
+
+    def run(self):
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            name = f"{self.name}-{n}"
+            started = time.monotonic()
+            hold = self.rng.uniform(0.3, MAX_HOLD)
+            p = subprocess.Popen([SLOTCTL, "run", "--socket", self.broker.socket_path, "--lane", "grid",
+                                  "--job", name, "--quiet", "--", *self.witness.command(f"sleep {hold:.2f}", name)],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            _, err = p.communicate()
+            self.exits.append((started, time.monotonic(), p.returncode, name, err.strip()))
+            if p.returncode == 75:
+                self.stop.wait(0.3)  # refused at once: no primary yet; do not spin
+
+
+class TestSentinel(unittest.TestCase):
+    def setUp(self):
+        faults.skip_unless_shared_pools(self)
+        self.tmp = tempfile.mkdtemp(prefix="test-sentinel-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.primary = RedisServer(self.tmp, unix=False, name="primary").start()
+        self.addCleanup(self.primary.close)
+        self.replica = RedisServer(self.tmp, unix=False, name="replica",
+                                   config={"replicaof": f"127.0.0.1 {self.primary.port}"}).start()
+        self.addCleanup(self.replica.close)
+        wait_for(lambda: self.replica.info("replication").get("master_link_status") == "up", timeout=30,
+                 message="the replica to sync")
+        self.sentinels = []
+        for i in range(3):
+            s = SentinelServer(self.tmp, self.primary.port, i).start()
+            self.addCleanup(s.kill9)
+            self.sentinels.append(s)
+        # A failover needs the Sentinels to know the replica and each other (hello messages, every 2 s).
+        wait_for(lambda: all(int(s.master()["num-other-sentinels"]) == 2 and int(s.master()["num-slaves"]) == 1
+                             for s in self.sentinels), timeout=30, message="the Sentinels to know each other")
+        url = "redis-sentinel://" + ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels) + f"/{MASTER}"
+        self.brokers = []
+        for i in range(NODES):
+            b = Broker(config(url, i), name=f"node{i}").start()
+            self.addCleanup(b.stop)
+            self.brokers.append(b)
+        self.witness = Witness(self.tmp)
+        self.stop = threading.Event()
+        self.loops = []
+
+    def backend(self, broker):
+        return broker.pool("grid").get("backend") or {}
+
+    def start_clients(self):
+        rng = random.Random(12)
+        self.loops = [ClientLoop(self.witness, self.brokers[i % NODES], i, random.Random(rng.getrandbits(64)),
+                                 self.stop) for i in range(CLIENTS)]
+        for t in self.loops:
+            t.start()
+        wait_for(lambda: len(self.witness.started()) >= 2 * LIMIT, timeout=60, message="the first grants")
+
+    def stop_clients(self):
+        self.stop.set()
+        for t in self.loops:
+            t.join(60)
+        self.assertEqual([t.name for t in self.loops if t.is_alive()], [], "client loops that never ended")
+        return sorted(e for t in self.loops for e in t.exits)
+
+    def running(self):
+        """The witnessed commands holding a slot now."""
+        ended = {e.name for e in self.witness.ended()}
+        return {e.name for e in self.witness.started()} - ended
+
+    def fail_over(self):
+        """kill -9 of the primary; returns the monotonic time of the kill once the Sentinels promoted the
+        replica. self.held: the commands that held a slot at the kill."""
+        self.held = self.running()
+        killed = time.monotonic()
+        self.primary.kill9()
+        wait_for(lambda: self.sentinels[-1].primary_port() == self.replica.port, timeout=30,
+                 message="the Sentinels to promote the replica")
+        print(f"the Sentinels promoted the replica {time.monotonic() - killed:.2f} s after the kill",
+              file=sys.stderr)
+        return killed
+
+    def resumed_after(self, killed):
+        """Seconds from the kill to the first command started after it (waited for)."""
+        before = len(self.witness.started())
+        bound = DOWN_AFTER + TTL + 5.0 + harness.LATENESS
+        wait_for(lambda: len(self.witness.started()) > before, timeout=bound + 30,
+                 message="grants to resume after the failover")
+        took = time.monotonic() - killed
+        print(f"grants resumed {took:.2f} s after the primary's kill -9 "
+              f"(down-after {DOWN_AFTER:g} s, recovery window {TTL:g} s)", file=sys.stderr)
+        self.assertLessEqual(took, bound, "grants resumed too late")
+        return took
+
+    def check_through(self, exits, killed):
+        self.witness.check_shared(self, {"grid": LIMIT})
+        odd = [e for e in exits if e[2] not in EXIT_CODES]
+        self.assertEqual(odd, [], "slotctl run ended otherwise than 0 or 75 (124: revoked)")
+        # Every command holding a slot at the kill kept it to its end: it ended by itself (exit 0).
+        self.assertNotEqual(self.held, set(), "no command held a slot at the kill")
+        kept = {e[3] for e in exits if e[3] in self.held and e[2] == 0}
+        self.assertEqual(self.held - kept, set(), "commands that lost their slot in the failover")
+        print(f"commands: {len(exits)}, holding a slot through the failover: {len(self.held)}, "
+              f"exits: { {c: sum(1 for e in exits if e[2] == c) for c in sorted(EXIT_CODES)} }", file=sys.stderr)
+
+    def test_kill9_of_the_primary_is_followed(self):
+        for b in self.brokers:
+            wait_for(lambda b=b: self.backend(b).get("up"), timeout=30, message=f"{b.name} to serve the pool")
+            self.assertEqual(self.backend(b).get("primary"), f"127.0.0.1:{self.primary.port}")
+            self.assertEqual(self.backend(b).get("failovers"), 0)
+        self.start_clients()
+        time.sleep(2)  # load before the kill (not a synchronisation: the loops run regardless)
+        killed = self.fail_over()
+        self.resumed_after(killed)
+        for b in self.brokers:
+            wait_for(lambda b=b: self.backend(b).get("primary") == f"127.0.0.1:{self.replica.port}", timeout=10,
+                     message=f"{b.name} to name the new primary")
+            self.assertEqual(self.backend(b).get("failovers"), 1)
+            self.assertGreater(self.backend(b).get("lastFailoverAt", 0), 0)
+        exits = self.stop_clients()
+        self.check_through(exits, killed)
+        for b in self.brokers:
+            self.assertIn(f"127.0.0.1:{self.replica.port}", b.log(), "the failover is not in the journal")
+
+    def test_a_sentinel_down_changes_nothing(self):
+        for b in self.brokers:
+            wait_for(lambda b=b: self.backend(b).get("up"), timeout=30, message=f"{b.name} to serve the pool")
+        self.start_clients()
+        self.sentinels[0].kill9()
+        down = time.monotonic()
+        # The majority is up: nothing changes for the pool; a lease goes on being granted.
+        before = len(self.witness.started())
+        wait_for(lambda: len(self.witness.started()) >= before + 2 * LIMIT, timeout=30,
+                 message="grants with a Sentinel down")
+        for b in self.brokers:
+            self.assertTrue(self.backend(b).get("up"), f"{b.name}: {self.backend(b)}")
+        # And a failover afterwards is still followed, told by the Sentinels left.
+        killed = self.fail_over()
+        self.resumed_after(killed)
+        exits = self.stop_clients()
+        self.assertEqual([e for e in exits if down <= e[1] < killed and e[2] != 0], [],
+                         "commands refused while only a Sentinel was down")
+        self.check_through(exits, killed)
+
+
+if __name__ == "__main__":
+    (_, SLOTCTL), argv = harness.arguments(__doc__, 2)
+    harness.main(argv)
