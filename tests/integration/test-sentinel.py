@@ -177,10 +177,10 @@ class TestSentinel(unittest.TestCase):
         # A failover needs the Sentinels to know the replica and each other (hello messages, every 2 s).
         wait_for(lambda: all(int(s.master()["num-other-sentinels"]) == 2 and int(s.master()["num-slaves"]) == 1
                              for s in self.sentinels), timeout=30, message="the Sentinels to know each other")
-        url = "redis-sentinel://" + ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels) + f"/{MASTER}"
+        self.url = "redis-sentinel://" + ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels) + f"/{MASTER}"
         self.brokers = []
         for i in range(NODES):
-            b = Broker(config(url, i), name=f"node{i}").start()
+            b = Broker(config(self.url, i), name=f"node{i}").start()
             self.addCleanup(b.stop)
             self.brokers.append(b)
         self.witness = Witness(self.tmp)
@@ -259,10 +259,14 @@ class TestSentinel(unittest.TestCase):
                      message=f"{b.name} to name the new primary")
             self.assertEqual(self.backend(b).get("failovers"), 1)
             self.assertGreater(self.backend(b).get("lastFailoverAt", 0), 0)
+        out = subprocess.run([SLOTCTL, "status", "--socket", self.brokers[0].socket_path], capture_output=True,
+                             text=True, timeout=30).stdout
+        self.assertIn(f"sentinel: primary 127.0.0.1:{self.replica.port}, 1 failover seen, the last at", out)
         exits = self.stop_clients()
         self.check_through(exits, killed)
         for b in self.brokers:
-            self.assertIn(f"127.0.0.1:{self.replica.port}", b.log(), "the failover is not in the journal")
+            self.assertIn(f"[BACKEND_FAILOVER] The Sentinels of {self.url} moved its primary from "
+                          f"127.0.0.1:{self.primary.port} to 127.0.0.1:{self.replica.port}", b.log())
 
     def test_a_sentinel_down_changes_nothing(self):
         for b in self.brokers:
