@@ -23,8 +23,6 @@ Usage: test-sentinel.py BROKERD SLOTCTL [unittest arguments]
 import os
 import random
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,13 +33,11 @@ import unittest
 sys.dont_write_bytecode = True
 import faults  # noqa: E402
 import harness  # noqa: E402
-import redisd  # noqa: E402
 from harness import Broker, wait_for  # noqa: E402
-from redisd import RedisServer, Resp, RespError  # noqa: E402
+from sentineld import MASTER, Topology  # noqa: E402
 from witness import Witness  # noqa: E402
 
 SLOTCTL = None
-MASTER = "grid-redis"
 NODES = 3
 CLIENTS = 60
 LIMIT = 4
@@ -50,73 +46,11 @@ DOWN_AFTER = 1.0
 # with room for a loaded machine: commands keep their slots through it.
 TTL = 10.0
 REVOKE_GRACE = 1.0
-MAX_HOLD = 3.0
+MAX_HOLD = 1.5
 EXIT_CODES = {0, 75}  # ran, or refused at once while the pool had no primary (waiters get unavailable)
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class SentinelServer:
-    """`redis-server CONF --sentinel` in a directory of its own, monitoring MASTER; stopped by its pid."""
-
-    def __init__(self, tmpdir, primary_port, index):
-        self.dir = os.path.join(tmpdir, f"sentinel-{index}")
-        os.makedirs(self.dir)
-        self.port = _free_port()
-        self.conf = os.path.join(self.dir, "sentinel.conf")
-        self.log_path = os.path.join(self.dir, "sentinel.log")
-        with open(self.conf, "w") as f:
-            f.write(f"port {self.port}\nbind 127.0.0.1\ndaemonize no\ndir {self.dir}\nlogfile {self.log_path}\n"
-                    f"sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n"
-                    f"sentinel down-after-milliseconds {MASTER} {int(DOWN_AFTER * 1000)}\n"
-                    f"sentinel failover-timeout {MASTER} 10000\n"
-                    f"sentinel parallel-syncs {MASTER} 1\n")
-        self.proc = None
-
-    def start(self):
-        self.proc = subprocess.Popen([redisd.REDIS_SERVER, self.conf, "--sentinel"], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, close_fds=True,
-                                     preexec_fn=redisd._die_with_parent)
-        wait_for(lambda: self._pings(), timeout=20, message=f"Sentinel on port {self.port}")
-        return self
-
-    def _pings(self):
-        if self.proc.poll() is not None:
-            raise AssertionError(f"redis-server --sentinel exited:\n{self.log()[-2000:]}")
-        try:
-            return self.call("PING") == "PONG"
-        except (OSError, RespError, TimeoutError):
-            return False
-
-    def call(self, *args):
-        with Resp(("127.0.0.1", self.port), timeout=2.0) as c:
-            return c.call(*args)
-
-    def master(self):
-        reply = self.call("SENTINEL", "master", MASTER)
-        return dict(zip(reply[::2], reply[1::2]))
-
-    def primary_port(self):
-        return int(self.call("SENTINEL", "get-master-addr-by-name", MASTER)[1])
-
-    def kill9(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def log(self):
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return f.read()
-        except FileNotFoundError:
-            return ""
-
-
-def config(backend, node):
+def config(backend, node, extra=""):
     return f"""\
 [broker]
 node-name = node{node}
@@ -126,7 +60,7 @@ revoke-grace = {REVOKE_GRACE:g}s
 limit = {LIMIT}
 backend = {backend}
 backend-node-ttl = {TTL:g}s
-
+{extra}
 [lane grid]
 pools = grid
 policy = wait
@@ -147,7 +81,7 @@ class ClientLoop(threading.Thread):
             n += 1
             name = f"{self.name}-{n}"
             started = time.monotonic()
-            hold = self.rng.uniform(0.3, MAX_HOLD)
+            hold = self.rng.uniform(0.2, MAX_HOLD)
             p = subprocess.Popen([SLOTCTL, "run", "--socket", self.broker.socket_path, "--lane", "grid",
                                   "--job", name, "--quiet", "--", *self.witness.command(f"sleep {hold:.2f}", name)],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -162,22 +96,12 @@ class TestSentinel(unittest.TestCase):
         faults.skip_unless_shared_pools(self)
         self.tmp = tempfile.mkdtemp(prefix="test-sentinel-")
         self.addCleanup(shutil.rmtree, self.tmp, True)
-        self.primary = RedisServer(self.tmp, unix=False, name="primary").start()
-        self.addCleanup(self.primary.close)
-        self.replica = RedisServer(self.tmp, unix=False, name="replica",
-                                   config={"replicaof": f"127.0.0.1 {self.primary.port}"}).start()
-        self.addCleanup(self.replica.close)
-        wait_for(lambda: self.replica.info("replication").get("master_link_status") == "up", timeout=30,
-                 message="the replica to sync")
-        self.sentinels = []
-        for i in range(3):
-            s = SentinelServer(self.tmp, self.primary.port, i).start()
-            self.addCleanup(s.kill9)
-            self.sentinels.append(s)
-        # A failover needs the Sentinels to know the replica and each other (hello messages, every 2 s).
-        wait_for(lambda: all(int(s.master()["num-other-sentinels"]) == 2 and int(s.master()["num-slaves"]) == 1
-                             for s in self.sentinels), timeout=30, message="the Sentinels to know each other")
-        self.url = "redis-sentinel://" + ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels) + f"/{MASTER}"
+        self.topo = Topology(self.tmp, sentinels=3, down_after=DOWN_AFTER).start()
+        self.addCleanup(self.topo.close)
+        self.sentinels = self.topo.sentinels
+        self.url = self.topo.url()
+        # The ports before the failover: the primary that is killed, the replica that is promoted.
+        self.old_port, self.new_port = self.topo.primary.port, self.topo.replica.port
         self.brokers = []
         for i in range(NODES):
             b = Broker(config(self.url, i), name=f"node{i}").start()
@@ -214,10 +138,7 @@ class TestSentinel(unittest.TestCase):
         """kill -9 of the primary; returns the monotonic time of the kill once the Sentinels promoted the
         replica. self.held: the commands that held a slot at the kill."""
         self.held = self.running()
-        killed = time.monotonic()
-        self.primary.kill9()
-        wait_for(lambda: self.sentinels[-1].primary_port() == self.replica.port, timeout=30,
-                 message="the Sentinels to promote the replica")
+        killed = self.topo.fail_over()
         print(f"the Sentinels promoted the replica {time.monotonic() - killed:.2f} s after the kill",
               file=sys.stderr)
         return killed
@@ -248,25 +169,27 @@ class TestSentinel(unittest.TestCase):
     def test_kill9_of_the_primary_is_followed(self):
         for b in self.brokers:
             wait_for(lambda b=b: self.backend(b).get("up"), timeout=30, message=f"{b.name} to serve the pool")
-            self.assertEqual(self.backend(b).get("primary"), f"127.0.0.1:{self.primary.port}")
+            self.assertEqual(self.backend(b).get("primary"), f"127.0.0.1:{self.old_port}")
             self.assertEqual(self.backend(b).get("failovers"), 0)
         self.start_clients()
-        time.sleep(2)  # load before the kill (not a synchronisation: the loops run regardless)
+        time.sleep(1)  # load before the kill (not a synchronisation: the loops run regardless)
         killed = self.fail_over()
         self.resumed_after(killed)
         for b in self.brokers:
-            wait_for(lambda b=b: self.backend(b).get("primary") == f"127.0.0.1:{self.replica.port}", timeout=10,
+            wait_for(lambda b=b: self.backend(b).get("primary") == f"127.0.0.1:{self.new_port}", timeout=10,
                      message=f"{b.name} to name the new primary")
             self.assertEqual(self.backend(b).get("failovers"), 1)
             self.assertGreater(self.backend(b).get("lastFailoverAt", 0), 0)
         out = subprocess.run([SLOTCTL, "status", "--socket", self.brokers[0].socket_path], capture_output=True,
                              text=True, timeout=30).stdout
-        self.assertIn(f"sentinel: primary 127.0.0.1:{self.replica.port}, 1 failover seen, the last at", out)
+        self.assertIn(f"sentinel: primary 127.0.0.1:{self.new_port}, 1 failover seen, the last at", out)
         exits = self.stop_clients()
         self.check_through(exits, killed)
         for b in self.brokers:
+            # A failover is a Redis restart for the pool: a recovery window, seen by every node.
+            self.assertIn("[BACKEND_RECOVERY] Pool grid", b.log())
             self.assertIn(f"[BACKEND_FAILOVER] The Sentinels of {self.url} moved its primary from "
-                          f"127.0.0.1:{self.primary.port} to 127.0.0.1:{self.replica.port}", b.log())
+                          f"127.0.0.1:{self.old_port} to 127.0.0.1:{self.new_port}", b.log())
 
     def test_a_sentinel_down_changes_nothing(self):
         for b in self.brokers:
@@ -280,13 +203,39 @@ class TestSentinel(unittest.TestCase):
                  message="grants with a Sentinel down")
         for b in self.brokers:
             self.assertTrue(self.backend(b).get("up"), f"{b.name}: {self.backend(b)}")
-        # And a failover afterwards is still followed, told by the Sentinels left.
+        # And a failover afterwards is still followed, told by the Sentinels left (the grants after it are
+        # the other test's).
         killed = self.fail_over()
-        self.resumed_after(killed)
+        for b in self.brokers:
+            wait_for(lambda b=b: self.backend(b).get("primary") == f"127.0.0.1:{self.new_port}", timeout=10,
+                     message=f"{b.name} to name the new primary")
         exits = self.stop_clients()
         self.assertEqual([e for e in exits if down <= e[1] < killed and e[2] != 0], [],
                          "commands refused while only a Sentinel was down")
         self.check_through(exits, killed)
+
+
+class TestSentinelConfig(unittest.TestCase):
+    def test_check_config_prints_the_sentinel_keys(self):
+        tmp = tempfile.mkdtemp(prefix="test-sentinel-config-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        password = os.path.join(tmp, "sentinel-password")
+        with open(password, "w") as f:
+            f.write("secret\n")
+        url = f"redis-sentinel://10.0.0.21,10.0.0.22:26380,[::1]/{MASTER}?db=2"
+        b = Broker(config(url, 0, f"backend-sentinel-password-file = {password}\n"), name="check")
+        self.addCleanup(b.cleanup)
+        out = subprocess.run([b.brokerd, "--check-config", "--config", b.config_path], capture_output=True,
+                             text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn(f"backend={url}", out.stdout.splitlines())
+        self.assertIn(f"backend-sentinel-password-file={password}", out.stdout.splitlines())
+
+        b.write_config(config(f"redis-sentinel://10.0.0.21,10.0.0.21/{MASTER}", 0))
+        out = subprocess.run([b.brokerd, "--check-config", "--config", b.config_path], capture_output=True,
+                             text=True, timeout=30)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("redis-sentinel://HOST[:PORT],…/MASTER[?db=DB]", out.stderr)
 
 
 if __name__ == "__main__":
