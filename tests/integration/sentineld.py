@@ -5,6 +5,7 @@ ports, every process stopped by its pid: a primary and a replica (redisd.RedisSe
 (`redis-server CONF --sentinel`, which Debian's redis-server package runs without redis-sentinel).
 
     t = Topology(tmpdir, sentinels=3, down_after=1.0).start()   # ready for a failover when this returns
+    Topology(tmpdir, sentinels=1, password="pw")                 # Sentinels with requirepass
     t.url()                                      # "redis-sentinel://127.0.0.1:P1,…/grid-redis"
     t.fail_over()                                # kill -9 of the primary; returns once it is replaced
     t.rejoin()                                   # the killed one back, as the new primary's replica
@@ -34,7 +35,7 @@ def _free_port():
 class SentinelServer:
     """`redis-server CONF --sentinel` in a directory of its own, monitoring MASTER; stopped by its pid."""
 
-    def __init__(self, tmpdir, primary_port, index, down_after):
+    def __init__(self, tmpdir, primary_port, index, down_after, quorum=2, password=None):
         self.dir = os.path.join(tmpdir, f"sentinel-{index}")
         os.makedirs(self.dir)
         self.port = _free_port()
@@ -42,10 +43,14 @@ class SentinelServer:
         self.log_path = os.path.join(self.dir, "sentinel.log")
         with open(self.conf, "w") as f:
             f.write(f"port {self.port}\nbind 127.0.0.1\ndaemonize no\ndir {self.dir}\nlogfile {self.log_path}\n"
-                    f"sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n"
+                    f"sentinel monitor {MASTER} 127.0.0.1 {primary_port} {quorum}\n"
                     f"sentinel down-after-milliseconds {MASTER} {int(down_after * 1000)}\n"
                     f"sentinel failover-timeout {MASTER} 10000\n"
                     f"sentinel parallel-syncs {MASTER} 1\n")
+            if password:
+                # requirepass for clients; sentinel-pass for the other Sentinels, which need it too.
+                f.write(f"requirepass {password}\nsentinel sentinel-pass {password}\n")
+        self.password = password
         self.proc = None
 
     def start(self):
@@ -64,7 +69,7 @@ class SentinelServer:
             return False
 
     def call(self, *args):
-        with Resp(("127.0.0.1", self.port), timeout=2.0) as c:
+        with Resp(("127.0.0.1", self.port), password=self.password, timeout=2.0) as c:
             return c.call(*args)
 
     def master(self):
@@ -92,8 +97,9 @@ class SentinelServer:
 class Topology:
     """A primary, a replica and `sentinels` Sentinels (quorum: a majority) monitoring it as MASTER."""
 
-    def __init__(self, tmpdir, sentinels=3, down_after=1.0):
+    def __init__(self, tmpdir, sentinels=3, down_after=1.0, password=None):
         self.tmpdir, self.n_sentinels, self.down_after = tmpdir, sentinels, down_after
+        self.password = password  # the Sentinels' requirepass
         self.primary = self.replica = None
         self.sentinels = []
 
@@ -104,7 +110,8 @@ class Topology:
         wait_for(lambda: self.replica.info("replication").get("master_link_status") == "up", timeout=30,
                  message="the replica to sync")
         for i in range(self.n_sentinels):
-            self.sentinels.append(SentinelServer(self.tmpdir, self.primary.port, i, self.down_after).start())
+            self.sentinels.append(SentinelServer(self.tmpdir, self.primary.port, i, self.down_after,
+                                                 quorum=self.n_sentinels // 2 + 1, password=self.password).start())
         self.wait_ready()
         return self
 

@@ -15,6 +15,9 @@ brokerds whose pool grid (limit 4) has backend = redis-sentinel://S1,S2,S3/grid-
   primary and counts one failover.
 - The Sentinel every brokerd asks first is killed, the other two still a majority: grants go on as before,
   and a failover after it is still followed (through the next Sentinel of the list).
+- Sentinels with requirepass: backend-sentinel-password-file= authenticates; a wrong one is refused, said
+  in the journal, and the pool is unavailable (backend).
+- --check-config prints the sentinel URL and backend-sentinel-password-file=.
 
 A SKIP (77) without redis-server or shared pools.
 
@@ -213,6 +216,34 @@ class TestSentinel(unittest.TestCase):
         self.assertEqual([e for e in exits if down <= e[1] < killed and e[2] != 0], [],
                          "commands refused while only a Sentinel was down")
         self.check_through(exits, killed)
+
+
+class TestSentinelPassword(unittest.TestCase):
+    def setUp(self):
+        faults.skip_unless_shared_pools(self)
+        self.tmp = tempfile.mkdtemp(prefix="test-sentinel-pw-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.topo = Topology(self.tmp, sentinels=1, password="sekrit").start()
+        self.addCleanup(self.topo.close)
+
+    def broker(self, password, name):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write(password + "\n")
+        b = Broker(config(self.topo.url(), 0, f"backend-sentinel-password-file = {path}\n"), name=name).start()
+        self.addCleanup(b.stop)
+        return b
+
+    def test_sentinel_password_file_authenticates(self):
+        good, bad = self.broker("sekrit", "good"), self.broker("wrong", "bad")
+        wait_for(lambda: (good.pool("grid").get("backend") or {}).get("up"), timeout=30, message="the pool served")
+        self.assertEqual(good.pool("grid")["backend"]["primary"], f"127.0.0.1:{self.topo.primary.port}")
+        # A refused password: no primary named, the pool refused (backend), the journal says why.
+        wait_for(lambda: "AUTH refused" in bad.log(), timeout=30, message="the refusal in the journal")
+        backend = bad.pool("grid")["backend"]
+        self.assertFalse(backend["up"])
+        self.assertNotIn("primary", backend)
+        self.assertEqual(backend.get("unavailable"), "backend")
 
 
 class TestSentinelConfig(unittest.TestCase):
