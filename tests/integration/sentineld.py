@@ -22,6 +22,7 @@ import time
 import redisd
 from harness import wait_for
 from redisd import RedisServer, Resp, RespError
+from tcpproxy import TcpProxy
 
 MASTER = "grid-redis"
 
@@ -97,9 +98,14 @@ class SentinelServer:
 class Topology:
     """A primary, a replica and `sentinels` Sentinels (quorum: a majority) monitoring it as MASTER."""
 
-    def __init__(self, tmpdir, sentinels=3, down_after=1.0, password=None):
+    def __init__(self, tmpdir, sentinels=3, down_after=1.0, password=None, proxied=False):
         self.tmpdir, self.n_sentinels, self.down_after = tmpdir, sentinels, down_after
         self.password = password  # the Sentinels' requirepass
+        # proxied: the Sentinels monitor the primary through a TcpProxy (self.proxy), so they name the proxy's
+        # address to brokerd as well, and blackholing it partitions the first primary from both (its
+        # replica replicates directly).
+        self.proxied = proxied
+        self.proxy = None
         self.primary = self.replica = None
         self.sentinels = []
 
@@ -109,8 +115,12 @@ class Topology:
                                    config={"replicaof": f"127.0.0.1 {self.primary.port}"}).start()
         wait_for(lambda: self.replica.info("replication").get("master_link_status") == "up", timeout=30,
                  message="the replica to sync")
+        monitored = self.primary.port
+        if self.proxied:
+            self.proxy = TcpProxy(self.primary.tcp_address, name="primary-proxy").start()
+            monitored = self.proxy.port
         for i in range(self.n_sentinels):
-            self.sentinels.append(SentinelServer(self.tmpdir, self.primary.port, i, self.down_after,
+            self.sentinels.append(SentinelServer(self.tmpdir, monitored, i, self.down_after,
                                                  quorum=self.n_sentinels // 2 + 1, password=self.password).start())
         self.wait_ready()
         return self
@@ -156,6 +166,8 @@ class Topology:
     def close(self):
         for s in self.sentinels:
             s.kill9()
+        if self.proxy:
+            self.proxy.close()
         for r in (self.primary, self.replica):
             if r:
                 r.close()
