@@ -102,7 +102,8 @@ const RedisEndpoint *redis_link_get_endpoint(const RedisLink *link);
 
 RedisLinkState redis_link_get_state(const RedisLink *link);
 /* Why the link is FAILED, in a word for clients and Status ("eviction-policy", "auth", "database",
- * "not-redis", "replica", "script", "password-file"); NULL while it is not FAILED. */
+ * "not-redis", "replica", "script", "password-file"; "not-sentinel" for a .sentinel link); NULL while it
+ * is not FAILED. */
 const char *redis_link_get_failure(const RedisLink *link);
 /* The run id of the server as of the last time the link went up; NULL before. */
 const char *redis_link_get_run_id(const RedisLink *link);
