@@ -193,6 +193,8 @@ class TestSentinel(SentinelLoad):
                      message=f"{b.name} to name the new primary")
             self.assertEqual(self.backend(b).get("failovers"), 1)
             self.assertGreater(self.backend(b).get("lastFailoverAt", 0), 0)
+            metrics = b.call("io.slotbroker.Metrics")["text"]
+            self.assertIn('slotbroker_backend_failovers_total{pool="grid"} 1', metrics.splitlines())
         out = subprocess.run([SLOTCTL, "status", "--socket", self.brokers[0].socket_path], capture_output=True,
                              text=True, timeout=30).stdout
         self.assertIn(f"sentinel: primary 127.0.0.1:{self.new_port}, 1 failover seen, the last at", out)
