@@ -51,6 +51,7 @@ static const struct {
         [SHARED_NOTICE_FENCED] = { "f046efe4f321444484acfa458fafc1f5", "BACKEND_FENCED", LOG_ERR },
 };
 #define MESSAGE_ID_SUPPRESSED "45e9e5b1aa044c65a4d63010ef89a05b"
+#define MESSAGE_ID_FAILOVER "4d01c4d86fbd4354b88b48aa1309a629"
 
 static int decision_index(const char *decision) {
         for (size_t i = 0; i < ELEMENTSOF(decisions); i++)
@@ -284,6 +285,18 @@ void audit_congestion(Audit *a, const char *pool, bool congested, usec_t idle) {
         field(&f, "SLOT_POOL=%s", pool);
         field(&f, "SLOT_CONGESTED=%d", congested);
         field(&f, "SLOT_IDLE_USEC=%llu", (unsigned long long) idle);
+        journal_send(a, &f);
+}
+
+void audit_backend_failover(Audit *a, const char *url, const char *previous, const char *primary) {
+        Fields f = { .n = 0 };
+        field(&f, "MESSAGE=[BACKEND_FAILOVER] The Sentinels of %s moved its primary from %s to %s", url,
+              previous ?: "?", primary ?: "?");
+        field(&f, "MESSAGE_ID=%s", MESSAGE_ID_FAILOVER);
+        field(&f, "PRIORITY=%d", LOG_WARNING);
+        field(&f, "SLOT_BACKEND=%s", url);
+        field(&f, "SLOT_PRIMARY=%s", primary ?: "");
+        field(&f, "SLOT_PREVIOUS=%s", previous ?: "");
         journal_send(a, &f);
 }
 

@@ -56,4 +56,7 @@ void audit_congestion(Audit *a, const char *pool, bool congested, usec_t idle);
 /* A shared pool's notice (its backend lost or regained, another node expired, rules, recovery, fenced):
  * journaled with a MESSAGE_ID whose catalog entry says what to do. */
 void audit_backend(Audit *a, const char *pool, const SharedNotice *n);
+/* The Sentinels of backend url moved its primary from previous to primary ("HOST:PORT"): once per backend,
+ * whatever the number of its pools (each of them journals its recovery window itself). */
+void audit_backend_failover(Audit *a, const char *url, const char *previous, const char *primary);
 void audit_reload(Audit *a, bool ok, const char *detail);

@@ -12,6 +12,7 @@
 #include "macro.h"
 #include "redis-endpoint.h"
 #include "redis-link.h"
+#include "sentinel.h"
 #include "shared-scripts.h"
 
 #define XREAD_COUNT "256"
@@ -38,8 +39,10 @@ typedef struct InFlight InFlight;
 struct Backend {
         BackendTable *table;
         char *url, *user, *password_file; /* what makes two pools' backends the same one */
+        char *sentinel_password_file;
         RedisLink *commands;
         RedisLink *reader;
+        Sentinel *sentinel;             /* redis-sentinel://: where the links connect; NULL otherwise */
         unsigned scripts[_SHARED_SCRIPT_MAX];
         BackendPool **pools;
         size_t n_pools;
@@ -366,6 +369,10 @@ static void on_link_log(RedisLink *link, int priority, const char *message, void
 static void on_commands_state(RedisLink *link, RedisLinkState state, const char *detail, void *userdata) {
         Backend *b = userdata;
         usec_t now = now_monotonic();
+        /* The node the Sentinels named cannot be reached, or is not a primary (INFO's role; a failover
+         * under way, or an old primary back as a replica): they may know better by now. */
+        if (state != REDIS_LINK_UP)
+                sentinel_rediscover(b->sentinel);
         for (size_t i = 0; i < b->n_pools; i++) {
                 Pool *p = b->pools[i]->pool;
                 if (state == REDIS_LINK_UP)
@@ -386,9 +393,22 @@ static void on_reader_state(RedisLink *link, RedisLinkState state, const char *d
         backend_after(b);
 }
 
+/* Where the Sentinels say the primary is: both links go there (at once, each is told DOWN first). A
+ * failover needs nothing more here: the new primary's run id is another one, and pool-shared treats that as
+ * a Redis restart (recovery window, reclaims), as SPEC §11 asks. */
+static void on_sentinel_primary(Sentinel *s, const RedisEndpoint *primary, const char *previous, bool failover,
+                                void *userdata) {
+        Backend *b = userdata;
+        if (redis_link_set_endpoint(b->commands, primary) < 0 || redis_link_set_endpoint(b->reader, primary) < 0)
+                log_oom(); /* the Sentinels are asked again within seconds */
+        if (failover && b->table->on_failover)
+                b->table->on_failover(b->url, previous, sentinel_get_primary(s), b->table->userdata);
+}
+
 static Backend *backend_free(Backend *b) {
         if (!b)
                 return NULL;
+        sentinel_free(b->sentinel);
         redis_link_free(b->commands);
         redis_link_free(b->reader);
         while (b->in_flight)
@@ -402,6 +422,7 @@ static Backend *backend_free(Backend *b) {
         free(b->url);
         free(b->user);
         free(b->password_file);
+        free(b->sentinel_password_file);
         return mfree(b);
 }
 
@@ -419,7 +440,8 @@ static int backend_new(BackendTable *t, const PoolConfig *pc, Backend **ret) {
         b->table = t;
         b->url = strdup(pc->backend);
         if (!b->url || strdup_or_null(pc->backend_user, &b->user) < 0 ||
-            strdup_or_null(pc->backend_password_file, &b->password_file) < 0)
+            strdup_or_null(pc->backend_password_file, &b->password_file) < 0 ||
+            strdup_or_null(pc->backend_sentinel_password_file, &b->sentinel_password_file) < 0)
                 r = -ENOMEM;
         if (r >= 0)
                 r = sd_event_add_defer(t->event, &b->flush, on_flush, b);
@@ -439,12 +461,22 @@ static int backend_new(BackendTable *t, const PoolConfig *pc, Backend **ret) {
                 .on_log = on_link_log,
                 .userdata = b,
         };
+        /* Behind Sentinels, the links wait for them to name the primary. */
+        bool sentinel = endpoint.type == REDIS_ENDPOINT_SENTINEL;
         if (r >= 0)
-                r = redis_link_new(t->event, &endpoint, &o, &b->commands);
+                r = redis_link_new(t->event, sentinel ? NULL : &endpoint, &o, &b->commands);
         if (r >= 0) {
                 o.blocking = true;
                 o.on_state = on_reader_state;
-                r = redis_link_new(t->event, &endpoint, &o, &b->reader);
+                r = redis_link_new(t->event, sentinel ? NULL : &endpoint, &o, &b->reader);
+        }
+        if (r >= 0 && sentinel) {
+                const SentinelOptions so = {
+                        .password_file = pc->backend_sentinel_password_file,
+                        .on_primary = on_sentinel_primary,
+                        .userdata = b,
+                };
+                r = sentinel_new(t->event, &endpoint, &so, &b->sentinel);
         }
         redis_endpoint_done(&endpoint);
         /* Scripts by the engine's names: the embedded table's order is the build's, not SharedScript's. */
@@ -466,7 +498,8 @@ static int backend_new(BackendTable *t, const PoolConfig *pc, Backend **ret) {
 
 static bool backend_matches(const Backend *b, const PoolConfig *pc) {
         return streq(b->url, pc->backend) && streq_ptr(b->user, pc->backend_user) &&
-               streq_ptr(b->password_file, pc->backend_password_file);
+               streq_ptr(b->password_file, pc->backend_password_file) &&
+               streq_ptr(b->sentinel_password_file, pc->backend_sentinel_password_file);
 }
 
 /* ---- the table ---- */
@@ -573,6 +606,24 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
         backend_wake(b);
         *ret = bp->pool;
         return 0;
+}
+
+bool backend_table_primary(const BackendTable *t, const char *pool, BackendPrimary *ret) {
+        for (size_t i = 0; i < t->n_backends; i++) {
+                const Backend *b = t->backends[i];
+                if (!b->sentinel)
+                        continue;
+                for (size_t j = 0; j < b->n_pools; j++)
+                        if (streq(b->pools[j]->pool->name, pool)) {
+                                *ret = (BackendPrimary) {
+                                        .address = sentinel_get_primary(b->sentinel),
+                                        .failovers = sentinel_get_failovers(b->sentinel),
+                                        .last_failover = sentinel_get_last_failover(b->sentinel),
+                                };
+                                return true;
+                        }
+        }
+        return false;
 }
 
 void backend_table_set_last_alive(BackendTable *t, usec_t realtime) {

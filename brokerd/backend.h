@@ -17,6 +17,7 @@
 
 #include "conf.h"
 #include "engine.h"
+#include "metrics.h"
 #include "node.h"
 #include "pool-shared.h"
 #include "time-util.h"
@@ -36,7 +37,10 @@ typedef struct BackendTable {
          * second or more later (or something put it earlier). Its leases' holders are told (memo §4.4), so
          * that their commands stop in time should brokerd stop renewing. May be NULL. */
         void (*on_fence_moved)(const char *pool, usec_t deadline, void *userdata);
-        void *userdata;                 /* of random, on_notice, on_rtt and on_fence_moved */
+        /* The Sentinels of backend url moved its primary from `previous` to `primary` ("HOST:PORT"). Every
+         * pool on it sees the new primary's run id, as after a restart. May be NULL. */
+        void (*on_failover)(const char *url, const char *previous, const char *primary, void *userdata);
+        void *userdata;                 /* of random, on_notice, on_rtt, on_fence_moved and on_failover */
 
         /* Tests only (test-shared-diff): the pools are made in the manual clock mode, on the engine's `now`
          * (memo §3.10), so that their decisions can be compared with an in-process pool's. The daemon never
@@ -55,6 +59,10 @@ void backend_table_done(BackendTable *t);
  * sd-event's error. */
 int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn emit, void *emit_userdata,
                            void *userdata, Pool **ret);
+
+/* For pool `pool` behind Sentinels (redis-sentinel://), where its primary is and its failovers, in *ret
+ * (the address valid until the next dispatch). Returns true, or false for any other pool. */
+bool backend_table_primary(const BackendTable *t, const char *pool, BackendPrimary *ret);
 
 /* A restarted daemon's last proof of life (the lease log's alive mark, realtime µs; 0: none): until a
  * heartbeat is acknowledged, the leases restored into shared pools fence from it (memo §4.7, CONNECTING),

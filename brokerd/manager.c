@@ -209,8 +209,19 @@ bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gi
         return false;
 }
 
+static bool manager_backend_primary(const char *pool, BackendPrimary *ret, void *userdata) {
+#if HAVE_REDIS
+        Manager *m = userdata;
+        return backend_table_primary(&m->backends, pool, ret);
+#else
+        return false;
+#endif
+}
+
 void manager_metrics_gauges(Manager *m, MetricsGauges *ret) {
         *ret = (MetricsGauges) {
+                .backend_primary = manager_backend_primary,
+                .backend_primary_userdata = m,
                 .engine = m->engine,
                 .now = now_monotonic(),
                 .connections = m->sessions.n_sessions,
@@ -301,6 +312,12 @@ static void on_backend_fence_moved(const char *pool, usec_t deadline, void *user
 static usec_t session_fence_deadline(const char *pool, void *userdata) {
         Manager *m = userdata;
         return backend_table_fence_deadline(&m->backends, pool);
+}
+
+static void on_backend_failover(const char *url, const char *previous, const char *primary, void *userdata) {
+        Manager *m = userdata;
+        audit_backend_failover(&m->audit, url, previous, primary);
+        m->status_dirty = true;
 }
 
 static void on_backend_notice(const char *pool, const SharedNotice *n, void *userdata) {
@@ -1050,6 +1067,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         m->backends.on_notice = on_backend_notice;
         m->backends.on_rtt = on_backend_rtt;
         m->backends.on_fence_moved = on_backend_fence_moved;
+        m->backends.on_failover = on_backend_failover;
         m->backends.userdata = m;
         engine_set_pool_factory(m->engine, manager_pool_factory, m);
 #endif
@@ -1114,6 +1132,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
                 .reload = methods_reload,
                 .gauges = methods_gauges,
                 .status_changed = methods_status_changed,
+                .backend_primary = manager_backend_primary,
                 .userdata = m,
         };
 

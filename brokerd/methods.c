@@ -116,6 +116,14 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                 json_t *keys;
                 if (b && info.differing_keys && json_strv_new(info.differing_keys, &keys) >= 0)
                         json_object_set_new(b, "differingKeys", keys);
+                BackendPrimary bp;
+                if (b && m->backend_primary && m->backend_primary(info.name, &bp, m->userdata)) {
+                        if (bp.address)
+                                json_object_set_new(b, "primary", json_string(bp.address));
+                        json_object_set_new(b, "failovers", json_integer((json_int_t) bp.failovers));
+                        if (bp.last_failover > 0)
+                                json_object_set_new(b, "lastFailoverAt", json_integer((json_int_t) bp.last_failover));
+                }
                 if (b)
                         json_object_set_new(o, "backend", b);
         }

@@ -26,6 +26,7 @@ typedef struct Methods {
         int (*reload)(ConfErrors *errors, void *userdata);        /* Reload: 0, or -EINVAL with errors */
         void (*gauges)(MetricsGauges *ret, void *userdata);       /* Metrics: the gauges as of now */
         void (*status_changed)(void *userdata);                   /* Drain: STATUS= is stale */
+        BackendPrimaryFn backend_primary;                         /* Status: a pool's primary; may be NULL */
         void *userdata;
 } Methods;
 

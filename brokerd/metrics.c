@@ -227,6 +227,19 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
                         any_remote = true;
                         pool_gauge(f, "slotbroker_backend_up", info.name, info.backend_up);
                 }
+        bool any_failover = false;
+        for (size_t i = 0; g->backend_primary && i < n; i++) {
+                BackendPrimary bp;
+                if (engine_pool_info(g->engine, i, g->now, &info) < 0 || !info.remote ||
+                    !g->backend_primary(info.name, &bp, g->backend_primary_userdata))
+                        continue;
+                if (!any_failover)
+                        header(f, "slotbroker_backend_failovers_total", "counter",
+                               "Failovers of a shared pool's primary seen through its Sentinels.");
+                any_failover = true;
+                fprintf(f, "slotbroker_backend_failovers_total{pool=\"%s\"} %llu\n", info.name,
+                        (unsigned long long) bp.failovers);
+        }
         bool any_rtt = false;
         for (size_t i = 0; i < m->n_pools; i++) {
                 if (m->pools[i].rtt.total == 0)

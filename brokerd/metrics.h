@@ -54,6 +54,16 @@ void metrics_record(Metrics *m, const AuditRecord *r);
 /* One round trip of a shared pool's call to its backend. */
 void metrics_backend_rtt(Metrics *m, const char *pool, usec_t rtt);
 /* The gauges: values of the moment that the owner reads from the modules that keep them. */
+/* Where a shared pool's backend is behind Sentinels (backend=redis-sentinel://): the primary they named
+ * last ("HOST:PORT"; NULL before), the failovers seen, the realtime of the last one (0: none). */
+typedef struct BackendPrimary {
+        const char *address;
+        uint64_t failovers;
+        usec_t last_failover;
+} BackendPrimary;
+/* Fills *ret for a pool behind Sentinels and returns true; false for any other pool. */
+typedef bool (*BackendPrimaryFn)(const char *pool, BackendPrimary *ret, void *userdata);
+
 typedef struct MetricsGauges {
         const Engine *engine;           /* pools: limit, in use, waiting, congested */
         usec_t now;                     /* monotonic, for the engine's pool gauges */
@@ -63,6 +73,8 @@ typedef struct MetricsGauges {
         bool history;                   /* false: no history gauges */
         bool history_healthy;
         uint64_t history_rows_dropped;
+        BackendPrimaryFn backend_primary; /* NULL: no pool behind Sentinels */
+        void *backend_primary_userdata;
 } MetricsGauges;
 
 /* The exposition text. Returns 0 or -ENOMEM; *ret is malloc'ed. */

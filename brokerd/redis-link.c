@@ -59,6 +59,8 @@ struct RedisLink {
         bool closed;                    /* redis_link_free() was called: no callback any more */
         sd_event *event;
         RedisEndpoint endpoint;
+        bool has_endpoint;              /* false until redis_link_set_endpoint() for a link made without */
+        bool moved;                     /* the endpoint changed: the next attempt starts at once */
         RedisLinkOptions options;       /* strings owned: user, password_file */
 
         LinkPhase phase;
@@ -85,6 +87,10 @@ struct RedisLink {
 
         RedisScript *scripts;
         size_t n_scripts;
+
+        char *channel;                  /* redis_link_subscribe()'s, subscribed at every setup */
+        RedisMessageFn message_fn;
+        void *message_userdata;
 
         usec_t backoff;
         uint64_t prng;
@@ -130,6 +136,7 @@ static void link_destroy(RedisLink *link) {
         free(link->end_reason);
         free(link->state_detail);
         free(link->run_id);
+        free(link->channel);
         free(link);
 }
 
@@ -426,6 +433,7 @@ enum {
         SETUP_AUTH,
         SETUP_SELECT,
         SETUP_INFO,
+        SETUP_SUBSCRIBE,
         SETUP_SCRIPT,           /* + the script's handle */
 };
 
@@ -456,6 +464,15 @@ static int link_check_info(RedisLink *link, const redisReply *reply, char **ret_
                 link_end(link, REDIS_LINK_FAILED, reason);
                 return -1;
         }
+        if (link->options.sentinel) {
+                char mode[32];
+                if (!info_field(reply->str, "redis_mode", mode, sizeof mode) || !streq(mode, "sentinel")) {
+                        link->failure = "not-sentinel";
+                        link_end(link, REDIS_LINK_FAILED, "Not a Sentinel: INFO has no redis_mode:sentinel");
+                        return -1;
+                }
+                goto done;
+        }
         if (info_field(reply->str, "loading", loading, sizeof loading) && streq(loading, "1")) {
                 link_end(link, REDIS_LINK_DOWN, "Redis is loading its data set");
                 return -1;
@@ -476,6 +493,7 @@ static int link_check_info(RedisLink *link, const redisReply *reply, char **ret_
                 link_end(link, REDIS_LINK_FAILED, reason);
                 return -1;
         }
+done:
         *ret_run_id = strdup(run_id);
         if (!*ret_run_id) {
                 link_end(link, REDIS_LINK_DOWN, "Out of memory");
@@ -540,6 +558,27 @@ static void on_setup_reply(RedisLink *link, int error, const redisReply *reply, 
                 link_went_up(link);
 }
 
+/* hiredis's callback of the subscribed channel: the confirmation (["subscribe", channel, n]), then every
+ * message (["message", channel, payload]); NULL when the context ends, which on_context_end() reports. */
+static void on_message(redisAsyncContext *ac, void *r, void *privdata) {
+        RedisLink *link = privdata;
+        const redisReply *reply = r;
+
+        if (!reply || link->closed || link->ending)
+                return;
+        if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3 || reply->element[0]->type != REDIS_REPLY_STRING)
+                return;
+        if (streq(reply->element[0]->str, "subscribe")) {
+                if (link->phase == PHASE_SETUP && --link->setup_pending == 0)
+                        link_went_up(link);
+                return;
+        }
+        if (streq(reply->element[0]->str, "message") && reply->element[2]->type == REDIS_REPLY_STRING &&
+            link->phase == PHASE_UP && link->message_fn)
+                link->message_fn(link, reply->element[1]->str, reply->element[2]->str, reply->element[2]->len,
+                                 link->message_userdata);
+}
+
 /* From hiredis's connect callback: sends the setup, pipelined (one round trip; the first failure wins,
  * the replies after it come back empty). A failure here only shuts the socket down (see link_end()). */
 static void link_send_setup(RedisLink *link) {
@@ -558,7 +597,7 @@ static void link_send_setup(RedisLink *link) {
                 link->setup_pending += r >= 0;
         }
         snprintf(db, sizeof db, "%u", link->endpoint.db);
-        if (r >= 0) {
+        if (r >= 0 && !link->options.sentinel) {
                 r = link_send_internal(link, on_setup_reply, SETUP_SELECT, 2, (const char *const[]) { "SELECT", db });
                 link->setup_pending += r >= 0;
         }
@@ -566,7 +605,13 @@ static void link_send_setup(RedisLink *link) {
                 r = link_send_internal(link, on_setup_reply, SETUP_INFO, 1, (const char *const[]) { "INFO" });
                 link->setup_pending += r >= 0;
         }
-        for (size_t i = 0; r >= 0 && i < link->n_scripts; i++) {
+        /* Last: hiredis answers the calls before it from its queue, then hands this channel's replies to
+         * on_message(); the link is up once the subscription is confirmed. */
+        if (r >= 0 && link->channel) {
+                r = redisAsyncCommand(link->ac, on_message, link, "SUBSCRIBE %s", link->channel) == REDIS_OK ? 0 : -ENOTCONN;
+                link->setup_pending += r >= 0;
+        }
+        for (size_t i = 0; r >= 0 && !link->options.sentinel && i < link->n_scripts; i++) {
                 r = link_send_internal(link, on_setup_reply, SETUP_SCRIPT + i, 3,
                                        (const char *const[]) { "SCRIPT", "LOAD", link->scripts[i].source });
                 link->setup_pending += r >= 0;
@@ -737,6 +782,8 @@ static void link_attempt(RedisLink *link) {
         char reason[300];
         int r;
 
+        if (!link->has_endpoint)
+                return;
         link->stats.attempts++;
         link->attempt_deadline = usec_add(now_monotonic(), link->options.connect_timeout);
         link_log(link, LOG_DEBUG, "Connecting (attempt %" PRIu64 ")", link->stats.attempts);
@@ -789,6 +836,16 @@ static void link_attempt_failed(RedisLink *link, RedisLinkState state, const cha
         link->attempt_deadline = USEC_INFINITY;
         link->query = resolve_query_free(link->query);
         link_arm_timeout(link);
+        if (link->moved) {
+                /* Not a failure: the owner moved the link. It hears DOWN, and the new address is tried now. */
+                link->moved = false;
+                link->n_addresses = link->address = 0;
+                link->backoff = link->options.backoff_min;
+                (void) sd_event_source_set_time_relative(link->retry_timer, 0);
+                (void) sd_event_source_set_enabled(link->retry_timer, SD_EVENT_ONESHOT);
+                link_tell(link, REDIS_LINK_DOWN, reason);
+                return;
+        }
         if (state == REDIS_LINK_DOWN && link->address + 1 < link->n_addresses) {
                 link_log(link, LOG_DEBUG, "%s: %s; trying its next address", link->addresses[link->address], reason);
                 delay = 0;
@@ -856,15 +913,22 @@ static int on_timeout_timer(sd_event_source *s, uint64_t usec, void *userdata) {
 
 /* ---- the API ---- */
 
+static bool endpoint_is_valid(const RedisEndpoint *e) {
+        return e->type == REDIS_ENDPOINT_TCP ? !!e->host : e->type == REDIS_ENDPOINT_UNIX && e->path;
+}
+
+static bool endpoint_equal(const RedisEndpoint *a, const RedisEndpoint *b) {
+        return a->type == b->type && streq_ptr(a->host, b->host) && a->port == b->port && streq_ptr(a->path, b->path) &&
+               a->db == b->db;
+}
+
 int redis_link_new(sd_event *event, const RedisEndpoint *endpoint, const RedisLinkOptions *options,
                    RedisLink **ret) {
         RedisLink *link;
         int r;
 
         assert_return(event, -EINVAL);
-        assert_return(endpoint, -EINVAL);
-        assert_return(endpoint->type == REDIS_ENDPOINT_TCP ? !!endpoint->host : endpoint->type == REDIS_ENDPOINT_UNIX && endpoint->path,
-                      -EINVAL);
+        assert_return(!endpoint || endpoint_is_valid(endpoint), -EINVAL);
         assert_return(ret, -EINVAL);
 
         link = calloc(1, sizeof *link);
@@ -887,11 +951,12 @@ int redis_link_new(sd_event *event, const RedisEndpoint *endpoint, const RedisLi
         link->options.backoff_max = MAX(link->options.backoff_max, link->options.backoff_min);
         link->backoff = link->options.backoff_min;
 
-        r = redis_endpoint_copy(endpoint, &link->endpoint);
+        r = endpoint ? redis_endpoint_copy(endpoint, &link->endpoint) : 0;
         if (r < 0) {
                 link->endpoint = (RedisEndpoint) {};
                 goto fail;
         }
+        link->has_endpoint = endpoint;
         if (options && (strdup_or_null(options->user, (char **) &link->options.user) < 0 ||
                         strdup_or_null(options->password_file, (char **) &link->options.password_file) < 0)) {
                 r = -ENOMEM;
@@ -910,6 +975,8 @@ int redis_link_new(sd_event *event, const RedisEndpoint *endpoint, const RedisLi
         if (r < 0)
                 goto fail;
         (void) sd_event_source_set_enabled(link->timeout_timer, SD_EVENT_OFF);
+        if (!link->has_endpoint)
+                (void) sd_event_source_set_enabled(link->retry_timer, SD_EVENT_OFF);
         (void) sd_event_source_set_description(link->retry_timer, "redis-link-retry");
         (void) sd_event_source_set_description(link->timeout_timer, "redis-link-timeout");
 
@@ -932,6 +999,59 @@ RedisLink *redis_link_free(RedisLink *link) {
         link_end(link, REDIS_LINK_DOWN, NULL);
         link_unref(link);
         return NULL;
+}
+
+int redis_link_set_endpoint(RedisLink *link, const RedisEndpoint *endpoint) {
+        RedisEndpoint copy;
+        char reason[300];
+        int r;
+
+        assert_return(link, -EINVAL);
+        assert_return(endpoint && endpoint_is_valid(endpoint), -EINVAL);
+
+        if (link->has_endpoint && endpoint_equal(&link->endpoint, endpoint))
+                return 0;
+        r = redis_endpoint_copy(endpoint, &copy);
+        if (r < 0)
+                return r;
+        redis_endpoint_done(&link->endpoint);
+        link->endpoint = copy;
+        link->has_endpoint = true;
+        link->moved = true;
+        link->n_addresses = link->address = 0;
+        if (endpoint->type == REDIS_ENDPOINT_TCP)
+                snprintf(reason, sizeof reason, "Moved to %s%s%s:%u", strchr(endpoint->host, ':') ? "[" : "",
+                         endpoint->host, strchr(endpoint->host, ':') ? "]" : "", endpoint->port);
+        else
+                snprintf(reason, sizeof reason, "Moved to %s", endpoint->path);
+        link_log(link, LOG_DEBUG, "%s", reason);
+        if (link->ac)
+                /* on_context_end() sees `moved`: the owner hears DOWN, the next attempt is now. */
+                link_end(link, REDIS_LINK_DOWN, reason);
+        else
+                link_attempt_failed(link, REDIS_LINK_DOWN, reason);
+        return 1;
+}
+
+const RedisEndpoint *redis_link_get_endpoint(const RedisLink *link) {
+        assert_return(link, NULL);
+        return link->has_endpoint ? &link->endpoint : NULL;
+}
+
+int redis_link_subscribe(RedisLink *link, const char *channel, RedisMessageFn fn, void *userdata) {
+        assert_return(link, -EINVAL);
+        assert_return(channel && fn, -EINVAL);
+        if (!link->options.blocking || link->channel)
+                return -EINVAL;
+        link->channel = strdup(channel);
+        if (!link->channel)
+                return -ENOMEM;
+        link->message_fn = fn;
+        link->message_userdata = userdata;
+        /* A connection made before this has no subscription: the next one will. */
+        if (link->ac)
+                link_end(link, REDIS_LINK_DOWN, "Subscribing");
+        return 0;
 }
 
 RedisLinkState redis_link_get_state(const RedisLink *link) {
@@ -998,6 +1118,8 @@ static int link_check_command(const RedisLink *link, int argc, const char *const
                 return -EINVAL;
         if (command_is_reserved(argv[0], argvlen ? argvlen[0] : strlen(argv[0])))
                 return -EINVAL;
+        if (link->channel)
+                return -EINVAL; /* a subscribed connection answers nothing else */
         if (link->phase != PHASE_UP || link->ending)
                 return -ENOTCONN;
         return 0;

@@ -18,7 +18,11 @@
  *
  * No logging here: what a person should read goes to the owner's log callback, what the owner must act on
  * comes as state changes and reply callbacks. Callbacks may free the link (nothing is called after that).
- * Every socket is close-on-exec. hiredis writes with write(): the process ignores SIGPIPE (brokerd does). */
+ * Every socket is close-on-exec. hiredis writes with write(): the process ignores SIGPIPE (brokerd does).
+ *
+ * For Sentinel (sentinel.h): a link may start without an endpoint and be pointed at one later, when the
+ * Sentinels name the primary (redis_link_set_endpoint()); a link to a Sentinel itself (.sentinel) skips
+ * what only a data node has, and a blocking link may hold one SUBSCRIBE (redis_link_subscribe()). */
 #pragma once
 
 #include <errno.h>
@@ -65,6 +69,9 @@ typedef struct RedisLinkOptions {
         /* A link for blocking reads (XREAD BLOCK): redis_link_command_blocking() is accepted only here, so
          * that a blocked read never delays the commands of another link. */
         bool blocking;
+        /* The server is a Sentinel: no SELECT, no scripts, and INFO must say redis_mode:sentinel (instead
+         * of role:master and maxmemory-policy noeviction, which are a data node's). */
+        bool sentinel;
         RedisLinkStateFn on_state;
         RedisLinkLogFn on_log;
         uint64_t (*random)(void *userdata); /* backoff jitter; NULL: getrandom() once, then a PRNG */
@@ -76,16 +83,27 @@ typedef struct RedisLinkOptions {
 #define REDIS_LINK_BACKOFF_MAX_DEFAULT (5 * USEC_PER_SEC)
 
 /* A new link to endpoint; the first attempt starts from the loop, not in here (no callback runs before
- * this returns). The endpoint and options are copied. Returns 0, -EINVAL, -ENOMEM or sd-event's error. */
+ * this returns). endpoint NULL: no attempt until redis_link_set_endpoint(). The endpoint and options are
+ * copied. Returns 0, -EINVAL, -ENOMEM or sd-event's error. */
 int redis_link_new(sd_event *event, const RedisEndpoint *endpoint, const RedisLinkOptions *options,
                    RedisLink **ret);
 
 /* Closes the connection; no callback is called any more, not even for the commands in flight. */
 RedisLink *redis_link_free(RedisLink *link);
 
+/* Points the link at endpoint (TCP or UNIX), e.g. where the Sentinels say the primary is now. The same
+ * address as now changes nothing and returns 0. Another one ends the current connection (the owner is
+ * told DOWN, its calls get -ECONNRESET) and the next attempt starts at once, with the backoff reset: a
+ * move is news, not a failure. Returns 1 if the link moved, 0, -EINVAL, -ENOMEM. */
+int redis_link_set_endpoint(RedisLink *link, const RedisEndpoint *endpoint);
+/* The endpoint the link connects to; NULL before the first redis_link_set_endpoint() of a link made
+ * without one. */
+const RedisEndpoint *redis_link_get_endpoint(const RedisLink *link);
+
 RedisLinkState redis_link_get_state(const RedisLink *link);
 /* Why the link is FAILED, in a word for clients and Status ("eviction-policy", "auth", "database",
- * "not-redis", "replica", "script", "password-file"); NULL while it is not FAILED. */
+ * "not-redis", "replica", "script", "password-file"; "not-sentinel" for a .sentinel link); NULL while it
+ * is not FAILED. */
 const char *redis_link_get_failure(const RedisLink *link);
 /* The run id of the server as of the last time the link went up; NULL before. */
 const char *redis_link_get_run_id(const RedisLink *link);
@@ -112,6 +130,16 @@ int redis_link_evalsha(RedisLink *link, unsigned script, RedisReplyFn fn, void *
  * redis_link_command(). */
 int redis_link_command_blocking(RedisLink *link, usec_t block, RedisReplyFn fn, void *userdata, int argc,
                                 const char *const *argv, const size_t *argvlen);
+
+/* A message on a subscribed channel: the channel and the payload, valid during the call only. */
+typedef void (*RedisMessageFn)(RedisLink *link, const char *channel, const char *message, size_t len,
+                               void *userdata);
+
+/* SUBSCRIBE channel on a .blocking link, now and again after every reconnect (before the owner hears UP,
+ * so that a message sent after UP is not missed; one sent while the link was down is, as pub/sub has it:
+ * the owner asks again when told UP). The link takes no other command afterwards. Returns 0, -EINVAL (not
+ * a blocking link, or a subscription already), -ENOMEM. */
+int redis_link_subscribe(RedisLink *link, const char *channel, RedisMessageFn fn, void *userdata);
 
 typedef struct RedisLinkStats {
         usec_t rtt_last;                /* the last command's round trip (blocking ones are not counted) */

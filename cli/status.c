@@ -128,10 +128,26 @@ static void print_waiters(json_t *waiters, const char *name) {
         }
 }
 
-/* How this node sees a shared pool's backend (Status "backend"), under its pool line. */
-static void print_backend(json_t *backend) {
-        if (!json_is_object(backend))
+/* Behind Sentinels: the primary in use and the failovers this node saw, on a line of its own. */
+static void print_primary(json_t *backend) {
+        const char *primary = string_member(backend, "primary");
+        json_int_t failovers = int_member(backend, "failovers", -1);
+        json_int_t last = int_member(backend, "lastFailoverAt", 0);
+        char when[32] = "";
+
+        if (!primary && failovers < 0)
                 return;
+        if (last > 0) {
+                time_t t = (time_t) (last / 1000000);
+                struct tm tm;
+                if (localtime_r(&t, &tm))
+                        (void) strftime(when, sizeof when, ", the last at %Y-%m-%d %H:%M:%S", &tm);
+        }
+        printf("  sentinel: primary %s, %" JSON_INTEGER_FORMAT " failover%s seen%s\n", primary ?: "not named yet",
+               failovers < 0 ? 0 : failovers, failovers == 1 ? "" : "s", when);
+}
+
+static void print_backend_state(json_t *backend) {
         if (json_is_true(json_object_get(backend, "up"))) {
                 printf("  shared: backend up, %" JSON_INTEGER_FORMAT " node%s, round trip %" JSON_INTEGER_FORMAT " ms\n",
                        int_member(backend, "nodes", 0), int_member(backend, "nodes", 0) == 1 ? "" : "s",
@@ -148,6 +164,14 @@ static void print_backend(json_t *backend) {
                         printf(" %s", json_string_value(v) ?: "?");
         }
         putchar('\n');
+}
+
+/* How this node sees a shared pool's backend (Status "backend"), under its pool line. */
+static void print_backend(json_t *backend) {
+        if (!json_is_object(backend))
+                return;
+        print_backend_state(backend);
+        print_primary(backend);
 }
 
 /* Other nodes' leases and waiters in shared pool name (Status otherHolders/otherWaiters), by node name.

@@ -339,6 +339,7 @@ static PoolConfig *pool_config_free(PoolConfig *p) {
         free(p->backend);
         free(p->backend_user);
         free(p->backend_password_file);
+        free(p->backend_sentinel_password_file);
         conf_source_done(&p->limit_source);
         conf_source_done(&p->members_source);
         return mfree(p);
@@ -783,7 +784,7 @@ static int set_pool_backend(const ConfKey *k, void *object, const char *value, c
                                                quote(q, value));
                 if (r < 0)
                         return conf_errors_add(errors, source, k->name,
-                                               "invalid backend %s (expected redis://HOST[:PORT][/DB] or unix:///PATH[?db=DB], or nothing for a local pool)",
+                                               "invalid backend %s (expected redis://HOST[:PORT][/DB], unix:///PATH[?db=DB], redis-sentinel://HOST[:PORT],…/MASTER[?db=DB], or nothing for a local pool)",
                                                quote(q, value));
                 redis_endpoint_done(&e);
                 v = strdup(value);
@@ -992,6 +993,8 @@ static const ConfKey pool_keys[] = {
         { "backend", set_pool_backend },
         { "backend-user", set_word, offsetof(PoolConfig, backend_user), .max = 255 },
         { "backend-password-file", set_path, offsetof(PoolConfig, backend_password_file), .max = PATH_MAX - 1 },
+        { "backend-sentinel-password-file", set_path, offsetof(PoolConfig, backend_sentinel_password_file),
+          .max = PATH_MAX - 1 },
         { "backend-node-ttl", set_duration, offsetof(PoolConfig, backend_node_ttl), .min = USEC_PER_SEC,
           .max = 24 * USEC_PER_HOUR, .def = CONF_NODE_TTL_DEFAULT },
 };
@@ -1406,6 +1409,9 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
                         if (p->backend_user)
                                 fprintf(f, "backend-user=%s\n", p->backend_user);
                         dump_path(f, "backend-password-file", p->backend_password_file, "no AUTH");
+                        if (strncmp(p->backend, "redis-sentinel://", strlen("redis-sentinel://")) == 0)
+                                dump_path(f, "backend-sentinel-password-file", p->backend_sentinel_password_file,
+                                          "no AUTH");
                         fprintf(f, "backend-node-ttl=%s\n", timespan_format(t, sizeof t, p->backend_node_ttl));
                 }
         }

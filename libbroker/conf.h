@@ -50,9 +50,10 @@ typedef struct PoolConfig {
         usec_t congestion_timeout;
         ConfSource congestion_timeout_source;
         int64_t max_queue;            /* -1: no cap; 0: nobody may wait */
-        char *backend;                /* NULL: local; a redis:// or unix:// URL (redis-endpoint.h) */
+        char *backend;                /* NULL: local; a redis://, unix:// or redis-sentinel:// URL (redis-endpoint.h) */
         char *backend_user;           /* ACL user for AUTH; NULL: Redis's default user */
         char *backend_password_file;  /* NULL: no AUTH */
+        char *backend_sentinel_password_file; /* the Sentinels' password; NULL: no AUTH to them */
         usec_t backend_node_ttl;      /* how long Redis keeps a silent node's leases (CONF_NODE_TTL_DEFAULT) */
         /* Kept for conf_validate() and conf_dump(); the engine needs only `limit`. */
         unsigned limit_given;         /* limit= as written; 0: not given */

@@ -467,11 +467,13 @@ static void test_pool_backend_accepts_only_redis_urls(void **state) {
         static const char *const good[] = {
                 "redis://localhost", "redis://redis.example.com:6379/0", "redis://10.0.0.1:6380", "redis://[::1]:6379/2",
                 "redis://host/15", "unix:///run/redis/redis.sock", "unix:///run/redis/redis.sock?db=3",
+                "redis-sentinel://s1,s2:26380,[::1]/grid-redis", "redis-sentinel://s1/m?db=2",
         };
         static const char *const bad[] = {
                 "local", "http://x", "redis://", "redis://:6379", "redis://host:0", "redis://host:65536",
                 "redis://host:port", "redis://host/db", "redis://user@host", "redis://host/1/2", "redis://[]:1",
                 "unix://", "unix://relative.sock", "unix:///run/redis.sock?db=", "unix:///run/redis.sock?database=1",
+                "redis-sentinel://s1", "redis-sentinel://s1,s1/m", "redis-sentinel://s1/m/0",
         };
 
         for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
@@ -479,7 +481,8 @@ static void test_pool_backend_accepts_only_redis_urls(void **state) {
                 assert_string_equal(conf_find_pool(c, "grid")->backend, good[i]);
         }
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-                set_fails("pool grid", "backend", bad[i], "redis://HOST[:PORT][/DB] or unix:///PATH[?db=DB]");
+                set_fails("pool grid", "backend", bad[i],
+                          "redis://HOST[:PORT][/DB], unix:///PATH[?db=DB], redis-sentinel://HOST[:PORT],…/MASTER[?db=DB]");
         set_fails("pool grid", "backend", "rediss://host:6380", "no TLS");
 }
 

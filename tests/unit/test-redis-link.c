@@ -658,6 +658,133 @@ static void test_link_may_be_freed_from_its_callbacks(void **state) {
         assert_null(f->link);
 }
 
+static bool stays_idle(Fixture *f, const void *until) {
+        return now_monotonic() >= *(const usec_t *) until || f->n_attempts > 0;
+}
+
+static void test_link_without_endpoint_waits_then_moves_at_once(void **state) {
+        Fixture *f = *state;
+        RedisEndpoint tcp = { .type = REDIS_ENDPOINT_TCP, .host = (char *) "127.0.0.1" };
+        RedisEndpoint unix_socket = { .type = REDIS_ENDPOINT_UNIX, .path = f->socket_path };
+        usec_t until = now_monotonic() + 300 * USEC_PER_MSEC;
+        unsigned told;
+
+        redis_start(f, NULL);
+        tcp.port = (uint16_t) f->redis.port;
+        f->options = (RedisLinkOptions) { .on_state = on_state, .on_log = on_log, .userdata = f,
+                                          .backoff_min = 2 * USEC_PER_SEC, .backoff_max = 4 * USEC_PER_SEC };
+        assert_int_equal(redis_link_new(f->event, NULL, &f->options, &f->link), 0);
+        assert_null(redis_link_get_endpoint(f->link));
+        run_until(f, stays_idle, &until, USEC_PER_SEC);
+        assert_int_equal(f->n_attempts, 0); /* nowhere to go yet */
+        assert_int_equal(redis_link_get_state(f->link), REDIS_LINK_DOWN);
+
+        assert_int_equal(redis_link_set_endpoint(f->link, &tcp), 1);
+        wait_up(f);
+        assert_int_equal(redis_link_get_endpoint(f->link)->port, f->redis.port);
+        assert_int_equal(redis_link_set_endpoint(f->link, &tcp), 0); /* the same: nothing happens */
+        assert_int_equal(redis_link_get_state(f->link), REDIS_LINK_UP);
+
+        /* A move ends the connection (the owner hears DOWN) and tries the new address at once: within the
+         * deadline although the backoff's first step is 2 s. */
+        told = f->n_told;
+        usec_t moved = now_monotonic();
+        assert_int_equal(redis_link_set_endpoint(f->link, &unix_socket), 1);
+        wait_state(f, REDIS_LINK_DOWN);
+        assert_true(strstr(f->detail, "Moved to") != NULL);
+        wait_up(f);
+        assert_true(now_monotonic() - moved < 2 * USEC_PER_SEC);
+        assert_true(f->n_told >= told + 2);
+        assert_string_equal(redis_link_get_endpoint(f->link)->path, f->socket_path);
+        Reply r = CMD("PING");
+        assert_string_equal(r.text, "PONG");
+}
+
+typedef struct Messages {
+        unsigned n;
+        char last[64];
+} Messages;
+
+static void on_message(RedisLink *link, const char *channel, const char *message, size_t len, void *userdata) {
+        Messages *m = userdata;
+        if (strcmp(channel, "news") != 0)
+                return;
+        m->n++;
+        snprintf(m->last, sizeof m->last, "%.*s", (int) len, message);
+}
+
+static bool got_messages(Fixture *f, const void *m) {
+        return ((const Messages *) m)->n > 0;
+}
+
+/* PUBLISH on a link of its own; returns the number of subscribers Redis delivered to. */
+static long long publish(Fixture *f, const char *text) {
+        char url[64];
+        RedisEndpoint e;
+        RedisLink *pub = NULL;
+        Reply r = {};
+
+        snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->redis.port);
+        assert_int_equal(redis_endpoint_parse(url, &e), 0);
+        assert_int_equal(redis_link_new(f->event, &e, NULL, &pub), 0);
+        redis_endpoint_done(&e);
+        for (usec_t deadline = now_monotonic() + DEADLINE;
+             redis_link_get_state(pub) != REDIS_LINK_UP && now_monotonic() < deadline;)
+                assert_true(sd_event_run(f->event, 10 * USEC_PER_MSEC) >= 0);
+        assert_int_equal(redis_link_command(pub, on_reply, &r, 3, (const char *const[]) { "PUBLISH", "news", text },
+                                            NULL), 0);
+        assert_true(run_until(f, reply_done, &r, DEADLINE));
+        redis_link_free(pub);
+        return r.integer;
+}
+
+static void test_subscription_is_up_before_up_and_renewed_after_a_restart(void **state) {
+        Fixture *f = *state;
+        Messages m = {};
+
+        redis_start(f, NULL);
+        f->options.blocking = true;
+        link_start(f);
+        assert_int_equal(redis_link_subscribe(f->link, "news", on_message, &m), 0);
+        assert_int_equal(redis_link_subscribe(f->link, "more", on_message, &m), -EINVAL); /* one only */
+        wait_up(f);
+        /* Up means subscribed: a message published now is delivered. */
+        assert_int_equal(publish(f, "first"), 1);
+        assert_true(run_until(f, got_messages, &m, DEADLINE));
+        assert_string_equal(m.last, "first");
+        /* A subscribed connection answers nothing else. */
+        Reply r = {};
+        assert_int_equal(redis_link_command(f->link, on_reply, &r, 1, (const char *const[]) { "PING" }, NULL), -EINVAL);
+
+        redis_stop(f);
+        wait_state(f, REDIS_LINK_DOWN);
+        redis_start(f, NULL);
+        wait_up(f);
+        m = (Messages) {};
+        assert_int_equal(publish(f, "second"), 1);
+        assert_true(run_until(f, got_messages, &m, DEADLINE));
+        assert_string_equal(m.last, "second");
+}
+
+static void test_subscription_needs_a_blocking_link(void **state) {
+        Fixture *f = *state;
+        Messages m = {};
+
+        redis_start(f, NULL);
+        link_start(f);
+        assert_int_equal(redis_link_subscribe(f->link, "news", on_message, &m), -EINVAL);
+}
+
+static void test_sentinel_link_to_a_data_node_fails(void **state) {
+        Fixture *f = *state;
+
+        redis_start(f, NULL);
+        f->options.sentinel = true;
+        link_start(f);
+        wait_state(f, REDIS_LINK_FAILED);
+        assert_string_equal(redis_link_get_failure(f->link), "not-sentinel");
+}
+
 int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
 #define T(t) cmocka_unit_test_setup_teardown(t, setup, teardown)
@@ -683,6 +810,10 @@ int main(int argc, char *argv[]) {
                 T(test_blocking_command_needs_a_blocking_link),
                 T(test_sockets_are_close_on_exec),
                 T(test_link_may_be_freed_from_its_callbacks),
+                T(test_link_without_endpoint_waits_then_moves_at_once),
+                T(test_subscription_is_up_before_up_and_renewed_after_a_restart),
+                T(test_subscription_needs_a_blocking_link),
+                T(test_sentinel_link_to_a_data_node_fails),
         };
         /* A bare Debian root (debootstrap, no /etc/hosts) cannot resolve "localhost" at all: the case runs as a
          * test of its own (cmocka's skip() prints "not ok N # SKIP", a failure to meson). */

@@ -1,0 +1,302 @@
+/* SPDX-License-Identifier: MIT */
+#include "sentinel.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <syslog.h>
+
+#include "log.h"
+#include "macro.h"
+#include "redis-link.h"
+
+#define SWITCH_CHANNEL "+switch-master"
+/* A safety net under the subscription: a watch link silently cut (no RST, keepalive not yet failing) would
+ * miss a +switch-master; asking this often bounds how long that can go unnoticed. */
+#define REASK_INTERVAL (5 * USEC_PER_SEC)
+/* After every Sentinel of the list failed in a row, before starting over with the next. */
+#define ROUND_BACKOFF (1 * USEC_PER_SEC)
+#define COMMAND_TIMEOUT_DEFAULT (1 * USEC_PER_SEC)
+/* "[HOST]:PORT", HOST a name (253 bytes at most, redis-endpoint.c) or an address. */
+#define ADDRESS_MAX (253 + 2 + 1 + 5 + 1)
+
+struct Sentinel {
+        sd_event *event;
+        RedisEndpoint endpoint;         /* REDIS_ENDPOINT_SENTINEL */
+        SentinelOptions options;        /* password_file owned */
+        RedisLink *query;               /* SENTINEL get-master-addr-by-name */
+        RedisLink *watch;               /* subscribed to +switch-master */
+        size_t current;                 /* the Sentinel both links are pointed at */
+        size_t failed_in_row;           /* Sentinels that failed since the last good answer */
+        bool moving;                    /* redis_link_set_endpoint() under way: the DOWN it tells is ours */
+        bool asking, ask_again;
+        sd_event_source *rotate_timer;
+        sd_event_source *reask_timer;
+        char current_address[ADDRESS_MAX];
+        char primary[ADDRESS_MAX];      /* "" before the first answer */
+        uint64_t failovers;
+        usec_t last_failover;
+};
+
+static void format_address(char *buf, size_t size, const char *host, unsigned port) {
+        bool v6 = strchr(host, ':');
+        snprintf(buf, size, "%s%s%s:%u", v6 ? "[" : "", host, v6 ? "]" : "", port);
+}
+
+/* The primary is at host:port. Tells the owner if that is news. */
+static void sentinel_set_primary(Sentinel *s, const char *host, unsigned port, const char *source) {
+        char address[ADDRESS_MAX], previous[ADDRESS_MAX];
+        RedisEndpoint primary;
+
+        format_address(address, sizeof address, host, port);
+        if (streq(s->primary, address))
+                return;
+        if (redis_endpoint_sentinel_primary(&s->endpoint, host, (uint16_t) port, &primary) < 0) {
+                log_oom();
+                return; /* asked again within REASK_INTERVAL */
+        }
+        bool failover = s->primary[0] != '\0';
+        snprintf(previous, sizeof previous, "%s", s->primary);
+        snprintf(s->primary, sizeof s->primary, "%s", address);
+        if (failover) {
+                s->failovers++;
+                s->last_failover = now_realtime();
+                log_notice("Sentinel %s: the primary of %s moved from %s to %s (%s)", s->current_address,
+                           s->endpoint.master, previous, address, source);
+        } else
+                log_info("Sentinel %s: the primary of %s is %s", s->current_address, s->endpoint.master, address);
+        if (s->options.on_primary)
+                s->options.on_primary(s, &primary, failover ? previous : NULL, failover, s->options.userdata);
+        redis_endpoint_done(&primary);
+}
+
+/* The current Sentinel failed (cannot be reached, does not know the primary): the next one, at once
+ * unless the whole list failed in a row. */
+static void sentinel_failed(Sentinel *s) {
+        int enabled = SD_EVENT_OFF;
+
+        s->failed_in_row++;
+        if (s->endpoint.n_sentinels < 2)
+                return; /* the link retries its one Sentinel by itself */
+        (void) sd_event_source_get_enabled(s->rotate_timer, &enabled);
+        if (enabled != SD_EVENT_OFF)
+                return;
+        (void) sd_event_source_set_time_relative(s->rotate_timer,
+                                                 s->failed_in_row % s->endpoint.n_sentinels == 0 ? ROUND_BACKOFF : 0);
+        (void) sd_event_source_set_enabled(s->rotate_timer, SD_EVENT_ONESHOT);
+}
+
+static void sentinel_ask(Sentinel *s);
+
+static void on_answer(RedisLink *link, int error, const redisReply *reply, void *userdata) {
+        Sentinel *s = userdata;
+
+        s->asking = false;
+        if (error < 0)
+                return; /* the link says why, and asks again once up */
+        if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 && reply->element[0]->type == REDIS_REPLY_STRING &&
+            reply->element[1]->type == REDIS_REPLY_STRING) {
+                char *end;
+                unsigned long port = strtoul(reply->element[1]->str, &end, 10);
+                if (*end == '\0' && port > 0 && port <= 65535 && reply->element[0]->len > 0) {
+                        s->failed_in_row = 0;
+                        sentinel_set_primary(s, reply->element[0]->str, (unsigned) port, "asked");
+                        goto next;
+                }
+        }
+        if (reply->type == REDIS_REPLY_NIL)
+                log_warning("Sentinel %s does not monitor a primary called %s; asking the next one",
+                            s->current_address, s->endpoint.master);
+        else
+                log_warning("Sentinel %s answered SENTINEL get-master-addr-by-name %s with %s; asking the next one",
+                            s->current_address, s->endpoint.master,
+                            reply->type == REDIS_REPLY_ERROR ? reply->str : "an unexpected reply");
+        sentinel_failed(s);
+next:
+        if (s->ask_again) {
+                s->ask_again = false;
+                sentinel_ask(s);
+        }
+}
+
+static void sentinel_ask(Sentinel *s) {
+        if (s->asking) {
+                s->ask_again = true; /* the answer in flight may predate what made the owner ask */
+                return;
+        }
+        if (redis_link_get_state(s->query) != REDIS_LINK_UP)
+                return; /* asked when it is */
+        if (redis_link_command(s->query, on_answer, s, 3,
+                               (const char *const[]) { "SENTINEL", "get-master-addr-by-name", s->endpoint.master },
+                               NULL) >= 0)
+                s->asking = true;
+}
+
+/* "+switch-master": "MASTER OLD-IP OLD-PORT NEW-IP NEW-PORT". */
+static void on_message(RedisLink *link, const char *channel, const char *message, size_t len, void *userdata) {
+        Sentinel *s = userdata;
+        char name[256], old_ip[64], new_ip[64];
+        unsigned old_port, new_port;
+
+        if (!streq(channel, SWITCH_CHANNEL) || len >= 512)
+                return;
+        if (sscanf(message, "%255s %63s %u %63s %u", name, old_ip, &old_port, new_ip, &new_port) != 5 ||
+            !streq(name, s->endpoint.master) || new_port == 0 || new_port > 65535)
+                return; /* another primary the Sentinel monitors */
+        sentinel_set_primary(s, new_ip, new_port, SWITCH_CHANNEL);
+}
+
+static void on_link_log(RedisLink *link, int priority, const char *message, void *userdata) {
+        Sentinel *s = userdata;
+        log_full_errno(priority, 0, "Sentinel %s: %s", s->current_address, message);
+}
+
+static void on_query_state(RedisLink *link, RedisLinkState state, const char *detail, void *userdata) {
+        Sentinel *s = userdata;
+
+        if (state == REDIS_LINK_UP)
+                sentinel_ask(s);
+        else if (!s->moving) {
+                s->asking = false;
+                log_full_errno(s->failed_in_row == 0 ? LOG_WARNING : LOG_DEBUG, 0, "Sentinel %s: %s",
+                               s->current_address, detail ?: "down");
+                sentinel_failed(s);
+        }
+}
+
+static void on_watch_state(RedisLink *link, RedisLinkState state, const char *detail, void *userdata) {
+        /* Subscribed again: what was published meanwhile is lost, so ask. */
+        if (state == REDIS_LINK_UP)
+                sentinel_ask(userdata);
+}
+
+/* Points both links at Sentinel i. */
+static int sentinel_point(Sentinel *s, size_t i) {
+        const RedisSentinelAddress *a = &s->endpoint.sentinels[i];
+        RedisEndpoint e = { .type = REDIS_ENDPOINT_TCP, .host = a->host, .port = a->port };
+        int r;
+
+        s->current = i;
+        format_address(s->current_address, sizeof s->current_address, a->host, a->port);
+        s->moving = true;
+        r = redis_link_set_endpoint(s->query, &e);
+        if (r >= 0)
+                r = redis_link_set_endpoint(s->watch, &e);
+        s->moving = false;
+        s->asking = false;
+        return r;
+}
+
+static int on_rotate(sd_event_source *es, uint64_t usec, void *userdata) {
+        Sentinel *s = userdata;
+        if (sentinel_point(s, (s->current + 1) % s->endpoint.n_sentinels) < 0)
+                sentinel_failed(s);
+        return 0;
+}
+
+static int on_reask(sd_event_source *es, uint64_t usec, void *userdata) {
+        Sentinel *s = userdata;
+        sentinel_ask(s);
+        (void) sd_event_source_set_time_relative(es, REASK_INTERVAL);
+        return 0;
+}
+
+int sentinel_new(sd_event *event, const RedisEndpoint *endpoint, const SentinelOptions *options, Sentinel **ret) {
+        int r;
+
+        assert_return(event, -EINVAL);
+        assert_return(endpoint && endpoint->type == REDIS_ENDPOINT_SENTINEL && endpoint->n_sentinels > 0, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        Sentinel *s = calloc(1, sizeof(Sentinel));
+        if (!s)
+                return -ENOMEM;
+        s->event = sd_event_ref(event);
+        s->options = options ? *options : (SentinelOptions) {};
+        s->options.password_file = NULL;
+        if (s->options.command_timeout == 0)
+                s->options.command_timeout = COMMAND_TIMEOUT_DEFAULT;
+        r = redis_endpoint_copy(endpoint, &s->endpoint);
+        if (r < 0) {
+                s->endpoint = (RedisEndpoint) {};
+                goto fail;
+        }
+        if (options && strdup_or_null(options->password_file, (char **) &s->options.password_file) < 0) {
+                r = -ENOMEM;
+                goto fail;
+        }
+
+        RedisLinkOptions o = {
+                .password_file = s->options.password_file,
+                .command_timeout = s->options.command_timeout,
+                .backoff_max = ROUND_BACKOFF,
+                .sentinel = true,
+                .on_state = on_query_state,
+                .on_log = on_link_log,
+                .userdata = s,
+        };
+        r = redis_link_new(event, NULL, &o, &s->query);
+        if (r < 0)
+                goto fail;
+        o.blocking = true;
+        o.on_state = on_watch_state;
+        r = redis_link_new(event, NULL, &o, &s->watch);
+        if (r < 0)
+                goto fail;
+        r = redis_link_subscribe(s->watch, SWITCH_CHANNEL, on_message, s);
+        if (r < 0)
+                goto fail;
+        r = sd_event_add_time(event, &s->rotate_timer, CLOCK_MONOTONIC, USEC_INFINITY, USEC_PER_MSEC, on_rotate, s);
+        if (r < 0)
+                goto fail;
+        (void) sd_event_source_set_enabled(s->rotate_timer, SD_EVENT_OFF);
+        r = sd_event_add_time_relative(event, &s->reask_timer, CLOCK_MONOTONIC, REASK_INTERVAL, USEC_PER_MSEC * 100,
+                                       on_reask, s);
+        if (r < 0)
+                goto fail;
+        (void) sd_event_source_set_enabled(s->reask_timer, SD_EVENT_ON);
+        r = sentinel_point(s, 0);
+        if (r < 0)
+                goto fail;
+
+        *ret = s;
+        return 0;
+fail:
+        sentinel_free(s);
+        return r;
+}
+
+Sentinel *sentinel_free(Sentinel *s) {
+        if (!s)
+                return NULL;
+        redis_link_free(s->query);
+        redis_link_free(s->watch);
+        sd_event_source_disable_unref(s->rotate_timer);
+        sd_event_source_disable_unref(s->reask_timer);
+        redis_endpoint_done(&s->endpoint);
+        free((char *) s->options.password_file);
+        sd_event_unref(s->event);
+        return mfree(s);
+}
+
+void sentinel_rediscover(Sentinel *s) {
+        if (s)
+                sentinel_ask(s);
+}
+
+const char *sentinel_get_primary(const Sentinel *s) {
+        return s && s->primary[0] ? s->primary : NULL;
+}
+
+const char *sentinel_get_current(const Sentinel *s) {
+        return s ? s->current_address : NULL;
+}
+
+uint64_t sentinel_get_failovers(const Sentinel *s) {
+        return s ? s->failovers : 0;
+}
+
+usec_t sentinel_get_last_failover(const Sentinel *s) {
+        return s ? s->last_failover : 0;
+}

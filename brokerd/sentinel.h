@@ -1,0 +1,51 @@
+/* SPDX-License-Identifier: MIT */
+/* sentinel.h — which node is a redis-sentinel:// backend's primary now (SPEC §11, high availability).
+ *
+ * One Sentinel of the list at a time is asked `SENTINEL get-master-addr-by-name MASTER` (on one link), and
+ * watched for `+switch-master` (on a second, subscribed link): a Sentinel that cannot be reached, does not
+ * know MASTER, or answers nonsense makes the next one of the list current, the round over the whole list
+ * spaced by a backoff. The answer is asked again whenever the watch (re)subscribes (pub/sub loses what is
+ * published while not subscribed), every few seconds as a safety net, and when the owner says the named
+ * primary refused or cannot be reached (sentinel_rediscover()).
+ *
+ * This module only says where the primary is; connecting to it, and checking that it is one (INFO's
+ * role), is the owner's (backend.c, with redis-link.h). Both links resolve host names off the loop. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <systemd/sd-event.h>
+
+#include "redis-endpoint.h"
+#include "time-util.h"
+
+typedef struct Sentinel Sentinel;
+
+/* The primary is (now) at primary (TCP, with the backend's DB), valid during the call only. failover: the
+ * Sentinels moved it (+switch-master, or an answer other than the last one); false for the first answer.
+ * previous: the address before, "HOST:PORT", NULL for the first answer. */
+typedef void (*SentinelPrimaryFn)(Sentinel *s, const RedisEndpoint *primary, const char *previous, bool failover,
+                                  void *userdata);
+
+typedef struct SentinelOptions {
+        const char *password_file;      /* the Sentinels' (backend-sentinel-password-file=); NULL: no AUTH */
+        usec_t command_timeout;         /* 0: 1 s */
+        SentinelPrimaryFn on_primary;
+        void *userdata;
+} SentinelOptions;
+
+/* Starts asking the Sentinels of endpoint (REDIS_ENDPOINT_SENTINEL), from the loop. Returns 0, -EINVAL,
+ * -ENOMEM or sd-event's error. */
+int sentinel_new(sd_event *event, const RedisEndpoint *endpoint, const SentinelOptions *options, Sentinel **ret);
+Sentinel *sentinel_free(Sentinel *s);
+
+/* The primary named last refused to be one (a replica) or cannot be reached: ask again now. */
+void sentinel_rediscover(Sentinel *s);
+
+/* "HOST:PORT" of the primary named last; NULL before the first answer. */
+const char *sentinel_get_primary(const Sentinel *s);
+/* "HOST:PORT" of the Sentinel asked now. */
+const char *sentinel_get_current(const Sentinel *s);
+/* Failovers seen (primary changes after the first answer), and the realtime of the last one (0: none). */
+uint64_t sentinel_get_failovers(const Sentinel *s);
+usec_t sentinel_get_last_failover(const Sentinel *s);
