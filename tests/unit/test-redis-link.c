@@ -665,7 +665,7 @@ static bool stays_idle(Fixture *f, const void *until) {
 static void test_link_without_endpoint_waits_then_moves_at_once(void **state) {
         Fixture *f = *state;
         RedisEndpoint tcp = { .type = REDIS_ENDPOINT_TCP, .host = (char *) "127.0.0.1" };
-        RedisEndpoint unix_socket = { .type = REDIS_ENDPOINT_UNIX, .path = f->socket_path };
+        RedisEndpoint unix_socket = { .type = REDIS_ENDPOINT_UNIX, .path = f->redis.socket_path };
         usec_t until = now_monotonic() + 300 * USEC_PER_MSEC;
         unsigned told;
 
@@ -695,7 +695,7 @@ static void test_link_without_endpoint_waits_then_moves_at_once(void **state) {
         wait_up(f);
         assert_true(now_monotonic() - moved < 2 * USEC_PER_SEC);
         assert_true(f->n_told >= told + 2);
-        assert_string_equal(redis_link_get_endpoint(f->link)->path, f->socket_path);
+        assert_string_equal(redis_link_get_endpoint(f->link)->path, f->redis.socket_path);
         Reply r = CMD("PING");
         assert_string_equal(r.text, "PONG");
 }
@@ -756,9 +756,9 @@ static void test_subscription_is_up_before_up_and_renewed_after_a_restart(void *
         Reply r = {};
         assert_int_equal(redis_link_command(f->link, on_reply, &r, 1, (const char *const[]) { "PING" }, NULL), -EINVAL);
 
-        redis_stop(f);
+        test_redis_kill(&f->redis);
         wait_state(f, REDIS_LINK_DOWN);
-        redis_start(f, NULL);
+        assert_int_equal(test_redis_restart(&f->redis, NULL), 0); /* the same port */
         wait_up(f);
         m = (Messages) {};
         assert_int_equal(publish(f, "second"), 1);
