@@ -1,8 +1,9 @@
 #!/bin/bash
 # The whole test suite: unit tests, integration tests against the real brokerd, fuzz corpora replay, the
-# units under a real systemd, then everything but the systemd lane again with AddressSanitizer and
+# units under a real systemd, then everything but the systemd lane and the long fault runs (suite "slow":
+# shared pools under seeded faults, Sentinel failovers) again with AddressSanitizer and
 # UndefinedBehaviorSanitizer (clang: brokerd itself runs sanitized under the integration tests), and the
-# unit tests under valgrind.
+# unit tests under valgrind. The summary gives each stage's time: CI allows 15 minutes on 2 cores.
 #
 # What cannot run where it runs (no root, no namespaces without CAP_SYS_ADMIN, a tool missing) is
 # skipped, never failed: the summary at the end names each stage's outcome and every skipped test and
@@ -22,9 +23,10 @@ summary() {
 }
 trap summary EXIT
 
-# stage NAME BUILD_DIR COMMAND…: runs a `meson test` stage and records its outcome and what it skipped.
+# stage NAME BUILD_DIR COMMAND…: runs a `meson test` stage and records its outcome, its time and what it
+# skipped.
 stage() {
-        local name=$1 dir=$2 skipped rc=0
+        local name=$1 dir=$2 skipped rc=0 start=$SECONDS
         shift 2
         echo "==> $name"
         current=$name
@@ -38,12 +40,12 @@ stage() {
         else
                 outcome=ran
         fi
-        stages+=("$name: $outcome${skipped:+$'\n'$skipped}")
+        stages+=("$name: $outcome in $((SECONDS - start)) s${skipped:+$'\n'$skipped}")
 }
 
 current="setup (tools/setup.sh)"
 bash tools/setup.sh
-stages+=("$current: done")
+stages+=("$current: done in $SECONDS s")
 current=""
 
 stage "meson test (gcc, -Werror)" build \
@@ -62,7 +64,7 @@ ninja -C build-asan
 current=""
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         stage "meson test under ASan/UBSan (clang)" build-asan \
-        meson test -C build-asan --print-errorlogs --suite unit --suite fuzz --suite integration
+        meson test -C build-asan --print-errorlogs --suite unit --suite fuzz --suite integration --no-suite slow
 
 # Ten times the timeouts: valgrind runs the history writer's 200,000 rows some twenty times slower.
 # no-valgrind: what valgrind cannot run (a clone() sharing memory; see tests/meson.build).
