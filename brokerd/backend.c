@@ -26,6 +26,7 @@ typedef struct BackendPool {
         Pool *pool;
         uint64_t serial;
         SharedPoolParams params;
+        usec_t announced_fence;         /* the self-fence deadline on_fence_moved() last told */
 } BackendPool;
 
 typedef struct InFlight InFlight;
@@ -149,6 +150,17 @@ static void backend_wake(void *userdata) {
 
 static void backend_start_read(Backend *b);
 
+/* Renewals for the holders of the pool's leases: paced by the deadline's moves (a second or more later,
+ * which each acknowledged heartbeat makes), never held back when it moves earlier. */
+static void backend_announce_fence(Backend *b, BackendPool *bp, usec_t deadline) {
+        usec_t last = bp->announced_fence;
+        if (deadline == last || (deadline > last && last != USEC_INFINITY && deadline - last < USEC_PER_SEC))
+                return;
+        bp->announced_fence = deadline;
+        if (deadline != USEC_INFINITY && b->table->on_fence_moved)
+                b->table->on_fence_moved(bp->pool->name, deadline, b->table->userdata);
+}
+
 static void backend_after(Backend *b) {
         usec_t fence = USEC_INFINITY;
         for (size_t i = 0; i < b->n_pools; i++) {
@@ -162,6 +174,7 @@ static void backend_after(Backend *b) {
                 usec_t f = pool_shared_fence_deadline(p);
                 if (f < fence)
                         fence = f;
+                backend_announce_fence(b, b->pools[i], f);
         }
         if (fence == USEC_INFINITY)
                 (void) sd_event_source_set_enabled(b->fence_timer, SD_EVENT_OFF);
@@ -530,6 +543,7 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
         r = bp ? 0 : -ENOMEM;
         if (bp) {
                 bp->serial = ++b->next_serial;
+                bp->announced_fence = USEC_INFINITY;
                 bp->params = (SharedPoolParams) {
                         .node_id = t->node->id,
                         .node_name = t->node->name,
@@ -582,4 +596,14 @@ void backend_table_set_last_alive(BackendTable *t, usec_t realtime) {
                         pool_shared_set_last_ack(b->pools[j]->pool, at);
                 backend_after(b);
         }
+}
+
+usec_t backend_table_fence_deadline(const BackendTable *t, const char *pool) {
+        for (size_t i = 0; i < t->n_backends; i++) {
+                Backend *b = t->backends[i];
+                for (size_t j = 0; j < b->n_pools; j++)
+                        if (streq(b->pools[j]->pool->name, pool))
+                                return pool_shared_fence_deadline(b->pools[j]->pool);
+        }
+        return USEC_INFINITY;
 }

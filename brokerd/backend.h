@@ -32,7 +32,11 @@ typedef struct BackendTable {
         void (*on_notice)(const char *pool, const SharedNotice *n, void *userdata);
         /* A call of pool `pool` answered after rtt (metrics). May be NULL. */
         void (*on_rtt)(const char *pool, usec_t rtt, void *userdata);
-        void *userdata;                 /* of random, on_notice and on_rtt */
+        /* The self-fence deadline of pool `pool` (CLOCK_BOOTTIME) moved: an acknowledged heartbeat put it a
+         * second or more later (or something put it earlier). Its leases' holders are told (memo §4.4), so
+         * that their commands stop in time should brokerd stop renewing. May be NULL. */
+        void (*on_fence_moved)(const char *pool, usec_t deadline, void *userdata);
+        void *userdata;                 /* of random, on_notice, on_rtt and on_fence_moved */
         Backend **backends;
         size_t n_backends;
 } BackendTable;
@@ -51,3 +55,7 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
  * heartbeat is acknowledged, the leases restored into shared pools fence from it (memo §4.7, CONNECTING),
  * so that a restart while Redis is unreachable still revokes them in time. */
 void backend_table_set_last_alive(BackendTable *t, usec_t realtime);
+
+/* The self-fence deadline (CLOCK_BOOTTIME) of the shared pool `pool`: its leases are safe until then.
+ * USEC_INFINITY: no such pool, no lease, or nothing acknowledged yet. */
+usec_t backend_table_fence_deadline(const BackendTable *t, const char *pool);

@@ -288,6 +288,16 @@ static void on_backend_rtt(const char *pool, usec_t rtt, void *userdata) {
         metrics_backend_rtt(&m->metrics, pool, rtt);
 }
 
+static void on_backend_fence_moved(const char *pool, usec_t deadline, void *userdata) {
+        Manager *m = userdata;
+        (void) session_table_renew_pool(&m->sessions, pool, deadline);
+}
+
+static usec_t session_fence_deadline(const char *pool, void *userdata) {
+        Manager *m = userdata;
+        return backend_table_fence_deadline(&m->backends, pool);
+}
+
 static void on_backend_notice(const char *pool, const SharedNotice *n, void *userdata) {
         Manager *m = userdata;
         audit_backend(&m->audit, pool, n);
@@ -965,6 +975,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         m->backends.random = manager_random;
         m->backends.on_notice = on_backend_notice;
         m->backends.on_rtt = on_backend_rtt;
+        m->backends.on_fence_moved = on_backend_fence_moved;
         m->backends.userdata = m;
         engine_set_pool_factory(m->engine, manager_pool_factory, m);
 #endif
@@ -1013,6 +1024,9 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         m->sessions.lane_allows = session_lane_allows;
         m->sessions.fd_released = session_fd_released;
         m->sessions.memory_freed = history_memory_freed;
+#if HAVE_REDIS
+        m->sessions.fence_deadline = session_fence_deadline;
+#endif
         m->sessions.userdata = m;
         m->sessions.call_userdata = &m->methods;
         m->methods = (Methods) {

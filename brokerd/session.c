@@ -404,6 +404,19 @@ bool session_lease_renew(Session *s, usec_t fence_in) {
         return session_reply(s, p, true) >= 0;
 }
 
+unsigned session_table_renew_pool(SessionTable *t, const char *pool, usec_t deadline) {
+        usec_t now = now_boottime();
+        unsigned n = 0;
+        if (deadline == USEC_INFINITY || deadline <= now)
+                return 0; /* nothing to promise: the fence is due (or there is none) */
+        list_foreach_safe(node, &t->sessions) { /* a failed reply closes its session: it moves to t->closed */
+                Session *s = container_of(node, Session, node);
+                if (s->lease && streq(engine_lease_pool(s->lease->engine_lease), pool))
+                        n += session_lease_renew(s, deadline - now);
+        }
+        return n;
+}
+
 void session_lease_release(Session *by, Lease *l) {
         if (lease_command_running(l)) {
                 session_lease_revoke(l, "released while its command runs");
@@ -590,6 +603,17 @@ static void on_queued(SessionTable *m, Session *s, const EngineEvent *ev) {
         }
 }
 
+/* The lease's fence deadline, if its pool has one, sent at once ("held"). */
+static void session_lease_renew_now(Session *s, const Lease *l) {
+        SessionTable *t = s->table;
+        if (!t->fence_deadline || !s->acquire.fence)
+                return;
+        usec_t deadline = t->fence_deadline(engine_lease_pool(l->engine_lease), t->userdata);
+        usec_t now = now_boottime();
+        if (deadline != USEC_INFINITY && deadline > now)
+                (void) session_lease_renew(s, deadline - now);
+}
+
 /* Sends the grant to the client that asked (SPEC §5: continues while the connection is the life line). */
 static void answer_grant(Session *s, Lease *l) {
         AcquireCall *a = &s->acquire;
@@ -603,6 +627,10 @@ static void answer_grant(Session *s, Lease *l) {
         }
         session_reply(s, p, continues);
         a->request = engine_request_unref(a->request);
+        if (continues)
+                /* A fenced client must not wait for the next heartbeat to learn its deadline: a broker stopped
+                 * in between would leave its command running unfenced past the slot's release in Redis. */
+                session_lease_renew_now(s, l);
         if (!continues) {
                 /* A plain Acquire ends with the grant; a detached lease leaves the connection free. */
                 a->active = false;

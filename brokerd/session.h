@@ -50,6 +50,9 @@ typedef struct SessionTable {
         bool (*lane_allows)(const char *lane, uid_t uid, const gid_t *groups, size_t n_groups, void *userdata);
         void (*fd_released)(void *userdata);
         void (*memory_freed)(size_t bytes, void *userdata);
+        /* CLOCK_BOOTTIME instant until which a lease of `pool` is safe (a shared pool's self-fence deadline),
+         * or USEC_INFINITY (a local pool, or nothing acknowledged yet). May be NULL. */
+        usec_t (*fence_deadline)(const char *pool, void *userdata);
         void *userdata;
         void *call_userdata;            /* for the call handler bound to each connection (the methods) */
 } SessionTable;
@@ -132,6 +135,9 @@ void session_lease_revoke(Lease *l, const char *reason);
  * follow in time (io.slotbroker(7)). Nothing is sent otherwise. The caller paces them (design memo 4.4: when
  * the deadline moved by a second or more, at most once a second). Returns whether a renewal went out. */
 bool session_lease_renew(Session *s, usec_t fence_in);
+/* session_lease_renew() of every session holding a lease of `pool`, safe until `deadline` (CLOCK_BOOTTIME):
+ * the shared pool's heartbeat moved its self-fence deadline. Returns how many renewals went out. */
+unsigned session_table_renew_pool(SessionTable *t, const char *pool, usec_t deadline);
 /* Release of l from session by (its holder, or another connection of its uid or root): the holder hears
  * "released" (or "revoked" while l's command runs) before by's reply. */
 void session_lease_release(Session *by, Lease *l);

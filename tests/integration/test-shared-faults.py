@@ -31,6 +31,7 @@ Environment: SLOTBROKER_FAULT_SEED (default: random, printed), SLOTBROKER_FAULT_
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,72 @@ class ClientLoop(threading.Thread):
             self.exits.append((time.monotonic(), p.returncode, name, err.strip(), started))
             if p.returncode in (69, 75):
                 self.stop.wait(0.5)  # its brokerd is down, or refuses at once (Redis unreachable): do not spin
+
+
+class TestSharedFencing(harness.BrokerTestCase):
+    """The fault test's SIGSTOP on its own, in seconds: a brokerd stopped under a `slotctl run` of a shared
+    pool renews nothing, so the command stops (124) before Redis frees its slot for another node."""
+    TTL = 6.0  # the shortest backend-node-ttl a revoke-grace of 1 s allows: a fence 3 s after the last ack
+
+    def config(self, backend, node):
+        return f"""\
+[broker]
+node-name = {node}
+revoke-grace = 1s
+
+[pool one]
+limit = 1
+backend = {backend}
+backend-node-ttl = {self.TTL:g}s
+
+[lane one]
+pools = one
+policy = wait
+"""
+
+    def setUp(self):
+        faults.skip_unless_shared_pools(self)
+        self.tmp = tempfile.mkdtemp(prefix="test-shared-fencing-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.redis = RedisServer(self.tmp).start()
+        self.addCleanup(self.redis.close)
+        self.witness = Witness(self.tmp)
+
+    def run_witness(self, broker, name, body):
+        p = subprocess.Popen([SLOTCTL, "run", "--socket", broker.socket_path, "--lane", "one", "--quiet",
+                              "--kill-after", "1s", "--", *self.witness.command(body, name)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(p.stderr.close)
+        self.addCleanup(lambda: p.poll() is None and (p.kill(), p.wait()))
+        return p
+
+    def test_stopped_brokerd_fences_its_command_before_its_slot_is_freed(self):
+        a = self.broker(self.config(self.redis.url(), "node-a"), "fencing-a")
+        b = self.broker(self.config(self.redis.url(), "node-b"), "fencing-b")
+        for node in (a, b):  # until then a node refuses the pool at once
+            wait_for(lambda: node.pool("one")["backend"]["up"], timeout=30, message=f"{node.name}: the backend up")
+        on_a = self.run_witness(a, "on-a", "sleep 3600")
+        # A pool's first use waits one TTL (its recovery window): a generous bound, never a sleep.
+        wait_for(lambda: self.witness.started("on-a"), timeout=self.TTL + 30, message="the command on A to start")
+        on_b = self.run_witness(b, "on-b", "sleep 0.1")
+        wait_for(lambda: b.pool("one")["waiting"] or None, timeout=10, message="B's command to wait")
+
+        os.kill(a.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            rc = on_a.wait(self.TTL + harness.LATENESS)
+            fenced_after = time.monotonic() - stopped
+            # Redis frees A's slot a TTL after its last heartbeat: B's command takes it then.
+            self.assertEqual(on_b.wait(self.TTL + 20), 0, on_b.stderr.read())
+        finally:
+            os.kill(a.pid, signal.SIGCONT)
+        stderr = on_a.stderr.read()
+        self.assertEqual(rc, 124, stderr)
+        self.assertIn("no renewal of the lease came in time", stderr)
+        self.assertLess(fenced_after, self.TTL, "the command outlived its node's TTL")
+        # Never both at once (B's command would have found A's lock file), and the fencing tokens go on.
+        self.witness.check_shared(self, {"one": 1})
+        self.assertEqual([e.name for e in self.witness.started()], ["on-a", "on-b"])
 
 
 # A stopped or killed brokerd cannot fence its commands: without slotctl's own fence (issue11-plan.md §4.4,
