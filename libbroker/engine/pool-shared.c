@@ -108,6 +108,7 @@ typedef struct SharedPool {
         usec_t last_tick;      /* monotonic, queued */
         usec_t down_since;     /* monotonic, USEC_INFINITY: up (or never was) */
         usec_t acked_boot;     /* CLOCK_BOOTTIME send time of the last acknowledged tick */
+        usec_t stale_ack;      /* acked_boot when its vouch deadline passed and the waiters were refused */
         uint64_t token_floor;  /* 0: none to send */
         int64_t offset;        /* pool clock − monotonic, from the last round trip */
         bool offset_known;
@@ -1007,23 +1008,37 @@ void pool_shared_set_last_ack(Pool *base, usec_t boot) {
                 p->acked_boot = boot;
 }
 
+/* Until when this node can vouch for what Redis decided for it (USEC_INFINITY: no heartbeat acknowledged
+ * yet). Redis drops this node, its leases and its waiters, no earlier than acked + TTL; its commands must
+ * be gone before, with the revoke grace to let go and 2 s for a forward step of Redis's clock (memo §4.3). */
+static usec_t vouch_deadline(const SharedPool *p) {
+        if (p->acked_boot == USEC_INFINITY)
+                return USEC_INFINITY;
+        usec_t margin = p->params.revoke_grace + SHARED_FENCE_SLACK;
+        usec_t end = usec_add(p->acked_boot, p->params.node_ttl);
+        return end > margin ? end - margin : 0;
+}
+
 usec_t pool_shared_fence_deadline(const Pool *base) {
         SharedPool *p = SHARED(base);
         bool any = false;
         list_foreach(n, &p->grants)
                 if (!container_of(n, PoolGrant, node)->lost)
                         any = true;
-        if (!any || p->acked_boot == USEC_INFINITY)
-                return USEC_INFINITY;
-        /* Redis frees this node's leases no earlier than acked + TTL; its commands must be gone before,
-         * with the revoke grace to let go and 2 s for a forward step of Redis's clock (memo §4.3). */
-        usec_t margin = p->params.revoke_grace + SHARED_FENCE_SLACK;
-        usec_t end = usec_add(p->acked_boot, p->params.node_ttl);
-        return end > margin ? end - margin : 0;
+        return any ? vouch_deadline(p) : USEC_INFINITY;
 }
 
 void pool_shared_fence_check(Pool *base, usec_t boot_now, usec_t now) {
         SharedPool *p = SHARED(base);
+        usec_t v = vouch_deadline(p);
+        if (v != USEC_INFINITY && boot_now >= v && p->stale_ack != p->acked_boot) {
+                /* Redis may have dropped this node (a brokerd stopped, or cut off, for a TTL): a grant it made
+                 * for one of our waiters before that may still sit unread in the stream or in a reply, and
+                 * its slots be another node's by now. The waiters go, so that such a grant finds none and
+                 * is released; once per silence (requests made since are Redis's to decide again). */
+                p->stale_ack = p->acked_boot;
+                refuse_all_tries(p, "backend", now);
+        }
         usec_t f = pool_shared_fence_deadline(base);
         if (f == USEC_INFINITY || boot_now < f)
                 return;
@@ -1951,6 +1966,7 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
         list_init(&p->notices);
         p->down_since = USEC_INFINITY;
         p->acked_boot = USEC_INFINITY;
+        p->stale_ack = USEC_INFINITY;
         state_set(p, SHARED_STATE_CONNECTING);
         if (asprintf(&p->key, "{sb:%s}", name) < 0)
                 p->key = NULL;
