@@ -1967,6 +1967,11 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
         p->down_since = USEC_INFINITY;
         p->acked_boot = USEC_INFINITY;
         p->stale_ack = USEC_INFINITY;
+        /* The first heartbeat carries a whole reconcile: Redis may hold records of this node id that no
+         * process knows any more (a brokerd killed and started again: the leases that ended while it was
+         * down, the waiters it had, a grant it never recorded). The fingerprint would find them, but only
+         * on a heartbeat with nothing else in flight, which a busy node may not send for a long time. */
+        p->reconcile_from = strdup("-");
         state_set(p, SHARED_STATE_CONNECTING);
         if (asprintf(&p->key, "{sb:%s}", name) < 0)
                 p->key = NULL;
