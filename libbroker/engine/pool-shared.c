@@ -330,6 +330,22 @@ static bool state_sends_operations(SharedState s) {
         return s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING;
 }
 
+/* ARGV[4] is the run id of the link a call goes out on, not of the one it was queued under: a reclaim
+ * queued at restore (no link yet), a release kept while the link was down across a Redis restart. Redis
+ * takes any run id other than the one it stored as a restart and starts a recovery window. */
+static int call_set_run_id(Call *c, const char *run_id) {
+        run_id = run_id ?: "";
+        if (streq(c->argv[4], run_id))
+                return 0;
+        char *s = strdup(run_id);
+        if (!s)
+                return -ENOMEM;
+        free(c->argv[4]);
+        c->argv[4] = s;
+        c->argvlen[4] = strlen(s);
+        return 0;
+}
+
 bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
         SharedPool *p = SHARED(base);
         if (!p->link_up || p->state == SHARED_STATE_REFUSED)
@@ -342,6 +358,8 @@ bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
                         continue;
                 if (c->script != SHARED_SCRIPT_TICK && !state_sends_operations(p->state))
                         continue;
+                if (call_set_run_id(c, p->run_id) < 0)
+                        return false; /* out of memory: tried again at the next wake-up */
                 c->sent = c->ever_sent = true;
                 c->sent_at = now;
                 c->view = (SharedCall) {

@@ -709,6 +709,9 @@ static void test_restored_lease_is_reclaimed(void **state) {
         assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_RECLAIMING);
         const SharedCall *c = take(f, SHARED_SCRIPT_RECLAIM);
         assert_int_equal(c->argc, 12);
+        /* Queued before the link was up, sent with the run id it has now: any other starts a recovery
+         * window in Redis (every grant of the pool held back for a TTL). */
+        assert_string_equal(arg(c, 4), "run1");
         assert_string_equal(arg(c, 6), "00000000000000aa");
         assert_string_equal(arg(c, 7), "ci");
         assert_string_equal(arg(c, 8), "1");
