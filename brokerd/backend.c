@@ -193,6 +193,15 @@ static void backend_after(Backend *b) {
         backend_start_read(b);
 }
 
+/* The self-fence, and what this node can no longer vouch for, before anything a reply or the stream says:
+ * a brokerd that was stopped (or a host that was suspended) reads what Redis decided while it was away
+ * only once it knows whether Redis may have dropped it meanwhile (memo §4.3). */
+static void backend_fence_check(Backend *b) {
+        usec_t boot = now_boottime(), now = now_monotonic();
+        for (size_t i = 0; i < b->n_pools; i++)
+                pool_shared_fence_check(b->pools[i]->pool, boot, now);
+}
+
 /* ---- script calls ---- */
 
 static void on_call_reply(RedisLink *link, int error, const redisReply *reply, void *userdata) {
@@ -205,6 +214,7 @@ static void on_call_reply(RedisLink *link, int error, const redisReply *reply, v
         in_flight_free(f);
         if (!bp)
                 return; /* the pool went away meanwhile */
+        backend_fence_check(b);
 
         _cleanup_free_ RespValue *v = NULL;
         if (error == 0 && b->table->on_rtt)
@@ -259,9 +269,7 @@ static int on_flush(sd_event_source *s, void *userdata) {
 
 static int on_fence_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         Backend *b = userdata;
-        usec_t boot = now_boottime(), now = now_monotonic();
-        for (size_t i = 0; i < b->n_pools; i++)
-                pool_shared_fence_check(b->pools[i]->pool, boot, now);
+        backend_fence_check(b);
         backend_after(b);
         return 0;
 }
@@ -304,6 +312,7 @@ static void backend_read_entries(Backend *b, const redisReply *reply) {
 static void on_read_reply(RedisLink *link, int error, const redisReply *reply, void *userdata) {
         Backend *b = userdata;
         b->reading = false;
+        backend_fence_check(b);
         if (error == 0 && reply->type == REDIS_REPLY_ARRAY)
                 backend_read_entries(b, reply);
         else if (error == 0 && reply->type == REDIS_REPLY_ERROR) {
@@ -368,6 +377,7 @@ static void on_link_log(RedisLink *link, int priority, const char *message, void
 
 static void on_commands_state(RedisLink *link, RedisLinkState state, const char *detail, void *userdata) {
         Backend *b = userdata;
+        backend_fence_check(b);
         usec_t now = now_monotonic();
         /* The node the Sentinels named cannot be reached, or is not a primary (INFO's role; a failover
          * under way, or an old primary back as a replica): they may know better by now. */

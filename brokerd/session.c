@@ -391,6 +391,9 @@ void session_lease_revoke(Lease *l, const char *reason) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "revoked");
                 (void) session_reply(h, p, false);
                 h->acquire.active = false;
+                if (h->closed || h->lease != l)
+                        return; /* the reply found the peer gone: the close ended the lease (l may be freed)
+                                 * or left it overdue, with no holder to give a grace to */
                 lease_start_revoke_grace(l);
                 return;
         }

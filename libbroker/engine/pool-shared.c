@@ -113,6 +113,7 @@ typedef struct SharedPool {
         usec_t last_tick;      /* monotonic, queued */
         usec_t down_since;     /* monotonic, USEC_INFINITY: up (or never was) */
         usec_t acked_boot;     /* CLOCK_BOOTTIME send time of the last acknowledged tick */
+        usec_t stale_ack;      /* acked_boot when its vouch deadline passed and the waiters were refused */
         uint64_t token_floor;  /* 0: none to send */
         int64_t offset;        /* pool clock − monotonic, from the last round trip */
         bool offset_known;
@@ -341,6 +342,22 @@ static usec_t driver_now(const SharedPool *p, usec_t now) {
         return p->params.manual_clock ? p->last_now : now;
 }
 
+/* ARGV[4] is the run id of the link a call goes out on, not of the one it was queued under: a reclaim
+ * queued at restore (no link yet), a release kept while the link was down across a Redis restart. Redis
+ * takes any run id other than the one it stored as a restart and starts a recovery window. */
+static int call_set_run_id(Call *c, const char *run_id) {
+        run_id = run_id ?: "";
+        if (streq(c->argv[4], run_id))
+                return 0;
+        char *s = strdup(run_id);
+        if (!s)
+                return -ENOMEM;
+        free(c->argv[4]);
+        c->argv[4] = s;
+        c->argvlen[4] = strlen(s);
+        return 0;
+}
+
 bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
         SharedPool *p = SHARED(base);
         if (!p->link_up || p->state == SHARED_STATE_REFUSED)
@@ -353,6 +370,8 @@ bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
                         continue;
                 if (c->script != SHARED_SCRIPT_TICK && !state_sends_operations(p->state))
                         continue;
+                if (call_set_run_id(c, p->run_id) < 0)
+                        return false; /* out of memory: tried again at the next wake-up */
                 c->sent = c->ever_sent = true;
                 c->sent_at = now;
                 c->view = (SharedCall) {
@@ -1022,24 +1041,38 @@ void pool_shared_set_last_ack(Pool *base, usec_t boot) {
                 p->acked_boot = boot;
 }
 
+/* Until when this node can vouch for what Redis decided for it (USEC_INFINITY: no heartbeat acknowledged
+ * yet). Redis drops this node, its leases and its waiters, no earlier than acked + TTL; its commands must
+ * be gone before, with the revoke grace to let go and 2 s for a forward step of Redis's clock (memo §4.3). */
+static usec_t vouch_deadline(const SharedPool *p) {
+        if (p->acked_boot == USEC_INFINITY)
+                return USEC_INFINITY;
+        usec_t margin = p->params.revoke_grace + SHARED_FENCE_SLACK;
+        usec_t end = usec_add(p->acked_boot, p->params.node_ttl);
+        return end > margin ? end - margin : 0;
+}
+
 usec_t pool_shared_fence_deadline(const Pool *base) {
         SharedPool *p = SHARED(base);
         bool any = false;
         list_foreach(n, &p->grants)
                 if (!container_of(n, PoolGrant, node)->lost)
                         any = true;
-        if (!any || p->acked_boot == USEC_INFINITY)
-                return USEC_INFINITY;
-        /* Redis frees this node's leases no earlier than acked + TTL; its commands must be gone before,
-         * with the revoke grace to let go and 2 s for a forward step of Redis's clock (memo §4.3). */
-        usec_t margin = p->params.revoke_grace + SHARED_FENCE_SLACK;
-        usec_t end = usec_add(p->acked_boot, p->params.node_ttl);
-        return end > margin ? end - margin : 0;
+        return any ? vouch_deadline(p) : USEC_INFINITY;
 }
 
 void pool_shared_fence_check(Pool *base, usec_t boot_now, usec_t now) {
         SharedPool *p = SHARED(base);
         now = driver_now(p, now);
+        usec_t v = vouch_deadline(p);
+        if (v != USEC_INFINITY && boot_now >= v && p->stale_ack != p->acked_boot) {
+                /* Redis may have dropped this node (a brokerd stopped, or cut off, for a TTL): a grant it made
+                 * for one of our waiters before that may still sit unread in the stream or in a reply, and
+                 * its slots be another node's by now. The waiters go, so that such a grant finds none and
+                 * is released; once per silence (requests made since are Redis's to decide again). */
+                p->stale_ack = p->acked_boot;
+                refuse_all_tries(p, "backend", now);
+        }
         usec_t f = pool_shared_fence_deadline(base);
         if (f == USEC_INFINITY || boot_now < f)
                 return;
@@ -2095,6 +2128,12 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
         list_init(&p->held);
         p->down_since = USEC_INFINITY;
         p->acked_boot = USEC_INFINITY;
+        p->stale_ack = USEC_INFINITY;
+        /* The first heartbeat carries a whole reconcile: Redis may hold records of this node id that no
+         * process knows any more (a brokerd killed and started again: the leases that ended while it was
+         * down, the waiters it had, a grant it never recorded). The fingerprint would find them, but only
+         * on a heartbeat with nothing else in flight, which a busy node may not send for a long time. */
+        p->reconcile_from = strdup("-");
         state_set(p, SHARED_STATE_CONNECTING);
         if (asprintf(&p->key, "{sb:%s}", name) < 0)
                 p->key = NULL;

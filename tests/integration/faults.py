@@ -4,10 +4,11 @@
 shared pools at all.
 
 A schedule is a list of Faults drawn from MENU by a random.Random(seed): every entry of the menu once (in
-a shuffled order), then random ones up to `count`, so that a run covers every kind and the same seed gives
-the same run ($SLOTBROKER_FAULT_SEED; the test prints the seed it used). A Cluster applies one fault at a
-time to a redis-server (redisd.RedisServer), the TCP proxy in front of each brokerd (tcpproxy.TcpProxy)
-and the brokerds (harness.Broker), waits its duration, and undoes it.
+a shuffled order), then random ones of FILL (the menu without its 60 s blackhole) up to `count`, so that a
+run covers every kind and the same seed gives the same run ($SLOTBROKER_FAULT_SEED; the test prints the
+seed it used). A Cluster applies one fault at a time to a redis-server (redisd.RedisServer), the TCP proxy
+in front of each brokerd (tcpproxy.TcpProxy) and the brokerds (harness.Broker), waits its duration, and
+undoes it.
 
     for f in schedule(seed(), count=20, nodes=3):
         record = cluster.inject(f)           # returns once the fault is over (brokerd restarted, proxy passing)
@@ -42,6 +43,9 @@ MENU = (
         ("reset", 0.0),                 # a brokerd's proxy resets its connections
         ("delay", 5.0),                 # a brokerd's proxy holds every chunk 5 s, for 5 s
 )
+# What the schedule draws from once every entry of MENU had its turn: the same without the long blackhole,
+# which alone lasts a quarter of a run (issue 11 asks for it; once per run is enough to cover it).
+FILL = tuple(e for e in MENU if e != ("blackhole", 60.0))
 KINDS = tuple(sorted({k for k, _ in MENU}))
 NODE_KINDS = ("kill9", "sigstop", "blackhole", "reset", "delay")
 KILL9_DOWN = (0.0, 25.0)
@@ -53,14 +57,15 @@ def seed():
     return int(value) if value else random.SystemRandom().randrange(1 << 32)
 
 
-def schedule(seed, count=20, nodes=3, menu=MENU):
-    """`count` (≥ len(menu)) Faults: each menu entry once, then random entries; nodes drawn in range(nodes)."""
+def schedule(seed, count=20, nodes=3, menu=MENU, fill=FILL):
+    """`count` (≥ len(menu)) Faults: each menu entry once, then random entries of `fill`; nodes drawn in
+    range(nodes)."""
     if count < len(menu):
         raise ValueError(f"a schedule of {count} faults cannot cover the {len(menu)} of the menu")
     rng = random.Random(seed)
     entries = list(menu)
     rng.shuffle(entries)
-    entries += [rng.choice(menu) for _ in range(count - len(menu))]
+    entries += [rng.choice(fill) for _ in range(count - len(menu))]
     out = []
     for kind, seconds in entries:
         if seconds is None:

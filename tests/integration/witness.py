@@ -7,7 +7,8 @@ per slot it was given (SLOT_MEMBER, or SLOT_INDEX in a pool of anonymous slots, 
 O_EXCL (the shell's noclobber): a lock file that already exists is a slot held twice at once, written to
 a violations file. It then counts the pool's lock files (every slot held at that instant, its own
 included) into a holders file, logs "start NAME POOL TOKEN SLOT..." and, when its body ends or it is sent
-SIGTERM, gives its lock files back and logs "end …".
+SIGTERM, gives its lock files back and logs "end …". Each start and end also goes to a "times" file with
+its realtime stamp, and each violation says when: what a failure is read against brokerds' logs with.
 
 check() asserts that there were no violations and that each pool's fencing tokens, in the order the
 commands started, never repeat and never go back: right for one brokerd, whose commands start in grant
@@ -36,6 +37,7 @@ d=$1 n=$2 body=$3
 slots=$(printf '%s' "${SLOT_MEMBER:-$SLOT_INDEX}" | tr , ' ')
 record() {
         printf '%s %s %s %s %s\n' "$1" "$n" "$SLOT_POOL" "$SLOT_TOKEN" "$slots" >>"$d/log"
+        printf '%s %s %s\n' "$(date +%s.%N)" "$1" "$n" >>"$d/times"  # realtime, to read a failure against logs
 }
 held=$d/held/$SLOT_POOL
 finish() {
@@ -49,8 +51,8 @@ mkdir -p "$held"
 set -C
 for s in $slots; do
         if ! printf '%s\n' "$n" 2>/dev/null >"$held/$s"; then
-                printf '%s got %s %s while %s holds it\n' "$n" "$SLOT_POOL" "$s" "$(cat "$held/$s")" \
-                        >>"$d/violations"
+                printf '%s got %s %s while %s holds it (at %s)\n' "$n" "$SLOT_POOL" "$s" "$(cat "$held/$s")" \
+                        "$(date +%s.%N)" >>"$d/violations"
         fi
 done
 set +C
