@@ -407,8 +407,11 @@ bool session_lease_renew(Session *s, usec_t fence_in) {
         /* Only the open stream of a held lease carries renewals, and only to a client that asked for them. */
         if (s->closed || !s->lease || a->pending || !a->active || !a->more || !a->fence)
                 return false;
+        /* killWithinMs: the fence leaves revoke-grace (+ 2 s) before the slots are another node's; a client
+         * whose own kill delay is longer must not use it then. */
         _cleanup_(json_decrefp) json_t *p =
-                json_pack("{s:s, s:I}", "state", "held", "fenceInMs", (json_int_t) (fence_in / USEC_PER_MSEC));
+                json_pack("{s:s, s:I, s:I}", "state", "held", "fenceInMs", (json_int_t) (fence_in / USEC_PER_MSEC),
+                          "killWithinMs", (json_int_t) (s->table->config->revoke_grace / USEC_PER_MSEC));
         if (!p) {
                 log_oom();
                 return false; /* the client fences itself a little early: safe */

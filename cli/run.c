@@ -80,6 +80,9 @@ typedef struct Run {
          * suspended too. USEC_INFINITY until the first "held" renewal: a lease without renewals (a local
          * pool, an older broker) is not fenced. */
         usec_t fence_at;
+        /* The broker's word on how long a fenced command may take to stop (its revoke-grace): a --kill-after
+         * longer than that would let the command outlive its slot. USEC_INFINITY: not said. */
+        usec_t fence_kill_within;
 
         /* The broker went away while the command runs: reconnect and reclaim the lease (SPEC §3.4). */
         char *socket_path;     /* where the broker was reached */
@@ -99,6 +102,7 @@ typedef struct Run {
                 .timeout_at = USEC_INFINITY,                                                                       \
                 .kill_at = USEC_INFINITY,                                                                          \
                 .fence_at = USEC_INFINITY,                                                                         \
+                .fence_kill_within = USEC_INFINITY,                                                                \
                 .reconnect_at = USEC_INFINITY,                                                                     \
         })
 
@@ -573,6 +577,8 @@ static void run_on_broker(Run *r, usec_t now) {
                 case BROKER_EVENT_HELD:
                         /* From the receipt: the broker's own deadline is later by the time the reply travelled. */
                         r->fence_at = usec_add(now_boottime(), ev.fence_in_ms * USEC_PER_MSEC);
+                        r->fence_kill_within = ev.kill_within_ms == UINT64_MAX ? USEC_INFINITY
+                                                                                : ev.kill_within_ms * USEC_PER_MSEC;
                         break;
                 default:
                         break;
@@ -657,6 +663,8 @@ static int run_loop(Run *r) {
                          * after their timeout: the command stops before that, as for a revocation. */
                         r->fence_at = USEC_INFINITY;
                         run_stop(r, now, "no renewal of the lease came in time (the broker is stopped or cut off)");
+                        if (r->phase == PHASE_STOPPING && r->fence_kill_within < arg_kill_after)
+                                r->kill_at = usec_add(now, r->fence_kill_within);
                 }
                 if (now >= r->timeout_at) {
                         char t[TIMESPAN_MAX];

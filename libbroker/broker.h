@@ -126,6 +126,8 @@ typedef struct BrokerEvent {
         uint64_t waited_ms;         /* REFUSED: timeout and shed: how long the request waited */
         const char *reason;         /* REFUSED: unavailable: "drained", "cancelled", …; NULL otherwise */
         uint64_t fence_in_ms;       /* HELD: how long the lease is safe from the moment it was received */
+        uint64_t kill_within_ms;    /* HELD: once fenced, how long the work may take to stop (SIGKILL by then);
+                                     * UINT64_MAX: the broker did not say */
 } BrokerEvent;
 
 #define BROKER_EVENT_INIT ((BrokerEvent) { .size = sizeof(BrokerEvent) })

@@ -648,8 +648,12 @@ static int client_handle_message(BrokerClient *c, json_t *msg, BrokerEvent *ev) 
                 json_t *fence = json_object_get(reply.parameters, "fenceInMs");
                 if (!json_is_integer(fence) || json_integer_value(fence) < 0)
                         return -EBADMSG;
+                json_t *kill = json_object_get(reply.parameters, "killWithinMs");
+                if (kill && (!json_is_integer(kill) || json_integer_value(kill) < 0))
+                        return -EBADMSG;
                 ev->type = BROKER_EVENT_HELD;
                 ev->fence_in_ms = (uint64_t) json_integer_value(fence);
+                ev->kill_within_ms = kill ? (uint64_t) json_integer_value(kill) : UINT64_MAX;
                 return ev->type;
         }
         if (c->state == CLIENT_HOLDING && !continues && (streq(state, "released") || streq(state, "revoked"))) {

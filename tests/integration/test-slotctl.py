@@ -484,9 +484,9 @@ class FencedTest(SlotctlTest):
     def renewals(self):
         return self.broker.read_log().count(self.RENEWED)
 
-    def start_fenced(self, script):
+    def start_fenced(self, script, kill_after="5s"):
         started = self.path("started")
-        p = self.start_slotctl("run", "--lane", "merge", "--kill-after", "5s", "--", "sh", "-c",
+        p = self.start_slotctl("run", "--lane", "merge", "--kill-after", kill_after, "--", "sh", "-c",
                                f'touch "{started}"; {script}')
         wait_for(lambda: os.path.exists(started), 10, "the command to start")
         # A renewal logged after the command started was sent after the grant (brokerd logs it once the
@@ -520,6 +520,23 @@ class Fencing(FencedTest):
         self.assertIsNone(p.poll(), "the command was stopped although renewals kept coming")
         open(stop, "w").close()
         self.assertEqual(p.wait(10), 0)
+
+
+class FencedKillWithin(FencedTest):
+    """A fenced command that ignores SIGTERM is killed within the broker's revoke-grace (killWithinMs), not
+    after a longer --kill-after: by then its slots may be another node's."""
+    config = "[broker]\nrevoke-grace = 1s\n\n" + CONFIG
+
+    def test_fenced_command_is_killed_within_the_revoke_grace(self):
+        p = self.start_fenced('trap "" TERM; while :; do sleep 0.05; done', kill_after="60s")
+        os.kill(self.broker.proc.pid, signal.SIGSTOP)
+        try:
+            rc = p.wait(30)  # a fence (2 s) and the grace (1 s); --kill-after's 60 s would time this out
+        finally:
+            os.kill(self.broker.proc.pid, signal.SIGCONT)
+        stderr = p.stderr.read()
+        self.assertEqual(rc, 124, stderr)
+        self.assertIn("no renewal of the lease came in time", stderr)
 
 
 class FencedReclaim(FencedTest):

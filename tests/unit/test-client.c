@@ -972,7 +972,13 @@ static void test_held_renewal_is_an_event_with_its_fence(void **state) {
         fake_send(&f, "{\"parameters\":{\"state\":\"held\",\"fenceInMs\":1500},\"continues\":true}");
         assert_int_equal(next_event(c, &ev), BROKER_EVENT_HELD);
         assert_int_equal(ev.fence_in_ms, 1500);
+        assert_true(ev.kill_within_ms == UINT64_MAX); /* not said */
         assert_string_equal(broker_event_type_to_string(ev.type), "held");
+        fake_send(&f, "{\"parameters\":{\"state\":\"held\",\"fenceInMs\":1400,\"killWithinMs\":1000},"
+                      "\"continues\":true}");
+        assert_int_equal(next_event(c, &ev), BROKER_EVENT_HELD);
+        assert_int_equal(ev.fence_in_ms, 1400);
+        assert_int_equal(ev.kill_within_ms, 1000);
         /* A renewal is no end: the lease's end still comes. */
         fake_send(&f, "{\"parameters\":{\"state\":\"revoked\"}}");
         assert_int_equal(next_event(c, &ev), BROKER_EVENT_REVOKED);
