@@ -1,8 +1,9 @@
 #!/bin/bash
 # The whole test suite, each test once where it says the most, to stay well under CI's 15 minutes on 2
 # cores (the summary gives each stage's time):
-# - the gcc -Werror build: unit tests, lints, the units' verify, fuzz corpora replay, and the long fault runs (suite "slow":
-#   shared pools under seeded faults, Sentinel failovers), whose timing wants the optimised build;
+# - the gcc -Werror build: unit tests, lints, the units' verify, fuzz corpora replay, and the long fault
+#   runs (suite "slow": shared pools under seeded faults, Sentinel failovers), whose timing wants the
+#   optimised build;
 # - the units under a real systemd (the gcc build);
 # - the clang AddressSanitizer/UndefinedBehaviorSanitizer build: unit tests, fuzz corpora, and every other
 #   integration test against the real brokerd, which runs sanitized;
