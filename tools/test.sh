@@ -71,8 +71,9 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print
         stage "meson test under ASan/UBSan (clang): unit, fuzz, integration" build-asan \
         meson test -C build-asan --print-errorlogs --suite unit --suite fuzz --suite integration --no-suite slow
 
-# Ten times the timeouts: valgrind runs the history writer's 200,000 rows some twenty times slower.
-# no-valgrind: what valgrind cannot run (a clone() sharing memory; see tests/meson.build).
+# Ten times the timeouts: valgrind runs the scripts' Redis round trips and the simulator many times slower.
+# no-valgrind: what valgrind cannot run (a clone() sharing memory) or runs too slowly for CI (the history
+# writer's 200,000 rows, checked under ASan/UBSan instead; see tests/meson.build).
 stage "unit tests under valgrind" build \
         meson test -C build --print-errorlogs --suite unit --no-suite no-valgrind --timeout-multiplier 10 \
         --wrap='valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite --fair-sched=yes -q'
