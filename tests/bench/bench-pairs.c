@@ -65,10 +65,7 @@ static void stop_children(void) {
 
 static void cleanup(void) {
         stop_children();
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        if (system(cmd) != 0)
-                fprintf(stderr, "could not remove %s\n", dir);
+        bench_remove_dir(dir);
 }
 
 static _Noreturn void die(const char *what, int error) {

@@ -83,10 +83,7 @@ static void cleanup(bool keep) {
                 fprintf(stderr, "bench-shared: the brokerds' logs are in %s\n", dir);
                 return;
         }
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        if (system(cmd) != 0)
-                fprintf(stderr, "could not remove %s\n", dir);
+        bench_remove_dir(dir);
 }
 
 static _Noreturn void die(const char *what, int error) {

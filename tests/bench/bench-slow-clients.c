@@ -303,12 +303,8 @@ int main(int argc, char **argv) {
 
         kill(brokerd, SIGTERM);
         waitpid(brokerd, NULL, 0);
-        if (!getenv("BENCH_KEEP")) {
-                char cmd[400];
-                snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-                if (system(cmd) != 0)
-                        fprintf(stderr, "could not remove %s\n", dir);
-        }
+        if (!getenv("BENCH_KEEP"))
+                bench_remove_dir(dir);
         if (!alive || failed > 0 || n_lat == 0) {
                 fprintf(stderr, "brokerd %s; %zu Acquires failed\n", alive ? "ran on" : "died", failed);
                 return EXIT_FAILURE;

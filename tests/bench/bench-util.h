@@ -41,3 +41,5 @@ const char *bench_find_program(const char *env, const char *name, char *buf, siz
 
 /* The median of v[0..n) (sorts v). */
 double bench_median(double *v, int n);
+/* rm -rf of a bench's temporary directory; says so on stderr when it fails. */
+void bench_remove_dir(const char *dir);

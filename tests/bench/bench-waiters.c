@@ -180,9 +180,6 @@ int main(int argc, char **argv) {
 
         kill(brokerd, SIGTERM);
         waitpid(brokerd, NULL, 0);
-        char cmd[400];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        if (system(cmd) != 0)
-                fprintf(stderr, "could not remove %s\n", dir);
+        bench_remove_dir(dir);
         return 0;
 }
