@@ -21,7 +21,7 @@ local K = {
         meta = P .. ':meta', clock = P .. ':clock', rules = P .. ':rules', occ = P .. ':occ',
         busy = P .. ':busy', sid = P .. ':sid', h = P .. ':h', dm = P .. ':dm', w = P .. ':w',
         dl = P .. ':dl', rid = P .. ':rid', nodes = P .. ':nodes', prios = P .. ':prios',
-        reaping = P .. ':reaping', rekey = P .. ':rekey',
+        reaping = P .. ':reaping', rekey = P .. ':rekey', recovering = P .. ':recovering',
 }
 local function k_lane(l) return P .. ':lane:' .. l end
 local function k_lk(l) return P .. ':lk:' .. l end
@@ -82,7 +82,7 @@ end
 
 local META_NUMBERS = {
         'version', 'recovery_until', 'last_fast', 'congested', 'counter', 'seq', 'in_use', 'waiting',
-        'drained', 'drained_free', 'phase', 'running',
+        'drained', 'drained_free', 'phase', 'running', 'recovery_set',
 }
 
 local function meta_load()
@@ -599,6 +599,42 @@ local function rekey_step()
         return true
 end
 
+-------------------------------------------------------------------------------------- recovery windows
+
+-- A recovery window (no grant until it ends) follows anything that may have lost recent grants: a
+-- restart, a failover to a replica that had not received them. Its worst case is one node TTL: by then a
+-- node that held such a grant has reclaimed it or fenced itself. It ends sooner when it knows whom to wait
+-- for: the nodes registered when it opened (K.recovering, meta.recovery_set = 1), each saying, by a tick
+-- with the reclaimed flag, that Redis has every lease it holds again. A node that never says so (dead,
+-- cut off) keeps the window to its full length; one that registers during it with leases still to
+-- reclaim (Redis lost its registration too) joins the wait. A pool Redis made anew knows nobody: the
+-- full length.
+local function recovery_open(until_, nodes)
+        meta_set('recovery_until', math.max(M.recovery_until, until_))
+        redis.call('DEL', K.recovering)
+        for i = 1, #nodes, 1000 do
+                redis.call('SADD', K.recovering, unpack(nodes, i, math.min(i + 999, #nodes)))
+        end
+        meta_set('recovery_set', #nodes > 0 and 1 or 0)
+end
+
+local function recovery_close()
+        meta_set('recovery_until', 0)
+        meta_set('recovery_set', 0)
+        redis.call('DEL', K.recovering)
+end
+
+-- A tick's reclaimed flag, inside a window that waits for its nodes: the last node to say so ends it now.
+local function recovery_vouch(reclaimed)
+        if not (M.recovery_until > 0 and now < M.recovery_until and M.recovery_set == 1) then return end
+        if not reclaimed then
+                redis.call('SADD', K.recovering, NODE)
+                return
+        end
+        redis.call('SREM', K.recovering, NODE)
+        if redis.call('SCARD', K.recovering) == 0 then meta_set('recovery_until', now) end
+end
+
 ---------------------------------------------------------------------------------------------- the instant
 
 local function has_room_for_one() return M.waiting == 0 and free_slots() > 0 end
@@ -697,7 +733,7 @@ local function instant(t)
         meta_set('running', 1)
         if not reap(t) then return false end
         if not rekey_step() then return false end
-        if M.recovery_until > 0 and t >= M.recovery_until then meta_set('recovery_until', 0) end
+        if M.recovery_until > 0 and t >= M.recovery_until then recovery_close() end
         if M.phase == 0 then
                 if not dispatch(t) then return false end
                 meta_set('phase', 1)
@@ -806,7 +842,7 @@ local function prelude_begin(create)
         rules_load()
         if M.epoch and M.run_id ~= RUN_ID then
                 if M.clock_mode ~= 'manual' and M.run_id then
-                        meta_set('recovery_until', math.max(M.recovery_until, now + R.ttl))
+                        recovery_open(now + R.ttl, redis.call('ZRANGE', K.nodes, 0, -1))
                 end
                 meta_set('run_id', RUN_ID)
         end

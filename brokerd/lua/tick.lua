@@ -9,8 +9,9 @@
 --       last tick)   [8] fp_n   [9] fp_x   [10] fp_s (the node's fingerprint of its records)
 --       (not used here: the node compares them with the reply's; they make a MONITOR trace show both)
 --       [11] token floor ("-": none; else tokens continue above floor − 1)   [12] a new epoch (random
---       hex, used only if the pool's keys must be made)   [13] page_lo   [14] page_hi ("": no reconcile;
---       "-"/"+": open ends)   [15…] the node's rids in [page_lo, page_hi], at most RECONCILE_PAGE
+--       hex, used only if the pool's keys must be made)   [13] reclaimed: "1" Redis has every lease the
+--       node holds (no reclaim pending), "0" not yet   [14] page_lo   [15] page_hi ("": no reconcile;
+--       "-"/"+": open ends)   [16…] the node's rids in [page_lo, page_hi], at most RECONCILE_PAGE
 -- Decides: no meta.epoch → the pool is new or Redis lost it: its keys are made with the caller's epoch,
 --       clock mode (manual iff ARGV[3] is a number) and, in the redis clock mode, a recovery window of one
 --       node TTL (no node can tell a new pool from a lost one); no stored rules → the caller's canon is
@@ -22,8 +23,10 @@
 --       the differing keys. The node's deadline becomes now + TTL either way
 --       (leases granted under agreed rules keep heartbeating). The token floor raises the counter. The
 --       reconcile page drops this node's records in [page_lo, page_hi] that the page does not list
---       (a waiter withdrawn, a lease released). Then the instant at now (settle flag 1), or it stays
---       open for a later call (0).
+--       (a waiter withdrawn, a lease released). Inside a recovery window that waits for its nodes
+--       (prelude.lua, "recovery windows"): reclaimed "1" takes the node off the wait, and the last one
+--       ends the window now; "0" adds it. Then the instant at now (settle flag 1), or it stays open for a
+--       later call (0).
 -- Appends: the instant's grants and refusals, to their owners' streams and outcome keys.
 -- Returns: { status ("ok" | "rules" | "settling" | …), now, body, events, cache, notices } with body
 --       { deadline, epoch, recovery_until, rules status, { differing keys… }, { fp_n, fp_x, fp_s },
@@ -33,8 +36,8 @@
 --       an adoption that lays held slots out again: O(slots held) once.
 
 local NAME, CANON_ARG = ARGV[6], ARGV[7]
-local FLOOR, NEW_EPOCH = ARGV[11], ARGV[12]
-local PAGE_LO, PAGE_HI = ARGV[13] or '', ARGV[14] or ''
+local FLOOR, NEW_EPOCH, RECLAIMED = ARGV[11], ARGV[12], ARGV[13] == '1'
+local PAGE_LO, PAGE_HI = ARGV[14] or '', ARGV[15] or ''
 
 local function differing_keys(a, b)
         local keys, seen = {}, {}
@@ -155,7 +158,7 @@ end
 local function reconcile()
         if PAGE_LO == '' then return '' end
         local listed = {}
-        for i = 15, #ARGV do listed[ARGV[i]] = true end
+        for i = 16, #ARGV do listed[ARGV[i]] = true end
         local lo = PAGE_LO == '-' and '-' or '[' .. PAGE_LO
         local hi = PAGE_HI == '+' and '+' or '[' .. PAGE_HI
         local rids = redis.call('ZRANGEBYLEX', k_records(NODE), lo, hi, 'LIMIT', 0, RECONCILE_PAGE)
@@ -189,7 +192,7 @@ local function tick()
                 meta_set('epoch', NEW_EPOCH)
                 meta_set('clock_mode', MANUAL_NOW ~= '-' and 'manual' or 'redis')
                 meta_set('run_id', RUN_ID)
-                meta_set('recovery_until', M.clock_mode == 'manual' and 0 or now + ttl)
+                if M.clock_mode ~= 'manual' then recovery_open(now + ttl, {}) end
         end
         if not R.canon then rules_store(canon) end
 
@@ -204,6 +207,7 @@ local function tick()
                 meta_set('counter', tonumber(FLOOR) - 1)
         end
         local reconciled_to = reconcile()
+        recovery_vouch(RECLAIMED)
         -- An adoption's refusals belong to this call (pool-local refuses them in configure(), before any
         -- later arrival of the instant); what the budget leaves runs at the start of the instant.
         rekey_step()

@@ -342,6 +342,34 @@ static usec_t driver_now(const SharedPool *p, usec_t now) {
         return p->params.manual_clock ? p->last_now : now;
 }
 
+static bool has_provisional(const SharedPool *p) {
+        list_foreach(n, &p->grants)
+                if (container_of(n, PoolGrant, node)->provisional)
+                        return true;
+        return false;
+}
+
+/* Redis has every lease this node holds: no reclaim pending, none to be queued. A tick says so to end a
+ * recovery window that waits for this node (brokerd/lua/README, "Recovery windows"). */
+static bool reclaimed(const SharedPool *p) {
+        return !p->reclaim_all && !has_provisional(p);
+}
+
+/* A tick's reclaimed flag (ARGV[13]) is as of its sending, not its queueing: a tick queued before a Redis
+ * restart and sent again after it must not end the window that the restart opens. */
+static int call_set_reclaimed(Call *c, bool value) {
+        const char *v = value ? "1" : "0";
+        if (c->script != SHARED_SCRIPT_TICK || streq(c->argv[13], v))
+                return 0;
+        char *s = strdup(v);
+        if (!s)
+                return -ENOMEM;
+        free(c->argv[13]);
+        c->argv[13] = s;
+        c->argvlen[13] = 1;
+        return 0;
+}
+
 /* ARGV[4] is the run id of the link a call goes out on, not of the one it was queued under: a reclaim
  * queued at restore (no link yet), a release kept while the link was down across a Redis restart. Redis
  * takes any run id other than the one it stored as a restart and starts a recovery window. */
@@ -370,7 +398,7 @@ bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
                         continue;
                 if (c->script != SHARED_SCRIPT_TICK && !state_sends_operations(p->state))
                         continue;
-                if (call_set_run_id(c, p->run_id) < 0)
+                if (call_set_run_id(c, p->run_id) < 0 || call_set_reclaimed(c, reclaimed(p)) < 0)
                         return false; /* out of memory: tried again at the next wake-up */
                 c->sent = c->ever_sent = true;
                 c->sent_at = now;
@@ -411,7 +439,8 @@ static int queue_tick(SharedPool *p, bool run, usec_t now) {
             (r = call_add(c, "%" PRIu32, p->fp.x)) < 0 ||
             (r = call_add(c, "%" PRIu32, p->fp.s)) < 0 ||
             (r = call_add(c, "%s", floor)) < 0 ||
-            (r = call_add(c, "%s", epoch)) < 0)
+            (r = call_add(c, "%s", epoch)) < 0 ||
+            (r = call_add(c, "%d", reclaimed(p))) < 0)
                 goto fail;
         if (p->reconcile_from) {
                 /* One page of this node's rids from reconcile_from on: the script drops the records of the
@@ -956,13 +985,6 @@ static void state_set(SharedPool *p, SharedState s) {
                          s == SHARED_STATE_MISMATCH ? "rules" : "backend";
 }
 
-static bool has_provisional(SharedPool *p) {
-        list_foreach(n, &p->grants)
-                if (container_of(n, PoolGrant, node)->provisional)
-                        return true;
-        return false;
-}
-
 /* Every lease this node still vouches for is claimed again: Redis restarted, or lost the pool. */
 static void reclaim_all(SharedPool *p, usec_t now) {
         list_foreach(n, &p->grants) {
@@ -1207,6 +1229,14 @@ static bool outbox_holds_only(SharedPool *p, const Call *c) {
         return true;
 }
 
+/* A recovery window may be waiting for this node: it says at once that Redis has its leases back, rather
+ * than at the next heartbeat (the pool's grants resume that much sooner). The tick it sends carries "1":
+ * its answer does not come back here. */
+static void tell_reclaimed(SharedPool *p, usec_t now) {
+        if (p->cache.recovery_until != 0 && reclaimed(p))
+                (void) queue_tick(p, false, now);
+}
+
 static void tick_done(SharedPool *p, const RespValue *status, const RespValue *body, usec_t sent_boot,
                       Call *c, usec_t now) {
         bool rules_ok = resp_is(status, "ok");
@@ -1264,11 +1294,13 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
                 reclaim_all(p, now);
         }
         state_set(p, has_provisional(p) ? SHARED_STATE_RECLAIMING : SHARED_STATE_UP);
+        if (streq(c->argv[13], "0"))
+                tell_reclaimed(p, now);
 
         /* Reconcile: a page answered moves the cursor on; "" means the page's whole range was done. */
         if (c->reconcile) {
                 _cleanup_free_ char *to = resp_strdup(resp_at(body, 8));
-                const char *hi = c->argv[14];
+                const char *hi = c->argv[15];
                 if (to && *to) {
                         free(p->reconcile_from);
                         p->reconcile_from = TAKE_PTR(to);
@@ -1434,8 +1466,10 @@ static void reclaim_done(SharedPool *p, const RespValue *body, Call *c, usec_t n
                 g->provisional = false;
         else if (g)
                 grant_lose(p, g, resp_is(verdict, "conflict") ? "reclaim-conflict" : "node-expired", true, now);
-        if (p->state == SHARED_STATE_RECLAIMING && !has_provisional(p))
+        if (p->state == SHARED_STATE_RECLAIMING && !has_provisional(p)) {
                 state_set(p, SHARED_STATE_UP);
+                tell_reclaimed(p, now);
+        }
 }
 
 static void submit_done(SharedPool *p, const RespValue *status, const RespValue *body, Call *c, usec_t now) {

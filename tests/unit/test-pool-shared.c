@@ -57,6 +57,12 @@ static RespValue cache(int64_t in_use, int64_t waiting, int64_t congested, int64
                    str("e1"), num(0), str(stream_last), num(2));
 }
 
+/* A cache whose recovery window ends at recovery_until (pool clock). */
+static RespValue cache_in_recovery(int64_t in_use, int64_t recovery_until) {
+        return arr(11, num(in_use), num(0), num(0), num(0), num(0), num(-1), num(100), str("e1"),
+                   num(recovery_until), str(""), num(2));
+}
+
 static RespValue reply(const char *status, int64_t now, RespValue body, RespValue events, RespValue c) {
         return arr(6, str(status), num(now), body, events, c, EMPTY);
 }
@@ -292,9 +298,10 @@ static void test_registering_tick_carries_name_canon_and_floor(void **state) {
         assert_int_equal(strlen(arg(c, 12)), 16);
         /* A whole reconcile: what Redis holds of this node id and no process knows (a brokerd killed and
          * started again) goes at once. */
-        assert_string_equal(arg(c, 13), "-");
-        assert_string_equal(arg(c, 14), "+");
-        assert_int_equal(c->argc, 15);
+        assert_string_equal(arg(c, 13), "1");   /* nothing to reclaim */
+        assert_string_equal(arg(c, 14), "-");
+        assert_string_equal(arg(c, 15), "+");
+        assert_int_equal(c->argc, 16);
         /* Nothing but the tick goes before the node is registered. */
         int cookie;
         assert_int_equal(submit(f, &cookie, 1, true, S(1)), 0);
@@ -783,6 +790,30 @@ static void test_run_id_change_reclaims_every_lease(void **state) {
         assert_true(recovery);
 }
 
+/* A recovery window that waits for this node: the tick after a Redis restart says "0" (a lease to
+ * reclaim), and the moment Redis confirms the last one a tick says "1" (the window may end then). */
+static void test_reclaimed_flag_follows_the_reclaims(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        f->pool->ops->bind_grant(f->pool, f->seen[0].grant, &cookie);
+        pool_shared_link_down(f->pool, S(2));
+        pool_shared_link_up(f->pool, "run2", S(3));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 4), "run2");
+        assert_string_equal(arg(c, 13), "0");
+        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache_in_recovery(0, S(33))), S(3),
+             S(3));
+        c = take(f, SHARED_SCRIPT_RECLAIM);
+        no_call(f);
+        done(f, c, reply("ok", 1, arr(1, str("confirmed")), EMPTY, cache_in_recovery(1, S(33))), S(3), S(3));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 13), "1");
+}
+
 static void test_rules_mismatch_refuses_and_keeps_heartbeating(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1));
@@ -908,17 +939,17 @@ static void test_fingerprint_mismatch_twice_reconciles(void **state) {
         }
         /* A page of every rid this node has: the script drops what the page does not list. */
         const SharedCall *t = take(f, SHARED_SCRIPT_TICK);
-        assert_string_equal(arg(t, 13), "-");
-        assert_string_equal(arg(t, 14), "+");
-        assert_int_equal(t->argc, 16);
-        assert_string_equal(arg(t, 15), rid);
+        assert_string_equal(arg(t, 14), "-");
+        assert_string_equal(arg(t, 15), "+");
+        assert_int_equal(t->argc, 17);
+        assert_string_equal(arg(t, 16), rid);
         done(f, t, reply("ok", 1, tick_body("ok", EMPTY, 1, fnv1a32(rid, 'l'), fnv1a32(rid, 'l'), ""), EMPTY,
                          cache(1, 0, 0, -1, "")), S(4), S(4));
         no_call(f);
         /* Agreed again: the next heartbeat carries no page. */
         f->pool->ops->run(f->pool, S(5));
         t = take(f, SHARED_SCRIPT_TICK);
-        assert_int_equal(t->argc, 15);
+        assert_int_equal(t->argc, 16);
         assert_string_equal(arg(t, 14), "");
 }
 
@@ -1294,6 +1325,7 @@ int main(void) {
                 T(test_restored_lease_is_reclaimed),
                 T(test_lease_released_while_reclaimed_ends_the_reclaiming),
                 T(test_run_id_change_reclaims_every_lease),
+                T(test_reclaimed_flag_follows_the_reclaims),
                 T(test_rules_mismatch_refuses_and_keeps_heartbeating),
                 T(test_keys_made_by_a_test_are_refused),
                 T(test_lost_stream_entry_found_by_the_positions_round),

@@ -124,7 +124,7 @@ static long long field_i(const redisReply *d, size_t i) {
 #define CANON_ONE_LANE "backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\nlane.ci.reserve=0\n"
 
 static redisReply *tick_as(const char *node, long long now, const char *canon) {
-        return call("tick", node, now, 1, node, canon, "0", "0", "0", "-", "epoch1", "", NULL);
+        return call("tick", node, now, 1, node, canon, "0", "0", "0", "-", "epoch1", "1", "", NULL);
 }
 
 static void tick_ok(const char *node, long long now, const char *canon) {
@@ -431,7 +431,7 @@ static void test_a_production_node_refuses_a_manual_clock_pool(void **state) {
         redisReply *r = call("submit", "n2", -1, 1, "x", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
         assert_string_equal(status(r), "manual-clock");
         freeReplyObject(r);
-        r = call("tick", "n2", -1, 1, "n2", CANON_ONE_LANE "limit=1\n", "0", "0", "0", "-", "e2", "", NULL);
+        r = call("tick", "n2", -1, 1, "n2", CANON_ONE_LANE "limit=1\n", "0", "0", "0", "-", "e2", "1", "", NULL);
         assert_string_equal(status(r), "manual-clock");
         freeReplyObject(r);
 }
@@ -447,7 +447,7 @@ static void test_manual_now_never_goes_back(void **state) {
 
 /* In the redis clock mode, a new pool (or one Redis lost) grants nothing for one node TTL. */
 static void test_a_new_redis_clock_pool_starts_with_a_recovery_window(void **state) {
-        redisReply *t = call("tick", "n1", -1, 1, "n1", CANON_ONE_LANE "limit=1\n", "0", "0", "0", "-", "e1", "",
+        redisReply *t = call("tick", "n1", -1, 1, "n1", CANON_ONE_LANE "limit=1\n", "0", "0", "0", "-", "e1", "1", "",
                              NULL);
         assert_string_equal(status(t), "ok");
         long long now = t->element[R_NOW]->integer;
@@ -709,7 +709,7 @@ static void test_status_lists_every_nodes_holders_and_the_first_waiters(void **s
         char rid[16];
 
         tick_ok("n1", 1000, CANON_TWO_LANES);
-        redisReply *t = call("tick", "n2", 1000, 1, "host-two", CANON_TWO_LANES, "0", "0", "0", "-", "e", "", NULL);
+        redisReply *t = call("tick", "n2", 1000, 1, "host-two", CANON_TWO_LANES, "0", "0", "0", "-", "e", "1", "", NULL);
         freeReplyObject(t);
         expect_verdict("a", 1000, "lo", 1, "granted");
         freeReplyObject(call("submit", "n2", 1000, 0, "b", "hi", "1", "1", "0", "-1", "-1", "-", NULL));
@@ -812,7 +812,7 @@ static redisReply *reclaim(long long now, const char *rid, const char *token, co
 /* Redis lost the pool (a new redis-clock pool looks the same): inside the recovery window a node takes its
  * leases back, on the same slots and tokens; a slot taken is a conflict. */
 static void test_reclaim_inside_the_recovery_window(void **state) {
-        redisReply *t = call("tick", "n1", -1, 1, "n1", CANON_ONE_LANE "limit=2\n", "0", "0", "0", "-", "e1", "",
+        redisReply *t = call("tick", "n1", -1, 1, "n1", CANON_ONE_LANE "limit=2\n", "0", "0", "0", "-", "e1", "1", "",
                              NULL);
         freeReplyObject(t);
         redisReply *r = reclaim(-1, "a", "500", "1");
@@ -856,7 +856,7 @@ static void test_reclaim_outside_a_recovery_window_is_lost(void **state) {
  * grant. */
 static void wait_out_the_recovery_window(const char *canon) {
         for (int i = 0;; i++) {
-                redisReply *t = call("tick", "n1", -1, 1, "n1", canon, "0", "0", "0", "-", "e1", "", NULL);
+                redisReply *t = call("tick", "n1", -1, 1, "n1", canon, "0", "0", "0", "-", "e1", "1", "", NULL);
                 bool over = cache(t, C_RECOVERY) == 0;
                 freeReplyObject(t);
                 if (over)
@@ -896,16 +896,62 @@ static void test_a_new_run_id_starts_a_recovery_window(void **state) {
         freeReplyObject(r);
 }
 
+/* A redis-clock tick of node with the reclaimed flag; returns the window's end after it (0: none). */
+static long long tick_reclaimed(const char *node, const char *reclaimed) {
+        redisReply *t = call("tick", node, -1, 1, node, CANON_ONE_LANE "limit=2\n", "0", "0", "0", "-", "e1", reclaimed, "", NULL);
+        assert_string_equal(status(t), "ok");
+        long long until = cache(t, C_RECOVERY);
+        freeReplyObject(t);
+        return until;
+}
+
+static const char *impatient_verdict(const char *rid) {
+        static char verdict[16];
+        redisReply *r = call("submit", "n1", -1, 1, rid, "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+        snprintf(verdict, sizeof verdict, "%s", strcmp(field_s(body(r), D_VERDICT), "granted") == 0 ? "granted" :
+                 field_s(body(r), D_REASON));
+        freeReplyObject(r);
+        return verdict;
+}
+
+/* A failover's window (a run id change) waits for the nodes registered when it opened, each saying that
+ * it has its leases back; the last one ends it at once, long before its TTL. A node that registers
+ * meanwhile with leases still to reclaim (Redis lost its registration) joins the wait. */
+static void test_a_run_id_window_ends_when_every_node_reclaimed(void **state) {
+        const char *canon = CANON_ONE_LANE "limit=2\n"; /* TTL 30 s: the window cannot run out here */
+        freeReplyObject(call("tick", "n1", -1, 1, "n1", canon, "0", "0", "0", "-", "e1", "1", "", NULL));
+        freeReplyObject(call("tick", "n2", -1, 1, "n2", canon, "0", "0", "0", "-", "e1", "1", "", NULL));
+        /* The new pool's own window is the full TTL (tested above): ended by hand here. */
+        freeReplyObject(redisCommand(redis, "HSET %s:meta recovery_until 0", POOL));
+        assert_string_equal(impatient_verdict("a"), "granted");
+
+        run_id = "run2";
+        long long opened = tick_reclaimed("n1", "0");
+        assert_true(opened > 0);
+        assert_string_equal(impatient_verdict("b"), "recovery");
+        assert_int_equal(tick_reclaimed("n1", "1"), opened); /* n2 has not said it yet */
+        assert_int_equal(tick_reclaimed("n3", "0"), opened); /* a newcomer with leases to reclaim */
+        assert_int_equal(tick_reclaimed("n2", "1"), opened);
+        assert_string_equal(impatient_verdict("c"), "recovery");
+        assert_int_equal(tick_reclaimed("n3", "1"), 0);
+        assert_string_equal(impatient_verdict("d"), "granted");
+        /* A window of a new Redis run id again waits for all three. */
+        run_id = "run3";
+        assert_true(tick_reclaimed("n1", "1") > 0);
+        assert_true(tick_reclaimed("n2", "1") > 0);
+        assert_int_equal(tick_reclaimed("n3", "1"), 0);
+}
+
 /* The pool clock: a gap (no call for over 2 s: Redis unreachable for everyone) stops time but for one
  * second; a backward step of Redis's clock (here: a clock hash from the future) does not take it back:
  * it goes on from where it was, strictly increasing. Sleeping is the point here: the gap is what is tested, nothing waits for it to end. */
 static void test_the_pool_clock_absorbs_gaps_and_backward_steps(void **state) {
         const char *canon = "backend-node-ttl=600000000\n" "lane.ci.priority=0\nlimit=2\n";
-        redisReply *t = call("tick", "n1", -1, 1, "n1", canon, "0", "0", "0", "-", "e1", "", NULL);
+        redisReply *t = call("tick", "n1", -1, 1, "n1", canon, "0", "0", "0", "-", "e1", "1", "", NULL);
         long long t1 = t->element[R_NOW]->integer;
         freeReplyObject(t);
         (void) nanosleep(&(struct timespec) { .tv_sec = 2, .tv_nsec = 300 * 1000 * 1000 }, NULL);
-        t = call("tick", "n1", -1, 1, "n1", "=", "0", "0", "0", "-", "e1", "", NULL);
+        t = call("tick", "n1", -1, 1, "n1", "=", "0", "0", "0", "-", "e1", "1", "", NULL);
         long long t2 = t->element[R_NOW]->integer;
         freeReplyObject(t);
         assert_true(t2 - t1 >= SEC);
@@ -914,11 +960,11 @@ static void test_the_pool_clock_absorbs_gaps_and_backward_steps(void **state) {
         redisReply *c = redisCommand(redis, "HSET " POOL ":clock last_time %lld last_now %lld", t2 + 3600 * SEC,
                                      t2 + 3600 * SEC);
         freeReplyObject(c);
-        t = call("tick", "n1", -1, 1, "n1", "=", "0", "0", "0", "-", "e1", "", NULL);
+        t = call("tick", "n1", -1, 1, "n1", "=", "0", "0", "0", "-", "e1", "1", "", NULL);
         assert_int_equal(t->element[R_NOW]->integer, t2 + 3600 * SEC + 1);
         freeReplyObject(t);
         /* From there it runs on at Redis's rate: the skew took the step. */
-        t = call("tick", "n1", -1, 1, "n1", "=", "0", "0", "0", "-", "e1", "", NULL);
+        t = call("tick", "n1", -1, 1, "n1", "=", "0", "0", "0", "-", "e1", "1", "", NULL);
         assert_true(t->element[R_NOW]->integer > t2 + 3600 * SEC + 1);
         assert_true(t->element[R_NOW]->integer < t2 + 3600 * SEC + SEC);
         freeReplyObject(t);
@@ -1060,7 +1106,7 @@ static void test_reconcile_drops_what_the_node_no_longer_has(void **state) {
         expect_verdict("w", 1000, "ci", 1, "queued");
         expect_verdict("x", 1000, "ci", 1, "queued");
         tick_ok("n1", 1000, "=");
-        redisReply *t = call("tick", "n1", 2000, 1, "n1", "=", "0", "0", "0", "-", "e1", "-", "+", "x", NULL);
+        redisReply *t = call("tick", "n1", 2000, 1, "n1", "=", "0", "0", "0", "-", "e1", "1", "-", "+", "x", NULL);
         assert_string_equal(status(t), "ok");
         assert_string_equal(body(t)->element[8]->str, "");
         assert_int_equal(cache(t, C_IN_USE), 1);  /* a released, w withdrawn: x got the slot */
@@ -1345,7 +1391,7 @@ static void run_differential(unsigned seed, int variant) {
                                 "queue-congestion-timeout=2000000\nqueue-timeout=5000000\n" :
                                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\n"
                                 "lane.b.priority=-1\nlimit=4\nqueue-timeout=5000000\n",
-                                "0", "0", "0", "-", "e1", "", NULL);
+                                "0", "0", "0", "-", "e1", "1", "", NULL);
                         assert_string_equal(status(t), "ok");
                         for (size_t i = 0; i < n_events(t); i++)
                                 remote_decision(&df, event(t, i));
@@ -1490,7 +1536,7 @@ static void test_reconcile_and_positions_are_paged(void **state) {
         }
         tick_ok("n1", 1000, "=");
         const char *head[] = { "EVALSHA", sha_of("tick"), "1", POOL, "1", "n1", "2000", "run1", "1", "n1", "=", "0",
-                               "0", "0", "-", "e1", "-", "+" };
+                               "0", "0", "-", "e1", "1", "-", "+" };
         for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
                 argv[n++] = head[i];
         for (int i = 0; i < 600; i++)
@@ -1548,6 +1594,7 @@ int main(void) {
                 T(test_reclaim_outside_a_recovery_window_is_lost),
                 T(test_redis_clock_tokens_follow_the_time),
                 T(test_a_new_run_id_starts_a_recovery_window),
+                T(test_a_run_id_window_ends_when_every_node_reclaimed),
                 T(test_the_pool_clock_absorbs_gaps_and_backward_steps),
                 T(test_a_saturated_pool_sheds_at_the_saturated_budget),
                 T(test_max_queue_refuses_full_and_an_unknown_lane_is_invalid),
