@@ -105,6 +105,9 @@ class TestMinReplicas(unittest.TestCase):
         self.assertLess(took, TIMEOUT + 3.0, "the refusal came late")
         self.assertIn("replicas", err)
         self.assertEqual(self.backend().get("replicasAcked"), 0)
+        out = subprocess.run([SLOTCTL, "status", "--socket", self.broker.socket_path], capture_output=True,
+                             text=True, timeout=30).stdout
+        self.assertIn("replicas: a grant waits for 1, 0 acknowledged the last (too few)", out)
         # The lease Redis wrote is given back: nothing held here, nor in Redis (the Status snapshot is
         # fetched every second).
         wait_for(self.nothing_held, timeout=10, message="the refused grant's lease to be given back")
