@@ -1403,7 +1403,7 @@ static void test_min_replicas_link_down_refuses_the_grants_held(void **state) {
         int a, b;
         char rid_a[17], rid_b[17];
         granted_held(f, &a, S(1), rid_a);
-        const SharedCall *w = take_wait(f);
+        uint64_t wait_id = take_wait(f)->id; /* the call is the pool's: freed with the link */
         /* One WAIT out at a time: the second grant's waits behind it. */
         granted_held(f, &b, S(1), rid_b);
         no_call(f);
@@ -1414,7 +1414,7 @@ static void test_min_replicas_link_down_refuses_the_grants_held(void **state) {
                 assert_string_equal(f->seen[i].reason, "replicas");
         }
         /* The WAIT's late answer (-ECONNRESET) changes nothing. */
-        pool_shared_call_done(f->pool, w->id, -ECONNRESET, NULL, S(2), S(2));
+        pool_shared_call_done(f->pool, wait_id, -ECONNRESET, NULL, S(2), S(2));
         assert_int_equal(f->n_seen, 2);
         /* Back: the leases are given back after the registering tick; no WAIT is left to send. */
         pool_shared_link_up(f->pool, "run1", S(3));
