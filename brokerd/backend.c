@@ -62,6 +62,7 @@ struct InFlight {
         uint64_t serial;
         uint64_t call_id;
         usec_t sent_boot;
+        bool wait;                      /* a WAIT: it blocks by design, its time is not a round trip */
 };
 
 static InFlight *in_flight_new(Backend *b) {
@@ -209,6 +210,7 @@ static void on_call_reply(RedisLink *link, int error, const redisReply *reply, v
         Backend *b = f->backend;
         uint64_t call_id = f->call_id;
         usec_t sent_boot = f->sent_boot;
+        bool was_wait = f->wait;
         BackendPool *bp = backend_find_serial(b, f->serial);
 
         in_flight_free(f);
@@ -217,7 +219,7 @@ static void on_call_reply(RedisLink *link, int error, const redisReply *reply, v
         backend_fence_check(b);
 
         _cleanup_free_ RespValue *v = NULL;
-        if (error == 0 && b->table->on_rtt)
+        if (error == 0 && !was_wait && b->table->on_rtt)
                 b->table->on_rtt(bp->pool->name, now_boottime() - MIN(now_boottime(), sent_boot), b->table->userdata);
         if (error == 0) {
                 v = reply_to_resp(reply);
@@ -238,8 +240,13 @@ static void backend_send_calls(Backend *b, BackendPool *bp) {
                         f->serial = bp->serial;
                         f->call_id = c->id;
                         f->sent_boot = now_boottime();
-                        r = redis_link_evalsha(b->commands, b->scripts[c->script], on_call_reply, f, c->n_keys,
-                                               (int) c->argc, c->argv, c->argvlen);
+                        f->wait = c->wait;
+                        /* WAIT (backend-min-replicas) on the same link, in the outbox's order: it counts the
+                         * writes this connection sent before it. */
+                        r = c->wait ? redis_link_command(b->commands, on_call_reply, f, (int) c->argc, c->argv,
+                                                         c->argvlen)
+                                    : redis_link_evalsha(b->commands, b->scripts[c->script], on_call_reply, f,
+                                                         c->n_keys, (int) c->argc, c->argv, c->argvlen);
                 }
                 if (r < 0) {
                         in_flight_free(f);

@@ -116,6 +116,11 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                 json_t *keys;
                 if (b && info.differing_keys && json_strv_new(info.differing_keys, &keys) >= 0)
                         json_object_set_new(b, "differingKeys", keys);
+                if (b && info.min_replicas > 0) {
+                        json_object_set_new(b, "minReplicas", json_integer((json_int_t) info.min_replicas));
+                        if (info.replicas_acked >= 0)
+                                json_object_set_new(b, "replicasAcked", json_integer((json_int_t) info.replicas_acked));
+                }
                 BackendPrimary bp;
                 if (b && m->backend_primary && m->backend_primary(info.name, &bp, m->userdata)) {
                         if (bp.address)

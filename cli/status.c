@@ -166,12 +166,25 @@ static void print_backend_state(json_t *backend) {
         putchar('\n');
 }
 
+/* backend-min-replicas: what a grant waits for, and what the last WAIT found. */
+static void print_min_replicas(json_t *backend) {
+        json_int_t wanted = int_member(backend, "minReplicas", 0), acked = int_member(backend, "replicasAcked", -1);
+        if (wanted <= 0)
+                return;
+        printf("  replicas: a grant waits for %" JSON_INTEGER_FORMAT ", ", wanted);
+        if (acked < 0)
+                printf("none asked yet\n");
+        else
+                printf("%" JSON_INTEGER_FORMAT " acknowledged the last%s\n", acked, acked < wanted ? " (too few)" : "");
+}
+
 /* How this node sees a shared pool's backend (Status "backend"), under its pool line. */
 static void print_backend(json_t *backend) {
         if (!json_is_object(backend))
                 return;
         print_backend_state(backend);
         print_primary(backend);
+        print_min_replicas(backend);
 }
 
 /* Other nodes' leases and waiters in shared pool name (Status otherHolders/otherWaiters), by node name.

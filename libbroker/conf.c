@@ -426,6 +426,7 @@ static int pool_add(BrokerConfig *c, const char *name, const ConfSource *source,
                 return -ENOMEM;
         p->max_queue = -1;
         p->backend_node_ttl = CONF_NODE_TTL_DEFAULT;
+        p->backend_min_replicas_timeout = CONF_MIN_REPLICAS_TIMEOUT_DEFAULT;
         p->name = strdup(name);
         if (!p->name || conf_source_copy(&p->source, source) < 0) {
                 pool_config_free(p);
@@ -538,6 +539,9 @@ static int parse_duration(const ConfKey *k, const char *value, const ConfSource 
         if (v < k->min)
                 return conf_errors_add(errors, source, k->name, "duration %s is too short (expected at least %s)",
                                        quote(q, value), timespan_format(lo, sizeof lo, k->min));
+        if (v != USEC_INFINITY && v > k->max)
+                return conf_errors_add(errors, source, k->name, "duration %s is too long (expected at most %s)",
+                                       quote(q, value), timespan_format(lo, sizeof lo, k->max));
         *ret = v;
         return 0;
 }
@@ -997,6 +1001,11 @@ static const ConfKey pool_keys[] = {
           .max = PATH_MAX - 1 },
         { "backend-node-ttl", set_duration, offsetof(PoolConfig, backend_node_ttl), .min = USEC_PER_SEC,
           .max = 24 * USEC_PER_HOUR, .def = CONF_NODE_TTL_DEFAULT },
+        { "backend-min-replicas", set_unsigned, offsetof(PoolConfig, backend_min_replicas), .min = 0,
+          .max = CONF_MIN_REPLICAS_MAX, .def = 0 },
+        { "backend-min-replicas-timeout", set_duration, offsetof(PoolConfig, backend_min_replicas_timeout),
+          .min = CONF_MIN_REPLICAS_TIMEOUT_MIN, .max = CONF_MIN_REPLICAS_TIMEOUT_MAX,
+          .def = CONF_MIN_REPLICAS_TIMEOUT_DEFAULT },
 };
 
 static const ConfKey lane_keys[] = {
@@ -1247,6 +1256,10 @@ static int validate_pool(const BrokerConfig *c, const PoolConfig *p, ConfErrors 
                                     timespan_format(b, sizeof b,
                                                     usec_add(usec_add(c->revoke_grace, 2 * USEC_PER_SEC),
                                                              CONF_NODE_TTL_WINDOW_MIN)));
+        if (!p->backend && p->backend_min_replicas > 0)
+                r = conf_errors_add(errors, &p->source, "backend-min-replicas",
+                                    "pool %s: backend-min-replicas=%u needs a Redis backend= (a local pool has no replicas)",
+                                    p->name, p->backend_min_replicas);
         if (p->n_members == 0 && p->limit_given == 0)
                 r = conf_errors_add(errors, &p->source, "limit", "pool %s has no slots: set limit= or members=",
                                     p->name);
@@ -1413,6 +1426,9 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
                                 dump_path(f, "backend-sentinel-password-file", p->backend_sentinel_password_file,
                                           "no AUTH");
                         fprintf(f, "backend-node-ttl=%s\n", timespan_format(t, sizeof t, p->backend_node_ttl));
+                        fprintf(f, "backend-min-replicas=%u\n", p->backend_min_replicas);
+                        fprintf(f, "backend-min-replicas-timeout=%s\n",
+                                timespan_format(t, sizeof t, p->backend_min_replicas_timeout));
                 }
         }
 

@@ -55,6 +55,10 @@ typedef struct PoolConfig {
         char *backend_password_file;  /* NULL: no AUTH */
         char *backend_sentinel_password_file; /* the Sentinels' password; NULL: no AUTH to them */
         usec_t backend_node_ttl;      /* how long Redis keeps a silent node's leases (CONF_NODE_TTL_DEFAULT) */
+        /* This node's, not a pool rule: a grant is answered only once WAIT says this many replicas hold its
+         * lease (0: off), waiting at most the timeout (CONF_MIN_REPLICAS_TIMEOUT_DEFAULT). */
+        unsigned backend_min_replicas;
+        usec_t backend_min_replicas_timeout;
         /* Kept for conf_validate() and conf_dump(); the engine needs only `limit`. */
         unsigned limit_given;         /* limit= as written; 0: not given */
         ConfSource limit_source;
@@ -126,6 +130,13 @@ typedef struct ConfErrors {
 /* backend-node-ttl must leave this much of a heartbeat window once the self-fence margin (revoke-grace + 2 s)
  * is taken off: below it a node would fence itself at the first missed heartbeat. */
 #define CONF_NODE_TTL_WINDOW_MIN (3 * USEC_PER_SEC)
+/* backend-min-replicas-timeout: WAIT blocks the pool's command link for up to this long, and every call
+ * pipelined behind it waits too; the link ends a call after 2 s (REDIS_LINK_COMMAND_TIMEOUT_DEFAULT), so
+ * 1 s is also the most. */
+#define CONF_MIN_REPLICAS_TIMEOUT_DEFAULT (1 * USEC_PER_SEC)
+#define CONF_MIN_REPLICAS_TIMEOUT_MIN (10 * USEC_PER_MSEC)
+#define CONF_MIN_REPLICAS_TIMEOUT_MAX (1 * USEC_PER_SEC)
+#define CONF_MIN_REPLICAS_MAX 64
 
 int conf_new(BrokerConfig **ret);
 BrokerConfig *conf_free(BrokerConfig *c);

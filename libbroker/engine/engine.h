@@ -220,6 +220,8 @@ typedef struct EnginePoolInfo {
         unsigned n_nodes;
         unsigned all_in_use;
         size_t all_waiting;
+        unsigned min_replicas;
+        int replicas_acked;       /* -1: no WAIT answered */
 } EnginePoolInfo;
 
 /* The configured pools, in configuration order. */

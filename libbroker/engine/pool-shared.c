@@ -25,6 +25,7 @@ typedef struct Call {
         bool ever_sent;        /* may have run: a submit dropped afterwards needs a withdraw */
         bool run;              /* tick: the engine's run(), whose answer next_wakeup() waits for */
         bool reconcile;        /* tick carrying a reconcile page */
+        bool wait;             /* WAIT (backend-min-replicas), not a script: argv is the command */
         char rid[RID_LEN + 1]; /* submit, release, withdraw, reclaim */
         usec_t sent_at;        /* monotonic: the round trip is measured from here */
         char **argv;
@@ -32,6 +33,15 @@ typedef struct Call {
         size_t argc, allocated;
         SharedCall view;
 } Call;
+
+/* A grant that Redis made and this node has not answered yet: backend-min-replicas holds it until the
+ * WAIT of wait_id says that enough replicas have its lease. What the answer needs of the decision is kept. */
+typedef struct Replicating {
+        PoolGrant *grant;      /* NULL: not granted (yet) */
+        uint64_t wait_id;
+        usec_t at, idle, budget, wait;
+        QueueState state;
+} Replicating;
 
 /* This node's request, from submit() until its final decision (or withdraw/cancel). */
 struct PoolWaiter {
@@ -42,6 +52,7 @@ struct PoolWaiter {
         usec_t arrival;
         bool queued;           /* QUEUED was emitted: it counts in the fingerprint as "w" */
         size_t position, n_queued;
+        Replicating replicating; /* granted in Redis, held for the replicas: counts as "l" */
 };
 
 struct PoolGrant {
@@ -121,6 +132,9 @@ typedef struct SharedPool {
         unsigned n_nodes;
         char **differing_keys;
         const char *unavailable; /* static: the reason refusals carry */
+        unsigned min_replicas;   /* backend-min-replicas: 0, grants are answered at once */
+        usec_t min_replicas_timeout;
+        int replicas_acked;      /* the last WAIT's answer; -1: none */
         char *refused_why;       /* REFUSED: what the link or Redis said ("eviction-policy", "manual-clock") */
 
         size_t positions_cursor; /* the refresh of waiters' places goes round, a page a heartbeat */
@@ -386,26 +400,54 @@ static int call_set_run_id(Call *c, const char *run_id) {
         return 0;
 }
 
+static bool wait_is_out(SharedPool *p) {
+        list_foreach(n, &p->outbox) {
+                const Call *c = container_of(n, Call, node);
+                if (c->wait && c->sent)
+                        return true;
+        }
+        return false;
+}
+
+static bool wait_is_awaited(SharedPool *p, uint64_t id) {
+        list_foreach(n, &p->tries)
+                if (container_of(n, PoolWaiter, node)->replicating.wait_id == id)
+                        return true;
+        return false;
+}
+
 bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
         SharedPool *p = SHARED(base);
         if (!p->link_up || p->state == SHARED_STATE_REFUSED)
                 return false;
         /* A tick goes whenever the link is up; other calls wait for a registered node with agreed rules
          * (a release parked during a mismatch keeps its place behind earlier ones). */
-        list_foreach(n, &p->outbox) {
+        list_foreach_safe(n, &p->outbox) {
                 Call *c = container_of(n, Call, node);
                 if (c->sent)
                         continue;
                 if (c->script != SHARED_SCRIPT_TICK && !state_sends_operations(p->state))
                         continue;
-                if (call_set_run_id(c, p->run_id) < 0 || call_set_reclaimed(c, reclaimed(p)) < 0)
+                if (c->wait) {
+                        /* A WAIT whose grants were answered otherwise (withdrawn, refused) would block the link
+                         * for nothing. One out at a time: the calls pipelined behind a WAIT wait for its
+                         * answer, and two in a row could make them wait past the link's command timeout;
+                         * calls after it may pass (a later WAIT covers more, not less). */
+                        if (!wait_is_awaited(p, c->id)) {
+                                call_free(c);
+                                continue;
+                        }
+                        if (wait_is_out(p))
+                                continue;
+                } else if (call_set_run_id(c, p->run_id) < 0 || call_set_reclaimed(c, reclaimed(p)) < 0)
                         return false; /* out of memory: tried again at the next wake-up */
                 c->sent = c->ever_sent = true;
                 c->sent_at = now;
                 c->view = (SharedCall) {
                         .id = c->id,
-                        .script = c->script,
-                        .n_keys = 1,
+                        .wait = c->wait,
+                        .script = c->wait ? _SHARED_SCRIPT_INVALID : c->script,
+                        .n_keys = c->wait ? 0 : 1,
                         .argc = c->argc,
                         .argv = (const char *const *) c->argv,
                         .argvlen = c->argvlen,
@@ -618,11 +660,23 @@ static PoolGrant *grant_find(SharedPool *p, const char *rid) {
         return NULL;
 }
 
+static void grant_free(PoolGrant *g);
+
 static void try_free(PoolWaiter *w) {
         if (list_node_is_linked(&w->node))
                 list_unlink(&w->node);
+        if (w->replicating.grant)
+                grant_free(w->replicating.grant);
         free(w->lane);
         free(w);
+}
+
+/* What the fingerprint counts of a request of this node: its waiter, or the lease a WAIT holds back. */
+static void try_fp_remove(SharedPool *p, PoolWaiter *w) {
+        if (w->queued)
+                fp_remove(p, w->rid, 'w');
+        else if (w->replicating.grant)
+                fp_remove(p, w->rid, 'l');
 }
 
 static void grant_free(PoolGrant *g) {
@@ -638,8 +692,8 @@ static void grant_free(PoolGrant *g) {
 /* A refusal made by this node (backend unreachable, rules differ, pool retired): the try is answered now
  * and Redis is told to forget it. */
 static void try_refuse_locally(SharedPool *p, PoolWaiter *w, const char *reason, usec_t now) {
-        if (w->queued)
-                fp_remove(p, w->rid, 'w');
+        try_fp_remove(p, w);
+        /* A lease held back for its replicas goes too: withdraw releases a lease under the rid. */
         forget_submit(p, w->rid, now);
         /* A decision of this node: the wait is the engine's own measure (has_wait false). */
         void *cookie = w->cookie;
@@ -891,9 +945,109 @@ static PoolGrant *grant_new(const char *node_id, const char *rid, const char *la
         return g;
 }
 
-/* A decision about one of this node's requests, from a reply or the stream: the first copy wins. */
-static void decision_apply(SharedPool *p, const Decision *d, usec_t now) {
+/* The grant is this node's to answer: the lease joins the grants, the waiter goes. */
+static void grant_deliver(SharedPool *p, PoolWaiter *w, const Replicating *r) {
+        PoolGrant *g = r->grant;
+        list_append(&p->grants, &g->node);
+        void *cookie = w->cookie;
+        if (w->replicating.grant == g)
+                w->replicating.grant = NULL;
+        try_free(w);
+        emit(p, (PoolDecision) {
+                .verdict = POOL_VERDICT_GRANTED,
+                .cookie = cookie,
+                .at = r->at,
+                .state = r->state,
+                .idle = r->idle,
+                .budget = r->budget,
+                .grant = g,
+                .slots = g->slots,
+                .members = (const char *const *) g->members,
+                .n_slots = g->n_slots,
+                .token = g->token,
+                .has_wait = true,
+                .wait = r->wait,
+                .remote_id = g->remote_id,
+        });
+}
+
+static bool tick_is_queued(SharedPool *p) {
+        list_foreach(n, &p->outbox) {
+                const Call *c = container_of(n, Call, node);
+                if (c->script == SHARED_SCRIPT_TICK && !c->sent)
+                        return true;
+        }
+        return false;
+}
+
+/* The WAIT not sent yet (made if there is none), moved to the end of the outbox: it covers only the writes
+ * this connection sent before it. Returns its id, 0 when out of memory. */
+static uint64_t queue_wait(SharedPool *p) {
+        list_foreach(n, &p->outbox) {
+                Call *c = container_of(n, Call, node);
+                if (c->wait && !c->sent) {
+                        list_unlink(&c->node);
+                        list_append(&p->outbox, &c->node);
+                        return c->id;
+                }
+        }
+        Call *c = calloc(1, sizeof(Call));
+        if (!c)
+                return 0;
+        c->wait = true;
+        c->script = _SHARED_SCRIPT_INVALID;
+        if (call_add(c, "WAIT") < 0 || call_add(c, "%u", p->min_replicas) < 0 ||
+            call_add(c, "%" PRIu64, MAX(p->min_replicas_timeout / USEC_PER_MSEC, (usec_t) 1)) < 0) {
+                call_free(c);
+                return 0;
+        }
+        call_queue(p, c);
+        return c->id;
+}
+
+/* backend-min-replicas: Redis has written the lease, and the grant is answered only once WAIT says that
+ * enough replicas hold it (a promoted replica then has it). WAIT counts the writes of the connection it is
+ * sent on: a grant written by this node's call (its reply said so) is covered by a WAIT after it; one
+ * another node's call wrote (read in the stream or in the places' answer) needs a write of this node after
+ * it, and a heartbeat writes. Reclaims are not held: their commands are running already, a refusal would
+ * not stop them, and a reclaim lost again in a failover is made again (every holder reclaims after one). */
+static void grant_hold(SharedPool *p, PoolWaiter *w, const Replicating *r, bool written_here, usec_t now) {
+        if (w->queued) {
+                fp_remove(p, w->rid, 'w');
+                w->queued = false; /* no more places to ask for */
+        }
+        fp_add(p, w->rid, 'l');
+        w->replicating = *r;
+        if (!written_here && !tick_is_queued(p))
+                (void) queue_tick(p, false, now);
+        w->replicating.wait_id = queue_wait(p);
+        if (w->replicating.wait_id == 0)
+                try_refuse_locally(p, w, "replicas", now);
+}
+
+static PoolWaiter *replicating_find(SharedPool *p, uint64_t wait_id) {
+        list_foreach(n, &p->tries) {
+                PoolWaiter *w = container_of(n, PoolWaiter, node);
+                if (w->replicating.grant && (wait_id == 0 || w->replicating.wait_id == wait_id))
+                        return w;
+        }
+        return NULL;
+}
+
+/* Every grant held back for wait_id (0: for any WAIT) is refused, its lease released: the replicas did
+ * not say they hold it. */
+static void replicating_refuse(SharedPool *p, uint64_t wait_id, usec_t now) {
+        PoolWaiter *w;
+        while ((w = replicating_find(p, wait_id)))
+                try_refuse_locally(p, w, "replicas", now);
+}
+
+/* A decision about one of this node's requests, from a reply or the stream: the first copy wins.
+ * written_here: the call whose reply carried it made it, on this node's connection (a WAIT covers it). */
+static void decision_apply(SharedPool *p, const Decision *d, bool written_here, usec_t now) {
         PoolWaiter *w = try_find(p, d->rid);
+        if (w && w->replicating.grant)
+                return; /* granted already: its WAIT decides */
         if (!w) {
                 /* A grant for a rid this node no longer waits for (withdrawn, cancelled, refused here during an
                  * outage) and does not hold: its client is gone, so the slots go back. */
@@ -923,28 +1077,22 @@ static void decision_apply(SharedPool *p, const Decision *d, usec_t now) {
                 PoolGrant *g = grant_new(p->params.node_id, d->rid, w->lane, d);
                 if (!g)
                         return; /* out of memory: the heartbeat's reconcile finds the lease again */
-                if (w->queued)
-                        fp_remove(p, w->rid, 'w');
-                fp_add(p, g->rid, 'l');
-                list_append(&p->grants, &g->node);
-                void *cookie = w->cookie;
-                try_free(w);
-                emit(p, (PoolDecision) {
-                        .verdict = POOL_VERDICT_GRANTED,
-                        .cookie = cookie,
+                const Replicating r = {
+                        .grant = g,
                         .at = at,
                         .state = d->state,
                         .idle = d->idle,
                         .budget = d->budget,
-                        .grant = g,
-                        .slots = g->slots,
-                        .members = (const char *const *) g->members,
-                        .n_slots = g->n_slots,
-                        .token = g->token,
-                        .has_wait = true,
                         .wait = d->wait < 0 ? 0 : (usec_t) d->wait,
-                        .remote_id = g->remote_id,
-                });
+                };
+                if (p->min_replicas > 0) {
+                        grant_hold(p, w, &r, written_here, now);
+                        return;
+                }
+                if (w->queued)
+                        fp_remove(p, w->rid, 'w');
+                fp_add(p, g->rid, 'l');
+                grant_deliver(p, w, &r);
         } else if (streq(d->verdict, "refused")) {
                 if (w->queued)
                         fp_remove(p, w->rid, 'w');
@@ -1034,6 +1182,14 @@ void pool_shared_link_down(Pool *base, usec_t now) {
         p->link_up = false;
         list_foreach(n, &p->outbox)
                 container_of(n, Call, node)->sent = false;
+        /* A WAIT on the next connection would not cover the writes of this one, and the primary may be
+         * another one by then (a failover): the grants held back for their replicas are refused. */
+        list_foreach_safe(n, &p->outbox) {
+                Call *c = container_of(n, Call, node);
+                if (c->wait)
+                        call_free(c);
+        }
+        replicating_refuse(p, 0, now);
         if (p->state != SHARED_STATE_FENCED && p->state != SHARED_STATE_REFUSED)
                 state_set(p, SHARED_STATE_DOWN);
         p->down_since = now;
@@ -1197,7 +1353,7 @@ static void events_apply(SharedPool *p, const RespValue *events, usec_t now) {
                 Decision d;
                 if (decision_from_array(e, &d) < 0)
                         continue;
-                decision_apply(p, &d, now);
+                decision_apply(p, &d, true, now);
                 decision_done(&d);
         }
 }
@@ -1358,7 +1514,7 @@ static void positions_done(SharedPool *p, const RespValue *body, Call *c, usec_t
                         Decision d;
                         if (decision_from_array(e, &d) < 0)
                                 continue;
-                        decision_apply(p, &d, now);
+                        decision_apply(p, &d, false, now);
                         decision_done(&d);
                 }
         }
@@ -1482,7 +1638,7 @@ static void submit_done(SharedPool *p, const RespValue *status, const RespValue 
                         try_refuse_locally(p, w, "backend", now);
                         return;
                 }
-                decision_apply(p, &d, now);
+                decision_apply(p, &d, true, now);
                 decision_done(&d);
                 return;
         }
@@ -1512,9 +1668,29 @@ static void held_entries_apply(SharedPool *p, usec_t now) {
         while (!calls_out(p) && (n = list_first(&p->held))) {
                 list_unlink(n);
                 HeldEntry *h = container_of(n, HeldEntry, node);
-                decision_apply(p, &h->decision, now);
+                decision_apply(p, &h->decision, false, now);
                 decision_done(&h->decision);
                 free(h);
+        }
+}
+
+/* WAIT's answer: how many replicas acknowledged this connection's writes sent before it (acked < 0: no
+ * answer, or an error reply). The grants it held back are answered now, or refused. */
+static void wait_done(SharedPool *p, Call *c, int64_t acked, usec_t now) {
+        uint64_t id = c->id;
+        /* The number asked for, not today's setting: a reload may have changed it meanwhile. */
+        int64_t wanted = strtoll(c->argv[1], NULL, 10);
+        call_free(c);
+        if (acked >= 0)
+                p->replicas_acked = (int) MIN(acked, (int64_t) INT_MAX);
+        if (acked < wanted) {
+                replicating_refuse(p, id, now);
+                return;
+        }
+        PoolWaiter *w;
+        while ((w = replicating_find(p, id))) {
+                const Replicating r = w->replicating;
+                grant_deliver(p, w, &r);
         }
 }
 
@@ -1523,6 +1699,15 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
         Call *c = call_find(p, id);
         if (!c || !c->sent)
                 return;
+        if (c->wait) {
+                /* Not sent again on a failure: after a reconnect (maybe to a promoted replica) it would cover
+                 * none of the writes it was for. */
+                int64_t acked = -1;
+                if (error < 0 || !reply || reply->type != RESP_INTEGER || !resp_int(reply, &acked))
+                        acked = -1;
+                wait_done(p, c, acked, now);
+                return;
+        }
         if (!reply || error < 0) {
                 /* It may or may not have run: sent again, identical, once the link is back (idempotent by
                  * rid); link_down() follows from the driver. */
@@ -1657,7 +1842,7 @@ void pool_shared_stream_entry(Pool *base, const char *entry_id, const RespValue 
                         return;
                 }
         }
-        decision_apply(p, &d, now);
+        decision_apply(p, &d, false, now);
         decision_done(&d);
 }
 
@@ -1817,6 +2002,8 @@ static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule 
         strv_free(p->base.members);
         p->base.members = TAKE_PTR(members);
         p->base.limit = c->limit;
+        p->min_replicas = c->backend_min_replicas;
+        p->min_replicas_timeout = c->backend_min_replicas_timeout;
         p->base.queue_timeout_set = c->queue_timeout_set;
         p->base.queue_timeout = c->queue_timeout;
         p->base.retired = false;
@@ -1906,8 +2093,7 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
 }
 
 static void try_forget(SharedPool *p, PoolWaiter *w, usec_t now) {
-        if (w->queued)
-                fp_remove(p, w->rid, 'w');
+        try_fp_remove(p, w);
         forget_submit(p, w->rid, now);
         try_free(w);
 }
@@ -2096,6 +2282,8 @@ static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .all_in_use = p->cache.valid ? (unsigned) MIN(p->cache.in_use, (uint64_t) UINT_MAX) : in_use,
                 .all_waiting = p->cache.valid ? (size_t) p->cache.waiting : waiting,
                 .cache_age = p->cache.valid ? now - MIN(now, p->cache.at) : USEC_INFINITY,
+                .min_replicas = p->min_replicas,
+                .replicas_acked = p->replicas_acked,
         };
 }
 
@@ -2163,6 +2351,7 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
         p->down_since = USEC_INFINITY;
         p->acked_boot = USEC_INFINITY;
         p->stale_ack = USEC_INFINITY;
+        p->replicas_acked = -1;
         /* The first heartbeat carries a whole reconcile: Redis may hold records of this node id that no
          * process knows any more (a brokerd killed and started again: the leases that ended while it was
          * down, the waiters it had, a grant it never recorded). The fingerprint would find them, but only

@@ -51,9 +51,13 @@ typedef struct RespValue {
 } RespValue;
 
 /* One EVALSHA to make: script, then KEYS then ARGV (n_keys of them keys). Owned by the pool until
- * pool_shared_call_done() for its id. */
+ * pool_shared_call_done() for its id. wait: not a script but the command in argv ("WAIT" N MS, n_keys 0,
+ * script _SHARED_SCRIPT_INVALID): backend-min-replicas asks how many replicas hold the writes this
+ * connection sent before it, so it must go on the same connection, in the outbox's order. Its answer may
+ * take up to MS, and the calls pipelined behind it wait as long; one is out at a time. */
 typedef struct SharedCall {
         uint64_t id;
+        bool wait;
         SharedScript script;
         unsigned n_keys;
         size_t argc;

@@ -106,6 +106,8 @@ typedef struct PoolInfo {
         unsigned all_in_use;      /* slots held and requests waiting on every node, from the cache (this */
         size_t all_waiting;       /* node's own until the first reply) */
         usec_t cache_age;
+        unsigned min_replicas;    /* backend-min-replicas (0: off) */
+        int replicas_acked;       /* what the last WAIT answered; -1: none answered */
 } PoolInfo;
 
 /* Status of a pool kept by a backend: the holders and waiters of every node, as last fetched. */

@@ -22,6 +22,13 @@
  *
  *   bench-shared BROKERD [CLIENTS [SECONDS [ROUNDS]]]     (defaults 32, 10, 3)
  *
+ * With $BENCH_SHARED_MIN_REPLICAS=1 it measures what backend-min-replicas costs instead (issue 12): a
+ * replica of the redis-server (replicaof, on loopback too) and, beside shared-roomy, a pool shared-wait on
+ * the same Redis (so on the same connection) with backend-min-replicas=1: immediate acquire one client at a
+ * time and the pairs (p50/p99, pairs/s, the ratio), min-replicas 0 against 1 in alternating rounds; then the
+ * replica SIGSTOPped, one client acquiring on shared-wait in a loop (each refused after the WAIT timeout, 1 s)
+ * while another acquires on shared-roomy: the calls that wait behind a WAIT on the connection.
+ *
  * backend-node-ttl is $BENCH_SHARED_TTL seconds (default 6, the shortest that revoke-grace=1s allows: a
  * pool's first use waits one TTL). redis-server from $REDIS_SERVER or $PATH; without it the exit status
  * is 77 (skipped). Exit 1 when a brokerd, libbroker or Redis fails, or a client that should be granted is
@@ -57,7 +64,8 @@
 static char dir[] = "/tmp/bench-shared.XXXXXX";
 static const char *brokerd_path;
 static int ttl_sec = 6;
-static TestRedis redis;
+static TestRedis redis, replica;
+static bool min_replicas_mode;
 
 typedef struct Node {
         const char *name;
@@ -74,6 +82,9 @@ static void stop_children(void) {
                         waitpid(nodes[i].pid, NULL, 0);
                         nodes[i].pid = 0;
                 }
+        if (replica.pid > 0)
+                kill(replica.pid, SIGCONT); /* SIGSTOPped by the min-replicas mode */
+        test_redis_stop(&replica);
         test_redis_stop(&redis); /* nothing of it is kept */
 }
 
@@ -182,6 +193,10 @@ static void node_write_config(Node *n, int n_clients) {
                            "[pool local-%s]\nlimit=%d\n[lane local-%s]\npools=local-%s\npolicy=wait\n",
                         pools[i], limit, redis.port, ttl_sec, pools[i], pools[i], pools[i], limit, pools[i], pools[i]);
         }
+        if (min_replicas_mode)
+                fprintf(f, "[pool shared-wait]\nlimit=%d\nbackend=redis://127.0.0.1:%d/0\nbackend-node-ttl=%ds\n"
+                           "backend-min-replicas=1\n[lane shared-wait]\npools=shared-wait\npolicy=fail-fast\n",
+                        2 * n_clients, redis.port, ttl_sec);
         fclose(f);
 }
 
@@ -751,6 +766,147 @@ static void run_script_split(redisContext *rc, int n_clients, double seconds) {
                 bench_median(_v, (n));                  \
         })
 
+/* ---- backend-min-replicas ---- */
+
+static void replica_start(redisContext *rc) {
+        char port[16];
+        snprintf(port, sizeof port, "%d", redis.port);
+        int r = test_redis_start_full(&replica, 0, (const char *const[]) { "--replicaof", "127.0.0.1", port, NULL });
+        if (r < 0)
+                die("the replica did not start", -r);
+        /* Synced: the primary counts it online. */
+        uint64_t end = bench_now_ns() + 30000000000ULL;
+        for (;;) {
+                redisReply *info = redis_command(rc, "INFO replication");
+                bool online = info->type == REDIS_REPLY_STRING && strstr(info->str, "state=online");
+                freeReplyObject(info);
+                if (online)
+                        return;
+                if (bench_now_ns() >= end)
+                        die("the replica to sync", ETIMEDOUT);
+                usleep(20000);
+        }
+}
+
+/* A child process acquiring on lane in a loop (each answer, grant or refusal, followed by the next
+ * acquire) from one node, until it is killed. */
+static pid_t acquire_loop_start(const Node *n, const char *lane) {
+        pid_t pid = fork();
+        if (pid < 0)
+                die("fork", errno);
+        if (pid > 0)
+                return pid;
+        BrokerClient *c = NULL;
+        if (broker_client_connect(n->sock, &c) < 0)
+                _exit(1);
+        for (;;) {
+                BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
+                o.lane = lane;
+                if (broker_acquire_start(c, &o) < 0)
+                        _exit(1);
+                BrokerEvent ev;
+                int r = next_event(c, &ev, 30000);
+                if (r == BROKER_EVENT_GRANTED) {
+                        broker_lease_free(ev.lease);
+                        release_and_wait(c);
+                } else if (r != BROKER_EVENT_REFUSED)
+                        _exit(1);
+        }
+}
+
+static int run_min_replicas(redisContext *rc, int n_clients, double seconds, int rounds) {
+        char la[128];
+        printf("bench-shared, backend-min-replicas: redis-server on 127.0.0.1:%d and its replica (a Unix socket), %d "
+               "brokerds, %d clients, %.1f s per run, %d rounds; load average at start: %s\n",
+               redis.port, N_NODES, n_clients, seconds, rounds, bench_loadavg(la, sizeof la));
+        fflush(stdout);
+        for (int i = 0; i < N_NODES; i++) {
+                BrokerClient *c = client_new(&nodes[i]);
+                (void) acquire_through_unavailable(c, "shared-roomy", ttl_sec + 30, NULL);
+                release_and_wait(c);
+                (void) acquire_through_unavailable(c, "shared-wait", ttl_sec + 30, NULL);
+                release_and_wait(c);
+                broker_client_free(c);
+        }
+        free(run_pairs(rc, "shared-roomy", N_NODES, n_clients, 1, 0).acquire.v);
+        free(run_pairs(rc, "shared-wait", N_NODES, n_clients, 1, 0).acquire.v);
+
+        Samples idle0 = {}, idle1 = {};
+        run_idle("shared-roomy", N_NODES, &idle0);
+        run_idle("shared-wait", N_NODES, &idle1);
+        printf("Immediate acquire, one client at a time (load average %s):\n  ", bench_loadavg(la, sizeof la));
+        samples_print("min-replicas 0", &idle0);
+        printf("\n  ");
+        samples_print("min-replicas 1", &idle1);
+        printf("\n  ratio of the p50s 1 / 0: %.2f\n", quantile_ms(&idle1, 0.5) / quantile_ms(&idle0, 0.5));
+        fflush(stdout);
+
+        Run off[MAX_ROUNDS], on[MAX_ROUNDS];
+        double ratio[MAX_ROUNDS], p50_0[MAX_ROUNDS], p99_0[MAX_ROUNDS], p50_1[MAX_ROUNDS], p99_1[MAX_ROUNDS];
+        for (int i = 0; i < rounds; i++) {
+                for (int step = 0; step < 2; step++) {
+                        if ((step == 0) == (i % 2 == 0))
+                                off[i] = run_pairs(rc, "shared-roomy", N_NODES, n_clients, seconds, 0);
+                        else
+                                on[i] = run_pairs(rc, "shared-wait", N_NODES, n_clients, seconds, 0);
+                }
+                ratio[i] = on[i].rate / off[i].rate;
+                p50_0[i] = quantile_ms(&off[i].acquire, 0.5);
+                p99_0[i] = quantile_ms(&off[i].acquire, 0.99);
+                p50_1[i] = quantile_ms(&on[i].acquire, 0.5);
+                p99_1[i] = quantile_ms(&on[i].acquire, 0.99);
+                printf("round %d (load average %s): min-replicas 0: %.0f pairs/s (acquire p50 %.2f ms, p99 %.2f ms; "
+                       "brokerds %.1f us, redis-server %.1f us per message); min-replicas 1: %.0f pairs/s (p50 %.2f ms, "
+                       "p99 %.2f ms; brokerds %.1f us, redis-server %.1f us); ratio %.3f\n",
+                       i + 1, bench_loadavg(la, sizeof la), off[i].rate, p50_0[i], p99_0[i], off[i].brokerds_us,
+                       off[i].redis_us, on[i].rate, p50_1[i], p99_1[i], on[i].brokerds_us, on[i].redis_us, ratio[i]);
+                fflush(stdout);
+                free(off[i].acquire.v);
+                free(on[i].acquire.v);
+        }
+        printf("Pairs, %d clients over %d brokerds: min-replicas 0 %.0f pairs/s (acquire p50 %.2f ms, p99 %.2f ms); "
+               "min-replicas 1 %.0f pairs/s (p50 %.2f ms, p99 %.2f ms); ratio 1 / 0 %.3f (medians of %d rounds)\n",
+               n_clients, N_NODES, MEDIAN_OF(off, rounds, rate), bench_median(p50_0, rounds), bench_median(p99_0, rounds),
+               MEDIAN_OF(on, rounds, rate), bench_median(p50_1, rounds), bench_median(p99_1, rounds),
+               bench_median(ratio, rounds), rounds);
+        fflush(stdout);
+
+        /* The replica stopped: every WAIT runs to its timeout, and holds up the connection meanwhile. */
+        kill(replica.pid, SIGSTOP);
+        pid_t loop = acquire_loop_start(&nodes[0], "shared-wait");
+        usleep(200000);
+        Samples blocked = {};
+        BrokerClient *c = client_new(&nodes[0]);
+        for (int k = 0; k < 20; k++) {
+                BrokerEvent ev;
+                uint64_t t0 = bench_now_ns();
+                acquire_start(c, "shared-roomy");
+                int r = next_event(c, &ev, 10000);
+                if (r != BROKER_EVENT_GRANTED) {
+                        if (r == BROKER_EVENT_REFUSED)
+                                die_refused("shared-roomy behind a WAIT", &ev);
+                        die("shared-roomy behind a WAIT", r < 0 ? -r : EPROTO);
+                }
+                samples_add(&blocked, bench_now_ns() - t0);
+                broker_lease_free(ev.lease);
+                release_and_wait(c);
+                usleep(100000);
+        }
+        broker_client_free(c);
+        kill(loop, SIGKILL);
+        waitpid(loop, NULL, 0);
+        kill(replica.pid, SIGCONT);
+        printf("The replica SIGSTOPped, a client on shared-wait refused after each WAIT's timeout (1 s), node-a's "
+               "acquires on shared-roomy (min-replicas 0, the same connection) every 0.1 s (load average %s):\n  ",
+               bench_loadavg(la, sizeof la));
+        samples_print("behind the WAITs", &blocked);
+        printf("\nload average at end: %s\n", bench_loadavg(la, sizeof la));
+        free(idle0.v);
+        free(idle1.v);
+        free(blocked.v);
+        return EXIT_SUCCESS;
+}
+
 int main(int argc, char **argv) {
         if (argc < 2) {
                 fprintf(stderr, "usage: bench-shared BROKERD [CLIENTS [SECONDS [ROUNDS]]]\n");
@@ -761,6 +917,8 @@ int main(int argc, char **argv) {
         double seconds = argc > 3 ? atof(argv[3]) : 10;
         int rounds = argc > 4 ? atoi(argv[4]) : 3;
         const char *ttl = getenv("BENCH_SHARED_TTL");
+        const char *mr = getenv("BENCH_SHARED_MIN_REPLICAS");
+        min_replicas_mode = mr && strcmp(mr, "1") == 0;
         if (ttl && *ttl)
                 ttl_sec = atoi(ttl);
         if (n_clients < 1 || n_clients > 4096 || seconds <= 0 || rounds < 1 || rounds > MAX_ROUNDS || ttl_sec < 6) {
@@ -791,9 +949,17 @@ int main(int argc, char **argv) {
         /* Redis's own record of what stalled it for 1 ms or more (a script, an O(1) command, an expire
          * cycle): with O(1) commands among them, Redis was descheduled, not busy. */
         freeReplyObject(redis_command(rc, "CONFIG SET latency-monitor-threshold 1"));
+        if (min_replicas_mode)
+                replica_start(rc);
         for (int i = 0; i < N_NODES; i++) {
                 node_write_config(&nodes[i], n_clients);
                 node_start(&nodes[i]);
+        }
+        if (min_replicas_mode) {
+                r = run_min_replicas(rc, n_clients, seconds, rounds);
+                redisFree(rc);
+                cleanup(false);
+                return r;
         }
 
         char la[128];

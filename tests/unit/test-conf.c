@@ -486,6 +486,27 @@ static void test_pool_backend_accepts_only_redis_urls(void **state) {
         set_fails("pool grid", "backend", "rediss://host:6380", "no TLS");
 }
 
+static void test_pool_min_replicas_needs_a_backend_and_a_short_timeout(void **state) {
+        set_ok("pool grid", "limit", "2");
+        set_ok("lane l", "pools", "grid");
+        PoolConfig *p = conf_find_pool(c, "grid");
+        assert_int_equal(p->backend_min_replicas, 0);
+        assert_int_equal(p->backend_min_replicas_timeout, USEC_PER_SEC);
+        set_ok("pool grid", "backend-min-replicas", "1");
+        assert_int_equal(p->backend_min_replicas, 1);
+        assert_int_not_equal(conf_validate(c, &errors), 0);
+        assert_has_error(NULL, "backend-min-replicas", "needs a Redis backend=");
+        set_ok("pool grid", "backend", "redis://localhost");
+        conf_errors_done(&errors);
+        assert_int_equal(conf_validate(c, &errors), 0);
+        set_ok("pool grid", "backend-min-replicas-timeout", "250ms");
+        assert_int_equal(p->backend_min_replicas_timeout, 250 * USEC_PER_MSEC);
+        /* WAIT blocks the link and every call behind it: the link's 2 s command timeout bounds it. */
+        set_fails("pool grid", "backend-min-replicas-timeout", "2s", NULL);
+        set_fails("pool grid", "backend-min-replicas-timeout", "1ms", NULL);
+        set_fails("pool grid", "backend-min-replicas", "65", NULL);
+}
+
 /* ---- [lane NAME] ---- */
 
 static void test_lane_pools_keep_their_order(void **state) {
@@ -1061,6 +1082,7 @@ int main(void) {
                 T(test_pool_congestion_timeout_up_to_queue_timeout_and_zero_are_fine),
                 T(test_pool_max_queue_accepts_zero_and_infinity),
                 T(test_pool_backend_accepts_only_redis_urls),
+                T(test_pool_min_replicas_needs_a_backend_and_a_short_timeout),
                 T(test_lane_pools_keep_their_order),
                 T(test_lane_pools_must_be_valid_distinct_names),
                 T(test_lane_policy_is_fail_fast_or_wait),

@@ -1301,6 +1301,162 @@ static void test_giving_back_while_a_withdrawal_can_go_out(void **state) {
         assert_false(pool_shared_giving_back(f->pool));
 }
 
+/* ------------------------------------------------------------------------------- backend-min-replicas */
+
+/* backend-min-replicas=1 with a 250 ms timeout: this node's setting, not a rule (the canon stays the same,
+ * so no tick goes to agree on it). */
+static void min_replicas_on(Fixture *f) {
+        PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1, .backend_min_replicas = 1,
+                          .backend_min_replicas_timeout = MS(250) };
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(1)), 0);
+}
+
+/* The next call, which must be a WAIT for one replica (not a script: no key, no ARGV head). */
+static const SharedCall *take_wait(Fixture *f) {
+        const SharedCall *c = NULL;
+        assert_true(pool_shared_take_call(f->pool, f->clock, &c));
+        assert_true(c->wait);
+        assert_int_equal(c->n_keys, 0);
+        assert_int_equal(c->argc, 3);
+        assert_string_equal(arg(c, 0), "WAIT");
+        assert_string_equal(arg(c, 1), "1");
+        assert_string_equal(arg(c, 2), "250");
+        return c;
+}
+
+/* The submit's reply grants: the grant is held until WAIT says a replica has the lease. */
+static const char *granted_held(Fixture *f, void *cookie, usec_t now, char rid[static 17]) {
+        assert_int_equal(submit(f, cookie, 1, true, now), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        snprintf(rid, 17, "%s", arg(c, 6));
+        size_t seen = f->n_seen;
+        done(f, c, reply("ok", (int64_t) now, decision("granted", rid, (int64_t) now, 0, "", 0, 7, arr(1, num(0))),
+                         EMPTY, cache(1, 0, 0, -1, "")), now, now);
+        assert_int_equal(f->n_seen, seen);
+        return rid;
+}
+
+static void test_min_replicas_grant_is_answered_once_wait_says_enough(void **state) {
+        Fixture *f = *state;
+        min_replicas_on(f);
+        no_call(f);
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted_held(f, &cookie, S(1), rid);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(1), &info);
+        assert_int_equal(info.in_use, 0);
+        assert_int_equal(info.waiting, 1);
+        assert_int_equal(info.min_replicas, 1);
+        assert_int_equal(info.replicas_acked, -1);
+        const SharedCall *c = take_wait(f);
+        RespValue one = num(1);
+        pool_shared_call_done(f->pool, c->id, 0, &one, S(1), S(1));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_GRANTED);
+        assert_ptr_equal(f->seen[0].cookie, &cookie);
+        assert_int_equal(f->seen[0].token, 7);
+        f->pool->ops->info(f->pool, S(1), &info);
+        assert_int_equal(info.in_use, 1);
+        assert_int_equal(info.waiting, 0);
+        assert_int_equal(info.replicas_acked, 1);
+        no_call(f);
+        assert_true(pool_shared_is_settled(f->pool));
+}
+
+static void test_min_replicas_too_few_refuse_and_release_the_lease(void **state) {
+        Fixture *f = *state;
+        min_replicas_on(f);
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted_held(f, &cookie, S(1), rid);
+        const SharedCall *c = take_wait(f);
+        RespValue zero = num(0);
+        pool_shared_call_done(f->pool, c->id, 0, &zero, S(2), S(2));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_REFUSED);
+        assert_int_equal(f->seen[0].refusal, REFUSAL_UNAVAILABLE);
+        assert_string_equal(f->seen[0].reason, "replicas");
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_int_equal(info.in_use, 0);
+        assert_int_equal(info.waiting, 0);
+        assert_int_equal(info.replicas_acked, 0);
+        /* Redis wrote the lease: it goes back (withdraw releases a lease under the rid). */
+        c = take(f, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(c, 6), rid);
+        done(f, c, reply("ok", 3, arr(1, str("released")), EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+        /* The fingerprint counts nothing of it any more: Redis's empty one agrees. */
+        f->pool->ops->run(f->pool, S(3));
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 8), "0");
+}
+
+static void test_min_replicas_stream_grant_gets_a_write_of_this_node_then_wait(void **state) {
+        Fixture *f = *state;
+        min_replicas_on(f);
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        queued(f, &cookie, S(1), rid);
+        /* Another node's release granted our waiter: its write is not this connection's. */
+        RespValue fields = arr(8, str("verdict"), str("granted"), str("rid"), str(rid), str("token"), str("9"),
+                               str("slots"), str("1"));
+        pool_shared_stream_entry(f->pool, "1-1", &fields, S(2));
+        assert_int_equal(f->n_seen, 1);
+        /* A heartbeat (it writes) goes first, the WAIT after it. */
+        const SharedCall *t = take(f, SHARED_SCRIPT_TICK);
+        const SharedCall *w = take_wait(f);
+        no_call(f);
+        /* The fingerprint counts the lease Redis holds, not the waiter. */
+        assert_string_equal(arg(t, 8), "1");
+        char x[16];
+        snprintf(x, sizeof x, "%" PRIu32, fnv1a32(rid, 'l'));
+        assert_string_equal(arg(t, 9), x);
+        done(f, t, reply("ok", 2000000, tick_body("ok", EMPTY, 1, fnv1a32(rid, 'l'), fnv1a32(rid, 'l'), ""), EMPTY,
+                         cache(1, 0, 0, -1, "")), S(2), S(2));
+        assert_int_equal(f->n_seen, 1);
+        RespValue one = num(1);
+        pool_shared_call_done(f->pool, w->id, 0, &one, S(2), S(2));
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(f->seen[1].token, 9);
+        assert_int_equal(f->seen[1].slot0, 1);
+}
+
+static void test_min_replicas_link_down_refuses_the_grants_held(void **state) {
+        Fixture *f = *state;
+        min_replicas_on(f);
+        bring_up(f, S(1));
+        int a, b;
+        char rid_a[17], rid_b[17];
+        granted_held(f, &a, S(1), rid_a);
+        uint64_t wait_id = take_wait(f)->id; /* the call is the pool's: freed with the link */
+        /* One WAIT out at a time: the second grant's waits behind it. */
+        granted_held(f, &b, S(1), rid_b);
+        no_call(f);
+        pool_shared_link_down(f->pool, S(2));
+        assert_int_equal(f->n_seen, 2);
+        for (size_t i = 0; i < 2; i++) {
+                assert_int_equal(f->seen[i].verdict, POOL_VERDICT_REFUSED);
+                assert_string_equal(f->seen[i].reason, "replicas");
+        }
+        /* The WAIT's late answer (-ECONNRESET) changes nothing. */
+        pool_shared_call_done(f->pool, wait_id, -ECONNRESET, NULL, S(2), S(2));
+        assert_int_equal(f->n_seen, 2);
+        /* Back: the leases are given back after the registering tick; no WAIT is left to send. */
+        pool_shared_link_up(f->pool, "run1", S(3));
+        tick_ok(f, S(3), S(3));
+        const SharedCall *c = take(f, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(c, 6), rid_a);
+        c = take(f, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(c, 6), rid_b);
+        no_call(f);
+}
+
 int main(void) {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
         const struct CMUnitTest tests[] = {
@@ -1346,6 +1502,10 @@ int main(void) {
                 T(test_recovery_window_refusal_carries_its_reason),
                 T(test_drain_is_a_call),
                 T(test_giving_back_while_a_withdrawal_can_go_out),
+                T(test_min_replicas_grant_is_answered_once_wait_says_enough),
+                T(test_min_replicas_too_few_refuse_and_release_the_lease),
+                T(test_min_replicas_stream_grant_gets_a_write_of_this_node_then_wait),
+                T(test_min_replicas_link_down_refuses_the_grants_held),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
