@@ -764,6 +764,7 @@ static const char *unavailable_reason_text(const char *reason) {
                 { "backend", "the pool's backend cannot be reached" },
                 { "rules", "the pool's rules differ from those its backend enforces" },
                 { "recovery", "the pool's backend is recovering" },
+                { "unconfirmed", "the Sentinels cannot confirm the pool's primary" },
         };
         for (size_t i = 0; i < ELEMENTSOF(table); i++)
                 if (streq(table[i].reason, reason))
