@@ -215,38 +215,45 @@ static int on_rotate(sd_event_source *es, uint64_t usec, void *userdata) {
  *
  * Every CONFIRM_INTERVAL every Sentinel of the list is asked where the primary is, each on its own link.
  * When the last answer (or timeout) is in: a majority of the configured list (not of those that answered)
- * naming the primary in use confirms it as of the round's start; a majority naming another address makes
- * that the primary (a failover missed by the watch, or the first answer); else nothing is confirmed.
+ * naming the primary in use, and none naming another node, confirms it as of the round's start; a majority
+ * naming another node makes that the primary (a failover missed by the watch, or the first answer); else
+ * nothing is confirmed.
  *
  * What it promises: Sentinel promotes a replica only with the votes of a majority of the Sentinels, and
- * each of them names the new primary from then on. So a round that began before the failover F is the
- * last one that can confirm the old primary: a brokerd cut off with it sees its confirmations stop at a
- * round start before F, and its pools fence from there (pool-shared.c, vouch_base()) before the new
- * primary's recovery window (one node TTL after F) ends. The cost: with a majority of the Sentinels down or
- * out of reach, nothing is confirmed and every pool behind them is refused, then fenced, although the
- * primary may be fine; a brokerd cannot tell that case from being the one cut off. */
+ * the leader names the new primary from the failover F on, the others once its new configuration reaches
+ * them (hello messages, every 2 s). So the last round that can confirm the old primary is one that began
+ * before F, or before the others learnt of it when this brokerd cannot reach the leader (which the 2 s of
+ * slack in the self-fence margin covers): a brokerd cut off with the old primary sees its confirmations
+ * stop there, and its pools fence from them (pool-shared.c, vouch_base()) before the new primary's
+ * recovery window (one node TTL after F) ends. The cost: with a majority of the Sentinels down or out of
+ * reach, nothing is confirmed and every pool behind them is refused, then fenced, although the primary may
+ * be fine; a brokerd cannot tell that case from being the one cut off. */
 
 static void sentinel_round_end(Sentinel *s) {
-        size_t n = s->endpoint.n_sentinels, majority = n / 2 + 1;
+        size_t n = s->endpoint.n_sentinels, majority = n / 2 + 1, answers = 0, named_votes = 0;
         const SentinelVoter *named = NULL;
 
-        for (size_t i = 0; i < n && !named; i++) {
+        for (size_t i = 0; i < n; i++) {
                 const SentinelVoter *v = &s->voters[i];
                 size_t votes = 0;
                 if (v->host[0] == '\0')
                         continue;
+                answers++;
                 for (size_t j = 0; j < n; j++)
                         if (streq(s->voters[j].host, v->host) && s->voters[j].port == v->port)
                                 votes++;
-                if (votes >= majority)
+                if (votes >= majority) {
                         named = v;
+                        named_votes = votes;
+                }
         }
         if (named) {
                 char address[ADDRESS_MAX];
                 format_address(address, sizeof address, named->host, named->port);
                 if (!streq(address, s->primary))
                         sentinel_set_primary(s, named->host, named->port, "a majority of the Sentinels");
-                if (streq(address, s->primary))
+                /* A Sentinel naming another node may be the leader of a failover the others have not heard of. */
+                if (streq(address, s->primary) && named_votes == answers)
                         s->confirmed = s->round_boot;
         }
         if (s->options.on_round)
