@@ -123,11 +123,16 @@ class SentinelLoad(unittest.TestCase):
         self.brokers = []
         for i in range(NODES):
             b = Broker(config(self.url_for(i), i), name=f"node{i}").start()
-            self.addCleanup(b.stop)
+            self.addCleanup(self.stop_broker, b)
             self.brokers.append(b)
         self.witness = Witness(self.tmp)
         self.stop = threading.Event()
         self.loops = []
+
+    def stop_broker(self, b):
+        # Under the sanitizers an error or a leak found at exit is a non-zero status.
+        status = b.stop()
+        self.assertEqual(status, 0, f"{b.name} exited with status {status}:\n{b.log()[-4000:]}")
 
     def url_for(self, node):
         """The backend= of brokerd `node`."""
