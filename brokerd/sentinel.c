@@ -215,9 +215,11 @@ static int on_rotate(sd_event_source *es, uint64_t usec, void *userdata) {
  *
  * Every CONFIRM_INTERVAL every Sentinel of the list is asked where the primary is, each on its own link.
  * When the last answer (or timeout) is in: a majority of the configured list (not of those that answered)
- * naming the primary in use, and none naming another node, confirms it as of the round's start; a majority
- * naming another node makes that the primary (a failover missed by the watch, or the first answer); else
- * nothing is confirmed.
+ * naming the primary in use confirms it as of the round's start. A majority naming another node makes that
+ * the primary (the first answer, or a failover the watch missed), but only once the primary in use has gone
+ * unconfirmed for SENTINEL_CONFIRM_STALE: right after a failover the Sentinels that have not heard of it
+ * yet still name the old primary, and a round must not take brokerd back to it (the watch's +switch-master
+ * comes from a Sentinel that has switched; the others follow within seconds).
  *
  * What it promises: Sentinel promotes a replica only with the votes of a majority of the Sentinels, and
  * the leader names the new primary from the failover F on, the others once its new configuration reaches
@@ -230,7 +232,7 @@ static int on_rotate(sd_event_source *es, uint64_t usec, void *userdata) {
  * be fine; a brokerd cannot tell that case from being the one cut off. */
 
 static void sentinel_round_end(Sentinel *s) {
-        size_t n = s->endpoint.n_sentinels, majority = n / 2 + 1, answers = 0, named_votes = 0;
+        size_t n = s->endpoint.n_sentinels, majority = n / 2 + 1;
         const SentinelVoter *named = NULL;
 
         for (size_t i = 0; i < n; i++) {
@@ -238,22 +240,19 @@ static void sentinel_round_end(Sentinel *s) {
                 size_t votes = 0;
                 if (v->host[0] == '\0')
                         continue;
-                answers++;
                 for (size_t j = 0; j < n; j++)
                         if (streq(s->voters[j].host, v->host) && s->voters[j].port == v->port)
                                 votes++;
-                if (votes >= majority) {
+                if (votes >= majority)
                         named = v;
-                        named_votes = votes;
-                }
         }
         if (named) {
                 char address[ADDRESS_MAX];
                 format_address(address, sizeof address, named->host, named->port);
-                if (!streq(address, s->primary))
+                bool stale = s->confirmed == 0 || s->round_boot >= usec_add(s->confirmed, SENTINEL_CONFIRM_STALE);
+                if (!streq(address, s->primary) && stale)
                         sentinel_set_primary(s, named->host, named->port, "a majority of the Sentinels");
-                /* A Sentinel naming another node may be the leader of a failover the others have not heard of. */
-                if (streq(address, s->primary) && named_votes == answers)
+                if (streq(address, s->primary))
                         s->confirmed = s->round_boot;
         }
         if (s->options.on_round)

@@ -10,8 +10,8 @@
  * (sentinel_rediscover()).
  *
  * Besides, every second, a confirmation round asks every Sentinel of the list (a link each): a majority
- * of the list naming the primary (and none naming another) confirms it as of the round's start, a
- * majority naming another address moves it there (sentinel.c says what this promises).
+ * of the list naming the primary confirms it as of the round's start, a majority naming another address
+ * moves it there once the primary in use went unconfirmed for a while (sentinel.c says what this promises).
  *
  * This module only says where the primary is; connecting to it, and checking that it is one (INFO's
  * role), is the owner's (backend.c, with redis-link.h). Both links resolve host names off the loop. */
