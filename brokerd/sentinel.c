@@ -28,8 +28,9 @@ typedef struct SentinelVoter {
         RedisLink *link;
         char address[ADDRESS_MAX];      /* the Sentinel's */
         uint64_t round;                 /* the round its question belongs to; 0: none out */
-        char host[256];                 /* its answer this round ("": none, or nonsense) */
+        char host[253 + 1];             /* its answer this round ("": none, or nonsense); a name or an address */
         unsigned port;
+        char answer[ADDRESS_MAX];       /* … as "HOST:PORT" */
 } SentinelVoter;
 
 struct Sentinel {
@@ -231,29 +232,52 @@ static int on_rotate(sd_event_source *es, uint64_t usec, void *userdata) {
  * reach, nothing is confirmed and every pool behind them is refused, then fenced, although the primary may
  * be fine; a brokerd cannot tell that case from being the one cut off. */
 
-static void sentinel_round_end(Sentinel *s) {
-        size_t n = s->endpoint.n_sentinels, majority = n / 2 + 1;
-        const SentinelVoter *named = NULL;
+SentinelVerdict sentinel_round_verdict(const char *const *answers, size_t n, const char *primary, bool stale,
+                                       size_t *ret_index) {
+        /* A majority of the list, not of those that answered: two Sentinels of three that cannot be reached
+         * leave the third alone, and it may be the one cut off with an old primary. */
+        size_t majority = n / 2 + 1;
 
         for (size_t i = 0; i < n; i++) {
-                const SentinelVoter *v = &s->voters[i];
                 size_t votes = 0;
-                if (v->host[0] == '\0')
+                if (!answers[i])
                         continue;
                 for (size_t j = 0; j < n; j++)
-                        if (streq(s->voters[j].host, v->host) && s->voters[j].port == v->port)
+                        if (streq_ptr(answers[j], answers[i]))
                                 votes++;
-                if (votes >= majority)
-                        named = v;
+                if (votes < majority)
+                        continue;
+                if (primary && streq(answers[i], primary))
+                        return SENTINEL_VERDICT_CONFIRM;
+                if (!stale)
+                        return SENTINEL_VERDICT_NONE;
+                if (ret_index)
+                        *ret_index = i;
+                return SENTINEL_VERDICT_MOVE;
         }
-        if (named) {
-                char address[ADDRESS_MAX];
-                format_address(address, sizeof address, named->host, named->port);
-                bool stale = s->confirmed == 0 || s->round_boot >= usec_add(s->confirmed, SENTINEL_CONFIRM_STALE);
-                if (!streq(address, s->primary) && stale)
-                        sentinel_set_primary(s, named->host, named->port, "a majority of the Sentinels");
-                if (streq(address, s->primary))
+        return SENTINEL_VERDICT_NONE;
+}
+
+static void sentinel_round_end(Sentinel *s) {
+        size_t n = MIN(s->endpoint.n_sentinels, (size_t) REDIS_ENDPOINT_SENTINELS_MAX), moved_to = 0;
+        const char *answers[REDIS_ENDPOINT_SENTINELS_MAX];
+
+        for (size_t i = 0; i < n; i++)
+                answers[i] = s->voters[i].host[0] ? s->voters[i].answer : NULL;
+        bool stale = s->confirmed == 0 || s->round_boot >= usec_add(s->confirmed, SENTINEL_CONFIRM_STALE);
+        switch (sentinel_round_verdict(answers, n, s->primary, stale, &moved_to)) {
+        case SENTINEL_VERDICT_MOVE: {
+                const SentinelVoter *v = &s->voters[moved_to];
+                sentinel_set_primary(s, v->host, v->port, "a majority of the Sentinels");
+                if (streq(v->answer, s->primary)) /* not when out of memory */
                         s->confirmed = s->round_boot;
+                break;
+        }
+        case SENTINEL_VERDICT_CONFIRM:
+                s->confirmed = s->round_boot;
+                break;
+        default:
+                break;
         }
         if (s->options.on_round)
                 s->options.on_round(s, s->confirmed, s->options.userdata);
@@ -274,6 +298,7 @@ static void on_vote(RedisLink *link, int error, const redisReply *reply, void *u
                 if (*end == '\0' && port > 0 && port <= 65535) {
                         snprintf(v->host, sizeof v->host, "%s", reply->element[0]->str);
                         v->port = (unsigned) port;
+                        format_address(v->answer, sizeof v->answer, v->host, v->port);
                 }
         }
         if (--s->round_pending == 0)

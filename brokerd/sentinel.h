@@ -17,7 +17,9 @@
  * role), is the owner's (backend.c, with redis-link.h). Both links resolve host names off the loop. */
 #pragma once
 
+#include <errno.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <systemd/sd-event.h>
 
@@ -65,3 +67,18 @@ uint64_t sentinel_get_failovers(const Sentinel *s);
 usec_t sentinel_get_last_failover(const Sentinel *s);
 /* The CLOCK_BOOTTIME start of the last round in which a majority of the list named the primary; 0: none. */
 usec_t sentinel_get_confirmed(const Sentinel *s);
+
+typedef enum SentinelVerdict {
+        SENTINEL_VERDICT_NONE,          /* no majority, or one for another node while the primary is fresh */
+        SENTINEL_VERDICT_CONFIRM,       /* a majority named the primary in use */
+        SENTINEL_VERDICT_MOVE,          /* a majority named another node, and the primary in use is stale */
+        _SENTINEL_VERDICT_MAX,
+        _SENTINEL_VERDICT_INVALID = -EINVAL,
+} SentinelVerdict;
+
+/* What a round decides (pure: exposed for its unit test). answers: each Sentinel of the list's answer,
+ * "HOST:PORT", or NULL (none, or nonsense), n of them; primary: the one in use ("" or NULL: none yet);
+ * stale: it went unconfirmed for SENTINEL_CONFIRM_STALE (or never was). For MOVE, *ret_index is the index
+ * of an answer naming the node (untouched otherwise). */
+SentinelVerdict sentinel_round_verdict(const char *const *answers, size_t n, const char *primary, bool stale,
+                                       size_t *ret_index);
