@@ -49,6 +49,8 @@ static const struct {
         [SHARED_NOTICE_RECOVERY] = { "cb105e38e9cd4f4baea8776cbb22af5f", "BACKEND_RECOVERY", LOG_WARNING },
         [SHARED_NOTICE_REFUSED] = { "397937a0387b403fa1ad6192cc5d3e21", "BACKEND_REFUSED", LOG_ERR },
         [SHARED_NOTICE_FENCED] = { "f046efe4f321444484acfa458fafc1f5", "BACKEND_FENCED", LOG_ERR },
+        [SHARED_NOTICE_UNCONFIRMED] = { "b48f17ea6ab04443961b1c922bc0c388", "BACKEND_UNCONFIRMED", LOG_WARNING },
+        [SHARED_NOTICE_CONFIRMED] = { "f622d19d64a0455cb5d6d9271c4ea1fb", "BACKEND_CONFIRMED", LOG_NOTICE },
 };
 #define MESSAGE_ID_SUPPRESSED "45e9e5b1aa044c65a4d63010ef89a05b"
 #define MESSAGE_ID_FAILOVER "4d01c4d86fbd4354b88b48aa1309a629"
@@ -346,6 +348,13 @@ void audit_backend(Audit *a, const char *pool, const SharedNotice *n) {
         case SHARED_NOTICE_FENCED:
                 field(&f, "MESSAGE=[%s] Pool %s: its backend was unreachable too long; every lease of this node was revoked",
                       tag, pool);
+                break;
+        case SHARED_NOTICE_UNCONFIRMED:
+                field(&f, "MESSAGE=[%s] Pool %s: the Sentinels cannot confirm its primary; refused until a majority of them names it",
+                      tag, pool);
+                break;
+        case SHARED_NOTICE_CONFIRMED:
+                field(&f, "MESSAGE=[%s] Pool %s: a majority of the Sentinels confirms its primary again", tag, pool);
                 break;
         default:
                 return;

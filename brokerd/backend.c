@@ -422,6 +422,16 @@ static void on_sentinel_primary(Sentinel *s, const RedisEndpoint *primary, const
                 b->table->on_failover(b->url, previous, sentinel_get_primary(s), b->table->userdata);
 }
 
+/* A confirmation round ended: every pool learns how fresh its primary's confirmation is (it refuses when
+ * stale, and fences from it). */
+static void on_sentinel_round(Sentinel *s, usec_t confirmed, void *userdata) {
+        Backend *b = userdata;
+        usec_t boot = now_boottime(), now = now_monotonic();
+        for (size_t i = 0; i < b->n_pools; i++)
+                pool_shared_set_confirmed(b->pools[i]->pool, confirmed, boot, now);
+        backend_after(b);
+}
+
 static Backend *backend_free(Backend *b) {
         if (!b)
                 return NULL;
@@ -491,6 +501,7 @@ static int backend_new(BackendTable *t, const PoolConfig *pc, Backend **ret) {
                 const SentinelOptions so = {
                         .password_file = pc->backend_sentinel_password_file,
                         .on_primary = on_sentinel_primary,
+                        .on_round = on_sentinel_round,
                         .userdata = b,
                 };
                 r = sentinel_new(t->event, &endpoint, &so, &b->sentinel);
@@ -598,6 +609,7 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
                         .waiter_grace = WAITER_GRACE,
                         .heartbeat = HEARTBEAT,
                         .manual_clock = t->manual_clock,
+                        .confirm_stale = b->sentinel ? SENTINEL_CONFIRM_STALE : 0,
                         .random = t->random,
                         .random_userdata = t->userdata,
                         .wake = backend_wake,
@@ -617,7 +629,10 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
         }
         b->pools[b->n_pools++] = bp;
 
-        /* A link already up tells only the pools it knew: this one learns it here. */
+        /* A link already up, and the last confirmation, tell only the pools they knew: this one learns here. */
+        if (b->sentinel)
+                pool_shared_set_confirmed(bp->pool, sentinel_get_confirmed(b->sentinel), now_boottime(),
+                                          now_monotonic());
         if (redis_link_get_state(b->commands) == REDIS_LINK_UP)
                 pool_shared_link_up(bp->pool, redis_link_get_run_id(b->commands) ?: "", now_monotonic());
         backend_wake(b);
@@ -636,6 +651,7 @@ bool backend_table_primary(const BackendTable *t, const char *pool, BackendPrima
                                         .address = sentinel_get_primary(b->sentinel),
                                         .failovers = sentinel_get_failovers(b->sentinel),
                                         .last_failover = sentinel_get_last_failover(b->sentinel),
+                                        .confirmed = sentinel_get_confirmed(b->sentinel),
                                 };
                                 return true;
                         }

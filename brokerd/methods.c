@@ -128,6 +128,12 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                         json_object_set_new(b, "failovers", json_integer((json_int_t) bp.failovers));
                         if (bp.last_failover > 0)
                                 json_object_set_new(b, "lastFailoverAt", json_integer((json_int_t) bp.last_failover));
+                        if (bp.confirmed > 0) {
+                                usec_t boot = now_boottime();
+                                json_object_set_new(b, "confirmedAgoMs",
+                                                    json_integer((json_int_t) ((boot - MIN(boot, bp.confirmed)) /
+                                                                               USEC_PER_MSEC)));
+                        }
                 }
                 if (b)
                         json_object_set_new(o, "backend", b);

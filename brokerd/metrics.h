@@ -55,11 +55,13 @@ void metrics_record(Metrics *m, const AuditRecord *r);
 void metrics_backend_rtt(Metrics *m, const char *pool, usec_t rtt);
 /* The gauges: values of the moment that the owner reads from the modules that keep them. */
 /* Where a shared pool's backend is behind Sentinels (backend=redis-sentinel://): the primary they named
- * last ("HOST:PORT"; NULL before), the failovers seen, the realtime of the last one (0: none). */
+ * last ("HOST:PORT"; NULL before), the failovers seen, the realtime of the last one (0: none), and the
+ * CLOCK_BOOTTIME start of the last round in which a majority of them named it (0: none). */
 typedef struct BackendPrimary {
         const char *address;
         uint64_t failovers;
         usec_t last_failover;
+        usec_t confirmed;
 } BackendPrimary;
 /* Fills *ret for a pool behind Sentinels and returns true; false for any other pool. */
 typedef bool (*BackendPrimaryFn)(const char *pool, BackendPrimary *ret, void *userdata);

@@ -12,14 +12,26 @@
 #include "redis-link.h"
 
 #define SWITCH_CHANNEL "+switch-master"
-/* A safety net under the subscription: a watch link silently cut (no RST, keepalive not yet failing) would
- * miss a +switch-master; asking this often bounds how long that can go unnoticed. */
-#define REASK_INTERVAL (5 * USEC_PER_SEC)
+/* Between the starts of two confirmation rounds. They are also the safety net under the subscription: a
+ * watch link silently cut (no RST, keepalive not yet failing) would miss a +switch-master, which the next
+ * round's majority then tells. */
+#define CONFIRM_INTERVAL (1 * USEC_PER_SEC)
 /* After every Sentinel of the list failed in a row, before starting over with the next. */
 #define ROUND_BACKOFF (1 * USEC_PER_SEC)
 #define COMMAND_TIMEOUT_DEFAULT (1 * USEC_PER_SEC)
 /* "[HOST]:PORT", HOST a name (253 bytes at most, redis-endpoint.c) or an address. */
 #define ADDRESS_MAX (253 + 2 + 1 + 5 + 1)
+
+/* One Sentinel of the list in the confirmation rounds: its own link, asked once a round. */
+typedef struct SentinelVoter {
+        Sentinel *sentinel;
+        RedisLink *link;
+        char address[ADDRESS_MAX];      /* the Sentinel's */
+        uint64_t round;                 /* the round its question belongs to; 0: none out */
+        char host[253 + 1];             /* its answer this round ("": none, or nonsense); a name or an address */
+        unsigned port;
+        char answer[ADDRESS_MAX];       /* … as "HOST:PORT" */
+} SentinelVoter;
 
 struct Sentinel {
         sd_event *event;
@@ -32,7 +44,12 @@ struct Sentinel {
         bool moving;                    /* redis_link_set_endpoint() under way: the DOWN it tells is ours */
         bool asking, ask_again;
         sd_event_source *rotate_timer;
-        sd_event_source *reask_timer;
+        sd_event_source *round_timer;   /* CONFIRM_INTERVAL: the next confirmation round */
+        SentinelVoter *voters;          /* one per Sentinel of the list */
+        uint64_t round;                 /* the round under way or last done (from 1) */
+        usec_t round_boot;              /* CLOCK_BOOTTIME, when it began */
+        size_t round_pending;           /* questions of the round not answered yet */
+        usec_t confirmed;               /* CLOCK_BOOTTIME start of the last round that confirmed; 0: none */
         char current_address[ADDRESS_MAX];
         char primary[ADDRESS_MAX];      /* "" before the first answer */
         uint64_t failovers;
@@ -54,7 +71,7 @@ static void sentinel_set_primary(Sentinel *s, const char *host, unsigned port, c
                 return;
         if (redis_endpoint_sentinel_primary(&s->endpoint, host, (uint16_t) port, &primary) < 0) {
                 log_oom();
-                return; /* asked again within REASK_INTERVAL */
+                return; /* asked again at the next round */
         }
         bool failover = s->primary[0] != '\0';
         snprintf(previous, sizeof previous, "%s", s->primary);
@@ -195,10 +212,155 @@ static int on_rotate(sd_event_source *es, uint64_t usec, void *userdata) {
         return 0;
 }
 
-static int on_reask(sd_event_source *es, uint64_t usec, void *userdata) {
+/* ---- confirmation rounds ----
+ *
+ * Every CONFIRM_INTERVAL every Sentinel of the list is asked where the primary is, each on its own link.
+ * When the last answer (or timeout) is in: a majority of the configured list (not of those that answered)
+ * naming the primary in use confirms it as of the round's start. A majority naming another node makes that
+ * the primary (the first answer, or a failover the watch missed), but only once the primary in use has gone
+ * unconfirmed for SENTINEL_CONFIRM_STALE: right after a failover the Sentinels that have not heard of it
+ * yet still name the old primary, and a round must not take brokerd back to it (the watch's +switch-master
+ * comes from a Sentinel that has switched; the others follow within seconds).
+ *
+ * What it promises: Sentinel promotes a replica only with the votes of a majority of the Sentinels, and
+ * the leader names the new primary from the failover F on, the others once its new configuration reaches
+ * them (hello messages, every 2 s). So the last round that can confirm the old primary is one that began
+ * before F, or before the others learnt of it when this brokerd cannot reach the leader (which the 2 s of
+ * slack in the self-fence margin covers): a brokerd cut off with the old primary sees its confirmations
+ * stop there, and its pools fence from them (pool-shared.c, vouch_base()) before the new primary's
+ * recovery window (one node TTL after F) ends. The cost: with a majority of the Sentinels down or out of
+ * reach, nothing is confirmed and every pool behind them is refused, then fenced, although the primary may
+ * be fine; a brokerd cannot tell that case from being the one cut off. */
+
+SentinelVerdict sentinel_round_verdict(const char *const *answers, size_t n, const char *primary, bool stale,
+                                       size_t *ret_index) {
+        /* A majority of the list, not of those that answered: two Sentinels of three that cannot be reached
+         * leave the third alone, and it may be the one cut off with an old primary. */
+        size_t majority = n / 2 + 1;
+
+        for (size_t i = 0; i < n; i++) {
+                size_t votes = 0;
+                if (!answers[i])
+                        continue;
+                for (size_t j = 0; j < n; j++)
+                        if (streq_ptr(answers[j], answers[i]))
+                                votes++;
+                if (votes < majority)
+                        continue;
+                if (primary && streq(answers[i], primary))
+                        return SENTINEL_VERDICT_CONFIRM;
+                if (!stale)
+                        return SENTINEL_VERDICT_NONE;
+                if (ret_index)
+                        *ret_index = i;
+                return SENTINEL_VERDICT_MOVE;
+        }
+        return SENTINEL_VERDICT_NONE;
+}
+
+static void sentinel_round_end(Sentinel *s) {
+        size_t n = MIN(s->endpoint.n_sentinels, (size_t) REDIS_ENDPOINT_SENTINELS_MAX), moved_to = 0;
+        const char *answers[REDIS_ENDPOINT_SENTINELS_MAX];
+
+        for (size_t i = 0; i < n; i++)
+                answers[i] = s->voters[i].host[0] ? s->voters[i].answer : NULL;
+        bool stale = s->confirmed == 0 || s->round_boot >= usec_add(s->confirmed, SENTINEL_CONFIRM_STALE);
+        switch (sentinel_round_verdict(answers, n, s->primary, stale, &moved_to)) {
+        case SENTINEL_VERDICT_MOVE: {
+                const SentinelVoter *v = &s->voters[moved_to];
+                sentinel_set_primary(s, v->host, v->port, "a majority of the Sentinels");
+                if (streq(v->answer, s->primary)) /* not when out of memory */
+                        s->confirmed = s->round_boot;
+                break;
+        }
+        case SENTINEL_VERDICT_CONFIRM:
+                s->confirmed = s->round_boot;
+                break;
+        default:
+                break;
+        }
+        if (s->options.on_round)
+                s->options.on_round(s, s->confirmed, s->options.userdata);
+}
+
+static void on_vote(RedisLink *link, int error, const redisReply *reply, void *userdata) {
+        SentinelVoter *v = userdata;
+        Sentinel *s = v->sentinel;
+
+        if (v->round != s->round)
+                return;
+        v->round = 0;
+        if (error == 0 && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
+            reply->element[0]->type == REDIS_REPLY_STRING && reply->element[1]->type == REDIS_REPLY_STRING &&
+            reply->element[0]->len > 0 && reply->element[0]->len < sizeof v->host) {
+                char *end;
+                unsigned long port = strtoul(reply->element[1]->str, &end, 10);
+                if (*end == '\0' && port > 0 && port <= 65535) {
+                        snprintf(v->host, sizeof v->host, "%s", reply->element[0]->str);
+                        v->port = (unsigned) port;
+                        format_address(v->answer, sizeof v->answer, v->host, v->port);
+                }
+        }
+        if (--s->round_pending == 0)
+                sentinel_round_end(s);
+}
+
+static int on_round(sd_event_source *es, uint64_t usec, void *userdata) {
         Sentinel *s = userdata;
-        sentinel_ask(s);
-        (void) sd_event_source_set_time_relative(es, REASK_INTERVAL);
+
+        (void) sd_event_source_set_time_relative(es, CONFIRM_INTERVAL);
+        if (s->round_pending > 0)
+                return 0; /* the last one waits for its timeouts: it ends first */
+        s->round++;
+        s->round_boot = now_boottime();
+        for (size_t i = 0; i < s->endpoint.n_sentinels; i++) {
+                SentinelVoter *v = &s->voters[i];
+                v->host[0] = '\0';
+                v->round = 0;
+                if (redis_link_get_state(v->link) != REDIS_LINK_UP)
+                        continue; /* no vote: it counts against a majority */
+                if (redis_link_command(v->link, on_vote, v, 3,
+                                       (const char *const[]) { "SENTINEL", "get-master-addr-by-name",
+                                                               s->endpoint.master },
+                                       NULL) < 0)
+                        continue;
+                v->round = s->round;
+                s->round_pending++;
+        }
+        if (s->round_pending == 0)
+                sentinel_round_end(s);
+        return 0;
+}
+
+static void on_voter_log(RedisLink *link, int priority, const char *message, void *userdata) {
+        SentinelVoter *v = userdata;
+        /* The rounds' links repeat what the query link says of the same Sentinel: debug only. */
+        log_full_errno(LOG_DEBUG, 0, "Sentinel %s: %s", v->address, message);
+}
+
+static int sentinel_voters_new(Sentinel *s) {
+        size_t n = s->endpoint.n_sentinels;
+        s->voters = calloc(n, sizeof(SentinelVoter));
+        if (!s->voters)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                SentinelVoter *v = &s->voters[i];
+                const RedisSentinelAddress *a = &s->endpoint.sentinels[i];
+                RedisEndpoint e = { .type = REDIS_ENDPOINT_TCP, .host = a->host, .port = a->port };
+                v->sentinel = s;
+                format_address(v->address, sizeof v->address, a->host, a->port);
+                RedisLinkOptions o = {
+                        .password_file = s->options.password_file,
+                        .command_timeout = s->options.command_timeout,
+                        .backoff_max = ROUND_BACKOFF,
+                        .sentinel = true,
+                        .on_log = on_voter_log,
+                        .userdata = v,
+                };
+                int r = redis_link_new(s->event, &e, &o, &v->link);
+                if (r < 0)
+                        return r;
+        }
         return 0;
 }
 
@@ -251,11 +413,15 @@ int sentinel_new(sd_event *event, const RedisEndpoint *endpoint, const SentinelO
         if (r < 0)
                 goto fail;
         (void) sd_event_source_set_enabled(s->rotate_timer, SD_EVENT_OFF);
-        r = sd_event_add_time_relative(event, &s->reask_timer, CLOCK_MONOTONIC, REASK_INTERVAL, USEC_PER_MSEC * 100,
-                                       on_reask, s);
+        r = sentinel_voters_new(s);
         if (r < 0)
                 goto fail;
-        (void) sd_event_source_set_enabled(s->reask_timer, SD_EVENT_ON);
+        /* The first round once the links had a moment to connect; then every CONFIRM_INTERVAL. */
+        r = sd_event_add_time_relative(event, &s->round_timer, CLOCK_MONOTONIC, CONFIRM_INTERVAL / 4,
+                                       USEC_PER_MSEC * 10, on_round, s);
+        if (r < 0)
+                goto fail;
+        (void) sd_event_source_set_enabled(s->round_timer, SD_EVENT_ON);
         r = sentinel_point(s, 0);
         if (r < 0)
                 goto fail;
@@ -272,8 +438,11 @@ Sentinel *sentinel_free(Sentinel *s) {
                 return NULL;
         redis_link_free(s->query);
         redis_link_free(s->watch);
+        for (size_t i = 0; s->voters && i < s->endpoint.n_sentinels; i++)
+                redis_link_free(s->voters[i].link);
+        free(s->voters);
         sd_event_source_disable_unref(s->rotate_timer);
-        sd_event_source_disable_unref(s->reask_timer);
+        sd_event_source_disable_unref(s->round_timer);
         redis_endpoint_done(&s->endpoint);
         free((char *) s->options.password_file);
         sd_event_unref(s->event);
@@ -299,4 +468,8 @@ uint64_t sentinel_get_failovers(const Sentinel *s) {
 
 usec_t sentinel_get_last_failover(const Sentinel *s) {
         return s ? s->last_failover : 0;
+}
+
+usec_t sentinel_get_confirmed(const Sentinel *s) {
+        return s ? s->confirmed : 0;
 }

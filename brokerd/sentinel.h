@@ -1,18 +1,25 @@
 /* SPDX-License-Identifier: MIT */
-/* sentinel.h — which node is a redis-sentinel:// backend's primary now (SPEC §11, high availability).
+/* sentinel.h — which node is a redis-sentinel:// backend's primary now (SPEC §11, high availability), and
+ * whether a majority of the Sentinels still says so.
  *
  * One Sentinel of the list at a time is asked `SENTINEL get-master-addr-by-name MASTER` (on one link), and
  * watched for `+switch-master` (on a second, subscribed link): a Sentinel that cannot be reached, does not
  * know MASTER, or answers nonsense makes the next one of the list current, the round over the whole list
  * spaced by a backoff. The answer is asked again whenever the watch (re)subscribes (pub/sub loses what is
- * published while not subscribed), every few seconds as a safety net, and when the owner says the named
- * primary refused or cannot be reached (sentinel_rediscover()).
+ * published while not subscribed), and when the owner says the named primary refused or cannot be reached
+ * (sentinel_rediscover()).
+ *
+ * Besides, every second, a confirmation round asks every Sentinel of the list (a link each): a majority
+ * of the list naming the primary confirms it as of the round's start, a majority naming another address
+ * moves it there once the primary in use went unconfirmed for a while (sentinel.c says what this promises).
  *
  * This module only says where the primary is; connecting to it, and checking that it is one (INFO's
  * role), is the owner's (backend.c, with redis-link.h). Both links resolve host names off the loop. */
 #pragma once
 
+#include <errno.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <systemd/sd-event.h>
 
@@ -27,10 +34,19 @@ typedef struct Sentinel Sentinel;
 typedef void (*SentinelPrimaryFn)(Sentinel *s, const RedisEndpoint *primary, const char *previous, bool failover,
                                   void *userdata);
 
+/* A confirmation round ended; confirmed: the CLOCK_BOOTTIME start of the last round that confirmed the
+ * primary (this one's if it did), 0 if none ever did. */
+typedef void (*SentinelRoundFn)(Sentinel *s, usec_t confirmed, void *userdata);
+
+/* How old a confirmation may be for the owner to grant on the primary: three rounds, so that one slow or
+ * lost round costs nothing. */
+#define SENTINEL_CONFIRM_STALE (3 * USEC_PER_SEC)
+
 typedef struct SentinelOptions {
         const char *password_file;      /* the Sentinels' (backend-sentinel-password-file=); NULL: no AUTH */
-        usec_t command_timeout;         /* 0: 1 s */
+        usec_t command_timeout;         /* 0: 1 s; also what a round waits at most for an answer */
         SentinelPrimaryFn on_primary;
+        SentinelRoundFn on_round;       /* may be NULL */
         void *userdata;
 } SentinelOptions;
 
@@ -49,3 +65,20 @@ const char *sentinel_get_current(const Sentinel *s);
 /* Failovers seen (primary changes after the first answer), and the realtime of the last one (0: none). */
 uint64_t sentinel_get_failovers(const Sentinel *s);
 usec_t sentinel_get_last_failover(const Sentinel *s);
+/* The CLOCK_BOOTTIME start of the last round in which a majority of the list named the primary; 0: none. */
+usec_t sentinel_get_confirmed(const Sentinel *s);
+
+typedef enum SentinelVerdict {
+        SENTINEL_VERDICT_NONE,          /* no majority, or one for another node while the primary is fresh */
+        SENTINEL_VERDICT_CONFIRM,       /* a majority named the primary in use */
+        SENTINEL_VERDICT_MOVE,          /* a majority named another node, and the primary in use is stale */
+        _SENTINEL_VERDICT_MAX,
+        _SENTINEL_VERDICT_INVALID = -EINVAL,
+} SentinelVerdict;
+
+/* What a round decides (pure: exposed for its unit test). answers: each Sentinel of the list's answer,
+ * "HOST:PORT", or NULL (none, or nonsense), n of them; primary: the one in use ("" or NULL: none yet);
+ * stale: it went unconfirmed for SENTINEL_CONFIRM_STALE (or never was). For MOVE, *ret_index is the index
+ * of an answer naming the node (untouched otherwise). */
+SentinelVerdict sentinel_round_verdict(const char *const *answers, size_t n, const char *primary, bool stale,
+                                       size_t *ret_index);

@@ -765,6 +765,7 @@ static const char *unavailable_reason_text(const char *reason) {
                 { "rules", "the pool's rules differ from those its backend enforces" },
                 { "recovery", "the pool's backend is recovering" },
                 { "replicas", "too few Redis replicas acknowledged the grant (backend-min-replicas)" },
+                { "unconfirmed", "the Sentinels cannot confirm the pool's primary" },
         };
         for (size_t i = 0; i < ELEMENTSOF(table); i++)
                 if (streq(table[i].reason, reason))

@@ -128,12 +128,14 @@ static void print_waiters(json_t *waiters, const char *name) {
         }
 }
 
-/* Behind Sentinels: the primary in use and the failovers this node saw, on a line of its own. */
+/* Behind Sentinels: the primary in use, the failovers this node saw, and how long ago a majority of the
+ * Sentinels last confirmed the primary, on a line of its own. */
 static void print_primary(json_t *backend) {
         const char *primary = string_member(backend, "primary");
         json_int_t failovers = int_member(backend, "failovers", -1);
         json_int_t last = int_member(backend, "lastFailoverAt", 0);
-        char when[32] = "";
+        json_int_t confirmed_ago = int_member(backend, "confirmedAgoMs", -1);
+        char when[32] = "", confirmed[64] = "; not confirmed by a majority of the Sentinels";
 
         if (!primary && failovers < 0)
                 return;
@@ -143,8 +145,11 @@ static void print_primary(json_t *backend) {
                 if (localtime_r(&t, &tm))
                         (void) strftime(when, sizeof when, ", the last at %Y-%m-%d %H:%M:%S", &tm);
         }
-        printf("  sentinel: primary %s, %" JSON_INTEGER_FORMAT " failover%s seen%s\n", primary ?: "not named yet",
-               failovers < 0 ? 0 : failovers, failovers == 1 ? "" : "s", when);
+        if (confirmed_ago >= 0)
+                snprintf(confirmed, sizeof confirmed, "; confirmed %" JSON_INTEGER_FORMAT ".%01" JSON_INTEGER_FORMAT
+                         " s ago", confirmed_ago / 1000, confirmed_ago % 1000 / 100);
+        printf("  sentinel: primary %s, %" JSON_INTEGER_FORMAT " failover%s seen%s%s\n", primary ?: "not named yet",
+               failovers < 0 ? 0 : failovers, failovers == 1 ? "" : "s", when, confirmed);
 }
 
 static void print_backend_state(json_t *backend) {

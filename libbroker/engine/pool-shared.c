@@ -124,7 +124,14 @@ typedef struct SharedPool {
         usec_t last_tick;      /* monotonic, queued */
         usec_t down_since;     /* monotonic, USEC_INFINITY: up (or never was) */
         usec_t acked_boot;     /* CLOCK_BOOTTIME send time of the last acknowledged tick */
-        usec_t stale_ack;      /* acked_boot when its vouch deadline passed and the waiters were refused */
+        usec_t stale_ack;      /* vouch_base() when its vouch deadline passed and the waiters were refused */
+        usec_t alive_boot;     /* a restarted daemon's last proof of life (set_last_ack()), USEC_INFINITY: none */
+        /* Behind Sentinels (params.confirm_stale > 0): the start of the last round in which a majority of
+         * them named this primary (CLOCK_BOOTTIME, 0: none yet), and since when (monotonic) it is too old
+         * to grant on (USEC_INFINITY: it is recent, or no confirmation is asked for). */
+        usec_t confirmed_boot;
+        usec_t unconfirmed_since;
+        bool unconfirmed_noticed; /* an UNCONFIRMED notice was pushed and not yet followed by CONFIRMED */
         uint64_t token_floor;  /* 0: none to send */
         int64_t offset;        /* pool clock − monotonic, from the last round trip */
         bool offset_known;
@@ -349,6 +356,25 @@ static bool state_sends_operations(SharedState s) {
         return s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING;
 }
 
+/* Whether this node serves the pool now: registered with agreed rules, and, behind Sentinels, on a primary
+ * that a majority of them named recently. */
+static bool pool_serves(const SharedPool *p) {
+        return state_sends_operations(p->state) && p->unconfirmed_since == USEC_INFINITY;
+}
+
+/* Why requests are refused (NULL: the pool is served): the state's word first, then "unconfirmed". */
+static const char *unavailable_reason(const SharedPool *p) {
+        if (p->unavailable)
+                return p->unavailable;
+        return p->unconfirmed_since != USEC_INFINITY ? "unconfirmed" : NULL;
+}
+
+/* Since when (monotonic) the pool has been refused for a cause its waiters should not outwait: the link
+ * down, or the primary unconfirmed. USEC_INFINITY: neither. */
+static usec_t outage_since(const SharedPool *p) {
+        return MIN(p->down_since, p->unconfirmed_since);
+}
+
 /* The driver's `now` (pool_shared_call_done(), link_up(), …) is the local monotonic clock. In the manual
  * mode the engine's is the only clock, and it stands at the last `now` the engine gave: a reply handled
  * later in real time must neither move the pool clock nor date a decision by it (memo §3.10). */
@@ -426,7 +452,7 @@ bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
                 Call *c = container_of(n, Call, node);
                 if (c->sent)
                         continue;
-                if (c->script != SHARED_SCRIPT_TICK && !state_sends_operations(p->state))
+                if (c->script != SHARED_SCRIPT_TICK && !pool_serves(p))
                         continue;
                 if (c->wait) {
                         /* A WAIT whose grants were answered otherwise (withdrawn, refused) would block the link
@@ -1055,6 +1081,14 @@ static void decision_apply(SharedPool *p, const Decision *d, bool written_here, 
                         (void) queue_rid_call(p, SHARED_SCRIPT_RELEASE, d->rid, d->token, now);
                 return;
         }
+        if (streq(d->verdict, "granted") && p->unconfirmed_since != USEC_INFINITY) {
+                /* Granted by a primary the Sentinels no longer vouch for (a tick run on it while this node is
+                 * cut off with it): the waiter is refused and the slots go back, wherever the release lands
+                 * (on the old primary, or "gone" on the new one). */
+                try_refuse_locally(p, w, "unconfirmed", now);
+                (void) queue_rid_call(p, SHARED_SCRIPT_RELEASE, d->rid, d->token, now);
+                return;
+        }
         usec_t at = local_time_of(p, d->at, w->arrival, now);
 
         if (streq(d->verdict, "queued")) {
@@ -1217,17 +1251,71 @@ void pool_shared_set_last_ack(Pool *base, usec_t boot) {
         SharedPool *p = SHARED(base);
         if (p->acked_boot == USEC_INFINITY || boot > p->acked_boot)
                 p->acked_boot = boot;
+        if (p->alive_boot == USEC_INFINITY || boot > p->alive_boot)
+                p->alive_boot = boot;
+}
+
+/* What the vouch deadline counts from (USEC_INFINITY: nothing yet). The last acknowledged heartbeat; behind
+ * Sentinels, no later than the last confirmation of the primary either. A brokerd cut off together with
+ * the old primary gets its heartbeats acknowledged by it for ever, but the Sentinels' failover F came after
+ * the last round in which a majority of them named it (they promote only once a majority sees it down),
+ * and the new primary grants this node's slots no earlier than F + TTL (its recovery window, README): so a
+ * deadline counted from the last confirmation stops this node's commands before then. Before the first
+ * confirmation no lease of this node was granted (nothing is granted unconfirmed): only leases restored
+ * at a start, which count from the daemon's last proof of life as they do before the first heartbeat. */
+static usec_t vouch_base(const SharedPool *p) {
+        if (p->params.confirm_stale == 0)
+                return p->acked_boot;
+        if (p->confirmed_boot == 0)
+                return p->alive_boot;
+        return MIN(p->acked_boot, p->confirmed_boot);
 }
 
 /* Until when this node can vouch for what Redis decided for it (USEC_INFINITY: no heartbeat acknowledged
  * yet). Redis drops this node, its leases and its waiters, no earlier than acked + TTL; its commands must
  * be gone before, with the revoke grace to let go and 2 s for a forward step of Redis's clock (memo §4.3). */
 static usec_t vouch_deadline(const SharedPool *p) {
-        if (p->acked_boot == USEC_INFINITY)
+        usec_t base = vouch_base(p);
+        if (base == USEC_INFINITY)
                 return USEC_INFINITY;
         usec_t margin = p->params.revoke_grace + SHARED_FENCE_SLACK;
-        usec_t end = usec_add(p->acked_boot, p->params.node_ttl);
+        usec_t end = usec_add(base, p->params.node_ttl);
         return end > margin ? end - margin : 0;
+}
+
+/* Behind Sentinels: a confirmation older than confirm_stale makes the pool refused as if its backend could
+ * not be reached (waiters kept for the grace, leases until the self-fence), and a fresh one serves it again. */
+static void confirm_update(SharedPool *p, usec_t boot_now, usec_t now) {
+        if (p->params.confirm_stale == 0)
+                return;
+        bool fresh = p->confirmed_boot > 0 && boot_now < usec_add(p->confirmed_boot, p->params.confirm_stale);
+        if (fresh == (p->unconfirmed_since == USEC_INFINITY))
+                return;
+        if (fresh) {
+                p->unconfirmed_since = USEC_INFINITY;
+                if (p->unconfirmed_noticed)
+                        notice_push(p, SHARED_NOTICE_CONFIRMED, NULL, NULL, 0, 0);
+                p->unconfirmed_noticed = false;
+                return;
+        }
+        p->unconfirmed_since = now;
+        /* Not at start (never confirmed yet): a pool that was never served has lost nothing to tell of. */
+        if (p->confirmed_boot > 0) {
+                notice_push(p, SHARED_NOTICE_UNCONFIRMED, NULL, NULL, 0, 0);
+                p->unconfirmed_noticed = true;
+        }
+}
+
+void pool_shared_set_confirmed(Pool *base, usec_t confirmed_boot, usec_t boot_now, usec_t now) {
+        SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
+        if (confirmed_boot > p->confirmed_boot)
+                p->confirmed_boot = confirmed_boot;
+        confirm_update(p, boot_now, now);
+}
+
+usec_t pool_shared_get_confirmed(const Pool *base) {
+        return SHARED(base)->confirmed_boot;
 }
 
 usec_t pool_shared_fence_deadline(const Pool *base) {
@@ -1242,13 +1330,14 @@ usec_t pool_shared_fence_deadline(const Pool *base) {
 void pool_shared_fence_check(Pool *base, usec_t boot_now, usec_t now) {
         SharedPool *p = SHARED(base);
         now = driver_now(p, now);
+        confirm_update(p, boot_now, now);
         usec_t v = vouch_deadline(p);
-        if (v != USEC_INFINITY && boot_now >= v && p->stale_ack != p->acked_boot) {
+        if (v != USEC_INFINITY && boot_now >= v && p->stale_ack != vouch_base(p)) {
                 /* Redis may have dropped this node (a brokerd stopped, or cut off, for a TTL): a grant it made
                  * for one of our waiters before that may still sit unread in the stream or in a reply, and
                  * its slots be another node's by now. The waiters go, so that such a grant finds none and
                  * is released; once per silence (requests made since are Redis's to decide again). */
-                p->stale_ack = p->acked_boot;
+                p->stale_ack = vouch_base(p);
                 refuse_all_tries(p, "backend", now);
         }
         usec_t f = pool_shared_fence_deadline(base);
@@ -1264,9 +1353,10 @@ void pool_shared_fence_check(Pool *base, usec_t boot_now, usec_t now) {
 /* While the backend cannot be reached, waiters are kept for the grace (a short blip should not cost them
  * their place), then refused so that their clients can go elsewhere. */
 static void check_waiter_grace(SharedPool *p, usec_t now) {
-        if (p->down_since == USEC_INFINITY || now < usec_add(p->down_since, p->params.waiter_grace))
+        usec_t since = outage_since(p);
+        if (since == USEC_INFINITY || now < usec_add(since, p->params.waiter_grace))
                 return;
-        refuse_all_tries(p, "backend", now);
+        refuse_all_tries(p, p->down_since != USEC_INFINITY ? "backend" : "unconfirmed", now);
 }
 
 /* --------------------------------------------------------------------------------------------- replies */
@@ -1869,7 +1959,8 @@ SharedState pool_shared_state(const Pool *base) {
 bool pool_shared_giving_back(const Pool *base) {
         SharedPool *p = SHARED(base);
         /* REGISTERING counts: its tick is on the way, and the operations follow it on the same link. */
-        if (!p->link_up || !(state_sends_operations(p->state) || p->state == SHARED_STATE_REGISTERING))
+        if (!p->link_up || !(state_sends_operations(p->state) || p->state == SHARED_STATE_REGISTERING) ||
+            p->unconfirmed_since != USEC_INFINITY)
                 return false;
         list_foreach(n, &p->outbox) {
                 const Call *c = container_of(n, Call, node);
@@ -2043,11 +2134,12 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         if (!lane_is_configured(p, t->lane) || t->slots == 0 || t->slots > p->base.limit)
                 return -EINVAL;
         check_waiter_grace(p, now);
-        if (!state_sends_operations(p->state)) {
-                /* Unreachable, rules that differ, or refused: at once, so that the lane tries its next pool. */
+        if (!pool_serves(p)) {
+                /* Unreachable, rules that differ, refused, or a primary the Sentinels do not confirm: at once,
+                 * so that the lane tries its next pool. */
                 emit(p, (PoolDecision) { .verdict = POOL_VERDICT_REFUSED, .cookie = t->cookie, .at = now,
                                          .refusal = REFUSAL_UNAVAILABLE, .budget = USEC_INFINITY,
-                                         .reason = p->unavailable });
+                                         .reason = unavailable_reason(p) });
                 return 0;
         }
 
@@ -2186,7 +2278,7 @@ static void shared_run(Pool *base, usec_t now) {
         }
         if (!p->link_up || p->state == SHARED_STATE_REFUSED)
                 return;
-        bool operations = state_sends_operations(p->state);
+        bool operations = pool_serves(p);
         if (operations && now < p->status_until && !p->status_pending &&
             (p->status_last == 0 || now >= usec_add(p->status_last, USEC_PER_SEC)))
                 (void) queue_status(p, now);
@@ -2214,8 +2306,8 @@ static void shared_run(Pool *base, usec_t now) {
 static usec_t shared_next_wakeup(const Pool *base) {
         SharedPool *p = SHARED(base);
         usec_t w = USEC_INFINITY;
-        if (p->down_since != USEC_INFINITY && !list_is_empty(&p->tries))
-                w = usec_add(p->down_since, p->params.waiter_grace);
+        if (outage_since(p) != USEC_INFINITY && !list_is_empty(&p->tries))
+                w = usec_add(outage_since(p), p->params.waiter_grace);
         /* While a tick is awaited its answer decides the next instant: a wakeup reported now would stay in
          * the past until then. */
         if (!p->link_up || p->state == SHARED_STATE_REFUSED || p->tick_pending || p->run_pending)
@@ -2274,8 +2366,8 @@ static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .idle = p->cache.valid ? usec_add(p->cache.idle, now - MIN(now, p->cache.at)) : 0,
                 .next_token = p->cache.counter + 1,
                 .remote = true,
-                .backend_up = state_sends_operations(p->state),
-                .unavailable = p->state == SHARED_STATE_REFUSED && p->refused_why ? p->refused_why : p->unavailable,
+                .backend_up = pool_serves(p),
+                .unavailable = p->state == SHARED_STATE_REFUSED && p->refused_why ? p->refused_why : unavailable_reason(p),
                 .differing_keys = p->differing_keys,
                 .rtt = p->rtt,
                 .n_nodes = p->n_nodes,
@@ -2352,6 +2444,9 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
         p->acked_boot = USEC_INFINITY;
         p->stale_ack = USEC_INFINITY;
         p->replicas_acked = -1;
+        p->alive_boot = USEC_INFINITY;
+        /* Behind Sentinels the pool starts unconfirmed: nothing is granted before a majority names the primary. */
+        p->unconfirmed_since = params->confirm_stale > 0 ? 0 : USEC_INFINITY;
         /* The first heartbeat carries a whole reconcile: Redis may hold records of this node id that no
          * process knows any more (a brokerd killed and started again: the leases that ended while it was
          * down, the waiters it had, a grant it never recorded). The fingerprint would find them, but only

@@ -89,6 +89,8 @@ typedef enum SharedNoticeType {
         SHARED_NOTICE_RECOVERY,       /* a recovery window began: Redis restarted or lost the pool */
         SHARED_NOTICE_REFUSED,        /* detail: why ("manual-clock", "version", the link's "eviction-policy", …) */
         SHARED_NOTICE_FENCED,         /* the self-fence deadline passed: every lease lost */
+        SHARED_NOTICE_UNCONFIRMED,    /* behind Sentinels: no majority of them named the primary for a while */
+        SHARED_NOTICE_CONFIRMED,      /* … and now one did again */
         _SHARED_NOTICE_TYPE_MAX,
         _SHARED_NOTICE_TYPE_INVALID = -EINVAL,
 } SharedNoticeType;
@@ -111,6 +113,9 @@ typedef struct SharedPoolParams {
         usec_t waiter_grace;          /* how long waiters are kept while the backend is unreachable (5 s) */
         usec_t heartbeat;             /* 1 s */
         bool manual_clock;            /* tests only: the engine's `now` is the pool clock (memo §3.10) */
+        /* Behind Sentinels: the primary must be confirmed (pool_shared_set_confirmed()); the pool is refused
+         * ("unconfirmed") while the last confirmation is older than this. 0: no confirmation (redis://). */
+        usec_t confirm_stale;
         /* Request ids and epochs: 64 random bits. */
         uint64_t (*random)(void *userdata);
         void *random_userdata;
@@ -154,6 +159,13 @@ void pool_shared_set_last_ack(Pool *p, usec_t boot);
 /* CLOCK_BOOTTIME deadline at which every lease must be given up (USEC_INFINITY: no lease, or no ack yet
  * and nothing restored); the driver arms a timer and calls pool_shared_fence_check() then. */
 usec_t pool_shared_fence_deadline(const Pool *p);
+/* Behind Sentinels (params.confirm_stale): a majority of them named the primary in a round that began at
+ * confirmed_boot (CLOCK_BOOTTIME; an older one than the last is ignored). The self-fence counts from it
+ * (or from the last acknowledged heartbeat, when earlier), and the pool is served while it is fresh. The
+ * driver calls it after every round, confirmed or not: boot_now and now (monotonic) date the check. */
+void pool_shared_set_confirmed(Pool *p, usec_t confirmed_boot, usec_t boot_now, usec_t now);
+/* The last confirmation handed in (0: none). */
+usec_t pool_shared_get_confirmed(const Pool *p);
 void pool_shared_fence_check(Pool *p, usec_t boot_now, usec_t now);
 
 /* One entry of this node's stream (XREAD), in id order: fields as "name value …" strings. */

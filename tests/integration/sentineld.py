@@ -102,8 +102,8 @@ class Topology:
         self.tmpdir, self.n_sentinels, self.down_after = tmpdir, sentinels, down_after
         self.password = password  # the Sentinels' requirepass
         # proxied: the Sentinels monitor the primary through a TcpProxy (self.proxy), so they name the proxy's
-        # address to brokerd as well, and blackholing it partitions the first primary from both (its
-        # replica replicates directly).
+        # address to brokerd as well, and its replica replicates through it: blackholing it partitions the
+        # first primary from all of them (self.proxy.spare(pid) keeps one brokerd with it).
         self.proxied = proxied
         self.proxy = None
         self.primary = self.replica = None
@@ -111,14 +111,14 @@ class Topology:
 
     def start(self):
         self.primary = RedisServer(self.tmpdir, unix=False, name="primary").start()
-        self.replica = RedisServer(self.tmpdir, unix=False, name="replica",
-                                   config={"replicaof": f"127.0.0.1 {self.primary.port}"}).start()
-        wait_for(lambda: self.replica.info("replication").get("master_link_status") == "up", timeout=30,
-                 message="the replica to sync")
         monitored = self.primary.port
         if self.proxied:
             self.proxy = TcpProxy(self.primary.tcp_address, name="primary-proxy").start()
             monitored = self.proxy.port
+        self.replica = RedisServer(self.tmpdir, unix=False, name="replica",
+                                   config={"replicaof": f"127.0.0.1 {monitored}"}).start()
+        wait_for(lambda: self.replica.info("replication").get("master_link_status") == "up", timeout=30,
+                 message="the replica to sync")
         for i in range(self.n_sentinels):
             self.sentinels.append(SentinelServer(self.tmpdir, monitored, i, self.down_after,
                                                  quorum=self.n_sentinels // 2 + 1, password=self.password).start())

@@ -18,11 +18,17 @@ and reset() is an action: every open connection is closed with SO_LINGER 0 (an R
 `refuse_for` seconds new connections are reset at once. A rule given a duration reverts to pass by itself
 when it runs out (measured from when the proxy applied it: the call returns once it has).
 
+spare(pid) exempts one process's connections from the rules (they pass, whatever the rules say): a
+partition that leaves that process alone with the target. A connection is that process's when its client
+socket is: the client's port, looked up in /proc/net/tcp, gives the socket's inode, which one of
+/proc/PID/fd links to (looked up when spare() is called, for the connections open then, and at accept).
+
     p = TcpProxy(redis.address).start()          # p.port, p.address; p.url(db) for a brokerd config
     p.blackhole(5)                               # both ways, 5 s, then pass again
     p.blackhole(direction="down", drop=True)     # until p.passthrough()
     p.delay(5, duration=60)                      # every chunk 5 s late, for 60 s
     p.reset()
+    p.spare(brokerd.pid); p.blackhole(drop=True)  # every connection dropped but that brokerd's
     p.close()
 
 One thread running a selectors loop; the test's calls are queued to it and wait until it has applied them,
@@ -30,6 +36,7 @@ so what a test does after a call sees the new rule (deterministic, no sleeps). P
 """
 import collections
 import errno
+import os
 import queue
 import selectors
 import socket
@@ -68,6 +75,42 @@ def _directions(direction):
     return (direction,)
 
 
+PASS = Rule()
+
+
+def _client_inode(client_port, proxy_port):
+    """The inode of the (loopback, IPv4) socket connected from client_port to proxy_port; None if not found."""
+    try:
+        with open("/proc/net/tcp") as f:
+            lines = f.read().split("\n")[1:]
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 10:
+            continue
+        local, remote = fields[1], fields[2]
+        if int(local.split(":")[1], 16) == client_port and int(remote.split(":")[1], 16) == proxy_port:
+            return fields[9]
+    return None
+
+
+def _owned_by(pid, inode):
+    """Whether process pid has the socket of that inode open."""
+    target = f"socket:[{inode}]"
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def _reset_close(sock):
     """Closes with an RST (SO_LINGER on, 0 s) instead of a FIN."""
     try:
@@ -89,6 +132,7 @@ class _Conn:
         self.shut = {d: False for d in DIRECTIONS}            # … and we passed it on
         self.lost = False                                     # bytes (or a FIN) dropped by a blackhole
         self.closed = False
+        self.spared = False                                   # its client is the spared process: rules do not apply
 
     def sockets(self):
         return (self.sock["up"], self.sock["down"])
@@ -111,6 +155,7 @@ class TcpProxy:
         self._calls = queue.Queue()
         self._rules = {d: Rule() for d in DIRECTIONS}
         self._refuse_until = 0.0
+        self._spared_pid = None
         self._conns = []
         self._stats = {"accepted": 0, "refused": 0, "resets": 0, "forwarded_up": 0, "forwarded_down": 0,
                        "dropped_up": 0, "dropped_down": 0}
@@ -176,6 +221,11 @@ class TcpProxy:
         Returns how many connections were reset."""
         return self._call(self._reset_all, refuse_for)
 
+    def spare(self, pid):
+        """Exempts the connections of process pid from the rules, those open now and those accepted later
+        (None: nobody's). Returns how many open connections are spared."""
+        return self._call(self._set_spared, pid)
+
     def rules(self):
         """{"up": "pass", "down": "blackhole"…}: each direction's rule now (timed ones expire by themselves)."""
         return self._call(lambda: {d: repr(r) for d, r in self._rules.items()})
@@ -224,6 +274,25 @@ class TcpProxy:
         for d in _directions(direction):
             self._end_rule(d)
             self._rules[d] = make()
+
+    def _set_spared(self, pid):
+        self._spared_pid = pid
+        for c in self._conns:
+            c.spared = self._is_spared(c)
+        return sum(1 for c in self._conns if c.spared)
+
+    def _is_spared(self, conn):
+        if self._spared_pid is None:
+            return False
+        try:
+            client_port = conn.sock["up"].getpeername()[1]
+        except OSError:
+            return False
+        inode = _client_inode(client_port, self.port)
+        return inode is not None and _owned_by(self._spared_pid, inode)
+
+    def _rule(self, conn, d):
+        return PASS if conn.spared else self._rules[d]
 
     def _end_rule(self, d):
         """A direction's rule ends: a dropping blackhole leaves its damaged streams reset."""
@@ -301,7 +370,7 @@ class TcpProxy:
         for c in self._conns:
             want = {s: 0 for s in c.sockets()}
             for d in DIRECTIONS:
-                if self._rules[d].reads() and not c.eof[d] and c.queued[d] < HIGH_WATER:
+                if self._rule(c, d).reads() and not c.eof[d] and c.queued[d] < HIGH_WATER:
                     want[c.sock[d]] |= selectors.EVENT_READ
                 if c.pending[d] and c.pending[d][0][0] <= now:
                     want[c.peer[d]] |= selectors.EVENT_WRITE
@@ -347,7 +416,9 @@ class TcpProxy:
         if not isinstance(self.target, str):
             upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._conns.append(_Conn(client, upstream))
+        conn = _Conn(client, upstream)
+        conn.spared = self._is_spared(conn)
+        self._conns.append(conn)
 
     def _direction_of(self, conn, sock, reading):
         for d in DIRECTIONS:
@@ -357,7 +428,7 @@ class TcpProxy:
 
     def _read(self, conn, sock):
         d = self._direction_of(conn, sock, reading=True)
-        rule = self._rules[d]
+        rule = self._rule(conn, d)
         try:
             data = sock.recv(1 << 16)
         except BlockingIOError:

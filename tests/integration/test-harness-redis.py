@@ -110,6 +110,21 @@ def nothing_arrives(s):
         return True
 
 
+SPARED_CHILD = r"""
+import socket, sys
+port, conns = int(sys.argv[1]), {}
+for line in sys.stdin:
+    name, text = line.split()
+    if name not in conns:
+        conns[name] = socket.create_connection(("127.0.0.1", port), timeout=10)
+    conns[name].sendall(text.encode())
+    got = b""
+    while len(got) < len(text):
+        got += conns[name].recv(len(text) - len(got))
+    print(got.decode(), flush=True)
+"""
+
+
 class ProxyTestCase(unittest.TestCase):
     def setUp(self):
         self.echo = EchoServer()
@@ -210,6 +225,30 @@ class TestProxyEcho(ProxyTestCase):
         s.sendall(b"held")
         self.assertTrue(nothing_arrives(s))
         self.assertEqual(self.echo.received, 2)
+
+    def test_spare_exempts_one_process_from_the_rules(self):
+        # Another process with connections of its own through the proxy: each line it reads names a
+        # connection ("a" open before spare(), "b" opened after the blackhole) and the text to echo through it.
+        child = subprocess.Popen([sys.executable, "-c", SPARED_CHILD, str(self.proxy.port)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        self.addCleanup(child.wait)
+        self.addCleanup(child.stdin.close)
+
+        def echo(conn, text):
+            child.stdin.write(f"{conn} {text}\n")
+            child.stdin.flush()
+            return child.stdout.readline().strip()
+
+        self.assertEqual(echo("a", "before"), "before")
+        mine = self.client()
+        self.assertEqual(self.proxy.spare(child.pid), 1)
+        self.proxy.blackhole(drop=True)
+        self.assertEqual(echo("a", "through"), "through")
+        self.assertEqual(echo("b", "accepted"), "accepted")  # spared at accept too
+        mine.sendall(b"lost")
+        self.assertTrue(nothing_arrives(mine))
+        self.assertEqual(self.proxy.spare(None), 0)
+        self.proxy.passthrough()
 
     def test_reset_sends_an_rst_both_ways(self):
         s1, s2 = self.client(), self.client()

@@ -16,10 +16,15 @@ brokerds whose pool grid (limit 4) has backend = redis-sentinel://S1,S2,S3/grid-
   primary and counts one failover.
 - The Sentinel every brokerd asks first is killed, the other two still a majority: grants go on as before,
   and a failover after it is still followed (through the next Sentinel of the list).
-- The primary cut off (a TCP proxy between it and the Sentinels and brokerds drops everything), alive:
-  the Sentinels promote the replica and the brokerds follow as after a kill; when the partition heals the
-  old primary is made a replica, no brokerd goes back to it, and no slot was held twice (the invariant
-  and the commands holding slots through it, as above). TestSentinelPartition: a meson test of its own.
+- The old primary cut off together with one brokerd X, alive (the issue's partition): the primary is behind
+  a TCP proxy that the Sentinels and the replica use, X lists the Sentinels through proxies of its own;
+  X's Sentinel proxies drop everything and the primary's drops every connection but X's (tcpproxy's
+  spare()). The Sentinels promote the replica and the two other brokerds follow and grant again; X, whose
+  heartbeats the old primary still answers, fences itself (no majority of the Sentinels confirms its
+  primary: its acquires get 75, its commands holding slots end 124, its journal says why), and from the
+  commands' side no slot was held twice, across all three nodes (X's grants on the old primary included).
+  When the partition heals the old primary is made a replica, nobody goes back to it, and X follows the
+  Sentinels to the new primary and grants again. TestSentinelPartition: a meson test of its own.
 - Sentinels with requirepass: backend-sentinel-password-file= authenticates; a wrong one is refused, said
   in the journal, and the pool is unavailable (backend).
 - --check-config prints the sentinel URL and backend-sentinel-password-file=.
@@ -43,6 +48,7 @@ import faults  # noqa: E402
 import harness  # noqa: E402
 from harness import Broker, wait_for  # noqa: E402
 from sentineld import MASTER, Topology  # noqa: E402
+from tcpproxy import TcpProxy  # noqa: E402
 from witness import Witness  # noqa: E402
 
 SLOTCTL = None
@@ -56,6 +62,7 @@ TTL = 10.0
 REVOKE_GRACE = 1.0
 MAX_HOLD = 1.5
 EXIT_CODES = {0, 75}  # ran, or refused at once while the pool had no primary (waiters get unavailable)
+REVOKED = 124  # slotctl run's exit when the slot was revoked (a fence)
 
 
 def config(backend, node, extra=""):
@@ -116,15 +123,29 @@ class SentinelLoad(unittest.TestCase):
         self.new_port = self.topo.replica.port
         self.brokers = []
         for i in range(NODES):
-            b = Broker(config(self.url, i), name=f"node{i}").start()
-            self.addCleanup(b.stop)
+            b = Broker(config(self.url_for(i), i), name=f"node{i}").start()
+            self.addCleanup(self.stop_broker, b)
             self.brokers.append(b)
         self.witness = Witness(self.tmp)
         self.stop = threading.Event()
         self.loops = []
 
+    def stop_broker(self, b):
+        # Under the sanitizers an error or a leak found at exit is a non-zero status.
+        status = b.stop()
+        self.assertEqual(status, 0, f"{b.name} exited with status {status}:\n{b.log()[-4000:]}")
+
+    def url_for(self, node):
+        """The backend= of brokerd `node`."""
+        return self.url
+
     def backend(self, broker):
         return broker.pool("grid").get("backend") or {}
+
+    @staticmethod
+    def node_of(name):
+        """The brokerd a client loop's command ran on ("c7-3": loop 7)."""
+        return int(name[1:].split("-")[0]) % NODES
 
     def start_clients(self):
         rng = random.Random(12)
@@ -236,36 +257,116 @@ class TestSentinel(SentinelLoad):
 class TestSentinelPartition(SentinelLoad):
     """Run on its own (a meson test of its own: test-sentinel-partition), to keep each under 2 min."""
     proxied = True
+    X = 0  # the brokerd cut off with the old primary
 
-    def test_a_partitioned_primary_is_left_and_comes_back_as_a_replica(self):
+    def url_for(self, node):
+        if node != self.X:
+            return self.url
+        self.x_proxies = [TcpProxy(("127.0.0.1", s.port), name=f"x-sentinel-{k}").start()
+                          for k, s in enumerate(self.sentinels)]
+        for p in self.x_proxies:
+            self.addCleanup(p.close)
+        return "redis-sentinel://" + ",".join(f"127.0.0.1:{p.port}" for p in self.x_proxies) + f"/{MASTER}"
+
+    def long_command(self, broker, name):
+        """A witnessed command on broker that holds its slot until witness.stop(name); slotctl's stderr in
+        p.err_path."""
+        err_path = os.path.join(self.tmp, f"{name}.stderr")
+        with open(err_path, "w") as err:
+            p = subprocess.Popen([SLOTCTL, "run", "--socket", broker.socket_path, "--lane", "grid", "--job", name,
+                                  "--quiet", "--", *self.witness.command_until_stopped(name)],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        p.err_path = err_path
+        self.addCleanup(lambda: p.poll() is None and (self.witness.stop(name), p.wait(30)))
+        return p
+
+    def started_on(self, nodes, since=0):
+        """Commands of the client loops of `nodes` started, counted from the `since`-th start."""
+        return [e for e in self.witness.started()[since:] if e.name.startswith("c") and self.node_of(e.name) in nodes]
+
+    def test_a_brokerd_cut_off_with_the_old_primary_fences_itself(self):
+        x = self.brokers[self.X]
+        others = [i for i in range(NODES) if i != self.X]
         for b in self.brokers:
             wait_for(lambda b=b: self.backend(b).get("up"), timeout=30, message=f"{b.name} to serve the pool")
             self.assertEqual(self.backend(b).get("primary"), f"127.0.0.1:{self.old_port}")
+        wait_for(lambda: "confirmedAgoMs" in self.backend(x), timeout=10, message="a first confirmation")
+        # Two commands on X that hold their slots until stopped: the partition must revoke them before the
+        # new primary can give their slots to the others (which the witness would see).
+        longs = {f"x-long-{k}": self.long_command(x, f"x-long-{k}") for k in range(2)}
+        wait_for(lambda: all(self.witness.started(n) for n in longs), timeout=30, message="X's long commands")
         self.start_clients()
-        time.sleep(1)  # load before the partition (not a synchronisation)
-        # The primary keeps running, cut off from the Sentinels and every brokerd (bytes lost, as a switch
-        # that died): the Sentinels promote its replica, the brokerds follow them.
-        self.held = self.running()
+        # Cut while commands of the other nodes hold slots: they must keep them through the failover.
+        self.held = wait_for(lambda: {n for n in self.running() if n.startswith("c") and self.node_of(n) != self.X},
+                             timeout=30, message="a command of the other nodes to hold a slot")
+
+        # The partition: X and the old primary see each other, nothing else.
         cut = time.monotonic()
-        self.topo.proxy.blackhole(direction="both", drop=True)
+        self.assertGreaterEqual(self.topo.proxy.spare(x.pid), 2, "X's links to the primary")
+        for p in self.x_proxies:
+            p.blackhole(drop=True)
+        self.topo.proxy.blackhole(drop=True)
         wait_for(lambda: self.sentinels[-1].primary_port() == self.new_port, timeout=30,
                  message="the Sentinels to promote the replica")
-        print(f"the Sentinels promoted the replica {time.monotonic() - cut:.2f} s after the partition",
-              file=sys.stderr)
-        self.resumed_after(cut)
-        # The partition heals: the Sentinels make the old primary a replica of the new one; no brokerd goes
-        # back to it, and no slot is held twice.
-        healed = len(self.witness.started())
+        promoted = time.monotonic()
+        print(f"the Sentinels promoted the replica {promoted - cut:.2f} s after the partition", file=sys.stderr)
+
+        # X: the old primary still answers it, the Sentinels no longer confirm it. It refuses at once, and
+        # its commands holding slots are revoked (slotctl run exits 124) by its self-fence.
+        wait_for(lambda: self.backend(x).get("unavailable") == "unconfirmed", timeout=10,
+                 message="X to stop serving its unconfirmed primary")
+        self.assertEqual(self.backend(x).get("primary"), f"127.0.0.1:{self.old_port}")
+        refused = subprocess.run([SLOTCTL, "run", "--socket", x.socket_path, "--lane", "grid", "--quiet", "--",
+                                  "true"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        self.assertEqual(refused.returncode, 75, refused.stderr)
+        for name, p in longs.items():
+            p.wait(timeout=TTL + 30)
+            with open(p.err_path) as err:
+                self.assertEqual(p.returncode, REVOKED, f"{name}: {err.read()}")
+        fenced = time.monotonic()
+        print(f"X's commands were revoked {fenced - cut:.2f} s after the partition", file=sys.stderr)
+        self.assertIn("[BACKEND_UNCONFIRMED] Pool grid", x.log())
+        self.assertIn("[BACKEND_FENCED] Pool grid", x.log())
+
+        # The others follow the Sentinels and grant again, the slots X held included (its node expires on
+        # the new primary a TTL after the failover at the latest).
+        for i in others:
+            b = self.brokers[i]
+            wait_for(lambda b=b: self.backend(b).get("primary") == f"127.0.0.1:{self.new_port}", timeout=10,
+                     message=f"{b.name} to name the new primary")
+        since = len(self.witness.started())
+        wait_for(lambda: len(self.started_on(others, since)) >= 2 * LIMIT, timeout=DOWN_AFTER + TTL + 30,
+                 message="the other nodes to grant again")
+        print(f"the others granted again {time.monotonic() - cut:.2f} s after the partition", file=sys.stderr)
+        self.witness.check_shared(self, {"grid": LIMIT})
+
+        # The partition heals: the old primary is made a replica of the new one, nobody goes back to it, and
+        # X follows the Sentinels to the new primary and grants again.
+        for p in self.x_proxies:
+            p.passthrough()
+        self.topo.proxy.spare(None)
         self.topo.proxy.passthrough()
         wait_for(lambda: self.topo.primary.info("replication").get("role") == "slave", timeout=30,
                  message="the old primary to be made a replica")
-        wait_for(lambda: len(self.witness.started()) >= healed + 2 * LIMIT, timeout=60,
-                 message="grants after the partition healed")
+        wait_for(lambda: self.backend(x).get("primary") == f"127.0.0.1:{self.new_port}", timeout=30,
+                 message="X to follow the Sentinels to the new primary")
+        since = len(self.witness.started())
+        wait_for(lambda: len(self.started_on([self.X], since)) >= 2, timeout=DOWN_AFTER + TTL + 30,
+                 message="X to grant again")
         for b in self.brokers:
             self.assertEqual(self.backend(b).get("primary"), f"127.0.0.1:{self.new_port}")
-            self.assertTrue(self.backend(b).get("up"), f"{b.name}: {self.backend(b)}")
+            wait_for(lambda b=b: self.backend(b).get("up"), timeout=10, message=f"{b.name} to serve the pool")
+        self.assertIn("[BACKEND_CONFIRMED] Pool grid", x.log())
         exits = self.stop_clients()
-        self.check_through(exits, cut)
+
+        # From the commands' side, across the three nodes: no slot twice, never more than the limit.
+        self.witness.check_shared(self, {"grid": LIMIT})
+        odd = [e for e in exits if e[2] not in EXIT_CODES and not (e[2] == REVOKED and self.node_of(e[3]) == self.X)]
+        self.assertEqual(odd, [], "slotctl run ended otherwise than 0 or 75 (or 124 on X)")
+        kept = {e[3] for e in exits if e[3] in self.held and e[2] == 0}
+        self.assertEqual(self.held - kept, set(), "commands of the other nodes that lost their slot")
+        print(f"commands: {len(exits)}, exits: { {c: sum(1 for e in exits if e[2] == c) for c in (0, 75, 124)} }",
+              file=sys.stderr)
 
 
 class TestSentinelPassword(unittest.TestCase):

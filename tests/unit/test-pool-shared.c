@@ -140,7 +140,8 @@ static void on_wake(void *userdata) {
         f->wakes++;
 }
 
-static Fixture *fixture_new(bool manual) {
+/* confirm_stale: behind Sentinels (0: a plain redis://). */
+static Fixture *fixture_new_confirmed(bool manual, usec_t confirm_stale) {
         Fixture *f = calloc(1, sizeof(Fixture));
         assert_non_null(f);
         arena_used = 0;
@@ -152,6 +153,7 @@ static Fixture *fixture_new(bool manual) {
                 .waiter_grace = WAITER_GRACE,
                 .heartbeat = S(1),
                 .manual_clock = manual,
+                .confirm_stale = confirm_stale,
                 .random = next_random,
                 .random_userdata = f,
                 .wake = on_wake,
@@ -162,6 +164,10 @@ static Fixture *fixture_new(bool manual) {
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
         assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(1)), 0);
         return f;
+}
+
+static Fixture *fixture_new(bool manual) {
+        return fixture_new_confirmed(manual, 0);
 }
 
 static void fixture_free(Fixture *f) {
@@ -176,6 +182,13 @@ static int setup(void **state) {
 
 static int setup_manual(void **state) {
         *state = fixture_new(true);
+        return 0;
+}
+
+#define CONFIRM_STALE S(3)
+
+static int setup_sentinel(void **state) {
+        *state = fixture_new_confirmed(false, CONFIRM_STALE);
         return 0;
 }
 
@@ -1457,6 +1470,130 @@ static void test_min_replicas_link_down_refuses_the_grants_held(void **state) {
         no_call(f);
 }
 
+/* ------------------------------------------------------------------ behind Sentinels: confirmations */
+
+static void expect_notice(Fixture *f, SharedNoticeType type) {
+        SharedNotice n;
+        assert_true(pool_shared_pop_notice(f->pool, &n));
+        assert_int_equal(n.type, type);
+        shared_notice_done(&n);
+}
+
+static void test_sentinel_pool_grants_nothing_before_a_confirmation(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(1)), 0);
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].refusal, REFUSAL_UNAVAILABLE);
+        assert_string_equal(f->seen[0].reason, "unconfirmed");
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(1), &info);
+        assert_false(info.backend_up);
+        assert_string_equal(info.unavailable, "unconfirmed");
+        /* Heartbeats go on meanwhile; nothing else does. */
+        f->pool->ops->run(f->pool, S(2));
+        take(f, SHARED_SCRIPT_TICK);
+        no_call(f);
+        SharedNotice n;
+        assert_false(pool_shared_pop_notice(f->pool, &n)); /* never served: nothing lost to tell of */
+
+        pool_shared_set_confirmed(f->pool, S(2), S(2), S(2));
+        assert_int_equal(pool_shared_get_confirmed(f->pool), S(2));
+        assert_false(pool_shared_pop_notice(f->pool, &n));
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_true(info.backend_up);
+        assert_null(info.unavailable);
+        assert_int_equal(submit(f, &cookie, 1, true, S(2)), 0);
+        take(f, SHARED_SCRIPT_SUBMIT);
+}
+
+/* The hole of issue 12: a brokerd cut off with the old primary gets every heartbeat acknowledged by it. Its
+ * leases must end by the last confirmation + TTL − margin all the same, and it must grant nothing new. */
+static void test_fence_counts_from_the_last_confirmation_not_the_heartbeats(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        pool_shared_set_confirmed(f->pool, S(1), S(1), S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        f->pool->ops->bind_grant(f->pool, f->seen[0].grant, &cookie);
+        usec_t margin = REVOKE_GRACE + S(2);
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(1) + TTL - margin);
+        /* Rounds go on without a majority; the old primary keeps acknowledging. */
+        for (usec_t t = S(2); t < S(1) + CONFIRM_STALE; t += S(1)) {
+                f->pool->ops->run(f->pool, t);
+                tick_ok(f, t, t);
+                pool_shared_set_confirmed(f->pool, S(1), t, t);
+                assert_true(pool_shared_state(f->pool) == SHARED_STATE_UP);
+        }
+        SharedNotice n;
+        assert_false(pool_shared_pop_notice(f->pool, &n));
+        /* Three seconds after the round that confirmed it: refused, at once. */
+        pool_shared_set_confirmed(f->pool, S(1), S(1) + CONFIRM_STALE, S(1) + CONFIRM_STALE);
+        expect_notice(f, SHARED_NOTICE_UNCONFIRMED);
+        int other;
+        assert_int_equal(submit(f, &other, 1, true, S(5)), 0);
+        assert_int_equal(f->seen[f->n_seen - 1].refusal, REFUSAL_UNAVAILABLE);
+        assert_string_equal(f->seen[f->n_seen - 1].reason, "unconfirmed");
+        for (usec_t t = S(5); t < S(40); t += S(1)) {
+                f->pool->ops->run(f->pool, t);
+                tick_ok(f, t, t);
+                pool_shared_fence_check(f->pool, t, t);
+                /* The deadline stays at the confirmation, whatever the heartbeats say. */
+                if (t < S(1) + TTL - margin) {
+                        assert_int_equal(pool_shared_fence_deadline(f->pool), S(1) + TTL - margin);
+                        assert_int_equal(f->seen[f->n_seen - 1].verdict, POOL_VERDICT_REFUSED);
+                }
+        }
+        assert_int_equal(f->seen[f->n_seen - 1].verdict, POOL_VERDICT_LOST);
+        assert_ptr_equal(f->seen[f->n_seen - 1].cookie, &cookie);
+        assert_string_equal(f->seen[f->n_seen - 1].reason, "fenced");
+        assert_int_equal(pool_shared_fence_deadline(f->pool), USEC_INFINITY);
+}
+
+static void test_grant_from_an_unconfirmed_primary_is_refused_and_released(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        pool_shared_set_confirmed(f->pool, S(1), S(1), S(1));
+        int a, b;
+        char rid_a[17], rid_b[17];
+        queued(f, &a, S(1), rid_a);
+        queued(f, &b, S(1), rid_b);
+        pool_shared_fence_check(f->pool, S(4), S(4));
+        expect_notice(f, SHARED_NOTICE_UNCONFIRMED);
+        assert_true(f->pool->ops->next_wakeup(f->pool) <= S(4) + WAITER_GRACE);
+        /* A tick run on the old primary granted a: not handed out. */
+        RespValue fields = arr(8, str("verdict"), str("granted"), str("rid"), str(rid_a), str("token"), str("11"),
+                               str("slots"), str("1"));
+        pool_shared_stream_entry(f->pool, "4-1", &fields, S(4));
+        assert_int_equal(f->n_seen, 3);
+        assert_int_equal(f->seen[2].verdict, POOL_VERDICT_REFUSED);
+        assert_ptr_equal(f->seen[2].cookie, &a);
+        assert_string_equal(f->seen[2].reason, "unconfirmed");
+        /* b is kept for the grace, then refused. */
+        f->pool->ops->run(f->pool, S(4) + WAITER_GRACE - 1);
+        assert_int_equal(f->n_seen, 3);
+        f->pool->ops->run(f->pool, S(4) + WAITER_GRACE);
+        assert_int_equal(f->n_seen, 4);
+        assert_ptr_equal(f->seen[3].cookie, &b);
+        assert_string_equal(f->seen[3].reason, "unconfirmed");
+        /* Only heartbeats go to an unconfirmed primary; the give-backs wait for a confirmed one. */
+        const SharedCall *c;
+        while (pool_shared_take_call(f->pool, f->clock, &c))
+                assert_int_equal(c->script, SHARED_SCRIPT_TICK);
+        assert_false(pool_shared_giving_back(f->pool));
+        pool_shared_set_confirmed(f->pool, S(10), S(10), S(10));
+        expect_notice(f, SHARED_NOTICE_CONFIRMED);
+        bool released = false;
+        while (pool_shared_take_call(f->pool, f->clock, &c))
+                if (c->script == SHARED_SCRIPT_RELEASE) {
+                        assert_string_equal(arg(c, 7), rid_a);
+                        released = true;
+                }
+        assert_true(released);
+}
+
 int main(void) {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
         const struct CMUnitTest tests[] = {
@@ -1506,6 +1643,12 @@ int main(void) {
                 T(test_min_replicas_too_few_refuse_and_release_the_lease),
                 T(test_min_replicas_stream_grant_gets_a_write_of_this_node_then_wait),
                 T(test_min_replicas_link_down_refuses_the_grants_held),
+                cmocka_unit_test_setup_teardown(test_sentinel_pool_grants_nothing_before_a_confirmation, setup_sentinel,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_fence_counts_from_the_last_confirmation_not_the_heartbeats,
+                                                setup_sentinel, teardown),
+                cmocka_unit_test_setup_teardown(test_grant_from_an_unconfirmed_primary_is_refused_and_released,
+                                                setup_sentinel, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
