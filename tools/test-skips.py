@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""What the last `meson test` run in BUILD_DIR skipped, and why, one line each:
+"""What the last `meson test` run in BUILD_DIR (or the one that wrote LOG.json) skipped, and why, one line
+each:
 
     SKIP  suite / test: reason            a whole test meson reports SKIP (exit 77, a TAP "1..0 # SKIP")
     skip  suite / test: case: reason      a case skipped inside a test meson reports OK (unittest's
@@ -9,7 +10,7 @@
 Used by tools/test.sh, so that the summary of a run shows what could not run where it ran (no root,
 no namespaces, no CAP_SYS_ADMIN, a tool missing) instead of hiding it behind "OK".
 
-    test-skips.py BUILD_DIR
+    test-skips.py BUILD_DIR | BUILD_DIR/meson-logs/LOG.json
 
 Exits 77 when the run skipped every test.
 """
@@ -41,10 +42,13 @@ def why_skipped(output):
     return (said or lines or ["(no reason given)"])[-1]
 
 
-def main(build_dir):
-    # The last run's: meson names the log after the wrapper (testlog-valgrind.json for --wrap=valgrind…).
-    logs = glob.glob(os.path.join(build_dir, "meson-logs", "testlog*.json"))
-    path = max(logs, key=os.path.getmtime, default=os.path.join(build_dir, "meson-logs", "testlog.json"))
+def main(where):
+    if where.endswith(".json"):
+        path = where  # a run beside another in the same build directory: its own log (--logbase)
+    else:
+        # The last run's: meson names the log after the wrapper (testlog-valgrind.json for --wrap=valgrind…).
+        logs = glob.glob(os.path.join(where, "meson-logs", "testlog*.json"))
+        path = max(logs, key=os.path.getmtime, default=os.path.join(where, "meson-logs", "testlog.json"))
     try:
         with open(path) as f:
             tests = [json.loads(line) for line in f if line.strip()]

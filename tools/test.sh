@@ -3,7 +3,7 @@
 # cores (the summary gives each stage's time):
 # - the gcc -Werror build: unit tests, lints, the units' verify, fuzz corpora replay, and the long fault
 #   runs (suite "slow": shared pools under seeded faults, Sentinel failovers), whose timing wants the
-#   optimised build, beside the ASan/UBSan build;
+#   optimised build, in the background beside the three stages that follow;
 # - the units under a real systemd (the gcc build);
 # - the clang AddressSanitizer/UndefinedBehaviorSanitizer build: unit tests, fuzz corpora, and every other
 #   integration test against the real brokerd, which runs sanitized;
@@ -29,8 +29,8 @@ summary() {
 }
 trap summary EXIT
 
-# stage NAME BUILD_DIR COMMAND…: runs a `meson test` stage and records its outcome, its time and what it
-# skipped.
+# stage NAME BUILD_DIR|LOG.json COMMAND…: runs a `meson test` stage and records its outcome, its time and
+# what it skipped (LOG.json: a run beside another in the same build directory, its log named by --logbase).
 stage() {
         local name=$1 dir=$2 skipped rc=0 start=$SECONDS
         shift 2
@@ -57,10 +57,11 @@ current=""
 stage "meson test (gcc, -Werror): unit, lint, the units' verify, fuzz" build \
         meson test -C build --print-errorlogs --suite unit --suite lint --suite units --suite fuzz
 
-# The long fault runs mostly wait out node TTLs and recovery windows: they overlap the ASan/UBSan build,
-# the one stage that needs no timing (their bounds are seconds; a busy CPU delays brokerd by milliseconds).
+# The long fault runs mostly wait out node TTLs, failovers and recovery windows (about 35 s of CPU in
+# seven minutes): they run in the background beside the ASan/UBSan build, the systemd stage and the
+# ASan/UBSan tests, whose bounds, as theirs, are seconds (a busy CPU delays brokerd by milliseconds).
 slow_log=$(mktemp)
-meson test -C build --print-errorlogs --suite slow >"$slow_log" 2>&1 &
+meson test -C build --print-errorlogs --suite slow --logbase testlog-slow >"$slow_log" 2>&1 &
 slow_pid=$!
 slow_start=$SECONDS
 
@@ -72,6 +73,13 @@ fi
 ninja -C build-asan
 current=""
 
+# Skipped without root, namespaces (CAP_SYS_ADMIN) or the Debian mirror.
+stage "the units under a real systemd (a booted Debian 12 root)" build/meson-logs/testlog-systemd.json \
+        meson test -C build --print-errorlogs --suite systemd --logbase testlog-systemd
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        stage "meson test under ASan/UBSan (clang): unit, fuzz, integration" build-asan \
+        meson test -C build-asan --print-errorlogs --suite unit --suite fuzz --suite integration --no-suite slow
+
 # wait_slow: the long fault runs' outcome, and their output, once they are done.
 wait_slow() {
         local rc=0
@@ -79,18 +87,12 @@ wait_slow() {
         slow_pid=""
         cat "$slow_log"
         rm -f "$slow_log"
-        echo "(started $((SECONDS - slow_start)) s ago, beside the ASan/UBSan build)"
+        echo "(started $((SECONDS - slow_start)) s ago, beside the stages above)"
         return $rc
 }
-stage "meson test (gcc): the long fault runs (shared pools under seeded faults, Sentinel failovers)" build \
+stage "meson test (gcc): the long fault runs (shared pools under seeded faults, Sentinel failovers)" \
+        build/meson-logs/testlog-slow.json \
         wait_slow
-
-# Skipped without root, namespaces (CAP_SYS_ADMIN) or the Debian mirror.
-stage "the units under a real systemd (a booted Debian 12 root)" build \
-        meson test -C build --print-errorlogs --suite systemd
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-        stage "meson test under ASan/UBSan (clang): unit, fuzz, integration" build-asan \
-        meson test -C build-asan --print-errorlogs --suite unit --suite fuzz --suite integration --no-suite slow
 
 # Ten times the timeouts: valgrind runs the scripts' Redis round trips and the simulator many times slower.
 # no-valgrind: what valgrind cannot run (a clone() sharing memory) or runs too slowly for CI (the history
