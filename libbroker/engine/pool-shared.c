@@ -395,35 +395,30 @@ static bool reclaimed(const SharedPool *p) {
         return !p->reclaim_all && !has_provisional(p);
 }
 
-/* A tick's reclaimed flag (ARGV[13]) is as of its sending, not its queueing: a tick queued before a Redis
- * restart and sent again after it must not end the window that the restart opens. */
-static int call_set_reclaimed(Call *c, bool value) {
-        const char *v = value ? "1" : "0";
-        if (c->script != SHARED_SCRIPT_TICK || streq(c->argv[13], v))
+/* Argument i of a call, made as of its sending rather than its queueing. */
+static int call_set_arg(Call *c, size_t i, const char *value) {
+        if (streq(c->argv[i], value))
                 return 0;
-        char *s = strdup(v);
+        char *s = strdup(value);
         if (!s)
                 return -ENOMEM;
-        free(c->argv[13]);
-        c->argv[13] = s;
-        c->argvlen[13] = 1;
+        free(c->argv[i]);
+        c->argv[i] = s;
+        c->argvlen[i] = strlen(s);
         return 0;
+}
+
+/* A tick's reclaimed flag (ARGV[13]): a tick queued before a Redis restart and sent again after it must
+ * not end the window that the restart opens. */
+static int call_set_reclaimed(Call *c, bool value) {
+        return c->script == SHARED_SCRIPT_TICK ? call_set_arg(c, 13, value ? "1" : "0") : 0;
 }
 
 /* ARGV[4] is the run id of the link a call goes out on, not of the one it was queued under: a reclaim
  * queued at restore (no link yet), a release kept while the link was down across a Redis restart. Redis
  * takes any run id other than the one it stored as a restart and starts a recovery window. */
 static int call_set_run_id(Call *c, const char *run_id) {
-        run_id = run_id ?: "";
-        if (streq(c->argv[4], run_id))
-                return 0;
-        char *s = strdup(run_id);
-        if (!s)
-                return -ENOMEM;
-        free(c->argv[4]);
-        c->argv[4] = s;
-        c->argvlen[4] = strlen(s);
-        return 0;
+        return call_set_arg(c, 4, run_id ?: "");
 }
 
 static bool wait_is_out(SharedPool *p) {
