@@ -7,7 +7,9 @@ Runs against a redis-server of its own (private port, stopped by pid) the script
 (brokerd/lua: prelude.lua + OP.lua), and truncated variants of them: the prelude with an immediate return
 (what defining its functions costs on every EVALSHA), then its steps one by one, then whole calls (tick,
 submit + release of an immediate grant). Each figure is Redis's own usec_per_call (INFO commandstats) over
-N calls, the median of ROUNDS; a variant's cost minus the one before is its step's.
+N calls, the median of ROUNDS after one round of warm-up; a variant's cost minus the one before is its
+step's. The steps move by ±5-10 µs from one run to the next (Lua's garbage collector runs when it runs):
+run it a few times.
 
 Usage: bench-script-cost.py [N] [ROUNDS]   (defaults: 3000 calls, 5 rounds)
 A benchmark, not a test: it fails only when something under it fails.
@@ -45,22 +47,37 @@ def usec_per_call(r):
 def measure(r, body, n, rounds, args=()):
     sha = r.call("SCRIPT", "LOAD", body)
     samples = []
-    for _ in range(rounds):
+    for _ in range(rounds + 1):  # the first round warms up (Redis's allocations, Lua's heap): not counted
         r.call("CONFIG", "RESETSTAT")
         for _ in range(n):
             r.send("EVALSHA", sha, 1, KEY, *HEAD, *args)
         for _ in range(n):
             r.read()
         samples.append(usec_per_call(r))
-    return statistics.median(samples)
+    return statistics.median(samples[1:])
+
+
+def slowlog_medians(r, names):
+    """Median duration (µs) per script, by SHA, of what the SLOWLOG holds (every call: threshold 0)."""
+    by_sha = {}
+    for entry in r.call("SLOWLOG", "GET", -1):
+        args = entry[3]
+        if len(args) > 1 and args[0].upper() == "EVALSHA":
+            by_sha.setdefault(args[1], []).append(entry[2])
+    return {name: statistics.median(by_sha[sha]) for sha, name in names.items() if sha in by_sha}
 
 
 def measure_pairs(r, n, rounds, prelude):
+    """usec_per_call over submit (granted at once) and release, and each one's median from the SLOWLOG
+    (whose entries add a little of their own)."""
     submit = r.call("SCRIPT", "LOAD", prelude + "\n" + lua("submit"))
     release = r.call("SCRIPT", "LOAD", prelude + "\n" + lua("release"))
     samples, seq = [], 0
-    for _ in range(rounds):
+    r.call("CONFIG", "SET", "slowlog-max-len", 2 * n)
+    r.call("CONFIG", "SET", "slowlog-log-slower-than", 0)
+    for _ in range(rounds + 1):  # the first round warms up: not counted
         r.call("CONFIG", "RESETSTAT")
+        r.call("SLOWLOG", "RESET")
         for _ in range(n):
             seq += 1
             rid = "%016x" % seq
@@ -71,7 +88,10 @@ def measure_pairs(r, n, rounds, prelude):
             if reply[0] != "ok":
                 raise AssertionError(f"release: {reply[:3]}")
         samples.append(usec_per_call(r))
-    return statistics.median(samples)
+    samples = samples[1:]
+    each = slowlog_medians(r, {submit: "submit", release: "release"})
+    r.call("CONFIG", "SET", "slowlog-log-slower-than", 10000)
+    return statistics.median(samples), each
 
 
 def main():
@@ -107,9 +127,11 @@ def main():
             print(f"  {cost:7.1f}  (step {cost - before:+6.1f})  {label}")
             before = cost
         print(f"  {measure(r, tick, n, rounds, TICK_ARGS):7.1f}  a whole tick (heartbeat, nothing to settle)")
-        pair = measure_pairs(r, n // 2, rounds, prelude)
+        pair, each = measure_pairs(r, n // 2, rounds, prelude)
         print(f"  {pair:7.1f}  submit (granted at once) and release, per call: "
               f"one Redis core caps {1e6 / (2 * pair):,.0f} pairs/s")
+        print("           the last round's SLOWLOG medians: " +
+              ", ".join(f"{name} {us:.0f} µs" for name, us in each.items()))
         print(f"load average after: {os.getloadavg()[0]:.2f}")
     finally:
         server.close()

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import redisd
@@ -155,12 +156,22 @@ class Topology:
         self.primary, self.replica = new, self.primary
         return killed
 
-    def rejoin(self):
+    def rejoin(self, sentinel_timeout=30):
         """The killed server started again, empty, on its port: the Sentinels make it the new primary's
-        replica; returns once it is synced and usable for the next failover."""
+        replica (+convert-to-slave); returns once it is synced and usable for the next failover. They
+        usually do within 5-20 s, but may wait much longer (a Sentinel in TILT mode acts on nothing for
+        30 s): after sentinel_timeout the harness sends the REPLICAOF itself, as a Sentinel would."""
         self.replica.restart(keep_data=False)
-        wait_for(lambda: self.replica.info("replication").get("master_link_status") == "up", timeout=60,
-                 message="the old primary to rejoin as a replica")
+
+        def synced():
+            return self.replica.info("replication").get("master_link_status") == "up"
+        try:
+            wait_for(synced, timeout=sentinel_timeout, message="the Sentinels to make the old primary a replica")
+        except AssertionError:
+            print(f"rejoin: no Sentinel converted 127.0.0.1:{self.replica.port} within {sentinel_timeout} s: "
+                  f"REPLICAOF sent by the harness", file=sys.stderr)
+            self.replica.call("REPLICAOF", "127.0.0.1", self.primary.port)
+            wait_for(synced, timeout=60, message="the old primary to sync as a replica")
         self.wait_ready()
 
     def close(self):
