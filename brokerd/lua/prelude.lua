@@ -40,6 +40,7 @@ local REAP_PAGE = 128
 local STREAM_MAXLEN = 4096
 local USEC_PER_SEC = 1000000
 local CLOCK_GAP = 2 * USEC_PER_SEC
+local RECOVERY_MIN = USEC_PER_SEC  -- a recovery window that waits for its nodes lasts at least this
 local INF = math.huge          -- an unbounded budget; -1 on the wire
 
 local NODE = ARGV[2]
@@ -82,7 +83,7 @@ end
 
 local META_NUMBERS = {
         'version', 'recovery_until', 'last_fast', 'congested', 'counter', 'seq', 'in_use', 'waiting',
-        'drained', 'drained_free', 'phase', 'running', 'recovery_set',
+        'drained', 'drained_free', 'phase', 'running', 'recovery_set', 'recovery_from',
 }
 
 local function meta_load()
@@ -611,6 +612,7 @@ end
 -- full length.
 local function recovery_open(until_, nodes)
         meta_set('recovery_until', math.max(M.recovery_until, until_))
+        meta_set('recovery_from', now)
         redis.call('DEL', K.recovering)
         for i = 1, #nodes, 1000 do
                 redis.call('SADD', K.recovering, unpack(nodes, i, math.min(i + 999, #nodes)))
@@ -620,11 +622,15 @@ end
 
 local function recovery_close()
         meta_set('recovery_until', 0)
+        meta_set('recovery_from', 0)
         meta_set('recovery_set', 0)
         redis.call('DEL', K.recovering)
 end
 
--- A tick's reclaimed flag, inside a window that waits for its nodes: the last node to say so ends it now.
+-- A tick's reclaimed flag, inside a window that waits for its nodes: the last node to say so ends it, but
+-- not before RECOVERY_MIN after it opened. The nodes learn of a failover or a restart at about the same
+-- moment (+switch-master, a reconnect); one that Redis does not know (its registration was lost with its
+-- grants) cannot be waited for, and this second is its time to arrive and join the wait.
 local function recovery_vouch(reclaimed)
         if not (M.recovery_until > 0 and now < M.recovery_until and M.recovery_set == 1) then return end
         if not reclaimed then
@@ -632,7 +638,9 @@ local function recovery_vouch(reclaimed)
                 return
         end
         redis.call('SREM', K.recovering, NODE)
-        if redis.call('SCARD', K.recovering) == 0 then meta_set('recovery_until', now) end
+        if redis.call('SCARD', K.recovering) == 0 then
+                meta_set('recovery_until', math.min(M.recovery_until, math.max(now, M.recovery_from + RECOVERY_MIN)))
+        end
 end
 
 ---------------------------------------------------------------------------------------------- the instant

@@ -25,8 +25,8 @@
 --       reconcile page drops this node's records in [page_lo, page_hi] that the page does not list
 --       (a waiter withdrawn, a lease released). Inside a recovery window that waits for its nodes
 --       (prelude.lua, "recovery windows"): reclaimed "1" takes the node off the wait, and the last one
---       ends the window now; "0" adds it. Then the instant at now (settle flag 1), or it stays open for a
---       later call (0).
+--       ends the window now (1 s after it opened at the earliest); "0" adds it. Then the instant at
+--       now (settle flag 1), or it stays open for a later call (0).
 -- Appends: the instant's grants and refusals, to their owners' streams and outcome keys.
 -- Returns: { status ("ok" | "rules" | "settling" | …), now, body, events, cache, notices } with body
 --       { deadline, epoch, recovery_until, rules status, { differing keys… }, { fp_n, fp_x, fp_s },
