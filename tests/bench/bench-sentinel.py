@@ -8,9 +8,9 @@ backend = redis-sentinel://…, all on private loopback ports (tests/integration
 kills the primary, then asks for a slot every 20 ms (an Acquire refused `unavailable` while no primary
 answers; queued during the recovery window) until one is granted, then brings the killed server back as the
 new primary's replica for the next round. The figure is down-after + the Sentinels' election + brokerd's move
-to the new primary + the recovery window (SPEC §11), which ends once the node has reclaimed its leases there:
-SPEC's bound is down-after + 5 s. backend-node-ttl no longer counts (it did when every failover's window
-ran its whole TTL); the promotion's part is printed.
+to the new primary + the recovery window (SPEC §11), which ends once the node has reclaimed its leases there
+and the window is 1 s old: SPEC's bound is down-after + 5 s. backend-node-ttl no longer counts (it did when
+every failover's window ran its whole TTL); the promotion's part is printed.
 
 Usage: bench-sentinel.py BROKERD [FAILOVERS] [TTL_SECONDS]   (defaults: 10 failovers, backend-node-ttl 6 s)
 A benchmark, not a test: it fails only when something under it fails.

@@ -10,7 +10,7 @@ brokerds whose pool grid (limit 4) has backend = redis-sentinel://S1,S2,S3/grid-
 - kill -9 of the primary under load: the Sentinels promote the replica and every brokerd follows it. Grants
   resume (the time from the kill is printed) within down-after + 5 s (a failover is a Redis restart for
   SPEC §11: a recovery window without new grants while the nodes reclaim, which ends as soon as every
-  brokerd has its leases back on the new primary, not after its full node TTL);
+  brokerd has its leases back on the new primary and it is 1 s old, not after its full node TTL);
   from the commands' side: holders <= limit, no slot twice, tokens unique and increasing along each slot;
   every command that ran through the failover kept its slot (none revoked: exit 124); Status names the new
   primary and counts one failover.
@@ -179,7 +179,8 @@ class SentinelLoad(unittest.TestCase):
     def resumed_after(self, killed, window=0.0):
         """Seconds from the kill to the first command started after it (waited for): within down-after + 5 s
         (SPEC §11) when every brokerd reaches the new primary (the recovery window ends as soon as each has
-        reclaimed its leases there); window: what a recovery window that runs its full length adds."""
+        reclaimed its leases there, 1 s after it opened at the earliest); window: what a recovery window that
+        runs its full length adds."""
         before = len(self.witness.started())
         bound = DOWN_AFTER + window + 5.0 + harness.LATENESS
         wait_for(lambda: len(self.witness.started()) > before, timeout=bound + 30,
