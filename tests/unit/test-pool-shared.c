@@ -770,17 +770,24 @@ static void test_lease_released_while_reclaimed_ends_the_reclaiming(void **state
         assert_int_equal(f->n_seen, 0);
 }
 
-static void test_run_id_change_reclaims_every_lease(void **state) {
-        Fixture *f = *state;
+/* A lease granted (rid, bound to *cookie), then the link down and up again on a Redis with another run id
+ * (restarted, or another primary): returns the registering tick, with that run id. */
+static const SharedCall *restart_holding_a_lease(Fixture *f, int *cookie, char rid[static 17]) {
         bring_up(f, S(1));
-        int cookie;
-        char rid[17];
-        granted(f, &cookie, S(1), rid);
-        f->pool->ops->bind_grant(f->pool, f->seen[0].grant, &cookie);
+        granted(f, cookie, S(1), rid);
+        f->pool->ops->bind_grant(f->pool, f->seen[0].grant, cookie);
         pool_shared_link_down(f->pool, S(2));
         pool_shared_link_up(f->pool, "run2", S(3));
         const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
         assert_string_equal(arg(c, 4), "run2");
+        return c;
+}
+
+static void test_run_id_change_reclaims_every_lease(void **state) {
+        Fixture *f = *state;
+        int cookie;
+        char rid[17];
+        const SharedCall *c = restart_holding_a_lease(f, &cookie, rid);
         done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(3), S(3));
         assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_RECLAIMING);
         c = take(f, SHARED_SCRIPT_RECLAIM);
@@ -807,15 +814,9 @@ static void test_run_id_change_reclaims_every_lease(void **state) {
  * reclaim), and the moment Redis confirms the last one a tick says "1" (the window may end then). */
 static void test_reclaimed_flag_follows_the_reclaims(void **state) {
         Fixture *f = *state;
-        bring_up(f, S(1));
         int cookie;
         char rid[17];
-        granted(f, &cookie, S(1), rid);
-        f->pool->ops->bind_grant(f->pool, f->seen[0].grant, &cookie);
-        pool_shared_link_down(f->pool, S(2));
-        pool_shared_link_up(f->pool, "run2", S(3));
-        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
-        assert_string_equal(arg(c, 4), "run2");
+        const SharedCall *c = restart_holding_a_lease(f, &cookie, rid);
         assert_string_equal(arg(c, 13), "0");
         done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache_in_recovery(0, S(33))), S(3),
              S(3));
