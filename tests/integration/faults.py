@@ -19,7 +19,6 @@ import collections
 import os
 import random
 import signal
-import subprocess
 import time
 
 import harness
@@ -161,8 +160,7 @@ def shared_pools_built(brokerd=None):
               "[lane ci]\npools = shared\n")
     b = harness.Broker(config, name="probe-shared", brokerd=brokerd)
     try:
-        check = subprocess.run([b.brokerd, "--check-config", "--config", b.config_path],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=30)
+        check = b.check_config()
         if check.returncode != 0:
             return False, f"{NOT_BUILT} (--check-config refuses backend=: {check.stderr.strip()})"
         b.start(wait=False)

@@ -467,6 +467,11 @@ class Broker:
         os.chmod(tmp, 0o644)
         os.rename(tmp, self.config_path)
 
+    def check_config(self):
+        """`brokerd --check-config` of the config file: the finished process (stdout and stderr as text)."""
+        return subprocess.run([self.brokerd, "--check-config", "--config", self.config_path],
+                              capture_output=True, text=True, timeout=30)
+
     def argv(self):
         argv = [self.brokerd, "--socket", self.socket_path, "--state-directory", self.state_dir]
         if os.path.exists(self.config_path):

@@ -125,15 +125,13 @@ class TestMinReplicasConfig(unittest.TestCase):
         self.addCleanup(shutil.rmtree, tmp, True)
         b = Broker(config("redis://10.0.0.11:6379/0", 2), name="check")
         self.addCleanup(b.cleanup)
-        out = subprocess.run([b.brokerd, "--check-config", "--config", b.config_path], capture_output=True,
-                             text=True, timeout=30)
+        out = b.check_config()
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("backend-min-replicas=2", out.stdout.splitlines())
         self.assertIn("backend-min-replicas-timeout=500ms", out.stdout.splitlines())
 
         b.write_config(config("", 1).replace("backend = \n", ""))
-        out = subprocess.run([b.brokerd, "--check-config", "--config", b.config_path], capture_output=True,
-                             text=True, timeout=30)
+        out = b.check_config()
         self.assertNotEqual(out.returncode, 0)
         self.assertIn("needs a Redis backend=", out.stderr)
 

@@ -414,15 +414,13 @@ class TestSentinelConfig(unittest.TestCase):
         url = f"redis-sentinel://10.0.0.21,10.0.0.22:26380,[::1]/{MASTER}?db=2"
         b = Broker(config(url, 0, f"backend-sentinel-password-file = {password}\n"), name="check")
         self.addCleanup(b.cleanup)
-        out = subprocess.run([b.brokerd, "--check-config", "--config", b.config_path], capture_output=True,
-                             text=True, timeout=30)
+        out = b.check_config()
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn(f"backend={url}", out.stdout.splitlines())
         self.assertIn(f"backend-sentinel-password-file={password}", out.stdout.splitlines())
 
         b.write_config(config(f"redis-sentinel://10.0.0.21,10.0.0.21/{MASTER}", 0))
-        out = subprocess.run([b.brokerd, "--check-config", "--config", b.config_path], capture_output=True,
-                             text=True, timeout=30)
+        out = b.check_config()
         self.assertNotEqual(out.returncode, 0)
         self.assertIn("redis-sentinel://HOST[:PORT],…/MASTER[?db=DB]", out.stderr)
 

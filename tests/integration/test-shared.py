@@ -469,8 +469,7 @@ class TestShared(SharedTestCase):
                                   extra=f"backend-user = ci\nbackend-password-file = {password}\n"),
                            name="shared-check")
         self.addCleanup(b.cleanup)
-        out = subprocess.run([b.brokerd, "--check-config", "--config", b.config_path],
-                             capture_output=True, text=True, timeout=30)
+        out = b.check_config()
         self.assertEqual(out.returncode, 0, out.stderr)
         for line in ("node-name=runner-7", "backend-user=ci", f"backend-password-file={password}",
                      f"backend-node-ttl={TTL}s"):
@@ -479,8 +478,7 @@ class TestShared(SharedTestCase):
         # A TTL that leaves no heartbeat window once the fence margin is taken off is refused.
         b.write_config(config(self.redis.url(), "runner-7").replace(f"backend-node-ttl = {TTL}s",
                                                                      "backend-node-ttl = 3s"))
-        out = subprocess.run([b.brokerd, "--check-config", "--config", b.config_path],
-                             capture_output=True, text=True, timeout=30)
+        out = b.check_config()
         self.assertNotEqual(out.returncode, 0)
         self.assertIn("backend-node-ttl", out.stderr)
 
