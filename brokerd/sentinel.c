@@ -338,6 +338,17 @@ static void on_voter_log(RedisLink *link, int priority, const char *message, voi
         log_full_errno(LOG_DEBUG, 0, "Sentinel %s: %s", v->address, message);
 }
 
+/* What every link to a Sentinel shares: the query, the watch and the voters'. */
+static RedisLinkOptions sentinel_link_options(const Sentinel *s, void *userdata) {
+        return (RedisLinkOptions) {
+                .password_file = s->options.password_file,
+                .command_timeout = s->options.command_timeout,
+                .backoff_max = ROUND_BACKOFF,
+                .sentinel = true,
+                .userdata = userdata,
+        };
+}
+
 static int sentinel_voters_new(Sentinel *s) {
         size_t n = s->endpoint.n_sentinels;
         s->voters = calloc(n, sizeof(SentinelVoter));
@@ -349,14 +360,8 @@ static int sentinel_voters_new(Sentinel *s) {
                 RedisEndpoint e = { .type = REDIS_ENDPOINT_TCP, .host = a->host, .port = a->port };
                 v->sentinel = s;
                 format_address(v->address, sizeof v->address, a->host, a->port);
-                RedisLinkOptions o = {
-                        .password_file = s->options.password_file,
-                        .command_timeout = s->options.command_timeout,
-                        .backoff_max = ROUND_BACKOFF,
-                        .sentinel = true,
-                        .on_log = on_voter_log,
-                        .userdata = v,
-                };
+                RedisLinkOptions o = sentinel_link_options(s, v);
+                o.on_log = on_voter_log;
                 int r = redis_link_new(s->event, &e, &o, &v->link);
                 if (r < 0)
                         return r;
@@ -389,15 +394,9 @@ int sentinel_new(sd_event *event, const RedisEndpoint *endpoint, const SentinelO
                 goto fail;
         }
 
-        RedisLinkOptions o = {
-                .password_file = s->options.password_file,
-                .command_timeout = s->options.command_timeout,
-                .backoff_max = ROUND_BACKOFF,
-                .sentinel = true,
-                .on_state = on_query_state,
-                .on_log = on_link_log,
-                .userdata = s,
-        };
+        RedisLinkOptions o = sentinel_link_options(s, s);
+        o.on_state = on_query_state;
+        o.on_log = on_link_log;
         r = redis_link_new(event, NULL, &o, &s->query);
         if (r < 0)
                 goto fail;
