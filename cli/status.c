@@ -159,13 +159,18 @@ static void print_primary(json_t *backend) {
 }
 
 static void print_backend_state(json_t *backend) {
+        json_int_t age = int_member(backend, "snapshotAgeMs", -1);
+        char as_of[64] = "";
+        if (age >= 0)
+                snprintf(as_of, sizeof as_of, "; other nodes as of %" JSON_INTEGER_FORMAT ".%01" JSON_INTEGER_FORMAT " s ago",
+                         age / 1000, age % 1000 / 100);
         if (json_is_true(json_object_get(backend, "up"))) {
-                printf("  shared: backend up, %" JSON_INTEGER_FORMAT " node%s, round trip %" JSON_INTEGER_FORMAT " ms\n",
+                printf("  shared: backend up, %" JSON_INTEGER_FORMAT " node%s, round trip %" JSON_INTEGER_FORMAT " ms%s\n",
                        int_member(backend, "nodes", 0), int_member(backend, "nodes", 0) == 1 ? "" : "s",
-                       int_member(backend, "rttMs", 0));
+                       int_member(backend, "rttMs", 0), as_of);
                 return;
         }
-        printf("  shared: refused here (%s)", string_member(backend, "unavailable") ?: "backend");
+        printf("  shared: refused here (%s%s)", string_member(backend, "unavailable") ?: "backend", as_of);
         json_t *keys = json_object_get(backend, "differingKeys");
         size_t i;
         json_t *v;

@@ -156,7 +156,8 @@ typedef struct SharedPool {
         usec_t status_last;     /* monotonic, the last fetch queued */
         usec_t last_now;        /* the latest `now` seen, for the snapshot's age */
         bool snap_valid;
-        usec_t snap_at;
+        usec_t snap_at;         /* when the call that fetched it was queued */
+        usec_t snap_asked;      /* the pending status call's queueing */
         PoolSnapshotEntry *snap_holders, *snap_waiters;
         size_t n_snap_holders, n_snap_waiters, snap_waiting;
 } SharedPool;
@@ -645,7 +646,7 @@ static int queue_status(SharedPool *p, usec_t now) {
                 return r;
         }
         p->status_pending = true;
-        p->status_last = now;
+        p->status_last = p->snap_asked = now;
         call_queue(p, c);
         return 0;
 }
@@ -1709,7 +1710,7 @@ static void status_done(SharedPool *p, const RespValue *body, usec_t now) {
         p->snap_waiters = waiters;
         p->n_snap_waiters = MIN(n_waiters, (size_t) POOL_SNAPSHOT_WAITERS_MAX);
         p->snap_waiting = (size_t) MAX(waiting, (int64_t) 0);
-        p->snap_at = now;
+        p->snap_at = p->snap_asked; /* Redis as of then or later: the age Status says is never less */
         p->snap_valid = true;
 }
 
@@ -2407,8 +2408,23 @@ static int shared_snapshot(const Pool *base, PoolSnapshot *ret) {
                 .n_waiters = p->n_snap_waiters,
                 .waiting = p->snap_waiting,
                 .age = p->last_now - MIN(p->last_now, p->snap_at),
+                .at = p->snap_at,
         };
         return 0;
+}
+
+static int shared_refresh_snapshot(Pool *base, usec_t since, usec_t now) {
+        SharedPool *p = SHARED(base);
+        p->last_now = MAX(p->last_now, now);
+        /* Someone looks: the periodic fetches go on as snapshot() makes them. */
+        p->status_until = usec_add(now, SHARED_STATUS_KEEP);
+        if (p->snap_valid && p->snap_at >= since)
+                return 0;
+        if (!p->link_up || p->state == SHARED_STATE_REFUSED || !pool_serves(p))
+                return 0; /* no fetch would be answered: the last snapshot is all there is */
+        if (p->status_pending)
+                return 1; /* asked before `since`, maybe: the next call after its answer asks again */
+        return queue_status(p, now) < 0 ? 0 : 1;
 }
 
 static const PoolOps shared_ops = {
@@ -2429,6 +2445,7 @@ static const PoolOps shared_ops = {
         .bind_grant = shared_bind_grant,
         .cancel_try = shared_cancel_try,
         .snapshot = shared_snapshot,
+        .refresh_snapshot = shared_refresh_snapshot,
 };
 
 int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn emit_fn, void *emit_userdata,

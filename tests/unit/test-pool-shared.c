@@ -1048,7 +1048,8 @@ static void test_status_snapshot_from_the_cache(void **state) {
         assert_int_equal(snap.n_waiters, 1);
         assert_int_equal(snap.waiters[0].n_slots, 2);
         assert_int_equal(snap.waiting, 1);
-        assert_int_equal(snap.age, S(1) / 2);
+        assert_int_equal(snap.age, S(1) / 2 - 1); /* from the ask: Redis as of then or later */
+        assert_int_equal(snap.at, S(1) + 1);
         /* Nobody asks for 30 s: the fetches stop. */
         f->pool->ops->run(f->pool, S(2) + 2);
         c = take(f, SHARED_SCRIPT_POSITIONS);
@@ -1057,6 +1058,30 @@ static void test_status_snapshot_from_the_cache(void **state) {
         f->pool->ops->run(f->pool, S(40));
         c = take(f, SHARED_SCRIPT_TICK);
         no_call(f);
+}
+
+/* Status wants a snapshot asked for after it came: one is fetched at once (not at the next second), a
+ * fetch already out is waited for, and one asked for before the call is not enough. A pool that does not
+ * serve fetches nothing: its last snapshot is all there is. */
+static void test_refresh_snapshot_asks_after_the_call(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        assert_int_equal(f->pool->ops->refresh_snapshot(f->pool, S(2), S(2)), 1);
+        const SharedCall *c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "status");
+        assert_int_equal(f->pool->ops->refresh_snapshot(f->pool, S(2), S(2) + 5), 1); /* it is out */
+        no_call(f);
+        done(f, c, reply("ok", S(2), arr(3, EMPTY, EMPTY, num(0)), EMPTY, cache(0, 0, 0, -1, "")), S(2) + 10, S(2) + 10);
+        assert_int_equal(f->pool->ops->refresh_snapshot(f->pool, S(2), S(2) + 10), 0);
+        PoolSnapshot snap;
+        assert_int_equal(f->pool->ops->snapshot(f->pool, &snap), 0);
+        assert_int_equal(snap.at, S(2));
+        /* A later call: that snapshot was asked for before it. */
+        assert_int_equal(f->pool->ops->refresh_snapshot(f->pool, S(2) + 20, S(2) + 20), 1);
+        c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "status");
+        pool_shared_link_down(f->pool, S(3));
+        assert_int_equal(f->pool->ops->refresh_snapshot(f->pool, S(3), S(3)), 0);
 }
 
 static void test_next_wakeup_is_never_left_in_the_past(void **state) {
@@ -1640,6 +1665,7 @@ int main(void) {
                 T(test_submit_checks_lane_and_size_itself),
                 T(test_registering_tick_carries_name_canon_and_floor),
                 T(test_every_tick_carries_the_highest_token_passed_on),
+                T(test_refresh_snapshot_asks_after_the_call),
                 T(test_canon_carries_lane_budgets),
                 T(test_submit_granted_at_once),
                 T(test_queued_then_granted_through_the_stream_once),
