@@ -16,9 +16,10 @@ SLOT_TOKEN each command saw) run on both nodes, then:
 Every token after is above every token before, and the witness sees no slot held twice, tokens unique
 and increasing along each slot. Skipped (77) without redis-server or shared pools.
 
-brokerd's own wall clock does not enter fencing or tokens (brokerd(8), "Clocks"): its deadlines are on
-CLOCK_MONOTONIC/CLOCK_BOOTTIME and a shared pool's clock is Redis's TIME, so a brokerd host whose clock
-steps is not a case of its own here.
+A brokerd host whose wall clock steps (a day back, then two forward, through the same shim) while its
+command holds the only slot and another node's waits: the lease is renewed throughout and the slot goes
+on with a greater token. brokerd's deadlines are on CLOCK_MONOTONIC/CLOCK_BOOTTIME and a shared pool's
+clock is Redis's TIME (brokerd(8), RESTART BEHAVIOUR).
 
 Usage: test-shared-tokens.py BROKERD SLOTCTL CLOCKSHIFT [unittest arguments]
 """
@@ -123,6 +124,51 @@ class TokensNeverGoBack(harness.BrokerTestCase):
         restarted = [self.run_on(x, f"{x.name}-restarted") for x in (a, b)]
         self.assertGreater(min(restarted), max(before + flushed),
                            f"tokens went back after a restart without data: {before + flushed} then {restarted}")
+        self.witness.check_shared(self, {"shared": 1})
+
+
+    def test_a_brokerd_whose_clock_steps_keeps_its_lease_and_its_tokens(self):
+        """brokerd A's wall clock steps back a day, then forward two, while its command holds the only slot
+        and B's waits: A's lease is renewed throughout (its command is not fenced: deadlines are on the
+        monotonic and boot clocks), B's command gets the slot when A's ends, with a greater token."""
+        a = harness.Broker(config(self.redis.url(), "node-a"), name="steps-a")
+        a_shift = os.path.join(self.tmp, "clockshift-a")
+        with open(a_shift, "w") as f:
+            f.write("0\n")
+        # Under the sanitizers the runtime must come first in the library list: told not to mind the shim.
+        a.env = {"LD_PRELOAD": CLOCKSHIFT, "CLOCKSHIFT_FILE": a_shift, "ASAN_OPTIONS": "verify_asan_link_order=0"}
+        a.start()
+        self.addCleanup(self.stop_broker, a)
+        b = self.broker(config(self.redis.url(), "node-b"), "steps-b")
+        first = self.run_on(a, "a-first")  # waits out the new pool's window
+
+        held = subprocess.Popen([SLOTCTL, "run", "--socket", a.socket_path, "--lane", "ci", "--quiet", "--",
+                                 *self.witness.command_until_stopped("a-held")],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(held.wait, 10)
+        self.addCleanup(self.witness.stop, "a-held")
+        [start] = wait_for(lambda: self.witness.started("a-held"), timeout=30, message="A's command started")
+        waiter = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "ci", "--quiet", "--",
+                                   *self.witness.command("true", "b-after")],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(waiter.wait, 10)
+        wait_for(lambda: b.status()["waiters"] or None, timeout=10, message="B's command waiting")
+        for seconds in (-DAY, DAY):
+            with open(a_shift + ".tmp", "w") as f:
+                f.write(f"{seconds}\n")
+            os.rename(a_shift + ".tmp", a_shift)
+            # Past a whole node TTL: a lease whose renewals followed the wall clock would be fenced by now.
+            deadline = time.monotonic() + TTL + 2
+            while time.monotonic() < deadline:
+                self.assertIsNone(held.poll(), held.stderr.read() if held.poll() is not None else "")
+                self.assertEqual(self.witness.started("b-after"), [])
+                time.sleep(0.2)
+        self.witness.stop("a-held")
+        self.assertEqual(held.wait(10), 0, held.stderr.read())
+        self.assertEqual(waiter.wait(30), 0, waiter.stderr.read())
+        [after] = self.witness.started("b-after")
+        self.assertLess(first, start.token)
+        self.assertGreater(after.token, start.token)
         self.witness.check_shared(self, {"shared": 1})
 
 
