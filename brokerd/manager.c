@@ -377,6 +377,8 @@ void manager_drain(Manager *m) {
         do
                 manager_settle(m);
         while (lease_table_flush(&m->leases));
+        /* Status replies whose snapshots came (a Redis reply was this dispatch), or whose wait is over. */
+        methods_status_flush(&m->methods, now_monotonic());
         /* Last: no event still queued can name a closed session any more. */
         manager_collect(m);
 }
@@ -1134,6 +1136,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
                 .status_changed = methods_status_changed,
                 .backend_primary = manager_backend_primary,
                 .userdata = m,
+                .event = m->event,
         };
 
         r = sd_event_add_time(m->event, &m->accept_resume_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
@@ -1180,6 +1183,7 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->accept_resume_timer);
         sd_event_source_disable_unref(m->engine_timer);
         sd_event_source_disable_unref(m->tick_timer);
+        methods_done(&m->methods);
         sd_event_source_disable_unref(m->watchdog_timer);
         sd_event_source_disable_unref(m->drain_source);
         sd_event_source_disable_unref(m->stop_timer);

@@ -113,6 +113,12 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                                       "inUse", (json_int_t) info.all_in_use, "waiting", (json_int_t) info.all_waiting);
                 if (b && info.unavailable)
                         json_object_set_new(b, "unavailable", json_string(info.unavailable));
+                /* The other nodes' holders and waiters are as of this: a Status that came while the pool
+                 * served had a fetch asked for after it (methods_status_flush()). */
+                PoolSnapshot snap;
+                if (b && engine_pool_snapshot(m->engine, i, &snap) >= 0)
+                        json_object_set_new(b, "snapshotAgeMs",
+                                            json_integer((json_int_t) (usec_sub_unsigned(now, snap.at) / USEC_PER_MSEC)));
                 json_t *keys;
                 if (b && info.differing_keys && json_strv_new(info.differing_keys, &keys) >= 0)
                         json_object_set_new(b, "differingKeys", keys);
@@ -285,9 +291,7 @@ static json_t *status_build(Methods *m) {
         return status;
 }
 
-static void method_status(Session *s, const VarlinkCall *call) {
-        if (!parameters_ok(s, call, (const JsonField[]) { {} }))
-                return;
+static void status_reply(Session *s) {
         _cleanup_(json_decrefp) json_t *p = status_build(methods_of(s));
         if (!p) {
                 log_oom();
@@ -295,6 +299,75 @@ static void method_status(Session *s, const VarlinkCall *call) {
                 return;
         }
         session_reply(s, p, false);
+}
+
+/* Whether a shared pool's snapshot asked for at or after `since` is still on its way (each such pool is
+ * asked to fetch one). */
+static bool status_wants_fresh(Methods *m, usec_t since, usec_t now) {
+        bool wait = false;
+        for (size_t i = 0; i < engine_pool_count(m->engine); i++)
+                wait = engine_pool_refresh_snapshot(m->engine, i, since, now) > 0 || wait;
+        return wait;
+}
+
+static int on_status_timer(sd_event_source *source, uint64_t usec, void *userdata) {
+        methods_status_flush(userdata, now_monotonic());
+        return 0;
+}
+
+/* The timer at the first waiting reply's deadline (they wait in arrival order), off when none waits. */
+static void status_timer_arm(Methods *m) {
+        ListNode *first = list_first(&m->sessions->status_waiting);
+        if (!first) {
+                if (m->status_timer)
+                        (void) sd_event_source_set_enabled(m->status_timer, SD_EVENT_OFF);
+                return;
+        }
+        usec_t at = usec_add(container_of(first, Session, status_node)->status_since, METHODS_STATUS_FRESH_WAIT);
+        if (!m->status_timer) {
+                if (sd_event_add_time(m->event, &m->status_timer, CLOCK_MONOTONIC, at, 10 * USEC_PER_MSEC,
+                                      on_status_timer, m) < 0) {
+                        m->status_timer = NULL;
+                        return; /* the next dispatch's flush answers it, or its own snapshot's arrival */
+                }
+        } else
+                (void) sd_event_source_set_time(m->status_timer, at);
+        (void) sd_event_source_set_enabled(m->status_timer, SD_EVENT_ONESHOT);
+}
+
+void methods_status_flush(Methods *m, usec_t now) {
+        if (list_is_empty(&m->sessions->status_waiting))
+                return;
+        list_foreach_safe(n, &m->sessions->status_waiting) {
+                Session *s = container_of(n, Session, status_node);
+                if (now < usec_add(s->status_since, METHODS_STATUS_FRESH_WAIT) && status_wants_fresh(m, s->status_since, now))
+                        continue;
+                list_unlink(n);
+                status_reply(s);
+                if (!s->closed)
+                        connection_resume(s->connection); /* the calls behind it */
+        }
+        status_timer_arm(m);
+}
+
+void methods_done(Methods *m) {
+        m->status_timer = sd_event_source_disable_unref(m->status_timer);
+}
+
+/* Status of a shared pool shows the other nodes from a snapshot asked for after the call came: the reply
+ * waits for it (at most METHODS_STATUS_FRESH_WAIT), and the calls behind it wait too. */
+static void method_status(Session *s, const VarlinkCall *call) {
+        if (!parameters_ok(s, call, (const JsonField[]) { {} }))
+                return;
+        Methods *m = methods_of(s);
+        usec_t now = now_monotonic();
+        if (m->event && status_wants_fresh(m, now, now)) {
+                s->status_since = now;
+                list_append(&m->sessions->status_waiting, &s->status_node);
+                status_timer_arm(m);
+                return;
+        }
+        status_reply(s);
 }
 
 static void method_reload(Session *s, const VarlinkCall *call) {

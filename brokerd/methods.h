@@ -28,10 +28,21 @@ typedef struct Methods {
         void (*status_changed)(void *userdata);                   /* Drain: STATUS= is stale */
         BackendPrimaryFn backend_primary;                         /* Status: a pool's primary; may be NULL */
         void *userdata;
+        sd_event *event;                /* for status_timer */
+        sd_event_source *status_timer;  /* the first waiting Status reply's deadline; made at the first wait */
 } Methods;
+
+/* How long a Status reply waits for the shared pools' snapshots of other nodes to be fetched after the
+ * call came (SPEC §11: the view it gives is fresh, and says how old it is); past it, the last ones do. */
+#define METHODS_STATUS_FRESH_WAIT (1 * USEC_PER_SEC)
 
 /* Answers (or starts answering) one call, or defers it behind the session's open Acquire. Unknown methods
  * get the standard Varlink errors. */
 ConnectionCallResult methods_on_call(Connection *c, const VarlinkCall *call, void *userdata);
+/* Answers the waiting Status calls whose shared pools have a snapshot asked for after the call (or none
+ * coming), or whose wait is over. The owner calls it after each dispatch (its drain); the timer too. */
+void methods_status_flush(Methods *m, usec_t now);
+/* The status timer goes. */
+void methods_done(Methods *m);
 /* The connection went: a History reply being produced stops, then the session ends. */
 void methods_on_disconnect(Connection *c, void *userdata);

@@ -248,6 +248,7 @@ int session_table_init(SessionTable *t, sd_event *event) {
         list_init(&t->sessions);
         list_init(&t->closed);
         list_init(&t->position_queue);
+        list_init(&t->status_waiting);
         int r = sd_event_add_time(event, &t->position_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
                                   on_position_timer, t);
         if (r < 0)
@@ -463,7 +464,7 @@ static bool call_releases_own_lease(const Session *s, const VarlinkCall *call) {
 }
 
 bool session_defers_call(const Session *s, const VarlinkCall *call) {
-        bool busy = s->acquire.active || s->lease || s->history_pending;
+        bool busy = s->acquire.active || s->lease || s->history_pending || list_node_is_linked(&s->status_node);
         return busy && !call_releases_own_lease(s, call);
 }
 
@@ -483,6 +484,8 @@ void session_on_disconnect(Session *s) {
         AcquireCall *a = &s->acquire;
 
         s->closed = true;
+        if (list_node_is_linked(&s->status_node))
+                list_unlink(&s->status_node); /* its Status reply has nobody to go to */
         (void) session_waiter_withdraw(s, SESSION_WITHDRAW_GONE);
         a->request = engine_request_unref(a->request);
         a->command_pidfd = safe_close(a->command_pidfd);

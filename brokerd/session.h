@@ -42,6 +42,7 @@ typedef struct SessionTable {
         UidUsage *uid_usage;
         size_t n_uid_usage;
         List position_queue;            /* waiters by when their position was last looked at */
+        List status_waiting;            /* Session.status_node: Status replies waiting for fresh snapshots */
         sd_event_source *position_timer;
         sd_event_source *test_renew_timer; /* SLOTBROKER_TEST_RENEW_MS, tests only */
         usec_t test_renew;
@@ -100,6 +101,8 @@ typedef struct Session {
         Lease *lease;              /* the lease this session holds (its life line), if any */
         bool history_pending;      /* a History reply is being produced: the calls behind it wait */
         HistoryCall *history_call;
+        ListNode status_node;      /* SessionTable.status_waiting: its Status reply waits (the calls behind it too) */
+        usec_t status_since;       /* monotonic: that Status call's arrival */
         bool closed;
 } Session;
 

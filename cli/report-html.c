@@ -750,7 +750,8 @@ static void section_tables(FILE *f, const Report *r) {
         if (r->n_jobs == 0)
                 fputs("<p class=\"summary\">No request was refused.</p>\n", f);
         else {
-                fprintf(f, "<p class=\"summary\">The %zu jobs (by their --job label) refused most often.</p>\n", r->n_jobs);
+                fprintf(f, "<p class=\"summary\">The %zu jobs (by their %s) refused most often.</p>\n", r->n_jobs,
+                        r->virtual_clock ? "request's name, or the arrivals that made them" : "--job label");
                 table_rows(f, r, "jobs", r->jobs, r->n_jobs, true);
         }
         fputs("<h3>Longest holds</h3>", f);

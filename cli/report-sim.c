@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "report-sim.h"
 
@@ -17,6 +20,103 @@ static int compare_events(const void *a, const void *b) {
         if (x->order != y->order)
                 return x->order < y->order ? -1 : 1;
         return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* A request's label in the tables, where a recorded history has its --job: the request's name, or the
+ * traffic that generated it ("--arrivals", "arrivals[0]"). */
+static const char *sim_job(const Scenario *s, const SimRecord *rec) {
+        const char *name = scenario_request_name(s, rec->id);
+        if (name)
+                return name;
+        const ScenarioTraffic *t = scenario_traffic(s, rec->id);
+        return t && t->origin ? t->origin : "-";
+}
+
+typedef struct SimHold {
+        const SimRecord *rec;
+        uint64_t hold_ms;
+} SimHold;
+
+static int compare_holds(const void *a, const void *b) {
+        const SimHold *x = a, *y = b;
+        if (x->hold_ms != y->hold_ms)
+                return x->hold_ms > y->hold_ms ? -1 : 1;
+        return x->rec->id < y->rec->id ? -1 : x->rec->id > y->rec->id;
+}
+
+/* The tables a recorded history fills from history.db (report.c): the longest holds that ended, the jobs
+ * refused most. A simulation revokes nothing. */
+static int sim_tables(Report *r, const Scenario *s, const SimResult *res) {
+        _cleanup_free_ SimHold *holds = calloc(MAX(res->n_records, 1u), sizeof(SimHold));
+        size_t n = 0;
+        if (!holds)
+                return -ENOMEM;
+        for (size_t i = 0; i < res->n_records; i++) {
+                const SimRecord *rec = &res->records[i];
+                const ScenarioTraffic *t = scenario_traffic(s, rec->id);
+                if (rec->pool && rec->outcome == SIM_OUTCOME_GRANTED && t && t->hold_ms != SIM_FOREVER)
+                        holds[n++] = (SimHold) { rec, t->hold_ms };
+        }
+        qsort(holds, n, sizeof(SimHold), compare_holds);
+        for (size_t i = 0; i < MIN(n, (size_t) REPORT_TABLE_ROWS); i++) {
+                const SimRecord *rec = holds[i].rec;
+                const ScenarioTraffic *t = scenario_traffic(s, rec->id);
+                char lease[32];
+                snprintf(lease, sizeof lease, "#%" PRIu64, rec->id + 1);
+                int k = report_table_add(r->holds, &r->n_holds,
+                                         &(ReportRow) {
+                                                 .time = (rec->decided_ms + holds[i].hold_ms) * USEC_PER_MSEC,
+                                                 .pool = (char *) rec->pool,
+                                                 .lane = t->lane ?: (char *) "default",
+                                                 .job = (char *) sim_job(s, rec),
+                                                 .lease = lease,
+                                                 .duration = holds[i].hold_ms * USEC_PER_MSEC,
+                                         });
+                if (k < 0)
+                        return k;
+        }
+
+        /* Refusals by job: as many jobs as the scenario has traffics and named requests. */
+        ReportRow *jobs = NULL;
+        size_t n_jobs = 0;
+        int k = 0;
+        for (size_t i = 0; i < res->n_records && k >= 0; i++) {
+                const SimRecord *rec = &res->records[i];
+                if (!rec->pool || rec->outcome != SIM_OUTCOME_REFUSED)
+                        continue;
+                ReportReason reason = report_reason_from_string(refusal_to_string(rec->refusal));
+                if (reason < 0)
+                        continue;
+                const char *job = sim_job(s, rec);
+                size_t j = 0;
+                while (j < n_jobs && !streq(jobs[j].job, job))
+                        j++;
+                if (j == n_jobs) {
+                        ReportRow *a = reallocarray(jobs, n_jobs + 1, sizeof(ReportRow));
+                        if (!a) {
+                                k = -ENOMEM;
+                                break;
+                        }
+                        jobs = a;
+                        jobs[n_jobs++] = (ReportRow) { .job = (char *) job, .duration = USEC_INFINITY };
+                }
+                jobs[j].count++;
+                jobs[j].refused[reason]++;
+        }
+        if (k >= 0) {
+                /* Most refused first, then by label, as report.c's query orders them. */
+                for (size_t i = 1; i < n_jobs; i++)
+                        for (size_t j = i; j > 0 && (jobs[j].count > jobs[j - 1].count ||
+                                                     (jobs[j].count == jobs[j - 1].count && strcmp(jobs[j].job, jobs[j - 1].job) < 0)); j--) {
+                                ReportRow tmp = jobs[j];
+                                jobs[j] = jobs[j - 1];
+                                jobs[j - 1] = tmp;
+                        }
+                for (size_t i = 0; i < MIN(n_jobs, (size_t) REPORT_TABLE_ROWS) && k >= 0; i++)
+                        k = report_table_add(r->jobs, &r->n_jobs, &jobs[i]);
+        }
+        free(jobs);
+        return k;
 }
 
 int report_from_simulation(const Scenario *s, const SimResult *res, Report **ret) {
@@ -75,6 +175,9 @@ int report_from_simulation(const Scenario *s, const SimResult *res, Report **ret
                         return k;
         }
         report_finish(r);
+        k = sim_tables(r, s, res);
+        if (k < 0)
+                return k;
         *ret = TAKE_PTR(r);
         return 0;
 }

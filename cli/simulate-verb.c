@@ -228,8 +228,9 @@ static int parse_argv(int argc, char *argv[]) {
         if (arg_replay_pool && !arg_replay)
                 return log_usage("simulate", "--pool needs --replay");
         if (!arg_scenario && !arg_replay) {
-                if (!arg_limit)
-                        return log_usage("simulate", "--limit is missing (or give --scenario FILE)");
+                /* A sweep of the limit gives it, one value per run. */
+                if (!arg_limit && !(arg_sweep_key && streq(arg_sweep_key, "limit")))
+                        return log_usage("simulate", "--limit is missing (or give --scenario FILE or --sweep limit=A..B)");
                 if (!arg_hold)
                         return log_usage("simulate", "--hold is missing (or give --scenario FILE)");
                 if (!arg_arrivals)

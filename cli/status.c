@@ -74,6 +74,12 @@ static void print_slots(json_t *lease) {
         printf("%*s", MAX(0, 8 - width), "");
 }
 
+/* The title of print_slots()'s column: what a lease holds is slot indices, or members by name (never
+ * the number of slots, which is the waiters' SLOTS). */
+static const char *slots_title(json_t *lease) {
+        return json_is_array(json_object_get(lease, "members")) ? "MEMBER" : "INDEX";
+}
+
 /* The leases holding slots of pool name, as a table under its pool line. */
 static void print_holders(json_t *holders, const char *name) {
         bool header = false;
@@ -86,7 +92,7 @@ static void print_holders(json_t *holders, const char *name) {
                         continue;
                 char job[JOB_COLUMN_MAX + 8], held[CLI_DURATION_MAX];
                 if (!header) {
-                        printf("  %-32s %-10s %-8s %-6s %-8s %-8s %-8s %-10s %s\n", "LEASE", "LANE", "SLOTS", "UID", "PID",
+                        printf("  %-32s %-10s %-8s %-6s %-8s %-8s %-8s %-10s %s\n", "LEASE", "LANE", slots_title(lease), "UID", "PID",
                                "COMMAND", "HELD", "STATE", "JOB");
                         header = true;
                 }
@@ -116,7 +122,7 @@ static void print_waiters(json_t *waiters, const char *name) {
                         continue;
                 char job[JOB_COLUMN_MAX + 8], waited[CLI_DURATION_MAX], budget[CLI_DURATION_MAX];
                 if (!header) {
-                        printf("  %-8s %-10s %-5s %-6s %-8s %-8s %-10s %s\n", "WAITING", "LANE", "SLOTS", "UID", "PID", "WAITED",
+                        printf("  %-8s %-10s %-5s %-6s %-8s %-8s %-10s %s\n", "PLACE", "LANE", "SLOTS", "UID", "PID", "WAITED",
                                "BUDGET", "JOB");
                         header = true;
                 }
@@ -153,13 +159,18 @@ static void print_primary(json_t *backend) {
 }
 
 static void print_backend_state(json_t *backend) {
+        json_int_t age = int_member(backend, "snapshotAgeMs", -1);
+        char as_of[64] = "";
+        if (age >= 0)
+                snprintf(as_of, sizeof as_of, "; other nodes as of %" JSON_INTEGER_FORMAT ".%01" JSON_INTEGER_FORMAT " s ago",
+                         age / 1000, age % 1000 / 100);
         if (json_is_true(json_object_get(backend, "up"))) {
-                printf("  shared: backend up, %" JSON_INTEGER_FORMAT " node%s, round trip %" JSON_INTEGER_FORMAT " ms\n",
+                printf("  shared: backend up, %" JSON_INTEGER_FORMAT " node%s, round trip %" JSON_INTEGER_FORMAT " ms%s\n",
                        int_member(backend, "nodes", 0), int_member(backend, "nodes", 0) == 1 ? "" : "s",
-                       int_member(backend, "rttMs", 0));
+                       int_member(backend, "rttMs", 0), as_of);
                 return;
         }
-        printf("  shared: refused here (%s)", string_member(backend, "unavailable") ?: "backend");
+        printf("  shared: refused here (%s%s)", string_member(backend, "unavailable") ?: "backend", as_of);
         json_t *keys = json_object_get(backend, "differingKeys");
         size_t i;
         json_t *v;
@@ -204,7 +215,7 @@ static void print_other_nodes(json_t *holders, json_t *waiters, const char *name
                 if (!streq_ptr(string_member(v, "pool"), name))
                         continue;
                 if (!header) {
-                        printf("  %-20s %-10s %-8s %-20s %s\n", "HELD ON NODE", "LANE", "SLOTS", "TOKEN", "HELD");
+                        printf("  %-20s %-10s %-8s %-20s %s\n", "HELD ON NODE", "LANE", slots_title(v), "TOKEN", "HELD");
                         header = true;
                 }
                 printf("  %-20s %-10s ", string_member(v, "node") ?: "?", string_member(v, "lane") ?: "?");
@@ -216,7 +227,7 @@ static void print_other_nodes(json_t *holders, json_t *waiters, const char *name
                 if (!streq_ptr(string_member(v, "pool"), name))
                         continue;
                 if (!header) {
-                        printf("  %-8s %-20s %-10s %-5s %s\n", "WAITING", "ON NODE", "LANE", "SLOTS", "WAITED");
+                        printf("  %-8s %-20s %-10s %-5s %s\n", "PLACE", "ON NODE", "LANE", "SLOTS", "WAITED");
                         header = true;
                 }
                 printf("  %-8" JSON_INTEGER_FORMAT " %-20s %-10s %-5" JSON_INTEGER_FORMAT " %s\n", int_member(v, "position", 0),

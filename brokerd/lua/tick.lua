@@ -8,7 +8,8 @@
 -- ARGV  [1..5] the head (README)   [6] node name   [7] the rules canon the node wants ("=": as in its
 --       last tick)   [8] fp_n   [9] fp_x   [10] fp_s (the node's fingerprint of its records)
 --       (not used here: the node compares them with the reply's; they make a MONITOR trace show both)
---       [11] token floor ("-": none; else tokens continue above floor − 1)   [12] a new epoch (random
+--       [11] token floor ("-": none; else tokens continue above floor − 1: the node sends it with every
+--       tick, one above the highest token it passed on)   [12] a new epoch (random
 --       hex, used only if the pool's keys must be made)   [13] reclaimed: "1" Redis has every lease the
 --       node holds (no reclaim pending), "0" not yet   [14] page_lo   [15] page_hi ("": no reconcile;
 --       "-"/"+": open ends)   [16…] the node's rids in [page_lo, page_hi], at most RECONCILE_PAGE
@@ -21,7 +22,8 @@
 --       removed lane's waiters refused and a re-prioritised lane's waiters moved by a job that runs at
 --       the start of instants, SETTLE_MAX per call: no other adoption while it runs); else "rules" with
 --       the differing keys. The node's deadline becomes now + TTL either way
---       (leases granted under agreed rules keep heartbeating). The token floor raises the counter. The
+--       (leases granted under agreed rules keep heartbeating). The token floor raises the counter (before
+--       this call's grants). The
 --       reconcile page drops this node's records in [page_lo, page_hi] that the page does not list
 --       (a waiter withdrawn, a lease released). Inside a recovery window that waits for its nodes
 --       (prelude.lua, "recovery windows"): reclaimed "1" takes the node off the wait, and the last one
@@ -38,6 +40,7 @@
 local NAME, CANON_ARG = ARGV[6], ARGV[7]
 local FLOOR, NEW_EPOCH, RECLAIMED = ARGV[11], ARGV[12], ARGV[13] == '1'
 local PAGE_LO, PAGE_HI = ARGV[14] or '', ARGV[15] or ''
+local TOKEN_MAX = 2 ^ 53 -- tokens are exact integers below it (README, "Conventions")
 
 local function differing_keys(a, b)
         local keys, seen = {}, {}
@@ -195,6 +198,11 @@ local function tick()
                 if M.clock_mode ~= 'manual' then recovery_open(now + ttl, {}) end
         end
         if not R.canon then rules_store(canon) end
+        -- The node's floor (above every token it passed on) before any grant of this call: a pool made
+        -- anew opens a window of one node TTL in which every live node ticks, so the first grant after a
+        -- loss is above all their tokens, whatever Redis's clock says (README, "Recovery windows").
+        local floor = string.match(FLOOR, '^%d+$') and tonumber(FLOOR)
+        if floor and floor <= TOKEN_MAX and floor - 1 > M.counter then meta_set('counter', floor - 1) end
 
         if not settle_until(now) then return reply('settling') end
 
@@ -203,9 +211,6 @@ local function tick()
         redis.call('ZADD', K.nodes, deadline, NODE)
         redis.call('HSET', k_node(NODE), 'name', NAME, 'rules', canon)
         redis.call('HSETNX', k_node(NODE), 'since', now)
-        if FLOOR ~= '-' and tonumber(FLOOR) and tonumber(FLOOR) - 1 > M.counter then
-                meta_set('counter', tonumber(FLOOR) - 1)
-        end
         local reconciled_to = reconcile()
         recovery_vouch(RECLAIMED)
         -- An adoption's refusals belong to this call (pool-local refuses them in configure(), before any

@@ -968,6 +968,14 @@ int engine_pool_snapshot(const Engine *e, size_t i, PoolSnapshot *ret) {
         return p->ops->snapshot(p, ret);
 }
 
+int engine_pool_refresh_snapshot(Engine *e, size_t i, usec_t since, usec_t now) {
+        assert_return(e, -EINVAL);
+        if (i >= e->n_pools)
+                return -ENOENT;
+        Pool *p = e->pools[i];
+        return p->ops->refresh_snapshot ? p->ops->refresh_snapshot(p, since, now) : 0;
+}
+
 /* ---- configuration ---- */
 
 static EngineLane *engine_lane_free(EngineLane *l) {

@@ -231,6 +231,9 @@ int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret)
  * -ENOENT, -EOPNOTSUPP for a pool without a backend (the daemon's tables are the whole truth), or -ENODATA
  * before the pool has fetched any. */
 int engine_pool_snapshot(const Engine *e, size_t i, PoolSnapshot *ret);
+/* The i-th pool's refresh_snapshot() (pool.h): 1 while a snapshot asked for at or after `since` is on its
+ * way, 0 when there is one or none will come (or the pool has no backend). */
+int engine_pool_refresh_snapshot(Engine *e, size_t i, usec_t since, usec_t now);
 
 const char *refusal_to_string(Refusal r);
 Refusal refusal_from_string(const char *s);

@@ -132,7 +132,10 @@ typedef struct SharedPool {
         usec_t confirmed_boot;
         usec_t unconfirmed_since;
         bool unconfirmed_noticed; /* an UNCONFIRMED notice was pushed and not yet followed by CONFIRMED */
-        uint64_t token_floor;  /* 0: none to send */
+        /* Above every token this node passed on (its grants, its restored leases, the persisted mark at
+         * restart): sent with every tick, so that a Redis that lost the pool (and whose clock is behind)
+         * never issues a token below it (SPEC §11, "Tokens never go back"). 0: none known yet. */
+        uint64_t token_floor;
         int64_t offset;        /* pool clock − monotonic, from the last round trip */
         bool offset_known;
         usec_t rtt;
@@ -153,10 +156,14 @@ typedef struct SharedPool {
         usec_t status_last;     /* monotonic, the last fetch queued */
         usec_t last_now;        /* the latest `now` seen, for the snapshot's age */
         bool snap_valid;
-        usec_t snap_at;
+        usec_t snap_at;         /* when the call that fetched it was queued */
+        usec_t snap_asked;      /* the pending status call's queueing */
         PoolSnapshotEntry *snap_holders, *snap_waiters;
         size_t n_snap_holders, n_snap_waiters, snap_waiting;
 } SharedPool;
+
+/* Tokens are exact integers below it in Lua's doubles and RESP (brokerd/lua/README, "Conventions"). */
+#define SHARED_TOKEN_MAX (UINT64_C(1) << 53)
 
 static SharedPool *SHARED(const Pool *p) {
         return (SharedPool *) p;
@@ -639,7 +646,7 @@ static int queue_status(SharedPool *p, usec_t now) {
                 return r;
         }
         p->status_pending = true;
-        p->status_last = now;
+        p->status_last = p->snap_asked = now;
         call_queue(p, c);
         return 0;
 }
@@ -939,6 +946,13 @@ static int decision_from_array(const RespValue *v, Decision *ret) {
         return 0;
 }
 
+/* A token this node holds or passes on: the floor it sends stays above it. A token at the top of the
+ * range (untrusted input) is not followed: the floor would overflow the scripts' exact integers. */
+static void token_floor_raise(SharedPool *p, uint64_t token) {
+        if (token > 0 && token < SHARED_TOKEN_MAX)
+                p->token_floor = MAX(p->token_floor, token + 1);
+}
+
 static PoolGrant *grant_new(const char *node_id, const char *rid, const char *lane, const Decision *d) {
         PoolGrant *g = calloc(1, sizeof(PoolGrant));
         if (!g)
@@ -1106,6 +1120,7 @@ static void decision_apply(SharedPool *p, const Decision *d, bool written_here, 
                 PoolGrant *g = grant_new(p->params.node_id, d->rid, w->lane, d);
                 if (!g)
                         return; /* out of memory: the heartbeat's reconcile finds the lease again */
+                token_floor_raise(p, g->token);
                 const Replicating r = {
                         .grant = g,
                         .at = at,
@@ -1484,7 +1499,6 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
         /* The heartbeat counts either way: leases granted under agreed rules keep their node alive. */
         if (p->acked_boot == USEC_INFINITY || sent_boot > p->acked_boot)
                 p->acked_boot = sent_boot;
-        p->token_floor = 0;
 
         _cleanup_free_ char *epoch = resp_strdup(resp_at(body, 1));
         if (epoch) {
@@ -1696,7 +1710,7 @@ static void status_done(SharedPool *p, const RespValue *body, usec_t now) {
         p->snap_waiters = waiters;
         p->n_snap_waiters = MIN(n_waiters, (size_t) POOL_SNAPSHOT_WAITERS_MAX);
         p->snap_waiting = (size_t) MAX(waiting, (int64_t) 0);
-        p->snap_at = now;
+        p->snap_at = p->snap_asked; /* Redis as of then or later: the age Status says is never less */
         p->snap_valid = true;
 }
 
@@ -2244,6 +2258,7 @@ static int shared_restore(Pool *base, const PoolRestore *r, PoolGrant **ret) {
         PoolGrant *g = grant_new(p->params.node_id, colon + 1, r->lane, &d);
         if (!g)
                 return -ENOMEM;
+        token_floor_raise(p, g->token);
         g->provisional = true;
         int k = queue_reclaim(p, g, p->last_now); /* restore() has no `now`: the manual clock must not step back */
         if (k < 0) {
@@ -2375,7 +2390,8 @@ static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
 }
 
 static void shared_set_token_floor(Pool *base, uint64_t next_token) {
-        SHARED(base)->token_floor = next_token;
+        if (next_token > 0)
+                token_floor_raise(SHARED(base), next_token - 1);
 }
 
 static int shared_snapshot(const Pool *base, PoolSnapshot *ret) {
@@ -2392,8 +2408,23 @@ static int shared_snapshot(const Pool *base, PoolSnapshot *ret) {
                 .n_waiters = p->n_snap_waiters,
                 .waiting = p->snap_waiting,
                 .age = p->last_now - MIN(p->last_now, p->snap_at),
+                .at = p->snap_at,
         };
         return 0;
+}
+
+static int shared_refresh_snapshot(Pool *base, usec_t since, usec_t now) {
+        SharedPool *p = SHARED(base);
+        p->last_now = MAX(p->last_now, now);
+        /* Someone looks: the periodic fetches go on as snapshot() makes them. */
+        p->status_until = usec_add(now, SHARED_STATUS_KEEP);
+        if (p->snap_valid && p->snap_at >= since)
+                return 0;
+        if (!p->link_up || p->state == SHARED_STATE_REFUSED || !pool_serves(p))
+                return 0; /* no fetch would be answered: the last snapshot is all there is */
+        if (p->status_pending)
+                return 1; /* asked before `since`, maybe: the next call after its answer asks again */
+        return queue_status(p, now) < 0 ? 0 : 1;
 }
 
 static const PoolOps shared_ops = {
@@ -2414,6 +2445,7 @@ static const PoolOps shared_ops = {
         .bind_grant = shared_bind_grant,
         .cancel_try = shared_cancel_try,
         .snapshot = shared_snapshot,
+        .refresh_snapshot = shared_refresh_snapshot,
 };
 
 int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn emit_fn, void *emit_userdata,

@@ -132,6 +132,7 @@ typedef struct PoolSnapshot {
         size_t n_waiters;
         size_t waiting;           /* all of them */
         usec_t age;               /* how old the snapshot is */
+        usec_t at;                /* when it was asked for (the engine's clock): it shows Redis as of then or later */
 } PoolSnapshot;                   /* valid until the next command to the pool */
 
 /* A lease that outlived a restart of the daemon, as restore() takes it. */
@@ -195,6 +196,10 @@ typedef struct PoolOps {
         /* The holders and waiters of every node, from a cache (never a round trip). Returns 0, or -ENODATA
          * before the first fetch. NULL: the daemon's own tables are the whole truth (in-process pool). */
         int (*snapshot)(const Pool *p, PoolSnapshot *ret);
+        /* Status wants a snapshot asked for at or after `since`: fetches one unless it has it. Returns 1
+         * while one is on its way, 0 when there is one or none will come (the pool does not serve: its
+         * last one is all there is). NULL: as snapshot. */
+        int (*refresh_snapshot)(Pool *p, usec_t since, usec_t now);
 } PoolOps;
 
 /* The part every implementation shares: identity, the config the engine routes on, the decision sink. */

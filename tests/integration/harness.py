@@ -438,6 +438,7 @@ class Broker:
                  nofile=None):
         assert mode in ("bound", "activate")
         self.nofile = nofile  # RLIMIT_NOFILE, soft and hard (brokerd raises its soft limit to the hard one)
+        self.env = {}  # more environment for brokerd (LD_PRELOAD …), from the next start() on
         self.brokerd = brokerd or find_brokerd()
         self.mode = mode
         self.debug = debug
@@ -485,6 +486,7 @@ class Broker:
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
         if self.debug:
             env["SYSTEMD_LOG_LEVEL"] = "debug"
+        env.update(self.env)
         self._log = open(self.log_path, "ab")
         if self.mode == "bound":
             if self.notify:

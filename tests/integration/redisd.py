@@ -15,6 +15,7 @@ addresses across restarts, so that brokerds configured with them reconnect to th
     r.restart(keep_data=False)                    # a new run id, nothing kept
     r.restart(keep_data=True, kill=True)          # SIGKILL: what the AOF had (appendonly=True) survives
     r.stop()                                      # SIGTERM by pid, SIGKILL after a timeout
+    r.env["LD_PRELOAD"] = "…"                     # more environment, from the next (re)start on
 
 Data across a restart: keep_data=False empties the directory; keep_data=True keeps it, and what it holds
 is what Redis persisted: the AOF (appendonly=True; up to appendfsync's loss under kill=True), or, without
@@ -213,6 +214,7 @@ class RedisServer:
         self.policy = policy
         self.password = password
         self.config = dict(config or {})
+        self.env = {}  # more environment for the process (LD_PRELOAD …), from the next start() on
         self.log_path = os.path.join(self.dir, "redis.log")
         self.proc = None
         self.stopped = False  # SIGSTOPped by sigstop()
@@ -257,7 +259,8 @@ class RedisServer:
             if self._want_port == 0 and self.port is None:
                 self.port = _free_tcp_port()
             self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.STDOUT, close_fds=True, preexec_fn=_die_with_parent)
+                                         stderr=subprocess.STDOUT, close_fds=True, preexec_fn=_die_with_parent,
+                                         env=dict(os.environ, **self.env) if self.env else None)
             self.stopped = False
             if self._wait_ready(timeout):
                 return self

@@ -272,8 +272,19 @@ class Report(harness.BrokerTestCase):
         self.assertEqual(slotctl(*args, "--html", out).stdout, text_run)  # the text report is unchanged
         sim = json.loads(slotctl(*args, "--json").stdout)
         with open(out) as f:
-            page = Page(f.read())
+            raw = f.read()
+            page = Page(raw)
         figures = page.pools["default"]["figures"]
+        # The tables say what the run did: its longest holds (every one 200 ms) and its refusals by traffic,
+        # never "no lease ended" under a summary of thousands of released leases.
+        self.assertFalse("No lease ended" in raw, "the holds table says no lease ended")
+        holds = raw.split('<table class="holds">', 1)[1].split("</table>", 1)[0]
+        self.assertEqual(holds.count("<tr>") - 1, 10)
+        self.assertEqual(holds.count("<td class=\"n\">200ms</td>"), 10, holds[:400])
+        jobs = raw.split('<table class="jobs">', 1)[1].split("</table>", 1)[0]
+        self.assertIn("<td>--arrivals</td>", jobs)
+        self.assertIn(f'<td class="n">{sum(sim["refused"].values())}</td>', jobs)
+        self.assertFalse("No request was refused" in raw, "the jobs table says nothing was refused")
         self.assertEqual(figures["granted"], sim["granted"])
         for reason in ("busy", "full", "timeout", "shed"):
             self.assertEqual(figures[reason], sim["refused"][reason], reason)

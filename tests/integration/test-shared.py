@@ -408,6 +408,32 @@ class TestShared(SharedTestCase):
         self.assertEqual(waiter.wait(10), 0, waiter.stderr.read())
         w.check_shared(self, {"shared": 1})
 
+    def test_status_after_a_quiet_spell_shows_the_other_nodes_as_they_are(self):
+        """A's Status lists B's lease; nobody asks A for 30 s (its snapshot fetches stop), then B's lease
+        ends. The first Status on A right after no longer lists it (the reply waited for a fetch asked
+        for after the call), and says how old its view is (backend.snapshotAgeMs, slotctl's "as of")."""
+        a = self.broker(config(self.redis.url(), "node-a"), "quiet-a")
+        b = self.broker(config(self.redis.url(), "node-b"), "quiet-b")
+        held = self.first_grant(b)
+        token = held.lease["token"]
+        self.wait_backend_up(a)
+        wait_for(lambda: [h for h in others(a, "otherHolders") or [] if h["token"] == token] or None, timeout=10,
+                 message="A's Status to list B's lease")
+        # The quiet spell is the case itself: A's fetches stop SHARED_STATUS_KEEP (30 s) after its last
+        # Status, and nothing outside can tell when.
+        time.sleep(32)
+        held.close()
+        wait_for(lambda: b.pool("shared")["backend"]["inUse"] == 0, timeout=10, message="B's release in Redis")
+        st = a.status()
+        self.assertEqual([h for h in st.get("otherHolders") or [] if h["token"] == token], [],
+                         "A's first Status after a quiet spell lists a lease B has released")
+        age = a.pool("shared", st)["backend"].get("snapshotAgeMs")
+        self.assertIsInstance(age, int, a.pool("shared", st))
+        self.assertLess(age, 1000 + harness.LATENESS * 1000)
+        line = [w for w in self.slotctl_status(a) if w[:3] == ["shared:", "backend", "up,"]]
+        self.assertEqual(len(line), 1, line)
+        self.assertRegex(" ".join(line[0]), r"other nodes as of \d+\.\d s ago$")
+
     def test_drain_on_one_node_refuses_the_other_nodes_waiters(self):
         a = self.broker(config(self.redis.url(), "node-a", limit=1), "drain-a")
         b = self.broker(config(self.redis.url(), "node-b", limit=1), "drain-b")

@@ -204,6 +204,16 @@ class Sweep(unittest.TestCase):
         self.assertEqual(waits, sorted(waits, reverse=True))
         self.assertEqual(rows[-1]["granted"], 2400)
 
+    def test_sweep_of_the_limit_needs_no_limit(self):
+        # The sweep gives the limit: the command-line form needs no --limit, as the --replay form.
+        rows = simulate_json("--hold", "200ms", "--arrivals", "40/s:10s", "--sweep", "limit=6..8")
+        self.assertEqual([row["value"] for row in rows], [6, 7, 8])
+        self.assertEqual([row["requests"] for row in rows], [400] * 3)
+        # Any other sweep still needs it.
+        p = simulate("--hold", "200ms", "--arrivals", "40/s:10s", "--sweep", "max-queue=0..2", check=False)
+        self.assertEqual(p.returncode, 64)
+        self.assertIn("--limit is missing", p.stderr)
+
     def test_text_has_a_row_per_value(self):
         text = simulate(*REFERENCE, "--arrivals", "40/s:60s", "--sweep", "limit=6..10").stdout
         lines = text.strip().splitlines()

@@ -611,6 +611,9 @@ class Status(SlotctlTest):
         self.assertIn("ci/holder", r.stdout)
         self.assertIn("ci/waiter", r.stdout)
         self.assertRegex(r.stdout, r"\n  1\s+nightly ")
+        # Each column titled for what it holds: the lease's slot index, the waiter's place and its count.
+        self.assertRegex(r.stdout, r"\n  LEASE\s+LANE\s+INDEX\s+UID\s")
+        self.assertRegex(r.stdout, r"\n  PLACE\s+LANE\s+SLOTS\s+UID\s")
 
         r = self.run_slotctl("status", "--json")
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -639,6 +642,7 @@ class Status(SlotctlTest):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"\nrigs\s+removed from the configuration, 1 lease still held\n")
         self.assertRegex(r.stdout, rf"\n  {lease} rig\s+rig-\w\s.*detached\s+on-rigs\n")
+        self.assertRegex(r.stdout, r"\n  LEASE\s+LANE\s+MEMBER\s+UID\s")
         self.assertEqual(self.run_slotctl("release", lease).returncode, 0)
         self.assertNotIn("rigs", self.run_slotctl("status").stdout)
 

@@ -325,10 +325,48 @@ static void test_registering_tick_carries_name_canon_and_floor(void **state) {
         assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
         assert_string_equal(pool_shared_stream_resume_id(f->pool), "0-0");
         assert_string_equal(pool_shared_stream_key(f->pool), "{sb:grid}:s:" NODE);
-        /* The floor is sent once. */
+        /* The floor goes with every tick (SPEC §11, "Tokens never go back"): a Redis that lost the pool
+         * meets it within the recovery window, whenever that comes. */
         f->pool->ops->run(f->pool, S(2));
         c = take(f, SHARED_SCRIPT_TICK);
-        assert_string_equal(arg(c, 11), "-");
+        assert_string_equal(arg(c, 11), "42");
+}
+
+/* Every tick carries one above the highest token the node passed on: its grants and restored leases,
+ * and the floor the daemon set (the lease log's mark). A lower floor set later lowers nothing; a token
+ * beyond 2^53 (not Redis's to give) is not followed. */
+static void test_every_tick_carries_the_highest_token_passed_on(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        f->pool->ops->run(f->pool, S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 11), "-"); /* nothing passed on yet */
+        done(f, c, reply("ok", 2000000, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")),
+             S(2), S(2));
+
+        int cookie, other;
+        char rid[17];
+        granted(f, &cookie, S(3), rid); /* token 7 */
+        f->pool->ops->release(f->pool, f->seen[f->n_seen - 1].grant, S(3));
+        done(f, take(f, SHARED_SCRIPT_RELEASE), reply("ok", 3000000, arr(1, str("released")), EMPTY,
+                                                       cache(0, 0, 0, -1, "")), S(3), S(3));
+        f->pool->ops->set_token_floor(f->pool, 5); /* below: changes nothing */
+        for (int i = 0; i < 2; i++) { /* and not only once */
+                f->pool->ops->run(f->pool, S(5 + i * 5));
+                c = take(f, SHARED_SCRIPT_TICK);
+                assert_string_equal(arg(c, 11), "8");
+                done(f, c, reply("ok", 5000000 + i * 5000000, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY,
+                                 cache(0, 0, 0, -1, "")), S(5 + i * 5), S(5 + i * 5));
+        }
+
+        assert_int_equal(submit(f, &other, 1, true, S(11)), 0);
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        done(f, c, reply("ok", 11000000, decision("granted", rid, 11000000, 0, "", 0, INT64_C(1) << 60, arr(1, num(0))),
+                         EMPTY, cache(1, 0, 0, -1, "")), S(11), S(11));
+        f->pool->ops->run(f->pool, S(16));
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 11), "8");
 }
 
 static void test_submit_granted_at_once(void **state) {
@@ -1010,7 +1048,8 @@ static void test_status_snapshot_from_the_cache(void **state) {
         assert_int_equal(snap.n_waiters, 1);
         assert_int_equal(snap.waiters[0].n_slots, 2);
         assert_int_equal(snap.waiting, 1);
-        assert_int_equal(snap.age, S(1) / 2);
+        assert_int_equal(snap.age, S(1) / 2 - 1); /* from the ask: Redis as of then or later */
+        assert_int_equal(snap.at, S(1) + 1);
         /* Nobody asks for 30 s: the fetches stop. */
         f->pool->ops->run(f->pool, S(2) + 2);
         c = take(f, SHARED_SCRIPT_POSITIONS);
@@ -1019,6 +1058,30 @@ static void test_status_snapshot_from_the_cache(void **state) {
         f->pool->ops->run(f->pool, S(40));
         c = take(f, SHARED_SCRIPT_TICK);
         no_call(f);
+}
+
+/* Status wants a snapshot asked for after it came: one is fetched at once (not at the next second), a
+ * fetch already out is waited for, and one asked for before the call is not enough. A pool that does not
+ * serve fetches nothing: its last snapshot is all there is. */
+static void test_refresh_snapshot_asks_after_the_call(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        assert_int_equal(f->pool->ops->refresh_snapshot(f->pool, S(2), S(2)), 1);
+        const SharedCall *c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "status");
+        assert_int_equal(f->pool->ops->refresh_snapshot(f->pool, S(2), S(2) + 5), 1); /* it is out */
+        no_call(f);
+        done(f, c, reply("ok", S(2), arr(3, EMPTY, EMPTY, num(0)), EMPTY, cache(0, 0, 0, -1, "")), S(2) + 10, S(2) + 10);
+        assert_int_equal(f->pool->ops->refresh_snapshot(f->pool, S(2), S(2) + 10), 0);
+        PoolSnapshot snap;
+        assert_int_equal(f->pool->ops->snapshot(f->pool, &snap), 0);
+        assert_int_equal(snap.at, S(2));
+        /* A later call: that snapshot was asked for before it. */
+        assert_int_equal(f->pool->ops->refresh_snapshot(f->pool, S(2) + 20, S(2) + 20), 1);
+        c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "status");
+        pool_shared_link_down(f->pool, S(3));
+        assert_int_equal(f->pool->ops->refresh_snapshot(f->pool, S(3), S(3)), 0);
 }
 
 static void test_next_wakeup_is_never_left_in_the_past(void **state) {
@@ -1601,6 +1664,8 @@ int main(void) {
                 T(test_submit_is_refused_at_once_before_the_backend_is_reached),
                 T(test_submit_checks_lane_and_size_itself),
                 T(test_registering_tick_carries_name_canon_and_floor),
+                T(test_every_tick_carries_the_highest_token_passed_on),
+                T(test_refresh_snapshot_asks_after_the_call),
                 T(test_canon_carries_lane_budgets),
                 T(test_submit_granted_at_once),
                 T(test_queued_then_granted_through_the_stream_once),

@@ -884,6 +884,50 @@ static void test_redis_clock_tokens_follow_the_time(void **state) {
         freeReplyObject(b);
 }
 
+/* A redis-clock tick of node with its token floor ("-": none) and the reclaimed flag "1". */
+static redisReply *tick_with_floor(const char *node, const char *canon, const char *floor) {
+        redisReply *t = call("tick", node, -1, 1, node, canon, "0", "0", "0", floor, "e1", "1", "", NULL);
+        assert_string_equal(status(t), "ok");
+        return t;
+}
+
+/* Redis lost the pool (FLUSHALL, a restart without persistence) and its clock is behind the tokens the
+ * nodes passed on (here: they are a day ahead of it). The pool made anew knows nobody, so its window runs
+ * the full TTL whatever the nodes say ("reclaimed" ends nothing), every live node ticks within it with
+ * its floor, and the first grant is above every floor (SPEC §11, "Tokens never go back"). A floor that is
+ * not a decimal integer up to 2^53 is ignored. */
+static void test_tokens_never_go_back_after_a_loss(void **state) {
+        const char *canon = "backend-node-ttl=300000\n" "lane.ci.priority=0\nlimit=2\n";
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long long ahead = (long long) ts.tv_sec * SEC + ts.tv_nsec / 1000 + 86400 * SEC;
+        char floor_1[32], floor_2[32];
+        snprintf(floor_1, sizeof floor_1, "%lld", ahead + 1);
+        snprintf(floor_2, sizeof floor_2, "%lld", ahead + 5);
+
+        redisReply *t = tick_with_floor("n1", canon, floor_1);
+        long long opened = t->element[R_NOW]->integer, until = cache(t, C_RECOVERY);
+        assert_int_equal(until, opened + 300000);
+        freeReplyObject(t);
+        t = tick_with_floor("n2", canon, floor_2);
+        assert_int_equal(cache(t, C_RECOVERY), until); /* nobody to wait for: not shortened */
+        assert_int_equal(cache(t, C_COUNTER), ahead + 4);
+        freeReplyObject(t);
+        /* Not numbers to follow: a float, a sign, 2^53 + 2. */
+        freeReplyObject(tick_with_floor("n2", canon, "1e300"));
+        freeReplyObject(tick_with_floor("n2", canon, "-5"));
+        t = tick_with_floor("n2", canon, "9007199254740994");
+        assert_int_equal(cache(t, C_COUNTER), ahead + 4);
+        freeReplyObject(t);
+
+        wait_out_the_recovery_window(canon);
+        redisReply *a = call("submit", "n1", -1, 1, "a", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+        assert_true(a->element[R_NOW]->integer >= until);
+        assert_int_equal(field_i(body(a), D_TOKEN), ahead + 5);
+        freeReplyObject(a);
+}
+
 /* A Redis restart (a new run id) may have lost the last grants: no grant for one TTL. */
 static void test_a_new_run_id_starts_a_recovery_window(void **state) {
         const char *canon = "backend-node-ttl=100000\n" "lane.ci.priority=0\nlimit=2\n";
@@ -1619,6 +1663,7 @@ int main(void) {
                 T(test_reclaim_outside_a_recovery_window_is_lost),
                 T(test_redis_clock_tokens_follow_the_time),
                 T(test_a_new_run_id_starts_a_recovery_window),
+                T(test_tokens_never_go_back_after_a_loss),
                 T(test_a_run_id_window_ends_when_every_node_reclaimed),
                 T(test_the_pool_clock_absorbs_gaps_and_backward_steps),
                 T(test_a_saturated_pool_sheds_at_the_saturated_budget),
