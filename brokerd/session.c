@@ -60,6 +60,16 @@ static void audit_denied(Session *s, const char *lane, const char *job) {
         audit_decision(s->table->audit, &r);
 }
 
+/* Whether a pool the lane may take slots from is shared (backend=). */
+static bool lane_is_shared(const BrokerConfig *c, const LaneConfig *lc) {
+        for (size_t i = 0; i < lc->n_pools; i++) {
+                const PoolConfig *pc = conf_find_pool(c, lc->pools[i]);
+                if (pc && pc->backend)
+                        return true;
+        }
+        return false;
+}
+
 void session_acquire(Session *s, const VarlinkCall *call) {
         SessionTable *m = s->table;
         AcquireCall *a = &s->acquire;
@@ -101,9 +111,17 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                 reply_invalid_parameter(s, "maxHoldMs"); /* a detached lease needs an end of its own */
                 return;
         }
-        if (!conf_find_lane(m->config, lane)) {
+        const LaneConfig *lc = conf_find_lane(m->config, lane);
+        if (!lc) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
                 session_reply_error(s, "io.slotbroker.NoSuchLane", p);
+                return;
+        }
+        if (detach && lane_is_shared(m->config, lc)) {
+                /* SPEC §11: a detached lease has no command for brokerd to stop and no connection to tell; its
+                 * max-hold counts on this node's clock only, while Redis frees its slot a node TTL after a
+                 * lost heartbeat. Nobody could fence it: not on a shared pool. */
+                reply_invalid_parameter(s, "detach");
                 return;
         }
         const gid_t *groups;
@@ -382,9 +400,8 @@ static Lease *session_unlink_lease(Session *s) {
         return l;
 }
 
-void session_lease_revoke(Lease *l, const char *reason) {
-        if (lease_revoke(l, reason) != LEASE_OUTCOME_REVOKED)
-                return; /* revoked already, or nobody holds it: overdue or ended */
+/* The holder of l, revoked (outcome REVOKED), is told. */
+static void session_lease_tell_revoked(Lease *l) {
         Session *h = lease_get_holder(l);
         if (h->acquire.active && h->acquire.more) {
                 /* The last reply of the Acquire tells the holder to stop (SPEC §3.4). */
@@ -400,6 +417,19 @@ void session_lease_revoke(Lease *l, const char *reason) {
         /* A plain Acquire's life line is the connection itself: the broker closes it (SPEC §5). That ends the
          * lease, or makes it overdue while its command runs; l may be gone after this. */
         session_close(h);
+}
+
+void session_lease_revoke(Lease *l, const char *reason) {
+        if (lease_revoke(l, reason) != LEASE_OUTCOME_REVOKED)
+                return; /* revoked already, or nobody holds it: overdue or ended */
+        session_lease_tell_revoked(l);
+}
+
+/* Its pool lost it: as a revocation, and brokerd stops its command should its holder not (lease_lose()). */
+static void session_lease_lose(Lease *l, const char *reason) {
+        if (lease_lose(l, reason) != LEASE_OUTCOME_REVOKED)
+                return;
+        session_lease_tell_revoked(l);
 }
 
 bool session_lease_renew(Session *s, usec_t fence_in) {
@@ -883,7 +913,9 @@ void session_on_engine_event(SessionTable *m, const EngineEvent *ev) {
                 on_refused(m, ev->userdata, ev);
                 break;
         case ENGINE_EVENT_REVOKE:
-                if (ev->userdata)
+                if (ev->userdata && ev->lost)
+                        session_lease_lose(ev->userdata, ev->reason ? ev->reason : "lost");
+                else if (ev->userdata)
                         session_lease_revoke(ev->userdata, ev->reason ? ev->reason : "max-hold");
                 break;
         case ENGINE_EVENT_CONGESTION:
