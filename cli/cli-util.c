@@ -259,6 +259,9 @@ int cli_log_result(BrokerClient *c, const char *what, int result, int conflict_e
                 return conflict_exit_code;
         case BROKER_REFUSED_UNAVAILABLE: {
                 const char *reason = param_string(p, "reason");
+                if (streq_ptr(reason, "rate"))
+                        reason = "rate (too many requests from this user or host; brokerd.conf(5) "
+                                 "max-acquire-rate-per-uid=)";
                 if (param_string(p, "pool"))
                         log_error("%s (unavailable): pool %s%s%s%s", streq(what, "acquire") ? "refused" : what,
                                   param_string(p, "pool"), reason ? ": " : "", reason ?: "", retry);
