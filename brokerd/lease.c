@@ -543,6 +543,9 @@ static void lease_fence_signal(Lease *l, int sig) {
         int r = process_command_signal(l->command_pidfd, &l->command, sig);
         if (r == -ESRCH)
                 return; /* gone already: its pidfd or the group poll ends the lease */
+        /* SIGKILL goes again each second while something runs: said once (SIGTERM, then SIGKILL). */
+        if (++l->fence_signals > 2 || (sig == SIGKILL && l->fence_signals > 1 && !l->fence_termed))
+                return;
         if (r < 0)
                 log_error_errno(r, "Lease %s of pool %s was lost: could not send %s to its command (pid %d)%s: %m",
                                 l->id, engine_lease_pool(l->engine_lease), sig == SIGKILL ? "SIGKILL" : "SIGTERM",

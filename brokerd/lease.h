@@ -137,6 +137,7 @@ typedef struct Lease {
          * holds the lease, SIGKILL after revoke-grace (or when a holder that was told let that pass). */
         bool lost;
         bool fence_termed;              /* brokerd sent the command SIGTERM */
+        unsigned fence_signals;         /* signals tried: only the first SIGTERM and SIGKILL are logged */
         sd_event_source *fence_timer;   /* SIGKILL then (and again each second while it runs) */
 
         LeaseGrant grant;
