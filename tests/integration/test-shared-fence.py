@@ -150,6 +150,10 @@ class TestSharedFence(harness.BrokerTestCase):
         died.join(5)
         self.assertIsNotNone(died.at, "A's command never ended: nobody fenced it")
         self.assertLess(died.at, times["start", "on-b"], "A's command still ran when B's command got the slot")
+        # And before B's grant itself (B's history: realtime µs, the same clock as the death's).
+        granted = [e["time"] for e in b.call("io.slotbroker.History", {})["events"] if e["decision"] == "granted"]
+        self.assertEqual(len(granted), 1, granted)
+        self.assertLess(died.at * 1e6, granted[0], "A's command still ran when B's brokerd granted the slot")
         wait_for(lambda: reap() or not self.command_pids("on-a") or None, timeout=5, message="A's command gone")
         self.witness.check_shared(self, {"one": 1})
         self.assertEqual([e.name for e in self.witness.started()], ["on-a", "on-b"])
