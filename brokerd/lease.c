@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +137,7 @@ void lease_free(Lease *l) {
         }
         sd_event_source_disable_unref(l->command_source);
         sd_event_source_disable_unref(l->grace_timer);
+        sd_event_source_disable_unref(l->fence_timer);
         safe_close(l->command_pidfd);
         free(l->job);
         free(l);
@@ -535,8 +537,66 @@ static void lease_command_refresh(Lease *l) {
         lease_command_check_group(l);
 }
 
-/* Revoked, and nobody is left to tell: the command's end is what frees the slots, or they free now. */
+/* ---- brokerd's own fence of a lost lease's command (SPEC §11) ---- */
+
+static void lease_fence_signal(Lease *l, int sig) {
+        int r = process_command_signal(l->command_pidfd, &l->command, sig);
+        if (r == -ESRCH)
+                return; /* gone already: its pidfd or the group poll ends the lease */
+        /* SIGKILL goes again each second while something runs: said once (SIGTERM, then SIGKILL). */
+        if (++l->fence_signals > 2 || (sig == SIGKILL && l->fence_signals > 1 && !l->fence_termed))
+                return;
+        if (r < 0)
+                log_error_errno(r, "Lease %s of pool %s was lost: could not send %s to its command (pid %d)%s: %m",
+                                l->id, engine_lease_pool(l->engine_lease), sig == SIGKILL ? "SIGKILL" : "SIGTERM",
+                                (int) l->command.pid,
+                                r == -EPERM ? " — brokerd needs CAP_KILL for other users' commands (brokerd(8))" : "");
+        else
+                log_warning("Lease %s of pool %s was lost and nobody else stops its command: sent %s to pid %d%s.",
+                            l->id, engine_lease_pool(l->engine_lease), sig == SIGKILL ? "SIGKILL" : "SIGTERM",
+                            (int) l->command.pid, l->command.pgid == l->command.pid ? " and its process group" : "");
+}
+
+static int on_fence_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        Lease *l = userdata;
+        lease_command_refresh(l);
+        if (!lease_command_running(l)) {
+                l->fence_timer = sd_event_source_disable_unref(l->fence_timer);
+                (void) lease_maybe_end(l); /* unless a holder still holds it by its connection */
+                return 0;
+        }
+        lease_fence_signal(l, SIGKILL);
+        /* Again each second while something of it runs: a child forked as the signal went. */
+        (void) sd_event_source_set_time(s, usec_add(usec, USEC_PER_SEC));
+        return 0;
+}
+
+/* SIGTERM now (term) and SIGKILL after revoke-grace, unless armed already. */
+static void lease_fence_command(Lease *l, bool term) {
+        if (term && !l->fence_termed) {
+                l->fence_termed = true;
+                lease_fence_signal(l, SIGTERM);
+        }
+        if (l->fence_timer)
+                return;
+        int r = sd_event_add_time_relative(l->table->event, &l->fence_timer, CLOCK_MONOTONIC, l->table->revoke_grace,
+                                           0, on_fence_timer, l);
+        if (r < 0) {
+                log_error_errno(r, "Lease %s: no timer to stop its command after revoke-grace, sending SIGKILL now: %m",
+                                l->id);
+                lease_fence_signal(l, SIGKILL);
+                return;
+        }
+        (void) sd_event_source_set_enabled(l->fence_timer, SD_EVENT_ON);
+}
+
+/* Revoked, and nobody is left to tell: the command's end is what frees the slots, or they free now. A lost
+ * lease's command is brokerd's to stop; another stays overdue until it exits (SPEC §3.4). */
 static LeaseOutcome lease_revoked_unheld(Lease *l) {
+        if (lease_command_running(l) && l->lost) {
+                lease_fence_command(l, true);
+                return LEASE_OUTCOME_OVERDUE;
+        }
         if (lease_command_running(l)) {
                 if (l->state != LEASE_OVERDUE) {
                         l->state = LEASE_OVERDUE;
@@ -567,20 +627,52 @@ static int on_revoke_grace(sd_event_source *s, uint64_t usec, void *userdata) {
 }
 
 void lease_start_revoke_grace(Lease *l) {
-        if (lease_command_running(l))
+        if (lease_command_running(l)) {
+                if (l->lost)
+                        lease_fence_command(l, false); /* the holder's grace to stop it, then SIGKILL */
                 return;
+        }
         (void) sd_event_add_time_relative(l->table->event, &l->grace_timer, CLOCK_MONOTONIC, l->table->revoke_grace, 0,
                                           on_revoke_grace, l);
 }
 
+/* The audit's reason for a lost lease whose command brokerd stops itself. */
+static const char *lease_fence_reason(Lease *l, const char *reason, char *buf, size_t size) {
+        if (!l->lost || l->holder || !lease_command_running(l))
+                return reason;
+        (void) snprintf(buf, size, "%s; nobody holds it: brokerd stops its command", reason ? reason : "lost");
+        return buf;
+}
+
 LeaseOutcome lease_revoke(Lease *l, const char *reason) {
+        char buf[128];
         if (l->state != LEASE_HELD && l->state != LEASE_RESTORED)
                 return LEASE_OUTCOME_HELD;
         l->state = LEASE_REVOKED;
-        lease_audit(l, "revoked", reason);
+        lease_command_refresh(l);
+        lease_audit(l, "revoked", lease_fence_reason(l, reason, buf, sizeof buf));
         l->table->changed = true;
         if (l->holder)
                 return LEASE_OUTCOME_REVOKED;
+        return lease_revoked_unheld(l);
+}
+
+LeaseOutcome lease_lose(Lease *l, const char *reason) {
+        char buf[128];
+        l->lost = true;
+        if (l->state == LEASE_HELD || l->state == LEASE_RESTORED)
+                return lease_revoke(l, reason);
+        /* Revoked before (max-hold, a release): the holder was told already, or nobody was left to. */
+        lease_command_refresh(l);
+        if (!lease_command_running(l))
+                return lease_maybe_end(l) ? LEASE_OUTCOME_ENDED : LEASE_OUTCOME_HELD;
+        if (l->holder) {
+                lease_fence_command(l, false);
+                return LEASE_OUTCOME_HELD;
+        }
+        l->state = LEASE_REVOKED; /* overdue no longer: brokerd stops it */
+        l->table->changed = true;
+        lease_audit(l, "revoked", lease_fence_reason(l, reason, buf, sizeof buf));
         return lease_revoked_unheld(l);
 }
 

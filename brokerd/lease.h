@@ -132,6 +132,14 @@ typedef struct Lease {
         sd_event_source *grace_timer;   /* a revoked lease without a command: cut its connection; or the
                                          * reclaim grace of a lease restored after a restart */
 
+        /* Its pool lost it (SPEC §11, "Fencing does not depend on slotctl alone"): the slots may soon be
+         * another node's, so brokerd stops the command itself when nobody else does — SIGTERM when nobody
+         * holds the lease, SIGKILL after revoke-grace (or when a holder that was told let that pass). */
+        bool lost;
+        bool fence_termed;              /* brokerd sent the command SIGTERM */
+        unsigned fence_signals;         /* signals tried: only the first SIGTERM and SIGKILL are logged */
+        sd_event_source *fence_timer;   /* SIGKILL then (and again each second while it runs) */
+
         LeaseGrant grant;
         void *persist_waiter;           /* waits for the grant while the lease row is written */
         bool persist_for_grant;
@@ -175,8 +183,14 @@ LeaseOutcome lease_holder_gone(Lease *l);
  * holder must be told (then lease_start_revoke_grace()); nobody holding: OVERDUE (its command runs) or
  * ENDED. HELD: it was revoked already. */
 LeaseOutcome lease_revoke(Lease *l, const char *reason);
+/* Its pool lost it (a shared pool's self-fence, its node expired, …): revoked as lease_revoke() does, and,
+ * while its command runs, brokerd stops the command unless a holder does so in time: SIGTERM at once when
+ * nobody holds the lease, SIGKILL after revoke-grace either way. Also for a lease revoked before (max-hold,
+ * a release), then audited "revoked" again when brokerd takes the command on. Returns as lease_revoke(). */
+LeaseOutcome lease_lose(Lease *l, const char *reason);
 /* The holder was told to stop and holds on by its connection alone: LEASE_EVENT_CUT after the revoke
- * grace, unless its command runs (then the command's end is what counts). */
+ * grace, unless its command runs (then the command's end is what counts; for a lost lease, brokerd sends
+ * the command SIGKILL if it still runs then). */
 void lease_start_revoke_grace(Lease *l);
 bool lease_command_running(const Lease *l);
 

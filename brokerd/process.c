@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -172,4 +173,60 @@ bool process_group_is_alive(pid_t pgid) {
 bool pidfd_has_exited(int pidfd) {
         struct pollfd p = { .fd = pidfd, .events = POLLIN };
         return poll(&p, 1, 0) > 0;
+}
+
+static void closedirp(DIR **d) {
+        if (*d)
+                (void) closedir(*d);
+}
+
+/* A live member of command's process group that pins the group's id: a pidfd on it, opened and then checked
+ * (its facts read after the pidfd was opened, as process_open() does) to be in the group still, of the
+ * command's uid, and no older than the command. Returns the pidfd, or -ESRCH when the group has none. */
+static int process_group_pin_member(const ProcessInfo *command) {
+        _cleanup_(closedirp) DIR *d = opendir("/proc");
+        if (!d)
+                return negative_errno();
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                char *end;
+                long pid = strtol(de->d_name, &end, 10);
+                if (*end != '\0' || pid <= 1 || pid > INT32_MAX)
+                        continue;
+                ProcessInfo info;
+                if (process_get_info((pid_t) pid, &info) < 0 || info.pgid != command->pgid)
+                        continue;
+                _cleanup_close_ int fd = process_open((pid_t) pid, &info);
+                if (fd < 0)
+                        continue;
+                if (info.pgid == command->pgid && info.uid == command->uid &&
+                    info.start_time >= command->start_time && info.state != 'Z')
+                        return TAKE_FD(fd);
+        }
+        return -ESRCH;
+}
+
+int process_command_signal(int pidfd, const ProcessInfo *command, int sig) {
+        bool leader = false;
+
+        assert_return(command, -EINVAL);
+        if (pidfd >= 0) {
+                /* A zombie counts: not yet reaped, the leader still holds its pid, the group's id. */
+                if (syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0) >= 0)
+                        leader = true;
+                else if (errno != ESRCH)
+                        return negative_errno();
+        }
+        if (command->pgid != command->pid || command->pgid <= 1)
+                return leader ? 0 : -ESRCH; /* it shares another's group: the leader is all that is its own */
+
+        _cleanup_close_ int pin = -EBADF;
+        if (!leader) {
+                pin = process_group_pin_member(command);
+                if (pin < 0)
+                        return pin;
+        }
+        if (kill(-command->pgid, sig) < 0 && !(leader && errno == ESRCH))
+                return negative_errno();
+        return 0;
 }

@@ -50,3 +50,12 @@ bool process_group_is_alive(pid_t pgid);
 
 /* True once the pidfd's process has exited (it may be a zombie: not yet reaped by its parent). */
 bool pidfd_has_exited(int pidfd);
+
+/* Sends sig to an attached command (SPEC §11, brokerd's own fence): to its leader through its pidfd (-EBADF:
+ * none left), and, when the command leads a process group of its own (pgid == pid), to that group, but only
+ * while something pins the group's id to this command — the leader not yet reaped, or a member of the group
+ * with the command's uid, started no earlier than the command, held by a pidfd while the signal goes — so
+ * that a recycled pid never makes brokerd signal somebody else's group. Returns 0 when something was
+ * signalled, -ESRCH when nothing of the command is left, another negative errno (-EPERM: brokerd lacks
+ * CAP_KILL for another user's command). */
+int process_command_signal(int pidfd, const ProcessInfo *command, int sig);

@@ -60,6 +60,75 @@ static void audit_denied(Session *s, const char *lane, const char *job) {
         audit_decision(s->table->audit, &r);
 }
 
+bool rate_bucket_take(RateBucket *b, uint64_t rate_per_hour, unsigned burst, usec_t now, usec_t *ret_retry) {
+        if (rate_per_hour == 0)
+                return true;
+        double per_usec = (double) rate_per_hour / (double) USEC_PER_HOUR;
+        if (b->at == 0 || now < b->at)
+                b->tokens = burst;
+        else
+                b->tokens = MIN((double) burst, b->tokens + (double) (now - b->at) * per_usec);
+        b->at = now;
+        if (b->tokens >= 1.0) {
+                b->tokens -= 1.0;
+                return true;
+        }
+        if (ret_retry)
+                *ret_retry = (usec_t) ((1.0 - b->tokens) / per_usec) + 1;
+        return false;
+}
+
+/* Issue 19 i: every Acquire on a shared pool leaves a record in the fleet's Redis, even one refused at once.
+ * A uid over max-acquire-rate-per-uid (not root), or the node over max-acquire-rate, is refused before Redis
+ * hears of it: unavailable, reason "rate", with the time to the next token. The node's bucket is charged
+ * only for requests the uid's let through, so that one uid's flood does not spend the others' share. A uid
+ * out of memory for its bucket is held to the node's alone. */
+static bool refuse_for_rate(Session *s, const char *lane, const char *job, const LaneConfig *lc) {
+        SessionTable *m = s->table;
+        const BrokerConfig *c = m->config;
+        usec_t now = now_monotonic(), retry = 0;
+        /* Root is held to the node's rate only: it can do worse on the host anyway, and CI fleets that run
+         * jobs as root would otherwise share one uid's bucket among all their jobs. */
+        UidUsage *u = s->cred.uid == 0 ? NULL : session_table_uid_usage(m, s->cred.uid, true);
+        bool uid_ok = !u || rate_bucket_take(&u->acquire_rate, c->max_acquire_rate_per_uid,
+                                             c->max_acquire_burst_per_uid, now, &retry);
+        if (uid_ok) {
+                /* The node's burst: 5 s of its rate. */
+                uint64_t burst = c->max_acquire_rate * 5 / 3600;
+                if (rate_bucket_take(&m->acquire_rate, c->max_acquire_rate, (unsigned) MIN(MAX(burst, 1u), UINT32_MAX),
+                                     now, &retry))
+                        return false;
+                if (u) /* not the uid's fault: its token back */
+                        u->acquire_rate.tokens += 1.0;
+        }
+        unsigned retry_sec = (unsigned) MIN(DIV_ROUND_UP(retry, USEC_PER_SEC), 3600u);
+        const char *pool = lc->pools && lc->pools[0] ? lc->pools[lc->n_pools - 1] : NULL;
+        AuditRecord r = AUDIT_RECORD_INIT;
+        r.decision = "unavailable";
+        r.pool = pool;
+        r.lane = lane;
+        r.job = job;
+        r.uid = s->cred.uid;
+        r.pid = s->cred.pid;
+        r.retry_after_sec = retry_sec;
+        r.reason = uid_ok ? "rate (this node's max-acquire-rate)" : "rate (this user's max-acquire-rate-per-uid)";
+        audit_decision(m->audit, &r);
+        _cleanup_(json_decrefp) json_t *p =
+                json_pack("{s:i, s:s?, s:s}", "retryAfterSec", (int) retry_sec, "pool", pool, "reason", "rate");
+        session_reply_error(s, "io.slotbroker.Unavailable", p);
+        return true;
+}
+
+/* Whether a pool the lane may take slots from is shared (backend=). */
+static bool lane_is_shared(const BrokerConfig *c, const LaneConfig *lc) {
+        for (size_t i = 0; i < lc->n_pools; i++) {
+                const PoolConfig *pc = conf_find_pool(c, lc->pools[i]);
+                if (pc && pc->backend)
+                        return true;
+        }
+        return false;
+}
+
 void session_acquire(Session *s, const VarlinkCall *call) {
         SessionTable *m = s->table;
         AcquireCall *a = &s->acquire;
@@ -101,9 +170,17 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                 reply_invalid_parameter(s, "maxHoldMs"); /* a detached lease needs an end of its own */
                 return;
         }
-        if (!conf_find_lane(m->config, lane)) {
+        const LaneConfig *lc = conf_find_lane(m->config, lane);
+        if (!lc) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
                 session_reply_error(s, "io.slotbroker.NoSuchLane", p);
+                return;
+        }
+        if (detach && lane_is_shared(m->config, lc)) {
+                /* SPEC §11: a detached lease has no command for brokerd to stop and no connection to tell; its
+                 * max-hold counts on this node's clock only, while Redis frees its slot a node TTL after a
+                 * lost heartbeat. Nobody could fence it: not on a shared pool. */
+                reply_invalid_parameter(s, "detach");
                 return;
         }
         const gid_t *groups;
@@ -134,6 +211,8 @@ void session_acquire(Session *s, const VarlinkCall *call) {
         }
 
         if (refuse_for_storage(s, lane, job))
+                return;
+        if (lane_is_shared(m->config, lc) && refuse_for_rate(s, lane, job, lc))
                 return;
 
         _cleanup_close_ int pidfd = -EBADF;
@@ -383,9 +462,8 @@ static Lease *session_unlink_lease(Session *s) {
         return l;
 }
 
-void session_lease_revoke(Lease *l, const char *reason) {
-        if (lease_revoke(l, reason) != LEASE_OUTCOME_REVOKED)
-                return; /* revoked already, or nobody holds it: overdue or ended */
+/* The holder of l, revoked (outcome REVOKED), is told. */
+static void session_lease_tell_revoked(Lease *l) {
         Session *h = lease_get_holder(l);
         if (h->acquire.active && h->acquire.more) {
                 /* The last reply of the Acquire tells the holder to stop (SPEC §3.4). */
@@ -401,6 +479,19 @@ void session_lease_revoke(Lease *l, const char *reason) {
         /* A plain Acquire's life line is the connection itself: the broker closes it (SPEC §5). That ends the
          * lease, or makes it overdue while its command runs; l may be gone after this. */
         session_close(h);
+}
+
+void session_lease_revoke(Lease *l, const char *reason) {
+        if (lease_revoke(l, reason) != LEASE_OUTCOME_REVOKED)
+                return; /* revoked already, or nobody holds it: overdue or ended */
+        session_lease_tell_revoked(l);
+}
+
+/* Its pool lost it: as a revocation, and brokerd stops its command should its holder not (lease_lose()). */
+static void session_lease_lose(Lease *l, const char *reason) {
+        if (lease_lose(l, reason) != LEASE_OUTCOME_REVOKED)
+                return;
+        session_lease_tell_revoked(l);
 }
 
 bool session_lease_renew(Session *s, usec_t fence_in) {
@@ -886,7 +977,9 @@ void session_on_engine_event(SessionTable *m, const EngineEvent *ev) {
                 on_refused(m, ev->userdata, ev);
                 break;
         case ENGINE_EVENT_REVOKE:
-                if (ev->userdata)
+                if (ev->userdata && ev->lost)
+                        session_lease_lose(ev->userdata, ev->reason ? ev->reason : "lost");
+                else if (ev->userdata)
                         session_lease_revoke(ev->userdata, ev->reason ? ev->reason : "max-hold");
                 break;
         case ENGINE_EVENT_CONGESTION:

@@ -22,11 +22,23 @@ typedef struct HistoryCall HistoryCall;
 typedef struct Persistence Persistence;
 typedef struct BrokerConfig BrokerConfig;
 
-/* Connections and waiters per uid, for the limits of SPEC §10. */
+/* A token bucket: Acquires on shared pools (issue 19 i: each costs the fleet's Redis a record). Full at
+ * first; a request takes one token; it refills at the configured rate up to its burst. */
+typedef struct RateBucket {
+        double tokens;
+        usec_t at;                      /* monotonic: when tokens was last brought up to date; 0: full */
+} RateBucket;
+
+/* Whether a request may go now, at rate_per_hour (0: unlimited) with burst; if not, *ret_retry says when
+ * the next token comes (µs from now). Pure: now is passed in. */
+bool rate_bucket_take(RateBucket *b, uint64_t rate_per_hour, unsigned burst, usec_t now, usec_t *ret_retry);
+
+/* Connections and waiters per uid, for the limits of SPEC §10; its Acquire rate on shared pools. */
 typedef struct UidUsage {
         uid_t uid;
         unsigned connections;
         unsigned waiters;
+        RateBucket acquire_rate;
 } UidUsage;
 
 /* The sessions and what they need from outside, embedded in their owner (the Manager). */
@@ -41,6 +53,7 @@ typedef struct SessionTable {
         unsigned n_sessions;
         UidUsage *uid_usage;
         size_t n_uid_usage;
+        RateBucket acquire_rate;        /* the node's: every uid's Acquires on shared pools */
         List position_queue;            /* waiters by when their position was last looked at */
         List status_waiting;            /* Session.status_node: Status replies waiting for fresh snapshots */
         sd_event_source *position_timer;

@@ -259,6 +259,9 @@ int cli_log_result(BrokerClient *c, const char *what, int result, int conflict_e
                 return conflict_exit_code;
         case BROKER_REFUSED_UNAVAILABLE: {
                 const char *reason = param_string(p, "reason");
+                if (streq_ptr(reason, "rate"))
+                        reason = "rate (too many requests from this user or host; brokerd.conf(5) "
+                                 "max-acquire-rate-per-uid=)";
                 if (param_string(p, "pool"))
                         log_error("%s (unavailable): pool %s%s%s%s", streq(what, "acquire") ? "refused" : what,
                                   param_string(p, "pool"), reason ? ": " : "", reason ?: "", retry);
@@ -284,6 +287,13 @@ int cli_log_result(BrokerClient *c, const char *what, int result, int conflict_e
                         log_error("%s: permission denied (root or the broker's own user only)", what);
                 return EXIT_NO_PERMISSION;
         case BROKER_INVALID_PARAMETER:
+                if (streq_ptr(param_string(p, "parameter"), "detach")) {
+                        /* SPEC §11: nobody could fence a detached lease of a shared pool. */
+                        log_error("%s: a detached lease is refused on a lane whose pools are shared through Redis: "
+                                  "nobody could stop a job holding it when this host loses Redis (hold the "
+                                  "lease with slotctl run, or use a local pool)", what);
+                        return EXIT_USAGE;
+                }
                 log_error("%s: the broker refused parameter \"%s\"", what, param_string(p, "parameter") ?: "?");
                 return EXIT_USAGE;
         case BROKER_NO_SUCH_LEASE:

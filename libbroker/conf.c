@@ -23,6 +23,12 @@
 #define DEFAULT_MAX_CONNECTIONS 8192U
 #define DEFAULT_MAX_CONNECTIONS_PER_UID 4096U
 #define DEFAULT_MAX_WAITERS_PER_UID 4096U
+/* Acquires on shared pools, per hour: 20/s per uid (a CI runner's jobs ask a few a second), a burst of 200
+ * (a matrix of jobs starting at once), 200/s for the node; the node's burst is 5 s of its rate. */
+#define DEFAULT_MAX_ACQUIRE_RATE_PER_UID (20U * 3600U)
+#define DEFAULT_MAX_ACQUIRE_BURST_PER_UID 200U
+#define DEFAULT_MAX_ACQUIRE_RATE (200U * 3600U)
+#define ACQUIRE_RATE_MAX (100000ULL * 3600U)
 #define DEFAULT_MAX_MESSAGE_SIZE ((size_t) 64 * 1024)
 #define DEFAULT_MAX_OUTPUT_PER_CONNECTION ((size_t) 1024 * 1024)
 #define DEFAULT_LANE_POLICY LANE_POLICY_WAIT
@@ -374,6 +380,9 @@ int conf_new(BrokerConfig **ret) {
                 .max_connections = DEFAULT_MAX_CONNECTIONS,
                 .max_connections_per_uid = DEFAULT_MAX_CONNECTIONS_PER_UID,
                 .max_waiters_per_uid = DEFAULT_MAX_WAITERS_PER_UID,
+                .max_acquire_rate_per_uid = DEFAULT_MAX_ACQUIRE_RATE_PER_UID,
+                .max_acquire_burst_per_uid = DEFAULT_MAX_ACQUIRE_BURST_PER_UID,
+                .max_acquire_rate = DEFAULT_MAX_ACQUIRE_RATE,
                 .max_message_size = DEFAULT_MAX_MESSAGE_SIZE,
                 .max_output_per_connection = DEFAULT_MAX_OUTPUT_PER_CONNECTION,
         };
@@ -649,6 +658,50 @@ static int set_unsigned(const ConfKey *k, void *object, const char *value, const
                 return -EINVAL;
         *FIELD(object, k, unsigned) = (unsigned) v;
         return 0;
+}
+
+/* A rate: "N/s", "N/min", "N/h" (N an integer), or "infinity" (0: unlimited); stored per hour. */
+static int set_rate(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                    ConfErrors *errors) {
+        static const struct {
+                const char *unit;
+                uint64_t per_hour;
+        } units[] = { { "/s", 3600 }, { "/min", 60 }, { "/h", 1 } };
+        char q[QUOTE_MAX], digits[32];
+        uint64_t v = k->def, n;
+
+        if (*value && streq(value, "infinity"))
+                v = 0;
+        else if (*value) {
+                const char *slash = strchr(value, '/');
+                size_t i = 0, len = slash ? (size_t) (slash - value) : 0;
+                for (; slash && i < ELEMENTSOF(units); i++)
+                        if (streq(slash, units[i].unit))
+                                break;
+                if (!slash || i == ELEMENTSOF(units) || len == 0 || len >= sizeof digits)
+                        return conf_errors_add(errors, source, k->name,
+                                               "invalid rate %s (expected N/s, N/min or N/h, or infinity)", quote(q, value));
+                memcpy(digits, value, len);
+                digits[len] = 0;
+                if (parse_u64(digits, &n) < 0 || n == 0 || n > k->max / units[i].per_hour)
+                        return conf_errors_add(errors, source, k->name,
+                                               "%s is out of range (expected from 1/h to %" PRIu64 "/s, or infinity)",
+                                               quote(q, value), k->max / 3600);
+                v = n * units[i].per_hour;
+        }
+        *FIELD(object, k, uint64_t) = v;
+        return 0;
+}
+
+static void dump_rate(FILE *f, const char *key, uint64_t per_hour) {
+        if (per_hour == 0)
+                fprintf(f, "%s=infinity\n", key);
+        else if (per_hour % 3600 == 0)
+                fprintf(f, "%s=%" PRIu64 "/s\n", key, per_hour / 3600);
+        else if (per_hour % 60 == 0)
+                fprintf(f, "%s=%" PRIu64 "/min\n", key, per_hour / 60);
+        else
+                fprintf(f, "%s=%" PRIu64 "/h\n", key, per_hour);
 }
 
 static int set_bytes(const ConfKey *k, void *object, const char *value, const ConfSource *source,
@@ -982,6 +1035,12 @@ static const ConfKey broker_keys[] = {
           .max = CONNECTIONS_MAX, .def = DEFAULT_MAX_CONNECTIONS_PER_UID },
         { "max-waiters-per-uid", set_unsigned, offsetof(BrokerConfig, max_waiters_per_uid), .min = 0,
           .max = CONNECTIONS_MAX, .def = DEFAULT_MAX_WAITERS_PER_UID },
+        { "max-acquire-rate-per-uid", set_rate, offsetof(BrokerConfig, max_acquire_rate_per_uid),
+          .max = ACQUIRE_RATE_MAX, .def = DEFAULT_MAX_ACQUIRE_RATE_PER_UID },
+        { "max-acquire-burst-per-uid", set_unsigned, offsetof(BrokerConfig, max_acquire_burst_per_uid), .min = 1,
+          .max = CONNECTIONS_MAX, .def = DEFAULT_MAX_ACQUIRE_BURST_PER_UID },
+        { "max-acquire-rate", set_rate, offsetof(BrokerConfig, max_acquire_rate), .max = ACQUIRE_RATE_MAX,
+          .def = DEFAULT_MAX_ACQUIRE_RATE },
         { "max-message-size", set_bytes, offsetof(BrokerConfig, max_message_size), .min = 1024,
           .max = 16 * 1024 * 1024, .def = DEFAULT_MAX_MESSAGE_SIZE },
         { "max-output-per-connection", set_bytes, offsetof(BrokerConfig, max_output_per_connection), .min = 4096,
@@ -1396,6 +1455,9 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
         fprintf(f, "max-connections=%u\n", c->max_connections);
         fprintf(f, "max-connections-per-uid=%u\n", c->max_connections_per_uid);
         fprintf(f, "max-waiters-per-uid=%u\n", c->max_waiters_per_uid);
+        dump_rate(f, "max-acquire-rate-per-uid", c->max_acquire_rate_per_uid);
+        fprintf(f, "max-acquire-burst-per-uid=%u\n", c->max_acquire_burst_per_uid);
+        dump_rate(f, "max-acquire-rate", c->max_acquire_rate);
         dump_bytes(f, "max-message-size", c->max_message_size);
         dump_bytes(f, "max-output-per-connection", c->max_output_per_connection);
 

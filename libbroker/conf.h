@@ -100,6 +100,11 @@ typedef struct BrokerConfig {
         unsigned max_connections;
         unsigned max_connections_per_uid;
         unsigned max_waiters_per_uid;
+        /* Acquires on lanes with a shared pool, a token bucket each (issue 19 i): per uid and for the node,
+         * in requests per hour (0: unlimited), the uid's burst in requests. */
+        uint64_t max_acquire_rate_per_uid;
+        unsigned max_acquire_burst_per_uid;
+        uint64_t max_acquire_rate;
         size_t max_message_size;
         size_t max_output_per_connection;
 

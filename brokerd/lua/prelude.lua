@@ -38,6 +38,9 @@ local POSITIONS_MAX = 256
 local RECONCILE_PAGE = 512
 local REAP_PAGE = 128
 local STREAM_MAXLEN = 4096
+-- An immediate refusal's outcome key (issue 19 i): it changed nothing, so it is kept only for the retry of
+-- a lost reply (the command deadline, 2 s, plus a reconnect, up to 5 s, plus margin), not a node TTL.
+local REFUSED_OUTCOME_MS = 10000
 local USEC_PER_SEC = 1000000
 local CLOCK_GAP = 2 * USEC_PER_SEC
 local RECOVERY_MIN = USEC_PER_SEC  -- a recovery window that waits for its nodes lasts at least this
@@ -367,10 +370,11 @@ local function decision(verdict, rid, at, o)
         }
 end
 
--- packed: cmsgpack of d when the caller has it already (it costs more than a command).
-local function outcome_store(node, rid, d, packed)
+-- packed: cmsgpack of d when the caller has it already (it costs more than a command); px: its expiry (ms),
+-- node TTL + 10 s unless given.
+local function outcome_store(node, rid, d, packed, px)
         redis.call('SET', k_outcome(node, rid), packed or cmsgpack.pack(d), 'PX',
-                   math.floor((R.ttl or 30000000) / 1000) + 10000)
+                   px or math.floor((R.ttl or 30000000) / 1000) + 10000)
 end
 
 -- A final decision for a node's request: into its stream, its outcome key, and the reply if it is the

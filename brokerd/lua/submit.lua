@@ -14,7 +14,8 @@
 --       refused busy; the queue at max-queue → refused full; else queued with its budget fixed now.
 --       Then the instant itself (settle flag 1), or it is left for the tick (manual clock).
 -- Appends: decisions of waiters granted or refused in the instant, to their nodes' streams
---       ({sb:P}:s:NODE); the final outcome of this rid to {sb:P}:o:NODE:RID (PX node TTL + 10 s); a queued
+--       ({sb:P}:s:NODE); the final outcome of this rid to {sb:P}:o:NODE:RID (PX node TTL + 10 s; 10 s for
+--       a refusal at once, which changed nothing: a retry after that is decided afresh); a queued
 --       request's own decision is the reply only.
 -- Returns: { status, now, decision, events, cache, notices } (README, "Replies"); status "ok" carries
 --       the decision (granted / queued / refused), "invalid" none.
@@ -49,7 +50,7 @@ local function submit()
         local arrival = tonumber(ARGV[13]) or now
         local function refuse_now(refusal, reason)
                 local d = decision('refused', RID, now, { refusal = refusal, reason = reason })
-                outcome_store(NODE, RID, d)
+                outcome_store(NODE, RID, d, nil, REFUSED_OUTCOME_MS)
                 return reply('ok', d)
         end
         if M.drained == 1 then return refuse_now('unavailable', 'drained') end

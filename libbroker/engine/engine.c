@@ -62,6 +62,7 @@ struct EngineLease {
         char *remote_id;         /* the backend's name of a shared lease; NULL: local */
         usec_t granted_at, expires_at;
         bool revoked;
+        bool lost;      /* its pool lost it: the slots may be another node's (told once, even after max-hold) */
         void *userdata;
         HeapNode expiry_node;
         ListNode node;           /* Engine.leases */
@@ -394,11 +395,14 @@ bool engine_lease_is_shared(const EngineLease *l) {
 }
 
 /* The holder is told (once); the slots stay taken until the lease is released (SPEC §3.4). */
-static void lease_revoke(Engine *e, EngineLease *l, usec_t at, const char *reason) {
+static void lease_revoke(Engine *e, EngineLease *l, usec_t at, const char *reason, bool lost) {
         heap_remove(&e->expiries, &l->expiry_node);
-        if (l->revoked)
-                return; /* a lease lost after its max-hold: its holder is letting go already */
+        /* A lease lost after its max-hold is told again, as lost: its holder may be letting go already, but
+         * a command nobody stops (brokerd's to fence then) must be gone before its slots are another's. */
+        if (l->revoked && (!lost || l->lost))
+                return;
         l->revoked = true;
+        l->lost = l->lost || lost;
         event_push(e, &(EngineEvent) {
                 .type = ENGINE_EVENT_REVOKE,
                 .at = at,
@@ -407,6 +411,7 @@ static void lease_revoke(Engine *e, EngineLease *l, usec_t at, const char *reaso
                 .pool = l->pool->name,
                 .lane = l->lane,
                 .reason = reason,
+                .lost = lost,
         });
 }
 
@@ -617,7 +622,7 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
 
         case POOL_VERDICT_LOST:
                 /* The cookie is the lease bound with bind_grant(). */
-                lease_revoke(e, d->cookie, d->at, d->reason ? d->reason : "lost");
+                lease_revoke(e, d->cookie, d->at, d->reason ? d->reason : "lost", true);
                 break;
 
         case POOL_VERDICT_CONGESTION:
@@ -656,7 +661,7 @@ static void settle(Engine *e, usec_t t) {
 
         HeapNode *n;
         while ((n = heap_peek(&e->expiries)) && n->key <= t)
-                lease_revoke(e, container_of(n, EngineLease, expiry_node), n->key, "max-hold");
+                lease_revoke(e, container_of(n, EngineLease, expiry_node), n->key, "max-hold", false);
         e->unsettled = false;
 }
 

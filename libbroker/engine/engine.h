@@ -73,6 +73,8 @@ typedef struct EngineEvent {
         Refusal refusal;          /* REFUSED */
         unsigned retry_after_sec; /* REFUSED */
         bool congested;           /* CONGESTION */
+        bool lost;                /* REVOKE: its pool lost it (the slots may soon be another node's), not its
+                                   * max-hold; may follow a max-hold REVOKE of the same lease */
         /* REFUSED unavailable: the pool's word for why ("backend", "rules", "recovery"), NULL when it gave
          * none (drained or removed); REVOKE: "max-hold", or the pool's ("node-expired", "reclaim-conflict",
          * "fenced", …). Static. */

@@ -329,6 +329,33 @@ static void test_broker_connection_limits_are_strict_integers(void **state) {
         assert_int_equal(c->max_connections, 100);
 }
 
+static void test_broker_acquire_rates(void **state) {
+        assert_true(c->max_acquire_rate_per_uid == 20 * 3600);
+        assert_int_equal(c->max_acquire_burst_per_uid, 200);
+        assert_true(c->max_acquire_rate == 200 * 3600);
+        set_ok("broker", "max-acquire-rate-per-uid", "5/s");
+        assert_true(c->max_acquire_rate_per_uid == 5 * 3600);
+        set_ok("broker", "max-acquire-rate-per-uid", "30/min");
+        assert_true(c->max_acquire_rate_per_uid == 30 * 60);
+        set_ok("broker", "max-acquire-rate-per-uid", "7/h");
+        assert_true(c->max_acquire_rate_per_uid == 7);
+        set_ok("broker", "max-acquire-rate", "infinity");
+        assert_true(c->max_acquire_rate == 0);
+        set_ok("broker", "max-acquire-burst-per-uid", "1");
+        assert_int_equal(c->max_acquire_burst_per_uid, 1);
+
+        set_fails("broker", "max-acquire-rate-per-uid", "20", "invalid rate");
+        set_fails("broker", "max-acquire-rate-per-uid", "20/day", "invalid rate");
+        set_fails("broker", "max-acquire-rate-per-uid", "/s", "invalid rate");
+        set_fails("broker", "max-acquire-rate-per-uid", "0/s", "out of range");
+        set_fails("broker", "max-acquire-rate-per-uid", "-1/s", "out of range");
+        set_fails("broker", "max-acquire-rate-per-uid", "1.5/s", "out of range");
+        set_fails("broker", "max-acquire-rate-per-uid", "100001/s", "out of range");
+        set_fails("broker", "max-acquire-rate-per-uid", "99999999999999999999999/s", "out of range");
+        set_fails("broker", "max-acquire-burst-per-uid", "0", "out of range");
+        assert_true(c->max_acquire_rate_per_uid == 7);
+}
+
 static void test_broker_max_waiters_per_uid_may_be_zero(void **state) {
         set_ok("broker", "max-waiters-per-uid", "0");
         assert_int_equal(c->max_waiters_per_uid, 0);
@@ -1069,6 +1096,7 @@ int main(void) {
                 T(test_broker_revoke_grace_may_be_zero_but_not_infinity),
                 T(test_broker_exit_idle_after),
                 T(test_broker_connection_limits_are_strict_integers),
+                T(test_broker_acquire_rates),
                 T(test_broker_max_waiters_per_uid_may_be_zero),
                 T(test_broker_sizes_accept_k_m_g_suffixes),
                 T(test_pool_limit_is_a_positive_integer),

@@ -266,6 +266,134 @@ static void test_holder_gone_keeps_lease_while_its_command_runs(void **state) {
         assert_int_equal(in_use(f), 0);
 }
 
+/* A command in a process group of its own, as slotctl starts it; ignore_term: it ignores SIGTERM. */
+static Lease *grant_group_leader(Fixture *f, void *holder, bool ignore_term) {
+        EngineRequest *req;
+        EngineEvent ev;
+        assert_int_equal(engine_acquire(f->engine, &(EngineAcquire) { .lane = "l", .slots = 1, .max_wait = USEC_INFINITY },
+                                        fake_mono, &req),
+                         0);
+        engine_run(f->engine, fake_mono);
+        assert_true(engine_pop_event(f->engine, &ev));
+        engine_request_unref(req);
+        f->child = fork();
+        assert_true(f->child >= 0);
+        if (f->child == 0) {
+                (void) setpgid(0, 0);
+                if (ignore_term)
+                        (void) signal(SIGTERM, SIG_IGN);
+                for (;;)
+                        pause();
+        }
+        (void) setpgid(f->child, f->child); /* either side may run first */
+        ProcessInfo info;
+        int pidfd = process_open(f->child, &info);
+        for (int i = 0; pidfd >= 0 && ignore_term && i < 1000; i++) { /* until the child has its handler */
+                char path[64], buf[4096];
+                snprintf(path, sizeof path, "/proc/%d/status", (int) f->child);
+                FILE *s = fopen(path, "re");
+                assert_non_null(s);
+                size_t n = fread(buf, 1, sizeof buf - 1, s);
+                fclose(s);
+                buf[n] = 0;
+                const char *ign = strstr(buf, "SigIgn:");
+                if (ign && (strtoull(ign + 7, NULL, 16) & (1ULL << (SIGTERM - 1))))
+                        break;
+                usleep(1000);
+        }
+        if (pidfd == -ENOSYS) {
+                engine_lease_release(ev.lease, fake_mono);
+                return NULL;
+        }
+        assert_true(pidfd >= 0);
+        info.pgid = f->child;
+        Lease *l;
+        assert_int_equal(lease_new(&f->t, ev.lease, holder, getuid(), 42, "job", false, &info, pidfd, &l), 0);
+        return l;
+}
+
+/* Runs the loop (reaping the child, whose zombie would keep its group) until the lease is gone; returns how
+ * the child ended. */
+static int pump_until_gone(Fixture *f) {
+        int status = -1;
+        for (int i = 0; f->t.n_leases > 0; i++) {
+                assert_true(i < 1000);
+                pump(f);
+                if (f->child > 0 && waitpid(f->child, &status, WNOHANG) == f->child)
+                        f->child = -1;
+        }
+        return status;
+}
+
+static void test_lost_lease_nobody_holds_brokerd_stops_its_command(void **state) {
+        Fixture *f = *state;
+        Lease *l = grant_group_leader(f, NULL, false);
+        if (!l)
+                skip();
+        /* Issue 19 d: slotctl is gone, its pool lost the lease: brokerd stops the command (SIGTERM). */
+        assert_int_equal(lease_lose(l, "fenced"), LEASE_OUTCOME_OVERDUE);
+        assert_int_equal(l->state, LEASE_REVOKED);
+        int status = pump_until_gone(f);
+        assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+        assert_int_equal(in_use(f), 0);
+}
+
+static void test_lost_lease_command_that_ignores_sigterm_is_killed(void **state) {
+        Fixture *f = *state;
+        Lease *l = grant_group_leader(f, NULL, true);
+        if (!l)
+                skip();
+        assert_int_equal(lease_lose(l, "fenced"), LEASE_OUTCOME_OVERDUE);
+        int status = pump_until_gone(f); /* SIGKILL after revoke-grace (1 ms here) */
+        assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+}
+
+static void test_lost_after_max_hold_overdue_is_fenced_too(void **state) {
+        Fixture *f = *state;
+        Lease *l = grant_group_leader(f, NULL, false);
+        if (!l)
+                skip();
+        /* A local revocation leaves it overdue (SPEC §3.4); its pool's loss then makes it brokerd's. */
+        assert_int_equal(lease_revoke(l, "max-hold"), LEASE_OUTCOME_OVERDUE);
+        assert_int_equal(l->state, LEASE_OVERDUE);
+        pump(f);
+        assert_int_equal(f->t.n_leases, 1);
+        assert_int_equal(lease_lose(l, "fenced"), LEASE_OUTCOME_OVERDUE);
+        assert_int_equal(l->state, LEASE_REVOKED);
+        int status = pump_until_gone(f);
+        assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+}
+
+static void test_lost_lease_holder_gets_the_grace_then_sigkill(void **state) {
+        Fixture *f = *state;
+        int holder;
+        Lease *l = grant_group_leader(f, &holder, false);
+        if (!l)
+                skip();
+        /* Its holder is told (REVOKED) and given revoke-grace; brokerd sends no SIGTERM of its own. */
+        assert_int_equal(lease_lose(l, "fenced"), LEASE_OUTCOME_REVOKED);
+        lease_start_revoke_grace(l);
+        assert_false(l->fence_termed);
+        lease_clear_holder(l);
+        (void) lease_holder_gone(l); /* slotctl died meanwhile: SIGTERM now */
+        int status = pump_until_gone(f);
+        assert_true(WIFSIGNALED(status));
+}
+
+static void test_a_group_nothing_pins_is_not_signalled(void **state) {
+        pid_t child = fork();
+        assert_true(child >= 0);
+        if (child == 0) {
+                (void) setpgid(0, 0);
+                _exit(0);
+        }
+        (void) setpgid(child, child);
+        ProcessInfo info = { .pid = child, .pgid = child, .uid = getuid(), .start_time = 1 };
+        assert_int_equal(waitpid(child, NULL, 0), child);
+        /* Reaped: its id may be anyone's by now. */
+        assert_int_equal(process_command_signal(-EBADF, &info, SIGTERM), -ESRCH);
+}
+
 static void test_reclaim_takes_an_unheld_lease_only(void **state) {
         Fixture *f = *state;
         int a, b;
@@ -294,6 +422,11 @@ int main(int argc, char *argv[]) {
                 cmocka_unit_test_setup_teardown(test_revoked_lease_with_command_is_overdue_until_it_exits, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_holder_gone_keeps_lease_while_its_command_runs, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_lost_lease_nobody_holds_brokerd_stops_its_command, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_lost_lease_command_that_ignores_sigterm_is_killed, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_lost_after_max_hold_overdue_is_fenced_too, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_lost_lease_holder_gets_the_grace_then_sigkill, setup, teardown),
+                cmocka_unit_test(test_a_group_nothing_pins_is_not_signalled),
         };
         if (argc > 1 && strcmp(argv[1], "pidfd") == 0)
                 return cmocka_run_group_tests(pidfd_tests, NULL, NULL);

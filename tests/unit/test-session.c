@@ -353,6 +353,28 @@ static void test_client_gone_before_the_pool_answered_is_forgotten_there(void **
         client_free(a);
 }
 
+static void test_rate_bucket(void **state) {
+        RateBucket b = {};
+        usec_t retry = 0, t = 1000 * USEC_PER_SEC;
+        /* 2/s, a burst of 3: full at first. */
+        for (int i = 0; i < 3; i++)
+                assert_true(rate_bucket_take(&b, 2 * 3600, 3, t, &retry));
+        assert_false(rate_bucket_take(&b, 2 * 3600, 3, t, &retry));
+        assert_true(retry > 0 && retry <= USEC_PER_SEC / 2 + 1);
+        /* Half a second later one token came back, not two. */
+        t += USEC_PER_SEC / 2;
+        assert_true(rate_bucket_take(&b, 2 * 3600, 3, t, &retry));
+        assert_false(rate_bucket_take(&b, 2 * 3600, 3, t, &retry));
+        /* An hour idle refills it to the burst, no more. */
+        t += USEC_PER_HOUR;
+        for (int i = 0; i < 3; i++)
+                assert_true(rate_bucket_take(&b, 2 * 3600, 3, t, &retry));
+        assert_false(rate_bucket_take(&b, 2 * 3600, 3, t, &retry));
+        /* 0: unlimited. */
+        for (int i = 0; i < 1000; i++)
+                assert_true(rate_bucket_take(&b, 0, 3, t, NULL));
+}
+
 static void test_oneway_acquire_is_invalid_parameter(void **state) {
         Fixture *f = *state;
         Client *a = client_new(f);
@@ -373,6 +395,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_waiter_that_closes_is_withdrawn_and_uncounted, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_admin_cancel_refuses_unavailable_then_runs_pipelined_calls, setup,
                                                 teardown),
+                cmocka_unit_test(test_rate_bucket),
                 cmocka_unit_test_setup_teardown(test_oneway_acquire_is_invalid_parameter, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_unavailable_says_the_pool_reason, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_client_gone_before_the_pool_answered_is_forgotten_there, setup,
