@@ -603,6 +603,7 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
                 bp->announced_fence = USEC_INFINITY;
                 bp->params = (SharedPoolParams) {
                         .node_id = t->node->id,
+                        .identity = t->node->identity,
                         .node_name = t->node->name,
                         .node_ttl = pc->backend_node_ttl,
                         .revoke_grace = t->revoke_grace,

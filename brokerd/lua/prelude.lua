@@ -22,6 +22,7 @@ local K = {
         busy = P .. ':busy', sid = P .. ':sid', h = P .. ':h', dm = P .. ':dm', w = P .. ':w',
         dl = P .. ':dl', rid = P .. ':rid', nodes = P .. ':nodes', prios = P .. ':prios',
         reaping = P .. ':reaping', rekey = P .. ':rekey', recovering = P .. ':recovering',
+        orph = P .. ':orph',
 }
 local function k_lane(l) return P .. ':lane:' .. l end
 local function k_lk(l) return P .. ':lk:' .. l end
@@ -43,7 +44,16 @@ local CLOCK_GAP = 2 * USEC_PER_SEC
 local RECOVERY_MIN = USEC_PER_SEC  -- a recovery window that waits for its nodes lasts at least this
 local INF = math.huge          -- an unbounded budget; -1 on the wire
 
-local NODE = ARGV[2]
+-- ARGV[2] is "NODE/INCARNATION/PREVIOUS,…" from brokerd (README, "One node, one identity"); a bare node id
+-- (tests of the rules alone) carries no incarnation and is never checked.
+local NODE, INCARNATION, PREVIOUS = ARGV[2], nil, {}
+do
+        local id, inc, prev = string.match(ARGV[2], '^([^/]*)/([^/]*)/(.*)$')
+        if id then
+                NODE, INCARNATION = id, inc
+                for p in string.gmatch(prev, '[^,]+') do PREVIOUS[p] = true end
+        end
+end
 local MANUAL_NOW = ARGV[3]
 local RUN_ID = ARGV[4]
 local SETTLE = ARGV[5] == '1'
@@ -478,13 +488,14 @@ local function lease_get(token)
         return {
                 token = tonumber(token), node = a[1], rid = a[2], lane = a[3], k = a[4], slots = a[5], pos = a[6],
                 members = a[7], at = a[8], wait = a[9], state = a[10], idle = a[11], budget = unwire(a[12]),
+                orphan = a[13] == 1,
         }
 end
 
 local function lease_put(l)
         redis.call('HSET', K.h, istr(l.token), cmsgpack.pack({
                 l.node, l.rid, l.lane, l.k, l.slots, l.pos, l.members, l.at, l.wait, l.state, l.idle,
-                wire(l.budget),
+                wire(l.budget), l.orphan and 1 or 0,
         }))
 end
 
@@ -548,7 +559,35 @@ local function lease_free(l)
         meta_incr('in_use', -l.k)
         lane_incr(l.lane, 'used', -l.k)
         redis.call('HDEL', K.h, istr(l.token))
+        if l.orphan then
+                redis.call('ZREM', K.orph, istr(l.token)) -- its record went when it became one
+        else
+                record_remove(l.node, l.rid, 'l')
+        end
+end
+
+-- A lease Redis holds for a node that the node does not list (tick.lua, reconcile()): an older state
+-- directory, a lost line of its lease log, a successor that cannot account for its predecessor's lease.
+-- Its holder may still run (SPEC §11, "a restart reconciles conservatively"), so it is neither freed nor
+-- handed on now: it leaves the node's records (the node's fingerprint no longer counts it) and lapses
+-- one node TTL later, when any holder it had has fenced itself. A release by its node still frees it at
+-- once.
+local function lease_orphan(l)
         record_remove(l.node, l.rid, 'l')
+        l.orphan = true
+        lease_put(l)
+        redis.call('ZADD', K.orph, now + R.ttl, istr(l.token))
+end
+
+-- Orphans whose node TTL has run out at t: freed, one step each.
+local function orphans_lapse(t)
+        while true do
+                local due = redis.call('ZRANGEBYSCORE', K.orph, '-inf', t, 'LIMIT', 0, 1)[1]
+                if not due then return true end
+                if not step() then return false end
+                local l = lease_get(due)
+                if l then lease_free(l) else redis.call('ZREM', K.orph, due) end
+        end
 end
 
 ---------------------------------------------------------------------------------------------- rules adopted
@@ -740,6 +779,7 @@ local function instant(t)
         end
         meta_set('running', 1)
         if not reap(t) then return false end
+        if not orphans_lapse(t) then return false end
         if not rekey_step() then return false end
         if M.recovery_until > 0 and t >= M.recovery_until then recovery_close() end
         if M.phase == 0 then
@@ -782,6 +822,7 @@ local function next_due(for_caller)
                 consider(tonumber(first[2]))
         end
         if M.recovery_until > 0 then consider(M.recovery_until) end
+        consider(tonumber(redis.call('ZRANGE', K.orph, 0, 0, 'WITHSCORES')[2]))
         if M.congested == 0 and R.q and M.drained == 0 and not has_room_for_one() then
                 consider(M.last_fast + R.q + 1)
         end
@@ -833,6 +874,22 @@ local function early(status, body)
         return { status, now, body or {}, {}, {}, {} }
 end
 
+-- One node, one identity (SPEC §11): a call whose incarnation is neither the one registered under its
+-- node id nor a successor of it (the registered one among the caller's previous incarnations) is refused
+-- while that registration is live, before anything of the pool is looked at, reconciled or granted: two
+-- live processes under one node id (hosts cloned from one image) never act as one node. A lapsed
+-- registration is anyone's: its leases lapse with it (its holders fenced themselves by then).
+local IDENTITY_TAKEOVER = false -- a lapsed registration of another incarnation: its records go first
+local function identity_refused()
+        if not INCARNATION then return false end
+        local stored = redis.call('HGET', k_node(NODE), 'inc')
+        if not stored or stored == INCARNATION or PREVIOUS[stored] then return false end
+        local deadline = tonumber(redis.call('ZSCORE', K.nodes, NODE) or '')
+        if deadline ~= nil and deadline > now then return true end
+        IDENTITY_TAKEOVER = deadline ~= nil
+        return false
+end
+
 -- The checks every script makes first: data model version, clock mode, the server's run id (a restart:
 -- an AOF everysec restart may have lost the last second of grants, so a recovery window starts).
 -- create: the tick may make the pool's keys. Returns nil, or a reply to return at once.
@@ -848,6 +905,7 @@ local function prelude_begin(create)
         end
         if not clock(manual) then return early('clock') end
         rules_load()
+        if identity_refused() then return early('identity') end
         if M.epoch and M.run_id ~= RUN_ID then
                 if M.clock_mode ~= 'manual' and M.run_id then
                         recovery_open(now + R.ttl, redis.call('ZRANGE', K.nodes, 0, -1))

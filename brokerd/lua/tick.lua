@@ -22,8 +22,10 @@
 --       the start of instants, SETTLE_MAX per call: no other adoption while it runs); else "rules" with
 --       the differing keys. The node's deadline becomes now + TTL either way
 --       (leases granted under agreed rules keep heartbeating). The token floor raises the counter. The
---       reconcile page drops this node's records in [page_lo, page_hi] that the page does not list
---       (a waiter withdrawn, a lease released). Inside a recovery window that waits for its nodes
+--       reconcile page drops this node's records in [page_lo, page_hi] that the page does not list:
+--       a waiter at once; a lease becomes an orphan that lapses one node TTL later (prelude.lua,
+--       lease_orphan(): the node cannot account for it, its holder may still run). The caller's
+--       incarnation (ARGV[2]) becomes the registered one. Inside a recovery window that waits for its nodes
 --       (prelude.lua, "recovery windows"): reclaimed "1" takes the node off the wait, and the last one
 --       ends the window now (1 s after it opened at the earliest); "0" adds it. Then the instant at
 --       now (settle flag 1), or it stays open for a later call (0).
@@ -169,7 +171,7 @@ local function reconcile()
                         local w = kind == 'w' and waiter_get(id)
                         local l = kind == 'l' and lease_get(id)
                         if w then waiter_unlink(w)
-                        elseif l then lease_free(l)
+                        elseif l then lease_orphan(l)
                         else redis.call('ZREM', k_records(NODE), rid) end -- no record behind it: no fingerprint
                 end
         end
@@ -196,12 +198,16 @@ local function tick()
         end
         if not R.canon then rules_store(canon) end
 
+        -- Another incarnation's lapsed registration is reaped before this one registers: its leases lapse
+        -- with it (tick.lua's own registration would otherwise renew them at the instant they lapse).
+        if IDENTITY_TAKEOVER and not reap(now) then return reply('settling') end
         if not settle_until(now) then return reply('settling') end
 
         local status, diff = agree(canon)
         local deadline = now + R.ttl
         redis.call('ZADD', K.nodes, deadline, NODE)
         redis.call('HSET', k_node(NODE), 'name', NAME, 'rules', canon)
+        if INCARNATION then redis.call('HSET', k_node(NODE), 'inc', INCARNATION) end
         redis.call('HSETNX', k_node(NODE), 'since', now)
         if FLOOR ~= '-' and tonumber(FLOOR) and tonumber(FLOOR) - 1 > M.counter then
                 meta_set('counter', tonumber(FLOOR) - 1)

@@ -1128,23 +1128,132 @@ static void test_an_unregistered_node_or_another_version_is_refused(void **state
 static void test_reconcile_drops_what_the_node_no_longer_has(void **state) {
         tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
         redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        long long token = field_i(body(a), D_TOKEN);
         expect_verdict("w", 1000, "ci", 1, "queued");
         expect_verdict("x", 1000, "ci", 1, "queued");
         tick_ok("n1", 1000, "=");
+        /* The page lists x only: w's record goes at once; the lease a, which the node cannot account for,
+         * is neither freed nor handed on (SPEC §11, "a restart reconciles conservatively"). */
         redisReply *t = call("tick", "n1", 2000, 1, "n1", "=", "0", "0", "0", "-", "e1", "1", "-", "+", "x", NULL);
         assert_string_equal(status(t), "ok");
         assert_string_equal(body(t)->element[8]->str, "");
-        assert_int_equal(cache(t, C_IN_USE), 1);  /* a released, w withdrawn: x got the slot */
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        assert_int_equal(cache(t, C_WAITING), 1);
+        assert_int_equal(n_events(t), 0);
+        /* It left the node's records: the node's fingerprint (x alone) is Redis's now. */
+        const redisReply *fp = body(t)->element[5];
+        assert_int_equal(fp->element[0]->integer, 1);
+        assert_int_equal(fp->element[1]->integer, fnv1a32("xw"));
+        /* It lapses one node TTL after the reconcile that missed it: then x gets the slot, at that instant. */
+        assert_int_equal(cache(t, C_NEXT_WAKEUP), 2000 + 30 * SEC);
+        freeReplyObject(t);
+        t = tick_as("n1", 2000 + 30 * SEC - 1, "=");
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        freeReplyObject(t);
+        t = tick_as("n1", 2000 + 30 * SEC, "=");
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_VERDICT), "granted");
+        assert_string_equal(field_s(event(t, 0), D_RID), "x");
+        assert_int_equal(field_i(event(t, 0), D_AT), 2000 + 30 * SEC);
+        assert_true(field_i(event(t, 0), D_TOKEN) > token);
+        freeReplyObject(t);
+        freeReplyObject(a);
+}
+
+static void test_an_orphan_released_by_its_node_is_freed_at_once(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        long long token = field_i(body(a), D_TOKEN);
+        freeReplyObject(a);
+        expect_verdict("x", 1000, "ci", 1, "queued");
+        tick_ok("n1", 1000, "=");
+        freeReplyObject(call("tick", "n1", 2000, 1, "n1", "=", "0", "0", "0", "-", "e1", "1", "-", "+", "x", NULL));
+        /* The release that the page raced: the normal case, freed and handed on at once. */
+        redisReply *r = release_at(3000, token, "a");
+        assert_string_equal(body(r)->element[0]->str, "released");
+        freeReplyObject(r);
+        redisReply *t = tick_as("n1", 3000, "=");
+        assert_int_equal(cache(t, C_IN_USE), 1);
         assert_int_equal(cache(t, C_WAITING), 0);
         assert_int_equal(n_events(t), 1);
         assert_string_equal(field_s(event(t, 0), D_RID), "x");
         freeReplyObject(t);
-        t = tick_as("n1", 2000, "=");
-        const redisReply *fp = body(t)->element[5];
-        assert_int_equal(fp->element[0]->integer, 1);
-        assert_int_equal(fp->element[1]->integer, fnv1a32("xl"));
-        freeReplyObject(t);
+        redisReply *o = redisCommand(redis, "ZCARD " POOL ":orph");
+        assert_int_equal(o->integer, 0);
+        freeReplyObject(o);
+}
+
+/* ---- one node, one identity ---- */
+
+#define ID_A "n1/aaaaaaaaaaaaaaaa/"
+#define ID_B "n1/bbbbbbbbbbbbbbbb/"
+#define ID_A2 "n1/cccccccccccccccc/aaaaaaaaaaaaaaaa"         /* a restart of A */
+#define ID_A3 "n1/dddddddddddddddd/eeeeeeeeeeeeeeee,cccccccccccccccc" /* A2's, after a start that never ticked */
+
+static void test_a_second_live_incarnation_is_refused_before_anything(void **state) {
+        tick_ok(ID_A, 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = call("submit", ID_A, 1000, 0, "a", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(a), D_VERDICT), "granted");
         freeReplyObject(a);
+        tick_ok(ID_A, 1000, "=");
+
+        /* A clone's first heartbeat with an empty reconcile page: refused, nothing reconciled. */
+        redisReply *t = call("tick", ID_B, 2000, 1, "n1", CANON_ONE_LANE "limit=1\n", "0", "0", "0", "-", "e1", "1",
+                             "-", "+", NULL);
+        assert_string_equal(status(t), "identity");
+        assert_int_equal(t->element[R_CACHE]->elements, 0);
+        freeReplyObject(t);
+        const char *ops[][3] = { { "submit", "b", "ci" }, { "withdraw", "a", NULL }, { "drain", "", "1" } };
+        for (size_t i = 0; i < 3; i++) {
+                redisReply *r = strcmp(ops[i][0], "submit") == 0
+                                        ? call("submit", ID_B, 2000, 0, "b", "ci", "1", "1", "0", "-1", "-1", "-", NULL)
+                                        : call(ops[i][0], ID_B, 2000, 0, ops[i][1], ops[i][2], NULL);
+                assert_string_equal(status(r), "identity");
+                freeReplyObject(r);
+        }
+        redisReply *r = call("release", ID_B, 2000, 0, "1", "a", NULL);
+        assert_string_equal(status(r), "identity");
+        freeReplyObject(r);
+        r = call("reclaim", ID_B, 2000, 0, "a", "ci", "1", "1", "1000", "0", NULL);
+        assert_string_equal(status(r), "identity");
+        freeReplyObject(r);
+
+        /* A's lease is untouched, and A goes on. */
+        t = tick_as(ID_A, 3000, "=");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        assert_int_equal(body(t)->element[5]->element[0]->integer, 1);
+        freeReplyObject(t);
+
+        /* A restart of A (its incarnation among the caller's previous ones) is the node: it takes over, and
+         * the one it succeeded is refused from then on. */
+        t = tick_as(ID_A2, 4000, "=");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        freeReplyObject(t);
+        t = tick_as(ID_A, 5000, "=");
+        assert_string_equal(status(t), "identity");
+        freeReplyObject(t);
+        /* A start that died before its first tick is skipped by the next one's list. */
+        t = tick_as(ID_A3, 6000, "=");
+        assert_string_equal(status(t), "ok");
+        freeReplyObject(t);
+
+        /* B is refused as long as the registration heartbeats; once it lapsed (and was reaped with its
+         * lease, whose holder fenced itself by then), B may be the node. */
+        t = tick_as(ID_B, 6000 + 30 * SEC - 1, "=");
+        assert_string_equal(status(t), "identity");
+        freeReplyObject(t);
+        t = call("tick", ID_B, 6000 + 30 * SEC, 1, "n1", CANON_ONE_LANE "limit=1\n", "0", "0", "0", "-", "e1", "1", "",
+                 "", NULL);
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(cache(t, C_IN_USE), 0);
+        assert_int_equal(t->element[R_NOTICES]->elements, 1);
+        freeReplyObject(t);
+        t = tick_as(ID_A3, 6000 + 30 * SEC + 1, "=");
+        assert_string_equal(status(t), "identity");
+        freeReplyObject(t);
 }
 
 /* ---- the scripts against pool-local.c itself ----
@@ -1625,6 +1734,8 @@ int main(void) {
                 T(test_max_queue_refuses_full_and_an_unknown_lane_is_invalid),
                 T(test_an_unregistered_node_or_another_version_is_refused),
                 T(test_reconcile_drops_what_the_node_no_longer_has),
+                T(test_an_orphan_released_by_its_node_is_freed_at_once),
+                T(test_a_second_live_incarnation_is_refused_before_anything),
                 T(test_reconcile_and_positions_are_paged),
                 T(test_an_instant_cut_short_is_finished_before_a_later_arrival),
                 T(test_scripts_decide_as_pool_local_does),
