@@ -99,7 +99,7 @@ static int start_time_of(pid_t pid, unsigned long long *ret) {
         if (!p)
                 return -EIO;
         p++;
-        for (unsigned field = 2; field < 22 && p; field++)
+        for (unsigned field = 3; field < 22 && p; field++) /* p: the space before field 3, then each next */
                 p = strchr(p + 1, ' ');
         if (!p || sscanf(p, " %llu", ret) != 1)
                 return -EIO;
@@ -110,20 +110,23 @@ static int start_time_of(pid_t pid, unsigned long long *ret) {
  * gone: then this start succeeds it. A record of another boot is no claim (a reboot, or an image made on
  * another host: a clone must not succeed the original), nor is a live process (a copy of the directory
  * next to the daemon that still uses it). */
-static bool predecessor_is_gone(const char *boot, const char *rec_boot, long pid, unsigned long long start) {
+static bool predecessor_is_gone(const char *boot, const char *rec_boot, long pid, unsigned long long start,
+                                bool *ret_alive) {
+        *ret_alive = false;
         if (!boot || !streq(boot, rec_boot) || pid <= 0)
                 return false;
         unsigned long long now_start;
         int r = start_time_of((pid_t) pid, &now_start);
         if (r == -ESRCH)
                 return true;
+        *ret_alive = r == 0 && now_start == start;
         return r == 0 && now_start != start;
 }
 
 /* Makes this start's incarnation and writes it, durably, with its claim: "INC BOOT PID START PREV,…\n"
  * ("-" for none). ret: "INC/PREV,…". */
 static int incarnation_make(int dir_fd, void (*random_bytes)(void *buf, size_t n, void *userdata), void *userdata,
-                            char **ret) {
+                            char **ret, bool *ret_predecessor_alive) {
         char boot[40] = "";
         bool have_boot = boot_id_read(boot) >= 0;
 
@@ -137,7 +140,7 @@ static int incarnation_make(int dir_fd, void (*random_bytes)(void *buf, size_t n
                 buf[MAX(n, (ssize_t) 0)] = 0;
                 if (sscanf(buf, "%16[0-9a-f] %39s %ld %llu %96s", inc, rec_boot, &pid, &start, prev) == 5 &&
                     strlen(inc) == NODE_INCARNATION_HEX &&
-                    predecessor_is_gone(have_boot ? boot : NULL, rec_boot, pid, start)) {
+                    predecessor_is_gone(have_boot ? boot : NULL, rec_boot, pid, start, ret_predecessor_alive)) {
                         /* This start succeeds the recorded one, and those it succeeded (it may have died
                          * before its first tick told Redis): the newest NODE_PREVIOUS_MAX. */
                         size_t len = (size_t) snprintf(previous, sizeof previous, "%s", inc);
@@ -234,7 +237,7 @@ int node_load(const char *state_directory, const char *name,
                         break;
         }
         if (r >= 0)
-                r = incarnation_make(dir_fd, random_bytes, userdata, &n.identity);
+                r = incarnation_make(dir_fd, random_bytes, userdata, &n.identity, &n.predecessor_alive);
         if (r < 0) {
                 node_done(&n);
                 return r;

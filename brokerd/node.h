@@ -22,6 +22,9 @@ typedef struct Node {
          * whose processes are gone. Hosts cloned from one image carry the same id but no claim to
          * succeed a live process: Redis refuses the second while the first heartbeats. */
         char *identity;
+        /* The start recorded in the state directory is a live process of this boot, not this one: the
+         * directory is a copy of a running daemon's (or in use by one). Its lease log is that daemon's. */
+        bool predecessor_alive;
 } Node;
 
 /* Reads STATE_DIRECTORY/node-id, or makes it (O_EXCL: two daemons on one directory agree on the first

@@ -145,8 +145,17 @@ static void test_incarnations_succeed_only_a_process_that_is_gone(void **state) 
         assert_non_null(f);
         assert_non_null(fgets(got, sizeof got, f));
         fclose(f);
-        snprintf(line, sizeof line, "5555555555555555 %s %ld ", boot, (long) getpid());
-        assert_int_equal(strncmp(got, line, strlen(line)), 0);
+        /* The start time is /proc/self/stat's field 22 (what tells a live predecessor from a reused pid). */
+        char stat[1024] = "";
+        f = fopen("/proc/self/stat", "re");
+        assert_non_null(f);
+        assert_non_null(fgets(stat, sizeof stat, f));
+        fclose(f);
+        const char *p = strrchr(stat, ')') + 2;
+        for (int i = 3; i < 22; i++)
+                p = strchr(p, ' ') + 1;
+        snprintf(line, sizeof line, "5555555555555555 %s %ld %llu -\n", boot, (long) getpid(), strtoull(p, NULL, 10));
+        assert_string_equal(got, line);
 }
 
 int main(void) {
