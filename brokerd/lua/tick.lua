@@ -12,7 +12,8 @@
 --       hex, used only if the pool's keys must be made)   [13] reclaimed: "1" Redis has every lease the
 --       node holds (no reclaim pending), "0" not yet   [14] page_lo   [15] page_hi ("": no reconcile;
 --       "-"/"+": open ends)   [16…] the node's rids in [page_lo, page_hi], at most RECONCILE_PAGE
--- Decides: no meta.epoch → the pool is new or Redis lost it: its keys are made with the caller's epoch,
+-- Decides: no meta.epoch → the pool is new or Redis lost it: whatever else of it Redis still has is
+--       dropped (prelude.lua, pool_wipe()), and its keys are made with the caller's epoch,
 --       clock mode (manual iff ARGV[3] is a number) and, in the redis clock mode, a recovery window of one
 --       node TTL (no node can tell a new pool from a lost one); no stored rules → the caller's canon is
 --       stored. Then every earlier instant is settled (dead nodes reaped in pages: "settling" before the
@@ -190,6 +191,11 @@ local function tick()
         end
         if not M.epoch then
                 local ttl = rules_from(canon_parse(canon)).ttl
+                -- Redis lost the pool's meta, maybe not the rest: nothing of it is trusted.
+                pool_wipe(R.canon and R or rules_from(canon_parse(canon)))
+                meta_set('leases', 0)
+                meta_set('nodes', redis.call('ZCARD', K.nodes))
+                meta_set('integrity', 1)
                 meta_set('version', VERSION)
                 meta_set('epoch', NEW_EPOCH)
                 meta_set('clock_mode', MANUAL_NOW ~= '-' and 'manual' or 'redis')
@@ -205,7 +211,7 @@ local function tick()
 
         local status, diff = agree(canon)
         local deadline = now + R.ttl
-        redis.call('ZADD', K.nodes, deadline, NODE)
+        meta_incr('nodes', redis.call('ZADD', K.nodes, deadline, NODE))
         redis.call('HSET', k_node(NODE), 'name', NAME, 'rules', canon)
         if INCARNATION then redis.call('HSET', k_node(NODE), 'inc', INCARNATION) end
         redis.call('HSETNX', k_node(NODE), 'since', now)

@@ -1184,6 +1184,117 @@ static void test_an_orphan_released_by_its_node_is_freed_at_once(void **state) {
         freeReplyObject(o);
 }
 
+/* ---- what is checked at connect is watched: keys lost between two calls ---- */
+
+static bool granted_in(const redisReply *r) {
+        if (strcmp(status(r), "ok") == 0 && body(r)->type == REDIS_REPLY_ARRAY && body(r)->elements > D_VERDICT &&
+            body(r)->element[D_VERDICT]->type == REDIS_REPLY_STRING &&
+            strcmp(field_s(body(r), D_VERDICT), "granted") == 0)
+                return true;
+        for (size_t i = 0; i < n_events(r); i++)
+                if (event(r, i)->element[0]->type == REDIS_REPLY_STRING &&
+                    strcmp(field_s(event(r, i), D_VERDICT), "granted") == 0)
+                        return true;
+        return false;
+}
+
+#define LOSS_CANON "backend-node-ttl=400000\n" "lane.ci.priority=0\nlimit=1\n"
+
+/* A tick of n1 (redis clock) that must grant nothing; registers n1 again if Redis lost it. */
+static void tick_granting_nothing(const char *reclaimed) {
+        redisReply *t = call("tick", "n1", -1, 1, "n1", LOSS_CANON, "0", "0", "0", "-", "e1", reclaimed, "", NULL);
+        assert_string_equal(status(t), "ok");
+        assert_false(granted_in(t));
+        freeReplyObject(t);
+}
+
+/* Every key of a pool but meta deleted by hand, one at a time, while a lease holds the only slot and a
+ * waiter waits: no call grants the slot again while the lease is held. A loss the counts see opens a
+ * recovery window in which the node reclaims its lease (same slot, same token); after it the slot is
+ * still the lease's, and it is granted again once released. */
+static void test_a_key_lost_never_grants_a_held_slot_twice(void **state) {
+        redisReply *keys = NULL;
+        size_t n_keys = 0, n_renewed = 0;
+        char names[64][96];
+
+        for (size_t k = 0; k == 0 || k < n_keys; k++) {
+                setup(state);
+                wait_out_the_recovery_window(LOSS_CANON);
+                redisReply *a = call("submit", "n1", -1, 1, "a", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+                assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+                char token[32];
+                snprintf(token, sizeof token, "%lld", field_i(body(a), D_TOKEN));
+                freeReplyObject(a);
+                redisReply *w = call("submit", "n1", -1, 1, "w", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+                assert_string_equal(field_s(body(w), D_VERDICT), "queued");
+                freeReplyObject(w);
+                if (k == 0) {
+                        keys = redisCommand(redis, "KEYS %s*", POOL);
+                        for (size_t i = 0; i < keys->elements; i++)
+                                if (strcmp(keys->element[i]->str, POOL ":meta") != 0) {
+                                        assert_true(n_keys < 64);
+                                        snprintf(names[n_keys++], sizeof names[0], "%s", keys->element[i]->str);
+                                }
+                        freeReplyObject(keys);
+                        assert_true(n_keys >= 15);
+                }
+                redisReply *e = redisCommand(redis, "DEL %s", names[k]);
+                assert_int_equal(e->integer, 1);
+                freeReplyObject(e);
+                redisReply *m = redisCommand(redis, "HGET " POOL ":meta epoch");
+                char epoch[64];
+                snprintf(epoch, sizeof epoch, "%s", m->str);
+                freeReplyObject(m);
+
+                /* Whatever Redis has left: nothing is granted, neither to a new request nor to the waiter. */
+                redisReply *x = call("submit", "n1", -1, 1, "x", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+                assert_false(granted_in(x));
+                freeReplyObject(x);
+                tick_granting_nothing("0");
+                m = redisCommand(redis, "HGET " POOL ":meta epoch");
+                bool renewed = strcmp(m->str, epoch) != 0;
+                freeReplyObject(m);
+                n_renewed += renewed;
+
+                /* The node reclaims its lease (it learns of the new epoch from the tick). */
+                if (renewed) {
+                        redisReply *r = call("reclaim", "n1", -1, 1, "a", "ci", "1", token, "1000", "0", NULL);
+                        if (strcmp(status(r), "ok") != 0 || strcmp(body(r)->element[0]->str, "confirmed") != 0)
+                                fail_msg("%s: the reclaim of a is %s %s", names[k], status(r),
+                                         strcmp(status(r), "ok") == 0 ? body(r)->element[0]->str : "");
+                        freeReplyObject(r);
+                }
+                for (int i = 0;; i++) {
+                        redisReply *t = call("tick", "n1", -1, 1, "n1", LOSS_CANON, "0", "0", "0", "-", "e1", "1", "",
+                                             NULL);
+                        assert_false(granted_in(t));
+                        bool over = cache(t, C_RECOVERY) == 0;
+                        freeReplyObject(t);
+                        if (over)
+                                break;
+                        assert_true(i < 100000);
+                        (void) nanosleep(&(struct timespec) { .tv_nsec = 1000 * 1000 }, NULL);
+                }
+                x = call("submit", "n1", -1, 1, "y", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+                if (granted_in(x))
+                        fail_msg("%s deleted: slot 0 granted again while a holds it", names[k]);
+                freeReplyObject(x);
+
+                /* Released, it is granted again: to the waiter if Redis still has it, else to a new request. */
+                redisReply *r = call("release", "n1", -1, 1, token, "a", NULL);
+                assert_string_equal(body(r)->element[0]->str, "released");
+                x = call("submit", "n1", -1, 1, "z", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+                if (!granted_in(r) && !granted_in(x))
+                        fail_msg("%s deleted: no grant after the release: %s %s %s", names[k], status(x),
+                                 strcmp(status(x), "ok") == 0 ? field_s(body(x), D_VERDICT) : "",
+                                 strcmp(status(x), "ok") == 0 ? field_s(body(x), D_REFUSAL) : "");
+                freeReplyObject(r);
+                freeReplyObject(x);
+        }
+        printf("# %zu keys deleted one at a time, %zu of them seen lost (a recovery window)\n", n_keys, n_renewed);
+        assert_true(n_renewed >= 8);
+}
+
 /* ---- one node, one identity ---- */
 
 #define ID_A "n1/aaaaaaaaaaaaaaaa/"
@@ -1736,6 +1847,7 @@ int main(void) {
                 T(test_reconcile_drops_what_the_node_no_longer_has),
                 T(test_an_orphan_released_by_its_node_is_freed_at_once),
                 T(test_a_second_live_incarnation_is_refused_before_anything),
+                T(test_a_key_lost_never_grants_a_held_slot_twice),
                 T(test_reconcile_and_positions_are_paged),
                 T(test_an_instant_cut_short_is_finished_before_a_later_arrival),
                 T(test_scripts_decide_as_pool_local_does),
