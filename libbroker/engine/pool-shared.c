@@ -1167,7 +1167,8 @@ static void congestion_apply(SharedPool *p, bool congested, int64_t at, usec_t n
 static void state_set(SharedPool *p, SharedState s) {
         p->state = s;
         p->unavailable = s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING ? NULL :
-                         s == SHARED_STATE_MISMATCH ? "rules" : "backend";
+                         s == SHARED_STATE_MISMATCH                            ? "rules" :
+                         s == SHARED_STATE_REFUSED && p->identity_conflict     ? "node-id-conflict" : "backend";
 }
 
 /* Every lease this node still vouches for is claimed again: Redis restarted, or lost the pool. */
@@ -1247,6 +1248,7 @@ void pool_shared_link_failed(Pool *base, const char *why, usec_t now) {
         }
         if (p->state != SHARED_STATE_REFUSED)
                 notice_push(p, SHARED_NOTICE_REFUSED, NULL, why, 0, 0);
+        p->identity_conflict = false; /* the link's cause first; the next registering tick says the rest */
         state_set(p, SHARED_STATE_REFUSED);
 }
 
