@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fs-util.h"
@@ -72,16 +73,43 @@ static int id_create(int dir_fd, const char *id) {
 
 /* ---- the incarnation (SPEC §11, "One node, one identity") ---- */
 
-static int boot_id_read(char ret[static 40]) {
+/* This boot, as "BOOT_ID@SECONDS": the kernel's boot id when /proc/sys is visible ("-" under
+ * ProcSubset=pid, as brokerd.service runs), and the instant of the boot on the realtime clock (realtime −
+ * boottime, in seconds), which a sandbox cannot hide. */
+static void boot_read(char ret[static 64]) {
+        char id[40] = "-";
         _cleanup_close_ int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-                return -errno;
-        ssize_t n = read(fd, ret, 39);
-        if (n <= 0)
-                return n < 0 ? -errno : -EIO;
-        ret[n] = 0;
-        ret[strcspn(ret, "\n")] = 0;
-        return *ret ? 0 : -EIO;
+        if (fd >= 0) {
+                ssize_t n = read(fd, id, sizeof id - 1);
+                id[MAX(n, (ssize_t) 0)] = 0;
+                id[strcspn(id, "\n @")] = 0;
+                if (!*id)
+                        strcpy(id, "-");
+        }
+        struct timespec rt, bt;
+        (void) clock_gettime(CLOCK_REALTIME, &rt);
+        (void) clock_gettime(CLOCK_BOOTTIME, &bt);
+        /* Rounded: the two clocks are read a few ns apart, the offset itself is constant but for NTP. */
+        long long offset_ns = ((long long) rt.tv_sec - bt.tv_sec) * 1000000000LL + (rt.tv_nsec - bt.tv_nsec);
+        snprintf(ret, 64, "%s@%lld", id, (offset_ns + 500000000LL) / 1000000000LL);
+}
+
+/* Whether two boot records (boot_read()) are one boot: equal boot ids when both have one, else boot instants
+ * within 2 s of each other (a clock step between the two starts makes it another boot: no claim, which is the
+ * safe side). */
+static bool boot_same(const char *a, const char *b) {
+        const char *at_a = strchr(a, '@'), *at_b = strchr(b, '@');
+        if (!at_a || !at_b)
+                return false;
+        if (at_a - a == at_b - b && strncmp(a, b, (size_t) (at_a - a)) == 0 && !(at_a - a == 1 && *a == '-'))
+                return true;
+        if (*a != '-' && *b != '-')
+                return false; /* two boot ids, different */
+        char *end_a, *end_b;
+        long long ta = strtoll(at_a + 1, &end_a, 10), tb = strtoll(at_b + 1, &end_b, 10);
+        if (*end_a || *end_b || end_a == at_a + 1 || end_b == at_b + 1)
+                return false;
+        return llabs(ta - tb) <= 2;
 }
 
 /* The start time (clock ticks since boot, /proc/PID/stat field 22) of pid: 0, or -ESRCH (no such process). */
@@ -113,7 +141,7 @@ static int start_time_of(pid_t pid, unsigned long long *ret) {
 static bool predecessor_is_gone(const char *boot, const char *rec_boot, long pid, unsigned long long start,
                                 bool *ret_alive) {
         *ret_alive = false;
-        if (!boot || !streq(boot, rec_boot) || pid <= 0)
+        if (!boot_same(boot, rec_boot) || pid <= 0)
                 return false;
         unsigned long long now_start;
         int r = start_time_of((pid_t) pid, &now_start);
@@ -127,20 +155,20 @@ static bool predecessor_is_gone(const char *boot, const char *rec_boot, long pid
  * ("-" for none). ret: "INC/PREV,…". */
 static int incarnation_make(int dir_fd, void (*random_bytes)(void *buf, size_t n, void *userdata), void *userdata,
                             char **ret, bool *ret_predecessor_alive) {
-        char boot[40] = "";
-        bool have_boot = boot_id_read(boot) >= 0;
+        char boot[64];
+        boot_read(boot);
 
         char previous[(NODE_INCARNATION_HEX + 1) * NODE_PREVIOUS_MAX + 1] = "";
         _cleanup_close_ int fd = openat(dir_fd, NODE_INCARNATION_FILE, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         if (fd >= 0) {
-                char buf[512], inc[NODE_INCARNATION_HEX + 1], rec_boot[40], prev[sizeof previous];
+                char buf[512], inc[NODE_INCARNATION_HEX + 1], rec_boot[64], prev[sizeof previous];
                 long pid;
                 unsigned long long start;
                 ssize_t n = read(fd, buf, sizeof buf - 1);
                 buf[MAX(n, (ssize_t) 0)] = 0;
-                if (sscanf(buf, "%16[0-9a-f] %39s %ld %llu %96s", inc, rec_boot, &pid, &start, prev) == 5 &&
+                if (sscanf(buf, "%16[0-9a-f] %63s %ld %llu %96s", inc, rec_boot, &pid, &start, prev) == 5 &&
                     strlen(inc) == NODE_INCARNATION_HEX &&
-                    predecessor_is_gone(have_boot ? boot : NULL, rec_boot, pid, start, ret_predecessor_alive)) {
+                    predecessor_is_gone(boot, rec_boot, pid, start, ret_predecessor_alive)) {
                         /* This start succeeds the recorded one, and those it succeeded (it may have died
                          * before its first tick told Redis): the newest NODE_PREVIOUS_MAX. */
                         size_t len = (size_t) snprintf(previous, sizeof previous, "%s", inc);
@@ -166,7 +194,7 @@ static int incarnation_make(int dir_fd, void (*random_bytes)(void *buf, size_t n
 
         char line[256], tmp[64];
         snprintf(tmp, sizeof tmp, NODE_INCARNATION_FILE ".%ld", (long) getpid());
-        int len = snprintf(line, sizeof line, "%s %s %ld %llu %s\n", inc, have_boot ? boot : "-", (long) getpid(),
+        int len = snprintf(line, sizeof line, "%s %s %ld %llu %s\n", inc, boot, (long) getpid(),
                            start, *previous ? previous : "-");
         fd = openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
         if (fd < 0)
