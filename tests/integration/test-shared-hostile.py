@@ -11,6 +11,9 @@ the invariant checked from the commands' side (witness.py).
   lease. After the documented operator action (stop B, remove its node-id and incarnation files, start it)
   B joins with a fresh id, and the slot goes on to the waiter once A's command ends.
 
+- a restart that cannot account for a lease Redis holds for its node (A killed, its lease log put back
+  to an older copy): the lease is not freed at once nor handed on; B's waiter gets the slot only after
+  A's command was fenced (the witness: never two holders), when the lease lapses one node TTL later;
 - Redis changed under the pool while A's command holds the slot (TestWatchedRedis): maxmemory-policy set
   to allkeys-lru at run time and memory filled (the pool refused, reason "eviction-policy", on every node
   within the re-check period); each key of the pool but meta deleted by hand, one at a time; FLUSHDB;
@@ -145,6 +148,35 @@ class TestClonedStateDirectory(HostileTestCase):
         self.assertGreater(after.token, start.token)
         self.w.stop("waiter")
         self.assertEqual(waiter.wait(10), 0)
+        self.w.check_shared(self, {"shared": 1})
+
+
+class TestConservativeRestart(HostileTestCase):
+
+    def test_a_lease_the_restarted_node_does_not_know_lapses_by_the_ttl(self):
+        a = self.broker(config(self.redis.url(), "node-a"), "older-a")
+        b = self.broker(config(self.redis.url(), "node-b"), "older-b")
+        wait_for(lambda: self.backend(a)["up"], timeout=15, message="A up")
+        log = os.path.join(a.state_dir, "leases.log")
+        with open(log, "rb") as f:
+            older = f.read()  # the lease log before the grant: "an older state directory"
+        held = self.run_witnessed(a, "held")
+        [start] = wait_for(lambda: self.w.started("held"), timeout=TTL + 20, message="A's first grant")
+        wait_for(lambda: self.backend(b)["up"], timeout=15, message="B up")
+        after = self.run_witnessed(b, "after")
+        wait_for(lambda: b.status()["waiters"], timeout=10, message="B's waiter queued")
+
+        a.crash()
+        with open(log, "wb") as f:
+            f.write(older)
+        a.start()
+        # A does not know the lease: its command is fenced by slotctl (no renewal), and the slot goes to B's
+        # waiter only after that, when the lease lapses.
+        self.assertEqual(held.wait(3 * TTL), 124, "slotctl fences the command its brokerd forgot")
+        [s] = wait_for(lambda: self.w.started("after"), timeout=3 * TTL, message="B's waiter granted")
+        self.assertGreater(s.token, start.token)
+        self.w.stop("after")
+        self.assertEqual(after.wait(10), 0)
         self.w.check_shared(self, {"shared": 1})
 
 
