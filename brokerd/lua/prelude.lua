@@ -996,10 +996,16 @@ local function prelude_begin(create)
         rules_load()
         if identity_refused() then return early('identity') end
         if M.epoch and M.run_id ~= RUN_ID then
-                if M.clock_mode ~= 'manual' and M.run_id then
+                -- "RUN_ID/MASTER_REPLID" from brokerd (its link reads both); a bare run id (a brokerd from
+                -- before) is compared by its run id alone, and never replaces the longer form.
+                local plain = not string.find(RUN_ID, '/', 1, true)
+                local stored_plain = not M.run_id or not string.find(M.run_id, '/', 1, true)
+                local same = M.run_id and (plain or stored_plain) and
+                             string.match(RUN_ID, '^[^/]*') == string.match(M.run_id, '^[^/]*')
+                if M.clock_mode ~= 'manual' and M.run_id and not same then
                         recovery_open(now + R.ttl, redis.call('ZRANGE', K.nodes, 0, -1))
                 end
-                meta_set('run_id', RUN_ID)
+                if not (same and plain) then meta_set('run_id', RUN_ID) end
         end
         if M.epoch then
                 local lost = integrity_lost()

@@ -896,6 +896,27 @@ static void test_a_new_run_id_starts_a_recovery_window(void **state) {
         freeReplyObject(r);
 }
 
+/* The run id with the replication id ("RUN/REPLID"): a bare run id of a brokerd from before is the same
+ * server if its run id part is; another replication id is another data set (REPLICAOF by hand and back). */
+static void test_a_new_replication_id_starts_a_recovery_window(void **state) {
+        const char *canon = "backend-node-ttl=100000\n" "lane.ci.priority=0\nlimit=2\n";
+        const char *same[] = { "run1/replA", "run1", "run1/replA" };
+
+        wait_out_the_recovery_window(canon);
+        for (size_t i = 0; i < 3; i++) {
+                run_id = same[i];
+                redisReply *r = call("submit", "n1", -1, 1, "x", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+                assert_int_equal(cache(r, C_RECOVERY), 0);
+                freeReplyObject(r);
+                r = call("release", "n1", -1, 1, "0", "x", NULL); /* "gone" either way: no state kept */
+                freeReplyObject(r);
+        }
+        run_id = "run1/replB";
+        redisReply *r = call("submit", "n1", -1, 1, "y", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_REASON), "recovery");
+        freeReplyObject(r);
+}
+
 /* A redis-clock tick of node with the reclaimed flag; returns the window's end after it (0: none). */
 static long long tick_reclaimed(const char *node, const char *reclaimed) {
         redisReply *t = call("tick", node, -1, 1, node, CANON_ONE_LANE "limit=2\n", "0", "0", "0", "-", "e1",
@@ -1839,6 +1860,7 @@ int main(void) {
                 T(test_reclaim_outside_a_recovery_window_is_lost),
                 T(test_redis_clock_tokens_follow_the_time),
                 T(test_a_new_run_id_starts_a_recovery_window),
+                T(test_a_new_replication_id_starts_a_recovery_window),
                 T(test_a_run_id_window_ends_when_every_node_reclaimed),
                 T(test_the_pool_clock_absorbs_gaps_and_backward_steps),
                 T(test_a_saturated_pool_sheds_at_the_saturated_budget),
