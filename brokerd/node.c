@@ -161,12 +161,12 @@ static int incarnation_make(int dir_fd, void (*random_bytes)(void *buf, size_t n
         char previous[(NODE_INCARNATION_HEX + 1) * NODE_PREVIOUS_MAX + 1] = "";
         _cleanup_close_ int fd = openat(dir_fd, NODE_INCARNATION_FILE, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         if (fd >= 0) {
-                char buf[512], inc[NODE_INCARNATION_HEX + 1], rec_boot[64], prev[sizeof previous];
+                char buf[512], inc[NODE_INCARNATION_HEX + 1], rec_boot[64], prev[128];
                 long pid;
                 unsigned long long start;
                 ssize_t n = read(fd, buf, sizeof buf - 1);
                 buf[MAX(n, (ssize_t) 0)] = 0;
-                if (sscanf(buf, "%16[0-9a-f] %63s %ld %llu %96s", inc, rec_boot, &pid, &start, prev) == 5 &&
+                if (sscanf(buf, "%16[0-9a-f] %63s %ld %llu %127s", inc, rec_boot, &pid, &start, prev) == 5 &&
                     strlen(inc) == NODE_INCARNATION_HEX &&
                     predecessor_is_gone(boot, rec_boot, pid, start, ret_predecessor_alive)) {
                         /* This start succeeds the recorded one, and those it succeeded (it may have died

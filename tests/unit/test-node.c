@@ -128,13 +128,22 @@ static void test_incarnations_succeed_only_a_process_that_is_gone(void **state) 
 
         /* Recorded by a process of this boot that is gone (pid 1 with another start time cannot be ours, a
          * pid far above pid_max does not exist): its start and those before it are succeeded. */
-        char boot[64], line[256];
+        char boot[64], line[512];
         boot_id(boot, sizeof boot);
         snprintf(line, sizeof line, "aaaaaaaaaaaaaaaa %s 1 1 bbbbbbbbbbbbbbbb,cccccccccccccccc\n", boot);
         write_incarnation(line);
         byte = 0x33;
         assert_int_equal(node_load(dir, "x", fill, &byte, &n), 0);
         assert_string_equal(n.identity, "3333333333333333/aaaaaaaaaaaaaaaa,bbbbbbbbbbbbbbbb,cccccccccccccccc");
+        node_done(&n);
+        /* At most NODE_PREVIOUS_MAX, the newest; a list longer than any this code writes is cut, not overrun. */
+        snprintf(line, sizeof line, "aaaaaaaaaaaaaaaa %s 99999999 5 %s\n", boot,
+                 "bbbbbbbbbbbbbbbb,cccccccccccccccc,dddddddddddddddd,eeeeeeeeeeeeeeee,ffffffffffffffff,"
+                 "0000000000000000,1111111111111111,2222222222222222,3333333333333333");
+        write_incarnation(line);
+        byte = 0x88;
+        assert_int_equal(node_load(dir, "x", fill, &byte, &n), 0);
+        assert_string_equal(n.identity, "8888888888888888/aaaaaaaaaaaaaaaa,bbbbbbbbbbbbbbbb,cccccccccccccccc,dddddddddddddddd");
         node_done(&n);
         snprintf(line, sizeof line, "aaaaaaaaaaaaaaaa %s 99999999 5 -\n", boot);
         write_incarnation(line);
