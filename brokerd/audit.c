@@ -51,6 +51,8 @@ static const struct {
         [SHARED_NOTICE_FENCED] = { "f046efe4f321444484acfa458fafc1f5", "BACKEND_FENCED", LOG_ERR },
         [SHARED_NOTICE_UNCONFIRMED] = { "b48f17ea6ab04443961b1c922bc0c388", "BACKEND_UNCONFIRMED", LOG_WARNING },
         [SHARED_NOTICE_CONFIRMED] = { "f622d19d64a0455cb5d6d9271c4ea1fb", "BACKEND_CONFIRMED", LOG_NOTICE },
+        [SHARED_NOTICE_IDENTITY] = { "7d32ca6ff3ed443f9b14b440e1e6d7f9", "NODE_ID_CONFLICT", LOG_ERR },
+        [SHARED_NOTICE_IDENTITY_CLEARED] = { "5229ae8fe7d84a67804a9dd2586e10bd", "NODE_ID_CLEARED", LOG_NOTICE },
 };
 #define MESSAGE_ID_SUPPRESSED "45e9e5b1aa044c65a4d63010ef89a05b"
 #define MESSAGE_ID_FAILOVER "4d01c4d86fbd4354b88b48aa1309a629"
@@ -355,6 +357,14 @@ void audit_backend(Audit *a, const char *pool, const SharedNotice *n) {
                 break;
         case SHARED_NOTICE_CONFIRMED:
                 field(&f, "MESSAGE=[%s] Pool %s: a majority of the Sentinels confirms its primary again", tag, pool);
+                break;
+        case SHARED_NOTICE_IDENTITY:
+                field(&f, "MESSAGE=[%s] Pool %s is refused: another live brokerd heartbeats under this node id (a host cloned with its state directory?)",
+                      tag, pool);
+                break;
+        case SHARED_NOTICE_IDENTITY_CLEARED:
+                field(&f, "MESSAGE=[%s] Pool %s: the other registration under this node id lapsed; this brokerd is the node now",
+                      tag, pool);
                 break;
         default:
                 return;

@@ -487,6 +487,8 @@ static int backend_new(BackendTable *t, const PoolConfig *pc, Backend **ret) {
                 .on_state = on_commands_state,
                 .on_log = on_link_log,
                 .userdata = b,
+                /* The command link re-reads INFO (policy, role, run and replication id) while up. */
+                .watch_interval = REDIS_LINK_WATCH_INTERVAL_DEFAULT,
         };
         /* Behind Sentinels, the links wait for them to name the primary. */
         bool sentinel = endpoint.type == REDIS_ENDPOINT_SENTINEL;
@@ -494,6 +496,7 @@ static int backend_new(BackendTable *t, const PoolConfig *pc, Backend **ret) {
                 r = redis_link_new(t->event, sentinel ? NULL : &endpoint, &o, &b->commands);
         if (r >= 0) {
                 o.blocking = true;
+                o.watch_interval = 0;
                 o.on_state = on_reader_state;
                 r = redis_link_new(t->event, sentinel ? NULL : &endpoint, &o, &b->reader);
         }
@@ -603,6 +606,7 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
                 bp->announced_fence = USEC_INFINITY;
                 bp->params = (SharedPoolParams) {
                         .node_id = t->node->id,
+                        .identity = t->node->identity,
                         .node_name = t->node->name,
                         .node_ttl = pc->backend_node_ttl,
                         .revoke_grace = t->revoke_grace,

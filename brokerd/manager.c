@@ -831,9 +831,25 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
         manager_apply_token_floor_all(m);
 
         unsigned restored = 0, ended = 0;
+#if HAVE_REDIS
+        /* A copy of a running daemon's state directory (a host cloned from a live image, a directory copied
+         * beside it): its lease log is that daemon's, whose commands this one must neither hold nor fence. */
+        bool foreign = m->node_loaded && m->node.predecessor_alive;
+        if (foreign && s->n_leases > 0)
+                log_error("The state directory %s was last used by a brokerd that still runs (pid in %s/" NODE_INCARNATION_FILE
+                          "): its %zu lease(s) are that daemon's and are not restored. Give this host its own state "
+                          "directory (brokerd(8), \"Cloned hosts\").",
+                          m->state_directory, m->state_directory, s->n_leases);
+#else
+        bool foreign = false;
+#endif
         for (size_t i = 0; i < s->n_leases; i++) {
                 const HistoryLeaseRow *row = &s->leases[i];
                 Lease *l = NULL;
+                if (foreign) {
+                        ended++;
+                        continue;
+                }
                 int r = lease_restore(&m->leases, row, s->alive_at, &l);
                 if (r < 0 || !l) {
                         audit_ended_while_down(m, row,

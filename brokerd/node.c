@@ -9,9 +9,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fs-util.h"
+
+static void hex_of(const uint8_t *raw, size_t n, char *ret) {
+        for (size_t i = 0; i < n; i++)
+                snprintf(ret + 2 * i, 3, "%02x", raw[i]);
+}
 
 static bool id_is_valid(const char *s, size_t n) {
         if (n != NODE_ID_HEX)
@@ -65,6 +71,145 @@ static int id_create(int dir_fd, const char *id) {
         return r;
 }
 
+/* ---- the incarnation (SPEC §11, "One node, one identity") ---- */
+
+/* This boot, as "BOOT_ID@SECONDS": the kernel's boot id when /proc/sys is visible ("-" under
+ * ProcSubset=pid, as brokerd.service runs), and the instant of the boot on the realtime clock (realtime −
+ * boottime, in seconds), which a sandbox cannot hide. */
+static void boot_read(char ret[static 64]) {
+        char id[40] = "-";
+        _cleanup_close_ int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+                ssize_t n = read(fd, id, sizeof id - 1);
+                id[MAX(n, (ssize_t) 0)] = 0;
+                id[strcspn(id, "\n @")] = 0;
+                if (!*id)
+                        strcpy(id, "-");
+        }
+        struct timespec rt, bt;
+        (void) clock_gettime(CLOCK_REALTIME, &rt);
+        (void) clock_gettime(CLOCK_BOOTTIME, &bt);
+        /* Rounded: the two clocks are read a few ns apart, the offset itself is constant but for NTP. */
+        long long offset_ns = ((long long) rt.tv_sec - bt.tv_sec) * 1000000000LL + (rt.tv_nsec - bt.tv_nsec);
+        snprintf(ret, 64, "%s@%lld", id, (offset_ns + 500000000LL) / 1000000000LL);
+}
+
+/* Whether two boot records (boot_read()) are one boot: equal boot ids when both have one, else boot instants
+ * within 2 s of each other (a clock step between the two starts makes it another boot: no claim, which is the
+ * safe side). */
+static bool boot_same(const char *a, const char *b) {
+        const char *at_a = strchr(a, '@'), *at_b = strchr(b, '@');
+        if (!at_a || !at_b)
+                return false;
+        if (at_a - a == at_b - b && strncmp(a, b, (size_t) (at_a - a)) == 0 && !(at_a - a == 1 && *a == '-'))
+                return true;
+        if (*a != '-' && *b != '-')
+                return false; /* two boot ids, different */
+        char *end_a, *end_b;
+        long long ta = strtoll(at_a + 1, &end_a, 10), tb = strtoll(at_b + 1, &end_b, 10);
+        if (*end_a || *end_b || end_a == at_a + 1 || end_b == at_b + 1)
+                return false;
+        return llabs(ta - tb) <= 2;
+}
+
+/* The start time (clock ticks since boot, /proc/PID/stat field 22) of pid: 0, or -ESRCH (no such process). */
+static int start_time_of(pid_t pid, unsigned long long *ret) {
+        char path[64], buf[1024];
+        snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
+        _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return errno == ENOENT ? -ESRCH : -errno;
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        if (n <= 0)
+                return n < 0 ? -errno : -EIO;
+        buf[n] = 0;
+        const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+        if (!p)
+                return -EIO;
+        p++;
+        for (unsigned field = 3; field < 22 && p; field++) /* p: the space before field 3, then each next */
+                p = strchr(p + 1, ' ');
+        if (!p || sscanf(p, " %llu", ret) != 1)
+                return -EIO;
+        return 0;
+}
+
+/* Whether the start recorded in the incarnation file (its boot, pid and start time) is a process that is
+ * gone: then this start succeeds it. A record of another boot is no claim (a reboot, or an image made on
+ * another host: a clone must not succeed the original), nor is a live process (a copy of the directory
+ * next to the daemon that still uses it). */
+static bool predecessor_is_gone(const char *boot, const char *rec_boot, long pid, unsigned long long start,
+                                bool *ret_alive) {
+        *ret_alive = false;
+        if (!boot_same(boot, rec_boot) || pid <= 0)
+                return false;
+        unsigned long long now_start;
+        int r = start_time_of((pid_t) pid, &now_start);
+        if (r == -ESRCH)
+                return true;
+        *ret_alive = r == 0 && now_start == start;
+        return r == 0 && now_start != start;
+}
+
+/* Makes this start's incarnation and writes it, durably, with its claim: "INC BOOT PID START PREV,…\n"
+ * ("-" for none). ret: "INC/PREV,…". */
+static int incarnation_make(int dir_fd, void (*random_bytes)(void *buf, size_t n, void *userdata), void *userdata,
+                            char **ret, bool *ret_predecessor_alive) {
+        char boot[64];
+        boot_read(boot);
+
+        char previous[(NODE_INCARNATION_HEX + 1) * NODE_PREVIOUS_MAX + 1] = "";
+        _cleanup_close_ int fd = openat(dir_fd, NODE_INCARNATION_FILE, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd >= 0) {
+                char buf[512], inc[NODE_INCARNATION_HEX + 1], rec_boot[64], prev[128];
+                long pid;
+                unsigned long long start;
+                ssize_t n = read(fd, buf, sizeof buf - 1);
+                buf[MAX(n, (ssize_t) 0)] = 0;
+                if (sscanf(buf, "%16[0-9a-f] %63s %ld %llu %127s", inc, rec_boot, &pid, &start, prev) == 5 &&
+                    strlen(inc) == NODE_INCARNATION_HEX &&
+                    predecessor_is_gone(boot, rec_boot, pid, start, ret_predecessor_alive)) {
+                        /* This start succeeds the recorded one, and those it succeeded (it may have died
+                         * before its first tick told Redis): the newest NODE_PREVIOUS_MAX. */
+                        size_t len = (size_t) snprintf(previous, sizeof previous, "%s", inc);
+                        unsigned kept = 1;
+                        for (char *save = NULL, *t = streq(prev, "-") ? NULL : strtok_r(prev, ",", &save);
+                             t && kept < NODE_PREVIOUS_MAX; t = strtok_r(NULL, ",", &save)) {
+                                if (strlen(t) != NODE_INCARNATION_HEX || strspn(t, "0123456789abcdef") != NODE_INCARNATION_HEX)
+                                        break;
+                                len += (size_t) snprintf(previous + len, sizeof previous - len, ",%s", t);
+                                kept++;
+                        }
+                }
+        } else if (errno != ENOENT)
+                return -errno;
+        fd = safe_close(fd);
+
+        uint8_t raw[NODE_INCARNATION_HEX / 2];
+        char inc[NODE_INCARNATION_HEX + 1];
+        random_bytes(raw, sizeof raw, userdata);
+        hex_of(raw, sizeof raw, inc);
+        unsigned long long start = 0;
+        (void) start_time_of(getpid(), &start);
+
+        char line[256], tmp[64];
+        snprintf(tmp, sizeof tmp, NODE_INCARNATION_FILE ".%ld", (long) getpid());
+        int len = snprintf(line, sizeof line, "%s %s %ld %llu %s\n", inc, boot, (long) getpid(),
+                           start, *previous ? previous : "-");
+        fd = openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (fd < 0)
+                return -errno;
+        if (write(fd, line, (size_t) len) != len || fsync(fd) < 0 ||
+            renameat(dir_fd, tmp, dir_fd, NODE_INCARNATION_FILE) < 0 || fsync(dir_fd) < 0) {
+                int r = errno > 0 ? -errno : -EIO;
+                (void) unlinkat(dir_fd, tmp, 0);
+                return r;
+        }
+        if (asprintf(ret, "%s/%s", inc, previous) < 0)
+                return -ENOMEM;
+        return 0;
+}
+
 int node_load(const char *state_directory, const char *name,
               void (*random_bytes)(void *buf, size_t n, void *userdata), void *userdata, Node *ret) {
         if (!ret || !state_directory || !random_bytes)
@@ -110,8 +255,7 @@ int node_load(const char *state_directory, const char *name,
                 uint8_t raw[NODE_ID_HEX / 2];
                 random_bytes(raw, sizeof raw, userdata);
                 char id[NODE_ID_HEX + 1];
-                for (size_t i = 0; i < sizeof raw; i++)
-                        snprintf(id + 2 * i, 3, "%02x", raw[i]);
+                hex_of(raw, sizeof raw, id);
                 r = id_create(dir_fd, id);
                 if (r < 0 && r != -EEXIST)
                         break;
@@ -120,6 +264,8 @@ int node_load(const char *state_directory, const char *name,
                 if (r != -EBADMSG && r != -ENOENT)
                         break;
         }
+        if (r >= 0)
+                r = incarnation_make(dir_fd, random_bytes, userdata, &n.identity, &n.predecessor_alive);
         if (r < 0) {
                 node_done(&n);
                 return r;
@@ -132,4 +278,5 @@ void node_done(Node *n) {
         if (!n)
                 return;
         n->name = mfree(n->name);
+        n->identity = mfree(n->identity);
 }

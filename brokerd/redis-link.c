@@ -97,8 +97,12 @@ struct RedisLink {
         RedisLinkState state;           /* as last told the owner */
         char *state_detail;
         bool state_told;
-        char *run_id;
+        char *run_id;                   /* INFO's run_id, then "/" and master_replid on a data node */
         RedisLinkStats stats;
+
+        sd_event_source *watch_timer;   /* options.watch_interval: INFO again while up */
+        bool watch_in_flight;
+        bool watch_all;                 /* INFO with several sections was refused (Redis < 7): plain INFO */
 };
 
 static void link_attempt_failed(RedisLink *link, RedisLinkState state, const char *reason);
@@ -123,6 +127,7 @@ static void link_destroy(RedisLink *link) {
         resolve_query_free(link->query);
         sd_event_source_disable_unref(link->retry_timer);
         sd_event_source_disable_unref(link->timeout_timer);
+        sd_event_source_disable_unref(link->watch_timer);
         sd_event_unref(link->event);
         redis_endpoint_done(&link->endpoint);
         free((char *) link->options.user);
@@ -456,9 +461,9 @@ static const char *info_field(const char *info, const char *key, char *buf, size
 /* INFO says whether this is a Redis server that can hold a pool. Returns 0 and its run id in *ret_run_id,
  * or ends the context, saying why, and returns -1. */
 static int link_check_info(RedisLink *link, const redisReply *reply, char **ret_run_id) {
-        char run_id[64], policy[64], role[32], loading[8], reason[256];
+        char run_id[128], policy[64], role[32], loading[8], reason[256];
 
-        if (!reply || reply->type != REDIS_REPLY_STRING || !info_field(reply->str, "run_id", run_id, sizeof run_id)) {
+        if (!reply || reply->type != REDIS_REPLY_STRING || !info_field(reply->str, "run_id", run_id, 64)) {
                 snprintf(reason, sizeof reason, "Not a Redis server: INFO answered %.80s", reply_text(reply));
                 link->failure = "not-redis";
                 link_end(link, REDIS_LINK_FAILED, reason);
@@ -493,6 +498,14 @@ static int link_check_info(RedisLink *link, const redisReply *reply, char **ret_
                 link_end(link, REDIS_LINK_FAILED, reason);
                 return -1;
         }
+        /* The data set's identity is the server's run and its replication history: a replica promoted,
+         * or this server made a replica of another and back (REPLICAOF by hand), keeps its run id but not
+         * its replication id, and may hold another data set than the one the pool's grants went to. */
+        char replid[64];
+        if (info_field(reply->str, "master_replid", replid, sizeof replid)) {
+                size_t n = strlen(run_id);
+                snprintf(run_id + n, sizeof run_id - n, "/%.*s", (int) (sizeof run_id - n - 2), replid);
+        }
 done:
         *ret_run_id = strdup(run_id);
         if (!*ret_run_id) {
@@ -502,8 +515,57 @@ done:
         return 0;
 }
 
+/* ---- what is checked at connect is watched (SPEC §11) ---- */
+
+static void link_watch_arm(RedisLink *link) {
+        if (!link->watch_timer)
+                return;
+        (void) sd_event_source_set_time_relative(link->watch_timer, link->options.watch_interval);
+        (void) sd_event_source_set_enabled(link->watch_timer, SD_EVENT_ONESHOT);
+}
+
+static void on_watch_reply(RedisLink *link, int error, const redisReply *reply, void *userdata) {
+        char reason[300];
+
+        link->watch_in_flight = false;
+        if (error < 0 || link->ending || link->phase != PHASE_UP || !reply)
+                return;
+        if (reply->type == REDIS_REPLY_ERROR && !link->watch_all) {
+                link->watch_all = true; /* Redis < 7 takes one section: the whole INFO from now on */
+                return;
+        }
+        _cleanup_free_ char *run_id = NULL;
+        if (link_check_info(link, reply, &run_id) < 0)
+                return; /* refused as at connect, or loading: the link ended, saying why */
+        if (link->run_id && !streq(run_id, link->run_id)) {
+                /* Another server or another data set behind the same connection: the next connect tells the
+                 * owner, whose pools open a recovery window before anything is granted. */
+                snprintf(reason, sizeof reason, "Redis's run or replication id changed (%.100s, was %.100s)", run_id,
+                         link->run_id);
+                link_end(link, REDIS_LINK_DOWN, reason);
+        }
+}
+
+/* One INFO of the three sections it reads (server: run_id; memory: maxmemory_policy; replication: role,
+ * master_replid), about 2.5 KiB, pipelined with the owner's commands every watch_interval while up. */
+static int on_watch_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        RedisLink *link = link_ref(userdata);
+
+        if (link->phase == PHASE_UP && !link->ending && !link->watch_in_flight) {
+                static const char *const sections[] = { "INFO", "server", "memory", "replication" };
+                int r = link_send_internal(link, on_watch_reply, 0, link->watch_all ? 1 : 4, sections);
+                link->watch_in_flight = r >= 0;
+        }
+        if (link->phase == PHASE_UP)
+                link_watch_arm(link);
+        link_unref(link);
+        return 0;
+}
+
 static void link_went_up(RedisLink *link) {
         link->phase = PHASE_UP;
+        link->watch_in_flight = false;
+        link_watch_arm(link);
         link->backoff = link->options.backoff_min;
         link->attempt_deadline = USEC_INFINITY;
         link->stats.ups++;
@@ -977,6 +1039,14 @@ int redis_link_new(sd_event *event, const RedisEndpoint *endpoint, const RedisLi
         (void) sd_event_source_set_enabled(link->timeout_timer, SD_EVENT_OFF);
         if (!link->has_endpoint)
                 (void) sd_event_source_set_enabled(link->retry_timer, SD_EVENT_OFF);
+        if (link->options.watch_interval > 0 && !link->options.sentinel && !link->options.blocking) {
+                r = sd_event_add_time(event, &link->watch_timer, CLOCK_MONOTONIC, USEC_INFINITY,
+                                      100 * USEC_PER_MSEC, on_watch_timer, link);
+                if (r < 0)
+                        goto fail;
+                (void) sd_event_source_set_enabled(link->watch_timer, SD_EVENT_OFF);
+                (void) sd_event_source_set_description(link->watch_timer, "redis-link-watch");
+        }
         (void) sd_event_source_set_description(link->retry_timer, "redis-link-retry");
         (void) sd_event_source_set_description(link->timeout_timer, "redis-link-timeout");
 

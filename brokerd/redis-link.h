@@ -72,6 +72,10 @@ typedef struct RedisLinkOptions {
         /* The server is a Sentinel: no SELECT, no scripts, and INFO must say redis_mode:sentinel (instead
          * of role:master and maxmemory-policy noeviction, which are a data node's). */
         bool sentinel;
+        /* While up, INFO is read again this often (0: never): a maxmemory-policy other than noeviction or a
+         * role other than master fails the link as at connect ("eviction-policy", "replica"), another run id
+         * or replication id ends it (the next connect tells the owner the new one). */
+        usec_t watch_interval;
         RedisLinkStateFn on_state;
         RedisLinkLogFn on_log;
         uint64_t (*random)(void *userdata); /* backoff jitter; NULL: getrandom() once, then a PRNG */
@@ -81,6 +85,7 @@ typedef struct RedisLinkOptions {
 #define REDIS_LINK_COMMAND_TIMEOUT_DEFAULT (2 * USEC_PER_SEC)
 #define REDIS_LINK_BACKOFF_MIN_DEFAULT (100 * USEC_PER_MSEC)
 #define REDIS_LINK_BACKOFF_MAX_DEFAULT (5 * USEC_PER_SEC)
+#define REDIS_LINK_WATCH_INTERVAL_DEFAULT (5 * USEC_PER_SEC) /* ~60 µs of Redis a round: ~12 µs/s */
 
 /* A new link to endpoint; the first attempt starts from the loop, not in here (no callback runs before
  * this returns). endpoint NULL: no attempt until redis_link_set_endpoint(). The endpoint and options are

@@ -22,6 +22,7 @@ local K = {
         busy = P .. ':busy', sid = P .. ':sid', h = P .. ':h', dm = P .. ':dm', w = P .. ':w',
         dl = P .. ':dl', rid = P .. ':rid', nodes = P .. ':nodes', prios = P .. ':prios',
         reaping = P .. ':reaping', rekey = P .. ':rekey', recovering = P .. ':recovering',
+        orph = P .. ':orph',
 }
 local function k_lane(l) return P .. ':lane:' .. l end
 local function k_lk(l) return P .. ':lk:' .. l end
@@ -46,7 +47,16 @@ local CLOCK_GAP = 2 * USEC_PER_SEC
 local RECOVERY_MIN = USEC_PER_SEC  -- a recovery window that waits for its nodes lasts at least this
 local INF = math.huge          -- an unbounded budget; -1 on the wire
 
-local NODE = ARGV[2]
+-- ARGV[2] is "NODE/INCARNATION/PREVIOUS,…" from brokerd (README, "One node, one identity"); a bare node id
+-- (tests of the rules alone) carries no incarnation and is never checked.
+local NODE, INCARNATION, PREVIOUS = ARGV[2], nil, {}
+do
+        local id, inc, prev = string.match(ARGV[2], '^([^/]*)/([^/]*)/(.*)$')
+        if id then
+                NODE, INCARNATION = id, inc
+                for p in string.gmatch(prev, '[^,]+') do PREVIOUS[p] = true end
+        end
+end
 local MANUAL_NOW = ARGV[3]
 local RUN_ID = ARGV[4]
 local SETTLE = ARGV[5] == '1'
@@ -62,6 +72,7 @@ local reaped_a_page = false
 local stream_last = ''          -- the last id appended to the caller's stream by this call
 local now = 0
 local raw_time = 0              -- Redis TIME in µs: tokens (never the pool clock)
+local clock_missing = false     -- the clock hash was not there (a new pool, or keys lost)
 
 -- Lua 5.1 prints numbers with 14 digits ("1.7e+15"): every number that goes into a string (a key, a
 -- reference, a comparison with a stored value) goes through istr(). redis.call() arguments are exact.
@@ -86,7 +97,8 @@ end
 
 local META_NUMBERS = {
         'version', 'recovery_until', 'last_fast', 'congested', 'counter', 'seq', 'in_use', 'waiting',
-        'drained', 'drained_free', 'phase', 'running', 'recovery_set', 'recovery_from',
+        'drained', 'drained_free', 'phase', 'running', 'recovery_set', 'recovery_from', 'leases', 'nodes',
+        'integrity',
 }
 
 local function meta_load()
@@ -171,6 +183,7 @@ local function clock(manual)
         raw_time = tonumber(tm[1]) * USEC_PER_SEC + tonumber(tm[2])
         local c = redis.call('HMGET', K.clock, 'last_time', 'last_now', 'skew')
         local last_time, last_now, skew = tonumber(c[1]), tonumber(c[2] or '0'), tonumber(c[3] or '0')
+        clock_missing = not c[2]
         if manual then
                 now = tonumber(MANUAL_NOW)
                 if now == nil or now < last_now then return false end
@@ -482,13 +495,14 @@ local function lease_get(token)
         return {
                 token = tonumber(token), node = a[1], rid = a[2], lane = a[3], k = a[4], slots = a[5], pos = a[6],
                 members = a[7], at = a[8], wait = a[9], state = a[10], idle = a[11], budget = unwire(a[12]),
+                orphan = a[13] == 1,
         }
 end
 
 local function lease_put(l)
         redis.call('HSET', K.h, istr(l.token), cmsgpack.pack({
                 l.node, l.rid, l.lane, l.k, l.slots, l.pos, l.members, l.at, l.wait, l.state, l.idle,
-                wire(l.budget),
+                wire(l.budget), l.orphan and 1 or 0,
         }))
 end
 
@@ -524,6 +538,7 @@ local function grant(node, rid, lane, k, arrival, t, w)
         l.token = token
         for i = 1, k do redis.call('HSET', K.sid, lease_slot_identity(l, i), token) end
         meta_incr('in_use', k)
+        meta_incr('leases', 1)
         lane_incr(lane, 'used', k)
         lease_put(l)
         if w then
@@ -550,9 +565,38 @@ local function lease_free(l)
                 if redis.call('HGET', K.sid, id) == istr(l.token) then redis.call('HDEL', K.sid, id) end
         end
         meta_incr('in_use', -l.k)
+        meta_incr('leases', -1)
         lane_incr(l.lane, 'used', -l.k)
         redis.call('HDEL', K.h, istr(l.token))
+        if l.orphan then
+                redis.call('ZREM', K.orph, istr(l.token)) -- its record went when it became one
+        else
+                record_remove(l.node, l.rid, 'l')
+        end
+end
+
+-- A lease Redis holds for a node that the node does not list (tick.lua, reconcile()): an older state
+-- directory, a lost line of its lease log, a successor that cannot account for its predecessor's lease.
+-- Its holder may still run (SPEC §11, "a restart reconciles conservatively"), so it is neither freed nor
+-- handed on now: it leaves the node's records (the node's fingerprint no longer counts it) and lapses
+-- one node TTL later, when any holder it had has fenced itself. A release by its node still frees it at
+-- once.
+local function lease_orphan(l)
         record_remove(l.node, l.rid, 'l')
+        l.orphan = true
+        lease_put(l)
+        redis.call('ZADD', K.orph, now + R.ttl, istr(l.token))
+end
+
+-- Orphans whose node TTL has run out at t: freed, one step each.
+local function orphans_lapse(t)
+        while true do
+                local due = redis.call('ZRANGEBYSCORE', K.orph, '-inf', t, 'LIMIT', 0, 1)[1]
+                if not due then return true end
+                if not step() then return false end
+                local l = lease_get(due)
+                if l then lease_free(l) else redis.call('ZREM', K.orph, due) end
+        end
 end
 
 ---------------------------------------------------------------------------------------------- rules adopted
@@ -729,7 +773,7 @@ local function reap(t)
                 local name = redis.call('HGET', k_node(dead), 'name') or dead
                 redis.call('DEL', k_node(dead), k_records(dead), k_stream(dead), K.reaping)
                 fp_delta[dead] = nil
-                redis.call('ZREM', K.nodes, dead)
+                meta_incr('nodes', -redis.call('ZREM', K.nodes, dead))
                 notices[#notices + 1] = { 'node-expired', dead, name, n_leases, n_waiters }
         end
 end
@@ -744,6 +788,7 @@ local function instant(t)
         end
         meta_set('running', 1)
         if not reap(t) then return false end
+        if not orphans_lapse(t) then return false end
         if not rekey_step() then return false end
         if M.recovery_until > 0 and t >= M.recovery_until then recovery_close() end
         if M.phase == 0 then
@@ -786,6 +831,7 @@ local function next_due(for_caller)
                 consider(tonumber(first[2]))
         end
         if M.recovery_until > 0 then consider(M.recovery_until) end
+        consider(tonumber(redis.call('ZRANGE', K.orph, 0, 0, 'WITHSCORES')[2]))
         if M.congested == 0 and R.q and M.drained == 0 and not has_room_for_one() then
                 consider(M.last_fast + R.q + 1)
         end
@@ -837,6 +883,106 @@ local function early(status, body)
         return { status, now, body or {}, {}, {}, {} }
 end
 
+-- What is checked at connect is watched (SPEC §11): keys deleted by hand, evicted (a policy changed at
+-- run time), a FLUSHDB between two calls. meta keeps the counts of what must exist; every call compares
+-- them with the keys, in O(lanes) commands, before it decides anything. Returns what is missing, or nil.
+-- Not covered: the queue's own indexes (a bucket, a priority queue, the deadlines: a waiter is then
+-- passed over or never expires, never granted twice), lane counters, streams and outcome keys.
+local function integrity_lost()
+        if M.integrity ~= 1 then
+                -- A pool made before the counts were kept: taken as they are, once.
+                meta_set('leases', redis.call('HLEN', K.h))
+                meta_set('nodes', redis.call('ZCARD', K.nodes))
+                meta_set('integrity', 1)
+                return nil
+        end
+        if not R.canon then return 'rules' end
+        if clock_missing then return 'clock' end
+        if redis.call('HLEN', K.h) ~= M.leases then return 'leases' end
+        if redis.call('HLEN', K.w) ~= M.waiting then return 'waiters' end
+        if redis.call('BITCOUNT', K.occ) ~= M.in_use then return 'slots' end
+        if redis.call('BITCOUNT', K.busy) < M.in_use then return 'free slots' end
+        if redis.call('HLEN', K.rid) ~= M.leases - redis.call('ZCARD', K.orph) + M.waiting then return 'records' end
+        if redis.call('ZCARD', K.nodes) ~= M.nodes then return 'nodes' end
+        if redis.call('ZSCORE', K.nodes, NODE) and
+           redis.call('ZCARD', k_records(NODE)) ~= tonumber(redis.call('HGET', k_node(NODE), 'fp_n') or '0') then
+                return 'node records'
+        end
+        return nil
+end
+
+-- The pool's state keys, dropped: what a lost pool is. Kept: the clock, the rules, the drained members,
+-- the nodes' registrations (their names, rules and incarnations; their records go), the streams and the
+-- outcome keys. O(nodes + lanes + priorities), once.
+-- rules: the ones whose lanes' keys go too (the stored ones, or the caller's when they are gone).
+local function pool_wipe(rules)
+        local keys = { K.occ, K.busy, K.sid, K.h, K.w, K.dl, K.rid, K.prios, K.reaping, K.rekey, K.recovering,
+                       K.orph }
+        for _, p in ipairs(redis.call('ZRANGE', K.prios, 0, -1)) do keys[#keys + 1] = k_queue(p) end
+        for _, lane in ipairs(rules.lane_names or {}) do
+                keys[#keys + 1] = k_lane(lane)
+                keys[#keys + 1] = k_lk(lane)
+                keys[#keys + 1] = k_queue(istr(rules.lanes[lane].priority))
+                for _, k in ipairs(redis.call('SMEMBERS', k_lk(lane))) do keys[#keys + 1] = k_bucket(lane, k) end
+        end
+        for _, n in ipairs(redis.call('ZRANGE', K.nodes, 0, -1)) do
+                keys[#keys + 1] = k_records(n)
+                redis.call('HSET', k_node(n), 'fp_n', 0, 'fp_x', 0, 'fp_s', 0)
+        end
+        keys[#keys + 1] = k_records(NODE)
+        redis.call('HSET', k_node(NODE), 'fp_n', 0, 'fp_x', 0, 'fp_s', 0)
+        for i = 1, #keys, 1000 do redis.call('DEL', unpack(keys, i, math.min(i + 999, #keys))) end
+        lane_cache, fp_delta = {}, {}
+end
+
+-- Part of the pool's state is gone: it is made anew, as a pool Redis lost (a new epoch, tokens going on
+-- from the counter, a recovery window of one node TTL that waits for nobody — the nodes' next ticks cannot
+-- yet say whether they reclaimed), and every node reclaims its leases in it (slots and tokens as before).
+local function pool_renew(what)
+        local rules = R
+        if not R.canon then
+                -- The lanes' keys are found by the rules the caller wants, when the stored ones are gone.
+                local wanted = redis.call('HGET', k_node(NODE), 'rules')
+                rules = wanted and rules_from(canon_parse(wanted)) or {}
+        end
+        pool_wipe(rules)
+        for _, f in ipairs({ 'in_use', 'waiting', 'leases', 'drained_free', 'congested', 'phase', 'running' }) do
+                meta_set(f, 0)
+        end
+        meta_set('unsettled_at', nil)
+        meta_set('nodes', redis.call('ZCARD', K.nodes))
+        meta_set('integrity', 1)
+        meta_set('epoch', (M.epoch or '') .. '+' .. istr(raw_time))
+        meta_set('last_fast', now)
+        meta_set('lost', what)
+        -- Drained members stay out of `busy` (their slots are not free), as tick.lua's relayout() keeps them.
+        local drained_free = 0
+        for i, m in ipairs(R.members or {}) do
+                if i <= R.limit and redis.call('SISMEMBER', K.dm, m) == 1 then
+                        redis.call('SETBIT', K.busy, i - 1, 1)
+                        drained_free = drained_free + 1
+                end
+        end
+        meta_set('drained_free', drained_free)
+        if M.clock_mode ~= 'manual' then recovery_open(now + (R.ttl or 30000000), {}) end
+end
+
+-- One node, one identity (SPEC §11): a call whose incarnation is neither the one registered under its
+-- node id nor a successor of it (the registered one among the caller's previous incarnations) is refused
+-- while that registration is live, before anything of the pool is looked at, reconciled or granted: two
+-- live processes under one node id (hosts cloned from one image) never act as one node. A lapsed
+-- registration is anyone's: its leases lapse with it (its holders fenced themselves by then).
+local IDENTITY_TAKEOVER = false -- a lapsed registration of another incarnation: its records go first
+local function identity_refused()
+        if not INCARNATION then return false end
+        local stored = redis.call('HGET', k_node(NODE), 'inc')
+        if not stored or stored == INCARNATION or PREVIOUS[stored] then return false end
+        local deadline = tonumber(redis.call('ZSCORE', K.nodes, NODE) or '')
+        if deadline ~= nil and deadline > now then return true end
+        IDENTITY_TAKEOVER = deadline ~= nil
+        return false
+end
+
 -- The checks every script makes first: data model version, clock mode, the server's run id (a restart:
 -- an AOF everysec restart may have lost the last second of grants, so a recovery window starts).
 -- create: the tick may make the pool's keys. Returns nil, or a reply to return at once.
@@ -852,11 +998,25 @@ local function prelude_begin(create)
         end
         if not clock(manual) then return early('clock') end
         rules_load()
+        if identity_refused() then return early('identity') end
         if M.epoch and M.run_id ~= RUN_ID then
-                if M.clock_mode ~= 'manual' and M.run_id then
+                -- "RUN_ID/MASTER_REPLID" from brokerd (its link reads both); a bare run id (a brokerd from
+                -- before) is compared by its run id alone, and never replaces the longer form.
+                local plain = not string.find(RUN_ID, '/', 1, true)
+                local stored_plain = not M.run_id or not string.find(M.run_id, '/', 1, true)
+                local same = M.run_id and (plain or stored_plain) and
+                             string.match(RUN_ID, '^[^/]*') == string.match(M.run_id, '^[^/]*')
+                if M.clock_mode ~= 'manual' and M.run_id and not same then
                         recovery_open(now + R.ttl, redis.call('ZRANGE', K.nodes, 0, -1))
                 end
-                meta_set('run_id', RUN_ID)
+                if not (same and plain) then meta_set('run_id', RUN_ID) end
+        end
+        if M.epoch then
+                local lost = integrity_lost()
+                if lost then
+                        pool_renew(lost)
+                        if not R.canon and not create then return reply('unregistered') end -- a tick stores them
+                end
         end
         return nil
 end

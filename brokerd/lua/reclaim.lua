@@ -65,6 +65,7 @@ local function reclaim()
                 redis.call('HSET', K.sid, lease_slot_identity(l, i), TOKEN)
         end
         meta_incr('in_use', K_SLOTS)
+        meta_incr('leases', 1)
         lane_incr(LANE, 'used', K_SLOTS)
         if TOKEN > M.counter then meta_set('counter', TOKEN) end
         lease_put(l)

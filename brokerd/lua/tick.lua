@@ -13,7 +13,8 @@
 --       hex, used only if the pool's keys must be made)   [13] reclaimed: "1" Redis has every lease the
 --       node holds (no reclaim pending), "0" not yet   [14] page_lo   [15] page_hi ("": no reconcile;
 --       "-"/"+": open ends)   [16…] the node's rids in [page_lo, page_hi], at most RECONCILE_PAGE
--- Decides: no meta.epoch → the pool is new or Redis lost it: its keys are made with the caller's epoch,
+-- Decides: no meta.epoch → the pool is new or Redis lost it: whatever else of it Redis still has is
+--       dropped (prelude.lua, pool_wipe()), and its keys are made with the caller's epoch,
 --       clock mode (manual iff ARGV[3] is a number) and, in the redis clock mode, a recovery window of one
 --       node TTL (no node can tell a new pool from a lost one); no stored rules → the caller's canon is
 --       stored. Then every earlier instant is settled (dead nodes reaped in pages: "settling" before the
@@ -23,9 +24,10 @@
 --       the start of instants, SETTLE_MAX per call: no other adoption while it runs); else "rules" with
 --       the differing keys. The node's deadline becomes now + TTL either way
 --       (leases granted under agreed rules keep heartbeating). The token floor raises the counter (before
---       this call's grants). The
---       reconcile page drops this node's records in [page_lo, page_hi] that the page does not list
---       (a waiter withdrawn, a lease released). Inside a recovery window that waits for its nodes
+--       this call's grants). The reconcile page drops this node's records in [page_lo, page_hi] that the
+--       page does not list: a waiter at once; a lease becomes an orphan that lapses one node TTL later
+--       (prelude.lua, lease_orphan(): the node cannot account for it, its holder may still run). The
+--       caller's incarnation (ARGV[2]) becomes the registered one. Inside a recovery window that waits for its nodes
 --       (prelude.lua, "recovery windows"): reclaimed "1" takes the node off the wait, and the last one
 --       ends the window now (1 s after it opened at the earliest); "0" adds it. Then the instant at
 --       now (settle flag 1), or it stays open for a later call (0).
@@ -172,7 +174,7 @@ local function reconcile()
                         local w = kind == 'w' and waiter_get(id)
                         local l = kind == 'l' and lease_get(id)
                         if w then waiter_unlink(w)
-                        elseif l then lease_free(l)
+                        elseif l then lease_orphan(l)
                         else redis.call('ZREM', k_records(NODE), rid) end -- no record behind it: no fingerprint
                 end
         end
@@ -191,6 +193,11 @@ local function tick()
         end
         if not M.epoch then
                 local ttl = rules_from(canon_parse(canon)).ttl
+                -- Redis lost the pool's meta, maybe not the rest: nothing of it is trusted.
+                pool_wipe(R.canon and R or rules_from(canon_parse(canon)))
+                meta_set('leases', 0)
+                meta_set('nodes', redis.call('ZCARD', K.nodes))
+                meta_set('integrity', 1)
                 meta_set('version', VERSION)
                 meta_set('epoch', NEW_EPOCH)
                 meta_set('clock_mode', MANUAL_NOW ~= '-' and 'manual' or 'redis')
@@ -204,12 +211,16 @@ local function tick()
         local floor = string.match(FLOOR, '^%d+$') and tonumber(FLOOR)
         if floor and floor <= TOKEN_MAX and floor - 1 > M.counter then meta_set('counter', floor - 1) end
 
+        -- Another incarnation's lapsed registration is reaped before this one registers: its leases lapse
+        -- with it (tick.lua's own registration would otherwise renew them at the instant they lapse).
+        if IDENTITY_TAKEOVER and not reap(now) then return reply('settling') end
         if not settle_until(now) then return reply('settling') end
 
         local status, diff = agree(canon)
         local deadline = now + R.ttl
-        redis.call('ZADD', K.nodes, deadline, NODE)
+        meta_incr('nodes', redis.call('ZADD', K.nodes, deadline, NODE))
         redis.call('HSET', k_node(NODE), 'name', NAME, 'rules', canon)
+        if INCARNATION then redis.call('HSET', k_node(NODE), 'inc', INCARNATION) end
         redis.call('HSETNX', k_node(NODE), 'since', now)
         local reconciled_to = reconcile()
         recovery_vouch(RECLAIMED)

@@ -99,6 +99,8 @@ typedef struct SharedPool {
         Pool base;
         SharedPoolParams params;
         char *key;             /* "{sb:NAME}" */
+        char *node_arg;        /* ARGV[2]: the node id, or "ID/INCARNATION/PREVIOUS,…" */
+        bool identity_conflict; /* Redis refused this incarnation (status "identity"): only ticks go */
         char *stream_key;
         char *stream_resume;
         char *run_id;          /* the link's, as last seen */
@@ -326,7 +328,7 @@ static int call_new(SharedPool *p, SharedScript script, bool settle, usec_t now,
         int r;
         if ((r = call_add(c, "%s", p->key)) < 0 ||
             (r = call_add(c, "1")) < 0 ||
-            (r = call_add(c, "%s", p->params.node_id)) < 0 ||
+            (r = call_add(c, "%s", p->node_arg)) < 0 ||
             (p->params.manual_clock ? (r = call_add(c, "%" PRIu64, now)) : (r = call_add(c, "-"))) < 0 ||
             (r = call_add(c, "%s", p->run_id ?: "")) < 0 ||
             (r = call_add(c, "%d", settle)) < 0) {
@@ -444,9 +446,15 @@ static bool wait_is_awaited(SharedPool *p, uint64_t id) {
         return false;
 }
 
+/* Refused for good until an operator acts; a node id in use by another process is refused by Redis, and
+ * its ticks go on: one is accepted once the other's registration lapses. */
+static bool refused_quiet(const SharedPool *p) {
+        return p->state == SHARED_STATE_REFUSED && !p->identity_conflict;
+}
+
 bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
         SharedPool *p = SHARED(base);
-        if (!p->link_up || p->state == SHARED_STATE_REFUSED)
+        if (!p->link_up || refused_quiet(p))
                 return false;
         /* A tick goes whenever the link is up; other calls wait for a registered node with agreed rules
          * (a release parked during a mismatch keeps its place behind earlier ones). */
@@ -1174,7 +1182,8 @@ static void congestion_apply(SharedPool *p, bool congested, int64_t at, usec_t n
 static void state_set(SharedPool *p, SharedState s) {
         p->state = s;
         p->unavailable = s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING ? NULL :
-                         s == SHARED_STATE_MISMATCH ? "rules" : "backend";
+                         s == SHARED_STATE_MISMATCH                            ? "rules" :
+                         s == SHARED_STATE_REFUSED && p->identity_conflict     ? "node-id-conflict" : "backend";
 }
 
 /* Every lease this node still vouches for is claimed again: Redis restarted, or lost the pool. */
@@ -1254,6 +1263,7 @@ void pool_shared_link_failed(Pool *base, const char *why, usec_t now) {
         }
         if (p->state != SHARED_STATE_REFUSED)
                 notice_push(p, SHARED_NOTICE_REFUSED, NULL, why, 0, 0);
+        p->identity_conflict = false; /* the link's cause first; the next registering tick says the rest */
         state_set(p, SHARED_STATE_REFUSED);
 }
 
@@ -1870,6 +1880,30 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 return;
         }
 
+        if (resp_is(status, "identity")) {
+                /* Another live process heartbeats under this node id (a cloned host): nothing of this one is
+                 * looked at, reconciled or granted. Its ticks go on, refused, until that registration lapses. */
+                if (!p->identity_conflict)
+                        notice_push(p, SHARED_NOTICE_IDENTITY, NULL, "node-id-conflict", 0, 0);
+                p->identity_conflict = true;
+                char *why = strdup("node-id-conflict");
+                if (why) {
+                        free(p->refused_why);
+                        p->refused_why = why;
+                }
+                state_set(p, SHARED_STATE_REFUSED);
+                call_park(p, c, false, "node-id-conflict", now);
+                refuse_all_tries(p, "node-id-conflict", now);
+                return;
+        }
+        if (p->identity_conflict && c->script == SHARED_SCRIPT_TICK) {
+                /* The other registration lapsed (its leases with it): this incarnation is the node now. */
+                p->identity_conflict = false;
+                p->refused_why = mfree(p->refused_why);
+                p->reclaim_all = true;
+                notice_push(p, SHARED_NOTICE_IDENTITY_CLEARED, NULL, NULL, 0, 0);
+        }
+
         events_apply(p, resp_at(reply, 3), now);
         cache_apply(p, resp_at(reply, 4), pool_now, now);
         notices_apply(p, resp_at(reply, 5));
@@ -2010,6 +2044,7 @@ static void shared_free(Pool *base) {
         strv_free(p->differing_keys);
         free(p->canon);
         free(p->key);
+        free(p->node_arg);
         free(p->stream_key);
         free(p->stream_resume);
         free(p->run_id);
@@ -2286,7 +2321,7 @@ static void shared_run(Pool *base, usec_t now) {
                 p->status_wanted = false;
                 p->status_until = usec_add(now, SHARED_STATUS_KEEP);
         }
-        if (!p->link_up || p->state == SHARED_STATE_REFUSED)
+        if (!p->link_up || refused_quiet(p))
                 return;
         bool operations = pool_serves(p);
         if (operations && now < p->status_until && !p->status_pending &&
@@ -2320,7 +2355,7 @@ static usec_t shared_next_wakeup(const Pool *base) {
                 w = usec_add(outage_since(p), p->params.waiter_grace);
         /* While a tick is awaited its answer decides the next instant: a wakeup reported now would stay in
          * the past until then. */
-        if (!p->link_up || p->state == SHARED_STATE_REFUSED || p->tick_pending || p->run_pending)
+        if (!p->link_up || refused_quiet(p) || p->tick_pending || p->run_pending)
                 return w;
         /* In the manual mode every run() is a heartbeat, and the engine's instants are the only ones: an
          * instant of the pool's own would be one the in-process pool does not have (memo §3.10). */
@@ -2484,7 +2519,10 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
                 p->key = NULL;
         if (asprintf(&p->stream_key, "{sb:%s}:s:%s", name, params->node_id) < 0)
                 p->stream_key = NULL;
-        if (!p->key || !p->stream_key) {
+        if ((params->identity ? asprintf(&p->node_arg, "%s/%s", params->node_id, params->identity)
+                              : asprintf(&p->node_arg, "%s", params->node_id)) < 0)
+                p->node_arg = NULL;
+        if (!p->key || !p->stream_key || !p->node_arg) {
                 shared_free(&p->base);
                 return -ENOMEM;
         }

@@ -91,6 +91,8 @@ typedef enum SharedNoticeType {
         SHARED_NOTICE_FENCED,         /* the self-fence deadline passed: every lease lost */
         SHARED_NOTICE_UNCONFIRMED,    /* behind Sentinels: no majority of them named the primary for a while */
         SHARED_NOTICE_CONFIRMED,      /* … and now one did again */
+        SHARED_NOTICE_IDENTITY,       /* another live process heartbeats under this node id: refused */
+        SHARED_NOTICE_IDENTITY_CLEARED, /* … its registration lapsed: this one registered */
         _SHARED_NOTICE_TYPE_MAX,
         _SHARED_NOTICE_TYPE_INVALID = -EINVAL,
 } SharedNoticeType;
@@ -107,6 +109,9 @@ void shared_notice_done(SharedNotice *n);
 
 typedef struct SharedPoolParams {
         const char *node_id;          /* 32 hex, persistent */
+        /* "INCARNATION/PREVIOUS,…" (brokerd/node.h): sent with the node id in every call (ARGV[2]); NULL:
+         * none (tests of the rules alone). */
+        const char *identity;
         const char *node_name;        /* hostname */
         usec_t node_ttl;              /* backend-node-ttl */
         usec_t revoke_grace;          /* part of the self-fence margin */

@@ -735,6 +735,74 @@ static void test_link_failure_refuses_the_pool_loudly(void **state) {
         assert_true(refused);
 }
 
+/* SPEC §11, "One node, one identity": Redis refuses this incarnation (another live process heartbeats
+ * under the node id). The pool is refused (node-id-conflict) and says so once; only ticks go on; one that
+ * is accepted (the other registration lapsed) brings the pool back, reclaiming what it holds. */
+static void test_identity_refusal_keeps_ticking_and_clears_when_accepted(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int lease;
+        char rid[17];
+        granted(f, &lease, S(1), rid);
+        f->pool->ops->run(f->pool, S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, arr(6, str("identity"), num(0), EMPTY, EMPTY, EMPTY, EMPTY), S(2), S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_REFUSED);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_string_equal(info.unavailable, "node-id-conflict");
+        int other;
+        assert_int_equal(submit(f, &other, 1, true, S(2)), 0);
+        assert_int_equal(f->seen[f->n_seen - 1].verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(f->seen[f->n_seen - 1].reason, "node-id-conflict");
+        /* The lease is not released, not lost: its fence deadline runs from the last accepted heartbeat. */
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(1) + TTL - REVOKE_GRACE - SHARED_FENCE_SLACK);
+
+        /* Refused again at the next heartbeat: said once. */
+        f->pool->ops->run(f->pool, S(3));
+        c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, arr(6, str("identity"), num(0), EMPTY, EMPTY, EMPTY, EMPTY), S(3), S(3));
+        no_call(f);
+        unsigned identity = 0, cleared = 0;
+        SharedNotice n;
+        while (pool_shared_pop_notice(f->pool, &n)) {
+                identity += n.type == SHARED_NOTICE_IDENTITY;
+                shared_notice_done(&n);
+        }
+        assert_int_equal(identity, 1);
+
+        /* Accepted: up again, and what it holds is reclaimed (the other registration's records were reaped). */
+        f->pool->ops->run(f->pool, S(4));
+        tick_ok(f, S(4), S(4));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_RECLAIMING);
+        c = take(f, SHARED_SCRIPT_RECLAIM);
+        assert_string_equal(arg(c, 6), rid);
+        while (pool_shared_pop_notice(f->pool, &n)) {
+                cleared += n.type == SHARED_NOTICE_IDENTITY_CLEARED;
+                shared_notice_done(&n);
+        }
+        assert_int_equal(cleared, 1);
+        f->pool->ops->info(f->pool, S(4), &info);
+        assert_null(info.unavailable);
+}
+
+/* ARGV[2] carries the incarnation with the node id when the daemon gives one. */
+static void test_calls_carry_the_incarnation(void **state) {
+        Fixture *f = *state;
+        Pool *p;
+        SharedPoolParams params = {
+                .node_id = NODE, .identity = "00112233445566778899/aabbccddeeff0011", .node_name = "runner-1",
+                .node_ttl = TTL, .revoke_grace = REVOKE_GRACE, .waiter_grace = WAITER_GRACE, .heartbeat = S(1),
+                .random = next_random, .random_userdata = f,
+        };
+        assert_int_equal(pool_shared_new("grid", &params, on_decision, f, &p), 0);
+        pool_shared_link_up(p, "run1", S(1));
+        const SharedCall *c = NULL;
+        assert_true(pool_shared_take_call(p, S(1), &c));
+        assert_string_equal(c->argv[2], NODE "/00112233445566778899/aabbccddeeff0011");
+        p->ops->free(p);
+}
+
 static void test_restored_lease_fences_from_the_alive_mark(void **state) {
         Fixture *f = *state;
         unsigned slot = 1;
@@ -1680,6 +1748,8 @@ int main(void) {
                 T(test_epoch_change_reclaims_every_lease),
                 T(test_refused_pool_comes_back_when_the_cause_is_gone),
                 T(test_link_failure_refuses_the_pool_loudly),
+                T(test_identity_refusal_keeps_ticking_and_clears_when_accepted),
+                T(test_calls_carry_the_incarnation),
                 T(test_restored_lease_fences_from_the_alive_mark),
                 T(test_restored_lease_is_reclaimed),
                 T(test_lease_released_while_reclaimed_ends_the_reclaiming),

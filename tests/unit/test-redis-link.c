@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <hiredis/hiredis.h>
 #include <systemd/sd-event.h>
 
 #include "redis-link.h"
@@ -234,7 +235,9 @@ static void test_link_comes_up_with_the_run_id_and_answers_commands(void **state
         link_start(f);
         assert_int_equal(redis_link_get_state(f->link), REDIS_LINK_DOWN);
         wait_up(f);
-        assert_int_equal(strlen(f->detail), 40); /* INFO's run_id: 40 hex digits */
+        /* INFO's run_id (40 hex digits), "/", its master_replid (40 hex digits): the data set's identity. */
+        assert_int_equal(strlen(f->detail), 81);
+        assert_int_equal(f->detail[40], '/');
         assert_string_equal(redis_link_get_run_id(f->link), f->detail);
 
         Reply r = CMD("SET", "k", "v");
@@ -373,13 +376,13 @@ static void test_a_script_redis_cannot_compile_fails_the_link(void **state) {
 static void test_command_timeout_ends_the_connection_then_it_comes_back(void **state) {
         Fixture *f = *state;
         RedisLinkStats stats;
-        char run_id[64];
+        char run_id[128];
 
         redis_start(f, NULL);
         f->options.command_timeout = 300 * USEC_PER_MSEC;
         link_start(f);
         wait_up(f);
-        snprintf(run_id, sizeof run_id, "%.60s", f->detail);
+        snprintf(run_id, sizeof run_id, "%.120s", f->detail);
 
         /* A Redis that does not answer (stopped): hiredis 0.14 would wait for ever. */
         assert_int_equal(kill(f->redis.pid, SIGSTOP), 0);
@@ -407,12 +410,12 @@ static void test_command_timeout_ends_the_connection_then_it_comes_back(void **s
 
 static void test_redis_restart_is_seen_as_a_new_run_id(void **state) {
         Fixture *f = *state;
-        char run_id[64];
+        char run_id[128];
 
         redis_start(f, NULL);
         link_start(f);
         wait_up(f);
-        snprintf(run_id, sizeof run_id, "%.60s", f->detail);
+        snprintf(run_id, sizeof run_id, "%.120s", f->detail);
 
         test_redis_kill(&f->redis);
         wait_state(f, REDIS_LINK_DOWN);
@@ -500,6 +503,62 @@ static void test_eviction_policy_other_than_noeviction_is_refused(void **state) 
         assert_non_null(strstr(f->detail, "noeviction"));
         assert_int_equal(redis_link_command(f->link, on_reply, NULL, 1, (const char *const[]) { "PING" }, NULL),
                          -ENOTCONN);
+}
+
+/* A command on a connection of its own (the link may be failed). */
+static void side_command(Fixture *f, const char *const *argv) {
+        int argc = 0;
+        while (argv[argc])
+                argc++;
+        redisContext *c = redisConnect("127.0.0.1", f->redis.port);
+        assert_true(c && !c->err);
+        redisReply *r = redisCommandArgv(c, argc, (const char **) argv, NULL);
+        assert_non_null(r);
+        assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
+        freeReplyObject(r);
+        redisFree(c);
+}
+#define SIDE(...) side_command(f, (const char *const[]) { __VA_ARGS__, NULL })
+
+/* SPEC §11, "What is checked at connect is watched": the policy changed at run time fails the link within a
+ * watch interval or two, as at connect; set back, the link comes up again. */
+static void test_eviction_policy_set_at_run_time_fails_the_link(void **state) {
+        Fixture *f = *state;
+
+        redis_start(f, NULL);
+        f->options.watch_interval = 200 * USEC_PER_MSEC;
+        link_start(f);
+        wait_up(f);
+        usec_t set = now_monotonic();
+        SIDE("CONFIG", "SET", "maxmemory-policy", "allkeys-lru");
+        wait_state(f, REDIS_LINK_FAILED);
+        assert_true(now_monotonic() - set < 2 * USEC_PER_SEC);
+        assert_string_equal(redis_link_get_failure(f->link), "eviction-policy");
+        assert_non_null(strstr(f->detail, "allkeys-lru"));
+
+        SIDE("CONFIG", "SET", "maxmemory-policy", "noeviction");
+        wait_up(f);
+}
+
+/* REPLICAOF by hand: a replica fails the link ("replica"); made a primary again, the link comes up with
+ * another replication id (the owner opens a recovery window: it may hold another data set now). */
+static void test_replicaof_by_hand_fails_the_link_and_changes_its_id(void **state) {
+        Fixture *f = *state;
+        char before[128];
+
+        redis_start(f, NULL);
+        f->options.watch_interval = 200 * USEC_PER_MSEC;
+        link_start(f);
+        wait_up(f);
+        snprintf(before, sizeof before, "%.120s", f->detail);
+        SIDE("REPLICAOF", "127.0.0.1", "1"); /* nobody there: it stays a replica that cannot sync */
+        wait_state(f, REDIS_LINK_FAILED);
+        assert_string_equal(redis_link_get_failure(f->link), "replica");
+
+        SIDE("REPLICAOF", "NO", "ONE");
+        wait_up(f);
+        assert_int_equal(strncmp(f->detail, before, 40), 0);   /* the same run */
+        assert_string_not_equal(f->detail, before);            /* another replication history */
 }
 
 /* A listening socket that is not Redis: it answers garbage to whatever comes, or stays silent. */
@@ -803,6 +862,8 @@ int main(int argc, char *argv[]) {
                 T(test_missing_password_is_a_configuration_error),
                 T(test_wrong_db_is_a_configuration_error),
                 T(test_eviction_policy_other_than_noeviction_is_refused),
+                T(test_eviction_policy_set_at_run_time_fails_the_link),
+                T(test_replicaof_by_hand_fails_the_link_and_changes_its_id),
                 T(test_a_server_that_is_not_redis_fails_the_link),
                 T(test_a_silent_server_times_out_the_setup),
                 T(test_blocking_read_has_its_own_timeout),

@@ -940,6 +940,27 @@ static void test_a_new_run_id_starts_a_recovery_window(void **state) {
         freeReplyObject(r);
 }
 
+/* The run id with the replication id ("RUN/REPLID"): a bare run id of a brokerd from before is the same
+ * server if its run id part is; another replication id is another data set (REPLICAOF by hand and back). */
+static void test_a_new_replication_id_starts_a_recovery_window(void **state) {
+        const char *canon = "backend-node-ttl=100000\n" "lane.ci.priority=0\nlimit=2\n";
+        const char *same[] = { "run1/replA", "run1", "run1/replA" };
+
+        wait_out_the_recovery_window(canon);
+        for (size_t i = 0; i < 3; i++) {
+                run_id = same[i];
+                redisReply *r = call("submit", "n1", -1, 1, "x", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+                assert_int_equal(cache(r, C_RECOVERY), 0);
+                freeReplyObject(r);
+                r = call("release", "n1", -1, 1, "0", "x", NULL); /* "gone" either way: no state kept */
+                freeReplyObject(r);
+        }
+        run_id = "run1/replB";
+        redisReply *r = call("submit", "n1", -1, 1, "y", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_REASON), "recovery");
+        freeReplyObject(r);
+}
+
 /* A redis-clock tick of node with the reclaimed flag; returns the window's end after it (0: none). */
 static long long tick_reclaimed(const char *node, const char *reclaimed) {
         redisReply *t = call("tick", node, -1, 1, node, CANON_ONE_LANE "limit=2\n", "0", "0", "0", "-", "e1",
@@ -1172,23 +1193,243 @@ static void test_an_unregistered_node_or_another_version_is_refused(void **state
 static void test_reconcile_drops_what_the_node_no_longer_has(void **state) {
         tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
         redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        long long token = field_i(body(a), D_TOKEN);
         expect_verdict("w", 1000, "ci", 1, "queued");
         expect_verdict("x", 1000, "ci", 1, "queued");
         tick_ok("n1", 1000, "=");
+        /* The page lists x only: w's record goes at once; the lease a, which the node cannot account for,
+         * is neither freed nor handed on (SPEC §11, "a restart reconciles conservatively"). */
         redisReply *t = call("tick", "n1", 2000, 1, "n1", "=", "0", "0", "0", "-", "e1", "1", "-", "+", "x", NULL);
         assert_string_equal(status(t), "ok");
         assert_string_equal(body(t)->element[8]->str, "");
-        assert_int_equal(cache(t, C_IN_USE), 1);  /* a released, w withdrawn: x got the slot */
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        assert_int_equal(cache(t, C_WAITING), 1);
+        assert_int_equal(n_events(t), 0);
+        /* It left the node's records: the node's fingerprint (x alone) is Redis's now. */
+        const redisReply *fp = body(t)->element[5];
+        assert_int_equal(fp->element[0]->integer, 1);
+        assert_int_equal(fp->element[1]->integer, fnv1a32("xw"));
+        /* It lapses one node TTL after the reconcile that missed it: then x gets the slot, at that instant. */
+        assert_int_equal(cache(t, C_NEXT_WAKEUP), 2000 + 30 * SEC);
+        freeReplyObject(t);
+        t = tick_as("n1", 2000 + 30 * SEC - 1, "=");
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        freeReplyObject(t);
+        t = tick_as("n1", 2000 + 30 * SEC, "=");
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_VERDICT), "granted");
+        assert_string_equal(field_s(event(t, 0), D_RID), "x");
+        assert_int_equal(field_i(event(t, 0), D_AT), 2000 + 30 * SEC);
+        assert_true(field_i(event(t, 0), D_TOKEN) > token);
+        freeReplyObject(t);
+        freeReplyObject(a);
+}
+
+static void test_an_orphan_released_by_its_node_is_freed_at_once(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        long long token = field_i(body(a), D_TOKEN);
+        freeReplyObject(a);
+        expect_verdict("x", 1000, "ci", 1, "queued");
+        tick_ok("n1", 1000, "=");
+        freeReplyObject(call("tick", "n1", 2000, 1, "n1", "=", "0", "0", "0", "-", "e1", "1", "-", "+", "x", NULL));
+        /* The release that the page raced: the normal case, freed and handed on at once. */
+        redisReply *r = release_at(3000, token, "a");
+        assert_string_equal(body(r)->element[0]->str, "released");
+        freeReplyObject(r);
+        redisReply *t = tick_as("n1", 3000, "=");
+        assert_int_equal(cache(t, C_IN_USE), 1);
         assert_int_equal(cache(t, C_WAITING), 0);
         assert_int_equal(n_events(t), 1);
         assert_string_equal(field_s(event(t, 0), D_RID), "x");
         freeReplyObject(t);
-        t = tick_as("n1", 2000, "=");
-        const redisReply *fp = body(t)->element[5];
-        assert_int_equal(fp->element[0]->integer, 1);
-        assert_int_equal(fp->element[1]->integer, fnv1a32("xl"));
+        redisReply *o = redisCommand(redis, "ZCARD " POOL ":orph");
+        assert_int_equal(o->integer, 0);
+        freeReplyObject(o);
+}
+
+/* ---- what is checked at connect is watched: keys lost between two calls ---- */
+
+static bool granted_in(const redisReply *r) {
+        if (strcmp(status(r), "ok") == 0 && body(r)->type == REDIS_REPLY_ARRAY && body(r)->elements > D_VERDICT &&
+            body(r)->element[D_VERDICT]->type == REDIS_REPLY_STRING &&
+            strcmp(field_s(body(r), D_VERDICT), "granted") == 0)
+                return true;
+        for (size_t i = 0; i < n_events(r); i++)
+                if (event(r, i)->element[0]->type == REDIS_REPLY_STRING &&
+                    strcmp(field_s(event(r, i), D_VERDICT), "granted") == 0)
+                        return true;
+        return false;
+}
+
+#define LOSS_CANON "backend-node-ttl=400000\n" "lane.ci.priority=0\nlimit=1\n"
+
+/* A tick of n1 (redis clock) that must grant nothing; registers n1 again if Redis lost it. */
+static void tick_granting_nothing(const char *reclaimed) {
+        redisReply *t = call("tick", "n1", -1, 1, "n1", LOSS_CANON, "0", "0", "0", "-", "e1", reclaimed, "", NULL);
+        assert_string_equal(status(t), "ok");
+        assert_false(granted_in(t));
         freeReplyObject(t);
+}
+
+/* Every key of a pool but meta deleted by hand, one at a time, while a lease holds the only slot and a
+ * waiter waits: no call grants the slot again while the lease is held. A loss the counts see opens a
+ * recovery window in which the node reclaims its lease (same slot, same token); after it the slot is
+ * still the lease's, and it is granted again once released. */
+static void test_a_key_lost_never_grants_a_held_slot_twice(void **state) {
+        redisReply *keys = NULL;
+        size_t n_keys = 0, n_renewed = 0;
+        char names[64][96];
+
+        for (size_t k = 0; k == 0 || k < n_keys; k++) {
+                setup(state);
+                wait_out_the_recovery_window(LOSS_CANON);
+                redisReply *a = call("submit", "n1", -1, 1, "a", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+                assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+                char token[32];
+                snprintf(token, sizeof token, "%lld", field_i(body(a), D_TOKEN));
+                freeReplyObject(a);
+                redisReply *w = call("submit", "n1", -1, 1, "w", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+                assert_string_equal(field_s(body(w), D_VERDICT), "queued");
+                freeReplyObject(w);
+                if (k == 0) {
+                        keys = redisCommand(redis, "KEYS %s*", POOL);
+                        for (size_t i = 0; i < keys->elements; i++)
+                                if (strcmp(keys->element[i]->str, POOL ":meta") != 0) {
+                                        assert_true(n_keys < 64);
+                                        snprintf(names[n_keys++], sizeof names[0], "%s", keys->element[i]->str);
+                                }
+                        freeReplyObject(keys);
+                        assert_true(n_keys >= 15);
+                }
+                redisReply *e = redisCommand(redis, "DEL %s", names[k]);
+                assert_int_equal(e->integer, 1);
+                freeReplyObject(e);
+                redisReply *m = redisCommand(redis, "HGET " POOL ":meta epoch");
+                char epoch[64];
+                snprintf(epoch, sizeof epoch, "%s", m->str);
+                freeReplyObject(m);
+
+                /* Whatever Redis has left: nothing is granted, neither to a new request nor to the waiter. */
+                redisReply *x = call("submit", "n1", -1, 1, "x", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+                assert_false(granted_in(x));
+                freeReplyObject(x);
+                tick_granting_nothing("0");
+                m = redisCommand(redis, "HGET " POOL ":meta epoch");
+                bool renewed = strcmp(m->str, epoch) != 0;
+                freeReplyObject(m);
+                n_renewed += renewed;
+
+                /* The node reclaims its lease (it learns of the new epoch from the tick). */
+                if (renewed) {
+                        redisReply *r = call("reclaim", "n1", -1, 1, "a", "ci", "1", token, "1000", "0", NULL);
+                        if (strcmp(status(r), "ok") != 0 || strcmp(body(r)->element[0]->str, "confirmed") != 0)
+                                fail_msg("%s: the reclaim of a is %s %s", names[k], status(r),
+                                         strcmp(status(r), "ok") == 0 ? body(r)->element[0]->str : "");
+                        freeReplyObject(r);
+                }
+                for (int i = 0;; i++) {
+                        redisReply *t = call("tick", "n1", -1, 1, "n1", LOSS_CANON, "0", "0", "0", "-", "e1", "1", "",
+                                             NULL);
+                        assert_false(granted_in(t));
+                        bool over = cache(t, C_RECOVERY) == 0;
+                        freeReplyObject(t);
+                        if (over)
+                                break;
+                        assert_true(i < 100000);
+                        (void) nanosleep(&(struct timespec) { .tv_nsec = 1000 * 1000 }, NULL);
+                }
+                x = call("submit", "n1", -1, 1, "y", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+                if (granted_in(x))
+                        fail_msg("%s deleted: slot 0 granted again while a holds it", names[k]);
+                freeReplyObject(x);
+
+                /* Released, it is granted again: to the waiter if Redis still has it, else to a new request. */
+                redisReply *r = call("release", "n1", -1, 1, token, "a", NULL);
+                assert_string_equal(body(r)->element[0]->str, "released");
+                x = call("submit", "n1", -1, 1, "z", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+                if (!granted_in(r) && !granted_in(x))
+                        fail_msg("%s deleted: no grant after the release: %s %s %s", names[k], status(x),
+                                 strcmp(status(x), "ok") == 0 ? field_s(body(x), D_VERDICT) : "",
+                                 strcmp(status(x), "ok") == 0 ? field_s(body(x), D_REFUSAL) : "");
+                freeReplyObject(r);
+                freeReplyObject(x);
+        }
+        printf("# %zu keys deleted one at a time, %zu of them seen lost (a recovery window)\n", n_keys, n_renewed);
+        assert_true(n_renewed >= 8);
+}
+
+/* ---- one node, one identity ---- */
+
+#define ID_A "n1/aaaaaaaaaaaaaaaa/"
+#define ID_B "n1/bbbbbbbbbbbbbbbb/"
+#define ID_A2 "n1/cccccccccccccccc/aaaaaaaaaaaaaaaa"         /* a restart of A */
+#define ID_A3 "n1/dddddddddddddddd/eeeeeeeeeeeeeeee,cccccccccccccccc" /* A2's, after a start that never ticked */
+
+static void test_a_second_live_incarnation_is_refused_before_anything(void **state) {
+        tick_ok(ID_A, 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = call("submit", ID_A, 1000, 0, "a", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(a), D_VERDICT), "granted");
         freeReplyObject(a);
+        tick_ok(ID_A, 1000, "=");
+
+        /* A clone's first heartbeat with an empty reconcile page: refused, nothing reconciled. */
+        redisReply *t = call("tick", ID_B, 2000, 1, "n1", CANON_ONE_LANE "limit=1\n", "0", "0", "0", "-", "e1", "1",
+                             "-", "+", NULL);
+        assert_string_equal(status(t), "identity");
+        assert_int_equal(t->element[R_CACHE]->elements, 0);
+        freeReplyObject(t);
+        const char *ops[][3] = { { "submit", "b", "ci" }, { "withdraw", "a", NULL }, { "drain", "", "1" } };
+        for (size_t i = 0; i < 3; i++) {
+                redisReply *r = strcmp(ops[i][0], "submit") == 0
+                                        ? call("submit", ID_B, 2000, 0, "b", "ci", "1", "1", "0", "-1", "-1", "-", NULL)
+                                        : call(ops[i][0], ID_B, 2000, 0, ops[i][1], ops[i][2], NULL);
+                assert_string_equal(status(r), "identity");
+                freeReplyObject(r);
+        }
+        redisReply *r = call("release", ID_B, 2000, 0, "1", "a", NULL);
+        assert_string_equal(status(r), "identity");
+        freeReplyObject(r);
+        r = call("reclaim", ID_B, 2000, 0, "a", "ci", "1", "1", "1000", "0", NULL);
+        assert_string_equal(status(r), "identity");
+        freeReplyObject(r);
+
+        /* A's lease is untouched, and A goes on. */
+        t = tick_as(ID_A, 3000, "=");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        assert_int_equal(body(t)->element[5]->element[0]->integer, 1);
+        freeReplyObject(t);
+
+        /* A restart of A (its incarnation among the caller's previous ones) is the node: it takes over, and
+         * the one it succeeded is refused from then on. */
+        t = tick_as(ID_A2, 4000, "=");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        freeReplyObject(t);
+        t = tick_as(ID_A, 5000, "=");
+        assert_string_equal(status(t), "identity");
+        freeReplyObject(t);
+        /* A start that died before its first tick is skipped by the next one's list. */
+        t = tick_as(ID_A3, 6000, "=");
+        assert_string_equal(status(t), "ok");
+        freeReplyObject(t);
+
+        /* B is refused as long as the registration heartbeats; once it lapsed (and was reaped with its
+         * lease, whose holder fenced itself by then), B may be the node. */
+        t = tick_as(ID_B, 6000 + 30 * SEC - 1, "=");
+        assert_string_equal(status(t), "identity");
+        freeReplyObject(t);
+        t = call("tick", ID_B, 6000 + 30 * SEC, 1, "n1", CANON_ONE_LANE "limit=1\n", "0", "0", "0", "-", "e1", "1", "",
+                 "", NULL);
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(cache(t, C_IN_USE), 0);
+        assert_int_equal(t->element[R_NOTICES]->elements, 1);
+        freeReplyObject(t);
+        t = tick_as(ID_A3, 6000 + 30 * SEC + 1, "=");
+        assert_string_equal(status(t), "identity");
+        freeReplyObject(t);
 }
 
 /* ---- the scripts against pool-local.c itself ----
@@ -1664,12 +1905,16 @@ int main(void) {
                 T(test_redis_clock_tokens_follow_the_time),
                 T(test_a_new_run_id_starts_a_recovery_window),
                 T(test_tokens_never_go_back_after_a_loss),
+                T(test_a_new_replication_id_starts_a_recovery_window),
                 T(test_a_run_id_window_ends_when_every_node_reclaimed),
                 T(test_the_pool_clock_absorbs_gaps_and_backward_steps),
                 T(test_a_saturated_pool_sheds_at_the_saturated_budget),
                 T(test_max_queue_refuses_full_and_an_unknown_lane_is_invalid),
                 T(test_an_unregistered_node_or_another_version_is_refused),
                 T(test_reconcile_drops_what_the_node_no_longer_has),
+                T(test_an_orphan_released_by_its_node_is_freed_at_once),
+                T(test_a_second_live_incarnation_is_refused_before_anything),
+                T(test_a_key_lost_never_grants_a_held_slot_twice),
                 T(test_reconcile_and_positions_are_paged),
                 T(test_an_instant_cut_short_is_finished_before_a_later_arrival),
                 T(test_scripts_decide_as_pool_local_does),
