@@ -687,6 +687,31 @@ usec_t backend_table_fence_deadline(const BackendTable *t, const char *pool) {
         return deadline;
 }
 
+bool backend_table_where(const BackendTable *t, const char *pool, BackendWhere *ret) {
+        bool found = false;
+        for (size_t i = 0; i < t->n_backends; i++) {
+                const Backend *b = t->backends[i];
+                for (size_t j = 0; j < b->n_pools; j++) {
+                        const BackendPool *bp = b->pools[j];
+                        if (!streq(bp->pool->name, pool))
+                                continue;
+                        PoolInfo info;
+                        bp->pool->ops->info(bp->pool, 0, &info);
+                        if (found && info.in_use == 0)
+                                continue;
+                        *ret = (BackendWhere) {
+                                .url = b->url,
+                                .user = b->user,
+                                .password_file = b->password_file,
+                                .sentinel_password_file = b->sentinel_password_file,
+                                .node_ttl = pool_shared_fence_ttl(bp->pool),
+                        };
+                        found = true;
+                }
+        }
+        return found;
+}
+
 void backend_table_set_revoke_grace(BackendTable *t, usec_t revoke_grace) {
         t->revoke_grace = revoke_grace;
         for (size_t i = 0; i < t->n_backends; i++) {

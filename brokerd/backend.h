@@ -74,6 +74,15 @@ void backend_table_set_last_alive(BackendTable *t, usec_t realtime);
  * acknowledged yet. */
 usec_t backend_table_fence_deadline(const BackendTable *t, const char *pool);
 
+/* Where the shared pool `pool` is kept: its Backend's URL and credentials (valid until the pool's backend
+ * goes), and its node TTL. With two objects of the name (a move under way), the one holding leases. Returns
+ * false for a pool without backend. */
+typedef struct BackendWhere {
+        const char *url, *user, *password_file, *sentinel_password_file;
+        usec_t node_ttl;
+} BackendWhere;
+bool backend_table_where(const BackendTable *t, const char *pool, BackendWhere *ret);
+
 /* [broker] revoke-grace= at start and at each reload: every shared pool's self-fence margin, the retired
  * ones' too. */
 void backend_table_set_revoke_grace(BackendTable *t, usec_t revoke_grace);

@@ -303,6 +303,21 @@ static int manager_pool_factory(const PoolConfig *pc, const char *name, PoolEmit
         return backend_table_pool_new(pc, name, emit, emit_userdata, &m->backends, ret);
 }
 
+static bool lease_backend_of(const char *pool, HistoryLeaseBackend *ret, void *userdata) {
+        Manager *m = userdata;
+        BackendWhere w;
+        if (!backend_table_where(&m->backends, pool, &w))
+                return false;
+        *ret = (HistoryLeaseBackend) {
+                .url = (char *) w.url,
+                .user = (char *) w.user,
+                .password_file = (char *) w.password_file,
+                .sentinel_password_file = (char *) w.sentinel_password_file,
+                .node_ttl = w.node_ttl,
+        };
+        return true;
+}
+
 static void on_backend_rtt(const char *pool, usec_t rtt, void *userdata) {
         Manager *m = userdata;
         metrics_backend_rtt(&m->metrics, pool, rtt);
@@ -1073,6 +1088,10 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         lease_table_init(&m->leases, m->event, NULL, &m->audit);
         m->leases.random_bytes = lease_random_bytes;
         m->leases.random_userdata = m;
+#if HAVE_REDIS
+        m->leases.backend_of = lease_backend_of;
+        m->leases.backend_userdata = m;
+#endif
         if (r < 0)
                 return log_error_errno(r, "Failed to allocate the event loop: %m");
         history_calls_init(&m->history_calls);

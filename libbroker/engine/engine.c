@@ -901,11 +901,33 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
         assert_return(rs && rs->pool && rs->lane && rs->slots && rs->n_slots > 0, -EINVAL);
         assert_return(ret, -EINVAL);
 
-        /* A shared lease goes to the pool object of that name kept by a backend, a local one to the local
-         * one: after a move both may be there. */
-        Pool *p = pool_find_kind(e->pools, e->n_pools, rs->pool, rs->remote_id);
+        /* A shared lease goes to the pool object of that name kept where it was granted (or, not recorded, by
+         * any backend), a local one to the local one: after a move both may be there. */
+        _cleanup_free_ char *identity = NULL;
+        if (rs->remote_id && rs->granted_in && pool_identity(rs->granted_in, &identity) < 0)
+                return -ENOMEM;
+        Pool *p = identity ? pool_find_kept(e->pools, e->n_pools, rs->pool, identity) : NULL;
+        if (!p && identity)
+                p = pool_find_kept(e->retired, e->n_retired, rs->pool, identity);
+        /* Another backend= of the same name: the lease is reclaimed there (one object per shared pool: two
+         * on one Redis under two URLs would reconcile each other's records away). */
+        if (!p)
+                p = pool_find_kind(e->pools, e->n_pools, rs->pool, rs->remote_id);
         if (!p)
                 p = pool_find_kind(e->retired, e->n_retired, rs->pool, rs->remote_id);
+        if (!p && identity) {
+                /* Not shared any more (removed, or local): a pool where it was granted holds it, retired,
+                 * until it ends; a reload that shares the pool there again revives it. */
+                Pool **a = reallocarray(e->retired, e->n_retired + 1, sizeof(Pool *));
+                if (!a)
+                        return -ENOMEM;
+                e->retired = a;
+                int r = pool_new_for(e, rs->granted_in, rs->pool, &p);
+                if (r < 0)
+                        return r;
+                p->ops->retire(p, rs->granted_at);
+                e->retired[e->n_retired++] = p;
+        }
         if (!p)
                 p = pool_find(e->retired, e->n_retired, rs->pool);
         if (!p) {

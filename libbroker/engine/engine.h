@@ -199,6 +199,10 @@ typedef struct EngineLeaseRestore {
         usec_t granted_at;
         usec_t expires_at;        /* USEC_INFINITY: none */
         const char *remote_id;    /* as engine_lease_remote_id() said; NULL: a local lease */
+        /* A shared lease: where it was granted (backend= and credentials, backend-node-ttl=), or NULL (not
+         * recorded). When no pool of the name is kept there, one is made there (the factory) and retired:
+         * it heartbeats the lease, reclaims it, and releases it in Redis when it ends (SPEC §11). */
+        const PoolConfig *granted_in;
         void *userdata;
 } EngineLeaseRestore;
 

@@ -501,7 +501,9 @@ static int queue_tick(SharedPool *p, bool run, usec_t now) {
         char epoch[17];
         snprintf(epoch, sizeof epoch, "%016" PRIx64, p->params.random(p->params.random_userdata));
         if ((r = call_add(c, "%s", p->params.node_name)) < 0 ||
-            (r = call_add(c, "%s", p->canon ?: "")) < 0 ||
+            /* "=": the rules this node last wanted, as Redis keeps them; a pool made at a restart only to
+             * hold the leases restored into it (never configured) wants nothing new. */
+            (r = call_add(c, "%s", p->canon ?: "=")) < 0 ||
             (r = call_add(c, "%" PRIu64, p->fp.n)) < 0 ||
             (r = call_add(c, "%" PRIu32, p->fp.x)) < 0 ||
             (r = call_add(c, "%" PRIu32, p->fp.s)) < 0 ||
@@ -1863,6 +1865,15 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 return;
         }
 
+        if (c->script == SHARED_SCRIPT_TICK && resp_is(status, "canon")) {
+                /* A tick with "=" and Redis has no rules of this node: it was reaped, its leases with it.
+                 * Nothing is sent (the restored leases fence from the daemon's last alive mark); what it
+                 * owes is not owed any more. */
+                state_set(p, SHARED_STATE_MISMATCH);
+                call_free(c);
+                return;
+        }
+
         events_apply(p, resp_at(reply, 3), now);
         cache_apply(p, resp_at(reply, 4), pool_now, now);
         notices_apply(p, resp_at(reply, 5));
@@ -1956,6 +1967,10 @@ bool pool_shared_is_settled(const Pool *base) {
 
 void pool_shared_set_revoke_grace(Pool *base, usec_t revoke_grace) {
         SHARED(base)->params.revoke_grace = revoke_grace;
+}
+
+usec_t pool_shared_fence_ttl(const Pool *base) {
+        return SHARED(base)->fence_ttl;
 }
 
 SharedState pool_shared_state(const Pool *base) {
@@ -2360,11 +2375,13 @@ static size_t shared_position(const Pool *base, const PoolWaiter *w, size_t *ret
         return w->position;
 }
 
-/* A release or withdrawal is queued or in flight, and Redis may still take it: the pool is not refused for
- * good, and this node was not fenced (then Redis freed, or frees, all it had). While the link is down the
- * debt stays: it is paid when Redis is back. */
+/* A release or withdrawal is queued or in flight, and Redis may still take it: the pool is not refused, its
+ * rules agree, and this node was not fenced (then Redis freed, or frees, all it had). While the link is down
+ * the debt stays: it is paid when Redis is back. */
 static bool pool_shared_owes(const SharedPool *p) {
-        if (p->state == SHARED_STATE_REFUSED || p->state == SHARED_STATE_FENCED)
+        /* Refused, fenced, or rules that differ (the releases are parked, and a retired pool's rules never
+         * change again): Redis reaps this node's records after the node TTL, as before. */
+        if (p->state == SHARED_STATE_REFUSED || p->state == SHARED_STATE_FENCED || p->state == SHARED_STATE_MISMATCH)
                 return false;
         list_foreach(n, &p->outbox) {
                 const Call *c = container_of(n, Call, node);

@@ -11,13 +11,18 @@ redis-servers:
 - a reload that changes backend= (another Redis, another db) is refused, reason in the Reload reply,
   while this node holds something in the pool, and applied once it holds nothing;
 - a reload that changes backend-node-ttl= is a change of the pool's rules (refused for "rules" until
-  every node agrees), never silently ignored.
+  every node agrees), never silently ignored;
+- a restart whose configuration no longer has the pool, while a command of it runs, keeps that lease
+  heartbeated in Redis (another runner's command does not start while it runs, also after a node TTL) and
+  releases it there when it ends (the other one starts within half a node TTL): the lease log records
+  where each shared lease was granted.
 
 Skipped (77) without redis-server or shared pools.
 
-Usage: test-shared-reload.py BROKERD [unittest arguments]
+Usage: test-shared-reload.py BROKERD SLOTCTL [unittest arguments]
 """
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,9 +30,11 @@ import time
 sys.dont_write_bytecode = True
 import faults  # noqa: E402
 import harness  # noqa: E402
+import witness  # noqa: E402
 from harness import VarlinkError, wait_for  # noqa: E402
 from redisd import RedisServer  # noqa: E402
 
+SLOTCTL = None
 TTL = 12  # seconds: backend-node-ttl, also the recovery window of the pool's first use
 
 
@@ -195,7 +202,46 @@ class TestSharedReload(harness.BrokerTestCase):
         for x in (a, b):
             self.wait_served(x)
 
+    def run_witness(self, b, w, name):
+        p = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "ci", "--quiet",
+                              "--reclaim-for", f"{TTL}s", "--kill-after", "1s", "--",
+                              *w.command_until_stopped(name)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(lambda: p.poll() is None and p.kill())
+        return p
+
+    def test_restart_without_the_pool(self):
+        """Restarted with the pool gone from its configuration while a command of it runs (issue 19 f)."""
+        a, b = self.two_shared()
+        w = witness.Witness(self.tmp)
+        cmd_a = self.run_witness(a, w, "on-a")
+        wait_for(lambda: w.started("on-a"), timeout=TTL + 20, message="a's command to start")
+        cmd_b = self.run_witness(b, w, "on-b")
+        wait_for(lambda: self.backend(b).get("waiting") == 1, timeout=10, message="b's command to wait")
+
+        self.assertEqual(a.stop(), 0)
+        a.write_config(config(a.name, grid=False))
+        a.start()
+        # Longer than a node TTL: Redis would have freed a's slot by now if nobody heartbeated it.
+        deadline = time.monotonic() + TTL + 4
+        while time.monotonic() < deadline:
+            self.assertEqual(w.started("on-b"), [], "b's command started while a's still runs")
+            if cmd_a.poll() is not None:
+                self.fail(f"a's command ended ({cmd_a.returncode}) while brokerd restarted")
+            time.sleep(0.5)  # sampling what must not happen, not waiting for something
+
+        t0 = time.monotonic()
+        w.stop("on-a")
+        self.assertEqual(cmd_a.wait(10), 0)
+        wait_for(lambda: w.started("on-b"), timeout=TTL + 10, message="b's command to start")
+        elapsed = time.monotonic() - t0
+        self.assertLess(elapsed, TTL / 2, f"b's command started {elapsed:.1f} s after a's ended: only the node TTL "
+                        "freed the slot")
+        w.stop("on-b")
+        self.assertEqual(cmd_b.wait(10), 0)
+        w.check(self)
+
 
 if __name__ == "__main__":
-    (_,), argv = harness.arguments(__doc__, 1)
+    (_, SLOTCTL), argv = harness.arguments(__doc__, 2)
     harness.main(argv)
