@@ -640,6 +640,21 @@ static void test_node_ttl_by_reload_fences_on_the_shorter_until_agreed(void **st
         assert_int_equal(pool_shared_fence_deadline(f->pool), S(1005) + S(60) - margin);
 }
 
+/* revoke-grace= changed by reload: the self-fence margin follows at once (issue 19 c). */
+static void test_revoke_grace_by_reload_moves_the_fence(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        f->pool->ops->bind_grant(f->pool, f->seen[0].grant, &cookie);
+        f->pool->ops->run(f->pool, S(2));
+        tick_ok(f, S(1000), S(2));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(1000) + TTL - REVOKE_GRACE - S(2));
+        pool_shared_set_revoke_grace(f->pool, S(12));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(1000) + TTL - S(12) - S(2));
+}
+
 /* A retired pool whose last lease ended owes Redis the release until it is answered (issue 19 f): the
  * engine frees it only then. */
 static void test_a_release_is_owed_until_answered(void **state) {
@@ -1672,6 +1687,7 @@ int main(void) {
                 T(test_fence_deadline_from_the_last_acknowledged_heartbeat),
                 T(test_node_ttl_by_reload_fences_on_the_shorter_until_agreed),
                 T(test_a_release_is_owed_until_answered),
+                T(test_revoke_grace_by_reload_moves_the_fence),
                 T(test_grant_read_after_the_vouch_deadline_is_released_not_handed_out),
                 T(test_intents_are_replayed_in_order_after_a_reconnect),
                 T(test_epoch_change_reclaims_every_lease),
