@@ -12,7 +12,7 @@ redis-servers:
   while this node holds something in the pool, and applied once it holds nothing;
 - a reload that changes backend-node-ttl= is a change of the pool's rules (refused for "rules" until
   every node agrees), never silently ignored;
-- a restart whose configuration no longer has the pool, while a command of it runs, keeps that lease
+- a restart whose configuration no longer has the pool (or has it local), while a command of it runs, keeps that lease
   heartbeated in Redis (another runner's command does not start while it runs, also after a node TTL) and
   releases it there when it ends (the other one starts within half a node TTL): the lease log records
   where each shared lease was granted.
@@ -212,6 +212,15 @@ class TestSharedReload(harness.BrokerTestCase):
 
     def test_restart_without_the_pool(self):
         """Restarted with the pool gone from its configuration while a command of it runs (issue 19 f)."""
+        self.restart_unshared(config("runner-a", grid=False))
+
+    def test_restart_with_the_pool_local(self):
+        """Restarted with the pool made local while a command of it runs: the same, and the local pool serves
+        a's new requests meanwhile."""
+        a = self.restart_unshared(config("runner-a"), check_local=True)
+        self.assertNotIn("backend", a.pool("grid"))
+
+    def restart_unshared(self, new_config, check_local=False):
         a, b = self.two_shared()
         w = witness.Witness(self.tmp)
         cmd_a = self.run_witness(a, w, "on-a")
@@ -220,8 +229,12 @@ class TestSharedReload(harness.BrokerTestCase):
         wait_for(lambda: self.backend(b).get("waiting") == 1, timeout=10, message="b's command to wait")
 
         self.assertEqual(a.stop(), 0)
-        a.write_config(config(a.name, grid=False))
+        a.write_config(new_config)
         a.start()
+        if check_local:
+            mine = self.acquire(a, "now")  # the local pool's own slot, beside the shared lease
+            self.assertTrue(mine.granted, mine.msg)
+            mine.close()
         # Longer than a node TTL: Redis would have freed a's slot by now if nobody heartbeated it.
         deadline = time.monotonic() + TTL + 4
         while time.monotonic() < deadline:
@@ -240,6 +253,7 @@ class TestSharedReload(harness.BrokerTestCase):
         w.stop("on-b")
         self.assertEqual(cmd_b.wait(10), 0)
         w.check(self)
+        return a
 
 
 if __name__ == "__main__":
