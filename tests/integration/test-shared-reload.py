@@ -12,10 +12,10 @@ redis-servers:
   while this node holds something in the pool, and applied once it holds nothing;
 - a reload that changes backend-node-ttl= is a change of the pool's rules (refused for "rules" until
   every node agrees), never silently ignored;
-- a restart whose configuration no longer has the pool (or has it local), while a command of it runs, keeps that lease
-  heartbeated in Redis (another runner's command does not start while it runs, also after a node TTL) and
-  releases it there when it ends (the other one starts within half a node TTL): the lease log records
-  where each shared lease was granted.
+- a restart whose configuration no longer has the pool (or has it local), while a command of it runs,
+  keeps that lease heartbeated in Redis (another runner's command does not start while it runs, also
+  after a node TTL) and releases it there when it ends (the other one starts within half a node TTL): the
+  lease log records where each shared lease was granted.
 
 Skipped (77) without redis-server or shared pools.
 

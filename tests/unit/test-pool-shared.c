@@ -624,7 +624,8 @@ static void test_node_ttl_by_reload_fences_on_the_shorter_until_agreed(void **st
         assert_int_equal(pool_shared_fence_deadline(f->pool), S(1000) + S(20) - margin); /* at once */
         const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
         assert_non_null(strstr(arg(c, 7), "backend-node-ttl=20000000\n"));
-        done(f, c, reply("ok", S(3), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(1, 0, 0, -1, "")), S(1003), S(3));
+        done(f, c, reply("ok", S(3), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(1, 0, 0, -1, "")), S(1003),
+             S(3));
         assert_int_equal(pool_shared_fence_deadline(f->pool), S(1003) + S(20) - margin);
 
         /* Longer: the old, shorter TTL holds until Redis agreed (it drops this node by the stored rules). */
@@ -636,7 +637,8 @@ static void test_node_ttl_by_reload_fences_on_the_shorter_until_agreed(void **st
         assert_int_equal(pool_shared_fence_deadline(f->pool), S(1004) + S(20) - margin);
         f->pool->ops->run(f->pool, S(5));
         c = take(f, SHARED_SCRIPT_TICK);
-        done(f, c, reply("ok", S(5), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(1, 0, 0, -1, "")), S(1005), S(5));
+        done(f, c, reply("ok", S(5), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(1, 0, 0, -1, "")), S(1005),
+             S(5));
         assert_int_equal(pool_shared_fence_deadline(f->pool), S(1005) + S(60) - margin);
 }
 
