@@ -35,6 +35,7 @@ static const struct {
 #define MESSAGE_ID_CONGESTED "bea33a9df3d140f5b7d01ea4bf9aca7e"
 #define MESSAGE_ID_UNCONGESTED "bdc54e22d19e4e57a561169ac2768548"
 #define MESSAGE_ID_RELOAD "19905e0f437b4ad0a532f312640d8ed4"
+#define MESSAGE_ID_POOL_MOVED "8f7ad51379634787b3aa0027afe18a02"
 /* Shared pools: one per SharedNoticeType. */
 static const struct {
         const char *message_id;
@@ -313,6 +314,20 @@ void audit_reload(Audit *a, bool ok, const char *detail) {
         field(&f, "MESSAGE_ID=%s", MESSAGE_ID_RELOAD);
         field(&f, "PRIORITY=%d", ok ? LOG_NOTICE : LOG_ERR);
         field(&f, "SLOT_RELOAD=%s", ok ? "applied" : "rejected");
+        journal_send(a, &f);
+}
+
+void audit_pool_moved(Audit *a, const char *pool, const char *from, const char *to, unsigned in_use) {
+        Fields f = { .n = 0 };
+        field(&f, "MESSAGE=[POOL_MOVED] Pool %s moved by reload from %s to %s: new requests go to %s; the %u slots "
+              "held here stay where they were granted until their leases end, outside the new side's limit",
+              pool, from, to, to, in_use);
+        field(&f, "MESSAGE_ID=%s", MESSAGE_ID_POOL_MOVED);
+        field(&f, "PRIORITY=%d", LOG_NOTICE);
+        field(&f, "SLOT_POOL=%s", pool);
+        field(&f, "SLOT_BACKEND_FROM=%s", from);
+        field(&f, "SLOT_BACKEND_TO=%s", to);
+        field(&f, "SLOT_IN_USE=%u", in_use);
         journal_send(a, &f);
 }
 

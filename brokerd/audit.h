@@ -60,3 +60,6 @@ void audit_backend(Audit *a, const char *pool, const SharedNotice *n);
  * whatever the number of its pools (each of them journals its recovery window itself). */
 void audit_backend_failover(Audit *a, const char *url, const char *previous, const char *primary);
 void audit_reload(Audit *a, bool ok, const char *detail);
+/* A reload changed where pool `pool` is kept (from, to: a backend= URL or "local"); in_use slots held on
+ * this node stay in the old place until their leases end. */
+void audit_pool_moved(Audit *a, const char *pool, const char *from, const char *to, unsigned in_use);

@@ -680,13 +680,52 @@ void backend_table_set_last_alive(BackendTable *t, usec_t realtime) {
 }
 
 usec_t backend_table_fence_deadline(const BackendTable *t, const char *pool) {
+        /* The earliest: a pool being moved to another backend may have two objects for a moment. */
+        usec_t deadline = USEC_INFINITY;
         for (size_t i = 0; i < t->n_backends; i++) {
                 Backend *b = t->backends[i];
                 for (size_t j = 0; j < b->n_pools; j++)
                         if (streq(b->pools[j]->pool->name, pool))
-                                return pool_shared_fence_deadline(b->pools[j]->pool);
+                                deadline = MIN(deadline, pool_shared_fence_deadline(b->pools[j]->pool));
         }
-        return USEC_INFINITY;
+        return deadline;
+}
+
+bool backend_table_where(const BackendTable *t, const char *pool, BackendWhere *ret) {
+        bool found = false;
+        for (size_t i = 0; i < t->n_backends; i++) {
+                const Backend *b = t->backends[i];
+                for (size_t j = 0; j < b->n_pools; j++) {
+                        const BackendPool *bp = b->pools[j];
+                        if (!streq(bp->pool->name, pool))
+                                continue;
+                        PoolInfo info;
+                        bp->pool->ops->info(bp->pool, 0, &info);
+                        if (found && info.in_use == 0)
+                                continue;
+                        *ret = (BackendWhere) {
+                                .url = b->url,
+                                .user = b->user,
+                                .password_file = b->password_file,
+                                .sentinel_password_file = b->sentinel_password_file,
+                                .node_ttl = pool_shared_fence_ttl(bp->pool),
+                        };
+                        found = true;
+                }
+        }
+        return found;
+}
+
+void backend_table_set_revoke_grace(BackendTable *t, usec_t revoke_grace) {
+        t->revoke_grace = revoke_grace;
+        for (size_t i = 0; i < t->n_backends; i++) {
+                Backend *b = t->backends[i];
+                for (size_t j = 0; j < b->n_pools; j++) {
+                        b->pools[j]->params.revoke_grace = revoke_grace;
+                        pool_shared_set_revoke_grace(b->pools[j]->pool, revoke_grace);
+                }
+                backend_after(b); /* the fence timer, and the holders' deadlines, move */
+        }
 }
 
 bool backend_table_giving_back(const BackendTable *t) {

@@ -69,9 +69,23 @@ bool backend_table_primary(const BackendTable *t, const char *pool, BackendPrima
  * so that a restart while Redis is unreachable still revokes them in time. */
 void backend_table_set_last_alive(BackendTable *t, usec_t realtime);
 
-/* The self-fence deadline (CLOCK_BOOTTIME) of the shared pool `pool`: its leases are safe until then.
- * USEC_INFINITY: no such pool, no lease, or nothing acknowledged yet. */
+/* The self-fence deadline (CLOCK_BOOTTIME) of the shared pool `pool`: its leases are safe until then (the
+ * earliest of its objects, while a reload moves it). USEC_INFINITY: no such pool, no lease, or nothing
+ * acknowledged yet. */
 usec_t backend_table_fence_deadline(const BackendTable *t, const char *pool);
+
+/* Where the shared pool `pool` is kept: its Backend's URL and credentials (valid until the pool's backend
+ * goes), and its node TTL. With two objects of the name (a move under way), the one holding leases. Returns
+ * false for a pool without backend. */
+typedef struct BackendWhere {
+        const char *url, *user, *password_file, *sentinel_password_file;
+        usec_t node_ttl;
+} BackendWhere;
+bool backend_table_where(const BackendTable *t, const char *pool, BackendWhere *ret);
+
+/* [broker] revoke-grace= at start and at each reload: every shared pool's self-fence margin, the retired
+ * ones' too. */
+void backend_table_set_revoke_grace(BackendTable *t, usec_t revoke_grace);
 
 /* Whether a pool on one of the backends still owes Redis a withdraw or release it can deliver
  * (pool_shared_giving_back()): a clean stop keeps the loop running, bounded, until this is false. */

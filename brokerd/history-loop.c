@@ -49,6 +49,10 @@ void history_lease_row_done(HistoryLeaseRow *row) {
         history_members_free(row->members, row->n_slots);
         free(row->job);
         free(row->remote_id);
+        free(row->backend.url);
+        free(row->backend.user);
+        free(row->backend.password_file);
+        free(row->backend.sentinel_password_file);
         *row = (HistoryLeaseRow) {};
 }
 

@@ -24,6 +24,16 @@
 typedef struct History History;
 
 /* A lease as it is kept for a restart (in the lease log; in history.db by an older brokerd). */
+/* Where a shared lease was granted (pool backend=, credentials, node TTL): a restart whose configuration no
+ * longer keeps the pool there still heartbeats the lease there and releases it there (SPEC §11). */
+typedef struct HistoryLeaseBackend {
+        char *url;                /* NULL: a local lease, or one recorded by an older brokerd */
+        char *user;
+        char *password_file;
+        char *sentinel_password_file;
+        usec_t node_ttl;
+} HistoryLeaseBackend;
+
 typedef struct HistoryLeaseRow {
         char *id;
         char *pool;
@@ -41,6 +51,7 @@ typedef struct HistoryLeaseRow {
         usec_t granted_at;        /* realtime µs */
         usec_t expires_at;        /* realtime µs; USEC_INFINITY: no max-hold */
         char *remote_id;          /* a shared pool's name for the lease ("NODE:RID"), or NULL: local */
+        HistoryLeaseBackend backend; /* a shared lease's: where it was granted (lease log only) */
 } HistoryLeaseRow;
 
 void history_lease_row_done(HistoryLeaseRow *row);

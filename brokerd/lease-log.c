@@ -218,6 +218,19 @@ static int line_lease(Buffer *b, const HistoryLeaseRow *row) {
                 r = r ?: buffer_puts(b, ",\"remote\":");
                 r = r ?: buffer_put_string(b, row->remote_id);
         }
+        if (row->remote_id && row->backend.url) {
+                const HistoryLeaseBackend *k = &row->backend;
+                r = r ?: buffer_puts(b, ",\"backend\":{\"url\":") ?: buffer_put_string(b, k->url);
+                if (k->user)
+                        r = r ?: buffer_puts(b, ",\"user\":") ?: buffer_put_string(b, k->user);
+                if (k->password_file)
+                        r = r ?: buffer_puts(b, ",\"passwordFile\":") ?: buffer_put_string(b, k->password_file);
+                if (k->sentinel_password_file)
+                        r = r ?: buffer_puts(b, ",\"sentinelPasswordFile\":") ?:
+                                  buffer_put_string(b, k->sentinel_password_file);
+                r = r ?: buffer_put_field_u64(b, ",\"nodeTtl\":", k->node_ttl);
+                r = r ?: buffer_puts(b, "}");
+        }
         r = r ?: buffer_puts(b, "}}");
         return line_end(b, start, r);
 }
@@ -449,6 +462,29 @@ static int row_from_json(const json_t *o, HistoryLeaseRow *ret) {
                 row.expires_at = (usec_t) json_integer_value(v);
         if ((v = json_object_get(o, "remote")) && !(row.remote_id = json_strdup(v)))
                 return json_is_string(v) ? -ENOMEM : -EBADMSG;
+        json_t *k = json_object_get(o, "backend");
+        if (k) {
+                HistoryLeaseBackend *bk = &row.backend;
+                const struct { const char *name; char **to; bool required; } fields[] = {
+                        { "url", &bk->url, true },
+                        { "user", &bk->user, false },
+                        { "passwordFile", &bk->password_file, false },
+                        { "sentinelPasswordFile", &bk->sentinel_password_file, false },
+                };
+                if (!json_is_object(k))
+                        return -EBADMSG;
+                for (size_t i = 0; i < ELEMENTSOF(fields); i++) {
+                        v = json_object_get(k, fields[i].name);
+                        if (!v && !fields[i].required)
+                                continue;
+                        if (!v || !(*fields[i].to = json_strdup(v)))
+                                return v && json_is_string(v) ? -ENOMEM : -EBADMSG;
+                }
+                v = json_object_get(k, "nodeTtl");
+                if (!json_is_integer(v) || json_integer_value(v) <= 0)
+                        return -EBADMSG;
+                bk->node_ttl = (usec_t) json_integer_value(v);
+        }
         *ret = row;
         row = (HistoryLeaseRow) {};
         return 0;

@@ -10,7 +10,9 @@
  *
  *   {"slotbroker":"leases","version":1}         the first line
  *   {"lease":{…}}                                a lease granted (or restored), as HistoryLeaseRow; "remote"
- *                                                (a shared pool's id of it) only when it has one
+ *                                                (a shared pool's id of it) only when it has one, and then
+ *                                                "backend" ({"url","user","passwordFile",
+ *                                                "sentinelPasswordFile","nodeTtl"}): where it was granted
  *   {"end":"ID"}                                 a lease ended
  *   {"token":{"pool":"P","next":N}}              a pool's next unused token ("*": every pool)
  *   {"alive":µs}                                 brokerd ran at this realtime instant

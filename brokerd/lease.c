@@ -189,6 +189,15 @@ static usec_t lease_expires_realtime(const Lease *l) {
 }
 
 /* The lease's row, borrowing its strings and arrays. */
+static HistoryLeaseBackend lease_backend(const Lease *l) {
+        HistoryLeaseBackend b = {};
+        const LeaseTable *t = l->table;
+        if (engine_lease_is_shared(l->engine_lease) && t->backend_of &&
+            !t->backend_of(engine_lease_pool(l->engine_lease), &b, t->backend_userdata))
+                b = (HistoryLeaseBackend) {};
+        return b;
+}
+
 static HistoryLeaseRow lease_row(const Lease *l) {
         const unsigned *idx;
         const char *const *members;
@@ -211,6 +220,7 @@ static HistoryLeaseRow lease_row(const Lease *l) {
                 .granted_at = l->granted_real,
                 .expires_at = lease_expires_realtime(l),
                 .remote_id = (char *) engine_lease_remote_id(l->engine_lease),
+                .backend = lease_backend(l),
         };
 }
 
@@ -451,6 +461,19 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
 
         usec_t granted_mono = row->granted_at <= now_r ? usec_sub_unsigned(now_m, now_r - row->granted_at) : now_m;
         usec_t expires_mono = left == USEC_INFINITY ? USEC_INFINITY : now_m + left;
+        /* Where it was granted, if the lease log says (a shared lease): its pool there, made if the new
+         * configuration keeps the pool elsewhere or not at all. */
+        const HistoryLeaseBackend *bk = &row->backend;
+        PoolConfig granted_in = {
+                .name = row->pool,
+                .limit = 1,
+                .max_queue = -1,
+                .backend = bk->url,
+                .backend_user = bk->user,
+                .backend_password_file = bk->password_file,
+                .backend_sentinel_password_file = bk->sentinel_password_file,
+                .backend_node_ttl = bk->node_ttl,
+        };
         EngineLease *el;
         r = engine_lease_restore(t->engine,
                                  &(EngineLeaseRestore) {
@@ -463,6 +486,7 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
                                          .granted_at = granted_mono,
                                          .expires_at = expires_mono,
                                          .remote_id = row->remote_id,
+                                         .granted_in = row->remote_id && bk->url ? &granted_in : NULL,
                                  },
                                  &el);
         if (r < 0)

@@ -17,6 +17,8 @@
 #include "process.h"
 #include "time-util.h"
 
+typedef struct HistoryLeaseBackend HistoryLeaseBackend; /* history.h */
+
 typedef struct Audit Audit;
 typedef struct LeaseLog LeaseLog;
 
@@ -73,6 +75,11 @@ typedef struct LeaseTable {
         usec_t (*now)(clockid_t clock); /* the clock: now_monotonic()/now_realtime() unless a test's */
         void (*random_bytes)(void *buf, size_t n, void *userdata); /* lease ids */
         void *random_userdata;
+        /* Where the shared pool `pool` keeps its leases (borrowed strings, valid during the call): recorded
+         * with each shared lease, so that a restart whose configuration no longer keeps the pool there still
+         * heartbeats and releases the lease there. False, or NULL: not recorded. */
+        bool (*backend_of)(const char *pool, HistoryLeaseBackend *ret, void *userdata);
+        void *backend_userdata;
         List leases;                    /* Lease.node */
         unsigned n_leases;
         bool changed;                   /* a lease came, went or changed state: STATUS= is stale */

@@ -75,6 +75,10 @@ static void manager_apply_settings(Manager *m) {
         audit_set_level(&m->audit, m->config->audit);
         m->leases.revoke_grace = m->config->revoke_grace;
         m->leases.reclaim_grace = m->config->reclaim_grace;
+#if HAVE_REDIS
+        /* The self-fence margin of every shared pool, as the revocations' SIGKILL: one value everywhere. */
+        backend_table_set_revoke_grace(&m->backends, m->config->revoke_grace);
+#endif
 }
 
 uint64_t manager_random(void *userdata) {
@@ -297,6 +301,21 @@ static int manager_pool_factory(const PoolConfig *pc, const char *name, PoolEmit
         }
         m->backends.revoke_grace = m->config->revoke_grace;
         return backend_table_pool_new(pc, name, emit, emit_userdata, &m->backends, ret);
+}
+
+static bool lease_backend_of(const char *pool, HistoryLeaseBackend *ret, void *userdata) {
+        Manager *m = userdata;
+        BackendWhere w;
+        if (!backend_table_where(&m->backends, pool, &w))
+                return false;
+        *ret = (HistoryLeaseBackend) {
+                .url = (char *) w.url,
+                .user = (char *) w.user,
+                .password_file = (char *) w.password_file,
+                .sentinel_password_file = (char *) w.sentinel_password_file,
+                .node_ttl = w.node_ttl,
+        };
+        return true;
 }
 
 static void on_backend_rtt(const char *pool, usec_t rtt, void *userdata) {
@@ -537,16 +556,65 @@ static int on_watchdog(sd_event_source *s, uint64_t usec, void *userdata) {
 
 /* ---- reload ---- */
 
+/* Whether two configurations of a pool keep it in the same place: the engine's pool identity (no backend,
+ * or the same backend and credentials). */
+static bool pool_kept_alike(const PoolConfig *a, const PoolConfig *b) {
+        return streq_ptr(a->backend, b->backend) && streq_ptr(a->backend_user, b->backend_user) &&
+               streq_ptr(a->backend_password_file, b->backend_password_file) &&
+               streq_ptr(a->backend_sentinel_password_file, b->backend_sentinel_password_file);
+}
+
+static const PoolConfig *config_pool(const BrokerConfig *c, const char *name) {
+        for (size_t i = 0; i < c->n_pools; i++)
+                if (streq(c->pools[i]->name, name))
+                        return c->pools[i];
+        return NULL;
+}
+
+/* A move that the engine cannot make now, as a configuration error: the reload is refused whole. */
+static int reload_refuse_move(Manager *m, const BrokerConfig *c, ConfErrors *errors) {
+        EngineMoveRefusal mr;
+        int r = engine_check_moves(m->engine, c, &mr);
+        if (r != -EBUSY)
+                return r;
+        return conf_errors_add(errors, &mr.pool->source, "backend",
+                               "pool %s cannot move to another backend or other credentials while this node "
+                               "holds %u slots and %zu waiters in it%s (they would be heartbeated twice on one "
+                               "Redis); drain it here (slotctl drain %s), let its leases end, and reload again",
+                               mr.pool->name, mr.in_use, mr.waiting,
+                               mr.owes ? ", or owes Redis a release" : "", mr.pool->name);
+}
+
+/* Pools whose backend= (or credentials) this reload changes: the journal tells where each holder stays. */
+static void reload_log_moves(Manager *m, const BrokerConfig *old, const BrokerConfig *c,
+                             const unsigned *old_in_use) {
+        for (size_t i = 0; i < old->n_pools; i++) {
+                const PoolConfig *was = old->pools[i], *now = config_pool(c, was->name);
+                if (!now || pool_kept_alike(was, now))
+                        continue;
+                audit_pool_moved(&m->audit, was->name, was->backend ?: "local", now->backend ?: "local",
+                                 old_in_use[i]);
+        }
+}
+
 int manager_reload(Manager *m, ConfErrors *errors) {
         _cleanup_(conf_freep) BrokerConfig *c = NULL;
         LaneAcl *acls = NULL;
         size_t n_acls = 0;
 
         (void) sd_notifyf(false, "RELOADING=1\nSTATUS=Reloading configuration…");
-        int r = config_load(m->config_path, &c, errors);
+        _cleanup_free_ unsigned *old_in_use = calloc(MAX(m->config->n_pools, (size_t) 1), sizeof(unsigned));
+        int r = old_in_use ? config_load(m->config_path, &c, errors) : -ENOMEM;
+        if (r >= 0)
+                r = reload_refuse_move(m, c, errors);
         if (r >= 0)
                 r = acls_resolve(c, &acls, &n_acls, errors);
         if (r >= 0) {
+                for (size_t i = 0; i < m->config->n_pools; i++) {
+                        EnginePoolInfo info;
+                        if (engine_pool_info(m->engine, i, now_monotonic(), &info) >= 0)
+                                old_in_use[i] = info.in_use;
+                }
                 r = engine_configure(m->engine, c, now_monotonic());
                 if (r < 0)
                         acls_free(acls, n_acls);
@@ -563,6 +631,9 @@ int manager_reload(Manager *m, ConfErrors *errors) {
                 log_notice("socket= changed; it takes effect when brokerd restarts.");
         if (c->lease_persistence != m->persistence.mode)
                 log_notice("lease-persistence= changed; it takes effect when brokerd restarts.");
+        if (m->node_loaded && !streq_ptr(c->node_name, m->config->node_name))
+                log_notice("node-name= changed; shared pools show the new name when brokerd restarts.");
+        reload_log_moves(m, m->config, c, old_in_use);
         acls_free(m->acls, m->n_acls);
         m->acls = acls;
         m->n_acls = n_acls;
@@ -1035,6 +1106,10 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         lease_table_init(&m->leases, m->event, NULL, &m->audit);
         m->leases.random_bytes = lease_random_bytes;
         m->leases.random_userdata = m;
+#if HAVE_REDIS
+        m->leases.backend_of = lease_backend_of;
+        m->leases.backend_userdata = m;
+#endif
         if (r < 0)
                 return log_error_errno(r, "Failed to allocate the event loop: %m");
         history_calls_init(&m->history_calls);

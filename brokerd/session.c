@@ -518,7 +518,10 @@ unsigned session_table_renew_pool(SessionTable *t, const char *pool, usec_t dead
                 return 0; /* nothing to promise: the fence is due (or there is none) */
         list_foreach_safe(node, &t->sessions) { /* a failed reply closes its session: it moves to t->closed */
                 Session *s = container_of(node, Session, node);
-                if (s->lease && streq(engine_lease_pool(s->lease->engine_lease), pool))
+                /* Shared leases only: after a reload moved the pool off its backend, a local lease of the
+                 * same name has no deadline (SPEC §11). */
+                if (s->lease && streq(engine_lease_pool(s->lease->engine_lease), pool) &&
+                    engine_lease_is_shared(s->lease->engine_lease))
                         n += session_lease_renew(s, deadline - now);
         }
         return n;
@@ -715,7 +718,7 @@ static void on_queued(SessionTable *m, Session *s, const EngineEvent *ev) {
 /* The lease's fence deadline, if its pool has one, sent at once ("held"). */
 static void session_lease_renew_now(Session *s, const Lease *l) {
         SessionTable *t = s->table;
-        if (!t->fence_deadline || !s->acquire.fence)
+        if (!t->fence_deadline || !s->acquire.fence || !engine_lease_is_shared(l->engine_lease))
                 return;
         usec_t deadline = t->fence_deadline(engine_lease_pool(l->engine_lease), t->userdata);
         usec_t now = now_boottime();

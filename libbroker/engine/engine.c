@@ -424,6 +424,49 @@ static Pool *pool_find(Pool **pools, size_t n, const char *name) {
         return NULL;
 }
 
+/* Where a configured pool is kept: NULL without backend=, else what decides which Redis and as whom (the
+ * backend's endpoint and credentials). backend-node-ttl= and the rules are not part of it: a pool applies
+ * those itself. Returns 0 or -ENOMEM. */
+static int pool_identity(const PoolConfig *pc, char **ret) {
+        if (!pc || !pc->backend) {
+                *ret = NULL;
+                return 0;
+        }
+        return asprintf(ret, "%s\n%s\n%s\n%s", pc->backend, pc->backend_user ?: "",
+                        pc->backend_password_file ?: "", pc->backend_sentinel_password_file ?: "") < 0
+                               ? -ENOMEM
+                               : 0;
+}
+
+/* The pool of this name kept where identity says (NULL: a pool without backend). */
+static Pool *pool_find_kept(Pool **pools, size_t n, const char *name, const char *identity) {
+        for (size_t i = 0; i < n; i++)
+                if (streq(pools[i]->name, name) && streq_ptr(pools[i]->identity, identity))
+                        return pools[i];
+        return NULL;
+}
+
+/* The pool of this name that a lease belongs to: one kept by a backend for a shared lease (remote_id set),
+ * one without for a local lease. */
+static Pool *pool_find_kind(Pool **pools, size_t n, const char *name, const char *remote_id) {
+        for (size_t i = 0; i < n; i++)
+                if (streq(pools[i]->name, name) && !!pools[i]->identity == !!remote_id)
+                        return pools[i];
+        return NULL;
+}
+
+static bool pool_in(Pool *const *pools, size_t n, const Pool *p) {
+        for (size_t i = 0; i < n; i++)
+                if (pools[i] == p)
+                        return true;
+        return false;
+}
+
+static void pool_destroy(Pool *p) {
+        free(p->identity);
+        p->ops->free(p);
+}
+
 static EngineTokenFloor *token_floor_find(const Engine *e, const char *pool) {
         for (size_t i = 0; i < e->n_floors; i++)
                 if (streq(e->floors[i].pool, pool))
@@ -453,8 +496,9 @@ static void retired_gc(Engine *e) {
                 Pool *p = e->retired[i];
                 PoolInfo info;
                 p->ops->info(p, 0, &info);
-                if (info.in_use == 0 && info.waiting == 0 && token_floor_raise(e, p->name, info.next_token) >= 0)
-                        p->ops->free(p);
+                if (info.in_use == 0 && info.waiting == 0 && !info.owes &&
+                    token_floor_raise(e, p->name, info.next_token) >= 0)
+                        pool_destroy(p);
                 else
                         e->retired[j++] = p;
         }
@@ -503,7 +547,24 @@ static int pool_new_for(Engine *e, const PoolConfig *pc, const char *pool, Pool 
         const char *name = engine_intern(e, pool);
         if (!name)
                 return -ENOMEM;
-        int r;
+        _cleanup_free_ char *identity = NULL;
+        int r = pool_identity(pc, &identity);
+        if (r < 0)
+                return r;
+        /* A pool that moves (backend= added, removed or changed by reload) leaves the old object holding its
+         * leases: the new one starts its tokens above the old one's. */
+        uint64_t floor = 0;
+        Pool *const *lists[] = { e->pools, e->retired };
+        size_t sizes[] = { e->n_pools, e->n_retired };
+        for (size_t k = 0; k < ELEMENTSOF(lists); k++)
+                for (size_t i = 0; i < sizes[k]; i++)
+                        if (lists[k][i]->name == name) {
+                                PoolInfo info;
+                                lists[k][i]->ops->info(lists[k][i], 0, &info);
+                                floor = MAX(floor, info.next_token);
+                        }
+        if (floor > 0 && (r = token_floor_raise(e, name, floor)) < 0)
+                return r;
         if (!pc || !pc->backend)
                 r = pool_local_new(name, on_pool_decision, e, ret);
         else if (e->factory)
@@ -512,6 +573,7 @@ static int pool_new_for(Engine *e, const PoolConfig *pc, const char *pool, Pool 
                 r = -EOPNOTSUPP;
         if (r < 0)
                 return r;
+        (*ret)->identity = TAKE_PTR(identity);
         const EngineTokenFloor *f = token_floor_find(e, name);
         if (f)
                 (*ret)->ops->set_token_floor(*ret, f->next_token);
@@ -722,6 +784,8 @@ void engine_run(Engine *e, usec_t now) {
                 return;
         engine_advance(e, now);
         settle(e, now);
+        /* A retired shared pool goes once its backend took its last release: an answer, not a command. */
+        retired_gc(e);
 }
 
 /* ---- commands ---- */
@@ -842,7 +906,33 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
         assert_return(rs && rs->pool && rs->lane && rs->slots && rs->n_slots > 0, -EINVAL);
         assert_return(ret, -EINVAL);
 
-        Pool *p = pool_find(e->pools, e->n_pools, rs->pool);
+        /* A shared lease goes to the pool object of that name kept where it was granted (or, not recorded, by
+         * any backend), a local one to the local one: after a move both may be there. */
+        _cleanup_free_ char *identity = NULL;
+        if (rs->remote_id && rs->granted_in && pool_identity(rs->granted_in, &identity) < 0)
+                return -ENOMEM;
+        Pool *p = identity ? pool_find_kept(e->pools, e->n_pools, rs->pool, identity) : NULL;
+        if (!p && identity)
+                p = pool_find_kept(e->retired, e->n_retired, rs->pool, identity);
+        /* Another backend= of the same name: the lease is reclaimed there (one object per shared pool: two
+         * on one Redis under two URLs would reconcile each other's records away). */
+        if (!p)
+                p = pool_find_kind(e->pools, e->n_pools, rs->pool, rs->remote_id);
+        if (!p)
+                p = pool_find_kind(e->retired, e->n_retired, rs->pool, rs->remote_id);
+        if (!p && identity) {
+                /* Not shared any more (removed, or local): a pool where it was granted holds it, retired,
+                 * until it ends; a reload that shares the pool there again revives it. */
+                Pool **a = reallocarray(e->retired, e->n_retired + 1, sizeof(Pool *));
+                if (!a)
+                        return -ENOMEM;
+                e->retired = a;
+                int r = pool_new_for(e, rs->granted_in, rs->pool, &p);
+                if (r < 0)
+                        return r;
+                p->ops->retire(p, rs->granted_at);
+                e->retired[e->n_retired++] = p;
+        }
         if (!p)
                 p = pool_find(e->retired, e->n_retired, rs->pool);
         if (!p) {
@@ -901,13 +991,13 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
 
 int engine_set_token_floor(Engine *e, const char *pool, uint64_t next_token) {
         assert_return(e && pool, -EINVAL);
-        Pool *p = pool_find(e->pools, e->n_pools, pool);
-        if (!p)
-                p = pool_find(e->retired, e->n_retired, pool);
-        if (p) {
-                p->ops->set_token_floor(p, next_token);
-                return 0;
-        }
+        /* Every object of the name (a moved pool has two), and the name's floor for those made later. */
+        Pool *const *lists[] = { e->pools, e->retired };
+        size_t sizes[] = { e->n_pools, e->n_retired };
+        for (size_t k = 0; k < ELEMENTSOF(lists); k++)
+                for (size_t i = 0; i < sizes[k]; i++)
+                        if (streq(lists[k][i]->name, pool))
+                                lists[k][i]->ops->set_token_floor(lists[k][i], next_token);
         return token_floor_raise(e, pool, next_token);
 }
 
@@ -1055,6 +1145,44 @@ static size_t rules_for_pool(const BrokerConfig *c, const char *name, PoolLaneRu
         return n;
 }
 
+/* Two objects of one shared pool on one node would act as one node twice on the same keys (each heartbeat
+ * reconciling away the other's records) if the old and the new backend= were the same Redis under two
+ * names: a pool kept by a backend moves to another backend or credentials only while this node holds,
+ * awaits and owes nothing in it. A move to or from a pool without backend= is always applied. */
+int engine_check_moves(Engine *e, const BrokerConfig *c, EngineMoveRefusal *ret) {
+        assert_return(e && c, -EINVAL);
+        Pool *const *lists[] = { e->pools, e->retired };
+        size_t sizes[] = { e->n_pools, e->n_retired };
+        for (size_t i = 0; i < c->n_pools; i++) {
+                const PoolConfig *pc = c->pools[i];
+                _cleanup_free_ char *identity = NULL;
+                int r = pool_identity(pc, &identity);
+                if (r < 0)
+                        return r;
+                if (!identity)
+                        continue;
+                for (size_t k = 0; k < ELEMENTSOF(lists); k++)
+                        for (size_t j = 0; j < sizes[k]; j++) {
+                                Pool *p = lists[k][j];
+                                if (!p->identity || !streq(p->name, pc->name) || streq(p->identity, identity))
+                                        continue;
+                                PoolInfo info;
+                                p->ops->info(p, 0, &info);
+                                if (info.in_use == 0 && info.waiting == 0 && !info.owes)
+                                        continue;
+                                if (ret)
+                                        *ret = (EngineMoveRefusal) {
+                                                .pool = pc,
+                                                .in_use = info.in_use,
+                                                .waiting = info.waiting,
+                                                .owes = info.owes,
+                                        };
+                                return -EBUSY;
+                        }
+        }
+        return 0;
+}
+
 int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
         assert_return(e && c, -EINVAL);
         engine_advance(e, now);
@@ -1068,15 +1196,25 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
         if (!pools || !created || !rules)
                 return -ENOMEM;
 
-        /* Find or make every pool first, so that a failure leaves the running config untouched. */
+        r = engine_check_moves(e, c, NULL);
+        if (r < 0)
+                return r;
+
+        /* Find or make every pool first, so that a failure leaves the running config untouched. A pool is
+         * found by its name where it is kept: one whose backend= (or credentials) changed is another object,
+         * and the old one is retired below, its holders accounted where they were granted (SPEC §11). */
         for (size_t i = 0; i < c->n_pools; i++) {
                 const PoolConfig *pc = c->pools[i];
                 if (pc->limit == 0)
                         goto invalid;
-                pools[i] = pool_find(e->pools, e->n_pools, pc->name);
+                _cleanup_free_ char *identity = NULL;
+                r = pool_identity(pc, &identity);
+                if (r < 0)
+                        goto fail;
+                pools[i] = pool_find_kept(e->pools, e->n_pools, pc->name, identity);
                 if (!pools[i])
                         /* A pool removed earlier and still draining comes back as itself: its holders count. */
-                        pools[i] = pool_find(e->retired, e->n_retired, pc->name);
+                        pools[i] = pool_find_kept(e->retired, e->n_retired, pc->name, identity);
                 if (!pools[i]) {
                         r = pool_new_for(e, pc, pc->name, &pools[i]);
                         if (r < 0)
@@ -1104,16 +1242,17 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
                 pools[i]->retired = false;
         }
 
-        /* Pools that are gone: waiters refused, holders finish. */
+        /* Pools that are gone, or moved: waiters refused, holders finish (a shared pool keeps heartbeating
+         * them, and releases them in Redis). */
         for (size_t i = 0; i < e->n_pools; i++)
-                if (!pool_find(pools, c->n_pools, e->pools[i]->name)) {
+                if (!pool_in(pools, c->n_pools, e->pools[i])) {
                         e->pools[i]->ops->retire(e->pools[i], now);
                         e->retired[e->n_retired++] = e->pools[i];
                 }
         /* Pools revived from the retired list leave it. */
         size_t j = 0;
         for (size_t i = 0; i < e->n_retired; i++)
-                if (!pool_find(pools, c->n_pools, e->retired[i]->name))
+                if (!pool_in(pools, c->n_pools, e->retired[i]))
                         e->retired[j++] = e->retired[i];
         e->n_retired = j;
 
@@ -1134,7 +1273,7 @@ invalid:
 fail:
         for (size_t i = 0; i < c->n_pools; i++)
                 if (created[i] && pools[i])
-                        pools[i]->ops->free(pools[i]);
+                        pool_destroy(pools[i]);
         if (lanes)
                 lanes_free(lanes, c->n_lanes);
         return r;
@@ -1175,9 +1314,9 @@ Engine *engine_free(Engine *e) {
                 lease_free(l);
         }
         for (size_t i = 0; i < e->n_pools; i++)
-                e->pools[i]->ops->free(e->pools[i]);
+                pool_destroy(e->pools[i]);
         for (size_t i = 0; i < e->n_retired; i++)
-                e->retired[i]->ops->free(e->retired[i]);
+                pool_destroy(e->retired[i]);
         free(e->pools);
         free(e->retired);
         free(e->floors);

@@ -100,13 +100,31 @@ void engine_set_pool_factory(Engine *e, EnginePoolFactoryFn factory, void *userd
 int engine_pool_factory_local(const PoolConfig *pc, const char *name, PoolEmitFn emit, void *emit_userdata,
                               void *userdata, Pool **ret);
 
-/* The first configuration and every reload (SPEC §4): pools are matched by name and keep their holders,
+/* The first configuration and every reload (SPEC §4): pools are matched by name (and by where they are
+ * kept: engine_check_moves()) and keep their holders,
  * waiters and idle time; a held member keeps its holder wherever the new list puts it, and one removed
  * while held stays held above the limit until released; a shrunk pool lets its holders finish; a removed
  * pool refuses its waiters (unavailable) and lives on until its last lease ends, or comes back with its
  * holders if a later reload names it again; waiters of a removed lane are refused likewise.
  * The config must have passed conf_validate(). Returns 0 or negative errno (nothing changed then). */
 int engine_configure(Engine *e, const BrokerConfig *c, usec_t now);
+
+/* A pool kept by a backend whose backend=, backend-user=, backend-password-file= or
+ * backend-sentinel-password-file= a reload changes moves to a new pool object only while this node holds,
+ * awaits and owes nothing in the old one: the old and the new backend may be one Redis under two names,
+ * and two objects of one pool there would act as one node twice. A move from or to a pool without
+ * backend= is always applied: the old object keeps its holders (and, if shared, heartbeats them and
+ * releases them in Redis) and new requests go to the new one; each side's holders stay within the limit
+ * under which they were granted. */
+typedef struct EngineMoveRefusal {
+        const PoolConfig *pool;   /* the new configuration's */
+        unsigned in_use;          /* slots this node holds in the old object */
+        size_t waiting;
+        bool owes;                /* releases or withdrawals Redis has not confirmed yet */
+} EngineMoveRefusal;
+/* Returns 0, or -EBUSY with *ret (may be NULL) naming the first pool that cannot move now, which
+ * engine_configure() refuses likewise; -ENOMEM. */
+int engine_check_moves(Engine *e, const BrokerConfig *c, EngineMoveRefusal *ret);
 
 typedef struct EngineAcquire {
         const char *lane;
@@ -183,6 +201,10 @@ typedef struct EngineLeaseRestore {
         usec_t granted_at;
         usec_t expires_at;        /* USEC_INFINITY: none */
         const char *remote_id;    /* as engine_lease_remote_id() said; NULL: a local lease */
+        /* A shared lease: where it was granted (backend= and credentials, backend-node-ttl=), or NULL (not
+         * recorded). When no pool of the name is kept there, one is made there (the factory) and retired:
+         * it heartbeats the lease, reclaims it, and releases it in Redis when it ends (SPEC §11). */
+        const PoolConfig *granted_in;
         void *userdata;
 } EngineLeaseRestore;
 

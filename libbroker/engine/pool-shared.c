@@ -109,6 +109,10 @@ typedef struct SharedPool {
 
         char **lanes;          /* the configured lanes, for submit()'s check */
         char *canon;
+        /* The node TTL the self-fence counts with: params.node_ttl once Redis agreed to the rules that carry
+         * it, the shorter of the old and the new one while a reload's change waits for agreement (Redis
+         * drops this node by the stored rules' TTL until then). */
+        usec_t fence_ttl;
 
         List tries, grants, outbox, notices;
         List held;             /* manual mode: stream entries that came while a call was out (HeldEntry) */
@@ -512,7 +516,9 @@ static int queue_tick(SharedPool *p, bool run, usec_t now) {
         char epoch[17];
         snprintf(epoch, sizeof epoch, "%016" PRIx64, p->params.random(p->params.random_userdata));
         if ((r = call_add(c, "%s", p->params.node_name)) < 0 ||
-            (r = call_add(c, "%s", p->canon ?: "")) < 0 ||
+            /* "=": the rules this node last wanted, as Redis keeps them; a pool made at a restart only to
+             * hold the leases restored into it (never configured) wants nothing new. */
+            (r = call_add(c, "%s", p->canon ?: "=")) < 0 ||
             (r = call_add(c, "%" PRIu64, p->fp.n)) < 0 ||
             (r = call_add(c, "%" PRIu32, p->fp.x)) < 0 ||
             (r = call_add(c, "%" PRIu32, p->fp.s)) < 0 ||
@@ -1299,7 +1305,7 @@ static usec_t vouch_deadline(const SharedPool *p) {
         if (base == USEC_INFINITY)
                 return USEC_INFINITY;
         usec_t margin = p->params.revoke_grace + SHARED_FENCE_SLACK;
-        usec_t end = usec_add(base, p->params.node_ttl);
+        usec_t end = usec_add(base, p->fence_ttl);
         return end > margin ? end - margin : 0;
 }
 
@@ -1550,6 +1556,9 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
 
         if (p->state == SHARED_STATE_MISMATCH)
                 notice_push(p, SHARED_NOTICE_RULES_AGREED, NULL, NULL, 0, 0);
+        /* Redis holds this node to the rules it just agreed to, their TTL included. */
+        if (p->canon && streq(c->argv[7], p->canon))
+                p->fence_ttl = p->params.node_ttl;
         p->differing_keys = strv_free(p->differing_keys);
         if (p->reclaim_all) {
                 p->reclaim_all = false;
@@ -1903,6 +1912,14 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 p->reclaim_all = true;
                 notice_push(p, SHARED_NOTICE_IDENTITY_CLEARED, NULL, NULL, 0, 0);
         }
+        if (c->script == SHARED_SCRIPT_TICK && resp_is(status, "canon")) {
+                /* A tick with "=" and Redis has no rules of this node: it was reaped, its leases with it.
+                 * Nothing is sent (the restored leases fence from the daemon's last alive mark); what it
+                 * owes is not owed any more. */
+                state_set(p, SHARED_STATE_MISMATCH);
+                call_free(c);
+                return;
+        }
 
         events_apply(p, resp_at(reply, 3), now);
         cache_apply(p, resp_at(reply, 4), pool_now, now);
@@ -1993,6 +2010,14 @@ bool pool_shared_is_settled(const Pool *base) {
                 return false;
         return !p->cache.stream_last ||
                (p->stream_resume && stream_id_cmp(p->stream_resume, p->cache.stream_last) >= 0);
+}
+
+void pool_shared_set_revoke_grace(Pool *base, usec_t revoke_grace) {
+        SHARED(base)->params.revoke_grace = revoke_grace;
+}
+
+usec_t pool_shared_fence_ttl(const Pool *base) {
+        return SHARED(base)->fence_ttl;
 }
 
 SharedState pool_shared_state(const Pool *base) {
@@ -2119,7 +2144,9 @@ static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
 static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now) {
         SharedPool *p = SHARED(base);
         _cleanup_free_ char *canon = NULL;
-        int r = canon_build(c, rules, n_rules, p->params.node_ttl, &canon);
+        /* 0: a PoolConfig made by hand (conf.c always sets one): the TTL the pool was made with. */
+        usec_t ttl = c->backend_node_ttl ?: p->params.node_ttl;
+        int r = canon_build(c, rules, n_rules, ttl, &canon);
         if (r < 0)
                 return r;
         _cleanup_(strv_freep) char **lanes = calloc(n_rules + 1, sizeof(char *));
@@ -2142,6 +2169,12 @@ static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule 
         p->base.queue_timeout_set = c->queue_timeout_set;
         p->base.queue_timeout = c->queue_timeout;
         p->base.retired = false;
+        /* backend-node-ttl= by reload: a rule (in the canon), and the self-fence's arithmetic at once for the
+         * shorter of the two TTLs, until Redis agreed to the new rules (tick_done()). */
+        if (ttl != p->params.node_ttl) {
+                p->fence_ttl = MIN(p->fence_ttl, ttl);
+                p->params.node_ttl = ttl;
+        }
         bool changed = !p->canon || !streq(p->canon, canon);
         free(p->canon);
         p->canon = TAKE_PTR(canon);
@@ -2391,6 +2424,22 @@ static size_t shared_position(const Pool *base, const PoolWaiter *w, size_t *ret
         return w->position;
 }
 
+/* A release or withdrawal is queued or in flight, and Redis may still take it: the pool is not refused, its
+ * rules agree, and this node was not fenced (then Redis freed, or frees, all it had). While the link is down
+ * the debt stays: it is paid when Redis is back. */
+static bool pool_shared_owes(const SharedPool *p) {
+        /* Refused, fenced, or rules that differ (the releases are parked, and a retired pool's rules never
+         * change again): Redis reaps this node's records after the node TTL, as before. */
+        if (p->state == SHARED_STATE_REFUSED || p->state == SHARED_STATE_FENCED || p->state == SHARED_STATE_MISMATCH)
+                return false;
+        list_foreach(n, &p->outbox) {
+                const Call *c = container_of(n, Call, node);
+                if (c->script == SHARED_SCRIPT_WITHDRAW || c->script == SHARED_SCRIPT_RELEASE)
+                        return true;
+        }
+        return false;
+}
+
 static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
         SharedPool *p = SHARED(base);
         unsigned in_use = 0;
@@ -2421,6 +2470,7 @@ static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .cache_age = p->cache.valid ? now - MIN(now, p->cache.at) : USEC_INFINITY,
                 .min_replicas = p->min_replicas,
                 .replicas_acked = p->replicas_acked,
+                .owes = pool_shared_owes(p),
         };
 }
 
@@ -2497,6 +2547,7 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
                 .emit_userdata = emit_userdata,
         };
         p->params = *params;
+        p->fence_ttl = params->node_ttl;
         list_init(&p->tries);
         list_init(&p->grants);
         list_init(&p->outbox);

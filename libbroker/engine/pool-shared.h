@@ -180,6 +180,14 @@ const char *pool_shared_stream_key(const Pool *p);
  * read yet (no tick answered). */
 const char *pool_shared_stream_resume_id(const Pool *p);
 
+/* [broker] revoke-grace= changed by reload: the self-fence margin follows at once (a longer grace moves the
+ * deadline earlier), as the revocations' SIGKILL does. */
+void pool_shared_set_revoke_grace(Pool *p, usec_t revoke_grace);
+
+/* The node TTL the self-fence counts with now (backend-node-ttl=, the shorter one while a change by reload
+ * waits for agreement). */
+usec_t pool_shared_fence_ttl(const Pool *p);
+
 SharedState pool_shared_state(const Pool *p);
 /* Whether this node still owes Redis a give-back it can deliver: a withdraw or release is queued or in
  * flight while the link is up and the node is registered or registering. A clean stop of the daemon waits

@@ -108,6 +108,9 @@ typedef struct PoolInfo {
         usec_t cache_age;
         unsigned min_replicas;    /* backend-min-replicas (0: off) */
         int replicas_acked;       /* what the last WAIT answered; -1: none answered */
+        /* A release or withdrawal is still to reach the backend (which can still take it): a retired pool is
+         * not freed before, or the other nodes would wait a node TTL for the slots (SPEC §11). */
+        bool owes;
 } PoolInfo;
 
 /* Status of a pool kept by a backend: the holders and waiters of every node, as last fetched. */
@@ -179,7 +182,8 @@ typedef struct PoolOps {
         /* 0-based place of a waiter in the queue (a remote pool: as last fetched). */
         size_t (*position)(const Pool *p, const PoolWaiter *w, size_t *ret_queued);
         /* Never a round trip: a remote pool answers from its cache. A retired pool is freed once info() says
-         * nothing is held or waiting: a remote pool counts its tries not answered yet as waiting. */
+         * nothing is held, waiting or owed: a remote pool counts its tries not answered yet as waiting, and
+         * the releases and withdrawals its backend has not confirmed as owed. */
         void (*info)(const Pool *p, usec_t now, PoolInfo *ret);
         /* Fencing tokens continue above this (restart: the persisted high-water mark). */
         void (*set_token_floor)(Pool *p, uint64_t next_token);
@@ -212,6 +216,9 @@ struct Pool {
         usec_t queue_timeout;
         bool drained;
         bool retired;
+        /* The engine's: where the pool is kept, NULL for a pool without backend=, else its backend= and
+         * credentials (pool_identity() in engine.c). A reload that changes it makes another pool object. */
+        char *identity;
         PoolEmitFn emit;
         void *emit_userdata;
 };

@@ -348,6 +348,34 @@ static void test_remote_id_is_kept_for_shared_leases_only(void **state) {
         assert_int_equal(lines_with(f, "\"remote\":"), 1);
 }
 
+/* Where a shared lease was granted goes with it (issue 19 f): a restart whose configuration no longer shares
+ * the pool there heartbeats and releases it there. */
+static void test_backend_of_a_shared_lease_is_kept(void **state) {
+        Fixture *f = *state;
+        HistoryLeaseRow shared = row_b("eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee", 11);
+        shared.remote_id = "0123456789abcdef0123456789abcdef:42";
+        shared.backend = (HistoryLeaseBackend) {
+                .url = "redis://10.0.0.1:6379/2", .password_file = "/etc/brokerd/redis.pass", .node_ttl = 20000000,
+        };
+        assert_int_equal(lease_log_add(f->log, &shared), 0);
+        assert_int_equal(lease_log_flush(f->log), 0);
+        for (int pass = 0; pass < 2; pass++) {
+                HistoryState s = {};
+                LeaseLogRead info;
+                read_back(f, &s, &info);
+                assert_int_equal(info.damaged, 0);
+                const HistoryLeaseRow *r = lease_of(&s, shared.id);
+                assert_string_equal(r->backend.url, "redis://10.0.0.1:6379/2");
+                assert_null(r->backend.user);
+                assert_string_equal(r->backend.password_file, "/etc/brokerd/redis.pass");
+                assert_null(r->backend.sentinel_password_file);
+                assert_int_equal(r->backend.node_ttl, 20000000);
+                history_state_done(&s);
+                HistoryLeaseRow live[] = { shared };
+                assert_int_equal(lease_log_rewrite(f->log, live, 1, 0), 0);
+        }
+}
+
 static void test_floor_for_every_pool(void **state) {
         Fixture *f = *state;
         HistoryState none = {};
@@ -456,6 +484,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_rewrite_when_the_log_outgrows_what_is_live, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_floor_for_every_pool, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_remote_id_is_kept_for_shared_leases_only, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_backend_of_a_shared_lease_is_kept, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_many_leases_ends_rewrites_and_a_reset, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

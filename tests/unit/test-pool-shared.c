@@ -642,6 +642,83 @@ static void test_fence_deadline_from_the_last_acknowledged_heartbeat(void **stat
         assert_string_equal(arg(c, 7), rid);
 }
 
+/* backend-node-ttl= changed by reload (issue 19 c): a rule (a tick with the new canon goes out at once), and
+ * the self-fence counts with the shorter of the two TTLs until Redis agreed to the new rules. */
+static void test_node_ttl_by_reload_fences_on_the_shorter_until_agreed(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        f->pool->ops->bind_grant(f->pool, f->seen[0].grant, &cookie);
+        f->pool->ops->run(f->pool, S(2));
+        tick_ok(f, S(1000), S(2));
+        usec_t margin = REVOKE_GRACE + S(2);
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(1000) + TTL - margin);
+
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+        PoolConfig shorter = { .name = (char *) "grid", .limit = 2, .max_queue = -1, .backend_node_ttl = S(20) };
+        assert_int_equal(f->pool->ops->configure(f->pool, &shorter, rules, 1, S(3)), 0);
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(1000) + S(20) - margin); /* at once */
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_non_null(strstr(arg(c, 7), "backend-node-ttl=20000000\n"));
+        done(f, c, reply("ok", S(3), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(1, 0, 0, -1, "")), S(1003),
+             S(3));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(1003) + S(20) - margin);
+
+        /* Longer: the old, shorter TTL holds until Redis agreed (it drops this node by the stored rules). */
+        PoolConfig longer = { .name = (char *) "grid", .limit = 2, .max_queue = -1, .backend_node_ttl = S(60) };
+        assert_int_equal(f->pool->ops->configure(f->pool, &longer, rules, 1, S(4)), 0);
+        c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("rules", S(4), tick_body("rules", arr(1, str("backend-node-ttl")), 0, 0, 0, ""), EMPTY,
+                         cache(1, 0, 0, -1, "")), S(1004), S(4));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(1004) + S(20) - margin);
+        f->pool->ops->run(f->pool, S(5));
+        c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", S(5), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(1, 0, 0, -1, "")), S(1005),
+             S(5));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(1005) + S(60) - margin);
+}
+
+/* revoke-grace= changed by reload: the self-fence margin follows at once (issue 19 c). */
+static void test_revoke_grace_by_reload_moves_the_fence(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        f->pool->ops->bind_grant(f->pool, f->seen[0].grant, &cookie);
+        f->pool->ops->run(f->pool, S(2));
+        tick_ok(f, S(1000), S(2));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(1000) + TTL - REVOKE_GRACE - S(2));
+        pool_shared_set_revoke_grace(f->pool, S(12));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(1000) + TTL - S(12) - S(2));
+}
+
+/* A retired pool whose last lease ended owes Redis the release until it is answered (issue 19 f): the
+ * engine frees it only then. */
+static void test_a_release_is_owed_until_answered(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        f->pool->ops->retire(f->pool, S(2));
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_false(info.owes);
+        f->pool->ops->release(f->pool, f->seen[0].grant, S(3));
+        f->pool->ops->info(f->pool, S(3), &info);
+        assert_int_equal(info.in_use, 0);
+        assert_true(info.owes);
+        const SharedCall *c = take(f, SHARED_SCRIPT_RELEASE);
+        f->pool->ops->info(f->pool, S(3), &info);
+        assert_true(info.owes); /* in flight */
+        done(f, c, reply("ok", S(3), arr(1, str("released")), EMPTY, cache(0, 0, 0, -1, "")), S(3), S(3));
+        f->pool->ops->info(f->pool, S(3), &info);
+        assert_false(info.owes);
+}
+
 static void test_intents_are_replayed_in_order_after_a_reconnect(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1));
@@ -1743,6 +1820,9 @@ int main(void) {
                 T(test_settling_sends_the_same_call_again),
                 T(test_waiters_are_kept_for_the_grace_then_refused),
                 T(test_fence_deadline_from_the_last_acknowledged_heartbeat),
+                T(test_node_ttl_by_reload_fences_on_the_shorter_until_agreed),
+                T(test_a_release_is_owed_until_answered),
+                T(test_revoke_grace_by_reload_moves_the_fence),
                 T(test_grant_read_after_the_vouch_deadline_is_released_not_handed_out),
                 T(test_intents_are_replayed_in_order_after_a_reconnect),
                 T(test_epoch_change_reclaims_every_lease),
