@@ -24,14 +24,10 @@ static int reply_invalid_parameter(Session *s, const char *parameter) {
         return session_reply_error(s, VARLINK_ERROR_INVALID_PARAMETER, p);
 }
 
-/* SPEC §3.4: nothing is granted that could not be persisted, nor before what was persisted has been read.
- * Refused at once, rather than granted by the engine and withdrawn after a write that cannot succeed. */
-static bool refuse_for_storage(Session *s, const char *lane, const char *job) {
-        const char *why = persistence_refusal(s->table->persistence);
-        if (!why)
-                return false;
-        /* The pool it would have waited on, as for any refusal: metrics count refusals per pool. */
-        const LaneConfig *lc = conf_find_lane(s->table->config, lane);
+/* Refuses an Acquire `unavailable` before the engine hears of it (storage, rate), audited under the pool it
+ * would have waited on, as for any refusal: metrics count refusals per pool. */
+static void refuse_unavailable(Session *s, const char *lane, const char *job, const LaneConfig *lc,
+                               unsigned retry_sec, const char *reason, const char *audit_reason) {
         const char *pool = lc && lc->pools && lc->pools[0] ? lc->pools[lc->n_pools - 1] : NULL;
         AuditRecord r = AUDIT_RECORD_INIT;
         r.decision = "unavailable";
@@ -40,13 +36,22 @@ static bool refuse_for_storage(Session *s, const char *lane, const char *job) {
         r.job = job;
         r.uid = s->cred.uid;
         r.pid = s->cred.pid;
-        r.retry_after_sec = 5;
-        r.reason = why;
+        r.retry_after_sec = retry_sec;
+        r.reason = audit_reason;
         audit_decision(s->table->audit, &r);
-        persistence_note_refused(s->table->persistence, why);
         _cleanup_(json_decrefp) json_t *p =
-                json_pack("{s:i, s:s?, s:s}", "retryAfterSec", 5, "pool", pool, "reason", "storage");
+                json_pack("{s:i, s:s?, s:s}", "retryAfterSec", (int) retry_sec, "pool", pool, "reason", reason);
         session_reply_error(s, "io.slotbroker.Unavailable", p);
+}
+
+/* SPEC §3.4: nothing is granted that could not be persisted, nor before what was persisted has been read.
+ * Refused at once, rather than granted by the engine and withdrawn after a write that cannot succeed. */
+static bool refuse_for_storage(Session *s, const char *lane, const char *job) {
+        const char *why = persistence_refusal(s->table->persistence);
+        if (!why)
+                return false;
+        refuse_unavailable(s, lane, job, conf_find_lane(s->table->config, lane), 5, "storage", why);
+        persistence_note_refused(s->table->persistence, why);
         return true;
 }
 
@@ -101,21 +106,8 @@ static bool refuse_for_rate(Session *s, const char *lane, const char *job, const
                 if (u) /* not the uid's fault: its token back */
                         u->acquire_rate.tokens += 1.0;
         }
-        unsigned retry_sec = (unsigned) MIN(DIV_ROUND_UP(retry, USEC_PER_SEC), 3600u);
-        const char *pool = lc->pools && lc->pools[0] ? lc->pools[lc->n_pools - 1] : NULL;
-        AuditRecord r = AUDIT_RECORD_INIT;
-        r.decision = "unavailable";
-        r.pool = pool;
-        r.lane = lane;
-        r.job = job;
-        r.uid = s->cred.uid;
-        r.pid = s->cred.pid;
-        r.retry_after_sec = retry_sec;
-        r.reason = uid_ok ? "rate (this node's max-acquire-rate)" : "rate (this user's max-acquire-rate-per-uid)";
-        audit_decision(m->audit, &r);
-        _cleanup_(json_decrefp) json_t *p =
-                json_pack("{s:i, s:s?, s:s}", "retryAfterSec", (int) retry_sec, "pool", pool, "reason", "rate");
-        session_reply_error(s, "io.slotbroker.Unavailable", p);
+        refuse_unavailable(s, lane, job, lc, (unsigned) MIN(DIV_ROUND_UP(retry, USEC_PER_SEC), 3600u), "rate",
+                           uid_ok ? "rate (this node's max-acquire-rate)" : "rate (this user's max-acquire-rate-per-uid)");
         return true;
 }
 

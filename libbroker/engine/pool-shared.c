@@ -2024,18 +2024,23 @@ SharedState pool_shared_state(const Pool *base) {
         return SHARED(base)->state;
 }
 
-bool pool_shared_giving_back(const Pool *base) {
-        SharedPool *p = SHARED(base);
-        /* REGISTERING counts: its tick is on the way, and the operations follow it on the same link. */
-        if (!p->link_up || !(state_sends_operations(p->state) || p->state == SHARED_STATE_REGISTERING) ||
-            p->unconfirmed_since != USEC_INFINITY)
-                return false;
+/* A release or withdrawal waits in the outbox (queued or in flight). */
+static bool outbox_gives_back(const SharedPool *p) {
         list_foreach(n, &p->outbox) {
                 const Call *c = container_of(n, Call, node);
                 if (c->script == SHARED_SCRIPT_WITHDRAW || c->script == SHARED_SCRIPT_RELEASE)
                         return true;
         }
         return false;
+}
+
+bool pool_shared_giving_back(const Pool *base) {
+        SharedPool *p = SHARED(base);
+        /* REGISTERING counts: its tick is on the way, and the operations follow it on the same link. */
+        if (!p->link_up || !(state_sends_operations(p->state) || p->state == SHARED_STATE_REGISTERING) ||
+            p->unconfirmed_since != USEC_INFINITY)
+                return false;
+        return outbox_gives_back(p);
 }
 
 /* ------------------------------------------------------------------------------------------ pool ops */
@@ -2432,12 +2437,7 @@ static bool pool_shared_owes(const SharedPool *p) {
          * change again): Redis reaps this node's records after the node TTL, as before. */
         if (p->state == SHARED_STATE_REFUSED || p->state == SHARED_STATE_FENCED || p->state == SHARED_STATE_MISMATCH)
                 return false;
-        list_foreach(n, &p->outbox) {
-                const Call *c = container_of(n, Call, node);
-                if (c->script == SHARED_SCRIPT_WITHDRAW || c->script == SHARED_SCRIPT_RELEASE)
-                        return true;
-        }
-        return false;
+        return outbox_gives_back(p);
 }
 
 static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
