@@ -306,8 +306,12 @@ static void backend_read_entries(Backend *b, const redisReply *reply) {
                 const redisReply *entries = s->element[1];
                 for (size_t j = 0; j < entries->elements; j++) {
                         const redisReply *e = entries->element[j];
-                        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 || e->element[0]->type != REDIS_REPLY_STRING)
+                        /* [id, [field, value, …]]; the pool checks the id's form and the fields (SPEC §11). */
+                        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 || e->element[0]->type != REDIS_REPLY_STRING ||
+                            strlen(e->element[0]->str) != e->element[0]->len || e->element[1]->type != REDIS_REPLY_ARRAY) {
+                                pool_shared_bad_input(bp->pool, "a malformed entry in XREAD's reply", now);
                                 continue;
+                        }
                         _cleanup_free_ RespValue *fields = reply_to_resp(e->element[1]);
                         if (!fields)
                                 return; /* read again from the last entry handed in */

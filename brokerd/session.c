@@ -766,6 +766,7 @@ static const char *unavailable_reason_text(const char *reason) {
                 { "recovery", "the pool's backend is recovering" },
                 { "replicas", "too few Redis replicas acknowledged the grant (backend-min-replicas)" },
                 { "unconfirmed", "the Sentinels cannot confirm the pool's primary" },
+                { "bad-reply", "the pool's backend answered what its scripts never write" },
         };
         for (size_t i = 0; i < ELEMENTSOF(table); i++)
                 if (streq(table[i].reason, reason))

@@ -108,6 +108,7 @@ typedef struct PoolInfo {
         usec_t cache_age;
         unsigned min_replicas;    /* backend-min-replicas (0: off) */
         int replicas_acked;       /* what the last WAIT answered; -1: none answered */
+        uint64_t bad_input;       /* replies and stream entries that failed validation, dropped (SPEC §11) */
 } PoolInfo;
 
 /* Status of a pool kept by a backend: the holders and waiters of every node, as last fetched. */
