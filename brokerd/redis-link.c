@@ -660,9 +660,17 @@ static void on_context_end(redisAsyncContext *ac, void *userdata) {
         link->setup_pending = 0;
         link->blocking_in_flight = false;
 
+        const char *overflow = redis_sdevent_get_overflow(ac);
         if (link->ending) {
                 state = link->end_state;
                 snprintf(reason, sizeof reason, "%s", link->end_reason ?: "Disconnected");
+        } else if (overflow) {
+                /* No Redis answers brokerd's commands with that much: a server that is not the pool's Redis,
+                 * or keys that someone else wrote. Retried after the longest backoff. */
+                state = REDIS_LINK_FAILED;
+                link->failure = "reply-too-large";
+                snprintf(reason, sizeof reason, "%s: not the pool's Redis, or keys someone else wrote (see brokerd.conf(5))",
+                         overflow);
         } else if (ac->err == REDIS_ERR_PROTOCOL) {
                 /* A Redis server never breaks the protocol: this is something else at that address. */
                 state = REDIS_LINK_FAILED;

@@ -1096,6 +1096,16 @@ static const char *decision_check(const SharedPool *p, const Decision *d, const 
                 if (d->n_members > 0 && (d->slots[i] >= n_config || !streq(d->members[i], p->base.members[d->slots[i]])))
                         return "a grant of a member the pool does not have";
         }
+        /* Nor a slot that a lease of this node holds (one Redis still vouches for: not lost, not being
+         * reclaimed): that would be one slot granted twice. */
+        list_foreach(n, &p->grants) {
+                const PoolGrant *g = container_of(n, PoolGrant, node);
+                if (g->lost || g->freed_remotely || g->provisional || streq(g->rid, d->rid))
+                        continue;
+                for (unsigned i = 0; i < g->n_slots; i++)
+                        if (bsearch(&g->slots[i], sorted, d->n_slots, sizeof(unsigned), unsigned_cmp))
+                                return "a grant of a slot this node holds already";
+        }
         return NULL;
 }
 

@@ -113,6 +113,7 @@ typedef struct Fixture {
         uint64_t random;
         unsigned wakes;
         usec_t clock;  /* when the fake driver sends */
+        unsigned next_slot; /* granted(): slots in turn, as Redis would (the limit is 2) */
         char *canon;
 } Fixture;
 
@@ -245,12 +246,13 @@ static int submit(Fixture *f, void *cookie, unsigned k, bool may_wait, usec_t no
         return f->pool->ops->submit(f->pool, &t, now);
 }
 
-/* Submits and answers with a grant of slot 0, token 7. Returns the rid. */
+/* Submits and answers with a grant of the next slot (0 first), token 7. Returns the rid. */
 static const char *granted(Fixture *f, void *cookie, usec_t now, char rid[static 17]) {
         assert_int_equal(submit(f, cookie, 1, true, now), 0);
         const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
         snprintf(rid, 17, "%s", arg(c, 6));
-        done(f, c, reply("ok", (int64_t) now, decision("granted", rid, (int64_t) now, 0, "", 0, 7, arr(1, num(0))),
+        done(f, c, reply("ok", (int64_t) now, decision("granted", rid, (int64_t) now, 0, "", 0, 7,
+                                                        arr(1, num(f->next_slot++ % 2))),
                          EMPTY, cache(1, 0, 0, -1, "")), now, now);
         assert_int_equal(f->seen[f->n_seen - 1].verdict, POOL_VERDICT_GRANTED);
         return rid;
@@ -1723,6 +1725,24 @@ static void test_entries_not_of_this_node_are_dropped(void **state) {
         assert_int_equal(bad_inputs(f), 7);
 }
 
+/* A grant of a slot that a lease of this node holds is one slot granted twice: dropped, the waiter refused. */
+static void test_grant_of_a_slot_held_here_is_dropped(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int holder, cookie;
+        char held[17], rid[17];
+        granted(f, &holder, S(1), held); /* slot 0 */
+        queued(f, &cookie, S(1), rid);
+        RespValue fields = granted_entry(rid, "12", "0", "");
+        pool_shared_stream_entry(f->pool, "6-1", &fields, S(2));
+        assert_int_equal(f->seen[f->n_seen - 1].verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(f->seen[f->n_seen - 1].reason, "bad-reply");
+        assert_int_equal(bad_inputs(f), 1);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_int_equal(info.in_use, 1);
+}
+
 /* A reply is checked like an entry: the decision of another rid than the one submitted, a reply of another
  * shape than the scripts' (not an array of 6, no status word, a pool clock that is not a number) refuse the
  * request "bad-reply" and withdraw its rid. */
@@ -1824,6 +1844,7 @@ int main(void) {
                 T(test_min_replicas_link_down_refuses_the_grants_held),
                 T(test_forged_grants_are_dropped_and_the_waiter_refused),
                 T(test_entries_not_of_this_node_are_dropped),
+                T(test_grant_of_a_slot_held_here_is_dropped),
                 T(test_replies_of_another_shape_refuse_the_request),
                 T(test_malformed_status_snapshot_is_dropped),
                 cmocka_unit_test_setup_teardown(test_sentinel_pool_grants_nothing_before_a_confirmation, setup_sentinel,
