@@ -4,6 +4,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
+#include "closer.h"
 #include "connection.h"
 #include "log.h"
 
@@ -357,8 +358,10 @@ int connection_new(Poller *poller, int fd, const ConnectionLimits *limits, Conne
         if (r < 0)
                 goto fail;
         varlink_stream_init(&c->stream, c->fd, limits->max_message, limits->max_output);
-        /* Acquire's pidfd comes with the call (SCM_RIGHTS): a pid would mean nothing from another PID namespace. */
+        /* Acquire's pidfd comes with the call (SCM_RIGHTS): a pid would mean nothing from another PID namespace.
+         * What a client passes and brokerd does not keep is closed off the loop (closer.h). */
         varlink_stream_accept_fds(&c->stream, true);
+        varlink_set_received_fd_closer(closer_close);
         r = poller_add(poller, &c->watch, c->fd, EPOLLIN, connection_io);
         if (r < 0) {
                 varlink_stream_done(&c->stream);

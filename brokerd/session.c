@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "audit.h"
+#include "closer.h"
 #include "connection.h"
 #include "lease.h"
 #include "log.h"
@@ -136,7 +137,8 @@ void session_acquire(Session *s, const VarlinkCall *call) {
         if (refuse_for_storage(s, lane, job))
                 return;
 
-        _cleanup_close_ int pidfd = -EBADF;
+        /* A client's fd, of any type until checked: its last close() may block (closer.h). */
+        _cleanup_(closer_closep) int pidfd = -EBADF;
         ProcessInfo command = {};
         if (pid > 0 || pidfd_index >= 0) {
                 /* A pidfd names the process whatever PID namespace the client numbers it in; its pid in ours
