@@ -339,7 +339,7 @@ static void connection_io(PollerWatch *w, uint32_t revents) {
 }
 
 int connection_new(Poller *poller, int fd, const ConnectionLimits *limits, Connection **ret) {
-        _cleanup_close_ int fd_owned = fd;
+        _cleanup_(closer_closep) int fd_owned = fd;
 
         Connection *c = calloc(1, sizeof(Connection));
         if (!c)
@@ -370,7 +370,7 @@ int connection_new(Poller *poller, int fd, const ConnectionLimits *limits, Conne
         *ret = c;
         return 0;
 fail:
-        safe_close(c->fd);
+        closer_close(c->fd);
         free(c->groups);
         free(c);
         return r;
@@ -399,7 +399,9 @@ void connection_close(Connection *c) {
         c->next_call = NULL;
         varlink_fds_close(&c->next_call_fds);
         varlink_stream_done(&c->stream);
-        c->fd = safe_close(c->fd);
+        /* The socket's unread messages may carry fds: the kernel drops them with the last close(), in the
+         * closing thread, and one may be the last reference to a lingering socket. */
+        closer_close(TAKE_FD(c->fd));
         free(c->groups);
         c->groups = NULL;
 }

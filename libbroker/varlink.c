@@ -838,12 +838,20 @@ void varlink_stream_accept_fds(VarlinkStream *s, bool accept) {
                 s->accept_fds = accept;
 }
 
-/* recv() for a stream that accepts fds: recvmsg() with room for VARLINK_FDS_MAX of them, each made
- * O_CLOEXEC by the kernel as it arrives. Returns as recv() does, with the fds in *ret_fds; more than fit
- * (MSG_CTRUNC: the kernel closed those it could not hand over) is -1 with errno ETOOMANYREFS, after
- * closing the ones received. Any other control message is ignored: none carries a resource. */
+/* The most fds one sendmsg() can pass (the kernel's SCM_MAX_FD). */
+#define RECV_FDS_MAX 253
+
+/* recv() for a stream that accepts fds: recvmsg() with room for as many as one sendmsg() can pass, each
+ * made O_CLOEXEC by the kernel as it arrives. Returns as recv() does, with the fds in *ret_fds; more than
+ * VARLINK_FDS_MAX (or MSG_CTRUNC) is -1 with errno ETOOMANYREFS, after closing the ones received. Room for
+ * all of them, although only VARLINK_FDS_MAX are kept: those the kernel cannot hand over it closes itself,
+ * in this thread, and such a last close() may block (varlink_set_received_fd_closer()). Any other control
+ * message is ignored: none carries a resource. */
 static ssize_t stream_recv_with_fds(int fd, void *buf, size_t size, VarlinkFds *ret_fds) {
-        FdsControl control;
+        union {
+                struct cmsghdr header;
+                uint8_t buffer[CMSG_SPACE(sizeof(int) * RECV_FDS_MAX)];
+        } control;
         struct iovec iov = { buf, size };
         struct msghdr mh = {
                 .msg_iov = &iov,

@@ -8,7 +8,9 @@ read, and drops its own copy first: brokerd's close() is the last one and would 
 event loop (no client answered, no heartbeat). The call is refused io.slotbroker... InvalidParameter
 ("pidfd": not a pidfd), and another client is answered at once. The same socket passed with a call that
 takes no fd, and more fds than a message may carry (VARLINK_FDS_MAX = 4), are closed off the loop too.
-The fds end closed: brokerd's fd count comes back to where it was.
+The fds end closed: brokerd's fd count comes back to where it was. The same sockets queued, unread, in a
+connection that brokerd refuses at once (max-connections-per-uid) do not block it either: the kernel drops
+them with the connection's last close().
 
 Usage: test-passed-fds.py BROKERD [unittest arguments]
 """
@@ -118,8 +120,10 @@ class PassedFds(harness.BrokerTestCase):
         self.assert_answers_at_once("lingering sockets passed with Status")
         c = self.b.connect()
         try:
-            pass_and_drop(c, Varlink.encode_call("io.slotbroker.Status"), [s.sock for s in socks[:0]] +
-                          [socks[4].sock, socks[5].sock, socket.socket(), socket.socket(), socket.socket()])
+            # The lingering ones last: past what a message may carry (4), what brokerd's recvmsg() had no
+            # room for the kernel would close in brokerd's thread.
+            pass_and_drop(c, Varlink.encode_call("io.slotbroker.Status"),
+                          [socket.socket(), socket.socket(), socket.socket(), socks[4].sock, socks[5].sock])
         except OSError:
             pass  # brokerd may close the connection: more fds than a message carries
         c.close()
@@ -127,6 +131,28 @@ class PassedFds(harness.BrokerTestCase):
         for s in socks:
             s.close()
         wait_for(lambda: self.b.fd_count() <= before, timeout=LINGER_S + 5, message="the passed sockets closed")
+
+
+    def test_lingering_sockets_in_a_refused_connection(self):
+        # A connection refused at once (the uid's limit) before brokerd read anything: the fds wait in the
+        # socket's queue, and the kernel drops them with brokerd's close() of the socket.
+        self.stop_broker(self.b)
+        b = self.broker("[broker]\nmax-connections-per-uid = 1\n\n" + CONFIG, "refused-fds")
+        socks = [LingeringSocket() for _ in range(2)]
+        for s in socks:
+            self.addCleanup(s.close)
+        with b.connect() as first:
+            first.call("io.slotbroker.Status")
+            refused = Varlink(b.socket_path)
+            socket.send_fds(refused.sock, [Varlink.encode_call("io.slotbroker.Status")], [s.sock.fileno() for s in socks])
+            for s in socks:
+                s.sock.close()
+            refused.wait_eof(timeout=LINGER_S + 5)
+            refused.close()
+            start = time.monotonic()
+            first.call("io.slotbroker.Status", timeout=LINGER_S + 5)
+            elapsed = time.monotonic() - start
+            self.assertLess(elapsed, 1.0, f"a client waited {elapsed:.1f} s after a refused connection")
 
 
 if __name__ == "__main__":
