@@ -400,7 +400,9 @@ void connection_close(Connection *c) {
         varlink_fds_close(&c->next_call_fds);
         varlink_stream_done(&c->stream);
         /* The socket's unread messages may carry fds: the kernel drops them with the last close(), in the
-         * closing thread, and one may be the last reference to a lingering socket. */
+         * closing thread, and one may be the last reference to a lingering socket. The client sees the end
+         * now (shutdown() frees nothing), the close comes on the closer's thread. */
+        (void) shutdown(c->fd, SHUT_RDWR);
         closer_close(TAKE_FD(c->fd));
         free(c->groups);
         c->groups = NULL;
