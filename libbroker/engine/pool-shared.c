@@ -35,6 +35,7 @@ typedef struct Call {
         bool run;              /* tick: the engine's run(), whose answer next_wakeup() waits for */
         bool reconcile;        /* tick carrying a reconcile page */
         bool wait;             /* WAIT (backend-min-replicas), not a script: argv is the command */
+        bool held;             /* answered with an error or garbage: sent again after the next heartbeat */
         char rid[RID_LEN + 1]; /* submit, release, withdraw, reclaim */
         usec_t sent_at;        /* monotonic: the round trip is measured from here */
         char **argv;
@@ -463,7 +464,7 @@ bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
          * (a release parked during a mismatch keeps its place behind earlier ones). */
         list_foreach_safe(n, &p->outbox) {
                 Call *c = container_of(n, Call, node);
-                if (c->sent)
+                if (c->sent || c->held)
                         continue;
                 if (c->script != SHARED_SCRIPT_TICK && !pool_serves(p))
                         continue;
@@ -1685,6 +1686,9 @@ static void call_park(SharedPool *p, Call *c, bool ran, const char *reason, usec
                 return;
         }
         c->sent = false;
+        /* A Redis out of memory, or something answering garbage at once: not again at once, or the loop
+         * would spin on it. */
+        c->held = ran;
 }
 
 static bool outbox_holds_only(SharedPool *p, const Call *c) {
@@ -1705,6 +1709,9 @@ static void tell_reclaimed(SharedPool *p, usec_t now) {
 static void tick_done(SharedPool *p, const RespValue *status, const RespValue *body, usec_t sent_boot,
                       Call *c, usec_t now) {
         bool rules_ok = resp_is(status, "ok");
+        /* A heartbeat went through: the calls held after a failed answer may go again. */
+        list_foreach(n, &p->outbox)
+                container_of(n, Call, node)->held = false;
         /* The heartbeat counts either way: leases granted under agreed rules keep their node alive. */
         if (p->acked_boot == USEC_INFINITY || sent_boot > p->acked_boot)
                 p->acked_boot = sent_boot;

@@ -1743,6 +1743,30 @@ static void test_grant_of_a_slot_held_here_is_dropped(void **state) {
         assert_int_equal(info.in_use, 1);
 }
 
+/* A release answered with an error or garbage is not sent again at once (a server answering garbage at
+ * once would make the loop spin): after the next heartbeat. */
+static void test_call_answered_with_garbage_waits_for_the_next_heartbeat(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        f->pool->ops->release(f->pool, f->seen[f->n_seen - 1].grant, S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_RELEASE);
+        done(f, c, str("garbage"), S(1), S(1));
+        assert_int_equal(bad_inputs(f), 1);
+        no_call(f);
+        f->pool->ops->run(f->pool, S(2));
+        tick_ok(f, S(2), S(2));
+        c = take(f, SHARED_SCRIPT_RELEASE);
+        done(f, c, (RespValue) { .type = RESP_ERROR, .str = "OOM", .len = 3 }, S(2), S(2));
+        no_call(f);
+        f->pool->ops->run(f->pool, S(3));
+        tick_ok(f, S(3), S(3));
+        c = take(f, SHARED_SCRIPT_RELEASE);
+        assert_string_equal(arg(c, 7), rid);
+}
+
 /* A reply is checked like an entry: the decision of another rid than the one submitted, a reply of another
  * shape than the scripts' (not an array of 6, no status word, a pool clock that is not a number) refuse the
  * request "bad-reply" and withdraw its rid. */
@@ -1845,6 +1869,7 @@ int main(void) {
                 T(test_forged_grants_are_dropped_and_the_waiter_refused),
                 T(test_entries_not_of_this_node_are_dropped),
                 T(test_grant_of_a_slot_held_here_is_dropped),
+                T(test_call_answered_with_garbage_waits_for_the_next_heartbeat),
                 T(test_replies_of_another_shape_refuse_the_request),
                 T(test_malformed_status_snapshot_is_dropped),
                 cmocka_unit_test_setup_teardown(test_sentinel_pool_grants_nothing_before_a_confirmation, setup_sentinel,
