@@ -7,7 +7,8 @@ Each case runs one brokerd with a shared pool `shared` (lane `shared`) and a loc
 
 With a fake Redis (fakeredis.py):
 - a bulk string announced as 2 GB at connect, then 256 MiB of it sent as fast as loopback goes: brokerd's
-  peak RSS (VmHWM) grows by less than 48 MiB, the pool is refused "reply-too-large" (issue 19 h);
+  peak RSS (VmHWM) grows by less than 48 MiB, the pool is refused "reply-too-large" (issue 19 h); the same
+  from each of three Sentinels of a redis-sentinel:// backend;
 - an array announced with 2^31 - 1 elements as a script's answer: the same;
 - malformed RESP, arrays nested 64 deep, a reply dripped a byte every 100 ms: refused, not stalled;
 - a script answering with another shape or another rid's grant (slots beyond the limit), and XREAD
@@ -111,6 +112,28 @@ class Hostile(harness.BrokerTestCase):
         grown = (vm_kib(b.pid, "VmHWM") - before) // 1024
         self.assertLess(grown, 48, f"brokerd's peak RSS grew by {grown} MiB")
         self.assertLess(f.connections[0].sent, 64 * MIB, "brokerd read on past the cap")
+        self.assert_local_serves(b)
+
+    def test_huge_bulk_from_the_sentinels(self):
+        def behaviour(fake, c, args):
+            c.flood(b"$2000000000\r\n", 128 * MIB)
+            return FakeRedis.CLOSE
+        sentinels = [self.fake(behaviour) for _ in range(3)]
+        hosts = ",".join(f"127.0.0.1:{f.port}" for f in sentinels)
+        b = self.broker(config(f"redis-sentinel://{hosts}/mymaster"), "huge-sentinel")
+        before = vm_kib(b.pid, "VmHWM")
+        wait_for(lambda: sum(len(f.connections) for f in sentinels) >= 3, timeout=20,
+                 message="brokerd to ask every Sentinel")
+        wait_for(lambda: all(c.sent > 0 for f in sentinels for c in f.connections), timeout=20,
+                 message="every Sentinel's flood")
+        time.sleep(1)  # let the floods run into the cap
+        grown = (vm_kib(b.pid, "VmHWM") - before) // 1024
+        self.assertLess(grown, 48, f"brokerd's peak RSS grew by {grown} MiB")
+        for f in sentinels:
+            for c in f.connections:
+                self.assertLess(c.sent, 64 * MIB, "brokerd read on past the cap")
+        a = self.acquire(b, "shared")
+        self.assertEqual(a.error, "io.slotbroker.Unavailable", a.msg)
         self.assert_local_serves(b)
 
     def test_huge_array_as_a_scripts_answer(self):
