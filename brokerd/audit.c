@@ -54,6 +54,7 @@ static const struct {
         [SHARED_NOTICE_CONFIRMED] = { "f622d19d64a0455cb5d6d9271c4ea1fb", "BACKEND_CONFIRMED", LOG_NOTICE },
         [SHARED_NOTICE_IDENTITY] = { "7d32ca6ff3ed443f9b14b440e1e6d7f9", "NODE_ID_CONFLICT", LOG_ERR },
         [SHARED_NOTICE_IDENTITY_CLEARED] = { "5229ae8fe7d84a67804a9dd2586e10bd", "NODE_ID_CLEARED", LOG_NOTICE },
+        [SHARED_NOTICE_BAD_INPUT] = { "95f4f8c6b4eb4851b91f091a6bc7d501", "BACKEND_BAD_INPUT", LOG_WARNING },
 };
 #define MESSAGE_ID_SUPPRESSED "45e9e5b1aa044c65a4d63010ef89a05b"
 #define MESSAGE_ID_FAILOVER "4d01c4d86fbd4354b88b48aa1309a629"
@@ -380,6 +381,12 @@ void audit_backend(Audit *a, const char *pool, const SharedNotice *n) {
         case SHARED_NOTICE_IDENTITY_CLEARED:
                 field(&f, "MESSAGE=[%s] Pool %s: the other registration under this node id lapsed; this brokerd is the node now",
                       tag, pool);
+                break;
+        case SHARED_NOTICE_BAD_INPUT:
+                /* Once a minute at most: the count says how many more were dropped since the last one. */
+                field(&f, "MESSAGE=[%s] Pool %s: dropped %s from its backend (%" PRIu64 " more since the last such entry)",
+                      tag, pool, n->detail ?: "input", n->freed_leases);
+                field(&f, "SLOT_BAD_INPUT_DROPPED=%" PRIu64, n->freed_leases);
                 break;
         default:
                 return;

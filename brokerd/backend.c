@@ -15,7 +15,10 @@
 #include "sentinel.h"
 #include "shared-scripts.h"
 
-#define XREAD_COUNT "256"
+/* Entries per stream and read, fewer when many pools share a backend: a read of every stream stays well
+ * under a reply's cap (REDIS_REPLY_VALUES_MAX; an entry is 31 values). */
+#define XREAD_COUNT 256
+#define XREAD_ENTRIES_MAX 4096
 #define XREAD_BLOCK (5 * USEC_PER_SEC)
 /* While a pool has nowhere to read from yet (its first tick is out), it can only join the next XREAD: the
  * read blocks briefly then, or the pool's stream would be unread for up to XREAD_BLOCK after its first
@@ -306,8 +309,12 @@ static void backend_read_entries(Backend *b, const redisReply *reply) {
                 const redisReply *entries = s->element[1];
                 for (size_t j = 0; j < entries->elements; j++) {
                         const redisReply *e = entries->element[j];
-                        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 || e->element[0]->type != REDIS_REPLY_STRING)
+                        /* [id, [field, value, …]]; the pool checks the id's form and the fields (SPEC §11). */
+                        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 || e->element[0]->type != REDIS_REPLY_STRING ||
+                            strlen(e->element[0]->str) != e->element[0]->len || e->element[1]->type != REDIS_REPLY_ARRAY) {
+                                pool_shared_bad_input(bp->pool, "a malformed entry in XREAD's reply", now);
                                 continue;
+                        }
                         _cleanup_free_ RespValue *fields = reply_to_resp(e->element[1]);
                         if (!fields)
                                 return; /* read again from the last entry handed in */
@@ -353,8 +360,10 @@ static void backend_start_read(Backend *b) {
                 return; /* tried again after the next reply */
         size_t k = 0;
         argv[k++] = "XREAD";
+        char count[16];
+        snprintf(count, sizeof count, "%zu", MAX((size_t) 8, MIN((size_t) XREAD_COUNT, XREAD_ENTRIES_MAX / n)));
         argv[k++] = "COUNT";
-        argv[k++] = XREAD_COUNT;
+        argv[k++] = count;
         bool joining = n < b->n_pools;
         argv[k++] = "BLOCK";
         argv[k++] = joining ? "100" : "5000";
@@ -382,10 +391,19 @@ static void on_link_log(RedisLink *link, int priority, const char *message, void
         log_full_errno(priority, 0, "Redis %s: %s", b->url, message);
 }
 
+/* A link ended for a reply over the caps (redis-sdevent.h) is bad input of every pool on it. */
+static void backend_count_overflow(Backend *b, RedisLink *link, RedisLinkState state, const char *what) {
+        if (state != REDIS_LINK_FAILED || !streq_ptr(redis_link_get_failure(link), "reply-too-large"))
+                return;
+        for (size_t i = 0; i < b->n_pools; i++)
+                pool_shared_bad_input(b->pools[i]->pool, what, now_monotonic());
+}
+
 static void on_commands_state(RedisLink *link, RedisLinkState state, const char *detail, void *userdata) {
         Backend *b = userdata;
         backend_fence_check(b);
         usec_t now = now_monotonic();
+        backend_count_overflow(b, link, state, "a reply over the size cap");
         /* The node the Sentinels named cannot be reached, or is not a primary (INFO's role; a failover
          * under way, or an old primary back as a replica): they may know better by now. */
         if (state != REDIS_LINK_UP)
@@ -407,6 +425,7 @@ static void on_reader_state(RedisLink *link, RedisLinkState state, const char *d
         Backend *b = userdata;
         if (state != REDIS_LINK_UP)
                 b->reading = false;
+        backend_count_overflow(b, link, state, "a stream read over the size cap");
         backend_after(b);
 }
 

@@ -4,6 +4,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
+#include "closer.h"
 #include "connection.h"
 #include "log.h"
 
@@ -338,7 +339,7 @@ static void connection_io(PollerWatch *w, uint32_t revents) {
 }
 
 int connection_new(Poller *poller, int fd, const ConnectionLimits *limits, Connection **ret) {
-        _cleanup_close_ int fd_owned = fd;
+        _cleanup_(closer_closep) int fd_owned = fd;
 
         Connection *c = calloc(1, sizeof(Connection));
         if (!c)
@@ -357,8 +358,10 @@ int connection_new(Poller *poller, int fd, const ConnectionLimits *limits, Conne
         if (r < 0)
                 goto fail;
         varlink_stream_init(&c->stream, c->fd, limits->max_message, limits->max_output);
-        /* Acquire's pidfd comes with the call (SCM_RIGHTS): a pid would mean nothing from another PID namespace. */
+        /* Acquire's pidfd comes with the call (SCM_RIGHTS): a pid would mean nothing from another PID namespace.
+         * What a client passes and brokerd does not keep is closed off the loop (closer.h). */
         varlink_stream_accept_fds(&c->stream, true);
+        varlink_set_received_fd_closer(closer_close);
         r = poller_add(poller, &c->watch, c->fd, EPOLLIN, connection_io);
         if (r < 0) {
                 varlink_stream_done(&c->stream);
@@ -367,7 +370,7 @@ int connection_new(Poller *poller, int fd, const ConnectionLimits *limits, Conne
         *ret = c;
         return 0;
 fail:
-        safe_close(c->fd);
+        closer_close(c->fd);
         free(c->groups);
         free(c);
         return r;
@@ -396,7 +399,11 @@ void connection_close(Connection *c) {
         c->next_call = NULL;
         varlink_fds_close(&c->next_call_fds);
         varlink_stream_done(&c->stream);
-        c->fd = safe_close(c->fd);
+        /* The socket's unread messages may carry fds: the kernel drops them with the last close(), in the
+         * closing thread, and one may be the last reference to a lingering socket. The client sees the end
+         * now (shutdown() frees nothing), the close comes on the closer's thread. */
+        (void) shutdown(c->fd, SHUT_RDWR);
+        closer_close(TAKE_FD(c->fd));
         free(c->groups);
         c->groups = NULL;
 }

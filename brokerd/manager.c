@@ -16,6 +16,7 @@
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 
+#include "closer.h"
 #include "config-files.h"
 #include "config.h"
 #include "connection.h"
@@ -746,8 +747,9 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                 }
                 struct ucred cred;
                 socklen_t len = sizeof cred;
+                /* A refused socket goes to the closer: messages queued unread in it may carry fds. */
                 if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
-                        safe_close(cfd);
+                        closer_close(cfd);
                         continue;
                 }
                 UidUsage *u = session_table_uid_usage(&m->sessions, cred.uid, false);
@@ -763,7 +765,8 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                         if (m->refused_unlogged++ == 0)
                                 log_warning("Connection limit reached (uid %d); refusing a connection.", (int) cred.uid);
                         m->metrics.connections_refused++;
-                        safe_close(cfd);
+                        (void) shutdown(cfd, SHUT_RDWR); /* EOF now; the close on the closer's thread */
+                        closer_close(cfd);
                         continue;
                 }
                 int r = manager_add_connection(m, cfd);

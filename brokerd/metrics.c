@@ -227,6 +227,15 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
                         any_remote = true;
                         pool_gauge(f, "slotbroker_backend_up", info.name, info.backend_up);
                 }
+        bool any_bad = false;
+        for (size_t i = 0; i < n; i++)
+                if (engine_pool_info(g->engine, i, g->now, &info) >= 0 && info.remote) {
+                        if (!any_bad)
+                                header(f, "slotbroker_backend_bad_input_total", "counter",
+                                       "Replies and stream entries of a shared pool's backend that failed validation and were dropped.");
+                        any_bad = true;
+                        pool_gauge(f, "slotbroker_backend_bad_input_total", info.name, info.bad_input);
+                }
         bool any_failover = false;
         for (size_t i = 0; g->backend_primary && i < n; i++) {
                 BackendPrimary bp;

@@ -352,13 +352,23 @@ static int link_send_internal(RedisLink *link, RedisReplyFn fn, uintptr_t tag, i
         return link_send(link, &a, argc, argv, NULL);
 }
 
+/* SCRIPT LOAD's answer: 40 hex digits, which go back in every EVALSHA. */
+static bool sha_is_valid(const redisReply *r) {
+        if (r->len != 40 || strlen(r->str) != 40)
+                return false;
+        for (size_t i = 0; i < 40; i++)
+                if (!strchr("0123456789abcdef", r->str[i]))
+                        return false;
+        return true;
+}
+
 static void on_script_loaded(RedisLink *link, int error, const redisReply *reply, void *userdata) {
         RedisScript *s = &link->scripts[(uintptr_t) userdata];
         char *sha;
 
         if (error < 0)
                 return; /* the connection ended: loaded at the next setup */
-        if (!reply || reply->type != REDIS_REPLY_STRING) {
+        if (!reply || reply->type != REDIS_REPLY_STRING || !sha_is_valid(reply)) {
                 /* The next call of this script meets NOSCRIPT, retries once and gets this error then. */
                 link_log(link, LOG_WARNING, "Could not load script %u into Redis: %s", (unsigned) (uintptr_t) userdata,
                          reply_text(reply));
@@ -587,7 +597,7 @@ static void on_setup_reply(RedisLink *link, int error, const redisReply *reply, 
                         return;
                 free(link->run_id);
                 link->run_id = run_id;
-        } else if (step >= SETUP_SCRIPT && reply && reply->type == REDIS_REPLY_STRING) {
+        } else if (step >= SETUP_SCRIPT && reply && reply->type == REDIS_REPLY_STRING && sha_is_valid(reply)) {
                 RedisScript *s = &link->scripts[step - SETUP_SCRIPT];
                 char *sha = strdup(reply->str);
                 if (!sha) {
@@ -596,7 +606,7 @@ static void on_setup_reply(RedisLink *link, int error, const redisReply *reply, 
                 }
                 free(s->sha);
                 s->sha = sha;
-        } else if (reply->type == REDIS_REPLY_ERROR ||
+        } else if (reply->type == REDIS_REPLY_ERROR || step >= SETUP_SCRIPT ||
                    (step < SETUP_SCRIPT && reply->type != REDIS_REPLY_STATUS)) {
                 const char *text = reply_text(reply);
                 const char *what = step == SETUP_AUTH ? "AUTH" : step == SETUP_SELECT ? "SELECT" : "SCRIPT LOAD";
@@ -628,7 +638,8 @@ static void on_message(redisAsyncContext *ac, void *r, void *privdata) {
 
         if (!reply || link->closed || link->ending)
                 return;
-        if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3 || reply->element[0]->type != REDIS_REPLY_STRING)
+        if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3 || reply->element[0]->type != REDIS_REPLY_STRING ||
+            reply->element[1]->type != REDIS_REPLY_STRING)
                 return;
         if (streq(reply->element[0]->str, "subscribe")) {
                 if (link->phase == PHASE_SETUP && --link->setup_pending == 0)
@@ -711,9 +722,17 @@ static void on_context_end(redisAsyncContext *ac, void *userdata) {
         link->setup_pending = 0;
         link->blocking_in_flight = false;
 
+        const char *overflow = redis_sdevent_get_overflow(ac);
         if (link->ending) {
                 state = link->end_state;
                 snprintf(reason, sizeof reason, "%s", link->end_reason ?: "Disconnected");
+        } else if (overflow) {
+                /* No Redis answers brokerd's commands with that much: a server that is not the pool's Redis,
+                 * or keys that someone else wrote. Retried after the longest backoff. */
+                state = REDIS_LINK_FAILED;
+                link->failure = "reply-too-large";
+                snprintf(reason, sizeof reason, "%s: not the pool's Redis, or keys someone else wrote (see brokerd.conf(5))",
+                         overflow);
         } else if (ac->err == REDIS_ERR_PROTOCOL) {
                 /* A Redis server never breaks the protocol: this is something else at that address. */
                 state = REDIS_LINK_FAILED;

@@ -13,6 +13,9 @@ typedef struct RedisSdevent {
         bool freed;                     /* the cleanup hook ran while dispatching: on_io() frees this */
         RedisSdeventCleanupFn on_cleanup;
         void *userdata;
+        /* The reply being read: what it cost so far, against the caps. */
+        size_t reply_bytes, reply_values;
+        const char *overflow;
 } RedisSdevent;
 
 static RedisSdevent *redis_sdevent_free(RedisSdevent *e) {
@@ -54,6 +57,66 @@ static void del_write(void *privdata) {
         update_events(e, e->events & ~(uint32_t) EPOLLOUT);
 }
 
+/* ---- the caps on a reply (REDIS_REPLY_*_MAX) ---- */
+
+/* hiredis's own object functions (static in hiredis.c, reached through a fresh reader), which the
+ * counting ones below call. The table is static: hiredis still uses it after the cleanup hook (the
+ * reader frees its partial reply last). */
+static redisReplyObjectFunctions *hiredis_fn;
+static redisReplyObjectFunctions counting_fn;
+
+/* Counts an object of the reply being read (the first of a reply starts it: its task has no parent).
+ * Returns false, and marks the context, past a cap: hiredis then fails the read as out of memory and ends
+ * the context, before the object is made (an array's element table is allocated as announced). */
+static bool reply_count(RedisSdevent *e, const redisReadTask *task, size_t bytes, size_t values) {
+        if (!task->parent)
+                e->reply_bytes = e->reply_values = 0;
+        e->reply_bytes += bytes;
+        e->reply_values += values;
+        if (e->reply_bytes <= REDIS_REPLY_BYTES_MAX && e->reply_values <= REDIS_REPLY_VALUES_MAX)
+                return true;
+        e->overflow = e->reply_bytes > REDIS_REPLY_BYTES_MAX ? "A reply larger than 4 MiB" :
+                                                               "A reply of more than 262144 values";
+        return false;
+}
+
+static void *create_string(const redisReadTask *task, char *s, size_t len) {
+        RedisSdevent *e = task->privdata;
+        return reply_count(e, task, len, 1) ? hiredis_fn->createString(task, s, len) : NULL;
+}
+
+static void *create_array(const redisReadTask *task, int elements) {
+        RedisSdevent *e = task->privdata;
+        /* The elements are counted as announced: their table is allocated now. */
+        return reply_count(e, task, 0, 1 + (size_t) MAX(elements, 0)) ? hiredis_fn->createArray(task, elements)
+                                                                       : NULL;
+}
+
+static void *create_integer(const redisReadTask *task, long long value) {
+        RedisSdevent *e = task->privdata;
+        return reply_count(e, task, 0, 1) ? hiredis_fn->createInteger(task, value) : NULL;
+}
+
+static void *create_nil(const redisReadTask *task) {
+        RedisSdevent *e = task->privdata;
+        return reply_count(e, task, 0, 1) ? hiredis_fn->createNil(task) : NULL;
+}
+
+/* After a read: what waits in the buffer for the rest of a reply counts too (a bulk string is kept whole
+ * until its last byte came). hiredis reads 16 KiB at a time, so this is checked often enough. */
+static bool buffer_over_cap(RedisSdevent *e) {
+        const redisReader *r = e->ac->c.reader;
+        if (!r || r->len - MIN(r->pos, r->len) <= REDIS_REPLY_BYTES_MAX)
+                return false;
+        e->overflow = "A reply larger than 4 MiB";
+        return true;
+}
+
+const char *redis_sdevent_get_overflow(const redisAsyncContext *ac) {
+        const RedisSdevent *e = ac ? ac->ev.data : NULL;
+        return e ? e->overflow : NULL;
+}
+
 static void cleanup(void *privdata) {
         RedisSdevent *e = privdata;
 
@@ -61,6 +124,9 @@ static void cleanup(void *privdata) {
         update_events(e, 0);
         if (e->on_cleanup)
                 e->on_cleanup(e->ac, e->userdata);
+        /* Nothing more is read: no object function may reach e after this. */
+        if (e->ac->c.reader)
+                e->ac->c.reader->privdata = NULL;
         e->ac = NULL;
         if (e->dispatching)
                 e->freed = true;
@@ -74,8 +140,12 @@ static int on_io(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         /* An error or a hang-up is news for whichever direction hiredis waits on: a refused connect shows
          * as EPOLLERR while it waits to write. Either call may free the context (and call cleanup()). */
         e->dispatching = true;
-        if ((e->events & EPOLLIN) && (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+        if ((e->events & EPOLLIN) && (revents & (EPOLLIN | EPOLLHUP | EPOLLERR))) {
                 redisAsyncHandleRead(e->ac);
+                /* Not in a callback here: the context may be freed (its replies come back empty). */
+                if (!e->freed && buffer_over_cap(e))
+                        redisAsyncFree(e->ac);
+        }
         if (!e->freed && (e->events & EPOLLOUT) && (revents & (EPOLLOUT | EPOLLHUP | EPOLLERR)))
                 redisAsyncHandleWrite(e->ac);
         e->dispatching = false;
@@ -109,6 +179,20 @@ int redis_sdevent_attach(redisAsyncContext *ac, sd_event *event, RedisSdeventCle
                 return r;
         }
         (void) sd_event_source_set_description(e->io, "redis");
+
+        /* The reader counts each reply against the caps (its privdata reaches the object functions). */
+        if (!hiredis_fn) {
+                hiredis_fn = ac->c.reader->fn;
+                counting_fn = (redisReplyObjectFunctions) {
+                        .createString = create_string,
+                        .createArray = create_array,
+                        .createInteger = create_integer,
+                        .createNil = create_nil,
+                        .freeObject = hiredis_fn->freeObject,
+                };
+        }
+        ac->c.reader->fn = &counting_fn;
+        ac->c.reader->privdata = e;
 
         ac->ev.data = e;
         ac->ev.addRead = add_read;

@@ -15,8 +15,19 @@
  * and ac->errstr say why it ended (0: freed on request). ac must not be used after it returns. */
 typedef void (*RedisSdeventCleanupFn)(redisAsyncContext *ac, void *userdata);
 
+/* What one reply may cost (SPEC §11: whatever answers at a backend's address is untrusted). hiredis 0.14
+ * has no limit of its own: a bulk string announced as 2 GB is buffered until it is complete, an array of
+ * 2^31 elements is allocated as announced. Past either cap the context is ended at once (its replies come
+ * back empty) and redis_sdevent_get_overflow() says so. */
+#define REDIS_REPLY_BYTES_MAX (4U * 1024 * 1024)   /* strings of one reply, and bytes buffered unparsed */
+#define REDIS_REPLY_VALUES_MAX (256U * 1024)       /* strings, integers, nils and arrays of one reply */
+
 /* Attaches ac (fresh from redisAsyncConnect*()) to event. The attachment lives as long as ac: nothing to
  * detach. Returns 0; -EBUSY if ac has an event library already; -EBADF if ac has no socket; or the negative
  * errno of sd-event (ac is then untouched). */
 int redis_sdevent_attach(redisAsyncContext *ac, sd_event *event, RedisSdeventCleanupFn on_cleanup,
                          void *userdata);
+
+/* Why ac is being ended for a reply over the caps (a sentence, static), or NULL. Valid until the cleanup
+ * hook returns. */
+const char *redis_sdevent_get_overflow(const redisAsyncContext *ac);

@@ -106,14 +106,26 @@ static void sentinel_failed(Sentinel *s) {
 
 static void sentinel_ask(Sentinel *s);
 
+/* A port as a Sentinel writes it: 1 to 5 decimal digits, nothing else (strtoul() takes " +1"). */
+static bool port_is_valid(const redisReply *r) {
+        if (r->len == 0 || r->len > 5 || strlen(r->str) != r->len)
+                return false;
+        for (size_t i = 0; i < r->len; i++)
+                if (r->str[i] < '0' || r->str[i] > '9')
+                        return false;
+        return true;
+}
+
 static void on_answer(RedisLink *link, int error, const redisReply *reply, void *userdata) {
         Sentinel *s = userdata;
 
         s->asking = false;
         if (error < 0)
                 return; /* the link says why, and asks again once up */
+        /* [host, port]: a host name's length at most, a port in decimal (SPEC §11: a Sentinel is input too). */
         if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 && reply->element[0]->type == REDIS_REPLY_STRING &&
-            reply->element[1]->type == REDIS_REPLY_STRING) {
+            reply->element[1]->type == REDIS_REPLY_STRING && reply->element[0]->len <= 253 &&
+            strlen(reply->element[0]->str) == reply->element[0]->len && port_is_valid(reply->element[1])) {
                 char *end;
                 unsigned long port = strtoul(reply->element[1]->str, &end, 10);
                 if (*end == '\0' && port > 0 && port <= 65535 && reply->element[0]->len > 0) {
@@ -292,7 +304,8 @@ static void on_vote(RedisLink *link, int error, const redisReply *reply, void *u
         v->round = 0;
         if (error == 0 && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
             reply->element[0]->type == REDIS_REPLY_STRING && reply->element[1]->type == REDIS_REPLY_STRING &&
-            reply->element[0]->len > 0 && reply->element[0]->len < sizeof v->host) {
+            reply->element[0]->len > 0 && reply->element[0]->len < sizeof v->host &&
+            strlen(reply->element[0]->str) == reply->element[0]->len && port_is_valid(reply->element[1])) {
                 char *end;
                 unsigned long port = strtoul(reply->element[1]->str, &end, 10);
                 if (*end == '\0' && port > 0 && port <= 65535) {

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "audit.h"
+#include "closer.h"
 #include "connection.h"
 #include "lease.h"
 #include "log.h"
@@ -207,7 +208,8 @@ void session_acquire(Session *s, const VarlinkCall *call) {
         if (lane_is_shared(m->config, lc) && refuse_for_rate(s, lane, job, lc))
                 return;
 
-        _cleanup_close_ int pidfd = -EBADF;
+        /* A client's fd, of any type until checked: its last close() may block (closer.h). */
+        _cleanup_(closer_closep) int pidfd = -EBADF;
         ProcessInfo command = {};
         if (pid > 0 || pidfd_index >= 0) {
                 /* A pidfd names the process whatever PID namespace the client numbers it in; its pid in ours
@@ -855,6 +857,7 @@ static const char *unavailable_reason_text(const char *reason) {
                 { "recovery", "the pool's backend is recovering" },
                 { "replicas", "too few Redis replicas acknowledged the grant (backend-min-replicas)" },
                 { "unconfirmed", "the Sentinels cannot confirm the pool's primary" },
+                { "bad-reply", "the pool's backend answered what its scripts never write" },
         };
         for (size_t i = 0; i < ELEMENTSOF(table); i++)
                 if (streq(table[i].reason, reason))

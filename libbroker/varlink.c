@@ -383,11 +383,29 @@ int varlink_error_format(const char *error, json_t *parameters, char **ret, size
 
 /* ---- file descriptors ---- */
 
+static void (*received_fd_closer)(int fd);
+
+void varlink_set_received_fd_closer(void (*close_fn)(int fd)) {
+        received_fd_closer = close_fn;
+}
+
+/* A received fd, or one of a VarlinkFds (the output's own dups among them: closing those never blocks,
+ * and the closer takes them as well). Returns -EBADF. */
+static int received_fd_close(int fd) {
+        if (fd < 0)
+                return -EBADF;
+        if (received_fd_closer)
+                received_fd_closer(fd);
+        else
+                safe_close(fd);
+        return -EBADF;
+}
+
 void varlink_fds_close(VarlinkFds *f) {
         if (!f)
                 return;
         for (size_t i = 0; i < f->n; i++)
-                f->fds[i] = safe_close(f->fds[i]);
+                f->fds[i] = received_fd_close(f->fds[i]);
         f->n = 0;
 }
 
@@ -476,7 +494,7 @@ int varlink_input_feed_fds(VarlinkInput *in, const int *fds, size_t n) {
                 return 0;
         if (in->end == in->start || n > VARLINK_FDS_MAX - in->fds.n) {
                 for (size_t i = 0; i < n; i++)
-                        safe_close(fds[i]);
+                        received_fd_close(fds[i]);
                 return in->end == in->start ? -EINVAL : -ETOOMANYREFS;
         }
         for (size_t i = 0; i < n; i++) {
@@ -496,7 +514,7 @@ static void input_take_fds(VarlinkInput *in, uint64_t through, VarlinkFds *ret) 
                 if (ret)
                         ret->fds[ret->n++] = in->fds.fds[i];
                 else
-                        safe_close(in->fds.fds[i]);
+                        received_fd_close(in->fds.fds[i]);
         memmove(in->fds.fds, in->fds.fds + k, (in->fds.n - k) * sizeof(int));
         memmove(in->fds_at, in->fds_at + k, (in->fds.n - k) * sizeof(uint64_t));
         in->fds.n -= k;
@@ -820,12 +838,20 @@ void varlink_stream_accept_fds(VarlinkStream *s, bool accept) {
                 s->accept_fds = accept;
 }
 
-/* recv() for a stream that accepts fds: recvmsg() with room for VARLINK_FDS_MAX of them, each made
- * O_CLOEXEC by the kernel as it arrives. Returns as recv() does, with the fds in *ret_fds; more than fit
- * (MSG_CTRUNC: the kernel closed those it could not hand over) is -1 with errno ETOOMANYREFS, after
- * closing the ones received. Any other control message is ignored: none carries a resource. */
+/* The most fds one sendmsg() can pass (the kernel's SCM_MAX_FD). */
+#define RECV_FDS_MAX 253
+
+/* recv() for a stream that accepts fds: recvmsg() with room for as many as one sendmsg() can pass, each
+ * made O_CLOEXEC by the kernel as it arrives. Returns as recv() does, with the fds in *ret_fds; more than
+ * VARLINK_FDS_MAX (or MSG_CTRUNC) is -1 with errno ETOOMANYREFS, after closing the ones received. Room for
+ * all of them, although only VARLINK_FDS_MAX are kept: those the kernel cannot hand over it closes itself,
+ * in this thread, and such a last close() may block (varlink_set_received_fd_closer()). Any other control
+ * message is ignored: none carries a resource. */
 static ssize_t stream_recv_with_fds(int fd, void *buf, size_t size, VarlinkFds *ret_fds) {
-        FdsControl control;
+        union {
+                struct cmsghdr header;
+                uint8_t buffer[CMSG_SPACE(sizeof(int) * RECV_FDS_MAX)];
+        } control;
         struct iovec iov = { buf, size };
         struct msghdr mh = {
                 .msg_iov = &iov,
@@ -848,7 +874,7 @@ static ssize_t stream_recv_with_fds(int fd, void *buf, size_t size, VarlinkFds *
                         if (ret_fds->n < VARLINK_FDS_MAX)
                                 ret_fds->fds[ret_fds->n++] = received;
                         else {
-                                safe_close(received);
+                                received_fd_close(received);
                                 too_many = true;
                         }
                 }

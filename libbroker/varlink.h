@@ -75,6 +75,10 @@ typedef struct VarlinkFds {
 
 /* Closes what was not taken; empty afterwards. Accepts NULL. */
 void varlink_fds_close(VarlinkFds *f);
+/* Every fd received from a peer that this library closes (not taken, over the limit, with a broken
+ * message) is closed by close_fn, process-wide: a daemon closes them off its event loop, since the last
+ * close() of a file a peer chose can block (a socket lingering, a FUSE file). NULL: close() here. */
+void varlink_set_received_fd_closer(void (*close_fn)(int fd));
 /* Takes the index-th fd: the caller owns it from now on. Returns it; -ENXIO when the message carried no fd
  * at index, or it was taken already. */
 int varlink_fds_take(VarlinkFds *f, size_t index);

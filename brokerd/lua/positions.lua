@@ -14,6 +14,7 @@
 
 local MODE = ARGV[6]
 local STATUS_WAITERS = 100
+local STATUS_VALUES = 131072  -- half of brokerd's cap on a reply (REDIS_REPLY_VALUES_MAX)
 
 local function positions()
         local early_reply = prelude_begin(false)
@@ -42,10 +43,15 @@ local function positions()
                 if not names[node] then names[node] = redis.call('HGET', k_node(node), 'name') or node end
                 return names[node]
         end
+        -- The reply must stay under brokerd's cap on a reply (262144 values): holders are listed while they
+        -- fit in STATUS_VALUES (8 values each, and one per slot and member).
         local holders = {}
+        local budget = STATUS_VALUES
         local h = redis.call('HGETALL', K.h)
         for i = 1, #h, 2 do
                 local l = lease_get(h[i])
+                budget = budget - 8 - #l.slots - #(l.members or {})
+                if budget < 0 then break end
                 holders[#holders + 1] = { l.node, name_of(l.node), l.rid, l.lane, l.token, l.at, l.slots, l.members }
         end
         local waiters = {}

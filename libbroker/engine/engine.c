@@ -1049,6 +1049,7 @@ int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret)
                 .all_waiting = info.all_waiting,
                 .min_replicas = info.min_replicas,
                 .replicas_acked = info.remote ? info.replicas_acked : -1,
+                .bad_input = info.remote ? info.bad_input : 0,
         };
         return 0;
 }

@@ -246,6 +246,7 @@ typedef struct EnginePoolInfo {
         size_t all_waiting;
         unsigned min_replicas;
         int replicas_acked;       /* -1: no WAIT answered */
+        uint64_t bad_input;       /* replies and stream entries dropped by validation */
 } EnginePoolInfo;
 
 /* The configured pools, in configuration order. */

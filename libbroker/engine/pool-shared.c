@@ -15,6 +15,15 @@
 #include "strv.h"
 
 #define RID_LEN 16
+/* Untrusted input (SPEC §11): how many rids this node sent and forgot are remembered (a grant for one is
+ * released; one for a rid never sent is dropped), how often a BAD_INPUT notice may be pushed, the largest
+ * token (Lua's numbers are doubles), and the longest strings kept from a reply. */
+#define FORGOTTEN_RIDS 256
+#define BAD_INPUT_NOTICE_EVERY (60 * USEC_PER_SEC)
+#define TOKEN_MAX (UINT64_C(1) << 53) /* exact in Lua's doubles and RESP (lua/README, "Conventions") */
+#define STREAM_ID_LEN_MAX 41
+#define TEXT_LEN_MAX 255
+#define DIFFERING_KEYS_MAX 64
 
 /* The outbox: every call stays here from queueing until its answer, in send order. */
 typedef struct Call {
@@ -26,6 +35,7 @@ typedef struct Call {
         bool run;              /* tick: the engine's run(), whose answer next_wakeup() waits for */
         bool reconcile;        /* tick carrying a reconcile page */
         bool wait;             /* WAIT (backend-min-replicas), not a script: argv is the command */
+        bool held;             /* answered with an error or garbage: sent again after the next heartbeat */
         char rid[RID_LEN + 1]; /* submit, release, withdraw, reclaim */
         usec_t sent_at;        /* monotonic: the round trip is measured from here */
         char **argv;
@@ -49,6 +59,7 @@ struct PoolWaiter {
         char rid[RID_LEN + 1];
         void *cookie;
         char *lane;            /* its grant's, for a reclaim */
+        unsigned k;            /* slots asked for: a grant must have exactly these many */
         usec_t arrival;
         bool queued;           /* QUEUED was emitted: it counts in the fingerprint as "w" */
         size_t position, n_queued;
@@ -155,6 +166,14 @@ typedef struct SharedPool {
 
         size_t positions_cursor; /* the refresh of waiters' places goes round, a page a heartbeat */
 
+        /* Input that failed validation: counted, told at most once a minute (SPEC §11). */
+        uint64_t bad_input;
+        uint64_t bad_input_untold;   /* dropped since the last notice */
+        usec_t bad_input_told;       /* monotonic, the last notice; USEC_INFINITY: none yet */
+        /* The rids this node sent and then forgot (withdrawn, cancelled, refused here), a ring. */
+        char forgotten[FORGOTTEN_RIDS][RID_LEN + 1];
+        size_t n_forgotten;
+
         /* Status: the holders and waiters of every node, fetched every second while someone looks. */
         bool status_wanted;     /* snapshot() was asked since the last run() */
         bool status_pending;    /* a status call is in the outbox */
@@ -167,9 +186,6 @@ typedef struct SharedPool {
         PoolSnapshotEntry *snap_holders, *snap_waiters;
         size_t n_snap_holders, n_snap_waiters, snap_waiting;
 } SharedPool;
-
-/* Tokens are exact integers below it in Lua's doubles and RESP (brokerd/lua/README, "Conventions"). */
-#define SHARED_TOKEN_MAX (UINT64_C(1) << 53)
 
 static SharedPool *SHARED(const Pool *p) {
         return (SharedPool *) p;
@@ -464,7 +480,7 @@ bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
          * (a release parked during a mismatch keeps its place behind earlier ones). */
         list_foreach_safe(n, &p->outbox) {
                 Call *c = container_of(n, Call, node);
-                if (c->sent)
+                if (c->sent || c->held)
                         continue;
                 if (c->script != SHARED_SCRIPT_TICK && !pool_serves(p))
                         continue;
@@ -665,6 +681,8 @@ static int queue_status(SharedPool *p, usec_t now) {
         return 0;
 }
 
+static void rid_forget(SharedPool *p, const char *rid);
+
 /* A submit that was never sent is simply dropped; one that may have run is withdrawn (idempotent). */
 static void forget_submit(SharedPool *p, const char *rid, usec_t now) {
         list_foreach_safe(n, &p->outbox) {
@@ -674,6 +692,7 @@ static void forget_submit(SharedPool *p, const char *rid, usec_t now) {
                         return;
                 }
         }
+        rid_forget(p, rid);
         (void) queue_rid_call(p, SHARED_SCRIPT_WITHDRAW, rid, 0, now);
 }
 
@@ -788,6 +807,7 @@ typedef struct Decision {
         char rid[RID_LEN + 1];
         int64_t at, wait;
         Refusal refusal;
+        bool has_refusal;      /* a known word, not "" */
         const char *reason;
         QueueState state;
         usec_t idle, budget;
@@ -795,12 +815,19 @@ typedef struct Decision {
         uint64_t token;
         unsigned n_slots;
         unsigned *slots;
+        unsigned n_members;
         char **members;
+        unsigned max_items;    /* the most slots or members a list may have (the pool's limit) */
 } Decision;
+
+static Decision decision_init(unsigned max_items) {
+        return (Decision) { .budget = USEC_INFINITY, .max_items = max_items };
+}
 
 static void decision_done(Decision *d) {
         d->slots = mfree(d->slots);
         d->members = strv_free(d->members);
+        d->n_slots = d->n_members = 0;
 }
 
 static const char *static_reason(const char *s, size_t len) {
@@ -849,16 +876,140 @@ static char *resp_strdup(const RespValue *v) {
         return strndup(v->str, v->len);
 }
 
-/* One named field of a decision, from its text (a stream entry) or its RESP value (a reply). */
+/* A string of at most max bytes, or NULL (wrong type, too long, out of memory). */
+static char *resp_strdup_max(const RespValue *v, size_t max) {
+        return v && v->type == RESP_STRING && v->len <= max ? resp_strdup(v) : NULL;
+}
+
+/* README: a rid is 16 lowercase hex digits (submit makes them so). */
+static bool rid_is_valid(const char *s, size_t len) {
+        if (len != RID_LEN)
+                return false;
+        for (size_t i = 0; i < len; i++)
+                if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+                        return false;
+        return true;
+}
+
+/* A stream entry id, "MS-SEQ" in decimal: it goes back to Redis as XREAD's argument. */
+static bool stream_id_is_valid(const char *s, size_t len) {
+        size_t ms = 0, seq = 0, i = 0;
+        for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+                ms++;
+        if (ms == 0 || ms > 20 || i == len || s[i++] != '-')
+                return false;
+        for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+                seq++;
+        return seq > 0 && seq <= 20 && i == len;
+}
+
+/* A decimal below max, strictly (no sign, no space, no garbage). */
+static bool mem_to_index(const char *s, size_t len, unsigned max, unsigned *ret) {
+        if (len == 0 || len > 10)
+                return false;
+        uint64_t x = 0;
+        for (size_t i = 0; i < len; i++) {
+                if (s[i] < '0' || s[i] > '9')
+                        return false;
+                x = x * 10 + (uint64_t) (s[i] - '0');
+        }
+        if (x >= max)
+                return false;
+        *ret = (unsigned) x;
+        return true;
+}
+
+/* A list of slots or members: an array in a reply, "a,b,c" in a stream entry. Each item is handed to
+ * add(); no more than d->max_items of them (-EBADMSG), counted before anything is allocated. */
+typedef int (*ItemFn)(Decision *d, size_t i, const char *s, size_t len, int64_t integer, bool is_integer);
+
+static int list_parse(Decision *d, const RespValue *v, size_t *ret_n, ItemFn begin_fn, ItemFn add) {
+        size_t n = 0;
+        if (v && v->type == RESP_ARRAY)
+                n = v->n;
+        else if (v && v->type == RESP_STRING && v->len > 0) {
+                n = 1;
+                for (size_t i = 0; i < v->len && n <= d->max_items; i++)
+                        n += v->str[i] == ',';
+        } else if (v && !(v->type == RESP_STRING || v->type == RESP_NIL))
+                return -EBADMSG;
+        if (n > d->max_items)
+                return -EBADMSG;
+        int r = begin_fn(d, n, NULL, 0, 0, false);
+        if (r < 0)
+                return r;
+        if (v && v->type == RESP_ARRAY) {
+                for (size_t i = 0; i < n; i++) {
+                        const RespValue *e = &v->elements[i];
+                        if (e->type == RESP_INTEGER)
+                                r = add(d, i, NULL, 0, e->integer, true);
+                        else if (e->type == RESP_STRING)
+                                r = add(d, i, e->str, e->len, 0, false);
+                        else
+                                r = -EBADMSG;
+                        if (r < 0)
+                                return r;
+                }
+        } else if (n > 0) {
+                const char *s = v->str, *end = v->str + v->len;
+                for (size_t i = 0; i < n; i++) {
+                        const char *comma = memchr(s, ',', (size_t) (end - s));
+                        const char *stop = comma ?: end;
+                        if ((r = add(d, i, s, (size_t) (stop - s), 0, false)) < 0)
+                                return r;
+                        s = stop + 1;
+                }
+        }
+        *ret_n = n;
+        return 0;
+}
+
+static int slots_begin(Decision *d, size_t n, const char *s, size_t len, int64_t integer, bool is_integer) {
+        free(d->slots); /* a field given twice: the last wins */
+        d->n_slots = 0;
+        d->slots = calloc(MAX(n, (size_t) 1), sizeof(unsigned));
+        return d->slots ? 0 : -ENOMEM;
+}
+
+static int slots_add(Decision *d, size_t i, const char *s, size_t len, int64_t integer, bool is_integer) {
+        /* An index must be below the pool's limit: the lease table and the status index by it. */
+        if (is_integer) {
+                if (integer < 0 || (uint64_t) integer >= d->max_items)
+                        return -EBADMSG;
+                d->slots[i] = (unsigned) integer;
+        } else if (!mem_to_index(s, len, d->max_items, &d->slots[i]))
+                return -EBADMSG;
+        d->n_slots = (unsigned) i + 1;
+        return 0;
+}
+
+static int members_begin(Decision *d, size_t n, const char *s, size_t len, int64_t integer, bool is_integer) {
+        strv_free(d->members);
+        d->n_members = 0;
+        d->members = n > 0 ? calloc(n + 1, sizeof(char *)) : NULL;
+        return n == 0 || d->members ? 0 : -ENOMEM;
+}
+
+static int members_add(Decision *d, size_t i, const char *s, size_t len, int64_t integer, bool is_integer) {
+        if (is_integer || len == 0 || len > TEXT_LEN_MAX || memchr(s, 0, len))
+                return -EBADMSG;
+        if (!(d->members[i] = strndup(s, len)))
+                return -ENOMEM;
+        d->n_members = (unsigned) i + 1;
+        return 0;
+}
+
+/* One named field of a decision, from its text (a stream entry) or its RESP value (a reply). Types and
+ * sizes are checked here; what the values mean for this pool, by decision_check(). */
 static int decision_set(Decision *d, const char *name, const RespValue *v) {
         int64_t x = 0;
         if (streq(name, "verdict") || streq(name, "rid")) {
                 if (!v || v->type != RESP_STRING)
                         return -EBADMSG;
-                size_t max = streq(name, "rid") ? RID_LEN : sizeof d->verdict - 1;
-                if (v->len > max)
+                bool rid = streq(name, "rid");
+                if (rid ? !rid_is_valid(v->str, v->len) : v->len > sizeof d->verdict - 1 || memchr(v->str, 0, v->len))
                         return -EBADMSG;
-                char *dst = streq(name, "rid") ? d->rid : d->verdict;
+                char *dst = rid ? d->rid : d->verdict;
                 memcpy(dst, v->str, v->len);
                 dst[v->len] = 0;
         } else if (streq(name, "refusal")) {
@@ -867,58 +1018,23 @@ static int decision_set(Decision *d, const char *name, const RespValue *v) {
                         [REFUSAL_SHED] = "shed", [REFUSAL_UNAVAILABLE] = "unavailable",
                 };
                 d->refusal = REFUSAL_BUSY;
+                d->has_refusal = false;
                 for (int i = 0; i < _REFUSAL_MAX; i++)
-                        if (resp_is(v, names[i]))
+                        if (names[i] && resp_is(v, names[i])) {
                                 d->refusal = i;
+                                d->has_refusal = true;
+                        }
         } else if (streq(name, "reason")) {
                 d->reason = v && v->type == RESP_STRING ? static_reason(v->str, v->len) : NULL;
         } else if (streq(name, "state")) {
                 d->state = resp_is(v, "saturated") ? QUEUE_STATE_SATURATED :
                            resp_is(v, "keeping-up") ? QUEUE_STATE_KEEPING_UP : QUEUE_STATE_NONE;
-        } else if (streq(name, "slots") || streq(name, "members")) {
-                /* An array in a reply; "a,b,c" in a stream entry. */
-                _cleanup_(strv_freep) char **items = NULL;
-                size_t n = 0;
-                if (v && v->type == RESP_ARRAY) {
-                        items = calloc(v->n + 1, sizeof(char *));
-                        if (!items)
-                                return -ENOMEM;
-                        for (size_t i = 0; i < v->n; i++) {
-                                const RespValue *e = &v->elements[i];
-                                if (e->type == RESP_INTEGER) {
-                                        if (asprintf(&items[n], "%" PRId64, e->integer) < 0)
-                                                items[n] = NULL;
-                                } else
-                                        items[n] = resp_strdup(e);
-                                if (!items[n])
-                                        return -ENOMEM;
-                                n++;
-                        }
-                } else if (v && v->type == RESP_STRING && v->len > 0) {
-                        items = calloc(v->len + 2, sizeof(char *));
-                        if (!items)
-                                return -ENOMEM;
-                        const char *s = v->str, *end = v->str + v->len;
-                        while (s <= end) {
-                                const char *comma = memchr(s, ',', (size_t) (end - s));
-                                const char *stop = comma ?: end;
-                                items[n] = strndup(s, (size_t) (stop - s));
-                                if (!items[n])
-                                        return -ENOMEM;
-                                n++;
-                                s = stop + 1;
-                        }
-                }
-                if (streq(name, "members")) {
-                        d->members = n > 0 ? TAKE_PTR(items) : NULL;
-                } else {
-                        d->slots = calloc(MAX(n, (size_t) 1), sizeof(unsigned));
-                        if (!d->slots)
-                                return -ENOMEM;
-                        for (size_t i = 0; i < n; i++)
-                                d->slots[i] = (unsigned) strtoul(items[i], NULL, 10);
-                        d->n_slots = (unsigned) n;
-                }
+        } else if (streq(name, "slots")) {
+                size_t n;
+                return list_parse(d, v, &n, slots_begin, slots_add);
+        } else if (streq(name, "members")) {
+                size_t n;
+                return list_parse(d, v, &n, members_begin, members_add);
         } else {
                 if (!resp_int(v, &x))
                         return -EBADMSG;
@@ -934,8 +1050,11 @@ static int decision_set(Decision *d, const char *name, const RespValue *v) {
                         d->position = (size_t) MAX(x, (int64_t) 0);
                 else if (streq(name, "queued"))
                         d->queued = (size_t) MAX(x, (int64_t) 0);
-                else if (streq(name, "token"))
+                else if (streq(name, "token")) {
+                        if (x < 0)
+                                return -EBADMSG;
                         d->token = (uint64_t) x;
+                }
         }
         return 0;
 }
@@ -946,8 +1065,8 @@ static const char *const decision_fields[] = {
         "token", "slots", "members",
 };
 
-static int decision_from_array(const RespValue *v, Decision *ret) {
-        *ret = (Decision) { .budget = USEC_INFINITY };
+static int decision_from_array(const RespValue *v, unsigned max_items, Decision *ret) {
+        *ret = decision_init(max_items);
         if (!v || v->type != RESP_ARRAY || v->n != ELEMENTSOF(decision_fields))
                 return -EBADMSG;
         for (size_t i = 0; i < v->n; i++) {
@@ -963,8 +1082,99 @@ static int decision_from_array(const RespValue *v, Decision *ret) {
 /* A token this node holds or passes on: the floor it sends stays above it. A token at the top of the
  * range (untrusted input) is not followed: the floor would overflow the scripts' exact integers. */
 static void token_floor_raise(SharedPool *p, uint64_t token) {
-        if (token > 0 && token < SHARED_TOKEN_MAX)
+        if (token > 0 && token < TOKEN_MAX)
                 p->token_floor = MAX(p->token_floor, token + 1);
+}
+
+static int unsigned_cmp(const void *a, const void *b) {
+        unsigned x = *(const unsigned *) a, y = *(const unsigned *) b;
+        return (x > y) - (x < y);
+}
+
+/* What a decision says, checked against this pool like a client's message (SPEC §11): a known verdict; a
+ * grant of k slots (the waiter's k when it is known), each below the limit and none twice, a member per
+ * slot (the configured one) or none, a token in (0, 2^53); a refusal a known word. Returns NULL, or what
+ * is wrong, for the journal. */
+static const char *decision_check(const SharedPool *p, const Decision *d, const PoolWaiter *w) {
+        if (streq(d->verdict, "queued"))
+                return NULL;
+        if (streq(d->verdict, "refused"))
+                return d->has_refusal ? NULL : "a refusal without a known reason";
+        if (!streq(d->verdict, "granted"))
+                return "an unknown verdict";
+        if (d->token == 0 || d->token >= TOKEN_MAX)
+                return "a grant whose token is out of range";
+        if (d->n_slots == 0 || d->n_slots > p->base.limit || (w && d->n_slots != w->k))
+                return "a grant of another number of slots than asked for";
+        size_t n_config = strv_length(p->base.members);
+        if (d->n_members != 0 && d->n_members != d->n_slots)
+                return "a grant whose members do not match its slots";
+        if ((n_config > 0) != (d->n_members > 0))
+                return "a grant whose members do not match the pool's";
+        _cleanup_free_ unsigned *sorted = malloc(d->n_slots * sizeof(unsigned));
+        if (!sorted)
+                return NULL; /* out of memory: the checks above must do */
+        memcpy(sorted, d->slots, d->n_slots * sizeof(unsigned));
+        qsort(sorted, d->n_slots, sizeof(unsigned), unsigned_cmp);
+        for (unsigned i = 0; i < d->n_slots; i++) {
+                if (sorted[i] >= p->base.limit || (i > 0 && sorted[i] == sorted[i - 1]))
+                        return "a grant of a slot out of range or twice";
+                if (d->n_members > 0 && (d->slots[i] >= n_config || !streq(d->members[i], p->base.members[d->slots[i]])))
+                        return "a grant of a member the pool does not have";
+        }
+        /* Nor a slot that a lease of this node holds (one Redis still vouches for: not lost, not being
+         * reclaimed): that would be one slot granted twice. A member is known by its name (a reload may
+         * have moved it to another index), an anonymous slot by its index. */
+        list_foreach(n, &p->grants) {
+                const PoolGrant *g = container_of(n, PoolGrant, node);
+                if (g->lost || g->freed_remotely || g->provisional || streq(g->rid, d->rid))
+                        continue;
+                for (unsigned i = 0; i < g->n_slots; i++) {
+                        if (g->members && d->n_members > 0) {
+                                for (unsigned j = 0; j < d->n_members; j++)
+                                        if (streq(g->members[i], d->members[j]))
+                                                return "a grant of a member this node holds already";
+                        } else if (bsearch(&g->slots[i], sorted, d->n_slots, sizeof(unsigned), unsigned_cmp))
+                                return "a grant of a slot this node holds already";
+                }
+        }
+        return NULL;
+}
+
+static bool rid_was_forgotten(const SharedPool *p, const char *rid) {
+        for (size_t i = 0; i < MIN(p->n_forgotten, (size_t) FORGOTTEN_RIDS); i++)
+                if (streq(p->forgotten[i], rid))
+                        return true;
+        return false;
+}
+
+static void rid_forget(SharedPool *p, const char *rid) {
+        snprintf(p->forgotten[p->n_forgotten++ % FORGOTTEN_RIDS], RID_LEN + 1, "%s", rid);
+}
+
+/* Input that failed validation: dropped by the caller; counted here, and told at most once a minute. */
+static void bad_input(SharedPool *p, const char *what, usec_t now) {
+        p->bad_input++;
+        p->bad_input_untold++;
+        if (p->bad_input_told != USEC_INFINITY && now - MIN(now, p->bad_input_told) < BAD_INPUT_NOTICE_EVERY)
+                return;
+        notice_push(p, SHARED_NOTICE_BAD_INPUT, NULL, what, p->bad_input_untold, 0);
+        p->bad_input_told = now;
+        p->bad_input_untold = 0;
+}
+
+/* The same, for a decision whose rid was read before what was wrong in it: a waiter of that rid is refused
+ * (its rid withdrawn), as for a decision that says something wrong. */
+static void bad_input_about(SharedPool *p, const char *rid, const char *what, usec_t now) {
+        bad_input(p, what, now);
+        PoolWaiter *w = rid[0] ? try_find(p, rid) : NULL;
+        if (w && !w->replicating.grant)
+                try_refuse_locally(p, w, "bad-reply", now);
+}
+
+void pool_shared_bad_input(Pool *base, const char *what, usec_t now) {
+        SharedPool *p = SHARED(base);
+        bad_input(p, what, driver_now(p, now));
 }
 
 static PoolGrant *grant_new(const char *node_id, const char *rid, const char *lane, const Decision *d) {
@@ -1097,11 +1307,25 @@ static void decision_apply(SharedPool *p, const Decision *d, bool written_here, 
         PoolWaiter *w = try_find(p, d->rid);
         if (w && w->replicating.grant)
                 return; /* granted already: its WAIT decides */
+        const char *wrong = decision_check(p, d, w);
+        if (wrong) {
+                /* Dropped; a waiter it was about is refused, and Redis told to forget its rid (a withdraw
+                 * releases a lease under it): nothing of it reaches a client. */
+                bad_input(p, wrong, now);
+                if (w)
+                        try_refuse_locally(p, w, "bad-reply", now);
+                return;
+        }
         if (!w) {
-                /* A grant for a rid this node no longer waits for (withdrawn, cancelled, refused here during an
-                 * outage) and does not hold: its client is gone, so the slots go back. */
-                if (streq(d->verdict, "granted") && !grant_find(p, d->rid))
-                        (void) queue_rid_call(p, SHARED_SCRIPT_RELEASE, d->rid, d->token, now);
+                /* A grant for a rid this node sent and no longer waits for (withdrawn, cancelled, refused here
+                 * during an outage) and does not hold: its client is gone, so the slots go back. One for a
+                 * rid this node never sent is not its to answer. */
+                if (streq(d->verdict, "granted") && !grant_find(p, d->rid)) {
+                        if (rid_was_forgotten(p, d->rid))
+                                (void) queue_rid_call(p, SHARED_SCRIPT_RELEASE, d->rid, d->token, now);
+                        else
+                                bad_input(p, "a grant for a request this node did not send", now);
+                }
                 return;
         }
         if (streq(d->verdict, "granted") && p->unconfirmed_since != USEC_INFINITY) {
@@ -1431,7 +1655,9 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                 }
         }
         const RespValue *last = resp_at(cache, 9);
-        if (last && last->type == RESP_STRING && last->len > 0) {
+        if (last && last->type == RESP_STRING && last->len > 0 && !stream_id_is_valid(last->str, last->len))
+                bad_input(p, "a malformed stream id in a reply", now);
+        else if (last && last->type == RESP_STRING && last->len > 0) {
                 char *l = resp_strdup(last);
                 if (l && (!p->cache.stream_last || stream_id_cmp(l, p->cache.stream_last) > 0)) {
                         free(p->cache.stream_last);
@@ -1449,7 +1675,7 @@ static void notices_apply(SharedPool *p, const RespValue *notices) {
                 int64_t leases = 0, waiters = 0;
                 if (!resp_is(resp_at(n, 0), "node-expired"))
                         continue;
-                _cleanup_free_ char *name = resp_strdup(resp_at(n, 2));
+                _cleanup_free_ char *name = resp_strdup_max(resp_at(n, 2), TEXT_LEN_MAX);
                 (void) resp_int(resp_at(n, 3), &leases);
                 (void) resp_int(resp_at(n, 4), &waiters);
                 notice_push(p, SHARED_NOTICE_NODE_EXPIRED, name, NULL, (uint64_t) leases, (uint64_t) waiters);
@@ -1467,8 +1693,10 @@ static void events_apply(SharedPool *p, const RespValue *events, usec_t now) {
                         continue;
                 }
                 Decision d;
-                if (decision_from_array(e, &d) < 0)
+                if (decision_from_array(e, p->base.limit, &d) < 0) {
+                        bad_input_about(p, d.rid, "a malformed event in a reply", now);
                         continue;
+                }
                 decision_apply(p, &d, true, now);
                 decision_done(&d);
         }
@@ -1492,6 +1720,9 @@ static void call_park(SharedPool *p, Call *c, bool ran, const char *reason, usec
                 return;
         }
         c->sent = false;
+        /* A Redis out of memory, or something answering garbage at once: not again at once, or the loop
+         * would spin on it. */
+        c->held = ran;
 }
 
 static bool outbox_holds_only(SharedPool *p, const Call *c) {
@@ -1512,11 +1743,14 @@ static void tell_reclaimed(SharedPool *p, usec_t now) {
 static void tick_done(SharedPool *p, const RespValue *status, const RespValue *body, usec_t sent_boot,
                       Call *c, usec_t now) {
         bool rules_ok = resp_is(status, "ok");
+        /* A heartbeat went through: the calls held after a failed answer may go again. */
+        list_foreach(n, &p->outbox)
+                container_of(n, Call, node)->held = false;
         /* The heartbeat counts either way: leases granted under agreed rules keep their node alive. */
         if (p->acked_boot == USEC_INFINITY || sent_boot > p->acked_boot)
                 p->acked_boot = sent_boot;
 
-        _cleanup_free_ char *epoch = resp_strdup(resp_at(body, 1));
+        _cleanup_free_ char *epoch = resp_strdup_max(resp_at(body, 1), TEXT_LEN_MAX);
         if (epoch) {
                 if (p->cache.epoch && !streq(p->cache.epoch, epoch))
                         p->reclaim_all = true;
@@ -1526,18 +1760,23 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
         int64_t nodes;
         if (resp_int(resp_at(body, 7), &nodes))
                 p->n_nodes = (unsigned) MAX(nodes, (int64_t) 0);
+        const RespValue *last = resp_at(body, 6);
         if (!p->stream_resume) {
-                p->stream_resume = resp_strdup(resp_at(body, 6));
+                /* It goes back to Redis as XREAD's argument. */
+                if (last && last->type == RESP_STRING && stream_id_is_valid(last->str, last->len))
+                        p->stream_resume = resp_strdup(last);
+                else
+                        bad_input(p, "a malformed stream id in a heartbeat's answer", now);
         }
 
         if (!rules_ok) {
                 const RespValue *keys = resp_at(body, 4);
-                _cleanup_(strv_freep) char **diff = calloc((keys && keys->type == RESP_ARRAY ? keys->n : 0) + 1,
-                                                           sizeof(char *));
-                size_t len = 0;
-                for (size_t i = 0; diff && keys && keys->type == RESP_ARRAY && i < keys->n; i++)
-                        if ((diff[i] = resp_strdup(&keys->elements[i])))
-                                len += strlen(diff[i]) + 1;
+                size_t n_keys = MIN(keys && keys->type == RESP_ARRAY ? keys->n : 0, (size_t) DIFFERING_KEYS_MAX);
+                _cleanup_(strv_freep) char **diff = calloc(n_keys + 1, sizeof(char *));
+                size_t len = 0, k = 0;
+                for (size_t i = 0; diff && i < n_keys; i++)
+                        if ((diff[k] = resp_strdup_max(&keys->elements[i], TEXT_LEN_MAX)))
+                                len += strlen(diff[k++]) + 1;
                 if (p->state != SHARED_STATE_MISMATCH) {
                         _cleanup_free_ char *joined = calloc(len + 1, 1);
                         for (size_t i = 0; joined && diff && diff[i]; i++) {
@@ -1573,8 +1812,14 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
 
         /* Reconcile: a page answered moves the cursor on; "" means the page's whole range was done. */
         if (c->reconcile) {
-                _cleanup_free_ char *to = resp_strdup(resp_at(body, 8));
+                _cleanup_free_ char *to = resp_strdup_max(resp_at(body, 8), RID_LEN);
                 const char *hi = c->argv[15];
+                if (to && *to && !rid_is_valid(to, strlen(to))) {
+                        /* It would go back as the next page's start: the reconcile starts over next time. */
+                        bad_input(p, "a malformed reconcile cursor", now);
+                        p->reconcile_from = mfree(p->reconcile_from);
+                        return;
+                }
                 if (to && *to) {
                         free(p->reconcile_from);
                         p->reconcile_from = TAKE_PTR(to);
@@ -1629,9 +1874,15 @@ static void positions_done(SharedPool *p, const RespValue *body, Call *c, usec_t
                         if (w)
                                 try_refuse_locally(p, w, "node-expired", now);
                 } else {
+                        /* The decision of the rid asked about, and of no other. */
                         Decision d;
-                        if (decision_from_array(e, &d) < 0)
+                        if (decision_from_array(e, p->base.limit, &d) < 0 || !streq(d.rid, rid)) {
+                                decision_done(&d);
+                                bad_input(p, "a malformed answer to a places query", now);
+                                if (w)
+                                        try_refuse_locally(p, w, "bad-reply", now);
                                 continue;
+                        }
                         decision_apply(p, &d, false, now);
                         decision_done(&d);
                 }
@@ -1665,25 +1916,30 @@ static int snapshot_entry_parse(const SharedPool *p, const RespValue *v, bool ho
                 return -EBADMSG;
         const RespValue *id = resp_at(v, 0);
         *ret = (PoolSnapshotEntry) {
-                .node = resp_strdup(resp_at(v, 1)),
+                .node = resp_strdup_max(resp_at(v, 1), TEXT_LEN_MAX),
                 .own = id && id->type == RESP_STRING && mem_is(id->str, id->len, p->params.node_id),
-                .lane = resp_strdup(resp_at(v, 3)),
+                .lane = resp_strdup_max(resp_at(v, 3), TEXT_LEN_MAX),
                 .since = local_time_of(p, b, 0, now),
         };
         if (!ret->node || !ret->lane)
-                return -ENOMEM;
+                return -EBADMSG;
         if (!holder) {
                 int64_t pos = 0;
                 (void) resp_int(resp_at(v, 6), &pos);
-                ret->n_slots = (unsigned) MAX(a, (int64_t) 0);
+                if (a <= 0 || (uint64_t) a > p->base.limit)
+                        return -EBADMSG;
+                ret->n_slots = (unsigned) a;
                 ret->position = (size_t) MAX(pos, (int64_t) 0);
                 return 0;
         }
         ret->token = (uint64_t) a;
-        Decision d = { .budget = USEC_INFINITY };
+        Decision d = decision_init(p->base.limit);
         int r = decision_set(&d, "slots", resp_at(v, 6));
         if (r >= 0)
                 r = decision_set(&d, "members", resp_at(v, 7));
+        /* Status prints a member per slot: none, or as many as the slots. */
+        if (r >= 0 && (d.n_slots == 0 || (d.n_members != 0 && d.n_members != d.n_slots)))
+                r = -EBADMSG;
         if (r < 0) {
                 decision_done(&d);
                 return r;
@@ -1696,7 +1952,14 @@ static int snapshot_entry_parse(const SharedPool *p, const RespValue *v, bool ho
 
 static int snapshot_list_parse(const SharedPool *p, const RespValue *v, bool holder, usec_t now,
                                PoolSnapshotEntry **ret, size_t *ret_n) {
-        size_t n = v && v->type == RESP_ARRAY ? v->n : 0;
+        if (v && v->type != RESP_ARRAY)
+                return -EBADMSG;
+        size_t n = v ? v->n : 0;
+        /* Every holder holds a slot; the waiters past the first POOL_SNAPSHOT_WAITERS_MAX are not shown. */
+        if (holder && n > p->base.limit)
+                return -EBADMSG;
+        if (!holder)
+                n = MIN(n, (size_t) POOL_SNAPSHOT_WAITERS_MAX);
         PoolSnapshotEntry *e = calloc(MAX(n, (size_t) 1), sizeof(PoolSnapshotEntry));
         if (!e)
                 return -ENOMEM;
@@ -1716,9 +1979,16 @@ static void status_done(SharedPool *p, const RespValue *body, usec_t now) {
         PoolSnapshotEntry *holders, *waiters;
         size_t n_holders, n_waiters;
         int64_t waiting = 0;
-        if (snapshot_list_parse(p, resp_at(body, 0), true, now, &holders, &n_holders) < 0)
+        int r = snapshot_list_parse(p, resp_at(body, 0), true, now, &holders, &n_holders);
+        if (r < 0) {
+                if (r == -EBADMSG)
+                        bad_input(p, "a malformed status snapshot", now);
                 return;
-        if (snapshot_list_parse(p, resp_at(body, 1), false, now, &waiters, &n_waiters) < 0) {
+        }
+        r = snapshot_list_parse(p, resp_at(body, 1), false, now, &waiters, &n_waiters);
+        if (r < 0) {
+                if (r == -EBADMSG)
+                        bad_input(p, "a malformed status snapshot", now);
                 snapshot_entries_free(holders, n_holders);
                 return;
         }
@@ -1727,7 +1997,7 @@ static void status_done(SharedPool *p, const RespValue *body, usec_t now) {
         p->snap_holders = holders;
         p->n_snap_holders = n_holders;
         p->snap_waiters = waiters;
-        p->n_snap_waiters = MIN(n_waiters, (size_t) POOL_SNAPSHOT_WAITERS_MAX);
+        p->n_snap_waiters = n_waiters;
         p->snap_waiting = (size_t) MAX(waiting, (int64_t) 0);
         p->snap_at = p->snap_asked; /* Redis as of then or later: the age Status says is never less */
         p->snap_valid = true;
@@ -1736,6 +2006,8 @@ static void status_done(SharedPool *p, const RespValue *body, usec_t now) {
 static void reclaim_done(SharedPool *p, const RespValue *body, Call *c, usec_t now) {
         PoolGrant *g = grant_find(p, c->rid); /* NULL: released meanwhile */
         const RespValue *verdict = resp_at(body, 0);
+        if (!resp_is(verdict, "confirmed") && !resp_is(verdict, "conflict") && !resp_is(verdict, "lost"))
+                bad_input(p, "an unknown verdict of a reclaim", now); /* as lost: the lease cannot be vouched for */
         if (g && resp_is(verdict, "confirmed"))
                 g->provisional = false;
         else if (g)
@@ -1751,9 +2023,12 @@ static void submit_done(SharedPool *p, const RespValue *status, const RespValue 
         if (!w)
                 return; /* cancelled meanwhile: its withdraw follows in the outbox */
         if (resp_is(status, "ok")) {
+                /* The decision of the rid submitted, and of no other. */
                 Decision d;
-                if (decision_from_array(body, &d) < 0) {
-                        try_refuse_locally(p, w, "backend", now);
+                if (decision_from_array(body, p->base.limit, &d) < 0 || !streq(d.rid, w->rid)) {
+                        decision_done(&d);
+                        bad_input(p, "a malformed answer to a request", now);
+                        try_refuse_locally(p, w, "bad-reply", now);
                         return;
                 }
                 decision_apply(p, &d, true, now);
@@ -1841,15 +2116,21 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 p->status_pending = false;
 
         const RespValue *status = resp_at(reply, 0);
-        if (reply->type == RESP_ERROR || !status) {
+        if (reply->type == RESP_ERROR) {
                 /* A script error (out of memory under noeviction, NOSCRIPT between a restart and the load):
                  * a submit is answered here, anything else is tried again after the next tick. */
                 call_park(p, c, true, "backend", now);
                 return;
         }
-
+        /* README "Reply": an array of 6, a status word, the pool clock. Anything else is not the scripts'. */
         int64_t pool_now = 0;
-        (void) resp_int(resp_at(reply, 1), &pool_now);
+        if (reply->type != RESP_ARRAY || reply->n != 6 || !status || status->type != RESP_STRING ||
+            status->len == 0 || status->len > 32 || !resp_int(resp_at(reply, 1), &pool_now) || pool_now < 0 ||
+            (uint64_t) pool_now >= TOKEN_MAX) {
+                bad_input(p, "a reply of another shape than the scripts'", now);
+                call_park(p, c, true, "bad-reply", now);
+                return;
+        }
         p->rtt = now - MIN(now, c->sent_at);
         if (!p->params.manual_clock && pool_now > 0) {
                 /* The pool clock at the midpoint of the round trip (memo §4.6). */
@@ -1967,21 +2248,34 @@ void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *
 void pool_shared_stream_entry(Pool *base, const char *entry_id, const RespValue *fields, usec_t now) {
         SharedPool *p = SHARED(base);
         now = driver_now(p, now);
+        /* The id goes back to Redis as XREAD's argument: one that is not an id is not read past. */
+        if (!entry_id || !stream_id_is_valid(entry_id, strlen(entry_id))) {
+                bad_input(p, "a malformed stream entry id", now);
+                return;
+        }
         char *id = strdup(entry_id);
         if (id) {
                 free(p->stream_resume);
                 p->stream_resume = id;
         }
-        Decision d = { .budget = USEC_INFINITY };
-        for (size_t i = 0; fields && fields->type == RESP_ARRAY && i + 1 < fields->n; i += 2) {
-                _cleanup_free_ char *name = resp_strdup(&fields->elements[i]);
-                if (name && decision_set(&d, name, &fields->elements[i + 1]) < 0) {
+        /* Field names and values in pairs, the Decision's fields once each at most (README). */
+        if (!fields || fields->type != RESP_ARRAY || fields->n % 2 != 0 ||
+            fields->n > 4 * ELEMENTSOF(decision_fields)) {
+                bad_input(p, "a malformed stream entry", now);
+                return;
+        }
+        Decision d = decision_init(p->base.limit);
+        for (size_t i = 0; i + 1 < fields->n; i += 2) {
+                _cleanup_free_ char *name = resp_strdup_max(&fields->elements[i], 32);
+                if (!name || decision_set(&d, name, &fields->elements[i + 1]) < 0) {
                         decision_done(&d);
+                        bad_input_about(p, d.rid, "a malformed stream entry", now);
                         return;
                 }
         }
         if (!d.rid[0]) {
                 decision_done(&d);
+                bad_input(p, "a stream entry without a request id", now);
                 return;
         }
         if (p->params.manual_clock && calls_out(p)) {
@@ -2230,6 +2524,7 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
                 return -ENOMEM;
         snprintf(w->rid, sizeof w->rid, "%016" PRIx64, p->params.random(p->params.random_userdata));
         w->cookie = t->cookie;
+        w->k = t->slots;
         w->arrival = t->arrival;
         w->lane = strdup(t->lane);
         if (!w->lane) {
@@ -2471,6 +2766,7 @@ static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .min_replicas = p->min_replicas,
                 .replicas_acked = p->replicas_acked,
                 .owes = pool_shared_owes(p),
+                .bad_input = p->bad_input,
         };
 }
 
@@ -2558,6 +2854,7 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
         p->stale_ack = USEC_INFINITY;
         p->replicas_acked = -1;
         p->alive_boot = USEC_INFINITY;
+        p->bad_input_told = USEC_INFINITY;
         /* Behind Sentinels the pool starts unconfirmed: nothing is granted before a majority names the primary. */
         p->unconfirmed_since = params->confirm_stale > 0 ? 0 : USEC_INFINITY;
         /* The first heartbeat carries a whole reconcile: Redis may hold records of this node id that no

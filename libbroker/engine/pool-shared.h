@@ -93,6 +93,9 @@ typedef enum SharedNoticeType {
         SHARED_NOTICE_CONFIRMED,      /* … and now one did again */
         SHARED_NOTICE_IDENTITY,       /* another live process heartbeats under this node id: refused */
         SHARED_NOTICE_IDENTITY_CLEARED, /* … its registration lapsed: this one registered */
+        /* detail: what Redis (or whoever answers at its address) sent that failed validation; pushed once a
+         * minute at most, freed_leases then counts the inputs dropped since the last one (SPEC §11). */
+        SHARED_NOTICE_BAD_INPUT,
         _SHARED_NOTICE_TYPE_MAX,
         _SHARED_NOTICE_TYPE_INVALID = -EINVAL,
 } SharedNoticeType;
@@ -150,6 +153,11 @@ bool pool_shared_take_call(Pool *p, usec_t now, const SharedCall **ret);
  * have run; it is sent again, identical, when the link is back). sent_boot: CLOCK_BOOTTIME when it was
  * sent; now: monotonic. */
 void pool_shared_call_done(Pool *p, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now);
+
+/* Input from Redis that the driver could not hand in (a reply over the link's size cap, an entry it could
+ * not convert): counted with the pool's own (PoolInfo.bad_input) and told as a BAD_INPUT notice. what: for
+ * people, copied. */
+void pool_shared_bad_input(Pool *p, const char *what, usec_t now);
 
 /* The command link went up (run_id: INFO server's) or down. */
 void pool_shared_link_up(Pool *p, const char *run_id, usec_t now);

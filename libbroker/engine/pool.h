@@ -111,6 +111,7 @@ typedef struct PoolInfo {
         /* A release or withdrawal is still to reach the backend (which can still take it): a retired pool is
          * not freed before, or the other nodes would wait a node TTL for the slots (SPEC §11). */
         bool owes;
+        uint64_t bad_input;       /* replies and stream entries that failed validation, dropped (SPEC §11) */
 } PoolInfo;
 
 /* Status of a pool kept by a backend: the holders and waiters of every node, as last fetched. */

@@ -113,6 +113,7 @@ typedef struct Fixture {
         uint64_t random;
         unsigned wakes;
         usec_t clock;  /* when the fake driver sends */
+        unsigned next_slot; /* granted(): slots in turn, as Redis would (the limit is 2) */
         char *canon;
 } Fixture;
 
@@ -245,12 +246,13 @@ static int submit(Fixture *f, void *cookie, unsigned k, bool may_wait, usec_t no
         return f->pool->ops->submit(f->pool, &t, now);
 }
 
-/* Submits and answers with a grant of slot 0, token 7. Returns the rid. */
+/* Submits and answers with a grant of the next slot (0 first), token 7. Returns the rid. */
 static const char *granted(Fixture *f, void *cookie, usec_t now, char rid[static 17]) {
         assert_int_equal(submit(f, cookie, 1, true, now), 0);
         const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
         snprintf(rid, 17, "%s", arg(c, 6));
-        done(f, c, reply("ok", (int64_t) now, decision("granted", rid, (int64_t) now, 0, "", 0, 7, arr(1, num(0))),
+        done(f, c, reply("ok", (int64_t) now, decision("granted", rid, (int64_t) now, 0, "", 0, 7,
+                                                        arr(1, num(f->next_slot++ % 2))),
                          EMPTY, cache(1, 0, 0, -1, "")), now, now);
         assert_int_equal(f->seen[f->n_seen - 1].verdict, POOL_VERDICT_GRANTED);
         return rid;
@@ -362,8 +364,13 @@ static void test_every_tick_carries_the_highest_token_passed_on(void **state) {
         assert_int_equal(submit(f, &other, 1, true, S(11)), 0);
         c = take(f, SHARED_SCRIPT_SUBMIT);
         snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        /* A token out of range is not a grant (untrusted input: the request is refused and withdrawn), and
+         * not followed by the floor either. */
         done(f, c, reply("ok", 11000000, decision("granted", rid, 11000000, 0, "", 0, INT64_C(1) << 60, arr(1, num(0))),
                          EMPTY, cache(1, 0, 0, -1, "")), S(11), S(11));
+        c = take(f, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(c, 6), rid);
+        done(f, c, reply("ok", 11000000, arr(1, str("withdrawn")), EMPTY, cache(0, 0, 0, -1, "")), S(11), S(11));
         f->pool->ops->run(f->pool, S(16));
         c = take(f, SHARED_SCRIPT_TICK);
         assert_string_equal(arg(c, 11), "8");
@@ -431,12 +438,13 @@ static void test_queued_then_granted_through_the_stream_once(void **state) {
                                str("wait"), str("250000"), str("refusal"), str(""), str("reason"), str(""),
                                str("state"), str("none"), str("idle"), str("0"), str("budget"), str("-1"),
                                str("position"), str("0"), str("queued"), str("0"), str("token"), str("9"),
-                               str("slots"), str("0,1"), str("members"), str(""));
+                               str("slots"), str("1"), str("members"), str(""));
         pool_shared_stream_entry(f->pool, "1-1", &fields, S(2));
         assert_int_equal(f->n_seen, 2);
         assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
         assert_int_equal(f->seen[1].token, 9);
-        assert_int_equal(f->seen[1].n_slots, 2);
+        assert_int_equal(f->seen[1].n_slots, 1);
+        assert_int_equal(f->seen[1].slot0, 1);
         assert_int_equal(f->seen[1].wait, 250000);
         assert_string_equal(pool_shared_stream_resume_id(f->pool), "1-1");
         /* The same decision again (the reply's copy, or a re-read): nothing. */
@@ -1455,8 +1463,8 @@ static void test_pool_clock_is_mapped_by_the_round_trip(void **state) {
         done(f, c, reply("ok", S(1002), decision("queued", rid, S(1002), 0, "", 0, 0, EMPTY), EMPTY,
                          cache(2, 1, 0, -1, "")), S(3), S(3));
         /* Granted at pool time 1003 s: 4 s here. */
-        RespValue fields = arr(8, str("verdict"), str("granted"), str("rid"), str(rid), str("at"), str("1003000000"),
-                               str("slots"), str("0"));
+        RespValue fields = arr(10, str("verdict"), str("granted"), str("rid"), str(rid), str("at"), str("1003000000"),
+                               str("token"), str("3"), str("slots"), str("0"));
         pool_shared_stream_entry(f->pool, "5-1", &fields, S(6));
         assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
         assert_int_equal(f->seen[1].at, S(4));
@@ -1803,6 +1811,225 @@ static void test_grant_from_an_unconfirmed_primary_is_refused_and_released(void 
         assert_true(released);
 }
 
+/* ------------------------------------------------------------- untrusted input (SPEC §11, issue 19 g) */
+
+/* A granted stream entry for rid with the given token, slots and members strings. */
+static RespValue granted_entry(const char *rid, const char *token, const char *slots, const char *members) {
+        return arr(28, str("verdict"), str("granted"), str("rid"), str(rid), str("at"), str("1500000"),
+                   str("wait"), str("0"), str("refusal"), str(""), str("reason"), str(""), str("state"), str("none"),
+                   str("idle"), str("0"), str("budget"), str("-1"), str("position"), str("0"), str("queued"),
+                   str("0"), str("token"), str(token), str("slots"), str(slots), str("members"), str(members));
+}
+
+static uint64_t bad_inputs(Fixture *f) {
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        return info.bad_input;
+}
+
+/* Every forged grant of a waiter's rid is dropped, counted, and its waiter refused "bad-reply" with its rid
+ * withdrawn (which releases whatever Redis holds under it): a slot list longer than the members (the
+ * crash of issue 19 g), a member in a pool of anonymous slots, a slot at or above the limit, a slot twice,
+ * more slots than asked for, a token of 0, 2^53 or negative, a slot that is not a number, a list far longer
+ * than the limit. */
+static void test_forged_grants_are_dropped_and_the_waiter_refused(void **state) {
+        static const struct {
+                const char *token, *slots, *members;
+        } forged[] = {
+                { "9", "0,1", "a" },
+                { "9", "0", "a" },
+                { "9", "2", "" },
+                { "9", "4294967296", "" },
+                { "9", "1,1", "" },
+                { "9", "0,1", "" },
+                { "0", "0", "" },
+                { "9007199254740992", "0", "" },
+                { "-5", "0", "" },
+                { "9", "0x1", "" },
+                { "9", " 1", "" },
+                { "9", "", "" },
+                { "9", ",,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,", "" },
+        };
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        for (size_t i = 0; i < ELEMENTSOF(forged); i++) {
+                int cookie;
+                char rid[17];
+                size_t seen = f->n_seen;
+                queued(f, &cookie, S(1), rid);
+                RespValue fields = granted_entry(rid, forged[i].token, forged[i].slots, forged[i].members);
+                char id[32];
+                snprintf(id, sizeof id, "7-%zu", i + 1);
+                pool_shared_stream_entry(f->pool, id, &fields, S(2));
+                assert_int_equal(f->n_seen, seen + 2);
+                assert_int_equal(f->seen[seen + 1].verdict, POOL_VERDICT_REFUSED);
+                assert_int_equal(f->seen[seen + 1].refusal, REFUSAL_UNAVAILABLE);
+                assert_string_equal(f->seen[seen + 1].reason, "bad-reply");
+                assert_int_equal(bad_inputs(f), i + 1);
+                const SharedCall *c = take(f, SHARED_SCRIPT_WITHDRAW);
+                assert_string_equal(arg(c, 6), rid);
+                done(f, c, reply("ok", 2, arr(1, str("withdrawn")), EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+                no_call(f);
+        }
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_int_equal(info.in_use, 0);
+        /* Told once, not once per entry: the next notice comes a minute later, with the count since. */
+        SharedNotice n;
+        size_t told = 0;
+        while (pool_shared_pop_notice(f->pool, &n)) {
+                if (n.type == SHARED_NOTICE_BAD_INPUT) {
+                        told++;
+                        assert_non_null(n.detail);
+                }
+                shared_notice_done(&n);
+        }
+        assert_int_equal(told, 1);
+        pool_shared_bad_input(f->pool, "a reply over the size cap", S(30));
+        assert_false(pool_shared_pop_notice(f->pool, &n));
+        pool_shared_bad_input(f->pool, "a reply over the size cap", S(62));
+        assert_true(pool_shared_pop_notice(f->pool, &n));
+        assert_int_equal(n.type, SHARED_NOTICE_BAD_INPUT);
+        assert_string_equal(n.detail, "a reply over the size cap");
+        assert_int_equal(n.freed_leases, ELEMENTSOF(forged) - 1 + 2);
+        shared_notice_done(&n);
+        assert_int_equal(bad_inputs(f), ELEMENTSOF(forged) + 2);
+}
+
+/* Entries that are not this node's to answer: a grant for a rid it never sent is dropped, not released
+ * (it would answer another node's entries); entries with a malformed id, rid or shape are dropped, and an
+ * id that is not one is not read past (it goes back to Redis as XREAD's argument). */
+static void test_entries_not_of_this_node_are_dropped(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        RespValue fields = granted_entry("00000000deadbeef", "9", "0", "");
+        pool_shared_stream_entry(f->pool, "8-1", &fields, S(2));
+        assert_int_equal(f->n_seen, 0);
+        no_call(f);
+        assert_int_equal(bad_inputs(f), 1);
+        assert_string_equal(pool_shared_stream_resume_id(f->pool), "8-1");
+
+        RespValue bad_rid = granted_entry("../../etc/passwd", "9", "0", "");
+        pool_shared_stream_entry(f->pool, "8-2", &bad_rid, S(2));
+        RespValue odd = arr(3, str("verdict"), str("granted"), str("rid"));
+        pool_shared_stream_entry(f->pool, "8-3", &odd, S(2));
+        RespValue wrong_type = arr(2, str("slots"), arr(1, arr(0)));
+        pool_shared_stream_entry(f->pool, "8-4", &wrong_type, S(2));
+        RespValue no_rid = arr(2, str("verdict"), str("granted"));
+        pool_shared_stream_entry(f->pool, "8-5", &no_rid, S(2));
+        pool_shared_stream_entry(f->pool, "$", &fields, S(2));
+        pool_shared_stream_entry(f->pool, "9-1 COUNT 1", &fields, S(2));
+        assert_int_equal(f->n_seen, 0);
+        no_call(f);
+        assert_int_equal(bad_inputs(f), 7);
+        assert_string_equal(pool_shared_stream_resume_id(f->pool), "8-5");
+
+        /* A rid this node sent and withdrew: its late grant is released, as before. */
+        int cookie;
+        char rid[17];
+        queued(f, &cookie, S(2), rid);
+        f->pool->ops->withdraw(f->pool, f->seen[0].waiter, S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_WITHDRAW);
+        done(f, c, reply("ok", 2, arr(1, str("gone")), EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+        RespValue late = granted_entry(rid, "11", "1", "");
+        pool_shared_stream_entry(f->pool, "9-2", &late, S(2));
+        c = take(f, SHARED_SCRIPT_RELEASE);
+        assert_string_equal(arg(c, 7), rid);
+        assert_int_equal(bad_inputs(f), 7);
+}
+
+/* A grant of a slot that a lease of this node holds is one slot granted twice: dropped, the waiter refused. */
+static void test_grant_of_a_slot_held_here_is_dropped(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int holder, cookie;
+        char held[17], rid[17];
+        granted(f, &holder, S(1), held); /* slot 0 */
+        queued(f, &cookie, S(1), rid);
+        RespValue fields = granted_entry(rid, "12", "0", "");
+        pool_shared_stream_entry(f->pool, "6-1", &fields, S(2));
+        assert_int_equal(f->seen[f->n_seen - 1].verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(f->seen[f->n_seen - 1].reason, "bad-reply");
+        assert_int_equal(bad_inputs(f), 1);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_int_equal(info.in_use, 1);
+}
+
+/* A release answered with an error or garbage is not sent again at once (a server answering garbage at
+ * once would make the loop spin): after the next heartbeat. */
+static void test_call_answered_with_garbage_waits_for_the_next_heartbeat(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        f->pool->ops->release(f->pool, f->seen[f->n_seen - 1].grant, S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_RELEASE);
+        done(f, c, str("garbage"), S(1), S(1));
+        assert_int_equal(bad_inputs(f), 1);
+        no_call(f);
+        f->pool->ops->run(f->pool, S(2));
+        tick_ok(f, S(2), S(2));
+        c = take(f, SHARED_SCRIPT_RELEASE);
+        done(f, c, (RespValue) { .type = RESP_ERROR, .str = "OOM", .len = 3 }, S(2), S(2));
+        no_call(f);
+        f->pool->ops->run(f->pool, S(3));
+        tick_ok(f, S(3), S(3));
+        c = take(f, SHARED_SCRIPT_RELEASE);
+        assert_string_equal(arg(c, 7), rid);
+}
+
+/* A reply is checked like an entry: the decision of another rid than the one submitted, a reply of another
+ * shape than the scripts' (not an array of 6, no status word, a pool clock that is not a number) refuse the
+ * request "bad-reply" and withdraw its rid. */
+static void test_replies_of_another_shape_refuse_the_request(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        RespValue replies[] = {
+                reply("ok", S(1), decision("granted", "00000000deadbeef", S(1), 0, "", 0, 7, arr(1, num(0))), EMPTY,
+                      cache(1, 0, 0, -1, "")),
+                arr(2, str("ok"), num(1)),
+                arr(6, num(1), num(1), EMPTY, EMPTY, EMPTY, EMPTY),
+                arr(6, str("ok"), str("soon"), EMPTY, EMPTY, EMPTY, EMPTY),
+                str("OK"),
+        };
+        for (size_t i = 0; i < ELEMENTSOF(replies); i++) {
+                int cookie;
+                size_t seen = f->n_seen;
+                assert_int_equal(submit(f, &cookie, 1, true, S(1)), 0);
+                const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+                char rid[17];
+                snprintf(rid, sizeof rid, "%s", arg(c, 6));
+                done(f, c, replies[i], S(1), S(1));
+                assert_int_equal(f->n_seen, seen + 1);
+                assert_int_equal(f->seen[seen].verdict, POOL_VERDICT_REFUSED);
+                assert_string_equal(f->seen[seen].reason, "bad-reply");
+                c = take(f, SHARED_SCRIPT_WITHDRAW);
+                assert_string_equal(arg(c, 6), rid);
+                done(f, c, reply("ok", 2, arr(1, str("gone")), EMPTY, cache(0, 0, 0, -1, "")), S(1), S(1));
+                assert_int_equal(bad_inputs(f), i + 1);
+        }
+}
+
+/* A status snapshot whose holder has fewer members than slots (Status would print past them), or more
+ * holders than the limit, is dropped whole and counted. */
+static void test_malformed_status_snapshot_is_dropped(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        PoolSnapshot snap;
+        assert_int_equal(f->pool->ops->snapshot(f->pool, &snap), -ENODATA);
+        f->pool->ops->run(f->pool, S(1) + 1);
+        const SharedCall *c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "status");
+        RespValue holder = arr(8, str("ffffffffffffffffffffffffffffffff"), str("runner-2"), str("00000000000000aa"),
+                               str("ci"), num(5), num(0), arr(2, num(0), num(1)), arr(1, str("a")));
+        done(f, c, reply("ok", S(2), arr(3, arr(1, holder), EMPTY, num(0)), EMPTY, cache(2, 0, 0, -1, "")), S(2),
+             S(2));
+        assert_int_equal(f->pool->ops->snapshot(f->pool, &snap), -ENODATA);
+        assert_int_equal(bad_inputs(f), 1);
+}
+
 int main(void) {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
         const struct CMUnitTest tests[] = {
@@ -1859,6 +2086,12 @@ int main(void) {
                 T(test_min_replicas_too_few_refuse_and_release_the_lease),
                 T(test_min_replicas_stream_grant_gets_a_write_of_this_node_then_wait),
                 T(test_min_replicas_link_down_refuses_the_grants_held),
+                T(test_forged_grants_are_dropped_and_the_waiter_refused),
+                T(test_entries_not_of_this_node_are_dropped),
+                T(test_grant_of_a_slot_held_here_is_dropped),
+                T(test_call_answered_with_garbage_waits_for_the_next_heartbeat),
+                T(test_replies_of_another_shape_refuse_the_request),
+                T(test_malformed_status_snapshot_is_dropped),
                 cmocka_unit_test_setup_teardown(test_sentinel_pool_grants_nothing_before_a_confirmation, setup_sentinel,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_fence_counts_from_the_last_confirmation_not_the_heartbeats,
