@@ -11,7 +11,7 @@ not bound by a constant is an estimate written here, each with where it comes fr
   output        max-connections × max-output-per-connection             clients that do not read
   history       HISTORY_BACKLOG_MAX × (JOB_MAX + ROW_OVERHEAD) + ROW_BLOCK_SIZE × ROW_BLOCKS_SPARE_MAX
   journal       JOURNAL_BACKLOG_MAX × JOURNAL_ENTRY
-  redis         REDIS_LINKS × REDIS_REPLY_MAX                            replies being read
+  redis         REDIS_LINKS × REDIS_REPLY_BYTES_MAX                      replies being read
   base          BASE                                                     code, SQLite caches, allocator
 
 MemoryHigh= is the sum without `output` (what a brokerd whose clients read their replies can need),
@@ -28,7 +28,6 @@ KIB, MIB = 1024, 1024 * 1024
 PER_CONNECTION = 8 * KIB      # a connection's session, stream and request: bench-waiters, < 6.5 KiB a waiter
 ROW_OVERHEAD = 512            # a history row besides its job label: pool, lane, lease id, numbers
 JOURNAL_ENTRY = 2 * KIB       # a journal entry waiting for journald: its fields and a job label
-REDIS_REPLY_MAX = 4 * MIB     # the largest reply a Redis link reads (brokerd.conf(5), SHARED POOLS)
 REDIS_LINKS = 8               # 2 per backend (commands, stream reader), 3 per Sentinel: 4 backends
 BASE = 32 * MIB               # brokerd idle: 7-9 MiB RSS (tests/bench/README.md), with room
 ROUND = 256 * MIB
@@ -56,12 +55,14 @@ def budget(root):
     block = constant(root, "brokerd/history-channel.c", "ROW_BLOCK_SIZE")
     spare = constant(root, "brokerd/history-channel.c", "ROW_BLOCKS_SPARE_MAX")
     journal = constant(root, "brokerd/journal.h", "JOURNAL_BACKLOG_MAX")
+    # The largest reply a Redis link reads, and the bytes it may buffer unparsed beside it.
+    reply = constant(root, "brokerd/redis-sdevent.h", "REDIS_REPLY_BYTES_MAX")
     return {
         "connections": conns * (PER_CONNECTION + message),
         "output": conns * output,
         "history": backlog * (job + ROW_OVERHEAD) + block * spare,
         "journal": journal * JOURNAL_ENTRY,
-        "redis": REDIS_LINKS * REDIS_REPLY_MAX,
+        "redis": REDIS_LINKS * reply,
         "base": BASE,
     }
 
