@@ -68,6 +68,7 @@ class Connection:
         self.n_loaded = 0
         self.sent = 0
         self.state = {}
+        self.ended = False  # its behaviour returned, or the peer went away
 
     def send(self, data):
         self.sock.sendall(data)
@@ -166,6 +167,7 @@ class FakeRedis:
                 c.sock.close()
             except OSError:
                 pass
+            c.ended = True
 
     def count(self, name):
         with self.lock:
