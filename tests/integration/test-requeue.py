@@ -8,12 +8,14 @@
 - Three restarts while six jobs flow: every job ends with its own exit status, no slot held twice and
   fencing tokens increasing (witness.py).
 - The broker stays away longer than --reclaim-for: 69. SIGINT while reconnecting: 130, the command never
-  ran. --max-wait counts from the first Acquire: a wait queued again does not get a fresh one.
+  ran. --max-wait counts from the first Acquire: a wait queued again does not get a fresh one. A
+  socket that answers garbage after the reconnect is not retried (exit 1, as at any time).
 
 Usage: test-requeue.py BROKERD SLOTCTL [unittest arguments]
 """
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -177,6 +179,27 @@ class Requeue(harness.BrokerTestCase):
         self.wait_stderr(waiter, "reconnecting to queue again")
         waiter.proc.send_signal(signal.SIGINT)
         self.assertEqual(waiter.wait(10), 130, waiter.stderr())
+        self.assertFalse(self.w.started("waiter"))
+        self.w.stop("holder")
+        self.assertEqual(holder.wait(), 0, holder.stderr())
+
+    def test_garbage_after_reconnect_is_not_retried(self):
+        b = self.broker(CONFIG, "brokerd")
+        holder, waiter = self.holder_and_waiter(b)
+        self.assertEqual(b.stop(), 0)
+        self.wait_stderr(waiter, "reconnecting to queue again")
+        # Something else listens there now, and answers what is not Varlink.
+        if os.path.exists(b.socket_path):
+            os.unlink(b.socket_path)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            server.bind(b.socket_path)
+            server.listen()
+            server.settimeout(10)
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(b"not json\0")
+                self.assertEqual(waiter.wait(10), 1, waiter.stderr())
+        os.unlink(b.socket_path)
         self.assertFalse(self.w.started("waiter"))
         self.w.stop("holder")
         self.assertEqual(holder.wait(), 0, holder.stderr())
