@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* run.c — slotctl run: start the command first, held in a process group of its own; acquire
  * a slot with the command attached (its pidfd, which names it from any PID namespace); let it go with the lease in its environment; supervise it
- * (signals, --timeout, revocation; reconnecting to reclaim the lease when brokerd restarts under it) and
- * exit with its status. SPEC §3.4 and §6. */
+ * (signals, --timeout, revocation; reconnecting to queue again, or to reclaim the lease, when brokerd
+ * restarts under it) and exit with its status. SPEC §3.4 and §6. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -28,10 +28,10 @@
 #define KILL_AFTER_DEFAULT (5 * USEC_PER_SEC)
 /* As brokerd's default reclaim-grace=: a lease held only by our connection waits that long for us. */
 #define RECLAIM_FOR_DEFAULT (30 * USEC_PER_SEC)
-/* Reconnection attempts start soon (a restart takes a fraction of a second) and slow down to one every
- * 2 s: a broker that stays away is not hammered. */
+/* Reconnection attempts start soon (a restart takes a fraction of a second) and slow down to one a
+ * second: a broker that stays away is not hammered, and one that is back is found within a second. */
 #define RECONNECT_BACKOFF_FIRST (100 * USEC_PER_MSEC)
-#define RECONNECT_BACKOFF_MAX (2 * USEC_PER_SEC)
+#define RECONNECT_BACKOFF_MAX USEC_PER_SEC
 
 static CliRequest arg_request = CLI_REQUEST_INIT;
 static usec_t arg_timeout = USEC_INFINITY;
@@ -84,10 +84,12 @@ typedef struct Run {
          * longer than that would let the command outlive its slot. USEC_INFINITY: not said. */
         usec_t fence_kill_within;
 
-        /* The broker went away while the command runs: reconnect and reclaim the lease (SPEC §3.4). */
+        /* The broker went away: while waiting, reconnect and queue again; while the command runs, reconnect
+         * and reclaim the lease (SPEC §3.4). Both for --reclaim-for. */
         char *socket_path;     /* where the broker was reached */
-        bool reconnecting;     /* the connection was lost, the lease not reclaimed yet, attempts go on */
+        bool reconnecting;     /* the connection was lost, not queued again / the lease not reclaimed yet */
         bool reclaiming;       /* r->client carries an Acquire with reclaim, not answered yet */
+        bool requeueing;       /* r->client carries the Acquire again (waiting), not answered yet */
         usec_t reconnect_at;   /* the next attempt; USEC_INFINITY: none planned */
         usec_t reconnect_until; /* when this episode's attempts end (--reclaim-for) */
         usec_t reconnect_backoff;
@@ -116,8 +118,8 @@ static void help(void) {
                "     --job=NAME                 Label for status and history (default: the CI job's URL)\n"
                "     --timeout=DURATION         Stop COMMAND this long after the grant (exit 124)\n"
                "     --kill-after=DURATION      SIGKILL this long after SIGTERM (default: 5s)\n"
-               "     --reclaim-for=DURATION     Broker restarted under COMMAND: try this long to reconnect\n"
-               "                                and reclaim the lease (default: 30s; 0: do not)\n"
+               "     --reclaim-for=DURATION     Broker restarted: try this long to reconnect and reclaim\n"
+               "                                the lease, or queue again if still waiting (default: 30s)\n"
                "     --if-unavailable=fail|run  Broker unreachable: exit 69, or run without a slot\n"
                "  -q --quiet                    Print nothing while waiting\n"
                "     --conflict-exit-code=N     Exit N when refused (default: 75)\n"
@@ -438,11 +440,48 @@ static void run_on_signal(Run *r, int sig) {
 /* ---- the broker restarted under the command ---- */
 
 static void run_reconnect_end(Run *r) {
-        r->reconnecting = r->reclaiming = false;
+        r->reconnecting = r->reclaiming = r->requeueing = false;
         r->reconnect_at = USEC_INFINITY;
 }
 
+/* When --max-wait runs out, counted from our first Acquire: a wait queued again is not a new wait. */
+static usec_t run_max_wait_deadline(const Run *r) {
+        if (arg_request.max_wait == USEC_INFINITY)
+                return USEC_INFINITY;
+        return usec_add(r->wait_start, arg_request.max_wait);
+}
+
+static void run_requeue_give_up(Run *r, usec_t now) {
+        char t[TIMESPAN_MAX];
+        run_reconnect_end(r);
+        if (now >= run_max_wait_deadline(r)) {
+                log_error("waited --max-wait=%s without a slot (the broker was away)",
+                          timespan_format(t, sizeof t, arg_request.max_wait));
+                run_abandon(r, (int) arg_request.conflict_exit_code);
+                return;
+        }
+        if (arg_if_unavailable_run) {
+                log_warning("could not queue again within --reclaim-for=%s; running the command without a slot",
+                            timespan_format(t, sizeof t, arg_reclaim_for));
+                run_start(r, NULL, now);
+                return;
+        }
+        log_error("could not reach the broker again within --reclaim-for=%s to queue again",
+                  timespan_format(t, sizeof t, arg_reclaim_for));
+        run_abandon(r, EXIT_UNREACHABLE);
+}
+
 static void run_reconnect_schedule(Run *r, usec_t now) {
+        if (r->phase == PHASE_WAITING) {
+                usec_t until = MIN(r->reconnect_until, run_max_wait_deadline(r));
+                if (now >= until) {
+                        run_requeue_give_up(r, now);
+                        return;
+                }
+                r->reconnect_at = MIN(usec_add(now, r->reconnect_backoff), until);
+                r->reconnect_backoff = MIN(r->reconnect_backoff * 2, RECONNECT_BACKOFF_MAX);
+                return;
+        }
         if (now >= r->reconnect_until) {
                 char t[TIMESPAN_MAX];
                 log_warning("could not reclaim lease %s within %s; the command keeps running without the broker's "
@@ -465,11 +504,73 @@ static void run_attach_command(const Run *r, BrokerAcquireOptions *o) {
                 o->pid = r->child;
 }
 
+/* The Acquire of this run: the same lane, options, job label and command each time it is sent; a --max-wait
+ * is sent as what is left of it. Returns 0, or -ETIME when nothing is left. */
+static int run_acquire_options(const Run *r, usec_t now, BrokerAcquireOptions *ret) {
+        BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
+        o.lane = arg_request.lane;
+        o.slots = arg_request.slots;
+        o.wait = arg_request.no_wait ? BROKER_WAIT_NO : BROKER_WAIT_DEFAULT;
+        if (arg_request.max_wait != USEC_INFINITY) {
+                usec_t left = usec_sub_unsigned(run_max_wait_deadline(r), now);
+                if (left == 0)
+                        return -ETIME;
+                o.queue_wait_ms = DIV_ROUND_UP(left, USEC_PER_MSEC);
+        }
+        o.job = arg_request.job;
+        o.fence = true; /* renewals come only for leases that need them: a shared pool's */
+        run_attach_command(r, &o);
+        *ret = o;
+        return 0;
+}
+
+/* One attempt to queue again after a loss while waiting. A broker not listening yet (ENOENT while the
+ * socket is being created again, ECONNREFUSED) means another attempt later; any other failure ends the
+ * run as it would have at the first connect. */
+static void run_requeue(Run *r, usec_t now) {
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+        BrokerAcquireOptions o;
+        int k;
+
+        r->reconnect_at = USEC_INFINITY;
+        if (run_acquire_options(r, now, &o) < 0) {
+                run_requeue_give_up(r, now);
+                return;
+        }
+        k = broker_client_connect(r->socket_path, &c);
+        if (k < 0 && !cli_errno_is_unreachable(k)) {
+                log_error_errno(k, "cannot reconnect to the broker at %s: %m", r->socket_path);
+                run_abandon(r, cli_exit_status_from_errno(k));
+                return;
+        }
+        if (k >= 0 && broker_acquire_start(c, &o) >= 0) {
+                r->client = TAKE_PTR(c);
+                r->requeueing = true;
+                return;
+        }
+        run_reconnect_schedule(r, now);
+}
+
+static void run_requeued(Run *r, const BrokerPosition *p, usec_t now) {
+        char position[CLI_POSITION_MAX], pool[CLI_PRINTABLE_SIZE(256)];
+        run_reconnect_end(r);
+        progress_clear(r);
+        log_notice("reconnected to the broker; queued again for pool %s: %s",
+                   cli_printable(pool, sizeof pool, p->pool ?: "?"), cli_format_position(position, p));
+        progress_update(r, p, now);
+        if (!r->tty && !arg_request.quiet)
+                r->next_progress = now + PROGRESS_INTERVAL_LOG;
+}
+
 /* One attempt: connect, and ask for the lease back with the command attached. The answer comes through
  * run_on_broker(); a broker that is not listening yet means another attempt later. */
 static void run_reconnect(Run *r, usec_t now) {
         _cleanup_(broker_client_freep) BrokerClient *c = NULL;
 
+        if (r->phase == PHASE_WAITING) {
+                run_requeue(r, now);
+                return;
+        }
         r->reconnect_at = USEC_INFINITY;
         if (broker_client_connect(r->socket_path, &c) >= 0) {
                 BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
@@ -529,6 +630,24 @@ static void run_on_broker_lost(Run *r, int error, usec_t now) {
                 return;
         }
         progress_clear(r);
+        if (cli_errno_is_unreachable(error) && r->socket_path && arg_reclaim_for > 0) {
+                /* A restart without a store of our connection: queue again, which puts us behind those that
+                 * queued meanwhile (SPEC §3.4). A broker answering garbage (-EBADMSG) is not retried. */
+                r->requeueing = false;
+                if (!r->reconnecting) {
+                        char t[TIMESPAN_MAX];
+                        errno = -error;
+                        log_warning("lost the connection to the broker while waiting (%m); reconnecting to queue "
+                                    "again for up to %s", timespan_format(t, sizeof t, arg_reclaim_for));
+                        r->reconnecting = true;
+                        r->reconnect_until = usec_add(now, arg_reclaim_for);
+                        r->reconnect_backoff = RECONNECT_BACKOFF_FIRST;
+                        r->have_position = false; /* no stale position line while away */
+                        r->next_progress = USEC_INFINITY;
+                }
+                run_reconnect_schedule(r, now);
+                return;
+        }
         if (arg_if_unavailable_run && cli_errno_is_unreachable(error)) {
                 log_warning("lost the connection to the broker while waiting; running the command without a slot");
                 run_start(r, NULL, now);
@@ -550,20 +669,28 @@ static void run_on_broker(Run *r, usec_t now) {
                 case BROKER_EVENT_NONE:
                         return;
                 case BROKER_EVENT_QUEUED:
-                        if (r->phase == PHASE_WAITING)
+                        if (r->phase == PHASE_WAITING && r->requeueing)
+                                run_requeued(r, &ev.position, now);
+                        else if (r->phase == PHASE_WAITING)
                                 progress_update(r, &ev.position, now);
                         break;
                 case BROKER_EVENT_GRANTED:
                         if (r->reclaiming)
                                 run_reclaimed(r, ev.lease);
-                        else
+                        else {
+                                if (r->requeueing) {
+                                        run_reconnect_end(r);
+                                        log_notice("reconnected to the broker; granted at once");
+                                }
                                 run_start(r, ev.lease, now);
+                        }
                         break;
                 case BROKER_EVENT_REFUSED:
                         if (r->reclaiming) {
                                 run_reclaim_refused(r, ev.refusal);
                                 return;
                         }
+                        run_reconnect_end(r); /* a refusal after queueing again ends the run as any refusal */
                         progress_clear(r);
                         run_abandon(r, cli_log_result(r->client, "acquire", ev.refusal, (int) arg_request.conflict_exit_code));
                         return;
@@ -759,15 +886,11 @@ int verb_run(int argc, char *argv[]) {
                         run_abandon(&r, EXIT_FAILURE);
                         return r.exit_status;
                 }
-                BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
-                o.lane = arg_request.lane;
-                o.slots = arg_request.slots;
-                o.wait = arg_request.no_wait ? BROKER_WAIT_NO : BROKER_WAIT_DEFAULT;
-                o.queue_wait_ms = arg_request.max_wait == USEC_INFINITY ? 0 : DIV_ROUND_UP(arg_request.max_wait, USEC_PER_MSEC);
-                o.job = arg_request.job;
-                o.fence = true; /* renewals come only for leases that need them: a shared pool's */
-                run_attach_command(&r, &o);
-                k = broker_acquire_start(r.client, &o);
+                BrokerAcquireOptions o;
+                /* At wait_start all of --max-wait (at least 1 ms) is left: -ETIME cannot come. */
+                k = run_acquire_options(&r, r.wait_start, &o);
+                if (k >= 0)
+                        k = broker_acquire_start(r.client, &o);
                 if (k == -EINVAL) {
                         log_error("invalid request (a job label or lane that is not UTF-8?)");
                         run_abandon(&r, EXIT_USAGE);

@@ -185,7 +185,16 @@ int broker_client_process(BrokerClient *c, BrokerEvent *ret);
  * calling options->on_position on every "queued" reply. Returns 0 and the lease in *ret; a positive
  * BROKER_REFUSED_… / BROKER_NO_SUCH_LANE / BROKER_PERMISSION_DENIED / BROKER_INVALID_PARAMETER /
  * BROKER_NO_SUCH_LEASE code for a refusal (see broker_client_retry_after_sec()); or a negative errno
- * as broker_acquire_start() and broker_client_process() return them. */
+ * as broker_acquire_start() and broker_client_process() return them.
+ *
+ * A restart of brokerd that does not keep the connection (brokerd started by hand, a crash, a stop and
+ * a start) ends a waiting call with -ECONNRESET, and the request is gone from the broker's queue. The
+ * library does not queue it again by itself: whether a second wait is wanted, and for how long, is the
+ * caller's to decide. A caller that wants it does what `slotctl run` does: frees the client, connects
+ * again (broker_client_connect() fails with -ENOENT or -ECONNREFUSED until the broker listens again:
+ * retry with a backoff, bounded in time) and sends the same options again, with queue_wait_ms lowered
+ * by the time already waited so that its own cap is not extended. The request then joins the queue at
+ * its end. A -EBADMSG or -EMSGSIZE is a broker that broke the protocol: not worth retrying. */
 int broker_acquire(BrokerClient *c, const BrokerAcquireOptions *options, BrokerLease **ret);
 
 /* Details of the last refusal or Varlink error seen on this client, for messages: the retryAfterSec
