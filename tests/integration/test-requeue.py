@@ -16,6 +16,7 @@ Usage: test-requeue.py BROKERD SLOTCTL [unittest arguments]
 import os
 import signal
 import socket
+import threading
 import subprocess
 import sys
 import tempfile
@@ -188,17 +189,30 @@ class Requeue(harness.BrokerTestCase):
         holder, waiter = self.holder_and_waiter(b)
         self.assertEqual(b.stop(), 0)
         self.wait_stderr(waiter, "reconnecting to queue again")
-        # Something else listens there now, and answers what is not Varlink.
+        # Something else listens there now, and answers what is not Varlink to everyone: the holder's
+        # slotctl reconnects too (to reclaim its lease), and may come first.
         if os.path.exists(b.socket_path):
             os.unlink(b.socket_path)
+        conns = []
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
             server.bind(b.socket_path)
             server.listen()
-            server.settimeout(10)
-            conn, _ = server.accept()
-            with conn:
-                conn.sendall(b"not json\0")
+
+            def answer_garbage():
+                while True:
+                    try:
+                        conn, _ = server.accept()
+                        conns.append(conn)
+                        conn.sendall(b"not json\0")
+                    except OSError:
+                        return
+            threading.Thread(target=answer_garbage, daemon=True).start()
+            try:
                 self.assertEqual(waiter.wait(10), 1, waiter.stderr())
+            finally:
+                server.shutdown(socket.SHUT_RDWR)
+        for conn in conns:
+            conn.close()
         os.unlink(b.socket_path)
         self.assertFalse(self.w.started("waiter"))
         self.w.stop("holder")

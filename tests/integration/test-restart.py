@@ -610,8 +610,11 @@ class Restart(harness.BrokerTestCase):
         self.assertEqual(len([m for m in moved if not m.endswith(("-wal", "-shm"))]), 1, moved)
 
         def header():
-            with open(db, "rb") as f:
-                return f.read(16)
+            try:
+                with open(db, "rb") as f:
+                    return f.read(16)
+            except FileNotFoundError:  # moved aside, the fresh one not made yet
+                return b""
         # The history writer makes the fresh file on its own thread, after brokerd is listening.
         wait_for(lambda: header() == b"SQLite format 3\0", message="a fresh history.db")
         self.assertIn("moved aside as", b.log())
