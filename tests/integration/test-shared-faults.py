@@ -358,6 +358,10 @@ class TestSharedFaults(unittest.TestCase):
                 took = wait_for(lambda: len(self.witness.started()) > before and time.monotonic(),
                                 timeout=TTL + 5 + harness.LATENESS, message=f"grants to resume after {f}")
                 resumed.append((f, took - record.end))
+                # Grants resume on any node first; the next fault waits until every node reaches Redis again,
+                # so that two faults never add up to one longer outage of a node (which may rightly fence it).
+                wait_for(lambda: all(self.reaches_redis(b) for b in self.brokers), timeout=TTL + 5 + harness.LATENESS,
+                         message=f"every node to reach Redis again after {f}")
                 if f.kind == "kill9" and watchers:
                     # The next fault waits for the takeover: a SIGSTOP of the node its slots went to, or a
                     # Redis restart, would hold them legitimately, and the takeover be unseen.
@@ -404,6 +408,14 @@ class TestSharedFaults(unittest.TestCase):
               f"run: {time.monotonic() - began:.0f} s ({faults.SEED_VARIABLE}={seed})", file=sys.stderr)
         if failures:
             self.fail("\n".join(failures))
+
+    @staticmethod
+    def reaches_redis(b):
+        """Whether brokerd b has both shared pools' backend link up (a recovery window counts: it is reached)."""
+        try:
+            return all(b.pool(p)["backend"].get("unavailable") != "backend" for p in ("grid", "rig"))
+        except Exception:  # a brokerd restarting after its kill -9 answers nothing yet
+            return False
 
     def check_revocations(self, exits, injected):
         """Every revoked command (exit 124) lived through a fault that may revoke on its node: a kill -9 or a
