@@ -454,7 +454,8 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
         bool command_alive = rc != RESTORED_COMMAND_GONE;
         usec_t left = restored_hold_left(row, alive_at, now_r);
         bool expired = left == 0;
-        if ((row->command_pid > 0 && !command_alive) || (row->detached && expired)) {
+        bool ended = (row->command_pid > 0 && !command_alive) || (row->detached && expired);
+        if (ended && !row->remote_id) {
                 *ret = NULL;
                 return 0; /* ended while brokerd was down */
         }
@@ -489,6 +490,15 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
                                          .granted_in = row->remote_id && bk->url ? &granted_in : NULL,
                                  },
                                  &el);
+        if (ended) {
+                /* A shared lease that ended while brokerd was down: Redis still holds it for this node, and
+                 * this node knows it ended. Given back at once (its pool sends the release when it reaches
+                 * Redis), not left to the reconcile, which keeps what a node does not list for a node TTL. */
+                if (r >= 0)
+                        engine_lease_release(el, now_m);
+                *ret = NULL;
+                return 0;
+        }
         if (r < 0)
                 return r;
 
