@@ -47,6 +47,15 @@ def read_text(path):
 
 # ---- waiting on conditions ----
 
+def children_of(pid):
+    """The pids of pid's children (none when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
 def wait_for(predicate, timeout=DEFAULT_TIMEOUT, interval=POLL_INTERVAL, message="condition"):
     """Polls predicate() every `interval` seconds until it returns a truthy value, which is returned.
     Fails (AssertionError) after `timeout` seconds, naming `message` and the last value seen."""

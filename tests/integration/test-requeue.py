@@ -24,7 +24,7 @@ import time
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
-from harness import reap, wait_for  # noqa: E402
+from harness import children_of, reap, wait_for  # noqa: E402
 from witness import Witness  # noqa: E402
 
 SLOTCTL = None
@@ -41,14 +41,6 @@ queue-timeout = 10m
 pools = p
 policy = wait
 """
-
-
-def children_of(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except FileNotFoundError:
-        return []
 
 
 class Job:

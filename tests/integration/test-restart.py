@@ -34,7 +34,7 @@ import unittest
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
-from harness import (ConnectionClosed, MountNamespaceBroker, Restarts, Tracker, Varlink,  # noqa: E402
+from harness import (ConnectionClosed, children_of, MountNamespaceBroker, Restarts, Tracker, Varlink,  # noqa: E402
                      VarlinkError, pid_alive, reap, wait_for)
 
 SLOTCTL = None
@@ -65,14 +65,6 @@ max-hold = 3s
 
 
 # ---- helpers ----
-
-def children_of(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except FileNotFoundError:
-        return []
-
 
 class SlotctlRun:
     """`slotctl run` as a CI job runs it, stderr kept in a file."""
