@@ -126,6 +126,25 @@ typedef struct EngineMoveRefusal {
  * engine_configure() refuses likewise; -ENOMEM. */
 int engine_check_moves(Engine *e, const BrokerConfig *c, EngineMoveRefusal *ret);
 
+/* A waiter handed over by the previous brokerd through systemd's fd store (SPEC §3.4, "A restart loses no
+ * waiter"). It goes back to the pool it waited in, behind the waiters resumed before it (resume them in
+ * their old queue order: priority, then arrival), with its arrival and the budget it got when it first
+ * joined that queue: its deadline stays arrival + budget, so a restart moves it by nothing. A resumed waiter
+ * is granted at once only if a fresh request would be (room, and nobody ahead); max-queue does not refuse it
+ * (it was admitted before). A budget that ended meanwhile refuses it (timeout/shed, at its deadline) in the
+ * first engine_run(). When its pool is gone from the lane, or drained, the request is routed as a fresh one
+ * (its arrival kept). Times are monotonic µs of the same boot. */
+typedef struct EngineResume {
+        const char *pool;         /* where it waited: engine_request_pool() */
+        usec_t arrival;           /* engine_request_arrival() */
+        QueueState state;         /* engine_request_state() */
+        usec_t idle;              /* engine_request_idle() */
+        usec_t budget;            /* engine_request_budget(); USEC_INFINITY: unbounded */
+        /* A pool kept by a backend: its name for the waiter (engine_request_remote_id()), so that the pool
+         * finds the waiter it kept in Redis at its place; NULL: none (the pool queues it afresh). */
+        const char *remote_id;
+} EngineResume;
+
 typedef struct EngineAcquire {
         const char *lane;
         unsigned slots;           /* ≥ 1 */
@@ -133,6 +152,7 @@ typedef struct EngineAcquire {
         usec_t max_wait;          /* the client's queueWaitMs; USEC_INFINITY: none */
         usec_t max_hold;          /* the client's cap on the hold, below the lane's max-hold; 0 or USEC_INFINITY: none */
         void *userdata;
+        const EngineResume *resume; /* NULL: a new request, arriving now */
 } EngineAcquire;
 
 /* Routes a request: the first of the lane's pools with room grants it; otherwise a fail-fast lane
@@ -158,7 +178,18 @@ usec_t engine_request_arrival(const EngineRequest *r);
 usec_t engine_request_budget(const EngineRequest *r);
 /* How its pool fared when it joined the queue (QUEUE_STATE_NONE: not queued, or a pool without queue-timeout). */
 QueueState engine_request_state(const EngineRequest *r);
+/* The pool's idle time when it joined the queue (0 when not queued). */
+usec_t engine_request_idle(const EngineRequest *r);
 const char *engine_request_pool(const EngineRequest *r);
+/* A waiting request's name in the backend of its pool (a shared pool's rid), or NULL (an in-process pool,
+ * or not waiting). Valid until the request's next event. */
+const char *engine_request_remote_id(const EngineRequest *r);
+
+/* A pool's controlled-delay clock (SPEC §3.1): the last instant it admitted fast (monotonic µs), carried
+ * across a restart with the waiters so that their budgets and the congested gauge go on as before.
+ * Return 0, -ENOENT (no such pool), or -EOPNOTSUPP (a pool kept by a backend: Redis keeps its clock). */
+int engine_pool_get_last_fast(const Engine *e, const char *pool, usec_t *ret);
+int engine_pool_set_last_fast(Engine *e, const char *pool, usec_t last_fast, usec_t now);
 
 /* Settles the instant `now` (grants, then expiries, then gauges, then max-hold revocations). */
 void engine_run(Engine *e, usec_t now);
