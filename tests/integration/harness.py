@@ -1058,6 +1058,75 @@ class Child:
         return group_alive(self.pid)
 
 
+class SlotctlRun:
+    """`slotctl run --socket SOCKET --lane LANE OPTIONS… -- ARGV…` as a CI job runs it: stderr in a file (not a
+    terminal). With tty=True its stderr is a pseudo-terminal instead, so that it draws the live position line
+    ("\\r\\033[K…waiting for pool P: position N of M, …"); stderr() is then what the terminal received."""
+
+    def __init__(self, slotctl, socket_path, lane, argv, *options, tty=False):
+        self.tty = tty
+        self._out = bytearray()
+        self._lock = threading.Lock()
+        if tty:
+            import pty
+            self._master, slave = pty.openpty()
+            os.set_inheritable(self._master, False)
+            stderr = slave
+            self.err = None
+        else:
+            self.err = tempfile.TemporaryFile(mode="w+")
+            stderr = self.err
+        try:
+            self.proc = subprocess.Popen([slotctl, "run", "--socket", socket_path, "--lane", lane, *options, "--",
+                                          *argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=stderr)
+        finally:
+            if tty:
+                os.close(slave)
+        if tty:
+            self._reader = threading.Thread(target=self._read_tty, daemon=True)
+            self._reader.start()
+
+    def _read_tty(self):
+        while True:
+            try:
+                data = os.read(self._master, 4096)
+            except OSError:  # EIO: the last holder of the terminal's other side has gone
+                return
+            if not data:
+                return
+            with self._lock:
+                self._out += data
+
+    def wait(self, timeout=30):
+        return self.proc.wait(timeout)
+
+    def stderr(self):
+        if self.tty:
+            with self._lock:
+                return self._out.decode(errors="replace")
+        self.err.seek(0)
+        return self.err.read()
+
+    def kill(self):
+        """Kills slotctl and its command's process group (a test's cleanup)."""
+        if self.proc.poll() is None:
+            for child in children_of(self.proc.pid):
+                try:
+                    os.killpg(child, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            self.proc.kill()
+            self.proc.wait()
+        if self.err:
+            self.err.close()
+        elif self._master >= 0:
+            self._reader.join(2)
+            os.close(self._master)
+            self._master = -1
+        reap()
+
+
 def run_client_as(socket_path, method, parameters=None, uid=NOBODY_UID, gid=NOGROUP_GID, more=False,
                   pid_self=False, timeout=10, extra_groups=()):
     """Runs this file's client as another user (setresuid/setresgid; supplementary groups: extra_groups
