@@ -1,0 +1,509 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""A restart through systemd's file descriptor store loses no waiter (SPEC §3.4, issue 20 item 6), without
+systemd: fdstore.py stands in for the store and brokerd.socket (harness.Broker mode "store": the test keeps
+the listening socket, and each start gets it named "varlink" followed by the stored fds).
+
+StandIn: the stand-in itself against a fake service (LISTEN_PID/FDS/FDNAMES, the order asked, duplicates,
+hang-ups, FDSTOREREMOVE, FileDescriptorStoreMax, a stranger's message), so that what the other classes find
+is brokerd's doing.
+
+Handover:
+- The issue's reproduction: a one-slot pool, a holder `slotctl run --lane nightly` and six waiters; three
+  SIGTERM + start through the store while the jobs flow (the stored fds passed in arrival order, then
+  newest first as systemd's list gives them, then shuffled as its hash set may; the second stop races the
+  holder's release): every job ends with its own exit status, grants in queue order, fencing tokens
+  increasing, no slot held twice (witness.py), no client lost its broker or queued again, the holder's lease
+  still "held" (no reclaim), the waiters' places, waits and budgets unchanged, and a waiter's live position
+  line (a terminal) goes on with new positions. Each stop stores the state first (sb-state), then every
+  connection (sb-conn); each start flushes the store and empties the state memfd.
+- A handed-over holder's connection is still its lease's life line: closing it (a raw client) or the end of
+  the command (`slotctl run`) frees the slot at once, not after reclaim-grace (60 s here).
+- A waiter whose client went away while brokerd was down (systemd drops its fd on EPOLLHUP) is not granted
+  and holds nobody up.
+- Half a call sent before the stop and its rest after is answered; a thousand calls whose replies were not
+  read before the stop are all answered, once each, in order.
+
+Damaged: the stored state cut short, with a flipped byte, of version 2, of another boot, missing, empty
+(taken once already), with waiters' entries out of range: those connections are closed, their `slotctl run`
+queue again (stderr says so) and finish; the holder keeps its lease (from the lease log, reclaimed if its
+connection was closed); nothing is granted twice; the store is flushed all the same.
+
+Without a store (no NOTIFY_SOCKET) a restart is as before: test-requeue.py.
+
+Usage: test-handover.py BROKERD SLOTCTL [unittest arguments]   (test classes as unittest arguments)
+"""
+import array
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+
+sys.dont_write_bytecode = True
+import fdstore  # noqa: E402
+import harness  # noqa: E402
+from harness import pool_violations, wait_for  # noqa: E402
+from witness import Witness  # noqa: E402
+
+SLOTCTL = None
+
+# reclaim-grace long, so that a slot freed "at once" cannot be one freed by the grace running out.
+CONFIG = """\
+[broker]
+reclaim-grace = 60s
+
+[pool p]
+limit = 1
+queue-timeout = 10m
+
+[lane nightly]
+pools = p
+policy = wait
+"""
+
+REQUEUED = "queued again"                 # cli/run.c, a waiter that lost its broker and queued anew
+LOST = "lost the connection to the broker"
+POSITION = re.compile(r"waiting for pool p: position (\d+) of (\d+)")
+
+
+class HandoverCase(harness.BrokerTestCase):
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="handover-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.w = Witness(self.dir)
+        self.jobs = {}
+
+    def start_broker(self, config=CONFIG):
+        return self.broker(config, "brokerd", mode="store")
+
+    def job(self, b, name, status, body=None, tty=False):
+        """`slotctl run --lane nightly --job NAME` of a witnessed command named NAME (until stop(NAME), or
+        running the shell text `body`), exiting with `status` once the command has ended."""
+        cmd = self.w.command_until_stopped(name) if body is None else self.w.command(body, name)
+        j = harness.SlotctlRun(SLOTCTL, b.socket_path, "nightly", ["sh", "-c", f'"$@"; exit {status}', "sh", *cmd],
+                               "--job", name, tty=tty)
+        self.addCleanup(j.kill)
+        self.jobs[name] = j
+        return j
+
+    def queued_job(self, b, name, status, **kw):
+        """job(), once slotctl says it waits (so that jobs queue in the order they are made)."""
+        j = self.job(b, name, status, **kw)
+        wait_for(lambda: "waiting for" in j.stderr() or j.proc.poll() is not None, 10, message=f"{name} queued")
+        self.assertIsNone(j.proc.poll(), j.stderr())
+        return j
+
+    def stderrs(self):
+        return "".join(f"---- {n}:\n{j.stderr()}" for n, j in self.jobs.items())
+
+    def waiters(self, b):
+        """[(job, waitedMs, budgetMs)] of Status's waiters, by position (checked: 1..n, holders ≤ limit)."""
+        s = b.status()
+        violations, _ = pool_violations(s, "p", 1)
+        self.assertEqual(violations, [], s)
+        return [(w.get("job"), w["waitedMs"], w.get("budgetMs"))
+                for w in sorted(s["waiters"], key=lambda w: w["position"])], s["holders"]
+
+    def stop_into_store(self, b):
+        """SIGTERM: brokerd exits 0 and leaves the state first, then its connections, in the store."""
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        names = b.store.names()
+        self.assertEqual(b.store.ignored, [], "messages the store ignored")
+        self.assertEqual(b.store.overflowed, 0)
+        self.assertTrue(names and names[0] == "sb-state",
+                        f"the store holds {names}: the state memfd first, then the connections, expected; "
+                        f"brokerd said:\n{b.log()[-3000:]}")
+        self.assertEqual(set(names), {"sb-state", "sb-conn"}, names)
+        self.assertEqual(names.count("sb-state"), 1, names)
+        return names
+
+    def start_from_store(self, b, order="arrival", emptied=True):
+        """Starts brokerd with the stored fds; waits until it has flushed the store (FDSTOREREMOVE of both
+        names) and checks that the state memfd it took is empty (a state is never used twice)."""
+        b.fd_order = order
+        state = b.store.dup("sb-state") if emptied and "sb-state" in b.store.names() else None
+        try:
+            b.start()
+            b.store.wait_for(lambda s: s.count() == 0, 10, "brokerd to flush the store (FDSTOREREMOVE=1)")
+            if state is not None:
+                self.assertEqual(os.fstat(state).st_size, 0, "the state memfd brokerd took back is not emptied")
+        finally:
+            if state is not None:
+                os.close(state)
+
+    def restart(self, b, order="arrival"):
+        names = self.stop_into_store(b)
+        self.start_from_store(b, order)
+        return names
+
+    def assert_nobody_requeued(self):
+        for name, j in self.jobs.items():
+            err = j.stderr()
+            self.assertNotIn(LOST, err, f"{name} lost its broker:\n{self.stderrs()}")
+            self.assertNotIn(REQUEUED, err, f"{name} queued again:\n{self.stderrs()}")
+
+
+class StandIn(HandoverCase):
+    """fdstore.py against a fake service, which reports what it was passed and stores what the test says."""
+
+    FAKE = r"""
+import array, json, os, socket, sys, time
+n = int(os.environ.get("LISTEN_FDS", "0"))
+fds = {i: os.readlink(f"/proc/self/fd/{i}") for i in range(3, 3 + n + 8) if os.path.exists(f"/proc/self/fd/{i}")}
+print(json.dumps({"pid": os.getpid(), "listen_pid": os.environ.get("LISTEN_PID"), "n": n,
+                  "names": os.environ.get("LISTEN_FDNAMES"), "fds": fds}), flush=True)
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+def notify(text, fds=()):
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
+    sock.sendmsg([text.encode()], anc, 0, os.environ["NOTIFY_SOCKET"])
+keep = []
+for line in open(sys.argv[1]).read().splitlines():
+    what, *args = line.split()
+    if what == "memfd":          # memfd NAME TEXT
+        fd = os.memfd_create(args[0]); os.write(fd, args[1].encode()); notify(f"FDSTORE=1\nFDNAME={args[0]}", [fd])
+    elif what == "pairs":        # pairs NAME N HUP: N socket pairs, one end stored, the other kept by a child
+        pairs = [socket.socketpair() for _ in range(int(args[1]))]
+        notify(f"FDSTORE=1\nFDNAME={args[0]}", [p[0].fileno() for p in pairs])
+        notify(f"FDSTORE=1\nFDNAME={args[0]}", [pairs[0][0].fileno()])  # the same fd again
+        if args[2] == "1":
+            pairs[0][1].close()  # the first pair's peer hangs up
+            pairs = pairs[1:]
+        keep += [p[1] for p in pairs]
+    elif what == "remove":
+        notify(f"FDSTOREREMOVE=1\nFDNAME={args[0]}")
+    elif what == "ready":
+        notify("READY=1")
+if keep:
+    pid = os.fork()
+    if pid == 0:
+        os.setsid(); time.sleep(120); os._exit(0)  # holds the peers until the test kills it
+    print(json.dumps({"keeper": pid}), flush=True)
+"""
+
+    def fake(self, max_fds=8192):
+        test = self
+        script = os.path.join(self.dir, "fake.py")
+        with open(script, "w") as f:
+            f.write(self.FAKE)
+        self.actions = os.path.join(self.dir, "actions")
+
+        class Fake(harness.Broker):
+            def argv(self):
+                return [sys.executable, script, test.actions]
+        b = Fake(None, mode="store", store_max=max_fds)
+        self.addCleanup(b.cleanup)
+        return b
+
+    def run_fake(self, b, actions):
+        """Starts the fake, which does `actions`; returns what it was passed."""
+        with open(self.actions, "w") as f:
+            f.write(actions)
+        seen = len(b.log().splitlines())
+        b.start(wait=False)
+        b.store.wait_sent(b.pid, "READY")
+        b.proc.wait(10)
+        b.stop()  # gone already: its log closed, what it sent handled
+        lines = [json.loads(line) for line in b.log().splitlines()[seen:]]
+        for line in lines[1:]:
+            self.addCleanup(self.kill_keeper, line["keeper"])
+        return lines[0]
+
+    @staticmethod
+    def kill_keeper(pid):
+        os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(pid, 0)  # ours once the fake exited: harness.main() makes the test a subreaper
+        except ChildProcessError:
+            pass
+
+    def test_passes_socket_then_stored_fds_as_systemd_does(self):
+        b = self.fake()
+        first = self.run_fake(b, "memfd sb-state {}\npairs sb-conn 3 1\nready\n")
+        self.assertEqual(first["listen_pid"], str(first["pid"]))
+        self.assertEqual((first["n"], first["names"]), (1, "varlink"))
+        listener = f"socket:[{os.fstat(b.listener.fileno()).st_ino}]"
+        self.assertEqual(first["fds"], {"3": listener})
+        # The duplicate was suppressed; the first pair's peer hung up (it exited): dropped.
+        b.store.wait_for(lambda s: s.count() == 3, 5, "the hung-up fd dropped")
+        self.assertEqual(b.store.names(), ["sb-state", "sb-conn", "sb-conn"])
+        self.assertIn(("duplicate", "sb-conn"), [e[:2] for e in b.store.log])
+        self.assertIn(("hup", "sb-conn"), [e[:2] for e in b.store.log])
+        self.assertEqual(b.store.read("sb-state"), b"{}")
+        inodes = b.store.inodes()
+        for order, expect in (("arrival", inodes), ("reversed", inodes[::-1])):
+            b.fd_order = order
+            second = self.run_fake(b, "ready\n")
+            self.assertEqual(second["listen_pid"], str(second["pid"]))
+            self.assertEqual(second["n"], 4)
+            self.assertEqual(second["names"].split(":"), ["varlink"] + [
+                {i: n for i, n in zip(inodes, b.store.names())}[x] for x in expect])
+            self.assertEqual(second["fds"]["3"], listener)
+            self.assertEqual([second["fds"][str(4 + i)] for i in range(3)],
+                             [f"/memfd:sb-state (deleted)" if x == inodes[0] else f"socket:[{x}]" for x in expect])
+            self.assertEqual(sorted(second["fds"]), [str(i) for i in range(3, 7)], "fds beyond LISTEN_FDS leaked")
+
+    def test_remove_replace_max_and_strangers(self):
+        b = self.fake(max_fds=3)
+        self.run_fake(b, "memfd sb-state abc\npairs sb-conn 4 0\nready\n")
+        self.assertEqual(b.store.count(), 3)
+        self.assertGreaterEqual(b.store.overflowed, 1)
+        b.store.replace("sb-state", b"xyz")
+        self.assertEqual(b.store.read("sb-state"), b"xyz")
+        self.assertEqual(b.store.names()[0], "sb-state")
+        self.run_fake(b, "remove sb-conn\nready\n")
+        self.assertEqual(b.store.names(), ["sb-state"])
+        # Not the main pid (NotifyAccess=main): ignored, its fds closed.
+        r, w = socket.socketpair()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendmsg([b"FDSTORE=1\nFDNAME=sb-conn"],
+                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r.fileno()]).tobytes())], 0,
+                      b.store.path)
+        b.store.wait_for(lambda s: s.ignored, 5, "the stranger's message ignored")
+        self.assertEqual(b.store.names(), ["sb-state"])
+        r.close()
+        w.close()
+
+
+class Handover(HandoverCase):
+
+    def test_three_restarts_while_jobs_flow(self):
+        """The issue's reproduction, through the store."""
+        b = self.start_broker()
+        self.job(b, "job0", 10)
+        wait_for(lambda: self.w.started("job0"), 10, message="job0's command")
+        for i in range(1, 7):
+            # The last one on a terminal: its live position line.
+            self.queued_job(b, f"job{i}", 10 + i, tty=(i == 6))
+        tail = self.jobs["job6"]
+
+        def position_of_tail():
+            found = POSITION.findall(tail.stderr())
+            return tuple(map(int, found[-1])) if found else None
+
+        def started(name):
+            try:
+                wait_for(lambda: self.w.started(name), 20, message=f"{name}'s command")
+            except AssertionError:
+                self.fail(f"{name} did not start; brokerd:\n{b.log()[-3000:]}\nslotctl:\n{self.stderrs()}")
+
+        wait_for(lambda: position_of_tail() == (6, 6), 10, message="job6 at position 6 of 6")
+
+        # 1: while job0 holds and six wait; the fds passed in the order they were stored.
+        before, [holder] = self.waiters(b)
+        names = self.restart(b, "arrival")
+        self.assertGreaterEqual(names.count("sb-conn"), 7, names)  # every job's connection
+        after, [holder_after] = self.waiters(b)
+        self.assertEqual([j for j, _, _ in after], [f"job{i}" for i in range(1, 7)], "queue order across the restart")
+        self.assertEqual([x for _, _, x in after], [x for _, _, x in before], "budgets changed across the restart")
+        for (job, waited0, _), (_, waited1, _) in zip(before, after):
+            self.assertGreaterEqual(waited1, waited0, f"{job}'s wait started again")
+        self.assertEqual(holder_after["lease"]["id"], holder["lease"]["id"])
+        self.assertEqual(holder_after["lease"]["token"], holder["lease"]["token"])
+        self.assertEqual(holder_after["state"], "held", "the holder's lease awaits a reclaim")
+        self.w.stop("job0")
+        started("job1")
+        wait_for(lambda: position_of_tail() == (5, 5), 10, message="job6's line at position 5 of 5 (it goes on)")
+
+        # 2: job1's command ends as SIGTERM goes (its release races the stop); newest first, as systemd.
+        self.w.stop("job1")
+        self.restart(b, "reversed")
+        started("job2")
+        wait_for(lambda: position_of_tail() == (4, 4), 10, message="job6's line at position 4 of 4")
+
+        # 3: while job2 holds; shuffled.
+        self.restart(b, "shuffled")
+        for i in range(2, 7):
+            started(f"job{i}")
+            self.w.stop(f"job{i}")
+
+        for i in range(7):
+            self.assertEqual(self.jobs[f"job{i}"].wait(30), 10 + i, self.stderrs())
+        self.assertEqual([e.name for e in self.w.started()], [f"job{i}" for i in range(7)], "grants in queue order")
+        self.assertEqual(len(self.w.ended()), 7)
+        self.w.check(self)
+        self.assertLessEqual(max(c for _, c, _ in self.w.holders()), 1)
+        self.assert_nobody_requeued()
+
+    def check_life_line(self, holder_is_slotctl):
+        b = self.start_broker()
+        if holder_is_slotctl:
+            self.job(b, "holder", 0)
+            wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
+        else:
+            raw = self.acquire(b, "nightly")
+            raw.until_granted()
+        waiter = self.queued_job(b, "waiter", 0, body="exit 0")
+        self.restart(b)
+        _, [holder] = self.waiters(b)
+        self.assertEqual(holder["state"], "held", "the holder's lease awaits a reclaim")
+        if not holder_is_slotctl:
+            try:
+                self.assertIsNone(raw.conn.poll(0.2), "the holder's connection got a message")
+            except harness.ConnectionClosed:
+                self.fail(f"the holder's connection was closed; brokerd:\n{b.log()[-3000:]}")
+        start = time.monotonic()
+        if holder_is_slotctl:
+            self.w.stop("holder")
+        else:
+            raw.close()
+        # reclaim-grace is 60 s: a grant within 10 s is the lease's end seen on its connection.
+        try:
+            wait_for(lambda: self.w.started("waiter"), 10, message="the waiter's command")
+        except AssertionError:
+            self.fail(f"the slot was not freed when the holder's connection closed; brokerd:\n{b.log()[-3000:]}")
+        self.assertLess(time.monotonic() - start, 10)
+        self.assertEqual(waiter.wait(10), 0, waiter.stderr())
+        if holder_is_slotctl:
+            self.assertEqual(self.jobs["holder"].wait(10), 0)
+        self.assert_nobody_requeued()
+        self.w.check(self)
+
+    def test_handed_over_connection_is_still_the_lease_life_line(self):
+        self.check_life_line(holder_is_slotctl=False)
+
+    def test_command_ending_after_the_restart_frees_the_slot_at_once(self):
+        self.check_life_line(holder_is_slotctl=True)
+
+    def test_waiter_gone_while_brokerd_was_down(self):
+        b = self.start_broker()
+        self.job(b, "holder", 0)
+        wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
+        gone = self.queued_job(b, "gone", 0, body="exit 0")
+        self.queued_job(b, "next", 0, body="exit 0")
+        self.stop_into_store(b)
+        stored = b.store.count("sb-conn")
+        gone.kill()  # its connection closes: systemd drops the stored fd (EPOLLHUP)
+        del self.jobs["gone"]
+        b.store.wait_for(lambda s: s.count("sb-conn") == stored - 1, 5, "the hung-up connection dropped")
+        self.start_from_store(b)
+        try:
+            wait_for(lambda: [j for j, _, _ in self.waiters(b)[0]] == ["next"], 10, message="one waiter: next")
+        except AssertionError:
+            self.fail(f"waiters {self.waiters(b)[0]}; brokerd:\n{b.log()[-3000:]}")
+        self.w.stop("holder")
+        self.assertEqual(self.jobs["next"].wait(15), 0, self.stderrs())
+        self.assertEqual(self.jobs["holder"].wait(10), 0, self.stderrs())
+        self.assertEqual([e.name for e in self.w.started()], ["holder", "next"])
+        self.assert_nobody_requeued()
+        self.w.check(self)
+
+    def test_partial_input_and_unread_output_cross_the_restart(self):
+        b = self.start_broker()
+        call = harness.Varlink.encode_call("io.slotbroker.Status")
+        half = b.connect(10)
+        self.addCleanup(half.close)
+        half.send_raw(call[:len(call) // 2])
+        reader = b.connect(10)
+        self.addCleanup(reader.close)
+        calls = 1000
+        reader.send_raw(call * calls)
+        # Replies pile up unread: our receive buffer fills and brokerd keeps the rest (or the calls).
+        wait_for(lambda: self.unread(reader) > 100_000, 10, message="replies piling up unread")
+        self.stop_into_store(b)
+        try:
+            half.send_raw(call[len(call) // 2:])  # while brokerd is down
+        except OSError as e:
+            self.fail(f"a connection with half a call was not kept: {e!r}; brokerd:\n{b.log()[-3000:]}")
+        self.start_from_store(b)
+        params, _ = half.reply(10)
+        self.assertIn("pools", params)
+        for i in range(calls):
+            try:
+                params, continues = reader.reply(10)
+            except (TimeoutError, harness.ConnectionClosed) as e:
+                self.fail(f"reply {i + 1} of {calls}: {e!r}; brokerd:\n{b.log()[-3000:]}")
+            self.assertIn("pools", params)
+            self.assertFalse(continues)
+        self.assertIsNone(reader.poll(0.3), "a reply more than the calls")
+        self.assertIn("io.slotbroker", reader.call("org.varlink.service.GetInfo")["interfaces"])
+
+    @staticmethod
+    def unread(conn):
+        import fcntl
+        import termios
+        buf = array.array("i", [0])
+        fcntl.ioctl(conn.fileno(), termios.FIONREAD, buf)
+        return buf[0]
+
+
+def other_boot(state):
+    old = json.loads(state)["boot"]
+    new = uuid.uuid4()
+    return str(new) if "-" in old else new.hex
+
+
+def waiters_out_of_range(state):
+    obj = json.loads(state)
+    touched = 0
+    for c in obj["connections"]:
+        if "acquire" in c:
+            c["acquire"]["slots"] = 1_000_000
+            touched += 1
+    assert touched, f"no waiter's entry in the state: {obj}"
+    return json.dumps(obj).encode()
+
+
+class Damaged(HandoverCase):
+    """What is stored is not to be trusted: the connections without a valid entry are closed and re-queue."""
+
+    def check_requeued(self, tamper):
+        b = self.start_broker()
+        self.job(b, "holder", 0)
+        wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
+        w1 = self.queued_job(b, "w1", 11, body="exit 0")
+        w2 = self.queued_job(b, "w2", 12, body="exit 0")
+        self.stop_into_store(b)
+        tamper(b.store)
+        self.start_from_store(b, emptied=False)
+        for j in (w1, w2):
+            try:
+                wait_for(lambda: REQUEUED in j.stderr() or j.proc.poll() is not None, 15, message="a re-queue")
+            except AssertionError:
+                pass
+            self.assertIn(REQUEUED, j.stderr(), f"brokerd:\n{b.log()[-3000:]}\nslotctl:\n{self.stderrs()}")
+        self.assertFalse(self.w.started("w1") or self.w.started("w2"), "a waiter ran while the holder held the slot")
+        _, holders = self.waiters(b)
+        self.assertEqual(len(holders), 1, holders)
+        self.w.stop("holder")
+        self.assertEqual(self.jobs["holder"].wait(15), 0, self.stderrs())
+        self.assertEqual(w1.wait(30), 11, self.stderrs())
+        self.assertEqual(w2.wait(30), 12, self.stderrs())
+        self.assertEqual(self.w.started()[0].name, "holder")
+        self.assertEqual(sorted(e.name for e in self.w.started()), ["holder", "w1", "w2"])
+        self.w.check(self)
+        return b
+
+    def test_state_cut_short(self):
+        self.check_requeued(lambda s: s.replace("sb-state", fdstore.state_cut_short(s.read())))
+
+    def test_state_with_a_flipped_byte(self):
+        self.check_requeued(lambda s: s.replace("sb-state", fdstore.state_flipped(s.read())))
+
+    def test_state_of_a_newer_format(self):
+        self.check_requeued(lambda s: s.replace("sb-state", fdstore.state_edited(s.read(), version=2)))
+
+    def test_state_of_another_boot(self):
+        self.check_requeued(lambda s: s.replace("sb-state", fdstore.state_edited(s.read(), boot=other_boot(s.read()))))
+
+    def test_no_state(self):
+        """A crash between storing the connections and the state (or a state systemd lost)."""
+        self.check_requeued(lambda s: s.remove("sb-state"))
+
+    def test_empty_state(self):
+        """A state taken back once already (brokerd empties it) and offered again after a crash."""
+        self.check_requeued(lambda s: s.replace("sb-state", b""))
+
+    def test_waiters_entries_out_of_range(self):
+        self.check_requeued(lambda s: s.replace("sb-state", waiters_out_of_range(s.read())))
+
+
+if __name__ == "__main__":
+    (_, SLOTCTL), argv = harness.arguments(__doc__, 2)
+    harness.main(argv)
