@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""bench-handover.py — a restart of brokerd through systemd's file descriptor store with 10,000 waiters
+(issue 20 item 7): the time from SIGTERM to the first grant after the new start, beside a plain start's, and
+brokerd's RSS before the stop and after taking the connections back. Targets: ≤ 1 s, RSS within 10 %.
+
+tests/integration/fdstore.py stands in for systemd (harness.Broker mode "store"): the listening socket is
+the test's and stays open across the restart, the store receives the state and the connections, and the
+next brokerd gets them as LISTEN_FDS. A one-slot pool is held by one client and WAITERS clients wait on it
+(each its own connection, Acquire with "more"). The first grant after the restart is measured honestly: a
+Release of the held lease is sent on a new connection once brokerd has said STOPPING=1 (it accepts nothing
+more), so it waits in the socket's backlog; the new brokerd takes its 10,000 connections back before it
+accepts anyone, then answers the Release and grants the head of the queue, whose client reads the grant:
+that read ends the measure. Its parts are printed: the stop (SIGTERM to exit, the handover included), the
+stand-in's spawn (copying the fds), the start (spawn to READY=1), and READY=1 to the grant.
+
+The plain start is brokerd started with no stored fds on the same state directory (SIGTERM with no
+client, the store flushed, as after `systemctl stop` + `start`): SIGTERM to the first grant of a fresh
+Acquire sent once brokerd said STOPPING=1, and spawn to READY=1.
+
+Usage: bench-handover.py BROKERD [WAITERS [ROUNDS]]   (defaults 10,000 and 2; as root, or with a hard
+RLIMIT_NOFILE above 2 × WAITERS + 1,000). Build with --buildtype=release for figures.
+A benchmark, not a test: it fails only when something under it fails.
+"""
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import harness  # noqa: E402
+from harness import Broker, Varlink  # noqa: E402
+
+ACQUIRE = Varlink.encode_call("io.slotbroker.Acquire", {"lane": "L"}, more=True)
+
+
+def config(waiters):
+    room = waiters + 1000
+    return f"""\
+[broker]
+max-connections = {room}
+max-connections-per-uid = {room}
+max-waiters-per-uid = {room}
+reclaim-grace = 60s
+
+[pool p]
+limit = 1
+
+[lane L]
+pools = p
+policy = wait
+"""
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def raise_nofile(n):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= n:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(n, soft), max(n, hard)))
+    except (ValueError, PermissionError):
+        sys.exit(f"bench-handover: RLIMIT_NOFILE {soft}/{hard} is too low for this many waiters (need {n}; "
+                 "run as root or raise the hard limit)")
+
+
+def read_message(sock, buf, timeout):
+    """One NUL-terminated message from a blocking-with-timeout socket (buf: its bytearray)."""
+    deadline = time.monotonic() + timeout
+    while b"\0" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("no message")
+        p = select.poll()
+        p.register(sock, select.POLLIN)
+        if not p.poll(remaining * 1000):
+            continue
+        data = sock.recv(65536)
+        if not data:
+            raise ConnectionError("closed by brokerd")
+        buf += data
+    i = buf.index(b"\0")
+    msg = json.loads(bytes(buf[:i]))
+    del buf[:i + 1]
+    return msg
+
+
+def queue_waiters(b, n):
+    """n connections, each an Acquire that queues; returns them in queue order (position 1 first)."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        s.connect(b.socket_path)
+        s.sendall(ACQUIRE)
+        socks.append(s)
+    ep = select.epoll()
+    for s in socks:
+        ep.register(s.fileno(), select.EPOLLIN)
+    by_fd = {s.fileno(): s for s in socks}
+    bufs = {s.fileno(): bytearray() for s in socks}
+    position = {}
+    deadline = time.monotonic() + 120
+    while len(position) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(position)} of {n} waiters queued")
+        for fd, _ in ep.poll(1.0):
+            data = by_fd[fd].recv(65536)
+            if not data:
+                raise RuntimeError("brokerd closed a waiter's connection")
+            bufs[fd] += data
+            if b"\0" in bufs[fd] and fd not in position:
+                msg = json.loads(bytes(bufs[fd][:bufs[fd].index(b"\0")]))
+                if (msg.get("parameters") or {}).get("state") != "queued":
+                    raise RuntimeError(f"a waiter got {msg}")
+                position[fd] = msg["parameters"]["position"]
+                ep.unregister(fd)
+    ep.close()
+    return sorted(socks, key=lambda s: position[s.fileno()])
+
+
+def wait_grant(sock, timeout=60):
+    """Reads sock's messages until a grant; returns the monotonic time it was read."""
+    buf = bytearray()
+    while True:
+        msg = read_message(sock, buf, timeout)
+        if "error" in msg:
+            raise RuntimeError(f"the head of the queue got {msg}")
+        if (msg.get("parameters") or {}).get("state") == "granted":
+            return time.monotonic()
+
+
+def start_timed(b):
+    """Starts brokerd; returns (spawn time, spawn to READY=1), monotonic seconds."""
+    t = time.monotonic()
+    b.start(wait=False)
+    spawned = time.monotonic()
+    b.store.wait_sent(b.pid, "READY", timeout=120)
+    return spawned - t, time.monotonic() - t
+
+
+def stop_timed(b, then=None):
+    """SIGTERM; then() once brokerd said STOPPING=1; returns (SIGTERM monotonic time, time to its exit)."""
+    pid = b.pid
+    t0 = time.monotonic()
+    b.proc.send_signal(signal.SIGTERM)
+    if then:
+        b.store.wait_sent(pid, "STOPPING", timeout=60)
+        then()
+    status = b.proc.wait(120)
+    exited = time.monotonic() - t0
+    b.stop()  # gone: closes its log, handles what it sent
+    if status != 0:
+        raise RuntimeError(f"brokerd exited {status}:\n{b.log()[-3000:]}")
+    return t0, exited
+
+
+def plain_restart(b):
+    """SIGTERM with no client, the store flushed, a start: (SIGTERM to first grant, spawn to READY)."""
+    conn = []
+
+    def connect():
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        s.connect(b.socket_path)  # into the backlog
+        s.sendall(ACQUIRE)
+        conn.append(s)
+    t0, _ = stop_timed(b, connect)
+    b.store.flush()
+    _, ready = start_timed(b)
+    granted = wait_grant(conn[0])
+    conn[0].close()
+    return granted - t0, ready
+
+
+def one_round(brokerd, waiters, k, rounds):
+    b = Broker(config(waiters), mode="store", debug=False, brokerd=brokerd, nofile=2 * waiters + 4096,
+               store_max=waiters + 100)
+    try:
+        b.start(timeout=60)
+        plain_first, plain_ready = plain_restart(b)
+        holder = Varlink(b.socket_path, 30)
+        holder.send("io.slotbroker.Acquire", {"lane": "L"}, more=True)
+        lease = holder.reply(30)[0]["lease"]["id"]
+        t = time.monotonic()
+        queue = queue_waiters(b, waiters)
+        filled = time.monotonic() - t
+        rss_before = rss_kib(b.pid)
+        releaser = []
+
+        def release():
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            s.connect(b.socket_path)  # into the backlog: the old brokerd accepts nothing more
+            s.sendall(Varlink.encode_call("io.slotbroker.Release", {"lease": lease}))
+            releaser.append(s)
+        t0, stopped = stop_timed(b, release)
+        stored = b.store.count()
+        spawn, ready = start_timed(b)
+        t_ready = time.monotonic()
+        granted = wait_grant(queue[0])
+        first = granted - t0
+        rss_after = rss_kib(b.pid)
+        # Everything resumed: the other waiters are still queued, the store flushed.
+        status = b.status(timeout=60)
+        waiting = [p for p in status["pools"] if p["name"] == "p"][0]["waiting"]
+        reply = read_message(releaser[0], bytearray(), 30)
+        flushed = b.store.count() == 0
+        print(f"round {k}/{rounds}: {waiters} waiters queued in {filled:.1f} s; load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(f"  plain start (no stored fds): SIGTERM to first grant {plain_first:.3f} s, spawn to READY=1 "
+              f"{plain_ready:.3f} s")
+        print(f"  handover: SIGTERM to first grant {first:.3f} s (target 1 s: ratio {first:.2f}) = stop "
+              f"{stopped:.3f} s ({stored} fds stored) + spawn {spawn:.3f} s + start to READY=1 {ready - spawn:.3f} s "
+              f"+ READY=1 to the grant {granted - t_ready:.3f} s")
+        print(f"  RSS: before the stop {rss_before / 1024:.1f} MiB, after taking them back {rss_after / 1024:.1f} MiB "
+              f"({100.0 * (rss_after - rss_before) / rss_before:+.1f} %; target within 10 %)")
+        print(f"  the grant went to the head of the queue; {waiting} still waiting (of {waiters - 1}); store "
+              f"{'flushed' if flushed else 'NOT flushed'}; Release answered {'error' not in reply}", flush=True)
+        if waiting != waiters - 1 or "error" in reply:
+            raise RuntimeError(f"waiting {waiting}, Release {reply}")
+        for s in queue + releaser:
+            s.close()
+        holder.close()
+    finally:
+        b.stop()
+        b.close_store()
+        if os.environ.get("BENCH_KEEP"):
+            print(f"  (kept {b.dir})")
+        else:
+            b.cleanup()
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    brokerd = os.path.abspath(sys.argv[1])
+    waiters = int(sys.argv[2]) if len(sys.argv) > 2 else 10_000
+    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+    raise_nofile(3 * waiters + 4096)
+    harness.become_subreaper()
+    print(f"bench-handover: {brokerd}, {waiters} waiters, {rounds} rounds; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    for k in range(1, rounds + 1):
+        one_round(brokerd, waiters, k, rounds)
+
+
+if __name__ == "__main__":
+    main()
