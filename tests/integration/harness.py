@@ -446,7 +446,7 @@ class Broker:
     the listening socket across restarts (clients connecting meanwhile wait in its backlog), NOTIFY_SOCKET
     is the store (.store), and each start passes the socket named "varlink" then the stored fds with their
     names (LISTEN_FDS, LISTEN_FDNAMES, LISTEN_PID = brokerd's pid), in the order .fd_order says ("arrival",
-    "reversed", "shuffled"). stop() and crash() keep the store for the next start(); cleanup() closes it."""
+    "reversed", "shuffled" with .fd_seed). store_max: FileDescriptorStoreMax=. stop() and crash() keep the store for the next start(); cleanup() closes it."""
 
     def __init__(self, config=None, mode="bound", notify=False, debug=True, brokerd=None, name="brokerd",
                  nofile=None, store_max=8192):
@@ -468,6 +468,7 @@ class Broker:
         self.store = None
         self.listener = None
         self.fd_order = "arrival"
+        self.fd_seed = 1  # of the order "shuffled"
         self.passed = []  # names of the fds the last start() passed, in order
         if mode == "store":
             import fdstore
@@ -554,7 +555,7 @@ class Broker:
         # Locked from before the fork until the pid is known: READY=1 of the new pid is not taken for a
         # stranger's, and nothing is stored or dropped while the fds are copied.
         with self.store.lock:
-            stored = self.store.fds(self.fd_order)
+            stored = self.store.fds(self.fd_order, self.fd_seed)
             fds = [self.listener.fileno()] + [fd for fd, _ in stored]
             self.passed = ["varlink"] + [name for _, name in stored]
             env = dict(env, NOTIFY_SOCKET=self.store.path, **fdstore.listen_env(self.passed))

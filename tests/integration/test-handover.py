@@ -21,6 +21,8 @@ Handover:
   the command (`slotctl run`) frees the slot at once, not after reclaim-grace (60 s here).
 - A waiter whose client went away while brokerd was down (systemd drops its fd on EPOLLHUP) is not granted
   and holds nobody up.
+- FileDescriptorStoreMax= below the connections: those not kept re-queue, the others resume. A waiter's
+  budget counts from its Acquire across the restart (refused at its time, not a budget later).
 - Half a call sent before the stop and its rest after is answered; a thousand calls whose replies were not
   read before the stop are all answered, once each, in order.
 
@@ -318,6 +320,7 @@ class Handover(HandoverCase):
         wait_for(lambda: position_of_tail() == (4, 4), 10, message="job6's line at position 4 of 4")
 
         # 3: while job2 holds; shuffled.
+        b.fd_seed = 20
         self.restart(b, "shuffled")
         for i in range(2, 7):
             started(f"job{i}")
@@ -393,6 +396,56 @@ class Handover(HandoverCase):
         self.assertEqual([e.name for e in self.w.started()], ["holder", "next"])
         self.assert_nobody_requeued()
         self.w.check(self)
+
+    def test_store_too_small(self):
+        """FileDescriptorStoreMax= below the connections (an operator's mistake): what the store could not
+        keep closes, those clients queue again; the others resume; every job finishes, nothing twice."""
+        b = self.broker(CONFIG, "brokerd", mode="store", store_max=3)  # the state and two connections
+        self.job(b, "holder", 0)
+        wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
+        for i in range(1, 4):
+            self.queued_job(b, f"w{i}", 10 + i, body="exit 0")
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        self.assertEqual(b.store.count(), 3, b.store.names())
+        self.assertGreaterEqual(b.store.overflowed, 2)
+        self.start_from_store(b)
+        # Two of the four connections were not kept: their clients lost the broker and came back.
+        wait_for(lambda: sum(LOST in j.stderr() for j in self.jobs.values()) >= 2, 15,
+                 message="two clients losing their connection")
+        self.w.stop("holder")
+        self.assertEqual(self.jobs["holder"].wait(15), 0, self.stderrs())
+        for i in range(1, 4):
+            self.assertEqual(self.jobs[f"w{i}"].wait(30), 10 + i, self.stderrs())
+        self.assertEqual(self.w.started()[0].name, "holder")
+        self.assertEqual(len(self.w.started()), 4)
+        self.w.check(self)
+        self.assertEqual(sum(LOST in j.stderr() for j in self.jobs.values()), 2, self.stderrs())
+
+    def test_budgets_run_on_across_the_restart(self):
+        """A waiter's budget counts from its Acquire, restart or not: one that ran out while brokerd was down
+        is refused right after the start, one that runs out later at its time, not a budget later."""
+        b = self.start_broker()
+        holder = self.acquire(b, "nightly")
+        holder.until_granted()
+        t0 = time.monotonic()
+        short = self.acquire(b, "nightly", queueWaitMs=2000)
+        long = self.acquire(b, "nightly", queueWaitMs=6000)
+        self.assertTrue(short.queued and long.queued, (short.msg, long.msg))
+        self.stop_into_store(b)
+        time.sleep(max(0.0, t0 + 3 - time.monotonic()))  # an outage of 3 s: not a synchronisation
+        started = time.monotonic()
+        self.start_from_store(b)
+        for a, budget in ((short, 2.0), (long, 6.0)):
+            try:
+                a.until(lambda a: a.error, 10, "the refusal")
+            except harness.ConnectionClosed:
+                self.fail(f"a waiter's connection was closed; brokerd:\n{b.log()[-3000:]}")
+            self.assertEqual(a.error, "io.slotbroker.QueueTimeout", a.msg)
+            when = a.times[-1] - t0
+            due = max(budget, started - t0)
+            self.assertTrue(due - harness.EARLINESS <= when <= due + harness.LATENESS,
+                            f"refused after {when:.3f} s, due at {due:.3f} s (budget {budget} s, started again at "
+                            f"{started - t0:.3f} s)")
 
     def test_partial_input_and_unread_output_cross_the_restart(self):
         b = self.start_broker()
