@@ -288,7 +288,7 @@ static int request_try_next(Engine *e, EngineRequest *r, usec_t now) {
 
 /* ---- leases ---- */
 
-static EngineLease *lease_free(EngineLease *l) {
+static EngineLease *engine_lease_free(EngineLease *l) {
         if (!l)
                 return NULL;
         if (l->members)
@@ -300,9 +300,9 @@ static EngineLease *lease_free(EngineLease *l) {
         return mfree(l);
 }
 
-static int lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, const unsigned *slots,
-                     const char *const *members, unsigned n_slots, uint64_t token, const char *remote_id,
-                     usec_t granted_at, usec_t expires_at, void *userdata, EngineLease **ret) {
+static int engine_lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, const unsigned *slots,
+                            const char *const *members, unsigned n_slots, uint64_t token, const char *remote_id,
+                            usec_t granted_at, usec_t expires_at, void *userdata, EngineLease **ret) {
         EngineLease *l = calloc(1, sizeof(EngineLease));
         if (!l)
                 return -ENOMEM;
@@ -339,7 +339,7 @@ static int lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, const u
         *ret = l;
         return 0;
 oom:
-        lease_free(l);
+        engine_lease_free(l);
         return -ENOMEM;
 }
 
@@ -395,7 +395,7 @@ bool engine_lease_is_shared(const EngineLease *l) {
 }
 
 /* The holder is told (once); the slots stay taken until the lease is released (SPEC §3.4). */
-static void lease_revoke(Engine *e, EngineLease *l, usec_t at, const char *reason, bool lost) {
+static void engine_lease_revoke(Engine *e, EngineLease *l, usec_t at, const char *reason, bool lost) {
         heap_remove(&e->expiries, &l->expiry_node);
         /* A lease lost after its max-hold is told again, as lost: its holder may be letting go already, but
          * a command nobody stops (brokerd's to fence then) must be gone before its slots are another's. */
@@ -613,8 +613,8 @@ static void handle_granted(Engine *e, const PoolDecision *d) {
         EngineLease *l;
         usec_t expires = r->max_hold == USEC_INFINITY ? USEC_INFINITY : usec_add(d->at, r->max_hold);
 
-        if (lease_new(e, d->pool, d->grant, r->lane, d->slots, d->members, d->n_slots, d->token, d->remote_id,
-                      d->at, expires, r->userdata, &l) < 0) {
+        if (engine_lease_new(e, d->pool, d->grant, r->lane, d->slots, d->members, d->n_slots, d->token,
+                             d->remote_id, d->at, expires, r->userdata, &l) < 0) {
                 d->pool->ops->release(d->pool, d->grant, d->at);
                 refuse_request(e, r, d->pool, REFUSAL_UNAVAILABLE, d->at, decision_wait(d, r), NULL);
                 return;
@@ -684,7 +684,7 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
 
         case POOL_VERDICT_LOST:
                 /* The cookie is the lease bound with bind_grant(). */
-                lease_revoke(e, d->cookie, d->at, d->reason ? d->reason : "lost", true);
+                engine_lease_revoke(e, d->cookie, d->at, d->reason ? d->reason : "lost", true);
                 break;
 
         case POOL_VERDICT_CONGESTION:
@@ -723,7 +723,7 @@ static void settle(Engine *e, usec_t t) {
 
         HeapNode *n;
         while ((n = heap_peek(&e->expiries)) && n->key <= t)
-                lease_revoke(e, container_of(n, EngineLease, expiry_node), n->key, "max-hold", false);
+                engine_lease_revoke(e, container_of(n, EngineLease, expiry_node), n->key, "max-hold", false);
         e->unsettled = false;
 }
 
@@ -895,7 +895,7 @@ void engine_lease_release(EngineLease *l, usec_t now) {
         heap_remove(&e->expiries, &l->expiry_node);
         l->pool->ops->release(l->pool, l->grant, now);
         list_unlink(&l->node);
-        lease_free(l);
+        engine_lease_free(l);
         mark_unsettled(e, now);
         process_decisions(e);
         retired_gc(e);
@@ -975,8 +975,8 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
                                 &g);
         if (r >= 0) {
                 EngineLease *l;
-                r = lease_new(e, p, g, rs->lane, rs->slots, members, rs->n_slots, rs->token, rs->remote_id,
-                              rs->granted_at, rs->expires_at, rs->userdata, &l);
+                r = engine_lease_new(e, p, g, rs->lane, rs->slots, members, rs->n_slots, rs->token, rs->remote_id,
+                                     rs->granted_at, rs->expires_at, rs->userdata, &l);
                 if (r >= 0) {
                         if (p->ops->bind_grant)
                                 p->ops->bind_grant(p, g, l);
@@ -1312,7 +1312,7 @@ Engine *engine_free(Engine *e) {
                 EngineLease *l = container_of(n, EngineLease, node);
                 l->pool->ops->release(l->pool, l->grant, 0);
                 list_unlink(n);
-                lease_free(l);
+                engine_lease_free(l);
         }
         for (size_t i = 0; i < e->n_pools; i++)
                 pool_destroy(e->pools[i]);
