@@ -47,6 +47,9 @@ struct EngineRequest {
         QueueState state;
         usec_t idle, budget;
         bool queued;
+        /* A waiter resumed after a restart, on its way back to its pool (request_try_next()); NULL once
+         * submitted. Points into the caller's EngineResume: engine_acquire() only. */
+        const PoolResume *resume;
         ListNode node;           /* Engine.requests, until the final decision */
 };
 
@@ -263,6 +266,16 @@ QueueState engine_request_state(const EngineRequest *r) {
         return r && r->queued ? r->state : QUEUE_STATE_NONE;
 }
 
+usec_t engine_request_idle(const EngineRequest *r) {
+        return r && r->queued ? r->idle : 0;
+}
+
+const char *engine_request_remote_id(const EngineRequest *r) {
+        if (!r || r->phase != REQUEST_WAITING || !r->pool->ops->remote_id)
+                return NULL;
+        return r->pool->ops->remote_id(r->pool, r->waiter);
+}
+
 const char *engine_request_pool(const EngineRequest *r) {
         return r && r->pool ? r->pool->name : NULL;
 }
@@ -282,6 +295,7 @@ static int request_try_next(Engine *e, EngineRequest *r, usec_t now) {
                                       .lane_budget = r->lane_budget,
                                       .client_cap = r->client_cap,
                                       .arrival = r->arrival,
+                                      .resume = TAKE_PTR(r->resume),
                               },
                               now);
 }
@@ -803,6 +817,11 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         assert_return(a->slots >= 1, -EINVAL);
         assert_return(ret, -EINVAL);
 
+        /* A resumed waiter's times come from the state file of the previous daemon: the same boot's clock. */
+        assert_return(!a->resume || (a->resume->pool && a->resume->arrival <= now &&
+                                     a->resume->state >= 0 && a->resume->state < _QUEUE_STATE_MAX),
+                      -EINVAL);
+
         engine_advance(e, now);
 
         EngineLane *lane = lane_find(e, a->lane);
@@ -820,18 +839,35 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         }
 
         /* A request that is bigger than a pool skips it; drained pools are skipped too. */
-        Pool *fits = NULL;
+        Pool *fits = NULL, *back = NULL;
         for (size_t i = 0; i < lane->n_pools; i++) {
                 Pool *p = lane->pools[i];
                 if (a->slots > p->limit)
                         continue;
                 fits = p;
-                if (!p->drained)
+                if (!p->drained) {
                         r->route[r->n_route++] = p;
+                        if (a->resume && streq(p->name, a->resume->pool))
+                                back = p;
+                }
         }
         if (!fits) {
                 request_free(r);
                 return -EINVAL;
+        }
+        /* A resumed waiter goes back to its pool alone, where it stands in the queue; its pool gone from the
+         * lane (or drained, or now too small) it is routed as a new request, arriving when it arrived. */
+        PoolResume resume;
+        if (back) {
+                r->route[0] = back;
+                r->n_route = 1;
+                resume = (PoolResume) {
+                        .state = a->resume->state,
+                        .idle = a->resume->idle,
+                        .budget = a->resume->budget,
+                        .remote_id = a->resume->remote_id,
+                };
+                r->resume = &resume;
         }
 
         bool hear_client = !lane->client_wait_ignore;
@@ -844,17 +880,25 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         r->lane_budget = lane->queue_timeout;
         r->client_cap = hear_client ? a->max_wait : USEC_INFINITY;
         r->max_hold = MIN(lane->max_hold, a->max_hold > 0 ? a->max_hold : USEC_INFINITY);
-        r->arrival = now;
+        r->arrival = a->resume ? a->resume->arrival : now;
         r->phase = REQUEST_ROUTING;
         r->state = QUEUE_STATE_NONE;
         r->budget = USEC_INFINITY;
+        if (back) {
+                /* What it got when it joined the queue: its events say so even if it is granted at once now. */
+                r->queued = true;
+                r->state = resume.state;
+                r->idle = resume.idle;
+                r->budget = resume.budget;
+        }
 
         mark_unsettled(e, now);
         list_append(&e->requests, &r->node);
         if (r->n_route == 0) {
-                refuse_request(e, r, fits, REFUSAL_UNAVAILABLE, now, 0, NULL);
+                refuse_request(e, r, fits, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL);
         } else {
                 int k = request_try_next(e, r, now);
+                r->resume = NULL; /* `resume` goes out of scope */
                 if (k < 0) {
                         /* Nothing was queued; the decision queue holds nothing of this request. */
                         list_unlink(&r->node);
@@ -864,6 +908,38 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         }
         process_decisions(e);
         *ret = r;
+        return 0;
+}
+
+static Pool *pool_by_name(const Engine *e, const char *pool) {
+        return pool ? pool_find(e->pools, e->n_pools, pool) : NULL;
+}
+
+int engine_pool_get_last_fast(const Engine *e, const char *pool, usec_t *ret) {
+        assert_return(e && ret, -EINVAL);
+        Pool *p = pool_by_name(e, pool);
+        if (!p)
+                return -ENOENT;
+        if (!p->ops->get_last_fast)
+                return -EOPNOTSUPP;
+        *ret = p->ops->get_last_fast(p);
+        return 0;
+}
+
+int engine_pool_set_last_fast(Engine *e, const char *pool, usec_t last_fast, usec_t now) {
+        assert_return(e, -EINVAL);
+        /* From the previous daemon's state: an instant of this boot that has passed. */
+        if (last_fast > now)
+                return -EINVAL;
+        Pool *p = pool_by_name(e, pool);
+        if (!p)
+                return -ENOENT;
+        if (!p->ops->set_last_fast)
+                return -EOPNOTSUPP;
+        engine_advance(e, now);
+        p->ops->set_last_fast(p, last_fast, now);
+        mark_unsettled(e, now);
+        process_decisions(e);
         return 0;
 }
 
