@@ -2476,6 +2476,8 @@ static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
 
 static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now) {
         SharedPool *p = SHARED(base);
+        /* The manual clock: a restore() that follows (it has no `now`) dates its reclaim by this. */
+        p->last_now = MAX(p->last_now, now);
         _cleanup_free_ char *canon = NULL;
         /* 0: a PoolConfig made by hand (conf.c always sets one): the TTL the pool was made with. */
         usec_t ttl = c->backend_node_ttl ?: p->params.node_ttl;
