@@ -577,12 +577,14 @@ void session_on_disconnect(Session *s) {
         if (list_node_is_linked(&s->status_node))
                 list_unlink(&s->status_node); /* its Status reply has nobody to go to */
         if (s->handed_over) {
-                /* The next brokerd has the request and the life line: nothing is withdrawn or ended here. */
+                /* The next brokerd has the request and the life line: nothing is withdrawn (a shared pool would
+                 * tell Redis), audited or ended here. The engine keeps the request until it is freed with the
+                 * process: the loop ends with this dispatch, no event of it is drained any more. */
                 position_queue_leave(s);
                 if (s->lease)
                         lease_clear_holder(TAKE_PTR(s->lease));
-        }
-        (void) session_waiter_withdraw(s, SESSION_WITHDRAW_GONE);
+        } else
+                (void) session_waiter_withdraw(s, SESSION_WITHDRAW_GONE);
         a->request = engine_request_unref(a->request);
         a->command_pidfd = safe_close(a->command_pidfd);
         a->active = false; /* lane and job stay for the audit of decisions still on their way */
