@@ -567,6 +567,7 @@ static int connection_entry_cmp(const void *a, const void *b) {
 int handover_load(HandoverFds *f, usec_t now, Handover *ret, HandoverLoad *ret_load) {
         HandoverLoad load = {};
         _cleanup_(handover_done) Handover h = {};
+        bool any = f->n_states + f->n_connections > 0;
 
         /* The last state stored is this handover's; an older one (a crash after the stop that stored it) is not. */
         for (size_t i = 0; i < f->n_states; i++) {
@@ -628,7 +629,7 @@ int handover_load(HandoverFds *f, usec_t now, Handover *ret, HandoverLoad *ret_l
 
         /* systemd keeps its copies until told: flushed before anyone is served, so that a connection closed
          * here ends for its client, and a later start never finds these again. */
-        if (load.matched + load.closed > 0 || load.error != 0) {
+        if (any) {
                 (void) sd_notify(false, "FDSTOREREMOVE=1\nFDNAME=" HANDOVER_FDNAME_CONNECTION);
                 (void) sd_notify(false, "FDSTOREREMOVE=1\nFDNAME=" HANDOVER_FDNAME_STATE);
         }
