@@ -87,7 +87,8 @@ class HandoverCase(harness.BrokerTestCase):
 
     def job(self, b, name, status, body=None, tty=False):
         """`slotctl run --lane nightly --job NAME` of a witnessed command named NAME (until stop(NAME), or
-        running the shell text `body`), exiting with `status` once the command has ended."""
+        running the shell text `body`, which must not exit: the witness gives its slot back after it),
+        exiting with `status` once the command has ended."""
         cmd = self.w.command_until_stopped(name) if body is None else self.w.command(body, name)
         j = harness.SlotctlRun(SLOTCTL, b.socket_path, "nightly", ["sh", "-c", f'"$@"; exit {status}', "sh", *cmd],
                                "--job", name, tty=tty)
@@ -342,7 +343,7 @@ class Handover(HandoverCase):
         else:
             raw = self.acquire(b, "nightly")
             raw.until_granted()
-        waiter = self.queued_job(b, "waiter", 0, body="exit 0")
+        waiter = self.queued_job(b, "waiter", 0, body="true")
         self.restart(b)
         _, [holder] = self.waiters(b)
         self.assertEqual(holder["state"], "held", "the holder's lease awaits a reclaim")
@@ -378,8 +379,8 @@ class Handover(HandoverCase):
         b = self.start_broker()
         self.job(b, "holder", 0)
         wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
-        gone = self.queued_job(b, "gone", 0, body="exit 0")
-        self.queued_job(b, "next", 0, body="exit 0")
+        gone = self.queued_job(b, "gone", 0, body="true")
+        self.queued_job(b, "next", 0, body="true")
         self.stop_into_store(b)
         stored = b.store.count("sb-conn")
         gone.kill()  # its connection closes: systemd drops the stored fd (EPOLLHUP)
@@ -404,7 +405,7 @@ class Handover(HandoverCase):
         self.job(b, "holder", 0)
         wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
         for i in range(1, 4):
-            self.queued_job(b, f"w{i}", 10 + i, body="exit 0")
+            self.queued_job(b, f"w{i}", 10 + i, body="true")
         self.assertEqual(b.stop(), 0, b.log()[-3000:])
         self.assertEqual(b.store.count(), 3, b.store.names())
         self.assertGreaterEqual(b.store.overflowed, 2)
@@ -511,8 +512,8 @@ class Damaged(HandoverCase):
         b = self.start_broker()
         self.job(b, "holder", 0)
         wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
-        w1 = self.queued_job(b, "w1", 11, body="exit 0")
-        w2 = self.queued_job(b, "w2", 12, body="exit 0")
+        w1 = self.queued_job(b, "w1", 11, body="true")
+        w2 = self.queued_job(b, "w2", 12, body="true")
         self.stop_into_store(b)
         tamper(b.store)
         self.start_from_store(b, emptied=False)
