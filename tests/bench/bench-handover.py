@@ -18,8 +18,12 @@ The plain start is brokerd started with no stored fds on the same state director
 client, the store flushed, as after `systemctl stop` + `start`): SIGTERM to the first grant of a fresh
 Acquire sent once brokerd said STOPPING=1, and spawn to READY=1.
 
-Usage: bench-handover.py BROKERD [WAITERS [ROUNDS]]   (defaults 10,000 and 2; as root, or with a hard
-RLIMIT_NOFILE above 2 × WAITERS + 1,000). Build with --buildtype=release for figures.
+The waiters' connections are held by a child process (this script with --clients), the store's copies by
+this one, brokerd's by brokerd: each needs an RLIMIT_NOFILE a little above WAITERS (this machine's hard limit
+is 20,000, and root lacks CAP_SYS_RESOURCE here).
+
+Usage: bench-handover.py BROKERD [WAITERS [ROUNDS]]   (defaults 10,000 and 2). Build with
+--buildtype=release for figures.
 A benchmark, not a test: it fails only when something under it fails.
 """
 import json
@@ -28,6 +32,7 @@ import resource
 import select
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -72,8 +77,7 @@ def raise_nofile(n):
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(n, soft), max(n, hard)))
     except (ValueError, PermissionError):
-        sys.exit(f"bench-handover: RLIMIT_NOFILE {soft}/{hard} is too low for this many waiters (need {n}; "
-                 "run as root or raise the hard limit)")
+        sys.exit(f"bench-handover: RLIMIT_NOFILE {soft}/{hard} is too low for this many waiters (need {n})")
 
 
 def read_message(sock, buf, timeout):
@@ -97,12 +101,12 @@ def read_message(sock, buf, timeout):
     return msg
 
 
-def queue_waiters(b, n):
+def queue_waiters_at(path, n):
     """n connections, each an Acquire that queues; returns them in queue order (position 1 first)."""
     socks = []
     for _ in range(n):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        s.connect(b.socket_path)
+        s.connect(path)
         s.sendall(ACQUIRE)
         socks.append(s)
     ep = select.epoll()
@@ -184,8 +188,7 @@ def plain_restart(b):
 
 
 def one_round(brokerd, waiters, k, rounds):
-    b = Broker(config(waiters), mode="store", debug=False, brokerd=brokerd, nofile=2 * waiters + 4096,
-               store_max=waiters + 100)
+    b = Broker(config(waiters), mode="store", debug=False, brokerd=brokerd, store_max=waiters + 100)
     try:
         b.start(timeout=60)
         plain_first, plain_ready = plain_restart(b)
@@ -193,7 +196,11 @@ def one_round(brokerd, waiters, k, rounds):
         holder.send("io.slotbroker.Acquire", {"lane": "L"}, more=True)
         lease = holder.reply(30)[0]["lease"]["id"]
         t = time.monotonic()
-        queue = queue_waiters(b, waiters)
+        clients = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--clients", b.socket_path,
+                                    str(waiters)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = clients.stdout.readline()
+        if line.strip() != "queued":
+            raise RuntimeError(f"the clients said {line!r}")
         filled = time.monotonic() - t
         rss_before = rss_kib(b.pid)
         releaser = []
@@ -203,13 +210,28 @@ def one_round(brokerd, waiters, k, rounds):
             s.connect(b.socket_path)  # into the backlog: the old brokerd accepts nothing more
             s.sendall(Varlink.encode_call("io.slotbroker.Release", {"lease": lease}))
             releaser.append(s)
+        old_pid = b.pid
         t0, stopped = stop_timed(b, release)
         stored = b.store.count()
+        mark = len(b.store.received)
         spawn, ready = start_timed(b)
         t_ready = time.monotonic()
-        granted = wait_grant(queue[0])
+        rss_ready = rss_kib(b.pid)
+        clients.stdin.write("grant\n")
+        clients.stdin.flush()
+        line = clients.stdout.readline()
+        if not line.startswith("granted "):
+            raise RuntimeError(f"the clients said {line!r}")
+        granted = float(line.split()[1])  # CLOCK_MONOTONIC, as ours
         first = granted - t0
         rss_after = rss_kib(b.pid)
+        time.sleep(2)  # not a synchronisation: does the RSS settle back?
+        rss_later = rss_kib(b.pid)
+        with b.store.lock:
+            received = list(b.store.received)
+        stopping = next(t for t, pid, text in received if pid == old_pid and "STOPPING=1" in text)
+        stores = [t for t, pid, text in received if pid == old_pid and "FDSTORE=1" in text]
+        removes = [t for t, pid, text in received[mark:] if "FDSTOREREMOVE=1" in text]
         # Everything resumed: the other waiters are still queued, the store flushed.
         status = b.status(timeout=60)
         waiting = [p for p in status["pools"] if p["name"] == "p"][0]["waiting"]
@@ -222,13 +244,21 @@ def one_round(brokerd, waiters, k, rounds):
         print(f"  handover: SIGTERM to first grant {first:.3f} s (target 1 s: ratio {first:.2f}) = stop "
               f"{stopped:.3f} s ({stored} fds stored) + spawn {spawn:.3f} s + start to READY=1 {ready - spawn:.3f} s "
               f"+ READY=1 to the grant {granted - t_ready:.3f} s")
+        print(f"  the stop: STOPPING=1 after {stopping - t0:.3f} s, the state stored after {stores[0] - t0:.3f} s, the last "
+              f"connections after {stores[-1] - t0:.3f} s ({len(stores)} messages), exit after {stopped:.3f} s; the "
+              f"store flushed {removes[-1] - t_ready:+.3f} s from READY=1" if stores and removes else
+              "  (no FDSTORE/FDSTOREREMOVE messages seen)")
         print(f"  RSS: before the stop {rss_before / 1024:.1f} MiB, after taking them back {rss_after / 1024:.1f} MiB "
-              f"({100.0 * (rss_after - rss_before) / rss_before:+.1f} %; target within 10 %)")
-        print(f"  the grant went to the head of the queue; {waiting} still waiting (of {waiters - 1}); store "
+              f"({100.0 * (rss_after - rss_before) / rss_before:+.1f} %; target within 10 %); at READY=1 "
+              f"{rss_ready / 1024:.1f} MiB, 2 s after the grant {rss_later / 1024:.1f} MiB")
+        print(f"  the grant went to the head of the queue (position 1 before the stop); {waiting} still waiting (of "
+              f"{waiters - 1}); store "
               f"{'flushed' if flushed else 'NOT flushed'}; Release answered {'error' not in reply}", flush=True)
         if waiting != waiters - 1 or "error" in reply:
             raise RuntimeError(f"waiting {waiting}, Release {reply}")
-        for s in queue + releaser:
+        clients.stdin.close()
+        clients.wait(60)
+        for s in releaser:
             s.close()
         holder.close()
     finally:
@@ -240,13 +270,28 @@ def one_round(brokerd, waiters, k, rounds):
             b.cleanup()
 
 
+def clients_main(path, n):
+    """The child holding the waiters: queues them, says "queued"; on "grant", reads the head's grant and says
+    "granted MONOTONIC"; exits when its stdin closes."""
+    raise_nofile(n + 1024)
+    queue = queue_waiters_at(path, n)
+    print("queued", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "grant":
+            print(f"granted {wait_grant(queue[0]):.6f}", flush=True)
+    for s in queue:
+        s.close()
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--clients":
+        return clients_main(sys.argv[2], int(sys.argv[3]))
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     brokerd = os.path.abspath(sys.argv[1])
     waiters = int(sys.argv[2]) if len(sys.argv) > 2 else 10_000
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 2
-    raise_nofile(3 * waiters + 4096)
+    raise_nofile(waiters + 1024)
     harness.become_subreaper()
     print(f"bench-handover: {brokerd}, {waiters} waiters, {rounds} rounds; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)

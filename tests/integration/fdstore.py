@@ -10,7 +10,8 @@ What it does as systemd does (src/core/service.c, service_notify_message() and t
 - READY=1, STOPPING=1 and every other assignment are kept with the sender's pid (assignments(), wait_for()).
 - FDSTORE=1 with FDNAME=NAME (default "stored"; an invalid name counts as none) keeps the fds of the message,
   up to `max_fds` (FileDescriptorStoreMax=; the rest are closed and counted in .overflowed), suppressing an
-  fd already stored (same open file). Fds sent without FDSTORE=1 are closed.
+  fd already stored (the same inode: systemd's same_fd() goes on to kcmp(), but a socket or a memfd cannot
+  be opened twice). Fds sent without FDSTORE=1 are closed.
 - FDSTOREREMOVE=1 with FDNAME=NAME closes and drops every stored fd of that name.
 - A stored fd that reports EPOLLHUP or EPOLLERR (its peer hung up) is closed and dropped, unless FDPOLL=0
   came with it: so a client that goes away while brokerd is down is not passed to the next start.
@@ -45,13 +46,6 @@ def fdname_is_valid(name):
     return 0 < len(name) <= FDNAME_MAX and all(32 <= ord(c) < 127 and c != ":" for c in name)
 
 
-def same_fd(a, b):
-    """True when fds a and b are the same file: the same inode (systemd's same_fd() goes on to kcmp(); a socket
-    or a memfd cannot be opened twice, so the inode is enough here)."""
-    sa, sb = os.fstat(a), os.fstat(b)
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
-
-
 class Stored:
     """One stored fd: .fd (ours), .name, .poll (watched for hang-ups), .inode (fstat st_ino when stored)."""
 
@@ -83,8 +77,10 @@ class FdStore:
         self.cond = threading.Condition(self.lock)
         self.main_pid = None
         self.messages = []      # (pid, text, number of fds): every message accepted, in order
+        self.received = []      # (time.monotonic() when handled, pid, text) of the same messages
         self.ignored = []       # (pid, why): messages dropped as systemd drops them
         self.entries = []       # Stored, in arrival order
+        self._by_inode = {}     # (dev, inode) -> Stored: the duplicate check at 10,000 fds
         self.log = []           # ("stored"|"duplicate"|"overflow"|"hup"|"removed"|"closed-extra", name, inode)
         self.overflowed = 0
         self.epoll = select.epoll()
@@ -172,6 +168,7 @@ class FdStore:
         text = data.decode(errors="replace")
         tags = [line for line in text.split("\n") if line]
         self.messages.append((pid, text, len(fds)))
+        self.received.append((time.monotonic(), pid, text))
         names = [t[len("FDNAME="):] for t in tags if t.startswith("FDNAME=")]
         name = names[0] if names else None
         if name is not None and not fdname_is_valid(name):
@@ -194,12 +191,14 @@ class FdStore:
             self.log.append(("overflow", name, os.fstat(fd).st_ino))
             os.close(fd)
             return
-        for e in self.entries:
-            if same_fd(e.fd, fd):
-                self.log.append(("duplicate", name, e.inode))
-                os.close(fd)
-                return
+        st = os.fstat(fd)
+        dup = self._by_inode.get((st.st_dev, st.st_ino))
+        if dup is not None:
+            self.log.append(("duplicate", name, dup.inode))
+            os.close(fd)
+            return
         e = Stored(fd, name, poll)
+        self._by_inode[e.dev, e.inode] = e
         if poll:
             try:
                 # Events 0: only EPOLLHUP and EPOLLERR, which epoll always reports.
@@ -209,22 +208,32 @@ class FdStore:
         self.entries.append(e)
         self.log.append(("stored", name, e.inode))
 
-    def _drop(self, e, why):
+    def _close(self, e, why):
+        """Closes a stored fd; the caller takes it out of .entries (in one pass, at 10,000 fds)."""
         if e.poll:
             try:
                 self.epoll.unregister(e.fd)
             except OSError:
                 pass
         os.close(e.fd)
-        self.entries.remove(e)
+        self._by_inode.pop((e.dev, e.inode), None)
         self.log.append((why, e.name, e.inode))
 
+    def _drop(self, e, why):
+        self._close(e, why)
+        self.entries.remove(e)
+
     def _remove(self, name, why):
-        for e in [e for e in self.entries if e.name == name]:
-            self._drop(e, why)
+        keep = []
+        for e in self.entries:
+            if e.name == name:
+                self._close(e, why)
+            else:
+                keep.append(e)
+        self.entries = keep
 
     def _hangup(self, fd):
-        [e] = [e for e in self.entries if e.fd == fd] or [None]
+        e = next((e for e in self.entries if e.fd == fd), None)
         if e is None:
             return
         # epoll answered before we took the lock: check that it is still so for this fd.
@@ -337,9 +346,11 @@ class FdStore:
                 except OSError:
                     pass
             os.close(e.fd)
+            self._by_inode.pop((e.dev, e.inode), None)
             e.fd, e.poll = fd, False
             st = os.fstat(fd)
             e.inode, e.dev = st.st_ino, st.st_dev
+            self._by_inode[e.dev, e.inode] = e
 
     def remove(self, name):
         """Drops every fd of that name, as FDSTOREREMOVE=1 does."""
@@ -350,8 +361,9 @@ class FdStore:
     def flush(self):
         """Drops every stored fd: the unit stopped (FileDescriptorStorePreserve=no)."""
         with self.lock:
-            for e in list(self.entries):
-                self._drop(e, "flushed")
+            for e in self.entries:
+                self._close(e, "flushed")
+            self.entries = []
             self.cond.notify_all()
 
     def close(self):
@@ -359,8 +371,9 @@ class FdStore:
         self._wake()
         self.thread.join(5)
         with self.lock:
-            for e in list(self.entries):
-                self._drop(e, "closed")
+            for e in self.entries:
+                self._close(e, "closed")
+            self.entries = []
             self.sock.close()
             self.epoll.close()
             os.close(self._wake_r)
@@ -389,14 +402,36 @@ def state_edited(data, **changes):
 
 
 def renumber_fds(fds):
-    """For a child about to exec (a preexec_fn, with close_fds=False): puts fds[i] at 3+i, inheritable,
-    whatever numbers they have (the targets may be taken by others of them: every one is first copied above
-    the target range), and closes every fd above them, as systemd passes exactly LISTEN_FDS fds."""
-    base = 3 + len(fds)
-    tmp = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base) for fd in fds]
-    for i, t in enumerate(tmp):
-        os.dup2(t, 3 + i, inheritable=True)
-    os.closerange(base, 2**31 - 1)  # close_range(2): whatever the limit, however high the fds
+    """For a child about to exec (a preexec_fn, with close_fds=False): puts fds[i] at 3+i, inheritable, and
+    closes every other fd above 2, as systemd passes exactly LISTEN_FDS fds. In place, one spare fd at a
+    time: a store of 10,000 fds is passed under an RLIMIT_NOFILE of 20,000 (copying them all above the target
+    range first would need twice as many)."""
+    keep = sorted(fds)
+    if len(set(keep)) != len(keep):
+        raise ValueError("an fd passed twice")
+    low = 3
+    for fd in keep:
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 2**31 - 1)  # close_range(2)
+    cur = list(fds)
+    occupant = {fd: i for i, fd in enumerate(fds)}  # fd number -> the index whose fd sits there
+    for i in range(len(fds)):
+        t = 3 + i
+        if cur[i] == t:
+            os.set_inheritable(t, True)
+            continue
+        j = occupant.pop(t, None)
+        if j is not None:
+            # Another's fd sits at our target: aside, above the targets done (every one up to t is taken).
+            aside = fcntl.fcntl(t, fcntl.F_DUPFD_CLOEXEC, t + 1)
+            cur[j] = aside
+            occupant[aside] = j
+        os.dup2(cur[i], t, inheritable=True)
+        os.close(cur[i])
+        del occupant[cur[i]]
+        occupant[t] = i
+        cur[i] = t
 
 
 def listen_env(names):
