@@ -22,14 +22,17 @@ Handover:
 - A waiter whose client went away while brokerd was down (systemd drops its fd on EPOLLHUP) is not granted
   and holds nobody up.
 - FileDescriptorStoreMax= below the connections: those not kept re-queue, the others resume. A waiter's
-  budget counts from its Acquire across the restart (refused at its time, not a budget later).
+  budget counts from its Acquire across the restart (refused at its time, not a budget later). A
+  configuration changed across the restart: a waiter of a lane gone is answered, one of a grown pool granted.
 - Half a call sent before the stop and its rest after is answered; a thousand calls whose replies were not
   read before the stop are all answered, once each, in order.
 
 Damaged: the stored state cut short, with a flipped byte, of version 2, of another boot, missing, empty
 (taken once already), with waiters' entries out of range: those connections are closed, their `slotctl run`
 queue again (stderr says so) and finish; the holder keeps its lease (from the lease log, reclaimed if its
-connection was closed); nothing is granted twice; the store is flushed all the same.
+connection was closed); nothing is granted twice; the store is flushed all the same. A state with one
+connection listed twice, or a waiter's entry naming the holder's lease: every job finishes with its own
+status and nothing is granted twice, whatever brokerd makes of it.
 
 Without a store (no NOTIFY_SOCKET) a restart is as before: test-requeue.py.
 
@@ -448,6 +451,33 @@ class Handover(HandoverCase):
                             f"refused after {when:.3f} s, due at {due:.3f} s (budget {budget} s, started again at "
                             f"{started - t0:.3f} s)")
 
+    def test_configuration_changed_across_the_restart(self):
+        """An upgrade that also changes brokerd.conf: a waiter whose lane and pool are gone gets an answer (a
+        refusal, or its connection closed: it queues again), not a wait for ever; a pool grown grants its
+        waiter at once."""
+        b = self.start_broker(CONFIG + "[pool q]\nlimit = 1\n\n[lane other]\npools = q\npolicy = wait\n")
+        holders = [self.acquire(b, lane) for lane in ("nightly", "other")]
+        for h in holders:
+            h.until_granted()
+        stays = self.acquire(b, "nightly")
+        gone = self.acquire(b, "other")
+        self.assertTrue(stays.queued and gone.queued, (stays.msg, gone.msg))
+        self.stop_into_store(b)
+        b.write_config(CONFIG.replace("limit = 1", "limit = 2"))
+        self.start_from_store(b)
+        try:
+            stays.until_granted(10)
+        except harness.ConnectionClosed:
+            self.fail(f"the waiter of the grown pool lost its connection; brokerd:\n{b.log()[-3000:]}")
+        try:
+            gone.until(lambda a: a.error, 10, "a refusal")
+        except harness.ConnectionClosed:
+            pass  # closed: its client queues again, and is refused then
+        except AssertionError:
+            self.fail(f"the waiter of a lane gone still waits: {gone.msg}; brokerd:\n{b.log()[-3000:]}")
+        self.assertEqual([w for w in b.status()["waiters"]], [])
+        b.responsive()
+
     def test_partial_input_and_unread_output_cross_the_restart(self):
         b = self.start_broker()
         call = harness.Varlink.encode_call("io.slotbroker.Status")
@@ -505,6 +535,25 @@ def waiters_out_of_range(state):
     return json.dumps(obj).encode()
 
 
+def a_connection_twice(state):
+    """The first waiter's entry listed twice (two entries for one socket)."""
+    obj = json.loads(state)
+    waiting = [c for c in obj["connections"] if "waiting" in c.get("acquire", {})]
+    assert waiting, f"no waiter's entry in the state: {obj}"
+    obj["connections"].append(json.loads(json.dumps(waiting[0])))
+    return json.dumps(obj).encode()
+
+
+def a_lease_claimed_twice(state):
+    """The first waiter's entry made a holder's: the lease of the real holder's entry (two sockets, one lease)."""
+    obj = json.loads(state)
+    waiting = [c for c in obj["connections"] if "waiting" in c.get("acquire", {})]
+    holding = [c for c in obj["connections"] if "lease" in c.get("acquire", {})]
+    assert waiting and holding, f"no waiter's or no holder's entry in the state: {obj}"
+    waiting[0]["acquire"] = json.loads(json.dumps(holding[0]["acquire"]))
+    return json.dumps(obj).encode()
+
+
 class Damaged(HandoverCase):
     """What is stored is not to be trusted: the connections without a valid entry are closed and re-queue."""
 
@@ -534,6 +583,35 @@ class Damaged(HandoverCase):
         self.assertEqual(sorted(e.name for e in self.w.started()), ["holder", "w1", "w2"])
         self.w.check(self)
         return b
+
+    def check_safe(self, tamper):
+        """A state that may be partly usable: whatever brokerd makes of it, every job finishes with its own
+        status, nothing is granted twice, and brokerd stays up and exits cleanly."""
+        b = self.start_broker()
+        self.job(b, "holder", 0)
+        wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
+        w1 = self.queued_job(b, "w1", 11, body="true")
+        w2 = self.queued_job(b, "w2", 12, body="true")
+        self.stop_into_store(b)
+        tamper(b.store)
+        self.start_from_store(b, emptied=False)
+        self.assertFalse(self.w.started("w1") or self.w.started("w2"), "a waiter ran while the holder held the slot")
+        self.w.stop("holder")
+        for name, j, status in (("holder", self.jobs["holder"], 0), ("w1", w1, 11), ("w2", w2, 12)):
+            try:
+                self.assertEqual(j.wait(30), status, self.stderrs())
+            except Exception as e:
+                self.fail(f"{name}: {e!r}; brokerd:\n{b.log()[-3000:]}\nslotctl:\n{self.stderrs()}")
+        self.assertEqual(self.w.started()[0].name, "holder")
+        self.assertEqual(sorted(e.name for e in self.w.started()), ["holder", "w1", "w2"])
+        self.w.check(self)
+        b.responsive()
+
+    def test_a_connection_listed_twice(self):
+        self.check_safe(lambda s: s.replace("sb-state", a_connection_twice(s.read())))
+
+    def test_a_lease_claimed_by_two_connections(self):
+        self.check_safe(lambda s: s.replace("sb-state", a_lease_claimed_twice(s.read())))
 
     def test_state_cut_short(self):
         self.check_requeued(lambda s: s.replace("sb-state", fdstore.state_cut_short(s.read())))
