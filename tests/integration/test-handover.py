@@ -25,7 +25,8 @@ Handover:
   budget counts from its Acquire across the restart (refused at its time, not a budget later). A
   configuration changed across the restart: a waiter of a lane gone is answered, one of a grown pool granted.
 - Half a call sent before the stop and its rest after is answered; a thousand calls whose replies were not
-  read before the stop are all answered, once each, in order.
+  read before the stop are all answered, once each, in order. Acquires that come during the restart (on an
+  idle connection after STOPPING=1, on a new connection in the backlog) queue behind the waiter handed over.
 
 Damaged: the stored state cut short, with a flipped byte, of version 2, of another boot, missing, empty
 (taken once already), with waiters' entries out of range: those connections are closed, their `slotctl run`
@@ -477,6 +478,39 @@ class Handover(HandoverCase):
             self.fail(f"the waiter of a lane gone still waits: {gone.msg}; brokerd:\n{b.log()[-3000:]}")
         self.assertEqual([w for w in b.status()["waiters"]], [])
         b.responsive()
+
+    def test_newcomers_during_the_restart_queue_behind(self):
+        """Waiters keep their place: an Acquire on a connection made while brokerd is down (the backlog), and
+        one sent on an idle connection after the stop began, queue behind the waiter handed over."""
+        b = self.start_broker()
+        holder = self.acquire(b, "nightly")
+        holder.until_granted()
+        kept = self.acquire(b, "nightly")
+        self.assertTrue(kept.queued, kept.msg)
+        idle = b.connect(10)
+        self.addCleanup(idle.close)
+        idle.call("org.varlink.service.GetInfo")
+        pid = b.pid
+        b.proc.send_signal(signal.SIGTERM)
+        b.store.wait_sent(pid, "STOPPING")
+        idle.send("io.slotbroker.Acquire", {"lane": "nightly"}, more=True)  # brokerd reads no more calls
+        self.stop_into_store(b)
+        newcomer = harness.Varlink(b.socket_path, 10)  # into the listening socket's backlog
+        self.addCleanup(newcomer.close)
+        newcomer.send("io.slotbroker.Acquire", {"lane": "nightly"}, more=True)
+        self.start_from_store(b)
+        late = harness.Acquisition(idle, idle.recv(10))
+        new = harness.Acquisition(newcomer, newcomer.recv(10))
+        self.assertTrue(late.queued and new.queued, (late.msg, new.msg))
+        self.assertEqual(sorted([late.params["position"], new.params["position"]]), [2, 3],
+                         "the waiter handed over is not first")
+        holder.close()
+        kept.until_granted()
+        for a in (late, new):
+            self.assertFalse(a.granted)
+        kept.close()
+        first = late if late.params["position"] == 2 else new
+        first.until_granted()
 
     def test_partial_input_and_unread_output_cross_the_restart(self):
         b = self.start_broker()
