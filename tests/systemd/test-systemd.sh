@@ -9,6 +9,9 @@
 # SLOTBROKER_LANE_DEBS=DIR installs the .debs of DIR (dpkg-buildpackage's output) with dpkg inside
 # the booted container instead, so that the maintainer scripts run against a live systemd.
 # SLOTBROKER_LANE_KEEP=1 leaves a failed run's container running, for a look inside.
+# Phase 9 (issue 20) puts 2 holders and 53 waiters on a local pool, and on a pool shared through a
+# redis-server of its own (when installed), and restarts brokerd three times under that load; phase 10
+# (with SLOTBROKER_LANE_DEBS) does the same with two package upgrades (tests/systemd/test-upgrade.sh).
 # Exit 77 (skip) when not root, without namespaces (no CAP_SYS_ADMIN), when a tool is missing, or when
 # the Debian mirror cannot be reached for the first build of the root.
 set -euo pipefail
@@ -53,6 +56,7 @@ cleanup() {
                 echo "SLOTBROKER_LANE_KEEP: the container still runs; look inside with"
                 echo "  $ct exec $root bash"
                 echo "and end it with: $ct stop $root"
+                [ -z "$redis_pid" ] || echo "and the pool fenced's redis-server with: kill $redis_pid"
                 exit $rc
         fi
         "$ct" stop "$root" >/dev/null 2>&1 || true
@@ -592,13 +596,20 @@ PY
                 echo "---- brokerd's journal during the load (warnings and above; handover entries) ----"
                 cx journalctl -u brokerd.service --no-pager --since "@$since" -o short-monotonic \
                         -p warning 2>&1 | tail -n 40 || true
-                fail "$p: a restart under load failed a job (see above)"
+                # The later load phases still run, for a whole picture; the lane fails at the end.
+                echo "FAIL: $p: $1 under load failed a job (see above)"
+                load_failed+=("$p/$1")
+                return 0
         fi
+        return 0
 }
+load_failed=()
 
 for p in "${load_pools[@]}"; do
+        n=${#load_failed[@]}
         load_phase "$p" restart
-        ok "$p pool: three systemctl restart brokerd under 2 holders and 53 waiters: every job its own exit status, grants in queue order, budgets kept"
+        [ ${#load_failed[@]} != "$n" ] ||
+                ok "$p pool: three systemctl restart brokerd under 2 holders and 53 waiters: every job its own exit status, grants in queue order, budgets kept"
 done
 
 # 10. The same load through a package upgrade: dpkg -i of the package rebuilt with a higher version, twice.
@@ -623,13 +634,15 @@ if [ -n "$debs" ]; then
         mapfile -t upgrade_again < <(cd "$root" && ls "${up2#"$root/"}"/*.deb | sed 's|^|/|')
         mapfile -t upgrade_first < <(cd "$root" && ls "${up1#"$root/"}"/*.deb | sed 's|^|/|')
         old_pid=$(cx systemctl show -p MainPID --value brokerd.service)
-        load_phase "${load_pools[-1]}" upgrade "${upgrade_first[@]}"
+        n=${#load_failed[@]}
+        load_phase local upgrade "${upgrade_first[@]}"
         new_version=$(cx dpkg-query -W -f '${Version}' slotbroker)
         case $new_version in *+lane2) ;; *) fail "slotbroker is $new_version after the upgrades, not +lane2" ;; esac
         [ "$(cx systemctl show -p MainPID --value brokerd.service)" != "$old_pid" ] ||
                 fail "the upgrades did not restart brokerd"
         is_active brokerd.socket active || fail "brokerd.socket is not active after the upgrades"
-        ok "dpkg -i to $new_version twice under 2 holders and 53 waiters: brokerd restarted, socket listening throughout, no job failed"
+        [ ${#load_failed[@]} != "$n" ] ||
+                ok "dpkg -i to $new_version twice under 2 holders and 53 waiters: brokerd restarted, socket listening throughout, no job failed"
 fi
 
 # 11. Stopping both leaves no brokerd behind.
@@ -638,4 +651,5 @@ is_active brokerd.service inactive && is_active brokerd.socket inactive || fail 
 if cx pgrep -x brokerd >/dev/null; then fail "a brokerd process is left: $(cx pgrep -a -x brokerd)"; fi
 ok "systemctl stop brokerd.socket brokerd.service leaves no brokerd process"
 
+[ ${#load_failed[@]} = 0 ] || fail "under load (phases 9 and 10): ${load_failed[*]}"
 log "PASS: all checks"
