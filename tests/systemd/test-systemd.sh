@@ -349,6 +349,11 @@ ok "after systemctl restart: lease $tester_lease restored, its command runs, its
 
 # 8. A stopped brokerd is started again by the next client: the socket file survives. The slotctl processes
 # holding leases reconnect at once to reclaim them, so that next client may be one of them rather than us.
+# A job waiting meanwhile (the pool ci is full) does not fail either: systemd empties brokerd's fd store
+# when the unit stops for good, so its slotctl queues again (--reclaim-for) instead of being resumed.
+cx slotctl run --lane nightly --job stop-waiter -- true >"$work.stop-waiter.log" 2>&1 &
+stop_waiter=$!
+wait_for 10 "stop-waiter queued" grep -q "waiting for a slot" "$work.stop-waiter.log"
 old_pid=$(cx systemctl show -p MainPID --value brokerd.service)
 cx systemctl stop brokerd.service 2>/dev/null   # "can still be activated by brokerd.socket": that is the point
 is_active brokerd.socket active || fail "brokerd.socket stopped with the service"
@@ -356,7 +361,15 @@ cx test -S /run/brokerd/io.slotbroker || fail "the socket file is gone after sto
 status_has '"job":"tester-hold"' || fail "the next client did not get brokerd back with the tester's lease"
 is_active brokerd.service active || fail "brokerd.service was not started again by a client"
 [ "$(cx systemctl show -p MainPID --value brokerd.service)" != "$old_pid" ] || fail "brokerd was not stopped"
-ok "after systemctl stop brokerd, the socket stayed and the next client started brokerd again (lease still there)"
+wait_for 20 "stop-waiter waiting again after the stop" status_has '"job":"stop-waiter"'
+kill -0 "$stop_waiter" 2>/dev/null || fail "the waiting job ended in systemctl stop + start: $(cat "$work.stop-waiter.log")"
+how="resumed from the fd store"
+! grep -q "queued again" "$work.stop-waiter.log" || how="queued again (the fd store was emptied at the stop)"
+cx slotctl cancel --job stop-waiter >/dev/null
+rc=0
+wait "$stop_waiter" || rc=$?
+[ $rc = 75 ] || fail "stop-waiter, cancelled: exit $rc, expected 75: $(cat "$work.stop-waiter.log")"
+ok "after systemctl stop brokerd, the socket stayed and the next client started brokerd again (lease still there; a waiting job $how)"
 
 # 9. Issue 20: a restart fails no job. For each pool of the load (2 slots): 2 holders, then 50 waiters
 # (every fifth in the urgent lane) and 3 doomed ones, each started when the one before is queued, so
