@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
@@ -32,6 +33,7 @@ struct Connection {
         size_t output_mark;        /* output_below runs once the unsent output is below this */
         void (*output_below)(Connection *c);
         unsigned dispatching;      /* calls are being run: their replies go out together at the end */
+        bool handed_over;          /* its socket went to the next brokerd: closed without a shutdown */
         bool closed;
 };
 
@@ -376,6 +378,58 @@ fail:
         return r;
 }
 
+int connection_export(Connection *c, ConnectionState *ret) {
+        if (c->closed)
+                return -ENOTCONN;
+        if (c->held || c->next_call_fds.n > 0 || c->stream.input.fds.n > 0)
+                return -EBUSY;
+        _cleanup_free_ char *call = NULL;
+        size_t n_call = 0;
+        if (c->next_call) {
+                int r = varlink_message_format(c->next_call, &call, &n_call);
+                if (r < 0)
+                        return r;
+        }
+        const VarlinkInput *in = &c->stream.input;
+        size_t n_pending = varlink_input_pending(in);
+        _cleanup_free_ char *input = n_call + n_pending > 0 ? malloc(n_call + n_pending) : NULL;
+        if (n_call + n_pending > 0 && !input)
+                return -ENOMEM;
+        if (n_call > 0)
+                memcpy(input, call, n_call);
+        if (n_pending > 0)
+                memcpy(input + n_call, in->data + in->start, n_pending);
+        void *output;
+        size_t n_output;
+        int r = varlink_output_copy(&c->stream.output, &output, &n_output);
+        if (r < 0)
+                return r;
+        *ret = (ConnectionState) {
+                .fd = c->fd,
+                .input = TAKE_PTR(input),
+                .n_input = n_call + n_pending,
+                .output = output,
+                .n_output = n_output,
+        };
+        return 0;
+}
+
+void connection_set_handed_over(Connection *c) {
+        c->handed_over = true;
+}
+
+int connection_restore(Connection *c, const void *input, size_t n_input, const void *output, size_t n_output) {
+        if (c->closed)
+                return -ENOTCONN;
+        int r = n_input > 0 ? varlink_input_feed(&c->stream.input, input, n_input) : 0;
+        if (r >= 0 && n_output > 0)
+                r = varlink_output_enqueue(&c->stream.output, output, n_output);
+        if (r < 0)
+                return r;
+        connection_update_events(c);
+        return 0;
+}
+
 Connection *connection_free(Connection *c) {
         if (!c)
                 return NULL;
@@ -402,7 +456,8 @@ void connection_close(Connection *c) {
         /* The socket's unread messages may carry fds: the kernel drops them with the last close(), in the
          * closing thread, and one may be the last reference to a lingering socket. The client sees the end
          * now (shutdown() frees nothing), the close comes on the closer's thread. */
-        (void) shutdown(c->fd, SHUT_RDWR);
+        if (!c->handed_over)
+                (void) shutdown(c->fd, SHUT_RDWR);
         closer_close(TAKE_FD(c->fd));
         free(c->groups);
         c->groups = NULL;

@@ -77,6 +77,27 @@ void connection_set_held(Connection *c, bool held);
 /* Runs the calls that can run now: a deferred one again, and those behind it. */
 void connection_resume(Connection *c);
 
+/* What a connection holds, for a handover to the next brokerd (handover.h): its socket (still the
+ * connection's) and copies of the input not yet taken as calls (a deferred call first, as text) and of the
+ * output not yet sent. */
+typedef struct ConnectionState {
+        int fd;
+        void *input;
+        size_t n_input;
+        void *output;
+        size_t n_output;
+} ConnectionState;
+
+/* Returns 0; -EBUSY when it cannot go as bytes (fds wait with a call or a reply, a reply goes out in parts);
+ * -ENOTCONN once closed; -ENOMEM. */
+int connection_export(Connection *c, ConnectionState *ret);
+/* Handed over: closing it now only drops this process's reference, the socket stays as it is for the next
+ * brokerd (no shutdown). */
+void connection_set_handed_over(Connection *c);
+/* A connection taken back: its input and output as they were. The calls in the input run at the next
+ * connection_resume(). Returns 0, -ENOBUFS (beyond its limits), -ENOMEM. */
+int connection_restore(Connection *c, const void *input, size_t n_input, const void *output, size_t n_output);
+
 bool connection_is_closed(const Connection *c);
 /* Idempotent; the disconnect handler runs once. The memory stays until connection_free(). */
 void connection_close(Connection *c);

@@ -142,5 +142,3 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(Op *, history_op_free);
 EventRow *history_row_alloc(HistoryChannel *c, size_t size);
 /* Either thread: gives back the rows from list up to (not including) end. */
 void history_rows_release(EventRow *list, EventRow *end);
-
-void history_members_free(char **members, unsigned n);

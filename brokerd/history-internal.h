@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* history-internal.h — the history module's knobs and schema entry points, for its tests and benchmark
- * only: the daemon includes history.h. */
+/* history-internal.h — the history module's knobs, helpers and schema entry points, for its rooms
+ * (history-*.c), its tests and benchmark only: the rest of the daemon includes history.h. */
 #pragma once
 
 #include "history-schema.h"
@@ -18,6 +18,9 @@ typedef struct HistoryTuning {
 } HistoryTuning;
 
 extern HistoryTuning history_tuning;
+
+/* Frees n member names (any may be NULL) and the array; members may be NULL. */
+void history_members_free(char **members, unsigned n);
 
 /* Rows per decision-row transaction. */
 #define HISTORY_BATCH_MAX 2000

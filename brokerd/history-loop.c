@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* history-loop.c — owns the loop side: history.h's API on the event loop, the eventfd the writer wakes it
  * through, and the callbacks. The other rooms: history-channel.c (what crosses to the writer), history-writer.c
- * (the thread), history-db.c (the file), history-checkpoint.c (WAL checkpoints). Each room is a .c of its own
- * and none includes a room above it, so brokerd's include graph (tests/check-include-graph.py) stays acyclic:
- * loop → writer → {db, checkpoint} → channel → history.h. */
+ * (the thread), history-db.c (the file), history-checkpoint.c (WAL checkpoints); below them all, history.c
+ * (the helpers of history.h's types, the knobs). Each room is a .c of its own and none includes or calls a
+ * room above it, so brokerd's include graph (tests/check-include-graph.py) stays acyclic:
+ * loop → writer → {db, checkpoint} → channel → history. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -11,15 +12,6 @@
 #include "history-internal.h"
 #include "history-writer.h"
 #include "log.h"
-
-HistoryTuning history_tuning = {
-        .flush_delay = 100 * USEC_PER_MSEC,
-        .reopen_interval = 5 * USEC_PER_SEC,
-        .retention_interval = USEC_PER_MINUTE,
-        .retry_min = 100 * USEC_PER_MSEC,
-        .retry_max = 5 * USEC_PER_SEC,
-        .stop_timeout = 3 * USEC_PER_SEC,
-};
 
 struct History {
         sd_event *event;
@@ -32,49 +24,6 @@ struct History {
         void *health_userdata;
         unsigned epoch_seen;
 };
-
-void history_members_free(char **members, unsigned n) {
-        for (unsigned i = 0; members && i < n; i++)
-                free(members[i]);
-        free(members);
-}
-
-void history_lease_row_done(HistoryLeaseRow *row) {
-        if (!row)
-                return;
-        free(row->id);
-        free(row->pool);
-        free(row->lane);
-        free(row->slots);
-        history_members_free(row->members, row->n_slots);
-        free(row->job);
-        free(row->remote_id);
-        free(row->backend.url);
-        free(row->backend.user);
-        free(row->backend.password_file);
-        free(row->backend.sentinel_password_file);
-        *row = (HistoryLeaseRow) {};
-}
-
-void history_lease_rows_free(HistoryLeaseRow *rows, size_t n) {
-        for (size_t i = 0; i < n; i++)
-                history_lease_row_done(&rows[i]);
-        free(rows);
-}
-
-void history_token_floors_free(HistoryTokenFloor *floors, size_t n) {
-        for (size_t i = 0; i < n; i++)
-                free(floors[i].pool);
-        free(floors);
-}
-
-void history_state_done(HistoryState *s) {
-        if (!s)
-                return;
-        history_lease_rows_free(s->leases, s->n_leases);
-        history_token_floors_free(s->floors, s->n_floors);
-        *s = (HistoryState) {};
-}
 
 static void all_link(History *h, Op *op) {
         op->all_prev = NULL;

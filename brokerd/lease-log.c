@@ -651,21 +651,6 @@ static void truncate_back(LeaseLog *log) {
                 return;
 }
 
-static int write_all(int fd, const char *data, size_t size) {
-        while (size > 0) {
-                ssize_t k = write(fd, data, size);
-                if (k < 0 && errno == EINTR)
-                        continue;
-                if (k < 0)
-                        return -errno;
-                if (k == 0)
-                        return -EIO;
-                data += k;
-                size -= (size_t) k;
-        }
-        return 0;
-}
-
 /* A snapshot: the token marks, the live leases, the alive mark; lines counted into *lines. */
 static int snapshot_format(const LeaseLog *log, Buffer *b, const HistoryLeaseRow *leases, size_t n, usec_t alive,
                            size_t *lines) {
@@ -700,7 +685,7 @@ static int rewrite_by_rename(LeaseLog *log, const HistoryLeaseRow *leases, size_
                 free(b.data);
                 return -errno;
         }
-        r = write_all(fd, b.data, b.size);
+        r = fd_write_all(fd, b.data, b.size);
         free(b.data);
         if (r == 0 && rename(tmp, log->path) < 0)
                 r = -errno;
@@ -742,7 +727,7 @@ static int rewrite_in_place(LeaseLog *log, const HistoryLeaseRow *leases, size_t
         lines++;
         r = r ?: snapshot_format(log, &b, leases, n, alive, &lines);
         if (r == 0)
-                r = write_all(log->fd, b.data, b.size);
+                r = fd_write_all(log->fd, b.data, b.size);
         if (r < 0)
                 truncate_back(log);
         else {
@@ -832,7 +817,7 @@ int lease_log_flush(LeaseLog *log) {
         if (log->broken)
                 r = -EIO; /* lines may be missing before these: only a rewrite mends it */
         else {
-                r = write_all(log->fd, log->pending.data, log->pending.size);
+                r = fd_write_all(log->fd, log->pending.data, log->pending.size);
                 if (r < 0) {
                         truncate_back(log); /* no half line in the middle of the log */
                         log->broken = true;

@@ -24,6 +24,7 @@ int log_internal(int level, int error, const char *format, ...) _printf_(3, 4);
 #define log_notice(...) log_full_errno(LOG_NOTICE, 0, __VA_ARGS__)
 #define log_warning(...) log_full_errno(LOG_WARNING, 0, __VA_ARGS__)
 #define log_error(...) log_full_errno(LOG_ERR, 0, __VA_ARGS__)
+#define log_debug_errno(error, ...) log_full_errno(LOG_DEBUG, error, __VA_ARGS__)
 #define log_warning_errno(error, ...) log_full_errno(LOG_WARNING, error, __VA_ARGS__)
 #define log_error_errno(error, ...) log_full_errno(LOG_ERR, error, __VA_ARGS__)
 #define log_oom() log_error_errno(ENOMEM, "Out of memory.")

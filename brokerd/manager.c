@@ -404,15 +404,20 @@ void manager_drain(Manager *m) {
 }
 
 static bool manager_giving_back(Manager *m);
+static bool manager_granting(Manager *m);
+static void manager_hand_over(Manager *m);
+static int manager_connection_new(Manager *m, int fd, Session **ret);
 
 /* sd-event marks a post source pending whenever another source was dispatched: the drain follows each
  * dispatch (a batch of connections, a timer, a history wakeup), once, and is never re-entered. */
 static int on_drain(sd_event_source *s, void *userdata) {
         Manager *m = userdata;
         manager_drain(m);
+        if (m->handing_over && !manager_granting(m))
+                manager_hand_over(m);
         /* A stop ends the loop once nothing is owed to Redis: the reply that settled the last withdrawal was
          * a dispatch too. */
-        if (m->stopping && !manager_giving_back(m))
+        if (m->stopping && !m->handing_over && !manager_giving_back(m))
                 return sd_event_exit(m->event, 0);
         return 0;
 }
@@ -430,6 +435,11 @@ static bool manager_giving_back(Manager *m) {
 
 static int on_stop_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
+        if (m->handing_over) {
+                /* A grant's row could not be written in time: those sessions stay behind, the rest go. */
+                manager_hand_over(m);
+                return sd_event_exit(m->event, 0);
+        }
         log_warning("Redis did not confirm within %s that this node's waiters left the shared pools; exiting. "
                     "It drops them with this node after backend-node-ttl=.",
                     timespan_format((char[TIMESPAN_MAX]) {}, TIMESPAN_MAX, STOP_GIVE_BACK_MAX));
@@ -444,14 +454,10 @@ static int on_stop_timer(sd_event_source *s, uint64_t usec, void *userdata) {
  * closed now, which withdraws their requests (calls to Redis, sent after this dispatch), and the loop runs
  * on until Redis has answered them (on_drain) or STOP_GIVE_BACK_MAX passed. Nothing here blocks: an
  * unreachable Redis owes nothing deliverable, and the first drain ends the loop. */
-static void manager_stop(Manager *m) {
-        m->stopping = true;
-        (void) sd_notify(false, "STOPPING=1");
-        /* New clients wait in the socket's backlog for the next start (systemd keeps the socket). */
-        (void) sd_event_source_set_enabled(m->listen_source, SD_EVENT_OFF);
-        (void) sd_event_source_set_enabled(m->accept_resume_timer, SD_EVENT_OFF);
+/* The connections that did not go to the fd store (none, without one) are closed as for a plain stop. */
+static void manager_stop_closing(Manager *m) {
         session_table_close_all_but_holders(&m->sessions);
-        if (!manager_giving_back(m))
+        if (!manager_giving_back(m) || m->stop_timer)
                 return; /* the drain that follows this dispatch ends the loop */
         log_info("Waiting up to %s for Redis to take this node's waiters out of the shared pools.",
                  timespan_format((char[TIMESPAN_MAX]) {}, TIMESPAN_MAX, STOP_GIVE_BACK_MAX));
@@ -461,6 +467,192 @@ static void manager_stop(Manager *m) {
                 log_warning_errno(r, "Failed to bound the wait for Redis, exiting now: %m");
                 (void) sd_event_exit(m->event, 0);
         }
+}
+
+/* Under systemd, the next start takes the connections back from the fd store (SPEC §3.4, "A restart loses
+ * no waiter"): waiters keep their place and budget, holders their lease without a reclaim. Without a
+ * notification socket there is no store to hand them to. */
+static bool manager_can_hand_over(void) {
+        const char *e = getenv("NOTIFY_SOCKET");
+        return e && *e;
+}
+
+static void manager_stop(Manager *m) {
+        m->stopping = true;
+        (void) sd_notify(false, "STOPPING=1");
+        /* New clients wait in the socket's backlog for the next start (systemd keeps the socket). */
+        (void) sd_event_source_set_enabled(m->listen_source, SD_EVENT_OFF);
+        (void) sd_event_source_set_enabled(m->accept_resume_timer, SD_EVENT_OFF);
+        if (!manager_can_hand_over()) {
+                manager_stop_closing(m);
+                return;
+        }
+        /* The drain that follows hands over once no grant's row is being written (one write per loop
+         * iteration: normally that very drain); bounded, as a Redis that does not answer would be. */
+        m->handing_over = true;
+        int r = sd_event_add_time_relative(m->event, &m->stop_timer, CLOCK_MONOTONIC, STOP_GIVE_BACK_MAX,
+                                           10 * USEC_PER_MSEC, on_stop_timer, m);
+        if (r < 0)
+                log_warning_errno(r, "Failed to bound the wait for grants being written: %m");
+}
+
+/* ---- the handover to the next brokerd (handover.h) ---- */
+
+static bool manager_granting(Manager *m) {
+        list_foreach(n, &m->sessions.sessions)
+                if (container_of(n, Session, node)->acquire.pending)
+                        return true;
+        return false;
+}
+
+/* One session into h, or nothing (it stays: closed as for a plain stop). */
+static int manager_export_session(Session *s, Handover *h) {
+        HandoverConnection *c;
+        ConnectionState cs;
+        int r = handover_add_connection(h, &c);
+        if (r < 0)
+                return r;
+        r = session_export(s, &c->acquire, &c->has_acquire);
+        if (r >= 0)
+                r = connection_export(s->connection, &cs);
+        struct stat st;
+        if (r >= 0 && fstat(cs.fd, &st) < 0)
+                r = negative_errno();
+        if (r < 0) {
+                if (r != -EBUSY)
+                        log_debug_errno(r, "Connection of pid %d cannot be handed over: %m", (int) s->cred.pid);
+                handover_acquire_done(&c->acquire);
+                h->n_connections--;
+                return r;
+        }
+        c->ino = st.st_ino;
+        c->dev = st.st_dev;
+        c->input = cs.input;
+        c->n_input = cs.n_input;
+        c->output = cs.output;
+        c->n_output = cs.n_output;
+        c->fd = cs.fd; /* borrowed: the connection's until session_handed_over() */
+        return 0;
+}
+
+static void manager_hand_over(Manager *m) {
+        _cleanup_(handover_done) Handover h = {};
+        _cleanup_free_ Session **handed = calloc(MAX(m->sessions.n_sessions, 1u), sizeof(Session *));
+        size_t n_waiting = 0, n_holding = 0;
+        int r = handed ? 0 : -ENOMEM;
+
+        m->handing_over = false;
+        m->stop_timer = sd_event_source_disable_unref(m->stop_timer);
+        usec_t now = now_monotonic();
+        for (size_t i = 0; r >= 0 && i < engine_pool_count(m->engine); i++) {
+                EnginePoolInfo info;
+                usec_t last_fast;
+                if (engine_pool_info(m->engine, i, now, &info) >= 0 &&
+                    engine_pool_get_last_fast(m->engine, info.name, &last_fast) >= 0)
+                        r = handover_add_pool(&h, info.name, last_fast);
+        }
+        list_foreach(n, &m->sessions.sessions) {
+                if (r < 0)
+                        break;
+                Session *s = container_of(n, Session, node);
+                int k = manager_export_session(s, &h);
+                if (k == -ENOMEM)
+                        r = k;
+                else if (k >= 0)
+                        handed[h.n_connections - 1] = s;
+        }
+        if (r >= 0)
+                r = handover_send(&h, now);
+        for (size_t i = 0; i < h.n_connections; i++)
+                h.connections[i].fd = -EBADF; /* the sessions' */
+        if (r < 0) {
+                log_warning_errno(r, "Could not hand the connections to systemd's fd store, closing them: %m. "
+                                     "Waiting `slotctl run` jobs queue again (--reclaim-for).");
+                manager_stop_closing(m);
+                return;
+        }
+        for (size_t i = 0; i < h.n_connections; i++) {
+                if (h.connections[i].has_acquire)
+                        *(h.connections[i].acquire.lease ? &n_holding : &n_waiting) += 1;
+                session_handed_over(handed[i]);
+        }
+        log_full_errno(h.n_connections > 0 ? LOG_INFO : LOG_DEBUG, 0,
+                       "Handed %zu connection(s) to systemd's fd store: %zu waiting, %zu holding a lease.",
+                       h.n_connections, n_waiting, n_holding);
+        manager_stop_closing(m);
+}
+
+/* Holders first (their leases are back before anyone is granted), then the rest, then the waiters in their
+ * old queue order. */
+static int connection_resume_order(const void *a, const void *b) {
+        const HandoverConnection *x = a, *y = b;
+        int rx = !x->has_acquire ? 1 : x->acquire.lease ? 0 : 2, ry = !y->has_acquire ? 1 : y->acquire.lease ? 0 : 2;
+        if (rx != ry)
+                return rx < ry ? -1 : 1;
+        if (rx != 2)
+                return 0;
+        if (x->acquire.position != y->acquire.position)
+                return x->acquire.position < y->acquire.position ? -1 : 1;
+        return x->acquire.arrival < y->acquire.arrival ? -1 : x->acquire.arrival > y->acquire.arrival;
+}
+
+static const char *handover_error_reason(int error) {
+        switch (error) {
+        case -ENODATA:
+                return "no state came with them";
+        case -EBADMSG:
+                return "the state is damaged or cut short";
+        case -EPROTONOSUPPORT:
+                return "the state is in a format this brokerd does not know";
+        case -ESTALE:
+                return "the state is from another boot";
+        default:
+                return "the state cannot be read";
+        }
+}
+
+/* Before anyone is served, after the leases were restored: what the previous brokerd handed over. */
+static void manager_take_back(Manager *m) {
+        _cleanup_(handover_done) Handover h = {};
+        HandoverLoad load;
+        if (m->handover_fds.n_states + m->handover_fds.n_connections == 0)
+                return;
+        int r = handover_load(&m->handover_fds, now_monotonic(), &h, &load);
+        if (r < 0) {
+                log_error_errno(r, "Failed to take back the connections of the fd store: %m");
+                handover_fds_done(&m->handover_fds);
+                return;
+        }
+        if (load.error < 0)
+                log_warning_errno(load.error, "The previous brokerd's connections cannot be resumed: %s (%m). "
+                                              "%zu closed; their `slotctl run` jobs queue again.",
+                                  handover_error_reason(load.error), load.closed);
+        for (size_t i = 0; i < h.n_pools; i++)
+                (void) engine_pool_set_last_fast(m->engine, h.pools[i].name, h.pools[i].last_fast, now_monotonic());
+
+        qsort(h.connections, h.n_connections, sizeof(HandoverConnection), connection_resume_order);
+        size_t n_waiting = 0, n_holding = 0, n_closed = load.closed;
+        for (size_t i = 0; i < h.n_connections; i++) {
+                HandoverConnection *c = &h.connections[i];
+                Session *s = NULL;
+                r = manager_connection_new(m, TAKE_FD(c->fd), &s);
+                if (r >= 0)
+                        r = connection_restore(s->connection, c->input, c->n_input, c->output, c->n_output);
+                if (r >= 0 && c->has_acquire)
+                        r = session_resume(s, &c->acquire);
+                if (r < 0) {
+                        log_debug_errno(r, "A connection handed over cannot be resumed: %m");
+                        n_closed++;
+                        if (s)
+                                session_close(s);
+                        continue;
+                }
+                if (c->has_acquire)
+                        *(c->acquire.lease ? &n_holding : &n_waiting) += 1;
+                connection_resume(s->connection);
+        }
+        log_info("Took back %zu connection(s) from systemd's fd store: %zu waiting, %zu holding a lease; %zu closed.",
+                 h.n_connections + load.closed - n_closed, n_waiting, n_holding, n_closed);
 }
 
 /* ---- STATUS=, watchdog, tick ---- */
@@ -707,17 +899,21 @@ static int on_accept_resume(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
-int manager_add_connection(Manager *m, int fd) {
+static int manager_connection_new(Manager *m, int fd, Session **ret) {
         const ConnectionLimits limits = {
                 .max_message = m->config->max_message_size,
                 .max_output = m->config->max_output_per_connection,
         };
         Connection *c;
-        Session *s;
         int r = connection_new(m->poller, fd, &limits, &c);
         if (r < 0)
                 return r;
-        return session_new(&m->sessions, c, methods_on_call, methods_on_disconnect, &s);
+        return session_new(&m->sessions, c, methods_on_call, methods_on_disconnect, ret);
+}
+
+int manager_add_connection(Manager *m, int fd) {
+        Session *s;
+        return manager_connection_new(m, fd, &s);
 }
 
 static bool errno_is_fd_shortage(int e) {
@@ -777,7 +973,8 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
         return 0;
 }
 
-static int socket_take_from_systemd(void) {
+/* The listening socket, and into handover what the previous brokerd left in the fd store. */
+static int socket_take_from_systemd(HandoverFds *handover) {
         char **names = NULL;
         int n = sd_listen_fds_with_names(true, &names);
         if (n <= 0) {
@@ -788,7 +985,7 @@ static int socket_take_from_systemd(void) {
         for (int i = 0; i < n; i++) {
                 if (fd < 0 && (streq(names[i], "varlink") || n == 1))
                         fd = SD_LISTEN_FDS_START + i;
-                else
+                else if (!handover_fds_take(handover, names[i], SD_LISTEN_FDS_START + i))
                         safe_close(SD_LISTEN_FDS_START + i); /* not ours to serve */
                 free(names[i]);
         }
@@ -1060,7 +1257,7 @@ int manager_start(Manager *m) {
         if (r < 0)
                 return r;
 
-        int fd = socket_take_from_systemd();
+        int fd = socket_take_from_systemd(&m->handover_fds);
         if (fd >= 0) {
                 log_debug("Listening on the socket systemd passed.");
         } else {
@@ -1071,6 +1268,7 @@ int manager_start(Manager *m) {
                 log_info("Listening on %s.", m->socket_path);
         }
         m->listen_fd = fd;
+        manager_take_back(m);
         r = sd_event_add_io(m->event, &m->listen_source, fd, EPOLLIN, on_accept, m);
         if (r < 0)
                 return log_error_errno(r, "Failed to watch the listening socket: %m");
@@ -1281,6 +1479,7 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->watchdog_timer);
         sd_event_source_disable_unref(m->drain_source);
         sd_event_source_disable_unref(m->stop_timer);
+        handover_fds_done(&m->handover_fds);
         /* Leases are not ended: their rows stay for the next start to restore. */
         audit_set_history(&m->audit, NULL);
         m->leases.log = NULL;

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "conf.h"
 #include "engine.h"
+#include "handover.h"
 #include "history-call.h"
 #include "lease.h"
 #include "list.h"
@@ -84,6 +85,10 @@ typedef struct Manager {
          * taken this node's waiters out of the shared pools. */
         bool stopping;
         sd_event_source *stop_timer;
+        /* A stop with systemd's fd store at hand (SPEC §3.4): the connections go to the store, with their
+         * state, once no grant is being written (handover.h). */
+        bool handing_over;
+        HandoverFds handover_fds;       /* what systemd passed at start besides the listening socket */
         uint64_t token_floor_all;       /* fencing tokens of every pool continue above it; 0: none */
 
         /* SPEC §3.4: nothing is granted before what was persisted has been read (persistence.h). */

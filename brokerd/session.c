@@ -246,6 +246,7 @@ void session_acquire(Session *s, const VarlinkCall *call) {
         a->fence = fence;
         a->slots = slots;
         a->max_hold = max_hold_ms > 0 ? (usec_t) max_hold_ms * USEC_PER_MSEC : USEC_INFINITY;
+        a->max_wait = queue_wait_ms > 0 ? (usec_t) queue_wait_ms * USEC_PER_MSEC : USEC_INFINITY;
         a->last_position = a->last_queued = 0;
         a->counted_waiter = false;
         a->has_command = pidfd >= 0;
@@ -257,8 +258,7 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                                    .lane = lane,
                                    .slots = slots,
                                    .no_wait = no_wait,
-                                   .max_wait = queue_wait_ms > 0 ? (usec_t) queue_wait_ms * USEC_PER_MSEC
-                                                                 : USEC_INFINITY,
+                                   .max_wait = a->max_wait,
                                    .max_hold = a->max_hold,
                                    .userdata = s,
                            },
@@ -567,6 +567,8 @@ void session_acquire_done(Session *s) {
         connection_resume(s->connection);
 }
 
+static void position_queue_leave(Session *s);
+
 void session_on_disconnect(Session *s) {
         SessionTable *m = s->table;
         AcquireCall *a = &s->acquire;
@@ -574,7 +576,15 @@ void session_on_disconnect(Session *s) {
         s->closed = true;
         if (list_node_is_linked(&s->status_node))
                 list_unlink(&s->status_node); /* its Status reply has nobody to go to */
-        (void) session_waiter_withdraw(s, SESSION_WITHDRAW_GONE);
+        if (s->handed_over) {
+                /* The next brokerd has the request and the life line: nothing is withdrawn (a shared pool would
+                 * tell Redis), audited or ended here. The engine keeps the request until it is freed with the
+                 * process: the loop ends with this dispatch, no event of it is drained any more. */
+                position_queue_leave(s);
+                if (s->lease)
+                        lease_clear_holder(TAKE_PTR(s->lease));
+        } else
+                (void) session_waiter_withdraw(s, SESSION_WITHDRAW_GONE);
         a->request = engine_request_unref(a->request);
         a->command_pidfd = safe_close(a->command_pidfd);
         a->active = false; /* lane and job stay for the audit of decisions still on their way */
@@ -598,6 +608,170 @@ void session_on_disconnect(Session *s) {
         m->changed = true;
         /* Callers up the stack may still hold s: it is freed once this loop iteration is over. */
         list_append(&m->closed, &s->node);
+}
+
+/* ---- a restart's handover ---- */
+
+static void session_lease_renew_now(Session *s, const Lease *l);
+
+static int dup_or_null(const char *s, char **ret) {
+        *ret = s ? strdup(s) : NULL;
+        return s && !*ret ? -ENOMEM : 0;
+}
+
+int session_export(Session *s, HandoverAcquire *ret, bool *ret_has_acquire) {
+        AcquireCall *a = &s->acquire;
+        if (s->closed)
+                return -ENOTCONN;
+        if (a->pending || s->history_pending || list_node_is_linked(&s->status_node))
+                return -EBUSY;
+        if (!a->active && !s->lease) {
+                *ret_has_acquire = false;
+                return 0;
+        }
+        /* A revoked lease's holder was told to stop, and its grace runs here: it reclaims after the restart. */
+        if (s->lease && s->lease->state != LEASE_HELD)
+                return -EBUSY;
+        if (!s->lease && !session_is_waiting(s))
+                return -EBUSY; /* routed to a pool that has not answered yet */
+
+        _cleanup_(handover_acquire_done) HandoverAcquire h = {
+                .slots = a->slots,
+                .more = a->more,
+                .fence = a->fence,
+                .max_hold = a->max_hold,
+                .max_wait = a->max_wait,
+                .last_position = a->last_position,
+                .last_queued = a->last_queued,
+                .has_command = a->has_command && !s->lease,
+                .command_pid = a->command.pid,
+                .command_start = a->command.start_time,
+                .budget = USEC_INFINITY,
+        };
+        if (s->lease) {
+                /* Its lane and job are the lease's (a reclaimed lease's session never had them). */
+                const EngineLease *el = s->lease->engine_lease;
+                h.slots = engine_lease_slots(el, NULL, NULL);
+                if (dup_or_null(engine_lease_lane(el), &h.lane) < 0 || dup_or_null(s->lease->job, &h.job) < 0 ||
+                    dup_or_null(s->lease->id, &h.lease) < 0)
+                        return -ENOMEM;
+                h.max_hold = h.max_wait = USEC_INFINITY;
+        } else {
+                EngineRequest *r = a->request;
+                size_t pos = 0, queued = 0;
+                (void) engine_request_position(r, &pos, &queued);
+                h.arrival = engine_request_arrival(r);
+                h.state = engine_request_state(r);
+                h.idle = engine_request_idle(r);
+                h.budget = engine_request_budget(r);
+                h.position = pos;
+                if (dup_or_null(a->lane, &h.lane) < 0 || dup_or_null(a->job, &h.job) < 0 ||
+                    dup_or_null(engine_request_pool(r), &h.pool) < 0 ||
+                    dup_or_null(engine_request_remote_id(r), &h.remote_id) < 0)
+                        return -ENOMEM;
+        }
+        *ret = h;
+        h = (HandoverAcquire) {};
+        *ret_has_acquire = true;
+        return 0;
+}
+
+void session_handed_over(Session *s) {
+        s->handed_over = true;
+        connection_set_handed_over(s->connection);
+        session_close(s);
+}
+
+static int session_resume_lease(Session *s, const HandoverAcquire *h) {
+        SessionTable *m = s->table;
+        AcquireCall *a = &s->acquire;
+        Lease *l = lease_table_find(m->leases, h->lease);
+        /* Only what the lease log restored is held: the state names a lease, it never makes one. */
+        if (!l || (l->uid != s->cred.uid && s->cred.uid != 0) || !streq(engine_lease_lane(l->engine_lease), h->lane) ||
+            lease_reclaim(l, s) < 0)
+                return -ENOENT;
+        s->lease = l; /* the lease's side: lease_reclaim() */
+        a->active = h->more;
+        a->more = h->more;
+        a->fence = h->fence;
+        if (dup_or_null(h->lane, &a->lane) < 0 || dup_or_null(h->job, &a->job) < 0)
+                return -ENOMEM;
+        if (h->more)
+                session_lease_renew_now(s, l); /* a fenced client hears its deadline again at once */
+        return 0;
+}
+
+static int session_resume_waiter(Session *s, const HandoverAcquire *h) {
+        SessionTable *m = s->table;
+        AcquireCall *a = &s->acquire;
+        const gid_t *groups;
+        size_t n_groups = connection_get_groups(s->connection, &groups);
+
+        _cleanup_(closer_closep) int pidfd = -EBADF;
+        ProcessInfo command = {};
+        if (h->has_command) {
+                /* The command it named, if it is still that process and still the peer's to attach. */
+                pidfd = process_open(h->command_pid, &command);
+                if (pidfd < 0 || command.start_time != h->command_start ||
+                    process_check_attachable(&command, s->cred.pid, s->cred.uid) < 0)
+                        return -ENOENT;
+        }
+        if (dup_or_null(h->lane, &a->lane) < 0 || dup_or_null(h->job, &a->job) < 0)
+                return -ENOMEM;
+        a->active = true;
+        a->more = h->more;
+        a->fence = h->fence;
+        a->slots = h->slots;
+        a->max_hold = h->max_hold;
+        a->max_wait = h->max_wait;
+        a->last_position = h->last_position;
+        a->last_queued = h->last_queued;
+        a->has_command = pidfd >= 0;
+        a->command = command;
+        a->command_pidfd = TAKE_FD(pidfd);
+
+        if (!m->lane_allows(h->lane, s->cred.uid, groups, n_groups, m->userdata)) {
+                audit_denied(s, h->lane, h->job);
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", h->lane);
+                session_reply_error(s, "io.slotbroker.PermissionDenied", p);
+                session_acquire_done(s);
+                return 0;
+        }
+        EngineResume resume = {
+                .pool = h->pool,
+                .arrival = h->arrival,
+                .state = h->state,
+                .idle = h->idle,
+                .budget = h->budget,
+                .remote_id = h->remote_id,
+        };
+        int r = engine_acquire(m->engine,
+                               &(EngineAcquire) {
+                                       .lane = h->lane,
+                                       .slots = h->slots,
+                                       .max_wait = a->max_wait,
+                                       .max_hold = a->max_hold,
+                                       .userdata = s,
+                                       .resume = &resume,
+                               },
+                               now_monotonic(), &a->request);
+        if (r == -ENOENT || r == -EINVAL) {
+                /* The lane, or every pool big enough, went with the new configuration. */
+                if (r == -ENOENT) {
+                        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", h->lane);
+                        session_reply_error(s, "io.slotbroker.NoSuchLane", p);
+                } else
+                        reply_invalid_parameter(s, "slots");
+                session_acquire_done(s);
+                return 0;
+        }
+        return r;
+}
+
+int session_resume(Session *s, const HandoverAcquire *h) {
+        if (h->lease)
+                return session_resume_lease(s, h);
+        return session_resume_waiter(s, h);
 }
 
 static json_t *queued_reply(Session *s, size_t position, size_t queued) {

@@ -11,6 +11,7 @@
 
 #include "connection.h"
 #include "engine.h"
+#include "handover.h"
 #include "list.h"
 #include "process.h"
 #include "varlink.h"
@@ -93,6 +94,7 @@ typedef struct AcquireCall {
         char *job;
         unsigned slots;
         usec_t max_hold;           /* the client's cap; USEC_INFINITY: none */
+        usec_t max_wait;           /* the client's queueWaitMs; USEC_INFINITY: none */
         EngineRequest *request;    /* while waiting */
         size_t last_position;      /* 1-based, as last sent; 0: none yet */
         size_t last_queued;
@@ -116,6 +118,7 @@ typedef struct Session {
         HistoryCall *history_call;
         ListNode status_node;      /* SessionTable.status_waiting: its Status reply waits (the calls behind it too) */
         usec_t status_since;       /* monotonic: that Status call's arrival */
+        bool handed_over;          /* its connection and request went to the next brokerd (session_handed_over()) */
         bool closed;
 } Session;
 
@@ -165,6 +168,20 @@ void session_lease_release(Session *by, Lease *l);
 /* An engine event: a request queued, granted or refused, a lease reaching max-hold, a pool's gauge. */
 void session_on_engine_event(SessionTable *t, const EngineEvent *ev);
 
+
+/* A restart's handover (handover.h, SPEC §3.4): what s asked for goes into *ret (has_acquire false for a
+ * session without an Acquire). Returns 0; -EBUSY when s cannot go as it is (a grant being written, a request
+ * a shared pool has not answered yet, a History or Status reply on its way); -ENOMEM. */
+int session_export(Session *s, HandoverAcquire *ret, bool *ret_has_acquire);
+/* The handover went: s's request and lease are the next brokerd's now. Its connection is closed without a
+ * shutdown, its request forgotten without a withdrawal, its lease kept (the lease log has it). */
+void session_handed_over(Session *s);
+/* A session taken back at start (its connection restored): its Acquire goes on where it was. A holder takes
+ * its lease back (restored from the lease log: nothing here grants), a waiter goes back to its place with
+ * its budget (EngineResume), re-checked against the lane's access list and its command's identity. Returns
+ * 0 (the session may have been answered: a lane gone, a permission withdrawn); -ENOENT when its lease or
+ * command is gone (the caller closes the connection: its client re-queues or reclaims); -ENOMEM. */
+int session_resume(Session *s, const HandoverAcquire *a);
 
 typedef enum SessionWithdraw {
         SESSION_WITHDRAW_GONE,          /* its connection closed: audited "cancelled", nobody to answer */

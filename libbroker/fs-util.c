@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fs-util.h"
 #include "macro.h"
@@ -50,4 +51,20 @@ int rename_aside(const char *path, bool missing_ok, char **ret_moved) {
                 return 0;
         }
         return -EEXIST;
+}
+
+int fd_write_all(int fd, const void *data, size_t size) {
+        const char *p = data;
+        while (size > 0) {
+                ssize_t k = write(fd, p, size);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k < 0)
+                        return -errno;
+                if (k == 0)
+                        return -EIO;
+                p += k;
+                size -= (size_t) k;
+        }
+        return 0;
 }

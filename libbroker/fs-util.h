@@ -14,3 +14,6 @@ int mkdir_parents(const char *path, mode_t mode);
  * not exist is no error, and the name it would have had is returned (for the files that go with it).
  * Returns 0, -ENOMEM, -EEXIST (100 names taken), or rename's error. */
 int rename_aside(const char *path, bool missing_ok, char **ret_moved);
+
+/* write() until all of data is written (EINTR retried). Returns 0, -EIO (nothing written), or write's error. */
+int fd_write_all(int fd, const void *data, size_t size);

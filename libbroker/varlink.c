@@ -763,6 +763,29 @@ int varlink_output_enqueue_json_part(VarlinkOutput *out, const json_t *value) {
         return output_enqueue_json(out, value, false);
 }
 
+int varlink_output_copy(const VarlinkOutput *out, void **ret, size_t *ret_size) {
+        assert_return(out && ret && ret_size, -EINVAL);
+        if (out->pending == 0) {
+                *ret = NULL;
+                *ret_size = 0;
+                return 0;
+        }
+        char *buf = malloc(out->pending), *p = buf;
+        if (!buf)
+                return -ENOMEM;
+        for (const VarlinkChunk *c = out->head; c; c = c->next) {
+                if (c->fds.n > 0) {
+                        free(buf);
+                        return -EBUSY;
+                }
+                memcpy(p, c->data + c->start, c->end - c->start);
+                p += c->end - c->start;
+        }
+        *ret = buf;
+        *ret_size = (size_t) (p - buf);
+        return 0;
+}
+
 int varlink_output_flush(VarlinkOutput *out, int fd) {
         assert_return(out, -EINVAL);
         assert_return(fd >= 0, -EBADF);

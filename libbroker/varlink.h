@@ -198,6 +198,10 @@ int varlink_output_enqueue_json_part(VarlinkOutput *out, const json_t *value);
  * Returns 0 when everything was sent; -EAGAIN when the socket is full and bytes remain (wait for
  * POLLOUT); another negative errno (-EPIPE, -ECONNRESET, …) when the connection is broken. */
 int varlink_output_flush(VarlinkOutput *out, int fd);
+/* The pending bytes, in order, copied into one buffer (a daemon handing its connections to the next one).
+ * Returns 0 (*ret NULL when nothing is pending); -EBUSY when a pending message carries fds (they cannot go
+ * as bytes); -ENOMEM. */
+int varlink_output_copy(const VarlinkOutput *out, void **ret, size_t *ret_size);
 static inline size_t varlink_output_pending(const VarlinkOutput *out) {
         return out->pending;
 }

@@ -47,6 +47,9 @@ struct EngineRequest {
         QueueState state;
         usec_t idle, budget;
         bool queued;
+        /* A waiter resumed after a restart, on its way back to its pool (request_try_next()); NULL once
+         * submitted. Points into the caller's EngineResume: engine_acquire() only. */
+        const PoolResume *resume;
         ListNode node;           /* Engine.requests, until the final decision */
 };
 
@@ -263,6 +266,16 @@ QueueState engine_request_state(const EngineRequest *r) {
         return r && r->queued ? r->state : QUEUE_STATE_NONE;
 }
 
+usec_t engine_request_idle(const EngineRequest *r) {
+        return r && r->queued ? r->idle : 0;
+}
+
+const char *engine_request_remote_id(const EngineRequest *r) {
+        if (!r || r->phase != REQUEST_WAITING || !r->pool->ops->remote_id)
+                return NULL;
+        return r->pool->ops->remote_id(r->pool, r->waiter);
+}
+
 const char *engine_request_pool(const EngineRequest *r) {
         return r && r->pool ? r->pool->name : NULL;
 }
@@ -282,13 +295,14 @@ static int request_try_next(Engine *e, EngineRequest *r, usec_t now) {
                                       .lane_budget = r->lane_budget,
                                       .client_cap = r->client_cap,
                                       .arrival = r->arrival,
+                                      .resume = TAKE_PTR(r->resume),
                               },
                               now);
 }
 
 /* ---- leases ---- */
 
-static EngineLease *lease_free(EngineLease *l) {
+static EngineLease *engine_lease_free(EngineLease *l) {
         if (!l)
                 return NULL;
         if (l->members)
@@ -300,9 +314,9 @@ static EngineLease *lease_free(EngineLease *l) {
         return mfree(l);
 }
 
-static int lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, const unsigned *slots,
-                     const char *const *members, unsigned n_slots, uint64_t token, const char *remote_id,
-                     usec_t granted_at, usec_t expires_at, void *userdata, EngineLease **ret) {
+static int engine_lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, const unsigned *slots,
+                            const char *const *members, unsigned n_slots, uint64_t token, const char *remote_id,
+                            usec_t granted_at, usec_t expires_at, void *userdata, EngineLease **ret) {
         EngineLease *l = calloc(1, sizeof(EngineLease));
         if (!l)
                 return -ENOMEM;
@@ -339,7 +353,7 @@ static int lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, const u
         *ret = l;
         return 0;
 oom:
-        lease_free(l);
+        engine_lease_free(l);
         return -ENOMEM;
 }
 
@@ -395,7 +409,7 @@ bool engine_lease_is_shared(const EngineLease *l) {
 }
 
 /* The holder is told (once); the slots stay taken until the lease is released (SPEC §3.4). */
-static void lease_revoke(Engine *e, EngineLease *l, usec_t at, const char *reason, bool lost) {
+static void engine_lease_revoke(Engine *e, EngineLease *l, usec_t at, const char *reason, bool lost) {
         heap_remove(&e->expiries, &l->expiry_node);
         /* A lease lost after its max-hold is told again, as lost: its holder may be letting go already, but
          * a command nobody stops (brokerd's to fence then) must be gone before its slots are another's. */
@@ -613,8 +627,8 @@ static void handle_granted(Engine *e, const PoolDecision *d) {
         EngineLease *l;
         usec_t expires = r->max_hold == USEC_INFINITY ? USEC_INFINITY : usec_add(d->at, r->max_hold);
 
-        if (lease_new(e, d->pool, d->grant, r->lane, d->slots, d->members, d->n_slots, d->token, d->remote_id,
-                      d->at, expires, r->userdata, &l) < 0) {
+        if (engine_lease_new(e, d->pool, d->grant, r->lane, d->slots, d->members, d->n_slots, d->token,
+                             d->remote_id, d->at, expires, r->userdata, &l) < 0) {
                 d->pool->ops->release(d->pool, d->grant, d->at);
                 refuse_request(e, r, d->pool, REFUSAL_UNAVAILABLE, d->at, decision_wait(d, r), NULL);
                 return;
@@ -684,7 +698,7 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
 
         case POOL_VERDICT_LOST:
                 /* The cookie is the lease bound with bind_grant(). */
-                lease_revoke(e, d->cookie, d->at, d->reason ? d->reason : "lost", true);
+                engine_lease_revoke(e, d->cookie, d->at, d->reason ? d->reason : "lost", true);
                 break;
 
         case POOL_VERDICT_CONGESTION:
@@ -723,7 +737,7 @@ static void settle(Engine *e, usec_t t) {
 
         HeapNode *n;
         while ((n = heap_peek(&e->expiries)) && n->key <= t)
-                lease_revoke(e, container_of(n, EngineLease, expiry_node), n->key, "max-hold", false);
+                engine_lease_revoke(e, container_of(n, EngineLease, expiry_node), n->key, "max-hold", false);
         e->unsettled = false;
 }
 
@@ -803,6 +817,11 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         assert_return(a->slots >= 1, -EINVAL);
         assert_return(ret, -EINVAL);
 
+        /* A resumed waiter's times come from the state file of the previous daemon: the same boot's clock. */
+        assert_return(!a->resume || (a->resume->pool && a->resume->arrival <= now &&
+                                     a->resume->state >= 0 && a->resume->state < _QUEUE_STATE_MAX),
+                      -EINVAL);
+
         engine_advance(e, now);
 
         EngineLane *lane = lane_find(e, a->lane);
@@ -820,18 +839,35 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         }
 
         /* A request that is bigger than a pool skips it; drained pools are skipped too. */
-        Pool *fits = NULL;
+        Pool *fits = NULL, *back = NULL;
         for (size_t i = 0; i < lane->n_pools; i++) {
                 Pool *p = lane->pools[i];
                 if (a->slots > p->limit)
                         continue;
                 fits = p;
-                if (!p->drained)
+                if (!p->drained) {
                         r->route[r->n_route++] = p;
+                        if (a->resume && streq(p->name, a->resume->pool))
+                                back = p;
+                }
         }
         if (!fits) {
                 request_free(r);
                 return -EINVAL;
+        }
+        /* A resumed waiter goes back to its pool alone, where it stands in the queue; its pool gone from the
+         * lane (or drained, or now too small) it is routed as a new request, arriving when it arrived. */
+        PoolResume resume;
+        if (back) {
+                r->route[0] = back;
+                r->n_route = 1;
+                resume = (PoolResume) {
+                        .state = a->resume->state,
+                        .idle = a->resume->idle,
+                        .budget = a->resume->budget,
+                        .remote_id = a->resume->remote_id,
+                };
+                r->resume = &resume;
         }
 
         bool hear_client = !lane->client_wait_ignore;
@@ -844,17 +880,25 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         r->lane_budget = lane->queue_timeout;
         r->client_cap = hear_client ? a->max_wait : USEC_INFINITY;
         r->max_hold = MIN(lane->max_hold, a->max_hold > 0 ? a->max_hold : USEC_INFINITY);
-        r->arrival = now;
+        r->arrival = a->resume ? a->resume->arrival : now;
         r->phase = REQUEST_ROUTING;
         r->state = QUEUE_STATE_NONE;
         r->budget = USEC_INFINITY;
+        if (back) {
+                /* What it got when it joined the queue: its events say so even if it is granted at once now. */
+                r->queued = true;
+                r->state = resume.state;
+                r->idle = resume.idle;
+                r->budget = resume.budget;
+        }
 
         mark_unsettled(e, now);
         list_append(&e->requests, &r->node);
         if (r->n_route == 0) {
-                refuse_request(e, r, fits, REFUSAL_UNAVAILABLE, now, 0, NULL);
+                refuse_request(e, r, fits, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL);
         } else {
                 int k = request_try_next(e, r, now);
+                r->resume = NULL; /* `resume` goes out of scope */
                 if (k < 0) {
                         /* Nothing was queued; the decision queue holds nothing of this request. */
                         list_unlink(&r->node);
@@ -864,6 +908,38 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         }
         process_decisions(e);
         *ret = r;
+        return 0;
+}
+
+static Pool *pool_by_name(const Engine *e, const char *pool) {
+        return pool ? pool_find(e->pools, e->n_pools, pool) : NULL;
+}
+
+int engine_pool_get_last_fast(const Engine *e, const char *pool, usec_t *ret) {
+        assert_return(e && ret, -EINVAL);
+        Pool *p = pool_by_name(e, pool);
+        if (!p)
+                return -ENOENT;
+        if (!p->ops->get_last_fast)
+                return -EOPNOTSUPP;
+        *ret = p->ops->get_last_fast(p);
+        return 0;
+}
+
+int engine_pool_set_last_fast(Engine *e, const char *pool, usec_t last_fast, usec_t now) {
+        assert_return(e, -EINVAL);
+        /* From the previous daemon's state: an instant of this boot that has passed. */
+        if (last_fast > now)
+                return -EINVAL;
+        Pool *p = pool_by_name(e, pool);
+        if (!p)
+                return -ENOENT;
+        if (!p->ops->set_last_fast)
+                return -EOPNOTSUPP;
+        engine_advance(e, now);
+        p->ops->set_last_fast(p, last_fast, now);
+        mark_unsettled(e, now);
+        process_decisions(e);
         return 0;
 }
 
@@ -895,7 +971,7 @@ void engine_lease_release(EngineLease *l, usec_t now) {
         heap_remove(&e->expiries, &l->expiry_node);
         l->pool->ops->release(l->pool, l->grant, now);
         list_unlink(&l->node);
-        lease_free(l);
+        engine_lease_free(l);
         mark_unsettled(e, now);
         process_decisions(e);
         retired_gc(e);
@@ -975,8 +1051,8 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
                                 &g);
         if (r >= 0) {
                 EngineLease *l;
-                r = lease_new(e, p, g, rs->lane, rs->slots, members, rs->n_slots, rs->token, rs->remote_id,
-                              rs->granted_at, rs->expires_at, rs->userdata, &l);
+                r = engine_lease_new(e, p, g, rs->lane, rs->slots, members, rs->n_slots, rs->token, rs->remote_id,
+                                     rs->granted_at, rs->expires_at, rs->userdata, &l);
                 if (r >= 0) {
                         if (p->ops->bind_grant)
                                 p->ops->bind_grant(p, g, l);
@@ -1312,7 +1388,7 @@ Engine *engine_free(Engine *e) {
                 EngineLease *l = container_of(n, EngineLease, node);
                 l->pool->ops->release(l->pool, l->grant, 0);
                 list_unlink(n);
-                lease_free(l);
+                engine_lease_free(l);
         }
         for (size_t i = 0; i < e->n_pools; i++)
                 pool_destroy(e->pools[i]);

@@ -141,7 +141,11 @@ typedef struct EngineResume {
         usec_t idle;              /* engine_request_idle() */
         usec_t budget;            /* engine_request_budget(); USEC_INFINITY: unbounded */
         /* A pool kept by a backend: its name for the waiter (engine_request_remote_id()), so that the pool
-         * finds the waiter it kept in Redis at its place; NULL: none (the pool queues it afresh). */
+         * finds the waiter it kept in Redis at its place; NULL: none (the pool queues it afresh). Untrusted:
+         * one malformed or already in use is not sent (the waiter queues afresh, at the end). A shared pool
+         * must get its resumed waiters before it first reaches Redis (resume before the event loop runs):
+         * its first tick's reconcile drops the waiters of this node it does not list. Until it is served it
+         * keeps them for the waiter grace at most (5 s; then refused unavailable "backend"). */
         const char *remote_id;
 } EngineResume;
 
@@ -186,8 +190,10 @@ const char *engine_request_pool(const EngineRequest *r);
 const char *engine_request_remote_id(const EngineRequest *r);
 
 /* A pool's controlled-delay clock (SPEC §3.1): the last instant it admitted fast (monotonic µs), carried
- * across a restart with the waiters so that their budgets and the congested gauge go on as before.
- * Return 0, -ENOENT (no such pool), or -EOPNOTSUPP (a pool kept by a backend: Redis keeps its clock). */
+ * across a restart with the waiters so that their budgets and the congested gauge go on as before (set it
+ * after engine_configure(), which starts a new pool's clock at `now`). The gauge follows at once; its
+ * CONGESTION event is the new engine's first. Return 0, -ENOENT (no such configured pool), -EINVAL
+ * (last_fast after now), or -EOPNOTSUPP (a pool kept by a backend: Redis keeps its clock). */
 int engine_pool_get_last_fast(const Engine *e, const char *pool, usec_t *ret);
 int engine_pool_set_last_fast(Engine *e, const char *pool, usec_t last_fast, usec_t now);
 

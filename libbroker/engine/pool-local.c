@@ -771,7 +771,8 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 refuse_try(p, t, REFUSAL_BUSY, now);
                 return 0;
         }
-        if (p->max_queue >= 0 && (int64_t) p->n_waiting >= p->max_queue) {
+        /* A resumed waiter was admitted before the restart: max-queue counted it then. */
+        if (!t->resume && p->max_queue >= 0 && (int64_t) p->n_waiting >= p->max_queue) {
                 refuse_try(p, t, REFUSAL_FULL, now);
                 return 0;
         }
@@ -794,19 +795,32 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
         };
         heap_node_init(&w->deadline_node);
 
-        /* The budget is fixed now, from the idle time now (SPEC §3.1). */
-        usec_t adaptive = USEC_INFINITY;
-        if (p->base.queue_timeout_set) {
-                w->idle = idle_at(p, now);
-                w->state = w->idle > p->base.queue_timeout ? QUEUE_STATE_SATURATED : QUEUE_STATE_KEEPING_UP;
-                adaptive = w->state == QUEUE_STATE_SATURATED ? saturated_budget(p) : p->base.queue_timeout;
+        /* The budget is fixed now, from the idle time now (SPEC §3.1); a resumed waiter keeps the one it got
+         * when it first joined the queue, and its deadline with it (a restart moves it by nothing). */
+        usec_t adaptive = USEC_INFINITY, start = now;
+        if (t->resume) {
+                w->state = t->resume->state;
+                w->idle = t->resume->idle;
+                w->budget = t->resume->budget;
+                if (p->base.queue_timeout_set && w->state == QUEUE_STATE_SATURATED)
+                        adaptive = saturated_budget(p);
+                start = MIN(t->arrival, now);
+        } else {
+                if (p->base.queue_timeout_set) {
+                        w->idle = idle_at(p, now);
+                        w->state = w->idle > p->base.queue_timeout ? QUEUE_STATE_SATURATED : QUEUE_STATE_KEEPING_UP;
+                        adaptive = w->state == QUEUE_STATE_SATURATED ? saturated_budget(p) : p->base.queue_timeout;
+                }
+                usec_t base_budget = t->lane_budget_set ? t->lane_budget : adaptive;
+                w->budget = MIN(base_budget, t->client_cap);
         }
-        usec_t base_budget = t->lane_budget_set ? t->lane_budget : adaptive;
-        w->budget = MIN(base_budget, t->client_cap);
-        w->shed = !t->lane_budget_set && w->state == QUEUE_STATE_SATURATED && adaptive <= t->client_cap;
+        /* Which refusal its end is: the saturated budget's own (shed), or a keeping-up, lane or client one. */
+        w->shed = !t->lane_budget_set && w->state == QUEUE_STATE_SATURATED && adaptive != USEC_INFINITY &&
+                  adaptive <= t->client_cap;
 
         if (w->budget != USEC_INFINITY) {
-                int r = heap_push(&p->deadlines, &w->deadline_node, usec_add(now, w->budget));
+                /* Ended already (a resumed waiter): the next run() refuses it, at this deadline. */
+                int r = heap_push(&p->deadlines, &w->deadline_node, usec_add(start, w->budget));
                 if (r < 0) {
                         free(w);
                         return r;
@@ -1037,6 +1051,18 @@ static void local_set_token_floor(Pool *base, uint64_t next_token) {
         p->next_token = MAX(p->next_token, next_token);
 }
 
+static usec_t local_get_last_fast(const Pool *base) {
+        return POOL(base)->last_fast;
+}
+
+/* The clock of the previous daemon: budgets given from now on, and the gauge, go on from it. */
+static void local_set_last_fast(Pool *base, usec_t last_fast, usec_t now) {
+        LocalPool *p = POOL(base);
+        p->latest = MAX(p->latest, now);
+        p->last_fast = MIN(last_fast, now);
+        update_congestion(p, now);
+}
+
 static const PoolOps local_ops = {
         .kind = "local",
         .free = local_free,
@@ -1052,6 +1078,8 @@ static const PoolOps local_ops = {
         .position = local_position,
         .info = local_info,
         .set_token_floor = local_set_token_floor,
+        .get_last_fast = local_get_last_fast,
+        .set_last_fast = local_set_last_fast,
 };
 
 int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool **ret) {

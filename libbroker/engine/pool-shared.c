@@ -143,6 +143,9 @@ typedef struct SharedPool {
         usec_t acked_boot;     /* CLOCK_BOOTTIME send time of the last acknowledged tick */
         usec_t stale_ack;      /* vouch_base() when its vouch deadline passed and the waiters were refused */
         usec_t alive_boot;     /* a restarted daemon's last proof of life (set_last_ack()), USEC_INFINITY: none */
+        /* Waiters resumed after a restart wait for the first registration (monotonic, since when;
+         * USEC_INFINITY: none, or served since): an outage like a link down, so the waiter grace bounds it. */
+        usec_t resume_since;
         /* Behind Sentinels (params.confirm_stale > 0): the start of the last round in which a majority of
          * them named this primary (CLOCK_BOOTTIME, 0: none yet), and since when (monotonic) it is too old
          * to grant on (USEC_INFINITY: it is recent, or no confirmation is asked for). */
@@ -401,7 +404,7 @@ static const char *unavailable_reason(const SharedPool *p) {
 /* Since when (monotonic) the pool has been refused for a cause its waiters should not outwait: the link
  * down, or the primary unconfirmed. USEC_INFINITY: neither. */
 static usec_t outage_since(const SharedPool *p) {
-        return MIN(p->down_since, p->unconfirmed_since);
+        return MIN(MIN(p->down_since, p->unconfirmed_since), p->resume_since);
 }
 
 /* The driver's `now` (pool_shared_call_done(), link_up(), …) is the local monotonic clock. In the manual
@@ -583,6 +586,34 @@ static int queue_tick(SharedPool *p, bool run, usec_t now) {
 fail:
         call_free(c);
         return r;
+}
+
+/* Whether a tick carrying a reconcile page went out: its page was made without a try queued after it. */
+static bool reconcile_sent(SharedPool *p) {
+        list_foreach(n, &p->outbox) {
+                const Call *c = container_of(n, Call, node);
+                if (c->reconcile && c->ever_sent)
+                        return true;
+        }
+        /* None in the outbox: the first reconcile is answered once the cursor is gone. */
+        return !p->reconcile_from;
+}
+
+/* The reconcile ticks not sent yet are made again, with the tries of now in their pages. */
+static void requeue_reconcile(SharedPool *p, usec_t now) {
+        bool run = false, any = false;
+        list_foreach_safe(n, &p->outbox) {
+                Call *c = container_of(n, Call, node);
+                if (c->script != SHARED_SCRIPT_TICK || !c->reconcile || c->ever_sent)
+                        continue;
+                run = run || c->run;
+                any = true;
+                call_free(c);
+        }
+        if (any) {
+                p->tick_pending = false;
+                (void) queue_tick(p, run, now);
+        }
 }
 
 static int queue_rid_call(SharedPool *p, SharedScript script, const char *rid, uint64_t token, usec_t now) {
@@ -1411,6 +1442,8 @@ static void congestion_apply(SharedPool *p, bool congested, int64_t at, usec_t n
 
 static void state_set(SharedPool *p, SharedState s) {
         p->state = s;
+        if (state_sends_operations(s))
+                p->resume_since = USEC_INFINITY;
         p->unavailable = s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING ? NULL :
                          s == SHARED_STATE_MISMATCH                            ? "rules" :
                          s == SHARED_STATE_REFUSED && p->identity_conflict     ? "node-id-conflict" : "backend";
@@ -1606,7 +1639,8 @@ static void check_waiter_grace(SharedPool *p, usec_t now) {
         usec_t since = outage_since(p);
         if (since == USEC_INFINITY || now < usec_add(since, p->params.waiter_grace))
                 return;
-        refuse_all_tries(p, p->down_since != USEC_INFINITY ? "backend" : "unconfirmed", now);
+        refuse_all_tries(p, p->unconfirmed_since < MIN(p->down_since, p->resume_since) ? "unconfirmed" : "backend",
+                         now);
 }
 
 /* --------------------------------------------------------------------------------------------- replies */
@@ -2442,6 +2476,8 @@ static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
 
 static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now) {
         SharedPool *p = SHARED(base);
+        /* The manual clock: a restore() that follows (it has no `now`) dates its reclaim by this. */
+        p->last_now = MAX(p->last_now, now);
         _cleanup_free_ char *canon = NULL;
         /* 0: a PoolConfig made by hand (conf.c always sets one): the TTL the pool was made with. */
         usec_t ttl = c->backend_node_ttl ?: p->params.node_ttl;
@@ -2510,7 +2546,13 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         if (!lane_is_configured(p, t->lane) || t->slots == 0 || t->slots > p->base.limit)
                 return -EINVAL;
         check_waiter_grace(p, now);
-        if (!pool_serves(p)) {
+        /* A waiter resumed at a restart, before this object first registered (its first tick carries the
+         * reconcile that would drop every rid of this node it does not list): it waits for it, as a waiter
+         * waits out a link that went down, for the waiter grace at most. */
+        bool resumed_early = t->resume && p->unconfirmed_since == USEC_INFINITY &&
+                             (p->state == SHARED_STATE_CONNECTING || p->state == SHARED_STATE_REGISTERING) &&
+                             !reconcile_sent(p);
+        if (!pool_serves(p) && !resumed_early) {
                 /* Unreachable, rules that differ, refused, or a primary the Sentinels do not confirm: at once,
                  * so that the lane tries its next pool. */
                 emit(p, (PoolDecision) { .verdict = POOL_VERDICT_REFUSED, .cookie = t->cookie, .at = now,
@@ -2522,7 +2564,15 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         PoolWaiter *w = calloc(1, sizeof(PoolWaiter));
         if (!w)
                 return -ENOMEM;
-        snprintf(w->rid, sizeof w->rid, "%016" PRIx64, p->params.random(p->params.random_userdata));
+        /* A resumed waiter asks again under its old rid (the node id is the same): Redis answers where it
+         * stands (its place, its grant, its outcome) and changes nothing (lua/README, submit). The rid comes
+         * from a file: one malformed, or one this node already uses, is not reused. */
+        const char *old_rid = t->resume ? t->resume->remote_id : NULL;
+        if (old_rid && rid_is_valid(old_rid, strnlen(old_rid, RID_LEN + 1)) && !try_find(p, old_rid) &&
+            !grant_find(p, old_rid))
+                strcpy(w->rid, old_rid);
+        else
+                snprintf(w->rid, sizeof w->rid, "%016" PRIx64, p->params.random(p->params.random_userdata));
         w->cookie = t->cookie;
         w->k = t->slots;
         w->arrival = t->arrival;
@@ -2558,6 +2608,12 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         }
         list_append(&p->tries, &w->node);
         call_queue(p, c);
+        if (resumed_early) {
+                if (p->resume_since == USEC_INFINITY)
+                        p->resume_since = now;
+                /* A registering tick queued before it lists its page as of then: made again with this rid. */
+                requeue_reconcile(p, now);
+        }
         return 0;
 }
 
@@ -2639,6 +2695,11 @@ static int shared_restore(Pool *base, const PoolRestore *r, PoolGrant **ret) {
                 state_set(p, SHARED_STATE_RECLAIMING);
         *ret = g;
         return 0;
+}
+
+static const char *shared_remote_id(const Pool *base, const PoolWaiter *w) {
+        (void) base;
+        return w ? w->rid : NULL;
 }
 
 static void shared_bind_grant(Pool *base, PoolGrant *g, void *cookie) {
@@ -2827,6 +2888,7 @@ static const PoolOps shared_ops = {
         .cancel_try = shared_cancel_try,
         .snapshot = shared_snapshot,
         .refresh_snapshot = shared_refresh_snapshot,
+        .remote_id = shared_remote_id,
 };
 
 int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn emit_fn, void *emit_userdata,
@@ -2854,6 +2916,7 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
         p->stale_ack = USEC_INFINITY;
         p->replicas_acked = -1;
         p->alive_boot = USEC_INFINITY;
+        p->resume_since = USEC_INFINITY;
         p->bad_input_told = USEC_INFINITY;
         /* Behind Sentinels the pool starts unconfirmed: nothing is granted before a majority names the primary. */
         p->unconfirmed_since = params->confirm_stale > 0 ? 0 : USEC_INFINITY;

@@ -31,6 +31,19 @@ typedef struct PoolLaneRule {
         usec_t budget;            /* may be USEC_INFINITY */
 } PoolLaneRule;
 
+/* A waiter handed over by the previous daemon (engine.h, EngineResume): where it stood in this pool's
+ * queue. The pool queues it behind the waiters resumed before it, with this state, idle and budget (its
+ * deadline is PoolTry.arrival + budget, whenever that is), without the max-queue check; it is granted at
+ * once only where a new try would be. */
+typedef struct PoolResume {
+        QueueState state;
+        usec_t idle;
+        usec_t budget;            /* USEC_INFINITY: unbounded */
+        /* The backend's name for the waiter (a shared pool's rid: 16 lowercase hex), untrusted: a pool
+         * that finds it malformed, or in use, queues the try under a name of its own. NULL: none. */
+        const char *remote_id;
+} PoolResume;
+
 /* A command: take `slots` slots for a lane, now or (if may_wait) when they free up. */
 typedef struct PoolTry {
         void *cookie;          /* the engine's request, handed back in every decision about it */
@@ -40,7 +53,8 @@ typedef struct PoolTry {
         bool lane_budget_set;  /* the lane's queue-timeout replaces the adaptive budget */
         usec_t lane_budget;    /* may be USEC_INFINITY */
         usec_t client_cap;     /* USEC_INFINITY: the client set no cap */
-        usec_t arrival;
+        usec_t arrival;        /* ≤ now; earlier than now only for a resumed waiter */
+        const PoolResume *resume; /* NULL: a new request */
 } PoolTry;
 
 typedef enum PoolVerdict {
@@ -205,6 +219,14 @@ typedef struct PoolOps {
          * while one is on its way, 0 when there is one or none will come (the pool does not serve: its
          * last one is all there is). NULL: as snapshot. */
         int (*refresh_snapshot)(Pool *p, usec_t since, usec_t now);
+        /* A waiter's name in the backend (PoolResume.remote_id), valid until its next decision. NULL: the
+         * pool has no such names (the in-process pool). */
+        const char *(*remote_id)(const Pool *p, const PoolWaiter *w);
+
+        /* The controlled-delay clock (SPEC §3.1), carried across a restart: the last fast admission
+         * (monotonic µs). NULL: the backend keeps it (engine_pool_get_last_fast() says -EOPNOTSUPP). */
+        usec_t (*get_last_fast)(const Pool *p);
+        void (*set_last_fast)(Pool *p, usec_t last_fast, usec_t now);
 } PoolOps;
 
 /* The part every implementation shares: identity, the config the engine routes on, the decision sink. */

@@ -203,7 +203,7 @@ static void on_decision(const PoolDecision *d, void *userdata) {
                 *l = (Lease) { .grant = d->grant, .n_slots = d->n_slots };
                 for (unsigned i = 0; i < d->n_slots; i++) {
                         l->slots[i] = d->slots[i];
-                        /* A member per slot, the configured one (lease_new() reads n_slots of them). */
+                        /* A member per slot, the configured one (engine_lease_new() reads n_slots of them). */
                         check(d->members && d->slots[i] < LIMIT && strcmp(d->members[i], members[d->slots[i]]) == 0);
                 }
                 s->pool->ops->bind_grant(s->pool, d->grant, l);

@@ -406,10 +406,20 @@ static void test_snapshot_is_for_pools_with_a_backend(void **state) {
         assert_int_equal(engine_pool_snapshot(f->engine, 2, &snapshot), -ENOENT);
 }
 
+/* A pool kept by a backend keeps its own controlled-delay clock: nothing to carry across a restart. */
+static void test_backend_pool_has_no_last_fast_to_carry(void **state) {
+        Fixture *f = *state;
+        usec_t t = 7;
+        assert_int_equal(engine_pool_get_last_fast(f->engine, "a", &t), -EOPNOTSUPP);
+        assert_int_equal(t, 7);
+        assert_int_equal(engine_pool_set_last_fast(f->engine, "a", 0, S(1)), -EOPNOTSUPP);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
                 T(test_nothing_is_decided_until_the_pool_answers),
+                T(test_backend_pool_has_no_last_fast_to_carry),
                 T(test_an_answer_between_calls_is_handled_by_the_next_call),
                 T(test_routing_goes_on_after_an_asynchronous_refusal),
                 T(test_the_last_pool_refusal_carries_its_reason),

@@ -1420,6 +1420,165 @@ static void test_random_reloads_of_members_never_hand_a_member_out_twice(void **
         }
 }
 
+
+/* ---- a restart hands its waiters over (SPEC §3.4, "A restart loses no waiter") ---- */
+
+/* The daemon restarts at `now`: its engine goes without a word to the pools (no withdraw, no release: a
+ * shared pool's records stay in Redis, as after brokerd's exit through the fd store), a new one is
+ * configured, the leases restored and the waiting tags resumed in their old queue order (under new tags
+ * of the same name), all before the new pools first reach their backend; then the instant is run. */
+static void restart_engine(Fixture *f, usec_t now) {
+        typedef struct Held {
+                char pool[16], lane[16], remote_id[64];
+                unsigned slots[8], n_slots;
+                uint64_t token;
+                usec_t granted_at;
+                Tag *tag;
+        } Held;
+        typedef struct Waiting {
+                char pool[16], remote_id[64];
+                EngineResume resume;
+                unsigned slots;
+                Tag *tag;
+        } Waiting;
+        Held held[16];
+        Waiting waiting[32] = {};
+        size_t n_held = 0, n_waiting = 0, n_old = f->n_tags;
+
+        for (size_t i = 0; i < n_old; i++) {
+                Tag *t = &f->tags[i];
+                if (t->lease) {
+                        Held *h = &held[n_held++];
+                        const unsigned *slots;
+                        *h = (Held) { .tag = t, .token = engine_lease_token(t->lease),
+                                      .granted_at = engine_lease_granted_at(t->lease) };
+                        h->n_slots = engine_lease_slots(t->lease, &slots, NULL);
+                        memcpy(h->slots, slots, h->n_slots * sizeof(unsigned));
+                        snprintf(h->pool, sizeof h->pool, "%s", engine_lease_pool(t->lease));
+                        snprintf(h->lane, sizeof h->lane, "%s", engine_lease_lane(t->lease));
+                        snprintf(h->remote_id, sizeof h->remote_id, "%s", engine_lease_remote_id(t->lease) ?: "");
+                }
+                if (engine_request_is_waiting(t->request)) {
+                        size_t pos;
+                        assert_int_equal(engine_request_position(t->request, &pos, NULL), 0);
+                        assert_true(pos < ELEMENTSOF(waiting) && !waiting[pos].tag);
+                        Waiting *w = &waiting[pos];
+                        w->tag = t;
+                        w->slots = 1;
+                        const char *rid = engine_request_remote_id(t->request);
+                        /* A shared pool names its waiter in Redis; an in-process one has no such name. */
+                        assert_true(!!rid == !!test_pool_hooks);
+                        snprintf(w->remote_id, sizeof w->remote_id, "%s", rid ?: "");
+                        snprintf(w->pool, sizeof w->pool, "%s", engine_request_pool(t->request));
+                        w->resume = (EngineResume) {
+                                .pool = w->pool,
+                                .arrival = engine_request_arrival(t->request),
+                                .state = engine_request_state(t->request),
+                                .idle = engine_request_idle(t->request),
+                                .budget = engine_request_budget(t->request),
+                                .remote_id = rid ? w->remote_id : NULL,
+                        };
+                        n_waiting++;
+                }
+        }
+        for (size_t i = 0; i < n_old; i++) {
+                f->tags[i].request = engine_request_unref(f->tags[i].request);
+                f->tags[i].lease = NULL;
+        }
+        f->engine = engine_free(f->engine);
+#ifdef TEST_ENGINE_SHARED
+        shared_rig_done(&shared_rig); /* its links go with the process; Redis keeps what it has */
+#endif
+
+        assert_int_equal(engine_new(fake_random, &f->rng, &f->engine), 0);
+        if (test_pool_hooks)
+                test_pool_hooks->configure(f->engine, &f->config, test_pool_hooks->userdata);
+        assert_int_equal(engine_configure(f->engine, &f->config, now), 0);
+        for (size_t i = 0; i < n_held; i++) {
+                Held *h = &held[i];
+                EngineLease *l;
+                assert_int_equal(engine_lease_restore(f->engine,
+                                                      &(EngineLeaseRestore) {
+                                                              .pool = h->pool,
+                                                              .lane = h->lane,
+                                                              .slots = h->slots,
+                                                              .n_slots = h->n_slots,
+                                                              .token = h->token,
+                                                              .granted_at = h->granted_at,
+                                                              .expires_at = USEC_INFINITY,
+                                                              .remote_id = h->remote_id[0] ? h->remote_id : NULL,
+                                                              .userdata = h->tag,
+                                                      },
+                                                      &l),
+                                 0);
+                h->tag->lease = l;
+        }
+        for (size_t i = 0; i < n_waiting; i++) {
+                Tag *t = &f->tags[f->n_tags++];
+                snprintf(t->name, sizeof t->name, "%s", waiting[i].tag->name);
+                assert_int_equal(engine_acquire(f->engine,
+                                                &(EngineAcquire) {
+                                                        .lane = "l",
+                                                        .slots = waiting[i].slots,
+                                                        .max_wait = USEC_INFINITY,
+                                                        .userdata = t,
+                                                        .resume = &waiting[i].resume,
+                                                },
+                                                now, &t->request),
+                                 0);
+        }
+        quiesce(f);
+        run(f, now);
+}
+
+static Tag *tag_named(Fixture *f, const char *name) {
+        for (size_t i = f->n_tags; i > 0; i--)
+                if (streq(f->tags[i - 1].name, name))
+                        return &f->tags[i - 1];
+        fail_msg("no tag %s", name);
+        return NULL;
+}
+
+/* B, C and D wait behind A; D's client cap ends at 8 s, while the daemon is down. After the restart B and
+ * C keep their places (C behind B), D is refused at its own deadline, and A's and B's ends grant in queue
+ * order at the instants they would have without the restart. Shared: the waiters stayed in Redis under
+ * their rids, and the new pool asks for them by those rids. */
+static void test_restart_resumes_waiters_at_their_places(void **state) {
+        Fixture *f = *state;
+        simple(f, 1, 0);
+        acquire(f, "A", (Req) {}, 0);
+        acquire(f, "B", (Req) {}, S(1));
+        acquire(f, "C", (Req) {}, S(2));
+        acquire(f, "D", (Req) { .max_wait = S(5) }, S(3));
+        assert_true(queued(tag_named(f, "D")));
+        restart_engine(f, S(10));
+
+        Tag *b = tag_named(f, "B"), *c = tag_named(f, "C"), *d = tag_named(f, "D");
+        assert_true(queued(b) && queued(c));
+        assert_true(refused(d, REFUSAL_TIMEOUT));
+        assert_int_equal(d->decided, S(8));
+        assert_int_equal(d->final.wait, S(5));
+        size_t pos, n;
+        assert_int_equal(engine_request_position(c->request, &pos, &n), 0);
+        assert_int_equal(pos, 1);
+        assert_int_equal(n, 2);
+        assert_int_equal(engine_request_arrival(c->request), S(2));
+        assert_int_equal(pool_in_use(f, 0), 1);
+
+        end(f, tag_named(f, "A"), S(20));
+        assert_true(granted(b));
+        assert_int_equal(b->decided, S(20));
+        assert_int_equal(b->final.wait, S(19));
+        assert_true(queued(c));
+        end(f, b, S(30));
+        assert_true(granted(c));
+        assert_int_equal(c->final.wait, S(28));
+        Tag *e = acquire(f, "E", (Req) {}, S(31));
+        assert_true(queued(e));
+        assert_int_equal(engine_request_position(e->request, &pos, &n), 0);
+        assert_int_equal(pos, 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
@@ -1482,6 +1641,7 @@ int main(void) {
                 T(test_refusal_carries_retry_after_of_the_refusing_pool),
                 T(test_random_workload_never_oversubscribes),
                 T(test_random_reloads_of_members_never_hand_a_member_out_twice),
+                T(test_restart_resumes_waiters_at_their_places),
 #ifndef TEST_ENGINE_SHARED
                 /* LOCAL_ONLY: left out of test-engine-shared at compile time (cmocka 1.1.5 prints a skipped
                  * case as "not ok", which meson counts as a failure). A shared pool's restore is a reclaim

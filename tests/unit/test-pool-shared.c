@@ -270,6 +270,130 @@ static const char *queued(Fixture *f, void *cookie, usec_t now, char rid[static 
 
 /* ------------------------------------------------------------------------------------------- tests */
 
+/* ------------------------------------------------------------------- waiters resumed after a restart */
+
+#define OLD_RID "00000000000000aa"
+
+static int submit_resumed(Fixture *f, void *cookie, const char *remote_id, usec_t arrival, usec_t now) {
+        PoolResume resume = {
+                .state = QUEUE_STATE_KEEPING_UP, .idle = S(1), .budget = S(60), .remote_id = remote_id,
+        };
+        PoolTry t = {
+                .cookie = cookie, .lane = "ci", .slots = 1, .may_wait = true, .lane_budget = USEC_INFINITY,
+                .client_cap = USEC_INFINITY, .arrival = arrival, .resume = &resume,
+        };
+        return f->pool->ops->submit(f->pool, &t, now);
+}
+
+/* Whether a tick's reconcile page (ARGV[14…]) lists rid. */
+static bool page_lists(const SharedCall *c, const char *rid) {
+        for (size_t i = 16; i < c->argc; i++)
+                if (streq(c->argv[i], rid))
+                        return true;
+        return false;
+}
+
+/* A new pool object (as after a restart, the same node id) takes its waiters back before it first reaches
+ * Redis: their submits wait for the registration, under their old rids, and the registering tick's
+ * reconcile lists them (a waiter a page misses is dropped at once: lua/README, "Orphans"). */
+static void test_resumed_waiter_keeps_its_rid_and_is_listed_by_the_first_reconcile(void **state) {
+        Fixture *f = *state;
+        int a, b;
+        assert_int_equal(submit_resumed(f, &a, OLD_RID, S(1), S(5)), 0);
+        assert_int_equal(submit_resumed(f, &b, "00000000000000bb", S(2), S(5)), 0);
+        assert_int_equal(f->n_seen, 0); /* not refused for want of a backend: kept for the registration */
+        no_call(f);
+        pool_shared_link_up(f->pool, "run1", S(6));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 14), "-");
+        assert_true(page_lists(c, OLD_RID));
+        assert_true(page_lists(c, "00000000000000bb"));
+        no_call(f); /* the submits wait for the answer */
+        done(f, c, reply("ok", S(6), tick_body("ok", EMPTY, 2, 0, 0, ""), EMPTY, cache(1, 2, 0, -1, "")), S(6), S(6));
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 6), OLD_RID);
+        /* Redis still has it queued: its place now. */
+        done(f, c, reply("ok", S(6), decision("queued", OLD_RID, S(6), 0, "", 0, 0, EMPTY), EMPTY,
+                         cache(1, 2, 0, -1, "")), S(6), S(6));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_QUEUED);
+        assert_ptr_equal(f->seen[0].cookie, &a);
+        assert_string_equal(f->pool->ops->remote_id(f->pool, f->seen[0].waiter), OLD_RID);
+        size_t queued_n;
+        assert_int_equal(f->pool->ops->position(f->pool, f->seen[0].waiter, &queued_n), 0);
+        /* Redis granted the other one meanwhile: granted with its lease. */
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 6), "00000000000000bb");
+        done(f, c, reply("ok", S(6), decision("granted", "00000000000000bb", S(4), S(2), "", 0, 9, arr(1, num(1))),
+                         EMPTY, cache(2, 1, 0, -1, "")), S(6), S(6));
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
+        assert_ptr_equal(f->seen[1].cookie, &b);
+        assert_int_equal(f->seen[1].token, 9);
+        assert_string_equal(f->seen[1].remote_id, NODE ":00000000000000bb");
+}
+
+/* A tick queued before the waiter came back is made again with it in its page. */
+static void test_resumed_waiter_remakes_a_reconcile_not_sent_yet(void **state) {
+        Fixture *f = *state;
+        pool_shared_link_up(f->pool, "run1", S(6));
+        int a;
+        assert_int_equal(submit_resumed(f, &a, OLD_RID, S(1), S(6)), 0);
+        assert_int_equal(f->n_seen, 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_true(page_lists(c, OLD_RID));
+        no_call(f); /* one tick, not two */
+}
+
+/* The rid comes from a file: malformed, too long, or one in use, it is not sent; a rid of the pool's own
+ * goes instead (the waiter queues afresh). */
+static void test_resumed_waiter_with_a_bogus_rid_gets_a_new_one(void **state) {
+        Fixture *f = *state;
+        static const char *const bogus[] = {
+                "00000000000000AA", "00000000000000a", "00000000000000aaa", "0000000000000:aa", "", OLD_RID,
+        };
+        int cookies[ELEMENTSOF(bogus) + 1];
+        assert_int_equal(submit_resumed(f, &cookies[0], OLD_RID, S(1), S(5)), 0);
+        for (size_t i = 0; i < ELEMENTSOF(bogus); i++)
+                assert_int_equal(submit_resumed(f, &cookies[i + 1], bogus[i], S(1), S(5)), 0);
+        pool_shared_link_up(f->pool, "run1", S(6));
+        tick_ok(f, S(6), S(6));
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 6), OLD_RID);
+        for (size_t i = 0; i < ELEMENTSOF(bogus); i++) {
+                c = take(f, SHARED_SCRIPT_SUBMIT);
+                assert_string_not_equal(arg(c, 6), OLD_RID);
+                assert_int_equal(strlen(arg(c, 6)), 16);
+        }
+        no_call(f);
+}
+
+/* A backend never reached: resumed waiters wait out the waiter grace, as for a link gone down, then are
+ * refused; a new request is refused at once as before. */
+static void test_resumed_waiter_is_refused_after_the_grace_without_a_backend(void **state) {
+        Fixture *f = *state;
+        int a, other;
+        assert_int_equal(submit_resumed(f, &a, OLD_RID, S(1), S(5)), 0);
+        assert_int_equal(submit(f, &other, 1, true, S(5)), 0);
+        assert_int_equal(f->n_seen, 1);
+        assert_ptr_equal(f->seen[0].cookie, &other);
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), S(5) + WAITER_GRACE);
+        f->pool->ops->run(f->pool, S(5) + WAITER_GRACE - 1);
+        assert_int_equal(f->n_seen, 1);
+        f->pool->ops->run(f->pool, S(5) + WAITER_GRACE);
+        assert_int_equal(f->n_seen, 2);
+        assert_ptr_equal(f->seen[1].cookie, &a);
+        assert_int_equal(f->seen[1].refusal, REFUSAL_UNAVAILABLE);
+        assert_string_equal(f->seen[1].reason, "backend");
+        /* Up afterwards: its submit never went, so nothing goes for it (Redis reaps the old registration's
+         * waiter with its reconcile: the page does not list it). */
+        pool_shared_link_up(f->pool, "run1", S(20));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_false(page_lists(c, OLD_RID));
+        done(f, c, reply("ok", S(20), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(20), S(20));
+        no_call(f);
+}
+
 static void test_submit_is_refused_at_once_before_the_backend_is_reached(void **state) {
         Fixture *f = *state;
         int cookie;
@@ -2033,6 +2157,12 @@ static void test_malformed_status_snapshot_is_dropped(void **state) {
 int main(void) {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(test_resumed_waiter_keeps_its_rid_and_is_listed_by_the_first_reconcile,
+                                                setup, teardown),
+                cmocka_unit_test_setup_teardown(test_resumed_waiter_remakes_a_reconcile_not_sent_yet, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_resumed_waiter_with_a_bogus_rid_gets_a_new_one, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_resumed_waiter_is_refused_after_the_grace_without_a_backend,
+                                                setup, teardown),
                 T(test_submit_is_refused_at_once_before_the_backend_is_reached),
                 T(test_submit_checks_lane_and_size_itself),
                 T(test_registering_tick_carries_name_canon_and_floor),
