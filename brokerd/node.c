@@ -74,7 +74,7 @@ static int id_create(int dir_fd, const char *id) {
 /* ---- the incarnation (SPEC §11, "One node, one identity") ---- */
 
 /* This boot, as "BOOT_ID@SECONDS": the kernel's boot id when /proc/sys is visible ("-" under
- * ProcSubset=pid, as brokerd.service runs), and the instant of the boot on the realtime clock (realtime −
+ * ProcSubset=pid, as a drop-in may set), and the instant of the boot on the realtime clock (realtime −
  * boottime, in seconds), which a sandbox cannot hide. */
 static void boot_read(char ret[static 64]) {
         char id[40] = "-";

@@ -17,6 +17,13 @@ not bound by a constant is an estimate written here, each with where it comes fr
 MemoryHigh= is the sum without `output` (what a brokerd whose clients read their replies can need),
 MemoryMax= the whole sum, each rounded up to a multiple of 256 MiB.
 
+No ProcSubset=pid either: it hides /proc/sys/kernel/random/boot_id, which dates the handed-over state
+(without it, every restart closed the waiters' connections: the systemd lane found it).
+
+FileDescriptorStoreMax= is max-connections + 1: every client connection and the memfd with their state,
+handed to systemd's fd store at a restart (brokerd(8), RESTART BEHAVIOUR). Fewer would make systemd close
+the last connections of a full brokerd at every restart (their clients queue again).
+
 Usage: check-unit-memory.py SOURCE_ROOT [--print]
 """
 import math
@@ -92,7 +99,17 @@ def main():
         print(f"MemoryHigh={high // MIB}M MemoryMax={top // MIB}M")
         return
     failed = False
+    fdstore = constant(root, "libbroker/conf.c", "DEFAULT_MAX_CONNECTIONS") + 1
     for unit in ("units/brokerd.service.in", "units/user/brokerd.service.in"):
+        with open(os.path.join(root, unit)) as f:
+            values = re.findall(r"^FileDescriptorStoreMax=(\d+)\s*$", f.read(), re.M)
+        if values != [str(fdstore)]:
+            print(f"{unit}: FileDescriptorStoreMax={values}, but max-connections + the state memfd is {fdstore}")
+            failed = True
+        with open(os.path.join(root, unit)) as f:
+            if re.search(r"^ProcSubset=pid\s*$", f.read(), re.M):
+                print(f"{unit}: ProcSubset=pid hides the boot id the handover at a restart needs (brokerd(8) SANDBOXING)")
+                failed = True
         for key, want in (("MemoryHigh", high), ("MemoryMax", top)):
             got = unit_value(os.path.join(root, unit), key)
             if got != want:

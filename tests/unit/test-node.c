@@ -152,7 +152,7 @@ static void test_incarnations_succeed_only_a_process_that_is_gone(void **state) 
         assert_string_equal(n.identity, "4444444444444444/aaaaaaaaaaaaaaaa");
         node_done(&n);
 
-        /* Where the boot id is hidden (brokerd.service's ProcSubset=pid), the boot's instant tells. */
+        /* Where the boot id is hidden (ProcSubset=pid in a drop-in), the boot's instant tells. */
         snprintf(line, sizeof line, "aaaaaaaaaaaaaaaa -@%lld 99999999 5 -\n", boot_instant());
         write_incarnation(line);
         byte = 0x66;
