@@ -446,10 +446,12 @@ class Broker:
     the listening socket across restarts (clients connecting meanwhile wait in its backlog), NOTIFY_SOCKET
     is the store (.store), and each start passes the socket named "varlink" then the stored fds with their
     names (LISTEN_FDS, LISTEN_FDNAMES, LISTEN_PID = brokerd's pid), in the order .fd_order says ("arrival",
-    "reversed", "shuffled" with .fd_seed). store_max: FileDescriptorStoreMax=. stop() and crash() keep the store for the next start(); cleanup() closes it."""
+    "reversed", "shuffled" with .fd_seed). store_max: FileDescriptorStoreMax=. socket_unit=False: a service
+    without brokerd.socket, brokerd binds its socket itself and only the stored fds are passed (none: no
+    LISTEN_FDS at all). stop() and crash() keep the store for the next start(); cleanup() closes it."""
 
     def __init__(self, config=None, mode="bound", notify=False, debug=True, brokerd=None, name="brokerd",
-                 nofile=None, store_max=8192):
+                 nofile=None, store_max=8192, socket_unit=True):
         assert mode in ("bound", "activate", "store")
         self.nofile = nofile  # RLIMIT_NOFILE, soft and hard (brokerd raises its soft limit to the hard one)
         self.env = {}  # more environment for brokerd (LD_PRELOAD …), from the next start() on
@@ -473,6 +475,7 @@ class Broker:
         if mode == "store":
             import fdstore
             self.store = fdstore.FdStore(os.path.join(self.dir, "notify"), max_fds=store_max)
+        if mode == "store" and socket_unit:
             # brokerd.socket: Backlog=4096 (the kernel caps it at somaxconn), SocketMode=0666 here.
             self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             self.listener.bind(self.socket_path)
@@ -556,9 +559,14 @@ class Broker:
         # stranger's, and nothing is stored or dropped while the fds are copied.
         with self.store.lock:
             stored = self.store.fds(self.fd_order, self.fd_seed)
-            fds = [self.listener.fileno()] + [fd for fd, _ in stored]
-            self.passed = ["varlink"] + [name for _, name in stored]
-            env = dict(env, NOTIFY_SOCKET=self.store.path, **fdstore.listen_env(self.passed))
+            fds = [fd for fd, _ in stored]
+            self.passed = [name for _, name in stored]
+            if self.listener:
+                fds.insert(0, self.listener.fileno())
+                self.passed.insert(0, "varlink")
+            env = dict(env, NOTIFY_SOCKET=self.store.path)
+            if fds:
+                env.update(fdstore.listen_env(self.passed))
 
             def child():
                 if preexec:
