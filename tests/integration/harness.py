@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """harness.py — shared helpers for the integration tests: a byte-level Varlink client, the real brokerd
-on a private socket (self-bound or through systemd-socket-activate), a stand-in NOTIFY_SOCKET, polling
+on a private socket (self-bound, through systemd-socket-activate, or as systemd's socket unit and fd store
+pass it: mode "store", fdstore.py), a stand-in NOTIFY_SOCKET, `slotctl run` as a CI job runs it, polling
 helpers, the invariant checker under load (Tracker, monitor: test-brokerd-stress.py, test-restart.py) and
 child processes in process groups of their own. Python 3 standard library only.
 
