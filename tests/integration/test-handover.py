@@ -29,6 +29,8 @@ Handover:
 - Half a call sent before the stop and its rest after is answered; a thousand calls whose replies were not
   read before the stop are all answered, once each, in order. Acquires that come during the restart (on an
   idle connection after STOPPING=1, on a new connection in the backlog) queue behind the waiter handed over.
+  An Acquire cut by the restart after its pidfd came is refused (or its connection closed), never taken
+  without it.
 
 Damaged: the stored state cut short, with a flipped byte, of version 2, of another boot, missing, empty
 (taken once already), with waiters' entries out of range: those connections are closed, their `slotctl run`
@@ -533,6 +535,35 @@ class Handover(HandoverCase):
         self.assertEqual(self.jobs["holder"].wait(10), 0, self.stderrs())
         self.assert_nobody_requeued()
         self.w.check(self)
+
+    def test_a_call_cut_by_the_restart_with_its_pidfd(self):
+        """An Acquire whose pidfd came (SCM_RIGHTS, with its first byte) before the stop and whose end came after:
+        the state carries the bytes, not the fd. The call must not be taken with a pidfd it no longer has (or
+        another fd in its place): an error, or the connection closed (the client asks again)."""
+        b = self.start_broker()
+        holder = self.acquire(b, "nightly")
+        holder.until_granted()
+        command = harness.Child()
+        self.addCleanup(command.kill)
+        pidfd = os.pidfd_open(command.pid)
+        c = b.connect(10)
+        self.addCleanup(c.close)
+        call = harness.Varlink.encode_call("io.slotbroker.Acquire", {"lane": "nightly", "pidfd": 0}, more=True)
+        before = b.pidfd_count()
+        socket.send_fds(c.sock, [call[:-1]], [pidfd])
+        os.close(pidfd)
+        wait_for(lambda: b.pidfd_count() > before, 10, message="brokerd holding the pidfd of the unfinished call")
+        self.stop_into_store(b)
+        try:
+            c.send_raw(call[-1:])  # while brokerd is down
+        except OSError:
+            return  # not handed over: closed at the stop
+        self.start_from_store(b)
+        try:
+            msg = c.recv(10)
+        except harness.ConnectionClosed:
+            return
+        self.assertIn("error", msg, f"the call was taken without its pidfd: {msg}; brokerd:\n{b.log()[-2000:]}")
 
     def test_partial_input_and_unread_output_cross_the_restart(self):
         b = self.start_broker()
