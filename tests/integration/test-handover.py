@@ -36,8 +36,8 @@ Damaged: the stored state cut short, with a flipped byte, of version 2, of anoth
 (taken once already), with waiters' entries out of range: those connections are closed, their `slotctl run`
 queue again (stderr says so) and finish; the holder keeps its lease (from the lease log, reclaimed if its
 connection was closed); nothing is granted twice; the store is flushed all the same. A state with one
-connection listed twice, or a waiter's entry naming the holder's lease: every job finishes with its own
-status and nothing is granted twice, whatever brokerd makes of it.
+connection listed twice, or a waiter's entry naming the holder's lease (the holder's own entry gone): every job
+finishes with its own status and nothing is granted twice.
 
 Without a store (no NOTIFY_SOCKET) a restart is as before: test-requeue.py.
 
@@ -631,13 +631,15 @@ def a_connection_twice(state):
     return json.dumps(obj).encode()
 
 
-def a_lease_claimed_twice(state):
-    """The first waiter's entry made a holder's: the lease of the real holder's entry (two sockets, one lease)."""
+def a_lease_claimed_by_another(state):
+    """The first waiter's entry made the holder's (its lease), and the holder's own entry gone: a socket that
+    never held the lease names it. (Both entries naming it is the same, half the time: the first one wins.)"""
     obj = json.loads(state)
     waiting = [c for c in obj["connections"] if "waiting" in c.get("acquire", {})]
     holding = [c for c in obj["connections"] if "lease" in c.get("acquire", {})]
     assert waiting and holding, f"no waiter's or no holder's entry in the state: {obj}"
     waiting[0]["acquire"] = json.loads(json.dumps(holding[0]["acquire"]))
+    obj["connections"].remove(holding[0])
     return json.dumps(obj).encode()
 
 
@@ -697,8 +699,10 @@ class Damaged(HandoverCase):
     def test_a_connection_listed_twice(self):
         self.check_safe(lambda s: s.replace("sb-state", a_connection_twice(s.read())))
 
-    def test_a_lease_claimed_by_two_connections(self):
-        self.check_safe(lambda s: s.replace("sb-state", a_lease_claimed_twice(s.read())))
+    def test_a_lease_claimed_by_a_connection_that_never_held_it(self):
+        """Only the lease's own client may be re-linked to it (its socket's peer is the lease's pid and uid):
+        another's connection is closed and queues again, the holder reclaims its lease."""
+        self.check_safe(lambda s: s.replace("sb-state", a_lease_claimed_by_another(s.read())))
 
     def test_state_cut_short(self):
         self.check_requeued(lambda s: s.replace("sb-state", fdstore.state_cut_short(s.read())))
