@@ -700,7 +700,8 @@ class Damaged(HandoverCase):
         self.check_safe(lambda s: s.replace("sb-state", a_connection_twice(s.read())))
 
     def test_a_lease_claimed_by_a_connection_that_never_held_it(self):
-        """Only the lease's own client may be re-linked to it (its socket's peer is the lease's pid and uid):
+        """Only the connection that held the lease may be re-linked to it (a state is not to be trusted to say
+        which: the socket's peer, as SO_PEERCRED gives it, against what the lease log knows of its client):
         another's connection is closed and queues again, the holder reclaims its lease."""
         self.check_safe(lambda s: s.replace("sb-state", a_lease_claimed_by_another(s.read())))
 
