@@ -103,6 +103,11 @@ class TestSharedUpgrade(harness.BrokerTestCase):
         held = self.hand_over(old, new, held)   # old → new
         held = self.hand_over(new, old, held)   # new → old
 
+        # Each kind called its own way: EVALSHA (the older node), FCALL (this build).
+        stats = r.call("INFO", "commandstats")
+        self.assertIn("cmdstat_evalsha:", stats)
+        self.assertIn("cmdstat_fcall:", stats)
+
         # The library flushed under the new node: its next call loads it again, nothing is refused.
         self.assertEqual(r.call("FUNCTION", "FLUSH"), "OK")
         held = self.hand_over(old, new, held)
