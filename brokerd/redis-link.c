@@ -395,6 +395,12 @@ static bool library_load_ok(const redisReply *r) {
                      (r->type == REDIS_REPLY_ERROR && strstr(r->str, "already exists")));
 }
 
+/* A write refused for the server's state (out of memory, too few replicas), not for what was written. */
+static bool library_load_refused_as_a_write(const redisReply *r) {
+        return r && r->type == REDIS_REPLY_ERROR &&
+               (strncmp(r->str, "OOM", strlen("OOM")) == 0 || strncmp(r->str, "NOREPLICAS", strlen("NOREPLICAS")) == 0);
+}
+
 static void on_library_loaded(RedisLink *link, int error, const redisReply *reply, void *userdata) {
         if (error < 0 || library_load_ok(reply))
                 return;
@@ -657,6 +663,11 @@ static void on_setup_reply(RedisLink *link, int error, const redisReply *reply, 
                 link->run_id = run_id;
         } else if (step == SETUP_LIBRARY && library_load_ok(reply)) {
                 /* loaded, or there already */
+        } else if (step == SETUP_LIBRARY && library_load_refused_as_a_write(reply)) {
+                /* FUNCTION LOAD is a write: a full Redis (noeviction) or one short of its min-replicas-to-write
+                 * refuses it, as it refuses the calls' writes. Not a configuration error, and the library may
+                 * be there already: up, and a call that finds it missing loads it again. */
+                link_log(link, LOG_WARNING, "FUNCTION LOAD of the library refused for now: %.200s", reply_text(reply));
         } else if (step == SETUP_LIBRARY) {
                 snprintf(reason, sizeof reason, "FUNCTION LOAD of the library refused: %.200s", reply_text(reply));
                 link->failure = "script";

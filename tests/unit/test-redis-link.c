@@ -468,6 +468,27 @@ static void test_a_library_redis_cannot_compile_fails_the_link(void **state) {
         assert_string_equal(redis_link_get_failure(f->link), "script");
 }
 
+/* FUNCTION LOAD is a write: a Redis short of its min-replicas-to-write (or full) refuses it at setup. The
+ * link is up all the same (not a configuration error), a call meets "Function not found" until the writes
+ * are taken again, and then loads the library itself. */
+static void test_a_library_refused_as_a_write_leaves_the_link_up(void **state) {
+        Fixture *f = *state;
+
+        redis_start(f, (const char *const[]) { "--min-replicas-to-write", "1", NULL });
+        link_start(f);
+        assert_int_equal(redis_link_set_library(f->link, echo_library), 0);
+        wait_up(f);
+        Reply r = fcall(f, "test_echo", "x");
+        assert_int_equal(r.type, REDIS_REPLY_ERROR);
+        assert_non_null(strstr(r.text, "Function not found"));
+
+        r = CMD("CONFIG", "SET", "min-replicas-to-write", "0");
+        assert_string_equal(r.text, "OK");
+        r = fcall(f, "test_echo", "written");
+        assert_int_equal(r.type, REDIS_REPLY_STRING);
+        assert_string_equal(r.text, "written");
+}
+
 /* A Redis that answers the setup as Redis 6.2 does (SELECT, then an INFO that says its version). */
 #define OLD_REDIS_INFO "# Server\r\nredis_version:6.2.14\r\nrun_id:0123456789abcdef0123456789abcdef01234567\r\n" \
         "# Memory\r\nmaxmemory_policy:noeviction\r\n# Replication\r\nrole:master\r\n"
@@ -986,6 +1007,7 @@ int main(int argc, char *argv[]) {
                 T(test_fcall_runs_the_library_loaded_at_setup),
                 T(test_function_flush_then_fcall_reloads_and_retries_once),
                 T(test_a_library_redis_cannot_compile_fails_the_link),
+                T(test_a_library_refused_as_a_write_leaves_the_link_up),
                 T(test_a_redis_older_than_7_is_refused_with_a_library),
                 T(test_a_redis_older_than_7_serves_a_link_without_a_library),
                 T(test_command_timeout_ends_the_connection_then_it_comes_back),
