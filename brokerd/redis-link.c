@@ -421,7 +421,8 @@ static bool link_retry_missing(RedisLink *link, RedisCall *call, const redisRepl
                 return false;
         if (call->script >= 0 && strncmp(reply->str, "NOSCRIPT", strlen("NOSCRIPT")) == 0)
                 argv[2] = link->scripts[call->script].source;
-        else if (call->fcall && link->library && strstr(reply->str, "Function not found")) {
+        else if (call->fcall && link->library && strncmp(reply->str, "ERR Function not found",
+                                                           strlen("ERR Function not found")) == 0) {
                 argv[0] = "FUNCTION";
                 argv[2] = link->library;
                 loaded = on_library_loaded;
