@@ -40,6 +40,7 @@ static TestRedis server;
 static redisContext *redis;
 static char shas[8][41];
 static const char *run_id = "run1";     /* the run id the calls say their link saw */
+static const char *pool = POOL;         /* KEYS[1] of call() */
 
 /* How calls reach the operations: FCALL of the library's functions (brokerd's way), or, with --alternate,
  * FCALL and EVALSHA of the EVAL scripts (a brokerd from before the library) in turn, call after call: a
@@ -74,7 +75,7 @@ static redisReply *call_v(const char *op, const char *node, long long now, int s
         callee(op, &argv[0], &argv[1]);
         n = 2;
         argv[n++] = "1";
-        argv[n++] = POOL;
+        argv[n++] = pool;
         argv[n++] = "1";
         argv[n++] = node;
         argv[n++] = now_s;
@@ -172,6 +173,7 @@ static redisReply *release_at(long long now, long long token, const char *rid) {
 static int setup(void **state) {
         redisReply *r = redisCommand(redis, "FLUSHALL");
         run_id = "run1";
+        pool = POOL;
         assert_non_null(r);
         freeReplyObject(r);
         return 0;
@@ -661,6 +663,30 @@ static redisReply *t_positions(void) {
         return redisCommandArgv(redis, (int) n, argv, NULL);
 }
 static redisReply *t_status(void) { return call("positions", "n1", 4000, 0, "status", NULL); }
+
+/* The library keeps the rules it parsed, by their canon, 64 at most: more pools than that, each with its
+ * own canon, empty it (more than once here), and every call still decides by its own pool's stored rules:
+ * k above the limit is invalid, k at the limit granted. */
+static void test_more_canons_than_the_library_keeps_parsed(void **state) {
+        char canon[256], name[32], k[8];
+
+        for (int i = 1; i <= 150; i++) {
+                snprintf(name, sizeof name, "{sb:c%d}", i);
+                pool = name;
+                snprintf(canon, sizeof canon, CANON_ONE_LANE "limit=%d\n", i);
+                tick_ok("n1", 1000, canon);
+        }
+        for (int i = 1; i <= 150; i += 37) {
+                snprintf(name, sizeof name, "{sb:c%d}", i);
+                pool = name;
+                snprintf(k, sizeof k, "%d", i + 1);
+                redisReply *r = call("submit", "n1", 2000, 1, "over", "ci", k, "1", "0", "-1", "-1", "-", NULL);
+                assert_string_equal(status(r), "invalid");
+                freeReplyObject(r);
+                expect_verdict("at", 2000, "ci", i, "granted");
+                expect_verdict("more", 2000, "ci", 1, "queued");
+        }
+}
 
 static void test_script_time_at_10000_waiters(void **state) {
         char rid[16];
@@ -1932,6 +1958,7 @@ int main(int argc, char *argv[]) {
                 T(test_reconcile_and_positions_are_paged),
                 T(test_an_instant_cut_short_is_finished_before_a_later_arrival),
                 T(test_scripts_decide_as_pool_local_does),
+                T(test_more_canons_than_the_library_keeps_parsed),
                 T(test_script_time_at_10000_waiters),
 #undef T
         };
