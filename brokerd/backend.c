@@ -46,7 +46,7 @@ struct Backend {
         RedisLink *commands;
         RedisLink *reader;
         Sentinel *sentinel;             /* redis-sentinel://: where the links connect; NULL otherwise */
-        unsigned scripts[_SHARED_SCRIPT_MAX];
+        const char *functions[_SHARED_SCRIPT_MAX]; /* FCALL's names in the library, by SharedScript */
         BackendPool **pools;
         size_t n_pools;
         uint64_t next_serial;
@@ -248,8 +248,8 @@ static void backend_send_calls(Backend *b, BackendPool *bp) {
                          * writes this connection sent before it. */
                         r = c->wait ? redis_link_command(b->commands, on_call_reply, f, (int) c->argc, c->argv,
                                                          c->argvlen)
-                                    : redis_link_evalsha(b->commands, b->scripts[c->script], on_call_reply, f,
-                                                         c->n_keys, (int) c->argc, c->argv, c->argvlen);
+                                    : redis_link_fcall(b->commands, b->functions[c->script], on_call_reply, f,
+                                                       c->n_keys, (int) c->argc, c->argv, c->argvlen);
                 }
                 if (r < 0) {
                         in_flight_free(f);
@@ -529,14 +529,18 @@ static int backend_new(BackendTable *t, const PoolConfig *pc, Backend **ret) {
                 r = sentinel_new(t->event, &endpoint, &so, &b->sentinel);
         }
         redis_endpoint_done(&endpoint);
-        /* Scripts by the engine's names: the embedded table's order is the build's, not SharedScript's. */
+        /* The library, and its functions by the engine's names: the embedded table's order is the build's,
+         * not SharedScript's. */
+        if (r >= 0)
+                r = redis_link_set_library(b->commands, shared_library);
         for (int s = 0; r >= 0 && s < _SHARED_SCRIPT_MAX; s++) {
                 const char *name = shared_script_to_string(s);
                 const SharedScriptText *text = NULL;
                 for (size_t i = 0; i < shared_scripts_n; i++)
                         if (streq(shared_scripts[i].name, name))
                                 text = shared_scripts + i;
-                r = text ? redis_link_add_script(b->commands, text->text, &b->scripts[s]) : -ENOENT;
+                b->functions[s] = text ? text->function : NULL;
+                r = text ? 0 : -ENOENT;
         }
         if (r < 0) {
                 backend_free(b);

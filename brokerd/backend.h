@@ -2,12 +2,12 @@
 /* backend.h — the Redis side of shared pools (memo §1.6): one Backend per distinct endpoint and
  * credentials, made by the engine's pool factory when a pool names it and freed with its last pool.
  *
- * A Backend has two RedisLinks: one for the pools' script calls (EVALSHA, in the order each pool's outbox
- * gives them) and one blocked in XREAD on this node's stream of every pool on it, resumed from the last
- * entry handed in. It turns hiredis replies into RespValues for pool-shared.c (which decides nothing either:
- * Redis does), tells the pools when the link goes up or down, arms the CLOCK_BOOTTIME self-fence timer, and
- * hands their notices to its owner. The decisions the pools emit reach the engine; the manager's drain,
- * which follows every dispatch, processes them. */
+ * A Backend has two RedisLinks: one for the pools' script calls (FCALL of the library's functions, in the
+ * order each pool's outbox gives them) and one blocked in XREAD on this node's stream of every pool on it,
+ * resumed from the last entry handed in. It turns hiredis replies into RespValues for pool-shared.c (which
+ * decides nothing either: Redis does), tells the pools when the link goes up or down, arms the
+ * CLOCK_BOOTTIME self-fence timer, and hands their notices to its owner. The decisions the pools emit
+ * reach the engine; the manager's drain, which follows every dispatch, processes them. */
 #pragma once
 
 #include <stdbool.h>

@@ -25,7 +25,7 @@ typedef enum LinkPhase {
         PHASE_IDLE,             /* no context: waiting for the retry timer */
         PHASE_RESOLVING,        /* a lookup in flight (resolve.h) */
         PHASE_CONNECTING,       /* context made, connect() in progress */
-        PHASE_SETUP,            /* connected: AUTH, SELECT, INFO, SCRIPT LOAD in flight */
+        PHASE_SETUP,            /* connected: AUTH, SELECT, INFO, FUNCTION LOAD, SCRIPT LOAD in flight */
         PHASE_UP,
         PHASE_CLOSING,          /* the context is ending (its pending replies come back empty) */
 } LinkPhase;
@@ -48,9 +48,10 @@ struct RedisCall {
         usec_t timeout;                 /* the command timeout, plus the block of a blocking command */
         bool blocking;
         bool timed_out;                 /* its deadline ended the connection */
-        bool retried;                   /* NOSCRIPT was answered once already */
+        bool retried;                   /* NOSCRIPT or "Function not found" was answered once already */
+        bool fcall;                     /* a call of the library's */
         int script;                     /* an evalsha's handle, or -1 */
-        char *cmd;                      /* the formatted command, kept by an evalsha for a retry */
+        char *cmd;                      /* the formatted command, kept by an evalsha or fcall for a retry */
         size_t cmd_len;
 };
 
@@ -87,6 +88,7 @@ struct RedisLink {
 
         RedisScript *scripts;
         size_t n_scripts;
+        char *library;                  /* redis_link_set_library()'s source; NULL: none (any Redis will do) */
 
         char *channel;                  /* redis_link_subscribe()'s, subscribed at every setup */
         RedisMessageFn message_fn;
@@ -137,6 +139,7 @@ static void link_destroy(RedisLink *link) {
                 free(link->scripts[i].sha);
         }
         free(link->scripts);
+        free(link->library);
         free(link->password);
         free(link->end_reason);
         free(link->state_detail);
@@ -310,6 +313,7 @@ typedef struct SendArgs {
         void *userdata;
         usec_t block;           /* a blocking command's block; 0: none */
         bool blocking;
+        bool fcall;             /* a call of the library's (kept for a retry) */
         int script;             /* -1: not an evalsha (nothing kept for a retry) */
 } SendArgs;
 
@@ -332,10 +336,11 @@ static int link_send(RedisLink *link, const SendArgs *a, int argc, const char *c
                 .userdata = a->userdata,
                 .timeout = usec_add(link->options.command_timeout, a->block),
                 .blocking = a->blocking,
+                .fcall = a->fcall,
                 .script = a->script,
         };
         r = link_send_call(link, call, cmd, (size_t) len);
-        if (r < 0 || a->script < 0)
+        if (r < 0 || (a->script < 0 && !a->fcall))
                 redisFreeCommand(cmd);
         else {
                 call->cmd = cmd;
@@ -383,24 +388,58 @@ static void on_script_loaded(RedisLink *link, int error, const redisReply *reply
         }
 }
 
-/* A NOSCRIPT reply to an evalsha (SCRIPT FLUSH, a restart or failover since setup): the script is loaded
- * again and the call sent once more, in that order on the one connection. Returns true if the call was
- * sent again (hiredis has it back), false if it should be answered with this reply. */
-static bool link_retry_noscript(RedisLink *link, RedisCall *call, const redisReply *reply) {
-        const char *argv[] = { "SCRIPT", "LOAD", NULL };
+/* FUNCTION LOAD's answer: the library's name, or "already exists": a library's name is of its text
+ * (shared-scripts.h), so the one there is this one. */
+static bool library_load_ok(const redisReply *r) {
+        return r && (r->type == REDIS_REPLY_STRING ||
+                     (r->type == REDIS_REPLY_ERROR && strstr(r->str, "already exists")));
+}
 
-        if (call->script < 0 || call->retried || !call->cmd || !reply_is_error(reply) ||
-            strncmp(reply->str, "NOSCRIPT", strlen("NOSCRIPT")) != 0)
+/* A write refused for the server's state (out of memory, too few replicas), not for what was written. */
+static bool library_load_refused_as_a_write(const redisReply *r) {
+        return r && r->type == REDIS_REPLY_ERROR &&
+               (strncmp(r->str, "OOM", strlen("OOM")) == 0 || strncmp(r->str, "NOREPLICAS", strlen("NOREPLICAS")) == 0);
+}
+
+static void on_library_loaded(RedisLink *link, int error, const redisReply *reply, void *userdata) {
+        if (error < 0 || library_load_ok(reply))
+                return;
+        /* The call sent after it meets "Function not found" again and gets that error: its owner decides. */
+        link_log(link, LOG_WARNING, "Could not load the library into Redis: %s", reply_text(reply));
+}
+
+/* A NOSCRIPT reply to an evalsha, or "Function not found" to an fcall (SCRIPT or FUNCTION FLUSH, a restart
+ * without the data, a failover since setup): the script or the library is loaded again and the call sent
+ * once more, in that order on the one connection. Returns true if the call was sent again (hiredis has it
+ * back), false if it should be answered with this reply. */
+static bool link_retry_missing(RedisLink *link, RedisCall *call, const redisReply *reply) {
+        const char *argv[] = { "SCRIPT", "LOAD", NULL };
+        RedisReplyFn loaded = on_script_loaded;
+        uintptr_t tag = (uintptr_t) call->script;
+
+        if (call->retried || !call->cmd || !reply_is_error(reply))
+                return false;
+        if (call->script >= 0 && strncmp(reply->str, "NOSCRIPT", strlen("NOSCRIPT")) == 0)
+                argv[2] = link->scripts[call->script].source;
+        else if (call->fcall && link->library && strncmp(reply->str, "ERR Function not found",
+                                                           strlen("ERR Function not found")) == 0) {
+                argv[0] = "FUNCTION";
+                argv[2] = link->library;
+                loaded = on_library_loaded;
+                tag = 0;
+        } else
                 return false;
         call->retried = true;
-        argv[2] = link->scripts[call->script].source;
-        if (link_send_internal(link, on_script_loaded, (uintptr_t) call->script, 3, argv) < 0)
+        if (link_send_internal(link, loaded, tag, 3, argv) < 0)
                 return false;
         if (link_send_call(link, call, call->cmd, call->cmd_len) < 0)
                 return false;
         link->stats.script_reloads++;
-        link_log(link, LOG_DEBUG, "Script %d was not in Redis's script cache (NOSCRIPT): loaded it again",
-                 call->script);
+        if (call->fcall)
+                link_log(link, LOG_INFO, "Redis did not have the library (a flush, or a server without it): loaded it again");
+        else
+                link_log(link, LOG_DEBUG, "Script %d was not in Redis's script cache (NOSCRIPT): loaded it again",
+                         call->script);
         return true;
 }
 
@@ -430,7 +469,7 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata) {
                         link->stats.rtt_avg = link->stats.rtt_avg == 0 ? rtt
                                 : link->stats.rtt_avg - link->stats.rtt_avg / 8 + rtt / 8;
                 }
-                if (link_retry_noscript(link, call, reply))
+                if (link_retry_missing(link, call, reply))
                         return;
         }
 
@@ -442,13 +481,14 @@ static void on_reply(redisAsyncContext *ac, void *r, void *privdata) {
         fn(link, error, reply, userdata);
 }
 
-/* ---- setup: AUTH, SELECT, INFO, SCRIPT LOAD, pipelined ---- */
+/* ---- setup: AUTH, SELECT, INFO, FUNCTION LOAD, SCRIPT LOAD, pipelined ---- */
 
 enum {
         SETUP_AUTH,
         SETUP_SELECT,
         SETUP_INFO,
         SETUP_SUBSCRIBE,
+        SETUP_LIBRARY,
         SETUP_SCRIPT,           /* + the script's handle */
 };
 
@@ -466,6 +506,18 @@ static const char *info_field(const char *info, const char *key, char *buf, size
                         return buf;
                 }
         return NULL;
+}
+
+/* "MAJOR.MINOR.PATCH" (INFO's redis_version) of major at least min; false for NULL or anything else. */
+static bool redis_version_is_at_least(const char *version, unsigned long min) {
+        char *end;
+        unsigned long major;
+
+        if (!version || !version[0] || !strchr("0123456789", version[0]))
+                return false;
+        errno = 0;
+        major = strtoul(version, &end, 10);
+        return errno == 0 && (*end == '.' || *end == '\0') && major >= min;
 }
 
 /* INFO says whether this is a Redis server that can hold a pool. Returns 0 and its run id in *ret_run_id,
@@ -495,6 +547,19 @@ static int link_check_info(RedisLink *link, const redisReply *reply, char **ret_
         if (info_field(reply->str, "role", role, sizeof role) && !streq(role, "master")) {
                 snprintf(reason, sizeof reason, "Redis is a replica (role:%s): it refuses writes", role);
                 link->failure = "replica";
+                link_end(link, REDIS_LINK_FAILED, reason);
+                return -1;
+        }
+        /* The library is FUNCTION LOADed and FCALLed: Redis 7.0 and later (Debian 12's). An older one would
+         * answer "unknown command" to every call; refused here, once, saying which version it is. */
+        char version[32];
+        if (link->library && !redis_version_is_at_least(info_field(reply->str, "redis_version", version, sizeof version),
+                                                         REDIS_LINK_LIBRARY_MIN_MAJOR)) {
+                snprintf(reason, sizeof reason,
+                         "Redis %s is too old: shared pools need Redis %d.0 or later (Redis Functions)",
+                         info_field(reply->str, "redis_version", version, sizeof version) ? version : "of unknown version",
+                         REDIS_LINK_LIBRARY_MIN_MAJOR);
+                link->failure = "redis-version";
                 link_end(link, REDIS_LINK_FAILED, reason);
                 return -1;
         }
@@ -597,6 +662,18 @@ static void on_setup_reply(RedisLink *link, int error, const redisReply *reply, 
                         return;
                 free(link->run_id);
                 link->run_id = run_id;
+        } else if (step == SETUP_LIBRARY && library_load_ok(reply)) {
+                /* loaded, or there already */
+        } else if (step == SETUP_LIBRARY && library_load_refused_as_a_write(reply)) {
+                /* FUNCTION LOAD is a write: a full Redis (noeviction) or one short of its min-replicas-to-write
+                 * refuses it, as it refuses the calls' writes. Not a configuration error, and the library may
+                 * be there already: up, and a call that finds it missing loads it again. */
+                link_log(link, LOG_WARNING, "FUNCTION LOAD of the library refused for now: %.200s", reply_text(reply));
+        } else if (step == SETUP_LIBRARY) {
+                snprintf(reason, sizeof reason, "FUNCTION LOAD of the library refused: %.200s", reply_text(reply));
+                link->failure = "script";
+                link_end(link, classify_error_reply(reply_text(reply)), reason);
+                return;
         } else if (step >= SETUP_SCRIPT && reply && reply->type == REDIS_REPLY_STRING && sha_is_valid(reply)) {
                 RedisScript *s = &link->scripts[step - SETUP_SCRIPT];
                 char *sha = strdup(reply->str);
@@ -682,6 +759,11 @@ static void link_send_setup(RedisLink *link) {
          * on_message(); the link is up once the subscription is confirmed. */
         if (r >= 0 && link->channel) {
                 r = redisAsyncCommand(link->ac, on_message, link, "SUBSCRIBE %s", link->channel) == REDIS_OK ? 0 : -ENOTCONN;
+                link->setup_pending += r >= 0;
+        }
+        if (r >= 0 && link->library && !link->options.sentinel) {
+                r = link_send_internal(link, on_setup_reply, SETUP_LIBRARY, 3,
+                                       (const char *const[]) { "FUNCTION", "LOAD", link->library });
                 link->setup_pending += r >= 0;
         }
         for (size_t i = 0; r >= 0 && !link->options.sentinel && i < link->n_scripts; i++) {
@@ -1187,6 +1269,23 @@ int redis_link_add_script(RedisLink *link, const char *source, unsigned *ret_han
         return 0;
 }
 
+int redis_link_set_library(RedisLink *link, const char *source) {
+        char *copy;
+
+        assert_return(link, -EINVAL);
+        assert_return(source && strncmp(source, "#!lua name=", strlen("#!lua name=")) == 0, -EINVAL);
+        if (link->library)
+                return -EBUSY;
+        copy = strdup(source);
+        if (!copy)
+                return -ENOMEM;
+        link->library = copy;
+        /* Its version check is part of the setup: a link up already sets up again. */
+        if (link->ac)
+                link_end(link, REDIS_LINK_DOWN, "Loading the library");
+        return 0;
+}
+
 /* The link owns the connection's state (database, credentials, protocol mode): a command that changes it
  * would break what the link set up, or hiredis's reply order (hiredis 0.14 asserts on a pub/sub reply it
  * did not expect). */
@@ -1273,6 +1372,40 @@ int redis_link_evalsha(RedisLink *link, unsigned script, RedisReplyFn fn, void *
                 args[0] = "EVAL";
                 args[1] = link->scripts[script].source;
         }
+        args[2] = n;
+        for (int i = 0; i < argc; i++) {
+                args[i + 3] = argv[i];
+                lens[i + 3] = argvlen ? argvlen[i] : strlen(argv[i]);
+        }
+        for (int i = 0; i < 3; i++)
+                lens[i] = strlen(args[i]);
+        return link_send(link, &a, argc + 3, args, lens);
+}
+
+int redis_link_fcall(RedisLink *link, const char *function, RedisReplyFn fn, void *userdata, unsigned nkeys,
+                     int argc, const char *const *argv, const size_t *argvlen) {
+        _cleanup_free_ const char **args = NULL;
+        _cleanup_free_ size_t *lens = NULL;
+        const SendArgs a = { .fn = fn, .userdata = userdata, .fcall = true, .script = -1 };
+        char n[16];
+
+        assert_return(link, -EINVAL);
+        assert_return(function, -EINVAL);
+        assert_return(fn, -EINVAL);
+        assert_return(argc >= 0 && (argc == 0 || argv), -EINVAL);
+        assert_return(nkeys <= (unsigned) argc, -EINVAL);
+        if (!link->library)
+                return -ENOENT;
+        if (link->phase != PHASE_UP || link->ending)
+                return -ENOTCONN;
+
+        args = calloc((size_t) argc + 3, sizeof *args);
+        lens = calloc((size_t) argc + 3, sizeof *lens);
+        if (!args || !lens)
+                return -ENOMEM;
+        snprintf(n, sizeof n, "%u", nkeys);
+        args[0] = "FCALL";
+        args[1] = function;
         args[2] = n;
         for (int i = 0; i < argc; i++) {
                 args[i + 3] = argv[i];

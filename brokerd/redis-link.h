@@ -6,14 +6,16 @@
  * getaddrinfo() on it; hiredis then gets a numeric address, which it does not look up), connects without
  * blocking (a new hiredis context each time, every address of the name in turn), then sets it up:
  * AUTH (when a password file is given), SELECT, INFO (the server's run_id, and maxmemory-policy, which must
- * be noeviction: a pool whose keys Redis may evict cannot keep its promises), and SCRIPT LOAD of every
- * registered script, so that EVALSHA does not meet NOSCRIPT. Only then is the link up, and its owner told
+ * be noeviction: a pool whose keys Redis may evict cannot keep its promises; with a library, redis_version
+ * 7.0 or later), FUNCTION LOAD of the library (redis_link_set_library()), and SCRIPT LOAD of every
+ * registered script, so that FCALL and EVALSHA find them. Only then is the link up, and its owner told
  * the run id (another one than last time: Redis restarted, and what it held may be gone).
  *
  * hiredis 0.14 has no command timeout: each command has a deadline here, and one that passes ends the
  * connection (shutdown() of the socket, the context freed, a new one later). Attempts are spaced by a
  * jittered backoff, 100 ms doubling to 5 s, back to 100 ms once up. A configuration error (refused
- * password, no such DB, an eviction policy, not a Redis server, a script Redis does not compile) makes the
+ * password, no such DB, an eviction policy, not a Redis server, a Redis too old for the library, a script
+ * Redis does not compile) makes the
  * link FAILED rather than DOWN: it still retries, at the slowest pace, since only an operator can fix it.
  *
  * No logging here: what a person should read goes to the owner's log callback, what the owner must act on
@@ -107,8 +109,8 @@ const RedisEndpoint *redis_link_get_endpoint(const RedisLink *link);
 
 RedisLinkState redis_link_get_state(const RedisLink *link);
 /* Why the link is FAILED, in a word for clients and Status ("eviction-policy", "auth", "database",
- * "not-redis", "replica", "script", "password-file"; "not-sentinel" for a .sentinel link); NULL while it
- * is not FAILED. */
+ * "not-redis", "replica", "script", "redis-version", "password-file"; "not-sentinel" for a .sentinel
+ * link); NULL while it is not FAILED. */
 const char *redis_link_get_failure(const RedisLink *link);
 /* The run id of the server as of the last time the link went up; NULL before. */
 const char *redis_link_get_run_id(const RedisLink *link);
@@ -116,6 +118,16 @@ const char *redis_link_get_run_id(const RedisLink *link);
 /* Registers a Lua script, loaded at every setup from now on (and at once if the link is up), in
  * *ret_handle for redis_link_evalsha(). Returns 0, -ENOMEM. */
 int redis_link_add_script(RedisLink *link, const char *source, unsigned *ret_handle);
+
+/* The oldest Redis a link with a library accepts (Redis Functions came with 7.0). */
+#define REDIS_LINK_LIBRARY_MIN_MAJOR 7
+
+/* Registers the Redis Functions library source (its first line "#!lua name=NAME"), loaded with FUNCTION
+ * LOAD at every setup from now on; a link up already sets up again. The link then needs Redis ≥ 7.0 (INFO's
+ * redis_version) and fails ("redis-version") with an older one. Without REPLACE: "already exists" counts
+ * as loaded, so a library's name must say its text (shared-scripts.h: a digest in the name). One per link.
+ * Returns 0, -EINVAL (no name line), -EBUSY (one already), -ENOMEM. */
+int redis_link_set_library(RedisLink *link, const char *source);
 
 /* Sends a command. Returns 0 (fn is then called exactly once, unless the link is freed first),
  * -ENOTCONN at once while the link is not UP, -EINVAL (no argument, or a command that changes the
@@ -129,6 +141,13 @@ int redis_link_command(RedisLink *link, RedisReplyFn fn, void *userdata, int arg
  * reply only. Returns as redis_link_command(), and -ENOENT for an unknown handle. */
 int redis_link_evalsha(RedisLink *link, unsigned script, RedisReplyFn fn, void *userdata, unsigned nkeys,
                        int argc, const char *const *argv, const size_t *argvlen);
+
+/* FCALL of function (of the library) with nkeys keys then the other arguments, as redis_link_evalsha().
+ * "Function not found" (FUNCTION FLUSH, a Redis restarted or failed over without the library) makes the
+ * link load the library again and send the call once more; its owner sees the second reply only. Returns
+ * as redis_link_command(), and -ENOENT without a library. */
+int redis_link_fcall(RedisLink *link, const char *function, RedisReplyFn fn, void *userdata, unsigned nkeys,
+                     int argc, const char *const *argv, const size_t *argvlen);
 
 /* A command that may block on the server for up to block (XREAD BLOCK ms): its deadline is block plus the
  * command timeout. Only on a link made with .blocking (else -EINVAL), one at a time (-EBUSY). Returns as
@@ -152,7 +171,7 @@ typedef struct RedisLinkStats {
         uint64_t attempts;              /* connection attempts started */
         uint64_t ups;                   /* how often the link went up */
         uint64_t timeouts;              /* commands that timed out */
-        uint64_t script_reloads;        /* NOSCRIPT replies answered by a reload */
+        uint64_t script_reloads;        /* NOSCRIPT and "Function not found" replies answered by a reload */
 } RedisLinkStats;
 
 void redis_link_get_stats(const RedisLink *link, RedisLinkStats *ret);

@@ -1,9 +1,11 @@
 -- SPDX-License-Identifier: MIT
 -- prelude.lua — the admission rules of a shared pool, ported line by line from
 -- libbroker/engine/pool-local.c (which stays the reference: where this file and it disagree, this file
--- is wrong). The build puts it in front of every operation script (submit, release, withdraw, tick,
--- reclaim, drain, positions), so that no rule is written twice. The data model, the argument and reply
--- layouts are in brokerd/lua/README; read it before changing a key or a reply position.
+-- is wrong). The build puts it in front of every operation (submit, release, withdraw, tick, reclaim,
+-- drain, positions), so that no rule is written twice: in the Redis Functions library brokerd loads (the
+-- operations as its functions, this file defined once), and in one EVAL script per operation (tests).
+-- The data model, the argument and reply layouts are in brokerd/lua/README; read it before changing a
+-- key or a reply position.
 --
 -- KEYS[1] is the pool's prefix "{sb:POOL}"; every other key is derived from it and shares its hash tag.
 -- ARGV[1..5] is the head every script takes: data model version, node id, manual now ("-": the pool
@@ -16,14 +18,26 @@
 -- the budget is not applied: the reply is "settling" and the node sends the same call again (request
 -- ids make that safe).
 
-local P = KEYS[1]
-local K = {
-        meta = P .. ':meta', clock = P .. ':clock', rules = P .. ':rules', occ = P .. ':occ',
-        busy = P .. ':busy', sid = P .. ':sid', h = P .. ':h', dm = P .. ':dm', w = P .. ':w',
-        dl = P .. ':dl', rid = P .. ':rid', nodes = P .. ':nodes', prios = P .. ':prios',
-        reaping = P .. ':reaping', rekey = P .. ':rekey', recovering = P .. ':recovering',
-        orph = P .. ':orph',
-}
+-- KEYS and ARGV: an EVAL's globals (prelude.lua + eval.lua + OP.lua), or the library's locals that each
+-- of its functions sets (tools/embed-lua-library.py). Every variable below that a call changes is set
+-- again by call_begin(), at the start of each call: a library's locals outlive its calls.
+local P, K
+local KEYS_OF = {}              -- prefix -> its key names, kept by a library (KEYS_OF_MAX prefixes at most)
+local KEYS_OF_N, KEYS_OF_MAX = 0, 1024
+local function keys_of(p)
+        local k = KEYS_OF[p]
+        if k then return k end
+        k = {
+                meta = p .. ':meta', clock = p .. ':clock', rules = p .. ':rules', occ = p .. ':occ',
+                busy = p .. ':busy', sid = p .. ':sid', h = p .. ':h', dm = p .. ':dm', w = p .. ':w',
+                dl = p .. ':dl', rid = p .. ':rid', nodes = p .. ':nodes', prios = p .. ':prios',
+                reaping = p .. ':reaping', rekey = p .. ':rekey', recovering = p .. ':recovering',
+                orph = p .. ':orph',
+        }
+        if KEYS_OF_N >= KEYS_OF_MAX then KEYS_OF, KEYS_OF_N = {}, 0 end
+        KEYS_OF[p], KEYS_OF_N = k, KEYS_OF_N + 1
+        return k
+end
 local function k_lane(l) return P .. ':lane:' .. l end
 local function k_lk(l) return P .. ':lk:' .. l end
 local function k_bucket(l, k) return P .. ':b:' .. l .. ':' .. k end
@@ -45,34 +59,23 @@ local REFUSED_OUTCOME_MS = 10000
 local USEC_PER_SEC = 1000000
 local CLOCK_GAP = 2 * USEC_PER_SEC
 local RECOVERY_MIN = USEC_PER_SEC  -- a recovery window that waits for its nodes lasts at least this
-local INF = math.huge          -- an unbounded budget; -1 on the wire
+local INF = 1 / 0              -- math.huge (a library may read no global at load): an unbounded budget; -1 on the wire
 
--- ARGV[2] is "NODE/INCARNATION/PREVIOUS,…" from brokerd (README, "One node, one identity"); a bare node id
--- (tests of the rules alone) carries no incarnation and is never checked.
-local NODE, INCARNATION, PREVIOUS = ARGV[2], nil, {}
-do
-        local id, inc, prev = string.match(ARGV[2], '^([^/]*)/([^/]*)/(.*)$')
-        if id then
-                NODE, INCARNATION = id, inc
-                for p in string.gmatch(prev, '[^,]+') do PREVIOUS[p] = true end
-        end
-end
-local MANUAL_NOW = ARGV[3]
-local RUN_ID = ARGV[4]
-local SETTLE = ARGV[5] == '1'
+local NODE, INCARNATION, PREVIOUS   -- call_begin()
+local MANUAL_NOW, RUN_ID, SETTLE
 
 -- Per call: what the script has read and changed, the reply's events and notices, the step budget.
-local M = {}                    -- meta, numbers where numeric (meta_load)
-local R = {}                    -- the stored rules, parsed (rules_load)
-local lane_cache = {}           -- lane -> {used, waiting}
-local events = {}               -- this node's decisions and the congestion flips, in order
-local notices = {}              -- nodes reaped in this call
-local steps = 0
-local reaped_a_page = false
-local stream_last = ''          -- the last id appended to the caller's stream by this call
-local now = 0
-local raw_time = 0              -- Redis TIME in µs: tokens (never the pool clock)
-local clock_missing = false     -- the clock hash was not there (a new pool, or keys lost)
+local M                         -- meta, numbers where numeric (meta_load)
+local R                         -- the stored rules, parsed (rules_load)
+local lane_cache                -- lane -> {used, waiting}
+local events                    -- this node's decisions and the congestion flips, in order
+local notices                   -- nodes reaped in this call
+local steps
+local reaped_a_page
+local stream_last               -- the last id appended to the caller's stream by this call
+local now
+local raw_time                  -- Redis TIME in µs: tokens (never the pool clock)
+local clock_missing             -- the clock hash was not there (a new pool, or keys lost)
 
 -- Lua 5.1 prints numbers with 14 digits ("1.7e+15"): every number that goes into a string (a key, a
 -- reference, a comparison with a stored value) goes through istr(). redis.call() arguments are exact.
@@ -110,7 +113,7 @@ end
 
 -- Changes to meta, lane counters and fingerprints are kept here and written once, by flush() (every
 -- reply does it): a grant touches each of them, and a command costs more than the Lua around it.
-local meta_dirty = {}
+local meta_dirty
 
 local function meta_set(field, value)
         M[field] = value
@@ -164,11 +167,24 @@ local function rules_from(t)
         return r
 end
 
+-- The rules parsed, by their canon (the canon is their identity, and Lua compares interned strings by
+-- address: no digest to compute). A library keeps them between calls; an EVAL starts empty. Never changed
+-- once made. At most RULES_CACHE_MAX canons (pools, and a rolling change's two versions): then emptied.
+local RULES_CACHE, RULES_CACHE_N, RULES_CACHE_MAX = {}, 0, 64
+local function rules_parsed(canon, fields)
+        local r = RULES_CACHE[canon]
+        if r then return r end
+        r = rules_from(fields or canon_parse(canon))
+        r.canon = canon
+        if RULES_CACHE_N >= RULES_CACHE_MAX then RULES_CACHE, RULES_CACHE_N = {}, 0 end
+        RULES_CACHE[canon], RULES_CACHE_N = r, RULES_CACHE_N + 1
+        return r
+end
+
 local function rules_load()
         local canon = redis.call('HGET', K.rules, 'canon')
         if not canon then return false end
-        R = rules_from(canon_parse(canon))
-        R.canon = canon
+        R = rules_parsed(canon)
         return true
 end
 
@@ -214,7 +230,7 @@ local function fnv1a32(s)
         return h
 end
 
-local fp_delta = {}             -- node -> { n, x, s } not yet written
+local fp_delta                  -- node -> { n, x, s } not yet written
 
 local function fingerprint_change(node, rid, kind, sign)
         local d = fp_delta[node]
@@ -972,7 +988,7 @@ end
 -- while that registration is live, before anything of the pool is looked at, reconciled or granted: two
 -- live processes under one node id (hosts cloned from one image) never act as one node. A lapsed
 -- registration is anyone's: its leases lapse with it (its holders fenced themselves by then).
-local IDENTITY_TAKEOVER = false -- a lapsed registration of another incarnation: its records go first
+local IDENTITY_TAKEOVER         -- a lapsed registration of another incarnation: its records go first
 local function identity_refused()
         if not INCARNATION then return false end
         local stored = redis.call('HGET', k_node(NODE), 'inc')
@@ -981,6 +997,25 @@ local function identity_refused()
         if deadline ~= nil and deadline > now then return true end
         IDENTITY_TAKEOVER = deadline ~= nil
         return false
+end
+
+-- A call's start: its keys and arguments read, every per-call variable above set anew (a library's
+-- locals keep the last call's values otherwise).
+local function call_begin()
+        P = KEYS[1]
+        K = keys_of(P)
+        -- ARGV[2] is "NODE/INCARNATION/PREVIOUS,…" from brokerd (README, "One node, one identity"); a bare
+        -- node id (tests of the rules alone) carries no incarnation and is never checked.
+        NODE, INCARNATION, PREVIOUS = ARGV[2], nil, {}
+        local id, inc, prev = string.match(ARGV[2], '^([^/]*)/([^/]*)/(.*)$')
+        if id then
+                NODE, INCARNATION = id, inc
+                for p in string.gmatch(prev, '[^,]+') do PREVIOUS[p] = true end
+        end
+        MANUAL_NOW, RUN_ID, SETTLE = ARGV[3], ARGV[4], ARGV[5] == '1'
+        M, R, lane_cache, events, notices = {}, {}, {}, {}, {}
+        steps, reaped_a_page, stream_last, now, raw_time, clock_missing = 0, false, '', 0, 0, false
+        meta_dirty, fp_delta, IDENTITY_TAKEOVER = {}, {}, false
 end
 
 -- The checks every script makes first: data model version, clock mode, the server's run id (a restart:

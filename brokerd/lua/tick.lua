@@ -62,8 +62,7 @@ local function rules_store(canon)
         for k, v in pairs(fields) do args[#args + 1] = k; args[#args + 1] = v end
         redis.call('HSET', K.rules, unpack(args))
         local had_q = R.q ~= nil
-        R = rules_from(fields)
-        R.canon = canon
+        R = rules_parsed(canon, fields)
         -- A pool that starts measuring idle time starts from now (SPEC §3.1).
         if R.q and not had_q then meta_set('last_fast', now) end
 end

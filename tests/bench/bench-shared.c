@@ -10,10 +10,10 @@
  *   - pairs: CLIENTS connections from one poll() loop, each acquire → release → … for SECONDS, on a pool
  *     of 2 × CLIENTS slots (nobody waits); target ≥ 8,000 pairs/s; rounds alternate shared/local;
  *   - where a pair's time goes: the brokerds' CPU per message (all three), redis-server's, the clients',
- *     the EVALSHA calls per pair and their script time (INFO commandstats) against bench-pairs.lua's
+ *     the FCALL calls per pair and their script time (INFO commandstats) against bench-pairs.lua's
  *     semaphore run in the same Redis, the brokerds' round trips to Redis (their rtt histogram), Redis's
  *     stalls (LATENCY LATEST), and per script (a SLOWLOG window with threshold 0 over a short extra run,
- *     each sha named by loading the scripts brokerd embeds);
+ *     each call named by the library's functions brokerd embeds);
  *   - hand-on: a pool of one slot held through node X, a waiter through node X+1; the time from the
  *     holder's Release sent to the waiter's grant read (one clock: this process); target p99 ≤ 10 ms;
  *   - Redis restart (SIGKILL, started again empty on the same port) → the first grant, which must wait
@@ -319,7 +319,7 @@ static void samples_print(const char *what, Samples *s) {
 
 /* ---- redis's figures ---- */
 
-/* calls and usec of one command in INFO commandstats ("cmdstat_evalsha:calls=…,usec=…,…"). */
+/* calls and usec of one command in INFO commandstats ("cmdstat_fcall:calls=…,usec=…,…"). */
 static void commandstat(redisContext *rc, const char *cmd, uint64_t *ret_calls, uint64_t *ret_usec) {
         redisReply *r = redis_command(rc, "INFO commandstats");
         char key[64];
@@ -406,7 +406,7 @@ typedef struct Run {
         double rate;                 /* pairs/s */
         Samples acquire;             /* Acquire sent → grant read */
         double brokerds_us, redis_us, clients_us; /* CPU per message (an acquire or a release) */
-        double evalsha_per_pair, script_us_per_call, xread_per_pair;
+        double fcall_per_pair, script_us_per_call, xread_per_pair;
 } Run;
 
 /* n_clients connections, client i on nodes[i % n_nodes], driven from one poll() loop as bench-pairs drives
@@ -504,9 +504,9 @@ static Run run_pairs(redisContext *rc, const char *lane, int n_nodes, int n_clie
         run.redis_us = (double) (bench_process_cpu_ns(redis.pid, false) - redis0) / 1e3 / messages;
         run.clients_us = (double) (bench_self_cpu_ns() - clients0) / 1e3 / messages;
         uint64_t calls, usec, xreads, xread_usec;
-        commandstat(rc, "evalsha", &calls, &usec);
+        commandstat(rc, "fcall", &calls, &usec);
         commandstat(rc, "xread", &xreads, &xread_usec);
-        run.evalsha_per_pair = (double) calls / (double) (pairs ? pairs : 1);
+        run.fcall_per_pair = (double) calls / (double) (pairs ? pairs : 1);
         run.script_us_per_call = calls ? (double) usec / (double) calls : 0;
         run.xread_per_pair = (double) xreads / (double) (pairs ? pairs : 1);
         free(c);
@@ -664,7 +664,7 @@ static double reference_script_us(redisContext *rc, int n) {
 /* ---- per script: a SLOWLOG window ---- */
 
 typedef struct ScriptFigure {
-        char sha[41];
+        const char *function;   /* FCALL's name */
         const char *name;
         uint64_t calls, usec, max_usec;
 } ScriptFigure;
@@ -693,7 +693,7 @@ static int cmp_command(const void *a, const void *b) {
 }
 
 /* Runs the pairs for `seconds` with every command logged (slowlog-log-slower-than 0), then sums the
- * EVALSHA entries per script. The log's own cost is in these figures too; they are the split, the
+ * FCALL entries per function (operation). The log's own cost is in these figures too; they are the split, the
  * commandstats of the rounds are the total. */
 static void run_script_split(redisContext *rc, int n_clients, double seconds) {
         ScriptFigure fig[16] = {};
@@ -701,10 +701,8 @@ static void run_script_split(redisContext *rc, int n_clients, double seconds) {
         size_t n_commands = 0;
         size_t n = shared_scripts_n < 16 ? shared_scripts_n : 16;
         for (size_t i = 0; i < n; i++) {
-                redisReply *r = redis_command(rc, "SCRIPT LOAD %s", shared_scripts[i].text);
-                snprintf(fig[i].sha, sizeof fig[i].sha, "%s", r->str ?: "");
+                fig[i].function = shared_scripts[i].function;
                 fig[i].name = shared_scripts[i].name;
-                freeReplyObject(r);
         }
         freeReplyObject(redis_command(rc, "CONFIG SET slowlog-max-len 1000000"));
         freeReplyObject(redis_command(rc, "SLOWLOG RESET"));
@@ -721,9 +719,9 @@ static void run_script_split(redisContext *rc, int n_clients, double seconds) {
                 redisReply *args = e->element[3];
                 total_usec += usec;
                 ScriptFigure *f = NULL;
-                if (args->elements >= 2 && strcasecmp(args->element[0]->str, "EVALSHA") == 0)
+                if (args->elements >= 2 && strcasecmp(args->element[0]->str, "FCALL") == 0)
                         for (size_t j = 0; j < n && !f; j++)
-                                if (strcmp(fig[j].sha, args->element[1]->str) == 0)
+                                if (strcmp(fig[j].function, args->element[1]->str) == 0)
                                         f = &fig[j];
                 if (!f) {
                         other_calls++;
@@ -1013,10 +1011,10 @@ int main(int argc, char **argv) {
                 l_p50[i] = quantile_ms(&local[i].acquire, 0.5);
                 l_p99[i] = quantile_ms(&local[i].acquire, 0.99);
                 printf("round %d (load average %s): shared %.0f pairs/s (acquire p50 %.2f ms, p99 %.2f ms; CPU per message: "
-                       "brokerds %.1f us, redis-server %.1f us, clients %.1f us; per pair %.2f EVALSHA of %.1f us, %.2f XREAD); "
+                       "brokerds %.1f us, redis-server %.1f us, clients %.1f us; per pair %.2f FCALL of %.1f us, %.2f XREAD); "
                        "local %.0f pairs/s (p50 %.2f ms, p99 %.2f ms; brokerds %.1f us, clients %.1f us); ratio %.3f\n",
                        i + 1, bench_loadavg(la, sizeof la), shared[i].rate, s_p50[i], s_p99[i], shared[i].brokerds_us,
-                       shared[i].redis_us, shared[i].clients_us, shared[i].evalsha_per_pair, shared[i].script_us_per_call,
+                       shared[i].redis_us, shared[i].clients_us, shared[i].fcall_per_pair, shared[i].script_us_per_call,
                        shared[i].xread_per_pair, local[i].rate, l_p50[i], l_p99[i], local[i].brokerds_us,
                        local[i].clients_us, ratio[i]);
                 fflush(stdout);
@@ -1035,9 +1033,9 @@ int main(int argc, char **argv) {
                MEDIAN_OF(shared, rounds, brokerds_us), MEDIAN_OF(local, rounds, brokerds_us), MEDIAN_OF(shared, rounds, redis_us),
                MEDIAN_OF(shared, rounds, clients_us), MEDIAN_OF(local, rounds, clients_us));
         double reference = reference_script_us(rc, 20000), script_us = MEDIAN_OF(shared, rounds, script_us_per_call);
-        printf("  Redis per pair: %.2f EVALSHA, %.1f us of script each (INFO commandstats usec_per_call), %.2f XREAD; "
+        printf("  Redis per pair: %.2f FCALL, %.1f us of script each (INFO commandstats usec_per_call), %.2f XREAD; "
                "bench-pairs.lua's semaphore in the same Redis: %.1f us per call (ratio %.1f)\n",
-               MEDIAN_OF(shared, rounds, evalsha_per_pair), script_us, MEDIAN_OF(shared, rounds, xread_per_pair), reference,
+               MEDIAN_OF(shared, rounds, fcall_per_pair), script_us, MEDIAN_OF(shared, rounds, xread_per_pair), reference,
                reference > 0 ? script_us / reference : 0);
 
         /* Immediate acquire at a half and an eighth of the rate the shared pool just sustained: the latency

@@ -5,16 +5,19 @@ FakeRedis listens on 127.0.0.1 (a free port) and answers brokerd's commands thro
 function (fake, conn, args) -> bytes | None | FakeRedis.CLOSE, called for every command, where args are
 the command's arguments as bytes. `conn` is a Connection (one per accepted socket): its `send(data)`,
 `drip(data, delay)` and `flood(header, total)` write hostile answers; `scripts` maps the SHA of every
-SCRIPT LOAD to the script's name (brokerd loads them in SharedScript order, see SCRIPT_NAMES).
+SCRIPT LOAD to the script's name (SCRIPT_NAMES' order); brokerd itself loads one library (FUNCTION LOAD)
+and calls its functions, "sb_DIGEST_OP", by FCALL: script_of() names the operation of either.
 
-`setup_ok` answers the setup like a real Redis (AUTH, SELECT, PING, INFO with a run id, role master and
-maxmemory-policy noeviction, SCRIPT LOAD with the real SHA-1), so a behaviour that delegates to it first
+`setup_ok` answers the setup like a real Redis 7.0 (AUTH, SELECT, PING, INFO with the version, a run id,
+role master and maxmemory-policy noeviction, FUNCTION LOAD with the library's name, SCRIPT LOAD with the
+real SHA-1), so a behaviour that delegates to it first
 gets brokerd's link up and then chooses how to answer the scripts and XREAD. `Heartbeats` answers ticks
 like the scripts would for a node that holds nothing, so that a pool comes up.
 
 Everything runs on daemon threads; close() stops the listener and every connection.
 """
 import hashlib
+import re
 import socket
 import threading
 import time
@@ -203,6 +206,9 @@ def setup_ok(fake, c, args, run_id="f" * 40):
         return status("OK")
     if name == b"INFO":
         return bulk(INFO_TEXT % run_id)
+    if name == b"FUNCTION" and len(args) > 2 and args[1].upper() == b"LOAD":
+        m = re.match(rb"#!lua name=(\w+)", args[-1])
+        return bulk(m.group(1)) if m else error("ERR Missing library metadata")
     if name == b"SCRIPT" and len(args) > 2 and args[1].upper() == b"LOAD":
         sha = hashlib.sha1(args[2]).hexdigest()
         c.scripts[sha] = SCRIPT_NAMES[c.n_loaded % len(SCRIPT_NAMES)]
@@ -212,10 +218,17 @@ def setup_ok(fake, c, args, run_id="f" * 40):
 
 
 def script_of(c, args):
-    """The name of the script an EVALSHA calls, and its ARGV (after the key), or (None, None)."""
-    if args[0].upper() != b"EVALSHA" or len(args) < 4:
+    """The operation an FCALL (or an EVALSHA) calls, and its ARGV (after the key), or (None, None)."""
+    if len(args) < 4:
         return None, None
-    return c.scripts.get(args[1].decode()), [a.decode(errors="replace") for a in args[4:]]
+    if args[0].upper() == b"FCALL":
+        m = re.fullmatch(r"sb_[0-9a-f]{16}_([a-z]+)", args[1].decode(errors="replace"))
+        name = m.group(1) if m and m.group(1) in SCRIPT_NAMES else None
+    elif args[0].upper() == b"EVALSHA":
+        name = c.scripts.get(args[1].decode())
+    else:
+        return None, None
+    return name, [a.decode(errors="replace") for a in args[4:]]
 
 
 def cache(stream_last=""):

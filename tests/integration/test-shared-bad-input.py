@@ -7,6 +7,7 @@ Each case runs one brokerd with a shared pool `shared` (lane `shared`), a local 
 - unreachable: a closed port; a proxy that blackholes everything (connect works, nothing answers);
 - a wrong password (backend-password-file=), a wrong database (/99 of 16);
 - not Redis: a server answering "HTTP/1.1 400 Bad Request";
+- a Redis older than 7.0 (a server answering the setup as Redis 6.2 does): no Redis Functions;
 - maxmemory-policy allkeys-lru (keys that could be evicted);
 - a rules mismatch: a second brokerd naming the same pool with another limit (its Status names the keys).
 Every case: Acquire on `shared` gets io.slotbroker.Unavailable with retryAfterSec at once; Status answers
@@ -59,10 +60,18 @@ policy = fail-fast
 """
 
 
-class NotRedis:
-    """A TCP server on 127.0.0.1 that answers anything with an HTTP error and closes."""
+OLD_REDIS_INFO = (b"# Server\r\nredis_version:6.2.14\r\nrun_id:0123456789abcdef0123456789abcdef01234567\r\n"
+                  b"# Memory\r\nmaxmemory_policy:noeviction\r\n# Replication\r\nrole:master\r\n")
+# SELECT's +OK, then INFO's answer: what Redis 6.2 says to brokerd's setup before FUNCTION LOAD.
+OLD_REDIS = b"+OK\r\n$%d\r\n%s\r\n" % (len(OLD_REDIS_INFO), OLD_REDIS_INFO)
 
-    def __init__(self):
+
+class NotRedis:
+    """A TCP server on 127.0.0.1 that answers anything with an HTTP error and closes; or with answer, says
+    that and reads until the client closes."""
+
+    def __init__(self, answer=None):
+        self.answer = answer
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
@@ -79,7 +88,9 @@ class NotRedis:
                 try:
                     c.settimeout(2)
                     c.recv(4096)
-                    c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                    c.sendall(self.answer or b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                    while self.answer and c.recv(65536):
+                        pass
                 except OSError:
                     pass
 
@@ -154,6 +165,14 @@ class TestSharedBadInput(harness.BrokerTestCase):
         n = NotRedis()
         self.addCleanup(n.close)
         b = self.broker(config(f"redis://127.0.0.1:{n.port}/0"), "not-redis")
+        self.assert_refused_at_once_and_nothing_else_hurt(b)
+
+    def test_redis_older_than_7(self):
+        n = NotRedis(OLD_REDIS)
+        self.addCleanup(n.close)
+        b = self.broker(config(f"redis://127.0.0.1:{n.port}/0"), "redis-6")
+        wait_for(lambda: b.pool("shared")["backend"].get("unavailable") == "redis-version", timeout=10,
+                 message="Status to say the Redis is too old")
         self.assert_refused_at_once_and_nothing_else_hurt(b)
 
     def test_eviction_policy(self):

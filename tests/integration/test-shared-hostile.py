@@ -17,9 +17,9 @@ the invariant checked from the commands' side (witness.py).
 - Redis changed under the pool while A's command holds the slot (TestWatchedRedis): maxmemory-policy set
   to allkeys-lru at run time and memory filled (the pool refused, reason "eviction-policy", on every node
   within the re-check period); each key of the pool but meta deleted by hand, one at a time; FLUSHDB;
-  SCRIPT FLUSH; REPLICAOF by hand (refused, reason "replica") and back. B's fail-fast requests are never
-  granted while A's command holds the slot, no slot is held twice, and grants resume (a command of B gets
-  the slot once A's ends).
+  SCRIPT FLUSH; FUNCTION FLUSH (the library loaded again); REPLICAOF by hand (refused, reason "replica")
+  and back. B's fail-fast requests are never granted while A's command holds the slot, no slot is held
+  twice, and grants resume (a command of B gets the slot once A's ends).
 
 A pool's first use waits one node TTL (short here). Skipped (77) without redis-server or shared pools.
 
@@ -244,7 +244,7 @@ class TestWatchedRedis(HostileTestCase):
             self.probe_until(f"DEL {key}", self.lease_in_redis, 3 * TTL)
             beat = time.monotonic() + 1.5
             self.probe_until(f"DEL {key}", lambda: time.monotonic() > beat, 5)
-        for what in (("FLUSHDB",), ("SCRIPT", "FLUSH")):
+        for what in (("FLUSHDB",), ("SCRIPT", "FLUSH"), ("FUNCTION", "FLUSH")):
             self.redis.call(*what)
             self.probe_until(" ".join(what), self.lease_in_redis, 3 * TTL)
         self.assertTrue(self.backend(self.a)["up"])

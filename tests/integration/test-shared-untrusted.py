@@ -192,7 +192,7 @@ class Hostile(harness.BrokerTestCase):
             return answer
         f = self.fake(behaviour)
         b = self.broker(config(f.url()), name)
-        wait_for(lambda: f.count("EVALSHA") > 0, timeout=20, message="a script call")
+        wait_for(lambda: f.count("FCALL") > 0, timeout=20, message="a script call")
         if reason:
             self.wait_unavailable(b, reason)
         self.assertTrue(b.alive())

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* test-redis-link.c — brokerd's Redis link (redis-link.h) against real redis-server processes that each
  * test starts (redis-server.h: a temporary directory, a private port and Unix socket, killed by pid):
- * setup, commands, scripts and NOSCRIPT, timeouts, reconnects, the configuration errors, a server that is
+ * setup, commands, scripts and NOSCRIPT, the library and "Function not found", timeouts, reconnects, the configuration errors, a server that is
  * not Redis.
  * Everything waits for a condition on the event loop, up to a deadline; nothing sleeps to synchronise.
  * Without redis-server the whole test is one TAP skip. */
@@ -58,6 +58,7 @@ typedef struct Fixture {
         bool free_in_callback;          /* the next reply callback frees the link */
         int not_redis_fd;               /* a listening socket that answers garbage, or stays silent */
         bool not_redis_silent;
+        const char *not_redis_reply;    /* what it answers instead of garbage (a canned setup) */
         sd_event_source *not_redis_source;
         int accepted[4];
         size_t n_accepted;
@@ -373,6 +374,152 @@ static void test_a_script_redis_cannot_compile_fails_the_link(void **state) {
         assert_non_null(strstr(f->detail, "SCRIPT LOAD of script 0 refused"));
 }
 
+static void not_redis_start(Fixture *f, bool silent);
+
+static const char *const echo_library =
+        "#!lua name=test_echo\n"
+        "redis.register_function('test_echo', function(keys, argv) return argv[1] end)\n";
+
+static Reply fcall(Fixture *f, const char *function, const char *arg) {
+        Reply r = {};
+
+        assert_int_equal(redis_link_fcall(f->link, function, on_reply, &r, 0, 1, (const char *const[]) { arg }, NULL), 0);
+        assert_true(run_until(f, reply_done, &r, DEADLINE));
+        return r;
+}
+
+static bool other_link_up(Fixture *f, const void *link) {
+        return redis_link_get_state(link) == REDIS_LINK_UP;
+}
+
+static void test_fcall_runs_the_library_loaded_at_setup(void **state) {
+        Fixture *f = *state;
+        RedisLinkStats stats;
+        RedisLink *second = NULL;
+        RedisEndpoint e;
+        char url[64];
+
+        redis_start(f, NULL);
+        link_start(f);
+        assert_int_equal(redis_link_fcall(f->link, "test_echo", on_reply, NULL, 0, 0, NULL, NULL), -ENOENT);
+        assert_int_equal(redis_link_set_library(f->link, "return 1"), -EINVAL); /* no "#!lua name=" */
+        assert_int_equal(redis_link_set_library(f->link, echo_library), 0);
+        assert_int_equal(redis_link_set_library(f->link, echo_library), -EBUSY);
+        wait_up(f);
+
+        Reply r = fcall(f, "test_echo", "hello");
+        assert_int_equal(r.error, 0);
+        assert_int_equal(r.type, REDIS_REPLY_STRING);
+        assert_string_equal(r.text, "hello");
+        redis_link_get_stats(f->link, &stats);
+        assert_int_equal(stats.script_reloads, 0);
+
+        /* Another link (another brokerd) finds the library there: "already exists" is loaded, not a failure. */
+        snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->port);
+        assert_int_equal(redis_endpoint_parse(url, &e), 0);
+        assert_int_equal(redis_link_new(f->event, &e, &f->options, &second), 0);
+        redis_endpoint_done(&e);
+        assert_int_equal(redis_link_set_library(second, echo_library), 0);
+        assert_true(run_until(f, other_link_up, second, DEADLINE));
+        r = (Reply) {};
+        assert_int_equal(redis_link_fcall(second, "test_echo", on_reply, &r, 0, 1, (const char *const[]) { "two" }, NULL), 0);
+        assert_true(run_until(f, reply_done, &r, DEADLINE));
+        assert_string_equal(r.text, "two");
+        redis_link_free(second);
+}
+
+static void test_function_flush_then_fcall_reloads_and_retries_once(void **state) {
+        Fixture *f = *state;
+        RedisLinkStats stats;
+
+        redis_start(f, NULL);
+        link_start(f);
+        assert_int_equal(redis_link_set_library(f->link, echo_library), 0);
+        wait_up(f);
+        Reply r = CMD("FUNCTION", "FLUSH");
+        assert_string_equal(r.text, "OK");
+
+        r = fcall(f, "test_echo", "again");
+        assert_int_equal(r.error, 0);
+        assert_int_equal(r.type, REDIS_REPLY_STRING);
+        assert_string_equal(r.text, "again");
+        redis_link_get_stats(f->link, &stats);
+        assert_int_equal(stats.script_reloads, 1);
+
+        r = fcall(f, "test_echo", "once more");
+        assert_string_equal(r.text, "once more");
+        redis_link_get_stats(f->link, &stats);
+        assert_int_equal(stats.script_reloads, 1);
+
+        /* A function the library does not have is answered as Redis says, after one reload. */
+        r = fcall(f, "test_missing", "x");
+        assert_int_equal(r.type, REDIS_REPLY_ERROR);
+        assert_non_null(strstr(r.text, "Function not found"));
+}
+
+static void test_a_library_redis_cannot_compile_fails_the_link(void **state) {
+        Fixture *f = *state;
+
+        redis_start(f, NULL);
+        link_start(f);
+        assert_int_equal(redis_link_set_library(f->link, "#!lua name=test_bad\nreturn (\n"), 0);
+        wait_state(f, REDIS_LINK_FAILED);
+        assert_non_null(strstr(f->detail, "FUNCTION LOAD of the library refused"));
+        assert_string_equal(redis_link_get_failure(f->link), "script");
+}
+
+/* FUNCTION LOAD is a write: a Redis short of its min-replicas-to-write (or full) refuses it at setup. The
+ * link is up all the same (not a configuration error), a call meets "Function not found" until the writes
+ * are taken again, and then loads the library itself. */
+static void test_a_library_refused_as_a_write_leaves_the_link_up(void **state) {
+        Fixture *f = *state;
+
+        redis_start(f, (const char *const[]) { "--min-replicas-to-write", "1", NULL });
+        link_start(f);
+        assert_int_equal(redis_link_set_library(f->link, echo_library), 0);
+        wait_up(f);
+        Reply r = fcall(f, "test_echo", "x");
+        assert_int_equal(r.type, REDIS_REPLY_ERROR);
+        assert_non_null(strstr(r.text, "Function not found"));
+
+        r = CMD("CONFIG", "SET", "min-replicas-to-write", "0");
+        assert_string_equal(r.text, "OK");
+        r = fcall(f, "test_echo", "written");
+        assert_int_equal(r.type, REDIS_REPLY_STRING);
+        assert_string_equal(r.text, "written");
+}
+
+/* A Redis that answers the setup as Redis 6.2 does (SELECT, then an INFO that says its version). */
+#define OLD_REDIS_INFO "# Server\r\nredis_version:6.2.14\r\nrun_id:0123456789abcdef0123456789abcdef01234567\r\n" \
+        "# Memory\r\nmaxmemory_policy:noeviction\r\n# Replication\r\nrole:master\r\n"
+
+static void test_a_redis_older_than_7_is_refused_with_a_library(void **state) {
+        Fixture *f = *state;
+        static char canned[512];
+
+        snprintf(canned, sizeof canned, "+OK\r\n$%zu\r\n%s\r\n", strlen(OLD_REDIS_INFO), OLD_REDIS_INFO);
+        f->not_redis_reply = canned;
+        not_redis_start(f, false);
+        link_start(f);
+        assert_int_equal(redis_link_set_library(f->link, echo_library), 0);
+        wait_state(f, REDIS_LINK_FAILED);
+        if (!strstr(f->detail, "Redis 6.2.14 is too old: shared pools need Redis 7.0 or later"))
+                fail_msg("told: %s", f->detail);
+        assert_string_equal(redis_link_get_failure(f->link), "redis-version");
+}
+
+/* The same server is good enough for a link without a library (a Sentinel's, the stream reader's). */
+static void test_a_redis_older_than_7_serves_a_link_without_a_library(void **state) {
+        Fixture *f = *state;
+        static char canned[512];
+
+        snprintf(canned, sizeof canned, "+OK\r\n$%zu\r\n%s\r\n", strlen(OLD_REDIS_INFO), OLD_REDIS_INFO);
+        f->not_redis_reply = canned;
+        not_redis_start(f, false);
+        link_start(f);
+        wait_up(f);
+}
+
 static void test_command_timeout_ends_the_connection_then_it_comes_back(void **state) {
         Fixture *f = *state;
         RedisLinkStats stats;
@@ -569,7 +716,10 @@ static int on_not_redis(sd_event_source *s, int fd, uint32_t revents, void *user
 
         if (c < 0)
                 return 0;
-        if (!f->not_redis_silent)
+        if (f->not_redis_reply)
+                assert_int_equal(write(c, f->not_redis_reply, strlen(f->not_redis_reply)),
+                                 (ssize_t) strlen(f->not_redis_reply));
+        else if (!f->not_redis_silent)
                 assert_int_equal(write(c, garbage, sizeof garbage - 1), (ssize_t) sizeof garbage - 1);
         if (f->n_accepted < sizeof f->accepted / sizeof f->accepted[0])
                 f->accepted[f->n_accepted++] = c;
@@ -854,6 +1004,12 @@ int main(int argc, char *argv[]) {
                 T(test_evalsha_runs_a_script_loaded_at_setup),
                 T(test_script_flush_then_evalsha_reloads_and_retries_once),
                 T(test_a_script_redis_cannot_compile_fails_the_link),
+                T(test_fcall_runs_the_library_loaded_at_setup),
+                T(test_function_flush_then_fcall_reloads_and_retries_once),
+                T(test_a_library_redis_cannot_compile_fails_the_link),
+                T(test_a_library_refused_as_a_write_leaves_the_link_up),
+                T(test_a_redis_older_than_7_is_refused_with_a_library),
+                T(test_a_redis_older_than_7_serves_a_link_without_a_library),
                 T(test_command_timeout_ends_the_connection_then_it_comes_back),
                 T(test_redis_restart_is_seen_as_a_new_run_id),
                 T(test_unreachable_port_fails_fast_and_backs_off),

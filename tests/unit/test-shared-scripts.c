@@ -40,15 +40,24 @@ static TestRedis server;
 static redisContext *redis;
 static char shas[8][41];
 static const char *run_id = "run1";     /* the run id the calls say their link saw */
+static const char *pool = POOL;         /* KEYS[1] of call() */
 
-/* ---- calls ---- */
+/* How calls reach the operations: FCALL of the library's functions (brokerd's way), or, with --alternate,
+ * FCALL and EVALSHA of the EVAL scripts (a brokerd from before the library) in turn, call after call: a
+ * fleet half upgraded on one pool (brokerd/lua/README, "Building and loading"). */
+static bool alternate;
+static unsigned long n_calls;
 
-static const char *sha_of(const char *op) {
+/* The command and its first argument (a function, or a script's SHA) for the next call of op. */
+static void callee(const char *op, const char **ret_cmd, const char **ret_name) {
+        bool eval = alternate && n_calls++ % 2 == 1;
         for (size_t i = 0; i < shared_scripts_n; i++)
-                if (strcmp(shared_scripts[i].name, op) == 0)
-                        return shas[i];
+                if (strcmp(shared_scripts[i].name, op) == 0) {
+                        *ret_cmd = eval ? "EVALSHA" : "FCALL";
+                        *ret_name = eval ? shas[i] : shared_scripts[i].function;
+                        return;
+                }
         fail_msg("no script %s", op);
-        return NULL;
 }
 
 /* Runs an operation script with the head (version 1, node, now or "-" for the redis clock, run_id,
@@ -63,10 +72,10 @@ static redisReply *call_v(const char *op, const char *node, long long now, int s
         else
                 snprintf(now_s, sizeof now_s, "%lld", now);
         snprintf(settle_s, sizeof settle_s, "%d", settle);
-        argv[n++] = "EVALSHA";
-        argv[n++] = sha_of(op);
+        callee(op, &argv[0], &argv[1]);
+        n = 2;
         argv[n++] = "1";
-        argv[n++] = POOL;
+        argv[n++] = pool;
         argv[n++] = "1";
         argv[n++] = node;
         argv[n++] = now_s;
@@ -164,6 +173,7 @@ static redisReply *release_at(long long now, long long token, const char *rid) {
 static int setup(void **state) {
         redisReply *r = redisCommand(redis, "FLUSHALL");
         run_id = "run1";
+        pool = POOL;
         assert_non_null(r);
         freeReplyObject(r);
         return 0;
@@ -611,11 +621,11 @@ static void test_a_dead_node_is_reaped_in_pages(void **state) {
  * queueing submit, a release, the tick that hands the freed slots on (SETTLE_MAX steps: the worst case a
  * call can do), a withdraw, positions of POSITIONS_MAX rids, a status snapshot. Printed; asserted only
  * loosely (the machine is shared), and the budget exactly. */
-static long long evalsha_usec(void) {
+static long long call_usec(void) {
         redisReply *info = redisCommand(redis, "INFO commandstats");
-        const char *p = strstr(info->str, "cmdstat_evalsha:calls=1,usec=");
+        const char *p = strstr(info->str, "cmdstat_fcall:calls=1,usec=") ?: strstr(info->str, "cmdstat_evalsha:calls=1,usec=");
         assert_non_null(p);
-        long long us = strtoll(p + strlen("cmdstat_evalsha:calls=1,usec="), NULL, 10);
+        long long us = strtoll(strstr(p, "usec=") + strlen("usec="), NULL, 10);
         freeReplyObject(info);
         return us;
 }
@@ -623,7 +633,7 @@ static long long evalsha_usec(void) {
 static redisReply *timed(const char *label, long long *worst, redisReply *(*fn)(void)) {
         freeReplyObject(redisCommand(redis, "CONFIG RESETSTAT"));
         redisReply *r = fn();
-        long long us = evalsha_usec();
+        long long us = call_usec();
         printf("# %-40s %6lld µs (%zu events)\n", label, us, n_events(r));
         if (us > *worst)
                 *worst = us;
@@ -642,7 +652,8 @@ static redisReply *t_positions(void) {
         const char *argv[9 + 4 + 256];
         static char rids[256][8];
         size_t n = 0;
-        argv[n++] = "EVALSHA"; argv[n++] = sha_of("positions"); argv[n++] = "1"; argv[n++] = POOL;
+        callee("positions", &argv[0], &argv[1]);
+        n = 2; argv[n++] = "1"; argv[n++] = POOL;
         argv[n++] = "1"; argv[n++] = "n1"; argv[n++] = "4000"; argv[n++] = run_id; argv[n++] = "0";
         argv[n++] = "pos";
         for (int i = 0; i < 256; i++) {
@@ -652,6 +663,30 @@ static redisReply *t_positions(void) {
         return redisCommandArgv(redis, (int) n, argv, NULL);
 }
 static redisReply *t_status(void) { return call("positions", "n1", 4000, 0, "status", NULL); }
+
+/* The library keeps the rules it parsed, by their canon, 64 at most: more pools than that, each with its
+ * own canon, empty it (more than once here), and every call still decides by its own pool's stored rules:
+ * k above the limit is invalid, k at the limit granted. */
+static void test_more_canons_than_the_library_keeps_parsed(void **state) {
+        char canon[256], name[32], k[8];
+
+        for (int i = 1; i <= 150; i++) {
+                snprintf(name, sizeof name, "{sb:c%d}", i);
+                pool = name;
+                snprintf(canon, sizeof canon, CANON_ONE_LANE "limit=%d\n", i);
+                tick_ok("n1", 1000, canon);
+        }
+        for (int i = 1; i <= 150; i += 37) {
+                snprintf(name, sizeof name, "{sb:c%d}", i);
+                pool = name;
+                snprintf(k, sizeof k, "%d", i + 1);
+                redisReply *r = call("submit", "n1", 2000, 1, "over", "ci", k, "1", "0", "-1", "-1", "-", NULL);
+                assert_string_equal(status(r), "invalid");
+                freeReplyObject(r);
+                expect_verdict("at", 2000, "ci", i, "granted");
+                expect_verdict("more", 2000, "ci", 1, "queued");
+        }
+}
 
 static void test_script_time_at_10000_waiters(void **state) {
         char rid[16];
@@ -1181,7 +1216,9 @@ static void test_an_unregistered_node_or_another_version_is_refused(void **state
         r = call("submit", "n9", 1000, 0, "x", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
         assert_string_equal(status(r), "unregistered");
         freeReplyObject(r);
-        const char *argv[] = { "EVALSHA", sha_of("submit"), "1", POOL, "2", "n1", "1000", "run1", "0", "x", "ci", "1",
+        const char *cmd, *fn;
+        callee("submit", &cmd, &fn);
+        const char *argv[] = { cmd, fn, "1", POOL, "2", "n1", "1000", "run1", "0", "x", "ci", "1",
                                "1", "0", "-1", "-1", "-" };
         r = redisCommandArgv(redis, sizeof argv / sizeof argv[0], argv, NULL);
         assert_string_equal(r->element[R_STATUS]->str, "version");
@@ -1845,7 +1882,9 @@ static void test_reconcile_and_positions_are_paged(void **state) {
                 freeReplyObject(submit_at(1000, rids[i], "ci", 1, true, -1));
         }
         tick_ok("n1", 1000, "=");
-        const char *head[] = { "EVALSHA", sha_of("tick"), "1", POOL, "1", "n1", "2000", "run1", "1", "n1", "=", "0",
+        const char *cmd, *fn;
+        callee("tick", &cmd, &fn);
+        const char *head[] = { cmd, fn, "1", POOL, "1", "n1", "2000", "run1", "1", "n1", "=", "0",
                                "0", "0", "-", "e1", "1", "-", "+" };
         for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
                 argv[n++] = head[i];
@@ -1858,7 +1897,8 @@ static void test_reconcile_and_positions_are_paged(void **state) {
         freeReplyObject(t);
 
         n = 0;
-        const char *phead[] = { "EVALSHA", sha_of("positions"), "1", POOL, "1", "n1", "2000", "run1", "0", "pos" };
+        callee("positions", &cmd, &fn);
+        const char *phead[] = { cmd, fn, "1", POOL, "1", "n1", "2000", "run1", "0", "pos" };
         for (size_t i = 0; i < sizeof phead / sizeof phead[0]; i++)
                 argv[n++] = phead[i];
         for (int i = 0; i < 257; i++)
@@ -1872,7 +1912,7 @@ static void test_reconcile_and_positions_are_paged(void **state) {
         freeReplyObject(p);
 }
 
-int main(void) {
+int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup(f, setup)
                 T(test_grants_up_to_the_limit_then_queues_and_hands_on_in_order),
@@ -1918,6 +1958,7 @@ int main(void) {
                 T(test_reconcile_and_positions_are_paged),
                 T(test_an_instant_cut_short_is_finished_before_a_later_arrival),
                 T(test_scripts_decide_as_pool_local_does),
+                T(test_more_canons_than_the_library_keeps_parsed),
                 T(test_script_time_at_10000_waiters),
 #undef T
         };
@@ -1939,6 +1980,14 @@ int main(void) {
                 test_redis_stop(&server);
                 return 1;
         }
+        alternate = argc > 1 && strcmp(argv[1], "--alternate") == 0;
+        redisReply *l = redisCommand(redis, "FUNCTION LOAD %s", shared_library);
+        if (!l || l->type != REDIS_REPLY_STRING || strcmp(l->str, shared_library_name) != 0) {
+                printf("Bail out! the library does not load: %s\n", l ? l->str : "?");
+                test_redis_stop(&server);
+                return 1;
+        }
+        freeReplyObject(l);
         for (size_t i = 0; i < shared_scripts_n; i++) {
                 redisReply *s = redisCommand(redis, "SCRIPT LOAD %s", shared_scripts[i].text);
                 if (!s || s->type != REDIS_REPLY_STRING) {
