@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """harness.py — shared helpers for the integration tests: a byte-level Varlink client, the real brokerd
-on a private socket (self-bound or through systemd-socket-activate), a stand-in NOTIFY_SOCKET, polling
+on a private socket (self-bound, through systemd-socket-activate, or as systemd's socket unit and fd store
+pass it: mode "store", fdstore.py), a stand-in NOTIFY_SOCKET, `slotctl run` as a CI job runs it, polling
 helpers, the invariant checker under load (Tracker, monitor: test-brokerd-stress.py, test-restart.py) and
 child processes in process groups of their own. Python 3 standard library only.
 
@@ -441,11 +442,18 @@ class Broker:
     """The real brokerd on a private socket and state directory under a fresh temporary directory.
     mode "bound": brokerd binds the socket itself (--socket). mode "activate": systemd-socket-activate
     binds it and starts brokerd (execs it in place: same pid) on the first connection, passing the socket
-    as fd 3 named "varlink". notify=True adds a stand-in NOTIFY_SOCKET."""
+    as fd 3 named "varlink". notify=True adds a stand-in NOTIFY_SOCKET.
+    mode "store": as systemd with brokerd.socket and a file descriptor store (fdstore.py): the test holds
+    the listening socket across restarts (clients connecting meanwhile wait in its backlog), NOTIFY_SOCKET
+    is the store (.store), and each start passes the socket named "varlink" then the stored fds with their
+    names (LISTEN_FDS, LISTEN_FDNAMES, LISTEN_PID = brokerd's pid), in the order .fd_order says ("arrival",
+    "reversed", "shuffled" with .fd_seed). store_max: FileDescriptorStoreMax=. socket_unit=False: a service
+    without brokerd.socket, brokerd binds its socket itself and only the stored fds are passed (none: no
+    LISTEN_FDS at all). stop() and crash() keep the store for the next start(); cleanup() closes it."""
 
     def __init__(self, config=None, mode="bound", notify=False, debug=True, brokerd=None, name="brokerd",
-                 nofile=None):
-        assert mode in ("bound", "activate")
+                 nofile=None, store_max=8192, socket_unit=True):
+        assert mode in ("bound", "activate", "store")
         self.nofile = nofile  # RLIMIT_NOFILE, soft and hard (brokerd raises its soft limit to the hard one)
         self.env = {}  # more environment for brokerd (LD_PRELOAD …), from the next start() on
         self.brokerd = brokerd or find_brokerd()
@@ -459,7 +467,21 @@ class Broker:
         self.state_dir = os.path.join(self.dir, "state")
         self.config_path = os.path.join(self.dir, "brokerd.conf")
         self.log_path = os.path.join(self.dir, "brokerd.log")
-        self.notify = NotifyListener(os.path.join(self.dir, "notify")) if notify else None
+        self.notify = NotifyListener(os.path.join(self.dir, "notify")) if notify and mode != "store" else None
+        self.store = None
+        self.listener = None
+        self.fd_order = "arrival"
+        self.fd_seed = 1  # of the order "shuffled"
+        self.passed = []  # names of the fds the last start() passed, in order
+        if mode == "store":
+            import fdstore
+            self.store = fdstore.FdStore(os.path.join(self.dir, "notify"), max_fds=store_max)
+        if mode == "store" and socket_unit:
+            # brokerd.socket: Backlog=4096 (the kernel caps it at somaxconn), SocketMode=0666 here.
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            self.listener.bind(self.socket_path)
+            os.chmod(self.socket_path, 0o666)
+            self.listener.listen(4096)
         self.proc = None
         self._log = None
         self.returncode = None
@@ -501,6 +523,8 @@ class Broker:
             if self.notify:
                 env["NOTIFY_SOCKET"] = self.notify.path
             argv = self.argv()
+        elif self.mode == "store":
+            argv = self.argv()
         else:
             argv = ["systemd-socket-activate", "-l", self.socket_path, "--fdname=varlink"]
             if self.notify:
@@ -512,8 +536,11 @@ class Broker:
         if self.nofile is not None:
             import resource
             preexec = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))  # noqa: E731
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, env=env,
-                                     close_fds=True, preexec_fn=preexec)
+        if self.mode == "store":
+            self._start_with_store(argv, env, preexec)
+        else:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+                                         env=env, close_fds=True, preexec_fn=preexec)
         if self.mode == "activate":
             # As a .socket unit's SocketMode=0666 (the activator binds with its own mode): clients of other
             # uids must reach it, and the lanes' ACLs decide. Chmod does not connect: brokerd is not started.
@@ -525,9 +552,45 @@ class Broker:
             self.wait_ready(timeout)
         return self
 
+    def _start_with_store(self, argv, env, preexec):
+        """systemd's start of a service with a socket unit and a file descriptor store."""
+        import fdstore
+        self.store.sync()  # what the last main process sent before it exited
+        # Locked from before the fork until the pid is known: READY=1 of the new pid is not taken for a
+        # stranger's, and nothing is stored or dropped while the fds are copied.
+        with self.store.lock:
+            stored = self.store.fds(self.fd_order, self.fd_seed)
+            fds = [fd for fd, _ in stored]
+            self.passed = [name for _, name in stored]
+            if self.listener:
+                fds.insert(0, self.listener.fileno())
+                self.passed.insert(0, "varlink")
+            env = dict(env, NOTIFY_SOCKET=self.store.path)
+            if fds:
+                env.update(fdstore.listen_env(self.passed))
+
+            def child():
+                if preexec:
+                    preexec()
+                fdstore.renumber_fds(fds)
+            self.proc = subprocess.Popen(fdstore.LISTEN_PID_WRAPPER + argv, stdin=subprocess.DEVNULL,
+                                         stdout=self._log, stderr=self._log, env=env, close_fds=False,
+                                         preexec_fn=child)
+            self.store.set_main_pid(self.proc.pid)
+
     def wait_ready(self, timeout=10.0):
         """Ready = a GetInfo round trip works. Under socket activation the first connection is what starts
-        brokerd, so the same poll covers both modes."""
+        brokerd, so the same poll covers both modes. With a store, READY=1 from brokerd's pid comes first."""
+        if self.mode == "store":
+            deadline = time.monotonic() + timeout
+            pid = self.proc.pid
+            try:
+                self.store.wait_for(lambda s: s.sent(pid, "READY") or self.proc.poll() is not None, timeout,
+                                    f"READY=1 from brokerd (pid {pid})")
+            except AssertionError:
+                self.dump_log()
+                raise
+            timeout = max(0.1, deadline - time.monotonic())
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
@@ -570,6 +633,8 @@ class Broker:
         if self.notify:
             self.notify.close()
             self.notify = None
+        if self.store:
+            self.store.sync()
         return self.returncode
 
     def crash(self):
@@ -581,6 +646,8 @@ class Broker:
         if self._log:
             self._log.close()
             self._log = None
+        if self.store:
+            self.store.sync()
 
     def log(self):
         try:
@@ -599,7 +666,17 @@ class Broker:
 
     def cleanup(self):
         self.stop()
+        self.close_store()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def close_store(self):
+        """Closes the store and the listening socket (mode "store"): what a stopped socket unit does."""
+        if self.store:
+            self.store.close()
+            self.store = None
+        if self.listener:
+            self.listener.close()
+            self.listener = None
 
     # clients
 
@@ -723,6 +800,7 @@ def cleanup_all(keep=False):
     for b in _all_brokers:
         if keep:
             b.stop()
+            b.close_store()
             b.dump_log()
             sys.stderr.write(f"(kept {b.dir})\n")
         else:
@@ -988,6 +1066,75 @@ class Child:
 
     def group_alive(self):
         return group_alive(self.pid)
+
+
+class SlotctlRun:
+    """`slotctl run --socket SOCKET --lane LANE OPTIONS… -- ARGV…` as a CI job runs it: stderr in a file (not a
+    terminal). With tty=True its stderr is a pseudo-terminal instead, so that it draws the live position line
+    ("\\r\\033[K…waiting for pool P: position N of M, …"); stderr() is then what the terminal received."""
+
+    def __init__(self, slotctl, socket_path, lane, argv, *options, tty=False):
+        self.tty = tty
+        self._out = bytearray()
+        self._lock = threading.Lock()
+        if tty:
+            import pty
+            self._master, slave = pty.openpty()
+            os.set_inheritable(self._master, False)
+            stderr = slave
+            self.err = None
+        else:
+            self.err = tempfile.TemporaryFile(mode="w+")
+            stderr = self.err
+        try:
+            self.proc = subprocess.Popen([slotctl, "run", "--socket", socket_path, "--lane", lane, *options, "--",
+                                          *argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=stderr)
+        finally:
+            if tty:
+                os.close(slave)
+        if tty:
+            self._reader = threading.Thread(target=self._read_tty, daemon=True)
+            self._reader.start()
+
+    def _read_tty(self):
+        while True:
+            try:
+                data = os.read(self._master, 4096)
+            except OSError:  # EIO: the last holder of the terminal's other side has gone
+                return
+            if not data:
+                return
+            with self._lock:
+                self._out += data
+
+    def wait(self, timeout=30):
+        return self.proc.wait(timeout)
+
+    def stderr(self):
+        if self.tty:
+            with self._lock:
+                return self._out.decode(errors="replace")
+        self.err.seek(0)
+        return self.err.read()
+
+    def kill(self):
+        """Kills slotctl and its command's process group (a test's cleanup)."""
+        if self.proc.poll() is None:
+            for child in children_of(self.proc.pid):
+                try:
+                    os.killpg(child, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            self.proc.kill()
+            self.proc.wait()
+        if self.err:
+            self.err.close()
+        elif self._master >= 0:
+            self._reader.join(2)
+            os.close(self._master)
+            self._master = -1
+        reap()
 
 
 def run_client_as(socket_path, method, parameters=None, uid=NOBODY_UID, gid=NOGROUP_GID, more=False,

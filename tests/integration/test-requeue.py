@@ -17,14 +17,13 @@ import os
 import signal
 import socket
 import threading
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
-from harness import children_of, reap, wait_for  # noqa: E402
+from harness import wait_for  # noqa: E402
 from witness import Witness  # noqa: E402
 
 SLOTCTL = None
@@ -43,33 +42,9 @@ policy = wait
 """
 
 
-class Job:
+def Job(b, argv, *options):
     """`slotctl run --lane nightly` as a CI job runs it (stderr not a terminal), stderr kept in a file."""
-
-    def __init__(self, b, argv, *options):
-        self.err = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "nightly", *options,
-                                      "--", *argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=self.err)
-
-    def wait(self, timeout=30):
-        return self.proc.wait(timeout)
-
-    def stderr(self):
-        self.err.seek(0)
-        return self.err.read()
-
-    def kill(self):
-        if self.proc.poll() is None:
-            for child in children_of(self.proc.pid):
-                try:
-                    os.killpg(child, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            self.proc.kill()
-            self.proc.wait()
-        self.err.close()
-        reap()
+    return harness.SlotctlRun(SLOTCTL, b.socket_path, "nightly", argv, *options)
 
 
 class Requeue(harness.BrokerTestCase):
