@@ -641,7 +641,13 @@ static void manager_take_back(Manager *m) {
                 if (r >= 0 && c->has_acquire)
                         r = session_resume(s, &c->acquire);
                 if (r < 0) {
-                        log_debug_errno(r, "A connection handed over cannot be resumed: %m");
+                        log_warning_errno(r, "The connection of pid %d handed over cannot be resumed (%s); closing it, "
+                                             "its client queues again or reclaims.",
+                                          s ? (int) s->cred.pid : 0,
+                                          r == -EPERM   ? "the lease it names is not its own in the lease log"
+                                          : r == -EBUSY ? "its lease was taken back by another connection"
+                                          : r == -ENOENT ? "its command is gone"
+                                                         : strerror(-r));
                         n_closed++;
                         if (s)
                                 session_close(s);
@@ -653,6 +659,9 @@ static void manager_take_back(Manager *m) {
         }
         log_info("Took back %zu connection(s) from systemd's fd store: %zu waiting, %zu holding a lease; %zu closed.",
                  h.n_connections + load.closed - n_closed, n_waiting, n_holding, n_closed);
+        /* The state's text and its parse were the size of every connection's state at once: give it back, or
+         * the heap stays twice what the connections need (bench-handover: 15 → 31 MiB at 10,000 waiters). */
+        (void) malloc_trim(0);
 }
 
 /* ---- STATUS=, watchdog, tick ---- */
@@ -981,11 +990,21 @@ static int socket_take_from_systemd(HandoverFds *handover) {
                 free(names);
                 return n < 0 ? n : -ENOENT;
         }
+        /* What the previous brokerd stored is recognised by its names first: without a socket unit, a start
+         * after an idle stop gets the state alone, which is no socket to listen on. */
+        int n_other = 0;
+        for (int i = 0; i < n; i++)
+                if (handover_fds_take(handover, names[i], SD_LISTEN_FDS_START + i))
+                        names[i] = mfree(names[i]);
+                else
+                        n_other++;
         int fd = -ENOENT;
         for (int i = 0; i < n; i++) {
-                if (fd < 0 && (streq(names[i], "varlink") || n == 1))
+                if (!names[i])
+                        continue;
+                if (fd < 0 && (streq(names[i], "varlink") || n_other == 1))
                         fd = SD_LISTEN_FDS_START + i;
-                else if (!handover_fds_take(handover, names[i], SD_LISTEN_FDS_START + i))
+                else
                         safe_close(SD_LISTEN_FDS_START + i); /* not ours to serve */
                 free(names[i]);
         }

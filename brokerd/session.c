@@ -686,10 +686,13 @@ static int session_resume_lease(Session *s, const HandoverAcquire *h) {
         SessionTable *m = s->table;
         AcquireCall *a = &s->acquire;
         Lease *l = lease_table_find(m->leases, h->lease);
-        /* Only what the lease log restored is held: the state names a lease, it never makes one. */
-        if (!l || (l->uid != s->cred.uid && s->cred.uid != 0) || !streq(engine_lease_lane(l->engine_lease), h->lane) ||
-            lease_reclaim(l, s) < 0)
-                return -ENOENT;
+        /* Only what the lease log restored is held: the state names a lease, it never makes one; and only by
+         * the process that asked for it (the socket's peer, as the kernel says, not the state), so that a
+         * damaged state cannot make another connection the life line of someone else's lease. */
+        if (!l || l->uid != s->cred.uid || l->pid != s->cred.pid || !streq(engine_lease_lane(l->engine_lease), h->lane))
+                return -EPERM;
+        if (lease_reclaim(l, s) < 0)
+                return -EBUSY;
         s->lease = l; /* the lease's side: lease_reclaim() */
         a->active = h->more;
         a->more = h->more;

@@ -179,8 +179,10 @@ void session_handed_over(Session *s);
 /* A session taken back at start (its connection restored): its Acquire goes on where it was. A holder takes
  * its lease back (restored from the lease log: nothing here grants), a waiter goes back to its place with
  * its budget (EngineResume), re-checked against the lane's access list and its command's identity. Returns
- * 0 (the session may have been answered: a lane gone, a permission withdrawn); -ENOENT when its lease or
- * command is gone (the caller closes the connection: its client re-queues or reclaims); -ENOMEM. */
+ * 0 (the session may have been answered: a lane gone, a permission withdrawn); -EPERM when the lease log
+ * has no such lease for this peer (uid and pid as the kernel says); -EBUSY when another connection took it
+ * back already; -ENOENT when its command is gone; -ENOMEM. The caller closes the connection then (its client
+ * re-queues or reclaims). */
 int session_resume(Session *s, const HandoverAcquire *a);
 
 typedef enum SessionWithdraw {
