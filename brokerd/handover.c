@@ -91,7 +91,7 @@ void handover_acquire_done(HandoverAcquire *a) {
         *a = (HandoverAcquire) {};
 }
 
-static void handover_connection_done(HandoverConnection *c) {
+void handover_connection_done(HandoverConnection *c) {
         free(c->input);
         free(c->output);
         handover_acquire_done(&c->acquire);

@@ -79,6 +79,8 @@ typedef struct Handover {
 } Handover;
 
 void handover_acquire_done(HandoverAcquire *a);
+/* Frees one entry (closing its fd): an owner that acts on the entries one by one frees each after it. */
+void handover_connection_done(HandoverConnection *c);
 /* Frees the entries; closes the fds still in them. */
 void handover_done(Handover *h);
 /* A new entry at the end, zeroed (fd -EBADF). Returns 0 or -ENOMEM. */
