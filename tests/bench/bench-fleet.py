@@ -44,7 +44,6 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-import harness  # noqa: E402
 import redisd  # noqa: E402
 from harness import Broker, wait_for  # noqa: E402
 
