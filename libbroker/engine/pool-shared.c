@@ -1687,8 +1687,19 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
         if (resp_int(resp_at(cache, 8), &x)) {
                 p->cache.recovery_until = x;
                 if (x > pool_now) {
+                        /* What opened it (README, "Recovery windows"): a word the journal entry explains;
+                         * anything else (an older brokerd's scripts, garbage) says nothing. */
+                        static const char *const causes[] = {
+                                "new", "restart", "lost:rules", "lost:clock", "lost:leases", "lost:waiters",
+                                "lost:slots", "lost:free slots", "lost:records", "lost:nodes", "lost:node records",
+                        };
+                        const RespValue *why = resp_at(cache, 11);
+                        const char *cause = NULL;
+                        for (size_t i = 0; why && why->type == RESP_STRING && i < ELEMENTSOF(causes); i++)
+                                if (mem_is(why->str, why->len, causes[i]))
+                                        cause = causes[i];
                         if (p->recovery_noticed <= pool_now)
-                                notice_push(p, SHARED_NOTICE_RECOVERY, NULL, NULL, 0, 0);
+                                notice_push(p, SHARED_NOTICE_RECOVERY, NULL, cause, 0, 0);
                         p->recovery_noticed = MAX(p->recovery_noticed, x);
                 }
         }

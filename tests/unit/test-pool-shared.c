@@ -1213,6 +1213,41 @@ static void test_reclaimed_flag_follows_the_reclaims(void **state) {
         assert_string_equal(arg(c, 13), "1");
 }
 
+/* The registering tick of a pool object just made (a brokerd just started) finds a window open: its notice
+ * carries what opened it (the cache's last element, lua/README "Recovery windows"), so that the journal
+ * does not blame a restart of Redis for a pool's first use. A word not among the scripts' is not passed on. */
+static void test_recovery_notice_carries_what_opened_the_window(void **state) {
+        static const struct {
+                const char *why, *detail;
+        } cases[] = {
+                { "new", "new" }, { "restart", "restart" }, { "lost:leases", "lost:leases" },
+                { "lost:rm -rf", NULL }, { "", NULL }, { "restarted or so", NULL },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                Fixture *f = fixture_new(false);
+                pool_shared_link_up(f->pool, "run1", S(1));
+                const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+                RespValue window = arr(12, num(0), num(0), num(0), num(0), num(0), num(-1), num(100), str("e1"),
+                                       num(S(30)), str(""), num(2), str(cases[i].why));
+                done(f, c, reply("ok", S(1), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, window), S(1), S(1));
+                SharedNotice n;
+                bool found = false;
+                while (pool_shared_pop_notice(f->pool, &n)) {
+                        if (n.type == SHARED_NOTICE_RECOVERY) {
+                                assert_false(found); /* once per window */
+                                found = true;
+                                if (cases[i].detail)
+                                        assert_string_equal(n.detail, cases[i].detail);
+                                else
+                                        assert_null(n.detail);
+                        }
+                        shared_notice_done(&n);
+                }
+                assert_true(found);
+                fixture_free(f);
+        }
+}
+
 static void test_rules_mismatch_refuses_and_keeps_heartbeating(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1));
@@ -2234,6 +2269,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_resumed_waiter_is_refused_after_the_grace_without_a_backend,
                                                 setup, teardown),
                 T(test_submit_before_the_backend_is_reached),
+                T(test_recovery_notice_carries_what_opened_the_window),
                 T(test_request_that_may_wait_waits_for_the_first_registration),
                 T(test_submit_checks_lane_and_size_itself),
                 T(test_registering_tick_carries_name_canon_and_floor),
