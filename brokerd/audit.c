@@ -357,8 +357,20 @@ void audit_backend(Audit *a, const char *pool, const SharedNotice *n) {
                 field(&f, "MESSAGE=[%s] Pool %s: its rules agree with its backend's", tag, pool);
                 break;
         case SHARED_NOTICE_RECOVERY:
-                field(&f, "MESSAGE=[%s] Pool %s: its backend restarted or lost the pool; no grant until the live nodes reclaimed their leases",
-                      tag, pool);
+                /* The cause, when the scripts said it (lua/README, "Recovery windows"): a window found open
+                 * by a brokerd just started is the pool's, not a sign that anything happened at the start. */
+                if (streq_ptr(n->detail, "new"))
+                        field(&f, "MESSAGE=[%s] Pool %s: recovery window of a pool made anew in Redis (its first use, or Redis lost all of its keys: no node can tell which); no grant until it ends, one backend-node-ttl after the pool was made",
+                              tag, pool);
+                else if (streq_ptr(n->detail, "restart"))
+                        field(&f, "MESSAGE=[%s] Pool %s: its backend restarted or failed over (a new run or replication id); no grant until the live nodes reclaimed their leases",
+                              tag, pool);
+                else if (n->detail && strncmp(n->detail, "lost:", 5) == 0)
+                        field(&f, "MESSAGE=[%s] Pool %s: its backend lost part of the pool (%s); no grant until the live nodes reclaimed their leases",
+                              tag, pool, n->detail + 5);
+                else
+                        field(&f, "MESSAGE=[%s] Pool %s: its backend restarted or lost the pool; no grant until the live nodes reclaimed their leases",
+                              tag, pool);
                 break;
         case SHARED_NOTICE_REFUSED:
                 field(&f, "MESSAGE=[%s] Pool %s is refused by its backend: %s", tag, pool, n->detail ?: "");

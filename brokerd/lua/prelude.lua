@@ -673,10 +673,11 @@ end
 -- with the reclaimed flag, that Redis has every lease it holds again. A node that never says so (dead,
 -- cut off) keeps the window to its full length; one that registers during it with leases still to
 -- reclaim (Redis lost its registration too) joins the wait. A pool Redis made anew knows nobody: the
--- full length.
-local function recovery_open(until_, nodes)
+-- full length. why: what opened it, for the nodes' journal (README, "Recovery windows").
+local function recovery_open(until_, nodes, why)
         meta_set('recovery_until', math.max(M.recovery_until, until_))
         meta_set('recovery_from', now)
+        meta_set('recovery_why', why)
         redis.call('DEL', K.recovering)
         for i = 1, #nodes, 1000 do
                 redis.call('SADD', K.recovering, unpack(nodes, i, math.min(i + 999, #nodes)))
@@ -688,6 +689,7 @@ local function recovery_close()
         meta_set('recovery_until', 0)
         meta_set('recovery_from', 0)
         meta_set('recovery_set', 0)
+        meta_set('recovery_why', nil)
         redis.call('DEL', K.recovering)
 end
 
@@ -885,6 +887,7 @@ local function cache()
         return {
                 M.in_use, M.waiting, M.congested, idle_at(now), M.drained, nd and nd or -1, M.counter,
                 M.epoch or '', M.recovery_until, stream_last, R.limit or 0,
+                M.recovery_until > 0 and M.recovery_why or '',
         }
 end
 
@@ -980,7 +983,7 @@ local function pool_renew(what)
                 end
         end
         meta_set('drained_free', drained_free)
-        if M.clock_mode ~= 'manual' then recovery_open(now + (R.ttl or 30000000), {}) end
+        if M.clock_mode ~= 'manual' then recovery_open(now + (R.ttl or 30000000), {}, 'lost:' .. what) end
 end
 
 -- One node, one identity (SPEC §11): a call whose incarnation is neither the one registered under its
@@ -1042,7 +1045,7 @@ local function prelude_begin(create)
                 local same = M.run_id and (plain or stored_plain) and
                              string.match(RUN_ID, '^[^/]*') == string.match(M.run_id, '^[^/]*')
                 if M.clock_mode ~= 'manual' and M.run_id and not same then
-                        recovery_open(now + R.ttl, redis.call('ZRANGE', K.nodes, 0, -1))
+                        recovery_open(now + R.ttl, redis.call('ZRANGE', K.nodes, 0, -1), 'restart')
                 end
                 if not (same and plain) then meta_set('run_id', RUN_ID) end
         end

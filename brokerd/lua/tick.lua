@@ -201,7 +201,7 @@ local function tick()
                 meta_set('epoch', NEW_EPOCH)
                 meta_set('clock_mode', MANUAL_NOW ~= '-' and 'manual' or 'redis')
                 meta_set('run_id', RUN_ID)
-                if M.clock_mode ~= 'manual' then recovery_open(now + ttl, {}) end
+                if M.clock_mode ~= 'manual' then recovery_open(now + ttl, {}, 'new') end
         end
         if not R.canon then rules_store(canon) end
         -- The node's floor (above every token it passed on) before any grant of this call: a pool made

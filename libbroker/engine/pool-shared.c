@@ -143,9 +143,11 @@ typedef struct SharedPool {
         usec_t acked_boot;     /* CLOCK_BOOTTIME send time of the last acknowledged tick */
         usec_t stale_ack;      /* vouch_base() when its vouch deadline passed and the waiters were refused */
         usec_t alive_boot;     /* a restarted daemon's last proof of life (set_last_ack()), USEC_INFINITY: none */
-        /* Waiters resumed after a restart wait for the first registration (monotonic, since when;
-         * USEC_INFINITY: none, or served since): an outage like a link down, so the waiter grace bounds it. */
-        usec_t resume_since;
+        /* Before this object first registered (a brokerd just started, a pool just added), requests that may
+         * wait and waiters resumed after a restart wait for it (monotonic, since when; USEC_INFINITY: none,
+         * or served since): an outage like a link down, so the waiter grace bounds it. */
+        usec_t start_since;
+        bool registered;       /* it served once: a later outage is a link down, refused at once */
         /* Behind Sentinels (params.confirm_stale > 0): the start of the last round in which a majority of
          * them named this primary (CLOCK_BOOTTIME, 0: none yet), and since when (monotonic) it is too old
          * to grant on (USEC_INFINITY: it is recent, or no confirmation is asked for). */
@@ -404,7 +406,7 @@ static const char *unavailable_reason(const SharedPool *p) {
 /* Since when (monotonic) the pool has been refused for a cause its waiters should not outwait: the link
  * down, or the primary unconfirmed. USEC_INFINITY: neither. */
 static usec_t outage_since(const SharedPool *p) {
-        return MIN(MIN(p->down_since, p->unconfirmed_since), p->resume_since);
+        return MIN(MIN(p->down_since, p->unconfirmed_since), p->start_since);
 }
 
 /* The driver's `now` (pool_shared_call_done(), link_up(), …) is the local monotonic clock. In the manual
@@ -1442,8 +1444,10 @@ static void congestion_apply(SharedPool *p, bool congested, int64_t at, usec_t n
 
 static void state_set(SharedPool *p, SharedState s) {
         p->state = s;
-        if (state_sends_operations(s))
-                p->resume_since = USEC_INFINITY;
+        if (state_sends_operations(s)) {
+                p->start_since = USEC_INFINITY;
+                p->registered = true;
+        }
         p->unavailable = s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING ? NULL :
                          s == SHARED_STATE_MISMATCH                            ? "rules" :
                          s == SHARED_STATE_REFUSED && p->identity_conflict     ? "node-id-conflict" : "backend";
@@ -1639,7 +1643,7 @@ static void check_waiter_grace(SharedPool *p, usec_t now) {
         usec_t since = outage_since(p);
         if (since == USEC_INFINITY || now < usec_add(since, p->params.waiter_grace))
                 return;
-        refuse_all_tries(p, p->unconfirmed_since < MIN(p->down_since, p->resume_since) ? "unconfirmed" : "backend",
+        refuse_all_tries(p, p->unconfirmed_since < MIN(p->down_since, p->start_since) ? "unconfirmed" : "backend",
                          now);
 }
 
@@ -1683,8 +1687,19 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
         if (resp_int(resp_at(cache, 8), &x)) {
                 p->cache.recovery_until = x;
                 if (x > pool_now) {
+                        /* What opened it (README, "Recovery windows"): a word the journal entry explains;
+                         * anything else (an older brokerd's scripts, garbage) says nothing. */
+                        static const char *const causes[] = {
+                                "new", "restart", "lost:rules", "lost:clock", "lost:leases", "lost:waiters",
+                                "lost:slots", "lost:free slots", "lost:records", "lost:nodes", "lost:node records",
+                        };
+                        const RespValue *why = resp_at(cache, 11);
+                        const char *cause = NULL;
+                        for (size_t i = 0; why && why->type == RESP_STRING && i < ELEMENTSOF(causes); i++)
+                                if (mem_is(why->str, why->len, causes[i]))
+                                        cause = causes[i];
                         if (p->recovery_noticed <= pool_now)
-                                notice_push(p, SHARED_NOTICE_RECOVERY, NULL, NULL, 0, 0);
+                                notice_push(p, SHARED_NOTICE_RECOVERY, NULL, cause, 0, 0);
                         p->recovery_noticed = MAX(p->recovery_noticed, x);
                 }
         }
@@ -2546,13 +2561,17 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         if (!lane_is_configured(p, t->lane) || t->slots == 0 || t->slots > p->base.limit)
                 return -EINVAL;
         check_waiter_grace(p, now);
-        /* A waiter resumed at a restart, before this object first registered (its first tick carries the
-         * reconcile that would drop every rid of this node it does not list): it waits for it, as a waiter
-         * waits out a link that went down, for the waiter grace at most. */
-        bool resumed_early = t->resume && p->unconfirmed_since == USEC_INFINITY &&
-                             (p->state == SHARED_STATE_CONNECTING || p->state == SHARED_STATE_REGISTERING) &&
-                             !reconcile_sent(p);
-        if (!pool_serves(p) && !resumed_early) {
+        /* Before this object first registered (a brokerd just started, a pool just added: its link is not up
+         * yet, through no fault of Redis's), a request that may wait, and a waiter resumed at a restart, wait
+         * for the registration, as a waiter waits out a link that went down: for the waiter grace at most,
+         * counted from the first one held. One that may not wait is refused at once, as below. */
+        bool held = (t->may_wait || t->resume) && !p->registered && p->unconfirmed_since == USEC_INFINITY &&
+                    (p->state == SHARED_STATE_CONNECTING || p->state == SHARED_STATE_REGISTERING) &&
+                    (p->start_since == USEC_INFINITY || now < usec_add(p->start_since, p->params.waiter_grace));
+        /* A resumed waiter asks again under its old rid only while the first tick's reconcile, which drops
+         * every rid of this node it does not list, can still list it. */
+        bool resumed_early = held && t->resume && !reconcile_sent(p);
+        if (!pool_serves(p) && !held) {
                 /* Unreachable, rules that differ, refused, or a primary the Sentinels do not confirm: at once,
                  * so that the lane tries its next pool. */
                 emit(p, (PoolDecision) { .verdict = POOL_VERDICT_REFUSED, .cookie = t->cookie, .at = now,
@@ -2567,7 +2586,7 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         /* A resumed waiter asks again under its old rid (the node id is the same): Redis answers where it
          * stands (its place, its grant, its outcome) and changes nothing (lua/README, submit). The rid comes
          * from a file: one malformed, or one this node already uses, is not reused. */
-        const char *old_rid = t->resume ? t->resume->remote_id : NULL;
+        const char *old_rid = t->resume && (resumed_early || pool_serves(p)) ? t->resume->remote_id : NULL;
         if (old_rid && rid_is_valid(old_rid, strnlen(old_rid, RID_LEN + 1)) && !try_find(p, old_rid) &&
             !grant_find(p, old_rid))
                 strcpy(w->rid, old_rid);
@@ -2608,12 +2627,11 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         }
         list_append(&p->tries, &w->node);
         call_queue(p, c);
-        if (resumed_early) {
-                if (p->resume_since == USEC_INFINITY)
-                        p->resume_since = now;
-                /* A registering tick queued before it lists its page as of then: made again with this rid. */
+        if (held && p->start_since == USEC_INFINITY)
+                p->start_since = now;
+        /* A registering tick queued before it lists its page as of then: made again with this rid. */
+        if (resumed_early)
                 requeue_reconcile(p, now);
-        }
         return 0;
 }
 
@@ -2916,7 +2934,7 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
         p->stale_ack = USEC_INFINITY;
         p->replicas_acked = -1;
         p->alive_boot = USEC_INFINITY;
-        p->resume_since = USEC_INFINITY;
+        p->start_since = USEC_INFINITY;
         p->bad_input_told = USEC_INFINITY;
         /* Behind Sentinels the pool starts unconfirmed: nothing is granted before a majority names the primary. */
         p->unconfirmed_since = params->confirm_stale > 0 ? 0 : USEC_INFINITY;

@@ -369,12 +369,12 @@ static void test_resumed_waiter_with_a_bogus_rid_gets_a_new_one(void **state) {
 }
 
 /* A backend never reached: resumed waiters wait out the waiter grace, as for a link gone down, then are
- * refused; a new request is refused at once as before. */
+ * refused; a new request that may not wait is refused at once as before. */
 static void test_resumed_waiter_is_refused_after_the_grace_without_a_backend(void **state) {
         Fixture *f = *state;
         int a, other;
         assert_int_equal(submit_resumed(f, &a, OLD_RID, S(1), S(5)), 0);
-        assert_int_equal(submit(f, &other, 1, true, S(5)), 0);
+        assert_int_equal(submit(f, &other, 1, false, S(5)), 0);
         assert_int_equal(f->n_seen, 1);
         assert_ptr_equal(f->seen[0].cookie, &other);
         assert_int_equal(f->pool->ops->next_wakeup(f->pool), S(5) + WAITER_GRACE);
@@ -394,10 +394,13 @@ static void test_resumed_waiter_is_refused_after_the_grace_without_a_backend(voi
         no_call(f);
 }
 
-static void test_submit_is_refused_at_once_before_the_backend_is_reached(void **state) {
+/* Before the first registration (a brokerd just started): a request that may not wait is refused at once
+ * (its lane tries its next pool); one that may wait is held for the waiter grace, counted from the first
+ * one held, then refused; one that comes after that grace is refused at once. */
+static void test_submit_before_the_backend_is_reached(void **state) {
         Fixture *f = *state;
-        int cookie;
-        assert_int_equal(submit(f, &cookie, 1, true, S(2)), 0);
+        int cookie, waits, late;
+        assert_int_equal(submit(f, &cookie, 1, false, S(2)), 0);
         assert_int_equal(f->n_seen, 1);
         assert_int_equal(f->seen[0].verdict, POOL_VERDICT_REFUSED);
         assert_int_equal(f->seen[0].refusal, REFUSAL_UNAVAILABLE);
@@ -408,6 +411,63 @@ static void test_submit_is_refused_at_once_before_the_backend_is_reached(void **
         assert_true(info.remote);
         assert_false(info.backend_up);
         assert_string_equal(info.unavailable, "backend");
+
+        assert_int_equal(submit(f, &waits, 1, true, S(3)), 0);
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->pool->ops->next_wakeup(f->pool), S(3) + WAITER_GRACE);
+        f->pool->ops->run(f->pool, S(3) + WAITER_GRACE - 1);
+        assert_int_equal(f->n_seen, 1);
+        f->pool->ops->run(f->pool, S(3) + WAITER_GRACE);
+        assert_int_equal(f->n_seen, 2);
+        assert_ptr_equal(f->seen[1].cookie, &waits);
+        assert_int_equal(f->seen[1].refusal, REFUSAL_UNAVAILABLE);
+        assert_string_equal(f->seen[1].reason, "backend");
+        assert_int_equal(submit(f, &late, 1, true, S(9)), 0);
+        assert_int_equal(f->n_seen, 3);
+        assert_ptr_equal(f->seen[2].cookie, &late);
+        assert_string_equal(f->seen[2].reason, "backend");
+        no_call(f);
+}
+
+/* A brokerd started while its pool's link is not up yet: a request that may wait waits for the first
+ * registration and is queued in Redis like any other (a fresh rid, listed by no reconcile: Redis has no
+ * record of it to drop). Once the node served, a link lost is today's rule: new requests refused at once. */
+static void test_request_that_may_wait_waits_for_the_first_registration(void **state) {
+        Fixture *f = *state;
+        int a, b, c2;
+        assert_int_equal(submit(f, &a, 1, true, S(1)), 0);
+        assert_int_equal(f->n_seen, 0);
+        no_call(f);
+        pool_shared_link_up(f->pool, "run1", S(2));
+        assert_int_equal(submit(f, &b, 1, true, S(2)), 0); /* registering: held too */
+        assert_int_equal(f->n_seen, 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        no_call(f);
+        done(f, c, reply("ok", S(2), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        done(f, c, reply("ok", S(2), decision("granted", rid, S(2), 0, "", 0, 7, arr(1, num(0))), EMPTY,
+                         cache(1, 0, 0, -1, "")), S(2), S(2));
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_GRANTED);
+        assert_ptr_equal(f->seen[0].cookie, &a);
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        done(f, c, reply("ok", S(2), decision("queued", rid, S(2), 0, "", 0, 0, EMPTY), EMPTY,
+                         cache(1, 1, 0, -1, "")), S(2), S(2));
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_QUEUED);
+        assert_ptr_equal(f->seen[1].cookie, &b);
+        /* No grace runs out once the pool served: the waiter is not refused later for the start's sake. */
+        f->pool->ops->run(f->pool, S(1) + WAITER_GRACE);
+        assert_int_equal(f->n_seen, 2);
+        /* The link lost later: new requests are refused at once, as before. */
+        pool_shared_link_down(f->pool, S(7));
+        pool_shared_link_up(f->pool, "run1", S(8));
+        assert_int_equal(submit(f, &c2, 1, true, S(8)), 0);
+        assert_int_equal(f->n_seen, 3);
+        assert_ptr_equal(f->seen[2].cookie, &c2);
+        assert_int_equal(f->seen[2].verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(f->seen[2].reason, "backend");
 }
 
 static void test_submit_checks_lane_and_size_itself(void **state) {
@@ -441,14 +501,24 @@ static void test_registering_tick_carries_name_canon_and_floor(void **state) {
         assert_string_equal(arg(c, 14), "-");
         assert_string_equal(arg(c, 15), "+");
         assert_int_equal(c->argc, 16);
-        /* Nothing but the tick goes before the node is registered. */
-        int cookie;
+        /* Nothing but the tick goes before the node is registered: a request that may wait waits for it,
+         * one that may not is refused. */
+        int cookie, now_or_never;
         assert_int_equal(submit(f, &cookie, 1, true, S(1)), 0);
+        assert_int_equal(submit(f, &now_or_never, 1, false, S(1)), 0);
+        assert_int_equal(f->n_seen, 1);
+        assert_ptr_equal(f->seen[0].cookie, &now_or_never);
         assert_int_equal(f->seen[0].verdict, POOL_VERDICT_REFUSED);
         no_call(f);
         done(f, c, reply("ok", 5000000, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")),
              S(1), S(1));
         assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 9), "1"); /* may wait */
+        done(f, c, reply("ok", 5000000, decision("queued", arg(c, 6), 5000000, 0, "", 0, 0, EMPTY), EMPTY,
+                         cache(0, 1, 0, -1, "")), S(1), S(1));
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_QUEUED);
+        assert_ptr_equal(f->seen[1].cookie, &cookie);
         assert_string_equal(pool_shared_stream_resume_id(f->pool), "0-0");
         assert_string_equal(pool_shared_stream_key(f->pool), "{sb:grid}:s:" NODE);
         /* The floor goes with every tick (SPEC §11, "Tokens never go back"): a Redis that lost the pool
@@ -1141,6 +1211,41 @@ static void test_reclaimed_flag_follows_the_reclaims(void **state) {
         assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
         c = take(f, SHARED_SCRIPT_TICK);
         assert_string_equal(arg(c, 13), "1");
+}
+
+/* The registering tick of a pool object just made (a brokerd just started) finds a window open: its notice
+ * carries what opened it (the cache's last element, lua/README "Recovery windows"), so that the journal
+ * does not blame a restart of Redis for a pool's first use. A word not among the scripts' is not passed on. */
+static void test_recovery_notice_carries_what_opened_the_window(void **state) {
+        static const struct {
+                const char *why, *detail;
+        } cases[] = {
+                { "new", "new" }, { "restart", "restart" }, { "lost:leases", "lost:leases" },
+                { "lost:rm -rf", NULL }, { "", NULL }, { "restarted or so", NULL },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                Fixture *f = fixture_new(false);
+                pool_shared_link_up(f->pool, "run1", S(1));
+                const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+                RespValue window = arr(12, num(0), num(0), num(0), num(0), num(0), num(-1), num(100), str("e1"),
+                                       num(S(30)), str(""), num(2), str(cases[i].why));
+                done(f, c, reply("ok", S(1), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, window), S(1), S(1));
+                SharedNotice n;
+                bool found = false;
+                while (pool_shared_pop_notice(f->pool, &n)) {
+                        if (n.type == SHARED_NOTICE_RECOVERY) {
+                                assert_false(found); /* once per window */
+                                found = true;
+                                if (cases[i].detail)
+                                        assert_string_equal(n.detail, cases[i].detail);
+                                else
+                                        assert_null(n.detail);
+                        }
+                        shared_notice_done(&n);
+                }
+                assert_true(found);
+                fixture_free(f);
+        }
 }
 
 static void test_rules_mismatch_refuses_and_keeps_heartbeating(void **state) {
@@ -2163,7 +2268,9 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_resumed_waiter_with_a_bogus_rid_gets_a_new_one, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_resumed_waiter_is_refused_after_the_grace_without_a_backend,
                                                 setup, teardown),
-                T(test_submit_is_refused_at_once_before_the_backend_is_reached),
+                T(test_submit_before_the_backend_is_reached),
+                T(test_recovery_notice_carries_what_opened_the_window),
+                T(test_request_that_may_wait_waits_for_the_first_registration),
                 T(test_submit_checks_lane_and_size_itself),
                 T(test_registering_tick_carries_name_canon_and_floor),
                 T(test_every_tick_carries_the_highest_token_passed_on),

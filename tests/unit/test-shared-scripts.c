@@ -32,7 +32,7 @@ enum { D_VERDICT, D_RID, D_AT, D_WAIT, D_REFUSAL, D_REASON, D_STATE, D_IDLE, D_B
        D_TOKEN, D_SLOTS, D_MEMBERS };
 /* Cache fields. */
 enum { C_IN_USE, C_WAITING, C_CONGESTED, C_IDLE, C_DRAINED, C_NEXT_WAKEUP, C_COUNTER, C_EPOCH, C_RECOVERY,
-       C_STREAM_LAST, C_LIMIT };
+       C_STREAM_LAST, C_LIMIT, C_RECOVERY_WHY };
 /* Reply elements. */
 enum { R_STATUS, R_NOW, R_BODY, R_EVENTS, R_CACHE, R_NOTICES };
 
@@ -111,6 +111,12 @@ static const redisReply *body(const redisReply *r) {
 static long long cache(const redisReply *r, size_t i) {
         assert_true(r->element[R_CACHE]->elements > i);
         return r->element[R_CACHE]->element[i]->integer;
+}
+
+static const char *cache_s(const redisReply *r, size_t i) {
+        assert_true(r->element[R_CACHE]->elements > i);
+        assert_int_equal(r->element[R_CACHE]->element[i]->type, REDIS_REPLY_STRING);
+        return r->element[R_CACHE]->element[i]->str;
 }
 
 static size_t n_events(const redisReply *r) {
@@ -462,6 +468,7 @@ static void test_a_new_redis_clock_pool_starts_with_a_recovery_window(void **sta
         assert_string_equal(status(t), "ok");
         long long now = t->element[R_NOW]->integer;
         assert_int_equal(cache(t, C_RECOVERY), now + 30 * SEC);
+        assert_string_equal(cache_s(t, C_RECOVERY_WHY), "new"); /* the journal says what opened it */
         freeReplyObject(t);
         redisReply *r = call("submit", "n1", -1, 1, "x", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
         assert_string_equal(status(r), "ok");
@@ -972,7 +979,38 @@ static void test_a_new_run_id_starts_a_recovery_window(void **state) {
         redisReply *r = call("submit", "n1", -1, 1, "x", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
         assert_string_equal(field_s(body(r), D_REASON), "recovery");
         assert_true(cache(r, C_RECOVERY) >= r->element[R_NOW]->integer + 100000 - 1000);
+        assert_string_equal(cache_s(r, C_RECOVERY_WHY), "restart");
         freeReplyObject(r);
+}
+
+/* A brokerd restarted (the same node id, the same Redis run id): its first tick registers it again with a
+ * whole reconcile listing the lease it restored and says it has not reclaimed yet; its reclaim confirms
+ * the lease. No recovery window opens at any step (nothing of the pool was lost), and another node is
+ * granted at once meanwhile. */
+static void test_a_node_restart_opens_no_recovery_window(void **state) {
+        const char *canon = "backend-node-ttl=100000\n" "lane.ci.priority=0\nlimit=2\n";
+
+        wait_out_the_recovery_window(canon);
+        redisReply *a = call("submit", "n1", -1, 1, "a", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+        char token[32];
+        snprintf(token, sizeof token, "%lld", field_i(body(a), D_TOKEN));
+        freeReplyObject(a);
+        redisReply *t = call("tick", "n1", -1, 1, "n1", canon, "1", "0", "0", token, "e9", "0", "-", "+", "a", NULL);
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(cache(t, C_RECOVERY), 0);
+        assert_string_equal(cache_s(t, C_RECOVERY_WHY), "");
+        freeReplyObject(t);
+        redisReply *r = call("reclaim", "n1", -1, 1, "a", "ci", "1", token, "1000", "0", NULL);
+        assert_string_equal(status(r), "ok");
+        assert_string_equal(body(r)->element[0]->str, "confirmed");
+        assert_int_equal(cache(r, C_RECOVERY), 0);
+        freeReplyObject(r);
+        freeReplyObject(tick_as("n2", -1, canon));
+        redisReply *b = call("submit", "n2", -1, 1, "b", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(b), D_VERDICT), "granted");
+        assert_int_equal(cache(b, C_RECOVERY), 0);
+        freeReplyObject(b);
 }
 
 /* The run id with the replication id ("RUN/REPLID"): a bare run id of a brokerd from before is the same
@@ -1357,6 +1395,16 @@ static void test_a_key_lost_never_grants_a_held_slot_twice(void **state) {
                 bool renewed = strcmp(m->str, epoch) != 0;
                 freeReplyObject(m);
                 n_renewed += renewed;
+                if (renewed) {
+                        /* The window says what opened it: the count that found the loss. */
+                        m = redisCommand(redis, "HMGET " POOL ":meta recovery_why lost");
+                        assert_int_equal(m->element[0]->type, REDIS_REPLY_STRING);
+                        assert_int_equal(m->element[1]->type, REDIS_REPLY_STRING);
+                        char want[64];
+                        snprintf(want, sizeof want, "lost:%s", m->element[1]->str);
+                        assert_string_equal(m->element[0]->str, want);
+                        freeReplyObject(m);
+                }
 
                 /* The node reclaims its lease (it learns of the new epoch from the tick). */
                 if (renewed) {
@@ -1944,6 +1992,7 @@ int main(int argc, char *argv[]) {
                 T(test_reclaim_outside_a_recovery_window_is_lost),
                 T(test_redis_clock_tokens_follow_the_time),
                 T(test_a_new_run_id_starts_a_recovery_window),
+                T(test_a_node_restart_opens_no_recovery_window),
                 T(test_tokens_never_go_back_after_a_loss),
                 T(test_a_new_replication_id_starts_a_recovery_window),
                 T(test_a_run_id_window_ends_when_every_node_reclaimed),

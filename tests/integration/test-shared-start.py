@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""A brokerd that starts while a pool shared through Redis is in use fails no job (SPEC §3.4, issue 20
+item 3; the systemd lane's phase 8).
+
+Node B holds the pool's only slot; node A, whose link to Redis goes through a proxy, has a `slotctl run`
+waiting. A is stopped (SIGTERM, no $NOTIFY_SOCKET: no fd store) and started again while its link cannot
+come up yet (the proxy holds the bytes, as a slow connect or a slow Redis would):
+
+- the waiter reconnects and queues again, and a fresh `slotctl run` made right after the start is not
+  refused either: both wait for the link, are queued once it is up, are granted in turn when B's holder
+  ends, and exit with their commands' own statuses;
+- a request that may not wait (a fail-fast lane) is refused at once, as before;
+- a link that does not come up within the waiter grace (5 s) refuses the requests held for it, unavailable
+  (reason "backend"), as for a link lost later.
+
+Skipped (77) without redis-server or shared pools.
+
+Usage: test-shared-start.py BROKERD SLOTCTL [unittest arguments]
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.dont_write_bytecode = True
+import faults  # noqa: E402
+import harness  # noqa: E402
+from harness import VarlinkError, reap, wait_for  # noqa: E402
+from redisd import RedisServer  # noqa: E402
+from tcpproxy import TcpProxy  # noqa: E402
+
+SLOTCTL = None
+TTL = 6  # backend-node-ttl: the recovery window of the pool's first use
+GRACE = 5  # brokerd's waiter grace (backend.c WAITER_GRACE)
+
+
+def config(backend, node):
+    return f"""\
+[broker]
+node-name = {node}
+revoke-grace = 1s
+
+[pool shared]
+limit = 1
+backend = {backend}
+backend-node-ttl = {TTL}s
+
+[lane ci]
+pools = shared
+policy = wait
+
+[lane now]
+pools = shared
+policy = fail-fast
+"""
+
+
+class Job:
+    """`slotctl run --lane ci -- sh -c 'exit STATUS'`, stderr kept in a file."""
+
+    def __init__(self, b, status):
+        self.err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "ci", "--",
+                                      "sh", "-c", f"exit {status}"],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err)
+
+    def stderr(self):
+        self.err.seek(0)
+        return self.err.read()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.err.close()
+        reap()
+
+
+class SharedStart(harness.BrokerTestCase):
+
+    def setUp(self):
+        faults.skip_unless_shared_pools(self)
+        self.tmp = tempfile.mkdtemp(prefix="test-shared-start-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.redis = RedisServer(self.tmp).start()
+        self.addCleanup(self.redis.close)
+        self.proxy = TcpProxy(self.redis.address).start()
+        self.addCleanup(self.proxy.close)
+        self.a = self.broker(config(self.proxy.url(), "node-a"), "start-a")
+        self.b = self.broker(config(self.redis.url(), "node-b"), "start-b")
+        for n in (self.a, self.b):
+            wait_for(lambda: n.pool("shared")["backend"]["up"], 30, message=f"{n.name}: the backend up")
+        # B holds the only slot (after the first use's recovery window: a generous bound, never a sleep).
+        self.held = self.acquire(self.b, "ci")
+        self.held.until_granted(timeout=TTL + 20)
+
+    def job(self, b, status):
+        j = Job(b, status)
+        self.addCleanup(j.kill)
+        return j
+
+    def wait_stderr(self, job, text, timeout=15):
+        wait_for(lambda: text in job.stderr() or job.proc.poll() is not None, timeout, message=repr(text))
+        self.assertIn(text, job.stderr())
+
+    def restart_a_without_link(self):
+        """A stopped (its waiters withdrawn from Redis), then started while the proxy holds its link's bytes."""
+        self.assertEqual(self.a.stop(), 0, self.a.log()[-4000:])
+        self.proxy.blackhole()
+        self.a.start()
+        self.assertFalse(self.a.pool("shared")["backend"]["up"], "A's link is up through a blackhole")
+
+    def test_waiter_and_fresh_request_wait_for_the_link_at_start(self):
+        waiter = self.job(self.a, 7)
+        self.wait_stderr(waiter, "waiting for a slot")
+        self.restart_a_without_link()
+        fresh = self.job(self.a, 9)
+
+        # A fail-fast request is refused at once, as before: its lane would try its next pool.
+        with self.assertRaises(VarlinkError) as refused:
+            self.a.call("io.slotbroker.Acquire", {"lane": "now"})
+        self.assertEqual((refused.exception.error, refused.exception.parameters.get("reason")),
+                         ("io.slotbroker.Unavailable", "backend"))
+
+        # Both reach A and wait there for its link (or, before the fix, are refused: exit 75).
+        wait_for(lambda: self.a.pool("shared")["waiting"] == 2 or waiter.proc.poll() is not None or
+                 fresh.proc.poll() is not None, GRACE, message="both requests held by A")
+        self.assertIsNone(waiter.proc.poll(), f"the waiter ended (exit {waiter.proc.returncode}) in the restart:\n"
+                          f"{waiter.stderr()}")
+        self.assertIsNone(fresh.proc.poll(), f"a request right at the start ended (exit {fresh.proc.returncode}):\n"
+                          f"{fresh.stderr()}")
+        self.assertFalse(self.a.pool("shared")["backend"]["up"])
+        self.proxy.passthrough()
+
+        self.wait_stderr(waiter, "reconnected to the broker; queued again")
+        self.wait_stderr(fresh, "waiting for a slot")
+        # Queued in Redis: B sees both of A's waiters (from a snapshot: waited for).
+        wait_for(lambda: len(self.b.status().get("otherWaiters") or []) == 2, 15, message="B to list A's waiters")
+        self.held.close()
+        self.assertEqual(waiter.proc.wait(30), 7, waiter.stderr())
+        self.assertEqual(fresh.proc.wait(30), 9, fresh.stderr())
+        for j in (waiter, fresh):
+            self.assertNotIn("refused", j.stderr())
+        self.assertNotIn("Request of lane ci refused", self.a.log())
+
+    def test_requests_held_at_start_are_refused_after_the_grace(self):
+        self.restart_a_without_link()
+        start = time.monotonic()
+        with self.assertRaises(VarlinkError) as refused:
+            self.a.call("io.slotbroker.Acquire", {"lane": "ci"}, timeout=GRACE + 20)
+        # Held, not refused at once (a lower bound only: it cannot come sooner), then refused as a link down.
+        self.assertGreaterEqual(time.monotonic() - start, GRACE - 1)
+        self.assertEqual((refused.exception.error, refused.exception.parameters.get("reason")),
+                         ("io.slotbroker.Unavailable", "backend"))
+        # Once the grace ran out, a request is refused at once until the link is up; then served again.
+        with self.assertRaises(VarlinkError) as again:
+            self.a.call("io.slotbroker.Acquire", {"lane": "ci"}, timeout=GRACE - 1)
+        self.assertEqual(again.exception.parameters.get("reason"), "backend")
+        self.proxy.passthrough()
+        wait_for(lambda: self.a.pool("shared")["backend"]["up"], 30, message="A's backend up")
+        self.held.close()
+        self.acquire(self.a, "ci").until_granted(timeout=10)
+
+
+if __name__ == "__main__":
+    (_, SLOTCTL), argv = harness.arguments(__doc__, 2)
+    harness.main(argv)
