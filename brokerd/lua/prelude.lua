@@ -104,16 +104,21 @@ local META_NUMBERS = {
         'integrity',
 }
 
+-- Changes to meta, lane counters and fingerprints are kept here and written once, by flush() (every
+-- reply does it): a grant touches each of them, and a command costs more than the Lua around it.
+-- meta_stored: what meta holds in Redis (the strings read, then what flush() wrote): a field set back to
+-- what it holds is not written again (an idle tick's instant sets and clears the same fields).
+local meta_dirty, meta_stored
+
 local function meta_load()
         local a = redis.call('HGETALL', K.meta)
-        for i = 1, #a, 2 do M[a[i]] = a[i + 1] end
+        for i = 1, #a, 2 do
+                M[a[i]] = a[i + 1]
+                meta_stored[a[i]] = a[i + 1]
+        end
         for _, f in ipairs(META_NUMBERS) do M[f] = tonumber(M[f] or '0') end
         M.unsettled_at = tonumber(M.unsettled_at or '')   -- nil: settled
 end
-
--- Changes to meta, lane counters and fingerprints are kept here and written once, by flush() (every
--- reply does it): a grant touches each of them, and a command costs more than the Lua around it.
-local meta_dirty
 
 local function meta_set(field, value)
         M[field] = value
@@ -285,12 +290,14 @@ end
 local function flush()
         local set, del = {}, {}
         for f in pairs(meta_dirty) do
-                if M[f] == nil then
-                        del[#del + 1] = f
-                else
+                local v, held = M[f], meta_stored[f]
+                if v == nil then
+                        if held ~= nil then del[#del + 1] = f end
+                elseif held == nil or (held ~= v and tonumber(held) ~= v) then
                         set[#set + 1] = f
-                        set[#set + 1] = M[f]
+                        set[#set + 1] = v
                 end
+                meta_stored[f] = v
         end
         meta_dirty = {}
         if #set > 0 then redis.call('HSET', K.meta, unpack(set)) end
@@ -1018,7 +1025,7 @@ local function call_begin()
         MANUAL_NOW, RUN_ID, SETTLE = ARGV[3], ARGV[4], ARGV[5] == '1'
         M, R, lane_cache, events, notices = {}, {}, {}, {}, {}
         steps, reaped_a_page, stream_last, now, raw_time, clock_missing = 0, false, '', 0, 0, false
-        meta_dirty, fp_delta, IDENTITY_TAKEOVER = {}, {}, false
+        meta_dirty, meta_stored, fp_delta, IDENTITY_TAKEOVER = {}, {}, {}, false
 end
 
 -- The checks every script makes first: data model version, clock mode, the server's run id (a restart:

@@ -218,9 +218,13 @@ local function tick()
         local status, diff = agree(canon)
         local deadline = now + R.ttl
         meta_incr('nodes', redis.call('ZADD', K.nodes, deadline, NODE))
-        redis.call('HSET', k_node(NODE), 'name', NAME, 'rules', canon)
-        if INCARNATION then redis.call('HSET', k_node(NODE), 'inc', INCARNATION) end
-        redis.call('HSETNX', k_node(NODE), 'since', now)
+        -- Written when they change: a heartbeat rewrote the canon (and replicated it) every second.
+        local held, set = redis.call('HMGET', k_node(NODE), 'name', 'rules', 'inc', 'since'), {}
+        if held[1] ~= NAME then set[#set + 1] = 'name'; set[#set + 1] = NAME end
+        if held[2] ~= canon then set[#set + 1] = 'rules'; set[#set + 1] = canon end
+        if INCARNATION and held[3] ~= INCARNATION then set[#set + 1] = 'inc'; set[#set + 1] = INCARNATION end
+        if not held[4] then set[#set + 1] = 'since'; set[#set + 1] = now end
+        if #set > 0 then redis.call('HSET', k_node(NODE), unpack(set)) end
         local reconciled_to = reconcile()
         recovery_vouch(RECLAIMED)
         -- An adoption's refusals belong to this call (pool-local refuses them in configure(), before any

@@ -139,6 +139,9 @@ typedef struct SharedPoolParams {
 #define SHARED_FENCE_SLACK (2 * USEC_PER_SEC)
 #define SHARED_POSITIONS_MAX 256u
 #define SHARED_RECONCILE_PAGE 512u
+/* A node whose heartbeats always find another call in flight never compares its fingerprint: it reconciles
+ * in full at this period all the same (brokerd/lua/README, "Fingerprint"). */
+#define SHARED_RECONCILE_PERIOD (5 * USEC_PER_MINUTE)
 /* Status snapshots are fetched every second for this long after Status last asked. */
 #define SHARED_STATUS_KEEP (30 * USEC_PER_SEC)
 

@@ -1387,6 +1387,86 @@ static void test_fingerprint_mismatch_twice_reconciles(void **state) {
         assert_string_equal(arg(t, 14), "");
 }
 
+/* A node whose heartbeats always find another call in flight never compares its fingerprint: it reconciles
+ * in full at SHARED_RECONCILE_PERIOD all the same (lua/README, "Fingerprint"), and only then. */
+static void test_busy_node_reconciles_at_a_bounded_period(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie, cookie2;
+        char rid[17], rid2[17];
+        granted(f, &cookie, S(1), rid);
+        /* A submit out and never answered: every heartbeat below has company. */
+        assert_int_equal(submit(f, &cookie2, 1, true, S(1)), 0);
+        const SharedCall *busy = take(f, SHARED_SCRIPT_SUBMIT);
+        snprintf(rid2, sizeof rid2, "%s", arg(busy, 6));
+        /* Redis holds a record this node does not know: the fingerprints differ at every heartbeat. */
+        uint32_t h = fnv1a32(rid, 'l') ^ fnv1a32("00000000000000ff", 'l');
+        uint32_t sum = fnv1a32(rid, 'l') + fnv1a32("00000000000000ff", 'l');
+        usec_t t = S(2);
+        for (; t < S(1) + SHARED_RECONCILE_PERIOD; t += S(1)) {
+                arena_used = 0; /* the replies are read by done() alone */
+                f->clock = t;
+                f->pool->ops->run(f->pool, t);
+                const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+                assert_string_equal(arg(c, 14), "");
+                done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 2, h, sum, ""), EMPTY, cache(2, 0, 0, -1, "")),
+                     t, t);
+                no_call(f);
+        }
+        f->clock = t;
+        f->pool->ops->run(f->pool, t);
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 2, h, sum, ""), EMPTY, cache(2, 0, 0, -1, "")), t, t);
+        /* The period passed: a whole reconcile, listing the lease and the waiter out. */
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 14), "-");
+        assert_string_equal(arg(c, 15), "+");
+        assert_true(page_lists(c, rid));
+        assert_true(page_lists(c, rid2));
+        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 2, h, sum, ""), EMPTY, cache(2, 0, 0, -1, "")), t, t);
+        no_call(f);
+        /* And not again before another period. */
+        f->clock = t + S(1);
+        f->pool->ops->run(f->pool, t + S(1));
+        c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 2, h, sum, ""), EMPTY, cache(2, 0, 0, -1, "")),
+             t + S(1), t + S(1));
+        no_call(f);
+}
+
+/* A reconcile tick answered "settling" goes again, and a submit sent behind it may have run by then: its
+ * page is made again, with that waiter (otherwise Redis would drop it as one this node forgot). */
+static void test_a_settling_reconcile_tick_lists_what_was_sent_behind_it(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie, cookie2;
+        char rid[17], rid2[17];
+        granted(f, &cookie, S(1), rid);
+        uint32_t h = fnv1a32(rid, 'l') ^ fnv1a32("00000000000000ff", 'l');
+        uint32_t sum = fnv1a32(rid, 'l') + fnv1a32("00000000000000ff", 'l');
+        for (int i = 0; i < 2; i++) {
+                f->pool->ops->run(f->pool, S(2 + i));
+                const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+                done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 2, h, sum, ""), EMPTY, cache(2, 0, 0, -1, "")),
+                     S(2 + i), S(2 + i));
+        }
+        const SharedCall *t = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(t, 14), "-");
+        assert_int_equal(t->argc, 17);
+        /* A submit sent behind it; Redis answers the tick "settling", then queues the waiter. */
+        assert_int_equal(submit(f, &cookie2, 1, true, S(4)), 0);
+        const SharedCall *sub = take(f, SHARED_SCRIPT_SUBMIT);
+        snprintf(rid2, sizeof rid2, "%s", arg(sub, 6));
+        done(f, t, reply("settling", 1, EMPTY, EMPTY, cache(1, 0, 0, -1, "")), S(4), S(4));
+        done(f, sub, reply("ok", 1, decision("queued", rid2, 1, 0, "", 0, 0, EMPTY), EMPTY, cache(2, 1, 0, -1, "")),
+             S(4), S(4));
+        t = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(t, 14), "-");
+        assert_string_equal(arg(t, 15), "+");
+        assert_true(page_lists(t, rid));
+        assert_true(page_lists(t, rid2));
+}
+
 static void test_positions_gone_refuses_the_waiter(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1));
@@ -2304,6 +2384,8 @@ int main(void) {
                 T(test_lost_stream_entry_found_by_the_positions_round),
                 T(test_positions_round_updates_places),
                 T(test_fingerprint_mismatch_twice_reconciles),
+                T(test_busy_node_reconciles_at_a_bounded_period),
+                T(test_a_settling_reconcile_tick_lists_what_was_sent_behind_it),
                 T(test_status_snapshot_from_the_cache),
                 T(test_positions_gone_refuses_the_waiter),
                 T(test_next_wakeup_is_never_left_in_the_past),

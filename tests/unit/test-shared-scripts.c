@@ -203,6 +203,31 @@ static void test_a_callers_own_deadline_is_not_its_wakeup(void **state) {
         freeReplyObject(t);
 }
 
+/* Redis's count of changes (INFO persistence: what the AOF and the replicas receive, a field each). */
+static long long redis_changes(void) {
+        redisReply *r = redisCommand(redis, "INFO persistence");
+        assert_non_null(r);
+        const char *f = strstr(r->str, "rdb_changes_since_last_save:");
+        assert_non_null(f);
+        long long n = atoll(f + strlen("rdb_changes_since_last_save:"));
+        freeReplyObject(r);
+        return n;
+}
+
+/* An idle heartbeat writes its clock and its registration, nothing else: it rewrote the node's canon and
+ * meta's instant fields every second, each of them replicated (issue 21, item 3). */
+static void test_an_idle_heartbeat_writes_the_clock_and_the_registration_only(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
+        tick_ok("n1", 2000, CANON_ONE_LANE "limit=2\n");
+        long long before = redis_changes();
+        tick_ok("n1", 3000, CANON_ONE_LANE "limit=2\n");
+        /* HSET clock last_time last_now skew (3), ZADD nodes (1). */
+        assert_int_equal(redis_changes() - before, 4);
+        before = redis_changes();
+        tick_ok("n1", 4000, "=");
+        assert_int_equal(redis_changes() - before, 4);
+}
+
 static void test_grants_up_to_the_limit_then_queues_and_hands_on_in_order(void **state) {
         tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
 
@@ -1965,6 +1990,7 @@ int main(int argc, char *argv[]) {
 #define T(f) cmocka_unit_test_setup(f, setup)
                 T(test_grants_up_to_the_limit_then_queues_and_hands_on_in_order),
                 T(test_a_callers_own_deadline_is_not_its_wakeup),
+                T(test_an_idle_heartbeat_writes_the_clock_and_the_registration_only),
                 T(test_same_rid_twice_is_one_request),
                 T(test_priority_head_holds_back_smaller_waiters),
                 T(test_lane_limits_pass_over_and_reserve_holds_a_slot),
