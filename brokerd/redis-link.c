@@ -1343,12 +1343,30 @@ int redis_link_command_blocking(RedisLink *link, usec_t block, RedisReplyFn fn, 
         return link_send(link, &a, argc, argv, argvlen);
 }
 
+/* VERB TARGET NKEYS ARGV…: EVALSHA, EVAL and FCALL take their arguments alike. */
+static int link_send_script(RedisLink *link, const SendArgs *a, const char *verb, const char *target, unsigned nkeys,
+                            int argc, const char *const *argv, const size_t *argvlen) {
+        _cleanup_free_ const char **args = calloc((size_t) argc + 3, sizeof *args);
+        _cleanup_free_ size_t *lens = calloc((size_t) argc + 3, sizeof *lens);
+        char n[16];
+        if (!args || !lens)
+                return -ENOMEM;
+        snprintf(n, sizeof n, "%u", nkeys);
+        args[0] = verb;
+        args[1] = target;
+        args[2] = n;
+        for (int i = 0; i < argc; i++) {
+                args[i + 3] = argv[i];
+                lens[i + 3] = argvlen ? argvlen[i] : strlen(argv[i]);
+        }
+        for (int i = 0; i < 3; i++)
+                lens[i] = strlen(args[i]);
+        return link_send(link, a, argc + 3, args, lens);
+}
+
 int redis_link_evalsha(RedisLink *link, unsigned script, RedisReplyFn fn, void *userdata, unsigned nkeys,
                        int argc, const char *const *argv, const size_t *argvlen) {
-        _cleanup_free_ const char **args = NULL;
-        _cleanup_free_ size_t *lens = NULL;
         const SendArgs a = { .fn = fn, .userdata = userdata, .script = (int) script };
-        char n[16];
 
         assert_return(link, -EINVAL);
         assert_return(fn, -EINVAL);
@@ -1358,36 +1376,15 @@ int redis_link_evalsha(RedisLink *link, unsigned script, RedisReplyFn fn, void *
                 return -ENOENT;
         if (link->phase != PHASE_UP || link->ending)
                 return -ENOTCONN;
-
-        args = calloc((size_t) argc + 3, sizeof *args);
-        lens = calloc((size_t) argc + 3, sizeof *lens);
-        if (!args || !lens)
-                return -ENOMEM;
-        snprintf(n, sizeof n, "%u", nkeys);
         /* Before its first SCRIPT LOAD reply (a script added while up), EVAL does the same. */
-        if (link->scripts[script].sha) {
-                args[0] = "EVALSHA";
-                args[1] = link->scripts[script].sha;
-        } else {
-                args[0] = "EVAL";
-                args[1] = link->scripts[script].source;
-        }
-        args[2] = n;
-        for (int i = 0; i < argc; i++) {
-                args[i + 3] = argv[i];
-                lens[i + 3] = argvlen ? argvlen[i] : strlen(argv[i]);
-        }
-        for (int i = 0; i < 3; i++)
-                lens[i] = strlen(args[i]);
-        return link_send(link, &a, argc + 3, args, lens);
+        if (link->scripts[script].sha)
+                return link_send_script(link, &a, "EVALSHA", link->scripts[script].sha, nkeys, argc, argv, argvlen);
+        return link_send_script(link, &a, "EVAL", link->scripts[script].source, nkeys, argc, argv, argvlen);
 }
 
 int redis_link_fcall(RedisLink *link, const char *function, RedisReplyFn fn, void *userdata, unsigned nkeys,
                      int argc, const char *const *argv, const size_t *argvlen) {
-        _cleanup_free_ const char **args = NULL;
-        _cleanup_free_ size_t *lens = NULL;
         const SendArgs a = { .fn = fn, .userdata = userdata, .fcall = true, .script = -1 };
-        char n[16];
 
         assert_return(link, -EINVAL);
         assert_return(function, -EINVAL);
@@ -1398,20 +1395,5 @@ int redis_link_fcall(RedisLink *link, const char *function, RedisReplyFn fn, voi
                 return -ENOENT;
         if (link->phase != PHASE_UP || link->ending)
                 return -ENOTCONN;
-
-        args = calloc((size_t) argc + 3, sizeof *args);
-        lens = calloc((size_t) argc + 3, sizeof *lens);
-        if (!args || !lens)
-                return -ENOMEM;
-        snprintf(n, sizeof n, "%u", nkeys);
-        args[0] = "FCALL";
-        args[1] = function;
-        args[2] = n;
-        for (int i = 0; i < argc; i++) {
-                args[i + 3] = argv[i];
-                lens[i + 3] = argvlen ? argvlen[i] : strlen(argv[i]);
-        }
-        for (int i = 0; i < 3; i++)
-                lens[i] = strlen(args[i]);
-        return link_send(link, &a, argc + 3, args, lens);
+        return link_send_script(link, &a, "FCALL", function, nkeys, argc, argv, argvlen);
 }
