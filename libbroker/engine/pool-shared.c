@@ -32,6 +32,7 @@ typedef struct Call {
         SharedScript script;
         bool sent;             /* taken and not answered */
         bool ever_sent;        /* may have run: a submit dropped afterwards needs a withdraw */
+        bool resumed;          /* submit under a resumed waiter's old rid: a reconcile sent may have kept it */
         bool run;              /* tick: the engine's run(), whose answer next_wakeup() waits for */
         bool reconcile;        /* tick carrying a reconcile page */
         bool wait;             /* WAIT (backend-min-replicas), not a script: argv is the command */
@@ -144,11 +145,12 @@ typedef struct SharedPool {
         usec_t acked_boot;     /* CLOCK_BOOTTIME send time of the last acknowledged tick */
         usec_t stale_ack;      /* vouch_base() when its vouch deadline passed and the waiters were refused */
         usec_t alive_boot;     /* a restarted daemon's last proof of life (set_last_ack()), USEC_INFINITY: none */
-        /* Before this object first registered (a brokerd just started, a pool just added), requests that may
-         * wait and waiters resumed after a restart wait for it (monotonic, since when; USEC_INFINITY: none,
-         * or served since): an outage like a link down, so the waiter grace bounds it. */
+        /* Before this object first served (a brokerd just started, a pool just added: registered with agreed
+         * rules and, behind Sentinels, on a primary a majority of them confirmed), requests that may wait and
+         * waiters resumed after a restart wait for it (monotonic, since when; USEC_INFINITY: none, or served
+         * since): an outage like a link down, so the waiter grace bounds it. */
         usec_t start_since;
-        bool registered;       /* it served once: a later outage is a link down, refused at once */
+        bool served;           /* it served once: a later outage is a link down, refused at once */
         /* Behind Sentinels (params.confirm_stale > 0): the start of the last round in which a majority of
          * them named this primary (CLOCK_BOOTTIME, 0: none yet), and since when (monotonic) it is too old
          * to grant on (USEC_INFINITY: it is recent, or no confirmation is asked for). */
@@ -405,9 +407,20 @@ static const char *unavailable_reason(const SharedPool *p) {
 }
 
 /* Since when (monotonic) the pool has been refused for a cause its waiters should not outwait: the link
- * down, or the primary unconfirmed. USEC_INFINITY: neither. */
+ * down, the primary unconfirmed, or the start. USEC_INFINITY: none. A primary never confirmed yet (a start
+ * behind Sentinels: unconfirmed_since is 0) is the start's wait, counted from the first try held, not
+ * "since ever". */
 static usec_t outage_since(const SharedPool *p) {
-        return MIN(MIN(p->down_since, p->unconfirmed_since), p->start_since);
+        usec_t unconfirmed = p->confirmed_boot == 0 ? USEC_INFINITY : p->unconfirmed_since;
+        return MIN(MIN(p->down_since, unconfirmed), p->start_since);
+}
+
+/* The pool serves for the first time: the start's wait is over. */
+static void served_check(SharedPool *p) {
+        if (!pool_serves(p))
+                return;
+        p->start_since = USEC_INFINITY;
+        p->served = true;
 }
 
 /* The driver's `now` (pool_shared_call_done(), link_up(), …) is the local monotonic clock. In the manual
@@ -483,7 +496,8 @@ bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
         if (!p->link_up || refused_quiet(p))
                 return false;
         /* A tick goes whenever the link is up; other calls wait for a registered node with agreed rules
-         * (a release parked during a mismatch keeps its place behind earlier ones). */
+         * and, behind Sentinels, a confirmed primary (a release parked during a mismatch keeps its place
+         * behind earlier ones; a submit held at start goes once the pool first serves). */
         list_foreach_safe(n, &p->outbox) {
                 Call *c = container_of(n, Call, node);
                 if (c->sent || c->held)
@@ -717,13 +731,18 @@ static int queue_status(SharedPool *p, usec_t now) {
 
 static void rid_forget(SharedPool *p, const char *rid);
 
-/* A submit that was never sent is simply dropped; one that may have run is withdrawn (idempotent). */
+/* A submit that was never sent is simply dropped; one that may have run is withdrawn (idempotent). So is
+ * a resumed waiter's old rid once a reconcile that listed it went out (held at a start behind Sentinels
+ * past the first tick): Redis kept its waiter, maybe granted it. */
 static void forget_submit(SharedPool *p, const char *rid, usec_t now) {
         list_foreach_safe(n, &p->outbox) {
                 Call *c = container_of(n, Call, node);
                 if (c->script == SHARED_SCRIPT_SUBMIT && streq(c->rid, rid) && !c->ever_sent) {
+                        bool kept = c->resumed && reconcile_sent(p);
                         call_free(c);
-                        return;
+                        if (!kept)
+                                return;
+                        break;
                 }
         }
         rid_forget(p, rid);
@@ -735,6 +754,16 @@ static void forget_submit(SharedPool *p, const char *rid, usec_t now) {
 static void emit(SharedPool *p, PoolDecision d) {
         d.pool = &p->base;
         pool_emit(&p->base, &d);
+}
+
+/* Whether rid's submit waits in the outbox, never sent (held until the pool serves). */
+static bool submit_unsent(const SharedPool *p, const char *rid) {
+        list_foreach(n, &p->outbox) {
+                const Call *c = container_of(n, Call, node);
+                if (c->script == SHARED_SCRIPT_SUBMIT && streq(c->rid, rid) && !c->ever_sent)
+                        return true;
+        }
+        return false;
 }
 
 static PoolWaiter *try_find(SharedPool *p, const char *rid) {
@@ -1362,6 +1391,11 @@ static void decision_apply(SharedPool *p, const Decision *d, bool written_here, 
                 }
                 return;
         }
+        if (streq(d->verdict, "granted") && p->unconfirmed_since != USEC_INFINITY && submit_unsent(p, w->rid))
+                /* A resumed waiter held until the primary is first confirmed, granted under its old rid by a
+                 * tick of this unconfirmed one: nothing is handed out, and its submit, sent once confirmed,
+                 * asks the confirmed primary where that rid stands (its grant, if it has it: lua/README). */
+                return;
         if (streq(d->verdict, "granted") && p->unconfirmed_since != USEC_INFINITY) {
                 /* Granted by a primary the Sentinels no longer vouch for (a tick run on it while this node is
                  * cut off with it): the waiter is refused and the slots go back, wherever the release lands
@@ -1445,10 +1479,7 @@ static void congestion_apply(SharedPool *p, bool congested, int64_t at, usec_t n
 
 static void state_set(SharedPool *p, SharedState s) {
         p->state = s;
-        if (state_sends_operations(s)) {
-                p->start_since = USEC_INFINITY;
-                p->registered = true;
-        }
+        served_check(p);
         p->unavailable = s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING ? NULL :
                          s == SHARED_STATE_MISMATCH                            ? "rules" :
                          s == SHARED_STATE_REFUSED && p->identity_conflict     ? "node-id-conflict" : "backend";
@@ -1581,6 +1612,7 @@ static void confirm_update(SharedPool *p, usec_t boot_now, usec_t now) {
                 return;
         if (fresh) {
                 p->unconfirmed_since = USEC_INFINITY;
+                served_check(p);
                 if (p->unconfirmed_noticed)
                         notice_push(p, SHARED_NOTICE_CONFIRMED, NULL, NULL, 0, 0);
                 p->unconfirmed_noticed = false;
@@ -1644,8 +1676,12 @@ static void check_waiter_grace(SharedPool *p, usec_t now) {
         usec_t since = outage_since(p);
         if (since == USEC_INFINITY || now < usec_add(since, p->params.waiter_grace))
                 return;
-        refuse_all_tries(p, p->unconfirmed_since < MIN(p->down_since, p->start_since) ? "unconfirmed" : "backend",
-                         now);
+        /* The cause that began first; at a start behind Sentinels (never confirmed), "unconfirmed" once Redis
+         * registered the node, "backend" while it was not reached. */
+        bool unconfirmed = p->confirmed_boot == 0 ?
+                p->unconfirmed_since != USEC_INFINITY && state_sends_operations(p->state) :
+                p->unconfirmed_since < MIN(p->down_since, p->start_since);
+        refuse_all_tries(p, unconfirmed ? "unconfirmed" : "backend", now);
 }
 
 /* --------------------------------------------------------------------------------------------- replies */
@@ -2584,12 +2620,16 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         if (!lane_is_configured(p, t->lane) || t->slots == 0 || t->slots > p->base.limit)
                 return -EINVAL;
         check_waiter_grace(p, now);
-        /* Before this object first registered (a brokerd just started, a pool just added: its link is not up
-         * yet, through no fault of Redis's), a request that may wait, and a waiter resumed at a restart, wait
-         * for the registration, as a waiter waits out a link that went down: for the waiter grace at most,
-         * counted from the first one held. One that may not wait is refused at once, as below. */
-        bool held = (t->may_wait || t->resume) && !p->registered && p->unconfirmed_since == USEC_INFINITY &&
-                    (p->state == SHARED_STATE_CONNECTING || p->state == SHARED_STATE_REGISTERING) &&
+        /* Before this object first served (a brokerd just started, a pool just added: its link is not up
+         * yet, or, behind Sentinels, no round has confirmed the primary yet, through no fault of Redis's), a
+         * request that may wait, and a waiter resumed at a restart, wait for it, as a waiter waits out a link
+         * that went down: for the waiter grace at most, counted from the first one held. One that may not
+         * wait is refused at once, as below; so is every request once a confirmation was lost (today's
+         * rule: the primary may be one cut off). */
+        bool held = (t->may_wait || t->resume) && !p->served &&
+                    (p->unconfirmed_since == USEC_INFINITY || p->confirmed_boot == 0) &&
+                    (p->state == SHARED_STATE_CONNECTING || p->state == SHARED_STATE_REGISTERING ||
+                     state_sends_operations(p->state)) &&
                     (p->start_since == USEC_INFINITY || now < usec_add(p->start_since, p->params.waiter_grace));
         /* A resumed waiter asks again under its old rid only while the first tick's reconcile, which drops
          * every rid of this node it does not list, can still list it. */
@@ -2631,6 +2671,7 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
                 return r;
         }
         strcpy(c->rid, w->rid);
+        c->resumed = old_rid && streq(w->rid, old_rid);
         /* The arrival on the pool clock: the wait and the fast-admission test count from it. */
         char arrival[32] = "-";
         if (p->params.manual_clock || p->offset_known)

@@ -12,7 +12,9 @@ come up yet (the proxy holds the bytes, as a slow connect or a slow Redis would)
   ends, and exit with their commands' own statuses;
 - a request that may not wait (a fail-fast lane) is refused at once, as before;
 - a link that does not come up within the waiter grace (5 s) refuses the requests held for it, unavailable
-  (reason "backend"), as for a link lost later.
+  (reason "backend"), as for a link lost later;
+- behind Sentinels, a waiter handed over through the fd store (the harness's stand-in) waits for the first
+  confirmation of the primary with its place, instead of being refused "unconfirmed" (exit 75).
 
 Skipped (77) without redis-server or shared pools.
 
@@ -163,6 +165,47 @@ class SharedStart(harness.BrokerTestCase):
         wait_for(lambda: self.a.pool("shared")["backend"]["up"], 30, message="A's backend up")
         self.held.close()
         self.acquire(self.a, "ci").until_granted(timeout=10)
+
+
+class SentinelStart(harness.BrokerTestCase):
+    """Behind Sentinels, a pool is not served before a majority of them confirmed its primary: a waiter that
+    A hands over through the fd store (mode "store", systemctl restart's stand-in) waits for that
+    confirmation with its place, as for the link (before the fix: refused "unconfirmed" at once, exit 75)."""
+
+    def setUp(self):
+        faults.skip_unless_shared_pools(self)
+        import sentineld
+        self.tmp = tempfile.mkdtemp(prefix="test-shared-start-sentinel-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.topology = sentineld.Topology(self.tmp, sentinels=3).start()
+        self.addCleanup(self.topology.close)
+        url = self.topology.url()
+        self.a = self.broker(config(url, "node-a"), "sentinel-a", mode="store")
+        self.b = self.broker(config(url, "node-b"), "sentinel-b")
+        for n in (self.a, self.b):
+            wait_for(lambda n=n: n.pool("shared")["backend"]["up"], 30, message=f"{n.name}: the backend up")
+        self.held = self.acquire(self.b, "ci")
+        self.held.until_granted(timeout=TTL + 20)
+
+    def test_waiter_handed_over_waits_for_the_first_confirmation(self):
+        waiter = Job(self.a, 7)
+        self.addCleanup(waiter.kill)
+        wait_for(lambda: "waiting for a slot" in waiter.stderr() or waiter.proc.poll() is not None, 15,
+                 message="the waiter queued")
+        self.assertEqual(self.a.stop(), 0, self.a.log()[-4000:])
+        self.assertIn("sb-conn", self.a.store.names(), "A handed no connection to the store")
+        self.a.start()
+        self.a.store.wait_for(lambda s: s.count() == 0, 10, "A to flush the store")
+        wait_for(lambda: self.a.pool("shared")["backend"]["up"] or waiter.proc.poll() is not None, 30,
+                 message="A serves the pool again")
+        self.assertIsNone(waiter.proc.poll(), f"the waiter ended (exit {waiter.proc.returncode}) in the restart:\n"
+                          f"{waiter.stderr()}\nbrokerd:\n{self.a.log()[-3000:]}")
+        wait_for(lambda: len(self.b.status().get("otherWaiters") or []) == 1, 15, message="B to list A's waiter")
+        self.held.close()
+        self.assertEqual(waiter.proc.wait(30), 7, waiter.stderr())
+        for text in ("refused", "queued again", "lost the connection"):
+            self.assertNotIn(text, waiter.stderr())
+        self.assertNotIn("Request of lane ci refused", self.a.log())
 
 
 if __name__ == "__main__":

@@ -2009,7 +2009,7 @@ static void test_sentinel_pool_grants_nothing_before_a_confirmation(void **state
         Fixture *f = *state;
         bring_up(f, S(1));
         int cookie;
-        assert_int_equal(submit(f, &cookie, 1, true, S(1)), 0);
+        assert_int_equal(submit(f, &cookie, 1, false, S(1)), 0); /* fail-fast: refused at once */
         assert_int_equal(f->n_seen, 1);
         assert_int_equal(f->seen[0].refusal, REFUSAL_UNAVAILABLE);
         assert_string_equal(f->seen[0].reason, "unconfirmed");
@@ -2032,6 +2032,160 @@ static void test_sentinel_pool_grants_nothing_before_a_confirmation(void **state
         assert_null(info.unavailable);
         assert_int_equal(submit(f, &cookie, 1, true, S(2)), 0);
         take(f, SHARED_SCRIPT_SUBMIT);
+}
+
+/* A brokerd started behind Sentinels (a restart, a job queued again): a request that may wait waits for the
+ * first confirmation of the primary as for the first registration (the waiter grace, from the first one
+ * held), and is then sent and decided like any other; only heartbeats go meanwhile. */
+static void test_sentinel_start_request_that_may_wait_waits_for_the_first_confirmation(void **state) {
+        Fixture *f = *state;
+        int a, b;
+        assert_int_equal(submit(f, &a, 1, true, S(1)), 0); /* no link yet */
+        assert_int_equal(f->n_seen, 0);
+        pool_shared_link_up(f->pool, "run1", S(2));
+        tick_ok(f, S(2), S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        assert_int_equal(submit(f, &b, 1, true, S(2)), 0); /* registered, not confirmed: held too */
+        assert_int_equal(f->n_seen, 0);
+        no_call(f);
+        assert_true(f->pool->ops->next_wakeup(f->pool) <= S(1) + WAITER_GRACE); /* or the heartbeat */
+        f->pool->ops->run(f->pool, S(3));
+        take(f, SHARED_SCRIPT_TICK);
+        no_call(f);
+        assert_int_equal(f->n_seen, 0);
+
+        pool_shared_set_confirmed(f->pool, S(4), S(4), S(4));
+        SharedNotice n;
+        assert_false(pool_shared_pop_notice(f->pool, &n));
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        done(f, c, reply("ok", S(4), decision("granted", rid, S(4), 0, "", 0, 7, arr(1, num(0))), EMPTY,
+                         cache(1, 0, 0, -1, "")), S(4), S(4));
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_GRANTED);
+        assert_ptr_equal(f->seen[0].cookie, &a);
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        done(f, c, reply("ok", S(4), decision("queued", rid, S(4), 0, "", 0, 0, EMPTY), EMPTY,
+                         cache(1, 1, 0, -1, "")), S(4), S(4));
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_QUEUED);
+        assert_ptr_equal(f->seen[1].cookie, &b);
+        /* Served: no grace of the start's runs out later. */
+        f->pool->ops->run(f->pool, S(1) + WAITER_GRACE);
+        assert_int_equal(f->n_seen, 2);
+}
+
+/* A waiter resumed from the fd store behind Sentinels keeps its rid through the wait for the first
+ * confirmation: the registering tick's reconcile lists it, a grant of it by a tick of the still unconfirmed
+ * primary is neither handed out nor makes it refused, and its submit, sent once confirmed, gets the grant
+ * from the confirmed primary. */
+static void test_sentinel_start_resumed_waiter_keeps_its_rid_until_confirmed(void **state) {
+        Fixture *f = *state;
+        int a;
+        assert_int_equal(submit_resumed(f, &a, OLD_RID, S(1), S(5)), 0);
+        assert_int_equal(f->n_seen, 0);
+        pool_shared_link_up(f->pool, "run1", S(6));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_true(page_lists(c, OLD_RID));
+        done(f, c, reply("ok", S(6), tick_body("ok", EMPTY, 1, 0, 0, ""), EMPTY, cache(0, 1, 0, -1, "")), S(6), S(6));
+        no_call(f);
+        RespValue fields = arr(8, str("verdict"), str("granted"), str("rid"), str(OLD_RID), str("token"), str("11"),
+                               str("slots"), str("1"));
+        pool_shared_stream_entry(f->pool, "6-1", &fields, S(6));
+        assert_int_equal(f->n_seen, 0);
+        no_call(f); /* no release: the rid is still its waiter's */
+
+        pool_shared_set_confirmed(f->pool, S(7), S(7), S(7));
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 6), OLD_RID);
+        done(f, c, reply("ok", S(7), decision("granted", OLD_RID, S(6), S(5), "", 0, 11, arr(1, num(1))), EMPTY,
+                         cache(1, 0, 0, -1, "")), S(7), S(7));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_GRANTED);
+        assert_ptr_equal(f->seen[0].cookie, &a);
+        assert_int_equal(f->seen[0].token, 11);
+        assert_string_equal(f->seen[0].remote_id, NODE ":" OLD_RID);
+}
+
+/* No confirmation within the waiter grace: the held requests are refused "unconfirmed" then, not before;
+ * later ones at once; their submits never go. Never reached at all, they are refused "backend". */
+static void test_sentinel_start_without_a_confirmation_refuses_after_the_grace(void **state) {
+        Fixture *f = *state;
+        int a, b, late;
+        assert_int_equal(submit(f, &a, 1, true, S(1)), 0);
+        assert_int_equal(submit_resumed(f, &b, OLD_RID, S(1), S(2)), 0);
+        bring_up(f, S(2));
+        assert_true(f->pool->ops->next_wakeup(f->pool) <= S(1) + WAITER_GRACE);
+        f->pool->ops->run(f->pool, S(1) + WAITER_GRACE - 1);
+        assert_int_equal(f->n_seen, 0);
+        f->pool->ops->run(f->pool, S(1) + WAITER_GRACE);
+        assert_int_equal(f->n_seen, 2);
+        for (size_t i = 0; i < 2; i++) {
+                assert_int_equal(f->seen[i].verdict, POOL_VERDICT_REFUSED);
+                assert_int_equal(f->seen[i].refusal, REFUSAL_UNAVAILABLE);
+                assert_string_equal(f->seen[i].reason, "unconfirmed");
+        }
+        assert_int_equal(submit(f, &late, 1, true, S(1) + WAITER_GRACE), 0);
+        assert_int_equal(f->n_seen, 3);
+        assert_ptr_equal(f->seen[2].cookie, &late);
+        assert_string_equal(f->seen[2].reason, "unconfirmed");
+        const SharedCall *c;
+        while (pool_shared_take_call(f->pool, f->clock, &c))
+                assert_int_equal(c->script, SHARED_SCRIPT_TICK);
+        /* The registering tick's reconcile kept the resumed waiter in Redis: its old rid is withdrawn once
+         * a confirmed primary can take it (it releases a grant made meanwhile); a's submit never goes. */
+        pool_shared_set_confirmed(f->pool, S(8), S(8), S(8));
+        unsigned withdrawn = 0;
+        while (pool_shared_take_call(f->pool, f->clock, &c)) {
+                assert_int_not_equal(c->script, SHARED_SCRIPT_SUBMIT);
+                if (c->script == SHARED_SCRIPT_WITHDRAW) {
+                        assert_string_equal(arg(c, 6), OLD_RID);
+                        withdrawn++;
+                }
+        }
+        assert_int_equal(withdrawn, 1);
+
+        Fixture *g = fixture_new_confirmed(false, CONFIRM_STALE);
+        assert_int_equal(submit(g, &a, 1, true, S(1)), 0);
+        g->pool->ops->run(g->pool, S(1) + WAITER_GRACE - 1);
+        assert_int_equal(g->n_seen, 0);
+        g->pool->ops->run(g->pool, S(1) + WAITER_GRACE);
+        assert_int_equal(g->n_seen, 1);
+        assert_string_equal(g->seen[0].reason, "backend");
+        fixture_free(g);
+}
+
+/* Fail-fast requests are refused at once at a start behind Sentinels, before the link ("backend") and
+ * after the registration ("unconfirmed"); once the pool served, a lost confirmation refuses a request that
+ * may wait at once too (the primary may be one cut off): only the start is waited for. */
+static void test_sentinel_start_fail_fast_is_refused_at_once(void **state) {
+        Fixture *f = *state;
+        int a, b, c2, d;
+        assert_int_equal(submit(f, &a, 1, false, S(1)), 0);
+        assert_int_equal(f->n_seen, 1);
+        assert_string_equal(f->seen[0].reason, "backend");
+        bring_up(f, S(2));
+        assert_int_equal(submit(f, &b, 1, false, S(2)), 0);
+        assert_int_equal(f->n_seen, 2);
+        assert_string_equal(f->seen[1].reason, "unconfirmed");
+        no_call(f);
+        pool_shared_set_confirmed(f->pool, S(3), S(3), S(3));
+        char rid[17];
+        queued(f, &c2, S(3), rid);
+        pool_shared_fence_check(f->pool, S(3) + CONFIRM_STALE, S(6));
+        expect_notice(f, SHARED_NOTICE_UNCONFIRMED);
+        assert_int_equal(submit(f, &d, 1, true, S(6)), 0);
+        assert_int_equal(f->n_seen, 4);
+        assert_ptr_equal(f->seen[3].cookie, &d);
+        assert_int_equal(f->seen[3].verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(f->seen[3].reason, "unconfirmed");
+        /* The waiter queued before is kept for the grace from the loss, then refused. */
+        f->pool->ops->run(f->pool, S(6) + WAITER_GRACE - 1);
+        assert_int_equal(f->n_seen, 4);
+        f->pool->ops->run(f->pool, S(6) + WAITER_GRACE);
+        assert_int_equal(f->n_seen, 5);
+        assert_ptr_equal(f->seen[4].cookie, &c2);
+        assert_string_equal(f->seen[4].reason, "unconfirmed");
 }
 
 /* The hole of issue 12: a brokerd cut off with the old primary gets every heartbeat acknowledged by it. Its
@@ -2412,6 +2566,14 @@ int main(void) {
                 T(test_replies_of_another_shape_refuse_the_request),
                 T(test_malformed_status_snapshot_is_dropped),
                 cmocka_unit_test_setup_teardown(test_sentinel_pool_grants_nothing_before_a_confirmation, setup_sentinel,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_sentinel_start_request_that_may_wait_waits_for_the_first_confirmation,
+                                                setup_sentinel, teardown),
+                cmocka_unit_test_setup_teardown(test_sentinel_start_resumed_waiter_keeps_its_rid_until_confirmed,
+                                                setup_sentinel, teardown),
+                cmocka_unit_test_setup_teardown(test_sentinel_start_without_a_confirmation_refuses_after_the_grace,
+                                                setup_sentinel, teardown),
+                cmocka_unit_test_setup_teardown(test_sentinel_start_fail_fast_is_refused_at_once, setup_sentinel,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_fence_counts_from_the_last_confirmation_not_the_heartbeats,
                                                 setup_sentinel, teardown),
