@@ -610,13 +610,14 @@ int handover_load(HandoverFds *f, usec_t now, Handover *ret, HandoverLoad *ret_l
         if (f->n_states == 0 && f->n_connections > 0)
                 load.error = -ENODATA;
 
-        /* Entries by socket: sorted, each fd looked up once. */
-        qsort(h.connections, h.n_connections, sizeof(HandoverConnection), connection_entry_cmp);
+        /* Entries by socket: sorted, each fd looked up once (qsort() and bsearch() want an array, even empty). */
+        if (h.n_connections > 0)
+                qsort(h.connections, h.n_connections, sizeof(HandoverConnection), connection_entry_cmp);
         for (size_t i = 0; i < f->n_connections; i++) {
                 int fd = f->connections[i];
                 struct stat st;
                 HandoverConnection key = {}, *c = NULL;
-                if (fstat(fd, &st) >= 0 && S_ISSOCK(st.st_mode)) {
+                if (h.n_connections > 0 && fstat(fd, &st) >= 0 && S_ISSOCK(st.st_mode)) {
                         key.ino = st.st_ino;
                         key.dev = st.st_dev;
                         c = bsearch(&key, h.connections, h.n_connections, sizeof(HandoverConnection),

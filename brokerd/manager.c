@@ -630,7 +630,8 @@ static void manager_take_back(Manager *m) {
         for (size_t i = 0; i < h.n_pools; i++)
                 (void) engine_pool_set_last_fast(m->engine, h.pools[i].name, h.pools[i].last_fast, now_monotonic());
 
-        qsort(h.connections, h.n_connections, sizeof(HandoverConnection), connection_resume_order);
+        if (h.n_connections > 0)
+                qsort(h.connections, h.n_connections, sizeof(HandoverConnection), connection_resume_order);
         size_t n_waiting = 0, n_holding = 0, n_closed = load.closed;
         for (size_t i = 0; i < h.n_connections; i++) {
                 HandoverConnection *c = &h.connections[i];
