@@ -196,7 +196,9 @@ class Hostile(harness.BrokerTestCase):
         if reason:
             self.wait_unavailable(b, reason)
         self.assertTrue(b.alive())
-        a = self.acquire(b, "shared")
+        # Fail-fast: a request that may wait is held for the pool's first registration, the waiter grace (5 s),
+        # which this Redis never lets happen; one that may not is refused at once.
+        a = self.acquire(b, "shared", wait=False)
         self.assertEqual(a.error, "io.slotbroker.Unavailable", a.msg)
         self.assert_local_serves(b)
         return b, f
