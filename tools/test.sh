@@ -1,10 +1,12 @@
 #!/bin/bash
-# The whole test suite, each test once where it says the most, to stay well under CI's 15 minutes on 2
+# The whole test suite, each test once where it says the most, to stay well under CI's 20 minutes on 2
 # cores (the summary gives each stage's time):
 # - the gcc -Werror build: unit tests, lints, the units' verify, fuzz corpora replay, and the long fault
 #   runs (suite "slow": shared pools under seeded faults, Sentinel failovers), whose timing wants the
 #   optimised build, in the background beside the three stages that follow;
-# - the units under a real systemd (the gcc build);
+# - the units under a real systemd (the gcc build): the lane in the foreground, and the package built and
+#   upgraded under load (systemd-upgrade: dpkg-buildpackage, then mostly waiting) in the background beside
+#   the ASan/UBSan build and tests, as the long fault runs;
 # - the clang AddressSanitizer/UndefinedBehaviorSanitizer build: unit tests, fuzz corpora, and every other
 #   integration test against the real brokerd, which runs sanitized;
 # - the unit tests under valgrind.
@@ -21,6 +23,7 @@ current=""
 summary() {
         local rc=$?
         [ -z "${slow_pid:-}" ] || kill "$slow_pid" 2>/dev/null || true
+        [ -z "${upgrade_pid:-}" ] || kill "$upgrade_pid" 2>/dev/null || true
         [ -z "$current" ] || stages+=("$current: FAILED (exit $rc)")
         echo
         echo "==> summary (uid $(id -u), CapEff $(awk '/^CapEff/ { print $2 }' /proc/self/status))"
@@ -65,6 +68,13 @@ meson test -C build --print-errorlogs --suite slow --logbase testlog-slow >"$slo
 slow_pid=$!
 slow_start=$SECONDS
 
+# The package's upgrade under load in a booted Debian 12 root (issue 20): dpkg-buildpackage, then mostly
+# waiting on restarts and jobs; in the background too, beside the ASan/UBSan build and tests.
+upgrade_log=$(mktemp)
+meson test -C build --print-errorlogs systemd-upgrade --logbase testlog-upgrade >"$upgrade_log" 2>&1 &
+upgrade_pid=$!
+upgrade_start=$SECONDS
+
 echo "==> building with ASan/UBSan (clang), while the long fault runs run"
 current="ASan/UBSan build"
 if [ ! -f build-asan/build.ninja ]; then
@@ -75,7 +85,7 @@ current=""
 
 # Skipped without root, namespaces (CAP_SYS_ADMIN) or the Debian mirror.
 stage "the units under a real systemd (a booted Debian 12 root)" build/meson-logs/testlog-systemd.json \
-        meson test -C build --print-errorlogs --suite systemd --logbase testlog-systemd
+        meson test -C build --print-errorlogs systemd-lane --logbase testlog-systemd
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         stage "meson test under ASan/UBSan (clang): unit, fuzz, integration" build-asan \
         meson test -C build-asan --print-errorlogs --suite unit --suite fuzz --suite integration --no-suite slow
@@ -93,6 +103,18 @@ wait_slow() {
 stage "meson test (gcc): the long fault runs (shared pools under seeded faults, Sentinel failovers)" \
         build/meson-logs/testlog-slow.json \
         wait_slow
+
+wait_upgrade() {
+        local rc=0
+        wait "$upgrade_pid" || rc=$?
+        upgrade_pid=""
+        cat "$upgrade_log"
+        rm -f "$upgrade_log"
+        echo "(started $((SECONDS - upgrade_start)) s ago, beside the stages above)"
+        return $rc
+}
+stage "the package upgraded under load in a booted Debian 12 root (dpkg -i)" build/meson-logs/testlog-upgrade.json \
+        wait_upgrade
 
 # Ten times the timeouts: valgrind runs the scripts' Redis round trips and the simulator many times slower.
 # no-valgrind: what valgrind cannot run (a clone() sharing memory) or runs too slowly for CI (the history
