@@ -598,8 +598,12 @@ class Restart(harness.BrokerTestCase):
         with open(db, "wb") as f:
             f.write(random.Random(7).randbytes(64 * 1024))
         b.start()
-        moved = glob.glob(db + ".corrupt-*")
-        self.assertEqual(len([m for m in moved if not m.endswith(("-wal", "-shm"))]), 1, moved)
+
+        def moved_aside():
+            return [m for m in glob.glob(db + ".corrupt-*") if not m.endswith(("-wal", "-shm"))]
+        # The history thread opens the database, and moves a corrupt one aside, beside the loop's start.
+        wait_for(moved_aside, 10, message="history.db moved aside")
+        self.assertEqual(len(moved_aside()), 1, moved_aside())
 
         def header():
             try:
