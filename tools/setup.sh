@@ -11,6 +11,9 @@ packages=(
         scdoc python3 systemd util-linux procps sqlite3
         clang libclang-rt-dev valgrind
         debootstrap zstd
+        # The systemd lane's package upgrade (tests/systemd/test-upgrade.sh) builds the .debs: debian/control's
+        # Build-Depends beyond the above.
+        debhelper dpkg-dev bash-completion pkgconf
         # test-report loads slotctl report's page in a real browser (skipped without it): 122 MB to fetch.
         chromium
 )
