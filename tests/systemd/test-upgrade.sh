@@ -22,6 +22,9 @@ for tool in dpkg-buildpackage dpkg-deb tar; do
         command -v "$tool" >/dev/null || skip "$tool not found"
 done
 
+# The lane's own checks first, before minutes of dpkg-buildpackage for a lane that would skip anyway.
+err=$(unshare --mount --propagation private --pid --fork --cgroup --uts --ipc --net true 2>&1) ||
+        skip "cannot create the container's private mount, pid, cgroup, uts, ipc and net namespaces here (${err//$'\n'/ })"
 if [ -z "${SLOTBROKER_LANE_DEBS:-}" ]; then
         pkg=$work/pkg
         rm -rf "$pkg"
