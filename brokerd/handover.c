@@ -256,15 +256,6 @@ static bool boot_id_valid(const char *s) {
         return true;
 }
 
-static int dup_string(const char *s, char **ret) {
-        if (!s) {
-                *ret = NULL;
-                return 0;
-        }
-        *ret = strdup(s);
-        return *ret ? 0 : -ENOMEM;
-}
-
 static int parse_buffer(const char *text, void **ret, size_t *ret_size) {
         if (!text) {
                 *ret = NULL;
@@ -300,7 +291,7 @@ static int parse_waiting(json_t *w, usec_t now, HandoverAcquire *a) {
         a->idle = (usec_t) idle;
         a->budget = budget < 0 ? USEC_INFINITY : (usec_t) budget;
         a->position = (uint64_t) position;
-        if (dup_string(pool, &a->pool) < 0 || dup_string(remote_id, &a->remote_id) < 0)
+        if (strdup_or_null(pool, &a->pool) < 0 || strdup_or_null(remote_id, &a->remote_id) < 0)
                 return -ENOMEM;
         return 0;
 }
@@ -349,7 +340,8 @@ static int parse_acquire(json_t *o, usec_t now, HandoverAcquire *a) {
         a->max_wait = max_wait < 0 ? USEC_INFINITY : (usec_t) max_wait;
         a->last_position = (uint64_t) last_position;
         a->last_queued = (uint64_t) last_queued;
-        if (dup_string(lane, &a->lane) < 0 || dup_string(job, &a->job) < 0 || dup_string(lease, &a->lease) < 0)
+        if (strdup_or_null(lane, &a->lane) < 0 || strdup_or_null(job, &a->job) < 0 ||
+            strdup_or_null(lease, &a->lease) < 0)
                 return -ENOMEM;
         return waiting ? parse_waiting(waiting, now, a) : 0;
 }

@@ -516,8 +516,11 @@ static int manager_export_session(Session *s, Handover *h) {
         if (r >= 0)
                 r = connection_export(s->connection, &cs);
         struct stat st;
-        if (r >= 0 && fstat(cs.fd, &st) < 0)
+        if (r >= 0 && fstat(cs.fd, &st) < 0) {
                 r = negative_errno();
+                free(cs.input);
+                free(cs.output);
+        }
         if (r < 0) {
                 if (r != -EBUSY)
                         log_debug_errno(r, "Connection of pid %d cannot be handed over: %m", (int) s->cred.pid);

@@ -614,11 +614,6 @@ void session_on_disconnect(Session *s) {
 
 static void session_lease_renew_now(Session *s, const Lease *l);
 
-static int dup_or_null(const char *s, char **ret) {
-        *ret = s ? strdup(s) : NULL;
-        return s && !*ret ? -ENOMEM : 0;
-}
-
 int session_export(Session *s, HandoverAcquire *ret, bool *ret_has_acquire) {
         AcquireCall *a = &s->acquire;
         if (s->closed)
@@ -652,8 +647,8 @@ int session_export(Session *s, HandoverAcquire *ret, bool *ret_has_acquire) {
                 /* Its lane and job are the lease's (a reclaimed lease's session never had them). */
                 const EngineLease *el = s->lease->engine_lease;
                 h.slots = engine_lease_slots(el, NULL, NULL);
-                if (dup_or_null(engine_lease_lane(el), &h.lane) < 0 || dup_or_null(s->lease->job, &h.job) < 0 ||
-                    dup_or_null(s->lease->id, &h.lease) < 0)
+                if (strdup_or_null(engine_lease_lane(el), &h.lane) < 0 || strdup_or_null(s->lease->job, &h.job) < 0 ||
+                    strdup_or_null(s->lease->id, &h.lease) < 0)
                         return -ENOMEM;
                 h.max_hold = h.max_wait = USEC_INFINITY;
         } else {
@@ -665,9 +660,9 @@ int session_export(Session *s, HandoverAcquire *ret, bool *ret_has_acquire) {
                 h.idle = engine_request_idle(r);
                 h.budget = engine_request_budget(r);
                 h.position = pos;
-                if (dup_or_null(a->lane, &h.lane) < 0 || dup_or_null(a->job, &h.job) < 0 ||
-                    dup_or_null(engine_request_pool(r), &h.pool) < 0 ||
-                    dup_or_null(engine_request_remote_id(r), &h.remote_id) < 0)
+                if (strdup_or_null(a->lane, &h.lane) < 0 || strdup_or_null(a->job, &h.job) < 0 ||
+                    strdup_or_null(engine_request_pool(r), &h.pool) < 0 ||
+                    strdup_or_null(engine_request_remote_id(r), &h.remote_id) < 0)
                         return -ENOMEM;
         }
         *ret = h;
@@ -697,7 +692,7 @@ static int session_resume_lease(Session *s, const HandoverAcquire *h) {
         a->active = h->more;
         a->more = h->more;
         a->fence = h->fence;
-        if (dup_or_null(h->lane, &a->lane) < 0 || dup_or_null(h->job, &a->job) < 0)
+        if (strdup_or_null(h->lane, &a->lane) < 0 || strdup_or_null(h->job, &a->job) < 0)
                 return -ENOMEM;
         if (h->more)
                 session_lease_renew_now(s, l); /* a fenced client hears its deadline again at once */
@@ -719,7 +714,7 @@ static int session_resume_waiter(Session *s, const HandoverAcquire *h) {
                     process_check_attachable(&command, s->cred.pid, s->cred.uid) < 0)
                         return -ENOENT;
         }
-        if (dup_or_null(h->lane, &a->lane) < 0 || dup_or_null(h->job, &a->job) < 0)
+        if (strdup_or_null(h->lane, &a->lane) < 0 || strdup_or_null(h->job, &a->job) < 0)
                 return -ENOMEM;
         a->active = true;
         a->more = h->more;
