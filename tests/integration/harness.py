@@ -1068,6 +1068,29 @@ class Child:
         return group_alive(self.pid)
 
 
+def shared_pool_config(backend, node, ttl):
+    """A one-slot pool `shared` kept in `backend` (node TTL `ttl` s, revoke-grace 1 s), node name `node`, with a
+    waiting lane `ci` and a fail-fast lane `now`: the shared-pool tests' common configuration."""
+    return f"""\
+[broker]
+node-name = {node}
+revoke-grace = 1s
+
+[pool shared]
+limit = 1
+backend = {backend}
+backend-node-ttl = {ttl}s
+
+[lane ci]
+pools = shared
+policy = wait
+
+[lane now]
+pools = shared
+policy = fail-fast
+"""
+
+
 class SlotctlRun:
     """`slotctl run --socket SOCKET --lane LANE OPTIONS… -- ARGV…` as a CI job runs it: stderr in a file (not a
     terminal). With tty=True its stderr is a pseudo-terminal instead, so that it draws the live position line

@@ -44,24 +44,7 @@ SLOTCTL = None
 
 
 def config(backend, node):
-    return f"""\
-[broker]
-node-name = {node}
-revoke-grace = 1s
-
-[pool shared]
-limit = 1
-backend = {backend}
-backend-node-ttl = {TTL}s
-
-[lane ci]
-pools = shared
-policy = wait
-
-[lane now]
-pools = shared
-policy = fail-fast
-"""
+    return harness.shared_pool_config(backend, node, TTL)
 
 
 class HostileTestCase(harness.BrokerTestCase):

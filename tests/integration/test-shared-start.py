@@ -40,24 +40,7 @@ GRACE = 5  # brokerd's waiter grace (backend.c WAITER_GRACE)
 
 
 def config(backend, node):
-    return f"""\
-[broker]
-node-name = {node}
-revoke-grace = 1s
-
-[pool shared]
-limit = 1
-backend = {backend}
-backend-node-ttl = {TTL}s
-
-[lane ci]
-pools = shared
-policy = wait
-
-[lane now]
-pools = shared
-policy = fail-fast
-"""
+    return harness.shared_pool_config(backend, node, TTL)
 
 
 class Job:
