@@ -442,6 +442,10 @@ int session_reply_text(Session *s, const JsonText *parameters, bool continues) {
         return connection_reply_text(s->connection, parameters->data, parameters->size, continues);
 }
 
+int session_reply_literal(Session *s, const char *parameters, bool continues) {
+        return connection_reply_text(s->connection, parameters, strlen(parameters), continues);
+}
+
 int session_reply_error(Session *s, const char *error, json_t *parameters) {
         return connection_reply_error(s->connection, error, parameters);
 }
@@ -537,8 +541,7 @@ void session_lease_release(Session *by, Lease *l) {
         if (h) {
                 (void) session_unlink_lease(h);
                 if (h->acquire.active && h->acquire.more) {
-                        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "released");
-                        (void) session_reply(h, p, false);
+                        (void) session_reply_literal(h, "{\"state\":\"released\"}", false);
                         h->acquire.active = false;
                         if (h != by)
                                 session_acquire_done(h);
