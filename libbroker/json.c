@@ -11,6 +11,8 @@ char **json_strv_free(char **l) {
         return strv_free(l);
 }
 
+#define DISPATCH_CACHED_MAX 64
+
 static const JsonField *field_find(const JsonField table[], const char *name) {
         for (const JsonField *f = table; f->name; f++)
                 if (streq(f->name, name))
@@ -111,12 +113,37 @@ int json_dispatch(json_t *object, const JsonField table[], JsonDispatchFlags fla
         assert_return(!object || json_is_object(object), -EINVAL);
         assert_return(table, -EINVAL);
 
+        /* The object's values found once, by one walk over its keys (a call has a few), instead of a hash
+         * lookup per field of the table in each pass: the Acquire's table has a dozen. values[i] is
+         * json_object_get(object, table[i].name), keys compared with their length as jansson does. */
+        json_t *values[DISPATCH_CACHED_MAX];
+        size_t n_fields = 0;
+        while (table[n_fields].name)
+                n_fields++;
+        bool cached = n_fields <= DISPATCH_CACHED_MAX;
+        const char *unknown = NULL;
+        if (cached) {
+                memset(values, 0, n_fields * sizeof(json_t *));
+                for (void *i = object ? json_object_iter(object) : NULL; i; i = json_object_iter_next(object, i)) {
+                        const char *name = json_object_iter_key(i);
+                        size_t len = json_object_iter_key_len(i), j;
+                        for (j = 0; j < n_fields; j++)
+                                if (strlen(table[j].name) == len && memcmp(table[j].name, name, len) == 0)
+                                        break;
+                        if (j < n_fields)
+                                values[j] = json_object_iter_value(i);
+                        else if (!unknown && !field_find(table, name))
+                                unknown = name; /* the check below, as it was: by the key's C string */
+                }
+        }
+#define FIELD_VALUE(f) (cached ? values[(f) - table] : json_object_get(object, (f)->name))
+
         /* Pass 1 validates everything, so that a bad call leaves the caller's variables as they were. */
         for (const JsonField *f = table; f->name; f++) {
                 assert_return(f->type >= 0 && f->type < _JSON_FIELD_TYPE_MAX, -EINVAL);
                 assert_return(f->destination, -EINVAL);
 
-                v = json_object_get(object, f->name);
+                v = FIELD_VALUE(f);
                 bool absent = !v || json_is_null(v);
                 if (absent ? (f->flags & JSON_MANDATORY) : !field_value_ok(f, v)) {
                         if (reterr_parameter)
@@ -127,13 +154,21 @@ int json_dispatch(json_t *object, const JsonField table[], JsonDispatchFlags fla
                         n_strv++;
         }
 
-        if (!(flags & JSON_DISPATCH_ALLOW_UNKNOWN))
-                json_object_foreach(object, key, v)
-                        if (!field_find(table, key)) {
+        if (!(flags & JSON_DISPATCH_ALLOW_UNKNOWN)) {
+                if (cached) {
+                        if (unknown) {
                                 if (reterr_parameter)
-                                        *reterr_parameter = key;
+                                        *reterr_parameter = unknown;
                                 return -EINVAL;
                         }
+                } else
+                        json_object_foreach(object, key, v)
+                                if (!field_find(table, key)) {
+                                        if (reterr_parameter)
+                                                *reterr_parameter = key;
+                                        return -EINVAL;
+                                }
+        }
 
         /* Pass 2 makes the copies that can fail, pass 3 cannot fail. */
         char ***copies = NULL;
@@ -144,7 +179,7 @@ int json_dispatch(json_t *object, const JsonField table[], JsonDispatchFlags fla
                 for (const JsonField *f = table; f->name; f++) {
                         if (f->type != JSON_FIELD_STRV)
                                 continue;
-                        v = json_object_get(object, f->name);
+                        v = FIELD_VALUE(f);
                         if (!v || json_is_null(v))
                                 continue;
                         r = strv_from_json(v, &copies[k]);
@@ -160,7 +195,7 @@ int json_dispatch(json_t *object, const JsonField table[], JsonDispatchFlags fla
 
         k = 0;
         for (const JsonField *f = table; f->name; f++) {
-                v = json_object_get(object, f->name);
+                v = FIELD_VALUE(f);
                 if (!v || json_is_null(v))
                         continue;
 
@@ -196,6 +231,7 @@ int json_dispatch(json_t *object, const JsonField table[], JsonDispatchFlags fla
         }
         free(copies);
         return 0;
+#undef FIELD_VALUE
 }
 
 int json_build(json_t **ret, const char *fmt, ...) {

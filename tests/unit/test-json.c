@@ -271,6 +271,45 @@ static void test_dispatch_takes_null_object_as_empty(void **state) {
         assert_false(flag);
 }
 
+/* Values are found by one walk over the object's keys, compared with their length as jansson's lookup
+ * does: a key with a NUL inside is not the field of its first part; and a table too long for that walk is
+ * read by lookups, with the same verdicts. */
+static void test_dispatch_matches_keys_by_their_length(void **state) {
+        _cleanup_(json_decrefp) json_t *o = json_object();
+        int64_t slots = -1;
+        assert_int_equal(json_object_setn_new(o, "slots\0x", 7, json_integer(3)), 0);
+        assert_int_equal(json_dispatch(o, (const JsonField[]) { { "slots", JSON_FIELD_INT64, 0, &slots }, {} }, 0, NULL), 0);
+        assert_int_equal(slots, -1);
+        assert_int_equal(json_object_set_new(o, "slots", json_integer(2)), 0);
+        assert_int_equal(json_dispatch(o, (const JsonField[]) { { "slots", JSON_FIELD_INT64, 0, &slots }, {} }, 0, NULL), 0);
+        assert_int_equal(slots, 2);
+}
+
+static void test_dispatch_reads_a_long_table(void **state) {
+        enum { N = 70 };
+        JsonField table[N + 1] = {};
+        char names[N][8];
+        int64_t values[N];
+        for (int i = 0; i < N; i++) {
+                snprintf(names[i], sizeof names[i], "f%d", i);
+                values[i] = -1;
+                table[i] = (JsonField) { names[i], JSON_FIELD_INT64, i == 5 ? JSON_MANDATORY : 0, &values[i] };
+        }
+        _cleanup_(json_decrefp) json_t *o = json_pack("{s:i, s:i}", "f5", 5, "f69", 69);
+        assert_non_null(o);
+        assert_int_equal(json_dispatch(o, table, 0, NULL), 0);
+        assert_int_equal(values[5], 5);
+        assert_int_equal(values[69], 69);
+        assert_int_equal(values[0], -1);
+        const char *bad = NULL;
+        assert_int_equal(json_object_set_new(o, "g", json_integer(1)), 0);
+        assert_int_equal(json_dispatch(o, table, 0, &bad), -EINVAL);
+        assert_string_equal(bad, "g");
+        assert_int_equal(json_object_del(o, "f5"), 0);
+        assert_int_equal(json_dispatch(o, table, 0, &bad), -EINVAL);
+        assert_string_equal(bad, "f5"); /* a missing mandatory field is told before an unknown key, as before */
+}
+
 static void test_dispatch_refuses_non_object(void **state) {
         _cleanup_(json_decrefp) json_t *a = json_array();
         Params p = PARAMS_INIT;
@@ -706,6 +745,8 @@ int main(void) {
                 cmocka_unit_test(test_dispatch_replaces_previous_strv),
                 cmocka_unit_test(test_dispatch_takes_null_object_as_empty),
                 cmocka_unit_test(test_dispatch_refuses_non_object),
+                cmocka_unit_test(test_dispatch_matches_keys_by_their_length),
+                cmocka_unit_test(test_dispatch_reads_a_long_table),
                 cmocka_unit_test(test_parse_object_refuses_malformed_json),
                 cmocka_unit_test(test_parse_object_refuses_non_object),
                 cmocka_unit_test(test_parse_object_refuses_duplicate_keys),
