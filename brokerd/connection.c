@@ -194,6 +194,15 @@ int connection_reply(Connection *c, json_t *parameters, bool continues) {
         return connection_queued(c, varlink_stream_reply(&c->stream, parameters, continues ? VARLINK_REPLY_CONTINUES : 0));
 }
 
+int connection_reply_text(Connection *c, const char *parameters, size_t size, bool continues) {
+        if (c->closed)
+                return -ENOTCONN;
+        if (c->oneway)
+                return 0;
+        return connection_queued(c, varlink_stream_reply_text(&c->stream, parameters, size,
+                                                               continues ? VARLINK_REPLY_CONTINUES : 0));
+}
+
 int connection_reply_error(Connection *c, const char *error, json_t *parameters) {
         if (c->closed)
                 return -ENOTCONN;

@@ -56,6 +56,8 @@ size_t connection_get_groups(const Connection *c, const gid_t **ret);
  * oneway call (connection_set_oneway()) are dropped. Return 0 or negative errno (-ENOTCONN once closed). */
 int connection_reply(Connection *c, json_t *parameters, bool continues);
 int connection_reply_error(Connection *c, const char *error, json_t *parameters);
+/* A reply whose parameters are a JSON object's text (json_text_*()), as varlink_stream_reply_text(). */
+int connection_reply_text(Connection *c, const char *parameters, size_t size, bool continues);
 /* The call being run wants no reply (or, false, wants one after all). */
 void connection_set_oneway(Connection *c, bool oneway);
 bool connection_get_oneway(const Connection *c);

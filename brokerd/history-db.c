@@ -279,6 +279,8 @@ int history_schema_create(const char *path, unsigned version) {
 void history_db_close(HistoryDb *d) {
         
         sqlite3_finalize(d->insert_event);
+        sqlite3_finalize(d->insert_events);
+        d->insert_events = NULL;
         sqlite3_finalize(d->upsert_lease);
         sqlite3_finalize(d->delete_lease);
         sqlite3_finalize(d->upsert_token);
@@ -296,6 +298,15 @@ static int prepare_statements(HistoryDb *d) {
                                 "budget_us, idle_us, state, uid, pid, retry_after_sec, reason) "
                                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                                 -1, SQLITE_PREPARE_PERSISTENT, &d->insert_event, NULL);
+        if (rc == SQLITE_OK) {
+                char sql[256 + HISTORY_DB_INSERT_ROWS * 36] =
+                        "INSERT INTO events (time, decision, pool, lane, job, lease, token, wait_us, hold_us, "
+                        "budget_us, idle_us, state, uid, pid, retry_after_sec, reason) VALUES ";
+                /* 34 bytes a row after the first: the array's size holds them and the head above. */
+                for (int i = 0; i < HISTORY_DB_INSERT_ROWS; i++)
+                        strcat(sql, i ? ",(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)" : "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+                rc = sqlite3_prepare_v3(d->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &d->insert_events, NULL);
+        }
         if (rc == SQLITE_OK)
                 rc = sqlite3_prepare_v3(d->db,
                                         "INSERT OR REPLACE INTO leases (id, pool, lane, slots, token, job, uid, pid, "
@@ -566,31 +577,68 @@ static void bind_nonzero(sqlite3_stmt *st, int i, int64_t v) {
                 sqlite3_bind_int64(st, i, v);
 }
 
+/* The row's 16 values from parameter base + 1 on. */
+static void bind_event(sqlite3_stmt *st, int base, const EventRow *e) {
+        sqlite3_bind_int64(st, base + 1, (int64_t) MIN(e->time, (usec_t) INT64_MAX));
+        bind_text(st, base + 2, e->decision);
+        bind_text(st, base + 3, e->pool);
+        bind_text(st, base + 4, e->lane);
+        bind_text(st, base + 5, e->job);
+        bind_text(st, base + 6, e->lease);
+        bind_nonzero(st, base + 7, (int64_t) MIN(e->token, (uint64_t) INT64_MAX));
+        bind_usec(st, base + 8, e->wait);
+        bind_usec(st, base + 9, e->hold);
+        bind_usec(st, base + 10, e->budget);
+        bind_usec(st, base + 11, e->idle);
+        bind_text(st, base + 12, e->state);
+        if (e->uid == (uid_t) -1)
+                sqlite3_bind_null(st, base + 13);
+        else
+                sqlite3_bind_int64(st, base + 13, e->uid);
+        bind_nonzero(st, base + 14, e->pid);
+        bind_nonzero(st, base + 15, e->retry_after_sec);
+        bind_text(st, base + 16, e->reason);
+}
+
 int history_db_insert_event(HistoryDb *d, const EventRow *e) {
         sqlite3_stmt *st = d->insert_event;
 
-        sqlite3_bind_int64(st, 1, (int64_t) MIN(e->time, (usec_t) INT64_MAX));
-        bind_text(st, 2, e->decision);
-        bind_text(st, 3, e->pool);
-        bind_text(st, 4, e->lane);
-        bind_text(st, 5, e->job);
-        bind_text(st, 6, e->lease);
-        bind_nonzero(st, 7, (int64_t) MIN(e->token, (uint64_t) INT64_MAX));
-        bind_usec(st, 8, e->wait);
-        bind_usec(st, 9, e->hold);
-        bind_usec(st, 10, e->budget);
-        bind_usec(st, 11, e->idle);
-        bind_text(st, 12, e->state);
-        if (e->uid == (uid_t) -1)
-                sqlite3_bind_null(st, 13);
-        else
-                sqlite3_bind_int64(st, 13, e->uid);
-        bind_nonzero(st, 14, e->pid);
-        bind_nonzero(st, 15, e->retry_after_sec);
-        bind_text(st, 16, e->reason);
+        bind_event(st, 0, e);
         int rc = sqlite3_step(st);
         sqlite3_reset(st);
         return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+int history_db_insert_events(HistoryDb *d, const EventRow **e, size_t max, size_t *ret_n) {
+        const EventRow *r = *e;
+        size_t n = 0;
+        while (r && n < HISTORY_DB_INSERT_ROWS && n < max) {
+                r = r->next;
+                n++;
+        }
+        if (n < HISTORY_DB_INSERT_ROWS) {
+                /* Fewer than a statement's worth: one at a time. */
+                size_t k = 0;
+                int rc = SQLITE_OK;
+                for (r = *e; rc == SQLITE_OK && k < n; r = r->next, k++)
+                        rc = history_db_insert_event(d, r);
+                if (rc != SQLITE_OK)
+                        return rc;
+                *e = r;
+                *ret_n = n;
+                return SQLITE_OK;
+        }
+        sqlite3_stmt *st = d->insert_events;
+        r = *e;
+        for (int i = 0; i < HISTORY_DB_INSERT_ROWS; i++, r = r->next)
+                bind_event(st, i * 16, r);
+        int rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        if (rc != SQLITE_DONE)
+                return rc;
+        *e = r;
+        *ret_n = n;
+        return SQLITE_OK;
 }
 
 static int slots_format(const HistoryLeaseRow *row, char **ret) {

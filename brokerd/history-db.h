@@ -20,6 +20,7 @@ typedef struct HistoryDb {
         char *path;
         sqlite3 *db; /* NULL: not open (degraded) */
         sqlite3_stmt *insert_event, *upsert_lease, *delete_lease, *upsert_token, *prune;
+        sqlite3_stmt *insert_events; /* HISTORY_DB_INSERT_ROWS rows in one statement */
         TokenMark *marks; /* kept across reopenings and fresh starts, for the carry-over: tokens never go back */
         size_t n_marks;
 } HistoryDb;
@@ -59,6 +60,11 @@ void history_db_rollback(HistoryDb *d);
 
 /* Inside a transaction. */
 int history_db_insert_event(HistoryDb *d, const EventRow *e);
+/* The rows from *e on, as many as fit in one statement (HISTORY_DB_INSERT_ROWS) and at most max: one
+ * statement's fixed cost (its cursors on the table and its two indexes opened and closed) for them all.
+ * Sets *e to the next row and returns an SQLite code; *ret_n: how many were inserted. */
+#define HISTORY_DB_INSERT_ROWS 8
+int history_db_insert_events(HistoryDb *d, const EventRow **e, size_t max, size_t *ret_n);
 int history_db_lease_delete(HistoryDb *d, const char *id);
 
 /* Deletes up to chunk events older than before (realtime µs); *ret_more: the chunk was full. */

@@ -178,8 +178,13 @@ static int writer_write_batch(HistoryWriter *w) {
         int rc;
 
         rc = history_db_begin(&w->db);
-        for (; rc == SQLITE_OK && e && n < HISTORY_BATCH_MAX; e = e->next, n++)
-                rc = history_db_insert_event(&w->db, e);
+        while (rc == SQLITE_OK && e && n < HISTORY_BATCH_MAX) {
+                const EventRow *next = e;
+                size_t k = 0;
+                rc = history_db_insert_events(&w->db, &next, HISTORY_BATCH_MAX - n, &k);
+                e = (EventRow *) next;
+                n += k;
+        }
         if (rc == SQLITE_OK)
                 rc = history_db_commit(&w->db);
         if (rc != SQLITE_OK) {

@@ -710,41 +710,66 @@ LeaseOutcome lease_lose(Lease *l, const char *reason) {
         return lease_revoked_unheld(l);
 }
 
-json_t *lease_to_json(const Lease *l) {
+/* The order of the keys is the wire's (a client may print it): id, token, pool, slots, lane, uid, pid,
+ * grantedAt, detached, then members, job, commandPid, expiresAt where they apply. */
+void lease_write_json(const Lease *l, JsonText *t) {
         const EngineLease *el = l->engine_lease;
         const unsigned *idx;
         const char *const *members;
         unsigned n = engine_lease_slots(el, &idx, &members);
 
-        _cleanup_(json_decrefp) json_t *slots = json_array(), *names = members ? json_array() : NULL;
-        if (!slots || (members && !names))
-                return NULL;
-        for (unsigned i = 0; i < n; i++) {
-                if (json_array_append_new(slots, json_integer(idx[i])) < 0)
-                        return NULL;
-                if (names && json_array_append_new(names, json_string(members[i] ? members[i] : "")) < 0)
-                        return NULL;
+        json_text_open(t, '{');
+        json_text_key(t, "id");
+        json_text_string(t, l->id);
+        json_text_key(t, "token");
+        json_text_integer(t, (int64_t) engine_lease_token(el));
+        json_text_key(t, "pool");
+        json_text_string(t, engine_lease_pool(el));
+        json_text_key(t, "slots");
+        json_text_open(t, '[');
+        for (unsigned i = 0; i < n; i++)
+                json_text_integer(t, idx[i]);
+        json_text_close(t, ']');
+        json_text_key(t, "lane");
+        json_text_string(t, engine_lease_lane(el));
+        json_text_key(t, "uid");
+        json_text_integer(t, (int64_t) l->uid);
+        json_text_key(t, "pid");
+        json_text_integer(t, (int64_t) l->pid);
+        json_text_key(t, "grantedAt");
+        json_text_integer(t, (int64_t) l->granted_real);
+        json_text_key(t, "detached");
+        json_text_bool(t, l->detached);
+        if (members) {
+                json_text_key(t, "members");
+                json_text_open(t, '[');
+                for (unsigned i = 0; i < n; i++)
+                        json_text_string(t, members[i] ? members[i] : "");
+                json_text_close(t, ']');
         }
-        json_t *o = json_pack("{s:s, s:I, s:s, s:O, s:s, s:I, s:I, s:I, s:b}",
-                              "id", l->id,
-                              "token", (json_int_t) engine_lease_token(el),
-                              "pool", engine_lease_pool(el),
-                              "slots", slots,
-                              "lane", engine_lease_lane(el),
-                              "uid", (json_int_t) l->uid,
-                              "pid", (json_int_t) l->pid,
-                              "grantedAt", (json_int_t) l->granted_real,
-                              "detached", l->detached);
-        if (!o)
-                return NULL;
-        if (names)
-                json_object_set(o, "members", names);
-        if (l->job)
-                json_object_set_new(o, "job", json_string(l->job));
-        if (l->has_command)
-                json_object_set_new(o, "commandPid", json_integer(l->command.pid));
+        if (l->job) {
+                json_text_key(t, "job");
+                json_text_string(t, l->job);
+        }
+        if (l->has_command) {
+                json_text_key(t, "commandPid");
+                json_text_integer(t, (int64_t) l->command.pid);
+        }
         usec_t exp = lease_expires_realtime(l);
-        if (exp != USEC_INFINITY)
-                json_object_set_new(o, "expiresAt", json_integer((json_int_t) exp));
+        if (exp != USEC_INFINITY) {
+                json_text_key(t, "expiresAt");
+                json_text_integer(t, (int64_t) exp);
+        }
+        json_text_close(t, '}');
+}
+
+json_t *lease_to_json(const Lease *l) {
+        _cleanup_(json_text_done) JsonText t;
+        json_t *o = NULL;
+
+        json_text_init(&t);
+        lease_write_json(l, &t);
+        if (json_text_result(&t) < 0 || json_parse_object(t.data, t.size, &o) < 0)
+                return NULL;
         return o;
 }

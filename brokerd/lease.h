@@ -13,6 +13,7 @@
 
 #include "decision.h"
 #include "engine.h"
+#include "json.h"
 #include "list.h"
 #include "process.h"
 #include "time-util.h"
@@ -206,6 +207,8 @@ AuditRecord lease_audit_record(const Lease *l, const char *decision);
 
 /* The lease as clients see it (Varlink Lease type). */
 json_t *lease_to_json(const Lease *l);
+/* The same object as text, written into t (the grant's reply: no tree built). lease_to_json() parses it. */
+void lease_write_json(const Lease *l, JsonText *t);
 
 const char *lease_state_to_string(LeaseState s);
 

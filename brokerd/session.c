@@ -435,6 +435,17 @@ int session_reply(Session *s, json_t *parameters, bool continues) {
         return connection_reply(s->connection, parameters, continues);
 }
 
+int session_reply_text(Session *s, const JsonText *parameters, bool continues) {
+        int r = json_text_result(parameters);
+        if (r < 0)
+                return r;
+        return connection_reply_text(s->connection, parameters->data, parameters->size, continues);
+}
+
+int session_reply_literal(Session *s, const char *parameters, bool continues) {
+        return connection_reply_text(s->connection, parameters, strlen(parameters), continues);
+}
+
 int session_reply_error(Session *s, const char *error, json_t *parameters) {
         return connection_reply_error(s->connection, error, parameters);
 }
@@ -530,8 +541,7 @@ void session_lease_release(Session *by, Lease *l) {
         if (h) {
                 (void) session_unlink_lease(h);
                 if (h->acquire.active && h->acquire.more) {
-                        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "state", "released");
-                        (void) session_reply(h, p, false);
+                        (void) session_reply_literal(h, "{\"state\":\"released\"}", false);
                         h->acquire.active = false;
                         if (h != by)
                                 session_acquire_done(h);
@@ -772,14 +782,23 @@ int session_resume(Session *s, const HandoverAcquire *h) {
         return session_resume_waiter(s, h);
 }
 
-static json_t *queued_reply(Session *s, size_t position, size_t queued) {
+static void queued_reply(Session *s, size_t position, size_t queued, JsonText *t) {
         EngineRequest *req = s->acquire.request;
         usec_t budget = engine_request_budget(req);
-        json_t *p = json_pack("{s:s, s:s, s:I, s:I}", "state", "queued", "pool", engine_request_pool(req),
-                              "position", (json_int_t) position, "queued", (json_int_t) queued);
-        if (p && budget != USEC_INFINITY)
-                json_object_set_new(p, "budgetMs", json_integer((json_int_t) (budget / USEC_PER_MSEC)));
-        return p;
+        json_text_open(t, '{');
+        json_text_key(t, "state");
+        json_text_string(t, "queued");
+        json_text_key(t, "pool");
+        json_text_string(t, engine_request_pool(req));
+        json_text_key(t, "position");
+        json_text_integer(t, (int64_t) position);
+        json_text_key(t, "queued");
+        json_text_integer(t, (int64_t) queued);
+        if (budget != USEC_INFINITY) {
+                json_text_key(t, "budgetMs");
+                json_text_integer(t, (int64_t) (budget / USEC_PER_MSEC));
+        }
+        json_text_close(t, '}');
 }
 
 static void send_position(Session *s, usec_t now) {
@@ -790,8 +809,10 @@ static void send_position(Session *s, usec_t now) {
         pos++; /* clients count from 1 */
         if (pos == a->last_position && queued == a->last_queued)
                 return;
-        _cleanup_(json_decrefp) json_t *p = queued_reply(s, pos, queued);
-        if (!p || session_reply(s, p, true) < 0)
+        _cleanup_(json_text_done) JsonText p;
+        json_text_init(&p);
+        queued_reply(s, pos, queued, &p);
+        if (session_reply_text(s, &p, true) < 0)
                 return;
         a->last_position = pos;
         a->last_queued = queued;
@@ -895,15 +916,21 @@ static void session_lease_renew_now(Session *s, const Lease *l) {
 /* Sends the grant to the client that asked (SPEC §5: continues while the connection is the life line). */
 static void answer_grant(Session *s, Lease *l) {
         AcquireCall *a = &s->acquire;
-        _cleanup_(json_decrefp) json_t *lease = lease_to_json(l);
-        _cleanup_(json_decrefp) json_t *p = lease ? json_pack("{s:s, s:O}", "state", "granted", "lease", lease) : NULL;
+        _cleanup_(json_text_done) JsonText p;
         bool continues = a->more && !a->detach;
-        if (!p) {
+        json_text_init(&p);
+        json_text_open(&p, '{');
+        json_text_key(&p, "state");
+        json_text_string(&p, "granted");
+        json_text_key(&p, "lease");
+        lease_write_json(l, &p);
+        json_text_close(&p, '}');
+        if (json_text_result(&p) < 0) {
                 log_oom();
                 session_close(s);
                 return;
         }
-        session_reply(s, p, continues);
+        session_reply_text(s, &p, continues);
         a->request = engine_request_unref(a->request);
         if (continues)
                 /* A fenced client must not wait for the next heartbeat to learn its deadline: a broker stopped

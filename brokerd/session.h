@@ -138,6 +138,10 @@ bool session_defers_call(const Session *s, const VarlinkCall *call);
 /* Replies and closing, through the connection. */
 int session_reply(Session *s, json_t *parameters, bool continues);
 int session_reply_error(Session *s, const char *error, json_t *parameters);
+/* A reply from its parameters' text (json_text_*()): the replies sent on every request. */
+int session_reply_text(Session *s, const JsonText *parameters, bool continues);
+/* A reply whose parameters are a constant object's text. */
+int session_reply_literal(Session *s, const char *parameters, bool continues);
 void session_close(Session *s);
 
 bool session_is_waiting(const Session *s);

@@ -11,6 +11,8 @@ char **json_strv_free(char **l) {
         return strv_free(l);
 }
 
+#define DISPATCH_CACHED_MAX 64
+
 static const JsonField *field_find(const JsonField table[], const char *name) {
         for (const JsonField *f = table; f->name; f++)
                 if (streq(f->name, name))
@@ -111,12 +113,37 @@ int json_dispatch(json_t *object, const JsonField table[], JsonDispatchFlags fla
         assert_return(!object || json_is_object(object), -EINVAL);
         assert_return(table, -EINVAL);
 
+        /* The object's values found once, by one walk over its keys (a call has a few), instead of a hash
+         * lookup per field of the table in each pass: the Acquire's table has a dozen. values[i] is
+         * json_object_get(object, table[i].name), keys compared with their length as jansson does. */
+        json_t *values[DISPATCH_CACHED_MAX];
+        size_t n_fields = 0;
+        while (table[n_fields].name)
+                n_fields++;
+        bool cached = n_fields <= DISPATCH_CACHED_MAX;
+        const char *unknown = NULL;
+        if (cached) {
+                memset(values, 0, n_fields * sizeof(json_t *));
+                for (void *i = object ? json_object_iter(object) : NULL; i; i = json_object_iter_next(object, i)) {
+                        const char *name = json_object_iter_key(i);
+                        size_t len = json_object_iter_key_len(i), j;
+                        for (j = 0; j < n_fields; j++)
+                                if (strlen(table[j].name) == len && memcmp(table[j].name, name, len) == 0)
+                                        break;
+                        if (j < n_fields)
+                                values[j] = json_object_iter_value(i);
+                        else if (!unknown && !field_find(table, name))
+                                unknown = name; /* the check below, as it was: by the key's C string */
+                }
+        }
+#define FIELD_VALUE(f) (cached ? values[(f) - table] : json_object_get(object, (f)->name))
+
         /* Pass 1 validates everything, so that a bad call leaves the caller's variables as they were. */
         for (const JsonField *f = table; f->name; f++) {
                 assert_return(f->type >= 0 && f->type < _JSON_FIELD_TYPE_MAX, -EINVAL);
                 assert_return(f->destination, -EINVAL);
 
-                v = json_object_get(object, f->name);
+                v = FIELD_VALUE(f);
                 bool absent = !v || json_is_null(v);
                 if (absent ? (f->flags & JSON_MANDATORY) : !field_value_ok(f, v)) {
                         if (reterr_parameter)
@@ -127,13 +154,21 @@ int json_dispatch(json_t *object, const JsonField table[], JsonDispatchFlags fla
                         n_strv++;
         }
 
-        if (!(flags & JSON_DISPATCH_ALLOW_UNKNOWN))
-                json_object_foreach(object, key, v)
-                        if (!field_find(table, key)) {
+        if (!(flags & JSON_DISPATCH_ALLOW_UNKNOWN)) {
+                if (cached) {
+                        if (unknown) {
                                 if (reterr_parameter)
-                                        *reterr_parameter = key;
+                                        *reterr_parameter = unknown;
                                 return -EINVAL;
                         }
+                } else
+                        json_object_foreach(object, key, v)
+                                if (!field_find(table, key)) {
+                                        if (reterr_parameter)
+                                                *reterr_parameter = key;
+                                        return -EINVAL;
+                                }
+        }
 
         /* Pass 2 makes the copies that can fail, pass 3 cannot fail. */
         char ***copies = NULL;
@@ -144,7 +179,7 @@ int json_dispatch(json_t *object, const JsonField table[], JsonDispatchFlags fla
                 for (const JsonField *f = table; f->name; f++) {
                         if (f->type != JSON_FIELD_STRV)
                                 continue;
-                        v = json_object_get(object, f->name);
+                        v = FIELD_VALUE(f);
                         if (!v || json_is_null(v))
                                 continue;
                         r = strv_from_json(v, &copies[k]);
@@ -160,7 +195,7 @@ int json_dispatch(json_t *object, const JsonField table[], JsonDispatchFlags fla
 
         k = 0;
         for (const JsonField *f = table; f->name; f++) {
-                v = json_object_get(object, f->name);
+                v = FIELD_VALUE(f);
                 if (!v || json_is_null(v))
                         continue;
 
@@ -196,6 +231,7 @@ int json_dispatch(json_t *object, const JsonField table[], JsonDispatchFlags fla
         }
         free(copies);
         return 0;
+#undef FIELD_VALUE
 }
 
 int json_build(json_t **ret, const char *fmt, ...) {
@@ -285,6 +321,29 @@ static int writer_putc(JsonWriter *w, char c) {
 
 /* As jansson's dump_string() without JSON_ENSURE_ASCII or JSON_ESCAPE_SLASH: '"', '\\' and the control
  * characters escaped, everything else (UTF-8, which jansson's strings are) copied as it is. */
+static bool char_needs_escape(unsigned char c) {
+        return c < 0x20 || c == '"' || c == '\\';
+}
+
+/* The escape of c (char_needs_escape()) into escape; returns its length. */
+static size_t char_escape(unsigned char c, char escape[static 8]) {
+        escape[0] = '\\';
+        switch (c) {
+        case '"':  escape[1] = '"'; return 2;
+        case '\\': escape[1] = '\\'; return 2;
+        case '\b': escape[1] = 'b'; return 2;
+        case '\f': escape[1] = 'f'; return 2;
+        case '\n': escape[1] = 'n'; return 2;
+        case '\r': escape[1] = 'r'; return 2;
+        case '\t': escape[1] = 't'; return 2;
+        default:
+                memcpy(escape + 1, "u00", 3);
+                escape[4] = "0123456789ABCDEF"[c >> 4];
+                escape[5] = "0123456789ABCDEF"[c & 15];
+                return 6;
+        }
+}
+
 static int write_string(JsonWriter *w, const char *s, size_t size) {
         const char *run = s;
         int r;
@@ -294,26 +353,11 @@ static int write_string(JsonWriter *w, const char *s, size_t size) {
                 return r;
         for (size_t i = 0; i < size; i++) {
                 unsigned char c = (unsigned char) s[i];
-                if (c >= 0x20 && c != '"' && c != '\\')
+                if (!char_needs_escape(c))
                         continue;
 
                 char escape[8];
-                size_t k = 2;
-                escape[0] = '\\';
-                switch (c) {
-                case '"':  escape[1] = '"'; break;
-                case '\\': escape[1] = '\\'; break;
-                case '\b': escape[1] = 'b'; break;
-                case '\f': escape[1] = 'f'; break;
-                case '\n': escape[1] = 'n'; break;
-                case '\r': escape[1] = 'r'; break;
-                case '\t': escape[1] = 't'; break;
-                default:
-                        memcpy(escape + 1, "u00", 3);
-                        escape[4] = "0123456789ABCDEF"[c >> 4];
-                        escape[5] = "0123456789ABCDEF"[c & 15];
-                        k = 6;
-                }
+                size_t k = char_escape(c, escape);
                 r = writer_put(w, run, (size_t) (s + i - run));
                 if (r < 0)
                         return r;
@@ -328,8 +372,9 @@ static int write_string(JsonWriter *w, const char *s, size_t size) {
         return writer_putc(w, '"');
 }
 
-static int write_integer(JsonWriter *w, json_int_t v) {
-        char digits[24], *p = digits + sizeof digits;
+/* The decimal digits of v, at the end of digits; returns where they start. */
+static char *integer_digits(int64_t v, char digits[static 24]) {
+        char *p = digits + 24;
         /* Through the unsigned magnitude: -INT64_MIN does not exist. */
         uint64_t m = v < 0 ? -(uint64_t) v : (uint64_t) v;
         do {
@@ -338,6 +383,11 @@ static int write_integer(JsonWriter *w, json_int_t v) {
         } while (m > 0);
         if (v < 0)
                 *--p = '-';
+        return p;
+}
+
+static int write_integer(JsonWriter *w, json_int_t v) {
+        char digits[24], *p = integer_digits(v, digits);
         return writer_put(w, p, (size_t) (digits + sizeof digits - p));
 }
 
@@ -468,6 +518,154 @@ int json_format(const json_t *v, char **ret, size_t *ret_size) {
         if (ret_size)
                 *ret_size = b.size;
         *ret = b.data;
+        return 0;
+}
+
+/* ---- text written straight ----
+ * The replies sent on every request (a grant, a position) were a jansson tree packed, serialized and
+ * freed: a third of brokerd's main thread in bench-pairs (callgrind). The same bytes, without the tree. */
+
+static size_t utf8_sequence_length(const unsigned char *s, size_t n);
+
+static void text_put_slow(JsonText *t, const char *data, size_t size) {
+        if (t->error < 0)
+                return;
+        if (size > t->allocated - t->size) {
+                size_t a = MAX(t->allocated * 2, t->size + size);
+                char *p = t->data == t->inline_buffer ? malloc(a) : realloc(t->data, a);
+                if (!p) {
+                        t->error = -ENOMEM;
+                        return;
+                }
+                if (t->data == t->inline_buffer)
+                        memcpy(p, t->data, t->size);
+                t->data = p;
+                t->allocated = a;
+        }
+        memcpy(t->data + t->size, data, size);
+        t->size += size;
+}
+
+static inline void text_put(JsonText *t, const char *data, size_t size) {
+        /* After an error the text is thrown away (json_text_result()): writing on within the buffer is harmless. */
+        if (_likely_(size <= t->allocated - t->size)) {
+                memcpy(t->data + t->size, data, size);
+                t->size += size;
+                return;
+        }
+        text_put_slow(t, data, size);
+}
+
+/* The comma before a value or a key that is not its container's first. */
+static void text_separate(JsonText *t) {
+        if (t->after_key) {
+                t->after_key = false;
+                return;
+        }
+        if (t->depth == 0)
+                return;
+        uint64_t bit = UINT64_C(1) << (t->depth - 1);
+        if (t->non_empty & bit)
+                text_put(t, ",", 1);
+        t->non_empty |= bit;
+}
+
+void json_text_init(JsonText *t) {
+        *t = (JsonText) { .allocated = sizeof t->inline_buffer };
+        t->data = t->inline_buffer;
+}
+
+void json_text_done(JsonText *t) {
+        if (t->data != t->inline_buffer)
+                free(t->data);
+        t->data = NULL;
+}
+
+void json_text_open(JsonText *t, char bracket) {
+        assert(bracket == '{' || bracket == '[');
+        text_separate(t);
+        if (t->depth >= 64) {
+                t->error = -ELOOP;
+                return;
+        }
+        text_put(t, &bracket, 1);
+        t->depth++;
+        t->non_empty &= ~(UINT64_C(1) << (t->depth - 1));
+}
+
+void json_text_close(JsonText *t, char bracket) {
+        assert(bracket == '}' || bracket == ']');
+        if (t->depth == 0) {
+                t->error = -EINVAL;
+                return;
+        }
+        t->depth--;
+        text_put(t, &bracket, 1);
+}
+
+void json_text_string(JsonText *t, const char *s) {
+        if (!s) {
+                t->error = -EINVAL; /* json_pack()'s "s" with NULL */
+                return;
+        }
+        if (t->error < 0)
+                return;
+        size_t size = strlen(s), mark = t->size;
+        text_separate(t);
+        text_put(t, "\"", 1);
+        const char *run = s;
+        for (size_t i = 0; i < size; i++) {
+                unsigned char c = (unsigned char) s[i];
+                if (c >= 0x80) {
+                        /* jansson's json_string() refuses what is not UTF-8: so does this, as the tree did. */
+                        size_t k = utf8_sequence_length((const unsigned char *) s + i, size - i);
+                        if (k == 0) {
+                                t->size = mark;
+                                t->error = -EINVAL;
+                                return;
+                        }
+                        i += k - 1;
+                        continue;
+                }
+                if (!char_needs_escape(c))
+                        continue;
+                char escape[8];
+                size_t k = char_escape(c, escape);
+                text_put(t, run, (size_t) (s + i - run));
+                text_put(t, escape, k);
+                run = s + i + 1;
+        }
+        text_put(t, run, (size_t) (s + size - run));
+        text_put(t, "\"", 1);
+}
+
+void json_text_key(JsonText *t, const char *key) {
+        /* Keys are the code's own names: nothing to escape, nothing to check but that. */
+        size_t size = strlen(key);
+        assert(!memchr(key, '"', size) && !memchr(key, '\\', size));
+        text_separate(t);
+        text_put(t, "\"", 1);
+        text_put(t, key, size);
+        text_put(t, "\":", 2);
+        t->after_key = true;
+}
+
+void json_text_integer(JsonText *t, int64_t v) {
+        char digits[24], *p = integer_digits(v, digits);
+        text_separate(t);
+        text_put(t, p, (size_t) (digits + sizeof digits - p));
+}
+
+void json_text_bool(JsonText *t, bool b) {
+        text_separate(t);
+        text_put(t, b ? "true" : "false", b ? 4 : 5);
+}
+
+int json_text_result(const JsonText *t) {
+        if (t->error < 0)
+                return t->error;
+        if (t->depth != 0 || t->after_key)
+                return -EINVAL; /* unfinished */
         return 0;
 }
 

@@ -86,3 +86,32 @@ typedef int (*JsonSink)(const char *data, size_t size, void *userdata);
  * message, where jansson calls it per token and formats every integer with snprintf()). Returns 0; the
  * sink's error; -ELOOP for containers nested deeper than 2048 (a cycle); -ENOMEM. */
 int json_serialize(const json_t *v, JsonSink sink, void *userdata);
+
+/* Compact JSON text written straight, value by value, for the messages sent on every request (a grant, a
+ * position): the bytes json_serialize() writes for the tree the same calls would build (keys in the order
+ * written), without building it. Short texts stay in the inline buffer. Errors are kept, not returned, and
+ * every call after one does nothing: json_text_result() says. Nesting is at most 64 deep. */
+typedef struct JsonText {
+        char *data;             /* inline_buffer, or allocated once that is full */
+        size_t size, allocated;
+        unsigned depth;
+        uint64_t non_empty;     /* bit d: the container at depth d + 1 has a member already */
+        bool after_key;
+        int error;
+        char inline_buffer[512];
+} JsonText;
+
+void json_text_init(JsonText *t);
+void json_text_done(JsonText *t); /* _cleanup_(json_text_done) JsonText t; */
+/* '{' or '[' opens, '}' or ']' closes. */
+void json_text_open(JsonText *t, char bracket);
+void json_text_close(JsonText *t, char bracket);
+/* An object's key, a name of the code's own (ASCII, printable, no '"' or '\\': written as it is); the next
+ * call writes its value. */
+void json_text_key(JsonText *t, const char *key);
+/* A string: UTF-8 (else -EINVAL, as jansson's json_string() refuses it), escaped as json_serialize() does. */
+void json_text_string(JsonText *t, const char *s);
+void json_text_integer(JsonText *t, int64_t v);
+void json_text_bool(JsonText *t, bool b);
+/* 0 when the text is whole (every container closed); the first error (-ENOMEM, -EINVAL, -ELOOP). */
+int json_text_result(const JsonText *t);

@@ -984,7 +984,8 @@ int varlink_stream_enqueue(VarlinkStream *s, const json_t *msg) {
  * a json_t (a new object and two or three keys hashed, for every call and every reply): the bytes of
  * varlink_call_format() and varlink_reply_format(), which a unit test compares. method (a qualified name:
  * nothing to escape) may be NULL for a reply. */
-static int output_enqueue_envelope(VarlinkOutput *out, const char *method, const json_t *parameters, const char *tail) {
+static int output_enqueue_envelope_text(VarlinkOutput *out, const char *method, const json_t *parameters,
+                                        const char *text, size_t text_size, const char *tail) {
         OutputMark m = output_mark(out);
         int r = 0;
 
@@ -997,12 +998,18 @@ static int output_enqueue_envelope(VarlinkOutput *out, const char *method, const
         } else
                 r = output_append(out, "{\"parameters\":", 14);
         if (r >= 0)
-                r = parameters ? json_serialize(parameters, output_sink, out) : output_append(out, "{}", 2);
+                r = parameters ? json_serialize(parameters, output_sink, out) :
+                    text       ? output_append(out, text, text_size) :
+                                 output_append(out, "{}", 2);
         if (r >= 0)
                 r = output_append(out, tail, strlen(tail) + 1); /* with the NUL that ends the message */
         if (r < 0)
                 output_rollback(out, &m);
         return r;
+}
+
+static int output_enqueue_envelope(VarlinkOutput *out, const char *method, const json_t *parameters, const char *tail) {
+        return output_enqueue_envelope_text(out, method, parameters, NULL, 0, tail);
 }
 
 int varlink_stream_call(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags) {
@@ -1044,6 +1051,16 @@ int varlink_stream_reply(VarlinkStream *s, json_t *parameters, VarlinkReplyFlags
 
         return output_enqueue_envelope(&s->output, NULL, parameters,
                                        flags & VARLINK_REPLY_CONTINUES ? ",\"continues\":true}" : "}");
+}
+
+int varlink_stream_reply_text(VarlinkStream *s, const char *parameters, size_t size, VarlinkReplyFlags flags) {
+        assert_return(s, -EINVAL);
+        assert_return(parameters && size >= 2 && parameters[0] == '{' && parameters[size - 1] == '}', -EINVAL);
+        assert_return(!memchr(parameters, 0, size), -EINVAL);
+        assert_return((flags & ~VARLINK_REPLY_CONTINUES) == 0, -EINVAL);
+
+        return output_enqueue_envelope_text(&s->output, NULL, NULL, parameters, size,
+                                            flags & VARLINK_REPLY_CONTINUES ? ",\"continues\":true}" : "}");
 }
 
 int varlink_stream_reply_error(VarlinkStream *s, const char *error, json_t *parameters) {

@@ -244,6 +244,9 @@ int varlink_stream_call(VarlinkStream *s, const char *method, json_t *parameters
 int varlink_stream_call_with_fds(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags,
                                  const int *fds, size_t n_fds);
 int varlink_stream_reply(VarlinkStream *s, json_t *parameters, VarlinkReplyFlags flags);
+/* A reply whose parameters are an object's JSON text already written (json_text_*()): the bytes
+ * varlink_stream_reply() queues for the same object. The text is not checked beyond its braces and NULs. */
+int varlink_stream_reply_text(VarlinkStream *s, const char *parameters, size_t size, VarlinkReplyFlags flags);
 int varlink_stream_reply_error(VarlinkStream *s, const char *error, json_t *parameters);
 /* An error whose parameters are one string, as the standard ones: ("…InvalidParameter", "parameter", "slots"). */
 int varlink_stream_reply_error_string(VarlinkStream *s, const char *error, const char *key, const char *value);

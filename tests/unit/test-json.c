@@ -271,6 +271,45 @@ static void test_dispatch_takes_null_object_as_empty(void **state) {
         assert_false(flag);
 }
 
+/* Values are found by one walk over the object's keys, compared with their length as jansson's lookup
+ * does: a key with a NUL inside is not the field of its first part; and a table too long for that walk is
+ * read by lookups, with the same verdicts. */
+static void test_dispatch_matches_keys_by_their_length(void **state) {
+        _cleanup_(json_decrefp) json_t *o = json_object();
+        int64_t slots = -1;
+        assert_int_equal(json_object_setn_new(o, "slots\0x", 7, json_integer(3)), 0);
+        assert_int_equal(json_dispatch(o, (const JsonField[]) { { "slots", JSON_FIELD_INT64, 0, &slots }, {} }, 0, NULL), 0);
+        assert_int_equal(slots, -1);
+        assert_int_equal(json_object_set_new(o, "slots", json_integer(2)), 0);
+        assert_int_equal(json_dispatch(o, (const JsonField[]) { { "slots", JSON_FIELD_INT64, 0, &slots }, {} }, 0, NULL), 0);
+        assert_int_equal(slots, 2);
+}
+
+static void test_dispatch_reads_a_long_table(void **state) {
+        enum { N = 70 };
+        JsonField table[N + 1] = {};
+        char names[N][8];
+        int64_t values[N];
+        for (int i = 0; i < N; i++) {
+                snprintf(names[i], sizeof names[i], "f%d", i);
+                values[i] = -1;
+                table[i] = (JsonField) { names[i], JSON_FIELD_INT64, i == 5 ? JSON_MANDATORY : 0, &values[i] };
+        }
+        _cleanup_(json_decrefp) json_t *o = json_pack("{s:i, s:i}", "f5", 5, "f69", 69);
+        assert_non_null(o);
+        assert_int_equal(json_dispatch(o, table, 0, NULL), 0);
+        assert_int_equal(values[5], 5);
+        assert_int_equal(values[69], 69);
+        assert_int_equal(values[0], -1);
+        const char *bad = NULL;
+        assert_int_equal(json_object_set_new(o, "g", json_integer(1)), 0);
+        assert_int_equal(json_dispatch(o, table, 0, &bad), -EINVAL);
+        assert_string_equal(bad, "g");
+        assert_int_equal(json_object_del(o, "f5"), 0);
+        assert_int_equal(json_dispatch(o, table, 0, &bad), -EINVAL);
+        assert_string_equal(bad, "f5"); /* a missing mandatory field is told before an unknown key, as before */
+}
+
 static void test_dispatch_refuses_non_object(void **state) {
         _cleanup_(json_decrefp) json_t *a = json_array();
         Params p = PARAMS_INIT;
@@ -570,6 +609,121 @@ static void test_parse_agrees_with_jansson_on_mutated_messages(void **state) {
         }
 }
 
+/* The tree v written again through json_text_*(): strings, integers, booleans and containers. */
+static void text_write_tree(JsonText *t, json_t *v) {
+        switch (json_typeof(v)) {
+        case JSON_OBJECT: {
+                json_text_open(t, '{');
+                for (void *i = json_object_iter(v); i; i = json_object_iter_next(v, i)) {
+                        json_text_key(t, json_object_iter_key(i));
+                        text_write_tree(t, json_object_iter_value(i));
+                }
+                json_text_close(t, '}');
+                break;
+        }
+        case JSON_ARRAY:
+                json_text_open(t, '[');
+                for (size_t i = 0; i < json_array_size(v); i++)
+                        text_write_tree(t, json_array_get(v, i));
+                json_text_close(t, ']');
+                break;
+        case JSON_STRING:
+                json_text_string(t, json_string_value(v));
+                break;
+        case JSON_INTEGER:
+                json_text_integer(t, json_integer_value(v));
+                break;
+        case JSON_TRUE:
+        case JSON_FALSE:
+                json_text_bool(t, json_is_true(v));
+                break;
+        default:
+                fail_msg("no such value in these texts");
+        }
+}
+
+/* The grant and the position replies are written straight as text: the bytes of the tree's serialization. */
+static void test_text_writes_what_serialize_writes(void **state) {
+        const char *texts[] = {
+                "{}", "[]", "{\"a\":[]}", "[{},[[]],{\"\":{}}]",
+                "{\"state\":\"granted\",\"lease\":{\"id\":\"0123456789abcdef0123456789abcdef\",\"token\":7,"
+                "\"pool\":\"p\",\"slots\":[0,3],\"lane\":\"L\",\"uid\":1000,\"pid\":42,\"grantedAt\":1796170482098492,"
+                "\"detached\":false,\"members\":[\"a\",\"\"],\"job\":\"j\\n\\\"x\\u0001\",\"commandPid\":43}}",
+                "{\"lease\":\"b7c0\\u00e9\\u2603\\ud83d\\ude00é/x\",\"t\":true,\"f\":false}",
+                "{\"min\":-9223372036854775808,\"max\":9223372036854775807,\"zero\":0,\"neg\":-1,\"ten\":10}",
+                "{\"esc\":\"\\u001f\\u007f\\b\\f\\n\\r\\t\\\"\\\\\\/\"}",
+                "{\"z\":1,\"a\":2,\"m\":{\"y\":[1,\"2\",[3]],\"b\":{}}}",
+        };
+
+        for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+                json_error_t error;
+                _cleanup_(json_decrefp) json_t *v = json_loads(texts[i], JSON_DECODE_ANY, &error);
+                assert_non_null(v);
+                _cleanup_free_ char *expected = NULL;
+                size_t n;
+                assert_int_equal(json_format(v, &expected, &n), 0);
+
+                _cleanup_(json_text_done) JsonText t;
+                json_text_init(&t);
+                text_write_tree(&t, v);
+                assert_int_equal(json_text_result(&t), 0);
+                assert_int_equal(t.size, n);
+                assert_memory_equal(t.data, expected, n);
+        }
+
+        /* Past the inline buffer: the text moves to the heap and stays whole. */
+        _cleanup_(json_decrefp) json_t *a = json_array();
+        for (int i = 0; i < 500; i++)
+                assert_int_equal(json_array_append_new(a, json_string("0123456789\"abcdef")), 0);
+        _cleanup_free_ char *expected = NULL;
+        size_t n;
+        assert_int_equal(json_format(a, &expected, &n), 0);
+        _cleanup_(json_text_done) JsonText t;
+        json_text_init(&t);
+        text_write_tree(&t, a);
+        assert_int_equal(json_text_result(&t), 0);
+        assert_int_equal(t.size, n);
+        assert_memory_equal(t.data, expected, n);
+}
+
+static void test_text_refuses_what_the_tree_refused(void **state) {
+        _cleanup_(json_text_done) JsonText t;
+
+        /* Not UTF-8: json_string() refused it, so the grant's tree could not be made. */
+        json_text_init(&t);
+        json_text_open(&t, '{');
+        json_text_key(&t, "job");
+        json_text_string(&t, "\xff\xfe");
+        json_text_close(&t, '}');
+        assert_int_equal(json_text_result(&t), -EINVAL);
+        json_text_done(&t);
+
+        json_text_init(&t);
+        json_text_open(&t, '{');
+        json_text_key(&t, "job");
+        json_text_string(&t, NULL);
+        json_text_close(&t, '}');
+        assert_int_equal(json_text_result(&t), -EINVAL);
+        json_text_done(&t);
+
+        /* Unfinished. */
+        json_text_init(&t);
+        json_text_open(&t, '{');
+        json_text_key(&t, "a");
+        assert_int_equal(json_text_result(&t), -EINVAL);
+        json_text_done(&t);
+
+        /* Too deep; a close too many. */
+        json_text_init(&t);
+        for (int i = 0; i < 65; i++)
+                json_text_open(&t, '[');
+        assert_int_equal(json_text_result(&t), -ELOOP);
+        json_text_done(&t);
+        json_text_init(&t);
+        json_text_close(&t, '}');
+        assert_int_equal(json_text_result(&t), -EINVAL);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_dispatch_stores_every_type),
@@ -591,6 +745,8 @@ int main(void) {
                 cmocka_unit_test(test_dispatch_replaces_previous_strv),
                 cmocka_unit_test(test_dispatch_takes_null_object_as_empty),
                 cmocka_unit_test(test_dispatch_refuses_non_object),
+                cmocka_unit_test(test_dispatch_matches_keys_by_their_length),
+                cmocka_unit_test(test_dispatch_reads_a_long_table),
                 cmocka_unit_test(test_parse_object_refuses_malformed_json),
                 cmocka_unit_test(test_parse_object_refuses_non_object),
                 cmocka_unit_test(test_parse_object_refuses_duplicate_keys),
@@ -604,6 +760,8 @@ int main(void) {
                 cmocka_unit_test(test_serialize_writes_what_jansson_writes),
                 cmocka_unit_test(test_serialize_batches_long_text_and_stops_on_sink_error),
                 cmocka_unit_test(test_serialize_refuses_a_cycle),
+                cmocka_unit_test(test_text_writes_what_serialize_writes),
+                cmocka_unit_test(test_text_refuses_what_the_tree_refused),
                 cmocka_unit_test(test_parse_accepts_and_refuses_what_jansson_does),
                 cmocka_unit_test(test_parse_agrees_with_jansson_on_mutated_messages),
         };

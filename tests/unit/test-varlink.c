@@ -378,6 +378,13 @@ static void test_stream_call_and_reply_write_what_the_formatters_write(void **st
                         assert_int_equal(varlink_reply_format(with ? p : NULL, f, &text, &n), 0);
                         assert_int_equal(varlink_stream_reply(&s, with ? p : NULL, f), 0);
                         assert_stream_bytes(&s, sv[1], text, n);
+                        /* The same parameters as text already written (the grant's reply). */
+                        _cleanup_free_ char *params = NULL;
+                        size_t np = 2;
+                        if (with)
+                                assert_int_equal(json_format(p, &params, &np), 0);
+                        assert_int_equal(varlink_stream_reply_text(&s, with ? params : "{}", np, f), 0);
+                        assert_stream_bytes(&s, sv[1], text, n);
                 }
 
         /* What the builders refuse, they still refuse, and nothing is queued. */
@@ -387,6 +394,9 @@ static void test_stream_call_and_reply_write_what_the_formatters_write(void **st
         assert_int_equal(varlink_stream_call(&s, "a.b.C", array, 0), -EINVAL);
         assert_int_equal(varlink_stream_reply(&s, array, 0), -EINVAL);
         assert_int_equal(varlink_stream_reply(&s, NULL, 1 << 5), -EINVAL);
+        assert_int_equal(varlink_stream_reply_text(&s, "[]", 2, 0), -EINVAL);
+        assert_int_equal(varlink_stream_reply_text(&s, "{\"a\":\"\0\"}", 8, 0), -EINVAL);
+        assert_int_equal(varlink_stream_reply_text(&s, "{}", 2, 1 << 5), -EINVAL);
         assert_int_equal(s.output.pending, 0);
         varlink_stream_done(&s);
         safe_close(sv[0]);
