@@ -32,7 +32,7 @@ local function keys_of(p)
                 busy = p .. ':busy', sid = p .. ':sid', h = p .. ':h', dm = p .. ':dm', w = p .. ':w',
                 dl = p .. ':dl', rid = p .. ':rid', nodes = p .. ':nodes', prios = p .. ':prios',
                 reaping = p .. ':reaping', rekey = p .. ':rekey', recovering = p .. ':recovering',
-                orph = p .. ':orph',
+                orph = p .. ':orph', lv = p .. ':lv',
         }
         if KEYS_OF_N >= KEYS_OF_MAX then KEYS_OF, KEYS_OF_N = {}, 0 end
         KEYS_OF[p], KEYS_OF_N = k, KEYS_OF_N + 1
@@ -840,27 +840,41 @@ local function live_deadline(n)
         return now + (at + pool_ttl() - bnow)
 end
 
--- A registration's deadline: its score, or later when its node's live key covers it (nil: none).
+-- A registration's deadline (nil: none). A finite score is its own. A score of +inf marks one that a live
+-- key covers (the renewal set it: a reader of a version before it never reaps it, so a fleet upgraded node
+-- by node stays safe), whose deadline is the later of its score in {sb:P}:lv and its live key's.
 local function node_deadline(n)
-        local d = tonumber(redis.call('ZSCORE', K.nodes, n) or '')
-        if not d then return nil end
+        local s = redis.call('ZSCORE', K.nodes, n)
+        if not s then return nil end
+        if s ~= 'inf' then return tonumber(s) end
+        local d = tonumber(redis.call('ZSCORE', K.lv, n) or '') or 0
         local l = live_deadline(n)
         if l and l > d then return l end
         return d
 end
 
--- Registrations that lapse within half a TTL and that a live key covers are re-scored to its deadline,
--- a page a call, all of them at once (not lazily one by one as each lapses): every node's next_wakeup is
--- then at least half a TTL ahead while the pool's nodes renew, rather than every node ticking at each
--- lapse. A lapsed registration that no live key covers keeps its score: it is reaped at it (reap()).
+-- Covered registrations whose lv score falls within half a TTL are re-scored from their live keys, a page
+-- a call, all of them at once (not lazily one by one as each lapses): every node's next_wakeup is then at
+-- least half a TTL ahead while the pool's nodes renew, rather than every node ticking at each lapse. One
+-- whose live key covers it no more keeps its score: it is reaped at it (reap()).
 local function registrations_extend()
         if not bnow then return end
         local horizon = now + math.floor(pool_ttl() / 2)
-        local due = redis.call('ZRANGEBYSCORE', K.nodes, '-inf', horizon, 'WITHSCORES', 'LIMIT', 0, EXTEND_PAGE)
+        local due = redis.call('ZRANGEBYSCORE', K.lv, '-inf', horizon, 'WITHSCORES', 'LIMIT', 0, EXTEND_PAGE)
         local reaping = #due > 0 and redis.call('HGET', K.reaping, 'node')
         for i = 1, #due, 2 do
                 local l = due[i] ~= reaping and live_deadline(due[i])
-                if l and l > tonumber(due[i + 1]) then redis.call('ZADD', K.nodes, 'XX', l, due[i]) end
+                if l and l > tonumber(due[i + 1]) then redis.call('ZADD', K.lv, 'XX', l, due[i]) end
+        end
+end
+
+-- lv lost (by hand; it is not counted by the integrity checks): a covered registration without its lv score
+-- gets one TTL from now (late, the safe way: its live key decides from then on). O(1) unless one is missing.
+local function registrations_repair()
+        local covered = redis.call('ZCOUNT', K.nodes, '+inf', '+inf')
+        if covered == 0 or covered == redis.call('ZCARD', K.lv) then return end
+        for _, n in ipairs(redis.call('ZRANGEBYSCORE', K.nodes, '+inf', '+inf')) do
+                redis.call('ZADD', K.lv, 'NX', now + pool_ttl(), n)
         end
 end
 
@@ -897,6 +911,7 @@ local function reap_page(dead)
         redis.call('DEL', k_node(dead), k_records(dead), k_stream(dead), K.reaping)
         fp_delta[dead] = nil
         meta_incr('nodes', -redis.call('ZREM', K.nodes, dead))
+        redis.call('ZREM', K.lv, dead)
         notices[#notices + 1] = { 'node-expired', dead, name, n_leases, n_waiters }
         return true
 end
@@ -904,19 +919,27 @@ end
 -- A dead node's records, one page per call (memo §3.8): its leases end, its waiters go silently (their
 -- clients were that node's). Returns true when no dead node is left at t.
 local function reap(t)
-        local extended = 0
+        local looked = 0
         while true do
                 local dead = redis.call('ZRANGEBYSCORE', K.nodes, '-inf', t, 'LIMIT', 0, 1)[1]
-                if not dead then return true end
-                -- A registration its live key still covers is re-scored, not reaped.
-                local l = live_deadline(dead)
-                if l and l > t and redis.call('HGET', K.reaping, 'node') ~= dead then
-                        if extended >= EXTEND_PAGE then return false end
-                        extended = extended + 1
-                        redis.call('ZADD', K.nodes, 'XX', l, dead)
-                elseif not reap_page(dead) then
-                        return false
+                if not dead then
+                        -- A covered registration (score +inf) whose lv score lapsed: re-scored while its live
+                        -- key covers it, reaped once not; an lv entry of a registration not covered any more
+                        -- (or gone) is dropped (its own score decides).
+                        local c = redis.call('ZRANGEBYSCORE', K.lv, '-inf', t, 'LIMIT', 0, 1)[1]
+                        if not c then return true end
+                        if looked >= EXTEND_PAGE then return false end
+                        looked = looked + 1
+                        local l = redis.call('HGET', K.reaping, 'node') ~= c and live_deadline(c)
+                        if redis.call('ZSCORE', K.nodes, c) ~= 'inf' then
+                                redis.call('ZREM', K.lv, c)
+                        elseif l and l > t then
+                                redis.call('ZADD', K.lv, 'XX', l, c)
+                        else
+                                dead = c
+                        end
                 end
+                if dead and not reap_page(dead) then return false end
         end
 end
 
@@ -966,11 +989,12 @@ local function next_due(for_caller)
                 if v and (not t or v < t) then t = v end
         end
         consider(tonumber(redis.call('ZRANGE', K.dl, 0, 0, 'WITHSCORES')[2]))
-        local first = redis.call('ZRANGE', K.nodes, 0, 1, 'WITHSCORES')
-        if for_caller and first[1] == NODE then
-                consider(tonumber(first[4]))
-        else
-                consider(tonumber(first[2]))
+        -- Registrations: finite scores in nodes, covered ones (+inf there) by their lv scores.
+        for _, key in ipairs({ K.nodes, K.lv }) do
+                local first = redis.call('ZRANGE', key, 0, 1, 'WITHSCORES')
+                local v = tonumber(first[2])
+                if for_caller and first[1] == NODE then v = tonumber(first[4]) end
+                if v ~= INF then consider(v) end
         end
         if M.recovery_until > 0 then consider(M.recovery_until) end
         consider(tonumber(redis.call('ZRANGE', K.orph, 0, 0, 'WITHSCORES')[2]))
@@ -1181,7 +1205,10 @@ local function prelude_begin(create)
                         if not R.canon and not create then return reply('unregistered') end -- a tick stores them
                 end
         end
-        if M.epoch and R.canon then registrations_extend() end
+        if M.epoch and R.canon and bnow then
+                registrations_repair()
+                registrations_extend()
+        end
         return nil
 end
 

@@ -26,6 +26,15 @@
 
 local RENEW_POOLS_MAX = 1024
 
+-- Pool p's clock now, or later: its last call's skew without the backend's gap since (which could only make
+-- it earlier), and after its last now.
+local function pool_now_bound(p)
+        local c = redis.call('HMGET', p .. ':clock', 'last_now', 'skew')
+        local last_now, skew = tonumber(c[1] or ''), tonumber(c[2] or '')
+        if not last_now or not skew then return INF end
+        return math.max(raw_time - skew, last_now + 1)
+end
+
 local function renew()
         local function refuse(status, body) return { status, bnow or 0, body or {}, {}, {}, {} } end
         if ARGV[1] ~= tostring(VERSION) then return refuse('version', { VERSION }) end
@@ -62,14 +71,22 @@ local function renew()
                 if #p <= 300 and string.match(p, '^{sb:[^{}]+}$') and
                    redis.call('HGET', p .. ':node:' .. NODE, 'inc') == INCARNATION then
                         local pttl = int_of(redis.call('HGET', p .. ':rules', 'backend-node-ttl')) or 30 * USEC_PER_SEC
-                        if mine and o_at and o_at + pttl > bnow and string.find(o_pools, ',' .. p .. ',', 1, true) then
+                        local score = redis.call('ZSCORE', p .. ':nodes', NODE)
+                        if score == 'inf' then
+                                -- Covered already: live without a break by the previous key, or by its lv score.
+                                yes = mine and o_at and o_at + pttl > bnow and
+                                      string.find(o_pools, ',' .. p .. ',', 1, true) ~= nil
+                                if not yes then
+                                        local lv = tonumber(redis.call('ZSCORE', p .. ':lv', NODE) or '')
+                                        yes = lv ~= nil and lv > pool_now_bound(p)
+                                end
+                        elseif score and redis.call('HGET', p .. ':meta', 'clock_mode') == 'redis' and
+                               tonumber(score) > pool_now_bound(p) then
+                                -- Registered by its tick: covered from now on. Its score becomes +inf, which a
+                                -- reader of a version before the live keys never reaps; its deadline moves to lv.
+                                redis.call('ZADD', p .. ':lv', tonumber(score), NODE)
+                                redis.call('ZADD', p .. ':nodes', 'XX', '+inf', NODE)
                                 yes = true
-                        elseif redis.call('HGET', p .. ':meta', 'clock_mode') == 'redis' then
-                                local score = tonumber(redis.call('ZSCORE', p .. ':nodes', NODE) or '')
-                                local c = redis.call('HMGET', p .. ':clock', 'last_now', 'skew')
-                                local last_now, skew = tonumber(c[1] or ''), tonumber(c[2] or '')
-                                yes = score ~= nil and last_now ~= nil and skew ~= nil and
-                                      score > math.max(raw_time - skew, last_now + 1)
                         end
                         if yes and pttl > ttl then ttl = math.min(pttl, LIVE_TTL_MAX) end
                 end

@@ -1628,6 +1628,11 @@ static void test_a_renewing_node_is_kept_and_a_silent_one_lapses_at_its_ttl(void
         assert_int_equal(t->element[R_NOTICES]->elements, 0);
         /* Live nodes: both. */
         assert_int_equal(body(t)->element[7]->integer, 2);
+        /* n2's registration is covered: +inf in nodes, which a reader of a version before the live keys
+         * (ZRANGEBYSCORE nodes -inf t) never reaps; its deadline is in lv. */
+        redisReply *z = redisCommand(redis, "ZSCORE " POOL ":nodes n2");
+        assert_string_equal(z->str, "inf");
+        freeReplyObject(z);
         /* The registrations covered were re-scored ahead: no next_wakeup within half a TTL. */
         assert_true(cache(t, C_NEXT_WAKEUP) < 0 || cache(t, C_NEXT_WAKEUP) > t->element[R_NOW]->integer + 1000000);
         freeReplyObject(t);
@@ -1761,11 +1766,14 @@ static void test_bad_live_keys_cover_nothing_and_break_nothing(void **state) {
         /* An `at` far ahead, under the registered incarnation: as if renewed now, no more. */
         t = live_tick(LIVE_N2, "n2", CANON_LIVE);
         freeReplyObject(t);
-        freeReplyObject(redisCommand(redis, "HSET sb:live:n2 inc bbbbbbbbbbbbbbbb at 99999999999999999 cid x pools ,{sb:p}, ttl 2000000"));
+        live_renew_ok(LIVE_N2, "sb:live:n2", 1);
+        freeReplyObject(redisCommand(redis, "HSET sb:live:n2 at 99999999999999999 cid x"));
+        freeReplyObject(redisCommand(redis, "ZADD " POOL ":lv 0 n2")); /* lapsed: re-scored from the key */
         t = live_tick(LIVE_N1, "n1", "=");
         assert_string_equal(status(t), "ok");
+        assert_int_equal(expired_in(t, "n2"), 0);
         freeReplyObject(t);
-        redisReply *score = redisCommand(redis, "ZSCORE " POOL ":nodes n2");
+        redisReply *score = redisCommand(redis, "ZSCORE " POOL ":lv n2");
         redisReply *now = redisCommand(redis, "HGET " POOL ":clock last_now");
         assert_true(strtoll(score->str, NULL, 10) <= strtoll(now->str, NULL, 10) + 2 * SEC);
         freeReplyObject(score);
