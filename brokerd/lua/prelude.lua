@@ -218,28 +218,37 @@ end
 -- (missing, deleted by hand, of another type, garbage) is made anew under a new id: no pool takes a skew
 -- of another id for its own, and no live key's `at` of another id counts for more than "renewed now".
 local function backend_clock()
+        bnow, bclock_id, bskew = nil, nil, nil
         local ok, c = pcall(redis.call, 'HMGET', BCLOCK_KEY, 'last_time', 'last_now', 'skew', 'id')
+        -- An error other than another type (an ACL that lets brokerd's user at {sb:* only): no backend
+        -- clock, the pool's own rule, and no live key counts.
+        if not ok and not string.find(tostring(c.err or c), 'WRONGTYPE', 1, true) then return end
         local last_time, last_now, skew, id
         if ok then last_time, last_now, skew, id = int_of(c[1]), int_of(c[2]), int_of(c[3]), c[4] end
         if not (last_time and last_now and skew and type(id) == 'string' and #id <= 32) then
-                if not ok then redis.call('DEL', BCLOCK_KEY) end
+                if not ok and not pcall(redis.call, 'DEL', BCLOCK_KEY) then return end
+                if not pcall(redis.call, 'HSET', BCLOCK_KEY, 'last_time', raw_time, 'last_now', raw_time,
+                             'skew', 0, 'id', istr(raw_time)) then
+                        return
+                end
                 bclock_id, bskew, bnow = istr(raw_time), 0, raw_time
-                redis.call('HSET', BCLOCK_KEY, 'last_time', raw_time, 'last_now', bnow, 'skew', 0, 'id', bclock_id)
                 return
         end
-        bclock_id = id
+        local b = raw_time - skew
         if raw_time < last_time or raw_time - last_time >= USEC_PER_SEC then
                 if raw_time - last_time > CLOCK_GAP then skew = skew + (raw_time - last_time) - USEC_PER_SEC end
-                bnow = raw_time - skew
-                if bnow <= last_now then
-                        bnow = last_now + 1
-                        skew = raw_time - bnow
+                b = raw_time - skew
+                if b <= last_now then
+                        b = last_now + 1
+                        skew = raw_time - b
                 end
-                redis.call('HSET', BCLOCK_KEY, 'last_time', raw_time, 'last_now', bnow, 'skew', skew)
-        else
-                bnow = math.max(raw_time - skew, last_now)
+                if not pcall(redis.call, 'HSET', BCLOCK_KEY, 'last_time', raw_time, 'last_now', b, 'skew', skew) then
+                        return
+                end
+        elseif b < last_now then
+                b = last_now
         end
-        bskew = skew
+        bclock_id, bskew, bnow = id, skew, b
 end
 
 -- The pool clock (memo §4.6): Redis's TIME minus a skew that absorbs gaps (no node reached Redis: time
@@ -264,7 +273,7 @@ local function clock(manual)
         end
         backend_clock()
         local pbskew = int_of(c[5])
-        if last_time and c[4] == bclock_id and pbskew and bskew >= pbskew then
+        if last_time and bnow and c[4] == bclock_id and pbskew and bskew >= pbskew then
                 skew = skew + (bskew - pbskew)
         elseif last_time and raw_time - last_time > CLOCK_GAP then
                 skew = skew + (raw_time - last_time) - USEC_PER_SEC
@@ -274,8 +283,12 @@ local function clock(manual)
                 now = last_now + 1
                 skew = raw_time - now
         end
-        redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew, 'bid', bclock_id,
-                   'bskew', bskew)
+        if bnow then
+                redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew, 'bid', bclock_id,
+                           'bskew', bskew)
+        else
+                redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew)
+        end
         return true
 end
 

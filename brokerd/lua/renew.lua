@@ -48,6 +48,7 @@ local function renew()
         local tm = redis.call('TIME')
         raw_time = tonumber(tm[1]) * USEC_PER_SEC + tonumber(tm[2])
         backend_clock()
+        if not bnow then return refuse('invalid') end -- sb:clock out of reach (an ACL): no renewal
 
         -- The key as it is: anyone may have written it (another type, garbage, a clone's).
         local ok, old = pcall(redis.call, 'HMGET', key, 'inc', 'at', 'cid', 'ttl', 'pools')

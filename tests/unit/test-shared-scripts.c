@@ -1827,6 +1827,31 @@ static void test_live_keys_lost_fall_back_to_the_registrations(void **state) {
         freeReplyObject(z);
 }
 
+/* A user whose ACL reaches the pools' keys only (~{sb:*, brokerd.conf(5)'s example before the live keys):
+ * the pools work as before (their own clock rule, no coverage), a renewal is an error. */
+static void test_an_acl_of_the_pools_keys_only_keeps_the_pools_working(void **state) {
+        freeReplyObject(redisCommand(redis, "ACL SETUSER narrow on nopass ~{sb:* resetchannels +@all"));
+        redisContext *saved = redis;
+        redis = redisConnectUnix(server.socket_path);
+        assert_non_null(redis);
+        redisReply *a = redisCommand(redis, "AUTH narrow x");
+        assert_int_equal(a->type, REDIS_REPLY_STATUS);
+        freeReplyObject(a);
+        redisReply *t = live_tick(LIVE_N1, "n1", CANON_LIVE);
+        assert_string_equal(status(t), "ok");
+        freeReplyObject(t);
+        msleep(300);
+        t = live_tick(LIVE_N1, "n1", "=");
+        assert_string_equal(status(t), "ok");
+        freeReplyObject(t);
+        a = redisCommand(redis, "FCALL %s 1 sb:live:n1 1 %s - run1 1 " LIVE_TTL " " POOL, shared_function_renew, LIVE_N1);
+        assert_int_equal(a->type, REDIS_REPLY_ERROR);
+        freeReplyObject(a);
+        redisFree(redis);
+        redis = saved;
+        freeReplyObject(redisCommand(redis, "ACL DELUSER narrow"));
+}
+
 /* ---- the scripts against pool-local.c itself ----
  *
  * The same random sequence of requests, releases, withdrawals and drains, instant by instant, through
@@ -2325,6 +2350,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_clones_renewal_is_refused_and_reaps_nothing),
                 T(test_bad_live_keys_cover_nothing_and_break_nothing),
                 T(test_live_keys_lost_fall_back_to_the_registrations),
+                T(test_an_acl_of_the_pools_keys_only_keeps_the_pools_working),
 #undef T
         };
         int r;
