@@ -7,12 +7,16 @@ redis-server, three shared pools each.
   its lease held; its pools are not ticked every second (ticks and renewals counted by the commands only
   each of them runs, in INFO commandstats: XREVRANGE a tick, PEXPIRE a renewal);
 - a node killed (SIGKILL) while it renews loses its slot at its TTL (+ 2 s), no sooner than a TTL after its
-  last renewal less a second: the other node's waiter is granted then.
+  last renewal less a second: the other node's waiter is granted then;
+- with $SLOTBROKER_OLD_BROKERD (a build from before the live keys, as test-shared-upgrade takes it): a node
+  of that version ticking every second beside an idle node of this one never reaps it (a covered
+  registration scores +inf), over several TTLs; skipped without it.
 
 Skipped (77) without redis-server.
 
 Usage: test-shared-liveness.py BROKERD [unittest arguments]
 """
+import os
 import shutil
 import sys
 import tempfile
@@ -89,6 +93,23 @@ class TestLiveness(harness.BrokerTestCase):
         self.assertTrue(held.granted)
         holders = wait_for(lambda: a.status().get("otherHolders"), timeout=10, message="A to list B's holder")
         self.assertEqual([(h["node"], h["pool"]) for h in holders], [("node-b", "s0")])
+
+    def test_a_node_of_the_version_before_never_reaps_an_idle_one(self):
+        old = os.environ.get("SLOTBROKER_OLD_BROKERD")
+        if not old:
+            self.skipTest("$SLOTBROKER_OLD_BROKERD is not set (a brokerd from before the live keys)")
+        url = self.redis.url()
+        a = self.broker(config(url, "node-old"), "liveness-old", brokerd=old)
+        b = self.broker(config(url, "node-new"), "liveness-new")
+        held = self.acquire(b, "l0")
+        held.until_granted(timeout=TTL + 20)
+        wait_for(lambda: self.renewing(1), timeout=TTL + 20, message="the new node's renewals to cover its pools")
+        time.sleep(3 * TTL)  # the time measured: the old node ticks every second meanwhile
+        self.assertIsNone(held.conn.poll(0.0), "the new node's lease ended")
+        holders = wait_for(lambda: a.status().get("otherHolders"), timeout=10, message="the old node to list it")
+        self.assertEqual([(h["node"], h["pool"]) for h in holders], [("node-new", "s0")])
+        self.assertEqual(self.redis.call("ZSCORE", "{sb:s0}:nodes", self.redis.call("KEYS", "sb:live:*")[0][8:]),
+                         "inf")
 
     def test_a_node_killed_loses_its_slot_at_its_ttl(self):
         a, b, held = self.two_nodes_b_holding()
