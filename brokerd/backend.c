@@ -2,6 +2,7 @@
 #include "backend.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,7 @@ typedef struct BackendPool {
 } BackendPool;
 
 typedef struct InFlight InFlight;
+typedef struct Renewal Renewal;
 
 struct Backend {
         BackendTable *table;
@@ -55,6 +57,22 @@ struct Backend {
         sd_event_source *read_retry;    /* after an error reply to XREAD: not a busy loop */
         bool reading;                   /* an XREAD is in flight */
         InFlight *in_flight;            /* script calls sent and not answered: ours to free */
+        /* Liveness per node (brokerd/lua/README, "Liveness per node"): one renewal a heartbeat for the pools
+         * that registered this incarnation, at most one in flight (ours to free). */
+        sd_event_source *renew_timer;   /* CLOCK_MONOTONIC, every HEARTBEAT */
+        const char *renew_function;     /* FCALL's name of "renew" in the library */
+        char *renew_key;                /* "sb:live:NODE" */
+        char *node_arg;                 /* ARGV[2]: "NODE/INCARNATION/PREVIOUS,…" */
+        Renewal *renewal;
+        bool renew_refused;             /* the last renewal was refused "identity": told once */
+};
+
+/* A renewal sent: the pools it named (by serial: one may be freed meanwhile), and when. */
+struct Renewal {
+        Backend *backend;
+        usec_t sent_boot;
+        size_t n;
+        uint64_t serials[];
 };
 
 /* What a reply callback needs to find its pool again. The Backend owns it, not the link: a freed link
@@ -261,6 +279,100 @@ static void backend_send_calls(Backend *b, BackendPool *bp) {
         }
 }
 
+/* ---- liveness per node: the renewal ---- */
+
+static void on_renew_reply(RedisLink *link, int error, const redisReply *reply, void *userdata) {
+        Renewal *rn = userdata;
+        Backend *b = rn->backend;
+        b->renewal = NULL;
+        backend_fence_check(b);
+        /* { status, backend clock, { covered (1/0) per pool named }, {}, {}, {} }: anything else covers none. */
+        const redisReply *covered = NULL;
+        bool ok = false, refused = false;
+        if (error == 0 && reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 6 &&
+            reply->element[0]->type == REDIS_REPLY_STRING) {
+                ok = streq(reply->element[0]->str, "ok");
+                refused = streq(reply->element[0]->str, "identity");
+                if (ok && reply->element[2]->type == REDIS_REPLY_ARRAY && reply->element[2]->elements == rn->n)
+                        covered = reply->element[2];
+        }
+        if (refused != b->renew_refused) {
+                b->renew_refused = refused;
+                if (refused)
+                        log_warning("Backend %s: another live process renews under this node id; this one's pools "
+                                    "heartbeat on their own.", b->url);
+        }
+        usec_t now = now_monotonic();
+        for (size_t i = 0; i < rn->n; i++) {
+                BackendPool *bp = backend_find_serial(b, rn->serials[i]);
+                if (!bp)
+                        continue; /* the pool went away meanwhile */
+                bool yes = covered && covered->element[i]->type == REDIS_REPLY_INTEGER &&
+                           covered->element[i]->integer == 1;
+                pool_shared_renewed(bp->pool, yes, rn->sent_boot, now);
+        }
+        free(rn);
+        backend_after(b);
+}
+
+/* One FCALL for every pool whose last tick Redis answered for this incarnation: the pools it covers tick
+ * only when they have something to do (pool-shared.c, heartbeat_due()). None in the manual clock mode. */
+static void backend_renew(Backend *b) {
+        if (b->renewal || !b->renew_function || !b->renew_key || b->table->manual_clock ||
+            redis_link_get_state(b->commands) != REDIS_LINK_UP)
+                return;
+        size_t n = 0;
+        for (size_t i = 0; i < b->n_pools; i++)
+                if (pool_shared_renewable(b->pools[i]->pool))
+                        n++;
+        if (n == 0)
+                return;
+        Renewal *rn = calloc(1, sizeof(Renewal) + n * sizeof(uint64_t));
+        _cleanup_free_ const char **argv = calloc(n + 7, sizeof(char *));
+        _cleanup_free_ size_t *argvlen = calloc(n + 7, sizeof(size_t));
+        if (!rn || !argv || !argvlen) {
+                free(rn);
+                log_oom(); /* the pools heartbeat on their own meanwhile */
+                return;
+        }
+        usec_t ttl = 0;
+        char ttl_s[32];
+        size_t argc = 0;
+        argv[argc++] = b->renew_key;
+        argv[argc++] = "1";
+        argv[argc++] = b->node_arg;
+        argv[argc++] = "-";
+        argv[argc++] = redis_link_get_run_id(b->commands) ?: "";
+        argv[argc++] = "1";
+        argv[argc++] = ttl_s;
+        for (size_t i = 0; i < b->n_pools; i++)
+                if (pool_shared_renewable(b->pools[i]->pool)) {
+                        rn->serials[rn->n++] = b->pools[i]->serial;
+                        argv[argc++] = pool_shared_key(b->pools[i]->pool);
+                        ttl = MAX(ttl, b->pools[i]->params.node_ttl);
+                }
+        (void) snprintf(ttl_s, sizeof ttl_s, "%" PRIu64, (uint64_t) ttl);
+        for (size_t i = 0; i < argc; i++)
+                argvlen[i] = strlen(argv[i]);
+        rn->backend = b;
+        rn->sent_boot = now_boottime();
+        /* The key is KEYS[1]; the head and the pools are ARGV. */
+        int r = redis_link_fcall(b->commands, b->renew_function, on_renew_reply, rn, 1, (int) argc, argv, argvlen);
+        if (r < 0) {
+                free(rn);
+                return;
+        }
+        b->renewal = rn;
+}
+
+static int on_renew_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        Backend *b = userdata;
+        (void) sd_event_source_set_time(s, now_monotonic() + HEARTBEAT); /* not usec + …: no catching up */
+        (void) sd_event_source_set_enabled(s, SD_EVENT_ONESHOT);
+        backend_renew(b);
+        return 0;
+}
+
 static int on_flush(sd_event_source *s, void *userdata) {
         Backend *b = userdata;
         for (size_t i = 0; i < b->n_pools; i++)
@@ -459,6 +571,10 @@ static Backend *backend_free(Backend *b) {
         redis_link_free(b->reader);
         while (b->in_flight)
                 in_flight_free(b->in_flight);
+        free(b->renewal); /* the link that held it is freed: no callback */
+        sd_event_source_disable_unref(b->renew_timer);
+        free(b->renew_key);
+        free(b->node_arg);
         sd_event_source_disable_unref(b->flush);
         sd_event_source_disable_unref(b->fence_timer);
         sd_event_source_disable_unref(b->read_retry);
@@ -495,6 +611,17 @@ static int backend_new(BackendTable *t, const PoolConfig *pc, Backend **ret) {
                 r = sd_event_add_time(t->event, &b->fence_timer, CLOCK_BOOTTIME, USEC_INFINITY, 1, on_fence_timer, b);
         if (r >= 0)
                 r = sd_event_add_time(t->event, &b->read_retry, CLOCK_MONOTONIC, USEC_INFINITY, 1, on_read_retry, b);
+        if (r >= 0)
+                r = sd_event_add_time_relative(t->event, &b->renew_timer, CLOCK_MONOTONIC, HEARTBEAT, 1, on_renew_timer, b);
+        if (r >= 0 && t->node->identity) {
+                if (asprintf(&b->renew_key, "sb:live:%s", t->node->id) < 0) {
+                        b->renew_key = NULL;
+                        r = -ENOMEM;
+                } else if (asprintf(&b->node_arg, "%s/%s", t->node->id, t->node->identity) < 0) {
+                        b->node_arg = NULL;
+                        r = -ENOMEM;
+                }
+        }
         if (r >= 0) {
                 (void) sd_event_source_set_enabled(b->flush, SD_EVENT_OFF);
                 (void) sd_event_source_set_enabled(b->fence_timer, SD_EVENT_OFF);
@@ -542,6 +669,9 @@ static int backend_new(BackendTable *t, const PoolConfig *pc, Backend **ret) {
                 b->functions[s] = text ? text->function : NULL;
                 r = text ? 0 : -ENOENT;
         }
+        for (size_t i = 0; r >= 0 && i < shared_scripts_n; i++)
+                if (streq(shared_scripts[i].name, "renew"))
+                        b->renew_function = shared_scripts[i].function;
         if (r < 0) {
                 backend_free(b);
                 return r;

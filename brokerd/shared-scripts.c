@@ -10,5 +10,6 @@ const SharedScriptText shared_scripts[] = {
         { "reclaim", shared_script_reclaim, shared_function_reclaim },
         { "drain", shared_script_drain, shared_function_drain },
         { "positions", shared_script_positions, shared_function_positions },
+        { "renew", shared_script_renew, shared_function_renew },
 };
 const size_t shared_scripts_n = sizeof shared_scripts / sizeof shared_scripts[0];

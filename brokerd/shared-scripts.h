@@ -20,6 +20,7 @@ extern const char shared_script_tick[];
 extern const char shared_script_reclaim[];
 extern const char shared_script_drain[];
 extern const char shared_script_positions[];
+extern const char shared_script_renew[];
 
 /* The library ("#!lua name=slotbroker_DIGEST" …, NUL-terminated), its name, and its functions' names:
  * DIGEST is of the text, so another build's library has other names (brokerd/lua/README). */
@@ -32,6 +33,7 @@ extern const char shared_function_tick[];
 extern const char shared_function_reclaim[];
 extern const char shared_function_drain[];
 extern const char shared_function_positions[];
+extern const char shared_function_renew[];
 
 /* Every operation, in a fixed order; n is the count. */
 extern const SharedScriptText shared_scripts[];

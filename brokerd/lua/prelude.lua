@@ -32,7 +32,7 @@ local function keys_of(p)
                 busy = p .. ':busy', sid = p .. ':sid', h = p .. ':h', dm = p .. ':dm', w = p .. ':w',
                 dl = p .. ':dl', rid = p .. ':rid', nodes = p .. ':nodes', prios = p .. ':prios',
                 reaping = p .. ':reaping', rekey = p .. ':rekey', recovering = p .. ':recovering',
-                orph = p .. ':orph',
+                orph = p .. ':orph', lv = p .. ':lv',
         }
         if KEYS_OF_N >= KEYS_OF_MAX then KEYS_OF, KEYS_OF_N = {}, 0 end
         KEYS_OF[p], KEYS_OF_N = k, KEYS_OF_N + 1
@@ -58,6 +58,14 @@ local STREAM_MAXLEN = 4096
 local REFUSED_OUTCOME_MS = 10000
 local USEC_PER_SEC = 1000000
 local CLOCK_GAP = 2 * USEC_PER_SEC
+-- Liveness per node (README, "Liveness per node"): keys outside the pool's hash tag, one per backend and one
+-- per node (Redis Cluster is out of scope: a script may read and write an undeclared key outside it).
+local BCLOCK_KEY = 'sb:clock'
+local LIVE_PREFIX = 'sb:live:'
+local LIVE_KEEP = 3600 * USEC_PER_SEC -- a live key outlives its coverage by this much (PX: garbage only)
+local LIVE_TTL_MAX = 86400 * USEC_PER_SEC
+local LIVE_POOLS_MAX = 65536   -- bytes of a live key's pool list that a reader looks through
+local EXTEND_PAGE = 64         -- registrations re-scored from their live keys per call
 local RECOVERY_MIN = USEC_PER_SEC  -- a recovery window that waits for its nodes lasts at least this
 local INF = 1 / 0              -- math.huge (a library may read no global at load): an unbounded budget; -1 on the wire
 
@@ -76,6 +84,7 @@ local stream_last               -- the last id appended to the caller's stream b
 local now
 local raw_time                  -- Redis TIME in µs: tokens (never the pool clock)
 local clock_missing             -- the clock hash was not there (a new pool, or keys lost)
+local bnow, bclock_id, bskew    -- the backend clock of this call (backend_clock()); nil in the manual mode
 
 -- Lua 5.1 prints numbers with 14 digits ("1.7e+15"): every number that goes into a string (a key, a
 -- reference, a comparison with a stored value) goes through istr(). redis.call() arguments are exact.
@@ -195,30 +204,91 @@ end
 
 ---------------------------------------------------------------------------------------------- clock
 
+-- A decimal integer of Redis's (a key anyone may write): nil unless it is one, exactly (no "inf", "nan",
+-- "0x…", exponents or fractions, ≤ 16 digits: exact in a double).
+local function int_of(s)
+        if type(s) ~= 'string' or #s > 17 or not string.match(s, '^%-?%d+$') then return nil end
+        return tonumber(s)
+end
+
+-- The backend clock (sb:clock): Redis's TIME minus a skew that absorbs the gaps in which no call of any
+-- node reached this Redis (time stood still but for one second) and backward steps, as a pool clock does;
+-- never goes back. Written when a second or more passed since its last write (so at most about once a
+-- second, whatever the number of nodes and pools), or when Redis's clock went back. A key that is not one
+-- (missing, deleted by hand, of another type, garbage) is made anew under a new id: no pool takes a skew
+-- of another id for its own, and no live key's `at` of another id counts for more than "renewed now".
+local function backend_clock()
+        bnow, bclock_id, bskew = nil, nil, nil
+        local ok, c = pcall(redis.call, 'HMGET', BCLOCK_KEY, 'last_time', 'last_now', 'skew', 'id')
+        -- An error other than another type (an ACL that lets brokerd's user at {sb:* only): no backend
+        -- clock, the pool's own rule, and no live key counts.
+        if not ok and not string.find(tostring(c.err or c), 'WRONGTYPE', 1, true) then return end
+        local last_time, last_now, skew, id
+        if ok then last_time, last_now, skew, id = int_of(c[1]), int_of(c[2]), int_of(c[3]), c[4] end
+        if not (last_time and last_now and skew and type(id) == 'string' and #id <= 32) then
+                if not ok and not pcall(redis.call, 'DEL', BCLOCK_KEY) then return end
+                if not pcall(redis.call, 'HSET', BCLOCK_KEY, 'last_time', raw_time, 'last_now', raw_time,
+                             'skew', 0, 'id', istr(raw_time)) then
+                        return
+                end
+                bclock_id, bskew, bnow = istr(raw_time), 0, raw_time
+                return
+        end
+        local b = raw_time - skew
+        if raw_time < last_time or raw_time - last_time >= USEC_PER_SEC then
+                if raw_time - last_time > CLOCK_GAP then skew = skew + (raw_time - last_time) - USEC_PER_SEC end
+                b = raw_time - skew
+                if b <= last_now then
+                        b = last_now + 1
+                        skew = raw_time - b
+                end
+                if not pcall(redis.call, 'HSET', BCLOCK_KEY, 'last_time', raw_time, 'last_now', b, 'skew', skew) then
+                        return
+                end
+        elseif b < last_now then
+                b = last_now
+        end
+        bclock_id, bskew, bnow = id, skew, b
+end
+
 -- The pool clock (memo §4.6): Redis's TIME minus a skew that absorbs gaps (no node reached Redis: time
 -- stood still but for one second) and backward steps (the clock goes on from where it was); strictly
--- increasing per call. A manual pool takes the caller's now instead (tests only), which may repeat but
+-- increasing per call. The gaps are the backend clock's (above): the pool's skew grows by what the
+-- backend's grew since the pool's last call (bid, bskew), so an idle pool called once a minute runs at
+-- Redis's rate while its nodes' renewals reach Redis. Without a backend clock of the same id (a pool made
+-- before, sb:clock deleted or garbage) it takes its own gap since its last call as a gap: time standing
+-- still, the safe way. A manual pool takes the caller's now instead (tests only), which may repeat but
 -- never go back. Returns false when a manual now goes backwards.
 local function clock(manual)
         local tm = redis.call('TIME')
         raw_time = tonumber(tm[1]) * USEC_PER_SEC + tonumber(tm[2])
-        local c = redis.call('HMGET', K.clock, 'last_time', 'last_now', 'skew')
+        local c = redis.call('HMGET', K.clock, 'last_time', 'last_now', 'skew', 'bid', 'bskew')
         local last_time, last_now, skew = tonumber(c[1]), tonumber(c[2] or '0'), tonumber(c[3] or '0')
         clock_missing = not c[2]
         if manual then
                 now = tonumber(MANUAL_NOW)
                 if now == nil or now < last_now then return false end
-        else
-                if last_time and raw_time - last_time > CLOCK_GAP then
-                        skew = skew + (raw_time - last_time) - USEC_PER_SEC
-                end
-                now = raw_time - skew
-                if last_time and now <= last_now then
-                        now = last_now + 1
-                        skew = raw_time - now
-                end
+                redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew)
+                return true
         end
-        redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew)
+        backend_clock()
+        local pbskew = int_of(c[5])
+        if last_time and bnow and c[4] == bclock_id and pbskew and bskew >= pbskew then
+                skew = skew + (bskew - pbskew)
+        elseif last_time and raw_time - last_time > CLOCK_GAP then
+                skew = skew + (raw_time - last_time) - USEC_PER_SEC
+        end
+        now = raw_time - skew
+        if last_time and now <= last_now then
+                now = last_now + 1
+                skew = raw_time - now
+        end
+        if bnow then
+                redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew, 'bid', bclock_id,
+                           'bskew', bskew)
+        else
+                redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew)
+        end
         return true
 end
 
@@ -762,44 +832,127 @@ local function expire(t)
         end
 end
 
+-- Liveness per node (README, "Liveness per node"): the deadline in pool clock that node n's live key gives
+-- its registration here, or nil. It counts only when it was written by the incarnation registered here,
+-- names this pool, and the backend clock is the pool's (redis clock mode): `at` is on the backend clock,
+-- and a live key's `at` of another clock id, or ahead of the clock, counts as "renewed now" (the safe way:
+-- a registration kept, never cut short; the key's own expiry ends it). Everything in it is untrusted.
+local function pool_ttl() return R.ttl or 30 * USEC_PER_SEC end
+local function live_deadline(n)
+        if not bnow then return nil end
+        local inc = redis.call('HGET', k_node(n), 'inc')
+        if not inc then return nil end
+        local ok, v = pcall(redis.call, 'HMGET', LIVE_PREFIX .. n, 'inc', 'at', 'cid', 'pools')
+        if not ok or v[1] ~= inc then return nil end
+        local at, pools = int_of(v[2]), v[4]
+        if not at or type(pools) ~= 'string' or #pools > LIVE_POOLS_MAX or
+           not string.find(pools, ',' .. P .. ',', 1, true) then
+                return nil
+        end
+        if v[3] ~= bclock_id or at > bnow then at = bnow end
+        return now + (at + pool_ttl() - bnow)
+end
+
+-- A registration's deadline (nil: none). A finite score is its own. A score of +inf marks one that a live
+-- key covers (the renewal set it: a reader of a version before it never reaps it, so a fleet upgraded node
+-- by node stays safe), whose deadline is the later of its score in {sb:P}:lv and its live key's.
+local function node_deadline(n)
+        local s = redis.call('ZSCORE', K.nodes, n)
+        if not s then return nil end
+        if s ~= 'inf' then return tonumber(s) end
+        local d = tonumber(redis.call('ZSCORE', K.lv, n) or '') or 0
+        local l = live_deadline(n)
+        if l and l > d then return l end
+        return d
+end
+
+-- Covered registrations whose lv score falls within half a TTL are re-scored from their live keys, a page
+-- a call, all of them at once (not lazily one by one as each lapses): every node's next_wakeup is then at
+-- least half a TTL ahead while the pool's nodes renew, rather than every node ticking at each lapse. One
+-- whose live key covers it no more keeps its score: it is reaped at it (reap()).
+local function registrations_extend()
+        if not bnow then return end
+        local horizon = now + math.floor(pool_ttl() / 2)
+        local due = redis.call('ZRANGEBYSCORE', K.lv, '-inf', horizon, 'WITHSCORES', 'LIMIT', 0, EXTEND_PAGE)
+        local reaping = #due > 0 and redis.call('HGET', K.reaping, 'node')
+        for i = 1, #due, 2 do
+                local l = due[i] ~= reaping and live_deadline(due[i])
+                if l and l > tonumber(due[i + 1]) then redis.call('ZADD', K.lv, 'XX', l, due[i]) end
+        end
+end
+
+-- lv lost (by hand; it is not counted by the integrity checks): a covered registration without its lv score
+-- gets one TTL from now (late, the safe way: its live key decides from then on). O(1) unless one is missing.
+local function registrations_repair()
+        local covered = redis.call('ZCOUNT', K.nodes, '+inf', '+inf')
+        if covered == 0 or covered == redis.call('ZCARD', K.lv) then return end
+        for _, n in ipairs(redis.call('ZRANGEBYSCORE', K.nodes, '+inf', '+inf')) do
+                redis.call('ZADD', K.lv, 'NX', now + pool_ttl(), n)
+        end
+end
+
+-- One page of dead's records; false: the budget is spent or records are left (the next call goes on).
+local function reap_page(dead)
+        if reaped_a_page or not step() then return false end
+        reaped_a_page = true
+        local cursor = redis.call('HMGET', K.reaping, 'node', 'leases', 'waiters')
+        local n_leases, n_waiters = 0, 0
+        if cursor[1] == dead then
+                n_leases, n_waiters = tonumber(cursor[2]), tonumber(cursor[3])
+        end
+        local rids = redis.call('ZRANGE', k_records(dead), 0, REAP_PAGE - 1)
+        for _, rid in ipairs(rids) do
+                local ref = redis.call('HGET', K.rid, dead .. ':' .. rid) or ''
+                local kind, id = string.match(ref, '^(%a):(.+)$')
+                if kind == 'w' then
+                        local w = waiter_get(id)
+                        if w then waiter_unlink(w) end
+                        n_waiters = n_waiters + 1
+                elseif kind == 'l' then
+                        local l = lease_get(id)
+                        if l then lease_free(l) end
+                        n_leases = n_leases + 1
+                end
+                redis.call('ZREM', k_records(dead), rid)
+                redis.call('HDEL', K.rid, dead .. ':' .. rid)
+        end
+        if #rids == REAP_PAGE and redis.call('ZCARD', k_records(dead)) > 0 then
+                redis.call('HSET', K.reaping, 'node', dead, 'leases', n_leases, 'waiters', n_waiters)
+                return false
+        end
+        local name = redis.call('HGET', k_node(dead), 'name') or dead
+        redis.call('DEL', k_node(dead), k_records(dead), k_stream(dead), K.reaping)
+        fp_delta[dead] = nil
+        meta_incr('nodes', -redis.call('ZREM', K.nodes, dead))
+        redis.call('ZREM', K.lv, dead)
+        notices[#notices + 1] = { 'node-expired', dead, name, n_leases, n_waiters }
+        return true
+end
+
 -- A dead node's records, one page per call (memo §3.8): its leases end, its waiters go silently (their
 -- clients were that node's). Returns true when no dead node is left at t.
 local function reap(t)
+        local looked = 0
         while true do
                 local dead = redis.call('ZRANGEBYSCORE', K.nodes, '-inf', t, 'LIMIT', 0, 1)[1]
-                if not dead then return true end
-                if reaped_a_page or not step() then return false end
-                reaped_a_page = true
-                local cursor = redis.call('HMGET', K.reaping, 'node', 'leases', 'waiters')
-                local n_leases, n_waiters = 0, 0
-                if cursor[1] == dead then
-                        n_leases, n_waiters = tonumber(cursor[2]), tonumber(cursor[3])
-                end
-                local rids = redis.call('ZRANGE', k_records(dead), 0, REAP_PAGE - 1)
-                for _, rid in ipairs(rids) do
-                        local ref = redis.call('HGET', K.rid, dead .. ':' .. rid) or ''
-                        local kind, id = string.match(ref, '^(%a):(.+)$')
-                        if kind == 'w' then
-                                local w = waiter_get(id)
-                                if w then waiter_unlink(w) end
-                                n_waiters = n_waiters + 1
-                        elseif kind == 'l' then
-                                local l = lease_get(id)
-                                if l then lease_free(l) end
-                                n_leases = n_leases + 1
+                if not dead then
+                        -- A covered registration (score +inf) whose lv score lapsed: re-scored while its live
+                        -- key covers it, reaped once not; an lv entry of a registration not covered any more
+                        -- (or gone) is dropped (its own score decides).
+                        local c = redis.call('ZRANGEBYSCORE', K.lv, '-inf', t, 'LIMIT', 0, 1)[1]
+                        if not c then return true end
+                        if looked >= EXTEND_PAGE then return false end
+                        looked = looked + 1
+                        local l = redis.call('HGET', K.reaping, 'node') ~= c and live_deadline(c)
+                        if redis.call('ZSCORE', K.nodes, c) ~= 'inf' then
+                                redis.call('ZREM', K.lv, c)
+                        elseif l and l > t then
+                                redis.call('ZADD', K.lv, 'XX', l, c)
+                        else
+                                dead = c
                         end
-                        redis.call('ZREM', k_records(dead), rid)
-                        redis.call('HDEL', K.rid, dead .. ':' .. rid)
                 end
-                if #rids == REAP_PAGE and redis.call('ZCARD', k_records(dead)) > 0 then
-                        redis.call('HSET', K.reaping, 'node', dead, 'leases', n_leases, 'waiters', n_waiters)
-                        return false
-                end
-                local name = redis.call('HGET', k_node(dead), 'name') or dead
-                redis.call('DEL', k_node(dead), k_records(dead), k_stream(dead), K.reaping)
-                fp_delta[dead] = nil
-                meta_incr('nodes', -redis.call('ZREM', K.nodes, dead))
-                notices[#notices + 1] = { 'node-expired', dead, name, n_leases, n_waiters }
+                if dead and not reap_page(dead) then return false end
         end
 end
 
@@ -849,11 +1002,12 @@ local function next_due(for_caller)
                 if v and (not t or v < t) then t = v end
         end
         consider(tonumber(redis.call('ZRANGE', K.dl, 0, 0, 'WITHSCORES')[2]))
-        local first = redis.call('ZRANGE', K.nodes, 0, 1, 'WITHSCORES')
-        if for_caller and first[1] == NODE then
-                consider(tonumber(first[4]))
-        else
-                consider(tonumber(first[2]))
+        -- Registrations: finite scores in nodes, covered ones (+inf there) by their lv scores.
+        for _, key in ipairs({ K.nodes, K.lv }) do
+                local first = redis.call('ZRANGE', key, 0, 1, 'WITHSCORES')
+                local v = tonumber(first[2])
+                if for_caller and first[1] == NODE then v = tonumber(first[4]) end
+                if v ~= INF then consider(v) end
         end
         if M.recovery_until > 0 then consider(M.recovery_until) end
         consider(tonumber(redis.call('ZRANGE', K.orph, 0, 0, 'WITHSCORES')[2]))
@@ -1003,7 +1157,7 @@ local function identity_refused()
         if not INCARNATION then return false end
         local stored = redis.call('HGET', k_node(NODE), 'inc')
         if not stored or stored == INCARNATION or PREVIOUS[stored] then return false end
-        local deadline = tonumber(redis.call('ZSCORE', K.nodes, NODE) or '')
+        local deadline = node_deadline(NODE)
         if deadline ~= nil and deadline > now then return true end
         IDENTITY_TAKEOVER = deadline ~= nil
         return false
@@ -1025,6 +1179,7 @@ local function call_begin()
         MANUAL_NOW, RUN_ID, SETTLE = ARGV[3], ARGV[4], ARGV[5] == '1'
         M, R, lane_cache, events, notices = {}, {}, {}, {}, {}
         steps, reaped_a_page, stream_last, now, raw_time, clock_missing = 0, false, '', 0, 0, false
+        bnow, bclock_id, bskew = nil, nil, nil
         meta_dirty, meta_stored, fp_delta, IDENTITY_TAKEOVER = {}, {}, {}, false
 end
 
@@ -1063,12 +1218,16 @@ local function prelude_begin(create)
                         if not R.canon and not create then return reply('unregistered') end -- a tick stores them
                 end
         end
+        if M.epoch and R.canon and bnow then
+                registrations_repair()
+                registrations_extend()
+        end
         return nil
 end
 
 -- A node may submit while it heartbeats and wants the stored rules.
 local function node_admitted()
-        local deadline = tonumber(redis.call('ZSCORE', K.nodes, NODE) or '')
+        local deadline = node_deadline(NODE)
         if not deadline or deadline <= now then return 'unregistered' end
         if redis.call('HGET', k_node(NODE), 'rules') ~= R.canon then return 'rules' end
         return nil

@@ -22,7 +22,7 @@ local RID, LANE, K_SLOTS, TOKEN, GRANTED_AT = ARGV[6], ARGV[7], tonumber(ARGV[8]
 local function reclaim()
         local early_reply = prelude_begin(false)
         if early_reply then return early_reply end
-        local deadline = tonumber(redis.call('ZSCORE', K.nodes, NODE) or '')
+        local deadline = node_deadline(NODE)
         if not deadline or deadline <= now then return reply('unregistered') end
         if not K_SLOTS or K_SLOTS < 1 or not TOKEN or #ARGV < 10 + K_SLOTS then return reply('invalid') end
         if not settle_until(now) then return reply('settling') end

@@ -217,7 +217,14 @@ local function tick()
 
         local status, diff = agree(canon)
         local deadline = now + R.ttl
-        meta_incr('nodes', redis.call('ZADD', K.nodes, deadline, NODE))
+        if redis.call('ZSCORE', K.nodes, NODE) == 'inf' and live_deadline(NODE) then
+                -- Covered by its live key (README, "Liveness per node"): it stays so, the tick counting as a
+                -- renewal of this pool.
+                redis.call('ZADD', K.lv, 'GT', deadline, NODE)
+        else
+                meta_incr('nodes', redis.call('ZADD', K.nodes, deadline, NODE))
+                redis.call('ZREM', K.lv, NODE)
+        end
         -- Written when they change: a heartbeat rewrote the canon (and replicated it) every second.
         local held, set = redis.call('HMGET', k_node(NODE), 'name', 'rules', 'inc', 'since'), {}
         if held[1] ~= NAME then set[#set + 1] = 'name'; set[#set + 1] = NAME end

@@ -142,7 +142,9 @@ typedef struct SharedPool {
         int64_t recovery_noticed; /* the end of the last recovery window journaled (pool clock) */
         usec_t last_tick;      /* monotonic, queued */
         usec_t down_since;     /* monotonic, USEC_INFINITY: up (or never was) */
-        usec_t acked_boot;     /* CLOCK_BOOTTIME send time of the last acknowledged tick */
+        usec_t acked_boot;     /* CLOCK_BOOTTIME send time of the last acknowledged tick or covering renewal */
+        bool renew_ok;         /* its last tick was answered "ok"/"rules" since the link came up: renewable */
+        usec_t renewed_at;     /* monotonic: the last renewal that covered it answered; 0 none since */
         usec_t stale_ack;      /* vouch_base() when its vouch deadline passed and the waiters were refused */
         usec_t alive_boot;     /* a restarted daemon's last proof of life (set_last_ack()), USEC_INFINITY: none */
         /* Before this object first served (a brokerd just started, a pool just added: registered with agreed
@@ -1479,6 +1481,11 @@ static void congestion_apply(SharedPool *p, bool congested, int64_t at, usec_t n
 
 static void state_set(SharedPool *p, SharedState s) {
         p->state = s;
+        if (s != SHARED_STATE_UP && s != SHARED_STATE_RECLAIMING && s != SHARED_STATE_MISMATCH) {
+                /* Not registered for sure any more: its own ticks first. */
+                p->renew_ok = false;
+                p->renewed_at = 0;
+        }
         served_check(p);
         p->unavailable = s == SHARED_STATE_UP || s == SHARED_STATE_RECLAIMING ? NULL :
                          s == SHARED_STATE_MISMATCH                            ? "rules" :
@@ -1835,6 +1842,7 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
         /* The heartbeat counts either way: leases granted under agreed rules keep their node alive. */
         if (p->acked_boot == USEC_INFINITY || sent_boot > p->acked_boot)
                 p->acked_boot = sent_boot;
+        p->renew_ok = true;
 
         _cleanup_free_ char *epoch = resp_strdup_max(resp_at(body, 1), TEXT_LEN_MAX);
         if (epoch) {
@@ -2789,6 +2797,48 @@ static void shared_bind_grant(Pool *base, PoolGrant *g, void *cookie) {
         g->cookie = cookie;
 }
 
+/* Liveness per node: the renewal covered the pool within SHARED_RENEW_STALE, and nothing of this node's
+ * wants a tick sooner than the pool's own instants (waiters' places, a fingerprint to compare again, a
+ * page of reconcile, a recovery window, rules that differ, leases to reclaim). */
+static bool renew_covers(const SharedPool *p, usec_t now) {
+        return p->renewed_at > 0 && now < usec_add(p->renewed_at, SHARED_RENEW_STALE) && p->renew_ok &&
+               p->state == SHARED_STATE_UP && p->fp_mismatches == 0 && !p->reconcile_from &&
+               p->cache.recovery_until == 0 && list_is_empty(&p->tries) && !p->identity_conflict;
+}
+
+/* When the next heartbeat is due: a second after the last tick, or while the renewal covers the pool
+ * SHARED_IDLE_PERIOD after it, and at once when the coverage goes stale. */
+static usec_t heartbeat_due(const SharedPool *p, usec_t now) {
+        if (!renew_covers(p, now))
+                return usec_add(p->last_tick, p->params.heartbeat);
+        return MIN(usec_add(p->last_tick, MAX(SHARED_IDLE_PERIOD, p->params.heartbeat)),
+                   usec_add(p->renewed_at, SHARED_RENEW_STALE));
+}
+
+bool pool_shared_renewable(const Pool *base) {
+        const SharedPool *p = SHARED(base);
+        return !p->params.manual_clock && p->params.identity && p->link_up && p->renew_ok &&
+               !p->identity_conflict;
+}
+
+const char *pool_shared_key(const Pool *base) {
+        return SHARED(base)->key;
+}
+
+void pool_shared_renewed(Pool *base, bool covered, usec_t sent_boot, usec_t now) {
+        SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
+        p->last_now = MAX(p->last_now, now);
+        if (!covered || !p->renew_ok) {
+                p->renewed_at = 0;
+                return;
+        }
+        /* Redis keeps the registration at least a TTL after the renewal ran, which is after it was sent. */
+        if (p->acked_boot == USEC_INFINITY || sent_boot > p->acked_boot)
+                p->acked_boot = sent_boot;
+        p->renewed_at = now;
+}
+
 static void shared_run(Pool *base, usec_t now) {
         SharedPool *p = SHARED(base);
         p->last_now = MAX(p->last_now, now);
@@ -2809,9 +2859,10 @@ static void shared_run(Pool *base, usec_t now) {
         if (p->tick_pending && !(p->params.manual_clock && now > p->last_tick))
                 return;
         /* The manual clock: every run() is the engine's instant, completed by Redis (memo §3.10). In
-         * production: the heartbeat, or the pool's own next instant (a budget ending, a gauge flip). */
+         * production: the heartbeat (slower while the renewal covers the pool), or the pool's own next
+         * instant (a budget ending, a gauge flip, another node's registration lapsing). */
         bool due = p->params.manual_clock ||
-                   now >= usec_add(p->last_tick, p->params.heartbeat) ||
+                   now >= heartbeat_due(p, now) ||
                    (p->cache.valid && p->cache.next_wakeup >= 0 &&
                     local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1) <= now);
         if (!due)
@@ -2836,7 +2887,7 @@ static usec_t shared_next_wakeup(const Pool *base) {
         /* In the manual mode every run() is a heartbeat, and the engine's instants are the only ones: an
          * instant of the pool's own would be one the in-process pool does not have (memo §3.10). */
         if (!p->params.manual_clock)
-                w = MIN(w, usec_add(p->last_tick, p->params.heartbeat));
+                w = MIN(w, heartbeat_due(p, p->last_now));
         if (p->cache.valid && p->cache.next_wakeup >= 0)
                 w = MIN(w, local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1));
         return w;

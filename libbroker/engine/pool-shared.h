@@ -142,6 +142,12 @@ typedef struct SharedPoolParams {
 /* A node whose heartbeats always find another call in flight never compares its fingerprint: it reconciles
  * in full at this period all the same (brokerd/lua/README, "Fingerprint"). */
 #define SHARED_RECONCILE_PERIOD (5 * USEC_PER_MINUTE)
+/* Liveness per node (brokerd/lua/README, "Liveness per node"): while the driver's renewal covers a pool,
+ * the pool ticks when Redis says it has something to do (next_wakeup), when a fingerprint or a page of
+ * reconcile needs it, and at this period; and at the heartbeat again once no renewal covered it for
+ * SHARED_RENEW_STALE. */
+#define SHARED_IDLE_PERIOD (60 * USEC_PER_SEC)
+#define SHARED_RENEW_STALE (3 * USEC_PER_SEC)
 /* Status snapshots are fetched every second for this long after Status last asked. */
 #define SHARED_STATUS_KEEP (30 * USEC_PER_SEC)
 
@@ -194,6 +200,15 @@ const char *pool_shared_stream_resume_id(const Pool *p);
 /* [broker] revoke-grace= changed by reload: the self-fence margin follows at once (a longer grace moves the
  * deadline earlier), as the revocations' SIGKILL does. */
 void pool_shared_set_revoke_grace(Pool *p, usec_t revoke_grace);
+
+/* Liveness per node: whether the driver's renewal may name this pool (production clock, its last tick
+ * answered "ok" or "rules" for this incarnation since the link came up); its key ("{sb:NAME}"); and the
+ * renewal's answer for it, sent at sent_boot (CLOCK_BOOTTIME): covered, the self-fence counts from
+ * sent_boot as from an acknowledged heartbeat, and the heartbeat slows down to SHARED_IDLE_PERIOD; not
+ * covered (or no answer: the driver says so too), it ticks at the heartbeat again at once. */
+bool pool_shared_renewable(const Pool *p);
+const char *pool_shared_key(const Pool *p);
+void pool_shared_renewed(Pool *p, bool covered, usec_t sent_boot, usec_t now);
 
 /* The node TTL the self-fence counts with now (backend-node-ttl=, the shorter one while a change by reload
  * waits for agreement). */

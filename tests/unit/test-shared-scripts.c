@@ -1542,6 +1542,316 @@ static void test_a_second_live_incarnation_is_refused_before_anything(void **sta
         freeReplyObject(t);
 }
 
+/* ---- liveness per node (brokerd/lua/README, "Liveness per node") ----
+ *
+ * The redis clock mode with a TTL of 2 s: time passes for real (sleeps let it pass; nothing waits for a
+ * condition). */
+
+#define LIVE_TTL "2000000"
+#define CANON_LIVE "backend-node-ttl=2000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\nlane.ci.reserve=0\nlimit=2\n"
+#define LIVE_N1 "n1/aaaaaaaaaaaaaaaa/"
+#define LIVE_N2 "n2/bbbbbbbbbbbbbbbb/"
+
+static void msleep(long ms) {
+        (void) nanosleep(&(struct timespec) { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000 * 1000 }, NULL);
+}
+
+static redisReply *live_tick(const char *node, const char *name, const char *canon) {
+        return call("tick", node, -1, 1, name, canon, "0", "0", "0", "-", "e1", "1", "", NULL);
+}
+
+/* A renewal of `node` ("ID/INCARNATION/…") under `key`, naming one or two pools. */
+static redisReply *live_renew(const char *node, const char *key, const char *p1, const char *p2) {
+        const char *saved = pool;
+        pool = key;
+        redisReply *r = p2 ? call("renew", node, -1, 1, LIVE_TTL, p1, p2, NULL)
+                           : call("renew", node, -1, 1, LIVE_TTL, p1, NULL);
+        pool = saved;
+        return r;
+}
+
+static void live_renew_ok(const char *node, const char *key, long long covered) {
+        redisReply *r = live_renew(node, key, POOL, NULL);
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(body(r)->elements, 1);
+        assert_int_equal(body(r)->element[0]->integer, covered);
+        freeReplyObject(r);
+}
+
+/* Two nodes registered, each holding one slot, once the new pool's recovery window (one TTL) passed. */
+static void live_setup(void) {
+        redisReply *r = live_tick(LIVE_N1, "n1", CANON_LIVE);
+        assert_string_equal(status(r), "ok");
+        freeReplyObject(r);
+        r = live_tick(LIVE_N2, "n2", CANON_LIVE);
+        assert_string_equal(status(r), "ok");
+        freeReplyObject(r);
+        /* The renewals keep the backend clock going (a gap of 2 s with no call would stand still). */
+        for (int i = 0; i < 5; i++) {
+                msleep(450);
+                live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+                live_renew_ok(LIVE_N2, "sb:live:n2", 1);
+        }
+        const char *nodes[2][2] = { { LIVE_N1, "n1" }, { LIVE_N2, "n2" } };
+        for (size_t i = 0; i < 2; i++) {
+                r = live_tick(nodes[i][0], nodes[i][1], "=");
+                assert_string_equal(status(r), "ok");
+                freeReplyObject(r);
+                r = call("submit", nodes[i][0], -1, 1, nodes[i][1], "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+                assert_string_equal(status(r), "ok");
+                assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+                freeReplyObject(r);
+        }
+}
+
+static size_t expired_in(const redisReply *r, const char *node) {
+        size_t n = 0;
+        for (size_t i = 0; i < r->element[R_NOTICES]->elements; i++)
+                if (strcmp(r->element[R_NOTICES]->element[i]->element[1]->str, node) == 0)
+                        n++;
+        return n;
+}
+
+/* A node that renews stays registered for several TTLs without a call of the pool; once it stops, its
+ * registration (and its lease) lapses one TTL after its last renewal, not sooner, and not later than the
+ * first call after that. */
+static void test_a_renewing_node_is_kept_and_a_silent_one_lapses_at_its_ttl(void **state) {
+        live_setup();
+        for (int i = 0; i < 12; i++) { /* 6 s: three TTLs */
+                live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+                live_renew_ok(LIVE_N2, "sb:live:n2", 1);
+                msleep(500);
+        }
+        redisReply *t = live_tick(LIVE_N1, "n1", "=");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(cache(t, C_IN_USE), 2);
+        assert_int_equal(t->element[R_NOTICES]->elements, 0);
+        /* Live nodes: both. */
+        assert_int_equal(body(t)->element[7]->integer, 2);
+        /* n2's registration is covered: +inf in nodes, which a reader of a version before the live keys
+         * (ZRANGEBYSCORE nodes -inf t) never reaps; its deadline is in lv. */
+        redisReply *z = redisCommand(redis, "ZSCORE " POOL ":nodes n2");
+        assert_string_equal(z->str, "inf");
+        freeReplyObject(z);
+        /* The registrations covered were re-scored ahead: no next_wakeup within half a TTL. */
+        assert_true(cache(t, C_NEXT_WAKEUP) < 0 || cache(t, C_NEXT_WAKEUP) > t->element[R_NOW]->integer + 1000000);
+        freeReplyObject(t);
+
+        /* n2 goes silent; n1 renews on. */
+        for (int i = 0; i < 3; i++) {
+                live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+                msleep(400);
+        }
+        t = live_tick(LIVE_N1, "n1", "=");   /* 1.2 s after n2's last renewal */
+        assert_int_equal(cache(t, C_IN_USE), 2);
+        assert_int_equal(expired_in(t, "n2"), 0);
+        freeReplyObject(t);
+        for (int i = 0; i < 3; i++) {
+                live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+                msleep(400);
+        }
+        t = live_tick(LIVE_N1, "n1", "=");   /* 2.4 s after */
+        assert_int_equal(expired_in(t, "n2"), 1);
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        assert_int_equal(t->element[R_NOTICES]->element[0]->element[3]->integer, 1);
+        freeReplyObject(t);
+        /* A lapsed registration is not covered again by a renewal: its node ticks (and registers anew). */
+        live_renew_ok(LIVE_N2, "sb:live:n2", 0);
+}
+
+/* An idle pool's clock runs at Redis's rate while renewals reach Redis (the backend clock): a pool called
+ * once in 3 s is not taken for one that no node reached (whose time would stand still but for 1 s). */
+static void test_an_idle_pools_clock_runs_while_its_nodes_renew(void **state) {
+        redisReply *t = live_tick(LIVE_N1, "n1", CANON_LIVE);
+        long long t1 = t->element[R_NOW]->integer;
+        freeReplyObject(t);
+        for (int i = 0; i < 6; i++) {
+                msleep(500);
+                live_renew_ok(LIVE_N1, "sb:live:n1", i < 3 ? 1 : 1);
+        }
+        t = live_tick(LIVE_N1, "n1", "=");
+        long long t2 = t->element[R_NOW]->integer;
+        freeReplyObject(t);
+        assert_true(t2 - t1 >= 2900000);
+        /* Without the backend clock (deleted by hand), the pool's own rule again: a gap stands still. */
+        freeReplyObject(redisCommand(redis, "DEL sb:clock"));
+        msleep(2500);
+        t = live_tick(LIVE_N1, "n1", "=");
+        long long t3 = t->element[R_NOW]->integer;
+        freeReplyObject(t);
+        assert_true(t3 - t2 >= SEC);
+        assert_true(t3 - t2 < 2 * SEC);
+}
+
+/* A clone (another incarnation, not a successor) renewing under a live node id is refused and changes
+ * nothing; a successor takes the key over, and covers the pool once its tick registered it. */
+static void test_a_clones_renewal_is_refused_and_reaps_nothing(void **state) {
+        live_setup();
+        live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+        redisReply *before = redisCommand(redis, "HGETALL sb:live:n1");
+        redisReply *r = live_renew("n1/bbbbbbbbbbbbbbbb/", "sb:live:n1", POOL, NULL);
+        assert_string_equal(status(r), "identity");
+        freeReplyObject(r);
+        redisReply *after = redisCommand(redis, "HGETALL sb:live:n1");
+        assert_int_equal(before->elements, after->elements);
+        for (size_t i = 0; i < before->elements; i++)
+                assert_string_equal(before->element[i]->str, after->element[i]->str);
+        freeReplyObject(before);
+        freeReplyObject(after);
+        /* Its key, its pool: refused "invalid" under another node's key. */
+        r = live_renew("n9/bbbbbbbbbbbbbbbb/", "sb:live:n1", POOL, NULL);
+        assert_string_equal(status(r), "invalid");
+        freeReplyObject(r);
+        /* n1's registration and lease are untouched, over more than a TTL of renewals. */
+        for (int i = 0; i < 6; i++) {
+                live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+                live_renew_ok(LIVE_N2, "sb:live:n2", 1);
+                r = live_renew("n1/bbbbbbbbbbbbbbbb/", "sb:live:n1", POOL, NULL);
+                assert_string_equal(status(r), "identity");
+                freeReplyObject(r);
+                msleep(500);
+        }
+        redisReply *t = live_tick(LIVE_N2, "n2", "=");
+        assert_int_equal(cache(t, C_IN_USE), 2);
+        assert_int_equal(t->element[R_NOTICES]->elements, 0);
+        freeReplyObject(t);
+        /* A successor (A among its previous incarnations) takes the key; the pool still names A until the
+         * successor's tick: not covered. */
+        live_renew_ok("n1/cccccccccccccccc/aaaaaaaaaaaaaaaa", "sb:live:n1", 0);
+        t = live_tick("n1/cccccccccccccccc/aaaaaaaaaaaaaaaa", "n1", "=");
+        assert_string_equal(status(t), "ok");
+        freeReplyObject(t);
+        live_renew_ok("n1/cccccccccccccccc/aaaaaaaaaaaaaaaa", "sb:live:n1", 1);
+        /* And A, succeeded, is refused. */
+        r = live_renew(LIVE_N1, "sb:live:n1", POOL, NULL);
+        assert_string_equal(status(r), "identity");
+        freeReplyObject(r);
+}
+
+/* Live keys are anyone's to write: of another type, garbage, huge, from the future. No call fails; garbage
+ * covers nothing (the registration lapses at its score, its lease with it); an `at` ahead of the clock
+ * counts as "renewed now", never more. */
+static void test_bad_live_keys_cover_nothing_and_break_nothing(void **state) {
+        live_setup();
+        /* n2's key: a string. */
+        freeReplyObject(redisCommand(redis, "SET sb:live:n2 garbage"));
+        live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+        redisReply *t = live_tick(LIVE_N1, "n1", "=");
+        assert_string_equal(status(t), "ok");
+        freeReplyObject(t);
+        /* Its renewal replaces it. */
+        live_renew_ok(LIVE_N2, "sb:live:n2", 1);
+        redisReply *k = redisCommand(redis, "HGET sb:live:n2 inc");
+        assert_string_equal(k->str, "bbbbbbbbbbbbbbbb");
+        freeReplyObject(k);
+
+        /* Garbage fields under n2's incarnation: covers nothing. */
+        char huge[70000];
+        memset(huge, 'x', sizeof huge - 1);
+        huge[sizeof huge - 1] = '\0';
+        memcpy(huge, ",{sb:p},", 8);
+        freeReplyObject(redisCommand(redis, "HSET sb:live:n2 at inf"));
+        for (int i = 0; i < 6; i++) {
+                live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+                if (i == 2)
+                        freeReplyObject(redisCommand(redis, "HSET sb:live:n2 at 1e300 pools %s", huge));
+                msleep(500);
+        }
+        t = live_tick(LIVE_N1, "n1", "=");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(expired_in(t, "n2"), 1);
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        freeReplyObject(t);
+
+        /* An `at` far ahead, under the registered incarnation: as if renewed now, no more. */
+        t = live_tick(LIVE_N2, "n2", CANON_LIVE);
+        freeReplyObject(t);
+        live_renew_ok(LIVE_N2, "sb:live:n2", 1);
+        freeReplyObject(redisCommand(redis, "HSET sb:live:n2 at 99999999999999999 cid x"));
+        freeReplyObject(redisCommand(redis, "ZADD " POOL ":lv 0 n2")); /* lapsed: re-scored from the key */
+        t = live_tick(LIVE_N1, "n1", "=");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(expired_in(t, "n2"), 0);
+        freeReplyObject(t);
+        redisReply *score = redisCommand(redis, "ZSCORE " POOL ":lv n2");
+        redisReply *now = redisCommand(redis, "HGET " POOL ":clock last_now");
+        assert_true(strtoll(score->str, NULL, 10) <= strtoll(now->str, NULL, 10) + 2 * SEC);
+        freeReplyObject(score);
+        freeReplyObject(now);
+
+        /* A renewal with garbage: refused "invalid", or the pool not covered. */
+        redisReply *r = live_renew(LIVE_N1, "sb:live:n1", "{sb:nosuchpool}", "not-a-prefix");
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(body(r)->element[0]->integer, 0);
+        assert_int_equal(body(r)->element[1]->integer, 0);
+        freeReplyObject(r);
+        const char *saved = pool;
+        pool = "sb:live:n1";
+        r = call("renew", LIVE_N1, -1, 1, "inf", POOL, NULL);
+        assert_string_equal(status(r), "invalid");
+        freeReplyObject(r);
+        r = call("renew", "n1", -1, 1, LIVE_TTL, POOL, NULL); /* no incarnation */
+        assert_string_equal(status(r), "invalid");
+        freeReplyObject(r);
+        r = call("renew", LIVE_N1, 5, 1, LIVE_TTL, POOL, NULL);
+        assert_string_equal(status(r), "manual-clock");
+        freeReplyObject(r);
+        pool = saved;
+}
+
+/* Redis lost the live keys and the backend clock (a restart without them): registrations are their
+ * scores again, and lapse at them; the pool's time stands still over the gap, as before. */
+static void test_live_keys_lost_fall_back_to_the_registrations(void **state) {
+        live_setup();
+        for (int i = 0; i < 6; i++) {
+                live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+                live_renew_ok(LIVE_N2, "sb:live:n2", 1);
+                msleep(500);
+        }
+        freeReplyObject(redisCommand(redis, "DEL sb:live:n1 sb:live:n2 sb:clock"));
+        redisReply *t = live_tick(LIVE_N1, "n1", "=");
+        assert_string_equal(status(t), "ok");
+        /* n2's score was re-scored from its key by the last calls: still ahead. */
+        assert_int_equal(cache(t, C_IN_USE), 2);
+        freeReplyObject(t);
+        for (int i = 0; i < 6; i++) {
+                t = live_tick(LIVE_N1, "n1", "=");
+                freeReplyObject(t);
+                msleep(500);
+        }
+        t = live_tick(LIVE_N1, "n1", "=");
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        freeReplyObject(t);
+        redisReply *z = redisCommand(redis, "ZSCORE " POOL ":nodes n2");
+        assert_int_equal(z->type, REDIS_REPLY_NIL);
+        freeReplyObject(z);
+}
+
+/* A user whose ACL reaches the pools' keys only (~{sb:*, brokerd.conf(5)'s example before the live keys):
+ * the pools work as before (their own clock rule, no coverage), a renewal is an error. */
+static void test_an_acl_of_the_pools_keys_only_keeps_the_pools_working(void **state) {
+        freeReplyObject(redisCommand(redis, "ACL SETUSER narrow on nopass ~{sb:* resetchannels +@all"));
+        redisContext *saved = redis;
+        redis = redisConnectUnix(server.socket_path);
+        assert_non_null(redis);
+        redisReply *a = redisCommand(redis, "AUTH narrow x");
+        assert_int_equal(a->type, REDIS_REPLY_STATUS);
+        freeReplyObject(a);
+        redisReply *t = live_tick(LIVE_N1, "n1", CANON_LIVE);
+        assert_string_equal(status(t), "ok");
+        freeReplyObject(t);
+        msleep(300);
+        t = live_tick(LIVE_N1, "n1", "=");
+        assert_string_equal(status(t), "ok");
+        freeReplyObject(t);
+        a = redisCommand(redis, "FCALL %s 1 sb:live:n1 1 %s - run1 1 " LIVE_TTL " " POOL, shared_function_renew, LIVE_N1);
+        assert_int_equal(a->type, REDIS_REPLY_ERROR);
+        freeReplyObject(a);
+        redisFree(redis);
+        redis = saved;
+        freeReplyObject(redisCommand(redis, "ACL DELUSER narrow"));
+}
+
 /* ---- the scripts against pool-local.c itself ----
  *
  * The same random sequence of requests, releases, withdrawals and drains, instant by instant, through
@@ -2035,6 +2345,12 @@ int main(int argc, char *argv[]) {
                 T(test_scripts_decide_as_pool_local_does),
                 T(test_more_canons_than_the_library_keeps_parsed),
                 T(test_script_time_at_10000_waiters),
+                T(test_a_renewing_node_is_kept_and_a_silent_one_lapses_at_its_ttl),
+                T(test_an_idle_pools_clock_runs_while_its_nodes_renew),
+                T(test_a_clones_renewal_is_refused_and_reaps_nothing),
+                T(test_bad_live_keys_cover_nothing_and_break_nothing),
+                T(test_live_keys_lost_fall_back_to_the_registrations),
+                T(test_an_acl_of_the_pools_keys_only_keeps_the_pools_working),
 #undef T
         };
         int r;

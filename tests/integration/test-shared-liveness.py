@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Liveness per node (issue 21 item 3; brokerd/lua/README, "Liveness per node"): two brokerds on one
+redis-server, three shared pools each.
+
+- an idle node renews once a second for all its pools (sb:live:NODE) and is not reaped over several TTLs,
+  its lease held; its pools are not ticked every second (ticks and renewals counted by the commands only
+  each of them runs, in INFO commandstats: XREVRANGE a tick, PEXPIRE a renewal);
+- a node killed (SIGKILL) while it renews loses its slot at its TTL (+ 2 s), no sooner than a TTL after its
+  last renewal less a second: the other node's waiter is granted then;
+- with $SLOTBROKER_OLD_BROKERD (a build from before the live keys, as test-shared-upgrade takes it): a node
+  of that version ticking every second beside an idle node of this one never reaps it (a covered
+  registration scores +inf), over several TTLs; skipped without it.
+
+Skipped (77) without redis-server.
+
+Usage: test-shared-liveness.py BROKERD [unittest arguments]
+"""
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.dont_write_bytecode = True
+import faults  # noqa: E402
+import harness  # noqa: E402
+from harness import wait_for  # noqa: E402
+from redisd import RedisServer  # noqa: E402
+
+TTL = 6  # seconds: backend-node-ttl, and the first use's recovery window
+POOLS = 3
+
+
+def config(backend, node):
+    """Pools s0…s2 of one slot on the backend, lane lN waiting on pool sN."""
+    text = f"[broker]\nnode-name = {node}\nrevoke-grace = 1s\n"
+    for i in range(POOLS):
+        text += f"\n[pool s{i}]\nlimit = 1\nbackend = {backend}\nbackend-node-ttl = {TTL}s\n"
+        text += f"\n[lane l{i}]\npools = s{i}\npolicy = wait\n"
+    return text
+
+
+class TestLiveness(harness.BrokerTestCase):
+
+    def setUp(self):
+        faults.skip_unless_shared_pools(self)
+        self.tmp = tempfile.mkdtemp(prefix="test-shared-liveness-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.redis = RedisServer(self.tmp).start()
+        self.addCleanup(self.redis.close)
+
+    def calls(self):
+        """{command: calls} from INFO commandstats."""
+        out = {}
+        for k, v in self.redis.info("commandstats").items():
+            if k.startswith("cmdstat_"):
+                out[k[len("cmdstat_"):]] = int(v.split(",")[0].split("=")[1])
+        return out
+
+    def renewing(self, n):
+        """True once n live keys each name every pool (their nodes' renewals cover them all)."""
+        keys = self.redis.call("KEYS", "sb:live:*")
+        if len(keys) != n:
+            return False
+        want = "," + ",".join(f"{{sb:s{i}}}" for i in range(POOLS)) + ","
+        return all(self.redis.call("HGET", k, "pools") == want for k in keys)
+
+    def two_nodes_b_holding(self):
+        url = self.redis.url()
+        a = self.broker(config(url, "node-a"), "liveness-a")
+        b = self.broker(config(url, "node-b"), "liveness-b", clean_exit=False)
+        held = self.acquire(b, "l0")
+        held.until_granted(timeout=TTL + 20)  # the first use waits out one TTL: a bound, not a sleep
+        wait_for(lambda: self.renewing(2), timeout=TTL + 20, message="both nodes' renewals to cover their pools")
+        return a, b, held
+
+    def test_an_idle_node_renews_and_its_pools_are_not_ticked_every_second(self):
+        a, b, held = self.two_nodes_b_holding()
+        before = self.calls()
+        window = 3 * TTL
+        time.sleep(window)  # the time measured: idle nodes, nothing to wait for
+        after = self.calls()
+        ticks = after.get("xrevrange", 0) - before.get("xrevrange", 0)
+        renewals = after.get("pexpire", 0) - before.get("pexpire", 0)
+        every_second = 2 * POOLS * window
+        print(f"# {window} s, 2 nodes x {POOLS} pools: {ticks} ticks (one a pool a second: {every_second}), "
+              f"{renewals} renewals, {after.get('fcall', 0) - before.get('fcall', 0)} FCALLs", flush=True)
+        self.assertGreaterEqual(renewals, 2 * window // 2, "renewals: about one a node a second")
+        self.assertLess(ticks, every_second // 3, "an idle node's pools ticked about every second")
+        # B was not reaped: its lease is still its own, A sees it held.
+        self.assertIsNone(held.conn.poll(0.0), "B's lease ended")
+        self.assertTrue(held.granted)
+        holders = wait_for(lambda: a.status().get("otherHolders"), timeout=10, message="A to list B's holder")
+        self.assertEqual([(h["node"], h["pool"]) for h in holders], [("node-b", "s0")])
+
+    def test_a_node_of_the_version_before_never_reaps_an_idle_one(self):
+        old = os.environ.get("SLOTBROKER_OLD_BROKERD")
+        if not old:
+            self.skipTest("$SLOTBROKER_OLD_BROKERD is not set (a brokerd from before the live keys)")
+        url = self.redis.url()
+        a = self.broker(config(url, "node-old"), "liveness-old", brokerd=old)
+        b = self.broker(config(url, "node-new"), "liveness-new")
+        held = self.acquire(b, "l0")
+        held.until_granted(timeout=TTL + 20)
+        wait_for(lambda: self.renewing(1), timeout=TTL + 20, message="the new node's renewals to cover its pools")
+        time.sleep(3 * TTL)  # the time measured: the old node ticks every second meanwhile
+        self.assertIsNone(held.conn.poll(0.0), "the new node's lease ended")
+        holders = wait_for(lambda: a.status().get("otherHolders"), timeout=10, message="the old node to list it")
+        self.assertEqual([(h["node"], h["pool"]) for h in holders], [("node-new", "s0")])
+        self.assertEqual(self.redis.call("ZSCORE", "{sb:s0}:nodes", self.redis.call("KEYS", "sb:live:*")[0][8:]),
+                         "inf")
+
+    def test_a_node_killed_loses_its_slot_at_its_ttl(self):
+        a, b, held = self.two_nodes_b_holding()
+        waiter = self.acquire(a, "l0")
+        self.assertTrue(waiter.queued or not waiter.granted, waiter.params)
+        killed = time.monotonic()
+        b.crash()
+        held.close()
+        waiter.until_granted(timeout=TTL + 20)
+        after = time.monotonic() - killed
+        print(f"# granted {after:.2f} s after the kill (TTL {TTL} s)", flush=True)
+        # Its last renewal was at most a second before the kill; Redis frees its slot a TTL after it, and the
+        # waiting node ticks every second: TTL + 2 s at the latest (with a second's slack for a busy machine).
+        self.assertGreaterEqual(after, TTL - 1.5)
+        self.assertLessEqual(after, TTL + 3)
+
+
+if __name__ == "__main__":
+    (_,), argv = harness.arguments(__doc__, 1)
+    harness.main(argv)
