@@ -10,7 +10,9 @@
 #include "log.h"
 #include "persistence.h"
 #include "process.h"
+#include "selector.h"
 #include "session.h"
+#include "strv.h"
 
 #define JOB_MAX 1024
 /* maxHoldMs at most 3650 days: grant time plus the hold, in µs, then stays far inside expiresAt's int64
@@ -122,10 +124,20 @@ static bool lane_is_shared(const BrokerConfig *c, const LaneConfig *lc) {
         return false;
 }
 
+/* The client's labels (SPEC §3.5): as many again as a lane's labels= may hold (SELECTOR_TERMS_MAX in all). */
+#define ACQUIRE_LABELS_MAX 32
+
+/* Which parameter to name when no pool of the lane can ever grant the request: its selector if it has one
+ * (SPEC §3.5: a selector no member matches), else its size. */
+static const char *invalid_request_parameter(const AcquireCall *a) {
+        return a->member ? "member" : a->labels ? "labels" : "slots";
+}
+
 void session_acquire(Session *s, const VarlinkCall *call) {
         SessionTable *m = s->table;
         AcquireCall *a = &s->acquire;
-        const char *lane = NULL, *job = NULL, *reclaim = NULL;
+        const char *lane = NULL, *job = NULL, *reclaim = NULL, *member = NULL;
+        _cleanup_(json_strv_freep) char **labels = NULL;
         unsigned slots = 1;
         bool wait = true, detach = false, fence = false;
         int64_t queue_wait_ms = 0, pid = 0, pidfd_index = -1, max_hold_ms = 0;
@@ -148,11 +160,22 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                 { "detach", JSON_FIELD_BOOL, 0, &detach },
                 { "maxHoldMs", JSON_FIELD_INT64, 0, &max_hold_ms, 1, MAX_HOLD_MS_MAX },
                 { "fence", JSON_FIELD_BOOL, 0, &fence },
+                { "labels", JSON_FIELD_STRV, 0, &labels, .max_length = ACQUIRE_LABELS_MAX },
+                { "member", JSON_FIELD_STRING, 0, &member, .max_length = 64 },
                 {},
         };
         int r = json_dispatch(call->parameters, table, 0, &bad);
         if (r < 0) {
                 reply_invalid_parameter(s, bad ?: "parameters");
+                return;
+        }
+        for (size_t i = 0; labels && labels[i]; i++)
+                if (!selector_term_is_valid(labels[i])) {
+                        reply_invalid_parameter(s, "labels");
+                        return;
+                }
+        if (member && !conf_name_is_valid(member)) {
+                reply_invalid_parameter(s, "member");
                 return;
         }
         if (pid > 0 && pidfd_index >= 0) {
@@ -235,7 +258,9 @@ void session_acquire(Session *s, const VarlinkCall *call) {
 
         a->lane = strdup(lane);
         a->job = job ? strdup(job) : NULL;
-        if (!a->lane || (job && !a->job)) {
+        a->member = member ? strdup(member) : NULL;
+        a->labels = labels && labels[0] ? TAKE_PTR(labels) : NULL;
+        if (!a->lane || (job && !a->job) || (member && !a->member)) {
                 log_oom();
                 session_close(s);
                 return;
@@ -261,6 +286,8 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                                    .max_wait = a->max_wait,
                                    .max_hold = a->max_hold,
                                    .userdata = s,
+                                   .labels = (const char *const *) a->labels,
+                                   .member = a->member,
                            },
                            now_monotonic(), &a->request);
         if (r == -ENOENT || r == -EINVAL) {
@@ -269,7 +296,8 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
                         session_reply_error(s, "io.slotbroker.NoSuchLane", p);
                 } else
-                        reply_invalid_parameter(s, "slots"); /* more slots than any pool of the lane has */
+                        /* More slots than any pool of the lane has, or than its members that match. */
+                        reply_invalid_parameter(s, invalid_request_parameter(a));
                 session_acquire_done(s);
                 return;
         }
@@ -428,6 +456,8 @@ static void session_free(Session *s) {
         connection_free(s->connection);
         free(s->acquire.lane);
         free(s->acquire.job);
+        strv_free(s->acquire.labels);
+        free(s->acquire.member);
         free(s);
 }
 
@@ -564,6 +594,8 @@ void session_acquire_done(Session *s) {
         a->has_command = false;
         a->lane = mfree(a->lane);
         a->job = mfree(a->job);
+        a->labels = strv_free(a->labels);
+        a->member = mfree(a->member);
         connection_resume(s->connection);
 }
 
@@ -660,8 +692,10 @@ int session_export(Session *s, HandoverAcquire *ret, bool *ret_has_acquire) {
                 h.idle = engine_request_idle(r);
                 h.budget = engine_request_budget(r);
                 h.position = pos;
+                if (a->labels && !(h.labels = strv_copy(a->labels)))
+                        return -ENOMEM;
                 if (strdup_or_null(a->lane, &h.lane) < 0 || strdup_or_null(a->job, &h.job) < 0 ||
-                    strdup_or_null(engine_request_pool(r), &h.pool) < 0 ||
+                    strdup_or_null(a->member, &h.member) < 0 || strdup_or_null(engine_request_pool(r), &h.pool) < 0 ||
                     strdup_or_null(engine_request_remote_id(r), &h.remote_id) < 0)
                         return -ENOMEM;
         }
@@ -714,7 +748,8 @@ static int session_resume_waiter(Session *s, const HandoverAcquire *h) {
                     process_check_attachable(&command, s->cred.pid, s->cred.uid) < 0)
                         return -ENOENT;
         }
-        if (strdup_or_null(h->lane, &a->lane) < 0 || strdup_or_null(h->job, &a->job) < 0)
+        if (strdup_or_null(h->lane, &a->lane) < 0 || strdup_or_null(h->job, &a->job) < 0 ||
+            strdup_or_null(h->member, &a->member) < 0 || (h->labels && !(a->labels = strv_copy(h->labels))))
                 return -ENOMEM;
         a->active = true;
         a->more = h->more;
@@ -751,15 +786,18 @@ static int session_resume_waiter(Session *s, const HandoverAcquire *h) {
                                        .max_hold = a->max_hold,
                                        .userdata = s,
                                        .resume = &resume,
+                                       .labels = (const char *const *) a->labels,
+                                       .member = a->member,
                                },
                                now_monotonic(), &a->request);
         if (r == -ENOENT || r == -EINVAL) {
-                /* The lane, or every pool big enough, went with the new configuration. */
+                /* The lane, or every pool big enough (or with members to match), went with the new
+                 * configuration. */
                 if (r == -ENOENT) {
                         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", h->lane);
                         session_reply_error(s, "io.slotbroker.NoSuchLane", p);
                 } else
-                        reply_invalid_parameter(s, "slots");
+                        reply_invalid_parameter(s, invalid_request_parameter(a));
                 session_acquire_done(s);
                 return 0;
         }
