@@ -10,8 +10,10 @@
  *
  * A request may name labels or a member (SPEC §3.5): its bucket is then per (k, selector), with the set of
  * members the selector admits, and while any such request waits, dispatch walks the buckets' heads in queue
- * order handing free members to the first that can use them (queue_walk()): O(buckets) per grant, not
- * O(waiters), as a bucket's waiters all ask the same and only its head can be next.
+ * order handing free members to the first that can use them (queue_walk()). A bucket's waiters all ask the
+ * same, so only its head can be next: the heads are kept in a rank tree of their own in queue order, and a
+ * grant walks them only until no free member is left that a head could use: O(heads walked × log buckets),
+ * never the whole queue.
  *
  * A held slot is identified by its member's name in a member pool, by its index in a pool of anonymous
  * slots (SPEC §3.4). Its place in the occupancy bitmap follows that identity across reloads: a reordered
@@ -40,6 +42,8 @@ typedef struct Bucket {
         char **terms;
         char *member;
         uint64_t *mask;       /* member_set_words(limit) words */
+        RankNode head_node;   /* LocalPool.heads while the bucket has waiters, keyed as its head */
+        bool head_linked;
 } Bucket;
 
 /* A lane's share of this pool: its limits, what it holds, who of it waits. */
@@ -115,6 +119,7 @@ struct LocalPool {
         RankTree queue;
         size_t n_waiting;
         size_t n_selective;             /* waiters with a selector: dispatch walks per member (queue_walk()) */
+        RankTree heads;                 /* Bucket.head_node of every bucket with waiters, in queue order */
         Heap deadlines;
 
         bool congested;
@@ -441,6 +446,17 @@ static Bucket *bucket_free(Bucket *b) {
         return mfree(b);
 }
 
+/* The bucket's place in LocalPool.heads follows its head waiter (or it leaves when it has none). */
+static void bucket_head_update(LocalPool *p, LocalLane *l, Bucket *b) {
+        if (b->head_linked)
+                rank_tree_remove(&p->heads, &b->head_node);
+        ListNode *n = list_first(&b->fifo);
+        b->head_linked = n != NULL;
+        if (n)
+                rank_tree_insert(&p->heads, &b->head_node, -(int64_t) l->priority,
+                                 container_of(n, PoolWaiter, fifo_node)->seq);
+}
+
 /* The members a selector bucket admits under the pool's members and labels now. */
 static int bucket_resolve(const LocalPool *p, Bucket *b) {
         uint64_t *mask;
@@ -578,11 +594,6 @@ static void free_members(const LocalPool *p, uint64_t *avail, size_t words) {
                         avail[i / 64] &= ~(UINT64_C(1) << (i % 64));
 }
 
-static int head_compare(const void *a, const void *b) {
-        const PoolWaiter *x = *(PoolWaiter *const *) a, *y = *(PoolWaiter *const *) b;
-        return waiter_before(x, y) ? -1 : waiter_before(y, x) ? 1 : 0;
-}
-
 /* No barging per member (SPEC §3.5): a waiter that cannot be granted sets aside the free members it could use,
  * so nobody behind it takes them; members it cannot use flow on. What a lane limit passes over sets nothing
  * aside, as in queue_next(). How one request fares after the queue: usable gets the members it may take
@@ -605,34 +616,19 @@ static Verdict member_verdict(const LocalPool *p, const LocalLane *l, unsigned s
 }
 
 /* The first waiter in queue order that can be granted, walking the buckets' heads with member_verdict(); its
- * members in `usable`. NULL when none: avail then holds what the queue left for a newcomer. Returns -ENOMEM
- * as NULL with *ret_error set. */
-static PoolWaiter *queue_walk(const LocalPool *p, uint64_t *avail, uint64_t *usable, size_t words, int *ret_error) {
-        size_t n = 0, m = 0;
-        *ret_error = 0;
-        for (size_t i = 0; i < p->n_lanes; i++)
-                n += p->lanes[i]->n_buckets;
-        _cleanup_free_ PoolWaiter **heads = calloc(MAX(n, (size_t) 1), sizeof(PoolWaiter *));
-        if (!heads) {
-                *ret_error = -ENOMEM;
-                return NULL;
-        }
-        for (size_t i = 0; i < p->n_lanes; i++)
-                for (size_t b = 0; b < p->lanes[i]->n_buckets; b++) {
-                        ListNode *node = list_first(&p->lanes[i]->buckets[b]->fifo);
-                        if (node)
-                                heads[m++] = container_of(node, PoolWaiter, fifo_node);
-                }
-        qsort(heads, m, sizeof(PoolWaiter *), head_compare);
-        for (size_t i = 0; i < m; i++) {
+ * members in `usable`. NULL when none: avail then holds what the queue left for a newcomer. */
+static PoolWaiter *queue_walk(const LocalPool *p, uint64_t *avail, uint64_t *usable, size_t words) {
+        RankNode *n;
+        for (size_t i = 0; (n = rank_tree_nth(&p->heads, i)); i++) {
                 bool any = false;
                 for (size_t w = 0; w < words && !any; w++)
                         any = avail[w] != 0;
                 if (!any)
                         break;
-                if (member_verdict(p, heads[i]->lane, heads[i]->slots, heads[i]->bucket->mask, avail, usable, words) ==
-                    VERDICT_GRANTABLE)
-                        return heads[i];
+                Bucket *b = container_of(n, Bucket, head_node);
+                PoolWaiter *head = container_of(list_first(&b->fifo), PoolWaiter, fifo_node);
+                if (member_verdict(p, head->lane, head->slots, b->mask, avail, usable, words) == VERDICT_GRANTABLE)
+                        return head;
         }
         return NULL;
 }
@@ -640,7 +636,10 @@ static PoolWaiter *queue_walk(const LocalPool *p, uint64_t *avail, uint64_t *usa
 /* ---- waiters ---- */
 
 static void waiter_unlink(LocalPool *p, PoolWaiter *w) {
+        bool head = list_first(&w->bucket->fifo) == &w->fifo_node;
         list_unlink(&w->fifo_node);
+        if (head)
+                bucket_head_update(p, w->lane, w->bucket);
         if (w->bucket->canon)
                 p->n_selective--;
         bucket_gc(w->lane, w->bucket);
@@ -732,14 +731,13 @@ static void dispatch(LocalPool *p, usec_t now) {
         while (p->n_waiting > 0 && free_slots(p) > 0) {
                 Verdict v = VERDICT_GRANTABLE;
                 PoolWaiter *w;
-                int r;
                 bool walked = p->n_selective > 0;
                 if (walked) {
                         if (!avail && (!(avail = calloc(words, sizeof(uint64_t))) ||
                                        !(usable = calloc(words, sizeof(uint64_t)))))
                                 return; /* out of memory: the next instant tries again */
                         free_members(p, avail, words);
-                        w = queue_walk(p, avail, usable, words, &r);
+                        w = queue_walk(p, avail, usable, words);
                 } else
                         w = queue_next(p, INT32_MIN, &v);
                 if (!w || v != VERDICT_GRANTABLE)
@@ -915,12 +913,14 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
                 lane_apply_rule(l, rule);
                 if (old_priority != l->priority)
                         /* The queue is ordered by priority: re-key this lane's waiters. O(n log n), reload only. */
-                        for (size_t b = 0; b < l->n_buckets; b++)
+                        for (size_t b = 0; b < l->n_buckets; b++) {
+                                bucket_head_update(p, l, l->buckets[b]);
                                 list_foreach(n, &l->buckets[b]->fifo) {
                                         PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
                                         rank_tree_remove(&p->queue, &w->rank_node);
                                         rank_tree_insert(&p->queue, &w->rank_node, -(int64_t) l->priority, w->seq);
                                 }
+                        }
         }
         lanes_gc(p);
         return 0;
@@ -993,11 +993,9 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 if (!avail || !usable)
                         return -ENOMEM;
                 free_members(p, avail, words);
-                if (!queue_walk(p, avail, usable, words, &r) && r == 0 &&
+                if (!queue_walk(p, avail, usable, words) &&
                     member_verdict(p, l, t->slots, mask, avail, usable, words) == VERDICT_GRANTABLE)
                         return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL, usable);
-                if (r < 0)
-                        return r;
         } else {
                 Verdict ahead_verdict, v = lane_verdict(p, l, t->slots, free_slots(p));
                 if (v == VERDICT_GRANTABLE && !queue_next(p, INT32_MIN, &ahead_verdict))
@@ -1066,6 +1064,8 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 }
         }
         list_append(&b->fifo, &w->fifo_node);
+        if (!b->head_linked)
+                bucket_head_update(p, l, b);
         if (b->canon)
                 p->n_selective++;
         rank_tree_insert(&p->queue, &w->rank_node, -(int64_t) l->priority, w->seq);
