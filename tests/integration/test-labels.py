@@ -166,6 +166,12 @@ class Labels(harness.BrokerTestCase):
         self.assertEqual(self.running(b, "usb", "ff", "--label", "usb3"), ["c"])
         self.assertEqual(self.running(b, "any", "ff", "--label", "!usb3"), ["d"])
         self.assertIsNone(self.members("one"), "b went past the two-rig waiter")
+        # Status says what each waiter asks of the members: why it waits while b is free.
+        waiters = {w["job"]: w for w in b.status()["waiters"]}
+        self.assertEqual(waiters["two"].get("labels"), ["arm64"])
+        self.assertNotIn("member", waiters["two"])
+        text = subprocess.run([SLOTCTL, "status", "--socket", b.socket_path], capture_output=True, text=True).stdout
+        self.assertRegex(text, r"two.*\(wants arm64\)")
         self.end(b, "x")
         got = wait_for(lambda: self.members("two"), 10, message="the two-rig waiter")
         self.assertEqual(sorted(got), ["a", "b"])
