@@ -1375,6 +1375,28 @@ static void test_random_workload_never_oversubscribes(void **state) {
         }
 }
 
+/* Every held member of pool 0 is held once, and the pool counts exactly what the leases hold. Returns how
+ * many are held. */
+static unsigned assert_members_held_once(Fixture *f) {
+        const char *held[64];
+        unsigned n_held = 0;
+        for (size_t k = 0; k < f->n_tags; k++) {
+                if (!f->tags[k].lease)
+                        continue;
+                const char *const *members;
+                unsigned n = engine_lease_slots(f->tags[k].lease, NULL, &members);
+                for (unsigned x = 0; x < n; x++) {
+                        for (unsigned y = 0; y < n_held; y++)
+                                if (streq(held[y], members[x]))
+                                        fail_msg("member %s held twice", members[x]);
+                        assert_true(n_held < ELEMENTSOF(held));
+                        held[n_held++] = members[x];
+                }
+        }
+        assert_int_equal(n_held, pool_in_use(f, 0));
+        return n_held;
+}
+
 static void test_random_reloads_of_members_never_hand_a_member_out_twice(void **state) {
         Fixture *f = *state;
         static const char *const names[] = { "a", "b", "c", "d", "e", "f" };
@@ -1411,23 +1433,7 @@ static void test_random_reloads_of_members_never_hand_a_member_out_twice(void **
                         if (granted(t))
                                 assert_true(pool_in_use(f, 0) <= p->limit); /* granted under the limit in force */
                 }
-                /* Every held member is held once, and the pool counts exactly what the leases hold. */
-                const char *held[64];
-                unsigned n_held = 0;
-                for (size_t k = 0; k < f->n_tags; k++) {
-                        if (!f->tags[k].lease)
-                                continue;
-                        const char *const *members;
-                        unsigned n = engine_lease_slots(f->tags[k].lease, NULL, &members);
-                        for (unsigned x = 0; x < n; x++) {
-                                for (unsigned y = 0; y < n_held; y++)
-                                        if (streq(held[y], members[x]))
-                                                fail_msg("member %s held twice", members[x]);
-                                assert_true(n_held < ELEMENTSOF(held));
-                                held[n_held++] = members[x];
-                        }
-                }
-                assert_int_equal(n_held, pool_in_use(f, 0));
+                assert_members_held_once(f);
         }
 }
 
@@ -1711,22 +1717,7 @@ static void test_random_selectors_never_hand_a_member_out_twice(void **state) {
                         quiesce(f);
                         run(f, now);
                 }
-                const char *held[64];
-                unsigned n_held = 0;
-                for (size_t k = 0; k < f->n_tags; k++) {
-                        if (!f->tags[k].lease)
-                                continue;
-                        const char *const *members;
-                        unsigned n = engine_lease_slots(f->tags[k].lease, NULL, &members);
-                        for (unsigned x = 0; x < n; x++) {
-                                for (unsigned y = 0; y < n_held; y++)
-                                        if (streq(held[y], members[x]))
-                                                fail_msg("member %s held twice", members[x]);
-                                held[n_held++] = members[x];
-                        }
-                }
-                assert_int_equal(n_held, pool_in_use(f, 0));
-                assert_true(n_held <= p->limit);
+                assert_true(assert_members_held_once(f) <= p->limit);
         }
         /* Each grant satisfied its selector when it was made: checked against the labels of the last
          * configuration only for requests granted after it, so here by name against both layouts. */
