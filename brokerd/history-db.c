@@ -114,6 +114,12 @@ static int migration_4_alive(sqlite3 *db) {
                             NULL, NULL, NULL);
 }
 
+/* What a request asked of the members (SPEC §3.5, AuditRecord.selector): "arm64 !flaky @rig-c"; NULL when
+ * nothing, and in rows from before. `slotctl simulate --replay` asks for the same again. */
+static int migration_5_selector(sqlite3 *db) {
+        return sqlite3_exec(db, "ALTER TABLE events ADD COLUMN selector TEXT", NULL, NULL, NULL);
+}
+
 static const struct {
         const char *what;
         int (*run)(sqlite3 *db);
@@ -122,6 +128,7 @@ static const struct {
         { "events.reason", migration_2_reason },
         { "leases.members", migration_3_lease_members },
         { "alive mark", migration_4_alive },
+        { "events.selector", migration_5_selector },
 };
 _Static_assert(ELEMENTSOF(migrations) == HISTORY_SCHEMA_VERSION, "HISTORY_SCHEMA_VERSION counts the migrations");
 
@@ -293,8 +300,8 @@ static int prepare_statements(HistoryDb *d) {
 
         rc = sqlite3_prepare_v3(d->db,
                                 "INSERT INTO events (time, decision, pool, lane, job, lease, token, wait_us, hold_us, "
-                                "budget_us, idle_us, state, uid, pid, retry_after_sec, reason) "
-                                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                                "budget_us, idle_us, state, uid, pid, retry_after_sec, reason, selector) "
+                                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                                 -1, SQLITE_PREPARE_PERSISTENT, &d->insert_event, NULL);
         if (rc == SQLITE_OK)
                 rc = sqlite3_prepare_v3(d->db,
@@ -588,6 +595,7 @@ int history_db_insert_event(HistoryDb *d, const EventRow *e) {
         bind_nonzero(st, 14, e->pid);
         bind_nonzero(st, 15, e->retry_after_sec);
         bind_text(st, 16, e->reason);
+        bind_text(st, 17, e->selector);
         int rc = sqlite3_step(st);
         sqlite3_reset(st);
         return rc == SQLITE_DONE ? SQLITE_OK : rc;
@@ -912,7 +920,7 @@ int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, i
 
         /* Only the filters given, so that the planner can use their indexes. */
         snprintf(sql, sizeof sql,
-                 "SELECT id, time, decision, pool, lane, job, uid, pid, lease, token, wait_us, hold_us, budget_us, state "
+                 "SELECT id, time, decision, pool, lane, job, uid, pid, lease, token, wait_us, hold_us, budget_us, state, selector "
                  "FROM events WHERE id > ?%s%s%s%s%s ORDER BY id LIMIT ?",
                  since ? " AND time >= ?" : "", until ? " AND time < ?" : "", q->lane ? " AND lane = ?" : "",
                  q->pool ? " AND pool = ?" : "", q->decision ? " AND decision = ?" : "");
@@ -964,6 +972,7 @@ int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, i
                 json_set_int(e, "heldMs", st, 11, 1000);
                 json_set_int(e, "budgetMs", st, 12, 1000);
                 json_set_text(e, "state", st, 13);
+                json_set_text(e, "selector", st, 14);
                 n++;
         }
         sqlite3_finalize(st);

@@ -127,6 +127,14 @@ static bool lane_is_shared(const BrokerConfig *c, const LaneConfig *lc) {
 /* The client's labels (SPEC §3.5): as many again as a lane's labels= may hold (SELECTOR_TERMS_MAX in all). */
 #define ACQUIRE_LABELS_MAX 32
 
+/* a->selector from a->labels and a->member: NULL when neither. Returns 0, -ENOMEM. */
+static int acquire_set_selector(AcquireCall *a) {
+        const Selector sel = { .terms = a->labels, .member = a->member };
+        if (selector_is_empty(&sel))
+                return 0;
+        return selector_canon(&sel, &a->selector);
+}
+
 /* Which parameter to name when no pool of the lane can ever grant the request: its selector if it has one
  * (SPEC §3.5: a selector no member matches), else its size. */
 static const char *invalid_request_parameter(const AcquireCall *a) {
@@ -260,7 +268,7 @@ void session_acquire(Session *s, const VarlinkCall *call) {
         a->job = job ? strdup(job) : NULL;
         a->member = member ? strdup(member) : NULL;
         a->labels = labels && labels[0] ? TAKE_PTR(labels) : NULL;
-        if (!a->lane || (job && !a->job) || (member && !a->member)) {
+        if (!a->lane || (job && !a->job) || (member && !a->member) || acquire_set_selector(a) < 0) {
                 log_oom();
                 session_close(s);
                 return;
@@ -458,6 +466,7 @@ static void session_free(Session *s) {
         free(s->acquire.job);
         strv_free(s->acquire.labels);
         free(s->acquire.member);
+        free(s->acquire.selector);
         free(s);
 }
 
@@ -596,6 +605,7 @@ void session_acquire_done(Session *s) {
         a->job = mfree(a->job);
         a->labels = strv_free(a->labels);
         a->member = mfree(a->member);
+        a->selector = mfree(a->selector);
         connection_resume(s->connection);
 }
 
@@ -749,7 +759,8 @@ static int session_resume_waiter(Session *s, const HandoverAcquire *h) {
                         return -ENOENT;
         }
         if (strdup_or_null(h->lane, &a->lane) < 0 || strdup_or_null(h->job, &a->job) < 0 ||
-            strdup_or_null(h->member, &a->member) < 0 || (h->labels && !(a->labels = strv_copy(h->labels))))
+            strdup_or_null(h->member, &a->member) < 0 || (h->labels && !(a->labels = strv_copy(h->labels))) ||
+            acquire_set_selector(a) < 0)
                 return -ENOMEM;
         a->active = true;
         a->more = h->more;
@@ -961,6 +972,7 @@ static void audit_grant(SessionTable *m, const Lease *l, const LeaseGrant *g) {
         rec.budget = g->budget;
         rec.idle = g->idle;
         rec.state = queue_state_to_string(g->state);
+        rec.selector = g->selector;
         audit_decision(m->audit, &rec);
 }
 
@@ -1018,6 +1030,7 @@ static void on_granted(SessionTable *m, Session *s, const EngineEvent *ev) {
                 .budget = ev->queued ? ev->budget : USEC_INFINITY,
                 .idle = ev->queued ? ev->idle : USEC_INFINITY,
                 .state = ev->queued ? ev->state : QUEUE_STATE_NONE,
+                .selector = a->selector ? strdup(a->selector) : NULL, /* lost to -ENOMEM: the audit goes without */
         };
 
         if (s->closed) {
@@ -1086,6 +1099,7 @@ static void on_refused(SessionTable *m, Session *s, const EngineEvent *ev) {
         rec.pool = ev->pool;
         rec.lane = ev->lane;
         rec.job = a->job;
+        rec.selector = a->selector;
         rec.wait = ev->wait;
         rec.budget = ev->queued ? ev->budget : USEC_INFINITY;
         rec.idle = ev->queued ? ev->idle : USEC_INFINITY;
@@ -1130,6 +1144,7 @@ bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
         rec.pool = engine_request_pool(a->request);
         rec.lane = a->lane;
         rec.job = a->job;
+        rec.selector = a->selector;
         rec.wait = usec_sub_unsigned(now, engine_request_arrival(a->request));
         rec.budget = engine_request_budget(a->request);
         rec.uid = s->cred.uid;

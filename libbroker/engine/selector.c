@@ -47,11 +47,12 @@ int selector_canon(const Selector *s, char **ret) {
         for (size_t i = 0; i < n; i++) {
                 if (i > 0 && streq(sorted[i], sorted[i - 1]))
                         continue;
+                if (p > c)
+                        p = stpcpy(p, " ");
                 p = stpcpy(p, sorted[i]);
-                p = stpcpy(p, " ");
         }
         if (s && s->member) {
-                p = stpcpy(p, "@");
+                p = stpcpy(p, p > c ? " @" : "@");
                 p = stpcpy(p, s->member);
         }
         *ret = c;

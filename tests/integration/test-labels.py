@@ -7,6 +7,7 @@ held twice, or a limit passed, fails the test from the commands' side.
 Rigs a b c d: arm64 = a b, usb3 = b c, flaky = d.
 - `--label arm64 --label usb3` gets b, `--label '!arm64' --label '!flaky'` gets c, `--member d` gets d;
   every granted member carries what was asked (SLOT_MEMBER).
+- The history records what each grant asked for (History's selector).
 - A selector no member can ever match exits 64 before it is queued: an unknown label or member, more
   members than carry the labels, a contradiction, a label that is not a label name, `labels=` of the lane
   narrowed into nothing.
@@ -122,6 +123,13 @@ class Labels(harness.BrokerTestCase):
         self.assertEqual(s["pools"][0]["inUse"], 4)
         for name in ("both", "plain", "named", "lane"):
             self.end(b, name)
+        # The history says what each asked for (the lane's own labels= are its configuration's).
+        def selectors():
+            got = {e["job"]: e.get("selector") for e in b.call("io.slotbroker.History", {})["events"]
+                   if e["decision"] == "granted"}
+            return got if len(got) == 4 else None
+        self.assertEqual(wait_for(selectors, 10, message="the grants in the history"),
+                         {"both": "arm64 usb3", "plain": "!arm64 !flaky", "named": "@d", "lane": None})
 
     def test_a_selector_nobody_matches_is_refused_before_queueing(self):
         b = self.broker(CONFIG, "refuse")

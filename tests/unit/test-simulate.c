@@ -171,7 +171,7 @@ static void test_scenario_labels_that_nobody_matches_are_an_error(void **state) 
                                               "test.json", &error, &s),
                          0);
         assert_true(scenario_build_config(s, NULL, NULL, &error, &c) < 0);
-        assert_non_null(strstr(error, "members that match"));
+        assert_non_null(strstr(error, "members match its labels"));
         s = scenario_free(s);
         free(error);
         error = NULL;
