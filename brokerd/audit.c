@@ -214,6 +214,8 @@ static void journal_decision(Audit *a, const AuditRecord *r, int k) {
                 field(&f, "SLOT_RETRY_AFTER_SEC=%u", r->retry_after_sec);
         if (r->reason)
                 field(&f, "SLOT_REASON=%s", r->reason);
+        if (r->selector)
+                field(&f, "SLOT_SELECTOR=%s", r->selector);
         journal_send(a, &f);
 }
 

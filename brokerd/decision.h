@@ -26,6 +26,9 @@ typedef struct AuditRecord {
         pid_t pid;                /* 0: unknown */
         unsigned retry_after_sec; /* 0: none */
         const char *reason;       /* a few words for the message, or NULL */
+        /* What the request asked of the members (SPEC §3.5), as selector_canon() writes it: its labels, then
+         * "@MEMBER" ("arm64 !flaky @rig-c"); NULL: nothing. */
+        const char *selector;
 } AuditRecord;
 
 #define AUDIT_RECORD_INIT                                                                                   \

@@ -15,6 +15,8 @@
 #include "handover.h"
 #include "json.h"
 #include "macro.h"
+#include "selector.h"
+#include "strv.h"
 
 /* SCM_MAX_FD: the kernel takes at most this many fds with one message. */
 #define HANDOVER_FDS_PER_MESSAGE 253
@@ -87,6 +89,8 @@ static int base64_decode(const char *s, void **ret, size_t *ret_size) {
 void handover_acquire_done(HandoverAcquire *a) {
         free(a->lane);
         free(a->job);
+        strv_free(a->labels);
+        free(a->member);
         free(a->pool);
         free(a->remote_id);
         free(a->lease);
@@ -191,6 +195,16 @@ static void put_acquire(FILE *f, const HandoverAcquire *a) {
                 a->slots, a->more ? "true" : "false", a->fence ? "true" : "false", a->last_position, a->last_queued);
         put_usec_field(f, "maxHold", a->max_hold);
         put_usec_field(f, "maxWait", a->max_wait);
+        if (a->labels) {
+                fputs(",\"labels\":[", f);
+                for (size_t i = 0; a->labels[i]; i++) {
+                        if (i > 0)
+                                fputc(',', f);
+                        put_string(f, a->labels[i]);
+                }
+                fputc(']', f);
+        }
+        put_string_field(f, "member", a->member);
         if (a->has_command)
                 fprintf(f, ",\"command\":{\"pid\":%d,\"start\":%" PRIu64 "}", (int) a->command_pid, a->command_start);
         if (a->lease)
@@ -297,7 +311,8 @@ static int parse_waiting(json_t *w, usec_t now, HandoverAcquire *a) {
 }
 
 static int parse_acquire(json_t *o, usec_t now, HandoverAcquire *a) {
-        const char *lane = NULL, *job = NULL, *lease = NULL;
+        const char *lane = NULL, *job = NULL, *lease = NULL, *member = NULL;
+        _cleanup_(json_strv_freep) char **labels = NULL;
         unsigned slots = 0;
         bool more = false, fence = false;
         int64_t max_hold = -1, max_wait = -1, last_position = 0, last_queued = 0;
@@ -315,10 +330,17 @@ static int parse_acquire(json_t *o, usec_t now, HandoverAcquire *a) {
                 { "command", JSON_FIELD_OBJECT, 0, &command },
                 { "waiting", JSON_FIELD_OBJECT, 0, &waiting },
                 { "lease", JSON_FIELD_STRING, 0, &lease, .max_length = 64 },
+                { "labels", JSON_FIELD_STRV, 0, &labels, .max_length = SELECTOR_TERMS_MAX },
+                { "member", JSON_FIELD_STRING, 0, &member, .max_length = 64 },
                 {},
         };
         if (json_dispatch(o, table, 0, NULL) < 0 || !*lane || (!waiting == !lease))
                 return -EBADMSG; /* waiting or holding: one of the two */
+        for (size_t i = 0; labels && labels[i]; i++)
+                if (!selector_term_is_valid(labels[i]))
+                        return -EBADMSG;
+        if (member && !conf_name_is_valid(member))
+                return -EBADMSG;
         if (command) {
                 int64_t pid = 0, start = 0;
                 const JsonField ct[] = {
@@ -341,7 +363,10 @@ static int parse_acquire(json_t *o, usec_t now, HandoverAcquire *a) {
         a->last_position = (uint64_t) last_position;
         a->last_queued = (uint64_t) last_queued;
         if (strdup_or_null(lane, &a->lane) < 0 || strdup_or_null(job, &a->job) < 0 ||
-            strdup_or_null(lease, &a->lease) < 0)
+            strdup_or_null(lease, &a->lease) < 0 || strdup_or_null(member, &a->member) < 0)
+                return -ENOMEM;
+        a->labels = labels && labels[0] ? strv_copy(labels) : NULL;
+        if (labels && labels[0] && !a->labels)
                 return -ENOMEM;
         return waiting ? parse_waiting(waiting, now, a) : 0;
 }

@@ -32,6 +32,8 @@ typedef struct HandoverAcquire {
         char *lane;
         char *job;                /* NULL: none */
         unsigned slots;
+        char **labels;            /* the client's selector terms, or NULL */
+        char *member;             /* NULL: none */
         bool more;
         bool fence;
         usec_t max_hold;          /* the client's cap; USEC_INFINITY: none */

@@ -32,7 +32,7 @@ typedef struct EventRow {
         uid_t uid;
         pid_t pid;
         unsigned retry_after_sec;
-        const char *decision, *pool, *lane, *job, *lease, *state, *reason;
+        const char *decision, *pool, *lane, *job, *lease, *state, *reason, *selector;
         char data[];
 } EventRow;
 

@@ -114,6 +114,12 @@ static int migration_4_alive(sqlite3 *db) {
                             NULL, NULL, NULL);
 }
 
+/* What a request asked of the members (SPEC §3.5, AuditRecord.selector): "arm64 !flaky @rig-c"; NULL when
+ * nothing, and in rows from before. `slotctl simulate --replay` asks for the same again. */
+static int migration_5_selector(sqlite3 *db) {
+        return sqlite3_exec(db, "ALTER TABLE events ADD COLUMN selector TEXT", NULL, NULL, NULL);
+}
+
 static const struct {
         const char *what;
         int (*run)(sqlite3 *db);
@@ -122,6 +128,7 @@ static const struct {
         { "events.reason", migration_2_reason },
         { "leases.members", migration_3_lease_members },
         { "alive mark", migration_4_alive },
+        { "events.selector", migration_5_selector },
 };
 _Static_assert(ELEMENTSOF(migrations) == HISTORY_SCHEMA_VERSION, "HISTORY_SCHEMA_VERSION counts the migrations");
 
@@ -290,23 +297,31 @@ void history_db_close(HistoryDb *d) {
         d->db = NULL;
 }
 
-static int prepare_statements(HistoryDb *d) {
-                int rc;
+/* The columns of a decision row, in bind_event()'s order. */
+#define EVENT_COLUMNS                                                                                       \
+        "time, decision, pool, lane, job, lease, token, wait_us, hold_us, budget_us, idle_us, state, uid, pid, " \
+        "retry_after_sec, reason, selector"
+#define EVENT_N_COLUMNS 17
 
-        rc = sqlite3_prepare_v3(d->db,
-                                "INSERT INTO events (time, decision, pool, lane, job, lease, token, wait_us, hold_us, "
-                                "budget_us, idle_us, state, uid, pid, retry_after_sec, reason) "
-                                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                                -1, SQLITE_PREPARE_PERSISTENT, &d->insert_event, NULL);
-        if (rc == SQLITE_OK) {
-                char sql[256 + HISTORY_DB_INSERT_ROWS * 36] =
-                        "INSERT INTO events (time, decision, pool, lane, job, lease, token, wait_us, hold_us, "
-                        "budget_us, idle_us, state, uid, pid, retry_after_sec, reason) VALUES ";
-                /* 34 bytes a row after the first: the array's size holds them and the head above. */
-                for (int i = 0; i < HISTORY_DB_INSERT_ROWS; i++)
-                        strcat(sql, i ? ",(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)" : "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
-                rc = sqlite3_prepare_v3(d->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &d->insert_events, NULL);
+static int prepare_statements(HistoryDb *d) {
+        int rc;
+
+        /* One statement for a row, one for HISTORY_DB_INSERT_ROWS of them: the same columns. A row's text is
+         * ",(" then "?" and a comma for each column but the last, then ")": 2 × columns + 2 bytes. */
+        char sql[32 + sizeof EVENT_COLUMNS + HISTORY_DB_INSERT_ROWS * (2 * EVENT_N_COLUMNS + 2)] =
+                "INSERT INTO events (" EVENT_COLUMNS ") VALUES ";
+        for (int i = 0; i < HISTORY_DB_INSERT_ROWS; i++) {
+                strcat(sql, i ? ",(" : "(");
+                for (int c = 0; c < EVENT_N_COLUMNS; c++)
+                        strcat(sql, c ? ",?" : "?");
+                strcat(sql, ")");
+                if (i == 0) {
+                        rc = sqlite3_prepare_v3(d->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &d->insert_event, NULL);
+                        if (rc != SQLITE_OK)
+                                return rc;
+                }
         }
+        rc = sqlite3_prepare_v3(d->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &d->insert_events, NULL);
         if (rc == SQLITE_OK)
                 rc = sqlite3_prepare_v3(d->db,
                                         "INSERT OR REPLACE INTO leases (id, pool, lane, slots, token, job, uid, pid, "
@@ -598,6 +613,7 @@ static void bind_event(sqlite3_stmt *st, int base, const EventRow *e) {
         bind_nonzero(st, base + 14, e->pid);
         bind_nonzero(st, base + 15, e->retry_after_sec);
         bind_text(st, base + 16, e->reason);
+        bind_text(st, base + 17, e->selector);
 }
 
 int history_db_insert_event(HistoryDb *d, const EventRow *e) {
@@ -631,7 +647,7 @@ int history_db_insert_events(HistoryDb *d, const EventRow **e, size_t max, size_
         sqlite3_stmt *st = d->insert_events;
         r = *e;
         for (int i = 0; i < HISTORY_DB_INSERT_ROWS; i++, r = r->next)
-                bind_event(st, i * 16, r);
+                bind_event(st, i * EVENT_N_COLUMNS, r);
         int rc = sqlite3_step(st);
         sqlite3_reset(st);
         if (rc != SQLITE_DONE)
@@ -960,7 +976,7 @@ int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, i
 
         /* Only the filters given, so that the planner can use their indexes. */
         snprintf(sql, sizeof sql,
-                 "SELECT id, time, decision, pool, lane, job, uid, pid, lease, token, wait_us, hold_us, budget_us, state "
+                 "SELECT id, time, decision, pool, lane, job, uid, pid, lease, token, wait_us, hold_us, budget_us, state, selector "
                  "FROM events WHERE id > ?%s%s%s%s%s ORDER BY id LIMIT ?",
                  since ? " AND time >= ?" : "", until ? " AND time < ?" : "", q->lane ? " AND lane = ?" : "",
                  q->pool ? " AND pool = ?" : "", q->decision ? " AND decision = ?" : "");
@@ -1012,6 +1028,7 @@ int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, i
                 json_set_int(e, "heldMs", st, 11, 1000);
                 json_set_int(e, "budgetMs", st, 12, 1000);
                 json_set_text(e, "state", st, 13);
+                json_set_text(e, "selector", st, 14);
                 n++;
         }
         sqlite3_finalize(st);

@@ -181,7 +181,7 @@ static const char *stash(char **p, const char *s, size_t size) {
 }
 
 void history_append(History *h, const AuditRecord *r, usec_t realtime) {
-        size_t sd, sp, sl, sj, se, ss, sr;
+        size_t sd, sp, sl, sj, se, ss, sr, sx;
 
         if (!h || !r || !r->decision)
                 return;
@@ -197,8 +197,8 @@ void history_append(History *h, const AuditRecord *r, usec_t realtime) {
         }
 
         sd = strsize(r->decision), sp = strsize(r->pool), sl = strsize(r->lane), sj = strsize(r->job),
-        se = strsize(r->lease), ss = strsize(r->state), sr = strsize(r->reason);
-        EventRow *e = history_row_alloc(&h->channel, sizeof(EventRow) + sd + sp + sl + sj + se + ss + sr);
+        se = strsize(r->lease), ss = strsize(r->state), sr = strsize(r->reason), sx = strsize(r->selector);
+        EventRow *e = history_row_alloc(&h->channel, sizeof(EventRow) + sd + sp + sl + sj + se + ss + sr + sx);
         if (!e) {
                 atomic_fetch_add(&h->channel.rows_dropped, 1);
                 return;
@@ -223,6 +223,7 @@ void history_append(History *h, const AuditRecord *r, usec_t realtime) {
         e->lease = stash(&p, r->lease, se);
         e->state = stash(&p, r->state, ss);
         e->reason = stash(&p, r->reason, sr);
+        e->selector = stash(&p, r->selector, sx);
 
         atomic_fetch_add(&h->channel.backlog, 1);
         /* The writer wakes for the first row of a batch (to time it) and for a full batch; not per row. */

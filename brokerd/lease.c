@@ -140,6 +140,7 @@ void lease_free(Lease *l) {
         sd_event_source_disable_unref(l->fence_timer);
         safe_close(l->command_pidfd);
         free(l->job);
+        free(l->grant.selector);
         free(l);
 }
 

@@ -40,6 +40,7 @@ typedef struct LeaseGrant {
         usec_t budget;                  /* USEC_INFINITY: unbounded or not queued */
         usec_t idle;                    /* USEC_INFINITY: not queued on a pool with queue-timeout */
         QueueState state;
+        char *selector;                 /* what the request asked of the members (AuditRecord.selector), or NULL */
 } LeaseGrant;
 
 typedef struct Lease Lease;

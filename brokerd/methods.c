@@ -174,6 +174,15 @@ static json_t *waiter_status(Session *s, usec_t now) {
                 return NULL;
         if (a->job)
                 json_object_set_new(o, "job", json_string(a->job));
+        if (a->labels) {
+                json_t *l = json_array();
+                for (size_t i = 0; l && a->labels[i]; i++)
+                        json_array_append_new(l, json_string(a->labels[i]));
+                if (l)
+                        json_object_set_new(o, "labels", l);
+        }
+        if (a->member)
+                json_object_set_new(o, "member", json_string(a->member));
         usec_t budget = engine_request_budget(a->request);
         if (budget != USEC_INFINITY)
                 json_object_set_new(o, "budgetMs", json_integer((json_int_t) (budget / USEC_PER_MSEC)));

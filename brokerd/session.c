@@ -10,7 +10,9 @@
 #include "log.h"
 #include "persistence.h"
 #include "process.h"
+#include "selector.h"
 #include "session.h"
+#include "strv.h"
 
 #define JOB_MAX 1024
 /* maxHoldMs at most 3650 days: grant time plus the hold, in µs, then stays far inside expiresAt's int64
@@ -122,10 +124,28 @@ static bool lane_is_shared(const BrokerConfig *c, const LaneConfig *lc) {
         return false;
 }
 
+/* The client's labels (SPEC §3.5): as many again as a lane's labels= may hold (SELECTOR_TERMS_MAX in all). */
+#define ACQUIRE_LABELS_MAX 32
+
+/* a->selector from a->labels and a->member: NULL when neither. Returns 0, -ENOMEM. */
+static int acquire_set_selector(AcquireCall *a) {
+        const Selector sel = { .terms = a->labels, .member = a->member };
+        if (selector_is_empty(&sel))
+                return 0;
+        return selector_canon(&sel, &a->selector);
+}
+
+/* Which parameter to name when no pool of the lane can ever grant the request: its selector if it has one
+ * (SPEC §3.5: a selector no member matches), else its size. */
+static const char *invalid_request_parameter(const AcquireCall *a) {
+        return a->member ? "member" : a->labels ? "labels" : "slots";
+}
+
 void session_acquire(Session *s, const VarlinkCall *call) {
         SessionTable *m = s->table;
         AcquireCall *a = &s->acquire;
-        const char *lane = NULL, *job = NULL, *reclaim = NULL;
+        const char *lane = NULL, *job = NULL, *reclaim = NULL, *member = NULL;
+        _cleanup_(json_strv_freep) char **labels = NULL;
         unsigned slots = 1;
         bool wait = true, detach = false, fence = false;
         int64_t queue_wait_ms = 0, pid = 0, pidfd_index = -1, max_hold_ms = 0;
@@ -148,11 +168,22 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                 { "detach", JSON_FIELD_BOOL, 0, &detach },
                 { "maxHoldMs", JSON_FIELD_INT64, 0, &max_hold_ms, 1, MAX_HOLD_MS_MAX },
                 { "fence", JSON_FIELD_BOOL, 0, &fence },
+                { "labels", JSON_FIELD_STRV, 0, &labels, .max_length = ACQUIRE_LABELS_MAX },
+                { "member", JSON_FIELD_STRING, 0, &member, .max_length = 64 },
                 {},
         };
         int r = json_dispatch(call->parameters, table, 0, &bad);
         if (r < 0) {
                 reply_invalid_parameter(s, bad ?: "parameters");
+                return;
+        }
+        for (size_t i = 0; labels && labels[i]; i++)
+                if (!selector_term_is_valid(labels[i])) {
+                        reply_invalid_parameter(s, "labels");
+                        return;
+                }
+        if (member && !conf_name_is_valid(member)) {
+                reply_invalid_parameter(s, "member");
                 return;
         }
         if (pid > 0 && pidfd_index >= 0) {
@@ -235,7 +266,9 @@ void session_acquire(Session *s, const VarlinkCall *call) {
 
         a->lane = strdup(lane);
         a->job = job ? strdup(job) : NULL;
-        if (!a->lane || (job && !a->job)) {
+        a->member = member ? strdup(member) : NULL;
+        a->labels = labels && labels[0] ? TAKE_PTR(labels) : NULL;
+        if (!a->lane || (job && !a->job) || (member && !a->member) || acquire_set_selector(a) < 0) {
                 log_oom();
                 session_close(s);
                 return;
@@ -261,6 +294,8 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                                    .max_wait = a->max_wait,
                                    .max_hold = a->max_hold,
                                    .userdata = s,
+                                   .labels = (const char *const *) a->labels,
+                                   .member = a->member,
                            },
                            now_monotonic(), &a->request);
         if (r == -ENOENT || r == -EINVAL) {
@@ -269,7 +304,8 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", lane);
                         session_reply_error(s, "io.slotbroker.NoSuchLane", p);
                 } else
-                        reply_invalid_parameter(s, "slots"); /* more slots than any pool of the lane has */
+                        /* More slots than any pool of the lane has, or than its members that match. */
+                        reply_invalid_parameter(s, invalid_request_parameter(a));
                 session_acquire_done(s);
                 return;
         }
@@ -428,6 +464,9 @@ static void session_free(Session *s) {
         connection_free(s->connection);
         free(s->acquire.lane);
         free(s->acquire.job);
+        strv_free(s->acquire.labels);
+        free(s->acquire.member);
+        free(s->acquire.selector);
         free(s);
 }
 
@@ -574,6 +613,9 @@ void session_acquire_done(Session *s) {
         a->has_command = false;
         a->lane = mfree(a->lane);
         a->job = mfree(a->job);
+        a->labels = strv_free(a->labels);
+        a->member = mfree(a->member);
+        a->selector = mfree(a->selector);
         connection_resume(s->connection);
 }
 
@@ -670,8 +712,10 @@ int session_export(Session *s, HandoverAcquire *ret, bool *ret_has_acquire) {
                 h.idle = engine_request_idle(r);
                 h.budget = engine_request_budget(r);
                 h.position = pos;
+                if (a->labels && !(h.labels = strv_copy(a->labels)))
+                        return -ENOMEM;
                 if (strdup_or_null(a->lane, &h.lane) < 0 || strdup_or_null(a->job, &h.job) < 0 ||
-                    strdup_or_null(engine_request_pool(r), &h.pool) < 0 ||
+                    strdup_or_null(a->member, &h.member) < 0 || strdup_or_null(engine_request_pool(r), &h.pool) < 0 ||
                     strdup_or_null(engine_request_remote_id(r), &h.remote_id) < 0)
                         return -ENOMEM;
         }
@@ -724,7 +768,9 @@ static int session_resume_waiter(Session *s, const HandoverAcquire *h) {
                     process_check_attachable(&command, s->cred.pid, s->cred.uid) < 0)
                         return -ENOENT;
         }
-        if (strdup_or_null(h->lane, &a->lane) < 0 || strdup_or_null(h->job, &a->job) < 0)
+        if (strdup_or_null(h->lane, &a->lane) < 0 || strdup_or_null(h->job, &a->job) < 0 ||
+            strdup_or_null(h->member, &a->member) < 0 || (h->labels && !(a->labels = strv_copy(h->labels))) ||
+            acquire_set_selector(a) < 0)
                 return -ENOMEM;
         a->active = true;
         a->more = h->more;
@@ -761,15 +807,18 @@ static int session_resume_waiter(Session *s, const HandoverAcquire *h) {
                                        .max_hold = a->max_hold,
                                        .userdata = s,
                                        .resume = &resume,
+                                       .labels = (const char *const *) a->labels,
+                                       .member = a->member,
                                },
                                now_monotonic(), &a->request);
         if (r == -ENOENT || r == -EINVAL) {
-                /* The lane, or every pool big enough, went with the new configuration. */
+                /* The lane, or every pool big enough (or with members to match), went with the new
+                 * configuration. */
                 if (r == -ENOENT) {
                         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", h->lane);
                         session_reply_error(s, "io.slotbroker.NoSuchLane", p);
                 } else
-                        reply_invalid_parameter(s, "slots");
+                        reply_invalid_parameter(s, invalid_request_parameter(a));
                 session_acquire_done(s);
                 return 0;
         }
@@ -950,6 +999,7 @@ static void audit_grant(SessionTable *m, const Lease *l, const LeaseGrant *g) {
         rec.budget = g->budget;
         rec.idle = g->idle;
         rec.state = queue_state_to_string(g->state);
+        rec.selector = g->selector;
         audit_decision(m->audit, &rec);
 }
 
@@ -1007,6 +1057,7 @@ static void on_granted(SessionTable *m, Session *s, const EngineEvent *ev) {
                 .budget = ev->queued ? ev->budget : USEC_INFINITY,
                 .idle = ev->queued ? ev->idle : USEC_INFINITY,
                 .state = ev->queued ? ev->state : QUEUE_STATE_NONE,
+                .selector = a->selector ? strdup(a->selector) : NULL, /* lost to -ENOMEM: the audit goes without */
         };
 
         if (s->closed) {
@@ -1075,6 +1126,7 @@ static void on_refused(SessionTable *m, Session *s, const EngineEvent *ev) {
         rec.pool = ev->pool;
         rec.lane = ev->lane;
         rec.job = a->job;
+        rec.selector = a->selector;
         rec.wait = ev->wait;
         rec.budget = ev->queued ? ev->budget : USEC_INFINITY;
         rec.idle = ev->queued ? ev->idle : USEC_INFINITY;
@@ -1119,6 +1171,7 @@ bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
         rec.pool = engine_request_pool(a->request);
         rec.lane = a->lane;
         rec.job = a->job;
+        rec.selector = a->selector;
         rec.wait = usec_sub_unsigned(now, engine_request_arrival(a->request));
         rec.budget = engine_request_budget(a->request);
         rec.uid = s->cred.uid;

@@ -93,6 +93,9 @@ typedef struct AcquireCall {
         char *lane;
         char *job;
         unsigned slots;
+        char **labels;             /* the client's selector terms (SPEC §3.5), or NULL */
+        char *member;              /* the member it named, or NULL */
+        char *selector;            /* both as one text (selector_canon()) for the audit, or NULL */
         usec_t max_hold;           /* the client's cap; USEC_INFINITY: none */
         usec_t max_wait;           /* the client's queueWaitMs; USEC_INFINITY: none */
         EngineRequest *request;    /* while waiting */

@@ -133,6 +133,8 @@ int verb_acquire(int argc, char *argv[]) {
         o.wait = arg_request.no_wait ? BROKER_WAIT_NO : BROKER_WAIT_DEFAULT;
         o.queue_wait_ms = arg_request.max_wait == USEC_INFINITY ? 0 : DIV_ROUND_UP(arg_request.max_wait, USEC_PER_MSEC);
         o.job = arg_request.job;
+        o.labels = arg_request.n_labels > 0 ? arg_request.labels : NULL;
+        o.member = arg_request.member;
         o.detach = true;
         o.max_hold_ms = DIV_ROUND_UP(arg_max_hold, USEC_PER_MSEC);
         o.on_position = on_position;

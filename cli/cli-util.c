@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "cli-util.h"
+#include "conf.h"
 
 _printf_(2, 0) static void log_va(const char *prefix, const char *format, va_list ap) {
         /* One fprintf per line would interleave with the command's output less than several writes. */
@@ -528,6 +529,19 @@ int cli_request_parse_option(const char *verb, int c, const char *value, CliRequ
                                                                                                              : 1;
         case CLI_ARG_SOCKET:
                 r->socket = value;
+                return 1;
+        case CLI_ARG_LABEL:
+                /* SPEC §3.5: "L" or "!L"; checked here for a usage message the broker would refuse anyway. */
+                if (!conf_label_is_valid(value[0] == '!' ? value + 1 : value))
+                        return log_usage(verb, "--label: \"%s\" is not LABEL or !LABEL (a-z 0-9 . _ -, at most 64)", value);
+                if (r->n_labels >= CLI_LABELS_MAX)
+                        return log_usage(verb, "--label: at most %d", CLI_LABELS_MAX);
+                r->labels[r->n_labels++] = value;
+                return 1;
+        case CLI_ARG_MEMBER:
+                if (!conf_name_is_valid(value))
+                        return log_usage(verb, "--member: \"%s\" is not a member name", value);
+                r->member = value;
                 return 1;
         default:
                 return 0;

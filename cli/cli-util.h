@@ -72,6 +72,8 @@ int cli_parse_options(const char *verb, int argc, char *argv[], void (*help)(con
 int cli_parse_duration(const char *option, const char *s, bool allow_infinity, usec_t *ret);
 
 /* The options of every verb that asks for slots (run, acquire), parsed in one place. */
+#define CLI_LABELS_MAX 32
+
 typedef struct CliRequest {
         const char *socket;
         const char *lane;
@@ -81,6 +83,9 @@ typedef struct CliRequest {
         const char *job;
         bool quiet;
         unsigned conflict_exit_code;
+        const char *labels[CLI_LABELS_MAX + 1]; /* --label, NULL-terminated */
+        size_t n_labels;
+        const char *member;        /* --member */
 } CliRequest;
 #define CLI_REQUEST_INIT { .max_wait = USEC_INFINITY, .conflict_exit_code = EXIT_REFUSED }
 
@@ -90,6 +95,8 @@ enum {
         CLI_ARG_JOB,
         CLI_ARG_CONFLICT_EXIT_CODE,
         CLI_ARG_SOCKET,
+        CLI_ARG_LABEL,
+        CLI_ARG_MEMBER,
 };
 #define CLI_REQUEST_OPTIONS                                                            \
         { "lane", required_argument, NULL, 'l' },                                      \
@@ -99,7 +106,9 @@ enum {
         { "job", required_argument, NULL, CLI_ARG_JOB },                               \
         { "quiet", no_argument, NULL, 'q' },                                           \
         { "conflict-exit-code", required_argument, NULL, CLI_ARG_CONFLICT_EXIT_CODE }, \
-        { "socket", required_argument, NULL, CLI_ARG_SOCKET }
+        { "socket", required_argument, NULL, CLI_ARG_SOCKET },                         \
+        { "label", required_argument, NULL, CLI_ARG_LABEL },                           \
+        { "member", required_argument, NULL, CLI_ARG_MEMBER }
 #define CLI_REQUEST_SHORT_OPTIONS "l:n:q"
 
 /* Takes getopt's c and optarg if c is one of CLI_REQUEST_OPTIONS. Returns 1 if it was, 0 if not, or

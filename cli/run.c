@@ -518,6 +518,8 @@ static int run_acquire_options(const Run *r, usec_t now, BrokerAcquireOptions *r
                 o.queue_wait_ms = DIV_ROUND_UP(left, USEC_PER_MSEC);
         }
         o.job = arg_request.job;
+        o.labels = arg_request.n_labels > 0 ? arg_request.labels : NULL;
+        o.member = arg_request.member;
         o.fence = true; /* renewals come only for leases that need them: a shared pool's */
         run_attach_command(r, &o);
         *ret = o;

@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "scenario.h"
+#include "selector.h"
+#include "strv.h"
 
 /* More would take hours to simulate; the cap also keeps ids and counters far from overflow. */
 #define ARRIVALS_MAX ((uint64_t) UINT32_MAX)
@@ -39,6 +41,8 @@ static void strv_free_n(char **v, size_t n) {
 
 static void traffic_done(ScenarioTraffic *t) {
         free(t->lane);
+        strv_free(t->labels);
+        free(t->member);
         free(t->origin);
         *t = (ScenarioTraffic) {};
 }
@@ -47,8 +51,10 @@ static void traffic_done(ScenarioTraffic *t) {
 static int traffic_copy(const ScenarioTraffic *from, ScenarioTraffic *to) {
         ScenarioTraffic t = *from;
 
-        t.lane = t.origin = NULL;
-        if (strdup_or_null(from->lane, &t.lane) < 0 || strdup_or_null(from->origin, &t.origin) < 0) {
+        t.lane = t.origin = t.member = NULL;
+        t.labels = NULL;
+        if (strdup_or_null(from->lane, &t.lane) < 0 || strdup_or_null(from->origin, &t.origin) < 0 ||
+            strdup_or_null(from->member, &t.member) < 0 || (from->labels && !(t.labels = strv_copy(from->labels)))) {
                 traffic_done(&t);
                 return -ENOMEM;
         }
@@ -440,6 +446,26 @@ static const char *conf_error_text(const ConfErrors *errors) {
         return errors->errors[errors->n_errors - 1].message;
 }
 
+/* How many slots of the pool a request could ever get: its members that match the request's labels and
+ * member (SPEC §3.5; the lane's labels= with them), or its limit. */
+static unsigned pool_capacity(const PoolConfig *p, const LaneConfig *l, const ScenarioTraffic *t) {
+        size_t n_lane = strv_length(l->labels), n = strv_length(t->labels);
+        if (n_lane + n == 0 && !t->member)
+                return p->limit;
+        if (!p->members || p->backend)
+                return 0;
+        _cleanup_free_ char **terms = calloc(n_lane + n + 1, sizeof(char *));
+        _cleanup_free_ uint64_t *set = NULL;
+        if (!terms)
+                return 0;
+        for (size_t i = 0; i < n_lane + n; i++)
+                terms[i] = i < n_lane ? l->labels[i] : t->labels[i - n_lane];
+        if (selector_resolve(&(Selector) { .terms = terms, .member = t->member }, p->members, p->labels, p->n_labels,
+                             &set) < 0)
+                return 0;
+        return member_set_count(set, member_set_words(p->n_members));
+}
+
 static bool lane_fits(const BrokerConfig *c, const ScenarioTraffic *t, unsigned *ret_largest) {
         const LaneConfig *l = conf_find_lane(c, t->lane);
         unsigned largest = 0;
@@ -449,7 +475,7 @@ static bool lane_fits(const BrokerConfig *c, const ScenarioTraffic *t, unsigned 
         for (size_t i = 0; i < l->n_pools; i++) {
                 const PoolConfig *p = conf_find_pool(c, l->pools[i]);
                 if (p)
-                        largest = MAX(largest, p->limit);
+                        largest = MAX(largest, pool_capacity(p, l, t));
         }
         *ret_largest = largest;
         return t->slots <= largest;
@@ -467,6 +493,9 @@ static int check_fits(const BrokerConfig *c, const ScenarioTraffic *t, const cha
                 return scenario_error(error,
                                       "%s.slots: %u slots, but with %s=%s no pool of lane \"%s\" has more than %u",
                                       t->origin, t->slots, key, value, t->lane, largest);
+        if (t->labels || t->member || conf_find_lane(c, t->lane)->labels)
+                return scenario_error(error, "%s.slots: %u slots, but in no pool of lane \"%s\" do more than %u members match its labels and member",
+                                      t->origin, t->slots, t->lane, largest);
         return scenario_error(error, "%s.slots: %u slots, but no pool of lane \"%s\" has more than %u", t->origin,
                               t->slots, t->lane, largest);
 }
@@ -601,8 +630,12 @@ static const KeyRule pool_keys[] = {
         { "backend", VALUE_STRING },
 };
 
+/* label.NAME (SPEC §3.5): any name, which conf_set() judges. */
+static const KeyRule pool_label_key = { "label.", VALUE_STRING_LIST };
+
 static const KeyRule lane_keys[] = {
         { "pools", VALUE_STRING_LIST },
+        { "labels", VALUE_STRING_LIST },
         { "policy", VALUE_STRING },
         { "priority", VALUE_INTEGER },
         { "max-in-use", VALUE_INTEGER },
@@ -613,6 +646,15 @@ static const KeyRule lane_keys[] = {
         { "allow-users", VALUE_STRING_LIST },
         { "allow-groups", VALUE_STRING_LIST },
 };
+
+static const KeyRule *find_rule(const KeyRule *rules, size_t n_rules, const char *key) {
+        for (size_t i = 0; i < n_rules; i++)
+                if (streq(rules[i].key, key))
+                        return &rules[i];
+        if (rules == pool_keys && strncmp(key, pool_label_key.key, strlen(pool_label_key.key)) == 0)
+                return &pool_label_key;
+        return NULL;
+}
 
 static const char *json_kind(const json_t *v) {
         switch (json_typeof(v)) {
@@ -728,9 +770,7 @@ static int parse_section(Scenario *s, const char *kind, const char *name, const 
 
                 if (asprintf(&path, "%s.%s", where, key) < 0)
                         return -ENOMEM;
-                for (size_t i = 0; i < n_rules; i++)
-                        if (streq(rules[i].key, key))
-                                rule = &rules[i];
+                rule = find_rule(rules, n_rules, key);
                 if (!rule)
                         return scenario_error(error, "%s: unknown key", path);
 
@@ -781,9 +821,7 @@ static int parse_pools(Scenario *s, const json_t *pools, const json_t *pool, cha
 
                         if (asprintf(&path, "%s.%s", where, name) < 0)
                                 return -ENOMEM;
-                        for (size_t i = 0; i < ELEMENTSOF(pool_keys); i++)
-                                if (streq(pool_keys[i].key, name))
-                                        rule = &pool_keys[i];
+                        rule = find_rule(pool_keys, ELEMENTSOF(pool_keys), name);
                         if (!rule)
                                 return scenario_error(error, "%s: unknown key", path);
                         r = value_to_string(v, rule->kind, path, error, &value);
@@ -906,6 +944,35 @@ static int parse_traffic_key(Scenario *s, ScenarioTraffic *t, const char *key, c
                 if (n < 1 || n > 1000000)
                         return scenario_error(error, "%s: invalid slot count %" JSON_INTEGER_FORMAT, path, n);
                 t->slots = (unsigned) n;
+        } else if (streq(key, "labels")) {
+                size_t i, n = json_array_size(v);
+                json_t *term;
+                if (!json_is_array(v))
+                        return scenario_error(error, "%s: expected an array of labels, got %s", path, json_kind(v));
+                if (n > SELECTOR_TERMS_MAX / 2)
+                        return scenario_error(error, "%s: %zu labels, at most %d", path, n, SELECTOR_TERMS_MAX / 2);
+                char **l = calloc(n + 1, sizeof(char *));
+                if (!l)
+                        return -ENOMEM;
+                strv_free(t->labels);
+                t->labels = l;
+                json_array_foreach(v, i, term) {
+                        if (!json_is_string(term) || !selector_term_is_valid(json_string_value(term)))
+                                return scenario_error(error, "%s[%zu]: expected a label or !label (a-z 0-9 . _ -)", path,
+                                                      i);
+                        if (!(l[i] = strdup(json_string_value(term))))
+                                return -ENOMEM;
+                }
+        } else if (streq(key, "member")) {
+                r = get_string(v, path, error, &text);
+                if (r < 0)
+                        return r;
+                if (!conf_name_is_valid(text))
+                        return scenario_error(error, "%s: invalid member name \"%s\"", path, text);
+                free(t->member);
+                t->member = strdup(text);
+                if (!t->member)
+                        return -ENOMEM;
         } else if (streq(key, "wait")) {
                 if (!json_is_boolean(v))
                         return scenario_error(error, "%s: expected a boolean, got %s", path, json_kind(v));

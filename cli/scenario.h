@@ -43,6 +43,8 @@ typedef struct ScenarioTraffic {
         uint64_t hold_ms;  /* SIM_FOREVER: never ends */
         bool no_wait;      /* the client's wait: false */
         usec_t max_wait;   /* the client's queueWaitMs in µs; USEC_INFINITY: none */
+        char **labels;     /* selector terms (SPEC §3.5): "L" or "!L"; NULL: none */
+        char *member;      /* the member named; NULL: any */
         char *origin;      /* "arrivals[0]", "requests[2]", "--arrivals" */
 } ScenarioTraffic;
 

@@ -268,6 +268,8 @@ static int sim_arrive(Sim *sim, const Arrival *a) {
                 .no_wait = t->no_wait,
                 .max_wait = t->max_wait,
                 .userdata = (void *) (uintptr_t) (a->id + 1),
+                .labels = (const char *const *) t->labels,
+                .member = t->member,
         };
         r = engine_acquire(sim->engine, &acquire, a->at_ms * USEC_PER_MSEC, &request);
         if (r < 0)

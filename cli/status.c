@@ -121,16 +121,30 @@ static void print_waiters(json_t *waiters, const char *name) {
                 if (!streq_ptr(string_member(v, "pool"), name))
                         continue;
                 char job[JOB_COLUMN_MAX + 8], waited[CLI_DURATION_MAX], budget[CLI_DURATION_MAX];
+                /* What it asks of the members (SPEC §3.5): why it may wait while a member is free. */
+                char wants[512] = "";
+                size_t k;
+                json_t *label, *labels = json_object_get(v, "labels");
+                json_array_foreach(labels, k, label)
+                        if (json_is_string(label))
+                                snprintf(wants + strlen(wants), sizeof wants - strlen(wants), "%s%s", *wants ? " " : " (wants ",
+                                         json_string_value(label));
+                if (string_member(v, "member"))
+                        snprintf(wants + strlen(wants), sizeof wants - strlen(wants), "%s%s", *wants ? " member " : " (wants member ",
+                                 string_member(v, "member"));
+                if (*wants)
+                        snprintf(wants + strlen(wants), sizeof wants - strlen(wants), ")");
                 if (!header) {
                         printf("  %-8s %-10s %-5s %-6s %-8s %-8s %-10s %s\n", "PLACE", "LANE", "SLOTS", "UID", "PID", "WAITED",
                                "BUDGET", "JOB");
                         header = true;
                 }
                 printf("  %-8" JSON_INTEGER_FORMAT " %-10s %-5" JSON_INTEGER_FORMAT " %-6" JSON_INTEGER_FORMAT
-                       " %-8" JSON_INTEGER_FORMAT " %-8s %-10s %s\n",
+                       " %-8" JSON_INTEGER_FORMAT " %-8s %-10s %s%s\n",
                        int_member(v, "position", 0), string_member(v, "lane") ?: "?", int_member(v, "slots", 1),
                        int_member(v, "uid", -1), int_member(v, "pid", 0), duration_member(waited, v, "waitedMs", "?"),
-                       duration_member(budget, v, "budgetMs", "unbounded"), job_column(job, string_member(v, "job")));
+                       duration_member(budget, v, "budgetMs", "unbounded"), job_column(job, string_member(v, "job")),
+                       wants);
         }
 }
 

@@ -97,6 +97,11 @@ typedef struct BrokerAcquireOptions {
                                          * a lease of a shared pool is safe only while they keep coming. A
                                          * broker that does not know fencing is asked again without it, and
                                          * sends none */
+        /* SPEC §3.5, for member pools with labels: every member granted carries each label "L" and none
+         * of the labels "!L" (NULL-terminated, at most 32; on top of the lane's labels=); NULL: none.
+         * A broker that does not know them refuses the call (BROKER_INVALID_PARAMETER). */
+        const char *const *labels;
+        const char *member;             /* the one member wanted, by name; NULL: any */
 } BrokerAcquireOptions;
 
 #define BROKER_ACQUIRE_OPTIONS_INIT ((BrokerAcquireOptions) { .size = sizeof(BrokerAcquireOptions), .pidfd = -1 })

@@ -28,6 +28,7 @@
  * options_copy() for callers that do not know them. */
 #define ACQUIRE_OPTIONS_SIZE_V1 offsetof(BrokerAcquireOptions, pidfd)
 #define ACQUIRE_OPTIONS_SIZE_V2 (offsetof(BrokerAcquireOptions, pidfd) + sizeof(int))
+#define ACQUIRE_LABELS_MAX 32
 #define EVENT_SIZE_V1 offsetof(BrokerEvent, fence_in_ms)
 
 typedef enum ClientState {
@@ -470,6 +471,10 @@ static int acquire_parameters(const BrokerAcquireOptions *o, json_t **ret) {
                 return -EINVAL; /* one command, named once */
         if (o->wait < BROKER_WAIT_DEFAULT || o->wait > BROKER_WAIT_NO)
                 return -EINVAL;
+        size_t n_labels = 0;
+        while (o->labels && o->labels[n_labels])
+                if (++n_labels > ACQUIRE_LABELS_MAX)
+                        return -EINVAL;
 
         r = json_build(&p, "{s:s}", "lane", o->lane);
         if (r < 0)
@@ -492,9 +497,19 @@ static int acquire_parameters(const BrokerAcquireOptions *o, json_t **ret) {
                 r = json_object_set_new(p, "detach", json_true());
         if (r >= 0 && o->max_hold_ms > 0)
                 r = json_object_set_new(p, "maxHoldMs", json_integer((json_int_t) o->max_hold_ms));
+        if (r >= 0 && n_labels > 0) {
+                json_t *a = json_array();
+                r = a ? json_object_set_new(p, "labels", a) : -ENOMEM;
+                for (size_t i = 0; r >= 0 && i < n_labels; i++)
+                        if (json_array_append_new(a, json_string(o->labels[i])) < 0)
+                                return -EINVAL; /* not UTF-8 (or out of memory) */
+        }
+        if (r >= 0 && o->member)
+                r = json_object_set_new(p, "member", json_string(o->member));
         if (r < 0)
                 /* json_string() fails on invalid UTF-8 as well as on OOM: the caller's string is the likelier. */
-                return (o->job && !json_object_get(p, "job")) || (o->reclaim && !json_object_get(p, "reclaim"))
+                return (o->job && !json_object_get(p, "job")) || (o->reclaim && !json_object_get(p, "reclaim")) ||
+                                       (o->member && !json_object_get(p, "member"))
                                ? -EINVAL
                                : -ENOMEM;
         *ret = TAKE_PTR(p);

@@ -113,6 +113,18 @@ static const char *quote(char buf[static QUOTE_MAX], const char *s) {
         return buf;
 }
 
+bool conf_label_is_valid(const char *s) {
+        size_t n = 0;
+
+        if (!s)
+                return false;
+        for (; s[n]; n++)
+                if (!((s[n] >= 'a' && s[n] <= 'z') || (s[n] >= '0' && s[n] <= '9') || s[n] == '.' || s[n] == '_' ||
+                      s[n] == '-'))
+                        return false;
+        return n >= 1 && n <= CONF_NAME_MAX;
+}
+
 bool conf_name_is_valid(const char *s) {
         size_t n = 0;
 
@@ -341,6 +353,12 @@ static PoolConfig *pool_config_free(PoolConfig *p) {
         free(p->name);
         conf_source_done(&p->source);
         strv_free(p->members);
+        for (size_t i = 0; i < p->n_labels; i++) {
+                free(p->labels[i].name);
+                strv_free(p->labels[i].members);
+                conf_source_done(&p->labels[i].source);
+        }
+        free(p->labels);
         conf_source_done(&p->congestion_timeout_source);
         free(p->backend);
         free(p->backend_user);
@@ -358,6 +376,8 @@ static LaneConfig *lane_config_free(LaneConfig *l) {
         conf_source_done(&l->source);
         strv_free(l->pools);
         conf_source_done(&l->pools_source);
+        strv_free(l->labels);
+        conf_source_done(&l->labels_source);
         strv_free(l->allow_users);
         strv_free(l->allow_groups);
         conf_source_done(&l->max_in_use_source);
@@ -796,6 +816,77 @@ fail:
         return -EINVAL;
 }
 
+/* label.NAME = MEMBER…: not a ConfKey of its own, its name is part of the key (conf_set()). Members are
+ * checked against members= by validate_pool(), which may come later in the file. */
+static int set_pool_label(PoolConfig *p, const char *key, const char *value, const ConfSource *source,
+                          ConfErrors *errors) {
+        const char *name = key + strlen("label.");
+        const ConfKey k = { .name = key };
+        char q[QUOTE_MAX];
+        _cleanup_(strv_freep) char **l = NULL;
+        size_t n = 0, i;
+
+        if (!conf_label_is_valid(name))
+                return conf_errors_add(errors, source, key,
+                                       "invalid label name %s (expected 1 to %d characters from a-z 0-9 . _ -)",
+                                       quote(q, name), CONF_NAME_MAX);
+        if (split_words(value, &l, &n) < 0)
+                return oom(errors, source, key);
+        if (check_names(&k, l, "member", source, errors) < 0)
+                return -EINVAL;
+        for (i = 0; i < p->n_labels; i++)
+                if (streq(p->labels[i].name, name))
+                        break;
+        if (i == p->n_labels) {
+                if (p->n_labels >= CONF_LABELS_MAX)
+                        return conf_errors_add(errors, source, key, "pool %s has too many labels (at most %d)", p->name,
+                                               CONF_LABELS_MAX);
+                PoolLabel *a = reallocarray(p->labels, p->n_labels + 1, sizeof(PoolLabel));
+                if (!a)
+                        return oom(errors, source, key);
+                p->labels = a;
+                a[i] = (PoolLabel) { .name = strdup(name) };
+                if (!a[i].name)
+                        return oom(errors, source, key);
+                p->n_labels++;
+        }
+        if (conf_source_copy(&p->labels[i].source, source) < 0)
+                return oom(errors, source, key);
+        strv_free(p->labels[i].members);
+        p->labels[i].members = TAKE_PTR(l);
+        return 0;
+}
+
+/* labels = TERM…: "L" (every member granted carries L) or "!L" (none does). */
+static int set_lane_labels(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                           ConfErrors *errors) {
+        LaneConfig *lane = object;
+        char q[QUOTE_MAX];
+        _cleanup_(strv_freep) char **l = NULL;
+        size_t n = 0;
+
+        if (split_words(value, &l, &n) < 0)
+                return oom(errors, source, k->name);
+        for (size_t i = 0; i < n; i++) {
+                if (!conf_label_is_valid(l[i][0] == '!' ? l[i] + 1 : l[i]))
+                        return conf_errors_add(errors, source, k->name,
+                                               "invalid label %s (expected LABEL or !LABEL, LABEL 1 to %d characters from a-z 0-9 . _ -)",
+                                               quote(q, l[i]), CONF_NAME_MAX);
+                for (size_t j = 0; j < i; j++)
+                        if (streq(l[i], l[j]))
+                                return conf_errors_add(errors, source, k->name, "label %s is listed twice",
+                                                       quote(q, l[i]));
+        }
+        if (n > CONF_LANE_LABELS_MAX)
+                return conf_errors_add(errors, source, k->name, "%zu labels are too many (at most %d)", n,
+                                       CONF_LANE_LABELS_MAX);
+        if (conf_source_copy(&lane->labels_source, n > 0 ? source : NULL) < 0)
+                return oom(errors, source, k->name);
+        strv_free(lane->labels);
+        lane->labels = n > 0 ? TAKE_PTR(l) : NULL;
+        return 0;
+}
+
 /* Infinity, like an empty value, leaves the pool without Q: no budgets. */
 static int set_pool_queue_timeout(const ConfKey *k, void *object, const char *value, const ConfSource *source,
                                   ConfErrors *errors) {
@@ -1078,6 +1169,7 @@ static const ConfKey lane_keys[] = {
         { "client-wait", set_lane_client_wait },
         { "max-hold", set_duration, offsetof(LaneConfig, max_hold), .min = USEC_PER_MSEC, .max = USEC_INFINITY,
           .def = USEC_INFINITY },
+        { "labels", set_lane_labels },
         { "allow-users", set_id_list, offsetof(LaneConfig, allow_users) },
         { "allow-groups", set_id_list, offsetof(LaneConfig, allow_groups) },
 };
@@ -1227,7 +1319,8 @@ int conf_set(BrokerConfig *c, const char *section, const char *key, const char *
         if (!*key)
                 return conf_errors_add(errors, source, NULL, "missing key name before = (expected KEY=VALUE)");
         k = find_key(keys, n_keys, key);
-        if (!k)
+        bool label = kind == SECTION_POOL && strncmp(key, "label.", strlen("label.")) == 0;
+        if (!k && !label)
                 return unknown_key(keys, n_keys, kind == SECTION_BROKER ? "broker" : section, key, source, errors);
 
         /* Values are compared exactly below, so surrounding whitespace goes (as the INI reader strips it). */
@@ -1249,7 +1342,7 @@ int conf_set(BrokerConfig *c, const char *section, const char *key, const char *
         r = section_object(c, kind, name, key, source, errors, &object, &created);
         if (r < 0)
                 return r;
-        r = k->set(k, object, v, source, errors);
+        r = label ? set_pool_label(object, key, v, source, errors) : k->set(k, object, v, source, errors);
         if (r < 0 && created) {
                 /* The section came with this key: a failed key leaves no trace. */
                 if (kind == SECTION_POOL)
@@ -1329,6 +1422,28 @@ static int validate_pool(const BrokerConfig *c, const PoolConfig *p, ConfErrors 
         if (p->limit > CONF_LIMIT_MAX)
                 r = conf_errors_add(errors, &p->source, "limit", "pool %s has %u slots, more than %u", p->name,
                                     p->limit, CONF_LIMIT_MAX);
+        for (size_t i = 0; i < p->n_labels; i++) {
+                const PoolLabel *l = p->labels + i;
+                char key[CONF_NAME_MAX + sizeof "label."];
+                snprintf(key, sizeof key, "label.%s", l->name);
+                if (p->n_members == 0) {
+                        r = conf_errors_add(errors, &l->source, key,
+                                            "pool %s has no members= to label (labels name members of a member pool)",
+                                            p->name);
+                        continue;
+                }
+                if (p->backend) {
+                        r = conf_errors_add(errors, &l->source, key,
+                                            "pool %s is shared (backend=): labels are not supported on shared pools yet",
+                                            p->name);
+                        continue;
+                }
+                for (size_t j = 0; l->members && l->members[j]; j++)
+                        if (!strv_contains(p->members, l->members[j]))
+                                r = conf_errors_add(errors, &l->source, key,
+                                                    "label %s names %s, which is not a member of pool %s (members=)",
+                                                    l->name, l->members[j], p->name);
+        }
 
         if (p->congestion_timeout_set) {
                 if (!p->queue_timeout_set)
@@ -1385,6 +1500,17 @@ static int validate_lane(const BrokerConfig *c, const LaneConfig *l, ConfErrors 
                 r = conf_errors_add(errors, &l->reserve_source, "reserve",
                                     "lane %s reserves %u slots but may use only %" PRId64 " (max-in-use=)", l->name,
                                     l->reserve, l->max_in_use);
+        if (l->labels) {
+                bool any = false;
+                for (size_t i = 0; i < l->n_pools; i++) {
+                        const PoolConfig *p = conf_find_pool(c, l->pools[i]);
+                        any = any || (p && p->n_members > 0 && !p->backend);
+                }
+                if (!any)
+                        r = conf_errors_add(errors, &l->labels_source, "labels",
+                                            "lane %s has labels= but none of its pools is a local pool with members=",
+                                            l->name);
+        }
         if (l->policy < 0 || l->policy >= _LANE_POLICY_MAX)
                 r = conf_errors_add(errors, &l->source, "policy", "lane %s has no valid policy", l->name);
         return r;
@@ -1472,6 +1598,11 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
                         fputs_words(p->members, f);
                         fputc('\n', f);
                 }
+                for (size_t j = 0; j < p->n_labels; j++) {
+                        fprintf(f, "label.%s=", p->labels[j].name);
+                        fputs_words(p->labels[j].members, f);
+                        fputc('\n', f);
+                }
                 fprintf(f, "queue-timeout=%s\n",
                         p->queue_timeout_set ? timespan_format(t, sizeof t, p->queue_timeout) : "infinity");
                 if (p->congestion_timeout_set)
@@ -1511,6 +1642,11 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
                         fputs("#queue-timeout= (unset: the pool's budget)\n", f);
                 fprintf(f, "client-wait=%s\n", l->client_wait_ignore ? "ignore" : "honor");
                 fprintf(f, "max-hold=%s\n", timespan_format(t, sizeof t, l->max_hold));
+                if (l->labels) {
+                        fputs("labels=", f);
+                        fputs_words(l->labels, f);
+                        fputc('\n', f);
+                }
                 if (l->allow_users) {
                         fputs("allow-users=", f);
                         fputs_words(l->allow_users, f);

@@ -38,12 +38,24 @@ typedef struct ConfSource {
         unsigned line;
 } ConfSource;
 
+/* label.NAME = MEMBER… of a member pool (SPEC §3.5). */
+typedef struct PoolLabel {
+        char *name;
+        char **members;               /* NULL-terminated; may be empty */
+        ConfSource source;
+} PoolLabel;
+
+#define CONF_LABELS_MAX 256
+#define CONF_LANE_LABELS_MAX 32
+
 typedef struct PoolConfig {
         char *name;
         ConfSource source;            /* the [pool NAME] section header */
         unsigned limit;               /* slots; the member count when members are given */
         char **members;               /* NULL-terminated, or NULL for anonymous slots */
         size_t n_members;
+        PoolLabel *labels;            /* in the order first set */
+        size_t n_labels;
         bool queue_timeout_set;       /* Q: enables controlled-delay budgets */
         usec_t queue_timeout;
         bool congestion_timeout_set;  /* explicit saturated budget, used as given */
@@ -79,6 +91,10 @@ typedef struct LaneConfig {
         usec_t queue_timeout;
         bool client_wait_ignore;      /* client-wait = ignore: wait/queueWaitMs hints are ignored */
         usec_t max_hold;              /* USEC_INFINITY: leases may be held forever */
+        /* The lane's selector terms, "L" or "!L" (SPEC §3.5): every request of the lane carries them, and a
+         * client may only add to them. NULL: none. */
+        char **labels;
+        ConfSource labels_source;
         char **allow_users;           /* NULL: anyone may use the lane (subject to the socket's mode) */
         char **allow_groups;
         ConfSource max_in_use_source; /* for conf_validate()'s messages */
@@ -184,6 +200,8 @@ void conf_errors_print(const ConfErrors *errors, FILE *f);
 /* "file:line", or "file" for line 0, into buf; NULL when there is no file. */
 const char *conf_source_where(const ConfSource *source, char *buf, size_t size);
 
+/* [a-z0-9_.-]{1,64}: the names of labels. */
+bool conf_label_is_valid(const char *s);
 /* [A-Za-z0-9._-]{1,64}: the names of pools, lanes and members. */
 bool conf_name_is_valid(const char *s);
 

@@ -8,6 +8,7 @@
 #include "heap.h"
 #include "list.h"
 #include "pool.h"
+#include "strv.h"
 
 typedef struct EngineLane {
         const char *name;        /* interned */
@@ -17,6 +18,7 @@ typedef struct EngineLane {
         usec_t queue_timeout;
         bool client_wait_ignore;
         usec_t max_hold;
+        char **labels;           /* its selector terms (SPEC §3.5), or NULL */
         Pool **pools;
         size_t n_pools;
 } EngineLane;
@@ -39,6 +41,8 @@ struct EngineRequest {
         usec_t client_cap;
         usec_t max_hold;
         usec_t arrival;
+        char **terms;            /* the lane's selector terms, then the client's; NULL: none */
+        char *member;            /* a named member, or NULL */
         Pool **route;            /* the lane's pools this request fits, in order */
         size_t n_route, next_route;
         Pool *pool;              /* the pool tried last: where it waits, or which decided */
@@ -211,6 +215,8 @@ bool engine_pop_event(Engine *e, EngineEvent *ret) {
 /* ---- requests ---- */
 
 static void request_free(EngineRequest *r) {
+        strv_free(r->terms);
+        free(r->member);
         free(r->route);
         free(r);
 }
@@ -296,6 +302,7 @@ static int request_try_next(Engine *e, EngineRequest *r, usec_t now) {
                                       .client_cap = r->client_cap,
                                       .arrival = r->arrival,
                                       .resume = TAKE_PTR(r->resume),
+                                      .selector = &(Selector) { .terms = r->terms, .member = r->member },
                               },
                               now);
 }
@@ -838,11 +845,47 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
                 return -ENOMEM;
         }
 
-        /* A request that is bigger than a pool skips it; drained pools are skipped too. */
+        /* Its selector: the lane's terms, narrowed by the client's (SPEC §3.5). */
+        size_t n_lane_terms = strv_length(lane->labels), n_terms = strv_length((char *const *) a->labels);
+        if (n_lane_terms + n_terms > SELECTOR_TERMS_MAX || (a->member && !conf_name_is_valid(a->member))) {
+                request_free(r);
+                return -EINVAL;
+        }
+        for (size_t i = 0; i < n_terms; i++)
+                if (!selector_term_is_valid(a->labels[i])) {
+                        request_free(r);
+                        return -EINVAL;
+                }
+        if (n_lane_terms + n_terms > 0) {
+                r->terms = calloc(n_lane_terms + n_terms + 1, sizeof(char *));
+                if (!r->terms) {
+                        request_free(r);
+                        return -ENOMEM;
+                }
+                for (size_t i = 0; i < n_lane_terms + n_terms; i++)
+                        if (!(r->terms[i] = strdup(i < n_lane_terms ? lane->labels[i] : a->labels[i - n_lane_terms]))) {
+                                request_free(r);
+                                return -ENOMEM;
+                        }
+        }
+        if (a->member && !(r->member = strdup(a->member))) {
+                request_free(r);
+                return -ENOMEM;
+        }
+        const Selector sel = { .terms = r->terms, .member = r->member };
+        bool selective = !selector_is_empty(&sel);
+
+        /* A request that is bigger than a pool skips it, as does one whose selector the pool's members cannot
+         * satisfy (or a pool that takes no selectors); drained pools are skipped too. */
         Pool *fits = NULL, *back = NULL;
         for (size_t i = 0; i < lane->n_pools; i++) {
                 Pool *p = lane->pools[i];
-                if (a->slots > p->limit)
+                int cap = selective && !p->ops->selectors ? 0 : pool_selector_capacity(p, &sel);
+                if (cap < 0) {
+                        request_free(r);
+                        return cap;
+                }
+                if (a->slots > (unsigned) cap)
                         continue;
                 fits = p;
                 if (!p->drained) {
@@ -1154,6 +1197,7 @@ static EngineLane *engine_lane_free(EngineLane *l) {
         if (!l)
                 return NULL;
         free(l->pools);
+        strv_free(l->labels);
         return mfree(l);
 }
 
@@ -1184,6 +1228,8 @@ static int lanes_build(Engine *e, const BrokerConfig *c, Pool **pools, size_t n_
                 l->name = engine_intern(e, lc->name);
                 l->pools = calloc(MAX(lc->n_pools, 1u), sizeof(Pool *));
                 if (!l->name || !l->pools)
+                        goto oom;
+                if (lc->labels && !(l->labels = strv_copy(lc->labels)))
                         goto oom;
                 for (size_t k = 0; k < lc->n_pools; k++) {
                         Pool *p = pool_find(pools, n_pools, lc->pools[k]);

@@ -157,12 +157,17 @@ typedef struct EngineAcquire {
         usec_t max_hold;          /* the client's cap on the hold, below the lane's max-hold; 0 or USEC_INFINITY: none */
         void *userdata;
         const EngineResume *resume; /* NULL: a new request, arriving now */
+        /* Narrows the lane's labels (SPEC §3.5): "L" or "!L" each, NULL-terminated, or NULL; and a named
+         * member, or NULL. A pool whose members cannot satisfy them is skipped like one too small. */
+        const char *const *labels;
+        const char *member;
 } EngineAcquire;
 
 /* Routes a request: the first of the lane's pools with room grants it; otherwise a fail-fast lane
  * refuses, a waiting lane queues on its last pool. The outcome arrives as events (perhaps already
  * queued when this returns). Returns 0 and a reference to the request, -ENOENT for an unknown lane,
- * -EINVAL when no pool of the lane has `slots` slots, -ENOMEM. */
+ * -EINVAL when no pool of the lane has `slots` slots its labels and member allow (or they are not valid),
+ * -ENOMEM. */
 int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest **ret);
 
 /* The client went away while waiting, or before a pool that decides later has decided: the request leaves

@@ -8,6 +8,13 @@
  * Dispatch looks at the head of each (lane, k) bucket only: O(lanes × distinct k) per grant, however
  * long the queue is. Lanes and distinct k are a handful in any real configuration.
  *
+ * A request may name labels or a member (SPEC §3.5): its bucket is then per (k, selector), with the set of
+ * members the selector admits, and while any such request waits, dispatch walks the buckets' heads in queue
+ * order handing free members to the first that can use them (queue_walk()). A bucket's waiters all ask the
+ * same, so only its head can be next: the heads are kept in a rank tree of their own in queue order, and a
+ * grant walks them only until no free member is left that a head could use: O(heads walked × log buckets),
+ * never the whole queue.
+ *
  * A held slot is identified by its member's name in a member pool, by its index in a pool of anonymous
  * slots (SPEC §3.4). Its place in the occupancy bitmap follows that identity across reloads: a reordered
  * member stays held by its holder, and a member removed while held sits above the limit, counted as held,
@@ -29,6 +36,14 @@ typedef struct LocalLane LocalLane;
 typedef struct Bucket {
         unsigned slots;
         List fifo; /* PoolWaiter.fifo_node, in arrival order */
+        /* A selector's bucket: what it asks (selector_canon(), its terms and member, kept to resolve it again
+         * on reload) and the members it admits now. All NULL for requests that take any slot. */
+        char *canon;
+        char **terms;
+        char *member;
+        uint64_t *mask;       /* member_set_words(limit) words */
+        RankNode head_node;   /* LocalPool.heads while the bucket has waiters, keyed as its head */
+        bool head_linked;
 } Bucket;
 
 /* A lane's share of this pool: its limits, what it holds, who of it waits. */
@@ -47,6 +62,7 @@ struct LocalLane {
 struct PoolWaiter {
         LocalPool *pool;
         LocalLane *lane;
+        Bucket *bucket;
         void *cookie;
         unsigned slots;
         uint64_t seq;
@@ -102,6 +118,8 @@ struct LocalPool {
 
         RankTree queue;
         size_t n_waiting;
+        size_t n_selective;             /* waiters with a selector: dispatch walks per member (queue_walk()) */
+        RankTree heads;                 /* Bucket.head_node of every bucket with waiters, in queue order */
         Heap deadlines;
 
         bool congested;
@@ -177,6 +195,16 @@ static unsigned slot_find_free(const LocalPool *p) {
                 }
         }
         return UINT32_MAX;
+}
+
+/* The lowest member of a set (free, not drained: queue_walk() made it), taken out of it. */
+static unsigned slot_take_from(uint64_t *set) {
+        for (unsigned w = 0;; w++)
+                if (set[w]) {
+                        unsigned i = w * 64 + (unsigned) __builtin_ctzll(set[w]);
+                        set[w] &= set[w] - 1;
+                        return i;
+                }
 }
 
 static void recount_drained(LocalPool *p) {
@@ -348,11 +376,13 @@ static usec_t idle_at(const LocalPool *p, usec_t now) {
 
 /* ---- lanes ---- */
 
+static Bucket *bucket_free(Bucket *b);
+
 static LocalLane *lane_free(LocalLane *l) {
         if (!l)
                 return NULL;
         for (size_t i = 0; i < l->n_buckets; i++)
-                free(l->buckets[i]);
+                bucket_free(l->buckets[i]);
         free(l->buckets);
         free(l->name);
         return mfree(l);
@@ -406,23 +436,81 @@ static void lanes_gc(LocalPool *p) {
         p->n_lanes = j;
 }
 
-static Bucket *lane_bucket(LocalLane *l, unsigned slots) {
+static Bucket *bucket_free(Bucket *b) {
+        if (!b)
+                return NULL;
+        free(b->canon);
+        strv_free(b->terms);
+        free(b->member);
+        free(b->mask);
+        return mfree(b);
+}
+
+/* The bucket's place in LocalPool.heads follows its head waiter (or it leaves when it has none). */
+static void bucket_head_update(LocalPool *p, LocalLane *l, Bucket *b) {
+        if (b->head_linked)
+                rank_tree_remove(&p->heads, &b->head_node);
+        ListNode *n = list_first(&b->fifo);
+        b->head_linked = n != NULL;
+        if (n)
+                rank_tree_insert(&p->heads, &b->head_node, -(int64_t) l->priority,
+                                 container_of(n, PoolWaiter, fifo_node)->seq);
+}
+
+/* The members a selector bucket admits under the pool's members and labels now. */
+static int bucket_resolve(const LocalPool *p, Bucket *b) {
+        uint64_t *mask;
+        int r = selector_resolve(&(Selector) { .terms = b->terms, .member = b->member }, p->base.members,
+                                 p->base.labels, p->base.n_labels, &mask);
+        if (r < 0)
+                return r;
+        free(b->mask);
+        b->mask = mask;
+        return 0;
+}
+
+/* A selector bucket goes with its last waiter: there may be as many as there are waiters. Buckets without one
+ * stay (a handful per lane). */
+static void bucket_gc(LocalLane *l, Bucket *b) {
+        if (!b->canon || !list_is_empty(&b->fifo))
+                return;
+        for (size_t i = 0; i < l->n_buckets; i++)
+                if (l->buckets[i] == b) {
+                        memmove(l->buckets + i, l->buckets + i + 1, (l->n_buckets - i - 1) * sizeof(Bucket *));
+                        l->n_buckets--;
+                        break;
+                }
+        bucket_free(b);
+}
+
+/* The lane's bucket for k slots and a selector (canon "" or NULL: none). */
+static Bucket *lane_bucket(const LocalPool *p, LocalLane *l, unsigned slots, const char *canon, const Selector *sel) {
+        if (canon && !*canon)
+                canon = NULL;
         size_t i = 0;
         while (i < l->n_buckets && l->buckets[i]->slots < slots)
                 i++;
-        if (i < l->n_buckets && l->buckets[i]->slots == slots)
-                return l->buckets[i];
+        for (size_t j = i; j < l->n_buckets && l->buckets[j]->slots == slots; j++)
+                if (streq_ptr(l->buckets[j]->canon, canon))
+                        return l->buckets[j];
 
         /* Buckets are allocated one by one: each FIFO's sentinel must not move. */
         Bucket **a = reallocarray(l->buckets, l->n_buckets + 1, sizeof(Bucket *));
         if (!a)
                 return NULL;
         l->buckets = a;
-        Bucket *b = malloc(sizeof(Bucket));
+        Bucket *b = calloc(1, sizeof(Bucket));
         if (!b)
                 return NULL;
         b->slots = slots;
         list_init(&b->fifo);
+        if (canon) {
+                b->canon = strdup(canon);
+                b->terms = sel->terms ? strv_copy(sel->terms) : NULL;
+                b->member = sel->member ? strdup(sel->member) : NULL;
+                if (!b->canon || (sel->terms && !b->terms) || (sel->member && !b->member) || bucket_resolve(p, b) < 0)
+                        return bucket_free(b);
+        }
         memmove(a + i + 1, a + i, (l->n_buckets - i) * sizeof(Bucket *));
         a[i] = b;
         l->n_buckets++;
@@ -495,14 +583,86 @@ static PoolWaiter *queue_next(const LocalPool *p, int min_priority, Verdict *ret
         return best;
 }
 
+/* The free members: below the limit, not occupied, not drained. */
+static void free_members(const LocalPool *p, uint64_t *avail, size_t words) {
+        for (size_t w = 0; w < words; w++)
+                avail[w] = ~p->occupied[w];
+        if (p->base.limit % 64)
+                avail[words - 1] &= (UINT64_C(1) << (p->base.limit % 64)) - 1;
+        for (unsigned i = 0; p->member_drained && i < p->base.limit; i++)
+                if (p->member_drained[i])
+                        avail[i / 64] &= ~(UINT64_C(1) << (i % 64));
+}
+
+/* No barging per member (SPEC §3.5): a waiter that cannot be granted sets aside the free members it could use,
+ * so nobody behind it takes them; members it cannot use flow on. What a lane limit passes over sets nothing
+ * aside, as in queue_next(). How one request fares after the queue: usable gets the members it may take
+ * from those left in avail (mask NULL: any); returns GRANTABLE, HOLD or PASS. */
+static Verdict member_verdict(const LocalPool *p, const LocalLane *l, unsigned slots, const uint64_t *mask,
+                              uint64_t *avail, uint64_t *usable, size_t words) {
+        if (l->max_in_use >= 0 && (int64_t) (l->used + slots) > l->max_in_use)
+                return VERDICT_PASS;
+        for (size_t w = 0; w < words; w++)
+                usable[w] = avail[w] & (mask ? mask[w] : UINT64_MAX);
+        unsigned free = free_slots(p);
+        if (member_set_count(usable, words) < slots || free < slots) {
+                for (size_t w = 0; w < words; w++)
+                        avail[w] &= ~usable[w];
+                return VERDICT_HOLD;
+        }
+        if (free - slots < reserved_for_others(p, l))
+                return VERDICT_PASS;
+        return VERDICT_GRANTABLE;
+}
+
+/* The first waiter in queue order that can be granted, walking the buckets' heads with member_verdict(); its
+ * members in `usable`. NULL when none: avail then holds what the queue left for a newcomer. */
+static PoolWaiter *queue_walk(const LocalPool *p, uint64_t *avail, uint64_t *usable, size_t words) {
+        RankNode *n;
+        for (size_t i = 0; (n = rank_tree_nth(&p->heads, i)); i++) {
+                bool any = false;
+                for (size_t w = 0; w < words && !any; w++)
+                        any = avail[w] != 0;
+                if (!any)
+                        break;
+                Bucket *b = container_of(n, Bucket, head_node);
+                PoolWaiter *head = container_of(list_first(&b->fifo), PoolWaiter, fifo_node);
+                if (member_verdict(p, head->lane, head->slots, b->mask, avail, usable, words) == VERDICT_GRANTABLE)
+                        return head;
+        }
+        return NULL;
+}
+
 /* ---- waiters ---- */
 
 static void waiter_unlink(LocalPool *p, PoolWaiter *w) {
+        bool head = list_first(&w->bucket->fifo) == &w->fifo_node;
         list_unlink(&w->fifo_node);
+        if (head)
+                bucket_head_update(p, w->lane, w->bucket);
+        if (w->bucket->canon)
+                p->n_selective--;
+        bucket_gc(w->lane, w->bucket);
+        w->bucket = NULL;
         rank_tree_remove(&p->queue, &w->rank_node);
         heap_remove(&p->deadlines, &w->deadline_node);
         w->lane->n_waiting--;
         p->n_waiting--;
+}
+
+static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t at);
+
+/* Every waiter of the lane refused unavailable (its lane or pool removed, the pool drained). Refusing may free
+ * a selector's bucket: the array shifts under the loop. */
+static void lane_refuse_waiters(LocalPool *p, LocalLane *l, usec_t now) {
+        for (size_t b = 0; b < l->n_buckets;) {
+                ListNode *n = list_first(&l->buckets[b]->fifo);
+                if (!n) {
+                        b++;
+                        continue;
+                }
+                waiter_refuse(p, container_of(n, PoolWaiter, fifo_node), REFUSAL_UNAVAILABLE, now);
+        }
 }
 
 static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t at) {
@@ -520,13 +680,14 @@ static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t a
         free(w);
 }
 
+/* usable: the members to take from, lowest first (NULL: the lowest free slots). */
 static int grant(LocalPool *p, LocalLane *l, void *cookie, unsigned slots, usec_t arrival, usec_t now,
-                 const PoolWaiter *w) {
+                 const PoolWaiter *w, uint64_t *usable) {
         PoolGrant *g = grant_new(l, p->next_token, slots, p->base.members != NULL);
         if (!g)
                 return -ENOMEM;
         for (unsigned i = 0; i < slots; i++) {
-                unsigned pos = slot_find_free(p);
+                unsigned pos = usable ? slot_take_from(usable) : slot_find_free(p);
                 assert(pos != UINT32_MAX);
                 slot_take(p, pos);
                 g->indices[i] = g->pos[i] = pos;
@@ -564,13 +725,25 @@ static int grant(LocalPool *p, LocalLane *l, void *cookie, unsigned slots, usec_
 
 /* Step 3 of the instant: free slots go to waiters in queue order, until the first that cannot go. */
 static void dispatch(LocalPool *p, usec_t now) {
+        size_t words = member_set_words(p->base.limit);
+        _cleanup_free_ uint64_t *avail = NULL, *usable = NULL;
+
         while (p->n_waiting > 0 && free_slots(p) > 0) {
-                Verdict v;
-                PoolWaiter *w = queue_next(p, INT32_MIN, &v);
+                Verdict v = VERDICT_GRANTABLE;
+                PoolWaiter *w;
+                bool walked = p->n_selective > 0;
+                if (walked) {
+                        if (!avail && (!(avail = calloc(words, sizeof(uint64_t))) ||
+                                       !(usable = calloc(words, sizeof(uint64_t)))))
+                                return; /* out of memory: the next instant tries again */
+                        free_members(p, avail, words);
+                        w = queue_walk(p, avail, usable, words);
+                } else
+                        w = queue_next(p, INT32_MIN, &v);
                 if (!w || v != VERDICT_GRANTABLE)
                         return;
                 waiter_unlink(p, w);
-                if (grant(p, w->lane, w->cookie, w->slots, w->arrival, now, w) < 0) {
+                if (grant(p, w->lane, w->cookie, w->slots, w->arrival, now, w, walked ? usable : NULL) < 0) {
                         /* Out of memory mid-grant: refuse rather than lose the request silently. */
                         pool_emit(&p->base, &(PoolDecision) {
                                 .verdict = POOL_VERDICT_REFUSED,
@@ -634,6 +807,7 @@ static void local_free(Pool *base) {
         free(p->member_drained);
         strv_free(p->drained_members);
         strv_free(p->base.members);
+        pool_labels_free(p->base.labels, p->base.n_labels);
         free(p);
 }
 
@@ -657,10 +831,28 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
                 for (unsigned i = 0; i < c->limit && members[i]; i++)
                         member_drained[i] = strv_contains(p->drained_members, members[i]);
         }
+        /* Selectors resolved against the new members and labels: the members each waiting bucket admits. */
+        size_t n_masks = 0, k = 0;
+        for (size_t i = 0; i < p->n_lanes; i++)
+                for (size_t b = 0; b < p->lanes[i]->n_buckets; b++)
+                        n_masks += p->lanes[i]->buckets[b]->canon != NULL;
+        uint64_t **masks = calloc(MAX(n_masks, (size_t) 1), sizeof(uint64_t *));
+        if (!masks)
+                return -ENOMEM;
+        for (size_t i = 0; i < p->n_lanes; i++)
+                for (size_t b = 0; b < p->lanes[i]->n_buckets; b++) {
+                        const Bucket *bk = p->lanes[i]->buckets[b];
+                        if (!bk->canon)
+                                continue;
+                        r = selector_resolve(&(Selector) { .terms = bk->terms, .member = bk->member }, c->members,
+                                             c->labels, c->n_labels, &masks[k++]);
+                        if (r < 0)
+                                goto fail_masks;
+                }
         /* Held slots follow their member (or index) to its place in the new configuration. */
         r = layout_plan(p, members, c->limit, &layout);
         if (r < 0)
-                return r;
+                goto fail_masks;
         /* Lanes next: the only step that can fail half-way, and it only adds. */
         for (size_t i = 0; i < n_rules; i++)
                 if (!lane_find(p, rules[i].lane)) {
@@ -668,9 +860,24 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
                         r = lane_add(p, &rules[i], &l);
                         if (r < 0) {
                                 layout_done(&layout);
-                                return r;
+                                goto fail_masks;
                         }
                 }
+        r = pool_set_labels(&p->base, c->labels, c->n_labels);
+        if (r < 0) {
+                layout_done(&layout);
+                goto fail_masks;
+        }
+        k = 0;
+        for (size_t i = 0; i < p->n_lanes; i++)
+                for (size_t b = 0; b < p->lanes[i]->n_buckets; b++) {
+                        Bucket *bk = p->lanes[i]->buckets[b];
+                        if (bk->canon) {
+                                free(bk->mask);
+                                bk->mask = masks[k++];
+                        }
+                }
+        free(masks);
 
         bool had_q = p->base.queue_timeout_set;
         strv_free(p->base.members);
@@ -691,35 +898,38 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
         for (size_t i = 0; i < p->n_lanes; i++) {
                 LocalLane *l = p->lanes[i];
                 const PoolLaneRule *rule = NULL;
-                for (size_t k = 0; k < n_rules && !rule; k++)
-                        if (streq(rules[k].lane, l->name))
-                                rule = &rules[k];
+                for (size_t ri = 0; ri < n_rules && !rule; ri++)
+                        if (streq(rules[ri].lane, l->name))
+                                rule = &rules[ri];
                 if (!rule) {
                         /* Dropped by reload: its waiters have nowhere to go; its holders finish. */
                         l->configured = false;
                         l->reserve = 0;
                         l->max_in_use = -1;
-                        for (size_t b = 0; b < l->n_buckets; b++) {
-                                ListNode *n;
-                                while ((n = list_first(&l->buckets[b]->fifo)))
-                                        waiter_refuse(p, container_of(n, PoolWaiter, fifo_node), REFUSAL_UNAVAILABLE,
-                                                      now);
-                        }
+                        lane_refuse_waiters(p, l, now);
                         continue;
                 }
                 int old_priority = l->priority;
                 lane_apply_rule(l, rule);
                 if (old_priority != l->priority)
                         /* The queue is ordered by priority: re-key this lane's waiters. O(n log n), reload only. */
-                        for (size_t b = 0; b < l->n_buckets; b++)
+                        for (size_t b = 0; b < l->n_buckets; b++) {
+                                bucket_head_update(p, l, l->buckets[b]);
                                 list_foreach(n, &l->buckets[b]->fifo) {
                                         PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
                                         rank_tree_remove(&p->queue, &w->rank_node);
                                         rank_tree_insert(&p->queue, &w->rank_node, -(int64_t) l->priority, w->seq);
                                 }
+                        }
         }
         lanes_gc(p);
         return 0;
+
+fail_masks:
+        for (size_t i = 0; i < n_masks; i++)
+                free(masks[i]);
+        free(masks);
+        return r;
 }
 
 static void local_retire(Pool *base, usec_t now) {
@@ -728,11 +938,7 @@ static void local_retire(Pool *base, usec_t now) {
         for (size_t i = 0; i < p->n_lanes; i++) {
                 LocalLane *l = p->lanes[i];
                 l->configured = false;
-                for (size_t b = 0; b < l->n_buckets; b++) {
-                        ListNode *n;
-                        while ((n = list_first(&l->buckets[b]->fifo)))
-                                waiter_refuse(p, container_of(n, PoolWaiter, fifo_node), REFUSAL_UNAVAILABLE, now);
-                }
+                lane_refuse_waiters(p, l, now);
         }
         update_congestion(p, now);
 }
@@ -760,12 +966,41 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
         if (!l || !l->configured || t->slots == 0 || t->slots > p->base.limit)
                 return -EINVAL;
 
+        _cleanup_free_ char *canon = NULL;
+        _cleanup_free_ uint64_t *mask = NULL, *avail = NULL, *usable = NULL;
+        size_t words = member_set_words(p->base.limit);
+        int r;
+        if (!selector_is_empty(t->selector)) {
+                if (!p->base.members)
+                        return -EINVAL;
+                r = selector_canon(t->selector, &canon);
+                if (r < 0)
+                        return r;
+                r = selector_resolve(t->selector, p->base.members, p->base.labels, p->base.n_labels, &mask);
+                if (r < 0)
+                        return r;
+                if (member_set_count(mask, words) < t->slots)
+                        return -EINVAL;
+        }
+
         /* Room (SPEC §3): nobody waiting, k slots free, and the lane's limits allow it. A waiter that a lane
          * limit passes over does not count as waiting here, as it does not hold back the queue either:
-         * otherwise a nightly waiter kept out of merge's reserved slot would keep merge out of it too. */
-        Verdict ahead_verdict, v = lane_verdict(p, l, t->slots, free_slots(p));
-        if (v == VERDICT_GRANTABLE && !queue_next(p, INT32_MIN, &ahead_verdict))
-                return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL);
+         * otherwise a nightly waiter kept out of merge's reserved slot would keep merge out of it too. With
+         * selectors (SPEC §3.5) it is per member: the free members the waiters leave it. */
+        if (p->n_selective > 0 || mask) {
+                avail = calloc(words, sizeof(uint64_t));
+                usable = calloc(words, sizeof(uint64_t));
+                if (!avail || !usable)
+                        return -ENOMEM;
+                free_members(p, avail, words);
+                if (!queue_walk(p, avail, usable, words) &&
+                    member_verdict(p, l, t->slots, mask, avail, usable, words) == VERDICT_GRANTABLE)
+                        return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL, usable);
+        } else {
+                Verdict ahead_verdict, v = lane_verdict(p, l, t->slots, free_slots(p));
+                if (v == VERDICT_GRANTABLE && !queue_next(p, INT32_MIN, &ahead_verdict))
+                        return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL, NULL);
+        }
 
         if (!t->may_wait) {
                 refuse_try(p, t, REFUSAL_BUSY, now);
@@ -777,7 +1012,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 return 0;
         }
 
-        Bucket *b = lane_bucket(l, t->slots);
+        Bucket *b = lane_bucket(p, l, t->slots, canon, t->selector);
         if (!b)
                 return -ENOMEM;
         PoolWaiter *w = calloc(1, sizeof(PoolWaiter));
@@ -786,6 +1021,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
         *w = (PoolWaiter) {
                 .pool = p,
                 .lane = l,
+                .bucket = b,
                 .cookie = t->cookie,
                 .slots = t->slots,
                 .seq = p->next_seq++,
@@ -820,13 +1056,18 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
 
         if (w->budget != USEC_INFINITY) {
                 /* Ended already (a resumed waiter): the next run() refuses it, at this deadline. */
-                int r = heap_push(&p->deadlines, &w->deadline_node, usec_add(start, w->budget));
+                r = heap_push(&p->deadlines, &w->deadline_node, usec_add(start, w->budget));
                 if (r < 0) {
                         free(w);
+                        bucket_gc(l, b);
                         return r;
                 }
         }
         list_append(&b->fifo, &w->fifo_node);
+        if (!b->head_linked)
+                bucket_head_update(p, l, b);
+        if (b->canon)
+                p->n_selective++;
         rank_tree_insert(&p->queue, &w->rank_node, -(int64_t) l->priority, w->seq);
         l->n_waiting++;
         p->n_waiting++;
@@ -979,15 +1220,8 @@ static int local_drain(Pool *base, const char *member, bool on, usec_t now) {
         if (!member) {
                 p->base.drained = on;
                 if (on)
-                        for (size_t i = 0; i < p->n_lanes; i++) {
-                                LocalLane *l = p->lanes[i];
-                                for (size_t b = 0; b < l->n_buckets; b++) {
-                                        ListNode *n;
-                                        while ((n = list_first(&l->buckets[b]->fifo)))
-                                                waiter_refuse(p, container_of(n, PoolWaiter, fifo_node),
-                                                              REFUSAL_UNAVAILABLE, now);
-                                }
-                        }
+                        for (size_t i = 0; i < p->n_lanes; i++)
+                                lane_refuse_waiters(p, p->lanes[i], now);
                 return 0;
         }
 
@@ -1065,6 +1299,7 @@ static void local_set_last_fast(Pool *base, usec_t last_fast, usec_t now) {
 
 static const PoolOps local_ops = {
         .kind = "local",
+        .selectors = true,
         .free = local_free,
         .configure = local_configure,
         .retire = local_retire,

@@ -13,6 +13,7 @@
 
 #include "conf.h"
 #include "engine.h"
+#include "selector.h"
 #include "time-util.h"
 
 typedef struct Pool Pool;
@@ -55,6 +56,9 @@ typedef struct PoolTry {
         usec_t client_cap;     /* USEC_INFINITY: the client set no cap */
         usec_t arrival;        /* ≤ now; earlier than now only for a resumed waiter */
         const PoolResume *resume; /* NULL: a new request */
+        /* Which members it may take (SPEC §3.5), in a member pool; NULL or empty: any. Only asked of a pool
+         * whose members can satisfy it (pool_selector_capacity() ≥ slots). */
+        const Selector *selector;
 } PoolTry;
 
 typedef enum PoolVerdict {
@@ -166,6 +170,7 @@ typedef struct PoolRestore {
 
 typedef struct PoolOps {
         const char *kind;
+        bool selectors;           /* submit() honours PoolTry.selector; the engine sends none elsewhere */
         void (*free)(Pool *p);
         /* The first configuration and every reload. Returns 0 or negative errno (state unchanged). */
         int (*configure)(Pool *p, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now);
@@ -235,6 +240,8 @@ struct Pool {
         const char *name;         /* not owned: the creator keeps it alive longer than the pool */
         unsigned limit;
         char **members;           /* NULL-terminated, or NULL */
+        PoolLabel *labels;        /* names and members only (no source); set by configure() */
+        size_t n_labels;
         bool queue_timeout_set;
         usec_t queue_timeout;
         bool drained;
@@ -248,6 +255,13 @@ struct Pool {
 
 /* The in-process pool. `name` must outlive it. */
 int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool **ret);
+
+/* How many members of the pool `s` admits, drained ones included (the most a request with it can ever get);
+ * the limit for an empty selector; 0 for a selector in a pool without members. Returns ≥ 0, -ENOMEM. */
+int pool_selector_capacity(const Pool *p, const Selector *s);
+/* The pool's labels replaced by a copy of `labels` (names and members). Returns 0, -ENOMEM (unchanged). */
+int pool_set_labels(Pool *p, const PoolLabel *labels, size_t n_labels);
+void pool_labels_free(PoolLabel *labels, size_t n_labels);
 
 static inline void pool_emit(Pool *p, const PoolDecision *d) {
         p->emit(d, p->emit_userdata);

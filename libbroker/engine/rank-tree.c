@@ -106,3 +106,18 @@ size_t rank_tree_rank(const RankTree *t, const RankNode *n) {
         }
         return rank;
 }
+
+RankNode *rank_tree_nth(const RankTree *t, size_t i) {
+        for (RankNode *p = t->root; p;) {
+                size_t left = size_of(p->left);
+                if (i == left)
+                        return p;
+                if (i < left)
+                        p = p->left;
+                else {
+                        i -= left + 1;
+                        p = p->right;
+                }
+        }
+        return NULL;
+}

@@ -991,6 +991,61 @@ static void test_validate_reports_every_problem(void **state) {
         assert_int_equal(errors.n_errors, 6);
 }
 
+
+/* ---- labels (SPEC §3.5) ---- */
+
+static void test_pool_labels_name_members(void **state) {
+        set_ok("pool rigs", "members", "a b c");
+        set_ok("pool rigs", "label.arm64", "a b");
+        set_ok("pool rigs", "label.usb_3.x-y", "c");
+        set_ok("pool rigs", "label.arm64", "b"); /* later wins */
+        PoolConfig *p = conf_find_pool(c, "rigs");
+        assert_int_equal(p->n_labels, 2);
+        assert_string_equal(p->labels[0].name, "arm64");
+        assert_string_equal(p->labels[0].members[0], "b");
+        assert_null(p->labels[0].members[1]);
+        set_ok("lane l", "pools", "rigs");
+        set_ok("lane l", "labels", "arm64 !usb_3.x-y");
+        assert_int_equal(conf_validate(c, &errors), 0);
+}
+
+static void test_pool_label_names_and_members_must_be_valid(void **state) {
+        set_fails("pool rigs", "label.Arm64", "a", "invalid label name \"Arm64\"");
+        set_fails("pool rigs", "label.", "a", "invalid label name");
+        set_fails("pool rigs", "label.a/b", "a", "invalid label name");
+        set_fails("pool rigs", "label.x", "a a", "listed twice");
+        set_fails("pool rigs", "label.x", "a b/c", "invalid member name");
+        set_fails("lane l", "labels", "arm64 !", "invalid label \"!\"");
+        set_fails("lane l", "labels", "!!arm64", "invalid label");
+        set_fails("lane l", "labels", "arm64 arm64", "listed twice");
+}
+
+static void test_validate_labels_need_members_and_name_known_ones(void **state) {
+        valid_config();
+        set_at(80, "pool grid", "label.fast", "a");
+        set_ok("pool rigs", "members", "a b");
+        set_at(81, "pool rigs", "label.fast", "a z");
+        set_ok("pool shared", "members", "a b");
+        set_ok("pool shared", "backend", "redis://127.0.0.1:6379");
+        set_at(82, "pool shared", "label.fast", "a");
+        set_ok("lane nightly", "pools", "grid");
+        set_at(83, "lane nightly", "labels", "fast");
+        assert_int_equal(conf_validate(c, &errors), -EINVAL);
+        assert_has_error("test.conf:80", "label.fast", "pool grid has no members=");
+        assert_has_error("test.conf:81", "label.fast", "names z, which is not a member of pool rigs");
+        assert_has_error("test.conf:82", "label.fast", "not supported on shared pools yet");
+        assert_has_error("test.conf:83", "labels", "lane nightly has labels= but none of its pools");
+}
+
+static void test_too_many_labels(void **state) {
+        char key[32];
+        for (int i = 0; i < CONF_LABELS_MAX; i++) {
+                snprintf(key, sizeof key, "label.l%d", i);
+                set_ok("pool rigs", key, "");
+        }
+        set_fails("pool rigs", "label.one-more", "", "too many labels");
+}
+
 /* ---- conf_dump ---- */
 
 static void test_dump_of_every_key_reads_back_the_same(void **state) {
@@ -1014,7 +1069,10 @@ static void test_dump_of_every_key_reads_back_the_same(void **state) {
         set_ok("pool grid", "backend", "redis://redis:6379/1");
         set_ok("pool rigs", "members", "rig-a rig-b rig-c");
         set_ok("pool rigs", "limit", "3");
+        set_ok("pool rigs", "label.arm64", "rig-a rig-b");
+        set_ok("pool rigs", "label.usb3", "rig-c");
         set_ok("lane merge", "pools", "grid rigs");
+        set_ok("lane merge", "labels", "arm64 !usb3");
         set_ok("lane merge", "policy", "fail-fast");
         set_ok("lane merge", "priority", "-3");
         set_ok("lane merge", "max-in-use", "2");
@@ -1148,6 +1206,10 @@ int main(void) {
                 T(test_validate_reserve_above_max_in_use),
                 T(test_validate_catches_bad_values_set_directly),
                 T(test_validate_reports_every_problem),
+                T(test_pool_labels_name_members),
+                T(test_pool_label_names_and_members_must_be_valid),
+                T(test_validate_labels_need_members_and_name_known_ones),
+                T(test_too_many_labels),
                 T(test_dump_of_every_key_reads_back_the_same),
                 T(test_dump_of_a_fresh_config_reads_back_the_same),
                 T(test_dump_shows_durations_and_sizes_readably),

@@ -18,6 +18,7 @@
 
 #include "handover.h"
 #include "macro.h"
+#include "strv.h"
 
 #define BOOT "0123456789abcdef0123456789abcdef"
 #define NOW ((usec_t) 5000 * USEC_PER_SEC)
@@ -46,6 +47,8 @@ static void fill(Handover *h) {
                 .lane = strdup("nightly"),
                 .job = strdup("build #7"),
                 .slots = 2,
+                .labels = strv_copy((char *const[]) { "arm64", "!flaky", NULL }),
+                .member = strdup("rig-b"),
                 .more = true,
                 .fence = true,
                 .max_hold = 90 * USEC_PER_SEC,
@@ -109,6 +112,10 @@ static void test_round_trip(void **state) {
         assert_string_equal(a->lane, "nightly");
         assert_string_equal(a->job, "build #7");
         assert_int_equal(a->slots, 2);
+        assert_int_equal(strv_length(a->labels), 2);
+        assert_string_equal(a->labels[0], "arm64");
+        assert_string_equal(a->labels[1], "!flaky");
+        assert_string_equal(a->member, "rig-b");
         assert_true(a->more && a->fence);
         assert_true(a->max_hold == 90 * USEC_PER_SEC && a->max_wait == 30 * USEC_PER_SEC);
         assert_true(a->last_position == 3 && a->last_queued == 9);
@@ -124,6 +131,8 @@ static void test_round_trip(void **state) {
         assert_string_equal(l->lease, "0123456789abcdef0123456789abcdef");
         assert_null(l->pool);
         assert_null(l->job);
+        assert_null(l->labels);
+        assert_null(l->member);
         assert_true(l->max_hold == USEC_INFINITY && l->max_wait == USEC_INFINITY && l->budget == USEC_INFINITY);
         assert_false(l->has_command);
         assert_false(back.connections[2].has_acquire);
@@ -190,6 +199,9 @@ static void test_other_format_or_boot(void **state) {
         assert_int_equal(parse_edited("\"slots\":2", "\"slots\":0"), -EBADMSG);
         assert_int_equal(parse_edited("\"pid\":4242", "\"pid\":-424"), -EBADMSG);
         assert_int_equal(parse_edited("\"input\":\"", "\"input\":1"), -EBADMSG);
+        /* A selector that is none: a label that is no label name, a member that is no name. */
+        assert_int_equal(parse_edited("\"!flaky\"", "\"!Flaky\""), -EBADMSG);
+        assert_int_equal(parse_edited("\"rig-b\"", "\"rig/b\""), -EBADMSG);
 
         _cleanup_(handover_done) Handover h = {}, back = {};
         _cleanup_free_ char *text = NULL;

@@ -45,6 +45,10 @@ static void test_rank_matches_sorted_order_under_churn(void **state) {
         assert_int_equal(rank_tree_size(&t), N / 2);
         for (size_t i = 1; i < N; i += 7)
                 assert_int_equal(rank_tree_rank(&t, &items[i].node), brute_rank(items, N, &items[i]));
+        /* nth() is rank()'s inverse: an in-order walk visits every node once, in key order. */
+        for (size_t i = 1; i < N; i += 2)
+                assert_ptr_equal(rank_tree_nth(&t, brute_rank(items, N, &items[i])), &items[i].node);
+        assert_null(rank_tree_nth(&t, N / 2));
         free(items);
 }
 
@@ -57,6 +61,10 @@ static void test_first_node_has_rank_zero(void **state) {
         assert_int_equal(rank_tree_rank(&t, &b.node), 1);
         rank_tree_remove(&t, &a.node);
         assert_int_equal(rank_tree_rank(&t, &b.node), 0);
+        assert_ptr_equal(rank_tree_nth(&t, 0), &b.node);
+        assert_null(rank_tree_nth(&t, 1));
+        rank_tree_remove(&t, &b.node);
+        assert_null(rank_tree_nth(&t, 0));
 }
 
 int main(void) {

@@ -145,6 +145,42 @@ static void test_simulation_covers_every_second_until_the_last_hold_ends(void **
         assert_true(r->first_refusal_ms == SIM_FOREVER);
 }
 
+/* SPEC §3.5 in a scenario: a two-rig arm64 request is not passed by a one-rig arm64 request behind it, while
+ * a request for the rig it cannot use is granted at once. */
+static void test_labels_and_member_in_a_scenario(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{\"pool\": {\"members\": [\"a\", \"b\", \"c\"], \"label.arm64\": [\"a\", \"b\"]}, \"requests\": ["
+                " {\"name\": \"hold-a\", \"at\": \"0s\", \"hold\": \"10s\", \"member\": \"a\"},"
+                " {\"name\": \"two\", \"at\": \"1s\", \"hold\": \"5s\", \"slots\": 2, \"labels\": [\"arm64\"]},"
+                " {\"name\": \"one\", \"at\": \"2s\", \"hold\": \"5s\", \"labels\": [\"arm64\"]},"
+                " {\"name\": \"plain\", \"at\": \"3s\", \"hold\": \"5s\", \"labels\": [\"!arm64\"]}]}", true);
+
+        assert_int_equal(r->n_records, 4);
+        assert_int_equal(r->records[1].decided_ms, 10000); /* when a frees: a and b together */
+        assert_int_equal(r->records[2].decided_ms, 15000); /* behind it, though b was free from the start */
+        assert_int_equal(r->records[3].decided_ms, 3000);  /* c: of no use to the arm64 waiters */
+        assert_int_equal(r->granted, 4);
+}
+
+static void test_scenario_labels_that_nobody_matches_are_an_error(void **state) {
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        _cleanup_free_ char *error = NULL;
+        assert_int_equal(scenario_load_string("{\"pool\": {\"members\": [\"a\", \"b\"], \"label.arm64\": [\"a\"]}, \"requests\": ["
+                                              " {\"name\": \"x\", \"at\": \"0s\", \"hold\": \"1s\", \"slots\": 2, \"labels\": [\"arm64\"]}]}",
+                                              "test.json", &error, &s),
+                         0);
+        assert_true(scenario_build_config(s, NULL, NULL, &error, &c) < 0);
+        assert_non_null(strstr(error, "members match its labels"));
+        s = scenario_free(s);
+        free(error);
+        error = NULL;
+        assert_true(scenario_load_string("{\"pool\": {\"members\": [\"a\"]}, \"requests\": ["
+                                         " {\"name\": \"x\", \"at\": \"0s\", \"hold\": \"1s\", \"labels\": [\"Arm64\"]}]}",
+                                         "test.json", &error, &s) < 0);
+        assert_non_null(strstr(error, "labels[0]"));
+}
+
 static void test_jammed_worked_example(void **state) {
         _cleanup_(sim_result_freep) SimResult *r = run(
                 "{\"pool\": {\"limit\": 2, \"queue-timeout\": \"5m\"}, \"requests\": ["
@@ -234,6 +270,8 @@ int main(void) {
                 cmocka_unit_test(test_reference_burst_then_steady),
                 cmocka_unit_test(test_simulation_covers_every_second_until_the_last_hold_ends),
                 cmocka_unit_test(test_jammed_worked_example),
+                cmocka_unit_test(test_labels_and_member_in_a_scenario),
+                cmocka_unit_test(test_scenario_labels_that_nobody_matches_are_an_error),
                 cmocka_unit_test(test_max_hold_revocation_ends_the_lease_at_once),
                 cmocka_unit_test(test_per_request_records_follow_arrival_order),
                 cmocka_unit_test(test_backend_pool_is_simulated_in_process),

@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: MIT */
+/* selector.h — which members of a member pool a request may take: labels it needs, labels it refuses, a
+ * named member (SPEC §3.5); resolved against a pool's members and labels to a set of member indices. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conf.h"
+
+/* What a request asks of the members it gets. Every term must hold for each member granted: "L" the member
+ * carries label L, "!L" it does not. */
+typedef struct Selector {
+        char *const *terms;      /* NULL-terminated, or NULL */
+        const char *member;      /* NULL: any member */
+} Selector;
+
+/* Terms a request may name (the lane's and the client's together). */
+#define SELECTOR_TERMS_MAX 64
+
+bool selector_is_empty(const Selector *s);
+/* "L" or "!L" with L a conf_label_is_valid() name. */
+bool selector_term_is_valid(const char *term);
+/* A text equal for two selectors exactly when they name the same terms and member, whatever their order and
+ * repetitions: the key that groups waiters asking the same thing. "" for the empty selector. Returns 0,
+ * -ENOMEM. */
+int selector_canon(const Selector *s, char **ret);
+
+/* A set of member indices: one bit per member, ⌈n/64⌉ words. */
+static inline size_t member_set_words(size_t n_members) {
+        return (n_members + 63) / 64;
+}
+unsigned member_set_count(const uint64_t *set, size_t n_words);
+
+/* The members of `members` (NULL-terminated) that `s` admits: a label no label of the pool names is carried
+ * by none. Returns 0, -ENOMEM; *ret has member_set_words(strv_length(members)) words (at least one). */
+int selector_resolve(const Selector *s, char *const *members, const PoolLabel *labels, size_t n_labels,
+                     uint64_t **ret);

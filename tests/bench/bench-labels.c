@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: MIT */
+/* bench-labels — issue 22 item 9: 10,000 waiters with random label sets over 64 labelled members; how long
+ * does the engine take to hand a released member on (release + the instant that grants it: p50/p99/max),
+ * and how much memory does it hold? The same run without labels (every waiter takes any member) is the
+ * reference: the ratio of the two is the cost of matching per member.
+ *
+ *   bench-labels [WAITERS [RELEASES]]        (defaults 10000 and 5000)
+ *
+ * The engine alone, on a fake clock: no sockets, no brokerd (bench-waiters measures those). */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "bench-util.h"
+#include "engine.h"
+#include "macro.h"
+#include "strv.h"
+
+#define MEMBERS 64
+#define LABELS 8
+
+static uint64_t rng = 12345;
+static uint64_t rnd(void) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        return rng;
+}
+
+static uint64_t engine_random(void *userdata) {
+        return rnd();
+}
+
+typedef struct Slot {
+        EngineRequest *request;
+        EngineLease *lease;
+        char *terms[3];
+} Slot;
+
+static int cmp_u64(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+        return x < y ? -1 : x > y;
+}
+
+/* One run: WAITERS waiting (with label sets, or none), then RELEASES times: release the oldest lease, run
+ * the instant, note how long both took. Prints p50/p99/max in µs and the peak RSS growth. */
+static void run(bool labelled, size_t n_waiters, size_t n_releases) {
+        static const char *const names[LABELS] = { "arm64", "usb3", "gpu", "big", "fast", "eu", "us", "flash" };
+        BrokerConfig c = {};
+        PoolConfig pool = { .name = (char *) "rigs", .limit = MEMBERS, .n_members = MEMBERS, .max_queue = -1 };
+        char *members[MEMBERS + 1] = {};
+        PoolLabel labels[LABELS];
+        for (size_t i = 0; i < MEMBERS; i++)
+                if (asprintf(&members[i], "rig-%02zu", i) < 0)
+                        exit(EXIT_FAILURE);
+        pool.members = members;
+        /* Each label on about half the members: a set of 1–3 terms matches 1/2 to 1/8 of them. */
+        for (size_t l = 0; l < LABELS; l++) {
+                labels[l] = (PoolLabel) { .name = (char *) names[l], .members = calloc(MEMBERS + 1, sizeof(char *)) };
+                for (size_t i = 0, k = 0; i < MEMBERS; i++)
+                        if (rnd() % 2)
+                                labels[l].members[k++] = members[i];
+        }
+        pool.labels = labels;
+        pool.n_labels = LABELS;
+        PoolConfig *pools[] = { &pool };
+        LaneConfig lane = { .name = (char *) "l", .pools = (char *[]) { (char *) "rigs", NULL }, .n_pools = 1,
+                            .policy = LANE_POLICY_WAIT, .max_in_use = -1, .max_hold = USEC_INFINITY };
+        LaneConfig *lanes[] = { &lane };
+        c.pools = pools;
+        c.n_pools = 1;
+        c.lanes = lanes;
+        c.n_lanes = 1;
+
+        Engine *e;
+        if (engine_new(engine_random, NULL, &e) < 0 || engine_configure(e, &c, 0) < 0) {
+                fprintf(stderr, "engine set-up failed\n");
+                exit(EXIT_FAILURE);
+        }
+        size_t n = MEMBERS + n_waiters + n_releases;
+        Slot *slots = calloc(n, sizeof(Slot));
+        uint64_t *lat = calloc(n_releases, sizeof(uint64_t));
+        struct rusage before, after;
+        getrusage(RUSAGE_SELF, &before);
+        usec_t now = 1;
+        size_t next = 0, oldest = 0, granted = 0;
+
+        /* Every member held, then the queue. */
+        for (size_t i = 0; i < n; i++) {
+                Slot *s = &slots[i];
+                if (labelled && i >= MEMBERS) {
+                        size_t k = 1 + rnd() % 2;
+                        for (size_t t = 0; t < k; t++)
+                                s->terms[t] = (char *) names[rnd() % LABELS];
+                        if (k == 2 && rnd() % 4 == 0)
+                                s->terms[1] = (char *[]) { "!arm64", "!usb3", "!gpu", "!big" }[rnd() % 4];
+                }
+                int r = engine_acquire(e,
+                                       &(EngineAcquire) { .lane = "l", .slots = 1, .max_wait = USEC_INFINITY,
+                                                          .userdata = s,
+                                                          .labels = s->terms[0] ? (const char *const *) s->terms : NULL },
+                                       now, &s->request);
+                if (r == -EINVAL) { /* a contradiction, or a set no member carries: another */
+                        memset(s->terms, 0, sizeof s->terms);
+                        i--;
+                        continue;
+                }
+                if (r < 0) {
+                        fprintf(stderr, "acquire: %s\n", strerror(-r));
+                        exit(EXIT_FAILURE);
+                }
+                if (i + 1 == MEMBERS + n_waiters)
+                        break;
+        }
+        next = MEMBERS + n_waiters;
+        EngineEvent ev;
+        for (size_t r = 0; r <= n_releases; r++) {
+                engine_run(e, now);
+                while (engine_pop_event(e, &ev))
+                        if (ev.type == ENGINE_EVENT_GRANTED) {
+                                ((Slot *) ev.userdata)->lease = ev.lease;
+                                granted++;
+                        }
+                if (r == n_releases)
+                        break;
+                /* The oldest lease goes; one more waiter joins so the queue stays as long. */
+                while (!slots[oldest].lease)
+                        oldest++;
+                now += 1000;
+                uint64_t t0 = bench_now_ns();
+                engine_lease_release(slots[oldest].lease, now);
+                engine_run(e, now);
+                lat[r] = bench_now_ns() - t0;
+                slots[oldest].lease = NULL;
+                while (engine_pop_event(e, &ev))
+                        if (ev.type == ENGINE_EVENT_GRANTED) {
+                                ((Slot *) ev.userdata)->lease = ev.lease;
+                                granted++;
+                        }
+                Slot *s = &slots[next++];
+                if (labelled)
+                        s->terms[0] = (char *) names[rnd() % LABELS];
+                if (engine_acquire(e,
+                                   &(EngineAcquire) { .lane = "l", .slots = 1, .max_wait = USEC_INFINITY, .userdata = s,
+                                                      .labels = s->terms[0] ? (const char *const *) s->terms : NULL },
+                                   now, &s->request) < 0)
+                        exit(EXIT_FAILURE);
+        }
+        getrusage(RUSAGE_SELF, &after);
+        qsort(lat, n_releases, sizeof(uint64_t), cmp_u64);
+        printf("%-10s waiters %zu, releases %zu, grants %zu: release + grant p50 %.1f µs, p99 %.1f µs, max %.1f µs; "
+               "max RSS %ld MiB\n",
+               labelled ? "labelled" : "unlabelled", n_waiters, n_releases, granted, lat[n_releases / 2] / 1e3,
+               lat[n_releases * 99 / 100] / 1e3, lat[n_releases - 1] / 1e3, after.ru_maxrss / 1024);
+        for (size_t i = 0; i < n; i++)
+                engine_request_unref(slots[i].request);
+        engine_free(e);
+        free(slots);
+        free(lat);
+        for (size_t l = 0; l < LABELS; l++)
+                free(labels[l].members);
+        for (size_t i = 0; i < MEMBERS; i++)
+                free(members[i]);
+}
+
+int main(int argc, char **argv) {
+        size_t waiters = argc > 1 ? strtoul(argv[1], NULL, 10) : 10000;
+        size_t releases = argc > 2 ? strtoul(argv[2], NULL, 10) : 5000;
+        char load[128];
+        printf("bench-labels: load average %s\n", bench_loadavg(load, sizeof load));
+        run(false, waiters, releases);
+        run(true, waiters, releases);
+        return 0;
+}
