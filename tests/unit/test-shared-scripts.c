@@ -62,6 +62,10 @@ static void callee(const char *op, const char **ret_cmd, const char **ret_name) 
 
 /* Runs an operation script with the head (version 1, node, now or "-" for the redis clock, run_id,
  * settle) and the op's arguments (NULL-terminated). */
+/* Nodes reaped so far, by any call's notices: a test on the Redis clock whose node paused past its TTL
+ * (this process descheduled on a loaded machine) sees its leases go, as a real node would have fenced. */
+static unsigned n_expired;
+
 static redisReply *call_v(const char *op, const char *node, long long now, int settle, va_list ap) {
         const char *argv[600];
         char now_s[32], settle_s[4];
@@ -89,6 +93,9 @@ static redisReply *call_v(const char *op, const char *node, long long now, int s
                 fail_msg("%s: %s", op, r->str);
         assert_int_equal(r->type, REDIS_REPLY_ARRAY);
         assert_int_equal(r->elements, 6);
+        for (size_t i = 0; i < r->element[R_NOTICES]->elements; i++)
+                if (strcmp(r->element[R_NOTICES]->element[i]->element[0]->str, "node-expired") == 0)
+                        n_expired++;
         return r;
 }
 
@@ -1382,9 +1389,10 @@ static void test_a_key_lost_never_grants_a_held_slot_twice(void **state) {
         size_t n_keys = 0, n_renewed = 0;
         char names[64][96];
 
-        for (size_t k = 0; k == 0 || k < n_keys; k++) {
+        for (size_t k = 0, retries = 0; k == 0 || k < n_keys; k++) {
                 setup(state);
                 wait_out_the_recovery_window(LOSS_CANON);
+                unsigned expired = n_expired;
                 redisReply *a = call("submit", "n1", -1, 1, "a", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
                 assert_string_equal(field_s(body(a), D_VERDICT), "granted");
                 char token[32];
@@ -1393,7 +1401,7 @@ static void test_a_key_lost_never_grants_a_held_slot_twice(void **state) {
                 redisReply *w = call("submit", "n1", -1, 1, "w", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
                 assert_string_equal(field_s(body(w), D_VERDICT), "queued");
                 freeReplyObject(w);
-                if (k == 0) {
+                if (n_keys == 0) {
                         keys = redisCommand(redis, "KEYS %s*", POOL);
                         for (size_t i = 0; i < keys->elements; i++)
                                 if (strcmp(keys->element[i]->str, POOL ":meta") != 0) {
@@ -1434,6 +1442,14 @@ static void test_a_key_lost_never_grants_a_held_slot_twice(void **state) {
                 /* The node reclaims its lease (it learns of the new epoch from the tick). */
                 if (renewed) {
                         redisReply *r = call("reclaim", "n1", -1, 1, "a", "ci", "1", token, "1000", "0", NULL);
+                        if ((strcmp(status(r), "ok") != 0 || strcmp(body(r)->element[0]->str, "confirmed") != 0) &&
+                            n_expired != expired && retries++ < 5) {
+                                /* n1 paused past its 0.4 s TTL and lapsed: its lease went (it would have fenced
+                                 * itself). Not what this case is about: the same key again. */
+                                freeReplyObject(r);
+                                k--;
+                                continue;
+                        }
                         if (strcmp(status(r), "ok") != 0 || strcmp(body(r)->element[0]->str, "confirmed") != 0)
                                 fail_msg("%s: the reclaim of a is %s %s", names[k], status(r),
                                          strcmp(status(r), "ok") == 0 ? body(r)->element[0]->str : "");
@@ -1451,6 +1467,11 @@ static void test_a_key_lost_never_grants_a_held_slot_twice(void **state) {
                         (void) nanosleep(&(struct timespec) { .tv_nsec = 1000 * 1000 }, NULL);
                 }
                 x = call("submit", "n1", -1, 1, "y", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+                if (granted_in(x) && n_expired != expired && retries++ < 5) {
+                        freeReplyObject(x); /* n1 lapsed meanwhile (above): the same key again */
+                        k--;
+                        continue;
+                }
                 if (granted_in(x))
                         fail_msg("%s deleted: slot 0 granted again while a holds it", names[k]);
                 freeReplyObject(x);
