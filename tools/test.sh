@@ -10,8 +10,8 @@
 # - the clang AddressSanitizer/UndefinedBehaviorSanitizer build: unit tests, fuzz corpora, and every other
 #   integration test against the real brokerd, which runs sanitized, in two runs at once: the integration
 #   tests that mostly wait on timers (suite "waits", tests/integration/meson.build) in the background;
-# - the unit tests under valgrind, one at a time, in the background beside the systemd lane and the
-#   ASan/UBSan tests (most of whose time is waiting).
+# - the unit tests under valgrind, one at a time, in the background beside the ASan/UBSan tests (most of
+#   whose time is waiting).
 # Whatever runs in the background is waited for at the end, each in a stage of its own: the summary gives
 # its outcome, what it skipped and when it ran, and the whole run's time.
 # `meson test -C build` alone still runs everything, integration tests included.
@@ -121,18 +121,18 @@ fi
 ninja -C build-asan
 current=""
 
-# The unit tests under valgrind, one at a time, in the background beside the systemd lane and the ASan/UBSan
-# tests (which mostly wait on timers): what CPU those leave. Ten times the timeouts: valgrind runs the
-# scripts' Redis round trips and the simulator many times slower. no-valgrind: what valgrind cannot run (a
-# clone() sharing memory) or runs too slowly for CI (the history writer's 200,000 rows, checked under
-# ASan/UBSan instead; see tests/meson.build).
-background valgrind meson test -C build --no-rebuild --print-errorlogs --suite unit --no-suite no-valgrind \
-        --num-processes 1 --timeout-multiplier 10 \
-        --wrap='valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite --fair-sched=yes -q'
-
 # Skipped without root, namespaces (CAP_SYS_ADMIN) or the Debian mirror.
 stage "the units under a real systemd (a booted Debian 12 root)" build/meson-logs/testlog-systemd.json \
         meson test -C build --no-rebuild --print-errorlogs systemd-lane --logbase testlog-systemd
+
+# The unit tests under valgrind, one at a time, in the background beside the ASan/UBSan tests (most of which
+# wait on timers): what CPU those leave. Not beside the systemd lane, whose restarts under load are timed.
+# Ten times the timeouts: valgrind runs the scripts' Redis round trips and the simulator many times slower.
+# no-valgrind: what valgrind cannot run (a clone() sharing memory) or runs too slowly for CI (the history
+# writer's 200,000 rows, checked under ASan/UBSan instead; see tests/meson.build).
+background valgrind meson test -C build --no-rebuild --print-errorlogs --suite unit --no-suite no-valgrind \
+        --num-processes 1 --timeout-multiplier 10 \
+        --wrap='valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite --fair-sched=yes -q'
 
 # The ASan/UBSan tests in two lanes at once, each one test at a time: the integration tests of suite "waits"
 # (they mostly wait on node TTLs, recovery windows, graces; their bounds are seconds) in the background,
