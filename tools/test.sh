@@ -28,9 +28,17 @@ declare -A bg_pid bg_out bg_start bg_end   # the runs in the background, by key
 summary() {
         local rc=$? key
         [ -z "$current" ] || stages+=("$current: FAILED (exit $rc)")
+        local r
         for key in "${!bg_pid[@]}"; do
-                kill "${bg_pid[$key]}" 2>/dev/null || true
-                stages+=("the run in the background \"$key\": STOPPED unfinished (started at ${bg_start[$key]} s)")
+                if [ -s "${bg_end[$key]}" ]; then
+                        r=0
+                        wait "${bg_pid[$key]}" || r=$?
+                        r="done (exit $r) by $(cat "${bg_end[$key]}") s, not reported (a stage before it failed)"
+                        stages+=("the run in the background \"$key\": $r")
+                else
+                        kill "${bg_pid[$key]}" 2>/dev/null || true
+                        stages+=("the run in the background \"$key\": STOPPED unfinished (from ${bg_start[$key]} s)")
+                fi
         done
         echo
         echo "==> summary (uid $(id -u), CapEff $(awk '/^CapEff/ { print $2 }' /proc/self/status))"
