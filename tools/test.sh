@@ -3,13 +3,17 @@
 # cores (the summary gives each stage's time):
 # - the gcc -Werror build: unit tests, lints, the units' verify, fuzz corpora replay, and the long fault
 #   runs (suite "slow": shared pools under seeded faults, Sentinel failovers), whose timing wants the
-#   optimised build, in the background beside the three stages that follow;
+#   optimised build, in the background beside the stages that follow;
 # - the units under a real systemd (the gcc build): the lane in the foreground, and the package built and
 #   upgraded under load (systemd-upgrade: dpkg-buildpackage, then mostly waiting) in the background beside
 #   the ASan/UBSan build and tests, as the long fault runs;
 # - the clang AddressSanitizer/UndefinedBehaviorSanitizer build: unit tests, fuzz corpora, and every other
-#   integration test against the real brokerd, which runs sanitized;
-# - the unit tests under valgrind.
+#   integration test against the real brokerd, which runs sanitized, in two runs at once: the integration
+#   tests that mostly wait on timers (suite "waits", tests/integration/meson.build) in the background;
+# - the unit tests under valgrind, one at a time, in the background beside the ASan/UBSan tests (most of
+#   whose time is waiting).
+# Whatever runs in the background is waited for at the end, each in a stage of its own: the summary gives
+# its outcome, what it skipped and when it ran, and the whole run's time.
 # `meson test -C build` alone still runs everything, integration tests included.
 #
 # What cannot run where it runs (no root, no namespaces without CAP_SYS_ADMIN, a tool missing) is
@@ -20,25 +24,39 @@ cd "$(dirname "$0")/.."
 
 stages=()   # each stage's outcome, with what it skipped, for the summary
 current=""
+declare -A bg_pid bg_out bg_start bg_end   # the runs in the background, by key
 summary() {
-        local rc=$?
-        [ -z "${slow_pid:-}" ] || kill "$slow_pid" 2>/dev/null || true
-        [ -z "${upgrade_pid:-}" ] || kill "$upgrade_pid" 2>/dev/null || true
+        local rc=$? key
         [ -z "$current" ] || stages+=("$current: FAILED (exit $rc)")
+        local r
+        for key in "${!bg_pid[@]}"; do
+                if [ -s "${bg_end[$key]}" ]; then
+                        r=0
+                        wait "${bg_pid[$key]}" || r=$?
+                        r="done (exit $r) by $(cat "${bg_end[$key]}") s, not reported (a stage before it failed)"
+                        stages+=("the run in the background \"$key\": $r")
+                else
+                        kill "${bg_pid[$key]}" 2>/dev/null || true
+                        stages+=("the run in the background \"$key\": STOPPED unfinished (from ${bg_start[$key]} s)")
+                fi
+        done
         echo
         echo "==> summary (uid $(id -u), CapEff $(awk '/^CapEff/ { print $2 }' /proc/self/status))"
         local s
         for s in "${stages[@]}"; do echo "    $s"; done
+        echo "    in all: $SECONDS s"
 }
 trap summary EXIT
 
-# stage NAME BUILD_DIR|LOG.json COMMAND…: runs a `meson test` stage and records its outcome, its time and
-# what it skipped (LOG.json: a run beside another in the same build directory, its log named by --logbase).
+# stage NAME BUILD_DIR|LOG.json COMMAND…: runs a `meson test` stage (or waits for one run in the
+# background: joined) and records its outcome, its time and what it skipped (LOG.json: a run beside another
+# in the same build directory, its log named by --logbase).
 stage() {
         local name=$1 dir=$2 skipped rc=0 start=$SECONDS
         shift 2
         echo "==> $name"
         current=$name
+        span=""
         "$@"
         current=""
         skipped=$(python3 tools/test-skips.py "$dir" | sed 's/^/        /') || rc=$?
@@ -49,7 +67,39 @@ stage() {
         else
                 outcome=ran
         fi
-        stages+=("$name: $outcome in $((SECONDS - start)) s${skipped:+$'\n'$skipped}")
+        stages+=("$name: $outcome ${span:-in $((SECONDS - start)) s}${skipped:+$'\n'$skipped}")
+}
+
+# background KEY COMMAND…: starts a `meson test` run beside the stages that follow; `stage … joined KEY`
+# waits for it and gives its outcome, its output and when it ran.
+background() {
+        local key=$1
+        shift
+        bg_out[$key]=$(mktemp)
+        bg_end[$key]=$(mktemp)
+        bg_start[$key]=$SECONDS
+        (
+                "$@" &
+                child=$!
+                trap 'kill "$child" 2>/dev/null; exit 143' TERM   # summary()'s, should a stage fail
+                rc=0
+                wait "$child" || rc=$?
+                echo $SECONDS >"${bg_end[$key]}"
+                exit $rc
+        ) >"${bg_out[$key]}" 2>&1 &
+        bg_pid[$key]=$!
+}
+joined() {
+        local key=$1 rc=0 end
+        wait "${bg_pid[$key]}" || rc=$?
+        unset "bg_pid[$key]"
+        cat "${bg_out[$key]}"
+        end=$(cat "${bg_end[$key]}")
+        end=${end:-$SECONDS}
+        rm -f "${bg_out[$key]}" "${bg_end[$key]}"
+        span="in $((end - bg_start[$key])) s (in the background, from ${bg_start[$key]} s to $end s)"
+        echo "(ran $span)"
+        return $rc
 }
 
 current="setup (tools/setup.sh)"
@@ -57,23 +107,19 @@ bash tools/setup.sh
 stages+=("$current: done in $SECONDS s")
 current=""
 
-stage "meson test (gcc, -Werror): unit, lint, the units' verify, fuzz" build \
+stage "meson test (gcc, -Werror): unit, lint, the units' verify, fuzz" build/meson-logs/testlog.json \
         meson test -C build --print-errorlogs --suite unit --suite lint --suite units --suite fuzz
 
 # The long fault runs mostly wait out node TTLs, failovers and recovery windows (about 35 s of CPU in
 # seven minutes): they run in the background beside the ASan/UBSan build, the systemd stage and the
 # ASan/UBSan tests, whose bounds, as theirs, are seconds (a busy CPU delays brokerd by milliseconds).
-slow_log=$(mktemp)
-meson test -C build --print-errorlogs --suite slow --logbase testlog-slow >"$slow_log" 2>&1 &
-slow_pid=$!
-slow_start=$SECONDS
+# --no-rebuild: the runs beside one another in one build directory run no ninja of their own (tools/setup.sh
+# built it).
+background slow meson test -C build --no-rebuild --print-errorlogs --suite slow --logbase testlog-slow
 
 # The package's upgrade under load in a booted Debian 12 root (issue 20): dpkg-buildpackage, then mostly
 # waiting on restarts and jobs; in the background too, beside the ASan/UBSan build and tests.
-upgrade_log=$(mktemp)
-meson test -C build --print-errorlogs systemd-upgrade --logbase testlog-upgrade >"$upgrade_log" 2>&1 &
-upgrade_pid=$!
-upgrade_start=$SECONDS
+background upgrade meson test -C build --no-rebuild --print-errorlogs systemd-upgrade --logbase testlog-upgrade
 
 echo "==> building with ASan/UBSan (clang), while the long fault runs run"
 current="ASan/UBSan build"
@@ -85,40 +131,33 @@ current=""
 
 # Skipped without root, namespaces (CAP_SYS_ADMIN) or the Debian mirror.
 stage "the units under a real systemd (a booted Debian 12 root)" build/meson-logs/testlog-systemd.json \
-        meson test -C build --print-errorlogs systemd-lane --logbase testlog-systemd
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-        stage "meson test under ASan/UBSan (clang): unit, fuzz, integration" build-asan \
-        meson test -C build-asan --print-errorlogs --suite unit --suite fuzz --suite integration --no-suite slow
+        meson test -C build --no-rebuild --print-errorlogs systemd-lane --logbase testlog-systemd
 
-# wait_slow: the long fault runs' outcome, and their output, once they are done.
-wait_slow() {
-        local rc=0
-        wait "$slow_pid" || rc=$?
-        slow_pid=""
-        cat "$slow_log"
-        rm -f "$slow_log"
-        echo "(started $((SECONDS - slow_start)) s ago, beside the stages above)"
-        return $rc
-}
-stage "meson test (gcc): the long fault runs (shared pools under seeded faults, Sentinel failovers)" \
-        build/meson-logs/testlog-slow.json \
-        wait_slow
-
-wait_upgrade() {
-        local rc=0
-        wait "$upgrade_pid" || rc=$?
-        upgrade_pid=""
-        cat "$upgrade_log"
-        rm -f "$upgrade_log"
-        echo "(started $((SECONDS - upgrade_start)) s ago, beside the stages above)"
-        return $rc
-}
-stage "the package upgraded under load in a booted Debian 12 root (dpkg -i)" build/meson-logs/testlog-upgrade.json \
-        wait_upgrade
-
+# The unit tests under valgrind, one at a time, in the background beside the ASan/UBSan tests (most of which
+# wait on timers): what CPU those leave. Not beside the systemd lane, whose restarts under load are timed.
 # Ten times the timeouts: valgrind runs the scripts' Redis round trips and the simulator many times slower.
 # no-valgrind: what valgrind cannot run (a clone() sharing memory) or runs too slowly for CI (the history
 # writer's 200,000 rows, checked under ASan/UBSan instead; see tests/meson.build).
-stage "unit tests under valgrind" build \
-        meson test -C build --print-errorlogs --suite unit --no-suite no-valgrind --timeout-multiplier 10 \
+background valgrind meson test -C build --no-rebuild --print-errorlogs --suite unit --no-suite no-valgrind \
+        --num-processes 1 --timeout-multiplier 10 \
         --wrap='valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite --fair-sched=yes -q'
+
+# The ASan/UBSan tests in two lanes at once, each one test at a time: the integration tests of suite "waits"
+# (they mostly wait on node TTLs, recovery windows, graces; their bounds are seconds) in the background,
+# beside the unit tests, the fuzz corpora and the other integration tests (which time answers more tightly).
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+background waits meson test -C build-asan --no-rebuild --print-errorlogs --suite waits --no-suite slow \
+        --logbase testlog-waits
+stage "meson test under ASan/UBSan (clang): unit, fuzz, integration" build-asan/meson-logs/testlog.json \
+        meson test -C build-asan --no-rebuild --print-errorlogs --suite unit --suite fuzz --suite integration \
+        --no-suite slow --no-suite waits
+stage "meson test under ASan/UBSan (clang): the integration tests that wait (suite waits)" \
+        build-asan/meson-logs/testlog-waits.json joined waits
+unset ASAN_OPTIONS UBSAN_OPTIONS
+
+stage "meson test (gcc): the long fault runs (shared pools under seeded faults, Sentinel failovers)" \
+        build/meson-logs/testlog-slow.json joined slow
+stage "the package upgraded under load in a booted Debian 12 root (dpkg -i)" build/meson-logs/testlog-upgrade.json \
+        joined upgrade
+# (meson names the log of a run under --wrap after the wrapper: testlog-valgrind.json.)
+stage "unit tests under valgrind" build/meson-logs/testlog-valgrind.json joined valgrind

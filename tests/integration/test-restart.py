@@ -339,6 +339,7 @@ class Restart(harness.BrokerTestCase):
         tracker, restarts, stats = Tracker(limit), Restarts(), {"samples": 0}
         grants = {}        # lease id -> (token, grantedAt), as clients and Status samples saw them
         commands = {}      # lease id -> (command pid, when the test learnt of it)
+        holding = set()    # the leases clients hold now: each crash waits for one, which must be reclaimed
         lock = threading.Lock()
         workdir = tempfile.mkdtemp(prefix="restart-load-")
         self.addCleanup(shutil.rmtree, workdir, True)
@@ -400,7 +401,11 @@ class Restart(harness.BrokerTestCase):
                 if lease is None:
                     conn.close()
                     continue
+                with lock:
+                    holding.add(lease["id"])
                 conn = hold(conn, lease, time.monotonic() + rng.uniform(0, 0.3), name)
+                with lock:
+                    holding.discard(lease["id"])
                 tracker.ending(lease)
                 if conn:
                     conn.close()
@@ -494,6 +499,9 @@ class Restart(harness.BrokerTestCase):
         crashes = []
         for k in range(3):
             time.sleep(max(0.0, deadline - seconds + (k + 1) * seconds / 4 - time.monotonic()))
+            # A crash under a held lease, so that the run has a reclaim to check (a busy machine grants
+            # seldom: at a crash chosen by the clock alone, nobody may hold one).
+            wait_for(lambda: holding, timeout=20, interval=0.005, message="a client holding a lease")
             restarts.begin()
             b.crash()
             crashes.append(time.time() * 1e6)

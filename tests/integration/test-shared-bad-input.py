@@ -36,10 +36,15 @@ from redisd import RedisServer  # noqa: E402
 from tcpproxy import TcpProxy  # noqa: E402
 
 
-def config(backend, limit=2, password_file=None):
+def config(backend, limit=2, password_file=None, ttl=None):
+    """ttl: a short backend-node-ttl (s), with the revoke-grace that keeps it valid, for a case that waits out
+    the recovery window of a real Redis's first use (one TTL, 30 s by default)."""
     extra = f"backend-password-file = {password_file}\n" if password_file else ""
+    if ttl:
+        extra += f"backend-node-ttl = {ttl}s\n"
+    broker = "[broker]\nrevoke-grace = 1s\n\n" if ttl else ""
     return f"""\
-[pool shared]
+{broker}[pool shared]
 limit = {limit}
 backend = {backend}
 {extra}
@@ -184,16 +189,16 @@ class TestSharedBadInput(harness.BrokerTestCase):
 
     def test_rules_mismatch(self):
         r = self.redis()
-        first = self.broker(config(r.url(0), limit=2), "first")
+        first = self.broker(config(r.url(0), limit=2, ttl=6), "first")
         wait_for(lambda: first.pool("shared")["backend"]["up"], timeout=60, message="the first node up")
-        second = self.broker(config(r.url(0), limit=3), "second")
+        second = self.broker(config(r.url(0), limit=3, ttl=6), "second")
         wait_for(lambda: second.pool("shared")["backend"].get("unavailable") == "rules", timeout=30,
                  message="the second node to refuse the pool's rules")
         self.assertIn("limit", second.pool("shared")["backend"].get("differingKeys", []))
         self.assert_refused_at_once_and_nothing_else_hurt(second, reason="rules")
         # The first keeps serving the pool under the stored rules, and its local pools.
         self.assertTrue(self.granted_once(first, "local"))
-        # A pool's first use waits out one node TTL (recovery: no node can tell new from lost).
+        # A pool's first use waits out one node TTL (recovery: no node can tell new from lost), 6 s here.
         wait_for(lambda: self.granted_once(first, "shared"), timeout=60, interval=0.5,
                  message="a grant on the first node")
 

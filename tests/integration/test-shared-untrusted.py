@@ -47,10 +47,15 @@ if "quarantine_size_mb" not in os.environ.get("ASAN_OPTIONS", ""):
     os.environ["ASAN_OPTIONS"] = ":".join(filter(None, [os.environ.get("ASAN_OPTIONS"), "quarantine_size_mb=1"]))
 
 
-def config(backend, limit=1, members=None):
+def config(backend, limit=1, members=None, ttl=None):
+    """ttl: a short backend-node-ttl (s), with the revoke-grace that keeps it valid: the recovery window of a
+    real Redis's first use is one TTL (30 s by default)."""
     m = f"members = {' '.join(members)}\n" if members else ""
+    if ttl:
+        m += f"backend-node-ttl = {ttl}s\n"
+    broker = "[broker]\nrevoke-grace = 1s\n\n" if ttl else ""
     return f"""\
-[pool shared]
+{broker}[pool shared]
 limit = {limit}
 backend = {backend}
 {m}
@@ -139,7 +144,9 @@ class Hostile(harness.BrokerTestCase):
         for f in sentinels:
             for c in f.connections:
                 self.assertLess(c.sent, 64 * MIB, "brokerd read on past the cap")
-        a = self.acquire(b, "shared")
+        # Fail-fast, as in hostile_script_answer(): a request that may wait is held for the waiter grace (5 s
+        # from brokerd's start), the client's own timeout here, and its refusal raced the client's wait.
+        a = self.acquire(b, "shared", wait=False)
         self.assertEqual(a.error, "io.slotbroker.Unavailable", a.msg)
         self.assert_local_serves(b)
 
@@ -265,8 +272,8 @@ class Hostile(harness.BrokerTestCase):
     def test_forged_stream_entries_in_a_real_redis(self):
         r = RedisServer(self.tmp).start()
         self.addCleanup(r.close)
-        b = self.broker(config(r.url(0), limit=1, members=["a"]), "forged")
-        # A pool's first use waits out a recovery window: until the holder is granted.
+        b = self.broker(config(r.url(0), limit=1, members=["a"], ttl=6), "forged")
+        # A pool's first use waits out a recovery window (one node TTL, short here): until the holder is granted.
         holder = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -92,6 +92,7 @@ wait_for() {
 is_active() { [ "$(cx systemctl is-active "$1" 2>/dev/null || true)" = "$2" ]; }
 status_json() { cx slotctl status --json; }
 status_has() { status_json | grep -q -- "$1"; }
+holds_lease() { [ -n "$(lease_of_job "$1")" ]; }
 lease_of_job() {
         status_json | python3 -c '
 import json, sys
@@ -362,8 +363,10 @@ if [ -n "$redis_pid" ]; then
                         sh -c 'while [ ! -e /srv/sblane/stop-fill.release ]; do sleep 0.1; done' >"$work.stop-fill-$i.log" 2>&1 &
                 holders+=($!)
                 stop_fill+=($!)
-                # Holding, or waiting too while the pool's first recovery window is open (brokerd.conf(5)).
-                wait_for 10 "stop-fill-$i in Status" status_has "\"job\":\"stop-fill-$i\""
+                # Holding: while the pool's first recovery window is open (one backend-node-ttl, 30 s;
+                # brokerd.conf(5)) it waits, and the stop below would queue it again behind the waiter, whose
+                # grant then ends it (exit 0).
+                wait_for 60 "stop-fill-$i holding a slot" holds_lease "stop-fill-$i"
         done
 fi
 stop_waiters=()
