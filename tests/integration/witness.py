@@ -4,8 +4,10 @@
 
 Every witnessed command is a `slotctl run` of a small shell script. When it starts it takes one lock file
 per slot it was given (SLOT_MEMBER, or SLOT_INDEX in a pool of anonymous slots, each in SLOT_POOL) with
-O_EXCL (the shell's noclobber): a lock file that already exists is a slot held twice at once, written to
-a violations file. It then counts the pool's lock files (every slot held at that instant, its own
+O_EXCL (the shell's noclobber), holding its name and process id: a lock file that already exists, of a
+process that still runs, is a slot held twice at once, written to a violations file. One whose process is
+gone (killed by SIGKILL before its SIGTERM trap gave the file back: a fence's end on a loaded machine)
+held nothing any more: it is removed, and noted in a "stale" file. It then counts the pool's lock files (every slot held at that instant, its own
 included) into a holders file, logs "start NAME POOL TOKEN SLOT..." and, when its body ends or it is sent
 SIGTERM, gives its lock files back and logs "end …". Each start and end also goes to a "times" file with
 its realtime stamp, and each violation says when: what a failure is read against brokerds' logs with.
@@ -42,15 +44,28 @@ record() {
 held=$d/held/$SLOT_POOL
 finish() {
         for s in $slots; do
-                [ "$(cat "$held/$s" 2>/dev/null)" = "$n" ] && rm -f "$held/$s"
+                [ "$(cut -d' ' -f1 "$held/$s" 2>/dev/null)" = "$n" ] && rm -f "$held/$s"
         done
         record end
 }
+# A holder killed before its trap ran (SIGKILL at the end of a fence's revoke grace, on a loaded machine)
+# leaves its file behind: it holds nothing once its process is gone, which is what fencing is for. A file
+# whose process lives is a slot held twice.
+stale() {
+        p=$(cut -d' ' -f2 "$1" 2>/dev/null)
+        [ -n "$p" ] && ! kill -0 "$p" 2>/dev/null
+}
 trap 'finish; exit 143' TERM
 mkdir -p "$held"
+for f in "$held"/*; do
+        if [ -e "$f" ] && stale "$f"; then
+                printf '%s found %s of a process gone: %s\n' "$n" "$f" "$(cat "$f" 2>/dev/null)" >>"$d/stale"
+                rm -f "$f"
+        fi
+done
 set -C
 for s in $slots; do
-        if ! printf '%s\n' "$n" 2>/dev/null >"$held/$s"; then
+        if ! printf '%s %s\n' "$n" "$$" 2>/dev/null >"$held/$s"; then
                 printf '%s got %s %s while %s holds it (at %s)\n' "$n" "$SLOT_POOL" "$s" "$(cat "$held/$s")" \
                         "$(date +%s.%N)" >>"$d/violations"
         fi
