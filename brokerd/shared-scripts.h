@@ -32,6 +32,8 @@ extern const char shared_function_tick[];
 extern const char shared_function_reclaim[];
 extern const char shared_function_drain[];
 extern const char shared_function_positions[];
+/* Several operations of one pool in one call (brokerd/lua/batch.lua): a function of the library only. */
+extern const char shared_function_batch[];
 
 /* Every operation, in a fixed order; n is the count. */
 extern const SharedScriptText shared_scripts[];
