@@ -1985,6 +1985,57 @@ static void test_reconcile_and_positions_are_paged(void **state) {
         freeReplyObject(p);
 }
 
+/* ---- outcome records ---- */
+
+static long long redis_int(const char *fmt, const char *a, const char *b) {
+        redisReply *r = redisCommand(redis, fmt, a, b);
+        assert_non_null(r);
+        long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : r->type == REDIS_REPLY_ARRAY ? (long long) r->elements : -2;
+        freeReplyObject(r);
+        return v;
+}
+
+/* Issue 21 item 2: a node's outcome records are one hash and an index of their expiries, no key per request
+ * and none with a TTL (Redis's expiry cycle walked thousands of keys); a retry within the window gets the
+ * outcome, one after it is decided afresh, and the caller's calls trim what expired. */
+static void test_outcome_records_are_a_hash_per_node_trimmed_by_its_calls(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        expect_verdict("a", 2000, "ci", 1, "granted");
+        redisReply *b = submit_at(2000, "b", "ci", 1, false, -1);
+        assert_string_equal(field_s(body(b), D_REFUSAL), "busy");
+        freeReplyObject(b);
+        assert_int_equal(redis_int("KEYS %s:o:*", pool, ""), 0);
+        assert_int_equal(redis_int("HLEN %s:oh:%s", pool, "n1"), 2);
+        assert_int_equal(redis_int("PTTL %s:oh:%s", pool, "n1"), -1);
+        assert_int_equal(redis_int("PTTL %s:ox:%s", pool, "n1"), -1);
+        /* Within its 10 s: the same refusal, even to a request that may wait now. */
+        b = submit_at(5 * SEC, "b", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(b), D_VERDICT), "refused");
+        freeReplyObject(b);
+        /* After them: decided afresh (queued behind a), and its record trimmed by the call. */
+        b = submit_at(13 * SEC, "b", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(b), D_VERDICT), "queued");
+        freeReplyObject(b);
+        assert_int_equal(redis_int("HEXISTS %s:oh:n1 %s", pool, "b"), 0);
+        assert_int_equal(redis_int("ZSCORE %s:ox:n1 %s", pool, "b"), -2); /* nil */
+        assert_int_equal(redis_int("HLEN %s:oh:%s", pool, "n1"), 1);      /* a's grant */
+        /* positions: the outcome within its window, "gone" after it. */
+        redisReply *p = call("positions", "n1", 14 * SEC, 0, "pos", "a", NULL);
+        assert_string_equal(field_s(body(p)->element[0], D_VERDICT), "granted");
+        freeReplyObject(p);
+        redisReply *w = call("withdraw", "n1", 14 * SEC, 0, "b", NULL);
+        assert_string_equal(field_s(body(w), 0), "withdrawn");
+        freeReplyObject(w);
+        freeReplyObject(release_at(15 * SEC, 1, "a"));
+        p = call("positions", "n1", 16 * SEC, 0, "pos", "a", NULL);
+        assert_string_equal(field_s(body(p)->element[0], D_VERDICT), "granted"); /* its outcome */
+        freeReplyObject(p);
+        p = call("positions", "n1", 2000 + 41 * SEC, 0, "pos", "a", NULL);
+        assert_string_equal(field_s(body(p)->element[0], 0), "gone");
+        freeReplyObject(p);
+        assert_int_equal(redis_int("HLEN %s:oh:%s", pool, "n1"), 0);
+}
+
 /* ---- batches (brokerd/lua/batch.lua) ---- */
 
 /* FCALLs Redis ran so far (INFO commandstats). */
@@ -2216,6 +2267,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_second_live_incarnation_is_refused_before_anything),
                 T(test_a_key_lost_never_grants_a_held_slot_twice),
                 T(test_reconcile_and_positions_are_paged),
+                T(test_outcome_records_are_a_hash_per_node_trimmed_by_its_calls),
                 T(test_a_batch_answers_as_its_operations_one_by_one),
                 T(test_a_batch_stops_where_an_operation_does_not_answer_ok),
                 T(test_an_instant_cut_short_is_finished_before_a_later_arrival),
