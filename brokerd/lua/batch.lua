@@ -7,7 +7,8 @@
 --       [6] n (1 ≤ n ≤ BATCH_OPS_MAX)   then n times: OP ("submit" | "release" | "withdraw" | "tick" |
 --       "reclaim"), m, then m arguments: the operation's ARGV[6…] as it takes them alone
 -- Decides: each operation exactly as its own call would, one after the other (each begins anew:
---       call_begin(), its own step budget, its own reply), until one answers other than "ok" or
+--       call_begin(), its own step budget, its own reply; the ones after the first skip the integrity
+--       check: nothing but the batch ran since the first's), until one answers other than "ok" or
 --       "invalid" ("settling", "unregistered", "rules", "identity", …): the ones after it are not run
 --       and the node sends them again, as it sends again a call answered so.
 -- Returns: { reply… } — one reply per operation run, in order (each as its operation's own: README,
@@ -44,6 +45,7 @@ local function batch()
                 for x = 0, m - 1 do a[6 + x] = argv[first + x] end
                 ARGV = a
                 call_begin()
+                BATCH_NEXT = j > 1
                 local r = op()
                 replies[j] = r
                 if r[1] ~= 'ok' and r[1] ~= 'invalid' then break end

@@ -1027,6 +1027,9 @@ end
 -- live processes under one node id (hosts cloned from one image) never act as one node. A lapsed
 -- registration is anyone's: its leases lapse with it (its holders fenced themselves by then).
 local IDENTITY_TAKEOVER         -- a lapsed registration of another incarnation: its records go first
+-- An operation after the first of a batch (batch.lua): nothing outside the call changed the keys since the
+-- first compared them with meta's counts (integrity_lost()), and every reply wrote its counts (flush()).
+local BATCH_NEXT
 local function identity_refused()
         if not INCARNATION then return false end
         local stored = redis.call('HGET', k_node(NODE), 'inc')
@@ -1053,7 +1056,7 @@ local function call_begin()
         MANUAL_NOW, RUN_ID, SETTLE = ARGV[3], ARGV[4], ARGV[5] == '1'
         M, R, lane_cache, events, notices = {}, {}, {}, {}, {}
         steps, reaped_a_page, stream_last, now, raw_time, clock_missing = 0, false, '', 0, 0, false
-        meta_dirty, meta_stored, fp_delta, IDENTITY_TAKEOVER = {}, {}, {}, false
+        meta_dirty, meta_stored, fp_delta, IDENTITY_TAKEOVER, BATCH_NEXT = {}, {}, {}, false, false
 end
 
 -- The checks every script makes first: data model version, clock mode, the server's run id (a restart:
@@ -1084,7 +1087,7 @@ local function prelude_begin(create)
                 end
                 if not (same and plain) then meta_set('run_id', RUN_ID) end
         end
-        if M.epoch then
+        if M.epoch and not BATCH_NEXT then
                 local lost = integrity_lost()
                 if lost then
                         pool_renew(lost)
