@@ -39,6 +39,7 @@ typedef struct Call {
         bool held;             /* answered with an error or garbage: sent again after the next heartbeat */
         uint64_t *members;     /* a batch (SHARED_SCRIPT_BATCH): its calls' ids, in order; it is in p->batches */
         size_t n_members;
+        uint32_t members_unsent; /* bit i: member i was never sent before this batch (ever_sent back if not run) */
         char rid[RID_LEN + 1]; /* submit, release, withdraw, reclaim */
         usec_t sent_at;        /* monotonic: the round trip is measured from here */
         char **argv;
@@ -523,6 +524,8 @@ static bool call_same_head(const Call *a, const Call *b) {
         return true;
 }
 
+_Static_assert(SHARED_BATCH_OPS_MAX <= 32, "members_unsent is a 32-bit mask");
+
 /* The calls after `first` that take_call() would send next, as one batch with it (first is taken already):
  * in the outbox's order, passing those that take_call() passes (sent, held, or waiting for the pool to
  * serve), up to a WAIT (it must count the writes before it, and go before the calls after it), a call that
@@ -574,6 +577,8 @@ static Call *batch_make(SharedPool *p, Call *first, usec_t now) {
                 return NULL; /* out of memory: first goes alone */
         }
         for (size_t m = 0; m < n; m++) {
+                if (!members[m]->ever_sent)
+                        b->members_unsent |= UINT32_C(1) << m;
                 members[m]->sent = members[m]->ever_sent = true;
                 members[m]->sent_at = now;
                 b->members[m] = members[m]->id;
@@ -2483,6 +2488,7 @@ static bool status_continues(const RespValue *reply) {
 static void batch_done(SharedPool *p, Call *b, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
         _cleanup_free_ uint64_t *ids = TAKE_PTR(b->members);
         size_t n = b->n_members;
+        uint32_t unsent = b->members_unsent;
         call_free(b);
 
         bool answered = reply && error >= 0 && reply->type != RESP_ERROR;
@@ -2501,8 +2507,11 @@ static void batch_done(SharedPool *p, Call *b, int error, const RespValue *reply
                         call_answer_malformed(p, c, now);
                 else if (i < reply->n)
                         call_done(p, ids[i], 0, &reply->elements[i], sent_boot, now);
-                else
-                        c->sent = false; /* not run: sent again, in its place */
+                else {
+                        /* Not run: sent again, in its place; as never sent if it never was before. */
+                        c->sent = false;
+                        c->ever_sent = !(unsent & (UINT32_C(1) << i));
+                }
         }
 }
 
