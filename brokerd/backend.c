@@ -662,6 +662,10 @@ static int backend_new(BackendTable *t, const PoolConfig *pc, Backend **ret) {
                 r = redis_link_set_library(b->commands, shared_library);
         for (int s = 0; r >= 0 && s < _SHARED_SCRIPT_MAX; s++) {
                 const char *name = shared_script_to_string(s);
+                if (s == SHARED_SCRIPT_BATCH) {
+                        b->functions[s] = shared_function_batch; /* the library's only */
+                        continue;
+                }
                 const SharedScriptText *text = NULL;
                 for (size_t i = 0; i < shared_scripts_n; i++)
                         if (streq(shared_scripts[i].name, name))
@@ -773,6 +777,8 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
                         .wake_userdata = b,
                         .detach = backend_detach_pool,
                         .detach_userdata = b,
+                        /* One FCALL per pool per loop iteration carries what its outbox holds (batch.lua). */
+                        .batch_max = t->batch_max ?: SHARED_BATCH_OPS_MAX,
                 };
                 r = pool_shared_new(name, &bp->params, emit, emit_userdata, &bp->pool);
         }

@@ -46,6 +46,9 @@ typedef struct BackendTable {
          * (memo §3.10), so that their decisions can be compared with an in-process pool's. The daemon never
          * sets it, and the scripts refuse a production node on a pool whose keys were made so. */
         bool manual_clock;
+        /* Operations a pool sends in one call (brokerd/lua/batch.lua): 0, SHARED_BATCH_OPS_MAX (the daemon);
+         * 1, one call each (tests comparing the two). */
+        unsigned batch_max;
         Backend **backends;
         size_t n_backends;
 } BackendTable;

@@ -34,6 +34,8 @@ extern const char shared_function_reclaim[];
 extern const char shared_function_drain[];
 extern const char shared_function_positions[];
 extern const char shared_function_renew[];
+/* Several operations of one pool in one call (brokerd/lua/batch.lua): a function of the library only. */
+extern const char shared_function_batch[];
 
 /* Every operation, in a fixed order; n is the count. */
 extern const SharedScriptText shared_scripts[];

@@ -12,7 +12,7 @@
 # versions on one Redis each call their own, and a library of a name is always the same text (FUNCTION
 # LOAD without REPLACE: "already exists" is as good as loaded). The files are taken byte for byte, as
 # embed-text.py takes them; an operation's file is a chunk that ends with `return OP()`, which makes it a
-# function's body unchanged.
+# function's body unchanged. An operation may call those before it (batch.lua, last, calls op_submit()…).
 #
 # usage: embed-lua-library.py OUTPUT.c PRELUDE.lua OP.lua...   (library(): tests/bench/bench-script-cost.py)
 import hashlib

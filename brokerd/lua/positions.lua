@@ -28,7 +28,7 @@ local function positions()
                         local kind, id = string.match(ref, '^(%a):(.+)$')
                         local w = kind == 'w' and waiter_get(id)
                         local l = kind == 'l' and lease_get(id)
-                        local done = not w and not l and redis.call('GET', k_outcome(NODE, rid))
+                        local done = not w and not l and outcome_get(NODE, rid)
                         if w then out[#out + 1] = { 'queued', waiter_position(w), M.waiting }
                         elseif l then out[#out + 1] = lease_decision(l)
                         elseif done then out[#out + 1] = cmsgpack.unpack(done)

@@ -45,7 +45,10 @@ local function k_queue(prio) return P .. ':q:' .. prio end
 local function k_node(n) return P .. ':node:' .. n end
 local function k_records(n) return P .. ':nr:' .. n end
 local function k_stream(n) return P .. ':s:' .. n end
-local function k_outcome(n, rid) return P .. ':o:' .. n .. ':' .. rid end
+-- A node's final decisions, kept for its retries (README, "Outcome records"): one hash rid -> cmsgpack,
+-- and an index of their expiries (pool clock µs) from which every call of the node trims a page.
+local function k_outcomes(n) return P .. ':oh:' .. n end
+local function k_outcome_exp(n) return P .. ':ox:' .. n end
 
 local VERSION = 1
 local SETTLE_MAX = 64
@@ -56,6 +59,7 @@ local STREAM_MAXLEN = 4096
 -- An immediate refusal's outcome key (issue 19 i): it changed nothing, so it is kept only for the retry of
 -- a lost reply (the command deadline, 2 s, plus a reconnect, up to 5 s, plus margin), not a node TTL.
 local REFUSED_OUTCOME_MS = 10000
+local OUTCOME_TRIM_PAGE = 128   -- expired outcome records a call drops at most (the caller's own)
 local USEC_PER_SEC = 1000000
 local CLOCK_GAP = 2 * USEC_PER_SEC
 -- Liveness per node (README, "Liveness per node"): keys outside the pool's hash tag, one per backend and one
@@ -476,11 +480,33 @@ local function decision(verdict, rid, at, o)
         }
 end
 
--- packed: cmsgpack of d when the caller has it already (it costs more than a command); px: its expiry (ms),
--- node TTL + 10 s unless given.
+-- packed: cmsgpack of d when the caller has it already (it costs more than a command); px: how long it is
+-- kept (ms), node TTL + 10 s unless given. Two writes to two keys per node, no key with a TTL: Redis's
+-- expiry cycle walked one key per decided request (stalls of up to 42 ms at full rate: issue 21).
 local function outcome_store(node, rid, d, packed, px)
-        redis.call('SET', k_outcome(node, rid), packed or cmsgpack.pack(d), 'PX',
-                   px or math.floor((R.ttl or 30000000) / 1000) + 10000)
+        redis.call('HSET', k_outcomes(node), rid, packed or cmsgpack.pack(d))
+        redis.call('ZADD', k_outcome_exp(node), now + (px or math.floor((R.ttl or 30000000) / 1000) + 10000) * 1000,
+                   rid)
+end
+
+-- node's outcome record of rid (cmsgpack), nil when there is none or it expired (a page not trimmed yet).
+local function outcome_get(node, rid)
+        local packed = redis.call('HGET', k_outcomes(node), rid)
+        if packed and tonumber(redis.call('ZSCORE', k_outcome_exp(node), rid) or '0') > now then return packed end
+        return nil
+end
+
+local function outcome_drop(node, rid)
+        if redis.call('HDEL', k_outcomes(node), rid) > 0 then redis.call('ZREM', k_outcome_exp(node), rid) end
+end
+
+-- The caller's expired outcome records, a page per call (every reply): a node makes a call per request it
+-- decides, so its records go as fast as they come. A dead node's go with it (reap()).
+local function outcomes_trim()
+        local old = redis.call('ZRANGEBYSCORE', k_outcome_exp(NODE), '-inf', now, 'LIMIT', 0, OUTCOME_TRIM_PAGE)
+        if #old == 0 then return end
+        redis.call('HDEL', k_outcomes(NODE), unpack(old))
+        redis.call('ZREM', k_outcome_exp(NODE), unpack(old))
 end
 
 -- A final decision for a node's request: into its stream, its outcome key, and the reply if it is the
@@ -921,7 +947,8 @@ local function reap_page(dead)
                 return false
         end
         local name = redis.call('HGET', k_node(dead), 'name') or dead
-        redis.call('DEL', k_node(dead), k_records(dead), k_stream(dead), K.reaping)
+        redis.call('DEL', k_node(dead), k_records(dead), k_stream(dead), k_outcomes(dead), k_outcome_exp(dead),
+                   K.reaping)
         fp_delta[dead] = nil
         meta_incr('nodes', -redis.call('ZREM', K.nodes, dead))
         redis.call('ZREM', K.lv, dead)
@@ -1053,6 +1080,7 @@ local function cache()
 end
 
 local function reply(status, body)
+        outcomes_trim()
         flush()
         return { status, now, body or {}, events, cache(), notices }
 end
@@ -1153,6 +1181,9 @@ end
 -- live processes under one node id (hosts cloned from one image) never act as one node. A lapsed
 -- registration is anyone's: its leases lapse with it (its holders fenced themselves by then).
 local IDENTITY_TAKEOVER         -- a lapsed registration of another incarnation: its records go first
+-- An operation after the first of a batch (batch.lua): nothing outside the call changed the keys since the
+-- first compared them with meta's counts (integrity_lost()), and every reply wrote its counts (flush()).
+local BATCH_NEXT
 local function identity_refused()
         if not INCARNATION then return false end
         local stored = redis.call('HGET', k_node(NODE), 'inc')
@@ -1180,7 +1211,7 @@ local function call_begin()
         M, R, lane_cache, events, notices = {}, {}, {}, {}, {}
         steps, reaped_a_page, stream_last, now, raw_time, clock_missing = 0, false, '', 0, 0, false
         bnow, bclock_id, bskew = nil, nil, nil
-        meta_dirty, meta_stored, fp_delta, IDENTITY_TAKEOVER = {}, {}, {}, false
+        meta_dirty, meta_stored, fp_delta, IDENTITY_TAKEOVER, BATCH_NEXT = {}, {}, {}, false, false
 end
 
 -- The checks every script makes first: data model version, clock mode, the server's run id (a restart:
@@ -1211,7 +1242,7 @@ local function prelude_begin(create)
                 end
                 if not (same and plain) then meta_set('run_id', RUN_ID) end
         end
-        if M.epoch then
+        if M.epoch and not BATCH_NEXT then
                 local lost = integrity_lost()
                 if lost then
                         pool_renew(lost)

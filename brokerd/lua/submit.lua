@@ -14,7 +14,8 @@
 --       refused busy; the queue at max-queue → refused full; else queued with its budget fixed now.
 --       Then the instant itself (settle flag 1), or it is left for the tick (manual clock).
 -- Appends: decisions of waiters granted or refused in the instant, to their nodes' streams
---       ({sb:P}:s:NODE); the final outcome of this rid to {sb:P}:o:NODE:RID (PX node TTL + 10 s; 10 s for
+--       ({sb:P}:s:NODE); the final outcome of this rid to its outcome record (README, "Outcome records":
+--       {sb:P}:oh:NODE field RID, kept node TTL + 10 s; 10 s for
 --       a refusal at once, which changed nothing: a retry after that is decided afresh); a queued
 --       request's own decision is the reply only.
 -- Returns: { status, now, decision, events, cache, notices } (README, "Replies"); status "ok" carries
@@ -42,7 +43,7 @@ local function submit()
                 end
                 return reply('ok', lease_decision(lease_get(id)))
         end
-        local done = redis.call('GET', k_outcome(NODE, RID))
+        local done = outcome_get(NODE, RID)
         if done then return reply('ok', cmsgpack.unpack(done)) end
 
         local refused = node_admitted()

@@ -29,7 +29,7 @@ local function withdraw()
                 lease_free(lease_get(id))
                 result = 'released'
         end
-        redis.call('DEL', k_outcome(NODE, RID))
+        outcome_drop(NODE, RID)
         finish_instant()
         return reply('ok', { result })
 end

@@ -37,6 +37,9 @@ typedef struct Call {
         bool reconcile;        /* tick carrying a reconcile page */
         bool wait;             /* WAIT (backend-min-replicas), not a script: argv is the command */
         bool held;             /* answered with an error or garbage: sent again after the next heartbeat */
+        uint64_t *members;     /* a batch (SHARED_SCRIPT_BATCH): its calls' ids, in order; it is in p->batches */
+        size_t n_members;
+        uint32_t members_unsent; /* bit i: member i was never sent before this batch (ever_sent back if not run) */
         char rid[RID_LEN + 1]; /* submit, release, withdraw, reclaim */
         usec_t sent_at;        /* monotonic: the round trip is measured from here */
         char **argv;
@@ -127,6 +130,7 @@ typedef struct SharedPool {
         usec_t fence_ttl;
 
         List tries, grants, outbox, notices;
+        List batches;          /* batches sent and not answered (Call, SHARED_SCRIPT_BATCH); members stay in outbox */
         List held;             /* manual mode: stream entries that came while a call was out (HeldEntry) */
         uint64_t next_call_id;
         Fingerprint fp;
@@ -209,6 +213,7 @@ static const char *const script_names[_SHARED_SCRIPT_MAX] = {
         [SHARED_SCRIPT_RECLAIM] = "reclaim",
         [SHARED_SCRIPT_DRAIN] = "drain",
         [SHARED_SCRIPT_POSITIONS] = "positions",
+        [SHARED_SCRIPT_BATCH] = "batch",
 };
 
 const char *shared_script_to_string(SharedScript s) {
@@ -301,6 +306,7 @@ static Call *call_free(Call *c) {
                 free(c->argv[i]);
         free(c->argv);
         free(c->argvlen);
+        free(c->members);
         return mfree(c);
 }
 
@@ -493,6 +499,114 @@ static bool refused_quiet(const SharedPool *p) {
         return p->state == SHARED_STATE_REFUSED && !p->identity_conflict;
 }
 
+/* ------------------------------------------------------------------------------------------- batches */
+
+/* The operations brokerd/lua/batch.lua runs: the ones a busy node makes many of. positions (up to 256
+ * rids, milliseconds) and drain go alone. */
+static bool call_batchable(const Call *c) {
+        return !c->wait && (c->script == SHARED_SCRIPT_SUBMIT || c->script == SHARED_SCRIPT_RELEASE ||
+                            c->script == SHARED_SCRIPT_WITHDRAW || c->script == SHARED_SCRIPT_TICK ||
+                            c->script == SHARED_SCRIPT_RECLAIM);
+}
+
+/* What a call adds to a batch's arguments: its own after the head, its name and count. */
+static size_t call_batch_bytes(const Call *c) {
+        size_t bytes = 32;
+        for (size_t i = 6; i < c->argc; i++)
+                bytes += c->argvlen[i] + 16; /* RESP's framing of each */
+        return bytes;
+}
+
+/* The head (ARGV[1..5]) is the batch's: only calls of the same head go together (the manual clock's
+ * `now`, the settle flag). */
+static bool call_same_head(const Call *a, const Call *b) {
+        for (size_t i = 1; i <= 5; i++)
+                if (a->argvlen[i] != b->argvlen[i] || memcmp(a->argv[i], b->argv[i], a->argvlen[i]) != 0)
+                        return false;
+        return true;
+}
+
+_Static_assert(SHARED_BATCH_OPS_MAX <= 32, "members_unsent is a 32-bit mask");
+
+/* The calls after `first` that take_call() would send next, as one batch with it (first is taken already):
+ * in the outbox's order, passing those that take_call() passes (sent, held, or waiting for the pool to
+ * serve), up to a WAIT (it must count the writes before it, and go before the calls after it), a call that
+ * goes alone, another head, or the bounds. NULL: first goes alone. */
+static Call *batch_make(SharedPool *p, Call *first, usec_t now) {
+        unsigned max = MIN(p->params.batch_max, SHARED_BATCH_OPS_MAX);
+        if (max < 2 || !call_batchable(first))
+                return NULL;
+        Call *members[SHARED_BATCH_OPS_MAX] = { first };
+        size_t n = 1, bytes = call_batch_bytes(first);
+        for (ListNode *i = first->node.next; i != &p->outbox && n < max; i = i->next) {
+                Call *c = container_of(i, Call, node);
+                if (c->sent || c->held || (!c->wait && c->script != SHARED_SCRIPT_TICK && !pool_serves(p)))
+                        continue;
+                if (!call_batchable(c) || call_set_run_id(c, p->run_id) < 0 ||
+                    call_set_reclaimed(c, reclaimed(p)) < 0 || !call_same_head(first, c))
+                        break;
+                size_t more = call_batch_bytes(c);
+                if (bytes + more > SHARED_BATCH_BYTES_MAX)
+                        break;
+                members[n++] = c;
+                bytes += more;
+        }
+        if (n < 2)
+                return NULL;
+
+        _cleanup_(freep) Call *b = calloc(1, sizeof(Call));
+        if (!b)
+                return NULL;
+        b->script = SHARED_SCRIPT_BATCH;
+        int r = 0;
+        for (size_t i = 0; r >= 0 && i <= 5; i++)
+                r = call_add(b, "%s", first->argv[i]);
+        if (r >= 0)
+                r = call_add(b, "%zu", n);
+        for (size_t m = 0; r >= 0 && m < n; m++) {
+                const Call *c = members[m];
+                if ((r = call_add(b, "%s", shared_script_to_string(c->script))) < 0 ||
+                    (r = call_add(b, "%zu", c->argc - 6)) < 0)
+                        break;
+                for (size_t i = 6; r >= 0 && i < c->argc; i++)
+                        r = call_add(b, "%s", c->argv[i]);
+        }
+        if (r >= 0 && !(b->members = calloc(n, sizeof(uint64_t))))
+                r = -ENOMEM;
+        if (r < 0) {
+                Call *tmp = TAKE_PTR(b);
+                call_free(tmp);
+                return NULL; /* out of memory: first goes alone */
+        }
+        for (size_t m = 0; m < n; m++) {
+                if (!members[m]->ever_sent)
+                        b->members_unsent |= UINT32_C(1) << m;
+                members[m]->sent = members[m]->ever_sent = true;
+                members[m]->sent_at = now;
+                b->members[m] = members[m]->id;
+        }
+        b->n_members = n;
+        b->sent = true;
+        b->sent_at = now;
+        b->id = ++p->next_call_id;
+        b->view = (SharedCall) {
+                .id = b->id,
+                .script = SHARED_SCRIPT_BATCH,
+                .n_keys = 1,
+                .argc = b->argc,
+                .argv = (const char *const *) b->argv,
+                .argvlen = b->argvlen,
+        };
+        list_append(&p->batches, &b->node);
+        return TAKE_PTR(b);
+}
+
+static void batches_forget(SharedPool *p) {
+        ListNode *n;
+        while ((n = list_first(&p->batches)))
+                call_free(container_of(n, Call, node));
+}
+
 bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
         SharedPool *p = SHARED(base);
         if (!p->link_up || refused_quiet(p))
@@ -521,6 +635,11 @@ bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
                         return false; /* out of memory: tried again at the next wake-up */
                 c->sent = c->ever_sent = true;
                 c->sent_at = now;
+                Call *b = c->wait ? NULL : batch_make(p, c, now);
+                if (b) {
+                        *ret = &b->view;
+                        return true;
+                }
                 c->view = (SharedCall) {
                         .id = c->id,
                         .wait = c->wait,
@@ -1524,6 +1643,7 @@ void pool_shared_link_up(Pool *base, const char *run_id, usec_t now) {
         /* Whatever was in flight is sent again, identical, after the registering tick. */
         list_foreach(n, &p->outbox)
                 container_of(n, Call, node)->sent = false;
+        batches_forget(p);
         p->tick_pending = p->run_pending = false;
         list_foreach_safe(n, &p->outbox) {
                 Call *c = container_of(n, Call, node);
@@ -1541,6 +1661,7 @@ void pool_shared_link_down(Pool *base, usec_t now) {
         p->link_up = false;
         list_foreach(n, &p->outbox)
                 container_of(n, Call, node)->sent = false;
+        batches_forget(p); /* lost with the link: its calls go again, each idempotent */
         /* A WAIT on the next connection would not cover the writes of this one, and the primary may be
          * another one by then (a failover): the grants held back for their replicas are refused. */
         list_foreach_safe(n, &p->outbox) {
@@ -2352,10 +2473,68 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
         call_free(c);
 }
 
+/* A call of a batch whose answer is missing or malformed: as call_done() takes a reply of another shape
+ * (counted once for the batch by the caller). */
+static void call_answer_malformed(SharedPool *p, Call *c, usec_t now) {
+        if (c->script == SHARED_SCRIPT_TICK) {
+                p->tick_pending = false;
+                if (c->run)
+                        p->run_pending = false;
+        }
+        call_park(p, c, true, "bad-reply", now);
+}
+
+/* The status words after which batch.lua runs the next operation; any other stops the batch there. */
+static bool status_continues(const RespValue *reply) {
+        const RespValue *status = reply && reply->type == RESP_ARRAY ? resp_at(reply, 0) : NULL;
+        return resp_is(status, "ok") || resp_is(status, "invalid");
+}
+
+/* A batch's answer (brokerd/lua/batch.lua): one reply per operation run, in order, each handled as the
+ * answer to its own call; the operations after one that stopped the batch go again. No reply, an error
+ * reply: each call as if it had had that answer itself (sent again; parked). */
+static void batch_done(SharedPool *p, Call *b, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
+        _cleanup_free_ uint64_t *ids = TAKE_PTR(b->members);
+        size_t n = b->n_members;
+        uint32_t unsent = b->members_unsent;
+        call_free(b);
+
+        bool answered = reply && error >= 0 && reply->type != RESP_ERROR;
+        /* Untrusted (SPEC §11): an array of 1…n replies, and fewer than n only after a status that stops. */
+        bool shaped = answered && reply->type == RESP_ARRAY && reply->n >= 1 && reply->n <= n &&
+                      (reply->n == n || !status_continues(&reply->elements[reply->n - 1]));
+        if (answered && !shaped)
+                bad_input(p, "a reply to a batch of another shape than the scripts'", now);
+        for (size_t i = 0; i < n; i++) {
+                Call *c = call_find(p, ids[i]);
+                if (!c || !c->sent)
+                        continue; /* freed or sent back by an earlier answer, or by the link going down */
+                if (!answered)
+                        call_done(p, ids[i], error, reply, sent_boot, now);
+                else if (!shaped)
+                        call_answer_malformed(p, c, now);
+                else if (i < reply->n)
+                        call_done(p, ids[i], 0, &reply->elements[i], sent_boot, now);
+                else {
+                        /* Not run: sent again, in its place; as never sent if it never was before. */
+                        c->sent = false;
+                        c->ever_sent = !(unsent & (UINT32_C(1) << i));
+                }
+        }
+}
+
 void pool_shared_call_done(Pool *base, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
         SharedPool *p = SHARED(base);
         now = driver_now(p, now);
-        call_done(p, id, error, reply, sent_boot, now);
+        p->last_now = MAX(p->last_now, now);
+        Call *b = NULL;
+        list_foreach(n, &p->batches)
+                if (container_of(n, Call, node)->id == id)
+                        b = container_of(n, Call, node);
+        if (b)
+                batch_done(p, b, error, reply, sent_boot, now);
+        else
+                call_done(p, id, error, reply, sent_boot, now);
         held_entries_apply(p, now);
 }
 
@@ -2462,6 +2641,7 @@ static void shared_free(Pool *base) {
                 p->params.detach(base, p->params.detach_userdata);
         while ((n = list_first(&p->outbox)))
                 call_free(container_of(n, Call, node));
+        batches_forget(p);
         while ((n = list_first(&p->tries)))
                 try_free(container_of(n, PoolWaiter, node));
         while ((n = list_first(&p->grants)))
@@ -3042,6 +3222,7 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
         list_init(&p->tries);
         list_init(&p->grants);
         list_init(&p->outbox);
+        list_init(&p->batches);
         list_init(&p->notices);
         list_init(&p->held);
         p->down_since = USEC_INFINITY;

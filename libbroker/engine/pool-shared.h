@@ -23,6 +23,7 @@ typedef enum SharedScript {
         SHARED_SCRIPT_RECLAIM,
         SHARED_SCRIPT_DRAIN,
         SHARED_SCRIPT_POSITIONS,
+        SHARED_SCRIPT_BATCH,     /* several of the above in one call (params.batch_max): library only */
         _SHARED_SCRIPT_MAX,
         _SHARED_SCRIPT_INVALID = -EINVAL,
 } SharedScript;
@@ -51,7 +52,8 @@ typedef struct RespValue {
 } RespValue;
 
 /* One EVALSHA to make: script, then KEYS then ARGV (n_keys of them keys). Owned by the pool until
- * pool_shared_call_done() for its id. wait: not a script but the command in argv ("WAIT" N MS, n_keys 0,
+ * pool_shared_call_done() for its id. A batch (SHARED_SCRIPT_BATCH, brokerd/lua/batch.lua) carries several
+ * calls of the outbox in one, and its answer is split back into theirs. wait: not a script but the command in argv ("WAIT" N MS, n_keys 0,
  * script _SHARED_SCRIPT_INVALID): backend-min-replicas asks how many replicas hold the writes this
  * connection sent before it, so it must go on the same connection, in the outbox's order. Its answer may
  * take up to MS, and the calls pipelined behind it wait as long; one is out at a time. */
@@ -133,11 +135,17 @@ typedef struct SharedPoolParams {
         /* The engine is freeing the pool: the driver forgets it (first thing in its free). May be NULL. */
         void (*detach)(Pool *p, void *userdata);
         void *detach_userdata;
+        /* At most this many operations go in one call (a batch: brokerd/lua/batch.lua), ≤ SHARED_BATCH_OPS_MAX;
+         * 0 or 1: one call each (the EVALSHA form: tests, benchmarks). */
+        unsigned batch_max;
 } SharedPoolParams;
 
 /* The self-fence margin: the deadline comes this much before Redis may free this node's leases. */
 #define SHARED_FENCE_SLACK (2 * USEC_PER_SEC)
 #define SHARED_POSITIONS_MAX 256u
+/* A batch's bounds (brokerd/lua/batch.lua checks the first): one call must not hold Redis for long. */
+#define SHARED_BATCH_OPS_MAX 16u
+#define SHARED_BATCH_BYTES_MAX (32u * 1024u)
 #define SHARED_RECONCILE_PAGE 512u
 /* A node whose heartbeats always find another call in flight never compares its fingerprint: it reconciles
  * in full at this period all the same (brokerd/lua/README, "Fingerprint"). */

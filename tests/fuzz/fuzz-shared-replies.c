@@ -15,7 +15,8 @@
  *   'C'              take every call the pool has queued (answered later, in order, by 'R')
  * A bulk string "@N" (N a digit) stands for the rid of the N-th request submitted (as its submit call said):
  * a corpus file does not depend on how many random numbers the pool drew before. Anything else ends the
- * input. */
+ * input. An input that begins with 'b' is of a pool that sends batches (SharedPoolParams.batch_max,
+ * brokerd/lua/batch.lua): the answer to one is an array of replies. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -235,18 +236,29 @@ static uint64_t next_random(void *userdata) {
         return ++s->random * 0x9e3779b97f4a7c15ULL;
 }
 
+/* A submit's rid, the first time it is sent (README: ARGV [6]). */
+static void rid_seen(State *s, const char *rid) {
+        if (strlen(rid) != 16 || s->n_rids >= TRIES_MAX)
+                return;
+        for (size_t i = 0; i < s->n_rids; i++)
+                if (strcmp(s->rids[i], rid) == 0)
+                        return;
+        memcpy(s->rids[s->n_rids++], rid, 17);
+}
+
 static void take_calls(State *s) {
         const SharedCall *c;
         while (s->n_calls < CALLS_MAX && pool_shared_take_call(s->pool, s->now, &c)) {
                 s->calls[s->n_calls++] = c->id;
-                /* A submit's rid, the first time it is sent (README: ARGV [6]). */
-                if (c->script == SHARED_SCRIPT_SUBMIT && c->argc > 6 && strlen(c->argv[6]) == 16 &&
-                    s->n_rids < TRIES_MAX) {
-                        bool known = false;
-                        for (size_t i = 0; i < s->n_rids; i++)
-                                known = known || strcmp(s->rids[i], c->argv[6]) == 0;
-                        if (!known)
-                                memcpy(s->rids[s->n_rids++], c->argv[6], 17);
+                if (c->script == SHARED_SCRIPT_SUBMIT && c->argc > 6)
+                        rid_seen(s, c->argv[6]);
+                /* A batch: [6] n, then OP, M, M arguments (brokerd/lua/batch.lua). */
+                for (size_t i = 7; c->script == SHARED_SCRIPT_BATCH && i + 1 < c->argc;) {
+                        size_t m = strtoul(c->argv[i + 1], NULL, 10);
+                        check(i + 2 + m <= c->argc);
+                        if (strcmp(c->argv[i], "submit") == 0 && m > 0)
+                                rid_seen(s, c->argv[i + 2]);
+                        i += 2 + m;
                 }
         }
 }
@@ -274,7 +286,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 .heartbeat = USEC_PER_SEC,
                 .random = next_random,
                 .random_userdata = &s,
+                .batch_max = size > 0 && data[0] == 'b' ? SHARED_BATCH_OPS_MAX : 0,
         };
+        if (params.batch_max > 0) {
+                data++;
+                size--;
+        }
         check(pool_shared_new("fuzz", &params, on_decision, &s, &s.pool) == 0);
         PoolConfig pc = { .name = (char *) "fuzz", .limit = LIMIT, .members = (char **) members, .max_queue = -1 };
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };

@@ -139,6 +139,28 @@ seeds = {
     "many-values": UP + A(1) + b"C" + R(reply("ok", [[i] for i in range(500)])),
 }
 
+# A pool that sends batches ('b' first): the answer to one is an array of its operations' replies.
+B_UP = b"b" + UP
+B_TWO = B_UP + A(1) + A(1) + b"C"
+seeds.update({
+    "batch-two": B_TWO + R([reply("ok", decision("granted", rid(1), 7, [0], ["a"])),
+                            reply("ok", decision("queued", rid(2), position=0))]),
+    "batch-settling": B_TWO + R([reply("ok", decision("granted", rid(1), 7, [0], ["a"])), reply("settling", [])])
+    + b"C" + R(reply("ok", decision("queued", rid(2), position=0))),
+    "batch-release-withdraw": B_TWO + R([reply("ok", decision("granted", rid(1), 7, [0], ["a"])),
+                                         reply("ok", decision("queued", rid(2), position=0))])
+    + b"L" + b"W" + b"C" + R([reply("ok", ["released"]), reply("ok", ["withdrawn"])]),
+    "batch-link-flap": B_TWO + b"D" + b"U" + b"C" + R(tick()) + R([reply("ok", decision("queued", rid(1))),
+                                                                  reply("ok", decision("queued", rid(2)))]),
+    "batch-error": B_TWO + b"E" + enc(None) + b"C" + b"R-ERR script\r\n",
+    "batch-wrong-too-many": B_TWO + R([reply("ok", decision("queued", rid(1)))] * 3),
+    "batch-wrong-empty": B_TWO + R([]),
+    "batch-wrong-short-ok": B_TWO + R([reply("ok", decision("queued", rid(1)))]),
+    "batch-wrong-not-array": B_TWO + R(7),
+    "batch-wrong-elements": B_TWO + R([1, "ok"]),
+    "batch-wrong-swapped": B_TWO + R([reply("ok", decision("queued", rid(2))), reply("ok", decision("queued", rid(1)))]),
+})
+
 out = sys.argv[1]
 os.makedirs(out, exist_ok=True)
 for name, data in seeds.items():

@@ -141,6 +141,9 @@ static void on_wake(void *userdata) {
         f->wakes++;
 }
 
+/* SharedPoolParams.batch_max of the next fixture (setup_batched()); 0: one call each. */
+static unsigned fixture_batch_max;
+
 /* confirm_stale: behind Sentinels (0: a plain redis://). */
 static Fixture *fixture_new_confirmed(bool manual, usec_t confirm_stale) {
         Fixture *f = calloc(1, sizeof(Fixture));
@@ -159,7 +162,9 @@ static Fixture *fixture_new_confirmed(bool manual, usec_t confirm_stale) {
                 .random_userdata = f,
                 .wake = on_wake,
                 .wake_userdata = f,
+                .batch_max = fixture_batch_max,
         };
+        fixture_batch_max = 0;
         assert_int_equal(pool_shared_new("grid", &params, on_decision, f, &f->pool), 0);
         PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1 };
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
@@ -187,6 +192,12 @@ static int setup_manual(void **state) {
 }
 
 #define CONFIRM_STALE S(3)
+
+static int setup_batched(void **state) {
+        fixture_batch_max = SHARED_BATCH_OPS_MAX;
+        *state = fixture_new(false);
+        return 0;
+}
 
 static int setup_sentinel(void **state) {
         *state = fixture_new_confirmed(false, CONFIRM_STALE);
@@ -2493,6 +2504,202 @@ static void test_malformed_status_snapshot_is_dropped(void **state) {
         assert_int_equal(bad_inputs(f), 1);
 }
 
+/* ------------------------------------------------------------------------------------------ batches */
+
+/* Submits n requests of one slot at now (cookies[i]); their rids in rids[i]. */
+static void submit_n(Fixture *f, int *cookies, size_t n, usec_t now) {
+        for (size_t i = 0; i < n; i++)
+                assert_int_equal(submit(f, &cookies[i], 1, true, now), 0);
+}
+
+/* The batch the pool sends now, of n operations; each one's rid (ARGV[6] of a submit) in rids[]. */
+static const SharedCall *take_batch(Fixture *f, size_t n, char rids[][17]) {
+        const SharedCall *c = take(f, SHARED_SCRIPT_BATCH);
+        assert_string_equal(arg(c, 6), (char[16]) { (char) ('0' + n) });
+        size_t i = 7;
+        for (size_t j = 0; j < n; j++) {
+                size_t m = strtoul(arg(c, i + 1), NULL, 10);
+                if (rids && streq(arg(c, i), "submit")) {
+                        assert_int_equal(m, 8);
+                        snprintf(rids[j], 17, "%s", arg(c, i + 2));
+                }
+                i += 2 + m;
+        }
+        assert_int_equal(i, c->argc);
+        return c;
+}
+
+static RespValue granted_reply(const char *rid, int64_t now, int64_t token, int64_t slot) {
+        return reply("ok", now, decision("granted", rid, now, 0, "", 0, token, arr(1, num(slot))), EMPTY,
+                     cache(1, 0, 0, -1, ""));
+}
+
+static RespValue queued_reply(const char *rid, int64_t now) {
+        return reply("ok", now, decision("queued", rid, now, 0, "", 0, 0, EMPTY), EMPTY, cache(2, 1, 0, -1, ""));
+}
+
+/* Issue 21 item 2: what the outbox holds when the driver takes a call goes as one (brokerd/lua/batch.lua):
+ * the head once, each operation's name, count and own arguments in order; the answer is split back, each
+ * reply handled as its call's. */
+static void test_batch_carries_the_outbox_and_splits_the_answer(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookies[3];
+        char rids[3][17];
+        submit_n(f, cookies, 3, S(2));
+        const SharedCall *c = take_batch(f, 3, rids);
+        assert_string_equal(arg(c, 3), "-");
+        assert_string_equal(arg(c, 7), "submit");
+        assert_string_equal(arg(c, 10), "ci");
+        no_call(f); /* all three are out */
+        assert_false(pool_shared_is_settled(f->pool));
+        done(f, c, arr(3, granted_reply(rids[0], S(2), 7, 0), granted_reply(rids[1], S(2), 8, 1),
+                       queued_reply(rids[2], S(2))), S(2), S(2));
+        assert_int_equal(f->n_seen, 3);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_GRANTED);
+        assert_ptr_equal(f->seen[0].cookie, &cookies[0]);
+        assert_int_equal(f->seen[0].token, 7);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
+        assert_ptr_equal(f->seen[1].cookie, &cookies[1]);
+        assert_int_equal(f->seen[2].verdict, POOL_VERDICT_QUEUED);
+        assert_ptr_equal(f->seen[2].cookie, &cookies[2]);
+        no_call(f);
+
+        /* A release and a withdrawal of one loop iteration: one call too, in their order. */
+        f->pool->ops->release(f->pool, f->seen[0].grant, S(3));
+        f->pool->ops->withdraw(f->pool, f->seen[2].waiter, S(3));
+        c = take_batch(f, 2, NULL);
+        assert_string_equal(arg(c, 7), "release");
+        assert_string_equal(arg(c, 8), "2");
+        assert_string_equal(arg(c, 9), "7");
+        assert_string_equal(arg(c, 10), rids[0]);
+        assert_string_equal(arg(c, 11), "withdraw");
+        assert_string_equal(arg(c, 13), rids[2]);
+        assert_true(pool_shared_giving_back(f->pool));
+        done(f, c, arr(2, reply("ok", S(3), arr(1, str("released")), EMPTY, cache(1, 0, 0, -1, "")),
+                       reply("ok", S(3), arr(1, str("withdrawn")), EMPTY, cache(1, 0, 0, -1, ""))), S(3), S(3));
+        assert_false(pool_shared_giving_back(f->pool));
+        no_call(f);
+}
+
+/* A batch is bounded (SHARED_BATCH_OPS_MAX operations): the rest goes in the next. One by one when not asked
+ * for (the EVALSHA form, and every other test here). */
+static void test_batch_is_bounded(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookies[SHARED_BATCH_OPS_MAX + 3];
+        submit_n(f, cookies, ELEMENTSOF(cookies), S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_BATCH);
+        assert_int_equal(strtoul(arg(c, 6), NULL, 10), SHARED_BATCH_OPS_MAX);
+        c = take_batch(f, 3, NULL);
+        no_call(f);
+}
+
+static void test_without_batches_each_call_goes_alone(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookies[2];
+        submit_n(f, cookies, 2, S(2));
+        take(f, SHARED_SCRIPT_SUBMIT);
+        take(f, SHARED_SCRIPT_SUBMIT);
+        no_call(f);
+}
+
+/* "settling" of one operation stops the batch there (batch.lua runs nothing after it): that one and the
+ * ones after it go again, in order, under the same rids. */
+static void test_batch_settling_in_the_middle_sends_the_rest_again(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookies[3];
+        char rids[3][17], again[2][17];
+        submit_n(f, cookies, 3, S(2));
+        const SharedCall *c = take_batch(f, 3, rids);
+        done(f, c, arr(2, granted_reply(rids[0], S(2), 7, 0), reply("settling", S(2), EMPTY, EMPTY,
+                                                                    cache(1, 100, 0, 0, ""))), S(2), S(2));
+        assert_int_equal(f->n_seen, 1);
+        assert_ptr_equal(f->seen[0].cookie, &cookies[0]);
+        assert_int_equal(bad_inputs(f), 0);
+        c = take_batch(f, 2, again);
+        assert_string_equal(again[0], rids[1]);
+        assert_string_equal(again[1], rids[2]);
+        done(f, c, arr(2, granted_reply(rids[1], S(2), 8, 1), queued_reply(rids[2], S(2))), S(2), S(2));
+        assert_int_equal(f->n_seen, 3);
+        assert_ptr_equal(f->seen[1].cookie, &cookies[1]);
+        assert_int_equal(f->seen[2].verdict, POOL_VERDICT_QUEUED);
+        no_call(f);
+}
+
+/* A batch lost with the link (its answer never comes, or comes late from the old connection) is sent again
+ * whole after the registering tick: the same operations, the same rids (each idempotent). */
+static void test_batch_lost_with_the_link_is_sent_again_whole(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookies[3];
+        char rids[3][17], again[3][17];
+        submit_n(f, cookies, 3, S(2));
+        const SharedCall *c = take_batch(f, 3, rids);
+        uint64_t lost = c->id;
+        pool_shared_link_down(f->pool, S(3));
+        pool_shared_link_up(f->pool, "run1", S(4));
+        pool_shared_call_done(f->pool, lost, -ECONNRESET, NULL, S(2), S(4)); /* the old link's, late */
+        tick_ok(f, S(4), S(4));
+        c = take_batch(f, 3, again);
+        for (size_t i = 0; i < 3; i++)
+                assert_string_equal(again[i], rids[i]);
+        /* The old connection's answer, if it came now, is of nothing sent: dropped. */
+        pool_shared_call_done(f->pool, lost, 0, &(RespValue) { .type = RESP_NIL }, S(2), S(4));
+        assert_int_equal(f->n_seen, 0);
+        assert_int_equal(bad_inputs(f), 0);
+        done(f, c, arr(3, granted_reply(rids[0], S(4), 7, 0), granted_reply(rids[1], S(4), 8, 1),
+                       queued_reply(rids[2], S(4))), S(4), S(4));
+        assert_int_equal(f->n_seen, 3);
+        /* An error before the answer (a timeout): each goes again, as one call would. */
+        int more[2];
+        char r2[2][17], r3[2][17];
+        submit_n(f, more, 2, S(5));
+        c = take_batch(f, 2, r2);
+        pool_shared_call_done(f->pool, c->id, -ETIMEDOUT, NULL, S(5), S(6));
+        c = take_batch(f, 2, r3);
+        assert_string_equal(r2[0], r3[0]);
+        assert_string_equal(r2[1], r3[1]);
+}
+
+/* The answer to a batch is untrusted input (SPEC §11): more replies than operations, none, not an array,
+ * fewer without a status that stops, an element not a reply — counted as bad input, the requests refused
+ * ("bad-reply") as one call's would be, never a crash. */
+static void test_batch_bad_replies_are_bad_input(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        RespValue ok = queued_reply("0000000000000000", S(2));
+        const RespValue forged[] = {
+                arr(3, ok, ok, ok),
+                EMPTY,
+                num(2),
+                str("ok"),
+                arr(1, granted_reply("0000000000000000", S(2), 7, 0)), /* fewer, the last "ok" */
+                arr(2, num(1), str("x")),
+                arr(2, EMPTY, arr(6, num(1), num(2), num(3), num(4), num(5), num(6))),
+        };
+        for (size_t i = 0; i < ELEMENTSOF(forged); i++) {
+                int cookies[2];
+                f->n_seen = 0;
+                submit_n(f, cookies, 2, S(2));
+                const SharedCall *c = take_batch(f, 2, NULL);
+                uint64_t before = bad_inputs(f);
+                done(f, c, forged[i], S(2), S(2));
+                assert_true(bad_inputs(f) > before);
+                /* Both answered here, refused; their withdrawals go out (they may have run). */
+                assert_int_equal(f->n_seen, 2);
+                assert_int_equal(f->seen[0].verdict, POOL_VERDICT_REFUSED);
+                assert_int_equal(f->seen[1].verdict, POOL_VERDICT_REFUSED);
+                const SharedCall *w = take_batch(f, 2, NULL);
+                assert_string_equal(arg(w, 7), "withdraw");
+                RespValue gone = reply("ok", S(2), arr(1, str("gone")), EMPTY, cache(0, 0, 0, -1, ""));
+                done(f, w, arr(2, gone, gone), S(2), S(2));
+                no_call(f);
+        }
+}
+
 int main(void) {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
         const struct CMUnitTest tests[] = {
@@ -2565,6 +2772,15 @@ int main(void) {
                 T(test_call_answered_with_garbage_waits_for_the_next_heartbeat),
                 T(test_replies_of_another_shape_refuse_the_request),
                 T(test_malformed_status_snapshot_is_dropped),
+                cmocka_unit_test_setup_teardown(test_batch_carries_the_outbox_and_splits_the_answer, setup_batched,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_batch_is_bounded, setup_batched, teardown),
+                T(test_without_batches_each_call_goes_alone),
+                cmocka_unit_test_setup_teardown(test_batch_settling_in_the_middle_sends_the_rest_again, setup_batched,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_batch_lost_with_the_link_is_sent_again_whole, setup_batched,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_batch_bad_replies_are_bad_input, setup_batched, teardown),
                 cmocka_unit_test_setup_teardown(test_sentinel_pool_grants_nothing_before_a_confirmation, setup_sentinel,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_sentinel_start_request_that_may_wait_waits_for_the_first_confirmation,

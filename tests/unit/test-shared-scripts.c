@@ -38,7 +38,7 @@ enum { R_STATUS, R_NOW, R_BODY, R_EVENTS, R_CACHE, R_NOTICES };
 
 static TestRedis server;
 static redisContext *redis;
-static char shas[8][41];
+static char shas[16][41]; /* one per entry of shared_scripts[] */
 static const char *run_id = "run1";     /* the run id the calls say their link saw */
 static const char *pool = POOL;         /* KEYS[1] of call() */
 
@@ -2316,6 +2316,242 @@ static void test_reconcile_and_positions_are_paged(void **state) {
         freeReplyObject(p);
 }
 
+/* ---- outcome records ---- */
+
+static long long redis_int(const char *fmt, const char *a, const char *b) {
+        redisReply *r = redisCommand(redis, fmt, a, b);
+        assert_non_null(r);
+        long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : r->type == REDIS_REPLY_ARRAY ? (long long) r->elements : -2;
+        freeReplyObject(r);
+        return v;
+}
+
+/* Issue 21 item 2: a node's outcome records are one hash and an index of their expiries, no key per request
+ * and none with a TTL (Redis's expiry cycle walked thousands of keys); a retry within the window gets the
+ * outcome, one after it is decided afresh, and the caller's calls trim what expired. */
+static void test_outcome_records_are_a_hash_per_node_trimmed_by_its_calls(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        expect_verdict("a", 2000, "ci", 1, "granted");
+        redisReply *b = submit_at(2000, "b", "ci", 1, false, -1);
+        assert_string_equal(field_s(body(b), D_REFUSAL), "busy");
+        freeReplyObject(b);
+        assert_int_equal(redis_int("KEYS %s:o:*", pool, ""), 0);
+        assert_int_equal(redis_int("HLEN %s:oh:%s", pool, "n1"), 2);
+        assert_int_equal(redis_int("PTTL %s:oh:%s", pool, "n1"), -1);
+        assert_int_equal(redis_int("PTTL %s:ox:%s", pool, "n1"), -1);
+        /* Within its 10 s: the same refusal, even to a request that may wait now. */
+        b = submit_at(5 * SEC, "b", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(b), D_VERDICT), "refused");
+        freeReplyObject(b);
+        /* After them: decided afresh (queued behind a), and its record trimmed by the call. */
+        b = submit_at(13 * SEC, "b", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(b), D_VERDICT), "queued");
+        freeReplyObject(b);
+        assert_int_equal(redis_int("HEXISTS %s:oh:n1 %s", pool, "b"), 0);
+        assert_int_equal(redis_int("ZSCORE %s:ox:n1 %s", pool, "b"), -2); /* nil */
+        assert_int_equal(redis_int("HLEN %s:oh:%s", pool, "n1"), 1);      /* a's grant */
+        /* positions: the outcome within its window, "gone" after it. */
+        redisReply *p = call("positions", "n1", 14 * SEC, 0, "pos", "a", NULL);
+        assert_string_equal(field_s(body(p)->element[0], D_VERDICT), "granted");
+        freeReplyObject(p);
+        redisReply *w = call("withdraw", "n1", 14 * SEC, 0, "b", NULL);
+        assert_string_equal(field_s(body(w), 0), "withdrawn");
+        freeReplyObject(w);
+        freeReplyObject(release_at(15 * SEC, 1, "a"));
+        p = call("positions", "n1", 16 * SEC, 0, "pos", "a", NULL);
+        assert_string_equal(field_s(body(p)->element[0], D_VERDICT), "granted"); /* its outcome */
+        freeReplyObject(p);
+        p = call("positions", "n1", 2000 + 41 * SEC, 0, "pos", "a", NULL);
+        assert_string_equal(field_s(body(p)->element[0], 0), "gone");
+        freeReplyObject(p);
+        assert_int_equal(redis_int("HLEN %s:oh:%s", pool, "n1"), 0);
+}
+
+/* ---- batches (brokerd/lua/batch.lua) ---- */
+
+/* FCALLs Redis ran so far (INFO commandstats). */
+static long long fcalls(void) {
+        redisReply *r = redisCommand(redis, "INFO commandstats");
+        assert_non_null(r);
+        const char *f = strstr(r->str, "cmdstat_fcall:calls=");
+        long long n = f ? atoll(f + strlen("cmdstat_fcall:calls=")) : 0;
+        freeReplyObject(r);
+        return n;
+}
+
+/* One FCALL of the batch function as node at now (settle 0): ops is "OP", "M", M arguments, … NULL; the
+ * count is theirs, or say_n when ≥ 0. An error reply is returned as it is. */
+static redisReply *batch_as_n(const char *node, long long now, const char *const *ops, long say_n) {
+        const char *argv[600] = { "FCALL", shared_function_batch, "1", pool, "1", node };
+        char now_s[32], n_s[16];
+        size_t n = 6, n_ops = 0;
+        snprintf(now_s, sizeof now_s, "%lld", now);
+        argv[n++] = now_s;
+        argv[n++] = run_id;
+        argv[n++] = "0";
+        argv[n++] = n_s;
+        for (size_t i = 0; ops[i]; n_ops++) {
+                size_t m = strtoul(ops[i + 1], NULL, 10);
+                for (size_t j = 0; j < 2 + m; j++)
+                        argv[n++] = ops[i + j];
+                i += 2 + m;
+        }
+        snprintf(n_s, sizeof n_s, "%ld", say_n >= 0 ? say_n : (long) n_ops);
+        redisReply *r = redisCommandArgv(redis, (int) n, argv, NULL);
+        assert_non_null(r);
+        return r;
+}
+
+static redisReply *batch_as(const char *node, long long now, const char *const *ops) {
+        return batch_as_n(node, now, ops, -1);
+}
+
+/* The same operations one by one through call() (so FCALL and EVALSHA in turn with --alternate), their
+ * replies in ret[]. */
+static size_t calls_as(const char *node, long long now, const char *const *ops, redisReply **ret) {
+        size_t n = 0;
+        for (size_t i = 0; ops[i]; n++) {
+                const char *a[10] = {};
+                size_t m = strtoul(ops[i + 1], NULL, 10);
+                assert_true(m <= 9);
+                for (size_t j = 0; j < m; j++)
+                        a[j] = ops[i + 2 + j];
+                ret[n] = call(ops[i], node, now, 0, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], NULL);
+                i += 2 + m;
+        }
+        return n;
+}
+
+static bool is_stream_id(const redisReply *r) {
+        return r->type == REDIS_REPLY_STRING && r->len > 2 && strspn(r->str, "0123456789-") == r->len &&
+               strchr(r->str, '-');
+}
+
+/* Equal replies, but for stream ids (XADD's, from Redis's clock). */
+static void assert_same_reply(const redisReply *a, const redisReply *b, const char *where) {
+        if (is_stream_id(a) && is_stream_id(b))
+                return;
+        if (a->type != b->type)
+                fail_msg("%s: type %d, not %d", where, b->type, a->type);
+        if (a->type == REDIS_REPLY_INTEGER && a->integer != b->integer)
+                fail_msg("%s: %lld, not %lld", where, b->integer, a->integer);
+        if ((a->type == REDIS_REPLY_STRING || a->type == REDIS_REPLY_STATUS) &&
+            (a->len != b->len || memcmp(a->str, b->str, a->len) != 0))
+                fail_msg("%s: \"%s\", not \"%s\"", where, b->str, a->str);
+        if (a->type == REDIS_REPLY_ARRAY) {
+                if (a->elements != b->elements)
+                        fail_msg("%s: %zu elements, not %zu", where, b->elements, a->elements);
+                for (size_t i = 0; i < a->elements; i++) {
+                        char w[256];
+                        snprintf(w, sizeof w, "%s[%zu]", where, i);
+                        assert_same_reply(a->element[i], b->element[i], w);
+                }
+        }
+}
+
+/* Issue 21 item 2: a batch is one FCALL, and each of its operations answers what it answers alone, in
+ * order (grants, a queueing, a refusal, an invalid lane — which does not stop the batch —, a release that
+ * hands on, a withdrawal, a retried rid, a heartbeat). */
+static void test_a_batch_answers_as_its_operations_one_by_one(void **state) {
+        static const char *const ops[] = {
+                "submit", "8", "a", "ci", "1", "1", "0", "-1", "-1", "-",
+                "submit", "8", "b", "ci", "1", "1", "0", "-1", "-1", "-",
+                "submit", "8", "c", "ci", "1", "1", "0", "-1", "-1", "-",
+                "submit", "8", "d", "ci", "1", "0", "0", "-1", "-1", "-",
+                "submit", "8", "e", "nope", "1", "1", "0", "-1", "-1", "-",
+                "release", "2", "1", "a",
+                "submit", "8", "f", "ci", "2", "1", "0", "-1", "-1", "-",
+                "withdraw", "1", "f",
+                "submit", "8", "b", "ci", "1", "1", "0", "-1", "-1", "-",
+                "tick", "9", "n1", "=", "0", "0", "0", "-", "epoch1", "1", "",
+                NULL,
+        };
+        redisReply *one[16];
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
+        size_t n = calls_as("n1", 2000, ops, one);
+        assert_string_equal(status(one[4]), "invalid");
+
+        pool = "{sb:q}";
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
+        long long before = fcalls();
+        redisReply *b = batch_as("n1", 2000, ops);
+        assert_int_equal(fcalls() - before, 1);
+        if (b->type == REDIS_REPLY_ERROR)
+                fail_msg("batch: %s", b->str);
+        assert_int_equal(b->type, REDIS_REPLY_ARRAY);
+        assert_int_equal(b->elements, n);
+        for (size_t i = 0; i < n; i++) {
+                char w[32];
+                snprintf(w, sizeof w, "reply %zu", i);
+                assert_same_reply(one[i], b->element[i], w);
+                freeReplyObject(one[i]);
+        }
+        freeReplyObject(b);
+}
+
+static long long rid_known(const char *node_rid) {
+        redisReply *r = redisCommand(redis, "HEXISTS %s:rid %s", pool, node_rid);
+        assert_non_null(r);
+        long long v = r->integer;
+        freeReplyObject(r);
+        return v;
+}
+
+/* An operation that does not answer "ok" (here "settling": 100 expiries at one instant, more than a call's
+ * budget) stops the batch there: the ones after it are not run, and the node sends them again. A malformed
+ * batch runs nothing. */
+static void test_a_batch_stops_where_an_operation_does_not_answer_ok(void **state) {
+        static const char *const late[] = {
+                "submit", "8", "late1", "ci", "1", "1", "0", "-1", "-1", "-",
+                "submit", "8", "late2", "ci", "1", "1", "0", "-1", "-1", "-",
+                NULL,
+        };
+        char rid[16];
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        for (int i = 0; i < 100; i++) {
+                snprintf(rid, sizeof rid, "w%03d", i);
+                freeReplyObject(submit_at(1000, rid, "ci", 1, true, 5 * SEC));
+        }
+        tick_ok("n1", 1000, "=");
+        redisReply *b = batch_as("n1", 10 * SEC, late);
+        assert_int_equal(b->type, REDIS_REPLY_ARRAY);
+        assert_int_equal(b->elements, 1);
+        assert_string_equal(b->element[0]->element[R_STATUS]->str, "settling");
+        assert_int_equal(rid_known("n1:late2"), 0);
+        freeReplyObject(b);
+        for (int calls = 0;; calls++) {
+                assert_true(calls < 10);
+                b = batch_as("n1", 10 * SEC, late);
+                assert_int_equal(b->type, REDIS_REPLY_ARRAY);
+                bool done = b->elements == 2;
+                if (done) {
+                        assert_string_equal(field_s(b->element[0]->element[R_BODY], D_VERDICT), "queued");
+                        assert_string_equal(field_s(b->element[1]->element[R_BODY], D_VERDICT), "queued");
+                }
+                freeReplyObject(b);
+                if (done)
+                        break;
+        }
+
+        /* Malformed: a count of more operations than it carries, arguments left over, an operation that
+         * does not go in a batch, a count of none or above the bound. */
+        static const char *const z[] = { "submit", "8", "z", "ci", "1", "1", "0", "-1", "-1", "-",
+                                         "submit", "8", "z2", "ci", "1", "1", "0", "-1", "-1", "-", NULL };
+        static const char *const zp[] = { "submit", "8", "z", "ci", "1", "1", "0", "-1", "-1", "-",
+                                          "positions", "2", "pos", "z", NULL };
+        const struct { const char *const *ops; long n; } bad[] = { { z, 3 }, { z, 1 }, { zp, -1 }, { z, 0 },
+                                                                    { z, 17 } };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                b = batch_as_n("n1", 11 * SEC, bad[i].ops, bad[i].n);
+                assert_int_equal(b->type, REDIS_REPLY_ERROR);
+                freeReplyObject(b);
+                assert_int_equal(rid_known("n1:z"), 0);
+        }
+}
+
 int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup(f, setup)
@@ -2362,6 +2598,9 @@ int main(int argc, char *argv[]) {
                 T(test_a_second_live_incarnation_is_refused_before_anything),
                 T(test_a_key_lost_never_grants_a_held_slot_twice),
                 T(test_reconcile_and_positions_are_paged),
+                T(test_outcome_records_are_a_hash_per_node_trimmed_by_its_calls),
+                T(test_a_batch_answers_as_its_operations_one_by_one),
+                T(test_a_batch_stops_where_an_operation_does_not_answer_ok),
                 T(test_an_instant_cut_short_is_finished_before_a_later_arrival),
                 T(test_scripts_decide_as_pool_local_does),
                 T(test_more_canons_than_the_library_keeps_parsed),

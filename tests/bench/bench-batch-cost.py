@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""bench-batch-cost.py — what a shared pool's pair (a submit granted at once, then its release) costs Redis
+when each operation is its own FCALL and when a node's operations of one loop iteration go as one batch
+(brokerd/lua/batch.lua, issue 21 item 2), and with the library of another source tree (BEFORE, e.g. main's
+brokerd/lua exported with `git archive`) one by one, in one run on one redis-server of its own (private
+port, stopped by pid).
+
+Per form: Redis's CPU per pair (INFO cpu, sys + user, over the rounds: what the host pays, the call's
+dispatch and reply included), the script time per pair (INFO commandstats usec of FCALL), the FCALLs per
+pair, and the commands the scripts ran per operation (every command in commandstats but FCALL, over the
+operations), with the Redis keys left afterwards (one per decided request before: the outcome keys).
+The pairs go B at a time (B submits, then B releases: what a busy node's outbox holds), pipelined.
+Rounds of the forms are taken in turn (the machine's load falls on each alike); medians are printed.
+
+Usage: bench-batch-cost.py [PAIRS] [ROUNDS] [B] [BEFORE]   (defaults: 4000, 5, 8)
+A benchmark, not a test: it fails only when something under it fails.
+"""
+import importlib.util
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+import redisd  # noqa: E402
+
+LUA = os.path.join(HERE, "..", "..", "brokerd", "lua")
+spec = importlib.util.spec_from_file_location("embed_lua_library",
+                                              os.path.join(HERE, "..", "..", "tools", "embed-lua-library.py"))
+embed = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(embed)
+
+OPS = ["submit", "release", "withdraw", "tick", "reclaim", "drain", "positions"]
+CANON = "backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\nlane.ci.reserve=0\nlimit=64\n"
+HEAD = ("1", "n1", "-", "run1", "1")  # version, node, redis clock, run id, settle
+
+
+def library(where):
+    def read(name):
+        with open(os.path.join(where, name + ".lua"), "rb") as f:
+            return f.read()
+    ops = [(op, read(op)) for op in OPS + (["batch"] if os.path.exists(os.path.join(where, "batch.lua")) else [])]
+    text, digest = embed.library(read("prelude"), ops, "bench-batch-cost.py")
+    return text.decode(), digest
+
+
+def stats(r):
+    cpu, calls, usec, fcalls, fusec = 0.0, 0, 0, 0, 0
+    for line in r.call("INFO", "all").splitlines():
+        if line.startswith("used_cpu_sys:") or line.startswith("used_cpu_user:"):
+            cpu += float(line.split(":")[1])
+        if line.startswith("cmdstat_"):
+            name, rest = line.split(":", 1)
+            f = dict(kv.split("=") for kv in rest.split(","))
+            if name == "cmdstat_fcall":
+                fcalls, fusec = int(f["calls"]), int(f["usec"])
+            elif name not in ("cmdstat_info", "cmdstat_config", "cmdstat_dbsize"):
+                calls += int(f["calls"])
+    return cpu * 1e6, calls, fcalls, fusec
+
+
+class Form:
+    def __init__(self, r, label, digest, key, batched):
+        self.r, self.label, self.digest, self.key, self.batched = r, label, digest, key, batched
+        self.seq = 0
+        self.samples = {"cpu": [], "script": [], "fcalls": [], "commands": []}
+        reply = r.call("FCALL", f"sb_{digest}_tick", 1, key, *HEAD, "n1", CANON, 0, 0, 0, "-", "e1", "1", "", "")
+        assert reply[0] == "ok", reply[:3]
+        r.call("HSET", key + ":meta", "recovery_until", 0)  # the new pool's window: not what is measured
+
+    def send(self, ops):
+        """ops: [(op, args)…], sent one by one or as one batch; returns the replies, in order."""
+        if not self.batched:
+            for op, args in ops:
+                self.r.send("FCALL", f"sb_{self.digest}_{op}", 1, self.key, *HEAD, *args)
+            return [self.r.read() for _ in ops]
+        flat = []
+        for op, args in ops:
+            flat += [op, len(args), *args]
+        return self.r.call("FCALL", f"sb_{self.digest}_batch", 1, self.key, *HEAD, len(ops), *flat)
+
+    def round(self, pairs, b):
+        self.r.call("CONFIG", "RESETSTAT")
+        cpu0 = stats(self.r)[0]
+        for _ in range(pairs // b):
+            rids = []
+            for _ in range(b):
+                self.seq += 1
+                rids.append("%016x" % self.seq)
+            replies = self.send([("submit", (rid, "ci", 1, 1, 0, -1, -1, "-")) for rid in rids])
+            tokens = []
+            for rid, reply in zip(rids, replies):
+                assert reply[0] == "ok" and reply[2][0] == "granted", (self.label, reply[:3])
+                tokens.append(reply[2][11])
+            replies = self.send([("release", (t, rid)) for t, rid in zip(tokens, rids)])
+            assert len(replies) == b and all(x[0] == "ok" for x in replies), (self.label, replies)
+        cpu, calls, fcalls, fusec = stats(self.r)
+        n = (pairs // b) * b
+        self.samples["cpu"].append((cpu - cpu0) / n)
+        self.samples["script"].append(fusec / n)
+        self.samples["fcalls"].append(fcalls / n)
+        self.samples["commands"].append(calls / (2 * n))
+
+
+def main():
+    pairs = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    b = int(sys.argv[3]) if len(sys.argv) > 3 else 8
+    before = sys.argv[4] if len(sys.argv) > 4 else None
+    if redisd.REDIS_SERVER is None:
+        print("SKIP: redis-server is not installed")
+        return 77
+    tmp = tempfile.mkdtemp(prefix="bench-batch-cost-")
+    server = redisd.RedisServer(tmp, port=0, unix=False).start()
+    try:
+        r = server.client()
+        text, digest = library(LUA)
+        r.call("FUNCTION", "LOAD", "REPLACE", text)
+        forms = [Form(r, "one by one", digest, "{sb:one}", False),
+                 Form(r, f"batches of {b}", digest, "{sb:batch}", True)]
+        if before:
+            text, old = library(before)
+            r.call("FUNCTION", "LOAD", "REPLACE", text)
+            forms.append(Form(r, "BEFORE, one by one", old, "{sb:before}", False))
+        for i in range(rounds + 1):
+            for f in forms:
+                f.round(pairs, b)
+        load = os.getloadavg()
+        print(f"{pairs} pairs (submit granted at once + release) per round, {b} at a time, median of {rounds} rounds "
+              f"after a warm-up; load average {load[0]:.2f} {load[1]:.2f}")
+        print(f"  {'form':<22}{'Redis CPU/pair':>16}{'script/pair':>14}{'FCALL/pair':>12}{'cmds/op':>9}{'keys left':>11}")
+        for f in forms:
+            med = {k: statistics.median(v[1:]) for k, v in f.samples.items()}
+            keys = len(r.call("KEYS", f.key + "*"))
+            print(f"  {f.label:<22}{med['cpu']:13.1f} µs{med['script']:11.1f} µs{med['fcalls']:12.2f}"
+                  f"{med['commands']:9.1f}{keys:11d}")
+        base = statistics.median(forms[0].samples["cpu"][1:])
+        for f in forms[1:]:
+            print(f"  {f.label} / one by one, Redis CPU per pair: {statistics.median(f.samples['cpu'][1:]) / base:.2f}")
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
