@@ -844,8 +844,13 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
                         const Bucket *bk = p->lanes[i]->buckets[b];
                         if (!bk->canon)
                                 continue;
-                        r = selector_resolve(&(Selector) { .terms = bk->terms, .member = bk->member }, c->members,
-                                             c->labels, c->n_labels, &masks[k++]);
+                        if (!c->members) {
+                                /* Anonymous slots now: the selector admits none (refused below). */
+                                masks[k] = calloc(MAX(member_set_words(c->limit), (size_t) 1), sizeof(uint64_t));
+                                r = masks[k++] ? 0 : -ENOMEM;
+                        } else
+                                r = selector_resolve(&(Selector) { .terms = bk->terms, .member = bk->member },
+                                                     c->members, c->labels, c->n_labels, &masks[k++]);
                         if (r < 0)
                                 goto fail_masks;
                 }
@@ -921,6 +926,21 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
                                         rank_tree_insert(&p->queue, &w->rank_node, -(int64_t) l->priority, w->seq);
                                 }
                         }
+        }
+        /* A waiter whose selector the new members and labels can never satisfy would wait out its budget for
+         * nothing: refused, as a removed lane's waiters are. Refusing a bucket's last waiter frees the bucket:
+         * the array shifts under the loop. */
+        for (size_t i = 0; i < p->n_lanes; i++) {
+                LocalLane *l = p->lanes[i];
+                for (size_t b = 0; b < l->n_buckets;) {
+                        Bucket *bk = l->buckets[b];
+                        if (!bk->canon || member_set_count(bk->mask, member_set_words(p->base.limit)) >= bk->slots) {
+                                b++;
+                                continue;
+                        }
+                        waiter_refuse(p, container_of(list_first(&bk->fifo), PoolWaiter, fifo_node),
+                                      REFUSAL_UNAVAILABLE, now);
+                }
         }
         lanes_gc(p);
         return 0;

@@ -1641,6 +1641,42 @@ static void test_relabelled_member_keeps_its_lease_and_new_labels_apply_next(voi
         assert_string_equal(member_of(u), "c");
 }
 
+static void test_a_waiter_no_member_can_satisfy_after_a_reload_is_refused(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = rig_pool(f);
+        Tag *d = acquire(f, "d", (Req) { .member = "d" }, 0);
+        Tag *flaky = acquire(f, "flaky", (Req) { .labels = TERMS("flaky") }, S(1));
+        Tag *two = acquire(f, "two", (Req) { .slots = 2, .labels = TERMS("arm64") }, S(1));
+        Tag *usb = acquire(f, "usb", (Req) { .labels = TERMS("usb3"), .slots = 2 }, S(1));
+        assert_true(queued(flaky) && granted(two) && granted(usb) == false);
+        /* arm64 shrinks to one member: a second two-rig request could never be granted. */
+        Tag *two2 = acquire(f, "two2", (Req) { .slots = 2, .labels = TERMS("arm64") }, S(2));
+        assert_true(queued(two2));
+        strv_free(p->labels[0].members);
+        p->labels[0].members = strv_copy((char *const *) TERMS("a"));
+        configure(f, S(3));
+        assert_true(refused(two2, REFUSAL_UNAVAILABLE));
+        assert_true(queued(flaky)); /* d still carries flaky */
+        /* The pool turned into anonymous slots (and grew past one word of members): no selector holds. */
+        for (size_t i = 0; p->members[i]; i++)
+                free(p->members[i]);
+        free(p->members);
+        p->members = NULL;
+        p->n_members = 0;
+        for (size_t i = 0; i < p->n_labels; i++) {
+                free(p->labels[i].name);
+                strv_free(p->labels[i].members);
+        }
+        free(p->labels);
+        p->labels = NULL;
+        p->n_labels = 0;
+        p->limit = 100;
+        configure(f, S(4));
+        assert_true(refused(flaky, REFUSAL_UNAVAILABLE));
+        assert_true(refused(usb, REFUSAL_UNAVAILABLE));
+        (void) d;
+}
+
 static void test_lane_limits_pass_over_without_setting_aside(void **state) {
         Fixture *f = *state;
         PoolConfig *p = pool_add(f, "p", 0);
@@ -1983,6 +2019,7 @@ int main(void) {
                 T(test_lane_labels_are_narrowed_by_the_client),
                 T(test_relabelled_member_keeps_its_lease_and_new_labels_apply_next),
                 T(test_lane_limits_pass_over_without_setting_aside),
+                T(test_a_waiter_no_member_can_satisfy_after_a_reload_is_refused),
                 T(test_random_selectors_never_hand_a_member_out_twice),
 #endif
         };
