@@ -16,7 +16,6 @@ Rounds of the forms are taken in turn (the machine's load falls on each alike); 
 Usage: bench-batch-cost.py [PAIRS] [ROUNDS] [B] [BEFORE]   (defaults: 4000, 5, 8)
 A benchmark, not a test: it fails only when something under it fails.
 """
-import importlib.util
 import os
 import shutil
 import statistics
@@ -24,15 +23,8 @@ import sys
 import tempfile
 
 sys.dont_write_bytecode = True
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-import redisd  # noqa: E402
-
-LUA = os.path.join(HERE, "..", "..", "brokerd", "lua")
-spec = importlib.util.spec_from_file_location("embed_lua_library",
-                                              os.path.join(HERE, "..", "..", "tools", "embed-lua-library.py"))
-embed = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(embed)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlua import LUA, embed, redisd  # noqa: E402
 
 OPS = ["submit", "release", "withdraw", "tick", "reclaim", "drain", "positions"]
 CANON = "backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\nlane.ci.reserve=0\nlimit=64\n"

@@ -20,7 +20,6 @@ prelude.lua + OP.lua are measured by EVALSHA too, as they were (without eval.lua
 Usage: bench-script-cost.py [N] [ROUNDS] [BEFORE]   (defaults: 3000 calls, 5 rounds)
 A benchmark, not a test: it fails only when something under it fails.
 """
-import importlib.util
 import os
 import shutil
 import statistics
@@ -28,15 +27,8 @@ import sys
 import tempfile
 
 sys.dont_write_bytecode = True
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-import redisd  # noqa: E402
-
-LUA = os.path.join(HERE, "..", "..", "brokerd", "lua")
-spec = importlib.util.spec_from_file_location("embed_lua_library",
-                                              os.path.join(HERE, "..", "..", "tools", "embed-lua-library.py"))
-embed = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(embed)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlua import LUA, embed, redisd  # noqa: E402
 
 KEY = "{sb:bench}"
 CANON = ("backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\nlane.ci.reserve=0\n"

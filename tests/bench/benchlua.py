@@ -1,0 +1,19 @@
+# SPDX-License-Identifier: MIT
+"""benchlua.py — what the benchmarks of the shared pools' scripts share: redisd.py (the integration tests'
+private redis-server), tools/embed-lua-library.py (the library as brokerd builds it) and where the scripts are.
+
+    from benchlua import LUA, embed, redisd
+"""
+import importlib.util
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+import redisd  # noqa: E402,F401
+
+LUA = os.path.join(HERE, "..", "..", "brokerd", "lua")
+_spec = importlib.util.spec_from_file_location("embed_lua_library",
+                                               os.path.join(HERE, "..", "..", "tools", "embed-lua-library.py"))
+embed = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(embed)
