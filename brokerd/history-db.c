@@ -592,7 +592,7 @@ static void bind_nonzero(sqlite3_stmt *st, int i, int64_t v) {
                 sqlite3_bind_int64(st, i, v);
 }
 
-/* The row's 16 values from parameter base + 1 on. */
+/* The row's EVENT_N_COLUMNS values from parameter base + 1 on. */
 static void bind_event(sqlite3_stmt *st, int base, const EventRow *e) {
         sqlite3_bind_int64(st, base + 1, (int64_t) MIN(e->time, (usec_t) INT64_MAX));
         bind_text(st, base + 2, e->decision);
