@@ -327,7 +327,9 @@ class TestSentinelPartition(SentinelLoad):
         fenced = time.monotonic()
         print(f"X's commands were revoked {fenced - cut:.2f} s after the partition", file=sys.stderr)
         self.assertIn("[BACKEND_UNCONFIRMED] Pool grid", x.log())
-        self.assertIn("[BACKEND_FENCED] Pool grid", x.log())
+        # slotctl's own fence (the last "held" deadline, SPEC §11) and brokerd's fence timer fall due at
+        # the same instant: either may act first on a loaded machine.
+        wait_for(lambda: "[BACKEND_FENCED] Pool grid" in x.log(), timeout=10, message="X to journal its fence")
 
         # The others follow the Sentinels and grant again, the slots X held included (its node expires on
         # the new primary a TTL after the failover at the latest).
