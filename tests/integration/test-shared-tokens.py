@@ -44,20 +44,7 @@ CLOCKSHIFT = None
 
 
 def config(backend, node):
-    return f"""\
-[broker]
-node-name = {node}
-revoke-grace = 1s
-
-[pool shared]
-limit = 1
-backend = {backend}
-backend-node-ttl = {TTL}s
-
-[lane ci]
-pools = shared
-policy = wait
-"""
+    return harness.shared_pool_config(backend, node, TTL)
 
 
 class TokensNeverGoBack(harness.BrokerTestCase):
