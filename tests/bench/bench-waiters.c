@@ -15,6 +15,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -88,6 +89,8 @@ static uint64_t rnd(void) {
         return rng;
 }
 
+static uint64_t updates; /* replies other than grants read: "queued" and position updates */
+
 static const char *const label_names[LABELS] = { "arm64", "usb3", "gpu", "big", "fast", "eu", "us", "flash" };
 
 static void send_text(int fd, const char *text) {
@@ -113,8 +116,10 @@ static int read_grant(int fd, int *ret_member) {
                                 fprintf(stderr, "error reply: %s\n", p);
                                 return -1;
                         }
-                        if (!strstr(p, "\"granted\""))
+                        if (!strstr(p, "\"granted\"")) {
+                                updates++;
                                 continue;
+                        }
                         granted = 1;
                         const char *m = strstr(p, "\"members\":[\"m");
                         *ret_member = m ? atoi(m + strlen("\"members\":[\"m")) : -1;
@@ -239,6 +244,8 @@ static void run_labels(const char *exe, const char *config, const uint64_t *carr
         if (seen < n_waiters)
                 die("not every waiter queued");
         long rss_before = bench_process_status_kib(brokerd, "VmRSS:");
+        updates = 0;
+        uint64_t start = bench_now_ns();
 
         int g;
         for (g = 0; g < n_grants; g++) {
@@ -284,6 +291,8 @@ static void run_labels(const char *exe, const char *config, const uint64_t *carr
                "brokerd RSS %.1f MiB (before grants %.1f MiB, peak %.1f MiB)\n",
                labelled ? "labelled" : "unlabelled", n_waiters, g, g ? lat[g / 2] / 1e3 : 0, g ? lat[(g * 99) / 100] / 1e3 : 0,
                g ? lat[g - 1] / 1e3 : 0, rss_after / 1024.0, rss_before / 1024.0, hwm / 1024.0);
+        printf("%-10s %.2f s for the grants, %" PRIu64 " position updates read meanwhile\n", "", (bench_now_ns() - start) / 1e9,
+               updates);
         if (wrong)
                 printf("no barging per member violated: %d grants went to another waiter or member than the first "
                        "that could use the freed one\n", wrong);
