@@ -556,8 +556,9 @@ static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, c
         }
         if (r->n_selectors > 0 && !members)
                 return scenario_error(error,
-                                      "--replay: %" PRIu64 " requests of pool '%s' in '%s' asked for labels or a member: "
-                                      "give --config with the brokerd.conf that has the pool's members= and label.NAME=",
+                                      "--replay: %" PRIu64 " requests of pool '%s' in '%s' asked for labels or a member, "
+                                      "which only the pool's members= and label.NAME= can replay (the history does not "
+                                      "keep them): slotctl simulate --replay takes them from brokerd.conf with --config",
                                       r->n_selectors, r->pool, r->path);
         info->selectors = r->n_selectors;
 

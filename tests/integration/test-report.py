@@ -386,6 +386,12 @@ class Report(harness.BrokerTestCase):
             self.assertEqual(dom.returncode, 0, dom.stderr[-2000:])
             self.check_label_sets(Page(dom.stdout))
 
+        # A capacity curve re-runs the requests without the members and labels they asked for: the page
+        # says why there is none rather than draw a wrong one.
+        _, swept = self.report("--replay-sweep=limit=2..3", history=path)
+        self.assertIn("could not be replayed", swept)
+        self.assertIn("asked for labels or a member", swept)
+
         # The pool of the main history asked nothing of its members: no such table there.
         _, main = self.report()
         self.assertNotIn("class=\"selectors\"", main)
