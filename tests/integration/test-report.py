@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import zlib
 
@@ -343,24 +344,35 @@ class Report(harness.BrokerTestCase):
         """A labelled workload through brokerd: the report counts its waits and refusals per label set, and
         only for the pool whose requests asked for labels or a member."""
         b = harness.Broker(RIGS_CONFIG, name="report-labels").start()
+        # The replay below runs on a millisecond clock: the steps are 20 ms apart (at least), so that its
+        # rounding of arrivals and holds to whole milliseconds reorders none of them. A workload's pace,
+        # not a synchronisation: every step still waits for its own reply.
+        step = lambda: time.sleep(0.02)
         try:
             held_a = b.acquire("ff", member="a")
             held_a.until_granted()
+            step()
             held_b = b.acquire("ff", labels=["arm64"])            # b: a is held
             held_b.until_granted()
             for _ in range(2):                                     # a and b held: c is no use
+                step()
                 busy = b.acquire("ff", labels=["arm64"])
                 assert busy.error == "io.slotbroker.Busy", busy.msg
                 busy.close()
+            step()
             held_c = b.acquire("ff", labels=["usb3", "!arm64"])    # c
             held_c.until_granted()
+            step()
             plain = b.acquire("ff")                                # asks nothing: every rig is held
             assert plain.error == "io.slotbroker.Busy", plain.msg
             plain.close()
+            step()
             waiter = b.acquire("w", labels=["arm64"])
             assert waiter.queued, waiter.msg
+            step()
             held_a.close()                                         # a frees: the waiter gets it
             waiter.until_granted()
+            step()
             for x in (waiter, held_b, held_c):
                 x.close()
             b.wait_idle()
@@ -385,6 +397,21 @@ class Report(harness.BrokerTestCase):
                                  capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
             self.assertEqual(dom.returncode, 0, dom.stderr[-2000:])
             self.check_label_sets(Page(dom.stdout))
+
+        # The same history replayed against the same members and labels (slotctl simulate --replay --config)
+        # and drawn: the same requests, grants and refusals per label set as recorded.
+        conf = os.path.join(self.dir, "rigs.conf")
+        with open(conf, "w") as f:
+            f.write(RIGS_CONFIG)
+        drawn = os.path.join(self.dir, "replayed.html")
+        slotctl("simulate", "--replay", path, "--config", conf, "--html", drawn)
+        with open(drawn) as f:
+            replayed = Page(f.read()).pools["rigs"]["selectors"]
+        recorded = Page(text).pools["rigs"]["selectors"]
+        self.assertEqual(replayed.keys(), recorded.keys())
+        for k in recorded:
+            self.assertEqual({c: n for c, n in replayed[k].items() if c != "longest-ms"},
+                             {c: n for c, n in recorded[k].items() if c != "longest-ms"}, k)
 
         # A capacity curve re-runs the requests without the members and labels they asked for: the page
         # says why there is none rather than draw a wrong one.
