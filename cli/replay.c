@@ -9,6 +9,8 @@
 
 #include "history-file.h"
 #include "replay.h"
+#include "selector.h"
+#include "strv.h"
 
 /* The decisions that are requests: each arrived, and was either granted or refused for want of room. */
 #define REQUEST_DECISIONS "('granted', 'busy', 'full', 'timeout', 'shed')"
@@ -23,6 +25,8 @@ typedef struct ReplayRequest {
         size_t lane;
         bool granted;
         int64_t hold_us;   /* -1: unknown */
+        char **labels;     /* what it asked of the members (events.selector): "L", "!L"; NULL: nothing */
+        char *member;
 } ReplayRequest;
 
 typedef struct ReplayLane {
@@ -44,12 +48,17 @@ typedef struct Replay {
         uint64_t *keeping_up_budgets, *saturated_budgets;
         size_t n_keeping_up, n_saturated;
         uint64_t last_us;
+        uint64_t n_selectors; /* requests that asked for labels or a member */
 } Replay;
 
 static void replay_done(Replay *r) {
         if (r->db)
                 sqlite_api.close_v2(r->db);
         free(r->pool);
+        for (size_t i = 0; i < r->n_requests; i++) {
+                strv_free(r->requests[i].labels);
+                free(r->requests[i].member);
+        }
         free(r->requests);
         for (size_t i = 0; i < r->n_lanes; i++) {
                 free(r->lanes[i].name);
@@ -181,6 +190,49 @@ static int lane_index(Replay *r, const char *name, size_t *ret) {
         return 0;
 }
 
+/* events.selector (schema 5): what a request asked of the members, as selector_canon() wrote it ("arm64
+ * !flaky @rig-c"), back into terms and a member. The file is untrusted: a text that no brokerd writes is
+ * an error naming the event. */
+static int selector_parse(const char *text, char ***ret_labels, char **ret_member) {
+        _cleanup_free_ char *copy = strdup(text);
+        char **labels = NULL, *member = NULL, *save = NULL;
+        size_t n = 0;
+
+        if (!copy)
+                return -ENOMEM;
+        for (char *w = strtok_r(copy, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+                if (w[0] == '@') {
+                        if (member || !conf_name_is_valid(w + 1))
+                                goto invalid;
+                        member = strdup(w + 1);
+                        if (!member)
+                                goto oom;
+                        continue;
+                }
+                if (!selector_term_is_valid(w) || n >= SELECTOR_TERMS_MAX)
+                        goto invalid;
+                char **a = reallocarray(labels, n + 2, sizeof(char *));
+                if (!a)
+                        goto oom;
+                labels = a;
+                labels[n] = strdup(w);
+                labels[n + 1] = NULL;
+                if (!labels[n++])
+                        goto oom;
+        }
+        *ret_labels = labels;
+        *ret_member = member;
+        return 0;
+invalid:
+        strv_free(labels);
+        free(member);
+        return -EINVAL;
+oom:
+        strv_free(labels);
+        free(member);
+        return -ENOMEM;
+}
+
 static int read_requests(Replay *r, char **error) {
         sqlite3_stmt *st = NULL;
         int rc;
@@ -208,10 +260,20 @@ static int read_requests(Replay *r, char **error) {
                 r->last_us = (uint64_t) MAX(sqlite_api.column_int64(st, 0), 0);
         sqlite_api.finalize(st);
         st = NULL;
+        /* events.selector came with schema 5: an older file's requests asked nothing of the members. */
+        bool has_selector = false;
+        if (rc == SQLITE_OK && sqlite_api.prepare_v2(r->db, "SELECT selector FROM events LIMIT 0", -1, &st, NULL) == SQLITE_OK)
+                has_selector = true;
+        sqlite_api.finalize(st);
+        st = NULL;
         if (rc == SQLITE_OK)
                 rc = sqlite_api.prepare_v2(r->db,
-                                        "SELECT e.id, e.time, e.decision, e.lane, e.wait_us, e.budget_us, e.state, n.hold_us "
-                                        "FROM events e LEFT JOIN replay_ends n ON n.lease = e.lease "
+                                        has_selector ?
+                                        "SELECT e.id, e.time, e.decision, e.lane, e.wait_us, e.budget_us, e.state, n.hold_us, "
+                                        "e.selector FROM events e LEFT JOIN replay_ends n ON n.lease = e.lease "
+                                        "WHERE e.pool = ? AND e.decision IN " REQUEST_DECISIONS " ORDER BY e.id" :
+                                        "SELECT e.id, e.time, e.decision, e.lane, e.wait_us, e.budget_us, e.state, n.hold_us, "
+                                        "NULL FROM events e LEFT JOIN replay_ends n ON n.lease = e.lease "
                                         "WHERE e.pool = ? AND e.decision IN " REQUEST_DECISIONS " ORDER BY e.id",
                                         -1, &st, NULL);
         if (rc != SQLITE_OK)
@@ -251,11 +313,32 @@ static int read_requests(Replay *r, char **error) {
                                 goto oom;
                 }
 
+                char **labels = NULL, *member = NULL;
+                const char *selector = (const char *) sqlite_api.column_text(st, 8);
+                if (selector) {
+                        int q = selector_parse(selector, &labels, &member);
+                        if (q == -ENOMEM)
+                                goto oom;
+                        if (q < 0) {
+                                q = scenario_error(error, "--replay: %s: event %lld: invalid selector \"%.80s\"",
+                                                   r->path, (long long) sqlite_api.column_int64(st, 0), selector);
+                                sqlite_api.finalize(st);
+                                return q;
+                        }
+                        if (labels || member)
+                                r->n_selectors++;
+                }
+
                 ReplayRequest *a = reallocarray(r->requests, r->n_requests + 1, sizeof(ReplayRequest));
-                if (!a)
+                if (!a) {
+                        strv_free(labels);
+                        free(member);
                         goto oom;
+                }
                 r->requests = a;
                 r->requests[r->n_requests++] = (ReplayRequest) {
+                        .labels = labels,
+                        .member = member,
                         .id = sqlite_api.column_int64(st, 0),
                         .time_us = (uint64_t) time_us,
                         .arrival_us = (uint64_t) time_us - (uint64_t) MIN(MAX(wait_us, 0), time_us),
@@ -380,6 +463,9 @@ static int build_requests(const Replay *r, uint64_t t0, ReplayInfo *info, char *
                 o->traffic.slots = 1;
                 o->traffic.hold_ms = hold / USEC_PER_MSEC;
                 o->traffic.max_wait = USEC_INFINITY;
+                if ((q->member && !(o->traffic.member = strdup(q->member))) ||
+                    (q->labels && !(o->traffic.labels = strv_copy(q->labels))))
+                        goto fail;
         }
         free(medians);
         *ret = reqs;
@@ -390,9 +476,52 @@ fail:
                 free(reqs[i].name);
                 free(reqs[i].traffic.origin);
                 free(reqs[i].traffic.lane);
+                free(reqs[i].traffic.member);
+                strv_free(reqs[i].traffic.labels);
         }
         free(reqs);
         free(medians);
+        return k;
+}
+
+static char *words_join(char *const *l) {
+        size_t len = 1;
+        for (char *const *w = l; w && *w; w++)
+                len += strlen(*w) + 1;
+        char *j = malloc(len), *p = j;
+        if (!j)
+                return NULL;
+        *p = '\0';
+        for (char *const *w = l; w && *w; w++)
+                p = stpcpy(stpcpy(p, w == l ? "" : " "), *w);
+        return j;
+}
+
+/* The members and labels of the pool, and the labels= of its lanes, as --config has them: what the
+ * recorded selectors were resolved against. */
+static int add_config_settings(Scenario *s, const Replay *r, const ReplayOptions *o, const PoolConfig *p,
+                               const char *section) {
+        _cleanup_free_ char *members = words_join(p->members);
+        int k;
+
+        if (!members)
+                return -ENOMEM;
+        k = scenario_add_setting(s, section, "members", members, o->config_path, o->config_path);
+        for (size_t i = 0; k >= 0 && i < p->n_labels; i++) {
+                _cleanup_free_ char *key = NULL, *value = words_join(p->labels[i].members);
+                if (!value || asprintf(&key, "label.%s", p->labels[i].name) < 0)
+                        return -ENOMEM;
+                k = scenario_add_setting(s, section, key, value, o->config_path, o->config_path);
+        }
+        for (size_t i = 0; k >= 0 && i < r->n_lanes; i++) {
+                const LaneConfig *l = conf_find_lane(o->config, r->lanes[i].name);
+                _cleanup_free_ char *lane_section = NULL, *value = NULL;
+                if (!l || !l->labels)
+                        continue;
+                if (!(value = words_join(l->labels)) || asprintf(&lane_section, "lane %s", l->name) < 0)
+                        return -ENOMEM;
+                k = scenario_add_setting(s, lane_section, "labels", value, o->config_path, o->config_path);
+        }
         return k;
 }
 
@@ -412,7 +541,28 @@ static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, c
 
         /* A setting the sweep varies is given, value by value: inferring it would only mislead. */
         bool limit_swept = streq_ptr(o->sweep_key, "limit"), qt_swept = streq_ptr(o->sweep_key, "queue-timeout");
-        if (!o->limit && !limit_swept) {
+
+        /* What the recorded selectors ask is only meaningful against the pool's members and labels, which
+         * the history does not keep: --config gives them. A member pool's limit is its member count. */
+        const PoolConfig *members = NULL;
+        if (o->config) {
+                members = conf_find_pool(o->config, r->pool);
+                if (!members)
+                        return scenario_error(error, "--config: '%s' has no pool '%s'", o->config_path, r->pool);
+                if (members->n_members == 0)
+                        members = NULL;
+                else
+                        info->members = members->n_members;
+        }
+        if (r->n_selectors > 0 && !members)
+                return scenario_error(error,
+                                      "--replay: %" PRIu64 " requests of pool '%s' in '%s' asked for labels or a member, "
+                                      "which only the pool's members= and label.NAME= can replay (the history does not "
+                                      "keep them): slotctl simulate --replay takes them from brokerd.conf with --config",
+                                      r->n_selectors, r->pool, r->path);
+        info->selectors = r->n_selectors;
+
+        if (!o->limit && !limit_swept && !members) {
                 k = peak_held(r, &info->inferred_limit);
                 if (k < 0)
                         return k;
@@ -472,6 +622,12 @@ static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, c
                         k = scenario_add_setting(s, lane_section, "pools", r->pool, r->path, r->path);
                 if (k >= 0)
                         k = scenario_add_setting(s, lane_section, "policy", policy, r->path, r->path);
+                if (k < 0)
+                        return k;
+        }
+
+        if (members) {
+                k = add_config_settings(s, r, o, members, section);
                 if (k < 0)
                         return k;
         }
@@ -557,6 +713,10 @@ void replay_info_print(const ReplayInfo *info, FILE *f) {
         if (info->inferred_congestion_timeout != USEC_INFINITY)
                 fprintf(f, "  queue-congestion-timeout %s: the usual budget of waiters while it was saturated\n",
                         timespan_format(span, sizeof span, info->inferred_congestion_timeout));
+        if (info->members > 0)
+                fprintf(f, "  %zu members with their labels, and the lanes' labels=, from --config; %" PRIu64
+                           " requests asked for labels or a member\n",
+                        info->members, info->selectors);
         fputs("  lanes:", f);
         for (char **l = info->lanes; l && *l; l++)
                 fprintf(f, "%s %s", l == info->lanes ? "" : ",", *l);

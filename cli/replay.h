@@ -20,6 +20,11 @@ typedef struct ReplayOptions {
         const char *queue_congestion_timeout;
         const char *deadline;      /* --deadline; NULL: none */
         const char *sweep_key;     /* the pool setting --sweep varies ("limit", …): not inferred; NULL: none */
+        /* --config: brokerd's configuration, for the pool's members and labels and its lanes' labels=,
+         * which the recorded selectors (events.selector) are resolved against; NULL: none, and then a
+         * history whose requests asked for labels or a member is refused. */
+        const BrokerConfig *config;
+        const char *config_path;
 } ReplayOptions;
 
 /* What the history gave, and what had to be assumed: said on stderr before the report. */
@@ -34,6 +39,8 @@ typedef struct ReplayInfo {
         usec_t inferred_queue_timeout;            /* USEC_INFINITY: given, or none recorded */
         usec_t inferred_congestion_timeout;       /* likewise */
         char **lanes;              /* "merge (fail-fast)", …; NULL-terminated */
+        size_t members;            /* the pool's members, from --config; 0: none (anonymous slots) */
+        uint64_t selectors;        /* requests that asked for labels or a member */
 } ReplayInfo;
 
 void replay_info_done(ReplayInfo *info);
@@ -42,10 +49,11 @@ void replay_info_done(ReplayInfo *info);
  * pool with the given settings or the recorded ones, one lane per recorded lane (fail-fast when it never
  * queued anyone and was refused busy, else wait), and one request per granted or refused row: arriving at
  * time − wait, for 1 slot, holding its lease as long as the released/revoked row of the lease says (a
- * refused one: the median hold of its lane's grants). The database's application_id and user_version are
+ * refused one: the median hold of its lane's grants), asking the labels and member it asked (events.selector;
+ * the pool's members and labels, and its lanes' labels=, from o->config). The database's application_id and user_version are
  * checked before any table is read. Returns 0; -EINVAL with *error set (no such file, not a history by its
  * application_id, a newer brokerd's schema, no requests, several pools and no --pool, nothing to infer the
- * limit from when neither given nor swept); -ENOMEM. */
+ * limit from when neither given nor swept, selectors but no members from o->config); -ENOMEM. */
 int replay_load(const ReplayOptions *o, char **error, Scenario **ret, ReplayInfo *ret_info);
 
 void replay_info_print(const ReplayInfo *info, FILE *f);

@@ -131,6 +131,9 @@ Report *report_free(Report *r) {
                 free(p->buckets);
                 free(p->sweep);
                 free(p->sweep_error);
+                for (size_t j = 0; j < p->n_selectors; j++)
+                        free(p->selectors[j].selector);
+                free(p->selectors);
                 free(p->name);
         }
         free(r->pools);
@@ -164,6 +167,22 @@ ReportPool *report_pool(Report *r, const char *name) {
         }
         r->n_pools++;
         return p;
+}
+
+int report_pool_add_selector(ReportPool *p, const ReportSelector *s) {
+        p->selectors_total++;
+        p->any_selector = p->any_selector || s->selector;
+        if (p->n_selectors >= REPORT_TABLE_ROWS)
+                return 0;
+        ReportSelector *a = reallocarray(p->selectors, p->n_selectors + 1, sizeof(ReportSelector));
+        if (!a)
+                return -ENOMEM;
+        p->selectors = a;
+        a[p->n_selectors] = *s;
+        if (s->selector && !(a[p->n_selectors].selector = strdup(s->selector)))
+                return -ENOMEM;
+        p->n_selectors++;
+        return 0;
 }
 
 static ReportLane *pool_lane(const Report *r, ReportPool *p, const char *name) {

@@ -68,6 +68,15 @@ typedef struct ReportSweepPoint {
         usec_t p95_wait, longest_wait;          /* of the grants */
 } ReportSweepPoint;
 
+/* The requests of a pool that asked the same of its members (SPEC §3.5: labels, a member), as history.db's
+ * events.selector spells it. */
+typedef struct ReportSelector {
+        char *selector;           /* "arm64 !flaky @rig-c"; NULL: nothing asked */
+        uint64_t requests, granted, waited;       /* waited: granted after a wait */
+        usec_t longest_wait;      /* of its grants */
+        uint64_t refused[_REPORT_REASON_MAX];
+} ReportSelector;
+
 typedef struct ReportPool {
         char *name;
         ReportBucket *buckets;    /* n_buckets */
@@ -89,6 +98,11 @@ typedef struct ReportPool {
         ReportSweepPoint *sweep;  /* the capacity curve, by limit; NULL: none asked for, or sweep_error */
         size_t n_sweep;
         char *sweep_error;        /* why a curve asked for could not be drawn */
+
+        ReportSelector *selectors;/* the label sets asked most, REPORT_TABLE_ROWS at most */
+        size_t n_selectors;
+        uint64_t selectors_total; /* label sets in all, nothing asked counting as one */
+        bool any_selector;        /* some request asked for labels or a member: the table helps */
 } ReportPool;
 
 /* A row of the report's tables: the longest holds, the revocations, the jobs refused most. */
@@ -160,6 +174,10 @@ int report_add(Report *r, const ReportEvent *e);
 
 /* After the last event: the buckets after it keep the state it left, and the peaks are taken. */
 void report_finish(Report *r);
+
+/* Counts a label set of the pool (in the order to show them: most requests first), copying its text; those
+ * beyond REPORT_TABLE_ROWS are only counted. Returns 0, -ENOMEM. */
+int report_pool_add_selector(ReportPool *p, const ReportSelector *s);
 
 /* Appends a row to a table (copying its strings). Returns 0, -ENOSPC when the table is full, -ENOMEM. */
 int report_table_add(ReportRow *table, size_t *n, const ReportRow *row);

@@ -601,6 +601,50 @@ static void chart_refusals(FILE *f, const Report *r, const ReportPool *p) {
         fprintf(f, "</g><desc>%zu bars</desc></svg>\n", bars);
 }
 
+/* Per label set, for a pool some of whose requests asked for labels or a member: which set waits or is
+ * refused, that is which rigs are short. The counts are the table (no chart: label sets have no order). */
+static void table_selectors(FILE *f, const ReportPool *p) {
+        char a[CLI_DURATION_MAX];
+
+        if (!p->any_selector)
+                return;
+        fputs("<h3>Waits and refusals by what was asked of the members</h3><p class=\"summary\">", f);
+        fprintf(f, "The requests grouped by the labels and member they asked for (<code>--label</code>, "
+                   "<code>--member</code>; a lane's own <code>labels=</code> is its configuration's and not shown): "
+                   "how many were granted, how many of those waited first, the longest wait, and the refusals by "
+                   "reason. A label set that waits or is refused more than the others is short of members that "
+                   "carry it. %zu of %" PRIu64 " label sets, those with the most requests first.</p>\n",
+                p->n_selectors, p->selectors_total);
+        fputs("<table class=\"selectors\"><tr><th>asked for</th><th>requests</th><th>granted</th><th>waited</th>"
+              "<th>longest wait</th>",
+              f);
+        for (ReportReason k = 0; k < _REPORT_REASON_MAX; k++)
+                fprintf(f, "<th>%s</th>", report_reason_to_string(k));
+        fputs("</tr>", f);
+        for (size_t i = 0; i < p->n_selectors; i++) {
+                const ReportSelector *x = &p->selectors[i];
+                fputs("<tr data-selector=\"", f);
+                put_text(f, x->selector ?: "");
+                fprintf(f, "\" data-requests=\"%" PRIu64 "\" data-granted=\"%" PRIu64 "\" data-waited=\"%" PRIu64
+                           "\" data-longest-ms=\"%" PRIu64 "\"",
+                        x->requests, x->granted, x->waited, x->longest_wait / USEC_PER_MSEC);
+                for (ReportReason k = 0; k < _REPORT_REASON_MAX; k++)
+                        fprintf(f, " data-%s=\"%" PRIu64 "\"", report_reason_to_string(k), x->refused[k]);
+                fputs("><td>", f);
+                if (x->selector)
+                        put_text(f, x->selector);
+                else
+                        fputs("<em>anything</em>", f);
+                fprintf(f, "</td><td class=\"n\">%" PRIu64 "</td><td class=\"n\">%" PRIu64 "</td><td class=\"n\">%" PRIu64
+                           "</td><td class=\"n\">%s</td>",
+                        x->requests, x->granted, x->waited, x->granted > 0 ? duration(a, x->longest_wait) : "-");
+                for (ReportReason k = 0; k < _REPORT_REASON_MAX; k++)
+                        fprintf(f, "<td class=\"n\">%" PRIu64 "</td>", x->refused[k]);
+                fputs("</tr>", f);
+        }
+        fputs("</table>\n", f);
+}
+
 /* The capacity curve: the recorded requests re-run at each limit; refusals as bars, the grants' p95 wait
  * written above each, and every figure in the table beside it. */
 static void chart_sweep(FILE *f, const ReportPool *p) {
@@ -700,6 +744,7 @@ static void section_pool(FILE *f, const Report *r, const ReportPool *p) {
         chart_waits(f, r, p);
         chart_wait_histogram(f, p);
         chart_refusals(f, r, p);
+        table_selectors(f, p);
         chart_sweep(f, p);
         fputs("</section>\n", f);
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "report-sim.h"
+#include "selector.h"
 
 typedef struct SimEvent {
         ReportEvent event;
@@ -119,6 +120,76 @@ static int sim_tables(Report *r, const Scenario *s, const SimResult *res) {
         return k;
 }
 
+typedef struct SimSelector {
+        const char *pool;
+        ReportSelector row;       /* row.selector owned; NULL: nothing asked */
+} SimSelector;
+
+static int compare_selectors(const void *a, const void *b) {
+        const SimSelector *x = a, *y = b;
+        int c = strcmp(x->pool, y->pool);
+        if (c != 0)
+                return c;
+        if (x->row.requests != y->row.requests)
+                return x->row.requests > y->row.requests ? -1 : 1;
+        return strcmp(x->row.selector ?: "", y->row.selector ?: ""); /* as report.c's query: NULL first */
+}
+
+/* Waits and refusals per label set, as report.c reads them from events.selector: grouped by what each
+ * request's traffic asked of the members (as many groups as the scenario has traffics at most). */
+static int sim_selectors(Report *r, const Scenario *s, const SimResult *res) {
+        SimSelector *groups = NULL;
+        size_t n = 0;
+        int k = 0;
+
+        for (size_t i = 0; i < res->n_records && k >= 0; i++) {
+                const SimRecord *rec = &res->records[i];
+                const ScenarioTraffic *t = scenario_traffic(s, rec->id);
+                _cleanup_free_ char *canon = NULL;
+                ReportReason reason = _REPORT_REASON_INVALID;
+
+                if (!rec->pool || rec->outcome == SIM_OUTCOME_PENDING || !t)
+                        continue;
+                if (rec->outcome == SIM_OUTCOME_REFUSED &&
+                    (reason = report_reason_from_string(refusal_to_string(rec->refusal))) < 0)
+                        continue;
+                Selector sel = { .terms = t->labels, .member = t->member };
+                if (!selector_is_empty(&sel) && (k = selector_canon(&sel, &canon)) < 0)
+                        break;
+                size_t j = 0;
+                while (j < n && !(streq(groups[j].pool, rec->pool) && streq_ptr(groups[j].row.selector, canon)))
+                        j++;
+                if (j == n) {
+                        SimSelector *a = reallocarray(groups, n + 1, sizeof(SimSelector));
+                        if (!a) {
+                                k = -ENOMEM;
+                                break;
+                        }
+                        groups = a;
+                        groups[n++] = (SimSelector) { .pool = rec->pool, .row.selector = TAKE_PTR(canon) };
+                }
+                ReportSelector *row = &groups[j].row;
+                row->requests++;
+                if (rec->outcome == SIM_OUTCOME_GRANTED) {
+                        usec_t wait = (rec->decided_ms - rec->arrived_ms) * USEC_PER_MSEC;
+                        row->granted++;
+                        row->waited += wait > 0;
+                        row->longest_wait = MAX(row->longest_wait, wait);
+                } else
+                        row->refused[reason]++;
+        }
+        if (k >= 0 && n > 0)
+                qsort(groups, n, sizeof(SimSelector), compare_selectors);
+        for (size_t i = 0; i < n && k >= 0; i++) {
+                ReportPool *p = report_pool(r, groups[i].pool);
+                k = p ? report_pool_add_selector(p, &groups[i].row) : -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++)
+                free(groups[i].row.selector);
+        free(groups);
+        return k;
+}
+
 int report_from_simulation(const Scenario *s, const SimResult *res, Report **ret) {
         _cleanup_(report_freep) Report *r = NULL;
         _cleanup_free_ SimEvent *events = calloc(MAX(res->n_records, 1u) * 3, sizeof(SimEvent));
@@ -176,6 +247,8 @@ int report_from_simulation(const Scenario *s, const SimResult *res, Report **ret
         }
         report_finish(r);
         k = sim_tables(r, s, res);
+        if (k >= 0)
+                k = sim_selectors(r, s, res);
         if (k < 0)
                 return k;
         *ret = TAKE_PTR(r);

@@ -357,6 +357,47 @@ static int read_jobs(sqlite3 *db, Report *r) {
         return k;
 }
 
+/* Waits and refusals per label set (events.selector, schema 5), grouped by SQLite: label sets are as many
+ * as the combinations clients ask for. */
+static int read_selectors(sqlite3 *db, Report *r) {
+        sqlite3_stmt *st = NULL;
+        int k = prepare_bound(db,
+                              "SELECT pool, selector, count(*), sum(decision = 'granted'), "
+                              "sum(decision = 'granted' AND wait_us > 0), max(CASE WHEN decision = 'granted' THEN wait_us END), "
+                              "sum(decision = 'busy'), sum(decision = 'full'), sum(decision = 'timeout'), "
+                              "sum(decision = 'shed'), sum(decision = 'unavailable') FROM events "
+                              "WHERE decision IN ('granted', 'busy', 'full', 'timeout', 'shed', 'unavailable') "
+                              "AND pool IS NOT NULL AND time >= ?1 AND time < ?2",
+                              " GROUP BY pool, selector ORDER BY pool, 3 DESC, selector", r, &st);
+        while (k >= 0 && sqlite_api.step(st) == SQLITE_ROW) {
+                ReportPool *p = report_pool(r, column_text(st, 0));
+                if (!p) {
+                        k = log_error_errno(-ENOMEM, "Failed to read history: %m");
+                        break;
+                }
+                ReportSelector row = {
+                        .selector = (char *) column_text(st, 1),
+                        .requests = column_u64(st, 2),
+                        .granted = column_u64(st, 3),
+                        .waited = column_u64(st, 4),
+                        .longest_wait = column_u64(st, 5),
+                };
+                for (ReportReason i = 0; i < _REPORT_REASON_MAX; i++)
+                        row.refused[i] = column_u64(st, 6 + i);
+                if (report_pool_add_selector(p, &row) < 0)
+                        k = log_error_errno(-ENOMEM, "Failed to read history: %m");
+        }
+        sqlite_api.finalize(st);
+        return k;
+}
+
+static bool has_selector_column(sqlite3 *db) {
+        sqlite3_stmt *st = NULL;
+        bool has = sqlite_api.prepare_v2(db, "SELECT selector FROM events LIMIT 0", -1, &st, NULL) == SQLITE_OK;
+        sqlite_api.finalize(st);
+        return has;
+}
+
 static bool has_reason_column(sqlite3 *db) {
         sqlite3_stmt *st = NULL;
         bool has = sqlite_api.prepare_v2(db, "SELECT reason FROM events LIMIT 0", -1, &st, NULL) == SQLITE_OK;
@@ -446,6 +487,8 @@ int verb_report(int argc, char *argv[]) {
                 k = read_revocations(db, r, has_reason_column(db));
         if (k >= 0)
                 k = read_jobs(db, r);
+        if (k >= 0 && has_selector_column(db))
+                k = read_selectors(db, r);
         sqlite_api.close_v2(db);
         if (k < 0)
                 return EXIT_FAILURE;

@@ -113,6 +113,8 @@ static void help(void) {
                "Acquire a slot from brokerd, run COMMAND with it (no shell), release it.\n\n"
                "  -l --lane=LANE                Ask under LANE (default: $SLOTBROKER_LANE)\n"
                "  -n --slots=N                  Ask for N slots (default: 1)\n"
+               "     --label=[!]LABEL           Members that carry LABEL (with !: that do not); repeatable\n"
+               "     --member=NAME              The member NAME\n"
                "     --no-wait                  Refuse at once rather than queue\n"
                "     --max-wait=DURATION        Wait at most DURATION (shortens the lane's budget)\n"
                "     --job=NAME                 Label for status and history (default: the CI job's URL)\n"

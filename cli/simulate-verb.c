@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli-util.h"
+#include "config-files.h"
 #include "replay.h"
 #include "report-sim.h"
 #include "report.h"
@@ -27,6 +28,7 @@ static const char *arg_deadline = NULL;
 static const char *arg_scenario = NULL;
 static const char *arg_replay = NULL;
 static const char *arg_replay_pool = NULL;
+static const char *arg_config = NULL;
 static uint64_t arg_seed = 1;
 static bool arg_per_request = false;
 static bool arg_json = false;
@@ -37,7 +39,7 @@ static const char *arg_html = NULL;
 static void help(void) {
         printf("slotctl simulate [OPTIONS…]\n"
                "slotctl simulate --scenario FILE.json [OPTIONS…]\n"
-               "slotctl simulate --replay history.db [--pool NAME] [OPTIONS…]\n\n"
+               "slotctl simulate --replay history.db [--pool NAME] [--config FILE] [OPTIONS…]\n\n"
                "Run the admission engine on a virtual millisecond clock: capacity planning without a daemon.\n\n"
                "  --limit N                      Slots of the pool\n"
                "  --max-queue N                  Most requests waiting (default: no cap)\n"
@@ -50,6 +52,7 @@ static void help(void) {
                "  --replay HISTORY.DB            The requests brokerd recorded, against the pool options given\n"
                "                                 (the recorded pool's otherwise)\n"
                "  --pool NAME                    With --replay: the pool whose requests to replay\n"
+               "  --config FILE                  With --replay: brokerd.conf, for the pool's members and labels\n"
                "  --seed N                       Seed of the random source (default 1)\n"
                "  --per-request                  Report every generated request too\n"
                "  --sweep KEY=A..B               One run per value of limit, max-queue or queue-timeout (s)\n"
@@ -119,6 +122,7 @@ static int parse_argv(int argc, char *argv[]) {
                 ARG_REPLAY,
                 ARG_POOL,
                 ARG_HTML,
+                ARG_CONFIG,
         };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
@@ -137,6 +141,7 @@ static int parse_argv(int argc, char *argv[]) {
                 { "replay", required_argument, NULL, ARG_REPLAY },
                 { "pool", required_argument, NULL, ARG_POOL },
                 { "html", required_argument, NULL, ARG_HTML },
+                { "config", required_argument, NULL, ARG_CONFIG },
                 {}
         };
         /* The pool and traffic options of the command-line mode, which a scenario file replaces. */
@@ -193,6 +198,9 @@ static int parse_argv(int argc, char *argv[]) {
                 case ARG_HTML:
                         arg_html = optarg;
                         break;
+                case ARG_CONFIG:
+                        arg_config = optarg;
+                        break;
                 case ARG_SEED:
                         if (parse_u64(optarg, &arg_seed) < 0)
                                 return log_usage("simulate", "--seed: invalid number \"%s\"", optarg);
@@ -227,6 +235,8 @@ static int parse_argv(int argc, char *argv[]) {
                                  arg_scenario ? "--scenario" : arg_arrivals ? "--arrivals" : "--hold");
         if (arg_replay_pool && !arg_replay)
                 return log_usage("simulate", "--pool needs --replay");
+        if (arg_config && !arg_replay)
+                return log_usage("simulate", "--config needs --replay (a scenario file has its own pools)");
         if (!arg_scenario && !arg_replay) {
                 /* A sweep of the limit gives it, one value per run. */
                 if (!arg_limit && !(arg_sweep_key && streq(arg_sweep_key, "limit")))
@@ -342,6 +352,20 @@ static int run(void) {
                 r = scenario_load_file(arg_scenario, &error, &s);
         else if (arg_replay) {
                 _cleanup_(replay_info_done) ReplayInfo info = {};
+                _cleanup_(conf_freep) BrokerConfig *config = NULL;
+                if (arg_config) {
+                        _cleanup_(conf_errors_done) ConfErrors errors = {};
+                        r = config_load(arg_config, &config, &errors);
+                        if (r == -ENOMEM) {
+                                log_error_errno(r, "--config: %m");
+                                return EXIT_FAILURE;
+                        }
+                        if (r < 0) {
+                                conf_errors_print(&errors, stderr);
+                                log_error("--config: '%s' is not a valid brokerd configuration", arg_config);
+                                return EXIT_USAGE;
+                        }
+                }
                 r = replay_load(&(ReplayOptions) {
                                         .path = arg_replay,
                                         .pool = arg_replay_pool,
@@ -351,6 +375,8 @@ static int run(void) {
                                         .queue_congestion_timeout = arg_queue_congestion_timeout,
                                         .deadline = arg_deadline,
                                         .sweep_key = arg_sweep_key,
+                                        .config = config,
+                                        .config_path = arg_config,
                                 },
                                 &error, &s, &info);
                 if (r >= 0)

@@ -99,7 +99,9 @@ typedef struct BrokerAcquireOptions {
                                          * sends none */
         /* SPEC §3.5, for member pools with labels: every member granted carries each label "L" and none
          * of the labels "!L" (NULL-terminated, at most 32; on top of the lane's labels=); NULL: none.
-         * A broker that does not know them refuses the call (BROKER_INVALID_PARAMETER). */
+         * A broker that does not know them refuses the call (BROKER_INVALID_PARAMETER). Added with
+         * version node LIBBROKER_2 (broker_acquire, broker_acquire_start): fields only ever come at the
+         * end, and size tells the library which ones the caller knows. */
         const char *const *labels;
         const char *member;             /* the one member wanted, by name; NULL: any */
 } BrokerAcquireOptions;

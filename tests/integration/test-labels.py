@@ -17,9 +17,15 @@ Rigs a b c d: arm64 = a b, usb3 = b c, flaky = d.
   a megabyte of label closes the connection and nothing else.
 - A labelled waiter handed over through the fd store keeps its labels: a free member it cannot use does
   not go to it after the restart.
+- Bad input with a lease held and a waiter queued (issue 22 item 8): an unknown member, an empty label,
+  10,000 labels, a label expression of 1 MB (within a max-message-size that lets it in) are each
+  InvalidParameter as the first reply of a `more` call, nothing queued; through slotctl exit 64; the
+  lease and the waiter are as they were, and the waiter still gets its members.
+- bash completion completes --member with the members Status lists.
 
 Usage: test-labels.py BROKERD SLOTCTL [unittest arguments]
 """
+import json
 import os
 import shutil
 import subprocess
@@ -207,6 +213,58 @@ class Labels(harness.BrokerTestCase):
         self.assertNotIn("queued again", self.jobs["arm"].stderr())
         for name in ("hb", "late", "arm"):
             self.end(b, name)
+
+    def test_bad_input_loses_nothing(self):
+        b = self.broker(CONFIG.replace("reclaim-grace = 60s", "reclaim-grace = 60s\nmax-message-size = 2M"), "bad")
+        self.assertEqual(self.running(b, "x", "w", "--member", "a"), ["a"])
+        self.queued(b, "two", "w", "--slots", "2", "--label", "arm64")
+        before = b.status()
+        [lease] = [l["id"] for l in before["leases"]] if "leases" in before else [None]
+        self.assertEqual((before["pools"][0]["inUse"], before["pools"][0]["waiting"]), (1, 1))
+
+        megabyte = "x" * (1 << 20)
+        for params, parameter in (({"member": "z"}, "member"), ({"labels": [""]}, "labels"),
+                                  ({"labels": [f"l{i}" for i in range(10000)]}, "labels"),
+                                  ({"labels": ["arm64"] * 10000}, "labels"),
+                                  ({"labels": [megabyte]}, "labels"), ({"labels": ["!" + megabyte]}, "labels"),
+                                  ({"member": megabyte}, "member")):
+            with self.subTest(params=json.dumps(params)[:60]), b.connect() as c:
+                c.send("io.slotbroker.Acquire", {"lane": "w", **params}, more=True)
+                # The first reply is the refusal: never "queued", never granted.
+                with self.assertRaises(harness.VarlinkError) as e:
+                    c.reply(timeout=30)
+                self.assertEqual(e.exception.error, "org.varlink.service.InvalidParameter")
+                self.assertEqual(e.exception.parameters.get("parameter"), parameter)
+        # slotctl's side: exit 64 before anything is sent or queued.
+        self.refused_usage(b, "--member", "z")
+        self.refused_usage(b, "--label", "")
+        self.refused_usage(b, *[a for i in range(10000) for a in ("--label", f"l{i}")])
+        self.refused_usage(b, "--label", "x" * 100000)
+
+        after = b.status()
+        self.assertEqual((after["pools"][0]["inUse"], after["pools"][0]["waiting"]), (1, 1))
+        self.assertEqual([w["job"] for w in after["waiters"]], ["two"])
+        if lease:
+            self.assertEqual([l["id"] for l in after["leases"]], [lease])
+        self.end(b, "x")
+        self.assertEqual(sorted(wait_for(lambda: self.members("two"), 10, message="the two-rig waiter")), ["a", "b"])
+        self.end(b, "two")
+
+    def test_bash_completion_of_members(self):
+        bash = shutil.which("bash")
+        if not bash:
+            self.skipTest("no bash")
+        b = self.broker(CONFIG, "complete")
+        completion = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "completions", "slotctl")
+        script = ('source "$1"; COMP_WORDS=(slotctl run --socket "$2" --member "$3"); COMP_CWORD=5; '
+                  '_init_completion() { return 1; }; unset -f _init_completion; _slotctl; '
+                  'printf "%s\\n" "${COMPREPLY[@]}"')
+        env = dict(os.environ, PATH=os.path.dirname(os.path.abspath(SLOTCTL)) + os.pathsep + os.environ["PATH"])
+        for prefix, want in (("", ["a", "b", "c", "d"]), ("c", ["c"])):
+            p = subprocess.run([bash, "-c", script, "bash", completion, b.socket_path, prefix], capture_output=True,
+                               text=True, env=env, timeout=30)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(sorted(p.stdout.split()), want, p.stderr)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,35 @@ CREATE TABLE tokens (pool TEXT PRIMARY KEY, next_token INTEGER NOT NULL);
 PRAGMA user_version = 2;
 """
 
+# Schema 5: leases.members (3), the alive table (4), events.selector (5), which the replay reads.
+SCHEMA_5 = (SCHEMA.replace("retry_after_sec INTEGER, reason TEXT);", "retry_after_sec INTEGER, reason TEXT, selector TEXT);")
+            .replace("granted_at INTEGER NOT NULL, expires_at INTEGER);",
+                     "granted_at INTEGER NOT NULL, expires_at INTEGER, members TEXT);")
+            .replace("PRAGMA user_version = 2;",
+                     "CREATE TABLE alive (id INTEGER PRIMARY KEY CHECK (id = 1), at INTEGER NOT NULL);\n"
+                     "PRAGMA user_version = 5;"))
+
+# The configuration the labelled history below was recorded with (brokerd.conf(5)).
+RIGS_CONFIG = """\
+[pool rigs]
+members = a b c d
+label.arm64 = a b
+label.usb3 = b c
+
+[lane w]
+pools = rigs
+policy = wait
+
+[lane ff]
+pools = rigs
+policy = fail-fast
+
+[lane arm]
+pools = rigs
+policy = fail-fast
+labels = arm64
+"""
+
 
 class History:
     """Writes decisions as brokerd's audit would: a grant, and later its lease's end."""
@@ -49,18 +78,18 @@ class History:
         self.db.execute(f"INSERT INTO events ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                         list(cols.values()))
 
-    def grant(self, at_us, pool, lane, hold_us, wait_us=0, budget_us=None, state=None, end="released"):
+    def grant(self, at_us, pool, lane, hold_us, wait_us=0, budget_us=None, state=None, end="released", **kw):
         """A request that arrived at at_us, was granted after wait_us and held hold_us (None: not ended)."""
         self.leases += 1
         lease = f"lease{self.leases:028d}"
         self.add(at_us + wait_us, "granted", pool, lane, lease=lease, token=self.leases, wait_us=wait_us,
-                 budget_us=budget_us, state=state)
+                 budget_us=budget_us, state=state, **kw)
         if hold_us is not None:
             self.add(at_us + wait_us + hold_us, end, pool, lane, lease=lease, token=self.leases, hold_us=hold_us)
 
-    def refuse(self, at_us, decision, pool, lane, wait_us=0, budget_us=None, state=None):
+    def refuse(self, at_us, decision, pool, lane, wait_us=0, budget_us=None, state=None, **kw):
         self.add(at_us + wait_us, decision, pool, lane, wait_us=wait_us, budget_us=budget_us, state=state,
-                 retry_after_sec=7)
+                 retry_after_sec=7, **kw)
 
     def close(self):
         self.db.commit()
@@ -247,6 +276,99 @@ class Replay(unittest.TestCase):
         self.fail_fast_history(SCHEMA.replace(", reason TEXT", "").replace("user_version = 2", "user_version = 1"))
         r = simulate_json("--replay", self.path)
         self.assertEqual((r["requests"], r["granted"], r["refused"]["busy"]), (12, 6, 6))
+
+    def labelled_history(self):
+        """Rigs a b c d (arm64 = a b, usb3 = b c), every lease held 10 s unless said. Which requests were
+        granted depends on which members they could use: 4 requests on 4 rigs, and still 2 refused.
+        Returns {event id: (decision, wait_us)} of the requests, in event order."""
+        h = History(self.path, SCHEMA_5)
+        h.grant(0, "rigs", "w", 10 * S, selector="@a")                         # a
+        h.grant(100 * MS, "rigs", "arm", 10 * S)                               # b: the lane's arm64
+        h.refuse(200 * MS, "busy", "rigs", "ff", selector="arm64")             # a and b held: c, d no use
+        h.grant(300 * MS, "rigs", "ff", 10 * S, selector="!arm64 usb3")        # c
+        h.refuse(400 * MS, "busy", "rigs", "ff", selector="usb3")              # b and c held; d is free
+        h.grant(500 * MS, "rigs", "ff", 2 * S)                                 # d
+        # Waits for usb3 (b or c: both until 10.1 s) while d frees at 2.5 s: it is no use.
+        h.grant(1 * S, "rigs", "w", 1 * S, wait_us=9100 * MS, selector="usb3")
+        h.close()
+        db = sqlite3.connect(self.path)
+        rows = db.execute("SELECT id, decision, wait_us FROM events WHERE decision IN ('granted', 'busy') "
+                          "ORDER BY id").fetchall()
+        db.close()
+        return {f"e{i}": (d, w or 0) for i, d, w in rows}
+
+    def test_selectors_are_replayed(self):
+        recorded = self.labelled_history()
+        config = os.path.join(self.dir.name, "brokerd.conf")
+        with open(config, "w") as f:
+            f.write(RIGS_CONFIG)
+
+        # The same members and labels: the same grants and refusals, and the same wait.
+        p = simulate("--replay", self.path, "--config", config, "--json", "--per-request")
+        r = json.loads(p.stdout)
+        self.assertIn("4 members with their labels", p.stderr)
+        self.assertIn("5 requests asked for labels or a member", p.stderr)
+        self.assertNotIn("the most slots held at once", p.stderr)  # a member pool's limit is its members
+        got = {x["name"]: (x["outcome"], (x.get("waitedMs") or 0) * MS) for x in r["perRequest"]}
+        self.assertEqual(got, recorded)
+
+        # The selectors cannot be replayed without the members and labels they name: said, not ignored.
+        p = simulate("--replay", self.path, check=False)
+        self.assertEqual(p.returncode, 64)
+        self.assertIn("5 requests of pool 'rigs'", p.stderr)
+        self.assertIn("--config", p.stderr)
+        self.assertEqual(p.stdout, "")
+
+        # A relabelled configuration replays the history against the new labels: d carries arm64 now,
+        # so the arm64 request of 0.2 s takes it, and the one asking for nothing in particular at 0.5 s
+        # finds every rig held.
+        with open(config, "w") as f:
+            f.write(RIGS_CONFIG.replace("label.arm64 = a b", "label.arm64 = a b d"))
+        r = simulate_json("--replay", self.path, "--config", config, "--per-request")
+        got = {x["name"]: x["outcome"] for x in r["perRequest"]}
+        self.assertEqual(got[list(recorded)[2]], "granted")
+        self.assertEqual(got[list(recorded)[5]], "busy")
+
+    def test_selectors_bad_input(self):
+        self.labelled_history()
+        config = os.path.join(self.dir.name, "brokerd.conf")
+        with open(config, "w") as f:
+            f.write(RIGS_CONFIG)
+        for text, message in (("[pool rigs]\nmembers = a\nlabel.arm64 = z\n", "not a member of pool rigs"),
+                              ("[pool grid]\nlimit = 2\n", "has no pool 'rigs'"),
+                              ("[pool rigs]\nlimit = 4\n", "asked for labels or a member")):
+            with self.subTest(config=text):
+                with open(config, "w") as f:
+                    f.write(text + "[lane x]\npools = " + text.split()[1].rstrip("]") + "\n")
+                p = simulate("--replay", self.path, "--config", config, check=False)
+                self.assertEqual(p.returncode, 64, p.stderr)
+                self.assertIn(message, p.stderr)
+                self.assertEqual(p.stdout, "")
+        p = simulate("--replay", self.path, "--config", os.path.join(self.dir.name, "missing.conf"), check=False)
+        self.assertEqual(p.returncode, 64, p.stderr)
+        p = simulate("--limit", "1", "--hold", "1s", "--arrivals", "1/s:1s", "--config", config, check=False)
+        self.assertEqual(p.returncode, 64)
+        self.assertIn("--config needs --replay", p.stderr)
+
+        # A member the configuration does not have: the request that names it is named.
+        with open(config, "w") as f:
+            f.write(RIGS_CONFIG.replace("members = a b c d", "members = b c d").replace("= a b", "= b"))
+        p = simulate("--replay", self.path, "--config", config, check=False)
+        self.assertEqual(p.returncode, 64, p.stderr)
+        self.assertIn("event 1", p.stderr)
+
+        # history.db is untrusted: a selector no brokerd writes is an error naming its event.
+        with open(config, "w") as f:
+            f.write(RIGS_CONFIG)
+        for bad in ("Arm64", "@a @b", "@", "!", "a\tb", "x" * 100, " ".join(["l"] * 65), "@../etc"):
+            with self.subTest(selector=bad):
+                db = sqlite3.connect(self.path)
+                db.execute("UPDATE events SET selector = ? WHERE id = 3", (bad,))
+                db.commit()
+                db.close()
+                p = simulate("--replay", self.path, "--config", config, check=False)
+                self.assertEqual(p.returncode, 64, p.stderr)
+                self.assertIn("event 3: invalid selector", p.stderr)
 
     def fail_fast_history_at(self, path):
         saved, self.path = self.path, path

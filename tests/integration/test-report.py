@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import zlib
 
@@ -56,6 +57,22 @@ max-hold = 1s
 pools = idle
 """
 
+# Rigs with labels (SPEC §3.5), for the table per label set.
+RIGS_CONFIG = """\
+[pool rigs]
+members = a b c
+label.arm64 = a b
+label.usb3 = b c
+
+[lane ff]
+pools = rigs
+policy = fail-fast
+
+[lane w]
+pools = rigs
+policy = wait
+"""
+
 
 class Page(html.parser.HTMLParser):
     """What the tests read of a report: per pool its figures and, per chart, the count of its bars, points
@@ -91,6 +108,9 @@ class Page(html.parser.HTMLParser):
             self._pool.setdefault("capacity", {})[int(a["data-limit"])] = (int(a["data-count"]), int(a["data-longest-ms"]))
         if tag == "span" and "data-figure" in a:
             self._figure = a
+        if tag == "tr" and "data-selector" in a and self._pool is not None:
+            self._pool.setdefault("selectors", {})[a["data-selector"]] = {
+                k[5:]: int(v) for k, v in a.items() if k.startswith("data-") and k != "data-selector"}
 
     def handle_data(self, data):
         if self._figure is not None and self._pool is not None:
@@ -319,6 +339,99 @@ class Report(harness.BrokerTestCase):
         self.assertGreater(colours, 16, "the screenshot is blank")
         if os.environ.get("SLOTBROKER_REPORT_PNG"):
             shutil.copy(png, os.environ["SLOTBROKER_REPORT_PNG"])
+
+    def test_label_sets(self):
+        """A labelled workload through brokerd: the report counts its waits and refusals per label set, and
+        only for the pool whose requests asked for labels or a member."""
+        b = harness.Broker(RIGS_CONFIG, name="report-labels").start()
+        # The replay below runs on a millisecond clock: the steps are 20 ms apart (at least), so that its
+        # rounding of arrivals and holds to whole milliseconds reorders none of them. A workload's pace,
+        # not a synchronisation: every step still waits for its own reply.
+        step = lambda: time.sleep(0.02)
+        try:
+            held_a = b.acquire("ff", member="a")
+            held_a.until_granted()
+            step()
+            held_b = b.acquire("ff", labels=["arm64"])            # b: a is held
+            held_b.until_granted()
+            for _ in range(2):                                     # a and b held: c is no use
+                step()
+                busy = b.acquire("ff", labels=["arm64"])
+                assert busy.error == "io.slotbroker.Busy", busy.msg
+                busy.close()
+            step()
+            held_c = b.acquire("ff", labels=["usb3", "!arm64"])    # c
+            held_c.until_granted()
+            step()
+            plain = b.acquire("ff")                                # asks nothing: every rig is held
+            assert plain.error == "io.slotbroker.Busy", plain.msg
+            plain.close()
+            step()
+            waiter = b.acquire("w", labels=["arm64"])
+            assert waiter.queued, waiter.msg
+            step()
+            held_a.close()                                         # a frees: the waiter gets it
+            waiter.until_granted()
+            step()
+            for x in (waiter, held_b, held_c):
+                x.close()
+            b.wait_idle()
+
+            def granted():
+                p = slotctl("history", "--json", "--socket", b.socket_path, "--decision", "granted")
+                return len(json.loads(p.stdout)["events"]) == 4 or None
+            wait_for(granted, 10, message="the grants in the history")
+        finally:
+            status = b.stop()
+        self.assertEqual(status, 0, b.log()[-2000:])
+        path = os.path.join(self.dir, "labels.db")
+        shutil.copy(os.path.join(b.state_dir, "history.db"), path)
+
+        _, text = self.report(history=path)
+        self.check_label_sets(Page(text))
+        if CHROMIUM:
+            out = os.path.join(self.dir, "test_label_sets.html")
+            profile = tempfile.mkdtemp(prefix="chromium-", dir=self.dir)
+            dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                                  "--no-first-run", f"--user-data-dir={profile}", "--dump-dom", f"file://{out}"],
+                                 capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+            self.assertEqual(dom.returncode, 0, dom.stderr[-2000:])
+            self.check_label_sets(Page(dom.stdout))
+
+        # The same history replayed against the same members and labels (slotctl simulate --replay --config)
+        # and drawn: the same requests, grants and refusals per label set as recorded.
+        conf = os.path.join(self.dir, "rigs.conf")
+        with open(conf, "w") as f:
+            f.write(RIGS_CONFIG)
+        drawn = os.path.join(self.dir, "replayed.html")
+        slotctl("simulate", "--replay", path, "--config", conf, "--html", drawn)
+        with open(drawn) as f:
+            replayed = Page(f.read()).pools["rigs"]["selectors"]
+        recorded = Page(text).pools["rigs"]["selectors"]
+        self.assertEqual(replayed.keys(), recorded.keys())
+        for k in recorded:
+            self.assertEqual({c: n for c, n in replayed[k].items() if c != "longest-ms"},
+                             {c: n for c, n in recorded[k].items() if c != "longest-ms"}, k)
+
+        # A capacity curve re-runs the requests without the members and labels they asked for: the page
+        # says why there is none rather than draw a wrong one.
+        _, swept = self.report("--replay-sweep=limit=2..3", history=path)
+        self.assertIn("could not be replayed", swept)
+        self.assertIn("asked for labels or a member", swept)
+
+        # The pool of the main history asked nothing of its members: no such table there.
+        _, main = self.report()
+        self.assertNotIn("class=\"selectors\"", main)
+
+    def check_label_sets(self, page):
+        got = page.pools["rigs"]["selectors"]
+        zero = {r: 0 for r in REASONS}
+        self.assertEqual(got["arm64"], {**zero, "requests": 4, "granted": 2, "waited": 1, "busy": 2,
+                                        "longest-ms": got["arm64"]["longest-ms"]})
+        self.assertEqual(got["@a"], {**zero, "requests": 1, "granted": 1, "waited": 0, "longest-ms": 0})
+        self.assertEqual(got["!arm64 usb3"], {**zero, "requests": 1, "granted": 1, "waited": 0, "longest-ms": 0})
+        self.assertEqual(got[""], {**zero, "requests": 1, "granted": 0, "waited": 0, "busy": 1, "longest-ms": 0})
+        self.assertEqual(list(got)[0], "arm64")  # the most requests first
 
     def test_report_of_one_pool_without_events(self):
         _, text = self.report("--pool", "idle")

@@ -273,6 +273,39 @@ static void test_page_draws_the_capacity_curve_or_says_why_not(void **state) {
         assert_non_null(strstr(why, "could not be replayed: no lease of pool &#39;grid&#39; ended"));
 }
 
+static void test_label_sets_are_a_table_only_when_some_request_asked(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
+        ReportPool *p = &r->pools[0];
+
+        /* Nothing asked of the members: no table. */
+        assert_int_equal(report_pool_add_selector(p, &(ReportSelector) { .requests = 5, .granted = 5 }), 0);
+        report_finish(r);
+        _cleanup_free_ char *plain = render(r);
+        assert_null(strstr(plain, "class=\"selectors\""));
+
+        /* Label sets, the most asked first: ten rows, the rest counted; other users' words escaped. */
+        for (unsigned i = 0; i < 12; i++) {
+                char name[32];
+                snprintf(name, sizeof name, i == 0 ? "arm64 <b>" : "l%u", i);
+                ReportSelector x = { .selector = name, .requests = 20 - i, .granted = 10, .waited = 3,
+                                     .longest_wait = 1500 * MS };
+                x.refused[REPORT_REASON_BUSY] = 10 - i;
+                assert_int_equal(report_pool_add_selector(p, &x), 0);
+        }
+        assert_int_equal(p->n_selectors, REPORT_TABLE_ROWS);
+        assert_int_equal(p->selectors_total, 13);
+        _cleanup_free_ char *html = render(r);
+        assert_int_equal(count(html, "class=\"selectors\""), 1);
+        assert_int_equal(count(html, "<tr data-selector="), REPORT_TABLE_ROWS);
+        assert_non_null(strstr(html, "<tr data-selector=\"\" data-requests=\"5\""));
+        assert_non_null(strstr(html, "data-selector=\"arm64 &lt;b&gt;\" data-requests=\"20\" data-granted=\"10\" "
+                                     "data-waited=\"3\" data-longest-ms=\"1500\" data-busy=\"10\""));
+        assert_null(strstr(html, "arm64 <b>"));
+        assert_non_null(strstr(html, "10 of 13 label sets"));
+}
+
 int main(void) {
         static const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_wait_bins_have_exact_edges_at_powers_of_two),
@@ -286,6 +319,7 @@ int main(void) {
                 cmocka_unit_test(test_page_is_self_contained_and_escapes_other_users_words),
                 cmocka_unit_test(test_page_says_when_there_is_nothing),
                 cmocka_unit_test(test_page_draws_the_capacity_curve_or_says_why_not),
+                cmocka_unit_test(test_label_sets_are_a_table_only_when_some_request_asked),
         };
         setenv("TZ", "UTC", 1);
         return cmocka_run_group_tests(tests, NULL, NULL);
