@@ -232,6 +232,20 @@ bool engine_lease_is_revoked(const EngineLease *l);
 const char *engine_lease_remote_id(const EngineLease *l);
 bool engine_lease_is_shared(const EngineLease *l);
 
+/* An all-or-nothing lease (SPEC §3.5, a lane with also=): one lease over the chosen pool (the functions above)
+ * and each also= pool, in the lane's order, with a fencing token of each pool. */
+typedef struct EngineLeaseAlso {
+        const char *pool;
+        uint64_t token;
+        unsigned n_slots;
+        const unsigned *slots;
+        const char *const *members; /* NULL for a pool of anonymous slots */
+} EngineLeaseAlso;
+/* 0 for a lease of one pool. */
+size_t engine_lease_also_count(const EngineLease *l);
+/* The i-th also= pool's share; valid while the lease lives. Returns 0, -ENOENT. */
+int engine_lease_also(const EngineLease *l, size_t i, EngineLeaseAlso *ret);
+
 /* A lease that outlived a restart of the daemon, re-occupying exactly its old slots. */
 typedef struct EngineLeaseRestore {
         const char *pool;
