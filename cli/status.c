@@ -80,6 +80,16 @@ static const char *slots_title(json_t *lease) {
         return json_is_array(json_object_get(lease, "members")) ? "MEMBER" : "INDEX";
 }
 
+/* The share of an all-or-nothing lease in pool name (Lease.also), or NULL. */
+static json_t *lease_also_in(json_t *lease, const char *name) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(json_object_get(lease, "also"), i, v)
+                if (streq_ptr(string_member(v, "pool"), name))
+                        return v;
+        return NULL;
+}
+
 /* The leases holding slots of pool name, as a table under its pool line. */
 static void print_holders(json_t *holders, const char *name) {
         bool header = false;
@@ -88,16 +98,18 @@ static void print_holders(json_t *holders, const char *name) {
 
         json_array_foreach(holders, i, v) {
                 json_t *lease = json_object_get(v, "lease");
-                if (!streq_ptr(string_member(lease, "pool"), name))
+                /* An all-or-nothing lease is listed under each pool of its set, with its slots there. */
+                json_t *share = streq_ptr(string_member(lease, "pool"), name) ? lease : lease_also_in(lease, name);
+                if (!share)
                         continue;
                 char job[JOB_COLUMN_MAX + 8], held[CLI_DURATION_MAX];
                 if (!header) {
-                        printf("  %-32s %-10s %-8s %-6s %-8s %-8s %-8s %-10s %s\n", "LEASE", "LANE", slots_title(lease), "UID", "PID",
+                        printf("  %-32s %-10s %-8s %-6s %-8s %-8s %-8s %-10s %s\n", "LEASE", "LANE", slots_title(share), "UID", "PID",
                                "COMMAND", "HELD", "STATE", "JOB");
                         header = true;
                 }
                 printf("  %-32s %-10s ", string_member(lease, "id") ?: "?", string_member(lease, "lane") ?: "?");
-                print_slots(lease);
+                print_slots(share);
                 json_int_t command = int_member(lease, "commandPid", 0);
                 char command_buf[32] = "-";
                 if (command > 0)

@@ -1553,6 +1553,16 @@ static int validate_pool(const BrokerConfig *c, const PoolConfig *p, ConfErrors 
         return r;
 }
 
+static bool env_name_equal(const char *a, const char *b) {
+        for (; *a && *b; a++, b++) {
+                char x = isalnum((unsigned char) *a) ? (char) toupper((unsigned char) *a) : '_';
+                char y = isalnum((unsigned char) *b) ? (char) toupper((unsigned char) *b) : '_';
+                if (x != y)
+                        return false;
+        }
+        return !*a && !*b;
+}
+
 /* An all-or-nothing set (SPEC §3.5): each also= pool defined, none of the lane's own pools= (a grant takes its
  * slots of the chosen pool once), big enough for K, and the set all local (sets over a backend are not
  * supported yet: one script call must decide over the whole set there). */
@@ -1590,6 +1600,12 @@ static int validate_lane_also(const BrokerConfig *c, const LaneConfig *l, ConfEr
                         shared = true;
                 else
                         local = true;
+                /* slotctl run names its variables SLOT_<POOL>_…, upper-cased, other characters '_'. */
+                for (size_t j = 0; j < i; j++)
+                        if (env_name_equal(l->also[j].pool, a->pool))
+                                r = conf_errors_add(errors, &l->also_source, "also",
+                                                    "lane %s names pools %s and %s, whose SLOT_%s_* variables would be the same",
+                                                    l->name, l->also[j].pool, a->pool, a->pool);
         }
         if (shared && local)
                 r = conf_errors_add(errors, &l->also_source, "also",

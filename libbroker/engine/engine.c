@@ -1458,10 +1458,8 @@ void engine_lease_release(EngineLease *l, usec_t now) {
         retired_gc(e);
 }
 
-int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **ret) {
-        assert_return(e, -EINVAL);
-        assert_return(rs && rs->pool && rs->lane && rs->slots && rs->n_slots > 0, -EINVAL);
-        assert_return(ret, -EINVAL);
+/* The pool object a restored lease goes back to (made, retired, when none is there). */
+static int restore_pool(Engine *e, const EngineLeaseRestore *rs, Pool **ret) {
 
         /* A shared lease goes to the pool object of that name kept where it was granted (or, not recorded, by
          * any backend), a local one to the local one: after a move both may be there. */
@@ -1505,6 +1503,19 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
                 p->ops->retire(p, rs->granted_at);
                 e->retired[e->n_retired++] = p;
         }
+        *ret = p;
+        return 0;
+}
+
+int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **ret) {
+        assert_return(e, -EINVAL);
+        assert_return(rs && rs->pool && rs->lane && rs->slots && rs->n_slots > 0, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        Pool *p;
+        int r = restore_pool(e, rs, &p);
+        if (r < 0)
+                return r;
         /* A lease recorded without member names (by an older brokerd): its members are those at its indices. */
         _cleanup_free_ const char **by_index = NULL;
         const char *const *members = rs->members;
@@ -1519,7 +1530,7 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
                 members = by_index;
         }
         PoolGrant *g;
-        int r = p->ops->restore(p,
+        r = p->ops->restore(p,
                                 &(PoolRestore) {
                                         .lane = rs->lane,
                                         .slots = rs->slots,
@@ -1543,6 +1554,63 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
                 p->ops->release(p, g, rs->granted_at);
         }
         retired_gc(e); /* a pool made for this lease alone goes again */
+        return r;
+}
+
+int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs) {
+        assert_return(l, -EINVAL);
+        assert_return(rs && rs->pool && rs->slots && rs->n_slots > 0 && !rs->remote_id, -EINVAL);
+        Engine *e = l->engine;
+        if (l->remote_id || l->n_also >= CONF_LANE_ALSO_MAX)
+                return -EINVAL; /* sets are of local pools only */
+        for (size_t i = 0; i < l->n_also; i++)
+                if (streq(l->also[i].pool->name, rs->pool))
+                        return -EINVAL;
+        if (streq(l->pool->name, rs->pool))
+                return -EINVAL;
+        Pool *p;
+        int r = restore_pool(e, rs, &p);
+        if (r < 0)
+                return r;
+        LeasePart *a = reallocarray(l->also, l->n_also + 1, sizeof(LeasePart));
+        if (!a) {
+                retired_gc(e);
+                return -ENOMEM;
+        }
+        l->also = a;
+        _cleanup_free_ const char **by_index = NULL;
+        const char *const *members = rs->members;
+        if (!members && p->members) {
+                by_index = calloc(rs->n_slots, sizeof(char *));
+                if (!by_index) {
+                        retired_gc(e);
+                        return -ENOMEM;
+                }
+                for (unsigned i = 0; i < rs->n_slots; i++)
+                        by_index[i] = rs->slots[i] < p->limit ? p->members[rs->slots[i]] : NULL;
+                members = by_index;
+        }
+        PoolGrant *g;
+        r = p->ops->restore(p,
+                            &(PoolRestore) {
+                                    .lane = l->lane,
+                                    .slots = rs->slots,
+                                    .members = members,
+                                    .n_slots = rs->n_slots,
+                                    .token = rs->token,
+                                    .granted_at = l->granted_at,
+                            },
+                            &g);
+        if (r >= 0) {
+                r = lease_part_set(l->also + l->n_also, p, g, rs->slots, members, rs->n_slots, rs->token);
+                if (r >= 0) {
+                        l->n_also++;
+                        return 0;
+                }
+                lease_part_done(l->also + l->n_also);
+                p->ops->release(p, g, l->granted_at);
+        }
+        retired_gc(e);
         return r;
 }
 

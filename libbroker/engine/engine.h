@@ -270,6 +270,11 @@ typedef struct EngineLeaseRestore {
  * configuration: SPEC §3.4): it is kept as a removed pool, its slots held until released, and a reload
  * that configures it again revives it with them. Returns 0, -EEXIST (a slot is taken), -EINVAL, -ENOMEM. */
 int engine_lease_restore(Engine *e, const EngineLeaseRestore *r, EngineLease **ret);
+/* An also= pool's share of a restored all-or-nothing lease (SPEC §3.5), given as engine_lease_restore() takes
+ * a lease (lane, times, userdata and remote_id unused: the lease's own; local pools only), after the lease's
+ * own pool. Its pool is found, or kept as a removed one, as there. Returns 0, -EEXIST (a slot is taken),
+ * -EINVAL (a pool of the lease already, or a shared lease), -ENOMEM; the lease is unchanged on failure. */
+int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs);
 /* Fencing tokens of the pool continue at or above next_token, also for a pool configured later. Returns 0
  * or -ENOMEM. */
 int engine_set_token_floor(Engine *e, const char *pool, uint64_t next_token);

@@ -1093,12 +1093,17 @@ static void test_validate_lane_also_names_the_lane(void **state) {
         set_at(92, "lane b", "also", "shared");             /* a shared pool with a local one */
         set_ok("lane c", "pools", "shared");
         set_at(93, "lane c", "also", "shared2");            /* shared only: not yet */
+        set_ok("pool a-b", "limit", "1");
+        set_ok("pool A_b", "limit", "1");
+        set_ok("lane d", "pools", "grid");
+        set_at(94, "lane d", "also", "a-b A_b");            /* one SLOT_A_B_* for both */
         assert_int_equal(conf_validate(c, &errors), -EINVAL);
         assert_has_error("test.conf:90", "also", "lane merge names its own pool grid in also=");
         assert_has_error("test.conf:91", "also", "lane a names pool nosuch, which is not defined");
         assert_has_error("test.conf:91", "also", "lane a takes 3 slots of pool db, which has 2");
         assert_has_error("test.conf:92", "also", "lane b mixes shared (backend=) and local pools");
         assert_has_error("test.conf:93", "also", "not supported yet");
+        assert_has_error("test.conf:94", "also", "whose SLOT_A_b_* variables would be the same");
 }
 
 /* ---- conf_dump ---- */
