@@ -280,6 +280,15 @@ void audit_decision(Audit *a, const AuditRecord *r) {
                 journal_decision(a, r, k);
 }
 
+void audit_decision_share(Audit *a, const AuditRecord *r) {
+        if (decision_index(r->decision) < 0)
+                return;
+        if (a->metrics)
+                metrics_record(a->metrics, r);
+        if (a->history)
+                history_append(a->history, r, now_realtime());
+}
+
 void audit_congestion(Audit *a, const char *pool, bool congested, usec_t idle) {
         Fields f = { .n = 0 };
         char i[TIMESPAN_MAX];

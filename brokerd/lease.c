@@ -113,13 +113,30 @@ AuditRecord lease_audit_record(const Lease *l, const char *decision) {
         return r;
 }
 
-/* A lease-level decision (released, revoked, overdue, restored), with its hold so far. */
+void lease_audit_shares(const Lease *l, const AuditRecord *r) {
+        size_t n = engine_lease_also_count(l->engine_lease);
+        for (size_t i = 0; i < n && l->table->audit; i++) {
+                EngineLeaseAlso a;
+                if (engine_lease_also(l->engine_lease, i, &a) < 0)
+                        continue;
+                AuditRecord s = *r;
+                s.pool = a.pool;
+                s.token = a.token;
+                s.selector = NULL; /* labels and a member choose in the lease's own pool only */
+                audit_decision_share(l->table->audit, &s);
+        }
+}
+
+/* A lease-level decision (released, revoked, overdue, restored), with its hold so far: a row for each pool of
+ * an all-or-nothing lease. */
 static void lease_audit(const Lease *l, const char *decision, const char *reason) {
         AuditRecord r = lease_audit_record(l, decision);
         r.hold = usec_sub_unsigned(now_of(l->table, CLOCK_MONOTONIC), l->granted_mono);
         r.reason = reason;
-        if (l->table->audit)
+        if (l->table->audit) {
                 audit_decision(l->table->audit, &r);
+                lease_audit_shares(l, &r);
+        }
 }
 
 void lease_free(Lease *l) {

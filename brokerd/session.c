@@ -1001,6 +1001,7 @@ static void audit_grant(SessionTable *m, const Lease *l, const LeaseGrant *g) {
         rec.state = queue_state_to_string(g->state);
         rec.selector = g->selector;
         audit_decision(m->audit, &rec);
+        lease_audit_shares(l, &rec);
 }
 
 /* The lease row is durable (or could not be written, which lease-persistence=best-effort accepts): now the

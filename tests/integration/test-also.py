@@ -9,7 +9,8 @@ Pools grid (2), db (1), lic (members l1 l2 l3); lane e2e = grid + db + lic:2.
   SLOT_LIC_TOKEN/_INDEX/_MEMBER beside the chosen pool's variables; a nested run does not inherit them.
 - While db is held, an e2e request waits holding nothing (grid and lic stay free); a db request behind it
   waits behind it; when db frees, the set gets it, not the one-pool request.
-- Status lists the set's lease under each pool (slotctl status).
+- Status lists the set's lease under each pool (slotctl status), and the history has a row per pool with
+  the lease id.
 - A fail-fast set with db taken is refused busy, naming db.
 - The lease log carries the set across a restart of brokerd: after it, db and the licences stay held.
 
@@ -156,6 +157,16 @@ class Also(harness.BrokerTestCase):
         self.end("set")
         wait_for(lambda: self.started("d2"), 10, message="d2 after the set")
         self.end("d2")
+        # History: one row per pool of the set, linked by the lease id, each with that pool's token.
+        def rows():
+            got = [e for e in b.call("io.slotbroker.History", {})["events"] if e.get("lease") == lease["id"]]
+            return got if len({(e["pool"], e["decision"]) for e in got}) >= 6 else None
+        got = wait_for(rows, 10, message="the set's history rows")
+        granted = {e["pool"]: e for e in got if e["decision"] == "granted"}
+        self.assertEqual(sorted(granted), ["db", "grid", "lic"])
+        self.assertEqual(granted["db"]["token"], lease["also"][0]["token"])
+        self.assertEqual(granted["lic"]["token"], lease["also"][1]["token"])
+        self.assertEqual(sorted({e["pool"] for e in got if e["decision"] == "released"}), ["db", "grid", "lic"])
 
     def test_fail_fast_refusal_names_the_pool(self):
         b = self.broker(CONFIG, "busy")
