@@ -967,6 +967,10 @@ static int set_route(Engine *e, EngineRequest *r, const EngineLane *lane, usec_t
                                         .arrival = r->arrival,
                                         /* Labels and a member choose in the lane's own pool only. */
                                         .selector = i == 0 ? &(Selector) { .terms = r->terms, .member = r->member } : NULL,
+                                        /* A handed-over waiter goes back behind those resumed before it in
+                                         * every pool of its set: its place in each, as all are resumed in
+                                         * their old queue order; each with the budget it had (the set's). */
+                                        .resume = r->resume,
                                         .gated = true,
                                 },
                                 now);
@@ -1320,8 +1324,6 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
                         request_free(r);
                         return -ENOMEM;
                 }
-                /* A handed-over waiter of a set queues again in every pool, arrival kept (not at its place). */
-                back = NULL;
         }
         /* A resumed waiter goes back to its pool alone, where it stands in the queue; its pool gone from the
          * lane (or drained, or now too small) it is routed as a new request, arriving when it arrived. */
@@ -1367,6 +1369,7 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         } else if (r->parts) {
                 r->n_ref++; /* set_route() may finish it */
                 int k = set_route(e, r, lane, now);
+                r->resume = NULL; /* `resume` goes out of scope */
                 if (k < 0) {
                         list_unlink(&r->node);
                         request_free(r);

@@ -133,7 +133,9 @@ int engine_check_moves(Engine *e, const BrokerConfig *c, EngineMoveRefusal *ret)
  * is granted at once only if a fresh request would be (room, and nobody ahead); max-queue does not refuse it
  * (it was admitted before). A budget that ended meanwhile refuses it (timeout/shed, at its deadline) in the
  * first engine_run(). When its pool is gone from the lane, or drained, the request is routed as a fresh one
- * (its arrival kept). Times are monotonic µs of the same boot. */
+ * (its arrival kept). A waiter of an all-or-nothing set (also=) goes back into every pool of its set, behind
+ * those resumed before it in each, each part with the set's budget (the smallest, which the request had): its
+ * deadline is kept, and a refusal at it names the chosen pool. Times are monotonic µs of the same boot. */
 typedef struct EngineResume {
         const char *pool;         /* where it waited: engine_request_pool() */
         usec_t arrival;           /* engine_request_arrival() */

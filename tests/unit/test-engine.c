@@ -2191,6 +2191,123 @@ static void test_reload_removing_an_also_pool_refuses_its_waiters_and_keeps_hold
         assert_int_equal(engine_pool_count(f->engine), 1);
 }
 
+/* A restart that hands the waiters over (engine.h, EngineResume): resumed in their old queue order, a set
+ * keeps its place ahead of a one-pool waiter that came after it, in every pool of its set. */
+static void test_resumed_set_keeps_its_place_in_every_pool(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        pool_set_q(pool_add(f, "db", 1), S(20));
+        lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL), "db", 1);
+        lane_add(f, "db", LANE_POLICY_WAIT, "db", NULL);
+        lane_add(f, "p", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        Tag *q = acquire(f, "q", (Req) { .lane = "db" }, S(2));
+        Tag *g = acquire(f, "g", (Req) { .lane = "p" }, S(3));
+        assert_true(granted(d) && queued(s) && queued(q) && queued(g));
+
+        /* The new engine: d's lease restored, the waiters resumed as the old one had them. */
+        Engine *old = f->engine;
+        assert_int_equal(engine_new(fake_random, &f->rng, &f->engine), 0);
+        configure(f, S(4));
+        EngineLease *dl;
+        const unsigned *idx;
+        unsigned n = engine_lease_slots(d->lease, &idx, NULL);
+        assert_int_equal(engine_lease_restore(f->engine,
+                                              &(EngineLeaseRestore) { .pool = "db", .lane = "db", .slots = idx,
+                                                                      .n_slots = n, .token = engine_lease_token(d->lease),
+                                                                      .granted_at = 0, .expires_at = USEC_INFINITY,
+                                                                      .userdata = d },
+                                              &dl),
+                         0);
+        Tag *waiters[] = { s, q, g };
+        const char *lanes[] = { "set", "db", "p" };
+        for (size_t i = 0; i < ELEMENTSOF(waiters); i++) {
+                Tag *t = waiters[i];
+                EngineRequest *r = t->request;
+                EngineResume resume = {
+                        .pool = engine_request_pool(r),
+                        .arrival = engine_request_arrival(r),
+                        .state = engine_request_state(r),
+                        .idle = engine_request_idle(r),
+                        .budget = engine_request_budget(r),
+                };
+                t->request = NULL;
+                assert_int_equal(engine_acquire(f->engine,
+                                                &(EngineAcquire) { .lane = lanes[i], .slots = 1,
+                                                                   .max_wait = USEC_INFINITY, .userdata = t,
+                                                                   .resume = &resume },
+                                                S(4), &t->request),
+                                 0);
+                engine_request_unref(r);
+        }
+        engine_free(old);
+        d->lease = dl;
+        run(f, S(4));
+        assert_true(queued(s) && queued(q) && queued(g));
+        assert_int_equal(position_of(s), 0);
+        assert_int_equal(position_of(q), 1);
+        assert_int_equal(engine_request_arrival(s->request), S(1));
+        assert_int_equal(engine_request_budget(s->request), S(20));
+        end(f, d, S(5));
+        assert_true(granted(s));
+        assert_true(queued(q)); /* db went to the set, which was ahead of it */
+        assert_true(queued(g));
+        end(f, s, S(6));
+        assert_true(granted(q) && granted(g));
+}
+
+/* ... and its deadline: the budget it got when it first joined the queues, from its arrival. */
+static void test_resumed_set_keeps_its_deadline(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        pool_set_q(pool_add(f, "db", 1), S(20));
+        lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL), "db", 1);
+        lane_add(f, "db", LANE_POLICY_WAIT, "db", NULL);
+        configure(f, 0);
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        assert_true(queued(s));
+        Engine *old = f->engine;
+        assert_int_equal(engine_new(fake_random, &f->rng, &f->engine), 0);
+        configure(f, S(10));
+        EngineLease *dl;
+        const unsigned *idx;
+        unsigned n = engine_lease_slots(d->lease, &idx, NULL);
+        assert_int_equal(engine_lease_restore(f->engine,
+                                              &(EngineLeaseRestore) { .pool = "db", .lane = "db", .slots = idx,
+                                                                      .n_slots = n, .token = engine_lease_token(d->lease),
+                                                                      .expires_at = USEC_INFINITY, .userdata = d },
+                                              &dl),
+                         0);
+        EngineRequest *r = s->request;
+        EngineResume resume = {
+                .pool = engine_request_pool(r),
+                .arrival = engine_request_arrival(r),
+                .state = engine_request_state(r),
+                .idle = engine_request_idle(r),
+                .budget = engine_request_budget(r),
+        };
+        assert_int_equal(engine_acquire(f->engine,
+                                        &(EngineAcquire) { .lane = "set", .slots = 1, .max_wait = USEC_INFINITY,
+                                                           .userdata = s, .resume = &resume },
+                                        S(10), &s->request),
+                         0);
+        engine_request_unref(r);
+        engine_free(old);
+        d->lease = dl;
+        quiesce(f);
+        run(f, S(20));
+        assert_true(queued(s));
+        run(f, S(21));
+        assert_true(refused(s, REFUSAL_TIMEOUT));
+        assert_int_equal(s->final.at, S(21));
+        /* Every pool of the set got the set's budget back (the handover keeps one per waiter): the chosen
+         * pool's ends first. */
+        assert_string_equal(s->final.pool, "p");
+}
+
 static void test_random_sets_never_hold_part_or_a_slot_twice(void **state) {
         Fixture *f = *state;
         pool_add(f, "p", 2);
@@ -2359,6 +2476,8 @@ int main(void) {
                 T(test_cancelled_set_leaves_every_queue),
                 T(test_reload_removing_an_also_pool_refuses_its_waiters_and_keeps_holders),
                 T(test_random_sets_never_hold_part_or_a_slot_twice),
+                T(test_resumed_set_keeps_its_place_in_every_pool),
+                T(test_resumed_set_keeps_its_deadline),
 #endif
         };
         const char *skip = NULL;
