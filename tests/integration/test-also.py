@@ -13,6 +13,8 @@ Pools grid (2), db (1), lic (members l1 l2 l3); lane e2e = grid + db + lic:2.
   the lease id.
 - A fail-fast set with db taken is refused busy, naming db.
 - The lease log carries the set across a restart of brokerd: after it, db and the licences stay held.
+- A waiting set handed over through the fd store keeps its place: the one-pool waiter behind it in db
+  still does not get db first.
 
 Usage: test-also.py BROKERD SLOTCTL [unittest arguments]
 """
@@ -195,6 +197,25 @@ class Also(harness.BrokerTestCase):
         self.assertEqual(e.exception.error, "io.slotbroker.Busy")
         self.end("set")
         wait_for(lambda: self.in_use(b) == {"grid": 0, "db": 0, "lic": 0}, 10, message="the set to end")
+
+    def test_waiting_set_keeps_its_place_across_a_handover(self):
+        b = self.broker(CONFIG, "handover", mode="store")
+        self.running(b, "d", "db")
+        self.queued(b, "set", "e2e")
+        self.queued(b, "d2", "db")
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        self.assertEqual(b.store.names()[0], "sb-state")
+        b.start()
+        b.store.wait_for(lambda s: s.count() == 0, 10, "brokerd to flush the store")
+        self.assertEqual(self.in_use(b), {"grid": 0, "db": 1, "lic": 0})  # still nothing of the set held
+        self.end("d")
+        got = wait_for(lambda: self.started("set", "e2e"), 10, message="the set after the handover")
+        self.assertEqual(sorted(got), ["db", "grid", "lic"])
+        self.assertFalse(self.started("d2"), "the one-pool waiter behind the set took db after the handover")
+        self.assertNotIn("queued again", self.jobs["set"].stderr())
+        self.end("set")
+        wait_for(lambda: self.started("d2"), 10, message="d2 after the set")
+        self.end("d2")
 
 
 if __name__ == "__main__":
