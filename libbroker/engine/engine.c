@@ -99,7 +99,7 @@ struct EngineRequest {
         /* An all-or-nothing request (the lane has also=): its pools, the chosen one first; NULL otherwise. */
         RequestPart *parts;
         size_t n_parts;
-        ListNode set_node;       /* Engine.sets while it waits */
+        ListNode set_node;       /* Engine.sets while it waits and some pool said it is ready there */
 };
 
 struct EngineLease {
@@ -148,7 +148,7 @@ struct Engine {
 
         List leases;
         List requests;           /* routing or waiting: the engine holds a reference */
-        List sets;               /* all-or-nothing requests that wait (RequestPart) */
+        List sets;               /* waiting all-or-nothing requests a pool said READY for: to look at */
         Heap expiries;           /* leases with max-hold */
 
         /* Pool decisions are queued and handled after the pool call returns: a pool never sees the
@@ -820,6 +820,10 @@ static void set_absorb_pending(Engine *e, EngineRequest *r) {
                 if (!d->pool || d->cookie != r || d->verdict == POOL_VERDICT_LOST ||
                     d->verdict == POOL_VERDICT_CONGESTION)
                         continue;
+                if (d->verdict == POOL_VERDICT_READY) {
+                        d->pool = NULL; /* the request is decided now, or about to be */
+                        continue;
+                }
                 RequestPart *part = set_part(r, d->pool);
                 if (part)
                         set_part_record(r, part, d);
@@ -1023,7 +1027,6 @@ static int set_route(Engine *e, EngineRequest *r, const EngineLane *lane, usec_t
                 r->state = least->state;
                 r->idle = least->idle;
                 r->budget = least->budget;
-                list_append(&e->sets, &r->set_node);
                 event_push(e, &(EngineEvent) {
                         .type = ENGINE_EVENT_QUEUED,
                         .at = now,
@@ -1042,26 +1045,24 @@ static int set_route(Engine *e, EngineRequest *r, const EngineLane *lane, usec_t
 }
 
 /* Grants the waiting sets that every pool of theirs is ready for, and lets each pool hand on what is left
- * (SPEC §3.3, step 3). One set granted can make another ready: again until none is. */
+ * (SPEC §3.3, step 3). Only sets a pool said READY for are looked at: a pool says so for each gated waiter it
+ * stops at whenever it runs, so a set ready everywhere is said ready by all its pools in the same instant. A
+ * set granted lets its pools go on, which may say READY for another: again until none is left. */
 static void sets_settle(Engine *e, usec_t t) {
-        bool again = true;
-        while (again) {
-                again = false;
-                list_foreach(n, &e->sets) {
-                        EngineRequest *r = container_of(n, EngineRequest, set_node);
-                        if (!set_is_ready(r))
-                                continue;
-                        size_t n_parts = r->n_parts;
-                        Pool *pools[1 + CONF_LANE_ALSO_MAX];
-                        for (size_t i = 0; i < n_parts; i++)
-                                pools[i] = r->parts[i].pool;
-                        set_grant(e, r, t);
-                        for (size_t i = 0; i < n_parts; i++)
-                                pools[i]->ops->run(pools[i], t);
-                        process_decisions(e);
-                        again = true;
-                        break;
-                }
+        ListNode *n;
+        while ((n = list_first(&e->sets))) {
+                EngineRequest *r = container_of(n, EngineRequest, set_node);
+                list_unlink(n);
+                if (r->phase != REQUEST_WAITING || !set_is_ready(r))
+                        continue;
+                size_t n_parts = r->n_parts;
+                Pool *pools[1 + CONF_LANE_ALSO_MAX];
+                for (size_t i = 0; i < n_parts; i++)
+                        pools[i] = r->parts[i].pool;
+                set_grant(e, r, t);
+                for (size_t i = 0; i < n_parts; i++)
+                        pools[i]->ops->run(pools[i], t);
+                process_decisions(e);
         }
 }
 
@@ -1071,6 +1072,12 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
         if (r && r->parts && (d->verdict == POOL_VERDICT_GRANTED || d->verdict == POOL_VERDICT_QUEUED ||
                               d->verdict == POOL_VERDICT_REFUSED)) {
                 set_handle_decision(e, r, d);
+                return;
+        }
+        if (d->verdict == POOL_VERDICT_READY) {
+                /* sets_settle() looks at it (once however many of its pools said so). */
+                if (r && r->parts && r->phase == REQUEST_WAITING && !list_node_is_linked(&r->set_node))
+                        list_append(&e->sets, &r->set_node);
                 return;
         }
 

@@ -621,8 +621,14 @@ static Verdict member_verdict(const LocalPool *p, const LocalLane *l, unsigned s
  * (an all-or-nothing set's) that could be granted is not: it sets aside the members it could use, as one
  * that cannot be granted yet does. With `target`, the walk answers for it alone: it, if it could be granted
  * (gated or not), else NULL. */
+static void waiter_say_ready(const LocalPool *p, const PoolWaiter *w, usec_t now) {
+        Pool *base = (Pool *) &p->base; /* an emit changes nothing in the pool */
+        pool_emit(base, &(PoolDecision) { .verdict = POOL_VERDICT_READY, .pool = base, .cookie = w->cookie, .at = now });
+}
+
+/* ready_at: not USEC_INFINITY: each gated waiter it sets aside as one that could be granted is said READY. */
 static PoolWaiter *queue_walk(const LocalPool *p, uint64_t *avail, uint64_t *usable, size_t words,
-                              const PoolWaiter *target) {
+                              const PoolWaiter *target, usec_t ready_at) {
         RankNode *n;
         for (size_t i = 0; (n = rank_tree_nth(&p->heads, i)); i++) {
                 bool any = false;
@@ -638,9 +644,12 @@ static PoolWaiter *queue_walk(const LocalPool *p, uint64_t *avail, uint64_t *usa
                         return grantable ? head : NULL;
                 if (grantable && !target && !head->gated)
                         return head;
-                if (grantable)
+                if (grantable) {
                         for (size_t w = 0; w < words; w++)
                                 avail[w] &= ~usable[w];
+                        if (ready_at != USEC_INFINITY)
+                                waiter_say_ready(p, head, ready_at);
+                }
         }
         return NULL;
 }
@@ -749,10 +758,12 @@ static void dispatch(LocalPool *p, usec_t now) {
                                        !(usable = calloc(words, sizeof(uint64_t)))))
                                 return; /* out of memory: the next instant tries again */
                         free_members(p, avail, words);
-                        w = queue_walk(p, avail, usable, words, NULL);
+                        w = queue_walk(p, avail, usable, words, NULL, now);
                 } else
                         w = queue_next(p, INT32_MIN, &v);
                 /* A gated waiter first in line holds back those behind it: the engine grants it, or not. */
+                if (w && v == VERDICT_GRANTABLE && w->gated)
+                        waiter_say_ready(p, w, now);
                 if (!w || v != VERDICT_GRANTABLE || w->gated)
                         return;
                 waiter_unlink(p, w);
@@ -1027,7 +1038,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 if (!avail || !usable)
                         return -ENOMEM;
                 free_members(p, avail, words);
-                room = !queue_walk(p, avail, usable, words, NULL) &&
+                room = !queue_walk(p, avail, usable, words, NULL, USEC_INFINITY) &&
                        member_verdict(p, l, t->slots, mask, avail, usable, words) == VERDICT_GRANTABLE;
                 if (room && !t->gated)
                         return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL, usable);
@@ -1248,7 +1259,7 @@ static bool waiter_ready(const LocalPool *p, const PoolWaiter *w, uint64_t *avai
                 return false;
         if (*ret_walked) {
                 free_members(p, avail, words);
-                return queue_walk(p, avail, usable, words, w) == w;
+                return queue_walk(p, avail, usable, words, w, USEC_INFINITY) == w;
         }
         Verdict v;
         return queue_next(p, INT32_MIN, &v) == w && v == VERDICT_GRANTABLE;

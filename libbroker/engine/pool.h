@@ -76,6 +76,9 @@ typedef enum PoolVerdict {
          * restart conflicted or came too late) or will before long (the self-fence deadline). The engine
          * revokes the lease; its slots count as held here until engine_lease_release(). */
         POOL_VERDICT_LOST,
+        /* A gated waiter (PoolTry.gated) could be granted here now (ready()): said by run() whenever it stops
+         * at one, so that the engine looks only at the sets some pool is ready for. Not final. */
+        POOL_VERDICT_READY,
         _POOL_VERDICT_MAX,
         _POOL_VERDICT_INVALID = -EINVAL,
 } PoolVerdict;
