@@ -130,12 +130,17 @@ static void print_waiters(json_t *waiters, const char *name) {
         json_t *v;
 
         json_array_foreach(waiters, i, v) {
-                if (!streq_ptr(string_member(v, "pool"), name))
+                /* A set's waiter (also=) is listed under each pool it waits in, with the furthest place. */
+                bool in_set = false;
+                size_t k;
+                json_t *p, *also = json_object_get(v, "also");
+                json_array_foreach(also, k, p)
+                        in_set = in_set || streq_ptr(json_string_value(p), name);
+                if (!in_set && !streq_ptr(string_member(v, "pool"), name))
                         continue;
                 char job[JOB_COLUMN_MAX + 8], waited[CLI_DURATION_MAX], budget[CLI_DURATION_MAX];
                 /* What it asks of the members (SPEC §3.5): why it may wait while a member is free. */
                 char wants[512] = "";
-                size_t k;
                 json_t *label, *labels = json_object_get(v, "labels");
                 json_array_foreach(labels, k, label)
                         if (json_is_string(label))
@@ -146,6 +151,15 @@ static void print_waiters(json_t *waiters, const char *name) {
                                  string_member(v, "member"));
                 if (*wants)
                         snprintf(wants + strlen(wants), sizeof wants - strlen(wants), ")");
+                if (json_array_size(also) > 0) {
+                        snprintf(wants + strlen(wants), sizeof wants - strlen(wants), " (all of %s",
+                                 string_member(v, "pool") ?: "?");
+                        json_array_foreach(also, k, p)
+                                if (json_is_string(p))
+                                        snprintf(wants + strlen(wants), sizeof wants - strlen(wants), " %s",
+                                                 json_string_value(p));
+                        snprintf(wants + strlen(wants), sizeof wants - strlen(wants), ")");
+                }
                 if (!header) {
                         printf("  %-8s %-10s %-5s %-6s %-8s %-8s %-10s %s\n", "PLACE", "LANE", "SLOTS", "UID", "PID", "WAITED",
                                "BUDGET", "JOB");

@@ -347,6 +347,14 @@ const char *engine_request_pool(const EngineRequest *r) {
         return r && r->pool ? r->pool->name : NULL;
 }
 
+size_t engine_request_also_count(const EngineRequest *r) {
+        return r && r->parts && r->phase == REQUEST_WAITING ? r->n_parts - 1 : 0;
+}
+
+const char *engine_request_also_pool(const EngineRequest *r, size_t i) {
+        return i < engine_request_also_count(r) ? r->parts[i + 1].pool->name : NULL;
+}
+
 static int request_try_next(Engine *e, EngineRequest *r, usec_t now) {
         Pool *p = r->route[r->next_route++];
         bool last = r->next_route == r->n_route;

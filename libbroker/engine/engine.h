@@ -192,6 +192,11 @@ QueueState engine_request_state(const EngineRequest *r);
 /* The pool's idle time when it joined the queue (0 when not queued). */
 usec_t engine_request_idle(const EngineRequest *r);
 const char *engine_request_pool(const EngineRequest *r);
+/* An all-or-nothing request (a lane with also=, SPEC §3.5): the further pools it waits in beside
+ * engine_request_pool() (0 for others, or once it is decided), and the i-th's name (NULL out of range). Its
+ * position (engine_request_position()) is the furthest of its places, its budget the smallest. */
+size_t engine_request_also_count(const EngineRequest *r);
+const char *engine_request_also_pool(const EngineRequest *r, size_t i);
 /* A waiting request's name in the backend of its pool (a shared pool's rid), or NULL (an in-process pool,
  * or not waiting). Valid until the request's next event. */
 const char *engine_request_remote_id(const EngineRequest *r);

@@ -140,6 +140,17 @@ class Also(harness.BrokerTestCase):
         self.queued(b, "d2", "db")
         # Nothing of the set is held while it waits.
         self.assertEqual(self.in_use(b), {"grid": 0, "db": 1, "lic": 0})
+        # Status: the set waits in every pool of its set (first in each: d holds db, nobody waits before it),
+        # and slotctl status lists it under each.
+        waiters = {w["job"]: w for w in b.status()["waiters"]}
+        self.assertEqual(waiters["set"]["pool"], "grid")
+        self.assertEqual(waiters["set"]["also"], ["db", "lic"])
+        self.assertEqual(waiters["set"]["position"], 1)
+        self.assertEqual(waiters["d2"]["position"], 2)
+        self.assertNotIn("also", waiters["d2"])
+        text = subprocess.run([SLOTCTL, "status", "--socket", b.socket_path], capture_output=True,
+                              text=True).stdout
+        self.assertEqual(text.count("(all of grid db lic)"), 3, text)
         self.end("d")
         got = wait_for(lambda: self.started("set", "e2e"), 10, message="the set")
         self.assertEqual(sorted(got), ["db", "grid", "lic"])

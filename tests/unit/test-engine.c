@@ -2072,6 +2072,10 @@ static void test_set_position_is_the_furthest_of_its_places(void **state) {
         assert_int_equal(engine_request_position(s->request, &pos, &queued_n), 0);
         assert_int_equal(pos, 2);
         assert_int_equal(queued_n, 3);
+        assert_string_equal(engine_request_pool(s->request), "p");
+        assert_int_equal(engine_request_also_count(s->request), 1);
+        assert_string_equal(engine_request_also_pool(s->request, 0), "db");
+        assert_null(engine_request_also_pool(s->request, 1));
         end(f, d, S(2));
         assert_int_equal(position_of(s), 1);
 }
