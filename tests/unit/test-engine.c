@@ -2312,6 +2312,44 @@ static void test_resumed_set_keeps_its_deadline(void **state) {
         assert_string_equal(s->final.pool, "p");
 }
 
+/* A restart restores a set's lease whole (the lease log's "also"): its also= pool's slots are held again, and
+ * end with the lease. A share that cannot be held is refused, leaving the lease as it was. */
+static void test_restored_set_lease_holds_every_pool(void **state) {
+        Fixture *f = *state;
+        set_pools(f, 1, 2);
+        EngineLease *l;
+        unsigned slot0 = 0, slot1 = 1;
+        assert_int_equal(engine_lease_restore(f->engine,
+                                              &(EngineLeaseRestore) { .pool = "p", .lane = "set", .slots = &slot0,
+                                                                      .n_slots = 1, .token = 5,
+                                                                      .expires_at = USEC_INFINITY },
+                                              &l),
+                         0);
+        const EngineLeaseRestore db = { .pool = "db", .slots = &slot1, .n_slots = 1, .token = 9,
+                                        .expires_at = USEC_INFINITY };
+        assert_int_equal(engine_lease_restore_also(l, &db), 0);
+        assert_int_equal(engine_lease_restore_also(l, &db), -EINVAL); /* db is the lease's already */
+        assert_int_equal(engine_lease_restore_also(l, &(EngineLeaseRestore) { .pool = "p", .slots = &slot0,
+                                                                              .n_slots = 1, .token = 6 }),
+                         -EINVAL);
+        assert_int_equal(engine_lease_also_count(l), 1);
+        EngineLeaseAlso a;
+        assert_int_equal(engine_lease_also(l, 0, &a), 0);
+        assert_int_equal(a.token, 9);
+        assert_int_equal(a.slots[0], 1);
+        assert_int_equal(pool_in_use(f, 0), 1);
+        assert_int_equal(pool_in_use(f, 1), 1);
+        /* Tokens go on above the restored ones. */
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, S(1));
+        assert_true(granted(d));
+        assert_true(engine_lease_token(d->lease) > 9);
+        assert_int_equal(pool_in_use(f, 1), 2);
+        engine_lease_release(l, S(2));
+        run(f, S(2));
+        assert_int_equal(pool_in_use(f, 0), 0);
+        assert_int_equal(pool_in_use(f, 1), 1);
+}
+
 static void test_random_sets_never_hold_part_or_a_slot_twice(void **state) {
         Fixture *f = *state;
         pool_add(f, "p", 2);
@@ -2482,6 +2520,7 @@ int main(void) {
                 T(test_random_sets_never_hold_part_or_a_slot_twice),
                 T(test_resumed_set_keeps_its_place_in_every_pool),
                 T(test_resumed_set_keeps_its_deadline),
+                T(test_restored_set_lease_holds_every_pool),
 #endif
         };
         const char *skip = NULL;
