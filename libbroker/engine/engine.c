@@ -1765,6 +1765,10 @@ static int lanes_build(Engine *e, const BrokerConfig *c, Pool **pools, size_t n_
                         }
                         l->pools[l->n_pools++] = p;
                 }
+                if (lc->n_also > CONF_LANE_ALSO_MAX) {
+                        lanes_free(lanes, c->n_lanes);
+                        return -EINVAL; /* conf_set() lets no more through; sets_settle() counts on it */
+                }
                 if (lc->n_also > 0) {
                         l->also = calloc(lc->n_also, sizeof(Pool *));
                         l->also_slots = calloc(lc->n_also, sizeof(unsigned));

@@ -1267,6 +1267,10 @@ static bool waiter_ready(const LocalPool *p, const PoolWaiter *w, uint64_t *avai
 
 static bool local_ready(const Pool *base, const PoolWaiter *w) {
         const LocalPool *p = POOL(base);
+        if (p->n_selective == 0 && !p->base.drained && !p->base.retired) {
+                Verdict v; /* no member sets to walk: nothing to allocate */
+                return queue_next(p, INT32_MIN, &v) == w && v == VERDICT_GRANTABLE;
+        }
         size_t words = member_set_words(p->base.limit);
         _cleanup_free_ uint64_t *avail = calloc(words, sizeof(uint64_t)), *usable = calloc(words, sizeof(uint64_t));
         bool walked;
