@@ -13,6 +13,8 @@ Pools grid (2), db (1), lic (members l1 l2 l3); lane e2e = grid + db + lic:2.
   the lease id.
 - A fail-fast set with db taken is refused busy, naming db.
 - The lease log carries the set across a restart of brokerd: after it, db and the licences stay held.
+- `brokerd --check-config` shows also= and refuses a set naming the lane's own pool, an unknown pool, K
+  above a pool's limit, a shared pool among local ones, a pool twice (file:line, key, the lane).
 - A waiting set handed over through the fd store keeps its place: the one-pool waiter behind it in db
   still does not get db first.
 
@@ -227,6 +229,27 @@ class Also(harness.BrokerTestCase):
         self.end("set")
         wait_for(lambda: self.started("d2"), 10, message="d2 after the set")
         self.end("d2")
+
+    def test_check_config_refuses_bad_sets_naming_the_lane(self):
+        b = harness.Broker(CONFIG, name="check")
+        self.addCleanup(b.cleanup)
+        out = b.check_config()
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("also=db:1 lic:2", out.stdout.splitlines())
+        bad = CONFIG + ("\n[pool shared]\nlimit = 1\nbackend = redis://127.0.0.1:1/0\n"
+                        "\n[lane x]\npools = grid\nalso = grid nosuch db:2 shared\n")
+        b.write_config(bad)
+        out = b.check_config()
+        self.assertNotEqual(out.returncode, 0)
+        line = bad.splitlines().index("also = grid nosuch db:2 shared") + 1
+        where = f"{b.config_path}:{line}: also: lane x"
+        for what in ("names its own pool grid", "names pool nosuch, which is not defined",
+                     "takes 2 slots of pool db, which has 1", "mixes shared (backend=) and local pools"):
+            self.assertIn(f"{where} {what}", out.stderr)
+        b.write_config(CONFIG + "\n[lane y]\npools = grid\nalso = db db\n")
+        out = b.check_config()
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("also: pool \"db\" is listed twice", out.stderr)
 
 
 if __name__ == "__main__":
