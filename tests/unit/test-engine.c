@@ -2350,6 +2350,42 @@ static void test_restored_set_lease_holds_every_pool(void **state) {
         assert_int_equal(pool_in_use(f, 1), 1);
 }
 
+/* Both pools of a set hand out members per waiter (a labelled waiter waits in each): the set is granted when
+ * the last of its members frees, though no pool grants it by itself. */
+static void test_set_over_two_member_pools_with_labelled_waiters(void **state) {
+        Fixture *f = *state;
+        PoolConfig *a = pool_add(f, "a", 0), *b = pool_add(f, "b", 0);
+        pool_set_members(a, MEMBERS("a1", "a2"));
+        pool_set_members(b, MEMBERS("b1", "b2"));
+        pool_label(a, "x", TERMS("a1"));
+        pool_label(b, "x", TERMS("b1"));
+        lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "a", NULL), "b", 1);
+        lane_add(f, "la", LANE_POLICY_WAIT, "a", NULL);
+        lane_add(f, "lb", LANE_POLICY_WAIT, "b", NULL);
+        configure(f, 0);
+        Tag *ha1 = acquire(f, "ha1", (Req) { .lane = "la", .member = "a1" }, 0);
+        Tag *ha2 = acquire(f, "ha2", (Req) { .lane = "la", .member = "a2" }, 0);
+        Tag *hb1 = acquire(f, "hb1", (Req) { .lane = "lb", .member = "b1" }, 0);
+        Tag *hb2 = acquire(f, "hb2", (Req) { .lane = "lb", .member = "b2" }, 0);
+        Tag *wa = acquire(f, "wa", (Req) { .lane = "la", .labels = TERMS("x") }, S(1)); /* waits for a1 */
+        Tag *wb = acquire(f, "wb", (Req) { .lane = "lb", .labels = TERMS("x") }, S(1)); /* waits for b1 */
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(2));
+        assert_true(queued(wa) && queued(wb) && queued(s));
+        end(f, ha2, S(3)); /* a2: the set could have it, but not b2 yet */
+        assert_true(queued(s));
+        assert_int_equal(pool_in_use(f, 0), 1);
+        end(f, hb2, S(4));
+        assert_true(granted(s));
+        assert_string_equal(member_of(s), "a2");
+        EngineLeaseAlso also;
+        assert_int_equal(engine_lease_also(s->lease, 0, &also), 0);
+        assert_string_equal(also.members[0], "b2");
+        assert_true(queued(wa) && queued(wb));
+        end(f, ha1, S(5));
+        end(f, hb1, S(5));
+        assert_true(granted(wa) && granted(wb));
+}
+
 static void test_random_sets_never_hold_part_or_a_slot_twice(void **state) {
         Fixture *f = *state;
         pool_add(f, "p", 2);
@@ -2364,8 +2400,11 @@ static void test_random_sets_never_hold_part_or_a_slot_twice(void **state) {
         s2->priority = 3;
         lane_add(f, "p", LANE_POLICY_WAIT, "p", NULL);
         lane_add(f, "lic", LANE_POLICY_WAIT, "lic", NULL);
+        /* A labelled lane makes lic hand out members per waiter (queue_walk()) while it waits. */
+        pool_label(lic, "fast", TERMS("l1", "l2"));
+        lane_add(f, "licf", LANE_POLICY_WAIT, "lic", NULL)->labels = strv_copy((char *const *) TERMS("fast"));
         configure(f, 0);
-        static const char *const lanes[] = { "s1", "s2", "p", "lic" };
+        static const char *const lanes[] = { "s1", "s2", "p", "lic", "licf" };
         uint64_t rs = 7;
         usec_t now = 0;
         for (int i = 0; i < 3000 && f->n_tags < ELEMENTSOF(f->tags); i++) {
@@ -2380,7 +2419,7 @@ static void test_random_sets_never_hold_part_or_a_slot_twice(void **state) {
                         Tag *t = &f->tags[f->n_tags];
                         snprintf(t->name, sizeof t->name, "R%zu", f->n_tags);
                         assert_int_equal(engine_acquire(f->engine,
-                                                        &(EngineAcquire) { .lane = lanes[fake_random(&rs) % 4],
+                                                        &(EngineAcquire) { .lane = lanes[fake_random(&rs) % 5],
                                                                            .slots = 1, .max_wait = MS(300),
                                                                            .userdata = t },
                                                         now, &t->request),
@@ -2413,6 +2452,22 @@ static void test_random_sets_never_hold_part_or_a_slot_twice(void **state) {
                 for (size_t j = 0; j < 3; j++) {
                         assert_int_equal(pool_in_use(f, j), held[j]);
                         assert_true(held[j] <= limits[j]);
+                }
+                /* Never left waiting when first in every queue of its set with room in each (no limits here). */
+                for (size_t k = 0; k < f->n_tags; k++) {
+                        EngineRequest *r = f->tags[k].request;
+                        size_t pos;
+                        if (!engine_request_is_waiting(r) || engine_request_also_count(r) == 0 ||
+                            engine_request_position(r, &pos, NULL) < 0 || pos > 0)
+                                continue;
+                        bool room = true;
+                        for (size_t j = 0; j <= engine_request_also_count(r); j++) {
+                                const char *pool = j == 0 ? engine_request_pool(r) : engine_request_also_pool(r, j - 1);
+                                size_t ix = streq(pool, "p") ? 0 : streq(pool, "db") ? 1 : 2;
+                                unsigned want = streq(pool, "lic") ? 2 : 1;
+                                room = room && limits[ix] - held[ix] >= want;
+                        }
+                        assert_false(room);
                 }
         }
         /* Every set request was answered or still waits; none stays waiting with room in all its pools. */
@@ -2521,6 +2576,7 @@ int main(void) {
                 T(test_resumed_set_keeps_its_place_in_every_pool),
                 T(test_resumed_set_keeps_its_deadline),
                 T(test_restored_set_lease_holds_every_pool),
+                T(test_set_over_two_member_pools_with_labelled_waiters),
 #endif
         };
         const char *skip = NULL;
