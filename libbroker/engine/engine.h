@@ -166,7 +166,10 @@ typedef struct EngineAcquire {
 } EngineAcquire;
 
 /* Routes a request: the first of the lane's pools with room grants it; otherwise a fail-fast lane
- * refuses, a waiting lane queues on its last pool. The outcome arrives as events (perhaps already
+ * refuses, a waiting lane queues on its last pool. A lane with also= (SPEC §3.5) does the same with the
+ * lane's pool and every also= pool together: granted when all have room at once (one lease, a token per pool:
+ * engine_lease_also()), else refused naming a pool that had none, or queued in all of them (holding none)
+ * until each is ready for it; a refusal while it waits (a budget, a drain, a removal) names its pool. The outcome arrives as events (perhaps already
  * queued when this returns). Returns 0 and a reference to the request, -ENOENT for an unknown lane,
  * -EINVAL when no pool of the lane has `slots` slots its labels and member allow (or they are not valid),
  * -ENOMEM. */
