@@ -216,6 +216,8 @@ static void journal_decision(Audit *a, const AuditRecord *r, int k) {
                 field(&f, "SLOT_REASON=%s", r->reason);
         if (r->selector)
                 field(&f, "SLOT_SELECTOR=%s", r->selector);
+        if (r->also)
+                field(&f, "SLOT_ALSO=%s", r->also);
         journal_send(a, &f);
 }
 

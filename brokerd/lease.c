@@ -113,6 +113,24 @@ AuditRecord lease_audit_record(const Lease *l, const char *decision) {
         return r;
 }
 
+const char *lease_also_text(const Lease *l, char *buf, size_t size) {
+        size_t n = engine_lease_also_count(l->engine_lease), used = 0;
+        if (n == 0 || size == 0)
+                return NULL;
+        buf[0] = 0;
+        for (size_t i = 0; i < n; i++) {
+                EngineLeaseAlso a;
+                if (engine_lease_also(l->engine_lease, i, &a) < 0)
+                        continue;
+                int k = snprintf(buf + used, size - used, "%s%s:%" PRIu64, used > 0 ? " " : "", a.pool, a.token);
+                if (k < 0 || (size_t) k >= size - used)
+                        break; /* cut at a whole pool: the history rows have them all */
+                used += (size_t) k;
+        }
+        buf[used] = 0;
+        return buf;
+}
+
 void lease_audit_shares(const Lease *l, const AuditRecord *r) {
         size_t n = engine_lease_also_count(l->engine_lease);
         for (size_t i = 0; i < n && l->table->audit; i++) {
@@ -123,6 +141,7 @@ void lease_audit_shares(const Lease *l, const AuditRecord *r) {
                 s.pool = a.pool;
                 s.token = a.token;
                 s.selector = NULL; /* labels and a member choose in the lease's own pool only */
+                s.also = NULL;
                 audit_decision_share(l->table->audit, &s);
         }
 }
@@ -131,8 +150,10 @@ void lease_audit_shares(const Lease *l, const AuditRecord *r) {
  * an all-or-nothing lease. */
 static void lease_audit(const Lease *l, const char *decision, const char *reason) {
         AuditRecord r = lease_audit_record(l, decision);
+        char also[LEASE_ALSO_TEXT_MAX];
         r.hold = usec_sub_unsigned(now_of(l->table, CLOCK_MONOTONIC), l->granted_mono);
         r.reason = reason;
+        r.also = lease_also_text(l, also, sizeof also);
         if (l->table->audit) {
                 audit_decision(l->table->audit, &r);
                 lease_audit_shares(l, &r);
