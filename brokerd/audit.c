@@ -216,6 +216,8 @@ static void journal_decision(Audit *a, const AuditRecord *r, int k) {
                 field(&f, "SLOT_REASON=%s", r->reason);
         if (r->selector)
                 field(&f, "SLOT_SELECTOR=%s", r->selector);
+        if (r->also)
+                field(&f, "SLOT_ALSO=%s", r->also);
         journal_send(a, &f);
 }
 
@@ -278,6 +280,15 @@ void audit_decision(Audit *a, const AuditRecord *r) {
                 return;
         if (audit_admit(a, k, now_monotonic()))
                 journal_decision(a, r, k);
+}
+
+void audit_decision_share(Audit *a, const AuditRecord *r) {
+        if (decision_index(r->decision) < 0)
+                return;
+        if (a->metrics)
+                metrics_record(a->metrics, r);
+        if (a->history)
+                history_append(a->history, r, now_realtime());
 }
 
 void audit_congestion(Audit *a, const char *pool, bool congested, usec_t idle) {

@@ -50,6 +50,9 @@ void audit_set_level(Audit *a, AuditLevel level);
 void audit_tick(Audit *a);
 
 void audit_decision(Audit *a, const AuditRecord *r);
+/* The same decision about a further pool of an all-or-nothing lease (SPEC §3.5, also=): its own history row
+ * (linked by the lease id) and metrics, no journal entry of its own (the lease's says it once). */
+void audit_decision_share(Audit *a, const AuditRecord *r);
 /* The congested gauge of a pool changed. */
 void audit_congestion(Audit *a, const char *pool, bool congested, usec_t idle);
 /* A reload applied (ok) or rejected (first error). */

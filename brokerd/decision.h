@@ -29,6 +29,9 @@ typedef struct AuditRecord {
         /* What the request asked of the members (SPEC §3.5), as selector_canon() writes it: its labels, then
          * "@MEMBER" ("arm64 !flaky @rig-c"); NULL: nothing. */
         const char *selector;
+        /* An all-or-nothing lease's further pools with their tokens (SPEC §3.5, also=): "db:12 lic:99";
+         * NULL: none. The journal's SLOT_ALSO= (each pool has its own history row). */
+        const char *also;
 } AuditRecord;
 
 #define AUDIT_RECORD_INIT                                                                                   \

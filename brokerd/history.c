@@ -35,6 +35,12 @@ void history_lease_row_done(HistoryLeaseRow *row) {
         free(row->backend.user);
         free(row->backend.password_file);
         free(row->backend.sentinel_password_file);
+        for (size_t i = 0; i < row->n_also; i++) {
+                free(row->also[i].pool);
+                free(row->also[i].slots);
+                history_members_free(row->also[i].members, row->also[i].n_slots);
+        }
+        free(row->also);
         *row = (HistoryLeaseRow) {};
 }
 

@@ -52,7 +52,19 @@ typedef struct HistoryLeaseRow {
         usec_t expires_at;        /* realtime µs; USEC_INFINITY: no max-hold */
         char *remote_id;          /* a shared pool's name for the lease ("NODE:RID"), or NULL: local */
         HistoryLeaseBackend backend; /* a shared lease's: where it was granted (lease log only) */
+        /* An all-or-nothing lease's further pools (SPEC §3.5, also=; lease log only), in the lane's order. */
+        struct HistoryLeaseAlso *also;
+        size_t n_also;
 } HistoryLeaseRow;
+
+/* One also= pool's share of a lease. */
+typedef struct HistoryLeaseAlso {
+        char *pool;
+        unsigned *slots;
+        unsigned n_slots;
+        char **members;           /* n_slots names (an entry may be NULL), or NULL */
+        uint64_t token;
+} HistoryLeaseAlso;
 
 void history_lease_row_done(HistoryLeaseRow *row);
 /* Frees what history_load_leases() returned. */

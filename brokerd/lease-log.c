@@ -218,6 +218,30 @@ static int line_lease(Buffer *b, const HistoryLeaseRow *row) {
                 r = r ?: buffer_puts(b, ",\"remote\":");
                 r = r ?: buffer_put_string(b, row->remote_id);
         }
+        if (row->n_also > 0) {
+                /* An all-or-nothing lease's further pools (SPEC §3.5): restored with it, or not at all. */
+                r = r ?: buffer_puts(b, ",\"also\":[");
+                for (size_t i = 0; r == 0 && i < row->n_also; i++) {
+                        const HistoryLeaseAlso *a = row->also + i;
+                        r = i ? buffer_puts(b, ",") : 0;
+                        r = r ?: buffer_puts(b, "{\"pool\":") ?: buffer_put_string(b, a->pool);
+                        r = r ?: buffer_put_field_u64(b, ",\"token\":", a->token);
+                        r = r ?: buffer_puts(b, ",\"slots\":[");
+                        for (unsigned k = 0; r == 0 && k < a->n_slots; k++)
+                                r = (k ? buffer_puts(b, ",") : 0) ?: buffer_put_u64(b, a->slots[k]);
+                        r = r ?: buffer_puts(b, "]");
+                        if (a->members) {
+                                r = r ?: buffer_puts(b, ",\"members\":[");
+                                for (unsigned k = 0; r == 0 && k < a->n_slots; k++) {
+                                        r = k ? buffer_puts(b, ",") : 0;
+                                        r = r ?: a->members[k] ? buffer_put_string(b, a->members[k]) : buffer_puts(b, "null");
+                                }
+                                r = r ?: buffer_puts(b, "]");
+                        }
+                        r = r ?: buffer_puts(b, "}");
+                }
+                r = r ?: buffer_puts(b, "]");
+        }
         if (row->remote_id && row->backend.url) {
                 const HistoryLeaseBackend *k = &row->backend;
                 r = r ?: buffer_puts(b, ",\"backend\":{\"url\":") ?: buffer_put_string(b, k->url);
@@ -387,6 +411,8 @@ static int reader_add(Reader *rd, HistoryLeaseRow *row) {
 
         reader_forget(rd, row->id); /* a lease written again (a snapshot) replaces its old line */
         r = marks_raise(&rd->marks, &rd->n_marks, row->pool, row->token + 1);
+        for (size_t i = 0; r == 0 && i < row->n_also; i++)
+                r = marks_raise(&rd->marks, &rd->n_marks, row->also[i].pool, row->also[i].token + 1);
         if (r == 0 && rd->n_leases == rd->allocated)
                 r = reader_leases_grow(rd);
         if (r == 0 && (rd->n_leases + 1) * 2 > rd->index_size)
@@ -410,6 +436,65 @@ static void reader_reset(Reader *rd) {
 
 static char *json_strdup(const json_t *v) {
         return json_is_string(v) ? strdup(json_string_value(v)) : NULL;
+}
+
+#define LEASE_LOG_ALSO_MAX 64
+
+/* Slots (and members, one per slot or absent) of a lease record, as checked. */
+static int slots_from_json(const json_t *slots, const json_t *members, unsigned **ret_slots, unsigned *ret_n,
+                           char ***ret_members) {
+        if (!json_is_array(slots) || json_array_size(slots) == 0 || json_array_size(slots) > UINT_MAX ||
+            (members && (!json_is_array(members) || json_array_size(members) != json_array_size(slots))))
+                return -EBADMSG;
+        unsigned n = (unsigned) json_array_size(slots);
+        *ret_n = n;
+        *ret_slots = calloc(n, sizeof(unsigned));
+        if (!*ret_slots)
+                return -ENOMEM;
+        for (unsigned i = 0; i < n; i++) {
+                json_t *v = json_array_get(slots, i);
+                if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > UINT_MAX)
+                        return -EBADMSG;
+                (*ret_slots)[i] = (unsigned) json_integer_value(v);
+        }
+        if (members) {
+                *ret_members = calloc(n, sizeof(char *));
+                if (!*ret_members)
+                        return -ENOMEM;
+                for (unsigned i = 0; i < n; i++) {
+                        json_t *v = json_array_get(members, i);
+                        if (json_is_null(v))
+                                continue;
+                        if (!((*ret_members)[i] = json_strdup(v)))
+                                return json_is_string(v) ? -ENOMEM : -EBADMSG;
+                }
+        }
+        return 0;
+}
+
+/* "also": an all-or-nothing lease's further pools. Anything malformed is damage: the whole line is. */
+static int row_also_from_json(const json_t *also, HistoryLeaseRow *row) {
+        if (!json_is_array(also) || json_array_size(also) == 0 || json_array_size(also) > LEASE_LOG_ALSO_MAX)
+                return -EBADMSG;
+        size_t n = json_array_size(also);
+        row->also = calloc(n, sizeof(HistoryLeaseAlso));
+        if (!row->also)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                const json_t *a = json_array_get(also, i);
+                HistoryLeaseAlso *h = row->also + row->n_also++;
+                if (!json_is_object(a) || !json_is_string(json_object_get(a, "pool")) ||
+                    !json_is_integer(json_object_get(a, "token")) || json_integer_value(json_object_get(a, "token")) < 0)
+                        return -EBADMSG;
+                if (!(h->pool = json_strdup(json_object_get(a, "pool"))))
+                        return -ENOMEM;
+                h->token = (uint64_t) json_integer_value(json_object_get(a, "token"));
+                int r = slots_from_json(json_object_get(a, "slots"), json_object_get(a, "members"), &h->slots,
+                                        &h->n_slots, &h->members);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
 }
 
 static int row_from_json(const json_t *o, HistoryLeaseRow *ret) {
@@ -462,6 +547,11 @@ static int row_from_json(const json_t *o, HistoryLeaseRow *ret) {
                 row.expires_at = (usec_t) json_integer_value(v);
         if ((v = json_object_get(o, "remote")) && !(row.remote_id = json_strdup(v)))
                 return json_is_string(v) ? -ENOMEM : -EBADMSG;
+        if ((v = json_object_get(o, "also"))) {
+                int r = row_also_from_json(v, &row);
+                if (r < 0)
+                        return r;
+        }
         json_t *k = json_object_get(o, "backend");
         if (k) {
                 HistoryLeaseBackend *bk = &row.backend;
@@ -788,6 +878,8 @@ LeaseLog *lease_log_free(LeaseLog *log) {
 
 int lease_log_add(LeaseLog *log, const HistoryLeaseRow *row) {
         int r = marks_raise(&log->marks, &log->n_marks, row->pool, row->token + 1);
+        for (size_t i = 0; r == 0 && i < row->n_also; i++)
+                r = marks_raise(&log->marks, &log->n_marks, row->also[i].pool, row->also[i].token + 1);
         r = r ?: line_lease(&log->pending, row);
         log->pending_lines += r == 0;
         return r;

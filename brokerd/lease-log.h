@@ -12,7 +12,10 @@
  *   {"lease":{…}}                                a lease granted (or restored), as HistoryLeaseRow; "remote"
  *                                                (a shared pool's id of it) only when it has one, and then
  *                                                "backend" ({"url","user","passwordFile",
- *                                                "sentinelPasswordFile","nodeTtl"}): where it was granted
+ *                                                "sentinelPasswordFile","nodeTtl"}): where it was granted;
+ *                                                "also" ([{"pool","token","slots","members"}]) for an
+ *                                                all-or-nothing lease's further pools (SPEC §3.5), restored
+ *                                                with it or not at all
  *   {"end":"ID"}                                 a lease ended
  *   {"token":{"pool":"P","next":N}}              a pool's next unused token ("*": every pool)
  *   {"alive":µs}                                 brokerd ran at this realtime instant

@@ -113,13 +113,51 @@ AuditRecord lease_audit_record(const Lease *l, const char *decision) {
         return r;
 }
 
-/* A lease-level decision (released, revoked, overdue, restored), with its hold so far. */
+const char *lease_also_text(const Lease *l, char *buf, size_t size) {
+        size_t n = engine_lease_also_count(l->engine_lease), used = 0;
+        if (n == 0 || size == 0)
+                return NULL;
+        buf[0] = 0;
+        for (size_t i = 0; i < n; i++) {
+                EngineLeaseAlso a;
+                if (engine_lease_also(l->engine_lease, i, &a) < 0)
+                        continue;
+                int k = snprintf(buf + used, size - used, "%s%s:%" PRIu64, used > 0 ? " " : "", a.pool, a.token);
+                if (k < 0 || (size_t) k >= size - used)
+                        break; /* cut at a whole pool: the history rows have them all */
+                used += (size_t) k;
+        }
+        buf[used] = 0;
+        return buf;
+}
+
+void lease_audit_shares(const Lease *l, const AuditRecord *r) {
+        size_t n = engine_lease_also_count(l->engine_lease);
+        for (size_t i = 0; i < n && l->table->audit; i++) {
+                EngineLeaseAlso a;
+                if (engine_lease_also(l->engine_lease, i, &a) < 0)
+                        continue;
+                AuditRecord s = *r;
+                s.pool = a.pool;
+                s.token = a.token;
+                s.selector = NULL; /* labels and a member choose in the lease's own pool only */
+                s.also = NULL;
+                audit_decision_share(l->table->audit, &s);
+        }
+}
+
+/* A lease-level decision (released, revoked, overdue, restored), with its hold so far: a row for each pool of
+ * an all-or-nothing lease. */
 static void lease_audit(const Lease *l, const char *decision, const char *reason) {
         AuditRecord r = lease_audit_record(l, decision);
+        char also[LEASE_ALSO_TEXT_MAX];
         r.hold = usec_sub_unsigned(now_of(l->table, CLOCK_MONOTONIC), l->granted_mono);
         r.reason = reason;
-        if (l->table->audit)
+        r.also = lease_also_text(l, also, sizeof also);
+        if (l->table->audit) {
                 audit_decision(l->table->audit, &r);
+                lease_audit_shares(l, &r);
+        }
 }
 
 void lease_free(Lease *l) {
@@ -199,10 +237,24 @@ static HistoryLeaseBackend lease_backend(const Lease *l) {
         return b;
 }
 
-static HistoryLeaseRow lease_row(const Lease *l) {
+/* The lease as the lease log keeps it; an all-or-nothing lease's further pools go into also (room for
+ * engine_lease_also_count() of them). Borrows every string and array. */
+static HistoryLeaseRow lease_row(const Lease *l, HistoryLeaseAlso *also) {
         const unsigned *idx;
         const char *const *members;
         unsigned n = engine_lease_slots(l->engine_lease, &idx, &members);
+        size_t n_also = engine_lease_also_count(l->engine_lease);
+        for (size_t i = 0; i < n_also; i++) {
+                EngineLeaseAlso a = {};
+                (void) engine_lease_also(l->engine_lease, i, &a);
+                also[i] = (HistoryLeaseAlso) {
+                        .pool = (char *) a.pool,
+                        .slots = (unsigned *) a.slots,
+                        .n_slots = a.n_slots,
+                        .members = (char **) a.members,
+                        .token = a.token,
+                };
+        }
 
         return (HistoryLeaseRow) {
                 .id = (char *) l->id,
@@ -222,6 +274,8 @@ static HistoryLeaseRow lease_row(const Lease *l) {
                 .expires_at = lease_expires_realtime(l),
                 .remote_id = (char *) engine_lease_remote_id(l->engine_lease),
                 .backend = lease_backend(l),
+                .also = n_also > 0 ? also : NULL,
+                .n_also = n_also,
         };
 }
 
@@ -246,7 +300,8 @@ void lease_persist(Lease *l, void *waiter) {
                 lease_persisted(l, LEASE_NOT_PERSISTED);
                 return;
         }
-        HistoryLeaseRow row = lease_row(l);
+        HistoryLeaseAlso also[CONF_LANE_ALSO_MAX];
+        HistoryLeaseRow row = lease_row(l, also);
         if (l->persist_pending || lease_table_reserve_persisting(t) < 0 || lease_log_add(t->log, &row) < 0) {
                 lease_persisted(l, l->persist_pending ? -EBUSY : -ENOMEM);
                 return;
@@ -257,16 +312,23 @@ void lease_persist(Lease *l, void *waiter) {
 
 int lease_table_write_snapshot(LeaseTable *t) {
         _cleanup_free_ HistoryLeaseRow *rows = calloc(MAX(t->n_leases, 1u), sizeof(HistoryLeaseRow));
-        size_t n = 0;
+        _cleanup_free_ HistoryLeaseAlso *also = NULL;
+        size_t n = 0, n_also = 0, used = 0;
 
         if (!t->log)
                 return -EBADF;
         if (!rows)
                 return -ENOMEM;
+        list_foreach(node, &t->leases)
+                n_also += engine_lease_also_count(container_of(node, Lease, node)->engine_lease);
+        if (n_also > 0 && !(also = calloc(n_also, sizeof(HistoryLeaseAlso))))
+                return -ENOMEM;
         list_foreach(node, &t->leases) {
                 Lease *l = container_of(node, Lease, node);
+                size_t k = engine_lease_also_count(l->engine_lease);
                 if (!l->persist_refused)
-                        rows[n++] = lease_row(l);
+                        rows[n++] = lease_row(l, also + used);
+                used += k;
         }
         return lease_log_rewrite(t->log, rows, n, now_of(t, CLOCK_REALTIME));
 }
@@ -491,6 +553,23 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
                                          .granted_in = row->remote_id && bk->url ? &granted_in : NULL,
                                  },
                                  &el);
+        /* An all-or-nothing lease's further pools (SPEC §3.5): held again with it, or the lease is not. */
+        for (size_t i = 0; r >= 0 && i < row->n_also; i++) {
+                const HistoryLeaseAlso *a = row->also + i;
+                r = engine_lease_restore_also(el,
+                                              &(EngineLeaseRestore) {
+                                                      .pool = a->pool,
+                                                      .lane = row->lane,
+                                                      .slots = a->slots,
+                                                      .members = (const char *const *) a->members,
+                                                      .n_slots = a->n_slots,
+                                                      .token = a->token,
+                                                      .granted_at = granted_mono,
+                                                      .expires_at = expires_mono,
+                                              });
+                if (r < 0)
+                        engine_lease_release(el, now_m);
+        }
         if (ended) {
                 /* A shared lease that ended while brokerd was down: Redis still holds it for this node, and
                  * this node knows it ended. Given back at once (its pool sends the release when it reaches
@@ -712,7 +791,7 @@ LeaseOutcome lease_lose(Lease *l, const char *reason) {
 }
 
 /* The order of the keys is the wire's (a client may print it): id, token, pool, slots, lane, uid, pid,
- * grantedAt, detached, then members, job, commandPid, expiresAt where they apply. */
+ * grantedAt, detached, then members, job, commandPid, expiresAt, also where they apply. */
 void lease_write_json(const Lease *l, JsonText *t) {
         const EngineLease *el = l->engine_lease;
         const unsigned *idx;
@@ -760,6 +839,36 @@ void lease_write_json(const Lease *l, JsonText *t) {
         if (exp != USEC_INFINITY) {
                 json_text_key(t, "expiresAt");
                 json_text_integer(t, (int64_t) exp);
+        }
+        size_t n_also = engine_lease_also_count(el);
+        if (n_also > 0) {
+                /* An all-or-nothing lease (SPEC §3.5): each also= pool's slots and token. */
+                json_text_key(t, "also");
+                json_text_open(t, '[');
+                for (size_t i = 0; i < n_also; i++) {
+                        EngineLeaseAlso a;
+                        if (engine_lease_also(el, i, &a) < 0)
+                                continue;
+                        json_text_open(t, '{');
+                        json_text_key(t, "pool");
+                        json_text_string(t, a.pool);
+                        json_text_key(t, "token");
+                        json_text_integer(t, (int64_t) a.token);
+                        json_text_key(t, "slots");
+                        json_text_open(t, '[');
+                        for (unsigned k = 0; k < a.n_slots; k++)
+                                json_text_integer(t, a.slots[k]);
+                        json_text_close(t, ']');
+                        if (a.members) {
+                                json_text_key(t, "members");
+                                json_text_open(t, '[');
+                                for (unsigned k = 0; k < a.n_slots; k++)
+                                        json_text_string(t, a.members[k] ? a.members[k] : "");
+                                json_text_close(t, ']');
+                        }
+                        json_text_close(t, '}');
+                }
+                json_text_close(t, ']');
         }
         json_text_close(t, '}');
 }

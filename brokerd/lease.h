@@ -205,6 +205,12 @@ bool lease_command_running(const Lease *l);
 
 /* A record of a decision about the lease: pool, lane, job, lease id, token, uid, pid. */
 AuditRecord lease_audit_record(const Lease *l, const char *decision);
+/* The decision r (lease_audit_record()'s, filled in) for each further pool of an all-or-nothing lease: a
+ * history row and metrics each, with that pool's token (audit_decision_share()). */
+void lease_audit_shares(const Lease *l, const AuditRecord *r);
+/* AuditRecord.also of the lease: "POOL:TOKEN …" of its also= pools, in buf; NULL for a lease of one pool. */
+#define LEASE_ALSO_TEXT_MAX 1024
+const char *lease_also_text(const Lease *l, char *buf, size_t size);
 
 /* The lease as clients see it (Varlink Lease type). */
 json_t *lease_to_json(const Lease *l);

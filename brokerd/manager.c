@@ -1091,6 +1091,12 @@ static void audit_ended_while_down(Manager *m, const HistoryLeaseRow *row, const
         rec.pid = row->pid;
         rec.reason = reason;
         audit_decision(&m->audit, &rec);
+        for (size_t i = 0; i < row->n_also; i++) {
+                /* an all-or-nothing lease: a row for each further pool, linked by the lease id */
+                rec.pool = row->also[i].pool;
+                rec.token = row->also[i].token;
+                audit_decision_share(&m->audit, &rec);
+        }
 }
 
 /* History came back (or failed): a read of history.db that an older brokerd's leases wait for may now work. */

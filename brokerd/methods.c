@@ -183,6 +183,14 @@ static json_t *waiter_status(Session *s, usec_t now) {
         }
         if (a->member)
                 json_object_set_new(o, "member", json_string(a->member));
+        size_t n_also = engine_request_also_count(a->request);
+        if (n_also > 0) {
+                json_t *l = json_array();
+                for (size_t i = 0; l && i < n_also; i++)
+                        json_array_append_new(l, json_string(engine_request_also_pool(a->request, i)));
+                if (l)
+                        json_object_set_new(o, "also", l);
+        }
         usec_t budget = engine_request_budget(a->request);
         if (budget != USEC_INFINITY)
                 json_object_set_new(o, "budgetMs", json_integer((json_int_t) (budget / USEC_PER_MSEC)));

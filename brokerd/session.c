@@ -1000,7 +1000,10 @@ static void audit_grant(SessionTable *m, const Lease *l, const LeaseGrant *g) {
         rec.idle = g->idle;
         rec.state = queue_state_to_string(g->state);
         rec.selector = g->selector;
+        char also[LEASE_ALSO_TEXT_MAX];
+        rec.also = lease_also_text(l, also, sizeof also);
         audit_decision(m->audit, &rec);
+        lease_audit_shares(l, &rec);
 }
 
 /* The lease row is durable (or could not be written, which lease-persistence=best-effort accepts): now the

@@ -269,19 +269,53 @@ static char *lease_slot_list(const BrokerLease *l, bool members) {
         return list;
 }
 
+/* An also= pool's variables (SPEC §3.5): SLOT_<POOL>_TOKEN, _INDEX, _MEMBER, the pool's name upper-cased and
+ * anything but letters and digits as '_'. */
+static bool is_also_variable(const char *assignment) {
+        static const char *const suffixes[] = { "_TOKEN=", "_INDEX=", "_MEMBER=" };
+        const char *eq = strchr(assignment, '=');
+        if (!eq || strncmp(assignment, "SLOT_", strlen("SLOT_")) != 0)
+                return false;
+        size_t n = (size_t) (eq - assignment) + 1;
+        for (size_t i = 0; i < ELEMENTSOF(suffixes); i++) {
+                size_t k = strlen(suffixes[i]);
+                if (n > strlen("SLOT_") + k && strncmp(eq + 1 - k, suffixes[i], k) == 0)
+                        return true;
+        }
+        return false;
+}
+
 static bool is_slot_variable(const char *assignment) {
         for (size_t i = 0; i < ELEMENTSOF(slot_variables); i++) {
                 size_t len = strlen(slot_variables[i]);
                 if (strncmp(assignment, slot_variables[i], len) == 0 && assignment[len] == '=')
                         return true;
         }
-        return false;
+        /* A parent's also= pools are not a nested run's either. */
+        return is_also_variable(assignment);
+}
+
+/* "SLOT_" + the pool's name upper-cased, other characters '_', + suffix. */
+static int also_variable(const char *pool, const char *suffix, const char *value, char **ret) {
+        _cleanup_free_ char *name = NULL;
+        if (asprintf(&name, "SLOT_%s_%s", pool, suffix) < 0)
+                return -ENOMEM;
+        for (char *c = name + strlen("SLOT_"); *c; c++)
+                if (*c >= 'a' && *c <= 'z')
+                        *c = (char) (*c - 'a' + 'A');
+                else if (!((*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9')))
+                        *c = '_';
+        if (asprintf(ret, "%s=%s", name, value) < 0)
+                return -ENOMEM;
+        return 0;
 }
 
 /* The command's environment: ours without any SLOT_* variable, plus the lease's when it has one. */
 static char **run_environment(const BrokerLease *l) {
         size_t k = 0;
-        _cleanup_(strv_freep) char **env = calloc(strv_length(environ) + ELEMENTSOF(slot_variables) + 1, sizeof(char *));
+        size_t n_also = broker_lease_n_also(l);
+        _cleanup_(strv_freep) char **env = calloc(strv_length(environ) + ELEMENTSOF(slot_variables) + 3 * n_also + 1,
+                                                  sizeof(char *));
         if (!env)
                 return NULL;
 
@@ -310,6 +344,26 @@ static char **run_environment(const BrokerLease *l) {
                         return NULL;
                 }
                 k++;
+        }
+        /* Each also= pool's share (SPEC §3.5). */
+        for (size_t i = 0; i < n_also; i++) {
+                const BrokerLease *a = broker_lease_also(l, i);
+                _cleanup_free_ char *a_indices = lease_slot_list(a, false);
+                _cleanup_free_ char *a_members = broker_lease_member(a, 0) ? lease_slot_list(a, true) : NULL;
+                if (!a_indices || (broker_lease_member(a, 0) && !a_members))
+                        return NULL;
+                (void) snprintf(token, sizeof token, "%" PRIu64, broker_lease_token(a));
+                if (also_variable(broker_lease_pool(a), "TOKEN", token, &env[k]) < 0)
+                        return NULL;
+                k++;
+                if (also_variable(broker_lease_pool(a), "INDEX", a_indices, &env[k]) < 0)
+                        return NULL;
+                k++;
+                if (a_members) {
+                        if (also_variable(broker_lease_pool(a), "MEMBER", a_members, &env[k]) < 0)
+                                return NULL;
+                        k++;
+                }
         }
         return TAKE_PTR(env);
 }

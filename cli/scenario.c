@@ -636,6 +636,7 @@ static const KeyRule pool_label_key = { "label.", VALUE_STRING_LIST };
 static const KeyRule lane_keys[] = {
         { "pools", VALUE_STRING_LIST },
         { "labels", VALUE_STRING_LIST },
+        { "also", VALUE_STRING_LIST }, /* ["db", "licence:2"]: as also= (SPEC §3.5) */
         { "policy", VALUE_STRING },
         { "priority", VALUE_INTEGER },
         { "max-in-use", VALUE_INTEGER },

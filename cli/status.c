@@ -80,6 +80,16 @@ static const char *slots_title(json_t *lease) {
         return json_is_array(json_object_get(lease, "members")) ? "MEMBER" : "INDEX";
 }
 
+/* The share of an all-or-nothing lease in pool name (Lease.also), or NULL. */
+static json_t *lease_also_in(json_t *lease, const char *name) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(json_object_get(lease, "also"), i, v)
+                if (streq_ptr(string_member(v, "pool"), name))
+                        return v;
+        return NULL;
+}
+
 /* The leases holding slots of pool name, as a table under its pool line. */
 static void print_holders(json_t *holders, const char *name) {
         bool header = false;
@@ -88,16 +98,18 @@ static void print_holders(json_t *holders, const char *name) {
 
         json_array_foreach(holders, i, v) {
                 json_t *lease = json_object_get(v, "lease");
-                if (!streq_ptr(string_member(lease, "pool"), name))
+                /* An all-or-nothing lease is listed under each pool of its set, with its slots there. */
+                json_t *share = streq_ptr(string_member(lease, "pool"), name) ? lease : lease_also_in(lease, name);
+                if (!share)
                         continue;
                 char job[JOB_COLUMN_MAX + 8], held[CLI_DURATION_MAX];
                 if (!header) {
-                        printf("  %-32s %-10s %-8s %-6s %-8s %-8s %-8s %-10s %s\n", "LEASE", "LANE", slots_title(lease), "UID", "PID",
+                        printf("  %-32s %-10s %-8s %-6s %-8s %-8s %-8s %-10s %s\n", "LEASE", "LANE", slots_title(share), "UID", "PID",
                                "COMMAND", "HELD", "STATE", "JOB");
                         header = true;
                 }
                 printf("  %-32s %-10s ", string_member(lease, "id") ?: "?", string_member(lease, "lane") ?: "?");
-                print_slots(lease);
+                print_slots(share);
                 json_int_t command = int_member(lease, "commandPid", 0);
                 char command_buf[32] = "-";
                 if (command > 0)
@@ -118,12 +130,17 @@ static void print_waiters(json_t *waiters, const char *name) {
         json_t *v;
 
         json_array_foreach(waiters, i, v) {
-                if (!streq_ptr(string_member(v, "pool"), name))
+                /* A set's waiter (also=) is listed under each pool it waits in, with the furthest place. */
+                bool in_set = false;
+                size_t k;
+                json_t *p, *also = json_object_get(v, "also");
+                json_array_foreach(also, k, p)
+                        in_set = in_set || streq_ptr(json_string_value(p), name);
+                if (!in_set && !streq_ptr(string_member(v, "pool"), name))
                         continue;
                 char job[JOB_COLUMN_MAX + 8], waited[CLI_DURATION_MAX], budget[CLI_DURATION_MAX];
                 /* What it asks of the members (SPEC §3.5): why it may wait while a member is free. */
                 char wants[512] = "";
-                size_t k;
                 json_t *label, *labels = json_object_get(v, "labels");
                 json_array_foreach(labels, k, label)
                         if (json_is_string(label))
@@ -134,6 +151,15 @@ static void print_waiters(json_t *waiters, const char *name) {
                                  string_member(v, "member"));
                 if (*wants)
                         snprintf(wants + strlen(wants), sizeof wants - strlen(wants), ")");
+                if (json_array_size(also) > 0) {
+                        snprintf(wants + strlen(wants), sizeof wants - strlen(wants), " (all of %s",
+                                 string_member(v, "pool") ?: "?");
+                        json_array_foreach(also, k, p)
+                                if (json_is_string(p))
+                                        snprintf(wants + strlen(wants), sizeof wants - strlen(wants), " %s",
+                                                 json_string_value(p));
+                        snprintf(wants + strlen(wants), sizeof wants - strlen(wants), ")");
+                }
                 if (!header) {
                         printf("  %-8s %-10s %-5s %-6s %-8s %-8s %-10s %s\n", "PLACE", "LANE", "SLOTS", "UID", "PID", "WAITED",
                                "BUDGET", "JOB");

@@ -267,6 +267,12 @@ uint64_t broker_lease_granted_at(const BrokerLease *l);
 uint64_t broker_lease_expires_at(const BrokerLease *l);
 /* The lease object as the broker sent it (JSON text, io.slotbroker.Lease). Returns it, or NULL. */
 const char *broker_lease_json(const BrokerLease *l);
+/* An all-or-nothing lease (a lane with also=) holds slots of further pools too, in the lane's order: their
+ * number (0 for a lease of one pool, or l == NULL), and the i-th as a lease object owned by l (valid while l
+ * is), whose _pool(), _token(), _n_slots(), _slot() and _member() are that pool's and whose id, lane, job
+ * and times are l's; NULL for i out of range. Not to be freed or released on its own. */
+size_t broker_lease_n_also(const BrokerLease *l);
+const BrokerLease *broker_lease_also(const BrokerLease *l, size_t i);
 
 /* Short names of results and events for messages: "busy", "full", "timeout", "shed", "unavailable",
  * "no-such-lane", …; "granted" for 0. Return a static string, or NULL for an unknown value. */

@@ -75,6 +75,10 @@ struct BrokerLease {
         size_t n_slots;
         uint64_t granted_at;
         uint64_t expires_at;
+        /* An all-or-nothing lease's further pools (a lane with also=): each a lease object of its own with
+         * their pool, token, slots and members (id, lane, job and times the parent's), owned here. */
+        BrokerLease **also;
+        size_t n_also;
 };
 
 static const struct {
@@ -326,17 +330,83 @@ _public_ BrokerLease *broker_lease_free(BrokerLease *l) {
         free(l->job);
         free(l->slots);
         json_strv_free(l->members);
+        for (size_t i = 0; i < l->n_also; i++)
+                broker_lease_free(l->also[i]);
+        free(l->also);
         free(l);
         return NULL;
 }
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerLease *, broker_lease_free);
+
+/* A lease's slots (and members, NULL or one per slot), checked. Returns 0, -EBADMSG or -ENOMEM. */
+static int lease_take_slots(BrokerLease *l, json_t *slots, char ***members) {
+        size_t n = json_array_size(slots);
+        if (n == 0 || (*members && strv_length(*members) != n))
+                return -EBADMSG;
+        l->slots = calloc(n, sizeof(unsigned));
+        if (!l->slots)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                json_t *v = json_array_get(slots, i);
+                if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+                        return -EBADMSG;
+                l->slots[i] = (unsigned) json_integer_value(v);
+        }
+        l->n_slots = n;
+        l->members = TAKE_PTR(*members);
+        return 0;
+}
+
+#define LEASE_ALSO_MAX 64
+
+/* The also= pools of an all-or-nothing lease (io.slotbroker.LeaseAlso), each a lease object of its own. */
+static int lease_also_from_json(BrokerLease *l, json_t *also) {
+        size_t n = json_array_size(also);
+        if (n > LEASE_ALSO_MAX)
+                return -EBADMSG;
+        l->also = calloc(MAX(n, 1u), sizeof(BrokerLease *));
+        if (!l->also)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                const char *pool = NULL;
+                int64_t token = 0;
+                json_t *slots = NULL;
+                _cleanup_(json_strv_freep) char **members = NULL;
+                const JsonField table[] = {
+                        { "pool", JSON_FIELD_STRING, JSON_MANDATORY, &pool },
+                        { "token", JSON_FIELD_INT64, JSON_MANDATORY, &token, 0, INT64_MAX },
+                        { "slots", JSON_FIELD_ARRAY, JSON_MANDATORY, &slots, .max_length = 1 << 20 },
+                        { "members", JSON_FIELD_STRV, 0, &members, .max_length = 1 << 20 },
+                        {},
+                };
+                json_t *o = json_array_get(also, i);
+                int r = json_is_object(o) ? json_dispatch(o, table, JSON_DISPATCH_ALLOW_UNKNOWN, NULL) : -EBADMSG;
+                if (r == -ENOMEM)
+                        return r;
+                if (r < 0)
+                        return -EBADMSG;
+                BrokerLease *a = calloc(1, sizeof(BrokerLease));
+                if (!a)
+                        return -ENOMEM;
+                l->also[l->n_also++] = a;
+                if ((r = lease_take_slots(a, slots, &members)) < 0)
+                        return r;
+                if (strdup_or_null(l->id, &a->id) < 0 || strdup_or_null(pool, &a->pool) < 0 ||
+                    strdup_or_null(l->lane, &a->lane) < 0 || strdup_or_null(l->job, &a->job) < 0)
+                        return -ENOMEM;
+                a->token = (uint64_t) token;
+                a->granted_at = l->granted_at;
+                a->expires_at = l->expires_at;
+        }
+        return 0;
+}
 
 /* Reads an io.slotbroker.Lease. Unknown fields are skipped: a newer broker may add some. Returns 0,
  * -EBADMSG or -ENOMEM. */
 static int lease_from_json(json_t *o, BrokerLease **ret) {
         const char *id = NULL, *pool = NULL, *lane = NULL, *job = NULL;
         int64_t token = 0, granted_at = 0, expires_at = 0;
-        json_t *slots = NULL;
+        json_t *slots = NULL, *also = NULL;
         _cleanup_(json_strv_freep) char **members = NULL;
         int r;
 
@@ -350,6 +420,7 @@ static int lease_from_json(json_t *o, BrokerLease **ret) {
                 { "job", JSON_FIELD_STRING, 0, &job },
                 { "grantedAt", JSON_FIELD_INT64, 0, &granted_at, 0, INT64_MAX },
                 { "expiresAt", JSON_FIELD_INT64, 0, &expires_at, 0, INT64_MAX },
+                { "also", JSON_FIELD_ARRAY, 0, &also, .max_length = LEASE_ALSO_MAX },
                 {},
         };
         r = json_dispatch(o, table, JSON_DISPATCH_ALLOW_UNKNOWN, NULL);
@@ -357,30 +428,20 @@ static int lease_from_json(json_t *o, BrokerLease **ret) {
                 return r;
         if (r < 0 || !json_is_object(o))
                 return -EBADMSG;
-        size_t n = json_array_size(slots);
-        if (n == 0 || (members && strv_length(members) != n))
-                return -EBADMSG;
-
         _cleanup_(broker_lease_freep) BrokerLease *l = calloc(1, sizeof(BrokerLease));
         if (!l)
                 return -ENOMEM;
-        l->slots = calloc(n, sizeof(unsigned));
-        if (!l->slots)
-                return -ENOMEM;
-        for (size_t i = 0; i < n; i++) {
-                json_t *v = json_array_get(slots, i);
-                if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
-                        return -EBADMSG;
-                l->slots[i] = (unsigned) json_integer_value(v);
-        }
-        l->n_slots = n;
+        r = lease_take_slots(l, slots, &members);
+        if (r < 0)
+                return r;
         if (strdup_or_null(id, &l->id) < 0 || strdup_or_null(pool, &l->pool) < 0 ||
             strdup_or_null(lane, &l->lane) < 0 || strdup_or_null(job, &l->job) < 0)
                 return -ENOMEM;
-        l->members = TAKE_PTR(members);
         l->token = (uint64_t) token;
         l->granted_at = (uint64_t) granted_at;
         l->expires_at = (uint64_t) expires_at;
+        if (also && (r = lease_also_from_json(l, also)) < 0)
+                return r;
         r = json_format(o, &l->json, NULL);
         if (r < 0)
                 return r;
@@ -422,6 +483,16 @@ _public_ const char *broker_lease_member(const BrokerLease *l, size_t i) {
         if (!l || !l->members || i >= l->n_slots)
                 return NULL;
         return l->members[i];
+}
+
+_public_ size_t broker_lease_n_also(const BrokerLease *l) {
+        return l ? l->n_also : 0;
+}
+
+_public_ const BrokerLease *broker_lease_also(const BrokerLease *l, size_t i) {
+        if (!l || i >= l->n_also)
+                return NULL;
+        return l->also[i];
 }
 
 _public_ uint64_t broker_lease_granted_at(const BrokerLease *l) {

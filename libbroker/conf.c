@@ -369,6 +369,12 @@ static PoolConfig *pool_config_free(PoolConfig *p) {
         return mfree(p);
 }
 
+static void lane_also_free(LaneAlso *a, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                free(a[i].pool);
+        free(a);
+}
+
 static LaneConfig *lane_config_free(LaneConfig *l) {
         if (!l)
                 return NULL;
@@ -382,6 +388,8 @@ static LaneConfig *lane_config_free(LaneConfig *l) {
         strv_free(l->allow_groups);
         conf_source_done(&l->max_in_use_source);
         conf_source_done(&l->reserve_source);
+        lane_also_free(l->also, l->n_also);
+        conf_source_done(&l->also_source);
         return mfree(l);
 }
 
@@ -887,6 +895,69 @@ static int set_lane_labels(const ConfKey *k, void *object, const char *value, co
         return 0;
 }
 
+/* also = POOL[:K]…: further pools every grant takes K slots of (default 1), all or nothing (SPEC §3.5). Whether
+ * the pools exist, are not the lane's own and are all kept alike is conf_validate()'s. */
+static int set_lane_also(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                         ConfErrors *errors) {
+        LaneConfig *lane = object;
+        char q[QUOTE_MAX];
+        _cleanup_(strv_freep) char **l = NULL;
+        size_t n = 0;
+
+        if (split_words(value, &l, &n) < 0)
+                return oom(errors, source, k->name);
+        if (n > CONF_LANE_ALSO_MAX)
+                return conf_errors_add(errors, source, k->name, "%zu pools are too many (at most %d)", n,
+                                       CONF_LANE_ALSO_MAX);
+        LaneAlso *a = calloc(MAX(n, 1u), sizeof(LaneAlso));
+        if (!a)
+                return oom(errors, source, k->name);
+        for (size_t i = 0; i < n; i++) {
+                char *colon = strchr(l[i], ':');
+                unsigned slots = 1;
+                if (colon) {
+                        *colon = '\0';
+                        const char *digits = colon + 1;
+                        char *end;
+                        errno = 0;
+                        unsigned long v = *digits >= '0' && *digits <= '9' ? strtoul(digits, &end, 10) : 0;
+                        if (errno != 0 || v == 0 || v > CONF_LIMIT_MAX || *digits < '0' || *digits > '9' || *end) {
+                                *colon = ':';
+                                lane_also_free(a, i);
+                                return conf_errors_add(errors, source, k->name,
+                                                       "invalid slot count in %s (expected POOL or POOL:K, K from 1 to %u)",
+                                                       quote(q, l[i]), CONF_LIMIT_MAX);
+                        }
+                        slots = (unsigned) v;
+                }
+                if (!conf_name_is_valid(l[i])) {
+                        lane_also_free(a, i);
+                        return conf_errors_add(errors, source, k->name,
+                                               "invalid pool name %s (expected 1 to %d characters from A-Z a-z 0-9 . _ -)",
+                                               quote(q, l[i]), CONF_NAME_MAX);
+                }
+                for (size_t j = 0; j < i; j++)
+                        if (streq(a[j].pool, l[i])) {
+                                lane_also_free(a, i);
+                                return conf_errors_add(errors, source, k->name, "pool %s is listed twice",
+                                                       quote(q, l[i]));
+                        }
+                if (!(a[i].pool = strdup(l[i]))) {
+                        lane_also_free(a, i);
+                        return oom(errors, source, k->name);
+                }
+                a[i].slots = slots;
+        }
+        if (conf_source_copy(&lane->also_source, n > 0 ? source : NULL) < 0) {
+                lane_also_free(a, n);
+                return oom(errors, source, k->name);
+        }
+        lane_also_free(lane->also, lane->n_also);
+        lane->also = n > 0 ? a : mfree(a);
+        lane->n_also = n;
+        return 0;
+}
+
 /* Infinity, like an empty value, leaves the pool without Q: no budgets. */
 static int set_pool_queue_timeout(const ConfKey *k, void *object, const char *value, const ConfSource *source,
                                   ConfErrors *errors) {
@@ -1170,6 +1241,7 @@ static const ConfKey lane_keys[] = {
         { "max-hold", set_duration, offsetof(LaneConfig, max_hold), .min = USEC_PER_MSEC, .max = USEC_INFINITY,
           .def = USEC_INFINITY },
         { "labels", set_lane_labels },
+        { "also", set_lane_also },
         { "allow-users", set_id_list, offsetof(LaneConfig, allow_users) },
         { "allow-groups", set_id_list, offsetof(LaneConfig, allow_groups) },
 };
@@ -1481,6 +1553,71 @@ static int validate_pool(const BrokerConfig *c, const PoolConfig *p, ConfErrors 
         return r;
 }
 
+static bool env_name_equal(const char *a, const char *b) {
+        for (; *a && *b; a++, b++) {
+                char x = isalnum((unsigned char) *a) ? (char) toupper((unsigned char) *a) : '_';
+                char y = isalnum((unsigned char) *b) ? (char) toupper((unsigned char) *b) : '_';
+                if (x != y)
+                        return false;
+        }
+        return !*a && !*b;
+}
+
+/* An all-or-nothing set (SPEC §3.5): each also= pool defined, none of the lane's own pools= (a grant takes its
+ * slots of the chosen pool once), big enough for K, and the set all local (sets over a backend are not
+ * supported yet: one script call must decide over the whole set there). */
+static int validate_lane_also(const BrokerConfig *c, const LaneConfig *l, ConfErrors *errors) {
+        int r = 0;
+        bool shared = false, local = false;
+
+        for (size_t i = 0; i < l->n_pools; i++) {
+                const PoolConfig *p = conf_find_pool(c, l->pools[i]);
+                if (p && p->backend)
+                        shared = true;
+                else if (p)
+                        local = true;
+        }
+        for (size_t i = 0; i < l->n_also; i++) {
+                const LaneAlso *a = l->also + i;
+                const PoolConfig *p = conf_find_pool(c, a->pool);
+                if (!p) {
+                        r = conf_errors_add(errors, &l->also_source, "also",
+                                            "lane %s names pool %s, which is not defined (no [pool %s] section)",
+                                            l->name, a->pool, a->pool);
+                        continue;
+                }
+                if (lane_uses_pool(l, a->pool)) {
+                        r = conf_errors_add(errors, &l->also_source, "also",
+                                            "lane %s names its own pool %s in also= (pools= already takes its slots)",
+                                            l->name, a->pool);
+                        continue;
+                }
+                if (p->limit > 0 && a->slots > p->limit)
+                        r = conf_errors_add(errors, &l->also_source, "also",
+                                            "lane %s takes %u slots of pool %s, which has %u", l->name, a->slots,
+                                            a->pool, p->limit);
+                if (p->backend)
+                        shared = true;
+                else
+                        local = true;
+                /* slotctl run names its variables SLOT_<POOL>_…, upper-cased, other characters '_'. */
+                for (size_t j = 0; j < i; j++)
+                        if (env_name_equal(l->also[j].pool, a->pool))
+                                r = conf_errors_add(errors, &l->also_source, "also",
+                                                    "lane %s names pools %s and %s, whose SLOT_%s_* variables would be the same",
+                                                    l->name, l->also[j].pool, a->pool, a->pool);
+        }
+        if (shared && local)
+                r = conf_errors_add(errors, &l->also_source, "also",
+                                    "lane %s mixes shared (backend=) and local pools in one all-or-nothing set: a set is all local or all on one backend",
+                                    l->name);
+        else if (shared)
+                r = conf_errors_add(errors, &l->also_source, "also",
+                                    "lane %s: also= over shared (backend=) pools is not supported yet (only a set of local pools)",
+                                    l->name);
+        return r;
+}
+
 static int validate_lane(const BrokerConfig *c, const LaneConfig *l, ConfErrors *errors) {
         int r = 0;
 
@@ -1511,6 +1648,8 @@ static int validate_lane(const BrokerConfig *c, const LaneConfig *l, ConfErrors 
                                             "lane %s has labels= but none of its pools is a local pool with members=",
                                             l->name);
         }
+        if (l->n_also > 0 && validate_lane_also(c, l, errors) < 0)
+                r = -EINVAL;
         if (l->policy < 0 || l->policy >= _LANE_POLICY_MAX)
                 r = conf_errors_add(errors, &l->source, "policy", "lane %s has no valid policy", l->name);
         return r;
@@ -1645,6 +1784,12 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
                 if (l->labels) {
                         fputs("labels=", f);
                         fputs_words(l->labels, f);
+                        fputc('\n', f);
+                }
+                if (l->also) {
+                        fputs("also=", f);
+                        for (size_t j = 0; j < l->n_also; j++)
+                                fprintf(f, "%s%s:%u", j > 0 ? " " : "", l->also[j].pool, l->also[j].slots);
                         fputc('\n', f);
                 }
                 if (l->allow_users) {

@@ -47,6 +47,13 @@ typedef struct PoolLabel {
 
 #define CONF_LABELS_MAX 256
 #define CONF_LANE_LABELS_MAX 32
+#define CONF_LANE_ALSO_MAX 16         /* also= pools per lane */
+
+/* One pool of a lane's also= (SPEC §3.5): every grant of the lane takes `slots` slots of it too. */
+typedef struct LaneAlso {
+        char *pool;
+        unsigned slots;               /* ≥ 1 */
+} LaneAlso;
 
 typedef struct PoolConfig {
         char *name;
@@ -99,6 +106,11 @@ typedef struct LaneConfig {
         char **allow_groups;
         ConfSource max_in_use_source; /* for conf_validate()'s messages */
         ConfSource reserve_source;
+        /* also = POOL[:K]… (SPEC §3.5): pools every grant takes slots of too, all or nothing, with the pool the
+         * lane's policy chose. NULL: none. */
+        LaneAlso *also;
+        size_t n_also;
+        ConfSource also_source;
 } LaneConfig;
 
 typedef struct BrokerConfig {

@@ -21,7 +21,48 @@ typedef struct EngineLane {
         char **labels;           /* its selector terms (SPEC §3.5), or NULL */
         Pool **pools;
         size_t n_pools;
+        Pool **also;             /* also= (SPEC §3.5): every grant takes also_slots[i] of also[i] too */
+        unsigned *also_slots;
+        size_t n_also;
 } EngineLane;
+
+/* One pool of an all-or-nothing request (SPEC §3.5, also=): parts[0] is the pool the lane's policy chose, then
+ * the lane's also= pools. Each part waits in its pool as a gated waiter (pool.h: PoolTry.gated), which the pool
+ * never grants by itself and which holds back those behind it; the engine grants every part at once when every
+ * pool says it is ready, so the request never holds part of its set while it waits. */
+typedef enum PartState {
+        PART_NONE,
+        PART_QUEUED,
+        PART_REFUSED,
+        PART_GRANTED,
+} PartState;
+
+typedef struct RequestPart {
+        Pool *pool;
+        unsigned slots;
+        PartState st;
+        PoolWaiter *waiter;      /* QUEUED */
+        QueueState state;        /* QUEUED: as the pool decided it */
+        usec_t idle, budget;
+        Refusal refusal;         /* REFUSED */
+        const char *reason;
+        usec_t at, wait;
+        PoolGrant *grant;        /* GRANTED; the indices and names live with the pool's grant */
+        const unsigned *indices;
+        const char *const *members;
+        unsigned n_slots;
+        uint64_t token;
+} RequestPart;
+
+/* An also= pool's share of a lease. */
+typedef struct LeasePart {
+        Pool *pool;
+        PoolGrant *grant;
+        unsigned n_slots;
+        unsigned *slots;
+        char **members;          /* n_slots names, or NULL */
+        uint64_t token;
+} LeasePart;
 
 typedef enum RequestPhase {
         REQUEST_ROUTING, /* trying the lane's pools in order (a pool that decides later: its answer awaited) */
@@ -55,6 +96,10 @@ struct EngineRequest {
          * submitted. Points into the caller's EngineResume: engine_acquire() only. */
         const PoolResume *resume;
         ListNode node;           /* Engine.requests, until the final decision */
+        /* An all-or-nothing request (the lane has also=): its pools, the chosen one first; NULL otherwise. */
+        RequestPart *parts;
+        size_t n_parts;
+        ListNode set_node;       /* Engine.sets while it waits and some pool said it is ready there */
 };
 
 struct EngineLease {
@@ -73,6 +118,8 @@ struct EngineLease {
         void *userdata;
         HeapNode expiry_node;
         ListNode node;           /* Engine.leases */
+        LeasePart *also;         /* the also= pools' shares (SPEC §3.5), in the lane's order */
+        size_t n_also;
 };
 
 typedef struct EngineTokenFloor {
@@ -101,6 +148,7 @@ struct Engine {
 
         List leases;
         List requests;           /* routing or waiting: the engine holds a reference */
+        List sets;               /* waiting all-or-nothing requests a pool said READY for: to look at */
         Heap expiries;           /* leases with max-hold */
 
         /* Pool decisions are queued and handled after the pool call returns: a pool never sees the
@@ -215,6 +263,7 @@ bool engine_pop_event(Engine *e, EngineEvent *ret) {
 /* ---- requests ---- */
 
 static void request_free(EngineRequest *r) {
+        free(r->parts);
         strv_free(r->terms);
         free(r->member);
         free(r->route);
@@ -234,6 +283,8 @@ EngineRequest *engine_request_unref(EngineRequest *r) {
 static void request_finish(EngineRequest *r) {
         if (list_node_is_linked(&r->node))
                 list_unlink(&r->node);
+        if (list_node_is_linked(&r->set_node))
+                list_unlink(&r->set_node);
         r->phase = REQUEST_DONE;
         r->waiter = NULL;
         engine_request_unref(r);
@@ -251,8 +302,18 @@ int engine_request_position(const EngineRequest *r, size_t *ret_position, size_t
         assert_return(r, -EINVAL);
         if (r->phase != REQUEST_WAITING)
                 return -ESTALE;
-        size_t queued;
-        size_t pos = r->pool->ops->position(r->pool, r->waiter, &queued);
+        size_t queued = 0, pos = 0;
+        if (r->parts)
+                /* The furthest of its places (SPEC §3.5): it is granted when it is first in every queue. */
+                for (size_t i = 0; i < r->n_parts; i++) {
+                        size_t q, p = r->parts[i].pool->ops->position(r->parts[i].pool, r->parts[i].waiter, &q);
+                        if (i == 0 || p > pos) {
+                                pos = p;
+                                queued = q;
+                        }
+                }
+        else
+                pos = r->pool->ops->position(r->pool, r->waiter, &queued);
         if (ret_position)
                 *ret_position = pos;
         if (ret_queued)
@@ -286,6 +347,14 @@ const char *engine_request_pool(const EngineRequest *r) {
         return r && r->pool ? r->pool->name : NULL;
 }
 
+size_t engine_request_also_count(const EngineRequest *r) {
+        return r && r->parts && r->phase == REQUEST_WAITING ? r->n_parts - 1 : 0;
+}
+
+const char *engine_request_also_pool(const EngineRequest *r, size_t i) {
+        return i < engine_request_also_count(r) ? r->parts[i + 1].pool->name : NULL;
+}
+
 static int request_try_next(Engine *e, EngineRequest *r, usec_t now) {
         Pool *p = r->route[r->next_route++];
         bool last = r->next_route == r->n_route;
@@ -309,9 +378,20 @@ static int request_try_next(Engine *e, EngineRequest *r, usec_t now) {
 
 /* ---- leases ---- */
 
+static void lease_part_done(LeasePart *p) {
+        if (p->members)
+                for (unsigned i = 0; i < p->n_slots; i++)
+                        free(p->members[i]);
+        free(p->members);
+        free(p->slots);
+}
+
 static EngineLease *engine_lease_free(EngineLease *l) {
         if (!l)
                 return NULL;
+        for (size_t i = 0; i < l->n_also; i++)
+                lease_part_done(l->also + i);
+        free(l->also);
         if (l->members)
                 for (unsigned i = 0; i < l->n_slots; i++)
                         free(l->members[i]);
@@ -413,6 +493,44 @@ const char *engine_lease_remote_id(const EngineLease *l) {
 
 bool engine_lease_is_shared(const EngineLease *l) {
         return l && l->remote_id;
+}
+
+size_t engine_lease_also_count(const EngineLease *l) {
+        return l ? l->n_also : 0;
+}
+
+int engine_lease_also(const EngineLease *l, size_t i, EngineLeaseAlso *ret) {
+        assert_return(l && ret, -EINVAL);
+        if (i >= l->n_also)
+                return -ENOENT;
+        const LeasePart *p = l->also + i;
+        *ret = (EngineLeaseAlso) {
+                .pool = p->pool->name,
+                .token = p->token,
+                .n_slots = p->n_slots,
+                .slots = p->slots,
+                .members = (const char *const *) p->members,
+        };
+        return 0;
+}
+
+/* Copies an also= pool's grant into the lease (its names: a reload may rename members meanwhile). */
+static int lease_part_set(LeasePart *lp, Pool *p, PoolGrant *g, const unsigned *slots, const char *const *members,
+                          unsigned n_slots, uint64_t token) {
+        *lp = (LeasePart) { .pool = p, .grant = g, .n_slots = n_slots, .token = token };
+        lp->slots = calloc(n_slots, sizeof(unsigned));
+        if (!lp->slots)
+                return -ENOMEM;
+        memcpy(lp->slots, slots, n_slots * sizeof(unsigned));
+        if (members) {
+                lp->members = calloc(n_slots, sizeof(char *));
+                if (!lp->members)
+                        return -ENOMEM;
+                for (unsigned i = 0; i < n_slots; i++)
+                        if (members[i] && !(lp->members[i] = strdup(members[i])))
+                                return -ENOMEM;
+        }
+        return 0;
 }
 
 /* The holder is told (once); the slots stay taken until the lease is released (SPEC §3.4). */
@@ -660,8 +778,316 @@ static void handle_granted(Engine *e, const PoolDecision *d) {
         request_finish(r);
 }
 
+/* ---- all-or-nothing requests (SPEC §3.5, also=) ---- */
+
+static void process_decisions(Engine *e);
+
+static RequestPart *set_part(EngineRequest *r, const Pool *p) {
+        for (size_t i = 0; i < r->n_parts; i++)
+                if (r->parts[i].pool == p)
+                        return r->parts + i;
+        return NULL;
+}
+
+static void set_part_record(EngineRequest *r, RequestPart *part, const PoolDecision *d) {
+        switch (d->verdict) {
+        case POOL_VERDICT_QUEUED:
+                part->st = PART_QUEUED;
+                part->waiter = d->waiter;
+                part->state = d->state;
+                part->idle = d->idle;
+                part->budget = d->budget;
+                break;
+        case POOL_VERDICT_REFUSED:
+                part->st = PART_REFUSED;
+                part->waiter = NULL;
+                part->refusal = d->refusal;
+                part->reason = d->reason;
+                part->at = d->at;
+                part->wait = decision_wait(d, r);
+                break;
+        case POOL_VERDICT_GRANTED:
+                part->st = PART_GRANTED;
+                part->waiter = NULL;
+                part->grant = d->grant;
+                part->indices = d->slots;
+                part->members = d->members;
+                part->n_slots = d->n_slots;
+                part->token = d->token;
+                break;
+        default:
+                break;
+        }
+}
+
+/* Decisions about the request that are queued and not handled yet are taken into its parts now (and dropped
+ * from the queue), so that nothing is withdrawn or released twice. */
+static void set_absorb_pending(Engine *e, EngineRequest *r) {
+        for (size_t i = 0; i < e->n_pending; i++) {
+                PoolDecision *d = e->pending + e->pending_head + i;
+                if (!d->pool || d->cookie != r || d->verdict == POOL_VERDICT_LOST ||
+                    d->verdict == POOL_VERDICT_CONGESTION)
+                        continue;
+                if (d->verdict == POOL_VERDICT_READY) {
+                        d->pool = NULL; /* the request is decided now, or about to be */
+                        continue;
+                }
+                RequestPart *part = set_part(r, d->pool);
+                if (part)
+                        set_part_record(r, part, d);
+                d->pool = NULL; /* handled: process_decisions() skips it */
+        }
+}
+
+/* Gives back every part: leaves the queues it waits in, releases what was granted (never kept alone). */
+static void set_withdraw(Engine *e, EngineRequest *r, usec_t now) {
+        set_absorb_pending(e, r);
+        for (size_t i = 0; i < r->n_parts; i++) {
+                RequestPart *part = r->parts + i;
+                if (part->st == PART_QUEUED)
+                        part->pool->ops->withdraw(part->pool, part->waiter, now);
+                else if (part->st == PART_GRANTED)
+                        part->pool->ops->release(part->pool, part->grant, now);
+                part->st = PART_NONE;
+                part->waiter = NULL;
+                part->grant = NULL;
+        }
+}
+
+/* Every part waits at the head of its pool with room for it. */
+static bool set_is_ready(const EngineRequest *r) {
+        for (size_t i = 0; i < r->n_parts; i++) {
+                const RequestPart *part = r->parts + i;
+                if (part->st != PART_QUEUED || !part->pool->ops->ready(part->pool, part->waiter))
+                        return false;
+        }
+        return true;
+}
+
+static void set_refuse(Engine *e, EngineRequest *r, Pool *p, Refusal refusal, usec_t at, usec_t wait,
+                       const char *reason, usec_t now) {
+        set_withdraw(e, r, now);
+        refuse_request(e, r, p, refusal, at, wait, reason);
+}
+
+/* Every part granted: one lease over the set. */
+static void set_lease(Engine *e, EngineRequest *r, usec_t now) {
+        const RequestPart *main = r->parts;
+        usec_t expires = r->max_hold == USEC_INFINITY ? USEC_INFINITY : usec_add(now, r->max_hold);
+        EngineLease *l;
+
+        if (engine_lease_new(e, main->pool, main->grant, r->lane, main->indices, main->members, main->n_slots,
+                             main->token, NULL, now, expires, r->userdata, &l) < 0)
+                goto oom;
+        l->also = calloc(r->n_parts - 1, sizeof(LeasePart));
+        if (!l->also)
+                goto oom_lease;
+        for (size_t i = 1; i < r->n_parts; i++) {
+                const RequestPart *part = r->parts + i;
+                l->n_also++;
+                if (lease_part_set(l->also + i - 1, part->pool, part->grant, part->indices, part->members,
+                                   part->n_slots, part->token) < 0)
+                        goto oom_lease;
+        }
+        event_push(e, &(EngineEvent) {
+                .type = ENGINE_EVENT_GRANTED,
+                .at = now,
+                .userdata = r->userdata,
+                .request = r,
+                .lease = l,
+                .pool = main->pool->name,
+                .lane = l->lane,
+                .arrival = r->arrival,
+                .wait = usec_sub_unsigned(now, r->arrival),
+                .state = r->state,
+                .idle = r->idle,
+                .budget = r->queued ? r->budget : USEC_INFINITY,
+                .queued = r->queued,
+        });
+        request_finish(r);
+        return;
+
+oom_lease:
+        heap_remove(&e->expiries, &l->expiry_node);
+        list_unlink(&l->node);
+        engine_lease_free(l);
+oom:
+        set_refuse(e, r, main->pool, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL, now);
+}
+
+/* Grants every part at once (set_is_ready() said so). */
+static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
+        r->n_ref++; /* a refusal below finishes it: keep it for the checks */
+        for (size_t i = 0; i < r->n_parts; i++) {
+                RequestPart *part = r->parts + i;
+                PoolWaiter *w = part->waiter;
+                part->st = PART_NONE;
+                part->waiter = NULL;
+                if (part->pool->ops->grant_waiter(part->pool, w, now) < 0) {
+                        /* -ENOMEM: the pool refused it unavailable; -ESTALE cannot be (all ready). */
+                        break;
+                }
+        }
+        set_absorb_pending(e, r);
+        const RequestPart *bad = NULL;
+        for (size_t i = 0; i < r->n_parts && !bad; i++)
+                if (r->parts[i].st != PART_GRANTED)
+                        bad = r->parts + i;
+        if (bad)
+                set_refuse(e, r, bad->pool, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL, now);
+        else
+                set_lease(e, r, now);
+        engine_request_unref(r);
+}
+
+/* A decision about one part of a waiting request: a refusal (its budget in that pool ran out, the pool was
+ * drained or removed) ends the whole request, named after that pool; the smallest budget is the one that
+ * runs out first. While routing, set_route() looks at the parts itself. */
+static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision *d) {
+        RequestPart *part = set_part(r, d->pool);
+        if (!part)
+                return;
+        set_part_record(r, part, d);
+        if (r->phase != REQUEST_WAITING || part->st != PART_REFUSED)
+                return;
+        set_refuse(e, r, part->pool, part->refusal, part->at, part->wait, part->reason, d->at);
+}
+
+/* Tries the lane's pools in order with every also= pool: granted at once when all of them have room, else
+ * refused or queued in all of them (SPEC §3.5). The in-process pools it takes decide at once. */
+static int set_route(Engine *e, EngineRequest *r, const EngineLane *lane, usec_t now) {
+        for (;;) {
+                Pool *p = r->route[r->next_route++];
+                bool last = r->next_route == r->n_route, may_wait = last && r->may_wait;
+                r->pool = p;
+                r->parts[0] = (RequestPart) { .pool = p, .slots = r->slots };
+                for (size_t i = 1; i < r->n_parts; i++)
+                        r->parts[i] = (RequestPart) { .pool = lane->also[i - 1], .slots = lane->also_slots[i - 1] };
+
+                for (size_t i = 0; i < r->n_parts; i++) {
+                        RequestPart *part = r->parts + i;
+                        int k = part->pool->ops->submit(
+                                part->pool,
+                                &(PoolTry) {
+                                        .cookie = r,
+                                        .lane = r->lane,
+                                        .slots = part->slots,
+                                        .may_wait = may_wait,
+                                        .lane_budget_set = r->lane_budget_set,
+                                        .lane_budget = r->lane_budget,
+                                        .client_cap = r->client_cap,
+                                        .arrival = r->arrival,
+                                        /* Labels and a member choose in the lane's own pool only. */
+                                        .selector = i == 0 ? &(Selector) { .terms = r->terms, .member = r->member } : NULL,
+                                        /* A handed-over waiter goes back behind those resumed before it in
+                                         * every pool of its set: its place in each, as all are resumed in
+                                         * their old queue order; each with the budget it had (the set's). */
+                                        .resume = r->resume,
+                                        .gated = true,
+                                },
+                                now);
+                        if (k < 0) {
+                                set_withdraw(e, r, now);
+                                return k;
+                        }
+                        set_absorb_pending(e, r);
+                }
+
+                const RequestPart *refused = NULL;
+                for (size_t i = 0; i < r->n_parts && !refused; i++)
+                        if (r->parts[i].st == PART_REFUSED)
+                                refused = r->parts + i;
+                if (refused) {
+                        Refusal why = refused->refusal;
+                        Pool *by = refused->pool;
+                        const char *reason = refused->reason;
+                        set_withdraw(e, r, now);
+                        /* Fail fast while an alternative remains (SPEC §3.2). */
+                        if (!last && (why == REFUSAL_BUSY || why == REFUSAL_UNAVAILABLE))
+                                continue;
+                        refuse_request(e, r, by, why, now, usec_sub_unsigned(now, r->arrival), reason);
+                        return 0;
+                }
+                if (set_is_ready(r)) {
+                        set_grant(e, r, now);
+                        return 0;
+                }
+                if (!may_wait) {
+                        Pool *by = NULL;
+                        for (size_t i = 0; i < r->n_parts && !by; i++)
+                                if (!r->parts[i].pool->ops->ready(r->parts[i].pool, r->parts[i].waiter))
+                                        by = r->parts[i].pool;
+                        set_withdraw(e, r, now);
+                        if (!last)
+                                continue;
+                        refuse_request(e, r, by, REFUSAL_BUSY, now, usec_sub_unsigned(now, r->arrival), NULL);
+                        return 0;
+                }
+
+                /* It waits in every pool of the set; its budget is the smallest of theirs (the first to end
+                 * refuses it, in that pool's name). */
+                const RequestPart *least = r->parts;
+                for (size_t i = 1; i < r->n_parts; i++)
+                        if (r->parts[i].budget < least->budget)
+                                least = r->parts + i;
+                r->phase = REQUEST_WAITING;
+                r->queued = true;
+                r->state = least->state;
+                r->idle = least->idle;
+                r->budget = least->budget;
+                event_push(e, &(EngineEvent) {
+                        .type = ENGINE_EVENT_QUEUED,
+                        .at = now,
+                        .userdata = r->userdata,
+                        .request = r,
+                        .pool = p->name,
+                        .lane = r->lane,
+                        .arrival = r->arrival,
+                        .state = r->state,
+                        .idle = r->idle,
+                        .budget = r->budget,
+                        .queued = true,
+                });
+                return 0;
+        }
+}
+
+/* Grants the waiting sets that every pool of theirs is ready for, and lets each pool hand on what is left
+ * (SPEC §3.3, step 3). Only sets a pool said READY for are looked at: a pool says so for each gated waiter it
+ * stops at whenever it runs, so a set ready everywhere is said ready by all its pools in the same instant. A
+ * set granted lets its pools go on, which may say READY for another: again until none is left. */
+static void sets_settle(Engine *e, usec_t t) {
+        ListNode *n;
+        while ((n = list_first(&e->sets))) {
+                EngineRequest *r = container_of(n, EngineRequest, set_node);
+                list_unlink(n);
+                if (r->phase != REQUEST_WAITING || !set_is_ready(r))
+                        continue;
+                size_t n_parts = r->n_parts;
+                Pool *pools[1 + CONF_LANE_ALSO_MAX];
+                for (size_t i = 0; i < n_parts; i++)
+                        pools[i] = r->parts[i].pool;
+                set_grant(e, r, t);
+                for (size_t i = 0; i < n_parts; i++)
+                        pools[i]->ops->run(pools[i], t);
+                process_decisions(e);
+        }
+}
+
 static void handle_decision(Engine *e, const PoolDecision *d) {
         EngineRequest *r = d->cookie;
+
+        if (r && r->parts && (d->verdict == POOL_VERDICT_GRANTED || d->verdict == POOL_VERDICT_QUEUED ||
+                              d->verdict == POOL_VERDICT_REFUSED)) {
+                set_handle_decision(e, r, d);
+                return;
+        }
+        if (d->verdict == POOL_VERDICT_READY) {
+                /* sets_settle() looks at it (once however many of its pools said so). */
+                if (r && r->parts && r->phase == REQUEST_WAITING && !list_node_is_linked(&r->set_node))
+                        list_append(&e->sets, &r->set_node);
+                return;
+        }
 
         switch (d->verdict) {
         case POOL_VERDICT_GRANTED:
@@ -729,7 +1155,8 @@ static void process_decisions(Engine *e) {
                 e->n_pending--;
                 if (e->n_pending == 0)
                         e->pending_head = 0;
-                handle_decision(e, &d);
+                if (d.pool) /* NULL: taken by set_absorb_pending() */
+                        handle_decision(e, &d);
         }
 }
 
@@ -741,6 +1168,7 @@ static void settle(Engine *e, usec_t t) {
         for (size_t i = 0; i < e->n_retired; i++)
                 e->retired[i]->ops->run(e->retired[i], t);
         process_decisions(e);
+        sets_settle(e, t);
 
         HeapNode *n;
         while ((n = heap_peek(&e->expiries)) && n->key <= t)
@@ -898,6 +1326,20 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
                 request_free(r);
                 return -EINVAL;
         }
+        /* An all-or-nothing lane (SPEC §3.5): each also= pool must be able to give its share at all. */
+        for (size_t i = 0; i < lane->n_also; i++)
+                if (lane->also_slots[i] > lane->also[i]->limit) {
+                        request_free(r);
+                        return -EINVAL;
+                }
+        if (lane->n_also > 0) {
+                r->n_parts = 1 + lane->n_also;
+                r->parts = calloc(r->n_parts, sizeof(RequestPart));
+                if (!r->parts) {
+                        request_free(r);
+                        return -ENOMEM;
+                }
+        }
         /* A resumed waiter goes back to its pool alone, where it stands in the queue; its pool gone from the
          * lane (or drained, or now too small) it is routed as a new request, arriving when it arrived. */
         PoolResume resume;
@@ -939,6 +1381,16 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         list_append(&e->requests, &r->node);
         if (r->n_route == 0) {
                 refuse_request(e, r, fits, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL);
+        } else if (r->parts) {
+                r->n_ref++; /* set_route() may finish it */
+                int k = set_route(e, r, lane, now);
+                r->resume = NULL; /* `resume` goes out of scope */
+                if (k < 0) {
+                        list_unlink(&r->node);
+                        request_free(r);
+                        return k;
+                }
+                r->n_ref--;
         } else {
                 int k = request_try_next(e, r, now);
                 r->resume = NULL; /* `resume` goes out of scope */
@@ -993,7 +1445,9 @@ void engine_request_cancel(EngineRequest *r, usec_t now) {
         /* Settle first: a budget that ended before `now` has already refused it, and a decision that came
          * in is the answer (its event follows). */
         engine_advance(e, now);
-        if (r->phase == REQUEST_WAITING)
+        if (r->parts && r->phase == REQUEST_WAITING)
+                set_withdraw(e, r, now);
+        else if (r->phase == REQUEST_WAITING)
                 r->pool->ops->withdraw(r->pool, r->waiter, now);
         else if (r->phase == REQUEST_ROUTING && r->pool->ops->cancel_try)
                 /* Its pool has not answered yet (the in-process pool always has): nothing will come now. */
@@ -1013,6 +1467,8 @@ void engine_lease_release(EngineLease *l, usec_t now) {
         events_forget_lease(e, l);
         heap_remove(&e->expiries, &l->expiry_node);
         l->pool->ops->release(l->pool, l->grant, now);
+        for (size_t i = 0; i < l->n_also; i++)
+                l->also[i].pool->ops->release(l->also[i].pool, l->also[i].grant, now);
         list_unlink(&l->node);
         engine_lease_free(l);
         mark_unsettled(e, now);
@@ -1020,10 +1476,8 @@ void engine_lease_release(EngineLease *l, usec_t now) {
         retired_gc(e);
 }
 
-int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **ret) {
-        assert_return(e, -EINVAL);
-        assert_return(rs && rs->pool && rs->lane && rs->slots && rs->n_slots > 0, -EINVAL);
-        assert_return(ret, -EINVAL);
+/* The pool object a restored lease goes back to (made, retired, when none is there). */
+static int restore_pool(Engine *e, const EngineLeaseRestore *rs, Pool **ret) {
 
         /* A shared lease goes to the pool object of that name kept where it was granted (or, not recorded, by
          * any backend), a local one to the local one: after a move both may be there. */
@@ -1067,6 +1521,19 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
                 p->ops->retire(p, rs->granted_at);
                 e->retired[e->n_retired++] = p;
         }
+        *ret = p;
+        return 0;
+}
+
+int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **ret) {
+        assert_return(e, -EINVAL);
+        assert_return(rs && rs->pool && rs->lane && rs->slots && rs->n_slots > 0, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        Pool *p;
+        int r = restore_pool(e, rs, &p);
+        if (r < 0)
+                return r;
         /* A lease recorded without member names (by an older brokerd): its members are those at its indices. */
         _cleanup_free_ const char **by_index = NULL;
         const char *const *members = rs->members;
@@ -1081,7 +1548,7 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
                 members = by_index;
         }
         PoolGrant *g;
-        int r = p->ops->restore(p,
+        r = p->ops->restore(p,
                                 &(PoolRestore) {
                                         .lane = rs->lane,
                                         .slots = rs->slots,
@@ -1105,6 +1572,63 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
                 p->ops->release(p, g, rs->granted_at);
         }
         retired_gc(e); /* a pool made for this lease alone goes again */
+        return r;
+}
+
+int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs) {
+        assert_return(l, -EINVAL);
+        assert_return(rs && rs->pool && rs->slots && rs->n_slots > 0 && !rs->remote_id, -EINVAL);
+        Engine *e = l->engine;
+        if (l->remote_id || l->n_also >= CONF_LANE_ALSO_MAX)
+                return -EINVAL; /* sets are of local pools only */
+        for (size_t i = 0; i < l->n_also; i++)
+                if (streq(l->also[i].pool->name, rs->pool))
+                        return -EINVAL;
+        if (streq(l->pool->name, rs->pool))
+                return -EINVAL;
+        Pool *p;
+        int r = restore_pool(e, rs, &p);
+        if (r < 0)
+                return r;
+        LeasePart *a = reallocarray(l->also, l->n_also + 1, sizeof(LeasePart));
+        if (!a) {
+                retired_gc(e);
+                return -ENOMEM;
+        }
+        l->also = a;
+        _cleanup_free_ const char **by_index = NULL;
+        const char *const *members = rs->members;
+        if (!members && p->members) {
+                by_index = calloc(rs->n_slots, sizeof(char *));
+                if (!by_index) {
+                        retired_gc(e);
+                        return -ENOMEM;
+                }
+                for (unsigned i = 0; i < rs->n_slots; i++)
+                        by_index[i] = rs->slots[i] < p->limit ? p->members[rs->slots[i]] : NULL;
+                members = by_index;
+        }
+        PoolGrant *g;
+        r = p->ops->restore(p,
+                            &(PoolRestore) {
+                                    .lane = l->lane,
+                                    .slots = rs->slots,
+                                    .members = members,
+                                    .n_slots = rs->n_slots,
+                                    .token = rs->token,
+                                    .granted_at = l->granted_at,
+                            },
+                            &g);
+        if (r >= 0) {
+                r = lease_part_set(l->also + l->n_also, p, g, rs->slots, members, rs->n_slots, rs->token);
+                if (r >= 0) {
+                        l->n_also++;
+                        return 0;
+                }
+                lease_part_done(l->also + l->n_also);
+                p->ops->release(p, g, l->granted_at);
+        }
+        retired_gc(e);
         return r;
 }
 
@@ -1197,6 +1721,8 @@ static EngineLane *engine_lane_free(EngineLane *l) {
         if (!l)
                 return NULL;
         free(l->pools);
+        free(l->also);
+        free(l->also_slots);
         strv_free(l->labels);
         return mfree(l);
 }
@@ -1239,6 +1765,31 @@ static int lanes_build(Engine *e, const BrokerConfig *c, Pool **pools, size_t n_
                         }
                         l->pools[l->n_pools++] = p;
                 }
+                if (lc->n_also > CONF_LANE_ALSO_MAX) {
+                        lanes_free(lanes, c->n_lanes);
+                        return -EINVAL; /* conf_set() lets no more through; sets_settle() counts on it */
+                }
+                if (lc->n_also > 0) {
+                        l->also = calloc(lc->n_also, sizeof(Pool *));
+                        l->also_slots = calloc(lc->n_also, sizeof(unsigned));
+                        if (!l->also || !l->also_slots)
+                                goto oom;
+                }
+                for (size_t k = 0; k < lc->n_also; k++) {
+                        Pool *p = pool_find(pools, n_pools, lc->also[k].pool);
+                        /* conf_validate() lets none through that is missing, or kept by a backend */
+                        if (!p || !p->ops->ready || !p->ops->grant_waiter) {
+                                lanes_free(lanes, c->n_lanes);
+                                return -EINVAL;
+                        }
+                        l->also[l->n_also] = p;
+                        l->also_slots[l->n_also++] = lc->also[k].slots;
+                }
+                for (size_t k = 0; k < l->n_pools && l->n_also > 0; k++)
+                        if (!l->pools[k]->ops->ready || !l->pools[k]->ops->grant_waiter) {
+                                lanes_free(lanes, c->n_lanes);
+                                return -EINVAL;
+                        }
         }
         *ret = lanes;
         return 0;
@@ -1247,18 +1798,32 @@ oom:
         return -ENOMEM;
 }
 
-/* The rules of every lane that routes to pool `name`. */
+/* The rules of every lane that routes to pool `name`, or takes slots of it with every grant (also=: its
+ * reserve= is for the pools it routes to). */
 static size_t rules_for_pool(const BrokerConfig *c, const char *name, PoolLaneRule *rules) {
         size_t n = 0;
         for (size_t i = 0; i < c->n_lanes; i++) {
                 const LaneConfig *lc = c->lanes[i];
+                bool routed = false;
                 for (size_t k = 0; k < lc->n_pools; k++)
                         if (streq(lc->pools[k], name)) {
+                                routed = true;
                                 rules[n++] = (PoolLaneRule) {
                                         .lane = lc->name,
                                         .priority = lc->priority,
                                         .max_in_use = lc->max_in_use,
                                         .reserve = lc->reserve,
+                                        .budget_set = lc->queue_timeout_set,
+                                        .budget = lc->queue_timeout,
+                                };
+                                break;
+                        }
+                for (size_t k = 0; k < lc->n_also && !routed; k++)
+                        if (streq(lc->also[k].pool, name)) {
+                                rules[n++] = (PoolLaneRule) {
+                                        .lane = lc->name,
+                                        .priority = lc->priority,
+                                        .max_in_use = lc->max_in_use,
                                         .budget_set = lc->queue_timeout_set,
                                         .budget = lc->queue_timeout,
                                 };
@@ -1415,6 +1980,7 @@ int engine_new(EngineRandomFn random, void *random_userdata, Engine **ret) {
         e->random_userdata = random_userdata;
         list_init(&e->leases);
         list_init(&e->requests);
+        list_init(&e->sets);
         heap_init(&e->expiries);
         *ret = e;
         return 0;
@@ -1433,6 +1999,8 @@ Engine *engine_free(Engine *e) {
         while ((n = list_first(&e->leases))) {
                 EngineLease *l = container_of(n, EngineLease, node);
                 l->pool->ops->release(l->pool, l->grant, 0);
+                for (size_t i = 0; i < l->n_also; i++)
+                        l->also[i].pool->ops->release(l->also[i].pool, l->also[i].grant, 0);
                 list_unlink(n);
                 engine_lease_free(l);
         }

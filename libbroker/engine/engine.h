@@ -133,7 +133,9 @@ int engine_check_moves(Engine *e, const BrokerConfig *c, EngineMoveRefusal *ret)
  * is granted at once only if a fresh request would be (room, and nobody ahead); max-queue does not refuse it
  * (it was admitted before). A budget that ended meanwhile refuses it (timeout/shed, at its deadline) in the
  * first engine_run(). When its pool is gone from the lane, or drained, the request is routed as a fresh one
- * (its arrival kept). Times are monotonic µs of the same boot. */
+ * (its arrival kept). A waiter of an all-or-nothing set (also=) goes back into every pool of its set, behind
+ * those resumed before it in each, each part with the set's budget (the smallest, which the request had): its
+ * deadline is kept, and a refusal at it names the chosen pool. Times are monotonic µs of the same boot. */
 typedef struct EngineResume {
         const char *pool;         /* where it waited: engine_request_pool() */
         usec_t arrival;           /* engine_request_arrival() */
@@ -164,7 +166,10 @@ typedef struct EngineAcquire {
 } EngineAcquire;
 
 /* Routes a request: the first of the lane's pools with room grants it; otherwise a fail-fast lane
- * refuses, a waiting lane queues on its last pool. The outcome arrives as events (perhaps already
+ * refuses, a waiting lane queues on its last pool. A lane with also= (SPEC §3.5) does the same with the
+ * lane's pool and every also= pool together: granted when all have room at once (one lease, a token per pool:
+ * engine_lease_also()), else refused naming a pool that had none, or queued in all of them (holding none)
+ * until each is ready for it; a refusal while it waits (a budget, a drain, a removal) names its pool. The outcome arrives as events (perhaps already
  * queued when this returns). Returns 0 and a reference to the request, -ENOENT for an unknown lane,
  * -EINVAL when no pool of the lane has `slots` slots its labels and member allow (or they are not valid),
  * -ENOMEM. */
@@ -190,6 +195,11 @@ QueueState engine_request_state(const EngineRequest *r);
 /* The pool's idle time when it joined the queue (0 when not queued). */
 usec_t engine_request_idle(const EngineRequest *r);
 const char *engine_request_pool(const EngineRequest *r);
+/* An all-or-nothing request (a lane with also=, SPEC §3.5): the further pools it waits in beside
+ * engine_request_pool() (0 for others, or once it is decided), and the i-th's name (NULL out of range). Its
+ * position (engine_request_position()) is the furthest of its places, its budget the smallest. */
+size_t engine_request_also_count(const EngineRequest *r);
+const char *engine_request_also_pool(const EngineRequest *r, size_t i);
 /* A waiting request's name in the backend of its pool (a shared pool's rid), or NULL (an in-process pool,
  * or not waiting). Valid until the request's next event. */
 const char *engine_request_remote_id(const EngineRequest *r);
@@ -232,6 +242,20 @@ bool engine_lease_is_revoked(const EngineLease *l);
 const char *engine_lease_remote_id(const EngineLease *l);
 bool engine_lease_is_shared(const EngineLease *l);
 
+/* An all-or-nothing lease (SPEC §3.5, a lane with also=): one lease over the chosen pool (the functions above)
+ * and each also= pool, in the lane's order, with a fencing token of each pool. */
+typedef struct EngineLeaseAlso {
+        const char *pool;
+        uint64_t token;
+        unsigned n_slots;
+        const unsigned *slots;
+        const char *const *members; /* NULL for a pool of anonymous slots */
+} EngineLeaseAlso;
+/* 0 for a lease of one pool. */
+size_t engine_lease_also_count(const EngineLease *l);
+/* The i-th also= pool's share; valid while the lease lives. Returns 0, -ENOENT. */
+int engine_lease_also(const EngineLease *l, size_t i, EngineLeaseAlso *ret);
+
 /* A lease that outlived a restart of the daemon, re-occupying exactly its old slots. */
 typedef struct EngineLeaseRestore {
         const char *pool;
@@ -256,6 +280,11 @@ typedef struct EngineLeaseRestore {
  * configuration: SPEC §3.4): it is kept as a removed pool, its slots held until released, and a reload
  * that configures it again revives it with them. Returns 0, -EEXIST (a slot is taken), -EINVAL, -ENOMEM. */
 int engine_lease_restore(Engine *e, const EngineLeaseRestore *r, EngineLease **ret);
+/* An also= pool's share of a restored all-or-nothing lease (SPEC §3.5), given as engine_lease_restore() takes
+ * a lease (lane, times, userdata and remote_id unused: the lease's own; local pools only), after the lease's
+ * own pool. Its pool is found, or kept as a removed one, as there. Returns 0, -EEXIST (a slot is taken),
+ * -EINVAL (a pool of the lease already, or a shared lease), -ENOMEM; the lease is unchanged on failure. */
+int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs);
 /* Fencing tokens of the pool continue at or above next_token, also for a pool configured later. Returns 0
  * or -ENOMEM. */
 int engine_set_token_floor(Engine *e, const char *pool, uint64_t next_token);

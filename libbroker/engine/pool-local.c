@@ -71,6 +71,7 @@ struct PoolWaiter {
         usec_t idle;
         usec_t budget;
         bool shed;         /* the saturated budget is the one that runs out */
+        bool gated;        /* part of an all-or-nothing set: granted only by grant_waiter() */
         ListNode fifo_node;
         RankNode rank_node;
         HeapNode deadline_node;
@@ -616,8 +617,18 @@ static Verdict member_verdict(const LocalPool *p, const LocalLane *l, unsigned s
 }
 
 /* The first waiter in queue order that can be granted, walking the buckets' heads with member_verdict(); its
- * members in `usable`. NULL when none: avail then holds what the queue left for a newcomer. */
-static PoolWaiter *queue_walk(const LocalPool *p, uint64_t *avail, uint64_t *usable, size_t words) {
+ * members in `usable`. NULL when none: avail then holds what the queue left for a newcomer. A gated waiter
+ * (an all-or-nothing set's) that could be granted is not: it sets aside the members it could use, as one
+ * that cannot be granted yet does. With `target`, the walk answers for it alone: it, if it could be granted
+ * (gated or not), else NULL. */
+static void waiter_say_ready(const LocalPool *p, const PoolWaiter *w, usec_t now) {
+        Pool *base = (Pool *) &p->base; /* an emit changes nothing in the pool */
+        pool_emit(base, &(PoolDecision) { .verdict = POOL_VERDICT_READY, .pool = base, .cookie = w->cookie, .at = now });
+}
+
+/* ready_at: not USEC_INFINITY: each gated waiter it sets aside as one that could be granted is said READY. */
+static PoolWaiter *queue_walk(const LocalPool *p, uint64_t *avail, uint64_t *usable, size_t words,
+                              const PoolWaiter *target, usec_t ready_at) {
         RankNode *n;
         for (size_t i = 0; (n = rank_tree_nth(&p->heads, i)); i++) {
                 bool any = false;
@@ -627,8 +638,18 @@ static PoolWaiter *queue_walk(const LocalPool *p, uint64_t *avail, uint64_t *usa
                         break;
                 Bucket *b = container_of(n, Bucket, head_node);
                 PoolWaiter *head = container_of(list_first(&b->fifo), PoolWaiter, fifo_node);
-                if (member_verdict(p, head->lane, head->slots, b->mask, avail, usable, words) == VERDICT_GRANTABLE)
+                bool grantable = member_verdict(p, head->lane, head->slots, b->mask, avail, usable, words) ==
+                                 VERDICT_GRANTABLE;
+                if (target && head == target)
+                        return grantable ? head : NULL;
+                if (grantable && !target && !head->gated)
                         return head;
+                if (grantable) {
+                        for (size_t w = 0; w < words; w++)
+                                avail[w] &= ~usable[w];
+                        if (ready_at != USEC_INFINITY)
+                                waiter_say_ready(p, head, ready_at);
+                }
         }
         return NULL;
 }
@@ -737,10 +758,13 @@ static void dispatch(LocalPool *p, usec_t now) {
                                        !(usable = calloc(words, sizeof(uint64_t)))))
                                 return; /* out of memory: the next instant tries again */
                         free_members(p, avail, words);
-                        w = queue_walk(p, avail, usable, words);
+                        w = queue_walk(p, avail, usable, words, NULL, now);
                 } else
                         w = queue_next(p, INT32_MIN, &v);
-                if (!w || v != VERDICT_GRANTABLE)
+                /* A gated waiter first in line holds back those behind it: the engine grants it, or not. */
+                if (w && v == VERDICT_GRANTABLE && w->gated)
+                        waiter_say_ready(p, w, now);
+                if (!w || v != VERDICT_GRANTABLE || w->gated)
                         return;
                 waiter_unlink(p, w);
                 if (grant(p, w->lane, w->cookie, w->slots, w->arrival, now, w, walked ? usable : NULL) < 0) {
@@ -1007,27 +1031,32 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
          * limit passes over does not count as waiting here, as it does not hold back the queue either:
          * otherwise a nightly waiter kept out of merge's reserved slot would keep merge out of it too. With
          * selectors (SPEC §3.5) it is per member: the free members the waiters leave it. */
+        bool room;
         if (p->n_selective > 0 || mask) {
                 avail = calloc(words, sizeof(uint64_t));
                 usable = calloc(words, sizeof(uint64_t));
                 if (!avail || !usable)
                         return -ENOMEM;
                 free_members(p, avail, words);
-                if (!queue_walk(p, avail, usable, words) &&
-                    member_verdict(p, l, t->slots, mask, avail, usable, words) == VERDICT_GRANTABLE)
+                room = !queue_walk(p, avail, usable, words, NULL, USEC_INFINITY) &&
+                       member_verdict(p, l, t->slots, mask, avail, usable, words) == VERDICT_GRANTABLE;
+                if (room && !t->gated)
                         return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL, usable);
         } else {
                 Verdict ahead_verdict, v = lane_verdict(p, l, t->slots, free_slots(p));
-                if (v == VERDICT_GRANTABLE && !queue_next(p, INT32_MIN, &ahead_verdict))
+                room = v == VERDICT_GRANTABLE && !queue_next(p, INT32_MIN, &ahead_verdict);
+                if (room && !t->gated)
                         return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL, NULL);
         }
+        /* A gated try with room is queued (ready) whatever its patience: the engine grants it with the rest of
+         * its set at once, or withdraws it. */
 
-        if (!t->may_wait) {
+        if (!room && !t->may_wait) {
                 refuse_try(p, t, REFUSAL_BUSY, now);
                 return 0;
         }
         /* A resumed waiter was admitted before the restart: max-queue counted it then. */
-        if (!t->resume && p->max_queue >= 0 && (int64_t) p->n_waiting >= p->max_queue) {
+        if (!room && !t->resume && p->max_queue >= 0 && (int64_t) p->n_waiting >= p->max_queue) {
                 refuse_try(p, t, REFUSAL_FULL, now);
                 return 0;
         }
@@ -1048,6 +1077,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 .arrival = t->arrival,
                 .state = QUEUE_STATE_NONE,
                 .budget = USEC_INFINITY,
+                .gated = t->gated,
         };
         heap_node_init(&w->deadline_node);
 
@@ -1220,6 +1250,60 @@ static void local_run(Pool *base, usec_t now) {
         update_congestion(p, now);
 }
 
+/* A gated waiter's place (SPEC §3.5): its members, when it could be granted now, in `usable` (walk mode), or
+ * false. */
+static bool waiter_ready(const LocalPool *p, const PoolWaiter *w, uint64_t *avail, uint64_t *usable, size_t words,
+                         bool *ret_walked) {
+        *ret_walked = p->n_selective > 0;
+        if (p->base.drained || p->base.retired)
+                return false;
+        if (*ret_walked) {
+                free_members(p, avail, words);
+                return queue_walk(p, avail, usable, words, w, USEC_INFINITY) == w;
+        }
+        Verdict v;
+        return queue_next(p, INT32_MIN, &v) == w && v == VERDICT_GRANTABLE;
+}
+
+static bool local_ready(const Pool *base, const PoolWaiter *w) {
+        const LocalPool *p = POOL(base);
+        if (p->n_selective == 0 && !p->base.drained && !p->base.retired) {
+                Verdict v; /* no member sets to walk: nothing to allocate */
+                return queue_next(p, INT32_MIN, &v) == w && v == VERDICT_GRANTABLE;
+        }
+        size_t words = member_set_words(p->base.limit);
+        _cleanup_free_ uint64_t *avail = calloc(words, sizeof(uint64_t)), *usable = calloc(words, sizeof(uint64_t));
+        bool walked;
+        if (!avail || !usable)
+                return false; /* out of memory: not now; the next instant asks again */
+        return waiter_ready(p, w, avail, usable, words, &walked);
+}
+
+static int local_grant_waiter(Pool *base, PoolWaiter *w, usec_t now) {
+        LocalPool *p = POOL(base);
+        p->latest = MAX(p->latest, now);
+        size_t words = member_set_words(p->base.limit);
+        _cleanup_free_ uint64_t *avail = calloc(words, sizeof(uint64_t)), *usable = calloc(words, sizeof(uint64_t));
+        bool walked;
+        if (!avail || !usable)
+                return -ENOMEM;
+        if (!waiter_ready(p, w, avail, usable, words, &walked))
+                return -ESTALE;
+        waiter_unlink(p, w);
+        int r = grant(p, w->lane, w->cookie, w->slots, w->arrival, now, w, walked ? usable : NULL);
+        if (r < 0)
+                pool_emit(&p->base, &(PoolDecision) {
+                        .verdict = POOL_VERDICT_REFUSED,
+                        .pool = &p->base,
+                        .cookie = w->cookie,
+                        .at = now,
+                        .refusal = REFUSAL_UNAVAILABLE,
+                });
+        free(w);
+        lanes_gc(p);
+        return r;
+}
+
 static usec_t local_next_wakeup(const Pool *base) {
         const LocalPool *p = POOL(base);
         usec_t t = USEC_INFINITY;
@@ -1335,6 +1419,8 @@ static const PoolOps local_ops = {
         .set_token_floor = local_set_token_floor,
         .get_last_fast = local_get_last_fast,
         .set_last_fast = local_set_last_fast,
+        .ready = local_ready,
+        .grant_waiter = local_grant_waiter,
 };
 
 int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool **ret) {

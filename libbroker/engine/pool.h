@@ -59,6 +59,12 @@ typedef struct PoolTry {
         /* Which members it may take (SPEC §3.5), in a member pool; NULL or empty: any. Only asked of a pool
          * whose members can satisfy it (pool_selector_capacity() ≥ slots). */
         const Selector *selector;
+        /* One pool of an all-or-nothing set (SPEC §3.5, also=; only to a pool with PoolOps.ready): the pool
+         * never grants it by itself. With room it is queued at once (and ready()); without, it is refused busy
+         * or full, or queued, as any try. Queued, it holds back those behind it as a waiter short of slots
+         * does (no barging; in a member pool it sets aside the free members it can use), also while it could
+         * be granted here: the engine grants it with grant_waiter() once every pool of its set is ready. */
+        bool gated;
 } PoolTry;
 
 typedef enum PoolVerdict {
@@ -70,6 +76,9 @@ typedef enum PoolVerdict {
          * restart conflicted or came too late) or will before long (the self-fence deadline). The engine
          * revokes the lease; its slots count as held here until engine_lease_release(). */
         POOL_VERDICT_LOST,
+        /* A gated waiter (PoolTry.gated) could be granted here now (ready()): said by run() whenever it stops
+         * at one, so that the engine looks only at the sets some pool is ready for. Not final. */
+        POOL_VERDICT_READY,
         _POOL_VERDICT_MAX,
         _POOL_VERDICT_INVALID = -EINVAL,
 } PoolVerdict;
@@ -232,6 +241,14 @@ typedef struct PoolOps {
          * (monotonic µs). NULL: the backend keeps it (engine_pool_get_last_fast() says -EOPNOTSUPP). */
         usec_t (*get_last_fast)(const Pool *p);
         void (*set_last_fast)(Pool *p, usec_t last_fast, usec_t now);
+
+        /* All-or-nothing sets (PoolTry.gated); NULL: the pool takes no part in one. */
+        /* The gated waiter would be granted now if it were not gated: first in queue order among those it
+         * must not pass, its slots (members) free, its lane's limits allow it. */
+        bool (*ready)(const Pool *p, const PoolWaiter *w);
+        /* Grants a ready() gated waiter now (a GRANTED decision for its cookie). Returns 0, -ESTALE (not
+         * ready: nothing changed), -ENOMEM (refused unavailable instead). */
+        int (*grant_waiter)(Pool *p, PoolWaiter *w, usec_t now);
 } PoolOps;
 
 /* The part every implementation shares: identity, the config the engine routes on, the decision sink. */

@@ -386,6 +386,34 @@ policy = wait
                             SLOT_RETRY_AFTER_SEC=1, **common)
         self.expect_one("cancelled", "C-gone", **common)
 
+    def test_audit_all_journals_a_set_once_with_its_pools(self):
+        # A lane with also= (SPEC §3.5): one entry per decision, SLOT_ALSO naming the further pool and its token;
+        # history has a row per pool (test-also).
+        b = self.broker("""\
+[broker]
+audit = all
+
+[pool p]
+limit = 1
+
+[pool staging-db]
+limit = 1
+
+[lane s]
+pools = p
+also = staging-db
+policy = wait
+""", "audit-set")
+        a = self.acquire(b, "s", job="S-set")
+        lease = a.until_granted()
+        a.close()
+        b.wait_idle()
+        [also] = lease["also"]
+        common = {"SLOT_POOL": "p", "SLOT_LANE": "s", "SLOT_CLIENT_UID": 0, "SLOT_CLIENT_PID": MY_PID,
+                  "SLOT_LEASE": lease["id"], "SLOT_ALSO": f"staging-db:{also['token']}"}
+        self.expect_one("granted", "S-set", SLOT_TOKEN=lease["token"], SLOT_WAIT_USEC=0, **common)
+        self.expect_one("released", "S-set", **common)
+
     def test_audit_decisions_keeps_grants_in_history_only(self):
         b = self.broker("""\
 [pool p]

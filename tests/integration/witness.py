@@ -42,11 +42,29 @@ record() {
         printf '%s %s %s\n' "$(date +%s.%N)" "$1" "$n" >>"$d/times"  # realtime, to read a failure against logs
 }
 held=$d/held/$SLOT_POOL
+# An all-or-nothing set (a lane with also=, SPEC §3.5): $WITNESS_ALSO names its further pools; each one's
+# SLOT_<POOL>_TOKEN, _INDEX, _MEMBER must be there (else the set was held in part) and is witnessed the same.
+also_var() {
+        v=SLOT_$(printf '%s' "$1" | tr 'a-z' 'A-Z' | tr -c 'A-Z0-9' '_')_$2
+        eval "printf '%s' \"\${$v:-}\""
+}
+also_slots() {
+        m=$(also_var "$1" MEMBER)
+        printf '%s' "${m:-$(also_var "$1" INDEX)}" | tr , ' '
+}
 finish() {
         for s in $slots; do
                 [ "$(cut -d' ' -f1 "$held/$s" 2>/dev/null)" = "$n" ] && rm -f "$held/$s"
         done
+        for p in ${WITNESS_ALSO:-}; do
+                for s in $(also_slots "$p"); do
+                        [ "$(cut -d' ' -f1 "$d/held/$p/$s" 2>/dev/null)" = "$n" ] && rm -f "$d/held/$p/$s"
+                done
+        done
         record end
+        for p in ${WITNESS_ALSO:-}; do
+                printf '%s %s %s %s %s\n' end "$n" "$p" "$(also_var "$p" TOKEN)" "$(also_slots "$p")" >>"$d/log"
+        done
 }
 # A holder killed before its trap ran (SIGKILL at the end of a fence's revoke grace, on a loaded machine)
 # leaves its file behind: it holds nothing once its process is gone, which is what fencing is for. A file
@@ -70,10 +88,31 @@ for s in $slots; do
                         "$(date +%s.%N)" >>"$d/violations"
         fi
 done
+for p in ${WITNESS_ALSO:-}; do
+        if [ -z "$(also_var "$p" TOKEN)" ] || [ -z "$(also_slots "$p")" ]; then
+                printf '%s got %s without %s: a set held in part (at %s)\n' "$n" "$SLOT_POOL" "$p" \
+                        "$(date +%s.%N)" >>"$d/violations"
+                continue
+        fi
+        mkdir -p "$d/held/$p"
+        for s in $(also_slots "$p"); do
+                if ! printf '%s %s\n' "$n" "$$" 2>/dev/null >"$d/held/$p/$s"; then
+                        printf '%s got %s %s while %s holds it (at %s)\n' "$n" "$p" "$s" "$(cat "$d/held/$p/$s")" \
+                                "$(date +%s.%N)" >>"$d/violations"
+                fi
+        done
+done
 set +C
 set -- "$held"/*
 printf '%s %s %s\n' "$SLOT_POOL" "$#" "$n" >>"$d/holders"
+for p in ${WITNESS_ALSO:-}; do
+        set -- "$d/held/$p"/*
+        printf '%s %s %s\n' "$p" "$#" "$n" >>"$d/holders"
+done
 record start
+for p in ${WITNESS_ALSO:-}; do
+        printf '%s %s %s %s %s\n' start "$n" "$p" "$(also_var "$p" TOKEN)" "$(also_slots "$p")" >>"$d/log"
+done
 eval "$body"
 finish
 """
@@ -92,13 +131,15 @@ class Witness:
         open(os.path.join(directory, "log"), "w").close()
         self._names = itertools.count(1)
 
-    def command(self, body="sleep 60", name=None):
-        """argv of a witnessed command that runs `body` (shell text); named `name` or a fresh name."""
-        return ["sh", self.script, self.dir, name or f"cmd-{next(self._names)}", body]
+    def command(self, body="sleep 60", name=None, also=()):
+        """argv of a witnessed command that runs `body` (shell text); named `name` or a fresh name. `also`: the
+        further pools of its lane's all-or-nothing set, witnessed too (their start and end lines follow its own)."""
+        argv = ["sh", self.script, self.dir, name or f"cmd-{next(self._names)}", body]
+        return ["env", "WITNESS_ALSO=" + " ".join(also), *argv] if also else argv
 
-    def command_until_stopped(self, name):
+    def command_until_stopped(self, name, also=()):
         """argv of a witnessed command that runs until stop(name)."""
-        return self.command('while [ ! -e "$d/stop-$n" ]; do sleep 0.02; done', name)
+        return self.command('while [ ! -e "$d/stop-$n" ]; do sleep 0.02; done', name, also)
 
     def stop(self, name):
         open(os.path.join(self.dir, f"stop-{name}"), "w").close()

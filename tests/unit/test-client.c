@@ -49,6 +49,12 @@ static const char config[] = "[pool grid]\n"
                              "queue-timeout = infinity\n"
                              "[lane rig]\n"
                              "pools = rigs\n"
+                             "policy = wait\n"
+                             "[pool db]\n"
+                             "limit = 1\n"
+                             "[lane e2e]\n"
+                             "pools = db\n"
+                             "also = rigs:2\n"
                              "policy = wait\n";
 
 /* ---- helpers ---- */
@@ -487,6 +493,28 @@ static void test_members_pool_names_the_members(void **state) {
         assert_null(broker_lease_member(l, 2));
 }
 
+/* A lane with also= (SPEC §3.5): one lease, a lease object of each further pool's share. */
+static void test_also_lease_carries_every_pool(void **state) {
+        _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        BrokerAcquireOptions o = options("e2e");
+        assert_int_equal(broker_acquire(c, &o, &l), BROKER_GRANTED);
+        assert_string_equal(broker_lease_pool(l), "db");
+        assert_int_equal(broker_lease_n_also(l), 1);
+        const BrokerLease *a = broker_lease_also(l, 0);
+        assert_non_null(a);
+        assert_null(broker_lease_also(l, 1));
+        assert_string_equal(broker_lease_pool(a), "rigs");
+        assert_string_equal(broker_lease_id(a), broker_lease_id(l));
+        assert_string_equal(broker_lease_lane(a), "e2e");
+        assert_true(broker_lease_token(a) > 0);
+        assert_int_equal(broker_lease_n_slots(a), 2);
+        assert_non_null(broker_lease_member(a, 0));
+        assert_non_null(broker_lease_member(a, 1));
+        assert_int_equal(broker_lease_n_also(a), 0);
+        assert_int_equal(broker_lease_n_also(NULL), 0);
+}
+
 static void test_detached_lease_needs_max_hold_and_frees_the_connection(void **state) {
         _cleanup_(broker_client_freep) BrokerClient *c = connect_or_fail();
         _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
@@ -892,6 +920,15 @@ static void test_protocol_violations_are_ebadmsg(void **state) {
                 "{\"parameters\":{\"state\":\"queued\"}}",                                               /* queued, yet final */
                 "{\"parameters\":{\"state\":\"dancing\"},\"continues\":true}",
                 "{\"error\":\"io.slotbroker.Busy\",\"continues\":true}",
+                /* an all-or-nothing lease's shares that do not say what they hold */
+                "{\"parameters\":{\"state\":\"granted\",\"lease\":{\"id\":\"x\",\"token\":1,\"pool\":\"p\",\"slots\":[0],"
+                "\"lane\":\"l\",\"also\":{}}},\"continues\":true}",
+                "{\"parameters\":{\"state\":\"granted\",\"lease\":{\"id\":\"x\",\"token\":1,\"pool\":\"p\",\"slots\":[0],"
+                "\"lane\":\"l\",\"also\":[{\"pool\":\"q\",\"token\":2}]}},\"continues\":true}",
+                "{\"parameters\":{\"state\":\"granted\",\"lease\":{\"id\":\"x\",\"token\":1,\"pool\":\"p\",\"slots\":[0],"
+                "\"lane\":\"l\",\"also\":[{\"pool\":\"q\",\"token\":2,\"slots\":[0],\"members\":[\"a\",\"b\"]}]}},\"continues\":true}",
+                "{\"parameters\":{\"state\":\"granted\",\"lease\":{\"id\":\"x\",\"token\":1,\"pool\":\"p\",\"slots\":[0],"
+                "\"lane\":\"l\",\"also\":[7]}},\"continues\":true}",
         };
         for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
                 Fake f;
@@ -1070,6 +1107,7 @@ int main(int argc, char *argv[]) {
                 T(test_release_of_unknown_lease_is_no_such_lease),
                 T(test_unknown_lane_and_too_many_slots),
                 T(test_members_pool_names_the_members),
+                T(test_also_lease_carries_every_pool),
                 T(test_detached_lease_needs_max_hold_and_frees_the_connection),
                 T(test_options_are_checked),
                 T(test_attached_pid_is_reported_and_holds_the_slot),

@@ -1046,6 +1046,66 @@ static void test_too_many_labels(void **state) {
         set_fails("pool rigs", "label.one-more", "", "too many labels");
 }
 
+/* ---- also= (SPEC §3.5: several pools at once) ---- */
+
+static void test_lane_also_parses_pools_and_counts(void **state) {
+        valid_config();
+        set_ok("pool db", "limit", "1");
+        set_ok("pool licence", "members", "l1 l2 l3");
+        set_ok("lane merge", "also", "db licence:2");
+        LaneConfig *l = conf_find_lane(c, "merge");
+        assert_int_equal(l->n_also, 2);
+        assert_string_equal(l->also[0].pool, "db");
+        assert_int_equal(l->also[0].slots, 1);
+        assert_string_equal(l->also[1].pool, "licence");
+        assert_int_equal(l->also[1].slots, 2);
+        assert_int_equal(conf_validate(c, &errors), 0);
+        set_ok("lane merge", "also", ""); /* empty: none */
+        assert_null(l->also);
+        assert_int_equal(l->n_also, 0);
+}
+
+static void test_lane_also_bad_input(void **state) {
+        set_fails("lane l", "also", "db db", "pool \"db\" is listed twice");
+        set_fails("lane l", "also", "db db:2", "listed twice");
+        set_fails("lane l", "also", "db:0", "invalid slot count");
+        set_fails("lane l", "also", "db:", "invalid slot count");
+        set_fails("lane l", "also", "db:-1", "invalid slot count");
+        set_fails("lane l", "also", "db:1x", "invalid slot count");
+        set_fails("lane l", "also", "db:1000001", "invalid slot count");
+        set_fails("lane l", "also", "db:99999999999999999999", "invalid slot count");
+        set_fails("lane l", "also", "d/b", "invalid pool name");
+        set_fails("lane l", "also", ":2", "invalid pool name");
+        set_fails("lane l", "also", "a b c d e f g h i j k l m n o p q", "too many");
+}
+
+static void test_validate_lane_also_names_the_lane(void **state) {
+        valid_config();
+        set_ok("pool db", "limit", "2");
+        set_ok("pool shared", "limit", "2");
+        set_ok("pool shared", "backend", "redis://127.0.0.1:6379");
+        set_ok("pool shared2", "limit", "2");
+        set_ok("pool shared2", "backend", "redis://127.0.0.1:6379");
+        set_at(90, "lane merge", "also", "grid");          /* its own pool */
+        set_ok("lane a", "pools", "grid");
+        set_at(91, "lane a", "also", "nosuch db:3");        /* unknown; K above the limit */
+        set_ok("lane b", "pools", "grid");
+        set_at(92, "lane b", "also", "shared");             /* a shared pool with a local one */
+        set_ok("lane c", "pools", "shared");
+        set_at(93, "lane c", "also", "shared2");            /* shared only: not yet */
+        set_ok("pool a-b", "limit", "1");
+        set_ok("pool A_b", "limit", "1");
+        set_ok("lane d", "pools", "grid");
+        set_at(94, "lane d", "also", "a-b A_b");            /* one SLOT_A_B_* for both */
+        assert_int_equal(conf_validate(c, &errors), -EINVAL);
+        assert_has_error("test.conf:90", "also", "lane merge names its own pool grid in also=");
+        assert_has_error("test.conf:91", "also", "lane a names pool nosuch, which is not defined");
+        assert_has_error("test.conf:91", "also", "lane a takes 3 slots of pool db, which has 2");
+        assert_has_error("test.conf:92", "also", "lane b mixes shared (backend=) and local pools");
+        assert_has_error("test.conf:93", "also", "not supported yet");
+        assert_has_error("test.conf:94", "also", "whose SLOT_A_b_* variables would be the same");
+}
+
 /* ---- conf_dump ---- */
 
 static void test_dump_of_every_key_reads_back_the_same(void **state) {
@@ -1084,6 +1144,8 @@ static void test_dump_of_every_key_reads_back_the_same(void **state) {
         set_ok("lane merge", "allow-groups", "ci");
         set_ok("lane nightly", "pools", "rigs");
         set_ok("lane nightly", "queue-timeout", "2h");
+        set_ok("pool db", "limit", "2");
+        set_ok("lane nightly", "also", "db:2");
         assert_int_equal(conf_validate(c, &errors), 0);
         assert_round_trips(c);
 }
@@ -1210,6 +1272,9 @@ int main(void) {
                 T(test_pool_label_names_and_members_must_be_valid),
                 T(test_validate_labels_need_members_and_name_known_ones),
                 T(test_too_many_labels),
+                T(test_lane_also_parses_pools_and_counts),
+                T(test_lane_also_bad_input),
+                T(test_validate_lane_also_names_the_lane),
                 T(test_dump_of_every_key_reads_back_the_same),
                 T(test_dump_of_a_fresh_config_reads_back_the_same),
                 T(test_dump_shows_durations_and_sizes_readably),

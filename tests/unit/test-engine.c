@@ -142,6 +142,9 @@ static void config_clear(BrokerConfig *c) {
                         free(c->lanes[i]->pools[k]);
                 free(c->lanes[i]->pools);
                 strv_free(c->lanes[i]->labels);
+                for (size_t k = 0; k < c->lanes[i]->n_also; k++)
+                        free(c->lanes[i]->also[k].pool);
+                free(c->lanes[i]->also);
                 free(c->lanes[i]->name);
                 free(c->lanes[i]);
         }
@@ -1937,6 +1940,543 @@ static void test_restart_resumes_waiters_at_their_places(void **state) {
         assert_int_equal(pos, 0);
 }
 
+
+/* ---- several pools at once, all or nothing (SPEC §3.5, also=) ---- */
+
+#ifndef TEST_ENGINE_SHARED /* local pools only: conf refuses also= over shared pools yet */
+
+static void lane_also(LaneConfig *l, const char *pool, unsigned slots) {
+        l->also = realloc(l->also, (l->n_also + 1) * sizeof(LaneAlso));
+        assert_non_null(l->also);
+        l->also[l->n_also++] = (LaneAlso) { .pool = strdup(pool), .slots = slots };
+}
+
+/* Pools p (limit np) and db (limit ndb); lane "set" (wait) takes p and 1 of db; lane "db" and lane "p" take one
+ * pool each. */
+static void set_pools(Fixture *f, unsigned np, unsigned ndb) {
+        pool_add(f, "p", np);
+        pool_add(f, "db", ndb);
+        lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL), "db", 1);
+        lane_add(f, "db", LANE_POLICY_WAIT, "db", NULL);
+        lane_add(f, "p", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+}
+
+static size_t position_of(const Tag *t) {
+        size_t pos = SIZE_MAX;
+        assert_int_equal(engine_request_position(t->request, &pos, NULL), 0);
+        return pos;
+}
+
+static void test_set_is_granted_with_a_slot_and_token_of_every_pool(void **state) {
+        Fixture *f = *state;
+        set_pools(f, 2, 3);
+        Tag *a = acquire(f, "a", (Req) { .lane = "set" }, 0);
+        assert_true(granted(a));
+        assert_string_equal(engine_lease_pool(a->lease), "p");
+        assert_int_equal(engine_lease_also_count(a->lease), 1);
+        EngineLeaseAlso also;
+        assert_int_equal(engine_lease_also(a->lease, 0, &also), 0);
+        assert_string_equal(also.pool, "db");
+        assert_int_equal(also.n_slots, 1);
+        assert_int_equal(also.slots[0], 0);
+        assert_true(also.token > 0);
+        assert_null(also.members);
+        assert_int_equal(engine_lease_also(a->lease, 1, &also), -ENOENT);
+        assert_int_equal(pool_in_use(f, 0), 1);
+        assert_int_equal(pool_in_use(f, 1), 1);
+        end(f, a, S(1));
+        assert_int_equal(pool_in_use(f, 0), 0);
+        assert_int_equal(pool_in_use(f, 1), 0);
+}
+
+static void test_set_never_holds_part_of_its_set_while_waiting(void **state) {
+        Fixture *f = *state;
+        set_pools(f, 1, 1);
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
+        assert_true(granted(d));
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        assert_true(queued(s));
+        /* p has its slot free, and the set does not take it while db is taken. */
+        assert_int_equal(pool_in_use(f, 0), 0);
+        /* Nor does anyone behind it in p (no barging): the slot is the set's. */
+        Tag *q = acquire(f, "q", (Req) { .lane = "p" }, S(2));
+        assert_true(queued(q));
+        assert_int_equal(pool_in_use(f, 0), 0);
+        end(f, d, S(3));
+        assert_true(granted(s));
+        assert_int_equal(s->final.wait, S(2));
+        assert_true(queued(q));
+        end(f, s, S(4));
+        assert_true(granted(q));
+}
+
+static void test_set_is_not_starved_by_a_stream_of_single_pool_requests(void **state) {
+        Fixture *f = *state;
+        set_pools(f, 1, 2);
+        Tag *held[2] = { acquire(f, "d0", (Req) { .lane = "db" }, 0), acquire(f, "d1", (Req) { .lane = "db" }, 0) };
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        assert_true(queued(s));
+        /* A stream of one-pool requests on db: each arrives after the set, so each waits behind it. */
+        Tag *behind[20];
+        for (int i = 0; i < 20; i++) {
+                char name[8];
+                snprintf(name, sizeof name, "b%d", i);
+                behind[i] = acquire(f, name, (Req) { .lane = "db" }, S(2 + i));
+                assert_true(queued(behind[i]));
+        }
+        end(f, held[0], S(30));
+        assert_true(granted(s));
+        assert_int_equal(pool_in_use(f, 0), 1);
+        assert_int_equal(pool_in_use(f, 1), 2);
+        for (int i = 0; i < 20; i++)
+                assert_true(queued(behind[i]));
+        end(f, held[1], S(31));
+        assert_true(granted(behind[0]));
+        assert_true(queued(behind[1]));
+}
+
+static void test_crossed_sets_do_not_deadlock(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        pool_add(f, "db", 1);
+        lane_also(lane_add(f, "pd", LANE_POLICY_WAIT, "p", NULL), "db", 1);
+        lane_also(lane_add(f, "dp", LANE_POLICY_WAIT, "db", NULL), "p", 1);
+        configure(f, 0);
+        Tag *a = acquire(f, "a", (Req) { .lane = "pd" }, 0);
+        assert_true(granted(a));
+        Tag *b = acquire(f, "b", (Req) { .lane = "dp" }, S(1));
+        Tag *c = acquire(f, "c", (Req) { .lane = "pd" }, S(2));
+        assert_true(queued(b));
+        assert_true(queued(c));
+        end(f, a, S(3));
+        assert_true(granted(b)); /* first in both queues */
+        assert_true(queued(c));
+        assert_int_equal(pool_in_use(f, 0), 1);
+        assert_int_equal(pool_in_use(f, 1), 1);
+        end(f, b, S(4));
+        assert_true(granted(c));
+}
+
+static void test_set_position_is_the_furthest_of_its_places(void **state) {
+        Fixture *f = *state;
+        set_pools(f, 1, 1);
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
+        Tag *w1 = acquire(f, "w1", (Req) { .lane = "db" }, 0);
+        Tag *w2 = acquire(f, "w2", (Req) { .lane = "db" }, 0);
+        assert_true(granted(d) && queued(w1) && queued(w2));
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        assert_true(queued(s));
+        /* First in p, third in db. */
+        size_t pos, queued_n;
+        assert_int_equal(engine_request_position(s->request, &pos, &queued_n), 0);
+        assert_int_equal(pos, 2);
+        assert_int_equal(queued_n, 3);
+        assert_string_equal(engine_request_pool(s->request), "p");
+        assert_int_equal(engine_request_also_count(s->request), 1);
+        assert_string_equal(engine_request_also_pool(s->request, 0), "db");
+        assert_null(engine_request_also_pool(s->request, 1));
+        end(f, d, S(2));
+        assert_int_equal(position_of(s), 1);
+}
+
+static void test_set_budget_is_the_smallest_and_its_refusal_names_the_pool(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 1);
+        PoolConfig *db = pool_add(f, "db", 1);
+        pool_set_q(p, MIN_(5));
+        pool_set_q(db, S(20));
+        lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL), "db", 1);
+        lane_add(f, "db", LANE_POLICY_WAIT, "db", NULL);
+        configure(f, 0);
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
+        assert_true(granted(d));
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        assert_true(queued(s));
+        assert_int_equal(s->queued.budget, S(20));
+        assert_int_equal(engine_request_budget(s->request), S(20));
+        run(f, S(20));
+        assert_true(queued(s));
+        run(f, S(21));
+        assert_true(refused(s, REFUSAL_TIMEOUT));
+        assert_string_equal(s->final.pool, "db");
+        assert_int_equal(s->final.at, S(21));
+        /* Nothing of the set is left anywhere: p is free for the next. */
+        assert_int_equal(pool_in_use(f, 0), 0);
+        EnginePoolInfo info;
+        assert_int_equal(engine_pool_info(f->engine, 0, S(21), &info), 0);
+        assert_int_equal(info.waiting, 0);
+        assert_int_equal(engine_pool_info(f->engine, 1, S(21), &info), 0);
+        assert_int_equal(info.waiting, 0);
+}
+
+static void test_set_fail_fast_refusal_names_the_pool_without_room(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        pool_add(f, "db", 1);
+        lane_also(lane_add(f, "ff", LANE_POLICY_FAIL_FAST, "p", NULL), "db", 1);
+        lane_add(f, "db", LANE_POLICY_WAIT, "db", NULL);
+        configure(f, 0);
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
+        Tag *s = acquire(f, "s", (Req) { .lane = "ff" }, 0);
+        assert_true(refused(s, REFUSAL_BUSY));
+        assert_string_equal(s->final.pool, "db");
+        assert_int_equal(pool_in_use(f, 0), 0);
+        end(f, d, S(1));
+        assert_int_equal(drain(f, "db", NULL, true, S(1)), 0);
+        Tag *u = acquire(f, "u", (Req) { .lane = "ff" }, S(2));
+        assert_true(refused(u, REFUSAL_UNAVAILABLE));
+        assert_string_equal(u->final.pool, "db");
+        assert_int_equal(pool_in_use(f, 0), 0);
+}
+
+static void test_set_takes_k_of_an_also_member_pool(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        PoolConfig *lic = pool_add(f, "lic", 0);
+        pool_set_members(lic, MEMBERS("l1", "l2", "l3"));
+        lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL), "lic", 2);
+        lane_add(f, "lic", LANE_POLICY_WAIT, "lic", NULL);
+        configure(f, 0);
+        Tag *one = acquire(f, "one", (Req) { .lane = "lic" }, 0);
+        assert_string_equal(member_of(one), "l1");
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, 0);
+        assert_true(granted(s));
+        EngineLeaseAlso also;
+        assert_int_equal(engine_lease_also(s->lease, 0, &also), 0);
+        assert_int_equal(also.n_slots, 2);
+        assert_string_equal(also.members[0], "l2");
+        assert_string_equal(also.members[1], "l3");
+        Tag *s2 = acquire(f, "s2", (Req) { .lane = "set" }, S(1));
+        assert_true(queued(s2));
+        end(f, one, S(2));
+        assert_true(queued(s2)); /* one licence is free, p is not */
+        assert_int_equal(pool_in_use(f, 0), 1);
+        assert_int_equal(pool_in_use(f, 1), 2);
+        end(f, s, S(3));
+        assert_true(granted(s2));
+}
+
+static void test_cancelled_set_leaves_every_queue(void **state) {
+        Fixture *f = *state;
+        set_pools(f, 1, 1);
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        Tag *q = acquire(f, "q", (Req) { .lane = "p" }, S(2));
+        assert_true(queued(s) && queued(q));
+        cancel(f, s, S(3));
+        run(f, S(3));
+        assert_true(granted(q));
+        assert_true(granted(d));
+        assert_int_equal(s->n_events, 1); /* queued, then nothing */
+}
+
+static void test_reload_removing_an_also_pool_refuses_its_waiters_and_keeps_holders(void **state) {
+        Fixture *f = *state;
+        set_pools(f, 2, 1);
+        Tag *a = acquire(f, "a", (Req) { .lane = "set" }, 0);
+        assert_true(granted(a));
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        assert_true(queued(s));
+        /* db goes; lane set keeps p alone. */
+        config_clear(&f->config);
+        pool_add(f, "p", 2);
+        lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "p", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, S(2));
+        run(f, S(2));
+        assert_true(refused(s, REFUSAL_UNAVAILABLE));
+        assert_string_equal(s->final.pool, "db");
+        assert_int_equal(pool_in_use(f, 0), 1); /* a still holds its slot of p, and of the removed db */
+        Tag *q = acquire(f, "q", (Req) { .lane = "p" }, S(3));
+        assert_true(granted(q));
+        end(f, a, S(4));
+        assert_int_equal(pool_in_use(f, 0), 1);
+        assert_int_equal(engine_pool_count(f->engine), 1);
+}
+
+/* A restart that hands the waiters over (engine.h, EngineResume): resumed in their old queue order, a set
+ * keeps its place ahead of a one-pool waiter that came after it, in every pool of its set. */
+static void test_resumed_set_keeps_its_place_in_every_pool(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        pool_set_q(pool_add(f, "db", 1), S(20));
+        lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL), "db", 1);
+        lane_add(f, "db", LANE_POLICY_WAIT, "db", NULL);
+        lane_add(f, "p", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        Tag *q = acquire(f, "q", (Req) { .lane = "db" }, S(2));
+        Tag *g = acquire(f, "g", (Req) { .lane = "p" }, S(3));
+        assert_true(granted(d) && queued(s) && queued(q) && queued(g));
+
+        /* The new engine: d's lease restored, the waiters resumed as the old one had them. */
+        Engine *old = f->engine;
+        assert_int_equal(engine_new(fake_random, &f->rng, &f->engine), 0);
+        configure(f, S(4));
+        EngineLease *dl;
+        const unsigned *idx;
+        unsigned n = engine_lease_slots(d->lease, &idx, NULL);
+        assert_int_equal(engine_lease_restore(f->engine,
+                                              &(EngineLeaseRestore) { .pool = "db", .lane = "db", .slots = idx,
+                                                                      .n_slots = n, .token = engine_lease_token(d->lease),
+                                                                      .granted_at = 0, .expires_at = USEC_INFINITY,
+                                                                      .userdata = d },
+                                              &dl),
+                         0);
+        Tag *waiters[] = { s, q, g };
+        const char *lanes[] = { "set", "db", "p" };
+        for (size_t i = 0; i < ELEMENTSOF(waiters); i++) {
+                Tag *t = waiters[i];
+                EngineRequest *r = t->request;
+                EngineResume resume = {
+                        .pool = engine_request_pool(r),
+                        .arrival = engine_request_arrival(r),
+                        .state = engine_request_state(r),
+                        .idle = engine_request_idle(r),
+                        .budget = engine_request_budget(r),
+                };
+                t->request = NULL;
+                assert_int_equal(engine_acquire(f->engine,
+                                                &(EngineAcquire) { .lane = lanes[i], .slots = 1,
+                                                                   .max_wait = USEC_INFINITY, .userdata = t,
+                                                                   .resume = &resume },
+                                                S(4), &t->request),
+                                 0);
+                engine_request_unref(r);
+        }
+        engine_free(old);
+        d->lease = dl;
+        run(f, S(4));
+        assert_true(queued(s) && queued(q) && queued(g));
+        assert_int_equal(position_of(s), 0);
+        assert_int_equal(position_of(q), 1);
+        assert_int_equal(engine_request_arrival(s->request), S(1));
+        assert_int_equal(engine_request_budget(s->request), S(20));
+        end(f, d, S(5));
+        assert_true(granted(s));
+        assert_true(queued(q)); /* db went to the set, which was ahead of it */
+        assert_true(queued(g));
+        end(f, s, S(6));
+        assert_true(granted(q) && granted(g));
+}
+
+/* ... and its deadline: the budget it got when it first joined the queues, from its arrival. */
+static void test_resumed_set_keeps_its_deadline(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        pool_set_q(pool_add(f, "db", 1), S(20));
+        lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL), "db", 1);
+        lane_add(f, "db", LANE_POLICY_WAIT, "db", NULL);
+        configure(f, 0);
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        assert_true(queued(s));
+        Engine *old = f->engine;
+        assert_int_equal(engine_new(fake_random, &f->rng, &f->engine), 0);
+        configure(f, S(10));
+        EngineLease *dl;
+        const unsigned *idx;
+        unsigned n = engine_lease_slots(d->lease, &idx, NULL);
+        assert_int_equal(engine_lease_restore(f->engine,
+                                              &(EngineLeaseRestore) { .pool = "db", .lane = "db", .slots = idx,
+                                                                      .n_slots = n, .token = engine_lease_token(d->lease),
+                                                                      .expires_at = USEC_INFINITY, .userdata = d },
+                                              &dl),
+                         0);
+        EngineRequest *r = s->request;
+        EngineResume resume = {
+                .pool = engine_request_pool(r),
+                .arrival = engine_request_arrival(r),
+                .state = engine_request_state(r),
+                .idle = engine_request_idle(r),
+                .budget = engine_request_budget(r),
+        };
+        assert_int_equal(engine_acquire(f->engine,
+                                        &(EngineAcquire) { .lane = "set", .slots = 1, .max_wait = USEC_INFINITY,
+                                                           .userdata = s, .resume = &resume },
+                                        S(10), &s->request),
+                         0);
+        engine_request_unref(r);
+        engine_free(old);
+        d->lease = dl;
+        quiesce(f);
+        run(f, S(20));
+        assert_true(queued(s));
+        run(f, S(21));
+        assert_true(refused(s, REFUSAL_TIMEOUT));
+        assert_int_equal(s->final.at, S(21));
+        /* Every pool of the set got the set's budget back (the handover keeps one per waiter): the chosen
+         * pool's ends first. */
+        assert_string_equal(s->final.pool, "p");
+}
+
+/* A restart restores a set's lease whole (the lease log's "also"): its also= pool's slots are held again, and
+ * end with the lease. A share that cannot be held is refused, leaving the lease as it was. */
+static void test_restored_set_lease_holds_every_pool(void **state) {
+        Fixture *f = *state;
+        set_pools(f, 1, 2);
+        EngineLease *l;
+        unsigned slot0 = 0, slot1 = 1;
+        assert_int_equal(engine_lease_restore(f->engine,
+                                              &(EngineLeaseRestore) { .pool = "p", .lane = "set", .slots = &slot0,
+                                                                      .n_slots = 1, .token = 5,
+                                                                      .expires_at = USEC_INFINITY },
+                                              &l),
+                         0);
+        const EngineLeaseRestore db = { .pool = "db", .slots = &slot1, .n_slots = 1, .token = 9,
+                                        .expires_at = USEC_INFINITY };
+        assert_int_equal(engine_lease_restore_also(l, &db), 0);
+        assert_int_equal(engine_lease_restore_also(l, &db), -EINVAL); /* db is the lease's already */
+        assert_int_equal(engine_lease_restore_also(l, &(EngineLeaseRestore) { .pool = "p", .slots = &slot0,
+                                                                              .n_slots = 1, .token = 6 }),
+                         -EINVAL);
+        assert_int_equal(engine_lease_also_count(l), 1);
+        EngineLeaseAlso a;
+        assert_int_equal(engine_lease_also(l, 0, &a), 0);
+        assert_int_equal(a.token, 9);
+        assert_int_equal(a.slots[0], 1);
+        assert_int_equal(pool_in_use(f, 0), 1);
+        assert_int_equal(pool_in_use(f, 1), 1);
+        /* Tokens go on above the restored ones. */
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, S(1));
+        assert_true(granted(d));
+        assert_true(engine_lease_token(d->lease) > 9);
+        assert_int_equal(pool_in_use(f, 1), 2);
+        engine_lease_release(l, S(2));
+        run(f, S(2));
+        assert_int_equal(pool_in_use(f, 0), 0);
+        assert_int_equal(pool_in_use(f, 1), 1);
+}
+
+/* Both pools of a set hand out members per waiter (a labelled waiter waits in each): the set is granted when
+ * the last of its members frees, though no pool grants it by itself. */
+static void test_set_over_two_member_pools_with_labelled_waiters(void **state) {
+        Fixture *f = *state;
+        PoolConfig *a = pool_add(f, "a", 0), *b = pool_add(f, "b", 0);
+        pool_set_members(a, MEMBERS("a1", "a2"));
+        pool_set_members(b, MEMBERS("b1", "b2"));
+        pool_label(a, "x", TERMS("a1"));
+        pool_label(b, "x", TERMS("b1"));
+        lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "a", NULL), "b", 1);
+        lane_add(f, "la", LANE_POLICY_WAIT, "a", NULL);
+        lane_add(f, "lb", LANE_POLICY_WAIT, "b", NULL);
+        configure(f, 0);
+        Tag *ha1 = acquire(f, "ha1", (Req) { .lane = "la", .member = "a1" }, 0);
+        Tag *ha2 = acquire(f, "ha2", (Req) { .lane = "la", .member = "a2" }, 0);
+        Tag *hb1 = acquire(f, "hb1", (Req) { .lane = "lb", .member = "b1" }, 0);
+        Tag *hb2 = acquire(f, "hb2", (Req) { .lane = "lb", .member = "b2" }, 0);
+        Tag *wa = acquire(f, "wa", (Req) { .lane = "la", .labels = TERMS("x") }, S(1)); /* waits for a1 */
+        Tag *wb = acquire(f, "wb", (Req) { .lane = "lb", .labels = TERMS("x") }, S(1)); /* waits for b1 */
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(2));
+        assert_true(queued(wa) && queued(wb) && queued(s));
+        end(f, ha2, S(3)); /* a2: the set could have it, but not b2 yet */
+        assert_true(queued(s));
+        assert_int_equal(pool_in_use(f, 0), 1);
+        end(f, hb2, S(4));
+        assert_true(granted(s));
+        assert_string_equal(member_of(s), "a2");
+        EngineLeaseAlso also;
+        assert_int_equal(engine_lease_also(s->lease, 0, &also), 0);
+        assert_string_equal(also.members[0], "b2");
+        assert_true(queued(wa) && queued(wb));
+        end(f, ha1, S(5));
+        end(f, hb1, S(5));
+        assert_true(granted(wa) && granted(wb));
+}
+
+static void test_random_sets_never_hold_part_or_a_slot_twice(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 2);
+        pool_add(f, "db", 1);
+        PoolConfig *lic = pool_add(f, "lic", 0);
+        pool_set_members(lic, MEMBERS("l1", "l2", "l3"));
+        LaneConfig *s1 = lane_add(f, "s1", LANE_POLICY_WAIT, "p", NULL);
+        lane_also(s1, "db", 1);
+        LaneConfig *s2 = lane_add(f, "s2", LANE_POLICY_WAIT, "db", NULL);
+        lane_also(s2, "lic", 2);
+        lane_also(s2, "p", 1);
+        s2->priority = 3;
+        lane_add(f, "p", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "lic", LANE_POLICY_WAIT, "lic", NULL);
+        /* A labelled lane makes lic hand out members per waiter (queue_walk()) while it waits. */
+        pool_label(lic, "fast", TERMS("l1", "l2"));
+        lane_add(f, "licf", LANE_POLICY_WAIT, "lic", NULL)->labels = strv_copy((char *const *) TERMS("fast"));
+        configure(f, 0);
+        static const char *const lanes[] = { "s1", "s2", "p", "lic", "licf" };
+        uint64_t rs = 7;
+        usec_t now = 0;
+        for (int i = 0; i < 3000 && f->n_tags < ELEMENTSOF(f->tags); i++) {
+                now += MS(1 + fake_random(&rs) % 20);
+                if (fake_random(&rs) % 2) {
+                        size_t k = (size_t) (fake_random(&rs) % MAX(f->n_tags, 1u));
+                        if (k < f->n_tags && f->tags[k].lease)
+                                end(f, &f->tags[k], now);
+                        else
+                                run(f, now);
+                } else {
+                        Tag *t = &f->tags[f->n_tags];
+                        snprintf(t->name, sizeof t->name, "R%zu", f->n_tags);
+                        assert_int_equal(engine_acquire(f->engine,
+                                                        &(EngineAcquire) { .lane = lanes[fake_random(&rs) % 5],
+                                                                           .slots = 1, .max_wait = MS(300),
+                                                                           .userdata = t },
+                                                        now, &t->request),
+                                         0);
+                        f->n_tags++;
+                        quiesce(f);
+                        run(f, now);
+                }
+                /* Every lease holds every pool of its set, and the pools' counts are exactly what leases hold. */
+                unsigned held[3] = {};
+                for (size_t k = 0; k < f->n_tags; k++) {
+                        EngineLease *l = f->tags[k].lease;
+                        if (!l)
+                                continue;
+                        const char *lane = engine_lease_lane(l);
+                        size_t want = streq(lane, "s1") ? 1 : streq(lane, "s2") ? 2 : 0;
+                        assert_int_equal(engine_lease_also_count(l), want);
+                        const char *pools[3] = { engine_lease_pool(l) };
+                        unsigned n[3] = { engine_lease_slots(l, NULL, NULL) };
+                        for (size_t j = 0; j < want; j++) {
+                                EngineLeaseAlso a;
+                                assert_int_equal(engine_lease_also(l, j, &a), 0);
+                                pools[j + 1] = a.pool;
+                                n[j + 1] = a.n_slots;
+                        }
+                        for (size_t j = 0; j <= want; j++)
+                                held[streq(pools[j], "p") ? 0 : streq(pools[j], "db") ? 1 : 2] += n[j];
+                }
+                static const unsigned limits[3] = { 2, 1, 3 };
+                for (size_t j = 0; j < 3; j++) {
+                        assert_int_equal(pool_in_use(f, j), held[j]);
+                        assert_true(held[j] <= limits[j]);
+                }
+                /* Never left waiting when first in every queue of its set with room in each (no limits here). */
+                for (size_t k = 0; k < f->n_tags; k++) {
+                        EngineRequest *r = f->tags[k].request;
+                        size_t pos;
+                        if (!engine_request_is_waiting(r) || engine_request_also_count(r) == 0 ||
+                            engine_request_position(r, &pos, NULL) < 0 || pos > 0)
+                                continue;
+                        bool room = true;
+                        for (size_t j = 0; j <= engine_request_also_count(r); j++) {
+                                const char *pool = j == 0 ? engine_request_pool(r) : engine_request_also_pool(r, j - 1);
+                                size_t ix = streq(pool, "p") ? 0 : streq(pool, "db") ? 1 : 2;
+                                unsigned want = streq(pool, "lic") ? 2 : 1;
+                                room = room && limits[ix] - held[ix] >= want;
+                        }
+                        assert_false(room);
+                }
+        }
+        /* Every set request was answered or still waits; none stays waiting with room in all its pools. */
+        run(f, now + S(1));
+        for (size_t k = 0; k < f->n_tags; k++)
+                assert_false(queued(&f->tags[k]));
+}
+#endif
+
 int main(void) {
         const struct CMUnitTest tests[] = {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
@@ -2021,6 +2561,22 @@ int main(void) {
                 T(test_lane_limits_pass_over_without_setting_aside),
                 T(test_a_waiter_no_member_can_satisfy_after_a_reload_is_refused),
                 T(test_random_selectors_never_hand_a_member_out_twice),
+                /* All-or-nothing sets: local pools only (conf refuses also= over shared pools yet). */
+                T(test_set_is_granted_with_a_slot_and_token_of_every_pool),
+                T(test_set_never_holds_part_of_its_set_while_waiting),
+                T(test_set_is_not_starved_by_a_stream_of_single_pool_requests),
+                T(test_crossed_sets_do_not_deadlock),
+                T(test_set_position_is_the_furthest_of_its_places),
+                T(test_set_budget_is_the_smallest_and_its_refusal_names_the_pool),
+                T(test_set_fail_fast_refusal_names_the_pool_without_room),
+                T(test_set_takes_k_of_an_also_member_pool),
+                T(test_cancelled_set_leaves_every_queue),
+                T(test_reload_removing_an_also_pool_refuses_its_waiters_and_keeps_holders),
+                T(test_random_sets_never_hold_part_or_a_slot_twice),
+                T(test_resumed_set_keeps_its_place_in_every_pool),
+                T(test_resumed_set_keeps_its_deadline),
+                T(test_restored_set_lease_holds_every_pool),
+                T(test_set_over_two_member_pools_with_labelled_waiters),
 #endif
         };
         const char *skip = NULL;

@@ -201,6 +201,48 @@ static unsigned lines_with(Fixture *f, const char *text) {
         return n;
 }
 
+/* An all-or-nothing lease (SPEC §3.5, also=): its further pools' slots and tokens come back with it, and raise
+ * their pools' token marks. */
+static void test_also_pools_of_a_lease_are_read_back(void **state) {
+        Fixture *f = *state;
+        static unsigned slots_db[] = { 0 }, slots_lic[] = { 1, 2 };
+        static char *members_lic[] = { "l2", "l3" };
+        HistoryLeaseAlso also[] = {
+                { .pool = "db", .slots = slots_db, .n_slots = 1, .token = 12 },
+                { .pool = "lic", .slots = slots_lic, .n_slots = 2, .members = members_lic, .token = 99 },
+        };
+        HistoryLeaseRow a = row_a();
+        a.also = also;
+        a.n_also = 2;
+        assert_int_equal(lease_log_add(f->log, &a), 0);
+        assert_int_equal(lease_log_flush(f->log), 0);
+        HistoryState s = {};
+        LeaseLogRead info;
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, 0);
+        const HistoryLeaseRow *ra = lease_of(&s, a.id);
+        assert_non_null(ra);
+        assert_int_equal(ra->n_also, 2);
+        assert_string_equal(ra->also[0].pool, "db");
+        assert_int_equal(ra->also[0].n_slots, 1);
+        assert_int_equal(ra->also[0].slots[0], 0);
+        assert_null(ra->also[0].members);
+        assert_int_equal(ra->also[0].token, 12);
+        assert_string_equal(ra->also[1].pool, "lic");
+        assert_int_equal(ra->also[1].slots[1], 2);
+        assert_string_equal(ra->also[1].members[0], "l2");
+        assert_int_equal(ra->also[1].token, 99);
+        assert_int_equal(floor_of(&s, "db")->next_token, 13);
+        assert_int_equal(floor_of(&s, "lic")->next_token, 100);
+        assert_int_equal(lease_log_token_mark(f->log, "lic"), 100);
+        history_state_done(&s);
+        /* A snapshot keeps them too. */
+        assert_int_equal(lease_log_rewrite(f->log, &a, 1, 0), 0);
+        read_back(f, &s, &info);
+        assert_int_equal(lease_of(&s, a.id)->n_also, 2);
+        history_state_done(&s);
+}
+
 static void test_torn_last_line_is_not_damage(void **state) {
         Fixture *f = *state;
         HistoryLeaseRow b = row_b("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 3);
@@ -485,6 +527,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_floor_for_every_pool, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_remote_id_is_kept_for_shared_leases_only, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_backend_of_a_shared_lease_is_kept, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_also_pools_of_a_lease_are_read_back, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_many_leases_ends_rewrites_and_a_reset, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

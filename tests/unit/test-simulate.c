@@ -162,6 +162,37 @@ static void test_labels_and_member_in_a_scenario(void **state) {
         assert_int_equal(r->granted, 4);
 }
 
+/* SPEC §3.5, also=: the set waits for db holding nothing, and the one-pool request behind it in db does not
+ * take db before it; a bad also= is the config parser's error. */
+static void test_also_in_a_scenario(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{\"pools\": {\"grid\": {\"limit\": 2}, \"db\": {\"limit\": 1}},"
+                " \"lanes\": {\"e2e\": {\"pools\": [\"grid\"], \"also\": [\"db\"]}, \"db\": {\"pools\": [\"db\"]},"
+                "            \"grid\": {\"pools\": [\"grid\"]}},"
+                " \"requests\": ["
+                " {\"name\": \"d\", \"at\": \"0s\", \"hold\": \"10s\", \"lane\": \"db\"},"
+                " {\"name\": \"set\", \"at\": \"1s\", \"hold\": \"5s\", \"lane\": \"e2e\"},"
+                " {\"name\": \"d2\", \"at\": \"2s\", \"hold\": \"5s\", \"lane\": \"db\"},"
+                " {\"name\": \"g\", \"at\": \"3s\", \"hold\": \"1s\", \"lane\": \"grid\"}]}", true);
+
+        assert_int_equal(r->n_records, 4);
+        assert_int_equal(r->records[1].decided_ms, 10000); /* when db frees */
+        assert_int_equal(r->records[2].decided_ms, 15000); /* behind the set, though it asked for db alone */
+        assert_int_equal(r->records[3].decided_ms, 10000); /* behind the set in grid (no barging), then its other slot */
+        assert_int_equal(r->granted, 4);
+
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        _cleanup_free_ char *error = NULL;
+        assert_int_equal(scenario_load_string("{\"pools\": {\"grid\": {\"limit\": 1}},"
+                                              " \"lanes\": {\"e2e\": {\"pools\": [\"grid\"], \"also\": [\"grid\"]}},"
+                                              " \"requests\": [{\"name\": \"x\", \"at\": \"0s\", \"hold\": \"1s\", \"lane\": \"e2e\"}]}",
+                                              "test.json", &error, &s),
+                         0);
+        assert_true(scenario_build_config(s, NULL, NULL, &error, &c) < 0);
+        assert_non_null(strstr(error, "its own pool grid"));
+}
+
 static void test_scenario_labels_that_nobody_matches_are_an_error(void **state) {
         _cleanup_(scenario_freep) Scenario *s = NULL;
         _cleanup_(conf_freep) BrokerConfig *c = NULL;
@@ -272,6 +303,7 @@ int main(void) {
                 cmocka_unit_test(test_jammed_worked_example),
                 cmocka_unit_test(test_labels_and_member_in_a_scenario),
                 cmocka_unit_test(test_scenario_labels_that_nobody_matches_are_an_error),
+                cmocka_unit_test(test_also_in_a_scenario),
                 cmocka_unit_test(test_max_hold_revocation_ends_the_lease_at_once),
                 cmocka_unit_test(test_per_request_records_follow_arrival_order),
                 cmocka_unit_test(test_backend_pool_is_simulated_in_process),
