@@ -73,6 +73,8 @@ struct EngineLease {
         void *userdata;
         HeapNode expiry_node;
         ListNode node;           /* Engine.leases */
+        int exit_status;         /* engine_lease_set_exit_status(); -1: not told */
+        char *exit_job;
 };
 
 typedef struct EngineTokenFloor {
@@ -119,6 +121,8 @@ struct Engine {
          * so a name stays valid after a reload removed its pool or lane. Grows only with new names. */
         char **names;
         size_t n_names;
+
+        char *popped[3];         /* the last popped MEMBER event's strings, freed at the next pop */
 };
 
 static const char *engine_intern(Engine *e, const char *s) {
@@ -203,10 +207,24 @@ static void events_forget_lease(Engine *e, const EngineLease *l) {
         e->n_events = kept;
 }
 
+static void popped_free(Engine *e) {
+        for (size_t i = 0; i < ELEMENTSOF(e->popped); i++)
+                e->popped[i] = mfree(e->popped[i]);
+}
+
 bool engine_pop_event(Engine *e, EngineEvent *ret) {
-        if (!e || e->n_events == 0)
+        if (!e)
+                return false;
+        popped_free(e);
+        if (e->n_events == 0)
                 return false;
         *ret = e->events[e->events_head];
+        if (ret->type == ENGINE_EVENT_MEMBER) {
+                /* The event's strings are the engine's until the next pop. */
+                e->popped[0] = (char *) ret->member;
+                e->popped[1] = (char *) ret->job;
+                e->popped[2] = (char *) ret->note;
+        }
         e->events_head = (e->events_head + 1) % e->events_allocated;
         e->n_events--;
         return true;
@@ -318,6 +336,7 @@ static EngineLease *engine_lease_free(EngineLease *l) {
         free(l->members);
         free(l->slots);
         free(l->remote_id);
+        free(l->exit_job);
         return mfree(l);
 }
 
@@ -336,6 +355,7 @@ static int engine_lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, 
                 .granted_at = granted_at,
                 .expires_at = expires_at,
                 .userdata = userdata,
+                .exit_status = -1,
         };
         heap_node_init(&l->expiry_node);
         l->lane = engine_intern(e, lane);
@@ -708,6 +728,25 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
                 engine_lease_revoke(e, d->cookie, d->at, d->reason ? d->reason : "lost", true);
                 break;
 
+        case POOL_VERDICT_MEMBER: {
+                /* The pool's strings change with its next command: the event carries copies. */
+                char *member = strdup(d->member), *job = d->job ? strdup(d->job) : NULL,
+                     *note = d->note ? strdup(d->note) : NULL;
+                if (!member || (d->job && !job) || (d->note && !note))
+                        abort(); /* as event_push(): a lost event is a quarantine nobody hears of */
+                event_push(e, &(EngineEvent) {
+                        .type = ENGINE_EVENT_MEMBER,
+                        .at = d->at,
+                        .pool = d->pool->name,
+                        .member = member,
+                        .quarantined = d->quarantined,
+                        .job = job,
+                        .exit_status = d->exit_status,
+                        .note = note,
+                });
+                break;
+        }
+
         case POOL_VERDICT_CONGESTION:
                 event_push(e, &(EngineEvent) {
                         .type = ENGINE_EVENT_CONGESTION,
@@ -1012,6 +1051,8 @@ void engine_lease_release(EngineLease *l, usec_t now) {
         engine_advance(e, now);
         events_forget_lease(e, l);
         heap_remove(&e->expiries, &l->expiry_node);
+        if (l->exit_status >= 0 && l->pool->ops->report_exit)
+                l->pool->ops->report_exit(l->pool, l->grant, l->exit_status, l->exit_job, now);
         l->pool->ops->release(l->pool, l->grant, now);
         list_unlink(&l->node);
         engine_lease_free(l);
@@ -1120,6 +1161,36 @@ int engine_set_token_floor(Engine *e, const char *pool, uint64_t next_token) {
         return token_floor_raise(e, pool, next_token);
 }
 
+int engine_lease_set_exit_status(EngineLease *l, int exit_status, const char *job) {
+        assert_return(l, -EINVAL);
+        if (exit_status < 0 || exit_status > 255)
+                return -EINVAL;
+        char *j = NULL;
+        if (job && !(j = strdup(job)))
+                return -ENOMEM;
+        free(l->exit_job);
+        l->exit_job = j;
+        l->exit_status = exit_status;
+        return 0;
+}
+
+int engine_member_quarantine(Engine *e, const char *pool, const char *member, const EngineQuarantine *q, usec_t now) {
+        assert_return(e && pool && member, -EINVAL);
+        assert_return(!q || q->since <= now, -EINVAL);
+        engine_advance(e, now);
+        Pool *p = pool_find(e->pools, e->n_pools, pool);
+        if (!p)
+                return -ENOENT;
+        if (!p->ops->quarantine)
+                return -EOPNOTSUPP;
+        int r = p->ops->quarantine(p, member, q, now);
+        if (r < 0)
+                return r;
+        mark_unsettled(e, now);
+        process_decisions(e);
+        return 0;
+}
+
 int engine_drain(Engine *e, const char *pool, const char *member, bool on, usec_t now) {
         assert_return(e && pool, -EINVAL);
         engine_advance(e, now);
@@ -1168,6 +1239,8 @@ int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret)
                 .all_waiting = info.all_waiting,
                 .min_replicas = info.min_replicas,
                 .replicas_acked = info.remote ? info.replicas_acked : -1,
+                .life = info.life,
+                .n_life = info.n_life,
                 .bad_input = info.remote ? info.bad_input : 0,
         };
         return 0;
@@ -1261,6 +1334,7 @@ static size_t rules_for_pool(const BrokerConfig *c, const char *name, PoolLaneRu
                                         .reserve = lc->reserve,
                                         .budget_set = lc->queue_timeout_set,
                                         .budget = lc->queue_timeout,
+                                        .health = lc->health,
                                 };
                                 break;
                         }
@@ -1446,6 +1520,15 @@ Engine *engine_free(Engine *e) {
         lanes_free(e->lanes, e->n_lanes);
         heap_done(&e->expiries);
         free(e->pending);
+        for (size_t i = 0; i < e->n_events; i++) {
+                EngineEvent *ev = &e->events[(e->events_head + i) % e->events_allocated];
+                if (ev->type == ENGINE_EVENT_MEMBER) {
+                        free((char *) ev->member);
+                        free((char *) ev->job);
+                        free((char *) ev->note);
+                }
+        }
+        popped_free(e);
         free(e->events);
         for (size_t i = 0; i < e->n_names; i++)
                 free(e->names[i]);
