@@ -58,6 +58,9 @@ static const struct {
 };
 #define MESSAGE_ID_SUPPRESSED "45e9e5b1aa044c65a4d63010ef89a05b"
 #define MESSAGE_ID_FAILOVER "4d01c4d86fbd4354b88b48aa1309a629"
+#define MESSAGE_ID_QUARANTINED "096728e987954e00b546875ad4d4702f"
+#define MESSAGE_ID_RESTORED "1c4072a236bf4467b046510ca437cf58"
+#define MESSAGE_ID_ADMIN_DENIED "ce066070d74145a5b694680bb79d417d"
 
 static int decision_index(const char *decision) {
         for (size_t i = 0; i < ELEMENTSOF(decisions); i++)
@@ -293,6 +296,49 @@ void audit_congestion(Audit *a, const char *pool, bool congested, usec_t idle) {
         field(&f, "SLOT_POOL=%s", pool);
         field(&f, "SLOT_CONGESTED=%d", congested);
         field(&f, "SLOT_IDLE_USEC=%llu", (unsigned long long) idle);
+        journal_send(a, &f);
+}
+
+void audit_member(Audit *a, const char *pool, const char *member, bool quarantined, const char *job, int exit_status,
+                  const char *reason) {
+        Fields f = { .n = 0 };
+        char st[32] = "";
+        if (exit_status >= 0)
+                snprintf(st, sizeof st, " (exit status %d)", exit_status);
+        if (quarantined)
+                field(&f, "MESSAGE=[QUARANTINED] Member %s of pool %s is quarantined%s%s%s%s%s: only health lanes get it until it is restored",
+                      member, pool, job ? (exit_status >= 0 ? " after job " : " by ") : "", job ?: "", st,
+                      reason ? ": " : "", reason ?: "");
+        else
+                field(&f, "MESSAGE=[RESTORED] Member %s of pool %s is restored%s%s%s: granted to every lane again", member,
+                      pool, job ? (exit_status >= 0 ? " by health job " : " by ") : "", job ?: "", st);
+        field(&f, "MESSAGE_ID=%s", quarantined ? MESSAGE_ID_QUARANTINED : MESSAGE_ID_RESTORED);
+        field(&f, "PRIORITY=%d", quarantined ? LOG_WARNING : LOG_NOTICE);
+        field(&f, "SLOT_POOL=%s", pool);
+        field(&f, "SLOT_MEMBER=%s", member);
+        field(&f, "SLOT_MEMBER_STATE=%s", quarantined ? "quarantined" : "restored");
+        if (job)
+                field(&f, "SLOT_JOB=%s", job);
+        if (exit_status >= 0)
+                field(&f, "SLOT_EXIT_STATUS=%d", exit_status);
+        if (reason)
+                field(&f, "SLOT_REASON=%s", reason);
+        journal_send(a, &f);
+}
+
+void audit_admin_denied(Audit *a, const char *action, const char *pool, const char *member, uid_t uid, pid_t pid) {
+        Fields f = { .n = 0 };
+        field(&f, "MESSAGE=[ADMIN_DENIED] uid %u may not %s %s%s%s: neither root nor in the pool's admin-users=/admin-groups=",
+              (unsigned) uid, action, member ?: "pool ", member ? " of pool " : "", pool);
+        field(&f, "MESSAGE_ID=%s", MESSAGE_ID_ADMIN_DENIED);
+        field(&f, "PRIORITY=%d", LOG_WARNING);
+        field(&f, "SLOT_DECISION=denied");
+        field(&f, "SLOT_ACTION=%s", action);
+        field(&f, "SLOT_POOL=%s", pool);
+        if (member)
+                field(&f, "SLOT_MEMBER=%s", member);
+        field(&f, "SLOT_CLIENT_UID=%u", (unsigned) uid);
+        field(&f, "SLOT_CLIENT_PID=%d", (int) pid);
         journal_send(a, &f);
 }
 

@@ -52,6 +52,12 @@ void audit_tick(Audit *a);
 void audit_decision(Audit *a, const AuditRecord *r);
 /* The congested gauge of a pool changed. */
 void audit_congestion(Audit *a, const char *pool, bool congested, usec_t idle);
+/* A member quarantined or restored (SPEC §3.6): job is the job whose end did it, or who did it by hand (NULL:
+ * unknown); exit_status -1 when none did; reason what was given by hand (NULL: none). */
+void audit_member(Audit *a, const char *pool, const char *member, bool quarantined, const char *job, int exit_status,
+                  const char *reason);
+/* An administrator's action on a pool or member (quarantine, restore) refused to uid (SPEC §3.6). */
+void audit_admin_denied(Audit *a, const char *action, const char *pool, const char *member, uid_t uid, pid_t pid);
 /* A reload applied (ok) or rejected (first error). */
 /* A shared pool's notice (its backend lost or regained, another node expired, rules, recovery, fenced):
  * journaled with a MESSAGE_ID whose catalog entry says what to do. */

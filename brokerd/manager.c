@@ -133,8 +133,8 @@ _Static_assert(sizeof(uid_t) == sizeof(uint32_t) && sizeof(gid_t) == sizeof(uint
 
 /* Names (or numeric ids) to ids, for allow-users= (users) or allow-groups= (!users). Unknown names are
  * errors; returns 0, -EINVAL (errors filled) or -ENOMEM. */
-static int resolve_ids(const LaneConfig *lc, char *const *names, bool users, uint32_t **ret, size_t *ret_n,
-                       ConfErrors *errors) {
+static int resolve_ids(const ConfSource *source, const char *key, char *const *names, bool users, uint32_t **ret,
+                       size_t *ret_n, ConfErrors *errors) {
         _cleanup_free_ uint32_t *ids = NULL;
         size_t n = 0;
         bool failed = false;
@@ -145,8 +145,8 @@ static int resolve_ids(const LaneConfig *lc, char *const *names, bool users, uin
                         struct passwd *pw = users ? getpwnam(*name) : NULL;
                         struct group *gr = users ? NULL : getgrnam(*name);
                         if (!pw && !gr) {
-                                conf_errors_add(errors, &lc->source, users ? "allow-users" : "allow-groups",
-                                                "unknown %s \"%s\"", users ? "user" : "group", *name);
+                                conf_errors_add(errors, source, key, "unknown %s \"%s\"", users ? "user" : "group",
+                                                *name);
                                 failed = true;
                                 continue;
                         }
@@ -167,30 +167,61 @@ static int resolve_ids(const LaneConfig *lc, char *const *names, bool users, uin
 
 /* Names become ids once, at load: an NSS lookup per request could block the loop. */
 static int acls_resolve(const BrokerConfig *c, LaneAcl **ret, size_t *ret_n, ConfErrors *errors) {
-        LaneAcl *acls = calloc(c->n_lanes ?: 1, sizeof(LaneAcl));
+        /* The lanes' access lists, then the pools' administrators (LaneAcl.pool). */
+        size_t n = c->n_lanes + c->n_pools;
+        LaneAcl *acls = calloc(n ?: 1, sizeof(LaneAcl));
         int result = 0;
         if (!acls)
                 return -ENOMEM;
-        for (size_t i = 0; i < c->n_lanes; i++) {
-                const LaneConfig *lc = c->lanes[i];
+        for (size_t i = 0; i < n; i++) {
+                const LaneConfig *lc = i < c->n_lanes ? c->lanes[i] : NULL;
+                const PoolConfig *pc = lc ? NULL : c->pools[i - c->n_lanes];
                 LaneAcl *acl = &acls[i];
-                acl->lane = lc->name;
-                acl->restricted = lc->allow_users || lc->allow_groups;
-                /* Every lane is resolved, so that every unknown name is reported in one go. */
-                int ru = resolve_ids(lc, lc->allow_users, true, &acl->uids, &acl->n_uids, errors);
-                int rg = resolve_ids(lc, lc->allow_groups, false, &acl->gids, &acl->n_gids, errors);
+                acl->lane = lc ? lc->name : pc->name;
+                acl->pool = !lc;
+                char *const *users = lc ? lc->allow_users : pc->admin_users;
+                char *const *groups = lc ? lc->allow_groups : pc->admin_groups;
+                const ConfSource *source = lc ? &lc->source : &pc->source;
+                acl->restricted = users || groups;
+                /* Every lane and pool is resolved, so that every unknown name is reported in one go. */
+                int ru = resolve_ids(source, lc ? "allow-users" : "admin-users", users, true, &acl->uids, &acl->n_uids,
+                                     errors);
+                int rg = resolve_ids(source, lc ? "allow-groups" : "admin-groups", groups, false, &acl->gids,
+                                     &acl->n_gids, errors);
                 if (ru == -ENOMEM || rg == -ENOMEM)
                         result = -ENOMEM;
                 else if (result == 0 && (ru < 0 || rg < 0))
                         result = -EINVAL;
         }
         if (result < 0) {
-                acls_free(acls, c->n_lanes);
+                acls_free(acls, n);
                 return result;
         }
         *ret = acls;
-        *ret_n = c->n_lanes;
+        *ret_n = n;
         return 0;
+}
+
+static bool acl_allows(const LaneAcl *acl, uid_t uid, const gid_t *groups, size_t n_groups) {
+        for (size_t k = 0; k < acl->n_uids; k++)
+                if (acl->uids[k] == uid)
+                        return true;
+        for (size_t k = 0; k < acl->n_gids; k++)
+                for (size_t g = 0; g < n_groups; g++)
+                        if (acl->gids[k] == groups[g])
+                                return true;
+        return false;
+}
+
+/* May uid quarantine, restore and drain the pool's members (SPEC §3.6)? Root, brokerd's own user, and the
+ * pool's admin-users=/admin-groups=. */
+bool manager_pool_admin_allows(const Manager *m, const char *pool, uid_t uid, const gid_t *groups, size_t n_groups) {
+        if (uid == 0 || uid == getuid())
+                return true;
+        for (size_t i = 0; i < m->n_acls; i++)
+                if (m->acls[i].pool && streq(m->acls[i].lane, pool))
+                        return acl_allows(&m->acls[i], uid, groups, n_groups);
+        return false;
 }
 
 bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gid_t *groups, size_t n_groups) {
@@ -198,18 +229,11 @@ bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gi
                 return true;
         for (size_t i = 0; i < m->n_acls; i++) {
                 const LaneAcl *acl = &m->acls[i];
-                if (!streq(acl->lane, lane))
+                if (acl->pool || !streq(acl->lane, lane))
                         continue;
                 if (!acl->restricted)
                         return true;
-                for (size_t k = 0; k < acl->n_uids; k++)
-                        if (acl->uids[k] == uid)
-                                return true;
-                for (size_t k = 0; k < acl->n_gids; k++)
-                        for (size_t g = 0; g < n_groups; g++)
-                                if (acl->gids[k] == groups[g])
-                                        return true;
-                return false;
+                return acl_allows(acl, uid, groups, n_groups);
         }
         return false;
 }
@@ -265,6 +289,10 @@ static void history_memory_freed(size_t bytes, void *userdata) {
 
 static bool session_lane_allows(const char *lane, uid_t uid, const gid_t *groups, size_t n_groups, void *userdata) {
         return manager_lane_allows(userdata, lane, uid, groups, n_groups);
+}
+
+static bool methods_pool_admin(const char *pool, uid_t uid, const gid_t *groups, size_t n_groups, void *userdata) {
+        return manager_pool_admin_allows(userdata, pool, uid, groups, n_groups);
 }
 
 static void session_fd_released(void *userdata) {
@@ -1459,6 +1487,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
                 .gauges = methods_gauges,
                 .status_changed = methods_status_changed,
                 .backend_primary = manager_backend_primary,
+                .pool_admin = methods_pool_admin,
                 .userdata = m,
                 .event = m->event,
         };

@@ -36,6 +36,8 @@ typedef struct LaneAcl {
         size_t n_uids;
         uint32_t *gids;
         size_t n_gids;
+        /* A pool's admin-users=/admin-groups= (SPEC §3.6): `lane` is then the pool's name. */
+        bool pool;
 } LaneAcl;
 
 typedef struct Manager {
@@ -136,6 +138,7 @@ int manager_add_connection(Manager *m, int fd);
 int manager_reload(Manager *m, ConfErrors *errors);
 
 /* May uid (with its groups) use the lane? Root always may. */
+bool manager_pool_admin_allows(const Manager *m, const char *pool, uid_t uid, const gid_t *groups, size_t n_groups);
 bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gid_t *groups, size_t n_groups);
 
 

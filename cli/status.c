@@ -250,6 +250,28 @@ static void print_other_nodes(json_t *holders, json_t *waiters, const char *name
         }
 }
 
+/* SPEC §3.6: "quarantined since … by job … (exit 3)", one line per member. */
+static void print_quarantined(json_t *list) {
+        size_t i;
+        json_t *q;
+        json_array_foreach(list, i, q) {
+                char when[64] = "?", job[JOB_COLUMN_MAX + 8];
+                json_int_t since = int_member(q, "since", -1), status = int_member(q, "exitStatus", -1);
+                time_t t = (time_t) (since / 1000000);
+                struct tm tm;
+                if (since >= 0 && localtime_r(&t, &tm))
+                        (void) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+                printf("  %s quarantined since %s", string_member(q, "member") ?: "?", when);
+                if (string_member(q, "job"))
+                        printf(" %s %s", status >= 0 ? "by job" : "by", job_column(job, string_member(q, "job")));
+                if (status >= 0)
+                        printf(" (exit %" JSON_INTEGER_FORMAT ")", status);
+                if (string_member(q, "reason"))
+                        printf(": %s", string_member(q, "reason"));
+                putchar('\n');
+        }
+}
+
 static void print_pool(json_t *pool, json_t *reply) {
         const char *name = string_member(pool, "name") ?: "?";
         json_int_t limit = int_member(pool, "limit", 0), in_use = int_member(pool, "inUse", 0);
@@ -281,6 +303,7 @@ static void print_pool(json_t *pool, json_t *reply) {
                         printf(" %s", json_string_value(v) ?: "?");
         }
         putchar('\n');
+        print_quarantined(json_object_get(pool, "quarantined"));
         print_backend(backend);
         print_holders(json_object_get(reply, "holders"), name);
         print_waiters(json_object_get(reply, "waiters"), name);
