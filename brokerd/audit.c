@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <syslog.h>
+#include <time.h>
 
 #include "audit.h"
 #include "history.h"
@@ -61,6 +62,8 @@ static const struct {
 #define MESSAGE_ID_QUARANTINED "096728e987954e00b546875ad4d4702f"
 #define MESSAGE_ID_RESTORED "1c4072a236bf4467b046510ca437cf58"
 #define MESSAGE_ID_ADMIN_DENIED "ce066070d74145a5b694680bb79d417d"
+#define MESSAGE_ID_DRAINED "840f5480322440e6ae1f59eca753a42b"
+#define MESSAGE_ID_UNDRAINED "9745f6d228a9456e9c5188821c7db415"
 
 static int decision_index(const char *decision) {
         for (size_t i = 0; i < ELEMENTSOF(decisions); i++)
@@ -324,6 +327,54 @@ void audit_member(Audit *a, const char *pool, const char *member, bool quarantin
         if (reason)
                 field(&f, "SLOT_REASON=%s", reason);
         journal_send(a, &f);
+}
+
+void audit_drain(Audit *a, const char *pool, const char *member, bool drained, const char *who, const char *reason,
+                 usec_t until_realtime, bool expired) {
+        Fields f = { .n = 0 };
+        char until[64] = "", row_reason[1200];
+        if (until_realtime != USEC_INFINITY) {
+                time_t t = (time_t) (until_realtime / USEC_PER_SEC);
+                struct tm tm;
+                if (gmtime_r(&t, &tm))
+                        (void) strftime(until, sizeof until, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        }
+        const char *what = member ? "Member " : "Pool ";
+        if (drained)
+                field(&f, "MESSAGE=[DRAINED] %s%s%s%s drained%s%s%s%s%s%s: nothing new is granted there", what,
+                      member ?: pool, member ? " of pool " : "", member ? pool : "", who ? " by " : "", who ?: "",
+                      reason ? ": " : "", reason ?: "", *until ? ", until " : "", until);
+        else
+                field(&f, "MESSAGE=[UNDRAINED] %s%s%s%s undrained%s%s%s: it grants again", what, member ?: pool,
+                      member ? " of pool " : "", member ? pool : "", expired ? " (its --until came)" : "",
+                      who ? " by " : "", who ?: "");
+        field(&f, "MESSAGE_ID=%s", drained ? MESSAGE_ID_DRAINED : MESSAGE_ID_UNDRAINED);
+        field(&f, "PRIORITY=%d", LOG_NOTICE);
+        field(&f, "SLOT_DECISION=%s", drained ? "drained" : "undrained");
+        field(&f, "SLOT_POOL=%s", pool);
+        if (member)
+                field(&f, "SLOT_MEMBER=%s", member);
+        if (who)
+                field(&f, "SLOT_JOB=%s", who);
+        if (reason)
+                field(&f, "SLOT_REASON=%s", reason);
+        if (until_realtime != USEC_INFINITY)
+                field(&f, "SLOT_UNTIL_USEC=%llu", (unsigned long long) until_realtime);
+        journal_send(a, &f);
+
+        /* The history row: time is since, job who, reason why and until (the schema has no column of its own). */
+        snprintf(row_reason, sizeof row_reason, "%s%s%s%s", reason ?: (expired ? "until" : ""),
+                 *until && reason ? " " : "", *until && drained ? "until " : "", drained ? until : "");
+        AuditRecord r = AUDIT_RECORD_INIT;
+        r.decision = drained ? "drained" : "undrained";
+        r.pool = pool;
+        r.job = who;
+        r.reason = *row_reason ? row_reason : NULL;
+        char sel[80];
+        snprintf(sel, sizeof sel, "@%s", member ?: "");
+        r.selector = member ? sel : NULL; /* the member, as a request's selector names it */
+        if (a->history)
+                history_append(a->history, &r, now_realtime());
 }
 
 void audit_admin_denied(Audit *a, const char *action, const char *pool, const char *member, uid_t uid, pid_t pid) {

@@ -26,6 +26,7 @@
 #include "lease.h"
 #include "log.h"
 #include "manager.h"
+#include "member-state.h"
 #include "methods.h"
 #include "persistence.h"
 #include "session.h"
@@ -391,6 +392,8 @@ static void manager_settle(Manager *m) {
                 EngineEvent ev;
                 bool any = false;
                 while (engine_pop_event(m->engine, &ev)) {
+                        if (ev.type == ENGINE_EVENT_MEMBER || ev.type == ENGINE_EVENT_DRAIN)
+                                m->member_state_dirty = true;
                         session_on_engine_event(&m->sessions, &ev);
                         any = true;
                 }
@@ -419,12 +422,184 @@ static void on_connection_handled(void *userdata) {
         manager_settle(userdata);
 }
 
+/* ---- drains and quarantines across restarts (SPEC §3.6, members.state) ---- */
+
+static usec_t mono_to_real(usec_t mono, usec_t now, usec_t now_real) {
+        return mono >= now ? usec_add(now_real, mono - now) : usec_sub_unsigned(now_real, now - mono);
+}
+
+/* A realtime instant of the past as a monotonic one: before this boot is its start (the engine's clock). */
+static usec_t real_to_mono(usec_t real, usec_t now, usec_t now_real) {
+        return usec_sub_unsigned(now, usec_sub_unsigned(now_real, real));
+}
+
+static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_n) {
+        usec_t now = now_monotonic(), now_real = now_realtime();
+        size_t cap = m->n_member_pending + engine_drain_count(m->engine), n = 0;
+        for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
+                EnginePoolInfo info;
+                if (engine_pool_info(m->engine, i, now, &info) >= 0)
+                        cap += info.n_life;
+        }
+        MemberStateEntry *e = calloc(cap ?: 1, sizeof(MemberStateEntry));
+        if (!e)
+                return -ENOMEM;
+        bool oom = false;
+#define DUP(s) ((s) ? (strdup(s) ?: (oom = true, NULL)) : NULL)
+        for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
+                EnginePoolInfo info;
+                if (engine_pool_info(m->engine, i, now, &info) < 0)
+                        continue;
+                for (size_t j = 0; j < info.n_life; j++) {
+                        const EngineMemberLife *l = info.life + j;
+                        if (!l->quarantined)
+                                continue;
+                        e[n++] = (MemberStateEntry) {
+                                .pool = DUP(info.name), .member = DUP(l->member), .drain_until = USEC_INFINITY,
+                                .quarantined = true, .quarantine_since = mono_to_real(l->since, now, now_real),
+                                .quarantine_job = DUP(l->job), .quarantine_exit_status = l->exit_status,
+                                .quarantine_reason = DUP(l->reason),
+                        };
+                }
+        }
+        for (size_t i = 0; i < engine_drain_count(m->engine); i++) {
+                EngineDrainInfo d;
+                if (engine_drain_info(m->engine, i, &d) < 0)
+                        continue;
+                e[n++] = (MemberStateEntry) {
+                        .pool = DUP(d.pool), .member = DUP(d.member), .drained = true,
+                        .drain_since = mono_to_real(d.since, now, now_real),
+                        .drain_until = d.until == USEC_INFINITY ? USEC_INFINITY : mono_to_real(d.until, now, now_real),
+                        .drain_by = DUP(d.who), .drain_reason = DUP(d.reason), .quarantine_exit_status = -1,
+                };
+        }
+        for (size_t i = 0; i < m->n_member_pending; i++) {
+                const MemberStateEntry *p = &m->member_pending[i];
+                e[n] = *p;
+                e[n].pool = DUP(p->pool);
+                e[n].member = DUP(p->member);
+                e[n].drain_by = DUP(p->drain_by);
+                e[n].drain_reason = DUP(p->drain_reason);
+                e[n].quarantine_job = DUP(p->quarantine_job);
+                e[n].quarantine_reason = DUP(p->quarantine_reason);
+                n++;
+        }
+#undef DUP
+        if (oom) {
+                member_state_entries_free(e, n);
+                return -ENOMEM;
+        }
+        *ret = e;
+        *ret_n = n;
+        return 0;
+}
+
+static void manager_write_member_state(Manager *m) {
+        if (!m->member_state_loaded || !m->state_directory)
+                return; /* never over a file that could not be read */
+        MemberStateEntry *e = NULL;
+        size_t n = 0;
+        int r = member_state_collect(m, &e, &n);
+        if (r >= 0)
+                r = member_state_write(m->state_directory, e, n);
+        member_state_entries_free(e, n);
+        if (r < 0) {
+                if (!m->member_state_failed)
+                        log_warning_errno(r, "Failed to write %s/" MEMBER_STATE_FILE " (drains and quarantines would not "
+                                          "survive a restart); retrying: %m", m->state_directory);
+                m->member_state_failed = true;
+                return;
+        }
+        if (m->member_state_failed)
+                log_info("%s/" MEMBER_STATE_FILE " is written again.", m->state_directory);
+        m->member_state_failed = false;
+        m->member_state_dirty = false;
+}
+
+/* Applies what members.state holds; what names a pool or member not configured now waits in member_pending
+ * for a reload that brings it back (a member is identified by its name). */
+static void manager_apply_member_state(Manager *m, MemberStateEntry *e, size_t n) {
+        usec_t now = now_monotonic(), now_real = now_realtime();
+        MemberStateEntry *pending = calloc(n ?: 1, sizeof(MemberStateEntry));
+        size_t n_pending = 0;
+        for (size_t i = 0; i < n; i++) {
+                bool keep = false;
+                if (e[i].quarantined) {
+                        int r = engine_member_quarantine(
+                                m->engine, e[i].pool, e[i].member,
+                                &(EngineQuarantine) { .since = MIN(real_to_mono(e[i].quarantine_since, now, now_real), now),
+                                                      .job = e[i].quarantine_job,
+                                                      .exit_status = e[i].quarantine_exit_status,
+                                                      .reason = e[i].quarantine_reason },
+                                now);
+                        keep = keep || r == -ENOENT || r == -EOPNOTSUPP;
+                        if (r < 0 && !keep)
+                                log_warning_errno(r, "Could not quarantine %s of pool %s again: %m", e[i].member, e[i].pool);
+                }
+                if (e[i].drained) {
+                        if (e[i].drain_until != USEC_INFINITY && e[i].drain_until <= now_real) {
+                                log_info("The drain of %s%s%s ended (--until) while brokerd was not running.",
+                                         e[i].member ?: "pool ", e[i].member ? " of pool " : "", e[i].pool);
+                                e[i].drained = false;
+                        } else {
+                                const PoolConfig *pc = conf_find_pool(m->config, e[i].pool);
+                                int r = pc && pc->backend ? -EOPNOTSUPP :
+                                        engine_drain_with(m->engine, e[i].pool, e[i].member,
+                                                          &(EngineDrain) {
+                                                                  .since = MIN(real_to_mono(e[i].drain_since, now, now_real), now),
+                                                                  .until = e[i].drain_until == USEC_INFINITY ? USEC_INFINITY :
+                                                                           usec_add(now, e[i].drain_until - now_real),
+                                                                  .who = e[i].drain_by, .reason = e[i].drain_reason },
+                                                          now);
+                                keep = keep || r == -ENOENT || r == -EOPNOTSUPP;
+                                if (r < 0 && r != -ENOENT && r != -EOPNOTSUPP)
+                                        log_warning_errno(r, "Could not drain %s of pool %s again: %m",
+                                                          e[i].member ?: "all", e[i].pool);
+                        }
+                }
+                if (keep && pending) {
+                        pending[n_pending++] = e[i];
+                        e[i] = (MemberStateEntry) {};
+                }
+        }
+        member_state_entries_free(m->member_pending, m->n_member_pending);
+        m->member_pending = pending;
+        m->n_member_pending = n_pending;
+        m->member_state_dirty = true;
+}
+
+static void manager_load_member_state(Manager *m) {
+        MemberStateEntry *e = NULL;
+        size_t n = 0;
+        if (!m->state_directory)
+                return;
+        int r = member_state_read(m->state_directory, &e, &n);
+        if (r == -EBADMSG) {
+                _cleanup_free_ char *moved = NULL;
+                (void) member_state_move_aside(m->state_directory, &moved);
+                log_error("%s/" MEMBER_STATE_FILE " is damaged or of another version: its drains and quarantines "
+                          "are not applied (moved aside to %s).", m->state_directory, moved ?: "?");
+                m->member_state_loaded = true;
+                return;
+        }
+        if (r < 0) {
+                log_error_errno(r, "Failed to read %s/" MEMBER_STATE_FILE ": drains and quarantines of before the restart "
+                                "are not applied, and it is not written over: %m", m->state_directory);
+                return;
+        }
+        m->member_state_loaded = true;
+        manager_apply_member_state(m, e, n);
+        member_state_entries_free(e, n);
+}
+
 void manager_drain(Manager *m) {
         /* The lease rows of all the grants settled since the last drain go in one write (group commit);
          * their answers are events that may settle more. */
         do
                 manager_settle(m);
         while (lease_table_flush(&m->leases));
+        if (m->member_state_dirty) /* a failed write is tried again at the next drain, said once */
+                manager_write_member_state(m);
         /* Status replies whose snapshots came (a Redis reply was this dispatch), or whose wait is over. */
         methods_status_flush(&m->methods, now_monotonic());
         /* Last: no event still queued can name a closed session any more. */
@@ -886,6 +1061,14 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         m->methods.config = m->config;
         manager_apply_settings(m);
         manager_apply_token_floor_all(m);
+        if (m->n_member_pending > 0) {
+                /* Drains and quarantines of pools or members this configuration may bring back. */
+                MemberStateEntry *pending = TAKE_PTR(m->member_pending);
+                size_t n_pending = m->n_member_pending;
+                m->n_member_pending = 0;
+                manager_apply_member_state(m, pending, n_pending);
+                member_state_entries_free(pending, n_pending);
+        }
         char detail[128];
         snprintf(detail, sizeof detail, "%zu pools, %zu lanes", m->config->n_pools, m->config->n_lanes);
         log_info("Configuration reloaded: %s.", detail);
@@ -1328,6 +1511,7 @@ int manager_start(Manager *m) {
                 log_info("Listening on %s.", m->socket_path);
         }
         m->listen_fd = fd;
+        manager_load_member_state(m);
         manager_take_back(m);
         r = sd_event_add_io(m->event, &m->listen_source, fd, EPOLLIN, on_accept, m);
         if (r < 0)
@@ -1525,6 +1709,9 @@ Manager *manager_free(Manager *m) {
         /* Shutting down is not releasing: leases simply end with the process. What ended before is written:
          * a SIGTERM may be dispatched before the drain that follows the close of a lease's connection. */
         (void) lease_table_flush(&m->leases);
+        if (m->member_state_dirty)
+                manager_write_member_state(m);
+        member_state_entries_free(m->member_pending, m->n_member_pending);
         lease_table_done(&m->leases);
         session_table_done(&m->sessions);
         manager_collect(m);

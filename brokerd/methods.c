@@ -166,6 +166,30 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                 if (json_strv_new(info.drained_members, &drained) >= 0)
                         json_object_set_new(o, "drainedMembers", drained);
         }
+        /* SPEC §3.6: who drained it (or its members), why, since and until. */
+        json_t *md = NULL;
+        for (size_t j = 0; j < engine_drain_count(m->engine); j++) {
+                EngineDrainInfo d;
+                if (engine_drain_info(m->engine, j, &d) < 0 || !streq(d.pool, info.name))
+                        continue;
+                usec_t real = now_realtime();
+                json_t *e = json_pack("{s:s*, s:I, s:s*, s:s*}", "member", d.member, "since",
+                                      (json_int_t) usec_sub_unsigned(real, usec_sub_unsigned(now, d.since)), "by",
+                                      d.who, "reason", d.reason);
+                if (e && d.until != USEC_INFINITY)
+                        json_object_set_new(e, "until",
+                                            json_integer((json_int_t) usec_add(real, usec_sub_unsigned(d.until, now))));
+                if (!e)
+                        continue;
+                if (!d.member)
+                        json_object_set_new(o, "drain", e);
+                else if (md || (md = json_array()))
+                        json_array_append_new(md, e);
+                else
+                        json_decref(e);
+        }
+        if (md)
+                json_object_set_new(o, "memberDrains", md);
         /* SPEC §3.6: since when (realtime, from the monotonic instant), which job, which status. */
         json_t *q = NULL;
         for (size_t j = 0; j < info.n_life; j++) {
@@ -431,19 +455,60 @@ static void method_reload(Session *s, const VarlinkCall *call) {
         session_reply_error(s, "io.slotbroker.ReloadFailed", p);
 }
 
+static bool reason_is_valid(const char *s);
+static bool require_pool_admin(Session *s, const char *action, const char *pool, const char *member);
+
 static void method_drain(Session *s, const VarlinkCall *call) {
-        const char *pool = NULL, *member = NULL;
+        const char *pool = NULL, *member = NULL, *reason = NULL;
         bool on = true;
+        int64_t until = -1;
         if (!parameters_ok(s, call,
                            (const JsonField[]) {
                                    { "pool", JSON_FIELD_STRING, JSON_MANDATORY, &pool, .max_length = 64 },
                                    { "member", JSON_FIELD_STRING, 0, &member, .max_length = 64 },
                                    { "on", JSON_FIELD_BOOL, JSON_MANDATORY, &on },
+                                   { "reason", JSON_FIELD_STRING, 0, &reason, .max_length = 1024 },
+                                   { "until", JSON_FIELD_INT64, 0, &until, 0, INT64_MAX },
                                    {},
-                           }) ||
-            !require_admin(s))
+                           }))
                 return;
-        int r = engine_drain(methods_of(s)->engine, pool, member, on, now_monotonic());
+        if ((reason || until >= 0) && !on) {
+                reply_invalid_parameter(s, reason ? "reason" : "until");
+                return;
+        }
+        if (reason && !reason_is_valid(reason)) {
+                reply_invalid_parameter(s, "reason");
+                return;
+        }
+        /* SPEC §3.6: --until is a realtime instant, the engine's deadline a monotonic one. */
+        usec_t now = now_monotonic(), now_real = now_realtime(), until_mono = USEC_INFINITY;
+        if (until >= 0) {
+                if ((usec_t) until <= now_real) {
+                        reply_invalid_parameter(s, "until"); /* in the past: it would undrain at once */
+                        return;
+                }
+                until_mono = usec_add(now, (usec_t) until - now_real);
+        }
+        if (!require_pool_admin(s, on ? "drain" : "undrain", pool, member))
+                return;
+        const PoolConfig *pc = conf_find_pool(methods_of(s)->config, pool);
+        int r;
+        if (pc && pc->backend) {
+                /* Shared pools: drained in Redis for every node; who, why and until are not kept there yet. */
+                if (reason || until >= 0) {
+                        reply_invalid_parameter(s, reason ? "reason" : "until");
+                        return;
+                }
+                r = engine_drain(methods_of(s)->engine, pool, member, on, now);
+        } else {
+                char who[32];
+                snprintf(who, sizeof who, "uid %u", (unsigned) s->cred.uid);
+                r = engine_drain_with(methods_of(s)->engine, pool, member,
+                                      on ? &(EngineDrain) { .since = now, .until = until_mono, .who = who,
+                                                            .reason = reason }
+                                         : NULL,
+                                      now);
+        }
         if (r == -ENOENT) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s, s:s?}", "pool", pool, "member", member);
                 session_reply_error(s, "io.slotbroker.NoSuchPool", p);
@@ -454,8 +519,9 @@ static void method_drain(Session *s, const VarlinkCall *call) {
                 session_close(s);
                 return;
         }
-        log_info("Pool %s%s%s %s by uid %d.", pool, member ? " member " : "", member ?: "", on ? "drained" : "undrained",
-                 (int) s->cred.uid);
+        if (pc && pc->backend)
+                log_info("Pool %s%s%s %s by uid %d.", pool, member ? " member " : "", member ?: "",
+                         on ? "drained" : "undrained", (int) s->cred.uid);
         methods_of(s)->status_changed(methods_of(s)->userdata);
         session_reply(s, NULL, false);
 }

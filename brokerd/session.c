@@ -1239,6 +1239,14 @@ void session_on_engine_event(SessionTable *m, const EngineEvent *ev) {
                 audit_congestion(m->audit, ev->pool, ev->congested, ev->idle);
                 m->changed = true;
                 break;
+        case ENGINE_EVENT_DRAIN: {
+                usec_t until = ev->until;
+                if (until != USEC_INFINITY) /* monotonic to realtime, for people */
+                        until = usec_add(now_realtime(), usec_sub_unsigned(until, now_monotonic()));
+                audit_drain(m->audit, ev->pool, ev->member, ev->drained, ev->job, ev->note, until, ev->expired);
+                m->changed = true;
+                break;
+        }
         case ENGINE_EVENT_MEMBER:
                 audit_member(m->audit, ev->pool, ev->member, ev->quarantined, ev->job, ev->exit_status, ev->note);
                 m->changed = true;

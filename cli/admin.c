@@ -18,13 +18,23 @@ static void drain_help(const char *verb) {
         bool on = streq(verb, "drain");
         printf("slotctl %s [OPTIONS…] POOL [MEMBER]\n\n"
                "%s\n\n"
+               "%s"
                "     --socket=PATH   Talk to the broker at PATH\n"
                "  -h --help          Show this help\n",
                verb,
                on ? "Drain a pool, or one member of it: nothing new is granted there; its holders finish,\n"
                     "and the requests waiting on a drained pool are refused (unavailable)."
-                  : "Undrain a pool, or one member of it: it grants again.");
+                  : "Undrain a pool, or one member of it: it grants again.",
+               on ? "     --reason=TEXT   Why (slotctl status, the journal and the history show it)\n"
+                    "     --until=TIME    Undrain by itself at TIME (2024-05-01 13:30; @EPOCH)\n"
+                  : "");
 }
+
+static const char *arg_drain_reason = NULL;
+static int64_t arg_drain_until = -1;
+
+static int drain_option(int c, const char *value);
+static bool reason_is_valid(const char *verb, const char *s);
 
 static bool pool_exists(BrokerClient *c, const char *pool) {
         _cleanup_free_ char *text = NULL;
@@ -45,16 +55,36 @@ static int drain(const char *verb, bool on, int argc, char *argv[]) {
         _cleanup_free_ char *text = NULL;
         int r;
 
-        r = cli_parse_options(verb, argc, argv, drain_help, &(CliOptions) { .socket_path = &arg_socket });
+        enum { ARG_REASON = 0x200, ARG_UNTIL }; /* above cli_parse_options()'s own */
+        static const struct option extra[] = {
+                { "reason", required_argument, NULL, ARG_REASON },
+                { "until", required_argument, NULL, ARG_UNTIL },
+                {},
+        };
+        r = cli_parse_options(verb, argc, argv, drain_help,
+                              &(CliOptions) { .socket_path = &arg_socket, .extra = on ? extra : NULL,
+                                              .on_extra = drain_option });
         if (r <= 0)
                 return r < 0 ? EXIT_USAGE : EXIT_SUCCESS;
         if (optind >= argc || argc - optind > 2) {
                 log_usage(verb, "%s", optind >= argc ? "a pool is missing" : "a pool and at most one member");
                 return EXIT_USAGE;
         }
+        if (arg_drain_reason && !reason_is_valid(verb, arg_drain_reason))
+                return EXIT_USAGE;
+        if (arg_drain_until >= 0 && (usec_t) arg_drain_until <= now_realtime()) {
+                log_usage(verb, "--until: that time has passed (a future time: 2024-05-01 13:30, @EPOCH)");
+                return EXIT_USAGE;
+        }
         const char *pool = argv[optind], *member = argc - optind > 1 ? argv[optind + 1] : NULL;
 
         p = json_pack("{s:s, s:b}", "pool", pool, "on", on);
+        if (p && arg_drain_reason && json_object_set_new(p, "reason", json_string(arg_drain_reason)) < 0) {
+                json_decref(p);
+                p = NULL;
+        }
+        if (p && arg_drain_until >= 0)
+                json_object_set_new(p, "until", json_integer((json_int_t) arg_drain_until));
         if (!p || (member && json_object_set_new(p, "member", json_string(member)) < 0) || json_format(p, &text, NULL) < 0) {
                 log_error("invalid pool or member name (not UTF-8?)");
                 return EXIT_USAGE;
@@ -67,6 +97,13 @@ static int drain(const char *verb, bool on, int argc, char *argv[]) {
                 log_error_errno(r, "%s failed: %m", verb);
                 return cli_exit_status_from_errno(r);
         }
+        if (r == BROKER_INVALID_PARAMETER && broker_client_error_parameters(c) &&
+            (strstr(broker_client_error_parameters(c), "\"reason\"") ||
+             strstr(broker_client_error_parameters(c), "\"until\""))) {
+                log_error("%s: the broker refused --reason/--until for pool %s (a shared pool: not supported there yet; "
+                          "or --until has passed)", verb, pool);
+                return EXIT_USAGE;
+        }
         if (r == BROKER_INVALID_PARAMETER || r == BROKER_NO_SUCH_POOL) {
                 /* The error names the pool either way: whether the pool or its member is unknown, Status says. */
                 if (member && pool_exists(c, pool))
@@ -78,6 +115,14 @@ static int drain(const char *verb, bool on, int argc, char *argv[]) {
         if (r > 0)
                 return cli_log_result(c, verb, r, EXIT_FAILURE);
         return EXIT_SUCCESS;
+}
+
+static int drain_option(int c, const char *value) {
+        if (c == 0x200) {
+                arg_drain_reason = value;
+                return 0;
+        }
+        return cli_parse_time("--until", value, &arg_drain_until);
 }
 
 int verb_drain(int argc, char *argv[]) {

@@ -272,6 +272,30 @@ static void print_quarantined(json_t *list) {
         }
 }
 
+static void print_time(char when[static 64], json_int_t usec) {
+        time_t t = (time_t) (usec / 1000000);
+        struct tm tm;
+        strcpy(when, "?");
+        if (usec >= 0 && localtime_r(&t, &tm))
+                (void) strftime(when, 64, "%Y-%m-%d %H:%M:%S", &tm);
+}
+
+/* SPEC §3.6: "drained since … by uid 0 until …: reason". */
+static void print_drain(json_t *d) {
+        char since[64], until[64];
+        print_time(since, int_member(d, "since", -1));
+        printf("  %s drained since %s", string_member(d, "member") ?: "pool", since);
+        if (string_member(d, "by"))
+                printf(" by %s", string_member(d, "by"));
+        if (json_is_integer(json_object_get(d, "until"))) {
+                print_time(until, int_member(d, "until", -1));
+                printf(" until %s", until);
+        }
+        if (string_member(d, "reason"))
+                printf(": %s", string_member(d, "reason"));
+        putchar('\n');
+}
+
 static void print_pool(json_t *pool, json_t *reply) {
         const char *name = string_member(pool, "name") ?: "?";
         json_int_t limit = int_member(pool, "limit", 0), in_use = int_member(pool, "inUse", 0);
@@ -303,6 +327,10 @@ static void print_pool(json_t *pool, json_t *reply) {
                         printf(" %s", json_string_value(v) ?: "?");
         }
         putchar('\n');
+        if (json_is_object(json_object_get(pool, "drain")))
+                print_drain(json_object_get(pool, "drain"));
+        json_array_foreach(json_object_get(pool, "memberDrains"), i, v)
+                print_drain(v);
         print_quarantined(json_object_get(pool, "quarantined"));
         print_backend(backend);
         print_holders(json_object_get(reply, "holders"), name);
@@ -442,7 +470,7 @@ int verb_metrics(int argc, char *argv[]) {
 
 static const char *const decisions[] = {
         "granted", "busy",    "full",     "timeout", "shed",     "unavailable",
-        "cancelled", "released", "revoked", "overdue", "restored", "denied",
+        "cancelled", "released", "revoked", "overdue", "restored", "denied", "drained", "undrained",
 };
 
 static json_t *arg_history_filters = NULL;

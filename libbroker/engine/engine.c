@@ -57,6 +57,13 @@ struct EngineRequest {
         ListNode node;           /* Engine.requests, until the final decision */
 };
 
+typedef struct EngineDrainRecord {
+        const char *pool;        /* interned */
+        char *member;            /* NULL: the whole pool */
+        usec_t since, until;
+        char *who, *reason;
+} EngineDrainRecord;
+
 struct EngineLease {
         Engine *engine;
         Pool *pool;
@@ -122,7 +129,10 @@ struct Engine {
         char **names;
         size_t n_names;
 
-        char *popped[3];         /* the last popped MEMBER event's strings, freed at the next pop */
+        char *popped[3];         /* the last popped MEMBER or DRAIN event's strings, freed at the next pop */
+
+        EngineDrainRecord *drains; /* engine_drain_with()'s, in the order made */
+        size_t n_drains;
 };
 
 static const char *engine_intern(Engine *e, const char *s) {
@@ -219,7 +229,7 @@ bool engine_pop_event(Engine *e, EngineEvent *ret) {
         if (e->n_events == 0)
                 return false;
         *ret = e->events[e->events_head];
-        if (ret->type == ENGINE_EVENT_MEMBER) {
+        if (ret->type == ENGINE_EVENT_MEMBER || ret->type == ENGINE_EVENT_DRAIN) {
                 /* The event's strings are the engine's until the next pop. */
                 e->popped[0] = (char *) ret->member;
                 e->popped[1] = (char *) ret->job;
@@ -774,7 +784,10 @@ static void process_decisions(Engine *e) {
 
 /* ---- time ---- */
 
+static void drains_expire(Engine *e, usec_t t);
+
 static void settle(Engine *e, usec_t t) {
+        drains_expire(e, t); /* before the pools run: what it frees is granted at this instant */
         for (size_t i = 0; i < e->n_pools; i++)
                 e->pools[i]->ops->run(e->pools[i], t);
         for (size_t i = 0; i < e->n_retired; i++)
@@ -803,6 +816,9 @@ static usec_t next_wakeup_after(const Engine *e, usec_t after, bool any) {
         HeapNode *n = heap_peek(&e->expiries);
         if (n && (!any || n->key > after))
                 t = MIN(t, n->key);
+        for (size_t i = 0; i < e->n_drains; i++)
+                if (!any || e->drains[i].until > after)
+                        t = MIN(t, e->drains[i].until);
         return t;
 }
 
@@ -1191,6 +1207,138 @@ int engine_member_quarantine(Engine *e, const char *pool, const char *member, co
         return 0;
 }
 
+/* ---- drains with who, why and until ---- */
+
+static char *dup_or_null(const char *s, bool *oom) {
+        char *c = s ? strdup(s) : NULL;
+        if (s && !c)
+                *oom = true;
+        return c;
+}
+
+static void drain_event(Engine *e, const char *pool, const char *member, bool drained, const EngineDrainRecord *d,
+                        bool expired, usec_t at) {
+        bool oom = false;
+        char *m = dup_or_null(member, &oom), *who = dup_or_null(d ? d->who : NULL, &oom),
+             *reason = dup_or_null(d ? d->reason : NULL, &oom);
+        if (oom)
+                abort(); /* as event_push() */
+        event_push(e, &(EngineEvent) {
+                .type = ENGINE_EVENT_DRAIN,
+                .at = at,
+                .pool = pool,
+                .member = m,
+                .job = expired ? NULL : who,
+                .note = reason,
+                .drained = drained,
+                .until = d ? d->until : USEC_INFINITY,
+                .expired = expired,
+                .exit_status = -1,
+        });
+        if (expired)
+                free(who);
+}
+
+static ssize_t drain_find(const Engine *e, const char *pool, const char *member) {
+        for (size_t i = 0; i < e->n_drains; i++)
+                if (streq(e->drains[i].pool, pool) && streq_ptr(e->drains[i].member, member))
+                        return (ssize_t) i;
+        return -1;
+}
+
+static void drain_record_remove(Engine *e, size_t i) {
+        free(e->drains[i].member);
+        free(e->drains[i].who);
+        free(e->drains[i].reason);
+        memmove(e->drains + i, e->drains + i + 1, (e->n_drains - i - 1) * sizeof(EngineDrainRecord));
+        e->n_drains--;
+}
+
+/* Drains whose until has come are undrained at their until, earliest first. */
+static void drains_expire(Engine *e, usec_t t) {
+        for (;;) {
+                ssize_t k = -1;
+                for (size_t i = 0; i < e->n_drains; i++)
+                        if (e->drains[i].until <= t && (k < 0 || e->drains[i].until < e->drains[k].until))
+                                k = (ssize_t) i;
+                if (k < 0)
+                        return;
+                EngineDrainRecord d = e->drains[k];
+                Pool *p = pool_find(e->pools, e->n_pools, d.pool);
+                if (p)
+                        (void) p->ops->drain(p, d.member, false, d.until);
+                drain_event(e, d.pool, d.member, false, &d, true, d.until);
+                drain_record_remove(e, (size_t) k);
+        }
+}
+
+int engine_drain_with(Engine *e, const char *pool, const char *member, const EngineDrain *d, usec_t now) {
+        assert_return(e && pool, -EINVAL);
+        assert_return(!d || d->since <= now, -EINVAL);
+        if (d && d->until <= now)
+                return -EINVAL;
+        engine_advance(e, now);
+        Pool *p = pool_find(e->pools, e->n_pools, pool);
+        if (!p)
+                return -ENOENT;
+        ssize_t k = drain_find(e, pool, member);
+        EngineDrainRecord rec = {};
+        if (d) {
+                bool oom = false;
+                rec = (EngineDrainRecord) {
+                        .pool = p->name,
+                        .member = dup_or_null(member, &oom),
+                        .since = d->since,
+                        .until = d->until,
+                        .who = dup_or_null(d->who, &oom),
+                        .reason = dup_or_null(d->reason, &oom),
+                };
+                EngineDrainRecord *a = oom ? NULL : reallocarray(e->drains, e->n_drains + 1, sizeof(EngineDrainRecord));
+                if (!a) {
+                        free(rec.member);
+                        free(rec.who);
+                        free(rec.reason);
+                        return -ENOMEM;
+                }
+                e->drains = a;
+        }
+        int r = p->ops->drain(p, member, d != NULL, now);
+        if (r < 0) {
+                free(rec.member);
+                free(rec.who);
+                free(rec.reason);
+                return r;
+        }
+        if (k >= 0)
+                drain_record_remove(e, (size_t) k);
+        if (d)
+                e->drains[e->n_drains++] = rec;
+        drain_event(e, p->name, member, d != NULL, d ? &rec : NULL, false, now);
+        mark_unsettled(e, now);
+        process_decisions(e);
+        return 0;
+}
+
+size_t engine_drain_count(const Engine *e) {
+        return e ? e->n_drains : 0;
+}
+
+int engine_drain_info(const Engine *e, size_t i, EngineDrainInfo *ret) {
+        assert_return(e && ret, -EINVAL);
+        if (i >= e->n_drains)
+                return -ENOENT;
+        const EngineDrainRecord *d = &e->drains[i];
+        *ret = (EngineDrainInfo) {
+                .pool = d->pool,
+                .member = d->member,
+                .since = d->since,
+                .until = d->until,
+                .who = d->who,
+                .reason = d->reason,
+        };
+        return 0;
+}
+
 int engine_drain(Engine *e, const char *pool, const char *member, bool on, usec_t now) {
         assert_return(e && pool, -EINVAL);
         engine_advance(e, now);
@@ -1200,6 +1348,10 @@ int engine_drain(Engine *e, const char *pool, const char *member, bool on, usec_
         int r = p->ops->drain(p, member, on, now);
         if (r < 0)
                 return r;
+        /* A plain drain or undrain replaces what engine_drain_with() recorded: no reason, no until. */
+        ssize_t k = drain_find(e, pool, member);
+        if (k >= 0)
+                drain_record_remove(e, (size_t) k);
         mark_unsettled(e, now);
         process_decisions(e);
         return 0;
@@ -1522,13 +1674,19 @@ Engine *engine_free(Engine *e) {
         free(e->pending);
         for (size_t i = 0; i < e->n_events; i++) {
                 EngineEvent *ev = &e->events[(e->events_head + i) % e->events_allocated];
-                if (ev->type == ENGINE_EVENT_MEMBER) {
+                if (ev->type == ENGINE_EVENT_MEMBER || ev->type == ENGINE_EVENT_DRAIN) {
                         free((char *) ev->member);
                         free((char *) ev->job);
                         free((char *) ev->note);
                 }
         }
         popped_free(e);
+        for (size_t i = 0; i < e->n_drains; i++) {
+                free(e->drains[i].member);
+                free(e->drains[i].who);
+                free(e->drains[i].reason);
+        }
+        free(e->drains);
         free(e->events);
         for (size_t i = 0; i < e->n_names; i++)
                 free(e->names[i]);

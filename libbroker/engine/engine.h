@@ -53,6 +53,7 @@ typedef enum EngineEventType {
         ENGINE_EVENT_REVOKE,     /* a lease reached max-hold, or its pool lost it; it holds its slots until released */
         ENGINE_EVENT_CONGESTION, /* a pool's congested gauge changed */
         ENGINE_EVENT_MEMBER,     /* a member was quarantined or restored (SPEC §3.6) */
+        ENGINE_EVENT_DRAIN,      /* a pool or member was drained with engine_drain_with(), or undrained (SPEC §3.6) */
         _ENGINE_EVENT_TYPE_MAX,
         _ENGINE_EVENT_TYPE_INVALID = -EINVAL,
 } EngineEventType;
@@ -88,6 +89,11 @@ typedef struct EngineEvent {
         const char *job;
         int exit_status;
         const char *note;
+        /* DRAIN: pool, member (NULL: the whole pool), whether it is drained now, who (job) and why (note), its
+         * deadline (USEC_INFINITY: none); an undrain by its deadline has job NULL and `expired` set. */
+        bool drained;
+        usec_t until;
+        bool expired;
 } EngineEvent;
 
 /* A uniformly distributed 64-bit value; the daemon uses getrandom(), the simulator a seeded generator. */
@@ -287,6 +293,31 @@ typedef struct EngineQuarantine {
  * health lanes only; one held stays with its holder. A MEMBER event follows when its state changed. Returns 0,
  * -ENOENT (no such pool or member), -EOPNOTSUPP (a pool kept by a backend, or of anonymous slots), -ENOMEM. */
 int engine_member_quarantine(Engine *e, const char *pool, const char *member, const EngineQuarantine *q, usec_t now);
+
+/* A drain with who, why, since and until (SPEC §3.6, "Drain with a reason and a schedule"). */
+typedef struct EngineDrain {
+        usec_t since;             /* monotonic µs; ≤ now */
+        usec_t until;             /* monotonic µs, > now: undrained by itself then; USEC_INFINITY: never */
+        const char *who;          /* NULL: unknown */
+        const char *reason;       /* NULL: none */
+} EngineDrain;
+
+/* Drains (d set) or undrains (d NULL) a pool or member as engine_drain(), remembering who, why, since and until;
+ * at `until` the engine undrains it itself (engine_run(), engine_next_wakeup()). A DRAIN event follows each
+ * change. Draining what is drained replaces the record. Returns 0, -ENOENT (unknown pool or member),
+ * -EINVAL (until not after now), -ENOMEM. */
+int engine_drain_with(Engine *e, const char *pool, const char *member, const EngineDrain *d, usec_t now);
+
+/* The drains that engine_drain_with() recorded, for Status and the state directory. */
+typedef struct EngineDrainInfo {
+        const char *pool;
+        const char *member;       /* NULL: the whole pool */
+        usec_t since, until;
+        const char *who, *reason;
+} EngineDrainInfo;
+size_t engine_drain_count(const Engine *e);
+/* Valid until the next engine call. Returns 0, -ENOENT past the end. */
+int engine_drain_info(const Engine *e, size_t i, EngineDrainInfo *ret);
 
 /* Drains a pool (member NULL: its waiters are refused, new requests are unavailable) or one member
  * (no longer handed out). Returns 0, -ENOENT for an unknown pool or member. */

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.dont_write_bytecode = True
 import harness  # noqa: E402
@@ -63,6 +64,8 @@ pools = anon
 MESSAGE_ID_QUARANTINED = "096728e987954e00b546875ad4d4702f"
 MESSAGE_ID_RESTORED = "1c4072a236bf4467b046510ca437cf58"
 MESSAGE_ID_ADMIN_DENIED = "ce066070d74145a5b694680bb79d417d"
+MESSAGE_ID_DRAINED = "840f5480322440e6ae1f59eca753a42b"
+MESSAGE_ID_UNDRAINED = "9745f6d228a9456e9c5188821c7db415"
 
 
 class Base(harness.BrokerTestCase):
@@ -277,6 +280,89 @@ class Quarantine(Base):
         self.assertRegex(p.stderr + p.stdout, rf"{re.escape(path)}:3: quarantine-exit-codes: .*256.*1 to 255")
 
 
+class Drain(Base):
+    """slotctl drain --reason --until (SPEC §3.6, issue 23 item 3), and what survives a restart (item 7)."""
+
+    def test_drain_with_reason_and_until_undrains_by_itself(self):
+        b = self.rigs("drain-until")
+        now = int(time.time())
+        # Bad input: a clear error, nothing drained.
+        for args, what in ((("--until", f"@{now - 10}"), "passed"), (("--reason", "two\nlines"), "control"),
+                           (("--until", "tomorrow-ish"), "invalid time")):
+            p = self.slotctl(b, "drain", "rigs", "a", *args)
+            self.assertEqual(p.returncode, EX_USAGE, p.stderr)
+            self.assertIn(what, p.stderr)
+        for params, parameter in (({"until": (now - 10) * 10**6}, "until"), ({"reason": "x\ty"}, "reason"),
+                                  ({"reason": "x" * 1025}, "reason"), ({"on": False, "reason": "why"}, "reason")):
+            with self.assertRaises(harness.VarlinkError) as e:
+                b.call("io.slotbroker.Drain", {"pool": "rigs", "member": "a", "on": True, **params})
+            self.assertEqual(e.exception.parameters.get("parameter"), parameter)
+        self.assertNotIn("memberDrains", b.pool("rigs"))
+        self.assertNotIn("drainedMembers", b.pool("rigs"))
+        [msg] = harness.run_client_as(b.socket_path, "io.slotbroker.Drain", {"pool": "rigs", "member": "a", "on": True})
+        self.assertEqual(msg.get("error"), "io.slotbroker.PermissionDenied", msg)
+
+        until = now + 4
+        p = self.slotctl(b, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        [d] = b.pool("rigs")["memberDrains"]
+        self.assertEqual((d["member"], d["by"], d["reason"]), ("a", f"uid {os.getuid()}", "reflash"))
+        self.assertLess(abs(d["until"] - until * 10**6), 1000)  # kept as a monotonic deadline: µs of drift
+        self.assertRegex(self.slotctl(b, "status").stdout, r"a drained since .* by uid \d+ until .*: reflash")
+        self.queued(b, "waiter", "w", "--member", "a")
+        # It undrains by itself at `until`, and the waiter gets a.
+        wait_for(lambda: self.w.started("waiter"), 15, message="the drain's end")
+        self.assertGreaterEqual(time.time(), until - 0.05)
+        self.stop("waiter")
+        self.assertNotIn("memberDrains", b.pool("rigs"))
+        # The history has who, why, since and until.
+        def rows():
+            got = [e for e in b.call("io.slotbroker.History", {})["events"] if e["decision"] in ("drained", "undrained")]
+            return got if len(got) == 2 else None
+        drained, undrained = wait_for(rows, 10, message="the drain in the history")
+        self.assertEqual((drained["decision"], drained["pool"], drained.get("job"), drained.get("selector")),
+                         ("drained", "rigs", f"uid {os.getuid()}", "@a"))
+        self.assertIn("reflash", drained.get("reason"))
+        self.assertIn("until 20", drained.get("reason"))
+        self.assertEqual(undrained["decision"], "undrained")
+
+    def test_drains_and_quarantines_survive_a_restart(self):
+        b = self.rigs("restart")
+        self.ran(b, "broken", "w", 3, "--member", "a")
+        q = self.wait_quarantined(b, {"a"})["a"]
+        until = int(time.time()) + 3600
+        p = self.slotctl(b, "drain", "rigs", "b", "--reason", "new firmware", "--until", f"@{until}")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        p = self.slotctl(b, "drain", "anon", "--reason", "licence server moves")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        q2 = self.quarantined(b)["a"]
+        self.assertEqual((q2["job"], q2["exitStatus"]), ("broken", 3))
+        self.assertLess(abs(q2["since"] - q["since"]), 2 * 10**6)
+        [d] = b.pool("rigs")["memberDrains"]
+        self.assertEqual((d["member"], d["reason"]), ("b", "new firmware"))
+        self.assertLess(abs(d["until"] - until * 10**6), 10**5)
+        self.assertEqual(b.pool("anon")["drain"]["reason"], "licence server moves")
+        self.assertTrue(b.pool("anon")["drained"])
+        # Obeyed, not only shown: nothing of rigs can be granted to an ordinary lane.
+        p = subprocess.run([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "w", "--no-wait", "--", "true"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 75, p.stderr)
+        # A reload keeps them too.
+        b.reload()
+        self.assertIn("a", self.quarantined(b))
+        self.assertEqual(len(b.pool("rigs")["memberDrains"]), 1)
+        # A damaged members.state is moved aside, never guessed at: brokerd starts without it.
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        with open(os.path.join(b.state_dir, "members.state"), "w") as f:
+            f.write('{"slotbroker":"members","version":1,"entries":[{"pool":"rigs","member":"../x","drain":{"since":1}}]}')
+        b.start()
+        self.assertEqual(self.quarantined(b), {})
+        self.assertTrue(any(n.startswith("members.state.corrupt-") for n in os.listdir(b.state_dir)))
+        self.assertIn("members.state is damaged", b.log())
+
+
 class Journal(Base):
     """[QUARANTINED], [RESTORED] and [ADMIN_DENIED] as journald has them (inside journald-ns.sh only)."""
 
@@ -314,6 +400,18 @@ class Journal(Base):
         e = self.entry(b, MESSAGE_ID_ADMIN_DENIED, SLOT_MEMBER="b")
         self.assertEqual((e["SLOT_ACTION"], e["SLOT_CLIENT_UID"]), ("restore", str(harness.NOBODY_UID)))
         self.assertIn("b", self.quarantined(b))
+        until = int(time.time()) + 2
+        p = self.slotctl(b, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        e = self.entry(b, MESSAGE_ID_DRAINED, SLOT_MEMBER="a")
+        self.assertEqual((e["SLOT_DECISION"], e["SLOT_REASON"], e["SLOT_JOB"]),
+                         ("drained", "reflash", f"uid {os.getuid()}"))
+        self.assertLess(abs(int(e["SLOT_UNTIL_USEC"]) - until * 10**6), 1000)
+        self.assertTrue(e["MESSAGE"].startswith("[DRAINED] Member a of pool rigs drained by uid"), e["MESSAGE"])
+        e = self.entry(b, MESSAGE_ID_UNDRAINED, SLOT_MEMBER="a")
+        self.assertIn("its --until came", e["MESSAGE"])
+        self.assertIn("[DRAINED]", catalog[MESSAGE_ID_DRAINED])
+        self.assertIn("[UNDRAINED]", catalog[MESSAGE_ID_UNDRAINED])
 
 
 if __name__ == "__main__":

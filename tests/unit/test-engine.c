@@ -78,6 +78,12 @@ typedef struct Fixture {
                 usec_t at;
         } life[64];
         size_t n_life;
+        struct {
+                char member[32], who[64], reason[64];
+                bool drained, expired;
+                usec_t at, until;
+        } drains[64];
+        size_t n_drains;
 } Fixture;
 
 static uint64_t fake_random(void *userdata) {
@@ -169,6 +175,18 @@ static void drain_events(Fixture *f) {
                 if (ev.type == ENGINE_EVENT_REVOKE) {
                         assert_true(f->n_revoked < ELEMENTSOF(f->revoked));
                         f->revoked[f->n_revoked++] = ev;
+                        continue;
+                }
+                if (ev.type == ENGINE_EVENT_DRAIN) {
+                        assert_true(f->n_drains < ELEMENTSOF(f->drains));
+                        snprintf(f->drains[f->n_drains].member, sizeof f->drains[0].member, "%s", ev.member ?: "");
+                        snprintf(f->drains[f->n_drains].who, sizeof f->drains[0].who, "%s", ev.job ?: "");
+                        snprintf(f->drains[f->n_drains].reason, sizeof f->drains[0].reason, "%s", ev.note ?: "");
+                        f->drains[f->n_drains].drained = ev.drained;
+                        f->drains[f->n_drains].expired = ev.expired;
+                        f->drains[f->n_drains].at = ev.at;
+                        f->drains[f->n_drains].until = ev.until;
+                        f->n_drains++;
                         continue;
                 }
                 if (ev.type == ENGINE_EVENT_MEMBER) {
@@ -1039,6 +1057,67 @@ static void test_quarantine_survives_a_reload_by_member_name(void **state) {
         configure(f, S(5));
         assert_true(life_of(f, "b")->quarantined);
         assert_true(queued(acquire(f, "Y", (Req) {}, S(6))));
+}
+
+static int drain_with(Fixture *f, const char *member, usec_t since, usec_t until, usec_t now) {
+        int r = engine_drain_with(f->engine, "p", member,
+                                  &(EngineDrain) { .since = since, .until = until, .who = "uid 0", .reason = "reflash" },
+                                  now);
+        quiesce(f);
+        return r;
+}
+
+static void test_drain_until_undrains_by_itself_and_grants_at_that_instant(void **state) {
+        Fixture *f = *state;
+        rigs(f, 1);
+        assert_int_equal(drain_with(f, "a", S(1), S(1), S(1)), -EINVAL); /* --until in the past (or now) */
+        assert_int_equal(drain_with(f, "zz", S(1), S(5), S(1)), -ENOENT);
+        assert_int_equal(f->n_drains, 0);
+        assert_int_equal(drain_with(f, "a", S(1), S(10), S(1)), 0);
+        assert_int_equal(f->n_drains, 1);
+        assert_true(f->drains[0].drained);
+        assert_string_equal(f->drains[0].who, "uid 0");
+        assert_string_equal(f->drains[0].reason, "reflash");
+        assert_int_equal(f->drains[0].until, S(10));
+        EngineDrainInfo d;
+        assert_int_equal(engine_drain_count(f->engine), 1);
+        assert_int_equal(engine_drain_info(f->engine, 0, &d), 0);
+        assert_string_equal(d.member, "a");
+        assert_int_equal(d.since, S(1));
+        Tag *w = acquire(f, "W", (Req) { .member = "a" }, S(2));
+        assert_true(queued(w));
+        assert_int_equal(engine_next_wakeup(f->engine), S(10));
+        run(f, S(10) - 1);
+        assert_true(queued(w));
+        run(f, S(30)); /* a late timer: the undrain and the grant are at 10 s all the same */
+        assert_true(granted(w));
+        assert_int_equal(w->decided, S(10));
+        assert_int_equal(f->n_drains, 2);
+        assert_false(f->drains[1].drained);
+        assert_true(f->drains[1].expired);
+        assert_int_equal(f->drains[1].at, S(10));
+        assert_int_equal(engine_drain_count(f->engine), 0);
+}
+
+static void test_drain_until_survives_a_restart(void **state) {
+        Fixture *f = *state;
+        rigs(f, 1);
+        assert_int_equal(drain_with(f, NULL, S(1), S(10), S(1)), 0); /* the whole pool */
+        EngineDrainInfo d;
+        assert_int_equal(engine_drain_info(f->engine, 0, &d), 0);
+        EngineDrain saved = { .since = d.since, .until = d.until, .who = "uid 0", .reason = "reflash" };
+        /* The daemon restarts at 4 s: a new engine, the drain applied again from what was persisted. */
+        engine_free(f->engine);
+        f->n_tags = 0;
+        assert_int_equal(engine_new(fake_random, &f->rng, &f->engine), 0);
+        configure(f, S(4));
+        assert_int_equal(engine_drain_with(f->engine, "p", NULL, &saved, S(4)), 0);
+        quiesce(f);
+        assert_true(refused(acquire(f, "X", (Req) {}, S(5)), REFUSAL_UNAVAILABLE));
+        run(f, S(10));
+        assert_true(granted(acquire(f, "Y", (Req) {}, S(10))));
+        /* A drain restored after its until passed while the daemon was down is refused: the caller drops it. */
+        assert_int_equal(engine_drain_with(f->engine, "p", "a", &saved, S(11)), -EINVAL);
 }
 
 static void test_reload_shrink_lets_holders_finish(void **state) {
@@ -2208,6 +2287,8 @@ int main(void) {
                 T(test_health_job_is_granted_a_quarantined_member_past_an_ordinary_waiter),
                 T(test_quarantine_by_hand_and_restore),
                 T(test_quarantine_survives_a_reload_by_member_name),
+                T(test_drain_until_undrains_by_itself_and_grants_at_that_instant),
+                T(test_drain_until_survives_a_restart),
 #endif
         };
         const char *skip = NULL;
