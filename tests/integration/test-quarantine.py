@@ -182,6 +182,10 @@ class Quarantine(Base):
         self.ran(b, "ok", "w", 0, "--member", "a")         # breaks the run
         self.ran(b, "once-more", "w", 3, "--member", "a")
         self.assertEqual(self.quarantined(b), {})
+        # slotctl's Release with the status comes right after its command's end: an end, not a revocation.
+        events = b.call("io.slotbroker.History", {})["events"]
+        self.assertEqual([e for e in events if e["decision"] in ("revoked", "overdue")], [])
+        self.assertEqual(len([e for e in events if e["decision"] == "released"]), 4, events)
         # A client that releases without a status (an older slotctl) changes nothing.
         a = self.acquire(b, "w", member="a")
         lease = a.until_granted()["id"]
