@@ -392,8 +392,14 @@ static void manager_settle(Manager *m) {
                 EngineEvent ev;
                 bool any = false;
                 while (engine_pop_event(m->engine, &ev)) {
-                        if (ev.type == ENGINE_EVENT_MEMBER || ev.type == ENGINE_EVENT_DRAIN)
+                        if (ev.type == ENGINE_EVENT_MEMBER || ev.type == ENGINE_EVENT_DRAIN) {
                                 m->member_state_dirty = true;
+                                if (m->member_events_replayed > 0) {
+                                        m->member_events_replayed--;
+                                        any = true;
+                                        continue;
+                                }
+                        }
                         session_on_engine_event(&m->sessions, &ev);
                         any = true;
                 }
@@ -516,6 +522,18 @@ static void manager_write_member_state(Manager *m) {
         m->member_state_dirty = false;
 }
 
+static bool member_is_quarantined(Manager *m, const char *pool, const char *member) {
+        for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
+                EnginePoolInfo info;
+                if (engine_pool_info(m->engine, i, now_monotonic(), &info) < 0 || !streq(info.name, pool))
+                        continue;
+                for (size_t j = 0; j < info.n_life; j++)
+                        if (streq(info.life[j].member, member))
+                                return info.life[j].quarantined;
+        }
+        return false;
+}
+
 /* Applies what members.state holds; what names a pool or member not configured now waits in member_pending
  * for a reload that brings it back (a member is identified by its name). */
 static void manager_apply_member_state(Manager *m, MemberStateEntry *e, size_t n) {
@@ -525,6 +543,7 @@ static void manager_apply_member_state(Manager *m, MemberStateEntry *e, size_t n
         for (size_t i = 0; i < n; i++) {
                 bool keep = false;
                 if (e[i].quarantined) {
+                        bool was = member_is_quarantined(m, e[i].pool, e[i].member);
                         int r = engine_member_quarantine(
                                 m->engine, e[i].pool, e[i].member,
                                 &(EngineQuarantine) { .since = MIN(real_to_mono(e[i].quarantine_since, now, now_real), now),
@@ -533,6 +552,8 @@ static void manager_apply_member_state(Manager *m, MemberStateEntry *e, size_t n
                                                       .reason = e[i].quarantine_reason },
                                 now);
                         keep = keep || r == -ENOENT || r == -EOPNOTSUPP;
+                        if (r >= 0 && !was)
+                                m->member_events_replayed++; /* its state changed: one MEMBER event */
                         if (r < 0 && !keep)
                                 log_warning_errno(r, "Could not quarantine %s of pool %s again: %m", e[i].member, e[i].pool);
                 }
@@ -552,6 +573,8 @@ static void manager_apply_member_state(Manager *m, MemberStateEntry *e, size_t n
                                                                   .who = e[i].drain_by, .reason = e[i].drain_reason },
                                                           now);
                                 keep = keep || r == -ENOENT || r == -EOPNOTSUPP;
+                                if (r >= 0)
+                                        m->member_events_replayed++;
                                 if (r < 0 && r != -ENOENT && r != -EOPNOTSUPP)
                                         log_warning_errno(r, "Could not drain %s of pool %s again: %m",
                                                           e[i].member ?: "all", e[i].pool);

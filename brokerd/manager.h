@@ -114,6 +114,9 @@ typedef struct Manager {
         bool member_state_failed;       /* the last write failed (said once) */
         struct MemberStateEntry *member_pending; /* read, for pools or members not configured now */
         size_t n_member_pending;
+        /* The MEMBER and DRAIN events of what members.state put back: state carried over, not news for the
+         * journal and the history (the first such events after the apply, which emits one per change). */
+        size_t member_events_replayed;
 } Manager;
 
 typedef struct ManagerOptions {

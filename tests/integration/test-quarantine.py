@@ -364,6 +364,9 @@ class Drain(Base):
         b.start()
         self.assertEqual(self.quarantined(b), {})
         self.assertTrue(any(n.startswith("members.state.corrupt-") for n in os.listdir(b.state_dir)))
+        # What was carried over is not news: the history has one "drained" row per drain made, none per restart.
+        rows = [e for e in b.call("io.slotbroker.History", {})["events"] if e["decision"] == "drained"]
+        self.assertEqual(len(rows), 2, rows)
         self.assertIn("members.state is damaged", b.log())
 
 
