@@ -530,10 +530,19 @@ static void print_event(json_t *e) {
                 if (localtime_r(&sec, &tm))
                         strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
         }
-        printf("%-19s %-11s %-10s %-10s %-8s %-8s %-32s %s\n", when, string_member(e, "decision") ?: "?",
+        printf("%-19s %-11s %-10s %-10s %-8s %-8s %-32s %s", when, string_member(e, "decision") ?: "?",
                string_member(e, "pool") ?: "-", string_member(e, "lane") ?: "-", duration_member(waited, e, "waitedMs", "-"),
                duration_member(held, e, "heldMs", "-"), string_member(e, "lease") ?: "-",
                job_column(job, string_member(e, "job")));
+        /* A drain's member and why (SPEC §3.6): the columns above have no place for them. */
+        const char *d = string_member(e, "decision");
+        if (d && (streq(d, "drained") || streq(d, "undrained"))) {
+                if (string_member(e, "selector"))
+                        printf(" %s", string_member(e, "selector"));
+                if (string_member(e, "reason"))
+                        printf(" (%s)", string_member(e, "reason"));
+        }
+        putchar('\n');
 }
 
 int verb_history(int argc, char *argv[]) {

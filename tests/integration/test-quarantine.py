@@ -354,6 +354,20 @@ class Drain(Base):
         self.assertIn("until 20", drained.get("reason"))
         self.assertEqual(undrained["decision"], "undrained")
 
+    def test_drains_and_quarantines_survive_a_handover(self):
+        # A restart through systemd's fd store (SPEC §3.4) reads members.state as any start does.
+        b = self.broker(CONFIG.format(after=1, admin="12345"), "handover", mode="store")
+        p = self.slotctl(b, "quarantine", "rigs", "a", "--reason", "fan noise")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        p = self.slotctl(b, "drain", "rigs", "b", "--reason", "reflash", "--until", f"@{int(time.time()) + 600}")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        self.assertEqual(self.quarantined(b)["a"]["reason"], "fan noise")
+        self.assertEqual(b.pool("rigs")["memberDrains"][0]["reason"], "reflash")
+        text = self.slotctl(b, "history", "--decision", "drained").stdout
+        self.assertRegex(text, r"drained .* @b \(reflash until 20")
+
     def test_drains_and_quarantines_survive_a_restart(self):
         b = self.rigs("restart")
         self.ran(b, "broken", "w", 3, "--member", "a")
