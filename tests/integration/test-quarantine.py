@@ -244,7 +244,18 @@ class Quarantine(Base):
             [msg] = harness.run_client_as(b.socket_path, method, {"pool": "rigs", "member": "a", **params})
             self.assertEqual(msg.get("error"), "io.slotbroker.PermissionDenied", msg)
             self.assertEqual(msg["parameters"].get("pool"), "rigs")
+        # slotctl as nobody: exit 77, and says who may.
+        p = subprocess.run([SLOTCTL, "quarantine", "--socket", b.socket_path, "rigs", "a", "--reason", "mine"],
+                           capture_output=True, text=True, timeout=30, user=harness.NOBODY_UID,
+                           group=harness.NOGROUP_GID, extra_groups=[], cwd="/")
+        self.assertEqual(p.returncode, EX_NOPERM, p.stderr)
+        self.assertIn("admin-users=", p.stderr)
+        p = subprocess.run([SLOTCTL, "drain", "--socket", b.socket_path, "rigs", "a", "--reason", "mine"],
+                           capture_output=True, text=True, timeout=30, user=harness.NOBODY_UID,
+                           group=harness.NOGROUP_GID, extra_groups=[], cwd="/")
+        self.assertEqual(p.returncode, EX_NOPERM, p.stderr)
         self.assertEqual(self.quarantined(b), {})
+        self.assertNotIn("memberDrains", b.pool("rigs"))
 
         # Root quarantines a held member: its holder keeps it, nobody else gets it after.
         self.assertEqual(self.running(b, "holder", "w", "--member", "a"), ["a"])
