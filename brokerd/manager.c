@@ -439,6 +439,15 @@ static usec_t real_to_mono(usec_t real, usec_t now, usec_t now_real) {
         return usec_sub_unsigned(now, usec_sub_unsigned(now_real, real));
 }
 
+/* A copy, or NULL for NULL; *oom set when the copy failed. A function, so that several in one initializer are
+ * sequenced. */
+static char *dup_tracked(const char *s, bool *oom) {
+        char *c = s ? strdup(s) : NULL;
+        if (s && !c)
+                *oom = true;
+        return c;
+}
+
 static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_n) {
         usec_t now = now_monotonic(), now_real = now_realtime();
         size_t cap = m->n_member_pending + engine_drain_count(m->engine), n = 0;
@@ -451,7 +460,7 @@ static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_
         if (!e)
                 return -ENOMEM;
         bool oom = false;
-#define DUP(s) ((s) ? (strdup(s) ?: (oom = true, NULL)) : NULL)
+#define DUP(s) dup_tracked(s, &oom)
         for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
                 EnginePoolInfo info;
                 if (engine_pool_info(m->engine, i, now, &info) < 0)
