@@ -890,27 +890,45 @@ static bool health_fits(const LocalLane *l, unsigned slots, const uint64_t *mask
         return member_set_count(avail, words) >= slots;
 }
 
-/* Health lanes' waiters, in arrival order: each takes the quarantined members it can use as they free; one
- * whose members are no longer quarantined (restored meanwhile) has nothing to wait for: unavailable. The
- * ordinary queue never takes a quarantined member, so the two never compete. O(health waiters × limit). */
+/* What a waiting health request could use is set aside from avail for those behind it (no barging per
+ * member, as in the ordinary queue); one held back by its lane's max-in-use sets nothing aside. */
+static void health_set_aside(const PoolWaiter *w, uint64_t *avail, size_t words) {
+        if (w->lane->max_in_use >= 0 && (int64_t) (w->lane->used + w->slots) > w->lane->max_in_use)
+                return;
+        for (size_t k = 0; k < words; k++)
+                avail[k] &= ~(w->mask ? w->mask[k] : UINT64_MAX);
+}
+
+/* Health lanes' waiters, in arrival order: each takes the quarantined members it can use as they free, and
+ * one that cannot be granted yet keeps those it could use from the waiters behind it; one whose members are
+ * no longer quarantined (restored meanwhile) has nothing to wait for: unavailable. The ordinary queue never
+ * takes a quarantined member, so the two never compete. O(health waiters × limit). */
 static void health_dispatch(LocalPool *p, usec_t now) {
         if (p->n_health == 0)
                 return;
         size_t words = member_set_words(p->base.limit);
-        _cleanup_free_ uint64_t *avail = calloc(words, sizeof(uint64_t));
-        if (!avail)
+        _cleanup_free_ uint64_t *avail = calloc(words, sizeof(uint64_t)), *usable = calloc(words, sizeof(uint64_t));
+        if (!avail || !usable)
                 return; /* the next instant tries again */
+        health_avail(p, avail, words);
         list_foreach_safe(n, &p->health) {
                 PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
                 if (health_capacity(p, w->mask) < w->slots) {
                         waiter_refuse(p, w, REFUSAL_UNAVAILABLE, now);
                         continue;
                 }
-                health_avail(p, avail, words);
-                if (!health_fits(w->lane, w->slots, w->mask, avail, words))
+                memcpy(usable, avail, words * sizeof(uint64_t));
+                if (!health_fits(w->lane, w->slots, w->mask, usable, words)) {
+                        health_set_aside(w, avail, words);
                         continue;
+                }
                 waiter_unlink(p, w);
-                if (grant(p, w->lane, w->cookie, w->slots, w->arrival, now, w, avail) < 0)
+                int r = grant(p, w->lane, w->cookie, w->slots, w->arrival, now, w, usable);
+                /* What it took is taken for those behind it too. */
+                for (unsigned i = 0; i < p->base.limit; i++)
+                        if (slot_is_occupied(p, i))
+                                avail[i / 64] &= ~(UINT64_C(1) << (i % 64));
+                if (r < 0)
                         pool_emit(&p->base, &(PoolDecision) {
                                 .verdict = POOL_VERDICT_REFUSED,
                                 .pool = &p->base,
@@ -1282,7 +1300,10 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 if (!avail)
                         return -ENOMEM;
                 health_avail(p, avail, words);
-                if (p->n_health == 0 && health_fits(l, t->slots, mask, avail, words))
+                /* The health requests already waiting keep what they could use (they wait: it is too little). */
+                list_foreach(n, &p->health)
+                        health_set_aside(container_of(n, PoolWaiter, fifo_node), avail, words);
+                if (health_fits(l, t->slots, mask, avail, words))
                         return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL, avail);
         } else if (p->n_selective > 0 || mask) {
                 avail = calloc(words, sizeof(uint64_t));

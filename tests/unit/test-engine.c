@@ -1007,6 +1007,42 @@ static void test_health_job_is_granted_a_quarantined_member_past_an_ordinary_wai
         assert_string_equal(member_of(w), "a");
 }
 
+static void test_health_waiters_do_not_barge_and_disjoint_ones_flow(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "a", "b", "c" }, 3);
+        lane_add(f, "h", LANE_POLICY_WAIT, "p", NULL)->health = true;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        EngineQuarantine q = { .since = 0, .job = "uid 0", .exit_status = -1, .reason = "broken" };
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a", &q, 0), 0);
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "b", &q, 0), 0);
+        quiesce(f);
+        Tag *ha = acquire(f, "HA", (Req) { .lane = "h", .member = "a" }, S(1));
+        assert_true(granted(ha));
+        /* A health job waiting for a does not hold back one for b. */
+        Tag *wa = acquire(f, "WA", (Req) { .lane = "h", .member = "a" }, S(2));
+        assert_true(queued(wa));
+        Tag *hb = acquire(f, "HB", (Req) { .lane = "h", .member = "b" }, S(3));
+        assert_true(granted(hb));
+        end(f, hb, S(4));
+        /* A two-member health waiter keeps the free b from a one-member request behind it. */
+        Tag *two = acquire(f, "TWO", (Req) { .lane = "h", .slots = 2 }, S(5));
+        assert_true(queued(two));
+        Tag *one = acquire(f, "ONE", (Req) { .lane = "h", .member = "b" }, S(6));
+        assert_true(queued(one));
+        end(f, ha, S(7)); /* a frees: WA (first) gets it; TWO still waits, keeping b */
+        assert_true(granted(wa));
+        assert_true(queued(two));
+        assert_true(queued(one));
+        end(f, wa, S(8));
+        assert_true(granted(two));
+        assert_true(queued(one));
+        end(f, two, S(9));
+        assert_true(granted(one));
+        assert_int_equal(member_of(one)[0], 'b');
+}
+
 static void test_quarantine_by_hand_and_restore(void **state) {
         Fixture *f = *state;
         rigs(f, 1);
@@ -2286,6 +2322,7 @@ int main(void) {
                 T(test_a_lease_that_reports_nothing_quarantines_nothing),
                 T(test_health_job_is_granted_a_quarantined_member_past_an_ordinary_waiter),
                 T(test_quarantine_by_hand_and_restore),
+                T(test_health_waiters_do_not_barge_and_disjoint_ones_flow),
                 T(test_quarantine_survives_a_reload_by_member_name),
                 T(test_drain_until_undrains_by_itself_and_grants_at_that_instant),
                 T(test_drain_until_survives_a_restart),
