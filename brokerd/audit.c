@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <syslog.h>
+#include <time.h>
 
 #include "audit.h"
 #include "history.h"
@@ -58,6 +59,11 @@ static const struct {
 };
 #define MESSAGE_ID_SUPPRESSED "45e9e5b1aa044c65a4d63010ef89a05b"
 #define MESSAGE_ID_FAILOVER "4d01c4d86fbd4354b88b48aa1309a629"
+#define MESSAGE_ID_QUARANTINED "096728e987954e00b546875ad4d4702f"
+#define MESSAGE_ID_RESTORED "1c4072a236bf4467b046510ca437cf58"
+#define MESSAGE_ID_ADMIN_DENIED "ce066070d74145a5b694680bb79d417d"
+#define MESSAGE_ID_DRAINED "840f5480322440e6ae1f59eca753a42b"
+#define MESSAGE_ID_UNDRAINED "9745f6d228a9456e9c5188821c7db415"
 
 static int decision_index(const char *decision) {
         for (size_t i = 0; i < ELEMENTSOF(decisions); i++)
@@ -304,6 +310,97 @@ void audit_congestion(Audit *a, const char *pool, bool congested, usec_t idle) {
         field(&f, "SLOT_POOL=%s", pool);
         field(&f, "SLOT_CONGESTED=%d", congested);
         field(&f, "SLOT_IDLE_USEC=%llu", (unsigned long long) idle);
+        journal_send(a, &f);
+}
+
+void audit_member(Audit *a, const char *pool, const char *member, bool quarantined, const char *job, int exit_status,
+                  const char *reason) {
+        Fields f = { .n = 0 };
+        char st[32] = "";
+        if (exit_status >= 0)
+                snprintf(st, sizeof st, " (exit status %d)", exit_status);
+        if (quarantined)
+                field(&f, "MESSAGE=[QUARANTINED] Member %s of pool %s is quarantined%s%s%s%s%s: only health lanes get it until it is restored",
+                      member, pool, job ? (exit_status >= 0 ? " after job " : " by ") : "", job ?: "", st,
+                      reason ? ": " : "", reason ?: "");
+        else
+                field(&f, "MESSAGE=[RESTORED] Member %s of pool %s is restored%s%s%s: granted to every lane again", member,
+                      pool, job ? (exit_status >= 0 ? " by health job " : " by ") : "", job ?: "", st);
+        field(&f, "MESSAGE_ID=%s", quarantined ? MESSAGE_ID_QUARANTINED : MESSAGE_ID_RESTORED);
+        field(&f, "PRIORITY=%d", quarantined ? LOG_WARNING : LOG_NOTICE);
+        field(&f, "SLOT_POOL=%s", pool);
+        field(&f, "SLOT_MEMBER=%s", member);
+        field(&f, "SLOT_MEMBER_STATE=%s", quarantined ? "quarantined" : "restored");
+        if (job)
+                field(&f, "SLOT_JOB=%s", job);
+        if (exit_status >= 0)
+                field(&f, "SLOT_EXIT_STATUS=%d", exit_status);
+        if (reason)
+                field(&f, "SLOT_REASON=%s", reason);
+        journal_send(a, &f);
+}
+
+void audit_drain(Audit *a, const char *pool, const char *member, bool drained, const char *who, const char *reason,
+                 usec_t until_realtime, bool expired) {
+        Fields f = { .n = 0 };
+        char until[64] = "", row_reason[1200];
+        if (until_realtime != USEC_INFINITY) {
+                time_t t = (time_t) (until_realtime / USEC_PER_SEC);
+                struct tm tm;
+                if (gmtime_r(&t, &tm))
+                        (void) strftime(until, sizeof until, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        }
+        const char *what = member ? "Member " : "Pool ";
+        if (drained)
+                field(&f, "MESSAGE=[DRAINED] %s%s%s%s drained%s%s%s%s%s%s: nothing new is granted there", what,
+                      member ?: pool, member ? " of pool " : "", member ? pool : "", who ? " by " : "", who ?: "",
+                      reason ? ": " : "", reason ?: "", *until ? ", until " : "", until);
+        else
+                field(&f, "MESSAGE=[UNDRAINED] %s%s%s%s undrained%s%s%s: it grants again", what, member ?: pool,
+                      member ? " of pool " : "", member ? pool : "", expired ? " (its --until came)" : "",
+                      who ? " by " : "", who ?: "");
+        field(&f, "MESSAGE_ID=%s", drained ? MESSAGE_ID_DRAINED : MESSAGE_ID_UNDRAINED);
+        field(&f, "PRIORITY=%d", LOG_NOTICE);
+        field(&f, "SLOT_DECISION=%s", drained ? "drained" : "undrained");
+        field(&f, "SLOT_POOL=%s", pool);
+        if (member)
+                field(&f, "SLOT_MEMBER=%s", member);
+        if (who)
+                field(&f, "SLOT_JOB=%s", who);
+        if (reason)
+                field(&f, "SLOT_REASON=%s", reason);
+        if (until_realtime != USEC_INFINITY)
+                field(&f, "SLOT_UNTIL_USEC=%llu", (unsigned long long) until_realtime);
+        journal_send(a, &f);
+
+        /* The history row: time is since, job who, reason why and until (the schema has no column of its own). */
+        snprintf(row_reason, sizeof row_reason, "%s%s%s%s", reason ?: (expired ? "until" : ""),
+                 *until && reason ? " " : "", *until && drained ? "until " : "", drained ? until : "");
+        AuditRecord r = AUDIT_RECORD_INIT;
+        r.decision = drained ? "drained" : "undrained";
+        r.pool = pool;
+        r.job = who;
+        r.reason = *row_reason ? row_reason : NULL;
+        char sel[80];
+        snprintf(sel, sizeof sel, "@%s", member ?: "");
+        r.selector = member ? sel : NULL; /* the member, as a request's selector names it */
+        if (a->history)
+                history_append(a->history, &r, now_realtime());
+}
+
+void audit_admin_denied(Audit *a, const char *action, const char *pool, const char *member, uid_t uid, pid_t pid) {
+        Fields f = { .n = 0 };
+        field(&f, "MESSAGE=[ADMIN_DENIED] uid %u may not %s %s%s%s: neither root nor in the pool's admin-users=/admin-groups=",
+              (unsigned) uid, action, member ?: "pool ", member ? " of pool " : "", pool);
+        field(&f, "MESSAGE_ID=%s", MESSAGE_ID_ADMIN_DENIED);
+        field(&f, "PRIORITY=%d", LOG_WARNING);
+        field(&f, "SLOT_DECISION=denied");
+        field(&f, "SLOT_ACTION=%s", action);
+        field(&f, "SLOT_POOL=%s", pool);
+        if (member)
+                field(&f, "SLOT_MEMBER=%s", member);
+        field(&f, "SLOT_CLIENT_UID=%u", (unsigned) uid);
+        field(&f, "SLOT_CLIENT_PID=%d", (int) pid);
         journal_send(a, &f);
 }
 

@@ -55,6 +55,16 @@ void audit_decision(Audit *a, const AuditRecord *r);
 void audit_decision_share(Audit *a, const AuditRecord *r);
 /* The congested gauge of a pool changed. */
 void audit_congestion(Audit *a, const char *pool, bool congested, usec_t idle);
+/* A member quarantined or restored (SPEC §3.6): job is the job whose end did it, or who did it by hand (NULL:
+ * unknown); exit_status -1 when none did; reason what was given by hand (NULL: none). */
+void audit_member(Audit *a, const char *pool, const char *member, bool quarantined, const char *job, int exit_status,
+                  const char *reason);
+/* A pool or member drained or undrained (SPEC §3.6): who (NULL: unknown), why (NULL: none), until (realtime
+ * µs; USEC_INFINITY: none), expired: undrained by its until. A journal entry and a history row. */
+void audit_drain(Audit *a, const char *pool, const char *member, bool drained, const char *who, const char *reason,
+                 usec_t until_realtime, bool expired);
+/* An administrator's action on a pool or member (quarantine, restore) refused to uid (SPEC §3.6). */
+void audit_admin_denied(Audit *a, const char *action, const char *pool, const char *member, uid_t uid, pid_t pid);
 /* A reload applied (ok) or rejected (first error). */
 /* A shared pool's notice (its backend lost or regained, another node expired, rules, recovery, fenced):
  * journaled with a MESSAGE_ID whose catalog entry says what to do. */

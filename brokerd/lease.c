@@ -638,7 +638,7 @@ void lease_clear_holder(Lease *l) {
 
 /* The command's state as of now, not as of the last event: slotctl closes its connection right after its
  * command's group is gone, often before brokerd has read the pidfd's wakeup or polled the group. */
-static void lease_command_refresh(Lease *l) {
+void lease_command_refresh(Lease *l) {
         if (!l->has_command || l->command_gone)
                 return;
         if (!l->command_leader_exited) {

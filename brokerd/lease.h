@@ -202,6 +202,9 @@ LeaseOutcome lease_lose(Lease *l, const char *reason);
  * the command SIGKILL if it still runs then). */
 void lease_start_revoke_grace(Lease *l);
 bool lease_command_running(const Lease *l);
+/* The command's state as of now, not as of the last event (its pidfd, its group): a Release that comes right
+ * after the command's end frees the lease instead of revoking it. */
+void lease_command_refresh(Lease *l);
 
 /* A record of a decision about the lease: pool, lane, job, lease id, token, uid, pid. */
 AuditRecord lease_audit_record(const Lease *l, const char *decision);

@@ -26,6 +26,7 @@
 #include "lease.h"
 #include "log.h"
 #include "manager.h"
+#include "member-state.h"
 #include "methods.h"
 #include "persistence.h"
 #include "session.h"
@@ -133,8 +134,8 @@ _Static_assert(sizeof(uid_t) == sizeof(uint32_t) && sizeof(gid_t) == sizeof(uint
 
 /* Names (or numeric ids) to ids, for allow-users= (users) or allow-groups= (!users). Unknown names are
  * errors; returns 0, -EINVAL (errors filled) or -ENOMEM. */
-static int resolve_ids(const LaneConfig *lc, char *const *names, bool users, uint32_t **ret, size_t *ret_n,
-                       ConfErrors *errors) {
+static int resolve_ids(const ConfSource *source, const char *key, char *const *names, bool users, uint32_t **ret,
+                       size_t *ret_n, ConfErrors *errors) {
         _cleanup_free_ uint32_t *ids = NULL;
         size_t n = 0;
         bool failed = false;
@@ -145,8 +146,8 @@ static int resolve_ids(const LaneConfig *lc, char *const *names, bool users, uin
                         struct passwd *pw = users ? getpwnam(*name) : NULL;
                         struct group *gr = users ? NULL : getgrnam(*name);
                         if (!pw && !gr) {
-                                conf_errors_add(errors, &lc->source, users ? "allow-users" : "allow-groups",
-                                                "unknown %s \"%s\"", users ? "user" : "group", *name);
+                                conf_errors_add(errors, source, key, "unknown %s \"%s\"", users ? "user" : "group",
+                                                *name);
                                 failed = true;
                                 continue;
                         }
@@ -167,30 +168,61 @@ static int resolve_ids(const LaneConfig *lc, char *const *names, bool users, uin
 
 /* Names become ids once, at load: an NSS lookup per request could block the loop. */
 static int acls_resolve(const BrokerConfig *c, LaneAcl **ret, size_t *ret_n, ConfErrors *errors) {
-        LaneAcl *acls = calloc(c->n_lanes ?: 1, sizeof(LaneAcl));
+        /* The lanes' access lists, then the pools' administrators (LaneAcl.pool). */
+        size_t n = c->n_lanes + c->n_pools;
+        LaneAcl *acls = calloc(n ?: 1, sizeof(LaneAcl));
         int result = 0;
         if (!acls)
                 return -ENOMEM;
-        for (size_t i = 0; i < c->n_lanes; i++) {
-                const LaneConfig *lc = c->lanes[i];
+        for (size_t i = 0; i < n; i++) {
+                const LaneConfig *lc = i < c->n_lanes ? c->lanes[i] : NULL;
+                const PoolConfig *pc = lc ? NULL : c->pools[i - c->n_lanes];
                 LaneAcl *acl = &acls[i];
-                acl->lane = lc->name;
-                acl->restricted = lc->allow_users || lc->allow_groups;
-                /* Every lane is resolved, so that every unknown name is reported in one go. */
-                int ru = resolve_ids(lc, lc->allow_users, true, &acl->uids, &acl->n_uids, errors);
-                int rg = resolve_ids(lc, lc->allow_groups, false, &acl->gids, &acl->n_gids, errors);
+                acl->lane = lc ? lc->name : pc->name;
+                acl->pool = !lc;
+                char *const *users = lc ? lc->allow_users : pc->admin_users;
+                char *const *groups = lc ? lc->allow_groups : pc->admin_groups;
+                const ConfSource *source = lc ? &lc->source : &pc->source;
+                acl->restricted = users || groups;
+                /* Every lane and pool is resolved, so that every unknown name is reported in one go. */
+                int ru = resolve_ids(source, lc ? "allow-users" : "admin-users", users, true, &acl->uids, &acl->n_uids,
+                                     errors);
+                int rg = resolve_ids(source, lc ? "allow-groups" : "admin-groups", groups, false, &acl->gids,
+                                     &acl->n_gids, errors);
                 if (ru == -ENOMEM || rg == -ENOMEM)
                         result = -ENOMEM;
                 else if (result == 0 && (ru < 0 || rg < 0))
                         result = -EINVAL;
         }
         if (result < 0) {
-                acls_free(acls, c->n_lanes);
+                acls_free(acls, n);
                 return result;
         }
         *ret = acls;
-        *ret_n = c->n_lanes;
+        *ret_n = n;
         return 0;
+}
+
+static bool acl_allows(const LaneAcl *acl, uid_t uid, const gid_t *groups, size_t n_groups) {
+        for (size_t k = 0; k < acl->n_uids; k++)
+                if (acl->uids[k] == uid)
+                        return true;
+        for (size_t k = 0; k < acl->n_gids; k++)
+                for (size_t g = 0; g < n_groups; g++)
+                        if (acl->gids[k] == groups[g])
+                                return true;
+        return false;
+}
+
+/* May uid quarantine, restore and drain the pool's members (SPEC §3.6)? Root, brokerd's own user, and the
+ * pool's admin-users=/admin-groups=. */
+bool manager_pool_admin_allows(const Manager *m, const char *pool, uid_t uid, const gid_t *groups, size_t n_groups) {
+        if (uid == 0 || uid == getuid())
+                return true;
+        for (size_t i = 0; i < m->n_acls; i++)
+                if (m->acls[i].pool && streq(m->acls[i].lane, pool))
+                        return acl_allows(&m->acls[i], uid, groups, n_groups);
+        return false;
 }
 
 bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gid_t *groups, size_t n_groups) {
@@ -198,18 +230,11 @@ bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gi
                 return true;
         for (size_t i = 0; i < m->n_acls; i++) {
                 const LaneAcl *acl = &m->acls[i];
-                if (!streq(acl->lane, lane))
+                if (acl->pool || !streq(acl->lane, lane))
                         continue;
                 if (!acl->restricted)
                         return true;
-                for (size_t k = 0; k < acl->n_uids; k++)
-                        if (acl->uids[k] == uid)
-                                return true;
-                for (size_t k = 0; k < acl->n_gids; k++)
-                        for (size_t g = 0; g < n_groups; g++)
-                                if (acl->gids[k] == groups[g])
-                                        return true;
-                return false;
+                return acl_allows(acl, uid, groups, n_groups);
         }
         return false;
 }
@@ -265,6 +290,10 @@ static void history_memory_freed(size_t bytes, void *userdata) {
 
 static bool session_lane_allows(const char *lane, uid_t uid, const gid_t *groups, size_t n_groups, void *userdata) {
         return manager_lane_allows(userdata, lane, uid, groups, n_groups);
+}
+
+static bool methods_pool_admin(const char *pool, uid_t uid, const gid_t *groups, size_t n_groups, void *userdata) {
+        return manager_pool_admin_allows(userdata, pool, uid, groups, n_groups);
 }
 
 static void session_fd_released(void *userdata) {
@@ -363,6 +392,14 @@ static void manager_settle(Manager *m) {
                 EngineEvent ev;
                 bool any = false;
                 while (engine_pop_event(m->engine, &ev)) {
+                        if (ev.type == ENGINE_EVENT_MEMBER || ev.type == ENGINE_EVENT_DRAIN) {
+                                m->member_state_dirty = true;
+                                if (m->member_events_replayed > 0) {
+                                        m->member_events_replayed--;
+                                        any = true;
+                                        continue;
+                                }
+                        }
                         session_on_engine_event(&m->sessions, &ev);
                         any = true;
                 }
@@ -391,12 +428,210 @@ static void on_connection_handled(void *userdata) {
         manager_settle(userdata);
 }
 
+/* ---- drains and quarantines across restarts (SPEC §3.6, members.state) ---- */
+
+static usec_t mono_to_real(usec_t mono, usec_t now, usec_t now_real) {
+        return mono >= now ? usec_add(now_real, mono - now) : usec_sub_unsigned(now_real, now - mono);
+}
+
+/* A realtime instant of the past as a monotonic one: before this boot is its start (the engine's clock). */
+static usec_t real_to_mono(usec_t real, usec_t now, usec_t now_real) {
+        return usec_sub_unsigned(now, usec_sub_unsigned(now_real, real));
+}
+
+/* A copy, or NULL for NULL; *oom set when the copy failed. A function, so that several in one initializer are
+ * sequenced. */
+static char *dup_tracked(const char *s, bool *oom) {
+        char *c = s ? strdup(s) : NULL;
+        if (s && !c)
+                *oom = true;
+        return c;
+}
+
+static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_n) {
+        usec_t now = now_monotonic(), now_real = now_realtime();
+        size_t cap = m->n_member_pending + engine_drain_count(m->engine), n = 0;
+        for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
+                EnginePoolInfo info;
+                if (engine_pool_info(m->engine, i, now, &info) >= 0)
+                        cap += info.n_life;
+        }
+        MemberStateEntry *e = calloc(cap ?: 1, sizeof(MemberStateEntry));
+        if (!e)
+                return -ENOMEM;
+        bool oom = false;
+#define DUP(s) dup_tracked(s, &oom)
+        for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
+                EnginePoolInfo info;
+                if (engine_pool_info(m->engine, i, now, &info) < 0)
+                        continue;
+                for (size_t j = 0; j < info.n_life; j++) {
+                        const EngineMemberLife *l = info.life + j;
+                        if (!l->quarantined)
+                                continue;
+                        e[n++] = (MemberStateEntry) {
+                                .pool = DUP(info.name), .member = DUP(l->member), .drain_until = USEC_INFINITY,
+                                .quarantined = true, .quarantine_since = mono_to_real(l->since, now, now_real),
+                                .quarantine_job = DUP(l->job), .quarantine_exit_status = l->exit_status,
+                                .quarantine_reason = DUP(l->reason),
+                        };
+                }
+        }
+        for (size_t i = 0; i < engine_drain_count(m->engine); i++) {
+                EngineDrainInfo d;
+                if (engine_drain_info(m->engine, i, &d) < 0)
+                        continue;
+                e[n++] = (MemberStateEntry) {
+                        .pool = DUP(d.pool), .member = DUP(d.member), .drained = true,
+                        .drain_since = mono_to_real(d.since, now, now_real),
+                        .drain_until = d.until == USEC_INFINITY ? USEC_INFINITY : mono_to_real(d.until, now, now_real),
+                        .drain_by = DUP(d.who), .drain_reason = DUP(d.reason), .quarantine_exit_status = -1,
+                };
+        }
+        for (size_t i = 0; i < m->n_member_pending; i++) {
+                const MemberStateEntry *p = &m->member_pending[i];
+                e[n] = *p;
+                e[n].pool = DUP(p->pool);
+                e[n].member = DUP(p->member);
+                e[n].drain_by = DUP(p->drain_by);
+                e[n].drain_reason = DUP(p->drain_reason);
+                e[n].quarantine_job = DUP(p->quarantine_job);
+                e[n].quarantine_reason = DUP(p->quarantine_reason);
+                n++;
+        }
+#undef DUP
+        if (oom) {
+                member_state_entries_free(e, n);
+                return -ENOMEM;
+        }
+        *ret = e;
+        *ret_n = n;
+        return 0;
+}
+
+static void manager_write_member_state(Manager *m) {
+        if (!m->member_state_loaded || !m->state_directory)
+                return; /* never over a file that could not be read */
+        MemberStateEntry *e = NULL;
+        size_t n = 0;
+        int r = member_state_collect(m, &e, &n);
+        if (r >= 0)
+                r = member_state_write(m->state_directory, e, n);
+        member_state_entries_free(e, n);
+        if (r < 0) {
+                if (!m->member_state_failed)
+                        log_warning_errno(r, "Failed to write %s/" MEMBER_STATE_FILE " (drains and quarantines would not "
+                                          "survive a restart); retrying: %m", m->state_directory);
+                m->member_state_failed = true;
+                return;
+        }
+        if (m->member_state_failed)
+                log_info("%s/" MEMBER_STATE_FILE " is written again.", m->state_directory);
+        m->member_state_failed = false;
+        m->member_state_dirty = false;
+}
+
+static bool member_is_quarantined(Manager *m, const char *pool, const char *member) {
+        for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
+                EnginePoolInfo info;
+                if (engine_pool_info(m->engine, i, now_monotonic(), &info) < 0 || !streq(info.name, pool))
+                        continue;
+                for (size_t j = 0; j < info.n_life; j++)
+                        if (streq(info.life[j].member, member))
+                                return info.life[j].quarantined;
+        }
+        return false;
+}
+
+/* Applies what members.state holds; what names a pool or member not configured now waits in member_pending
+ * for a reload that brings it back (a member is identified by its name). */
+static void manager_apply_member_state(Manager *m, MemberStateEntry *e, size_t n) {
+        usec_t now = now_monotonic(), now_real = now_realtime();
+        MemberStateEntry *pending = calloc(n ?: 1, sizeof(MemberStateEntry));
+        size_t n_pending = 0;
+        for (size_t i = 0; i < n; i++) {
+                bool keep = false;
+                if (e[i].quarantined) {
+                        bool was = member_is_quarantined(m, e[i].pool, e[i].member);
+                        int r = engine_member_quarantine(
+                                m->engine, e[i].pool, e[i].member,
+                                &(EngineQuarantine) { .since = MIN(real_to_mono(e[i].quarantine_since, now, now_real), now),
+                                                      .job = e[i].quarantine_job,
+                                                      .exit_status = e[i].quarantine_exit_status,
+                                                      .reason = e[i].quarantine_reason },
+                                now);
+                        keep = keep || r == -ENOENT || r == -EOPNOTSUPP;
+                        if (r >= 0 && !was)
+                                m->member_events_replayed++; /* its state changed: one MEMBER event */
+                        if (r < 0 && !keep)
+                                log_warning_errno(r, "Could not quarantine %s of pool %s again: %m", e[i].member, e[i].pool);
+                }
+                if (e[i].drained) {
+                        if (e[i].drain_until != USEC_INFINITY && e[i].drain_until <= now_real) {
+                                log_info("The drain of %s%s%s ended (--until) while brokerd was not running.",
+                                         e[i].member ?: "pool ", e[i].member ? " of pool " : "", e[i].pool);
+                                e[i].drained = false;
+                        } else {
+                                const PoolConfig *pc = conf_find_pool(m->config, e[i].pool);
+                                int r = pc && pc->backend ? -EOPNOTSUPP :
+                                        engine_drain_with(m->engine, e[i].pool, e[i].member,
+                                                          &(EngineDrain) {
+                                                                  .since = MIN(real_to_mono(e[i].drain_since, now, now_real), now),
+                                                                  .until = e[i].drain_until == USEC_INFINITY ? USEC_INFINITY :
+                                                                           usec_add(now, e[i].drain_until - now_real),
+                                                                  .who = e[i].drain_by, .reason = e[i].drain_reason },
+                                                          now);
+                                keep = keep || r == -ENOENT || r == -EOPNOTSUPP;
+                                if (r >= 0)
+                                        m->member_events_replayed++;
+                                if (r < 0 && r != -ENOENT && r != -EOPNOTSUPP)
+                                        log_warning_errno(r, "Could not drain %s of pool %s again: %m",
+                                                          e[i].member ?: "all", e[i].pool);
+                        }
+                }
+                if (keep && pending) {
+                        pending[n_pending++] = e[i];
+                        e[i] = (MemberStateEntry) {};
+                }
+        }
+        member_state_entries_free(m->member_pending, m->n_member_pending);
+        m->member_pending = pending;
+        m->n_member_pending = n_pending;
+        m->member_state_dirty = true;
+}
+
+static void manager_load_member_state(Manager *m) {
+        MemberStateEntry *e = NULL;
+        size_t n = 0;
+        if (!m->state_directory)
+                return;
+        int r = member_state_read(m->state_directory, &e, &n);
+        if (r == -EBADMSG) {
+                _cleanup_free_ char *moved = NULL;
+                (void) member_state_move_aside(m->state_directory, &moved);
+                log_error("%s/" MEMBER_STATE_FILE " is damaged or of another version: its drains and quarantines "
+                          "are not applied (moved aside to %s).", m->state_directory, moved ?: "?");
+                m->member_state_loaded = true;
+                return;
+        }
+        if (r < 0) {
+                log_error_errno(r, "Failed to read %s/" MEMBER_STATE_FILE ": drains and quarantines of before the restart "
+                                "are not applied, and it is not written over: %m", m->state_directory);
+                return;
+        }
+        m->member_state_loaded = true;
+        manager_apply_member_state(m, e, n);
+        member_state_entries_free(e, n);
+}
+
 void manager_drain(Manager *m) {
         /* The lease rows of all the grants settled since the last drain go in one write (group commit);
          * their answers are events that may settle more. */
         do
                 manager_settle(m);
         while (lease_table_flush(&m->leases));
+        if (m->member_state_dirty) /* a failed write is tried again at the next drain, said once */
+                manager_write_member_state(m);
         /* Status replies whose snapshots came (a Redis reply was this dispatch), or whose wait is over. */
         methods_status_flush(&m->methods, now_monotonic());
         /* Last: no event still queued can name a closed session any more. */
@@ -858,6 +1093,14 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         m->methods.config = m->config;
         manager_apply_settings(m);
         manager_apply_token_floor_all(m);
+        if (m->n_member_pending > 0) {
+                /* Drains and quarantines of pools or members this configuration may bring back. */
+                MemberStateEntry *pending = TAKE_PTR(m->member_pending);
+                size_t n_pending = m->n_member_pending;
+                m->n_member_pending = 0;
+                manager_apply_member_state(m, pending, n_pending);
+                member_state_entries_free(pending, n_pending);
+        }
         char detail[128];
         snprintf(detail, sizeof detail, "%zu pools, %zu lanes", m->config->n_pools, m->config->n_lanes);
         log_info("Configuration reloaded: %s.", detail);
@@ -1306,6 +1549,7 @@ int manager_start(Manager *m) {
                 log_info("Listening on %s.", m->socket_path);
         }
         m->listen_fd = fd;
+        manager_load_member_state(m);
         manager_take_back(m);
         r = sd_event_add_io(m->event, &m->listen_source, fd, EPOLLIN, on_accept, m);
         if (r < 0)
@@ -1465,6 +1709,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
                 .gauges = methods_gauges,
                 .status_changed = methods_status_changed,
                 .backend_primary = manager_backend_primary,
+                .pool_admin = methods_pool_admin,
                 .userdata = m,
                 .event = m->event,
         };
@@ -1502,6 +1747,9 @@ Manager *manager_free(Manager *m) {
         /* Shutting down is not releasing: leases simply end with the process. What ended before is written:
          * a SIGTERM may be dispatched before the drain that follows the close of a lease's connection. */
         (void) lease_table_flush(&m->leases);
+        if (m->member_state_dirty)
+                manager_write_member_state(m);
+        member_state_entries_free(m->member_pending, m->n_member_pending);
         lease_table_done(&m->leases);
         session_table_done(&m->sessions);
         manager_collect(m);

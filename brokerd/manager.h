@@ -36,6 +36,8 @@ typedef struct LaneAcl {
         size_t n_uids;
         uint32_t *gids;
         size_t n_gids;
+        /* A pool's admin-users=/admin-groups= (SPEC §3.6): `lane` is then the pool's name. */
+        bool pool;
 } LaneAcl;
 
 typedef struct Manager {
@@ -106,6 +108,15 @@ typedef struct Manager {
         bool node_loaded;
         BackendTable backends;
 #endif
+        /* SPEC §3.6: drains and quarantines kept in the state directory's members.state (member-state.h). */
+        bool member_state_loaded;       /* read (or found damaged and moved aside): it may be written */
+        bool member_state_dirty;        /* a MEMBER or DRAIN event since the last write */
+        bool member_state_failed;       /* the last write failed (said once) */
+        struct MemberStateEntry *member_pending; /* read, for pools or members not configured now */
+        size_t n_member_pending;
+        /* The MEMBER and DRAIN events of what members.state put back: state carried over, not news for the
+         * journal and the history (the first such events after the apply, which emits one per change). */
+        size_t member_events_replayed;
 } Manager;
 
 typedef struct ManagerOptions {
@@ -136,6 +147,7 @@ int manager_add_connection(Manager *m, int fd);
 int manager_reload(Manager *m, ConfErrors *errors);
 
 /* May uid (with its groups) use the lane? Root always may. */
+bool manager_pool_admin_allows(const Manager *m, const char *pool, uid_t uid, const gid_t *groups, size_t n_groups);
 bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gid_t *groups, size_t n_groups);
 
 

@@ -76,8 +76,13 @@ static void method_get_interface_description(Session *s, const VarlinkCall *call
 
 static void method_release(Session *s, const VarlinkCall *call) {
         const char *id = NULL;
+        int64_t exit_status = -1;
         if (!parameters_ok(s, call,
-                           (const JsonField[]) { { "lease", JSON_FIELD_STRING, JSON_MANDATORY, &id, .max_length = 64 }, {} }))
+                           (const JsonField[]) {
+                                   { "lease", JSON_FIELD_STRING, JSON_MANDATORY, &id, .max_length = 64 },
+                                   { "exitStatus", JSON_FIELD_INT64, 0, &exit_status, 0, 255 },
+                                   {},
+                           }))
                 return;
         Lease *l = lease_table_find(methods_of(s)->leases, id);
         if (!l) {
@@ -89,6 +94,13 @@ static void method_release(Session *s, const VarlinkCall *call) {
                 /* The lease is another user's: its lane's access list has nothing to do with it. */
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", id);
                 session_reply_error(s, "io.slotbroker.PermissionDenied", p);
+                return;
+        }
+        /* SPEC §3.6: the command's status, applied when the lease ends (now, or once its command is gone). */
+        if (exit_status >= 0 && l->engine_lease &&
+            engine_lease_set_exit_status(l->engine_lease, (int) exit_status, l->job) < 0) {
+                log_oom();
+                session_close(s);
                 return;
         }
         session_lease_release(s, l);
@@ -154,6 +166,48 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                 if (json_strv_new(info.drained_members, &drained) >= 0)
                         json_object_set_new(o, "drainedMembers", drained);
         }
+        /* SPEC §3.6: who drained it (or its members), why, since and until. */
+        json_t *md = NULL;
+        for (size_t j = 0; j < engine_drain_count(m->engine); j++) {
+                EngineDrainInfo d;
+                if (engine_drain_info(m->engine, j, &d) < 0 || !streq(d.pool, info.name))
+                        continue;
+                usec_t real = now_realtime();
+                json_t *e = json_pack("{s:s*, s:I, s:s*, s:s*}", "member", d.member, "since",
+                                      (json_int_t) usec_sub_unsigned(real, usec_sub_unsigned(now, d.since)), "by",
+                                      d.who, "reason", d.reason);
+                if (e && d.until != USEC_INFINITY)
+                        json_object_set_new(e, "until",
+                                            json_integer((json_int_t) usec_add(real, usec_sub_unsigned(d.until, now))));
+                if (!e)
+                        continue;
+                if (!d.member)
+                        json_object_set_new(o, "drain", e);
+                else if (md || (md = json_array()))
+                        json_array_append_new(md, e);
+                else
+                        json_decref(e);
+        }
+        if (md)
+                json_object_set_new(o, "memberDrains", md);
+        /* SPEC §3.6: since when (realtime, from the monotonic instant), which job, which status. */
+        json_t *q = NULL;
+        for (size_t j = 0; j < info.n_life; j++) {
+                const EngineMemberLife *l = info.life + j;
+                if (!l->quarantined)
+                        continue;
+                if (!q && !(q = json_array()))
+                        break;
+                usec_t real = now_realtime(), ago = usec_sub_unsigned(now, l->since);
+                json_t *e = json_pack("{s:s, s:I, s:s*, s:s*}", "member", l->member, "since",
+                                      (json_int_t) usec_sub_unsigned(real, ago), "job", l->job, "reason", l->reason);
+                if (e && l->exit_status >= 0)
+                        json_object_set_new(e, "exitStatus", json_integer(l->exit_status));
+                if (e)
+                        json_array_append_new(q, e);
+        }
+        if (q)
+                json_object_set_new(o, "quarantined", q);
         if (info.queue_timeout_set) {
                 json_object_set_new(o, "queueTimeoutMs", json_integer((json_int_t) (info.queue_timeout / USEC_PER_MSEC)));
                 json_object_set_new(o, "idleMs", json_integer((json_int_t) (info.idle / USEC_PER_MSEC)));
@@ -409,19 +463,60 @@ static void method_reload(Session *s, const VarlinkCall *call) {
         session_reply_error(s, "io.slotbroker.ReloadFailed", p);
 }
 
+static bool reason_is_valid(const char *s);
+static bool require_pool_admin(Session *s, const char *action, const char *pool, const char *member);
+
 static void method_drain(Session *s, const VarlinkCall *call) {
-        const char *pool = NULL, *member = NULL;
+        const char *pool = NULL, *member = NULL, *reason = NULL;
         bool on = true;
+        int64_t until = -1;
         if (!parameters_ok(s, call,
                            (const JsonField[]) {
                                    { "pool", JSON_FIELD_STRING, JSON_MANDATORY, &pool, .max_length = 64 },
                                    { "member", JSON_FIELD_STRING, 0, &member, .max_length = 64 },
                                    { "on", JSON_FIELD_BOOL, JSON_MANDATORY, &on },
+                                   { "reason", JSON_FIELD_STRING, 0, &reason, .max_length = 1024 },
+                                   { "until", JSON_FIELD_INT64, 0, &until, 0, INT64_MAX },
                                    {},
-                           }) ||
-            !require_admin(s))
+                           }))
                 return;
-        int r = engine_drain(methods_of(s)->engine, pool, member, on, now_monotonic());
+        if ((reason || until >= 0) && !on) {
+                reply_invalid_parameter(s, reason ? "reason" : "until");
+                return;
+        }
+        if (reason && !reason_is_valid(reason)) {
+                reply_invalid_parameter(s, "reason");
+                return;
+        }
+        /* SPEC §3.6: --until is a realtime instant, the engine's deadline a monotonic one. */
+        usec_t now = now_monotonic(), now_real = now_realtime(), until_mono = USEC_INFINITY;
+        if (until >= 0) {
+                if ((usec_t) until <= now_real) {
+                        reply_invalid_parameter(s, "until"); /* in the past: it would undrain at once */
+                        return;
+                }
+                until_mono = usec_add(now, (usec_t) until - now_real);
+        }
+        if (!require_pool_admin(s, on ? "drain" : "undrain", pool, member))
+                return;
+        const PoolConfig *pc = conf_find_pool(methods_of(s)->config, pool);
+        int r;
+        if (pc && pc->backend) {
+                /* Shared pools: drained in Redis for every node; who, why and until are not kept there yet. */
+                if (reason || until >= 0) {
+                        reply_invalid_parameter(s, reason ? "reason" : "until");
+                        return;
+                }
+                r = engine_drain(methods_of(s)->engine, pool, member, on, now);
+        } else {
+                char who[32];
+                snprintf(who, sizeof who, "uid %u", (unsigned) s->cred.uid);
+                r = engine_drain_with(methods_of(s)->engine, pool, member,
+                                      on ? &(EngineDrain) { .since = now, .until = until_mono, .who = who,
+                                                            .reason = reason }
+                                         : NULL,
+                                      now);
+        }
         if (r == -ENOENT) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s, s:s?}", "pool", pool, "member", member);
                 session_reply_error(s, "io.slotbroker.NoSuchPool", p);
@@ -432,10 +527,89 @@ static void method_drain(Session *s, const VarlinkCall *call) {
                 session_close(s);
                 return;
         }
-        log_info("Pool %s%s%s %s by uid %d.", pool, member ? " member " : "", member ?: "", on ? "drained" : "undrained",
-                 (int) s->cred.uid);
+        if (pc && pc->backend)
+                log_info("Pool %s%s%s %s by uid %d.", pool, member ? " member " : "", member ?: "",
+                         on ? "drained" : "undrained", (int) s->cred.uid);
         methods_of(s)->status_changed(methods_of(s)->userdata);
         session_reply(s, NULL, false);
+}
+
+/* A reason given by hand (SPEC §3.6): shown in Status and the journal, so one line of printable text. */
+#define REASON_MAX 1024
+
+static bool reason_is_valid(const char *s) {
+        if (!s || !*s || strlen(s) > REASON_MAX)
+                return false;
+        for (const unsigned char *p = (const unsigned char *) s; *p; p++)
+                if (*p < 0x20 || *p == 0x7f)
+                        return false;
+        return true;
+}
+
+/* Root, brokerd's user, or the pool's admin-users=/admin-groups=; otherwise PermissionDenied, audited. */
+static bool require_pool_admin(Session *s, const char *action, const char *pool, const char *member) {
+        Methods *m = methods_of(s);
+        const gid_t *groups;
+        size_t n_groups = connection_get_groups(s->connection, &groups);
+        if (m->pool_admin && m->pool_admin(pool, s->cred.uid, groups, n_groups, m->userdata))
+                return true;
+        audit_admin_denied(s->table->audit, action, pool, member, s->cred.uid, s->cred.pid);
+        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "pool", pool);
+        session_reply_error(s, "io.slotbroker.PermissionDenied", p);
+        return false;
+}
+
+/* Quarantine(pool, member, reason) and Restore(pool, member) (SPEC §3.6). */
+static void member_quarantine(Session *s, const VarlinkCall *call, bool on) {
+        const char *pool = NULL, *member = NULL, *reason = NULL;
+        if (!parameters_ok(s, call,
+                           (const JsonField[]) {
+                                   { "pool", JSON_FIELD_STRING, JSON_MANDATORY, &pool, .max_length = 64 },
+                                   { "member", JSON_FIELD_STRING, JSON_MANDATORY, &member, .max_length = 64 },
+                                   { "reason", JSON_FIELD_STRING, on ? JSON_MANDATORY : 0, &reason,
+                                     .max_length = REASON_MAX },
+                                   {},
+                           }))
+                return;
+        if (on && !reason_is_valid(reason)) {
+                reply_invalid_parameter(s, "reason");
+                return;
+        }
+        if (!require_pool_admin(s, on ? "quarantine" : "restore", pool, member))
+                return;
+        char who[32];
+        snprintf(who, sizeof who, "uid %u", (unsigned) s->cred.uid);
+        usec_t now = now_monotonic();
+        int r = engine_member_quarantine(methods_of(s)->engine, pool, member,
+                                         on ? &(EngineQuarantine) { .since = now, .job = who, .exit_status = -1,
+                                                                    .reason = reason }
+                                            : NULL,
+                                         now);
+        if (r == -ENOENT) {
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s, s:s}", "pool", pool, "member", member);
+                session_reply_error(s, "io.slotbroker.NoSuchPool", p);
+                return;
+        }
+        if (r == -EOPNOTSUPP) {
+                /* Quarantine is for local member pools: not a pool of anonymous slots, not yet a shared pool. */
+                reply_invalid_parameter(s, "pool");
+                return;
+        }
+        if (r < 0) {
+                log_oom();
+                session_close(s);
+                return;
+        }
+        methods_of(s)->status_changed(methods_of(s)->userdata);
+        session_reply(s, NULL, false);
+}
+
+static void method_quarantine(Session *s, const VarlinkCall *call) {
+        member_quarantine(s, call, true);
+}
+
+static void method_restore(Session *s, const VarlinkCall *call) {
+        member_quarantine(s, call, false);
 }
 
 static void method_cancel(Session *s, const VarlinkCall *call) {
@@ -520,6 +694,8 @@ static const struct {
         { "io.slotbroker.Reload", method_reload },
         { "io.slotbroker.Drain", method_drain },
         { "io.slotbroker.Cancel", method_cancel },
+        { "io.slotbroker.Quarantine", method_quarantine },
+        { "io.slotbroker.Restore", method_restore },
 };
 
 static void methods_dispatch(Session *s, const VarlinkCall *call) {

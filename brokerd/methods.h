@@ -30,6 +30,8 @@ typedef struct Methods {
         void *userdata;
         sd_event *event;                /* for status_timer */
         sd_event_source *status_timer;  /* the first waiting Status reply's deadline; made at the first wait */
+        /* Quarantine, Restore: may uid (with these groups) administer the pool's members (SPEC §3.6)? */
+        bool (*pool_admin)(const char *pool, uid_t uid, const gid_t *groups, size_t n_groups, void *userdata);
 } Methods;
 
 /* How long a Status reply waits for the shared pools' snapshots of other nodes to be fetched after the

@@ -185,6 +185,36 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
                 }
         }
 
+        /* SPEC §3.6: each member of a local member pool, from the engine (kept by name across reloads, reset by a
+         * restart as every counter here is). */
+        static const struct {
+                const char *name, *type, *help;
+        } member_series[] = {
+                { "slotbroker_member_quarantined", "gauge", "1 while the member is quarantined." },
+                { "slotbroker_member_quarantines_total", "counter", "Times the member was quarantined." },
+                { "slotbroker_member_grants_total", "counter", "Leases granted the member." },
+                { "slotbroker_member_held_seconds_total", "counter", "Seconds the member was held, by leases that ended." },
+        };
+        for (size_t k = 0; k < ELEMENTSOF(member_series); k++) {
+                header(f, member_series[k].name, member_series[k].type, member_series[k].help);
+                for (size_t i = 0; i < n; i++) {
+                        if (engine_pool_info(g->engine, i, g->now, &info) < 0)
+                                continue;
+                        for (size_t j = 0; j < info.n_life; j++) {
+                                const EngineMemberLife *l = info.life + j;
+                                fprintf(f, "%s{pool=\"", member_series[k].name);
+                                put_label(f, info.name);
+                                fputs("\",member=\"", f);
+                                put_label(f, l->member);
+                                if (k == 3)
+                                        fprintf(f, "\"} %.6f\n", (double) l->held / USEC_PER_SEC);
+                                else
+                                        fprintf(f, "\"} %llu\n",
+                                                (unsigned long long) (k == 0 ? l->quarantined : k == 1 ? l->quarantines : l->grants));
+                        }
+                }
+        }
+
         header(f, "slotbroker_granted_total", "counter", "Requests granted, by pool and lane.");
         for (size_t i = 0; i < m->n_series; i++) {
                 const MetricsSeries *s = &m->series[i];

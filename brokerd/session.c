@@ -572,6 +572,9 @@ unsigned session_table_renew_pool(SessionTable *t, const char *pool, usec_t dead
 }
 
 void session_lease_release(Session *by, Lease *l) {
+        /* slotctl run reports its command's exit status with a Release right after the command's group is gone
+         * (SPEC §3.6), often before brokerd has read the pidfd's wakeup: that is an end, not a revocation. */
+        lease_command_refresh(l);
         if (lease_command_running(l)) {
                 session_lease_revoke(l, "released while its command runs");
                 return;
@@ -1237,6 +1240,18 @@ void session_on_engine_event(SessionTable *m, const EngineEvent *ev) {
                 break;
         case ENGINE_EVENT_CONGESTION:
                 audit_congestion(m->audit, ev->pool, ev->congested, ev->idle);
+                m->changed = true;
+                break;
+        case ENGINE_EVENT_DRAIN: {
+                usec_t until = ev->until;
+                if (until != USEC_INFINITY) /* monotonic to realtime, for people */
+                        until = usec_add(now_realtime(), usec_sub_unsigned(until, now_monotonic()));
+                audit_drain(m->audit, ev->pool, ev->member, ev->drained, ev->job, ev->note, until, ev->expired);
+                m->changed = true;
+                break;
+        }
+        case ENGINE_EVENT_MEMBER:
+                audit_member(m->audit, ev->pool, ev->member, ev->quarantined, ev->job, ev->exit_status, ev->note);
                 m->changed = true;
                 break;
         default:

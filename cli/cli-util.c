@@ -284,6 +284,9 @@ int cli_log_result(BrokerClient *c, const char *what, int result, int conflict_e
                                   what, param_string(p, "lease"));
                 else if (param_string(p, "lane"))
                         log_error("%s: permission denied by lane %s", what, param_string(p, "lane"));
+                else if (param_string(p, "pool"))
+                        log_error("%s: permission denied: root, brokerd's own user and pool %s's admin-users= and "
+                                  "admin-groups= only", what, param_string(p, "pool"));
                 else
                         log_error("%s: permission denied (root or the broker's own user only)", what);
                 return EXIT_NO_PERMISSION;

@@ -33,6 +33,8 @@ int verb_history(int argc, char *argv[]);
 int verb_metrics(int argc, char *argv[]);
 int verb_drain(int argc, char *argv[]);
 int verb_undrain(int argc, char *argv[]);
+int verb_quarantine(int argc, char *argv[]);
+int verb_restore(int argc, char *argv[]);
 int verb_cancel(int argc, char *argv[]);
 int verb_reload(int argc, char *argv[]);
 int verb_simulate(int argc, char *argv[]);

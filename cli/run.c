@@ -93,6 +93,11 @@ typedef struct Run {
         usec_t reconnect_at;   /* the next attempt; USEC_INFINITY: none planned */
         usec_t reconnect_until; /* when this episode's attempts end (--reclaim-for) */
         usec_t reconnect_backoff;
+
+        /* The command's own exit status (128+N: killed by signal N) when it ended by itself while holding
+         * the lease, told to the broker with the release (SPEC §3.6); -1: not (not started, or stopped by
+         * us: --timeout, a revocation). */
+        int command_status;
 } Run;
 
 #define RUN_INIT                                                                                                   \
@@ -106,6 +111,7 @@ typedef struct Run {
                 .fence_at = USEC_INFINITY,                                                                         \
                 .fence_kill_within = USEC_INFINITY,                                                                \
                 .reconnect_at = USEC_INFINITY,                                                                     \
+                .command_status = -1,                                                                              \
         })
 
 static void help(void) {
@@ -801,6 +807,20 @@ static void run_on_child_exit(Run *r) {
                 return;
         }
         r->exit_status = r->phase == PHASE_STOPPING ? EXIT_TIMEOUT : status >= 0 ? status : EXIT_FAILURE;
+        if (r->phase != PHASE_STOPPING && status >= 0)
+                r->command_status = status;
+}
+
+/* The lease released with the command's exit status, so that a pool can quarantine a broken member (SPEC
+ * §3.6). Closing the connection releases it anyway: a failure here only loses the status. */
+static void run_release_with_status(Run *r) {
+        if (!r->client || !r->lease || r->command_status < 0 || r->command_status > 255)
+                return;
+        int k = broker_release_exit(r->client, broker_lease_id(r->lease), r->command_status);
+        /* An older brokerd refuses the parameter: it would not have used it either. */
+        if (k != 0 && k != BROKER_INVALID_PARAMETER)
+                log_warning("could not tell the broker the command's exit status: %s",
+                            k < 0 ? strerror(-k) : broker_result_to_string(k));
 }
 
 static int run_loop(Run *r) {
@@ -960,5 +980,6 @@ int verb_run(int argc, char *argv[]) {
 
         if (r.exit_status < 0 && run_loop(&r) < 0)
                 return EXIT_FAILURE;
+        run_release_with_status(&r);
         return r.exit_status;
 }

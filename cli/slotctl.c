@@ -23,6 +23,8 @@
         X(metrics, "Print the metrics (Prometheus text)") \
         X(drain, "Stop granting from a pool or one of its members") \
         X(undrain, "Grant from a drained pool or member again") \
+        X(quarantine, "Quarantine a member: only health lanes get it") \
+        X(restore, "Restore a quarantined member") \
         X(cancel, "Refuse matching waiting requests") \
         X(reload, "Apply the configuration again, and report its errors") \
         X(simulate, "Run the admission engine on a virtual clock (capacity planning)") \

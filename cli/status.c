@@ -276,6 +276,52 @@ static void print_other_nodes(json_t *holders, json_t *waiters, const char *name
         }
 }
 
+/* SPEC §3.6: "quarantined since … by job … (exit 3)", one line per member. */
+static void print_quarantined(json_t *list) {
+        size_t i;
+        json_t *q;
+        json_array_foreach(list, i, q) {
+                char when[64] = "?", job[JOB_COLUMN_MAX + 8];
+                json_int_t since = int_member(q, "since", -1), status = int_member(q, "exitStatus", -1);
+                time_t t = (time_t) (since / 1000000);
+                struct tm tm;
+                if (since >= 0 && localtime_r(&t, &tm))
+                        (void) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+                printf("  %s quarantined since %s", string_member(q, "member") ?: "?", when);
+                if (string_member(q, "job"))
+                        printf(" %s %s", status >= 0 ? "by job" : "by", job_column(job, string_member(q, "job")));
+                if (status >= 0)
+                        printf(" (exit %" JSON_INTEGER_FORMAT ")", status);
+                if (string_member(q, "reason"))
+                        printf(": %s", string_member(q, "reason"));
+                putchar('\n');
+        }
+}
+
+static void print_time(char when[static 64], json_int_t usec) {
+        time_t t = (time_t) (usec / 1000000);
+        struct tm tm;
+        strcpy(when, "?");
+        if (usec >= 0 && localtime_r(&t, &tm))
+                (void) strftime(when, 64, "%Y-%m-%d %H:%M:%S", &tm);
+}
+
+/* SPEC §3.6: "drained since … by uid 0 until …: reason". */
+static void print_drain(json_t *d) {
+        char since[64], until[64];
+        print_time(since, int_member(d, "since", -1));
+        printf("  %s drained since %s", string_member(d, "member") ?: "pool", since);
+        if (string_member(d, "by"))
+                printf(" by %s", string_member(d, "by"));
+        if (json_is_integer(json_object_get(d, "until"))) {
+                print_time(until, int_member(d, "until", -1));
+                printf(" until %s", until);
+        }
+        if (string_member(d, "reason"))
+                printf(": %s", string_member(d, "reason"));
+        putchar('\n');
+}
+
 static void print_pool(json_t *pool, json_t *reply) {
         const char *name = string_member(pool, "name") ?: "?";
         json_int_t limit = int_member(pool, "limit", 0), in_use = int_member(pool, "inUse", 0);
@@ -307,6 +353,11 @@ static void print_pool(json_t *pool, json_t *reply) {
                         printf(" %s", json_string_value(v) ?: "?");
         }
         putchar('\n');
+        if (json_is_object(json_object_get(pool, "drain")))
+                print_drain(json_object_get(pool, "drain"));
+        json_array_foreach(json_object_get(pool, "memberDrains"), i, v)
+                print_drain(v);
+        print_quarantined(json_object_get(pool, "quarantined"));
         print_backend(backend);
         print_holders(json_object_get(reply, "holders"), name);
         print_waiters(json_object_get(reply, "waiters"), name);
@@ -445,7 +496,7 @@ int verb_metrics(int argc, char *argv[]) {
 
 static const char *const decisions[] = {
         "granted", "busy",    "full",     "timeout", "shed",     "unavailable",
-        "cancelled", "released", "revoked", "overdue", "restored", "denied",
+        "cancelled", "released", "revoked", "overdue", "restored", "denied", "drained", "undrained",
 };
 
 static json_t *arg_history_filters = NULL;
@@ -505,10 +556,19 @@ static void print_event(json_t *e) {
                 if (localtime_r(&sec, &tm))
                         strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
         }
-        printf("%-19s %-11s %-10s %-10s %-8s %-8s %-32s %s\n", when, string_member(e, "decision") ?: "?",
+        printf("%-19s %-11s %-10s %-10s %-8s %-8s %-32s %s", when, string_member(e, "decision") ?: "?",
                string_member(e, "pool") ?: "-", string_member(e, "lane") ?: "-", duration_member(waited, e, "waitedMs", "-"),
                duration_member(held, e, "heldMs", "-"), string_member(e, "lease") ?: "-",
                job_column(job, string_member(e, "job")));
+        /* A drain's member and why (SPEC §3.6): the columns above have no place for them. */
+        const char *d = string_member(e, "decision");
+        if (d && (streq(d, "drained") || streq(d, "undrained"))) {
+                if (string_member(e, "selector"))
+                        printf(" %s", string_member(e, "selector"));
+                if (string_member(e, "reason"))
+                        printf(" (%s)", string_member(e, "reason"));
+        }
+        putchar('\n');
 }
 
 int verb_history(int argc, char *argv[]) {

@@ -221,6 +221,12 @@ const char *broker_client_error_parameters(const BrokerClient *c);
  * other Varlink errors; a negative errno as broker_call(). */
 int broker_release(BrokerClient *c, const char *lease_id);
 
+/* As broker_release(), also telling the broker the exit status (0 to 255) of the command that held the
+ * lease: a pool with quarantine-exit-codes= may quarantine its members, a health lane's 0 restores them
+ * (SPEC §3.6). A broker older than this refuses the parameter (BROKER_INVALID_PARAMETER); closing the
+ * connection still releases the lease. Returns as broker_release(); -EINVAL for a status out of range. */
+int broker_release_exit(BrokerClient *c, const char *lease_id, int exit_status);
+
 /* Releases the lease this client holds, over its own connection, and returns at once: the lease's end
  * comes through broker_client_process() as RELEASED (REVOKED while its command still runs), which takes
  * the Release's reply too; an error in that reply is kept for broker_client_error_name(). For event loops

@@ -1069,15 +1069,19 @@ static int client_release_own(BrokerClient *c, json_t *parameters) {
         return 0;
 }
 
-_public_ int broker_release(BrokerClient *c, const char *lease_id) {
+static int client_release(BrokerClient *c, const char *lease_id, int exit_status) {
         _cleanup_(json_decrefp) json_t *p = NULL;
         _cleanup_free_ char *text = NULL;
         int r;
 
         assert_return(c, -EINVAL);
         assert_return(lease_id && *lease_id, -EINVAL);
+        assert_return(exit_status >= -1 && exit_status <= 255, -EINVAL);
 
-        r = json_build(&p, "{s:s}", "lease", lease_id);
+        if (exit_status >= 0)
+                r = json_build(&p, "{s:s, s:i}", "lease", lease_id, "exitStatus", exit_status);
+        else
+                r = json_build(&p, "{s:s}", "lease", lease_id);
         if (r < 0)
                 return r;
         if (c->state == CLIENT_HOLDING && c->held_lease_id && streq(c->held_lease_id, lease_id) && !c->deferred &&
@@ -1087,6 +1091,15 @@ _public_ int broker_release(BrokerClient *c, const char *lease_id) {
         if (r < 0)
                 return r;
         return broker_call(c, INTERFACE ".Release", text, NULL);
+}
+
+_public_ int broker_release(BrokerClient *c, const char *lease_id) {
+        return client_release(c, lease_id, -1);
+}
+
+_public_ int broker_release_exit(BrokerClient *c, const char *lease_id, int exit_status) {
+        assert_return(exit_status >= 0 && exit_status <= 255, -EINVAL);
+        return client_release(c, lease_id, exit_status);
 }
 
 _public_ int broker_release_start(BrokerClient *c) {

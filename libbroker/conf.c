@@ -366,6 +366,10 @@ static PoolConfig *pool_config_free(PoolConfig *p) {
         free(p->backend_sentinel_password_file);
         conf_source_done(&p->limit_source);
         conf_source_done(&p->members_source);
+        conf_source_done(&p->quarantine_exit_codes_source);
+        conf_source_done(&p->quarantine_after_source);
+        strv_free(p->admin_users);
+        strv_free(p->admin_groups);
         return mfree(p);
 }
 
@@ -390,6 +394,7 @@ static LaneConfig *lane_config_free(LaneConfig *l) {
         conf_source_done(&l->reserve_source);
         lane_also_free(l->also, l->n_also);
         conf_source_done(&l->also_source);
+        conf_source_done(&l->health_source);
         return mfree(l);
 }
 
@@ -463,6 +468,7 @@ static int pool_add(BrokerConfig *c, const char *name, const ConfSource *source,
                 return -ENOMEM;
         p->max_queue = -1;
         p->backend_node_ttl = CONF_NODE_TTL_DEFAULT;
+        p->quarantine_after = 1;
         p->backend_min_replicas_timeout = CONF_MIN_REPLICAS_TIMEOUT_DEFAULT;
         p->name = strdup(name);
         if (!p->name || conf_source_copy(&p->source, source) < 0) {
@@ -958,6 +964,66 @@ static int set_lane_also(const ConfKey *k, void *object, const char *value, cons
         return 0;
 }
 
+/* quarantine-exit-codes = N… (SPEC §3.6): exit statuses 1–255; 0 is success and above 255 no exit status. */
+static int set_pool_quarantine_exit_codes(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                                          ConfErrors *errors) {
+        PoolConfig *p = object;
+        char q[QUOTE_MAX];
+        _cleanup_(strv_freep) char **l = NULL;
+        uint64_t bits[4] = {};
+        size_t n = 0;
+
+        if (split_words(value, &l, &n) < 0)
+                return oom(errors, source, k->name);
+        for (size_t i = 0; i < n; i++) {
+                uint64_t v;
+                if (parse_u64(l[i], &v) < 0 || v < 1 || v > 255)
+                        return conf_errors_add(errors, source, k->name,
+                                               "invalid exit status %s (expected integers from 1 to 255: 0 is success)",
+                                               quote(q, l[i]));
+                if ((bits[v / 64] >> (v % 64)) & 1)
+                        return conf_errors_add(errors, source, k->name, "exit status %s is listed twice",
+                                               quote(q, l[i]));
+                bits[v / 64] |= UINT64_C(1) << (v % 64);
+        }
+        if (conf_source_copy(&p->quarantine_exit_codes_source, n > 0 ? source : NULL) < 0)
+                return oom(errors, source, k->name);
+        memcpy(p->quarantine_exit_codes, bits, sizeof bits);
+        p->quarantine_exit_codes_set = n > 0;
+        return 0;
+}
+
+static int set_pool_quarantine_after(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                                     ConfErrors *errors) {
+        PoolConfig *p = object;
+        uint64_t v = 1;
+
+        if (*value && parse_number(k, value, source, errors, &v) < 0)
+                return -EINVAL;
+        if (conf_source_copy(&p->quarantine_after_source, *value ? source : NULL) < 0)
+                return oom(errors, source, k->name);
+        p->quarantine_after = (unsigned) v;
+        return 0;
+}
+
+static int set_lane_health(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                           ConfErrors *errors) {
+        LaneConfig *l = object;
+        char q[QUOTE_MAX];
+        bool on;
+
+        if (!*value || streq(value, "no") || streq(value, "false") || streq(value, "0"))
+                on = false;
+        else if (streq(value, "yes") || streq(value, "true") || streq(value, "1"))
+                on = true;
+        else
+                return conf_errors_add(errors, source, k->name, "invalid value %s (expected yes or no)", quote(q, value));
+        if (conf_source_copy(&l->health_source, on ? source : NULL) < 0)
+                return oom(errors, source, k->name);
+        l->health = on;
+        return 0;
+}
+
 /* Infinity, like an empty value, leaves the pool without Q: no budgets. */
 static int set_pool_queue_timeout(const ConfKey *k, void *object, const char *value, const ConfSource *source,
                                   ConfErrors *errors) {
@@ -1167,7 +1233,7 @@ static int set_id_list(const ConfKey *k, void *object, const char *value, const 
                 if (!id_is_valid(l[i])) {
                         conf_errors_add(errors, source, k->name,
                                         "invalid %s %s (expected names or numeric ids, separated by spaces)",
-                                        streq(k->name, "allow-users") ? "user" : "group", quote(q, l[i]));
+                                        strstr(k->name, "-users") ? "user" : "group", quote(q, l[i]));
                         strv_free(l);
                         return -EINVAL;
                 }
@@ -1227,6 +1293,10 @@ static const ConfKey pool_keys[] = {
         { "backend-min-replicas-timeout", set_duration, offsetof(PoolConfig, backend_min_replicas_timeout),
           .min = CONF_MIN_REPLICAS_TIMEOUT_MIN, .max = CONF_MIN_REPLICAS_TIMEOUT_MAX,
           .def = CONF_MIN_REPLICAS_TIMEOUT_DEFAULT },
+        { "quarantine-exit-codes", set_pool_quarantine_exit_codes },
+        { "quarantine-after", set_pool_quarantine_after, .min = 1, .max = CONF_QUARANTINE_AFTER_MAX },
+        { "admin-users", set_id_list, offsetof(PoolConfig, admin_users) },
+        { "admin-groups", set_id_list, offsetof(PoolConfig, admin_groups) },
 };
 
 static const ConfKey lane_keys[] = {
@@ -1244,6 +1314,7 @@ static const ConfKey lane_keys[] = {
         { "also", set_lane_also },
         { "allow-users", set_id_list, offsetof(LaneConfig, allow_users) },
         { "allow-groups", set_id_list, offsetof(LaneConfig, allow_groups) },
+        { "health", set_lane_health },
 };
 
 static const ConfKey *find_key(const ConfKey *keys, size_t n, const char *name) {
@@ -1494,6 +1565,19 @@ static int validate_pool(const BrokerConfig *c, const PoolConfig *p, ConfErrors 
         if (p->limit > CONF_LIMIT_MAX)
                 r = conf_errors_add(errors, &p->source, "limit", "pool %s has %u slots, more than %u", p->name,
                                     p->limit, CONF_LIMIT_MAX);
+        /* SPEC §3.6 on shared pools needs the scripts to carry it: refused until they do, never ignored. */
+        if (p->backend && p->quarantine_exit_codes_set)
+                r = conf_errors_add(errors, &p->quarantine_exit_codes_source, "quarantine-exit-codes",
+                                    "pool %s is shared (backend=): quarantine is not supported on shared pools yet",
+                                    p->name);
+        if (p->backend && p->quarantine_after_source.file)
+                r = conf_errors_add(errors, &p->quarantine_after_source, "quarantine-after",
+                                    "pool %s is shared (backend=): quarantine is not supported on shared pools yet",
+                                    p->name);
+        if (!p->backend && p->n_members == 0 && p->quarantine_exit_codes_set)
+                r = conf_errors_add(errors, &p->quarantine_exit_codes_source, "quarantine-exit-codes",
+                                    "pool %s has no members= (quarantine takes members of a member pool out of use)",
+                                    p->name);
         for (size_t i = 0; i < p->n_labels; i++) {
                 const PoolLabel *l = p->labels + i;
                 char key[CONF_NAME_MAX + sizeof "label."];
@@ -1650,6 +1734,21 @@ static int validate_lane(const BrokerConfig *c, const LaneConfig *l, ConfErrors 
         }
         if (l->n_also > 0 && validate_lane_also(c, l, errors) < 0)
                 r = -EINVAL;
+        if (l->health && l->n_also > 0)
+                r = conf_errors_add(errors, &l->health_source, "health",
+                                    "lane %s: a health lane takes no also= pools (it is granted quarantined members of its own pools)",
+                                    l->name);
+        for (size_t i = 0; l->health && i < l->n_pools; i++) {
+                const PoolConfig *p = conf_find_pool(c, l->pools[i]);
+                if (p && p->backend)
+                        r = conf_errors_add(errors, &l->health_source, "health",
+                                            "lane %s: pool %s is shared (backend=): health lanes are not supported on shared pools yet",
+                                            l->name, p->name);
+                else if (p && p->n_members == 0)
+                        r = conf_errors_add(errors, &l->health_source, "health",
+                                            "lane %s: pool %s has no members= (a health lane is granted quarantined members)",
+                                            l->name, p->name);
+        }
         if (l->policy < 0 || l->policy >= _LANE_POLICY_MAX)
                 r = conf_errors_add(errors, &l->source, "policy", "lane %s has no valid policy", l->name);
         return r;
@@ -1762,6 +1861,26 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
                         fprintf(f, "backend-min-replicas-timeout=%s\n",
                                 timespan_format(t, sizeof t, p->backend_min_replicas_timeout));
                 }
+                if (p->quarantine_exit_codes_set) {
+                        fputs("quarantine-exit-codes=", f);
+                        for (int v = 1, first = 1; v <= 255; v++)
+                                if (pool_config_quarantines(p, v)) {
+                                        fprintf(f, "%s%d", first ? "" : " ", v);
+                                        first = 0;
+                                }
+                        fputc('\n', f);
+                        fprintf(f, "quarantine-after=%u\n", p->quarantine_after);
+                }
+                if (p->admin_users) {
+                        fputs("admin-users=", f);
+                        fputs_words(p->admin_users, f);
+                        fputc('\n', f);
+                }
+                if (p->admin_groups) {
+                        fputs("admin-groups=", f);
+                        fputs_words(p->admin_groups, f);
+                        fputc('\n', f);
+                }
         }
 
         for (size_t i = 0; i < c->n_lanes; i++) {
@@ -1804,5 +1923,7 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
                         fputc('\n', f);
                 } else
                         fputs("#allow-groups= (unset: no group grants access)\n", f);
+                if (l->health)
+                        fputs("health=yes\n", f);
         }
 }

@@ -54,6 +54,7 @@ typedef struct LaneAlso {
         char *pool;
         unsigned slots;               /* ≥ 1 */
 } LaneAlso;
+#define CONF_QUARANTINE_AFTER_MAX 1000
 
 typedef struct PoolConfig {
         char *name;
@@ -82,7 +83,22 @@ typedef struct PoolConfig {
         unsigned limit_given;         /* limit= as written; 0: not given */
         ConfSource limit_source;
         ConfSource members_source;
+        /* SPEC §3.6: the exit statuses (1–255) that mean "the member is broken, not the test", one bit each;
+         * a member whose last quarantine_after leases all ended with one of them is quarantined. */
+        uint64_t quarantine_exit_codes[4];
+        bool quarantine_exit_codes_set;
+        ConfSource quarantine_exit_codes_source;
+        unsigned quarantine_after;    /* ≥ 1 (default 1) */
+        ConfSource quarantine_after_source; /* line 0: not given */
+        /* Who may quarantine, restore and drain this pool's members besides root (SPEC §3.6). NULL: none. */
+        char **admin_users;
+        char **admin_groups;
 } PoolConfig;
+
+static inline bool pool_config_quarantines(const PoolConfig *p, int exit_status) {
+        return exit_status >= 1 && exit_status <= 255 &&
+               (p->quarantine_exit_codes[exit_status / 64] >> (exit_status % 64)) & 1;
+}
 
 typedef struct LaneConfig {
         char *name;
@@ -111,6 +127,9 @@ typedef struct LaneConfig {
         LaneAlso *also;
         size_t n_also;
         ConfSource also_source;
+        /* health = yes (SPEC §3.6): the lane is granted quarantined members only; its exit 0 restores them. */
+        bool health;
+        ConfSource health_source;
 } LaneConfig;
 
 typedef struct BrokerConfig {

@@ -102,6 +102,13 @@ struct EngineRequest {
         ListNode set_node;       /* Engine.sets while it waits and some pool said it is ready there */
 };
 
+typedef struct EngineDrainRecord {
+        const char *pool;        /* interned */
+        char *member;            /* NULL: the whole pool */
+        usec_t since, until;
+        char *who, *reason;
+} EngineDrainRecord;
+
 struct EngineLease {
         Engine *engine;
         Pool *pool;
@@ -120,6 +127,8 @@ struct EngineLease {
         ListNode node;           /* Engine.leases */
         LeasePart *also;         /* the also= pools' shares (SPEC §3.5), in the lane's order */
         size_t n_also;
+        int exit_status;         /* engine_lease_set_exit_status(); -1: not told */
+        char *exit_job;
 };
 
 typedef struct EngineTokenFloor {
@@ -167,6 +176,11 @@ struct Engine {
          * so a name stays valid after a reload removed its pool or lane. Grows only with new names. */
         char **names;
         size_t n_names;
+
+        char *popped[3];         /* the last popped MEMBER or DRAIN event's strings, freed at the next pop */
+
+        EngineDrainRecord *drains; /* engine_drain_with()'s, in the order made */
+        size_t n_drains;
 };
 
 static const char *engine_intern(Engine *e, const char *s) {
@@ -251,10 +265,24 @@ static void events_forget_lease(Engine *e, const EngineLease *l) {
         e->n_events = kept;
 }
 
+static void popped_free(Engine *e) {
+        for (size_t i = 0; i < ELEMENTSOF(e->popped); i++)
+                e->popped[i] = mfree(e->popped[i]);
+}
+
 bool engine_pop_event(Engine *e, EngineEvent *ret) {
-        if (!e || e->n_events == 0)
+        if (!e)
+                return false;
+        popped_free(e);
+        if (e->n_events == 0)
                 return false;
         *ret = e->events[e->events_head];
+        if (ret->type == ENGINE_EVENT_MEMBER || ret->type == ENGINE_EVENT_DRAIN) {
+                /* The event's strings are the engine's until the next pop. */
+                e->popped[0] = (char *) ret->member;
+                e->popped[1] = (char *) ret->job;
+                e->popped[2] = (char *) ret->note;
+        }
         e->events_head = (e->events_head + 1) % e->events_allocated;
         e->n_events--;
         return true;
@@ -398,6 +426,7 @@ static EngineLease *engine_lease_free(EngineLease *l) {
         free(l->members);
         free(l->slots);
         free(l->remote_id);
+        free(l->exit_job);
         return mfree(l);
 }
 
@@ -416,6 +445,7 @@ static int engine_lease_new(Engine *e, Pool *p, PoolGrant *g, const char *lane, 
                 .granted_at = granted_at,
                 .expires_at = expires_at,
                 .userdata = userdata,
+                .exit_status = -1,
         };
         heap_node_init(&l->expiry_node);
         l->lane = engine_intern(e, lane);
@@ -1134,6 +1164,25 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
                 engine_lease_revoke(e, d->cookie, d->at, d->reason ? d->reason : "lost", true);
                 break;
 
+        case POOL_VERDICT_MEMBER: {
+                /* The pool's strings change with its next command: the event carries copies. */
+                char *member = strdup(d->member), *job = d->job ? strdup(d->job) : NULL,
+                     *note = d->note ? strdup(d->note) : NULL;
+                if (!member || (d->job && !job) || (d->note && !note))
+                        abort(); /* as event_push(): a lost event is a quarantine nobody hears of */
+                event_push(e, &(EngineEvent) {
+                        .type = ENGINE_EVENT_MEMBER,
+                        .at = d->at,
+                        .pool = d->pool->name,
+                        .member = member,
+                        .quarantined = d->quarantined,
+                        .job = job,
+                        .exit_status = d->exit_status,
+                        .note = note,
+                });
+                break;
+        }
+
         case POOL_VERDICT_CONGESTION:
                 event_push(e, &(EngineEvent) {
                         .type = ENGINE_EVENT_CONGESTION,
@@ -1162,7 +1211,10 @@ static void process_decisions(Engine *e) {
 
 /* ---- time ---- */
 
+static void drains_expire(Engine *e, usec_t t);
+
 static void settle(Engine *e, usec_t t) {
+        drains_expire(e, t); /* before the pools run: what it frees is granted at this instant */
         for (size_t i = 0; i < e->n_pools; i++)
                 e->pools[i]->ops->run(e->pools[i], t);
         for (size_t i = 0; i < e->n_retired; i++)
@@ -1192,6 +1244,9 @@ static usec_t next_wakeup_after(const Engine *e, usec_t after, bool any) {
         HeapNode *n = heap_peek(&e->expiries);
         if (n && (!any || n->key > after))
                 t = MIN(t, n->key);
+        for (size_t i = 0; i < e->n_drains; i++)
+                if (!any || e->drains[i].until > after)
+                        t = MIN(t, e->drains[i].until);
         return t;
 }
 
@@ -1466,6 +1521,8 @@ void engine_lease_release(EngineLease *l, usec_t now) {
         engine_advance(e, now);
         events_forget_lease(e, l);
         heap_remove(&e->expiries, &l->expiry_node);
+        if (l->exit_status >= 0 && l->pool->ops->report_exit)
+                l->pool->ops->report_exit(l->pool, l->grant, l->exit_status, l->exit_job, now);
         l->pool->ops->release(l->pool, l->grant, now);
         for (size_t i = 0; i < l->n_also; i++)
                 l->also[i].pool->ops->release(l->also[i].pool, l->also[i].grant, now);
@@ -1644,6 +1701,168 @@ int engine_set_token_floor(Engine *e, const char *pool, uint64_t next_token) {
         return token_floor_raise(e, pool, next_token);
 }
 
+int engine_lease_set_exit_status(EngineLease *l, int exit_status, const char *job) {
+        assert_return(l, -EINVAL);
+        if (exit_status < 0 || exit_status > 255)
+                return -EINVAL;
+        char *j = NULL;
+        if (job && !(j = strdup(job)))
+                return -ENOMEM;
+        free(l->exit_job);
+        l->exit_job = j;
+        l->exit_status = exit_status;
+        return 0;
+}
+
+int engine_member_quarantine(Engine *e, const char *pool, const char *member, const EngineQuarantine *q, usec_t now) {
+        assert_return(e && pool && member, -EINVAL);
+        assert_return(!q || q->since <= now, -EINVAL);
+        engine_advance(e, now);
+        Pool *p = pool_find(e->pools, e->n_pools, pool);
+        if (!p)
+                return -ENOENT;
+        if (!p->ops->quarantine)
+                return -EOPNOTSUPP;
+        int r = p->ops->quarantine(p, member, q, now);
+        if (r < 0)
+                return r;
+        mark_unsettled(e, now);
+        process_decisions(e);
+        return 0;
+}
+
+/* ---- drains with who, why and until ---- */
+
+static char *dup_or_null(const char *s, bool *oom) {
+        char *c = s ? strdup(s) : NULL;
+        if (s && !c)
+                *oom = true;
+        return c;
+}
+
+static void drain_event(Engine *e, const char *pool, const char *member, bool drained, const EngineDrainRecord *d,
+                        bool expired, usec_t at) {
+        bool oom = false;
+        char *m = dup_or_null(member, &oom), *who = dup_or_null(d ? d->who : NULL, &oom),
+             *reason = dup_or_null(d ? d->reason : NULL, &oom);
+        if (oom)
+                abort(); /* as event_push() */
+        event_push(e, &(EngineEvent) {
+                .type = ENGINE_EVENT_DRAIN,
+                .at = at,
+                .pool = pool,
+                .member = m,
+                .job = expired ? NULL : who,
+                .note = reason,
+                .drained = drained,
+                .until = d ? d->until : USEC_INFINITY,
+                .expired = expired,
+                .exit_status = -1,
+        });
+        if (expired)
+                free(who);
+}
+
+static ssize_t drain_find(const Engine *e, const char *pool, const char *member) {
+        for (size_t i = 0; i < e->n_drains; i++)
+                if (streq(e->drains[i].pool, pool) && streq_ptr(e->drains[i].member, member))
+                        return (ssize_t) i;
+        return -1;
+}
+
+static void drain_record_remove(Engine *e, size_t i) {
+        free(e->drains[i].member);
+        free(e->drains[i].who);
+        free(e->drains[i].reason);
+        memmove(e->drains + i, e->drains + i + 1, (e->n_drains - i - 1) * sizeof(EngineDrainRecord));
+        e->n_drains--;
+}
+
+/* Drains whose until has come are undrained at their until, earliest first. */
+static void drains_expire(Engine *e, usec_t t) {
+        for (;;) {
+                ssize_t k = -1;
+                for (size_t i = 0; i < e->n_drains; i++)
+                        if (e->drains[i].until <= t && (k < 0 || e->drains[i].until < e->drains[k].until))
+                                k = (ssize_t) i;
+                if (k < 0)
+                        return;
+                EngineDrainRecord d = e->drains[k];
+                Pool *p = pool_find(e->pools, e->n_pools, d.pool);
+                if (p)
+                        (void) p->ops->drain(p, d.member, false, d.until);
+                drain_event(e, d.pool, d.member, false, &d, true, d.until);
+                drain_record_remove(e, (size_t) k);
+        }
+}
+
+int engine_drain_with(Engine *e, const char *pool, const char *member, const EngineDrain *d, usec_t now) {
+        assert_return(e && pool, -EINVAL);
+        assert_return(!d || d->since <= now, -EINVAL);
+        if (d && d->until <= now)
+                return -EINVAL;
+        engine_advance(e, now);
+        Pool *p = pool_find(e->pools, e->n_pools, pool);
+        if (!p)
+                return -ENOENT;
+        ssize_t k = drain_find(e, pool, member);
+        EngineDrainRecord rec = {};
+        if (d) {
+                bool oom = false;
+                rec = (EngineDrainRecord) {
+                        .pool = p->name,
+                        .member = dup_or_null(member, &oom),
+                        .since = d->since,
+                        .until = d->until,
+                        .who = dup_or_null(d->who, &oom),
+                        .reason = dup_or_null(d->reason, &oom),
+                };
+                EngineDrainRecord *a = oom ? NULL : reallocarray(e->drains, e->n_drains + 1, sizeof(EngineDrainRecord));
+                if (!a) {
+                        free(rec.member);
+                        free(rec.who);
+                        free(rec.reason);
+                        return -ENOMEM;
+                }
+                e->drains = a;
+        }
+        int r = p->ops->drain(p, member, d != NULL, now);
+        if (r < 0) {
+                free(rec.member);
+                free(rec.who);
+                free(rec.reason);
+                return r;
+        }
+        if (k >= 0)
+                drain_record_remove(e, (size_t) k);
+        if (d)
+                e->drains[e->n_drains++] = rec;
+        drain_event(e, p->name, member, d != NULL, d ? &rec : NULL, false, now);
+        mark_unsettled(e, now);
+        process_decisions(e);
+        return 0;
+}
+
+size_t engine_drain_count(const Engine *e) {
+        return e ? e->n_drains : 0;
+}
+
+int engine_drain_info(const Engine *e, size_t i, EngineDrainInfo *ret) {
+        assert_return(e && ret, -EINVAL);
+        if (i >= e->n_drains)
+                return -ENOENT;
+        const EngineDrainRecord *d = &e->drains[i];
+        *ret = (EngineDrainInfo) {
+                .pool = d->pool,
+                .member = d->member,
+                .since = d->since,
+                .until = d->until,
+                .who = d->who,
+                .reason = d->reason,
+        };
+        return 0;
+}
+
 int engine_drain(Engine *e, const char *pool, const char *member, bool on, usec_t now) {
         assert_return(e && pool, -EINVAL);
         engine_advance(e, now);
@@ -1653,6 +1872,10 @@ int engine_drain(Engine *e, const char *pool, const char *member, bool on, usec_
         int r = p->ops->drain(p, member, on, now);
         if (r < 0)
                 return r;
+        /* A plain drain or undrain replaces what engine_drain_with() recorded: no reason, no until. */
+        ssize_t k = drain_find(e, pool, member);
+        if (k >= 0)
+                drain_record_remove(e, (size_t) k);
         mark_unsettled(e, now);
         process_decisions(e);
         return 0;
@@ -1692,6 +1915,8 @@ int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret)
                 .all_waiting = info.all_waiting,
                 .min_replicas = info.min_replicas,
                 .replicas_acked = info.remote ? info.replicas_acked : -1,
+                .life = info.life,
+                .n_life = info.n_life,
                 .bad_input = info.remote ? info.bad_input : 0,
         };
         return 0;
@@ -1815,6 +2040,7 @@ static size_t rules_for_pool(const BrokerConfig *c, const char *name, PoolLaneRu
                                         .reserve = lc->reserve,
                                         .budget_set = lc->queue_timeout_set,
                                         .budget = lc->queue_timeout,
+                                        .health = lc->health,
                                 };
                                 break;
                         }
@@ -2014,6 +2240,21 @@ Engine *engine_free(Engine *e) {
         lanes_free(e->lanes, e->n_lanes);
         heap_done(&e->expiries);
         free(e->pending);
+        for (size_t i = 0; i < e->n_events; i++) {
+                EngineEvent *ev = &e->events[(e->events_head + i) % e->events_allocated];
+                if (ev->type == ENGINE_EVENT_MEMBER || ev->type == ENGINE_EVENT_DRAIN) {
+                        free((char *) ev->member);
+                        free((char *) ev->job);
+                        free((char *) ev->note);
+                }
+        }
+        popped_free(e);
+        for (size_t i = 0; i < e->n_drains; i++) {
+                free(e->drains[i].member);
+                free(e->drains[i].who);
+                free(e->drains[i].reason);
+        }
+        free(e->drains);
         free(e->events);
         for (size_t i = 0; i < e->n_names; i++)
                 free(e->names[i]);

@@ -52,6 +52,8 @@ typedef enum EngineEventType {
         ENGINE_EVENT_REFUSED,    /* final */
         ENGINE_EVENT_REVOKE,     /* a lease reached max-hold, or its pool lost it; it holds its slots until released */
         ENGINE_EVENT_CONGESTION, /* a pool's congested gauge changed */
+        ENGINE_EVENT_MEMBER,     /* a member was quarantined or restored (SPEC §3.6) */
+        ENGINE_EVENT_DRAIN,      /* a pool or member was drained with engine_drain_with(), or undrained (SPEC §3.6) */
         _ENGINE_EVENT_TYPE_MAX,
         _ENGINE_EVENT_TYPE_INVALID = -EINVAL,
 } EngineEventType;
@@ -79,6 +81,19 @@ typedef struct EngineEvent {
          * none (drained or removed); REVOKE: "max-hold", or the pool's ("node-expired", "reclaim-conflict",
          * "fenced", …). Static. */
         const char *reason;
+        /* MEMBER: which member, now quarantined or not; the job whose lease's end did it, or who did it by
+         * hand; the exit status that did it (-1: none, by hand or a restore by hand); the reason given by
+         * hand (NULL: none). The strings stay valid until the next engine_pop_event() or engine_free(). */
+        const char *member;
+        bool quarantined;
+        const char *job;
+        int exit_status;
+        const char *note;
+        /* DRAIN: pool, member (NULL: the whole pool), whether it is drained now, who (job) and why (note), its
+         * deadline (USEC_INFINITY: none); an undrain by its deadline has job NULL and `expired` set. */
+        bool drained;
+        usec_t until;
+        bool expired;
 } EngineEvent;
 
 /* A uniformly distributed 64-bit value; the daemon uses getrandom(), the simulator a seeded generator. */
@@ -289,9 +304,67 @@ int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs);
  * or -ENOMEM. */
 int engine_set_token_floor(Engine *e, const char *pool, uint64_t next_token);
 
+/* What a lease's command told at its end (SPEC §3.6): its exit status (0–255) and its job (NULL: none), applied
+ * when the lease is released: in a pool with quarantine-exit-codes= a member whose last quarantine-after
+ * leases ended with one of them is quarantined; a health lane's exit 0 restores its members. A lease whose
+ * end is never told changes nothing. Returns 0, -EINVAL (status out of range), -ENOMEM. */
+int engine_lease_set_exit_status(EngineLease *l, int exit_status, const char *job);
+
+/* A quarantine, by hand or restored from the state directory. */
+typedef struct EngineQuarantine {
+        usec_t since;             /* monotonic µs; ≤ now */
+        const char *job;          /* who or which job; NULL: none */
+        int exit_status;          /* -1: none (by hand) */
+        const char *reason;       /* NULL: none */
+} EngineQuarantine;
+
+/* Quarantines (q set) or restores (q NULL) a member of a local member pool: a quarantined member is granted to
+ * health lanes only; one held stays with its holder. A MEMBER event follows when its state changed. Returns 0,
+ * -ENOENT (no such pool or member), -EOPNOTSUPP (a pool kept by a backend, or of anonymous slots), -ENOMEM. */
+int engine_member_quarantine(Engine *e, const char *pool, const char *member, const EngineQuarantine *q, usec_t now);
+
+/* A drain with who, why, since and until (SPEC §3.6, "Drain with a reason and a schedule"). */
+typedef struct EngineDrain {
+        usec_t since;             /* monotonic µs; ≤ now */
+        usec_t until;             /* monotonic µs, > now: undrained by itself then; USEC_INFINITY: never */
+        const char *who;          /* NULL: unknown */
+        const char *reason;       /* NULL: none */
+} EngineDrain;
+
+/* Drains (d set) or undrains (d NULL) a pool or member as engine_drain(), remembering who, why, since and until;
+ * at `until` the engine undrains it itself (engine_run(), engine_next_wakeup()). A DRAIN event follows each
+ * change. Draining what is drained replaces the record. Returns 0, -ENOENT (unknown pool or member),
+ * -EINVAL (until not after now), -ENOMEM. */
+int engine_drain_with(Engine *e, const char *pool, const char *member, const EngineDrain *d, usec_t now);
+
+/* The drains that engine_drain_with() recorded, for Status and the state directory. */
+typedef struct EngineDrainInfo {
+        const char *pool;
+        const char *member;       /* NULL: the whole pool */
+        usec_t since, until;
+        const char *who, *reason;
+} EngineDrainInfo;
+size_t engine_drain_count(const Engine *e);
+/* Valid until the next engine call. Returns 0, -ENOENT past the end. */
+int engine_drain_info(const Engine *e, size_t i, EngineDrainInfo *ret);
+
 /* Drains a pool (member NULL: its waiters are refused, new requests are unavailable) or one member
  * (no longer handed out). Returns 0, -ENOENT for an unknown pool or member. */
 int engine_drain(Engine *e, const char *pool, const char *member, bool on, usec_t now);
+
+/* One member's life in a local member pool (SPEC §3.6), kept by name across reloads. */
+typedef struct EngineMemberLife {
+        char *member;
+        bool quarantined;
+        usec_t since;             /* quarantined: since when (monotonic µs) */
+        char *job;                /* quarantined: the job whose end did it, or who did it by hand; may be NULL */
+        int exit_status;          /* quarantined by this exit status; -1: by hand */
+        char *reason;             /* quarantined by hand: why; NULL otherwise */
+        unsigned failures;        /* leases in a row that ended with a quarantine exit status */
+        uint64_t quarantines;     /* times quarantined */
+        uint64_t grants;          /* leases granted it */
+        usec_t held;              /* µs held by leases that ended */
+} EngineMemberLife;
 
 typedef struct EnginePoolInfo {
         const char *name;
@@ -318,6 +391,9 @@ typedef struct EnginePoolInfo {
         unsigned min_replicas;
         int replicas_acked;       /* -1: no WAIT answered */
         uint64_t bad_input;       /* replies and stream entries dropped by validation */
+        /* The members' lives (SPEC §3.6), a local member pool only; NULL/0 otherwise. */
+        const EngineMemberLife *life;
+        size_t n_life;
 } EnginePoolInfo;
 
 /* The configured pools, in configuration order. */

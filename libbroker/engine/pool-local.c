@@ -20,6 +20,7 @@
  * member stays held by its holder, and a member removed while held sits above the limit, counted as held,
  * until it is released — and is held again, not handed out, if a reload brings it back meanwhile. */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +53,7 @@ struct LocalLane {
         int priority;
         int64_t max_in_use;
         unsigned reserve;
+        bool health;       /* granted quarantined members only (SPEC §3.6) */
         bool configured;   /* false: removed by reload, kept while it holds slots */
         unsigned used;
         size_t n_waiting;
@@ -75,6 +77,12 @@ struct PoolWaiter {
         ListNode fifo_node;
         RankNode rank_node;
         HeapNode deadline_node;
+        /* A health lane's waiter (SPEC §3.6): in LocalPool.health (fifo_node), not in the queue; what it asks,
+         * kept to resolve it again on reload, and the members it admits (NULL: any). */
+        bool health;
+        char **terms;
+        char *member;
+        uint64_t *mask;
 };
 
 struct PoolGrant {
@@ -84,6 +92,7 @@ struct PoolGrant {
         unsigned n_slots;
         unsigned *pos;        /* [n_slots] where each slot sits in the bitmap now: moves with reloads */
         char **members;       /* [n_slots] each slot's member name, NULL for an anonymous one; or NULL */
+        usec_t granted_at;    /* for the members' held time */
         unsigned indices[];   /* [n_slots] as granted: what the holder was told; then pos[n_slots] */
 };
 
@@ -124,6 +133,16 @@ struct LocalPool {
         Heap deadlines;
 
         bool congested;
+
+        /* SPEC §3.6: the members' lives, by name: life[0..n_life_configured) are the configured members in
+         * their order (so life[i] is member i), then members removed by reload that are still quarantined. */
+        PoolMemberLife *life;
+        size_t n_life;
+        size_t n_life_configured;
+        uint64_t quarantine_codes[4];
+        unsigned quarantine_after;
+        List health;                    /* health lanes' waiters (PoolWaiter.fifo_node), in arrival order */
+        size_t n_health;
 };
 
 #define POOL(p) container_of(p, LocalPool, base)
@@ -155,8 +174,17 @@ static int ensure_capacity(LocalPool *p, unsigned n) {
         return 0;
 }
 
-static bool member_is_drained(const LocalPool *p, unsigned i) {
+static bool member_is_quarantined(const LocalPool *p, unsigned i) {
+        return i < p->n_life_configured && i < p->base.limit && p->life[i].quarantined;
+}
+
+static bool member_is_admin_drained(const LocalPool *p, unsigned i) {
         return p->member_drained && i < p->base.limit && p->member_drained[i];
+}
+
+/* Out of ordinary use: drained, or quarantined (only a health lane takes it: health_avail()). */
+static bool member_is_drained(const LocalPool *p, unsigned i) {
+        return member_is_admin_drained(p, i) || member_is_quarantined(p, i);
 }
 
 /* Slots that may be granted now. Counted against every slot held, also those above a limit that a reload
@@ -412,6 +440,7 @@ static int lane_add(LocalPool *p, const PoolLaneRule *r, LocalLane **ret) {
         l->priority = r->priority;
         l->max_in_use = r->max_in_use;
         l->reserve = r->reserve;
+        l->health = r->health;
         p->lanes[p->n_lanes++] = l;
         *ret = l;
         return 0;
@@ -421,6 +450,7 @@ static void lane_apply_rule(LocalLane *l, const PoolLaneRule *r) {
         l->priority = r->priority;
         l->max_in_use = r->max_in_use;
         l->reserve = r->reserve;
+        l->health = r->health;
         l->configured = true;
 }
 
@@ -590,8 +620,8 @@ static void free_members(const LocalPool *p, uint64_t *avail, size_t words) {
                 avail[w] = ~p->occupied[w];
         if (p->base.limit % 64)
                 avail[words - 1] &= (UINT64_C(1) << (p->base.limit % 64)) - 1;
-        for (unsigned i = 0; p->member_drained && i < p->base.limit; i++)
-                if (p->member_drained[i])
+        for (unsigned i = 0; (p->member_drained || p->n_life_configured) && i < p->base.limit; i++)
+                if (member_is_drained(p, i))
                         avail[i / 64] &= ~(UINT64_C(1) << (i % 64));
 }
 
@@ -656,7 +686,23 @@ static PoolWaiter *queue_walk(const LocalPool *p, uint64_t *avail, uint64_t *usa
 
 /* ---- waiters ---- */
 
+static PoolWaiter *waiter_free(PoolWaiter *w) {
+        if (!w)
+                return NULL;
+        strv_free(w->terms);
+        free(w->member);
+        free(w->mask);
+        return mfree(w);
+}
+
 static void waiter_unlink(LocalPool *p, PoolWaiter *w) {
+        if (w->health) {
+                list_unlink(&w->fifo_node);
+                heap_remove(&p->deadlines, &w->deadline_node);
+                w->lane->n_waiting--;
+                p->n_health--;
+                return;
+        }
         bool head = list_first(&w->bucket->fifo) == &w->fifo_node;
         list_unlink(&w->fifo_node);
         if (head)
@@ -676,6 +722,11 @@ static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t a
 /* Every waiter of the lane refused unavailable (its lane or pool removed, the pool drained). Refusing may free
  * a selector's bucket: the array shifts under the loop. */
 static void lane_refuse_waiters(LocalPool *p, LocalLane *l, usec_t now) {
+        list_foreach_safe(n, &p->health) {
+                PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
+                if (w->lane == l)
+                        waiter_refuse(p, w, REFUSAL_UNAVAILABLE, now);
+        }
         for (size_t b = 0; b < l->n_buckets;) {
                 ListNode *n = list_first(&l->buckets[b]->fifo);
                 if (!n) {
@@ -698,7 +749,7 @@ static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t a
                 .idle = w->idle,
                 .budget = w->budget,
         });
-        free(w);
+        waiter_free(w);
 }
 
 /* usable: the members to take from, lowest first (NULL: the lowest free slots). */
@@ -722,6 +773,10 @@ static int grant(LocalPool *p, LocalLane *l, void *cookie, unsigned slots, usec_
         p->next_token++;
         l->used += slots;
         list_append(&p->grants, &g->node);
+        g->granted_at = now;
+        for (unsigned i = 0; i < slots; i++)
+                if (g->pos[i] < p->n_life_configured)
+                        p->life[g->pos[i]].grants++;
 
         /* A fast admission restarts the idle clock; a slow one does not (SPEC §3.1). */
         if (p->base.queue_timeout_set && now - arrival <= fast_threshold(p->base.queue_timeout))
@@ -777,7 +832,135 @@ static void dispatch(LocalPool *p, usec_t now) {
                                 .refusal = REFUSAL_UNAVAILABLE,
                         });
                 }
-                free(w);
+                waiter_free(w);
+        }
+}
+
+/* ---- a member's life: quarantine and health lanes (SPEC §3.6) ---- */
+
+static PoolMemberLife *life_find(LocalPool *p, const char *member) {
+        for (size_t i = 0; i < p->n_life; i++)
+                if (streq(p->life[i].member, member))
+                        return p->life + i;
+        return NULL;
+}
+
+static void life_done(PoolMemberLife *m) {
+        free(m->member);
+        free(m->job);
+        free(m->reason);
+        *m = (PoolMemberLife) { .exit_status = -1 };
+}
+
+static void life_emit(LocalPool *p, const PoolMemberLife *m, usec_t now) {
+        pool_emit(&p->base, &(PoolDecision) {
+                .verdict = POOL_VERDICT_MEMBER,
+                .pool = &p->base,
+                .at = now,
+                .member = m->member,
+                .quarantined = m->quarantined,
+                .job = m->job,
+                .exit_status = m->exit_status,
+                .note = m->reason,
+        });
+}
+
+/* Sets the member's state with its who and why (copied first: nothing changes on -ENOMEM), and says so. */
+static int life_set(LocalPool *p, PoolMemberLife *m, bool quarantined, usec_t since, const char *job,
+                    int exit_status, const char *reason, usec_t now) {
+        char *j = NULL, *r = NULL;
+        if ((job && !(j = strdup(job))) || (reason && !(r = strdup(reason)))) {
+                free(j);
+                return -ENOMEM;
+        }
+        free(m->job);
+        free(m->reason);
+        m->job = j;
+        m->reason = r;
+        m->exit_status = exit_status;
+        m->since = since;
+        if (quarantined && !m->quarantined)
+                m->quarantines++;
+        m->quarantined = quarantined;
+        m->failures = 0;
+        recount_drained(p);
+        life_emit(p, m, now);
+        return 0;
+}
+
+/* The free members a health lane may take: quarantined (and not drained by hand), not occupied. */
+static void health_avail(const LocalPool *p, uint64_t *avail, size_t words) {
+        memset(avail, 0, words * sizeof(uint64_t));
+        for (unsigned i = 0; i < p->base.limit; i++)
+                if (member_is_quarantined(p, i) && !member_is_admin_drained(p, i) && !slot_is_occupied(p, i))
+                        bit_set(avail, i);
+}
+
+/* How many members a health request with this mask could ever get now: the quarantined ones it admits. */
+static unsigned health_capacity(const LocalPool *p, const uint64_t *mask) {
+        unsigned n = 0;
+        for (unsigned i = 0; i < p->base.limit; i++)
+                if (member_is_quarantined(p, i) && !member_is_admin_drained(p, i) && (!mask || bit_test(mask, i)))
+                        n++;
+        return n;
+}
+
+/* avail &= mask; whether it then holds k members and the lane's max-in-use allows them. */
+static bool health_fits(const LocalLane *l, unsigned slots, const uint64_t *mask, uint64_t *avail, size_t words) {
+        for (size_t w = 0; mask && w < words; w++)
+                avail[w] &= mask[w];
+        if (l->max_in_use >= 0 && (int64_t) (l->used + slots) > l->max_in_use)
+                return false;
+        return member_set_count(avail, words) >= slots;
+}
+
+/* What a waiting health request could use is set aside from avail for those behind it (no barging per
+ * member, as in the ordinary queue); one held back by its lane's max-in-use sets nothing aside. */
+static void health_set_aside(const PoolWaiter *w, uint64_t *avail, size_t words) {
+        if (w->lane->max_in_use >= 0 && (int64_t) (w->lane->used + w->slots) > w->lane->max_in_use)
+                return;
+        for (size_t k = 0; k < words; k++)
+                avail[k] &= ~(w->mask ? w->mask[k] : UINT64_MAX);
+}
+
+/* Health lanes' waiters, in arrival order: each takes the quarantined members it can use as they free, and
+ * one that cannot be granted yet keeps those it could use from the waiters behind it; one whose members are
+ * no longer quarantined (restored meanwhile) has nothing to wait for: unavailable. The ordinary queue never
+ * takes a quarantined member, so the two never compete. O(health waiters × limit). */
+static void health_dispatch(LocalPool *p, usec_t now) {
+        if (p->n_health == 0)
+                return;
+        size_t words = member_set_words(p->base.limit);
+        _cleanup_free_ uint64_t *avail = calloc(words, sizeof(uint64_t)), *usable = calloc(words, sizeof(uint64_t));
+        if (!avail || !usable)
+                return; /* the next instant tries again */
+        health_avail(p, avail, words);
+        list_foreach_safe(n, &p->health) {
+                PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
+                if (health_capacity(p, w->mask) < w->slots) {
+                        waiter_refuse(p, w, REFUSAL_UNAVAILABLE, now);
+                        continue;
+                }
+                memcpy(usable, avail, words * sizeof(uint64_t));
+                if (!health_fits(w->lane, w->slots, w->mask, usable, words)) {
+                        health_set_aside(w, avail, words);
+                        continue;
+                }
+                waiter_unlink(p, w);
+                int r = grant(p, w->lane, w->cookie, w->slots, w->arrival, now, w, usable);
+                /* What it took is taken for those behind it too. */
+                for (unsigned i = 0; i < p->base.limit; i++)
+                        if (slot_is_occupied(p, i))
+                                avail[i / 64] &= ~(UINT64_C(1) << (i % 64));
+                if (r < 0)
+                        pool_emit(&p->base, &(PoolDecision) {
+                                .verdict = POOL_VERDICT_REFUSED,
+                                .pool = &p->base,
+                                .cookie = w->cookie,
+                                .at = now,
+                                .refusal = REFUSAL_UNAVAILABLE,
+                        });
+                waiter_free(w);
         }
 }
 
@@ -820,11 +1003,19 @@ static void local_free(Pool *base) {
                         while ((n = list_first(&l->buckets[b]->fifo))) {
                                 PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
                                 list_unlink(n);
-                                free(w);
+                                waiter_free(w);
                         }
                 }
                 lane_free(l);
         }
+        ListNode *hn;
+        while ((hn = list_first(&p->health))) {
+                list_unlink(hn);
+                waiter_free(container_of(hn, PoolWaiter, fifo_node));
+        }
+        for (size_t i = 0; i < p->n_life; i++)
+                life_done(p->life + i);
+        free(p->life);
         free(p->lanes);
         heap_done(&p->deadlines);
         free(p->occupied);
@@ -855,14 +1046,55 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
                 for (unsigned i = 0; i < c->limit && members[i]; i++)
                         member_drained[i] = strv_contains(p->drained_members, members[i]);
         }
+        /* The members' lives follow them by name (SPEC §3.6): the configured ones in order, then those removed
+         * while quarantined (a reload that brings one back finds it quarantined still). */
+        size_t n_new_life = 0, n_new_conf = c->members ? c->limit : 0;
+        PoolMemberLife *new_life = NULL;
+        if (c->members || p->n_life) {
+                new_life = calloc(n_new_conf + p->n_life + 1, sizeof(PoolMemberLife));
+                if (!new_life)
+                        return -ENOMEM;
+                for (size_t i = 0; i < n_new_conf; i++) {
+                        new_life[i] = (PoolMemberLife) { .exit_status = -1, .member = strdup(c->members[i]) };
+                        if (!new_life[i].member) {
+                                for (size_t j = 0; j < i; j++)
+                                        free(new_life[j].member);
+                                free(new_life);
+                                return -ENOMEM;
+                        }
+                }
+                n_new_life = n_new_conf;
+        }
+        /* Health waiters' selectors against the new members: NULL where it fails (they are refused below). */
+        size_t n_hw = 0, hk = 0;
+        list_foreach(hn, &p->health)
+                n_hw++;
+        _cleanup_free_ uint64_t **hmasks = calloc(MAX(n_hw, (size_t) 1), sizeof(uint64_t *));
+        if (!hmasks) {
+                for (size_t j = 0; j < n_new_life; j++)
+                        free(new_life[j].member);
+                free(new_life);
+                return -ENOMEM;
+        }
+        list_foreach(hn, &p->health) {
+                PoolWaiter *w = container_of(hn, PoolWaiter, fifo_node);
+                if (c->members && (w->terms || w->member))
+                        (void) selector_resolve(&(Selector) { .terms = w->terms, .member = w->member }, c->members,
+                                                c->labels, c->n_labels, &hmasks[hk]);
+                hk++;
+        }
+
         /* Selectors resolved against the new members and labels: the members each waiting bucket admits. */
         size_t n_masks = 0, k = 0;
         for (size_t i = 0; i < p->n_lanes; i++)
                 for (size_t b = 0; b < p->lanes[i]->n_buckets; b++)
                         n_masks += p->lanes[i]->buckets[b]->canon != NULL;
         uint64_t **masks = calloc(MAX(n_masks, (size_t) 1), sizeof(uint64_t *));
-        if (!masks)
-                return -ENOMEM;
+        if (!masks) {
+                r = -ENOMEM;
+                n_masks = 0;
+                goto fail_masks;
+        }
         for (size_t i = 0; i < p->n_lanes; i++)
                 for (size_t b = 0; b < p->lanes[i]->n_buckets; b++) {
                         const Bucket *bk = p->lanes[i]->buckets[b];
@@ -922,6 +1154,35 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
         /* A pool that starts measuring idle time starts from now (SPEC §3.1). */
         if (!had_q && c->queue_timeout_set)
                 p->last_fast = now;
+        for (size_t i = 0; i < p->n_life; i++) {
+                PoolMemberLife *old = p->life + i;
+                size_t j = 0;
+                while (j < n_new_conf && !streq(new_life[j].member, old->member))
+                        j++;
+                if (j < n_new_conf) {
+                        free(new_life[j].member);
+                        new_life[j] = *old;
+                } else if (old->quarantined)
+                        new_life[n_new_life++] = *old;
+                else
+                        life_done(old);
+        }
+        free(p->life);
+        p->life = new_life;
+        p->n_life = n_new_life;
+        p->n_life_configured = n_new_conf;
+        memcpy(p->quarantine_codes, c->quarantine_exit_codes, sizeof p->quarantine_codes);
+        p->quarantine_after = MAX(c->quarantine_after, 1u);
+        hk = 0;
+        list_foreach(hn, &p->health) {
+                PoolWaiter *w = container_of(hn, PoolWaiter, fifo_node);
+                if (w->terms || w->member) {
+                        free(w->mask);
+                        w->mask = hmasks[hk];
+                }
+                w->slots = w->mask || c->members ? w->slots : 0; /* anonymous slots now: refused below */
+                hk++;
+        }
         layout_apply(p, &layout);
 
         for (size_t i = 0; i < p->n_lanes; i++) {
@@ -966,6 +1227,12 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
                                       REFUSAL_UNAVAILABLE, now);
                 }
         }
+        /* Health waiters that lost what they asked for (a member gone, the pool anonymous, no health lane). */
+        list_foreach_safe(hn, &p->health) {
+                PoolWaiter *w = container_of(hn, PoolWaiter, fifo_node);
+                if (w->slots == 0 || ((w->terms || w->member) && !w->mask) || !w->lane->health)
+                        waiter_refuse(p, w, REFUSAL_UNAVAILABLE, now);
+        }
         lanes_gc(p);
         return 0;
 
@@ -973,6 +1240,11 @@ fail_masks:
         for (size_t i = 0; i < n_masks; i++)
                 free(masks[i]);
         free(masks);
+        for (size_t j = 0; j < n_new_life; j++)
+                free(new_life[j].member);
+        free(new_life);
+        for (size_t i = 0; i < n_hw; i++)
+                free(hmasks[i]);
         return r;
 }
 
@@ -1032,7 +1304,35 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
          * otherwise a nightly waiter kept out of merge's reserved slot would keep merge out of it too. With
          * selectors (SPEC §3.5) it is per member: the free members the waiters leave it. */
         bool room;
-        if (p->n_selective > 0 || mask) {
+        if (l->health) {
+                /* SPEC §3.6: quarantined members only, beside the queue (health_dispatch()). A request that no
+                 * quarantined member can satisfy has nothing to wait for. */
+                if (!p->base.members)
+                        return -EINVAL;
+                if (health_capacity(p, mask) < t->slots) {
+                        pool_emit(&p->base, &(PoolDecision) {
+                                .verdict = POOL_VERDICT_REFUSED,
+                                .pool = &p->base,
+                                .cookie = t->cookie,
+                                .at = now,
+                                .refusal = REFUSAL_UNAVAILABLE,
+                                .budget = USEC_INFINITY,
+                                .reason = "not-quarantined",
+                        });
+                        return 0;
+                }
+                avail = calloc(words, sizeof(uint64_t));
+                if (!avail)
+                        return -ENOMEM;
+                health_avail(p, avail, words);
+                /* The health requests already waiting keep what they could use (they wait: it is too little). */
+                list_foreach(n, &p->health)
+                        health_set_aside(container_of(n, PoolWaiter, fifo_node), avail, words);
+                /* A health lane takes no also= pools (conf_validate()): never gated. */
+                room = health_fits(l, t->slots, mask, avail, words);
+                if (room && !t->gated)
+                        return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL, avail);
+        } else if (p->n_selective > 0 || mask) {
                 avail = calloc(words, sizeof(uint64_t));
                 usable = calloc(words, sizeof(uint64_t));
                 if (!avail || !usable)
@@ -1061,8 +1361,8 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 return 0;
         }
 
-        Bucket *b = lane_bucket(p, l, t->slots, canon, t->selector);
-        if (!b)
+        Bucket *b = l->health ? NULL : lane_bucket(p, l, t->slots, canon, t->selector);
+        if (!b && !l->health)
                 return -ENOMEM;
         PoolWaiter *w = calloc(1, sizeof(PoolWaiter));
         if (!w)
@@ -1080,6 +1380,15 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 .gated = t->gated,
         };
         heap_node_init(&w->deadline_node);
+        if (l->health) {
+                w->health = true;
+                w->mask = TAKE_PTR(mask);
+                if ((t->selector && t->selector->terms && !(w->terms = strv_copy(t->selector->terms))) ||
+                    (t->selector && t->selector->member && !(w->member = strdup(t->selector->member)))) {
+                        waiter_free(w);
+                        return -ENOMEM;
+                }
+        }
 
         /* The budget is fixed now, from the idle time now (SPEC §3.1); a resumed waiter keeps the one it got
          * when it first joined the queue, and its deadline with it (a restart moves it by nothing). */
@@ -1108,10 +1417,17 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 /* Ended already (a resumed waiter): the next run() refuses it, at this deadline. */
                 r = heap_push(&p->deadlines, &w->deadline_node, usec_add(start, w->budget));
                 if (r < 0) {
-                        free(w);
-                        bucket_gc(l, b);
+                        waiter_free(w);
+                        if (b)
+                                bucket_gc(l, b);
                         return r;
                 }
+        }
+        if (w->health) {
+                list_append(&p->health, &w->fifo_node);
+                l->n_waiting++;
+                p->n_health++;
+                goto queued;
         }
         list_append(&b->fifo, &w->fifo_node);
         if (!b->head_linked)
@@ -1122,6 +1438,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
         l->n_waiting++;
         p->n_waiting++;
 
+queued:
         pool_emit(&p->base, &(PoolDecision) {
                 .verdict = POOL_VERDICT_QUEUED,
                 .pool = &p->base,
@@ -1139,15 +1456,18 @@ static void local_withdraw(Pool *base, PoolWaiter *w, usec_t now) {
         LocalPool *p = POOL(base);
         p->latest = MAX(p->latest, now);
         waiter_unlink(p, w);
-        free(w);
+        waiter_free(w);
         lanes_gc(p);
 }
 
 static void local_release(Pool *base, PoolGrant *g, usec_t now) {
         LocalPool *p = POOL(base);
         p->latest = MAX(p->latest, now);
-        for (unsigned i = 0; i < g->n_slots; i++)
+        for (unsigned i = 0; i < g->n_slots; i++) {
+                if (g->pos[i] < p->n_life_configured)
+                        p->life[g->pos[i]].held += usec_sub_unsigned(now, g->granted_at);
                 slot_put(p, g->pos[i]);
+        }
         g->lane->used -= g->n_slots;
         list_unlink(&g->node);
         grant_free(g);
@@ -1203,6 +1523,7 @@ static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
                 }
         }
         g->lane = l;
+        g->granted_at = rs->granted_at;
         list_append(&p->grants, &g->node);
         if (in_place)
                 for (unsigned i = 0; i < n_slots; i++) {
@@ -1234,6 +1555,7 @@ static void local_run(Pool *base, usec_t now) {
         LocalPool *p = POOL(base);
         p->latest = MAX(p->latest, now);
         dispatch(p, now);
+        health_dispatch(p, now);
         /* Step 4: budgets that end at `now` (or were due earlier and are only now looked at), each refused at
          * its own deadline. A refused waiter may have held others back, so grant again after. */
         bool expired = false;
@@ -1245,6 +1567,7 @@ static void local_run(Pool *base, usec_t now) {
         }
         if (expired) {
                 dispatch(p, now);
+                health_dispatch(p, now);
                 lanes_gc(p);
         }
         update_congestion(p, now);
@@ -1363,6 +1686,17 @@ static int local_drain(Pool *base, const char *member, bool on, usec_t now) {
 
 static size_t local_position(const Pool *base, const PoolWaiter *w, size_t *ret_queued) {
         const LocalPool *p = POOL(base);
+        if (w->health) {
+                size_t i = 0;
+                if (ret_queued)
+                        *ret_queued = p->n_health;
+                list_foreach(n, &p->health) {
+                        if (n == &w->fifo_node)
+                                break;
+                        i++;
+                }
+                return i;
+        }
         if (ret_queued)
                 *ret_queued = p->n_waiting;
         return rank_tree_rank(&p->queue, &w->rank_node);
@@ -1373,7 +1707,7 @@ static void local_info(const Pool *base, usec_t now, PoolInfo *ret) {
         *ret = (PoolInfo) {
                 .limit = p->base.limit,
                 .in_use = p->in_use,
-                .waiting = p->n_waiting,
+                .waiting = p->n_waiting + p->n_health,
                 .congested = p->congested,
                 .drained = p->base.drained,
                 .queue_timeout_set = p->base.queue_timeout_set,
@@ -1381,7 +1715,51 @@ static void local_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .idle = idle_at(p, now),
                 .next_token = p->next_token,
                 .drained_members = p->drained_members && p->drained_members[0] ? p->drained_members : NULL,
+                .life = p->n_life_configured > 0 ? p->life : NULL,
+                .n_life = p->n_life_configured,
         };
+}
+
+static void local_report_exit(Pool *base, PoolGrant *g, int exit_status, const char *job, usec_t now) {
+        LocalPool *p = POOL(base);
+        p->latest = MAX(p->latest, now);
+        for (unsigned i = 0; i < g->n_slots; i++) {
+                const char *name = grant_member(g, i);
+                PoolMemberLife *m = name ? life_find(p, name) : NULL;
+                if (!m)
+                        continue;
+                if (g->lane->health) {
+                        /* A health job's exit 0 restores; anything else leaves the member as it is. */
+                        if (exit_status == 0 && m->quarantined)
+                                (void) life_set(p, m, false, now, job, 0, NULL, now);
+                        continue;
+                }
+                if (exit_status < 1 || exit_status > 255 ||
+                    !((p->quarantine_codes[exit_status / 64] >> (exit_status % 64)) & 1)) {
+                        m->failures = 0;
+                        continue;
+                }
+                if (m->failures < UINT_MAX)
+                        m->failures++;
+                /* Out of memory: not quarantined now, the next failure tries again. */
+                if (!m->quarantined && m->failures >= p->quarantine_after)
+                        (void) life_set(p, m, true, now, job, exit_status, NULL, now);
+        }
+}
+
+static int local_quarantine(Pool *base, const char *member, const EngineQuarantine *q, usec_t now) {
+        LocalPool *p = POOL(base);
+        p->latest = MAX(p->latest, now);
+        if (!p->base.members)
+                return -EOPNOTSUPP;
+        PoolMemberLife *m = life_find(p, member);
+        if (!m || (size_t) (m - p->life) >= p->n_life_configured)
+                return -ENOENT;
+        if (!q)
+                return m->quarantined ? life_set(p, m, false, now, NULL, -1, NULL, now) : 0;
+        if (m->quarantined)
+                return 0; /* the first quarantine's who and why stay */
+        return life_set(p, m, true, MIN(q->since, now), q->job, q->exit_status, q->reason, now);
 }
 
 static void local_set_token_floor(Pool *base, uint64_t next_token) {
@@ -1421,6 +1799,8 @@ static const PoolOps local_ops = {
         .set_last_fast = local_set_last_fast,
         .ready = local_ready,
         .grant_waiter = local_grant_waiter,
+        .report_exit = local_report_exit,
+        .quarantine = local_quarantine,
 };
 
 int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool **ret) {
@@ -1430,6 +1810,8 @@ int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool 
         p->base = (Pool) { .ops = &local_ops, .emit = emit, .emit_userdata = emit_userdata };
         p->base.name = name;
         list_init(&p->grants);
+        list_init(&p->health);
+        p->quarantine_after = 1;
         p->next_token = 1;
         p->max_queue = -1;
         heap_init(&p->deadlines);

@@ -30,6 +30,7 @@ typedef struct PoolLaneRule {
          * pool's nodes must agree on (SPEC §11). */
         bool budget_set;
         usec_t budget;            /* may be USEC_INFINITY */
+        bool health;              /* granted quarantined members only (SPEC §3.6) */
 } PoolLaneRule;
 
 /* A waiter handed over by the previous daemon (engine.h, EngineResume): where it stood in this pool's
@@ -79,6 +80,7 @@ typedef enum PoolVerdict {
         /* A gated waiter (PoolTry.gated) could be granted here now (ready()): said by run() whenever it stops
          * at one, so that the engine looks only at the sets some pool is ready for. Not final. */
         POOL_VERDICT_READY,
+        POOL_VERDICT_MEMBER,     /* a member was quarantined or restored (SPEC §3.6) */
         _POOL_VERDICT_MAX,
         _POOL_VERDICT_INVALID = -EINVAL,
 } PoolVerdict;
@@ -109,7 +111,15 @@ typedef struct PoolDecision {
         /* GRANTED: the backend's name for the lease ("NODE:RID"), to persist for a reclaim after a restart;
          * NULL for an in-process pool. Valid during the emit only. */
         const char *remote_id;
+        /* MEMBER: as EngineEvent's; the strings are the pool's, valid until its next command. */
+        const char *member;
+        bool quarantined;
+        const char *job;
+        int exit_status;
+        const char *note;
 } PoolDecision;
+
+typedef EngineMemberLife PoolMemberLife;
 
 typedef struct PoolInfo {
         unsigned limit;
@@ -139,6 +149,8 @@ typedef struct PoolInfo {
          * not freed before, or the other nodes would wait a node TTL for the slots (SPEC §11). */
         bool owes;
         uint64_t bad_input;       /* replies and stream entries that failed validation, dropped (SPEC §11) */
+        const PoolMemberLife *life; /* a local member pool's members, in configuration order; NULL otherwise */
+        size_t n_life;
 } PoolInfo;
 
 /* Status of a pool kept by a backend: the holders and waiters of every node, as last fetched. */
@@ -249,6 +261,11 @@ typedef struct PoolOps {
         /* Grants a ready() gated waiter now (a GRANTED decision for its cookie). Returns 0, -ESTALE (not
          * ready: nothing changed), -ENOMEM (refused unavailable instead). */
         int (*grant_waiter)(Pool *p, PoolWaiter *w, usec_t now);
+        /* SPEC §3.6, the in-process member pool only (NULL elsewhere). A lease's end as its command told it
+         * (exit status 0–255, its job), before release(). */
+        void (*report_exit)(Pool *p, PoolGrant *g, int exit_status, const char *job, usec_t now);
+        /* engine_member_quarantine(). */
+        int (*quarantine)(Pool *p, const char *member, const EngineQuarantine *q, usec_t now);
 } PoolOps;
 
 /* The part every implementation shares: identity, the config the engine routes on, the decision sink. */

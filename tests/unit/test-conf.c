@@ -1037,6 +1037,66 @@ static void test_validate_labels_need_members_and_name_known_ones(void **state) 
         assert_has_error("test.conf:83", "labels", "lane nightly has labels= but none of its pools");
 }
 
+static void test_quarantine_exit_codes_are_1_to_255(void **state) {
+        set_ok("pool rigs", "members", "a b");
+        set_fails("pool rigs", "quarantine-exit-codes", "0", "expected integers from 1 to 255");
+        set_fails("pool rigs", "quarantine-exit-codes", "256", "expected integers from 1 to 255");
+        set_fails("pool rigs", "quarantine-exit-codes", "-3", "expected integers from 1 to 255");
+        set_fails("pool rigs", "quarantine-exit-codes", "3 x", "expected integers from 1 to 255");
+        set_fails("pool rigs", "quarantine-exit-codes", "3 3", "listed twice");
+        set_ok("pool rigs", "quarantine-exit-codes", "3 4 255");
+        PoolConfig *p = conf_find_pool(c, "rigs");
+        assert_true(pool_config_quarantines(p, 3));
+        assert_true(pool_config_quarantines(p, 255));
+        assert_false(pool_config_quarantines(p, 0));
+        assert_false(pool_config_quarantines(p, 5));
+        assert_false(pool_config_quarantines(p, 256));
+        assert_false(pool_config_quarantines(p, -1));
+        assert_int_equal(p->quarantine_after, 1);
+        set_fails("pool rigs", "quarantine-after", "0", "out of range");
+        set_fails("pool rigs", "quarantine-after", "1001", "out of range");
+        set_ok("pool rigs", "quarantine-after", "3");
+        assert_int_equal(p->quarantine_after, 3);
+        set_fails("lane check", "health", "maybe", "expected yes or no");
+        set_ok("lane check", "health", "yes");
+        assert_true(conf_find_lane(c, "check")->health);
+        set_ok("pool rigs", "admin-users", "alice 1000");
+        set_fails("pool rigs", "admin-groups", "bad:name", "invalid group");
+}
+
+static void test_validate_quarantine_is_refused_on_shared_pools_and_anonymous_slots(void **state) {
+        valid_config();
+        set_ok("pool shared", "members", "a b");
+        set_ok("pool shared", "backend", "redis://127.0.0.1:6379");
+        set_at(90, "pool shared", "quarantine-exit-codes", "3");
+        set_at(91, "pool shared", "quarantine-after", "2");
+        set_at(92, "pool grid", "quarantine-exit-codes", "3");
+        set_ok("lane check", "pools", "shared grid");
+        set_at(93, "lane check", "health", "yes");
+        assert_int_equal(conf_validate(c, &errors), -EINVAL);
+        assert_has_error("test.conf:90", "quarantine-exit-codes", "not supported on shared pools yet");
+        assert_has_error("test.conf:91", "quarantine-after", "not supported on shared pools yet");
+        assert_has_error("test.conf:92", "quarantine-exit-codes", "pool grid has no members=");
+        assert_has_error("test.conf:93", "health", "health lanes are not supported on shared pools yet");
+        assert_has_error("test.conf:93", "health", "pool grid has no members=");
+}
+
+static void test_quarantine_keys_round_trip(void **state) {
+        valid_config();
+        set_ok("pool rigs", "members", "a b");
+        set_ok("pool rigs", "quarantine-exit-codes", "4 3 200");
+        set_ok("pool rigs", "quarantine-after", "2");
+        set_ok("pool rigs", "admin-users", "alice");
+        set_ok("pool rigs", "admin-groups", "lab");
+        set_ok("lane check", "pools", "rigs");
+        set_ok("lane check", "health", "yes");
+        assert_int_equal(conf_validate(c, &errors), 0);
+        assert_round_trips(c);
+        _cleanup_free_ char *text = dump(c);
+        assert_non_null(strstr(text, "quarantine-exit-codes=3 4 200\nquarantine-after=2\n"));
+        assert_non_null(strstr(text, "health=yes\n"));
+}
+
 static void test_too_many_labels(void **state) {
         char key[32];
         for (int i = 0; i < CONF_LABELS_MAX; i++) {
@@ -1271,6 +1331,9 @@ int main(void) {
                 T(test_pool_labels_name_members),
                 T(test_pool_label_names_and_members_must_be_valid),
                 T(test_validate_labels_need_members_and_name_known_ones),
+                T(test_quarantine_exit_codes_are_1_to_255),
+                T(test_validate_quarantine_is_refused_on_shared_pools_and_anonymous_slots),
+                T(test_quarantine_keys_round_trip),
                 T(test_too_many_labels),
                 T(test_lane_also_parses_pools_and_counts),
                 T(test_lane_also_bad_input),

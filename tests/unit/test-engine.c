@@ -70,6 +70,20 @@ typedef struct Fixture {
         size_t n_congestion;
         EngineEvent revoked[64];
         size_t n_revoked;
+        /* MEMBER events (SPEC §3.6), their strings copied (the engine's last until the next pop). */
+        struct {
+                char member[32], job[64], note[64];
+                bool quarantined;
+                int exit_status;
+                usec_t at;
+        } life[64];
+        size_t n_life;
+        struct {
+                char member[32], who[64], reason[64];
+                bool drained, expired;
+                usec_t at, until;
+        } drains[64];
+        size_t n_drains;
 } Fixture;
 
 static uint64_t fake_random(void *userdata) {
@@ -164,6 +178,30 @@ static void drain_events(Fixture *f) {
                 if (ev.type == ENGINE_EVENT_REVOKE) {
                         assert_true(f->n_revoked < ELEMENTSOF(f->revoked));
                         f->revoked[f->n_revoked++] = ev;
+                        continue;
+                }
+                if (ev.type == ENGINE_EVENT_DRAIN) {
+                        assert_true(f->n_drains < ELEMENTSOF(f->drains));
+                        snprintf(f->drains[f->n_drains].member, sizeof f->drains[0].member, "%s", ev.member ?: "");
+                        snprintf(f->drains[f->n_drains].who, sizeof f->drains[0].who, "%s", ev.job ?: "");
+                        snprintf(f->drains[f->n_drains].reason, sizeof f->drains[0].reason, "%s", ev.note ?: "");
+                        f->drains[f->n_drains].drained = ev.drained;
+                        f->drains[f->n_drains].expired = ev.expired;
+                        f->drains[f->n_drains].at = ev.at;
+                        f->drains[f->n_drains].until = ev.until;
+                        f->n_drains++;
+                        continue;
+                }
+                if (ev.type == ENGINE_EVENT_MEMBER) {
+                        assert_true(f->n_life < ELEMENTSOF(f->life));
+                        assert_non_null(ev.member);
+                        snprintf(f->life[f->n_life].member, sizeof f->life[0].member, "%s", ev.member);
+                        snprintf(f->life[f->n_life].job, sizeof f->life[0].job, "%s", ev.job ?: "");
+                        snprintf(f->life[f->n_life].note, sizeof f->life[0].note, "%s", ev.note ?: "");
+                        f->life[f->n_life].quarantined = ev.quarantined;
+                        f->life[f->n_life].exit_status = ev.exit_status;
+                        f->life[f->n_life].at = ev.at;
+                        f->n_life++;
                         continue;
                 }
                 Tag *t = ev.userdata;
@@ -860,6 +898,265 @@ static void test_drained_member_is_not_handed_out(void **state) {
         engine_lease_slots(x->lease, NULL, &members);
         assert_string_equal(members[0], "b");
         assert_true(queued(acquire(f, "Y", (Req) {}, 2)));
+}
+
+/* ---- a member's life (SPEC §3.6) ---- */
+
+static const char *member_of(const Tag *t);
+
+static PoolConfig *rigs(Fixture *f, unsigned after) {
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "a", "b" }, 2);
+        p->quarantine_exit_codes[0] = (UINT64_C(1) << 3) | (UINT64_C(1) << 4);
+        p->quarantine_exit_codes_set = true;
+        p->quarantine_after = after;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "h", LANE_POLICY_WAIT, "p", NULL)->health = true;
+        configure(f, 0);
+        return p;
+}
+
+/* The lease ends with its command's exit status, as slotctl run reports it. */
+static void end_with(Fixture *f, Tag *t, int exit_status, const char *job, usec_t now) {
+        assert_int_equal(engine_lease_set_exit_status(t->lease, exit_status, job), 0);
+        end(f, t, now);
+}
+
+static const EngineMemberLife *life_of(Fixture *f, const char *member) {
+        EnginePoolInfo info;
+        assert_int_equal(engine_pool_info(f->engine, 0, 0, &info), 0);
+        for (size_t i = 0; i < info.n_life; i++)
+                if (streq(info.life[i].member, member))
+                        return info.life + i;
+        fail_msg("no life for %s", member);
+        return NULL;
+}
+
+static void test_member_is_quarantined_after_n_infrastructure_exits_in_a_row(void **state) {
+        Fixture *f = *state;
+        rigs(f, 2);
+        Tag *a = acquire(f, "A", (Req) { .member = "a" }, 0);
+        end_with(f, a, 3, "job-1", S(1));
+        assert_int_equal(f->n_life, 0); /* one of two */
+        a = acquire(f, "A2", (Req) { .member = "a" }, S(2));
+        end_with(f, a, 1, "job-2", S(3)); /* a test failure breaks the run */
+        a = acquire(f, "A3", (Req) { .member = "a" }, S(4));
+        end_with(f, a, 4, "job-3", S(5));
+        assert_int_equal(f->n_life, 0);
+        a = acquire(f, "A4", (Req) { .member = "a" }, S(6));
+        end_with(f, a, 3, "job-4", S(7));
+        assert_int_equal(f->n_life, 1);
+        assert_string_equal(f->life[0].member, "a");
+        assert_true(f->life[0].quarantined);
+        assert_string_equal(f->life[0].job, "job-4");
+        assert_int_equal(f->life[0].exit_status, 3);
+        assert_int_equal(f->life[0].at, S(7));
+        const EngineMemberLife *m = life_of(f, "a");
+        assert_true(m->quarantined);
+        assert_int_equal(m->since, S(7));
+        assert_int_equal(m->quarantines, 1);
+        assert_int_equal(m->grants, 4);
+        assert_int_equal(m->held, S(4));
+        /* Not handed out to an ordinary lane any more: b is, then everyone waits. */
+        Tag *x = acquire(f, "X", (Req) {}, S(8));
+        assert_string_equal(member_of(x), "b");
+        assert_true(queued(acquire(f, "Y", (Req) {}, S(9))));
+        assert_true(queued(acquire(f, "Z", (Req) { .member = "a" }, S(9))));
+}
+
+static void test_a_lease_that_reports_nothing_quarantines_nothing(void **state) {
+        Fixture *f = *state;
+        rigs(f, 1);
+        Tag *a = acquire(f, "A", (Req) { .member = "a" }, 0);
+        end(f, a, S(1)); /* an older client: no status */
+        assert_int_equal(f->n_life, 0);
+        assert_false(life_of(f, "a")->quarantined);
+        assert_int_equal(engine_lease_set_exit_status(acquire(f, "B", (Req) {}, S(2))->lease, 256, NULL), -EINVAL);
+}
+
+static void test_health_job_is_granted_a_quarantined_member_past_an_ordinary_waiter(void **state) {
+        Fixture *f = *state;
+        rigs(f, 1);
+        Tag *a = acquire(f, "A", (Req) { .member = "a" }, 0);
+        Tag *b = acquire(f, "B", (Req) { .member = "b" }, 0);
+        end_with(f, a, 3, "job-1", S(1)); /* a quarantined */
+        Tag *w = acquire(f, "W", (Req) { .member = "a" }, S(2)); /* an ordinary waiter for a */
+        assert_true(queued(w));
+        /* A health job for b (not quarantined) has nothing to wait for. */
+        Tag *hb = acquire(f, "HB", (Req) { .lane = "h", .member = "b" }, S(3));
+        assert_true(refused(hb, REFUSAL_UNAVAILABLE));
+        assert_string_equal(hb->final.reason, "not-quarantined");
+        /* The health job takes a, though W waited first: W cannot have it. */
+        Tag *h = acquire(f, "H", (Req) { .lane = "h" }, S(4));
+        assert_true(granted(h));
+        assert_string_equal(member_of(h), "a");
+        assert_true(queued(w));
+        /* A second health job waits for the quarantined member (never for b). */
+        Tag *h2 = acquire(f, "H2", (Req) { .lane = "h" }, S(5));
+        assert_true(queued(h2));
+        end(f, b, S(6));
+        assert_true(queued(h2));
+        /* The first health check fails: a stays quarantined and goes to the next health job, not to W. */
+        end_with(f, h, 3, "check-1", S(7));
+        assert_int_equal(f->n_life, 1);
+        assert_true(granted(h2));
+        assert_true(queued(w));
+        /* The second passes: a is restored and goes to W. */
+        end_with(f, h2, 0, "check-2", S(8));
+        assert_int_equal(f->n_life, 2);
+        assert_false(f->life[1].quarantined);
+        assert_string_equal(f->life[1].job, "check-2");
+        assert_true(granted(w));
+        assert_string_equal(member_of(w), "a");
+}
+
+static void test_health_waiters_do_not_barge_and_disjoint_ones_flow(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "a", "b", "c" }, 3);
+        lane_add(f, "h", LANE_POLICY_WAIT, "p", NULL)->health = true;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        EngineQuarantine q = { .since = 0, .job = "uid 0", .exit_status = -1, .reason = "broken" };
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a", &q, 0), 0);
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "b", &q, 0), 0);
+        quiesce(f);
+        Tag *ha = acquire(f, "HA", (Req) { .lane = "h", .member = "a" }, S(1));
+        assert_true(granted(ha));
+        /* A health job waiting for a does not hold back one for b. */
+        Tag *wa = acquire(f, "WA", (Req) { .lane = "h", .member = "a" }, S(2));
+        assert_true(queued(wa));
+        Tag *hb = acquire(f, "HB", (Req) { .lane = "h", .member = "b" }, S(3));
+        assert_true(granted(hb));
+        end(f, hb, S(4));
+        /* A two-member health waiter keeps the free b from a one-member request behind it. */
+        Tag *two = acquire(f, "TWO", (Req) { .lane = "h", .slots = 2 }, S(5));
+        assert_true(queued(two));
+        Tag *one = acquire(f, "ONE", (Req) { .lane = "h", .member = "b" }, S(6));
+        assert_true(queued(one));
+        end(f, ha, S(7)); /* a frees: WA (first) gets it; TWO still waits, keeping b */
+        assert_true(granted(wa));
+        assert_true(queued(two));
+        assert_true(queued(one));
+        end(f, wa, S(8));
+        assert_true(granted(two));
+        assert_true(queued(one));
+        end(f, two, S(9));
+        assert_true(granted(one));
+        assert_int_equal(member_of(one)[0], 'b');
+}
+
+static void test_quarantine_by_hand_and_restore(void **state) {
+        Fixture *f = *state;
+        rigs(f, 1);
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "zz", &(EngineQuarantine) { .since = 0, .exit_status = -1 }, 0), -ENOENT);
+        assert_int_equal(engine_member_quarantine(f->engine, "nope", "a", NULL, 0), -ENOENT);
+        Tag *a = acquire(f, "A", (Req) { .member = "a" }, 0);
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a",
+                                                  &(EngineQuarantine) { .since = S(1), .job = "alice", .exit_status = -1,
+                                                                        .reason = "flash worn" },
+                                                  S(1)), 0);
+        quiesce(f);
+        assert_int_equal(f->n_life, 1);
+        assert_string_equal(f->life[0].note, "flash worn");
+        assert_string_equal(f->life[0].job, "alice");
+        assert_int_equal(f->life[0].exit_status, -1);
+        assert_string_equal(member_of(a), "a"); /* its holder keeps it */
+        Tag *w = acquire(f, "W", (Req) { .member = "a" }, S(2));
+        end(f, a, S(3));
+        assert_true(queued(w)); /* not handed on */
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a", NULL, S(4)), 0);
+        quiesce(f);
+        run(f, S(4));
+        assert_int_equal(f->n_life, 2);
+        assert_true(granted(w));
+        /* Restoring what is not quarantined says nothing. */
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "b", NULL, S(5)), 0);
+        quiesce(f);
+        assert_int_equal(f->n_life, 2);
+}
+
+static void test_quarantine_survives_a_reload_by_member_name(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = rigs(f, 1);
+        Tag *a = acquire(f, "A", (Req) { .member = "b" }, 0);
+        end_with(f, a, 4, "job-1", S(1));
+        assert_true(life_of(f, "b")->quarantined);
+        /* b moves to index 0, and c arrives. */
+        pool_set_members(p, (const char *const[]) { "b", "c" }, 2);
+        configure(f, S(2));
+        assert_true(life_of(f, "b")->quarantined);
+        assert_false(life_of(f, "c")->quarantined);
+        Tag *x = acquire(f, "X", (Req) {}, S(3));
+        assert_string_equal(member_of(x), "c");
+        /* b removed, then back: still quarantined. */
+        pool_set_members(p, (const char *const[]) { "c" }, 1);
+        configure(f, S(4));
+        pool_set_members(p, (const char *const[]) { "b", "c" }, 2);
+        configure(f, S(5));
+        assert_true(life_of(f, "b")->quarantined);
+        assert_true(queued(acquire(f, "Y", (Req) {}, S(6))));
+}
+
+static int drain_with(Fixture *f, const char *member, usec_t since, usec_t until, usec_t now) {
+        int r = engine_drain_with(f->engine, "p", member,
+                                  &(EngineDrain) { .since = since, .until = until, .who = "uid 0", .reason = "reflash" },
+                                  now);
+        quiesce(f);
+        return r;
+}
+
+static void test_drain_until_undrains_by_itself_and_grants_at_that_instant(void **state) {
+        Fixture *f = *state;
+        rigs(f, 1);
+        assert_int_equal(drain_with(f, "a", S(1), S(1), S(1)), -EINVAL); /* --until in the past (or now) */
+        assert_int_equal(drain_with(f, "zz", S(1), S(5), S(1)), -ENOENT);
+        assert_int_equal(f->n_drains, 0);
+        assert_int_equal(drain_with(f, "a", S(1), S(10), S(1)), 0);
+        assert_int_equal(f->n_drains, 1);
+        assert_true(f->drains[0].drained);
+        assert_string_equal(f->drains[0].who, "uid 0");
+        assert_string_equal(f->drains[0].reason, "reflash");
+        assert_int_equal(f->drains[0].until, S(10));
+        EngineDrainInfo d;
+        assert_int_equal(engine_drain_count(f->engine), 1);
+        assert_int_equal(engine_drain_info(f->engine, 0, &d), 0);
+        assert_string_equal(d.member, "a");
+        assert_int_equal(d.since, S(1));
+        Tag *w = acquire(f, "W", (Req) { .member = "a" }, S(2));
+        assert_true(queued(w));
+        assert_int_equal(engine_next_wakeup(f->engine), S(10));
+        run(f, S(10) - 1);
+        assert_true(queued(w));
+        run(f, S(30)); /* a late timer: the undrain and the grant are at 10 s all the same */
+        assert_true(granted(w));
+        assert_int_equal(w->decided, S(10));
+        assert_int_equal(f->n_drains, 2);
+        assert_false(f->drains[1].drained);
+        assert_true(f->drains[1].expired);
+        assert_int_equal(f->drains[1].at, S(10));
+        assert_int_equal(engine_drain_count(f->engine), 0);
+}
+
+static void test_drain_until_survives_a_restart(void **state) {
+        Fixture *f = *state;
+        rigs(f, 1);
+        assert_int_equal(drain_with(f, NULL, S(1), S(10), S(1)), 0); /* the whole pool */
+        EngineDrainInfo d;
+        assert_int_equal(engine_drain_info(f->engine, 0, &d), 0);
+        EngineDrain saved = { .since = d.since, .until = d.until, .who = "uid 0", .reason = "reflash" };
+        /* The daemon restarts at 4 s: a new engine, the drain applied again from what was persisted. */
+        engine_free(f->engine);
+        f->n_tags = 0;
+        assert_int_equal(engine_new(fake_random, &f->rng, &f->engine), 0);
+        configure(f, S(4));
+        assert_int_equal(engine_drain_with(f->engine, "p", NULL, &saved, S(4)), 0);
+        quiesce(f);
+        assert_true(refused(acquire(f, "X", (Req) {}, S(5)), REFUSAL_UNAVAILABLE));
+        run(f, S(10));
+        assert_true(granted(acquire(f, "Y", (Req) {}, S(10))));
+        /* A drain restored after its until passed while the daemon was down is refused: the caller drops it. */
+        assert_int_equal(engine_drain_with(f->engine, "p", "a", &saved, S(11)), -EINVAL);
 }
 
 static void test_reload_shrink_lets_holders_finish(void **state) {
@@ -2577,6 +2874,14 @@ int main(void) {
                 T(test_resumed_set_keeps_its_deadline),
                 T(test_restored_set_lease_holds_every_pool),
                 T(test_set_over_two_member_pools_with_labelled_waiters),
+                T(test_member_is_quarantined_after_n_infrastructure_exits_in_a_row),
+                T(test_a_lease_that_reports_nothing_quarantines_nothing),
+                T(test_health_job_is_granted_a_quarantined_member_past_an_ordinary_waiter),
+                T(test_quarantine_by_hand_and_restore),
+                T(test_health_waiters_do_not_barge_and_disjoint_ones_flow),
+                T(test_quarantine_survives_a_reload_by_member_name),
+                T(test_drain_until_undrains_by_itself_and_grants_at_that_instant),
+                T(test_drain_until_survives_a_restart),
 #endif
         };
         const char *skip = NULL;
