@@ -75,6 +75,9 @@ typedef struct PoolConfig {
         unsigned limit_given;         /* limit= as written; 0: not given */
         ConfSource limit_source;
         ConfSource members_source;
+        /* cooldown=: a released slot rests this long before its next grant (SPEC §3.6); 0: none. */
+        usec_t cooldown;
+        ConfSource cooldown_source;
 } PoolConfig;
 
 typedef struct LaneConfig {
@@ -148,6 +151,7 @@ typedef struct ConfErrors {
 #define CONF_LIMIT_MAX 1000000U       /* slots per pool */
 #define CONF_SECTIONS_MAX 4096        /* pools, and lanes, per configuration */
 #define CONF_NODE_TTL_DEFAULT (30 * USEC_PER_SEC)
+#define CONF_COOLDOWN_MAX (24 * USEC_PER_HOUR) /* cooldown=: a rest longer than a day is a typo */
 /* backend-node-ttl must leave this much of a heartbeat window once the self-fence margin (revoke-grace + 2 s)
  * is taken off: below it a node would fence itself at the first missed heartbeat. */
 #define CONF_NODE_TTL_WINDOW_MIN (3 * USEC_PER_SEC)

@@ -264,6 +264,18 @@ int engine_set_token_floor(Engine *e, const char *pool, uint64_t next_token);
  * (no longer handed out). Returns 0, -ENOENT for an unknown pool or member. */
 int engine_drain(Engine *e, const char *pool, const char *member, bool on, usec_t now);
 
+/* A slot or member resting after its release (cooldown=, SPEC §3.6): neither free nor held until `until`. */
+typedef struct PoolRest {
+        unsigned index;           /* the slot's index (a member's place in members=) */
+        const char *member;       /* its member's name, or NULL in a pool of anonymous slots */
+        usec_t until;             /* monotonic: the first instant it may be granted again */
+} PoolRest;
+
+/* A rest carried across a restart (cooldown=, SPEC §3.6): the slot (member by name, else index) of a configured
+ * local pool rests until `until` (monotonic), at most the pool's cooldown from now, unless it is held or the
+ * pool has no cooldown. Returns 0, -ENOENT (nothing to rest), -ENOMEM. */
+int engine_pool_rest(Engine *e, const char *pool, const char *member, unsigned index, usec_t until, usec_t now);
+
 typedef struct EnginePoolInfo {
         const char *name;
         unsigned limit;
@@ -289,6 +301,10 @@ typedef struct EnginePoolInfo {
         unsigned min_replicas;
         int replicas_acked;       /* -1: no WAIT answered */
         uint64_t bad_input;       /* replies and stream entries dropped by validation */
+        /* Resting slots (cooldown=, SPEC §3.6): PoolInfo's, valid until the next call into the engine. */
+        const PoolRest *resting;
+        size_t n_resting;
+        usec_t cooldown;          /* 0: none */
 } EnginePoolInfo;
 
 /* The configured pools, in configuration order. */

@@ -18,7 +18,13 @@
  * A held slot is identified by its member's name in a member pool, by its index in a pool of anonymous
  * slots (SPEC §3.4). Its place in the occupancy bitmap follows that identity across reloads: a reordered
  * member stays held by its holder, and a member removed while held sits above the limit, counted as held,
- * until it is released — and is held again, not handed out, if a reload brings it back meanwhile. */
+ * until it is released — and is held again, not handed out, if a reload brings it back meanwhile.
+ *
+ * Cooldown (SPEC §3.6): a slot released in a pool with cooldown= rests until a time value: neither free nor
+ * held (holders + resting ≤ limit), never granted meanwhile. It is one predicate, slot_is_resting(), over
+ * rest_until[] (by position below the limit) and the list of rests with their one wake deadline: free_slots(),
+ * slot_find_free() and free_members() leave resting slots out, so a waiter that lacks them holds back the
+ * queue as for held ones (no barging), and run() at the wake hands them on in queue order. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +129,15 @@ struct LocalPool {
         Heap deadlines;
 
         bool congested;
+
+        /* Cooldown (SPEC §3.6). rest_until[pos] (limit entries, or NULL): 0, or when the slot at pos wakes;
+         * rests: the same as a list (member names point into base.members), for the wake and Status. */
+        usec_t cooldown;
+        usec_t *rest_until;
+        PoolRest *rests;
+        size_t n_rests;
+        unsigned resting_free;          /* resting, below the limit, not occupied and not drained */
+        usec_t next_wake;               /* the earliest rests[].until; USEC_INFINITY: none */
 };
 
 #define POOL(p) container_of(p, LocalPool, base)
@@ -158,16 +173,24 @@ static bool member_is_drained(const LocalPool *p, unsigned i) {
         return p->member_drained && i < p->base.limit && p->member_drained[i];
 }
 
+static bool slot_is_resting(const LocalPool *p, unsigned i) {
+        return p->rest_until && i < p->base.limit && p->rest_until[i] != 0;
+}
+
 /* Slots that may be granted now. Counted against every slot held, also those above a limit that a reload
  * shrank: the invariant is slots held ≤ the limit in force when each was granted (SPEC §3.4), so a new grant
  * must fit under the new limit with the old holders still counted. */
 static unsigned free_slots(const LocalPool *p) {
-        if (p->base.drained || p->in_use + p->drained_free >= p->base.limit)
+        if (p->base.drained || p->in_use + p->drained_free + p->resting_free >= p->base.limit)
                 return 0;
-        return p->base.limit - p->in_use - p->drained_free;
+        return p->base.limit - p->in_use - p->drained_free - p->resting_free;
 }
 
+static void rest_end(LocalPool *p, unsigned i);
+
 static void slot_take(LocalPool *p, unsigned i) {
+        if (slot_is_resting(p, i))
+                rest_end(p, i); /* only a restored lease takes a resting slot: it was held all along */
         if (member_is_drained(p, i))
                 p->drained_free--; /* only a restored lease takes a drained member */
         bit_set(p->occupied, i);
@@ -189,7 +212,7 @@ static unsigned slot_find_free(const LocalPool *p) {
                         unsigned i = w * 64 + (unsigned) __builtin_ctzll(bits);
                         if (i >= p->base.limit)
                                 return UINT32_MAX;
-                        if (!member_is_drained(p, i))
+                        if (!member_is_drained(p, i) && !slot_is_resting(p, i))
                                 return i;
                         bits &= bits - 1;
                 }
@@ -209,9 +232,99 @@ static unsigned slot_take_from(uint64_t *set) {
 
 static void recount_drained(LocalPool *p) {
         p->drained_free = 0;
+        p->resting_free = 0;
         for (unsigned i = 0; i < p->base.limit; i++)
                 if (!slot_is_occupied(p, i) && member_is_drained(p, i))
                         p->drained_free++;
+        for (size_t k = 0; k < p->n_rests; k++)
+                if (!member_is_drained(p, p->rests[k].index))
+                        p->resting_free++;
+}
+
+/* ---- cooldown (SPEC §3.6) ---- */
+
+static void rests_update_wake(LocalPool *p) {
+        p->next_wake = USEC_INFINITY;
+        for (size_t k = 0; k < p->n_rests; k++)
+                p->next_wake = MIN(p->next_wake, p->rests[k].until);
+}
+
+/* The slot at position i (below the limit, not occupied) rests until `until`. */
+static int rest_begin(LocalPool *p, unsigned i, usec_t until) {
+        if (!p->rest_until || i >= p->base.limit || until == 0)
+                return 0;
+        if (p->rest_until[i] != 0) {
+                for (size_t k = 0; k < p->n_rests; k++)
+                        if (p->rests[k].index == i)
+                                p->rests[k].until = until;
+        } else {
+                PoolRest *a = reallocarray(p->rests, p->n_rests + 1, sizeof(PoolRest));
+                if (!a)
+                        return -ENOMEM;
+                p->rests = a;
+                a[p->n_rests++] = (PoolRest) {
+                        .index = i,
+                        .member = p->base.members ? p->base.members[i] : NULL,
+                        .until = until,
+                };
+                if (!member_is_drained(p, i))
+                        p->resting_free++;
+        }
+        p->rest_until[i] = until;
+        rests_update_wake(p);
+        return 0;
+}
+
+static void rest_end(LocalPool *p, unsigned i) {
+        for (size_t k = 0; k < p->n_rests; k++)
+                if (p->rests[k].index == i) {
+                        p->rests[k] = p->rests[--p->n_rests];
+                        break;
+                }
+        p->rest_until[i] = 0;
+        if (!member_is_drained(p, i))
+                p->resting_free--;
+        rests_update_wake(p);
+}
+
+/* Rests that end at or before `now` end: their slots are free again (a command at `now` sees them so, and
+ * run() hands them to the queue in order). */
+static void rests_wake(LocalPool *p, usec_t now) {
+        if (p->next_wake > now)
+                return;
+        size_t j = 0;
+        for (size_t k = 0; k < p->n_rests; k++) {
+                PoolRest r = p->rests[k];
+                if (r.until > now) {
+                        p->rests[j++] = r;
+                        continue;
+                }
+                p->rest_until[r.index] = 0;
+                if (!member_is_drained(p, r.index))
+                        p->resting_free--;
+        }
+        p->n_rests = j;
+        rests_update_wake(p);
+}
+
+static int usec_compare(const void *a, const void *b) {
+        usec_t x = *(const usec_t *) a, y = *(const usec_t *) b;
+        return x < y ? -1 : x > y;
+}
+
+/* When `need` more slots than are free now will have woken (resting, not drained); 0 if they never will. */
+static usec_t rests_enough_at(const LocalPool *p, unsigned need) {
+        if (need == 0 || need > p->resting_free)
+                return 0;
+        _cleanup_free_ usec_t *u = calloc(p->resting_free, sizeof(usec_t));
+        if (!u)
+                return p->next_wake; /* out of memory: the first wake is a fine hint too */
+        size_t n = 0;
+        for (size_t k = 0; k < p->n_rests; k++)
+                if (!member_is_drained(p, p->rests[k].index))
+                        u[n++] = p->rests[k].until;
+        qsort(u, n, sizeof(usec_t), usec_compare);
+        return u[need - 1];
 }
 
 /* ---- grants and where their slots sit ---- */
@@ -592,6 +705,8 @@ static void free_members(const LocalPool *p, uint64_t *avail, size_t words) {
         for (unsigned i = 0; p->member_drained && i < p->base.limit; i++)
                 if (p->member_drained[i])
                         avail[i / 64] &= ~(UINT64_C(1) << (i % 64));
+        for (size_t k = 0; k < p->n_rests; k++)
+                avail[p->rests[k].index / 64] &= ~(UINT64_C(1) << (p->rests[k].index % 64));
 }
 
 /* No barging per member (SPEC §3.5): a waiter that cannot be granted sets aside the free members it could use,
@@ -806,6 +921,8 @@ static void local_free(Pool *base) {
         free(p->occupied);
         free(p->member_drained);
         strv_free(p->drained_members);
+        free(p->rest_until);
+        free(p->rests);
         strv_free(p->base.members);
         pool_labels_free(p->base.labels, p->base.n_labels);
         free(p);
@@ -821,6 +938,25 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
 
         if (c->limit == 0)
                 return -EINVAL;
+        /* Rests follow their member (or index) to the new configuration; a pool without cooldown= any more
+         * ends them now. A changed cooldown= applies from the next release. */
+        _cleanup_free_ usec_t *rest_until = NULL;
+        _cleanup_free_ PoolRest *rests = NULL;
+        size_t n_rests = 0;
+        if (c->cooldown > 0) {
+                rest_until = calloc(c->limit, sizeof(usec_t));
+                rests = calloc(MAX(p->n_rests, (size_t) 1), sizeof(PoolRest));
+                if (!rest_until || !rests)
+                        return -ENOMEM;
+                for (size_t k = 0; k < p->n_rests; k++) {
+                        unsigned home;
+                        if (!slot_home(c->members, p->rests[k].member, p->rests[k].index, &home) ||
+                            home >= c->limit || rest_until[home] != 0)
+                                continue;
+                        rests[n_rests++] = (PoolRest) { .index = home, .until = p->rests[k].until };
+                        rest_until[home] = p->rests[k].until;
+                }
+        }
         if (c->members) {
                 members = strv_copy(c->members);
                 if (!members)
@@ -898,7 +1034,27 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
         /* A pool that starts measuring idle time starts from now (SPEC §3.1). */
         if (!had_q && c->queue_timeout_set)
                 p->last_fast = now;
+        p->cooldown = c->cooldown;
+        free(p->rest_until);
+        p->rest_until = TAKE_PTR(rest_until);
+        free(p->rests);
+        p->rests = TAKE_PTR(rests);
+        p->n_rests = n_rests;
         layout_apply(p, &layout);
+        /* A rest is of a slot nobody holds: one that a held slot's new place covers ends. */
+        size_t kept = 0;
+        for (size_t ri = 0; ri < p->n_rests; ri++) {
+                PoolRest *rs = &p->rests[ri];
+                if (slot_is_occupied(p, rs->index)) {
+                        p->rest_until[rs->index] = 0;
+                        continue;
+                }
+                rs->member = p->base.members ? p->base.members[rs->index] : NULL;
+                p->rests[kept++] = *rs;
+        }
+        p->n_rests = kept;
+        recount_drained(p);
+        rests_update_wake(p);
 
         for (size_t i = 0; i < p->n_lanes; i++) {
                 LocalLane *l = p->lanes[i];
@@ -977,6 +1133,7 @@ static void refuse_try(LocalPool *p, const PoolTry *t, Refusal refusal, usec_t n
 static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
         LocalPool *p = POOL(base);
         p->latest = MAX(p->latest, now);
+        rests_wake(p, now);
 
         if (p->base.drained || p->base.retired) {
                 refuse_try(p, t, REFUSAL_UNAVAILABLE, now);
@@ -1023,7 +1180,28 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
         }
 
         if (!t->may_wait) {
-                refuse_try(p, t, REFUSAL_BUSY, now);
+                /* Busy for want of slots that rest: says so, and when enough of them wake. */
+                unsigned free = free_slots(p), could = free + p->resting_free;
+                if (mask) {
+                        could = member_set_count(usable, words);
+                        for (size_t k = 0; k < p->n_rests; k++)
+                                could += !member_is_drained(p, p->rests[k].index) &&
+                                         bit_test(mask, p->rests[k].index);
+                }
+                usec_t at = 0;
+                if (p->n_waiting == 0 && free < t->slots && could >= t->slots &&
+                    lane_verdict(p, l, t->slots, free + p->resting_free) == VERDICT_GRANTABLE)
+                        at = rests_enough_at(p, t->slots - free);
+                pool_emit(&p->base, &(PoolDecision) {
+                        .verdict = POOL_VERDICT_REFUSED,
+                        .pool = &p->base,
+                        .cookie = t->cookie,
+                        .at = now,
+                        .refusal = REFUSAL_BUSY,
+                        .budget = USEC_INFINITY,
+                        .reason = at > 0 ? "cooldown" : NULL,
+                        .retry_at = at,
+                });
                 return 0;
         }
         /* A resumed waiter was admitted before the restart: max-queue counted it then. */
@@ -1116,8 +1294,13 @@ static void local_withdraw(Pool *base, PoolWaiter *w, usec_t now) {
 static void local_release(Pool *base, PoolGrant *g, usec_t now) {
         LocalPool *p = POOL(base);
         p->latest = MAX(p->latest, now);
-        for (unsigned i = 0; i < g->n_slots; i++)
+        rests_wake(p, now);
+        for (unsigned i = 0; i < g->n_slots; i++) {
                 slot_put(p, g->pos[i]);
+                /* Out of memory: the slot is free at once rather than lost. */
+                if (p->cooldown > 0)
+                        (void) rest_begin(p, g->pos[i], usec_add(now, p->cooldown));
+        }
         g->lane->used -= g->n_slots;
         list_unlink(&g->node);
         grant_free(g);
@@ -1203,6 +1386,7 @@ static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
 static void local_run(Pool *base, usec_t now) {
         LocalPool *p = POOL(base);
         p->latest = MAX(p->latest, now);
+        rests_wake(p, now);
         dispatch(p, now);
         /* Step 4: budgets that end at `now` (or were due earlier and are only now looked at), each refused at
          * its own deadline. A refused waiter may have held others back, so grant again after. */
@@ -1226,6 +1410,8 @@ static usec_t local_next_wakeup(const Pool *base) {
         HeapNode *n = heap_peek(&p->deadlines);
         if (n)
                 t = n->key;
+        /* A rest ends: its slot goes to the queue (and the gauge may turn off). */
+        t = MIN(t, p->next_wake);
         /* The gauge turns on by itself when idle passes Q while there is no room. */
         if (!p->congested && p->base.queue_timeout_set && !p->base.drained && !p->base.retired &&
             !pool_has_room_for_one(p))
@@ -1297,6 +1483,9 @@ static void local_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .idle = idle_at(p, now),
                 .next_token = p->next_token,
                 .drained_members = p->drained_members && p->drained_members[0] ? p->drained_members : NULL,
+                .resting = p->n_rests > 0 ? p->rests : NULL,
+                .n_resting = p->n_rests,
+                .cooldown = p->cooldown,
         };
 }
 
@@ -1317,6 +1506,17 @@ static void local_set_last_fast(Pool *base, usec_t last_fast, usec_t now) {
         update_congestion(p, now);
 }
 
+static int local_rest(Pool *base, const char *member, unsigned index, usec_t until, usec_t now) {
+        LocalPool *p = POOL(base);
+        unsigned home;
+        p->latest = MAX(p->latest, now);
+        if (p->cooldown == 0 || until <= now || !slot_home(p->base.members, member, index, &home) ||
+            home >= p->base.limit || slot_is_occupied(p, home))
+                return -ENOENT;
+        /* Never longer than the pool's cooldown from now: a clock gone wrong must not park a slot for good. */
+        return rest_begin(p, home, MIN(until, usec_add(now, p->cooldown)));
+}
+
 static const PoolOps local_ops = {
         .kind = "local",
         .selectors = true,
@@ -1335,6 +1535,7 @@ static const PoolOps local_ops = {
         .set_token_floor = local_set_token_floor,
         .get_last_fast = local_get_last_fast,
         .set_last_fast = local_set_last_fast,
+        .rest = local_rest,
 };
 
 int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool **ret) {

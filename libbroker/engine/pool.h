@@ -100,6 +100,9 @@ typedef struct PoolDecision {
         /* GRANTED: the backend's name for the lease ("NODE:RID"), to persist for a reclaim after a restart;
          * NULL for an in-process pool. Valid during the emit only. */
         const char *remote_id;
+        /* REFUSED busy for want of slots that rest (reason "cooldown"): the first of them wakes then; the
+         * engine's retryAfterSec points there instead of at random. 0: none. */
+        usec_t retry_at;
 } PoolDecision;
 
 typedef struct PoolInfo {
@@ -130,6 +133,10 @@ typedef struct PoolInfo {
          * not freed before, or the other nodes would wait a node TTL for the slots (SPEC §11). */
         bool owes;
         uint64_t bad_input;       /* replies and stream entries that failed validation, dropped (SPEC §11) */
+        /* Resting slots (cooldown=), in no particular order; valid until the next command. */
+        const PoolRest *resting;
+        size_t n_resting;
+        usec_t cooldown;          /* 0: none */
 } PoolInfo;
 
 /* Status of a pool kept by a backend: the holders and waiters of every node, as last fetched. */
@@ -232,6 +239,11 @@ typedef struct PoolOps {
          * (monotonic µs). NULL: the backend keeps it (engine_pool_get_last_fast() says -EOPNOTSUPP). */
         usec_t (*get_last_fast)(const Pool *p);
         void (*set_last_fast)(Pool *p, usec_t last_fast, usec_t now);
+
+        /* A rest carried across a restart (cooldown=, SPEC §3.6): the slot (member by name, else index) rests
+         * until `until` unless it is held, gone, or the pool has no cooldown any more. Returns 0, -ENOENT (no
+         * such slot here, or it is held: nothing to do). NULL: the pool keeps no rests. */
+        int (*rest)(Pool *p, const char *member, unsigned index, usec_t until, usec_t now);
 } PoolOps;
 
 /* The part every implementation shares: identity, the config the engine routes on, the decision sink. */
