@@ -269,6 +269,9 @@ static int rest_begin(LocalPool *p, unsigned i, usec_t until) {
                 };
                 if (!member_is_drained(p, i))
                         p->resting_free++;
+                p->rest_until[i] = until;
+                p->next_wake = MIN(p->next_wake, until); /* O(1) per release: only a wake scans the rests */
+                return 0;
         }
         p->rest_until[i] = until;
         rests_update_wake(p);
@@ -1548,6 +1551,7 @@ int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool 
         p->next_token = 1;
         p->max_queue = -1;
         heap_init(&p->deadlines);
+        p->next_wake = USEC_INFINITY; /* no rest: nothing to wake for, even before the first configure() */
         *ret = &p->base;
         return 0;
 }
