@@ -2168,6 +2168,74 @@ static void test_cooldown_random_workload_holders_and_resting_never_exceed_the_l
                         assert_true(info.resting[k].until > t && info.resting[k].until <= t + MS(700));
         }
 }
+/* Member reloads, member drains and cooldown together: a resting member is never held, nor granted before it
+ * wakes; a member neither held, resting nor drained is free — a one-member request then has room (the counts
+ * of drained and resting members never drift). */
+static void test_cooldown_random_reloads_and_drains_keep_the_books(void **state) {
+        Fixture *f = *state;
+        static const char *const names[] = { "a", "b", "c", "d", "e" };
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, MEMBERS("a", "b", "c"));
+        p->cooldown = MS(40);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        uint64_t s = 11;
+        usec_t now = 0;
+        for (int i = 0; i < 800 && f->n_tags < ELEMENTSOF(f->tags) - 1; i++) {
+                now += MS(1 + fake_random(&s) % 20);
+                run(f, now);
+                uint64_t op = fake_random(&s) % 6;
+                if (op == 0) {
+                        const char *pick[ELEMENTSOF(names)];
+                        size_t n = 0;
+                        for (size_t k = 0; k < ELEMENTSOF(names); k++)
+                                if (fake_random(&s) % 2)
+                                        pick[n++] = names[k];
+                        if (n == 0)
+                                pick[n++] = names[fake_random(&s) % ELEMENTSOF(names)];
+                        pool_set_members(p, pick, n);
+                        p->cooldown = fake_random(&s) % 4 ? MS(40) : 0;
+                        configure(f, now);
+                } else if (op == 1) {
+                        const char *m = names[fake_random(&s) % ELEMENTSOF(names)];
+                        (void) drain(f, "p", m, fake_random(&s) % 2, now); /* -ENOENT for one not configured */
+                } else if (op == 2) {
+                        size_t k = (size_t) (fake_random(&s) % MAX(f->n_tags, 1u));
+                        if (k < f->n_tags && f->tags[k].lease)
+                                end(f, &f->tags[k], now);
+                } else
+                        acquire(f, "R", (Req) { .no_wait = true }, now);
+                run(f, now);
+                assert_members_held_once(f);
+                EnginePoolInfo info = pool_info_at(f, now);
+                unsigned resting = 0;
+                for (size_t k = 0; k < info.n_resting; k++) {
+                        const PoolRest *rs = &info.resting[k];
+                        assert_true(rs->until > now && rs->until <= now + MS(40));
+                        assert_string_equal(rs->member, info.members[rs->index]);
+                        for (size_t t = 0; t < f->n_tags; t++)
+                                if (f->tags[t].lease) {
+                                        const char *const *held;
+                                        unsigned n = engine_lease_slots(f->tags[t].lease, NULL, &held);
+                                        for (unsigned x = 0; x < n; x++)
+                                                if (streq(held[x], rs->member))
+                                                        fail_msg("resting member %s is held", rs->member);
+                                }
+                        resting += !strv_contains(info.drained_members, rs->member);
+                }
+                unsigned drained = 0;
+                for (unsigned m = 0; m < info.limit; m++)
+                        drained += strv_contains(info.drained_members, info.members[m]);
+                if (info.in_use + resting + drained < info.limit) {
+                        /* Some member is free: a one-member request is granted at once. */
+                        Tag *t = acquire(f, "F", (Req) { .no_wait = true }, now);
+                        if (!granted(t))
+                                fail_msg("a member is free at %llu µs, yet a request was refused", (unsigned long long) now);
+                        end(f, t, now);
+                }
+        }
+}
+
 #endif
 
 int main(void) {
@@ -2264,6 +2332,7 @@ int main(void) {
                 T(test_cooldown_reload_follows_a_member_by_name),
                 T(test_cooldown_restart_restores_a_rest_in_progress),
                 T(test_cooldown_random_workload_holders_and_resting_never_exceed_the_limit),
+                T(test_cooldown_random_reloads_and_drains_keep_the_books),
 #endif
         };
         const char *skip = NULL;
