@@ -102,6 +102,10 @@ class Cooldown(harness.BrokerTestCase):
         rest = self.resting(b)
         self.assertEqual(list(rest), ["a"])
         self.assertTrue(0 < rest["a"] <= COOLDOWN_MS, rest)
+        metrics = b.call("io.slotbroker.Metrics")["text"]
+        self.assertIn("# TYPE slotbroker_slots_resting gauge", metrics)
+        if self.resting(b):  # still resting after the metrics were taken: it was then
+            self.assertIn('slotbroker_slots_resting{pool="rigs"} 1\n', metrics)
         nxt = self.job(b, "next", "w", "--member", "a")
         wait_for(lambda: "waiting for" in nxt.stderr() or nxt.proc.poll() is not None, 10, message="next queued")
         text = subprocess.run([SLOTCTL, "status", "--socket", b.socket_path], capture_output=True, text=True,
