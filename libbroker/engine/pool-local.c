@@ -315,8 +315,9 @@ static int usec_compare(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
-/* When `need` more slots than are free now will have woken (resting, not drained); 0 if they never will. */
-static usec_t rests_enough_at(const LocalPool *p, unsigned need) {
+/* When `need` more slots than are free now will have woken (resting, not drained, among `mask` unless it is
+ * NULL); 0 if they never will. */
+static usec_t rests_enough_at(const LocalPool *p, unsigned need, const uint64_t *mask) {
         if (need == 0 || need > p->resting_free)
                 return 0;
         _cleanup_free_ usec_t *u = calloc(p->resting_free, sizeof(usec_t));
@@ -324,10 +325,29 @@ static usec_t rests_enough_at(const LocalPool *p, unsigned need) {
                 return p->next_wake; /* out of memory: the first wake is a fine hint too */
         size_t n = 0;
         for (size_t k = 0; k < p->n_rests; k++)
-                if (!member_is_drained(p, p->rests[k].index))
+                if (!member_is_drained(p, p->rests[k].index) && (!mask || bit_test(mask, p->rests[k].index)))
                         u[n++] = p->rests[k].until;
+        if (need > n)
+                return 0;
         qsort(u, n, sizeof(usec_t), usec_compare);
         return u[need - 1];
+}
+
+/* A rest is of a slot nobody holds: one that a held slot now covers (its new place after a reload, a lease
+ * restored over it) ends. */
+static void rests_drop_held(LocalPool *p) {
+        size_t kept = 0;
+        for (size_t k = 0; k < p->n_rests; k++) {
+                PoolRest rs = p->rests[k];
+                if (slot_is_occupied(p, rs.index)) {
+                        p->rest_until[rs.index] = 0;
+                        continue;
+                }
+                p->rests[kept++] = rs;
+        }
+        p->n_rests = kept;
+        recount_drained(p);
+        rests_update_wake(p);
 }
 
 /* ---- grants and where their slots sit ---- */
@@ -1043,21 +1063,10 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
         free(p->rests);
         p->rests = TAKE_PTR(rests);
         p->n_rests = n_rests;
+        for (size_t ri = 0; ri < p->n_rests; ri++)
+                p->rests[ri].member = p->base.members ? p->base.members[p->rests[ri].index] : NULL;
         layout_apply(p, &layout);
-        /* A rest is of a slot nobody holds: one that a held slot's new place covers ends. */
-        size_t kept = 0;
-        for (size_t ri = 0; ri < p->n_rests; ri++) {
-                PoolRest *rs = &p->rests[ri];
-                if (slot_is_occupied(p, rs->index)) {
-                        p->rest_until[rs->index] = 0;
-                        continue;
-                }
-                rs->member = p->base.members ? p->base.members[rs->index] : NULL;
-                p->rests[kept++] = *rs;
-        }
-        p->n_rests = kept;
-        recount_drained(p);
-        rests_update_wake(p);
+        rests_drop_held(p);
 
         for (size_t i = 0; i < p->n_lanes; i++) {
                 LocalLane *l = p->lanes[i];
@@ -1184,17 +1193,11 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
 
         if (!t->may_wait) {
                 /* Busy for want of slots that rest: says so, and when enough of them wake. */
-                unsigned free = free_slots(p), could = free + p->resting_free;
-                if (mask) {
-                        could = member_set_count(usable, words);
-                        for (size_t k = 0; k < p->n_rests; k++)
-                                could += !member_is_drained(p, p->rests[k].index) &&
-                                         bit_test(mask, p->rests[k].index);
-                }
+                unsigned free = free_slots(p), have = mask ? MIN(free, (unsigned) member_set_count(usable, words)) : free;
                 usec_t at = 0;
-                if (p->n_waiting == 0 && free < t->slots && could >= t->slots &&
+                if (p->n_waiting == 0 && have < t->slots &&
                     lane_verdict(p, l, t->slots, free + p->resting_free) == VERDICT_GRANTABLE)
-                        at = rests_enough_at(p, t->slots - free);
+                        at = rests_enough_at(p, t->slots - have, mask);
                 pool_emit(&p->base, &(PoolDecision) {
                         .verdict = POOL_VERDICT_REFUSED,
                         .pool = &p->base,
@@ -1378,6 +1381,7 @@ static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
                         return r;
                 }
                 layout_apply(p, &layout);
+                rests_drop_held(p);
         }
         l->used += n_slots;
         if (rs->token >= p->next_token)

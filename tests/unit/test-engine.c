@@ -2032,6 +2032,15 @@ static void test_cooldown_resting_member_is_not_granted(void **state) {
         assert_true(granted(c));
         assert_string_equal(member_of(c), "rig-a");
         assert_int_equal(c->decided, S(11));
+        /* A fail-fast request for one member is told when that member wakes, not the first of any. */
+        end(f, c, S(12));                            /* rig-a rests until 22 */
+        end(f, b, S(16));                            /* rig-b rests until 26 */
+        Tag *m = acquire(f, "M", (Req) { .member = "rig-b", .no_wait = true }, S(17));
+        assert_true(refused(m, REFUSAL_BUSY));
+        assert_string_equal(m->final.reason, "cooldown");
+        assert_int_equal(m->final.retry_after_sec, 9);
+        Tag *any = acquire(f, "ANY", (Req) { .no_wait = true }, S(17));
+        assert_int_equal(any->final.retry_after_sec, 5);
 }
 
 static void test_cooldown_fail_fast_refusal_names_it_and_its_wake(void **state) {
