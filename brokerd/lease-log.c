@@ -914,6 +914,20 @@ int lease_log_rest(LeaseLog *log, const char *pool, unsigned slot, const char *m
         return r;
 }
 
+int lease_log_rests_end(LeaseLog *log, LeaseLogRestFn still_resting, void *userdata, usec_t now) {
+        for (size_t i = 0; i < log->n_rests; i++) {
+                LeaseLogRest *rs = &log->rests[i];
+                if (rs->until <= now || still_resting(rs->pool, rs->slot, rs->member, userdata))
+                        continue;
+                rs->until = now;
+                int r = line_rest(&log->pending, rs);
+                if (r < 0)
+                        return r;
+                log->pending_lines++;
+        }
+        return 0;
+}
+
 bool lease_log_has_pending(const LeaseLog *log) {
         return log->pending.size > 0;
 }

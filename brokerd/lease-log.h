@@ -79,6 +79,11 @@ int lease_log_end(LeaseLog *log, const char *id);
 int lease_log_alive(LeaseLog *log, usec_t realtime);
 /* A released slot rests until `until` (realtime µs). Kept by the log for its snapshots until it ends. */
 int lease_log_rest(LeaseLog *log, const char *pool, unsigned slot, const char *member, usec_t until);
+/* The rests the log knows that end after `now` (realtime µs) but that still_resting() denies (a reload
+ * removed cooldown=, or the member) end at `now`: a line each, so that a restart does not bring them back.
+ * Returns 0 or -ENOMEM. */
+typedef bool (*LeaseLogRestFn)(const char *pool, unsigned slot, const char *member, void *userdata);
+int lease_log_rests_end(LeaseLog *log, LeaseLogRestFn still_resting, void *userdata, usec_t now);
 /* How often the loop writes an alive mark (besides every snapshot). */
 #define LEASE_LOG_ALIVE_INTERVAL (10 * USEC_PER_SEC)
 bool lease_log_has_pending(const LeaseLog *log);

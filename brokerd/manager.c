@@ -812,6 +812,21 @@ static void reload_log_moves(Manager *m, const BrokerConfig *old, const BrokerCo
         }
 }
 
+static bool engine_still_rests(const char *pool, unsigned slot, const char *member, void *userdata) {
+        Manager *m = userdata;
+        for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
+                EnginePoolInfo info;
+                if (engine_pool_info(m->engine, i, now_monotonic(), &info) < 0 || !streq(info.name, pool))
+                        continue;
+                for (size_t k = 0; k < info.n_resting; k++)
+                        if (member ? streq_ptr(info.resting[k].member, member)
+                                   : !info.resting[k].member && info.resting[k].index == slot)
+                                return true;
+                return false;
+        }
+        return false;
+}
+
 int manager_reload(Manager *m, ConfErrors *errors) {
         _cleanup_(conf_freep) BrokerConfig *c = NULL;
         LaneAcl *acls = NULL;
@@ -849,6 +864,9 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         if (m->node_loaded && !streq_ptr(c->node_name, m->config->node_name))
                 log_notice("node-name= changed; shared pools show the new name when brokerd restarts.");
         reload_log_moves(m, m->config, c, old_in_use);
+        /* Rests a reload ended (cooldown= removed, a member gone) are not brought back by a restart. */
+        if (m->lease_log && lease_log_rests_end(m->lease_log, engine_still_rests, m, now_realtime()) < 0)
+                log_oom();
         acls_free(m->acls, m->n_acls);
         m->acls = acls;
         m->n_acls = n_acls;

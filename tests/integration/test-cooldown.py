@@ -11,7 +11,8 @@ Rigs a b, cooldown 3s:
   times, not a sleep).
 - A rest in progress survives a restart of brokerd (by hand, and through the fd store): after it, a is still resting, and a job for it is
   granted no earlier than the release plus the cooldown.
-- A reload that removes cooldown= frees the resting member at once: its waiter is granted.
+- A reload that removes cooldown= frees the resting member at once: its waiter is granted; a restart with
+  cooldown= back does not revive that rest.
 - --check-config refuses a negative, a huge, an unparseable cooldown and one on a shared pool, naming
   file:line and the key.
 
@@ -179,6 +180,12 @@ class Cooldown(harness.BrokerTestCase):
         self.assertEqual(wait_for(lambda: self.members("next"), 10, message="next after the reload"), ["a"])
         self.assertEqual(self.resting(b), {})
         self.end(b, "next")
+        # The rest the reload ended stays ended: a restart with cooldown= back does not revive it.
+        b.write_config(CONFIG.replace("cooldown = 3s", "cooldown = 1h"))
+        self.assertEqual(b.stop(), 0)
+        b.start()
+        self.assertEqual(b.pool("rigs").get("cooldownMs"), 3600 * 1000)
+        self.assertEqual(self.resting(b), {})
 
     def test_check_config_refuses_bad_cooldowns(self):
         for value, needle in (("-5s", "negative"), ("2d", "too long"), ("soon", "invalid duration"),

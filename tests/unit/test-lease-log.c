@@ -545,6 +545,27 @@ static void test_rests_are_read_back_replaced_and_reset(void **state) {
         lease_log_read_done(&info);
 }
 
+static bool only_lic(const char *pool, unsigned slot, const char *member, void *userdata) {
+        return streq(pool, "lic");
+}
+
+static void test_rests_a_reload_ended_stay_ended(void **state) {
+        Fixture *f = *state;
+        assert_int_equal(lease_log_rest(f->log, "rigs", 1, "rig-b", 1700000100000000), 0);
+        assert_int_equal(lease_log_rest(f->log, "lic", 3, NULL, 1700000100000000), 0);
+        assert_int_equal(lease_log_rest(f->log, "old", 0, NULL, 1700000000000000), 0); /* over already */
+        assert_int_equal(lease_log_rests_end(f->log, only_lic, NULL, 1700000050000000), 0);
+        assert_int_equal(lease_log_flush(f->log), 0);
+        assert_int_equal(lines_with(f, "\"rest\""), 4); /* only rig-b's rest got an end line */
+        HistoryState s = {};
+        LeaseLogRead info = {};
+        read_back(f, &s, &info);
+        assert_int_equal(rest_of(&info, "rigs", "rig-b", 1)->until, 1700000050000000);
+        assert_int_equal(rest_of(&info, "lic", NULL, 3)->until, 1700000100000000);
+        history_state_done(&s);
+        lease_log_read_done(&info);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_what_is_written_is_read, setup, teardown),
@@ -560,6 +581,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_backend_of_a_shared_lease_is_kept, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_many_leases_ends_rewrites_and_a_reset, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_rests_are_read_back_replaced_and_reset, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_rests_a_reload_ended_stay_ended, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
