@@ -18,6 +18,7 @@ Rigs a b, cooldown 3s:
 
 Usage: test-cooldown.py BROKERD SLOTCTL [unittest arguments]
 """
+import json
 import os
 import re
 import shutil
@@ -172,6 +173,16 @@ class Cooldown(harness.BrokerTestCase):
         self.running(b, "first", "w", "--member", "a")
         self.end(b, "first")
         self.assertEqual(list(self.resting(b)), ["a"])
+        # slotctl status: the cooldown and what rests, with its time left (an hour: it cannot have woken).
+        p = subprocess.run([SLOTCTL, "status", "--socket", b.socket_path], capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertRegex(p.stdout, r"(?m)^rigs .*, cooldown 1h, resting: a \((59min [0-9.]+s|1h)( [0-9.]+m?s)? left\)$")
+        p = subprocess.run([SLOTCTL, "status", "--json", "--socket", b.socket_path], capture_output=True, text=True,
+                           timeout=30)
+        [pool] = [x for x in json.loads(p.stdout)["pools"] if x["name"] == "rigs"]
+        self.assertEqual(pool["cooldownMs"], 3600 * 1000)
+        self.assertEqual([(r["member"], r["slot"]) for r in pool["resting"]], [("a", 0)])
+        self.assertTrue(3500 * 1000 < pool["resting"][0]["leftMs"] <= 3600 * 1000)
         nxt = self.job(b, "next", "w", "--member", "a")
         wait_for(lambda: "waiting for" in nxt.stderr() or nxt.proc.poll() is not None, 10, message="next queued")
         self.assertIsNone(self.members("next"))
