@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "conf.h"
 #include "fs-util.h"
 #include "lease-log.h"
 
@@ -43,6 +44,8 @@ struct LeaseLog {
         bool broken;
         TokenMark *marks;
         size_t n_marks;
+        LeaseLogRest *rests;    /* for snapshots: the rests written, until they end */
+        size_t n_rests;
 };
 
 /* ---- CRC-32 (zlib's polynomial, so that a test or an operator can check a line with zlib.crc32) ---- */
@@ -286,6 +289,63 @@ static int line_alive(Buffer *b, usec_t realtime) {
         return line_end(b, start, r);
 }
 
+static int line_rest(Buffer *b, const LeaseLogRest *rs) {
+        size_t start = line_begin(b);
+        int r = start == SIZE_MAX ? -ENOMEM : 0;
+        r = r ?: buffer_puts(b, "{\"rest\":{\"pool\":");
+        r = r ?: buffer_put_string(b, rs->pool);
+        r = r ?: buffer_put_field_u64(b, ",\"slot\":", rs->slot);
+        if (rs->member) {
+                r = r ?: buffer_puts(b, ",\"member\":");
+                r = r ?: buffer_put_string(b, rs->member);
+        }
+        r = r ?: buffer_put_field_u64(b, ",\"until\":", rs->until);
+        r = r ?: buffer_puts(b, "}}");
+        return line_end(b, start, r);
+}
+
+/* ---- rests (cooldown=) ---- */
+
+static void rests_free(LeaseLogRest *rests, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                free(rests[i].pool);
+                free(rests[i].member);
+        }
+        free(rests);
+}
+
+void lease_log_read_done(LeaseLogRead *info) {
+        if (!info)
+                return;
+        rests_free(info->rests, info->n_rests);
+        info->rests = NULL;
+        info->n_rests = 0;
+}
+
+/* Sets the rest of a slot (pool, and member if it has one, else index), replacing one recorded before. */
+static int rests_set(LeaseLogRest **rests, size_t *n, const char *pool, unsigned slot, const char *member, usec_t until) {
+        for (size_t i = 0; i < *n; i++) {
+                LeaseLogRest *rs = &(*rests)[i];
+                if (streq(rs->pool, pool) && (member ? streq_ptr(rs->member, member) : !rs->member && rs->slot == slot)) {
+                        rs->slot = slot;
+                        rs->until = until;
+                        return 0;
+                }
+        }
+        LeaseLogRest *a = reallocarray(*rests, *n + 1, sizeof(LeaseLogRest));
+        if (!a)
+                return -ENOMEM;
+        *rests = a;
+        LeaseLogRest rs = { .pool = strdup(pool), .slot = slot, .member = member ? strdup(member) : NULL, .until = until };
+        if (!rs.pool || (member && !rs.member)) {
+                free(rs.pool);
+                free(rs.member);
+                return -ENOMEM;
+        }
+        a[(*n)++] = rs;
+        return 0;
+}
+
 /* ---- token marks ---- */
 
 static TokenMark *marks_find(TokenMark *marks, size_t n, const char *pool) {
@@ -334,12 +394,15 @@ typedef struct Reader {
         TokenMark *marks;
         size_t n_marks;
         usec_t alive_at;
+        LeaseLogRest *rests;
+        size_t n_rests;
 } Reader;
 
 static void reader_done(Reader *rd) {
         history_lease_rows_free(rd->leases, rd->n_leases);
         free(rd->index);
         marks_free(rd->marks, rd->n_marks);
+        rests_free(rd->rests, rd->n_rests);
 }
 
 /* FNV-1a: lease ids are brokerd's own (random hex), nothing chosen to collide. */
@@ -427,6 +490,9 @@ static int reader_add(Reader *rd, HistoryLeaseRow *row) {
 }
 
 static void reader_reset(Reader *rd) {
+        rests_free(rd->rests, rd->n_rests);
+        rd->rests = NULL;
+        rd->n_rests = 0;
         history_lease_rows_free(rd->leases, rd->n_leases);
         rd->leases = NULL;
         rd->n_leases = rd->allocated = 0;
@@ -604,6 +670,18 @@ static int reader_apply(Reader *rd, const json_t *o) {
                 if (!json_is_integer(v))
                         return -EBADMSG;
                 rd->alive_at = MAX(rd->alive_at, (usec_t) json_integer_value(v));
+        } else if ((v = json_object_get(o, "rest"))) {
+                /* Untrusted as any line: a name the config could have, a slot below CONF_LIMIT_MAX, a time. */
+                json_t *pool = json_object_get(v, "pool"), *slot = json_object_get(v, "slot"),
+                       *member = json_object_get(v, "member"), *until = json_object_get(v, "until");
+                if (!json_is_string(pool) || !conf_name_is_valid(json_string_value(pool)) || !json_is_integer(slot) ||
+                    json_integer_value(slot) < 0 || json_integer_value(slot) >= CONF_LIMIT_MAX ||
+                    (member && (!json_is_string(member) || !conf_name_is_valid(json_string_value(member)))) ||
+                    !json_is_integer(until) || json_integer_value(until) <= 0 || json_object_size(v) != 3u + !!member)
+                        return -EBADMSG;
+                return rests_set(&rd->rests, &rd->n_rests, json_string_value(pool),
+                                 (unsigned) json_integer_value(slot), member ? json_string_value(member) : NULL,
+                                 (usec_t) json_integer_value(until));
         } else if (json_is_true(json_object_get(o, "reset"))) {
                 reader_reset(rd);
         } else
@@ -712,8 +790,13 @@ int lease_log_read(const char *directory, HistoryState *ret_state, LeaseLogRead 
         s.n_leases = rd.n_leases;
         rd.n_leases = 0;
         *ret_state = s;
+        info.rests = TAKE_PTR(rd.rests);
+        info.n_rests = rd.n_rests;
+        rd.n_rests = 0;
         if (ret_info)
                 *ret_info = info;
+        else
+                lease_log_read_done(&info);
         return 0;
 }
 
@@ -749,6 +832,11 @@ static int snapshot_format(const LeaseLog *log, Buffer *b, const HistoryLeaseRow
                 r = line_token(b, &log->marks[i]);
         for (size_t i = 0; r == 0 && i < n; i++)
                 r = line_lease(b, &leases[i]);
+        for (size_t i = 0; r == 0 && i < log->n_rests; i++)
+                if (log->rests[i].until > alive) {
+                        r = line_rest(b, &log->rests[i]);
+                        (*lines)++;
+                }
         if (r == 0 && alive > 0)
                 r = line_alive(b, alive);
         *lines += log->n_marks + n + (alive > 0);
@@ -830,6 +918,18 @@ static int rewrite_in_place(LeaseLog *log, const HistoryLeaseRow *leases, size_t
 }
 
 int lease_log_rewrite(LeaseLog *log, const HistoryLeaseRow *leases, size_t n, usec_t alive) {
+        /* Rests that ended are no longer worth a line. */
+        if (alive > 0) {
+                size_t j = 0;
+                for (size_t i = 0; i < log->n_rests; i++)
+                        if (log->rests[i].until > alive)
+                                log->rests[j++] = log->rests[i];
+                        else {
+                                free(log->rests[i].pool);
+                                free(log->rests[i].member);
+                        }
+                log->n_rests = j;
+        }
         int r = rewrite_by_rename(log, leases, n, alive);
         if (r < 0 && r != -ENOMEM)
                 r = rewrite_in_place(log, leases, n, alive);
@@ -870,6 +970,7 @@ LeaseLog *lease_log_free(LeaseLog *log) {
         safe_close(log->fd);
         free(log->pending.data);
         marks_free(log->marks, log->n_marks);
+        rests_free(log->rests, log->n_rests);
         free(log->directory);
         free(log->path);
         free(log);
@@ -895,6 +996,28 @@ int lease_log_alive(LeaseLog *log, usec_t realtime) {
         int r = line_alive(&log->pending, realtime);
         log->pending_lines += r == 0;
         return r;
+}
+
+int lease_log_rest(LeaseLog *log, const char *pool, unsigned slot, const char *member, usec_t until) {
+        LeaseLogRest rs = { .pool = (char *) pool, .slot = slot, .member = (char *) member, .until = until };
+        int r = rests_set(&log->rests, &log->n_rests, pool, slot, member, until);
+        r = r ?: line_rest(&log->pending, &rs);
+        log->pending_lines += r == 0;
+        return r;
+}
+
+int lease_log_rests_end(LeaseLog *log, LeaseLogRestFn still_resting, void *userdata, usec_t now) {
+        for (size_t i = 0; i < log->n_rests; i++) {
+                LeaseLogRest *rs = &log->rests[i];
+                if (rs->until <= now || still_resting(rs->pool, rs->slot, rs->member, userdata))
+                        continue;
+                rs->until = now;
+                int r = line_rest(&log->pending, rs);
+                if (r < 0)
+                        return r;
+                log->pending_lines++;
+        }
+        return 0;
 }
 
 bool lease_log_has_pending(const LeaseLog *log) {

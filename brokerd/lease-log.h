@@ -19,6 +19,9 @@
  *   {"end":"ID"}                                 a lease ended
  *   {"token":{"pool":"P","next":N}}              a pool's next unused token ("*": every pool)
  *   {"alive":µs}                                 brokerd ran at this realtime instant
+ *   {"rest":{"pool":"P","slot":N,"member":"M",  a released slot rests until this realtime instant (cooldown=,
+ *            "until":µs}}                        SPEC §3.6); "member" only in a member pool, which names the
+ *                                                slot by it; a later line of the same slot replaces it
  *   {"reset":true}                               what came before is replaced by the lines after it
  *
  * A lease line also raises its pool's token mark. The log is rewritten (a snapshot of the live leases into
@@ -39,11 +42,22 @@
 
 typedef struct LeaseLog LeaseLog;
 
+/* A slot resting after its release (cooldown=): a member pool's by its member, else by its index. */
+typedef struct LeaseLogRest {
+        char *pool;
+        unsigned slot;
+        char *member;           /* NULL: an anonymous slot */
+        usec_t until;           /* realtime µs */
+} LeaseLogRest;
+
 /* What a read of the log found, beside its leases, token marks and alive mark (a HistoryState). */
 typedef struct LeaseLogRead {
         bool exists;            /* false: there was no leases.log (a new state directory, or an older brokerd's) */
         unsigned damaged;       /* lines skipped because they did not check out (a torn last line is not counted) */
+        LeaseLogRest *rests;    /* the rests last recorded, whether or not they have ended since; owned */
+        size_t n_rests;
 } LeaseLogRead;
+void lease_log_read_done(LeaseLogRead *info);
 
 /* Reads directory/leases.log. No file: 0 with an empty state and ret_info->exists false. Returns 0, or
  * -EBADMSG when the file is not a lease log (its first line is not the header: then nothing in it can be
@@ -66,6 +80,13 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(LeaseLog *, lease_log_free);
 int lease_log_add(LeaseLog *log, const HistoryLeaseRow *row);
 int lease_log_end(LeaseLog *log, const char *id);
 int lease_log_alive(LeaseLog *log, usec_t realtime);
+/* A released slot rests until `until` (realtime µs). Kept by the log for its snapshots until it ends. */
+int lease_log_rest(LeaseLog *log, const char *pool, unsigned slot, const char *member, usec_t until);
+/* The rests the log knows that end after `now` (realtime µs) but that still_resting() denies (a reload
+ * removed cooldown=, or the member) end at `now`: a line each, so that a restart does not bring them back.
+ * Returns 0 or -ENOMEM. */
+typedef bool (*LeaseLogRestFn)(const char *pool, unsigned slot, const char *member, void *userdata);
+int lease_log_rests_end(LeaseLog *log, LeaseLogRestFn still_resting, void *userdata, usec_t now);
 /* How often the loop writes an alive mark (besides every snapshot). */
 #define LEASE_LOG_ALIVE_INTERVAL (10 * USEC_PER_SEC)
 bool lease_log_has_pending(const LeaseLog *log);
@@ -79,7 +100,8 @@ bool lease_log_is_broken(const LeaseLog *log);
 /* True when the log holds many more lines than the n_live leases need: time for lease_log_rewrite(). */
 bool lease_log_wants_rewrite(const LeaseLog *log, size_t n_live);
 
-/* Writes a snapshot of these live leases, the token marks the log knows and alive (realtime µs, 0: none):
+/* Writes a snapshot of these live leases, the token marks the log knows, the rests it knows that end after
+ * alive (all of them when it is 0), and alive (realtime µs, 0: none):
  * into a fresh file renamed over the log where the directory allows it, else appended after a "reset"
  * line. Mends a broken log. Returns 0, or negative errno (-EACCES, -EPERM, -EROFS, -ENOSPC…: still broken). */
 int lease_log_rewrite(LeaseLog *log, const HistoryLeaseRow *leases, size_t n, usec_t alive);

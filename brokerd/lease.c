@@ -182,12 +182,55 @@ void lease_free(Lease *l) {
         free(l);
 }
 
+/* The slots of a lease just released that rest now (cooldown=, SPEC §3.6), written to the log: a restart keeps
+ * them resting. A member is matched by name (a reload may have moved it), an anonymous slot by index. */
+static void lease_log_rests(LeaseTable *t, const char *pool, const unsigned *slots, char **members, unsigned n) {
+        for (size_t i = 0; i < engine_pool_count(t->engine); i++) {
+                EnginePoolInfo info;
+                if (engine_pool_info(t->engine, i, now_of(t, CLOCK_MONOTONIC), &info) < 0 || !streq(info.name, pool))
+                        continue;
+                for (size_t k = 0; k < info.n_resting; k++) {
+                        const PoolRest *rs = &info.resting[k];
+                        for (unsigned j = 0; j < n; j++)
+                                if (members && members[j] ? streq_ptr(rs->member, members[j])
+                                                          : !rs->member && rs->index == slots[j])
+                                        (void) lease_log_rest(t->log, pool, rs->index, rs->member,
+                                                              realtime_of(t, rs->until));
+                }
+                return;
+        }
+}
+
 void lease_discard(Lease *l) {
         LeaseTable *t = l->table;
         assert(!l->holder); /* its session unlinked it first */
         if (t->log)
                 (void) lease_log_end(t->log, l->id); /* lost to -ENOMEM: the lease ends again after a restart */
+        /* What the release will rest, if its pool has cooldown=: copied first, the engine forgets the lease. */
+        const char *pool = engine_lease_pool(l->engine_lease); /* the engine's: lives as long as it */
+        const unsigned *idx;
+        const char *const *names;
+        unsigned n = engine_lease_slots(l->engine_lease, &idx, &names);
+        _cleanup_free_ unsigned *slots = NULL;
+        char **members = NULL;
+        bool cools = false;
+        for (size_t i = 0; t->log && i < engine_pool_count(t->engine) && !cools; i++) {
+                EnginePoolInfo info;
+                cools = engine_pool_info(t->engine, i, now_of(t, CLOCK_MONOTONIC), &info) >= 0 &&
+                        streq(info.name, pool) && info.cooldown > 0;
+        }
+        if (cools && n > 0 && (slots = calloc(n, sizeof(unsigned)))) {
+                memcpy(slots, idx, n * sizeof(unsigned));
+                if (names && (members = calloc(n, sizeof(char *))))
+                        for (unsigned j = 0; j < n; j++)
+                                members[j] = names[j] ? strdup(names[j]) : NULL; /* NULL on -ENOMEM: matched by index */
+        }
         engine_lease_release(l->engine_lease, now_of(t, CLOCK_MONOTONIC));
+        if (slots)
+                lease_log_rests(t, pool, slots, members, n);
+        for (unsigned j = 0; members && j < n; j++)
+                free(members[j]);
+        free(members);
         t->changed = true;
         lease_free(l);
 }

@@ -1047,6 +1047,21 @@ static void reload_log_moves(Manager *m, const BrokerConfig *old, const BrokerCo
         }
 }
 
+static bool engine_still_rests(const char *pool, unsigned slot, const char *member, void *userdata) {
+        Manager *m = userdata;
+        for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
+                EnginePoolInfo info;
+                if (engine_pool_info(m->engine, i, now_monotonic(), &info) < 0 || !streq(info.name, pool))
+                        continue;
+                for (size_t k = 0; k < info.n_resting; k++)
+                        if (member ? streq_ptr(info.resting[k].member, member)
+                                   : !info.resting[k].member && info.resting[k].index == slot)
+                                return true;
+                return false;
+        }
+        return false;
+}
+
 int manager_reload(Manager *m, ConfErrors *errors) {
         _cleanup_(conf_freep) BrokerConfig *c = NULL;
         LaneAcl *acls = NULL;
@@ -1084,6 +1099,9 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         if (m->node_loaded && !streq_ptr(c->node_name, m->config->node_name))
                 log_notice("node-name= changed; shared pools show the new name when brokerd restarts.");
         reload_log_moves(m, m->config, c, old_in_use);
+        /* Rests a reload ended (cooldown= removed, a member gone) are not brought back by a restart. */
+        if (m->lease_log && lease_log_rests_end(m->lease_log, engine_still_rests, m, now_realtime()) < 0)
+                log_oom();
         acls_free(m->acls, m->n_acls);
         m->acls = acls;
         m->n_acls = n_acls;
@@ -1371,7 +1389,27 @@ static void manager_write_lease_snapshot(Manager *m) {
  * old slots again. Nothing has been granted before this (persistence_refusal()), so nothing conflicts.
  * from_history: the state came from history.db, where brokerd kept leases before the lease log: once the
  * log has them, they go from there. */
-static void manager_apply_state(Manager *m, const HistoryState *s, bool from_history) {
+/* Slots that rested when the last brokerd stopped (cooldown=, SPEC §3.6) rest on for what is left of their rest,
+ * at most the pool's cooldown now (engine_pool_rest()); the log keeps those that still do for its snapshots. */
+static void manager_apply_rests(Manager *m, const LeaseLogRest *rests, size_t n) {
+        usec_t now_m = now_monotonic(), now_r = now_realtime();
+        unsigned kept = 0;
+        for (size_t i = 0; i < n; i++) {
+                const LeaseLogRest *rs = &rests[i];
+                if (rs->until <= now_r)
+                        continue;
+                if (engine_pool_rest(m->engine, rs->pool, rs->member, rs->slot, now_m + (rs->until - now_r), now_m) < 0)
+                        continue;
+                if (m->lease_log)
+                        (void) lease_log_rest(m->lease_log, rs->pool, rs->slot, rs->member, rs->until);
+                kept++;
+        }
+        if (kept > 0)
+                log_info("%u slot(s) rest on after the restart (cooldown=).", kept);
+}
+
+static void manager_apply_state(Manager *m, const HistoryState *s, bool from_history, const LeaseLogRest *rests,
+                                size_t n_rests) {
         for (size_t i = 0; i < s->n_floors; i++)
                 if (streq(s->floors[i].pool, HISTORY_TOKEN_FLOOR_ALL))
                         m->token_floor_all = MAX(m->token_floor_all, s->floors[i].next_token);
@@ -1428,6 +1466,7 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
         m->persistence.log = m->lease_log;
         m->persistence.state_loaded = true;
         m->state_error = 0;
+        manager_apply_rests(m, rests, n_rests);
         manager_write_lease_snapshot(m);
         if (from_history && m->lease_log_error == 0)
                 for (size_t i = 0; i < s->n_leases; i++)
@@ -1453,7 +1492,7 @@ static void on_state_loaded(History *h, int error, HistoryState *s, void *userda
                 manager_state_unreadable(m, error);
         else {
                 log_info("The state directory %s can be read again.", m->state_directory);
-                manager_apply_state(m, s, true);
+                manager_apply_state(m, s, true, NULL, 0);
         }
 }
 
@@ -1463,7 +1502,7 @@ static void on_state_loaded(History *h, int error, HistoryState *s, void *userda
  * then continue above the clock in µs. */
 static void manager_load_state(Manager *m, bool at_start) {
         _cleanup_(history_state_done) HistoryState s = {};
-        LeaseLogRead info = {};
+        _cleanup_(lease_log_read_done) LeaseLogRead info = {};
 
         int r = lease_log_read(m->state_directory, &s, &info);
         if (r == -EBADMSG) {
@@ -1494,7 +1533,7 @@ static void manager_load_state(Manager *m, bool at_start) {
         if (info.exists || !m->history) {
                 if (m->state_error < 0)
                         log_info("The state directory %s can be read again.", m->state_directory);
-                manager_apply_state(m, &s, false);
+                manager_apply_state(m, &s, false, info.rests, info.n_rests);
                 return;
         }
         if (!at_start) {
@@ -1508,7 +1547,7 @@ static void manager_load_state(Manager *m, bool at_start) {
         if (r < 0)
                 manager_state_unreadable(m, r);
         else
-                manager_apply_state(m, &s, true);
+                manager_apply_state(m, &s, true, NULL, 0);
 }
 
 static void manager_load_state_async(Manager *m) {

@@ -212,6 +212,23 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                 json_object_set_new(o, "queueTimeoutMs", json_integer((json_int_t) (info.queue_timeout / USEC_PER_MSEC)));
                 json_object_set_new(o, "idleMs", json_integer((json_int_t) (info.idle / USEC_PER_MSEC)));
         }
+        if (info.cooldown > 0)
+                json_object_set_new(o, "cooldownMs", json_integer((json_int_t) (info.cooldown / USEC_PER_MSEC)));
+        if (info.n_resting > 0) {
+                json_t *a = json_array();
+                for (size_t k = 0; a && k < info.n_resting; k++) {
+                        const PoolRest *rs = &info.resting[k];
+                        /* Rounded up: a slot that rests 1 µs more is not shown as free. */
+                        json_t *e = json_pack("{s:I, s:I}", "slot", (json_int_t) rs->index, "leftMs",
+                                              (json_int_t) DIV_ROUND_UP(usec_sub_unsigned(rs->until, now), USEC_PER_MSEC));
+                        if (e && rs->member)
+                                json_object_set_new(e, "member", json_string(rs->member));
+                        if (e)
+                                json_array_append_new(a, e);
+                }
+                if (a)
+                        json_object_set_new(o, "resting", a);
+        }
         return o;
 }
 

@@ -174,13 +174,15 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
                 { "slotbroker_slots_in_use", "Slots held by leases." },
                 { "slotbroker_queue_length", "Requests waiting in the pool's queue." },
                 { "slotbroker_queue_congested", "1 while a new request would be queued with the saturated budget." },
+                { "slotbroker_slots_resting", "Slots resting after a release (cooldown=): neither free nor held." },
         };
         for (size_t k = 0; k < ELEMENTSOF(gauges); k++) {
                 header(f, gauges[k].name, "gauge", gauges[k].help);
                 for (size_t i = 0; i < n; i++) {
                         if (engine_pool_info(g->engine, i, g->now, &info) < 0)
                                 continue;
-                        uint64_t v = k == 0 ? info.limit : k == 1 ? info.in_use : k == 2 ? info.waiting : info.congested;
+                        uint64_t v = k == 0 ? info.limit : k == 1 ? info.in_use : k == 2 ? info.waiting
+                                   : k == 3 ? info.congested : info.n_resting;
                         pool_gauge(f, gauges[k].name, info.name, v);
                 }
         }

@@ -1142,6 +1142,8 @@ static void on_refused(SessionTable *m, Session *s, const EngineEvent *ev) {
         rec.retry_after_sec = ev->retry_after_sec;
         if (ev->refusal == REFUSAL_UNAVAILABLE)
                 rec.reason = unavailable_reason_text(unavailable_reason(m, ev));
+        else if (ev->refusal == REFUSAL_BUSY && streq_ptr(ev->reason, "cooldown"))
+                rec.reason = "the slots it needs are resting (cooldown=)";
         audit_decision(m->audit, &rec);
 
         if (s->closed)
@@ -1152,6 +1154,8 @@ static void on_refused(SessionTable *m, Session *s, const EngineEvent *ev) {
                 json_object_set_new(p, "waitedMs", json_integer((json_int_t) (ev->wait / USEC_PER_MSEC)));
         if (p && ev->refusal == REFUSAL_UNAVAILABLE)
                 json_object_set_new(p, "reason", json_string(unavailable_reason(m, ev)));
+        if (p && ev->refusal == REFUSAL_BUSY && ev->reason)
+                json_object_set_new(p, "reason", json_string(ev->reason));
         session_reply_error(s, refusal_error(ev->refusal), p);
         session_acquire_done(s);
 }

@@ -247,7 +247,10 @@ int cli_log_result(BrokerClient *c, const char *what, int result, int conflict_e
 
         switch (result) {
         case BROKER_REFUSED_BUSY:
-                log_error("refused (busy): pool %s is full%s", pool, retry);
+                if (streq_ptr(param_string(p, "reason"), "cooldown"))
+                        log_error("refused (busy): the free slots of pool %s are resting (cooldown)%s", pool, retry);
+                else
+                        log_error("refused (busy): pool %s is full%s", pool, retry);
                 return conflict_exit_code;
         case BROKER_REFUSED_FULL:
                 log_error("refused (full): the queue of pool %s is full%s", pool, retry);

@@ -631,6 +631,16 @@ static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, c
                 if (k < 0)
                         return k;
         }
+        /* Released slots rested as --config says (SPEC §3.6): the history does not keep cooldown= either. */
+        const PoolConfig *pc = o->config ? conf_find_pool(o->config, r->pool) : NULL;
+        if (pc && pc->cooldown > 0) {
+                char v[TIMESPAN_MAX];
+                k = scenario_add_setting(s, section, "cooldown", timespan_format(v, sizeof v, pc->cooldown),
+                                         o->config_path, o->config_path);
+                if (k < 0)
+                        return k;
+                info->cooldown = pc->cooldown;
+        }
 
         k = build_requests(r, t0, info, error, &s->requests);
         if (k < 0)
@@ -717,6 +727,9 @@ void replay_info_print(const ReplayInfo *info, FILE *f) {
                 fprintf(f, "  %zu members with their labels, and the lanes' labels=, from --config; %" PRIu64
                            " requests asked for labels or a member\n",
                         info->members, info->selectors);
+        if (info->cooldown > 0)
+                fprintf(f, "  cooldown %s from --config: a released slot rests that long before its next grant\n",
+                        timespan_format(span, sizeof span, info->cooldown));
         fputs("  lanes:", f);
         for (char **l = info->lanes; l && *l; l++)
                 fprintf(f, "%s %s", l == info->lanes ? "" : ",", *l);

@@ -41,6 +41,7 @@ typedef struct ReplayInfo {
         char **lanes;              /* "merge (fail-fast)", …; NULL-terminated */
         size_t members;            /* the pool's members, from --config; 0: none (anonymous slots) */
         uint64_t selectors;        /* requests that asked for labels or a member */
+        usec_t cooldown;           /* the pool's cooldown= from --config; 0: none */
 } ReplayInfo;
 
 void replay_info_done(ReplayInfo *info);

@@ -627,6 +627,7 @@ static const KeyRule pool_keys[] = {
         { "max-queue", VALUE_INTEGER },
         { "queue-timeout", VALUE_STRING },
         { "queue-congestion-timeout", VALUE_STRING },
+        { "cooldown", VALUE_STRING },
         { "backend", VALUE_STRING },
 };
 

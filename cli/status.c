@@ -352,6 +352,25 @@ static void print_pool(json_t *pool, json_t *reply) {
                 json_array_foreach(drained_members, i, v)
                         printf(" %s", json_string_value(v) ?: "?");
         }
+        json_int_t cooldown = int_member(pool, "cooldownMs", 0);
+        if (cooldown > 0) {
+                char d[CLI_DURATION_MAX];
+                printf(", cooldown %s", cli_format_duration_ms(d, (uint64_t) cooldown));
+        }
+        json_t *resting = json_object_get(pool, "resting");
+        if (json_array_size(resting) > 0) {
+                printf(", resting:");
+                json_array_foreach(resting, i, v) {
+                        char left[CLI_DURATION_MAX];
+                        json_int_t ms = int_member(v, "leftMs", 0);
+                        cli_format_duration_ms(left, ms > 0 ? (uint64_t) ms : 0);
+                        if (string_member(v, "member"))
+                                printf(" %s", string_member(v, "member"));
+                        else
+                                printf(" #%" JSON_INTEGER_FORMAT, int_member(v, "slot", 0));
+                        printf(" (%s left)", left);
+                }
+        }
         putchar('\n');
         if (json_is_object(json_object_get(pool, "drain")))
                 print_drain(json_object_get(pool, "drain"));

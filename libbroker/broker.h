@@ -131,7 +131,7 @@ typedef struct BrokerEvent {
         unsigned retry_after_sec;   /* REFUSED: for busy, full, timeout, shed, unavailable; else 0 */
         const char *pool;           /* REFUSED: the pool that refused, when the broker named one */
         uint64_t waited_ms;         /* REFUSED: timeout and shed: how long the request waited */
-        const char *reason;         /* REFUSED: unavailable: "drained", "cancelled", …; NULL otherwise */
+        const char *reason;         /* REFUSED: unavailable: "drained", "cancelled", …; busy: "cooldown" or NULL; NULL otherwise */
         uint64_t fence_in_ms;       /* HELD: how long the lease is safe from the moment it was received */
         uint64_t kill_within_ms;    /* HELD: once fenced, how long the work may take to stop (SIGKILL by then);
                                      * UINT64_MAX: the broker did not say */

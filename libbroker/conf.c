@@ -360,6 +360,7 @@ static PoolConfig *pool_config_free(PoolConfig *p) {
         }
         free(p->labels);
         conf_source_done(&p->congestion_timeout_source);
+        conf_source_done(&p->cooldown_source);
         free(p->backend);
         free(p->backend_user);
         free(p->backend_password_file);
@@ -1051,6 +1052,24 @@ static int set_pool_congestion_timeout(const ConfKey *k, void *object, const cha
         return 0;
 }
 
+/* cooldown = DUR (SPEC §3.6); empty: none. The source is kept: a shared pool refuses it in validation. */
+static int set_pool_cooldown(const ConfKey *k, void *object, const char *value, const ConfSource *source,
+                             ConfErrors *errors) {
+        PoolConfig *p = object;
+        char q[QUOTE_MAX];
+        usec_t v = 0;
+
+        if (*value == '-')
+                return conf_errors_add(errors, source, k->name, "duration %s is negative (expected %s, 0 for none)",
+                                       quote(q, value), DURATION_HINT);
+        if (*value && parse_duration(k, value, source, errors, &v) < 0)
+                return -EINVAL;
+        if (conf_source_copy(&p->cooldown_source, v > 0 ? source : NULL) < 0)
+                return oom(errors, source, k->name);
+        p->cooldown = v;
+        return 0;
+}
+
 static int set_pool_backend(const ConfKey *k, void *object, const char *value, const ConfSource *source,
                             ConfErrors *errors) {
         PoolConfig *p = object;
@@ -1281,6 +1300,7 @@ static const ConfKey pool_keys[] = {
         { "queue-timeout", set_pool_queue_timeout, .min = 1, .max = USEC_INFINITY },
         { "queue-congestion-timeout", set_pool_congestion_timeout, .min = 0, .max = USEC_INFINITY - 1 },
         { "max-queue", set_cap, offsetof(PoolConfig, max_queue), .min = 0, .max = INT64_MAX, .infinity = true },
+        { "cooldown", set_pool_cooldown, .min = 0, .max = CONF_COOLDOWN_MAX },
         { "backend", set_pool_backend },
         { "backend-user", set_word, offsetof(PoolConfig, backend_user), .max = 255 },
         { "backend-password-file", set_path, offsetof(PoolConfig, backend_password_file), .max = PATH_MAX - 1 },
@@ -1601,6 +1621,11 @@ static int validate_pool(const BrokerConfig *c, const PoolConfig *p, ConfErrors 
                                                     l->name, l->members[j], p->name);
         }
 
+        if (p->cooldown > 0 && p->backend)
+                r = conf_errors_add(errors, &p->cooldown_source, "cooldown",
+                                    "pool %s is shared (backend=): cooldown is not supported on shared pools yet",
+                                    p->name);
+
         if (p->congestion_timeout_set) {
                 if (!p->queue_timeout_set)
                         r = conf_errors_add(errors, &p->congestion_timeout_source, "queue-congestion-timeout",
@@ -1848,6 +1873,8 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
                 else
                         fputs("#queue-congestion-timeout= (unset: queue-timeout/10, at least min(1s, queue-timeout))\n", f);
                 dump_cap(f, "max-queue", p->max_queue);
+                if (p->cooldown > 0)
+                        fprintf(f, "cooldown=%s\n", timespan_format(t, sizeof t, p->cooldown));
                 dump_path(f, "backend", p->backend, "local");
                 if (p->backend) {
                         if (p->backend_user)

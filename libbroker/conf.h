@@ -93,6 +93,9 @@ typedef struct PoolConfig {
         /* Who may quarantine, restore and drain this pool's members besides root (SPEC §3.6). NULL: none. */
         char **admin_users;
         char **admin_groups;
+        /* cooldown=: a released slot rests this long before its next grant (SPEC §3.6); 0: none. */
+        usec_t cooldown;
+        ConfSource cooldown_source;
 } PoolConfig;
 
 static inline bool pool_config_quarantines(const PoolConfig *p, int exit_status) {
@@ -179,6 +182,7 @@ typedef struct ConfErrors {
 #define CONF_LIMIT_MAX 1000000U       /* slots per pool */
 #define CONF_SECTIONS_MAX 4096        /* pools, and lanes, per configuration */
 #define CONF_NODE_TTL_DEFAULT (30 * USEC_PER_SEC)
+#define CONF_COOLDOWN_MAX (24 * USEC_PER_HOUR) /* cooldown=: a rest longer than a day is a typo */
 /* backend-node-ttl must leave this much of a heartbeat window once the self-fence margin (revoke-grace + 2 s)
  * is taken off: below it a node would fence itself at the first missed heartbeat. */
 #define CONF_NODE_TTL_WINDOW_MIN (3 * USEC_PER_SEC)

@@ -754,8 +754,13 @@ static usec_t decision_wait(const PoolDecision *d, const EngineRequest *r) {
         return d->has_wait ? d->wait : usec_sub_unsigned(d->at, r->arrival);
 }
 
-static void refuse_request(Engine *e, EngineRequest *r, Pool *p, Refusal refusal, usec_t at, usec_t wait,
-                           const char *reason) {
+/* retry_at: when the pool expects room (a rest's end), for retryAfterSec; 0: none, a random one. */
+static void refuse_request_at(Engine *e, EngineRequest *r, Pool *p, Refusal refusal, usec_t at, usec_t wait,
+                              const char *reason, usec_t retry_at) {
+        unsigned retry = engine_retry_after_sec(p && p->queue_timeout_set, p ? p->queue_timeout : 0,
+                                                e->random(e->random_userdata));
+        if (retry_at > at)
+                retry = (unsigned) MIN(DIV_ROUND_UP(retry_at - at, USEC_PER_SEC), (usec_t) UINT32_MAX - 1);
         event_push(e, &(EngineEvent) {
                 .type = ENGINE_EVENT_REFUSED,
                 .at = at,
@@ -770,11 +775,15 @@ static void refuse_request(Engine *e, EngineRequest *r, Pool *p, Refusal refusal
                 .budget = r->queued ? r->budget : USEC_INFINITY,
                 .queued = r->queued,
                 .refusal = refusal,
-                .retry_after_sec = engine_retry_after_sec(p && p->queue_timeout_set, p ? p->queue_timeout : 0,
-                                                          e->random(e->random_userdata)),
+                .retry_after_sec = retry,
                 .reason = reason,
         });
         request_finish(r);
+}
+
+static void refuse_request(Engine *e, EngineRequest *r, Pool *p, Refusal refusal, usec_t at, usec_t wait,
+                           const char *reason) {
+        refuse_request_at(e, r, p, refusal, at, wait, reason, 0);
 }
 
 static void handle_granted(Engine *e, const PoolDecision *d) {
@@ -1156,7 +1165,7 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
                                                usec_sub_unsigned(d->at, r->arrival), NULL);
                         break;
                 }
-                refuse_request(e, r, d->pool, d->refusal, d->at, decision_wait(d, r), d->reason);
+                refuse_request_at(e, r, d->pool, d->refusal, d->at, decision_wait(d, r), d->reason, d->retry_at);
                 break;
 
         case POOL_VERDICT_LOST:
@@ -1881,6 +1890,20 @@ int engine_drain(Engine *e, const char *pool, const char *member, bool on, usec_
         return 0;
 }
 
+int engine_pool_rest(Engine *e, const char *pool, const char *member, unsigned index, usec_t until, usec_t now) {
+        assert_return(e && pool, -EINVAL);
+        engine_advance(e, now);
+        Pool *p = pool_find(e->pools, e->n_pools, pool);
+        if (!p || !p->ops->rest)
+                return -ENOENT;
+        int r = p->ops->rest(p, member, index, until, now);
+        if (r < 0)
+                return r;
+        mark_unsettled(e, now);
+        process_decisions(e);
+        return 0;
+}
+
 size_t engine_pool_count(const Engine *e) {
         return e ? e->n_pools : 0;
 }
@@ -1918,6 +1941,9 @@ int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret)
                 .life = info.life,
                 .n_life = info.n_life,
                 .bad_input = info.remote ? info.bad_input : 0,
+                .resting = info.resting,
+                .n_resting = info.n_resting,
+                .cooldown = info.cooldown,
         };
         return 0;
 }

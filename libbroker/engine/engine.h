@@ -365,6 +365,17 @@ typedef struct EngineMemberLife {
         uint64_t grants;          /* leases granted it */
         usec_t held;              /* µs held by leases that ended */
 } EngineMemberLife;
+/* A slot or member resting after its release (cooldown=, SPEC §3.6): neither free nor held until `until`. */
+typedef struct PoolRest {
+        unsigned index;           /* the slot's index (a member's place in members=) */
+        const char *member;       /* its member's name, or NULL in a pool of anonymous slots */
+        usec_t until;             /* monotonic: the first instant it may be granted again */
+} PoolRest;
+
+/* A rest carried across a restart (cooldown=, SPEC §3.6): the slot (member by name, else index) of a configured
+ * local pool rests until `until` (monotonic), at most the pool's cooldown from now, unless it is held or the
+ * pool has no cooldown. Returns 0, -ENOENT (nothing to rest), -ENOMEM. */
+int engine_pool_rest(Engine *e, const char *pool, const char *member, unsigned index, usec_t until, usec_t now);
 
 typedef struct EnginePoolInfo {
         const char *name;
@@ -394,6 +405,10 @@ typedef struct EnginePoolInfo {
         /* The members' lives (SPEC §3.6), a local member pool only; NULL/0 otherwise. */
         const EngineMemberLife *life;
         size_t n_life;
+        /* Resting slots (cooldown=, SPEC §3.6): PoolInfo's, valid until the next call into the engine. */
+        const PoolRest *resting;
+        size_t n_resting;
+        usec_t cooldown;          /* 0: none */
 } EnginePoolInfo;
 
 /* The configured pools, in configuration order. */

@@ -18,7 +18,13 @@
  * A held slot is identified by its member's name in a member pool, by its index in a pool of anonymous
  * slots (SPEC §3.4). Its place in the occupancy bitmap follows that identity across reloads: a reordered
  * member stays held by its holder, and a member removed while held sits above the limit, counted as held,
- * until it is released — and is held again, not handed out, if a reload brings it back meanwhile. */
+ * until it is released — and is held again, not handed out, if a reload brings it back meanwhile.
+ *
+ * Cooldown (SPEC §3.6): a slot released in a pool with cooldown= rests until a time value: neither free nor
+ * held (holders + resting ≤ limit), never granted meanwhile. It is one predicate, slot_is_resting(), over
+ * rest_until[] (by position below the limit) and the list of rests with their one wake deadline: free_slots(),
+ * slot_find_free() and free_members() leave resting slots out, so a waiter that lacks them holds back the
+ * queue as for held ones (no barging), and run() at the wake hands them on in queue order. */
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -143,6 +149,14 @@ struct LocalPool {
         unsigned quarantine_after;
         List health;                    /* health lanes' waiters (PoolWaiter.fifo_node), in arrival order */
         size_t n_health;
+        /* Cooldown (SPEC §3.6). rest_until[pos] (limit entries, or NULL): 0, or when the slot at pos wakes;
+         * rests: the same as a list (member names point into base.members), for the wake and Status. */
+        usec_t cooldown;
+        usec_t *rest_until;
+        PoolRest *rests;
+        size_t n_rests;
+        unsigned resting_free;          /* resting, below the limit, not occupied and not drained */
+        usec_t next_wake;               /* the earliest rests[].until; USEC_INFINITY: none */
 };
 
 #define POOL(p) container_of(p, LocalPool, base)
@@ -187,16 +201,24 @@ static bool member_is_drained(const LocalPool *p, unsigned i) {
         return member_is_admin_drained(p, i) || member_is_quarantined(p, i);
 }
 
+static bool slot_is_resting(const LocalPool *p, unsigned i) {
+        return p->rest_until && i < p->base.limit && p->rest_until[i] != 0;
+}
+
 /* Slots that may be granted now. Counted against every slot held, also those above a limit that a reload
  * shrank: the invariant is slots held ≤ the limit in force when each was granted (SPEC §3.4), so a new grant
  * must fit under the new limit with the old holders still counted. */
 static unsigned free_slots(const LocalPool *p) {
-        if (p->base.drained || p->in_use + p->drained_free >= p->base.limit)
+        if (p->base.drained || p->in_use + p->drained_free + p->resting_free >= p->base.limit)
                 return 0;
-        return p->base.limit - p->in_use - p->drained_free;
+        return p->base.limit - p->in_use - p->drained_free - p->resting_free;
 }
 
+static void rest_end(LocalPool *p, unsigned i);
+
 static void slot_take(LocalPool *p, unsigned i) {
+        if (slot_is_resting(p, i))
+                rest_end(p, i); /* only a restored lease takes a resting slot: it was held all along */
         if (member_is_drained(p, i))
                 p->drained_free--; /* only a restored lease takes a drained member */
         bit_set(p->occupied, i);
@@ -218,7 +240,7 @@ static unsigned slot_find_free(const LocalPool *p) {
                         unsigned i = w * 64 + (unsigned) __builtin_ctzll(bits);
                         if (i >= p->base.limit)
                                 return UINT32_MAX;
-                        if (!member_is_drained(p, i))
+                        if (!member_is_drained(p, i) && !slot_is_resting(p, i))
                                 return i;
                         bits &= bits - 1;
                 }
@@ -238,9 +260,122 @@ static unsigned slot_take_from(uint64_t *set) {
 
 static void recount_drained(LocalPool *p) {
         p->drained_free = 0;
+        p->resting_free = 0;
         for (unsigned i = 0; i < p->base.limit; i++)
                 if (!slot_is_occupied(p, i) && member_is_drained(p, i))
                         p->drained_free++;
+        for (size_t k = 0; k < p->n_rests; k++)
+                if (!member_is_drained(p, p->rests[k].index))
+                        p->resting_free++;
+}
+
+/* ---- cooldown (SPEC §3.6) ---- */
+
+static void rests_update_wake(LocalPool *p) {
+        p->next_wake = USEC_INFINITY;
+        for (size_t k = 0; k < p->n_rests; k++)
+                p->next_wake = MIN(p->next_wake, p->rests[k].until);
+}
+
+/* The slot at position i (below the limit, not occupied) rests until `until`. */
+static int rest_begin(LocalPool *p, unsigned i, usec_t until) {
+        if (!p->rest_until || i >= p->base.limit || until == 0)
+                return 0;
+        if (p->rest_until[i] != 0) {
+                for (size_t k = 0; k < p->n_rests; k++)
+                        if (p->rests[k].index == i)
+                                p->rests[k].until = until;
+        } else {
+                PoolRest *a = reallocarray(p->rests, p->n_rests + 1, sizeof(PoolRest));
+                if (!a)
+                        return -ENOMEM;
+                p->rests = a;
+                a[p->n_rests++] = (PoolRest) {
+                        .index = i,
+                        .member = p->base.members ? p->base.members[i] : NULL,
+                        .until = until,
+                };
+                if (!member_is_drained(p, i))
+                        p->resting_free++;
+                p->rest_until[i] = until;
+                p->next_wake = MIN(p->next_wake, until); /* O(1) per release: only a wake scans the rests */
+                return 0;
+        }
+        p->rest_until[i] = until;
+        rests_update_wake(p);
+        return 0;
+}
+
+static void rest_end(LocalPool *p, unsigned i) {
+        for (size_t k = 0; k < p->n_rests; k++)
+                if (p->rests[k].index == i) {
+                        p->rests[k] = p->rests[--p->n_rests];
+                        break;
+                }
+        p->rest_until[i] = 0;
+        if (!member_is_drained(p, i))
+                p->resting_free--;
+        rests_update_wake(p);
+}
+
+/* Rests that end at or before `now` end: their slots are free again (a command at `now` sees them so, and
+ * run() hands them to the queue in order). */
+static void rests_wake(LocalPool *p, usec_t now) {
+        if (p->next_wake > now)
+                return;
+        size_t j = 0;
+        for (size_t k = 0; k < p->n_rests; k++) {
+                PoolRest r = p->rests[k];
+                if (r.until > now) {
+                        p->rests[j++] = r;
+                        continue;
+                }
+                p->rest_until[r.index] = 0;
+                if (!member_is_drained(p, r.index))
+                        p->resting_free--;
+        }
+        p->n_rests = j;
+        rests_update_wake(p);
+}
+
+static int usec_compare(const void *a, const void *b) {
+        usec_t x = *(const usec_t *) a, y = *(const usec_t *) b;
+        return x < y ? -1 : x > y;
+}
+
+/* When `need` more slots than are free now will have woken (resting, not drained, among `mask` unless it is
+ * NULL); 0 if they never will. */
+static usec_t rests_enough_at(const LocalPool *p, unsigned need, const uint64_t *mask) {
+        if (need == 0 || need > p->resting_free)
+                return 0;
+        _cleanup_free_ usec_t *u = calloc(p->resting_free, sizeof(usec_t));
+        if (!u)
+                return p->next_wake; /* out of memory: the first wake is a fine hint too */
+        size_t n = 0;
+        for (size_t k = 0; k < p->n_rests; k++)
+                if (!member_is_drained(p, p->rests[k].index) && (!mask || bit_test(mask, p->rests[k].index)))
+                        u[n++] = p->rests[k].until;
+        if (need > n)
+                return 0;
+        qsort(u, n, sizeof(usec_t), usec_compare);
+        return u[need - 1];
+}
+
+/* A rest is of a slot nobody holds: one that a held slot now covers (its new place after a reload, a lease
+ * restored over it) ends. */
+static void rests_drop_held(LocalPool *p) {
+        size_t kept = 0;
+        for (size_t k = 0; k < p->n_rests; k++) {
+                PoolRest rs = p->rests[k];
+                if (slot_is_occupied(p, rs.index)) {
+                        p->rest_until[rs.index] = 0;
+                        continue;
+                }
+                p->rests[kept++] = rs;
+        }
+        p->n_rests = kept;
+        recount_drained(p);
+        rests_update_wake(p);
 }
 
 /* ---- grants and where their slots sit ---- */
@@ -623,6 +758,8 @@ static void free_members(const LocalPool *p, uint64_t *avail, size_t words) {
         for (unsigned i = 0; (p->member_drained || p->n_life_configured) && i < p->base.limit; i++)
                 if (member_is_drained(p, i))
                         avail[i / 64] &= ~(UINT64_C(1) << (i % 64));
+        for (size_t k = 0; k < p->n_rests; k++)
+                avail[p->rests[k].index / 64] &= ~(UINT64_C(1) << (p->rests[k].index % 64));
 }
 
 /* No barging per member (SPEC §3.5): a waiter that cannot be granted sets aside the free members it could use,
@@ -892,7 +1029,8 @@ static int life_set(LocalPool *p, PoolMemberLife *m, bool quarantined, usec_t si
 static void health_avail(const LocalPool *p, uint64_t *avail, size_t words) {
         memset(avail, 0, words * sizeof(uint64_t));
         for (unsigned i = 0; i < p->base.limit; i++)
-                if (member_is_quarantined(p, i) && !member_is_admin_drained(p, i) && !slot_is_occupied(p, i))
+                if (member_is_quarantined(p, i) && !member_is_admin_drained(p, i) && !slot_is_occupied(p, i) &&
+                    !slot_is_resting(p, i))
                         bit_set(avail, i);
 }
 
@@ -1021,6 +1159,8 @@ static void local_free(Pool *base) {
         free(p->occupied);
         free(p->member_drained);
         strv_free(p->drained_members);
+        free(p->rest_until);
+        free(p->rests);
         strv_free(p->base.members);
         pool_labels_free(p->base.labels, p->base.n_labels);
         free(p);
@@ -1036,6 +1176,25 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
 
         if (c->limit == 0)
                 return -EINVAL;
+        /* Rests follow their member (or index) to the new configuration; a pool without cooldown= any more
+         * ends them now. A changed cooldown= applies from the next release. */
+        _cleanup_free_ usec_t *rest_until = NULL;
+        _cleanup_free_ PoolRest *rests = NULL;
+        size_t n_rests = 0;
+        if (c->cooldown > 0) {
+                rest_until = calloc(c->limit, sizeof(usec_t));
+                rests = calloc(MAX(p->n_rests, (size_t) 1), sizeof(PoolRest));
+                if (!rest_until || !rests)
+                        return -ENOMEM;
+                for (size_t k = 0; k < p->n_rests; k++) {
+                        unsigned home;
+                        if (!slot_home(c->members, p->rests[k].member, p->rests[k].index, &home) ||
+                            home >= c->limit || rest_until[home] != 0)
+                                continue;
+                        rests[n_rests++] = (PoolRest) { .index = home, .until = p->rests[k].until };
+                        rest_until[home] = p->rests[k].until;
+                }
+        }
         if (c->members) {
                 members = strv_copy(c->members);
                 if (!members)
@@ -1183,7 +1342,16 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
                 w->slots = w->mask || c->members ? w->slots : 0; /* anonymous slots now: refused below */
                 hk++;
         }
+        p->cooldown = c->cooldown;
+        free(p->rest_until);
+        p->rest_until = TAKE_PTR(rest_until);
+        free(p->rests);
+        p->rests = TAKE_PTR(rests);
+        p->n_rests = n_rests;
+        for (size_t ri = 0; ri < p->n_rests; ri++)
+                p->rests[ri].member = p->base.members ? p->base.members[p->rests[ri].index] : NULL;
         layout_apply(p, &layout);
+        rests_drop_held(p);
 
         for (size_t i = 0; i < p->n_lanes; i++) {
                 LocalLane *l = p->lanes[i];
@@ -1273,6 +1441,7 @@ static void refuse_try(LocalPool *p, const PoolTry *t, Refusal refusal, usec_t n
 static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
         LocalPool *p = POOL(base);
         p->latest = MAX(p->latest, now);
+        rests_wake(p, now);
 
         if (p->base.drained || p->base.retired) {
                 refuse_try(p, t, REFUSAL_UNAVAILABLE, now);
@@ -1352,7 +1521,22 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
          * its set at once, or withdraws it. */
 
         if (!room && !t->may_wait) {
-                refuse_try(p, t, REFUSAL_BUSY, now);
+                /* Busy for want of slots that rest: says so, and when enough of them wake. */
+                unsigned free = free_slots(p), have = mask ? MIN(free, (unsigned) member_set_count(usable, words)) : free;
+                usec_t at = 0;
+                if (p->n_waiting == 0 && have < t->slots &&
+                    lane_verdict(p, l, t->slots, free + p->resting_free) == VERDICT_GRANTABLE)
+                        at = rests_enough_at(p, t->slots - have, mask);
+                pool_emit(&p->base, &(PoolDecision) {
+                        .verdict = POOL_VERDICT_REFUSED,
+                        .pool = &p->base,
+                        .cookie = t->cookie,
+                        .at = now,
+                        .refusal = REFUSAL_BUSY,
+                        .budget = USEC_INFINITY,
+                        .reason = at > 0 ? "cooldown" : NULL,
+                        .retry_at = at,
+                });
                 return 0;
         }
         /* A resumed waiter was admitted before the restart: max-queue counted it then. */
@@ -1463,10 +1647,14 @@ static void local_withdraw(Pool *base, PoolWaiter *w, usec_t now) {
 static void local_release(Pool *base, PoolGrant *g, usec_t now) {
         LocalPool *p = POOL(base);
         p->latest = MAX(p->latest, now);
+        rests_wake(p, now);
         for (unsigned i = 0; i < g->n_slots; i++) {
                 if (g->pos[i] < p->n_life_configured)
                         p->life[g->pos[i]].held += usec_sub_unsigned(now, g->granted_at);
                 slot_put(p, g->pos[i]);
+                /* Out of memory: the slot is free at once rather than lost. */
+                if (p->cooldown > 0)
+                        (void) rest_begin(p, g->pos[i], usec_add(now, p->cooldown));
         }
         g->lane->used -= g->n_slots;
         list_unlink(&g->node);
@@ -1543,6 +1731,7 @@ static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
                         return r;
                 }
                 layout_apply(p, &layout);
+                rests_drop_held(p);
         }
         l->used += n_slots;
         if (rs->token >= p->next_token)
@@ -1554,6 +1743,7 @@ static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
 static void local_run(Pool *base, usec_t now) {
         LocalPool *p = POOL(base);
         p->latest = MAX(p->latest, now);
+        rests_wake(p, now);
         dispatch(p, now);
         health_dispatch(p, now);
         /* Step 4: budgets that end at `now` (or were due earlier and are only now looked at), each refused at
@@ -1633,6 +1823,8 @@ static usec_t local_next_wakeup(const Pool *base) {
         HeapNode *n = heap_peek(&p->deadlines);
         if (n)
                 t = n->key;
+        /* A rest ends: its slot goes to the queue (and the gauge may turn off). */
+        t = MIN(t, p->next_wake);
         /* The gauge turns on by itself when idle passes Q while there is no room. */
         if (!p->congested && p->base.queue_timeout_set && !p->base.drained && !p->base.retired &&
             !pool_has_room_for_one(p))
@@ -1717,6 +1909,9 @@ static void local_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .drained_members = p->drained_members && p->drained_members[0] ? p->drained_members : NULL,
                 .life = p->n_life_configured > 0 ? p->life : NULL,
                 .n_life = p->n_life_configured,
+                .resting = p->n_rests > 0 ? p->rests : NULL,
+                .n_resting = p->n_rests,
+                .cooldown = p->cooldown,
         };
 }
 
@@ -1779,6 +1974,17 @@ static void local_set_last_fast(Pool *base, usec_t last_fast, usec_t now) {
         update_congestion(p, now);
 }
 
+static int local_rest(Pool *base, const char *member, unsigned index, usec_t until, usec_t now) {
+        LocalPool *p = POOL(base);
+        unsigned home;
+        p->latest = MAX(p->latest, now);
+        if (p->cooldown == 0 || until <= now || !slot_home(p->base.members, member, index, &home) ||
+            home >= p->base.limit || slot_is_occupied(p, home))
+                return -ENOENT;
+        /* Never longer than the pool's cooldown from now: a clock gone wrong must not park a slot for good. */
+        return rest_begin(p, home, MIN(until, usec_add(now, p->cooldown)));
+}
+
 static const PoolOps local_ops = {
         .kind = "local",
         .selectors = true,
@@ -1801,6 +2007,7 @@ static const PoolOps local_ops = {
         .grant_waiter = local_grant_waiter,
         .report_exit = local_report_exit,
         .quarantine = local_quarantine,
+        .rest = local_rest,
 };
 
 int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool **ret) {
@@ -1815,6 +2022,7 @@ int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool 
         p->next_token = 1;
         p->max_queue = -1;
         heap_init(&p->deadlines);
+        p->next_wake = USEC_INFINITY; /* no rest: nothing to wake for, even before the first configure() */
         *ret = &p->base;
         return 0;
 }

@@ -117,6 +117,9 @@ typedef struct PoolDecision {
         const char *job;
         int exit_status;
         const char *note;
+        /* REFUSED busy for want of slots that rest (reason "cooldown"): the first of them wakes then; the
+         * engine's retryAfterSec points there instead of at random. 0: none. */
+        usec_t retry_at;
 } PoolDecision;
 
 typedef EngineMemberLife PoolMemberLife;
@@ -151,6 +154,10 @@ typedef struct PoolInfo {
         uint64_t bad_input;       /* replies and stream entries that failed validation, dropped (SPEC §11) */
         const PoolMemberLife *life; /* a local member pool's members, in configuration order; NULL otherwise */
         size_t n_life;
+        /* Resting slots (cooldown=), in no particular order; valid until the next command. */
+        const PoolRest *resting;
+        size_t n_resting;
+        usec_t cooldown;          /* 0: none */
 } PoolInfo;
 
 /* Status of a pool kept by a backend: the holders and waiters of every node, as last fetched. */
@@ -266,6 +273,10 @@ typedef struct PoolOps {
         void (*report_exit)(Pool *p, PoolGrant *g, int exit_status, const char *job, usec_t now);
         /* engine_member_quarantine(). */
         int (*quarantine)(Pool *p, const char *member, const EngineQuarantine *q, usec_t now);
+        /* A rest carried across a restart (cooldown=, SPEC §3.6): the slot (member by name, else index) rests
+         * until `until` unless it is held, gone, or the pool has no cooldown any more. Returns 0, -ENOENT (no
+         * such slot here, or it is held: nothing to do). NULL: the pool keeps no rests. */
+        int (*rest)(Pool *p, const char *member, unsigned index, usec_t until, usec_t now);
 } PoolOps;
 
 /* The part every implementation shares: identity, the config the engine routes on, the decision sink. */

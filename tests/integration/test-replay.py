@@ -329,6 +329,21 @@ class Replay(unittest.TestCase):
         self.assertEqual(got[list(recorded)[2]], "granted")
         self.assertEqual(got[list(recorded)[5]], "busy")
 
+    def test_cooldown_from_the_config_is_replayed(self):
+        h = History(self.path, SCHEMA_5)
+        h.grant(0, "lic", "w", 1 * S)          # the seat rests 1 s → 6 s under cooldown = 5s
+        h.grant(2 * S, "lic", "w", 1 * S)      # recorded without a wait
+        h.close()
+        config = os.path.join(self.dir.name, "brokerd.conf")
+        with open(config, "w") as f:
+            f.write("[pool lic]\nlimit = 1\ncooldown = 5s\n\n[lane w]\npools = lic\n")
+        p = simulate("--replay", self.path, "--config", config, "--json", "--per-request")
+        self.assertIn("cooldown 5s from --config", p.stderr)
+        waits = [x.get("waitedMs") for x in json.loads(p.stdout)["perRequest"]]
+        self.assertEqual(waits, [0, 4000])     # the second waits for the seat to wake, as brokerd would
+        waits = [x.get("waitedMs") for x in simulate_json("--replay", self.path, "--per-request")["perRequest"]]
+        self.assertEqual(waits, [0, 0])        # without --config, nothing rests
+
     def test_selectors_bad_input(self):
         self.labelled_history()
         config = os.path.join(self.dir.name, "brokerd.conf")

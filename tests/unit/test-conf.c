@@ -534,6 +534,34 @@ static void test_pool_min_replicas_needs_a_backend_and_a_short_timeout(void **st
         set_fails("pool grid", "backend-min-replicas", "65", NULL);
 }
 
+static void test_pool_cooldown_bounds_and_shared_pools(void **state) {
+        set_ok("pool grid", "limit", "2");
+        set_ok("lane l", "pools", "grid");
+        PoolConfig *p = conf_find_pool(c, "grid");
+        assert_int_equal(p->cooldown, 0);
+        set_ok("pool grid", "cooldown", "90s");
+        assert_int_equal(p->cooldown, 90 * USEC_PER_SEC);
+        set_ok("pool grid", "cooldown", "1d");
+        assert_int_equal(p->cooldown, 24 * USEC_PER_HOUR);
+        set_fails("pool grid", "cooldown", "-5s", "negative");
+        set_fails("pool grid", "cooldown", "25h", "too long (expected at most 1d)");
+        set_fails("pool grid", "cooldown", "infinity", "finite");
+        set_fails("pool grid", "cooldown", "5 parsecs", "invalid duration");
+        set_fails("pool grid", "cooldown", "99999999999999999999s", "too long");
+        assert_int_equal(p->cooldown, 24 * USEC_PER_HOUR); /* a refused value changes nothing */
+        set_ok("pool grid", "cooldown", "");
+        assert_int_equal(p->cooldown, 0);
+        set_ok("pool grid", "cooldown", "0");
+        assert_int_equal(p->cooldown, 0);
+        set_at(31, "pool grid", "cooldown", "2min");
+        assert_int_equal(conf_validate(c, &errors), 0);
+        assert_round_trips(c);
+        /* Shared pools: not yet. */
+        set_ok("pool grid", "backend", "redis://localhost");
+        assert_int_equal(conf_validate(c, &errors), -EINVAL);
+        assert_has_error("test.conf:31", "cooldown", "not supported on shared pools yet");
+}
+
 /* ---- [lane NAME] ---- */
 
 static void test_lane_pools_keep_their_order(void **state) {
@@ -1291,6 +1319,7 @@ int main(void) {
                 T(test_pool_max_queue_accepts_zero_and_infinity),
                 T(test_pool_backend_accepts_only_redis_urls),
                 T(test_pool_min_replicas_needs_a_backend_and_a_short_timeout),
+                T(test_pool_cooldown_bounds_and_shared_pools),
                 T(test_lane_pools_keep_their_order),
                 T(test_lane_pools_must_be_valid_distinct_names),
                 T(test_lane_policy_is_fail_fast_or_wait),

@@ -2774,6 +2774,316 @@ static void test_random_sets_never_hold_part_or_a_slot_twice(void **state) {
 }
 #endif
 
+/* ---- cooldown (SPEC §3.6): a released slot rests before its next grant ---- */
+
+#ifndef TEST_ENGINE_SHARED
+
+/* One pool "p" of `limit` anonymous slots with cooldown, one wait lane "l" and a fail-fast lane "m". */
+static PoolConfig *cooldown_pool(Fixture *f, unsigned limit, usec_t cooldown) {
+        PoolConfig *p = pool_add(f, "p", limit);
+        p->cooldown = cooldown;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "m", LANE_POLICY_FAIL_FAST, "p", NULL);
+        configure(f, 0);
+        return p;
+}
+
+static EnginePoolInfo pool_info_at(Fixture *f, usec_t now) {
+        EnginePoolInfo info;
+        assert_int_equal(engine_pool_info(f->engine, 0, now, &info), 0);
+        return info;
+}
+
+static void test_cooldown_rests_a_released_slot_and_wakes_it_by_deadline(void **state) {
+        Fixture *f = *state;
+        cooldown_pool(f, 1, S(10));
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        end(f, a, S(5));
+        EnginePoolInfo info = pool_info_at(f, S(5));
+        assert_int_equal(info.in_use, 0);
+        assert_int_equal(info.n_resting, 1);
+        assert_int_equal(info.resting[0].index, 0);
+        assert_null(info.resting[0].member);
+        assert_int_equal(info.resting[0].until, S(15));
+        assert_int_equal(info.cooldown, S(10));
+        Tag *b = acquire(f, "B", (Req) {}, S(6)); /* neither free nor held: B waits */
+        assert_true(queued(b));
+        assert_int_equal(engine_next_wakeup(f->engine), S(15)); /* brokerd's timer fires at the wake */
+        run(f, S(15) - 1);
+        assert_true(queued(b));
+        run(f, S(15));
+        assert_true(granted(b));
+        assert_int_equal(b->decided, S(15));
+        assert_int_equal(pool_info_at(f, S(15)).n_resting, 0);
+}
+
+static void test_cooldown_no_barging_behind_a_two_slot_waiter(void **state) {
+        Fixture *f = *state;
+        cooldown_pool(f, 2, S(10));
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 0);
+        Tag *big = acquire(f, "BIG", (Req) { .slots = 2 }, S(1));
+        end(f, a, S(2));                             /* rests until 12 */
+        Tag *small[8];
+        for (int i = 0; i < 8; i++)                  /* a stream of one-slot requests */
+                small[i] = acquire(f, "S", (Req) {}, S(3) + S(i));
+        end(f, b, S(5));                             /* rests until 15 */
+        run(f, S(12));                               /* A's slot wakes: BIG needs two, nobody passes it */
+        assert_true(queued(big));
+        for (int i = 0; i < 8; i++)
+                assert_true(queued(small[i]));
+        assert_int_equal(pool_in_use(f, 0), 0);
+        assert_int_equal(engine_next_wakeup(f->engine), S(15));
+        run(f, S(15));
+        assert_true(granted(big));
+        assert_int_equal(big->decided, S(15));
+        for (int i = 0; i < 8; i++)
+                assert_true(queued(small[i]));
+        end(f, big, S(20));                          /* both rest until 30: the stream is served in order then */
+        run(f, S(30) - 1);
+        assert_true(queued(small[0]));
+        run(f, S(30));
+        assert_true(granted(small[0]) && granted(small[1]));
+        assert_true(queued(small[2]));
+        assert_true(small[0]->final.wait > small[1]->final.wait); /* the earlier arrival, served first */
+}
+
+static void test_cooldown_resting_member_is_not_granted(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, MEMBERS("rig-a", "rig-b"));
+        p->cooldown = S(10);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        assert_string_equal(member_of(a), "rig-a");
+        end(f, a, S(1));                             /* rig-a rests until 11 */
+        EnginePoolInfo info = pool_info_at(f, S(1));
+        assert_int_equal(info.n_resting, 1);
+        assert_string_equal(info.resting[0].member, "rig-a");
+        Tag *b = acquire(f, "B", (Req) {}, S(2));
+        assert_string_equal(member_of(b), "rig-b"); /* the lowest free member, not the resting one */
+        Tag *c = acquire(f, "C", (Req) { .member = "rig-a" }, S(3));
+        assert_true(queued(c));
+        run(f, S(11));
+        assert_true(granted(c));
+        assert_string_equal(member_of(c), "rig-a");
+        assert_int_equal(c->decided, S(11));
+        /* A fail-fast request for one member is told when that member wakes, not the first of any. */
+        end(f, c, S(12));                            /* rig-a rests until 22 */
+        end(f, b, S(16));                            /* rig-b rests until 26 */
+        Tag *m = acquire(f, "M", (Req) { .member = "rig-b", .no_wait = true }, S(17));
+        assert_true(refused(m, REFUSAL_BUSY));
+        assert_string_equal(m->final.reason, "cooldown");
+        assert_int_equal(m->final.retry_after_sec, 9);
+        Tag *any = acquire(f, "ANY", (Req) { .no_wait = true }, S(17));
+        assert_int_equal(any->final.retry_after_sec, 5);
+}
+
+static void test_cooldown_fail_fast_refusal_names_it_and_its_wake(void **state) {
+        Fixture *f = *state;
+        cooldown_pool(f, 2, S(10));
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 0);
+        end(f, a, S(1));                             /* rests until 11 */
+        Tag *m = acquire(f, "M", (Req) { .lane = "m" }, S(3));
+        assert_true(refused(m, REFUSAL_BUSY));
+        assert_non_null(m->final.reason);
+        assert_string_equal(m->final.reason, "cooldown");
+        assert_int_equal(m->final.retry_after_sec, 8);
+        end(f, b, S(4));                             /* rests until 14 */
+        Tag *two = acquire(f, "TWO", (Req) { .lane = "m", .slots = 2 }, S(5));
+        assert_true(refused(two, REFUSAL_BUSY));
+        assert_int_equal(two->final.retry_after_sec, 9); /* when the second of them wakes */
+        Tag *held = acquire(f, "H", (Req) {}, S(11)); /* one wakes at 11 and is held again */
+        assert_true(granted(held));
+        Tag *m2 = acquire(f, "M2", (Req) { .lane = "m", .slots = 2 }, S(12));
+        assert_true(refused(m2, REFUSAL_BUSY));
+        assert_null(m2->final.reason);               /* a held slot is no cooldown: a plain busy */
+}
+
+static void test_cooldown_budget_counts_resting_slots_as_unavailable(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = cooldown_pool(f, 1, S(10));
+        (void) p;
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        end(f, a, S(1));                             /* rests until 11 */
+        Tag *b = acquire(f, "B", (Req) { .max_wait = S(5) }, S(2));
+        run(f, S(7));
+        assert_true(refused(b, REFUSAL_TIMEOUT));    /* its budget ended before the slot woke */
+        assert_int_equal(b->decided, S(7));
+        Tag *c = acquire(f, "C", (Req) { .max_wait = S(9) }, S(2));
+        run(f, S(11));
+        assert_true(granted(c));                     /* a budget that covers the rest is granted at the wake */
+}
+
+static void test_cooldown_reload_changed_applies_next_removed_frees_at_once(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = cooldown_pool(f, 2, S(10));
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 0);
+        end(f, a, S(1));                             /* rests until 11 */
+        p->cooldown = S(60);
+        configure(f, S(2));
+        assert_int_equal(pool_info_at(f, S(2)).resting[0].until, S(11)); /* a rest in progress keeps its end */
+        end(f, b, S(3));                             /* the new cooldown: until 63 */
+        EnginePoolInfo info = pool_info_at(f, S(3));
+        assert_int_equal(info.n_resting, 2);
+        usec_t u0 = info.resting[0].until, u1 = info.resting[1].until;
+        assert_int_equal(MIN(u0, u1), S(11));
+        assert_int_equal(MAX(u0, u1), S(63));
+        Tag *big = acquire(f, "BIG", (Req) { .slots = 2 }, S(20));
+        assert_true(queued(big));
+        p->cooldown = 0;                             /* removed: resting slots are free at once */
+        configure(f, S(21));
+        run(f, S(21));
+        assert_true(granted(big));
+        assert_int_equal(big->decided, S(21));
+        assert_int_equal(pool_info_at(f, S(21)).n_resting, 0);
+}
+
+static void test_cooldown_reload_follows_a_member_by_name(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, MEMBERS("rig-a", "rig-b", "rig-c"));
+        p->cooldown = S(10);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        end(f, a, S(1));                             /* rig-a rests until 11 */
+        pool_set_members(p, MEMBERS("rig-c", "rig-a"));
+        configure(f, S(2));
+        EnginePoolInfo info = pool_info_at(f, S(2));
+        assert_int_equal(info.n_resting, 1);
+        assert_string_equal(info.resting[0].member, "rig-a");
+        assert_int_equal(info.resting[0].index, 1);
+        assert_string_equal(member_of(acquire(f, "B", (Req) {}, S(3))), "rig-c");
+        assert_true(queued(acquire(f, "C", (Req) {}, S(3))));
+}
+
+static void test_cooldown_restart_restores_a_rest_in_progress(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, MEMBERS("rig-a", "rig-b"));
+        p->cooldown = S(10);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, S(100));
+        /* What the previous daemon persisted: rig-b rests until 105; rig-a's rest reads as too long (capped
+         * at the cooldown from now); a member that is gone, or a pool that is not configured, rests nothing. */
+        assert_int_equal(engine_pool_rest(f->engine, "p", "rig-b", 1, S(105), S(100)), 0);
+        assert_int_equal(engine_pool_rest(f->engine, "p", "rig-a", 0, S(5000), S(100)), 0);
+        assert_int_equal(engine_pool_rest(f->engine, "p", "rig-z", 0, S(105), S(100)), -ENOENT);
+        assert_int_equal(engine_pool_rest(f->engine, "q", NULL, 0, S(105), S(100)), -ENOENT);
+        assert_int_equal(engine_pool_rest(f->engine, "p", "rig-a", 0, S(99), S(100)), -ENOENT);
+        EnginePoolInfo info = pool_info_at(f, S(100));
+        assert_int_equal(info.n_resting, 2);
+        run(f, S(100));
+        assert_int_equal(engine_next_wakeup(f->engine), S(105));
+        Tag *a = acquire(f, "A", (Req) {}, S(101));
+        assert_true(queued(a));
+        run(f, S(105));
+        assert_string_equal(member_of(a), "rig-b");
+        Tag *b = acquire(f, "B", (Req) {}, S(106));
+        run(f, S(110) - 1);
+        assert_true(queued(b));
+        run(f, S(110));
+        assert_string_equal(member_of(b), "rig-a");
+        /* A held slot does not rest. */
+        assert_int_equal(engine_pool_rest(f->engine, "p", "rig-a", 0, S(115), S(111)), -ENOENT);
+}
+
+static void test_cooldown_random_workload_holders_and_resting_never_exceed_the_limit(void **state) {
+        Fixture *f = *state;
+        cooldown_pool(f, 4, MS(700));
+        uint64_t rng = 7;
+        Tag *live[512];
+        size_t n_live = 0;
+        for (usec_t t = 0; t < S(60) && f->n_tags < 500; t += MS(100)) {
+                uint64_t x = fake_random(&rng);
+                if (x % 3 == 0)
+                        live[n_live++] = acquire(f, "R", (Req) { .slots = 1 + (unsigned) (x >> 8) % 2 }, t);
+                else if (n_live > 0) {
+                        Tag *victim = live[(x >> 16) % n_live];
+                        if (victim->lease)
+                                end(f, victim, t);
+                }
+                run(f, t);
+                EnginePoolInfo info = pool_info_at(f, t);
+                assert_true(info.in_use + info.n_resting <= info.limit);
+                for (size_t k = 0; k < info.n_resting; k++)
+                        assert_true(info.resting[k].until > t && info.resting[k].until <= t + MS(700));
+        }
+}
+/* Member reloads, member drains and cooldown together: a resting member is never held, nor granted before it
+ * wakes; a member neither held, resting nor drained is free — a one-member request then has room (the counts
+ * of drained and resting members never drift). */
+static void test_cooldown_random_reloads_and_drains_keep_the_books(void **state) {
+        Fixture *f = *state;
+        static const char *const names[] = { "a", "b", "c", "d", "e" };
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, MEMBERS("a", "b", "c"));
+        p->cooldown = MS(40);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        uint64_t s = 11;
+        usec_t now = 0;
+        for (int i = 0; i < 800 && f->n_tags < ELEMENTSOF(f->tags) - 1; i++) {
+                now += MS(1 + fake_random(&s) % 20);
+                run(f, now);
+                uint64_t op = fake_random(&s) % 6;
+                if (op == 0) {
+                        const char *pick[ELEMENTSOF(names)];
+                        size_t n = 0;
+                        for (size_t k = 0; k < ELEMENTSOF(names); k++)
+                                if (fake_random(&s) % 2)
+                                        pick[n++] = names[k];
+                        if (n == 0)
+                                pick[n++] = names[fake_random(&s) % ELEMENTSOF(names)];
+                        pool_set_members(p, pick, n);
+                        p->cooldown = fake_random(&s) % 4 ? MS(40) : 0;
+                        configure(f, now);
+                } else if (op == 1) {
+                        const char *m = names[fake_random(&s) % ELEMENTSOF(names)];
+                        (void) drain(f, "p", m, fake_random(&s) % 2, now); /* -ENOENT for one not configured */
+                } else if (op == 2) {
+                        size_t k = (size_t) (fake_random(&s) % MAX(f->n_tags, 1u));
+                        if (k < f->n_tags && f->tags[k].lease)
+                                end(f, &f->tags[k], now);
+                } else
+                        acquire(f, "R", (Req) { .no_wait = true }, now);
+                run(f, now);
+                assert_members_held_once(f);
+                EnginePoolInfo info = pool_info_at(f, now);
+                unsigned resting = 0;
+                for (size_t k = 0; k < info.n_resting; k++) {
+                        const PoolRest *rs = &info.resting[k];
+                        assert_true(rs->until > now && rs->until <= now + MS(40));
+                        assert_string_equal(rs->member, info.members[rs->index]);
+                        for (size_t t = 0; t < f->n_tags; t++)
+                                if (f->tags[t].lease) {
+                                        const char *const *held;
+                                        unsigned n = engine_lease_slots(f->tags[t].lease, NULL, &held);
+                                        for (unsigned x = 0; x < n; x++)
+                                                if (streq(held[x], rs->member))
+                                                        fail_msg("resting member %s is held", rs->member);
+                                }
+                        resting += !strv_contains(info.drained_members, rs->member);
+                }
+                unsigned drained = 0;
+                for (unsigned m = 0; m < info.limit; m++)
+                        drained += strv_contains(info.drained_members, info.members[m]);
+                if (info.in_use + resting + drained < info.limit) {
+                        /* Some member is free: a one-member request is granted at once. */
+                        Tag *t = acquire(f, "F", (Req) { .no_wait = true }, now);
+                        if (!granted(t))
+                                fail_msg("a member is free at %llu µs, yet a request was refused", (unsigned long long) now);
+                        end(f, t, now);
+                }
+        }
+}
+
+#endif
+
 int main(void) {
         const struct CMUnitTest tests[] = {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
@@ -2882,6 +3192,17 @@ int main(void) {
                 T(test_quarantine_survives_a_reload_by_member_name),
                 T(test_drain_until_undrains_by_itself_and_grants_at_that_instant),
                 T(test_drain_until_survives_a_restart),
+                /* Cooldown: local pools only (conf refuses it on shared ones, not yet). */
+                T(test_cooldown_rests_a_released_slot_and_wakes_it_by_deadline),
+                T(test_cooldown_no_barging_behind_a_two_slot_waiter),
+                T(test_cooldown_resting_member_is_not_granted),
+                T(test_cooldown_fail_fast_refusal_names_it_and_its_wake),
+                T(test_cooldown_budget_counts_resting_slots_as_unavailable),
+                T(test_cooldown_reload_changed_applies_next_removed_frees_at_once),
+                T(test_cooldown_reload_follows_a_member_by_name),
+                T(test_cooldown_restart_restores_a_rest_in_progress),
+                T(test_cooldown_random_workload_holders_and_resting_never_exceed_the_limit),
+                T(test_cooldown_random_reloads_and_drains_keep_the_books),
 #endif
         };
         const char *skip = NULL;

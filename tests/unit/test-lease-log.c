@@ -514,6 +514,100 @@ static void test_many_leases_ends_rewrites_and_a_reset(void **state) {
         history_state_done(&s);
 }
 
+/* ---- rests (cooldown=) ---- */
+
+static uint32_t crc32_bitwise(const char *s) {
+        uint32_t c = 0xFFFFFFFFu;
+        for (; *s; s++) {
+                c ^= (unsigned char) *s;
+                for (int k = 0; k < 8; k++)
+                        c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        }
+        return c ^ 0xFFFFFFFFu;
+}
+
+/* A line with a CRC that checks out: what it says is judged, not its checksum. */
+static void append_checked(Fixture *f, const char *json) {
+        char line[512];
+        snprintf(line, sizeof line, "%08" PRIx32 " %s\n", crc32_bitwise(json), json);
+        append_raw(f, line);
+}
+
+static const LeaseLogRest *rest_of(const LeaseLogRead *info, const char *pool, const char *member, unsigned slot) {
+        for (size_t i = 0; i < info->n_rests; i++)
+                if (streq(info->rests[i].pool, pool) && streq_ptr(info->rests[i].member, member) &&
+                    (member || info->rests[i].slot == slot))
+                        return &info->rests[i];
+        return NULL;
+}
+
+static void test_rests_are_read_back_replaced_and_reset(void **state) {
+        Fixture *f = *state;
+        assert_int_equal(lease_log_rest(f->log, "rigs", 1, "rig-b", 1700000100000000), 0);
+        assert_int_equal(lease_log_rest(f->log, "lic", 3, NULL, 1700000050000000), 0);
+        assert_int_equal(lease_log_rest(f->log, "rigs", 0, "rig-b", 1700000200000000), 0); /* moved, rests again */
+        assert_int_equal(lease_log_flush(f->log), 0);
+        HistoryState s = {};
+        LeaseLogRead info = {};
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, 0);
+        assert_int_equal(info.n_rests, 2);
+        assert_int_equal(rest_of(&info, "rigs", "rig-b", 0)->until, 1700000200000000);
+        assert_int_equal(rest_of(&info, "rigs", "rig-b", 0)->slot, 0);
+        assert_int_equal(rest_of(&info, "lic", NULL, 3)->until, 1700000050000000);
+        history_state_done(&s);
+        lease_log_read_done(&info);
+
+        /* Untrusted: each of these is damage, never a rest. */
+        append_checked(f, "{\"rest\":{\"pool\":\"lic\",\"slot\":-1,\"until\":5}}");
+        append_checked(f, "{\"rest\":{\"pool\":\"lic\",\"slot\":1000000,\"until\":5}}");
+        append_checked(f, "{\"rest\":{\"pool\":\"bad name\",\"slot\":1,\"until\":5}}");
+        append_checked(f, "{\"rest\":{\"pool\":\"lic\",\"slot\":1,\"until\":0}}");
+        append_checked(f, "{\"rest\":{\"pool\":\"lic\",\"slot\":1,\"member\":7,\"until\":5}}");
+        append_checked(f, "{\"rest\":{\"pool\":\"lic\",\"slot\":1,\"until\":5,\"extra\":1}}");
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, 6);
+        assert_int_equal(info.n_rests, 2);
+        history_state_done(&s);
+        lease_log_read_done(&info);
+
+        /* A snapshot keeps the rests that end after its alive mark, and a "reset" drops what came before. */
+        assert_int_equal(lease_log_rewrite(f->log, NULL, 0, 1700000100000000), 0);
+        assert_int_equal(lines_with(f, "\"rest\""), 1);
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, 0);
+        assert_int_equal(info.n_rests, 1);
+        assert_non_null(rest_of(&info, "rigs", "rig-b", 0));
+        history_state_done(&s);
+        lease_log_read_done(&info);
+        append_checked(f, "{\"reset\":true}");
+        read_back(f, &s, &info);
+        assert_int_equal(info.n_rests, 0);
+        history_state_done(&s);
+        lease_log_read_done(&info);
+}
+
+static bool only_lic(const char *pool, unsigned slot, const char *member, void *userdata) {
+        return streq(pool, "lic");
+}
+
+static void test_rests_a_reload_ended_stay_ended(void **state) {
+        Fixture *f = *state;
+        assert_int_equal(lease_log_rest(f->log, "rigs", 1, "rig-b", 1700000100000000), 0);
+        assert_int_equal(lease_log_rest(f->log, "lic", 3, NULL, 1700000100000000), 0);
+        assert_int_equal(lease_log_rest(f->log, "old", 0, NULL, 1700000000000000), 0); /* over already */
+        assert_int_equal(lease_log_rests_end(f->log, only_lic, NULL, 1700000050000000), 0);
+        assert_int_equal(lease_log_flush(f->log), 0);
+        assert_int_equal(lines_with(f, "\"rest\""), 4); /* only rig-b's rest got an end line */
+        HistoryState s = {};
+        LeaseLogRead info = {};
+        read_back(f, &s, &info);
+        assert_int_equal(rest_of(&info, "rigs", "rig-b", 1)->until, 1700000050000000);
+        assert_int_equal(rest_of(&info, "lic", NULL, 3)->until, 1700000100000000);
+        history_state_done(&s);
+        lease_log_read_done(&info);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_what_is_written_is_read, setup, teardown),
@@ -529,6 +623,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_backend_of_a_shared_lease_is_kept, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_also_pools_of_a_lease_are_read_back, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_many_leases_ends_rewrites_and_a_reset, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_rests_are_read_back_replaced_and_reset, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_rests_a_reload_ended_stay_ended, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

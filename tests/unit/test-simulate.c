@@ -193,6 +193,25 @@ static void test_also_in_a_scenario(void **state) {
         assert_non_null(strstr(error, "its own pool grid"));
 }
 
+/* SPEC §3.6 in a scenario: released slots rest for the pool's cooldown, the two-slot waiter at the head keeps its
+ * place while they rest, and the queue is served in order when they wake — the engine's decisions. */
+static void test_cooldown_in_a_scenario(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{\"pool\": {\"limit\": 2, \"cooldown\": \"10s\"}, \"requests\": ["
+                " {\"name\": \"A\", \"at\": \"0s\", \"hold\": \"5s\"},"
+                " {\"name\": \"B\", \"at\": \"0s\", \"hold\": \"8s\"},"
+                " {\"name\": \"two\", \"at\": \"1s\", \"hold\": \"5s\", \"slots\": 2},"
+                " {\"name\": \"one\", \"at\": \"2s\", \"hold\": \"1s\"},"
+                " {\"name\": \"nowait\", \"at\": \"16s\", \"hold\": \"1s\", \"wait\": false}]}", true);
+
+        assert_int_equal(r->n_records, 5);
+        assert_int_equal(r->records[2].decided_ms, 18000); /* B's slot wakes at 18 (A's at 15): both */
+        assert_int_equal(r->records[3].decided_ms, 33000); /* behind it; then both rest 23 → 33 */
+        assert_int_equal(r->records[4].outcome, SIM_OUTCOME_REFUSED);
+        assert_int_equal(r->records[4].refusal, REFUSAL_BUSY);
+        assert_int_equal(r->granted, 4);
+}
+
 static void test_scenario_labels_that_nobody_matches_are_an_error(void **state) {
         _cleanup_(scenario_freep) Scenario *s = NULL;
         _cleanup_(conf_freep) BrokerConfig *c = NULL;
@@ -302,6 +321,7 @@ int main(void) {
                 cmocka_unit_test(test_simulation_covers_every_second_until_the_last_hold_ends),
                 cmocka_unit_test(test_jammed_worked_example),
                 cmocka_unit_test(test_labels_and_member_in_a_scenario),
+                cmocka_unit_test(test_cooldown_in_a_scenario),
                 cmocka_unit_test(test_scenario_labels_that_nobody_matches_are_an_error),
                 cmocka_unit_test(test_also_in_a_scenario),
                 cmocka_unit_test(test_max_hold_revocation_ends_the_lease_at_once),
