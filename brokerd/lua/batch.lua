@@ -19,6 +19,11 @@
 
 local BATCH_OPS_MAX = 16
 
+-- The operations that carry their state to the next (call_begin(true), README "Batches"): they leave M,
+-- the rules, the lane counters and the clock as Redis holds them once written, and change nothing that the
+-- carried state describes but through it.
+local CARRIES = { [op_submit] = true, [op_release] = true, [op_withdraw] = true }
+
 local function batch()
         local ops = { submit = op_submit, release = op_release, withdraw = op_withdraw, tick = op_tick,
                       reclaim = op_reclaim }
@@ -38,18 +43,26 @@ local function batch()
         end
         if i ~= #argv + 1 then return redis.error_reply('ERR slotbroker batch: arguments after the last operation') end
 
-        local replies = {}
+        local replies, keep = {}, false
         for j = 1, n do
                 local op, first, m = list[j][1], list[j][2], list[j][3]
                 local a = { argv[1], argv[2], argv[3], argv[4], argv[5] }
                 for x = 0, m - 1 do a[6 + x] = argv[first + x] end
+                local carries = CARRIES[op]
+                -- An operation that reads what the ones before deferred (tick reads fingerprints and meta
+                -- back) gets it written first, and begins afresh.
+                keep = keep and carries
+                if not keep then batch_flush() end
                 ARGV = a
-                call_begin()
+                call_begin(keep)
+                carry.defer = carries
                 BATCH_NEXT = j > 1
                 local r = op()
                 replies[j] = r
                 if r[1] ~= 'ok' and r[1] ~= 'invalid' then break end
+                keep = carries -- "ok" and "invalid" come after the state was read
         end
+        batch_flush()
         return replies
 end
 

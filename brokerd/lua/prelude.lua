@@ -90,6 +90,25 @@ local raw_time                  -- Redis TIME in µs: tokens (never the pool clo
 local clock_missing             -- the clock hash was not there (a new pool, or keys lost)
 local bnow, bclock_id, bskew    -- the backend clock of this call (backend_clock()); nil in the manual mode
 
+-- What one operation of a batch leaves to the next (batch.lua; README, "Batches"): nothing but the batch
+-- runs in between, so what the first read or wrote is what Redis holds for the next. call_begin(true) keeps
+-- it, call_begin() starts afresh. Fields (all nil when unset):
+--   on         this operation was begun with call_begin(true): M, R, lane_cache, meta_dirty, meta_stored,
+--              fp_delta come from the operation before, not from Redis
+--   defer      flush() and the clock hash's write wait for batch_flush() (the batch's end, or an operation
+--              that reads them from Redis: tick, reclaim)
+--   clock      the clock hash's fields as the last operation left them { last_time, last_now, skew, bid,
+--              bskew } (strings, as HMGET gives them); pending: the HSET's arguments, deferred
+--   bclock     sb:clock's fields as the last operation read or wrote them { last_time, last_now, skew, id }
+--   inc_ok     the node hash's inc is the caller's incarnation (only a tick changes it)
+--   rekey_empty  no rekey job (only a tick makes one)
+--   admitted   the caller's registration deadline, its wanted rules the stored ones (node_admitted())
+--   heads_on   this operation caches heads (submit, release, withdraw: they write dl, nodes, lv, orph only
+--              through the functions that drop heads)
+--   heads      the first entries of dl, nodes (2), lv (2), orph with their scores: next_due() and the
+--              instant's scans read them; dropped by every write to those keys
+local carry = {}
+
 -- Lua 5.1 prints numbers with 14 digits ("1.7e+15"): every number that goes into a string (a key, a
 -- reference, a comparison with a stored value) goes through istr(). redis.call() arguments are exact.
 local function istr(n) return string.format('%d', n) end
@@ -223,7 +242,10 @@ end
 -- of another id for its own, and no live key's `at` of another id counts for more than "renewed now".
 local function backend_clock()
         bnow, bclock_id, bskew = nil, nil, nil
-        local ok, c = pcall(redis.call, 'HMGET', BCLOCK_KEY, 'last_time', 'last_now', 'skew', 'id')
+        -- carry.bclock: what the batch's operation before read or wrote (strings, as HMGET gives them).
+        local ok, c = true, carry.bclock
+        carry.bclock = nil
+        if not c then ok, c = pcall(redis.call, 'HMGET', BCLOCK_KEY, 'last_time', 'last_now', 'skew', 'id') end
         -- An error other than another type (an ACL that lets brokerd's user at {sb:* only): no backend
         -- clock, the pool's own rule, and no live key counts.
         if not ok and not string.find(tostring(c.err or c), 'WRONGTYPE', 1, true) then return end
@@ -236,6 +258,7 @@ local function backend_clock()
                         return
                 end
                 bclock_id, bskew, bnow = istr(raw_time), 0, raw_time
+                carry.bclock = { bclock_id, bclock_id, '0', bclock_id }
                 return
         end
         local b = raw_time - skew
@@ -249,10 +272,24 @@ local function backend_clock()
                 if not pcall(redis.call, 'HSET', BCLOCK_KEY, 'last_time', raw_time, 'last_now', b, 'skew', skew) then
                         return
                 end
-        elseif b < last_now then
-                b = last_now
+                carry.bclock = { istr(raw_time), istr(b), istr(skew), id }
+        else
+                if b < last_now then b = last_now end
+                carry.bclock = { c[1], c[2], c[3], id }
         end
         bclock_id, bskew, bnow = id, skew, b
+end
+
+-- The clock hash written (HSET args: field, value…), or, in a batch (carry.defer), kept for batch_flush();
+-- either way what it now holds is kept for the batch's next operation (carry.clock). c: what it held.
+local function clock_put(c, args)
+        local held = { args[2], args[4], args[6], args[8] or c[4], args[10] and istr(args[10]) or c[5] }
+        carry.clock = held
+        if carry.defer then
+                carry.pending = args
+        else
+                redis.call('HSET', K.clock, unpack(args))
+        end
 end
 
 -- The pool clock (memo §4.6): Redis's TIME minus a skew that absorbs gaps (no node reached Redis: time
@@ -266,13 +303,14 @@ end
 local function clock(manual)
         local tm = redis.call('TIME')
         raw_time = tonumber(tm[1]) * USEC_PER_SEC + tonumber(tm[2])
-        local c = redis.call('HMGET', K.clock, 'last_time', 'last_now', 'skew', 'bid', 'bskew')
+        -- carry.clock: the hash as the batch's operation before left it (its write deferred: clock_put()).
+        local c = carry.clock or redis.call('HMGET', K.clock, 'last_time', 'last_now', 'skew', 'bid', 'bskew')
         local last_time, last_now, skew = tonumber(c[1]), tonumber(c[2] or '0'), tonumber(c[3] or '0')
         clock_missing = not c[2]
         if manual then
                 now = tonumber(MANUAL_NOW)
                 if now == nil or now < last_now then return false end
-                redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew)
+                clock_put(c, { 'last_time', raw_time, 'last_now', now, 'skew', skew })
                 return true
         end
         backend_clock()
@@ -288,10 +326,9 @@ local function clock(manual)
                 skew = raw_time - now
         end
         if bnow then
-                redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew, 'bid', bclock_id,
-                           'bskew', bskew)
+                clock_put(c, { 'last_time', raw_time, 'last_now', now, 'skew', skew, 'bid', bclock_id, 'bskew', bskew })
         else
-                redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew)
+                clock_put(c, { 'last_time', raw_time, 'last_now', now, 'skew', skew })
         end
         return true
 end
@@ -360,8 +397,10 @@ local function lane_incr(l, field, by)
         c.dirty = true
 end
 
--- Writes what meta_set(), lane_incr() and fingerprint_change() kept. Idempotent.
+-- Writes what meta_set(), lane_incr() and fingerprint_change() kept. Idempotent. In a batch, at its end
+-- (carry.defer: batch_flush()).
 local function flush()
+        if carry.defer then return end
         local set, del = {}, {}
         for f in pairs(meta_dirty) do
                 local v, held = M[f], meta_stored[f]
@@ -390,6 +429,17 @@ local function flush()
                            'fp_s', (tonumber(f[3] or '0') + d[3]) % 4294967296)
         end
         fp_delta = {}
+end
+
+-- The end of a batch (batch.lua), or of its run of operations that carry their state: what flush() and
+-- clock_put() kept is written, and the next operation begins afresh.
+local function batch_flush()
+        carry.defer = false
+        flush()
+        if carry.pending then
+                redis.call('HSET', K.clock, unpack(carry.pending))
+                carry.pending = nil
+        end
 end
 
 -- pool-local.c:free_slots(): counted against every slot held, also those above a shrunk limit.
@@ -503,6 +553,7 @@ end
 -- The caller's expired outcome records, a page per call (every reply): a node makes a call per request it
 -- decides, so its records go as fast as they come. A dead node's go with it (reap()).
 local function outcomes_trim()
+        if carry.on then return end -- a page per call: the batch's first operation trimmed it
         local old = redis.call('ZRANGEBYSCORE', k_outcome_exp(NODE), '-inf', now, 'LIMIT', 0, OUTCOME_TRIM_PAGE)
         if #old == 0 then return end
         redis.call('HDEL', k_outcomes(NODE), unpack(old))
@@ -577,7 +628,10 @@ local function waiter_link(w)
         redis.call('SADD', k_lk(w.lane), w.k)
         redis.call('ZADD', k_queue(w.prio), 0, w.wid)
         redis.call('ZADD', K.prios, w.prio, w.prio)
-        if w.deadline ~= INF then redis.call('ZADD', K.dl, w.deadline, w.wid) end
+        if w.deadline ~= INF then
+                redis.call('ZADD', K.dl, w.deadline, w.wid)
+                carry.heads = nil
+        end
         record_add(w.node, w.rid, 'w', 'w:' .. w.wid)
         lane_incr(w.lane, 'waiting', 1)
         meta_incr('waiting', 1)
@@ -590,7 +644,10 @@ local function waiter_unlink(w, keep_record)
         redis.call('HDEL', K.w, w.wid)
         redis.call('ZREM', k_bucket(w.lane, w.k), w.wid)
         redis.call('ZREM', k_queue(w.prio), w.wid)
-        if w.deadline ~= INF then redis.call('ZREM', K.dl, w.wid) end
+        if w.deadline ~= INF then
+                redis.call('ZREM', K.dl, w.wid)
+                carry.heads = nil
+        end
         if not keep_record then record_remove(w.node, w.rid, 'w') end
         lane_incr(w.lane, 'waiting', -1)
         meta_incr('waiting', -1)
@@ -689,6 +746,7 @@ local function lease_free(l)
         redis.call('HDEL', K.h, istr(l.token))
         if l.orphan then
                 redis.call('ZREM', K.orph, istr(l.token)) -- its record went when it became one
+                carry.heads = nil
         else
                 record_remove(l.node, l.rid, 'l')
         end
@@ -705,6 +763,7 @@ local function lease_orphan(l)
         l.orphan = true
         lease_put(l)
         redis.call('ZADD', K.orph, now + R.ttl, istr(l.token))
+        carry.heads = nil
 end
 
 -- Orphans whose node TTL has run out at t: freed, one step each.
@@ -983,6 +1042,29 @@ local function reap(t)
         end
 end
 
+-- The first entries of the keys whose scores make instants due (next_due(), instant()): read once, and
+-- kept (carry.heads) while the operation caches them (carry.heads_on) until something writes one of those
+-- keys (every such write drops them). Key -> ZRANGE … WITHSCORES.
+local function heads()
+        local h = carry.heads
+        if h and carry.heads_on then return h end
+        h = {
+                [K.dl] = redis.call('ZRANGE', K.dl, 0, 0, 'WITHSCORES'),
+                [K.nodes] = redis.call('ZRANGE', K.nodes, 0, 1, 'WITHSCORES'),
+                [K.lv] = redis.call('ZRANGE', K.lv, 0, 1, 'WITHSCORES'),
+                [K.orph] = redis.call('ZRANGE', K.orph, 0, 0, 'WITHSCORES'),
+        }
+        if carry.heads_on then carry.heads = h end
+        return h
+end
+
+-- Whether key's first score is ≤ t (something of it due), by heads(); true when heads are not cached.
+local function head_due(key, t)
+        if not carry.heads_on then return true end
+        local v = tonumber(heads()[key][2])
+        return v ~= nil and v <= t
+end
+
 -- pool-local.c:local_run() at t, after the lease ends of t (dead nodes). meta.phase remembers how far an
 -- instant cut short by the budget got: 0 first dispatch, 1 expiries, 2 second dispatch and the gauge.
 -- Returns false when the budget ran out (the instant stays unsettled).
@@ -992,16 +1074,33 @@ local function instant(t)
                 meta_set('phase', 0)
         end
         meta_set('running', 1)
-        if not reap(t) then return false end
-        if not orphans_lapse(t) then return false end
-        if not rekey_step() then return false end
+        -- The scans of what is due at t only when heads() says something is (none of them writes otherwise);
+        -- each may write the keys heads() reads.
+        if head_due(K.nodes, t) or head_due(K.lv, t) then
+                local done = reap(t)
+                carry.heads = nil
+                if not done then return false end
+        end
+        if head_due(K.orph, t) then
+                local done = orphans_lapse(t)
+                carry.heads = nil
+                if not done then return false end
+        end
+        if not carry.rekey_empty then
+                if not rekey_step() then return false end
+                carry.rekey_empty = carry.heads_on -- only a tick makes a job (it begins its batch's state afresh)
+        end
         if M.recovery_until > 0 and t >= M.recovery_until then recovery_close() end
         if M.phase == 0 then
                 if not dispatch(t) then return false end
                 meta_set('phase', 1)
         end
         if M.phase == 1 then
-                if not expire(t) then return false end
+                if head_due(K.dl, t) then
+                        local done = expire(t)
+                        carry.heads = nil
+                        if not done then return false end
+                end
                 meta_set('phase', 2)
         end
         if not dispatch(t) then return false end
@@ -1028,16 +1127,17 @@ local function next_due(for_caller)
                 if v and u and v < u then v = u end
                 if v and (not t or v < t) then t = v end
         end
-        consider(tonumber(redis.call('ZRANGE', K.dl, 0, 0, 'WITHSCORES')[2]))
+        local h = heads()
+        consider(tonumber(h[K.dl][2]))
         -- Registrations: finite scores in nodes, covered ones (+inf there) by their lv scores.
         for _, key in ipairs({ K.nodes, K.lv }) do
-                local first = redis.call('ZRANGE', key, 0, 1, 'WITHSCORES')
+                local first = h[key]
                 local v = tonumber(first[2])
                 if for_caller and first[1] == NODE then v = tonumber(first[4]) end
                 if v ~= INF then consider(v) end
         end
         if M.recovery_until > 0 then consider(M.recovery_until) end
-        consider(tonumber(redis.call('ZRANGE', K.orph, 0, 0, 'WITHSCORES')[2]))
+        consider(tonumber(h[K.orph][2]))
         if M.congested == 0 and R.q and M.drained == 0 and not has_room_for_one() then
                 consider(M.last_fast + R.q + 1)
         end
@@ -1141,6 +1241,7 @@ local function pool_wipe(rules)
         redis.call('HSET', k_node(NODE), 'fp_n', 0, 'fp_x', 0, 'fp_s', 0)
         for i = 1, #keys, 1000 do redis.call('DEL', unpack(keys, i, math.min(i + 999, #keys))) end
         lane_cache, fp_delta = {}, {}
+        carry.heads, carry.rekey_empty = nil, nil
 end
 
 -- Part of the pool's state is gone: it is made anew, as a pool Redis lost (a new epoch, tokens going on
@@ -1187,6 +1288,7 @@ local BATCH_NEXT
 local function identity_refused()
         if not INCARNATION then return false end
         local stored = redis.call('HGET', k_node(NODE), 'inc')
+        carry.inc_ok = stored == INCARNATION -- only a tick changes it (batch.lua begins it afresh)
         if not stored or stored == INCARNATION or PREVIOUS[stored] then return false end
         local deadline = node_deadline(NODE)
         if deadline ~= nil and deadline > now then return true end
@@ -1195,8 +1297,9 @@ local function identity_refused()
 end
 
 -- A call's start: its keys and arguments read, every per-call variable above set anew (a library's
--- locals keep the last call's values otherwise).
-local function call_begin()
+-- locals keep the last call's values otherwise). keep (batch.lua only): the state the batch's operation
+-- before left (carry.on: M, R, the lane counters, the unwritten changes, the clock) is this one's.
+local function call_begin(keep)
         P = KEYS[1]
         K = keys_of(P)
         -- ARGV[2] is "NODE/INCARNATION/PREVIOUS,…" from brokerd (README, "One node, one identity"); a bare
@@ -1208,16 +1311,29 @@ local function call_begin()
                 for p in string.gmatch(prev, '[^,]+') do PREVIOUS[p] = true end
         end
         MANUAL_NOW, RUN_ID, SETTLE = ARGV[3], ARGV[4], ARGV[5] == '1'
-        M, R, lane_cache, events, notices = {}, {}, {}, {}, {}
+        events, notices = {}, {}
         steps, reaped_a_page, stream_last, now, raw_time, clock_missing = 0, false, '', 0, 0, false
         bnow, bclock_id, bskew = nil, nil, nil
-        meta_dirty, meta_stored, fp_delta, IDENTITY_TAKEOVER, BATCH_NEXT = {}, {}, {}, false, false
+        IDENTITY_TAKEOVER, BATCH_NEXT = false, false
+        if keep then
+                carry.on, carry.heads_on = true, false
+                return
+        end
+        M, R, lane_cache, meta_dirty, meta_stored, fp_delta = {}, {}, {}, {}, {}, {}
+        carry = {}
 end
 
 -- The checks every script makes first: data model version, clock mode, the server's run id (a restart:
 -- an AOF everysec restart may have lost the last second of grants, so a recovery window starts).
 -- create: the tick may make the pool's keys. Returns nil, or a reply to return at once.
 local function prelude_begin(create)
+        if carry.on then
+                -- The batch's operation before made every check below but the identity's with this head and
+                -- left M, R and the clock as Redis holds them (README, "Batches").
+                if not clock(MANUAL_NOW ~= '-') then return early('clock') end
+                if not carry.inc_ok and identity_refused() then return early('identity') end
+                return nil
+        end
         if ARGV[1] ~= tostring(VERSION) then return early('version', { VERSION }) end
         meta_load()
         if M.version ~= 0 and M.version ~= VERSION then return early('version', { M.version }) end
@@ -1256,10 +1372,20 @@ local function prelude_begin(create)
         return nil
 end
 
--- A node may submit while it heartbeats and wants the stored rules.
+-- A node may submit while it heartbeats and wants the stored rules. nil, and the deadline when admitted.
 local function node_admitted()
         local deadline = node_deadline(NODE)
         if not deadline or deadline <= now then return 'unregistered' end
         if redis.call('HGET', k_node(NODE), 'rules') ~= R.canon then return 'rules' end
-        return nil
+        return nil, deadline
+end
+
+-- node_admitted(), once per batch while its deadline is ahead: only a tick changes the node's wanted rules
+-- or the stored ones, or lowers its deadline (renewals and reap() raise it or leave it; a reap of the
+-- caller's own registration comes at or after that deadline, when this asks again).
+local function node_admitted_carried()
+        if carry.admitted and carry.admitted > now then return nil end
+        local refused, deadline = node_admitted()
+        carry.admitted = deadline
+        return refused
 end
