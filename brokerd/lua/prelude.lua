@@ -94,12 +94,9 @@ local bnow, bclock_id, bskew    -- the backend clock of this call (backend_clock
 -- runs in between, so what the first read or wrote is what Redis holds for the next. call_begin(true) keeps
 -- it, call_begin() starts afresh. Fields (all nil when unset):
 --   on         this operation was begun with call_begin(true): M, R, lane_cache, meta_dirty, meta_stored,
---              fp_delta come from the operation before, not from Redis
---   defer      flush() and the clock hash's write wait for batch_flush() (the batch's end, or an operation
---              that reads them from Redis: tick, reclaim)
---   clock      the clock hash's fields as the last operation left them { last_time, last_now, skew, bid,
---              bskew } (strings, as HMGET gives them); pending: the HSET's arguments, deferred
---   bclock     sb:clock's fields as the last operation read or wrote them { last_time, last_now, skew, id }
+--              fp_delta and the instant (now, raw_time, the backend clock) come from the operation before
+--   defer      flush() waits for batch_flush() (the batch's end, or an operation that reads meta, lane
+--              counters or fingerprints from Redis: tick, reclaim)
 --   inc_ok     the node hash's inc is the caller's incarnation (only a tick changes it)
 --   rekey_empty  no rekey job (only a tick makes one)
 --   admitted   the caller's registration deadline, its wanted rules the stored ones (node_admitted())
@@ -242,10 +239,7 @@ end
 -- of another id for its own, and no live key's `at` of another id counts for more than "renewed now".
 local function backend_clock()
         bnow, bclock_id, bskew = nil, nil, nil
-        -- carry.bclock: what the batch's operation before read or wrote (strings, as HMGET gives them).
-        local ok, c = true, carry.bclock
-        carry.bclock = nil
-        if not c then ok, c = pcall(redis.call, 'HMGET', BCLOCK_KEY, 'last_time', 'last_now', 'skew', 'id') end
+        local ok, c = pcall(redis.call, 'HMGET', BCLOCK_KEY, 'last_time', 'last_now', 'skew', 'id')
         -- An error other than another type (an ACL that lets brokerd's user at {sb:* only): no backend
         -- clock, the pool's own rule, and no live key counts.
         if not ok and not string.find(tostring(c.err or c), 'WRONGTYPE', 1, true) then return end
@@ -258,7 +252,6 @@ local function backend_clock()
                         return
                 end
                 bclock_id, bskew, bnow = istr(raw_time), 0, raw_time
-                carry.bclock = { bclock_id, bclock_id, '0', bclock_id }
                 return
         end
         local b = raw_time - skew
@@ -272,24 +265,10 @@ local function backend_clock()
                 if not pcall(redis.call, 'HSET', BCLOCK_KEY, 'last_time', raw_time, 'last_now', b, 'skew', skew) then
                         return
                 end
-                carry.bclock = { istr(raw_time), istr(b), istr(skew), id }
-        else
-                if b < last_now then b = last_now end
-                carry.bclock = { c[1], c[2], c[3], id }
+        elseif b < last_now then
+                b = last_now
         end
         bclock_id, bskew, bnow = id, skew, b
-end
-
--- The clock hash written (HSET args: field, value…), or, in a batch (carry.defer), kept for batch_flush();
--- either way what it now holds is kept for the batch's next operation (carry.clock). c: what it held.
-local function clock_put(c, args)
-        local held = { args[2], args[4], args[6], args[8] or c[4], args[10] and istr(args[10]) or c[5] }
-        carry.clock = held
-        if carry.defer then
-                carry.pending = args
-        else
-                redis.call('HSET', K.clock, unpack(args))
-        end
 end
 
 -- The pool clock (memo §4.6): Redis's TIME minus a skew that absorbs gaps (no node reached Redis: time
@@ -303,14 +282,13 @@ end
 local function clock(manual)
         local tm = redis.call('TIME')
         raw_time = tonumber(tm[1]) * USEC_PER_SEC + tonumber(tm[2])
-        -- carry.clock: the hash as the batch's operation before left it (its write deferred: clock_put()).
-        local c = carry.clock or redis.call('HMGET', K.clock, 'last_time', 'last_now', 'skew', 'bid', 'bskew')
+        local c = redis.call('HMGET', K.clock, 'last_time', 'last_now', 'skew', 'bid', 'bskew')
         local last_time, last_now, skew = tonumber(c[1]), tonumber(c[2] or '0'), tonumber(c[3] or '0')
         clock_missing = not c[2]
         if manual then
                 now = tonumber(MANUAL_NOW)
                 if now == nil or now < last_now then return false end
-                clock_put(c, { 'last_time', raw_time, 'last_now', now, 'skew', skew })
+                redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew)
                 return true
         end
         backend_clock()
@@ -326,9 +304,10 @@ local function clock(manual)
                 skew = raw_time - now
         end
         if bnow then
-                clock_put(c, { 'last_time', raw_time, 'last_now', now, 'skew', skew, 'bid', bclock_id, 'bskew', bskew })
+                redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew, 'bid', bclock_id,
+                           'bskew', bskew)
         else
-                clock_put(c, { 'last_time', raw_time, 'last_now', now, 'skew', skew })
+                redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew)
         end
         return true
 end
@@ -337,13 +316,17 @@ end
 
 -- FNV-1a 32 of RID .. kind ('w' waiter, 'l' lease); 16777619 = 2^24 + 403, so the product is split to
 -- stay exact in doubles. The node keeps the same triple (count, xor, sum mod 2^32) of its records.
+-- In BitOp's signed 32-bit range (bit.tobit() is mod 2^32 for |x| < 2^51; h * 403 + (h << 24) < 2^42): one
+-- normalisation a byte instead of three `%` (a grant and a release each hash a record: ~10 % of a pair's
+-- Redis instructions before).
 local function fnv1a32(s)
-        local h = 2166136261
+        local bxor, lshift, tobit, byte = bit.bxor, bit.lshift, bit.tobit, string.byte
+        local h = -2128831035 -- 2166136261
         for i = 1, #s do
-                h = bit.bxor(h, string.byte(s, i)) % 4294967296
-                h = (h * 403 + bit.lshift(h, 24) % 4294967296) % 4294967296
+                local x = bxor(h, byte(s, i))
+                h = tobit(x * 403 + lshift(x, 24))
         end
-        return h
+        return h % 4294967296
 end
 
 local fp_delta                  -- node -> { n, x, s } not yet written
@@ -362,7 +345,7 @@ end
 
 local function record_add(node, rid, kind, ref)
         redis.call('HSET', K.rid, node .. ':' .. rid, ref)
-        redis.call('ZADD', k_records(node), 0, rid)
+        redis.call('ZADD', k_records(node), '0', rid)
         fingerprint_change(node, rid, kind, 1)
 end
 
@@ -431,15 +414,11 @@ local function flush()
         fp_delta = {}
 end
 
--- The end of a batch (batch.lua), or of its run of operations that carry their state: what flush() and
--- clock_put() kept is written, and the next operation begins afresh.
+-- The end of a batch (batch.lua), or of its run of operations that carry their state: what flush() kept is
+-- written, and the next operation begins afresh.
 local function batch_flush()
         carry.defer = false
         flush()
-        if carry.pending then
-                redis.call('HSET', K.clock, unpack(carry.pending))
-                carry.pending = nil
-        end
 end
 
 -- pool-local.c:free_slots(): counted against every slot held, also those above a shrunk limit.
@@ -499,7 +478,7 @@ end
 
 -- A held slot's identity: its member's name, or "#INDEX" for an anonymous slot (sid's keys).
 local function lease_slot_identity(l, i)
-        return l.members[i] or ('#' .. l.slots[i])
+        return l.members[i] or ('#' .. istr(l.slots[i]))
 end
 
 local function member_drained_at(pos)
@@ -697,10 +676,11 @@ local function grant(node, rid, lane, k, arrival, t, w)
                 budget = w and w.budget or INF,
         }
         for i = 1, k do
-                local pos = redis.call('BITPOS', K.busy, 0)
+                -- Numbers as strings where it is free: redis.call() formats a number with "%.17g".
+                local pos = redis.call('BITPOS', K.busy, '0')
                 assert(pos >= 0 and pos < R.limit, 'no free slot below the limit')
-                redis.call('SETBIT', K.occ, pos, 1)
-                redis.call('SETBIT', K.busy, pos, 1)
+                redis.call('SETBIT', K.occ, pos, '1')
+                redis.call('SETBIT', K.busy, pos, '1')
                 l.slots[i], l.pos[i] = pos, pos
                 if R.members then l.members[i] = R.members[pos + 1] end
         end
@@ -712,7 +692,8 @@ local function grant(node, rid, lane, k, arrival, t, w)
         end
         meta_set('counter', token)
         l.token = token
-        for i = 1, k do redis.call('HSET', K.sid, lease_slot_identity(l, i), token) end
+        local token_s = istr(token)
+        for i = 1, k do redis.call('HSET', K.sid, lease_slot_identity(l, i), token_s) end
         meta_incr('in_use', k)
         meta_incr('leases', 1)
         lane_incr(lane, 'used', k)
@@ -731,11 +712,11 @@ end
 local function lease_free(l)
         for i = 1, l.k do
                 local pos = l.pos[i]
-                redis.call('SETBIT', K.occ, pos, 0)
+                redis.call('SETBIT', K.occ, pos, '0')
                 if member_drained_at(pos) then
                         meta_incr('drained_free', 1)
                 else
-                        redis.call('SETBIT', K.busy, pos, 0)
+                        redis.call('SETBIT', K.busy, pos, '0')
                 end
                 local id = lease_slot_identity(l, i)
                 if redis.call('HGET', K.sid, id) == istr(l.token) then redis.call('HDEL', K.sid, id) end
@@ -1054,6 +1035,10 @@ local function heads()
                 [K.lv] = redis.call('ZRANGE', K.lv, 0, 1, 'WITHSCORES'),
                 [K.orph] = redis.call('ZRANGE', K.orph, 0, 0, 'WITHSCORES'),
         }
+        -- The scores as numbers, once (tonumber() of a 16-digit string is a strtod()).
+        for _, a in pairs(h) do
+                a[2], a[4] = tonumber(a[2]), tonumber(a[4])
+        end
         if carry.heads_on then carry.heads = h end
         return h
 end
@@ -1300,6 +1285,17 @@ end
 -- locals keep the last call's values otherwise). keep (batch.lua only): the state the batch's operation
 -- before left (carry.on: M, R, the lane counters, the unwritten changes, the clock) is this one's.
 local function call_begin(keep)
+        events, notices = {}, {}
+        steps, reaped_a_page, stream_last = 0, false, ''
+        IDENTITY_TAKEOVER, BATCH_NEXT = false, false
+        if keep then
+                -- KEYS[1] and the head (ARGV[1..5]) are the batch's: P, K, NODE… as the operation before, and
+                -- so is its instant (now, raw_time, the backend clock: one clock read a call).
+                carry.on, carry.heads_on = true, false
+                return
+        end
+        now, raw_time, clock_missing = 0, 0, false
+        bnow, bclock_id, bskew = nil, nil, nil
         P = KEYS[1]
         K = keys_of(P)
         -- ARGV[2] is "NODE/INCARNATION/PREVIOUS,…" from brokerd (README, "One node, one identity"); a bare
@@ -1311,14 +1307,6 @@ local function call_begin(keep)
                 for p in string.gmatch(prev, '[^,]+') do PREVIOUS[p] = true end
         end
         MANUAL_NOW, RUN_ID, SETTLE = ARGV[3], ARGV[4], ARGV[5] == '1'
-        events, notices = {}, {}
-        steps, reaped_a_page, stream_last, now, raw_time, clock_missing = 0, false, '', 0, 0, false
-        bnow, bclock_id, bskew = nil, nil, nil
-        IDENTITY_TAKEOVER, BATCH_NEXT = false, false
-        if keep then
-                carry.on, carry.heads_on = true, false
-                return
-        end
         M, R, lane_cache, meta_dirty, meta_stored, fp_delta = {}, {}, {}, {}, {}, {}
         carry = {}
 end
@@ -1328,9 +1316,9 @@ end
 -- create: the tick may make the pool's keys. Returns nil, or a reply to return at once.
 local function prelude_begin(create)
         if carry.on then
-                -- The batch's operation before made every check below but the identity's with this head and
-                -- left M, R and the clock as Redis holds them (README, "Batches").
-                if not clock(MANUAL_NOW ~= '-') then return early('clock') end
+                -- The batch's operation before made every check below but the identity's with this head, read
+                -- the clock (this operation's instant is the same) and left M and R as Redis holds them
+                -- (README, "Batches").
                 if not carry.inc_ok and identity_refused() then return early('identity') end
                 return nil
         end
