@@ -6,14 +6,14 @@
 -- ARGV  [1..5] the head (README), the same for every operation in the batch
 --       [6] n (1 ≤ n ≤ BATCH_OPS_MAX)   then n times: OP ("submit" | "release" | "withdraw" | "tick" |
 --       "reclaim"), m, then m arguments: the operation's ARGV[6…] as it takes them alone
--- Decides: each operation exactly as its own call would, one after the other (each its own clock instant,
---       step budget and reply; the ones after the first skip the integrity check: nothing but the batch
---       ran since the first's), until one answers other than "ok" or "invalid" ("settling",
+-- Decides: each operation exactly as its own call would, one after the other (each its own step budget and
+--       reply; the ones after the first skip the integrity check: nothing but the batch ran since the
+--       first's; the clock is read once, by the first: one instant a batch), until one answers other than "ok" or "invalid" ("settling",
 --       "unregistered", "rules", "identity", …): the ones after it are not run and the node sends them
 --       again, as it sends again a call answered so. Submit, release and withdraw carry what they read and
 --       wrote of the pool to the next operation instead of it reading it again (call_begin(true): meta, the
---       rules, the lane counters, the clock, the identity and admission checks, the queue's heads), and
---       their writes of meta, lane counters, fingerprints and the clock hash wait for the batch's end
+--       rules, the lane counters, the instant, the identity and admission checks, the queue's heads), and
+--       their writes of meta, lane counters and fingerprints wait for the batch's end
 --       (batch_flush(); before a tick or a reclaim, which read them back and begin afresh): README,
 --       "Batches".
 -- Returns: { reply… } — one reply per operation run, in order (each as its operation's own: README,

@@ -66,9 +66,14 @@ class Form:
         self.r, self.label, self.digest, self.key, self.batched = r, label, digest, key, batched
         self.seq = 0
         self.samples = {"cpu": [], "script": [], "fcalls": [], "commands": []}
-        reply = r.call("FCALL", f"sb_{digest}_tick", 1, key, *HEAD, "n1", CANON, 0, 0, 0, "-", "e1", "1", "", "")
-        assert reply[0] == "ok", reply[:3]
+        self.register()
         r.call("HSET", key + ":meta", "recovery_until", 0)  # the new pool's window: not what is measured
+
+    def register(self):
+        """A heartbeat (before each round, not counted): a round on a loaded machine may outlast the TTL."""
+        reply = self.r.call("FCALL", f"sb_{self.digest}_tick", 1, self.key, *HEAD, "n1", CANON, 0, 0, 0, "-", "e1",
+                            "1", "", "")
+        assert reply[0] == "ok", reply[:3]
 
     def send(self, ops):
         """ops: [(op, args)…], sent one by one or as one batch; returns the replies, in order."""
@@ -82,6 +87,7 @@ class Form:
         return self.r.call("FCALL", f"sb_{self.digest}_batch", 1, self.key, *HEAD, len(ops), *flat)
 
     def round(self, pairs, b):
+        self.register()
         self.r.call("CONFIG", "RESETSTAT")
         cpu0 = stats(self.r)[0]
         for _ in range(pairs // b):
