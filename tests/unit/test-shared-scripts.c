@@ -2629,8 +2629,8 @@ static void batches_as_one_by_one(const char *canon, const struct batch_step *st
  * queue's heads from one to the next and write them once, at its end (README, "Batches"): what it leaves
  * in Redis is what the same operations leave one by one, key for key, and they answer the same — here with
  * the instant settled by each operation (settle 1): grants at once, queueing with and without a budget,
- * releases that hand on, a withdrawal, budgets that run out at the first operation of a later batch, a
- * refusal, an invalid lane, a retried rid, and a heartbeat in the middle (which reads meta and the
+ * releases that hand on, withdrawals (of a waiter with a budget too), budgets that run out at the first
+ * operation of a later batch, a refusal, an invalid lane, a retried rid, and a heartbeat in the middle (which reads meta and the
  * fingerprints back: written before it). */
 static void test_a_batch_leaves_the_keys_its_operations_leave_one_by_one(void **state) {
         static const char *const b1[] = {
@@ -2662,6 +2662,10 @@ static void test_a_batch_leaves_the_keys_its_operations_leave_one_by_one(void **
                 "submit", "8", "j", "ci", "2", "1", "0", "-1", "-1", "-",
                 "release", "2", "5", "i",
                 "withdraw", "1", "j",
+                "submit", "8", "k", "ci", "2", "1", "0", "-1", "9000000", "-",
+                "submit", "8", "l", "ci", "1", "1", "0", "-1", "9000000", "-",
+                "withdraw", "1", "k",
+                "release", "2", "6", "j",
                 NULL,
         };
         const struct batch_step steps[] = { { 2000, b1 }, { 3500000, b2 }, { 10000000, b3 } };
