@@ -316,29 +316,11 @@ end
 
 -- FNV-1a 32 of RID .. kind ('w' waiter, 'l' lease); 16777619 = 2^24 + 403, so the product is split to
 -- stay exact in doubles. The node keeps the same triple (count, xor, sum mod 2^32) of its records.
--- XOR of two nibbles, XOR4[a * 16 + b] (made at load: pure arithmetic, no global), so that the byte's
--- XOR and the multiplication stay in the VM: BitOp's functions are C calls, four a byte, which made the
--- two hashes of a grant and its release ~8 % of a pair's Redis instructions (valgrind --tool=callgrind).
--- 16777619 = 2^24 + 403, and (h << 24) mod 2^32 = (h mod 256) * 2^24: every step exact in doubles.
-local XOR4 = {}
-for a = 0, 15 do
-        for b = 0, 15 do
-                local r, p, x, y = 0, 1, a, b
-                for _ = 1, 4 do
-                        if x % 2 ~= y % 2 then r = r + p end
-                        x, y, p = (x - x % 2) / 2, (y - y % 2) / 2, p * 2
-                end
-                XOR4[a * 16 + b] = r
-        end
-end
 local function fnv1a32(s)
-        local bytes = { string.byte(s, 1, #s) }
         local h = 2166136261
-        for i = 1, #bytes do
-                local c, l = bytes[i], h % 256
-                local cl, ll = c % 16, l % 16
-                local x = h - l + XOR4[l - ll + (c - cl) / 16] * 16 + XOR4[ll * 16 + cl]
-                h = (x * 403 + x % 256 * 16777216) % 4294967296
+        for i = 1, #s do
+                h = bit.bxor(h, string.byte(s, i)) % 4294967296
+                h = (h * 403 + bit.lshift(h, 24) % 4294967296) % 4294967296
         end
         return h
 end
