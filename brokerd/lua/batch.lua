@@ -6,11 +6,16 @@
 -- ARGV  [1..5] the head (README), the same for every operation in the batch
 --       [6] n (1 ≤ n ≤ BATCH_OPS_MAX)   then n times: OP ("submit" | "release" | "withdraw" | "tick" |
 --       "reclaim"), m, then m arguments: the operation's ARGV[6…] as it takes them alone
--- Decides: each operation exactly as its own call would, one after the other (each begins anew:
---       call_begin(), its own step budget, its own reply; the ones after the first skip the integrity
---       check: nothing but the batch ran since the first's), until one answers other than "ok" or
---       "invalid" ("settling", "unregistered", "rules", "identity", …): the ones after it are not run
---       and the node sends them again, as it sends again a call answered so.
+-- Decides: each operation exactly as its own call would, one after the other (each its own step budget and
+--       reply; the ones after the first skip the integrity check: nothing but the batch ran since the
+--       first's; the clock is read once, by the first: one instant a batch), until one answers other than "ok" or "invalid" ("settling",
+--       "unregistered", "rules", "identity", …): the ones after it are not run and the node sends them
+--       again, as it sends again a call answered so. Submit, release and withdraw carry what they read and
+--       wrote of the pool to the next operation instead of it reading it again (call_begin(true): meta, the
+--       rules, the lane counters, the instant, the identity and admission checks, the queue's heads), and
+--       their writes of meta, lane counters and fingerprints wait for the batch's end
+--       (batch_flush(); before a tick or a reclaim, which read them back and begin afresh): README,
+--       "Batches".
 -- Returns: { reply… } — one reply per operation run, in order (each as its operation's own: README,
 --       "Replies"); fewer than n when one stopped the batch (its reply is the last). A malformed batch
 --       (brokerd never sends one) is an error reply, before anything is run.
@@ -18,6 +23,11 @@
 --       BATCH_OPS_MAX operations and 32 KiB of arguments (libbroker/engine/pool-shared.c).
 
 local BATCH_OPS_MAX = 16
+
+-- The operations that carry their state to the next (call_begin(true), README "Batches"): they leave M,
+-- the rules, the lane counters and the clock as Redis holds them once written, and change nothing that the
+-- carried state describes but through it.
+local CARRIES = { [op_submit] = true, [op_release] = true, [op_withdraw] = true }
 
 local function batch()
         local ops = { submit = op_submit, release = op_release, withdraw = op_withdraw, tick = op_tick,
@@ -38,18 +48,26 @@ local function batch()
         end
         if i ~= #argv + 1 then return redis.error_reply('ERR slotbroker batch: arguments after the last operation') end
 
-        local replies = {}
+        local replies, keep = {}, false
         for j = 1, n do
                 local op, first, m = list[j][1], list[j][2], list[j][3]
                 local a = { argv[1], argv[2], argv[3], argv[4], argv[5] }
                 for x = 0, m - 1 do a[6 + x] = argv[first + x] end
+                local carries = CARRIES[op]
+                -- An operation that reads what the ones before deferred (tick reads fingerprints and meta
+                -- back) gets it written first, and begins afresh.
+                keep = keep and carries
+                if not keep then batch_flush() end
                 ARGV = a
-                call_begin()
+                call_begin(keep)
+                carry.defer = carries
                 BATCH_NEXT = j > 1
                 local r = op()
                 replies[j] = r
                 if r[1] ~= 'ok' and r[1] ~= 'invalid' then break end
+                keep = carries -- "ok" and "invalid" come after the state was read
         end
+        batch_flush()
         return replies
 end
 

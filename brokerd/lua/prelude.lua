@@ -90,6 +90,22 @@ local raw_time                  -- Redis TIME in µs: tokens (never the pool clo
 local clock_missing             -- the clock hash was not there (a new pool, or keys lost)
 local bnow, bclock_id, bskew    -- the backend clock of this call (backend_clock()); nil in the manual mode
 
+-- What one operation of a batch leaves to the next (batch.lua; README, "Batches"): nothing but the batch
+-- runs in between, so what the first read or wrote is what Redis holds for the next. call_begin(true) keeps
+-- it, call_begin() starts afresh. Fields (all nil when unset):
+--   on         this operation was begun with call_begin(true): M, R, lane_cache, meta_dirty, meta_stored,
+--              fp_delta and the instant (now, raw_time, the backend clock) come from the operation before
+--   defer      flush() waits for batch_flush() (the batch's end, or an operation that reads meta, lane
+--              counters or fingerprints from Redis: tick, reclaim)
+--   inc_ok     the node hash's inc is the caller's incarnation (only a tick changes it)
+--   rekey_empty  no rekey job (only a tick makes one)
+--   admitted   the caller's registration deadline, its wanted rules the stored ones (node_admitted())
+--   heads_on   this operation caches heads (submit, release, withdraw: they write dl, nodes, lv, orph only
+--              through the functions that drop heads)
+--   heads      the first entries of dl, nodes (2), lv (2), orph with their scores: next_due() and the
+--              instant's scans read them; dropped by every write to those keys
+local carry = {}
+
 -- Lua 5.1 prints numbers with 14 digits ("1.7e+15"): every number that goes into a string (a key, a
 -- reference, a comparison with a stored value) goes through istr(). redis.call() arguments are exact.
 local function istr(n) return string.format('%d', n) end
@@ -325,7 +341,7 @@ end
 
 local function record_add(node, rid, kind, ref)
         redis.call('HSET', K.rid, node .. ':' .. rid, ref)
-        redis.call('ZADD', k_records(node), 0, rid)
+        redis.call('ZADD', k_records(node), '0', rid)
         fingerprint_change(node, rid, kind, 1)
 end
 
@@ -360,8 +376,10 @@ local function lane_incr(l, field, by)
         c.dirty = true
 end
 
--- Writes what meta_set(), lane_incr() and fingerprint_change() kept. Idempotent.
+-- Writes what meta_set(), lane_incr() and fingerprint_change() kept. Idempotent. In a batch, at its end
+-- (carry.defer: batch_flush()).
 local function flush()
+        if carry.defer then return end
         local set, del = {}, {}
         for f in pairs(meta_dirty) do
                 local v, held = M[f], meta_stored[f]
@@ -390,6 +408,13 @@ local function flush()
                            'fp_s', (tonumber(f[3] or '0') + d[3]) % 4294967296)
         end
         fp_delta = {}
+end
+
+-- The end of a batch (batch.lua), or of its run of operations that carry their state: what flush() kept is
+-- written, and the next operation begins afresh.
+local function batch_flush()
+        carry.defer = false
+        flush()
 end
 
 -- pool-local.c:free_slots(): counted against every slot held, also those above a shrunk limit.
@@ -449,7 +474,7 @@ end
 
 -- A held slot's identity: its member's name, or "#INDEX" for an anonymous slot (sid's keys).
 local function lease_slot_identity(l, i)
-        return l.members[i] or ('#' .. l.slots[i])
+        return l.members[i] or ('#' .. istr(l.slots[i]))
 end
 
 local function member_drained_at(pos)
@@ -503,6 +528,7 @@ end
 -- The caller's expired outcome records, a page per call (every reply): a node makes a call per request it
 -- decides, so its records go as fast as they come. A dead node's go with it (reap()).
 local function outcomes_trim()
+        if carry.on then return end -- a page per call: the batch's first operation trimmed it
         local old = redis.call('ZRANGEBYSCORE', k_outcome_exp(NODE), '-inf', now, 'LIMIT', 0, OUTCOME_TRIM_PAGE)
         if #old == 0 then return end
         redis.call('HDEL', k_outcomes(NODE), unpack(old))
@@ -577,7 +603,10 @@ local function waiter_link(w)
         redis.call('SADD', k_lk(w.lane), w.k)
         redis.call('ZADD', k_queue(w.prio), 0, w.wid)
         redis.call('ZADD', K.prios, w.prio, w.prio)
-        if w.deadline ~= INF then redis.call('ZADD', K.dl, w.deadline, w.wid) end
+        if w.deadline ~= INF then
+                redis.call('ZADD', K.dl, w.deadline, w.wid)
+                carry.heads = nil
+        end
         record_add(w.node, w.rid, 'w', 'w:' .. w.wid)
         lane_incr(w.lane, 'waiting', 1)
         meta_incr('waiting', 1)
@@ -590,7 +619,10 @@ local function waiter_unlink(w, keep_record)
         redis.call('HDEL', K.w, w.wid)
         redis.call('ZREM', k_bucket(w.lane, w.k), w.wid)
         redis.call('ZREM', k_queue(w.prio), w.wid)
-        if w.deadline ~= INF then redis.call('ZREM', K.dl, w.wid) end
+        if w.deadline ~= INF then
+                redis.call('ZREM', K.dl, w.wid)
+                carry.heads = nil
+        end
         if not keep_record then record_remove(w.node, w.rid, 'w') end
         lane_incr(w.lane, 'waiting', -1)
         meta_incr('waiting', -1)
@@ -640,10 +672,11 @@ local function grant(node, rid, lane, k, arrival, t, w)
                 budget = w and w.budget or INF,
         }
         for i = 1, k do
-                local pos = redis.call('BITPOS', K.busy, 0)
+                -- Numbers as strings where it is free: redis.call() formats a number with "%.17g".
+                local pos = redis.call('BITPOS', K.busy, '0')
                 assert(pos >= 0 and pos < R.limit, 'no free slot below the limit')
-                redis.call('SETBIT', K.occ, pos, 1)
-                redis.call('SETBIT', K.busy, pos, 1)
+                redis.call('SETBIT', K.occ, pos, '1')
+                redis.call('SETBIT', K.busy, pos, '1')
                 l.slots[i], l.pos[i] = pos, pos
                 if R.members then l.members[i] = R.members[pos + 1] end
         end
@@ -655,7 +688,8 @@ local function grant(node, rid, lane, k, arrival, t, w)
         end
         meta_set('counter', token)
         l.token = token
-        for i = 1, k do redis.call('HSET', K.sid, lease_slot_identity(l, i), token) end
+        local token_s = istr(token)
+        for i = 1, k do redis.call('HSET', K.sid, lease_slot_identity(l, i), token_s) end
         meta_incr('in_use', k)
         meta_incr('leases', 1)
         lane_incr(lane, 'used', k)
@@ -674,11 +708,11 @@ end
 local function lease_free(l)
         for i = 1, l.k do
                 local pos = l.pos[i]
-                redis.call('SETBIT', K.occ, pos, 0)
+                redis.call('SETBIT', K.occ, pos, '0')
                 if member_drained_at(pos) then
                         meta_incr('drained_free', 1)
                 else
-                        redis.call('SETBIT', K.busy, pos, 0)
+                        redis.call('SETBIT', K.busy, pos, '0')
                 end
                 local id = lease_slot_identity(l, i)
                 if redis.call('HGET', K.sid, id) == istr(l.token) then redis.call('HDEL', K.sid, id) end
@@ -689,6 +723,7 @@ local function lease_free(l)
         redis.call('HDEL', K.h, istr(l.token))
         if l.orphan then
                 redis.call('ZREM', K.orph, istr(l.token)) -- its record went when it became one
+                carry.heads = nil
         else
                 record_remove(l.node, l.rid, 'l')
         end
@@ -705,6 +740,7 @@ local function lease_orphan(l)
         l.orphan = true
         lease_put(l)
         redis.call('ZADD', K.orph, now + R.ttl, istr(l.token))
+        carry.heads = nil
 end
 
 -- Orphans whose node TTL has run out at t: freed, one step each.
@@ -983,6 +1019,33 @@ local function reap(t)
         end
 end
 
+-- The first entries of the keys whose scores make instants due (next_due(), instant()): read once, and
+-- kept (carry.heads) while the operation caches them (carry.heads_on) until something writes one of those
+-- keys (every such write drops them). Key -> ZRANGE … WITHSCORES.
+local function heads()
+        local h = carry.heads
+        if h and carry.heads_on then return h end
+        h = {
+                [K.dl] = redis.call('ZRANGE', K.dl, 0, 0, 'WITHSCORES'),
+                [K.nodes] = redis.call('ZRANGE', K.nodes, 0, 1, 'WITHSCORES'),
+                [K.lv] = redis.call('ZRANGE', K.lv, 0, 1, 'WITHSCORES'),
+                [K.orph] = redis.call('ZRANGE', K.orph, 0, 0, 'WITHSCORES'),
+        }
+        -- The scores as numbers, once (tonumber() of a 16-digit string is a strtod()).
+        for _, a in pairs(h) do
+                a[2], a[4] = tonumber(a[2]), tonumber(a[4])
+        end
+        if carry.heads_on then carry.heads = h end
+        return h
+end
+
+-- Whether key's first score is ≤ t (something of it due), by heads(); true when heads are not cached.
+local function head_due(key, t)
+        if not carry.heads_on then return true end
+        local v = tonumber(heads()[key][2])
+        return v ~= nil and v <= t
+end
+
 -- pool-local.c:local_run() at t, after the lease ends of t (dead nodes). meta.phase remembers how far an
 -- instant cut short by the budget got: 0 first dispatch, 1 expiries, 2 second dispatch and the gauge.
 -- Returns false when the budget ran out (the instant stays unsettled).
@@ -992,16 +1055,33 @@ local function instant(t)
                 meta_set('phase', 0)
         end
         meta_set('running', 1)
-        if not reap(t) then return false end
-        if not orphans_lapse(t) then return false end
-        if not rekey_step() then return false end
+        -- The scans of what is due at t only when heads() says something is (none of them writes otherwise);
+        -- each may write the keys heads() reads.
+        if head_due(K.nodes, t) or head_due(K.lv, t) then
+                local done = reap(t)
+                carry.heads = nil
+                if not done then return false end
+        end
+        if head_due(K.orph, t) then
+                local done = orphans_lapse(t)
+                carry.heads = nil
+                if not done then return false end
+        end
+        if not carry.rekey_empty then
+                if not rekey_step() then return false end
+                carry.rekey_empty = carry.heads_on -- only a tick makes a job (it begins its batch's state afresh)
+        end
         if M.recovery_until > 0 and t >= M.recovery_until then recovery_close() end
         if M.phase == 0 then
                 if not dispatch(t) then return false end
                 meta_set('phase', 1)
         end
         if M.phase == 1 then
-                if not expire(t) then return false end
+                if head_due(K.dl, t) then
+                        local done = expire(t)
+                        carry.heads = nil
+                        if not done then return false end
+                end
                 meta_set('phase', 2)
         end
         if not dispatch(t) then return false end
@@ -1028,16 +1108,17 @@ local function next_due(for_caller)
                 if v and u and v < u then v = u end
                 if v and (not t or v < t) then t = v end
         end
-        consider(tonumber(redis.call('ZRANGE', K.dl, 0, 0, 'WITHSCORES')[2]))
+        local h = heads()
+        consider(tonumber(h[K.dl][2]))
         -- Registrations: finite scores in nodes, covered ones (+inf there) by their lv scores.
         for _, key in ipairs({ K.nodes, K.lv }) do
-                local first = redis.call('ZRANGE', key, 0, 1, 'WITHSCORES')
+                local first = h[key]
                 local v = tonumber(first[2])
                 if for_caller and first[1] == NODE then v = tonumber(first[4]) end
                 if v ~= INF then consider(v) end
         end
         if M.recovery_until > 0 then consider(M.recovery_until) end
-        consider(tonumber(redis.call('ZRANGE', K.orph, 0, 0, 'WITHSCORES')[2]))
+        consider(tonumber(h[K.orph][2]))
         if M.congested == 0 and R.q and M.drained == 0 and not has_room_for_one() then
                 consider(M.last_fast + R.q + 1)
         end
@@ -1141,6 +1222,7 @@ local function pool_wipe(rules)
         redis.call('HSET', k_node(NODE), 'fp_n', 0, 'fp_x', 0, 'fp_s', 0)
         for i = 1, #keys, 1000 do redis.call('DEL', unpack(keys, i, math.min(i + 999, #keys))) end
         lane_cache, fp_delta = {}, {}
+        carry.heads, carry.rekey_empty = nil, nil
 end
 
 -- Part of the pool's state is gone: it is made anew, as a pool Redis lost (a new epoch, tokens going on
@@ -1187,6 +1269,7 @@ local BATCH_NEXT
 local function identity_refused()
         if not INCARNATION then return false end
         local stored = redis.call('HGET', k_node(NODE), 'inc')
+        carry.inc_ok = stored == INCARNATION -- only a tick changes it (batch.lua begins it afresh)
         if not stored or stored == INCARNATION or PREVIOUS[stored] then return false end
         local deadline = node_deadline(NODE)
         if deadline ~= nil and deadline > now then return true end
@@ -1195,8 +1278,20 @@ local function identity_refused()
 end
 
 -- A call's start: its keys and arguments read, every per-call variable above set anew (a library's
--- locals keep the last call's values otherwise).
-local function call_begin()
+-- locals keep the last call's values otherwise). keep (batch.lua only): the state the batch's operation
+-- before left (carry.on: M, R, the lane counters, the unwritten changes, the clock) is this one's.
+local function call_begin(keep)
+        events, notices = {}, {}
+        steps, reaped_a_page, stream_last = 0, false, ''
+        IDENTITY_TAKEOVER, BATCH_NEXT = false, false
+        if keep then
+                -- KEYS[1] and the head (ARGV[1..5]) are the batch's: P, K, NODE… as the operation before, and
+                -- so is its instant (now, raw_time, the backend clock: one clock read a call).
+                carry.on, carry.heads_on = true, false
+                return
+        end
+        now, raw_time, clock_missing = 0, 0, false
+        bnow, bclock_id, bskew = nil, nil, nil
         P = KEYS[1]
         K = keys_of(P)
         -- ARGV[2] is "NODE/INCARNATION/PREVIOUS,…" from brokerd (README, "One node, one identity"); a bare
@@ -1208,16 +1303,21 @@ local function call_begin()
                 for p in string.gmatch(prev, '[^,]+') do PREVIOUS[p] = true end
         end
         MANUAL_NOW, RUN_ID, SETTLE = ARGV[3], ARGV[4], ARGV[5] == '1'
-        M, R, lane_cache, events, notices = {}, {}, {}, {}, {}
-        steps, reaped_a_page, stream_last, now, raw_time, clock_missing = 0, false, '', 0, 0, false
-        bnow, bclock_id, bskew = nil, nil, nil
-        meta_dirty, meta_stored, fp_delta, IDENTITY_TAKEOVER, BATCH_NEXT = {}, {}, {}, false, false
+        M, R, lane_cache, meta_dirty, meta_stored, fp_delta = {}, {}, {}, {}, {}, {}
+        carry = {}
 end
 
 -- The checks every script makes first: data model version, clock mode, the server's run id (a restart:
 -- an AOF everysec restart may have lost the last second of grants, so a recovery window starts).
 -- create: the tick may make the pool's keys. Returns nil, or a reply to return at once.
 local function prelude_begin(create)
+        if carry.on then
+                -- The batch's operation before made every check below but the identity's with this head, read
+                -- the clock (this operation's instant is the same) and left M and R as Redis holds them
+                -- (README, "Batches").
+                if not carry.inc_ok and identity_refused() then return early('identity') end
+                return nil
+        end
         if ARGV[1] ~= tostring(VERSION) then return early('version', { VERSION }) end
         meta_load()
         if M.version ~= 0 and M.version ~= VERSION then return early('version', { M.version }) end
@@ -1256,10 +1356,20 @@ local function prelude_begin(create)
         return nil
 end
 
--- A node may submit while it heartbeats and wants the stored rules.
+-- A node may submit while it heartbeats and wants the stored rules. nil, and the deadline when admitted.
 local function node_admitted()
         local deadline = node_deadline(NODE)
         if not deadline or deadline <= now then return 'unregistered' end
         if redis.call('HGET', k_node(NODE), 'rules') ~= R.canon then return 'rules' end
-        return nil
+        return nil, deadline
+end
+
+-- node_admitted(), once per batch while its deadline is ahead: only a tick changes the node's wanted rules
+-- or the stored ones, or lowers its deadline (renewals and reap() raise it or leave it; a reap of the
+-- caller's own registration comes at or after that deadline, when this asks again).
+local function node_admitted_carried()
+        if carry.admitted and carry.admitted > now then return nil end
+        local refused, deadline = node_admitted()
+        carry.admitted = deadline
+        return refused
 end

@@ -29,6 +29,7 @@ local LANE_BUDGET, CLIENT_CAP = unwire(ARGV[11]), unwire(ARGV[12])
 local function submit()
         local early_reply = prelude_begin(false)
         if early_reply then return early_reply end
+        carry.heads_on = true -- it writes dl, nodes, lv, orph only through functions that drop the heads
 
         -- Idempotency: the same rid again (a retry after a lost reply) gets what it got, nothing more.
         local ref = redis.call('HGET', K.rid, NODE .. ':' .. RID)
@@ -46,7 +47,7 @@ local function submit()
         local done = outcome_get(NODE, RID)
         if done then return reply('ok', cmsgpack.unpack(done)) end
 
-        local refused = node_admitted()
+        local refused = node_admitted_carried()
         if refused then return reply(refused) end
         local arrival = tonumber(ARGV[13]) or now
         local function refuse_now(refusal, reason)

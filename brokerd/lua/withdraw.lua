@@ -17,6 +17,7 @@ local RID = ARGV[6]
 local function withdraw()
         local early_reply = prelude_begin(false)
         if early_reply then return early_reply end
+        carry.heads_on = true -- it writes dl, nodes, lv, orph only through functions that drop the heads
         if not settle_until(now) then return reply('settling') end
 
         local result = 'gone'

@@ -7,11 +7,16 @@ brokerd/lua exported with `git archive`) one by one, in one run on one redis-ser
 port, stopped by pid).
 
 Per form: Redis's CPU per pair (INFO cpu, sys + user, over the rounds: what the host pays, the call's
-dispatch and reply included), the script time per pair (INFO commandstats usec of FCALL), the FCALLs per
+dispatch and reply included), the script time per pair (INFO commandstats usec of FCALL; the semaphore's:
+of its EVALSHA and ZREM, issue 21's "top-level commands" measure), the FCALLs per
 pair, and the commands the scripts ran per operation (every command in commandstats but FCALL, over the
 operations), with the Redis keys left afterwards (one per decided request before: the outcome keys).
 The pairs go B at a time (B submits, then B releases: what a busy node's outbox holds), pipelined.
 Rounds of the forms are taken in turn (the machine's load falls on each alike); medians are printed.
+The reference, in the same Redis and rounds: issue 21's plain lease semaphore, a pair being an acquire
+(one EVALSHA: ZREMRANGEBYSCORE of the expired, ZCARD, ZADD of the holder with its expiry, PEXPIRE) and a
+release (ZREM), sent B at a time as the forms' are; each form's Redis CPU per pair is also given as a ratio
+to it (issue 21's goal: ≤ 10).
 
 Usage: bench-batch-cost.py [PAIRS] [ROUNDS] [B] [BEFORE]   (defaults: 4000, 5, 8)
 A benchmark, not a test: it fails only when something under it fails.
@@ -21,6 +26,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -60,9 +66,14 @@ class Form:
         self.r, self.label, self.digest, self.key, self.batched = r, label, digest, key, batched
         self.seq = 0
         self.samples = {"cpu": [], "script": [], "fcalls": [], "commands": []}
-        reply = r.call("FCALL", f"sb_{digest}_tick", 1, key, *HEAD, "n1", CANON, 0, 0, 0, "-", "e1", "1", "", "")
-        assert reply[0] == "ok", reply[:3]
+        self.register()
         r.call("HSET", key + ":meta", "recovery_until", 0)  # the new pool's window: not what is measured
+
+    def register(self):
+        """A heartbeat (before each round, not counted): a round on a loaded machine may outlast the TTL."""
+        reply = self.r.call("FCALL", f"sb_{self.digest}_tick", 1, self.key, *HEAD, "n1", CANON, 0, 0, 0, "-", "e1",
+                            "1", "", "")
+        assert reply[0] == "ok", reply[:3]
 
     def send(self, ops):
         """ops: [(op, args)…], sent one by one or as one batch; returns the replies, in order."""
@@ -76,6 +87,7 @@ class Form:
         return self.r.call("FCALL", f"sb_{self.digest}_batch", 1, self.key, *HEAD, len(ops), *flat)
 
     def round(self, pairs, b):
+        self.register()
         self.r.call("CONFIG", "RESETSTAT")
         cpu0 = stats(self.r)[0]
         for _ in range(pairs // b):
@@ -95,6 +107,50 @@ class Form:
         self.samples["cpu"].append((cpu - cpu0) / n)
         self.samples["script"].append(fusec / n)
         self.samples["fcalls"].append(fcalls / n)
+        self.samples["commands"].append(calls / (2 * n))
+
+
+SEMAPHORE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], 30000)
+return 1
+"""
+
+
+class Semaphore(Form):
+    """Issue 21's plain lease semaphore: a sorted set of holders scored by their expiry (ms)."""
+
+    def __init__(self, r):
+        self.r, self.label, self.key, self.batched = r, "lease semaphore", "{sem:pool}", False
+        self.seq = 0
+        self.samples = {"cpu": [], "script": [], "fcalls": [], "commands": []}
+        self.sha = r.call("SCRIPT", "LOAD", SEMAPHORE)
+
+    def round(self, pairs, b):
+        self.r.call("CONFIG", "RESETSTAT")
+        cpu0 = stats(self.r)[0]
+        for _ in range(pairs // b):
+            now = int(time.time() * 1000)
+            holders = []
+            for _ in range(b):
+                self.seq += 1
+                holders.append("n1:%016x" % self.seq)
+                self.r.send("EVALSHA", self.sha, 1, self.key, now, now + 30000, 64, holders[-1])
+            assert all(self.r.read() == 1 for _ in holders), self.label
+            for h in holders:
+                self.r.send("ZREM", self.key, h)
+            assert all(self.r.read() == 1 for _ in holders), self.label
+        cpu, calls, _, _ = stats(self.r)
+        usec = 0
+        for line in self.r.call("INFO", "commandstats").splitlines():
+            if line.startswith("cmdstat_evalsha:") or line.startswith("cmdstat_zrem:"):
+                usec += int(line.split("usec=")[1].split(",")[0])
+        n = (pairs // b) * b
+        self.samples["cpu"].append((cpu - cpu0) / n)
+        self.samples["script"].append(usec / n)
+        self.samples["fcalls"].append(0.0)
         self.samples["commands"].append(calls / (2 * n))
 
 
@@ -118,6 +174,9 @@ def main():
             text, old = library(before)
             r.call("FUNCTION", "LOAD", "REPLACE", text)
             forms.append(Form(r, "BEFORE, one by one", old, "{sb:before}", False))
+            if os.path.exists(os.path.join(before, "batch.lua")):
+                forms.append(Form(r, f"BEFORE, batches of {b}", old, "{sb:beforeb}", True))
+        forms.append(Semaphore(r))
         for i in range(rounds + 1):
             for f in forms:
                 f.round(pairs, b)
@@ -131,8 +190,14 @@ def main():
             print(f"  {f.label:<22}{med['cpu']:13.1f} µs{med['script']:11.1f} µs{med['fcalls']:12.2f}"
                   f"{med['commands']:9.1f}{keys:11d}")
         base = statistics.median(forms[0].samples["cpu"][1:])
-        for f in forms[1:]:
+        sem = statistics.median(forms[-1].samples["cpu"][1:])
+        for f in forms[1:-1]:
             print(f"  {f.label} / one by one, Redis CPU per pair: {statistics.median(f.samples['cpu'][1:]) / base:.2f}")
+        sem_usec = statistics.median(forms[-1].samples["script"][1:])
+        for f in forms[:-1]:
+            print(f"  {f.label} / lease semaphore: Redis CPU per pair "
+                  f"{statistics.median(f.samples['cpu'][1:]) / sem:.1f}, commands' time per pair "
+                  f"{statistics.median(f.samples['script'][1:]) / sem_usec:.1f}")
     finally:
         server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
