@@ -1591,6 +1591,23 @@ static int restore_pool(Engine *e, const EngineLeaseRestore *rs, Pool **ret) {
         return 0;
 }
 
+/* The members a restored share holds: those recorded, or, for a lease recorded without member names (by an
+ * older brokerd), those at its indices (*ret_owned, the caller's to free). */
+static int restore_members(const Pool *p, const EngineLeaseRestore *rs, const char ***ret_owned,
+                           const char *const **ret_members) {
+        const char **by_index = NULL;
+        if (!rs->members && p->members) {
+                by_index = calloc(rs->n_slots, sizeof(char *));
+                if (!by_index)
+                        return -ENOMEM;
+                for (unsigned i = 0; i < rs->n_slots; i++)
+                        by_index[i] = rs->slots[i] < p->limit ? p->members[rs->slots[i]] : NULL;
+        }
+        *ret_owned = by_index;
+        *ret_members = by_index ? by_index : rs->members;
+        return 0;
+}
+
 int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **ret) {
         assert_return(e, -EINVAL);
         assert_return(rs && rs->pool && rs->lane && rs->slots && rs->n_slots > 0, -EINVAL);
@@ -1600,18 +1617,11 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
         int r = restore_pool(e, rs, &p);
         if (r < 0)
                 return r;
-        /* A lease recorded without member names (by an older brokerd): its members are those at its indices. */
         _cleanup_free_ const char **by_index = NULL;
-        const char *const *members = rs->members;
-        if (!members && p->members) {
-                by_index = calloc(rs->n_slots, sizeof(char *));
-                if (!by_index) {
-                        retired_gc(e);
-                        return -ENOMEM;
-                }
-                for (unsigned i = 0; i < rs->n_slots; i++)
-                        by_index[i] = rs->slots[i] < p->limit ? p->members[rs->slots[i]] : NULL;
-                members = by_index;
+        const char *const *members;
+        if (restore_members(p, rs, &by_index, &members) < 0) {
+                retired_gc(e);
+                return -ENOMEM;
         }
         PoolGrant *g;
         r = p->ops->restore(p,
@@ -1663,16 +1673,10 @@ int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs) {
         }
         l->also = a;
         _cleanup_free_ const char **by_index = NULL;
-        const char *const *members = rs->members;
-        if (!members && p->members) {
-                by_index = calloc(rs->n_slots, sizeof(char *));
-                if (!by_index) {
-                        retired_gc(e);
-                        return -ENOMEM;
-                }
-                for (unsigned i = 0; i < rs->n_slots; i++)
-                        by_index[i] = rs->slots[i] < p->limit ? p->members[rs->slots[i]] : NULL;
-                members = by_index;
+        const char *const *members;
+        if (restore_members(p, rs, &by_index, &members) < 0) {
+                retired_gc(e);
+                return -ENOMEM;
         }
         PoolGrant *g;
         r = p->ops->restore(p,

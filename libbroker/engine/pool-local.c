@@ -936,6 +936,21 @@ static int grant(LocalPool *p, LocalLane *l, void *cookie, unsigned slots, usec_
         return 0;
 }
 
+/* Grants an unlinked waiter (the caller frees it); out of memory mid-grant, it is refused rather than lost
+ * silently. */
+static int waiter_grant(LocalPool *p, PoolWaiter *w, usec_t now, uint64_t *usable) {
+        int r = grant(p, w->lane, w->cookie, w->slots, w->arrival, now, w, usable);
+        if (r < 0)
+                pool_emit(&p->base, &(PoolDecision) {
+                        .verdict = POOL_VERDICT_REFUSED,
+                        .pool = &p->base,
+                        .cookie = w->cookie,
+                        .at = now,
+                        .refusal = REFUSAL_UNAVAILABLE,
+                });
+        return r;
+}
+
 /* Step 3 of the instant: free slots go to waiters in queue order, until the first that cannot go. */
 static void dispatch(LocalPool *p, usec_t now) {
         size_t words = member_set_words(p->base.limit);
@@ -959,16 +974,7 @@ static void dispatch(LocalPool *p, usec_t now) {
                 if (!w || v != VERDICT_GRANTABLE || w->gated)
                         return;
                 waiter_unlink(p, w);
-                if (grant(p, w->lane, w->cookie, w->slots, w->arrival, now, w, walked ? usable : NULL) < 0) {
-                        /* Out of memory mid-grant: refuse rather than lose the request silently. */
-                        pool_emit(&p->base, &(PoolDecision) {
-                                .verdict = POOL_VERDICT_REFUSED,
-                                .pool = &p->base,
-                                .cookie = w->cookie,
-                                .at = now,
-                                .refusal = REFUSAL_UNAVAILABLE,
-                        });
-                }
+                (void) waiter_grant(p, w, now, walked ? usable : NULL);
                 waiter_free(w);
         }
 }
@@ -1085,19 +1091,11 @@ static void health_dispatch(LocalPool *p, usec_t now) {
                         continue;
                 }
                 waiter_unlink(p, w);
-                int r = grant(p, w->lane, w->cookie, w->slots, w->arrival, now, w, usable);
+                (void) waiter_grant(p, w, now, usable);
                 /* What it took is taken for those behind it too. */
                 for (unsigned i = 0; i < p->base.limit; i++)
                         if (slot_is_occupied(p, i))
                                 avail[i / 64] &= ~(UINT64_C(1) << (i % 64));
-                if (r < 0)
-                        pool_emit(&p->base, &(PoolDecision) {
-                                .verdict = POOL_VERDICT_REFUSED,
-                                .pool = &p->base,
-                                .cookie = w->cookie,
-                                .at = now,
-                                .refusal = REFUSAL_UNAVAILABLE,
-                        });
                 waiter_free(w);
         }
 }
@@ -1803,15 +1801,7 @@ static int local_grant_waiter(Pool *base, PoolWaiter *w, usec_t now) {
         if (!waiter_ready(p, w, avail, usable, words, &walked))
                 return -ESTALE;
         waiter_unlink(p, w);
-        int r = grant(p, w->lane, w->cookie, w->slots, w->arrival, now, w, walked ? usable : NULL);
-        if (r < 0)
-                pool_emit(&p->base, &(PoolDecision) {
-                        .verdict = POOL_VERDICT_REFUSED,
-                        .pool = &p->base,
-                        .cookie = w->cookie,
-                        .at = now,
-                        .refusal = REFUSAL_UNAVAILABLE,
-                });
+        int r = waiter_grant(p, w, now, walked ? usable : NULL);
         free(w);
         lanes_gc(p);
         return r;
