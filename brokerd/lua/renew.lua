@@ -1,6 +1,6 @@
 -- renew.lua — a node's liveness on a backend, for every pool it names, in one call every TTL/6 or so
 -- (issue 21 item 3; README, "Liveness per node"). It writes the node's live key and its deadline in
--- sb:live:=deadlines, reads per pool whether the pool registered this incarnation and whether that
+-- sb:lives, reads per pool whether the pool registered this incarnation and whether that
 -- registration is live without a break (one read a pool while the previous key covered it), and claims
 -- the nodes whose deadline passed there: their pools that the caller names are to be ticked by the caller
 -- (whose tick reaps them). It reaps, settles and grants nothing itself.
@@ -22,9 +22,9 @@
 -- Writes: sb:live:NODE { inc, at (backend clock), cid (backend clock id), ttl, mttl (the shortest TTL of
 --       the covered pools), full (`at` of the last full read), pools ",P1,P2,…," (the covered ones) } with
 --       PX = TTL + LIVE_KEEP (its expiry only collects garbage: coverage is judged on `at`);
---       sb:live:=deadlines NODE at + mttl; the backend clock (sb:clock) when a second passed since its last
+--       sb:lives NODE at + mttl; the backend clock (sb:clock) when a second passed since its last
 --       write (and its gap when PERIOD asks for a longer one).
--- Claims: up to DEAD_PAGE members of sb:live:=deadlines whose score is behind the backend clock (not the
+-- Claims: up to DEAD_PAGE members of sb:lives whose score is behind the backend clock (not the
 --       caller):
 --       re-scored from their live key when it renewed since, else their pools that the caller names are
 --       to be ticked (reply [4]), and the member re-scored to at + its key's ttl when that is still ahead
@@ -38,8 +38,7 @@
 --       DEAD_PAGE × 2 for the claims, and O(bytes of the pool lists) of string search.
 
 local RENEW_POOLS_MAX = 1024
--- Under sb:live: (the ACL pattern brokerd.conf(5) gave for the live keys reaches it); no node id has a '='.
-local LIVES_KEY = 'sb:live:=deadlines'
+local LIVES_KEY = 'sb:lives'
 local DEAD_PAGE = 16
 local FULL_PERIOD = 60 * USEC_PER_SEC
 
@@ -52,8 +51,8 @@ local function pool_now_bound(p)
         return math.max(raw_time - skew, last_now + 1)
 end
 
--- sb:live:=deadlines of another type (by hand) is made anew; an ACL that refuses it leaves no claims (a dead
--- node is then found by the pools' own calls).
+-- sb:lives of another type (by hand) is made anew; an ACL that refuses it (brokerd.conf(5)'s example before
+-- it) leaves no claims: a dead node is then reaped by the next call of its pool, which settles first.
 local function lives_call(...)
         local ok, r = pcall(redis.call, ...)
         if ok then return r end
@@ -101,8 +100,7 @@ local function renew()
         local key = KEYS[1]
         local ttl_s, period_s = string.match(ARGV[6], '^(%d+)/(%d+)$')
         local ttl, period = int_of(ttl_s or ARGV[6]), period_s and int_of(period_s) or USEC_PER_SEC
-        if not INCARNATION or key ~= LIVE_PREFIX .. NODE or string.find(NODE, '=', 1, true) or
-           not ttl or ttl <= 0 or ttl > LIVE_TTL_MAX or
+        if not INCARNATION or key ~= LIVE_PREFIX .. NODE or not ttl or ttl <= 0 or ttl > LIVE_TTL_MAX or
            not period or period <= 0 or period > LIVE_TTL_MAX or #ARGV - 6 > RENEW_POOLS_MAX then
                 return refuse('invalid')
         end

@@ -9,7 +9,7 @@ redis-server, three shared pools each.
   each of them runs, in INFO commandstats: XREVRANGE a tick, PEXPIRE a renewal);
 - a node killed (SIGKILL) while it renews loses its slot at its TTL (+ 2 s), no sooner than a TTL after its
   last renewal less a second: the other node's waiter is granted then; and with nobody waiting there, its
-  slot is freed in Redis as soon (the renewal that finds it dead in sb:live:=deadlines has the other node tick);
+  slot is freed in Redis as soon (the renewal that finds it dead in sb:lives has the other node tick);
 - with $SLOTBROKER_OLD_BROKERD (a build from before the live keys, as test-shared-upgrade takes it): a node
   of that version ticking every second beside an idle node of this one never reaps it (a covered
   registration scores +inf), over several TTLs; skipped without it.
@@ -113,7 +113,7 @@ class TestLiveness(harness.BrokerTestCase):
 
     def test_a_node_killed_loses_its_slot_at_its_ttl_with_nothing_waiting(self):
         # Nobody waits in s0: A's pools are idle, covered, and tick for nothing of their own; the renewal
-        # that finds B past its deadline (sb:live:=deadlines) has A tick B's pools, whose tick reaps it.
+        # that finds B past its deadline (sb:lives) has A tick B's pools, whose tick reaps it.
         a, b, held = self.two_nodes_b_holding()
         self.assertEqual(self.redis.call("HGET", "{sb:s0}:meta", "in_use"), "1")
         killed = time.monotonic()

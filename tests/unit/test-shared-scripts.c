@@ -1906,7 +1906,7 @@ static void test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_one_key_a_pool(v
         assert_int_equal(cmd_calls("hget"), 0);
         assert_int_equal(cmd_calls("hmget"), 2); /* sb:clock, the node's own key */
         /* Its live key and its deadline among the live keys. */
-        redisReply *z = redisCommand(redis, "ZSCORE sb:live:=deadlines n1");
+        redisReply *z = redisCommand(redis, "ZSCORE sb:lives n1");
         assert_int_equal(z->type, REDIS_REPLY_STRING);
         freeReplyObject(z);
 }
@@ -1951,7 +1951,7 @@ static void test_a_silent_nodes_pools_are_ticked_by_one_renewal_after_its_ttl(vo
         assert_int_equal(expired_in(t, "n2"), 1);
         assert_int_equal(cache(t, C_IN_USE), 1);
         freeReplyObject(t);
-        redisReply *z = redisCommand(redis, "ZSCORE sb:live:=deadlines n2");
+        redisReply *z = redisCommand(redis, "ZSCORE sb:lives n2");
         assert_int_equal(z->type, REDIS_REPLY_NIL);
         freeReplyObject(z);
 
@@ -1960,45 +1960,45 @@ static void test_a_silent_nodes_pools_are_ticked_by_one_renewal_after_its_ttl(vo
         freeReplyObject(redisCommand(redis, "HSET sb:live:n2 ttl 4000000 mttl 2000000 at %lld",
                                      strtoll(last->str, NULL, 10) - 2500000));
         freeReplyObject(last);
-        freeReplyObject(redisCommand(redis, "ZADD sb:live:=deadlines 0 n2"));
+        freeReplyObject(redisCommand(redis, "ZADD sb:lives 0 n2"));
         r = live_renew(LIVE_N1, "sb:live:n1", POOL, NULL);
         assert_int_equal(r->element[R_EVENTS]->elements, 1);
         freeReplyObject(r);
-        z = redisCommand(redis, "ZSCORE sb:live:=deadlines n2");
+        z = redisCommand(redis, "ZSCORE sb:lives n2");
         assert_int_equal(z->type, REDIS_REPLY_STRING);
         freeReplyObject(z);
 }
 
-/* sb:live:=deadlines and the live keys' new fields are anyone's to write: another type, members that are no node,
+/* sb:lives and the live keys' new fields are anyone's to write: another type, members that are no node,
  * keys gone, garbage TTLs. No renewal fails; a member without a readable key is dropped and every pool of
  * the claimer named (whose it was is unknown); a live node is never reaped by it. */
 static void test_bad_lives_entries_break_nothing(void **state) {
         live_setup();
-        freeReplyObject(redisCommand(redis, "SET sb:live:=deadlines garbage"));
+        freeReplyObject(redisCommand(redis, "SET sb:lives garbage"));
         live_renew_ok(LIVE_N1, "sb:live:n1", 1);
-        redisReply *ty = redisCommand(redis, "TYPE sb:live:=deadlines");
+        redisReply *ty = redisCommand(redis, "TYPE sb:lives");
         assert_string_equal(ty->str, "zset");
         freeReplyObject(ty);
         char huge[200];
         memset(huge, 'x', sizeof huge - 1);
         huge[sizeof huge - 1] = '\0';
-        freeReplyObject(redisCommand(redis, "ZADD sb:live:=deadlines 0 %s 0 nosuchnode -inf n3", huge));
+        freeReplyObject(redisCommand(redis, "ZADD sb:lives 0 %s 0 nosuchnode -inf n3", huge));
         freeReplyObject(redisCommand(redis, "HSET sb:live:n3 at x ttl -5 mttl inf pools 7"));
         redisReply *r = live_renew(LIVE_N2, "sb:live:n2", POOL, NULL);
         assert_string_equal(status(r), "ok");
         assert_int_equal(body(r)->element[0]->integer, 1);
         assert_int_equal(r->element[R_EVENTS]->elements, 1);
         freeReplyObject(r);
-        redisReply *n = redisCommand(redis, "ZCARD sb:live:=deadlines");
+        redisReply *n = redisCommand(redis, "ZCARD sb:lives");
         assert_int_equal(n->integer, 2); /* n1, n2 */
         freeReplyObject(n);
         /* n1's own fields garbled: its renewal reads in full and covers as before; garbage mttl never
-         * makes its deadline in sb:live:=deadlines earlier than a TTL from now. */
+         * makes its deadline in sb:lives earlier than a TTL from now. */
         freeReplyObject(redisCommand(redis, "HSET sb:live:n1 mttl -1 full 99999999999999999"));
         live_renew_ok(LIVE_N1, "sb:live:n1", 1);
         freeReplyObject(redisCommand(redis, "HSET sb:live:n1 mttl 1 full x"));
         live_renew_ok(LIVE_N1, "sb:live:n1", 1);
-        redisReply *sc = redisCommand(redis, "ZSCORE sb:live:=deadlines n1");
+        redisReply *sc = redisCommand(redis, "ZSCORE sb:lives n1");
         redisReply *at = redisCommand(redis, "HGET sb:live:n1 at");
         assert_true(strtoll(sc->str, NULL, 10) >= strtoll(at->str, NULL, 10) + 2 * SEC);
         freeReplyObject(sc);
