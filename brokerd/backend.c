@@ -317,9 +317,11 @@ static void on_renew_reply(RedisLink *link, int error, const redisReply *reply, 
                            covered->element[i]->integer == 1;
                 /* A node registered there is dead: this node's tick reaps it. */
                 bool tick = false;
-                for (size_t j = 0; ticks && j < ticks->elements; j++)
-                        if (ticks->element[j]->type == REDIS_REPLY_INTEGER && ticks->element[j]->integer == (long long) i + 1)
+                for (size_t j = 0; ticks && j < ticks->elements; j++) {
+                        const redisReply *t = ticks->element[j];
+                        if (t->type == REDIS_REPLY_INTEGER && t->integer == (long long) i + 1)
                                 tick = true;
+                }
                 all = all && yes;
                 pool_shared_renewed(bp->pool, yes, tick, rn->sent_boot, rn->period, now);
         }

@@ -156,7 +156,7 @@ typedef struct SharedPoolParams {
  * renewal SHARED_IDLE_PERIOD after its last tick (so a node's idle ticks go together, pipelined, as often as
  * a busy node reconciles in full); and at the heartbeat again once no renewal covered it for its renewal
  * period + SHARED_RENEW_STALE. The driver renews every pool_shared_renew_period(): TTL/6, no longer than a
- * third of the self-fence's window (TTL − revoke grace − 2 s: two renewals may be lost before it), between
+ * third of the self-fence's window (TTL − revoke grace − 2 s: a renewal lost leaves two periods before it, and is tried again after 1 s), between
  * 1 s and SHARED_RENEW_PERIOD_MAX (brokerd/lua/prelude.lua's BCLOCK_GAP is longer: the backend clock of a
  * fleet of one node must not stand still between its renewals). */
 #define SHARED_IDLE_PERIOD SHARED_RECONCILE_PERIOD
