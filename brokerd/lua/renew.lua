@@ -19,6 +19,7 @@
 --       clock (its registering tick; the clock's pending gap could only make it later). A pool whose
 --       registration lapsed is never covered again by a renewal: its tick (which reaps it first)
 --       registers it anew. Every FULL_PERIOD the pools are read in full (their TTLs, the node hashes).
+--       A covered pool with a recovery window open (meta.recovery_until > 0) is to be ticked (below).
 -- Writes: sb:live:NODE { inc, at (backend clock), cid (backend clock id), ttl, mttl (the shortest TTL of
 --       the covered pools), full (`at` of the last full read), pools ",P1,P2,…," (the covered ones) } with
 --       PX = TTL + LIVE_KEEP (its expiry only collects garbage: coverage is judged on `at`);
@@ -33,8 +34,9 @@
 --       (ZREM / ZADD by the one script that runs at a time).
 -- Returns: { status ("ok" | "identity" | "invalid" | "version" | "manual-clock"), backend clock now, body,
 --       ticks, {}, {} } with body { covered (1/0) per pool named, in order } and ticks { the 1-based places
---       among the pools named of those to tick now (a dead node's registration there lapsed) } for "ok".
--- Worst case: O(pools) commands, 1 a pool covered a renewal ago (~5 for another, and at the full read),
+--       among the pools named of those to tick now (a dead node's registration there lapsed, or a recovery
+--       window is open there) } for "ok".
+-- Worst case: O(pools) commands, 2 a pool covered a renewal ago (~6 for another, and at the full read),
 --       DEAD_PAGE × 2 for the claims, and O(bytes of the pool lists) of string search.
 
 local RENEW_POOLS_MAX = 1024
@@ -173,6 +175,13 @@ local function renew()
         end
         if not mttl then mttl = ttl end
         local flags, ticks = {}, {}
+        -- A recovery window open on a covered pool (keys lost, a pool made anew: an epoch this node has not
+        -- seen): its tick must come within the window, to reclaim or vouch, though the pool is idle.
+        for i = 7, #ARGV do
+                if body[i - 6] == 1 and (tonumber(redis.call('HGET', ARGV[i] .. ':meta', 'recovery_until') or '') or 0) > 0 then
+                        flags[i] = true
+                end
+        end
         claim(flags)
         for i = 7, #ARGV do if flags[i] then ticks[#ticks + 1] = i - 6 end end
 

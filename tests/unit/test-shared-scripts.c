@@ -1886,9 +1886,9 @@ static long long cmd_calls(const char *cmd) {
 
 /* While both nodes renew, an idle pool has nothing to wake for: the other node's covered deadline is not
  * in next_wakeup (before: the earliest lv score, half a TTL to a TTL ahead, so every node ticked every
- * pool that often). And a renewal covered a renewal ago reads one key a pool (the score): no node hash, no
- * rules, no lv. */
-static void test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_one_key_a_pool(void **state) {
+ * pool that often). And a renewal covered a renewal ago reads two keys a pool (the score, meta's
+ * recovery_until): no node hash, no rules, no lv. */
+static void test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_two_keys_a_pool(void **state) {
         live_setup();
         for (int i = 0; i < 3; i++) {
                 live_renew_ok(LIVE_N1, "sb:live:n1", 1);
@@ -1903,7 +1903,7 @@ static void test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_one_key_a_pool(v
         freeReplyObject(redisCommand(redis, "CONFIG RESETSTAT"));
         live_renew_ok(LIVE_N1, "sb:live:n1", 1);
         assert_int_equal(cmd_calls("zscore"), 1);
-        assert_int_equal(cmd_calls("hget"), 0);
+        assert_int_equal(cmd_calls("hget"), 1);
         assert_int_equal(cmd_calls("hmget"), 2); /* sb:clock, the node's own key */
         /* Its live key and its deadline among the live keys. */
         redisReply *z = redisCommand(redis, "ZSCORE sb:lives n1");
@@ -1967,6 +1967,26 @@ static void test_a_silent_nodes_pools_are_ticked_by_one_renewal_after_its_ttl(vo
         z = redisCommand(redis, "ZSCORE sb:lives n2");
         assert_int_equal(z->type, REDIS_REPLY_STRING);
         freeReplyObject(z);
+}
+
+/* A covered node that is idle must still learn of a recovery window within it (keys lost: its lease is to
+ * be reclaimed before anyone else is granted the slot): its renewal names the pool to tick while the window
+ * is open. */
+static void test_a_renewal_names_a_pool_whose_recovery_window_is_open(void **state) {
+        live_setup();
+        redisReply *r = live_renew(LIVE_N1, "sb:live:n1", POOL, NULL);
+        assert_int_equal(r->element[R_EVENTS]->elements, 0);
+        freeReplyObject(r);
+        freeReplyObject(redisCommand(redis, "DEL " POOL ":busy"));
+        redisReply *t = live_tick(LIVE_N2, "n2", "=");   /* n2's call finds the loss: a window opens */
+        assert_true(cache(t, C_RECOVERY) > 0);
+        freeReplyObject(t);
+        r = live_renew(LIVE_N1, "sb:live:n1", POOL, NULL);
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(body(r)->element[0]->integer, 1);
+        assert_int_equal(r->element[R_EVENTS]->elements, 1);
+        assert_int_equal(r->element[R_EVENTS]->element[0]->integer, 1);
+        freeReplyObject(r);
 }
 
 /* sb:lives and the live keys' new fields are anyone's to write: another type, members that are no node,
@@ -2785,8 +2805,9 @@ int main(int argc, char *argv[]) {
                 T(test_script_time_at_10000_waiters),
                 T(test_a_renewing_node_is_kept_and_a_silent_one_lapses_at_its_ttl),
                 T(test_an_idle_pools_clock_runs_while_its_nodes_renew),
-                T(test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_one_key_a_pool),
+                T(test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_two_keys_a_pool),
                 T(test_a_silent_nodes_pools_are_ticked_by_one_renewal_after_its_ttl),
+                T(test_a_renewal_names_a_pool_whose_recovery_window_is_open),
                 T(test_bad_lives_entries_break_nothing),
                 T(test_a_slow_renewal_widens_the_backend_clocks_gap),
                 T(test_a_clones_renewal_is_refused_and_reaps_nothing),
