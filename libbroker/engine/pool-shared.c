@@ -2369,9 +2369,12 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
         }
 
         if (resp_is(status, "settling")) {
-                /* Earlier instants needed the whole budget: the same call again, at once. */
+                /* Earlier instants needed the whole budget: the same call again, at once. What it did is
+                 * done: a dead node it reaped (a page a call: two lapsed at once take two) is told now, or
+                 * never (README: exactly one call reports each expiry). */
                 events_apply(p, resp_at(reply, 3), now);
                 cache_apply(p, resp_at(reply, 4), pool_now, now);
+                notices_apply(p, resp_at(reply, 5));
                 c->sent = false;
                 if (c->script == SHARED_SCRIPT_TICK && c->reconcile && !p->params.manual_clock) {
                         /* Its page was made before the calls sent behind it, which Redis may have run by now
