@@ -57,9 +57,10 @@ struct Backend {
         sd_event_source *read_retry;    /* after an error reply to XREAD: not a busy loop */
         bool reading;                   /* an XREAD is in flight */
         InFlight *in_flight;            /* script calls sent and not answered: ours to free */
-        /* Liveness per node (brokerd/lua/README, "Liveness per node"): one renewal a heartbeat for the pools
-         * that registered this incarnation, at most one in flight (ours to free). */
-        sd_event_source *renew_timer;   /* CLOCK_MONOTONIC, every HEARTBEAT */
+        /* Liveness per node (brokerd/lua/README, "Liveness per node"): one renewal every renew_period for
+         * the pools that registered this incarnation, at most one in flight (ours to free). */
+        sd_event_source *renew_timer;   /* CLOCK_MONOTONIC, every renew_period; HEARTBEAT after a failure */
+        usec_t renew_period;            /* the shortest pool_shared_renew_period() of the last renewal's pools */
         const char *renew_function;     /* FCALL's name of "renew" in the library */
         char *renew_key;                /* "sb:live:NODE" */
         char *node_arg;                 /* ARGV[2]: "NODE/INCARNATION/PREVIOUS,…" */
@@ -71,6 +72,7 @@ struct Backend {
 struct Renewal {
         Backend *backend;
         usec_t sent_boot;
+        usec_t period;
         size_t n;
         uint64_t serials[];
 };
@@ -286,8 +288,9 @@ static void on_renew_reply(RedisLink *link, int error, const redisReply *reply, 
         Backend *b = rn->backend;
         b->renewal = NULL;
         backend_fence_check(b);
-        /* { status, backend clock, { covered (1/0) per pool named }, {}, {}, {} }: anything else covers none. */
-        const redisReply *covered = NULL;
+        /* { status, backend clock, { covered (1/0) per pool named }, { places of the pools to tick }, {}, {} }:
+         * anything else covers none. */
+        const redisReply *covered = NULL, *ticks = NULL;
         bool ok = false, refused = false;
         if (error == 0 && reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 6 &&
             reply->element[0]->type == REDIS_REPLY_STRING) {
@@ -295,6 +298,8 @@ static void on_renew_reply(RedisLink *link, int error, const redisReply *reply, 
                 refused = streq(reply->element[0]->str, "identity");
                 if (ok && reply->element[2]->type == REDIS_REPLY_ARRAY && reply->element[2]->elements == rn->n)
                         covered = reply->element[2];
+                if (covered && reply->element[3]->type == REDIS_REPLY_ARRAY && reply->element[3]->elements <= rn->n)
+                        ticks = reply->element[3];
         }
         if (refused != b->renew_refused) {
                 b->renew_refused = refused;
@@ -303,13 +308,28 @@ static void on_renew_reply(RedisLink *link, int error, const redisReply *reply, 
                                     "heartbeat on their own.", b->url);
         }
         usec_t now = now_monotonic();
+        bool all = covered != NULL;
         for (size_t i = 0; i < rn->n; i++) {
                 BackendPool *bp = backend_find_serial(b, rn->serials[i]);
                 if (!bp)
                         continue; /* the pool went away meanwhile */
                 bool yes = covered && covered->element[i]->type == REDIS_REPLY_INTEGER &&
                            covered->element[i]->integer == 1;
-                pool_shared_renewed(bp->pool, yes, rn->sent_boot, now);
+                /* A node registered there is dead: this node's tick reaps it. */
+                bool tick = false;
+                for (size_t j = 0; ticks && j < ticks->elements; j++) {
+                        const redisReply *t = ticks->element[j];
+                        if (t->type == REDIS_REPLY_INTEGER && t->integer == (long long) i + 1)
+                                tick = true;
+                }
+                all = all && yes;
+                pool_shared_renewed(bp->pool, yes, tick, rn->sent_boot, rn->period, now);
+        }
+        /* A renewal that failed or left a pool uncovered is tried again at the heartbeat, not a period later:
+         * the self-fence counts from the last one that went through. */
+        if (!all) {
+                (void) sd_event_source_set_time(b->renew_timer, now + HEARTBEAT);
+                (void) sd_event_source_set_enabled(b->renew_timer, SD_EVENT_ONESHOT);
         }
         free(rn);
         backend_after(b);
@@ -335,8 +355,8 @@ static void backend_renew(Backend *b) {
                 log_oom(); /* the pools heartbeat on their own meanwhile */
                 return;
         }
-        usec_t ttl = 0;
-        char ttl_s[32];
+        usec_t ttl = 0, period = SHARED_RENEW_PERIOD_MAX;
+        char ttl_s[64];
         size_t argc = 0;
         argv[argc++] = b->renew_key;
         argv[argc++] = "1";
@@ -350,12 +370,15 @@ static void backend_renew(Backend *b) {
                         rn->serials[rn->n++] = b->pools[i]->serial;
                         argv[argc++] = pool_shared_key(b->pools[i]->pool);
                         ttl = MAX(ttl, b->pools[i]->params.node_ttl);
+                        period = MIN(period, pool_shared_renew_period(b->pools[i]->pool));
                 }
-        (void) snprintf(ttl_s, sizeof ttl_s, "%" PRIu64, (uint64_t) ttl);
+        (void) snprintf(ttl_s, sizeof ttl_s, "%" PRIu64 "/%" PRIu64, (uint64_t) ttl, (uint64_t) period);
         for (size_t i = 0; i < argc; i++)
                 argvlen[i] = strlen(argv[i]);
         rn->backend = b;
         rn->sent_boot = now_boottime();
+        rn->period = period;
+        b->renew_period = period;
         /* The key is KEYS[1]; the head and the pools are ARGV. */
         int r = redis_link_fcall(b->commands, b->renew_function, on_renew_reply, rn, 1, (int) argc, argv, argvlen);
         if (r < 0) {
@@ -367,9 +390,12 @@ static void backend_renew(Backend *b) {
 
 static int on_renew_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         Backend *b = userdata;
-        (void) sd_event_source_set_time(s, now_monotonic() + HEARTBEAT); /* not usec + …: no catching up */
-        (void) sd_event_source_set_enabled(s, SD_EVENT_ONESHOT);
+        /* Not usec + …: no catching up. Until a renewal goes out (no pool registered yet, the link down):
+         * the heartbeat. */
+        b->renew_period = HEARTBEAT;
         backend_renew(b);
+        (void) sd_event_source_set_time(s, now_monotonic() + b->renew_period);
+        (void) sd_event_source_set_enabled(s, SD_EVENT_ONESHOT);
         return 0;
 }
 

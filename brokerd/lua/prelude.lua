@@ -70,6 +70,12 @@ local LIVE_KEEP = 3600 * USEC_PER_SEC -- a live key outlives its coverage by thi
 local LIVE_TTL_MAX = 86400 * USEC_PER_SEC
 local LIVE_POOLS_MAX = 65536   -- bytes of a live key's pool list that a reader looks through
 local EXTEND_PAGE = 64         -- registrations re-scored from their live keys per call
+-- The backend clock's gap: a node renews every TTL/6 or so, at most every 5 s (pool-shared.h,
+-- SHARED_RENEW_PERIOD_MAX), so a fleet of one node leaves gaps that long; a gap that stands still must be
+-- longer than any renewal period (plus the second its writes may lag), or the clock of a small fleet would
+-- run slow (its dead found late). A renewal says its period; sb:clock keeps the longest one's gap
+-- (CLOCK_GAP, 2 s, as before while every node renews every second; at most BCLOCK_GAP_MAX).
+local BCLOCK_GAP_MAX = 7 * USEC_PER_SEC
 local RECOVERY_MIN = USEC_PER_SEC  -- a recovery window that waits for its nodes lasts at least this
 local INF = 1 / 0              -- math.huge (a library may read no global at load): an unbounded budget; -1 on the wire
 
@@ -232,23 +238,26 @@ local function int_of(s)
 end
 
 -- The backend clock (sb:clock): Redis's TIME minus a skew that absorbs the gaps in which no call of any
--- node reached this Redis (time stood still but for one second) and backward steps, as a pool clock does;
+-- node reached this Redis (longer than its `gap`: time stood still but for one second) and backward steps,
+-- as a pool clock does; a renewal passes want_gap (its period + 2 s) and the longest one is kept;
 -- never goes back. Written when a second or more passed since its last write (so at most about once a
 -- second, whatever the number of nodes and pools), or when Redis's clock went back. A key that is not one
 -- (missing, deleted by hand, of another type, garbage) is made anew under a new id: no pool takes a skew
 -- of another id for its own, and no live key's `at` of another id counts for more than "renewed now".
-local function backend_clock()
+local function backend_clock(want_gap)
         bnow, bclock_id, bskew = nil, nil, nil
-        local ok, c = pcall(redis.call, 'HMGET', BCLOCK_KEY, 'last_time', 'last_now', 'skew', 'id')
+        local ok, c = pcall(redis.call, 'HMGET', BCLOCK_KEY, 'last_time', 'last_now', 'skew', 'id', 'gap')
         -- An error other than another type (an ACL that lets brokerd's user at {sb:* only): no backend
         -- clock, the pool's own rule, and no live key counts.
         if not ok and not string.find(tostring(c.err or c), 'WRONGTYPE', 1, true) then return end
-        local last_time, last_now, skew, id
-        if ok then last_time, last_now, skew, id = int_of(c[1]), int_of(c[2]), int_of(c[3]), c[4] end
+        local last_time, last_now, skew, id, gap
+        if ok then last_time, last_now, skew, id, gap = int_of(c[1]), int_of(c[2]), int_of(c[3]), c[4], int_of(c[5]) end
+        if not gap or gap < CLOCK_GAP or gap > BCLOCK_GAP_MAX then gap = CLOCK_GAP end
+        local new_gap = want_gap and want_gap > gap and math.min(want_gap, BCLOCK_GAP_MAX)
         if not (last_time and last_now and skew and type(id) == 'string' and #id <= 32) then
                 if not ok and not pcall(redis.call, 'DEL', BCLOCK_KEY) then return end
                 if not pcall(redis.call, 'HSET', BCLOCK_KEY, 'last_time', raw_time, 'last_now', raw_time,
-                             'skew', 0, 'id', istr(raw_time)) then
+                             'skew', 0, 'id', istr(raw_time), 'gap', new_gap or gap) then
                         return
                 end
                 bclock_id, bskew, bnow = istr(raw_time), 0, raw_time
@@ -256,17 +265,19 @@ local function backend_clock()
         end
         local b = raw_time - skew
         if raw_time < last_time or raw_time - last_time >= USEC_PER_SEC then
-                if raw_time - last_time > CLOCK_GAP then skew = skew + (raw_time - last_time) - USEC_PER_SEC end
+                if raw_time - last_time > gap then skew = skew + (raw_time - last_time) - USEC_PER_SEC end
                 b = raw_time - skew
                 if b <= last_now then
                         b = last_now + 1
                         skew = raw_time - b
                 end
-                if not pcall(redis.call, 'HSET', BCLOCK_KEY, 'last_time', raw_time, 'last_now', b, 'skew', skew) then
+                if not pcall(redis.call, 'HSET', BCLOCK_KEY, 'last_time', raw_time, 'last_now', b, 'skew', skew,
+                             'gap', new_gap or gap) then
                         return
                 end
-        elseif b < last_now then
-                b = last_now
+        else
+                if b < last_now then b = last_now end
+                if new_gap and not pcall(redis.call, 'HSET', BCLOCK_KEY, 'gap', new_gap) then return end
         end
         bclock_id, bskew, bnow = id, skew, b
 end
@@ -1100,7 +1111,11 @@ end
 -- when it runs, flips at u, not at last_fast + Q + 1 in the past).
 --
 -- for_caller: the caller's own liveness deadline is not an instant it has to be woken for (its heartbeats
--- move it; if they stop, another node's call reaps it). Settling counts every node.
+-- move it; if they stop, another node's call reaps it). Nor are the covered registrations that the
+-- extension carried beyond its horizon (registrations_extend(): their live keys renew them): a node's
+-- death is found by the renewals (renew.lua, sb:lives), whose claimer ticks its pools; one left within the
+-- horizon (its key renews it no more, or the page ran out) is due at its lv score. Settling counts every
+-- node.
 local function next_due(for_caller)
         local u = M.unsettled_at
         local t = u
@@ -1115,6 +1130,9 @@ local function next_due(for_caller)
                 local first = h[key]
                 local v = tonumber(first[2])
                 if for_caller and first[1] == NODE then v = tonumber(first[4]) end
+                if for_caller and key == K.lv and bnow and v and v > now + math.floor(pool_ttl() / 2) then
+                        v = nil
+                end
                 if v ~= INF then consider(v) end
         end
         if M.recovery_until > 0 then consider(M.recovery_until) end

@@ -149,6 +149,8 @@ typedef struct SharedPool {
         usec_t acked_boot;     /* CLOCK_BOOTTIME send time of the last acknowledged tick or covering renewal */
         bool renew_ok;         /* its last tick was answered "ok"/"rules" since the link came up: renewable */
         usec_t renewed_at;     /* monotonic: the last renewal that covered it answered; 0 none since */
+        usec_t renew_stale;    /* the covering renewal's period + SHARED_RENEW_STALE: no renewal since, not covered */
+        bool tick_wanted;      /* a renewal asked for a tick (a dead node to reap, the idle period): at once */
         usec_t stale_ack;      /* vouch_base() when its vouch deadline passed and the waiters were refused */
         usec_t alive_boot;     /* a restarted daemon's last proof of life (set_last_ack()), USEC_INFINITY: none */
         /* Before this object first served (a brokerd just started, a pool just added: registered with agreed
@@ -718,6 +720,7 @@ static int queue_tick(SharedPool *p, bool run, usec_t now) {
                 goto fail;
         p->tick_pending = true;
         p->run_pending = p->run_pending || run;
+        p->tick_wanted = false;
         p->last_tick = now;
         call_queue(p, c);
         return 0;
@@ -2366,9 +2369,12 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
         }
 
         if (resp_is(status, "settling")) {
-                /* Earlier instants needed the whole budget: the same call again, at once. */
+                /* Earlier instants needed the whole budget: the same call again, at once. What it did is
+                 * done: a dead node it reaped (a page a call: two lapsed at once take two) is told now, or
+                 * never (README: exactly one call reports each expiry). */
                 events_apply(p, resp_at(reply, 3), now);
                 cache_apply(p, resp_at(reply, 4), pool_now, now);
+                notices_apply(p, resp_at(reply, 5));
                 c->sent = false;
                 if (c->script == SHARED_SCRIPT_TICK && c->reconcile && !p->params.manual_clock) {
                         /* Its page was made before the calls sent behind it, which Redis may have run by now
@@ -2981,18 +2987,19 @@ static void shared_bind_grant(Pool *base, PoolGrant *g, void *cookie) {
  * wants a tick sooner than the pool's own instants (waiters' places, a fingerprint to compare again, a
  * page of reconcile, a recovery window, rules that differ, leases to reclaim). */
 static bool renew_covers(const SharedPool *p, usec_t now) {
-        return p->renewed_at > 0 && now < usec_add(p->renewed_at, SHARED_RENEW_STALE) && p->renew_ok &&
+        return p->renewed_at > 0 && now < usec_add(p->renewed_at, p->renew_stale) && p->renew_ok &&
                p->state == SHARED_STATE_UP && p->fp_mismatches == 0 && !p->reconcile_from &&
                p->cache.recovery_until == 0 && list_is_empty(&p->tries) && !p->identity_conflict;
 }
 
-/* When the next heartbeat is due: a second after the last tick, or while the renewal covers the pool
- * SHARED_IDLE_PERIOD after it, and at once when the coverage goes stale. */
+/* When the next heartbeat is due: a second after the last tick, or while the renewal covers the pool when
+ * a renewal asks for it (pool_shared_renewed()), and at once when the coverage goes stale. */
 static usec_t heartbeat_due(const SharedPool *p, usec_t now) {
+        if (p->tick_wanted)
+                return now;
         if (!renew_covers(p, now))
                 return usec_add(p->last_tick, p->params.heartbeat);
-        return MIN(usec_add(p->last_tick, MAX(SHARED_IDLE_PERIOD, p->params.heartbeat)),
-                   usec_add(p->renewed_at, SHARED_RENEW_STALE));
+        return usec_add(p->renewed_at, p->renew_stale);
 }
 
 bool pool_shared_renewable(const Pool *base) {
@@ -3005,10 +3012,21 @@ const char *pool_shared_key(const Pool *base) {
         return SHARED(base)->key;
 }
 
-void pool_shared_renewed(Pool *base, bool covered, usec_t sent_boot, usec_t now) {
+usec_t pool_shared_renew_period(const Pool *base) {
+        const SharedPool *p = SHARED(base);
+        usec_t margin = p->params.revoke_grace + SHARED_FENCE_SLACK;
+        usec_t window = p->fence_ttl > margin ? p->fence_ttl - margin : 0;
+        usec_t period = MIN(p->fence_ttl / 6, window / 3);
+        return MIN(MAX(period, SHARED_RENEW_PERIOD_MIN), SHARED_RENEW_PERIOD_MAX);
+}
+
+void pool_shared_renewed(Pool *base, bool covered, bool tick, usec_t sent_boot, usec_t period, usec_t now) {
         SharedPool *p = SHARED(base);
         now = driver_now(p, now);
         p->last_now = MAX(p->last_now, now);
+        /* A dead node's registration lapsed here: this pool's tick reaps it (uncovered, it ticks anyway). */
+        if (tick)
+                p->tick_wanted = true;
         if (!covered || !p->renew_ok) {
                 p->renewed_at = 0;
                 return;
@@ -3017,6 +3035,11 @@ void pool_shared_renewed(Pool *base, bool covered, usec_t sent_boot, usec_t now)
         if (p->acked_boot == USEC_INFINITY || sent_boot > p->acked_boot)
                 p->acked_boot = sent_boot;
         p->renewed_at = now;
+        p->renew_stale = usec_add(period, SHARED_RENEW_STALE);
+        /* The idle tick (a fingerprint compared, waiters' places) goes with a renewal: every pool of this
+         * node due then ticks in the same dispatch, their calls sent together. */
+        if (now >= usec_add(p->last_tick, SHARED_IDLE_PERIOD))
+                p->tick_wanted = true;
 }
 
 static void shared_run(Pool *base, usec_t now) {

@@ -152,10 +152,17 @@ typedef struct SharedPoolParams {
 #define SHARED_RECONCILE_PERIOD (5 * USEC_PER_MINUTE)
 /* Liveness per node (brokerd/lua/README, "Liveness per node"): while the driver's renewal covers a pool,
  * the pool ticks when Redis says it has something to do (next_wakeup), when a fingerprint or a page of
- * reconcile needs it, and at this period; and at the heartbeat again once no renewal covered it for
- * SHARED_RENEW_STALE. */
-#define SHARED_IDLE_PERIOD (60 * USEC_PER_SEC)
+ * reconcile needs it, when a renewal finds a node dead that was registered there, and with the first
+ * renewal SHARED_IDLE_PERIOD after its last tick (so a node's idle ticks go together, pipelined, as often as
+ * a busy node reconciles in full); and at the heartbeat again once no renewal covered it for its renewal
+ * period + SHARED_RENEW_STALE. The driver renews every pool_shared_renew_period(): TTL/6, no longer than a
+ * third of the self-fence's window (TTL − revoke grace − 2 s: a renewal lost leaves two periods before it, and is tried again after 1 s), between
+ * 1 s and SHARED_RENEW_PERIOD_MAX (brokerd/lua/prelude.lua's BCLOCK_GAP is longer: the backend clock of a
+ * fleet of one node must not stand still between its renewals). */
+#define SHARED_IDLE_PERIOD SHARED_RECONCILE_PERIOD
 #define SHARED_RENEW_STALE (3 * USEC_PER_SEC)
+#define SHARED_RENEW_PERIOD_MIN USEC_PER_SEC
+#define SHARED_RENEW_PERIOD_MAX (5 * USEC_PER_SEC)
 /* Status snapshots are fetched every second for this long after Status last asked. */
 #define SHARED_STATUS_KEEP (30 * USEC_PER_SEC)
 
@@ -210,13 +217,16 @@ const char *pool_shared_stream_resume_id(const Pool *p);
 void pool_shared_set_revoke_grace(Pool *p, usec_t revoke_grace);
 
 /* Liveness per node: whether the driver's renewal may name this pool (production clock, its last tick
- * answered "ok" or "rules" for this incarnation since the link came up); its key ("{sb:NAME}"); and the
- * renewal's answer for it, sent at sent_boot (CLOCK_BOOTTIME): covered, the self-fence counts from
- * sent_boot as from an acknowledged heartbeat, and the heartbeat slows down to SHARED_IDLE_PERIOD; not
- * covered (or no answer: the driver says so too), it ticks at the heartbeat again at once. */
+ * answered "ok" or "rules" for this incarnation since the link came up); its key ("{sb:NAME}"); how often
+ * the driver must renew it (the shortest over the pools a renewal names); and the renewal's answer for it,
+ * sent at sent_boot (CLOCK_BOOTTIME) by a driver that renews every `period`: covered, the self-fence
+ * counts from sent_boot as from an acknowledged heartbeat, and the pool ticks only when it has something
+ * to do (SHARED_IDLE_PERIOD); not covered (or no answer: the driver says so too), it ticks at the
+ * heartbeat again at once. tick: a node registered there was found dead: tick now (its tick reaps it). */
 bool pool_shared_renewable(const Pool *p);
 const char *pool_shared_key(const Pool *p);
-void pool_shared_renewed(Pool *p, bool covered, usec_t sent_boot, usec_t now);
+usec_t pool_shared_renew_period(const Pool *p);
+void pool_shared_renewed(Pool *p, bool covered, bool tick, usec_t sent_boot, usec_t period, usec_t now);
 
 /* The node TTL the self-fence counts with now (backend-node-ttl=, the shorter one while a change by reload
  * waits for agreement). */

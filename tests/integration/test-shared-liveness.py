@@ -3,11 +3,13 @@
 """Liveness per node (issue 21 item 3; brokerd/lua/README, "Liveness per node"): two brokerds on one
 redis-server, three shared pools each.
 
-- an idle node renews once a second for all its pools (sb:live:NODE) and is not reaped over several TTLs,
-  its lease held; its pools are not ticked every second (ticks and renewals counted by the commands only
+- an idle node renews for all its pools (sb:live:NODE; once a second at this TTL: TTL/6, no more than a
+  third of the self-fence's window) and is not reaped over several TTLs, its lease held; its pools are not
+  ticked every second, nor for the other node's deadline (ticks and renewals counted by the commands only
   each of them runs, in INFO commandstats: XREVRANGE a tick, PEXPIRE a renewal);
 - a node killed (SIGKILL) while it renews loses its slot at its TTL (+ 2 s), no sooner than a TTL after its
-  last renewal less a second: the other node's waiter is granted then;
+  last renewal less a second: the other node's waiter is granted then; and with nobody waiting there, its
+  slot is freed in Redis as soon (the renewal that finds it dead in sb:lives has the other node tick);
 - with $SLOTBROKER_OLD_BROKERD (a build from before the live keys, as test-shared-upgrade takes it): a node
   of that version ticking every second beside an idle node of this one never reaps it (a covered
   registration scores +inf), over several TTLs; skipped without it.
@@ -93,6 +95,36 @@ class TestLiveness(harness.BrokerTestCase):
         self.assertTrue(held.granted)
         holders = wait_for(lambda: a.status().get("otherHolders"), timeout=10, message="A to list B's holder")
         self.assertEqual([(h["node"], h["pool"]) for h in holders], [("node-b", "s0")])
+
+    def test_idle_pools_are_not_ticked_for_the_other_nodes_deadlines(self):
+        # Before: every node ticked every pool each TTL/2..TTL for the other node's covered deadline (22
+        # ticks in 18 s here); now an idle pool ticks when it has something to do, or with a renewal
+        # SHARED_IDLE_PERIOD (5 min) after its last tick.
+        a, b, held = self.two_nodes_b_holding()
+        time.sleep(2)  # the registering ticks' answers, and the first renewals, are in
+        before = self.calls()
+        window = 3 * TTL
+        time.sleep(window)  # the time measured: idle nodes, nothing to wait for
+        after = self.calls()
+        ticks = after.get("xrevrange", 0) - before.get("xrevrange", 0)
+        print(f"# {window} s, 2 nodes x {POOLS} pools: {ticks} ticks", flush=True)
+        self.assertLessEqual(ticks, POOLS, "idle pools ticked for the other node's deadline")
+        self.assertIsNone(held.conn.poll(0.0), "B's lease ended")
+
+    def test_a_node_killed_loses_its_slot_at_its_ttl_with_nothing_waiting(self):
+        # Nobody waits in s0: A's pools are idle, covered, and tick for nothing of their own; the renewal
+        # that finds B past its deadline (sb:lives) has A tick B's pools, whose tick reaps it.
+        a, b, held = self.two_nodes_b_holding()
+        self.assertEqual(self.redis.call("HGET", "{sb:s0}:meta", "in_use"), "1")
+        killed = time.monotonic()
+        b.crash()
+        held.close()
+        wait_for(lambda: self.redis.call("HGET", "{sb:s0}:meta", "in_use") == "0", timeout=TTL + 20,
+                 interval=0.05, message="B's slot in s0 to be freed")
+        after = time.monotonic() - killed
+        print(f"# freed {after:.2f} s after the kill (TTL {TTL} s), nothing waiting", flush=True)
+        self.assertGreaterEqual(after, TTL - 1.5)
+        self.assertLessEqual(after, TTL + 3)
 
     def test_a_node_of_the_version_before_never_reaps_an_idle_one(self):
         old = os.environ.get("SLOTBROKER_OLD_BROKERD")

@@ -1873,6 +1873,204 @@ static void test_an_acl_of_the_pools_keys_only_keeps_the_pools_working(void **st
         freeReplyObject(redisCommand(redis, "ACL DELUSER narrow"));
 }
 
+/* INFO commandstats' calls of `cmd` (the commands a script runs count there too). */
+static long long cmd_calls(const char *cmd) {
+        redisReply *r = redisCommand(redis, "INFO commandstats");
+        char needle[64];
+        snprintf(needle, sizeof needle, "cmdstat_%s:calls=", cmd);
+        const char *p = strstr(r->str, needle);
+        long long n = p ? strtoll(p + strlen(needle), NULL, 10) : 0;
+        freeReplyObject(r);
+        return n;
+}
+
+/* While both nodes renew, an idle pool has nothing to wake for: the other node's covered deadline is not
+ * in next_wakeup (before: the earliest lv score, half a TTL to a TTL ahead, so every node ticked every
+ * pool that often). And a renewal covered a renewal ago reads two keys a pool (the score, meta's
+ * recovery_until): no node hash, no rules, no lv. */
+static void test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_two_keys_a_pool(void **state) {
+        live_setup();
+        for (int i = 0; i < 3; i++) {
+                live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+                live_renew_ok(LIVE_N2, "sb:live:n2", 1);
+                msleep(300);
+        }
+        redisReply *t = live_tick(LIVE_N1, "n1", "=");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(cache(t, C_NEXT_WAKEUP), -1);
+        freeReplyObject(t);
+
+        freeReplyObject(redisCommand(redis, "CONFIG RESETSTAT"));
+        live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+        assert_int_equal(cmd_calls("zscore"), 1);
+        assert_int_equal(cmd_calls("hget"), 1);
+        assert_int_equal(cmd_calls("hmget"), 2); /* sb:clock, the node's own key */
+        /* Its live key and its deadline among the live keys. */
+        redisReply *z = redisCommand(redis, "ZSCORE sb:lives n1");
+        assert_int_equal(z->type, REDIS_REPLY_STRING);
+        freeReplyObject(z);
+}
+
+/* Ticks of the pools named by the renewal: none while every node renews; once one stops, the first
+ * renewal after its deadline (and only that one) names its pool, whose tick reaps it, though no node has
+ * anything waiting there; n2's key says a longer TTL elsewhere: claimed again then, not removed. */
+static void test_a_silent_nodes_pools_are_ticked_by_one_renewal_after_its_ttl(void **state) {
+        live_setup();
+        redisReply *r;
+        struct timespec t0;
+        for (int i = 0; i < 4; i++) {
+                msleep(400);
+                r = live_renew(LIVE_N1, "sb:live:n1", POOL, NULL);
+                assert_int_equal(r->element[R_EVENTS]->elements, 0);
+                freeReplyObject(r);
+                live_renew_ok(LIVE_N2, "sb:live:n2", 1);
+                clock_gettime(CLOCK_MONOTONIC, &t0);
+        }
+        /* n2 goes silent; n1 renews on, every 250 ms: exactly one of its renewals names the pool, no sooner
+         * than n2's TTL after its last renewal. */
+        int named = 0;
+        long long named_ms = 0;
+        for (int i = 0; i < 16; i++) {
+                r = live_renew(LIVE_N1, "sb:live:n1", POOL, NULL);
+                assert_string_equal(status(r), "ok");
+                if (r->element[R_EVENTS]->elements > 0) {
+                        struct timespec t1;
+                        clock_gettime(CLOCK_MONOTONIC, &t1);
+                        named_ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+                        assert_int_equal(r->element[R_EVENTS]->elements, 1);
+                        assert_int_equal(r->element[R_EVENTS]->element[0]->integer, 1);
+                        named++;
+                }
+                freeReplyObject(r);
+                msleep(250);
+        }
+        printf("# the pool named %lld ms after n2's last renewal (TTL 2000 ms)\n", named_ms);
+        assert_int_equal(named, 1);
+        assert_true(named_ms >= 1900);
+        redisReply *t = live_tick(LIVE_N1, "n1", "=");
+        assert_int_equal(expired_in(t, "n2"), 1);
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        freeReplyObject(t);
+        redisReply *z = redisCommand(redis, "ZSCORE sb:lives n2");
+        assert_int_equal(z->type, REDIS_REPLY_NIL);
+        freeReplyObject(z);
+
+        /* A key whose TTL is longer than its shortest pool's: claimed at the shortest, again at the longest. */
+        redisReply *last = redisCommand(redis, "HGET sb:clock last_now");
+        freeReplyObject(redisCommand(redis, "HSET sb:live:n2 ttl 4000000 mttl 2000000 at %lld",
+                                     strtoll(last->str, NULL, 10) - 2500000));
+        freeReplyObject(last);
+        freeReplyObject(redisCommand(redis, "ZADD sb:lives 0 n2"));
+        r = live_renew(LIVE_N1, "sb:live:n1", POOL, NULL);
+        assert_int_equal(r->element[R_EVENTS]->elements, 1);
+        freeReplyObject(r);
+        z = redisCommand(redis, "ZSCORE sb:lives n2");
+        assert_int_equal(z->type, REDIS_REPLY_STRING);
+        freeReplyObject(z);
+}
+
+/* A covered node that is idle must still learn of a recovery window within it (keys lost: its lease is to
+ * be reclaimed before anyone else is granted the slot): its renewal names the pool to tick while the window
+ * is open. */
+static void test_a_renewal_names_a_pool_whose_recovery_window_is_open(void **state) {
+        live_setup();
+        redisReply *r = live_renew(LIVE_N1, "sb:live:n1", POOL, NULL);
+        assert_int_equal(r->element[R_EVENTS]->elements, 0);
+        freeReplyObject(r);
+        freeReplyObject(redisCommand(redis, "DEL " POOL ":busy"));
+        redisReply *t = live_tick(LIVE_N2, "n2", "=");   /* n2's call finds the loss: a window opens */
+        assert_true(cache(t, C_RECOVERY) > 0);
+        freeReplyObject(t);
+        r = live_renew(LIVE_N1, "sb:live:n1", POOL, NULL);
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(body(r)->element[0]->integer, 1);
+        assert_int_equal(r->element[R_EVENTS]->elements, 1);
+        assert_int_equal(r->element[R_EVENTS]->element[0]->integer, 1);
+        freeReplyObject(r);
+}
+
+/* sb:lives and the live keys' new fields are anyone's to write: another type, members that are no node,
+ * keys gone, garbage TTLs. No renewal fails; a member without a readable key is dropped and every pool of
+ * the claimer named (whose it was is unknown); a live node is never reaped by it. */
+static void test_bad_lives_entries_break_nothing(void **state) {
+        live_setup();
+        freeReplyObject(redisCommand(redis, "SET sb:lives garbage"));
+        live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+        redisReply *ty = redisCommand(redis, "TYPE sb:lives");
+        assert_string_equal(ty->str, "zset");
+        freeReplyObject(ty);
+        char huge[200];
+        memset(huge, 'x', sizeof huge - 1);
+        huge[sizeof huge - 1] = '\0';
+        freeReplyObject(redisCommand(redis, "ZADD sb:lives 0 %s 0 nosuchnode -inf n3", huge));
+        freeReplyObject(redisCommand(redis, "HSET sb:live:n3 at x ttl -5 mttl inf pools 7"));
+        redisReply *r = live_renew(LIVE_N2, "sb:live:n2", POOL, NULL);
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(body(r)->element[0]->integer, 1);
+        assert_int_equal(r->element[R_EVENTS]->elements, 1);
+        freeReplyObject(r);
+        redisReply *n = redisCommand(redis, "ZCARD sb:lives");
+        assert_int_equal(n->integer, 2); /* n1, n2 */
+        freeReplyObject(n);
+        /* n1's own fields garbled: its renewal reads in full and covers as before; garbage mttl never
+         * makes its deadline in sb:lives earlier than a TTL from now. */
+        freeReplyObject(redisCommand(redis, "HSET sb:live:n1 mttl -1 full 99999999999999999"));
+        live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+        freeReplyObject(redisCommand(redis, "HSET sb:live:n1 mttl 1 full x"));
+        live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+        redisReply *sc = redisCommand(redis, "ZSCORE sb:lives n1");
+        redisReply *at = redisCommand(redis, "HGET sb:live:n1 at");
+        assert_true(strtoll(sc->str, NULL, 10) >= strtoll(at->str, NULL, 10) + 2 * SEC);
+        freeReplyObject(sc);
+        freeReplyObject(at);
+        /* Both nodes renewing, nobody reaped. */
+        for (int i = 0; i < 6; i++) {
+                live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+                live_renew_ok(LIVE_N2, "sb:live:n2", 1);
+                msleep(500);
+        }
+        redisReply *t = live_tick(LIVE_N1, "n1", "=");
+        assert_int_equal(cache(t, C_IN_USE), 2);
+        assert_int_equal(t->element[R_NOTICES]->elements, 0);
+        freeReplyObject(t);
+        /* A period of garbage is refused "invalid". */
+        const char *saved = pool;
+        pool = "sb:live:n1";
+        r = call("renew", LIVE_N1, -1, 1, "2000000/x", POOL, NULL);
+        assert_string_equal(status(r), "invalid");
+        freeReplyObject(r);
+        pool = saved;
+}
+
+/* Renewals 5 s apart (backend-node-ttl 30 s): the backend clock's gap grows to 7 s, so a fleet of one node
+ * renewing that often keeps the clock at Redis's rate (with 2 s a 3 s gap would stand still but for 1 s);
+ * a garbage gap is 2 s again. */
+static void test_a_slow_renewal_widens_the_backend_clocks_gap(void **state) {
+        redisReply *t = live_tick(LIVE_N1, "n1", CANON_LIVE);
+        freeReplyObject(t);
+        const char *saved = pool;
+        pool = "sb:live:n1";
+        redisReply *r = call("renew", LIVE_N1, -1, 1, "2000000/5000000", POOL, NULL);
+        assert_string_equal(status(r), "ok");
+        long long b1 = r->element[R_NOW]->integer;
+        freeReplyObject(r);
+        redisReply *g = redisCommand(redis, "HGET sb:clock gap");
+        assert_string_equal(g->str, "7000000");
+        freeReplyObject(g);
+        msleep(3200);
+        r = call("renew", LIVE_N1, -1, 1, "2000000/5000000", POOL, NULL);
+        long long b2 = r->element[R_NOW]->integer;
+        freeReplyObject(r);
+        assert_true(b2 - b1 >= 3000000);
+        freeReplyObject(redisCommand(redis, "HSET sb:clock gap 1e300"));
+        msleep(2600);
+        r = call("renew", LIVE_N1, -1, 1, LIVE_TTL, POOL, NULL);
+        long long b3 = r->element[R_NOW]->integer;
+        freeReplyObject(r);
+        assert_true(b3 - b2 < 2 * SEC);
+        pool = saved;
+}
+
 /* ---- the scripts against pool-local.c itself ----
  *
  * The same random sequence of requests, releases, withdrawals and drains, instant by instant, through
@@ -2849,6 +3047,11 @@ int main(int argc, char *argv[]) {
                 T(test_script_time_at_10000_waiters),
                 T(test_a_renewing_node_is_kept_and_a_silent_one_lapses_at_its_ttl),
                 T(test_an_idle_pools_clock_runs_while_its_nodes_renew),
+                T(test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_two_keys_a_pool),
+                T(test_a_silent_nodes_pools_are_ticked_by_one_renewal_after_its_ttl),
+                T(test_a_renewal_names_a_pool_whose_recovery_window_is_open),
+                T(test_bad_lives_entries_break_nothing),
+                T(test_a_slow_renewal_widens_the_backend_clocks_gap),
                 T(test_a_clones_renewal_is_refused_and_reaps_nothing),
                 T(test_bad_live_keys_cover_nothing_and_break_nothing),
                 T(test_live_keys_lost_fall_back_to_the_registrations),
