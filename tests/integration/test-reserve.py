@@ -10,7 +10,8 @@ Rigs a b of pool rigs, lane w (wait):
   still wait. Status shows it: lane "@reserve", who (uid), the member, until when (expiresAt), why (its job).
   History records the reason. `slotctl release LEASE` ends it: the first waiting job gets the rig.
 - it ends by itself after --for (max-hold), and the waiting job gets the member.
-- --member and --label; a pool of anonymous slots takes its next slot; a reservation survives a restart.
+- --member and --label; a pool of anonymous slots takes its next slot; a reservation survives a restart, and a
+  waiting one keeps its place across a handover through the fd store.
 - who may: root and admin-users=; nobody is PermissionDenied (exit 77), audited, nothing queued.
 - bad input, each a clear error (exit 64) with nothing changed: --for 0, negative, huge, missing; a reason
   missing, of 1 MB or with control characters; a member or labels no rig has; a pool that does not exist;
@@ -96,6 +97,7 @@ class Reserve(harness.BrokerTestCase):
     def reserve(self, b, *args):
         """slotctl reserve in the background; its stderr in a file."""
         err = tempfile.TemporaryFile(mode="w+")
+        self.addCleanup(err.close)
         p = subprocess.Popen([SLOTCTL, "reserve", "--socket", b.socket_path, *args], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=err, text=True)
         self.addCleanup(lambda: p.poll() is None and p.kill())
@@ -216,6 +218,33 @@ class Reserve(harness.BrokerTestCase):
         got = wait_for(lambda: self.w.started("later") or j.proc.poll() is not None, 10, message="later to start")
         self.assertIsNot(got, True, j.stderr())
         self.stop("later")
+
+    def test_a_waiting_reservation_keeps_its_place_across_a_handover(self):
+        b = self.rigs("handover", mode="store")
+        self.assertEqual(self.running(b, "h1", "--member", "a"), ["a"])
+        self.assertEqual(self.running(b, "h2", "--member", "b"), ["b"])
+        self.queued(b, "q1")
+        r = self.reserve(b, "rigs", "--for", "1h", "--reason", "across a handover")
+        wait_for(lambda: "position 1 of 2" in r.stderr_text() or r.poll() is not None, 10,
+                 message="the reservation's position")
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        b.store.wait_for(lambda s: s.count() == 0, 10, "brokerd to flush the store")
+        waiters = [(x["lane"], x["position"], x.get("job")) for x in b.status()["waiters"]]
+        self.assertEqual(waiters, [("@reserve", 1, "across a handover"), ("w", 2, "q1")])
+        self.stop("h1")
+        out, _ = r.communicate(timeout=10)
+        self.assertEqual(r.returncode, 0, r.stderr_text())
+        self.hold("rigs", "a")
+        [h] = self.holders(b)
+        self.assertEqual((h["lease"]["id"], h["lease"]["members"]), (out.strip(), ["a"]))
+        self.assertEqual(self.w.started("q1"), [])
+        self.unhold("rigs", "a")
+        self.assertEqual(self.slotctl(b, "release", out.strip()).returncode, 0)
+        got = wait_for(lambda: self.w.started("q1"), 10, message="q1 to get a")
+        self.assertEqual(got[0].slots, ["a"])
+        self.stop("h2")
+        self.stop("q1")
 
     def test_who_may(self):
         b = self.rigs("who", admin=str(harness.NOBODY_UID + 1))
