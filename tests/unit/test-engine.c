@@ -1352,6 +1352,34 @@ static void test_reservation_is_next_in_line_behind_a_two_slot_waiter(void **sta
         assert_int_equal(pool_in_use(f, 0), 3);
 }
 
+/* "Or one free now": a member a k=2 waiter keeps from those behind it (no barging) goes to a reservation that
+ * comes, in the instant it comes; the k=2 waiter then waits for two again. */
+static void test_reservation_takes_a_member_a_two_slot_waiter_sets_aside(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "a", "b", "c" }, 3);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) { .member = "a" }, 0);
+        Tag *b = acquire(f, "B", (Req) { .member = "b" }, 0);
+        Tag *big = acquire(f, "BIG", (Req) { .slots = 2 }, S(1));
+        Tag *small = acquire(f, "SMALL", (Req) {}, S(2));
+        assert_true(queued(big) && queued(small)); /* c is free, and BIG's */
+        Tag *r = acquire(f, "R", (Req) { .reserve = "p" }, S(3));
+        assert_true(granted(r));
+        assert_string_equal(member_of(r), "c");
+        assert_int_equal(r->decided, S(3));
+        assert_true(queued(big) && queued(small));
+        end(f, a, S(4));
+        assert_true(queued(big) && queued(small)); /* no barging past BIG */
+        end(f, b, S(5));
+        assert_true(granted(big));
+        assert_true(queued(small));
+        end(f, r, S(6));
+        assert_true(granted(small));
+        assert_string_equal(member_of(small), "c");
+}
+
 /* A reservation for one member waits for that one, and lets the others flow to those behind it; a free one
  * is taken at once; a member, labels or pool that do not exist are refused before anything is queued. */
 static void test_reservation_for_a_member_and_bad_ones(void **state) {
@@ -3219,6 +3247,7 @@ int main(void) {
                 T(test_max_hold_revokes_without_freeing),
                 T(test_lease_released_after_its_max_hold_unseen_is_not_revoked),
                 T(test_reservation_is_next_in_line_behind_a_two_slot_waiter),
+                T(test_reservation_takes_a_member_a_two_slot_waiter_sets_aside),
                 T(test_reservation_for_a_member_and_bad_ones),
                 T(test_reload_reorder_keeps_a_held_member_held),
                 T(test_reload_removed_member_stays_held_until_released),
