@@ -1407,6 +1407,17 @@ static void test_reservation_for_a_member_and_bad_ones(void **state) {
         assert_true(granted(r2));
         assert_string_equal(member_of(r2), "a");
 
+        /* A queue at max-queue refuses jobs, not a reservation. */
+        p->max_queue = 1;
+        configure(f, S(7));
+        assert_true(refused(acquire(f, "FULL", (Req) {}, S(7)), REFUSAL_FULL));
+        Tag *r3 = acquire(f, "R3", (Req) { .reserve = "p" }, S(7));
+        assert_true(queued(r3));
+        end(f, r, S(8));
+        assert_true(granted(r3)); /* ahead of W2, who waited longer */
+        assert_string_equal(member_of(r3), "b");
+        assert_true(queued(w2));
+
         EngineRequest *req = NULL;
         assert_int_equal(engine_acquire(f->engine, &(EngineAcquire) { .reserve_pool = "p", .slots = 1, .member = "zz" },
                                         S(8), &req),
