@@ -152,7 +152,9 @@ class Reserve(harness.BrokerTestCase):
         self.assertEqual(self.w.started("q1"), [])
         self.assertEqual(self.w.started("q2"), [])
         text = self.slotctl(b, "status").stdout
-        self.assertIn("debugging the flaky USB hub", text)
+        self.assertRegex(text, rf"(?m)^  {lease} @reserve +b .* detached +debugging the flaky USB hub\n"
+                               rf"    reserved by uid {os.getuid()} until \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d: "
+                               r"debugging the flaky USB hub$")
         granted = [e for e in b.call("io.slotbroker.History", {})["events"]
                    if e["decision"] == "granted" and e.get("lane") == "@reserve"]
         self.assertEqual(len(granted), 1, granted)
