@@ -75,6 +75,16 @@ static void method_get_interface_description(Session *s, const VarlinkCall *call
         session_reply(s, p, false);
 }
 
+/* A reservation (SPEC §3.6) is the pool's admins' to end, not only its maker's: a colleague takes over. */
+static bool may_end_reservation(Session *s, const Lease *l) {
+        Methods *m = methods_of(s);
+        if (!l->engine_lease || !streq(engine_lease_lane(l->engine_lease), ENGINE_RESERVE_LANE) || !m->pool_admin)
+                return false;
+        const gid_t *groups;
+        size_t n_groups = connection_get_groups(s->connection, &groups);
+        return m->pool_admin(engine_lease_pool(l->engine_lease), s->cred.uid, groups, n_groups, m->userdata);
+}
+
 static void method_release(Session *s, const VarlinkCall *call) {
         const char *id = NULL;
         int64_t exit_status = -1;
@@ -91,7 +101,7 @@ static void method_release(Session *s, const VarlinkCall *call) {
                 session_reply_error(s, "io.slotbroker.NoSuchLease", p);
                 return;
         }
-        if (s->cred.uid != 0 && s->cred.uid != l->uid) {
+        if (s->cred.uid != 0 && s->cred.uid != l->uid && !may_end_reservation(s, l)) {
                 /* The lease is another user's: its lane's access list has nothing to do with it. */
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", id);
                 session_reply_error(s, "io.slotbroker.PermissionDenied", p);

@@ -271,6 +271,24 @@ class Reserve(harness.BrokerTestCase):
                            extra_groups=[], cwd="/")
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(self.holders(b2), [])
+        # So may another of the pool's admins (root's reservation, ended by nobody), but not someone else
+        # (nobody, on the broker where it is no admin), nor an ordinary lease of another user.
+        for broker, code in ((b, EX_NOPERM), (b2, 0)):
+            lease = self.slotctl(broker, "reserve", "rigs", "--for", "1h", "--reason", "root's").stdout.strip()
+            p = subprocess.run([SLOTCTL, "release", "--socket", broker.socket_path, lease], capture_output=True,
+                               text=True, timeout=30, user=harness.NOBODY_UID, group=harness.NOGROUP_GID,
+                               extra_groups=[], cwd="/")
+            self.assertEqual(p.returncode, code, p.stderr)
+            self.assertEqual(len(self.holders(broker)), 1 if code else 0)
+            if code:
+                self.assertIn("belongs to another user", p.stderr)
+                self.assertEqual(self.slotctl(broker, "release", lease).returncode, 0)
+        lease = self.acquire(b2, "w", detach=True, maxHoldMs=60000).until_granted()["id"]
+        p = subprocess.run([SLOTCTL, "release", "--socket", b2.socket_path, lease], capture_output=True,
+                           text=True, timeout=30, user=harness.NOBODY_UID, group=harness.NOGROUP_GID,
+                           extra_groups=[], cwd="/")
+        self.assertEqual(p.returncode, EX_NOPERM, p.stderr)
+        self.assertIn("belongs to another user", p.stderr)
 
     def test_bad_input(self):
         b = self.rigs("bad")
