@@ -257,6 +257,8 @@ class Reserve(harness.BrokerTestCase):
         self.assertIn("admin-users=", p.stderr)
         self.assertEqual(self.holders(b), [])
         self.assertEqual(b.status()["waiters"], [])
+        wait_for(lambda: f"[ADMIN_DENIED] uid {harness.NOBODY_UID} may not reserve pool rigs" in b.log(), 10,
+                 message="the refusal in brokerd's journal")
         # A member of admin-users= may.
         b2 = self.rigs("who-admin", admin=str(harness.NOBODY_UID))
         p = subprocess.run([SLOTCTL, "reserve", "--socket", b2.socket_path, "rigs", "--for", "1h", "--reason", "mine"],
