@@ -12,6 +12,7 @@
 #include "metrics.h"
 #include "methods.h"
 #include "persistence.h"
+#include "selector.h"
 #include "session.h"
 
 #define INTERFACE "io.slotbroker"
@@ -74,6 +75,16 @@ static void method_get_interface_description(Session *s, const VarlinkCall *call
         session_reply(s, p, false);
 }
 
+/* A reservation (SPEC §3.6) is the pool's admins' to end, not only its maker's: a colleague takes over. */
+static bool may_end_reservation(Session *s, const Lease *l) {
+        Methods *m = methods_of(s);
+        if (!l->engine_lease || !streq(engine_lease_lane(l->engine_lease), ENGINE_RESERVE_LANE) || !m->pool_admin)
+                return false;
+        const gid_t *groups;
+        size_t n_groups = connection_get_groups(s->connection, &groups);
+        return m->pool_admin(engine_lease_pool(l->engine_lease), s->cred.uid, groups, n_groups, m->userdata);
+}
+
 static void method_release(Session *s, const VarlinkCall *call) {
         const char *id = NULL;
         int64_t exit_status = -1;
@@ -90,7 +101,7 @@ static void method_release(Session *s, const VarlinkCall *call) {
                 session_reply_error(s, "io.slotbroker.NoSuchLease", p);
                 return;
         }
-        if (s->cred.uid != 0 && s->cred.uid != l->uid) {
+        if (s->cred.uid != 0 && s->cred.uid != l->uid && !may_end_reservation(s, l)) {
                 /* The lease is another user's: its lane's access list has nothing to do with it. */
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lease", id);
                 session_reply_error(s, "io.slotbroker.PermissionDenied", p);
@@ -629,6 +640,56 @@ static void method_restore(Session *s, const VarlinkCall *call) {
         member_quarantine(s, call, false);
 }
 
+/* Reserve(pool, member?, labels?, forMs, reason) (SPEC §3.6): a detached lease ahead of every waiting job. */
+#define RESERVE_FOR_MS_MAX ((int64_t) 3650 * 24 * 3600 * 1000) /* as Acquire's maxHoldMs */
+
+static void method_reserve(Session *s, const VarlinkCall *call) {
+        const char *pool = NULL, *member = NULL, *reason = NULL;
+        _cleanup_(json_strv_freep) char **labels = NULL;
+        int64_t for_ms = 0;
+        if (!parameters_ok(s, call,
+                           (const JsonField[]) {
+                                   { "pool", JSON_FIELD_STRING, JSON_MANDATORY, &pool, .max_length = 64 },
+                                   { "member", JSON_FIELD_STRING, 0, &member, .max_length = 64 },
+                                   { "labels", JSON_FIELD_STRV, 0, &labels, .max_length = 32 },
+                                   { "forMs", JSON_FIELD_INT64, JSON_MANDATORY, &for_ms, 1, RESERVE_FOR_MS_MAX },
+                                   { "reason", JSON_FIELD_STRING, JSON_MANDATORY, &reason, .max_length = REASON_MAX },
+                                   {},
+                           }))
+                return;
+        if (!conf_name_is_valid(pool)) {
+                reply_invalid_parameter(s, "pool");
+                return;
+        }
+        if (member && !conf_name_is_valid(member)) {
+                reply_invalid_parameter(s, "member");
+                return;
+        }
+        if (member && labels && labels[0]) {
+                reply_invalid_parameter(s, "labels"); /* one member, or labels: not both */
+                return;
+        }
+        for (size_t i = 0; labels && labels[i]; i++)
+                if (!selector_term_is_valid(labels[i])) {
+                        reply_invalid_parameter(s, "labels");
+                        return;
+                }
+        if (!reason_is_valid(reason)) {
+                reply_invalid_parameter(s, "reason");
+                return;
+        }
+        if (!require_pool_admin(s, "reserve", pool, member))
+                return;
+        session_reserve(s, call,
+                        &(SessionReserve) {
+                                .pool = pool,
+                                .member = member,
+                                .labels = labels,
+                                .hold = (usec_t) for_ms * USEC_PER_MSEC,
+                                .reason = reason,
+                        });
+}
+
 static void method_cancel(Session *s, const VarlinkCall *call) {
         Methods *m = methods_of(s);
         const char *pool = NULL, *lane = NULL, *job = NULL;
@@ -713,6 +774,7 @@ static const struct {
         { "io.slotbroker.Cancel", method_cancel },
         { "io.slotbroker.Quarantine", method_quarantine },
         { "io.slotbroker.Restore", method_restore },
+        { "io.slotbroker.Reserve", method_reserve },
 };
 
 static void methods_dispatch(Session *s, const VarlinkCall *call) {

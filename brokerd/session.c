@@ -608,6 +608,69 @@ bool session_defers_call(const Session *s, const VarlinkCall *call) {
         return busy && !call_releases_own_lease(s, call);
 }
 
+/* A reservation for people (SPEC §3.6): an Acquire of ENGINE_RESERVE_LANE in one local pool, at the head of
+ * its queue, held detached for r->hold from its grant; its reason is its job. The caller checked the
+ * parameters and that the peer may administer the pool. */
+void session_reserve(Session *s, const VarlinkCall *call, const SessionReserve *r) {
+        SessionTable *m = s->table;
+        AcquireCall *a = &s->acquire;
+
+        if (call->flags & VARLINK_CALL_ONEWAY) {
+                reply_invalid_parameter(s, "oneway");
+                return;
+        }
+        if (refuse_for_storage(s, ENGINE_RESERVE_LANE, r->reason))
+                return;
+        a->lane = strdup(ENGINE_RESERVE_LANE);
+        a->job = strdup(r->reason);
+        a->member = r->member ? strdup(r->member) : NULL;
+        a->labels = r->labels && r->labels[0] ? strv_copy(r->labels) : NULL;
+        if (!a->lane || !a->job || (r->member && !a->member) || (r->labels && r->labels[0] && !a->labels) ||
+            acquire_set_selector(a) < 0) {
+                log_oom();
+                session_close(s);
+                return;
+        }
+        a->active = true;
+        a->more = call->flags & VARLINK_CALL_MORE;
+        a->detach = true;
+        a->fence = false;
+        a->slots = 1;
+        a->max_hold = r->hold;
+        a->max_wait = USEC_INFINITY;
+        a->last_position = a->last_queued = 0;
+        a->counted_waiter = false;
+        a->has_command = false;
+        a->command_pidfd = -EBADF;
+
+        int k = engine_acquire(m->engine,
+                               &(EngineAcquire) {
+                                       .reserve_pool = r->pool,
+                                       .slots = 1,
+                                       .max_wait = USEC_INFINITY,
+                                       .max_hold = a->max_hold,
+                                       .userdata = s,
+                                       .labels = (const char *const *) a->labels,
+                                       .member = a->member,
+                               },
+                               now_monotonic(), &a->request);
+        if (k == -ENOENT || k == -EINVAL || k == -EOPNOTSUPP) {
+                a->active = false;
+                if (k == -ENOENT) {
+                        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "pool", r->pool);
+                        session_reply_error(s, "io.slotbroker.NoSuchPool", p);
+                } else
+                        /* A member or labels no member of the pool has, or a shared pool ("not yet"). */
+                        reply_invalid_parameter(s, k == -EOPNOTSUPP ? "pool" : invalid_request_parameter(a));
+                session_acquire_done(s);
+                return;
+        }
+        if (k < 0) {
+                log_error_errno(k, "Failed to queue a reservation: %m");
+                session_close(s);
+        }
+}
+
 void session_acquire_done(Session *s) {
         AcquireCall *a = &s->acquire;
         a->active = false;
@@ -786,8 +849,11 @@ static int session_resume_waiter(Session *s, const HandoverAcquire *h) {
         a->has_command = pidfd >= 0;
         a->command = command;
         a->command_pidfd = TAKE_FD(pidfd);
+        /* A reservation (SPEC §3.6) was allowed when it came; it stays a detached one in its pool. */
+        bool reserve = streq(h->lane, ENGINE_RESERVE_LANE);
+        a->detach = reserve;
 
-        if (!m->lane_allows(h->lane, s->cred.uid, groups, n_groups, m->userdata)) {
+        if (!reserve && !m->lane_allows(h->lane, s->cred.uid, groups, n_groups, m->userdata)) {
                 audit_denied(s, h->lane, h->job);
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", h->lane);
                 session_reply_error(s, "io.slotbroker.PermissionDenied", p);
@@ -805,6 +871,7 @@ static int session_resume_waiter(Session *s, const HandoverAcquire *h) {
         int r = engine_acquire(m->engine,
                                &(EngineAcquire) {
                                        .lane = h->lane,
+                                       .reserve_pool = reserve ? h->pool : NULL,
                                        .slots = h->slots,
                                        .max_wait = a->max_wait,
                                        .max_hold = a->max_hold,

@@ -154,6 +154,16 @@ void session_acquire_done(Session *s);
 /* io.slotbroker.Acquire. Replies (or starts waiting); never fails the connection. */
 void session_acquire(Session *s, const VarlinkCall *call);
 
+/* Reserve (SPEC §3.6): what methods.c checked. */
+typedef struct SessionReserve {
+        const char *pool;
+        const char *member;        /* or NULL */
+        char *const *labels;       /* or NULL */
+        usec_t hold;               /* > 0, finite */
+        const char *reason;        /* valid (one printable line) */
+} SessionReserve;
+void session_reserve(Session *s, const VarlinkCall *call, const SessionReserve *r);
+
 /* A lease event (lease_table_pop_event()): a grant's row written, a revoked holder's grace over. */
 typedef struct LeaseEvent LeaseEvent;
 void session_on_lease_event(SessionTable *t, const LeaseEvent *ev);

@@ -167,6 +167,180 @@ int verb_acquire(int argc, char *argv[]) {
         return EXIT_SUCCESS;
 }
 
+/* ---- reserve ---- */
+
+/* SPEC §3.6: the broker refuses the same; said here with the option's name. */
+#define RESERVE_REASON_MAX 1024
+#define RESERVE_FOR_MAX (3650 * 24 * 3600 * USEC_PER_SEC)
+
+static void reserve_help(void) {
+        printf("slotctl reserve [OPTIONS…] POOL --for=DURATION --reason=TEXT\n\n"
+               "Reserve a slot of a local pool for a person: ahead of every waiting job, take the next\n"
+               "matching member that frees (or one free now), as a detached lease, and print its id.\n"
+               "It ends after --for or with 'slotctl release ID'. Root and the pool's\n"
+               "admin-users=/admin-groups= only.\n\n"
+               "     --for=DURATION     Mandatory: how long it is held from its grant (at most 3650d)\n"
+               "     --reason=TEXT      Mandatory: why, for status and history (one line, ≤ 1024 bytes)\n"
+               "     --member=NAME      The member NAME\n"
+               "     --label=[!]LABEL   Members that carry LABEL (with !: that do not); repeatable\n"
+               "     --json             Print the lease as JSON\n"
+               "  -q --quiet            Print nothing while waiting\n"
+               "     --socket=PATH      Talk to the broker at PATH\n"
+               "  -h --help             Show this help\n");
+}
+
+static void on_reserve_position(const BrokerPosition *p, void *userdata) {
+        size_t *last = userdata;
+        char position[CLI_POSITION_MAX], pool[CLI_PRINTABLE_SIZE(256)];
+        if (arg_request.quiet || p->position == *last)
+                return;
+        /* Said again whenever it moves: a person waits for it. */
+        log_notice("reservation waiting for pool %s: %s", cli_printable(pool, sizeof pool, p->pool ?: "?"),
+                   cli_format_position(position, p));
+        *last = p->position;
+}
+
+int verb_reserve(int argc, char *argv[]) {
+        enum { ARG_FOR = 0x100, ARG_REASON, ARG_JSON };
+        static const struct option options[] = {
+                { "for", required_argument, NULL, ARG_FOR },
+                { "reason", required_argument, NULL, ARG_REASON },
+                { "json", no_argument, NULL, ARG_JSON },
+                { "help", no_argument, NULL, 'h' },
+                CLI_REQUEST_OPTIONS,
+                {},
+        };
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+        _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
+        const char *reason = NULL;
+        usec_t hold = 0;
+        size_t last = 0;
+        int k, r;
+
+        optind = 0;
+        opterr = 0;
+        while ((k = getopt_long(argc, argv, ":qh", options, NULL)) >= 0)
+                switch (k) {
+                case ARG_FOR:
+                        if (cli_parse_duration("--for", optarg, false, &hold) < 0)
+                                return EXIT_USAGE;
+                        if (hold < USEC_PER_MSEC || hold > RESERVE_FOR_MAX) {
+                                log_usage("reserve", "--for: from 1ms to 3650d");
+                                return EXIT_USAGE;
+                        }
+                        break;
+                case ARG_REASON:
+                        reason = optarg;
+                        break;
+                case ARG_JSON:
+                        arg_json = true;
+                        break;
+                case 'h':
+                        reserve_help();
+                        return EXIT_SUCCESS;
+                case 'l':
+                case 'n':
+                case CLI_ARG_NO_WAIT:
+                case CLI_ARG_MAX_WAIT:
+                case CLI_ARG_JOB:
+                case CLI_ARG_CONFLICT_EXIT_CODE:
+                        /* A reservation is one member of one pool, waits as long as it takes, and its job is
+                         * its reason. */
+                        log_usage("reserve", "%s", "--lane, --slots, --no-wait, --max-wait, --job and "
+                                  "--conflict-exit-code are not for a reservation (one slot of POOL, waited for)");
+                        return EXIT_USAGE;
+                default:
+                        r = cli_request_parse_option("reserve", k, optarg, &arg_request);
+                        if (r < 0)
+                                return EXIT_USAGE;
+                        if (r == 0) /* also ':' and '?' */
+                                return log_usage_option("reserve", k, argv), EXIT_USAGE;
+                        break;
+                }
+        if (argc - optind != 1) {
+                log_usage("reserve", "%s", optind >= argc ? "a pool is missing" : "one pool only");
+                return EXIT_USAGE;
+        }
+        if (hold == 0) {
+                log_usage("reserve", "--for=DURATION is required: a reservation must end on its own");
+                return EXIT_USAGE;
+        }
+        if (!reason) {
+                log_usage("reserve", "--reason=TEXT is required: say why, for the jobs that wait behind it");
+                return EXIT_USAGE;
+        }
+        size_t n = strlen(reason);
+        if (n == 0 || n > RESERVE_REASON_MAX) {
+                log_usage("reserve", "--reason: %s (1 to %d bytes)", n == 0 ? "empty" : "too long", RESERVE_REASON_MAX);
+                return EXIT_USAGE;
+        }
+        for (const unsigned char *p = (const unsigned char *) reason; *p; p++)
+                if (*p < 0x20 || *p == 0x7f) {
+                        log_usage("reserve", "--reason: contains a control character (one line of text, please)");
+                        return EXIT_USAGE;
+                }
+        if (arg_request.member && arg_request.n_labels > 0) {
+                log_usage("reserve", "--member or --label, not both");
+                return EXIT_USAGE;
+        }
+
+        r = cli_connect(arg_request.socket, &c);
+        if (r < 0)
+                return cli_exit_status_from_errno(r);
+
+        BrokerAcquireOptions o = BROKER_ACQUIRE_OPTIONS_INIT;
+        o.reserve_pool = argv[optind];
+        o.reason = reason;
+        o.labels = arg_request.n_labels > 0 ? arg_request.labels : NULL;
+        o.member = arg_request.member;
+        o.detach = true;
+        o.max_hold_ms = DIV_ROUND_UP(hold, USEC_PER_MSEC);
+        o.on_position = on_reserve_position;
+        o.userdata = &last;
+
+        /* Interrupted while waiting, slotctl dies of the signal: closing the connection withdraws. */
+        r = broker_acquire(c, &o, &l);
+        if (r == -EINVAL) {
+                log_usage("reserve", "invalid pool, member, label or reason (not UTF-8?)");
+                return EXIT_USAGE;
+        }
+        if (r < 0) {
+                if (cli_errno_is_unreachable(r))
+                        log_error_errno(r, "lost the connection to the broker: %m");
+                else
+                        log_error_errno(r, "reserve failed: %m");
+                return cli_exit_status_from_errno(r);
+        }
+        if (r == BROKER_INVALID_PARAMETER) {
+                const char *params = broker_client_error_parameters(c);
+                const char *what = params && strstr(params, "\"member\"") ? "member"
+                                   : params && strstr(params, "\"labels\"") ? "labels"
+                                   : params && strstr(params, "\"pool\"")   ? "pool"
+                                                                            : NULL;
+                if (what && streq(what, "pool"))
+                        log_error("reserve: pool %s is not a local pool (reservations are not supported on shared "
+                                  "pools yet)", argv[optind]);
+                else if (what)
+                        log_error("reserve: pool %s has no member %s", argv[optind],
+                                  streq(what, "member") ? "of that name" : "with those labels");
+                if (what)
+                        return EXIT_USAGE;
+        }
+        if (r > 0)
+                return cli_log_result(c, "reserve", r, EXIT_FAILURE);
+
+        if (arg_json)
+                printf("%s\n", broker_lease_json(l));
+        else
+                printf("%s\n", broker_lease_id(l));
+        if (fflush(stdout) != 0) {
+                log_error_errno(errno, "Failed to print the lease: %m");
+                (void) broker_release(c, broker_lease_id(l));
+                return EXIT_FAILURE;
+        }
+        return EXIT_SUCCESS;
+}
+
 /* ---- release ---- */
 
 static void release_help(const char *verb) {

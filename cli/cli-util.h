@@ -28,6 +28,7 @@ enum {
 int verb_run(int argc, char *argv[]);
 int verb_acquire(int argc, char *argv[]);
 int verb_release(int argc, char *argv[]);
+int verb_reserve(int argc, char *argv[]);
 int verb_status(int argc, char *argv[]);
 int verb_history(int argc, char *argv[]);
 int verb_metrics(int argc, char *argv[]);

@@ -18,6 +18,7 @@
         X(run, "Acquire a slot, run a command with it, release it") \
         X(acquire, "Acquire a detached lease (--detach --max-hold) and print its id") \
         X(release, "End a lease by its id") \
+        X(reserve, "Reserve a member for a person, ahead of every waiting job") \
         X(status, "Show pools, their holders and waiters") \
         X(history, "Show recorded decisions") \
         X(metrics, "Print the metrics (Prometheus text)") \

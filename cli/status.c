@@ -90,7 +90,10 @@ static json_t *lease_also_in(json_t *lease, const char *name) {
         return NULL;
 }
 
-/* The leases holding slots of pool name, as a table under its pool line. */
+static void print_time(char when[static 64], json_int_t usec);
+
+/* The leases holding slots of pool name, as a table under its pool line; under a reservation's row (SPEC §3.6)
+ * who, until when and why, its reason whole. */
 static void print_holders(json_t *holders, const char *name) {
         bool header = false;
         size_t i;
@@ -120,6 +123,12 @@ static void print_holders(json_t *holders, const char *name) {
                                ? "detached"
                                : string_member(v, "state") ?: "?",
                        job_column(job, string_member(lease, "job")));
+                if (streq_ptr(string_member(lease, "lane"), "@reserve")) {
+                        char until[64];
+                        print_time(until, int_member(lease, "expiresAt", -1));
+                        printf("    reserved by uid %" JSON_INTEGER_FORMAT " until %s: %s\n", int_member(lease, "uid", -1),
+                               until, string_member(lease, "job") ?: "");
+                }
         }
 }
 

@@ -104,6 +104,12 @@ typedef struct BrokerAcquireOptions {
          * end, and size tells the library which ones the caller knows. */
         const char *const *labels;
         const char *member;             /* the one member wanted, by name; NULL: any */
+        /* SPEC §3.6: a reservation for a person in this (local) pool: io.slotbroker.Reserve, ahead of every
+         * waiting job, detached, held max_hold_ms (mandatory) from its grant, with reason (mandatory: one
+         * printable line); lane, slots, wait, pid, pidfd, reclaim, fence and job are not sent. Root or the
+         * pool's admin-users=/admin-groups= (BROKER_PERMISSION_DENIED otherwise). NULL: an Acquire. */
+        const char *reserve_pool;
+        const char *reason;
 } BrokerAcquireOptions;
 
 #define BROKER_ACQUIRE_OPTIONS_INIT ((BrokerAcquireOptions) { .size = sizeof(BrokerAcquireOptions), .pidfd = -1 })

@@ -526,9 +526,40 @@ static int options_copy(const BrokerAcquireOptions *o, BrokerAcquireOptions *ret
         return 0;
 }
 
+/* Reserve's parameters (SPEC §3.6). */
+static int reserve_parameters(const BrokerAcquireOptions *o, json_t **ret) {
+        _cleanup_(json_decrefp) json_t *p = NULL;
+        size_t n_labels = 0;
+
+        if (!*o->reserve_pool || !o->reason || o->max_hold_ms == 0 || o->max_hold_ms > (uint64_t) INT64_MAX / 1000)
+                return -EINVAL;
+        while (o->labels && o->labels[n_labels])
+                if (++n_labels > ACQUIRE_LABELS_MAX)
+                        return -EINVAL;
+        p = json_pack("{s:s, s:I, s:s}", "pool", o->reserve_pool, "forMs", (json_int_t) o->max_hold_ms, "reason",
+                      o->reason);
+        if (!p)
+                return -EINVAL; /* not UTF-8, likelier than out of memory */
+        if (o->member && json_object_set_new(p, "member", json_string(o->member)) < 0)
+                return -EINVAL;
+        if (n_labels > 0) {
+                json_t *a = json_array();
+                if (!a || json_object_set_new(p, "labels", a) < 0)
+                        return -ENOMEM;
+                for (size_t i = 0; i < n_labels; i++)
+                        if (json_array_append_new(a, json_string(o->labels[i])) < 0)
+                                return -EINVAL;
+        }
+        *ret = TAKE_PTR(p);
+        return 0;
+}
+
 static int acquire_parameters(const BrokerAcquireOptions *o, json_t **ret) {
         _cleanup_(json_decrefp) json_t *p = NULL;
         int r;
+
+        if (o->reserve_pool)
+                return reserve_parameters(o, ret);
 
         if (!o->lane || !*o->lane)
                 return -EINVAL;
@@ -634,6 +665,10 @@ _public_ int broker_acquire_start(BrokerClient *c, const BrokerAcquireOptions *o
 
         _cleanup_(json_decrefp) json_t *unfenced = NULL;
         _cleanup_close_ int unfenced_pidfd = -EBADF;
+        if (o.reserve_pool) {
+                o.fence = false, o.detach = true;
+                o.pidfd = -1;
+        }
         if (o.fence) {
                 unfenced = json_copy(p);
                 if (!unfenced || json_object_set_new(p, "fence", json_true()) < 0)
@@ -646,8 +681,8 @@ _public_ int broker_acquire_start(BrokerClient *c, const BrokerAcquireOptions *o
         }
 
         client_error_reset(c);
-        r = varlink_stream_call_with_fds(&c->stream, INTERFACE ".Acquire", p, VARLINK_CALL_MORE, &o.pidfd,
-                                         o.pidfd >= 0 ? 1 : 0);
+        r = varlink_stream_call_with_fds(&c->stream, o.reserve_pool ? INTERFACE ".Reserve" : INTERFACE ".Acquire", p,
+                                         VARLINK_CALL_MORE, &o.pidfd, o.pidfd >= 0 ? 1 : 0);
         if (r < 0)
                 return r;
         acquire_unfenced_forget(c);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* engine.c — lanes, routing and leases on top of pools (SPEC §3.2–§3.4). */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1310,9 +1311,11 @@ static EngineLane *lane_find(const Engine *e, const char *name) {
         return NULL;
 }
 
+static Pool *pool_by_name(const Engine *e, const char *pool);
+
 int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest **ret) {
         assert_return(e, -EINVAL);
-        assert_return(a && a->lane, -EINVAL);
+        assert_return(a && (a->lane || a->reserve_pool), -EINVAL);
         assert_return(a->slots >= 1, -EINVAL);
         assert_return(ret, -EINVAL);
 
@@ -1323,8 +1326,32 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
 
         engine_advance(e, now);
 
-        EngineLane *lane = lane_find(e, a->lane);
-        if (!lane)
+        /* A reservation (SPEC §3.6): its pool alone, at the head of its queue, for as long as it takes. */
+        Pool *reserve_in[1];
+        EngineLane reserve_lane;
+        EngineLane *lane;
+        if (a->reserve_pool) {
+                Pool *p = pool_by_name(e, a->reserve_pool);
+                if (!p)
+                        return -ENOENT;
+                if (p->identity)
+                        return -EOPNOTSUPP;
+                const char *name = engine_intern(e, ENGINE_RESERVE_LANE);
+                if (!name)
+                        return -ENOMEM;
+                reserve_in[0] = p;
+                reserve_lane = (EngineLane) {
+                        .name = name,
+                        .policy = LANE_POLICY_WAIT,
+                        .priority = INT_MAX,
+                        .queue_timeout_set = true,
+                        .queue_timeout = USEC_INFINITY,
+                        .max_hold = USEC_INFINITY,
+                        .pools = reserve_in,
+                        .n_pools = 1,
+                };
+                lane = &reserve_lane;
+        } else if (!(lane = lane_find(e, a->lane)))
                 return -ENOENT;
 
         EngineRequest *r = calloc(1, sizeof(EngineRequest));
@@ -2055,7 +2082,8 @@ oom:
 
 /* The rules of every lane that routes to pool `name`, or takes slots of it with every grant (also=: its
  * reserve= is for the pools it routes to). */
-static size_t rules_for_pool(const BrokerConfig *c, const char *name, PoolLaneRule *rules) {
+static size_t rules_for_pool(const BrokerConfig *c, const PoolConfig *pc, PoolLaneRule *rules) {
+        const char *name = pc->name;
         size_t n = 0;
         for (size_t i = 0; i < c->n_lanes; i++) {
                 const LaneConfig *lc = c->lanes[i];
@@ -2086,6 +2114,15 @@ static size_t rules_for_pool(const BrokerConfig *c, const char *name, PoolLaneRu
                                 break;
                         }
         }
+        /* Reservations (SPEC §3.6), on pools without backend=: first in the queue, no limit, no budget. */
+        if (!pc->backend)
+                rules[n++] = (PoolLaneRule) {
+                        .lane = ENGINE_RESERVE_LANE,
+                        .priority = INT_MAX,
+                        .max_in_use = -1,
+                        .budget_set = true,
+                        .budget = USEC_INFINITY,
+                };
         return n;
 }
 
@@ -2133,7 +2170,7 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
 
         _cleanup_free_ Pool **pools = calloc(MAX(c->n_pools, 1u), sizeof(Pool *));
         _cleanup_free_ bool *created = calloc(MAX(c->n_pools, 1u), sizeof(bool));
-        _cleanup_free_ PoolLaneRule *rules = calloc(MAX(c->n_lanes, 1u), sizeof(PoolLaneRule));
+        _cleanup_free_ PoolLaneRule *rules = calloc(c->n_lanes + 1, sizeof(PoolLaneRule)); /* + reservations */
         EngineLane **lanes = NULL;
         int r;
 
@@ -2179,7 +2216,7 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
 
         /* From here on nothing fails but out of memory inside a pool's lane table. */
         for (size_t i = 0; i < c->n_pools; i++) {
-                size_t n_rules = rules_for_pool(c, c->pools[i]->name, rules);
+                size_t n_rules = rules_for_pool(c, c->pools[i], rules);
                 r = pools[i]->ops->configure(pools[i], c->pools[i], rules, n_rules, now);
                 if (r < 0)
                         goto fail;

@@ -178,7 +178,14 @@ typedef struct EngineAcquire {
          * member, or NULL. A pool whose members cannot satisfy them is skipped like one too small. */
         const char *const *labels;
         const char *member;
+        /* A reservation for people (SPEC §3.6): taken in this pool (not kept by a backend) under the lane
+         * ENGINE_RESERVE_LANE, ahead of every waiting job (priority INT_MAX), waiting as long as it takes;
+         * `lane` is then ignored. NULL: an ordinary request of `lane`. */
+        const char *reserve_pool;
 } EngineAcquire;
+
+/* The lane a reservation's request and lease are of: no configured lane can be named so. */
+#define ENGINE_RESERVE_LANE "@reserve"
 
 /* Routes a request: the first of the lane's pools with room grants it; otherwise a fail-fast lane
  * refuses, a waiting lane queues on its last pool. A lane with also= (SPEC §3.5) does the same with the
@@ -189,6 +196,8 @@ typedef struct EngineAcquire {
  * -EINVAL when no pool of the lane has `slots` slots its labels and member allow (or they are not valid),
  * -ENOMEM. */
 int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest **ret);
+/* A reservation (EngineAcquire.reserve_pool) returns -ENOENT for an unknown pool and -EOPNOTSUPP for a pool
+ * kept by a backend. */
 
 /* The client went away while waiting, or before a pool that decides later has decided: the request leaves
  * its queue (or is forgotten) without an answer. A decision that came in before is handled first: its event

@@ -1537,8 +1537,10 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 });
                 return 0;
         }
-        /* A resumed waiter was admitted before the restart: max-queue counted it then. */
-        if (!room && !t->resume && p->max_queue >= 0 && (int64_t) p->n_waiting >= p->max_queue) {
+        /* A resumed waiter was admitted before the restart: max-queue counted it then. A reservation (SPEC §3.6)
+         * is a person's, one at a time, ahead of the queue that max-queue keeps short: never refused full. */
+        if (!room && !t->resume && p->max_queue >= 0 && (int64_t) p->n_waiting >= p->max_queue &&
+            !streq(l->name, ENGINE_RESERVE_LANE)) {
                 refuse_try(p, t, REFUSAL_FULL, now);
                 return 0;
         }

@@ -263,6 +263,7 @@ typedef struct Req {
         usec_t max_wait;
         const char *const *labels; /* NULL-terminated selector terms (SPEC §3.5) */
         const char *member;
+        const char *reserve;       /* a reservation in this pool (SPEC §3.6) */
 } Req;
 
 /* Acquire at `now` (an arrival of the instant; engine_run follows separately). */
@@ -278,6 +279,7 @@ static Tag *arrive(Fixture *f, const char *name, Req q, usec_t now) {
                                        .userdata = t,
                                        .labels = q.labels,
                                        .member = q.member,
+                                       .reserve_pool = q.reserve,
                                },
                                now, &t->request);
         assert_int_equal(r, 0);
@@ -1306,6 +1308,130 @@ static const char *member_of(const Tag *t) {
         assert_int_equal(engine_lease_slots(t->lease, NULL, &members), 1);
         assert_non_null(members);
         return members[0];
+}
+
+/* SPEC §3.6: a reservation goes ahead of every waiting job, a k=2 waiter and a higher-priority lane's included;
+ * it takes the next member that frees, and no member is held twice. */
+static void test_reservation_is_next_in_line_behind_a_two_slot_waiter(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "a", "b", "c" }, 3);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "hi", LANE_POLICY_WAIT, "p", NULL)->priority = 100;
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) { .member = "a" }, 0);
+        Tag *b = acquire(f, "B", (Req) { .member = "b" }, 0);
+        Tag *c = acquire(f, "C", (Req) { .member = "c" }, 0);
+        Tag *big = acquire(f, "BIG", (Req) { .slots = 2 }, S(1));
+        Tag *hi = acquire(f, "HI", (Req) { .lane = "hi" }, S(1));
+        Tag *r = acquire(f, "R", (Req) { .reserve = "p" }, S(2));
+        assert_true(queued(big) && queued(hi) && queued(r));
+        size_t pos, n;
+        assert_int_equal(engine_request_position(r->request, &pos, &n), 0);
+        assert_int_equal(pos, 0); /* first, though the last to come */
+        assert_int_equal(n, 3);
+        /* The first member that frees is the reservation's: not the k=2 waiter's, not the priority lane's. */
+        end(f, b, S(3));
+        assert_true(granted(r));
+        assert_string_equal(member_of(r), "b");
+        assert_string_equal(engine_lease_lane(r->lease), ENGINE_RESERVE_LANE);
+        assert_true(queued(big) && queued(hi));
+        /* Then the queue as it was: HI (priority) next, then BIG. */
+        end(f, a, S(4));
+        assert_true(granted(hi));
+        assert_string_equal(member_of(hi), "a");
+        end(f, c, S(5));
+        assert_true(queued(big)); /* one free member of the two it needs: b and a are held */
+        end(f, r, S(6));
+        assert_true(granted(big));
+        const char *const *members;
+        assert_int_equal(engine_lease_slots(big->lease, NULL, &members), 2);
+        /* Never a member held twice: BIG has b and c, HI holds a. */
+        assert_true((streq(members[0], "b") && streq(members[1], "c")) ||
+                    (streq(members[0], "c") && streq(members[1], "b")));
+        assert_int_equal(pool_in_use(f, 0), 3);
+}
+
+/* "Or one free now": a member a k=2 waiter keeps from those behind it (no barging) goes to a reservation that
+ * comes, in the instant it comes; the k=2 waiter then waits for two again. */
+static void test_reservation_takes_a_member_a_two_slot_waiter_sets_aside(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "a", "b", "c" }, 3);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) { .member = "a" }, 0);
+        Tag *b = acquire(f, "B", (Req) { .member = "b" }, 0);
+        Tag *big = acquire(f, "BIG", (Req) { .slots = 2 }, S(1));
+        Tag *small = acquire(f, "SMALL", (Req) {}, S(2));
+        assert_true(queued(big) && queued(small)); /* c is free, and BIG's */
+        Tag *r = acquire(f, "R", (Req) { .reserve = "p" }, S(3));
+        assert_true(granted(r));
+        assert_string_equal(member_of(r), "c");
+        assert_int_equal(r->decided, S(3));
+        assert_true(queued(big) && queued(small));
+        end(f, a, S(4));
+        assert_true(queued(big) && queued(small)); /* no barging past BIG */
+        end(f, b, S(5));
+        assert_true(granted(big));
+        assert_true(queued(small));
+        end(f, r, S(6));
+        assert_true(granted(small));
+        assert_string_equal(member_of(small), "c");
+}
+
+/* A reservation for one member waits for that one, and lets the others flow to those behind it; a free one
+ * is taken at once; a member, labels or pool that do not exist are refused before anything is queued. */
+static void test_reservation_for_a_member_and_bad_ones(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "a", "b" }, 2);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) { .member = "a" }, 0);
+        Tag *b = acquire(f, "B", (Req) { .member = "b" }, 0);
+        Tag *r = acquire(f, "R", (Req) { .reserve = "p", .member = "b" }, S(1));
+        Tag *w = acquire(f, "W", (Req) {}, S(2));
+        assert_true(queued(r) && queued(w));
+        end(f, a, S(3)); /* a is no use to R: W takes it */
+        assert_true(granted(w));
+        assert_string_equal(member_of(w), "a");
+        assert_true(queued(r));
+        Tag *w2 = acquire(f, "W2", (Req) { .member = "b" }, S(4));
+        end(f, b, S(5));
+        assert_true(granted(r));
+        assert_string_equal(member_of(r), "b");
+        assert_true(queued(w2));
+        end(f, w, S(6));
+        Tag *r2 = acquire(f, "R2", (Req) { .reserve = "p" }, S(7)); /* a is free: at once */
+        assert_true(granted(r2));
+        assert_string_equal(member_of(r2), "a");
+
+        /* A queue at max-queue refuses jobs, not a reservation. */
+        p->max_queue = 1;
+        configure(f, S(7));
+        assert_true(refused(acquire(f, "FULL", (Req) {}, S(7)), REFUSAL_FULL));
+        Tag *r3 = acquire(f, "R3", (Req) { .reserve = "p" }, S(7));
+        assert_true(queued(r3));
+        end(f, r, S(8));
+        assert_true(granted(r3)); /* ahead of W2, who waited longer */
+        assert_string_equal(member_of(r3), "b");
+        assert_true(queued(w2));
+
+        EngineRequest *req = NULL;
+        assert_int_equal(engine_acquire(f->engine, &(EngineAcquire) { .reserve_pool = "p", .slots = 1, .member = "zz" },
+                                        S(8), &req),
+                         -EINVAL);
+        assert_int_equal(engine_acquire(f->engine,
+                                        &(EngineAcquire) { .reserve_pool = "p", .slots = 1,
+                                                           .labels = (const char *const[]) { "fast", NULL } },
+                                        S(8), &req),
+                         -EINVAL);
+        assert_int_equal(engine_acquire(f->engine, &(EngineAcquire) { .reserve_pool = "nope", .slots = 1 }, S(8), &req),
+                         -ENOENT);
+        assert_null(req);
+        assert_true(queued(w2));
+        assert_int_equal(pool_in_use(f, 0), 2);
 }
 
 static void test_reload_reorder_keeps_a_held_member_held(void **state) {
@@ -3131,6 +3257,9 @@ int main(void) {
                 T(test_reload_keeps_waiters_and_reorders_on_new_priority),
                 T(test_max_hold_revokes_without_freeing),
                 T(test_lease_released_after_its_max_hold_unseen_is_not_revoked),
+                T(test_reservation_is_next_in_line_behind_a_two_slot_waiter),
+                T(test_reservation_takes_a_member_a_two_slot_waiter_sets_aside),
+                T(test_reservation_for_a_member_and_bad_ones),
                 T(test_reload_reorder_keeps_a_held_member_held),
                 T(test_reload_removed_member_stays_held_until_released),
                 T(test_reload_readded_member_is_not_handed_out_twice),
