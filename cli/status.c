@@ -516,6 +516,7 @@ int verb_metrics(int argc, char *argv[]) {
 static const char *const decisions[] = {
         "granted", "busy",    "full",     "timeout", "shed",     "unavailable",
         "cancelled", "released", "revoked", "overdue", "restored", "denied", "drained", "undrained",
+        "quarantined", "unquarantined",
 };
 
 static json_t *arg_history_filters = NULL;
