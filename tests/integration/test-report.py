@@ -496,6 +496,36 @@ class Report(harness.BrokerTestCase):
         _, main = self.report()
         self.assertNotIn("class=\"members\"", main)
 
+    def test_member_of_a_lease_that_ended_while_down(self):
+        """A lease whose client died while brokerd was down is released at the restart: that row names its
+        member too, so the member's lease is counted (its grant row may have died with brokerd: rows are
+        written in batches)."""
+        b = harness.Broker("[pool life]\nmembers = a b\n\n[lane w]\npools = life\npolicy = fail-fast\n",
+                           name="report-down").start()
+        child = harness.Child()
+        self.addCleanup(child.kill)
+        try:
+            a = b.acquire("w", member="b", job="down", pid=child.pid)
+            a.until_granted()
+            b.crash()
+            child.kill()
+            b.start()
+
+            def released():
+                p = slotctl("history", "--json", "--socket", b.socket_path, "--decision", "released")
+                return len(json.loads(p.stdout)["events"]) == 1 or None
+            wait_for(released, 10, message="the release at the restart in the history")
+        finally:
+            status = b.stop()
+        self.assertEqual(status, 0, b.log()[-2000:])
+        path = os.path.join(self.dir, "down.db")
+        shutil.copy(os.path.join(b.state_dir, "history.db"), path)
+        _, text = self.report(history=path)
+        got = Page(text).pools["life"]["members"]
+        self.assertEqual(set(got), {"b"})
+        self.assertEqual(got["b"]["holds"], 1)
+        self.assertLessEqual(got["b"]["grants"], 1)
+
     def check_members(self, page):
         pool = page.pools["life"]
         got = pool["members"]
