@@ -990,8 +990,8 @@ int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, i
 
         /* Only the filters given, so that the planner can use their indexes. */
         snprintf(sql, sizeof sql,
-                 "SELECT id, time, decision, pool, lane, job, uid, pid, lease, token, wait_us, hold_us, budget_us, state, selector, reason "
-                 "FROM events WHERE id > ?%s%s%s%s%s ORDER BY id LIMIT ?",
+                 "SELECT id, time, decision, pool, lane, job, uid, pid, lease, token, wait_us, hold_us, budget_us, state, selector, reason, "
+                 "member, exit_status FROM events WHERE id > ?%s%s%s%s%s ORDER BY id LIMIT ?",
                  since ? " AND time >= ?" : "", until ? " AND time < ?" : "", q->lane ? " AND lane = ?" : "",
                  q->pool ? " AND pool = ?" : "", q->decision ? " AND decision = ?" : "");
         rc = sqlite3_prepare_v2(d->db, sql, -1, &st, NULL);
@@ -1044,6 +1044,8 @@ int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, i
                 json_set_text(e, "state", st, 13);
                 json_set_text(e, "selector", st, 14);
                 json_set_text(e, "reason", st, 15);
+                json_set_text(e, "member", st, 16);
+                json_set_int(e, "exitStatus", st, 17, 1);
                 n++;
         }
         sqlite3_finalize(st);

@@ -471,10 +471,19 @@ class Report(harness.BrokerTestCase):
 
             def recorded():
                 p = slotctl("history", "--json", "--socket", b.socket_path, "--decision", "quarantined")
-                q = len(json.loads(p.stdout)["events"])
+                q = json.loads(p.stdout)["events"]
                 p = slotctl("history", "--json", "--socket", b.socket_path, "--decision", "released")
-                return (q == 2 and len(json.loads(p.stdout)["events"]) == 3) or None
-            wait_for(recorded, 10, message="the releases and quarantines in the history")
+                r = json.loads(p.stdout)["events"]
+                return (q, r) if len(q) == 2 and len(r) == 3 else None
+            quarantines, releases = wait_for(recorded, 10, message="the releases and quarantines in the history")
+            # History names the members and the exit status that quarantined one (schema 6).
+            self.assertEqual([e.get("member") for e in releases], ["a", "b", "b"])
+            self.assertEqual([(e["member"], e.get("exitStatus"), e.get("job")) for e in quarantines],
+                             [("a", 3, "job-a"), ("b", None, f"uid {os.getuid()}")])
+            text = slotctl("history", "--socket", b.socket_path).stdout
+            self.assertRegex(text, r"quarantined .* job-a\s+@a \(exit 3\)")
+            self.assertRegex(text, r"quarantined .* @b \(flash worn\)")
+            self.assertRegex(text, r"released .* job-b\s+on b")
         finally:
             status = b.stop()
         self.assertEqual(status, 0, b.log()[-2000:])
