@@ -706,6 +706,7 @@ static void chart_sweep(FILE *f, const ReportPool *p) {
 
 /* The members a chart shows at most: beyond, bars too thin to read (the table lists them all). */
 #define MEMBER_BARS_MAX 48
+#define MEMBER_LABEL_MAX 16 /* bytes of a name under its bar */
 
 static int member_cmp_use(const void *a, const void *b) {
         const ReportMember *x = *(const ReportMember *const *) a, *y = *(const ReportMember *const *) b;
@@ -779,7 +780,17 @@ static void chart_members(FILE *f, const Report *r, const ReportPool *p) {
                                 x + w / 2, y - 4, m->failures, m->quarantines);
                 fputs("<text class=\"tick\" x=\"0\" y=\"0\" text-anchor=\"end\" ", f);
                 fprintf(f, "transform=\"translate(%.1f %.1f) rotate(-30)\">", x + w / 2, MARGIN_T + PLOT_H + 14);
-                put_text(f, m->name);
+                /* a long name cut (at a whole UTF-8 character) so that it stays under its bar; the table has it whole */
+                char label[MEMBER_LABEL_MAX + 4];
+                size_t len = strlen(m->name);
+                if (len > MEMBER_LABEL_MAX) {
+                        len = MEMBER_LABEL_MAX;
+                        while (len > 0 && ((unsigned char) m->name[len] & 0xC0) == 0x80)
+                                len--;
+                        snprintf(label, sizeof label, "%.*s…", (int) len, m->name);
+                } else
+                        snprintf(label, sizeof label, "%s", m->name);
+                put_text(f, label);
                 fputs("</text>", f);
         }
         fprintf(f, "<text class=\"axis-title\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">member; above a bar, "

@@ -367,9 +367,13 @@ static void test_members_are_escaped_and_absent_without_rows(void **state) {
         assert_null(strstr(plain, "data-chart=\"members\""));
 
         assert_int_equal(report_member_add(r, "grid", "<b>rig\"", REPORT_MEMBER_GRANTED, T0 + 2 * S, 0, -1), 0);
+        /* A long name is cut under its bar at a whole character, and whole in the table. */
+        assert_int_equal(report_member_add(r, "grid", "rig-ééééééééé-long", REPORT_MEMBER_GRANTED, T0 + 2 * S, 0, -1), 0);
         _cleanup_free_ char *html = render(r);
         assert_null(strstr(html, "<b>rig"));
         assert_non_null(strstr(html, "data-member=\"&lt;b&gt;rig&quot;\""));
+        assert_non_null(strstr(html, ">rig-éééééé…</text>"));
+        assert_non_null(strstr(html, "<td>rig-ééééééééé-long</td>"));
 }
 
 int main(void) {
