@@ -338,6 +338,20 @@ void audit_member(Audit *a, const char *pool, const char *member, bool quarantin
         if (reason)
                 field(&f, "SLOT_REASON=%s", reason);
         journal_send(a, &f);
+
+        /* The history row (SPEC §3.6, usage per member): the report counts quarantines per member. */
+        AuditRecord r = AUDIT_RECORD_INIT;
+        r.decision = quarantined ? "quarantined" : "unquarantined";
+        r.pool = pool;
+        r.job = job;
+        r.reason = reason;
+        r.member = member;
+        r.exit_status = exit_status;
+        char sel[80];
+        snprintf(sel, sizeof sel, "@%s", member ?: "");
+        r.selector = member ? sel : NULL; /* History shows the member so, as for a drain */
+        if (a->history)
+                history_append(a->history, &r, now_realtime());
 }
 
 void audit_drain(Audit *a, const char *pool, const char *member, bool drained, const char *who, const char *reason,
@@ -384,6 +398,7 @@ void audit_drain(Audit *a, const char *pool, const char *member, bool drained, c
         char sel[80];
         snprintf(sel, sizeof sel, "@%s", member ?: "");
         r.selector = member ? sel : NULL; /* the member, as a request's selector names it */
+        r.member = member;
         if (a->history)
                 history_append(a->history, &r, now_realtime());
 }

@@ -32,10 +32,14 @@ typedef struct AuditRecord {
         /* An all-or-nothing lease's further pools with their tokens (SPEC §3.5, also=): "db:12 lic:99";
          * NULL: none. The journal's SLOT_ALSO= (each pool has its own history row). */
         const char *also;
+        /* The members a lease holds ("rig-a,rig-c"), or the one a member row names; NULL: anonymous slots.
+         * history.db's events.member (schema 6): usage per member (SPEC §3.6). */
+        const char *member;
+        int exit_status;          /* a quarantine's exit status; -1: none */
 } AuditRecord;
 
 #define AUDIT_RECORD_INIT                                                                                   \
         (AuditRecord) {                                                                                    \
                 .wait = USEC_INFINITY, .hold = USEC_INFINITY, .budget = USEC_INFINITY, .idle = USEC_INFINITY, \
-                .uid = (uid_t) -1,                                                                         \
+                .uid = (uid_t) -1, .exit_status = -1,                                                      \
         }

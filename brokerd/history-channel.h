@@ -32,7 +32,8 @@ typedef struct EventRow {
         uid_t uid;
         pid_t pid;
         unsigned retry_after_sec;
-        const char *decision, *pool, *lane, *job, *lease, *state, *reason, *selector;
+        int exit_status;      /* -1: none */
+        const char *decision, *pool, *lane, *job, *lease, *state, *reason, *selector, *member;
         char data[];
 } EventRow;
 

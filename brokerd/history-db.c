@@ -120,6 +120,14 @@ static int migration_5_selector(sqlite3 *db) {
         return sqlite3_exec(db, "ALTER TABLE events ADD COLUMN selector TEXT", NULL, NULL, NULL);
 }
 
+/* Usage per member (SPEC §3.6): the members a grant or release row's lease holds ("rig-a,rig-c"), the member
+ * a quarantine, restore or drain row names; and the exit status that quarantined a member. NULL in rows
+ * from before, and for anonymous slots. */
+static int migration_6_member(sqlite3 *db) {
+        return sqlite3_exec(db, "ALTER TABLE events ADD COLUMN member TEXT; ALTER TABLE events ADD COLUMN exit_status INTEGER",
+                            NULL, NULL, NULL);
+}
+
 static const struct {
         const char *what;
         int (*run)(sqlite3 *db);
@@ -129,6 +137,7 @@ static const struct {
         { "leases.members", migration_3_lease_members },
         { "alive mark", migration_4_alive },
         { "events.selector", migration_5_selector },
+        { "events.member, events.exit_status", migration_6_member },
 };
 _Static_assert(ELEMENTSOF(migrations) == HISTORY_SCHEMA_VERSION, "HISTORY_SCHEMA_VERSION counts the migrations");
 
@@ -300,8 +309,8 @@ void history_db_close(HistoryDb *d) {
 /* The columns of a decision row, in bind_event()'s order. */
 #define EVENT_COLUMNS                                                                                       \
         "time, decision, pool, lane, job, lease, token, wait_us, hold_us, budget_us, idle_us, state, uid, pid, " \
-        "retry_after_sec, reason, selector"
-#define EVENT_N_COLUMNS 17
+        "retry_after_sec, reason, selector, member, exit_status"
+#define EVENT_N_COLUMNS 19
 
 static int prepare_statements(HistoryDb *d) {
         int rc;
@@ -614,6 +623,11 @@ static void bind_event(sqlite3_stmt *st, int base, const EventRow *e) {
         bind_nonzero(st, base + 15, e->retry_after_sec);
         bind_text(st, base + 16, e->reason);
         bind_text(st, base + 17, e->selector);
+        bind_text(st, base + 18, e->member);
+        if (e->exit_status < 0)
+                sqlite3_bind_null(st, base + 19);
+        else
+                sqlite3_bind_int64(st, base + 19, e->exit_status);
 }
 
 int history_db_insert_event(HistoryDb *d, const EventRow *e) {
@@ -976,8 +990,8 @@ int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, i
 
         /* Only the filters given, so that the planner can use their indexes. */
         snprintf(sql, sizeof sql,
-                 "SELECT id, time, decision, pool, lane, job, uid, pid, lease, token, wait_us, hold_us, budget_us, state, selector, reason "
-                 "FROM events WHERE id > ?%s%s%s%s%s ORDER BY id LIMIT ?",
+                 "SELECT id, time, decision, pool, lane, job, uid, pid, lease, token, wait_us, hold_us, budget_us, state, selector, reason, "
+                 "member, exit_status FROM events WHERE id > ?%s%s%s%s%s ORDER BY id LIMIT ?",
                  since ? " AND time >= ?" : "", until ? " AND time < ?" : "", q->lane ? " AND lane = ?" : "",
                  q->pool ? " AND pool = ?" : "", q->decision ? " AND decision = ?" : "");
         rc = sqlite3_prepare_v2(d->db, sql, -1, &st, NULL);
@@ -1030,6 +1044,8 @@ int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, i
                 json_set_text(e, "state", st, 13);
                 json_set_text(e, "selector", st, 14);
                 json_set_text(e, "reason", st, 15);
+                json_set_text(e, "member", st, 16);
+                json_set_int(e, "exitStatus", st, 17, 1);
                 n++;
         }
         sqlite3_finalize(st);

@@ -181,7 +181,7 @@ static const char *stash(char **p, const char *s, size_t size) {
 }
 
 void history_append(History *h, const AuditRecord *r, usec_t realtime) {
-        size_t sd, sp, sl, sj, se, ss, sr, sx;
+        size_t sd, sp, sl, sj, se, ss, sr, sx, sm;
 
         if (!h || !r || !r->decision)
                 return;
@@ -197,8 +197,9 @@ void history_append(History *h, const AuditRecord *r, usec_t realtime) {
         }
 
         sd = strsize(r->decision), sp = strsize(r->pool), sl = strsize(r->lane), sj = strsize(r->job),
-        se = strsize(r->lease), ss = strsize(r->state), sr = strsize(r->reason), sx = strsize(r->selector);
-        EventRow *e = history_row_alloc(&h->channel, sizeof(EventRow) + sd + sp + sl + sj + se + ss + sr + sx);
+        se = strsize(r->lease), ss = strsize(r->state), sr = strsize(r->reason), sx = strsize(r->selector),
+        sm = strsize(r->member);
+        EventRow *e = history_row_alloc(&h->channel, sizeof(EventRow) + sd + sp + sl + sj + se + ss + sr + sx + sm);
         if (!e) {
                 atomic_fetch_add(&h->channel.rows_dropped, 1);
                 return;
@@ -215,6 +216,7 @@ void history_append(History *h, const AuditRecord *r, usec_t realtime) {
                 .uid = r->uid,
                 .pid = r->pid,
                 .retry_after_sec = r->retry_after_sec,
+                .exit_status = r->exit_status,
         };
         e->decision = stash(&p, r->decision, sd);
         e->pool = stash(&p, r->pool, sp);
@@ -224,6 +226,7 @@ void history_append(History *h, const AuditRecord *r, usec_t realtime) {
         e->state = stash(&p, r->state, ss);
         e->reason = stash(&p, r->reason, sr);
         e->selector = stash(&p, r->selector, sx);
+        e->member = stash(&p, r->member, sm);
 
         atomic_fetch_add(&h->channel.backlog, 1);
         /* The writer wakes for the first row of a batch (to time it) and for a full batch; not per row. */

@@ -131,6 +131,26 @@ const char *lease_also_text(const Lease *l, char *buf, size_t size) {
         return buf;
 }
 
+const char *lease_members_text(const Lease *l, char *buf, size_t size) {
+        const unsigned *indices;
+        const char *const *members;
+        unsigned n = l->engine_lease ? engine_lease_slots(l->engine_lease, &indices, &members) : 0;
+        size_t used = 0;
+        if (n == 0 || !members || size == 0)
+                return NULL;
+        buf[0] = 0;
+        for (unsigned i = 0; i < n; i++) {
+                if (!members[i])
+                        continue;
+                int k = snprintf(buf + used, size - used, "%s%s", used > 0 ? "," : "", members[i]);
+                if (k < 0 || (size_t) k >= size - used)
+                        break;
+                used += (size_t) k;
+        }
+        buf[used] = 0;
+        return used > 0 ? buf : NULL;
+}
+
 void lease_audit_shares(const Lease *l, const AuditRecord *r) {
         size_t n = engine_lease_also_count(l->engine_lease);
         for (size_t i = 0; i < n && l->table->audit; i++) {
@@ -141,6 +161,7 @@ void lease_audit_shares(const Lease *l, const AuditRecord *r) {
                 s.pool = a.pool;
                 s.token = a.token;
                 s.selector = NULL; /* labels and a member choose in the lease's own pool only */
+                s.member = NULL;
                 s.also = NULL;
                 audit_decision_share(l->table->audit, &s);
         }
@@ -154,6 +175,8 @@ static void lease_audit(const Lease *l, const char *decision, const char *reason
         r.hold = usec_sub_unsigned(now_of(l->table, CLOCK_MONOTONIC), l->granted_mono);
         r.reason = reason;
         r.also = lease_also_text(l, also, sizeof also);
+        char members[LEASE_ALSO_TEXT_MAX];
+        r.member = lease_members_text(l, members, sizeof members);
         if (l->table->audit) {
                 audit_decision(l->table->audit, &r);
                 lease_audit_shares(l, &r);

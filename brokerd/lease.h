@@ -213,6 +213,9 @@ AuditRecord lease_audit_record(const Lease *l, const char *decision);
 void lease_audit_shares(const Lease *l, const AuditRecord *r);
 /* AuditRecord.also of the lease: "POOL:TOKEN …" of its also= pools, in buf; NULL for a lease of one pool. */
 #define LEASE_ALSO_TEXT_MAX 1024
+/* The members the lease holds in its own pool, comma-separated ("rig-a,rig-c"), into buf; NULL for anonymous
+ * slots. A list that does not fit is cut at a whole member. */
+const char *lease_members_text(const Lease *l, char *buf, size_t size);
 const char *lease_also_text(const Lease *l, char *buf, size_t size);
 
 /* The lease as clients see it (Varlink Lease type). */

@@ -1351,7 +1351,22 @@ static void audit_ended_while_down(Manager *m, const HistoryLeaseRow *row, const
         rec.uid = row->uid;
         rec.pid = row->pid;
         rec.reason = reason;
+        /* its members, as a release while up names them (usage per member, SPEC §3.6) */
+        char members[LEASE_ALSO_TEXT_MAX];
+        size_t used = 0;
+        members[0] = 0;
+        for (unsigned i = 0; row->members && i < row->n_slots; i++) {
+                if (!row->members[i])
+                        continue;
+                int k = snprintf(members + used, sizeof members - used, "%s%s", used > 0 ? "," : "", row->members[i]);
+                if (k < 0 || (size_t) k >= sizeof members - used)
+                        break;
+                used += (size_t) k;
+        }
+        members[used] = 0;
+        rec.member = used > 0 ? members : NULL;
         audit_decision(&m->audit, &rec);
+        rec.member = NULL; /* the further pools' members are theirs */
         for (size_t i = 0; i < row->n_also; i++) {
                 /* an all-or-nothing lease: a row for each further pool, linked by the lease id */
                 rec.pool = row->also[i].pool;

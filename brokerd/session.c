@@ -1072,6 +1072,8 @@ static void audit_grant(SessionTable *m, const Lease *l, const LeaseGrant *g) {
         rec.selector = g->selector;
         char also[LEASE_ALSO_TEXT_MAX];
         rec.also = lease_also_text(l, also, sizeof also);
+        char members[LEASE_ALSO_TEXT_MAX];
+        rec.member = lease_members_text(l, members, sizeof members);
         audit_decision(m->audit, &rec);
         lease_audit_shares(l, &rec);
 }

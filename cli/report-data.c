@@ -134,6 +134,9 @@ Report *report_free(Report *r) {
                 for (size_t j = 0; j < p->n_selectors; j++)
                         free(p->selectors[j].selector);
                 free(p->selectors);
+                for (size_t j = 0; j < p->n_members; j++)
+                        free(p->members[j].name);
+                free(p->members);
                 free(p->name);
         }
         free(r->pools);
@@ -354,4 +357,78 @@ int report_table_add(ReportRow *table, size_t *n, const ReportRow *row) {
         }
         table[(*n)++] = c;
         return 0;
+}
+
+static ReportMember *pool_member(ReportPool *p, const char *name, size_t len) {
+        /* Kept sorted by name: the table lists them so, and a lookup bisects. */
+        size_t lo = 0, hi = p->n_members;
+        while (lo < hi) {
+                size_t mid = (lo + hi) / 2;
+                int c = strncmp(p->members[mid].name, name, len);
+                if (c == 0)
+                        c = p->members[mid].name[len] != '\0'; /* a longer name sorts after */
+                if (c == 0)
+                        return &p->members[mid];
+                if (c < 0)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        if (p->n_members >= REPORT_MEMBERS_MAX)
+                return NULL;
+        ReportMember *a = reallocarray(p->members, p->n_members + 1, sizeof(ReportMember));
+        if (!a)
+                return NULL;
+        p->members = a;
+        char *n = strndup(name, len);
+        if (!n)
+                return NULL;
+        memmove(&a[lo + 1], &a[lo], (p->n_members - lo) * sizeof(ReportMember));
+        a[lo] = (ReportMember) { .name = n };
+        p->n_members++;
+        return &a[lo];
+}
+
+int report_member_add(Report *r, const char *pool, const char *members, ReportMemberKind kind, usec_t time, usec_t hold,
+                      int exit_status) {
+        if (!pool || !members || kind < 0 || kind >= _REPORT_MEMBER_KIND_MAX || !in_range(r, time))
+                return -EINVAL;
+        ReportPool *p = report_pool(r, pool);
+        if (!p)
+                return -ENOMEM;
+        for (const char *s = members; *s;) {
+                size_t len = strcspn(s, ",");
+                if (len > 0) {
+                        ReportMember *m = pool_member(p, s, len);
+                        if (!m && p->n_members < REPORT_MEMBERS_MAX)
+                                return -ENOMEM;
+                        if (m)
+                                switch (kind) {
+                                case REPORT_MEMBER_GRANTED:
+                                        m->grants++;
+                                        break;
+                                case REPORT_MEMBER_RELEASED:
+                                        /* a lease granted before the range counts its time in it only */
+                                        m->holds++;
+                                        m->held = usec_add(m->held, MIN(hold, time - r->since));
+                                        break;
+                                case REPORT_MEMBER_QUARANTINED:
+                                        m->quarantines++;
+                                        if (exit_status >= 0)
+                                                m->failures++;
+                                        break;
+                                default:
+                                        break;
+                                }
+                }
+                s += len;
+                if (*s == ',')
+                        s++;
+        }
+        return 0;
+}
+
+double report_member_use(const Report *r, const ReportMember *m) {
+        double u = (double) m->held / (double) (r->until - r->since);
+        return u > 1 ? 1 : u;
 }

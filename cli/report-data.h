@@ -77,6 +77,25 @@ typedef struct ReportSelector {
         uint64_t refused[_REPORT_REASON_MAX];
 } ReportSelector;
 
+/* One member of a member pool (SPEC §3.6, usage per member), from history.db's events.member (schema 6). */
+typedef struct ReportMember {
+        char *name;
+        uint64_t grants;          /* leases granted it in the range */
+        uint64_t holds;           /* leases of it that ended in the range */
+        usec_t held;              /* their time held, each clipped to the range */
+        uint64_t failures;        /* leases of it whose exit status quarantined it */
+        uint64_t quarantines;     /* times it was quarantined, by an exit status or by a person */
+} ReportMember;
+
+/* The member rows a report reads. */
+typedef enum ReportMemberKind {
+        REPORT_MEMBER_GRANTED,
+        REPORT_MEMBER_RELEASED,
+        REPORT_MEMBER_QUARANTINED,
+        _REPORT_MEMBER_KIND_MAX,
+        _REPORT_MEMBER_KIND_INVALID = -EINVAL,
+} ReportMemberKind;
+
 typedef struct ReportPool {
         char *name;
         ReportBucket *buckets;    /* n_buckets */
@@ -103,6 +122,9 @@ typedef struct ReportPool {
         size_t n_selectors;
         uint64_t selectors_total; /* label sets in all, nothing asked counting as one */
         bool any_selector;        /* some request asked for labels or a member: the table helps */
+
+        ReportMember *members;    /* by name; as many as the pool's members that have a row */
+        size_t n_members;
 } ReportPool;
 
 /* A row of the report's tables: the longest holds, the revocations, the jobs refused most. */
@@ -178,6 +200,16 @@ void report_finish(Report *r);
 /* Counts a label set of the pool (in the order to show them: most requests first), copying its text; those
  * beyond REPORT_TABLE_ROWS are only counted. Returns 0, -ENOMEM. */
 int report_pool_add_selector(ReportPool *p, const ReportSelector *s);
+
+/* A grant, release or quarantine row of the pool naming members ("rig-a,rig-c": each of them counts; an
+ * empty name is skipped), at time (in the range: others must not be fed), with a release's hold and a
+ * quarantine's exit status (-1: none, a person's). The members stay at most REPORT_MEMBERS_MAX a pool (the
+ * rest are not counted). Returns 0, -EINVAL, -ENOMEM. */
+#define REPORT_MEMBERS_MAX 1024
+int report_member_add(Report *r, const char *pool, const char *members, ReportMemberKind kind, usec_t time, usec_t hold,
+                      int exit_status);
+/* The share of the range a member was held (0 … 1). */
+double report_member_use(const Report *r, const ReportMember *m);
 
 /* Appends a row to a table (copying its strings). Returns 0, -ENOSPC when the table is full, -ENOMEM. */
 int report_table_add(ReportRow *table, size_t *n, const ReportRow *row);

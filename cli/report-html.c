@@ -704,6 +704,101 @@ static void chart_sweep(FILE *f, const ReportPool *p) {
         fprintf(f, "<desc>%zu bars</desc></svg>\n", p->n_sweep);
 }
 
+/* The members a chart shows at most: beyond, bars too thin to read (the table lists them all). */
+#define MEMBER_BARS_MAX 48
+#define MEMBER_LABEL_MAX 16 /* bytes of a name under its bar */
+
+static int member_cmp_use(const void *a, const void *b) {
+        const ReportMember *x = *(const ReportMember *const *) a, *y = *(const ReportMember *const *) b;
+        if (x->held != y->held)
+                return x->held < y->held ? 1 : -1;
+        return strcmp(x->name, y->name);
+}
+
+/* Per member of a member pool (SPEC §3.6): its share of the range held, its leases, the failures and
+ * quarantines; the flaky rig stands out in the table, the worn one (most held) in the chart. */
+static void chart_members(FILE *f, const Report *r, const ReportPool *p) {
+        char a[CLI_DURATION_MAX];
+
+        if (p->n_members == 0)
+                return;
+        uint64_t failures = 0, quarantines = 0;
+        for (size_t i = 0; i < p->n_members; i++) {
+                failures += p->members[i].failures;
+                quarantines += p->members[i].quarantines;
+        }
+        fputs("<h3>Use per member</h3><p class=\"summary\">", f);
+        fprintf(f, "Each member's share of the range held (the time in it of its leases that ended in it), the leases granted it and those "
+                   "that ended, the failures (leases whose command's exit status quarantined it: "
+                   "<code>quarantine-exit-codes=</code>) and the times it was quarantined (by a job or a person). "
+                   "%zu members; %" PRIu64 " failures, %" PRIu64 " quarantines.</p>\n",
+                p->n_members, failures, quarantines);
+        fputs("<table class=\"members\"><tr><th>member</th><th>use</th><th>grants</th><th>holds</th><th>held</th>"
+              "<th>failures</th><th>quarantines</th></tr>",
+              f);
+        for (size_t i = 0; i < p->n_members; i++) {
+                const ReportMember *m = &p->members[i];
+                double use = report_member_use(r, m);
+                fputs("<tr data-member=\"", f);
+                put_text(f, m->name);
+                fprintf(f, "\" data-use=\"%.4f\" data-grants=\"%" PRIu64 "\" data-holds=\"%" PRIu64 "\" data-held-ms=\"%" PRIu64
+                           "\" data-failures=\"%" PRIu64 "\" data-quarantines=\"%" PRIu64 "\"><td>",
+                        use, m->grants, m->holds, m->held / USEC_PER_MSEC, m->failures, m->quarantines);
+                put_text(f, m->name);
+                fprintf(f, "</td><td class=\"n\">%.1f%%</td><td class=\"n\">%" PRIu64 "</td><td class=\"n\">%" PRIu64
+                           "</td><td class=\"n\">%s</td><td class=\"n\">%" PRIu64 "</td><td class=\"n\">%" PRIu64 "</td></tr>",
+                        use * 100, m->grants, m->holds, duration(a, m->held), m->failures, m->quarantines);
+        }
+        fputs("</table>\n", f);
+
+        size_t n = MIN(p->n_members, (size_t) MEMBER_BARS_MAX);
+        _cleanup_free_ const ReportMember **order = calloc(p->n_members, sizeof(ReportMember *));
+        if (!order)
+                return; /* the table has every figure */
+        for (size_t i = 0; i < p->n_members; i++)
+                order[i] = &p->members[i];
+        qsort(order, p->n_members, sizeof(ReportMember *), member_cmp_use);
+
+        svg_open(f, "members", n < p->n_members ? "Use per member (the most used)" : "Use per member");
+        y_axis(f, 100, 20, 1, "% of the range held");
+        double w = PLOT_W / (double) n;
+        for (size_t i = 0; i < n; i++) {
+                const ReportMember *m = order[i];
+                double use = report_member_use(r, m) * 100, x = MARGIN_L + w * (double) i, y = plot_y(use, 100);
+                fputs("<rect class=\"bar\" data-member=\"", f);
+                put_text(f, m->name);
+                fprintf(f, "\" data-use=\"%.4f\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\" "
+                           "stroke=\"%s\"><title>",
+                        use / 100, x + w * 0.15, y, w * 0.7, MARGIN_T + PLOT_H - y, COLOUR_IN_USE, COLOUR_INK);
+                put_text(f, m->name);
+                fprintf(f, ": %.1f%% held, %" PRIu64 " failures, %" PRIu64 " quarantines</title></rect>", use, m->failures,
+                        m->quarantines);
+                if (m->failures + m->quarantines > 0)
+                        /* failures and quarantines above the bar: the flaky rig at a glance */
+                        fprintf(f, "<text class=\"value\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%" PRIu64 "/%" PRIu64
+                                   "</text>",
+                                x + w / 2, y - 4, m->failures, m->quarantines);
+                fputs("<text class=\"tick\" x=\"0\" y=\"0\" text-anchor=\"end\" ", f);
+                fprintf(f, "transform=\"translate(%.1f %.1f) rotate(-30)\">", x + w / 2, MARGIN_T + PLOT_H + 14);
+                /* a long name cut (at a whole UTF-8 character) so that it stays under its bar; the table has it whole */
+                char label[MEMBER_LABEL_MAX + 4];
+                size_t len = strlen(m->name);
+                if (len > MEMBER_LABEL_MAX) {
+                        len = MEMBER_LABEL_MAX;
+                        while (len > 0 && ((unsigned char) m->name[len] & 0xC0) == 0x80)
+                                len--;
+                        snprintf(label, sizeof label, "%.*s…", (int) len, m->name);
+                } else
+                        snprintf(label, sizeof label, "%s", m->name);
+                put_text(f, label);
+                fputs("</text>", f);
+        }
+        fprintf(f, "<text class=\"axis-title\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">member; above a bar, "
+                   "failures/quarantines</text>",
+                MARGIN_L + PLOT_W, CHART_H - 4);
+        fprintf(f, "<desc>%zu bars</desc></svg>\n", n);
+}
+
 static void pool_summary(FILE *f, const Report *r, const ReportPool *p) {
         fputs("<p class=\"summary\">", f);
         put_figure(f, "requests", p->granted + p->refused_total);
@@ -745,6 +840,7 @@ static void section_pool(FILE *f, const Report *r, const ReportPool *p) {
         chart_wait_histogram(f, p);
         chart_refusals(f, r, p);
         table_selectors(f, p);
+        chart_members(f, r, p);
         chart_sweep(f, p);
         fputs("</section>\n", f);
 }

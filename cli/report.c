@@ -33,7 +33,8 @@ static void help(void) {
         printf("slotctl report [OPTIONS…] -o FILE.html\n\n"
                "Draw the decisions of history.db as one self-contained HTML page (inline SVG, no script): per pool\n"
                "the slots in use and the requests waiting over time with the congested periods, the waits per lane\n"
-               "and hour, the refusals by reason, the jobs refused most, the longest holds and the revocations.\n\n"
+               "and hour, the refusals by reason, per member its use, holds, failures and quarantines, the jobs refused\n"
+               "most, the longest holds and the revocations.\n\n"
                "  -o --output=FILE     Where to write the page ('-': standard output)\n"
                "     --history=PATH    The database (default: $STATE_DIRECTORY/history.db, else\n"
                "                       /var/lib/brokerd/history.db)\n"
@@ -391,6 +392,38 @@ static int read_selectors(sqlite3 *db, Report *r) {
         return k;
 }
 
+/* Usage per member (events.member, schema 6): grants, releases with their holds, quarantines. */
+static int read_members(sqlite3 *db, Report *r) {
+        sqlite3_stmt *st = NULL;
+        int k = prepare_bound(db,
+                              "SELECT time, pool, member, decision, hold_us, exit_status FROM events "
+                              "WHERE decision IN ('granted', 'released', 'quarantined') AND member IS NOT NULL "
+                              "AND pool IS NOT NULL AND time >= ?1 AND time < ?2",
+                              " ORDER BY time, id", r, &st);
+        while (k >= 0 && sqlite_api.step(st) == SQLITE_ROW) {
+                const char *decision = column_text(st, 3) ?: "";
+                ReportMemberKind kind = streq(decision, "granted")  ? REPORT_MEMBER_GRANTED :
+                                        streq(decision, "released") ? REPORT_MEMBER_RELEASED :
+                                                                      REPORT_MEMBER_QUARANTINED;
+                int64_t status = sqlite_api.column_type(st, 5) == SQLITE_NULL ? -1 : sqlite_api.column_int64(st, 5);
+                k = report_member_add(r, column_text(st, 1), column_text(st, 2), kind, column_u64(st, 0),
+                                      column_u64(st, 4), status >= 0 && status <= 255 ? (int) status : -1);
+                if (k == -ENOMEM)
+                        k = log_error_errno(k, "Failed to read history: %m");
+                else
+                        k = 0; /* a row not from brokerd: skipped */
+        }
+        sqlite_api.finalize(st);
+        return k;
+}
+
+static bool has_member_column(sqlite3 *db) {
+        sqlite3_stmt *st = NULL;
+        bool has = sqlite_api.prepare_v2(db, "SELECT member, exit_status FROM events LIMIT 0", -1, &st, NULL) == SQLITE_OK;
+        sqlite_api.finalize(st);
+        return has;
+}
+
 static bool has_selector_column(sqlite3 *db) {
         sqlite3_stmt *st = NULL;
         bool has = sqlite_api.prepare_v2(db, "SELECT selector FROM events LIMIT 0", -1, &st, NULL) == SQLITE_OK;
@@ -489,6 +522,8 @@ int verb_report(int argc, char *argv[]) {
                 k = read_jobs(db, r);
         if (k >= 0 && has_selector_column(db))
                 k = read_selectors(db, r);
+        if (k >= 0 && has_member_column(db))
+                k = read_members(db, r);
         sqlite_api.close_v2(db);
         if (k < 0)
                 return EXIT_FAILURE;

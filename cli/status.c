@@ -525,6 +525,7 @@ int verb_metrics(int argc, char *argv[]) {
 static const char *const decisions[] = {
         "granted", "busy",    "full",     "timeout", "shed",     "unavailable",
         "cancelled", "released", "revoked", "overdue", "restored", "denied", "drained", "undrained",
+        "quarantined", "unquarantined",
 };
 
 static json_t *arg_history_filters = NULL;
@@ -568,7 +569,8 @@ static void history_help(const char *verb) {
                "     --lane=LANE        Decisions for LANE\n"
                "     --pool=POOL        Decisions for POOL\n"
                "     --decision=WHAT    granted, busy, full, timeout, shed, unavailable, cancelled,\n"
-               "                        released, revoked, overdue, restored or denied\n"
+               "                        released, revoked, overdue, restored, denied, drained,\n"
+               "                        undrained, quarantined or unquarantined\n"
                "     --limit=N          At most N events\n"
                "     --json             Print {\"events\": […]} as the broker's History replies give them\n"
                "     --socket=PATH      Talk to the broker at PATH\n"
@@ -588,14 +590,18 @@ static void print_event(json_t *e) {
                string_member(e, "pool") ?: "-", string_member(e, "lane") ?: "-", duration_member(waited, e, "waitedMs", "-"),
                duration_member(held, e, "heldMs", "-"), string_member(e, "lease") ?: "-",
                job_column(job, string_member(e, "job")));
-        /* A drain's member and why (SPEC §3.6): the columns above have no place for them. */
+        /* A drain's or quarantine's member and why, a lease's members (SPEC §3.6): the columns above have no
+         * place for them. */
         const char *d = string_member(e, "decision");
-        if (d && (streq(d, "drained") || streq(d, "undrained"))) {
+        if (d && (streq(d, "drained") || streq(d, "undrained") || streq(d, "quarantined") || streq(d, "unquarantined"))) {
                 if (string_member(e, "selector"))
                         printf(" %s", string_member(e, "selector"));
+                if (int_member(e, "exitStatus", -1) >= 0)
+                        printf(" (exit %d)", (int) int_member(e, "exitStatus", -1));
                 if (string_member(e, "reason"))
                         printf(" (%s)", string_member(e, "reason"));
-        }
+        } else if (string_member(e, "member"))
+                printf(" on %s", string_member(e, "member"));
         putchar('\n');
 }
 

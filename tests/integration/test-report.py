@@ -73,6 +73,18 @@ pools = rigs
 policy = wait
 """
 
+# Rigs that a job's exit status quarantines (SPEC §3.6), for the table and chart per member.
+LIFE_CONFIG = """\
+[pool life]
+members = a b
+quarantine-exit-codes = 3
+admin-users = {admin}
+
+[lane w]
+pools = life
+policy = wait
+"""
+
 
 class Page(html.parser.HTMLParser):
     """What the tests read of a report: per pool its figures and, per chart, the count of its bars, points
@@ -108,6 +120,10 @@ class Page(html.parser.HTMLParser):
             self._pool.setdefault("capacity", {})[int(a["data-limit"])] = (int(a["data-count"]), int(a["data-longest-ms"]))
         if tag == "span" and "data-figure" in a:
             self._figure = a
+        if tag == "tr" and "data-member" in a and self._pool is not None:
+            self._pool.setdefault("members", {})[a["data-member"]] = {
+                k[5:]: (float(v) if k == "data-use" else int(v)) for k, v in a.items()
+                if k.startswith("data-") and k != "data-member"}
         if tag == "tr" and "data-selector" in a and self._pool is not None:
             self._pool.setdefault("selectors", {})[a["data-selector"]] = {
                 k[5:]: int(v) for k, v in a.items() if k.startswith("data-") and k != "data-selector"}
@@ -432,6 +448,106 @@ class Report(harness.BrokerTestCase):
         self.assertEqual(got["!arm64 usb3"], {**zero, "requests": 1, "granted": 1, "waited": 0, "longest-ms": 0})
         self.assertEqual(got[""], {**zero, "requests": 1, "granted": 0, "waited": 0, "busy": 1, "longest-ms": 0})
         self.assertEqual(list(got)[0], "arm64")  # the most requests first
+
+    def test_member_usage(self):
+        """Usage per member through brokerd (SPEC §3.6): slotctl run's exit status 3 quarantines rig a (a
+        failure and a quarantine), b is held twice and quarantined by a person; the report's table per member
+        says so, in chromium too, and its chart has a bar per member."""
+        import pwd
+        admin = pwd.getpwuid(os.getuid()).pw_name
+        b = harness.Broker(LIFE_CONFIG.format(admin=admin), name="report-life").start()
+        try:
+            def run(member, status):
+                p = subprocess.run([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "w", "--member", member,
+                                    "--job", f"job-{member}", "--", "sh", "-c", f"sleep 0.05; exit {status}"],
+                                   capture_output=True, text=True, timeout=60, env=ENV, stdin=subprocess.DEVNULL)
+                self.assertEqual(p.returncode, status, p.stderr)
+            run("a", 3)
+            run("b", 0)
+            run("b", 1)  # not a quarantine exit status: no failure counted
+            p = subprocess.run([SLOTCTL, "quarantine", "--socket", b.socket_path, "life", "b", "--reason", "flash worn"],
+                               capture_output=True, text=True, timeout=60, env=ENV, stdin=subprocess.DEVNULL)
+            self.assertEqual(p.returncode, 0, p.stderr)
+
+            def recorded():
+                p = slotctl("history", "--json", "--socket", b.socket_path, "--decision", "quarantined")
+                q = json.loads(p.stdout)["events"]
+                p = slotctl("history", "--json", "--socket", b.socket_path, "--decision", "released")
+                r = json.loads(p.stdout)["events"]
+                return (q, r) if len(q) == 2 and len(r) == 3 else None
+            quarantines, releases = wait_for(recorded, 10, message="the releases and quarantines in the history")
+            # History names the members and the exit status that quarantined one (schema 6).
+            self.assertEqual([e.get("member") for e in releases], ["a", "b", "b"])
+            self.assertEqual([(e["member"], e.get("exitStatus"), e.get("job")) for e in quarantines],
+                             [("a", 3, "job-a"), ("b", None, f"uid {os.getuid()}")])
+            text = slotctl("history", "--socket", b.socket_path).stdout
+            self.assertRegex(text, r"quarantined .* job-a\s+@a \(exit 3\)")
+            self.assertRegex(text, r"quarantined .* @b \(flash worn\)")
+            self.assertRegex(text, r"released .* job-b\s+on b")
+        finally:
+            status = b.stop()
+        self.assertEqual(status, 0, b.log()[-2000:])
+        path = os.path.join(self.dir, "life.db")
+        shutil.copy(os.path.join(b.state_dir, "history.db"), path)
+
+        _, text = self.report(history=path)
+        self.check_members(Page(text))
+        if CHROMIUM:
+            out = os.path.join(self.dir, "test_member_usage.html")
+            profile = tempfile.mkdtemp(prefix="chromium-", dir=self.dir)
+            dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                                  "--no-first-run", f"--user-data-dir={profile}", "--dump-dom", f"file://{out}"],
+                                 capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+            self.assertEqual(dom.returncode, 0, dom.stderr[-2000:])
+            self.check_members(Page(dom.stdout))
+
+        # A pool of anonymous slots has no member: no table there.
+        _, main = self.report()
+        self.assertNotIn("class=\"members\"", main)
+
+    def test_member_of_a_lease_that_ended_while_down(self):
+        """A lease whose client died while brokerd was down is released at the restart: that row names its
+        member too, so the member's lease is counted (its grant row may have died with brokerd: rows are
+        written in batches)."""
+        b = harness.Broker("[pool life]\nmembers = a b\n\n[lane w]\npools = life\npolicy = fail-fast\n",
+                           name="report-down").start()
+        child = harness.Child()
+        self.addCleanup(child.kill)
+        try:
+            a = b.acquire("w", member="b", job="down", pid=child.pid)
+            a.until_granted()
+            b.crash()
+            child.kill()
+            b.start()
+
+            def released():
+                p = slotctl("history", "--json", "--socket", b.socket_path, "--decision", "released")
+                return len(json.loads(p.stdout)["events"]) == 1 or None
+            wait_for(released, 10, message="the release at the restart in the history")
+        finally:
+            status = b.stop()
+        self.assertEqual(status, 0, b.log()[-2000:])
+        path = os.path.join(self.dir, "down.db")
+        shutil.copy(os.path.join(b.state_dir, "history.db"), path)
+        _, text = self.report(history=path)
+        got = Page(text).pools["life"]["members"]
+        self.assertEqual(set(got), {"b"})
+        self.assertEqual(got["b"]["holds"], 1)
+        self.assertLessEqual(got["b"]["grants"], 1)
+
+    def check_members(self, page):
+        pool = page.pools["life"]
+        got = pool["members"]
+        self.assertEqual(set(got), {"a", "b"})
+        self.assertEqual({k: v for k, v in got["a"].items() if k not in ("use", "held-ms")},
+                         {"grants": 1, "holds": 1, "failures": 1, "quarantines": 1})
+        self.assertEqual({k: v for k, v in got["b"].items() if k not in ("use", "held-ms")},
+                         {"grants": 2, "holds": 2, "failures": 0, "quarantines": 1})
+        for m in got.values():
+            self.assertGreaterEqual(m["held-ms"], 50 * m["holds"])
+            self.assertGreater(m["use"], 0)
+            self.assertLessEqual(m["use"], 1)
+        self.assertEqual(pool["charts"]["members"]["bars"], 2)
 
     def test_report_of_one_pool_without_events(self):
         _, text = self.report("--pool", "idle")

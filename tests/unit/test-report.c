@@ -306,6 +306,76 @@ static void test_label_sets_are_a_table_only_when_some_request_asked(void **stat
         assert_non_null(strstr(html, "10 of 13 label sets"));
 }
 
+static void test_members_count_use_holds_failures_and_quarantines(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        assert_int_equal(report_new(T0, T0 + 100 * S, &r), 0);
+        add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
+
+        /* rig-b: one lease of 40 s; rig-a: a two-member lease with rig-b, and one granted before the range whose
+         * 30 s hold counts 10 s in it; rig-a is quarantined by an exit status and then by a person. */
+        assert_int_equal(report_member_add(r, "grid", "rig-b", REPORT_MEMBER_GRANTED, T0 + 1 * S, 0, -1), 0);
+        assert_int_equal(report_member_add(r, "grid", "rig-a", REPORT_MEMBER_RELEASED, T0 + 10 * S, 30 * S, -1), 0);
+        assert_int_equal(report_member_add(r, "grid", "rig-b", REPORT_MEMBER_RELEASED, T0 + 41 * S, 40 * S, -1), 0);
+        assert_int_equal(report_member_add(r, "grid", "rig-a,rig-b", REPORT_MEMBER_GRANTED, T0 + 50 * S, 0, -1), 0);
+        assert_int_equal(report_member_add(r, "grid", "rig-a,,rig-b", REPORT_MEMBER_RELEASED, T0 + 60 * S, 10 * S, -1), 0);
+        assert_int_equal(report_member_add(r, "grid", "rig-a", REPORT_MEMBER_QUARANTINED, T0 + 60 * S, 0, 3), 0);
+        assert_int_equal(report_member_add(r, "grid", "rig-a", REPORT_MEMBER_QUARANTINED, T0 + 70 * S, 0, -1), 0);
+        /* Outside the range, or not a member row: refused, nothing counted. */
+        assert_int_equal(report_member_add(r, "grid", "rig-c", REPORT_MEMBER_GRANTED, T0 + 100 * S, 0, -1), -EINVAL);
+        assert_int_equal(report_member_add(r, "grid", "rig-c", _REPORT_MEMBER_KIND_MAX, T0 + 1 * S, 0, -1), -EINVAL);
+        report_finish(r);
+
+        ReportPool *p = &r->pools[0];
+        assert_int_equal(p->n_members, 2);
+        const ReportMember *a = &p->members[0], *b = &p->members[1];
+        assert_string_equal(a->name, "rig-a");
+        assert_string_equal(b->name, "rig-b");
+        assert_int_equal(a->grants, 1);
+        assert_int_equal(a->holds, 2);
+        assert_int_equal(a->held, 20 * S);
+        assert_int_equal(a->failures, 1);
+        assert_int_equal(a->quarantines, 2);
+        assert_int_equal(b->grants, 2);
+        assert_int_equal(b->holds, 2);
+        assert_int_equal(b->held, 50 * S);
+        assert_int_equal(b->failures, 0);
+        assert_int_equal(b->quarantines, 0);
+        assert_true(report_member_use(r, b) > 0.499 && report_member_use(r, b) < 0.501);
+
+        _cleanup_free_ char *html = render(r);
+        assert_int_equal(count(html, "class=\"members\""), 1);
+        assert_non_null(strstr(html, "<tr data-member=\"rig-a\" data-use=\"0.2000\" data-grants=\"1\" data-holds=\"2\" "
+                                     "data-held-ms=\"20000\" data-failures=\"1\" data-quarantines=\"2\">"));
+        assert_non_null(strstr(html, "<tr data-member=\"rig-b\" data-use=\"0.5000\""));
+        assert_int_equal(count(html, "data-chart=\"members\""), 1);
+        /* The chart: the most used first. */
+        const char *bar_b = strstr(html, "<rect class=\"bar\" data-member=\"rig-b\" data-use=\"0.5000\"");
+        const char *bar_a = strstr(html, "<rect class=\"bar\" data-member=\"rig-a\" data-use=\"0.2000\"");
+        assert_non_null(bar_b);
+        assert_non_null(bar_a);
+        assert_true(bar_b < bar_a);
+        assert_non_null(strstr(html, "2 members; 1 failures, 2 quarantines"));
+}
+
+static void test_members_are_escaped_and_absent_without_rows(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
+        report_finish(r);
+        _cleanup_free_ char *plain = render(r);
+        assert_null(strstr(plain, "class=\"members\""));
+        assert_null(strstr(plain, "data-chart=\"members\""));
+
+        assert_int_equal(report_member_add(r, "grid", "<b>rig\"", REPORT_MEMBER_GRANTED, T0 + 2 * S, 0, -1), 0);
+        /* A long name is cut under its bar at a whole character, and whole in the table. */
+        assert_int_equal(report_member_add(r, "grid", "rig-ééééééééé-long", REPORT_MEMBER_GRANTED, T0 + 2 * S, 0, -1), 0);
+        _cleanup_free_ char *html = render(r);
+        assert_null(strstr(html, "<b>rig"));
+        assert_non_null(strstr(html, "data-member=\"&lt;b&gt;rig&quot;\""));
+        assert_non_null(strstr(html, ">rig-éééééé…</text>"));
+        assert_non_null(strstr(html, "<td>rig-ééééééééé-long</td>"));
+}
+
 int main(void) {
         static const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_wait_bins_have_exact_edges_at_powers_of_two),
@@ -320,6 +390,8 @@ int main(void) {
                 cmocka_unit_test(test_page_says_when_there_is_nothing),
                 cmocka_unit_test(test_page_draws_the_capacity_curve_or_says_why_not),
                 cmocka_unit_test(test_label_sets_are_a_table_only_when_some_request_asked),
+                cmocka_unit_test(test_members_count_use_holds_failures_and_quarantines),
+                cmocka_unit_test(test_members_are_escaped_and_absent_without_rows),
         };
         setenv("TZ", "UTC", 1);
         return cmocka_run_group_tests(tests, NULL, NULL);
