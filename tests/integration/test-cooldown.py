@@ -165,7 +165,10 @@ class Cooldown(harness.BrokerTestCase):
         self.assertTrue(0 < rest["a"] <= 8000, rest)
         self.running(b, "next", "w", "--member", "a")
         granted = self.history(b, "next", "granted")
-        self.assertGreaterEqual(granted["time"] - released["time"], 8000 * 1000 - 1000, (released, granted))
+        # The rest crosses the restart as a realtime instant, turned back into a monotonic one, and the history
+        # row's time is taken a little after the release's: a few ms either way, not the seconds a lost rest
+        # would show (the restart takes far less than 8 s).
+        self.assertGreaterEqual(granted["time"] - released["time"], 8000 * 1000 - 50 * 1000, (released, granted))
         self.end(b, "next")
 
     def test_a_reload_without_cooldown_frees_resting_members(self):
