@@ -224,6 +224,8 @@ static void journal_decision(Audit *a, const AuditRecord *r, int k) {
                 field(&f, "SLOT_SELECTOR=%s", r->selector);
         if (r->also)
                 field(&f, "SLOT_ALSO=%s", r->also);
+        if (r->exit_status >= 0)
+                field(&f, "SLOT_EXIT_STATUS=%d", r->exit_status);
         journal_send(a, &f);
 }
 

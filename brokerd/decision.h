@@ -35,7 +35,7 @@ typedef struct AuditRecord {
         /* The members a lease holds ("rig-a,rig-c"), or the one a member row names; NULL: anonymous slots.
          * history.db's events.member (schema 6): usage per member (SPEC §3.6). */
         const char *member;
-        int exit_status;          /* a quarantine's exit status; -1: none */
+        int exit_status;          /* a quarantine's, or a released lease's command's, exit status; -1: none */
 } AuditRecord;
 
 #define AUDIT_RECORD_INIT                                                                                   \

@@ -177,6 +177,9 @@ static void lease_audit(const Lease *l, const char *decision, const char *reason
         r.also = lease_also_text(l, also, sizeof also);
         char members[LEASE_ALSO_TEXT_MAX];
         r.member = lease_members_text(l, members, sizeof members);
+        /* What the command's exit told at its Release (SPEC §3.6): the report's failures per member. */
+        if (l->engine_lease)
+                r.exit_status = engine_lease_get_exit_status(l->engine_lease);
         if (l->table->audit) {
                 audit_decision(l->table->audit, &r);
                 lease_audit_shares(l, &r);

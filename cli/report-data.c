@@ -411,11 +411,12 @@ int report_member_add(Report *r, const char *pool, const char *members, ReportMe
                                         /* a lease granted before the range counts its time in it only */
                                         m->holds++;
                                         m->held = usec_add(m->held, MIN(hold, time - r->since));
+                                        /* its command failed, as slotctl run told at the release */
+                                        if (exit_status > 0)
+                                                m->failures++;
                                         break;
                                 case REPORT_MEMBER_QUARANTINED:
                                         m->quarantines++;
-                                        if (exit_status >= 0)
-                                                m->failures++;
                                         break;
                                 default:
                                         break;

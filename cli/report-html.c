@@ -729,8 +729,8 @@ static void chart_members(FILE *f, const Report *r, const ReportPool *p) {
         }
         fputs("<h3>Use per member</h3><p class=\"summary\">", f);
         fprintf(f, "Each member's share of the range held (the time in it of its leases that ended in it), the leases granted it and those "
-                   "that ended, the failures (leases whose command's exit status quarantined it: "
-                   "<code>quarantine-exit-codes=</code>) and the times it was quarantined (by a job or a person). "
+                   "that ended, the failures (leases whose command exited non-zero, as <code>slotctl run</code> told at "
+                   "the release) and the times it was quarantined (by a job or a person). "
                    "%zu members; %" PRIu64 " failures, %" PRIu64 " quarantines.</p>\n",
                 p->n_members, failures, quarantines);
         fputs("<table class=\"members\"><tr><th>member</th><th>use</th><th>grants</th><th>holds</th><th>held</th>"

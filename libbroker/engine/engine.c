@@ -1754,6 +1754,11 @@ int engine_lease_set_exit_status(EngineLease *l, int exit_status, const char *jo
         return 0;
 }
 
+int engine_lease_get_exit_status(const EngineLease *l) {
+        assert_return(l, -1);
+        return l->exit_status;
+}
+
 int engine_member_quarantine(Engine *e, const char *pool, const char *member, const EngineQuarantine *q, usec_t now) {
         assert_return(e && pool && member, -EINVAL);
         assert_return(!q || q->since <= now, -EINVAL);

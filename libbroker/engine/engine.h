@@ -318,6 +318,8 @@ int engine_set_token_floor(Engine *e, const char *pool, uint64_t next_token);
  * leases ended with one of them is quarantined; a health lane's exit 0 restores its members. A lease whose
  * end is never told changes nothing. Returns 0, -EINVAL (status out of range), -ENOMEM. */
 int engine_lease_set_exit_status(EngineLease *l, int exit_status, const char *job);
+/* The exit status engine_lease_set_exit_status() told (0–255); -1: none was. */
+int engine_lease_get_exit_status(const EngineLease *l);
 
 /* A quarantine, by hand or restored from the state directory. */
 typedef struct EngineQuarantine {

@@ -451,7 +451,7 @@ class Report(harness.BrokerTestCase):
 
     def test_member_usage(self):
         """Usage per member through brokerd (SPEC §3.6): slotctl run's exit status 3 quarantines rig a (a
-        failure and a quarantine), b is held twice and quarantined by a person; the report's table per member
+        failure and a quarantine), b is held twice (exit 0, then exit 1: a failure) and quarantined by a person; the report's table per member
         says so, in chromium too, and its chart has a bar per member."""
         import pwd
         admin = pwd.getpwuid(os.getuid()).pw_name
@@ -464,7 +464,7 @@ class Report(harness.BrokerTestCase):
                 self.assertEqual(p.returncode, status, p.stderr)
             run("a", 3)
             run("b", 0)
-            run("b", 1)  # not a quarantine exit status: no failure counted
+            run("b", 1)  # a failure, though not a quarantine exit status
             p = subprocess.run([SLOTCTL, "quarantine", "--socket", b.socket_path, "life", "b", "--reason", "flash worn"],
                                capture_output=True, text=True, timeout=60, env=ENV, stdin=subprocess.DEVNULL)
             self.assertEqual(p.returncode, 0, p.stderr)
@@ -478,6 +478,7 @@ class Report(harness.BrokerTestCase):
             quarantines, releases = wait_for(recorded, 10, message="the releases and quarantines in the history")
             # History names the members and the exit status that quarantined one (schema 6).
             self.assertEqual([e.get("member") for e in releases], ["a", "b", "b"])
+            self.assertEqual([e.get("exitStatus") for e in releases], [3, 0, 1])
             self.assertEqual([(e["member"], e.get("exitStatus"), e.get("job")) for e in quarantines],
                              [("a", 3, "job-a"), ("b", None, f"uid {os.getuid()}")])
             text = slotctl("history", "--socket", b.socket_path).stdout
@@ -542,7 +543,7 @@ class Report(harness.BrokerTestCase):
         self.assertEqual({k: v for k, v in got["a"].items() if k not in ("use", "held-ms")},
                          {"grants": 1, "holds": 1, "failures": 1, "quarantines": 1})
         self.assertEqual({k: v for k, v in got["b"].items() if k not in ("use", "held-ms")},
-                         {"grants": 2, "holds": 2, "failures": 0, "quarantines": 1})
+                         {"grants": 2, "holds": 2, "failures": 1, "quarantines": 1})
         for m in got.values():
             self.assertGreaterEqual(m["held-ms"], 50 * m["holds"])
             self.assertGreater(m["use"], 0)

@@ -312,10 +312,11 @@ static void test_members_count_use_holds_failures_and_quarantines(void **state) 
         add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
 
         /* rig-b: one lease of 40 s; rig-a: a two-member lease with rig-b, and one granted before the range whose
-         * 30 s hold counts 10 s in it; rig-a is quarantined by an exit status and then by a person. */
+         * 30 s hold counts 10 s in it and whose command failed (exit 3: a failure; exit 0 and none are not); rig-a
+         * is quarantined by an exit status and then by a person. */
         assert_int_equal(report_member_add(r, "grid", "rig-b", REPORT_MEMBER_GRANTED, T0 + 1 * S, 0, -1), 0);
-        assert_int_equal(report_member_add(r, "grid", "rig-a", REPORT_MEMBER_RELEASED, T0 + 10 * S, 30 * S, -1), 0);
-        assert_int_equal(report_member_add(r, "grid", "rig-b", REPORT_MEMBER_RELEASED, T0 + 41 * S, 40 * S, -1), 0);
+        assert_int_equal(report_member_add(r, "grid", "rig-a", REPORT_MEMBER_RELEASED, T0 + 10 * S, 30 * S, 3), 0);
+        assert_int_equal(report_member_add(r, "grid", "rig-b", REPORT_MEMBER_RELEASED, T0 + 41 * S, 40 * S, 0), 0);
         assert_int_equal(report_member_add(r, "grid", "rig-a,rig-b", REPORT_MEMBER_GRANTED, T0 + 50 * S, 0, -1), 0);
         assert_int_equal(report_member_add(r, "grid", "rig-a,,rig-b", REPORT_MEMBER_RELEASED, T0 + 60 * S, 10 * S, -1), 0);
         assert_int_equal(report_member_add(r, "grid", "rig-a", REPORT_MEMBER_QUARANTINED, T0 + 60 * S, 0, 3), 0);
