@@ -1744,6 +1744,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         m->sessions.leases = &m->leases;
         m->sessions.persistence = &m->persistence;
         m->sessions.lane_allows = session_lane_allows;
+        m->sessions.pool_admin = methods_pool_admin;
         m->sessions.fd_released = session_fd_released;
         m->sessions.memory_freed = history_memory_freed;
 #if HAVE_REDIS

@@ -849,10 +849,18 @@ static int session_resume_waiter(Session *s, const HandoverAcquire *h) {
         a->has_command = pidfd >= 0;
         a->command = command;
         a->command_pidfd = TAKE_FD(pidfd);
-        /* A reservation (SPEC §3.6) was allowed when it came; it stays a detached one in its pool. */
+        /* A reservation (SPEC §3.6) stays a detached one in its pool, if its maker still administers the pool
+         * (admin-users= may have changed across the restart, as a lane's ACL may have). */
         bool reserve = streq(h->lane, ENGINE_RESERVE_LANE);
         a->detach = reserve;
 
+        if (reserve && !(m->pool_admin && m->pool_admin(h->pool, s->cred.uid, groups, n_groups, m->userdata))) {
+                audit_admin_denied(m->audit, "reserve", h->pool, h->member, s->cred.uid, s->cred.pid);
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "pool", h->pool);
+                session_reply_error(s, "io.slotbroker.PermissionDenied", p);
+                session_acquire_done(s);
+                return 0;
+        }
         if (!reserve && !m->lane_allows(h->lane, s->cred.uid, groups, n_groups, m->userdata)) {
                 audit_denied(s, h->lane, h->job);
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", h->lane);

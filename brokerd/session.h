@@ -63,6 +63,9 @@ typedef struct SessionTable {
         bool changed;                   /* a waiter came or went: STATUS= is stale */
         /* The owner's answers and hooks (userdata: below). */
         bool (*lane_allows)(const char *lane, uid_t uid, const gid_t *groups, size_t n_groups, void *userdata);
+        /* Whether the peer administers the pool (root, brokerd's user, admin-users=/admin-groups=). May be NULL:
+         * nobody but what the caller checked itself. */
+        bool (*pool_admin)(const char *pool, uid_t uid, const gid_t *groups, size_t n_groups, void *userdata);
         void (*fd_released)(void *userdata);
         void (*memory_freed)(size_t bytes, void *userdata);
         /* CLOCK_BOOTTIME instant until which a lease of `pool` is safe (a shared pool's self-fence deadline),

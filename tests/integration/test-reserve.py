@@ -248,6 +248,30 @@ class Reserve(harness.BrokerTestCase):
         self.stop("h2")
         self.stop("q1")
 
+    def test_a_waiting_reservation_is_refused_after_a_handover_that_took_its_makers_admin_away(self):
+        """A reservation is checked against admin-users= again when the fd store hands it over, as a waiter's
+        lane ACL is: a maker no longer the pool's admin is refused (exit 77, [ADMIN_DENIED]), nothing kept."""
+        b = self.rigs("handover-admin", admin=str(harness.NOBODY_UID), mode="store")
+        self.assertEqual(self.running(b, "h1", "--member", "a"), ["a"])
+        self.assertEqual(self.running(b, "h2", "--member", "b"), ["b"])
+        r = subprocess.Popen([SLOTCTL, "reserve", "--socket", b.socket_path, "rigs", "--for", "1h", "--reason", "mine"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, user=harness.NOBODY_UID,
+                             group=harness.NOGROUP_GID, extra_groups=[], cwd="/")
+        self.addCleanup(r.kill)
+        wait_for(lambda: [x["lane"] for x in b.status()["waiters"]] == ["@reserve"] or r.poll() is not None, 10,
+                 message="the reservation queued")
+        self.assertIsNone(r.poll())
+        b.write_config(CONFIG.format(admin="12345"))
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        _, err = r.communicate(timeout=10)
+        self.assertEqual(r.returncode, EX_NOPERM, err)
+        self.assertEqual(b.status()["waiters"], [])
+        wait_for(lambda: f"[ADMIN_DENIED] uid {harness.NOBODY_UID} may not reserve pool rigs" in b.log(), 10,
+                 message="the refusal in brokerd's journal")
+        self.stop("h1")
+        self.stop("h2")
+
     def test_who_may(self):
         b = self.rigs("who", admin=str(harness.NOBODY_UID + 1))
         p = subprocess.run([SLOTCTL, "reserve", "--socket", b.socket_path, "rigs", "--for", "1h", "--reason", "mine"],
