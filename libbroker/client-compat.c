@@ -12,12 +12,14 @@
 int broker_acquire_v1(BrokerClient *c, const BrokerAcquireOptions *options, BrokerLease **ret);
 int broker_acquire_start_v1(BrokerClient *c, const BrokerAcquireOptions *options);
 
-_public_ __attribute__((symver("broker_acquire@LIBBROKER_1"))) int broker_acquire_v1(
-                BrokerClient *c, const BrokerAcquireOptions *options, BrokerLease **ret) {
+/* The .symver directive, not GCC's symver attribute: clang (the ASan/UBSan build) does not know the attribute. */
+__asm__(".symver broker_acquire_v1, broker_acquire@LIBBROKER_1");
+__asm__(".symver broker_acquire_start_v1, broker_acquire_start@LIBBROKER_1");
+
+_public_ int broker_acquire_v1(BrokerClient *c, const BrokerAcquireOptions *options, BrokerLease **ret) {
         return broker_acquire(c, options, ret);
 }
 
-_public_ __attribute__((symver("broker_acquire_start@LIBBROKER_1"))) int broker_acquire_start_v1(
-                BrokerClient *c, const BrokerAcquireOptions *options) {
+_public_ int broker_acquire_start_v1(BrokerClient *c, const BrokerAcquireOptions *options) {
         return broker_acquire_start(c, options);
 }
