@@ -1115,10 +1115,13 @@ static void sets_settle(Engine *e, usec_t t) {
 }
 
 static void handle_decision(Engine *e, const PoolDecision *d) {
-        EngineRequest *r = d->cookie;
+        /* A request's decisions carry the request; LOST carries the lease (handle_lost()): the verdict first,
+         * then the cookie's fields. */
+        bool of_request = d->verdict == POOL_VERDICT_GRANTED || d->verdict == POOL_VERDICT_QUEUED ||
+                          d->verdict == POOL_VERDICT_REFUSED || d->verdict == POOL_VERDICT_READY;
+        EngineRequest *r = of_request ? d->cookie : NULL;
 
-        if (r && r->parts && (d->verdict == POOL_VERDICT_GRANTED || d->verdict == POOL_VERDICT_QUEUED ||
-                              d->verdict == POOL_VERDICT_REFUSED)) {
+        if (r && r->parts && d->verdict != POOL_VERDICT_READY) {
                 set_handle_decision(e, r, d);
                 return;
         }
