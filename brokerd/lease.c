@@ -396,7 +396,7 @@ int lease_table_write_snapshot(LeaseTable *t) {
                 Lease *l = container_of(node, Lease, node);
                 size_t k = engine_lease_also_count(l->engine_lease);
                 if (!l->persist_refused)
-                        rows[n++] = lease_row(l, also + used);
+                        rows[n++] = lease_row(l, also ? also + used : NULL); /* no also= lease: no array */
                 used += k;
         }
         return lease_log_rewrite(t->log, rows, n, now_of(t, CLOCK_REALTIME));
