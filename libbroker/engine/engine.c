@@ -1638,47 +1638,70 @@ static int restore_members(const Pool *p, const EngineLeaseRestore *rs, const ch
         return 0;
 }
 
+/* One share of a restored lease (its own pool's, or an also= pool's) taken again in its pool under `lane`: the
+ * pool (made for it if need be), the members it holds (*ret_owned, the caller's to free) and the pool's grant.
+ * On failure nothing is held, and a pool made for it alone goes again. */
+static int restore_share(Engine *e, const EngineLeaseRestore *rs, const char *lane, usec_t granted_at,
+                         Pool **ret_pool, PoolGrant **ret_grant, const char ***ret_owned,
+                         const char *const **ret_members) {
+        Pool *p;
+        int r = restore_pool(e, rs, &p);
+        if (r < 0)
+                return r;
+        const char **owned;
+        const char *const *members;
+        if (restore_members(p, rs, &owned, &members) < 0) {
+                retired_gc(e);
+                return -ENOMEM;
+        }
+        PoolGrant *g;
+        r = p->ops->restore(p,
+                            &(PoolRestore) {
+                                    .lane = lane,
+                                    .slots = rs->slots,
+                                    .members = members,
+                                    .n_slots = rs->n_slots,
+                                    .token = rs->token,
+                                    .remote_id = rs->remote_id,
+                                    .granted_at = granted_at,
+                            },
+                            &g);
+        if (r < 0) {
+                free(owned);
+                retired_gc(e);
+                return r;
+        }
+        *ret_pool = p;
+        *ret_grant = g;
+        *ret_owned = owned;
+        *ret_members = members;
+        return 0;
+}
+
 int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **ret) {
         assert_return(e, -EINVAL);
         assert_return(rs && rs->pool && rs->lane && rs->slots && rs->n_slots > 0, -EINVAL);
         assert_return(ret, -EINVAL);
 
         Pool *p;
-        int r = restore_pool(e, rs, &p);
-        if (r < 0)
-                return r;
+        PoolGrant *g;
         _cleanup_free_ const char **by_index = NULL;
         const char *const *members;
-        if (restore_members(p, rs, &by_index, &members) < 0) {
-                retired_gc(e);
-                return -ENOMEM;
-        }
-        PoolGrant *g;
-        r = p->ops->restore(p,
-                                &(PoolRestore) {
-                                        .lane = rs->lane,
-                                        .slots = rs->slots,
-                                        .members = members,
-                                        .n_slots = rs->n_slots,
-                                        .token = rs->token,
-                                        .remote_id = rs->remote_id,
-                                        .granted_at = rs->granted_at,
-                                },
-                                &g);
-        if (r >= 0) {
-                EngineLease *l;
-                r = engine_lease_new(e, p, g, rs->lane, rs->slots, members, rs->n_slots, rs->token, rs->remote_id,
-                                     rs->granted_at, rs->expires_at, rs->userdata, &l);
-                if (r >= 0) {
-                        if (p->ops->bind_grant)
-                                p->ops->bind_grant(p, g, l);
-                        *ret = l;
-                        return 0;
-                }
+        int r = restore_share(e, rs, rs->lane, rs->granted_at, &p, &g, &by_index, &members);
+        if (r < 0)
+                return r;
+        EngineLease *l;
+        r = engine_lease_new(e, p, g, rs->lane, rs->slots, members, rs->n_slots, rs->token, rs->remote_id,
+                             rs->granted_at, rs->expires_at, rs->userdata, &l);
+        if (r < 0) {
                 p->ops->release(p, g, rs->granted_at);
+                retired_gc(e); /* a pool made for this lease alone goes again */
+                return r;
         }
-        retired_gc(e); /* a pool made for this lease alone goes again */
-        return r;
+        if (p->ops->bind_grant)
+                p->ops->bind_grant(p, g, l);
+        *ret = l;
+        return 0;
 }
 
 int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs) {
@@ -1692,44 +1715,26 @@ int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs) {
                         return -EINVAL;
         if (streq(l->pool->name, rs->pool))
                 return -EINVAL;
-        Pool *p;
-        int r = restore_pool(e, rs, &p);
-        if (r < 0)
-                return r;
         LeasePart *a = reallocarray(l->also, l->n_also + 1, sizeof(LeasePart));
-        if (!a) {
-                retired_gc(e);
+        if (!a)
                 return -ENOMEM;
-        }
         l->also = a;
+        Pool *p;
+        PoolGrant *g;
         _cleanup_free_ const char **by_index = NULL;
         const char *const *members;
-        if (restore_members(p, rs, &by_index, &members) < 0) {
-                retired_gc(e);
-                return -ENOMEM;
-        }
-        PoolGrant *g;
-        r = p->ops->restore(p,
-                            &(PoolRestore) {
-                                    .lane = l->lane,
-                                    .slots = rs->slots,
-                                    .members = members,
-                                    .n_slots = rs->n_slots,
-                                    .token = rs->token,
-                                    .granted_at = l->granted_at,
-                            },
-                            &g);
-        if (r >= 0) {
-                r = lease_part_set(l->also + l->n_also, p, g, rs->slots, members, rs->n_slots, rs->token);
-                if (r >= 0) {
-                        l->n_also++;
-                        return 0;
-                }
+        int r = restore_share(e, rs, l->lane, l->granted_at, &p, &g, &by_index, &members);
+        if (r < 0)
+                return r;
+        r = lease_part_set(l->also + l->n_also, p, g, rs->slots, members, rs->n_slots, rs->token);
+        if (r < 0) {
                 lease_part_done(l->also + l->n_also);
                 p->ops->release(p, g, l->granted_at);
+                retired_gc(e);
+                return r;
         }
-        retired_gc(e);
-        return r;
+        l->n_also++;
+        return 0;
 }
 
 int engine_set_token_floor(Engine *e, const char *pool, uint64_t next_token) {
