@@ -107,6 +107,21 @@ static void on_position(const BrokerPosition *p, void *userdata) {
         *announced = true;
 }
 
+/* A detached lease's id (or its JSON) on stdout. Nobody learnt the id when that fails: its slots go back rather
+ * than stay held until max-hold. */
+static int print_lease(BrokerClient *c, BrokerLease *l) {
+        if (arg_json)
+                printf("%s\n", broker_lease_json(l));
+        else
+                printf("%s\n", broker_lease_id(l));
+        if (fflush(stdout) != 0) {
+                log_error_errno(errno, "Failed to print the lease: %m");
+                (void) broker_release(c, broker_lease_id(l));
+                return EXIT_FAILURE;
+        }
+        return EXIT_SUCCESS;
+}
+
 int verb_acquire(int argc, char *argv[]) {
         _cleanup_(broker_client_freep) BrokerClient *c = NULL;
         _cleanup_(broker_lease_freep) BrokerLease *l = NULL;
@@ -154,17 +169,7 @@ int verb_acquire(int argc, char *argv[]) {
         if (r > 0)
                 return cli_log_result(c, "acquire", r, (int) arg_request.conflict_exit_code);
 
-        if (arg_json)
-                printf("%s\n", broker_lease_json(l));
-        else
-                printf("%s\n", broker_lease_id(l));
-        if (fflush(stdout) != 0) {
-                /* Nobody learnt the id: give the slots back rather than leak them until max-hold. */
-                log_error_errno(errno, "Failed to print the lease: %m");
-                (void) broker_release(c, broker_lease_id(l));
-                return EXIT_FAILURE;
-        }
-        return EXIT_SUCCESS;
+        return print_lease(c, l);
 }
 
 /* ---- reserve ---- */
@@ -329,16 +334,7 @@ int verb_reserve(int argc, char *argv[]) {
         if (r > 0)
                 return cli_log_result(c, "reserve", r, EXIT_FAILURE);
 
-        if (arg_json)
-                printf("%s\n", broker_lease_json(l));
-        else
-                printf("%s\n", broker_lease_id(l));
-        if (fflush(stdout) != 0) {
-                log_error_errno(errno, "Failed to print the lease: %m");
-                (void) broker_release(c, broker_lease_id(l));
-                return EXIT_FAILURE;
-        }
-        return EXIT_SUCCESS;
+        return print_lease(c, l);
 }
 
 /* ---- release ---- */
