@@ -1022,6 +1022,7 @@ static int life_set(LocalPool *p, PoolMemberLife *m, bool quarantined, usec_t si
         m->reason = r;
         m->exit_status = exit_status;
         m->since = since;
+        m->since_real = 0;
         if (quarantined && !m->quarantined)
                 m->quarantines++;
         m->quarantined = quarantined;
@@ -1946,7 +1947,24 @@ static int local_quarantine(Pool *base, const char *member, const EngineQuaranti
                 return m->quarantined ? life_set(p, m, false, now, NULL, -1, NULL, now) : 0;
         if (m->quarantined)
                 return 0; /* the first quarantine's who and why stay */
-        return life_set(p, m, true, MIN(q->since, now), q->job, q->exit_status, q->reason, now);
+        int r = life_set(p, m, true, MIN(q->since, now), q->job, q->exit_status, q->reason, now);
+        if (r >= 0)
+                m->since_real = q->since_real;
+        return r;
+}
+
+static int local_set_use(Pool *base, const char *member, const EngineMemberUse *u) {
+        LocalPool *p = POOL(base);
+        if (!p->base.members)
+                return -EOPNOTSUPP;
+        PoolMemberLife *m = life_find(p, member);
+        if (!m || (size_t) (m - p->life) >= p->n_life_configured)
+                return -ENOENT;
+        m->grants = u->grants;
+        m->held = u->held;
+        m->quarantines = u->quarantines;
+        m->failures = u->failures;
+        return 0;
 }
 
 static void local_set_token_floor(Pool *base, uint64_t next_token) {
@@ -1999,6 +2017,7 @@ static const PoolOps local_ops = {
         .grant_waiter = local_grant_waiter,
         .report_exit = local_report_exit,
         .quarantine = local_quarantine,
+        .set_use = local_set_use,
         .rest = local_rest,
 };
 

@@ -1012,6 +1012,47 @@ static void test_health_job_is_granted_a_quarantined_member_past_an_ordinary_wai
         assert_string_equal(member_of(w), "a");
 }
 
+/* A quarantine read again from before this boot keeps its realtime start, which its monotonic since cannot say;
+ * one the engine makes itself has none (its since says it all), nor has a restored member. */
+static void test_quarantine_keeps_a_realtime_start_from_before_this_boot(void **state) {
+        Fixture *f = *state;
+        rigs(f, 1);
+        EngineQuarantine q = { .since = 0, .since_real = 1600000000000000, .job = "old", .exit_status = 4 };
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "b", &q, S(4)), 0);
+        assert_int_equal(life_of(f, "b")->since_real, 1600000000000000);
+        assert_int_equal(life_of(f, "b")->since, 0);
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "b", NULL, S(5)), 0);
+        assert_int_equal(life_of(f, "b")->since_real, 0);
+        Tag *a = acquire(f, "A", (Req) { .member = "a" }, S(6));
+        end_with(f, a, 3, "job-1", S(7));
+        assert_true(life_of(f, "a")->quarantined);
+        assert_int_equal(life_of(f, "a")->since, S(7));
+        assert_int_equal(life_of(f, "a")->since_real, 0);
+}
+
+/* A member's counts as the lease log had them before a restart (issue 23 item 7): set as they were, the failures in
+ * a row going on towards quarantine-after. */
+static void test_member_use_carried_over_a_restart(void **state) {
+        Fixture *f = *state;
+        rigs(f, 2);
+        EngineMemberUse u = { .grants = 41, .held = S(3600), .quarantines = 5, .failures = 1 };
+        assert_int_equal(engine_member_set_use(f->engine, "p", "a", &u), 0);
+        assert_int_equal(engine_member_set_use(f->engine, "p", "zz", &u), -ENOENT);
+        assert_int_equal(engine_member_set_use(f->engine, "nope", "a", &u), -ENOENT);
+        const EngineMemberLife *m = life_of(f, "a");
+        assert_int_equal(m->grants, 41);
+        assert_int_equal(m->held, S(3600));
+        assert_int_equal(m->failures, 1);
+        /* The second infrastructure exit in a row, the first one before the restart: quarantined. */
+        Tag *a = acquire(f, "A", (Req) { .member = "a" }, S(1));
+        end_with(f, a, 3, "job-2", S(3));
+        m = life_of(f, "a");
+        assert_true(m->quarantined);
+        assert_int_equal(m->quarantines, 6);
+        assert_int_equal(m->grants, 42);
+        assert_int_equal(m->held, S(3602));
+}
+
 static void test_health_waiters_do_not_barge_and_disjoint_ones_flow(void **state) {
         Fixture *f = *state;
         PoolConfig *p = pool_add(f, "p", 0);
@@ -3322,6 +3363,8 @@ int main(void) {
                 T(test_health_job_is_granted_a_quarantined_member_past_an_ordinary_waiter),
                 T(test_quarantine_by_hand_and_restore),
                 T(test_health_waiters_do_not_barge_and_disjoint_ones_flow),
+                T(test_quarantine_keeps_a_realtime_start_from_before_this_boot),
+                T(test_member_use_carried_over_a_restart),
                 T(test_quarantine_survives_a_reload_by_member_name),
                 T(test_drain_until_undrains_by_itself_and_grants_at_that_instant),
                 T(test_drain_until_survives_a_restart),
