@@ -2120,6 +2120,7 @@ static size_t rules_for_pool(const BrokerConfig *c, const PoolConfig *pc, PoolLa
                                         .budget_set = lc->queue_timeout_set,
                                         .budget = lc->queue_timeout,
                                         .health = lc->health,
+                                        .health_also = lc->health_also,
                                 };
                                 break;
                         }

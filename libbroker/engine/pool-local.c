@@ -60,6 +60,7 @@ struct LocalLane {
         int64_t max_in_use;
         unsigned reserve;
         bool health;       /* granted quarantined members only (SPEC §3.6) */
+        bool health_also;  /* health = also: quarantined members first, else ordinary ones */
         bool configured;   /* false: removed by reload, kept while it holds slots */
         unsigned used;
         size_t n_waiting;
@@ -576,6 +577,7 @@ static int lane_add(LocalPool *p, const PoolLaneRule *r, LocalLane **ret) {
         l->max_in_use = r->max_in_use;
         l->reserve = r->reserve;
         l->health = r->health;
+        l->health_also = r->health_also;
         p->lanes[p->n_lanes++] = l;
         *ret = l;
         return 0;
@@ -586,6 +588,7 @@ static void lane_apply_rule(LocalLane *l, const PoolLaneRule *r) {
         l->max_in_use = r->max_in_use;
         l->reserve = r->reserve;
         l->health = r->health;
+        l->health_also = r->health_also;
         l->configured = true;
 }
 
@@ -1471,8 +1474,24 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
          * limit passes over does not count as waiting here, as it does not hold back the queue either:
          * otherwise a nightly waiter kept out of merge's reserved slot would keep merge out of it too. With
          * selectors (SPEC §3.5) it is per member: the free members the waiters leave it. */
+        /* health = also (SPEC §3.6, "unless the lane also lists ordinary use"): quarantined members first, when
+         * enough that it may use are free now (the health requests waiting keep theirs); else an ordinary
+         * request in every way, which waits for ordinary members in the queue. */
+        if (l->health && l->health_also && p->base.members && !t->gated && health_capacity(p, mask) >= t->slots) {
+                avail = calloc(words, sizeof(uint64_t));
+                if (!avail)
+                        return -ENOMEM;
+                health_avail(p, avail, words);
+                list_foreach(n, &p->health)
+                        health_set_aside(container_of(n, PoolWaiter, fifo_node), avail, words);
+                if (health_fits(l, t->slots, mask, avail, words))
+                        return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL, avail);
+                avail = mfree(avail);
+        }
+        bool health = l->health && !l->health_also;
+
         bool room;
-        if (l->health) {
+        if (health) {
                 /* SPEC §3.6: quarantined members only, beside the queue (health_dispatch()). A request that no
                  * quarantined member can satisfy has nothing to wait for. */
                 if (!p->base.members)
@@ -1546,8 +1565,8 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 return 0;
         }
 
-        Bucket *b = l->health ? NULL : lane_bucket(p, l, t->slots, canon, t->selector);
-        if (!b && !l->health)
+        Bucket *b = health ? NULL : lane_bucket(p, l, t->slots, canon, t->selector);
+        if (!b && !health)
                 return -ENOMEM;
         PoolWaiter *w = calloc(1, sizeof(PoolWaiter));
         if (!w)
@@ -1565,7 +1584,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 .gated = t->gated,
         };
         heap_node_init(&w->deadline_node);
-        if (l->health) {
+        if (health) {
                 w->health = true;
                 w->mask = TAKE_PTR(mask);
                 if ((t->selector && t->selector->terms && !(w->terms = strv_copy(t->selector->terms))) ||
@@ -1916,7 +1935,8 @@ static void local_report_exit(Pool *base, PoolGrant *g, int exit_status, const c
                 PoolMemberLife *m = name ? life_find(p, name) : NULL;
                 if (!m)
                         continue;
-                if (g->lane->health) {
+                /* health = also: a health job on the quarantined members it holds, an ordinary one on the others. */
+                if (g->lane->health && (!g->lane->health_also || m->quarantined)) {
                         /* A health job's exit 0 restores; anything else leaves the member as it is. */
                         if (exit_status == 0 && m->quarantined)
                                 (void) life_set(p, m, false, now, job, 0, NULL, now);

@@ -31,6 +31,7 @@ typedef struct PoolLaneRule {
         bool budget_set;
         usec_t budget;            /* may be USEC_INFINITY */
         bool health;              /* granted quarantined members only (SPEC §3.6) */
+        bool health_also;         /* health too: quarantined members first, else ordinary ones (health = also) */
 } PoolLaneRule;
 
 /* A waiter handed over by the previous daemon (engine.h, EngineResume): where it stood in this pool's

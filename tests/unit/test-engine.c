@@ -1053,6 +1053,62 @@ static void test_member_use_carried_over_a_restart(void **state) {
         assert_int_equal(m->held, S(3602));
 }
 
+/* health = also (SPEC §3.6, "unless the lane also lists ordinary use"): quarantined members first, then ordinary
+ * ones as any lane; exit 0 restores only what it held quarantined, and an ordinary member's infrastructure exit
+ * counts as any lane's. */
+static void test_health_also_lane_takes_quarantined_members_first_then_ordinary_ones(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "a", "b", "c" }, 3);
+        p->quarantine_exit_codes[0] = UINT64_C(1) << 3;
+        p->quarantine_exit_codes_set = true;
+        p->quarantine_after = 1;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        LaneConfig *also = lane_add(f, "ha", LANE_POLICY_WAIT, "p", NULL);
+        also->health = also->health_also = true;
+        configure(f, 0);
+        EngineQuarantine q = { .since = 0, .job = "uid 0", .exit_status = -1, .reason = "broken" };
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "b", &q, 0), 0);
+        quiesce(f);
+        /* The quarantined b first, though a is free and first in members=. */
+        Tag *h1 = acquire(f, "H1", (Req) { .lane = "ha" }, S(1));
+        assert_true(granted(h1));
+        assert_string_equal(member_of(h1), "b");
+        /* No quarantined member free: an ordinary one, as any lane (a health = yes lane would wait). */
+        Tag *h2 = acquire(f, "H2", (Req) { .lane = "ha" }, S(2));
+        assert_true(granted(h2));
+        assert_string_equal(member_of(h2), "a");
+        /* A named member that is not quarantined is no refusal (health = yes says not-quarantined). */
+        Tag *h3 = acquire(f, "H3", (Req) { .lane = "ha", .member = "c" }, S(3));
+        assert_true(granted(h3));
+        /* Full: it waits in the ordinary queue, behind the ordinary waiter that came first. */
+        Tag *w = acquire(f, "W", (Req) {}, S(4));
+        Tag *h4 = acquire(f, "H4", (Req) { .lane = "ha" }, S(5));
+        assert_true(queued(w));
+        assert_true(queued(h4));
+        /* An ordinary member's exit 0 restores nothing; its infrastructure exit quarantines it. */
+        end_with(f, h3, 3, "job-c", S(6));
+        assert_true(life_of(f, "c")->quarantined);
+        assert_true(life_of(f, "b")->quarantined);
+        assert_true(queued(w)); /* c is quarantined: nobody in the ordinary queue gets it */
+        assert_true(queued(h4));
+        end_with(f, h2, 0, "job-a", S(7)); /* a frees: W, first in line, gets it */
+        assert_true(granted(w));
+        assert_true(queued(h4));
+        /* A quarantined member's exit 0 restores it (a health job), and it goes on to the queue. */
+        end_with(f, h1, 0, "check-b", S(8));
+        assert_false(life_of(f, "b")->quarantined);
+        assert_true(granted(h4));
+        assert_string_equal(member_of(h4), "b");
+        /* The next one takes the quarantined c first again; its failure keeps c quarantined, uncounted. */
+        Tag *h5 = acquire(f, "H5", (Req) { .lane = "ha" }, S(9));
+        assert_true(granted(h5));
+        assert_string_equal(member_of(h5), "c");
+        end_with(f, h5, 3, "check-c", S(10));
+        assert_true(life_of(f, "c")->quarantined);
+        assert_int_equal(life_of(f, "c")->quarantines, 1);
+}
+
 static void test_health_waiters_do_not_barge_and_disjoint_ones_flow(void **state) {
         Fixture *f = *state;
         PoolConfig *p = pool_add(f, "p", 0);
@@ -3363,6 +3419,7 @@ int main(void) {
                 T(test_health_job_is_granted_a_quarantined_member_past_an_ordinary_waiter),
                 T(test_quarantine_by_hand_and_restore),
                 T(test_health_waiters_do_not_barge_and_disjoint_ones_flow),
+                T(test_health_also_lane_takes_quarantined_members_first_then_ordinary_ones),
                 T(test_quarantine_keeps_a_realtime_start_from_before_this_boot),
                 T(test_member_use_carried_over_a_restart),
                 T(test_quarantine_survives_a_reload_by_member_name),
