@@ -162,6 +162,8 @@ void lease_audit_shares(const Lease *l, const AuditRecord *r) {
                 s.pool = a.pool;
                 s.token = a.token;
                 s.selector = NULL; /* labels and a member choose in the lease's own pool only */
+                if (s.slots > 0)
+                        s.slots = a.n_slots; /* a grant's row: what the set took of this pool */
                 s.member = NULL;
                 s.also = NULL;
                 audit_decision_share(l->table->audit, &s);
