@@ -101,6 +101,9 @@ int lease_log_alive(LeaseLog *log, usec_t realtime);
 int lease_log_rest(LeaseLog *log, const char *pool, unsigned slot, const char *member, usec_t until);
 /* A member's counts now (pool and member borrowed). Kept by the log for its snapshots. Returns 0 or -ENOMEM. */
 int lease_log_use(LeaseLog *log, const LeaseLogUse *u);
+/* Takes the counts a read found (one per member, as lease_log_read() gives them; owned, freed on failure) as
+ * those the log knows, without a line each: at start. Returns 0 or -ENOMEM. */
+int lease_log_adopt_uses(LeaseLog *log, LeaseLogUse *uses, size_t n);
 /* The last counts the log knows of every member it was told of (for a reload that brings one back). */
 const LeaseLogUse *lease_log_uses(const LeaseLog *log, size_t *ret_n);
 /* The rests the log knows that end after `now` (realtime µs) but that still_resting() denies (a reload

@@ -1444,7 +1444,7 @@ static void manager_apply_uses(Manager *m) {
 }
 
 static void manager_apply_state(Manager *m, const HistoryState *s, bool from_history, const LeaseLogRest *rests,
-                                size_t n_rests, const LeaseLogUse *uses, size_t n_uses) {
+                                size_t n_rests, LeaseLogUse **uses, size_t *n_uses) {
         for (size_t i = 0; i < s->n_floors; i++)
                 if (streq(s->floors[i].pool, HISTORY_TOKEN_FLOOR_ALL))
                         m->token_floor_all = MAX(m->token_floor_all, s->floors[i].next_token);
@@ -1502,9 +1502,10 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
         m->persistence.state_loaded = true;
         m->state_error = 0;
         manager_apply_rests(m, rests, n_rests);
-        for (size_t i = 0; i < n_uses; i++)
-                if (lease_log_use(m->lease_log, &uses[i]) < 0) /* kept by the log for its snapshots */
-                        log_oom();
+        if (uses && lease_log_adopt_uses(m->lease_log, TAKE_PTR(*uses), *n_uses) < 0) /* kept for its snapshots */
+                log_oom();
+        if (uses)
+                *n_uses = 0;
         manager_apply_uses(m);
         manager_write_lease_snapshot(m);
         if (from_history && m->lease_log_error == 0)
@@ -1572,7 +1573,7 @@ static void manager_load_state(Manager *m, bool at_start) {
         if (info.exists || !m->history) {
                 if (m->state_error < 0)
                         log_info("The state directory %s can be read again.", m->state_directory);
-                manager_apply_state(m, &s, false, info.rests, info.n_rests, info.uses, info.n_uses);
+                manager_apply_state(m, &s, false, info.rests, info.n_rests, &info.uses, &info.n_uses);
                 return;
         }
         if (!at_start) {
