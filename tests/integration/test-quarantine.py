@@ -451,6 +451,14 @@ class Drain(Base):
         self.assertEqual(b.stop(), 0, b.log()[-3000:])
         b.start()
         self.assertEqual(self.member_counts(b), after)
+        # A reload that drops b and one that brings it back: b's counts come back with it (by name).
+        config = CONFIG.format(after=2, admin="12345")
+        b.write_config(config.replace("members = a b", "members = a"))
+        b.reload()
+        self.assertNotIn(("grants_total", "b"), self.member_counts(b))
+        b.write_config(config)
+        b.reload()
+        self.assertEqual(self.member_counts(b), after)
 
     def test_member_counts_survive_a_handover_with_a_lease_held_across_it(self):
         # Through systemd's fd store (SPEC §3.4): the job on b runs across the restart and fails nothing; its
