@@ -100,6 +100,7 @@ struct PoolGrant {
         unsigned *pos;        /* [n_slots] where each slot sits in the bitmap now: moves with reloads */
         char **members;       /* [n_slots] each slot's member name, NULL for an anonymous one; or NULL */
         usec_t granted_at;    /* for the members' held time */
+        bool health;          /* a health job's: its exit 0 restores its members (SPEC §3.6) */
         unsigned indices[];   /* [n_slots] as granted: what the holder was told; then pos[n_slots] */
 };
 
@@ -914,6 +915,8 @@ static int grant(LocalPool *p, LocalLane *l, void *cookie, unsigned slots, usec_
         l->used += slots;
         list_append(&p->grants, &g->node);
         g->granted_at = now;
+        /* health = also: a health job where it got quarantined members (the ordinary queue grants none). */
+        g->health = l->health && (!l->health_also || member_is_quarantined(p, g->pos[0]));
         for (unsigned i = 0; i < slots; i++)
                 if (g->pos[i] < p->n_life_configured)
                         p->life[g->pos[i]].grants++;
@@ -1732,6 +1735,7 @@ static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
         }
         g->lane = l;
         g->granted_at = rs->granted_at;
+        g->health = l->health && !l->health_also; /* health = also: which it was is not known, so ordinary */
         list_append(&p->grants, &g->node);
         if (in_place)
                 for (unsigned i = 0; i < n_slots; i++) {
@@ -1935,8 +1939,9 @@ static void local_report_exit(Pool *base, PoolGrant *g, int exit_status, const c
                 PoolMemberLife *m = name ? life_find(p, name) : NULL;
                 if (!m)
                         continue;
-                /* health = also: a health job on the quarantined members it holds, an ordinary one on the others. */
-                if (g->lane->health && (!g->lane->health_also || m->quarantined)) {
+                /* health = also: the grant says which it is, not the member now (quarantined by hand meanwhile, it
+                 * is not restored by an ordinary job's exit 0). */
+                if (g->health) {
                         /* A health job's exit 0 restores; anything else leaves the member as it is. */
                         if (exit_status == 0 && m->quarantined)
                                 (void) life_set(p, m, false, now, job, 0, NULL, now);

@@ -1107,6 +1107,13 @@ static void test_health_also_lane_takes_quarantined_members_first_then_ordinary_
         end_with(f, h5, 3, "check-c", S(10));
         assert_true(life_of(f, "c")->quarantined);
         assert_int_equal(life_of(f, "c")->quarantines, 1);
+        /* An ordinary job of the lane does not restore what someone quarantined by hand while it ran. */
+        end(f, w, S(11));
+        Tag *h6 = acquire(f, "H6", (Req) { .lane = "ha", .member = "a" }, S(12));
+        assert_true(granted(h6));
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a", &q, S(13)), 0);
+        end_with(f, h6, 0, "job-a", S(14));
+        assert_true(life_of(f, "a")->quarantined);
 }
 
 static void test_health_waiters_do_not_barge_and_disjoint_ones_flow(void **state) {
