@@ -36,6 +36,9 @@ typedef struct AuditRecord {
          * history.db's events.member (schema 6): usage per member (SPEC §3.6). */
         const char *member;
         int exit_status;          /* a quarantine's, or a released lease's command's, exit status; -1: none */
+        /* The slots a request asked of this pool (a grant's, a refusal's, a withdrawal's); 0: not a request's
+         * row. history.db's events.slots (schema 7): `slotctl simulate --replay` asks as many. */
+        unsigned slots;
 } AuditRecord;
 
 #define AUDIT_RECORD_INIT                                                                                   \

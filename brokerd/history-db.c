@@ -128,6 +128,12 @@ static int migration_6_member(sqlite3 *db) {
                             NULL, NULL, NULL);
 }
 
+/* The slots a request asked of the pool (AuditRecord.slots): `slotctl simulate --replay` asks as many; NULL in
+ * other rows and in rows written before. */
+static int migration_7_slots(sqlite3 *db) {
+        return sqlite3_exec(db, "ALTER TABLE events ADD COLUMN slots INTEGER", NULL, NULL, NULL);
+}
+
 static const struct {
         const char *what;
         int (*run)(sqlite3 *db);
@@ -138,6 +144,7 @@ static const struct {
         { "alive mark", migration_4_alive },
         { "events.selector", migration_5_selector },
         { "events.member, events.exit_status", migration_6_member },
+        { "events.slots", migration_7_slots },
 };
 _Static_assert(ELEMENTSOF(migrations) == HISTORY_SCHEMA_VERSION, "HISTORY_SCHEMA_VERSION counts the migrations");
 
@@ -309,8 +316,8 @@ void history_db_close(HistoryDb *d) {
 /* The columns of a decision row, in bind_event()'s order. */
 #define EVENT_COLUMNS                                                                                       \
         "time, decision, pool, lane, job, lease, token, wait_us, hold_us, budget_us, idle_us, state, uid, pid, " \
-        "retry_after_sec, reason, selector, member, exit_status"
-#define EVENT_N_COLUMNS 19
+        "retry_after_sec, reason, selector, member, exit_status, slots"
+#define EVENT_N_COLUMNS 20
 
 static int prepare_statements(HistoryDb *d) {
         int rc;
@@ -628,6 +635,7 @@ static void bind_event(sqlite3_stmt *st, int base, const EventRow *e) {
                 sqlite3_bind_null(st, base + 19);
         else
                 sqlite3_bind_int64(st, base + 19, e->exit_status);
+        bind_nonzero(st, base + 20, e->slots);
 }
 
 int history_db_insert_event(HistoryDb *d, const EventRow *e) {

@@ -22,6 +22,11 @@
  *   {"rest":{"pool":"P","slot":N,"member":"M",  a released slot rests until this realtime instant (cooldown=,
  *            "until":µs}}                        SPEC §3.6); "member" only in a member pool, which names the
  *                                                slot by it; a later line of the same slot replaces it
+ *   {"use":{"pool":"P","member":"M","grants":N,  a member's counts (SPEC §3.6, usage per member): leases granted
+ *           "heldUs":N,"quarantines":N,          it, µs held by those that ended, times quarantined, leases in
+ *           "failures":N}}                       a row that ended with a quarantine exit status; written when
+ *                                                they change, a later line of the member replacing it; kept
+ *                                                for every member ever written (a reload may bring it back)
  *   {"reset":true}                               what came before is replaced by the lines after it
  *
  * A lease line also raises its pool's token mark. The log is rewritten (a snapshot of the live leases into
@@ -50,12 +55,24 @@ typedef struct LeaseLogRest {
         usec_t until;           /* realtime µs */
 } LeaseLogRest;
 
+/* A member's counts (the "use" record): its metrics and its failures in a row survive a restart. */
+typedef struct LeaseLogUse {
+        char *pool;
+        char *member;
+        uint64_t grants;
+        usec_t held;            /* µs */
+        uint64_t quarantines;
+        unsigned failures;
+} LeaseLogUse;
+
 /* What a read of the log found, beside its leases, token marks and alive mark (a HistoryState). */
 typedef struct LeaseLogRead {
         bool exists;            /* false: there was no leases.log (a new state directory, or an older brokerd's) */
         unsigned damaged;       /* lines skipped because they did not check out (a torn last line is not counted) */
         LeaseLogRest *rests;    /* the rests last recorded, whether or not they have ended since; owned */
         size_t n_rests;
+        LeaseLogUse *uses;      /* every member's last counts; owned */
+        size_t n_uses;
 } LeaseLogRead;
 void lease_log_read_done(LeaseLogRead *info);
 
@@ -82,6 +99,13 @@ int lease_log_end(LeaseLog *log, const char *id);
 int lease_log_alive(LeaseLog *log, usec_t realtime);
 /* A released slot rests until `until` (realtime µs). Kept by the log for its snapshots until it ends. */
 int lease_log_rest(LeaseLog *log, const char *pool, unsigned slot, const char *member, usec_t until);
+/* A member's counts now (pool and member borrowed). Kept by the log for its snapshots. Returns 0 or -ENOMEM. */
+int lease_log_use(LeaseLog *log, const LeaseLogUse *u);
+/* Takes the counts a read found (one per member, as lease_log_read() gives them; owned, freed on failure) as
+ * those the log knows, without a line each: at start. Returns 0 or -ENOMEM. */
+int lease_log_adopt_uses(LeaseLog *log, LeaseLogUse *uses, size_t n);
+/* The last counts the log knows of every member it was told of (for a reload that brings one back). */
+const LeaseLogUse *lease_log_uses(const LeaseLog *log, size_t *ret_n);
 /* The rests the log knows that end after `now` (realtime µs) but that still_resting() denies (a reload
  * removed cooldown=, or the member) end at `now`: a line each, so that a restart does not bring them back.
  * Returns 0 or -ENOMEM. */
@@ -101,7 +125,7 @@ bool lease_log_is_broken(const LeaseLog *log);
 bool lease_log_wants_rewrite(const LeaseLog *log, size_t n_live);
 
 /* Writes a snapshot of these live leases, the token marks the log knows, the rests it knows that end after
- * alive (all of them when it is 0), and alive (realtime µs, 0: none):
+ * alive (all of them when it is 0), the members' counts it knows, and alive (realtime µs, 0: none):
  * into a fresh file renamed over the log where the directory allows it, else appended after a "reset"
  * line. Mends a broken log. Returns 0, or negative errno (-EACCES, -EPERM, -EROFS, -ENOSPC…: still broken). */
 int lease_log_rewrite(LeaseLog *log, const HistoryLeaseRow *leases, size_t n, usec_t alive);

@@ -11,6 +11,7 @@
 #include "lease.h"
 #include "log.h"
 #include "macro.h"
+#include "strv.h"
 
 static usec_t now_of(const LeaseTable *t, clockid_t clock) {
         return t->now ? t->now(clock) : clock == CLOCK_REALTIME ? now_realtime() : now_monotonic();
@@ -161,6 +162,8 @@ void lease_audit_shares(const Lease *l, const AuditRecord *r) {
                 s.pool = a.pool;
                 s.token = a.token;
                 s.selector = NULL; /* labels and a member choose in the lease's own pool only */
+                if (s.slots > 0)
+                        s.slots = a.n_slots; /* a grant's row: what the set took of this pool */
                 s.member = NULL;
                 s.also = NULL;
                 audit_decision_share(l->table->audit, &s);
@@ -227,6 +230,71 @@ static void lease_log_rests(LeaseTable *t, const char *pool, const unsigned *slo
         }
 }
 
+void lease_table_log_use(LeaseTable *t, const char *pool, const char *member) {
+        if (!t->log || !pool || !member)
+                return;
+        for (size_t i = 0; i < engine_pool_count(t->engine); i++) {
+                EnginePoolInfo info;
+                if (engine_pool_info(t->engine, i, now_of(t, CLOCK_MONOTONIC), &info) < 0 || !streq(info.name, pool))
+                        continue;
+                for (size_t j = 0; j < info.n_life; j++) {
+                        const EngineMemberLife *m = info.life + j;
+                        if (streq(m->member, member))
+                                /* Lost to -ENOMEM: the next change of the member writes it whole. */
+                                (void) lease_log_use(t->log, &(LeaseLogUse) { .pool = (char *) pool,
+                                                                              .member = (char *) member,
+                                                                              .grants = m->grants, .held = m->held,
+                                                                              .quarantines = m->quarantines,
+                                                                              .failures = m->failures });
+                }
+                return;
+        }
+}
+
+/* The members a lease holds, in every pool of it, as "pool", "member" pairs (copies: a pool removed by reload
+ * goes with its last lease); NULL when it holds none (anonymous slots) or out of memory. */
+static char **lease_member_refs(const Lease *l) {
+        size_t n_also = engine_lease_also_count(l->engine_lease), n = 0, k = 0;
+        const unsigned *idx;
+        const char *const *names;
+        unsigned own = engine_lease_slots(l->engine_lease, &idx, &names);
+        n += names ? own : 0;
+        for (size_t i = 0; i < n_also; i++) {
+                EngineLeaseAlso a;
+                if (engine_lease_also(l->engine_lease, i, &a) >= 0 && a.members)
+                        n += a.n_slots;
+        }
+        if (n == 0)
+                return NULL;
+        char **refs = calloc(2 * n + 1, sizeof(char *));
+        if (!refs)
+                return NULL;
+        bool oom = false;
+        for (unsigned j = 0; names && j < own; j++)
+                if (names[j]) {
+                        oom = oom || !(refs[k++] = strdup(engine_lease_pool(l->engine_lease)));
+                        oom = oom || !(refs[k++] = strdup(names[j]));
+                }
+        for (size_t i = 0; i < n_also; i++) {
+                EngineLeaseAlso a;
+                if (engine_lease_also(l->engine_lease, i, &a) < 0 || !a.members)
+                        continue;
+                for (unsigned j = 0; j < a.n_slots; j++)
+                        if (a.members[j]) {
+                                oom = oom || !(refs[k++] = strdup(a.pool));
+                                oom = oom || !(refs[k++] = strdup(a.members[j]));
+                        }
+        }
+        if (oom)
+                return strv_free(refs);
+        return refs;
+}
+
+static void lease_log_uses_of(LeaseTable *t, char **refs) {
+        for (size_t i = 0; refs && refs[i] && refs[i + 1]; i += 2)
+                lease_table_log_use(t, refs[i], refs[i + 1]);
+}
+
 void lease_discard(Lease *l) {
         LeaseTable *t = l->table;
         assert(!l->holder); /* its session unlinked it first */
@@ -251,7 +319,11 @@ void lease_discard(Lease *l) {
                         for (unsigned j = 0; j < n; j++)
                                 members[j] = names[j] ? strdup(names[j]) : NULL; /* NULL on -ENOMEM: matched by index */
         }
+        /* Its members' counts change with the release (held, and an exit status's failures or quarantine). */
+        char **refs = t->log ? lease_member_refs(l) : NULL;
         engine_lease_release(l->engine_lease, now_of(t, CLOCK_MONOTONIC));
+        lease_log_uses_of(t, refs);
+        strv_free(refs);
         if (slots)
                 lease_log_rests(t, pool, slots, members, n);
         for (unsigned j = 0; members && j < n; j++)
@@ -377,6 +449,10 @@ void lease_persist(Lease *l, void *waiter) {
         }
         t->persisting[t->n_persisting++] = l;
         l->persist_pending = true;
+        /* Its members' grants, in the same write as its row. */
+        char **refs = lease_member_refs(l);
+        lease_log_uses_of(t, refs);
+        strv_free(refs);
 }
 
 int lease_table_write_snapshot(LeaseTable *t) {

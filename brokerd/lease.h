@@ -105,6 +105,10 @@ bool lease_table_flush(LeaseTable *t);
 /* Writes every live lease into the log afresh: to mend a log that could not be written. Returns 0 or
  * negative errno. */
 int lease_table_write_snapshot(LeaseTable *t);
+/* Writes a member's counts (SPEC §3.6, usage per member: grants, held, quarantines, failures in a row) to the
+ * log as the engine has them now, so that a restart goes on from them. Grants and releases of a member pool
+ * write their members' themselves; the manager calls it for a quarantine or restore. */
+void lease_table_log_use(LeaseTable *t, const char *pool, const char *member);
 
 typedef enum LeaseOutcome {
         LEASE_OUTCOME_HELD,     /* nothing changed for the holder */

@@ -394,6 +394,8 @@ static void manager_settle(Manager *m) {
                 while (engine_pop_event(m->engine, &ev)) {
                         if (ev.type == ENGINE_EVENT_MEMBER || ev.type == ENGINE_EVENT_DRAIN) {
                                 m->member_state_dirty = true;
+                                if (ev.type == ENGINE_EVENT_MEMBER) /* its quarantine count */
+                                        lease_table_log_use(&m->leases, ev.pool, ev.member);
                                 if (m->member_events_replayed > 0) {
                                         m->member_events_replayed--;
                                         any = true;
@@ -471,7 +473,8 @@ static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_
                                 continue;
                         e[n++] = (MemberStateEntry) {
                                 .pool = DUP(info.name), .member = DUP(l->member), .drain_until = USEC_INFINITY,
-                                .quarantined = true, .quarantine_since = mono_to_real(l->since, now, now_real),
+                                .quarantined = true,
+                                .quarantine_since = l->since_real ?: mono_to_real(l->since, now, now_real),
                                 .quarantine_job = DUP(l->job), .quarantine_exit_status = l->exit_status,
                                 .quarantine_reason = DUP(l->reason),
                         };
@@ -556,6 +559,7 @@ static void manager_apply_member_state(Manager *m, MemberStateEntry *e, size_t n
                         int r = engine_member_quarantine(
                                 m->engine, e[i].pool, e[i].member,
                                 &(EngineQuarantine) { .since = MIN(real_to_mono(e[i].quarantine_since, now, now_real), now),
+                                                      .since_real = e[i].quarantine_since, /* also before this boot */
                                                       .job = e[i].quarantine_job,
                                                       .exit_status = e[i].quarantine_exit_status,
                                                       .reason = e[i].quarantine_reason },
@@ -917,6 +921,7 @@ static void manager_take_back(Manager *m) {
 static void manager_load_state_async(Manager *m);
 static void manager_load_state(Manager *m, bool at_start);
 static void manager_write_lease_snapshot(Manager *m);
+static void manager_apply_uses(Manager *m);
 
 static void manager_update_status(Manager *m) {
         char buf[1024];
@@ -1119,6 +1124,7 @@ int manager_reload(Manager *m, ConfErrors *errors) {
                 manager_apply_member_state(m, pending, n_pending);
                 member_state_entries_free(pending, n_pending);
         }
+        manager_apply_uses(m); /* the counts of members this configuration brings back */
         char detail[128];
         snprintf(detail, sizeof detail, "%zu pools, %zu lanes", m->config->n_pools, m->config->n_lanes);
         log_info("Configuration reloaded: %s.", detail);
@@ -1423,8 +1429,22 @@ static void manager_apply_rests(Manager *m, const LeaseLogRest *rests, size_t n)
                 log_info("%u slot(s) rest on after the restart (cooldown=).", kept);
 }
 
+/* Members' counts (SPEC §3.6, usage per member; lease log "use" records) as the lease log last had them: the
+ * metrics and the failures in a row go on across a restart. Absolute, so applied again after what counts anew
+ * at start (restored leases' grants, quarantines read again from members.state) and after a reload that
+ * brings a member back; a member not configured now keeps its counts in the log. */
+static void manager_apply_uses(Manager *m) {
+        size_t n;
+        const LeaseLogUse *u = m->lease_log ? lease_log_uses(m->lease_log, &n) : NULL;
+        for (size_t i = 0; u && i < n; i++)
+                (void) engine_member_set_use(m->engine, u[i].pool, u[i].member,
+                                             &(EngineMemberUse) { .grants = u[i].grants, .held = u[i].held,
+                                                                  .quarantines = u[i].quarantines,
+                                                                  .failures = u[i].failures });
+}
+
 static void manager_apply_state(Manager *m, const HistoryState *s, bool from_history, const LeaseLogRest *rests,
-                                size_t n_rests) {
+                                size_t n_rests, LeaseLogUse **uses, size_t *n_uses) {
         for (size_t i = 0; i < s->n_floors; i++)
                 if (streq(s->floors[i].pool, HISTORY_TOKEN_FLOOR_ALL))
                         m->token_floor_all = MAX(m->token_floor_all, s->floors[i].next_token);
@@ -1482,6 +1502,11 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
         m->persistence.state_loaded = true;
         m->state_error = 0;
         manager_apply_rests(m, rests, n_rests);
+        if (uses && lease_log_adopt_uses(m->lease_log, TAKE_PTR(*uses), *n_uses) < 0) /* kept for its snapshots */
+                log_oom();
+        if (uses)
+                *n_uses = 0;
+        manager_apply_uses(m);
         manager_write_lease_snapshot(m);
         if (from_history && m->lease_log_error == 0)
                 for (size_t i = 0; i < s->n_leases; i++)
@@ -1507,7 +1532,7 @@ static void on_state_loaded(History *h, int error, HistoryState *s, void *userda
                 manager_state_unreadable(m, error);
         else {
                 log_info("The state directory %s can be read again.", m->state_directory);
-                manager_apply_state(m, s, true, NULL, 0);
+                manager_apply_state(m, s, true, NULL, 0, NULL, 0);
         }
 }
 
@@ -1548,7 +1573,7 @@ static void manager_load_state(Manager *m, bool at_start) {
         if (info.exists || !m->history) {
                 if (m->state_error < 0)
                         log_info("The state directory %s can be read again.", m->state_directory);
-                manager_apply_state(m, &s, false, info.rests, info.n_rests);
+                manager_apply_state(m, &s, false, info.rests, info.n_rests, &info.uses, &info.n_uses);
                 return;
         }
         if (!at_start) {
@@ -1562,7 +1587,7 @@ static void manager_load_state(Manager *m, bool at_start) {
         if (r < 0)
                 manager_state_unreadable(m, r);
         else
-                manager_apply_state(m, &s, true, NULL, 0);
+                manager_apply_state(m, &s, true, NULL, 0, NULL, 0);
 }
 
 static void manager_load_state_async(Manager *m) {
@@ -1604,6 +1629,7 @@ int manager_start(Manager *m) {
         }
         m->listen_fd = fd;
         manager_load_member_state(m);
+        manager_apply_uses(m); /* over the quarantines that members.state counted again */
         manager_take_back(m);
         r = sd_event_add_io(m->event, &m->listen_source, fd, EPOLLIN, on_accept, m);
         if (r < 0)

@@ -201,7 +201,8 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
         }
         if (md)
                 json_object_set_new(o, "memberDrains", md);
-        /* SPEC §3.6: since when (realtime, from the monotonic instant), which job, which status. */
+        /* SPEC §3.6: since when (realtime: as recorded for one carried over a restart, which may be older than
+         * this boot; else from the monotonic instant), which job, which status. */
         json_t *q = NULL;
         for (size_t j = 0; j < info.n_life; j++) {
                 const EngineMemberLife *l = info.life + j;
@@ -211,7 +212,8 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                         break;
                 usec_t real = now_realtime(), ago = usec_sub_unsigned(now, l->since);
                 json_t *e = json_pack("{s:s, s:I, s:s*, s:s*}", "member", l->member, "since",
-                                      (json_int_t) usec_sub_unsigned(real, ago), "job", l->job, "reason", l->reason);
+                                      (json_int_t) (l->since_real ?: usec_sub_unsigned(real, ago)), "job", l->job,
+                                      "reason", l->reason);
                 if (e && l->exit_status >= 0)
                         json_object_set_new(e, "exitStatus", json_integer(l->exit_status));
                 if (e)

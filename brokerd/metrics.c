@@ -187,8 +187,8 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
                 }
         }
 
-        /* SPEC §3.6: each member of a local member pool, from the engine (kept by name across reloads, reset by a
-         * restart as every counter here is). */
+        /* SPEC §3.6: each member of a local member pool, from the engine (kept by name across reloads, and across
+         * restarts through the lease log's "use" records: issue 23 "everything persists"). */
         static const struct {
                 const char *name, *type, *help;
         } member_series[] = {

@@ -1071,8 +1071,19 @@ static void answer_grant(Session *s, Lease *l) {
         }
 }
 
+/* The slots the request asks of pool: its own count, or an also= pool's (SPEC §3.5) for a refusal that names
+ * that pool. */
+static unsigned request_slots_in(const SessionTable *m, const AcquireCall *a, const char *pool) {
+        const LaneConfig *lc = m->config && a->lane ? conf_find_lane(m->config, a->lane) : NULL;
+        for (size_t i = 0; lc && pool && i < lc->n_also; i++)
+                if (streq(lc->also[i].pool, pool))
+                        return lc->also[i].slots;
+        return a->slots;
+}
+
 static void audit_grant(SessionTable *m, const Lease *l, const LeaseGrant *g) {
         AuditRecord rec = lease_audit_record(l, "granted");
+        rec.slots = engine_lease_slots(l->engine_lease, NULL, NULL); /* each also= pool's row: its own (shares) */
         rec.wait = g->wait;
         rec.budget = g->budget;
         rec.idle = g->idle;
@@ -1094,6 +1105,7 @@ static void on_lease_persisted(SessionTable *m, Lease *l, Session *s, int result
         if (!persistence_commit_allows_grant(m->persistence, l->id, result)) {
                 /* Never granted unpersisted: give the slots back and refuse. */
                 AuditRecord rec = lease_audit_record(l, "unavailable");
+                rec.slots = engine_lease_slots(l->engine_lease, NULL, NULL);
                 rec.lease = NULL; /* never answered: no lease came of it */
                 rec.token = 0;
                 rec.reason = "the lease could not be written to the state directory";
@@ -1210,6 +1222,7 @@ static void on_refused(SessionTable *m, Session *s, const EngineEvent *ev) {
         rec.lane = ev->lane;
         rec.job = a->job;
         rec.selector = a->selector;
+        rec.slots = request_slots_in(m, a, ev->pool);
         rec.wait = ev->wait;
         rec.budget = ev->queued ? ev->budget : USEC_INFINITY;
         rec.idle = ev->queued ? ev->idle : USEC_INFINITY;
@@ -1259,6 +1272,7 @@ bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
         rec.lane = a->lane;
         rec.job = a->job;
         rec.selector = a->selector;
+        rec.slots = a->slots;
         rec.wait = usec_sub_unsigned(now, engine_request_arrival(a->request));
         rec.budget = engine_request_budget(a->request);
         rec.uid = s->cred.uid;

@@ -25,6 +25,7 @@ typedef struct ReplayRequest {
         size_t lane;
         bool granted;
         int64_t hold_us;   /* -1: unknown */
+        unsigned slots;    /* events.slots (schema 7); 1 in rows written before it */
         char **labels;     /* what it asked of the members (events.selector): "L", "!L"; NULL: nothing */
         char *member;
 } ReplayRequest;
@@ -260,22 +261,25 @@ static int read_requests(Replay *r, char **error) {
                 r->last_us = (uint64_t) MAX(sqlite_api.column_int64(st, 0), 0);
         sqlite_api.finalize(st);
         st = NULL;
-        /* events.selector came with schema 5: an older file's requests asked nothing of the members. */
-        bool has_selector = false;
+        /* events.selector came with schema 5: an older file's requests asked nothing of the members; events.slots
+         * with schema 7: before it, every request is replayed as one slot. */
+        bool has_selector = false, has_slots = false;
         if (rc == SQLITE_OK && sqlite_api.prepare_v2(r->db, "SELECT selector FROM events LIMIT 0", -1, &st, NULL) == SQLITE_OK)
                 has_selector = true;
         sqlite_api.finalize(st);
         st = NULL;
+        if (rc == SQLITE_OK && sqlite_api.prepare_v2(r->db, "SELECT slots FROM events LIMIT 0", -1, &st, NULL) == SQLITE_OK)
+                has_slots = true;
+        sqlite_api.finalize(st);
+        st = NULL;
+        char sql[512];
+        snprintf(sql, sizeof sql,
+                 "SELECT e.id, e.time, e.decision, e.lane, e.wait_us, e.budget_us, e.state, n.hold_us, %s, %s "
+                 "FROM events e LEFT JOIN replay_ends n ON n.lease = e.lease "
+                 "WHERE e.pool = ? AND e.decision IN " REQUEST_DECISIONS " ORDER BY e.id",
+                 has_selector ? "e.selector" : "NULL", has_slots ? "e.slots" : "NULL");
         if (rc == SQLITE_OK)
-                rc = sqlite_api.prepare_v2(r->db,
-                                        has_selector ?
-                                        "SELECT e.id, e.time, e.decision, e.lane, e.wait_us, e.budget_us, e.state, n.hold_us, "
-                                        "e.selector FROM events e LEFT JOIN replay_ends n ON n.lease = e.lease "
-                                        "WHERE e.pool = ? AND e.decision IN " REQUEST_DECISIONS " ORDER BY e.id" :
-                                        "SELECT e.id, e.time, e.decision, e.lane, e.wait_us, e.budget_us, e.state, n.hold_us, "
-                                        "NULL FROM events e LEFT JOIN replay_ends n ON n.lease = e.lease "
-                                        "WHERE e.pool = ? AND e.decision IN " REQUEST_DECISIONS " ORDER BY e.id",
-                                        -1, &st, NULL);
+                rc = sqlite_api.prepare_v2(r->db, sql, -1, &st, NULL);
         if (rc != SQLITE_OK)
                 return scenario_error(error, "--replay: '%s' is not a brokerd history database (%s)", r->path,
                                       sqlite_api.errmsg(r->db));
@@ -313,6 +317,15 @@ static int read_requests(Replay *r, char **error) {
                                 goto oom;
                 }
 
+                /* Untrusted as the rest of the file: a count a pool could have, or the row is not brokerd's. */
+                int64_t slots = sqlite_api.column_type(st, 9) == SQLITE_NULL ? 1 : sqlite_api.column_int64(st, 9);
+                if (slots < 1 || slots > CONF_LIMIT_MAX) {
+                        rc = scenario_error(error, "--replay: %s: event %lld: invalid slot count %lld", r->path,
+                                            (long long) sqlite_api.column_int64(st, 0), (long long) slots);
+                        sqlite_api.finalize(st);
+                        return rc;
+                }
+
                 char **labels = NULL, *member = NULL;
                 const char *selector = (const char *) sqlite_api.column_text(st, 8);
                 if (selector) {
@@ -345,6 +358,7 @@ static int read_requests(Replay *r, char **error) {
                         .lane = k,
                         .granted = granted,
                         .hold_us = hold,
+                        .slots = (unsigned) slots,
                 };
         }
         sqlite_api.finalize(st);
@@ -384,8 +398,8 @@ static int peak_held(const Replay *r, unsigned *ret) {
                 if (!q->granted)
                         continue;
                 uint64_t end = q->hold_us >= 0 ? q->time_us + (uint64_t) q->hold_us : MAX(r->last_us, q->time_us);
-                edges[n++] = (Edge) { q->time_us, +1 };
-                edges[n++] = (Edge) { end, -1 };
+                edges[n++] = (Edge) { q->time_us, (int) q->slots };
+                edges[n++] = (Edge) { end, -(int) q->slots };
         }
         qsort(edges, n, sizeof(Edge), compare_edges);
         for (size_t i = 0; i < n; i++) {
@@ -460,7 +474,7 @@ static int build_requests(const Replay *r, uint64_t t0, ReplayInfo *info, char *
                     !(o->traffic.lane = strdup(r->lanes[q->lane].name)))
                         goto fail;
                 o->at_ms = (q->arrival_us - t0) / USEC_PER_MSEC;
-                o->traffic.slots = 1;
+                o->traffic.slots = q->slots;
                 o->traffic.hold_ms = hold / USEC_PER_MSEC;
                 o->traffic.max_wait = USEC_INFINITY;
                 if ((q->member && !(o->traffic.member = strdup(q->member))) ||

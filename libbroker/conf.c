@@ -1011,17 +1011,21 @@ static int set_lane_health(const ConfKey *k, void *object, const char *value, co
                            ConfErrors *errors) {
         LaneConfig *l = object;
         char q[QUOTE_MAX];
-        bool on;
+        bool on, also = false;
 
         if (!*value || streq(value, "no") || streq(value, "false") || streq(value, "0"))
                 on = false;
         else if (streq(value, "yes") || streq(value, "true") || streq(value, "1"))
                 on = true;
+        else if (streq(value, "also"))
+                on = also = true;
         else
-                return conf_errors_add(errors, source, k->name, "invalid value %s (expected yes or no)", quote(q, value));
+                return conf_errors_add(errors, source, k->name, "invalid value %s (expected yes, also or no)",
+                                       quote(q, value));
         if (conf_source_copy(&l->health_source, on ? source : NULL) < 0)
                 return oom(errors, source, k->name);
         l->health = on;
+        l->health_also = also;
         return 0;
 }
 
@@ -1951,6 +1955,6 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
                 } else
                         fputs("#allow-groups= (unset: no group grants access)\n", f);
                 if (l->health)
-                        fputs("health=yes\n", f);
+                        fputs(l->health_also ? "health=also\n" : "health=yes\n", f);
         }
 }

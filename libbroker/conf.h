@@ -132,6 +132,9 @@ typedef struct LaneConfig {
         ConfSource also_source;
         /* health = yes (SPEC §3.6): the lane is granted quarantined members only; its exit 0 restores them. */
         bool health;
+        /* health = also: quarantined members first, when enough are free at once; else ordinary ones, as any
+         * lane (health set too). */
+        bool health_also;
         ConfSource health_source;
 } LaneConfig;
 

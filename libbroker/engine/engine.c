@@ -1784,6 +1784,14 @@ int engine_member_quarantine(Engine *e, const char *pool, const char *member, co
         return 0;
 }
 
+int engine_member_set_use(Engine *e, const char *pool, const char *member, const EngineMemberUse *u) {
+        assert_return(e && pool && member && u, -EINVAL);
+        Pool *p = pool_find(e->pools, e->n_pools, pool);
+        if (!p)
+                return -ENOENT;
+        return p->ops->set_use ? p->ops->set_use(p, member, u) : -EOPNOTSUPP;
+}
+
 /* ---- drains with who, why and until ---- */
 
 static char *dup_or_null(const char *s, bool *oom) {
@@ -2112,6 +2120,7 @@ static size_t rules_for_pool(const BrokerConfig *c, const PoolConfig *pc, PoolLa
                                         .budget_set = lc->queue_timeout_set,
                                         .budget = lc->queue_timeout,
                                         .health = lc->health,
+                                        .health_also = lc->health_also,
                                 };
                                 break;
                         }

@@ -324,6 +324,8 @@ int engine_lease_get_exit_status(const EngineLease *l);
 /* A quarantine, by hand or restored from the state directory. */
 typedef struct EngineQuarantine {
         usec_t since;             /* monotonic µs; ≤ now */
+        usec_t since_real;        /* the same instant in realtime µs, if known (one from before this boot, which
+                                   * the monotonic since cannot tell); 0: none */
         const char *job;          /* who or which job; NULL: none */
         int exit_status;          /* -1: none (by hand) */
         const char *reason;       /* NULL: none */
@@ -333,6 +335,19 @@ typedef struct EngineQuarantine {
  * health lanes only; one held stays with its holder. A MEMBER event follows when its state changed. Returns 0,
  * -ENOENT (no such pool or member), -EOPNOTSUPP (a pool kept by a backend, or of anonymous slots), -ENOMEM. */
 int engine_member_quarantine(Engine *e, const char *pool, const char *member, const EngineQuarantine *q, usec_t now);
+
+/* A member's counts carried over a restart (SPEC §3.6, "Everything persists"; EngineMemberLife's). */
+typedef struct EngineMemberUse {
+        uint64_t grants;
+        usec_t held;
+        uint64_t quarantines;
+        unsigned failures;        /* leases in a row that ended with a quarantine exit status */
+} EngineMemberUse;
+
+/* Sets a member's counts as they were before a restart, replacing what this start counted again (the grants of
+ * the leases it restored, a quarantine it read again). Returns 0, -ENOENT (no such pool or member),
+ * -EOPNOTSUPP (a pool kept by a backend, or of anonymous slots). */
+int engine_member_set_use(Engine *e, const char *pool, const char *member, const EngineMemberUse *u);
 
 /* A drain with who, why, since and until (SPEC §3.6, "Drain with a reason and a schedule"). */
 typedef struct EngineDrain {
@@ -368,6 +383,7 @@ typedef struct EngineMemberLife {
         char *member;
         bool quarantined;
         usec_t since;             /* quarantined: since when (monotonic µs) */
+        usec_t since_real;        /* quarantined: EngineQuarantine.since_real as given; 0: none (since is the whole truth) */
         char *job;                /* quarantined: the job whose end did it, or who did it by hand; may be NULL */
         int exit_status;          /* quarantined by this exit status; -1: by hand */
         char *reason;             /* quarantined by hand: why; NULL otherwise */

@@ -60,6 +60,7 @@ struct LocalLane {
         int64_t max_in_use;
         unsigned reserve;
         bool health;       /* granted quarantined members only (SPEC §3.6) */
+        bool health_also;  /* health = also: quarantined members first, else ordinary ones */
         bool configured;   /* false: removed by reload, kept while it holds slots */
         unsigned used;
         size_t n_waiting;
@@ -99,6 +100,7 @@ struct PoolGrant {
         unsigned *pos;        /* [n_slots] where each slot sits in the bitmap now: moves with reloads */
         char **members;       /* [n_slots] each slot's member name, NULL for an anonymous one; or NULL */
         usec_t granted_at;    /* for the members' held time */
+        bool health;          /* a health job's: its exit 0 restores its members (SPEC §3.6) */
         unsigned indices[];   /* [n_slots] as granted: what the holder was told; then pos[n_slots] */
 };
 
@@ -576,6 +578,7 @@ static int lane_add(LocalPool *p, const PoolLaneRule *r, LocalLane **ret) {
         l->max_in_use = r->max_in_use;
         l->reserve = r->reserve;
         l->health = r->health;
+        l->health_also = r->health_also;
         p->lanes[p->n_lanes++] = l;
         *ret = l;
         return 0;
@@ -586,6 +589,7 @@ static void lane_apply_rule(LocalLane *l, const PoolLaneRule *r) {
         l->max_in_use = r->max_in_use;
         l->reserve = r->reserve;
         l->health = r->health;
+        l->health_also = r->health_also;
         l->configured = true;
 }
 
@@ -911,6 +915,8 @@ static int grant(LocalPool *p, LocalLane *l, void *cookie, unsigned slots, usec_
         l->used += slots;
         list_append(&p->grants, &g->node);
         g->granted_at = now;
+        /* health = also: a health job where it got quarantined members (the ordinary queue grants none). */
+        g->health = l->health && (!l->health_also || member_is_quarantined(p, g->pos[0]));
         for (unsigned i = 0; i < slots; i++)
                 if (g->pos[i] < p->n_life_configured)
                         p->life[g->pos[i]].grants++;
@@ -1022,6 +1028,7 @@ static int life_set(LocalPool *p, PoolMemberLife *m, bool quarantined, usec_t si
         m->reason = r;
         m->exit_status = exit_status;
         m->since = since;
+        m->since_real = 0;
         if (quarantined && !m->quarantined)
                 m->quarantines++;
         m->quarantined = quarantined;
@@ -1470,8 +1477,24 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
          * limit passes over does not count as waiting here, as it does not hold back the queue either:
          * otherwise a nightly waiter kept out of merge's reserved slot would keep merge out of it too. With
          * selectors (SPEC §3.5) it is per member: the free members the waiters leave it. */
+        /* health = also (SPEC §3.6, "unless the lane also lists ordinary use"): quarantined members first, when
+         * enough that it may use are free now (the health requests waiting keep theirs); else an ordinary
+         * request in every way, which waits for ordinary members in the queue. */
+        if (l->health && l->health_also && p->base.members && !t->gated && health_capacity(p, mask) >= t->slots) {
+                avail = calloc(words, sizeof(uint64_t));
+                if (!avail)
+                        return -ENOMEM;
+                health_avail(p, avail, words);
+                list_foreach(n, &p->health)
+                        health_set_aside(container_of(n, PoolWaiter, fifo_node), avail, words);
+                if (health_fits(l, t->slots, mask, avail, words))
+                        return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL, avail);
+                avail = mfree(avail);
+        }
+        bool health = l->health && !l->health_also;
+
         bool room;
-        if (l->health) {
+        if (health) {
                 /* SPEC §3.6: quarantined members only, beside the queue (health_dispatch()). A request that no
                  * quarantined member can satisfy has nothing to wait for. */
                 if (!p->base.members)
@@ -1545,8 +1568,8 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 return 0;
         }
 
-        Bucket *b = l->health ? NULL : lane_bucket(p, l, t->slots, canon, t->selector);
-        if (!b && !l->health)
+        Bucket *b = health ? NULL : lane_bucket(p, l, t->slots, canon, t->selector);
+        if (!b && !health)
                 return -ENOMEM;
         PoolWaiter *w = calloc(1, sizeof(PoolWaiter));
         if (!w)
@@ -1564,7 +1587,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 .gated = t->gated,
         };
         heap_node_init(&w->deadline_node);
-        if (l->health) {
+        if (health) {
                 w->health = true;
                 w->mask = TAKE_PTR(mask);
                 if ((t->selector && t->selector->terms && !(w->terms = strv_copy(t->selector->terms))) ||
@@ -1712,6 +1735,7 @@ static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
         }
         g->lane = l;
         g->granted_at = rs->granted_at;
+        g->health = l->health && !l->health_also; /* health = also: which it was is not known, so ordinary */
         list_append(&p->grants, &g->node);
         if (in_place)
                 for (unsigned i = 0; i < n_slots; i++) {
@@ -1915,7 +1939,9 @@ static void local_report_exit(Pool *base, PoolGrant *g, int exit_status, const c
                 PoolMemberLife *m = name ? life_find(p, name) : NULL;
                 if (!m)
                         continue;
-                if (g->lane->health) {
+                /* health = also: the grant says which it is, not the member now (quarantined by hand meanwhile, it
+                 * is not restored by an ordinary job's exit 0). */
+                if (g->health) {
                         /* A health job's exit 0 restores; anything else leaves the member as it is. */
                         if (exit_status == 0 && m->quarantined)
                                 (void) life_set(p, m, false, now, job, 0, NULL, now);
@@ -1946,7 +1972,24 @@ static int local_quarantine(Pool *base, const char *member, const EngineQuaranti
                 return m->quarantined ? life_set(p, m, false, now, NULL, -1, NULL, now) : 0;
         if (m->quarantined)
                 return 0; /* the first quarantine's who and why stay */
-        return life_set(p, m, true, MIN(q->since, now), q->job, q->exit_status, q->reason, now);
+        int r = life_set(p, m, true, MIN(q->since, now), q->job, q->exit_status, q->reason, now);
+        if (r >= 0)
+                m->since_real = q->since_real;
+        return r;
+}
+
+static int local_set_use(Pool *base, const char *member, const EngineMemberUse *u) {
+        LocalPool *p = POOL(base);
+        if (!p->base.members)
+                return -EOPNOTSUPP;
+        PoolMemberLife *m = life_find(p, member);
+        if (!m || (size_t) (m - p->life) >= p->n_life_configured)
+                return -ENOENT;
+        m->grants = u->grants;
+        m->held = u->held;
+        m->quarantines = u->quarantines;
+        m->failures = u->failures;
+        return 0;
 }
 
 static void local_set_token_floor(Pool *base, uint64_t next_token) {
@@ -1999,6 +2042,7 @@ static const PoolOps local_ops = {
         .grant_waiter = local_grant_waiter,
         .report_exit = local_report_exit,
         .quarantine = local_quarantine,
+        .set_use = local_set_use,
         .rest = local_rest,
 };
 

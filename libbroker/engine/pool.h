@@ -31,6 +31,7 @@ typedef struct PoolLaneRule {
         bool budget_set;
         usec_t budget;            /* may be USEC_INFINITY */
         bool health;              /* granted quarantined members only (SPEC §3.6) */
+        bool health_also;         /* health too: quarantined members first, else ordinary ones (health = also) */
 } PoolLaneRule;
 
 /* A waiter handed over by the previous daemon (engine.h, EngineResume): where it stood in this pool's
@@ -273,6 +274,8 @@ typedef struct PoolOps {
         void (*report_exit)(Pool *p, PoolGrant *g, int exit_status, const char *job, usec_t now);
         /* engine_member_quarantine(). */
         int (*quarantine)(Pool *p, const char *member, const EngineQuarantine *q, usec_t now);
+        /* engine_member_set_use(). */
+        int (*set_use)(Pool *p, const char *member, const EngineMemberUse *u);
         /* A rest carried across a restart (cooldown=, SPEC §3.6): the slot (member by name, else index) rests
          * until `until` unless it is held, gone, or the pool has no cooldown any more. Returns 0, -ENOENT (no
          * such slot here, or it is held: nothing to do). NULL: the pool keeps no rests. */

@@ -17,11 +17,14 @@ Pools grid (2), db (1), lic (members l1 l2 l3); lane e2e = grid + db + lic:2.
   above a pool's limit, a shared pool among local ones, a pool twice (file:line, key, the lane).
 - A waiting set handed over through the fd store keeps its place: the one-pool waiter behind it in db
   still does not get db first.
+- history.db (schema 7) records the slots each request asked of each pool: the set's rows, a refusal
+  naming db, a one-pool request.
 
 Usage: test-also.py BROKERD SLOTCTL [unittest arguments]
 """
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -196,6 +199,31 @@ class Also(harness.BrokerTestCase):
         self.assertIn("db", p.stderr)
         self.assertEqual(self.in_use(b), {"grid": 0, "db": 1, "lic": 0})
         self.end("d")
+
+    def test_history_rows_have_each_pools_slots(self):
+        # history.db schema 7: each request's row has the slots it asked of that pool (slotctl simulate
+        # --replay asks as many): the set's grant rows 1 of grid, 1 of db, 2 of lic; a refusal that names db
+        # has ff's 1 of db; a lone request for db its 1.
+        b = self.broker(CONFIG, "slots")
+        p = subprocess.run([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "e2e", "--", "true"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.running(b, "d", "db")
+        p = subprocess.run([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "ff", "--", "true"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, EX_TEMPFAIL, p.stderr)
+        self.end("d")
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        db = sqlite3.connect(f"file:{os.path.join(b.state_dir, 'history.db')}?mode=ro", uri=True)
+        rows = db.execute("SELECT decision, pool, lane, slots FROM events WHERE decision IN ('granted', 'busy', "
+                          "'released') ORDER BY id").fetchall()
+        db.close()
+        self.assertEqual(sorted(r for r in rows if r[2] == "e2e" and r[0] == "granted"),
+                         [("granted", "db", "e2e", 1), ("granted", "grid", "e2e", 1), ("granted", "lic", "e2e", 2)])
+        self.assertIn(("busy", "db", "ff", 1), rows)
+        self.assertIn(("granted", "db", "db", 1), rows)
+        self.assertTrue(all(r[3] is None for r in rows if r[0] == "released"), rows)
+        b.start()
 
     def test_set_survives_a_restart(self):
         b = self.broker(CONFIG, "restart")

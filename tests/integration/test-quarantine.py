@@ -419,6 +419,83 @@ class Drain(Base):
         self.assertIn("members.state is damaged", b.log())
 
 
+    def member_counts(self, b):
+        """{(series, member): value} of the per-member metrics of pool rigs."""
+        text = b.call("io.slotbroker.Metrics")["text"]
+        got = {}
+        for name, member, value in re.findall(
+                r'^slotbroker_member_(grants_total|held_seconds_total|quarantines_total)\{pool="rigs",member="(\w+)"\} (\S+)$',
+                text, re.M):
+            got[(name, member)] = float(value)
+        return got
+
+    def test_member_counts_and_failures_in_a_row_survive_a_restart(self):
+        # Issue 23 item 7: the per-member metrics and the count towards quarantine-after go on across a restart.
+        b = self.rigs("counts-restart", after=2)
+        self.ran(b, "fail-1", "w", 3, "--member", "a")  # one of two in a row
+        self.ran(b, "ok-b", "w", 0, "--member", "b")
+        self.assertEqual(self.quarantined(b), {})
+        before = self.member_counts(b)
+        self.assertEqual((before[("grants_total", "a")], before[("grants_total", "b")]), (1, 1))
+        self.assertGreater(before[("held_seconds_total", "a")], 0)
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        self.assertEqual(self.member_counts(b), before)
+        # The second failure in a row, after the restart, quarantines a.
+        self.ran(b, "fail-2", "w", 3, "--member", "a")
+        q = self.wait_quarantined(b, {"a"})["a"]
+        self.assertEqual((q["job"], q["exitStatus"]), ("fail-2", 3))
+        after = self.member_counts(b)
+        self.assertEqual((after[("grants_total", "a")], after[("quarantines_total", "a")]), (2, 1))
+        # A restart with the quarantine read again from members.state counts it once, not twice.
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        self.assertEqual(self.member_counts(b), after)
+        # A reload that drops b and one that brings it back: b's counts come back with it (by name).
+        config = CONFIG.format(after=2, admin="12345")
+        b.write_config(config.replace("members = a b", "members = a"))
+        b.reload()
+        self.assertNotIn(("grants_total", "b"), self.member_counts(b))
+        b.write_config(config)
+        b.reload()
+        self.assertEqual(self.member_counts(b), after)
+
+    def test_member_counts_survive_a_handover_with_a_lease_held_across_it(self):
+        # Through systemd's fd store (SPEC §3.4): the job on b runs across the restart and fails nothing; its
+        # grant is counted once (the restored lease is not a second one), its hold when it ends.
+        b = self.broker(CONFIG.format(after=1, admin="12345"), "counts-handover", mode="store")
+        self.ran(b, "first", "w", 0, "--member", "a")
+        self.running(b, "across", "w", "--member", "b")
+        before = self.member_counts(b)
+        self.assertEqual((before[("grants_total", "a")], before[("grants_total", "b")]), (1, 1))
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        self.assertEqual(self.member_counts(b), before)
+        self.stop("across")
+        after = wait_for(lambda: (lambda c: c if c[("held_seconds_total", "b")] > 0 else None)(self.member_counts(b)),
+                         10, message="b's hold counted")
+        self.assertEqual((after[("grants_total", "a")], after[("grants_total", "b")]), (1, 1))
+        self.assertEqual(after[("held_seconds_total", "a")], before[("held_seconds_total", "a")])
+
+    def test_a_quarantine_older_than_the_boot_keeps_its_start(self):
+        # SPEC §3.6: Status shows since when; a quarantine from before this boot is no younger for a reboot.
+        b = self.rigs("old-quarantine")
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        boot = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+        since = int((boot - 7 * 86400) * 10**6)  # a week before the boot
+        with open(os.path.join(b.state_dir, "members.state"), "w") as f:
+            f.write('{"slotbroker":"members","version":1,"entries":[{"pool":"rigs","member":"a","quarantine":'
+                    f'{{"since":{since},"job":"nightly-42","exitStatus":3}}}}]}}')
+        b.start()
+        self.assertEqual(self.quarantined(b)["a"]["since"], since)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since // 10**6))
+        self.assertIn(f"a quarantined since {when} by job nightly-42 (exit 3)", self.slotctl(b, "status").stdout)
+        # Written back as it was (members.state is rewritten after a start), so the next start still knows.
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        self.assertEqual(self.quarantined(b)["a"]["since"], since)
+
+
 class Journal(Base):
     """[QUARANTINED], [RESTORED] and [ADMIN_DENIED] as journald has them (inside journald-ns.sh only)."""
 

@@ -43,6 +43,11 @@ SCHEMA_5 = (SCHEMA.replace("retry_after_sec INTEGER, reason TEXT);", "retry_afte
                      "CREATE TABLE alive (id INTEGER PRIMARY KEY CHECK (id = 1), at INTEGER NOT NULL);\n"
                      "PRAGMA user_version = 5;"))
 
+# Schema 7: events.member, events.exit_status (6), events.slots (7): how many slots each request asked for.
+SCHEMA_7 = (SCHEMA_5.replace("reason TEXT, selector TEXT);",
+                             "reason TEXT, selector TEXT, member TEXT, exit_status INTEGER, slots INTEGER);")
+            .replace("PRAGMA user_version = 5;", "PRAGMA user_version = 7;"))
+
 # The configuration the labelled history below was recorded with (brokerd.conf(5)).
 RIGS_CONFIG = """\
 [pool rigs]
@@ -276,6 +281,36 @@ class Replay(unittest.TestCase):
         self.fail_fast_history(SCHEMA.replace(", reason TEXT", "").replace("user_version = 2", "user_version = 1"))
         r = simulate_json("--replay", self.path)
         self.assertEqual((r["requests"], r["granted"], r["refused"]["busy"]), (12, 6, 6))
+
+    def test_slot_counts_are_replayed(self):
+        # Schema 7 records each request's slots: three grants of 2 slots held 10 s (6 slots at once, the
+        # inferred limit), then two refused requests of 2 and one of 1 (fail-fast: no room).
+        h = History(self.path, SCHEMA_7)
+        for i in range(3):
+            h.grant(i * 100 * MS, "grid", "merge", 10 * S, slots=2)
+        h.refuse(300 * MS, "busy", "grid", "merge", slots=2)
+        h.refuse(400 * MS, "busy", "grid", "merge", slots=2)
+        h.refuse(500 * MS, "busy", "grid", "merge", slots=1)
+        h.close()
+        p = simulate("--replay", self.path, "--json")
+        recorded = json.loads(p.stdout)
+        self.assertIn("limit 6: the most slots held at once", p.stderr)
+        self.assertEqual((recorded["granted"], recorded["refused"]["busy"]), (3, 3))
+        # Seven slots take the 1-slot request too; eight a 2-slot one, not both (one slot asked each would
+        # have granted everything from a limit of 6 on).
+        seven = simulate_json("--replay", self.path, "--limit", "7")
+        eight = simulate_json("--replay", self.path, "--limit", "8")
+        self.assertEqual((seven["granted"], seven["refused"]["busy"]), (4, 2))
+        self.assertEqual((eight["granted"], eight["refused"]["busy"]), (4, 2))
+        self.assertEqual(simulate_json("--replay", self.path, "--limit", "9")["granted"], 5)
+        # A count no brokerd writes is refused, naming its event.
+        db = sqlite3.connect(self.path)
+        db.execute("UPDATE events SET slots = 0 WHERE decision = 'busy' AND slots = 1")
+        db.commit()
+        db.close()
+        p = simulate("--replay", self.path, check=False)
+        self.assertEqual(p.returncode, 64, p.stderr)
+        self.assertRegex(p.stderr, r"event \d+: invalid slot count 0")
 
     def labelled_history(self):
         """Rigs a b c d (arm64 = a b, usb3 = b c), every lease held 10 s unless said. Which requests were

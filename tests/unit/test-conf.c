@@ -1085,9 +1085,13 @@ static void test_quarantine_exit_codes_are_1_to_255(void **state) {
         set_fails("pool rigs", "quarantine-after", "1001", "out of range");
         set_ok("pool rigs", "quarantine-after", "3");
         assert_int_equal(p->quarantine_after, 3);
-        set_fails("lane check", "health", "maybe", "expected yes or no");
+        set_fails("lane check", "health", "maybe", "expected yes, also or no");
+        set_ok("lane check", "health", "also");
+        assert_true(conf_find_lane(c, "check")->health);
+        assert_true(conf_find_lane(c, "check")->health_also);
         set_ok("lane check", "health", "yes");
         assert_true(conf_find_lane(c, "check")->health);
+        assert_false(conf_find_lane(c, "check")->health_also);
         set_ok("pool rigs", "admin-users", "alice 1000");
         set_fails("pool rigs", "admin-groups", "bad:name", "invalid group");
 }
@@ -1123,6 +1127,12 @@ static void test_quarantine_keys_round_trip(void **state) {
         _cleanup_free_ char *text = dump(c);
         assert_non_null(strstr(text, "quarantine-exit-codes=3 4 200\nquarantine-after=2\n"));
         assert_non_null(strstr(text, "health=yes\n"));
+        /* health = also (SPEC §3.6: "unless the lane also lists ordinary use") round-trips as itself. */
+        set_ok("lane check", "health", "also");
+        assert_int_equal(conf_validate(c, &errors), 0);
+        assert_round_trips(c);
+        _cleanup_free_ char *also = dump(c);
+        assert_non_null(strstr(also, "health=also\n"));
 }
 
 static void test_too_many_labels(void **state) {

@@ -1012,6 +1012,110 @@ static void test_health_job_is_granted_a_quarantined_member_past_an_ordinary_wai
         assert_string_equal(member_of(w), "a");
 }
 
+/* A quarantine read again from before this boot keeps its realtime start, which its monotonic since cannot say;
+ * one the engine makes itself has none (its since says it all), nor has a restored member. */
+static void test_quarantine_keeps_a_realtime_start_from_before_this_boot(void **state) {
+        Fixture *f = *state;
+        rigs(f, 1);
+        EngineQuarantine q = { .since = 0, .since_real = 1600000000000000, .job = "old", .exit_status = 4 };
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "b", &q, S(4)), 0);
+        assert_int_equal(life_of(f, "b")->since_real, 1600000000000000);
+        assert_int_equal(life_of(f, "b")->since, 0);
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "b", NULL, S(5)), 0);
+        assert_int_equal(life_of(f, "b")->since_real, 0);
+        Tag *a = acquire(f, "A", (Req) { .member = "a" }, S(6));
+        end_with(f, a, 3, "job-1", S(7));
+        assert_true(life_of(f, "a")->quarantined);
+        assert_int_equal(life_of(f, "a")->since, S(7));
+        assert_int_equal(life_of(f, "a")->since_real, 0);
+}
+
+/* A member's counts as the lease log had them before a restart (issue 23 item 7): set as they were, the failures in
+ * a row going on towards quarantine-after. */
+static void test_member_use_carried_over_a_restart(void **state) {
+        Fixture *f = *state;
+        rigs(f, 2);
+        EngineMemberUse u = { .grants = 41, .held = S(3600), .quarantines = 5, .failures = 1 };
+        assert_int_equal(engine_member_set_use(f->engine, "p", "a", &u), 0);
+        assert_int_equal(engine_member_set_use(f->engine, "p", "zz", &u), -ENOENT);
+        assert_int_equal(engine_member_set_use(f->engine, "nope", "a", &u), -ENOENT);
+        const EngineMemberLife *m = life_of(f, "a");
+        assert_int_equal(m->grants, 41);
+        assert_int_equal(m->held, S(3600));
+        assert_int_equal(m->failures, 1);
+        /* The second infrastructure exit in a row, the first one before the restart: quarantined. */
+        Tag *a = acquire(f, "A", (Req) { .member = "a" }, S(1));
+        end_with(f, a, 3, "job-2", S(3));
+        m = life_of(f, "a");
+        assert_true(m->quarantined);
+        assert_int_equal(m->quarantines, 6);
+        assert_int_equal(m->grants, 42);
+        assert_int_equal(m->held, S(3602));
+}
+
+/* health = also (SPEC §3.6, "unless the lane also lists ordinary use"): quarantined members first, then ordinary
+ * ones as any lane; exit 0 restores only what it held quarantined, and an ordinary member's infrastructure exit
+ * counts as any lane's. */
+static void test_health_also_lane_takes_quarantined_members_first_then_ordinary_ones(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "a", "b", "c" }, 3);
+        p->quarantine_exit_codes[0] = UINT64_C(1) << 3;
+        p->quarantine_exit_codes_set = true;
+        p->quarantine_after = 1;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        LaneConfig *also = lane_add(f, "ha", LANE_POLICY_WAIT, "p", NULL);
+        also->health = also->health_also = true;
+        configure(f, 0);
+        EngineQuarantine q = { .since = 0, .job = "uid 0", .exit_status = -1, .reason = "broken" };
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "b", &q, 0), 0);
+        quiesce(f);
+        /* The quarantined b first, though a is free and first in members=. */
+        Tag *h1 = acquire(f, "H1", (Req) { .lane = "ha" }, S(1));
+        assert_true(granted(h1));
+        assert_string_equal(member_of(h1), "b");
+        /* No quarantined member free: an ordinary one, as any lane (a health = yes lane would wait). */
+        Tag *h2 = acquire(f, "H2", (Req) { .lane = "ha" }, S(2));
+        assert_true(granted(h2));
+        assert_string_equal(member_of(h2), "a");
+        /* A named member that is not quarantined is no refusal (health = yes says not-quarantined). */
+        Tag *h3 = acquire(f, "H3", (Req) { .lane = "ha", .member = "c" }, S(3));
+        assert_true(granted(h3));
+        /* Full: it waits in the ordinary queue, behind the ordinary waiter that came first. */
+        Tag *w = acquire(f, "W", (Req) {}, S(4));
+        Tag *h4 = acquire(f, "H4", (Req) { .lane = "ha" }, S(5));
+        assert_true(queued(w));
+        assert_true(queued(h4));
+        /* An ordinary member's exit 0 restores nothing; its infrastructure exit quarantines it. */
+        end_with(f, h3, 3, "job-c", S(6));
+        assert_true(life_of(f, "c")->quarantined);
+        assert_true(life_of(f, "b")->quarantined);
+        assert_true(queued(w)); /* c is quarantined: nobody in the ordinary queue gets it */
+        assert_true(queued(h4));
+        end_with(f, h2, 0, "job-a", S(7)); /* a frees: W, first in line, gets it */
+        assert_true(granted(w));
+        assert_true(queued(h4));
+        /* A quarantined member's exit 0 restores it (a health job), and it goes on to the queue. */
+        end_with(f, h1, 0, "check-b", S(8));
+        assert_false(life_of(f, "b")->quarantined);
+        assert_true(granted(h4));
+        assert_string_equal(member_of(h4), "b");
+        /* The next one takes the quarantined c first again; its failure keeps c quarantined, uncounted. */
+        Tag *h5 = acquire(f, "H5", (Req) { .lane = "ha" }, S(9));
+        assert_true(granted(h5));
+        assert_string_equal(member_of(h5), "c");
+        end_with(f, h5, 3, "check-c", S(10));
+        assert_true(life_of(f, "c")->quarantined);
+        assert_int_equal(life_of(f, "c")->quarantines, 1);
+        /* An ordinary job of the lane does not restore what someone quarantined by hand while it ran. */
+        end(f, w, S(11));
+        Tag *h6 = acquire(f, "H6", (Req) { .lane = "ha", .member = "a" }, S(12));
+        assert_true(granted(h6));
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a", &q, S(13)), 0);
+        end_with(f, h6, 0, "job-a", S(14));
+        assert_true(life_of(f, "a")->quarantined);
+}
+
 static void test_health_waiters_do_not_barge_and_disjoint_ones_flow(void **state) {
         Fixture *f = *state;
         PoolConfig *p = pool_add(f, "p", 0);
@@ -3322,6 +3426,9 @@ int main(void) {
                 T(test_health_job_is_granted_a_quarantined_member_past_an_ordinary_waiter),
                 T(test_quarantine_by_hand_and_restore),
                 T(test_health_waiters_do_not_barge_and_disjoint_ones_flow),
+                T(test_health_also_lane_takes_quarantined_members_first_then_ordinary_ones),
+                T(test_quarantine_keeps_a_realtime_start_from_before_this_boot),
+                T(test_member_use_carried_over_a_restart),
                 T(test_quarantine_survives_a_reload_by_member_name),
                 T(test_drain_until_undrains_by_itself_and_grants_at_that_instant),
                 T(test_drain_until_survives_a_restart),

@@ -312,6 +312,34 @@ static void test_old_schema_is_migrated_and_keeps_its_rows(void **state) {
         json_decref(r.events);
 }
 
+/* Schema 6 → 7: events.slots, a request's slot count (`slotctl simulate --replay` asks as many), NULL in the rows
+ * from before; rows written after have it, and rows that are no request's do not. */
+static void test_schema_6_is_migrated_to_slots(void **state) {
+        Fixture *f = *state;
+
+        assert_int_equal(mkdir(f->state, 0750), 0);
+        assert_int_equal(history_schema_create(db_path(f), 6), 0);
+        db_exec(db_path(f), "INSERT INTO events (time, decision, pool, lane, member, exit_status) "
+                            "VALUES (5000000, 'released', 'rigs', 'merge', 'rig-a', 3)");
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM pragma_table_info('events') WHERE name = 'slots'"), 0);
+
+        open_history(f, 0);
+        assert_true(history_is_healthy(f->h));
+        AuditRecord r = record("granted", "grid", "merge");
+        r.slots = 3;
+        history_append(f->h, &r, now_realtime());
+        AuditRecord d = record("drained", "grid", NULL);
+        history_append(f->h, &d, now_realtime());
+        assert_int_equal(query_count(f, (HistoryQuery) {}), 3);
+        close_history(f);
+        assert_null(find_moved_aside(f));
+        assert_int_equal(db_int(db_path(f), "PRAGMA user_version"), 7);
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM events WHERE slots IS NULL AND member = 'rig-a' "
+                                            "AND exit_status = 3"), 1);
+        assert_int_equal(db_int(db_path(f), "SELECT slots FROM events WHERE decision = 'granted'"), 3);
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM events WHERE decision = 'drained' AND slots IS NULL"), 1);
+}
+
 static void test_newer_schema_is_moved_aside(void **state) {
         Fixture *f = *state;
 
@@ -966,6 +994,7 @@ int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_new_database_gets_current_schema, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_old_schema_is_migrated_and_keeps_its_rows, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_schema_6_is_migrated_to_slots, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_newer_schema_is_moved_aside, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_older_brokerds_ballast_is_removed, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_rows_are_queryable_with_every_filter, setup, teardown),

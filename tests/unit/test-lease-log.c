@@ -587,6 +587,73 @@ static void test_rests_are_read_back_replaced_and_reset(void **state) {
         lease_log_read_done(&info);
 }
 
+/* ---- members' counts (SPEC §3.6, usage per member; issue 23 "everything persists") ---- */
+
+static const LeaseLogUse *use_of(const LeaseLogRead *info, const char *pool, const char *member) {
+        for (size_t i = 0; i < info->n_uses; i++)
+                if (streq(info->uses[i].pool, pool) && streq(info->uses[i].member, member))
+                        return &info->uses[i];
+        return NULL;
+}
+
+static void test_member_counts_are_read_back_replaced_kept_by_snapshots_and_reset(void **state) {
+        Fixture *f = *state;
+        assert_int_equal(lease_log_use(f->log, &(LeaseLogUse) { .pool = "rigs", .member = "rig-a", .grants = 1 }), 0);
+        assert_int_equal(lease_log_use(f->log, &(LeaseLogUse) { .pool = "rigs", .member = "rig-b", .grants = 7,
+                                                                .held = 123456789, .quarantines = 2, .failures = 1 }),
+                         0);
+        assert_int_equal(lease_log_use(f->log, &(LeaseLogUse) { .pool = "rigs", .member = "rig-a", .grants = 2,
+                                                                .held = 5000000, .failures = 3 }),
+                         0); /* the later line wins */
+        assert_int_equal(lease_log_flush(f->log), 0);
+        HistoryState s = {};
+        LeaseLogRead info = {};
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, 0);
+        assert_int_equal(info.n_uses, 2);
+        const LeaseLogUse *a = use_of(&info, "rigs", "rig-a"), *b = use_of(&info, "rigs", "rig-b");
+        assert_int_equal(a->grants, 2);
+        assert_int_equal(a->held, 5000000);
+        assert_int_equal(a->quarantines, 0);
+        assert_int_equal(a->failures, 3);
+        assert_int_equal(b->grants, 7);
+        assert_int_equal(b->held, 123456789);
+        assert_int_equal(b->quarantines, 2);
+        assert_int_equal(b->failures, 1);
+        history_state_done(&s);
+        lease_log_read_done(&info);
+
+        /* Untrusted: each of these is damage, never counts. */
+        append_checked(f, "{\"use\":{\"pool\":\"rigs\",\"member\":\"rig-a\",\"grants\":-1,\"heldUs\":0,\"quarantines\":0,\"failures\":0}}");
+        append_checked(f, "{\"use\":{\"pool\":\"rigs\",\"member\":\"../x\",\"grants\":1,\"heldUs\":0,\"quarantines\":0,\"failures\":0}}");
+        append_checked(f, "{\"use\":{\"pool\":\"rigs\",\"grants\":1,\"heldUs\":0,\"quarantines\":0,\"failures\":0}}");
+        append_checked(f, "{\"use\":{\"pool\":\"rigs\",\"member\":\"rig-a\",\"grants\":1,\"heldUs\":0,\"quarantines\":0,\"failures\":5000000000}}");
+        append_checked(f, "{\"use\":{\"pool\":\"rigs\",\"member\":\"rig-a\",\"grants\":1,\"heldUs\":\"1\",\"quarantines\":0,\"failures\":0}}");
+        append_checked(f, "{\"use\":{\"pool\":\"rigs\",\"member\":\"rig-a\",\"grants\":1,\"heldUs\":0,\"quarantines\":0,\"failures\":0,\"x\":1}}");
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, 6);
+        assert_int_equal(use_of(&info, "rigs", "rig-a")->grants, 2);
+        history_state_done(&s);
+        lease_log_read_done(&info);
+
+        /* A snapshot keeps every member's counts (a reload may bring a member back), and they are no growth that
+         * asks for another rewrite; a "reset" drops what came before. */
+        assert_int_equal(lease_log_rewrite(f->log, NULL, 0, 1700000100000000), 0);
+        assert_int_equal(lines_with(f, "\"use\""), 2);
+        assert_false(lease_log_wants_rewrite(f->log, 0));
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, 0);
+        assert_int_equal(info.n_uses, 2);
+        assert_int_equal(use_of(&info, "rigs", "rig-b")->held, 123456789);
+        history_state_done(&s);
+        lease_log_read_done(&info);
+        append_checked(f, "{\"reset\":true}");
+        read_back(f, &s, &info);
+        assert_int_equal(info.n_uses, 0);
+        history_state_done(&s);
+        lease_log_read_done(&info);
+}
+
 static bool only_lic(const char *pool, unsigned slot, const char *member, void *userdata) {
         return streq(pool, "lic");
 }
@@ -625,6 +692,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_many_leases_ends_rewrites_and_a_reset, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_rests_are_read_back_replaced_and_reset, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_rests_a_reload_ended_stay_ended, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_member_counts_are_read_back_replaced_kept_by_snapshots_and_reset,
+                                                setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
