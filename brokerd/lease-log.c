@@ -332,6 +332,20 @@ static void uses_free(LeaseLogUse *uses, size_t n) {
 }
 
 /* Sets a member's counts, replacing those recorded before. */
+/* *ret = u with its own copies of the names; *ret untouched on failure. */
+static int use_copy(const LeaseLogUse *u, LeaseLogUse *ret) {
+        LeaseLogUse c = *u;
+        c.pool = strdup(u->pool);
+        c.member = strdup(u->member);
+        if (!c.pool || !c.member) {
+                free(c.pool);
+                free(c.member);
+                return -ENOMEM;
+        }
+        *ret = c;
+        return 0;
+}
+
 static int uses_set(LeaseLogUse **uses, size_t *n, const LeaseLogUse *u) {
         for (size_t i = 0; i < *n; i++) {
                 LeaseLogUse *o = &(*uses)[i];
@@ -347,15 +361,10 @@ static int uses_set(LeaseLogUse **uses, size_t *n, const LeaseLogUse *u) {
         if (!a)
                 return -ENOMEM;
         *uses = a;
-        LeaseLogUse c = *u;
-        c.pool = strdup(u->pool);
-        c.member = strdup(u->member);
-        if (!c.pool || !c.member) {
-                free(c.pool);
-                free(c.member);
-                return -ENOMEM;
-        }
-        a[(*n)++] = c;
+        int r = use_copy(u, &a[*n]);
+        if (r < 0)
+                return r;
+        (*n)++;
         return 0;
 }
 
@@ -371,15 +380,10 @@ static int uses_append(LeaseLogUse **uses, size_t *n, size_t *allocated, const L
                 *uses = a;
                 *allocated = k;
         }
-        LeaseLogUse c = *u;
-        c.pool = strdup(u->pool);
-        c.member = strdup(u->member);
-        if (!c.pool || !c.member) {
-                free(c.pool);
-                free(c.member);
-                return -ENOMEM;
-        }
-        (*uses)[(*n)++] = c;
+        int r = use_copy(u, &(*uses)[*n]);
+        if (r < 0)
+                return r;
+        (*n)++;
         return 0;
 }
 
