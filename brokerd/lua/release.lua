@@ -21,6 +21,7 @@ local function release()
         if early_reply then return early_reply end
         carry.heads_on = true -- it writes dl, nodes, lv, orph only through functions that drop the heads
         if not settle_until(now) then return reply('settling') end
+        rests.wake(now)
 
         local result = 'gone'
         local l = tonumber(TOKEN) and lease_get(TOKEN)

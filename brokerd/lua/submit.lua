@@ -50,8 +50,9 @@ local function submit()
         local refused = node_admitted_carried()
         if refused then return reply(refused) end
         local arrival = tonumber(ARGV[13]) or now
-        local function refuse_now(refusal, reason)
+        local function refuse_now(refusal, reason, retry_at)
                 local d = decision('refused', RID, now, { refusal = refusal, reason = reason })
+                d[15] = retry_at -- busy "cooldown": when enough rests end (README, "Decision")
                 outcome_store(NODE, RID, d, nil, REFUSED_OUTCOME_MS)
                 return reply('ok', d)
         end
@@ -60,6 +61,7 @@ local function submit()
         if not rule or not K_SLOTS or K_SLOTS < 1 or K_SLOTS > R.limit then return reply('invalid') end
 
         if not settle_until(now) then return reply('settling') end
+        rests.wake(now)
 
         local in_recovery = M.recovery_until > 0 and now < M.recovery_until
         local d
@@ -72,6 +74,12 @@ local function submit()
                 d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil))
                 outcome_store(NODE, RID, d)
         elseif not MAY_WAIT then
+                -- Busy for want of slots that rest (pool-local.c): says so, and when enough of them wake.
+                local free = free_slots()
+                local wake = M.waiting == 0 and free < K_SLOTS and
+                             lane_verdict(LANE, K_SLOTS, free + M.resting_free) == GRANTABLE and
+                             rests.enough_at(K_SLOTS - free)
+                if wake then return refuse_now('busy', 'cooldown', wake) end
                 return refuse_now('busy', '')
         elseif R.max_queue >= 0 and M.waiting >= R.max_queue then
                 return refuse_now('full', '')

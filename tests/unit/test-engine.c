@@ -2904,7 +2904,7 @@ static void test_random_sets_never_hold_part_or_a_slot_twice(void **state) {
 
 /* ---- cooldown (SPEC §3.6): a released slot rests before its next grant ---- */
 
-#ifndef TEST_ENGINE_SHARED
+/* Also through shared pools (test-engine-shared): the rests live in Redis (brokerd/lua/README, "Cooldown"). */
 
 /* One pool "p" of `limit` anonymous slots with cooldown, one wait lane "l" and a fail-fast lane "m". */
 static PoolConfig *cooldown_pool(Fixture *f, unsigned limit, usec_t cooldown) {
@@ -3089,6 +3089,7 @@ static void test_cooldown_reload_follows_a_member_by_name(void **state) {
         assert_true(queued(acquire(f, "C", (Req) {}, S(3))));
 }
 
+#ifndef TEST_ENGINE_SHARED /* a local pool's restart (the lease log); a shared pool's rests stay in Redis */
 static void test_cooldown_restart_restores_a_rest_in_progress(void **state) {
         Fixture *f = *state;
         PoolConfig *p = pool_add(f, "p", 0);
@@ -3119,6 +3120,7 @@ static void test_cooldown_restart_restores_a_rest_in_progress(void **state) {
         /* A held slot does not rest. */
         assert_int_equal(engine_pool_rest(f->engine, "p", "rig-a", 0, S(115), S(111)), -ENOENT);
 }
+#endif
 
 static void test_cooldown_random_workload_holders_and_resting_never_exceed_the_limit(void **state) {
         Fixture *f = *state;
@@ -3142,6 +3144,7 @@ static void test_cooldown_random_workload_holders_and_resting_never_exceed_the_l
                         assert_true(info.resting[k].until > t && info.resting[k].until <= t + MS(700));
         }
 }
+#ifndef TEST_ENGINE_SHARED /* it reads drained_members, which a shared pool's info does not list */
 /* Member reloads, member drains and cooldown together: a resting member is never held, nor granted before it
  * wakes; a member neither held, resting nor drained is free — a one-member request then has room (the counts
  * of drained and resting members never drift). */
@@ -3325,7 +3328,8 @@ int main(void) {
                 T(test_quarantine_survives_a_reload_by_member_name),
                 T(test_drain_until_undrains_by_itself_and_grants_at_that_instant),
                 T(test_drain_until_survives_a_restart),
-                /* Cooldown: local pools only (conf refuses it on shared ones, not yet). */
+#endif
+                /* Cooldown: both kinds of pool (issue 23 item 5 on shared pools). */
                 T(test_cooldown_rests_a_released_slot_and_wakes_it_by_deadline),
                 T(test_cooldown_no_barging_behind_a_two_slot_waiter),
                 T(test_cooldown_resting_member_is_not_granted),
@@ -3333,8 +3337,9 @@ int main(void) {
                 T(test_cooldown_budget_counts_resting_slots_as_unavailable),
                 T(test_cooldown_reload_changed_applies_next_removed_frees_at_once),
                 T(test_cooldown_reload_follows_a_member_by_name),
-                T(test_cooldown_restart_restores_a_rest_in_progress),
                 T(test_cooldown_random_workload_holders_and_resting_never_exceed_the_limit),
+#ifndef TEST_ENGINE_SHARED
+                T(test_cooldown_restart_restores_a_rest_in_progress),
                 T(test_cooldown_random_reloads_and_drains_keep_the_books),
 #endif
         };
