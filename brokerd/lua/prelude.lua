@@ -178,6 +178,16 @@ local function canon_parse(canon)
         return t
 end
 
+-- Reservations (SPEC §3.6; engine.h, ENGINE_RESERVE_LANE): every pool has the lane "@reserve", ahead of
+-- every lane (priority INT_MAX, as pool-local.c has it), no cap, no reserve; not in the canon (README,
+-- "Reservations"). A canon that names it keeps its own (garbage: no node sends one).
+local RESERVE_LANE = '@reserve'
+local function rules_reserve_lane(r)
+        if r.lanes[RESERVE_LANE] then return end
+        r.lanes[RESERVE_LANE] = { priority = 2147483647, max_in_use = -1, reserve = 0 }
+        r.lane_names[#r.lane_names + 1] = RESERVE_LANE
+end
+
 local function rules_from(t)
         local r = {
                 limit = tonumber(t['limit'] or '0'),
@@ -206,6 +216,7 @@ local function rules_from(t)
                         elseif attr == 'reserve' then r.lanes[lane].reserve = tonumber(v) end
                 end
         end
+        rules_reserve_lane(r)
         table.sort(r.lane_names)
         return r
 end

@@ -81,7 +81,8 @@ local function submit()
                              rests.enough_at(K_SLOTS - free)
                 if wake then return refuse_now('busy', 'cooldown', wake) end
                 return refuse_now('busy', '')
-        elseif R.max_queue >= 0 and M.waiting >= R.max_queue then
+        elseif R.max_queue >= 0 and M.waiting >= R.max_queue and LANE ~= RESERVE_LANE then
+                -- (a reservation is a person's, one at a time: never refused full, as in pool-local.c)
                 return refuse_now('full', '')
         else
                 meta_incr('seq', 1)

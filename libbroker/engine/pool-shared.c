@@ -2809,6 +2809,10 @@ static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
                 LINE("cooldown=%" PRIu64, c->cooldown);
         LINE("backend-node-ttl=%" PRIu64, ttl);
         for (size_t i = 0; i < n_rules; i++) {
+                /* The lane of reservations is every pool's, in the scripts (prelude.lua, rules_from()): not a
+                 * rule to agree on, so that the canon of a pool is what it was before reservations. */
+                if (streq(rules[i].lane, ENGINE_RESERVE_LANE))
+                        continue;
                 LINE("lane.%s.priority=%d", rules[i].lane, rules[i].priority);
                 LINE("lane.%s.max-in-use=%" PRId64, rules[i].lane, rules[i].max_in_use);
                 LINE("lane.%s.reserve=%u", rules[i].lane, rules[i].reserve);

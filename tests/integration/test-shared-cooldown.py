@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Cooldown on a shared pool (SPEC §3.6, issue 23 items 5 and 7): two brokerds on one real redis-server,
-witnessed by the commands (witness.py: a member held twice, or tokens that go back, fail the test).
+"""Cooldown and reservations on a shared pool (SPEC §3.6, issue 23 items 5, 4 and 7): two brokerds on one real
+redis-server, witnessed by the commands (witness.py: a member held twice, or tokens that go back, fail the test).
 
 Member rig of pool rigs, cooldown 5s, kept in Redis:
 - a job on node A ends: rig rests in Redis; a fail-fast request on A is refused busy naming the cooldown,
@@ -10,11 +10,17 @@ Member rig of pool rigs, cooldown 5s, kept in Redis:
   brokers' own records, not a sleep);
 - the rest ends by itself: B's job is granted rig at its end (the pool's next_wakeup ticks a node).
 
+Reservations (pool without cooldown): a job holds rig on A, a job waits on B; `slotctl reserve` on A is
+first in the pool-wide queue, takes rig when A's job ends (not B's job, who waited longer), is a detached
+lease of A's that B's Status lists among the other node's holders; `slotctl release` on A ends it and
+B's job gets rig.
+
 A pool's first use waits one node TTL (a recovery window), hence the short backend-node-ttl. Skipped (77)
 without redis-server.
 
 Usage: test-shared-cooldown.py BROKERD SLOTCTL [unittest arguments]
 """
+import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +38,7 @@ TTL = 6
 COOLDOWN_MS = 5000
 
 
-def config(backend, node):
+def config(backend, node, cooldown="cooldown = 5s"):
     return f"""\
 [broker]
 node-name = {node}
@@ -40,7 +46,8 @@ revoke-grace = 1s
 
 [pool rigs]
 members = rig
-cooldown = 5s
+{cooldown}
+admin-users = {os.getuid()}
 backend = {backend}
 backend-node-ttl = {TTL}s
 
@@ -133,6 +140,61 @@ class SharedCooldown(harness.BrokerTestCase):
         self.end("second")
         self.assertEqual(wait_for(lambda: list(self.resting(a)) == ["rig"] or None, 10,
                                   message="A to show B's rest"), True)
+
+
+    def hold(self, member):
+        """The reservation's lock file in the witness's books, taken as a command would (O_EXCL)."""
+        d = os.path.join(self.dir, "held", "rigs")
+        os.makedirs(d, exist_ok=True)
+        fd = os.open(os.path.join(d, member), os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # FileExistsError: twice
+        os.write(fd, f"reservation {os.getpid()}\n".encode())
+        os.close(fd)
+
+    def test_a_reservation_on_one_node_goes_ahead_of_the_other_nodes_waiting_job(self):
+        a = self.broker(config(self.redis.url(), "node-a", cooldown=""), "resv-a")
+        b = self.broker(config(self.redis.url(), "node-b", cooldown=""), "resv-b")
+        first = self.job(a, "first", "w")
+        self.assertEqual(wait_for(lambda: self.members("first") or first.proc.poll() is not None, TTL + 20,
+                                  message="first to start"), ["rig"], first.stderr())
+        wait_for(lambda: b.pool("rigs")["backend"]["up"], timeout=30, message="B's backend up")
+        waiting = self.job(b, "waiting", "w")
+        wait_for(lambda: "waiting for" in waiting.stderr() or waiting.proc.poll() is not None, 10,
+                 message="B's job queued")
+        self.assertIsNone(waiting.proc.poll(), waiting.stderr())
+        err = tempfile.TemporaryFile(mode="w+")
+        self.addCleanup(err.close)
+        r = subprocess.Popen([SLOTCTL, "reserve", "--socket", a.socket_path, "rigs", "--for", "1h", "--reason",
+                              "debugging the rig"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                             text=True)
+        self.addCleanup(lambda: r.poll() is None and r.kill())
+
+        def r_stderr():
+            err.seek(0)
+            return err.read()
+        wait_for(lambda: "position 1 of 2" in r_stderr() or r.poll() is not None, 10,
+                 message="the reservation first of the pool's two waiters")
+        self.assertIsNone(r.poll(), r_stderr())
+        # A's job ends: the reservation takes rig, not B's job, who waited longer.
+        self.end("first")
+        out, _ = r.communicate(timeout=20)
+        self.assertEqual(r.returncode, 0, r_stderr())
+        lease = out.strip()
+        self.assertRegex(lease, r"^[0-9a-f]{32}$")
+        self.hold("rig")
+        self.assertEqual(self.w.started("waiting"), [])
+        [h] = [x for x in a.status()["holders"] if x["lease"]["lane"] == "@reserve"]
+        self.assertEqual((h["lease"]["id"], h["lease"]["members"], h["lease"]["job"]),
+                         (lease, ["rig"], "debugging the rig"))
+        wait_for(lambda: [x for x in b.status().get("otherHolders") or []
+                          if x["node"] == "node-a" and x["lane"] == "@reserve"] or None, 10,
+                 message="B to list A's reservation")
+        # slotctl release on A ends it: B's job gets rig.
+        os.unlink(os.path.join(self.dir, "held", "rigs", "rig"))
+        p = subprocess.run([SLOTCTL, "release", "--socket", a.socket_path, lease], capture_output=True, text=True,
+                           timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(wait_for(lambda: self.members("waiting"), 20, message="B's job after the release"), ["rig"])
+        self.end("waiting")
 
 
 if __name__ == "__main__":

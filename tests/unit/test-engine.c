@@ -1310,7 +1310,52 @@ static const char *member_of(const Tag *t) {
         return members[0];
 }
 
-#ifndef TEST_ENGINE_SHARED /* reservations: local pools only (a shared pool answers "not supported" yet) */
+/* Both kinds of pool (a shared pool's lane "@reserve" is implicit in its scripts): a reservation in a pool of
+ * anonymous slots goes ahead of a k=2 waiter and a higher-priority lane, takes the next slot that frees, and
+ * is never refused full by max-queue. */
+static void test_reservation_is_next_in_line_in_a_pool_of_slots(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 3);
+        lane_add(f, "hi", LANE_POLICY_WAIT, "p", NULL)->priority = 100;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 0);
+        Tag *c = acquire(f, "C", (Req) {}, 0);
+        Tag *big = acquire(f, "BIG", (Req) { .slots = 2 }, S(1));
+        Tag *hi = acquire(f, "HI", (Req) { .lane = "hi" }, S(1));
+        Tag *r = acquire(f, "R", (Req) { .reserve = "p" }, S(2));
+        assert_true(queued(big) && queued(hi) && queued(r));
+        size_t pos, n;
+        assert_int_equal(engine_request_position(r->request, &pos, &n), 0);
+        assert_int_equal(pos, 0); /* first, though the last to come */
+        assert_int_equal(n, 3);
+        end(f, b, S(3));
+        assert_true(granted(r));
+        assert_int_equal(r->decided, S(3));
+        assert_string_equal(engine_lease_lane(r->lease), ENGINE_RESERVE_LANE);
+        assert_true(queued(big) && queued(hi));
+        end(f, a, S(4));
+        assert_true(granted(hi));
+        end(f, c, S(5));
+        assert_true(queued(big)); /* one free slot of the two it needs */
+        end(f, r, S(6));
+        assert_true(granted(big));
+        assert_int_equal(pool_in_use(f, 0), 3);
+        /* A queue at max-queue refuses jobs, not a reservation. */
+        p->max_queue = 1;
+        configure(f, S(7));
+        Tag *w = acquire(f, "W", (Req) {}, S(7));
+        assert_true(queued(w));
+        assert_true(refused(acquire(f, "FULL", (Req) {}, S(7)), REFUSAL_FULL));
+        Tag *r2 = acquire(f, "R2", (Req) { .reserve = "p" }, S(7));
+        assert_true(queued(r2));
+        end(f, hi, S(8));
+        assert_true(granted(r2)); /* ahead of W, who waited longer */
+        assert_true(queued(w));
+}
+
+#ifndef TEST_ENGINE_SHARED /* these name members, which a shared pool's scripts take no selectors for yet */
 /* SPEC §3.6: a reservation goes ahead of every waiting job, a k=2 waiter and a higher-priority lane's included;
  * it takes the next member that frees, and no member is held twice. */
 static void test_reservation_is_next_in_line_behind_a_two_slot_waiter(void **state) {
@@ -2976,6 +3021,7 @@ static void test_cooldown_no_barging_behind_a_two_slot_waiter(void **state) {
         assert_true(small[0]->final.wait > small[1]->final.wait); /* the earlier arrival, served first */
 }
 
+#ifndef TEST_ENGINE_SHARED /* it names a member (--member), which a shared pool's scripts take no selectors for */
 static void test_cooldown_resting_member_is_not_granted(void **state) {
         Fixture *f = *state;
         PoolConfig *p = pool_add(f, "p", 0);
@@ -3007,6 +3053,7 @@ static void test_cooldown_resting_member_is_not_granted(void **state) {
         Tag *any = acquire(f, "ANY", (Req) { .no_wait = true }, S(17));
         assert_int_equal(any->final.retry_after_sec, 5);
 }
+#endif
 
 static void test_cooldown_fail_fast_refusal_names_it_and_its_wake(void **state) {
         Fixture *f = *state;
@@ -3262,6 +3309,7 @@ int main(void) {
                 T(test_reload_keeps_waiters_and_reorders_on_new_priority),
                 T(test_max_hold_revokes_without_freeing),
                 T(test_lease_released_after_its_max_hold_unseen_is_not_revoked),
+                T(test_reservation_is_next_in_line_in_a_pool_of_slots),
 #ifndef TEST_ENGINE_SHARED
                 T(test_reservation_is_next_in_line_behind_a_two_slot_waiter),
                 T(test_reservation_takes_a_member_a_two_slot_waiter_sets_aside),
@@ -3332,13 +3380,13 @@ int main(void) {
                 /* Cooldown: both kinds of pool (issue 23 item 5 on shared pools). */
                 T(test_cooldown_rests_a_released_slot_and_wakes_it_by_deadline),
                 T(test_cooldown_no_barging_behind_a_two_slot_waiter),
-                T(test_cooldown_resting_member_is_not_granted),
                 T(test_cooldown_fail_fast_refusal_names_it_and_its_wake),
                 T(test_cooldown_budget_counts_resting_slots_as_unavailable),
                 T(test_cooldown_reload_changed_applies_next_removed_frees_at_once),
                 T(test_cooldown_reload_follows_a_member_by_name),
                 T(test_cooldown_random_workload_holders_and_resting_never_exceed_the_limit),
 #ifndef TEST_ENGINE_SHARED
+                T(test_cooldown_resting_member_is_not_granted),
                 T(test_cooldown_restart_restores_a_rest_in_progress),
                 T(test_cooldown_random_reloads_and_drains_keep_the_books),
 #endif
