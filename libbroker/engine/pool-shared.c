@@ -1845,15 +1845,19 @@ static void rests_clear(SharedPool *p) {
         p->cache.n_rests = 0;
 }
 
+#define SHARED_RESTS_MAX 256 /* prelude.lua, rests.PAGE: the most rests a cache lists */
+
 /* The cache's rests ([13], README "Replies"): { identity, end, … } — a member of this pool's by name, or
- * "#INDEX" below the limit, and its end on the pool clock (a decimal). Untrusted: anything else is bad input
- * and the list is dropped (Status shows none rather than something made up); none without the element. */
+ * "#INDEX" below the limit, and its end on the pool clock (a decimal). An identity this node does not know
+ * is left out (a reload not agreed yet; garbage, which the scripts end and report themselves); a list of
+ * another shape is bad input, dropped (Status shows none rather than something made up). None without the
+ * element. */
 static void rests_apply(SharedPool *p, const RespValue *v, int64_t pool_now, usec_t now) {
         rests_clear(p);
         if (!v)
                 return;
         size_t n = v->type == RESP_ARRAY ? v->n / 2 : 0;
-        if (v->type != RESP_ARRAY || v->n % 2 != 0 || n > MAX(p->base.limit, 1u)) {
+        if (v->type != RESP_ARRAY || v->n % 2 != 0 || n > SHARED_RESTS_MAX) {
                 bad_input(p, "a malformed list of rests", now);
                 return;
         }
@@ -1876,15 +1880,15 @@ static void rests_apply(SharedPool *p, const RespValue *v, int64_t pool_now, use
                 }
                 if (id->str[0] == '#') {
                         if (p->base.members || !mem_to_index(id->str + 1, id->len - 1, p->base.limit, &idx))
-                                goto bad;
+                                continue;
                         rests[k].member = NULL;
                 } else {
                         size_t j = 0;
                         for (; p->base.members && p->base.members[j]; j++)
                                 if (mem_is(id->str, id->len, p->base.members[j]))
                                         break;
-                        if (!p->base.members || !p->base.members[j])
-                                goto bad;
+                        if (!p->base.members || !p->base.members[j] || j >= p->base.limit)
+                                continue;
                         idx = (unsigned) j;
                         if (!(rests[k].member = strdup(p->base.members[j])))
                                 goto fail;

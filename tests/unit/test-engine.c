@@ -2998,8 +2998,8 @@ static void test_cooldown_no_barging_behind_a_two_slot_waiter(void **state) {
         Tag *big = acquire(f, "BIG", (Req) { .slots = 2 }, S(1));
         end(f, a, S(2));                             /* rests until 12 */
         Tag *small[8];
-        for (int i = 0; i < 8; i++)                  /* a stream of one-slot requests */
-                small[i] = acquire(f, "S", (Req) {}, S(3) + S(i));
+        for (int i = 0; i < 8; i++)                  /* a stream of one-slot requests (time never goes back: */
+                small[i] = acquire(f, "S", (Req) {}, S(3) + MS(200) * i); /* a shared pool's clock) */
         end(f, b, S(5));                             /* rests until 15 */
         run(f, S(12));                               /* A's slot wakes: BIG needs two, nobody passes it */
         assert_true(queued(big));
@@ -3087,7 +3087,7 @@ static void test_cooldown_budget_counts_resting_slots_as_unavailable(void **stat
         run(f, S(7));
         assert_true(refused(b, REFUSAL_TIMEOUT));    /* its budget ended before the slot woke */
         assert_int_equal(b->decided, S(7));
-        Tag *c = acquire(f, "C", (Req) { .max_wait = S(9) }, S(2));
+        Tag *c = acquire(f, "C", (Req) { .max_wait = S(9) }, S(7));
         run(f, S(11));
         assert_true(granted(c));                     /* a budget that covers the rest is granted at the wake */
 }
