@@ -3109,6 +3109,51 @@ static void test_garbage_rests_are_ended_and_reported_never_granted_twice(void *
         freeReplyObject(r);
 }
 
+#define CANON_COOL_MEMBERS CANON_COOL "limit=2\nmembers=alpha,beta\n"
+
+/* A member drained while it rests, and undrained: it rests on (neither free nor counted twice); one whose rest
+ * ends while drained is free at its undrain (pool-local.c counts them so: drained_free, resting_free). */
+static void test_a_resting_member_drained_and_undrained_keeps_the_books(void **state) {
+        tick_ok("n1", 1000, CANON_COOL_MEMBERS);
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        assert_string_equal(body(a)->element[D_MEMBERS]->element[0]->str, "alpha");
+        long long ta = field_i(body(a), D_TOKEN);
+        freeReplyObject(a);
+        tick_ok("n1", 1000, "=");
+        freeReplyObject(release_at(2000, ta, "a"));           /* alpha rests until 7000 */
+        freeReplyObject(call("drain", "n1", 3000, 0, "alpha", "1", NULL));
+        assert_int_equal(meta_number("meta", "drained_free"), 1);
+        assert_int_equal(meta_number("meta", "resting_free"), 0);
+        freeReplyObject(call("drain", "n1", 4000, 0, "alpha", "0", NULL));
+        assert_int_equal(meta_number("meta", "drained_free"), 0);
+        assert_int_equal(meta_number("meta", "resting_free"), 1);
+        redisReply *b = submit_at(4000, "b", "ci", 1, true, -1);
+        assert_string_equal(body(b)->element[D_MEMBERS]->element[0]->str, "beta");
+        freeReplyObject(b);
+        expect_verdict("c", 4000, "ci", 1, "queued");
+        redisReply *r = tick_as("n1", 6999, "=");
+        assert_int_equal(n_events(r), 0);
+        freeReplyObject(r);
+        r = tick_as("n1", 7000, "=");
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(event(r, 0)->element[D_MEMBERS]->element[0]->str, "alpha");
+        long long tc = field_i(event(r, 0), D_TOKEN);
+        freeReplyObject(r);
+        assert_int_equal(meta_number("meta", "resting_free"), 0);
+        /* Its rest ends while it is drained: free at the undrain, not before. */
+        freeReplyObject(release_at(8000, tc, "c"));           /* alpha rests until 13000 */
+        freeReplyObject(call("drain", "n1", 8000, 0, "alpha", "1", NULL));
+        tick_ok("n1", 13000, "=");
+        assert_int_equal(meta_number("meta", "drained_free"), 1);
+        assert_int_equal(meta_number("meta", "resting_free"), 0);
+        expect_verdict("d", 13000, "ci", 1, "queued");
+        freeReplyObject(call("drain", "n1", 14000, 0, "alpha", "0", NULL));
+        r = tick_as("n1", 14000, "=");
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(field_s(event(r, 0), D_RID), "d");
+        freeReplyObject(r);
+}
+
 int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup(f, setup)
@@ -3178,6 +3223,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_released_slot_rests_until_its_end_and_is_the_next_wakeup),
                 T(test_a_fail_fast_request_is_told_when_the_rest_ends),
                 T(test_garbage_rests_are_ended_and_reported_never_granted_twice),
+                T(test_a_resting_member_drained_and_undrained_keeps_the_books),
 #undef T
         };
         int r;
