@@ -3154,6 +3154,31 @@ static void test_a_resting_member_drained_and_undrained_keeps_the_books(void **s
         freeReplyObject(r);
 }
 
+/* A dead node's lease ends with its reap: its slot rests as one released (from the reaping call's now), and the
+ * waiter of another node gets it at the rest's end, not at the reap. */
+static void test_a_dead_nodes_slot_rests_from_its_reap(void **state) {
+        tick_ok("n1", 1000, CANON_COOL "limit=1\n");
+        tick_ok("n2", 1000, CANON_COOL "limit=1\n");
+        redisReply *a = call("submit", "n2", 1000, 0, "a", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+        freeReplyObject(a);
+        expect_verdict("mine", 2000, "ci", 1, "queued");
+        tick_ok("n1", 2000, "=");
+        tick_ok("n1", 20 * SEC, "=");
+        /* n2's deadline is 1000 + 30 s: n1's tick at 31 s reaps it, and the slot rests until 31 s + 5000. */
+        redisReply *r = tick_as("n1", 31 * SEC, "=");
+        assert_int_equal(r->element[R_NOTICES]->elements, 1);
+        assert_string_equal(r->element[R_NOTICES]->element[0]->element[0]->str, "node-expired");
+        assert_int_equal(n_events(r), 0);
+        assert_int_equal(cache(r, C_NEXT_WAKEUP), 31 * SEC + 5000);
+        freeReplyObject(r);
+        r = tick_as("n1", 31 * SEC + 5000, "=");
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(field_s(event(r, 0), D_RID), "mine");
+        assert_int_equal(field_i(event(r, 0), D_AT), 31 * SEC + 5000);
+        freeReplyObject(r);
+}
+
 int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup(f, setup)
@@ -3224,6 +3249,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_fail_fast_request_is_told_when_the_rest_ends),
                 T(test_garbage_rests_are_ended_and_reported_never_granted_twice),
                 T(test_a_resting_member_drained_and_undrained_keeps_the_books),
+                T(test_a_dead_nodes_slot_rests_from_its_reap),
 #undef T
         };
         int r;
