@@ -3179,6 +3179,31 @@ static void test_a_dead_nodes_slot_rests_from_its_reap(void **state) {
         freeReplyObject(r);
 }
 
+/* Rolling change (brokerd.conf(5), "Upgrading a fleet"): cooldown= is a rule like any, adopted only when every
+ * live node wants it; meanwhile the node that wants it is answered "rules" naming the key, and the pool
+ * rests nothing. Adopted, the next release rests. */
+static void test_cooldown_is_adopted_only_when_every_node_wants_it(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        tick_ok("n2", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *t = tick_as("n2", 2000, CANON_COOL "limit=1\n");
+        assert_string_equal(status(t), "rules");
+        assert_int_equal(body(t)->element[4]->elements, 1);
+        assert_string_equal(body(t)->element[4]->element[0]->str, "cooldown");
+        freeReplyObject(t);
+        redisReply *a = submit_at(2000, "a", "ci", 1, true, -1);
+        long long ta = field_i(body(a), D_TOKEN);
+        freeReplyObject(a);
+        redisReply *r = release_at(3000, ta, "a");
+        assert_int_equal(r->element[R_CACHE]->elements, 12); /* no cooldown: nothing rests */
+        freeReplyObject(r);
+        expect_verdict("b", 3000, "ci", 1, "granted");
+        t = tick_as("n1", 4000, CANON_COOL "limit=1\n");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(t->element[R_CACHE]->elements, 13);
+        freeReplyObject(t);
+        tick_ok("n2", 4000, "=");
+}
+
 int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup(f, setup)
@@ -3250,6 +3275,7 @@ int main(int argc, char *argv[]) {
                 T(test_garbage_rests_are_ended_and_reported_never_granted_twice),
                 T(test_a_resting_member_drained_and_undrained_keeps_the_books),
                 T(test_a_dead_nodes_slot_rests_from_its_reap),
+                T(test_cooldown_is_adopted_only_when_every_node_wants_it),
 #undef T
         };
         int r;
