@@ -8,7 +8,9 @@ Member rig of pool rigs, cooldown 5s, kept in Redis:
   with a retry hint within it; node B's Status (and `slotctl status`) shows rig resting with its time
   left; B's job waits, and starts only after A's ended and at least the cooldown after A's release (the
   brokers' own records, not a sleep);
-- the rest ends by itself: B's job is granted rig at its end (the pool's next_wakeup ticks a node).
+- the rest ends by itself: B's job is granted rig at its end (the pool's next_wakeup ticks a node);
+- garbage rests written into Redis by hand (an endless one, one of nothing) are ended and counted
+  (slotbroker_backend_bad_input_total): the next job gets rig.
 
 Reservations (pool without cooldown): a job holds rig on A, a job waits on B; `slotctl reserve` on A is
 first in the pool-wide queue, takes rig when A's job ends (not B's job, who waited longer), is a detached
@@ -59,6 +61,13 @@ policy = wait
 pools = rigs
 policy = fail-fast
 """
+
+
+def bad_input_total(b):
+    for line in b.call("io.slotbroker.Metrics")["text"].splitlines():
+        if line.startswith('slotbroker_backend_bad_input_total{pool="rigs"}'):
+            return int(float(line.split()[-1]))
+    return 0
 
 
 class SharedCooldown(harness.BrokerTestCase):
@@ -140,6 +149,15 @@ class SharedCooldown(harness.BrokerTestCase):
         self.end("second")
         self.assertEqual(wait_for(lambda: list(self.resting(a)) == ["rig"] or None, 10,
                                   message="A to show B's rest"), True)
+        # Hostile content of Redis: rig's rest made endless, a rest of nothing. Each is ended at the next wake
+        # and counted as bad input; rig is not parked for good (nor held twice: the witness).
+        self.redis.call("ZADD", "{sb:rigs}:rest", "1e300", "rig", "-5", "nonesuch")
+        third = self.job(a, "third", "w")
+        self.assertEqual(wait_for(lambda: self.members("third") or third.proc.poll() is not None, 20,
+                                  message="third despite the garbage"), ["rig"], third.stderr())
+        self.assertGreaterEqual(wait_for(lambda: (bad_input_total(a) + bad_input_total(b)) or None, 10,
+                                         message="the garbage rests counted"), 1)
+        self.end("third")
 
 
     def hold(self, member):
