@@ -11,7 +11,8 @@
 --       (invalid); every earlier instant is settled (or "settling"); inside a recovery window a waiting
 --       request queues and an impatient one is refused (unavailable "recovery"); room (the lane's
 --       verdict is GRANTABLE and nobody who is not passed over waits) → granted; else may not wait →
---       refused busy; the queue at max-queue → refused full; else queued with its budget fixed now.
+--       refused busy (reason "cooldown" and Decision [15] when resting slots would do: README, "Cooldown");
+--       the queue at max-queue → refused full (never lane "@reserve"); else queued with its budget fixed now.
 --       Then the instant itself (settle flag 1), or it is left for the tick (manual clock).
 -- Appends: decisions of waiters granted or refused in the instant, to their nodes' streams
 --       ({sb:P}:s:NODE); the final outcome of this rid to its outcome record (README, "Outcome records":
