@@ -198,7 +198,8 @@ local function rules_from(t)
                 ttl = tonumber(t['backend-node-ttl'] or '30000000'),
                 lanes = {},                                        -- name -> {priority, max_in_use, reserve}
                 lane_names = {},
-                cooldown = tonumber(t['cooldown'] or '0') or 0,    -- µs; 0: none (SPEC §3.6)
+                -- µs; 0: none (SPEC §3.6); digits only, at most conf.c's 1 day, whatever a canon says
+                cooldown = math.min(tonumber(string.match(t['cooldown'] or '', '^%d+$') or '0'), 86400 * USEC_PER_SEC),
         }
         if t['members'] and t['members'] ~= '' then
                 r.members = {}
