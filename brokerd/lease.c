@@ -310,8 +310,9 @@ void lease_discard(Lease *l) {
         bool cools = false;
         for (size_t i = 0; t->log && i < engine_pool_count(t->engine) && !cools; i++) {
                 EnginePoolInfo info;
+                /* A shared pool's rests are Redis's (every node's, across restarts): nothing to log here. */
                 cools = engine_pool_info(t->engine, i, now_of(t, CLOCK_MONOTONIC), &info) >= 0 &&
-                        streq(info.name, pool) && info.cooldown > 0;
+                        streq(info.name, pool) && info.cooldown > 0 && !info.remote;
         }
         if (cools && n > 0 && (slots = calloc(n, sizeof(unsigned)))) {
                 memcpy(slots, idx, n * sizeof(unsigned));

@@ -231,6 +231,10 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                 json_t *a = json_array();
                 for (size_t k = 0; a && k < info.n_resting; k++) {
                         const PoolRest *rs = &info.resting[k];
+                        /* Ended (a shared pool's list is its last reply's; the pool wakes it at its next
+                         * instant): not shown as resting. */
+                        if (rs->until <= now)
+                                continue;
                         /* Rounded up: a slot that rests 1 µs more is not shown as free. */
                         json_t *e = json_pack("{s:I, s:I}", "slot", (json_int_t) rs->index, "leftMs",
                                               (json_int_t) DIV_ROUND_UP(usec_sub_unsigned(rs->until, now), USEC_PER_MSEC));

@@ -608,7 +608,7 @@ bool session_defers_call(const Session *s, const VarlinkCall *call) {
         return busy && !call_releases_own_lease(s, call);
 }
 
-/* A reservation for people (SPEC §3.6): an Acquire of ENGINE_RESERVE_LANE in one local pool, at the head of
+/* A reservation for people (SPEC §3.6): an Acquire of ENGINE_RESERVE_LANE in one pool, at the head of
  * its queue, held detached for r->hold from its grant; its reason is its job. The caller checked the
  * parameters and that the peer may administer the pool. */
 void session_reserve(Session *s, const VarlinkCall *call, const SessionReserve *r) {
@@ -660,7 +660,7 @@ void session_reserve(Session *s, const VarlinkCall *call, const SessionReserve *
                         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "pool", r->pool);
                         session_reply_error(s, "io.slotbroker.NoSuchPool", p);
                 } else
-                        /* A member or labels no member of the pool has, or a shared pool ("not yet"). */
+                        /* A member or labels no member of the pool has, or either on a shared pool ("not yet"). */
                         reply_invalid_parameter(s, k == -EOPNOTSUPP ? "pool" : invalid_request_parameter(a));
                 session_acquire_done(s);
                 return;

@@ -323,8 +323,8 @@ int verb_reserve(int argc, char *argv[]) {
                                    : params && strstr(params, "\"pool\"")   ? "pool"
                                                                             : NULL;
                 if (what && streq(what, "pool"))
-                        log_error("reserve: pool %s is not a local pool (reservations are not supported on shared "
-                                  "pools yet)", argv[optind]);
+                        log_error("reserve: pool %s is shared: --member and --label are not supported on shared "
+                                  "pools yet", argv[optind]);
                 else if (what)
                         log_error("reserve: pool %s has no member %s", argv[optind],
                                   streq(what, "member") ? "of that name" : "with those labels");

@@ -1625,11 +1625,6 @@ static int validate_pool(const BrokerConfig *c, const PoolConfig *p, ConfErrors 
                                                     l->name, l->members[j], p->name);
         }
 
-        if (p->cooldown > 0 && p->backend)
-                r = conf_errors_add(errors, &p->cooldown_source, "cooldown",
-                                    "pool %s is shared (backend=): cooldown is not supported on shared pools yet",
-                                    p->name);
-
         if (p->congestion_timeout_set) {
                 if (!p->queue_timeout_set)
                         r = conf_errors_add(errors, &p->congestion_timeout_source, "queue-congestion-timeout",

@@ -45,8 +45,10 @@ local function drain_member()
         if was == ON then return true end
         if ON then redis.call('SADD', K.dm, MEMBER) else redis.call('SREM', K.dm, MEMBER) end
         if pos < R.limit and redis.call('GETBIT', K.occ, pos) == 0 then
-                redis.call('SETBIT', K.busy, pos, ON and 1 or 0)
-                meta_incr('drained_free', ON and 1 or -1)
+                if not rests.drain(MEMBER, ON) then
+                        redis.call('SETBIT', K.busy, pos, ON and 1 or 0)
+                        meta_incr('drained_free', ON and 1 or -1)
+                end
         end
         return true
 end

@@ -33,6 +33,7 @@ local function keys_of(p)
                 dl = p .. ':dl', rid = p .. ':rid', nodes = p .. ':nodes', prios = p .. ':prios',
                 reaping = p .. ':reaping', rekey = p .. ':rekey', recovering = p .. ':recovering',
                 orph = p .. ':orph', lv = p .. ':lv',
+                rest = p .. ':rest',
         }
         if KEYS_OF_N >= KEYS_OF_MAX then KEYS_OF, KEYS_OF_N = {}, 0 end
         KEYS_OF[p], KEYS_OF_N = k, KEYS_OF_N + 1
@@ -137,6 +138,7 @@ local META_NUMBERS = {
         'version', 'recovery_until', 'last_fast', 'congested', 'counter', 'seq', 'in_use', 'waiting',
         'drained', 'drained_free', 'phase', 'running', 'recovery_set', 'recovery_from', 'leases', 'nodes',
         'integrity',
+        'resting_free', 'rest_max',
 }
 
 -- Changes to meta, lane counters and fingerprints are kept here and written once, by flush() (every
@@ -176,6 +178,16 @@ local function canon_parse(canon)
         return t
 end
 
+-- Reservations (SPEC §3.6; engine.h, ENGINE_RESERVE_LANE): every pool has the lane "@reserve", ahead of
+-- every lane (priority INT_MAX, as pool-local.c has it), no cap, no reserve; not in the canon (README,
+-- "Reservations"). A canon that names it keeps its own (garbage: no node sends one).
+local RESERVE_LANE = '@reserve'
+local function rules_reserve_lane(r)
+        if r.lanes[RESERVE_LANE] then return end
+        r.lanes[RESERVE_LANE] = { priority = 2147483647, max_in_use = -1, reserve = 0 }
+        r.lane_names[#r.lane_names + 1] = RESERVE_LANE
+end
+
 local function rules_from(t)
         local r = {
                 limit = tonumber(t['limit'] or '0'),
@@ -186,6 +198,8 @@ local function rules_from(t)
                 ttl = tonumber(t['backend-node-ttl'] or '30000000'),
                 lanes = {},                                        -- name -> {priority, max_in_use, reserve}
                 lane_names = {},
+                -- µs; 0: none (SPEC §3.6); digits only, at most conf.c's 1 day, whatever a canon says
+                cooldown = math.min(tonumber(string.match(t['cooldown'] or '', '^%d+$') or '0'), 86400 * USEC_PER_SEC),
         }
         if t['members'] and t['members'] ~= '' then
                 r.members = {}
@@ -203,6 +217,7 @@ local function rules_from(t)
                         elseif attr == 'reserve' then r.lanes[lane].reserve = tonumber(v) end
                 end
         end
+        rules_reserve_lane(r)
         table.sort(r.lane_names)
         return r
 end
@@ -430,8 +445,8 @@ end
 
 -- pool-local.c:free_slots(): counted against every slot held, also those above a shrunk limit.
 local function free_slots()
-        if M.drained == 1 or M.in_use + M.drained_free >= R.limit then return 0 end
-        return R.limit - M.in_use - M.drained_free
+        if M.drained == 1 or M.in_use + M.drained_free + M.resting_free >= R.limit then return 0 end
+        return R.limit - M.in_use - M.drained_free - M.resting_free
 end
 
 local GRANTABLE, HOLD, PASS = 0, 1, 2
@@ -648,6 +663,179 @@ local function waiter_refuse(w, refusal, reason, at)
         }))
 end
 
+---------------------------------------------------------------------------------------------- cooldown (SPEC §3.6)
+
+-- pool-local.c's rests (cooldown=): a slot released in a pool with cooldown= rests until its release plus
+-- the cooldown, on the pool clock, before any node may grant it. Its position stays in `busy` (neither free
+-- nor held, as a drained member's), {sb:P}:rest (ZSET) scores its identity (lease_slot_identity(): the
+-- member's name, or "#INDEX") by its end, and meta.resting_free counts the rests of members not drained
+-- (free_slots() leaves them out; a drained one is in drained_free, as pool-local.c counts them). A rest
+-- begins at every lease's end (a release, a dead node's reap, an orphan's lapse: lease_free()), ends at its
+-- time (rests.wake(): at the start of an instant, a submit and a release, as pool-local.c's), when a lease
+-- is restored over it (reclaim.lua), follows its identity across an adopted reload (tick.lua, relayout():
+-- all end when cooldown= goes) and is dropped with the pool's state (pool_wipe()). meta.rest_max is the
+-- latest end any rest was given.
+-- Redis's content is untrusted: an entry whose end lies beyond both now + cooldown and rest_max (a hand's
+-- ZADD, a clock gone wrong), whose identity names no slot below the limit, or whose slot is held or free,
+-- is ended at once and reported (notice "bad-rest": the node counts it as bad input); a key of another
+-- type is deleted. Such a rest never parks a slot for good, and never frees a slot that is not resting.
+-- One table of functions (one local of the library's: Lua 5.1 allows 200 a chunk and 60 upvalues a function).
+local rests = {}
+rests.PAGE = 256              -- rests woken per call, and listed in the cache, at most
+
+-- The position of a slot identity under the stored rules, or nil (no such member, or above the limit).
+function rests.position(id)
+        local pos
+        if R.members then
+                for i, m in ipairs(R.members) do
+                        if m == id then pos = i - 1; break end
+                end
+        else
+                pos = int_of(string.match(id, '^#(%d+)$'))
+        end
+        if pos and pos < R.limit then return pos end
+        return nil
+end
+
+function rests.bad(id)
+        notices[#notices + 1] = { 'bad-rest', type(id) == 'string' and string.sub(id, 1, 64) or '?' }
+end
+
+-- pool-local.c:rest_begin() for the slots of lease l, after lease_free() put them back: each one below
+-- the limit rests until now + cooldown (back into `busy`, unless a drained member's: it is there already).
+function rests.begin(l)
+        if not R.cooldown or R.cooldown <= 0 then return end
+        local until_ = now + R.cooldown
+        local kind = redis.call('TYPE', K.rest)
+        kind = type(kind) == 'table' and kind.ok or kind
+        if kind ~= 'zset' and kind ~= 'none' then -- a key of another type: garbage, gone
+                redis.call('DEL', K.rest)
+                rests.bad('?')
+        end
+        for i = 1, l.k do
+                local pos = l.pos[i]
+                if pos < R.limit and redis.call('ZADD', K.rest, until_, lease_slot_identity(l, i)) == 1 and
+                   not member_drained_at(pos) then
+                        redis.call('SETBIT', K.busy, pos, 1)
+                        meta_incr('resting_free', 1)
+                end
+        end
+        if until_ > M.rest_max then meta_set('rest_max', until_) end
+end
+
+-- pool-local.c:rest_end(): the rest of id is over; its slot is free unless drained (or held: a lease was
+-- restored over it, taken: the caller keeps it in `busy`). False: the entry was garbage (no such slot,
+-- held, or not in `busy`), dropped without touching a count.
+function rests.finish(id, taken)
+        redis.call('ZREM', K.rest, id)
+        local pos = rests.position(id)
+        if not pos or redis.call('GETBIT', K.busy, pos) == 0 then return false end
+        if not taken and redis.call('GETBIT', K.occ, pos) == 1 then return false end
+        if member_drained_at(pos) then return true end
+        if not taken then redis.call('SETBIT', K.busy, pos, 0) end
+        meta_set('resting_free', math.max(0, M.resting_free - 1))
+        return true
+end
+
+-- reclaim.lua: a lease restored over a resting slot takes it (pool-local.c:slot_take()).
+function rests.take(id)
+        if M.resting_free > 0 or (R.cooldown or 0) > 0 then
+                if redis.call('ZSCORE', K.rest, id) then rests.finish(id, true) end
+        end
+end
+
+-- drain.lua: a resting member drained or undrained stays in `busy`; it moves between the two counts.
+-- True when it rests (the caller leaves `busy` alone).
+function rests.drain(member, on)
+        if (R.cooldown or 0) <= 0 or not redis.call('ZSCORE', K.rest, member) then return false end
+        meta_incr('drained_free', on and 1 or -1)
+        meta_incr('resting_free', on and -1 or 1)
+        return true
+end
+
+-- pool-local.c:rests_wake(): every rest that ends at or before t ends; garbage ones (above) too.
+function rests.wake(t)
+        if (R.cooldown or 0) <= 0 and M.resting_free == 0 then return end
+        local ok, due = pcall(redis.call, 'ZRANGEBYSCORE', K.rest, '-inf', t, 'LIMIT', 0, rests.PAGE)
+        if not ok then
+                redis.call('DEL', K.rest)
+                rests.bad('?')
+                return
+        end
+        for _, id in ipairs(due) do
+                if not rests.finish(id) then rests.bad(id) end
+        end
+        local bound = math.max(now + (R.cooldown or 0), M.rest_max)
+        for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.rest, '(' .. istr(bound), '+inf', 'LIMIT', 0, rests.PAGE)) do
+                rests.finish(id)
+                rests.bad(id)
+        end
+end
+
+-- The first rest's end (next_due()), or nil. Garbage — below zero, or beyond the bound of rests.wake()
+-- (1e300 must not reach the cache as an integer) — is due now: the wake ends it.
+function rests.next_end()
+        if (R.cooldown or 0) <= 0 and M.resting_free == 0 then return nil end
+        local ok, first = pcall(redis.call, 'ZRANGE', K.rest, 0, 0, 'WITHSCORES')
+        local v = ok and tonumber(first[2])
+        if not v then return nil end
+        if v < 0 or v > math.max(now + (R.cooldown or 0), M.rest_max) then return now end
+        return v
+end
+
+-- pool-local.c:rests_enough_at(): when `need` more slots than are free now will have woken (rests of
+-- members not drained, in order of their ends); nil if they never will.
+function rests.enough_at(need)
+        if need <= 0 or need > M.resting_free then return nil end
+        local ok, a = pcall(redis.call, 'ZRANGE', K.rest, 0, rests.PAGE - 1, 'WITHSCORES')
+        if not ok then return nil end
+        local n = 0
+        for i = 1, #a, 2 do
+                local pos = rests.position(a[i])
+                if pos and not member_drained_at(pos) then
+                        n = n + 1
+                        if n == need then return tonumber(a[i + 1]) end
+                end
+        end
+        return nil
+end
+
+-- tick.lua, relayout(): under the adopted rules every rest follows its identity to its new place; one
+-- whose slot is gone, above the limit or held ends; all end when cooldown= is gone. taken: the held
+-- positions. `busy` was made anew from occ and the drained members: the resting ones go back into it.
+function rests.relayout(taken)
+        if (R.cooldown or 0) <= 0 then
+                redis.call('DEL', K.rest)
+                meta_set('resting_free', 0)
+                return
+        end
+        local ok, a = pcall(redis.call, 'ZRANGE', K.rest, 0, -1)
+        if not ok then
+                redis.call('DEL', K.rest)
+                rests.bad('?')
+                a = {}
+        end
+        local resting = 0
+        for _, id in ipairs(a) do
+                local pos = rests.position(id)
+                if not pos or taken[pos] then
+                        redis.call('ZREM', K.rest, id)
+                else
+                        if not member_drained_at(pos) then resting = resting + 1 end
+                        redis.call('SETBIT', K.busy, pos, 1)
+                end
+        end
+        meta_set('resting_free', resting)
+end
+
+-- The cache's rests ([13]: { identity, end, … }, at most rests.PAGE), for every node's Status: only a pool
+-- with cooldown= has the element (one command a reply; a pool without it replies as before).
+function rests.cache(c)
+        if (R.cooldown or 0) <= 0 then return end
+        local ok, a = pcall(redis.call, 'ZRANGE', K.rest, 0, rests.PAGE - 1, 'WITHSCORES')
+        c[13] = ok and a or {}
+end
+
 ---------------------------------------------------------------------------------------------- leases
 
 local function lease_get(token)
@@ -728,6 +916,7 @@ local function lease_free(l)
                 local id = lease_slot_identity(l, i)
                 if redis.call('HGET', K.sid, id) == istr(l.token) then redis.call('HDEL', K.sid, id) end
         end
+        rests.begin(l)
         meta_incr('in_use', -l.k)
         meta_incr('leases', -1)
         lane_incr(l.lane, 'used', -l.k)
@@ -1083,6 +1272,7 @@ local function instant(t)
                 carry.rekey_empty = carry.heads_on -- only a tick makes a job (it begins its batch's state afresh)
         end
         if M.recovery_until > 0 and t >= M.recovery_until then recovery_close() end
+        rests.wake(t)
         if M.phase == 0 then
                 if not dispatch(t) then return false end
                 meta_set('phase', 1)
@@ -1137,6 +1327,7 @@ local function next_due(for_caller)
         end
         if M.recovery_until > 0 then consider(M.recovery_until) end
         consider(tonumber(h[K.orph][2]))
+        consider(rests.next_end())
         if M.congested == 0 and R.q and M.drained == 0 and not has_room_for_one() then
                 consider(M.last_fast + R.q + 1)
         end
@@ -1171,11 +1362,13 @@ end
 
 local function cache()
         local nd = next_due(true)
-        return {
+        local c = {
                 M.in_use, M.waiting, M.congested, idle_at(now), M.drained, nd and nd or -1, M.counter,
                 M.epoch or '', M.recovery_until, stream_last, R.limit or 0,
                 M.recovery_until > 0 and M.recovery_why or '',
         }
+        rests.cache(c)
+        return c
 end
 
 local function reply(status, body)
@@ -1211,6 +1404,10 @@ local function integrity_lost()
         if redis.call('BITCOUNT', K.busy) < M.in_use then return 'free slots' end
         if redis.call('HLEN', K.rid) ~= M.leases - redis.call('ZCARD', K.orph) + M.waiting then return 'records' end
         if redis.call('ZCARD', K.nodes) ~= M.nodes then return 'nodes' end
+        if M.resting_free > 0 then
+                local ok, n = pcall(redis.call, 'ZCARD', K.rest)
+                if not ok or n < M.resting_free then return 'rests' end
+        end
         if redis.call('ZSCORE', K.nodes, NODE) and
            redis.call('ZCARD', k_records(NODE)) ~= tonumber(redis.call('HGET', k_node(NODE), 'fp_n') or '0') then
                 return 'node records'
@@ -1224,7 +1421,7 @@ end
 -- rules: the ones whose lanes' keys go too (the stored ones, or the caller's when they are gone).
 local function pool_wipe(rules)
         local keys = { K.occ, K.busy, K.sid, K.h, K.w, K.dl, K.rid, K.prios, K.reaping, K.rekey, K.recovering,
-                       K.orph }
+                       K.orph, K.rest }
         for _, p in ipairs(redis.call('ZRANGE', K.prios, 0, -1)) do keys[#keys + 1] = k_queue(p) end
         for _, lane in ipairs(rules.lane_names or {}) do
                 keys[#keys + 1] = k_lane(lane)
@@ -1258,6 +1455,7 @@ local function pool_renew(what)
                 meta_set(f, 0)
         end
         meta_set('unsettled_at', nil)
+        meta_set('resting_free', 0)
         meta_set('nodes', redis.call('ZCARD', K.nodes))
         meta_set('integrity', 1)
         meta_set('epoch', (M.epoch or '') .. '+' .. istr(raw_time))

@@ -57,6 +57,7 @@ local function reclaim()
                 if R.members then l.members[i] = member end
         end
         for i = 1, K_SLOTS do
+                rests.take(lease_slot_identity(l, i)) -- a lease restored over a rest ends it
                 redis.call('SETBIT', K.occ, l.pos[i], 1)
                 if member_drained_at(l.pos[i]) then
                         meta_incr('drained_free', -1) -- only a restored lease takes a drained member

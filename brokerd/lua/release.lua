@@ -6,7 +6,8 @@
 -- Decides: the lease under token, if it is this node's with that rid, is freed (positions out of occ and,
 --       unless a drained member, busy; its identities out of sid; lane and pool counters; the node's
 --       records and fingerprint). Any other token is "gone": nothing changes — a retry, or a lease freed
---       by a reap or lost to a Redis restart, whose token is nobody else's (tokens are unique). Neither
+--       by a reap or lost to a Redis restart, whose token is nobody else's (tokens are unique). In a pool
+--       with cooldown= the slots rest first (README, "Cooldown"). Neither
 --       registration nor agreed rules are required: leases granted under the agreed rules end as usual.
 --       Then the instant (settle flag 1: the freed slots are granted at once), or the tick does it.
 -- Appends: the grants and refusals of the instant, to their owners' streams and outcome keys.
@@ -21,6 +22,7 @@ local function release()
         if early_reply then return early_reply end
         carry.heads_on = true -- it writes dl, nodes, lv, orph only through functions that drop the heads
         if not settle_until(now) then return reply('settling') end
+        rests.wake(now)
 
         local result = 'gone'
         local l = tonumber(TOKEN) and lease_get(TOKEN)

@@ -11,7 +11,8 @@
 --       (invalid); every earlier instant is settled (or "settling"); inside a recovery window a waiting
 --       request queues and an impatient one is refused (unavailable "recovery"); room (the lane's
 --       verdict is GRANTABLE and nobody who is not passed over waits) → granted; else may not wait →
---       refused busy; the queue at max-queue → refused full; else queued with its budget fixed now.
+--       refused busy (reason "cooldown" and Decision [15] when resting slots would do: README, "Cooldown");
+--       the queue at max-queue → refused full (never lane "@reserve"); else queued with its budget fixed now.
 --       Then the instant itself (settle flag 1), or it is left for the tick (manual clock).
 -- Appends: decisions of waiters granted or refused in the instant, to their nodes' streams
 --       ({sb:P}:s:NODE); the final outcome of this rid to its outcome record (README, "Outcome records":
@@ -50,8 +51,9 @@ local function submit()
         local refused = node_admitted_carried()
         if refused then return reply(refused) end
         local arrival = tonumber(ARGV[13]) or now
-        local function refuse_now(refusal, reason)
+        local function refuse_now(refusal, reason, retry_at)
                 local d = decision('refused', RID, now, { refusal = refusal, reason = reason })
+                d[15] = retry_at -- busy "cooldown": when enough rests end (README, "Decision")
                 outcome_store(NODE, RID, d, nil, REFUSED_OUTCOME_MS)
                 return reply('ok', d)
         end
@@ -60,6 +62,7 @@ local function submit()
         if not rule or not K_SLOTS or K_SLOTS < 1 or K_SLOTS > R.limit then return reply('invalid') end
 
         if not settle_until(now) then return reply('settling') end
+        rests.wake(now)
 
         local in_recovery = M.recovery_until > 0 and now < M.recovery_until
         local d
@@ -72,8 +75,15 @@ local function submit()
                 d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil))
                 outcome_store(NODE, RID, d)
         elseif not MAY_WAIT then
+                -- Busy for want of slots that rest (pool-local.c): says so, and when enough of them wake.
+                local free = free_slots()
+                local wake = M.waiting == 0 and free < K_SLOTS and
+                             lane_verdict(LANE, K_SLOTS, free + M.resting_free) == GRANTABLE and
+                             rests.enough_at(K_SLOTS - free)
+                if wake then return refuse_now('busy', 'cooldown', wake) end
                 return refuse_now('busy', '')
-        elseif R.max_queue >= 0 and M.waiting >= R.max_queue then
+        elseif R.max_queue >= 0 and M.waiting >= R.max_queue and LANE ~= RESERVE_LANE then
+                -- (a reservation is a person's, one at a time: never refused full, as in pool-local.c)
                 return refuse_now('full', '')
         else
                 meta_incr('seq', 1)

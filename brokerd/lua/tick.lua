@@ -116,6 +116,7 @@ local function relayout()
                 end
         end
         meta_set('drained_free', drained_free)
+        rests.relayout(taken)
 end
 
 -- The wanted canon becomes the pool's when every other live node wants it too (memo §4.8). What it
@@ -146,7 +147,8 @@ local function agree(canon)
         end
         local layout_changed = new.limit ~= old.limit or
                 table.concat(new.members or {}, ',') ~= table.concat(old.members or {}, ',') or
-                (new.members == nil) ~= (old.members == nil)
+                (new.members == nil) ~= (old.members == nil) or
+                ((old.cooldown or 0) > 0 and new.cooldown <= 0) -- rests end with cooldown= (rests.relayout())
         rules_store(canon)
         if layout_changed then relayout() end
         if #job > 0 then

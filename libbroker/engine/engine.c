@@ -1337,7 +1337,9 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
                 Pool *p = pool_by_name(e, a->reserve_pool);
                 if (!p)
                         return -ENOENT;
-                if (p->identity)
+                /* A shared pool takes one too (its lane is implicit in the scripts: brokerd/lua/README,
+                 * "Reservations"), but no member or labels yet: its scripts have no selectors. */
+                if (p->identity && (a->member || (a->labels && a->labels[0])))
                         return -EOPNOTSUPP;
                 const char *name = engine_intern(e, ENGINE_RESERVE_LANE);
                 if (!name)
@@ -2136,15 +2138,15 @@ static size_t rules_for_pool(const BrokerConfig *c, const PoolConfig *pc, PoolLa
                                 break;
                         }
         }
-        /* Reservations (SPEC §3.6), on pools without backend=: first in the queue, no limit, no budget. */
-        if (!pc->backend)
-                rules[n++] = (PoolLaneRule) {
-                        .lane = ENGINE_RESERVE_LANE,
-                        .priority = INT_MAX,
-                        .max_in_use = -1,
-                        .budget_set = true,
-                        .budget = USEC_INFINITY,
-                };
+        /* Reservations (SPEC §3.6): first in the queue, no limit, no budget. A shared pool's canon leaves this
+         * lane out (every node's scripts have it: canon_build()). */
+        rules[n++] = (PoolLaneRule) {
+                .lane = ENGINE_RESERVE_LANE,
+                .priority = INT_MAX,
+                .max_in_use = -1,
+                .budget_set = true,
+                .budget = USEC_INFINITY,
+        };
         return n;
 }
 

@@ -108,6 +108,10 @@ typedef struct Cache {
         int64_t recovery_until; /* pool clock, 0 none */
         char *stream_last;     /* the last entry a reply said it appended to this node's stream */
         usec_t at;             /* monotonic, when it came */
+        /* Resting slots (cooldown=, SPEC §3.6), as the last reply listed them (cache [13]): every node's Status
+         * shows the pool's; `until` in this node's monotonic clock, member names owned. */
+        PoolRest *rests;
+        size_t n_rests;
 } Cache;
 
 typedef struct SharedPool {
@@ -123,6 +127,7 @@ typedef struct SharedPool {
         bool link_up;
 
         char **lanes;          /* the configured lanes, for submit()'s check */
+        usec_t cooldown;       /* cooldown= (a rule: in the canon); 0 none */
         char *canon;
         /* The node TTL the self-fence counts with: params.node_ttl once Redis agreed to the rules that carry
          * it, the shorter of the old and the new one while a reload's change waits for agreement (Redis
@@ -996,6 +1001,7 @@ typedef struct Decision {
         Refusal refusal;
         bool has_refusal;      /* a known word, not "" */
         const char *reason;
+        int64_t retry_at;      /* busy "cooldown": when enough rests end (pool clock; [15]); 0 none */
         QueueState state;
         usec_t idle, budget;
         size_t position, queued;
@@ -1018,7 +1024,7 @@ static void decision_done(Decision *d) {
 }
 
 static const char *static_reason(const char *s, size_t len) {
-        static const char *const known[] = { "drained", "recovery", "backend", "rules", "node-expired" };
+        static const char *const known[] = { "drained", "recovery", "backend", "rules", "node-expired", "cooldown" };
         for (size_t i = 0; i < ELEMENTSOF(known); i++)
                 if (strlen(known[i]) == len && memcmp(known[i], s, len) == 0)
                         return known[i];
@@ -1241,7 +1247,8 @@ static int decision_set(Decision *d, const char *name, const RespValue *v) {
                         if (x < 0)
                                 return -EBADMSG;
                         d->token = (uint64_t) x;
-                }
+                } else if (streq(name, "retry_at"))
+                        d->retry_at = x < 0 ? 0 : x;
         }
         return 0;
 }
@@ -1249,12 +1256,13 @@ static int decision_set(Decision *d, const char *name, const RespValue *v) {
 /* The Decision's fields in README order (also the stream's field names). */
 static const char *const decision_fields[] = {
         "verdict", "rid", "at", "wait", "refusal", "reason", "state", "idle", "budget", "position", "queued",
-        "token", "slots", "members",
+        "token", "slots", "members", "retry_at",
 };
 
 static int decision_from_array(const RespValue *v, unsigned max_items, Decision *ret) {
         *ret = decision_init(max_items);
-        if (!v || v->type != RESP_ARRAY || v->n != ELEMENTSOF(decision_fields))
+        /* 14 fields; a busy "cooldown" refusal has the 15th (submit's reply and outcome record only). */
+        if (!v || v->type != RESP_ARRAY || (v->n != ELEMENTSOF(decision_fields) && v->n != ELEMENTSOF(decision_fields) - 1))
                 return -EBADMSG;
         for (size_t i = 0; i < v->n; i++) {
                 int r = decision_set(ret, decision_fields[i], &v->elements[i]);
@@ -1583,6 +1591,9 @@ static void decision_apply(SharedPool *p, const Decision *d, bool written_here, 
                         .reason = d->reason,
                         .has_wait = true,
                         .wait = d->wait < 0 ? 0 : (usec_t) d->wait,
+                        /* Within the cooldown from now: a pool clock gone wrong points nowhere odd. */
+                        .retry_at = d->retry_at > 0 && d->reason && streq(d->reason, "cooldown") ?
+                                local_time_of(p, d->retry_at, now, usec_add(now, p->cooldown)) : 0,
                 });
         }
 }
@@ -1827,6 +1838,77 @@ static int stream_id_cmp(const char *a, const char *b) {
         return aseq < bseq ? -1 : aseq > bseq;
 }
 
+static void rests_clear(SharedPool *p) {
+        for (size_t i = 0; i < p->cache.n_rests; i++)
+                free((char *) p->cache.rests[i].member);
+        p->cache.rests = mfree(p->cache.rests);
+        p->cache.n_rests = 0;
+}
+
+#define SHARED_RESTS_MAX 256 /* prelude.lua, rests.PAGE: the most rests a cache lists */
+
+/* The cache's rests ([13], README "Replies"): { identity, end, … } — a member of this pool's by name, or
+ * "#INDEX" below the limit, and its end on the pool clock (a decimal). An identity this node does not know
+ * is left out (a reload not agreed yet; garbage, which the scripts end and report themselves); a list of
+ * another shape is bad input, dropped (Status shows none rather than something made up). None without the
+ * element. */
+static void rests_apply(SharedPool *p, const RespValue *v, int64_t pool_now, usec_t now) {
+        rests_clear(p);
+        if (!v)
+                return;
+        size_t n = v->type == RESP_ARRAY ? v->n / 2 : 0;
+        if (v->type != RESP_ARRAY || v->n % 2 != 0 || n > SHARED_RESTS_MAX) {
+                bad_input(p, "a malformed list of rests", now);
+                return;
+        }
+        _cleanup_free_ PoolRest *rests = calloc(MAX(n, (size_t) 1), sizeof(PoolRest));
+        if (!rests)
+                return;
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+                const RespValue *id = &v->elements[2 * i], *end = &v->elements[2 * i + 1];
+                int64_t until = 0;
+                unsigned idx;
+                /* A score as Redis prints it: an integer below 2^53 is its digits ("inf", "1e+20": garbage). */
+                if (id->type != RESP_STRING || id->len == 0 || id->len > TEXT_LEN_MAX ||
+                    end->type != RESP_STRING || end->len == 0 || end->len > 16)
+                        goto bad;
+                for (size_t j = 0; j < end->len; j++) {
+                        if (end->str[j] < '0' || end->str[j] > '9')
+                                goto bad;
+                        until = until * 10 + (end->str[j] - '0');
+                }
+                if (id->str[0] == '#') {
+                        if (p->base.members || !mem_to_index(id->str + 1, id->len - 1, p->base.limit, &idx))
+                                continue;
+                        rests[k].member = NULL;
+                } else {
+                        size_t j = 0;
+                        for (; p->base.members && p->base.members[j]; j++)
+                                if (mem_is(id->str, id->len, p->base.members[j]))
+                                        break;
+                        if (!p->base.members || !p->base.members[j] || j >= p->base.limit)
+                                continue;
+                        idx = (unsigned) j;
+                        if (!(rests[k].member = strdup(p->base.members[j])))
+                                goto fail;
+                }
+                rests[k].index = idx;
+                /* Its end in this node's clock: never before now (a rest Redis has not woken yet). */
+                rests[k].until = until <= pool_now ? now :
+                        local_time_of(p, until, now, usec_add(now, (usec_t) (until - pool_now)));
+                k++;
+        }
+        p->cache.rests = TAKE_PTR(rests);
+        p->cache.n_rests = k;
+        return;
+bad:
+        bad_input(p, "a malformed list of rests", now);
+fail:
+        for (size_t i = 0; i < k; i++)
+                free((char *) rests[i].member);
+}
+
 static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now, usec_t now) {
         int64_t x;
         if (!cache || cache->type != RESP_ARRAY || cache->n < 11)
@@ -1860,6 +1942,7 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                         static const char *const causes[] = {
                                 "new", "restart", "lost:rules", "lost:clock", "lost:leases", "lost:waiters",
                                 "lost:slots", "lost:free slots", "lost:records", "lost:nodes", "lost:node records",
+                                "lost:rests",
                         };
                         const RespValue *why = resp_at(cache, 11);
                         const char *cause = NULL;
@@ -1882,14 +1965,20 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                 }
                 free(l);
         }
+        rests_apply(p, resp_at(cache, 12), pool_now, now);
         /* Another node's call may have flipped the gauge: this node's own gauge follows the pool's. */
         congestion_apply(p, p->cache.congested, pool_now, now);
 }
 
-static void notices_apply(SharedPool *p, const RespValue *notices) {
+static void notices_apply(SharedPool *p, const RespValue *notices, usec_t now) {
         for (size_t i = 0; notices && notices->type == RESP_ARRAY && i < notices->n; i++) {
                 const RespValue *n = &notices->elements[i];
                 int64_t leases = 0, waiters = 0;
+                /* A rest record in Redis that was garbage, ended by this call (prelude.lua, "cooldown"). */
+                if (resp_is(resp_at(n, 0), "bad-rest")) {
+                        bad_input(p, "a garbage rest in Redis (ended)", now);
+                        continue;
+                }
                 if (!resp_is(resp_at(n, 0), "node-expired"))
                         continue;
                 _cleanup_free_ char *name = resp_strdup_max(resp_at(n, 2), TEXT_LEN_MAX);
@@ -2374,7 +2463,7 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                  * never (README: exactly one call reports each expiry). */
                 events_apply(p, resp_at(reply, 3), now);
                 cache_apply(p, resp_at(reply, 4), pool_now, now);
-                notices_apply(p, resp_at(reply, 5));
+                notices_apply(p, resp_at(reply, 5), now);
                 c->sent = false;
                 if (c->script == SHARED_SCRIPT_TICK && c->reconcile && !p->params.manual_clock) {
                         /* Its page was made before the calls sent behind it, which Redis may have run by now
@@ -2447,7 +2536,7 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
 
         events_apply(p, resp_at(reply, 3), now);
         cache_apply(p, resp_at(reply, 4), pool_now, now);
-        notices_apply(p, resp_at(reply, 5));
+        notices_apply(p, resp_at(reply, 5), now);
         const RespValue *body = resp_at(reply, 2);
 
         if (c->script == SHARED_SCRIPT_TICK && (resp_is(status, "ok") || resp_is(status, "rules"))) {
@@ -2678,6 +2767,7 @@ static void shared_free(Pool *base) {
         free(p->refused_why);
         free(p->cache.epoch);
         free(p->cache.stream_last);
+        rests_clear(p);
         free(p);
 }
 
@@ -2718,8 +2808,15 @@ static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
                 LINE("queue-congestion-timeout=%" PRId64, wire_usec(c->congestion_timeout));
         if (c->max_queue >= 0)
                 LINE("max-queue=%" PRId64, c->max_queue);
+        /* A rule only when set: a pool without it has the canon of before (brokerd/lua/README, "Rules canon"). */
+        if (c->cooldown > 0)
+                LINE("cooldown=%" PRIu64, c->cooldown);
         LINE("backend-node-ttl=%" PRIu64, ttl);
         for (size_t i = 0; i < n_rules; i++) {
+                /* The lane of reservations is every pool's, in the scripts (prelude.lua, rules_from()): not a
+                 * rule to agree on, so that the canon of a pool is what it was before reservations. */
+                if (streq(rules[i].lane, ENGINE_RESERVE_LANE))
+                        continue;
                 LINE("lane.%s.priority=%d", rules[i].lane, rules[i].priority);
                 LINE("lane.%s.max-in-use=%" PRId64, rules[i].lane, rules[i].max_in_use);
                 LINE("lane.%s.reserve=%u", rules[i].lane, rules[i].reserve);
@@ -2769,6 +2866,7 @@ static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule 
         p->base.limit = c->limit;
         p->min_replicas = c->backend_min_replicas;
         p->min_replicas_timeout = c->backend_min_replicas_timeout;
+        p->cooldown = c->cooldown;
         p->base.queue_timeout_set = c->queue_timeout_set;
         p->base.queue_timeout = c->queue_timeout;
         p->base.retired = false;
@@ -3164,6 +3262,9 @@ static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .replicas_acked = p->replicas_acked,
                 .owes = pool_shared_owes(p),
                 .bad_input = p->bad_input,
+                .resting = p->cache.n_rests > 0 ? p->cache.rests : NULL,
+                .n_resting = p->cache.n_rests,
+                .cooldown = p->cooldown,
         };
 }
 

@@ -137,6 +137,19 @@ seeds = {
     + R(reply("ok", [decision("granted", rid(15), 13, [1], ["b"])])),
     "wrong-reclaim-verdict": UP + b"C" + R(reply("ok", ["maybe"])),
     "many-values": UP + A(1) + b"C" + R(reply("ok", [[i] for i in range(500)])),
+    # Cooldown (issue 23): the cache's rests, a busy refusal with its retry_at, a garbage rest's notice.
+    "cache-rests": UP + A(1) + b"C" + R(reply("ok", decision("queued", rid(1)),
+                                             c=cache() + ["", ["a", "1005000000", "#1", "1004000000"]])),
+    "cache-rests-garbage": UP + A(1) + b"C" + R(reply("ok", decision("queued", rid(1)),
+                                                     c=cache() + ["", ["a", "inf", "z", "-5", "b"]])),
+    "cache-rests-nested": UP + A(1) + b"C" + R(reply("ok", decision("queued", rid(1)), c=cache() + ["", [[["a"]], 7]])),
+    "refused-cooldown": UP + A(1, False) + b"C" + R(reply("ok", decision("refused", rid(1), refusal="busy")[:5]
+                                                         + ["cooldown"] + decision("refused", rid(1))[6:] + [1004000000])),
+    "refused-cooldown-garbage": UP + A(1, False) + b"C" + R(reply("ok", decision("refused", rid(1), refusal="busy")[:5]
+                                                                 + ["cooldown"] + decision("refused", rid(1))[6:]
+                                                                 + [-(1 << 62)])),
+    "notice-bad-rest": UP + b"T\x0a" + b"C" + R(reply("ok", [1030000000, "e1", 0, "ok", [], [0, 0, 0], "0-0", 1, ""],
+                                                     notices=[["bad-rest", "#0"], ["bad-rest"]])),
 }
 
 # A pool that sends batches ('b' first): the answer to one is an array of its operations' replies.

@@ -556,10 +556,9 @@ static void test_pool_cooldown_bounds_and_shared_pools(void **state) {
         set_at(31, "pool grid", "cooldown", "2min");
         assert_int_equal(conf_validate(c, &errors), 0);
         assert_round_trips(c);
-        /* Shared pools: not yet. */
+        /* Shared pools take it too: a rule every node agrees to (brokerd/lua/README, "Rules canon"). */
         set_ok("pool grid", "backend", "redis://localhost");
-        assert_int_equal(conf_validate(c, &errors), -EINVAL);
-        assert_has_error("test.conf:31", "cooldown", "not supported on shared pools yet");
+        assert_int_equal(conf_validate(c, &errors), 0);
 }
 
 /* ---- [lane NAME] ---- */

@@ -1414,7 +1414,52 @@ static const char *member_of(const Tag *t) {
         return members[0];
 }
 
-#ifndef TEST_ENGINE_SHARED /* reservations: local pools only (a shared pool answers "not supported" yet) */
+/* Both kinds of pool (a shared pool's lane "@reserve" is implicit in its scripts): a reservation in a pool of
+ * anonymous slots goes ahead of a k=2 waiter and a higher-priority lane, takes the next slot that frees, and
+ * is never refused full by max-queue. */
+static void test_reservation_is_next_in_line_in_a_pool_of_slots(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 3);
+        lane_add(f, "hi", LANE_POLICY_WAIT, "p", NULL)->priority = 100;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 0);
+        Tag *c = acquire(f, "C", (Req) {}, 0);
+        Tag *big = acquire(f, "BIG", (Req) { .slots = 2 }, S(1));
+        Tag *hi = acquire(f, "HI", (Req) { .lane = "hi" }, S(1));
+        Tag *r = acquire(f, "R", (Req) { .reserve = "p" }, S(2));
+        assert_true(queued(big) && queued(hi) && queued(r));
+        size_t pos, n;
+        assert_int_equal(engine_request_position(r->request, &pos, &n), 0);
+        assert_int_equal(pos, 0); /* first, though the last to come */
+        assert_int_equal(n, 3);
+        end(f, b, S(3));
+        assert_true(granted(r));
+        assert_int_equal(r->decided, S(3));
+        assert_string_equal(engine_lease_lane(r->lease), ENGINE_RESERVE_LANE);
+        assert_true(queued(big) && queued(hi));
+        end(f, a, S(4));
+        assert_true(granted(hi));
+        end(f, c, S(5));
+        assert_true(queued(big)); /* one free slot of the two it needs */
+        end(f, r, S(6));
+        assert_true(granted(big));
+        assert_int_equal(pool_in_use(f, 0), 3);
+        /* A queue at max-queue refuses jobs, not a reservation. */
+        p->max_queue = 1;
+        configure(f, S(7));
+        Tag *w = acquire(f, "W", (Req) {}, S(7));
+        assert_true(queued(w));
+        assert_true(refused(acquire(f, "FULL", (Req) {}, S(7)), REFUSAL_FULL));
+        Tag *r2 = acquire(f, "R2", (Req) { .reserve = "p" }, S(7));
+        assert_true(queued(r2));
+        end(f, hi, S(8));
+        assert_true(granted(r2)); /* ahead of W, who waited longer */
+        assert_true(queued(w));
+}
+
+#ifndef TEST_ENGINE_SHARED /* these name members, which a shared pool's scripts take no selectors for yet */
 /* SPEC §3.6: a reservation goes ahead of every waiting job, a k=2 waiter and a higher-priority lane's included;
  * it takes the next member that frees, and no member is held twice. */
 static void test_reservation_is_next_in_line_behind_a_two_slot_waiter(void **state) {
@@ -3008,7 +3053,7 @@ static void test_random_sets_never_hold_part_or_a_slot_twice(void **state) {
 
 /* ---- cooldown (SPEC §3.6): a released slot rests before its next grant ---- */
 
-#ifndef TEST_ENGINE_SHARED
+/* Also through shared pools (test-engine-shared): the rests live in Redis (brokerd/lua/README, "Cooldown"). */
 
 /* One pool "p" of `limit` anonymous slots with cooldown, one wait lane "l" and a fail-fast lane "m". */
 static PoolConfig *cooldown_pool(Fixture *f, unsigned limit, usec_t cooldown) {
@@ -3057,8 +3102,8 @@ static void test_cooldown_no_barging_behind_a_two_slot_waiter(void **state) {
         Tag *big = acquire(f, "BIG", (Req) { .slots = 2 }, S(1));
         end(f, a, S(2));                             /* rests until 12 */
         Tag *small[8];
-        for (int i = 0; i < 8; i++)                  /* a stream of one-slot requests */
-                small[i] = acquire(f, "S", (Req) {}, S(3) + S(i));
+        for (int i = 0; i < 8; i++)                  /* a stream of one-slot requests (time never goes back: */
+                small[i] = acquire(f, "S", (Req) {}, S(3) + MS(200) * i); /* a shared pool's clock) */
         end(f, b, S(5));                             /* rests until 15 */
         run(f, S(12));                               /* A's slot wakes: BIG needs two, nobody passes it */
         assert_true(queued(big));
@@ -3080,6 +3125,7 @@ static void test_cooldown_no_barging_behind_a_two_slot_waiter(void **state) {
         assert_true(small[0]->final.wait > small[1]->final.wait); /* the earlier arrival, served first */
 }
 
+#ifndef TEST_ENGINE_SHARED /* it names a member (--member), which a shared pool's scripts take no selectors for */
 static void test_cooldown_resting_member_is_not_granted(void **state) {
         Fixture *f = *state;
         PoolConfig *p = pool_add(f, "p", 0);
@@ -3111,6 +3157,7 @@ static void test_cooldown_resting_member_is_not_granted(void **state) {
         Tag *any = acquire(f, "ANY", (Req) { .no_wait = true }, S(17));
         assert_int_equal(any->final.retry_after_sec, 5);
 }
+#endif
 
 static void test_cooldown_fail_fast_refusal_names_it_and_its_wake(void **state) {
         Fixture *f = *state;
@@ -3144,7 +3191,7 @@ static void test_cooldown_budget_counts_resting_slots_as_unavailable(void **stat
         run(f, S(7));
         assert_true(refused(b, REFUSAL_TIMEOUT));    /* its budget ended before the slot woke */
         assert_int_equal(b->decided, S(7));
-        Tag *c = acquire(f, "C", (Req) { .max_wait = S(9) }, S(2));
+        Tag *c = acquire(f, "C", (Req) { .max_wait = S(9) }, S(7));
         run(f, S(11));
         assert_true(granted(c));                     /* a budget that covers the rest is granted at the wake */
 }
@@ -3193,6 +3240,7 @@ static void test_cooldown_reload_follows_a_member_by_name(void **state) {
         assert_true(queued(acquire(f, "C", (Req) {}, S(3))));
 }
 
+#ifndef TEST_ENGINE_SHARED /* a local pool's restart (the lease log); a shared pool's rests stay in Redis */
 static void test_cooldown_restart_restores_a_rest_in_progress(void **state) {
         Fixture *f = *state;
         PoolConfig *p = pool_add(f, "p", 0);
@@ -3223,6 +3271,7 @@ static void test_cooldown_restart_restores_a_rest_in_progress(void **state) {
         /* A held slot does not rest. */
         assert_int_equal(engine_pool_rest(f->engine, "p", "rig-a", 0, S(115), S(111)), -ENOENT);
 }
+#endif
 
 static void test_cooldown_random_workload_holders_and_resting_never_exceed_the_limit(void **state) {
         Fixture *f = *state;
@@ -3246,6 +3295,7 @@ static void test_cooldown_random_workload_holders_and_resting_never_exceed_the_l
                         assert_true(info.resting[k].until > t && info.resting[k].until <= t + MS(700));
         }
 }
+#ifndef TEST_ENGINE_SHARED /* it reads drained_members, which a shared pool's info does not list */
 /* Member reloads, member drains and cooldown together: a resting member is never held, nor granted before it
  * wakes; a member neither held, resting nor drained is free — a one-member request then has room (the counts
  * of drained and resting members never drift). */
@@ -3363,6 +3413,7 @@ int main(void) {
                 T(test_reload_keeps_waiters_and_reorders_on_new_priority),
                 T(test_max_hold_revokes_without_freeing),
                 T(test_lease_released_after_its_max_hold_unseen_is_not_revoked),
+                T(test_reservation_is_next_in_line_in_a_pool_of_slots),
 #ifndef TEST_ENGINE_SHARED
                 T(test_reservation_is_next_in_line_behind_a_two_slot_waiter),
                 T(test_reservation_takes_a_member_a_two_slot_waiter_sets_aside),
@@ -3432,16 +3483,18 @@ int main(void) {
                 T(test_quarantine_survives_a_reload_by_member_name),
                 T(test_drain_until_undrains_by_itself_and_grants_at_that_instant),
                 T(test_drain_until_survives_a_restart),
-                /* Cooldown: local pools only (conf refuses it on shared ones, not yet). */
+#endif
+                /* Cooldown: both kinds of pool (issue 23 item 5 on shared pools). */
                 T(test_cooldown_rests_a_released_slot_and_wakes_it_by_deadline),
                 T(test_cooldown_no_barging_behind_a_two_slot_waiter),
-                T(test_cooldown_resting_member_is_not_granted),
                 T(test_cooldown_fail_fast_refusal_names_it_and_its_wake),
                 T(test_cooldown_budget_counts_resting_slots_as_unavailable),
                 T(test_cooldown_reload_changed_applies_next_removed_frees_at_once),
                 T(test_cooldown_reload_follows_a_member_by_name),
-                T(test_cooldown_restart_restores_a_rest_in_progress),
                 T(test_cooldown_random_workload_holders_and_resting_never_exceed_the_limit),
+#ifndef TEST_ENGINE_SHARED
+                T(test_cooldown_resting_member_is_not_granted),
+                T(test_cooldown_restart_restores_a_rest_in_progress),
                 T(test_cooldown_random_reloads_and_drains_keep_the_books),
 #endif
         };

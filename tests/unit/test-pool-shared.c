@@ -2700,6 +2700,60 @@ static void test_batch_bad_replies_are_bad_input(void **state) {
         }
 }
 
+/* ------------------------------------------------------------------ cooldown: rests in the cache (issue 23) */
+
+/* A cache with its 13th element, the rests (brokerd/lua/README, "Replies"). */
+static RespValue cache_rests(RespValue rests) {
+        return arr(13, num(0), num(1), num(0), num(0), num(0), num(-1), num(100), str("e1"), num(0), str(""), num(2),
+                   str(""), rests);
+}
+
+static void submit_answered_with(Fixture *f, void *cookie, usec_t now, RespValue with) {
+        assert_int_equal(submit(f, cookie, 1, true, now), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        done(f, c, reply("ok", (int64_t) now, decision("queued", rid, (int64_t) now, 0, "", 0, 0, EMPTY), EMPTY, with),
+             now, now);
+}
+
+/* Every node shows the pool's rests from its last reply; an identity it does not know is left out (a reload
+ * not agreed yet); a list of another shape, or an end that is not an integer, is bad input and shows none. */
+static void test_rests_in_the_cache_are_shown_and_bad_ones_counted(void **state) {
+        Fixture *f = *state;
+        int cookie[8];
+        bring_up(f, S(1));
+        submit_answered_with(f, &cookie[0], S(1),
+                             cache_rests(arr(4, str("#1"), str("5000000"), str("#7"), str("6000000"))));
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(1), &info);
+        assert_int_equal(info.n_resting, 1);
+        assert_int_equal(info.resting[0].index, 1);
+        assert_null(info.resting[0].member);
+        assert_int_equal(info.resting[0].until, S(5));
+        assert_int_equal(bad_inputs(f), 0);
+        static const char *const ends[] = { "1e+20", "inf", "-5", "", "12345678901234567", "5 " };
+        for (size_t i = 0; i < ELEMENTSOF(ends); i++) {
+                submit_answered_with(f, &cookie[1], S(2), cache_rests(arr(2, str("#0"), str(ends[i]))));
+                f->pool->ops->info(f->pool, S(2), &info);
+                assert_int_equal(info.n_resting, 0);
+                assert_int_equal(bad_inputs(f), i + 1);
+        }
+        submit_answered_with(f, &cookie[2], S(2), cache_rests(arr(1, str("#0"))));
+        assert_int_equal(bad_inputs(f), ELEMENTSOF(ends) + 1);
+        submit_answered_with(f, &cookie[3], S(2), cache_rests(arr(2, num(0), num(5000000))));
+        assert_int_equal(bad_inputs(f), ELEMENTSOF(ends) + 2);
+        /* A cache without the element (a pool without cooldown=): none. */
+        submit_answered_with(f, &cookie[4], S(2), cache_rests(arr(2, str("#0"), str("5000000"))));
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_int_equal(info.n_resting, 1);
+        submit_answered_with(f, &cookie[5], S(3), cache(0, 1, 0, -1, ""));
+        f->pool->ops->info(f->pool, S(3), &info);
+        assert_int_equal(info.n_resting, 0);
+        assert_null(info.resting);
+}
+
+
 int main(void) {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
         const struct CMUnitTest tests[] = {
@@ -2755,6 +2809,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_manual_clock_passes_now_and_leaves_the_instant_to_run,
                                                 setup_manual, teardown),
                 cmocka_unit_test_setup_teardown(test_manual_clock_has_no_instants_of_its_own, setup_manual, teardown),
+                cmocka_unit_test_setup_teardown(test_rests_in_the_cache_are_shown_and_bad_ones_counted, setup_manual,
+                                                teardown),
                 cmocka_unit_test_setup_teardown(test_manual_clock_reads_places_after_a_reload, setup_manual, teardown),
                 cmocka_unit_test_setup_teardown(test_manual_clock_applies_stream_entries_in_reply_order, setup_manual,
                                                 teardown),

@@ -11,7 +11,7 @@
  * two streams interleaved differently, neither reordered within itself (memo §5.1).
  *
  * The scenarios: every tests/scenarios file (JSON), and seeded generated ones (pools with limits or members,
- * queue timeouts, congestion timeouts, max-queue; lanes with priorities, max-in-use, reserve, max-hold and fail-fast;
+ * queue timeouts, congestion timeouts, max-queue, cooldown; lanes with priorities, max-in-use, reserve, max-hold and fail-fast;
  * requests of 1–3 slots, no-wait, client caps). The simulator has no drains and no cancels: those are
  * test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
@@ -272,7 +272,7 @@ static bool gen_chance(Gen *g, unsigned percent) {
  * arrivals. A waiter of a pool without a queue timeout may wait for good: the run ends when nothing could
  * serve it any more, the same both ways (a shared pool has no instants of its own in the manual mode). */
 static char *generate(uint64_t seed) {
-        Gen g = { .state = seed * 1000003 };
+        Gen g = { .state = seed * 1000003 }, cg = { .state = seed * 7919 + 17 };
         char *text = NULL;
         size_t size = 0;
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
@@ -299,6 +299,10 @@ static char *generate(uint64_t seed) {
                         fprintf(g.f, ", \"queue-congestion-timeout\": \"%ums\"", 100 * gen_below(&g, 1 + qt / 100));
                 if (gen_chance(&g, 40))
                         fprintf(g.f, ", \"max-queue\": %u", gen_below(&g, 8));
+                /* Cooldown (issue 23): drawn from a generator of its own, so that the seeds' other draws
+                 * stay what they were. */
+                if (gen_chance(&cg, 40))
+                        fprintf(g.f, ", \"cooldown\": \"%ums\"", 100 + 100 * gen_below(&cg, 15));
                 fputc('}', g.f);
         }
         fputs("}, \"lanes\": {", g.f);

@@ -2990,6 +2990,220 @@ static void test_a_batch_stops_where_an_operation_does_not_answer_ok(void **stat
         }
 }
 
+/* ---- cooldown (issue 23 item 5; brokerd/lua/README, "Cooldown") ---- */
+
+#define CANON_COOL CANON_ONE_LANE "cooldown=5000\n"
+
+static bool has_notice(const redisReply *r, const char *kind, const char *what) {
+        const redisReply *n = r->element[R_NOTICES];
+        for (size_t i = 0; i < n->elements; i++)
+                if (strcmp(n->element[i]->element[0]->str, kind) == 0 &&
+                    strcmp(n->element[i]->element[1]->str, what) == 0)
+                        return true;
+        return false;
+}
+
+static void redis_do(const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        redisReply *r = redisvCommand(redis, fmt, ap);
+        va_end(ap);
+        assert_non_null(r);
+        assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
+        freeReplyObject(r);
+}
+
+static void test_a_released_slot_rests_until_its_end_and_is_the_next_wakeup(void **state) {
+        tick_ok("n1", 1000, CANON_COOL "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        long long token = field_i(body(a), D_TOKEN);
+        freeReplyObject(a);
+        tick_ok("n1", 1000, "=");
+        expect_verdict("b", 2000, "ci", 1, "queued");
+        tick_ok("n1", 2000, "=");
+        redisReply *r = release_at(3000, token, "a");
+        assert_int_equal(cache(r, C_IN_USE), 0);
+        /* The cache lists it for every node's Status: { identity, end }. */
+        const redisReply *rests = r->element[R_CACHE]->element[12];
+        assert_int_equal(rests->elements, 2);
+        assert_string_equal(rests->element[0]->str, "#0");
+        assert_string_equal(rests->element[1]->str, "8000");
+        freeReplyObject(r);
+        r = tick_as("n1", 3000, "=");
+        assert_int_equal(n_events(r), 0);
+        assert_int_equal(cache(r, C_NEXT_WAKEUP), 8000); /* every node's timer: the rest's end */
+        freeReplyObject(r);
+        r = tick_as("n1", 7999, "=");
+        assert_int_equal(n_events(r), 0);                    /* neither free nor held */
+        freeReplyObject(r);
+        r = tick_as("n1", 8000, "=");
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(field_s(event(r, 0), D_VERDICT), "granted");
+        assert_string_equal(field_s(event(r, 0), D_RID), "b");
+        assert_int_equal(field_i(event(r, 0), D_AT), 8000);
+        assert_int_equal(r->element[R_CACHE]->element[12]->elements, 0);
+        freeReplyObject(r);
+        /* A pool without cooldown= replies as before: no 13th cache element. */
+        pool = "{sb:q}";
+        r = tick_as("n1", 9000, CANON_ONE_LANE "limit=1\n");
+        assert_int_equal(r->element[R_CACHE]->elements, 12);
+        freeReplyObject(r);
+}
+
+static void test_a_fail_fast_request_is_told_when_the_rest_ends(void **state) {
+        tick_ok("n1", 1000, CANON_COOL "limit=2\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        long long ta = field_i(body(a), D_TOKEN);
+        freeReplyObject(a);
+        redisReply *b = submit_at(1000, "b", "ci", 1, true, -1);
+        long long tb = field_i(body(b), D_TOKEN);
+        freeReplyObject(b);
+        tick_ok("n1", 1000, "=");
+        freeReplyObject(release_at(2000, ta, "a"));          /* rests until 7000 */
+        freeReplyObject(release_at(3000, tb, "b"));          /* rests until 8000 */
+        tick_ok("n1", 3000, "=");
+        redisReply *r = submit_at(4000, "c", "ci", 2, false, -1);
+        assert_string_equal(field_s(body(r), D_VERDICT), "refused");
+        assert_string_equal(field_s(body(r), D_REFUSAL), "busy");
+        assert_string_equal(field_s(body(r), D_REASON), "cooldown");
+        assert_int_equal(body(r)->elements, 15);
+        assert_int_equal(body(r)->element[14]->integer, 8000); /* when the second of them ends */
+        freeReplyObject(r);
+}
+
+/* Hostile content of the rest key: a real rest's end made huge, a "rest" of a held slot and of nothing,
+ * one in the past: each is ended at its first wake and reported; none frees a held slot or parks one. */
+static void test_garbage_rests_are_ended_and_reported_never_granted_twice(void **state) {
+        tick_ok("n1", 1000, CANON_COOL "limit=3\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        long long ta = field_i(body(a), D_TOKEN);
+        freeReplyObject(a);
+        tick_ok("n1", 1000, "=");
+        freeReplyObject(release_at(2000, ta, "a"));          /* #0 rests until 7000 */
+        expect_verdict("b", 2000, "ci", 1, "granted");       /* #1 */
+        tick_ok("n1", 2000, "=");
+        redis_do("ZADD " POOL ":rest 1e300 #0");             /* the real rest, made endless */
+        redis_do("ZADD " POOL ":rest -5 #1");                /* a held slot */
+        redis_do("ZADD " POOL ":rest 5000 nonesuch");
+        redisReply *r = tick_as("n1", 2500, "=");
+        assert_true(has_notice(r, "bad-rest", "#0"));
+        assert_true(has_notice(r, "bad-rest", "#1"));
+        freeReplyObject(r);
+        /* #0 is free again, #1 still held (never handed out twice), #2 free. */
+        redisReply *c = submit_at(2500, "c", "ci", 2, true, -1);
+        assert_string_equal(field_s(body(c), D_VERDICT), "granted");
+        assert_int_equal(body(c)->element[D_SLOTS]->element[0]->integer, 0);
+        assert_int_equal(body(c)->element[D_SLOTS]->element[1]->integer, 2);
+        freeReplyObject(c);
+        expect_verdict("d", 2500, "ci", 1, "queued");
+        r = tick_as("n1", 5000, "=");
+        assert_true(has_notice(r, "bad-rest", "nonesuch"));
+        assert_int_equal(n_events(r), 0);
+        freeReplyObject(r);
+        assert_int_equal(meta_number("meta", "resting_free"), 0);
+        /* A key of another type is deleted and reported; the next rest is kept as usual. */
+        redis_do("DEL " POOL ":rest");
+        redis_do("SET " POOL ":rest garbage");
+        r = release_at(6000, 0, "nobody");                   /* a release that frees nothing */
+        assert_true(has_notice(r, "bad-rest", "?"));
+        freeReplyObject(r);
+}
+
+#define CANON_COOL_MEMBERS CANON_COOL "limit=2\nmembers=alpha,beta\n"
+
+/* A member drained while it rests, and undrained: it rests on (neither free nor counted twice); one whose rest
+ * ends while drained is free at its undrain (pool-local.c counts them so: drained_free, resting_free). */
+static void test_a_resting_member_drained_and_undrained_keeps_the_books(void **state) {
+        tick_ok("n1", 1000, CANON_COOL_MEMBERS);
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        assert_string_equal(body(a)->element[D_MEMBERS]->element[0]->str, "alpha");
+        long long ta = field_i(body(a), D_TOKEN);
+        freeReplyObject(a);
+        tick_ok("n1", 1000, "=");
+        freeReplyObject(release_at(2000, ta, "a"));           /* alpha rests until 7000 */
+        freeReplyObject(call("drain", "n1", 3000, 0, "alpha", "1", NULL));
+        assert_int_equal(meta_number("meta", "drained_free"), 1);
+        assert_int_equal(meta_number("meta", "resting_free"), 0);
+        freeReplyObject(call("drain", "n1", 4000, 0, "alpha", "0", NULL));
+        assert_int_equal(meta_number("meta", "drained_free"), 0);
+        assert_int_equal(meta_number("meta", "resting_free"), 1);
+        redisReply *b = submit_at(4000, "b", "ci", 1, true, -1);
+        assert_string_equal(body(b)->element[D_MEMBERS]->element[0]->str, "beta");
+        freeReplyObject(b);
+        expect_verdict("c", 4000, "ci", 1, "queued");
+        redisReply *r = tick_as("n1", 6999, "=");
+        assert_int_equal(n_events(r), 0);
+        freeReplyObject(r);
+        r = tick_as("n1", 7000, "=");
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(event(r, 0)->element[D_MEMBERS]->element[0]->str, "alpha");
+        long long tc = field_i(event(r, 0), D_TOKEN);
+        freeReplyObject(r);
+        assert_int_equal(meta_number("meta", "resting_free"), 0);
+        /* Its rest ends while it is drained: free at the undrain, not before. */
+        freeReplyObject(release_at(8000, tc, "c"));           /* alpha rests until 13000 */
+        freeReplyObject(call("drain", "n1", 8000, 0, "alpha", "1", NULL));
+        tick_ok("n1", 13000, "=");
+        assert_int_equal(meta_number("meta", "drained_free"), 1);
+        assert_int_equal(meta_number("meta", "resting_free"), 0);
+        expect_verdict("d", 13000, "ci", 1, "queued");
+        freeReplyObject(call("drain", "n1", 14000, 0, "alpha", "0", NULL));
+        r = tick_as("n1", 14000, "=");
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(field_s(event(r, 0), D_RID), "d");
+        freeReplyObject(r);
+}
+
+/* A dead node's lease ends with its reap: its slot rests as one released (from the reaping call's now), and the
+ * waiter of another node gets it at the rest's end, not at the reap. */
+static void test_a_dead_nodes_slot_rests_from_its_reap(void **state) {
+        tick_ok("n1", 1000, CANON_COOL "limit=1\n");
+        tick_ok("n2", 1000, CANON_COOL "limit=1\n");
+        redisReply *a = call("submit", "n2", 1000, 0, "a", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+        freeReplyObject(a);
+        expect_verdict("mine", 2000, "ci", 1, "queued");
+        tick_ok("n1", 2000, "=");
+        tick_ok("n1", 20 * SEC, "=");
+        /* n2's deadline is 1000 + 30 s: n1's tick at 31 s reaps it, and the slot rests until 31 s + 5000. */
+        redisReply *r = tick_as("n1", 31 * SEC, "=");
+        assert_int_equal(r->element[R_NOTICES]->elements, 1);
+        assert_string_equal(r->element[R_NOTICES]->element[0]->element[0]->str, "node-expired");
+        assert_int_equal(n_events(r), 0);
+        assert_int_equal(cache(r, C_NEXT_WAKEUP), 31 * SEC + 5000);
+        freeReplyObject(r);
+        r = tick_as("n1", 31 * SEC + 5000, "=");
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(field_s(event(r, 0), D_RID), "mine");
+        assert_int_equal(field_i(event(r, 0), D_AT), 31 * SEC + 5000);
+        freeReplyObject(r);
+}
+
+/* Rolling change (brokerd.conf(5), "Upgrading a fleet"): cooldown= is a rule like any, adopted only when every
+ * live node wants it; meanwhile the node that wants it is answered "rules" naming the key, and the pool
+ * rests nothing. Adopted, the next release rests. */
+static void test_cooldown_is_adopted_only_when_every_node_wants_it(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        tick_ok("n2", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *t = tick_as("n2", 2000, CANON_COOL "limit=1\n");
+        assert_string_equal(status(t), "rules");
+        assert_int_equal(body(t)->element[4]->elements, 1);
+        assert_string_equal(body(t)->element[4]->element[0]->str, "cooldown");
+        freeReplyObject(t);
+        redisReply *a = submit_at(2000, "a", "ci", 1, true, -1);
+        long long ta = field_i(body(a), D_TOKEN);
+        freeReplyObject(a);
+        redisReply *r = release_at(3000, ta, "a");
+        assert_int_equal(r->element[R_CACHE]->elements, 12); /* no cooldown: nothing rests */
+        freeReplyObject(r);
+        expect_verdict("b", 3000, "ci", 1, "granted");
+        t = tick_as("n1", 4000, CANON_COOL "limit=1\n");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(t->element[R_CACHE]->elements, 13);
+        freeReplyObject(t);
+        tick_ok("n2", 4000, "=");
+}
+
 int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup(f, setup)
@@ -3056,6 +3270,12 @@ int main(int argc, char *argv[]) {
                 T(test_bad_live_keys_cover_nothing_and_break_nothing),
                 T(test_live_keys_lost_fall_back_to_the_registrations),
                 T(test_an_acl_of_the_pools_keys_only_keeps_the_pools_working),
+                T(test_a_released_slot_rests_until_its_end_and_is_the_next_wakeup),
+                T(test_a_fail_fast_request_is_told_when_the_rest_ends),
+                T(test_garbage_rests_are_ended_and_reported_never_granted_twice),
+                T(test_a_resting_member_drained_and_undrained_keeps_the_books),
+                T(test_a_dead_nodes_slot_rests_from_its_reap),
+                T(test_cooldown_is_adopted_only_when_every_node_wants_it),
 #undef T
         };
         int r;
