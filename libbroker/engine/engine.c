@@ -2112,6 +2112,7 @@ static size_t rules_for_pool(const BrokerConfig *c, const PoolConfig *pc, PoolLa
                                         .budget_set = lc->queue_timeout_set,
                                         .budget = lc->queue_timeout,
                                         .health = lc->health,
+                                        .labels = lc->labels,
                                 };
                                 break;
                         }

@@ -31,6 +31,9 @@ typedef struct PoolLaneRule {
         bool budget_set;
         usec_t budget;            /* may be USEC_INFINITY */
         bool health;              /* granted quarantined members only (SPEC §3.6) */
+        /* The lane's labels= terms (SPEC §3.5), NULL-terminated, or NULL: requests carry them in their selector;
+         * here for the rules a shared pool's nodes must agree on. */
+        char *const *labels;
 } PoolLaneRule;
 
 /* A waiter handed over by the previous daemon (engine.h, EngineResume): where it stood in this pool's

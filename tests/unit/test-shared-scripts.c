@@ -879,6 +879,159 @@ static void test_a_drained_member_is_not_granted(void **state) {
         freeReplyObject(t);
 }
 
+/* ---- labels and a named member (SPEC §3.5) ---- */
+
+#define CANON_RIGS CANON_ONE_LANE "label.arm64=a,b\nlabel.usb3=b,c\nlimit=4\nmembers=a,b,c,d\n"
+
+/* submit of k slots of lane ci with a selector canon (submit's [14]), settle 0; any status. */
+static redisReply *submit_sel(long long now, const char *rid, int k, const char *selector) {
+        char k_s[16];
+        snprintf(k_s, sizeof k_s, "%d", k);
+        return call("submit", "n1", now, 0, rid, "ci", k_s, "1", "0", "-1", "-1", "-", selector, NULL);
+}
+
+static const char *member_of(const redisReply *d, size_t i) {
+        assert_true(d->element[D_MEMBERS]->elements > i);
+        return d->element[D_MEMBERS]->element[i]->str;
+}
+
+/* The waiter record's wid of rid (node n1). */
+static void wid_of(const char *rid, char ret[static 32]) {
+        redisReply *r = redisCommand(redis, "HGET " POOL ":rid n1:%s", rid);
+        assert_non_null(r);
+        assert_int_equal(r->type, REDIS_REPLY_STRING);
+        assert_true(strncmp(r->str, "w:", 2) == 0);
+        snprintf(ret, 32, "%s", r->str + 2);
+        freeReplyObject(r);
+}
+
+static void test_labelled_waiters_set_aside_members_and_disjoint_ones_flow(void **state) {
+        tick_ok("n1", 1000, CANON_RIGS);
+        /* What no member can ever give is invalid before anything is queued. */
+        static const char *const bad[] = { "gpu", "@z", "arm64 !arm64", "Arm64", "arm64 @c", "@", "!", "a b@c",
+                                           "@a @b" };
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                redisReply *r = submit_sel(1000, "bad", 1, bad[i]);
+                assert_string_equal(status(r), "invalid");
+                freeReplyObject(r);
+        }
+        redisReply *r = submit_sel(1000, "bad", 3, "arm64"); /* two members carry it */
+        assert_string_equal(status(r), "invalid");
+        freeReplyObject(r);
+
+        redisReply *x = submit_sel(1000, "x", 1, "@a");
+        assert_string_equal(field_s(body(x), D_VERDICT), "granted");
+        assert_string_equal(member_of(body(x), 0), "a");
+        long long x_token = field_i(body(x), D_TOKEN);
+        freeReplyObject(x);
+        r = submit_sel(2000, "w", 2, "arm64");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        /* b is free, set aside for w: a one-rig arm64 request queues behind it. */
+        r = submit_sel(3000, "one", 1, "arm64");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        assert_int_equal(field_i(body(r), D_POSITION), 1);
+        freeReplyObject(r);
+        /* c is of no use to either: it flows on, and so does d to a request of any slot. */
+        r = submit_sel(4000, "usb", 1, "usb3");
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(member_of(body(r), 0), "c");
+        freeReplyObject(r);
+        r = submit_sel(4000, "any", 1, "");
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(member_of(body(r), 0), "d");
+        freeReplyObject(r);
+        tick_ok("n1", 4000, "=");
+
+        /* Bad input from Redis: "one"'s record says garbage, and a bucket of a garbage canon lists it too. */
+        char wid[32];
+        wid_of("one", wid);
+        r = redisCommand(redis, "EVAL %s 1 %s %s",
+                         "local a = cmsgpack.unpack(redis.call('HGET', KEYS[1], ARGV[1])) a[12] = '\\1 !! @' "
+                         "redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(a))",
+                         POOL ":w", wid);
+        assert_non_null(r);
+        assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
+        freeReplyObject(r);
+        freeReplyObject(redisCommand(redis, "SADD " POOL ":ls:ci %s", "1:BAD CANON"));
+        freeReplyObject(redisCommand(redis, "ZADD %s 0 %s", POOL ":b:ci:1:BAD CANON", wid));
+
+        /* a frees: w gets a and b at once (the lowest it may use). */
+        freeReplyObject(release_at(5000, x_token, "x"));
+        redisReply *t = tick_as("n1", 5000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "w");
+        assert_string_equal(member_of(event(t, 0), 0), "a");
+        assert_string_equal(member_of(event(t, 0), 1), "b");
+        long long w_token = field_i(event(t, 0), D_TOKEN);
+        freeReplyObject(t);
+        /* w ends: "one" gets a, once, whatever its record and the garbage bucket say. */
+        freeReplyObject(release_at(6000, w_token, "w"));
+        t = tick_as("n1", 6000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "one");
+        assert_string_equal(member_of(event(t, 0), 0), "a");
+        assert_int_equal(cache(t, C_IN_USE), 3);
+        assert_int_equal(cache(t, C_WAITING), 0);
+        freeReplyObject(t);
+        t = tick_as("n1", 7000, "=");
+        assert_int_equal(n_events(t), 0);
+        assert_string_equal(status(t), "ok");
+        freeReplyObject(t);
+}
+
+/* A reload that takes a label away refuses the waiters it leaves without enough members; a held member keeps
+ * its lease and the new labels apply to the next grant. */
+static void test_relabel_refuses_what_no_member_can_give_and_keeps_holders(void **state) {
+        tick_ok("n1", 1000, CANON_RIGS);
+        redisReply *r = submit_sel(1000, "b", 1, "arm64 usb3");
+        assert_string_equal(member_of(body(r), 0), "b");
+        freeReplyObject(r);
+        r = submit_sel(1000, "a", 1, "arm64");
+        assert_string_equal(member_of(body(r), 0), "a");
+        freeReplyObject(r);
+        r = submit_sel(2000, "two", 2, "arm64");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        r = submit_sel(2000, "usb", 1, "usb3 !arm64");
+        assert_string_equal(member_of(body(r), 0), "c");
+        freeReplyObject(r);
+        r = submit_sel(2000, "u2", 1, "usb3");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        tick_ok("n1", 2000, "=");
+        /* arm64 is a alone now, usb3 moves to d: "two" can never be granted; u2 gets d. */
+        redisReply *t = tick_as("n1", 3000, CANON_ONE_LANE "label.arm64=a\nlabel.usb3=c,d\nlimit=4\nmembers=a,b,c,d\n");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(n_events(t), 2);
+        assert_string_equal(field_s(event(t, 0), D_RID), "two");
+        assert_string_equal(field_s(event(t, 0), D_VERDICT), "refused");
+        assert_string_equal(field_s(event(t, 0), D_REFUSAL), "unavailable");
+        assert_string_equal(field_s(event(t, 1), D_RID), "u2");
+        assert_string_equal(field_s(event(t, 1), D_VERDICT), "granted");
+        assert_string_equal(member_of(event(t, 1), 0), "d");
+        assert_int_equal(cache(t, C_IN_USE), 4); /* b kept by its holder */
+        freeReplyObject(t);
+}
+
+/* Labels are rules: a node with other labels is refused, naming them. */
+static void test_other_labels_are_refused_naming_the_keys(void **state) {
+        tick_ok("n1", 1000, CANON_RIGS);
+        redisReply *t = tick_as("n2", 1000, CANON_ONE_LANE "label.arm64=a\nlabel.usb3=b,c\nlimit=4\nmembers=a,b,c,d\n");
+        assert_string_equal(status(t), "rules");
+        const redisReply *diff = body(t)->element[4];
+        assert_int_equal(diff->elements, 1);
+        assert_string_equal(diff->element[0]->str, "label.arm64");
+        freeReplyObject(t);
+        t = tick_as("n3", 1000, CANON_ONE_LANE "lane.ci.labels=arm64\nlabel.arm64=a,b\nlabel.usb3=b,c\nlimit=4\n"
+                                                "members=a,b,c,d\n");
+        assert_string_equal(status(t), "rules");
+        diff = body(t)->element[4];
+        assert_int_equal(diff->elements, 1);
+        assert_string_equal(diff->element[0]->str, "lane.ci.labels");
+        freeReplyObject(t);
+}
+
 static redisReply *reclaim(long long now, const char *rid, const char *token, const char *slot) {
         return call("reclaim", "n1", now, 1, rid, "ci", "1", token, "1000", slot, NULL);
 }
@@ -3019,6 +3172,9 @@ int main(int argc, char *argv[]) {
                 T(test_status_lists_every_nodes_holders_and_the_first_waiters),
                 T(test_a_pool_drain_refuses_every_waiter_within_the_budget),
                 T(test_a_drained_member_is_not_granted),
+                T(test_labelled_waiters_set_aside_members_and_disjoint_ones_flow),
+                T(test_relabel_refuses_what_no_member_can_give_and_keeps_holders),
+                T(test_other_labels_are_refused_naming_the_keys),
                 T(test_reclaim_inside_the_recovery_window),
                 T(test_reclaim_outside_a_recovery_window_is_lost),
                 T(test_redis_clock_tokens_follow_the_time),
