@@ -851,6 +851,8 @@ local function room_for(lane, k, canon)
                 return lane_verdict(lane, k, free_slots()) == GRANTABLE and not queue_next(), nil
         end
         local avail = free_member_set()
+        -- No free member: nobody ahead can be granted and neither can it (queue_walk() stops at once).
+        if avail.n <= 0 then return false end
         if selector_walk(walk_heads(), avail) then return false end
         local mask = nil
         if canon ~= '' then mask = selector_members(canon) or {} end
@@ -977,12 +979,15 @@ local function orphans_lapse(t)
 end
 
 
--- pool-local.c:dispatch() while selectors wait (meta.selective): the walk, its heads read once and the
--- granted one's bucket's next put in its place. One step a grant, as dispatch().
+-- pool-local.c:dispatch() while selectors wait (meta.selective): the walk, its heads read once (only when a
+-- member is free) and the granted one's bucket's next put in its place. One step a grant, as dispatch().
 local function dispatch_walk(t)
-        local heads = walk_heads()
+        local heads
         while M.waiting > 0 and free_slots() > 0 do
-                local i, take = selector_walk(heads, free_member_set())
+                local avail = free_member_set()
+                if avail.n <= 0 then return true end -- read no heads for nothing (a full pool's instant)
+                heads = heads or walk_heads()
+                local i, take = selector_walk(heads, avail)
                 if not i then return true end
                 if not step() then return false end
                 local h = table.remove(heads, i)

@@ -727,6 +727,63 @@ static void test_more_canons_than_the_library_keeps_parsed(void **state) {
         }
 }
 
+/* Issue 22 item 9 on a shared pool: 10,000 waiters with random label sets over 64 labelled members. A call
+ * reads the heads of every (lane, k, selector) bucket with waiters once (prelude.lua, walk_heads()), then
+ * walks them per grant: its cost follows the distinct selectors waiting, not the waiters. Prints the calls'
+ * Redis time (INFO commandstats) and the number of buckets. */
+static redisReply *submit_sel(long long now, const char *rid, int k, const char *selector);
+static redisReply *t_sel_submit(void) { return submit_sel(2000, "xs", 1, "l1 !l2"); }
+static redisReply *t_sel_tick(void) { return tick_as("n1", 3000, "="); }
+
+static void test_script_time_at_10000_labelled_waiters(void **state) {
+        char canon[8192], *p = canon, rid[16], sel[32];
+        long long worst = 0;
+        uint64_t s = 7;
+
+        p += sprintf(p, CANON_ONE_LANE "limit=64\nqueue-timeout=600000000\nmembers=");
+        for (int m = 0; m < 64; m++)
+                p += sprintf(p, "%sr%02d", m > 0 ? "," : "", m);
+        for (int l = 0; l < 6; l++) {
+                p += sprintf(p, "\nlabel.l%d=", l);
+                bool first = true;
+                for (int m = 0; m < 64; m++)
+                        if ((m * 7 + l * 13) % 3 != 0) {
+                                p += sprintf(p, "%sr%02d", first ? "" : ",", m);
+                                first = false;
+                        }
+        }
+        sprintf(p, "\n");
+        tick_ok("n1", 1000, canon);
+        redisReply *big = submit_at(1000, "big", "ci", 64, true, -1);
+        big_token = field_i(body(big), D_TOKEN);
+        freeReplyObject(big);
+        int queued = 0;
+        for (int i = 0; i < 10000; i++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                unsigned a = (unsigned) (s >> 33) % 12, b = (unsigned) (s >> 45) % 13;
+                int n = snprintf(sel, sizeof sel, "%sl%u", a % 2 ? "!" : "", a / 2);
+                if (b < 12 && b / 2 != a / 2)
+                        snprintf(sel + n, sizeof sel - (size_t) n, " %sl%u", b % 2 ? "!" : "", b / 2);
+                snprintf(rid, sizeof rid, "s%05d", i);
+                redisReply *r = submit_sel(1000, rid, 1 + (int) ((s >> 20) % 2), sel);
+                queued += strcmp(status(r), "ok") == 0;
+                freeReplyObject(r);
+        }
+        tick_ok("n1", 1000, "=");
+        redisReply *b = redisCommand(redis, "EVAL %s 0", "local n = 0 for _, k in ipairs(redis.call('KEYS', '{sb:p}:ls:*')) do "
+                                     "n = n + redis.call('SCARD', k) end return n");
+        printf("# %d labelled waiters in %lld buckets\n", queued, b->integer);
+        freeReplyObject(b);
+
+        freeReplyObject(timed("labelled submit (queued)", &worst, t_sel_submit));
+        freeReplyObject(timed("release of 64 members", &worst, t_release));
+        redisReply *t = timed("tick handing 64 members on (budget)", &worst, t_sel_tick);
+        assert_true(n_events(t) > 0);
+        freeReplyObject(t);
+        printf("# worst script call at 10,000 labelled waiters: %lld µs\n", worst);
+        assert_true(worst > 0);
+}
+
 static void test_script_time_at_10000_waiters(void **state) {
         char rid[16];
         long long worst = 0;
@@ -3201,6 +3258,7 @@ int main(int argc, char *argv[]) {
                 T(test_scripts_decide_as_pool_local_does),
                 T(test_more_canons_than_the_library_keeps_parsed),
                 T(test_script_time_at_10000_waiters),
+                T(test_script_time_at_10000_labelled_waiters),
                 T(test_a_renewing_node_is_kept_and_a_silent_one_lapses_at_its_ttl),
                 T(test_an_idle_pools_clock_runs_while_its_nodes_renew),
                 T(test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_two_keys_a_pool),
