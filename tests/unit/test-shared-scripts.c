@@ -1037,6 +1037,45 @@ static void test_labelled_waiters_set_aside_members_and_disjoint_ones_flow(void 
         freeReplyObject(t);
 }
 
+/* A pool drain refuses labelled waiters too (after the lane's plain ones), and so does an adopted reload that
+ * removes their lane. */
+static void test_a_drain_and_a_removed_lane_refuse_labelled_waiters(void **state) {
+        tick_ok("n1", 1000, CANON_RIGS);
+        freeReplyObject(submit_at(1000, "all", "ci", 4, true, -1));
+        const char *const queued_rids[] = { "s1", "s2", "p" };
+        const char *const selectors[] = { "arm64", "@c", "" };
+        for (size_t i = 0; i < ELEMENTSOF(queued_rids); i++) {
+                redisReply *r = submit_sel(1000, queued_rids[i], 1, selectors[i]);
+                assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+                freeReplyObject(r);
+        }
+        tick_ok("n1", 1000, "=");
+        redisReply *d = call("drain", "n1", 2000, 1, "", "1", NULL);
+        assert_string_equal(body(d)->element[0]->str, "drained");
+        assert_int_equal(n_events(d), 3);
+        const char *const order[] = { "p", "s2", "s1" };
+        for (size_t i = 0; i < 3; i++) {
+                assert_string_equal(field_s(event(d, i), D_RID), order[i]);
+                assert_string_equal(field_s(event(d, i), D_REFUSAL), "unavailable");
+                assert_string_equal(field_s(event(d, i), D_REASON), "drained");
+        }
+        assert_int_equal(cache(d, C_WAITING), 0);
+        freeReplyObject(d);
+        freeReplyObject(call("drain", "n1", 3000, 1, "", "0", NULL));
+        redisReply *r = submit_sel(3000, "s3", 1, "usb3");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        redisReply *t = tick_as("n1", 4000, "backend-node-ttl=30000000\nlane.cd.max-in-use=-1\nlane.cd.priority=0\n"
+                                            "lane.cd.reserve=0\nlabel.arm64=a,b\nlabel.usb3=b,c\nlimit=4\n"
+                                            "members=a,b,c,d\n");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "s3");
+        assert_string_equal(field_s(event(t, 0), D_REFUSAL), "unavailable");
+        assert_int_equal(cache(t, C_WAITING), 0);
+        freeReplyObject(t);
+}
+
 /* A reload that takes a label away refuses the waiters it leaves without enough members; a held member keeps
  * its lease and the new labels apply to the next grant. */
 static void test_relabel_refuses_what_no_member_can_give_and_keeps_holders(void **state) {
@@ -3232,6 +3271,7 @@ int main(int argc, char *argv[]) {
                 T(test_labelled_waiters_set_aside_members_and_disjoint_ones_flow),
                 T(test_relabel_refuses_what_no_member_can_give_and_keeps_holders),
                 T(test_other_labels_are_refused_naming_the_keys),
+                T(test_a_drain_and_a_removed_lane_refuse_labelled_waiters),
                 T(test_reclaim_inside_the_recovery_window),
                 T(test_reclaim_outside_a_recovery_window_is_lost),
                 T(test_redis_clock_tokens_follow_the_time),
