@@ -680,7 +680,6 @@ local function waiter_refuse(w, refusal, reason, at)
         }))
 end
 
-
 ---------------------------------------------------------------------------------------------- selectors (SPEC §3.5)
 
 -- pool-local.c's member walk, for requests that name labels or a member: a request's selector is its
