@@ -452,8 +452,8 @@ static unsigned pool_capacity(const PoolConfig *p, const LaneConfig *l, const Sc
         size_t n_lane = strv_length(l->labels), n = strv_length(t->labels);
         if (n_lane + n == 0 && !t->member)
                 return p->limit;
-        if (!p->members || p->backend)
-                return 0;
+        if (!p->members)
+                return 0; /* local or shared alike (SPEC §3.5) */
         _cleanup_free_ char **terms = calloc(n_lane + n + 1, sizeof(char *));
         _cleanup_free_ uint64_t *set = NULL;
         if (!terms)

@@ -1612,12 +1612,6 @@ static int validate_pool(const BrokerConfig *c, const PoolConfig *p, ConfErrors 
                                             p->name);
                         continue;
                 }
-                if (p->backend) {
-                        r = conf_errors_add(errors, &l->source, key,
-                                            "pool %s is shared (backend=): labels are not supported on shared pools yet",
-                                            p->name);
-                        continue;
-                }
                 for (size_t j = 0; l->members && l->members[j]; j++)
                         if (!strv_contains(p->members, l->members[j]))
                                 r = conf_errors_add(errors, &l->source, key,
@@ -1749,11 +1743,11 @@ static int validate_lane(const BrokerConfig *c, const LaneConfig *l, ConfErrors 
                 bool any = false;
                 for (size_t i = 0; i < l->n_pools; i++) {
                         const PoolConfig *p = conf_find_pool(c, l->pools[i]);
-                        any = any || (p && p->n_members > 0 && !p->backend);
+                        any = any || (p && p->n_members > 0);
                 }
                 if (!any)
                         r = conf_errors_add(errors, &l->labels_source, "labels",
-                                            "lane %s has labels= but none of its pools is a local pool with members=",
+                                            "lane %s has labels= but none of its pools has members=",
                                             l->name);
         }
         if (l->n_also > 0 && validate_lane_also(c, l, errors) < 0)

@@ -17,6 +17,29 @@
 
 local MEMBER, ON = ARGV[6], ARGV[7] == '1'
 
+-- The lane's selector buckets (SPEC §3.5) after its (lane, k) ones, k ascending, then by canon.
+local function drain_selector_buckets(lane)
+        local ss = redis.call('SMEMBERS', k_ls(lane))
+        table.sort(ss, function(a, b)
+                local ka, kb = tonumber(string.match(a, '^%d+') or '0'), tonumber(string.match(b, '^%d+') or '0')
+                return ka < kb or (ka == kb and a < b)
+        end)
+        for _, s in ipairs(ss) do
+                while true do
+                        local wid = redis.call('ZRANGE', k_bucket(lane, s), 0, 0)[1]
+                        if not wid then break end
+                        if not step() then return false end
+                        local w = waiter_get(wid)
+                        if w then
+                                waiter_refuse(w, 'unavailable', 'drained', now)
+                        else
+                                redis.call('ZREM', k_bucket(lane, s), wid) -- a stale wid: its record is gone
+                        end
+                end
+        end
+        return true
+end
+
 local function drain_pool()
         meta_set('drained', ON and 1 or 0)
         if not ON then return true end
@@ -31,6 +54,7 @@ local function drain_pool()
                                 waiter_refuse(waiter_get(wid), 'unavailable', 'drained', now)
                         end
                 end
+                if not drain_selector_buckets(lane) then return false end
         end
         return true
 end

@@ -42,6 +42,8 @@ end
 local function k_lane(l) return P .. ':lane:' .. l end
 local function k_lk(l) return P .. ':lk:' .. l end
 local function k_bucket(l, k) return P .. ':b:' .. l .. ':' .. k end
+-- A lane's selector buckets (SPEC §3.5): members "K:CANON", each a bucket k_bucket(l, "K:CANON").
+local function k_ls(l) return P .. ':ls:' .. l end
 local function k_queue(prio) return P .. ':q:' .. prio end
 local function k_node(n) return P .. ':node:' .. n end
 local function k_records(n) return P .. ':nr:' .. n end
@@ -137,7 +139,7 @@ end
 local META_NUMBERS = {
         'version', 'recovery_until', 'last_fast', 'congested', 'counter', 'seq', 'in_use', 'waiting',
         'drained', 'drained_free', 'phase', 'running', 'recovery_set', 'recovery_from', 'leases', 'nodes',
-        'integrity',
+        'integrity', 'selective',
         'resting_free', 'rest_max',
 }
 
@@ -188,6 +190,18 @@ local function rules_reserve_lane(r)
         r.lane_names[#r.lane_names + 1] = RESERVE_LANE
 end
 
+-- label.NAME=MEMBER,… (SPEC §3.5): r.labels[NAME][MEMBER] = true; r.sel: selector_members()'s cache.
+local function rules_labels(r, t)
+        r.labels, r.sel, r.n_sel = {}, {}, 0
+        for k, v in pairs(t) do
+                local name = string.match(k, '^label%.(.+)$')
+                if name then
+                        r.labels[name] = {}
+                        for m in string.gmatch(v, '[^,]+') do r.labels[name][m] = true end
+                end
+        end
+end
+
 local function rules_from(t)
         local r = {
                 limit = tonumber(t['limit'] or '0'),
@@ -218,6 +232,7 @@ local function rules_from(t)
                 end
         end
         rules_reserve_lane(r)
+        rules_labels(r, t)
         table.sort(r.lane_names)
         return r
 end
@@ -601,14 +616,14 @@ local function waiter_get(wid)
         return {
                 wid = wid, node = a[1], rid = a[2], lane = a[3], k = a[4], arrival = a[5],
                 deadline = unwire(a[6]), state = a[7], idle = a[8], budget = unwire(a[9]), shed = a[10] == 1,
-                prio = a[11],
+                prio = a[11], sel = type(a[12]) == 'string' and a[12] or '',
         }
 end
 
 local function waiter_put(w)
         redis.call('HSET', K.w, w.wid, cmsgpack.pack({
                 w.node, w.rid, w.lane, w.k, w.arrival, wire(w.deadline), w.state, w.idle, wire(w.budget),
-                w.shed and 1 or 0, w.prio,
+                w.shed and 1 or 0, w.prio, (w.sel or '') ~= '' and w.sel or nil,
         }))
 end
 
@@ -623,10 +638,26 @@ local function waiter_position(w)
         return pos + (redis.call('ZRANK', k_queue(w.prio), w.wid) or 0)
 end
 
+-- A waiter's bucket: per (lane, k) (k_lk), or per (lane, k, selector canon) (k_ls: SPEC §3.5).
+local function waiter_bucket(w)
+        if (w.sel or '') == '' then return k_bucket(w.lane, w.k) end
+        return k_bucket(w.lane, istr(w.k) .. ':' .. w.sel)
+end
+
+local function selector_bucket_link(w)
+        redis.call('ZADD', waiter_bucket(w), 0, w.wid)
+        redis.call('SADD', k_ls(w.lane), istr(w.k) .. ':' .. w.sel)
+        meta_incr('selective', 1)
+end
+
 local function waiter_link(w)
         waiter_put(w)
-        redis.call('ZADD', k_bucket(w.lane, w.k), 0, w.wid)
-        redis.call('SADD', k_lk(w.lane), w.k)
+        if (w.sel or '') ~= '' then
+                selector_bucket_link(w)
+        else
+                redis.call('ZADD', k_bucket(w.lane, w.k), 0, w.wid)
+                redis.call('SADD', k_lk(w.lane), w.k)
+        end
         redis.call('ZADD', k_queue(w.prio), 0, w.wid)
         redis.call('ZADD', K.prios, w.prio, w.prio)
         if w.deadline ~= INF then
@@ -643,7 +674,8 @@ end
 -- waiter's record into its lease's.
 local function waiter_unlink(w, keep_record)
         redis.call('HDEL', K.w, w.wid)
-        redis.call('ZREM', k_bucket(w.lane, w.k), w.wid)
+        redis.call('ZREM', waiter_bucket(w), w.wid)
+        if (w.sel or '') ~= '' then meta_incr('selective', -1) end
         redis.call('ZREM', k_queue(w.prio), w.wid)
         if w.deadline ~= INF then
                 redis.call('ZREM', K.dl, w.wid)
@@ -784,15 +816,15 @@ function rests.next_end()
 end
 
 -- pool-local.c:rests_enough_at(): when `need` more slots than are free now will have woken (rests of
--- members not drained, in order of their ends); nil if they never will.
-function rests.enough_at(need)
+-- members not drained, among those of mask unless it is nil, in order of their ends); nil if they never will.
+function rests.enough_at(need, mask)
         if need <= 0 or need > M.resting_free then return nil end
         local ok, a = pcall(redis.call, 'ZRANGE', K.rest, 0, rests.PAGE - 1, 'WITHSCORES')
         if not ok then return nil end
         local n = 0
         for i = 1, #a, 2 do
                 local pos = rests.position(a[i])
-                if pos and not member_drained_at(pos) then
+                if pos and not member_drained_at(pos) and (not mask or mask[pos]) then
                         n = n + 1
                         if n == need then return tonumber(a[i + 1]) end
                 end
@@ -836,6 +868,185 @@ function rests.cache(c)
         c[13] = ok and a or {}
 end
 
+---------------------------------------------------------------------------------------------- selectors (SPEC §3.5)
+
+-- pool-local.c's member walk, for requests that name labels or a member: a request's selector is its
+-- canon (selector.c:selector_canon(): its terms sorted, space-separated, then "@MEMBER"), resolved here
+-- against the stored rules' members and labels. Its waiters wait in a bucket per (lane, k, canon) (k_ls);
+-- while any waits (meta.selective), dispatch walks the heads of every bucket in queue order and hands
+-- free members to the first that can use them, as pool-local.c:queue_walk()/member_verdict() do, and
+-- takes the same members (the lowest of those it may use). Everything read back from Redis is untrusted:
+-- a canon that is not one admits no member (its waiter is never granted and runs out its budget).
+local SELECTOR_CANON_MAX = 8192
+local SELECTOR_CACHE_MAX = 512
+
+-- The 0-based member indices the selector admits under R ({ [i] = true }, and their count), or nil when the
+-- canon is not one.
+local function selector_members(canon)
+        local hit = R.sel and R.sel[canon]
+        if hit then return hit.set, hit.n end
+        if type(canon) ~= 'string' or #canon > SELECTOR_CANON_MAX then return nil end
+        local terms, member = {}, nil
+        for tok in string.gmatch(canon, '%S+') do
+                if string.sub(tok, 1, 1) == '@' then
+                        if member or not string.match(tok, '^@[%w._%-]+$') then return nil end
+                        member = string.sub(tok, 2)
+                else
+                        local neg = string.sub(tok, 1, 1) == '!'
+                        local name = neg and string.sub(tok, 2) or tok
+                        if #name > 64 or not string.match(name, '^[a-z0-9_.%-]+$') then return nil end
+                        terms[#terms + 1] = { name, neg }
+                end
+        end
+        if #terms == 0 and not member then return nil end
+        local set, n = {}, 0
+        for i, m in ipairs(R.members or {}) do
+                local ok = not member or member == m
+                for _, t in ipairs(terms) do
+                        if not ok then break end
+                        local carriers = R.labels and R.labels[t[1]]
+                        ok = (carriers and carriers[m] or false) ~= t[2]
+                end
+                if ok then
+                        set[i - 1] = true
+                        n = n + 1
+                end
+        end
+        if R.sel then
+                if R.n_sel >= SELECTOR_CACHE_MAX then R.sel, R.n_sel = {}, 0 end
+                R.sel[canon], R.n_sel = { set = set, n = n }, R.n_sel + 1
+        end
+        return set, n
+end
+
+-- A bucket of k_ls(lane), "K:CANON": whether the stored rules can never give it K members (a reload took
+-- its labels or members away: its waiters are refused, as pool-local.c:local_configure() refuses them).
+local function selector_bucket_unsatisfiable(suffix)
+        local k, canon = string.match(suffix, '^(%d+):(.*)$')
+        if not k then return false end
+        local _, n = selector_members(canon)
+        return not n or n < tonumber(k)
+end
+
+-- The free members now: below the limit (and the member count), neither held nor drained (`busy`). In a
+-- pool of anonymous slots (a selector's waiter left from before a reload), the free slots.
+local function free_member_set()
+        local bits = redis.call('GET', K.busy) or ''
+        local n_members = R.members and #R.members or R.limit
+        local set, n = {}, 0
+        for i = 0, math.min(R.limit, n_members) - 1 do
+                local byte = string.byte(bits, math.floor(i / 8) + 1) or 0
+                if math.floor(byte / 2 ^ (7 - i % 8)) % 2 == 0 then
+                        set[i] = true
+                        n = n + 1
+                end
+        end
+        return { set = set, n = n }
+end
+
+-- pool-local.c:member_verdict(): how one request fares with what the queue ahead left in avail. usable: the
+-- members it may take (mask nil: any). A request that cannot be granted sets aside what it could use.
+local function walk_verdict(lane, k, mask, avail)
+        local rule = R.lanes[lane]
+        k = tonumber(k)
+        if not rule or not k or k < 1 then return PASS end -- a record that is not one is never granted
+        if rule.max_in_use >= 0 and lane_get(lane).used + k > rule.max_in_use then return PASS end
+        local usable, n = {}, 0
+        for i in pairs(avail.set) do
+                if not mask or mask[i] then
+                        usable[#usable + 1] = i
+                        n = n + 1
+                end
+        end
+        local free = free_slots()
+        if n < k or free < k then
+                for _, i in ipairs(usable) do avail.set[i] = nil end
+                avail.n = avail.n - n
+                return HOLD
+        end
+        if free - k < reserved_for_others(lane) then return PASS end
+        table.sort(usable)
+        return GRANTABLE, { unpack(usable, 1, k) }
+end
+
+-- The first valid waiter of a bucket (stale wids, whose records are gone, are dropped), or nil.
+local function bucket_head(key)
+        while true do
+                local wid = redis.call('ZRANGE', key, 0, 0)[1]
+                if not wid then return nil end
+                local w = waiter_get(wid)
+                if w then return w end
+                redis.call('ZREM', key, wid)
+        end
+end
+
+local function head_before(a, b)
+        return a.prio > b.prio or (a.prio == b.prio and a.w.wid < b.w.wid)
+end
+
+local function heads_insert(heads, h)
+        local i = #heads + 1
+        while i > 1 and head_before(h, heads[i - 1]) do i = i - 1 end
+        table.insert(heads, i, h)
+end
+
+-- A head entry for bucket key of lane, or nil when the bucket is empty. mask: the selector's members (an
+-- empty set for a canon that is not one); nil for a plain bucket.
+local function head_of(lane, key, canon)
+        local w = bucket_head(key)
+        if not w then return nil end
+        w.sel = canon or '' -- the bucket it is in says what it asks (its record is untrusted)
+        local mask = nil
+        if canon then mask = selector_members(canon) or {} end
+        return { w = w, key = key, canon = canon, mask = mask, prio = R.lanes[lane].priority }
+end
+
+-- The heads of every bucket with waiters, of the lanes in the stored rules, in queue order (priority from
+-- the rules, as queue_next(); then arrival). O(buckets): once per dispatch or submit, not per grant.
+local function walk_heads()
+        local heads = {}
+        for _, lane in ipairs(R.lane_names) do
+                if lane_get(lane).waiting > 0 then
+                        for _, k in ipairs(redis.call('SMEMBERS', k_lk(lane))) do
+                                local h = head_of(lane, k_bucket(lane, k), nil)
+                                if h then heads_insert(heads, h) else redis.call('SREM', k_lk(lane), k) end
+                        end
+                        for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do
+                                local h = head_of(lane, k_bucket(lane, s), string.match(s, '^%d+:(.*)$') or '')
+                                if h then heads_insert(heads, h) else redis.call('SREM', k_ls(lane), s) end
+                        end
+                end
+        end
+        return heads
+end
+
+-- pool-local.c:queue_walk(): the index in heads of the first waiter that can be granted, and the members
+-- it takes; nil when none (avail then holds what the queue leaves a newcomer).
+local function selector_walk(heads, avail)
+        for i, h in ipairs(heads) do
+                if avail.n <= 0 then return nil end
+                local v, take = walk_verdict(h.w.lane, h.w.k, h.mask, avail)
+                if v == GRANTABLE then return i, take end
+        end
+        return nil
+end
+
+-- submit's room (SPEC §3, §3.5): true and the members to take, or false. Without selectors anywhere, the
+-- (lane, k) rule as before.
+local function room_for(lane, k, canon)
+        if canon == '' and M.selective <= 0 then
+                return lane_verdict(lane, k, free_slots()) == GRANTABLE and not queue_next(), nil
+        end
+        local avail = free_member_set()
+        -- No free member: nobody ahead can be granted and neither can it (queue_walk() stops at once).
+        if avail.n <= 0 then return false end
+        if selector_walk(walk_heads(), avail) then return false end
+        local mask = nil
+        if canon ~= '' then mask = selector_members(canon) or {} end
+        local v, take = walk_verdict(lane, k, mask, avail)
+        return v == GRANTABLE, take
+end
+
 ---------------------------------------------------------------------------------------------- leases
 
 local function lease_get(token)
@@ -864,7 +1075,8 @@ local function lease_decision(l)
 end
 
 -- pool-local.c:grant(). w: the waiter it was (its state, idle, budget), or nil for a grant at once.
-local function grant(node, rid, lane, k, arrival, t, w)
+-- positions: the members to take (selector_walk()), or nil: the lowest free slots.
+local function grant(node, rid, lane, k, arrival, t, w, positions)
         local l = {
                 node = node, rid = rid, lane = lane, k = k, slots = {}, pos = {}, members = {}, at = t,
                 wait = t - arrival, state = w and w.state or 'none', idle = w and w.idle or 0,
@@ -872,7 +1084,7 @@ local function grant(node, rid, lane, k, arrival, t, w)
         }
         for i = 1, k do
                 -- Numbers as strings where it is free: redis.call() formats a number with "%.17g".
-                local pos = redis.call('BITPOS', K.busy, '0')
+                local pos = positions and positions[i] or redis.call('BITPOS', K.busy, '0')
                 assert(pos >= 0 and pos < R.limit, 'no free slot below the limit')
                 redis.call('SETBIT', K.occ, pos, '1')
                 redis.call('SETBIT', K.busy, pos, '1')
@@ -954,6 +1166,29 @@ local function orphans_lapse(t)
         end
 end
 
+
+-- pool-local.c:dispatch() while selectors wait (meta.selective): the walk, its heads read once (only when a
+-- member is free) and the granted one's bucket's next put in its place. One step a grant, as dispatch().
+local function dispatch_walk(t)
+        local heads
+        while M.waiting > 0 and free_slots() > 0 do
+                local avail = free_member_set()
+                if avail.n <= 0 then return true end -- read no heads for nothing (a full pool's instant)
+                heads = heads or walk_heads()
+                local i, take = selector_walk(heads, avail)
+                if not i then return true end
+                if not step() then return false end
+                local h = table.remove(heads, i)
+                local w = h.w
+                waiter_unlink(w, true)
+                local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w, take)
+                notify(w.node, lease_decision(l))
+                local next = head_of(w.lane, h.key, h.canon)
+                if next then heads_insert(heads, next) end
+        end
+        return true
+end
+
 ---------------------------------------------------------------------------------------------- rules adopted
 
 -- What an adopted rules change leaves to do (tick.lua, agree()), in {sb:P}:rekey: "at" (the adoption's
@@ -962,6 +1197,14 @@ end
 -- per-priority queue to the new one; queue_next() reads priorities from the rules, so dispatch is right
 -- at once and only positions wait for the move). One step per waiter; the job runs at the start of
 -- instants until done. Returns false when the budget ran out.
+-- The buckets a job walks: a lane's (lane, k) and selector buckets ("drop", "move"), its selector buckets
+-- alone ("sdrop": those the adopted rules can never satisfy are refused, SPEC §3.5).
+local function rekey_buckets(kind, lane)
+        local ks = kind == 'sdrop' and {} or redis.call('SMEMBERS', k_lk(lane))
+        for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do ks[#ks + 1] = s end
+        return ks
+end
+
 local function rekey_step()
         local job = redis.call('HGETALL', K.rekey)
         if #job == 0 then return true end
@@ -970,11 +1213,11 @@ local function rekey_step()
         for i = 1, #job, 2 do
                 local kind, lane = string.match(job[i], '^(%a+):(.+)$')
                 if kind then
-                        for _, k in ipairs(redis.call('SMEMBERS', k_lk(lane))) do
+                        for _, k in ipairs(rekey_buckets(kind, lane)) do
                                 local b = k_bucket(lane, k)
-                                while true do
+                                while kind ~= 'sdrop' or selector_bucket_unsatisfiable(k) do
                                         local wids
-                                        if kind == 'drop' then
+                                        if kind == 'drop' or kind == 'sdrop' then
                                                 wids = redis.call('ZRANGE', b, 0, 0)
                                         else
                                                 local cur = redis.call('HGET', K.rekey, 'cur:' .. lane .. ':' .. k)
@@ -984,7 +1227,9 @@ local function rekey_step()
                                         if not wid then break end
                                         if not step() then return false end
                                         local w = waiter_get(wid)
-                                        if kind == 'drop' then
+                                        if not w then
+                                                redis.call('ZREM', b, wid) -- a stale wid: its record is gone
+                                        elseif kind == 'drop' or kind == 'sdrop' then
                                                 waiter_refuse(w, 'unavailable', '', at)
                                         else
                                                 local prio = tonumber(job[i + 1])
@@ -1071,6 +1316,7 @@ end
 -- at all inside a recovery window: its end is a due instant, so dispatch resumes exactly then.
 local function dispatch(t)
         if M.recovery_until > 0 and t < M.recovery_until then return true end
+        if M.selective > 0 then return dispatch_walk(t) end
         while M.waiting > 0 and free_slots() > 0 do
                 local wid, v = queue_next()
                 if not wid or v ~= GRANTABLE then return true end
@@ -1428,6 +1674,8 @@ local function pool_wipe(rules)
                 keys[#keys + 1] = k_lk(lane)
                 keys[#keys + 1] = k_queue(istr(rules.lanes[lane].priority))
                 for _, k in ipairs(redis.call('SMEMBERS', k_lk(lane))) do keys[#keys + 1] = k_bucket(lane, k) end
+                for _, k in ipairs(redis.call('SMEMBERS', k_ls(lane))) do keys[#keys + 1] = k_bucket(lane, k) end
+                keys[#keys + 1] = k_ls(lane)
         end
         for _, n in ipairs(redis.call('ZRANGE', K.nodes, 0, -1)) do
                 keys[#keys + 1] = k_records(n)
@@ -1451,7 +1699,8 @@ local function pool_renew(what)
                 rules = wanted and rules_from(canon_parse(wanted)) or {}
         end
         pool_wipe(rules)
-        for _, f in ipairs({ 'in_use', 'waiting', 'leases', 'drained_free', 'congested', 'phase', 'running' }) do
+        for _, f in ipairs({ 'in_use', 'waiting', 'leases', 'drained_free', 'congested', 'phase', 'running',
+                             'selective' }) do
                 meta_set(f, 0)
         end
         meta_set('unsettled_at', nil)

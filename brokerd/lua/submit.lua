@@ -6,13 +6,17 @@
 --       [6] rid (16 hex: the node's request id)   [7] lane   [8] k   [9] may_wait (0/1)
 --       [10] lane_budget_set (0/1)   [11] lane_budget (µs, -1 unbounded)   [12] client_cap (µs, -1 none)
 --       [13] arrival (pool clock µs: what the wait and the fast-admission test count from; "-": now)
+--       [14] selector: the canon of its labels and member (selector.c:selector_canon(), SPEC §3.5); "" or
+--       absent: any slot
 -- Decides: in this order — a known rid answers what it got before and changes nothing; version, clock
---       mode, the node's registration and rules, a drained pool (unavailable "drained"), the lane and k
---       (invalid); every earlier instant is settled (or "settling"); inside a recovery window a waiting
+--       mode, the node's registration and rules, a drained pool (unavailable "drained"), the lane and k,
+--       a selector that is not a canon or that fewer than k members of the stored rules satisfy (invalid);
+--       every earlier instant is settled (or "settling"); inside a recovery window a waiting
 --       request queues and an impatient one is refused (unavailable "recovery"); room (the lane's
---       verdict is GRANTABLE and nobody who is not passed over waits) → granted; else may not wait →
---       refused busy (reason "cooldown" and Decision [15] when resting slots would do: README, "Cooldown");
---       the queue at max-queue → refused full (never lane "@reserve"); else queued with its budget fixed now.
+--       verdict is GRANTABLE and nobody who is not passed over waits; with a selector, or while one waits,
+--       per member: prelude.lua, room_for()) → granted; else may not wait → refused busy (reason
+--       "cooldown" and Decision [15] when resting slots would do: README, "Cooldown"); the queue at
+--       max-queue → refused full (never lane "@reserve"); else queued with its budget fixed now.
 --       Then the instant itself (settle flag 1), or it is left for the tick (manual clock).
 -- Appends: decisions of waiters granted or refused in the instant, to their nodes' streams
 --       ({sb:P}:s:NODE); the final outcome of this rid to its outcome record (README, "Outcome records":
@@ -26,6 +30,7 @@
 local RID, LANE, K_SLOTS = ARGV[6], ARGV[7], tonumber(ARGV[8])
 local MAY_WAIT, LANE_BUDGET_SET = ARGV[9] == '1', ARGV[10] == '1'
 local LANE_BUDGET, CLIENT_CAP = unwire(ARGV[11]), unwire(ARGV[12])
+local SELECTOR = ARGV[14] or ''
 
 local function submit()
         local early_reply = prelude_begin(false)
@@ -60,6 +65,10 @@ local function submit()
         if M.drained == 1 then return refuse_now('unavailable', 'drained') end
         local rule = R.lanes[LANE]
         if not rule or not K_SLOTS or K_SLOTS < 1 or K_SLOTS > R.limit then return reply('invalid') end
+        if SELECTOR ~= '' then
+                local _, n = selector_members(SELECTOR)
+                if not n or n < K_SLOTS then return reply('invalid') end
+        end
 
         if not settle_until(now) then return reply('settling') end
         rests.wake(now)
@@ -71,15 +80,25 @@ local function submit()
         end
         -- Room (SPEC §3): a waiter that a lane limit passes over does not count as waiting here
         -- (pool-local.c, local_submit()).
-        if not in_recovery and lane_verdict(LANE, K_SLOTS, free_slots()) == GRANTABLE and not queue_next() then
-                d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil))
+        local room, take = false, nil
+        if not in_recovery then room, take = room_for(LANE, K_SLOTS, SELECTOR) end
+        if room then
+                d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil, take))
                 outcome_store(NODE, RID, d)
         elseif not MAY_WAIT then
                 -- Busy for want of slots that rest (pool-local.c): says so, and when enough of them wake.
+                -- With a selector, what it may use (pool-local.c: the free members it admits, and its rests).
                 local free = free_slots()
-                local wake = M.waiting == 0 and free < K_SLOTS and
+                local mask, have = nil, free
+                if SELECTOR ~= '' then
+                        mask = selector_members(SELECTOR) or {}
+                        local n = 0
+                        for i in pairs(free_member_set().set) do if mask[i] then n = n + 1 end end
+                        have = math.min(free, n)
+                end
+                local wake = M.waiting == 0 and have < K_SLOTS and
                              lane_verdict(LANE, K_SLOTS, free + M.resting_free) == GRANTABLE and
-                             rests.enough_at(K_SLOTS - free)
+                             rests.enough_at(K_SLOTS - have, mask)
                 if wake then return refuse_now('busy', 'cooldown', wake) end
                 return refuse_now('busy', '')
         elseif R.max_queue >= 0 and M.waiting >= R.max_queue and LANE ~= RESERVE_LANE then
@@ -90,7 +109,7 @@ local function submit()
                 local w = {
                         wid = string.format('%016x', M.seq), node = NODE, rid = RID, lane = LANE, k = K_SLOTS,
                         arrival = arrival, state = 'none', idle = 0, budget = INF, shed = false,
-                        prio = rule.priority,
+                        prio = rule.priority, sel = SELECTOR,
                 }
                 -- The budget is fixed now, from the idle time now (SPEC §3.1).
                 local adaptive = INF

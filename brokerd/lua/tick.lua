@@ -145,6 +145,13 @@ local function agree(canon)
                         end
                 end
         end
+        -- Selector buckets (SPEC §3.5) whose labels or members the new rules take away: refused by the job.
+        for _, lane in ipairs(new.lane_names) do
+                if redis.call('SCARD', k_ls(lane)) > 0 then
+                        job[#job + 1] = 'sdrop:' .. lane
+                        job[#job + 1] = 1
+                end
+        end
         local layout_changed = new.limit ~= old.limit or
                 table.concat(new.members or {}, ',') ~= table.concat(old.members or {}, ',') or
                 (new.members == nil) ~= (old.members == nil) or

@@ -2123,6 +2123,7 @@ static size_t rules_for_pool(const BrokerConfig *c, const PoolConfig *pc, PoolLa
                                         .budget = lc->queue_timeout,
                                         .health = lc->health,
                                         .health_also = lc->health_also,
+                                        .labels = lc->labels,
                                 };
                                 break;
                         }

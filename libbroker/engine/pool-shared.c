@@ -2755,6 +2755,7 @@ static void shared_free(Pool *base) {
         }
         snapshot_clear(p);
         strv_free(p->base.members);
+        pool_labels_free(p->base.labels, p->base.n_labels);
         strv_free(p->lanes);
         strv_free(p->differing_keys);
         free(p->canon);
@@ -2779,10 +2780,41 @@ static int canon_cmp(const void *a, const void *b) {
         return r != 0 ? r : (lx > ly) - (lx < ly);
 }
 
+static int strp_cmp(const void *a, const void *b) {
+        return strcmp(*(const char *const *) a, *(const char *const *) b);
+}
+
+/* A list as the canon writes it: sorted, without repetitions, joined by ','. */
+static int canon_join_sorted(char *const *items, char **ret) {
+        size_t n = strv_length(items), len = 1;
+        _cleanup_free_ const char **sorted = calloc(n + 1, sizeof(char *));
+        if (!sorted)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                sorted[i] = items[i];
+                len += strlen(items[i]) + 1;
+        }
+        qsort(sorted, n, sizeof(char *), strp_cmp);
+        char *s = calloc(len, 1), *e = s;
+        if (!s)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                if (i > 0 && streq(sorted[i], sorted[i - 1]))
+                        continue;
+                if (e > s)
+                        e = stpcpy(e, ",");
+                e = stpcpy(e, sorted[i]);
+        }
+        *ret = s;
+        return 0;
+}
+
 /* README "Rules canon": key=value lines sorted by key. Lane queue-timeouts are not in PoolLaneRule
- * (only submit needs them, and carries them), so agreement does not cover them. */
+ * (only submit needs them, and carries them), so agreement does not cover them. Labels and a lane's
+ * labels= are (SPEC §3.5: part of the pool's agreed rules), sorted: label.NAME=MEMBER,… (a label that
+ * names no member is none: left out) and lane.L.labels=TERM,…. */
 static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t ttl, char **ret) {
-        size_t n = 0, cap = 8 + 4 * n_rules;
+        size_t n = 0, cap = 8 + 5 * n_rules + c->n_labels;
         _cleanup_(strv_freep) char **lines = calloc(cap + 1, sizeof(char *));
         if (!lines)
                 return -ENOMEM;
@@ -2822,6 +2854,20 @@ static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
                 LINE("lane.%s.reserve=%u", rules[i].lane, rules[i].reserve);
                 if (rules[i].budget_set)
                         LINE("lane.%s.queue-timeout=%" PRId64, rules[i].lane, wire_usec(rules[i].budget));
+                if (rules[i].labels && rules[i].labels[0]) {
+                        _cleanup_free_ char *joined = NULL;
+                        if (canon_join_sorted(rules[i].labels, &joined) < 0)
+                                return -ENOMEM;
+                        LINE("lane.%s.labels=%s", rules[i].lane, joined);
+                }
+        }
+        for (size_t i = 0; i < c->n_labels; i++) {
+                if (!c->labels[i].members || !c->labels[i].members[0])
+                        continue;
+                _cleanup_free_ char *joined = NULL;
+                if (canon_join_sorted(c->labels[i].members, &joined) < 0)
+                        return -ENOMEM;
+                LINE("label.%s=%s", c->labels[i].name, joined);
         }
 #undef LINE
         qsort(lines, n, sizeof(char *), canon_cmp);
@@ -2858,6 +2904,10 @@ static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule 
         _cleanup_(strv_freep) char **members = NULL;
         if (c->members && !(members = strv_copy(c->members)))
                 return -ENOMEM;
+        /* The engine resolves selectors against them (pool_selector_capacity()); Redis against the canon's. */
+        r = pool_set_labels(&p->base, c->labels, c->n_labels);
+        if (r < 0)
+                return r;
 
         strv_free(p->lanes);
         p->lanes = TAKE_PTR(lanes);
@@ -2955,6 +3005,13 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
                 free(w);
                 return -ENOMEM;
         }
+        /* Its labels and member (SPEC §3.5) as the scripts take them: the canon, as ARGV[14]; none for any slot
+         * (the submit of a brokerd from before selectors). */
+        _cleanup_free_ char *selector = NULL;
+        if (!selector_is_empty(t->selector) && selector_canon(t->selector, &selector) < 0) {
+                try_free(w);
+                return -ENOMEM;
+        }
 
         Call *c;
         int r = call_new(p, SHARED_SCRIPT_SUBMIT, op_settles(p), now, &c);
@@ -2976,7 +3033,8 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
             (r = call_add(c, "%d", t->lane_budget_set)) < 0 ||
             (r = call_add(c, "%" PRId64, wire_usec(t->lane_budget))) < 0 ||
             (r = call_add(c, "%" PRId64, wire_usec(t->client_cap))) < 0 ||
-            (r = call_add(c, "%s", arrival)) < 0) {
+            (r = call_add(c, "%s", arrival)) < 0 ||
+            (selector && (r = call_add(c, "%s", selector)) < 0)) {
                 call_free(c);
                 try_free(w);
                 return r;
@@ -3308,6 +3366,7 @@ static int shared_refresh_snapshot(Pool *base, usec_t since, usec_t now) {
 
 static const PoolOps shared_ops = {
         .kind = "shared",
+        .selectors = true,
         .free = shared_free,
         .configure = shared_configure,
         .retire = shared_retire,

@@ -32,6 +32,9 @@ typedef struct PoolLaneRule {
         usec_t budget;            /* may be USEC_INFINITY */
         bool health;              /* granted quarantined members only (SPEC §3.6) */
         bool health_also;         /* health too: quarantined members first, else ordinary ones (health = also) */
+        /* The lane's labels= terms (SPEC §3.5), NULL-terminated, or NULL: requests carry them in their selector;
+         * here for the rules a shared pool's nodes must agree on. */
+        char *const *labels;
 } PoolLaneRule;
 
 /* A waiter handed over by the previous daemon (engine.h, EngineResume): where it stood in this pool's

@@ -1060,7 +1060,8 @@ static void test_validate_labels_need_members_and_name_known_ones(void **state) 
         assert_int_equal(conf_validate(c, &errors), -EINVAL);
         assert_has_error("test.conf:80", "label.fast", "pool grid has no members=");
         assert_has_error("test.conf:81", "label.fast", "names z, which is not a member of pool rigs");
-        assert_has_error("test.conf:82", "label.fast", "not supported on shared pools yet");
+        /* A shared pool's labels are part of its agreed rules (SPEC §3.5): taken. */
+        assert_false(has_error("test.conf:82", NULL, NULL));
         assert_has_error("test.conf:83", "labels", "lane nightly has labels= but none of its pools");
 }
 

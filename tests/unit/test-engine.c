@@ -3435,16 +3435,7 @@ int main(void) {
                 T(test_random_workload_never_oversubscribes),
                 T(test_random_reloads_of_members_never_hand_a_member_out_twice),
                 T(test_restart_resumes_waiters_at_their_places),
-#ifndef TEST_ENGINE_SHARED
-                /* LOCAL_ONLY: left out of test-engine-shared at compile time (cmocka 1.1.5 prints a skipped
-                 * case as "not ok", which meson counts as a failure). A shared pool's restore is a reclaim
-                 * answered later (test-pool-shared, test-shared-scripts), and its tokens come from Redis. */
-                T(test_restored_lease_occupies_its_slots_and_tokens_continue),
-                T(test_restored_member_is_found_by_name),
-                T(test_restore_into_unconfigured_pool_holds_until_readded),
-                T(test_restore_into_unconfigured_pool_ends_with_its_lease),
-                T(test_tokens_continue_when_a_removed_pool_comes_back),
-                /* Labels and named members: shared pools take no selectors yet (engine skips them). */
+                /* Labels and named members (SPEC §3.5), on shared pools too: part of their agreed rules. */
                 T(test_labels_every_term_must_hold),
                 T(test_named_member_waits_for_that_member),
                 T(test_selector_no_member_can_match_is_invalid),
@@ -3456,6 +3447,15 @@ int main(void) {
                 T(test_lane_limits_pass_over_without_setting_aside),
                 T(test_a_waiter_no_member_can_satisfy_after_a_reload_is_refused),
                 T(test_random_selectors_never_hand_a_member_out_twice),
+#ifndef TEST_ENGINE_SHARED
+                /* LOCAL_ONLY: left out of test-engine-shared at compile time (cmocka 1.1.5 prints a skipped
+                 * case as "not ok", which meson counts as a failure). A shared pool's restore is a reclaim
+                 * answered later (test-pool-shared, test-shared-scripts), and its tokens come from Redis. */
+                T(test_restored_lease_occupies_its_slots_and_tokens_continue),
+                T(test_restored_member_is_found_by_name),
+                T(test_restore_into_unconfigured_pool_holds_until_readded),
+                T(test_restore_into_unconfigured_pool_ends_with_its_lease),
+                T(test_tokens_continue_when_a_removed_pool_comes_back),
                 /* All-or-nothing sets: local pools only (conf refuses also= over shared pools yet). */
                 T(test_set_is_granted_with_a_slot_and_token_of_every_pool),
                 T(test_set_never_holds_part_of_its_set_while_waiting),

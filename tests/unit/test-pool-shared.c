@@ -1641,6 +1641,42 @@ static void test_canon_carries_lane_budgets(void **state) {
                                        "lane.nightly.queue-timeout=-1\nlane.nightly.reserve=0\nlimit=2\n");
 }
 
+/* Labels and a lane's labels= are rules too (SPEC §3.5), as sets: sorted, a label naming no member left out. A
+ * request with a selector carries its canon as submit's ARGV[14]; one without, none (brokerd/lua/README). */
+static void test_canon_carries_labels_and_submit_its_selector(void **state) {
+        Fixture *f = *state;
+        char *members[] = { (char *) "c", (char *) "b", (char *) "a", NULL };
+        char *arm64[] = { (char *) "b", (char *) "a", NULL };
+        char *none[] = { NULL };
+        PoolLabel labels[] = { { .name = (char *) "arm64", .members = arm64 }, { .name = (char *) "gpu", .members = none } };
+        PoolConfig pc = { .name = (char *) "grid", .limit = 3, .members = members, .n_members = 3, .max_queue = -1,
+                          .labels = labels, .n_labels = 2 };
+        char *lane_labels[] = { (char *) "arm64", (char *) "!flaky", NULL };
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1, .labels = lane_labels } };
+        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(1)), 0);
+        /* The engine resolves selectors against the pool's labels. */
+        assert_int_equal(pool_selector_capacity(f->pool, &(Selector) { .terms = (char *[]) { (char *) "arm64", NULL } }), 2);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 7), "backend-node-ttl=30000000\nlabel.arm64=a,b\nlane.ci.labels=!flaky,arm64\n"
+                                       "lane.ci.max-in-use=-1\nlane.ci.priority=0\nlane.ci.reserve=0\nlimit=3\n"
+                                       "members=c,b,a\n");
+        done(f, c, reply("ok", S(1), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(1), S(1));
+        int cookie, plain;
+        PoolTry t = {
+                .cookie = &cookie, .lane = "ci", .slots = 1, .may_wait = true, .lane_budget = USEC_INFINITY,
+                .client_cap = USEC_INFINITY, .arrival = S(2),
+                .selector = &(Selector) { .terms = (char *[]) { (char *) "usb3", (char *) "!flaky", NULL }, .member = "a" },
+        };
+        assert_int_equal(f->pool->ops->submit(f->pool, &t, S(2)), 0);
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_int_equal(c->argc, 15);
+        assert_string_equal(arg(c, 14), "!flaky usb3 @a");
+        assert_int_equal(submit(f, &plain, 1, true, S(2)), 0);
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_int_equal(c->argc, 14);
+}
+
 static void test_manual_clock_passes_now_and_leaves_the_instant_to_run(void **state) {
         Fixture *f = *state;
         /* The engine stands at 1 s; the driver's clock (monotonic, here 1000 s) is not the pool's. */
@@ -2771,6 +2807,7 @@ int main(void) {
                 T(test_every_tick_carries_the_highest_token_passed_on),
                 T(test_refresh_snapshot_asks_after_the_call),
                 T(test_canon_carries_lane_budgets),
+                T(test_canon_carries_labels_and_submit_its_selector),
                 T(test_submit_granted_at_once),
                 T(test_queued_then_granted_through_the_stream_once),
                 T(test_grant_for_a_withdrawn_rid_is_released),

@@ -11,8 +11,9 @@
  * two streams interleaved differently, neither reordered within itself (memo §5.1).
  *
  * The scenarios: every tests/scenarios file (JSON), and seeded generated ones (pools with limits or members,
- * queue timeouts, congestion timeouts, max-queue, cooldown; lanes with priorities, max-in-use, reserve, max-hold and fail-fast;
- * requests of 1–3 slots, no-wait, client caps). The simulator has no drains and no cancels: those are
+ * labels on the members (SPEC §3.5), queue timeouts, congestion timeouts, max-queue, cooldown; lanes with
+ * priorities, max-in-use, reserve, max-hold, fail-fast and labels=; requests of 1–3 slots, no-wait, client
+ * caps, labels and a named member). The simulator has no drains and no cancels: those are
  * test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
  * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED. */
@@ -267,6 +268,98 @@ static bool gen_chance(Gen *g, unsigned percent) {
 #define POOLS_MAX 3
 #define LANES_MAX 3
 
+/* The labels of a generated member pool: x and y, each a set of members (bit m: member "m<m>"). */
+typedef struct GenPool {
+        unsigned limit;
+        bool members;
+        unsigned x, y;
+} GenPool;
+
+/* A selector of the generator: terms over x and y, and maybe a member. */
+typedef struct GenSel {
+        int x, y;        /* 1: must carry, -1: must not, 0: either */
+        int member;      /* -1: none */
+} GenSel;
+
+static unsigned gen_capacity(const GenPool *p, const GenSel *a, const GenSel *b) {
+        unsigned n = 0;
+        for (unsigned m = 0; p->members && m < p->limit; m++) {
+                bool ok = true;
+                for (const GenSel *s = a; s; s = s == a ? b : NULL) {
+                        if (s->x != 0 && (((p->x >> m) & 1) != 0) != (s->x > 0))
+                                ok = false;
+                        if (s->y != 0 && (((p->y >> m) & 1) != 0) != (s->y > 0))
+                                ok = false;
+                        if (s->member >= 0 && (unsigned) s->member != m)
+                                ok = false;
+                }
+                n += ok;
+        }
+        return n;
+}
+
+static void gen_print_terms(FILE *f, const GenSel *s) {
+        const char *sep = "";
+        if (s->x != 0) {
+                fprintf(f, "%s\"%sx\"", sep, s->x < 0 ? "!" : "");
+                sep = ", ";
+        }
+        if (s->y != 0)
+                fprintf(f, "%s\"%sy\"", sep, s->y < 0 ? "!" : "");
+}
+
+static void gen_print_set(FILE *f, unsigned set, unsigned limit) {
+        const char *sep = "";
+        fputc('[', f);
+        for (unsigned m = 0; m < limit; m++)
+                if ((set >> m) & 1) {
+                        fprintf(f, "%s\"m%u\"", sep, m);
+                        sep = ", ";
+                }
+        fputc(']', f);
+}
+
+/* A request's own labels or member (60% of the requests of a lane whose pools all have members), when some
+ * pool of the lane has members for it (with the lane's labels); *k is lowered to what the best such pool can
+ * give (a request no pool can ever serve is refused InvalidParameter: the simulator takes none). */
+static void gen_request_selector(Gen *g, const GenPool *pools, unsigned n_pools, unsigned lane_pools,
+                                 const GenSel *lane_sel, unsigned *k) {
+        bool all_members = true;
+        for (unsigned p = 0; p < n_pools; p++)
+                if ((lane_pools >> p) & 1)
+                        all_members = all_members && pools[p].members;
+        GenSel s = { .member = -1 };
+        if (all_members && gen_chance(g, 60))
+                switch (gen_below(g, 5)) {
+                case 0: s.x = 1; break;
+                case 1: s.x = -1; break;
+                case 2: s.y = 1; break;
+                case 3: s.x = 1; s.y = -1; break;
+                default: s.member = (int) gen_below(g, 6); break;
+                }
+        unsigned cap = 0, lane_cap = 0;
+        for (unsigned p = 0; p < n_pools; p++)
+                if ((lane_pools >> p) & 1) {
+                        cap = MAX(cap, gen_capacity(&pools[p], lane_sel, &s));
+                        lane_cap = MAX(lane_cap, gen_capacity(&pools[p], lane_sel, NULL));
+                }
+        if (!all_members)
+                return;
+        if (cap == 0) {
+                s = (GenSel) { .member = -1 }; /* nothing could match: none */
+                cap = lane_cap;
+        }
+        if (lane_sel->x != 0 || lane_sel->y != 0 || s.x != 0 || s.y != 0 || s.member >= 0)
+                *k = MAX(1u, MIN(*k, cap));
+        if (s.x != 0 || s.y != 0) {
+                fputs(", \"labels\": [", g->f);
+                gen_print_terms(g->f, &s);
+                fputc(']', g->f);
+        }
+        if (s.member >= 0)
+                fprintf(g->f, ", \"member\": \"m%d\"", s.member);
+}
+
 /* A scenario of a few pools and lanes, 20–80 requests over ~8 s, many of them at the same instants
  * (arrivals, releases and budgets colliding is where order matters), and maybe a phase of generated
  * arrivals. A waiter of a pool without a queue timeout may wait for good: the run ends when nothing could
@@ -278,6 +371,9 @@ static char *generate(uint64_t seed) {
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
         unsigned n_lanes = 1 + gen_below(&g, LANES_MAX);
         unsigned lane_max_k[LANES_MAX], reserved[POOLS_MAX] = {};
+        GenPool pools[POOLS_MAX] = {};
+        unsigned lane_pools[LANES_MAX] = {};   /* bit p: pool p */
+        GenSel lane_sel[LANES_MAX] = {};
 
         g.f = open_memstream(&text, &size);
         assert_non_null(g.f);
@@ -288,12 +384,22 @@ static char *generate(uint64_t seed) {
                 fprintf(g.f, "%s\"p%u\": {\"limit\": %u", i > 0 ? ", " : "", i, limits[i]);
                 if (qt > 0)
                         fprintf(g.f, ", \"queue-timeout\": \"%ums\"", qt);
-                if (gen_chance(&g, 30)) {
+                if (gen_chance(&g, 50)) {
                         /* Named slots: grants carry members, laid out as pool-local lays them out. */
                         fputs(", \"members\": [", g.f);
                         for (unsigned m = 0; m < limits[i]; m++)
                                 fprintf(g.f, "%s\"m%u\"", m > 0 ? ", " : "", m);
                         fputc(']', g.f);
+                        /* Labels (SPEC §3.5): x on at least one member, y on any (none: left out). */
+                        pools[i] = (GenPool) { .limit = limits[i], .members = true,
+                                               .x = 1u + gen_below(&g, (1u << limits[i]) - 1),
+                                               .y = gen_below(&g, 1u << limits[i]) };
+                        fputs(", \"label.x\": ", g.f);
+                        gen_print_set(g.f, pools[i].x, limits[i]);
+                        if (pools[i].y != 0) {
+                                fputs(", \"label.y\": ", g.f);
+                                gen_print_set(g.f, pools[i].y, limits[i]);
+                        }
                 }
                 if (gen_chance(&g, 40) && qt > 0) /* at most the queue timeout (conf.c) */
                         fprintf(g.f, ", \"queue-congestion-timeout\": \"%ums\"", 100 * gen_below(&g, 1 + qt / 100));
@@ -314,6 +420,7 @@ static char *generate(uint64_t seed) {
                 lane_max_k[l] = 0;
                 for (unsigned k = 0; k < n; k++) {
                         unsigned p = (first + k) % n_pools;
+                        lane_pools[l] |= 1u << p;
                         fprintf(g.f, "%s\"p%u\"", k > 0 ? ", " : "", p);
                         lane_max_k[l] = MAX(lane_max_k[l], MIN(limits[p], 3u));
                 }
@@ -336,6 +443,29 @@ static char *generate(uint64_t seed) {
                         fprintf(g.f, ", \"queue-timeout\": \"%ums\"", 100 + 100 * gen_below(&g, 30));
                 if (gen_chance(&g, 20))
                         fprintf(g.f, ", \"max-hold\": \"%ums\"", 100 + 100 * gen_below(&g, 30));
+                /* labels= on a lane whose pools all have members, when one of them has a member for it. */
+                lane_sel[l] = (GenSel) { .member = -1 };
+                bool all_members = true;
+                for (unsigned p = 0; p < n_pools; p++)
+                        if ((lane_pools[l] >> p) & 1)
+                                all_members = all_members && pools[p].members;
+                if (all_members && gen_chance(&g, 15)) {
+                        GenSel t = { .member = -1 };
+                        if (gen_chance(&g, 50))
+                                t.x = 1;
+                        else
+                                t.y = -1;
+                        unsigned cap = 0;
+                        for (unsigned p = 0; p < n_pools; p++)
+                                if ((lane_pools[l] >> p) & 1)
+                                        cap = MAX(cap, gen_capacity(&pools[p], &t, NULL));
+                        if (cap > 0) {
+                                lane_sel[l] = t;
+                                fputs(", \"labels\": [", g.f);
+                                gen_print_terms(g.f, &t);
+                                fputc(']', g.f);
+                        }
+                }
                 fputc('}', g.f);
         }
         fputs("}, \"requests\": [", g.f);
@@ -343,8 +473,9 @@ static char *generate(uint64_t seed) {
         for (unsigned i = 0; i < n_requests; i++) {
                 unsigned l = gen_below(&g, n_lanes);
                 /* Instants on a 100 ms grid, so that many coincide. */
-                fprintf(g.f, "%s{\"name\": \"r%u\", \"at\": \"%ums\", \"lane\": \"%c\", \"slots\": %u, \"hold\": ",
-                        i > 0 ? ", " : "", i, 100 * gen_below(&g, 80), 'a' + l, 1 + gen_below(&g, lane_max_k[l]));
+                unsigned at = 100 * gen_below(&g, 80), k = 1 + gen_below(&g, lane_max_k[l]);
+                fprintf(g.f, "%s{\"name\": \"r%u\", \"at\": \"%ums\", \"lane\": \"%c\", \"hold\": ", i > 0 ? ", " : "",
+                        i, at, 'a' + l);
                 if (gen_chance(&g, 10))
                         fputs("\"forever\"", g.f);
                 else
@@ -353,16 +484,25 @@ static char *generate(uint64_t seed) {
                         fputs(", \"wait\": false", g.f);
                 if (gen_chance(&g, 25))
                         fprintf(g.f, ", \"max-wait\": \"%ums\"", 100 * (1 + gen_below(&g, 30)));
-                fputc('}', g.f);
+                gen_request_selector(&g, pools, n_pools, lane_pools[l], &lane_sel[l], &k);
+                fprintf(g.f, ", \"slots\": %u}", k);
         }
         fputc(']', g.f);
         if (gen_chance(&g, 50)) {
                 /* A phase of generated arrivals on top: a steady stream colliding with the explicit ones. */
                 unsigned l = gen_below(&g, n_lanes);
+                unsigned max_k = lane_max_k[l];
+                if (lane_sel[l].x != 0 || lane_sel[l].y != 0) {
+                        /* What the lane's labels leave of its pools. */
+                        max_k = 0;
+                        for (unsigned p = 0; p < n_pools; p++)
+                                if ((lane_pools[l] >> p) & 1)
+                                        max_k = MAX(max_k, MIN(gen_capacity(&pools[p], &lane_sel[l], NULL), 3u));
+                }
                 fprintf(g.f, ", \"arrivals\": [{\"rate\": \"%u/s\", \"for\": \"%us\", \"hold\": \"%ums\", \"lane\": \"%c\", "
                         "\"slots\": %u}]",
                         1 + gen_below(&g, 40), 1 + gen_below(&g, 8), 50 * (1 + gen_below(&g, 20)), 'a' + l,
-                        1 + gen_below(&g, lane_max_k[l]));
+                        1 + gen_below(&g, max_k));
         }
         fputc('}', g.f);
         assert_int_equal(fclose(g.f), 0);

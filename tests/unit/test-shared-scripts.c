@@ -727,6 +727,63 @@ static void test_more_canons_than_the_library_keeps_parsed(void **state) {
         }
 }
 
+/* Issue 22 item 9 on a shared pool: 10,000 waiters with random label sets over 64 labelled members. A call
+ * reads the heads of every (lane, k, selector) bucket with waiters once (prelude.lua, walk_heads()), then
+ * walks them per grant: its cost follows the distinct selectors waiting, not the waiters. Prints the calls'
+ * Redis time (INFO commandstats) and the number of buckets. */
+static redisReply *submit_sel(long long now, const char *rid, int k, const char *selector);
+static redisReply *t_sel_submit(void) { return submit_sel(2000, "xs", 1, "l1 !l2"); }
+static redisReply *t_sel_tick(void) { return tick_as("n1", 3000, "="); }
+
+static void test_script_time_at_10000_labelled_waiters(void **state) {
+        char canon[8192], *p = canon, rid[16], sel[32];
+        long long worst = 0;
+        uint64_t s = 7;
+
+        p += sprintf(p, CANON_ONE_LANE "limit=64\nqueue-timeout=600000000\nmembers=");
+        for (int m = 0; m < 64; m++)
+                p += sprintf(p, "%sr%02d", m > 0 ? "," : "", m);
+        for (int l = 0; l < 6; l++) {
+                p += sprintf(p, "\nlabel.l%d=", l);
+                bool first = true;
+                for (int m = 0; m < 64; m++)
+                        if ((m * 7 + l * 13) % 3 != 0) {
+                                p += sprintf(p, "%sr%02d", first ? "" : ",", m);
+                                first = false;
+                        }
+        }
+        sprintf(p, "\n");
+        tick_ok("n1", 1000, canon);
+        redisReply *big = submit_at(1000, "big", "ci", 64, true, -1);
+        big_token = field_i(body(big), D_TOKEN);
+        freeReplyObject(big);
+        int queued = 0;
+        for (int i = 0; i < 10000; i++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                unsigned a = (unsigned) (s >> 33) % 12, b = (unsigned) (s >> 45) % 13;
+                int n = snprintf(sel, sizeof sel, "%sl%u", a % 2 ? "!" : "", a / 2);
+                if (b < 12 && b / 2 != a / 2)
+                        snprintf(sel + n, sizeof sel - (size_t) n, " %sl%u", b % 2 ? "!" : "", b / 2);
+                snprintf(rid, sizeof rid, "s%05d", i);
+                redisReply *r = submit_sel(1000, rid, 1 + (int) ((s >> 20) % 2), sel);
+                queued += strcmp(status(r), "ok") == 0;
+                freeReplyObject(r);
+        }
+        tick_ok("n1", 1000, "=");
+        redisReply *b = redisCommand(redis, "EVAL %s 0", "local n = 0 for _, k in ipairs(redis.call('KEYS', '{sb:p}:ls:*')) do "
+                                     "n = n + redis.call('SCARD', k) end return n");
+        printf("# %d labelled waiters in %lld buckets\n", queued, b->integer);
+        freeReplyObject(b);
+
+        freeReplyObject(timed("labelled submit (queued)", &worst, t_sel_submit));
+        freeReplyObject(timed("release of 64 members", &worst, t_release));
+        redisReply *t = timed("tick handing 64 members on (budget)", &worst, t_sel_tick);
+        assert_true(n_events(t) > 0);
+        freeReplyObject(t);
+        printf("# worst script call at 10,000 labelled waiters: %lld µs\n", worst);
+        assert_true(worst > 0);
+}
+
 static void test_script_time_at_10000_waiters(void **state) {
         char rid[16];
         long long worst = 0;
@@ -876,6 +933,198 @@ static void test_a_drained_member_is_not_granted(void **state) {
         redisReply *t = tick_as("n1", 2000, "=");
         assert_int_equal(n_events(t), 1);
         assert_string_equal(event(t, 0)->element[D_MEMBERS]->element[0]->str, "alpha");
+        freeReplyObject(t);
+}
+
+/* ---- labels and a named member (SPEC §3.5) ---- */
+
+#define CANON_RIGS CANON_ONE_LANE "label.arm64=a,b\nlabel.usb3=b,c\nlimit=4\nmembers=a,b,c,d\n"
+
+/* submit of k slots of lane ci with a selector canon (submit's [14]), settle 0; any status. */
+static redisReply *submit_sel(long long now, const char *rid, int k, const char *selector) {
+        char k_s[16];
+        snprintf(k_s, sizeof k_s, "%d", k);
+        return call("submit", "n1", now, 0, rid, "ci", k_s, "1", "0", "-1", "-1", "-", selector, NULL);
+}
+
+static const char *member_of(const redisReply *d, size_t i) {
+        assert_true(d->element[D_MEMBERS]->elements > i);
+        return d->element[D_MEMBERS]->element[i]->str;
+}
+
+/* The waiter record's wid of rid (node n1). */
+static void wid_of(const char *rid, char ret[static 32]) {
+        redisReply *r = redisCommand(redis, "HGET " POOL ":rid n1:%s", rid);
+        assert_non_null(r);
+        assert_int_equal(r->type, REDIS_REPLY_STRING);
+        assert_true(strncmp(r->str, "w:", 2) == 0);
+        snprintf(ret, 32, "%s", r->str + 2);
+        freeReplyObject(r);
+}
+
+static void test_labelled_waiters_set_aside_members_and_disjoint_ones_flow(void **state) {
+        tick_ok("n1", 1000, CANON_RIGS);
+        /* What no member can ever give is invalid before anything is queued. */
+        static const char *const bad[] = { "gpu", "@z", "arm64 !arm64", "Arm64", "arm64 @c", "@", "!", "a b@c",
+                                           "@a @b" };
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                redisReply *r = submit_sel(1000, "bad", 1, bad[i]);
+                assert_string_equal(status(r), "invalid");
+                freeReplyObject(r);
+        }
+        redisReply *r = submit_sel(1000, "bad", 3, "arm64"); /* two members carry it */
+        assert_string_equal(status(r), "invalid");
+        freeReplyObject(r);
+
+        redisReply *x = submit_sel(1000, "x", 1, "@a");
+        assert_string_equal(field_s(body(x), D_VERDICT), "granted");
+        assert_string_equal(member_of(body(x), 0), "a");
+        long long x_token = field_i(body(x), D_TOKEN);
+        freeReplyObject(x);
+        r = submit_sel(2000, "w", 2, "arm64");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        /* b is free, set aside for w: a one-rig arm64 request queues behind it. */
+        r = submit_sel(3000, "one", 1, "arm64");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        assert_int_equal(field_i(body(r), D_POSITION), 1);
+        freeReplyObject(r);
+        /* c is of no use to either: it flows on, and so does d to a request of any slot. */
+        r = submit_sel(4000, "usb", 1, "usb3");
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(member_of(body(r), 0), "c");
+        freeReplyObject(r);
+        r = submit_sel(4000, "any", 1, "");
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(member_of(body(r), 0), "d");
+        freeReplyObject(r);
+        tick_ok("n1", 4000, "=");
+
+        /* Bad input from Redis: "one"'s record says garbage, and a bucket of a garbage canon lists it too. */
+        char wid[32];
+        wid_of("one", wid);
+        r = redisCommand(redis, "EVAL %s 1 %s %s",
+                         "local a = cmsgpack.unpack(redis.call('HGET', KEYS[1], ARGV[1])) a[12] = '\\1 !! @' "
+                         "redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(a))",
+                         POOL ":w", wid);
+        assert_non_null(r);
+        assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
+        freeReplyObject(r);
+        freeReplyObject(redisCommand(redis, "SADD " POOL ":ls:ci %s", "1:BAD CANON"));
+        freeReplyObject(redisCommand(redis, "ZADD %s 0 %s", POOL ":b:ci:1:BAD CANON", wid));
+
+        /* a frees: w gets a and b at once (the lowest it may use). */
+        freeReplyObject(release_at(5000, x_token, "x"));
+        redisReply *t = tick_as("n1", 5000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "w");
+        assert_string_equal(member_of(event(t, 0), 0), "a");
+        assert_string_equal(member_of(event(t, 0), 1), "b");
+        long long w_token = field_i(event(t, 0), D_TOKEN);
+        freeReplyObject(t);
+        /* w ends: "one" gets a, once, whatever its record and the garbage bucket say. */
+        freeReplyObject(release_at(6000, w_token, "w"));
+        t = tick_as("n1", 6000, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "one");
+        assert_string_equal(member_of(event(t, 0), 0), "a");
+        assert_int_equal(cache(t, C_IN_USE), 3);
+        assert_int_equal(cache(t, C_WAITING), 0);
+        freeReplyObject(t);
+        t = tick_as("n1", 7000, "=");
+        assert_int_equal(n_events(t), 0);
+        assert_string_equal(status(t), "ok");
+        freeReplyObject(t);
+}
+
+/* A pool drain refuses labelled waiters too (after the lane's plain ones), and so does an adopted reload that
+ * removes their lane. */
+static void test_a_drain_and_a_removed_lane_refuse_labelled_waiters(void **state) {
+        tick_ok("n1", 1000, CANON_RIGS);
+        freeReplyObject(submit_at(1000, "all", "ci", 4, true, -1));
+        const char *const queued_rids[] = { "s1", "s2", "p" };
+        const char *const selectors[] = { "arm64", "@c", "" };
+        for (size_t i = 0; i < ELEMENTSOF(queued_rids); i++) {
+                redisReply *r = submit_sel(1000, queued_rids[i], 1, selectors[i]);
+                assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+                freeReplyObject(r);
+        }
+        tick_ok("n1", 1000, "=");
+        redisReply *d = call("drain", "n1", 2000, 1, "", "1", NULL);
+        assert_string_equal(body(d)->element[0]->str, "drained");
+        assert_int_equal(n_events(d), 3);
+        const char *const order[] = { "p", "s2", "s1" };
+        for (size_t i = 0; i < 3; i++) {
+                assert_string_equal(field_s(event(d, i), D_RID), order[i]);
+                assert_string_equal(field_s(event(d, i), D_REFUSAL), "unavailable");
+                assert_string_equal(field_s(event(d, i), D_REASON), "drained");
+        }
+        assert_int_equal(cache(d, C_WAITING), 0);
+        freeReplyObject(d);
+        freeReplyObject(call("drain", "n1", 3000, 1, "", "0", NULL));
+        redisReply *r = submit_sel(3000, "s3", 1, "usb3");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        redisReply *t = tick_as("n1", 4000, "backend-node-ttl=30000000\nlane.cd.max-in-use=-1\nlane.cd.priority=0\n"
+                                            "lane.cd.reserve=0\nlabel.arm64=a,b\nlabel.usb3=b,c\nlimit=4\n"
+                                            "members=a,b,c,d\n");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "s3");
+        assert_string_equal(field_s(event(t, 0), D_REFUSAL), "unavailable");
+        assert_int_equal(cache(t, C_WAITING), 0);
+        freeReplyObject(t);
+}
+
+/* A reload that takes a label away refuses the waiters it leaves without enough members; a held member keeps
+ * its lease and the new labels apply to the next grant. */
+static void test_relabel_refuses_what_no_member_can_give_and_keeps_holders(void **state) {
+        tick_ok("n1", 1000, CANON_RIGS);
+        redisReply *r = submit_sel(1000, "b", 1, "arm64 usb3");
+        assert_string_equal(member_of(body(r), 0), "b");
+        freeReplyObject(r);
+        r = submit_sel(1000, "a", 1, "arm64");
+        assert_string_equal(member_of(body(r), 0), "a");
+        freeReplyObject(r);
+        r = submit_sel(2000, "two", 2, "arm64");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        r = submit_sel(2000, "usb", 1, "usb3 !arm64");
+        assert_string_equal(member_of(body(r), 0), "c");
+        freeReplyObject(r);
+        r = submit_sel(2000, "u2", 1, "usb3");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        tick_ok("n1", 2000, "=");
+        /* arm64 is a alone now, usb3 moves to d: "two" can never be granted; u2 gets d. */
+        redisReply *t = tick_as("n1", 3000, CANON_ONE_LANE "label.arm64=a\nlabel.usb3=c,d\nlimit=4\nmembers=a,b,c,d\n");
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(n_events(t), 2);
+        assert_string_equal(field_s(event(t, 0), D_RID), "two");
+        assert_string_equal(field_s(event(t, 0), D_VERDICT), "refused");
+        assert_string_equal(field_s(event(t, 0), D_REFUSAL), "unavailable");
+        assert_string_equal(field_s(event(t, 1), D_RID), "u2");
+        assert_string_equal(field_s(event(t, 1), D_VERDICT), "granted");
+        assert_string_equal(member_of(event(t, 1), 0), "d");
+        assert_int_equal(cache(t, C_IN_USE), 4); /* b kept by its holder */
+        freeReplyObject(t);
+}
+
+/* Labels are rules: a node with other labels is refused, naming them. */
+static void test_other_labels_are_refused_naming_the_keys(void **state) {
+        tick_ok("n1", 1000, CANON_RIGS);
+        redisReply *t = tick_as("n2", 1000, CANON_ONE_LANE "label.arm64=a\nlabel.usb3=b,c\nlimit=4\nmembers=a,b,c,d\n");
+        assert_string_equal(status(t), "rules");
+        const redisReply *diff = body(t)->element[4];
+        assert_int_equal(diff->elements, 1);
+        assert_string_equal(diff->element[0]->str, "label.arm64");
+        freeReplyObject(t);
+        t = tick_as("n3", 1000, CANON_ONE_LANE "lane.ci.labels=arm64\nlabel.arm64=a,b\nlabel.usb3=b,c\nlimit=4\n"
+                                                "members=a,b,c,d\n");
+        assert_string_equal(status(t), "rules");
+        diff = body(t)->element[4];
+        assert_int_equal(diff->elements, 1);
+        assert_string_equal(diff->element[0]->str, "lane.ci.labels");
         freeReplyObject(t);
 }
 
@@ -3233,6 +3482,10 @@ int main(int argc, char *argv[]) {
                 T(test_status_lists_every_nodes_holders_and_the_first_waiters),
                 T(test_a_pool_drain_refuses_every_waiter_within_the_budget),
                 T(test_a_drained_member_is_not_granted),
+                T(test_labelled_waiters_set_aside_members_and_disjoint_ones_flow),
+                T(test_relabel_refuses_what_no_member_can_give_and_keeps_holders),
+                T(test_other_labels_are_refused_naming_the_keys),
+                T(test_a_drain_and_a_removed_lane_refuse_labelled_waiters),
                 T(test_reclaim_inside_the_recovery_window),
                 T(test_reclaim_outside_a_recovery_window_is_lost),
                 T(test_redis_clock_tokens_follow_the_time),
@@ -3259,6 +3512,7 @@ int main(int argc, char *argv[]) {
                 T(test_scripts_decide_as_pool_local_does),
                 T(test_more_canons_than_the_library_keeps_parsed),
                 T(test_script_time_at_10000_waiters),
+                T(test_script_time_at_10000_labelled_waiters),
                 T(test_a_renewing_node_is_kept_and_a_silent_one_lapses_at_its_ttl),
                 T(test_an_idle_pools_clock_runs_while_its_nodes_renew),
                 T(test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_two_keys_a_pool),
