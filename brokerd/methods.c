@@ -214,6 +214,9 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                                       (json_int_t) usec_sub_unsigned(real, ago), "job", l->job, "reason", l->reason);
                 if (e && l->exit_status >= 0)
                         json_object_set_new(e, "exitStatus", json_integer(l->exit_status));
+                /* A shared pool: which node's call quarantined it (Redis keeps it: every node shows the same). */
+                if (e && l->node)
+                        json_object_set_new(e, "node", json_string(l->node));
                 if (e)
                         json_array_append_new(q, e);
         }
@@ -619,7 +622,7 @@ static void member_quarantine(Session *s, const VarlinkCall *call, bool on) {
                 return;
         }
         if (r == -EOPNOTSUPP) {
-                /* Quarantine is for local member pools: not a pool of anonymous slots, not yet a shared pool. */
+                /* Quarantine is for member pools: not a pool of anonymous slots. */
                 reply_invalid_parameter(s, "pool");
                 return;
         }

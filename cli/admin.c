@@ -225,8 +225,7 @@ static int quarantine(const char *verb, bool on, int argc, char *argv[]) {
         if (r == BROKER_INVALID_PARAMETER) {
                 const char *params = broker_client_error_parameters(c);
                 if (params && strstr(params, "\"pool\"")) {
-                        log_error("%s: pool %s is not a local pool of members= (quarantine is not supported on shared "
-                                  "pools yet)", verb, pool);
+                        log_error("%s: pool %s has no members= (quarantine takes a member out of use)", verb, pool);
                         return EXIT_USAGE;
                 }
         }

@@ -1585,16 +1585,8 @@ static int validate_pool(const BrokerConfig *c, const PoolConfig *p, ConfErrors 
         if (p->limit > CONF_LIMIT_MAX)
                 r = conf_errors_add(errors, &p->source, "limit", "pool %s has %u slots, more than %u", p->name,
                                     p->limit, CONF_LIMIT_MAX);
-        /* SPEC §3.6 on shared pools needs the scripts to carry it: refused until they do, never ignored. */
-        if (p->backend && p->quarantine_exit_codes_set)
-                r = conf_errors_add(errors, &p->quarantine_exit_codes_source, "quarantine-exit-codes",
-                                    "pool %s is shared (backend=): quarantine is not supported on shared pools yet",
-                                    p->name);
-        if (p->backend && p->quarantine_after_source.file)
-                r = conf_errors_add(errors, &p->quarantine_after_source, "quarantine-after",
-                                    "pool %s is shared (backend=): quarantine is not supported on shared pools yet",
-                                    p->name);
-        if (!p->backend && p->n_members == 0 && p->quarantine_exit_codes_set)
+        /* Also on shared pools (SPEC §3.6): the scripts keep the quarantines in Redis (brokerd/lua/README). */
+        if (p->n_members == 0 && p->quarantine_exit_codes_set)
                 r = conf_errors_add(errors, &p->quarantine_exit_codes_source, "quarantine-exit-codes",
                                     "pool %s has no members= (quarantine takes members of a member pool out of use)",
                                     p->name);

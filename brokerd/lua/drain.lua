@@ -44,7 +44,8 @@ local function drain_member()
         local was = redis.call('SISMEMBER', K.dm, MEMBER) == 1
         if was == ON then return true end
         if ON then redis.call('SADD', K.dm, MEMBER) else redis.call('SREM', K.dm, MEMBER) end
-        if pos < R.limit and redis.call('GETBIT', K.occ, pos) == 0 then
+        -- A quarantined member stays out of `busy` either way (prelude.lua, LIFE.busy()).
+        if pos < R.limit and redis.call('GETBIT', K.occ, pos) == 0 and not LIFE.quarantined(MEMBER) then
                 redis.call('SETBIT', K.busy, pos, ON and 1 or 0)
                 meta_incr('drained_free', ON and 1 or -1)
         end

@@ -49,6 +49,9 @@ local function k_stream(n) return P .. ':s:' .. n end
 -- and an index of their expiries (pool clock µs) from which every call of the node trims a page.
 local function k_outcomes(n) return P .. ':oh:' .. n end
 local function k_outcome_exp(n) return P .. ':ox:' .. n end
+-- Members' lives (quarantine): functions as fields of one table, one local of the library's (Lua 5.1 allows
+-- 200 in a chunk); defined below, "members' lives".
+local LIFE = {}
 
 local VERSION = 1
 local SETTLE_MAX = 64
@@ -204,6 +207,7 @@ local function rules_from(t)
                 end
         end
         table.sort(r.lane_names)
+        LIFE.rules(r, t)
         return r
 end
 
@@ -488,8 +492,157 @@ local function lease_slot_identity(l, i)
         return l.members[i] or ('#' .. istr(l.slots[i]))
 end
 
+---------------------------------------------------------------------------------------------- members' lives (SPEC §3.6)
+
+-- Quarantine on a shared pool (README, "Members' lives"): pool-local.c's life_*() over two hashes,
+--   {sb:P}:qm  member -> cmsgpack { since (pool µs), job, exit status (-1: by hand), node name, reason }:
+--              the quarantined members (a field there is a quarantine, whatever its value holds)
+--   {sb:P}:qf  member -> the leases in a row that ended with a quarantine exit status (decimal)
+-- A quarantined member leaves `busy` while free, as a drained one does (drained_free counts it once), so
+-- that no grant of any node takes it. Everything in them is untrusted: garbage reads as a quarantine of
+-- nobody known, never as none. The functions are LIFE's fields (declared at the top).
+function LIFE.key() return P .. ':qm' end
+function LIFE.failures_key() return P .. ':qf' end
+-- A command on qf; a key of another type (by hand) is dropped first: it counts nothing.
+function LIFE.failures(cmd, ...)
+        local ok, v = pcall(redis.call, cmd, LIFE.failures_key(), ...)
+        if ok then return v end
+        redis.call('DEL', LIFE.failures_key())
+        return redis.call(cmd, LIFE.failures_key(), ...)
+end
+
+-- The member's place among the configured members (0-based), or nil.
+function LIFE.pos(name)
+        return R.member_pos and R.member_pos[name]
+end
+
+-- A key of another type (written by hand) quarantines every member: errors go the safe way (no grant of a
+-- member that may be quarantined); `slotctl restore` of any member deletes it (LIFE.restore()).
+function LIFE.quarantined(name)
+        local ok, v = pcall(redis.call, 'HEXISTS', LIFE.key(), name)
+        return not ok or v == 1
+end
+
+-- The rules' part (rules_from()): quarantine-exit-codes=3,4 (a set) and quarantine-after=N (≥ 1).
+function LIFE.rules(r, t)
+        if r.members then
+                r.member_pos = {}
+                for i, m in ipairs(r.members) do r.member_pos[m] = i - 1 end
+        end
+        local codes = t['quarantine-exit-codes']
+        if not codes or codes == '' then return end
+        r.qcodes = {}
+        for c in string.gmatch(codes, '[^,]+') do
+                local n = tonumber(c)
+                if n and n >= 1 and n <= 255 then r.qcodes[n] = true end
+        end
+        r.qafter = math.max(1, tonumber(t['quarantine-after'] or '1') or 1)
+end
+
+-- The member's free place leaves `busy` (out) or rejoins it, unless a drain by hand keeps it out or a
+-- lease holds it (lease_free() then leaves it out: member_drained_at()).
+function LIFE.busy(name, out)
+        local pos = LIFE.pos(name)
+        if not pos or pos >= R.limit or redis.call('SISMEMBER', K.dm, name) == 1 then return end
+        if redis.call('GETBIT', K.occ, pos) == 1 then return end
+        redis.call('SETBIT', K.busy, pos, out and 1 or 0)
+        meta_incr('drained_free', out and 1 or -1)
+end
+
+function LIFE.node_name()
+        return redis.call('HGET', k_node(NODE), 'name') or NODE
+end
+
+-- Quarantines a configured member (false: it is not one, or is quarantined already: the first quarantine's
+-- who and why stay, as pool-local.c:local_quarantine()). The caller's reply tells it ([6] notices): the node
+-- whose call did it journals it, once fleet-wide.
+function LIFE.quarantine(name, job, status, reason)
+        if not LIFE.pos(name) or LIFE.quarantined(name) then return false end
+        job, reason = job or '', reason or ''
+        local by = LIFE.node_name()
+        redis.call('HSET', LIFE.key(), name, cmsgpack.pack({ now, job, status, by, reason }))
+        if tonumber(M.life) ~= 1 then meta_set('life', 1) end -- LIFE.list() looks from now on
+        LIFE.failures('HDEL', name)
+        LIFE.busy(name, true)
+        notices[#notices + 1] = { 'quarantined', name, now, job, status, by, reason }
+        return true
+end
+
+function LIFE.restore(name, job)
+        local ok, gone = pcall(redis.call, 'HDEL', LIFE.key(), name)
+        if not ok then
+                redis.call('DEL', LIFE.key()) -- another type: nobody's quarantine can be read from it
+                gone = 1
+        end
+        if gone == 0 then return false end
+        LIFE.failures('HDEL', name)
+        LIFE.busy(name, false)
+        notices[#notices + 1] = { 'restored', name, now, job or '', -1, LIFE.node_name(), '' }
+        return true
+end
+
+-- pool-local.c:local_report_exit() for a lease this call released: a quarantine exit status counts one
+-- more failure in a row for each of its members (quarantined at quarantine-after), any other resets it.
+-- status: 0–255 (a client that reports none sends nothing: nothing changes).
+function LIFE.released(l, status, job)
+        if not R.qcodes or not R.members then return end
+        for _, m in ipairs(l.members or {}) do
+                if type(m) == 'string' and LIFE.pos(m) then
+                        if not R.qcodes[status] then
+                                LIFE.failures('HDEL', m)
+                        else
+                                local n = (int_of(LIFE.failures('HGET', m)) or 0) + 1
+                                if n < 0 then n = 1 end
+                                if n >= R.qafter and LIFE.quarantine(m, job, status, '') then
+                                        -- quarantined: its count starts again (LIFE.quarantine() dropped it)
+                                elseif n < 1000000 then
+                                        LIFE.failures('HSET', m, n)
+                                end
+                        end
+                end
+        end
+end
+
+-- The reply's cache [13]: { { member, since, job, exit status, node name, reason }… } of the configured
+-- members quarantined. A record that is not one (garbage) is shown as a quarantine of unknown origin.
+function LIFE.list()
+        -- A pool that never had a quarantine (meta.life unset) costs no command a reply.
+        if tonumber(M.life) ~= 1 then return {} end
+        local ok, n = pcall(redis.call, 'HLEN', LIFE.key())
+        if not ok or n == 0 or not R.members then return {} end
+        local found = {}                -- place -> record
+        if n <= 256 then
+                local a = redis.call('HGETALL', LIFE.key())
+                for i = 1, #a, 2 do
+                        local pos = LIFE.pos(a[i])
+                        if pos then found[pos] = a[i + 1] end
+                end
+        else
+                for i = 1, #R.members, 1000 do
+                        local v = redis.call('HMGET', LIFE.key(), unpack(R.members, i, math.min(i + 999, #R.members)))
+                        for j = 1, #v do if v[j] then found[i + j - 2] = v[j] end end
+                end
+        end
+        local function str(x) return type(x) == 'string' and string.sub(x, 1, 1024) or '' end
+        local function num(x, d)
+                if type(x) ~= 'number' or x ~= x or math.abs(x) >= 2 ^ 53 then return d end
+                return math.floor(x)
+        end
+        local out = {}
+        for pos, m in ipairs(R.members) do
+                local v = found[pos - 1]
+                if v then
+                        local ok, a = pcall(cmsgpack.unpack, v)
+                        if not ok or type(a) ~= 'table' then a = {} end
+                        out[#out + 1] = { m, num(a[1], 0), str(a[2]), num(a[3], -1), str(a[4]), str(a[5]) }
+                end
+        end
+        return out
+end
+
 local function member_drained_at(pos)
-        return R.members ~= nil and pos < R.limit and redis.call('SISMEMBER', K.dm, R.members[pos + 1]) == 1
+        return R.members ~= nil and pos < R.limit and (redis.call('SISMEMBER', K.dm, R.members[pos + 1]) == 1 or
+               LIFE.quarantined(R.members[pos + 1]))
 end
 
 ---------------------------------------------------------------------------------------------- budgets (SPEC §3.1)
@@ -1174,7 +1327,7 @@ local function cache()
         return {
                 M.in_use, M.waiting, M.congested, idle_at(now), M.drained, nd and nd or -1, M.counter,
                 M.epoch or '', M.recovery_until, stream_last, R.limit or 0,
-                M.recovery_until > 0 and M.recovery_why or '',
+                M.recovery_until > 0 and M.recovery_why or '', LIFE.list(),
         }
 end
 
@@ -1266,7 +1419,7 @@ local function pool_renew(what)
         -- Drained members stay out of `busy` (their slots are not free), as tick.lua's relayout() keeps them.
         local drained_free = 0
         for i, m in ipairs(R.members or {}) do
-                if i <= R.limit and redis.call('SISMEMBER', K.dm, m) == 1 then
+                if member_drained_at(i - 1) then
                         redis.call('SETBIT', K.busy, i - 1, 1)
                         drained_free = drained_free + 1
                 end

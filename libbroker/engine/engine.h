@@ -371,6 +371,7 @@ typedef struct EngineMemberLife {
         char *job;                /* quarantined: the job whose end did it, or who did it by hand; may be NULL */
         int exit_status;          /* quarantined by this exit status; -1: by hand */
         char *reason;             /* quarantined by hand: why; NULL otherwise */
+        char *node;               /* a shared pool: the node whose call quarantined it (its name); NULL otherwise */
         unsigned failures;        /* leases in a row that ended with a quarantine exit status */
         uint64_t quarantines;     /* times quarantined */
         uint64_t grants;          /* leases granted it */

@@ -966,6 +966,105 @@ static void test_member_is_quarantined_after_n_infrastructure_exits_in_a_row(voi
         assert_true(queued(acquire(f, "Z", (Req) { .member = "a" }, S(9))));
 }
 
+/* The same rules on every pool kind (test-engine-shared: through the scripts, the count and the quarantine kept
+ * in Redis): no selector, no health lane (shared pools take neither yet). */
+static void rigs_plain(Fixture *f, unsigned after) {
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "a", "b" }, 2);
+        p->quarantine_exit_codes[0] = (UINT64_C(1) << 3) | (UINT64_C(1) << 4);
+        p->quarantine_exit_codes_set = true;
+        p->quarantine_after = after;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+}
+
+static void test_quarantine_by_exit_status_counts_in_a_row_and_restore_hands_it_on(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 2);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        assert_string_equal(member_of(a), "a");
+        end_with(f, a, 3, "job-1", S(1));
+        assert_int_equal(f->n_life, 0); /* one of two */
+        a = acquire(f, "A2", (Req) {}, S(2));
+        assert_string_equal(member_of(a), "a");
+        end_with(f, a, 0, "job-2", S(3)); /* success: the count starts again */
+        a = acquire(f, "A3", (Req) {}, S(4));
+        end_with(f, a, 4, "job-3", S(5));
+        assert_int_equal(f->n_life, 0);
+        a = acquire(f, "A4", (Req) {}, S(6));
+        assert_string_equal(member_of(a), "a");
+        end_with(f, a, 3, "job-4", S(7));
+        assert_int_equal(f->n_life, 1);
+        assert_string_equal(f->life[0].member, "a");
+        assert_true(f->life[0].quarantined);
+        assert_string_equal(f->life[0].job, "job-4");
+        assert_int_equal(f->life[0].exit_status, 3);
+        assert_int_equal(f->life[0].at, S(7));
+        const EngineMemberLife *m = life_of(f, "a");
+        assert_true(m->quarantined);
+        assert_int_equal(m->since, S(7));
+        assert_int_equal(m->exit_status, 3);
+        assert_string_equal(m->job, "job-4");
+        assert_false(life_of(f, "b")->quarantined);
+        /* Not granted to an ordinary lane: b is, then the next one waits. */
+        Tag *x = acquire(f, "X", (Req) {}, S(8));
+        assert_string_equal(member_of(x), "b");
+        Tag *y = acquire(f, "Y", (Req) {}, S(9));
+        assert_true(queued(y));
+        /* A quarantine by hand of a quarantined member keeps the first one's who and why. */
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a",
+                                                  &(EngineQuarantine) { .since = S(10), .job = "alice", .exit_status = -1,
+                                                                        .reason = "again" },
+                                                  S(10)), 0);
+        quiesce(f);
+        run(f, S(10));
+        assert_int_equal(f->n_life, 1);
+        assert_string_equal(life_of(f, "a")->job, "job-4");
+        /* Restored by hand: handed on to Y at that instant. */
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a", NULL, S(11)), 0);
+        quiesce(f);
+        run(f, S(11));
+        assert_int_equal(f->n_life, 2);
+        assert_false(f->life[1].quarantined);
+        assert_string_equal(f->life[1].member, "a");
+        assert_false(life_of(f, "a")->quarantined);
+        assert_true(granted(y));
+        assert_string_equal(member_of(y), "a");
+        assert_int_equal(y->decided, S(11));
+}
+
+static void test_a_held_member_quarantined_by_hand_stays_with_its_holder(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "zz", &(EngineQuarantine) { .since = 0, .exit_status = -1 }, 0),
+                         -ENOENT);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 0);
+        assert_string_equal(member_of(a), "a");
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a",
+                                                  &(EngineQuarantine) { .since = S(1), .job = "alice", .exit_status = -1,
+                                                                        .reason = "flash worn" },
+                                                  S(1)), 0);
+        quiesce(f);
+        run(f, S(1));
+        assert_int_equal(f->n_life, 1);
+        assert_string_equal(f->life[0].note, "flash worn");
+        assert_string_equal(f->life[0].job, "alice");
+        assert_int_equal(f->life[0].exit_status, -1);
+        assert_string_equal(life_of(f, "a")->reason, "flash worn");
+        assert_true(granted(a)); /* its holder keeps it */
+        Tag *w = acquire(f, "W", (Req) {}, S(2));
+        end(f, a, S(3));
+        assert_true(queued(w)); /* not handed on */
+        end(f, b, S(4));
+        assert_true(granted(w));
+        assert_string_equal(member_of(w), "b");
+        /* An exit status that is no quarantine code, or none, on a quarantined member changes nothing. */
+        end_with(f, w, 0, "job-w", S(5));
+        assert_true(life_of(f, "a")->quarantined);
+        assert_int_equal(f->n_life, 1);
+}
+
 static void test_a_lease_that_reports_nothing_quarantines_nothing(void **state) {
         Fixture *f = *state;
         rigs(f, 1);
@@ -3280,6 +3379,8 @@ int main(void) {
                 T(test_random_workload_never_oversubscribes),
                 T(test_random_reloads_of_members_never_hand_a_member_out_twice),
                 T(test_restart_resumes_waiters_at_their_places),
+                T(test_quarantine_by_exit_status_counts_in_a_row_and_restore_hands_it_on),
+                T(test_a_held_member_quarantined_by_hand_stays_with_its_holder),
 #ifndef TEST_ENGINE_SHARED
                 /* LOCAL_ONLY: left out of test-engine-shared at compile time (cmocka 1.1.5 prints a skipped
                  * case as "not ok", which meson counts as a failure). A shared pool's restore is a reclaim

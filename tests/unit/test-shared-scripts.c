@@ -879,6 +879,199 @@ static void test_a_drained_member_is_not_granted(void **state) {
         freeReplyObject(t);
 }
 
+/* ---- members' lives (SPEC §3.6; README, "Members' lives") ---- */
+
+static long long meta_number(const char *key, const char *field);
+
+#define CANON_QUARANTINE CANON_MEMBERS "quarantine-after=2\nquarantine-exit-codes=3,4\n"
+
+/* node's submit of one slot at now (settle 0), its decision. */
+static redisReply *submit_as(const char *node, long long now, const char *rid) {
+        redisReply *r = call("submit", node, now, 0, rid, "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "ok");
+        return r;
+}
+
+/* n1's grant of rid at now: its member; *token its token. */
+static const char *granted_member(long long now, const char *rid, long long *token) {
+        static char member[32];
+        redisReply *r = submit_as("n1", now, rid);
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        *token = field_i(body(r), D_TOKEN);
+        snprintf(member, sizeof member, "%s", body(r)->element[D_MEMBERS]->element[0]->str);
+        freeReplyObject(r);
+        return member;
+}
+
+static redisReply *release_with(long long now, long long token, const char *rid, const char *exit_status, const char *job) {
+        char t[32];
+        snprintf(t, sizeof t, "%lld", token);
+        redisReply *r = call("release", "n1", now, 0, t, rid, exit_status, job, NULL);
+        assert_string_equal(status(r), "ok");
+        return r;
+}
+
+static const redisReply *quarantined_list(const redisReply *r) {
+        assert_true(r->element[R_CACHE]->elements > 12);
+        return r->element[R_CACHE]->element[12];
+}
+
+static size_t n_notices(const redisReply *r) {
+        return r->element[R_NOTICES]->elements;
+}
+
+static void test_quarantine_counts_exit_statuses_in_redis_and_every_node_obeys_it(void **state) {
+        tick_ok("n1", 1000, CANON_QUARANTINE);
+        tick_ok("n2", 1000, CANON_QUARANTINE);
+        long long token;
+        /* One infrastructure failure of two: counted in Redis, nothing quarantined. */
+        assert_string_equal(granted_member(1000, "a", &token), "alpha");
+        redisReply *r = release_with(1000, token, "a", "3", "job-a");
+        assert_int_equal(n_notices(r), 0);
+        assert_int_equal(quarantined_list(r)->elements, 0);
+        freeReplyObject(r);
+        redisReply *v = redisCommand(redis, "HGET " POOL ":qf alpha");
+        assert_string_equal(v->str, "1");
+        freeReplyObject(v);
+        /* A success starts the count again; a retried release ("gone") counts nothing. */
+        assert_string_equal(granted_member(2000, "b", &token), "alpha");
+        freeReplyObject(release_with(2000, token, "b", "0", "job-b"));
+        freeReplyObject(release_with(2000, token, "b", "3", "job-b"));
+        v = redisCommand(redis, "HEXISTS " POOL ":qf alpha");
+        assert_int_equal(v->integer, 0);
+        freeReplyObject(v);
+        /* No status told (an older client): nothing counted either way. */
+        assert_string_equal(granted_member(2000, "c", &token), "alpha");
+        freeReplyObject(release_at(2000, token, "c"));
+        assert_string_equal(granted_member(3000, "d", &token), "alpha");
+        freeReplyObject(release_with(3000, token, "d", "4", "job-d"));
+        assert_string_equal(granted_member(4000, "e", &token), "alpha");
+        r = release_with(4000, token, "e", "3", "job-e");
+        /* The second in a row: quarantined, told once, to the node whose call did it. */
+        assert_int_equal(n_notices(r), 1);
+        const redisReply *n = r->element[R_NOTICES]->element[0];
+        assert_string_equal(n->element[0]->str, "quarantined");
+        assert_string_equal(n->element[1]->str, "alpha");
+        assert_int_equal(n->element[2]->integer, 4000);
+        assert_string_equal(n->element[3]->str, "job-e");
+        assert_int_equal(n->element[4]->integer, 3);
+        assert_string_equal(n->element[5]->str, "n1");
+        const redisReply *q = quarantined_list(r);
+        assert_int_equal(q->elements, 1);
+        assert_string_equal(q->element[0]->element[0]->str, "alpha");
+        assert_int_equal(q->element[0]->element[1]->integer, 4000);
+        assert_string_equal(q->element[0]->element[2]->str, "job-e");
+        assert_int_equal(q->element[0]->element[3]->integer, 3);
+        freeReplyObject(r);
+        /* Node n2 sees it in any reply, and is never granted alpha. */
+        r = submit_as("n2", 5000, "f");
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "beta");
+        assert_int_equal(quarantined_list(r)->elements, 1);
+        freeReplyObject(r);
+        r = submit_as("n2", 5000, "g");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        tick_ok("n1", 5000, "=");
+        /* Quarantining what is quarantined changes nothing; an unknown member is said so. */
+        r = call("quarantine", "n2", 6000, 0, "alpha", "1", "uid 0", "again", NULL);
+        assert_string_equal(body(r)->element[0]->str, "unchanged");
+        assert_int_equal(n_notices(r), 0);
+        freeReplyObject(r);
+        r = call("quarantine", "n2", 6000, 0, "gamma", "1", "uid 0", "x", NULL);
+        assert_string_equal(body(r)->element[0]->str, "unknown-member");
+        freeReplyObject(r);
+        /* Restored by n2: its reply tells it, and the waiter is granted alpha at that instant. */
+        r = call("quarantine", "n2", 7000, 0, "alpha", "0", "uid 0", "", NULL);
+        assert_string_equal(body(r)->element[0]->str, "restored");
+        assert_int_equal(n_notices(r), 1);
+        assert_string_equal(r->element[R_NOTICES]->element[0]->element[0]->str, "restored");
+        assert_int_equal(quarantined_list(r)->elements, 0);
+        freeReplyObject(r);
+        r = tick_as("n2", 7000, "=");
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(field_s(event(r, 0), D_RID), "g");
+        assert_string_equal(event(r, 0)->element[D_MEMBERS]->element[0]->str, "alpha");
+        freeReplyObject(r);
+}
+
+static void test_a_held_member_quarantined_by_hand_stays_out_when_released(void **state) {
+        tick_ok("n1", 1000, CANON_QUARANTINE);
+        long long token;
+        assert_string_equal(granted_member(1000, "a", &token), "alpha");
+        redisReply *r = call("quarantine", "n1", 1000, 0, "alpha", "1", "uid 1000", "flash worn", NULL);
+        assert_string_equal(body(r)->element[0]->str, "quarantined");
+        const redisReply *n = r->element[R_NOTICES]->element[0];
+        assert_string_equal(n->element[3]->str, "uid 1000");
+        assert_int_equal(n->element[4]->integer, -1);
+        assert_string_equal(n->element[6]->str, "flash worn");
+        freeReplyObject(r);
+        /* Drained and undrained by hand meanwhile: still out of use. */
+        freeReplyObject(call("drain", "n1", 1000, 0, "alpha", "1", NULL));
+        freeReplyObject(call("drain", "n1", 1000, 0, "alpha", "0", NULL));
+        freeReplyObject(release_at(2000, token, "a"));
+        assert_string_equal(granted_member(2000, "b", &token), "beta");
+        expect_verdict("c", 2000, "ci", 1, "queued");
+        tick_ok("n1", 2000, "=");
+        assert_int_equal(meta_number("meta", "drained_free"), 1);
+        r = call("quarantine", "n1", 3000, 0, "alpha", "0", "uid 0", "", NULL);
+        assert_string_equal(body(r)->element[0]->str, "restored");
+        freeReplyObject(r);
+        r = tick_as("n1", 3000, "=");
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(event(r, 0)->element[D_MEMBERS]->element[0]->str, "alpha");
+        freeReplyObject(r);
+        assert_int_equal(meta_number("meta", "drained_free"), 0);
+}
+
+/* Garbage where the records are (written by hand: a hostile or broken writer): no error, no grant of the
+ * quarantined member, a record of nobody known shown as such. */
+static void test_garbage_quarantine_records_break_nothing_and_grant_nothing(void **state) {
+        tick_ok("n1", 1000, CANON_QUARANTINE);
+        freeReplyObject(call("quarantine", "n1", 1000, 0, "alpha", "1", "uid 0", "x", NULL));
+        freeReplyObject(redisCommand(redis, "HSET " POOL ":qm alpha %b", "\xc1\xff\x00garbage", (size_t) 10));
+        freeReplyObject(redisCommand(redis, "HSET " POOL ":qm gamma junk"));
+        freeReplyObject(redisCommand(redis, "HSET " POOL ":qf beta 99999999999999999999"));
+        redisReply *r = tick_as("n1", 1000, "=");
+        assert_string_equal(status(r), "ok");
+        const redisReply *q = quarantined_list(r);
+        assert_int_equal(q->elements, 1);
+        assert_string_equal(q->element[0]->element[0]->str, "alpha");
+        assert_int_equal(q->element[0]->element[1]->integer, 0);
+        assert_int_equal(q->element[0]->element[3]->integer, -1);
+        freeReplyObject(r);
+        long long token;
+        assert_string_equal(granted_member(2000, "a", &token), "beta");
+        expect_verdict("b", 2000, "ci", 1, "queued");
+        /* A failure count of garbage counts from nothing. */
+        freeReplyObject(release_with(2000, token, "a", "3", "job-a"));
+        tick_ok("n1", 2000, "=");
+        /* The keys of another type: every member counts as quarantined (no grant), nothing fails. */
+        freeReplyObject(redisCommand(redis, "DEL " POOL ":qm " POOL ":qf"));
+        freeReplyObject(redisCommand(redis, "SET " POOL ":qm garbage"));
+        freeReplyObject(redisCommand(redis, "SET " POOL ":qf garbage"));
+        r = tick_as("n1", 3000, "=");
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(quarantined_list(r)->elements, 0);
+        freeReplyObject(r);
+        /* beta went to b at 2000; released with a quarantine code: beta stays out too. */
+        redisReply *p = call("positions", "n1", 3000, 0, "pos", "b", NULL);
+        long long tb = field_i(body(p)->element[0], D_TOKEN);
+        freeReplyObject(p);
+        freeReplyObject(release_with(3000, tb, "b", "3", "job-b"));
+        expect_verdict("c", 3000, "ci", 1, "queued");
+        r = tick_as("n1", 3000, "=");
+        assert_int_equal(n_events(r), 0);
+        freeReplyObject(r);
+        /* A restore makes the key anew. */
+        r = call("quarantine", "n1", 4000, 0, "alpha", "0", "uid 0", "", NULL);
+        assert_string_equal(status(r), "ok");
+        freeReplyObject(r);
+        r = tick_as("n1", 4000, "=");
+        assert_int_equal(n_events(r), 1);
+        freeReplyObject(r);
+}
+
 static redisReply *reclaim(long long now, const char *rid, const char *token, const char *slot) {
         return call("reclaim", "n1", now, 1, rid, "ci", "1", token, "1000", slot, NULL);
 }
@@ -2106,6 +2299,8 @@ typedef struct Diff {
 static const char *const refusal_names[] = { "busy", "full", "timeout", "shed", "unavailable" };
 static const char *const state_names[] = { "none", "keeping-up", "saturated" };
 
+static unsigned long diff_quarantines; /* quarantines compared (issue 23 item 7) */
+
 static void on_local_decision(const PoolDecision *d, void *userdata) {
         Diff *df = userdata;
         Req *r = d->cookie;
@@ -2114,6 +2309,12 @@ static void on_local_decision(const PoolDecision *d, void *userdata) {
         assert_true(df->n_local < DIFF_DECS);
         *o = (Dec) { .at = (long long) d->at };
         switch (d->verdict) {
+        case POOL_VERDICT_MEMBER:
+                /* A quarantine or a restore: the scripts' reply says it in its notices (README, "Members' lives"). */
+                snprintf(o->verdict, sizeof o->verdict, "%s", d->quarantined ? "quarantined" : "restored");
+                snprintf(o->rid, sizeof o->rid, "%s", d->member);
+                diff_quarantines += d->quarantined;
+                return;
         case POOL_VERDICT_CONGESTION:
                 snprintf(o->verdict, sizeof o->verdict, "congestion");
                 o->idle = (long long) d->idle;
@@ -2172,7 +2373,21 @@ static void remote_decision(Diff *df, const redisReply *d) {
                 o->slots[i] = (unsigned) d->element[D_SLOTS]->element[i]->integer;
 }
 
-/* A script call's decisions: its events, then (submit) its own; "settling" is sent again. */
+static void remote_notices(Diff *df, const redisReply *r) {
+        for (size_t i = 0; i < r->element[R_NOTICES]->elements; i++) {
+                const redisReply *n = r->element[R_NOTICES]->element[i];
+                if (strcmp(n->element[0]->str, "quarantined") != 0 && strcmp(n->element[0]->str, "restored") != 0)
+                        continue;
+                Dec *o = &df->remote[df->n_remote++];
+                assert_true(df->n_remote < DIFF_DECS);
+                *o = (Dec) { .at = n->element[2]->integer };
+                snprintf(o->verdict, sizeof o->verdict, "%s", n->element[0]->str);
+                snprintf(o->rid, sizeof o->rid, "%s", n->element[1]->str);
+        }
+}
+
+/* A script call's decisions: its events, its notices of members' lives, then (submit) its own; "settling"
+ * is sent again. */
 static void remote_call(Diff *df, bool is_submit, const char *op, long long now, ...) {
         for (int tries = 0;; tries++) {
                 va_list ap;
@@ -2181,6 +2396,7 @@ static void remote_call(Diff *df, bool is_submit, const char *op, long long now,
                 va_end(ap);
                 for (size_t i = 0; i < n_events(r); i++)
                         remote_decision(df, event(r, i));
+                remote_notices(df, r);
                 bool settling = strcmp(status(r), "settling") == 0;
                 if (!settling) {
                         assert_string_equal(status(r), "ok");
@@ -2261,7 +2477,8 @@ static unsigned next_random(unsigned *s) {
 }
 
 /* variant 0: queue-timeout 5 s, limit 4; 1: no queue-timeout, limit 3, max-queue 5; 2: members alpha…delta,
- * queue-timeout 5 s with a congestion timeout of 2 s, lane a's own budget of 4 s, member drains. */
+ * queue-timeout 5 s with a congestion timeout of 2 s, lane a's own budget of 4 s, member drains, quarantine
+ * after 2 exit statuses 3 in a row (releases with 3, 0 or none) and restores by hand. */
 static void run_differential(unsigned seed, int variant) {
         bool with_q = variant != 1, members = variant == 2;
         char *member_names[] = { (char *) "alpha", (char *) "beta", (char *) "gamma", (char *) "delta", NULL };
@@ -2282,6 +2499,9 @@ static void run_differential(unsigned seed, int variant) {
                 .congestion_timeout_set = members,
                 .congestion_timeout = 2 * SEC,
                 .max_queue = with_q ? -1 : 5,
+                .quarantine_exit_codes = { members ? UINT64_C(1) << 3 : 0 },
+                .quarantine_exit_codes_set = members,
+                .quarantine_after = 2,
         };
         const char *const canons[] = {
                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\nlane.b.priority=5\n"
@@ -2290,7 +2510,7 @@ static void run_differential(unsigned seed, int variant) {
                 "lane.c.priority=0\nlane.c.reserve=1\nlimit=3\nmax-queue=5\n",
                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\nlane.b.max-in-use=2\n"
                 "lane.b.priority=5\nlane.c.priority=0\nlane.c.reserve=1\nlimit=4\nmembers=alpha,beta,gamma,delta\n"
-                "queue-congestion-timeout=2000000\nqueue-timeout=5000000\n",
+                "quarantine-after=2\nquarantine-exit-codes=3\nqueue-congestion-timeout=2000000\nqueue-timeout=5000000\n",
         };
         const char *canon = canons[variant];
         Pool *p = NULL;
@@ -2337,6 +2557,7 @@ static void run_differential(unsigned seed, int variant) {
                         redisReply *t = call("tick", "n1", now, 0, "n1", members ?
                                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\n"
                                 "lane.b.max-in-use=2\nlane.b.priority=-1\nlimit=3\nmembers=delta,gamma,alpha\n"
+                                "quarantine-after=2\nquarantine-exit-codes=3\n"
                                 "queue-congestion-timeout=2000000\nqueue-timeout=5000000\n" :
                                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\n"
                                 "lane.b.priority=-1\nlimit=4\nqueue-timeout=5000000\n",
@@ -2391,14 +2612,25 @@ static void run_differential(unsigned seed, int variant) {
                                         if (want == 2) {
                                                 char tok[32];
                                                 snprintf(tok, sizeof tok, "%lld", r->token);
+                                                /* In the member pool: its command's exit status, 3 (an
+                                                 * infrastructure failure), 0, or none told. */
+                                                unsigned e = members ? next_random(&rnd) % 4 : 0;
+                                                if (e > 0)
+                                                        p->ops->report_exit(p, r->grant, e == 1 ? 0 : 3, "j", (usec_t) now);
                                                 p->ops->release(p, r->grant, (usec_t) now);
-                                                remote_call(&df, false, "release", now, tok, r->rid, NULL);
+                                                remote_call(&df, false, "release", now, tok, r->rid,
+                                                            e == 0 ? "" : e == 1 ? "0" : "3", "j", NULL);
                                         } else {
                                                 p->ops->withdraw(p, r->waiter, (usec_t) now);
                                                 remote_call(&df, false, "withdraw", now, r->rid, NULL);
                                         }
                                         break;
                                 }
+                        } else if (members && what >= 92 && what < 95) {
+                                /* A member restored by hand (nothing to do when it is not quarantined). */
+                                const char *m = member_names[next_random(&rnd) % (n_lanes == 3 ? 4 : 3)];
+                                assert_int_equal(p->ops->quarantine(p, m, NULL, (usec_t) now), 0);
+                                remote_call(&df, false, "quarantine", now, m, "0", "", "", NULL);
                         } else if (members && what >= 95) {
                                 /* One member drained at a time: on, then off again. */
                                 const char *m = drained_member ?: member_names[next_random(&rnd) % (n_lanes == 3 ? 4 : 3)];
@@ -2435,6 +2667,8 @@ static void test_scripts_decide_as_pool_local_does(void **state) {
         /* Every kind of decision was compared at least once. */
         for (size_t i = 0; i < 8; i++)
                 assert_true(diff_seen[i] > 0);
+        printf("# compared: %lu quarantines\n", diff_quarantines);
+        assert_true(diff_quarantines > 0);
 }
 
 /* An instant cut short by the budget is finished before anything later at that instant: pool-local's
@@ -3019,6 +3253,9 @@ int main(int argc, char *argv[]) {
                 T(test_status_lists_every_nodes_holders_and_the_first_waiters),
                 T(test_a_pool_drain_refuses_every_waiter_within_the_budget),
                 T(test_a_drained_member_is_not_granted),
+                T(test_quarantine_counts_exit_statuses_in_redis_and_every_node_obeys_it),
+                T(test_a_held_member_quarantined_by_hand_stays_out_when_released),
+                T(test_garbage_quarantine_records_break_nothing_and_grant_nothing),
                 T(test_reclaim_inside_the_recovery_window),
                 T(test_reclaim_outside_a_recovery_window_is_lost),
                 T(test_redis_clock_tokens_follow_the_time),
