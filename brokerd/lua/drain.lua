@@ -3,6 +3,9 @@
 --
 -- KEYS  [1] "{sb:POOL}"
 -- ARGV  [1..5] the head (README)   [6] member name, or "" for the whole pool   [7] on (0/1)
+--       [8] who ("uid N")   [9] reason   [10] until (pool µs; "": none) — [8…] absent (a plain drain, tests):
+--       the record is left as it is; present: the drain's record (prelude.lua, DRAINS.record()) is made
+--       (on: replacing any) or dropped (off), and the caller's reply tells it ([6] notices)
 -- Decides: the pool: meta.drained = on; on → every waiter is refused unavailable "drained", lane by lane
 --       (by name), bucket by bucket (k ascending), in arrival order. At most SETTLE_MAX refusals per call:
 --       "settling" until none is left; the pool is drained from the first call on, so nothing is granted
@@ -16,6 +19,7 @@
 -- Worst case: SETTLE_MAX steps + O(lanes × distinct k) per refusal.
 
 local MEMBER, ON = ARGV[6], ARGV[7] == '1'
+local WHO, WHY, UNTIL = ARGV[8], ARGV[9] or '', int_of(ARGV[10])
 
 local function drain_pool()
         meta_set('drained', ON and 1 or 0)
@@ -60,6 +64,9 @@ local function drain()
                 if not drain_pool() then return reply('settling') end
         elseif not drain_member() then
                 return reply('ok', { 'unknown-member' })
+        end
+        if WHO then
+                DRAINS.record(MEMBER, ON, WHO ~= '' and WHO or nil, WHY ~= '' and WHY or nil, ON and UNTIL or nil)
         end
         finish_instant()
         return reply('ok', { ON and 'drained' or 'undrained' })

@@ -52,6 +52,8 @@ local function k_outcome_exp(n) return P .. ':ox:' .. n end
 -- Members' lives (quarantine): functions as fields of one table, one local of the library's (Lua 5.1 allows
 -- 200 in a chunk); defined below, "members' lives".
 local LIFE = {}
+-- Drains with who, why and until: the same (DRAINS below, "drains with who, why, until").
+local DRAINS = {}
 
 local VERSION = 1
 local SETTLE_MAX = 64
@@ -635,6 +637,99 @@ function LIFE.list()
                         local ok, a = pcall(cmsgpack.unpack, v)
                         if not ok or type(a) ~= 'table' then a = {} end
                         out[#out + 1] = { m, num(a[1], 0), str(a[2]), num(a[3], -1), str(a[4]), str(a[5]) }
+                end
+        end
+        return out
+end
+
+---------------------------------------------------------------------------------------------- drains with who, why, until (SPEC §3.6)
+
+-- A drain's record on a shared pool (README, "Drains with a reason"): who, why, since and until live in Redis,
+-- and its until is the pool's own instant (next_due()), not a timer of one node:
+--   {sb:P}:dr  field "" (the pool) or a member -> cmsgpack { since, who, reason, until (-1: none), node name }
+--   {sb:P}:du  ZSET field -> until (pool µs), the drains that end by themselves
+-- meta.drain_next is du's first score (no command a call to know it is not due). Untrusted like the rest:
+-- a record of garbage is shown as a drain of nobody known; an until of garbage ends nothing.
+function DRAINS.key() return P .. ':dr' end
+function DRAINS.until_key() return P .. ':du' end
+
+function DRAINS.next_store()
+        local first = redis.call('ZRANGE', DRAINS.until_key(), 0, 0, 'WITHSCORES')
+        meta_set('drain_next', first[2] and tonumber(first[2]) or nil)
+end
+
+function DRAINS.next()
+        return tonumber(M.drain_next)
+end
+
+-- The record of a drain made now (field: "" or a member), or dropped (undrain).
+function DRAINS.record(field, on, who, reason, until_)
+        if on then
+                redis.call('HSET', DRAINS.key(), field, cmsgpack.pack({ now, who, reason, until_ or -1, LIFE.node_name() }))
+                if until_ then
+                        redis.call('ZADD', DRAINS.until_key(), until_, field)
+                else
+                        redis.call('ZREM', DRAINS.until_key(), field)
+                end
+        else
+                redis.call('HDEL', DRAINS.key(), field)
+                redis.call('ZREM', DRAINS.until_key(), field)
+        end
+        DRAINS.next_store()
+        if tonumber(M.drain_records) ~= 1 then meta_set('drain_records', 1) end -- DRAINS.list() looks from now on
+        notices[#notices + 1] = { on and 'drained' or 'undrained', field, now, who or '', reason or '', until_ or -1,
+                                  0 }
+end
+
+-- A member's drain by hand: in or out of dm, its free place out of or back into `busy` (a quarantined one stays
+-- out). false: not a configured member.
+function DRAINS.member(name, on)
+        local pos = LIFE.pos(name)
+        if not pos then return false end
+        local was = redis.call('SISMEMBER', K.dm, name) == 1
+        if was == on then return true end
+        if on then redis.call('SADD', K.dm, name) else redis.call('SREM', K.dm, name) end
+        if pos < R.limit and redis.call('GETBIT', K.occ, pos) == 0 and not LIFE.quarantined(name) then
+                redis.call('SETBIT', K.busy, pos, on and 1 or 0)
+                meta_incr('drained_free', on and 1 or -1)
+        end
+        return true
+end
+
+-- Drains whose until is at or before t end then (instant()), each told once ([6] notices, "expired" 1).
+function DRAINS.expire(t)
+        local due = redis.call('ZRANGEBYSCORE', DRAINS.until_key(), '-inf', t, 'WITHSCORES', 'LIMIT', 0, 16)
+        for i = 1, #due, 2 do
+                local field, at = due[i], tonumber(due[i + 1])
+                if field == '' then
+                        meta_set('drained', 0)
+                else
+                        DRAINS.member(field, false)
+                end
+                redis.call('HDEL', DRAINS.key(), field)
+                redis.call('ZREM', DRAINS.until_key(), field)
+                notices[#notices + 1] = { 'undrained', field, at, '', '', at, 1 }
+        end
+        DRAINS.next_store()
+end
+
+-- The reply's cache [14]: { { field ("" the pool), since, who, reason, until (-1), node name }… }.
+function DRAINS.list()
+        if tonumber(M.drain_records) ~= 1 then return {} end -- no drain was ever recorded: no command
+        local ok, n = pcall(redis.call, 'HLEN', DRAINS.key())
+        if not ok or n == 0 then return {} end
+        local a = n <= 257 and redis.call('HGETALL', DRAINS.key()) or {}
+        local out = {}
+        local function str(x) return type(x) == 'string' and string.sub(x, 1, 1024) or '' end
+        local function num(x, d)
+                if type(x) ~= 'number' or x ~= x or math.abs(x) >= 2 ^ 53 then return d end
+                return math.floor(x)
+        end
+        for i = 1, #a, 2 do
+                if a[i] == '' or LIFE.pos(a[i]) then
+                        local okd, r = pcall(cmsgpack.unpack, a[i + 1])
+                        if not okd or type(r) ~= 'table' then r = {} end
+                        out[#out + 1] = { a[i], num(r[1], 0), str(r[2]), str(r[3]), num(r[4], -1), str(r[5]) }
                 end
         end
         return out
@@ -1236,6 +1331,7 @@ local function instant(t)
                 carry.rekey_empty = carry.heads_on -- only a tick makes a job (it begins its batch's state afresh)
         end
         if M.recovery_until > 0 and t >= M.recovery_until then recovery_close() end
+        if DRAINS.next() and DRAINS.next() <= t then DRAINS.expire(t) end
         if M.phase == 0 then
                 if not dispatch(t) then return false end
                 meta_set('phase', 1)
@@ -1289,6 +1385,7 @@ local function next_due(for_caller)
                 if v ~= INF then consider(v) end
         end
         if M.recovery_until > 0 then consider(M.recovery_until) end
+        consider(DRAINS.next())
         consider(tonumber(h[K.orph][2]))
         if M.congested == 0 and R.q and M.drained == 0 and not has_room_for_one() then
                 consider(M.last_fast + R.q + 1)
@@ -1327,7 +1424,7 @@ local function cache()
         return {
                 M.in_use, M.waiting, M.congested, idle_at(now), M.drained, nd and nd or -1, M.counter,
                 M.epoch or '', M.recovery_until, stream_last, R.limit or 0,
-                M.recovery_until > 0 and M.recovery_why or '', LIFE.list(),
+                M.recovery_until > 0 and M.recovery_why or '', LIFE.list(), DRAINS.list(),
         }
 end
 

@@ -421,6 +421,10 @@ typedef struct EnginePoolInfo {
         const PoolRest *resting;
         size_t n_resting;
         usec_t cooldown;          /* 0: none */
+        /* A pool kept by a backend: the drains the backend keeps (engine_drain_info() lists the engine's own);
+         * valid until the next call into the engine. */
+        const EngineDrainInfo *drains;
+        size_t n_drains;
 } EnginePoolInfo;
 
 /* The configured pools, in configuration order. */

@@ -188,6 +188,10 @@ typedef struct SharedPool {
          * every node shows and obeys the same: brokerd/lua/README, "Members' lives"); life[i] is member i. */
         PoolMemberLife *life;
         size_t n_life;
+        /* SPEC §3.6: the drains Redis keeps with who, why, since and until (the cache's [14]; their strings
+         * owned: member, who, reason), since and until monotonic. */
+        EngineDrainInfo *drains;
+        size_t n_drains;
         /* The strings of the MEMBER decisions emitted (job, reason): a decision's strings must outlive the
          * emit (the engine queues it by value and reads them when it processes it), so the last 64 are kept, in a ring; a notice is rare (a quarantine, a restore), the engine takes its decisions
          * after every reply. */
@@ -1999,6 +2003,89 @@ static void life_notice(SharedPool *p, const RespValue *n, bool quarantined, use
                 bad_input(p, "a malformed quarantine notice in a reply", now);
 }
 
+/* ---- drains with who, why and until (SPEC §3.6): Redis keeps them and ends them, the node mirrors them ---- */
+
+static void drains_clear(SharedPool *p) {
+        for (size_t i = 0; i < p->n_drains; i++) {
+                free((char *) p->drains[i].member);
+                free((char *) p->drains[i].who);
+                free((char *) p->drains[i].reason);
+        }
+        p->drains = mfree(p->drains);
+        p->n_drains = 0;
+}
+
+/* The cache's [14]: { { "" (the pool) | member, since, who, reason, until (-1: none), node name }… }. Absent
+ * (scripts from before): nothing changes. An entry that is not one is dropped and counted. */
+static void drains_apply(SharedPool *p, const RespValue *list, usec_t now) {
+        if (!list || list->type != RESP_ARRAY)
+                return;
+        size_t cap = strv_length(p->base.members) + 1;
+        EngineDrainInfo *d = calloc(MAX(MIN(list->n, cap), (size_t) 1), sizeof(EngineDrainInfo));
+        if (!d)
+                return; /* the next reply says it again */
+        size_t n = 0;
+        bool bad = false;
+        for (size_t k = 0; k < list->n; k++) {
+                const RespValue *e = &list->elements[k];
+                const RespValue *field = e->type == RESP_ARRAY && e->n >= 6 ? resp_at(e, 0) : NULL;
+                int64_t since = 0, until = -1;
+                ssize_t i = field && field->type == RESP_STRING && field->len > 0 ? member_index(p, field) : -1;
+                bool pool = field && field->type == RESP_STRING && field->len == 0;
+                if ((!pool && i < 0) || n >= cap || !resp_int(resp_at(e, 1), &since) ||
+                    !resp_int(resp_at(e, 4), &until)) {
+                        bad = true;
+                        continue;
+                }
+                d[n] = (EngineDrainInfo) {
+                        .pool = p->base.name,
+                        .member = pool ? NULL : strdup(p->base.members[i]),
+                        .since = local_time_of(p, since, 0, now),
+                        .until = until < 0 ? USEC_INFINITY : local_time_of(p, until, 0, USEC_INFINITY - 1),
+                        .who = life_text(resp_at(e, 2), &bad),
+                        .reason = life_text(resp_at(e, 3), &bad),
+                };
+                n++;
+        }
+        drains_clear(p);
+        p->drains = d;
+        p->n_drains = n;
+        if (bad)
+                bad_input(p, "a malformed drain record in a reply", now);
+}
+
+/* A notice { "drained" | "undrained", "" | member, at, who, reason, until (-1), expired (0/1) }: this node's
+ * call made it (an expiry: this node's call ran the instant of its until), told once fleet-wide. */
+static void drain_notice(SharedPool *p, const RespValue *n, bool drained, usec_t now) {
+        const RespValue *field = resp_at(n, 1);
+        ssize_t i = field && field->type == RESP_STRING && field->len > 0 ? member_index(p, field) : -1;
+        if (!field || field->type != RESP_STRING || (field->len > 0 && i < 0)) {
+                bad_input(p, "a drain notice of no configured member", now);
+                return;
+        }
+        bool bad = false;
+        int64_t at = 0, until = -1, expired = 0;
+        usec_t when = resp_int(resp_at(n, 2), &at) ? local_time_of(p, at, 0, now) : now;
+        const char *who = emitted_keep(p, life_text(resp_at(n, 3), &bad)),
+                   *reason = emitted_keep(p, life_text(resp_at(n, 4), &bad));
+        (void) resp_int(resp_at(n, 5), &until);
+        (void) resp_int(resp_at(n, 6), &expired);
+        pool_emit(&p->base, &(PoolDecision) {
+                .verdict = POOL_VERDICT_DRAIN,
+                .pool = &p->base,
+                .at = when,
+                .member = i >= 0 ? p->base.members[i] : NULL,
+                .drained = drained,
+                .job = who,
+                .note = reason,
+                .until = until < 0 ? USEC_INFINITY : local_time_of(p, until, 0, USEC_INFINITY - 1),
+                .expired = expired != 0,
+                .exit_status = -1,
+        });
+        if (bad)
+                bad_input(p, "a malformed drain notice in a reply", now);
+}
+
 static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now, usec_t now) {
         int64_t x;
         if (!cache || cache->type != RESP_ARRAY || cache->n < 11)
@@ -2055,6 +2142,7 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                 free(l);
         }
         life_apply(p, resp_at(cache, 12), now);
+        drains_apply(p, resp_at(cache, 13), now);
         /* Another node's call may have flipped the gauge: this node's own gauge follows the pool's. */
         congestion_apply(p, p->cache.congested, pool_now, now);
 }
@@ -2065,6 +2153,10 @@ static void notices_apply(SharedPool *p, const RespValue *notices, usec_t now) {
                 int64_t leases = 0, waiters = 0;
                 if (resp_is(resp_at(n, 0), "quarantined") || resp_is(resp_at(n, 0), "restored")) {
                         life_notice(p, n, resp_is(resp_at(n, 0), "quarantined"), now);
+                        continue;
+                }
+                if (resp_is(resp_at(n, 0), "drained") || resp_is(resp_at(n, 0), "undrained")) {
+                        drain_notice(p, n, resp_is(resp_at(n, 0), "drained"), now);
                         continue;
                 }
                 if (!resp_is(resp_at(n, 0), "node-expired"))
@@ -2845,6 +2937,7 @@ static void shared_free(Pool *base) {
         life_free(p->life, p->n_life);
         for (size_t i = 0; i < ELEMENTSOF(p->emitted); i++)
                 free(p->emitted[i]);
+        drains_clear(p);
         strv_free(p->base.members);
         strv_free(p->lanes);
         strv_free(p->differing_keys);
@@ -3342,6 +3435,31 @@ static int shared_drain(Pool *base, const char *member, bool on, usec_t now) {
         return 0;
 }
 
+/* SPEC §3.6: who, why and until go to Redis with the drain (drain.lua), which keeps them for every node and
+ * undrains at until by itself: the pool's own instant, whichever node's call runs it. until on the pool clock. */
+static int shared_drain_with(Pool *base, const char *member, const EngineDrain *d, usec_t now) {
+        SharedPool *p = SHARED(base);
+        if (member && !strv_contains(p->base.members, member))
+                return -ENOENT;
+        Call *c;
+        int r = call_new(p, SHARED_SCRIPT_DRAIN, op_settles(p), now, &c);
+        if (r < 0)
+                return r;
+        char until[32] = "";
+        if (d && d->until != USEC_INFINITY)
+                snprintf(until, sizeof until, "%" PRId64, pool_clock_of(p, d->until));
+        if ((r = call_add(c, "%s", member ?: "")) < 0 || (r = call_add(c, "%d", d != NULL)) < 0 ||
+            (r = call_add(c, "%s", d && d->who ? d->who : "")) < 0 ||
+            (r = call_add(c, "%s", d && d->reason ? d->reason : "")) < 0 || (r = call_add(c, "%s", until)) < 0) {
+                call_free(c);
+                return r;
+        }
+        if (!member)
+                p->base.drained = d != NULL;
+        call_queue(p, c);
+        return 0;
+}
+
 static size_t shared_position(const Pool *base, const PoolWaiter *w, size_t *ret_queued) {
         (void) base;
         if (ret_queued)
@@ -3394,6 +3512,8 @@ static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .bad_input = p->bad_input,
                 .life = p->n_life > 0 ? p->life : NULL,
                 .n_life = p->n_life,
+                .drains = p->drains,
+                .n_drains = p->n_drains,
         };
 }
 
@@ -3449,6 +3569,7 @@ static const PoolOps shared_ops = {
         .drain = shared_drain,
         .report_exit = shared_report_exit,
         .quarantine = shared_quarantine,
+        .drain_with = shared_drain_with,
         .position = shared_position,
         .info = shared_info,
         .set_token_floor = shared_set_token_floor,

@@ -290,7 +290,7 @@ class Quarantine(Base):
         self.assertNotIn("error", msg)
         self.assertEqual(self.quarantined(b), {})
 
-    def test_shared_pools_say_not_yet_to_health_and_drain_reasons(self):
+    def test_shared_pools_say_not_yet_to_health(self):
         # A shared pool whose Redis is not even there: the answer does not depend on it.
         try:
             b = self.broker("[pool shared]\nmembers = a b\nbackend = redis://127.0.0.1:1\n\n[lane s]\npools = shared\n",
@@ -300,10 +300,9 @@ class Quarantine(Base):
         # Quarantine is taken on shared pools (class Shared); a member it does not have is still a usage error.
         p = self.slotctl(b, "quarantine", "shared", "zz", "--reason", "broken")
         self.assertEqual(p.returncode, EX_USAGE, p.stderr)
-        for args in (("--reason", "reflash"), ("--until", f"@{int(time.time()) + 60}")):
-            p = self.slotctl(b, "drain", "shared", "a", *args)
-            self.assertEqual(p.returncode, EX_USAGE, p.stderr)
-            self.assertIn("not supported there yet", p.stderr)
+        # Drains with a reason and an until are taken too (class Shared); an until that has passed is not.
+        p = self.slotctl(b, "drain", "shared", "a", "--until", f"@{int(time.time()) - 60}")
+        self.assertEqual(p.returncode, EX_USAGE, p.stderr)
         path = os.path.join(self.dir, "shared.conf")
         with open(path, "w") as f:
             f.write("[pool shared]\nmembers = a b\nbackend = redis://127.0.0.1:1\nquarantine-exit-codes = 3\n\n"
@@ -555,6 +554,30 @@ class Shared(Base):
         wait_for(lambda: self.w.started("next-a"), 15, message="A's waiter to get b")
         self.stop("next")
         self.stop("next-a")
+
+    def test_a_drain_until_on_one_node_ends_by_itself_for_both(self):
+        a, b = self.node("node-a"), self.node("node-b")
+        # The pool's first use waits out its recovery window.
+        j = self.job(a, "warm", "w", "finish")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 0, j.stderr())
+        until = int(time.time()) + 5
+        p = self.slotctl(a, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+        def drain_of_a(node):
+            return [d for d in node.pool("rigs").get("memberDrains", []) if d["member"] == "a"] or None
+        d = wait_for(lambda: drain_of_a(b), 10, message="B to show A's drain")[0]
+        self.assertEqual((d["by"], d["reason"]), (f"uid {os.getuid()}", "reflash"))
+        self.assertLess(abs(d["until"] / 1e6 - until), 2)
+        # B obeys it, and B's waiter gets a when the drain ends by itself (no node was told to undrain).
+        self.assertEqual(self.running(b, "other", "w"), ["b"])
+        self.queued(b, "next", "w")
+        wait_for(lambda: self.w.started("next"), 30, message="B's waiter to get a at the drain's until")
+        self.assertEqual(self.w.started("next")[0].slots, ["a"])
+        self.assertGreater(time.time(), until - 1.5)
+        wait_for(lambda: drain_of_a(a) is None and drain_of_a(b) is None, 10, message="the drain gone on both")
+        self.stop("other")
+        self.stop("next")
 
     def test_a_restart_reads_the_quarantine_back_from_redis(self):
         a = self.node("node-a")

@@ -1207,6 +1207,58 @@ static int drain_with(Fixture *f, const char *member, usec_t since, usec_t until
         return r;
 }
 
+/* The drains Status shows: the engine's (in-process pools) or the backend's (a shared pool). */
+static size_t drains_shown(Fixture *f, EngineDrainInfo *ret) {
+        size_t n = engine_drain_count(f->engine);
+        if (n > 0 && ret)
+                assert_int_equal(engine_drain_info(f->engine, 0, ret), 0);
+        EnginePoolInfo info;
+        assert_int_equal(engine_pool_info(f->engine, 0, 0, &info), 0);
+        if (n == 0 && info.n_drains > 0 && ret)
+                *ret = info.drains[0];
+        return n + info.n_drains;
+}
+
+/* On every pool kind (test-engine-shared: the until kept in Redis, the undrain the pool's own instant). */
+static void test_a_member_drain_until_ends_by_itself_on_every_pool_kind(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        assert_int_equal(drain_with(f, "a", S(1), S(1), S(1)), -EINVAL); /* --until in the past (or now) */
+        assert_int_equal(drain_with(f, "zz", S(1), S(5), S(1)), -ENOENT);
+        assert_int_equal(drain_with(f, "a", S(1), S(10), S(1)), 0);
+        run(f, S(1));
+        assert_int_equal(f->n_drains, 1);
+        assert_true(f->drains[0].drained);
+        assert_string_equal(f->drains[0].member, "a");
+        assert_string_equal(f->drains[0].who, "uid 0");
+        assert_string_equal(f->drains[0].reason, "reflash");
+        assert_int_equal(f->drains[0].until, S(10));
+        assert_int_equal(f->drains[0].at, S(1));
+        EngineDrainInfo d;
+        assert_int_equal(drains_shown(f, &d), 1);
+        assert_string_equal(d.member, "a");
+        assert_int_equal(d.since, S(1));
+        assert_int_equal(d.until, S(10));
+        assert_string_equal(d.who, "uid 0");
+        assert_string_equal(d.reason, "reflash");
+        Tag *x = acquire(f, "X", (Req) {}, S(2));
+        assert_string_equal(member_of(x), "b");
+        Tag *w = acquire(f, "W", (Req) {}, S(3));
+        assert_true(queued(w));
+        assert_int_equal(engine_next_wakeup(f->engine), S(10));
+        run(f, S(10) - 1);
+        assert_true(queued(w));
+        run(f, S(30)); /* a late timer: the undrain and the grant are at 10 s all the same */
+        assert_true(granted(w));
+        assert_string_equal(member_of(w), "a");
+        assert_int_equal(w->decided, S(10));
+        assert_int_equal(f->n_drains, 2);
+        assert_false(f->drains[1].drained);
+        assert_true(f->drains[1].expired);
+        assert_int_equal(f->drains[1].at, S(10));
+        assert_int_equal(drains_shown(f, NULL), 0);
+}
+
 static void test_drain_until_undrains_by_itself_and_grants_at_that_instant(void **state) {
         Fixture *f = *state;
         rigs(f, 1);
@@ -3381,6 +3433,7 @@ int main(void) {
                 T(test_restart_resumes_waiters_at_their_places),
                 T(test_quarantine_by_exit_status_counts_in_a_row_and_restore_hands_it_on),
                 T(test_a_held_member_quarantined_by_hand_stays_with_its_holder),
+                T(test_a_member_drain_until_ends_by_itself_on_every_pool_kind),
 #ifndef TEST_ENGINE_SHARED
                 /* LOCAL_ONLY: left out of test-engine-shared at compile time (cmocka 1.1.5 prints a skipped
                  * case as "not ok", which meson counts as a failure). A shared pool's restore is a reclaim

@@ -1072,6 +1072,97 @@ static void test_garbage_quarantine_records_break_nothing_and_grant_nothing(void
         freeReplyObject(r);
 }
 
+/* ---- drains with who, why and until (SPEC §3.6; README, "Drains with a reason") ---- */
+
+static const redisReply *drains_list(const redisReply *r) {
+        assert_true(r->element[R_CACHE]->elements > 13);
+        return r->element[R_CACHE]->element[13];
+}
+
+static void test_a_drain_until_ends_by_itself_at_the_pools_own_instant(void **state) {
+        tick_ok("n1", 1000, CANON_MEMBERS);
+        tick_ok("n2", 1000, CANON_MEMBERS);
+        redisReply *r = call("drain", "n1", 1000, 0, "alpha", "1", "uid 7", "reflash", "5000", NULL);
+        assert_string_equal(body(r)->element[0]->str, "drained");
+        assert_int_equal(n_notices(r), 1);
+        const redisReply *n = r->element[R_NOTICES]->element[0];
+        assert_string_equal(n->element[0]->str, "drained");
+        assert_string_equal(n->element[1]->str, "alpha");
+        assert_string_equal(n->element[3]->str, "uid 7");
+        assert_string_equal(n->element[4]->str, "reflash");
+        assert_int_equal(n->element[5]->integer, 5000);
+        const redisReply *d = drains_list(r);
+        assert_int_equal(d->elements, 1);
+        assert_string_equal(d->element[0]->element[0]->str, "alpha");
+        assert_int_equal(d->element[0]->element[1]->integer, 1000);
+        assert_string_equal(d->element[0]->element[2]->str, "uid 7");
+        assert_string_equal(d->element[0]->element[3]->str, "reflash");
+        assert_int_equal(d->element[0]->element[4]->integer, 5000);
+        assert_string_equal(d->element[0]->element[5]->str, "n1");
+        freeReplyObject(r);
+        /* Its until is the pool's own instant: every node's next wakeup, once the instant of 1000 is done. */
+        r = tick_as("n2", 1000, "=");
+        assert_int_equal(cache(r, 5), 5000);
+        freeReplyObject(r);
+        r = submit_as("n2", 2000, "b");
+        assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "beta");
+        assert_int_equal(drains_list(r)->elements, 1);
+        freeReplyObject(r);
+        r = submit_as("n2", 2000, "c");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        tick_ok("n1", 2000, "=");
+        r = tick_as("n1", 4999, "=");
+        assert_int_equal(n_events(r), 0);
+        freeReplyObject(r);
+        /* Whichever node's call comes at or after it runs the undrain, at 5000, and tells it once. */
+        r = tick_as("n1", 7000, "=");
+        assert_int_equal(n_notices(r), 1);
+        n = r->element[R_NOTICES]->element[0];
+        assert_string_equal(n->element[0]->str, "undrained");
+        assert_string_equal(n->element[1]->str, "alpha");
+        assert_int_equal(n->element[2]->integer, 5000);
+        assert_int_equal(n->element[6]->integer, 1);
+        assert_int_equal(drains_list(r)->elements, 0);
+        freeReplyObject(r);
+        r = tick_as("n2", 7000, "=");
+        assert_int_equal(n_notices(r), 0);
+        freeReplyObject(r);
+        r = call("positions", "n2", 7000, 0, "pos", "c", NULL);
+        assert_string_equal(field_s(body(r)->element[0], D_VERDICT), "granted");
+        assert_int_equal(field_i(body(r)->element[0], D_AT), 5000);
+        freeReplyObject(r);
+}
+
+static void test_a_pool_drain_with_a_reason_and_its_undrain(void **state) {
+        tick_ok("n1", 1000, CANON_MEMBERS);
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        expect_verdict("b", 1000, "ci", 1, "granted");
+        expect_verdict("w", 1000, "ci", 1, "queued");
+        redisReply *r = call("drain", "n1", 2000, 0, "", "1", "uid 0", "maintenance", "", NULL);
+        assert_string_equal(body(r)->element[0]->str, "drained");
+        assert_int_equal(cache(r, 4), 1);
+        const redisReply *d = drains_list(r);
+        assert_int_equal(d->elements, 1);
+        assert_string_equal(d->element[0]->element[0]->str, "");
+        assert_int_equal(d->element[0]->element[4]->integer, -1);
+        freeReplyObject(r);
+        r = call("drain", "n1", 3000, 0, "", "0", "", "", "", NULL);
+        assert_string_equal(body(r)->element[0]->str, "undrained");
+        assert_int_equal(drains_list(r)->elements, 0);
+        assert_string_equal(r->element[R_NOTICES]->element[0]->element[0]->str, "undrained");
+        assert_int_equal(r->element[R_NOTICES]->element[0]->element[6]->integer, 0);
+        freeReplyObject(r);
+        /* Garbage in the record: shown as a drain of nobody known; an until of garbage ends nothing. */
+        freeReplyObject(redisCommand(redis, "HSET " POOL ":dr beta junk"));
+        freeReplyObject(redisCommand(redis, "HSET " POOL ":dr nobody junk"));
+        r = tick_as("n1", 4000, "=");
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(drains_list(r)->elements, 1);
+        assert_string_equal(drains_list(r)->element[0]->element[0]->str, "beta");
+        freeReplyObject(r);
+}
+
 static redisReply *reclaim(long long now, const char *rid, const char *token, const char *slot) {
         return call("reclaim", "n1", now, 1, rid, "ci", "1", token, "1000", slot, NULL);
 }
@@ -3256,6 +3347,8 @@ int main(int argc, char *argv[]) {
                 T(test_quarantine_counts_exit_statuses_in_redis_and_every_node_obeys_it),
                 T(test_a_held_member_quarantined_by_hand_stays_out_when_released),
                 T(test_garbage_quarantine_records_break_nothing_and_grant_nothing),
+                T(test_a_drain_until_ends_by_itself_at_the_pools_own_instant),
+                T(test_a_pool_drain_with_a_reason_and_its_undrain),
                 T(test_reclaim_inside_the_recovery_window),
                 T(test_reclaim_outside_a_recovery_window_is_lost),
                 T(test_redis_clock_tokens_follow_the_time),
