@@ -36,6 +36,8 @@ typedef struct AuditRecord {
          * history.db's events.member (schema 6): usage per member (SPEC §3.6). */
         const char *member;
         int exit_status;          /* a quarantine's, or a released lease's command's, exit status; -1: none */
+        /* A drain's until (realtime µs; 0 or USEC_INFINITY: none): history.db's events.until_us (schema 7). */
+        usec_t until;
 } AuditRecord;
 
 #define AUDIT_RECORD_INIT                                                                                   \

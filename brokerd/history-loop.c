@@ -217,6 +217,7 @@ void history_append(History *h, const AuditRecord *r, usec_t realtime) {
                 .pid = r->pid,
                 .retry_after_sec = r->retry_after_sec,
                 .exit_status = r->exit_status,
+                .until = r->until,
         };
         e->decision = stash(&p, r->decision, sd);
         e->pool = stash(&p, r->pool, sp);

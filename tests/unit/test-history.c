@@ -302,6 +302,8 @@ static void test_old_schema_is_migrated_and_keeps_its_rows(void **state) {
         /* schema 6: a lease's members and a quarantine's exit status, NULL in the rows from before */
         assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM pragma_table_info('events') WHERE name IN ('member', 'exit_status')"), 2);
         assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM events WHERE member IS NULL AND exit_status IS NULL"), 1);
+        /* schema 7: a drain's until, NULL in the rows from before */
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM events WHERE until_us IS NULL"), 1);
         assert_null(find_moved_aside(f));
         open_history(f, 0);
 
