@@ -1757,11 +1757,8 @@ static int validate_lane(const BrokerConfig *c, const LaneConfig *l, ConfErrors 
                                     l->name);
         for (size_t i = 0; l->health && i < l->n_pools; i++) {
                 const PoolConfig *p = conf_find_pool(c, l->pools[i]);
-                if (p && p->backend)
-                        r = conf_errors_add(errors, &l->health_source, "health",
-                                            "lane %s: pool %s is shared (backend=): health lanes are not supported on shared pools yet",
-                                            l->name, p->name);
-                else if (p && p->n_members == 0)
+                /* Also on shared pools: the scripts grant a health lane quarantined members (brokerd/lua/README). */
+                if (p && p->n_members == 0)
                         r = conf_errors_add(errors, &l->health_source, "health",
                                             "lane %s: pool %s has no members= (a health lane is granted quarantined members)",
                                             l->name, p->name);

@@ -36,7 +36,7 @@ local function drain_pool()
                         end
                 end
         end
-        return true
+        return HEALTH.refuse_all('drained', now) -- health lanes' waiters too (pool-local.c, lane_refuse_all())
 end
 
 local function drain_member()

@@ -54,6 +54,8 @@ local function k_outcome_exp(n) return P .. ':ox:' .. n end
 local LIFE = {}
 -- Drains with who, why and until: the same (DRAINS below, "drains with who, why, until").
 local DRAINS = {}
+-- Health lanes: the same (HEALTH below, "health lanes").
+local HEALTH = {}
 
 local VERSION = 1
 local SETTLE_MAX = 64
@@ -205,7 +207,8 @@ local function rules_from(t)
                         end
                         if attr == 'priority' then r.lanes[lane].priority = tonumber(v)
                         elseif attr == 'max-in-use' then r.lanes[lane].max_in_use = tonumber(v)
-                        elseif attr == 'reserve' then r.lanes[lane].reserve = tonumber(v) end
+                        elseif attr == 'reserve' then r.lanes[lane].reserve = tonumber(v)
+                        elseif attr == 'health' then r.lanes[lane].health = v == '1' end
                 end
         end
         table.sort(r.lane_names)
@@ -587,10 +590,16 @@ end
 -- more failure in a row for each of its members (quarantined at quarantine-after), any other resets it.
 -- status: 0–255 (a client that reports none sends nothing: nothing changes).
 function LIFE.released(l, status, job)
-        if not R.qcodes or not R.members then return end
+        if not R.members then return end
+        local health = R.lanes[l.lane] and R.lanes[l.lane].health
         for _, m in ipairs(l.members or {}) do
                 if type(m) == 'string' and LIFE.pos(m) then
-                        if not R.qcodes[status] then
+                        if health then
+                                -- A health job's exit 0 restores; anything else leaves the member as it is.
+                                if status == 0 then LIFE.restore(m, job) end
+                        elseif not R.qcodes then
+                                -- no quarantine rules: nothing counts
+                        elseif not R.qcodes[status] then
                                 LIFE.failures('HDEL', m)
                         else
                                 local n = (int_of(LIFE.failures('HGET', m)) or 0) + 1
@@ -735,6 +744,93 @@ function DRAINS.list()
         return out
 end
 
+---------------------------------------------------------------------------------------------- health lanes (SPEC §3.6)
+
+-- pool-local.c's health lanes on a shared pool (README, "Health lanes"): a lane with lane.L.health=1 in the
+-- rules is granted quarantined members only, beside the queue: its waiters are in {sb:P}:hq (ZSET, wid; the
+-- wids' order is arrival order) and in w, dl and the records as any waiter, counted in meta.hwaiting, not in
+-- meta.waiting (pool-local.c counts them apart: they never hold back the ordinary queue, nor it them).
+function HEALTH.key() return P .. ':hq' end
+function HEALTH.count(by) meta_set('hwaiting', (tonumber(M.hwaiting) or 0) + by) end
+function HEALTH.waiting() return tonumber(M.hwaiting) or 0 end
+
+function HEALTH.link(w)
+        redis.call('ZADD', HEALTH.key(), 0, w.wid)
+        if w.deadline ~= INF then
+                redis.call('ZADD', K.dl, w.deadline, w.wid)
+                carry.heads = nil
+        end
+        record_add(w.node, w.rid, 'w', 'w:' .. w.wid)
+        lane_incr(w.lane, 'waiting', 1)
+        HEALTH.count(1)
+end
+
+function HEALTH.unlink(w, keep_record)
+        redis.call('HDEL', K.w, w.wid)
+        redis.call('ZREM', HEALTH.key(), w.wid)
+        if w.deadline ~= INF then
+                redis.call('ZREM', K.dl, w.wid)
+                carry.heads = nil
+        end
+        if not keep_record then record_remove(w.node, w.rid, 'w') end
+        lane_incr(w.lane, 'waiting', -1)
+        HEALTH.count(-1)
+end
+
+-- THE HOOK for selectors (label/--member, branch i22-slabels): whether the request (a waiter, or nil for the
+-- submit being decided) admits the member at place pos. Without selectors on shared pools: every member.
+-- Joined with them, it tests pos against the request's mask, as pool-local.c's health_fits() ANDs it.
+function HEALTH.admits(w, pos) return true end
+
+-- pool-local.c:health_avail(): the free quarantined members not drained by hand, in member order (places).
+function HEALTH.avail()
+        local out = {}
+        for i, m in ipairs(R.members or {}) do
+                if i > R.limit then break end
+                if LIFE.quarantined(m) and redis.call('SISMEMBER', K.dm, m) == 0 and
+                   redis.call('GETBIT', K.occ, i - 1) == 0 then
+                        out[#out + 1] = i - 1
+                end
+        end
+        return out
+end
+
+-- pool-local.c:health_capacity(): how many members the request could ever get now.
+function HEALTH.capacity(w)
+        local n = 0
+        for i, m in ipairs(R.members or {}) do
+                if i > R.limit then break end
+                if LIFE.quarantined(m) and redis.call('SISMEMBER', K.dm, m) == 0 and HEALTH.admits(w, i - 1) then
+                        n = n + 1
+                end
+        end
+        return n
+end
+
+function HEALTH.blocked(lane, k)
+        local rule = R.lanes[lane]
+        return rule.max_in_use >= 0 and lane_get(lane).used + k > rule.max_in_use
+end
+
+-- pool-local.c:health_fits(): the places of avail the request admits, and whether k of them and its lane allow it.
+function HEALTH.fits(w, lane, k, avail)
+        local usable = {}
+        for _, pos in ipairs(avail) do
+                if HEALTH.admits(w, pos) then usable[#usable + 1] = pos end
+        end
+        return not HEALTH.blocked(lane, k) and #usable >= k, usable
+end
+
+-- pool-local.c:health_set_aside(): what a waiting health request could use is kept from those behind it.
+function HEALTH.set_aside(w, avail)
+        if HEALTH.blocked(w.lane, w.k) then return avail end
+        local left = {}
+        for _, pos in ipairs(avail) do
+                if not HEALTH.admits(w, pos) then left[#left + 1] = pos end
+        end
+        return left
+end
+
 local function member_drained_at(pos)
         return R.members ~= nil and pos < R.limit and (redis.call('SISMEMBER', K.dm, R.members[pos + 1]) == 1 or
                LIFE.quarantined(R.members[pos + 1]))
@@ -834,14 +930,14 @@ local function waiter_get(wid)
         return {
                 wid = wid, node = a[1], rid = a[2], lane = a[3], k = a[4], arrival = a[5],
                 deadline = unwire(a[6]), state = a[7], idle = a[8], budget = unwire(a[9]), shed = a[10] == 1,
-                prio = a[11],
+                prio = a[11], health = a[12] == 1,
         }
 end
 
 local function waiter_put(w)
         redis.call('HSET', K.w, w.wid, cmsgpack.pack({
                 w.node, w.rid, w.lane, w.k, w.arrival, wire(w.deadline), w.state, w.idle, wire(w.budget),
-                w.shed and 1 or 0, w.prio,
+                w.shed and 1 or 0, w.prio, w.health and 1 or nil,
         }))
 end
 
@@ -858,6 +954,7 @@ end
 
 local function waiter_link(w)
         waiter_put(w)
+        if w.health then return HEALTH.link(w) end
         redis.call('ZADD', k_bucket(w.lane, w.k), 0, w.wid)
         redis.call('SADD', k_lk(w.lane), w.k)
         redis.call('ZADD', k_queue(w.prio), 0, w.wid)
@@ -875,6 +972,7 @@ end
 -- (queue_next(), waiter_position()): two ZCARDs less per grant. keep_record: the caller turns the
 -- waiter's record into its lease's.
 local function waiter_unlink(w, keep_record)
+        if w.health then return HEALTH.unlink(w, keep_record) end
         redis.call('HDEL', K.w, w.wid)
         redis.call('ZREM', k_bucket(w.lane, w.k), w.wid)
         redis.call('ZREM', k_queue(w.prio), w.wid)
@@ -923,8 +1021,10 @@ local function lease_decision(l)
         })
 end
 
--- pool-local.c:grant(). w: the waiter it was (its state, idle, budget), or nil for a grant at once.
-local function grant(node, rid, lane, k, arrival, t, w)
+-- pool-local.c:grant(). w: the waiter it was (its state, idle, budget), or nil for a grant at once. places: a
+-- health lane's quarantined members (HEALTH.fits()), out of `busy` and counted in drained_free; nil: the lowest
+-- free places.
+local function grant(node, rid, lane, k, arrival, t, w, places)
         local l = {
                 node = node, rid = rid, lane = lane, k = k, slots = {}, pos = {}, members = {}, at = t,
                 wait = t - arrival, state = w and w.state or 'none', idle = w and w.idle or 0,
@@ -932,8 +1032,9 @@ local function grant(node, rid, lane, k, arrival, t, w)
         }
         for i = 1, k do
                 -- Numbers as strings where it is free: redis.call() formats a number with "%.17g".
-                local pos = redis.call('BITPOS', K.busy, '0')
+                local pos = places and places[i] or redis.call('BITPOS', K.busy, '0')
                 assert(pos >= 0 and pos < R.limit, 'no free slot below the limit')
+                if places then meta_incr('drained_free', -1) end -- a quarantined member, counted out until now
                 redis.call('SETBIT', K.occ, pos, '1')
                 redis.call('SETBIT', K.busy, pos, '1')
                 l.slots[i], l.pos[i] = pos, pos
@@ -1123,6 +1224,50 @@ local function update_congestion(t)
         if not step() then return false end
         meta_set('congested', c)
         events[#events + 1] = { 'congestion', t, idle_at(t), c }
+        return true
+end
+
+-- pool-local.c:health_dispatch(): the health waiters in arrival order, each granted the quarantined members
+-- it can use as they free; one no quarantined member can satisfy any more is refused unavailable
+-- ("not-quarantined"). No grant inside a recovery window (as dispatch()). False: the budget ran out.
+function HEALTH.dispatch(t)
+        if HEALTH.waiting() == 0 or not R.members then return true end
+        if M.recovery_until > 0 and t < M.recovery_until then return true end
+        local avail = HEALTH.avail()
+        for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+                local w = waiter_get(wid)
+                if not w then
+                        redis.call('ZREM', HEALTH.key(), wid)
+                elseif not R.lanes[w.lane] or HEALTH.capacity(w) < w.k then
+                        if not step() then return false end
+                        waiter_refuse(w, 'unavailable', 'not-quarantined', t)
+                else
+                        local fits, usable = HEALTH.fits(w, w.lane, w.k, avail)
+                        if fits then
+                                if not step() then return false end
+                                waiter_unlink(w, true)
+                                local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w, usable)
+                                notify(w.node, lease_decision(l))
+                                local taken = {}
+                                for _, pos in ipairs(l.pos) do taken[pos] = true end
+                                local left = {}
+                                for _, pos in ipairs(avail) do if not taken[pos] then left[#left + 1] = pos end end
+                                avail = left
+                        else
+                                avail = HEALTH.set_aside(w, avail)
+                        end
+                end
+        end
+        return true
+end
+
+-- A pool drain, or the health lanes' waiters refused (drain.lua): unavailable "drained", one step each.
+function HEALTH.refuse_all(reason, at)
+        for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+                if not step() then return false end
+                local w = waiter_get(wid)
+                if w then waiter_refuse(w, 'unavailable', reason, at) else redis.call('ZREM', HEALTH.key(), wid) end
+        end
         return true
 end
 
@@ -1345,6 +1490,7 @@ local function instant(t)
                 meta_set('phase', 2)
         end
         if not dispatch(t) then return false end
+        if not HEALTH.dispatch(t) then return false end
         if not update_congestion(t) then return false end
         meta_set('unsettled_at', nil)
         meta_set('phase', 0)
@@ -1456,10 +1602,12 @@ local function integrity_lost()
         if not R.canon then return 'rules' end
         if clock_missing then return 'clock' end
         if redis.call('HLEN', K.h) ~= M.leases then return 'leases' end
-        if redis.call('HLEN', K.w) ~= M.waiting then return 'waiters' end
+        if redis.call('HLEN', K.w) ~= M.waiting + HEALTH.waiting() then return 'waiters' end
         if redis.call('BITCOUNT', K.occ) ~= M.in_use then return 'slots' end
         if redis.call('BITCOUNT', K.busy) < M.in_use then return 'free slots' end
-        if redis.call('HLEN', K.rid) ~= M.leases - redis.call('ZCARD', K.orph) + M.waiting then return 'records' end
+        if redis.call('HLEN', K.rid) ~= M.leases - redis.call('ZCARD', K.orph) + M.waiting + HEALTH.waiting() then
+                return 'records'
+        end
         if redis.call('ZCARD', K.nodes) ~= M.nodes then return 'nodes' end
         if redis.call('ZSCORE', K.nodes, NODE) and
            redis.call('ZCARD', k_records(NODE)) ~= tonumber(redis.call('HGET', k_node(NODE), 'fp_n') or '0') then
@@ -1474,7 +1622,7 @@ end
 -- rules: the ones whose lanes' keys go too (the stored ones, or the caller's when they are gone).
 local function pool_wipe(rules)
         local keys = { K.occ, K.busy, K.sid, K.h, K.w, K.dl, K.rid, K.prios, K.reaping, K.rekey, K.recovering,
-                       K.orph }
+                       K.orph, HEALTH.key() }
         for _, p in ipairs(redis.call('ZRANGE', K.prios, 0, -1)) do keys[#keys + 1] = k_queue(p) end
         for _, lane in ipairs(rules.lane_names or {}) do
                 keys[#keys + 1] = k_lane(lane)
@@ -1504,7 +1652,7 @@ local function pool_renew(what)
                 rules = wanted and rules_from(canon_parse(wanted)) or {}
         end
         pool_wipe(rules)
-        for _, f in ipairs({ 'in_use', 'waiting', 'leases', 'drained_free', 'congested', 'phase', 'running' }) do
+        for _, f in ipairs({ 'in_use', 'waiting', 'leases', 'drained_free', 'congested', 'phase', 'running', 'hwaiting' }) do
                 meta_set(f, 0)
         end
         meta_set('unsettled_at', nil)

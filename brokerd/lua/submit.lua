@@ -66,9 +66,27 @@ local function submit()
         if in_recovery and not MAY_WAIT then
                 return refuse_now('unavailable', 'recovery')
         end
+        -- A health lane (SPEC §3.6; prelude.lua, HEALTH): quarantined members only, beside the queue; a request
+        -- that no quarantined member can satisfy has nothing to wait for (pool-local.c, local_submit()).
+        local health_room
+        if rule.health then
+                if not R.members then return reply('invalid') end
+                if HEALTH.capacity(nil) < K_SLOTS then return refuse_now('unavailable', 'not-quarantined') end
+                local avail = HEALTH.avail()
+                for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+                        local hw = waiter_get(wid)
+                        if hw then avail = HEALTH.set_aside(hw, avail) end
+                end
+                local fits, usable = HEALTH.fits(nil, LANE, K_SLOTS, avail)
+                health_room = not in_recovery and fits and usable
+        end
         -- Room (SPEC §3): a waiter that a lane limit passes over does not count as waiting here
         -- (pool-local.c, local_submit()).
-        if not in_recovery and lane_verdict(LANE, K_SLOTS, free_slots()) == GRANTABLE and not queue_next() then
+        if health_room then
+                d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil, health_room))
+                outcome_store(NODE, RID, d)
+        elseif not rule.health and not in_recovery and lane_verdict(LANE, K_SLOTS, free_slots()) == GRANTABLE and
+               not queue_next() then
                 d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil))
                 outcome_store(NODE, RID, d)
         elseif not MAY_WAIT then
@@ -80,7 +98,7 @@ local function submit()
                 local w = {
                         wid = string.format('%016x', M.seq), node = NODE, rid = RID, lane = LANE, k = K_SLOTS,
                         arrival = arrival, state = 'none', idle = 0, budget = INF, shed = false,
-                        prio = rule.priority,
+                        prio = rule.priority, health = rule.health or nil,
                 }
                 -- The budget is fixed now, from the idle time now (SPEC §3.1).
                 local adaptive = INF

@@ -1045,7 +1045,8 @@ static void decision_done(Decision *d) {
 }
 
 static const char *static_reason(const char *s, size_t len) {
-        static const char *const known[] = { "drained", "recovery", "backend", "rules", "node-expired" };
+        static const char *const known[] = { "drained", "recovery", "backend", "rules", "node-expired",
+                                             "not-quarantined" };
         for (size_t i = 0; i < ELEMENTSOF(known); i++)
                 if (strlen(known[i]) == len && memcmp(known[i], s, len) == 0)
                         return known[i];
@@ -2965,7 +2966,7 @@ static int canon_cmp(const void *a, const void *b) {
 /* README "Rules canon": key=value lines sorted by key. Lane queue-timeouts are not in PoolLaneRule
  * (only submit needs them, and carries them), so agreement does not cover them. */
 static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t ttl, char **ret) {
-        size_t n = 0, cap = 10 + 4 * n_rules;
+        size_t n = 0, cap = 10 + 5 * n_rules;
         _cleanup_(strv_freep) char **lines = calloc(cap + 1, sizeof(char *));
         if (!lines)
                 return -ENOMEM;
@@ -3009,6 +3010,9 @@ static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
                 LINE("lane.%s.reserve=%u", rules[i].lane, rules[i].reserve);
                 if (rules[i].budget_set)
                         LINE("lane.%s.queue-timeout=%" PRId64, rules[i].lane, wire_usec(rules[i].budget));
+                /* SPEC §3.6: present only on a health lane (a pool without one has the canon of before). */
+                if (rules[i].health)
+                        LINE("lane.%s.health=1", rules[i].lane);
         }
 #undef LINE
         qsort(lines, n, sizeof(char *), canon_cmp);

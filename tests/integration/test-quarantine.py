@@ -20,7 +20,9 @@ Rigs a b of pool rigs, quarantine-exit-codes = 3 4, quarantine-after = 1 (and = 
 Shared (a pool shared through Redis, two brokerds on one redis-server; a SKIP without redis-server):
 `slotctl run`'s exit 3 on node A quarantines the member for both nodes (Status with the node, `slotctl
 status`, the metric), neither grants it; `slotctl restore` on A and `slotctl quarantine`/`restore` on B
-are seen and obeyed by the other; a restarted brokerd reads the quarantine back from Redis.
+are seen and obeyed by the other; a health job on B is granted the member past A's ordinary waiter, its exit
+1 keeps it quarantined, its exit 0 restores it for both (A's waiter gets it); `slotctl drain --until` on A
+ends by itself and B's waiter gets the member; a restarted brokerd reads the quarantine back from Redis.
 
 Usage: test-quarantine.py BROKERD SLOTCTL CATALOG [unittest arguments]
 """
@@ -290,7 +292,7 @@ class Quarantine(Base):
         self.assertNotIn("error", msg)
         self.assertEqual(self.quarantined(b), {})
 
-    def test_shared_pools_say_not_yet_to_health(self):
+    def test_shared_pools_take_quarantine_health_and_drain_reasons(self):
         # A shared pool whose Redis is not even there: the answer does not depend on it.
         try:
             b = self.broker("[pool shared]\nmembers = a b\nbackend = redis://127.0.0.1:1\n\n[lane s]\npools = shared\n",
@@ -309,9 +311,8 @@ class Quarantine(Base):
                     "[lane h]\npools = shared\nhealth = yes\n")
         p = subprocess.run([harness.find_brokerd(), "--check-config", "--config", path], capture_output=True,
                            text=True, timeout=30)
-        self.assertNotEqual(p.returncode, 0)
-        self.assertNotRegex(p.stderr + p.stdout, r"quarantine-exit-codes")
-        self.assertRegex(p.stderr + p.stdout, rf"{re.escape(path)}:8: health: .*shared pools yet")
+        self.assertEqual(p.returncode, 0, p.stderr + p.stdout)  # quarantine-exit-codes and health taken
+        self.assertNotRegex(p.stderr + p.stdout, rf"{re.escape(path)}:\d+: ")
 
     def test_check_config_refuses_bad_quarantine_keys(self):
         path = os.path.join(self.dir, "bad.conf")
@@ -493,6 +494,11 @@ quarantine-after = 1
 [lane w]
 pools = rigs
 policy = wait
+
+[lane health]
+pools = rigs
+policy = wait
+health = yes
 """
 SHARED_TTL = 6  # seconds: a new pool's recovery window; revoke-grace 1s keeps it valid
 
@@ -582,6 +588,29 @@ class Shared(Base):
         wait_for(lambda: drain_of_a(a) is None and drain_of_a(b) is None, 10, message="the drain gone on both")
         self.stop("other")
         self.stop("next")
+
+    def test_a_health_job_on_one_node_restores_for_both(self):
+        a, b = self.node("node-a"), self.node("node-b")
+        # Nothing quarantined: a health job has nothing to wait for (75: unavailable).
+        j = self.job(b, "idle-check", "health", "finish")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 75, j.stderr())
+        self.assertIn("not-quarantined", j.stderr())
+        self.assertEqual(self.ran(a, "broken", "w", 4), ["a"])
+        self.wait_quarantined(b, {"a"})
+        self.assertEqual(self.running(a, "other", "w"), ["b"])
+        self.queued(a, "ordinary", "w")
+        # B's health job gets a past A's ordinary waiter; its exit 1 keeps a quarantined.
+        self.assertEqual(self.ran(b, "check-1", "health", 1), ["a"])
+        self.assertIn("a", self.quarantined(a))
+        self.assertEqual(self.w.started("ordinary"), [])
+        # Its exit 0 restores a for both nodes: A's waiter gets it.
+        self.assertEqual(self.ran(b, "check-2", "health", 0), ["a"])
+        wait_for(lambda: self.w.started("ordinary"), 15, message="A's waiter to get a")
+        self.assertEqual(self.w.started("ordinary")[0].slots, ["a"])
+        self.wait_quarantined(a, set())
+        self.wait_quarantined(b, set())
+        self.stop("other")
+        self.stop("ordinary")
 
     def test_a_restart_reads_the_quarantine_back_from_redis(self):
         a = self.node("node-a")

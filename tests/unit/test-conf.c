@@ -1109,7 +1109,7 @@ static void test_validate_quarantine_is_taken_on_shared_pools_refused_on_anonymo
         assert_false(has_error("test.conf:91", NULL, NULL));
         assert_has_error("test.conf:92", "quarantine-exit-codes", "pool grid has no members=");
         assert_has_error("test.conf:95", "quarantine-exit-codes", "pool anon has no members=");
-        assert_has_error("test.conf:93", "health", "health lanes are not supported on shared pools yet");
+        assert_false(has_error("test.conf:93", "health", "shared"));
         assert_has_error("test.conf:93", "health", "pool grid has no members=");
 }
 

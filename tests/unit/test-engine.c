@@ -975,7 +975,46 @@ static void rigs_plain(Fixture *f, unsigned after) {
         p->quarantine_exit_codes_set = true;
         p->quarantine_after = after;
         lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "h", LANE_POLICY_WAIT, "p", NULL)->health = true;
         configure(f, 0);
+}
+
+static void test_health_lane_takes_quarantined_members_only_and_exit_0_restores(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        /* Nothing quarantined: a health request has nothing to wait for. */
+        Tag *h0 = acquire(f, "H0", (Req) { .lane = "h" }, 0);
+        assert_true(refused(h0, REFUSAL_UNAVAILABLE));
+        assert_string_equal(h0->final.reason, "not-quarantined");
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 0);
+        end_with(f, a, 3, "job-1", S(1)); /* a quarantined */
+        Tag *w = acquire(f, "W", (Req) {}, S(2));
+        assert_true(queued(w));
+        /* The health job takes a, though W waited first: W cannot have it. */
+        Tag *h = acquire(f, "H", (Req) { .lane = "h" }, S(3));
+        assert_true(granted(h));
+        assert_string_equal(member_of(h), "a");
+        assert_true(queued(w));
+        Tag *h2 = acquire(f, "H2", (Req) { .lane = "h" }, S(4));
+        assert_true(queued(h2));
+        /* A failed check keeps a quarantined: the next health job gets it, not W. */
+        end_with(f, h, 1, "check-1", S(5));
+        assert_true(granted(h2));
+        assert_int_equal(h2->decided, S(5));
+        assert_true(queued(w));
+        assert_true(life_of(f, "a")->quarantined);
+        /* Exit 0 restores a: W gets it at that instant. */
+        end_with(f, h2, 0, "check-2", S(6));
+        assert_int_equal(f->n_life, 2);
+        assert_false(f->life[1].quarantined);
+        assert_string_equal(f->life[1].job, "check-2");
+        assert_false(life_of(f, "a")->quarantined);
+        assert_true(granted(w));
+        assert_string_equal(member_of(w), "a");
+        assert_int_equal(w->decided, S(6));
+        end(f, b, S(7));
+        end(f, w, S(7));
 }
 
 static void test_quarantine_by_exit_status_counts_in_a_row_and_restore_hands_it_on(void **state) {
@@ -3434,6 +3473,7 @@ int main(void) {
                 T(test_quarantine_by_exit_status_counts_in_a_row_and_restore_hands_it_on),
                 T(test_a_held_member_quarantined_by_hand_stays_with_its_holder),
                 T(test_a_member_drain_until_ends_by_itself_on_every_pool_kind),
+                T(test_health_lane_takes_quarantined_members_only_and_exit_0_restores),
 #ifndef TEST_ENGINE_SHARED
                 /* LOCAL_ONLY: left out of test-engine-shared at compile time (cmocka 1.1.5 prints a skipped
                  * case as "not ok", which meson counts as a failure). A shared pool's restore is a reclaim

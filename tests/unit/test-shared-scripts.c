@@ -1072,6 +1072,39 @@ static void test_garbage_quarantine_records_break_nothing_and_grant_nothing(void
         freeReplyObject(r);
 }
 
+/* Health lanes (README, "Health lanes"): beside the queue, counted apart (the integrity checks count both),
+ * refused by a pool drain. */
+static void test_health_waiters_wait_beside_the_queue_and_a_pool_drain_refuses_them(void **state) {
+        tick_ok("n1", 1000, CANON_QUARANTINE "lane.hc.health=1\nlane.hc.max-in-use=-1\nlane.hc.priority=0\n"
+                            "lane.hc.reserve=0\n");
+        redisReply *r = call("submit", "n1", 1000, 0, "h0", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_REASON), "not-quarantined");
+        freeReplyObject(r);
+        freeReplyObject(call("quarantine", "n1", 1000, 0, "alpha", "1", "uid 0", "x", NULL));
+        r = call("submit", "n1", 1000, 0, "h1", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "alpha");
+        freeReplyObject(r);
+        r = call("submit", "n1", 1000, 0, "h2", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        tick_ok("n1", 1000, "=");
+        /* The ordinary queue does not see it: beta is granted at once. */
+        expect_verdict("b", 2000, "ci", 1, "granted");
+        r = tick_as("n1", 2000, "=");
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(cache(r, 1), 0); /* waiting: the ordinary queue's */
+        freeReplyObject(r);
+        redisReply *lost = redisCommand(redis, "HEXISTS " POOL ":meta lost");
+        assert_int_equal(lost->integer, 0); /* no integrity check failed */
+        freeReplyObject(lost);
+        r = call("drain", "n1", 3000, 0, "", "1", NULL);
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(field_s(event(r, 0), D_RID), "h2");
+        assert_string_equal(field_s(event(r, 0), D_REASON), "drained");
+        freeReplyObject(r);
+}
+
 /* ---- drains with who, why and until (SPEC §3.6; README, "Drains with a reason") ---- */
 
 static const redisReply *drains_list(const redisReply *r) {
@@ -3348,6 +3381,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_held_member_quarantined_by_hand_stays_out_when_released),
                 T(test_garbage_quarantine_records_break_nothing_and_grant_nothing),
                 T(test_a_drain_until_ends_by_itself_at_the_pools_own_instant),
+                T(test_health_waiters_wait_beside_the_queue_and_a_pool_drain_refuses_them),
                 T(test_a_pool_drain_with_a_reason_and_its_undrain),
                 T(test_reclaim_inside_the_recovery_window),
                 T(test_reclaim_outside_a_recovery_window_is_lost),
