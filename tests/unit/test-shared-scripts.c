@@ -2408,6 +2408,7 @@ typedef struct Req {
         PoolWaiter *waiter;
         PoolGrant *grant;
         long long token;
+        bool health;            /* on the health lane */
 } Req;
 
 #define DIFF_REQS 400
@@ -2423,7 +2424,7 @@ typedef struct Diff {
 static const char *const refusal_names[] = { "busy", "full", "timeout", "shed", "unavailable" };
 static const char *const state_names[] = { "none", "keeping-up", "saturated" };
 
-static unsigned long diff_quarantines; /* quarantines compared (issue 23 item 7) */
+static unsigned long diff_quarantines, diff_health_grants; /* compared (issue 23 item 7) */
 
 static void on_local_decision(const PoolDecision *d, void *userdata) {
         Diff *df = userdata;
@@ -2446,6 +2447,7 @@ static void on_local_decision(const PoolDecision *d, void *userdata) {
                 return;
         case POOL_VERDICT_GRANTED:
                 snprintf(o->verdict, sizeof o->verdict, "granted");
+                diff_health_grants += r->health;
                 r->phase = 2;
                 r->grant = d->grant;
                 r->token = (long long) d->token;
@@ -2602,7 +2604,8 @@ static unsigned next_random(unsigned *s) {
 
 /* variant 0: queue-timeout 5 s, limit 4; 1: no queue-timeout, limit 3, max-queue 5; 2: members alpha…delta,
  * queue-timeout 5 s with a congestion timeout of 2 s, lane a's own budget of 4 s, member drains, quarantine
- * after 2 exit statuses 3 in a row (releases with 3, 0 or none) and restores by hand. */
+ * after 2 exit statuses 3 in a row (releases with 3, 0 or none), restores by hand, and a health lane h (its
+ * requests granted quarantined members only, its exit 0 restoring them). */
 static void run_differential(unsigned seed, int variant) {
         bool with_q = variant != 1, members = variant == 2;
         char *member_names[] = { (char *) "alpha", (char *) "beta", (char *) "gamma", (char *) "delta", NULL };
@@ -2612,6 +2615,7 @@ static void run_differential(unsigned seed, int variant) {
                 { .lane = "a", .priority = 0, .max_in_use = -1 },
                 { .lane = "b", .priority = 5, .max_in_use = 2 },
                 { .lane = "c", .priority = 0, .max_in_use = -1, .reserve = 1 },
+                { .lane = "h", .priority = 0, .max_in_use = -1, .health = true }, /* variant 2 only */
         };
         const char *lanes[] = { "a", "b", "c" };
         PoolConfig pc = {
@@ -2633,8 +2637,9 @@ static void run_differential(unsigned seed, int variant) {
                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\nlane.b.priority=5\n"
                 "lane.c.priority=0\nlane.c.reserve=1\nlimit=3\nmax-queue=5\n",
                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\nlane.b.max-in-use=2\n"
-                "lane.b.priority=5\nlane.c.priority=0\nlane.c.reserve=1\nlimit=4\nmembers=alpha,beta,gamma,delta\n"
-                "quarantine-after=2\nquarantine-exit-codes=3\nqueue-congestion-timeout=2000000\nqueue-timeout=5000000\n",
+                "lane.b.priority=5\nlane.c.priority=0\nlane.c.reserve=1\n"
+                "lane.h.health=1\nlane.h.max-in-use=-1\nlane.h.priority=0\nlane.h.reserve=0\n"
+                "limit=4\nmembers=alpha,beta,gamma,delta\nquarantine-after=2\nquarantine-exit-codes=3\nqueue-congestion-timeout=2000000\nqueue-timeout=5000000\n",
         };
         const char *canon = canons[variant];
         Pool *p = NULL;
@@ -2645,7 +2650,7 @@ static void run_differential(unsigned seed, int variant) {
         freeReplyObject(redisCommand(redis, "FLUSHALL"));
         df.n_local = df.n_remote = df.n_reqs = 0;
         assert_int_equal(pool_local_new("p", on_local_decision, &df, &p), 0);
-        assert_int_equal(p->ops->configure(p, &pc, rules, 3, (usec_t) now), 0);
+        assert_int_equal(p->ops->configure(p, &pc, rules, members ? 4 : 3, (usec_t) now), 0);
         tick_ok("n1", now, canon);
 
         for (int step = 0; step < 300; step++) {
@@ -2662,6 +2667,7 @@ static void run_differential(unsigned seed, int variant) {
                         static const PoolLaneRule reloaded[] = {
                                 { .lane = "a", .priority = 0, .max_in_use = -1 },
                                 { .lane = "b", .priority = -1, .max_in_use = 2 },
+                                { .lane = "h", .priority = 0, .max_in_use = -1, .health = true }, /* variant 2 */
                         };
                         char *new_members[] = { (char *) "delta", (char *) "gamma", (char *) "alpha", NULL };
                         PoolConfig pc2 = pc;
@@ -2676,11 +2682,13 @@ static void run_differential(unsigned seed, int variant) {
                                 remote_call(&df, false, "drain", now, "beta", "0", NULL);
                                 drained_member = NULL;
                         }
-                        assert_int_equal(p->ops->configure(p, &pc2, reloaded, 2, (usec_t) now), 0);
+                        assert_int_equal(p->ops->configure(p, &pc2, reloaded, members ? 3 : 2, (usec_t) now), 0);
                         /* A configure's tick leaves the instant open (settle 0): run() completes it. */
                         redisReply *t = call("tick", "n1", now, 0, "n1", members ?
                                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\n"
-                                "lane.b.max-in-use=2\nlane.b.priority=-1\nlimit=3\nmembers=delta,gamma,alpha\n"
+                                "lane.b.max-in-use=2\nlane.b.priority=-1\n"
+                                "lane.h.health=1\nlane.h.max-in-use=-1\nlane.h.priority=0\nlane.h.reserve=0\n"
+                                "limit=3\nmembers=delta,gamma,alpha\n"
                                 "quarantine-after=2\nquarantine-exit-codes=3\n"
                                 "queue-congestion-timeout=2000000\nqueue-timeout=5000000\n" :
                                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\n"
@@ -2704,7 +2712,11 @@ static void run_differential(unsigned seed, int variant) {
                                 *r = (Req) {};
                                 snprintf(r->rid, sizeof r->rid, "r%04zu", df.n_reqs);
                                 const char *lane = lanes[next_random(&rnd) % n_lanes];
-                                unsigned k = 1 + next_random(&rnd) % 3;
+                                /* The member pool: now and then a health job, for one member. */
+                                if (members && next_random(&rnd) % 8 == 0)
+                                        lane = "h";
+                                r->health = strcmp(lane, "h") == 0;
+                                unsigned k = strcmp(lane, "h") == 0 ? 1 : 1 + next_random(&rnd) % 3;
                                 bool may_wait = next_random(&rnd) % 100 < 85;
                                 long long cap = next_random(&rnd) % 3 == 0 ? (long long) (1 + next_random(&rnd) % 12) * SEC : -1;
                                 bool lane_budget = members && strcmp(lane, "a") == 0;
@@ -2791,8 +2803,9 @@ static void test_scripts_decide_as_pool_local_does(void **state) {
         /* Every kind of decision was compared at least once. */
         for (size_t i = 0; i < 8; i++)
                 assert_true(diff_seen[i] > 0);
-        printf("# compared: %lu quarantines\n", diff_quarantines);
+        printf("# compared: %lu quarantines, %lu health grants\n", diff_quarantines, diff_health_grants);
         assert_true(diff_quarantines > 0);
+        assert_true(diff_health_grants > 0);
 }
 
 /* An instant cut short by the budget is finished before anything later at that instant: pool-local's
