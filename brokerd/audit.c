@@ -359,7 +359,7 @@ void audit_member(Audit *a, const char *pool, const char *member, bool quarantin
 void audit_drain(Audit *a, const char *pool, const char *member, bool drained, const char *who, const char *reason,
                  usec_t until_realtime, bool expired) {
         Fields f = { .n = 0 };
-        char until[64] = "", row_reason[1200];
+        char until[64] = "";
         if (until_realtime != USEC_INFINITY) {
                 time_t t = (time_t) (until_realtime / USEC_PER_SEC);
                 struct tm tm;
@@ -389,14 +389,14 @@ void audit_drain(Audit *a, const char *pool, const char *member, bool drained, c
                 field(&f, "SLOT_UNTIL_USEC=%llu", (unsigned long long) until_realtime);
         journal_send(a, &f);
 
-        /* The history row: time is since, job who, reason why and until (the schema has no column of its own). */
-        snprintf(row_reason, sizeof row_reason, "%s%s%s%s", reason ?: (expired ? "until" : ""),
-                 *until && reason ? " " : "", *until && drained ? "until " : "", drained ? until : "");
+        /* The history row: time is since, job who, reason why, until its own column (schema 8; an undrain by
+         * its until: that until, and no reason). */
         AuditRecord r = AUDIT_RECORD_INIT;
         r.decision = drained ? "drained" : "undrained";
         r.pool = pool;
         r.job = who;
-        r.reason = *row_reason ? row_reason : NULL;
+        r.reason = reason;
+        r.until = until_realtime;
         char sel[80];
         snprintf(sel, sizeof sel, "@%s", member ?: "");
         r.selector = member ? sel : NULL; /* the member, as a request's selector names it */

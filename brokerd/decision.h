@@ -39,6 +39,8 @@ typedef struct AuditRecord {
         /* The slots a request asked of this pool (a grant's, a refusal's, a withdrawal's); 0: not a request's
          * row. history.db's events.slots (schema 7): `slotctl simulate --replay` asks as many. */
         unsigned slots;
+        /* A drain's until (realtime µs; 0 or USEC_INFINITY: none): history.db's events.until_us (schema 8). */
+        usec_t until;
 } AuditRecord;
 
 #define AUDIT_RECORD_INIT                                                                                   \

@@ -34,6 +34,7 @@ typedef struct EventRow {
         unsigned retry_after_sec;
         int exit_status;      /* -1: none */
         unsigned slots;       /* 0: none */
+        usec_t until;         /* a drain's until, realtime µs; 0 or USEC_INFINITY: none */
         const char *decision, *pool, *lane, *job, *lease, *state, *reason, *selector, *member;
         char data[];
 } EventRow;

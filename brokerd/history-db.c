@@ -134,6 +134,11 @@ static int migration_7_slots(sqlite3 *db) {
         return sqlite3_exec(db, "ALTER TABLE events ADD COLUMN slots INTEGER", NULL, NULL, NULL);
 }
 
+/* Schema 8: a drain's until (SPEC §3.6), its own column (it was folded into the reason's text). */
+static int migration_8_until(sqlite3 *db) {
+        return sqlite3_exec(db, "ALTER TABLE events ADD COLUMN until_us INTEGER", NULL, NULL, NULL);
+}
+
 static const struct {
         const char *what;
         int (*run)(sqlite3 *db);
@@ -145,6 +150,7 @@ static const struct {
         { "events.selector", migration_5_selector },
         { "events.member, events.exit_status", migration_6_member },
         { "events.slots", migration_7_slots },
+        { "events.until_us", migration_8_until },
 };
 _Static_assert(ELEMENTSOF(migrations) == HISTORY_SCHEMA_VERSION, "HISTORY_SCHEMA_VERSION counts the migrations");
 
@@ -316,8 +322,8 @@ void history_db_close(HistoryDb *d) {
 /* The columns of a decision row, in bind_event()'s order. */
 #define EVENT_COLUMNS                                                                                       \
         "time, decision, pool, lane, job, lease, token, wait_us, hold_us, budget_us, idle_us, state, uid, pid, " \
-        "retry_after_sec, reason, selector, member, exit_status, slots"
-#define EVENT_N_COLUMNS 20
+        "retry_after_sec, reason, selector, member, exit_status, slots, until_us"
+#define EVENT_N_COLUMNS 21
 
 static int prepare_statements(HistoryDb *d) {
         int rc;
@@ -636,6 +642,10 @@ static void bind_event(sqlite3_stmt *st, int base, const EventRow *e) {
         else
                 sqlite3_bind_int64(st, base + 19, e->exit_status);
         bind_nonzero(st, base + 20, e->slots);
+        if (e->until == 0 || e->until == USEC_INFINITY)
+                sqlite3_bind_null(st, base + 21);
+        else
+                sqlite3_bind_int64(st, base + 21, (int64_t) MIN(e->until, (usec_t) INT64_MAX));
 }
 
 int history_db_insert_event(HistoryDb *d, const EventRow *e) {
@@ -999,7 +1009,7 @@ int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, i
         /* Only the filters given, so that the planner can use their indexes. */
         snprintf(sql, sizeof sql,
                  "SELECT id, time, decision, pool, lane, job, uid, pid, lease, token, wait_us, hold_us, budget_us, state, selector, reason, "
-                 "member, exit_status FROM events WHERE id > ?%s%s%s%s%s ORDER BY id LIMIT ?",
+                 "member, exit_status, until_us FROM events WHERE id > ?%s%s%s%s%s ORDER BY id LIMIT ?",
                  since ? " AND time >= ?" : "", until ? " AND time < ?" : "", q->lane ? " AND lane = ?" : "",
                  q->pool ? " AND pool = ?" : "", q->decision ? " AND decision = ?" : "");
         rc = sqlite3_prepare_v2(d->db, sql, -1, &st, NULL);
@@ -1054,6 +1064,7 @@ int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, i
                 json_set_text(e, "reason", st, 15);
                 json_set_text(e, "member", st, 16);
                 json_set_int(e, "exitStatus", st, 17, 1);
+                json_set_int(e, "until", st, 18, 1);
                 n++;
         }
         sqlite3_finalize(st);

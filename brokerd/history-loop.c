@@ -218,6 +218,7 @@ void history_append(History *h, const AuditRecord *r, usec_t realtime) {
                 .retry_after_sec = r->retry_after_sec,
                 .exit_status = r->exit_status,
                 .slots = r->slots,
+                .until = r->until,
         };
         e->decision = stash(&p, r->decision, sd);
         e->pool = stash(&p, r->pool, sp);

@@ -465,7 +465,9 @@ static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_
 #define DUP(s) dup_tracked(s, &oom)
         for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
                 EnginePoolInfo info;
-                if (engine_pool_info(m->engine, i, now, &info) < 0)
+                /* A shared pool's quarantines live in Redis (brokerd/lua/README, "Members' lives"): a restart
+                 * reads them there, and a restore another node made meanwhile must not be undone from here. */
+                if (engine_pool_info(m->engine, i, now, &info) < 0 || info.remote)
                         continue;
                 for (size_t j = 0; j < info.n_life; j++) {
                         const EngineMemberLife *l = info.life + j;
@@ -556,7 +558,10 @@ static void manager_apply_member_state(Manager *m, MemberStateEntry *e, size_t n
                 bool keep = false;
                 if (e[i].quarantined) {
                         bool was = member_is_quarantined(m, e[i].pool, e[i].member);
-                        int r = engine_member_quarantine(
+                        /* A shared pool's quarantines are Redis's: a record of this node's file is not
+                         * replayed there (it would undo a restore of another node), kept as a drain's is. */
+                        const PoolConfig *qc = conf_find_pool(m->config, e[i].pool);
+                        int r = qc && qc->backend ? -EOPNOTSUPP : engine_member_quarantine(
                                 m->engine, e[i].pool, e[i].member,
                                 &(EngineQuarantine) { .since = MIN(real_to_mono(e[i].quarantine_since, now, now_real), now),
                                                       .since_real = e[i].quarantine_since, /* also before this boot */

@@ -179,9 +179,15 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
         }
         /* SPEC §3.6: who drained it (or its members), why, since and until. */
         json_t *md = NULL;
-        for (size_t j = 0; j < engine_drain_count(m->engine); j++) {
+        /* The engine's drains, then (a shared pool) those Redis keeps for every node. */
+        size_t n_engine_drains = engine_drain_count(m->engine);
+        for (size_t j = 0; j < n_engine_drains + info.n_drains; j++) {
                 EngineDrainInfo d;
-                if (engine_drain_info(m->engine, j, &d) < 0 || !streq(d.pool, info.name))
+                if (j >= n_engine_drains)
+                        d = info.drains[j - n_engine_drains];
+                else if (engine_drain_info(m->engine, j, &d) < 0)
+                        continue;
+                if (!streq(d.pool, info.name))
                         continue;
                 usec_t real = now_realtime();
                 json_t *e = json_pack("{s:s*, s:I, s:s*, s:s*}", "member", d.member, "since",
@@ -216,6 +222,9 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                                       "reason", l->reason);
                 if (e && l->exit_status >= 0)
                         json_object_set_new(e, "exitStatus", json_integer(l->exit_status));
+                /* A shared pool: which node's call quarantined it (Redis keeps it: every node shows the same). */
+                if (e && l->node)
+                        json_object_set_new(e, "node", json_string(l->node));
                 if (e)
                         json_array_append_new(q, e);
         }
@@ -533,24 +542,14 @@ static void method_drain(Session *s, const VarlinkCall *call) {
         }
         if (!require_pool_admin(s, on ? "drain" : "undrain", pool, member))
                 return;
-        const PoolConfig *pc = conf_find_pool(methods_of(s)->config, pool);
-        int r;
-        if (pc && pc->backend) {
-                /* Shared pools: drained in Redis for every node; who, why and until are not kept there yet. */
-                if (reason || until >= 0) {
-                        reply_invalid_parameter(s, reason ? "reason" : "until");
-                        return;
-                }
-                r = engine_drain(methods_of(s)->engine, pool, member, on, now);
-        } else {
-                char who[32];
-                snprintf(who, sizeof who, "uid %u", (unsigned) s->cred.uid);
-                r = engine_drain_with(methods_of(s)->engine, pool, member,
-                                      on ? &(EngineDrain) { .since = now, .until = until_mono, .who = who,
-                                                            .reason = reason }
-                                         : NULL,
-                                      now);
-        }
+        /* A shared pool keeps who, why and until in Redis (every node shows them; the pool undrains itself at
+         * until): engine_drain_with() hands them to it. */
+        char who[32];
+        snprintf(who, sizeof who, "uid %u", (unsigned) s->cred.uid);
+        int r = engine_drain_with(methods_of(s)->engine, pool, member,
+                                  on ? &(EngineDrain) { .since = now, .until = until_mono, .who = who, .reason = reason }
+                                     : NULL,
+                                  now);
         if (r == -ENOENT) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s, s:s?}", "pool", pool, "member", member);
                 session_reply_error(s, "io.slotbroker.NoSuchPool", p);
@@ -561,9 +560,7 @@ static void method_drain(Session *s, const VarlinkCall *call) {
                 session_close(s);
                 return;
         }
-        if (pc && pc->backend)
-                log_info("Pool %s%s%s %s by uid %d.", pool, member ? " member " : "", member ?: "",
-                         on ? "drained" : "undrained", (int) s->cred.uid);
+        /* A shared pool's [DRAINED]/[UNDRAINED] come with Redis's answer (the pool's DRAIN decision). */
         methods_of(s)->status_changed(methods_of(s)->userdata);
         session_reply(s, NULL, false);
 }
@@ -625,7 +622,7 @@ static void member_quarantine(Session *s, const VarlinkCall *call, bool on) {
                 return;
         }
         if (r == -EOPNOTSUPP) {
-                /* Quarantine is for local member pools: not a pool of anonymous slots, not yet a shared pool. */
+                /* Quarantine is for member pools: not a pool of anonymous slots. */
                 reply_invalid_parameter(s, "pool");
                 return;
         }

@@ -202,7 +202,8 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
                 for (size_t i = 0; i < n; i++) {
                         if (engine_pool_info(g->engine, i, g->now, &info) < 0)
                                 continue;
-                        for (size_t j = 0; j < info.n_life; j++) {
+                        /* A shared pool's counters are not kept per member (Redis keeps the quarantines only). */
+                        for (size_t j = 0; j < info.n_life && (k == 0 || !info.remote); j++) {
                                 const EngineMemberLife *l = info.life + j;
                                 fprintf(f, "%s{pool=\"", member_series[k].name);
                                 put_label(f, info.name);

@@ -11,5 +11,6 @@ const SharedScriptText shared_scripts[] = {
         { "drain", shared_script_drain, shared_function_drain },
         { "positions", shared_script_positions, shared_function_positions },
         { "renew", shared_script_renew, shared_function_renew },
+        { "quarantine", shared_script_quarantine, shared_function_quarantine },
 };
 const size_t shared_scripts_n = sizeof shared_scripts / sizeof shared_scripts[0];

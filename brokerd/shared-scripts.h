@@ -21,6 +21,7 @@ extern const char shared_script_reclaim[];
 extern const char shared_script_drain[];
 extern const char shared_script_positions[];
 extern const char shared_script_renew[];
+extern const char shared_script_quarantine[];
 
 /* The library ("#!lua name=slotbroker_DIGEST" …, NUL-terminated), its name, and its functions' names:
  * DIGEST is of the text, so another build's library has other names (brokerd/lua/README). */
@@ -34,6 +35,7 @@ extern const char shared_function_reclaim[];
 extern const char shared_function_drain[];
 extern const char shared_function_positions[];
 extern const char shared_function_renew[];
+extern const char shared_function_quarantine[];
 /* Several operations of one pool in one call (brokerd/lua/batch.lua): a function of the library only. */
 extern const char shared_function_batch[];
 

@@ -320,12 +320,8 @@ int verb_reserve(int argc, char *argv[]) {
                 const char *params = broker_client_error_parameters(c);
                 const char *what = params && strstr(params, "\"member\"") ? "member"
                                    : params && strstr(params, "\"labels\"") ? "labels"
-                                   : params && strstr(params, "\"pool\"")   ? "pool"
                                                                             : NULL;
-                if (what && streq(what, "pool"))
-                        log_error("reserve: pool %s is shared: --member and --label are not supported on shared "
-                                  "pools yet", argv[optind]);
-                else if (what)
+                if (what)
                         log_error("reserve: pool %s has no member %s", argv[optind],
                                   streq(what, "member") ? "of that name" : "with those labels");
                 if (what)

@@ -100,8 +100,8 @@ static int drain(const char *verb, bool on, int argc, char *argv[]) {
         if (r == BROKER_INVALID_PARAMETER && broker_client_error_parameters(c) &&
             (strstr(broker_client_error_parameters(c), "\"reason\"") ||
              strstr(broker_client_error_parameters(c), "\"until\""))) {
-                log_error("%s: the broker refused --reason/--until for pool %s (a shared pool: not supported there yet; "
-                          "or --until has passed)", verb, pool);
+                log_error("%s: the broker refused --reason/--until for pool %s (--until has passed, or a bad reason)",
+                          verb, pool);
                 return EXIT_USAGE;
         }
         if (r == BROKER_INVALID_PARAMETER || r == BROKER_NO_SUCH_POOL) {
@@ -225,8 +225,7 @@ static int quarantine(const char *verb, bool on, int argc, char *argv[]) {
         if (r == BROKER_INVALID_PARAMETER) {
                 const char *params = broker_client_error_parameters(c);
                 if (params && strstr(params, "\"pool\"")) {
-                        log_error("%s: pool %s is not a local pool of members= (quarantine is not supported on shared "
-                                  "pools yet)", verb, pool);
+                        log_error("%s: pool %s has no members= (quarantine takes a member out of use)", verb, pool);
                         return EXIT_USAGE;
                 }
         }

@@ -600,6 +600,13 @@ static void print_event(json_t *e) {
                         printf(" (exit %d)", (int) int_member(e, "exitStatus", -1));
                 if (string_member(e, "reason"))
                         printf(" (%s)", string_member(e, "reason"));
+                /* A drain's until (history.db schema 7), as Status prints times. */
+                json_int_t u = int_member(e, "until", -1);
+                time_t usec = (time_t) (u / 1000000);
+                struct tm utm;
+                char ubuf[32];
+                if (u > 0 && localtime_r(&usec, &utm) && strftime(ubuf, sizeof ubuf, "%Y-%m-%d %H:%M:%S", &utm) > 0)
+                        printf(" until %s", ubuf);
         } else if (string_member(e, "member"))
                 printf(" on %s", string_member(e, "member"));
         putchar('\n');

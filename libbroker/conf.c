@@ -1589,16 +1589,8 @@ static int validate_pool(const BrokerConfig *c, const PoolConfig *p, ConfErrors 
         if (p->limit > CONF_LIMIT_MAX)
                 r = conf_errors_add(errors, &p->source, "limit", "pool %s has %u slots, more than %u", p->name,
                                     p->limit, CONF_LIMIT_MAX);
-        /* SPEC §3.6 on shared pools needs the scripts to carry it: refused until they do, never ignored. */
-        if (p->backend && p->quarantine_exit_codes_set)
-                r = conf_errors_add(errors, &p->quarantine_exit_codes_source, "quarantine-exit-codes",
-                                    "pool %s is shared (backend=): quarantine is not supported on shared pools yet",
-                                    p->name);
-        if (p->backend && p->quarantine_after_source.file)
-                r = conf_errors_add(errors, &p->quarantine_after_source, "quarantine-after",
-                                    "pool %s is shared (backend=): quarantine is not supported on shared pools yet",
-                                    p->name);
-        if (!p->backend && p->n_members == 0 && p->quarantine_exit_codes_set)
+        /* Also on shared pools (SPEC §3.6): the scripts keep the quarantines in Redis (brokerd/lua/README). */
+        if (p->n_members == 0 && p->quarantine_exit_codes_set)
                 r = conf_errors_add(errors, &p->quarantine_exit_codes_source, "quarantine-exit-codes",
                                     "pool %s has no members= (quarantine takes members of a member pool out of use)",
                                     p->name);
@@ -1758,13 +1750,15 @@ static int validate_lane(const BrokerConfig *c, const LaneConfig *l, ConfErrors 
                                     l->name);
         for (size_t i = 0; l->health && i < l->n_pools; i++) {
                 const PoolConfig *p = conf_find_pool(c, l->pools[i]);
-                if (p && p->backend)
-                        r = conf_errors_add(errors, &l->health_source, "health",
-                                            "lane %s: pool %s is shared (backend=): health lanes are not supported on shared pools yet",
-                                            l->name, p->name);
-                else if (p && p->n_members == 0)
+                /* Also on shared pools: the scripts grant a health lane quarantined members (brokerd/lua/README). */
+                if (p && p->n_members == 0)
                         r = conf_errors_add(errors, &l->health_source, "health",
                                             "lane %s: pool %s has no members= (a health lane is granted quarantined members)",
+                                            l->name, p->name);
+                /* health=also is pool-local.c's alone: the scripts would take it for health=yes. */
+                else if (p && l->health_also && p->backend)
+                        r = conf_errors_add(errors, &l->health_source, "health",
+                                            "lane %s: pool %s is shared (backend=): health=also is not supported on shared pools yet",
                                             l->name, p->name);
         }
         if (l->policy < 0 || l->policy >= _LANE_POLICY_MAX)

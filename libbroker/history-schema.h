@@ -8,4 +8,4 @@
 
 /* user_version: the schema version this build writes, the number of migrations in brokerd/history-db.c
  * (which checks that they agree). Readers take versions 1 to this one; a higher one is a newer brokerd's. */
-#define HISTORY_SCHEMA_VERSION 7
+#define HISTORY_SCHEMA_VERSION 8

@@ -3,6 +3,9 @@
 --
 -- KEYS  [1] "{sb:POOL}"
 -- ARGV  [1..5] the head (README)   [6] member name, or "" for the whole pool   [7] on (0/1)
+--       [8] who ("uid N")   [9] reason   [10] until (pool µs; "": none) — [8…] absent (a plain drain, tests):
+--       the record is left as it is; present: the drain's record (prelude.lua, DRAINS.record()) is made
+--       (on: replacing any) or dropped (off), and the caller's reply tells it ([6] notices)
 -- Decides: the pool: meta.drained = on; on → every waiter is refused unavailable "drained", lane by lane
 --       (by name), bucket by bucket (k ascending), in arrival order. At most SETTLE_MAX refusals per call:
 --       "settling" until none is left; the pool is drained from the first call on, so nothing is granted
@@ -16,6 +19,7 @@
 -- Worst case: SETTLE_MAX steps + O(lanes × distinct k) per refusal.
 
 local MEMBER, ON = ARGV[6], ARGV[7] == '1'
+local WHO, WHY, UNTIL = ARGV[8], ARGV[9] or '', int_of(ARGV[10])
 
 -- The lane's selector buckets (SPEC §3.5) after its (lane, k) ones, k ascending, then by canon.
 local function drain_selector_buckets(lane)
@@ -56,25 +60,7 @@ local function drain_pool()
                 end
                 if not drain_selector_buckets(lane) then return false end
         end
-        return true
-end
-
-local function drain_member()
-        local pos
-        for i, m in ipairs(R.members or {}) do
-                if m == MEMBER then pos = i - 1; break end
-        end
-        if not pos then return false end
-        local was = redis.call('SISMEMBER', K.dm, MEMBER) == 1
-        if was == ON then return true end
-        if ON then redis.call('SADD', K.dm, MEMBER) else redis.call('SREM', K.dm, MEMBER) end
-        if pos < R.limit and redis.call('GETBIT', K.occ, pos) == 0 then
-                if not rests.drain(MEMBER, ON) then
-                        redis.call('SETBIT', K.busy, pos, ON and 1 or 0)
-                        meta_incr('drained_free', ON and 1 or -1)
-                end
-        end
-        return true
+        return HEALTH.refuse_all('drained', now) -- health lanes' waiters too (pool-local.c, lane_refuse_all())
 end
 
 local function drain()
@@ -83,8 +69,11 @@ local function drain()
         if not settle_until(now) then return reply('settling') end
         if MEMBER == '' then
                 if not drain_pool() then return reply('settling') end
-        elseif not drain_member() then
+        elseif not DRAINS.member(MEMBER, ON) then
                 return reply('ok', { 'unknown-member' })
+        end
+        if WHO then
+                DRAINS.record(MEMBER, ON, WHO ~= '' and WHO or nil, WHY ~= '' and WHY or nil, ON and UNTIL or nil)
         end
         finish_instant()
         return reply('ok', { ON and 'drained' or 'undrained' })

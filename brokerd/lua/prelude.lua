@@ -52,6 +52,15 @@ local function k_stream(n) return P .. ':s:' .. n end
 -- and an index of their expiries (pool clock µs) from which every call of the node trims a page.
 local function k_outcomes(n) return P .. ':oh:' .. n end
 local function k_outcome_exp(n) return P .. ':ox:' .. n end
+-- Members' lives (quarantine): functions as fields of one table, one local of the library's (Lua 5.1 allows
+-- 200 in a chunk); defined below, "members' lives".
+local LIFE = {}
+-- Drains with who, why and until: the same (DRAINS below, "drains with who, why, until").
+local DRAINS = {}
+-- Health lanes: the same (HEALTH below, "health lanes").
+local HEALTH = {}
+-- Rests (cooldown=): the same (rests below, "cooldown").
+local rests = {}
 
 local VERSION = 1
 local SETTLE_MAX = 64
@@ -228,12 +237,14 @@ local function rules_from(t)
                         end
                         if attr == 'priority' then r.lanes[lane].priority = tonumber(v)
                         elseif attr == 'max-in-use' then r.lanes[lane].max_in_use = tonumber(v)
-                        elseif attr == 'reserve' then r.lanes[lane].reserve = tonumber(v) end
+                        elseif attr == 'reserve' then r.lanes[lane].reserve = tonumber(v)
+                        elseif attr == 'health' then r.lanes[lane].health = v == '1' end
                 end
         end
         rules_reserve_lane(r)
         rules_labels(r, t)
         table.sort(r.lane_names)
+        LIFE.rules(r, t)
         return r
 end
 
@@ -518,8 +529,342 @@ local function lease_slot_identity(l, i)
         return l.members[i] or ('#' .. istr(l.slots[i]))
 end
 
+---------------------------------------------------------------------------------------------- members' lives (SPEC §3.6)
+
+-- Quarantine on a shared pool (README, "Members' lives"): pool-local.c's life_*() over two hashes,
+--   {sb:P}:qm  member -> cmsgpack { since (pool µs), job, exit status (-1: by hand), node name, reason }:
+--              the quarantined members (a field there is a quarantine, whatever its value holds)
+--   {sb:P}:qf  member -> the leases in a row that ended with a quarantine exit status (decimal)
+-- A quarantined member leaves `busy` while free, as a drained one does (drained_free counts it once), so
+-- that no grant of any node takes it. Everything in them is untrusted: garbage reads as a quarantine of
+-- nobody known, never as none. The functions are LIFE's fields (declared at the top).
+function LIFE.key() return P .. ':qm' end
+function LIFE.failures_key() return P .. ':qf' end
+-- A command on qf; a key of another type (by hand) is dropped first: it counts nothing.
+function LIFE.failures(cmd, ...)
+        local ok, v = pcall(redis.call, cmd, LIFE.failures_key(), ...)
+        if ok then return v end
+        redis.call('DEL', LIFE.failures_key())
+        return redis.call(cmd, LIFE.failures_key(), ...)
+end
+
+-- The member's place among the configured members (0-based), or nil.
+function LIFE.pos(name)
+        return R.member_pos and R.member_pos[name]
+end
+
+-- A key of another type (written by hand) quarantines every member: errors go the safe way (no grant of a
+-- member that may be quarantined); `slotctl restore` of any member deletes it (LIFE.restore()).
+function LIFE.quarantined(name)
+        local ok, v = pcall(redis.call, 'HEXISTS', LIFE.key(), name)
+        return not ok or v == 1
+end
+
+-- The rules' part (rules_from()): quarantine-exit-codes=3,4 (a set) and quarantine-after=N (≥ 1).
+function LIFE.rules(r, t)
+        if r.members then
+                r.member_pos = {}
+                for i, m in ipairs(r.members) do r.member_pos[m] = i - 1 end
+        end
+        local codes = t['quarantine-exit-codes']
+        if not codes or codes == '' then return end
+        r.qcodes = {}
+        for c in string.gmatch(codes, '[^,]+') do
+                local n = tonumber(c)
+                if n and n >= 1 and n <= 255 then r.qcodes[n] = true end
+        end
+        r.qafter = math.max(1, tonumber(t['quarantine-after'] or '1') or 1)
+end
+
+-- The member's free place leaves `busy` (out) or rejoins it, unless a drain by hand keeps it out or a
+-- lease holds it (lease_free() then leaves it out: member_drained_at()).
+function LIFE.busy(name, out)
+        local pos = LIFE.pos(name)
+        if not pos or pos >= R.limit or redis.call('SISMEMBER', K.dm, name) == 1 then return end
+        if redis.call('GETBIT', K.occ, pos) == 1 or rests.drain(name, out) then return end
+        redis.call('SETBIT', K.busy, pos, out and 1 or 0)
+        meta_incr('drained_free', out and 1 or -1)
+end
+
+function LIFE.node_name()
+        return redis.call('HGET', k_node(NODE), 'name') or NODE
+end
+
+-- Quarantines a configured member (false: it is not one, or is quarantined already: the first quarantine's
+-- who and why stay, as pool-local.c:local_quarantine()). The caller's reply tells it ([6] notices): the node
+-- whose call did it journals it, once fleet-wide.
+function LIFE.quarantine(name, job, status, reason)
+        if not LIFE.pos(name) or LIFE.quarantined(name) then return false end
+        job, reason = job or '', reason or ''
+        local by = LIFE.node_name()
+        redis.call('HSET', LIFE.key(), name, cmsgpack.pack({ now, job, status, by, reason }))
+        if tonumber(M.life) ~= 1 then meta_set('life', 1) end -- LIFE.list() looks from now on
+        LIFE.failures('HDEL', name)
+        LIFE.busy(name, true)
+        notices[#notices + 1] = { 'quarantined', name, now, job, status, by, reason }
+        return true
+end
+
+function LIFE.restore(name, job)
+        local ok, gone = pcall(redis.call, 'HDEL', LIFE.key(), name)
+        if not ok then
+                redis.call('DEL', LIFE.key()) -- another type: nobody's quarantine can be read from it
+                gone = 1
+        end
+        if gone == 0 then return false end
+        LIFE.failures('HDEL', name)
+        LIFE.busy(name, false)
+        notices[#notices + 1] = { 'restored', name, now, job or '', -1, LIFE.node_name(), '' }
+        return true
+end
+
+-- pool-local.c:local_report_exit() for a lease this call released: a quarantine exit status counts one
+-- more failure in a row for each of its members (quarantined at quarantine-after), any other resets it.
+-- status: 0–255 (a client that reports none sends nothing: nothing changes).
+function LIFE.released(l, status, job)
+        if not R.members then return end
+        local health = R.lanes[l.lane] and R.lanes[l.lane].health
+        for _, m in ipairs(l.members or {}) do
+                if type(m) == 'string' and LIFE.pos(m) then
+                        if health then
+                                -- A health job's exit 0 restores; anything else leaves the member as it is.
+                                if status == 0 then LIFE.restore(m, job) end
+                        elseif not R.qcodes then
+                                -- no quarantine rules: nothing counts
+                        elseif not R.qcodes[status] then
+                                LIFE.failures('HDEL', m)
+                        else
+                                local n = (int_of(LIFE.failures('HGET', m)) or 0) + 1
+                                if n < 0 then n = 1 end
+                                if n >= R.qafter and LIFE.quarantine(m, job, status, '') then
+                                        -- quarantined: its count starts again (LIFE.quarantine() dropped it)
+                                elseif n < 1000000 then
+                                        LIFE.failures('HSET', m, n)
+                                end
+                        end
+                end
+        end
+end
+
+-- The reply's cache [14]: { { member, since, job, exit status, node name, reason }… } of the configured
+-- members quarantined. A record that is not one (garbage) is shown as a quarantine of unknown origin.
+function LIFE.list()
+        -- A pool that never had a quarantine (meta.life unset) costs no command a reply.
+        if tonumber(M.life) ~= 1 then return {} end
+        local ok, n = pcall(redis.call, 'HLEN', LIFE.key())
+        if not ok or n == 0 or not R.members then return {} end
+        local found = {}                -- place -> record
+        if n <= 256 then
+                local a = redis.call('HGETALL', LIFE.key())
+                for i = 1, #a, 2 do
+                        local pos = LIFE.pos(a[i])
+                        if pos then found[pos] = a[i + 1] end
+                end
+        else
+                for i = 1, #R.members, 1000 do
+                        local v = redis.call('HMGET', LIFE.key(), unpack(R.members, i, math.min(i + 999, #R.members)))
+                        for j = 1, #v do if v[j] then found[i + j - 2] = v[j] end end
+                end
+        end
+        local function str(x) return type(x) == 'string' and string.sub(x, 1, 1024) or '' end
+        local function num(x, d)
+                if type(x) ~= 'number' or x ~= x or math.abs(x) >= 2 ^ 53 then return d end
+                return math.floor(x)
+        end
+        local out = {}
+        for pos, m in ipairs(R.members) do
+                local v = found[pos - 1]
+                if v then
+                        local ok, a = pcall(cmsgpack.unpack, v)
+                        if not ok or type(a) ~= 'table' then a = {} end
+                        out[#out + 1] = { m, num(a[1], 0), str(a[2]), num(a[3], -1), str(a[4]), str(a[5]) }
+                end
+        end
+        return out
+end
+
+---------------------------------------------------------------------------------------------- drains with who, why, until (SPEC §3.6)
+
+-- A drain's record on a shared pool (README, "Drains with a reason"): who, why, since and until live in Redis,
+-- and its until is the pool's own instant (next_due()), not a timer of one node:
+--   {sb:P}:dr  field "" (the pool) or a member -> cmsgpack { since, who, reason, until (-1: none), node name }
+--   {sb:P}:du  ZSET field -> until (pool µs), the drains that end by themselves
+-- meta.drain_next is du's first score (no command a call to know it is not due). Untrusted like the rest:
+-- a record of garbage is shown as a drain of nobody known; an until of garbage ends nothing.
+function DRAINS.key() return P .. ':dr' end
+function DRAINS.until_key() return P .. ':du' end
+
+function DRAINS.next_store()
+        local first = redis.call('ZRANGE', DRAINS.until_key(), 0, 0, 'WITHSCORES')
+        meta_set('drain_next', first[2] and tonumber(first[2]) or nil)
+end
+
+function DRAINS.next()
+        return tonumber(M.drain_next)
+end
+
+-- The record of a drain made now (field: "" or a member), or dropped (undrain).
+function DRAINS.record(field, on, who, reason, until_)
+        if on then
+                redis.call('HSET', DRAINS.key(), field, cmsgpack.pack({ now, who, reason, until_ or -1, LIFE.node_name() }))
+                if until_ then
+                        redis.call('ZADD', DRAINS.until_key(), until_, field)
+                else
+                        redis.call('ZREM', DRAINS.until_key(), field)
+                end
+        else
+                redis.call('HDEL', DRAINS.key(), field)
+                redis.call('ZREM', DRAINS.until_key(), field)
+        end
+        DRAINS.next_store()
+        if tonumber(M.drain_records) ~= 1 then meta_set('drain_records', 1) end -- DRAINS.list() looks from now on
+        notices[#notices + 1] = { on and 'drained' or 'undrained', field, now, who or '', reason or '', until_ or -1,
+                                  0 }
+end
+
+-- A member's drain by hand: in or out of dm, its free place out of or back into `busy` (a quarantined one stays
+-- out). false: not a configured member.
+function DRAINS.member(name, on)
+        local pos = LIFE.pos(name)
+        if not pos then return false end
+        local was = redis.call('SISMEMBER', K.dm, name) == 1
+        if was == on then return true end
+        if on then redis.call('SADD', K.dm, name) else redis.call('SREM', K.dm, name) end
+        -- A quarantined member stays out of `busy` either way (LIFE.busy()); a resting one stays in it and
+        -- moves between the counts (rests.drain()).
+        if pos < R.limit and redis.call('GETBIT', K.occ, pos) == 0 and not LIFE.quarantined(name) and
+           not rests.drain(name, on) then
+                redis.call('SETBIT', K.busy, pos, on and 1 or 0)
+                meta_incr('drained_free', on and 1 or -1)
+        end
+        return true
+end
+
+-- Drains whose until is at or before t end then (instant()), each told once ([6] notices, "expired" 1).
+function DRAINS.expire(t)
+        local due = redis.call('ZRANGEBYSCORE', DRAINS.until_key(), '-inf', t, 'WITHSCORES', 'LIMIT', 0, 16)
+        for i = 1, #due, 2 do
+                local field, at = due[i], tonumber(due[i + 1])
+                if field == '' then
+                        meta_set('drained', 0)
+                else
+                        DRAINS.member(field, false)
+                end
+                redis.call('HDEL', DRAINS.key(), field)
+                redis.call('ZREM', DRAINS.until_key(), field)
+                notices[#notices + 1] = { 'undrained', field, at, '', '', at, 1 }
+        end
+        DRAINS.next_store()
+end
+
+-- The reply's cache [15]: { { field ("" the pool), since, who, reason, until (-1), node name }… }.
+function DRAINS.list()
+        if tonumber(M.drain_records) ~= 1 then return {} end -- no drain was ever recorded: no command
+        local ok, n = pcall(redis.call, 'HLEN', DRAINS.key())
+        if not ok or n == 0 then return {} end
+        local a = n <= 257 and redis.call('HGETALL', DRAINS.key()) or {}
+        local out = {}
+        local function str(x) return type(x) == 'string' and string.sub(x, 1, 1024) or '' end
+        local function num(x, d)
+                if type(x) ~= 'number' or x ~= x or math.abs(x) >= 2 ^ 53 then return d end
+                return math.floor(x)
+        end
+        for i = 1, #a, 2 do
+                if a[i] == '' or LIFE.pos(a[i]) then
+                        local okd, r = pcall(cmsgpack.unpack, a[i + 1])
+                        if not okd or type(r) ~= 'table' then r = {} end
+                        out[#out + 1] = { a[i], num(r[1], 0), str(r[2]), str(r[3]), num(r[4], -1), str(r[5]) }
+                end
+        end
+        return out
+end
+
+---------------------------------------------------------------------------------------------- health lanes (SPEC §3.6)
+
+-- pool-local.c's health lanes on a shared pool (README, "Health lanes"): a lane with lane.L.health=1 in the
+-- rules is granted quarantined members only, beside the queue: its waiters are in {sb:P}:hq (ZSET, wid; the
+-- wids' order is arrival order) and in w, dl and the records as any waiter, counted in meta.hwaiting, not in
+-- meta.waiting (pool-local.c counts them apart: they never hold back the ordinary queue, nor it them).
+function HEALTH.key() return P .. ':hq' end
+function HEALTH.count(by) meta_set('hwaiting', (tonumber(M.hwaiting) or 0) + by) end
+function HEALTH.waiting() return tonumber(M.hwaiting) or 0 end
+
+function HEALTH.link(w)
+        redis.call('ZADD', HEALTH.key(), 0, w.wid)
+        if w.deadline ~= INF then
+                redis.call('ZADD', K.dl, w.deadline, w.wid)
+                carry.heads = nil
+        end
+        record_add(w.node, w.rid, 'w', 'w:' .. w.wid)
+        lane_incr(w.lane, 'waiting', 1)
+        HEALTH.count(1)
+end
+
+function HEALTH.unlink(w, keep_record)
+        redis.call('HDEL', K.w, w.wid)
+        redis.call('ZREM', HEALTH.key(), w.wid)
+        if w.deadline ~= INF then
+                redis.call('ZREM', K.dl, w.wid)
+                carry.heads = nil
+        end
+        if not keep_record then record_remove(w.node, w.rid, 'w') end
+        lane_incr(w.lane, 'waiting', -1)
+        HEALTH.count(-1)
+end
+
+
+-- pool-local.c:health_avail(): the free quarantined members not drained by hand, in member order (places).
+function HEALTH.avail()
+        local out = {}
+        for i, m in ipairs(R.members or {}) do
+                if i > R.limit then break end
+                if LIFE.quarantined(m) and redis.call('SISMEMBER', K.dm, m) == 0 and
+                   redis.call('GETBIT', K.occ, i - 1) == 0 then
+                        out[#out + 1] = i - 1
+                end
+        end
+        return out
+end
+
+-- pool-local.c:health_capacity(): how many members the request could ever get now.
+function HEALTH.capacity(w)
+        local n = 0
+        for i, m in ipairs(R.members or {}) do
+                if i > R.limit then break end
+                if LIFE.quarantined(m) and redis.call('SISMEMBER', K.dm, m) == 0 and HEALTH.admits(w, i - 1) then
+                        n = n + 1
+                end
+        end
+        return n
+end
+
+function HEALTH.blocked(lane, k)
+        local rule = R.lanes[lane]
+        return rule.max_in_use >= 0 and lane_get(lane).used + k > rule.max_in_use
+end
+
+-- pool-local.c:health_fits(): the places of avail the request admits, and whether k of them and its lane allow it.
+function HEALTH.fits(w, lane, k, avail)
+        local usable = {}
+        for _, pos in ipairs(avail) do
+                if HEALTH.admits(w, pos) then usable[#usable + 1] = pos end
+        end
+        return not HEALTH.blocked(lane, k) and #usable >= k, usable
+end
+
+-- pool-local.c:health_set_aside(): what a waiting health request could use is kept from those behind it.
+function HEALTH.set_aside(w, avail)
+        if HEALTH.blocked(w.lane, w.k) then return avail end
+        local left = {}
+        for _, pos in ipairs(avail) do
+                if not HEALTH.admits(w, pos) then left[#left + 1] = pos end
+        end
+        return left
+end
+
 local function member_drained_at(pos)
-        return R.members ~= nil and pos < R.limit and redis.call('SISMEMBER', K.dm, R.members[pos + 1]) == 1
+        return R.members ~= nil and pos < R.limit and (redis.call('SISMEMBER', K.dm, R.members[pos + 1]) == 1 or
+               LIFE.quarantined(R.members[pos + 1]))
 end
 
 ---------------------------------------------------------------------------------------------- budgets (SPEC §3.1)
@@ -616,14 +961,20 @@ local function waiter_get(wid)
         return {
                 wid = wid, node = a[1], rid = a[2], lane = a[3], k = a[4], arrival = a[5],
                 deadline = unwire(a[6]), state = a[7], idle = a[8], budget = unwire(a[9]), shed = a[10] == 1,
-                prio = a[11], sel = type(a[12]) == 'string' and a[12] or '',
+                prio = a[11], sel = type(a[12]) == 'string' and a[12] or '', health = a[13] == 1,
         }
+end
+
+-- A waiter record's [12]: its selector canon; nil (none) unless [13] follows it.
+local function waiter_sel_field(w)
+        if (w.sel or '') ~= '' then return w.sel end
+        return w.health and '' or nil
 end
 
 local function waiter_put(w)
         redis.call('HSET', K.w, w.wid, cmsgpack.pack({
                 w.node, w.rid, w.lane, w.k, w.arrival, wire(w.deadline), w.state, w.idle, wire(w.budget),
-                w.shed and 1 or 0, w.prio, (w.sel or '') ~= '' and w.sel or nil,
+                w.shed and 1 or 0, w.prio, waiter_sel_field(w), w.health and 1 or nil,
         }))
 end
 
@@ -652,6 +1003,7 @@ end
 
 local function waiter_link(w)
         waiter_put(w)
+        if w.health then return HEALTH.link(w) end
         if (w.sel or '') ~= '' then
                 selector_bucket_link(w)
         else
@@ -673,6 +1025,7 @@ end
 -- (queue_next(), waiter_position()): two ZCARDs less per grant. keep_record: the caller turns the
 -- waiter's record into its lease's.
 local function waiter_unlink(w, keep_record)
+        if w.health then return HEALTH.unlink(w, keep_record) end
         redis.call('HDEL', K.w, w.wid)
         redis.call('ZREM', waiter_bucket(w), w.wid)
         if (w.sel or '') ~= '' then meta_incr('selective', -1) end
@@ -712,7 +1065,6 @@ end
 -- is ended at once and reported (notice "bad-rest": the node counts it as bad input); a key of another
 -- type is deleted. Such a rest never parks a slot for good, and never frees a slot that is not resting.
 -- One table of functions (one local of the library's: Lua 5.1 allows 200 a chunk and 60 upvalues a function).
-local rests = {}
 rests.PAGE = 256              -- rests woken per call, and listed in the cache, at most
 
 -- The position of a slot identity under the stored rules, or nil (no such member, or above the limit).
@@ -860,12 +1212,12 @@ function rests.relayout(taken)
         meta_set('resting_free', resting)
 end
 
--- The cache's rests ([13]: { identity, end, … }, at most rests.PAGE), for every node's Status: only a pool
--- with cooldown= has the element (one command a reply; a pool without it replies as before).
-function rests.cache(c)
-        if (R.cooldown or 0) <= 0 then return end
+-- The cache's rests ([13]: { identity, end, … }, at most rests.PAGE), for every node's Status: a command a
+-- reply on a pool with cooldown= only (an empty list on the others).
+function rests.list()
+        if (R.cooldown or 0) <= 0 then return {} end
         local ok, a = pcall(redis.call, 'ZRANGE', K.rest, 0, rests.PAGE - 1, 'WITHSCORES')
-        c[13] = ok and a or {}
+        return ok and a or {}
 end
 
 ---------------------------------------------------------------------------------------------- selectors (SPEC §3.5)
@@ -1031,6 +1383,14 @@ local function selector_walk(heads, avail)
         return nil
 end
 
+-- Whether a health request (a waiter, or submit's { sel = SELECTOR }) admits the member at place pos: its
+-- selector's mask, as pool-local.c's health_fits() ANDs it (a canon that is not one admits none).
+function HEALTH.admits(w, pos)
+        if (w.sel or '') == '' then return true end
+        local mask = selector_members(w.sel)
+        return mask ~= nil and mask[pos] == true
+end
+
 -- submit's room (SPEC §3, §3.5): true and the members to take, or false. Without selectors anywhere, the
 -- (lane, k) rule as before.
 local function room_for(lane, k, canon)
@@ -1075,8 +1435,9 @@ local function lease_decision(l)
 end
 
 -- pool-local.c:grant(). w: the waiter it was (its state, idle, budget), or nil for a grant at once.
--- positions: the members to take (selector_walk()), or nil: the lowest free slots.
-local function grant(node, rid, lane, k, arrival, t, w, positions)
+-- places: the members to take (selector_walk(), HEALTH.fits()), or nil: the lowest free places;
+-- quarantined: they are a health lane's quarantined members, out of `busy` and counted in drained_free.
+local function grant(node, rid, lane, k, arrival, t, w, places, quarantined)
         local l = {
                 node = node, rid = rid, lane = lane, k = k, slots = {}, pos = {}, members = {}, at = t,
                 wait = t - arrival, state = w and w.state or 'none', idle = w and w.idle or 0,
@@ -1084,8 +1445,9 @@ local function grant(node, rid, lane, k, arrival, t, w, positions)
         }
         for i = 1, k do
                 -- Numbers as strings where it is free: redis.call() formats a number with "%.17g".
-                local pos = positions and positions[i] or redis.call('BITPOS', K.busy, '0')
+                local pos = places and places[i] or redis.call('BITPOS', K.busy, '0')
                 assert(pos >= 0 and pos < R.limit, 'no free slot below the limit')
+                if quarantined then meta_incr('drained_free', -1) end -- counted out until now
                 redis.call('SETBIT', K.occ, pos, '1')
                 redis.call('SETBIT', K.busy, pos, '1')
                 l.slots[i], l.pos[i] = pos, pos
@@ -1312,6 +1674,50 @@ local function update_congestion(t)
         return true
 end
 
+-- pool-local.c:health_dispatch(): the health waiters in arrival order, each granted the quarantined members
+-- it can use as they free; one no quarantined member can satisfy any more is refused unavailable
+-- ("not-quarantined"). No grant inside a recovery window (as dispatch()). False: the budget ran out.
+function HEALTH.dispatch(t)
+        if HEALTH.waiting() == 0 or not R.members then return true end
+        if M.recovery_until > 0 and t < M.recovery_until then return true end
+        local avail = HEALTH.avail()
+        for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+                local w = waiter_get(wid)
+                if not w then
+                        redis.call('ZREM', HEALTH.key(), wid)
+                elseif not R.lanes[w.lane] or HEALTH.capacity(w) < w.k then
+                        if not step() then return false end
+                        waiter_refuse(w, 'unavailable', 'not-quarantined', t)
+                else
+                        local fits, usable = HEALTH.fits(w, w.lane, w.k, avail)
+                        if fits then
+                                if not step() then return false end
+                                waiter_unlink(w, true)
+                                local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w, usable, true)
+                                notify(w.node, lease_decision(l))
+                                local taken = {}
+                                for _, pos in ipairs(l.pos) do taken[pos] = true end
+                                local left = {}
+                                for _, pos in ipairs(avail) do if not taken[pos] then left[#left + 1] = pos end end
+                                avail = left
+                        else
+                                avail = HEALTH.set_aside(w, avail)
+                        end
+                end
+        end
+        return true
+end
+
+-- A pool drain, or the health lanes' waiters refused (drain.lua): unavailable "drained", one step each.
+function HEALTH.refuse_all(reason, at)
+        for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+                if not step() then return false end
+                local w = waiter_get(wid)
+                if w then waiter_refuse(w, 'unavailable', reason, at) else redis.call('ZREM', HEALTH.key(), wid) end
+        end
+        return true
+end
+
 -- pool-local.c:dispatch(): free slots to waiters in queue order until the first that cannot go. No grant
 -- at all inside a recovery window: its end is a due instant, so dispatch resumes exactly then.
 local function dispatch(t)
@@ -1519,6 +1925,7 @@ local function instant(t)
         end
         if M.recovery_until > 0 and t >= M.recovery_until then recovery_close() end
         rests.wake(t)
+        if DRAINS.next() and DRAINS.next() <= t then DRAINS.expire(t) end
         if M.phase == 0 then
                 if not dispatch(t) then return false end
                 meta_set('phase', 1)
@@ -1532,6 +1939,7 @@ local function instant(t)
                 meta_set('phase', 2)
         end
         if not dispatch(t) then return false end
+        if not HEALTH.dispatch(t) then return false end
         if not update_congestion(t) then return false end
         meta_set('unsettled_at', nil)
         meta_set('phase', 0)
@@ -1572,6 +1980,7 @@ local function next_due(for_caller)
                 if v ~= INF then consider(v) end
         end
         if M.recovery_until > 0 then consider(M.recovery_until) end
+        consider(DRAINS.next())
         consider(tonumber(h[K.orph][2]))
         consider(rests.next_end())
         if M.congested == 0 and R.q and M.drained == 0 and not has_room_for_one() then
@@ -1611,9 +2020,8 @@ local function cache()
         local c = {
                 M.in_use, M.waiting, M.congested, idle_at(now), M.drained, nd and nd or -1, M.counter,
                 M.epoch or '', M.recovery_until, stream_last, R.limit or 0,
-                M.recovery_until > 0 and M.recovery_why or '',
+                M.recovery_until > 0 and M.recovery_why or '', rests.list(), LIFE.list(), DRAINS.list(),
         }
-        rests.cache(c)
         return c
 end
 
@@ -1645,10 +2053,12 @@ local function integrity_lost()
         if not R.canon then return 'rules' end
         if clock_missing then return 'clock' end
         if redis.call('HLEN', K.h) ~= M.leases then return 'leases' end
-        if redis.call('HLEN', K.w) ~= M.waiting then return 'waiters' end
+        if redis.call('HLEN', K.w) ~= M.waiting + HEALTH.waiting() then return 'waiters' end
         if redis.call('BITCOUNT', K.occ) ~= M.in_use then return 'slots' end
         if redis.call('BITCOUNT', K.busy) < M.in_use then return 'free slots' end
-        if redis.call('HLEN', K.rid) ~= M.leases - redis.call('ZCARD', K.orph) + M.waiting then return 'records' end
+        if redis.call('HLEN', K.rid) ~= M.leases - redis.call('ZCARD', K.orph) + M.waiting + HEALTH.waiting() then
+                return 'records'
+        end
         if redis.call('ZCARD', K.nodes) ~= M.nodes then return 'nodes' end
         if M.resting_free > 0 then
                 local ok, n = pcall(redis.call, 'ZCARD', K.rest)
@@ -1667,7 +2077,7 @@ end
 -- rules: the ones whose lanes' keys go too (the stored ones, or the caller's when they are gone).
 local function pool_wipe(rules)
         local keys = { K.occ, K.busy, K.sid, K.h, K.w, K.dl, K.rid, K.prios, K.reaping, K.rekey, K.recovering,
-                       K.orph, K.rest }
+                       K.orph, K.rest, HEALTH.key() }
         for _, p in ipairs(redis.call('ZRANGE', K.prios, 0, -1)) do keys[#keys + 1] = k_queue(p) end
         for _, lane in ipairs(rules.lane_names or {}) do
                 keys[#keys + 1] = k_lane(lane)
@@ -1700,7 +2110,7 @@ local function pool_renew(what)
         end
         pool_wipe(rules)
         for _, f in ipairs({ 'in_use', 'waiting', 'leases', 'drained_free', 'congested', 'phase', 'running',
-                             'selective' }) do
+                             'selective', 'hwaiting' }) do
                 meta_set(f, 0)
         end
         meta_set('unsettled_at', nil)
@@ -1713,7 +2123,7 @@ local function pool_renew(what)
         -- Drained members stay out of `busy` (their slots are not free), as tick.lua's relayout() keeps them.
         local drained_free = 0
         for i, m in ipairs(R.members or {}) do
-                if i <= R.limit and redis.call('SISMEMBER', K.dm, m) == 1 then
+                if member_drained_at(i - 1) then
                         redis.call('SETBIT', K.busy, i - 1, 1)
                         drained_free = drained_free + 1
                 end

@@ -78,12 +78,27 @@ local function submit()
         if in_recovery and not MAY_WAIT then
                 return refuse_now('unavailable', 'recovery')
         end
-        -- Room (SPEC §3): a waiter that a lane limit passes over does not count as waiting here
-        -- (pool-local.c, local_submit()).
+        -- A health lane (SPEC §3.6; prelude.lua, HEALTH): quarantined members only, beside the queue; a request
+        -- that no quarantined member can satisfy has nothing to wait for (pool-local.c, local_submit()).
         local room, take = false, nil
-        if not in_recovery then room, take = room_for(LANE, K_SLOTS, SELECTOR) end
+        if rule.health then
+                if not R.members then return reply('invalid') end
+                local self = { sel = SELECTOR }
+                if HEALTH.capacity(self) < K_SLOTS then return refuse_now('unavailable', 'not-quarantined') end
+                local avail = HEALTH.avail()
+                for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+                        local hw = waiter_get(wid)
+                        if hw then avail = HEALTH.set_aside(hw, avail) end
+                end
+                local fits, usable = HEALTH.fits(self, LANE, K_SLOTS, avail)
+                if fits and not in_recovery then room, take = true, usable end
+        elseif not in_recovery then
+                -- Room (SPEC §3): a waiter that a lane limit passes over does not count as waiting here
+                -- (pool-local.c, local_submit()).
+                room, take = room_for(LANE, K_SLOTS, SELECTOR)
+        end
         if room then
-                d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil, take))
+                d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil, take, rule.health))
                 outcome_store(NODE, RID, d)
         elseif not MAY_WAIT then
                 -- Busy for want of slots that rest (pool-local.c): says so, and when enough of them wake.
@@ -109,7 +124,7 @@ local function submit()
                 local w = {
                         wid = string.format('%016x', M.seq), node = NODE, rid = RID, lane = LANE, k = K_SLOTS,
                         arrival = arrival, state = 'none', idle = 0, budget = INF, shed = false,
-                        prio = rule.priority, sel = SELECTOR,
+                        prio = rule.priority, sel = SELECTOR, health = rule.health or nil,
                 }
                 -- The budget is fixed now, from the idle time now (SPEC §3.1).
                 local adaptive = INF

@@ -110,7 +110,7 @@ local function relayout()
         end
         local drained_free = 0
         for i, m in ipairs(R.members or {}) do
-                if i <= R.limit and not taken[i - 1] and redis.call('SISMEMBER', K.dm, m) == 1 then
+                if not taken[i - 1] and member_drained_at(i - 1) then -- drained or quarantined
                         redis.call('SETBIT', K.busy, i - 1, 1)
                         drained_free = drained_free + 1
                 end

@@ -821,6 +821,8 @@ static void handle_granted(Engine *e, const PoolDecision *d) {
 /* ---- all-or-nothing requests (SPEC §3.5, also=) ---- */
 
 static void process_decisions(Engine *e);
+static void drain_event(Engine *e, const char *pool, const char *member, bool drained, const EngineDrainRecord *d,
+                        bool expired, usec_t at);
 
 static RequestPart *set_part(EngineRequest *r, const Pool *p) {
         for (size_t i = 0; i < r->n_parts; i++)
@@ -1196,6 +1198,14 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
                 break;
         }
 
+        case POOL_VERDICT_DRAIN:
+                /* A drain the backend keeps: told as engine_drain_with() tells its own. */
+                drain_event(e, d->pool->name, d->member, d->drained,
+                            &(EngineDrainRecord) { .who = (char *) d->job, .reason = (char *) d->note,
+                                                   .until = d->until },
+                            d->expired, d->at);
+                break;
+
         case POOL_VERDICT_CONGESTION:
                 event_push(e, &(EngineEvent) {
                         .type = ENGINE_EVENT_CONGESTION,
@@ -1337,10 +1347,8 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
                 Pool *p = pool_by_name(e, a->reserve_pool);
                 if (!p)
                         return -ENOENT;
-                /* A shared pool takes one too (its lane is implicit in the scripts: brokerd/lua/README,
-                 * "Reservations"), but no member or labels yet: its scripts have no selectors. */
-                if (p->identity && (a->member || (a->labels && a->labels[0])))
-                        return -EOPNOTSUPP;
+                /* A shared pool takes one too, with a member or labels as any request (its lane is implicit in
+                 * the scripts: brokerd/lua/README, "Reservations"). */
                 const char *name = engine_intern(e, ENGINE_RESERVE_LANE);
                 if (!name)
                         return -ENOMEM;
@@ -1869,6 +1877,18 @@ int engine_drain_with(Engine *e, const char *pool, const char *member, const Eng
         if (!p)
                 return -ENOENT;
         ssize_t k = drain_find(e, pool, member);
+        if (p->ops->drain_with) {
+                /* The backend keeps it and ends it at its until (a wakeup of the pool, not a timer of this node);
+                 * its DRAIN decision tells it. */
+                int r = p->ops->drain_with(p, member, d, now);
+                if (r < 0)
+                        return r;
+                if (k >= 0)
+                        drain_record_remove(e, (size_t) k);
+                mark_unsettled(e, now);
+                process_decisions(e);
+                return 0;
+        }
         EngineDrainRecord rec = {};
         if (d) {
                 bool oom = false;
@@ -1998,6 +2018,8 @@ int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret)
                 .resting = info.resting,
                 .n_resting = info.n_resting,
                 .cooldown = info.cooldown,
+                .drains = info.drains,
+                .n_drains = info.n_drains,
         };
         return 0;
 }

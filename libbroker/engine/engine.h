@@ -387,6 +387,7 @@ typedef struct EngineMemberLife {
         char *job;                /* quarantined: the job whose end did it, or who did it by hand; may be NULL */
         int exit_status;          /* quarantined by this exit status; -1: by hand */
         char *reason;             /* quarantined by hand: why; NULL otherwise */
+        char *node;               /* a shared pool: the node whose call quarantined it (its name); NULL otherwise */
         unsigned failures;        /* leases in a row that ended with a quarantine exit status */
         uint64_t quarantines;     /* times quarantined */
         uint64_t grants;          /* leases granted it */
@@ -436,6 +437,10 @@ typedef struct EnginePoolInfo {
         const PoolRest *resting;
         size_t n_resting;
         usec_t cooldown;          /* 0: none */
+        /* A pool kept by a backend: the drains the backend keeps (engine_drain_info() lists the engine's own);
+         * valid until the next call into the engine. */
+        const EngineDrainInfo *drains;
+        size_t n_drains;
 } EnginePoolInfo;
 
 /* The configured pools, in configuration order. */

@@ -998,6 +998,7 @@ static void life_done(PoolMemberLife *m) {
         free(m->member);
         free(m->job);
         free(m->reason);
+        free(m->node);
         *m = (PoolMemberLife) { .exit_status = -1 };
 }
 

@@ -84,6 +84,8 @@ struct PoolGrant {
         bool provisional;      /* restored or to be reclaimed: the reclaim has not answered */
         bool lost;             /* LOST was emitted */
         bool freed_remotely;   /* Redis no longer has it: not in the fingerprint */
+        int exit_status;       /* its command's, told before release() (report_exit(), SPEC §3.6); -1: none */
+        char *exit_job;
 };
 
 typedef struct Fingerprint {
@@ -187,6 +189,20 @@ typedef struct SharedPool {
 
         size_t positions_cursor; /* the refresh of waiters' places goes round, a page a heartbeat */
 
+        /* SPEC §3.6: the members' quarantines as the last reply's cache said (every reply carries them, so
+         * every node shows and obeys the same: brokerd/lua/README, "Members' lives"); life[i] is member i. */
+        PoolMemberLife *life;
+        size_t n_life;
+        /* SPEC §3.6: the drains Redis keeps with who, why, since and until (the cache's [15]; their strings
+         * owned: member, who, reason), since and until monotonic. */
+        EngineDrainInfo *drains;
+        size_t n_drains;
+        /* The strings of the MEMBER decisions emitted (job, reason): a decision's strings must outlive the
+         * emit (the engine queues it by value and reads them when it processes it), so the last 64 are kept, in a ring; a notice is rare (a quarantine, a restore), the engine takes its decisions
+         * after every reply. */
+        char *emitted[64];
+        size_t emitted_next;
+
         /* Input that failed validation: counted, told at most once a minute (SPEC §11). */
         uint64_t bad_input;
         uint64_t bad_input_untold;   /* dropped since the last notice */
@@ -220,6 +236,7 @@ static const char *const script_names[_SHARED_SCRIPT_MAX] = {
         [SHARED_SCRIPT_RECLAIM] = "reclaim",
         [SHARED_SCRIPT_DRAIN] = "drain",
         [SHARED_SCRIPT_POSITIONS] = "positions",
+        [SHARED_SCRIPT_QUARANTINE] = "quarantine",
         [SHARED_SCRIPT_BATCH] = "batch",
 };
 
@@ -762,7 +779,9 @@ static void requeue_reconcile(SharedPool *p, usec_t now) {
         }
 }
 
-static int queue_rid_call(SharedPool *p, SharedScript script, const char *rid, uint64_t token, usec_t now) {
+/* exit_status (release only, ≥ 0): its command's, and its job, for the members' quarantine (release.lua). */
+static int queue_release_call(SharedPool *p, SharedScript script, const char *rid, uint64_t token, int exit_status,
+                              const char *job, usec_t now) {
         Call *c;
         int r = call_new(p, script, op_settles(p), now, &c);
         if (r < 0)
@@ -772,12 +791,19 @@ static int queue_rid_call(SharedPool *p, SharedScript script, const char *rid, u
                 r = call_add(c, "%" PRIu64, token);
         if (r >= 0)
                 r = call_add(c, "%s", rid);
+        if (r >= 0 && script == SHARED_SCRIPT_RELEASE && exit_status >= 0 && exit_status <= 255 &&
+            (r = call_add(c, "%d", exit_status)) >= 0)
+                r = call_add(c, "%s", job ?: "");
         if (r < 0) {
                 call_free(c);
                 return r;
         }
         call_queue(p, c);
         return 0;
+}
+
+static int queue_rid_call(SharedPool *p, SharedScript script, const char *rid, uint64_t token, usec_t now) {
+        return queue_release_call(p, script, rid, token, -1, NULL, now);
 }
 
 static int queue_reclaim(SharedPool *p, const PoolGrant *g, usec_t now) {
@@ -939,6 +965,7 @@ static void grant_free(PoolGrant *g) {
         free(g->lane);
         free(g->slots);
         strv_free(g->members);
+        free(g->exit_job);
         free(g);
 }
 
@@ -1024,7 +1051,8 @@ static void decision_done(Decision *d) {
 }
 
 static const char *static_reason(const char *s, size_t len) {
-        static const char *const known[] = { "drained", "recovery", "backend", "rules", "node-expired", "cooldown" };
+        static const char *const known[] = { "drained", "recovery", "backend", "rules", "node-expired", "cooldown",
+                                             "not-quarantined" };
         for (size_t i = 0; i < ELEMENTSOF(known); i++)
                 if (strlen(known[i]) == len && memcmp(known[i], s, len) == 0)
                         return known[i];
@@ -1377,6 +1405,7 @@ static PoolGrant *grant_new(const char *node_id, const char *rid, const char *la
         if (!g)
                 return NULL;
         strcpy(g->rid, rid);
+        g->exit_status = -1;
         g->token = d->token;
         g->granted_at = d->at < 0 ? 0 : (usec_t) d->at;
         g->n_slots = d->n_slots;
@@ -1909,6 +1938,237 @@ fail:
                 free((char *) rests[i].member);
 }
 
+/* ---- members' lives (SPEC §3.6): Redis keeps them, the node mirrors them ---- */
+
+#define LIFE_TEXT_MAX 1024 /* a job or a reason, as brokerd takes them (methods.c, REASON_MAX) */
+
+/* Takes s (NULL: none) for a decision about to be emitted, and returns it: freed 64 emits later. */
+static const char *emitted_keep(SharedPool *p, char *s) {
+        if (!s)
+                return NULL;
+        size_t i = p->emitted_next++ % ELEMENTSOF(p->emitted);
+        free(p->emitted[i]);
+        p->emitted[i] = s;
+        return s;
+}
+
+static void life_clear(PoolMemberLife *m) {
+        m->job = mfree(m->job);
+        m->reason = mfree(m->reason);
+        m->node = mfree(m->node);
+        m->quarantined = false;
+        m->since = 0;
+        m->exit_status = -1;
+}
+
+static void life_free(PoolMemberLife *life, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                life_clear(life + i);
+                free(life[i].member);
+        }
+        free(life);
+}
+
+/* One line of text from Redis (untrusted): at most LIFE_TEXT_MAX bytes, no control character; NULL for an
+ * empty one. *bad set when it is not one. */
+static char *life_text(const RespValue *v, bool *bad) {
+        if (!v || v->type != RESP_STRING || v->len > LIFE_TEXT_MAX) {
+                *bad = true;
+                return NULL;
+        }
+        for (size_t i = 0; i < v->len; i++)
+                if ((unsigned char) v->str[i] < 0x20 || v->str[i] == 0x7f) {
+                        *bad = true;
+                        return NULL;
+                }
+        return v->len > 0 ? resp_strdup(v) : NULL;
+}
+
+static ssize_t member_index(const SharedPool *p, const RespValue *v) {
+        for (size_t i = 0; v && v->type == RESP_STRING && p->base.members && p->base.members[i]; i++)
+                if (mem_is(v->str, v->len, p->base.members[i]))
+                        return (ssize_t) i;
+        return -1;
+}
+
+/* The members as configured, each keeping its quarantine by name (a reload's next reply says it again). */
+static int life_configure(SharedPool *p, char *const *members) {
+        size_t n = strv_length((char **) members);
+        PoolMemberLife *life = calloc(MAX(n, (size_t) 1), sizeof(PoolMemberLife));
+        if (!life)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                life[i] = (PoolMemberLife) { .exit_status = -1, .member = strdup(members[i]) };
+                if (!life[i].member) {
+                        life_free(life, i);
+                        return -ENOMEM;
+                }
+                for (size_t j = 0; j < p->n_life; j++)
+                        if (streq(p->life[j].member, members[i])) {
+                                char *member = life[i].member;
+                                life[i] = p->life[j];
+                                life[i].member = member;
+                                p->life[j] = (PoolMemberLife) { .member = p->life[j].member };
+                        }
+        }
+        life_free(p->life, p->n_life);
+        p->life = life;
+        p->n_life = n;
+        return 0;
+}
+
+/* The cache's [14]: { { member, since, job, exit status, node name, reason }… }, the quarantined members.
+ * Absent (a reply of a brokerd's scripts from before): nothing changes. An entry that is not one (garbage
+ * written by hand) is dropped and counted; a member not listed is not quarantined. */
+static void life_apply(SharedPool *p, const RespValue *list, usec_t now) {
+        if (!list || list->type != RESP_ARRAY || !p->life)
+                return;
+        bool *seen = calloc(MAX(p->n_life, (size_t) 1), sizeof(bool));
+        if (!seen)
+                return; /* the next reply says it again */
+        bool bad = false;
+        for (size_t k = 0; k < list->n; k++) {
+                const RespValue *e = &list->elements[k];
+                ssize_t i = e->type == RESP_ARRAY && e->n >= 6 ? member_index(p, resp_at(e, 0)) : -1;
+                int64_t since = 0, status = -1;
+                if (i < 0 || (size_t) i >= p->n_life || seen[i] || !resp_int(resp_at(e, 1), &since)) {
+                        bad = true;
+                        continue;
+                }
+                seen[i] = true;
+                PoolMemberLife *m = p->life + i;
+                bool was = m->quarantined;
+                usec_t at = was ? m->since : local_time_of(p, since, 0, now);
+                life_clear(m);
+                m->quarantined = true;
+                m->since = at;
+                m->job = life_text(resp_at(e, 2), &bad);
+                if (resp_int(resp_at(e, 3), &status) && status >= 0 && status <= 255)
+                        m->exit_status = (int) status;
+                m->node = life_text(resp_at(e, 4), &bad);
+                m->reason = life_text(resp_at(e, 5), &bad);
+        }
+        for (size_t i = 0; i < p->n_life; i++)
+                if (!seen[i])
+                        life_clear(p->life + i);
+        free(seen);
+        if (bad)
+                bad_input(p, "a malformed quarantine record in a reply", now);
+}
+
+/* A notice { "quarantined" | "restored", member, at, job, exit status, node name, reason }: this node's call
+ * made the change, so this node (and no other: README, "Members' lives") tells the engine, which journals
+ * it ([QUARANTINED]/[RESTORED]). */
+static void life_notice(SharedPool *p, const RespValue *n, bool quarantined, usec_t now) {
+        ssize_t i = member_index(p, resp_at(n, 1));
+        if (i < 0) {
+                bad_input(p, "a quarantine notice of no configured member", now);
+                return;
+        }
+        bool bad = false;
+        int64_t status = -1, at = 0;
+        usec_t when = resp_int(resp_at(n, 2), &at) ? local_time_of(p, at, 0, now) : now;
+        const char *job = emitted_keep(p, life_text(resp_at(n, 3), &bad)),
+                   *reason = emitted_keep(p, life_text(resp_at(n, 6), &bad));
+        if (!resp_int(resp_at(n, 4), &status) || status < 0 || status > 255)
+                status = -1;
+        pool_emit(&p->base, &(PoolDecision) {
+                .verdict = POOL_VERDICT_MEMBER,
+                .pool = &p->base,
+                .at = when,
+                .member = p->base.members[i],
+                .quarantined = quarantined,
+                .job = job,
+                .exit_status = quarantined ? (int) status : -1,
+                .note = reason,
+        });
+        if (bad)
+                bad_input(p, "a malformed quarantine notice in a reply", now);
+}
+
+/* ---- drains with who, why and until (SPEC §3.6): Redis keeps them and ends them, the node mirrors them ---- */
+
+static void drains_clear(SharedPool *p) {
+        for (size_t i = 0; i < p->n_drains; i++) {
+                free((char *) p->drains[i].member);
+                free((char *) p->drains[i].who);
+                free((char *) p->drains[i].reason);
+        }
+        p->drains = mfree(p->drains);
+        p->n_drains = 0;
+}
+
+/* The cache's [15]: { { "" (the pool) | member, since, who, reason, until (-1: none), node name }… }. Absent
+ * (scripts from before): nothing changes. An entry that is not one is dropped and counted. */
+static void drains_apply(SharedPool *p, const RespValue *list, usec_t now) {
+        if (!list || list->type != RESP_ARRAY)
+                return;
+        size_t cap = strv_length(p->base.members) + 1;
+        EngineDrainInfo *d = calloc(MAX(MIN(list->n, cap), (size_t) 1), sizeof(EngineDrainInfo));
+        if (!d)
+                return; /* the next reply says it again */
+        size_t n = 0;
+        bool bad = false;
+        for (size_t k = 0; k < list->n; k++) {
+                const RespValue *e = &list->elements[k];
+                const RespValue *field = e->type == RESP_ARRAY && e->n >= 6 ? resp_at(e, 0) : NULL;
+                int64_t since = 0, until = -1;
+                ssize_t i = field && field->type == RESP_STRING && field->len > 0 ? member_index(p, field) : -1;
+                bool pool = field && field->type == RESP_STRING && field->len == 0;
+                if ((!pool && i < 0) || n >= cap || !resp_int(resp_at(e, 1), &since) ||
+                    !resp_int(resp_at(e, 4), &until)) {
+                        bad = true;
+                        continue;
+                }
+                d[n] = (EngineDrainInfo) {
+                        .pool = p->base.name,
+                        .member = pool ? NULL : strdup(p->base.members[i]),
+                        .since = local_time_of(p, since, 0, now),
+                        .until = until < 0 ? USEC_INFINITY : local_time_of(p, until, 0, USEC_INFINITY - 1),
+                        .who = life_text(resp_at(e, 2), &bad),
+                        .reason = life_text(resp_at(e, 3), &bad),
+                };
+                n++;
+        }
+        drains_clear(p);
+        p->drains = d;
+        p->n_drains = n;
+        if (bad)
+                bad_input(p, "a malformed drain record in a reply", now);
+}
+
+/* A notice { "drained" | "undrained", "" | member, at, who, reason, until (-1), expired (0/1) }: this node's
+ * call made it (an expiry: this node's call ran the instant of its until), told once fleet-wide. */
+static void drain_notice(SharedPool *p, const RespValue *n, bool drained, usec_t now) {
+        const RespValue *field = resp_at(n, 1);
+        ssize_t i = field && field->type == RESP_STRING && field->len > 0 ? member_index(p, field) : -1;
+        if (!field || field->type != RESP_STRING || (field->len > 0 && i < 0)) {
+                bad_input(p, "a drain notice of no configured member", now);
+                return;
+        }
+        bool bad = false;
+        int64_t at = 0, until = -1, expired = 0;
+        usec_t when = resp_int(resp_at(n, 2), &at) ? local_time_of(p, at, 0, now) : now;
+        const char *who = emitted_keep(p, life_text(resp_at(n, 3), &bad)),
+                   *reason = emitted_keep(p, life_text(resp_at(n, 4), &bad));
+        (void) resp_int(resp_at(n, 5), &until);
+        (void) resp_int(resp_at(n, 6), &expired);
+        pool_emit(&p->base, &(PoolDecision) {
+                .verdict = POOL_VERDICT_DRAIN,
+                .pool = &p->base,
+                .at = when,
+                .member = i >= 0 ? p->base.members[i] : NULL,
+                .drained = drained,
+                .job = who,
+                .note = reason,
+                .until = until < 0 ? USEC_INFINITY : local_time_of(p, until, 0, USEC_INFINITY - 1),
+                .expired = expired != 0,
+                .exit_status = -1,
+        });
+        if (bad)
+                bad_input(p, "a malformed drain notice in a reply", now);
+}
+
 static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now, usec_t now) {
         int64_t x;
         if (!cache || cache->type != RESP_ARRAY || cache->n < 11)
@@ -1966,6 +2226,8 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                 free(l);
         }
         rests_apply(p, resp_at(cache, 12), pool_now, now);
+        life_apply(p, resp_at(cache, 13), now);
+        drains_apply(p, resp_at(cache, 14), now);
         /* Another node's call may have flipped the gauge: this node's own gauge follows the pool's. */
         congestion_apply(p, p->cache.congested, pool_now, now);
 }
@@ -1977,6 +2239,14 @@ static void notices_apply(SharedPool *p, const RespValue *notices, usec_t now) {
                 /* A rest record in Redis that was garbage, ended by this call (prelude.lua, "cooldown"). */
                 if (resp_is(resp_at(n, 0), "bad-rest")) {
                         bad_input(p, "a garbage rest in Redis (ended)", now);
+                        continue;
+                }
+                if (resp_is(resp_at(n, 0), "quarantined") || resp_is(resp_at(n, 0), "restored")) {
+                        life_notice(p, n, resp_is(resp_at(n, 0), "quarantined"), now);
+                        continue;
+                }
+                if (resp_is(resp_at(n, 0), "drained") || resp_is(resp_at(n, 0), "undrained")) {
+                        drain_notice(p, n, resp_is(resp_at(n, 0), "drained"), now);
                         continue;
                 }
                 if (!resp_is(resp_at(n, 0), "node-expired"))
@@ -2754,6 +3024,10 @@ static void shared_free(Pool *base) {
                 free(nn);
         }
         snapshot_clear(p);
+        life_free(p->life, p->n_life);
+        for (size_t i = 0; i < ELEMENTSOF(p->emitted); i++)
+                free(p->emitted[i]);
+        drains_clear(p);
         strv_free(p->base.members);
         pool_labels_free(p->base.labels, p->base.n_labels);
         strv_free(p->lanes);
@@ -2814,7 +3088,7 @@ static int canon_join_sorted(char *const *items, char **ret) {
  * labels= are (SPEC §3.5: part of the pool's agreed rules), sorted: label.NAME=MEMBER,… (a label that
  * names no member is none: left out) and lane.L.labels=TERM,…. */
 static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t ttl, char **ret) {
-        size_t n = 0, cap = 8 + 5 * n_rules + c->n_labels;
+        size_t n = 0, cap = 12 + 6 * n_rules + c->n_labels;
         _cleanup_(strv_freep) char **lines = calloc(cap + 1, sizeof(char *));
         if (!lines)
                 return -ENOMEM;
@@ -2844,6 +3118,17 @@ static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
         if (c->cooldown > 0)
                 LINE("cooldown=%" PRIu64, c->cooldown);
         LINE("backend-node-ttl=%" PRIu64, ttl);
+        /* SPEC §3.6: rules like the others, so that a brokerd whose scripts do not keep quarantines (before
+         * them) never agrees to a pool that has them (brokerd/lua/README, "Members' lives"). */
+        if (c->quarantine_exit_codes_set) {
+                char codes[4 * 256] = "";
+                size_t len = 0;
+                for (int code = 1; code <= 255; code++)
+                        if ((c->quarantine_exit_codes[code / 64] >> (code % 64)) & 1)
+                                len += (size_t) snprintf(codes + len, sizeof codes - len, "%s%d", len > 0 ? "," : "", code);
+                LINE("quarantine-exit-codes=%s", codes);
+                LINE("quarantine-after=%u", MAX(c->quarantine_after, 1u));
+        }
         for (size_t i = 0; i < n_rules; i++) {
                 /* The lane of reservations is every pool's, in the scripts (prelude.lua, rules_from()): not a
                  * rule to agree on, so that the canon of a pool is what it was before reservations. */
@@ -2860,6 +3145,9 @@ static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
                                 return -ENOMEM;
                         LINE("lane.%s.labels=%s", rules[i].lane, joined);
                 }
+                /* SPEC §3.6: present only on a health lane (a pool without one has the canon of before). */
+                if (rules[i].health)
+                        LINE("lane.%s.health=1", rules[i].lane);
         }
         for (size_t i = 0; i < c->n_labels; i++) {
                 if (!c->labels[i].members || !c->labels[i].members[0])
@@ -2909,6 +3197,9 @@ static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule 
         if (r < 0)
                 return r;
 
+        r = life_configure(p, members);
+        if (r < 0)
+                return r;
         strv_free(p->lanes);
         p->lanes = TAKE_PTR(lanes);
         strv_free(p->base.members);
@@ -3073,12 +3364,46 @@ static void shared_cancel_try(Pool *base, void *cookie, usec_t now) {
 static void shared_release(Pool *base, PoolGrant *g, usec_t now) {
         SharedPool *p = SHARED(base);
         /* Also a lost lease: if Redis still has it (fenced before Redis freed it), it goes now; if not, the
-         * release is "gone", harmlessly (its token is nobody else's). */
+         * release is "gone", harmlessly (its token is nobody else's). Its exit status goes with it: Redis
+         * counts it for the members' quarantine (SPEC §3.6). */
         if (!g->freed_remotely) {
                 fp_remove(p, g->rid, 'l');
-                (void) queue_rid_call(p, SHARED_SCRIPT_RELEASE, g->rid, g->token, now);
+                (void) queue_release_call(p, SHARED_SCRIPT_RELEASE, g->rid, g->token, g->exit_status, g->exit_job, now);
         }
         grant_free(g);
+}
+
+/* SPEC §3.6: the exit status is kept on the grant and sent with its release (release.lua counts it in Redis,
+ * where every node sees the same count). Out of memory: the job is left out, the status goes. */
+static void shared_report_exit(Pool *base, PoolGrant *g, int exit_status, const char *job, usec_t now) {
+        (void) base;
+        (void) now;
+        g->exit_status = exit_status;
+        free(g->exit_job);
+        g->exit_job = job ? strdup(job) : NULL;
+}
+
+/* SPEC §3.6: a quarantine or a restore by hand, through the scripts (quarantine.lua): Redis decides, every
+ * node's next reply shows it (the cache's quarantined members), and this node journals it from its reply's
+ * notice (notices_apply()). Redis dates it on the pool clock. */
+static int shared_quarantine(Pool *base, const char *member, const EngineQuarantine *q, usec_t now) {
+        SharedPool *p = SHARED(base);
+        if (!p->base.members)
+                return -EOPNOTSUPP;
+        if (!strv_contains(p->base.members, member))
+                return -ENOENT;
+        Call *c;
+        int r = call_new(p, SHARED_SCRIPT_QUARANTINE, op_settles(p), now, &c);
+        if (r < 0)
+                return r;
+        if ((r = call_add(c, "%s", member)) < 0 || (r = call_add(c, "%d", q != NULL)) < 0 ||
+            (r = call_add(c, "%s", q && q->job ? q->job : "")) < 0 ||
+            (r = call_add(c, "%s", q && q->reason ? q->reason : "")) < 0) {
+                call_free(c);
+                return r;
+        }
+        call_queue(p, c);
+        return 0;
 }
 
 static int shared_restore(Pool *base, const PoolRestore *r, PoolGrant **ret) {
@@ -3270,6 +3595,31 @@ static int shared_drain(Pool *base, const char *member, bool on, usec_t now) {
         return 0;
 }
 
+/* SPEC §3.6: who, why and until go to Redis with the drain (drain.lua), which keeps them for every node and
+ * undrains at until by itself: the pool's own instant, whichever node's call runs it. until on the pool clock. */
+static int shared_drain_with(Pool *base, const char *member, const EngineDrain *d, usec_t now) {
+        SharedPool *p = SHARED(base);
+        if (member && !strv_contains(p->base.members, member))
+                return -ENOENT;
+        Call *c;
+        int r = call_new(p, SHARED_SCRIPT_DRAIN, op_settles(p), now, &c);
+        if (r < 0)
+                return r;
+        char until[32] = "";
+        if (d && d->until != USEC_INFINITY)
+                snprintf(until, sizeof until, "%" PRId64, pool_clock_of(p, d->until));
+        if ((r = call_add(c, "%s", member ?: "")) < 0 || (r = call_add(c, "%d", d != NULL)) < 0 ||
+            (r = call_add(c, "%s", d && d->who ? d->who : "")) < 0 ||
+            (r = call_add(c, "%s", d && d->reason ? d->reason : "")) < 0 || (r = call_add(c, "%s", until)) < 0) {
+                call_free(c);
+                return r;
+        }
+        if (!member)
+                p->base.drained = d != NULL;
+        call_queue(p, c);
+        return 0;
+}
+
 static size_t shared_position(const Pool *base, const PoolWaiter *w, size_t *ret_queued) {
         (void) base;
         if (ret_queued)
@@ -3323,6 +3673,10 @@ static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .resting = p->cache.n_rests > 0 ? p->cache.rests : NULL,
                 .n_resting = p->cache.n_rests,
                 .cooldown = p->cooldown,
+                .life = p->n_life > 0 ? p->life : NULL,
+                .n_life = p->n_life,
+                .drains = p->drains,
+                .n_drains = p->n_drains,
         };
 }
 
@@ -3377,6 +3731,9 @@ static const PoolOps shared_ops = {
         .run = shared_run,
         .next_wakeup = shared_next_wakeup,
         .drain = shared_drain,
+        .report_exit = shared_report_exit,
+        .quarantine = shared_quarantine,
+        .drain_with = shared_drain_with,
         .position = shared_position,
         .info = shared_info,
         .set_token_floor = shared_set_token_floor,

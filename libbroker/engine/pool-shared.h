@@ -23,6 +23,7 @@ typedef enum SharedScript {
         SHARED_SCRIPT_RECLAIM,
         SHARED_SCRIPT_DRAIN,
         SHARED_SCRIPT_POSITIONS,
+        SHARED_SCRIPT_QUARANTINE, /* a member quarantined or restored by hand (SPEC §3.6) */
         SHARED_SCRIPT_BATCH,     /* several of the above in one call (params.batch_max): library only */
         _SHARED_SCRIPT_MAX,
         _SHARED_SCRIPT_INVALID = -EINVAL,

@@ -85,6 +85,9 @@ typedef enum PoolVerdict {
          * at one, so that the engine looks only at the sets some pool is ready for. Not final. */
         POOL_VERDICT_READY,
         POOL_VERDICT_MEMBER,     /* a member was quarantined or restored (SPEC §3.6) */
+        /* A drain that the pool's backend keeps (drain_with()) began, was replaced, or ended (by its until:
+         * expired), by this node's call: the engine tells it as engine_drain_with()'s own (SPEC §3.6). */
+        POOL_VERDICT_DRAIN,
         _POOL_VERDICT_MAX,
         _POOL_VERDICT_INVALID = -EINVAL,
 } PoolVerdict;
@@ -121,6 +124,11 @@ typedef struct PoolDecision {
         const char *job;
         int exit_status;
         const char *note;
+        /* DRAIN: member (NULL: the pool), whether it is drained now, who (job) and why (note) as above, its until
+         * (USEC_INFINITY: none) and whether it ended by it. */
+        bool drained;
+        usec_t until;
+        bool expired;
         /* REFUSED busy for want of slots that rest (reason "cooldown"): the first of them wakes then; the
          * engine's retryAfterSec points there instead of at random. 0: none. */
         usec_t retry_at;
@@ -162,6 +170,9 @@ typedef struct PoolInfo {
         const PoolRest *resting;
         size_t n_resting;
         usec_t cooldown;          /* 0: none */
+        /* The drains its backend keeps (drain_with()), since and until monotonic; valid until the next command. */
+        const EngineDrainInfo *drains;
+        size_t n_drains;
 } PoolInfo;
 
 /* Status of a pool kept by a backend: the holders and waiters of every node, as last fetched. */
@@ -279,6 +290,10 @@ typedef struct PoolOps {
         int (*quarantine)(Pool *p, const char *member, const EngineQuarantine *q, usec_t now);
         /* engine_member_set_use(). */
         int (*set_use)(Pool *p, const char *member, const EngineMemberUse *u);
+        /* engine_drain_with() for a pool whose backend keeps who, why, since and until and ends the drain at its
+         * until itself (a shared pool: every node shows and obeys it; SPEC §3.6): the engine keeps no record and
+         * arms no timer, and the pool emits DRAIN decisions. NULL: the engine keeps them. Returns as drain(). */
+        int (*drain_with)(Pool *p, const char *member, const EngineDrain *d, usec_t now);
         /* A rest carried across a restart (cooldown=, SPEC §3.6): the slot (member by name, else index) rests
          * until `until` unless it is held, gone, or the pool has no cooldown any more. Returns 0, -ENOENT (no
          * such slot here, or it is held: nothing to do). NULL: the pool keeps no rests. */

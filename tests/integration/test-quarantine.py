@@ -17,6 +17,13 @@ Rigs a b of pool rigs, quarantine-exit-codes = 3 4, quarantine-after = 1 (and = 
 - Journal (Journal class, inside journald-ns.sh): [QUARANTINED] and [RESTORED] with their MESSAGE_IDs, in
   the catalog, and SLOT_MEMBER, SLOT_JOB, SLOT_EXIT_STATUS, SLOT_REASON; [ADMIN_DENIED] for a non-admin.
 
+Shared (a pool shared through Redis, two brokerds on one redis-server; a SKIP without redis-server):
+`slotctl run`'s exit 3 on node A quarantines the member for both nodes (Status with the node, `slotctl
+status`, the metric), neither grants it; `slotctl restore` on A and `slotctl quarantine`/`restore` on B
+are seen and obeyed by the other; a health job on B is granted the member past A's ordinary waiter, its exit
+1 keeps it quarantined, its exit 0 restores it for both (A's waiter gets it); `slotctl drain --until` on A
+ends by itself and B's waiter gets the member; a restarted brokerd reads the quarantine back from Redis.
+
 Usage: test-quarantine.py BROKERD SLOTCTL CATALOG [unittest arguments]
 """
 import os
@@ -285,29 +292,27 @@ class Quarantine(Base):
         self.assertNotIn("error", msg)
         self.assertEqual(self.quarantined(b), {})
 
-    def test_shared_pools_say_not_yet(self):
+    def test_shared_pools_take_quarantine_health_and_drain_reasons(self):
         # A shared pool whose Redis is not even there: the answer does not depend on it.
         try:
             b = self.broker("[pool shared]\nmembers = a b\nbackend = redis://127.0.0.1:1\n\n[lane s]\npools = shared\n",
                             "shared")
         except Exception as e:  # a brokerd built without Redis (-Dredis=disabled) takes no backend=
             self.skipTest(f"brokerd runs no shared pool here: {e}")
-        p = self.slotctl(b, "quarantine", "shared", "a", "--reason", "broken")
+        # Quarantine is taken on shared pools (class Shared); a member it does not have is still a usage error.
+        p = self.slotctl(b, "quarantine", "shared", "zz", "--reason", "broken")
         self.assertEqual(p.returncode, EX_USAGE, p.stderr)
-        self.assertIn("not supported on shared pools yet", p.stderr)
-        for args in (("--reason", "reflash"), ("--until", f"@{int(time.time()) + 60}")):
-            p = self.slotctl(b, "drain", "shared", "a", *args)
-            self.assertEqual(p.returncode, EX_USAGE, p.stderr)
-            self.assertIn("not supported there yet", p.stderr)
+        # Drains with a reason and an until are taken too (class Shared); an until that has passed is not.
+        p = self.slotctl(b, "drain", "shared", "a", "--until", f"@{int(time.time()) - 60}")
+        self.assertEqual(p.returncode, EX_USAGE, p.stderr)
         path = os.path.join(self.dir, "shared.conf")
         with open(path, "w") as f:
             f.write("[pool shared]\nmembers = a b\nbackend = redis://127.0.0.1:1\nquarantine-exit-codes = 3\n\n"
                     "[lane h]\npools = shared\nhealth = yes\n")
         p = subprocess.run([harness.find_brokerd(), "--check-config", "--config", path], capture_output=True,
                            text=True, timeout=30)
-        self.assertNotEqual(p.returncode, 0)
-        self.assertRegex(p.stderr + p.stdout, rf"{re.escape(path)}:4: quarantine-exit-codes: .*shared pools yet")
-        self.assertRegex(p.stderr + p.stdout, rf"{re.escape(path)}:8: health: .*shared pools yet")
+        self.assertEqual(p.returncode, 0, p.stderr + p.stdout)  # quarantine-exit-codes and health taken
+        self.assertNotRegex(p.stderr + p.stdout, rf"{re.escape(path)}:\d+: ")
 
     def test_check_config_refuses_bad_quarantine_keys(self):
         path = os.path.join(self.dir, "bad.conf")
@@ -361,9 +366,13 @@ class Drain(Base):
         drained, undrained = wait_for(rows, 10, message="the drain in the history")
         self.assertEqual((drained["decision"], drained["pool"], drained.get("job"), drained.get("selector")),
                          ("drained", "rigs", f"uid {os.getuid()}", "@a"))
-        self.assertIn("reflash", drained.get("reason"))
-        self.assertIn("until 20", drained.get("reason"))
-        self.assertEqual(undrained["decision"], "undrained")
+        # why and until, each in its own field (history.db schema 7)
+        self.assertEqual(drained.get("reason"), "reflash")
+        self.assertLess(abs(drained["until"] - until * 10**6), 1000)
+        self.assertEqual((undrained["decision"], undrained.get("reason")), ("undrained", "reflash"))
+        self.assertLess(abs(undrained["until"] - until * 10**6), 1000)
+        out = self.slotctl(b, "history", "--decision", "drained").stdout
+        self.assertRegex(out, r"drained .* @a \(reflash\) until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 
     def test_drains_and_quarantines_survive_a_handover(self):
         # A restart through systemd's fd store (SPEC §3.4) reads members.state as any start does.
@@ -377,7 +386,7 @@ class Drain(Base):
         self.assertEqual(self.quarantined(b)["a"]["reason"], "fan noise")
         self.assertEqual(b.pool("rigs")["memberDrains"][0]["reason"], "reflash")
         text = self.slotctl(b, "history", "--decision", "drained").stdout
-        self.assertRegex(text, r"drained .* @b \(reflash until 20")
+        self.assertRegex(text, r"drained .* @b \(reflash\) until 20")
 
     def test_drains_and_quarantines_survive_a_restart(self):
         b = self.rigs("restart")
@@ -545,6 +554,150 @@ class Journal(Base):
         self.assertIn("its --until came", e["MESSAGE"])
         self.assertIn("[DRAINED]", catalog[MESSAGE_ID_DRAINED])
         self.assertIn("[UNDRAINED]", catalog[MESSAGE_ID_UNDRAINED])
+
+
+SHARED_CONFIG = """\
+[broker]
+node-name = {node}
+revoke-grace = 1s
+
+[pool rigs]
+members = a b
+backend = {backend}
+backend-node-ttl = {ttl}s
+quarantine-exit-codes = 3 4
+quarantine-after = 1
+
+[lane w]
+pools = rigs
+policy = wait
+
+[lane health]
+pools = rigs
+policy = wait
+health = yes
+"""
+SHARED_TTL = 6  # seconds: a new pool's recovery window; revoke-grace 1s keeps it valid
+
+
+class Shared(Base):
+    """Quarantine on a pool shared through Redis (issue 23 item 7): two brokerds on one redis-server; the
+    count and the quarantine live in Redis, every node shows and obeys them (brokerd/lua/README, "Members'
+    lives")."""
+
+    def setUp(self):
+        import faults
+        from redisd import RedisServer
+        faults.skip_unless_shared_pools(self)
+        super().setUp()
+        self.redis = RedisServer(self.dir).start()
+        self.addCleanup(self.redis.close)
+
+    def node(self, name):
+        b = self.broker(SHARED_CONFIG.format(node=name, backend=self.redis.url(), ttl=SHARED_TTL), name)
+        wait_for(lambda: b.pool("rigs")["backend"]["up"], timeout=30, message=f"{name}: the backend up")
+        return b
+
+    def test_an_exit_status_on_one_node_quarantines_for_every_node(self):
+        a, b = self.node("node-a"), self.node("node-b")
+        # The pool's first use waits out its recovery window (one TTL): a generous bound on the job.
+        j = self.job(a, "broken", "w", "finish; exit 3")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 3, j.stderr())
+        self.assertEqual(self.w.started("broken")[0].slots, ["a"])
+        # Node B shows what node A's release did in Redis: since when, which job, which status, which node.
+        q = self.wait_quarantined(b, {"a"})["a"]
+        self.assertEqual((q["job"], q["exitStatus"], q["node"]), ("broken", 3, "node-a"))
+        self.assertLess(abs(q["since"] / 1e6 - time.time()), 60)
+        self.assertEqual(self.wait_quarantined(a, {"a"})["a"]["node"], "node-a")
+        self.assertRegex(self.slotctl(b, "status").stdout, r"a quarantined since .* by job broken \(exit 3\)")
+        metrics = b.call("io.slotbroker.Metrics")["text"]
+        self.assertIn('slotbroker_member_quarantined{pool="rigs",member="a"} 1', metrics)
+        self.assertIn('slotbroker_member_quarantined{pool="rigs",member="b"} 0', metrics)
+        # And obeys it: B's first job gets b, its second waits (a is not granted to an ordinary lane).
+        self.assertEqual(self.running(b, "other", "w"), ["b"])
+        self.queued(b, "next", "w")
+        self.queued(a, "next-a", "w")
+        self.assertEqual((self.w.started("next"), self.w.started("next-a")), ([], []))
+        # Bad input: an unknown member, no reason.
+        p = self.slotctl(b, "quarantine", "rigs", "zz", "--reason", "gone")
+        self.assertEqual(p.returncode, EX_USAGE, p.stderr)
+        # Restored by hand on A: B's waiter (first in the pool's one queue) gets a.
+        p = self.slotctl(a, "restore", "rigs", "a")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        wait_for(lambda: self.w.started("next"), 15, message="B's waiter to get a")
+        self.assertEqual(self.w.started("next")[0].slots, ["a"])
+        self.wait_quarantined(b, set())
+        self.wait_quarantined(a, set())
+        # A quarantine by hand on B: A's holder-to-be waits on, and A shows B's reason.
+        p = self.slotctl(b, "quarantine", "rigs", "b", "--reason", "fan noise")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        q = self.wait_quarantined(a, {"b"})["b"]
+        self.assertEqual((q["reason"], q["node"], q["job"]), ("fan noise", "node-b", f"uid {os.getuid()}"))
+        self.assertNotIn("exitStatus", q)
+        self.stop("other")
+        self.assertEqual(self.w.started("next-a"), [])
+        p = self.slotctl(b, "restore", "rigs", "b")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        wait_for(lambda: self.w.started("next-a"), 15, message="A's waiter to get b")
+        self.stop("next")
+        self.stop("next-a")
+
+    def test_a_drain_until_on_one_node_ends_by_itself_for_both(self):
+        a, b = self.node("node-a"), self.node("node-b")
+        # The pool's first use waits out its recovery window.
+        j = self.job(a, "warm", "w", "finish")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 0, j.stderr())
+        until = int(time.time()) + 5
+        p = self.slotctl(a, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+        def drain_of_a(node):
+            return [d for d in node.pool("rigs").get("memberDrains", []) if d["member"] == "a"] or None
+        d = wait_for(lambda: drain_of_a(b), 10, message="B to show A's drain")[0]
+        self.assertEqual((d["by"], d["reason"]), (f"uid {os.getuid()}", "reflash"))
+        self.assertLess(abs(d["until"] / 1e6 - until), 2)
+        # B obeys it, and B's waiter gets a when the drain ends by itself (no node was told to undrain).
+        self.assertEqual(self.running(b, "other", "w"), ["b"])
+        self.queued(b, "next", "w")
+        wait_for(lambda: self.w.started("next"), 30, message="B's waiter to get a at the drain's until")
+        self.assertEqual(self.w.started("next")[0].slots, ["a"])
+        self.assertGreater(time.time(), until - 1.5)
+        wait_for(lambda: drain_of_a(a) is None and drain_of_a(b) is None, 10, message="the drain gone on both")
+        self.stop("other")
+        self.stop("next")
+
+    def test_a_health_job_on_one_node_restores_for_both(self):
+        a, b = self.node("node-a"), self.node("node-b")
+        # Nothing quarantined: a health job has nothing to wait for (75: unavailable).
+        j = self.job(b, "idle-check", "health", "finish")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 75, j.stderr())
+        self.assertIn("not-quarantined", j.stderr())
+        self.assertEqual(self.ran(a, "broken", "w", 4), ["a"])
+        self.wait_quarantined(b, {"a"})
+        self.assertEqual(self.running(a, "other", "w"), ["b"])
+        self.queued(a, "ordinary", "w")
+        # B's health job gets a past A's ordinary waiter; its exit 1 keeps a quarantined.
+        self.assertEqual(self.ran(b, "check-1", "health", 1), ["a"])
+        self.assertIn("a", self.quarantined(a))
+        self.assertEqual(self.w.started("ordinary"), [])
+        # Its exit 0 restores a for both nodes: A's waiter gets it.
+        self.assertEqual(self.ran(b, "check-2", "health", 0), ["a"])
+        wait_for(lambda: self.w.started("ordinary"), 15, message="A's waiter to get a")
+        self.assertEqual(self.w.started("ordinary")[0].slots, ["a"])
+        self.wait_quarantined(a, set())
+        self.wait_quarantined(b, set())
+        self.stop("other")
+        self.stop("ordinary")
+
+    def test_a_restart_reads_the_quarantine_back_from_redis(self):
+        a = self.node("node-a")
+        j = self.job(a, "broken", "w", "finish; exit 4")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 4, j.stderr())
+        self.wait_quarantined(a, {"a"})
+        self.stop_broker(a)
+        a = self.node("node-a2")
+        q = self.wait_quarantined(a, {"a"})["a"]
+        self.assertEqual((q["job"], q["exitStatus"], q["node"]), ("broken", 4, "node-a"))
 
 
 if __name__ == "__main__":

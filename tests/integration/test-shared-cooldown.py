@@ -181,8 +181,8 @@ class SharedCooldown(harness.BrokerTestCase):
         self.assertIsNone(waiting.proc.poll(), waiting.stderr())
         err = tempfile.TemporaryFile(mode="w+")
         self.addCleanup(err.close)
-        r = subprocess.Popen([SLOTCTL, "reserve", "--socket", a.socket_path, "rigs", "--for", "1h", "--reason",
-                              "debugging the rig"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+        r = subprocess.Popen([SLOTCTL, "reserve", "--socket", a.socket_path, "rigs", "--member", "rig", "--for", "1h",
+                              "--reason", "debugging the rig"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
                              text=True)
         self.addCleanup(lambda: r.poll() is None and r.kill())
 

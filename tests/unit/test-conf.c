@@ -1096,21 +1096,30 @@ static void test_quarantine_exit_codes_are_1_to_255(void **state) {
         set_fails("pool rigs", "admin-groups", "bad:name", "invalid group");
 }
 
-static void test_validate_quarantine_is_refused_on_shared_pools_and_anonymous_slots(void **state) {
+static void test_validate_quarantine_is_taken_on_shared_pools_refused_on_anonymous_slots(void **state) {
         valid_config();
         set_ok("pool shared", "members", "a b");
         set_ok("pool shared", "backend", "redis://127.0.0.1:6379");
         set_at(90, "pool shared", "quarantine-exit-codes", "3");
         set_at(91, "pool shared", "quarantine-after", "2");
         set_at(92, "pool grid", "quarantine-exit-codes", "3");
+        set_ok("pool anon", "limit", "2");
+        set_at(94, "pool anon", "backend", "redis://127.0.0.1:6379");
+        set_at(95, "pool anon", "quarantine-exit-codes", "3");
         set_ok("lane check", "pools", "shared grid");
         set_at(93, "lane check", "health", "yes");
         assert_int_equal(conf_validate(c, &errors), -EINVAL);
-        assert_has_error("test.conf:90", "quarantine-exit-codes", "not supported on shared pools yet");
-        assert_has_error("test.conf:91", "quarantine-after", "not supported on shared pools yet");
+        assert_false(has_error("test.conf:90", NULL, NULL));
+        assert_false(has_error("test.conf:91", NULL, NULL));
         assert_has_error("test.conf:92", "quarantine-exit-codes", "pool grid has no members=");
-        assert_has_error("test.conf:93", "health", "health lanes are not supported on shared pools yet");
+        assert_has_error("test.conf:95", "quarantine-exit-codes", "pool anon has no members=");
+        assert_false(has_error("test.conf:93", "health", "shared"));
         assert_has_error("test.conf:93", "health", "pool grid has no members=");
+        /* health=also is the in-process pool's alone (the scripts would take it for health=yes). */
+        set_ok("lane check", "pools", "shared");
+        set_at(96, "lane check", "health", "also");
+        assert_int_equal(conf_validate(c, &errors), -EINVAL);
+        assert_has_error("test.conf:96", "health", "pool shared is shared (backend=): health=also is not supported");
 }
 
 static void test_quarantine_keys_round_trip(void **state) {
@@ -1371,7 +1380,7 @@ int main(void) {
                 T(test_pool_label_names_and_members_must_be_valid),
                 T(test_validate_labels_need_members_and_name_known_ones),
                 T(test_quarantine_exit_codes_are_1_to_255),
-                T(test_validate_quarantine_is_refused_on_shared_pools_and_anonymous_slots),
+                T(test_validate_quarantine_is_taken_on_shared_pools_refused_on_anonymous_slots),
                 T(test_quarantine_keys_round_trip),
                 T(test_too_many_labels),
                 T(test_lane_also_parses_pools_and_counts),

@@ -966,6 +966,144 @@ static void test_member_is_quarantined_after_n_infrastructure_exits_in_a_row(voi
         assert_true(queued(acquire(f, "Z", (Req) { .member = "a" }, S(9))));
 }
 
+/* The same rules on every pool kind (test-engine-shared: through the scripts, the count and the quarantine kept
+ * in Redis): no selector, no health lane (shared pools take neither yet). */
+static void rigs_plain(Fixture *f, unsigned after) {
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "a", "b" }, 2);
+        p->quarantine_exit_codes[0] = (UINT64_C(1) << 3) | (UINT64_C(1) << 4);
+        p->quarantine_exit_codes_set = true;
+        p->quarantine_after = after;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "h", LANE_POLICY_WAIT, "p", NULL)->health = true;
+        configure(f, 0);
+}
+
+static void test_health_lane_takes_quarantined_members_only_and_exit_0_restores(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        /* Nothing quarantined: a health request has nothing to wait for. */
+        Tag *h0 = acquire(f, "H0", (Req) { .lane = "h" }, 0);
+        assert_true(refused(h0, REFUSAL_UNAVAILABLE));
+        assert_string_equal(h0->final.reason, "not-quarantined");
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 0);
+        end_with(f, a, 3, "job-1", S(1)); /* a quarantined */
+        Tag *w = acquire(f, "W", (Req) {}, S(2));
+        assert_true(queued(w));
+        /* The health job takes a, though W waited first: W cannot have it. */
+        Tag *h = acquire(f, "H", (Req) { .lane = "h" }, S(3));
+        assert_true(granted(h));
+        assert_string_equal(member_of(h), "a");
+        assert_true(queued(w));
+        Tag *h2 = acquire(f, "H2", (Req) { .lane = "h" }, S(4));
+        assert_true(queued(h2));
+        /* A failed check keeps a quarantined: the next health job gets it, not W. */
+        end_with(f, h, 1, "check-1", S(5));
+        assert_true(granted(h2));
+        assert_int_equal(h2->decided, S(5));
+        assert_true(queued(w));
+        assert_true(life_of(f, "a")->quarantined);
+        /* Exit 0 restores a: W gets it at that instant. */
+        end_with(f, h2, 0, "check-2", S(6));
+        assert_int_equal(f->n_life, 2);
+        assert_false(f->life[1].quarantined);
+        assert_string_equal(f->life[1].job, "check-2");
+        assert_false(life_of(f, "a")->quarantined);
+        assert_true(granted(w));
+        assert_string_equal(member_of(w), "a");
+        assert_int_equal(w->decided, S(6));
+        end(f, b, S(7));
+        end(f, w, S(7));
+}
+
+static void test_quarantine_by_exit_status_counts_in_a_row_and_restore_hands_it_on(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 2);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        assert_string_equal(member_of(a), "a");
+        end_with(f, a, 3, "job-1", S(1));
+        assert_int_equal(f->n_life, 0); /* one of two */
+        a = acquire(f, "A2", (Req) {}, S(2));
+        assert_string_equal(member_of(a), "a");
+        end_with(f, a, 0, "job-2", S(3)); /* success: the count starts again */
+        a = acquire(f, "A3", (Req) {}, S(4));
+        end_with(f, a, 4, "job-3", S(5));
+        assert_int_equal(f->n_life, 0);
+        a = acquire(f, "A4", (Req) {}, S(6));
+        assert_string_equal(member_of(a), "a");
+        end_with(f, a, 3, "job-4", S(7));
+        assert_int_equal(f->n_life, 1);
+        assert_string_equal(f->life[0].member, "a");
+        assert_true(f->life[0].quarantined);
+        assert_string_equal(f->life[0].job, "job-4");
+        assert_int_equal(f->life[0].exit_status, 3);
+        assert_int_equal(f->life[0].at, S(7));
+        const EngineMemberLife *m = life_of(f, "a");
+        assert_true(m->quarantined);
+        assert_int_equal(m->since, S(7));
+        assert_int_equal(m->exit_status, 3);
+        assert_string_equal(m->job, "job-4");
+        assert_false(life_of(f, "b")->quarantined);
+        /* Not granted to an ordinary lane: b is, then the next one waits. */
+        Tag *x = acquire(f, "X", (Req) {}, S(8));
+        assert_string_equal(member_of(x), "b");
+        Tag *y = acquire(f, "Y", (Req) {}, S(9));
+        assert_true(queued(y));
+        /* A quarantine by hand of a quarantined member keeps the first one's who and why. */
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a",
+                                                  &(EngineQuarantine) { .since = S(10), .job = "alice", .exit_status = -1,
+                                                                        .reason = "again" },
+                                                  S(10)), 0);
+        quiesce(f);
+        run(f, S(10));
+        assert_int_equal(f->n_life, 1);
+        assert_string_equal(life_of(f, "a")->job, "job-4");
+        /* Restored by hand: handed on to Y at that instant. */
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a", NULL, S(11)), 0);
+        quiesce(f);
+        run(f, S(11));
+        assert_int_equal(f->n_life, 2);
+        assert_false(f->life[1].quarantined);
+        assert_string_equal(f->life[1].member, "a");
+        assert_false(life_of(f, "a")->quarantined);
+        assert_true(granted(y));
+        assert_string_equal(member_of(y), "a");
+        assert_int_equal(y->decided, S(11));
+}
+
+static void test_a_held_member_quarantined_by_hand_stays_with_its_holder(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "zz", &(EngineQuarantine) { .since = 0, .exit_status = -1 }, 0),
+                         -ENOENT);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 0);
+        assert_string_equal(member_of(a), "a");
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a",
+                                                  &(EngineQuarantine) { .since = S(1), .job = "alice", .exit_status = -1,
+                                                                        .reason = "flash worn" },
+                                                  S(1)), 0);
+        quiesce(f);
+        run(f, S(1));
+        assert_int_equal(f->n_life, 1);
+        assert_string_equal(f->life[0].note, "flash worn");
+        assert_string_equal(f->life[0].job, "alice");
+        assert_int_equal(f->life[0].exit_status, -1);
+        assert_string_equal(life_of(f, "a")->reason, "flash worn");
+        assert_true(granted(a)); /* its holder keeps it */
+        Tag *w = acquire(f, "W", (Req) {}, S(2));
+        end(f, a, S(3));
+        assert_true(queued(w)); /* not handed on */
+        end(f, b, S(4));
+        assert_true(granted(w));
+        assert_string_equal(member_of(w), "b");
+        /* An exit status that is no quarantine code, or none, on a quarantined member changes nothing. */
+        end_with(f, w, 0, "job-w", S(5));
+        assert_true(life_of(f, "a")->quarantined);
+        assert_int_equal(f->n_life, 1);
+}
+
 static void test_a_lease_that_reports_nothing_quarantines_nothing(void **state) {
         Fixture *f = *state;
         rigs(f, 1);
@@ -1210,6 +1348,58 @@ static int drain_with(Fixture *f, const char *member, usec_t since, usec_t until
                                   now);
         quiesce(f);
         return r;
+}
+
+/* The drains Status shows: the engine's (in-process pools) or the backend's (a shared pool). */
+static size_t drains_shown(Fixture *f, EngineDrainInfo *ret) {
+        size_t n = engine_drain_count(f->engine);
+        if (n > 0 && ret)
+                assert_int_equal(engine_drain_info(f->engine, 0, ret), 0);
+        EnginePoolInfo info;
+        assert_int_equal(engine_pool_info(f->engine, 0, 0, &info), 0);
+        if (n == 0 && info.n_drains > 0 && ret)
+                *ret = info.drains[0];
+        return n + info.n_drains;
+}
+
+/* On every pool kind (test-engine-shared: the until kept in Redis, the undrain the pool's own instant). */
+static void test_a_member_drain_until_ends_by_itself_on_every_pool_kind(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        assert_int_equal(drain_with(f, "a", S(1), S(1), S(1)), -EINVAL); /* --until in the past (or now) */
+        assert_int_equal(drain_with(f, "zz", S(1), S(5), S(1)), -ENOENT);
+        assert_int_equal(drain_with(f, "a", S(1), S(10), S(1)), 0);
+        run(f, S(1));
+        assert_int_equal(f->n_drains, 1);
+        assert_true(f->drains[0].drained);
+        assert_string_equal(f->drains[0].member, "a");
+        assert_string_equal(f->drains[0].who, "uid 0");
+        assert_string_equal(f->drains[0].reason, "reflash");
+        assert_int_equal(f->drains[0].until, S(10));
+        assert_int_equal(f->drains[0].at, S(1));
+        EngineDrainInfo d;
+        assert_int_equal(drains_shown(f, &d), 1);
+        assert_string_equal(d.member, "a");
+        assert_int_equal(d.since, S(1));
+        assert_int_equal(d.until, S(10));
+        assert_string_equal(d.who, "uid 0");
+        assert_string_equal(d.reason, "reflash");
+        Tag *x = acquire(f, "X", (Req) {}, S(2));
+        assert_string_equal(member_of(x), "b");
+        Tag *w = acquire(f, "W", (Req) {}, S(3));
+        assert_true(queued(w));
+        assert_int_equal(engine_next_wakeup(f->engine), S(10));
+        run(f, S(10) - 1);
+        assert_true(queued(w));
+        run(f, S(30)); /* a late timer: the undrain and the grant are at 10 s all the same */
+        assert_true(granted(w));
+        assert_string_equal(member_of(w), "a");
+        assert_int_equal(w->decided, S(10));
+        assert_int_equal(f->n_drains, 2);
+        assert_false(f->drains[1].drained);
+        assert_true(f->drains[1].expired);
+        assert_int_equal(f->drains[1].at, S(10));
+        assert_int_equal(drains_shown(f, NULL), 0);
 }
 
 static void test_drain_until_undrains_by_itself_and_grants_at_that_instant(void **state) {
@@ -3435,6 +3625,10 @@ int main(void) {
                 T(test_random_workload_never_oversubscribes),
                 T(test_random_reloads_of_members_never_hand_a_member_out_twice),
                 T(test_restart_resumes_waiters_at_their_places),
+                T(test_quarantine_by_exit_status_counts_in_a_row_and_restore_hands_it_on),
+                T(test_a_held_member_quarantined_by_hand_stays_with_its_holder),
+                T(test_a_member_drain_until_ends_by_itself_on_every_pool_kind),
+                T(test_health_lane_takes_quarantined_members_only_and_exit_0_restores),
                 /* Labels and named members (SPEC §3.5), on shared pools too: part of their agreed rules. */
                 T(test_labels_every_term_must_hold),
                 T(test_named_member_waits_for_that_member),

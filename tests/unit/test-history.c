@@ -302,6 +302,8 @@ static void test_old_schema_is_migrated_and_keeps_its_rows(void **state) {
         /* schema 6: a lease's members and a quarantine's exit status, NULL in the rows from before */
         assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM pragma_table_info('events') WHERE name IN ('member', 'exit_status')"), 2);
         assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM events WHERE member IS NULL AND exit_status IS NULL"), 1);
+        /* schema 8: a drain's until, NULL in the rows from before */
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM events WHERE until_us IS NULL"), 1);
         assert_null(find_moved_aside(f));
         open_history(f, 0);
 
@@ -312,8 +314,8 @@ static void test_old_schema_is_migrated_and_keeps_its_rows(void **state) {
         json_decref(r.events);
 }
 
-/* Schema 6 → 7: events.slots, a request's slot count (`slotctl simulate --replay` asks as many), NULL in the rows
- * from before; rows written after have it, and rows that are no request's do not. */
+/* Schema 6 → 7 (and on): events.slots, a request's slot count (`slotctl simulate --replay` asks as many), NULL in
+ * the rows from before; rows written after have it, and rows that are no request's do not. */
 static void test_schema_6_is_migrated_to_slots(void **state) {
         Fixture *f = *state;
 
@@ -333,7 +335,7 @@ static void test_schema_6_is_migrated_to_slots(void **state) {
         assert_int_equal(query_count(f, (HistoryQuery) {}), 3);
         close_history(f);
         assert_null(find_moved_aside(f));
-        assert_int_equal(db_int(db_path(f), "PRAGMA user_version"), 7);
+        assert_int_equal(db_int(db_path(f), "PRAGMA user_version"), (int64_t) history_schema_version());
         assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM events WHERE slots IS NULL AND member = 'rig-a' "
                                             "AND exit_status = 3"), 1);
         assert_int_equal(db_int(db_path(f), "SELECT slots FROM events WHERE decision = 'granted'"), 3);

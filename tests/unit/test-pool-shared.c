@@ -1624,6 +1624,64 @@ static void test_unregistered_registers_again(void **state) {
         no_call(f);
 }
 
+/* SPEC §3.6 on a shared pool (brokerd/lua/README, "Members' lives"): the quarantine rules are in the canon;
+ * every reply's cache says who is quarantined, and this node mirrors it for Status; a notice is this node's
+ * to tell (a MEMBER decision). What Redis says is untrusted: an entry that is not one is dropped and counted. */
+static void test_quarantines_from_replies_hostile_entries_dropped(void **state) {
+        Fixture *f = *state;
+        char *members[] = { (char *) "a", (char *) "b", NULL };
+        PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1, .members = members, .n_members = 2,
+                          .quarantine_exit_codes = { UINT64_C(1) << 3 | UINT64_C(1) << 4 },
+                          .quarantine_exit_codes_set = true, .quarantine_after = 2 };
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(1)), 0);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_non_null(strstr(arg(c, 7), "\nquarantine-after=2\nquarantine-exit-codes=3,4\n"));
+        RespValue life = arr(6,
+                             arr(6, str("b"), num(S(1)), str("job-9"), num(3), str("node-b"), str("")),
+                             arr(6, str("b"), num(S(1)), str("twice"), num(4), str("x"), str("")),
+                             arr(6, str("zz"), num(0), str(""), num(-1), str(""), str("")),
+                             arr(2, str("a"), num(0)),
+                             arr(6, str("a"), str("x"), str(""), num(-1), str(""), str("")),
+                             num(7));
+        RespValue cache14 = arr(14, num(0), num(0), num(0), num(0), num(0), num(-1), num(100), str("e1"), num(0),
+                                str(""), num(2), str(""), EMPTY, life);
+        RespValue notices = arr(3,
+                                arr(7, str("quarantined"), str("b"), num(S(1)), str("job-9"), num(3), str("node-b"), str("")),
+                                arr(7, str("quarantined"), str("zz"), num(S(1)), str(""), num(3), str(""), str("")),
+                                arr(7, str("restored"), str("a"), num(S(1)), str("bell\a"), num(-1), str(""), str("")));
+        RespValue r = arr(6, str("ok"), num(S(1)), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache14, notices);
+        done(f, c, r, S(1), S(1));
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_int_equal(info.n_life, 2);
+        assert_string_equal(info.life[0].member, "a");
+        assert_false(info.life[0].quarantined);
+        assert_true(info.life[1].quarantined);
+        assert_string_equal(info.life[1].job, "job-9");
+        assert_int_equal(info.life[1].exit_status, 3);
+        assert_string_equal(info.life[1].node, "node-b");
+        assert_null(info.life[1].reason);
+        assert_true(info.life[1].since <= S(1)); /* the pool clock mapped by the round trip */
+        assert_int_equal(info.bad_input, 3); /* the list (once a reply), zz's notice, a's job */
+        /* b's quarantine and a's restore (its job with a control character: none); zz is nobody's. */
+        size_t n = 0;
+        for (size_t i = 0; i < f->n_seen; i++)
+                n += f->seen[i].verdict == POOL_VERDICT_MEMBER;
+        assert_int_equal(n, 2);
+        /* A reply that lists nobody: b is restored in the mirror. A reply without the list (scripts from
+         * before) changes nothing. */
+        f->pool->ops->run(f->pool, S(3));
+        c = take(f, SHARED_SCRIPT_TICK);
+        RespValue none = arr(14, num(0), num(0), num(0), num(0), num(0), num(-1), num(100), str("e1"), num(0), str(""),
+                             num(2), str(""), EMPTY, EMPTY);
+        done(f, c, reply("ok", S(3), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, none), S(3), S(3));
+        f->pool->ops->info(f->pool, S(3), &info);
+        assert_false(info.life[1].quarantined);
+        assert_null(info.life[1].job);
+}
+
 /* A lane's queue-timeout is one of the rules nodes must agree on (SPEC §11): it is in the canon. */
 static void test_canon_carries_lane_budgets(void **state) {
         Fixture *f = *state;
@@ -2808,6 +2866,7 @@ int main(void) {
                 T(test_refresh_snapshot_asks_after_the_call),
                 T(test_canon_carries_lane_budgets),
                 T(test_canon_carries_labels_and_submit_its_selector),
+                T(test_quarantines_from_replies_hostile_entries_dropped),
                 T(test_submit_granted_at_once),
                 T(test_queued_then_granted_through_the_stream_once),
                 T(test_grant_for_a_withdrawn_rid_is_released),

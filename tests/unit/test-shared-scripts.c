@@ -1128,6 +1128,323 @@ static void test_other_labels_are_refused_naming_the_keys(void **state) {
         freeReplyObject(t);
 }
 
+/* ---- members' lives (SPEC §3.6; README, "Members' lives") ---- */
+
+static long long meta_number(const char *key, const char *field);
+
+#define CANON_QUARANTINE CANON_MEMBERS "quarantine-after=2\nquarantine-exit-codes=3,4\n"
+
+/* node's submit of one slot at now (settle 0), its decision. */
+static redisReply *submit_as(const char *node, long long now, const char *rid) {
+        redisReply *r = call("submit", node, now, 0, rid, "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(r), "ok");
+        return r;
+}
+
+/* n1's grant of rid at now: its member; *token its token. */
+static const char *granted_member(long long now, const char *rid, long long *token) {
+        static char member[32];
+        redisReply *r = submit_as("n1", now, rid);
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        *token = field_i(body(r), D_TOKEN);
+        snprintf(member, sizeof member, "%s", body(r)->element[D_MEMBERS]->element[0]->str);
+        freeReplyObject(r);
+        return member;
+}
+
+static redisReply *release_with(long long now, long long token, const char *rid, const char *exit_status, const char *job) {
+        char t[32];
+        snprintf(t, sizeof t, "%lld", token);
+        redisReply *r = call("release", "n1", now, 0, t, rid, exit_status, job, NULL);
+        assert_string_equal(status(r), "ok");
+        return r;
+}
+
+static const redisReply *quarantined_list(const redisReply *r) {
+        assert_true(r->element[R_CACHE]->elements > 13);
+        return r->element[R_CACHE]->element[13];
+}
+
+static size_t n_notices(const redisReply *r) {
+        return r->element[R_NOTICES]->elements;
+}
+
+static void test_quarantine_counts_exit_statuses_in_redis_and_every_node_obeys_it(void **state) {
+        tick_ok("n1", 1000, CANON_QUARANTINE);
+        tick_ok("n2", 1000, CANON_QUARANTINE);
+        long long token;
+        /* One infrastructure failure of two: counted in Redis, nothing quarantined. */
+        assert_string_equal(granted_member(1000, "a", &token), "alpha");
+        redisReply *r = release_with(1000, token, "a", "3", "job-a");
+        assert_int_equal(n_notices(r), 0);
+        assert_int_equal(quarantined_list(r)->elements, 0);
+        freeReplyObject(r);
+        redisReply *v = redisCommand(redis, "HGET " POOL ":qf alpha");
+        assert_string_equal(v->str, "1");
+        freeReplyObject(v);
+        /* A success starts the count again; a retried release ("gone") counts nothing. */
+        assert_string_equal(granted_member(2000, "b", &token), "alpha");
+        freeReplyObject(release_with(2000, token, "b", "0", "job-b"));
+        freeReplyObject(release_with(2000, token, "b", "3", "job-b"));
+        v = redisCommand(redis, "HEXISTS " POOL ":qf alpha");
+        assert_int_equal(v->integer, 0);
+        freeReplyObject(v);
+        /* No status told (an older client): nothing counted either way. */
+        assert_string_equal(granted_member(2000, "c", &token), "alpha");
+        freeReplyObject(release_at(2000, token, "c"));
+        assert_string_equal(granted_member(3000, "d", &token), "alpha");
+        freeReplyObject(release_with(3000, token, "d", "4", "job-d"));
+        assert_string_equal(granted_member(4000, "e", &token), "alpha");
+        r = release_with(4000, token, "e", "3", "job-e");
+        /* The second in a row: quarantined, told once, to the node whose call did it. */
+        assert_int_equal(n_notices(r), 1);
+        const redisReply *n = r->element[R_NOTICES]->element[0];
+        assert_string_equal(n->element[0]->str, "quarantined");
+        assert_string_equal(n->element[1]->str, "alpha");
+        assert_int_equal(n->element[2]->integer, 4000);
+        assert_string_equal(n->element[3]->str, "job-e");
+        assert_int_equal(n->element[4]->integer, 3);
+        assert_string_equal(n->element[5]->str, "n1");
+        const redisReply *q = quarantined_list(r);
+        assert_int_equal(q->elements, 1);
+        assert_string_equal(q->element[0]->element[0]->str, "alpha");
+        assert_int_equal(q->element[0]->element[1]->integer, 4000);
+        assert_string_equal(q->element[0]->element[2]->str, "job-e");
+        assert_int_equal(q->element[0]->element[3]->integer, 3);
+        freeReplyObject(r);
+        /* Node n2 sees it in any reply, and is never granted alpha. */
+        r = submit_as("n2", 5000, "f");
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "beta");
+        assert_int_equal(quarantined_list(r)->elements, 1);
+        freeReplyObject(r);
+        r = submit_as("n2", 5000, "g");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        tick_ok("n1", 5000, "=");
+        /* Quarantining what is quarantined changes nothing; an unknown member is said so. */
+        r = call("quarantine", "n2", 6000, 0, "alpha", "1", "uid 0", "again", NULL);
+        assert_string_equal(body(r)->element[0]->str, "unchanged");
+        assert_int_equal(n_notices(r), 0);
+        freeReplyObject(r);
+        r = call("quarantine", "n2", 6000, 0, "gamma", "1", "uid 0", "x", NULL);
+        assert_string_equal(body(r)->element[0]->str, "unknown-member");
+        freeReplyObject(r);
+        /* Restored by n2: its reply tells it, and the waiter is granted alpha at that instant. */
+        r = call("quarantine", "n2", 7000, 0, "alpha", "0", "uid 0", "", NULL);
+        assert_string_equal(body(r)->element[0]->str, "restored");
+        assert_int_equal(n_notices(r), 1);
+        assert_string_equal(r->element[R_NOTICES]->element[0]->element[0]->str, "restored");
+        assert_int_equal(quarantined_list(r)->elements, 0);
+        freeReplyObject(r);
+        r = tick_as("n2", 7000, "=");
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(field_s(event(r, 0), D_RID), "g");
+        assert_string_equal(event(r, 0)->element[D_MEMBERS]->element[0]->str, "alpha");
+        freeReplyObject(r);
+}
+
+static void test_a_held_member_quarantined_by_hand_stays_out_when_released(void **state) {
+        tick_ok("n1", 1000, CANON_QUARANTINE);
+        long long token;
+        assert_string_equal(granted_member(1000, "a", &token), "alpha");
+        redisReply *r = call("quarantine", "n1", 1000, 0, "alpha", "1", "uid 1000", "flash worn", NULL);
+        assert_string_equal(body(r)->element[0]->str, "quarantined");
+        const redisReply *n = r->element[R_NOTICES]->element[0];
+        assert_string_equal(n->element[3]->str, "uid 1000");
+        assert_int_equal(n->element[4]->integer, -1);
+        assert_string_equal(n->element[6]->str, "flash worn");
+        freeReplyObject(r);
+        /* Drained and undrained by hand meanwhile: still out of use. */
+        freeReplyObject(call("drain", "n1", 1000, 0, "alpha", "1", NULL));
+        freeReplyObject(call("drain", "n1", 1000, 0, "alpha", "0", NULL));
+        freeReplyObject(release_at(2000, token, "a"));
+        assert_string_equal(granted_member(2000, "b", &token), "beta");
+        expect_verdict("c", 2000, "ci", 1, "queued");
+        tick_ok("n1", 2000, "=");
+        assert_int_equal(meta_number("meta", "drained_free"), 1);
+        r = call("quarantine", "n1", 3000, 0, "alpha", "0", "uid 0", "", NULL);
+        assert_string_equal(body(r)->element[0]->str, "restored");
+        freeReplyObject(r);
+        r = tick_as("n1", 3000, "=");
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(event(r, 0)->element[D_MEMBERS]->element[0]->str, "alpha");
+        freeReplyObject(r);
+        assert_int_equal(meta_number("meta", "drained_free"), 0);
+}
+
+/* Garbage where the records are (written by hand: a hostile or broken writer): no error, no grant of the
+ * quarantined member, a record of nobody known shown as such. */
+static void test_garbage_quarantine_records_break_nothing_and_grant_nothing(void **state) {
+        tick_ok("n1", 1000, CANON_QUARANTINE);
+        freeReplyObject(call("quarantine", "n1", 1000, 0, "alpha", "1", "uid 0", "x", NULL));
+        freeReplyObject(redisCommand(redis, "HSET " POOL ":qm alpha %b", "\xc1\xff\x00garbage", (size_t) 10));
+        freeReplyObject(redisCommand(redis, "HSET " POOL ":qm gamma junk"));
+        freeReplyObject(redisCommand(redis, "HSET " POOL ":qf beta 99999999999999999999"));
+        redisReply *r = tick_as("n1", 1000, "=");
+        assert_string_equal(status(r), "ok");
+        const redisReply *q = quarantined_list(r);
+        assert_int_equal(q->elements, 1);
+        assert_string_equal(q->element[0]->element[0]->str, "alpha");
+        assert_int_equal(q->element[0]->element[1]->integer, 0);
+        assert_int_equal(q->element[0]->element[3]->integer, -1);
+        freeReplyObject(r);
+        long long token;
+        assert_string_equal(granted_member(2000, "a", &token), "beta");
+        expect_verdict("b", 2000, "ci", 1, "queued");
+        /* A failure count of garbage counts from nothing. */
+        freeReplyObject(release_with(2000, token, "a", "3", "job-a"));
+        tick_ok("n1", 2000, "=");
+        /* The keys of another type: every member counts as quarantined (no grant), nothing fails. */
+        freeReplyObject(redisCommand(redis, "DEL " POOL ":qm " POOL ":qf"));
+        freeReplyObject(redisCommand(redis, "SET " POOL ":qm garbage"));
+        freeReplyObject(redisCommand(redis, "SET " POOL ":qf garbage"));
+        r = tick_as("n1", 3000, "=");
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(quarantined_list(r)->elements, 0);
+        freeReplyObject(r);
+        /* beta went to b at 2000; released with a quarantine code: beta stays out too. */
+        redisReply *p = call("positions", "n1", 3000, 0, "pos", "b", NULL);
+        long long tb = field_i(body(p)->element[0], D_TOKEN);
+        freeReplyObject(p);
+        freeReplyObject(release_with(3000, tb, "b", "3", "job-b"));
+        expect_verdict("c", 3000, "ci", 1, "queued");
+        r = tick_as("n1", 3000, "=");
+        assert_int_equal(n_events(r), 0);
+        freeReplyObject(r);
+        /* A restore makes the key anew. */
+        r = call("quarantine", "n1", 4000, 0, "alpha", "0", "uid 0", "", NULL);
+        assert_string_equal(status(r), "ok");
+        freeReplyObject(r);
+        r = tick_as("n1", 4000, "=");
+        assert_int_equal(n_events(r), 1);
+        freeReplyObject(r);
+}
+
+/* Health lanes (README, "Health lanes"): beside the queue, counted apart (the integrity checks count both),
+ * refused by a pool drain. */
+static void test_health_waiters_wait_beside_the_queue_and_a_pool_drain_refuses_them(void **state) {
+        tick_ok("n1", 1000, CANON_QUARANTINE "lane.hc.health=1\nlane.hc.max-in-use=-1\nlane.hc.priority=0\n"
+                            "lane.hc.reserve=0\n");
+        redisReply *r = call("submit", "n1", 1000, 0, "h0", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_REASON), "not-quarantined");
+        freeReplyObject(r);
+        freeReplyObject(call("quarantine", "n1", 1000, 0, "alpha", "1", "uid 0", "x", NULL));
+        r = call("submit", "n1", 1000, 0, "h1", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "alpha");
+        freeReplyObject(r);
+        r = call("submit", "n1", 1000, 0, "h2", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        tick_ok("n1", 1000, "=");
+        /* The ordinary queue does not see it: beta is granted at once. */
+        expect_verdict("b", 2000, "ci", 1, "granted");
+        r = tick_as("n1", 2000, "=");
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(cache(r, 1), 0); /* waiting: the ordinary queue's */
+        freeReplyObject(r);
+        redisReply *lost = redisCommand(redis, "HEXISTS " POOL ":meta lost");
+        assert_int_equal(lost->integer, 0); /* no integrity check failed */
+        freeReplyObject(lost);
+        r = call("drain", "n1", 3000, 0, "", "1", NULL);
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(field_s(event(r, 0), D_RID), "h2");
+        assert_string_equal(field_s(event(r, 0), D_REASON), "drained");
+        freeReplyObject(r);
+}
+
+/* ---- drains with who, why and until (SPEC §3.6; README, "Drains with a reason") ---- */
+
+static const redisReply *drains_list(const redisReply *r) {
+        assert_true(r->element[R_CACHE]->elements > 14);
+        return r->element[R_CACHE]->element[14];
+}
+
+static void test_a_drain_until_ends_by_itself_at_the_pools_own_instant(void **state) {
+        tick_ok("n1", 1000, CANON_MEMBERS);
+        tick_ok("n2", 1000, CANON_MEMBERS);
+        redisReply *r = call("drain", "n1", 1000, 0, "alpha", "1", "uid 7", "reflash", "5000", NULL);
+        assert_string_equal(body(r)->element[0]->str, "drained");
+        assert_int_equal(n_notices(r), 1);
+        const redisReply *n = r->element[R_NOTICES]->element[0];
+        assert_string_equal(n->element[0]->str, "drained");
+        assert_string_equal(n->element[1]->str, "alpha");
+        assert_string_equal(n->element[3]->str, "uid 7");
+        assert_string_equal(n->element[4]->str, "reflash");
+        assert_int_equal(n->element[5]->integer, 5000);
+        const redisReply *d = drains_list(r);
+        assert_int_equal(d->elements, 1);
+        assert_string_equal(d->element[0]->element[0]->str, "alpha");
+        assert_int_equal(d->element[0]->element[1]->integer, 1000);
+        assert_string_equal(d->element[0]->element[2]->str, "uid 7");
+        assert_string_equal(d->element[0]->element[3]->str, "reflash");
+        assert_int_equal(d->element[0]->element[4]->integer, 5000);
+        assert_string_equal(d->element[0]->element[5]->str, "n1");
+        freeReplyObject(r);
+        /* Its until is the pool's own instant: every node's next wakeup, once the instant of 1000 is done. */
+        r = tick_as("n2", 1000, "=");
+        assert_int_equal(cache(r, 5), 5000);
+        freeReplyObject(r);
+        r = submit_as("n2", 2000, "b");
+        assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "beta");
+        assert_int_equal(drains_list(r)->elements, 1);
+        freeReplyObject(r);
+        r = submit_as("n2", 2000, "c");
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        tick_ok("n1", 2000, "=");
+        r = tick_as("n1", 4999, "=");
+        assert_int_equal(n_events(r), 0);
+        freeReplyObject(r);
+        /* Whichever node's call comes at or after it runs the undrain, at 5000, and tells it once. */
+        r = tick_as("n1", 7000, "=");
+        assert_int_equal(n_notices(r), 1);
+        n = r->element[R_NOTICES]->element[0];
+        assert_string_equal(n->element[0]->str, "undrained");
+        assert_string_equal(n->element[1]->str, "alpha");
+        assert_int_equal(n->element[2]->integer, 5000);
+        assert_int_equal(n->element[6]->integer, 1);
+        assert_int_equal(drains_list(r)->elements, 0);
+        freeReplyObject(r);
+        r = tick_as("n2", 7000, "=");
+        assert_int_equal(n_notices(r), 0);
+        freeReplyObject(r);
+        r = call("positions", "n2", 7000, 0, "pos", "c", NULL);
+        assert_string_equal(field_s(body(r)->element[0], D_VERDICT), "granted");
+        assert_int_equal(field_i(body(r)->element[0], D_AT), 5000);
+        freeReplyObject(r);
+}
+
+static void test_a_pool_drain_with_a_reason_and_its_undrain(void **state) {
+        tick_ok("n1", 1000, CANON_MEMBERS);
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        expect_verdict("b", 1000, "ci", 1, "granted");
+        expect_verdict("w", 1000, "ci", 1, "queued");
+        redisReply *r = call("drain", "n1", 2000, 0, "", "1", "uid 0", "maintenance", "", NULL);
+        assert_string_equal(body(r)->element[0]->str, "drained");
+        assert_int_equal(cache(r, 4), 1);
+        const redisReply *d = drains_list(r);
+        assert_int_equal(d->elements, 1);
+        assert_string_equal(d->element[0]->element[0]->str, "");
+        assert_int_equal(d->element[0]->element[4]->integer, -1);
+        freeReplyObject(r);
+        r = call("drain", "n1", 3000, 0, "", "0", "", "", "", NULL);
+        assert_string_equal(body(r)->element[0]->str, "undrained");
+        assert_int_equal(drains_list(r)->elements, 0);
+        assert_string_equal(r->element[R_NOTICES]->element[0]->element[0]->str, "undrained");
+        assert_int_equal(r->element[R_NOTICES]->element[0]->element[6]->integer, 0);
+        freeReplyObject(r);
+        /* Garbage in the record: shown as a drain of nobody known; an until of garbage ends nothing. */
+        freeReplyObject(redisCommand(redis, "HSET " POOL ":dr beta junk"));
+        freeReplyObject(redisCommand(redis, "HSET " POOL ":dr nobody junk"));
+        r = tick_as("n1", 4000, "=");
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(drains_list(r)->elements, 1);
+        assert_string_equal(drains_list(r)->element[0]->element[0]->str, "beta");
+        freeReplyObject(r);
+}
+
 static redisReply *reclaim(long long now, const char *rid, const char *token, const char *slot) {
         return call("reclaim", "n1", now, 1, rid, "ci", "1", token, "1000", slot, NULL);
 }
@@ -2340,6 +2657,7 @@ typedef struct Req {
         PoolWaiter *waiter;
         PoolGrant *grant;
         long long token;
+        bool health;            /* on the health lane */
 } Req;
 
 #define DIFF_REQS 400
@@ -2355,6 +2673,8 @@ typedef struct Diff {
 static const char *const refusal_names[] = { "busy", "full", "timeout", "shed", "unavailable" };
 static const char *const state_names[] = { "none", "keeping-up", "saturated" };
 
+static unsigned long diff_quarantines, diff_health_grants; /* compared (issue 23 item 7) */
+
 static void on_local_decision(const PoolDecision *d, void *userdata) {
         Diff *df = userdata;
         Req *r = d->cookie;
@@ -2363,6 +2683,12 @@ static void on_local_decision(const PoolDecision *d, void *userdata) {
         assert_true(df->n_local < DIFF_DECS);
         *o = (Dec) { .at = (long long) d->at };
         switch (d->verdict) {
+        case POOL_VERDICT_MEMBER:
+                /* A quarantine or a restore: the scripts' reply says it in its notices (README, "Members' lives"). */
+                snprintf(o->verdict, sizeof o->verdict, "%s", d->quarantined ? "quarantined" : "restored");
+                snprintf(o->rid, sizeof o->rid, "%s", d->member);
+                diff_quarantines += d->quarantined;
+                return;
         case POOL_VERDICT_CONGESTION:
                 snprintf(o->verdict, sizeof o->verdict, "congestion");
                 o->idle = (long long) d->idle;
@@ -2370,6 +2696,7 @@ static void on_local_decision(const PoolDecision *d, void *userdata) {
                 return;
         case POOL_VERDICT_GRANTED:
                 snprintf(o->verdict, sizeof o->verdict, "granted");
+                diff_health_grants += r->health;
                 r->phase = 2;
                 r->grant = d->grant;
                 r->token = (long long) d->token;
@@ -2421,7 +2748,21 @@ static void remote_decision(Diff *df, const redisReply *d) {
                 o->slots[i] = (unsigned) d->element[D_SLOTS]->element[i]->integer;
 }
 
-/* A script call's decisions: its events, then (submit) its own; "settling" is sent again. */
+static void remote_notices(Diff *df, const redisReply *r) {
+        for (size_t i = 0; i < r->element[R_NOTICES]->elements; i++) {
+                const redisReply *n = r->element[R_NOTICES]->element[i];
+                if (strcmp(n->element[0]->str, "quarantined") != 0 && strcmp(n->element[0]->str, "restored") != 0)
+                        continue;
+                Dec *o = &df->remote[df->n_remote++];
+                assert_true(df->n_remote < DIFF_DECS);
+                *o = (Dec) { .at = n->element[2]->integer };
+                snprintf(o->verdict, sizeof o->verdict, "%s", n->element[0]->str);
+                snprintf(o->rid, sizeof o->rid, "%s", n->element[1]->str);
+        }
+}
+
+/* A script call's decisions: its events, its notices of members' lives, then (submit) its own; "settling"
+ * is sent again. */
 static void remote_call(Diff *df, bool is_submit, const char *op, long long now, ...) {
         for (int tries = 0;; tries++) {
                 va_list ap;
@@ -2430,6 +2771,7 @@ static void remote_call(Diff *df, bool is_submit, const char *op, long long now,
                 va_end(ap);
                 for (size_t i = 0; i < n_events(r); i++)
                         remote_decision(df, event(r, i));
+                remote_notices(df, r);
                 bool settling = strcmp(status(r), "settling") == 0;
                 if (!settling) {
                         assert_string_equal(status(r), "ok");
@@ -2510,7 +2852,9 @@ static unsigned next_random(unsigned *s) {
 }
 
 /* variant 0: queue-timeout 5 s, limit 4; 1: no queue-timeout, limit 3, max-queue 5; 2: members alpha…delta,
- * queue-timeout 5 s with a congestion timeout of 2 s, lane a's own budget of 4 s, member drains. */
+ * queue-timeout 5 s with a congestion timeout of 2 s, lane a's own budget of 4 s, member drains, quarantine
+ * after 2 exit statuses 3 in a row (releases with 3, 0 or none), restores by hand, and a health lane h (its
+ * requests granted quarantined members only, its exit 0 restoring them). */
 static void run_differential(unsigned seed, int variant) {
         bool with_q = variant != 1, members = variant == 2;
         char *member_names[] = { (char *) "alpha", (char *) "beta", (char *) "gamma", (char *) "delta", NULL };
@@ -2520,6 +2864,7 @@ static void run_differential(unsigned seed, int variant) {
                 { .lane = "a", .priority = 0, .max_in_use = -1 },
                 { .lane = "b", .priority = 5, .max_in_use = 2 },
                 { .lane = "c", .priority = 0, .max_in_use = -1, .reserve = 1 },
+                { .lane = "h", .priority = 0, .max_in_use = -1, .health = true }, /* variant 2 only */
         };
         const char *lanes[] = { "a", "b", "c" };
         PoolConfig pc = {
@@ -2531,6 +2876,9 @@ static void run_differential(unsigned seed, int variant) {
                 .congestion_timeout_set = members,
                 .congestion_timeout = 2 * SEC,
                 .max_queue = with_q ? -1 : 5,
+                .quarantine_exit_codes = { members ? UINT64_C(1) << 3 : 0 },
+                .quarantine_exit_codes_set = members,
+                .quarantine_after = 2,
         };
         const char *const canons[] = {
                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\nlane.b.priority=5\n"
@@ -2538,8 +2886,9 @@ static void run_differential(unsigned seed, int variant) {
                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\nlane.b.priority=5\n"
                 "lane.c.priority=0\nlane.c.reserve=1\nlimit=3\nmax-queue=5\n",
                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\nlane.b.max-in-use=2\n"
-                "lane.b.priority=5\nlane.c.priority=0\nlane.c.reserve=1\nlimit=4\nmembers=alpha,beta,gamma,delta\n"
-                "queue-congestion-timeout=2000000\nqueue-timeout=5000000\n",
+                "lane.b.priority=5\nlane.c.priority=0\nlane.c.reserve=1\n"
+                "lane.h.health=1\nlane.h.max-in-use=-1\nlane.h.priority=0\nlane.h.reserve=0\n"
+                "limit=4\nmembers=alpha,beta,gamma,delta\nquarantine-after=2\nquarantine-exit-codes=3\nqueue-congestion-timeout=2000000\nqueue-timeout=5000000\n",
         };
         const char *canon = canons[variant];
         Pool *p = NULL;
@@ -2550,7 +2899,7 @@ static void run_differential(unsigned seed, int variant) {
         freeReplyObject(redisCommand(redis, "FLUSHALL"));
         df.n_local = df.n_remote = df.n_reqs = 0;
         assert_int_equal(pool_local_new("p", on_local_decision, &df, &p), 0);
-        assert_int_equal(p->ops->configure(p, &pc, rules, 3, (usec_t) now), 0);
+        assert_int_equal(p->ops->configure(p, &pc, rules, members ? 4 : 3, (usec_t) now), 0);
         tick_ok("n1", now, canon);
 
         for (int step = 0; step < 300; step++) {
@@ -2567,6 +2916,7 @@ static void run_differential(unsigned seed, int variant) {
                         static const PoolLaneRule reloaded[] = {
                                 { .lane = "a", .priority = 0, .max_in_use = -1 },
                                 { .lane = "b", .priority = -1, .max_in_use = 2 },
+                                { .lane = "h", .priority = 0, .max_in_use = -1, .health = true }, /* variant 2 */
                         };
                         char *new_members[] = { (char *) "delta", (char *) "gamma", (char *) "alpha", NULL };
                         PoolConfig pc2 = pc;
@@ -2581,11 +2931,14 @@ static void run_differential(unsigned seed, int variant) {
                                 remote_call(&df, false, "drain", now, "beta", "0", NULL);
                                 drained_member = NULL;
                         }
-                        assert_int_equal(p->ops->configure(p, &pc2, reloaded, 2, (usec_t) now), 0);
+                        assert_int_equal(p->ops->configure(p, &pc2, reloaded, members ? 3 : 2, (usec_t) now), 0);
                         /* A configure's tick leaves the instant open (settle 0): run() completes it. */
                         redisReply *t = call("tick", "n1", now, 0, "n1", members ?
                                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\n"
-                                "lane.b.max-in-use=2\nlane.b.priority=-1\nlimit=3\nmembers=delta,gamma,alpha\n"
+                                "lane.b.max-in-use=2\nlane.b.priority=-1\n"
+                                "lane.h.health=1\nlane.h.max-in-use=-1\nlane.h.priority=0\nlane.h.reserve=0\n"
+                                "limit=3\nmembers=delta,gamma,alpha\n"
+                                "quarantine-after=2\nquarantine-exit-codes=3\n"
                                 "queue-congestion-timeout=2000000\nqueue-timeout=5000000\n" :
                                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.b.max-in-use=2\n"
                                 "lane.b.priority=-1\nlimit=4\nqueue-timeout=5000000\n",
@@ -2608,7 +2961,11 @@ static void run_differential(unsigned seed, int variant) {
                                 *r = (Req) {};
                                 snprintf(r->rid, sizeof r->rid, "r%04zu", df.n_reqs);
                                 const char *lane = lanes[next_random(&rnd) % n_lanes];
-                                unsigned k = 1 + next_random(&rnd) % 3;
+                                /* The member pool: now and then a health job, for one member. */
+                                if (members && next_random(&rnd) % 8 == 0)
+                                        lane = "h";
+                                r->health = strcmp(lane, "h") == 0;
+                                unsigned k = strcmp(lane, "h") == 0 ? 1 : 1 + next_random(&rnd) % 3;
                                 bool may_wait = next_random(&rnd) % 100 < 85;
                                 long long cap = next_random(&rnd) % 3 == 0 ? (long long) (1 + next_random(&rnd) % 12) * SEC : -1;
                                 bool lane_budget = members && strcmp(lane, "a") == 0;
@@ -2640,14 +2997,25 @@ static void run_differential(unsigned seed, int variant) {
                                         if (want == 2) {
                                                 char tok[32];
                                                 snprintf(tok, sizeof tok, "%lld", r->token);
+                                                /* In the member pool: its command's exit status, 3 (an
+                                                 * infrastructure failure), 0, or none told. */
+                                                unsigned e = members ? next_random(&rnd) % 4 : 0;
+                                                if (e > 0)
+                                                        p->ops->report_exit(p, r->grant, e == 1 ? 0 : 3, "j", (usec_t) now);
                                                 p->ops->release(p, r->grant, (usec_t) now);
-                                                remote_call(&df, false, "release", now, tok, r->rid, NULL);
+                                                remote_call(&df, false, "release", now, tok, r->rid,
+                                                            e == 0 ? "" : e == 1 ? "0" : "3", "j", NULL);
                                         } else {
                                                 p->ops->withdraw(p, r->waiter, (usec_t) now);
                                                 remote_call(&df, false, "withdraw", now, r->rid, NULL);
                                         }
                                         break;
                                 }
+                        } else if (members && what >= 92 && what < 95) {
+                                /* A member restored by hand (nothing to do when it is not quarantined). */
+                                const char *m = member_names[next_random(&rnd) % (n_lanes == 3 ? 4 : 3)];
+                                assert_int_equal(p->ops->quarantine(p, m, NULL, (usec_t) now), 0);
+                                remote_call(&df, false, "quarantine", now, m, "0", "", "", NULL);
                         } else if (members && what >= 95) {
                                 /* One member drained at a time: on, then off again. */
                                 const char *m = drained_member ?: member_names[next_random(&rnd) % (n_lanes == 3 ? 4 : 3)];
@@ -2684,6 +3052,9 @@ static void test_scripts_decide_as_pool_local_does(void **state) {
         /* Every kind of decision was compared at least once. */
         for (size_t i = 0; i < 8; i++)
                 assert_true(diff_seen[i] > 0);
+        printf("# compared: %lu quarantines, %lu health grants\n", diff_quarantines, diff_health_grants);
+        assert_true(diff_quarantines > 0);
+        assert_true(diff_health_grants > 0);
 }
 
 /* An instant cut short by the budget is finished before anything later at that instant: pool-local's
@@ -3292,10 +3663,11 @@ static void test_a_released_slot_rests_until_its_end_and_is_the_next_wakeup(void
         assert_int_equal(field_i(event(r, 0), D_AT), 8000);
         assert_int_equal(r->element[R_CACHE]->element[12]->elements, 0);
         freeReplyObject(r);
-        /* A pool without cooldown= replies as before: no 13th cache element. */
+        /* A pool without cooldown= lists no rests, and reads none (an empty 13th cache element). */
         pool = "{sb:q}";
         r = tick_as("n1", 9000, CANON_ONE_LANE "limit=1\n");
-        assert_int_equal(r->element[R_CACHE]->elements, 12);
+        assert_int_equal(r->element[R_CACHE]->elements, 15);
+        assert_int_equal(r->element[R_CACHE]->element[12]->elements, 0);
         freeReplyObject(r);
 }
 
@@ -3443,13 +3815,16 @@ static void test_cooldown_is_adopted_only_when_every_node_wants_it(void **state)
         long long ta = field_i(body(a), D_TOKEN);
         freeReplyObject(a);
         redisReply *r = release_at(3000, ta, "a");
-        assert_int_equal(r->element[R_CACHE]->elements, 12); /* no cooldown: nothing rests */
+        assert_int_equal(r->element[R_CACHE]->element[12]->elements, 0); /* no cooldown: nothing rests */
         freeReplyObject(r);
         expect_verdict("b", 3000, "ci", 1, "granted");
         t = tick_as("n1", 4000, CANON_COOL "limit=1\n");
         assert_string_equal(status(t), "ok");
-        assert_int_equal(t->element[R_CACHE]->elements, 13);
         freeReplyObject(t);
+        redisReply *canon = redisCommand(redis, "HGET %s:rules canon", pool);
+        assert_int_equal(canon->type, REDIS_REPLY_STRING);
+        assert_non_null(strstr(canon->str, "\ncooldown="));
+        freeReplyObject(canon);
         tick_ok("n2", 4000, "=");
 }
 
@@ -3486,6 +3861,12 @@ int main(int argc, char *argv[]) {
                 T(test_relabel_refuses_what_no_member_can_give_and_keeps_holders),
                 T(test_other_labels_are_refused_naming_the_keys),
                 T(test_a_drain_and_a_removed_lane_refuse_labelled_waiters),
+                T(test_quarantine_counts_exit_statuses_in_redis_and_every_node_obeys_it),
+                T(test_a_held_member_quarantined_by_hand_stays_out_when_released),
+                T(test_garbage_quarantine_records_break_nothing_and_grant_nothing),
+                T(test_a_drain_until_ends_by_itself_at_the_pools_own_instant),
+                T(test_health_waiters_wait_beside_the_queue_and_a_pool_drain_refuses_them),
+                T(test_a_pool_drain_with_a_reason_and_its_undrain),
                 T(test_reclaim_inside_the_recovery_window),
                 T(test_reclaim_outside_a_recovery_window_is_lost),
                 T(test_redis_clock_tokens_follow_the_time),
