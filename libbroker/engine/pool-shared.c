@@ -2599,6 +2599,10 @@ const char *pool_shared_stream_resume_id(const Pool *base) {
         return SHARED(base)->stream_resume;
 }
 
+bool pool_shared_stream_idle(const Pool *base) {
+        return list_is_empty(&SHARED(base)->tries);
+}
+
 bool pool_shared_is_settled(const Pool *base) {
         const SharedPool *p = SHARED(base);
         if (p->state != SHARED_STATE_UP || !list_is_empty(&p->outbox) || !list_is_empty(&p->held))

@@ -211,6 +211,10 @@ const char *pool_shared_stream_key(const Pool *p);
 /* Where XREAD continues: the last entry handed in, or the stream's last id at the first tick. NULL: do not
  * read yet (no tick answered). */
 const char *pool_shared_stream_resume_id(const Pool *p);
+/* Nothing of this node's is to come in its stream: no request of its own is out or waits (the stream carries
+ * the decisions about this node's waiters only). The driver's read then blocks longer: an entry appended
+ * all the same (a grant racing a withdraw) ends the block at once, as ever. */
+bool pool_shared_stream_idle(const Pool *p);
 
 /* [broker] revoke-grace= changed by reload: the self-fence margin follows at once (a longer grace moves the
  * deadline earlier), as the revocations' SIGKILL does. */
