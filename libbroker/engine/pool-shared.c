@@ -3020,7 +3020,7 @@ usec_t pool_shared_renew_period(const Pool *base) {
         const SharedPool *p = SHARED(base);
         usec_t margin = p->params.revoke_grace + SHARED_FENCE_SLACK;
         usec_t window = p->fence_ttl > margin ? p->fence_ttl - margin : 0;
-        usec_t period = MIN(p->fence_ttl / 6, window / 3);
+        usec_t period = MIN(p->fence_ttl / 4, window / 3);
         return MIN(MAX(period, SHARED_RENEW_PERIOD_MIN), SHARED_RENEW_PERIOD_MAX);
 }
 

@@ -3,7 +3,7 @@
 """Liveness per node (issue 21 item 3; brokerd/lua/README, "Liveness per node"): two brokerds on one
 redis-server, three shared pools each.
 
-- an idle node renews for all its pools (sb:live:NODE; once a second at this TTL: TTL/6, no more than a
+- an idle node renews for all its pools (sb:live:NODE; once a second at this TTL: TTL/4, no more than a
   third of the self-fence's window) and is not reaped over several TTLs, its lease held; its pools are not
   ticked every second, nor for the other node's deadline (ticks and renewals counted by the commands only
   each of them runs, in INFO commandstats: XREVRANGE a tick, PEXPIRE a renewal);
