@@ -201,14 +201,22 @@ class TestLiveness(harness.BrokerTestCase):
 
     def test_the_links_watch_goes_with_the_renewal(self):
         # The command link reads INFO (policy, role, run id) every 5 s: on its own round trip before, now
-        # pipelined right before a renewal (FCALL …_renew) on the same connection when one is due.
-        url = self.redis.url()
-        self.broker(config(url, "node-a"), "liveness-a")
+        # pipelined right before a renewal (FCALL …_renew) on the same connection when one is due. Over TCP:
+        # MONITOR names each connection by its address (a Unix socket's are all one path).
+        tmp = tempfile.mkdtemp(prefix="test-shared-liveness-tcp-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        self.redis.close()
+        self.redis = RedisServer(tmp, port=0, unix=False).start()
+        self.addCleanup(self.redis.close)
+        self.broker(config(self.redis.url(tcp=True), "node-a"), "liveness-a")
         wait_for(lambda: self.renewing(1), timeout=TTL + 20, message="A's renewals to cover its pools")
         mon = Monitor(self.redis)
         self.addCleanup(mon.close)
         seen = mon.until(time.monotonic() + 12)
-        infos = [i for i, c in enumerate(seen) if c[2] == ["INFO", "server", "memory", "replication"]]
+        # The command link's: the connection that sends the calls (the reader's setup reads INFO too).
+        commands = {c[1] for c in seen if c[2][:1] == ["FCALL"]}
+        infos = [i for i, c in enumerate(seen)
+                 if c[2] == ["INFO", "server", "memory", "replication"] and c[1] in commands]
         self.assertGreaterEqual(len(infos), 2, "the link's watch: an INFO every 5 s")
         for i in infos:
             t, addr, _ = seen[i]
