@@ -25,6 +25,11 @@
  * read blocks briefly then, or the pool's stream would be unread for up to XREAD_BLOCK after its first
  * tick. A pool that never registers (refused, rules that differ) keeps the reads short: ten a second. */
 #define XREAD_BLOCK_JOINING (100 * USEC_PER_MSEC)
+/* While no pool of the backend has a request of this node out or waiting (pool_shared_stream_idle()), the
+ * read blocks this long: an entry appended ends it at once all the same (the block bounds only how often an
+ * idle node reads nothing: one round trip every 5 s was a third of its round trips, issue 21 item 3), and
+ * the connection's TCP keepalive (redis-link.c: probes after 15 s idle) finds it dead meanwhile. */
+#define XREAD_BLOCK_IDLE (60 * USEC_PER_SEC)
 #define READ_RETRY (1 * USEC_PER_SEC)
 #define WAITER_GRACE (5 * USEC_PER_SEC)
 #define HEARTBEAT (1 * USEC_PER_SEC)
@@ -36,6 +41,7 @@ typedef struct BackendPool {
         uint64_t serial;
         SharedPoolParams params;
         usec_t announced_fence;         /* the self-fence deadline on_fence_moved() last told */
+        bool in_read;                   /* its stream is named by the XREAD in flight */
 } BackendPool;
 
 typedef struct InFlight InFlight;
@@ -56,6 +62,7 @@ struct Backend {
         sd_event_source *fence_timer;   /* CLOCK_BOOTTIME: the earliest self-fence deadline */
         sd_event_source *read_retry;    /* after an error reply to XREAD: not a busy loop */
         bool reading;                   /* an XREAD is in flight */
+        bool read_idle;                 /* … blocking XREAD_BLOCK_IDLE */
         InFlight *in_flight;            /* script calls sent and not answered: ours to free */
         /* Liveness per node (brokerd/lua/README, "Liveness per node"): one renewal every renew_period for
          * the pools that registered this incarnation, at most one in flight (ours to free). */
@@ -379,6 +386,8 @@ static void backend_renew(Backend *b) {
         rn->sent_boot = now_boottime();
         rn->period = period;
         b->renew_period = period;
+        /* INFO's watch of the link goes with it when due: one round trip, not two (redis-link.h). */
+        (void) redis_link_watch_along(b->commands);
         /* The key is KEYS[1]; the head and the pools are ARGV. */
         int r = redis_link_fcall(b->commands, b->renew_function, on_renew_reply, rn, 1, (int) argc, argv, argvlen);
         if (r < 0) {
@@ -478,7 +487,34 @@ static void on_read_reply(RedisLink *link, int error, const redisReply *reply, v
         backend_after(b);
 }
 
+/* Whether every pool's stream is idle: the read may block XREAD_BLOCK_IDLE. */
+static bool backend_read_is_idle(const Backend *b) {
+        for (size_t i = 0; i < b->n_pools; i++)
+                if (!pool_shared_stream_idle(b->pools[i]->pool))
+                        return false;
+        return true;
+}
+
+/* A long read names the streams that were readable when it went out: a pool that joined since (added by a
+ * reload, or its first tick answered late) would be read only at that read's end, and its waiters' grants
+ * come meanwhile only with its heartbeat's places query. Such a read is cut short by a new connection:
+ * rare (a pool joining an idle node), and no command ends another client's block for a user without
+ * @admin (CLIENT UNBLOCK). */
+static void backend_read_join(Backend *b) {
+        if (!b->reading || !b->read_idle)
+                return;
+        for (size_t i = 0; i < b->n_pools; i++) {
+                Pool *p = b->pools[i]->pool;
+                if (!b->pools[i]->in_read && pool_shared_stream_resume_id(p) && pool_shared_stream_key(p)) {
+                        b->read_idle = false; /* once */
+                        (void) redis_link_reconnect(b->reader, "A pool joins the stream read");
+                        return;
+                }
+        }
+}
+
 static void backend_start_read(Backend *b) {
+        backend_read_join(b);
         if (b->reading || redis_link_get_state(b->reader) != REDIS_LINK_UP)
                 return;
         int enabled = SD_EVENT_OFF;
@@ -502,9 +538,12 @@ static void backend_start_read(Backend *b) {
         snprintf(count, sizeof count, "%zu", MAX((size_t) 8, MIN((size_t) XREAD_COUNT, XREAD_ENTRIES_MAX / n)));
         argv[k++] = "COUNT";
         argv[k++] = count;
-        bool joining = n < b->n_pools;
+        bool joining = n < b->n_pools, idle = !joining && backend_read_is_idle(b);
+        usec_t block = joining ? XREAD_BLOCK_JOINING : idle ? XREAD_BLOCK_IDLE : XREAD_BLOCK;
+        char block_ms[32];
+        snprintf(block_ms, sizeof block_ms, "%" PRIu64, (uint64_t) (block / USEC_PER_MSEC));
         argv[k++] = "BLOCK";
-        argv[k++] = joining ? "100" : "5000";
+        argv[k++] = block_ms;
         argv[k++] = "STREAMS";
         for (size_t i = 0; i < b->n_pools; i++)
                 if (pool_shared_stream_resume_id(b->pools[i]->pool) && pool_shared_stream_key(b->pools[i]->pool))
@@ -512,9 +551,13 @@ static void backend_start_read(Backend *b) {
         for (size_t i = 0; i < b->n_pools; i++)
                 if (pool_shared_stream_resume_id(b->pools[i]->pool) && pool_shared_stream_key(b->pools[i]->pool))
                         argv[k++] = pool_shared_stream_resume_id(b->pools[i]->pool);
-        if (redis_link_command_blocking(b->reader, joining ? XREAD_BLOCK_JOINING : XREAD_BLOCK, on_read_reply, b,
-                                        (int) k, argv, NULL) >= 0)
-                b->reading = true;
+        if (redis_link_command_blocking(b->reader, block, on_read_reply, b, (int) k, argv, NULL) < 0)
+                return;
+        b->reading = true;
+        b->read_idle = idle;
+        for (size_t i = 0; i < b->n_pools; i++)
+                b->pools[i]->in_read = pool_shared_stream_resume_id(b->pools[i]->pool) &&
+                                       pool_shared_stream_key(b->pools[i]->pool);
 }
 
 static int on_read_retry(sd_event_source *s, uint64_t usec, void *userdata) {

@@ -105,6 +105,7 @@ struct RedisLink {
         sd_event_source *watch_timer;   /* options.watch_interval: INFO again while up */
         bool watch_in_flight;
         bool watch_all;                 /* INFO with several sections was refused (Redis < 7): plain INFO */
+        usec_t watch_last;              /* monotonic: the last INFO sent (at setup, by the timer or along) */
 };
 
 static void link_attempt_failed(RedisLink *link, RedisLinkState state, const char *reason);
@@ -623,23 +624,55 @@ static void on_watch_reply(RedisLink *link, int error, const redisReply *reply, 
 
 /* One INFO of the three sections it reads (server: run_id; memory: maxmemory_policy; replication: role,
  * master_replid), about 2.5 KiB, pipelined with the owner's commands every watch_interval while up. */
+static int link_watch_send(RedisLink *link) {
+        static const char *const sections[] = { "INFO", "server", "memory", "replication" };
+        int r = link_send_internal(link, on_watch_reply, 0, link->watch_all ? 1 : 4, sections);
+        link->watch_in_flight = r >= 0;
+        if (r >= 0)
+                link->watch_last = now_monotonic();
+        return r;
+}
+
 static int on_watch_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         RedisLink *link = link_ref(userdata);
 
-        if (link->phase == PHASE_UP && !link->ending && !link->watch_in_flight) {
-                static const char *const sections[] = { "INFO", "server", "memory", "replication" };
-                int r = link_send_internal(link, on_watch_reply, 0, link->watch_all ? 1 : 4, sections);
-                link->watch_in_flight = r >= 0;
-        }
+        if (link->phase == PHASE_UP && !link->ending && !link->watch_in_flight)
+                (void) link_watch_send(link);
         if (link->phase == PHASE_UP)
                 link_watch_arm(link);
         link_unref(link);
         return 0;
 }
 
+int redis_link_watch_along(RedisLink *link) {
+        assert_return(link, -EINVAL);
+        if (!link->watch_timer || link->phase != PHASE_UP || link->ending || link->watch_in_flight ||
+            now_monotonic() < usec_add(link->watch_last, link->options.watch_interval / 2))
+                return 0;
+        int r = link_watch_send(link);
+        if (r < 0)
+                return r;
+        /* The timer is the fallback now: the owner sends it along more often than this. */
+        (void) sd_event_source_set_time_relative(link->watch_timer, 3 * link->options.watch_interval);
+        (void) sd_event_source_set_enabled(link->watch_timer, SD_EVENT_ONESHOT);
+        return 1;
+}
+
+int redis_link_reconnect(RedisLink *link, const char *why) {
+        assert_return(link, -EINVAL);
+        if (!link->ac || link->ending)
+                return 0;
+        link_log(link, LOG_DEBUG, "%s", why ?: "Reconnecting");
+        /* Not a failure: as a move (on_context_end()), the owner hears DOWN and the next attempt is now. */
+        link->moved = true;
+        link_end(link, REDIS_LINK_DOWN, why);
+        return 1;
+}
+
 static void link_went_up(RedisLink *link) {
         link->phase = PHASE_UP;
         link->watch_in_flight = false;
+        link->watch_last = now_monotonic(); /* the setup read INFO */
         link_watch_arm(link);
         link->backoff = link->options.backoff_min;
         link->attempt_deadline = USEC_INFINITY;

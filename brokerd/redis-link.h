@@ -76,7 +76,8 @@ typedef struct RedisLinkOptions {
         bool sentinel;
         /* While up, INFO is read again this often (0: never): a maxmemory-policy other than noeviction or a
          * role other than master fails the link as at connect ("eviction-policy", "replica"), another run id
-         * or replication id ends it (the next connect tells the owner the new one). */
+         * or replication id ends it (the next connect tells the owner the new one). Or with the owner's
+         * commands, as often as it says (redis_link_watch_along()). */
         usec_t watch_interval;
         RedisLinkStateFn on_state;
         RedisLinkLogFn on_log;
@@ -106,6 +107,11 @@ int redis_link_set_endpoint(RedisLink *link, const RedisEndpoint *endpoint);
 /* The endpoint the link connects to; NULL before the first redis_link_set_endpoint() of a link made
  * without one. */
 const RedisEndpoint *redis_link_get_endpoint(const RedisLink *link);
+/* Ends the current connection and connects again at once (not a failure: the backoff stays), e.g. to end
+ * a blocking read that another client could end only with CLIENT UNBLOCK (@admin, which brokerd's ACL user
+ * need not have). The owner is told DOWN, its calls get -ECONNRESET, then UP. why: for the debug log.
+ * Returns 1, or 0 when there is no connection to end (one is being made, or the link waits). */
+int redis_link_reconnect(RedisLink *link, const char *why);
 
 RedisLinkState redis_link_get_state(const RedisLink *link);
 /* Why the link is FAILED, in a word for clients and Status ("eviction-policy", "auth", "database",
@@ -134,6 +140,13 @@ int redis_link_set_library(RedisLink *link, const char *source);
  * connection's protocol: SUBSCRIBE, MONITOR…), -ENOMEM. */
 int redis_link_command(RedisLink *link, RedisReplyFn fn, void *userdata, int argc, const char *const *argv,
                        const size_t *argvlen);
+
+/* The owner is about to send a command: the watch's INFO (options.watch_interval) goes now, ahead of it
+ * on the connection, so that the two make one round trip, when half a watch interval has passed since the
+ * last one; the link's own timer then waits three intervals (a fallback for an owner that stops sending).
+ * An owner that calls this at least every interval has no INFO of its own round trip. Returns 1 (sent), 0
+ * (not due, one in flight, not up, or no watch), or a negative errno. */
+int redis_link_watch_along(RedisLink *link);
 
 /* EVALSHA of a registered script with nkeys keys then the other arguments (argc in all, lengths in
  * argvlen; argvlen NULL: strings). A NOSCRIPT reply (SCRIPT FLUSH, a failover) makes the link load the

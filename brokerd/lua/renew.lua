@@ -1,4 +1,4 @@
--- renew.lua — a node's liveness on a backend, for every pool it names, in one call every TTL/6 or so
+-- renew.lua — a node's liveness on a backend, for every pool it names, in one call every TTL/4 or so
 -- (issue 21 item 3; README, "Liveness per node"). It writes the node's live key and its deadline in
 -- sb:lives, reads per pool whether the pool registered this incarnation and whether that
 -- registration is live without a break (one read a pool while the previous key covered it), and claims

@@ -2958,6 +2958,10 @@ const char *pool_shared_stream_resume_id(const Pool *base) {
         return SHARED(base)->stream_resume;
 }
 
+bool pool_shared_stream_idle(const Pool *base) {
+        return list_is_empty(&SHARED(base)->tries);
+}
+
 bool pool_shared_is_settled(const Pool *base) {
         const SharedPool *p = SHARED(base);
         if (p->state != SHARED_STATE_UP || !list_is_empty(&p->outbox) || !list_is_empty(&p->held))
@@ -3497,7 +3501,7 @@ usec_t pool_shared_renew_period(const Pool *base) {
         const SharedPool *p = SHARED(base);
         usec_t margin = p->params.revoke_grace + SHARED_FENCE_SLACK;
         usec_t window = p->fence_ttl > margin ? p->fence_ttl - margin : 0;
-        usec_t period = MIN(p->fence_ttl / 6, window / 3);
+        usec_t period = MIN(p->fence_ttl / 4, window / 3);
         return MIN(MAX(period, SHARED_RENEW_PERIOD_MIN), SHARED_RENEW_PERIOD_MAX);
 }
 

@@ -156,14 +156,15 @@ typedef struct SharedPoolParams {
  * reconcile needs it, when a renewal finds a node dead that was registered there, and with the first
  * renewal SHARED_IDLE_PERIOD after its last tick (so a node's idle ticks go together, pipelined, as often as
  * a busy node reconciles in full); and at the heartbeat again once no renewal covered it for its renewal
- * period + SHARED_RENEW_STALE. The driver renews every pool_shared_renew_period(): TTL/6, no longer than a
+ * period + SHARED_RENEW_STALE. The driver renews every pool_shared_renew_period(): TTL/4, no longer than a
  * third of the self-fence's window (TTL − revoke grace − 2 s: a renewal lost leaves two periods before it, and is tried again after 1 s), between
  * 1 s and SHARED_RENEW_PERIOD_MAX (brokerd/lua/prelude.lua's BCLOCK_GAP is longer: the backend clock of a
- * fleet of one node must not stand still between its renewals). */
+ * fleet of one node must not stand still between its renewals). TTL/4 (7.5 s at the defaults, was TTL/6,
+ * 5 s): an idle node's Redis time is its round trips (issue 21 item 3). */
 #define SHARED_IDLE_PERIOD SHARED_RECONCILE_PERIOD
 #define SHARED_RENEW_STALE (3 * USEC_PER_SEC)
 #define SHARED_RENEW_PERIOD_MIN USEC_PER_SEC
-#define SHARED_RENEW_PERIOD_MAX (5 * USEC_PER_SEC)
+#define SHARED_RENEW_PERIOD_MAX (10 * USEC_PER_SEC)
 /* Status snapshots are fetched every second for this long after Status last asked. */
 #define SHARED_STATUS_KEEP (30 * USEC_PER_SEC)
 
@@ -212,6 +213,10 @@ const char *pool_shared_stream_key(const Pool *p);
 /* Where XREAD continues: the last entry handed in, or the stream's last id at the first tick. NULL: do not
  * read yet (no tick answered). */
 const char *pool_shared_stream_resume_id(const Pool *p);
+/* Nothing of this node's is to come in its stream: no request of its own is out or waits (the stream carries
+ * the decisions about this node's waiters only). The driver's read then blocks longer: an entry appended
+ * all the same (a grant racing a withdraw) ends the block at once, as ever. */
+bool pool_shared_stream_idle(const Pool *p);
 
 /* [broker] revoke-grace= changed by reload: the self-fence margin follows at once (a longer grace moves the
  * deadline earlier), as the revocations' SIGKILL does. */

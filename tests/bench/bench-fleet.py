@@ -28,7 +28,10 @@ reset at the window's start), the brokerds' own CPU, RSS and open fds, the load 
 
 Usage: bench-fleet.py BROKERD [NxP ...]     (default: 100x10 20x20)
 Environment: BENCH_FLEET_WINDOW (seconds, default 30), BENCH_FLEET_BASELINE (default 15),
-BENCH_FLEET_SETTLE (default 5). Exit 77 without redis-server or without shared pools in BROKERD.
+BENCH_FLEET_SETTLE (default 5), BENCH_FLEET_TRIPS=1 (after the floor, three more references of one round trip
+per node per second each: an INFO as the command link's watch sends it, a ZADD and that INFO pipelined, an
+XREAD BLOCK that times out; each as a ratio to the floor: what each of an idle brokerd's round trips costs
+here). The INFOs in the commands per brokerd are theirs (the bench's own are left out). Exit 77 without redis-server or without shared pools in BROKERD.
 A benchmark, not a test: it fails only when something under it fails (a brokerd dies, does not register
 or leaves the pool; Redis answers the semaphore with an error).
 """
@@ -50,6 +53,7 @@ from harness import Broker, wait_for  # noqa: E402
 WINDOW = float(os.environ.get("BENCH_FLEET_WINDOW", "30"))
 BASELINE = float(os.environ.get("BENCH_FLEET_BASELINE", "15"))
 SETTLE = float(os.environ.get("BENCH_FLEET_SETTLE", "5"))
+TRIPS = os.environ.get("BENCH_FLEET_TRIPS", "") not in ("", "0")
 PARTS = 3
 NODE_TTL = 30.0  # backend-node-ttl's default, left at it
 SEM_TTL_MS = 30000  # the lease semaphore's TTL, as backend-node-ttl's default
@@ -116,14 +120,62 @@ def measure(r, seconds, during=None):
     return t1 - t0, c1 - c0, p1 - p0, commandstats(r)
 
 
-def stats_line(stats, seconds, per):
-    """The commands (less ours: INFO, CONFIG) as calls per `per` per second and their µs per call."""
+# INFO commands measure() itself sends after its CONFIG RESETSTAT (INFO cpu twice, INFO commandstats).
+OWN_INFO = 3
+
+
+def stats_line(stats, seconds, per, own_info=0):
+    """The commands (less ours: CONFIG, and own_info INFOs) as calls per `per` per second and their µs per
+    call. The INFOs left are the brokerds' (their command links watch the policy, role and run id)."""
     rows = []
     for cmd, (calls, usec) in sorted(stats.items(), key=lambda kv: -kv[1][1]):
-        if cmd in ("info", "config|resetstat", "config", "ping"):
+        if cmd in ("config|resetstat", "config", "ping"):
             continue
+        if cmd == "info":
+            if calls <= own_info:
+                continue
+            usec -= usec * own_info // calls  # ours at the average: theirs is what is left
+            calls -= own_info
         rows.append(f"{cmd} {calls / seconds / per:.2f}/s × {usec / max(calls, 1):.1f} us")
     return "; ".join(rows) or "none"
+
+
+def reply_end(buf, at=0):
+    """Where the RESP reply starting at `at` ends in buf (None: not all there yet); an error reply raises."""
+    nl = buf.find(b"\r\n", at)
+    if nl < 0:
+        return None
+    kind, line = buf[at:at + 1], buf[at + 1:nl]
+    if kind == b"-":
+        raise AssertionError(f"redis-server answered the reference with an error: {line[:200]!r}")
+    if kind in (b":", b"+"):
+        return nl + 2
+    n = int(line)
+    if kind == b"$":
+        return nl + 2 if n < 0 else (nl + 4 + n if len(buf) >= nl + 4 + n else None)
+    end = nl + 2
+    for _ in range(max(n, 0)):
+        end = reply_end(buf, end)
+        if end is None:
+            return None
+    return end
+
+
+# The round trips a node makes, each alone on its connection once a second (BENCH_FLEET_TRIPS=1): what
+# one costs Redis here, against the floor (a ZADD) measured in the same run. "info": the command link's
+# watch (redis-link.c); "zadd+info": the two pipelined (a renewal carrying the watch); "xread": a blocking
+# read of the node's stream that times out (the reader link's XREAD BLOCK, here of 1 s, on an empty
+# stream).
+ROUND_TRIPS = {
+    "zadd": ("1 ZADD per node", lambda expiry, node: [("ZADD", "{sem:nodes}", expiry, node)]),
+    "info": ("1 INFO server memory replication per node",
+             lambda expiry, node: [("INFO", "server", "memory", "replication")]),
+    "zadd+info": ("1 ZADD + INFO pipelined per node",
+                  lambda expiry, node: [("ZADD", "{sem:nodes}", expiry, node),
+                                        ("INFO", "server", "memory", "replication")]),
+    "xread": ("1 XREAD BLOCK timing out per node",
+              lambda expiry, node: [("XREAD", "BLOCK", "1000", "STREAMS", f"{{sem:s}}:{node}", "$")]),
+}
 
 
 class Semaphore:
@@ -132,7 +184,9 @@ class Semaphore:
 
     def __init__(self, address, n_nodes, pools, node_only=False):
         self.pools = pools
-        self.node_only = node_only  # one `ZADD {sem:nodes} EXPIRY NODE` per node per second instead
+        # node_only: one round trip per node per second instead, of the kind it names (ROUND_TRIPS); True:
+        # "zadd", `ZADD {sem:nodes} EXPIRY NODE` (the floor)
+        self.node_only = "zadd" if node_only is True else node_only
         self.conns = []
         self.sel = selectors.DefaultSelector()
         for i in range(n_nodes):
@@ -154,8 +208,9 @@ class Semaphore:
     def _send(self, c, pool):
         expiry = int(time.time() * 1000) + SEM_TTL_MS
         if self.node_only:
-            c["sock"].sendall(redisd.encode_command("ZADD", "{sem:nodes}", expiry, c["node"]))
-            c["want"] = 1
+            cmds = ROUND_TRIPS[self.node_only][1](expiry, c["node"])
+            c["sock"].sendall(b"".join(redisd.encode_command(*cmd) for cmd in cmds))
+            c["want"] = len(cmds)
         else:
             key = f"{{sem:{pool}}}"
             c["sock"].sendall(redisd.encode_command("ZADD", key, expiry, c["node"])
@@ -189,10 +244,11 @@ class Semaphore:
                 if not data:
                     raise AssertionError("redis-server closed a semaphore connection")
                 c["buf"] += data
-                while c["want"] and b"\r\n" in c["buf"]:
-                    line, c["buf"] = c["buf"].split(b"\r\n", 1)
-                    if not line.startswith(b":"):
-                        raise AssertionError(f"redis-server answered the semaphore: {line[:200]!r}")
+                while c["want"]:
+                    end = reply_end(c["buf"])
+                    if end is None:
+                        break
+                    c["buf"] = c["buf"][end:]
                     c["want"] -= 1
                 if c["busy"] and not c["want"]:
                     c["busy"] = False
@@ -204,10 +260,11 @@ class Semaphore:
             c["sock"].setblocking(True)
             c["sock"].settimeout(5)
             while c["want"]:
-                if b"\r\n" not in c["buf"]:
+                end = reply_end(c["buf"])
+                if end is None:
                     c["buf"] += c["sock"].recv(65536)
                     continue
-                _, c["buf"] = c["buf"].split(b"\r\n", 1)
+                c["buf"] = c["buf"][end:]
                 c["want"] -= 1
             c["sock"].setblocking(False)
             c["busy"], c["queue"] = False, []
@@ -226,13 +283,15 @@ def reference(r, n, pools, base, node_only):
         sem.close()
     rate = cpu / secs - base
     per_node = rate / n
-    what = "floor (1 ZADD per node)" if node_only else f"semaphore ({len(pools)} leases per node)"
+    kind = "zadd" if node_only is True else node_only
+    what = (("floor (" if kind == "zadd" else "round trip (") + ROUND_TRIPS[kind][0] + ")" if kind
+            else f"semaphore ({len(pools)} leases per node)")
     wanted = n if node_only else n * len(pools)
     print(f"{what}: {renewals / secs:.0f} round trips/s of {wanted} wanted ({late} sent > 100 ms late); "
           f"Redis {cpu / secs * 1e6:.0f} us/s (/proc {pcpu / secs * 1e6:.0f}), {rate * 1e6:.0f} us/s above "
           f"idle: {per_node * 1e6:.1f} us/s per node, {rate / max(renewals / secs, 1) * 1e6:.2f} us per round "
           f"trip; load average {load()}", flush=True)
-    print(f"  commands per node per second: {stats_line(stats, secs, n)}")
+    print(f"  commands per node per second: {stats_line(stats, secs, n, OWN_INFO)}")
     for key in ["{sem:nodes}"] + [f"{{sem:{pool}}}" for pool in pools]:
         r.call("DEL", key)
     return per_node
@@ -265,6 +324,10 @@ def run_config(brokerd, n, p):
         # 2. The plain lease semaphore, n x p idle holders; then the floor: one command per node per second.
         sem_node = reference(r, n, pools, base, node_only=False)
         floor_node = reference(r, n, pools, base, node_only=True)
+        if TRIPS:
+            for kind in ("info", "zadd+info", "xread"):
+                trip = reference(r, n, pools, base, node_only=kind)
+                print(f"  {ROUND_TRIPS[kind][0]}: ratio to the floor {trip / floor_node:.2f}", flush=True)
 
         # 3. The fleet.
         backend = r.url(tcp=True)
@@ -314,7 +377,7 @@ def run_config(brokerd, n, p):
         clients = r.info("clients")["connected_clients"]
         fleet_rate = fleet_cpu / fleet_secs - base
         node = fleet_rate / n
-        print(f"  commands per brokerd per second: {stats_line(all_stats, fleet_secs, n)}")
+        print(f"  commands per brokerd per second: {stats_line(all_stats, fleet_secs, n, OWN_INFO * PARTS)}")
         print(f"  brokerds: {b_cpu / fleet_secs / n * 1e6:.0f} us/s of their own CPU each; RSS "
               f"{sum(rss) / n / 1024:.1f} MiB each ({sum(rss) / 1024:.0f} MiB in all); {sum(fds) / n:.0f} fds "
               f"each; Redis has {clients} clients, RSS {proc_rss_kib(r.pid) / 1024:.1f} MiB")

@@ -3,13 +3,17 @@
 """Liveness per node (issue 21 item 3; brokerd/lua/README, "Liveness per node"): two brokerds on one
 redis-server, three shared pools each.
 
-- an idle node renews for all its pools (sb:live:NODE; once a second at this TTL: TTL/6, no more than a
+- an idle node renews for all its pools (sb:live:NODE; once a second at this TTL: TTL/4, no more than a
   third of the self-fence's window) and is not reaped over several TTLs, its lease held; its pools are not
   ticked every second, nor for the other node's deadline (ticks and renewals counted by the commands only
   each of them runs, in INFO commandstats: XREVRANGE a tick, PEXPIRE a renewal);
 - a node killed (SIGKILL) while it renews loses its slot at its TTL (+ 2 s), no sooner than a TTL after its
   last renewal less a second: the other node's waiter is granted then; and with nobody waiting there, its
   slot is freed in Redis as soon (the renewal that finds it dead in sb:lives has the other node tick);
+- an idle node's stream read (XREAD) blocks long (no request of its own out or waiting), and a grant to a
+  waiter that came meanwhile ends it at once; a pool added by reload to an idle node joins its read at once
+  (the long read is cut short), not at the read's end;
+- the command link's watch (INFO) goes with a renewal, pipelined: one round trip, not two;
 - with $SLOTBROKER_OLD_BROKERD (a build from before the live keys, as test-shared-upgrade takes it): a node
   of that version ticking every second beside an idle node of this one never reaps it (a covered
   registration scores +inf), over several TTLs; skipped without it.
@@ -19,6 +23,7 @@ Skipped (77) without redis-server.
 Usage: test-shared-liveness.py BROKERD [unittest arguments]
 """
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -34,13 +39,45 @@ TTL = 6  # seconds: backend-node-ttl, and the first use's recovery window
 POOLS = 3
 
 
-def config(backend, node):
-    """Pools s0…s2 of one slot on the backend, lane lN waiting on pool sN."""
+def config(backend, node, pools=POOLS):
+    """Pools s0…s2 (or as many as `pools`) of one slot on the backend, lane lN waiting on pool sN."""
     text = f"[broker]\nnode-name = {node}\nrevoke-grace = 1s\n"
-    for i in range(POOLS):
+    for i in range(pools):
         text += f"\n[pool s{i}]\nlimit = 1\nbackend = {backend}\nbackend-node-ttl = {TTL}s\n"
         text += f"\n[lane l{i}]\npools = s{i}\npolicy = wait\n"
     return text
+
+
+class Monitor:
+    """MONITOR on a connection of its own: what Redis runs, as (time, client address, [words])."""
+    LINE = re.compile(r'^(\d+\.\d+) \[\d+ ([^\]]+)\] (.*)$')
+    WORD = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+    def __init__(self, redis):
+        self.conn = redis.client(timeout=5.0)
+        self.conn.send("MONITOR")
+        if self.conn.read() != "OK":
+            raise AssertionError("MONITOR refused")
+
+    def close(self):
+        self.conn.close()
+
+    def until(self, deadline, stop=None):
+        """The commands run until the monotonic deadline, or until one for which stop() holds (included)."""
+        out = []
+        while time.monotonic() < deadline:
+            try:
+                line = self.conn.read(timeout=max(0.01, deadline - time.monotonic()))
+            except TimeoutError:
+                break
+            m = self.LINE.match(line)
+            if not m:
+                continue
+            cmd = (float(m.group(1)), m.group(2), self.WORD.findall(m.group(3)))
+            out.append(cmd)
+            if stop and stop(cmd):
+                break
+        return out
 
 
 class TestLiveness(harness.BrokerTestCase):
@@ -110,6 +147,84 @@ class TestLiveness(harness.BrokerTestCase):
         print(f"# {window} s, 2 nodes x {POOLS} pools: {ticks} ticks", flush=True)
         self.assertLessEqual(ticks, POOLS, "idle pools ticked for the other node's deadline")
         self.assertIsNone(held.conn.poll(0.0), "B's lease ended")
+
+    def node_id(self, name):
+        """The node id of the brokerd whose node-name is `name` (its pools' node hashes say it)."""
+        for key in self.redis.call("KEYS", "{sb:s0}:node:*"):
+            if self.redis.call("HGET", key, "name") == name:
+                return key.rsplit(":", 1)[1]
+        raise AssertionError(f"no node named {name} in s0")
+
+    def test_an_idle_nodes_stream_read_blocks_long_and_a_grant_ends_it(self):
+        # Before: each node's read timed out every 5 s (XREAD BLOCK 5000), 3 or 4 a node in 18 s; a node with
+        # no request out or waiting now blocks 60 s. B holds a lease and waits for nothing: idle too.
+        a, b, held = self.two_nodes_b_holding()
+        time.sleep(2)  # B's last read from while it waited ends (5 s at most), into the window or before
+        before = self.calls()
+        window = 3 * TTL
+        time.sleep(window)  # the time measured: idle nodes, nothing to wait for
+        after = self.calls()
+        reads = after.get("xread", 0) - before.get("xread", 0)
+        print(f"# {window} s, 2 idle nodes: {reads} stream reads ended (one every 5 s a node: "
+              f"{2 * window // 5})", flush=True)
+        self.assertLessEqual(reads, 2, "an idle node's stream read ends every few seconds")
+        # A waits now, its long read still out: B's release grants A's waiter, whose entry in A's stream ends
+        # that read at once (not 60 s later; A's heartbeat asks for its places every second meanwhile too).
+        waiter = self.acquire(a, "l0")
+        self.assertTrue(waiter.queued or not waiter.granted, waiter.params)
+        released = time.monotonic()
+        held.close()
+        waiter.until_granted(timeout=TTL + 20)
+        print(f"# granted {time.monotonic() - released:.2f} s after the release", flush=True)
+        self.assertLess(time.monotonic() - released, 3.0)
+
+    def test_a_pool_added_by_reload_joins_an_idle_nodes_long_read_at_once(self):
+        url = self.redis.url()
+        a = self.broker(config(url, "node-a"), "liveness-a")
+        wait_for(lambda: self.renewing(1), timeout=TTL + 20, message="A's renewals to cover its pools")
+        node = self.node_id("node-a")
+        # Its long read is out (no request of its own): the pool added must not wait for its end (60 s).
+        mon = Monitor(self.redis)
+        self.addCleanup(mon.close)
+        a.write_config(config(url, "node-a", pools=POOLS + 1))
+        a.reload()
+        stream = f"{{sb:s{POOLS}}}:s:{node}"
+        seen = mon.until(time.monotonic() + 10, lambda c: c[2][:1] == ["XREAD"] and stream in c[2])
+        registered = self.redis.call("ZSCORE", f"{{sb:s{POOLS}}}:nodes", node)
+        self.assertTrue(seen and stream in seen[-1][2], f"no XREAD of {stream} within 10 s of the reload")
+        self.assertIsNotNone(registered)
+        first_tick = next((c[0] for c in seen if c[2][:1] in (["FCALL"], ["EVALSHA"]) and
+                           f"{{sb:s{POOLS}}}" in c[2]), None)
+        self.assertIsNotNone(first_tick, "the new pool's first tick")
+        print(f"# the new pool's stream read {seen[-1][0] - first_tick:.2f} s after its first tick", flush=True)
+        self.assertLess(seen[-1][0] - first_tick, 3.0)
+
+    def test_the_links_watch_goes_with_the_renewal(self):
+        # The command link reads INFO (policy, role, run id) every 5 s: on its own round trip before, now
+        # pipelined right before a renewal (FCALL …_renew) on the same connection when one is due. Over TCP:
+        # MONITOR names each connection by its address (a Unix socket's are all one path).
+        tmp = tempfile.mkdtemp(prefix="test-shared-liveness-tcp-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        self.redis.close()
+        self.redis = RedisServer(tmp, port=0, unix=False).start()
+        self.addCleanup(self.redis.close)
+        self.broker(config(self.redis.url(tcp=True), "node-a"), "liveness-a")
+        wait_for(lambda: self.renewing(1), timeout=TTL + 20, message="A's renewals to cover its pools")
+        mon = Monitor(self.redis)
+        self.addCleanup(mon.close)
+        seen = mon.until(time.monotonic() + 12)
+        # The command link's: the connection that sends the calls (the reader's setup reads INFO too).
+        commands = {c[1] for c in seen if c[2][:1] == ["FCALL"]}
+        infos = [i for i, c in enumerate(seen)
+                 if c[2] == ["INFO", "server", "memory", "replication"] and c[1] in commands]
+        self.assertGreaterEqual(len(infos), 2, "the link's watch: an INFO every 5 s")
+        for i in infos:
+            t, addr, _ = seen[i]
+            following = next((c for c in seen[i + 1:] if c[1] == addr), None)
+            self.assertIsNotNone(following, "nothing after the INFO on its connection")
+            self.assertEqual(following[2][0], "FCALL", following)
+            self.assertTrue(following[2][1].endswith("_renew"), following)
+            self.assertLess(following[0] - t, 0.005, "the INFO and the renewal were not sent together")
 
     def test_a_node_killed_loses_its_slot_at_its_ttl_with_nothing_waiting(self):
         # Nobody waits in s0: A's pools are idle, covered, and tick for nothing of their own; the renewal

@@ -893,6 +893,34 @@ static void test_node_ttl_by_reload_fences_on_the_shorter_until_agreed(void **st
         assert_int_equal(pool_shared_fence_deadline(f->pool), S(1005) + S(60) - margin);
 }
 
+/* Liveness per node: the renewal period is TTL/4 (7.5 s at the defaults; TTL/6 before, 5 s), no longer than
+ * a third of the self-fence's window (TTL − revoke grace − 2 s: three renewals go out before the fence, so
+ * one lost, and its retry, leave a third), between 1 s and SHARED_RENEW_PERIOD_MAX; and a covering renewal
+ * moves the fence to its send time + that window. */
+static void test_renew_period_is_a_quarter_of_the_ttl_within_a_third_of_the_fence_window(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1000));
+        assert_int_equal(pool_shared_renew_period(f->pool), S(30) / 4); /* grace 5 s: window 23 s */
+        for (usec_t grace = 0; grace <= S(30); grace += MS(500)) {
+                pool_shared_set_revoke_grace(f->pool, grace);
+                usec_t period = pool_shared_renew_period(f->pool);
+                usec_t window = TTL > grace + SHARED_FENCE_SLACK ? TTL - grace - SHARED_FENCE_SLACK : 0;
+                assert_true(period >= SHARED_RENEW_PERIOD_MIN && period <= SHARED_RENEW_PERIOD_MAX);
+                assert_true(period <= TTL / 4);
+                if (window >= 3 * SHARED_RENEW_PERIOD_MIN)
+                        assert_true(3 * period <= window);
+                else
+                        assert_int_equal(period, SHARED_RENEW_PERIOD_MIN);
+        }
+        pool_shared_set_revoke_grace(f->pool, REVOKE_GRACE);
+        /* A lease, then a renewal that covers the pool, sent at boot 2000 s: the fence counts from its send. */
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1001), rid);
+        pool_shared_renewed(f->pool, true, false, S(2000), pool_shared_renew_period(f->pool), S(1002));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(2000) + TTL - REVOKE_GRACE - SHARED_FENCE_SLACK);
+}
+
 /* revoke-grace= changed by reload: the self-fence margin follows at once (issue 19 c). */
 static void test_revoke_grace_by_reload_moves_the_fence(void **state) {
         Fixture *f = *state;
@@ -2878,6 +2906,7 @@ int main(void) {
                 T(test_node_ttl_by_reload_fences_on_the_shorter_until_agreed),
                 T(test_a_release_is_owed_until_answered),
                 T(test_revoke_grace_by_reload_moves_the_fence),
+                T(test_renew_period_is_a_quarter_of_the_ttl_within_a_third_of_the_fence_window),
                 T(test_grant_read_after_the_vouch_deadline_is_released_not_handed_out),
                 T(test_intents_are_replayed_in_order_after_a_reconnect),
                 T(test_epoch_change_reclaims_every_lease),

@@ -708,6 +708,103 @@ static void test_replicaof_by_hand_fails_the_link_and_changes_its_id(void **stat
         assert_string_not_equal(f->detail, before);            /* another replication history */
 }
 
+/* The link's INFO commands so far (INFO commandstats, less the ones this asked before: each counts from the
+ * next one). */
+static long long link_info_calls(Fixture *f) {
+        static unsigned asked = 0; /* one redis-server per test, one test at a time */
+        static pid_t asked_of = 0;
+        if (asked_of != f->redis.pid) {
+                asked_of = f->redis.pid;
+                asked = 0;
+        }
+        redisContext *c = redisConnect("127.0.0.1", f->redis.port);
+        assert_true(c && !c->err);
+        redisReply *r = redisCommand(c, "INFO commandstats");
+        assert_true(r && r->type == REDIS_REPLY_STRING);
+        const char *at = strstr(r->str, "cmdstat_info:calls=");
+        long long n = at ? strtoll(at + strlen("cmdstat_info:calls="), NULL, 10) : 0;
+        freeReplyObject(r);
+        redisFree(c);
+        return n - asked++;
+}
+
+static bool time_passed(Fixture *f, const void *deadline) {
+        return now_monotonic() >= *(const usec_t *) deadline;
+}
+
+/* Runs the loop for d: the time itself is what is tested (the watch's INFO must not come meanwhile). */
+static void run_for(Fixture *f, usec_t d) {
+        usec_t deadline = now_monotonic() + d;
+        (void) run_until(f, time_passed, &deadline, d + USEC_PER_SEC);
+}
+
+static bool link_info_calls_above(Fixture *f, const void *n) {
+        return link_info_calls(f) > *(const long long *) n;
+}
+
+/* The watch goes along with the owner's command when half an interval passed (one round trip, not two),
+ * and the link's own timer then waits three intervals, a fallback: an owner that sends along every interval
+ * leaves no INFO of its own round trip (issue 21 item 3: an idle node's renewal carries it). */
+static void test_the_watch_goes_along_with_the_owners_command(void **state) {
+        Fixture *f = *state;
+        const usec_t interval = USEC_PER_SEC;
+
+        redis_start(f, NULL);
+        f->options.watch_interval = interval;
+        link_start(f);
+        wait_up(f);
+        assert_int_equal(redis_link_watch_along(f->link), 0); /* the setup read INFO just now */
+        run_for(f, interval / 2);
+        long long before = link_info_calls(f);
+        assert_int_equal(redis_link_watch_along(f->link), 1);
+        assert_int_equal(redis_link_watch_along(f->link), 0); /* one in flight, or just sent */
+        Reply r = CMD("PING");
+        assert_int_equal(r.error, 0);
+        assert_int_equal(link_info_calls(f), before + 1);
+        /* None of the link's own for two intervals (it sent one every interval). */
+        run_for(f, 2 * interval);
+        assert_int_equal(link_info_calls(f), before + 1);
+        /* The fallback: the owner sent none along for three intervals. */
+        assert_true(run_until(f, link_info_calls_above, &(long long) { before + 1 }, DEADLINE));
+        assert_int_equal(redis_link_get_state(f->link), REDIS_LINK_UP);
+}
+
+/* A blocking read ended by a new connection (brokerd's long idle XREAD, when a pool joins the read): the
+ * read's owner hears -ECONNRESET at once, the link DOWN then UP again without a backoff, no timeout. */
+static void test_reconnect_ends_a_blocking_read_and_comes_back_at_once(void **state) {
+        Fixture *f = *state;
+        const char *const xread[] = { "XREAD", "BLOCK", "60000", "STREAMS", "s", "$" };
+        RedisLinkStats stats;
+        Reply r = {};
+
+        redis_start(f, NULL);
+        f->options.blocking = true;
+        f->options.backoff_min = f->options.backoff_max = 5 * USEC_PER_SEC;
+        link_start(f);
+        wait_up(f);
+        assert_int_equal(redis_link_command_blocking(f->link, 60 * USEC_PER_SEC, on_reply, &r, 6, xread, NULL), 0);
+        run_for(f, 100 * USEC_PER_MSEC); /* the read is in Redis, blocked */
+        usec_t cut = now_monotonic();
+        unsigned told_before = f->n_told;
+        assert_int_equal(redis_link_reconnect(f->link, "test"), 1);
+        assert_true(run_until(f, reply_done, &r, DEADLINE));
+        assert_int_equal(r.error, -ECONNRESET);
+        wait_up(f);
+        assert_true(f->n_told >= told_before + 2); /* DOWN, then UP */
+        assert_true(now_monotonic() - cut < 2 * USEC_PER_SEC); /* not after the 5 s backoff */
+        redis_link_get_stats(f->link, &stats);
+        assert_int_equal(stats.ups, 2);
+        assert_int_equal(stats.timeouts, 0);
+        /* Up again: a new read is taken. */
+        Reply again = {};
+        const char *const xread_short[] = { "XREAD", "BLOCK", "100", "STREAMS", "s", "$" };
+        assert_int_equal(redis_link_command_blocking(f->link, 100 * USEC_PER_MSEC, on_reply, &again, 6, xread_short,
+                                                     NULL), 0);
+        assert_true(run_until(f, reply_done, &again, DEADLINE));
+        assert_int_equal(again.error, 0);
+        assert_int_equal(again.type, REDIS_REPLY_NIL);
+}
+
 /* A listening socket that is not Redis: it answers garbage to whatever comes, or stays silent. */
 static int on_not_redis(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Fixture *f = userdata;
@@ -1020,6 +1117,8 @@ int main(int argc, char *argv[]) {
                 T(test_eviction_policy_other_than_noeviction_is_refused),
                 T(test_eviction_policy_set_at_run_time_fails_the_link),
                 T(test_replicaof_by_hand_fails_the_link_and_changes_its_id),
+                T(test_the_watch_goes_along_with_the_owners_command),
+                T(test_reconnect_ends_a_blocking_read_and_comes_back_at_once),
                 T(test_a_server_that_is_not_redis_fails_the_link),
                 T(test_a_silent_server_times_out_the_setup),
                 T(test_blocking_read_has_its_own_timeout),

@@ -2637,6 +2637,29 @@ static void test_a_slow_renewal_widens_the_backend_clocks_gap(void **state) {
         pool = saved;
 }
 
+/* Renewals every TTL/4 (7.5 s at backend-node-ttl 30 s; at most 10 s): the backend clock's gap grows to the
+ * period + 2 s, at most 12 s (it was capped at 7 s: a fleet of one node renewing every 7.5 s would see its
+ * clock stand still but for 1 s between renewals, its dead found 7 times late). */
+static void test_a_renewal_every_ttl_4_widens_the_backend_clocks_gap_to_its_period(void **state) {
+        redisReply *t = live_tick(LIVE_N1, "n1", CANON_LIVE);
+        freeReplyObject(t);
+        const char *saved = pool;
+        pool = "sb:live:n1";
+        redisReply *r = call("renew", LIVE_N1, -1, 1, "30000000/7500000", POOL, NULL);
+        assert_string_equal(status(r), "ok");
+        freeReplyObject(r);
+        redisReply *g = redisCommand(redis, "HGET sb:clock gap");
+        assert_string_equal(g->str, "9500000");
+        freeReplyObject(g);
+        r = call("renew", LIVE_N1, -1, 1, "30000000/20000000", POOL, NULL);
+        assert_string_equal(status(r), "ok");
+        freeReplyObject(r);
+        g = redisCommand(redis, "HGET sb:clock gap");
+        assert_string_equal(g->str, "12000000");
+        freeReplyObject(g);
+        pool = saved;
+}
+
 /* ---- the scripts against pool-local.c itself ----
  *
  * The same random sequence of requests, releases, withdrawals and drains, instant by instant, through
@@ -3901,6 +3924,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_renewal_names_a_pool_whose_recovery_window_is_open),
                 T(test_bad_lives_entries_break_nothing),
                 T(test_a_slow_renewal_widens_the_backend_clocks_gap),
+                T(test_a_renewal_every_ttl_4_widens_the_backend_clocks_gap_to_its_period),
                 T(test_a_clones_renewal_is_refused_and_reaps_nothing),
                 T(test_bad_live_keys_cover_nothing_and_break_nothing),
                 T(test_live_keys_lost_fall_back_to_the_registrations),
