@@ -327,6 +327,13 @@ static size_t u64_format(char *buf, uint64_t u, bool negative) {
         return len;
 }
 
+/* "%016" PRIx64, without printf. */
+static void rid_format(char rid[static RID_LEN + 1], uint64_t x) {
+        for (size_t i = RID_LEN; i > 0; i--, x >>= 4)
+                rid[i - 1] = "0123456789abcdef"[x & 0xf];
+        rid[RID_LEN] = '\0';
+}
+
 /* The formats that every call's arguments use, made without vasprintf() (a fifth of a shared pool's cost
  * per message in brokerd, issue 21: tests/bench/README.md). 1: made; 0: another format. */
 static int arg_format_fast(const char *fmt, va_list ap, char **ret, size_t *ret_len) {
@@ -2907,7 +2914,7 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
             !grant_find(p, old_rid))
                 strcpy(w->rid, old_rid);
         else
-                snprintf(w->rid, sizeof w->rid, "%016" PRIx64, p->params.random(p->params.random_userdata));
+                rid_format(w->rid, p->params.random(p->params.random_userdata));
         w->cookie = t->cookie;
         w->k = t->slots;
         w->arrival = t->arrival;
@@ -2927,9 +2934,10 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         c->resumed = old_rid && streq(w->rid, old_rid);
         /* The arrival on the pool clock: the wait and the fast-admission test count from it. */
         char arrival[32] = "-";
-        if (p->params.manual_clock || p->offset_known)
-                snprintf(arrival, sizeof arrival, "%" PRId64,
-                         pool_clock_of(p, now) - (int64_t) (now - MIN(now, t->arrival)));
+        if (p->params.manual_clock || p->offset_known) {
+                int64_t a = pool_clock_of(p, now) - (int64_t) (now - MIN(now, t->arrival));
+                u64_format(arrival, a < 0 ? -(uint64_t) a : (uint64_t) a, a < 0);
+        }
         if ((r = call_add(c, "%s", w->rid)) < 0 ||
             (r = call_add(c, "%s", t->lane)) < 0 ||
             (r = call_add(c, "%u", t->slots)) < 0 ||
