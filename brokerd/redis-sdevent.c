@@ -164,10 +164,11 @@ static void *create_string(const redisReadTask *task, char *s, size_t len) {
         RedisSdevent *e = task->privdata;
         if (!reply_count(e, task, len, 1))
                 return NULL;
-        char *str = NULL;
-        redisReply *r = reply_object_new(task, task->type, len + 1, (void **) &str);
+        void *extra = NULL;
+        redisReply *r = reply_object_new(task, task->type, len + 1, &extra);
         if (!r)
                 return NULL;
+        char *str = extra;
         memcpy(str, s, len);
         str[len] = '\0';
         r->str = str;
@@ -181,13 +182,13 @@ static void *create_array(const redisReadTask *task, int elements) {
         if (!reply_count(e, task, 0, 1 + (size_t) MAX(elements, 0)))
                 return NULL;
         size_t n = (size_t) MAX(elements, 0);
-        redisReply **element = NULL;
-        redisReply *r = reply_object_new(task, REDIS_REPLY_ARRAY, n * sizeof(redisReply *), (void **) &element);
+        void *extra = NULL;
+        redisReply *r = reply_object_new(task, REDIS_REPLY_ARRAY, n * sizeof(redisReply *), &extra);
         if (!r)
                 return NULL;
         if (n > 0)
-                memset(element, 0, n * sizeof(redisReply *));
-        r->element = element;
+                memset(extra, 0, n * sizeof(redisReply *));
+        r->element = extra;
         r->elements = n;
         return r;
 }
