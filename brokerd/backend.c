@@ -171,7 +171,8 @@ static void reply_convert(const redisReply *r, RespValue *v, RespValue **next) {
 
 /* The RespValue tree of r in one allocation (NULL: out of memory), valid as long as r. */
 static RespValue *reply_to_resp(const redisReply *r) {
-        RespValue *all = calloc(reply_count(r), sizeof(RespValue));
+        /* Not zeroed: reply_convert() writes every value. */
+        RespValue *all = malloc(reply_count(r) * sizeof(RespValue));
         if (!all)
                 return NULL;
         RespValue *next = all + 1;

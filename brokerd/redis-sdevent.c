@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: MIT */
+#include <stdalign.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/epoll.h>
 
 #include "macro.h"
@@ -59,10 +62,8 @@ static void del_write(void *privdata) {
 
 /* ---- the caps on a reply (REDIS_REPLY_*_MAX) ---- */
 
-/* hiredis's own object functions (static in hiredis.c, reached through a fresh reader), which the
- * counting ones below call. The table is static: hiredis still uses it after the cleanup hook (the
- * reader frees its partial reply last). */
-static redisReplyObjectFunctions *hiredis_fn;
+/* The reader's object functions (below). The table is static: hiredis still uses it after the cleanup
+ * hook (the reader frees its partial reply last, with no RedisSdevent left). */
 static redisReplyObjectFunctions counting_fn;
 
 /* Counts an object of the reply being read (the first of a reply starts it: its task has no parent).
@@ -80,26 +81,131 @@ static bool reply_count(RedisSdevent *e, const redisReadTask *task, size_t bytes
         return false;
 }
 
+/* A reply's objects, as hiredis's own (redisReply: the callbacks see no difference), but carved from
+ * blocks that the reply owns and freed with it at once: hiredis's calloc() and free() per value were a
+ * fifth of a shared pool's cost per message in brokerd (issue 21: tests/bench/README.md). */
+#define REPLY_BLOCK_FIRST 2048U
+#define REPLY_BLOCK_MAX (64U * 1024)
+
+typedef struct ReplyBlock {
+        struct ReplyBlock *prev;
+        size_t used, size;
+        _Alignas(max_align_t) unsigned char data[];
+} ReplyBlock;
+
+typedef struct ReplyObject {
+        struct ReplyObject *root; /* the reply's first object, which holds the blocks */
+        ReplyBlock *blocks;       /* root only: the newest block */
+        redisReply reply;
+} ReplyObject;
+
+static void *reply_alloc(ReplyObject *root, size_t size) {
+        size = (size + alignof(max_align_t) - 1) & ~(alignof(max_align_t) - 1);
+        ReplyBlock *b = root->blocks;
+        if (b->size - b->used < size) {
+                size_t n = MAX(MIN(b->size * 2, (size_t) REPLY_BLOCK_MAX), size);
+                ReplyBlock *nb = malloc(sizeof(ReplyBlock) + n);
+                if (!nb)
+                        return NULL;
+                *nb = (ReplyBlock) { .prev = b, .size = n };
+                root->blocks = b = nb;
+        }
+        void *p = b->data + b->used;
+        b->used += size;
+        return p;
+}
+
+/* An object of the reply being read, linked into its parent array as hiredis's are. */
+static redisReply *reply_object_new(const redisReadTask *task, int type, size_t extra, void **ret_extra) {
+        ReplyObject *o;
+        if (!task->parent) {
+                ReplyBlock *b = malloc(sizeof(ReplyBlock) + REPLY_BLOCK_FIRST);
+                if (!b)
+                        return NULL;
+                *b = (ReplyBlock) { .size = REPLY_BLOCK_FIRST };
+                o = (ReplyObject *) b->data;
+                b->used = (sizeof *o + alignof(max_align_t) - 1) & ~(alignof(max_align_t) - 1);
+                *o = (ReplyObject) { .root = o, .blocks = b };
+        } else {
+                redisReply *parent = task->parent->obj;
+                ReplyObject *root = container_of(parent, ReplyObject, reply)->root;
+                o = reply_alloc(root, sizeof *o);
+                if (!o)
+                        return NULL;
+                *o = (ReplyObject) { .root = root };
+        }
+        if (extra > 0 && !(*ret_extra = reply_alloc(o->root, extra))) {
+                if (!task->parent)
+                        free(o->blocks);
+                return NULL;
+        }
+        o->reply.type = type;
+        if (task->parent) {
+                redisReply *parent = task->parent->obj;
+                if (parent->type == REDIS_REPLY_ARRAY && (size_t) task->idx < parent->elements)
+                        parent->element[task->idx] = &o->reply;
+        }
+        return &o->reply;
+}
+
+static void reply_object_free(void *obj) {
+        if (!obj)
+                return;
+        ReplyObject *o = container_of(obj, ReplyObject, reply);
+        if (o->root != o)
+                return; /* a part of a reply: freed with it */
+        for (ReplyBlock *b = o->blocks, *prev; b; b = prev) {
+                prev = b->prev;
+                free(b);
+        }
+}
+
 static void *create_string(const redisReadTask *task, char *s, size_t len) {
         RedisSdevent *e = task->privdata;
-        return reply_count(e, task, len, 1) ? hiredis_fn->createString(task, s, len) : NULL;
+        if (!reply_count(e, task, len, 1))
+                return NULL;
+        void *extra = NULL;
+        redisReply *r = reply_object_new(task, task->type, len + 1, &extra);
+        if (!r)
+                return NULL;
+        char *str = extra;
+        memcpy(str, s, len);
+        str[len] = '\0';
+        r->str = str;
+        r->len = len;
+        return r;
 }
 
 static void *create_array(const redisReadTask *task, int elements) {
         RedisSdevent *e = task->privdata;
         /* The elements are counted as announced: their table is allocated now. */
-        return reply_count(e, task, 0, 1 + (size_t) MAX(elements, 0)) ? hiredis_fn->createArray(task, elements)
-                                                                       : NULL;
+        if (!reply_count(e, task, 0, 1 + (size_t) MAX(elements, 0)))
+                return NULL;
+        size_t n = (size_t) MAX(elements, 0);
+        void *extra = NULL;
+        redisReply *r = reply_object_new(task, REDIS_REPLY_ARRAY, n * sizeof(redisReply *), &extra);
+        if (!r)
+                return NULL;
+        if (n > 0)
+                memset(extra, 0, n * sizeof(redisReply *));
+        r->element = extra;
+        r->elements = n;
+        return r;
 }
 
 static void *create_integer(const redisReadTask *task, long long value) {
         RedisSdevent *e = task->privdata;
-        return reply_count(e, task, 0, 1) ? hiredis_fn->createInteger(task, value) : NULL;
+        if (!reply_count(e, task, 0, 1))
+                return NULL;
+        redisReply *r = reply_object_new(task, REDIS_REPLY_INTEGER, 0, NULL);
+        if (r)
+                r->integer = value;
+        return r;
 }
 
 static void *create_nil(const redisReadTask *task) {
         RedisSdevent *e = task->privdata;
-        return reply_count(e, task, 0, 1) ? hiredis_fn->createNil(task) : NULL;
+        return reply_count(e, task, 0, 1) ? reply_object_new(task, REDIS_REPLY_NIL, 0, NULL) : NULL;
 }
 
 /* After a read: what waits in the buffer for the rest of a reply counts too (a bulk string is kept whole
@@ -181,14 +287,13 @@ int redis_sdevent_attach(redisAsyncContext *ac, sd_event *event, RedisSdeventCle
         (void) sd_event_source_set_description(e->io, "redis");
 
         /* The reader counts each reply against the caps (its privdata reaches the object functions). */
-        if (!hiredis_fn) {
-                hiredis_fn = ac->c.reader->fn;
+        if (!counting_fn.freeObject) {
                 counting_fn = (redisReplyObjectFunctions) {
                         .createString = create_string,
                         .createArray = create_array,
                         .createInteger = create_integer,
                         .createNil = create_nil,
-                        .freeObject = hiredis_fn->freeObject,
+                        .freeObject = reply_object_free,
                 };
         }
         ac->c.reader->fn = &counting_fn;
