@@ -789,14 +789,20 @@ function HEALTH.key() return P .. ':hq' end
 function HEALTH.count(by) meta_set('hwaiting', (tonumber(M.hwaiting) or 0) + by) end
 function HEALTH.waiting() return tonumber(M.hwaiting) or 0 end
 
-function HEALTH.link(w)
-        redis.call('ZADD', HEALTH.key(), 0, w.wid)
+-- What every waiter is linked into, beside its queue: its deadline, its node's records, its lane's count
+-- (waiter_link() too: a field of HEALTH's, not a local of its own, for Lua's 200 locals a chunk).
+function HEALTH.enlist(w)
         if w.deadline ~= INF then
                 redis.call('ZADD', K.dl, w.deadline, w.wid)
                 carry.heads = nil
         end
         record_add(w.node, w.rid, 'w', 'w:' .. w.wid)
         lane_incr(w.lane, 'waiting', 1)
+end
+
+function HEALTH.link(w)
+        redis.call('ZADD', HEALTH.key(), 0, w.wid)
+        HEALTH.enlist(w)
         HEALTH.count(1)
 end
 
@@ -813,13 +819,15 @@ function HEALTH.unlink(w, keep_record)
 end
 
 
--- pool-local.c:health_avail(): the free quarantined members not drained by hand, in member order (places).
+-- pool-local.c:health_avail(): the free quarantined members not drained by hand and not resting (cooldown=),
+-- in member order (places).
 function HEALTH.avail()
         local out = {}
+        local cooling = (R.cooldown or 0) > 0
         for i, m in ipairs(R.members or {}) do
                 if i > R.limit then break end
                 if LIFE.quarantined(m) and redis.call('SISMEMBER', K.dm, m) == 0 and
-                   redis.call('GETBIT', K.occ, i - 1) == 0 then
+                   redis.call('GETBIT', K.occ, i - 1) == 0 and not (cooling and redis.call('ZSCORE', K.rest, m)) then
                         out[#out + 1] = i - 1
                 end
         end
@@ -1012,12 +1020,7 @@ local function waiter_link(w)
         end
         redis.call('ZADD', k_queue(w.prio), 0, w.wid)
         redis.call('ZADD', K.prios, w.prio, w.prio)
-        if w.deadline ~= INF then
-                redis.call('ZADD', K.dl, w.deadline, w.wid)
-                carry.heads = nil
-        end
-        record_add(w.node, w.rid, 'w', 'w:' .. w.wid)
-        lane_incr(w.lane, 'waiting', 1)
+        HEALTH.enlist(w)
         meta_incr('waiting', 1)
 end
 

@@ -1079,6 +1079,18 @@ static void health_set_aside(const PoolWaiter *w, uint64_t *avail, size_t words)
  * one that cannot be granted yet keeps those it could use from the waiters behind it; one whose members are
  * no longer quarantined (restored meanwhile) has nothing to wait for: unavailable. The ordinary queue never
  * takes a quarantined member, so the two never compete. O(health waiters × limit). */
+/* What a new health request may take now: the free quarantined members, less what the health requests waiting
+ * keep set aside (they wait: it is too little for them). NULL: out of memory. */
+static uint64_t *health_avail_for_new(const LocalPool *p, size_t words) {
+        uint64_t *avail = calloc(words, sizeof(uint64_t));
+        if (!avail)
+                return NULL;
+        health_avail(p, avail, words);
+        list_foreach(n, &p->health)
+                health_set_aside(container_of(n, PoolWaiter, fifo_node), avail, words);
+        return avail;
+}
+
 static void health_dispatch(LocalPool *p, usec_t now) {
         if (p->n_health == 0)
                 return;
@@ -1482,12 +1494,9 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
          * enough that it may use are free now (the health requests waiting keep theirs); else an ordinary
          * request in every way, which waits for ordinary members in the queue. */
         if (l->health && l->health_also && p->base.members && !t->gated && health_capacity(p, mask) >= t->slots) {
-                avail = calloc(words, sizeof(uint64_t));
+                avail = health_avail_for_new(p, words);
                 if (!avail)
                         return -ENOMEM;
-                health_avail(p, avail, words);
-                list_foreach(n, &p->health)
-                        health_set_aside(container_of(n, PoolWaiter, fifo_node), avail, words);
                 if (health_fits(l, t->slots, mask, avail, words))
                         return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL, avail);
                 avail = mfree(avail);
@@ -1512,13 +1521,9 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                         });
                         return 0;
                 }
-                avail = calloc(words, sizeof(uint64_t));
+                avail = health_avail_for_new(p, words);
                 if (!avail)
                         return -ENOMEM;
-                health_avail(p, avail, words);
-                /* The health requests already waiting keep what they could use (they wait: it is too little). */
-                list_foreach(n, &p->health)
-                        health_set_aside(container_of(n, PoolWaiter, fifo_node), avail, words);
                 /* A health lane takes no also= pools (conf_validate()): never gated. */
                 room = health_fits(l, t->slots, mask, avail, words);
                 if (room && !t->gated)

@@ -3648,15 +3648,19 @@ static usec_t shared_next_wakeup(const Pool *base) {
         return w;
 }
 
-static int shared_drain(Pool *base, const char *member, bool on, usec_t now) {
-        SharedPool *p = SHARED(base);
+/* drain.lua's call: the member ("" the pool) and on; with `with` (a drain that keeps who, why and until in Redis,
+ * SPEC §3.6), those three too. */
+static int drain_queue(SharedPool *p, const char *member, bool on, bool with, const char *who, const char *reason,
+                       const char *until, usec_t now) {
         if (member && !strv_contains(p->base.members, member))
                 return -ENOENT;
         Call *c;
         int r = call_new(p, SHARED_SCRIPT_DRAIN, op_settles(p), now, &c);
         if (r < 0)
                 return r;
-        if ((r = call_add(c, "%s", member ?: "")) < 0 || (r = call_add(c, "%d", on)) < 0) {
+        if ((r = call_add(c, "%s", member ?: "")) < 0 || (r = call_add(c, "%d", on)) < 0 ||
+            (with && ((r = call_add(c, "%s", who ?: "")) < 0 || (r = call_add(c, "%s", reason ?: "")) < 0 ||
+                      (r = call_add(c, "%s", until)) < 0))) {
                 call_free(c);
                 return r;
         }
@@ -3666,29 +3670,18 @@ static int shared_drain(Pool *base, const char *member, bool on, usec_t now) {
         return 0;
 }
 
+static int shared_drain(Pool *base, const char *member, bool on, usec_t now) {
+        return drain_queue(SHARED(base), member, on, false, NULL, NULL, NULL, now);
+}
+
 /* SPEC §3.6: who, why and until go to Redis with the drain (drain.lua), which keeps them for every node and
  * undrains at until by itself: the pool's own instant, whichever node's call runs it. until on the pool clock. */
 static int shared_drain_with(Pool *base, const char *member, const EngineDrain *d, usec_t now) {
         SharedPool *p = SHARED(base);
-        if (member && !strv_contains(p->base.members, member))
-                return -ENOENT;
-        Call *c;
-        int r = call_new(p, SHARED_SCRIPT_DRAIN, op_settles(p), now, &c);
-        if (r < 0)
-                return r;
         char until[32] = "";
         if (d && d->until != USEC_INFINITY)
                 snprintf(until, sizeof until, "%" PRId64, pool_clock_of(p, d->until));
-        if ((r = call_add(c, "%s", member ?: "")) < 0 || (r = call_add(c, "%d", d != NULL)) < 0 ||
-            (r = call_add(c, "%s", d && d->who ? d->who : "")) < 0 ||
-            (r = call_add(c, "%s", d && d->reason ? d->reason : "")) < 0 || (r = call_add(c, "%s", until)) < 0) {
-                call_free(c);
-                return r;
-        }
-        if (!member)
-                p->base.drained = d != NULL;
-        call_queue(p, c);
-        return 0;
+        return drain_queue(p, member, d != NULL, true, d ? d->who : NULL, d ? d->reason : NULL, until, now);
 }
 
 static size_t shared_position(const Pool *base, const PoolWaiter *w, size_t *ret_queued) {

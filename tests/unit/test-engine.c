@@ -1017,6 +1017,44 @@ static void test_health_lane_takes_quarantined_members_only_and_exit_0_restores(
         end(f, w, S(7));
 }
 
+/* A member quarantined by its release in a pool with cooldown= rests first: the health job waits out its rest,
+ * as any job would (SPEC §3.6), and the rest of a restored member is its own. */
+static void test_a_quarantined_member_rests_before_its_health_job(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, (const char *const[]) { "a", "b" }, 2);
+        p->quarantine_exit_codes[0] = UINT64_C(1) << 3;
+        p->quarantine_exit_codes_set = true;
+        p->quarantine_after = 1;
+        p->cooldown = S(10);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "h", LANE_POLICY_WAIT, "p", NULL)->health = true;
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        assert_string_equal(member_of(a), "a");
+        end_with(f, a, 3, "job-1", S(1)); /* a quarantined, resting until 11 s */
+        assert_true(life_of(f, "a")->quarantined);
+        Tag *h = acquire(f, "H", (Req) { .lane = "h" }, S(2));
+        assert_true(queued(h));
+        run(f, S(11) - 1);
+        assert_true(queued(h));
+        run(f, S(11));
+        assert_true(granted(h));
+        assert_string_equal(member_of(h), "a");
+        assert_int_equal(h->decided, S(11));
+        end_with(f, h, 0, "check", S(12)); /* restored, and resting again until 22 s */
+        assert_false(life_of(f, "a")->quarantined);
+        Tag *b = acquire(f, "B", (Req) {}, S(13));
+        assert_string_equal(member_of(b), "b");
+        Tag *w = acquire(f, "W", (Req) {}, S(14));
+        assert_true(queued(w));
+        run(f, S(22));
+        assert_true(granted(w));
+        assert_string_equal(member_of(w), "a");
+        end(f, b, S(23));
+        end(f, w, S(23));
+}
+
 static void test_quarantine_by_exit_status_counts_in_a_row_and_restore_hands_it_on(void **state) {
         Fixture *f = *state;
         rigs_plain(f, 2);
@@ -3626,6 +3664,7 @@ int main(void) {
                 T(test_random_reloads_of_members_never_hand_a_member_out_twice),
                 T(test_restart_resumes_waiters_at_their_places),
                 T(test_quarantine_by_exit_status_counts_in_a_row_and_restore_hands_it_on),
+                T(test_a_quarantined_member_rests_before_its_health_job),
                 T(test_a_held_member_quarantined_by_hand_stays_with_its_holder),
                 T(test_a_member_drain_until_ends_by_itself_on_every_pool_kind),
                 T(test_health_lane_takes_quarantined_members_only_and_exit_0_restores),
