@@ -328,10 +328,20 @@ int cli_call(const char *socket_path, const char *what, const char *method, json
                 log_error("Out of memory.");
                 return EXIT_FAILURE;
         }
-        r = cli_connect(socket_path, &c);
-        if (r < 0)
-                return cli_exit_status_from_errno(r);
-        r = broker_call(c, method, text, ret_reply ? &reply : NULL);
+        /* A restarting brokerd closes the connections whose reply it had not sent yet (a Status waiting on its
+         * snapshot: brokerd(8)); the next brokerd takes the socket's queue. A read is asked again, a few times;
+         * a change (Cancel) never: it may have been applied. */
+        bool read = streq(method, "io.slotbroker.Status") || streq(method, "io.slotbroker.Metrics") ||
+                    streq(method, "io.slotbroker.History");
+        for (unsigned attempt = 0;; attempt++) {
+                r = cli_connect(socket_path, &c);
+                if (r < 0)
+                        return cli_exit_status_from_errno(r);
+                r = broker_call(c, method, text, ret_reply ? &reply : NULL);
+                if (r != -ECONNRESET || !read || attempt >= CLI_READ_RETRIES)
+                        break;
+                c = broker_client_free(c);
+        }
         if (r < 0) {
                 if (cli_errno_is_unreachable(r))
                         log_error_errno(r, "%s: the broker closed the connection", what);

@@ -143,6 +143,10 @@ int cli_exit_status_from_errno(int error);
  * parameter, 77 for permission denied, else 1. what names the request: "acquire", "drain", … */
 int cli_log_result(BrokerClient *c, const char *what, int result, int conflict_exit_code);
 
+/* How many times a read (Status, Metrics, History) is asked again when the broker closes the connection
+ * before its reply: a restart (brokerd(8)). */
+#define CLI_READ_RETRIES 3
+
 /* One call with one reply, everything logged: connects, calls, parses the reply. Returns 0 and the
  * reply's parameters in *ret_reply (NULL: dropped), or an exit status (> 0) after logging. */
 int cli_call(const char *socket_path, const char *what, const char *method, json_t *parameters, json_t **ret_reply);

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -305,6 +306,53 @@ class ExitCodes(SlotctlTest):
         self.assertEqual(r.returncode, 5)
         self.assertEqual(r.stdout, "lease=unset\n")
         self.assertIn("without a slot", r.stderr)
+
+    def fake_broker(self, answers):
+        """A socket that reads one call per connection and, per connection in turn, closes it (None) or
+        answers the given reply. Returns the list of methods it read, filled as it goes."""
+        path = self.path("fake.socket")
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        srv.bind(path)
+        srv.listen(8)
+        srv.settimeout(20)
+        seen = []
+
+        def serve():
+            try:
+                for answer in answers:
+                    c, _ = srv.accept()
+                    with c:
+                        data = b""
+                        while not data.endswith(b"\0"):
+                            chunk = c.recv(65536)
+                            if not chunk:
+                                break
+                            data += chunk
+                        seen.append(json.loads(data[:-1])["method"] if data.endswith(b"\0") else None)
+                        if answer is not None:
+                            c.sendall(json.dumps(answer).encode() + b"\0")
+            except OSError:
+                pass
+            finally:
+                srv.close()
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        self.addCleanup(t.join, 30)
+        return path, seen
+
+    def test_a_read_is_asked_again_when_the_connection_closes_before_its_reply(self):
+        # brokerd restarting closes a connection whose Status or History reply is on its way (brokerd(8)):
+        # slotctl asks again. A change is never asked twice: it may have been applied.
+        path, seen = self.fake_broker([None, None, {"parameters": {"text": "slotbroker_up 1\n"}}])
+        r = self.run_slotctl("metrics", "--socket", path)
+        self.assertEqual((r.returncode, r.stdout), (0, "slotbroker_up 1\n"), r.stderr)
+        self.assertEqual(seen, ["io.slotbroker.Metrics"] * 3)
+        os.unlink(path)
+        path, seen = self.fake_broker([None, {"parameters": {"cancelled": 0}}])
+        r = self.run_slotctl("cancel", "--socket", path, "--all")
+        self.assertEqual(r.returncode, 69, r.stderr)
+        self.assertIn("closed the connection", r.stderr)
+        self.assertEqual(seen, ["io.slotbroker.Cancel"])
 
     def test_usage_errors_exit_64(self):
         for args in (["run", "--lane", "merge"],                       # no command
