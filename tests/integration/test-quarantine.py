@@ -351,7 +351,7 @@ class Drain(Base):
         self.assertEqual(p.returncode, 0, p.stderr)
         [d] = b.pool("rigs")["memberDrains"]
         self.assertEqual((d["member"], d["by"], d["reason"]), ("a", f"uid {os.getuid()}", "reflash"))
-        self.assertLess(abs(d["until"] - until * 10**6), 1000)  # kept as a monotonic deadline: µs of drift
+        self.assertLess(abs(d["until"] - until * 10**6), 50000)  # a monotonic deadline and back: drift (see the history rows below)
         self.assertRegex(self.slotctl(b, "status").stdout, r"a drained since .* by uid \d+ until .*: reflash")
         self.queued(b, "waiter", "w", "--member", "a")
         # It undrains by itself at `until`, and the waiter gets a.
@@ -366,11 +366,13 @@ class Drain(Base):
         drained, undrained = wait_for(rows, 10, message="the drain in the history")
         self.assertEqual((drained["decision"], drained["pool"], drained.get("job"), drained.get("selector")),
                          ("drained", "rigs", f"uid {os.getuid()}", "@a"))
-        # why and until, each in its own field (history.db schema 7)
+        # why and until, each in its own field (history.db schema 8). The until goes through the monotonic
+        # deadline and back to the realtime clock when the row is written: a preemption between the two clock
+        # reads shows as drift (1.3 ms once under ASan and load); a lost or wrong until would be seconds off.
         self.assertEqual(drained.get("reason"), "reflash")
-        self.assertLess(abs(drained["until"] - until * 10**6), 1000)
+        self.assertLess(abs(drained["until"] - until * 10**6), 50000)
         self.assertEqual((undrained["decision"], undrained.get("reason")), ("undrained", "reflash"))
-        self.assertLess(abs(undrained["until"] - until * 10**6), 1000)
+        self.assertLess(abs(undrained["until"] - until * 10**6), 50000)
         out = self.slotctl(b, "history", "--decision", "drained").stdout
         self.assertRegex(out, r"drained .* @a \(reflash\) until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 
@@ -548,7 +550,7 @@ class Journal(Base):
         e = self.entry(b, MESSAGE_ID_DRAINED, SLOT_MEMBER="a")
         self.assertEqual((e["SLOT_DECISION"], e["SLOT_REASON"], e["SLOT_JOB"]),
                          ("drained", "reflash", f"uid {os.getuid()}"))
-        self.assertLess(abs(int(e["SLOT_UNTIL_USEC"]) - until * 10**6), 1000)
+        self.assertLess(abs(int(e["SLOT_UNTIL_USEC"]) - until * 10**6), 50000)
         self.assertTrue(e["MESSAGE"].startswith("[DRAINED] Member a of pool rigs drained by uid"), e["MESSAGE"])
         e = self.entry(b, MESSAGE_ID_UNDRAINED, SLOT_MEMBER="a")
         self.assertIn("its --until came", e["MESSAGE"])
