@@ -237,7 +237,8 @@ void lease_table_log_use(LeaseTable *t, const char *pool, const char *member) {
                 EnginePoolInfo info;
                 if (engine_pool_info(t->engine, i, now_of(t, CLOCK_MONOTONIC), &info) < 0 || !streq(info.name, pool))
                         continue;
-                for (size_t j = 0; j < info.n_life; j++) {
+                /* A shared pool keeps no counts per member (Redis keeps its quarantines): nothing to carry. */
+                for (size_t j = 0; !info.remote && j < info.n_life; j++) {
                         const EngineMemberLife *m = info.life + j;
                         if (streq(m->member, member))
                                 /* Lost to -ENOMEM: the next change of the member writes it whole. */
