@@ -1933,6 +1933,14 @@ static int stream_id_cmp(const char *a, const char *b) {
         return aseq < bseq ? -1 : aseq > bseq;
 }
 
+/* The place of the configured member a reply names, or -1 (none, or not a string). */
+static ssize_t member_index(const SharedPool *p, const RespValue *v) {
+        for (size_t i = 0; v && v->type == RESP_STRING && p->base.members && p->base.members[i]; i++)
+                if (mem_is(v->str, v->len, p->base.members[i]))
+                        return (ssize_t) i;
+        return -1;
+}
+
 static void rests_clear(SharedPool *p) {
         for (size_t i = 0; i < p->cache.n_rests; i++)
                 free((char *) p->cache.rests[i].member);
@@ -1978,11 +1986,8 @@ static void rests_apply(SharedPool *p, const RespValue *v, int64_t pool_now, use
                                 continue;
                         rests[k].member = NULL;
                 } else {
-                        size_t j = 0;
-                        for (; p->base.members && p->base.members[j]; j++)
-                                if (mem_is(id->str, id->len, p->base.members[j]))
-                                        break;
-                        if (!p->base.members || !p->base.members[j] || j >= p->base.limit)
+                        ssize_t j = member_index(p, id);
+                        if (j < 0 || (size_t) j >= p->base.limit)
                                 continue;
                         idx = (unsigned) j;
                         if (!(rests[k].member = strdup(p->base.members[j])))
@@ -2048,13 +2053,6 @@ static char *life_text(const RespValue *v, bool *bad) {
                         return NULL;
                 }
         return v->len > 0 ? resp_strdup(v) : NULL;
-}
-
-static ssize_t member_index(const SharedPool *p, const RespValue *v) {
-        for (size_t i = 0; v && v->type == RESP_STRING && p->base.members && p->base.members[i]; i++)
-                if (mem_is(v->str, v->len, p->base.members[i]))
-                        return (ssize_t) i;
-        return -1;
 }
 
 /* The members as configured, each keeping its quarantine by name (a reload's next reply says it again). */
