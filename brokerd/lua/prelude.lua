@@ -2132,7 +2132,7 @@ local function pool_renew(what)
                 end
         end
         meta_set('drained_free', drained_free)
-        if M.clock_mode ~= 'manual' then recovery_open(now + (R.ttl or 30000000), {}, 'lost:' .. what) end
+        if M.clock_mode ~= 'manual' then recovery_open(now + (rules.ttl or R.ttl or 30000000), {}, 'lost:' .. what) end
 end
 
 -- One node, one identity (SPEC §11): a call whose incarnation is neither the one registered under its
