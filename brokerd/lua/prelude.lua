@@ -238,7 +238,10 @@ local function rules_from(t)
                         if attr == 'priority' then r.lanes[lane].priority = tonumber(v)
                         elseif attr == 'max-in-use' then r.lanes[lane].max_in_use = tonumber(v)
                         elseif attr == 'reserve' then r.lanes[lane].reserve = tonumber(v)
-                        elseif attr == 'health' then r.lanes[lane].health = v == '1' end
+                        elseif attr == 'health' then
+                                -- "also": quarantined members first, else an ordinary request (HEALTH.first())
+                                r.lanes[lane].health, r.lanes[lane].health_also = v == '1', v == 'also'
+                        end
                 end
         end
         rules_reserve_lane(r)
@@ -623,7 +626,9 @@ end
 -- status: 0–255 (a client that reports none sends nothing: nothing changes).
 function LIFE.released(l, status, job)
         if not R.members then return end
-        local health = R.lanes[l.lane] and R.lanes[l.lane].health
+        -- A health job as its grant said (health = also: only where it got quarantined members); a lease of
+        -- scripts from before [14], by its lane.
+        local health = l.hjob or (R.lanes[l.lane] and R.lanes[l.lane].health)
         for _, m in ipairs(l.members or {}) do
                 if type(m) == 'string' and LIFE.pos(m) then
                         if health then
@@ -1419,14 +1424,14 @@ local function lease_get(token)
         return {
                 token = tonumber(token), node = a[1], rid = a[2], lane = a[3], k = a[4], slots = a[5], pos = a[6],
                 members = a[7], at = a[8], wait = a[9], state = a[10], idle = a[11], budget = unwire(a[12]),
-                orphan = a[13] == 1,
+                orphan = a[13] == 1, hjob = a[14] == 1 or nil,
         }
 end
 
 local function lease_put(l)
         redis.call('HSET', K.h, istr(l.token), cmsgpack.pack({
                 l.node, l.rid, l.lane, l.k, l.slots, l.pos, l.members, l.at, l.wait, l.state, l.idle,
-                wire(l.budget), l.orphan and 1 or 0,
+                wire(l.budget), l.orphan and 1 or 0, l.hjob and 1 or nil,
         }))
 end
 
@@ -1439,12 +1444,13 @@ end
 
 -- pool-local.c:grant(). w: the waiter it was (its state, idle, budget), or nil for a grant at once.
 -- places: the members to take (selector_walk(), HEALTH.fits()), or nil: the lowest free places;
--- quarantined: they are a health lane's quarantined members, out of `busy` and counted in drained_free.
+-- quarantined: they are a health lane's quarantined members, out of `busy` and counted in drained_free; the
+-- lease is a health job then (its record's [14]: fixed at the grant, as pool-local.c's PoolGrant.health).
 local function grant(node, rid, lane, k, arrival, t, w, places, quarantined)
         local l = {
                 node = node, rid = rid, lane = lane, k = k, slots = {}, pos = {}, members = {}, at = t,
                 wait = t - arrival, state = w and w.state or 'none', idle = w and w.idle or 0,
-                budget = w and w.budget or INF,
+                budget = w and w.budget or INF, hjob = quarantined or nil,
         }
         for i = 1, k do
                 -- Numbers as strings where it is free: redis.call() formats a number with "%.17g".
@@ -1709,6 +1715,27 @@ function HEALTH.dispatch(t)
                 end
         end
         return true
+end
+
+-- What a new health request may take now (pool-local.c:health_avail_for_new()): the free quarantined members,
+-- less what the health requests waiting keep.
+function HEALTH.for_new()
+        local avail = HEALTH.avail()
+        for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+                local hw = waiter_get(wid)
+                if hw then avail = HEALTH.set_aside(hw, avail) end
+        end
+        return avail
+end
+
+-- health = also (pool-local.c, local_submit()): quarantined members first, when enough that the request may
+-- use are free now (the health requests waiting keep theirs): true and the places; else false, and it is an
+-- ordinary request in every way. A pool that never had a quarantine (meta.life unset) reads nothing.
+function HEALTH.first(sel, lane, k)
+        if tonumber(M.life) ~= 1 or not R.members then return false end
+        local self = { sel = sel }
+        if HEALTH.capacity(self) < k then return false end
+        return HEALTH.fits(self, lane, k, HEALTH.for_new())
 end
 
 -- A pool drain, or the health lanes' waiters refused (drain.lua): unavailable "drained", one step each.

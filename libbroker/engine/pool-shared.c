@@ -3233,9 +3233,10 @@ static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
                                 return -ENOMEM;
                         LINE("lane.%s.labels=%s", rules[i].lane, joined);
                 }
-                /* SPEC §3.6: present only on a health lane (a pool without one has the canon of before). */
+                /* SPEC §3.6: present only on a health lane (a pool without one has the canon of before); "also":
+                 * quarantined members first, else ordinary ones (prelude.lua, HEALTH.first()). */
                 if (rules[i].health)
-                        LINE("lane.%s.health=1", rules[i].lane);
+                        LINE("lane.%s.health=%s", rules[i].lane, rules[i].health_also ? "also" : "1");
         }
         for (size_t i = 0; i < c->n_labels; i++) {
                 if (!c->labels[i].members || !c->labels[i].members[0])

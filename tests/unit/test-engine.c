@@ -3668,6 +3668,7 @@ int main(void) {
                 T(test_a_held_member_quarantined_by_hand_stays_with_its_holder),
                 T(test_a_member_drain_until_ends_by_itself_on_every_pool_kind),
                 T(test_health_lane_takes_quarantined_members_only_and_exit_0_restores),
+                T(test_health_also_lane_takes_quarantined_members_first_then_ordinary_ones),
                 /* Labels and named members (SPEC §3.5), on shared pools too: part of their agreed rules. */
                 T(test_labels_every_term_must_hold),
                 T(test_named_member_waits_for_that_member),
@@ -3710,7 +3711,6 @@ int main(void) {
                 T(test_health_job_is_granted_a_quarantined_member_past_an_ordinary_waiter),
                 T(test_quarantine_by_hand_and_restore),
                 T(test_health_waiters_do_not_barge_and_disjoint_ones_flow),
-                T(test_health_also_lane_takes_quarantined_members_first_then_ordinary_ones),
                 T(test_quarantine_keeps_a_realtime_start_from_before_this_boot),
                 T(test_member_use_carried_over_a_restart),
                 T(test_quarantine_survives_a_reload_by_member_name),

@@ -1354,6 +1354,60 @@ static void test_health_waiters_wait_beside_the_queue_and_a_pool_drain_refuses_t
         freeReplyObject(r);
 }
 
+/* health = also (README, "Health lanes"; pool-local.c): quarantined members first when enough are free now, else
+ * an ordinary request; whether a lease is a health job is fixed at its grant (the lease record's [14]). */
+static void test_health_also_takes_quarantined_members_first_and_its_grant_says_which(void **state) {
+        tick_ok("n1", 1000, CANON_QUARANTINE "lane.ha.health=also\nlane.ha.max-in-use=-1\nlane.ha.priority=0\n"
+                            "lane.ha.reserve=0\n");
+        /* Nothing quarantined: an ordinary grant, not a refusal (health=1 says not-quarantined). */
+        redisReply *r = call("submit", "n1", 1000, 0, "o1", "ha", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "alpha");
+        long long t_o1 = field_i(body(r), D_TOKEN);
+        freeReplyObject(r);
+        freeReplyObject(release_with(1000, t_o1, "o1", "0", "job"));
+        /* beta quarantined: taken first, though alpha is free and first; its exit 0 restores beta. */
+        freeReplyObject(call("quarantine", "n1", 1000, 0, "beta", "1", "uid 0", "x", NULL));
+        r = call("submit", "n1", 2000, 0, "h1", "ha", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "beta");
+        long long t_h1 = field_i(body(r), D_TOKEN);
+        freeReplyObject(r);
+        /* No quarantined member free: alpha, as any lane's; quarantined by hand while it runs, its exit 0 (an
+         * ordinary job's) does not restore it. */
+        r = call("submit", "n1", 2000, 0, "o2", "ha", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "alpha");
+        long long t_o2 = field_i(body(r), D_TOKEN);
+        freeReplyObject(r);
+        /* Full: it waits in the ordinary queue (waiting counts it). */
+        r = call("submit", "n1", 2000, 0, "o3", "ha", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        r = tick_as("n1", 2000, "=");
+        assert_int_equal(cache(r, 1), 1);
+        freeReplyObject(r);
+        freeReplyObject(call("quarantine", "n1", 3000, 0, "alpha", "1", "uid 0", "y", NULL));
+        r = release_with(3000, t_o2, "o2", "0", "job-a");
+        assert_int_equal(n_notices(r), 0);
+        assert_int_equal(quarantined_list(r)->elements, 2);
+        freeReplyObject(r);
+        r = release_with(4000, t_h1, "h1", "0", "check-b");
+        assert_int_equal(n_notices(r), 1);
+        assert_string_equal(r->element[R_NOTICES]->element[0]->element[0]->str, "restored");
+        assert_string_equal(r->element[R_NOTICES]->element[0]->element[1]->str, "beta");
+        assert_int_equal(quarantined_list(r)->elements, 1);
+        freeReplyObject(r);
+        /* beta restored goes to the ordinary waiter o3 (at the instant's dispatch). */
+        tick_ok("n1", 4000, "=");
+        r = call("positions", "n1", 4000, 0, "pos", "o3", NULL);
+        assert_string_equal(field_s(body(r)->element[0], D_VERDICT), "granted");
+        freeReplyObject(r);
+        redisReply *lost = redisCommand(redis, "HEXISTS " POOL ":meta lost");
+        assert_int_equal(lost->integer, 0); /* no integrity check failed */
+        freeReplyObject(lost);
+}
+
 /* ---- drains with who, why and until (SPEC §3.6; README, "Drains with a reason") ---- */
 
 static const redisReply *drains_list(const redisReply *r) {
@@ -3889,6 +3943,7 @@ int main(int argc, char *argv[]) {
                 T(test_garbage_quarantine_records_break_nothing_and_grant_nothing),
                 T(test_a_drain_until_ends_by_itself_at_the_pools_own_instant),
                 T(test_health_waiters_wait_beside_the_queue_and_a_pool_drain_refuses_them),
+                T(test_health_also_takes_quarantined_members_first_and_its_grant_says_which),
                 T(test_a_pool_drain_with_a_reason_and_its_undrain),
                 T(test_reclaim_inside_the_recovery_window),
                 T(test_reclaim_outside_a_recovery_window_is_lost),
