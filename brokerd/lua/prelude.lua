@@ -1569,8 +1569,10 @@ end
 -- at once and only positions wait for the move). One step per waiter; the job runs at the start of
 -- instants until done. Returns false when the budget ran out.
 -- The buckets a job walks: a lane's (lane, k) and selector buckets ("drop", "move"), its selector buckets
--- alone ("sdrop": those the adopted rules can never satisfy are refused, SPEC §3.5).
+-- alone ("sdrop": those the adopted rules can never satisfy are refused, SPEC §3.5), none ("hdrop": its
+-- health waiters alone, HEALTH.drop(); "drop" refuses those too).
 local function rekey_buckets(kind, lane)
+        if kind == 'hdrop' then return {} end
         local ks = kind == 'sdrop' and {} or redis.call('SMEMBERS', k_lk(lane))
         for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do ks[#ks + 1] = s end
         return ks
@@ -1583,6 +1585,7 @@ local function rekey_step()
         for i = 1, #job, 2 do if job[i] == 'at' then at = tonumber(job[i + 1]) end end
         for i = 1, #job, 2 do
                 local kind, lane = string.match(job[i], '^(%a+):(.+)$')
+                if (kind == 'drop' or kind == 'hdrop') and not HEALTH.drop(lane, at) then return false end
                 if kind then
                         for _, k in ipairs(rekey_buckets(kind, lane)) do
                                 local b = k_bucket(lane, k)
@@ -1736,6 +1739,23 @@ function HEALTH.first(sel, lane, k)
         local self = { sel = sel }
         if HEALTH.capacity(self) < k then return false end
         return HEALTH.fits(self, lane, k, HEALTH.for_new())
+end
+
+-- A reload's rekey job ("drop:L": lane L removed; "hdrop:L": no health lane any more, or the pool of anonymous
+-- slots now): L's health waiters refused unavailable at `at`, as pool-local.c:local_configure() does. It reads
+-- hq whole a call while it runs (health waiters are few); one step a refusal. False: the budget ran out.
+function HEALTH.drop(lane, at)
+        if HEALTH.waiting() == 0 then return true end
+        for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+                local w = waiter_get(wid)
+                if not w then
+                        redis.call('ZREM', HEALTH.key(), wid)
+                elseif w.lane == lane then
+                        if not step() then return false end
+                        waiter_refuse(w, 'unavailable', '', at)
+                end
+        end
+        return true
 end
 
 -- A pool drain, or the health lanes' waiters refused (drain.lua): unavailable "drained", one step each.

@@ -1292,6 +1292,37 @@ static void test_health_also_lane_takes_quarantined_members_first_then_ordinary_
         assert_true(life_of(f, "a")->quarantined);
 }
 
+/* A reload that ends a health lane refuses its waiters, as a removed lane's are (SPEC §4): health turned off, then
+ * the lane removed; a health job's lease stays with its holder. */
+static void test_reload_ending_a_health_lane_refuses_its_waiters(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        lane_add(f, "h2", LANE_POLICY_WAIT, "p", NULL)->health = true;
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        end_with(f, a, 3, "job-1", S(1)); /* a quarantined */
+        Tag *h = acquire(f, "H", (Req) { .lane = "h" }, S(2));
+        assert_true(granted(h));
+        assert_string_equal(member_of(h), "a");
+        Tag *h1 = acquire(f, "H1", (Req) { .lane = "h" }, S(3));
+        Tag *h2 = acquire(f, "H2", (Req) { .lane = "h2" }, S(3));
+        assert_true(queued(h1));
+        assert_true(queued(h2));
+        /* h is no health lane any more: its waiter is refused at the reload; h2's waits on. */
+        f->config.lanes[1]->health = false;
+        configure(f, S(4));
+        assert_true(refused(h1, REFUSAL_UNAVAILABLE));
+        assert_true(queued(h2));
+        /* h2 removed. */
+        f->config.n_lanes--;
+        configure(f, S(5));
+        f->config.n_lanes++; /* the fixture frees it */
+        assert_true(refused(h2, REFUSAL_UNAVAILABLE));
+        assert_true(granted(h));
+        end_with(f, h, 0, "check", S(6)); /* a health job's, as its grant said: a is restored */
+        assert_false(life_of(f, "a")->quarantined);
+}
+
 static void test_health_waiters_do_not_barge_and_disjoint_ones_flow(void **state) {
         Fixture *f = *state;
         PoolConfig *p = pool_add(f, "p", 0);
@@ -3669,6 +3700,7 @@ int main(void) {
                 T(test_a_member_drain_until_ends_by_itself_on_every_pool_kind),
                 T(test_health_lane_takes_quarantined_members_only_and_exit_0_restores),
                 T(test_health_also_lane_takes_quarantined_members_first_then_ordinary_ones),
+                T(test_reload_ending_a_health_lane_refuses_its_waiters),
                 /* Labels and named members (SPEC §3.5), on shared pools too: part of their agreed rules. */
                 T(test_labels_every_term_must_hold),
                 T(test_named_member_waits_for_that_member),
