@@ -991,15 +991,18 @@ local function waiter_put(w)
         }))
 end
 
--- 0-based place in the queue: the waiters of higher priorities, then the rank within its own.
+-- 0-based place in the queue: the waiters of higher priorities, then the rank within its own; and how many
+-- wait in that queue. A health waiter's: its place among hq's, of meta.hwaiting (pool-local.c's
+-- local_position(): its place in the health list, of n_health).
 local function waiter_position(w)
+        if w.health then return redis.call('ZRANK', HEALTH.key(), w.wid) or 0, HEALTH.waiting() end
         local pos = 0
         for _, p in ipairs(redis.call('ZRANGEBYSCORE', K.prios, '(' .. istr(w.prio), '+inf')) do
                 local n = redis.call('ZCARD', k_queue(p))
                 if n == 0 then redis.call('ZREM', K.prios, p) end -- emptied: see waiter_unlink()
                 pos = pos + n
         end
-        return pos + (redis.call('ZRANK', k_queue(w.prio), w.wid) or 0)
+        return pos + (redis.call('ZRANK', k_queue(w.prio), w.wid) or 0), M.waiting
 end
 
 -- A waiter's bucket: per (lane, k) (k_lk), or per (lane, k, selector canon) (k_ls: SPEC §3.5).

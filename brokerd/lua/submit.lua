@@ -43,9 +43,9 @@ local function submit()
                 local kind, id = string.match(ref, '^(%a):(.+)$')
                 if kind == 'w' then
                         local w = waiter_get(id)
+                        local place, of = waiter_position(w)
                         return reply('ok', decision('queued', RID, now, {
-                                state = w.state, idle = w.idle, budget = w.budget, position = waiter_position(w),
-                                queued = M.waiting,
+                                state = w.state, idle = w.idle, budget = w.budget, position = place, queued = of,
                         }))
                 end
                 return reply('ok', lease_decision(lease_get(id)))
@@ -140,9 +140,9 @@ local function submit()
                 w.shed = not LANE_BUDGET_SET and w.state == 'saturated' and adaptive <= CLIENT_CAP
                 w.deadline = usec_add(now, w.budget)
                 waiter_link(w)
+                local place, of = waiter_position(w)
                 d = decision('queued', RID, now, {
-                        state = w.state, idle = w.idle, budget = w.budget, position = waiter_position(w),
-                        queued = M.waiting,
+                        state = w.state, idle = w.idle, budget = w.budget, position = place, queued = of,
                 })
         end
         finish_instant()

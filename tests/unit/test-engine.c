@@ -1323,6 +1323,41 @@ static void test_reload_ending_a_health_lane_refuses_its_waiters(void **state) {
         assert_false(life_of(f, "a")->quarantined);
 }
 
+/* A health waiter's position is its place among the health waiters, of how many wait there (they are beside the
+ * queue); an ordinary waiter's counts the ordinary queue only. */
+static void test_health_waiter_position_is_its_place_among_health_waiters(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 0);
+        end_with(f, a, 3, "job-1", S(1)); /* a quarantined */
+        Tag *h = acquire(f, "H", (Req) { .lane = "h" }, S(2));
+        assert_true(granted(h));
+        Tag *w = acquire(f, "W", (Req) {}, S(3));
+        Tag *h1 = acquire(f, "H1", (Req) { .lane = "h" }, S(4));
+        Tag *h2 = acquire(f, "H2", (Req) { .lane = "h" }, S(5));
+        assert_true(queued(w) && queued(h1) && queued(h2));
+        size_t pos, n;
+        assert_int_equal(engine_request_position(h1->request, &pos, &n), 0);
+        assert_int_equal(pos, 0);
+        assert_int_equal(n, 2);
+        assert_int_equal(engine_request_position(h2->request, &pos, &n), 0);
+        assert_int_equal(pos, 1);
+        assert_int_equal(n, 2);
+        assert_int_equal(engine_request_position(w->request, &pos, &n), 0);
+        assert_int_equal(pos, 0);
+        assert_int_equal(n, 1);
+        /* H's failed check hands a to H1: H2 is first among the health waiters now. */
+        end_with(f, h, 1, "check-1", S(6));
+        assert_true(granted(h1));
+        run(f, S(7));
+        assert_int_equal(engine_request_position(h2->request, &pos, &n), 0);
+        assert_int_equal(pos, 0);
+        assert_int_equal(n, 1);
+        end(f, b, S(8));
+        assert_true(granted(w));
+}
+
 static void test_health_waiters_do_not_barge_and_disjoint_ones_flow(void **state) {
         Fixture *f = *state;
         PoolConfig *p = pool_add(f, "p", 0);
@@ -3701,6 +3736,7 @@ int main(void) {
                 T(test_health_lane_takes_quarantined_members_only_and_exit_0_restores),
                 T(test_health_also_lane_takes_quarantined_members_first_then_ordinary_ones),
                 T(test_reload_ending_a_health_lane_refuses_its_waiters),
+                T(test_health_waiter_position_is_its_place_among_health_waiters),
                 /* Labels and named members (SPEC §3.5), on shared pools too: part of their agreed rules. */
                 T(test_labels_every_term_must_hold),
                 T(test_named_member_waits_for_that_member),

@@ -1408,6 +1408,51 @@ static void test_health_also_takes_quarantined_members_first_and_its_grant_says_
         freeReplyObject(lost);
 }
 
+/* A health waiter's place (README, "Health lanes"; pool-local.c's local_position()): among hq's, of meta.hwaiting,
+ * in its queued decision, a retried submit, positions and the status snapshot (after the queue's waiters). */
+static void test_health_waiters_have_their_place_among_hq(void **state) {
+        tick_ok("n1", 1000, CANON_QUARANTINE "lane.hc.health=1\nlane.hc.max-in-use=-1\nlane.hc.priority=5\n"
+                            "lane.hc.reserve=0\n");
+        freeReplyObject(call("quarantine", "n1", 1000, 0, "alpha", "1", "uid 0", "x", NULL));
+        expect_verdict("b", 1000, "ci", 1, "granted");
+        expect_verdict("c", 1000, "ci", 1, "queued");
+        redisReply *r = call("submit", "n1", 1000, 0, "h1", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        freeReplyObject(r);
+        const char *rids[] = { "h2", "h3" };
+        for (int i = 0; i < 2; i++) {
+                r = call("submit", "n1", 1000, 0, rids[i], "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+                assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+                assert_int_equal(field_i(body(r), D_POSITION), i);
+                assert_int_equal(field_i(body(r), D_QUEUED), i + 1);
+                freeReplyObject(r);
+        }
+        /* The same rid again: where it stands. */
+        r = call("submit", "n1", 1000, 0, "h3", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_int_equal(field_i(body(r), D_POSITION), 1);
+        assert_int_equal(field_i(body(r), D_QUEUED), 2);
+        freeReplyObject(r);
+        r = call("positions", "n1", 1000, 0, "pos", "h3", "c", NULL);
+        assert_string_equal(body(r)->element[0]->element[0]->str, "queued");
+        assert_int_equal(body(r)->element[0]->element[1]->integer, 1);
+        assert_int_equal(body(r)->element[0]->element[2]->integer, 2);
+        /* The ordinary waiter is first in its queue of one, though hc's priority is higher. */
+        assert_int_equal(body(r)->element[1]->element[1]->integer, 0);
+        assert_int_equal(body(r)->element[1]->element[2]->integer, 1);
+        freeReplyObject(r);
+        r = call("positions", "n1", 1000, 0, "status", NULL);
+        const redisReply *waiters = body(r)->element[1];
+        assert_int_equal(waiters->elements, 3);
+        assert_string_equal(waiters->element[0]->element[2]->str, "c");
+        assert_int_equal(waiters->element[0]->element[6]->integer, 0);
+        assert_string_equal(waiters->element[1]->element[2]->str, "h2");
+        assert_int_equal(waiters->element[1]->element[6]->integer, 0);
+        assert_string_equal(waiters->element[2]->element[2]->str, "h3");
+        assert_int_equal(waiters->element[2]->element[6]->integer, 1);
+        assert_int_equal(body(r)->element[2]->integer, 1); /* waiting: the queue's */
+        freeReplyObject(r);
+}
+
 /* ---- drains with who, why and until (SPEC §3.6; README, "Drains with a reason") ---- */
 
 static const redisReply *drains_list(const redisReply *r) {
@@ -3944,6 +3989,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_drain_until_ends_by_itself_at_the_pools_own_instant),
                 T(test_health_waiters_wait_beside_the_queue_and_a_pool_drain_refuses_them),
                 T(test_health_also_takes_quarantined_members_first_and_its_grant_says_which),
+                T(test_health_waiters_have_their_place_among_hq),
                 T(test_a_pool_drain_with_a_reason_and_its_undrain),
                 T(test_reclaim_inside_the_recovery_window),
                 T(test_reclaim_outside_a_recovery_window_is_lost),
