@@ -2780,6 +2780,7 @@ typedef struct Req {
         PoolGrant *grant;
         long long token;
         bool health;            /* on the health lane */
+        bool also;              /* on the health = also lane */
 } Req;
 
 #define DIFF_REQS 400
@@ -2795,7 +2796,7 @@ typedef struct Diff {
 static const char *const refusal_names[] = { "busy", "full", "timeout", "shed", "unavailable" };
 static const char *const state_names[] = { "none", "keeping-up", "saturated" };
 
-static unsigned long diff_quarantines, diff_health_grants; /* compared (issue 23 item 7) */
+static unsigned long diff_quarantines, diff_health_grants, diff_also_grants; /* compared (issue 23 item 7) */
 
 static void on_local_decision(const PoolDecision *d, void *userdata) {
         Diff *df = userdata;
@@ -2819,6 +2820,7 @@ static void on_local_decision(const PoolDecision *d, void *userdata) {
         case POOL_VERDICT_GRANTED:
                 snprintf(o->verdict, sizeof o->verdict, "granted");
                 diff_health_grants += r->health;
+                diff_also_grants += r->also;
                 r->phase = 2;
                 r->grant = d->grant;
                 r->token = (long long) d->token;
@@ -2987,6 +2989,7 @@ static void run_differential(unsigned seed, int variant) {
                 { .lane = "b", .priority = 5, .max_in_use = 2 },
                 { .lane = "c", .priority = 0, .max_in_use = -1, .reserve = 1 },
                 { .lane = "h", .priority = 0, .max_in_use = -1, .health = true }, /* variant 2 only */
+                { .lane = "x", .priority = 0, .max_in_use = -1, .health = true, .health_also = true }, /* variant 2 */
         };
         const char *lanes[] = { "a", "b", "c" };
         PoolConfig pc = {
@@ -3010,6 +3013,7 @@ static void run_differential(unsigned seed, int variant) {
                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\nlane.b.max-in-use=2\n"
                 "lane.b.priority=5\nlane.c.priority=0\nlane.c.reserve=1\n"
                 "lane.h.health=1\nlane.h.max-in-use=-1\nlane.h.priority=0\nlane.h.reserve=0\n"
+                "lane.x.health=also\nlane.x.max-in-use=-1\nlane.x.priority=0\nlane.x.reserve=0\n"
                 "limit=4\nmembers=alpha,beta,gamma,delta\nquarantine-after=2\nquarantine-exit-codes=3\nqueue-congestion-timeout=2000000\nqueue-timeout=5000000\n",
         };
         const char *canon = canons[variant];
@@ -3021,7 +3025,7 @@ static void run_differential(unsigned seed, int variant) {
         freeReplyObject(redisCommand(redis, "FLUSHALL"));
         df.n_local = df.n_remote = df.n_reqs = 0;
         assert_int_equal(pool_local_new("p", on_local_decision, &df, &p), 0);
-        assert_int_equal(p->ops->configure(p, &pc, rules, members ? 4 : 3, (usec_t) now), 0);
+        assert_int_equal(p->ops->configure(p, &pc, rules, members ? 5 : 3, (usec_t) now), 0);
         tick_ok("n1", now, canon);
 
         for (int step = 0; step < 300; step++) {
@@ -3039,6 +3043,7 @@ static void run_differential(unsigned seed, int variant) {
                                 { .lane = "a", .priority = 0, .max_in_use = -1 },
                                 { .lane = "b", .priority = -1, .max_in_use = 2 },
                                 { .lane = "h", .priority = 0, .max_in_use = -1, .health = true }, /* variant 2 */
+                                { .lane = "x", .priority = 0, .max_in_use = -1, .health = true, .health_also = true },
                         };
                         char *new_members[] = { (char *) "delta", (char *) "gamma", (char *) "alpha", NULL };
                         PoolConfig pc2 = pc;
@@ -3053,12 +3058,13 @@ static void run_differential(unsigned seed, int variant) {
                                 remote_call(&df, false, "drain", now, "beta", "0", NULL);
                                 drained_member = NULL;
                         }
-                        assert_int_equal(p->ops->configure(p, &pc2, reloaded, members ? 3 : 2, (usec_t) now), 0);
+                        assert_int_equal(p->ops->configure(p, &pc2, reloaded, members ? 4 : 2, (usec_t) now), 0);
                         /* A configure's tick leaves the instant open (settle 0): run() completes it. */
                         redisReply *t = call("tick", "n1", now, 0, "n1", members ?
                                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\n"
                                 "lane.b.max-in-use=2\nlane.b.priority=-1\n"
                                 "lane.h.health=1\nlane.h.max-in-use=-1\nlane.h.priority=0\nlane.h.reserve=0\n"
+                                "lane.x.health=also\nlane.x.max-in-use=-1\nlane.x.priority=0\nlane.x.reserve=0\n"
                                 "limit=3\nmembers=delta,gamma,alpha\n"
                                 "quarantine-after=2\nquarantine-exit-codes=3\n"
                                 "queue-congestion-timeout=2000000\nqueue-timeout=5000000\n" :
@@ -3083,10 +3089,15 @@ static void run_differential(unsigned seed, int variant) {
                                 *r = (Req) {};
                                 snprintf(r->rid, sizeof r->rid, "r%04zu", df.n_reqs);
                                 const char *lane = lanes[next_random(&rnd) % n_lanes];
-                                /* The member pool: now and then a health job, for one member. */
-                                if (members && next_random(&rnd) % 8 == 0)
+                                /* The member pool: now and then a health job, for one member, and a request of
+                                 * the health = also lane x (quarantined members first, else ordinary ones). */
+                                unsigned special = members ? next_random(&rnd) % 8 : 1;
+                                if (members && special == 0)
                                         lane = "h";
+                                else if (members && special == 1 && next_random(&rnd) % 2 == 0)
+                                        lane = "x";
                                 r->health = strcmp(lane, "h") == 0;
+                                r->also = strcmp(lane, "x") == 0;
                                 unsigned k = strcmp(lane, "h") == 0 ? 1 : 1 + next_random(&rnd) % 3;
                                 bool may_wait = next_random(&rnd) % 100 < 85;
                                 long long cap = next_random(&rnd) % 3 == 0 ? (long long) (1 + next_random(&rnd) % 12) * SEC : -1;
@@ -3174,9 +3185,11 @@ static void test_scripts_decide_as_pool_local_does(void **state) {
         /* Every kind of decision was compared at least once. */
         for (size_t i = 0; i < 8; i++)
                 assert_true(diff_seen[i] > 0);
-        printf("# compared: %lu quarantines, %lu health grants\n", diff_quarantines, diff_health_grants);
+        printf("# compared: %lu quarantines, %lu health grants, %lu health = also grants\n", diff_quarantines,
+               diff_health_grants, diff_also_grants);
         assert_true(diff_quarantines > 0);
         assert_true(diff_health_grants > 0);
+        assert_true(diff_also_grants > 0);
 }
 
 /* An instant cut short by the budget is finished before anything later at that instant: pool-local's
