@@ -24,7 +24,7 @@ are seen and obeyed by the other; a health job on B is granted the member past A
 1 keeps it quarantined, its exit 0 restores it for both (A's waiter gets it); `slotctl drain --until` on A
 ends by itself and B's waiter gets the member; a restarted brokerd reads the quarantine back from Redis;
 each node counts its own leases and quarantines per member (the metrics, across a restart, and `slotctl
-report` on its history).
+report` on its history); a health = also job takes the quarantined member first and its exit 0 restores it.
 
 Usage: test-quarantine.py BROKERD SLOTCTL CATALOG [unittest arguments]
 """
@@ -580,6 +580,11 @@ policy = wait
 pools = rigs
 policy = wait
 health = yes
+
+[lane also]
+pools = rigs
+policy = wait
+health = also
 """
 SHARED_TTL = 6  # seconds: a new pool's recovery window; revoke-grace 1s keeps it valid
 
@@ -731,6 +736,18 @@ class Shared(Base):
         self.assertEqual(set(rows), {"a"}, p.stdout[-3000:])
         self.assertEqual((rows["a"]["grants"], rows["a"]["holds"], rows["a"]["failures"], rows["a"]["quarantines"]),
                          ("1", "1", "1", "1"))
+
+    def test_a_health_also_job_takes_the_quarantined_member_first(self):
+        # health = also on a shared pool: the quarantined member first, though another is free; its exit 0
+        # restores it for both nodes; with nothing quarantined, an ordinary member, as any lane's.
+        a, b = self.node("node-a"), self.node("node-b")
+        j = self.job(a, "broken", "w", "finish; exit 3", "--member", "b")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 3, j.stderr())
+        self.wait_quarantined(b, {"b"})
+        self.assertEqual(self.ran(b, "check", "also", 0), ["b"])
+        self.wait_quarantined(a, set())
+        self.wait_quarantined(b, set())
+        self.assertEqual(self.ran(a, "ordinary", "also", 0), ["a"])
 
     def test_a_restart_reads_the_quarantine_back_from_redis(self):
         a = self.node("node-a")
