@@ -1354,6 +1354,105 @@ static void test_health_waiters_wait_beside_the_queue_and_a_pool_drain_refuses_t
         freeReplyObject(r);
 }
 
+/* health = also (README, "Health lanes"; pool-local.c): quarantined members first when enough are free now, else
+ * an ordinary request; whether a lease is a health job is fixed at its grant (the lease record's [14]). */
+static void test_health_also_takes_quarantined_members_first_and_its_grant_says_which(void **state) {
+        tick_ok("n1", 1000, CANON_QUARANTINE "lane.ha.health=also\nlane.ha.max-in-use=-1\nlane.ha.priority=0\n"
+                            "lane.ha.reserve=0\n");
+        /* Nothing quarantined: an ordinary grant, not a refusal (health=1 says not-quarantined). */
+        redisReply *r = call("submit", "n1", 1000, 0, "o1", "ha", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "alpha");
+        long long t_o1 = field_i(body(r), D_TOKEN);
+        freeReplyObject(r);
+        freeReplyObject(release_with(1000, t_o1, "o1", "0", "job"));
+        /* beta quarantined: taken first, though alpha is free and first; its exit 0 restores beta. */
+        freeReplyObject(call("quarantine", "n1", 1000, 0, "beta", "1", "uid 0", "x", NULL));
+        r = call("submit", "n1", 2000, 0, "h1", "ha", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "beta");
+        long long t_h1 = field_i(body(r), D_TOKEN);
+        freeReplyObject(r);
+        /* No quarantined member free: alpha, as any lane's; quarantined by hand while it runs, its exit 0 (an
+         * ordinary job's) does not restore it. */
+        r = call("submit", "n1", 2000, 0, "o2", "ha", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "alpha");
+        long long t_o2 = field_i(body(r), D_TOKEN);
+        freeReplyObject(r);
+        /* Full: it waits in the ordinary queue (waiting counts it). */
+        r = call("submit", "n1", 2000, 0, "o3", "ha", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        r = tick_as("n1", 2000, "=");
+        assert_int_equal(cache(r, 1), 1);
+        freeReplyObject(r);
+        freeReplyObject(call("quarantine", "n1", 3000, 0, "alpha", "1", "uid 0", "y", NULL));
+        r = release_with(3000, t_o2, "o2", "0", "job-a");
+        assert_int_equal(n_notices(r), 0);
+        assert_int_equal(quarantined_list(r)->elements, 2);
+        freeReplyObject(r);
+        r = release_with(4000, t_h1, "h1", "0", "check-b");
+        assert_int_equal(n_notices(r), 1);
+        assert_string_equal(r->element[R_NOTICES]->element[0]->element[0]->str, "restored");
+        assert_string_equal(r->element[R_NOTICES]->element[0]->element[1]->str, "beta");
+        assert_int_equal(quarantined_list(r)->elements, 1);
+        freeReplyObject(r);
+        /* beta restored goes to the ordinary waiter o3 (at the instant's dispatch). */
+        tick_ok("n1", 4000, "=");
+        r = call("positions", "n1", 4000, 0, "pos", "o3", NULL);
+        assert_string_equal(field_s(body(r)->element[0], D_VERDICT), "granted");
+        freeReplyObject(r);
+        redisReply *lost = redisCommand(redis, "HEXISTS " POOL ":meta lost");
+        assert_int_equal(lost->integer, 0); /* no integrity check failed */
+        freeReplyObject(lost);
+}
+
+/* A health waiter's place (README, "Health lanes"; pool-local.c's local_position()): among hq's, of meta.hwaiting,
+ * in its queued decision, a retried submit, positions and the status snapshot (after the queue's waiters). */
+static void test_health_waiters_have_their_place_among_hq(void **state) {
+        tick_ok("n1", 1000, CANON_QUARANTINE "lane.hc.health=1\nlane.hc.max-in-use=-1\nlane.hc.priority=5\n"
+                            "lane.hc.reserve=0\n");
+        freeReplyObject(call("quarantine", "n1", 1000, 0, "alpha", "1", "uid 0", "x", NULL));
+        expect_verdict("b", 1000, "ci", 1, "granted");
+        expect_verdict("c", 1000, "ci", 1, "queued");
+        redisReply *r = call("submit", "n1", 1000, 0, "h1", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        freeReplyObject(r);
+        const char *rids[] = { "h2", "h3" };
+        for (int i = 0; i < 2; i++) {
+                r = call("submit", "n1", 1000, 0, rids[i], "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+                assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+                assert_int_equal(field_i(body(r), D_POSITION), i);
+                assert_int_equal(field_i(body(r), D_QUEUED), i + 1);
+                freeReplyObject(r);
+        }
+        /* The same rid again: where it stands. */
+        r = call("submit", "n1", 1000, 0, "h3", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_int_equal(field_i(body(r), D_POSITION), 1);
+        assert_int_equal(field_i(body(r), D_QUEUED), 2);
+        freeReplyObject(r);
+        r = call("positions", "n1", 1000, 0, "pos", "h3", "c", NULL);
+        assert_string_equal(body(r)->element[0]->element[0]->str, "queued");
+        assert_int_equal(body(r)->element[0]->element[1]->integer, 1);
+        assert_int_equal(body(r)->element[0]->element[2]->integer, 2);
+        /* The ordinary waiter is first in its queue of one, though hc's priority is higher. */
+        assert_int_equal(body(r)->element[1]->element[1]->integer, 0);
+        assert_int_equal(body(r)->element[1]->element[2]->integer, 1);
+        freeReplyObject(r);
+        r = call("positions", "n1", 1000, 0, "status", NULL);
+        const redisReply *waiters = body(r)->element[1];
+        assert_int_equal(waiters->elements, 3);
+        assert_string_equal(waiters->element[0]->element[2]->str, "c");
+        assert_int_equal(waiters->element[0]->element[6]->integer, 0);
+        assert_string_equal(waiters->element[1]->element[2]->str, "h2");
+        assert_int_equal(waiters->element[1]->element[6]->integer, 0);
+        assert_string_equal(waiters->element[2]->element[2]->str, "h3");
+        assert_int_equal(waiters->element[2]->element[6]->integer, 1);
+        assert_int_equal(body(r)->element[2]->integer, 1); /* waiting: the queue's */
+        freeReplyObject(r);
+}
+
 /* ---- drains with who, why and until (SPEC §3.6; README, "Drains with a reason") ---- */
 
 static const redisReply *drains_list(const redisReply *r) {
@@ -2744,6 +2843,7 @@ typedef struct Req {
         PoolGrant *grant;
         long long token;
         bool health;            /* on the health lane */
+        bool also;              /* on the health = also lane */
 } Req;
 
 #define DIFF_REQS 400
@@ -2759,7 +2859,7 @@ typedef struct Diff {
 static const char *const refusal_names[] = { "busy", "full", "timeout", "shed", "unavailable" };
 static const char *const state_names[] = { "none", "keeping-up", "saturated" };
 
-static unsigned long diff_quarantines, diff_health_grants; /* compared (issue 23 item 7) */
+static unsigned long diff_quarantines, diff_health_grants, diff_also_grants; /* compared (issue 23 item 7) */
 
 static void on_local_decision(const PoolDecision *d, void *userdata) {
         Diff *df = userdata;
@@ -2783,6 +2883,7 @@ static void on_local_decision(const PoolDecision *d, void *userdata) {
         case POOL_VERDICT_GRANTED:
                 snprintf(o->verdict, sizeof o->verdict, "granted");
                 diff_health_grants += r->health;
+                diff_also_grants += r->also;
                 r->phase = 2;
                 r->grant = d->grant;
                 r->token = (long long) d->token;
@@ -2951,6 +3052,7 @@ static void run_differential(unsigned seed, int variant) {
                 { .lane = "b", .priority = 5, .max_in_use = 2 },
                 { .lane = "c", .priority = 0, .max_in_use = -1, .reserve = 1 },
                 { .lane = "h", .priority = 0, .max_in_use = -1, .health = true }, /* variant 2 only */
+                { .lane = "x", .priority = 0, .max_in_use = -1, .health = true, .health_also = true }, /* variant 2 */
         };
         const char *lanes[] = { "a", "b", "c" };
         PoolConfig pc = {
@@ -2974,6 +3076,7 @@ static void run_differential(unsigned seed, int variant) {
                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\nlane.b.max-in-use=2\n"
                 "lane.b.priority=5\nlane.c.priority=0\nlane.c.reserve=1\n"
                 "lane.h.health=1\nlane.h.max-in-use=-1\nlane.h.priority=0\nlane.h.reserve=0\n"
+                "lane.x.health=also\nlane.x.max-in-use=-1\nlane.x.priority=0\nlane.x.reserve=0\n"
                 "limit=4\nmembers=alpha,beta,gamma,delta\nquarantine-after=2\nquarantine-exit-codes=3\nqueue-congestion-timeout=2000000\nqueue-timeout=5000000\n",
         };
         const char *canon = canons[variant];
@@ -2985,7 +3088,7 @@ static void run_differential(unsigned seed, int variant) {
         freeReplyObject(redisCommand(redis, "FLUSHALL"));
         df.n_local = df.n_remote = df.n_reqs = 0;
         assert_int_equal(pool_local_new("p", on_local_decision, &df, &p), 0);
-        assert_int_equal(p->ops->configure(p, &pc, rules, members ? 4 : 3, (usec_t) now), 0);
+        assert_int_equal(p->ops->configure(p, &pc, rules, members ? 5 : 3, (usec_t) now), 0);
         tick_ok("n1", now, canon);
 
         for (int step = 0; step < 300; step++) {
@@ -3003,6 +3106,7 @@ static void run_differential(unsigned seed, int variant) {
                                 { .lane = "a", .priority = 0, .max_in_use = -1 },
                                 { .lane = "b", .priority = -1, .max_in_use = 2 },
                                 { .lane = "h", .priority = 0, .max_in_use = -1, .health = true }, /* variant 2 */
+                                { .lane = "x", .priority = 0, .max_in_use = -1, .health = true, .health_also = true },
                         };
                         char *new_members[] = { (char *) "delta", (char *) "gamma", (char *) "alpha", NULL };
                         PoolConfig pc2 = pc;
@@ -3017,12 +3121,13 @@ static void run_differential(unsigned seed, int variant) {
                                 remote_call(&df, false, "drain", now, "beta", "0", NULL);
                                 drained_member = NULL;
                         }
-                        assert_int_equal(p->ops->configure(p, &pc2, reloaded, members ? 3 : 2, (usec_t) now), 0);
+                        assert_int_equal(p->ops->configure(p, &pc2, reloaded, members ? 4 : 2, (usec_t) now), 0);
                         /* A configure's tick leaves the instant open (settle 0): run() completes it. */
                         redisReply *t = call("tick", "n1", now, 0, "n1", members ?
                                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\n"
                                 "lane.b.max-in-use=2\nlane.b.priority=-1\n"
                                 "lane.h.health=1\nlane.h.max-in-use=-1\nlane.h.priority=0\nlane.h.reserve=0\n"
+                                "lane.x.health=also\nlane.x.max-in-use=-1\nlane.x.priority=0\nlane.x.reserve=0\n"
                                 "limit=3\nmembers=delta,gamma,alpha\n"
                                 "quarantine-after=2\nquarantine-exit-codes=3\n"
                                 "queue-congestion-timeout=2000000\nqueue-timeout=5000000\n" :
@@ -3047,10 +3152,15 @@ static void run_differential(unsigned seed, int variant) {
                                 *r = (Req) {};
                                 snprintf(r->rid, sizeof r->rid, "r%04zu", df.n_reqs);
                                 const char *lane = lanes[next_random(&rnd) % n_lanes];
-                                /* The member pool: now and then a health job, for one member. */
-                                if (members && next_random(&rnd) % 8 == 0)
+                                /* The member pool: now and then a health job, for one member, and a request of
+                                 * the health = also lane x (quarantined members first, else ordinary ones). */
+                                unsigned special = members ? next_random(&rnd) % 8 : 1;
+                                if (members && special == 0)
                                         lane = "h";
+                                else if (members && special == 1 && next_random(&rnd) % 2 == 0)
+                                        lane = "x";
                                 r->health = strcmp(lane, "h") == 0;
+                                r->also = strcmp(lane, "x") == 0;
                                 unsigned k = strcmp(lane, "h") == 0 ? 1 : 1 + next_random(&rnd) % 3;
                                 bool may_wait = next_random(&rnd) % 100 < 85;
                                 long long cap = next_random(&rnd) % 3 == 0 ? (long long) (1 + next_random(&rnd) % 12) * SEC : -1;
@@ -3138,9 +3248,11 @@ static void test_scripts_decide_as_pool_local_does(void **state) {
         /* Every kind of decision was compared at least once. */
         for (size_t i = 0; i < 8; i++)
                 assert_true(diff_seen[i] > 0);
-        printf("# compared: %lu quarantines, %lu health grants\n", diff_quarantines, diff_health_grants);
+        printf("# compared: %lu quarantines, %lu health grants, %lu health = also grants\n", diff_quarantines,
+               diff_health_grants, diff_also_grants);
         assert_true(diff_quarantines > 0);
         assert_true(diff_health_grants > 0);
+        assert_true(diff_also_grants > 0);
 }
 
 /* An instant cut short by the budget is finished before anything later at that instant: pool-local's
@@ -3952,6 +4064,8 @@ int main(int argc, char *argv[]) {
                 T(test_garbage_quarantine_records_break_nothing_and_grant_nothing),
                 T(test_a_drain_until_ends_by_itself_at_the_pools_own_instant),
                 T(test_health_waiters_wait_beside_the_queue_and_a_pool_drain_refuses_them),
+                T(test_health_also_takes_quarantined_members_first_and_its_grant_says_which),
+                T(test_health_waiters_have_their_place_among_hq),
                 T(test_a_pool_drain_with_a_reason_and_its_undrain),
                 T(test_reclaim_inside_the_recovery_window),
                 T(test_reclaim_outside_a_recovery_window_is_lost),
