@@ -844,11 +844,19 @@ class Tracker:
         self.tokens = set()
         self.failures = []
         self.counts = {}
+        self.samples_kept = 0
 
     def fail(self, text):
         with self.lock:
             if len(self.failures) < 50:
                 self.failures.append(text)
+
+    def sample(self, status):
+        """A Status sample that showed a violation, printed whole (the first few) with the failures."""
+        with self.lock:
+            if self.samples_kept < 3:
+                self.samples_kept += 1
+                self.failures.append("the sample: " + json.dumps(status, sort_keys=True))
 
     def count(self, what):
         with self.lock:
@@ -960,6 +968,9 @@ def monitor(path, pool, limit, tracker, stop, stats, interval=0.003, restarts=No
                 violations += on_sample(s, asked)
             for v in violations:
                 tracker.fail(v)
+            if violations:
+                # The whole sample, so that a failure in CI can be diagnosed from its log alone.
+                tracker.sample(s)
             stats["max_in_use"] = max(stats.get("max_in_use", 0), p["inUse"])
             stats["max_waiting"] = max(stats.get("max_waiting", 0), p["waiting"])
             stop.wait(interval)
