@@ -888,12 +888,20 @@ class Tracker:
 def pool_violations(status, pool, limit):
     """The invariant's checks on one Status sample of one pool: holders ≤ limit, the holders' slots
     distinct and within the limit, inUse = what the holders hold, lease ids unique, waiters' positions 1..n.
-    Returns (violations as texts, the pool's PoolStatus)."""
+    An all-or-nothing lease (also=) is listed once, under its chosen pool, and holds its share of each also=
+    pool there; a waiting set likewise, its position the furthest of its places (so positions are checked
+    only in a pool no set waits in). Returns (violations as texts, the pool's PoolStatus)."""
     out = []
     [p] = [x for x in status["pools"] if x["name"] == pool]
-    holders = [h for h in status["holders"] if h["lease"]["pool"] == pool]
-    slots = [x for h in holders for x in h["lease"]["slots"]]
-    ids = [h["lease"]["id"] for h in holders]
+    slots, ids = [], []
+    for h in status["holders"]:
+        lease = h["lease"]
+        shares = [lease] if lease["pool"] == pool else []
+        shares += [a for a in lease.get("also") or [] if a["pool"] == pool]
+        for share in shares:
+            slots += share["slots"]
+        if shares:
+            ids.append(lease["id"])
     if p["inUse"] > p["limit"] or p["inUse"] > limit:
         out.append(f"over-subscribed: {p['inUse']} in use of {p['limit']}")
     if len(slots) != len(set(slots)):
@@ -904,11 +912,12 @@ def pool_violations(status, pool, limit):
         out.append(f"inUse {p['inUse']} but the holders hold {len(slots)} slots")
     if len(ids) != len(set(ids)):
         out.append(f"a lease id listed twice: {ids}")
-    positions = [w["position"] for w in status["waiters"] if w["pool"] == pool]
-    if positions != list(range(1, len(positions) + 1)):
+    waiters = [w for w in status["waiters"] if w["pool"] == pool or pool in (w.get("also") or [])]
+    positions = sorted(w["position"] for w in waiters)
+    if not any(w.get("also") for w in waiters) and positions != list(range(1, len(positions) + 1)):
         out.append(f"waiter positions {positions}")
-    if p["waiting"] != len(positions):
-        out.append(f"waiting {p['waiting']} but {len(positions)} waiters listed")
+    if p["waiting"] != len(waiters):
+        out.append(f"waiting {p['waiting']} but {len(waiters)} waiters listed")
     return out, p
 
 
