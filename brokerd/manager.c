@@ -248,7 +248,13 @@ static bool manager_backend_primary(const char *pool, BackendPrimary *ret, void 
 #endif
 }
 
+static bool manager_settle_for_reply(Manager *m);
+
 void manager_metrics_gauges(Manager *m, MetricsGauges *ret) {
+        /* The leases gauge is the lease table's, slots in use the engine's: settled first, they agree. Asked
+         * inside a settle (a Metrics call resumed by one of its events), a grant being handed on may be
+         * counted in the slots before its lease is. */
+        (void) manager_settle_for_reply(m);
         *ret = (MetricsGauges) {
                 .backend_primary = manager_backend_primary,
                 .backend_primary_userdata = m,
@@ -387,6 +393,9 @@ static void manager_collect(Manager *m) {
 /* The engine's events of what the last handler did, to sessions and leases; the engine's timer re-armed.
  * Frees nothing: a poller batch may still name closed sessions' sockets. */
 static void manager_settle(Manager *m) {
+        if (m->settling)
+                return; /* the settle on the stack hands on whatever comes meanwhile */
+        m->settling = true;
         for (;;) {
                 engine_run(m->engine, now_monotonic());
                 EngineEvent ev;
@@ -413,6 +422,7 @@ static void manager_settle(Manager *m) {
                 if (!any)
                         break;
         }
+        m->settling = false;
         usec_t next = engine_next_wakeup(m->engine);
         if (next == m->engine_timer_at)
                 return; /* as armed: most iterations change nothing */
@@ -425,9 +435,24 @@ static void manager_settle(Manager *m) {
         }
 }
 
-/* After each connection's turn in a poller batch: a Status from the next one sees a settled engine. */
+/* After each connection's turn in a poller batch: what it did is handed on before the next one's turn. */
 static void on_connection_handled(void *userdata) {
         manager_settle(userdata);
+}
+
+/* Status and Metrics read the engine (slots in use) and the leases (holders) in one reply: the engine's
+ * queued events go first, or a grant it made since (a timer's release lets the next engine call grant the
+ * freed slot) would count in inUse and be missing from holders. Not from inside a settle: a call resumed by
+ * one of its events waits for the drain instead (methods_status_flush()). */
+static bool manager_settle_for_reply(Manager *m) {
+        if (m->settling)
+                return false;
+        manager_settle(m);
+        return true;
+}
+
+static bool methods_settle(void *userdata) {
+        return manager_settle_for_reply(userdata);
 }
 
 /* ---- drains and quarantines across restarts (SPEC §3.6, members.state) ---- */
@@ -634,15 +659,17 @@ static void manager_load_member_state(Manager *m) {
 }
 
 void manager_drain(Manager *m) {
-        /* The lease rows of all the grants settled since the last drain go in one write (group commit);
-         * their answers are events that may settle more. */
-        do
-                manager_settle(m);
-        while (lease_table_flush(&m->leases));
-        if (m->member_state_dirty) /* a failed write is tried again at the next drain, said once */
-                manager_write_member_state(m);
-        /* Status replies whose snapshots came (a Redis reply was this dispatch), or whose wait is over. */
-        methods_status_flush(&m->methods, now_monotonic());
+        do {
+                /* The lease rows of all the grants settled since the last drain go in one write (group
+                 * commit); their answers are events that may settle more. */
+                do
+                        manager_settle(m);
+                while (lease_table_flush(&m->leases));
+                if (m->member_state_dirty) /* a failed write is tried again at the next drain, said once */
+                        manager_write_member_state(m);
+                /* Status replies whose snapshots came (a Redis reply was this dispatch), whose wait is over, or
+                 * that were asked inside the settle; the calls behind an answered one ran: round again. */
+        } while (methods_status_flush(&m->methods, now_monotonic()));
         /* Last: no event still queued can name a closed session any more. */
         manager_collect(m);
 }
@@ -1796,6 +1823,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
                 .status_changed = methods_status_changed,
                 .backend_primary = manager_backend_primary,
                 .pool_admin = methods_pool_admin,
+                .settle = methods_settle,
                 .userdata = m,
                 .event = m->event,
         };

@@ -75,6 +75,7 @@ typedef struct Manager {
         Poller *poller;                 /* the connections' sockets */
         SessionTable sessions;          /* one per client connection */
         sd_event_source *drain_source;  /* post: engine events, collection, trimming, once per iteration */
+        bool settling;                  /* in manager_settle(): its events' handlers may resume calls */
 
         LeaseTable leases;
 
@@ -167,7 +168,8 @@ static inline void manager_status_changed(Manager *m) {
 uint64_t manager_random(void *userdata);
 void manager_random_bytes(Manager *m, void *buf, size_t n);
 
-/* The gauges of the Metrics method and of metrics-textfile=, as of now. */
+/* The gauges of the Metrics method and of metrics-textfile=, as of now: the engine settled first, so that its
+ * slots in use and the lease table's leases agree. */
 void manager_metrics_gauges(Manager *m, MetricsGauges *ret);
 
 /* Monotonic µs → realtime µs, for timestamps clients see. */

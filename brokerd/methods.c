@@ -405,6 +405,13 @@ static json_t *status_build(Methods *m) {
         return status;
 }
 
+/* The engine's queued events handed on (see Methods.settle): true when the engine and the leases agree now. */
+static bool status_settle(Methods *m) {
+        return !m->settle || m->settle(m->userdata);
+}
+
+/* Built right after status_settle(), with nothing between: a grant the engine made is a lease by then, in
+ * holders as in inUse, and a waiter it granted or refused has left both the queue and the waiters. */
 static void status_reply(Session *s) {
         _cleanup_(json_decrefp) json_t *p = status_build(methods_of(s));
         if (!p) {
@@ -449,19 +456,33 @@ static void status_timer_arm(Methods *m) {
         (void) sd_event_source_set_enabled(m->status_timer, SD_EVENT_ONESHOT);
 }
 
-void methods_status_flush(Methods *m, usec_t now) {
-        if (list_is_empty(&m->sessions->status_waiting))
-                return;
-        list_foreach_safe(n, &m->sessions->status_waiting) {
+/* The first waiting reply that may go now, or NULL. */
+static Session *status_next_due(Methods *m, usec_t now) {
+        list_foreach(n, &m->sessions->status_waiting) {
                 Session *s = container_of(n, Session, status_node);
-                if (now < usec_add(s->status_since, METHODS_STATUS_FRESH_WAIT) && status_wants_fresh(m, s->status_since, now))
-                        continue;
-                list_unlink(n);
+                if (now >= usec_add(s->status_since, METHODS_STATUS_FRESH_WAIT) || !status_wants_fresh(m, s->status_since, now))
+                        return s;
+        }
+        return NULL;
+}
+
+bool methods_status_flush(Methods *m, usec_t now) {
+        bool answered = false;
+        /* One at a time, each found afresh: settling, and the calls resumed behind a reply, may close other
+         * waiting sessions (which unlinks them), and they change the engine, so each reply settles again. */
+        for (Session *s; (s = status_next_due(m, now));) {
+                if (!status_settle(m))
+                        break; /* the owner's next drain answers the rest */
+                if (!list_node_is_linked(&s->status_node))
+                        continue; /* closed by the settle (its connection went): nobody to answer */
+                list_unlink(&s->status_node);
                 status_reply(s);
+                answered = true;
                 if (!s->closed)
                         connection_resume(s->connection); /* the calls behind it */
         }
         status_timer_arm(m);
+        return answered;
 }
 
 void methods_done(Methods *m) {
@@ -475,12 +496,19 @@ static void method_status(Session *s, const VarlinkCall *call) {
                 return;
         Methods *m = methods_of(s);
         usec_t now = now_monotonic();
-        if (m->event && status_wants_fresh(m, now, now)) {
+        /* Not settled: asked inside the owner's settle (the call was resumed by one of its events); its drain
+         * answers it once every queued event is handed on. */
+        bool wait = m->event && status_wants_fresh(m, now, now);
+        if (!wait && !status_settle(m))
+                wait = m->event != NULL;
+        if (wait) {
                 s->status_since = now;
                 list_append(&m->sessions->status_waiting, &s->status_node);
                 status_timer_arm(m);
                 return;
         }
+        if (s->closed)
+                return;
         status_reply(s);
 }
 

@@ -27,6 +27,11 @@ typedef struct Methods {
         void (*gauges)(MetricsGauges *ret, void *userdata);       /* Metrics: the gauges as of now */
         void (*status_changed)(void *userdata);                   /* Drain: STATUS= is stale */
         BackendPrimaryFn backend_primary;                         /* Status: a pool's primary; may be NULL */
+        /* Status: the engine's queued events handed on first (a grant becomes its lease), so that one reply
+         * counts each grant once, in inUse and in holders alike. False when that cannot be done now (the
+         * owner is handing them on already, and a call resumed by one of them asks): the reply then waits
+         * for methods_status_flush(). NULL: the engine is taken as it is (tests). */
+        bool (*settle)(void *userdata);
         void *userdata;
         sd_event *event;                /* for status_timer */
         sd_event_source *status_timer;  /* the first waiting Status reply's deadline; made at the first wait */
@@ -42,8 +47,10 @@ typedef struct Methods {
  * get the standard Varlink errors. */
 ConnectionCallResult methods_on_call(Connection *c, const VarlinkCall *call, void *userdata);
 /* Answers the waiting Status calls whose shared pools have a snapshot asked for after the call (or none
- * coming), or whose wait is over. The owner calls it after each dispatch (its drain); the timer too. */
-void methods_status_flush(Methods *m, usec_t now);
+ * coming), or whose wait is over. The owner calls it after each dispatch (its drain), once it has settled;
+ * the timer too. Returns true when it answered one: the calls behind it ran, and may have left the engine
+ * events to settle and lease rows to write. */
+bool methods_status_flush(Methods *m, usec_t now);
 /* The status timer goes. */
 void methods_done(Methods *m);
 /* The connection went: a History reply being produced stops, then the session ends. */

@@ -844,11 +844,19 @@ class Tracker:
         self.tokens = set()
         self.failures = []
         self.counts = {}
+        self.samples_kept = 0
 
     def fail(self, text):
         with self.lock:
             if len(self.failures) < 50:
                 self.failures.append(text)
+
+    def sample(self, status):
+        """A Status sample that showed a violation, printed whole (the first few) with the failures."""
+        with self.lock:
+            if self.samples_kept < 3:
+                self.samples_kept += 1
+                self.failures.append("the sample: " + json.dumps(status, sort_keys=True))
 
     def count(self, what):
         with self.lock:
@@ -880,12 +888,20 @@ class Tracker:
 def pool_violations(status, pool, limit):
     """The invariant's checks on one Status sample of one pool: holders ≤ limit, the holders' slots
     distinct and within the limit, inUse = what the holders hold, lease ids unique, waiters' positions 1..n.
-    Returns (violations as texts, the pool's PoolStatus)."""
+    An all-or-nothing lease (also=) is listed once, under its chosen pool, and holds its share of each also=
+    pool there; a waiting set likewise, its position the furthest of its places (so positions are checked
+    only in a pool no set waits in). Returns (violations as texts, the pool's PoolStatus)."""
     out = []
     [p] = [x for x in status["pools"] if x["name"] == pool]
-    holders = [h for h in status["holders"] if h["lease"]["pool"] == pool]
-    slots = [x for h in holders for x in h["lease"]["slots"]]
-    ids = [h["lease"]["id"] for h in holders]
+    slots, ids = [], []
+    for h in status["holders"]:
+        lease = h["lease"]
+        shares = [lease] if lease["pool"] == pool else []
+        shares += [a for a in lease.get("also") or [] if a["pool"] == pool]
+        for share in shares:
+            slots += share["slots"]
+        if shares:
+            ids.append(lease["id"])
     if p["inUse"] > p["limit"] or p["inUse"] > limit:
         out.append(f"over-subscribed: {p['inUse']} in use of {p['limit']}")
     if len(slots) != len(set(slots)):
@@ -896,11 +912,12 @@ def pool_violations(status, pool, limit):
         out.append(f"inUse {p['inUse']} but the holders hold {len(slots)} slots")
     if len(ids) != len(set(ids)):
         out.append(f"a lease id listed twice: {ids}")
-    positions = [w["position"] for w in status["waiters"] if w["pool"] == pool]
-    if positions != list(range(1, len(positions) + 1)):
+    waiters = [w for w in status["waiters"] if w["pool"] == pool or pool in (w.get("also") or [])]
+    positions = sorted(w["position"] for w in waiters)
+    if not any(w.get("also") for w in waiters) and positions != list(range(1, len(positions) + 1)):
         out.append(f"waiter positions {positions}")
-    if p["waiting"] != len(positions):
-        out.append(f"waiting {p['waiting']} but {len(positions)} waiters listed")
+    if p["waiting"] != len(waiters):
+        out.append(f"waiting {p['waiting']} but {len(waiters)} waiters listed")
     return out, p
 
 
@@ -960,6 +977,9 @@ def monitor(path, pool, limit, tracker, stop, stats, interval=0.003, restarts=No
                 violations += on_sample(s, asked)
             for v in violations:
                 tracker.fail(v)
+            if violations:
+                # The whole sample, so that a failure in CI can be diagnosed from its log alone.
+                tracker.sample(s)
             stats["max_in_use"] = max(stats.get("max_in_use", 0), p["inUse"])
             stats["max_waiting"] = max(stats.get("max_waiting", 0), p["waiting"])
             stop.wait(interval)

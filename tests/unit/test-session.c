@@ -386,6 +386,145 @@ static void test_oneway_acquire_is_invalid_parameter(void **state) {
         client_free(a);
 }
 
+/* Pool p of 2 and lane l, read again (the fixture's pool has 1 slot). */
+static void reload_two_slots(Fixture *f) {
+        FILE *c = fopen(f->config_path, "we");
+        assert_non_null(c);
+        fputs("[pool p]\nlimit = 2\n\n[lane l]\npools = p\npolicy = wait\n", c);
+        fclose(c);
+        ConfErrors errors = {};
+        assert_int_equal(manager_reload(f->m, &errors), 0);
+        conf_errors_done(&errors);
+}
+
+/* A detached lease (its Acquire ends with the grant): the daemon's record of it. */
+static Lease *acquire_detached(Fixture *f, Client *c) {
+        client_send(c, "io.slotbroker.Acquire", "{\"lane\":\"l\",\"detach\":true,\"maxHoldMs\":600000}", NULL);
+        json_t *r = client_wait(f, c);
+        assert_string_equal(state_of(r), "granted");
+        Lease *l = lease_table_find(&f->m->leases, json_string_value(json_object_get(
+                                                           json_object_get(json_object_get(r, "parameters"), "lease"), "id")));
+        assert_non_null(l);
+        json_decref(r);
+        return l;
+}
+
+static size_t pool_in_use(Fixture *f) {
+        EnginePoolInfo info;
+        assert_int_equal(engine_pool_info(f->m->engine, 0, now_monotonic(), &info), 0);
+        return info.in_use;
+}
+
+/* The window of the Status that disagreed with itself (test-restart under load): two leases end in dispatches
+ * of their own (reclaim-grace timers, a command's exit), and the drain that hands the engine's events on has not
+ * run yet when a Status call is read. The first release freed a slot; the second's engine call granted it to
+ * the waiter before releasing its own: the engine counts the grant, the lease table has no lease for it yet.
+ * Returns the waiter's client. */
+static Client *grant_in_flight(Fixture *f) {
+        reload_two_slots(f);
+        Client *a = client_new(f), *b = client_new(f);
+        Lease *l1 = acquire_detached(f, a), *l2 = acquire_detached(f, a);
+        client_send(b, "io.slotbroker.Acquire", "{\"lane\":\"l\"}", "more");
+        json_t *q = client_wait(f, b);
+        assert_string_equal(state_of(q), "queued");
+        json_decref(q);
+        client_free(a);
+        /* Idle: no dispatch left, so no drain pending either. */
+        while (sd_event_run(f->m->event, 0) > 0)
+                ;
+        usec_t t = now_monotonic();
+        lease_end(l1); /* as on_reclaim_timeout() or on_command_exit() do */
+        while (now_monotonic() == t)
+                ; /* the next release at a later instant: its engine call settles this one's first */
+        lease_end(l2);
+        /* The window itself: what Status read of the engine and of the leases before the fix. */
+        assert_int_equal(pool_in_use(f), 1);
+        assert_int_equal(f->m->leases.n_leases, 0);
+        return b;
+}
+
+static void test_status_counts_a_grant_once_when_it_is_read_before_the_drain(void **state) {
+        Fixture *f = *state;
+        Client *b = grant_in_flight(f);
+        Client *c = client_new(f);
+        client_send(c, "io.slotbroker.Status", "{}", NULL);
+        json_t *r = client_wait(f, c);
+        json_t *p = json_object_get(r, "parameters");
+        json_t *pool = json_array_get(json_object_get(p, "pools"), 0);
+        json_t *holders = json_object_get(p, "holders");
+        /* inUse is what the holders hold: the waiter's grant is its lease already, in both or in neither. */
+        assert_int_equal(json_integer_value(json_object_get(pool, "inUse")), 1);
+        assert_int_equal(json_array_size(holders), 1);
+        json_t *slots = json_object_get(json_object_get(json_array_get(holders, 0), "lease"), "slots");
+        assert_int_equal(json_array_size(slots), 1);
+        /* It left the queue for the lease: waiting and the waiters agree too. */
+        assert_int_equal(json_integer_value(json_object_get(pool, "waiting")), 0);
+        assert_int_equal(json_array_size(json_object_get(p, "waiters")), 0);
+        json_decref(r);
+        json_t *g = client_wait(f, b);
+        assert_string_equal(state_of(g), "granted");
+        json_decref(g);
+        client_free(b);
+        client_free(c);
+}
+
+/* The gauge of leases (the lease table) and of slots in use (the engine) in one Metrics reply. */
+static void test_metrics_count_a_grant_once_when_read_before_the_drain(void **state) {
+        Fixture *f = *state;
+        Client *b = grant_in_flight(f);
+        Client *c = client_new(f);
+        client_send(c, "io.slotbroker.Metrics", "{}", NULL);
+        json_t *r = client_wait(f, c);
+        const char *text = json_string_value(json_object_get(json_object_get(r, "parameters"), "text"));
+        assert_non_null(text);
+        assert_non_null(strstr(text, "\nslotbroker_slots_in_use{pool=\"p\"} 1\n"));
+        assert_non_null(strstr(text, "\nslotbroker_leases 1\n"));
+        json_decref(r);
+        client_free(b);
+        client_free(c);
+}
+
+/* A Status pipelined behind an Acquire runs when the Acquire ends; when that is a refusal the drain hands on, it
+ * runs inside the drain's handing on of the engine's events, with more of them queued behind the refusal (here
+ * the grant of the slot a lease's end freed). It waits for the end of that, then comes, agreeing with itself. */
+static void test_status_behind_a_refused_acquire_waits_for_the_events_behind_the_refusal(void **state) {
+        Fixture *f = *state;
+        Client *a = client_new(f), *b = client_new(f), *c = client_new(f);
+        Lease *l = acquire_detached(f, a);
+        client_send(c, "io.slotbroker.Acquire", "{\"lane\":\"l\",\"job\":\"C\"}", "more");
+        json_decref(client_wait(f, c)); /* queued */
+        client_send(b, "io.slotbroker.Acquire", "{\"lane\":\"l\",\"queueWaitMs\":200}", "more");
+        client_send(b, "io.slotbroker.Status", "{}", NULL);
+        json_t *q = client_wait(f, b);
+        usec_t queued = now_monotonic();
+        assert_string_equal(state_of(q), "queued");
+        json_decref(q);
+        while (sd_event_run(f->m->event, 0) > 0)
+                ;
+        while (now_monotonic() <= queued + 201 * USEC_PER_MSEC)
+                ; /* past b's deadline, with no dispatch meanwhile: its refusal comes with the next engine call */
+        lease_end(l); /* a dispatch of its own (a command's exit): b is refused at its deadline, then the slot frees */
+        json_t *e = client_wait(f, b), *r = client_wait(f, b);
+        assert_string_equal(error_of(e), "io.slotbroker.QueueTimeout");
+        json_t *p = json_object_get(r, "parameters");
+        json_t *pool = json_array_get(json_object_get(p, "pools"), 0);
+        json_t *holders = json_object_get(p, "holders");
+        assert_int_equal(json_integer_value(json_object_get(pool, "inUse")), 1);
+        assert_int_equal(json_array_size(holders), 1); /* c's, granted in the same drain */
+        assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(holders, 0), "lease"), "job")),
+                            "C");
+        assert_int_equal(json_integer_value(json_object_get(pool, "waiting")), 0);
+        assert_int_equal(json_array_size(json_object_get(p, "waiters")), 0);
+        json_decref(e);
+        json_decref(r);
+        json_t *g = client_wait(f, c);
+        assert_string_equal(state_of(g), "granted");
+        json_decref(g);
+        client_free(a);
+        client_free(b);
+        client_free(c);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_grant_continues_and_closing_ends_the_lease, setup, teardown),
@@ -399,6 +538,13 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_oneway_acquire_is_invalid_parameter, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_unavailable_says_the_pool_reason, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_client_gone_before_the_pool_answered_is_forgotten_there, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_status_counts_a_grant_once_when_it_is_read_before_the_drain, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_metrics_count_a_grant_once_when_read_before_the_drain, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_status_behind_a_refused_acquire_waits_for_the_events_behind_the_refusal,
+                                                setup,
                                                 teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
