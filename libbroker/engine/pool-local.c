@@ -860,25 +860,47 @@ static void waiter_unlink(LocalPool *p, PoolWaiter *w) {
 
 static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t at);
 
-/* Every waiter of the lane refused unavailable (its lane or pool removed, the pool drained). Refusing may free
- * a selector's bucket: the array shifts under the loop. */
-static void lane_refuse_waiters(LocalPool *p, LocalLane *l, usec_t now) {
-        list_foreach_safe(n, &p->health) {
-                PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
-                if (w->lane == l)
-                        waiter_refuse(p, w, REFUSAL_UNAVAILABLE, now);
-        }
-        for (size_t b = 0; b < l->n_buckets;) {
-                ListNode *n = list_first(&l->buckets[b]->fifo);
-                if (!n) {
-                        b++;
-                        continue;
-                }
-                waiter_refuse(p, container_of(n, PoolWaiter, fifo_node), REFUSAL_UNAVAILABLE, now);
+/* The scripts' order of a lane's buckets when they refuse them all (drain.lua): those without a selector by k,
+ * then those with one by k and canon. (l->buckets keeps k's order only: within a k, newest first.) */
+static bool bucket_before(const Bucket *a, const Bucket *b) {
+        if (!a->canon != !b->canon)
+                return !a->canon;
+        if (a->slots != b->slots)
+                return a->slots < b->slots;
+        return a->canon && strcmp(a->canon, b->canon) < 0;
+}
+
+/* Every waiter of the lane's buckets refused unavailable, in the scripts' order: one at a time, as refusing may
+ * free a selector's bucket (the array shifts under the loop). Buckets are few: O(buckets) a waiter. */
+static void lane_refuse_queued(LocalPool *p, LocalLane *l, usec_t now) {
+        for (;;) {
+                Bucket *first = NULL;
+                for (size_t b = 0; b < l->n_buckets; b++)
+                        if (list_first(&l->buckets[b]->fifo) && (!first || bucket_before(l->buckets[b], first)))
+                                first = l->buckets[b];
+                if (!first)
+                        return;
+                waiter_refuse(p, container_of(list_first(&first->fifo), PoolWaiter, fifo_node), REFUSAL_UNAVAILABLE, now);
         }
 }
 
-static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t at) {
+/* The health waiters of lane l (NULL: of every lane), in arrival order. */
+static void health_refuse_waiters(LocalPool *p, const LocalLane *l, usec_t now) {
+        list_foreach_safe(n, &p->health) {
+                PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
+                if (!l || w->lane == l)
+                        waiter_refuse(p, w, REFUSAL_UNAVAILABLE, now);
+        }
+}
+
+/* Every waiter of the lane refused unavailable (its lane or pool removed). */
+static void lane_refuse_waiters(LocalPool *p, LocalLane *l, usec_t now) {
+        health_refuse_waiters(p, l, now);
+        lane_refuse_queued(p, l, now);
+}
+
+/* reason: the pool's word for an unavailable refusal (static), NULL: none (drained, removed). */
+static void waiter_refuse_because(LocalPool *p, PoolWaiter *w, Refusal refusal, const char *reason, usec_t at) {
         waiter_unlink(p, w);
         pool_emit(&p->base, &(PoolDecision) {
                 .verdict = POOL_VERDICT_REFUSED,
@@ -886,11 +908,16 @@ static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t a
                 .cookie = w->cookie,
                 .at = at,
                 .refusal = refusal,
+                .reason = reason,
                 .state = w->state,
                 .idle = w->idle,
                 .budget = w->budget,
         });
         waiter_free(w);
+}
+
+static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t at) {
+        waiter_refuse_because(p, w, refusal, NULL, at);
 }
 
 /* usable: the members to take from, lowest first (NULL: the lowest free slots). */
@@ -1102,7 +1129,8 @@ static void health_dispatch(LocalPool *p, usec_t now) {
         list_foreach_safe(n, &p->health) {
                 PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
                 if (health_capacity(p, w->mask) < w->slots) {
-                        waiter_refuse(p, w, REFUSAL_UNAVAILABLE, now);
+                        /* As a health submit refused at once says it (and the scripts: HEALTH's dispatch). */
+                        waiter_refuse_because(p, w, REFUSAL_UNAVAILABLE, "not-quarantined", now);
                         continue;
                 }
                 memcpy(usable, avail, words * sizeof(uint64_t));
@@ -1548,7 +1576,17 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
          * its set at once, or withdraws it. */
 
         if (!room && !t->may_wait) {
-                /* Busy for want of slots that rest: says so, and when enough of them wake. */
+                /* Busy for want of slots that rest: says so, and when enough of them wake. A health lane's try
+                 * has no `usable` of the ordinary queue's: the free members its selector admits, as the scripts
+                 * count them (submit.lua). */
+                if (mask && !usable) {
+                        usable = calloc(words, sizeof(uint64_t));
+                        if (!usable)
+                                return -ENOMEM;
+                        free_members(p, usable, words);
+                        for (size_t w = 0; w < words; w++)
+                                usable[w] &= mask[w];
+                }
                 unsigned free = free_slots(p), have = mask ? MIN(free, (unsigned) member_set_count(usable, words)) : free;
                 usec_t at = 0;
                 if (p->n_waiting == 0 && have < t->slots &&
@@ -1860,9 +1898,12 @@ static int local_drain(Pool *base, const char *member, bool on, usec_t now) {
 
         if (!member) {
                 p->base.drained = on;
-                if (on)
+                /* In the scripts' order (drain.lua): each lane's queue, then the health lanes' waiters. */
+                if (on) {
                         for (size_t i = 0; i < p->n_lanes; i++)
-                                lane_refuse_waiters(p, p->lanes[i], now);
+                                lane_refuse_queued(p, p->lanes[i], now);
+                        health_refuse_waiters(p, NULL, now);
+                }
                 return 0;
         }
 

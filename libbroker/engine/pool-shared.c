@@ -1313,6 +1313,10 @@ static int decision_set(Decision *d, const char *name, const RespValue *v) {
                         }
         } else if (streq(name, "reason")) {
                 d->reason = v && v->type == RESP_STRING ? static_reason(v->str, v->len) : NULL;
+                /* A drain's refusal has no word of the pool's (engine.h, EngineEvent.reason), as pool-local.c's
+                 * has none: the session says "drained" of both. */
+                if (d->reason && streq(d->reason, "drained"))
+                        d->reason = NULL;
         } else if (streq(name, "state")) {
                 d->state = resp_is(v, "saturated") ? QUEUE_STATE_SATURATED :
                            resp_is(v, "keeping-up") ? QUEUE_STATE_KEEPING_UP : QUEUE_STATE_NONE;
@@ -2143,7 +2147,7 @@ static void life_notice(SharedPool *p, const RespValue *n, bool quarantined, use
                 .member = p->base.members[i],
                 .quarantined = quarantined,
                 .job = job,
-                .exit_status = quarantined ? (int) status : -1,
+                .exit_status = (int) status, /* a restore's: 0 by a health job, -1 by hand */
                 .note = reason,
         });
         if (bad)
@@ -2795,9 +2799,9 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 /* Earlier instants needed the whole budget: the same call again, at once. What it did is
                  * done: a dead node it reaped (a page a call: two lapsed at once take two) is told now, or
                  * never (README: exactly one call reports each expiry). */
+                notices_apply(p, resp_at(reply, 5), now);
                 events_apply(p, resp_at(reply, 3), now);
                 cache_apply(p, resp_at(reply, 4), pool_now, now);
-                notices_apply(p, resp_at(reply, 5), now);
                 c->sent = false;
                 if (c->script == SHARED_SCRIPT_TICK && c->reconcile && !p->params.manual_clock) {
                         /* Its page was made before the calls sent behind it, which Redis may have run by now
@@ -2868,9 +2872,12 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 return;
         }
 
+        /* Notices first: a call's quarantines, restores, drains and undrains come before its grants and
+         * refusals in the script (a release's exit status is counted before its slots are handed on, an
+         * until ends a drain at the start of its instant), and pool-local.c emits them in that order. */
+        notices_apply(p, resp_at(reply, 5), now);
         events_apply(p, resp_at(reply, 3), now);
         cache_apply(p, resp_at(reply, 4), pool_now, now);
-        notices_apply(p, resp_at(reply, 5), now);
         const RespValue *body = resp_at(reply, 2);
 
         if (c->script == SHARED_SCRIPT_TICK && (resp_is(status, "ok") || resp_is(status, "rules"))) {

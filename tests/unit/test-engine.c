@@ -1017,6 +1017,26 @@ static void test_health_lane_takes_quarantined_members_only_and_exit_0_restores(
         end(f, w, S(7));
 }
 
+/* A health job that may not wait, for a quarantined member a health job holds: refused busy (pool-local.c read
+ * the ordinary queue's member set, which a health try has not, and crashed); its restore says which exit did it. */
+static void test_health_job_that_may_not_wait_for_a_held_member_is_refused_busy(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        end_with(f, a, 3, "job-1", S(1)); /* a quarantined */
+        Tag *h = acquire(f, "H", (Req) { .lane = "h" }, S(2));
+        assert_true(granted(h));
+        assert_string_equal(member_of(h), "a");
+        Tag *h2 = acquire(f, "H2", (Req) { .lane = "h", .member = "a", .no_wait = true }, S(3));
+        assert_true(refused(h2, REFUSAL_BUSY));
+        end_with(f, h, 0, "check-1", S(4));
+        assert_int_equal(f->n_life, 2);
+        assert_false(f->life[1].quarantined);
+        assert_string_equal(f->life[1].job, "check-1");
+        /* Restored by a health job's exit 0: the event says 0, on every pool kind (a restore by hand: -1). */
+        assert_int_equal(f->life[1].exit_status, 0);
+}
+
 /* A member quarantined by its release in a pool with cooldown= rests first: the health job waits out its rest,
  * as any job would (SPEC §3.6), and the rest of a restored member is its own. */
 static void test_a_quarantined_member_rests_before_its_health_job(void **state) {
@@ -3668,6 +3688,7 @@ int main(void) {
                 T(test_a_held_member_quarantined_by_hand_stays_with_its_holder),
                 T(test_a_member_drain_until_ends_by_itself_on_every_pool_kind),
                 T(test_health_lane_takes_quarantined_members_only_and_exit_0_restores),
+                T(test_health_job_that_may_not_wait_for_a_held_member_is_refused_busy),
                 /* Labels and named members (SPEC §3.5), on shared pools too: part of their agreed rules. */
                 T(test_labels_every_term_must_hold),
                 T(test_named_member_waits_for_that_member),
