@@ -702,6 +702,67 @@ class Shared(Base):
         self.assertEqual((q["job"], q["exitStatus"], q["node"]), ("broken", 4, "node-a"))
 
 
+class SharedJournal(Base):
+    """A shared pool's members' lives as journald has them (inside journald-ns.sh only): two brokerds on one
+    redis-server, and each change journaled once fleet-wide, by the node whose call made it (brokerd/lua/README,
+    "Members' lives", "Drains with a reason"), with its MESSAGE_ID and fields."""
+
+    node = Shared.node  # (not a subclass: Shared's tests would run again here)
+
+    def setUp(self):
+        import faults
+        from redisd import RedisServer
+        journal_ns.require_private_journald()
+        faults.skip_unless_shared_pools(self)
+        super().setUp()
+        self.redis = RedisServer(self.dir).start()
+        self.addCleanup(self.redis.close)
+
+    def entries(self, nodes, mid, **fields):
+        got = [e for n in nodes for e in journal_ns.entries(f"MESSAGE_ID={mid}", f"_PID={n.pid}")]
+        return [e for e in got if all(e.get(k) == v for k, v in fields.items())]
+
+    def once(self, nodes, mid, **fields):
+        """The one entry of the fleet; a second would be another node's journal of the same change."""
+        wait_for(lambda: self.entries(nodes, mid, **fields), 20, message=f"a journal entry {mid} {fields}")
+        return self.entries(nodes, mid, **fields)
+
+    def test_quarantine_restore_and_drain_are_journaled_once_fleet_wide(self):
+        a, b = self.node("node-a"), self.node("node-b")
+        nodes = (a, b)
+        j = self.job(a, "broken", "w", "finish; exit 3", "--member", "a")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 3, j.stderr())
+        self.wait_quarantined(b, {"a"})
+        # B's health job restores a: its release is B's call, A only reads the change back.
+        self.assertEqual(self.ran(b, "check", "health", 0), ["a"])
+        self.wait_quarantined(a, set())
+        self.wait_quarantined(b, set())
+        until = int(time.time()) + 3
+        p = self.slotctl(a, "drain", "rigs", "b", "--reason", "reflash", "--until", f"@{until}")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        # The drain's end by itself: whichever node's call ran the pool's instant at until journals it.
+        [u] = self.once(nodes, MESSAGE_ID_UNDRAINED, SLOT_MEMBER="b")
+        self.assertIn("its --until came", u["MESSAGE"])
+        self.assertIn(u["_PID"], (str(a.pid), str(b.pid)))
+        # Both nodes have answered calls since every change before (each showed the restore; the undrain came
+        # after the drain): what is journaled by now is all there will be of them.
+        [q] = self.entries(nodes, MESSAGE_ID_QUARANTINED, SLOT_MEMBER="a")
+        self.assertEqual(q["_PID"], str(a.pid))
+        self.assertTrue(q["MESSAGE"].startswith("[QUARANTINED] Member a of pool rigs"), q["MESSAGE"])
+        self.assertEqual((q["SLOT_POOL"], q["SLOT_JOB"], q["SLOT_EXIT_STATUS"]), ("rigs", "broken", "3"))
+        [r] = self.entries(nodes, MESSAGE_ID_RESTORED, SLOT_MEMBER="a")
+        self.assertEqual(r["_PID"], str(b.pid))
+        self.assertTrue(r["MESSAGE"].startswith("[RESTORED]"), r["MESSAGE"])
+        self.assertEqual((r["SLOT_POOL"], r["SLOT_JOB"], r["SLOT_EXIT_STATUS"]), ("rigs", "check", "0"))
+        [d] = self.entries(nodes, MESSAGE_ID_DRAINED, SLOT_MEMBER="b")
+        self.assertEqual(d["_PID"], str(a.pid))
+        self.assertEqual((d["SLOT_DECISION"], d["SLOT_REASON"], d["SLOT_JOB"]),
+                         ("drained", "reflash", f"uid {os.getuid()}"))
+        self.assertLess(abs(int(d["SLOT_UNTIL_USEC"]) - until * 10**6), 50000)
+        self.assertEqual(u["SLOT_DECISION"], "undrained")
+        self.assertEqual(u.get("SLOT_REASON"), "reflash")
+
+
 if __name__ == "__main__":
     (_, SLOTCTL, CATALOG), argv = harness.arguments(__doc__, 3)
     harness.main(argv)
