@@ -231,25 +231,18 @@ static void lease_log_rests(LeaseTable *t, const char *pool, const unsigned *slo
 }
 
 void lease_table_log_use(LeaseTable *t, const char *pool, const char *member) {
+        EngineMemberUse u;
         if (!t->log || !pool || !member)
                 return;
-        for (size_t i = 0; i < engine_pool_count(t->engine); i++) {
-                EnginePoolInfo info;
-                if (engine_pool_info(t->engine, i, now_of(t, CLOCK_MONOTONIC), &info) < 0 || !streq(info.name, pool))
-                        continue;
-                /* A shared pool keeps no counts per member (Redis keeps its quarantines): nothing to carry. */
-                for (size_t j = 0; !info.remote && j < info.n_life; j++) {
-                        const EngineMemberLife *m = info.life + j;
-                        if (streq(m->member, member))
-                                /* Lost to -ENOMEM: the next change of the member writes it whole. */
-                                (void) lease_log_use(t->log, &(LeaseLogUse) { .pool = (char *) pool,
-                                                                              .member = (char *) member,
-                                                                              .grants = m->grants, .held = m->held,
-                                                                              .quarantines = m->quarantines,
-                                                                              .failures = m->failures });
-                }
+        /* By name, in O(log members) (a walk of every pool's info and its members took ~100 µs a grant at
+         * 20,000 members). A shared pool keeps no counts per member (Redis keeps its quarantines): -EOPNOTSUPP,
+         * nothing to carry. */
+        if (engine_member_get_use(t->engine, pool, member, &u) < 0)
                 return;
-        }
+        /* Lost to -ENOMEM: the next change of the member writes it whole. */
+        (void) lease_log_use(t->log, &(LeaseLogUse) { .pool = (char *) pool, .member = (char *) member,
+                                                      .grants = u.grants, .held = u.held,
+                                                      .quarantines = u.quarantines, .failures = u.failures });
 }
 
 /* The members a lease holds, in every pool of it, as "pool", "member" pairs (copies: a pool removed by reload

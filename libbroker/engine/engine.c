@@ -1802,6 +1802,14 @@ int engine_member_set_use(Engine *e, const char *pool, const char *member, const
         return p->ops->set_use ? p->ops->set_use(p, member, u) : -EOPNOTSUPP;
 }
 
+int engine_member_get_use(const Engine *e, const char *pool, const char *member, EngineMemberUse *ret) {
+        assert_return(e && pool && member && ret, -EINVAL);
+        Pool *p = pool_find(e->pools, e->n_pools, pool);
+        if (!p)
+                return -ENOENT;
+        return p->ops->get_use ? p->ops->get_use(p, member, ret) : -EOPNOTSUPP;
+}
+
 /* ---- drains with who, why and until ---- */
 
 static char *dup_or_null(const char *s, bool *oom) {

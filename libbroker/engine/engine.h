@@ -348,6 +348,9 @@ typedef struct EngineMemberUse {
  * the leases it restored, a quarantine it read again). Returns 0, -ENOENT (no such pool or member),
  * -EOPNOTSUPP (a pool kept by a backend, or of anonymous slots). */
 int engine_member_set_use(Engine *e, const char *pool, const char *member, const EngineMemberUse *u);
+/* A member's counts now (the lease log's "use" record), without the pool's whole info: O(log members). Returns 0,
+ * -ENOENT (no such pool or member), -EOPNOTSUPP (a pool kept by a backend, or of anonymous slots). */
+int engine_member_get_use(const Engine *e, const char *pool, const char *member, EngineMemberUse *ret);
 
 /* A drain with who, why, since and until (SPEC §3.6, "Drain with a reason and a schedule"). */
 typedef struct EngineDrain {

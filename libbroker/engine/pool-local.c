@@ -147,6 +147,7 @@ struct LocalPool {
         PoolMemberLife *life;
         size_t n_life;
         size_t n_life_configured;
+        size_t *life_by_name;           /* indices of life sorted by member name (life_find()); NULL: scan */
         uint64_t quarantine_codes[4];
         unsigned quarantine_after;
         List health;                    /* health lanes' waiters (PoolWaiter.fifo_node), in arrival order */
@@ -1014,11 +1015,46 @@ static void dispatch(LocalPool *p, usec_t now) {
 
 /* ---- a member's life: quarantine and health lanes (SPEC §3.6) ---- */
 
-static PoolMemberLife *life_find(LocalPool *p, const char *member) {
+static int life_name_compare(const void *a, const void *b, void *userdata) {
+        const LocalPool *p = userdata;
+        size_t x = *(const size_t *) a, y = *(const size_t *) b;
+        int c = strcmp(p->life[x].member, p->life[y].member);
+        return c != 0 ? c : (x > y) - (x < y);
+}
+
+/* life_by_name anew after life changed (configure): a grant's and a release's look-ups of their members (the
+ * lease log's counts, an exit status) are then O(log members), not a scan of 20,000 names. Out of memory:
+ * none, and life_find() scans. */
+static void life_index(LocalPool *p) {
+        p->life_by_name = mfree(p->life_by_name);
+        if (p->n_life == 0)
+                return;
+        size_t *ix = reallocarray(NULL, p->n_life, sizeof(size_t));
+        if (!ix)
+                return;
         for (size_t i = 0; i < p->n_life; i++)
-                if (streq(p->life[i].member, member))
-                        return p->life + i;
-        return NULL;
+                ix[i] = i;
+        qsort_r(ix, p->n_life, sizeof(size_t), life_name_compare, p);
+        p->life_by_name = ix;
+}
+
+/* The member's life, the first of its name in life[] (the configured one before a removed one). */
+static PoolMemberLife *life_find(LocalPool *p, const char *member) {
+        if (!p->life_by_name) {
+                for (size_t i = 0; i < p->n_life; i++)
+                        if (streq(p->life[i].member, member))
+                                return p->life + i;
+                return NULL;
+        }
+        size_t lo = 0, hi = p->n_life; /* the first index whose name is ≥ member */
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (strcmp(p->life[p->life_by_name[mid]].member, member) < 0)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return lo < p->n_life && streq(p->life[p->life_by_name[lo]].member, member) ? p->life + p->life_by_name[lo] : NULL;
 }
 
 static void life_done(PoolMemberLife *m) {
@@ -1200,6 +1236,7 @@ static void local_free(Pool *base) {
         for (size_t i = 0; i < p->n_life; i++)
                 life_done(p->life + i);
         free(p->life);
+        free(p->life_by_name);
         free(p->lanes);
         heap_done(&p->deadlines);
         free(p->occupied);
@@ -1376,6 +1413,7 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
         p->life = new_life;
         p->n_life = n_new_life;
         p->n_life_configured = n_new_conf;
+        life_index(p);
         memcpy(p->quarantine_codes, c->quarantine_exit_codes, sizeof p->quarantine_codes);
         p->quarantine_after = MAX(c->quarantine_after, 1u);
         hk = 0;
@@ -2039,6 +2077,22 @@ static int local_set_use(Pool *base, const char *member, const EngineMemberUse *
         return 0;
 }
 
+static int local_get_use(const Pool *base, const char *member, EngineMemberUse *ret) {
+        LocalPool *p = POOL((Pool *) base);
+        if (!p->base.members)
+                return -EOPNOTSUPP;
+        const PoolMemberLife *m = life_find(p, member);
+        if (!m || (size_t) (m - p->life) >= p->n_life_configured)
+                return -ENOENT;
+        *ret = (EngineMemberUse) {
+                .grants = m->grants,
+                .held = m->held,
+                .quarantines = m->quarantines,
+                .failures = m->failures,
+        };
+        return 0;
+}
+
 static void local_set_token_floor(Pool *base, uint64_t next_token) {
         LocalPool *p = POOL(base);
         p->next_token = MAX(p->next_token, next_token);
@@ -2090,6 +2144,7 @@ static const PoolOps local_ops = {
         .report_exit = local_report_exit,
         .quarantine = local_quarantine,
         .set_use = local_set_use,
+        .get_use = local_get_use,
         .rest = local_rest,
 };
 

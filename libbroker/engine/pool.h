@@ -290,6 +290,8 @@ typedef struct PoolOps {
         int (*quarantine)(Pool *p, const char *member, const EngineQuarantine *q, usec_t now);
         /* engine_member_set_use(). */
         int (*set_use)(Pool *p, const char *member, const EngineMemberUse *u);
+        /* engine_member_get_use(). */
+        int (*get_use)(const Pool *p, const char *member, EngineMemberUse *ret);
         /* engine_drain_with() for a pool whose backend keeps who, why, since and until and ends the drain at its
          * until itself (a shared pool: every node shows and obeys it; SPEC §3.6): the engine keeps no record and
          * arms no timer, and the pool emits DRAIN decisions. NULL: the engine keeps them. Returns as drain(). */
