@@ -1817,7 +1817,9 @@ static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
         }
         g->lane = l;
         g->granted_at = rs->granted_at;
-        g->health = l->health && !l->health_also; /* health = also: which it was is not known, so ordinary */
+        /* A health = yes lane's lease is a health job's; a health = also lane's may be either: as recorded (not
+         * recorded, by a brokerd from before: ordinary). */
+        g->health = l->health && (!l->health_also || (rs->health_known && rs->health));
         list_append(&p->grants, &g->node);
         if (in_place)
                 for (unsigned i = 0; i < n_slots; i++) {
@@ -2093,6 +2095,11 @@ static int local_get_use(const Pool *base, const char *member, EngineMemberUse *
         return 0;
 }
 
+static bool local_grant_health(const Pool *base, const PoolGrant *g) {
+        (void) base;
+        return g->health;
+}
+
 static void local_set_token_floor(Pool *base, uint64_t next_token) {
         LocalPool *p = POOL(base);
         p->next_token = MAX(p->next_token, next_token);
@@ -2145,6 +2152,7 @@ static const PoolOps local_ops = {
         .quarantine = local_quarantine,
         .set_use = local_set_use,
         .get_use = local_get_use,
+        .grant_health = local_grant_health,
         .rest = local_rest,
 };
 

@@ -488,6 +488,57 @@ class Drain(Base):
         self.assertEqual((after[("grants_total", "a")], after[("grants_total", "b")]), (1, 1))
         self.assertEqual(after[("held_seconds_total", "a")], before[("held_seconds_total", "a")])
 
+    def test_a_lease_that_ends_while_brokerd_is_down_counts_its_held_time(self):
+        # A reservation of a for 2 s (a detached lease) ends while brokerd is stopped: the next start finds it
+        # ended and counts a's held time up to its end, its expiry (brokerd(8), "Restart"), not nothing.
+        b = self.rigs("held-while-down")
+        p = subprocess.run([SLOTCTL, "reserve", "--socket", b.socket_path, "rigs", "--member", "a", "--for", "2s",
+                            "--reason", "bench"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        granted = time.time()
+        before = self.member_counts(b)
+        self.assertEqual((before[("grants_total", "a")], before[("held_seconds_total", "a")]), (1, 0))
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        wait_for(lambda: time.time() > granted + 3, 10, message="the reservation's end to pass")
+        b.start()
+        after = self.member_counts(b)
+        self.assertEqual(after[("grants_total", "a")], 1)
+        self.assertGreaterEqual(after[("held_seconds_total", "a")], 1.9)
+        self.assertLessEqual(after[("held_seconds_total", "a")], 2.1)
+        # Written as it is counted: a second restart keeps it.
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        self.assertEqual(self.member_counts(b), after)
+
+    def test_a_job_that_ends_while_brokerd_is_down_counts_up_to_the_stop(self):
+        # Its command exits while brokerd is stopped: nobody saw when, so its time counts up to the stop (the
+        # alive mark a stop writes), never the downtime after it.
+        b = self.rigs("job-while-down")
+        self.running(b, "long", "w", "--member", "b")
+        started = time.time()
+        wait_for(lambda: time.time() > started + 1, 10, message="a second of the job")
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        stopped = time.time()
+        self.w.stop("long")
+        wait_for(lambda: time.time() > stopped + 2, 10, message="two seconds of downtime")
+        b.start()
+        held = self.member_counts(b)[("held_seconds_total", "b")]
+        self.assertGreaterEqual(held, 0.9)
+        self.assertLessEqual(held, stopped - started + 0.5)
+
+    def test_a_health_also_lease_restored_after_a_restart_is_still_a_health_job(self):
+        # health = also: its lease of a quarantined member is a health job's (its exit 0 restores); the lease log
+        # keeps which it was, so a lease held across a restart ends as what it was granted as.
+        config = CONFIG.format(after=1, admin="12345") + "\n[lane also]\npools = rigs\npolicy = wait\nhealth = also\n"
+        b = self.broker(config, "health-also-restart", mode="store")
+        self.ran(b, "broken", "w", 3, "--member", "a")
+        self.wait_quarantined(b, {"a"})
+        self.assertEqual(self.running(b, "check", "also"), ["a"])
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        self.stop("check", 0)
+        self.wait_quarantined(b, set())
+
     def test_a_quarantine_older_than_the_boot_keeps_its_start(self):
         # SPEC §3.6: Status shows since when; a quarantine from before this boot is no younger for a reboot.
         b = self.rigs("old-quarantine")
