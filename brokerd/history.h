@@ -50,6 +50,8 @@ typedef struct HistoryLeaseRow {
         bool detached;
         usec_t granted_at;        /* realtime µs */
         usec_t expires_at;        /* realtime µs; USEC_INFINITY: no max-hold */
+        bool health_known;        /* the lease log said whether it is a health job's (lease log only) */
+        bool health;              /* engine_lease_is_health() */
         char *remote_id;          /* a shared pool's name for the lease ("NODE:RID"), or NULL: local */
         HistoryLeaseBackend backend; /* a shared lease's: where it was granted (lease log only) */
         /* An all-or-nothing lease's further pools (SPEC §3.5, also=; lease log only), in the lane's order. */

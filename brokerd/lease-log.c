@@ -216,6 +216,9 @@ static int line_lease(Buffer *b, const HistoryLeaseRow *row) {
                 r = r ?: buffer_put_field_u64(b, ",\"commandStart\":", row->command_start_time);
         }
         r = r ?: buffer_puts(b, row->detached ? ",\"detached\":true" : ",\"detached\":false");
+        /* Only a health job's: a line without it is an ordinary lease's (or one from before, whose lane says). */
+        if (row->health_known && row->health)
+                r = r ?: buffer_puts(b, ",\"health\":true");
         r = r ?: buffer_put_field_u64(b, ",\"grantedAt\":", row->granted_at);
         if (row->expires_at != USEC_INFINITY)
                 r = r ?: buffer_put_field_u64(b, ",\"expiresAt\":", row->expires_at);
@@ -736,6 +739,11 @@ static int row_from_json(const json_t *o, HistoryLeaseRow *ret) {
         row.command_pid = (pid_t) json_integer_value(json_object_get(o, "commandPid"));
         row.command_start_time = (uint64_t) json_integer_value(json_object_get(o, "commandStart"));
         row.detached = json_is_true(json_object_get(o, "detached"));
+        /* A health job's lease says so ("health":true); its absence, an ordinary lease's, or a line from a
+         * brokerd before it: read as ordinary, which is what a restart did before (a health = yes lane's lease
+         * is a health job's whatever the line says: pool-local.c's restore). */
+        row.health_known = true;
+        row.health = json_is_true(json_object_get(o, "health"));
         row.granted_at = (usec_t) json_integer_value(json_object_get(o, "grantedAt"));
         if ((v = json_object_get(o, "expiresAt")))
                 row.expires_at = (usec_t) json_integer_value(v);

@@ -15,7 +15,9 @@
  *                                                "sentinelPasswordFile","nodeTtl"}): where it was granted;
  *                                                "also" ([{"pool","token","slots","members"}]) for an
  *                                                all-or-nothing lease's further pools (SPEC §3.5), restored
- *                                                with it or not at all
+ *                                                with it or not at all; "health":true for a health job's
+ *                                                lease (engine_lease_is_health(): a health = also lane's
+ *                                                can be either), absent otherwise
  *   {"end":"ID"}                                 a lease ended
  *   {"token":{"pool":"P","next":N}}              a pool's next unused token ("*": every pool)
  *   {"alive":µs}                                 brokerd ran at this realtime instant

@@ -174,6 +174,12 @@ int lease_new(LeaseTable *t, EngineLease *el, void *holder, uid_t uid, pid_t pid
  * errno (-EEXIST: a slot is taken). */
 typedef struct HistoryLeaseRow HistoryLeaseRow;
 int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Lease **ret);
+/* When a lease that lease_restore() found ended while brokerd was down ended, as best known (realtime µs): a
+ * detached lease's expiry (--for, max-hold: exact); else the last instant brokerd was known to run (alive_at:
+ * the alive mark of its stop, or its last one, at most LEASE_LOG_ALIVE_INTERVAL before a crash; its command may
+ * have run on unseen after it, which is not counted), or its expiry if that came first; never before its
+ * grant nor after now_r. alive_at 0 (unknown): its grant, so no time. For its members' held time. */
+usec_t lease_row_ended_at(const HistoryLeaseRow *row, usec_t alive_at, usec_t now_r);
 /* The owner came back (Acquire with reclaim): holder becomes the lease's life line again (the caller
  * links its side). Returns 0, or -EBUSY when someone holds it already. */
 int lease_reclaim(Lease *l, void *holder);

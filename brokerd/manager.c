@@ -1475,6 +1475,42 @@ static void manager_apply_uses(Manager *m) {
                                                                   .failures = u[i].failures });
 }
 
+/* A member's held time of a lease that ended while brokerd was down (lease_row_ended_at()), added to the counts
+ * the lease log read, which manager_apply_uses() then applies (absolute): its grant was counted when it was
+ * granted, its release never came. Out of memory: not counted. */
+static void uses_add_held(LeaseLogUse **uses, size_t *n, const char *pool, const char *member, usec_t held) {
+        if (!member)
+                return;
+        for (size_t i = 0; i < *n; i++)
+                if (streq((*uses)[i].pool, pool) && streq((*uses)[i].member, member)) {
+                        (*uses)[i].held = usec_add((*uses)[i].held, held);
+                        return;
+                }
+        /* No record (a lost line): this lease's grant and its time. */
+        LeaseLogUse *a = reallocarray(*uses, *n + 1, sizeof(LeaseLogUse));
+        if (!a)
+                return;
+        *uses = a;
+        a[*n] = (LeaseLogUse) { .pool = strdup(pool), .member = strdup(member), .grants = 1, .held = held };
+        if (!a[*n].pool || !a[*n].member) {
+                free(a[*n].pool);
+                free(a[*n].member);
+                return;
+        }
+        (*n)++;
+}
+
+static void uses_add_ended(LeaseLogUse **uses, size_t *n, const HistoryLeaseRow *row, usec_t alive_at) {
+        if (!uses || row->remote_id) /* a shared pool keeps no counts per member */
+                return;
+        usec_t held = usec_sub_unsigned(lease_row_ended_at(row, alive_at, now_realtime()), row->granted_at);
+        for (unsigned i = 0; row->members && i < row->n_slots; i++)
+                uses_add_held(uses, n, row->pool, row->members[i], held);
+        for (size_t k = 0; k < row->n_also; k++)
+                for (unsigned i = 0; row->also[k].members && i < row->also[k].n_slots; i++)
+                        uses_add_held(uses, n, row->also[k].pool, row->also[k].members[i], held);
+}
+
 static void manager_apply_state(Manager *m, const HistoryState *s, bool from_history, const LeaseLogRest *rests,
                                 size_t n_rests, LeaseLogUse **uses, size_t *n_uses) {
         for (size_t i = 0; i < s->n_floors; i++)
@@ -1508,6 +1544,8 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
                         continue;
                 }
                 int r = lease_restore(&m->leases, row, s->alive_at, &l);
+                if (r >= 0 && !l) /* ended while brokerd was down: its members' held time up to its end */
+                        uses_add_ended(uses, n_uses, row, s->alive_at);
                 if (r < 0 || !l) {
                         audit_ended_while_down(m, row,
                                                r == -EEXIST   ? "its slot is taken by another restored lease"
@@ -1880,7 +1918,11 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->drain_source);
         sd_event_source_disable_unref(m->stop_timer);
         handover_fds_done(&m->handover_fds);
-        /* Leases are not ended: their rows stay for the next start to restore. */
+        /* Leases are not ended: their rows stay for the next start to restore. The stop's instant is the last
+         * one brokerd was known to run: a lease found ended at the next start counts its held time up to it
+         * (lease_row_ended_at()), not to the alive mark of up to LEASE_LOG_ALIVE_INTERVAL before. */
+        if (m->lease_log && !lease_log_is_broken(m->lease_log) && lease_log_alive(m->lease_log, now_realtime()) >= 0)
+                (void) lease_log_flush(m->lease_log);
         audit_set_history(&m->audit, NULL);
         m->leases.log = NULL;
         m->persistence.log = NULL;

@@ -28,6 +28,7 @@ typedef struct ReplayRequest {
         unsigned slots;    /* events.slots (schema 7); 1 in rows written before it */
         char **labels;     /* what it asked of the members (events.selector): "L", "!L"; NULL: nothing */
         char *member;
+        int exit_status;   /* what its command told with the release (events.exit_status, schema 6); -1: nothing */
 } ReplayRequest;
 
 typedef struct ReplayLane {
@@ -238,16 +239,23 @@ static int read_requests(Replay *r, char **error) {
         sqlite3_stmt *st = NULL;
         int rc;
 
-        /* Each lease's first end says how long it was held; the temporary table (in memory, allowed on a
-         * read-only connection) makes the join one lookup per request. */
-        rc = sqlite_api.exec(r->db, "CREATE TEMP TABLE replay_ends (lease TEXT PRIMARY KEY, hold_us INTEGER NOT NULL)",
+        /* events.exit_status came with schema 6: what a release's command told (SPEC §3.6), replayed. */
+        bool has_exit = sqlite_api.prepare_v2(r->db, "SELECT exit_status FROM events LIMIT 0", -1, &st, NULL) == SQLITE_OK;
+        sqlite_api.finalize(st);
+        st = NULL;
+        /* Each lease's first end says how long it was held (and its release, what its command told); the
+         * temporary table (in memory, allowed on a read-only connection) makes the join one lookup per request. */
+        rc = sqlite_api.exec(r->db, "CREATE TEMP TABLE replay_ends (lease TEXT PRIMARY KEY, hold_us INTEGER NOT NULL, "
+                                    "exit_status INTEGER)",
                           NULL, NULL, NULL);
+        char ends_sql[512];
+        snprintf(ends_sql, sizeof ends_sql,
+                 "INSERT OR IGNORE INTO replay_ends SELECT lease, hold_us, %s FROM events "
+                 "WHERE pool = ? AND decision IN " END_DECISIONS
+                 " AND lease IS NOT NULL AND hold_us IS NOT NULL ORDER BY decision = 'released' DESC, id",
+                 has_exit ? "CASE WHEN decision = 'released' THEN exit_status END" : "NULL");
         if (rc == SQLITE_OK)
-                rc = sqlite_api.prepare_v2(r->db,
-                                        "INSERT OR IGNORE INTO replay_ends SELECT lease, hold_us FROM events "
-                                        "WHERE pool = ? AND decision IN " END_DECISIONS
-                                        " AND lease IS NOT NULL AND hold_us IS NOT NULL ORDER BY decision = 'released' DESC, id",
-                                        -1, &st, NULL);
+                rc = sqlite_api.prepare_v2(r->db, ends_sql, -1, &st, NULL);
         if (rc == SQLITE_OK) {
                 sqlite_api.bind_text(st, 1, r->pool, -1, SQLITE_STATIC);
                 rc = sqlite_api.step(st);
@@ -274,8 +282,8 @@ static int read_requests(Replay *r, char **error) {
         st = NULL;
         char sql[512];
         snprintf(sql, sizeof sql,
-                 "SELECT e.id, e.time, e.decision, e.lane, e.wait_us, e.budget_us, e.state, n.hold_us, %s, %s "
-                 "FROM events e LEFT JOIN replay_ends n ON n.lease = e.lease "
+                 "SELECT e.id, e.time, e.decision, e.lane, e.wait_us, e.budget_us, e.state, n.hold_us, %s, %s, "
+                 "n.exit_status FROM events e LEFT JOIN replay_ends n ON n.lease = e.lease "
                  "WHERE e.pool = ? AND e.decision IN " REQUEST_DECISIONS " ORDER BY e.id",
                  has_selector ? "e.selector" : "NULL", has_slots ? "e.slots" : "NULL");
         if (rc == SQLITE_OK)
@@ -359,6 +367,12 @@ static int read_requests(Replay *r, char **error) {
                         .granted = granted,
                         .hold_us = hold,
                         .slots = (unsigned) slots,
+                        /* Untrusted: a status a command could have, else none. */
+                        .exit_status = granted && sqlite_api.column_type(st, 10) == SQLITE_INTEGER &&
+                                                       sqlite_api.column_int64(st, 10) >= 0 &&
+                                                       sqlite_api.column_int64(st, 10) <= 255
+                                               ? (int) sqlite_api.column_int64(st, 10)
+                                               : -1,
                 };
         }
         sqlite_api.finalize(st);
@@ -477,6 +491,8 @@ static int build_requests(const Replay *r, uint64_t t0, ReplayInfo *info, char *
                 o->traffic.slots = q->slots;
                 o->traffic.hold_ms = hold / USEC_PER_MSEC;
                 o->traffic.max_wait = USEC_INFINITY;
+                o->traffic.exits = q->exit_status >= 0;
+                o->traffic.exit_status = MAX(q->exit_status, 0);
                 if ((q->member && !(o->traffic.member = strdup(q->member))) ||
                     (q->labels && !(o->traffic.labels = strv_copy(q->labels))))
                         goto fail;
@@ -655,6 +671,43 @@ static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, c
                         return k;
                 info->cooldown = pc->cooldown;
         }
+        /* Quarantine by exit status and health lanes as --config says (SPEC §3.6): the recorded exit statuses
+         * then quarantine and restore as brokerd would have. */
+        if (members && pc->quarantine_exit_codes_set) {
+                _cleanup_free_ char *codes = NULL;
+                size_t size = 0;
+                const char *sep = "";
+                FILE *f = open_memstream(&codes, &size);
+                if (!f)
+                        return -ENOMEM;
+                for (int c = 1; c <= 255; c++)
+                        if (pool_config_quarantines(pc, c)) {
+                                fprintf(f, "%s%d", sep, c);
+                                sep = " ";
+                        }
+                if (fclose(f) != 0 || !codes)
+                        return -ENOMEM;
+                char after[16];
+                snprintf(after, sizeof after, "%u", MAX(pc->quarantine_after, 1u));
+                k = scenario_add_setting(s, section, "quarantine-exit-codes", codes, o->config_path, o->config_path);
+                if (k >= 0)
+                        k = scenario_add_setting(s, section, "quarantine-after", after, o->config_path, o->config_path);
+                if (k < 0)
+                        return k;
+                info->quarantine = true;
+        }
+        for (size_t i = 0; members && i < r->n_lanes; i++) {
+                const LaneConfig *l = conf_find_lane(o->config, r->lanes[i].name);
+                _cleanup_free_ char *lane_section = NULL;
+                if (!l || !l->health)
+                        continue;
+                if (asprintf(&lane_section, "lane %s", l->name) < 0)
+                        return -ENOMEM;
+                k = scenario_add_setting(s, lane_section, "health", l->health_also ? "also" : "yes", o->config_path,
+                                         o->config_path);
+                if (k < 0)
+                        return k;
+        }
 
         k = build_requests(r, t0, info, error, &s->requests);
         if (k < 0)
@@ -741,6 +794,9 @@ void replay_info_print(const ReplayInfo *info, FILE *f) {
                 fprintf(f, "  %zu members with their labels, and the lanes' labels=, from --config; %" PRIu64
                            " requests asked for labels or a member\n",
                         info->members, info->selectors);
+        if (info->quarantine)
+                fputs("  quarantine-exit-codes= and health lanes from --config: the recorded exit statuses "
+                      "quarantine and restore members\n", f);
         if (info->cooldown > 0)
                 fprintf(f, "  cooldown %s from --config: a released slot rests that long before its next grant\n",
                         timespan_format(span, sizeof span, info->cooldown));

@@ -42,6 +42,7 @@ typedef struct ReplayInfo {
         size_t members;            /* the pool's members, from --config; 0: none (anonymous slots) */
         uint64_t selectors;        /* requests that asked for labels or a member */
         usec_t cooldown;           /* the pool's cooldown= from --config; 0: none */
+        bool quarantine;           /* quarantine-exit-codes= from --config: recorded exit statuses replayed */
 } ReplayInfo;
 
 void replay_info_done(ReplayInfo *info);

@@ -103,6 +103,13 @@ Scenario *scenario_free(Scenario *s) {
         }
         free(s->requests);
         free(s->request_order);
+        for (size_t i = 0; i < s->n_drains; i++) {
+                free(s->drains[i].pool);
+                free(s->drains[i].member);
+                free(s->drains[i].reason);
+                free(s->drains[i].origin);
+        }
+        free(s->drains);
         free(s->origin);
         return mfree(s);
 }
@@ -354,6 +361,17 @@ static int compare_request_order(const void *a, const void *b, void *userdata) {
         return x < y ? -1 : x > y; /* file order within an instant */
 }
 
+/* By time, file order within an instant: a stable insertion sort (drains are few; qsort() is not stable). */
+static void sort_drains(ScenarioDrain *d, size_t n) {
+        for (size_t i = 1; i < n; i++) {
+                ScenarioDrain x = d[i];
+                size_t k = i;
+                for (; k > 0 && d[k - 1].at_ms > x.at_ms; k--)
+                        d[k] = d[k - 1];
+                d[k] = x;
+        }
+}
+
 static int check_lane(const Scenario *s, const ScenarioTraffic *t, char **error) {
         if (!t->lane)
                 return scenario_error(error, "%s.lane: missing (the scenario has several lanes)", t->origin);
@@ -408,6 +426,7 @@ int scenario_finish(Scenario *s, char **error) {
                         s->request_order[i] = i;
                 qsort_r(s->request_order, s->n_requests, sizeof(size_t), compare_request_order, s);
         }
+        sort_drains(s->drains, s->n_drains);
 
         s->finished = true;
         return 0;
@@ -599,6 +618,15 @@ int scenario_build_config(const Scenario *s, const char *key, const char *value,
                 if (r < 0)
                         goto finish;
         }
+        for (size_t i = 0; i < s->n_drains; i++) {
+                const ScenarioDrain *d = &s->drains[i];
+                const PoolConfig *p = conf_find_pool(c, d->pool);
+                if (p && d->member && !strv_contains(p->members, d->member)) {
+                        r = scenario_error(error, "%s.member: pool \"%s\" has no member \"%s\"", d->origin, d->pool,
+                                           d->member);
+                        goto finish;
+                }
+        }
 
         *ret = TAKE_PTR(c);
         r = 0;
@@ -613,6 +641,7 @@ typedef enum ValueKind {
         VALUE_INTEGER,     /* or a string, as the INI file would have it: "infinity" */
         VALUE_STRING,
         VALUE_STRING_LIST, /* joined with spaces, as the INI file would have it */
+        VALUE_INTEGER_LIST, /* an array of integers joined with spaces, or a string as the INI file has it */
 } ValueKind;
 
 typedef struct KeyRule {
@@ -628,6 +657,8 @@ static const KeyRule pool_keys[] = {
         { "queue-timeout", VALUE_STRING },
         { "queue-congestion-timeout", VALUE_STRING },
         { "cooldown", VALUE_STRING },
+        { "quarantine-exit-codes", VALUE_INTEGER_LIST }, /* [3, 4] or "3 4" */
+        { "quarantine-after", VALUE_INTEGER },
         { "backend", VALUE_STRING },
 };
 
@@ -645,6 +676,7 @@ static const KeyRule lane_keys[] = {
         { "queue-timeout", VALUE_STRING },
         { "client-wait", VALUE_STRING },
         { "max-hold", VALUE_STRING },
+        { "health", VALUE_STRING }, /* "yes", "also", "no" */
         { "allow-users", VALUE_STRING_LIST },
         { "allow-groups", VALUE_STRING_LIST },
 };
@@ -721,6 +753,31 @@ static int value_to_string(const json_t *v, ValueKind kind, const char *path, ch
                 s = strdup(t);
                 if (!s)
                         return -ENOMEM;
+                break;
+        }
+
+        case VALUE_INTEGER_LIST: {
+                size_t i, size = 0;
+                json_t *e;
+                FILE *f;
+
+                if (json_is_string(v))
+                        return value_to_string(v, VALUE_STRING, path, error, ret);
+                if (!json_is_array(v))
+                        return scenario_error(error, "%s: expected an array of integers, got %s", path, json_kind(v));
+                json_array_foreach(v, i, e)
+                        if (!json_is_integer(e))
+                                return scenario_error(error, "%s[%zu]: expected an integer, got %s", path, i,
+                                                      json_kind(e));
+                f = open_memstream(&s, &size);
+                if (!f)
+                        return -ENOMEM;
+                json_array_foreach(v, i, e)
+                        fprintf(f, "%s%" JSON_INTEGER_FORMAT, i > 0 ? " " : "", json_integer_value(e));
+                if (fclose(f) != 0 || !s) {
+                        free(s);
+                        return -ENOMEM;
+                }
                 break;
         }
 
@@ -975,6 +1032,12 @@ static int parse_traffic_key(Scenario *s, ScenarioTraffic *t, const char *key, c
                 t->member = strdup(text);
                 if (!t->member)
                         return -ENOMEM;
+        } else if (streq(key, "exit")) {
+                /* As `slotctl run` reports its command's exit status with the release (SPEC §3.6). */
+                if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 255)
+                        return scenario_error(error, "%s: expected an exit status, an integer from 0 to 255", path);
+                t->exits = true;
+                t->exit_status = (int) json_integer_value(v);
         } else if (streq(key, "wait")) {
                 if (!json_is_boolean(v))
                         return scenario_error(error, "%s: expected a boolean, got %s", path, json_kind(v));
@@ -1171,8 +1234,93 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
         return 0;
 }
 
+/* drains: [{"at", "pool", "member", "reason", "until"} or {"at", "pool", "member", "undrain": true}]. The
+ * member is checked against the pool's members= by scenario_build_config(), which has the configuration. */
+static int parse_drains(Scenario *s, const json_t *drains, char **error) {
+        size_t i;
+        json_t *d;
+        int r;
+
+        if (!json_is_array(drains))
+                return scenario_error(error, "%s: drains: expected an array, got %s", s->origin, json_kind(drains));
+        if (json_array_size(drains) > 0) {
+                ScenarioDrain *all = reallocarray(s->drains, s->n_drains + json_array_size(drains), sizeof(ScenarioDrain));
+                if (!all)
+                        return -ENOMEM;
+                s->drains = all;
+        }
+
+        json_array_foreach(drains, i, d) {
+                ScenarioDrain x = { .at_ms = SIM_FOREVER, .until_ms = SIM_FOREVER };
+                const char *key, *text;
+                json_t *v;
+
+                if (asprintf(&x.origin, "%s: drains[%zu]", s->origin, i) < 0)
+                        return -ENOMEM;
+                /* Owned by the scenario from here: freed with it whatever follows. */
+                s->drains[s->n_drains++] = x;
+                ScenarioDrain *e = &s->drains[s->n_drains - 1];
+                if (!json_is_object(d))
+                        return scenario_error(error, "%s: expected an object, got %s", e->origin, json_kind(d));
+
+                json_object_foreach(d, key, v) {
+                        _cleanup_free_ char *path = NULL;
+                        if (asprintf(&path, "%s.%s", e->origin, key) < 0)
+                                return -ENOMEM;
+
+                        if (streq(key, "at") || streq(key, "until")) {
+                                r = parse_duration_value(v, false, path, error, streq(key, "at") ? &e->at_ms : &e->until_ms);
+                                if (r < 0)
+                                        return r;
+                        } else if (streq(key, "pool")) {
+                                r = get_string(v, path, error, &text);
+                                if (r < 0)
+                                        return r;
+                                if (!scenario_pool_name(s, text))
+                                        return scenario_error(error, "%s: unknown pool \"%s\"", path, text);
+                                if (strdup_or_null(text, &e->pool) < 0)
+                                        return -ENOMEM;
+                        } else if (streq(key, "member")) {
+                                r = get_string(v, path, error, &text);
+                                if (r < 0)
+                                        return r;
+                                if (!conf_name_is_valid(text))
+                                        return scenario_error(error, "%s: invalid member name \"%s\"", path, text);
+                                if (strdup_or_null(text, &e->member) < 0)
+                                        return -ENOMEM;
+                        } else if (streq(key, "reason")) {
+                                r = get_string(v, path, error, &text);
+                                if (r < 0)
+                                        return r;
+                                /* As slotctl drain --reason takes it: printable, one line. */
+                                for (const unsigned char *c = (const unsigned char *) text; *c; c++)
+                                        if (*c < 0x20 || *c == 0x7f)
+                                                return scenario_error(error, "%s: contains a control character", path);
+                                if (strlen(text) > 1024)
+                                        return scenario_error(error, "%s: longer than 1024 bytes", path);
+                                if (strdup_or_null(text, &e->reason) < 0)
+                                        return -ENOMEM;
+                        } else if (streq(key, "undrain")) {
+                                if (!json_is_boolean(v))
+                                        return scenario_error(error, "%s: expected a boolean, got %s", path, json_kind(v));
+                                e->undrain = json_is_true(v);
+                        } else
+                                return scenario_error(error, "%s: unknown key", path);
+                }
+                if (e->at_ms == SIM_FOREVER)
+                        return scenario_error(error, "%s.at: missing", e->origin);
+                if (!e->pool)
+                        return scenario_error(error, "%s.pool: missing", e->origin);
+                if (e->undrain && (e->reason || e->until_ms != SIM_FOREVER))
+                        return scenario_error(error, "%s: an undrain takes no reason or until", e->origin);
+                if (e->until_ms != SIM_FOREVER && e->until_ms <= e->at_ms)
+                        return scenario_error(error, "%s.until: not after its at (a drain until the past)", e->origin);
+        }
+        return 0;
+}
+
 static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
-        static const char *const top_keys[] = { "pools", "pool", "lanes", "deadline", "arrivals", "requests" };
+        static const char *const top_keys[] = { "pools", "pool", "lanes", "deadline", "arrivals", "requests", "drains" };
         const char *key;
         json_t *v;
         int r;
@@ -1214,6 +1362,12 @@ static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
         v = json_object_get(root, "requests");
         if (v) {
                 r = parse_requests(s, v, error);
+                if (r < 0)
+                        return r;
+        }
+        v = json_object_get(root, "drains");
+        if (v) {
+                r = parse_drains(s, v, error);
                 if (r < 0)
                         return r;
         }

@@ -45,6 +45,8 @@ typedef struct ScenarioTraffic {
         usec_t max_wait;   /* the client's queueWaitMs in µs; USEC_INFINITY: none */
         char **labels;     /* selector terms (SPEC §3.5): "L" or "!L"; NULL: none */
         char *member;      /* the member named; NULL: any */
+        bool exits;        /* its command tells exit_status (0–255) at the end of its hold (SPEC §3.6) */
+        int exit_status;
         char *origin;      /* "arrivals[0]", "requests[2]", "--arrivals" */
 } ScenarioTraffic;
 
@@ -63,6 +65,18 @@ typedef struct ScenarioRequest {
         ScenarioTraffic traffic;
 } ScenarioRequest;
 
+/* A drain or an undrain of a pool or member at an instant, as `slotctl drain POOL [MEMBER] --reason TEXT
+ * [--until TIME]` and `slotctl undrain` (SPEC §3.6). */
+typedef struct ScenarioDrain {
+        uint64_t at_ms;
+        char *pool;
+        char *member;      /* NULL: the whole pool */
+        bool undrain;
+        uint64_t until_ms; /* > at_ms: undrained by itself then; SIM_FOREVER: never */
+        char *reason;      /* NULL: none */
+        char *origin;      /* "scenario.json: drains[0]" */
+} ScenarioDrain;
+
 typedef struct Scenario {
         char *origin;                /* the file name, or "slotctl simulate" */
         ScenarioSetting *settings;
@@ -78,6 +92,8 @@ typedef struct Scenario {
         ScenarioRequest *requests;   /* in file order */
         size_t n_requests;
         size_t *request_order;       /* indices of requests by time, stable: file order within an instant */
+        ScenarioDrain *drains;       /* by time, stable: file order within an instant */
+        size_t n_drains;
         uint64_t n_generated;        /* arrivals over all phases */
         uint64_t deadline_ms;        /* SIM_FOREVER: none */
         bool finished;

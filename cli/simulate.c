@@ -61,7 +61,9 @@ typedef struct SimLease {
         HeapNode node;        /* keyed by when the lease ends, µs */
         EngineLease *lease;
         usec_t arrival;
+        uint64_t id;          /* its request's */
         bool ending;          /* it will end: a finite hold, or max-hold revokes it */
+        bool revoked;         /* max-hold ends it: its command was killed, and tells no exit status */
         struct SimLease *next_free;
 } SimLease;
 
@@ -82,6 +84,7 @@ typedef struct Sim {
         bool any_arrival, any_end;
         SimRecord *records;   /* by id (all, with per_request), or by explicit request index */
         size_t n_records;
+        size_t next_drain;    /* the scenario's drains applied so far */
         SimResult *result;
 } Sim;
 
@@ -142,6 +145,18 @@ static void sim_lease_end(Sim *sim, SimLease *l, uint64_t t_ms) {
         sim->last_end_ms = MAX(sim->last_end_ms, t_ms);
         sim->any_end = true;
 
+        /* What the command tells at its end (SPEC §3.6): its hold ran its course, so its exit status counts
+         * (quarantine-exit-codes=, a health lane's restore), under its request's name as the job. */
+        const ScenarioTraffic *tr = scenario_traffic(sim->scenario, l->id);
+        if (tr && tr->exits && !l->revoked) {
+                char buf[32];
+                const char *job = scenario_request_name(sim->scenario, l->id);
+                if (!job) {
+                        snprintf(buf, sizeof buf, "%" PRIu64, l->id + 1);
+                        job = buf;
+                }
+                (void) engine_lease_set_exit_status(l->lease, tr->exit_status, job);
+        }
         engine_lease_release(l->lease, now);
         sim_quiesce(sim);
         sim->n_live--;
@@ -164,6 +179,8 @@ static int sim_lease_start(Sim *sim, const EngineEvent *ev, uint64_t id) {
         heap_node_init(&l->node);
         l->lease = ev->lease;
         l->arrival = ev->arrival;
+        l->id = id;
+        l->revoked = false;
         l->next_free = NULL;
         engine_lease_set_userdata(ev->lease, l);
         sim->n_live++;
@@ -244,6 +261,7 @@ static int sim_handle_event(Sim *sim, const EngineEvent *ev) {
                 if (!l)
                         return 0;
                 heap_remove(&sim->ends, &l->node);
+                l->revoked = true;
                 if (!l->ending) {
                         l->ending = true;
                         sim->n_ending++;
@@ -251,10 +269,39 @@ static int sim_handle_event(Sim *sim, const EngineEvent *ev) {
                 return heap_push(&sim->ends, &l->node, ev->at);
         }
 
+        case ENGINE_EVENT_MEMBER:
+                if (ev->quarantined)
+                        res->quarantined++;
+                else
+                        res->restored++;
+                return 0;
+
         case ENGINE_EVENT_CONGESTION:
+        case ENGINE_EVENT_DRAIN:
         default:
                 return 0;
         }
+}
+
+/* The scenario's drains of instant t, in file order (SPEC §3.6: as `slotctl drain`/`undrain`). */
+static int sim_drain(Sim *sim, uint64_t t) {
+        const Scenario *s = sim->scenario;
+        usec_t now = t * USEC_PER_MSEC;
+        int r;
+
+        for (; sim->next_drain < s->n_drains && s->drains[sim->next_drain].at_ms == t; sim->next_drain++) {
+                const ScenarioDrain *d = &s->drains[sim->next_drain];
+                EngineDrain drain = {
+                        .since = now,
+                        .until = d->until_ms == SIM_FOREVER ? USEC_INFINITY : d->until_ms * USEC_PER_MSEC,
+                        .reason = d->reason,
+                };
+                r = engine_drain_with(sim->engine, d->pool, d->member, d->undrain ? NULL : &drain, now);
+                if (r < 0)
+                        return r;
+                sim_quiesce(sim);
+        }
+        return 0;
 }
 
 static int sim_arrive(Sim *sim, const Arrival *a) {
@@ -295,9 +342,12 @@ static int sim_arrive(Sim *sim, const Arrival *a) {
         return 0;
 }
 
-/* The next instant, in ms: the next arrival, hold end or engine wakeup. SIM_FOREVER when nothing is left. */
+/* The next instant, in ms: the next arrival, drain, hold end or engine wakeup. SIM_FOREVER when nothing is left. */
 static uint64_t sim_next_instant(Sim *sim, const ArrivalCursor *cursor, bool started, uint64_t t) {
         uint64_t next = arrival_cursor_peek(cursor);
+
+        if (sim->next_drain < sim->scenario->n_drains)
+                next = MIN(next, sim->scenario->drains[sim->next_drain].at_ms);
 
         HeapNode *top = heap_peek(&sim->ends);
         if (top)
@@ -404,8 +454,9 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
 
         arrival_cursor_init(&cursor, s);
         for (;;) {
-                /* The end: all arrivals done, nobody waiting, no hold left that will end. */
-                if (arrival_cursor_peek(&cursor) == SIM_FOREVER && sim.waiting == 0 && sim.n_ending == 0)
+                /* The end: all arrivals and drains done, nobody waiting, no hold left that will end. */
+                if (arrival_cursor_peek(&cursor) == SIM_FOREVER && sim.next_drain >= s->n_drains && sim.waiting == 0 &&
+                    sim.n_ending == 0)
                         break;
                 uint64_t next = sim_next_instant(&sim, &cursor, started, t);
                 if (next == SIM_FOREVER || next > UINT64_MAX / USEC_PER_MSEC)
@@ -419,6 +470,10 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
                         heap_pop(&sim.ends);
                         sim_lease_end(&sim, container_of(top, SimLease, node), t);
                 }
+                /* then drains and undrains (as an operator's, before the arrivals of the instant), */
+                r = sim_drain(&sim, t);
+                if (r < 0)
+                        goto finish;
                 /* (2) arrivals in generated order, */
                 while (arrival_cursor_peek(&cursor) == t) {
                         arrival_cursor_next(&cursor, &a);
@@ -526,6 +581,9 @@ void sim_print_text(const Scenario *s, const SimResult *r, FILE *f) {
         else
                 fprintf(f, LABEL "%4" PRIu64 "  (wait + hold over %s s)\n", "late", r->late,
                         sim_format_tenths(a, sizeof a, s->deadline_ms));
+        /* Only where exit statuses quarantined something: other reports stay as they were. */
+        if (r->quarantined > 0 || r->restored > 0)
+                fprintf(f, LABEL "%4" PRIu64 "  (restored %" PRIu64 ")\n", "quarantined", r->quarantined, r->restored);
         if (r->first_refusal_ms == SIM_FOREVER)
                 fprintf(f, LABEL "%4s\n", "first refusal", "none");
         else
@@ -667,7 +725,10 @@ void sim_print_json(const Scenario *s, const SimResult *r, FILE *f) {
         /* Cannot happen without drain or reload; shown rather than lost if it ever does. */
         if (r->refused[REFUSAL_UNAVAILABLE] > 0)
                 fprintf(f, ", \"unavailable\": %" PRIu64, r->refused[REFUSAL_UNAVAILABLE]);
-        fprintf(f, "},\n  \"late\": %" PRIu64 ",\n  \"peakQueueBySecond\": [", r->late);
+        fprintf(f, "},\n  \"late\": %" PRIu64 ",\n", r->late);
+        if (r->quarantined > 0 || r->restored > 0)
+                fprintf(f, "  \"quarantined\": %" PRIu64 ",\n  \"restored\": %" PRIu64 ",\n", r->quarantined, r->restored);
+        fputs("  \"peakQueueBySecond\": [", f);
         for (size_t i = 0; i < r->peaks.n; i++)
                 fprintf(f, "%s%" PRIu32, i > 0 ? ", " : "", r->peaks.seconds[i]);
         fputs("],\n  \"firstRefusalMs\": ", f);

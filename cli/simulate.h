@@ -59,6 +59,8 @@ typedef struct SimResult {
         uint64_t longest_wait_ms;
         uint64_t drained_ms;        /* SIM_FOREVER: null (a hold never ends, or nothing arrived) */
         uint64_t end_ms;            /* the last instant */
+        uint64_t quarantined;       /* members quarantined by an exit status (SPEC §3.6) */
+        uint64_t restored;          /* … and restored by a health lane's exit 0 */
         SimRecord *records;         /* in arrival order */
         size_t n_records;
 } SimResult;

@@ -608,7 +608,8 @@ function LIFE.quarantine(name, job, status, reason)
         return true
 end
 
-function LIFE.restore(name, job)
+-- status: the health job's exit status that restored it (0), -1 by hand (pool-local.c's life_set()).
+function LIFE.restore(name, job, status)
         local ok, gone = pcall(redis.call, 'HDEL', LIFE.key(), name)
         if not ok then
                 redis.call('DEL', LIFE.key()) -- another type: nobody's quarantine can be read from it
@@ -617,7 +618,7 @@ function LIFE.restore(name, job)
         if gone == 0 then return false end
         LIFE.failures('HDEL', name)
         LIFE.busy(name, false)
-        notices[#notices + 1] = { 'restored', name, now, job or '', -1, LIFE.node_name(), '' }
+        notices[#notices + 1] = { 'restored', name, now, job or '', status or -1, LIFE.node_name(), '' }
         return true
 end
 
@@ -633,7 +634,7 @@ function LIFE.released(l, status, job)
                 if type(m) == 'string' and LIFE.pos(m) then
                         if health then
                                 -- A health job's exit 0 restores; anything else leaves the member as it is.
-                                if status == 0 then LIFE.restore(m, job) end
+                                if status == 0 then LIFE.restore(m, job, 0) end
                         elseif not R.qcodes then
                                 -- no quarantine rules: nothing counts
                         elseif not R.qcodes[status] then
@@ -750,6 +751,11 @@ function DRAINS.expire(t)
         local due = redis.call('ZRANGEBYSCORE', DRAINS.until_key(), '-inf', t, 'WITHSCORES', 'LIMIT', 0, 16)
         for i = 1, #due, 2 do
                 local field, at = due[i], tonumber(due[i + 1])
+                -- The reason of the drain that ends goes with its end (pool-local.c tells it: engine.c,
+                -- drains_expire()); a record of garbage has none.
+                local okg, raw = pcall(redis.call, 'HGET', DRAINS.key(), field)
+                local okr, rec = pcall(cmsgpack.unpack, okg and raw or '')
+                local why = okg and okr and type(rec) == 'table' and type(rec[3]) == 'string' and string.sub(rec[3], 1, 1024) or ''
                 if field == '' then
                         meta_set('drained', 0)
                 else
@@ -757,7 +763,7 @@ function DRAINS.expire(t)
                 end
                 redis.call('HDEL', DRAINS.key(), field)
                 redis.call('ZREM', DRAINS.until_key(), field)
-                notices[#notices + 1] = { 'undrained', field, at, '', '', at, 1 }
+                notices[#notices + 1] = { 'undrained', field, at, '', why, at, 1 }
         end
         DRAINS.next_store()
 end

@@ -526,6 +526,10 @@ bool engine_lease_is_shared(const EngineLease *l) {
         return l && l->remote_id;
 }
 
+bool engine_lease_is_health(const EngineLease *l) {
+        return l && l->pool && l->grant && l->pool->ops->grant_health && l->pool->ops->grant_health(l->pool, l->grant);
+}
+
 size_t engine_lease_also_count(const EngineLease *l) {
         return l ? l->n_also : 0;
 }
@@ -1674,6 +1678,8 @@ static int restore_share(Engine *e, const EngineLeaseRestore *rs, const char *la
                                     .token = rs->token,
                                     .remote_id = rs->remote_id,
                                     .granted_at = granted_at,
+                                    .health_known = rs->health_known,
+                                    .health = rs->health,
                             },
                             &g);
         if (r < 0) {
@@ -1800,6 +1806,14 @@ int engine_member_set_use(Engine *e, const char *pool, const char *member, const
         if (!p)
                 return -ENOENT;
         return p->ops->set_use ? p->ops->set_use(p, member, u) : -EOPNOTSUPP;
+}
+
+int engine_member_get_use(const Engine *e, const char *pool, const char *member, EngineMemberUse *ret) {
+        assert_return(e && pool && member && ret, -EINVAL);
+        Pool *p = pool_find(e->pools, e->n_pools, pool);
+        if (!p)
+                return -ENOENT;
+        return p->ops->get_use ? p->ops->get_use(p, member, ret) : -EOPNOTSUPP;
 }
 
 /* ---- drains with who, why and until ---- */

@@ -265,6 +265,9 @@ bool engine_lease_is_revoked(const EngineLease *l);
 /* The backend's name of a shared lease ("NODE:RID"), to persist with it; NULL for a local lease. */
 const char *engine_lease_remote_id(const EngineLease *l);
 bool engine_lease_is_shared(const EngineLease *l);
+/* A health job's lease (SPEC §3.6): granted quarantined members as a health lane's, so its exit 0 restores them
+ * (a health = also lane's lease of ordinary members is not one). For the lease log: a restart keeps it so. */
+bool engine_lease_is_health(const EngineLease *l);
 
 /* An all-or-nothing lease (SPEC §3.5, a lane with also=): one lease over the chosen pool (the functions above)
  * and each also= pool, in the lane's order, with a fencing token of each pool. */
@@ -296,6 +299,10 @@ typedef struct EngineLeaseRestore {
          * it heartbeats the lease, reclaims it, and releases it in Redis when it ends (SPEC §11). */
         const PoolConfig *granted_in;
         void *userdata;
+        /* What engine_lease_is_health() said of it, as recorded; !health_known (not recorded): the lane says,
+         * health = also counting as ordinary. */
+        bool health_known;
+        bool health;
 } EngineLeaseRestore;
 
 /* Slots are found by member name in a member pool, by index otherwise. A shared pool holds them until its
@@ -349,6 +356,9 @@ typedef struct EngineMemberUse {
  * node's own; Redis keeps the failures in a row). Returns 0, -ENOENT (no such pool or member), -EOPNOTSUPP (a
  * pool of anonymous slots). */
 int engine_member_set_use(Engine *e, const char *pool, const char *member, const EngineMemberUse *u);
+/* A member's counts now (the lease log's "use" record), without the pool's whole info: O(log members). Returns 0,
+ * -ENOENT (no such pool or member), -EOPNOTSUPP (a pool kept by a backend, or of anonymous slots). */
+int engine_member_get_use(const Engine *e, const char *pool, const char *member, EngineMemberUse *ret);
 
 /* A drain with who, why, since and until (SPEC §3.6, "Drain with a reason and a schedule"). */
 typedef struct EngineDrain {

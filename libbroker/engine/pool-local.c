@@ -147,6 +147,7 @@ struct LocalPool {
         PoolMemberLife *life;
         size_t n_life;
         size_t n_life_configured;
+        size_t *life_by_name;           /* indices of life sorted by member name (life_find()); NULL: scan */
         uint64_t quarantine_codes[4];
         unsigned quarantine_after;
         List health;                    /* health lanes' waiters (PoolWaiter.fifo_node), in arrival order */
@@ -860,25 +861,47 @@ static void waiter_unlink(LocalPool *p, PoolWaiter *w) {
 
 static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t at);
 
-/* Every waiter of the lane refused unavailable (its lane or pool removed, the pool drained). Refusing may free
- * a selector's bucket: the array shifts under the loop. */
-static void lane_refuse_waiters(LocalPool *p, LocalLane *l, usec_t now) {
-        list_foreach_safe(n, &p->health) {
-                PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
-                if (w->lane == l)
-                        waiter_refuse(p, w, REFUSAL_UNAVAILABLE, now);
-        }
-        for (size_t b = 0; b < l->n_buckets;) {
-                ListNode *n = list_first(&l->buckets[b]->fifo);
-                if (!n) {
-                        b++;
-                        continue;
-                }
-                waiter_refuse(p, container_of(n, PoolWaiter, fifo_node), REFUSAL_UNAVAILABLE, now);
+/* The scripts' order of a lane's buckets when they refuse them all (drain.lua): those without a selector by k,
+ * then those with one by k and canon. (l->buckets keeps k's order only: within a k, newest first.) */
+static bool bucket_before(const Bucket *a, const Bucket *b) {
+        if (!a->canon != !b->canon)
+                return !a->canon;
+        if (a->slots != b->slots)
+                return a->slots < b->slots;
+        return a->canon && strcmp(a->canon, b->canon) < 0;
+}
+
+/* Every waiter of the lane's buckets refused unavailable, in the scripts' order: one at a time, as refusing may
+ * free a selector's bucket (the array shifts under the loop). Buckets are few: O(buckets) a waiter. */
+static void lane_refuse_queued(LocalPool *p, LocalLane *l, usec_t now) {
+        for (;;) {
+                Bucket *first = NULL;
+                for (size_t b = 0; b < l->n_buckets; b++)
+                        if (list_first(&l->buckets[b]->fifo) && (!first || bucket_before(l->buckets[b], first)))
+                                first = l->buckets[b];
+                if (!first)
+                        return;
+                waiter_refuse(p, container_of(list_first(&first->fifo), PoolWaiter, fifo_node), REFUSAL_UNAVAILABLE, now);
         }
 }
 
-static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t at) {
+/* The health waiters of lane l (NULL: of every lane), in arrival order. */
+static void health_refuse_waiters(LocalPool *p, const LocalLane *l, usec_t now) {
+        list_foreach_safe(n, &p->health) {
+                PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
+                if (!l || w->lane == l)
+                        waiter_refuse(p, w, REFUSAL_UNAVAILABLE, now);
+        }
+}
+
+/* Every waiter of the lane refused unavailable (its lane or pool removed). */
+static void lane_refuse_waiters(LocalPool *p, LocalLane *l, usec_t now) {
+        health_refuse_waiters(p, l, now);
+        lane_refuse_queued(p, l, now);
+}
+
+/* reason: the pool's word for an unavailable refusal (static), NULL: none (drained, removed). */
+static void waiter_refuse_because(LocalPool *p, PoolWaiter *w, Refusal refusal, const char *reason, usec_t at) {
         waiter_unlink(p, w);
         pool_emit(&p->base, &(PoolDecision) {
                 .verdict = POOL_VERDICT_REFUSED,
@@ -886,11 +909,16 @@ static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t a
                 .cookie = w->cookie,
                 .at = at,
                 .refusal = refusal,
+                .reason = reason,
                 .state = w->state,
                 .idle = w->idle,
                 .budget = w->budget,
         });
         waiter_free(w);
+}
+
+static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t at) {
+        waiter_refuse_because(p, w, refusal, NULL, at);
 }
 
 /* usable: the members to take from, lowest first (NULL: the lowest free slots). */
@@ -987,11 +1015,46 @@ static void dispatch(LocalPool *p, usec_t now) {
 
 /* ---- a member's life: quarantine and health lanes (SPEC §3.6) ---- */
 
-static PoolMemberLife *life_find(LocalPool *p, const char *member) {
+static int life_name_compare(const void *a, const void *b, void *userdata) {
+        const LocalPool *p = userdata;
+        size_t x = *(const size_t *) a, y = *(const size_t *) b;
+        int c = strcmp(p->life[x].member, p->life[y].member);
+        return c != 0 ? c : (x > y) - (x < y);
+}
+
+/* life_by_name anew after life changed (configure): a grant's and a release's look-ups of their members (the
+ * lease log's counts, an exit status) are then O(log members), not a scan of 20,000 names. Out of memory:
+ * none, and life_find() scans. */
+static void life_index(LocalPool *p) {
+        p->life_by_name = mfree(p->life_by_name);
+        if (p->n_life == 0)
+                return;
+        size_t *ix = reallocarray(NULL, p->n_life, sizeof(size_t));
+        if (!ix)
+                return;
         for (size_t i = 0; i < p->n_life; i++)
-                if (streq(p->life[i].member, member))
-                        return p->life + i;
-        return NULL;
+                ix[i] = i;
+        qsort_r(ix, p->n_life, sizeof(size_t), life_name_compare, p);
+        p->life_by_name = ix;
+}
+
+/* The member's life, the first of its name in life[] (the configured one before a removed one). */
+static PoolMemberLife *life_find(LocalPool *p, const char *member) {
+        if (!p->life_by_name) {
+                for (size_t i = 0; i < p->n_life; i++)
+                        if (streq(p->life[i].member, member))
+                                return p->life + i;
+                return NULL;
+        }
+        size_t lo = 0, hi = p->n_life; /* the first index whose name is ≥ member */
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (strcmp(p->life[p->life_by_name[mid]].member, member) < 0)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return lo < p->n_life && streq(p->life[p->life_by_name[lo]].member, member) ? p->life + p->life_by_name[lo] : NULL;
 }
 
 static void life_done(PoolMemberLife *m) {
@@ -1102,7 +1165,8 @@ static void health_dispatch(LocalPool *p, usec_t now) {
         list_foreach_safe(n, &p->health) {
                 PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
                 if (health_capacity(p, w->mask) < w->slots) {
-                        waiter_refuse(p, w, REFUSAL_UNAVAILABLE, now);
+                        /* As a health submit refused at once says it (and the scripts: HEALTH's dispatch). */
+                        waiter_refuse_because(p, w, REFUSAL_UNAVAILABLE, "not-quarantined", now);
                         continue;
                 }
                 memcpy(usable, avail, words * sizeof(uint64_t));
@@ -1172,6 +1236,7 @@ static void local_free(Pool *base) {
         for (size_t i = 0; i < p->n_life; i++)
                 life_done(p->life + i);
         free(p->life);
+        free(p->life_by_name);
         free(p->lanes);
         heap_done(&p->deadlines);
         free(p->occupied);
@@ -1348,6 +1413,7 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
         p->life = new_life;
         p->n_life = n_new_life;
         p->n_life_configured = n_new_conf;
+        life_index(p);
         memcpy(p->quarantine_codes, c->quarantine_exit_codes, sizeof p->quarantine_codes);
         p->quarantine_after = MAX(c->quarantine_after, 1u);
         hk = 0;
@@ -1548,7 +1614,17 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
          * its set at once, or withdraws it. */
 
         if (!room && !t->may_wait) {
-                /* Busy for want of slots that rest: says so, and when enough of them wake. */
+                /* Busy for want of slots that rest: says so, and when enough of them wake. A health lane's try
+                 * has no `usable` of the ordinary queue's: the free members its selector admits, as the scripts
+                 * count them (submit.lua). */
+                if (mask && !usable) {
+                        usable = calloc(words, sizeof(uint64_t));
+                        if (!usable)
+                                return -ENOMEM;
+                        free_members(p, usable, words);
+                        for (size_t w = 0; w < words; w++)
+                                usable[w] &= mask[w];
+                }
                 unsigned free = free_slots(p), have = mask ? MIN(free, (unsigned) member_set_count(usable, words)) : free;
                 usec_t at = 0;
                 if (p->n_waiting == 0 && have < t->slots &&
@@ -1741,7 +1817,9 @@ static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
         }
         g->lane = l;
         g->granted_at = rs->granted_at;
-        g->health = l->health && !l->health_also; /* health = also: which it was is not known, so ordinary */
+        /* A health = yes lane's lease is a health job's; a health = also lane's may be either: as recorded (not
+         * recorded, by a brokerd from before: ordinary). */
+        g->health = l->health && (!l->health_also || (rs->health_known && rs->health));
         list_append(&p->grants, &g->node);
         if (in_place)
                 for (unsigned i = 0; i < n_slots; i++) {
@@ -1860,9 +1938,12 @@ static int local_drain(Pool *base, const char *member, bool on, usec_t now) {
 
         if (!member) {
                 p->base.drained = on;
-                if (on)
+                /* In the scripts' order (drain.lua): each lane's queue, then the health lanes' waiters. */
+                if (on) {
                         for (size_t i = 0; i < p->n_lanes; i++)
-                                lane_refuse_waiters(p, p->lanes[i], now);
+                                lane_refuse_queued(p, p->lanes[i], now);
+                        health_refuse_waiters(p, NULL, now);
+                }
                 return 0;
         }
 
@@ -1998,6 +2079,27 @@ static int local_set_use(Pool *base, const char *member, const EngineMemberUse *
         return 0;
 }
 
+static int local_get_use(const Pool *base, const char *member, EngineMemberUse *ret) {
+        LocalPool *p = POOL((Pool *) base);
+        if (!p->base.members)
+                return -EOPNOTSUPP;
+        const PoolMemberLife *m = life_find(p, member);
+        if (!m || (size_t) (m - p->life) >= p->n_life_configured)
+                return -ENOENT;
+        *ret = (EngineMemberUse) {
+                .grants = m->grants,
+                .held = m->held,
+                .quarantines = m->quarantines,
+                .failures = m->failures,
+        };
+        return 0;
+}
+
+static bool local_grant_health(const Pool *base, const PoolGrant *g) {
+        (void) base;
+        return g->health;
+}
+
 static void local_set_token_floor(Pool *base, uint64_t next_token) {
         LocalPool *p = POOL(base);
         p->next_token = MAX(p->next_token, next_token);
@@ -2049,6 +2151,8 @@ static const PoolOps local_ops = {
         .report_exit = local_report_exit,
         .quarantine = local_quarantine,
         .set_use = local_set_use,
+        .get_use = local_get_use,
+        .grant_health = local_grant_health,
         .rest = local_rest,
 };
 

@@ -1314,6 +1314,10 @@ static int decision_set(Decision *d, const char *name, const RespValue *v) {
                         }
         } else if (streq(name, "reason")) {
                 d->reason = v && v->type == RESP_STRING ? static_reason(v->str, v->len) : NULL;
+                /* A drain's refusal has no word of the pool's (engine.h, EngineEvent.reason), as pool-local.c's
+                 * has none: the session says "drained" of both. */
+                if (d->reason && streq(d->reason, "drained"))
+                        d->reason = NULL;
         } else if (streq(name, "state")) {
                 d->state = resp_is(v, "saturated") ? QUEUE_STATE_SATURATED :
                            resp_is(v, "keeping-up") ? QUEUE_STATE_KEEPING_UP : QUEUE_STATE_NONE;
@@ -2163,7 +2167,7 @@ static void life_notice(SharedPool *p, const RespValue *n, bool quarantined, use
                 .member = p->base.members[i],
                 .quarantined = quarantined,
                 .job = job,
-                .exit_status = quarantined ? (int) status : -1,
+                .exit_status = (int) status, /* a restore's: 0 by a health job, -1 by hand */
                 .note = reason,
         });
         if (bad)
@@ -2815,9 +2819,9 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 /* Earlier instants needed the whole budget: the same call again, at once. What it did is
                  * done: a dead node it reaped (a page a call: two lapsed at once take two) is told now, or
                  * never (README: exactly one call reports each expiry). */
+                notices_apply(p, resp_at(reply, 5), now);
                 events_apply(p, resp_at(reply, 3), now);
                 cache_apply(p, resp_at(reply, 4), pool_now, now);
-                notices_apply(p, resp_at(reply, 5), now);
                 c->sent = false;
                 if (c->script == SHARED_SCRIPT_TICK && c->reconcile && !p->params.manual_clock) {
                         /* Its page was made before the calls sent behind it, which Redis may have run by now
@@ -2888,9 +2892,12 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 return;
         }
 
+        /* Notices first: a call's quarantines, restores, drains and undrains come before its grants and
+         * refusals in the script (a release's exit status is counted before its slots are handed on, an
+         * until ends a drain at the start of its instant), and pool-local.c emits them in that order. */
+        notices_apply(p, resp_at(reply, 5), now);
         events_apply(p, resp_at(reply, 3), now);
         cache_apply(p, resp_at(reply, 4), pool_now, now);
-        notices_apply(p, resp_at(reply, 5), now);
         const RespValue *body = resp_at(reply, 2);
 
         if (c->script == SHARED_SCRIPT_TICK && (resp_is(status, "ok") || resp_is(status, "rules"))) {
@@ -3468,6 +3475,18 @@ static void shared_release(Pool *base, PoolGrant *g, usec_t now) {
         grant_free(g);
 }
 
+/* engine_member_get_use(): this node's counts, for its lease log (the failures in a row are Redis's: 0). */
+static int shared_get_use(const Pool *base, const char *member, EngineMemberUse *ret) {
+        SharedPool *p = SHARED((Pool *) base);
+        if (!p->base.members)
+                return -EOPNOTSUPP;
+        const PoolMemberLife *m = life_find(p, member);
+        if (!m)
+                return -ENOENT;
+        *ret = (EngineMemberUse) { .grants = m->grants, .held = m->held, .quarantines = m->quarantines };
+        return 0;
+}
+
 /* engine_member_set_use(): this node's counts as its lease log had them (the failures in a row are Redis's). */
 static int shared_set_use(Pool *base, const char *member, const EngineMemberUse *u) {
         SharedPool *p = SHARED(base);
@@ -3837,6 +3856,7 @@ static const PoolOps shared_ops = {
         .report_exit = shared_report_exit,
         .quarantine = shared_quarantine,
         .set_use = shared_set_use,
+        .get_use = shared_get_use,
         .drain_with = shared_drain_with,
         .position = shared_position,
         .info = shared_info,

@@ -209,6 +209,11 @@ typedef struct PoolRestore {
         uint64_t token;
         const char *remote_id;    /* the backend's name for it; NULL: an in-process lease */
         usec_t granted_at;
+        /* A health job's grant (SPEC §3.6: its exit 0 restores, a quarantine status does not count), as the lease
+         * log recorded it; !health_known (a log from before): the lane says, and health = also counts as
+         * ordinary (which it was is not known). */
+        bool health_known;
+        bool health;
 } PoolRestore;
 
 typedef struct PoolOps {
@@ -290,6 +295,10 @@ typedef struct PoolOps {
         int (*quarantine)(Pool *p, const char *member, const EngineQuarantine *q, usec_t now);
         /* engine_member_set_use(). */
         int (*set_use)(Pool *p, const char *member, const EngineMemberUse *u);
+        /* engine_lease_is_health(); NULL: never (a pool kept by a backend decides it there). */
+        bool (*grant_health)(const Pool *p, const PoolGrant *g);
+        /* engine_member_get_use(). */
+        int (*get_use)(const Pool *p, const char *member, EngineMemberUse *ret);
         /* engine_drain_with() for a pool whose backend keeps who, why, since and until and ends the drain at its
          * until itself (a shared pool: every node shows and obeys it; SPEC §3.6): the engine keeps no record and
          * arms no timer, and the pool emits DRAIN decisions. NULL: the engine keeps them. Returns as drain(). */

@@ -490,6 +490,57 @@ class Drain(Base):
         self.assertEqual((after[("grants_total", "a")], after[("grants_total", "b")]), (1, 1))
         self.assertEqual(after[("held_seconds_total", "a")], before[("held_seconds_total", "a")])
 
+    def test_a_lease_that_ends_while_brokerd_is_down_counts_its_held_time(self):
+        # A reservation of a for 2 s (a detached lease) ends while brokerd is stopped: the next start finds it
+        # ended and counts a's held time up to its end, its expiry (brokerd(8), "Restart"), not nothing.
+        b = self.rigs("held-while-down")
+        p = subprocess.run([SLOTCTL, "reserve", "--socket", b.socket_path, "rigs", "--member", "a", "--for", "2s",
+                            "--reason", "bench"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        granted = time.time()
+        before = self.member_counts(b)
+        self.assertEqual((before[("grants_total", "a")], before[("held_seconds_total", "a")]), (1, 0))
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        wait_for(lambda: time.time() > granted + 3, 10, message="the reservation's end to pass")
+        b.start()
+        after = self.member_counts(b)
+        self.assertEqual(after[("grants_total", "a")], 1)
+        self.assertGreaterEqual(after[("held_seconds_total", "a")], 1.9)
+        self.assertLessEqual(after[("held_seconds_total", "a")], 2.1)
+        # Written as it is counted: a second restart keeps it.
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        self.assertEqual(self.member_counts(b), after)
+
+    def test_a_job_that_ends_while_brokerd_is_down_counts_up_to_the_stop(self):
+        # Its command exits while brokerd is stopped: nobody saw when, so its time counts up to the stop (the
+        # alive mark a stop writes), never the downtime after it.
+        b = self.rigs("job-while-down")
+        self.running(b, "long", "w", "--member", "b")
+        started = time.time()
+        wait_for(lambda: time.time() > started + 1, 10, message="a second of the job")
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        stopped = time.time()
+        self.w.stop("long")
+        wait_for(lambda: time.time() > stopped + 2, 10, message="two seconds of downtime")
+        b.start()
+        held = self.member_counts(b)[("held_seconds_total", "b")]
+        self.assertGreaterEqual(held, 0.9)
+        self.assertLessEqual(held, stopped - started + 0.5)
+
+    def test_a_health_also_lease_restored_after_a_restart_is_still_a_health_job(self):
+        # health = also: its lease of a quarantined member is a health job's (its exit 0 restores); the lease log
+        # keeps which it was, so a lease held across a restart ends as what it was granted as.
+        config = CONFIG.format(after=1, admin="12345") + "\n[lane also]\npools = rigs\npolicy = wait\nhealth = also\n"
+        b = self.broker(config, "health-also-restart", mode="store")
+        self.ran(b, "broken", "w", 3, "--member", "a")
+        self.wait_quarantined(b, {"a"})
+        self.assertEqual(self.running(b, "check", "also"), ["a"])
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        self.stop("check", 0)
+        self.wait_quarantined(b, set())
+
     def test_a_quarantine_older_than_the_boot_keeps_its_start(self):
         # SPEC §3.6: Status shows since when; a quarantine from before this boot is no younger for a reboot.
         b = self.rigs("old-quarantine")
@@ -758,6 +809,67 @@ class Shared(Base):
         a = self.node("node-a2")
         q = self.wait_quarantined(a, {"a"})["a"]
         self.assertEqual((q["job"], q["exitStatus"], q["node"]), ("broken", 4, "node-a"))
+
+
+class SharedJournal(Base):
+    """A shared pool's members' lives as journald has them (inside journald-ns.sh only): two brokerds on one
+    redis-server, and each change journaled once fleet-wide, by the node whose call made it (brokerd/lua/README,
+    "Members' lives", "Drains with a reason"), with its MESSAGE_ID and fields."""
+
+    node = Shared.node  # (not a subclass: Shared's tests would run again here)
+
+    def setUp(self):
+        import faults
+        from redisd import RedisServer
+        journal_ns.require_private_journald()
+        faults.skip_unless_shared_pools(self)
+        super().setUp()
+        self.redis = RedisServer(self.dir).start()
+        self.addCleanup(self.redis.close)
+
+    def entries(self, nodes, mid, **fields):
+        got = [e for n in nodes for e in journal_ns.entries(f"MESSAGE_ID={mid}", f"_PID={n.pid}")]
+        return [e for e in got if all(e.get(k) == v for k, v in fields.items())]
+
+    def once(self, nodes, mid, **fields):
+        """The one entry of the fleet; a second would be another node's journal of the same change."""
+        wait_for(lambda: self.entries(nodes, mid, **fields), 20, message=f"a journal entry {mid} {fields}")
+        return self.entries(nodes, mid, **fields)
+
+    def test_quarantine_restore_and_drain_are_journaled_once_fleet_wide(self):
+        a, b = self.node("node-a"), self.node("node-b")
+        nodes = (a, b)
+        j = self.job(a, "broken", "w", "finish; exit 3", "--member", "a")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 3, j.stderr())
+        self.wait_quarantined(b, {"a"})
+        # B's health job restores a: its release is B's call, A only reads the change back.
+        self.assertEqual(self.ran(b, "check", "health", 0), ["a"])
+        self.wait_quarantined(a, set())
+        self.wait_quarantined(b, set())
+        until = int(time.time()) + 3
+        p = self.slotctl(a, "drain", "rigs", "b", "--reason", "reflash", "--until", f"@{until}")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        # The drain's end by itself: whichever node's call ran the pool's instant at until journals it.
+        [u] = self.once(nodes, MESSAGE_ID_UNDRAINED, SLOT_MEMBER="b")
+        self.assertIn("its --until came", u["MESSAGE"])
+        self.assertIn(u["_PID"], (str(a.pid), str(b.pid)))
+        # Both nodes have answered calls since every change before (each showed the restore; the undrain came
+        # after the drain): what is journaled by now is all there will be of them.
+        [q] = self.entries(nodes, MESSAGE_ID_QUARANTINED, SLOT_MEMBER="a")
+        self.assertEqual(q["_PID"], str(a.pid))
+        self.assertTrue(q["MESSAGE"].startswith("[QUARANTINED] Member a of pool rigs"), q["MESSAGE"])
+        self.assertEqual((q["SLOT_POOL"], q["SLOT_JOB"], q["SLOT_EXIT_STATUS"]), ("rigs", "broken", "3"))
+        [r] = self.entries(nodes, MESSAGE_ID_RESTORED, SLOT_MEMBER="a")
+        self.assertEqual(r["_PID"], str(b.pid))
+        self.assertTrue(r["MESSAGE"].startswith("[RESTORED]"), r["MESSAGE"])
+        self.assertEqual((r["SLOT_POOL"], r["SLOT_JOB"], r["SLOT_EXIT_STATUS"]), ("rigs", "check", "0"))
+        [d] = self.entries(nodes, MESSAGE_ID_DRAINED, SLOT_MEMBER="b")
+        self.assertEqual(d["_PID"], str(a.pid))
+        self.assertEqual((d["SLOT_DECISION"], d["SLOT_REASON"], d["SLOT_JOB"]),
+                         ("drained", "reflash", f"uid {os.getuid()}"))
+        self.assertLess(abs(int(d["SLOT_UNTIL_USEC"]) - until * 10**6), 50000)
+        self.assertEqual(u["SLOT_DECISION"], "undrained")
+        self.assertEqual(u.get("SLOT_REASON"), "reflash")
 
 
 if __name__ == "__main__":

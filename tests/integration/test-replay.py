@@ -379,6 +379,34 @@ class Replay(unittest.TestCase):
         waits = [x.get("waitedMs") for x in simulate_json("--replay", self.path, "--per-request")["perRequest"]]
         self.assertEqual(waits, [0, 0])        # without --config, nothing rests
 
+    def test_exit_statuses_quarantine_and_restore_as_the_config_says(self):
+        # Schema 6's events.exit_status: what each release's command told. With --config's
+        # quarantine-exit-codes= and health lane, the replay quarantines a after its exit 3, the health job's
+        # exit 1 keeps it so and its exit 0 restores it: the ordinary request recorded at 2 s waits until then.
+        h = History(self.path, SCHEMA_7)
+        for lease, (at, lane, hold, status) in enumerate(((0, "w", S, 3), (2 * S, "w", S, 0),
+                                                          (int(2.2 * S), "health", S // 2, 1),
+                                                          (3 * S, "health", S // 2, 0)), 1):
+            h.add(at, "granted", "rigs", lane, lease=f"l{lease}", token=lease, wait_us=0)
+            h.add(at + hold, "released", "rigs", lane, lease=f"l{lease}", token=lease, hold_us=hold,
+                  exit_status=status)
+        h.close()
+        config = os.path.join(self.dir.name, "brokerd.conf")
+        with open(config, "w") as f:
+            f.write("[pool rigs]\nmembers = a\nquarantine-exit-codes = 3\n\n[lane w]\npools = rigs\n\n"
+                    "[lane health]\npools = rigs\nhealth = yes\n")
+        p = simulate("--replay", self.path, "--config", config, "--json", "--per-request")
+        self.assertIn("recorded exit statuses quarantine and restore", p.stderr)
+        r = json.loads(p.stdout)
+        self.assertEqual((r["quarantined"], r["restored"]), (1, 1))
+        self.assertEqual([x["waitedMs"] for x in r["perRequest"]], [0, 1500, 0, 0])
+        # Without --config's quarantine-exit-codes=, the statuses change nothing.
+        with open(config, "w") as f:
+            f.write("[pool rigs]\nmembers = a\n\n[lane w]\npools = rigs\n\n[lane health]\npools = rigs\n")
+        r = simulate_json("--replay", self.path, "--config", config, "--per-request")
+        self.assertNotIn("quarantined", r)
+        self.assertEqual([x["waitedMs"] for x in r["perRequest"]], [0, 0, 800, 500])
+
     def test_selectors_bad_input(self):
         self.labelled_history()
         config = os.path.join(self.dir.name, "brokerd.conf")

@@ -1017,6 +1017,65 @@ static void test_health_lane_takes_quarantined_members_only_and_exit_0_restores(
         end(f, w, S(7));
 }
 
+/* engine_member_get_use(): a member's counts by name (the lease log's "use" records, brokerd/lease.c), as the
+ * pool's info has them; in a pool of many members, the one asked for and no other (life_find()'s index). */
+static void test_member_use_by_name(void **state) {
+        Fixture *f = *state;
+        EngineMemberUse u;
+        char names[300][8];
+        const char *list[300];
+        for (unsigned i = 0; i < 300; i++) {
+                snprintf(names[i], sizeof names[i], "r%u", (i * 7919) % 300); /* not in name order */
+                list[i] = names[i];
+        }
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, list, 300);
+        p->quarantine_exit_codes[0] = UINT64_C(1) << 3;
+        p->quarantine_exit_codes_set = true;
+        p->quarantine_after = 2;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) { .member = "r17" }, 0);
+        end_with(f, a, 3, "job-1", S(2));
+        Tag *b = acquire(f, "B", (Req) { .member = "r17" }, S(3));
+        assert_true(granted(b));
+        assert_int_equal(engine_member_get_use(f->engine, "p", "r17", &u), 0);
+        assert_int_equal(u.grants, life_of(f, "r17")->grants);
+        assert_int_equal(u.grants, 2);
+        assert_int_equal(u.held, S(2));
+#ifndef TEST_ENGINE_SHARED
+        assert_int_equal(u.failures, 1);
+#else
+        assert_int_equal(u.failures, 0); /* Redis counts the failures in a row, for every node */
+#endif
+        assert_int_equal(u.quarantines, 0);
+        assert_int_equal(engine_member_get_use(f->engine, "p", "r18", &u), 0);
+        assert_int_equal(u.grants, 0);
+        assert_int_equal(engine_member_get_use(f->engine, "p", "r300", &u), -ENOENT);
+        assert_int_equal(engine_member_get_use(f->engine, "q", "r17", &u), -ENOENT);
+        end(f, b, S(4));
+}
+
+/* A health job that may not wait, for a quarantined member a health job holds: refused busy (pool-local.c read
+ * the ordinary queue's member set, which a health try has not, and crashed); its restore says which exit did it. */
+static void test_health_job_that_may_not_wait_for_a_held_member_is_refused_busy(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        end_with(f, a, 3, "job-1", S(1)); /* a quarantined */
+        Tag *h = acquire(f, "H", (Req) { .lane = "h" }, S(2));
+        assert_true(granted(h));
+        assert_string_equal(member_of(h), "a");
+        Tag *h2 = acquire(f, "H2", (Req) { .lane = "h", .member = "a", .no_wait = true }, S(3));
+        assert_true(refused(h2, REFUSAL_BUSY));
+        end_with(f, h, 0, "check-1", S(4));
+        assert_int_equal(f->n_life, 2);
+        assert_false(f->life[1].quarantined);
+        assert_string_equal(f->life[1].job, "check-1");
+        /* Restored by a health job's exit 0: the event says 0, on every pool kind (a restore by hand: -1). */
+        assert_int_equal(f->life[1].exit_status, 0);
+}
+
 /* A member quarantined by its release in a pool with cooldown= rests first: the health job waits out its rest,
  * as any job would (SPEC §3.6), and the rest of a restored member is its own. */
 static void test_a_quarantined_member_rests_before_its_health_job(void **state) {
@@ -3737,6 +3796,8 @@ int main(void) {
                 T(test_health_also_lane_takes_quarantined_members_first_then_ordinary_ones),
                 T(test_reload_ending_a_health_lane_refuses_its_waiters),
                 T(test_health_waiter_position_is_its_place_among_health_waiters),
+                T(test_health_job_that_may_not_wait_for_a_held_member_is_refused_busy),
+                T(test_member_use_by_name),
                 /* Labels and named members (SPEC §3.5), on shared pools too: part of their agreed rules. */
                 T(test_labels_every_term_must_hold),
                 T(test_named_member_waits_for_that_member),

@@ -87,6 +87,8 @@ static HistoryLeaseRow row_b(const char *id, uint64_t token) {
                 .uid = 0,
                 .pid = 5,
                 .detached = true,
+                .health_known = true,
+                .health = true, /* a health job's lease (health = also): a restart keeps it one */
                 .granted_at = 1700000000000002,
                 .expires_at = USEC_INFINITY,
         };
@@ -151,11 +153,14 @@ static void test_what_is_written_is_read(void **state) {
         assert_int_equal(ra->command_pid, 78);
         assert_int_equal(ra->command_start_time, 123456789);
         assert_false(ra->detached);
+        assert_true(ra->health_known);
+        assert_false(ra->health);
         assert_int_equal(ra->granted_at, a.granted_at);
         assert_int_equal(ra->expires_at, a.expires_at);
         assert_null(rc->members);
         assert_null(rc->job);
         assert_true(rc->detached);
+        assert_true(rc->health);
         assert_int_equal(rc->expires_at, USEC_INFINITY);
         assert_int_equal(s.alive_at, 1700000005000000);
         /* Every token given out stays below its pool's mark, the ended lease's too. */

@@ -245,6 +245,46 @@ static void test_integer_keys_take_the_config_spellings(void **state) {
         assert_int_equal(conf_find_pool(c, "b")->max_queue, 5);
 }
 
+/* Issue 23 in a scenario: exit statuses, quarantine keys, a health lane and drains (by time, file order within an
+ * instant); a drain of a member the pool does not have is refused with the configuration. */
+static void test_exit_statuses_and_drains(void **state) {
+        _cleanup_(scenario_freep) Scenario *s = load(
+                "{\"pools\": {\"rigs\": {\"members\": [\"a\", \"b\"], \"quarantine-exit-codes\": [3, 4],"
+                "                          \"quarantine-after\": 2}},"
+                " \"lanes\": {\"ci\": {\"pools\": [\"rigs\"]}, \"check\": {\"pools\": [\"rigs\"], \"health\": \"yes\"}},"
+                " \"requests\": [{\"name\": \"A\", \"at\": \"1s\", \"hold\": \"1s\", \"lane\": \"ci\", \"exit\": 3},"
+                "              {\"name\": \"B\", \"at\": \"1s\", \"hold\": \"1s\", \"lane\": \"ci\"}],"
+                " \"drains\": [{\"at\": \"3s\", \"pool\": \"rigs\", \"undrain\": true},"
+                "            {\"at\": \"2s\", \"pool\": \"rigs\", \"member\": \"b\", \"reason\": \"reflash\", \"until\": \"5s\"},"
+                "            {\"at\": \"2s\", \"pool\": \"rigs\", \"reason\": \"window\"}]}");
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        char *error = NULL;
+
+        assert_true(s->requests[0].traffic.exits);
+        assert_int_equal(s->requests[0].traffic.exit_status, 3);
+        assert_false(s->requests[1].traffic.exits);
+        assert_int_equal(s->n_drains, 3);
+        assert_int_equal(s->drains[0].at_ms, 2000);
+        assert_string_equal(s->drains[0].member, "b");
+        assert_string_equal(s->drains[0].reason, "reflash");
+        assert_int_equal(s->drains[0].until_ms, 5000);
+        assert_null(s->drains[1].member);
+        assert_int_equal(s->drains[1].until_ms, SIM_FOREVER);
+        assert_true(s->drains[2].undrain);
+        assert_int_equal(scenario_build_config(s, NULL, NULL, &error, &c), 0);
+        const PoolConfig *p = conf_find_pool(c, "rigs");
+        assert_true(pool_config_quarantines(p, 3) && pool_config_quarantines(p, 4) && !pool_config_quarantines(p, 5));
+        assert_int_equal(p->quarantine_after, 2);
+        assert_true(conf_find_lane(c, "check")->health);
+
+        _cleanup_(scenario_freep) Scenario *bad = load(
+                "{\"pools\": {\"rigs\": {\"members\": [\"a\"]}}, \"drains\": [{\"at\": \"1s\", \"pool\": \"rigs\", \"member\": \"z\"}]}");
+        conf_free(TAKE_PTR(c));
+        assert_int_equal(scenario_build_config(bad, NULL, NULL, &error, &c), -EINVAL);
+        assert_string_equal(error, "test.json: drains[0].member: pool \"rigs\" has no member \"z\"");
+        free(error);
+}
+
 static void test_bad_scenarios_name_the_culprit(void **state) {
         static const struct {
                 const char *json;
@@ -284,6 +324,25 @@ static void test_bad_scenarios_name_the_culprit(void **state) {
                 { "{\"pool\": {\"limit\": 2}, \"deadline\": \"soon\"}", "test.json: deadline: invalid duration \"soon\"" },
                 { "{\"pool\": {\"limit\": 2}, \"extra\": true}", "test.json: extra: unknown key" },
                 { "[1, 2]", "test.json: expected an object at the top, got an array" },
+                { "{\"pool\": {\"limit\": 2}, \"requests\": [{\"name\": \"A\", \"at\": \"1s\", \"hold\": \"1s\", \"exit\": 256}]}",
+                  "test.json: requests[0].exit: expected an exit status, an integer from 0 to 255" },
+                { "{\"pool\": {\"limit\": 2}, \"requests\": [{\"name\": \"A\", \"at\": \"1s\", \"hold\": \"1s\", \"exit\": \"3\"}]}",
+                  "test.json: requests[0].exit: expected an exit status" },
+                { "{\"pool\": {\"limit\": 2}, \"drains\": {}}", "test.json: drains: expected an array, got an object" },
+                { "{\"pool\": {\"limit\": 2}, \"drains\": [{\"pool\": \"default\"}]}", "test.json: drains[0].at: missing" },
+                { "{\"pool\": {\"limit\": 2}, \"drains\": [{\"at\": \"1s\"}]}", "test.json: drains[0].pool: missing" },
+                { "{\"pool\": {\"limit\": 2}, \"drains\": [{\"at\": \"1s\", \"pool\": \"x\"}]}",
+                  "test.json: drains[0].pool: unknown pool \"x\"" },
+                { "{\"pool\": {\"limit\": 2}, \"drains\": [{\"at\": \"2s\", \"pool\": \"default\", \"until\": \"1s\"}]}",
+                  "test.json: drains[0].until: not after its at" },
+                { "{\"pool\": {\"limit\": 2}, \"drains\": [{\"at\": \"2s\", \"pool\": \"default\", \"reason\": \"a\\nb\"}]}",
+                  "test.json: drains[0].reason: contains a control character" },
+                { "{\"pool\": {\"limit\": 2}, \"drains\": [{\"at\": \"2s\", \"pool\": \"default\", \"undrain\": true, \"reason\": \"x\"}]}",
+                  "test.json: drains[0]: an undrain takes no reason or until" },
+                { "{\"pool\": {\"limit\": 2}, \"drains\": [{\"at\": \"2s\", \"pool\": \"default\", \"colour\": 1}]}",
+                  "test.json: drains[0].colour: unknown key" },
+                { "{\"pool\": {\"limit\": 2, \"quarantine-exit-codes\": [3, \"x\"]}}",
+                  "test.json: pool.quarantine-exit-codes[1]: expected an integer, got a string" },
                 { "{\"pool\": {\"limit\": 2},", "test.json:1:" },
                 { "{\"pool\": {\"limit\": 2}, \"pool\": {\"limit\": 3}}", "test.json:1:" },
         };
@@ -404,6 +463,7 @@ int main(void) {
                 cmocka_unit_test(test_generated_arrivals_come_before_explicit_ones),
                 cmocka_unit_test(test_scenario_keys_become_config_settings),
                 cmocka_unit_test(test_integer_keys_take_the_config_spellings),
+                cmocka_unit_test(test_exit_statuses_and_drains),
                 cmocka_unit_test(test_bad_scenarios_name_the_culprit),
                 cmocka_unit_test(test_many_explicit_requests_and_their_duplicate),
                 cmocka_unit_test(test_config_errors_name_the_scenario_key),

@@ -8,13 +8,17 @@
  * request, pool, lane, wait, queue state, idle, budget, refusal, reason, token, slots). REVOKE (max-hold)
  * is compared as a sequence of its own: the engine raises it itself at the instant the lease reaches its
  * max-hold, while a remote pool's decisions of that instant come with the answer to run(), after it —
- * two streams interleaved differently, neither reordered within itself (memo §5.1).
+ * two streams interleaved differently, neither reordered within itself (memo §5.1). DRAIN likewise, compared
+ * per instant and pool (drains_by_pool()): the engine ends a local pool's drain at its until before any pool
+ * runs that instant, a shared pool's drain ends in that pool's own call, after the pools before it.
  *
  * The scenarios: every tests/scenarios file (JSON), and seeded generated ones (pools with limits or members,
  * labels on the members (SPEC §3.5), queue timeouts, congestion timeouts, max-queue, cooldown; lanes with
  * priorities, max-in-use, reserve, max-hold, fail-fast and labels=; requests of 1–3 slots, no-wait, client
- * caps, labels and a named member). The simulator has no drains and no cancels: those are
- * test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
+ * caps, labels and a named member), and issue 23's lives of members: quarantine-exit-codes= and
+ * quarantine-after= on member pools, health lanes, requests whose commands tell an exit status, drains of
+ * pools and members with a reason, some until a time, some undrained. Compared too: MEMBER and DRAIN events.
+ * The simulator has no cancels: those are test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
  * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED. */
 #include <glob.h>
@@ -56,6 +60,7 @@ typedef struct Run {
         Trace report;    /* sim_print_json() with every request */
         Trace decisions; /* engine events but REVOKE, one line each */
         Trace revokes;
+        Trace drains;    /* DRAIN events */
 } Run;
 
 static void trace_open(Trace *t) {
@@ -74,9 +79,11 @@ static void run_done(Run *r) {
         trace_close(&r->report);
         trace_close(&r->decisions);
         trace_close(&r->revokes);
+        trace_close(&r->drains);
         free(r->report.text);
         free(r->decisions.text);
         free(r->revokes.text);
+        free(r->drains.text);
 }
 
 static const char *word(const char *s) {
@@ -90,6 +97,19 @@ static void record_event(const EngineEvent *ev, void *userdata) {
                 fprintf(run->revokes.f, "revoke at=%" PRIu64 " token=%" PRIu64 " pool=%s lane=%s reason=%s\n", ev->at,
                         engine_lease_token(ev->lease), word(engine_lease_pool(ev->lease)),
                         word(engine_lease_lane(ev->lease)), word(ev->reason));
+                return;
+        }
+        if (ev->type == ENGINE_EVENT_MEMBER) {
+                fprintf(run->decisions.f, "member at=%" PRIu64 " pool=%s member=%s quarantined=%d job=%s exit=%d note=%s\n",
+                        ev->at, word(ev->pool), word(ev->member), ev->quarantined, word(ev->job), ev->exit_status,
+                        word(ev->note));
+                return;
+        }
+        if (ev->type == ENGINE_EVENT_DRAIN) {
+                fprintf(run->drains.f, "drain at=%" PRIu64 " pool=%s member=%s drained=%d who=%s note=%s until=%" PRIu64
+                        " expired=%d\n",
+                        ev->at, word(ev->pool), word(ev->member), ev->drained, word(ev->job), word(ev->note), ev->until,
+                        ev->expired);
                 return;
         }
         if (ev->type == ENGINE_EVENT_CONGESTION) {
@@ -156,6 +176,7 @@ static void run_scenario(const char *text, const char *origin, bool shared, Run 
         trace_open(&ret->report);
         trace_open(&ret->decisions);
         trace_open(&ret->revokes);
+        trace_open(&ret->drains);
         SimOptions o = {
                 .seed = 1,
                 .per_request = true,
@@ -181,6 +202,7 @@ static void run_scenario(const char *text, const char *origin, bool shared, Run 
         trace_close(&ret->report);
         trace_close(&ret->decisions);
         trace_close(&ret->revokes);
+        trace_close(&ret->drains);
 }
 
 /* Fails naming the first line where the two texts differ, with both versions of it. */
@@ -203,6 +225,54 @@ static void assert_same_text(const char *origin, const char *what, const char *l
                  shared);
 }
 
+/* ---- the drains' stream: in each pool's order, the pools of an instant in any order ---- */
+
+typedef struct Line {
+        const char *text;
+        size_t len, pool_len; /* pool_len: up to " member=", which names the instant and the pool */
+        size_t index;
+} Line;
+
+static int line_compare(const void *a, const void *b) {
+        const Line *x = a, *y = b;
+        int c = strncmp(x->text, y->text, MIN(x->pool_len, y->pool_len));
+        if (c == 0 && x->pool_len != y->pool_len)
+                c = x->pool_len < y->pool_len ? -1 : 1;
+        if (c == 0)
+                c = x->index < y->index ? -1 : x->index > y->index;
+        return c;
+}
+
+/* The trace's lines stably sorted by instant and pool: the engine ends a local pool's drain at its until before
+ * any pool runs, a shared pool's in that pool's call, after the pools before it (record_event()). */
+static char *drains_by_pool(const char *text) {
+        size_t n = 0, cap = 0;
+        Line *lines = NULL;
+        for (const char *p = text; *p;) {
+                const char *e = strchrnul(p, '\n');
+                const char *m = strstr(p, " member=");
+                if (n == cap) {
+                        cap = MAX(cap * 2, (size_t) 16);
+                        lines = reallocarray(lines, cap, sizeof(Line));
+                        assert_non_null(lines);
+                }
+                lines[n] = (Line) { .text = p, .len = (size_t) (e - p), .pool_len = m && m < e ? (size_t) (m - p) : (size_t) (e - p), .index = n };
+                n++;
+                p = *e ? e + 1 : e;
+        }
+        qsort(lines, n, sizeof(Line), line_compare);
+        char *out = malloc(strlen(text) + 1), *o = out;
+        assert_non_null(out);
+        for (size_t i = 0; i < n; i++) {
+                memcpy(o, lines[i].text, lines[i].len);
+                o += lines[i].len;
+                *o++ = '\n';
+        }
+        *o = '\0';
+        free(lines);
+        return out;
+}
+
 /* TEST_SHARED_DIFF_DUMP=DIR: both runs' traces as files, to read a difference whole. */
 static void dump(const char *origin, const char *side, const Run *r) {
         const char *dir = getenv("TEST_SHARED_DIFF_DUMP");
@@ -216,7 +286,7 @@ static void dump(const char *origin, const char *side, const Run *r) {
         FILE *f = fopen(path, "we");
         if (!f)
                 return;
-        fprintf(f, "%s\n%s\n%s", r->decisions.text, r->revokes.text, r->report.text);
+        fprintf(f, "%s\n%s\n%s\n%s", r->decisions.text, r->revokes.text, r->drains.text, r->report.text);
         fclose(f);
 }
 
@@ -231,6 +301,9 @@ static void check_scenario(const char *text, const char *origin) {
         assert_true(local.decisions.size > 0);
         assert_same_text(origin, "decisions", local.decisions.text, shared.decisions.text);
         assert_same_text(origin, "max-hold revocations", local.revokes.text, shared.revokes.text);
+        _cleanup_free_ char *local_drains = drains_by_pool(local.drains.text),
+                            *shared_drains = drains_by_pool(shared.drains.text);
+        assert_same_text(origin, "drains", local_drains, shared_drains);
         assert_same_text(origin, "reports", local.report.text, shared.report.text);
         run_done(&local);
         run_done(&shared);
@@ -365,7 +438,7 @@ static void gen_request_selector(Gen *g, const GenPool *pools, unsigned n_pools,
  * arrivals. A waiter of a pool without a queue timeout may wait for good: the run ends when nothing could
  * serve it any more, the same both ways (a shared pool has no instants of its own in the manual mode). */
 static char *generate(uint64_t seed) {
-        Gen g = { .state = seed * 1000003 }, cg = { .state = seed * 7919 + 17 };
+        Gen g = { .state = seed * 1000003 }, cg = { .state = seed * 7919 + 17 }, qg = { .state = seed * 104729 + 31 };
         char *text = NULL;
         size_t size = 0;
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
@@ -409,6 +482,11 @@ static char *generate(uint64_t seed) {
                  * stay what they were. */
                 if (gen_chance(&cg, 40))
                         fprintf(g.f, ", \"cooldown\": \"%ums\"", 100 + 100 * gen_below(&cg, 15));
+                /* Quarantine by exit status (issue 23), from a generator of its own too: 3 always, 4 maybe,
+                 * after 1 or 2 in a row. */
+                if (pools[i].members && gen_chance(&qg, 60))
+                        fprintf(g.f, ", \"quarantine-exit-codes\": [3%s], \"quarantine-after\": %u",
+                                gen_chance(&qg, 50) ? ", 4" : "", 1 + gen_below(&qg, 2));
                 fputc('}', g.f);
         }
         fputs("}, \"lanes\": {", g.f);
@@ -449,6 +527,9 @@ static char *generate(uint64_t seed) {
                 for (unsigned p = 0; p < n_pools; p++)
                         if ((lane_pools[l] >> p) & 1)
                                 all_members = all_members && pools[p].members;
+                /* A health lane (issue 23): granted quarantined members only, its exit 0 restores them. */
+                if (all_members && gen_chance(&qg, 25))
+                        fputs(", \"health\": \"yes\"", g.f);
                 if (all_members && gen_chance(&g, 15)) {
                         GenSel t = { .member = -1 };
                         if (gen_chance(&g, 50))
@@ -485,9 +566,34 @@ static char *generate(uint64_t seed) {
                 if (gen_chance(&g, 25))
                         fprintf(g.f, ", \"max-wait\": \"%ums\"", 100 * (1 + gen_below(&g, 30)));
                 gen_request_selector(&g, pools, n_pools, lane_pools[l], &lane_sel[l], &k);
+                /* What its command tells at the end: success, a test's failure, a quarantine status. */
+                if (gen_chance(&qg, 50)) {
+                        static const int statuses[] = { 0, 0, 1, 3, 3, 4 };
+                        fprintf(g.f, ", \"exit\": %d", statuses[gen_below(&qg, ELEMENTSOF(statuses))]);
+                }
                 fprintf(g.f, ", \"slots\": %u}", k);
         }
         fputc(']', g.f);
+        /* Drains with a reason, some until a time, some undrained by hand (issue 23), on the same grid. */
+        unsigned n_drains = gen_below(&qg, 4);
+        if (n_drains > 0) {
+                fputs(", \"drains\": [", g.f);
+                for (unsigned i = 0; i < n_drains; i++) {
+                        unsigned p = gen_below(&qg, n_pools), at = 100 * gen_below(&qg, 80);
+                        fprintf(g.f, "%s{\"at\": \"%ums\", \"pool\": \"p%u\"", i > 0 ? ", " : "", at, p);
+                        if (pools[p].members && gen_chance(&qg, 70))
+                                fprintf(g.f, ", \"member\": \"m%u\"", gen_below(&qg, pools[p].limit));
+                        if (gen_chance(&qg, 25))
+                                fputs(", \"undrain\": true", g.f);
+                        else {
+                                fprintf(g.f, ", \"reason\": \"d%u\"", i);
+                                if (gen_chance(&qg, 60))
+                                        fprintf(g.f, ", \"until\": \"%ums\"", at + 100 * (1 + gen_below(&qg, 30)));
+                        }
+                        fputc('}', g.f);
+                }
+                fputc(']', g.f);
+        }
         if (gen_chance(&g, 50)) {
                 /* A phase of generated arrivals on top: a steady stream colliding with the explicit ones. */
                 unsigned l = gen_below(&g, n_lanes);

@@ -212,6 +212,35 @@ static void test_cooldown_in_a_scenario(void **state) {
         assert_int_equal(r->granted, 4);
 }
 
+/* Issue 23: exit statuses quarantine (after 2 in a row), a health job restores with exit 0 (its exit 1 does not),
+ * a drain until a time ends by itself, a drained pool refuses, a max-hold kill tells no exit status. */
+static void test_quarantine_health_and_drains_in_a_scenario(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{\"pools\": {\"rigs\": {\"members\": [\"a\", \"b\"], \"quarantine-exit-codes\": \"3\", \"quarantine-after\": 2}},"
+                " \"lanes\": {\"ci\": {\"pools\": [\"rigs\"]}, \"check\": {\"pools\": [\"rigs\"], \"health\": \"yes\"},"
+                "            \"short\": {\"pools\": [\"rigs\"], \"max-hold\": \"1s\"}},"
+                " \"requests\": ["
+                " {\"name\": \"killed\", \"at\": \"0s\", \"hold\": \"5s\", \"lane\": \"short\", \"member\": \"a\", \"exit\": 3},"
+                " {\"name\": \"f1\", \"at\": \"2s\", \"hold\": \"1s\", \"lane\": \"ci\", \"member\": \"a\", \"exit\": 3},"
+                " {\"name\": \"f2\", \"at\": \"4s\", \"hold\": \"1s\", \"lane\": \"ci\", \"member\": \"a\", \"exit\": 3},"
+                " {\"name\": \"w\", \"at\": \"6s\", \"hold\": \"1s\", \"lane\": \"ci\", \"member\": \"a\"},"
+                " {\"name\": \"bad-check\", \"at\": \"7s\", \"hold\": \"1s\", \"lane\": \"check\", \"exit\": 1},"
+                " {\"name\": \"good-check\", \"at\": \"9s\", \"hold\": \"1s\", \"lane\": \"check\", \"exit\": 0},"
+                " {\"name\": \"on-b\", \"at\": \"20s\", \"hold\": \"1s\", \"lane\": \"ci\", \"member\": \"b\"},"
+                " {\"name\": \"late\", \"at\": \"31s\", \"hold\": \"1s\", \"lane\": \"ci\"}],"
+                " \"drains\": [{\"at\": \"19s\", \"pool\": \"rigs\", \"member\": \"b\", \"reason\": \"reflash\", \"until\": \"25s\"},"
+                "            {\"at\": \"30s\", \"pool\": \"rigs\", \"reason\": \"window\"}]}", true);
+
+        assert_int_equal(r->n_records, 8);
+        /* killed's exit 3 was not told (max-hold), so f1 and f2 are the two in a row: w waits for the restore. */
+        assert_int_equal(r->quarantined, 1);
+        assert_int_equal(r->restored, 1);
+        assert_int_equal(r->records[3].decided_ms, 10000); /* good-check's end, not bad-check's */
+        assert_int_equal(r->records[6].decided_ms, 25000); /* b drained until 25 s */
+        assert_int_equal(r->records[7].outcome, SIM_OUTCOME_REFUSED);
+        assert_int_equal(r->records[7].refusal, REFUSAL_UNAVAILABLE);
+}
+
 static void test_scenario_labels_that_nobody_matches_are_an_error(void **state) {
         _cleanup_(scenario_freep) Scenario *s = NULL;
         _cleanup_(conf_freep) BrokerConfig *c = NULL;
@@ -322,6 +351,7 @@ int main(void) {
                 cmocka_unit_test(test_jammed_worked_example),
                 cmocka_unit_test(test_labels_and_member_in_a_scenario),
                 cmocka_unit_test(test_cooldown_in_a_scenario),
+                cmocka_unit_test(test_quarantine_health_and_drains_in_a_scenario),
                 cmocka_unit_test(test_scenario_labels_that_nobody_matches_are_an_error),
                 cmocka_unit_test(test_also_in_a_scenario),
                 cmocka_unit_test(test_max_hold_revocation_ends_the_lease_at_once),
