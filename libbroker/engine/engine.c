@@ -564,8 +564,9 @@ static int lease_part_set(LeasePart *lp, Pool *p, PoolGrant *g, const unsigned *
         return 0;
 }
 
-/* The holder is told (once); the slots stay taken until the lease is released (SPEC §3.4). */
-static void engine_lease_revoke(Engine *e, EngineLease *l, usec_t at, const char *reason, bool lost) {
+/* The holder is told (once); the slots stay taken until the lease is released (SPEC §3.4). `by`: the pool that
+ * lost it (a set's lease is lost whole when any of its pools loses its share, SPEC §3.5), NULL: the lease's. */
+static void engine_lease_revoke(Engine *e, EngineLease *l, const Pool *by, usec_t at, const char *reason, bool lost) {
         heap_remove(&e->expiries, &l->expiry_node);
         /* A lease lost after its max-hold is told again, as lost: its holder may be letting go already, but
          * a command nobody stops (brokerd's to fence then) must be gone before its slots are another's. */
@@ -578,7 +579,7 @@ static void engine_lease_revoke(Engine *e, EngineLease *l, usec_t at, const char
                 .at = at,
                 .userdata = l->userdata,
                 .lease = l,
-                .pool = l->pool->name,
+                .pool = (by ?: l->pool)->name,
                 .lane = l->lane,
                 .reason = reason,
                 .lost = lost,
@@ -931,6 +932,11 @@ static void set_lease(Engine *e, EngineRequest *r, usec_t now) {
                                    part->n_slots, part->token) < 0)
                         goto oom_lease;
         }
+        /* A pool that can lose a grant (a backend's) loses the whole lease with its share: the set is never
+         * held in part (SPEC §3.5), and LOST's cookie is the lease whichever pool sends it. */
+        for (size_t i = 0; i < r->n_parts; i++)
+                if (r->parts[i].pool->ops->bind_grant)
+                        r->parts[i].pool->ops->bind_grant(r->parts[i].pool, r->parts[i].grant, l);
         event_push(e, &(EngineEvent) {
                 .type = ENGINE_EVENT_GRANTED,
                 .at = now,
@@ -1176,7 +1182,7 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
 
         case POOL_VERDICT_LOST:
                 /* The cookie is the lease bound with bind_grant(). */
-                engine_lease_revoke(e, d->cookie, d->at, d->reason ? d->reason : "lost", true);
+                engine_lease_revoke(e, d->cookie, d->pool, d->at, d->reason ? d->reason : "lost", true);
                 break;
 
         case POOL_VERDICT_MEMBER: {
@@ -1247,7 +1253,7 @@ static void settle(Engine *e, usec_t t) {
 
         HeapNode *n;
         while ((n = heap_peek(&e->expiries)) && n->key <= t)
-                engine_lease_revoke(e, container_of(n, EngineLease, expiry_node), n->key, "max-hold", false);
+                engine_lease_revoke(e, container_of(n, EngineLease, expiry_node), NULL, n->key, "max-hold", false);
         e->unsettled = false;
 }
 

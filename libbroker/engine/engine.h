@@ -50,7 +50,8 @@ typedef enum EngineEventType {
         ENGINE_EVENT_QUEUED,     /* the request waits; not final */
         ENGINE_EVENT_GRANTED,    /* final: the request became a lease */
         ENGINE_EVENT_REFUSED,    /* final */
-        ENGINE_EVENT_REVOKE,     /* a lease reached max-hold, or its pool lost it; it holds its slots until released */
+        ENGINE_EVENT_REVOKE,     /* a lease reached max-hold, or its pool lost it (a set's: any pool of it, named in
+                                  * .pool, SPEC §3.5); it holds its slots until released */
         ENGINE_EVENT_CONGESTION, /* a pool's congested gauge changed */
         ENGINE_EVENT_MEMBER,     /* a member was quarantined or restored (SPEC §3.6) */
         ENGINE_EVENT_DRAIN,      /* a pool or member was drained with engine_drain_with(), or undrained (SPEC §3.6) */

@@ -19,6 +19,7 @@ struct PoolWaiter {
         void *cookie;
         unsigned slots;
         bool may_wait;
+        bool gated;               /* one pool of an all-or-nothing set (PoolTry.gated): decided at once */
 };
 
 struct PoolGrant {
@@ -143,7 +144,12 @@ void fake_pool_answer(FakePool *p, usec_t now) {
                         continue;
                 if (!w->queued && p->refusal != _REFUSAL_INVALID)
                         refuse(p, w, p->refusal, p->reason, now);
-                else if (!blocked && has_room(p, w->slots))
+                else if (w->gated) {
+                        /* Never granted here: said READY at the head with room, and holds back those behind. */
+                        if (!blocked && has_room(p, w->slots))
+                                emit(p, (PoolDecision) { .verdict = POOL_VERDICT_READY, .cookie = w->cookie, .at = now });
+                        blocked = true;
+                } else if (!blocked && has_room(p, w->slots))
                         grant(p, w, now);
                 else if (w->queued && p->waiter_refusal != _REFUSAL_INVALID)
                         refuse(p, w, p->waiter_refusal, NULL, now);
@@ -236,16 +242,42 @@ static void op_retire(Pool *base, usec_t now) {
         count(p);
 }
 
+/* No queued try before w. */
+static bool is_first(const FakePool *p, const struct PoolWaiter *w) {
+        for (const struct PoolWaiter *i = p->tries; i < w; i++)
+                if (i->used && i->queued)
+                        return false;
+        return true;
+}
+
 static int op_submit(Pool *base, const PoolTry *t, usec_t now) {
         FakePool *p = fake(base);
         if (p->n_tries == FAKE_TRIES_MAX)
                 fail("too many tries");
-        p->tries[p->n_tries++] = (struct PoolWaiter) {
+        struct PoolWaiter *w = &p->tries[p->n_tries++];
+        *w = (struct PoolWaiter) {
                 .used = true,
                 .cookie = t->cookie,
                 .slots = t->slots,
                 .may_wait = t->may_wait,
+                .gated = t->gated,
         };
+        /* A set's part is decided at once, as the engine's sets take it today (in-process answers). */
+        if (t->gated) {
+                if (p->refusal != _REFUSAL_INVALID)
+                        refuse(p, w, p->refusal, p->reason, now);
+                else if ((is_first(p, w) && has_room(p, w->slots)) || w->may_wait) {
+                        w->queued = true;
+                        emit(p, (PoolDecision) {
+                                .verdict = POOL_VERDICT_QUEUED,
+                                .cookie = w->cookie,
+                                .at = now,
+                                .budget = USEC_INFINITY,
+                                .waiter = w,
+                        });
+                } else
+                        refuse(p, w, REFUSAL_BUSY, NULL, now);
+        }
         count(p);
         return 0;
 }
@@ -356,6 +388,20 @@ static void op_cancel_try(Pool *base, void *cookie, usec_t now) {
         count(p);
 }
 
+static bool op_ready(const Pool *base, const PoolWaiter *w) {
+        const FakePool *p = fake(base);
+        return w->used && w->gated && w->queued && is_first(p, w) && has_room(p, w->slots);
+}
+
+static int op_grant_waiter(Pool *base, PoolWaiter *w, usec_t now) {
+        FakePool *p = fake(base);
+        if (!op_ready(base, w))
+                return -ESTALE;
+        grant(p, w, now);
+        count(p);
+        return 0;
+}
+
 static int op_snapshot(const Pool *base, PoolSnapshot *ret) {
         const FakePool *p = fake(base);
         *ret = (PoolSnapshot) { .waiting = p->stats.waiting };
@@ -380,6 +426,8 @@ static const PoolOps fake_ops = {
         .bind_grant = op_bind_grant,
         .cancel_try = op_cancel_try,
         .snapshot = op_snapshot,
+        .ready = op_ready,
+        .grant_waiter = op_grant_waiter,
 };
 
 int fake_pool_factory(const PoolConfig *pc, const char *name, PoolEmitFn emit_fn, void *emit_userdata, void *userdata,

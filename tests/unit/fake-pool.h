@@ -2,7 +2,10 @@
 /* fake-pool.h — a pool that decides later, for the engine's tests: submit() and restore() only record, and
  * the answers go out on run() or when the test says (as a remote pool's replies arrive between engine
  * calls). It grants while it has room, queues what may wait, refuses the rest busy, in arrival order; the
- * test can make it refuse, measure waits on its own clock, lose grants and keep a wakeup due. */
+ * test can make it refuse, measure waits on its own clock, lose grants and keep a wakeup due. A part of an
+ * all-or-nothing set (PoolTry.gated) is decided at once, as the engine's sets take it today: queued (ready
+ * with room), or refused; then said READY at the head with room, granted by grant_waiter() only, and it holds
+ * back those behind it. */
 #pragma once
 
 #include <stdbool.h>
