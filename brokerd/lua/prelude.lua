@@ -1420,7 +1420,6 @@ function SETS.walk(heads, avail, t, target)
         return nil
 end
 
-
 -- Whether a health request (a waiter, or submit's { sel = SELECTOR }) admits the member at place pos: its
 -- selector's mask, as pool-local.c's health_fits() ANDs it (a canon that is not one admits none).
 function HEALTH.admits(w, pos)

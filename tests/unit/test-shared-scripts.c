@@ -42,6 +42,7 @@ static char shas[16][41]; /* one per entry of shared_scripts[] */
 static const char *run_id = "run1";     /* the run id the calls say their link saw */
 static const char *pool = POOL;         /* KEYS[1] of call() */
 static const char *set_canon;           /* the rules of both pools in the set tests (setup()) */
+static bool set_swapped;                /* set_call() names POOL2 first */
 
 /* How calls reach the operations: FCALL of the library's functions (brokerd's way), or, with --alternate,
  * FCALL and EVALSHA of the EVAL scripts (a brokerd from before the library) in turn, call after call: a
@@ -189,6 +190,7 @@ static int setup(void **state) {
         run_id = "run1";
         pool = POOL;
         set_canon = CANON_ONE_LANE "limit=1\n";
+        set_swapped = false;
         assert_non_null(r);
         freeReplyObject(r);
         return 0;
@@ -3217,7 +3219,8 @@ static void test_outcome_records_are_a_hash_per_node_trimmed_by_its_calls(void *
 /* One FCALL of the set function over POOL and POOL2 as n1 at now (settle 0): mode, rid, then the mode's
  * arguments (NULL-terminated). The reply { status, pool, verdict, { reply… } }, checked for its shape. */
 static redisReply *set_call(long long now, const char *mode, const char *rid, ...) {
-        const char *argv[64] = { "FCALL", shared_function_set, "2", POOL, POOL2, "1", "n1" };
+        const char *argv[64] = { "FCALL", shared_function_set, "2", set_swapped ? POOL2 : POOL,
+                                 set_swapped ? POOL : POOL2, "1", "n1" };
         char now_s[32];
         size_t n = 7;
         snprintf(now_s, sizeof now_s, "%lld", now);
@@ -3435,6 +3438,48 @@ static void test_a_set_not_ready_at_its_grant_is_said_ready_again(void **state) 
         freeReplyObject(r);
         assert_int_equal(in_use_of(POOL, 8500), 1);
         assert_int_equal(in_use_of(POOL2, 8500), 1);
+}
+
+/* Two sets that cross (one names POOL first, the other POOL2) stand in the same order in both pools, by one
+ * call each: the first is ready in both and granted, the second is said ready in neither (no deadlock, where
+ * each holding the head of one pool would wait for the other for good). */
+static void test_crossing_sets_stand_in_one_order_in_every_pool(void **state) {
+        set_pools(1000);
+        redisReply *r = submit_at(2000, "0000000000000f01", "ci", 1, true, -1);
+        long long t1 = field_i(body(r), D_TOKEN);
+        freeReplyObject(r);
+        pool = POOL2;
+        r = submit_at(2000, "0000000000000f02", "ci", 1, true, -1);
+        long long t2 = field_i(body(r), D_TOKEN);
+        freeReplyObject(r);
+        pool = POOL;
+        r = set_submit(3000, "0000000000000f03", true);
+        assert_string_equal(set_verdict(r), "queued");
+        freeReplyObject(r);
+        set_swapped = true;
+        r = set_submit(3000, "0000000000000f04", true);
+        assert_string_equal(set_verdict(r), "queued");
+        freeReplyObject(r);
+        set_swapped = false;
+
+        r = release_at(4000, t1, "0000000000000f01");
+        freeReplyObject(r);
+        pool = POOL2;
+        r = release_at(4000, t2, "0000000000000f02");
+        freeReplyObject(r);
+        pool = POOL;
+        assert_false(tick_says_ready(POOL, 4000, "0000000000000f04"));
+        assert_false(tick_says_ready(POOL2, 4000, "0000000000000f04"));
+        set_swapped = true;
+        r = set_grant(5000, "0000000000000f04");
+        assert_string_equal(set_verdict(r), "not-ready");
+        freeReplyObject(r);
+        set_swapped = false;
+        r = set_grant(5000, "0000000000000f03");
+        assert_string_equal(set_verdict(r), "granted");
+        freeReplyObject(r);
+        assert_int_equal(in_use_of(POOL, 6000), 1);
+        assert_int_equal(in_use_of(POOL2, 6000), 1);
 }
 
 /* A malformed set call (brokerd never sends one) is an error reply before anything is begun. */
@@ -4187,6 +4232,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_set_refused_by_one_pool_takes_nothing_in_the_others),
                 T(test_a_set_not_ready_at_its_grant_is_said_ready_again),
                 T(test_a_malformed_set_call_is_an_error),
+                T(test_crossing_sets_stand_in_one_order_in_every_pool),
                 T(test_a_batch_answers_as_its_operations_one_by_one),
                 T(test_a_batch_stops_where_an_operation_does_not_answer_ok),
                 T(test_a_batch_leaves_the_keys_its_operations_leave_one_by_one),
