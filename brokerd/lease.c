@@ -237,8 +237,9 @@ void lease_table_log_use(LeaseTable *t, const char *pool, const char *member) {
                 EnginePoolInfo info;
                 if (engine_pool_info(t->engine, i, now_of(t, CLOCK_MONOTONIC), &info) < 0 || !streq(info.name, pool))
                         continue;
-                /* A shared pool keeps no counts per member (Redis keeps its quarantines): nothing to carry. */
-                for (size_t j = 0; !info.remote && j < info.n_life; j++) {
+                /* A shared pool's too: this node's own counts (Redis keeps the quarantines and the failures in a
+                 * row; theirs here are 0). */
+                for (size_t j = 0; j < info.n_life; j++) {
                         const EngineMemberLife *m = info.life + j;
                         if (streq(m->member, member))
                                 /* Lost to -ENOMEM: the next change of the member writes it whole. */

@@ -187,7 +187,7 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
                 }
         }
 
-        /* SPEC §3.6: each member of a local member pool, from the engine (kept by name across reloads, and across
+        /* SPEC §3.6: each member of a member pool, from the engine (kept by name across reloads, and across
          * restarts through the lease log's "use" records: issue 23 "everything persists"). */
         static const struct {
                 const char *name, *type, *help;
@@ -202,8 +202,9 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
                 for (size_t i = 0; i < n; i++) {
                         if (engine_pool_info(g->engine, i, g->now, &info) < 0)
                                 continue;
-                        /* A shared pool's counters are not kept per member (Redis keeps the quarantines only). */
-                        for (size_t j = 0; j < info.n_life && (k == 0 || !info.remote); j++) {
+                        /* A shared pool: the quarantined gauge is the fleet's (Redis), the counters this node's own
+                         * (its leases, the quarantines its calls made): Prometheus sums the nodes. */
+                        for (size_t j = 0; j < info.n_life; j++) {
                                 const EngineMemberLife *l = info.life + j;
                                 fprintf(f, "%s{pool=\"", member_series[k].name);
                                 put_label(f, info.name);

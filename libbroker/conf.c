@@ -1787,11 +1787,6 @@ static int validate_lane(const BrokerConfig *c, const LaneConfig *l, ConfErrors 
                         r = conf_errors_add(errors, &l->health_source, "health",
                                             "lane %s: pool %s has no members= (a health lane is granted quarantined members)",
                                             l->name, p->name);
-                /* health=also is pool-local.c's alone: the scripts would take it for health=yes. */
-                else if (p && l->health_also && p->backend)
-                        r = conf_errors_add(errors, &l->health_source, "health",
-                                            "lane %s: pool %s is shared (backend=): health=also is not supported on shared pools yet",
-                                            l->name, p->name);
         }
         if (l->policy < 0 || l->policy >= _LANE_POLICY_MAX)
                 r = conf_errors_add(errors, &l->source, "policy", "lane %s has no valid policy", l->name);

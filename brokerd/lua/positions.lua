@@ -5,15 +5,18 @@
 -- ARGV  [1..5] the head (README; the settle flag is ignored)   [6] mode "pos" | "status"
 --       [7…] pos: this node's rids, at most POSITIONS_MAX
 -- Decides: nothing. pos: per rid, its waiter's place (the waiters of higher priorities, then its rank in
---       its own), its lease, its recorded outcome, or gone. status: every holder (≤ limit + slots held
---       above a shrunk limit) with its node's name, the first 100 waiters in queue order (the heads of
---       the per-priority queues, highest priority first), and the count of all of them.
+--       its own; a health waiter: its place among hq's, of meta.hwaiting), its lease, its recorded outcome,
+--       or gone. status: every holder (≤ limit + slots held above a shrunk limit) with its node's name, the
+--       first 100 waiters in queue order (the heads of the per-priority queues, highest priority first; the
+--       first health waiters after them, up to 20 of the 100, each at its place among hq's), and the count
+--       of the queue's.
 -- Appends: nothing (the clock hash and, on a run id change, the recovery window, as every script).
 -- Returns: { status, now, body, {}, cache, {} }; body as README, "positions".
 -- Worst case: pos O(POSITIONS_MAX × (priorities + log n)); status O(holders + 100 × log n).
 
 local MODE = ARGV[6]
 local STATUS_WAITERS = 100
+local STATUS_HEALTH = 20      -- of them kept for health waiters while any wait
 local STATUS_VALUES = 131072  -- half of brokerd's cap on a reply (REDIS_REPLY_VALUES_MAX)
 
 local function positions()
@@ -29,7 +32,7 @@ local function positions()
                         local w = kind == 'w' and waiter_get(id)
                         local l = kind == 'l' and lease_get(id)
                         local done = not w and not l and outcome_get(NODE, rid)
-                        if w then out[#out + 1] = { 'queued', waiter_position(w), M.waiting }
+                        if w then out[#out + 1] = { 'queued', waiter_position(w) } -- place, of how many
                         elseif l then out[#out + 1] = lease_decision(l)
                         elseif done then out[#out + 1] = cmsgpack.unpack(done)
                         else out[#out + 1] = { 'gone' } end
@@ -55,11 +58,20 @@ local function positions()
                 holders[#holders + 1] = { l.node, name_of(l.node), l.rid, l.lane, l.token, l.at, l.slots, l.members }
         end
         local waiters = {}
+        -- Health waiters (hq, README "Health lanes") after the queue's, each at its place among them, as
+        -- pool-local.c places them: up to STATUS_HEALTH of the 100 are kept for them.
+        local ordinary = STATUS_WAITERS - math.min(HEALTH.waiting(), STATUS_HEALTH)
         for _, prio in ipairs(redis.call('ZREVRANGE', K.prios, 0, -1)) do
-                if #waiters >= STATUS_WAITERS then break end
-                for _, wid in ipairs(redis.call('ZRANGE', k_queue(prio), 0, STATUS_WAITERS - #waiters - 1)) do
+                if #waiters >= ordinary then break end
+                for _, wid in ipairs(redis.call('ZRANGE', k_queue(prio), 0, ordinary - #waiters - 1)) do
                         local w = waiter_get(wid)
                         waiters[#waiters + 1] = { w.node, name_of(w.node), w.rid, w.lane, w.k, w.arrival, #waiters }
+                end
+        end
+        if #waiters < STATUS_WAITERS and HEALTH.waiting() > 0 then
+                for place, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, STATUS_WAITERS - #waiters - 1)) do
+                        local w = waiter_get(wid)
+                        if w then waiters[#waiters + 1] = { w.node, name_of(w.node), w.rid, w.lane, w.k, w.arrival, place - 1 } end
                 end
         end
         return reply('ok', { holders, waiters, M.waiting })

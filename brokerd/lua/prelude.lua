@@ -240,7 +240,10 @@ local function rules_from(t)
                         if attr == 'priority' then r.lanes[lane].priority = tonumber(v)
                         elseif attr == 'max-in-use' then r.lanes[lane].max_in_use = tonumber(v)
                         elseif attr == 'reserve' then r.lanes[lane].reserve = tonumber(v)
-                        elseif attr == 'health' then r.lanes[lane].health = v == '1' end
+                        elseif attr == 'health' then
+                                -- "also": quarantined members first, else an ordinary request (HEALTH.first())
+                                r.lanes[lane].health, r.lanes[lane].health_also = v == '1', v == 'also'
+                        end
                 end
         end
         rules_reserve_lane(r)
@@ -625,7 +628,9 @@ end
 -- status: 0–255 (a client that reports none sends nothing: nothing changes).
 function LIFE.released(l, status, job)
         if not R.members then return end
-        local health = R.lanes[l.lane] and R.lanes[l.lane].health
+        -- A health job as its grant said (health = also: only where it got quarantined members); a lease of
+        -- scripts from before [14], by its lane.
+        local health = l.hjob or (R.lanes[l.lane] and R.lanes[l.lane].health)
         for _, m in ipairs(l.members or {}) do
                 if type(m) == 'string' and LIFE.pos(m) then
                         if health then
@@ -993,15 +998,18 @@ local function waiter_put(w)
         }))
 end
 
--- 0-based place in the queue: the waiters of higher priorities, then the rank within its own.
+-- 0-based place in the queue: the waiters of higher priorities, then the rank within its own; and how many
+-- wait in that queue. A health waiter's: its place among hq's, of meta.hwaiting (pool-local.c's
+-- local_position(): its place in the health list, of n_health).
 local function waiter_position(w)
+        if w.health then return redis.call('ZRANK', HEALTH.key(), w.wid) or 0, HEALTH.waiting() end
         local pos = 0
         for _, p in ipairs(redis.call('ZRANGEBYSCORE', K.prios, '(' .. istr(w.prio), '+inf')) do
                 local n = redis.call('ZCARD', k_queue(p))
                 if n == 0 then redis.call('ZREM', K.prios, p) end -- emptied: see waiter_unlink()
                 pos = pos + n
         end
-        return pos + (redis.call('ZRANK', k_queue(w.prio), w.wid) or 0)
+        return pos + (redis.call('ZRANK', k_queue(w.prio), w.wid) or 0), M.waiting
 end
 
 -- A waiter's bucket: per (lane, k) (k_lk), or per (lane, k, selector canon) (k_ls: SPEC §3.5).
@@ -1467,14 +1475,14 @@ local function lease_get(token)
         return {
                 token = tonumber(token), node = a[1], rid = a[2], lane = a[3], k = a[4], slots = a[5], pos = a[6],
                 members = a[7], at = a[8], wait = a[9], state = a[10], idle = a[11], budget = unwire(a[12]),
-                orphan = a[13] == 1,
+                orphan = a[13] == 1, hjob = a[14] == 1 or nil,
         }
 end
 
 local function lease_put(l)
         redis.call('HSET', K.h, istr(l.token), cmsgpack.pack({
                 l.node, l.rid, l.lane, l.k, l.slots, l.pos, l.members, l.at, l.wait, l.state, l.idle,
-                wire(l.budget), l.orphan and 1 or 0,
+                wire(l.budget), l.orphan and 1 or 0, l.hjob and 1 or nil,
         }))
 end
 
@@ -1487,12 +1495,13 @@ end
 
 -- pool-local.c:grant(). w: the waiter it was (its state, idle, budget), or nil for a grant at once.
 -- places: the members to take (SETS.walk(), HEALTH.fits()), or nil: the lowest free places;
--- quarantined: they are a health lane's quarantined members, out of `busy` and counted in drained_free.
+-- quarantined: they are a health lane's quarantined members, out of `busy` and counted in drained_free; the
+-- lease is a health job then (its record's [14]: fixed at the grant, as pool-local.c's PoolGrant.health).
 local function grant(node, rid, lane, k, arrival, t, w, places, quarantined)
         local l = {
                 node = node, rid = rid, lane = lane, k = k, slots = {}, pos = {}, members = {}, at = t,
                 wait = t - arrival, state = w and w.state or 'none', idle = w and w.idle or 0,
-                budget = w and w.budget or INF,
+                budget = w and w.budget or INF, hjob = quarantined or nil,
         }
         for i = 1, k do
                 -- Numbers as strings where it is free: redis.call() formats a number with "%.17g".
@@ -1611,8 +1620,10 @@ end
 -- at once and only positions wait for the move). One step per waiter; the job runs at the start of
 -- instants until done. Returns false when the budget ran out.
 -- The buckets a job walks: a lane's (lane, k) and selector buckets ("drop", "move"), its selector buckets
--- alone ("sdrop": those the adopted rules can never satisfy are refused, SPEC §3.5).
+-- alone ("sdrop": those the adopted rules can never satisfy are refused, SPEC §3.5), none ("hdrop": its
+-- health waiters alone, HEALTH.drop(); "drop" refuses those too).
 local function rekey_buckets(kind, lane)
+        if kind == 'hdrop' then return {} end
         local ks = kind == 'sdrop' and {} or redis.call('SMEMBERS', k_lk(lane))
         for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do ks[#ks + 1] = s end
         return ks
@@ -1625,6 +1636,7 @@ local function rekey_step()
         for i = 1, #job, 2 do if job[i] == 'at' then at = tonumber(job[i + 1]) end end
         for i = 1, #job, 2 do
                 local kind, lane = string.match(job[i], '^(%a+):(.+)$')
+                if (kind == 'drop' or kind == 'hdrop') and not HEALTH.drop(lane, at) then return false end
                 if kind then
                         for _, k in ipairs(rekey_buckets(kind, lane)) do
                                 local b = k_bucket(lane, k)
@@ -1754,6 +1766,44 @@ function HEALTH.dispatch(t)
                         else
                                 avail = HEALTH.set_aside(w, avail)
                         end
+                end
+        end
+        return true
+end
+
+-- What a new health request may take now (pool-local.c:health_avail_for_new()): the free quarantined members,
+-- less what the health requests waiting keep.
+function HEALTH.for_new()
+        local avail = HEALTH.avail()
+        for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+                local hw = waiter_get(wid)
+                if hw then avail = HEALTH.set_aside(hw, avail) end
+        end
+        return avail
+end
+
+-- health = also (pool-local.c, local_submit()): quarantined members first, when enough that the request may
+-- use are free now (the health requests waiting keep theirs): true and the places; else false, and it is an
+-- ordinary request in every way. A pool that never had a quarantine (meta.life unset) reads nothing.
+function HEALTH.first(sel, lane, k)
+        if tonumber(M.life) ~= 1 or not R.members then return false end
+        local self = { sel = sel }
+        if HEALTH.capacity(self) < k then return false end
+        return HEALTH.fits(self, lane, k, HEALTH.for_new())
+end
+
+-- A reload's rekey job ("drop:L": lane L removed; "hdrop:L": no health lane any more, or the pool of anonymous
+-- slots now): L's health waiters refused unavailable at `at`, as pool-local.c:local_configure() does. It reads
+-- hq whole a call while it runs (health waiters are few); one step a refusal. False: the budget ran out.
+function HEALTH.drop(lane, at)
+        if HEALTH.waiting() == 0 then return true end
+        for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+                local w = waiter_get(wid)
+                if not w then
+                        redis.call('ZREM', HEALTH.key(), wid)
+                elseif w.lane == lane then
+                        if not step() then return false end
+                        waiter_refuse(w, 'unavailable', '', at)
                 end
         end
         return true
@@ -2186,7 +2236,7 @@ local function pool_renew(what)
                 end
         end
         meta_set('drained_free', drained_free)
-        if M.clock_mode ~= 'manual' then recovery_open(now + (R.ttl or 30000000), {}, 'lost:' .. what) end
+        if M.clock_mode ~= 'manual' then recovery_open(now + (rules.ttl or R.ttl or 30000000), {}, 'lost:' .. what) end
 end
 
 -- One node, one identity (SPEC §11): a call whose incarnation is neither the one registered under its

@@ -43,9 +43,9 @@ local function submit()
                 local kind, id = string.match(ref, '^(%a):(.+)$')
                 if kind == 'w' then
                         local w = waiter_get(id)
+                        local place, of = waiter_position(w)
                         return reply('ok', decision('queued', RID, now, {
-                                state = w.state, idle = w.idle, budget = w.budget, position = waiter_position(w),
-                                queued = M.waiting,
+                                state = w.state, idle = w.idle, budget = w.budget, position = place, queued = of,
                         }))
                 end
                 return reply('ok', lease_decision(lease_get(id)))
@@ -80,17 +80,19 @@ local function submit()
         end
         -- A health lane (SPEC §3.6; prelude.lua, HEALTH): quarantined members only, beside the queue; a request
         -- that no quarantined member can satisfy has nothing to wait for (pool-local.c, local_submit()).
-        local room, take = false, nil
-        if rule.health then
+        local room, take, hjob = false, nil, rule.health
+        if rule.health_also and not in_recovery then
+                -- health = also: quarantined members first when enough are free now, else ordinary (HEALTH.first())
+                room, take = HEALTH.first(SELECTOR, LANE, K_SLOTS)
+                hjob = room
+        end
+        if room then
+                -- (health = also, granted its quarantined members below)
+        elseif rule.health then
                 if not R.members then return reply('invalid') end
                 local self = { sel = SELECTOR }
                 if HEALTH.capacity(self) < K_SLOTS then return refuse_now('unavailable', 'not-quarantined') end
-                local avail = HEALTH.avail()
-                for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
-                        local hw = waiter_get(wid)
-                        if hw then avail = HEALTH.set_aside(hw, avail) end
-                end
-                local fits, usable = HEALTH.fits(self, LANE, K_SLOTS, avail)
+                local fits, usable = HEALTH.fits(self, LANE, K_SLOTS, HEALTH.for_new())
                 if fits and not in_recovery then room, take = true, usable end
         elseif not in_recovery then
                 -- Room (SPEC §3): a waiter that a lane limit passes over does not count as waiting here
@@ -98,7 +100,7 @@ local function submit()
                 room, take = room_for(LANE, K_SLOTS, SELECTOR)
         end
         if room then
-                d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil, take, rule.health))
+                d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil, take, hjob))
                 outcome_store(NODE, RID, d)
         elseif not MAY_WAIT then
                 -- Busy for want of slots that rest (pool-local.c): says so, and when enough of them wake.
@@ -138,9 +140,9 @@ local function submit()
                 w.shed = not LANE_BUDGET_SET and w.state == 'saturated' and adaptive <= CLIENT_CAP
                 w.deadline = usec_add(now, w.budget)
                 waiter_link(w)
+                local place, of = waiter_position(w)
                 d = decision('queued', RID, now, {
-                        state = w.state, idle = w.idle, budget = w.budget, position = waiter_position(w),
-                        queued = M.waiting,
+                        state = w.state, idle = w.idle, budget = w.budget, position = place, queued = of,
                 })
         end
         finish_instant()

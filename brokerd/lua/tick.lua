@@ -139,9 +139,18 @@ local function agree(canon)
                         if not new.lanes[lane] then
                                 job[#job + 1] = 'drop:' .. lane
                                 job[#job + 1] = 1
-                        elseif new.lanes[lane].priority ~= old.lanes[lane].priority then
-                                job[#job + 1] = 'move:' .. lane
-                                job[#job + 1] = new.lanes[lane].priority
+                        else
+                                if new.lanes[lane].priority ~= old.lanes[lane].priority then
+                                        job[#job + 1] = 'move:' .. lane
+                                        job[#job + 1] = new.lanes[lane].priority
+                                end
+                                -- Its health waiters (in hq) when it is no health lane any more (health = also
+                                -- keeps them, as pool-local.c), or the pool has no members now.
+                                local nl = new.lanes[lane]
+                                if old.lanes[lane].health and (not (nl.health or nl.health_also) or not new.members) then
+                                        job[#job + 1] = 'hdrop:' .. lane
+                                        job[#job + 1] = 1
+                                end
                         end
                 end
         end

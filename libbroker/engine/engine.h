@@ -346,8 +346,9 @@ typedef struct EngineMemberUse {
 } EngineMemberUse;
 
 /* Sets a member's counts as they were before a restart, replacing what this start counted again (the grants of
- * the leases it restored, a quarantine it read again). Returns 0, -ENOENT (no such pool or member),
- * -EOPNOTSUPP (a pool kept by a backend, or of anonymous slots). */
+ * the leases it restored, a quarantine it read again). A shared pool takes grants, held and quarantines (this
+ * node's own; Redis keeps the failures in a row). Returns 0, -ENOENT (no such pool or member), -EOPNOTSUPP (a
+ * pool of anonymous slots). */
 int engine_member_set_use(Engine *e, const char *pool, const char *member, const EngineMemberUse *u);
 
 /* A drain with who, why, since and until (SPEC §3.6, "Drain with a reason and a schedule"). */
@@ -379,7 +380,8 @@ int engine_drain_info(const Engine *e, size_t i, EngineDrainInfo *ret);
  * (no longer handed out). Returns 0, -ENOENT for an unknown pool or member. */
 int engine_drain(Engine *e, const char *pool, const char *member, bool on, usec_t now);
 
-/* One member's life in a local member pool (SPEC §3.6), kept by name across reloads. */
+/* One member's life in a member pool (SPEC §3.6), kept by name across reloads. A shared pool's quarantine is the
+ * fleet's (Redis), its counts this node's own (grants, held, quarantines its calls made; failures 0). */
 typedef struct EngineMemberLife {
         char *member;
         bool quarantined;
@@ -431,7 +433,7 @@ typedef struct EnginePoolInfo {
         unsigned min_replicas;
         int replicas_acked;       /* -1: no WAIT answered */
         uint64_t bad_input;       /* replies and stream entries dropped by validation */
-        /* The members' lives (SPEC §3.6), a local member pool only; NULL/0 otherwise. */
+        /* The members' lives (SPEC §3.6), a member pool's; NULL/0 otherwise. */
         const EngineMemberLife *life;
         size_t n_life;
         /* Resting slots (cooldown=, SPEC §3.6): PoolInfo's, valid until the next call into the engine. */

@@ -86,6 +86,7 @@ struct PoolGrant {
         bool freed_remotely;   /* Redis no longer has it: not in the fingerprint */
         int exit_status;       /* its command's, told before release() (report_exit(), SPEC §3.6); -1: none */
         char *exit_job;
+        usec_t counted_at;     /* engine clock: its hold counts from here for its members (SPEC §3.6, usage) */
 };
 
 typedef struct Fingerprint {
@@ -1494,10 +1495,26 @@ static PoolGrant *grant_new(const char *node_id, const char *rid, const char *la
         return g;
 }
 
-/* The grant is this node's to answer: the lease joins the grants, the waiter goes. */
+/* A configured member's counts by name (NULL: none, or not configured now). */
+static PoolMemberLife *life_find(SharedPool *p, const char *member) {
+        for (size_t i = 0; member && i < p->n_life; i++)
+                if (streq(p->life[i].member, member))
+                        return p->life + i;
+        return NULL;
+}
+
+/* The grant is this node's to answer: the lease joins the grants, the waiter goes. Its members count it
+ * here, on this node only (SPEC §3.6, usage per member: each node counts the leases it was granted, and the
+ * nodes' counters add up to the fleet's, as Prometheus sums them; README, "Members' lives"). */
 static void grant_deliver(SharedPool *p, PoolWaiter *w, const Replicating *r) {
         PoolGrant *g = r->grant;
         list_append(&p->grants, &g->node);
+        g->counted_at = r->at;
+        for (unsigned i = 0; g->members && i < g->n_slots; i++) {
+                PoolMemberLife *m = life_find(p, g->members[i]);
+                if (m)
+                        m->grants++;
+        }
         void *cookie = w->cookie;
         if (w->replicating.grant == g)
                 w->replicating.grant = NULL;
@@ -2136,6 +2153,9 @@ static void life_notice(SharedPool *p, const RespValue *n, bool quarantined, use
                    *reason = emitted_keep(p, life_text(resp_at(n, 6), &bad));
         if (!resp_int(resp_at(n, 4), &status) || status < 0 || status > 255)
                 status = -1;
+        /* Told to this node alone: the nodes' quarantine counters add up to the fleet's. */
+        if (quarantined && (size_t) i < p->n_life)
+                p->life[i].quarantines++;
         pool_emit(&p->base, &(PoolDecision) {
                 .verdict = POOL_VERDICT_MEMBER,
                 .pool = &p->base,
@@ -3213,9 +3233,10 @@ static int canon_build(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
                                 return -ENOMEM;
                         LINE("lane.%s.labels=%s", rules[i].lane, joined);
                 }
-                /* SPEC §3.6: present only on a health lane (a pool without one has the canon of before). */
+                /* SPEC §3.6: present only on a health lane (a pool without one has the canon of before); "also":
+                 * quarantined members first, else ordinary ones (prelude.lua, HEALTH.first()). */
                 if (rules[i].health)
-                        LINE("lane.%s.health=1", rules[i].lane);
+                        LINE("lane.%s.health=%s", rules[i].lane, rules[i].health_also ? "also" : "1");
         }
         for (size_t i = 0; i < c->n_labels; i++) {
                 if (!c->labels[i].members || !c->labels[i].members[0])
@@ -3439,7 +3460,26 @@ static void shared_release(Pool *base, PoolGrant *g, usec_t now) {
                 fp_remove(p, g->rid, 'l');
                 (void) queue_release_call(p, SHARED_SCRIPT_RELEASE, g->rid, g->token, g->exit_status, g->exit_job, now);
         }
+        for (unsigned i = 0; g->members && i < g->n_slots; i++) {
+                PoolMemberLife *m = life_find(p, g->members[i]);
+                if (m)
+                        m->held += usec_sub_unsigned(now, g->counted_at);
+        }
         grant_free(g);
+}
+
+/* engine_member_set_use(): this node's counts as its lease log had them (the failures in a row are Redis's). */
+static int shared_set_use(Pool *base, const char *member, const EngineMemberUse *u) {
+        SharedPool *p = SHARED(base);
+        if (!p->base.members)
+                return -EOPNOTSUPP;
+        PoolMemberLife *m = life_find(p, member);
+        if (!m)
+                return -ENOENT;
+        m->grants = u->grants;
+        m->held = u->held;
+        m->quarantines = u->quarantines;
+        return 0;
 }
 
 /* SPEC §3.6: the exit status is kept on the grant and sent with its release (release.lua counts it in Redis,
@@ -3510,6 +3550,7 @@ static int shared_restore(Pool *base, const PoolRestore *r, PoolGrant **ret) {
                 return -ENOMEM;
         token_floor_raise(p, g->token);
         g->provisional = true;
+        g->counted_at = r->granted_at; /* the engine's clock, as pool-local.c's: its hold counts from its grant */
         int k = queue_reclaim(p, g, p->last_now); /* restore() has no `now`: the manual clock must not step back */
         if (k < 0) {
                 grant_free(g);
@@ -3795,6 +3836,7 @@ static const PoolOps shared_ops = {
         .drain = shared_drain,
         .report_exit = shared_report_exit,
         .quarantine = shared_quarantine,
+        .set_use = shared_set_use,
         .drain_with = shared_drain_with,
         .position = shared_position,
         .info = shared_info,

@@ -164,7 +164,7 @@ typedef struct PoolInfo {
          * not freed before, or the other nodes would wait a node TTL for the slots (SPEC §11). */
         bool owes;
         uint64_t bad_input;       /* replies and stream entries that failed validation, dropped (SPEC §11) */
-        const PoolMemberLife *life; /* a local member pool's members, in configuration order; NULL otherwise */
+        const PoolMemberLife *life; /* a member pool's members, in configuration order; NULL otherwise */
         size_t n_life;
         /* Resting slots (cooldown=), in no particular order; valid until the next command. */
         const PoolRest *resting;

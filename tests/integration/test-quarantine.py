@@ -22,7 +22,9 @@ Shared (a pool shared through Redis, two brokerds on one redis-server; a SKIP wi
 status`, the metric), neither grants it; `slotctl restore` on A and `slotctl quarantine`/`restore` on B
 are seen and obeyed by the other; a health job on B is granted the member past A's ordinary waiter, its exit
 1 keeps it quarantined, its exit 0 restores it for both (A's waiter gets it); `slotctl drain --until` on A
-ends by itself and B's waiter gets the member; a restarted brokerd reads the quarantine back from Redis.
+ends by itself and B's waiter gets the member; a restarted brokerd reads the quarantine back from Redis;
+each node counts its own leases and quarantines per member (the metrics, across a restart, and `slotctl
+report` on its history); a health = also job takes the quarantined member first and its exit 0 restores it.
 
 Usage: test-quarantine.py BROKERD SLOTCTL CATALOG [unittest arguments]
 """
@@ -127,6 +129,16 @@ class Base(harness.BrokerTestCase):
     def slotctl(self, b, *args, **kw):
         return subprocess.run([SLOTCTL, args[0], "--socket", b.socket_path, *args[1:]], capture_output=True,
                               text=True, timeout=30, **kw)
+
+    def member_counts(self, b):
+        """{(series, member): value} of the per-member metrics of pool rigs."""
+        text = b.call("io.slotbroker.Metrics")["text"]
+        got = {}
+        for name, member, value in re.findall(
+                r'^slotbroker_member_(grants_total|held_seconds_total|quarantines_total)\{pool="rigs",member="(\w+)"\} (\S+)$',
+                text, re.M):
+            got[(name, member)] = float(value)
+        return got
 
 
 class Quarantine(Base):
@@ -430,16 +442,6 @@ class Drain(Base):
         self.assertIn("members.state is damaged", b.log())
 
 
-    def member_counts(self, b):
-        """{(series, member): value} of the per-member metrics of pool rigs."""
-        text = b.call("io.slotbroker.Metrics")["text"]
-        got = {}
-        for name, member, value in re.findall(
-                r'^slotbroker_member_(grants_total|held_seconds_total|quarantines_total)\{pool="rigs",member="(\w+)"\} (\S+)$',
-                text, re.M):
-            got[(name, member)] = float(value)
-        return got
-
     def test_member_counts_and_failures_in_a_row_survive_a_restart(self):
         # Issue 23 item 7: the per-member metrics and the count towards quarantine-after go on across a restart.
         b = self.rigs("counts-restart", after=2)
@@ -578,6 +580,11 @@ policy = wait
 pools = rigs
 policy = wait
 health = yes
+
+[lane also]
+pools = rigs
+policy = wait
+health = also
 """
 SHARED_TTL = 6  # seconds: a new pool's recovery window; revoke-grace 1s keeps it valid
 
@@ -690,6 +697,57 @@ class Shared(Base):
         self.wait_quarantined(b, set())
         self.stop("other")
         self.stop("ordinary")
+
+    def test_each_node_counts_its_own_use(self):
+        # SPEC §3.6, usage per member: each node counts the leases it was granted (their grants and held seconds)
+        # and the quarantines its own calls made; Prometheus sums the nodes. They go on across a restart (the
+        # node's lease log), and `slotctl report` on the node's history has its table per member.
+        a, b = self.node("node-a"), self.node("node-b")
+        j = self.job(a, "broken", "w", "sleep 0.2; finish; exit 3", "--member", "a")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 3, j.stderr())
+        self.assertEqual(self.ran(b, "fine", "w", 0, "--member", "b"), ["b"])
+        self.wait_quarantined(b, {"a"})
+        on_a = wait_for(lambda: (lambda c: c if c.get(("grants_total", "a")) else None)(self.member_counts(a)), 10,
+                        message="A's counts")
+        on_b = wait_for(lambda: (lambda c: c if c.get(("grants_total", "b")) else None)(self.member_counts(b)), 10,
+                        message="B's counts")
+        self.assertEqual((on_a[("grants_total", "a")], on_a[("grants_total", "b")]), (1, 0))
+        self.assertEqual((on_b[("grants_total", "a")], on_b[("grants_total", "b")]), (0, 1))
+        self.assertGreaterEqual(on_a[("held_seconds_total", "a")], 0.2)
+        self.assertEqual(on_a[("held_seconds_total", "b")], 0)
+        self.assertGreater(on_b[("held_seconds_total", "b")], 0)
+        self.assertEqual(on_b[("held_seconds_total", "a")], 0)
+        # A's release quarantined a: told to A alone, so the fleet's sum is 1, not one per node.
+        self.assertEqual((on_a[("quarantines_total", "a")], on_b[("quarantines_total", "a")]), (1, 0))
+        # A restart of A goes on from its lease log.
+        self.assertEqual(a.stop(), 0, a.log()[-3000:])
+        a.start()
+        wait_for(lambda: a.pool("rigs")["backend"]["up"], timeout=30, message="A's backend up again")
+        self.assertEqual(self.member_counts(a), on_a)
+        self.assertEqual(a.stop(), 0, a.log()[-3000:])
+        # Its history: the report's table per member shows A's lease of a, its failure and its quarantine.
+        path = os.path.join(self.dir, "node-a.db")
+        shutil.copy(os.path.join(a.state_dir, "history.db"), path)
+        p = subprocess.run([SLOTCTL, "report", "--history", path, "-o", "-"], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        rows = {m: dict(re.findall(r'data-([a-z-]+)="([^"]*)"', attrs))
+                for m, attrs in re.findall(r'<tr data-member="(\w+)"([^>]*)>', p.stdout)}
+        self.assertEqual(set(rows), {"a"}, p.stdout[-3000:])
+        self.assertEqual((rows["a"]["grants"], rows["a"]["holds"], rows["a"]["failures"], rows["a"]["quarantines"]),
+                         ("1", "1", "1", "1"))
+
+    def test_a_health_also_job_takes_the_quarantined_member_first(self):
+        # health = also on a shared pool: the quarantined member first, though another is free; its exit 0
+        # restores it for both nodes; with nothing quarantined, an ordinary member, as any lane's.
+        a, b = self.node("node-a"), self.node("node-b")
+        j = self.job(a, "broken", "w", "finish; exit 3", "--member", "b")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 3, j.stderr())
+        self.wait_quarantined(b, {"b"})
+        self.assertEqual(self.ran(b, "check", "also", 0), ["b"])
+        self.wait_quarantined(a, set())
+        self.wait_quarantined(b, set())
+        self.assertEqual(self.ran(a, "ordinary", "also", 0), ["a"])
 
     def test_a_restart_reads_the_quarantine_back_from_redis(self):
         a = self.node("node-a")

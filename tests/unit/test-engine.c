@@ -1292,6 +1292,72 @@ static void test_health_also_lane_takes_quarantined_members_first_then_ordinary_
         assert_true(life_of(f, "a")->quarantined);
 }
 
+/* A reload that ends a health lane refuses its waiters, as a removed lane's are (SPEC §4): health turned off, then
+ * the lane removed; a health job's lease stays with its holder. */
+static void test_reload_ending_a_health_lane_refuses_its_waiters(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        lane_add(f, "h2", LANE_POLICY_WAIT, "p", NULL)->health = true;
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        end_with(f, a, 3, "job-1", S(1)); /* a quarantined */
+        Tag *h = acquire(f, "H", (Req) { .lane = "h" }, S(2));
+        assert_true(granted(h));
+        assert_string_equal(member_of(h), "a");
+        Tag *h1 = acquire(f, "H1", (Req) { .lane = "h" }, S(3));
+        Tag *h2 = acquire(f, "H2", (Req) { .lane = "h2" }, S(3));
+        assert_true(queued(h1));
+        assert_true(queued(h2));
+        /* h is no health lane any more: its waiter is refused at the reload; h2's waits on. */
+        f->config.lanes[1]->health = false;
+        configure(f, S(4));
+        assert_true(refused(h1, REFUSAL_UNAVAILABLE));
+        assert_true(queued(h2));
+        /* h2 removed. */
+        f->config.n_lanes--;
+        configure(f, S(5));
+        f->config.n_lanes++; /* the fixture frees it */
+        assert_true(refused(h2, REFUSAL_UNAVAILABLE));
+        assert_true(granted(h));
+        end_with(f, h, 0, "check", S(6)); /* a health job's, as its grant said: a is restored */
+        assert_false(life_of(f, "a")->quarantined);
+}
+
+/* A health waiter's position is its place among the health waiters, of how many wait there (they are beside the
+ * queue); an ordinary waiter's counts the ordinary queue only. */
+static void test_health_waiter_position_is_its_place_among_health_waiters(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) {}, 0);
+        end_with(f, a, 3, "job-1", S(1)); /* a quarantined */
+        Tag *h = acquire(f, "H", (Req) { .lane = "h" }, S(2));
+        assert_true(granted(h));
+        Tag *w = acquire(f, "W", (Req) {}, S(3));
+        Tag *h1 = acquire(f, "H1", (Req) { .lane = "h" }, S(4));
+        Tag *h2 = acquire(f, "H2", (Req) { .lane = "h" }, S(5));
+        assert_true(queued(w) && queued(h1) && queued(h2));
+        size_t pos, n;
+        assert_int_equal(engine_request_position(h1->request, &pos, &n), 0);
+        assert_int_equal(pos, 0);
+        assert_int_equal(n, 2);
+        assert_int_equal(engine_request_position(h2->request, &pos, &n), 0);
+        assert_int_equal(pos, 1);
+        assert_int_equal(n, 2);
+        assert_int_equal(engine_request_position(w->request, &pos, &n), 0);
+        assert_int_equal(pos, 0);
+        assert_int_equal(n, 1);
+        /* H's failed check hands a to H1: H2 is first among the health waiters now. */
+        end_with(f, h, 1, "check-1", S(6));
+        assert_true(granted(h1));
+        run(f, S(7));
+        assert_int_equal(engine_request_position(h2->request, &pos, &n), 0);
+        assert_int_equal(pos, 0);
+        assert_int_equal(n, 1);
+        end(f, b, S(8));
+        assert_true(granted(w));
+}
+
 static void test_health_waiters_do_not_barge_and_disjoint_ones_flow(void **state) {
         Fixture *f = *state;
         PoolConfig *p = pool_add(f, "p", 0);
@@ -3668,6 +3734,9 @@ int main(void) {
                 T(test_a_held_member_quarantined_by_hand_stays_with_its_holder),
                 T(test_a_member_drain_until_ends_by_itself_on_every_pool_kind),
                 T(test_health_lane_takes_quarantined_members_only_and_exit_0_restores),
+                T(test_health_also_lane_takes_quarantined_members_first_then_ordinary_ones),
+                T(test_reload_ending_a_health_lane_refuses_its_waiters),
+                T(test_health_waiter_position_is_its_place_among_health_waiters),
                 /* Labels and named members (SPEC §3.5), on shared pools too: part of their agreed rules. */
                 T(test_labels_every_term_must_hold),
                 T(test_named_member_waits_for_that_member),
@@ -3710,7 +3779,6 @@ int main(void) {
                 T(test_health_job_is_granted_a_quarantined_member_past_an_ordinary_waiter),
                 T(test_quarantine_by_hand_and_restore),
                 T(test_health_waiters_do_not_barge_and_disjoint_ones_flow),
-                T(test_health_also_lane_takes_quarantined_members_first_then_ordinary_ones),
                 T(test_quarantine_keeps_a_realtime_start_from_before_this_boot),
                 T(test_member_use_carried_over_a_restart),
                 T(test_quarantine_survives_a_reload_by_member_name),
