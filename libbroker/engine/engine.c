@@ -53,6 +53,7 @@ typedef struct RequestPart {
         const char *const *members;
         unsigned n_slots;
         uint64_t token;
+        const char *remote_id;   /* GRANTED by a backend: its name for the share (the pool's, as indices) */
 } RequestPart;
 
 /* An also= pool's share of a lease. */
@@ -63,6 +64,7 @@ typedef struct LeasePart {
         unsigned *slots;
         char **members;          /* n_slots names, or NULL */
         uint64_t token;
+        char *remote_id;         /* the backend's name of a shared pool's share; NULL: local */
 } LeasePart;
 
 typedef enum RequestPhase {
@@ -413,6 +415,7 @@ static void lease_part_done(LeasePart *p) {
                         free(p->members[i]);
         free(p->members);
         free(p->slots);
+        free(p->remote_id);
 }
 
 static EngineLease *engine_lease_free(EngineLease *l) {
@@ -541,14 +544,17 @@ int engine_lease_also(const EngineLease *l, size_t i, EngineLeaseAlso *ret) {
                 .n_slots = p->n_slots,
                 .slots = p->slots,
                 .members = (const char *const *) p->members,
+                .remote_id = p->remote_id,
         };
         return 0;
 }
 
 /* Copies an also= pool's grant into the lease (its names: a reload may rename members meanwhile). */
 static int lease_part_set(LeasePart *lp, Pool *p, PoolGrant *g, const unsigned *slots, const char *const *members,
-                          unsigned n_slots, uint64_t token) {
+                          unsigned n_slots, uint64_t token, const char *remote_id) {
         *lp = (LeasePart) { .pool = p, .grant = g, .n_slots = n_slots, .token = token };
+        if (remote_id && !(lp->remote_id = strdup(remote_id)))
+                return -ENOMEM;
         lp->slots = calloc(n_slots, sizeof(unsigned));
         if (!lp->slots)
                 return -ENOMEM;
@@ -857,6 +863,7 @@ static void set_part_record(EngineRequest *r, RequestPart *part, const PoolDecis
                 part->members = d->members;
                 part->n_slots = d->n_slots;
                 part->token = d->token;
+                part->remote_id = d->remote_id;
                 break;
         default:
                 break;
@@ -920,7 +927,7 @@ static void set_lease(Engine *e, EngineRequest *r, usec_t now) {
         EngineLease *l;
 
         if (engine_lease_new(e, main->pool, main->grant, r->lane, main->indices, main->members, main->n_slots,
-                             main->token, NULL, now, expires, r->userdata, &l) < 0)
+                             main->token, main->remote_id, now, expires, r->userdata, &l) < 0)
                 goto oom;
         l->also = calloc(r->n_parts - 1, sizeof(LeasePart));
         if (!l->also)
@@ -929,7 +936,7 @@ static void set_lease(Engine *e, EngineRequest *r, usec_t now) {
                 const RequestPart *part = r->parts + i;
                 l->n_also++;
                 if (lease_part_set(l->also + i - 1, part->pool, part->grant, part->indices, part->members,
-                                   part->n_slots, part->token) < 0)
+                                   part->n_slots, part->token, part->remote_id) < 0)
                         goto oom_lease;
         }
         /* A pool that can lose a grant (a backend's) loses the whole lease with its share: the set is never
@@ -1722,10 +1729,11 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
 
 int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs) {
         assert_return(l, -EINVAL);
-        assert_return(rs && rs->pool && rs->slots && rs->n_slots > 0 && !rs->remote_id, -EINVAL);
+        assert_return(rs && rs->pool && rs->slots && rs->n_slots > 0, -EINVAL);
         Engine *e = l->engine;
-        if (l->remote_id || l->n_also >= CONF_LANE_ALSO_MAX)
-                return -EINVAL; /* sets are of local pools only */
+        /* A set is of local pools or of shared pools of one backend (SPEC §3.5), never mixed. */
+        if (!!l->remote_id != !!rs->remote_id || l->n_also >= CONF_LANE_ALSO_MAX)
+                return -EINVAL;
         for (size_t i = 0; i < l->n_also; i++)
                 if (streq(l->also[i].pool->name, rs->pool))
                         return -EINVAL;
@@ -1742,7 +1750,7 @@ int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs) {
         int r = restore_share(e, rs, l->lane, l->granted_at, &p, &g, &by_index, &members);
         if (r < 0)
                 return r;
-        r = lease_part_set(l->also + l->n_also, p, g, rs->slots, members, rs->n_slots, rs->token);
+        r = lease_part_set(l->also + l->n_also, p, g, rs->slots, members, rs->n_slots, rs->token, rs->remote_id);
         if (r < 0) {
                 lease_part_done(l->also + l->n_also);
                 p->ops->release(p, g, l->granted_at);
@@ -1750,6 +1758,10 @@ int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs) {
                 return r;
         }
         l->n_also++;
+        /* Its loss (a reclaim refused, a node fenced from that pool) revokes the whole lease, as set_lease()
+         * binds a share granted now. */
+        if (p->ops->bind_grant)
+                p->ops->bind_grant(p, g, l);
         return 0;
 }
 

@@ -3,6 +3,7 @@
  * engine calls, cancels while a pool has not answered, lost grants, the pool's own measure of a wait, and
  * an engine that runs an instant once however long a pool keeps it due. */
 #include <errno.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -312,6 +313,105 @@ static void test_a_set_is_revoked_whole_when_any_pool_loses_its_share(void **sta
         assert_int_equal(fake_pool_stats(c)->in_use, 0);
 }
 
+/* A set over two pools of one backend: the lease and each share keep the backend's name of them, so that the
+ * lease log can reclaim every share after a restart (SPEC §3.5, §11). */
+static void test_a_set_keeps_each_shares_remote_id(void **state) {
+        Fixture *f = *state;
+        assert_int_equal(conf_set(f->config, "pool c", "limit", "1", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "pool c", "backend", "redis://127.0.0.1:1/0", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "lane set", "pools", "a", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "lane set", "also", "c", NULL, NULL), 0);
+        assert_int_equal(engine_configure(f->engine, f->config, S(1)), 0);
+        FakePool *c = fake_pool_set_find(&f->pools, "c");
+        assert_non_null(c);
+        fake_pool_name_grants(pool_a(f), "node1/a");
+        fake_pool_name_grants(c, "node1/c");
+
+        EngineRequest *r = acquire(f, "set", S(1));
+        EngineLease *l = grant_of(f, r)->lease;
+        char want[64];
+        snprintf(want, sizeof want, "node1/a:%" PRIu64, engine_lease_token(l));
+        assert_non_null(engine_lease_remote_id(l));
+        assert_string_equal(engine_lease_remote_id(l), want);
+        assert_int_equal(engine_lease_also_count(l), 1);
+        EngineLeaseAlso also;
+        assert_int_equal(engine_lease_also(l, 0, &also), 0);
+        snprintf(want, sizeof want, "node1/c:%" PRIu64, also.token);
+        assert_non_null(also.remote_id);
+        assert_string_equal(also.remote_id, want);
+        engine_lease_release(l, S(2));
+}
+
+static void restore_set(Fixture *f, const char *also_remote_id, int want, EngineLease **ret) {
+        assert_int_equal(conf_set(f->config, "pool c", "limit", "1", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "pool c", "backend", "redis://127.0.0.1:1/0", NULL, NULL), 0);
+        assert_int_equal(engine_configure(f->engine, f->config, S(1)), 0);
+        const unsigned slots[] = { 0 };
+        EngineLease *l;
+        assert_int_equal(engine_lease_restore(f->engine,
+                                              &(EngineLeaseRestore) {
+                                                      .pool = "a",
+                                                      .lane = "wait",
+                                                      .slots = slots,
+                                                      .n_slots = 1,
+                                                      .token = 7,
+                                                      .granted_at = S(1),
+                                                      .expires_at = USEC_INFINITY,
+                                                      .remote_id = "node1:7",
+                                              },
+                                              &l),
+                         0);
+        assert_int_equal(engine_lease_restore_also(l,
+                                                   &(EngineLeaseRestore) {
+                                                           .pool = "c",
+                                                           .slots = slots,
+                                                           .n_slots = 1,
+                                                           .token = 9,
+                                                           .remote_id = also_remote_id,
+                                                   }),
+                         want);
+        *ret = l;
+}
+
+/* A restored set lease over shared pools takes its shared shares back, each bound to the lease: a reclaim
+ * refused in the also= pool revokes the whole lease, naming that pool. */
+static void test_a_restored_set_takes_its_shared_shares_bound(void **state) {
+        Fixture *f = *state;
+        EngineLease *l;
+        restore_set(f, "node1:9", 0, &l);
+        FakePool *c = fake_pool_set_find(&f->pools, "c");
+        assert_non_null(c);
+        assert_string_equal(fake_pool_stats(c)->restored_remote_id, "node1:9");
+        assert_int_equal(fake_pool_stats(c)->in_use, 1);
+        EngineLeaseAlso also;
+        assert_int_equal(engine_lease_also(l, 0, &also), 0);
+        assert_string_equal(also.remote_id, "node1:9");
+        assert_int_equal(also.token, 9);
+
+        assert_true(fake_pool_lose(c, 9, "reclaim-conflict", S(2)));
+        run(f, S(2));
+        const EngineEvent *ev = &f->events[f->n_events - 1];
+        assert_int_equal(ev->type, ENGINE_EVENT_REVOKE);
+        assert_ptr_equal(ev->lease, l);
+        assert_string_equal(ev->pool, "c");
+        assert_true(engine_lease_is_revoked(l));
+        engine_lease_release(l, S(3));
+        assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 0);
+        assert_int_equal(fake_pool_stats(c)->in_use, 0);
+}
+
+/* A set is never mixed: a local share of a shared lease is refused, the lease unchanged. */
+static void test_a_restored_shared_set_refuses_a_local_share(void **state) {
+        Fixture *f = *state;
+        EngineLease *l;
+        restore_set(f, NULL, -EINVAL, &l);
+        assert_int_equal(engine_lease_also_count(l), 0);
+        FakePool *c = fake_pool_set_find(&f->pools, "c");
+        assert_non_null(c);
+        assert_int_equal(fake_pool_stats(c)->in_use, 0);
+        engine_lease_release(l, S(2));
+}
+
 static void test_a_lease_released_as_its_loss_comes_in_is_not_revoked(void **state) {
         Fixture *f = *state;
         EngineRequest *r = acquire(f, "held", S(1));
@@ -474,6 +574,9 @@ int main(void) {
                 T(test_cancel_after_a_grant_came_in_leaves_the_grant_to_the_caller),
                 T(test_a_lost_grant_revokes_the_lease_with_the_pool_reason),
                 T(test_a_set_is_revoked_whole_when_any_pool_loses_its_share),
+                T(test_a_set_keeps_each_shares_remote_id),
+                T(test_a_restored_set_takes_its_shared_shares_bound),
+                T(test_a_restored_shared_set_refuses_a_local_share),
                 T(test_a_lease_released_as_its_loss_comes_in_is_not_revoked),
                 T(test_max_hold_revocation_says_so),
                 T(test_the_pool_measures_the_wait_when_it_says),
