@@ -102,6 +102,7 @@ struct EngineRequest {
         /* An all-or-nothing request (the lane has also=): its pools, the chosen one first; NULL otherwise. */
         RequestPart *parts;
         size_t n_parts;
+        bool granting;           /* a set: every part asked to grant, some pool's answer awaited */
         ListNode set_node;       /* Engine.sets while it waits and some pool said it is ready there */
 };
 
@@ -889,7 +890,8 @@ static void set_absorb_pending(Engine *e, EngineRequest *r) {
         }
 }
 
-/* Gives back every part: leaves the queues it waits in, releases what was granted (never kept alone). */
+/* Gives back every part: leaves the queues it waits in, releases what was granted (never kept alone), and
+ * cancels a try a pool that decides later has not answered yet. */
 static void set_withdraw(Engine *e, EngineRequest *r, usec_t now) {
         set_absorb_pending(e, r);
         for (size_t i = 0; i < r->n_parts; i++) {
@@ -898,10 +900,22 @@ static void set_withdraw(Engine *e, EngineRequest *r, usec_t now) {
                         part->pool->ops->withdraw(part->pool, part->waiter, now);
                 else if (part->st == PART_GRANTED)
                         part->pool->ops->release(part->pool, part->grant, now);
+                else if (part->st == PART_NONE && part->pool && part->pool->ops->cancel_try &&
+                         (r->phase == REQUEST_ROUTING || r->granting))
+                        part->pool->ops->cancel_try(part->pool, r, now);
                 part->st = PART_NONE;
                 part->waiter = NULL;
                 part->grant = NULL;
         }
+        r->granting = false;
+}
+
+/* Some pool of the set has not answered yet (a pool that decides later). */
+static bool set_is_awaited(const EngineRequest *r) {
+        for (size_t i = 0; i < r->n_parts; i++)
+                if (r->parts[i].st == PART_NONE)
+                        return true;
+        return false;
 }
 
 /* Every part waits at the head of its pool with room for it. */
@@ -970,20 +984,9 @@ oom:
         set_refuse(e, r, main->pool, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL, now);
 }
 
-/* Grants every part at once (set_is_ready() said so). */
-static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
-        r->n_ref++; /* a refusal below finishes it: keep it for the checks */
-        for (size_t i = 0; i < r->n_parts; i++) {
-                RequestPart *part = r->parts + i;
-                PoolWaiter *w = part->waiter;
-                part->st = PART_NONE;
-                part->waiter = NULL;
-                if (part->pool->ops->grant_waiter(part->pool, w, now) < 0) {
-                        /* -ENOMEM: the pool refused it unavailable; -ESTALE cannot be (all ready). */
-                        break;
-                }
-        }
-        set_absorb_pending(e, r);
+/* Every part asked to grant has answered: one lease over the set, or none of it. */
+static void set_grant_done(Engine *e, EngineRequest *r, usec_t now) {
+        r->granting = false;
         const RequestPart *bad = NULL;
         for (size_t i = 0; i < r->n_parts && !bad; i++)
                 if (r->parts[i].st != PART_GRANTED)
@@ -992,32 +995,138 @@ static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
                 set_refuse(e, r, bad->pool, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL, now);
         else
                 set_lease(e, r, now);
+}
+
+/* Grants every part at once (set_is_ready() said so). A pool that decides later answers later: the set is
+ * granting until every pool has (nothing else is decided for it meanwhile), then leased or given back whole. */
+static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
+        r->n_ref++; /* a refusal below finishes it: keep it for the checks */
+        for (size_t i = 0; i < r->n_parts; i++) {
+                RequestPart *part = r->parts + i;
+                PoolWaiter *w = part->waiter;
+                part->st = PART_NONE;
+                part->waiter = NULL;
+                if (part->pool->ops->grant_waiter(part->pool, w, now) < 0) {
+                        /* -ENOMEM: the pool refused it unavailable; -ESTALE cannot be (all ready). Those
+                         * after it stay queued: given back with the set. */
+                        break;
+                }
+        }
+        set_absorb_pending(e, r);
+        if (set_is_awaited(r))
+                r->granting = true;
+        else
+                set_grant_done(e, r, now);
         engine_request_unref(r);
 }
 
-/* A decision about one part of a waiting request: a refusal (its budget in that pool ran out, the pool was
- * drained or removed) ends the whole request, named after that pool; the smallest budget is the one that
- * runs out first. While routing, set_route() looks at the parts itself. */
+static int set_route_submit(Engine *e, EngineRequest *r, usec_t now);
+static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now);
+
+/* A decision about one part of a request: while routing or granting, the set is decided when the last of
+ * its pools has answered (a pool that decides later); while it waits, a refusal (its budget in that pool ran
+ * out, the pool was drained or removed) ends the whole request, named after that pool; the smallest budget
+ * is the one that runs out first. */
 static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision *d) {
         RequestPart *part = set_part(r, d->pool);
         if (!part)
                 return;
         set_part_record(r, part, d);
-        if (r->phase != REQUEST_WAITING || part->st != PART_REFUSED)
+        if (r->phase == REQUEST_ROUTING) {
+                if (set_is_awaited(r) || !set_route_decide(e, r, d->at))
+                        return;
+                if (set_route_submit(e, r, d->at) < 0)
+                        refuse_request(e, r, d->pool, REFUSAL_UNAVAILABLE, d->at,
+                                       usec_sub_unsigned(d->at, r->arrival), NULL);
+                return;
+        }
+        if (r->phase != REQUEST_WAITING)
+                return;
+        if (r->granting) {
+                if (!set_is_awaited(r))
+                        set_grant_done(e, r, d->at);
+                return;
+        }
+        if (part->st != PART_REFUSED)
                 return;
         set_refuse(e, r, part->pool, part->refusal, part->at, part->wait, part->reason, d->at);
 }
 
-/* Tries the lane's pools in order with every also= pool: granted at once when all of them have room, else
- * refused or queued in all of them (SPEC §3.5). The in-process pools it takes decide at once. */
-static int set_route(Engine *e, EngineRequest *r, const EngineLane *lane, usec_t now) {
+/* Every pool of the set on the route's next pool has answered: granted at once when all have room, else
+ * refused or queued in all of them (SPEC §3.5). Returns true when the route's next pool is to be tried. */
+static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
+        bool last = r->next_route == r->n_route, may_wait = last && r->may_wait;
+        Pool *p = r->pool;
+
+        const RequestPart *refused = NULL;
+        for (size_t i = 0; i < r->n_parts && !refused; i++)
+                if (r->parts[i].st == PART_REFUSED)
+                        refused = r->parts + i;
+        if (refused) {
+                Refusal why = refused->refusal;
+                Pool *by = refused->pool;
+                const char *reason = refused->reason;
+                set_withdraw(e, r, now);
+                /* Fail fast while an alternative remains (SPEC §3.2). */
+                if (!last && (why == REFUSAL_BUSY || why == REFUSAL_UNAVAILABLE))
+                        return true;
+                refuse_request(e, r, by, why, now, usec_sub_unsigned(now, r->arrival), reason);
+                return false;
+        }
+        if (set_is_ready(r)) {
+                r->phase = REQUEST_WAITING; /* granting: a pool's answer may come later */
+                set_grant(e, r, now);
+                return false;
+        }
+        if (!may_wait) {
+                Pool *by = NULL;
+                for (size_t i = 0; i < r->n_parts && !by; i++)
+                        if (!r->parts[i].pool->ops->ready(r->parts[i].pool, r->parts[i].waiter))
+                                by = r->parts[i].pool;
+                set_withdraw(e, r, now);
+                if (!last)
+                        return true;
+                refuse_request(e, r, by, REFUSAL_BUSY, now, usec_sub_unsigned(now, r->arrival), NULL);
+                return false;
+        }
+
+        /* It waits in every pool of the set; its budget is the smallest of theirs (the first to end refuses
+         * it, in that pool's name). */
+        const RequestPart *least = r->parts;
+        for (size_t i = 1; i < r->n_parts; i++)
+                if (r->parts[i].budget < least->budget)
+                        least = r->parts + i;
+        r->phase = REQUEST_WAITING;
+        r->queued = true;
+        r->state = least->state;
+        r->idle = least->idle;
+        r->budget = least->budget;
+        event_push(e, &(EngineEvent) {
+                .type = ENGINE_EVENT_QUEUED,
+                .at = now,
+                .userdata = r->userdata,
+                .request = r,
+                .pool = p->name,
+                .lane = r->lane,
+                .arrival = r->arrival,
+                .state = r->state,
+                .idle = r->idle,
+                .budget = r->budget,
+                .queued = true,
+        });
+        return false;
+}
+
+/* Submits the set on the route's next pools in turn until one decides it; a pool that decides later is
+ * awaited (set_handle_decision() goes on). */
+static int set_route_submit(Engine *e, EngineRequest *r, usec_t now) {
         for (;;) {
                 Pool *p = r->route[r->next_route++];
                 bool last = r->next_route == r->n_route, may_wait = last && r->may_wait;
                 r->pool = p;
                 r->parts[0] = (RequestPart) { .pool = p, .slots = r->slots };
                 for (size_t i = 1; i < r->n_parts; i++)
-                        r->parts[i] = (RequestPart) { .pool = lane->also[i - 1], .slots = lane->also_slots[i - 1] };
+                        r->parts[i] = (RequestPart) { .pool = r->parts[i].pool, .slots = r->parts[i].slots };
 
                 for (size_t i = 0; i < r->n_parts; i++) {
                         RequestPart *part = r->parts + i;
@@ -1042,69 +1151,26 @@ static int set_route(Engine *e, EngineRequest *r, const EngineLane *lane, usec_t
                                 },
                                 now);
                         if (k < 0) {
+                                /* Those from this one on made no try: nothing of theirs to cancel. */
+                                for (size_t j = i; j < r->n_parts; j++)
+                                        r->parts[j].st = PART_REFUSED;
                                 set_withdraw(e, r, now);
                                 return k;
                         }
                         set_absorb_pending(e, r);
                 }
-
-                const RequestPart *refused = NULL;
-                for (size_t i = 0; i < r->n_parts && !refused; i++)
-                        if (r->parts[i].st == PART_REFUSED)
-                                refused = r->parts + i;
-                if (refused) {
-                        Refusal why = refused->refusal;
-                        Pool *by = refused->pool;
-                        const char *reason = refused->reason;
-                        set_withdraw(e, r, now);
-                        /* Fail fast while an alternative remains (SPEC §3.2). */
-                        if (!last && (why == REFUSAL_BUSY || why == REFUSAL_UNAVAILABLE))
-                                continue;
-                        refuse_request(e, r, by, why, now, usec_sub_unsigned(now, r->arrival), reason);
+                if (set_is_awaited(r))
                         return 0;
-                }
-                if (set_is_ready(r)) {
-                        set_grant(e, r, now);
+                if (!set_route_decide(e, r, now))
                         return 0;
-                }
-                if (!may_wait) {
-                        Pool *by = NULL;
-                        for (size_t i = 0; i < r->n_parts && !by; i++)
-                                if (!r->parts[i].pool->ops->ready(r->parts[i].pool, r->parts[i].waiter))
-                                        by = r->parts[i].pool;
-                        set_withdraw(e, r, now);
-                        if (!last)
-                                continue;
-                        refuse_request(e, r, by, REFUSAL_BUSY, now, usec_sub_unsigned(now, r->arrival), NULL);
-                        return 0;
-                }
-
-                /* It waits in every pool of the set; its budget is the smallest of theirs (the first to end
-                 * refuses it, in that pool's name). */
-                const RequestPart *least = r->parts;
-                for (size_t i = 1; i < r->n_parts; i++)
-                        if (r->parts[i].budget < least->budget)
-                                least = r->parts + i;
-                r->phase = REQUEST_WAITING;
-                r->queued = true;
-                r->state = least->state;
-                r->idle = least->idle;
-                r->budget = least->budget;
-                event_push(e, &(EngineEvent) {
-                        .type = ENGINE_EVENT_QUEUED,
-                        .at = now,
-                        .userdata = r->userdata,
-                        .request = r,
-                        .pool = p->name,
-                        .lane = r->lane,
-                        .arrival = r->arrival,
-                        .state = r->state,
-                        .idle = r->idle,
-                        .budget = r->budget,
-                        .queued = true,
-                });
-                return 0;
         }
+}
+
+/* Tries the lane's pools in order with every also= pool (SPEC §3.5). */
+static int set_route(Engine *e, EngineRequest *r, const EngineLane *lane, usec_t now) {
+        for (size_t i = 1; i < r->n_parts; i++)
+                r->parts[i] = (RequestPart) { .pool = lane->also[i - 1], .slots = lane->also_slots[i - 1] };
+        return set_route_submit(e, r, now);
 }
 
 /* Grants the waiting sets that every pool of theirs is ready for, and lets each pool hand on what is left
@@ -1562,8 +1628,8 @@ void engine_request_cancel(EngineRequest *r, usec_t now) {
         /* Settle first: a budget that ended before `now` has already refused it, and a decision that came
          * in is the answer (its event follows). */
         engine_advance(e, now);
-        if (r->parts && r->phase == REQUEST_WAITING)
-                set_withdraw(e, r, now);
+        if (r->parts && (r->phase == REQUEST_WAITING || r->phase == REQUEST_ROUTING))
+                set_withdraw(e, r, now); /* also the tries of pools that have not answered yet */
         else if (r->phase == REQUEST_WAITING)
                 r->pool->ops->withdraw(r->pool, r->waiter, now);
         else if (r->phase == REQUEST_ROUTING && r->pool->ops->cancel_try)

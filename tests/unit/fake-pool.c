@@ -20,6 +20,7 @@ struct PoolWaiter {
         unsigned slots;
         bool may_wait;
         bool gated;               /* one pool of an all-or-nothing set (PoolTry.gated): decided at once */
+        bool granting;            /* gated, grant_waiter() asked with fake_pool_defer_sets(): granted on answer */
 };
 
 struct PoolGrant {
@@ -45,6 +46,7 @@ struct FakePool {
         usec_t wakeup;
         bool sticky;
         bool hold_answers;
+        bool defer_sets;
         char prefix[32];
         char restored_remote_id[64];
         FakePoolStats stats;
@@ -136,6 +138,8 @@ static void refuse(FakePool *p, struct PoolWaiter *w, Refusal refusal, const cha
         });
 }
 
+static bool is_first(const FakePool *p, const struct PoolWaiter *w);
+
 void fake_pool_answer(FakePool *p, usec_t now) {
         bool blocked = false; /* a waiter ahead could not be served: nobody behind it barges */
         for (size_t i = 0; i < p->n_tries; i++) {
@@ -144,7 +148,26 @@ void fake_pool_answer(FakePool *p, usec_t now) {
                         continue;
                 if (!w->queued && p->refusal != _REFUSAL_INVALID)
                         refuse(p, w, p->refusal, p->reason, now);
-                else if (w->gated) {
+                else if (w->granting) {
+                        if (!blocked && has_room(p, w->slots))
+                                grant(p, w, now);
+                        else
+                                refuse(p, w, REFUSAL_UNAVAILABLE, NULL, now);
+                } else if (w->gated && !w->queued) {
+                        /* A deferred set part: decided as submit() decides one at once. */
+                        if ((!blocked && is_first(p, w) && has_room(p, w->slots)) || w->may_wait) {
+                                w->queued = true;
+                                emit(p, (PoolDecision) {
+                                        .verdict = POOL_VERDICT_QUEUED,
+                                        .cookie = w->cookie,
+                                        .at = now,
+                                        .budget = USEC_INFINITY,
+                                        .waiter = w,
+                                });
+                        } else
+                                refuse(p, w, REFUSAL_BUSY, NULL, now);
+                        blocked = true;
+                } else if (w->gated) {
                         /* Never granted here: said READY at the head with room, and holds back those behind. */
                         if (!blocked && has_room(p, w->slots))
                                 emit(p, (PoolDecision) { .verdict = POOL_VERDICT_READY, .cookie = w->cookie, .at = now });
@@ -169,6 +192,10 @@ void fake_pool_answer(FakePool *p, usec_t now) {
                         refuse(p, w, REFUSAL_BUSY, NULL, now);
         }
         count(p);
+}
+
+void fake_pool_defer_sets(FakePool *p, bool defer) {
+        p->defer_sets = defer;
 }
 
 void fake_pool_refuse(FakePool *p, Refusal refusal, const char *reason) {
@@ -262,8 +289,8 @@ static int op_submit(Pool *base, const PoolTry *t, usec_t now) {
                 .may_wait = t->may_wait,
                 .gated = t->gated,
         };
-        /* A set's part is decided at once, as the engine's sets take it today (in-process answers). */
-        if (t->gated) {
+        /* A set's part is decided at once (in-process answers), or on the answer with fake_pool_defer_sets(). */
+        if (t->gated && !p->defer_sets) {
                 if (p->refusal != _REFUSAL_INVALID)
                         refuse(p, w, p->refusal, p->reason, now);
                 else if ((is_first(p, w) && has_room(p, w->slots)) || w->may_wait) {
@@ -390,13 +417,17 @@ static void op_cancel_try(Pool *base, void *cookie, usec_t now) {
 
 static bool op_ready(const Pool *base, const PoolWaiter *w) {
         const FakePool *p = fake(base);
-        return w->used && w->gated && w->queued && is_first(p, w) && has_room(p, w->slots);
+        return w->used && w->gated && w->queued && !w->granting && is_first(p, w) && has_room(p, w->slots);
 }
 
 static int op_grant_waiter(Pool *base, PoolWaiter *w, usec_t now) {
         FakePool *p = fake(base);
         if (!op_ready(base, w))
                 return -ESTALE;
+        if (p->defer_sets) {
+                w->granting = true; /* granted on the answer */
+                return 0;
+        }
         grant(p, w, now);
         count(p);
         return 0;
