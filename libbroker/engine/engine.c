@@ -336,8 +336,9 @@ int engine_request_position(const EngineRequest *r, size_t *ret_position, size_t
                 return -ESTALE;
         size_t queued = 0, pos = 0;
         if (r->parts)
-                /* The furthest of its places (SPEC §3.5): it is granted when it is first in every queue. */
-                for (size_t i = 0; i < r->n_parts; i++) {
+                /* The furthest of its places (SPEC §3.5): it is granted when it is first in every queue. A set
+                 * granting (a pool's answer awaited) is first in all: its parts are no pool's waiters now. */
+                for (size_t i = 0; i < r->n_parts && !r->granting; i++) {
                         size_t q, p = r->parts[i].pool->ops->position(r->parts[i].pool, r->parts[i].waiter, &q);
                         if (i == 0 || p > pos) {
                                 pos = p;

@@ -448,6 +448,9 @@ static void test_a_set_over_pools_that_answer_later_awaits_every_answer(void **s
         answer(f, c, S(3));
         /* Both queued with room: the engine asks both to grant; nothing told until both have. */
         assert_null(last_event(f, r));
+        size_t pos = 9, queued = 9;
+        assert_int_equal(engine_request_position(r, &pos, &queued), 0); /* first everywhere; no pool asked */
+        assert_int_equal(pos, 0);
         answer(f, c, S(4));
         assert_null(last_event(f, r));
         assert_int_equal(fake_pool_stats(c)->in_use, 1);
