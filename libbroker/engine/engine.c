@@ -911,6 +911,16 @@ static void set_withdraw(Engine *e, EngineRequest *r, usec_t now) {
         r->granting = false;
 }
 
+/* Every pool of the set has these ops, and the call is there: one call decides the set (SPEC §3.5). */
+static bool set_has_one_call(const EngineRequest *r, const void *call) {
+        if (!call)
+                return false;
+        for (size_t i = 1; i < r->n_parts; i++)
+                if (r->parts[i].pool->ops != r->parts[0].pool->ops)
+                        return false;
+        return true;
+}
+
 /* Some pool of the set has not answered yet (a pool that decides later). */
 static bool set_is_awaited(const EngineRequest *r) {
         for (size_t i = 0; i < r->n_parts; i++)
@@ -1002,6 +1012,29 @@ static void set_grant_done(Engine *e, EngineRequest *r, usec_t now) {
  * granting until every pool has (nothing else is decided for it meanwhile), then leased or given back whole. */
 static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
         r->n_ref++; /* a refusal below finishes it: keep it for the checks */
+        Pool *first = r->parts[0].pool;
+        if (set_has_one_call(r, first->ops->grant_set)) {
+                /* One call grants every part or none (pools of one backend). */
+                Pool *pools[1 + CONF_LANE_ALSO_MAX];
+                PoolWaiter *waiters[1 + CONF_LANE_ALSO_MAX];
+                for (size_t i = 0; i < r->n_parts; i++) {
+                        pools[i] = r->parts[i].pool;
+                        waiters[i] = r->parts[i].waiter;
+                }
+                if (first->ops->grant_set(pools, waiters, r->n_parts, now) >= 0)
+                        for (size_t i = 0; i < r->n_parts; i++) {
+                                r->parts[i].st = PART_NONE; /* its answer awaited: no pool's waiter now */
+                                r->parts[i].waiter = NULL;
+                        }
+                /* else -ENOMEM or -ESTALE: they stay queued, and the set is refused with them given back. */
+                set_absorb_pending(e, r);
+                if (set_is_awaited(r))
+                        r->granting = true;
+                else
+                        set_grant_done(e, r, now);
+                engine_request_unref(r);
+                return;
+        }
         for (size_t i = 0; i < r->n_parts; i++) {
                 RequestPart *part = r->parts + i;
                 PoolWaiter *w = part->waiter;
@@ -1129,11 +1162,14 @@ static int set_route_submit(Engine *e, EngineRequest *r, usec_t now) {
                 for (size_t i = 1; i < r->n_parts; i++)
                         r->parts[i] = (RequestPart) { .pool = r->parts[i].pool, .slots = r->parts[i].slots };
 
+                PoolTry tries[1 + CONF_LANE_ALSO_MAX];
+                Pool *pools[1 + CONF_LANE_ALSO_MAX];
+                /* Outside the loop: the tries are used after it. */
+                Selector selector = { .terms = r->terms, .member = r->member };
                 for (size_t i = 0; i < r->n_parts; i++) {
                         RequestPart *part = r->parts + i;
-                        int k = part->pool->ops->submit(
-                                part->pool,
-                                &(PoolTry) {
+                        pools[i] = part->pool;
+                        tries[i] = (PoolTry) {
                                         .cookie = r,
                                         .lane = r->lane,
                                         .slots = part->slots,
@@ -1143,23 +1179,36 @@ static int set_route_submit(Engine *e, EngineRequest *r, usec_t now) {
                                         .client_cap = r->client_cap,
                                         .arrival = r->arrival,
                                         /* Labels and a member choose in the lane's own pool only. */
-                                        .selector = i == 0 ? &(Selector) { .terms = r->terms, .member = r->member } : NULL,
+                                        .selector = i == 0 ? &selector : NULL,
                                         /* A handed-over waiter goes back behind those resumed before it in
                                          * every pool of its set: its place in each, as all are resumed in
                                          * their old queue order; each with the budget it had (the set's). */
                                         .resume = r->resume,
                                         .gated = true,
-                                },
-                                now);
+                        };
+                }
+                if (set_has_one_call(r, p->ops->submit_set)) {
+                        /* One call over the set (pools of one backend): nothing was tried if it fails. */
+                        int k = p->ops->submit_set(pools, tries, r->n_parts, now);
                         if (k < 0) {
-                                /* Those from this one on made no try: nothing of theirs to cancel. */
-                                for (size_t j = i; j < r->n_parts; j++)
+                                for (size_t j = 0; j < r->n_parts; j++)
                                         r->parts[j].st = PART_REFUSED;
                                 set_withdraw(e, r, now);
                                 return k;
                         }
                         set_absorb_pending(e, r);
-                }
+                } else
+                        for (size_t i = 0; i < r->n_parts; i++) {
+                                int k = pools[i]->ops->submit(pools[i], tries + i, now);
+                                if (k < 0) {
+                                        /* Those from this one on made no try: nothing of theirs to cancel. */
+                                        for (size_t j = i; j < r->n_parts; j++)
+                                                r->parts[j].st = PART_REFUSED;
+                                        set_withdraw(e, r, now);
+                                        return k;
+                                }
+                                set_absorb_pending(e, r);
+                        }
                 if (set_is_awaited(r))
                         return 0;
                 if (!set_route_decide(e, r, now))

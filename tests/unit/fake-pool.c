@@ -420,6 +420,31 @@ static bool op_ready(const Pool *base, const PoolWaiter *w) {
         return w->used && w->gated && w->queued && !w->granting && is_first(p, w) && has_room(p, w->slots);
 }
 
+/* One call over the set (pools of one backend): counted in pools[0]'s set_calls; each pool answers its own
+ * part as submit() would. */
+static int op_submit_set(Pool *const *pools, const PoolTry *tries, size_t n, usec_t now) {
+        fake(pools[0])->stats.set_calls++;
+        for (size_t i = 0; i < n; i++) {
+                int r = op_submit(pools[i], tries + i, now);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int op_grant_waiter(Pool *base, PoolWaiter *w, usec_t now);
+
+/* All or none: every part ready, else -ESTALE and nothing changed. */
+static int op_grant_set(Pool *const *pools, PoolWaiter *const *waiters, size_t n, usec_t now) {
+        fake(pools[0])->stats.set_calls++;
+        for (size_t i = 0; i < n; i++)
+                if (!op_ready(pools[i], waiters[i]))
+                        return -ESTALE;
+        for (size_t i = 0; i < n; i++)
+                (void) op_grant_waiter(pools[i], waiters[i], now);
+        return 0;
+}
+
 static int op_grant_waiter(Pool *base, PoolWaiter *w, usec_t now) {
         FakePool *p = fake(base);
         if (!op_ready(base, w))
@@ -459,6 +484,8 @@ static const PoolOps fake_ops = {
         .snapshot = op_snapshot,
         .ready = op_ready,
         .grant_waiter = op_grant_waiter,
+        .submit_set = op_submit_set,
+        .grant_set = op_grant_set,
 };
 
 int fake_pool_factory(const PoolConfig *pc, const char *name, PoolEmitFn emit_fn, void *emit_userdata, void *userdata,

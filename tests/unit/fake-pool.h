@@ -59,6 +59,7 @@ typedef struct FakePoolStats {
         usec_t runs[FAKE_RUNS_MAX]; /* the instants run() was called with, in order */
         size_t n_runs;
         const char *restored_remote_id; /* as the last restore() got it */
+        size_t set_calls;         /* submit_set() and grant_set() calls with this pool first */
 } FakePoolStats;
 
 const FakePoolStats *fake_pool_stats(const FakePool *p);

@@ -461,6 +461,9 @@ static void test_a_set_over_pools_that_answer_later_awaits_every_answer(void **s
         EngineLease *l = ev->lease;
         assert_int_equal(engine_lease_also_count(l), 1);
         assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 1);
+        /* One call over the set to submit it and one to grant it (pools of one backend), none a pool. */
+        assert_int_equal(fake_pool_stats(pool_a(f))->set_calls, 2);
+        assert_int_equal(fake_pool_stats(c)->set_calls, 0);
         engine_lease_release(l, S(6));
         assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 0);
         assert_int_equal(fake_pool_stats(c)->in_use, 0);
