@@ -37,6 +37,7 @@ void history_lease_row_done(HistoryLeaseRow *row) {
         free(row->backend.sentinel_password_file);
         for (size_t i = 0; i < row->n_also; i++) {
                 free(row->also[i].pool);
+                free(row->also[i].remote_id);
                 free(row->also[i].slots);
                 history_members_free(row->also[i].members, row->also[i].n_slots);
         }

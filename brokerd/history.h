@@ -66,6 +66,7 @@ typedef struct HistoryLeaseAlso {
         unsigned n_slots;
         char **members;           /* n_slots names (an entry may be NULL), or NULL */
         uint64_t token;
+        char *remote_id;          /* a shared pool's share: the backend's name of it (EngineLeaseAlso); or NULL */
 } HistoryLeaseAlso;
 
 void history_lease_row_done(HistoryLeaseRow *row);

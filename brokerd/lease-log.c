@@ -246,6 +246,8 @@ static int line_lease(Buffer *b, const HistoryLeaseRow *row) {
                                 }
                                 r = r ?: buffer_puts(b, "]");
                         }
+                        if (a->remote_id) /* a shared pool's share: reclaimed by this name after a restart */
+                                r = r ?: buffer_puts(b, ",\"remote\":") ?: buffer_put_string(b, a->remote_id);
                         r = r ?: buffer_puts(b, "}");
                 }
                 r = r ?: buffer_puts(b, "]");
@@ -686,6 +688,9 @@ static int row_also_from_json(const json_t *also, HistoryLeaseRow *row) {
                 if (!(h->pool = json_strdup(json_object_get(a, "pool"))))
                         return -ENOMEM;
                 h->token = (uint64_t) json_integer_value(json_object_get(a, "token"));
+                const json_t *v = json_object_get(a, "remote");
+                if (v && !(h->remote_id = json_strdup(v)))
+                        return json_is_string(v) ? -ENOMEM : -EBADMSG;
                 int r = slots_from_json(json_object_get(a, "slots"), json_object_get(a, "members"), &h->slots,
                                         &h->n_slots, &h->members);
                 if (r < 0)

@@ -389,6 +389,7 @@ static HistoryLeaseRow lease_row(const Lease *l, HistoryLeaseAlso *also) {
                         .n_slots = a.n_slots,
                         .members = (char **) a.members,
                         .token = a.token,
+                        .remote_id = (char *) a.remote_id,
                 };
         }
 
@@ -718,6 +719,7 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
                                                       .token = a->token,
                                                       .granted_at = granted_mono,
                                                       .expires_at = expires_mono,
+                                                      .remote_id = a->remote_id,
                                               });
                 if (r < 0)
                         engine_lease_release(el, now_m);

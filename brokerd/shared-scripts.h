@@ -38,6 +38,8 @@ extern const char shared_function_renew[];
 extern const char shared_function_quarantine[];
 /* Several operations of one pool in one call (brokerd/lua/batch.lua): a function of the library only. */
 extern const char shared_function_batch[];
+/* An all-or-nothing set over several pools of one backend in one call (brokerd/lua/set.lua): library only. */
+extern const char shared_function_set[];
 
 /* Every operation, in a fixed order; n is the count. */
 extern const SharedScriptText shared_scripts[];

@@ -1657,20 +1657,63 @@ static bool env_name_equal(const char *a, const char *b) {
         return !*a && !*b;
 }
 
+/* The key by which two shared pools' backends differ, or NULL: the same backend, which brokerd reaches through
+ * one command link (brokerd/backend.c: a Backend per URL, user and password files), so that one script call
+ * can take keys of both. URLs compare as text: two spellings of one Redis are two backends here. */
+static const char *backend_difference(const PoolConfig *a, const PoolConfig *b) {
+        if (!streq(a->backend, b->backend))
+                return "backend";
+        if (!streq_ptr(a->backend_user, b->backend_user))
+                return "backend-user";
+        if (!streq_ptr(a->backend_password_file, b->backend_password_file))
+                return "backend-password-file";
+        if (!streq_ptr(a->backend_sentinel_password_file, b->backend_sentinel_password_file))
+                return "backend-sentinel-password-file";
+        return NULL;
+}
+
+/* The pools of a lane with also= (its pools= and its also=, every set it can make): all local, or all shared
+ * through one backend (SPEC §3.5: one script call decides over the set). The first pair that breaks it is
+ * named. Returns 0 or conf_errors_add()'s. */
+static int validate_lane_set_backends(const BrokerConfig *c, const LaneConfig *l, ConfErrors *errors) {
+        const PoolConfig *local = NULL, *shared = NULL;
+
+        for (size_t i = 0; i < l->n_pools + l->n_also; i++) {
+                const char *name = i < l->n_pools ? l->pools[i] : l->also[i - l->n_pools].pool;
+                const PoolConfig *p = conf_find_pool(c, name);
+                if (!p)
+                        continue; /* said elsewhere */
+                if (!p->backend) {
+                        local = local ?: p;
+                        continue;
+                }
+                if (!shared) {
+                        shared = p;
+                        continue;
+                }
+                const char *key = backend_difference(shared, p);
+                if (key)
+                        return conf_errors_add(errors, &l->also_source, "also",
+                                               "lane %s takes pools %s and %s, whose %s= differ: an all-or-nothing set is all local or all on one backend (the same backend=, backend-user= and password files)",
+                                               l->name, shared->name, p->name, key);
+        }
+        if (shared && local)
+                return conf_errors_add(errors, &l->also_source, "also",
+                                       "lane %s mixes shared (backend=) and local pools in one all-or-nothing set (%s is shared, %s local): a set is all local or all on one backend",
+                                       l->name, shared->name, local->name);
+        if (shared)
+                return conf_errors_add(errors, &l->also_source, "also",
+                                       "lane %s: also= over shared (backend=) pools is not supported yet (only a set of local pools)",
+                                       l->name);
+        return 0;
+}
+
 /* An all-or-nothing set (SPEC §3.5): each also= pool defined, none of the lane's own pools= (a grant takes its
- * slots of the chosen pool once), big enough for K, and the set all local (sets over a backend are not
- * supported yet: one script call must decide over the whole set there). */
+ * slots of the chosen pool once), big enough for K, and the set all local or all on one backend
+ * (validate_lane_set_backends()). */
 static int validate_lane_also(const BrokerConfig *c, const LaneConfig *l, ConfErrors *errors) {
         int r = 0;
-        bool shared = false, local = false;
 
-        for (size_t i = 0; i < l->n_pools; i++) {
-                const PoolConfig *p = conf_find_pool(c, l->pools[i]);
-                if (p && p->backend)
-                        shared = true;
-                else if (p)
-                        local = true;
-        }
         for (size_t i = 0; i < l->n_also; i++) {
                 const LaneAlso *a = l->also + i;
                 const PoolConfig *p = conf_find_pool(c, a->pool);
@@ -1690,10 +1733,6 @@ static int validate_lane_also(const BrokerConfig *c, const LaneConfig *l, ConfEr
                         r = conf_errors_add(errors, &l->also_source, "also",
                                             "lane %s takes %u slots of pool %s, which has %u", l->name, a->slots,
                                             a->pool, p->limit);
-                if (p->backend)
-                        shared = true;
-                else
-                        local = true;
                 /* slotctl run names its variables SLOT_<POOL>_…, upper-cased, other characters '_'. */
                 for (size_t j = 0; j < i; j++)
                         if (env_name_equal(l->also[j].pool, a->pool))
@@ -1701,15 +1740,8 @@ static int validate_lane_also(const BrokerConfig *c, const LaneConfig *l, ConfEr
                                                     "lane %s names pools %s and %s, whose SLOT_%s_* variables would be the same",
                                                     l->name, l->also[j].pool, a->pool, a->pool);
         }
-        if (shared && local)
-                r = conf_errors_add(errors, &l->also_source, "also",
-                                    "lane %s mixes shared (backend=) and local pools in one all-or-nothing set: a set is all local or all on one backend",
-                                    l->name);
-        else if (shared)
-                r = conf_errors_add(errors, &l->also_source, "also",
-                                    "lane %s: also= over shared (backend=) pools is not supported yet (only a set of local pools)",
-                                    l->name);
-        return r;
+        int k = validate_lane_set_backends(c, l, errors);
+        return k < 0 ? k : r;
 }
 
 static int validate_lane(const BrokerConfig *c, const LaneConfig *l, ConfErrors *errors) {

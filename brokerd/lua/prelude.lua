@@ -61,6 +61,8 @@ local DRAINS = {}
 local HEALTH = {}
 -- Rests (cooldown=): the same (rests below, "cooldown").
 local rests = {}
+-- All-or-nothing sets over several pools (set.lua; SPEC §3.5): the same (SETS below, "sets").
+local SETS = {}
 
 local VERSION = 1
 local SETTLE_MAX = 64
@@ -950,8 +952,8 @@ local STREAM_FIELDS = {
         'token',
 }
 
-local function notify(node, d)
-        local packed = cmsgpack.pack(d)
+-- transient: a notice that decides nothing (a set's "ready"): no outcome record.
+local function notify(node, d, transient)
         local args = { 'XADD', k_stream(node), 'MAXLEN', '~', STREAM_MAXLEN, '*' }
         for i, name in ipairs(STREAM_FIELDS) do
                 args[#args + 1] = name
@@ -968,7 +970,7 @@ local function notify(node, d)
                 stream_last = id
                 events[#events + 1] = d
         end
-        outcome_store(node, d[2], d, packed)
+        if not transient then outcome_store(node, d[2], d, cmsgpack.pack(d)) end
 end
 
 ---------------------------------------------------------------------------------------------- waiters
@@ -981,19 +983,24 @@ local function waiter_get(wid)
                 wid = wid, node = a[1], rid = a[2], lane = a[3], k = a[4], arrival = a[5],
                 deadline = unwire(a[6]), state = a[7], idle = a[8], budget = unwire(a[9]), shed = a[10] == 1,
                 prio = a[11], sel = type(a[12]) == 'string' and a[12] or '', health = a[13] == 1,
+                gated = a[14] == 1, ready = a[15] == 1,
         }
 end
 
 -- A waiter record's [12]: its selector canon; nil (none) unless [13] follows it.
 local function waiter_sel_field(w)
         if (w.sel or '') ~= '' then return w.sel end
-        return w.health and '' or nil
+        return (w.health or w.gated) and '' or nil
 end
 
+-- [13] health, [14] a set's part (gated: SETS), [15] said ready (SETS.mark_ready()); absent at the end.
 local function waiter_put(w)
+        local health = w.health and 1 or nil
+        if w.gated and not health then health = 0 end
         redis.call('HSET', K.w, w.wid, cmsgpack.pack({
                 w.node, w.rid, w.lane, w.k, w.arrival, wire(w.deadline), w.state, w.idle, wire(w.budget),
-                w.shed and 1 or 0, w.prio, waiter_sel_field(w), w.health and 1 or nil,
+                w.shed and 1 or 0, w.prio, waiter_sel_field(w), health, w.gated and 1 or nil,
+                w.gated and w.ready and 1 or nil,
         }))
 end
 
@@ -1063,6 +1070,21 @@ local function waiter_refuse(w, refusal, reason, at)
                 wait = at - w.arrival, refusal = refusal, reason = reason, state = w.state, idle = w.idle,
                 budget = w.budget,
         }))
+end
+
+-- A set's part (set.lua) that could be granted here now: its node is told "ready" (a stream entry, and an
+-- event when it is the caller), once until a grant of the set finds it not ready again (SETS.unready()).
+function SETS.mark_ready(w, t)
+        if w.ready then return end
+        w.ready = true
+        waiter_put(w)
+        notify(w.node, decision('ready', w.rid, t, { state = w.state, idle = w.idle, budget = w.budget }), true)
+end
+
+function SETS.unready(w)
+        if not w.ready then return end
+        w.ready = false
+        waiter_put(w)
 end
 
 ---------------------------------------------------------------------------------------------- cooldown (SPEC §3.6)
@@ -1390,12 +1412,24 @@ local function walk_heads()
 end
 
 -- pool-local.c:queue_walk(): the index in heads of the first waiter that can be granted, and the members
--- it takes; nil when none (avail then holds what the queue leaves a newcomer).
-local function selector_walk(heads, avail)
+-- it takes; nil when none (avail then holds what the queue leaves a newcomer). A set's part (gated) that
+-- could be granted is not granted here: it sets aside the free members it could use, as one short of them,
+-- and is said ready at t (nil: not said); target: stop at that wid, ready or not (SETS.ready()).
+function SETS.walk(heads, avail, t, target)
         for i, h in ipairs(heads) do
                 if avail.n <= 0 then return nil end
                 local v, take = walk_verdict(h.w.lane, h.w.k, h.mask, avail)
-                if v == GRANTABLE then return i, take end
+                if h.w.wid == target then return v == GRANTABLE and i or nil, take end
+                if v == GRANTABLE then
+                        if not h.w.gated then return i, take end
+                        if t then SETS.mark_ready(h.w, t) end
+                        for m in pairs(avail.set) do
+                                if not h.mask or h.mask[m] then
+                                        avail.set[m] = nil
+                                        avail.n = avail.n - 1
+                                end
+                        end
+                end
         end
         return nil
 end
@@ -1417,11 +1451,25 @@ local function room_for(lane, k, canon)
         local avail = free_member_set()
         -- No free member: nobody ahead can be granted and neither can it (queue_walk() stops at once).
         if avail.n <= 0 then return false end
-        if selector_walk(walk_heads(), avail) then return false end
+        if SETS.walk(walk_heads(), avail) then return false end
         local mask = nil
         if canon ~= '' then mask = selector_members(canon) or {} end
         local v, take = walk_verdict(lane, k, mask, avail)
         return v == GRANTABLE, take
+end
+
+-- Whether the set's part w could be granted now (as dispatch would, were it not gated), and the members it
+-- would take: first among those it must not pass, its room, its lane's limits (set.lua's grant).
+function SETS.ready(w)
+        if M.recovery_until > 0 and now < M.recovery_until then return false end
+        if M.selective <= 0 then
+                local wid, v = queue_next()
+                return wid == w.wid and v == GRANTABLE, nil
+        end
+        local avail = free_member_set()
+        if avail.n <= 0 then return false end
+        local i, take = SETS.walk(walk_heads(), avail, nil, w.wid)
+        return i ~= nil, take
 end
 
 ---------------------------------------------------------------------------------------------- leases
@@ -1452,7 +1500,7 @@ local function lease_decision(l)
 end
 
 -- pool-local.c:grant(). w: the waiter it was (its state, idle, budget), or nil for a grant at once.
--- places: the members to take (selector_walk(), HEALTH.fits()), or nil: the lowest free places;
+-- places: the members to take (SETS.walk(), HEALTH.fits()), or nil: the lowest free places;
 -- quarantined: they are a health lane's quarantined members, out of `busy` and counted in drained_free; the
 -- lease is a health job then (its record's [14]: fixed at the grant, as pool-local.c's PoolGrant.health).
 local function grant(node, rid, lane, k, arrival, t, w, places, quarantined)
@@ -1555,7 +1603,7 @@ local function dispatch_walk(t)
                 local avail = free_member_set()
                 if avail.n <= 0 then return true end -- read no heads for nothing (a full pool's instant)
                 heads = heads or walk_heads()
-                local i, take = selector_walk(heads, avail)
+                local i, take = SETS.walk(heads, avail, t)
                 if not i then return true end
                 if not step() then return false end
                 local h = table.remove(heads, i)
@@ -1787,6 +1835,12 @@ local function dispatch(t)
                 if not wid or v ~= GRANTABLE then return true end
                 if not step() then return false end
                 local w = waiter_get(wid)
+                -- A set's part first in the queue with room: said ready, granted with the set only (set.lua);
+                -- it holds back those behind it.
+                if w.gated then
+                        SETS.mark_ready(w, t)
+                        return true
+                end
                 waiter_unlink(w, true)
                 local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w)
                 notify(w.node, lease_decision(l))
@@ -2214,6 +2268,28 @@ end
 -- A call's start: its keys and arguments read, every per-call variable above set anew (a library's
 -- locals keep the last call's values otherwise). keep (batch.lua only): the state the batch's operation
 -- before left (carry.on: M, R, the lane counters, the unwritten changes, the clock) is this one's.
+-- SETS: what a set's call keeps of each pool while it goes to the next (set.lua): every per-call local that
+-- call_begin() sets. A set's call begins each pool once, then comes back to it.
+function SETS.save()
+        return {
+                P = P, K = K, NODE = NODE, INCARNATION = INCARNATION, PREVIOUS = PREVIOUS, MANUAL_NOW = MANUAL_NOW,
+                RUN_ID = RUN_ID, SETTLE = SETTLE, M = M, R = R, lane_cache = lane_cache, events = events,
+                notices = notices, steps = steps, reaped_a_page = reaped_a_page, stream_last = stream_last,
+                now = now, raw_time = raw_time, clock_missing = clock_missing, bnow = bnow, bclock_id = bclock_id,
+                bskew = bskew, meta_dirty = meta_dirty, meta_stored = meta_stored, fp_delta = fp_delta,
+                carry = carry, IDENTITY_TAKEOVER = IDENTITY_TAKEOVER, BATCH_NEXT = BATCH_NEXT,
+        }
+end
+
+function SETS.load(c)
+        P, K, NODE, INCARNATION, PREVIOUS, MANUAL_NOW = c.P, c.K, c.NODE, c.INCARNATION, c.PREVIOUS, c.MANUAL_NOW
+        RUN_ID, SETTLE, M, R, lane_cache, events = c.RUN_ID, c.SETTLE, c.M, c.R, c.lane_cache, c.events
+        notices, steps, reaped_a_page, stream_last = c.notices, c.steps, c.reaped_a_page, c.stream_last
+        now, raw_time, clock_missing, bnow, bclock_id = c.now, c.raw_time, c.clock_missing, c.bnow, c.bclock_id
+        bskew, meta_dirty, meta_stored, fp_delta, carry = c.bskew, c.meta_dirty, c.meta_stored, c.fp_delta, c.carry
+        IDENTITY_TAKEOVER, BATCH_NEXT = c.IDENTITY_TAKEOVER, c.BATCH_NEXT
+end
+
 local function call_begin(keep)
         events, notices = {}, {}
         steps, reaped_a_page, stream_last = 0, false, ''

@@ -53,6 +53,7 @@ typedef struct RequestPart {
         const char *const *members;
         unsigned n_slots;
         uint64_t token;
+        const char *remote_id;   /* GRANTED by a backend: its name for the share (the pool's, as indices) */
 } RequestPart;
 
 /* An also= pool's share of a lease. */
@@ -63,6 +64,7 @@ typedef struct LeasePart {
         unsigned *slots;
         char **members;          /* n_slots names, or NULL */
         uint64_t token;
+        char *remote_id;         /* the backend's name of a shared pool's share; NULL: local */
 } LeasePart;
 
 typedef enum RequestPhase {
@@ -100,6 +102,7 @@ struct EngineRequest {
         /* An all-or-nothing request (the lane has also=): its pools, the chosen one first; NULL otherwise. */
         RequestPart *parts;
         size_t n_parts;
+        bool granting;           /* a set: every part asked to grant, some pool's answer awaited */
         ListNode set_node;       /* Engine.sets while it waits and some pool said it is ready there */
 };
 
@@ -333,8 +336,9 @@ int engine_request_position(const EngineRequest *r, size_t *ret_position, size_t
                 return -ESTALE;
         size_t queued = 0, pos = 0;
         if (r->parts)
-                /* The furthest of its places (SPEC §3.5): it is granted when it is first in every queue. */
-                for (size_t i = 0; i < r->n_parts; i++) {
+                /* The furthest of its places (SPEC §3.5): it is granted when it is first in every queue. A set
+                 * granting (a pool's answer awaited) is first in all: its parts are no pool's waiters now. */
+                for (size_t i = 0; i < r->n_parts && !r->granting; i++) {
                         size_t q, p = r->parts[i].pool->ops->position(r->parts[i].pool, r->parts[i].waiter, &q);
                         if (i == 0 || p > pos) {
                                 pos = p;
@@ -413,6 +417,7 @@ static void lease_part_done(LeasePart *p) {
                         free(p->members[i]);
         free(p->members);
         free(p->slots);
+        free(p->remote_id);
 }
 
 static EngineLease *engine_lease_free(EngineLease *l) {
@@ -545,14 +550,17 @@ int engine_lease_also(const EngineLease *l, size_t i, EngineLeaseAlso *ret) {
                 .n_slots = p->n_slots,
                 .slots = p->slots,
                 .members = (const char *const *) p->members,
+                .remote_id = p->remote_id,
         };
         return 0;
 }
 
 /* Copies an also= pool's grant into the lease (its names: a reload may rename members meanwhile). */
 static int lease_part_set(LeasePart *lp, Pool *p, PoolGrant *g, const unsigned *slots, const char *const *members,
-                          unsigned n_slots, uint64_t token) {
+                          unsigned n_slots, uint64_t token, const char *remote_id) {
         *lp = (LeasePart) { .pool = p, .grant = g, .n_slots = n_slots, .token = token };
+        if (remote_id && !(lp->remote_id = strdup(remote_id)))
+                return -ENOMEM;
         lp->slots = calloc(n_slots, sizeof(unsigned));
         if (!lp->slots)
                 return -ENOMEM;
@@ -568,8 +576,9 @@ static int lease_part_set(LeasePart *lp, Pool *p, PoolGrant *g, const unsigned *
         return 0;
 }
 
-/* The holder is told (once); the slots stay taken until the lease is released (SPEC §3.4). */
-static void engine_lease_revoke(Engine *e, EngineLease *l, usec_t at, const char *reason, bool lost) {
+/* The holder is told (once); the slots stay taken until the lease is released (SPEC §3.4). `by`: the pool that
+ * lost it (a set's lease is lost whole when any of its pools loses its share, SPEC §3.5), NULL: the lease's. */
+static void engine_lease_revoke(Engine *e, EngineLease *l, const Pool *by, usec_t at, const char *reason, bool lost) {
         heap_remove(&e->expiries, &l->expiry_node);
         /* A lease lost after its max-hold is told again, as lost: its holder may be letting go already, but
          * a command nobody stops (brokerd's to fence then) must be gone before its slots are another's. */
@@ -582,7 +591,7 @@ static void engine_lease_revoke(Engine *e, EngineLease *l, usec_t at, const char
                 .at = at,
                 .userdata = l->userdata,
                 .lease = l,
-                .pool = l->pool->name,
+                .pool = (by ?: l->pool)->name,
                 .lane = l->lane,
                 .reason = reason,
                 .lost = lost,
@@ -860,6 +869,7 @@ static void set_part_record(EngineRequest *r, RequestPart *part, const PoolDecis
                 part->members = d->members;
                 part->n_slots = d->n_slots;
                 part->token = d->token;
+                part->remote_id = d->remote_id;
                 break;
         default:
                 break;
@@ -885,7 +895,8 @@ static void set_absorb_pending(Engine *e, EngineRequest *r) {
         }
 }
 
-/* Gives back every part: leaves the queues it waits in, releases what was granted (never kept alone). */
+/* Gives back every part: leaves the queues it waits in, releases what was granted (never kept alone), and
+ * cancels a try a pool that decides later has not answered yet. */
 static void set_withdraw(Engine *e, EngineRequest *r, usec_t now) {
         set_absorb_pending(e, r);
         for (size_t i = 0; i < r->n_parts; i++) {
@@ -894,10 +905,32 @@ static void set_withdraw(Engine *e, EngineRequest *r, usec_t now) {
                         part->pool->ops->withdraw(part->pool, part->waiter, now);
                 else if (part->st == PART_GRANTED)
                         part->pool->ops->release(part->pool, part->grant, now);
+                else if (part->st == PART_NONE && part->pool && part->pool->ops->cancel_try &&
+                         (r->phase == REQUEST_ROUTING || r->granting))
+                        part->pool->ops->cancel_try(part->pool, r, now);
                 part->st = PART_NONE;
                 part->waiter = NULL;
                 part->grant = NULL;
         }
+        r->granting = false;
+}
+
+/* Every pool of the set has these ops, and the call is there: one call decides the set (SPEC §3.5). */
+static bool set_has_one_call(const EngineRequest *r, const void *call) {
+        if (!call)
+                return false;
+        for (size_t i = 1; i < r->n_parts; i++)
+                if (r->parts[i].pool->ops != r->parts[0].pool->ops)
+                        return false;
+        return true;
+}
+
+/* Some pool of the set has not answered yet (a pool that decides later). */
+static bool set_is_awaited(const EngineRequest *r) {
+        for (size_t i = 0; i < r->n_parts; i++)
+                if (r->parts[i].st == PART_NONE)
+                        return true;
+        return false;
 }
 
 /* Every part waits at the head of its pool with room for it. */
@@ -923,7 +956,7 @@ static void set_lease(Engine *e, EngineRequest *r, usec_t now) {
         EngineLease *l;
 
         if (engine_lease_new(e, main->pool, main->grant, r->lane, main->indices, main->members, main->n_slots,
-                             main->token, NULL, now, expires, r->userdata, &l) < 0)
+                             main->token, main->remote_id, now, expires, r->userdata, &l) < 0)
                 goto oom;
         l->also = calloc(r->n_parts - 1, sizeof(LeasePart));
         if (!l->also)
@@ -932,9 +965,14 @@ static void set_lease(Engine *e, EngineRequest *r, usec_t now) {
                 const RequestPart *part = r->parts + i;
                 l->n_also++;
                 if (lease_part_set(l->also + i - 1, part->pool, part->grant, part->indices, part->members,
-                                   part->n_slots, part->token) < 0)
+                                   part->n_slots, part->token, part->remote_id) < 0)
                         goto oom_lease;
         }
+        /* A pool that can lose a grant (a backend's) loses the whole lease with its share: the set is never
+         * held in part (SPEC §3.5), and LOST's cookie is the lease whichever pool sends it. */
+        for (size_t i = 0; i < r->n_parts; i++)
+                if (r->parts[i].pool->ops->bind_grant)
+                        r->parts[i].pool->ops->bind_grant(r->parts[i].pool, r->parts[i].grant, l);
         event_push(e, &(EngineEvent) {
                 .type = ENGINE_EVENT_GRANTED,
                 .at = now,
@@ -961,20 +999,9 @@ oom:
         set_refuse(e, r, main->pool, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL, now);
 }
 
-/* Grants every part at once (set_is_ready() said so). */
-static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
-        r->n_ref++; /* a refusal below finishes it: keep it for the checks */
-        for (size_t i = 0; i < r->n_parts; i++) {
-                RequestPart *part = r->parts + i;
-                PoolWaiter *w = part->waiter;
-                part->st = PART_NONE;
-                part->waiter = NULL;
-                if (part->pool->ops->grant_waiter(part->pool, w, now) < 0) {
-                        /* -ENOMEM: the pool refused it unavailable; -ESTALE cannot be (all ready). */
-                        break;
-                }
-        }
-        set_absorb_pending(e, r);
+/* Every part asked to grant has answered: one lease over the set, or none of it. */
+static void set_grant_done(Engine *e, EngineRequest *r, usec_t now) {
+        r->granting = false;
         const RequestPart *bad = NULL;
         for (size_t i = 0; i < r->n_parts && !bad; i++)
                 if (r->parts[i].st != PART_GRANTED)
@@ -983,38 +1010,170 @@ static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
                 set_refuse(e, r, bad->pool, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL, now);
         else
                 set_lease(e, r, now);
+}
+
+/* Grants every part at once (set_is_ready() said so). A pool that decides later answers later: the set is
+ * granting until every pool has (nothing else is decided for it meanwhile), then leased or given back whole. */
+static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
+        r->n_ref++; /* a refusal below finishes it: keep it for the checks */
+        Pool *first = r->parts[0].pool;
+        if (set_has_one_call(r, first->ops->grant_set)) {
+                /* One call grants every part or none (pools of one backend). */
+                Pool *pools[1 + CONF_LANE_ALSO_MAX];
+                PoolWaiter *waiters[1 + CONF_LANE_ALSO_MAX];
+                for (size_t i = 0; i < r->n_parts; i++) {
+                        pools[i] = r->parts[i].pool;
+                        waiters[i] = r->parts[i].waiter;
+                }
+                if (first->ops->grant_set(pools, waiters, r->n_parts, now) >= 0)
+                        for (size_t i = 0; i < r->n_parts; i++) {
+                                r->parts[i].st = PART_NONE; /* its answer awaited: no pool's waiter now */
+                                r->parts[i].waiter = NULL;
+                        }
+                /* else -ENOMEM or -ESTALE: they stay queued, and the set is refused with them given back. */
+                set_absorb_pending(e, r);
+                if (set_is_awaited(r))
+                        r->granting = true;
+                else
+                        set_grant_done(e, r, now);
+                engine_request_unref(r);
+                return;
+        }
+        for (size_t i = 0; i < r->n_parts; i++) {
+                RequestPart *part = r->parts + i;
+                PoolWaiter *w = part->waiter;
+                part->st = PART_NONE;
+                part->waiter = NULL;
+                if (part->pool->ops->grant_waiter(part->pool, w, now) < 0) {
+                        /* -ENOMEM: the pool refused it unavailable; -ESTALE cannot be (all ready). Those
+                         * after it stay queued: given back with the set. */
+                        break;
+                }
+        }
+        set_absorb_pending(e, r);
+        if (set_is_awaited(r))
+                r->granting = true;
+        else
+                set_grant_done(e, r, now);
         engine_request_unref(r);
 }
 
-/* A decision about one part of a waiting request: a refusal (its budget in that pool ran out, the pool was
- * drained or removed) ends the whole request, named after that pool; the smallest budget is the one that
- * runs out first. While routing, set_route() looks at the parts itself. */
+static int set_route_submit(Engine *e, EngineRequest *r, usec_t now);
+static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now);
+
+/* A decision about one part of a request: while routing or granting, the set is decided when the last of
+ * its pools has answered (a pool that decides later); while it waits, a refusal (its budget in that pool ran
+ * out, the pool was drained or removed) ends the whole request, named after that pool; the smallest budget
+ * is the one that runs out first. */
 static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision *d) {
         RequestPart *part = set_part(r, d->pool);
         if (!part)
                 return;
         set_part_record(r, part, d);
-        if (r->phase != REQUEST_WAITING || part->st != PART_REFUSED)
+        if (r->phase == REQUEST_ROUTING) {
+                if (set_is_awaited(r) || !set_route_decide(e, r, d->at))
+                        return;
+                if (set_route_submit(e, r, d->at) < 0)
+                        refuse_request(e, r, d->pool, REFUSAL_UNAVAILABLE, d->at,
+                                       usec_sub_unsigned(d->at, r->arrival), NULL);
+                return;
+        }
+        if (r->phase != REQUEST_WAITING)
+                return;
+        if (r->granting) {
+                if (!set_is_awaited(r))
+                        set_grant_done(e, r, d->at);
+                return;
+        }
+        if (part->st != PART_REFUSED)
                 return;
         set_refuse(e, r, part->pool, part->refusal, part->at, part->wait, part->reason, d->at);
 }
 
-/* Tries the lane's pools in order with every also= pool: granted at once when all of them have room, else
- * refused or queued in all of them (SPEC §3.5). The in-process pools it takes decide at once. */
-static int set_route(Engine *e, EngineRequest *r, const EngineLane *lane, usec_t now) {
+/* Every pool of the set on the route's next pool has answered: granted at once when all have room, else
+ * refused or queued in all of them (SPEC §3.5). Returns true when the route's next pool is to be tried. */
+static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
+        bool last = r->next_route == r->n_route, may_wait = last && r->may_wait;
+        Pool *p = r->pool;
+
+        const RequestPart *refused = NULL;
+        for (size_t i = 0; i < r->n_parts && !refused; i++)
+                if (r->parts[i].st == PART_REFUSED)
+                        refused = r->parts + i;
+        if (refused) {
+                Refusal why = refused->refusal;
+                Pool *by = refused->pool;
+                const char *reason = refused->reason;
+                set_withdraw(e, r, now);
+                /* Fail fast while an alternative remains (SPEC §3.2). */
+                if (!last && (why == REFUSAL_BUSY || why == REFUSAL_UNAVAILABLE))
+                        return true;
+                refuse_request(e, r, by, why, now, usec_sub_unsigned(now, r->arrival), reason);
+                return false;
+        }
+        if (set_is_ready(r)) {
+                r->phase = REQUEST_WAITING; /* granting: a pool's answer may come later */
+                set_grant(e, r, now);
+                return false;
+        }
+        if (!may_wait) {
+                Pool *by = NULL;
+                for (size_t i = 0; i < r->n_parts && !by; i++)
+                        if (!r->parts[i].pool->ops->ready(r->parts[i].pool, r->parts[i].waiter))
+                                by = r->parts[i].pool;
+                set_withdraw(e, r, now);
+                if (!last)
+                        return true;
+                refuse_request(e, r, by, REFUSAL_BUSY, now, usec_sub_unsigned(now, r->arrival), NULL);
+                return false;
+        }
+
+        /* It waits in every pool of the set; its budget is the smallest of theirs (the first to end refuses
+         * it, in that pool's name). */
+        const RequestPart *least = r->parts;
+        for (size_t i = 1; i < r->n_parts; i++)
+                if (r->parts[i].budget < least->budget)
+                        least = r->parts + i;
+        r->phase = REQUEST_WAITING;
+        r->queued = true;
+        r->state = least->state;
+        r->idle = least->idle;
+        r->budget = least->budget;
+        event_push(e, &(EngineEvent) {
+                .type = ENGINE_EVENT_QUEUED,
+                .at = now,
+                .userdata = r->userdata,
+                .request = r,
+                .pool = p->name,
+                .lane = r->lane,
+                .arrival = r->arrival,
+                .state = r->state,
+                .idle = r->idle,
+                .budget = r->budget,
+                .queued = true,
+        });
+        return false;
+}
+
+/* Submits the set on the route's next pools in turn until one decides it; a pool that decides later is
+ * awaited (set_handle_decision() goes on). */
+static int set_route_submit(Engine *e, EngineRequest *r, usec_t now) {
         for (;;) {
                 Pool *p = r->route[r->next_route++];
                 bool last = r->next_route == r->n_route, may_wait = last && r->may_wait;
                 r->pool = p;
                 r->parts[0] = (RequestPart) { .pool = p, .slots = r->slots };
                 for (size_t i = 1; i < r->n_parts; i++)
-                        r->parts[i] = (RequestPart) { .pool = lane->also[i - 1], .slots = lane->also_slots[i - 1] };
+                        r->parts[i] = (RequestPart) { .pool = r->parts[i].pool, .slots = r->parts[i].slots };
 
+                PoolTry tries[1 + CONF_LANE_ALSO_MAX];
+                Pool *pools[1 + CONF_LANE_ALSO_MAX];
+                /* Outside the loop: the tries are used after it. */
+                Selector selector = { .terms = r->terms, .member = r->member };
                 for (size_t i = 0; i < r->n_parts; i++) {
                         RequestPart *part = r->parts + i;
-                        int k = part->pool->ops->submit(
-                                part->pool,
-                                &(PoolTry) {
+                        pools[i] = part->pool;
+                        tries[i] = (PoolTry) {
                                         .cookie = r,
                                         .lane = r->lane,
                                         .slots = part->slots,
@@ -1024,78 +1183,48 @@ static int set_route(Engine *e, EngineRequest *r, const EngineLane *lane, usec_t
                                         .client_cap = r->client_cap,
                                         .arrival = r->arrival,
                                         /* Labels and a member choose in the lane's own pool only. */
-                                        .selector = i == 0 ? &(Selector) { .terms = r->terms, .member = r->member } : NULL,
+                                        .selector = i == 0 ? &selector : NULL,
                                         /* A handed-over waiter goes back behind those resumed before it in
                                          * every pool of its set: its place in each, as all are resumed in
                                          * their old queue order; each with the budget it had (the set's). */
                                         .resume = r->resume,
                                         .gated = true,
-                                },
-                                now);
+                        };
+                }
+                if (set_has_one_call(r, p->ops->submit_set)) {
+                        /* One call over the set (pools of one backend): nothing was tried if it fails. */
+                        int k = p->ops->submit_set(pools, tries, r->n_parts, now);
                         if (k < 0) {
+                                for (size_t j = 0; j < r->n_parts; j++)
+                                        r->parts[j].st = PART_REFUSED;
                                 set_withdraw(e, r, now);
                                 return k;
                         }
                         set_absorb_pending(e, r);
-                }
-
-                const RequestPart *refused = NULL;
-                for (size_t i = 0; i < r->n_parts && !refused; i++)
-                        if (r->parts[i].st == PART_REFUSED)
-                                refused = r->parts + i;
-                if (refused) {
-                        Refusal why = refused->refusal;
-                        Pool *by = refused->pool;
-                        const char *reason = refused->reason;
-                        set_withdraw(e, r, now);
-                        /* Fail fast while an alternative remains (SPEC §3.2). */
-                        if (!last && (why == REFUSAL_BUSY || why == REFUSAL_UNAVAILABLE))
-                                continue;
-                        refuse_request(e, r, by, why, now, usec_sub_unsigned(now, r->arrival), reason);
+                } else
+                        for (size_t i = 0; i < r->n_parts; i++) {
+                                int k = pools[i]->ops->submit(pools[i], tries + i, now);
+                                if (k < 0) {
+                                        /* Those from this one on made no try: nothing of theirs to cancel. */
+                                        for (size_t j = i; j < r->n_parts; j++)
+                                                r->parts[j].st = PART_REFUSED;
+                                        set_withdraw(e, r, now);
+                                        return k;
+                                }
+                                set_absorb_pending(e, r);
+                        }
+                if (set_is_awaited(r))
                         return 0;
-                }
-                if (set_is_ready(r)) {
-                        set_grant(e, r, now);
+                if (!set_route_decide(e, r, now))
                         return 0;
-                }
-                if (!may_wait) {
-                        Pool *by = NULL;
-                        for (size_t i = 0; i < r->n_parts && !by; i++)
-                                if (!r->parts[i].pool->ops->ready(r->parts[i].pool, r->parts[i].waiter))
-                                        by = r->parts[i].pool;
-                        set_withdraw(e, r, now);
-                        if (!last)
-                                continue;
-                        refuse_request(e, r, by, REFUSAL_BUSY, now, usec_sub_unsigned(now, r->arrival), NULL);
-                        return 0;
-                }
-
-                /* It waits in every pool of the set; its budget is the smallest of theirs (the first to end
-                 * refuses it, in that pool's name). */
-                const RequestPart *least = r->parts;
-                for (size_t i = 1; i < r->n_parts; i++)
-                        if (r->parts[i].budget < least->budget)
-                                least = r->parts + i;
-                r->phase = REQUEST_WAITING;
-                r->queued = true;
-                r->state = least->state;
-                r->idle = least->idle;
-                r->budget = least->budget;
-                event_push(e, &(EngineEvent) {
-                        .type = ENGINE_EVENT_QUEUED,
-                        .at = now,
-                        .userdata = r->userdata,
-                        .request = r,
-                        .pool = p->name,
-                        .lane = r->lane,
-                        .arrival = r->arrival,
-                        .state = r->state,
-                        .idle = r->idle,
-                        .budget = r->budget,
-                        .queued = true,
-                });
-                return 0;
         }
+}
+
+/* Tries the lane's pools in order with every also= pool (SPEC §3.5). */
+static int set_route(Engine *e, EngineRequest *r, const EngineLane *lane, usec_t now) {
+        for (size_t i = 1; i < r->n_parts; i++)
+                r->parts[i] = (RequestPart) { .pool = lane->also[i - 1], .slots = lane->also_slots[i - 1] };
+        return set_route_submit(e, r, now);
 }
 
 /* Grants the waiting sets that every pool of theirs is ready for, and lets each pool hand on what is left
@@ -1180,7 +1309,7 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
 
         case POOL_VERDICT_LOST:
                 /* The cookie is the lease bound with bind_grant(). */
-                engine_lease_revoke(e, d->cookie, d->at, d->reason ? d->reason : "lost", true);
+                engine_lease_revoke(e, d->cookie, d->pool, d->at, d->reason ? d->reason : "lost", true);
                 break;
 
         case POOL_VERDICT_MEMBER: {
@@ -1251,7 +1380,7 @@ static void settle(Engine *e, usec_t t) {
 
         HeapNode *n;
         while ((n = heap_peek(&e->expiries)) && n->key <= t)
-                engine_lease_revoke(e, container_of(n, EngineLease, expiry_node), n->key, "max-hold", false);
+                engine_lease_revoke(e, container_of(n, EngineLease, expiry_node), NULL, n->key, "max-hold", false);
         e->unsettled = false;
 }
 
@@ -1553,8 +1682,8 @@ void engine_request_cancel(EngineRequest *r, usec_t now) {
         /* Settle first: a budget that ended before `now` has already refused it, and a decision that came
          * in is the answer (its event follows). */
         engine_advance(e, now);
-        if (r->parts && r->phase == REQUEST_WAITING)
-                set_withdraw(e, r, now);
+        if (r->parts && (r->phase == REQUEST_WAITING || r->phase == REQUEST_ROUTING))
+                set_withdraw(e, r, now); /* also the tries of pools that have not answered yet */
         else if (r->phase == REQUEST_WAITING)
                 r->pool->ops->withdraw(r->pool, r->waiter, now);
         else if (r->phase == REQUEST_ROUTING && r->pool->ops->cancel_try)
@@ -1722,10 +1851,11 @@ int engine_lease_restore(Engine *e, const EngineLeaseRestore *rs, EngineLease **
 
 int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs) {
         assert_return(l, -EINVAL);
-        assert_return(rs && rs->pool && rs->slots && rs->n_slots > 0 && !rs->remote_id, -EINVAL);
+        assert_return(rs && rs->pool && rs->slots && rs->n_slots > 0, -EINVAL);
         Engine *e = l->engine;
-        if (l->remote_id || l->n_also >= CONF_LANE_ALSO_MAX)
-                return -EINVAL; /* sets are of local pools only */
+        /* A set is of local pools or of shared pools of one backend (SPEC §3.5), never mixed. */
+        if (!!l->remote_id != !!rs->remote_id || l->n_also >= CONF_LANE_ALSO_MAX)
+                return -EINVAL;
         for (size_t i = 0; i < l->n_also; i++)
                 if (streq(l->also[i].pool->name, rs->pool))
                         return -EINVAL;
@@ -1742,7 +1872,7 @@ int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs) {
         int r = restore_share(e, rs, l->lane, l->granted_at, &p, &g, &by_index, &members);
         if (r < 0)
                 return r;
-        r = lease_part_set(l->also + l->n_also, p, g, rs->slots, members, rs->n_slots, rs->token);
+        r = lease_part_set(l->also + l->n_also, p, g, rs->slots, members, rs->n_slots, rs->token, rs->remote_id);
         if (r < 0) {
                 lease_part_done(l->also + l->n_also);
                 p->ops->release(p, g, l->granted_at);
@@ -1750,6 +1880,10 @@ int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs) {
                 return r;
         }
         l->n_also++;
+        /* Its loss (a reclaim refused, a node fenced from that pool) revokes the whole lease, as set_lease()
+         * binds a share granted now. */
+        if (p->ops->bind_grant)
+                p->ops->bind_grant(p, g, l);
         return 0;
 }
 

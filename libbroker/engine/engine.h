@@ -50,7 +50,8 @@ typedef enum EngineEventType {
         ENGINE_EVENT_QUEUED,     /* the request waits; not final */
         ENGINE_EVENT_GRANTED,    /* final: the request became a lease */
         ENGINE_EVENT_REFUSED,    /* final */
-        ENGINE_EVENT_REVOKE,     /* a lease reached max-hold, or its pool lost it; it holds its slots until released */
+        ENGINE_EVENT_REVOKE,     /* a lease reached max-hold, or its pool lost it (a set's: any pool of it, named in
+                                  * .pool, SPEC §3.5); it holds its slots until released */
         ENGINE_EVENT_CONGESTION, /* a pool's congested gauge changed */
         ENGINE_EVENT_MEMBER,     /* a member was quarantined or restored (SPEC §3.6) */
         ENGINE_EVENT_DRAIN,      /* a pool or member was drained with engine_drain_with(), or undrained (SPEC §3.6) */
@@ -277,6 +278,7 @@ typedef struct EngineLeaseAlso {
         unsigned n_slots;
         const unsigned *slots;
         const char *const *members; /* NULL for a pool of anonymous slots */
+        const char *remote_id;      /* a shared pool's share: the backend's name of it; NULL: local */
 } EngineLeaseAlso;
 /* 0 for a lease of one pool. */
 size_t engine_lease_also_count(const EngineLease *l);
@@ -312,9 +314,11 @@ typedef struct EngineLeaseRestore {
  * that configures it again revives it with them. Returns 0, -EEXIST (a slot is taken), -EINVAL, -ENOMEM. */
 int engine_lease_restore(Engine *e, const EngineLeaseRestore *r, EngineLease **ret);
 /* An also= pool's share of a restored all-or-nothing lease (SPEC §3.5), given as engine_lease_restore() takes
- * a lease (lane, times, userdata and remote_id unused: the lease's own; local pools only), after the lease's
- * own pool. Its pool is found, or kept as a removed one, as there. Returns 0, -EEXIST (a slot is taken),
- * -EINVAL (a pool of the lease already, or a shared lease), -ENOMEM; the lease is unchanged on failure. */
+ * a lease (lane, times and userdata unused: the lease's own), after the lease's own pool. remote_id: the
+ * share's name at the backend (EngineLeaseAlso.remote_id), given exactly when the lease is shared too (a set
+ * is never mixed); a shared share is bound to the lease: its loss revokes the whole lease. Its pool is found,
+ * or kept as a removed one, as there. Returns 0, -EEXIST (a slot is taken), -EINVAL (a pool of the lease
+ * already, a local share of a shared lease or the reverse), -ENOMEM; the lease is unchanged on failure. */
 int engine_lease_restore_also(EngineLease *l, const EngineLeaseRestore *rs);
 /* Fencing tokens of the pool continue at or above next_token, also for a pool configured later. Returns 0
  * or -ENOMEM. */

@@ -288,6 +288,14 @@ typedef struct PoolOps {
         /* Grants a ready() gated waiter now (a GRANTED decision for its cookie). Returns 0, -ESTALE (not
          * ready: nothing changed), -ENOMEM (refused unavailable instead). */
         int (*grant_waiter)(Pool *p, PoolWaiter *w, usec_t now);
+        /* A set over pools of these same ops (pools of one backend: conf refuses a set over two, SPEC §3.5)
+         * decided by one call over every pool rather than one a pool (a shared pool: one script call, so that
+         * no pool grants its part alone and crossing sets stand in one order everywhere). NULL: submit() and
+         * grant_waiter() a pool. pools[0] is the pool whose ops are called; tries[i], waiters[i] are pools[i]'s.
+         * Each pool answers its own part (later, or at once), as submit() and grant_waiter() do: grant_set()
+         * grants all or none (-ESTALE when one is not ready: nothing changed). Return as they. */
+        int (*submit_set)(Pool *const *pools, const PoolTry *tries, size_t n, usec_t now);
+        int (*grant_set)(Pool *const *pools, PoolWaiter *const *waiters, size_t n, usec_t now);
         /* SPEC §3.6, the in-process member pool only (NULL elsewhere). A lease's end as its command told it
          * (exit status 0–255, its job), before release(). */
         void (*report_exit)(Pool *p, PoolGrant *g, int exit_status, const char *job, usec_t now);

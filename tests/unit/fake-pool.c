@@ -19,6 +19,8 @@ struct PoolWaiter {
         void *cookie;
         unsigned slots;
         bool may_wait;
+        bool gated;               /* one pool of an all-or-nothing set (PoolTry.gated): decided at once */
+        bool granting;            /* gated, grant_waiter() asked with fake_pool_defer_sets(): granted on answer */
 };
 
 struct PoolGrant {
@@ -44,6 +46,7 @@ struct FakePool {
         usec_t wakeup;
         bool sticky;
         bool hold_answers;
+        bool defer_sets;
         char prefix[32];
         char restored_remote_id[64];
         FakePoolStats stats;
@@ -135,6 +138,8 @@ static void refuse(FakePool *p, struct PoolWaiter *w, Refusal refusal, const cha
         });
 }
 
+static bool is_first(const FakePool *p, const struct PoolWaiter *w);
+
 void fake_pool_answer(FakePool *p, usec_t now) {
         bool blocked = false; /* a waiter ahead could not be served: nobody behind it barges */
         for (size_t i = 0; i < p->n_tries; i++) {
@@ -143,7 +148,31 @@ void fake_pool_answer(FakePool *p, usec_t now) {
                         continue;
                 if (!w->queued && p->refusal != _REFUSAL_INVALID)
                         refuse(p, w, p->refusal, p->reason, now);
-                else if (!blocked && has_room(p, w->slots))
+                else if (w->granting) {
+                        if (!blocked && has_room(p, w->slots))
+                                grant(p, w, now);
+                        else
+                                refuse(p, w, REFUSAL_UNAVAILABLE, NULL, now);
+                } else if (w->gated && !w->queued) {
+                        /* A deferred set part: decided as submit() decides one at once. */
+                        if ((!blocked && is_first(p, w) && has_room(p, w->slots)) || w->may_wait) {
+                                w->queued = true;
+                                emit(p, (PoolDecision) {
+                                        .verdict = POOL_VERDICT_QUEUED,
+                                        .cookie = w->cookie,
+                                        .at = now,
+                                        .budget = USEC_INFINITY,
+                                        .waiter = w,
+                                });
+                        } else
+                                refuse(p, w, REFUSAL_BUSY, NULL, now);
+                        blocked = true;
+                } else if (w->gated) {
+                        /* Never granted here: said READY at the head with room, and holds back those behind. */
+                        if (!blocked && has_room(p, w->slots))
+                                emit(p, (PoolDecision) { .verdict = POOL_VERDICT_READY, .cookie = w->cookie, .at = now });
+                        blocked = true;
+                } else if (!blocked && has_room(p, w->slots))
                         grant(p, w, now);
                 else if (w->queued && p->waiter_refusal != _REFUSAL_INVALID)
                         refuse(p, w, p->waiter_refusal, NULL, now);
@@ -163,6 +192,10 @@ void fake_pool_answer(FakePool *p, usec_t now) {
                         refuse(p, w, REFUSAL_BUSY, NULL, now);
         }
         count(p);
+}
+
+void fake_pool_defer_sets(FakePool *p, bool defer) {
+        p->defer_sets = defer;
 }
 
 void fake_pool_refuse(FakePool *p, Refusal refusal, const char *reason) {
@@ -236,16 +269,42 @@ static void op_retire(Pool *base, usec_t now) {
         count(p);
 }
 
+/* No queued try before w. */
+static bool is_first(const FakePool *p, const struct PoolWaiter *w) {
+        for (const struct PoolWaiter *i = p->tries; i < w; i++)
+                if (i->used && i->queued)
+                        return false;
+        return true;
+}
+
 static int op_submit(Pool *base, const PoolTry *t, usec_t now) {
         FakePool *p = fake(base);
         if (p->n_tries == FAKE_TRIES_MAX)
                 fail("too many tries");
-        p->tries[p->n_tries++] = (struct PoolWaiter) {
+        struct PoolWaiter *w = &p->tries[p->n_tries++];
+        *w = (struct PoolWaiter) {
                 .used = true,
                 .cookie = t->cookie,
                 .slots = t->slots,
                 .may_wait = t->may_wait,
+                .gated = t->gated,
         };
+        /* A set's part is decided at once (in-process answers), or on the answer with fake_pool_defer_sets(). */
+        if (t->gated && !p->defer_sets) {
+                if (p->refusal != _REFUSAL_INVALID)
+                        refuse(p, w, p->refusal, p->reason, now);
+                else if ((is_first(p, w) && has_room(p, w->slots)) || w->may_wait) {
+                        w->queued = true;
+                        emit(p, (PoolDecision) {
+                                .verdict = POOL_VERDICT_QUEUED,
+                                .cookie = w->cookie,
+                                .at = now,
+                                .budget = USEC_INFINITY,
+                                .waiter = w,
+                        });
+                } else
+                        refuse(p, w, REFUSAL_BUSY, NULL, now);
+        }
         count(p);
         return 0;
 }
@@ -356,6 +415,49 @@ static void op_cancel_try(Pool *base, void *cookie, usec_t now) {
         count(p);
 }
 
+static bool op_ready(const Pool *base, const PoolWaiter *w) {
+        const FakePool *p = fake(base);
+        return w->used && w->gated && w->queued && !w->granting && is_first(p, w) && has_room(p, w->slots);
+}
+
+/* One call over the set (pools of one backend): counted in pools[0]'s set_calls; each pool answers its own
+ * part as submit() would. */
+static int op_submit_set(Pool *const *pools, const PoolTry *tries, size_t n, usec_t now) {
+        fake(pools[0])->stats.set_calls++;
+        for (size_t i = 0; i < n; i++) {
+                int r = op_submit(pools[i], tries + i, now);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int op_grant_waiter(Pool *base, PoolWaiter *w, usec_t now);
+
+/* All or none: every part ready, else -ESTALE and nothing changed. */
+static int op_grant_set(Pool *const *pools, PoolWaiter *const *waiters, size_t n, usec_t now) {
+        fake(pools[0])->stats.set_calls++;
+        for (size_t i = 0; i < n; i++)
+                if (!op_ready(pools[i], waiters[i]))
+                        return -ESTALE;
+        for (size_t i = 0; i < n; i++)
+                (void) op_grant_waiter(pools[i], waiters[i], now);
+        return 0;
+}
+
+static int op_grant_waiter(Pool *base, PoolWaiter *w, usec_t now) {
+        FakePool *p = fake(base);
+        if (!op_ready(base, w))
+                return -ESTALE;
+        if (p->defer_sets) {
+                w->granting = true; /* granted on the answer */
+                return 0;
+        }
+        grant(p, w, now);
+        count(p);
+        return 0;
+}
+
 static int op_snapshot(const Pool *base, PoolSnapshot *ret) {
         const FakePool *p = fake(base);
         *ret = (PoolSnapshot) { .waiting = p->stats.waiting };
@@ -380,6 +482,10 @@ static const PoolOps fake_ops = {
         .bind_grant = op_bind_grant,
         .cancel_try = op_cancel_try,
         .snapshot = op_snapshot,
+        .ready = op_ready,
+        .grant_waiter = op_grant_waiter,
+        .submit_set = op_submit_set,
+        .grant_set = op_grant_set,
 };
 
 int fake_pool_factory(const PoolConfig *pc, const char *name, PoolEmitFn emit_fn, void *emit_userdata, void *userdata,

@@ -2,7 +2,10 @@
 /* fake-pool.h — a pool that decides later, for the engine's tests: submit() and restore() only record, and
  * the answers go out on run() or when the test says (as a remote pool's replies arrive between engine
  * calls). It grants while it has room, queues what may wait, refuses the rest busy, in arrival order; the
- * test can make it refuse, measure waits on its own clock, lose grants and keep a wakeup due. */
+ * test can make it refuse, measure waits on its own clock, lose grants and keep a wakeup due. A part of an
+ * all-or-nothing set (PoolTry.gated) is decided at once (or on the answer: fake_pool_defer_sets()): queued
+ * (ready with room), or refused; then said READY at the head with room, granted by grant_waiter() only, and
+ * it holds back those behind it. */
 #pragma once
 
 #include <stdbool.h>
@@ -39,6 +42,9 @@ void fake_pool_name_grants(FakePool *p, const char *prefix);
 /* The grant with this token is lost: a LOST decision for the lease it was bound to. Returns false if no grant
  * with that token is bound. */
 bool fake_pool_lose(FakePool *p, uint64_t token, const char *reason, usec_t at);
+/* A set's parts (PoolTry.gated) are decided, and grant_waiter() grants, on the next answer, as a backend's
+ * pool answers them later; not at once. */
+void fake_pool_defer_sets(FakePool *p, bool defer);
 /* run() sends no answers (the backend is slow): only fake_pool_answer() does. */
 void fake_pool_hold_answers(FakePool *p, bool hold);
 /* next_wakeup() reports t; sticky: even after run() (an answer that has not come yet). */
@@ -53,6 +59,7 @@ typedef struct FakePoolStats {
         usec_t runs[FAKE_RUNS_MAX]; /* the instants run() was called with, in order */
         size_t n_runs;
         const char *restored_remote_id; /* as the last restore() got it */
+        size_t set_calls;         /* submit_set() and grant_set() calls with this pool first */
 } FakePoolStats;
 
 const FakePoolStats *fake_pool_stats(const FakePool *p);

@@ -1208,9 +1208,49 @@ static void test_validate_lane_also_names_the_lane(void **state) {
         assert_has_error("test.conf:90", "also", "lane merge names its own pool grid in also=");
         assert_has_error("test.conf:91", "also", "lane a names pool nosuch, which is not defined");
         assert_has_error("test.conf:91", "also", "lane a takes 3 slots of pool db, which has 2");
-        assert_has_error("test.conf:92", "also", "lane b mixes shared (backend=) and local pools");
+        assert_has_error("test.conf:92", "also", "lane b mixes shared (backend=) and local pools in one all-or-nothing set (shared is shared, grid local)");
         assert_has_error("test.conf:93", "also", "not supported yet");
         assert_has_error("test.conf:94", "also", "whose SLOT_A_b_* variables would be the same");
+}
+
+/* SPEC §3.5, shared pools: a set is all local or all on one backend, which brokerd reaches through one link (one
+ * script call decides over the set): another URL, ACL user or password file is another backend, named with the
+ * lane and the two pools; and a lane's pools= count as the sets it makes, not only its also=. */
+static void test_validate_lane_also_refuses_a_set_over_two_backends(void **state) {
+        valid_config();
+        set_ok("pool s1", "limit", "2");
+        set_ok("pool s1", "backend", "redis://127.0.0.1:6379");
+        set_ok("pool s2", "limit", "2");
+        set_ok("pool s2", "backend", "redis://127.0.0.1:6380");
+        set_ok("pool s3", "limit", "2");
+        set_ok("pool s3", "backend", "redis://127.0.0.1:6379");
+        set_ok("pool s3", "backend-user", "ci");
+        set_ok("pool s4", "limit", "2");
+        set_ok("pool s4", "backend", "redis://127.0.0.1:6379");
+        set_ok("pool s4", "backend-password-file", "/etc/slotbroker/redis.pw");
+        set_ok("pool s5", "limit", "2");
+        set_ok("pool s5", "backend", "redis://127.0.0.1:6379");
+        set_ok("lane url", "pools", "s1");
+        set_at(80, "lane url", "also", "s2");
+        set_ok("lane user", "pools", "s1");
+        set_at(81, "lane user", "also", "s3");
+        set_ok("lane pw", "pools", "s1");
+        set_at(82, "lane pw", "also", "s4");
+        set_ok("lane route", "pools", "s1 s2");             /* its second choice's set is over two backends */
+        set_at(83, "lane route", "also", "s5");
+        set_ok("lane mixed", "pools", "s1 grid");           /* its second choice's set is mixed */
+        set_at(84, "lane mixed", "also", "s5");
+        set_ok("lane one", "pools", "s1");
+        set_at(85, "lane one", "also", "s5");               /* one backend: the rule holds (built: not yet) */
+        assert_int_equal(conf_validate(c, &errors), -EINVAL);
+        assert_has_error("test.conf:80", "also", "lane url takes pools s1 and s2, whose backend= differ: an all-or-nothing set is all local or all on one backend");
+        assert_has_error("test.conf:81", "also", "lane user takes pools s1 and s3, whose backend-user= differ");
+        assert_has_error("test.conf:82", "also", "lane pw takes pools s1 and s4, whose backend-password-file= differ");
+        assert_has_error("test.conf:83", "also", "lane route takes pools s1 and s2, whose backend= differ");
+        assert_has_error("test.conf:84", "also", "lane mixed mixes shared (backend=) and local pools in one all-or-nothing set (s1 is shared, grid local)");
+        assert_false(has_error("test.conf:85", "also", "differ"));
+        assert_false(has_error("test.conf:85", "also", "mixes"));
+        assert_has_error("test.conf:85", "also", "lane one: also= over shared (backend=) pools is not supported yet");
 }
 
 /* ---- conf_dump ---- */
@@ -1386,6 +1426,7 @@ int main(void) {
                 T(test_lane_also_parses_pools_and_counts),
                 T(test_lane_also_bad_input),
                 T(test_validate_lane_also_names_the_lane),
+                T(test_validate_lane_also_refuses_a_set_over_two_backends),
                 T(test_dump_of_every_key_reads_back_the_same),
                 T(test_dump_of_a_fresh_config_reads_back_the_same),
                 T(test_dump_shows_durations_and_sizes_readably),

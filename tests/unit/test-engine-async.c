@@ -3,6 +3,7 @@
  * engine calls, cancels while a pool has not answered, lost grants, the pool's own measure of a wait, and
  * an engine that runs an instant once however long a pool keeps it due. */
 #include <errno.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -267,6 +268,278 @@ static void test_a_lost_grant_revokes_the_lease_with_the_pool_reason(void **stat
         assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 0);
 }
 
+/* SPEC §3.5 (issue 22 item 5): a brokerd fenced from one pool of an all-or-nothing set revokes the whole lease.
+ * A lane over two pools kept by a backend (fake pools a and c); conf refuses such a set today (not built in the
+ * scripts), so it is set after conf_validate(): the engine's part is what is tested. */
+static void test_a_set_is_revoked_whole_when_any_pool_loses_its_share(void **state) {
+        Fixture *f = *state;
+        assert_int_equal(conf_set(f->config, "pool c", "limit", "1", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "pool c", "backend", "redis://127.0.0.1:1/0", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "lane set", "pools", "a", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "lane set", "also", "c", NULL, NULL), 0);
+        assert_int_equal(engine_configure(f->engine, f->config, S(1)), 0);
+        FakePool *c = fake_pool_set_find(&f->pools, "c");
+        assert_non_null(c);
+
+        EngineRequest *r = acquire(f, "set", S(1));
+        EngineLease *l = grant_of(f, r)->lease;
+        assert_int_equal(engine_lease_also_count(l), 1);
+        EngineLeaseAlso also;
+        assert_int_equal(engine_lease_also(l, 0, &also), 0);
+        assert_string_equal(also.pool, "c");
+        assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 1);
+        assert_int_equal(fake_pool_stats(c)->in_use, 1);
+
+        /* The also= pool loses its share (its backend fenced this node): the lease is lost whole, told once,
+         * naming the pool that lost it; every share stays held until the holder releases the lease. */
+        assert_true(fake_pool_lose(c, also.token, "fenced", S(3)));
+        run(f, S(4));
+        const EngineEvent *ev = &f->events[f->n_events - 1];
+        assert_int_equal(ev->type, ENGINE_EVENT_REVOKE);
+        assert_ptr_equal(ev->lease, l);
+        assert_int_equal(ev->at, S(3));
+        assert_string_equal(ev->reason, "fenced");
+        assert_string_equal(ev->pool, "c");
+        assert_true(ev->lost);
+        assert_true(engine_lease_is_revoked(l));
+        /* The chosen pool's loss of it too is not told again. */
+        assert_true(fake_pool_lose(pool_a(f), engine_lease_token(l), "fenced", S(5)));
+        run(f, S(6));
+        assert_int_equal(count_events(f, ENGINE_EVENT_REVOKE), 1);
+        assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 1);
+        assert_int_equal(fake_pool_stats(c)->in_use, 1);
+        engine_lease_release(l, S(7));
+        assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 0);
+        assert_int_equal(fake_pool_stats(c)->in_use, 0);
+}
+
+/* A set over two pools of one backend: the lease and each share keep the backend's name of them, so that the
+ * lease log can reclaim every share after a restart (SPEC §3.5, §11). */
+static void test_a_set_keeps_each_shares_remote_id(void **state) {
+        Fixture *f = *state;
+        assert_int_equal(conf_set(f->config, "pool c", "limit", "1", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "pool c", "backend", "redis://127.0.0.1:1/0", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "lane set", "pools", "a", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "lane set", "also", "c", NULL, NULL), 0);
+        assert_int_equal(engine_configure(f->engine, f->config, S(1)), 0);
+        FakePool *c = fake_pool_set_find(&f->pools, "c");
+        assert_non_null(c);
+        fake_pool_name_grants(pool_a(f), "node1/a");
+        fake_pool_name_grants(c, "node1/c");
+
+        EngineRequest *r = acquire(f, "set", S(1));
+        EngineLease *l = grant_of(f, r)->lease;
+        char want[64];
+        snprintf(want, sizeof want, "node1/a:%" PRIu64, engine_lease_token(l));
+        assert_non_null(engine_lease_remote_id(l));
+        assert_string_equal(engine_lease_remote_id(l), want);
+        assert_int_equal(engine_lease_also_count(l), 1);
+        EngineLeaseAlso also;
+        assert_int_equal(engine_lease_also(l, 0, &also), 0);
+        snprintf(want, sizeof want, "node1/c:%" PRIu64, also.token);
+        assert_non_null(also.remote_id);
+        assert_string_equal(also.remote_id, want);
+        engine_lease_release(l, S(2));
+}
+
+static void restore_set(Fixture *f, const char *also_remote_id, int want, EngineLease **ret) {
+        assert_int_equal(conf_set(f->config, "pool c", "limit", "1", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "pool c", "backend", "redis://127.0.0.1:1/0", NULL, NULL), 0);
+        assert_int_equal(engine_configure(f->engine, f->config, S(1)), 0);
+        const unsigned slots[] = { 0 };
+        EngineLease *l;
+        assert_int_equal(engine_lease_restore(f->engine,
+                                              &(EngineLeaseRestore) {
+                                                      .pool = "a",
+                                                      .lane = "wait",
+                                                      .slots = slots,
+                                                      .n_slots = 1,
+                                                      .token = 7,
+                                                      .granted_at = S(1),
+                                                      .expires_at = USEC_INFINITY,
+                                                      .remote_id = "node1:7",
+                                              },
+                                              &l),
+                         0);
+        assert_int_equal(engine_lease_restore_also(l,
+                                                   &(EngineLeaseRestore) {
+                                                           .pool = "c",
+                                                           .slots = slots,
+                                                           .n_slots = 1,
+                                                           .token = 9,
+                                                           .remote_id = also_remote_id,
+                                                   }),
+                         want);
+        *ret = l;
+}
+
+/* A restored set lease over shared pools takes its shared shares back, each bound to the lease: a reclaim
+ * refused in the also= pool revokes the whole lease, naming that pool. */
+static void test_a_restored_set_takes_its_shared_shares_bound(void **state) {
+        Fixture *f = *state;
+        EngineLease *l;
+        restore_set(f, "node1:9", 0, &l);
+        FakePool *c = fake_pool_set_find(&f->pools, "c");
+        assert_non_null(c);
+        assert_string_equal(fake_pool_stats(c)->restored_remote_id, "node1:9");
+        assert_int_equal(fake_pool_stats(c)->in_use, 1);
+        EngineLeaseAlso also;
+        assert_int_equal(engine_lease_also(l, 0, &also), 0);
+        assert_string_equal(also.remote_id, "node1:9");
+        assert_int_equal(also.token, 9);
+
+        assert_true(fake_pool_lose(c, 9, "reclaim-conflict", S(2)));
+        run(f, S(2));
+        const EngineEvent *ev = &f->events[f->n_events - 1];
+        assert_int_equal(ev->type, ENGINE_EVENT_REVOKE);
+        assert_ptr_equal(ev->lease, l);
+        assert_string_equal(ev->pool, "c");
+        assert_true(engine_lease_is_revoked(l));
+        engine_lease_release(l, S(3));
+        assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 0);
+        assert_int_equal(fake_pool_stats(c)->in_use, 0);
+}
+
+/* A set is never mixed: a local share of a shared lease is refused, the lease unchanged. */
+static void test_a_restored_shared_set_refuses_a_local_share(void **state) {
+        Fixture *f = *state;
+        EngineLease *l;
+        restore_set(f, NULL, -EINVAL, &l);
+        assert_int_equal(engine_lease_also_count(l), 0);
+        FakePool *c = fake_pool_set_find(&f->pools, "c");
+        assert_non_null(c);
+        assert_int_equal(fake_pool_stats(c)->in_use, 0);
+        engine_lease_release(l, S(2));
+}
+
+/* Lane "set": pools=a also=c, both pools of a backend whose set parts are decided, and granted, on the
+ * pool's answer (as a shared pool's come from Redis later): f's pools a and c. */
+static FakePool *set_pools_deferred(Fixture *f) {
+        assert_int_equal(conf_set(f->config, "pool c", "limit", "1", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "pool c", "backend", "redis://127.0.0.1:1/0", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "lane set", "pools", "a", NULL, NULL), 0);
+        assert_int_equal(conf_set(f->config, "lane set", "also", "c", NULL, NULL), 0);
+        assert_int_equal(engine_configure(f->engine, f->config, S(1)), 0);
+        FakePool *c = fake_pool_set_find(&f->pools, "c");
+        assert_non_null(c);
+        fake_pool_defer_sets(pool_a(f), true);
+        fake_pool_defer_sets(c, true);
+        fake_pool_hold_answers(pool_a(f), true);
+        fake_pool_hold_answers(c, true);
+        return c;
+}
+
+static void answer(Fixture *f, FakePool *p, usec_t now) {
+        fake_pool_answer(p, now);
+        engine_take_decisions(f->engine);
+        take_events(f);
+}
+
+/* A set whose pools answer later is decided when the last of them has answered, and granted whole when the
+ * last grant has come: nothing is told before, and never one pool's share alone (SPEC §3.5). */
+static void test_a_set_over_pools_that_answer_later_awaits_every_answer(void **state) {
+        Fixture *f = *state;
+        FakePool *c = set_pools_deferred(f);
+        EngineRequest *r = acquire(f, "set", S(1));
+        assert_null(last_event(f, r));
+        answer(f, pool_a(f), S(2));
+        assert_null(last_event(f, r)); /* c has not answered: nothing decided (no budget of 0 from it) */
+        assert_true(engine_request_is_in_flight(r));
+        answer(f, c, S(3));
+        /* Both queued with room: the engine asks both to grant; nothing told until both have. */
+        assert_null(last_event(f, r));
+        size_t pos = 9, queued = 9;
+        assert_int_equal(engine_request_position(r, &pos, &queued), 0); /* first everywhere; no pool asked */
+        assert_int_equal(pos, 0);
+        answer(f, c, S(4));
+        assert_null(last_event(f, r));
+        assert_int_equal(fake_pool_stats(c)->in_use, 1);
+        answer(f, pool_a(f), S(5));
+        const EngineEvent *ev = grant_of(f, r);
+        assert_int_equal(ev->at, S(5));
+        assert_int_equal(count_events(f, ENGINE_EVENT_QUEUED), 0);
+        EngineLease *l = ev->lease;
+        assert_int_equal(engine_lease_also_count(l), 1);
+        assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 1);
+        /* One call over the set to submit it and one to grant it (pools of one backend), none a pool. */
+        assert_int_equal(fake_pool_stats(pool_a(f))->set_calls, 2);
+        assert_int_equal(fake_pool_stats(c)->set_calls, 0);
+        engine_lease_release(l, S(6));
+        assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 0);
+        assert_int_equal(fake_pool_stats(c)->in_use, 0);
+}
+
+/* One pool refuses the set's part after the other queued it: the set is refused naming that pool, its part
+ * in the other withdrawn. */
+static void test_a_set_refused_later_by_one_pool_leaves_none_queued(void **state) {
+        Fixture *f = *state;
+        FakePool *c = set_pools_deferred(f);
+        fake_pool_refuse(c, REFUSAL_UNAVAILABLE, "backend");
+        EngineRequest *r = acquire(f, "set", S(1));
+        answer(f, pool_a(f), S(2));
+        assert_null(last_event(f, r));
+        answer(f, c, S(3));
+        const EngineEvent *ev = last_event(f, r);
+        assert_non_null(ev);
+        assert_int_equal(ev->type, ENGINE_EVENT_REFUSED);
+        assert_string_equal(ev->pool, "c");
+        assert_int_equal(fake_pool_stats(pool_a(f))->withdrawn, 1);
+        assert_int_equal(fake_pool_stats(pool_a(f))->waiting, 0);
+}
+
+/* A pool whose grant comes back refused (its room went meanwhile): the share the other pool granted is given
+ * back and the set is refused whole, naming that pool. */
+static void test_a_set_whose_grant_fails_in_one_pool_holds_nothing(void **state) {
+        Fixture *f = *state;
+        FakePool *c = set_pools_deferred(f);
+        EngineRequest *r = acquire(f, "set", S(1));
+        answer(f, pool_a(f), S(2));
+        answer(f, c, S(2));
+        assert_null(last_event(f, r));
+        answer(f, pool_a(f), S(3)); /* a granted its share */
+        assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 1);
+        /* c's room goes before its grant is decided (another node's lease, restored here). */
+        const unsigned slot[] = { 0 };
+        EngineLease *other;
+        assert_int_equal(engine_lease_restore(f->engine,
+                                              &(EngineLeaseRestore) {
+                                                      .pool = "c",
+                                                      .lane = "wait",
+                                                      .slots = slot,
+                                                      .n_slots = 1,
+                                                      .token = 40,
+                                                      .granted_at = S(3),
+                                                      .expires_at = USEC_INFINITY,
+                                                      .remote_id = "node2:40",
+                                              },
+                                              &other),
+                         0);
+        answer(f, c, S(4));
+        const EngineEvent *ev = last_event(f, r);
+        assert_non_null(ev);
+        assert_int_equal(ev->type, ENGINE_EVENT_REFUSED);
+        assert_string_equal(ev->pool, "c");
+        assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 0); /* a's share given back */
+        assert_int_equal(fake_pool_stats(pool_a(f))->released, 1);
+        engine_lease_release(other, S(5));
+}
+
+/* A set cancelled while one pool has answered and the other has not: the part queued is withdrawn, the try
+ * still out is cancelled; nothing comes later. */
+static void test_a_set_cancelled_while_routing_leaves_nothing_behind(void **state) {
+        Fixture *f = *state;
+        FakePool *c = set_pools_deferred(f);
+        EngineRequest *r = acquire(f, "set", S(1));
+        answer(f, pool_a(f), S(2));
+        engine_request_cancel(r, S(2));
+        assert_int_equal(fake_pool_stats(pool_a(f))->withdrawn, 1);
+        assert_int_equal(fake_pool_stats(c)->cancelled, 1);
+        assert_int_equal(fake_pool_stats(c)->pending, 0);
+        answer(f, c, S(3));
+        assert_null(last_event(f, r));
+        assert_int_equal(fake_pool_stats(pool_a(f))->waiting, 0);
+}
+
 static void test_a_lease_released_as_its_loss_comes_in_is_not_revoked(void **state) {
         Fixture *f = *state;
         EngineRequest *r = acquire(f, "held", S(1));
@@ -428,6 +701,14 @@ int main(void) {
                 T(test_cancel_after_a_queued_answer_withdraws_the_waiter),
                 T(test_cancel_after_a_grant_came_in_leaves_the_grant_to_the_caller),
                 T(test_a_lost_grant_revokes_the_lease_with_the_pool_reason),
+                T(test_a_set_is_revoked_whole_when_any_pool_loses_its_share),
+                T(test_a_set_keeps_each_shares_remote_id),
+                T(test_a_restored_set_takes_its_shared_shares_bound),
+                T(test_a_restored_shared_set_refuses_a_local_share),
+                T(test_a_set_over_pools_that_answer_later_awaits_every_answer),
+                T(test_a_set_refused_later_by_one_pool_leaves_none_queued),
+                T(test_a_set_whose_grant_fails_in_one_pool_holds_nothing),
+                T(test_a_set_cancelled_while_routing_leaves_nothing_behind),
                 T(test_a_lease_released_as_its_loss_comes_in_is_not_revoked),
                 T(test_max_hold_revocation_says_so),
                 T(test_the_pool_measures_the_wait_when_it_says),

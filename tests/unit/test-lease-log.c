@@ -214,7 +214,8 @@ static void test_also_pools_of_a_lease_are_read_back(void **state) {
         static char *members_lic[] = { "l2", "l3" };
         HistoryLeaseAlso also[] = {
                 { .pool = "db", .slots = slots_db, .n_slots = 1, .token = 12 },
-                { .pool = "lic", .slots = slots_lic, .n_slots = 2, .members = members_lic, .token = 99 },
+                { .pool = "lic", .slots = slots_lic, .n_slots = 2, .members = members_lic, .token = 99,
+                  .remote_id = "node1:99" },
         };
         HistoryLeaseRow a = row_a();
         a.also = also;
@@ -233,10 +234,14 @@ static void test_also_pools_of_a_lease_are_read_back(void **state) {
         assert_int_equal(ra->also[0].slots[0], 0);
         assert_null(ra->also[0].members);
         assert_int_equal(ra->also[0].token, 12);
+        assert_null(ra->also[0].remote_id);
         assert_string_equal(ra->also[1].pool, "lic");
         assert_int_equal(ra->also[1].slots[1], 2);
         assert_string_equal(ra->also[1].members[0], "l2");
         assert_int_equal(ra->also[1].token, 99);
+        /* A shared pool's share keeps its name at the backend: reclaimed by it after a restart. */
+        assert_non_null(ra->also[1].remote_id);
+        assert_string_equal(ra->also[1].remote_id, "node1:99");
         assert_int_equal(floor_of(&s, "db")->next_token, 13);
         assert_int_equal(floor_of(&s, "lic")->next_token, 100);
         assert_int_equal(lease_log_token_mark(f->log, "lic"), 100);
@@ -245,6 +250,7 @@ static void test_also_pools_of_a_lease_are_read_back(void **state) {
         assert_int_equal(lease_log_rewrite(f->log, &a, 1, 0), 0);
         read_back(f, &s, &info);
         assert_int_equal(lease_of(&s, a.id)->n_also, 2);
+        assert_string_equal(lease_of(&s, a.id)->also[1].remote_id, "node1:99");
         history_state_done(&s);
 }
 

@@ -41,6 +41,8 @@ static redisContext *redis;
 static char shas[16][41]; /* one per entry of shared_scripts[] */
 static const char *run_id = "run1";     /* the run id the calls say their link saw */
 static const char *pool = POOL;         /* KEYS[1] of call() */
+static const char *set_canon;           /* the rules of both pools in the set tests (setup()) */
+static bool set_swapped;                /* set_call() names POOL2 first */
 
 /* How calls reach the operations: FCALL of the library's functions (brokerd's way), or, with --alternate,
  * FCALL and EVALSHA of the EVAL scripts (a brokerd from before the library) in turn, call after call: a
@@ -187,6 +189,8 @@ static int setup(void **state) {
         redisReply *r = redisCommand(redis, "FLUSHALL");
         run_id = "run1";
         pool = POOL;
+        set_canon = CANON_ONE_LANE "limit=1\n";
+        set_swapped = false;
         assert_non_null(r);
         freeReplyObject(r);
         return 0;
@@ -3383,6 +3387,321 @@ static void test_outcome_records_are_a_hash_per_node_trimmed_by_its_calls(void *
         assert_int_equal(redis_int("HLEN %s:oh:%s", pool, "n1"), 0);
 }
 
+/* ---- all-or-nothing sets (brokerd/lua/set.lua; SPEC §3.5, issue 22 item 5) ---- */
+
+#define POOL2 "{sb:q}"
+
+/* One FCALL of the set function over POOL and POOL2 as n1 at now (settle 0): mode, rid, then the mode's
+ * arguments (NULL-terminated). The reply { status, pool, verdict, { reply… } }, checked for its shape. */
+static redisReply *set_call(long long now, const char *mode, const char *rid, ...) {
+        const char *argv[64] = { "FCALL", shared_function_set, "2", set_swapped ? POOL2 : POOL,
+                                 set_swapped ? POOL : POOL2, "1", "n1" };
+        char now_s[32];
+        size_t n = 7;
+        snprintf(now_s, sizeof now_s, "%lld", now);
+        argv[n++] = now_s;
+        argv[n++] = run_id;
+        argv[n++] = "0";
+        argv[n++] = mode;
+        argv[n++] = rid;
+        va_list ap;
+        va_start(ap, rid);
+        for (const char *a; (a = va_arg(ap, const char *)); )
+                argv[n++] = a;
+        va_end(ap);
+        redisReply *r = redisCommandArgv(redis, (int) n, argv, NULL);
+        assert_non_null(r);
+        if (r->type == REDIS_REPLY_ERROR)
+                fail_msg("set: %s", r->str);
+        assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+        assert_int_equal(r->elements, 4);
+        return r;
+}
+
+/* A set of lane ci: k=1 of each pool, may wait or not. */
+static redisReply *set_submit(long long now, const char *rid, bool may_wait) {
+        return set_call(now, "submit", rid, "ci", may_wait ? "1" : "0", "2", "1", "0", "-1", "-1", "-", "", "1", "0",
+                        "-1", "-1", "-", "", NULL);
+}
+
+static redisReply *set_grant(long long now, const char *rid) {
+        return set_call(now, "grant", rid, "2", NULL);
+}
+
+static const char *set_verdict(const redisReply *r) {
+        return r->element[2]->str;
+}
+
+/* Pool i's (0-based) reply of a set's call. */
+static const redisReply *set_reply(const redisReply *r, size_t i) {
+        assert_true(r->element[3]->elements > i);
+        return r->element[3]->element[i];
+}
+
+
+/* Both pools made, n1 registered in each, limit 1. */
+static void set_pools(long long now) {
+        tick_ok("n1", now, set_canon);
+        pool = POOL2;
+        tick_ok("n1", now, set_canon);
+        pool = POOL;
+}
+
+/* A tick of pool p (completing the instant), whether its events say the set rid is ready there. */
+static bool tick_says_ready(const char *p, long long now, const char *rid) {
+        const char *was = pool;
+        pool = p;
+        redisReply *t = tick_as("n1", now, set_canon);
+        pool = was;
+        assert_string_equal(status(t), "ok");
+        bool ready = false;
+        for (size_t i = 0; i < n_events(t); i++)
+                ready = ready || (strcmp(field_s(event(t, i), D_VERDICT), "ready") == 0 &&
+                                  strcmp(field_s(event(t, i), D_RID), rid) == 0);
+        freeReplyObject(t);
+        return ready;
+}
+
+static long long in_use_of(const char *p, long long now) {
+        const char *was = pool;
+        pool = p;
+        redisReply *t = tick_as("n1", now, set_canon);
+        long long n = cache(t, C_IN_USE);
+        freeReplyObject(t);
+        pool = was;
+        return n;
+}
+
+static void test_a_set_is_granted_in_every_pool_in_one_call(void **state) {
+        set_pools(1000);
+        redisReply *r = set_submit(2000, "0000000000000a01", true);
+        assert_string_equal(status(r), "ok");
+        assert_string_equal(set_verdict(r), "granted");
+        for (size_t i = 0; i < 2; i++) {
+                const redisReply *d = body(set_reply(r, i));
+                assert_string_equal(field_s(d, D_VERDICT), "granted");
+                assert_string_equal(field_s(d, D_RID), "0000000000000a01");
+                assert_true(field_i(d, D_TOKEN) > 0);
+        }
+        freeReplyObject(r);
+        assert_int_equal(in_use_of(POOL, 3000), 1);
+        assert_int_equal(in_use_of(POOL2, 3000), 1);
+        /* The same rid again (a reply lost): each pool's lease, nothing more taken. */
+        r = set_submit(4000, "0000000000000a01", true);
+        assert_string_equal(set_verdict(r), "known");
+        assert_string_equal(field_s(body(set_reply(r, 0)), D_VERDICT), "granted");
+        assert_string_equal(field_s(body(set_reply(r, 1)), D_VERDICT), "granted");
+        freeReplyObject(r);
+        assert_int_equal(in_use_of(POOL, 5000), 1);
+        assert_int_equal(in_use_of(POOL2, 5000), 1);
+}
+
+/* No part held while it waits; it holds back those behind it in each pool, also where it has room; granted
+ * whole once every pool is ready, by the grant call; a grant before that changes nothing. */
+static void test_a_queued_set_holds_nothing_and_holds_back_those_behind_it(void **state) {
+        set_pools(1000);
+        redisReply *r = submit_at(2000, "0000000000000b01", "ci", 1, true, -1); /* POOL is full */
+        long long token = field_i(body(r), D_TOKEN);
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        freeReplyObject(r);
+
+        r = set_submit(3000, "0000000000000b02", false); /* may not wait: busy, naming POOL */
+        assert_string_equal(set_verdict(r), "refused");
+        assert_int_equal(r->element[1]->integer, 1);
+        assert_string_equal(field_s(body(set_reply(r, 0)), D_REFUSAL), "busy");
+        freeReplyObject(r);
+        assert_int_equal(in_use_of(POOL2, 3500), 0);
+
+        r = set_submit(4000, "0000000000000b03", true);
+        assert_string_equal(set_verdict(r), "queued");
+        assert_string_equal(field_s(body(set_reply(r, 0)), D_VERDICT), "queued");
+        assert_string_equal(field_s(body(set_reply(r, 1)), D_VERDICT), "queued");
+        /* Ready in POOL2 (room, first there) once its instant is complete: said so, not granted. */
+        bool ready2 = false;
+        freeReplyObject(r);
+        pool = POOL2;
+        r = tick_as("n1", 4000, CANON_ONE_LANE "limit=1\n"); /* completes the instant: dispatch */
+        pool = POOL;
+        for (size_t i = 0; i < n_events(r); i++)
+                ready2 = ready2 || strcmp(field_s(event(r, i), D_VERDICT), "ready") == 0;
+        assert_true(ready2);
+        assert_int_equal(cache(r, C_IN_USE), 0); /* no part held while it waits */
+        freeReplyObject(r);
+
+        /* A single-pool request behind it in POOL2 waits though POOL2 has room (no barging). */
+        pool = POOL2;
+        r = submit_at(5000, "0000000000000b04", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        pool = POOL;
+        assert_int_equal(in_use_of(POOL2, 5500), 0);
+
+        /* Not ready in POOL (full): a grant changes nothing. */
+        r = set_grant(6000, "0000000000000b03");
+        assert_string_equal(set_verdict(r), "not-ready");
+        assert_int_equal(r->element[1]->integer, 1);
+        freeReplyObject(r);
+        assert_int_equal(in_use_of(POOL, 6500), 1);
+        assert_int_equal(in_use_of(POOL2, 6500), 0);
+
+        /* POOL's holder goes: the set is ready there too (said to its node), and its grant takes both. */
+        r = release_at(7000, token, "0000000000000b01");
+        freeReplyObject(r);
+        r = tick_as("n1", 7000, CANON_ONE_LANE "limit=1\n"); /* completes the instant: dispatch */
+        bool ready1 = false;
+        for (size_t i = 0; i < n_events(r); i++)
+                ready1 = ready1 || strcmp(field_s(event(r, i), D_VERDICT), "ready") == 0;
+        assert_true(ready1);
+        assert_int_equal(cache(r, C_IN_USE), 0); /* not granted by the pool alone */
+        freeReplyObject(r);
+        r = set_grant(8000, "0000000000000b03");
+        assert_string_equal(set_verdict(r), "granted");
+        assert_true(field_i(body(set_reply(r, 0)), D_TOKEN) > 0);
+        assert_true(field_i(body(set_reply(r, 1)), D_TOKEN) > 0);
+        freeReplyObject(r);
+        assert_int_equal(in_use_of(POOL, 8500), 1);
+        assert_int_equal(in_use_of(POOL2, 8500), 1);
+        /* The single-pool waiter behind it in POOL2 still waits (the set holds POOL2's slot). */
+        pool = POOL2;
+        r = submit_at(9000, "0000000000000b04", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        pool = POOL;
+}
+
+/* A part said ready that a request of a higher priority passes is no longer ready: the set's grant says
+ * not-ready, naming that pool, and the pool says ready again when it is (else the set would wait for good). */
+static void test_a_set_not_ready_at_its_grant_is_said_ready_again(void **state) {
+        set_canon = "backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\nlane.ci.reserve=0\n"
+                    "lane.hi.max-in-use=-1\nlane.hi.priority=5\nlane.hi.reserve=0\nlimit=1\n";
+        set_pools(1000);
+        redisReply *r = submit_at(2000, "0000000000000d01", "ci", 1, true, -1); /* POOL is full */
+        long long token = field_i(body(r), D_TOKEN);
+        freeReplyObject(r);
+        r = set_submit(3000, "0000000000000d02", true);
+        assert_string_equal(set_verdict(r), "queued");
+        freeReplyObject(r);
+        assert_true(tick_says_ready(POOL2, 3000, "0000000000000d02"));
+
+        /* A request of lane hi (priority 5) goes first in POOL2 and takes its slot. */
+        pool = POOL2;
+        r = submit_at(4000, "0000000000000d03", "hi", 1, true, -1);
+        freeReplyObject(r);
+        pool = POOL;
+        assert_false(tick_says_ready(POOL2, 4000, "0000000000000d02"));
+        assert_int_equal(in_use_of(POOL2, 4000), 1);
+        r = release_at(5000, token, "0000000000000d01");
+        freeReplyObject(r);
+        assert_true(tick_says_ready(POOL, 5000, "0000000000000d02"));
+
+        r = set_grant(6000, "0000000000000d02");
+        assert_string_equal(set_verdict(r), "not-ready");
+        assert_int_equal(r->element[1]->integer, 2);
+        freeReplyObject(r);
+
+        /* hi's lease ends: POOL2 says the set ready again, and its grant takes both. */
+        pool = POOL2;
+        r = call("positions", "n1", 7000, 0, "pos", "0000000000000d03", NULL);
+        long long hi_token = field_i(body(r)->element[0], D_TOKEN);
+        freeReplyObject(r);
+        r = release_at(7000, hi_token, "0000000000000d03");
+        freeReplyObject(r);
+        pool = POOL;
+        assert_true(tick_says_ready(POOL2, 7000, "0000000000000d02"));
+        r = set_grant(8000, "0000000000000d02");
+        assert_string_equal(set_verdict(r), "granted");
+        freeReplyObject(r);
+        assert_int_equal(in_use_of(POOL, 8500), 1);
+        assert_int_equal(in_use_of(POOL2, 8500), 1);
+}
+
+/* Two sets that cross (one names POOL first, the other POOL2) stand in the same order in both pools, by one
+ * call each: the first is ready in both and granted, the second is said ready in neither (no deadlock, where
+ * each holding the head of one pool would wait for the other for good). */
+static void test_crossing_sets_stand_in_one_order_in_every_pool(void **state) {
+        set_pools(1000);
+        redisReply *r = submit_at(2000, "0000000000000f01", "ci", 1, true, -1);
+        long long t1 = field_i(body(r), D_TOKEN);
+        freeReplyObject(r);
+        pool = POOL2;
+        r = submit_at(2000, "0000000000000f02", "ci", 1, true, -1);
+        long long t2 = field_i(body(r), D_TOKEN);
+        freeReplyObject(r);
+        pool = POOL;
+        r = set_submit(3000, "0000000000000f03", true);
+        assert_string_equal(set_verdict(r), "queued");
+        freeReplyObject(r);
+        set_swapped = true;
+        r = set_submit(3000, "0000000000000f04", true);
+        assert_string_equal(set_verdict(r), "queued");
+        freeReplyObject(r);
+        set_swapped = false;
+
+        r = release_at(4000, t1, "0000000000000f01");
+        freeReplyObject(r);
+        pool = POOL2;
+        r = release_at(4000, t2, "0000000000000f02");
+        freeReplyObject(r);
+        pool = POOL;
+        assert_false(tick_says_ready(POOL, 4000, "0000000000000f04"));
+        assert_false(tick_says_ready(POOL2, 4000, "0000000000000f04"));
+        set_swapped = true;
+        r = set_grant(5000, "0000000000000f04");
+        assert_string_equal(set_verdict(r), "not-ready");
+        freeReplyObject(r);
+        set_swapped = false;
+        r = set_grant(5000, "0000000000000f03");
+        assert_string_equal(set_verdict(r), "granted");
+        freeReplyObject(r);
+        assert_int_equal(in_use_of(POOL, 6000), 1);
+        assert_int_equal(in_use_of(POOL2, 6000), 1);
+}
+
+/* A malformed set call (brokerd never sends one) is an error reply before anything is begun. */
+static void test_a_malformed_set_call_is_an_error(void **state) {
+        set_pools(1000);
+        static const char *const bad[][16] = {
+                { "FCALL", NULL, "2", POOL, POOL, "1", "n1", "2000", "run1", "0", "grant", "00000000000000e1", "2" },
+                { "FCALL", NULL, "1", POOL, "1", "n1", "2000", "run1", "0", "grant", "00000000000000e1", "1" },
+                { "FCALL", NULL, "2", POOL, POOL2, "1", "n1", "2000", "run1", "0", "grant", "00000000000000e1", "3" },
+                { "FCALL", NULL, "2", POOL, POOL2, "1", "n1", "2000", "run1", "0", "take", "00000000000000e1", "2" },
+                { "FCALL", NULL, "2", POOL, POOL2, "1", "n1", "2000", "run1", "0", "grant", "x y", "2" },
+                { "FCALL", NULL, "2", POOL, POOL2, "1", "n1", "2000", "run1", "0", "submit", "00000000000000e1", "ci",
+                  "1", "2", "1" },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                const char *argv[16];
+                size_t n = 0;
+                for (; n < 16 && (n == 1 || bad[i][n]); n++)
+                        argv[n] = n == 1 ? shared_function_set : bad[i][n];
+                redisReply *r = redisCommandArgv(redis, (int) n, argv, NULL);
+                assert_non_null(r);
+                assert_int_equal(r->type, REDIS_REPLY_ERROR);
+                assert_non_null(strstr(r->str, "slotbroker set"));
+                freeReplyObject(r);
+        }
+        assert_int_equal(in_use_of(POOL, 3000), 0);
+        assert_int_equal(in_use_of(POOL2, 3000), 0);
+}
+
+/* A drained pool refuses the set, naming it, and nothing is taken in the other. */
+static void test_a_set_refused_by_one_pool_takes_nothing_in_the_others(void **state) {
+        set_pools(1000);
+        pool = POOL2;
+        redisReply *r = call("drain", "n1", 2000, 0, "", "1", NULL);
+        assert_string_equal(status(r), "ok");
+        freeReplyObject(r);
+        pool = POOL;
+        r = set_submit(3000, "0000000000000c01", true);
+        assert_string_equal(set_verdict(r), "refused");
+        assert_int_equal(r->element[1]->integer, 2);
+        assert_string_equal(field_s(body(set_reply(r, 1)), D_REASON), "drained");
+        freeReplyObject(r);
+        assert_int_equal(in_use_of(POOL, 4000), 0);
+        /* Nothing waits in POOL either: a single request is granted there at once. */
+        expect_verdict("0000000000000c02", 5000, "ci", 1, "granted");
+}
+
 /* ---- batches (brokerd/lua/batch.lua) ---- */
 
 /* FCALLs Redis ran so far (INFO commandstats). */
@@ -4085,6 +4404,12 @@ int main(int argc, char *argv[]) {
                 T(test_a_key_lost_never_grants_a_held_slot_twice),
                 T(test_reconcile_and_positions_are_paged),
                 T(test_outcome_records_are_a_hash_per_node_trimmed_by_its_calls),
+                T(test_a_set_is_granted_in_every_pool_in_one_call),
+                T(test_a_queued_set_holds_nothing_and_holds_back_those_behind_it),
+                T(test_a_set_refused_by_one_pool_takes_nothing_in_the_others),
+                T(test_a_set_not_ready_at_its_grant_is_said_ready_again),
+                T(test_a_malformed_set_call_is_an_error),
+                T(test_crossing_sets_stand_in_one_order_in_every_pool),
                 T(test_a_batch_answers_as_its_operations_one_by_one),
                 T(test_a_batch_stops_where_an_operation_does_not_answer_ok),
                 T(test_a_batch_leaves_the_keys_its_operations_leave_one_by_one),
