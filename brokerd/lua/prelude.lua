@@ -519,6 +519,7 @@ local function queue_next()
                                         if v ~= PASS and (not best or prio > best_prio or
                                                           (prio == best_prio and head < best)) then
                                                 best, best_prio, best_verdict = head, prio, v
+                                                carry.best = { lane = lane, k = tonumber(k) }
                                         end
                                 end
                         end
@@ -1801,9 +1802,18 @@ local function dispatch(t)
                 if not wid or v ~= GRANTABLE then return true end
                 if not step() then return false end
                 local w = waiter_get(wid)
-                waiter_unlink(w, true)
-                local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w)
-                notify(w.node, lease_decision(l))
+                local from = carry.best
+                if not w or w.health or (w.sel or '') ~= '' or w.lane ~= from.lane or w.k ~= from.k then
+                        -- Untrusted: a wid whose record is gone, or says it waits elsewhere (a health waiter, a
+                        -- selector's bucket, another lane or k: the room was judged for this bucket's k), leaves
+                        -- this bucket and its queue; never granted from here.
+                        redis.call('ZREM', k_bucket(from.lane, from.k), wid)
+                        if w then redis.call('ZREM', k_queue(w.prio), wid) end
+                else
+                        waiter_unlink(w, true)
+                        local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w)
+                        notify(w.node, lease_decision(l))
+                end
         end
         return true
 end
@@ -1815,7 +1825,11 @@ local function expire(t)
                 if #due == 0 then return true end
                 if not step() then return false end
                 local w = waiter_get(due[1])
-                waiter_refuse(w, w.shed and 'shed' or 'timeout', '', tonumber(due[2]))
+                if w then
+                        waiter_refuse(w, w.shed and 'shed' or 'timeout', '', tonumber(due[2]))
+                else
+                        redis.call('ZREM', K.dl, due[1]) -- its record gone (untrusted): no deadline left
+                end
         end
 end
 

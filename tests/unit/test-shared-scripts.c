@@ -4098,6 +4098,8 @@ static const struct hostile_write hostile_writes[] = {
         { { "REC {sb:p}:w $H 13 x x" } },
         { { "REC {sb:p}:w $H 12 s !alpha" } },
         { { "REC {sb:p}:w $H 13 s yes", "REC {sb:p}:w $W 13 t x" } },
+        { { "REC {sb:p}:w $W 3 s hc" } },
+        { { "REC {sb:p}:w $W 4 n 2", "REC {sb:p}:w $W 6 n 1500" } },
         /* rekey jobs: selector drops, lane drops, health drops, moves */
         { { "HSET {sb:p}:rekey drop:ci 1" } },
         { { "HSET {sb:p}:rekey at nan hdrop:hc 1 sdrop:ci 1" } },
@@ -4268,6 +4270,35 @@ static void test_an_ordinary_wid_in_the_health_queue_is_passed_over(void **state
         freeReplyObject(in_hq);
 }
 
+/* A waiter record whose [13] says "health" though the waiter is in the ordinary queue: its unlink (a withdraw)
+ * leaves its wid in its bucket and queue, with no record; the dispatch that meets it drops it and goes on. */
+static void test_a_wid_left_without_its_record_is_dropped_by_the_dispatch(void **state) {
+        char w[32];
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        long long ta = field_i(body(a), D_TOKEN);
+        freeReplyObject(a);
+        expect_verdict("w", 1000, "ci", 1, "queued");
+        tick_ok("n1", 1000, "=");
+        wid_of("w", w);
+        tolerate_errors = true;
+        hostile_apply("REC {sb:p}:w $W 13 n 1", w, "", "");
+        freeReplyObject(call("withdraw", "n1", 2000, 0, "w", NULL));
+        expect_verdict("x", 2000, "ci", 1, "queued");
+        tick_ok("n1", 2000, "=");
+        redisReply *r = call("release", "n1", 3000, 1, "0", "a", NULL);
+        freeReplyObject(r);
+        char t[32];
+        snprintf(t, sizeof t, "%lld", ta);
+        r = call("release", "n1", 3000, 1, t, "a", NULL);
+        tolerate_errors = false;
+        assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(field_s(event(r, 0), D_RID), "x");
+        freeReplyObject(r);
+}
+
 static void test_hostile_writes_to_the_members_lives_break_nothing(void **state) {
         size_t failed = 0;
         tolerate_errors = true;
@@ -4303,7 +4334,9 @@ static void test_hostile_writes_to_the_members_lives_break_nothing(void **state)
                 snprintf(ta_s, sizeof ta_s, "%lld", ta);
                 snprintf(th0_s, sizeof th0_s, "%lld", th0);
                 hostile_call(&run, "tick", "tick", "n1", 2000, "n1", "=", "0", "0", "0", "-", "e", "1", "", NULL);
+                hostile_call(&run, "withdraw", "withdraw", "n1", 2000, "w", NULL);
                 hostile_call(&run, "submit", "submit", "n2", 2000, "x", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+                hostile_call(&run, "submit", "submit", "n2", 2000, "x2", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
                 hostile_call(&run, "release 3", "release", "n1", 3000, ta_s, "a", "3", "job-a", NULL);
                 hostile_call(&run, "release 0", "release", "n1", 3000, th0_s, "h0", "0", "check", NULL);
                 hostile_call(&run, "drain", "drain", "n1", 4000, "alpha", "1", "uid 2", "why", "20000", NULL);
@@ -4429,6 +4462,7 @@ int main(int argc, char *argv[]) {
                 T(test_cooldown_is_adopted_only_when_every_node_wants_it),
                 T(test_hostile_writes_to_the_members_lives_break_nothing),
                 T(test_an_ordinary_wid_in_the_health_queue_is_passed_over),
+                T(test_a_wid_left_without_its_record_is_dropped_by_the_dispatch),
 #undef T
         };
         int r;
