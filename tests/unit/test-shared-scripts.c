@@ -4108,6 +4108,10 @@ static const struct hostile_write hostile_writes[] = {
         { { "HSET {sb:p}:rekey at 1500 move:ci junk move:hc 1e308" } },
         { { "HSET {sb:p}:rekey at 1500 sdrop:$BIG 1 x 1" } },
         { { "SET {sb:p}:rekey junk" } },
+        /* the stored rules' canon (its label.* and members= lines) */
+        { { "HSET {sb:p}:rules canon junk" } },
+        { { "HSET {sb:p}:rules canon $BIG" } },
+        { { "HSET {sb:p}:rules canon label.x=nobody,alpha\nlane.ci.labels=x\nlimit=99\nmembers=alpha" } },
         /* meta's counts of them */
         { { "HSET {sb:p}:meta hwaiting nan", "HSET {sb:p}:meta drain_next nan" } },
         { { "HSET {sb:p}:meta drain_next -inf", "HSET {sb:p}:meta life junk" } },
