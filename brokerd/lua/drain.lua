@@ -34,11 +34,8 @@ local function drain_selector_buckets(lane)
                         if not wid then break end
                         if not step() then return false end
                         local w = waiter_get(wid)
-                        if w then
-                                waiter_refuse(w, 'unavailable', 'drained', now)
-                        else
-                                redis.call('ZREM', k_bucket(lane, s), wid) -- a stale wid: its record is gone
-                        end
+                        if w then waiter_refuse(w, 'unavailable', 'drained', now) end
+                        redis.call('ZREM', k_bucket(lane, s), wid) -- gone already, or a record of another bucket
                 end
         end
         return true
@@ -55,7 +52,11 @@ local function drain_pool()
                                 local wid = redis.call('ZRANGE', k_bucket(lane, k), 0, 0)[1]
                                 if not wid then break end
                                 if not step() then return false end
-                                waiter_refuse(waiter_get(wid), 'unavailable', 'drained', now)
+                                local w = waiter_get(wid)
+                                if w then waiter_refuse(w, 'unavailable', 'drained', now) end
+                                -- Whatever its record says (Redis's content is untrusted), the wid leaves
+                                -- this bucket: a record naming another bucket would not take it out.
+                                redis.call('ZREM', k_bucket(lane, k), wid)
                         end
                 end
                 if not drain_selector_buckets(lane) then return false end

@@ -69,7 +69,7 @@ local function positions()
                 end
         end
         if #waiters < STATUS_WAITERS and HEALTH.waiting() > 0 then
-                for place, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, STATUS_WAITERS - #waiters - 1)) do
+                for place, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, STATUS_WAITERS - #waiters - 1)) do
                         local w = waiter_get(wid)
                         if w then waiters[#waiters + 1] = { w.node, name_of(w.node), w.rid, w.lane, w.k, w.arrival, place - 1 } end
                 end

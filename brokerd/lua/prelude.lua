@@ -521,6 +521,7 @@ local function queue_next()
                                         if v ~= PASS and (not best or prio > best_prio or
                                                           (prio == best_prio and head < best)) then
                                                 best, best_prio, best_verdict = head, prio, v
+                                                carry.best = { lane = lane, k = tonumber(k) }
                                         end
                                 end
                         end
@@ -545,12 +546,19 @@ end
 -- nobody known, never as none. The functions are LIFE's fields (declared at the top).
 function LIFE.key() return P .. ':qm' end
 function LIFE.failures_key() return P .. ':qf' end
--- A command on qf; a key of another type (by hand) is dropped first: it counts nothing.
-function LIFE.failures(cmd, ...)
-        local ok, v = pcall(redis.call, cmd, LIFE.failures_key(), ...)
+-- A command on a key of the members' lives (qf, hq, dr, du, rekey); one of another type (by hand) is dropped
+-- first, as garbage: what it held is lost (a failure count from 0, a health waiter left to its budget, a drain
+-- record or until, a rekey job), never a reason for every later call to fail (README, "Members' lives").
+function LIFE.keyed(cmd, key, ...)
+        local ok, v = pcall(redis.call, cmd, key, ...)
         if ok then return v end
-        redis.call('DEL', LIFE.failures_key())
-        return redis.call(cmd, LIFE.failures_key(), ...)
+        redis.call('DEL', key)
+        return redis.call(cmd, key, ...)
+end
+
+-- A command on qf (a key of another type counts nothing).
+function LIFE.failures(cmd, ...)
+        return LIFE.keyed(cmd, LIFE.failures_key(), ...)
 end
 
 -- The member's place among the configured members (0-based), or nil.
@@ -703,26 +711,31 @@ function DRAINS.key() return P .. ':dr' end
 function DRAINS.until_key() return P .. ':du' end
 
 function DRAINS.next_store()
-        local first = redis.call('ZRANGE', DRAINS.until_key(), 0, 0, 'WITHSCORES')
+        local first = LIFE.keyed('ZRANGE', DRAINS.until_key(), 0, 0, 'WITHSCORES')
         meta_set('drain_next', first[2] and tonumber(first[2]) or nil)
 end
 
+-- Untrusted like the rest (a hand's ZADD): an until below zero is due now (its instant ends it); one beyond
+-- 2^53 µs, or not a number, is no instant (the drain lasts until undrained by hand).
 function DRAINS.next()
-        return tonumber(M.drain_next)
+        local v = tonumber(M.drain_next)
+        if not v or v ~= v or v >= 2 ^ 53 then return nil end
+        if v < 0 then return now end
+        return v
 end
 
 -- The record of a drain made now (field: "" or a member), or dropped (undrain).
 function DRAINS.record(field, on, who, reason, until_)
         if on then
-                redis.call('HSET', DRAINS.key(), field, cmsgpack.pack({ now, who, reason, until_ or -1, LIFE.node_name() }))
+                LIFE.keyed('HSET', DRAINS.key(), field, cmsgpack.pack({ now, who, reason, until_ or -1, LIFE.node_name() }))
                 if until_ then
-                        redis.call('ZADD', DRAINS.until_key(), until_, field)
+                        LIFE.keyed('ZADD', DRAINS.until_key(), until_, field)
                 else
-                        redis.call('ZREM', DRAINS.until_key(), field)
+                        LIFE.keyed('ZREM', DRAINS.until_key(), field)
                 end
         else
-                redis.call('HDEL', DRAINS.key(), field)
-                redis.call('ZREM', DRAINS.until_key(), field)
+                LIFE.keyed('HDEL', DRAINS.key(), field)
+                LIFE.keyed('ZREM', DRAINS.until_key(), field)
         end
         DRAINS.next_store()
         if tonumber(M.drain_records) ~= 1 then meta_set('drain_records', 1) end -- DRAINS.list() looks from now on
@@ -750,9 +763,10 @@ end
 
 -- Drains whose until is at or before t end then (instant()), each told once ([6] notices, "expired" 1).
 function DRAINS.expire(t)
-        local due = redis.call('ZRANGEBYSCORE', DRAINS.until_key(), '-inf', t, 'WITHSCORES', 'LIMIT', 0, 16)
+        local due = LIFE.keyed('ZRANGEBYSCORE', DRAINS.until_key(), '-inf', t, 'WITHSCORES', 'LIMIT', 0, 16)
         for i = 1, #due, 2 do
                 local field, at = due[i], tonumber(due[i + 1])
+                if not at or at < 0 or at > t then at = t end -- garbage (below zero): ended now
                 -- The reason of the drain that ends goes with its end (pool-local.c tells it: engine.c,
                 -- drains_expire()); a record of garbage has none.
                 local okg, raw = pcall(redis.call, 'HGET', DRAINS.key(), field)
@@ -763,8 +777,8 @@ function DRAINS.expire(t)
                 else
                         DRAINS.member(field, false)
                 end
-                redis.call('HDEL', DRAINS.key(), field)
-                redis.call('ZREM', DRAINS.until_key(), field)
+                LIFE.keyed('HDEL', DRAINS.key(), field)
+                LIFE.keyed('ZREM', DRAINS.until_key(), field)
                 notices[#notices + 1] = { 'undrained', field, at, '', why, at, 1 }
         end
         DRAINS.next_store()
@@ -775,7 +789,7 @@ function DRAINS.list()
         if tonumber(M.drain_records) ~= 1 then return {} end -- no drain was ever recorded: no command
         local ok, n = pcall(redis.call, 'HLEN', DRAINS.key())
         if not ok or n == 0 then return {} end
-        local a = n <= 257 and redis.call('HGETALL', DRAINS.key()) or {}
+        local a = n <= 257 and LIFE.keyed('HGETALL', DRAINS.key()) or {}
         local out = {}
         local function str(x) return type(x) == 'string' and string.sub(x, 1, 1024) or '' end
         local function num(x, d)
@@ -814,14 +828,14 @@ function HEALTH.enlist(w)
 end
 
 function HEALTH.link(w)
-        redis.call('ZADD', HEALTH.key(), 0, w.wid)
+        LIFE.keyed('ZADD', HEALTH.key(), 0, w.wid)
         HEALTH.enlist(w)
         HEALTH.count(1)
 end
 
 function HEALTH.unlink(w, keep_record)
         redis.call('HDEL', K.w, w.wid)
-        redis.call('ZREM', HEALTH.key(), w.wid)
+        LIFE.keyed('ZREM', HEALTH.key(), w.wid)
         if w.deadline ~= INF then
                 redis.call('ZREM', K.dl, w.wid)
                 carry.heads = nil
@@ -1008,7 +1022,7 @@ end
 -- wait in that queue. A health waiter's: its place among hq's, of meta.hwaiting (pool-local.c's
 -- local_position(): its place in the health list, of n_health).
 local function waiter_position(w)
-        if w.health then return redis.call('ZRANK', HEALTH.key(), w.wid) or 0, HEALTH.waiting() end
+        if w.health then return LIFE.keyed('ZRANK', HEALTH.key(), w.wid) or 0, HEALTH.waiting() end
         local pos = 0
         for _, p in ipairs(redis.call('ZRANGEBYSCORE', K.prios, '(' .. istr(w.prio), '+inf')) do
                 local n = redis.call('ZCARD', k_queue(p))
@@ -1636,10 +1650,13 @@ local function rekey_buckets(kind, lane)
 end
 
 local function rekey_step()
-        local job = redis.call('HGETALL', K.rekey)
+        local job = LIFE.keyed('HGETALL', K.rekey)
         if #job == 0 then return true end
+        -- Untrusted (README, "Where this differs from the memo"): an `at` that is not an instant up to now is
+        -- now; a move's priority is the rules' (a lane they lack: nothing to move).
         local at
-        for i = 1, #job, 2 do if job[i] == 'at' then at = tonumber(job[i + 1]) end end
+        for i = 1, #job, 2 do if job[i] == 'at' then at = int_of(job[i + 1]) end end
+        if not at or at < 0 or at > now then at = now end
         for i = 1, #job, 2 do
                 local kind, lane = string.match(job[i], '^(%a+):(.+)$')
                 if (kind == 'drop' or kind == 'hdrop') and not HEALTH.drop(lane, at) then return false end
@@ -1662,8 +1679,10 @@ local function rekey_step()
                                                 redis.call('ZREM', b, wid) -- a stale wid: its record is gone
                                         elseif kind == 'drop' or kind == 'sdrop' then
                                                 waiter_refuse(w, 'unavailable', '', at)
+                                        elseif not (R.lanes[lane] and w.lane == lane and not w.health) then
+                                                redis.call('ZREM', b, wid) -- not this bucket's waiter: a wid out of place
                                         else
-                                                local prio = tonumber(job[i + 1])
+                                                local prio = R.lanes[lane].priority
                                                 redis.call('ZREM', k_queue(w.prio), wid)
                                                 w.prio = prio
                                                 waiter_put(w)
@@ -1750,10 +1769,11 @@ function HEALTH.dispatch(t)
         if HEALTH.waiting() == 0 or not R.members then return true end
         if M.recovery_until > 0 and t < M.recovery_until then return true end
         local avail = HEALTH.avail()
-        for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, -1)) do
                 local w = waiter_get(wid)
-                if not w then
-                        redis.call('ZREM', HEALTH.key(), wid)
+                if not w or not w.health then
+                        -- gone, or an ordinary waiter's wid written there (untrusted): not a health waiter
+                        LIFE.keyed('ZREM', HEALTH.key(), wid)
                 elseif not R.lanes[w.lane] or HEALTH.capacity(w) < w.k then
                         if not step() then return false end
                         waiter_refuse(w, 'unavailable', 'not-quarantined', t)
@@ -1781,9 +1801,9 @@ end
 -- less what the health requests waiting keep.
 function HEALTH.for_new()
         local avail = HEALTH.avail()
-        for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, -1)) do
                 local hw = waiter_get(wid)
-                if hw then avail = HEALTH.set_aside(hw, avail) end
+                if hw and hw.health then avail = HEALTH.set_aside(hw, avail) end
         end
         return avail
 end
@@ -1803,10 +1823,10 @@ end
 -- hq whole a call while it runs (health waiters are few); one step a refusal. False: the budget ran out.
 function HEALTH.drop(lane, at)
         if HEALTH.waiting() == 0 then return true end
-        for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, -1)) do
                 local w = waiter_get(wid)
-                if not w then
-                        redis.call('ZREM', HEALTH.key(), wid)
+                if not w or not w.health then
+                        LIFE.keyed('ZREM', HEALTH.key(), wid)
                 elseif w.lane == lane then
                         if not step() then return false end
                         waiter_refuse(w, 'unavailable', '', at)
@@ -1817,10 +1837,11 @@ end
 
 -- A pool drain, or the health lanes' waiters refused (drain.lua): unavailable "drained", one step each.
 function HEALTH.refuse_all(reason, at)
-        for _, wid in ipairs(redis.call('ZRANGE', HEALTH.key(), 0, -1)) do
+        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, -1)) do
                 if not step() then return false end
                 local w = waiter_get(wid)
-                if w then waiter_refuse(w, 'unavailable', reason, at) else redis.call('ZREM', HEALTH.key(), wid) end
+                if w and w.health then waiter_refuse(w, 'unavailable', reason, at) end
+                LIFE.keyed('ZREM', HEALTH.key(), wid) -- refused, gone, or not a health waiter (untrusted)
         end
         return true
 end
@@ -1835,15 +1856,23 @@ local function dispatch(t)
                 if not wid or v ~= GRANTABLE then return true end
                 if not step() then return false end
                 local w = waiter_get(wid)
-                -- A set's part first in the queue with room: said ready, granted with the set only (set.lua);
-                -- it holds back those behind it.
-                if w.gated then
+                local from = carry.best
+                if not w or w.health or (w.sel or '') ~= '' or w.lane ~= from.lane or w.k ~= from.k then
+                        -- Untrusted: a wid whose record is gone, or says it waits elsewhere (a health waiter, a
+                        -- selector's bucket, another lane or k: the room was judged for this bucket's k), leaves
+                        -- this bucket and its queue; never granted from here.
+                        redis.call('ZREM', k_bucket(from.lane, from.k), wid)
+                        if w then redis.call('ZREM', k_queue(w.prio), wid) end
+                elseif w.gated then
+                        -- A set's part first in the queue with room: said ready, granted with the set only
+                        -- (set.lua); it holds back those behind it.
                         SETS.mark_ready(w, t)
                         return true
+                else
+                        waiter_unlink(w, true)
+                        local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w)
+                        notify(w.node, lease_decision(l))
                 end
-                waiter_unlink(w, true)
-                local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w)
-                notify(w.node, lease_decision(l))
         end
         return true
 end
@@ -1855,7 +1884,11 @@ local function expire(t)
                 if #due == 0 then return true end
                 if not step() then return false end
                 local w = waiter_get(due[1])
-                waiter_refuse(w, w.shed and 'shed' or 'timeout', '', tonumber(due[2]))
+                if w then
+                        waiter_refuse(w, w.shed and 'shed' or 'timeout', '', tonumber(due[2]))
+                else
+                        redis.call('ZREM', K.dl, due[1]) -- its record gone (untrusted): no deadline left
+                end
         end
 end
 

@@ -438,7 +438,10 @@ static int64_t pool_clock_of(const SharedPool *p, usec_t now) {
 
 /* A pool-clock time on the local monotonic clock, clamped into [lo, hi]. */
 static usec_t local_time_of(const SharedPool *p, int64_t t, usec_t lo, usec_t hi) {
-        int64_t l = p->params.manual_clock || !p->offset_known ? t : t - p->offset;
+        int64_t l = t;
+        /* t is Redis's (untrusted): INT64_MIN or INT64_MAX must not overflow the mapping. */
+        if (!p->params.manual_clock && p->offset_known && __builtin_sub_overflow(t, p->offset, &l))
+                l = t < 0 ? INT64_MIN : INT64_MAX;
         usec_t u = l < 0 ? 0 : (usec_t) l;
         if (!p->params.manual_clock && !p->offset_known)
                 u = hi;
@@ -2187,7 +2190,8 @@ static void drains_clear(SharedPool *p) {
 }
 
 /* The cache's [15]: { { "" (the pool) | member, since, who, reason, until (-1: none), node name }… }. Absent
- * (scripts from before): nothing changes. An entry that is not one is dropped and counted. */
+ * (scripts from before): nothing changes. An entry that is not one, or names a drain listed before it (Redis
+ * lists each once), is dropped and counted. */
 static void drains_apply(SharedPool *p, const RespValue *list, usec_t now) {
         if (!list || list->type != RESP_ARRAY)
                 return;
@@ -2203,7 +2207,10 @@ static void drains_apply(SharedPool *p, const RespValue *list, usec_t now) {
                 int64_t since = 0, until = -1;
                 ssize_t i = field && field->type == RESP_STRING && field->len > 0 ? member_index(p, field) : -1;
                 bool pool = field && field->type == RESP_STRING && field->len == 0;
-                if ((!pool && i < 0) || n >= cap || !resp_int(resp_at(e, 1), &since) ||
+                bool twice = false;
+                for (size_t j = 0; j < n && (pool || i >= 0); j++)
+                        twice |= pool ? !d[j].member : d[j].member && streq(d[j].member, p->base.members[i]);
+                if ((!pool && i < 0) || twice || n >= cap || !resp_int(resp_at(e, 1), &since) ||
                     !resp_int(resp_at(e, 4), &until)) {
                         bad = true;
                         continue;

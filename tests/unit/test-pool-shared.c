@@ -1710,6 +1710,73 @@ static void test_quarantines_from_replies_hostile_entries_dropped(void **state) 
         assert_null(info.life[1].job);
 }
 
+/* The cache's drains ([15]) and the drain notices with hostile content (brokerd/lua/README, "Drains with a
+ * reason"): entries that are not one are dropped and counted, a member listed twice is one drain, numbers at
+ * the ends of int64 are mapped to the node's clock without overflow (the pool clock 500 µs ahead of it). */
+static void test_drains_from_replies_hostile_entries_dropped(void **state) {
+        Fixture *f = *state;
+        char *members[] = { (char *) "a", (char *) "b", NULL };
+        PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1, .members = members, .n_members = 2 };
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(1)), 0);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        static char big[1 << 16];
+        memset(big, 'w', sizeof big - 1);
+        RespValue drains = arr(10,
+                               arr(6, str(""), num(S(1)), str("uid 0"), str("why"), num(-1), str("n1")),
+                               arr(6, str("a"), num(S(1)), str("uid 1"), str("r"), num(S(9)), str("n1")),
+                               arr(6, str("a"), num(S(1)), str("twice"), str(""), num(-1), str("n1")),
+                               arr(6, str("b"), num(INT64_MIN), str(big), str("r\n"), num(INT64_MAX), str("")),
+                               arr(6, str("zz"), num(S(1)), str(""), str(""), num(-1), str("")),
+                               arr(6, num(7), num(S(1)), str(""), str(""), num(-1), str("")),
+                               arr(6, str("b"), str("x"), str(""), str(""), num(-1), str("")),
+                               arr(2, str("a"), num(0)),
+                               num(7),
+                               str(big));
+        RespValue cache15 = arr(15, num(0), num(0), num(0), num(0), num(1), num(-1), num(100), str("e1"), num(0),
+                                str(""), num(2), str(""), EMPTY, EMPTY, drains);
+        RespValue notices = arr(6,
+                                arr(7, str("drained"), str("zz"), num(S(1)), str(""), str(""), num(-1), num(0)),
+                                arr(7, str("drained"), num(3), num(S(1)), str(""), str(""), num(-1), num(0)),
+                                arr(1, str("undrained")),
+                                arr(7, str("undrained"), str("a"), num(INT64_MIN), str(big), str("r"), num(INT64_MAX),
+                                    num(1)),
+                                arr(7, str("drained"), str("b"), num(INT64_MAX), num(1), arr(0), num(INT64_MIN), str("x")),
+                                arr(7, str("quarantined"), str("a"), num(INT64_MIN), num(1), num(INT64_MAX), arr(0), str("")));
+        RespValue r = arr(6, str("ok"), num(S(1) + 500), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache15,
+                          notices);
+        done(f, c, r, S(1), S(1));
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_int_equal(info.n_drains, 3); /* the pool, a (once), b */
+        bool seen_a = false;
+        for (size_t i = 0; i < info.n_drains; i++) {
+                const EngineDrainInfo *d = &info.drains[i];
+                assert_true(d->since <= S(2));
+                assert_true(d->until == USEC_INFINITY || d->until <= USEC_INFINITY - 1);
+                if (d->member && streq(d->member, "a")) {
+                        assert_false(seen_a);
+                        seen_a = true;
+                        assert_string_equal(d->who, "uid 1");
+                }
+                if (d->member && streq(d->member, "b")) {
+                        assert_null(d->who);    /* over 1024 bytes */
+                        assert_null(d->reason); /* a control character */
+                }
+        }
+        assert_true(seen_a);
+        /* Three notices of members this pool has: emitted, at an instant no later than the reply's. */
+        size_t n = 0;
+        for (size_t i = 0; i < f->n_seen; i++)
+                if (f->seen[i].verdict == POOL_VERDICT_DRAIN || f->seen[i].verdict == POOL_VERDICT_MEMBER) {
+                        assert_true(f->seen[i].at <= S(1));
+                        n++;
+                }
+        assert_int_equal(n, 3);
+        assert_true(info.bad_input >= 4);
+}
+
 /* A lane's queue-timeout is one of the rules nodes must agree on (SPEC §11): it is in the canon. */
 static void test_canon_carries_lane_budgets(void **state) {
         Fixture *f = *state;
@@ -2942,6 +3009,7 @@ int main(void) {
                 T(test_pool_clock_is_mapped_by_the_round_trip),
                 T(test_recovery_window_refusal_carries_its_reason),
                 T(test_drain_is_a_call),
+                T(test_drains_from_replies_hostile_entries_dropped),
                 T(test_giving_back_while_a_withdrawal_can_go_out),
                 T(test_min_replicas_grant_is_answered_once_wait_says_enough),
                 T(test_min_replicas_too_few_refuse_and_release_the_lease),

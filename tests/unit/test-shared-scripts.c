@@ -68,6 +68,9 @@ static void callee(const char *op, const char **ret_cmd, const char **ret_name) 
  * (this process descheduled on a loaded machine) sees its leases go, as a real node would have fenced. */
 static unsigned n_expired;
 
+/* Set by test_hostile_writes_*: an error reply is returned to the test (which counts it) instead of failing. */
+static bool tolerate_errors;
+
 static redisReply *call_v(const char *op, const char *node, long long now, int settle, va_list ap) {
         const char *argv[600];
         char now_s[32], settle_s[4];
@@ -91,6 +94,8 @@ static redisReply *call_v(const char *op, const char *node, long long now, int s
                 argv[n++] = a;
         redisReply *r = redisCommandArgv(redis, (int) n, argv, NULL);
         assert_non_null(r);
+        if (r->type == REDIS_REPLY_ERROR && tolerate_errors)
+                return r;
         if (r->type == REDIS_REPLY_ERROR)
                 fail_msg("%s: %s", op, r->str);
         assert_int_equal(r->type, REDIS_REPLY_ARRAY);
@@ -4140,6 +4145,14 @@ static bool has_notice(const redisReply *r, const char *kind, const char *what) 
         return false;
 }
 
+static bool has_notice_kind(const redisReply *r, const char *kind) {
+        const redisReply *n = r->element[R_NOTICES];
+        for (size_t i = 0; i < n->elements; i++)
+                if (strcmp(n->element[i]->element[0]->str, kind) == 0)
+                        return true;
+        return false;
+}
+
 static void redis_do(const char *fmt, ...) {
         va_list ap;
         va_start(ap, fmt);
@@ -4345,6 +4358,345 @@ static void test_cooldown_is_adopted_only_when_every_node_wants_it(void **state)
         tick_ok("n2", 4000, "=");
 }
 
+/* ---- hostile writes to the members' lives (README, "Members' lives", "Health lanes", "Drains with a reason",
+ * "Cooldown", "Selectors"): anything in Redis written by someone else is untrusted input ---- */
+
+#define CANON_HOSTILE CANON_ONE_LANE "cooldown=5000\nlane.hc.health=1\nlane.hc.max-in-use=-1\nlane.hc.priority=0\n" \
+        "lane.hc.reserve=0\nlimit=3\nmembers=alpha,beta,gamma\nquarantine-after=2\nquarantine-exit-codes=3\n"
+
+/* One hostile write: up to three commands, split on spaces; "$W" / "$H" the wids of the waiters w (ordinary)
+ * and h1 (health), "$A" the token of a's lease, "$BIG" a 1 MiB string. "REC KEY FIELD INDEX TYPE VALUE" sets
+ * element INDEX of the cmsgpack'd record KEY FIELD (TYPE n: a number, s: a string, t: a table, x: nil). notice:
+ * a notice kind some call of the run must report (the contract's "counted as bad input"), or NULL. */
+struct hostile_write {
+        const char *cmd[3];
+        const char *notice;
+};
+
+static const struct hostile_write hostile_writes[] = {
+        /* {sb:P}:qm, the quarantines */
+        { { "DEL {sb:p}:qm", "SET {sb:p}:qm junk" } },
+        { { "DEL {sb:p}:qm", "ZADD {sb:p}:qm 1 gamma" } },
+        { { "HSET {sb:p}:qm alpha $BIG" } },
+        { { "HSET {sb:p}:qm gamma \xc1\xff" } },
+        { { "HSET {sb:p}:qm nobody 1", "HSET {sb:p}:qm $BIG 1" } },
+        /* {sb:P}:qf, the failure counts */
+        { { "DEL {sb:p}:qf", "SADD {sb:p}:qf beta" } },
+        { { "HSET {sb:p}:qf alpha nan", "HSET {sb:p}:qf beta -5" } },
+        { { "HSET {sb:p}:qf alpha 1e308", "HSET {sb:p}:qf beta 99999999999999999" } },
+        { { "HSET {sb:p}:qf alpha $BIG", "HSET {sb:p}:qf nobody 7" } },
+        /* {sb:P}:hq, the health waiters */
+        { { "DEL {sb:p}:hq", "SET {sb:p}:hq junk" } },
+        { { "DEL {sb:p}:hq", "HSET {sb:p}:hq $H 0" } },
+        { { "ZADD {sb:p}:hq 0 $W" } },
+        { { "ZADD {sb:p}:hq -inf nonesuch", "ZADD {sb:p}:hq 0 $BIG" } },
+        { { "ZREM {sb:p}:hq $H" } },
+        /* {sb:P}:dr and :du, the drains */
+        { { "DEL {sb:p}:dr", "SET {sb:p}:dr junk" } },
+        { { "DEL {sb:p}:dr", "ZADD {sb:p}:dr 1 beta" } },
+        { { "HSET {sb:p}:dr beta $BIG", "HSET {sb:p}:dr alpha \xc1", "HSET {sb:p}:dr $BIG x" } },
+        { { "DEL {sb:p}:du", "SET {sb:p}:du junk" } },
+        { { "DEL {sb:p}:du", "HSET {sb:p}:du beta 5000" } },
+        { { "ZADD {sb:p}:du -inf beta" } },
+        { { "ZADD {sb:p}:du +inf beta" } },
+        { { "ZADD {sb:p}:du 1e308 beta", "ZADD {sb:p}:du -1e308 nobody" } },
+        { { "ZADD {sb:p}:du 1500 alpha", "ZADD {sb:p}:du 1500 \"\"" } },
+        { { "ZADD {sb:p}:du -5 $BIG" } },
+        /* {sb:P}:rest, the rests */
+        { { "ZADD {sb:p}:rest +inf beta", "ZADD {sb:p}:rest -inf alpha" }, "bad-rest" },
+        { { "ZADD {sb:p}:rest 1e308 gamma", "ZADD {sb:p}:rest 0 $BIG" }, "bad-rest" },
+        { { "DEL {sb:p}:rest", "HSET {sb:p}:rest beta 6000" }, "bad-rest" },
+        /* the lease record's [14] (health job), the waiter record's [12] (selector) and [13] (health flag) */
+        { { "REC {sb:p}:h $A 14 s junk" } },
+        { { "REC {sb:p}:h $A 14 n 1" } },
+        { { "REC {sb:p}:h $A 14 t x" } },
+        { { "REC {sb:p}:w $W 12 n 12345" } },
+        { { "REC {sb:p}:w $W 12 s @nobody" } },
+        { { "REC {sb:p}:w $W 12 s $BIG" } },
+        { { "REC {sb:p}:w $W 13 n 1" } },
+        { { "REC {sb:p}:w $H 13 x x" } },
+        { { "REC {sb:p}:w $H 12 s !alpha" } },
+        { { "REC {sb:p}:w $H 13 s yes", "REC {sb:p}:w $W 13 t x" } },
+        { { "REC {sb:p}:w $W 3 s hc" } },
+        { { "REC {sb:p}:w $W 4 n 2", "REC {sb:p}:w $W 6 n 1500" } },
+        /* rekey jobs: selector drops, lane drops, health drops, moves */
+        { { "HSET {sb:p}:rekey drop:ci 1" } },
+        { { "HSET {sb:p}:rekey at nan hdrop:hc 1 sdrop:ci 1" } },
+        { { "HSET {sb:p}:rekey at 1e308 drop:hc 1 drop:nobody 1" } },
+        { { "HSET {sb:p}:rekey at -inf move:ci nan" } },
+        { { "HSET {sb:p}:rekey at 1500 move:ci junk move:hc 1e308" } },
+        { { "HSET {sb:p}:rekey at 1500 sdrop:$BIG 1 x 1" } },
+        { { "SET {sb:p}:rekey junk" } },
+        /* the stored rules' canon (its label.* and members= lines) */
+        { { "HSET {sb:p}:rules canon junk" } },
+        { { "HSET {sb:p}:rules canon $BIG" } },
+        { { "HSET {sb:p}:rules canon label.x=nobody,alpha\nlane.ci.labels=x\nlimit=99\nmembers=alpha" } },
+        /* meta's counts of them */
+        { { "HSET {sb:p}:meta hwaiting nan", "HSET {sb:p}:meta drain_next nan" } },
+        { { "HSET {sb:p}:meta drain_next -inf", "HSET {sb:p}:meta life junk" } },
+        { { "HSET {sb:p}:meta drain_next 1e308", "HSET {sb:p}:meta drain_records 1" } },
+};
+
+static char *hostile_big(void) {
+        static char *big;
+        if (!big) {
+                big = malloc(1 << 20);
+                assert_non_null(big);
+                memset(big, 'x', (1 << 20) - 1);
+                big[(1 << 20) - 1] = '\0';
+        }
+        return big;
+}
+
+static void hostile_apply(const char *cmd, const char *w, const char *h, const char *a) {
+        char buf[256], *save = NULL;
+        const char *argv[16];
+        size_t n = 0;
+        snprintf(buf, sizeof buf, "%s", cmd);
+        for (char *t = strtok_r(buf, " ", &save); t && n < 16; t = strtok_r(NULL, " ", &save))
+                argv[n++] = strcmp(t, "$W") == 0 ? w : strcmp(t, "$H") == 0 ? h : strcmp(t, "$A") == 0 ? a :
+                            strcmp(t, "$BIG") == 0 ? hostile_big() : strcmp(t, "\"\"") == 0 ? "" :
+                            strncmp(t, "sdrop:$BIG", 10) == 0 ? "sdrop:xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" : t;
+        if (strcmp(argv[0], "REC") == 0) {
+                assert_int_equal(n, 6);
+                const char *script =
+                        "local v = redis.call('HGET', KEYS[1], ARGV[1]) "
+                        "if not v then return redis.error_reply('no record') end "
+                        "local a = cmsgpack.unpack(v) local x = ARGV[4] "
+                        "if ARGV[3] == 'n' then x = tonumber(x) elseif ARGV[3] == 't' then x = { x } "
+                        "elseif ARGV[3] == 'x' then x = nil end "
+                        "a[tonumber(ARGV[2])] = x "
+                        "redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(a)) return 1";
+                const char *ev[] = { "EVAL", script, "1", argv[1], argv[2], argv[3], argv[4], argv[5] };
+                redisReply *r = redisCommandArgv(redis, 8, ev, NULL);
+                assert_non_null(r);
+                assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
+                freeReplyObject(r);
+                return;
+        }
+        redisReply *r = redisCommandArgv(redis, (int) n, argv, NULL);
+        assert_non_null(r);
+        if (r->type == REDIS_REPLY_ERROR)
+                fail_msg("%s: %s", cmd, r->str);
+        freeReplyObject(r);
+}
+
+/* Redis's own view, checked after every call: no slot and no member held twice, never more than the limit
+ * (the status snapshot's holders), and `occ` says the same. */
+static void hostile_check(size_t c, const char *after, long long now) {
+        redisReply *r = call("positions", "n1", now, 0, "status", NULL);
+        if (r->type == REDIS_REPLY_ERROR || strcmp(status(r), "ok") != 0) {
+                freeReplyObject(r);
+                return; /* counted by the caller's next call */
+        }
+        const redisReply *holders = body(r)->element[0];
+        bool slot[3] = { false }, member[3] = { false };
+        size_t held = 0;
+        for (size_t i = 0; i < holders->elements; i++) {
+                const redisReply *slots = holders->element[i]->element[6], *members = holders->element[i]->element[7];
+                for (size_t j = 0; j < slots->elements; j++) {
+                        long long s = slots->element[j]->integer;
+                        if (s < 0 || s >= 3 || slot[s])
+                                fail_msg("case %zu, after %s: slot %lld held twice or out of range", c, after, s);
+                        slot[s] = true;
+                        held++;
+                }
+                for (size_t j = 0; j < members->elements; j++) {
+                        const char *m = members->element[j]->str;
+                        int k = strcmp(m, "alpha") == 0 ? 0 : strcmp(m, "beta") == 0 ? 1 : strcmp(m, "gamma") == 0 ? 2 : -1;
+                        if (k < 0 || member[k])
+                                fail_msg("case %zu, after %s: member %s held twice or unknown", c, after, m);
+                        member[k] = true;
+                }
+        }
+        freeReplyObject(r);
+        redisReply *occ = redisCommand(redis, "BITCOUNT " POOL ":occ");
+        if ((size_t) occ->integer != held)
+                fail_msg("case %zu, after %s: occ counts %lld, the holders %zu", c, after, occ->integer, held);
+        freeReplyObject(occ);
+}
+
+struct hostile_run {
+        size_t c, errors;
+        bool saw_notice;
+        const char *notice;
+};
+
+/* What the node reads of a reply carries no garbage number: the next wakeup none or an instant of the pool
+ * clock, no decision and no notice at an instant that is not one up to now. */
+static void hostile_numbers(struct hostile_run *run, const char *what, const redisReply *r, long long now) {
+        const long long max = 1LL << 53;
+        bool bad = false;
+        if (r->element[R_CACHE]->elements > C_NEXT_WAKEUP) {
+                long long nw = cache(r, C_NEXT_WAKEUP);
+                bad |= nw != -1 && (nw < 0 || nw >= max);
+        }
+        for (size_t i = 0; i < n_events(r); i++)
+                if (event(r, i)->type == REDIS_REPLY_ARRAY && event(r, i)->elements > D_AT &&
+                    strcmp(event(r, i)->element[0]->str, "congestion") != 0)
+                        bad |= field_i(event(r, i), D_AT) < 0 || field_i(event(r, i), D_AT) > now;
+        for (size_t i = 0; i < n_notices(r); i++) {
+                const redisReply *n = r->element[R_NOTICES]->element[i];
+                if (strcmp(n->element[0]->str, "undrained") == 0 || strcmp(n->element[0]->str, "drained") == 0)
+                        bad |= n->element[2]->integer < 0 || n->element[2]->integer > now ||
+                               (n->element[5]->integer != -1 && (n->element[5]->integer < 0 || n->element[5]->integer >= max));
+        }
+        if (bad) {
+                if (run->errors++ == 0)
+                        fprintf(stderr, "# case %zu, %s: a number out of range in the reply\n", run->c, what);
+        }
+}
+
+/* One call of the run; an error reply is counted, the reply's notices looked at, then Redis checked. */
+static void hostile_call(struct hostile_run *run, const char *what, const char *op, const char *node, long long now, ...) {
+        va_list ap;
+        va_start(ap, now);
+        redisReply *r = call_v(op, node, now, 0, ap);
+        va_end(ap);
+        if (r->type == REDIS_REPLY_ERROR) {
+                if (run->errors++ == 0)
+                        fprintf(stderr, "# case %zu, %s: %s\n", run->c, what, r->str);
+        } else {
+                if (run->notice && has_notice_kind(r, run->notice))
+                        run->saw_notice = true;
+                hostile_numbers(run, what, r, now);
+        }
+        freeReplyObject(r);
+        hostile_check(run->c, what, now);
+}
+
+/* An ordinary waiter's wid written into hq is no health waiter: it is neither granted quarantined members as a
+ * health job nor refused "not-quarantined" (it waits in its queue), and leaves hq. */
+static void test_an_ordinary_wid_in_the_health_queue_is_passed_over(void **state) {
+        char w[32];
+        tick_ok("n1", 1000, CANON_HOSTILE);
+        freeReplyObject(call("quarantine", "n1", 1000, 0, "alpha", "1", "uid 0", "x", NULL));
+        redisReply *r = call("submit", "n1", 1000, 0, "h0", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "alpha");
+        freeReplyObject(r);
+        r = call("submit", "n1", 1000, 0, "h1", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+        expect_verdict("a", 1000, "ci", 1, "granted");
+        expect_verdict("w", 1000, "ci", 2, "queued");
+        tick_ok("n1", 1000, "=");
+        wid_of("w", w);
+        redis_do("ZADD " POOL ":hq 0 %s", w);
+        r = tick_as("n1", 2000, "=");
+        assert_int_equal(n_events(r), 0);
+        freeReplyObject(r);
+        r = call("positions", "n1", 2000, 0, "pos", "w", NULL);
+        assert_string_equal(body(r)->element[0]->element[0]->str, "queued");
+        freeReplyObject(r);
+        redisReply *in_hq = redisCommand(redis, "ZSCORE " POOL ":hq %s", w);
+        assert_int_equal(in_hq->type, REDIS_REPLY_NIL);
+        freeReplyObject(in_hq);
+}
+
+/* A waiter record whose [13] says "health" though the waiter is in the ordinary queue: its unlink (a withdraw)
+ * leaves its wid in its bucket and queue, with no record; the dispatch that meets it drops it and goes on. */
+static void test_a_wid_left_without_its_record_is_dropped_by_the_dispatch(void **state) {
+        char w[32];
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        long long ta = field_i(body(a), D_TOKEN);
+        freeReplyObject(a);
+        expect_verdict("w", 1000, "ci", 1, "queued");
+        tick_ok("n1", 1000, "=");
+        wid_of("w", w);
+        tolerate_errors = true;
+        hostile_apply("REC {sb:p}:w $W 13 n 1", w, "", "");
+        freeReplyObject(call("withdraw", "n1", 2000, 0, "w", NULL));
+        expect_verdict("x", 2000, "ci", 1, "queued");
+        tick_ok("n1", 2000, "=");
+        redisReply *r = call("release", "n1", 3000, 1, "0", "a", NULL);
+        freeReplyObject(r);
+        char t[32];
+        snprintf(t, sizeof t, "%lld", ta);
+        r = call("release", "n1", 3000, 1, t, "a", NULL);
+        tolerate_errors = false;
+        assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(n_events(r), 1);
+        assert_string_equal(field_s(event(r, 0), D_RID), "x");
+        freeReplyObject(r);
+}
+
+static void test_hostile_writes_to_the_members_lives_break_nothing(void **state) {
+        size_t failed = 0;
+        tolerate_errors = true;
+        for (size_t c = 0; c < sizeof hostile_writes / sizeof hostile_writes[0]; c++) {
+                struct hostile_run run = { .c = c, .notice = hostile_writes[c].notice };
+                char w[32], h[32], a[32];
+                long long ta, th0;
+                freeReplyObject(redisCommand(redis, "FLUSHALL"));
+                tick_ok("n1", 1000, CANON_HOSTILE);
+                tick_ok("n2", 1000, CANON_HOSTILE);
+                assert_string_equal(granted_member(1000, "a", &ta), "alpha");
+                long long tb;
+                assert_string_equal(granted_member(1000, "b", &tb), "beta");
+                freeReplyObject(release_with(1000, tb, "b", "3", "job-b")); /* beta rests until 6000; qf 1 */
+                freeReplyObject(call("quarantine", "n1", 1000, 0, "gamma", "1", "uid 0", "x", NULL));
+                redisReply *r = call("submit", "n1", 1000, 0, "h0", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+                assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "gamma");
+                th0 = field_i(body(r), D_TOKEN);
+                freeReplyObject(r);
+                r = call("submit", "n1", 1000, 0, "h1", "hc", "1", "1", "0", "-1", "-1", "-", NULL);
+                assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+                freeReplyObject(r);
+                expect_verdict("w", 1000, "ci", 1, "queued");
+                freeReplyObject(call("drain", "n1", 1000, 0, "beta", "1", "uid 1", "reflash", "50000", NULL));
+                tick_ok("n1", 1000, "=");
+                wid_of("w", w);
+                wid_of("h1", h);
+                snprintf(a, sizeof a, "%lld", ta);
+                for (size_t i = 0; i < 3 && hostile_writes[c].cmd[i]; i++)
+                        hostile_apply(hostile_writes[c].cmd[i], w, h, a);
+
+                char ta_s[32], th0_s[32];
+                snprintf(ta_s, sizeof ta_s, "%lld", ta);
+                snprintf(th0_s, sizeof th0_s, "%lld", th0);
+                hostile_call(&run, "tick", "tick", "n1", 2000, "n1", "=", "0", "0", "0", "-", "e", "1", "", NULL);
+                hostile_call(&run, "withdraw", "withdraw", "n1", 2000, "w", NULL);
+                hostile_call(&run, "submit", "submit", "n2", 2000, "x", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+                hostile_call(&run, "submit", "submit", "n2", 2000, "x2", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+                hostile_call(&run, "release 3", "release", "n1", 3000, ta_s, "a", "3", "job-a", NULL);
+                hostile_call(&run, "release 0", "release", "n1", 3000, th0_s, "h0", "0", "check", NULL);
+                hostile_call(&run, "drain", "drain", "n1", 4000, "alpha", "1", "uid 2", "why", "20000", NULL);
+                hostile_call(&run, "quarantine", "quarantine", "n1", 4000, "beta", "1", "uid 0", "y", NULL);
+                hostile_call(&run, "health submit", "submit", "n1", 5000, "h2", "hc", "1", "1", "0", "-1", "-1", "-",
+                             NULL);
+                hostile_call(&run, "restore", "quarantine", "n1", 5000, "beta", "0", "uid 0", "", NULL);
+                hostile_call(&run, "pool drain", "drain", "n2", 6000, "", "1", "uid 3", "pool", "9000", NULL);
+                hostile_call(&run, "positions", "positions", "n1", 6000, "pos", "w", "h1", "h2", "x", NULL);
+                static const long long times[] = { 10000, 30000, 25 * SEC, 50 * SEC, 75 * SEC };
+                for (size_t i = 0; i < sizeof times / sizeof times[0]; i++) {
+                        long long t = times[i];
+                        hostile_call(&run, "tick n1", "tick", "n1", t, "n1", "=", "0", "0", "0", "-", "e", "1", "", NULL);
+                        hostile_call(&run, "tick n2", "tick", "n2", t, "n2", "=", "0", "0", "0", "-", "e", "1", "", NULL);
+                        hostile_call(&run, "submit", "submit", "n1", t, t < 20 * SEC ? "y1" : "y2", "ci", "1", "1", "0",
+                                     "-1", "-1", "-", NULL);
+                }
+                /* After all that the pool works: its calls are answered, and its free slots granted. */
+                r = call("tick", "n1", 90 * SEC, 1, "n1", "=", "0", "0", "0", "-", "e", "1", "", NULL);
+                if (r->type == REDIS_REPLY_ERROR || strcmp(status(r), "ok") != 0) {
+                        fprintf(stderr, "# case %zu (%s): the pool is wedged: %s\n", c, hostile_writes[c].cmd[0],
+                                r->type == REDIS_REPLY_ERROR ? r->str : status(r));
+                        failed++;
+                } else if (run.errors) {
+                        fprintf(stderr, "# case %zu (%s): %zu calls answered with an error\n", c, hostile_writes[c].cmd[0],
+                                run.errors);
+                        failed++;
+                } else if (run.notice && !run.saw_notice) {
+                        fprintf(stderr, "# case %zu (%s): no notice %s\n", c, hostile_writes[c].cmd[0], run.notice);
+                        failed++;
+                }
+                freeReplyObject(r);
+        }
+        tolerate_errors = false;
+        assert_int_equal(failed, 0);
+}
+
 int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup(f, setup)
@@ -4437,6 +4789,9 @@ int main(int argc, char *argv[]) {
                 T(test_a_resting_member_drained_and_undrained_keeps_the_books),
                 T(test_a_dead_nodes_slot_rests_from_its_reap),
                 T(test_cooldown_is_adopted_only_when_every_node_wants_it),
+                T(test_hostile_writes_to_the_members_lives_break_nothing),
+                T(test_an_ordinary_wid_in_the_health_queue_is_passed_over),
+                T(test_a_wid_left_without_its_record_is_dropped_by_the_dispatch),
 #undef T
         };
         int r;
@@ -4458,6 +4813,8 @@ int main(int argc, char *argv[]) {
                 return 1;
         }
         alternate = argc > 1 && strcmp(argv[1], "--alternate") == 0;
+        if (getenv("TEST_FILTER")) /* one test while working on it: TEST_FILTER='test_hostile*' */
+                cmocka_set_test_filter(getenv("TEST_FILTER"));
         redisReply *l = redisCommand(redis, "FUNCTION LOAD %s", shared_library);
         if (!l || l->type != REDIS_REPLY_STRING || strcmp(l->str, shared_library_name) != 0) {
                 printf("Bail out! the library does not load: %s\n", l ? l->str : "?");
