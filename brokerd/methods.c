@@ -642,7 +642,7 @@ static void member_quarantine(Session *s, const VarlinkCall *call, bool on) {
         int r = engine_member_quarantine(methods_of(s)->engine, pool, member,
                                          on ? &(EngineQuarantine) { .since = now, .job = who, .exit_status = -1,
                                                                     .reason = reason }
-                                            : NULL,
+                                            : &(EngineQuarantine) { .restore = true, .job = who },
                                          now);
         if (r == -ENOENT) {
                 _cleanup_(json_decrefp) json_t *p = json_pack("{s:s, s:s}", "pool", pool, "member", member);

@@ -1919,7 +1919,7 @@ int engine_lease_get_exit_status(const EngineLease *l) {
 
 int engine_member_quarantine(Engine *e, const char *pool, const char *member, const EngineQuarantine *q, usec_t now) {
         assert_return(e && pool && member, -EINVAL);
-        assert_return(!q || q->since <= now, -EINVAL);
+        assert_return(!q || q->restore || q->since <= now, -EINVAL);
         engine_advance(e, now);
         Pool *p = pool_find(e->pools, e->n_pools, pool);
         if (!p)

@@ -334,6 +334,7 @@ int engine_lease_get_exit_status(const EngineLease *l);
 
 /* A quarantine, by hand or restored from the state directory. */
 typedef struct EngineQuarantine {
+        bool restore;             /* a restore (job: who did it); the other fields are not read */
         usec_t since;             /* monotonic µs; ≤ now */
         usec_t since_real;        /* the same instant in realtime µs, if known (one from before this boot, which
                                    * the monotonic since cannot tell); 0: none */
@@ -342,7 +343,7 @@ typedef struct EngineQuarantine {
         const char *reason;       /* NULL: none */
 } EngineQuarantine;
 
-/* Quarantines (q set) or restores (q NULL) a member of a local member pool: a quarantined member is granted to
+/* Quarantines (q set) or restores (q NULL, or q->restore with who in q->job) a member of a local member pool: a quarantined member is granted to
  * health lanes only; one held stays with its holder. A MEMBER event follows when its state changed. Returns 0,
  * -ENOENT (no such pool or member), -EOPNOTSUPP (a pool kept by a backend, or of anonymous slots), -ENOMEM. */
 int engine_member_quarantine(Engine *e, const char *pool, const char *member, const EngineQuarantine *q, usec_t now);

@@ -2055,8 +2055,8 @@ static int local_quarantine(Pool *base, const char *member, const EngineQuaranti
         PoolMemberLife *m = life_find(p, member);
         if (!m || (size_t) (m - p->life) >= p->n_life_configured)
                 return -ENOENT;
-        if (!q)
-                return m->quarantined ? life_set(p, m, false, now, NULL, -1, NULL, now) : 0;
+        if (!q || q->restore)
+                return m->quarantined ? life_set(p, m, false, now, q ? q->job : NULL, -1, NULL, now) : 0;
         if (m->quarantined)
                 return 0; /* the first quarantine's who and why stay */
         int r = life_set(p, m, true, MIN(q->since, now), q->job, q->exit_status, q->reason, now);

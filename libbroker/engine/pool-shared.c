@@ -3531,9 +3531,9 @@ static int shared_quarantine(Pool *base, const char *member, const EngineQuarant
         int r = call_new(p, SHARED_SCRIPT_QUARANTINE, op_settles(p), now, &c);
         if (r < 0)
                 return r;
-        if ((r = call_add(c, "%s", member)) < 0 || (r = call_add(c, "%d", q != NULL)) < 0 ||
+        if ((r = call_add(c, "%s", member)) < 0 || (r = call_add(c, "%d", q && !q->restore)) < 0 ||
             (r = call_add(c, "%s", q && q->job ? q->job : "")) < 0 ||
-            (r = call_add(c, "%s", q && q->reason ? q->reason : "")) < 0) {
+            (r = call_add(c, "%s", q && !q->restore && q->reason ? q->reason : "")) < 0) {
                 call_free(c);
                 return r;
         }

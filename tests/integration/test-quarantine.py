@@ -597,6 +597,12 @@ class Journal(Base):
         e = self.entry(b, MESSAGE_ID_ADMIN_DENIED, SLOT_MEMBER="b")
         self.assertEqual((e["SLOT_ACTION"], e["SLOT_CLIENT_UID"]), ("restore", str(harness.NOBODY_UID)))
         self.assertIn("b", self.quarantined(b))
+        p = self.slotctl(b, "restore", "rigs", "b")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        e = self.entry(b, MESSAGE_ID_RESTORED, SLOT_MEMBER="b")
+        self.assertEqual(e["SLOT_JOB"], f"uid {os.getuid()}")  # who restored it
+        self.assertNotIn("SLOT_EXIT_STATUS", e)
+        self.assertIn(f"restored by uid {os.getuid()}", e["MESSAGE"])
         until = int(time.time()) + 2
         p = self.slotctl(b, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
         self.assertEqual(p.returncode, 0, p.stderr)

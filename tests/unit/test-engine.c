@@ -1199,6 +1199,16 @@ static void test_a_held_member_quarantined_by_hand_stays_with_its_holder(void **
         end_with(f, w, 0, "job-w", S(5));
         assert_true(life_of(f, "a")->quarantined);
         assert_int_equal(f->n_life, 1);
+        /* Restored by hand: the event says who did it (the journal's [RESTORED] "by uid N"). */
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a", &(EngineQuarantine) { .restore = true, .job = "bob" },
+                                                  S(6)), 0);
+        quiesce(f);
+        run(f, S(6));
+        assert_int_equal(f->n_life, 2);
+        assert_false(f->life[1].quarantined);
+        assert_string_equal(f->life[1].job, "bob");
+        assert_int_equal(f->life[1].exit_status, -1);
+        assert_false(life_of(f, "a")->quarantined);
 }
 
 static void test_a_lease_that_reports_nothing_quarantines_nothing(void **state) {
@@ -1472,10 +1482,14 @@ static void test_quarantine_by_hand_and_restore(void **state) {
         Tag *w = acquire(f, "W", (Req) { .member = "a" }, S(2));
         end(f, a, S(3));
         assert_true(queued(w)); /* not handed on */
-        assert_int_equal(engine_member_quarantine(f->engine, "p", "a", NULL, S(4)), 0);
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a", &(EngineQuarantine) { .restore = true, .job = "bob" },
+                                                  S(4)), 0);
         quiesce(f);
         run(f, S(4));
         assert_int_equal(f->n_life, 2);
+        assert_false(f->life[1].quarantined);
+        assert_string_equal(f->life[1].job, "bob"); /* who restored it, for the journal */
+        assert_int_equal(f->life[1].exit_status, -1);
         assert_true(granted(w));
         /* Restoring what is not quarantined says nothing. */
         assert_int_equal(engine_member_quarantine(f->engine, "p", "b", NULL, S(5)), 0);
