@@ -260,7 +260,8 @@ static char *drains_by_pool(const char *text) {
                 n++;
                 p = *e ? e + 1 : e;
         }
-        qsort(lines, n, sizeof(Line), line_compare);
+        if (n > 1) /* qsort() of NULL, 0 is undefined */
+                qsort(lines, n, sizeof(Line), line_compare);
         char *out = malloc(strlen(text) + 1), *o = out;
         assert_non_null(out);
         for (size_t i = 0; i < n; i++) {
