@@ -1837,7 +1837,6 @@ static void test_drain_refuses_a_reservation_first(void **state) {
         assert_true(e->order < w->order);
 }
 
-#ifndef TEST_ENGINE_SHARED /* these name members, which a shared pool's scripts take no selectors for yet */
 /* SPEC §3.6: a reservation goes ahead of every waiting job, a k=2 waiter and a higher-priority lane's included;
  * it takes the next member that frees, and no member is held twice. */
 static void test_reservation_is_next_in_line_behind_a_two_slot_waiter(void **state) {
@@ -1961,7 +1960,6 @@ static void test_reservation_for_a_member_and_bad_ones(void **state) {
         assert_true(queued(w2));
         assert_int_equal(pool_in_use(f, 0), 2);
 }
-#endif
 
 static void test_reload_reorder_keeps_a_held_member_held(void **state) {
         Fixture *f = *state;
@@ -3793,11 +3791,9 @@ int main(void) {
                 T(test_max_hold_revokes_without_freeing),
                 T(test_lease_released_after_its_max_hold_unseen_is_not_revoked),
                 T(test_reservation_is_next_in_line_in_a_pool_of_slots),
-#ifndef TEST_ENGINE_SHARED
                 T(test_reservation_is_next_in_line_behind_a_two_slot_waiter),
                 T(test_reservation_takes_a_member_a_two_slot_waiter_sets_aside),
                 T(test_reservation_for_a_member_and_bad_ones),
-#endif
                 T(test_reload_reorder_keeps_a_held_member_held),
                 T(test_reload_removed_member_stays_held_until_released),
                 T(test_reload_readded_member_is_not_handed_out_twice),
