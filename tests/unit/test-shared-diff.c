@@ -21,7 +21,8 @@
  * a member or labels, for a while. Compared too: MEMBER and DRAIN events.
  * The simulator has no cancels: those are test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
- * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED. */
+ * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED, TEST_SHARED_DIFF_FIRST=S from seed S
+ * on (1: the default), to run one again. */
 #include <glob.h>
 #include <inttypes.h>
 #include <setjmp.h>
@@ -661,7 +662,7 @@ static void test_generated(void **state) {
 int main(void) {
         _cleanup_free_ struct CMUnitTest *tests = NULL;
         _cleanup_free_ char *names = NULL;
-        size_t n = 0, generated = GENERATED;
+        size_t n = 0, generated = GENERATED, first = 1;
         glob_t files = {};
         int r;
 
@@ -674,6 +675,9 @@ int main(void) {
         const char *seeds = getenv("TEST_SHARED_DIFF_SEEDS");
         if (seeds)
                 generated = MIN(strtoul(seeds, NULL, 10), 100000ul);
+        const char *from = getenv("TEST_SHARED_DIFF_FIRST");
+        if (from)
+                first = MAX(MIN(strtoul(from, NULL, 10), 1000000ul), 1ul);
         /* Run from tests/ (meson's workdir). */
         r = glob("scenarios/*.json", 0, NULL, &files);
         if (r != 0 || files.gl_pathc == 0) {
@@ -690,11 +694,11 @@ int main(void) {
                         .initial_state = files.gl_pathv[i],
                 };
         for (size_t i = 0; i < generated; i++) {
-                snprintf(names + 32 * i, 32, "generated seed %u", (unsigned) (i + 1));
+                snprintf(names + 32 * i, 32, "generated seed %u", (unsigned) (first + i));
                 tests[n++] = (struct CMUnitTest) {
                         .name = names + 32 * i,
                         .test_func = test_generated,
-                        .initial_state = (void *) (uintptr_t) (i + 1),
+                        .initial_state = (void *) (uintptr_t) (first + i),
                 };
         }
 
