@@ -110,6 +110,14 @@ Scenario *scenario_free(Scenario *s) {
                 free(s->drains[i].origin);
         }
         free(s->drains);
+        for (size_t i = 0; i < s->n_reservations; i++) {
+                free(s->reservations[i].pool);
+                free(s->reservations[i].member);
+                strv_free(s->reservations[i].labels);
+                free(s->reservations[i].reason);
+                free(s->reservations[i].origin);
+        }
+        free(s->reservations);
         free(s->origin);
         return mfree(s);
 }
@@ -372,6 +380,16 @@ static void sort_drains(ScenarioDrain *d, size_t n) {
         }
 }
 
+static void sort_reservations(ScenarioReservation *d, size_t n) {
+        for (size_t i = 1; i < n; i++) {
+                ScenarioReservation x = d[i];
+                size_t k = i;
+                for (; k > 0 && d[k - 1].at_ms > x.at_ms; k--)
+                        d[k] = d[k - 1];
+                d[k] = x;
+        }
+}
+
 static int check_lane(const Scenario *s, const ScenarioTraffic *t, char **error) {
         if (!t->lane)
                 return scenario_error(error, "%s.lane: missing (the scenario has several lanes)", t->origin);
@@ -427,6 +445,9 @@ int scenario_finish(Scenario *s, char **error) {
                 qsort_r(s->request_order, s->n_requests, sizeof(size_t), compare_request_order, s);
         }
         sort_drains(s->drains, s->n_drains);
+        if (s->n_reservations > ARRIVALS_MAX - total - s->n_requests)
+                return scenario_error(error, "%s: too many reservations", s->origin);
+        sort_reservations(s->reservations, s->n_reservations);
 
         s->finished = true;
         return 0;
@@ -624,6 +645,31 @@ int scenario_build_config(const Scenario *s, const char *key, const char *value,
                 if (p && d->member && !strv_contains(p->members, d->member)) {
                         r = scenario_error(error, "%s.member: pool \"%s\" has no member \"%s\"", d->origin, d->pool,
                                            d->member);
+                        goto finish;
+                }
+        }
+        /* As brokerd refuses a Reserve (SPEC §3.6): a member or labels no member of the pool has. */
+        for (size_t i = 0; i < s->n_reservations; i++) {
+                const ScenarioReservation *v = &s->reservations[i];
+                const PoolConfig *p = conf_find_pool(c, v->pool);
+                _cleanup_free_ uint64_t *set = NULL;
+                if (!p || (!v->member && !v->labels))
+                        continue;
+                if (!p->members) {
+                        r = scenario_error(error, "%s.%s: pool \"%s\" has no members", v->origin,
+                                           v->member ? "member" : "labels", v->pool);
+                        goto finish;
+                }
+                if (v->member && !strv_contains(p->members, v->member)) {
+                        r = scenario_error(error, "%s.member: pool \"%s\" has no member \"%s\"", v->origin, v->pool,
+                                           v->member);
+                        goto finish;
+                }
+                if (selector_resolve(&(Selector) { .terms = v->labels, .member = v->member }, p->members, p->labels,
+                                     p->n_labels, &set) < 0 ||
+                    member_set_count(set, member_set_words(p->n_members)) == 0) {
+                        r = scenario_error(error, "%s.labels: no member of pool \"%s\" matches them", v->origin,
+                                           v->pool);
                         goto finish;
                 }
         }
@@ -1234,6 +1280,20 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
         return 0;
 }
 
+/* A reason as slotctl drain --reason and slotctl reserve --reason take it: one printable line of 1 to 1024 bytes. */
+static int get_reason(const json_t *v, const char *path, char **error, char **ret) {
+        const char *text;
+        int r = get_string(v, path, error, &text);
+        if (r < 0)
+                return r;
+        for (const unsigned char *c = (const unsigned char *) text; *c; c++)
+                if (*c < 0x20 || *c == 0x7f)
+                        return scenario_error(error, "%s: contains a control character", path);
+        if (strlen(text) > 1024)
+                return scenario_error(error, "%s: longer than 1024 bytes", path);
+        return strdup_or_null(text, ret);
+}
+
 /* drains: [{"at", "pool", "member", "reason", "until"} or {"at", "pool", "member", "undrain": true}]. The
  * member is checked against the pool's members= by scenario_build_config(), which has the configuration. */
 static int parse_drains(Scenario *s, const json_t *drains, char **error) {
@@ -1289,17 +1349,9 @@ static int parse_drains(Scenario *s, const json_t *drains, char **error) {
                                 if (strdup_or_null(text, &e->member) < 0)
                                         return -ENOMEM;
                         } else if (streq(key, "reason")) {
-                                r = get_string(v, path, error, &text);
+                                r = get_reason(v, path, error, &e->reason);
                                 if (r < 0)
                                         return r;
-                                /* As slotctl drain --reason takes it: printable, one line. */
-                                for (const unsigned char *c = (const unsigned char *) text; *c; c++)
-                                        if (*c < 0x20 || *c == 0x7f)
-                                                return scenario_error(error, "%s: contains a control character", path);
-                                if (strlen(text) > 1024)
-                                        return scenario_error(error, "%s: longer than 1024 bytes", path);
-                                if (strdup_or_null(text, &e->reason) < 0)
-                                        return -ENOMEM;
                         } else if (streq(key, "undrain")) {
                                 if (!json_is_boolean(v))
                                         return scenario_error(error, "%s: expected a boolean, got %s", path, json_kind(v));
@@ -1319,8 +1371,113 @@ static int parse_drains(Scenario *s, const json_t *drains, char **error) {
         return 0;
 }
 
+/* reservations: [{"at", "pool", "member" or "labels", "for", "reason"}], as `slotctl reserve` takes them. The
+ * member and labels are checked against the pool's members by scenario_build_config(). */
+static int parse_reservations(Scenario *s, const json_t *list, char **error) {
+        size_t i;
+        json_t *d;
+        int r;
+
+        if (!json_is_array(list))
+                return scenario_error(error, "%s: reservations: expected an array, got %s", s->origin, json_kind(list));
+        if (json_array_size(list) > 0) {
+                ScenarioReservation *all = reallocarray(s->reservations, s->n_reservations + json_array_size(list),
+                                                        sizeof(ScenarioReservation));
+                if (!all)
+                        return -ENOMEM;
+                s->reservations = all;
+        }
+
+        json_array_foreach(list, i, d) {
+                ScenarioReservation x = { .at_ms = SIM_FOREVER };
+                const char *key, *text;
+                json_t *v;
+
+                if (asprintf(&x.origin, "%s: reservations[%zu]", s->origin, i) < 0)
+                        return -ENOMEM;
+                /* Owned by the scenario from here: freed with it whatever follows. */
+                s->reservations[s->n_reservations++] = x;
+                ScenarioReservation *e = &s->reservations[s->n_reservations - 1];
+                if (!json_is_object(d))
+                        return scenario_error(error, "%s: expected an object, got %s", e->origin, json_kind(d));
+
+                json_object_foreach(d, key, v) {
+                        _cleanup_free_ char *path = NULL;
+                        if (asprintf(&path, "%s.%s", e->origin, key) < 0)
+                                return -ENOMEM;
+
+                        if (streq(key, "at")) {
+                                r = parse_duration_value(v, false, path, error, &e->at_ms);
+                                if (r < 0)
+                                        return r;
+                        } else if (streq(key, "for")) {
+                                r = parse_duration_value(v, false, path, error, &e->for_ms);
+                                if (r < 0)
+                                        return r;
+                                if (e->for_ms == 0)
+                                        return scenario_error(error, "%s: out of range (1ms to " SIM_SPAN_MAX_TEXT ")", path);
+                        } else if (streq(key, "pool")) {
+                                r = get_string(v, path, error, &text);
+                                if (r < 0)
+                                        return r;
+                                if (!scenario_pool_name(s, text))
+                                        return scenario_error(error, "%s: unknown pool \"%s\"", path, text);
+                                if (strdup_or_null(text, &e->pool) < 0)
+                                        return -ENOMEM;
+                        } else if (streq(key, "member")) {
+                                r = get_string(v, path, error, &text);
+                                if (r < 0)
+                                        return r;
+                                if (!conf_name_is_valid(text))
+                                        return scenario_error(error, "%s: invalid member name \"%s\"", path, text);
+                                if (strdup_or_null(text, &e->member) < 0)
+                                        return -ENOMEM;
+                        } else if (streq(key, "labels")) {
+                                size_t k, n = json_array_size(v);
+                                json_t *term;
+                                if (!json_is_array(v) || n == 0)
+                                        return scenario_error(error, "%s: expected an array of labels, got %s", path,
+                                                              json_is_array(v) ? "an empty one" : json_kind(v));
+                                if (n > SELECTOR_TERMS_MAX / 2)
+                                        return scenario_error(error, "%s: %zu labels, at most %d", path, n,
+                                                              SELECTOR_TERMS_MAX / 2);
+                                e->labels = calloc(n + 1, sizeof(char *));
+                                if (!e->labels)
+                                        return -ENOMEM;
+                                json_array_foreach(v, k, term) {
+                                        if (!json_is_string(term) || !selector_term_is_valid(json_string_value(term)))
+                                                return scenario_error(error,
+                                                                      "%s[%zu]: expected a label or !label (a-z 0-9 . _ -)",
+                                                                      path, k);
+                                        if (!(e->labels[k] = strdup(json_string_value(term))))
+                                                return -ENOMEM;
+                                }
+                        } else if (streq(key, "reason")) {
+                                r = get_reason(v, path, error, &e->reason);
+                                if (r < 0)
+                                        return r;
+                        } else
+                                return scenario_error(error, "%s: unknown key", path);
+                }
+                if (e->at_ms == SIM_FOREVER)
+                        return scenario_error(error, "%s.at: missing", e->origin);
+                if (!e->pool)
+                        return scenario_error(error, "%s.pool: missing", e->origin);
+                if (e->for_ms == 0)
+                        return scenario_error(error, "%s.for: missing", e->origin);
+                if (!e->reason)
+                        return scenario_error(error, "%s.reason: missing", e->origin);
+                if (!e->reason[0])
+                        return scenario_error(error, "%s.reason: empty", e->origin);
+                if (e->member && e->labels)
+                        return scenario_error(error, "%s: a member or labels, not both", e->origin);
+        }
+        return 0;
+}
+
 static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
-        static const char *const top_keys[] = { "pools", "pool", "lanes", "deadline", "arrivals", "requests", "drains" };
+        static const char *const top_keys[] = { "pools", "pool", "lanes", "deadline", "arrivals", "requests", "drains",
+                                                "reservations" };
         const char *key;
         json_t *v;
         int r;
@@ -1368,6 +1525,12 @@ static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
         v = json_object_get(root, "drains");
         if (v) {
                 r = parse_drains(s, v, error);
+                if (r < 0)
+                        return r;
+        }
+        v = json_object_get(root, "reservations");
+        if (v) {
+                r = parse_reservations(s, v, error);
                 if (r < 0)
                         return r;
         }

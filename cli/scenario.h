@@ -77,6 +77,19 @@ typedef struct ScenarioDrain {
         char *origin;      /* "scenario.json: drains[0]" */
 } ScenarioDrain;
 
+/* A reservation for a person at an instant, as `slotctl reserve POOL [--member M | --label L…] --for DUR
+ * --reason TEXT` (SPEC §3.6): lane @reserve of its pool, ahead of every waiting job, a lease that ends after
+ * `for` from its grant. */
+typedef struct ScenarioReservation {
+        uint64_t at_ms;
+        char *pool;
+        char *member;      /* NULL: any; never with labels */
+        char **labels;     /* selector terms: "L" or "!L"; NULL: none */
+        uint64_t for_ms;   /* ≥ 1 */
+        char *reason;
+        char *origin;      /* "scenario.json: reservations[0]" */
+} ScenarioReservation;
+
 typedef struct Scenario {
         char *origin;                /* the file name, or "slotctl simulate" */
         ScenarioSetting *settings;
@@ -94,13 +107,15 @@ typedef struct Scenario {
         size_t *request_order;       /* indices of requests by time, stable: file order within an instant */
         ScenarioDrain *drains;       /* by time, stable: file order within an instant */
         size_t n_drains;
+        ScenarioReservation *reservations; /* by time, stable: file order within an instant */
+        size_t n_reservations;
         uint64_t n_generated;        /* arrivals over all phases */
         uint64_t deadline_ms;        /* SIM_FOREVER: none */
         bool finished;
 } Scenario;
 
 /* Request ids: generated arrivals are 0 … n_generated−1 in arrival order (named "1", "2", …), explicit
- * requests follow in file order. */
+ * requests follow in file order, then reservations in time order (scenario_reservation_id()). */
 
 int scenario_new(const char *origin, Scenario **ret);
 Scenario *scenario_free(Scenario *s);
@@ -126,6 +141,12 @@ int scenario_finish(Scenario *s, char **error);
  * key NULL for none), then conf_validate() and a check that every request fits some pool of its lane.
  * Returns 0, -ENOMEM, or -EINVAL with *error naming the setting. */
 int scenario_build_config(const Scenario *s, const char *key, const char *value, char **error, BrokerConfig **ret);
+
+/* The request id of reservation k (an index into s->reservations), past every request's: the engine's
+ * userdata of its request, which scenario_traffic() knows nothing of. */
+static inline uint64_t scenario_reservation_id(const Scenario *s, size_t k) {
+        return s->n_generated + s->n_requests + k;
+}
 
 /* What request `id` asks for. */
 const ScenarioTraffic *scenario_traffic(const Scenario *s, uint64_t id);

@@ -85,6 +85,7 @@ typedef struct Sim {
         SimRecord *records;   /* by id (all, with per_request), or by explicit request index */
         size_t n_records;
         size_t next_drain;    /* the scenario's drains applied so far */
+        size_t next_reservation; /* … and reservations submitted */
         SimResult *result;
 } Sim;
 
@@ -94,6 +95,11 @@ uint64_t sim_splitmix64(void *state) {
         z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
         z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
         return z ^ (z >> 31);
+}
+
+/* A reservation's request id (scenario_reservation_id()), not a request's. */
+static bool sim_is_reservation(const Sim *sim, uint64_t id) {
+        return id >= sim->scenario->n_generated + sim->scenario->n_requests;
 }
 
 static SimRecord *sim_record(Sim *sim, uint64_t id) {
@@ -139,8 +145,9 @@ static void sim_lease_end(Sim *sim, SimLease *l, uint64_t t_ms) {
         usec_t now = t_ms * USEC_PER_MSEC;
         uint64_t deadline = sim->scenario->deadline_ms;
 
-        /* Late: the client gave up before the work was done (wait + hold > deadline). */
-        if (deadline != SIM_FOREVER && now - l->arrival > deadline * USEC_PER_MSEC)
+        /* Late: the client gave up before the work was done (wait + hold > deadline). A person's reservation
+         * has no such client. */
+        if (deadline != SIM_FOREVER && !sim_is_reservation(sim, l->id) && now - l->arrival > deadline * USEC_PER_MSEC)
                 sim->result->late++;
         sim->last_end_ms = MAX(sim->last_end_ms, t_ms);
         sim->any_end = true;
@@ -228,6 +235,13 @@ static int sim_handle_event(Sim *sim, const EngineEvent *ev) {
         case ENGINE_EVENT_GRANTED:
                 if (ev->queued)
                         sim->waiting--;
+                if (sim_is_reservation(sim, id)) {
+                        /* Counted apart: reports without reservations stay as they were. */
+                        res->reserved++;
+                        res->longest_reservation_wait_ms = MAX(res->longest_reservation_wait_ms,
+                                                               ev->wait / USEC_PER_MSEC);
+                        return sim_lease_start(sim, ev, id);
+                }
                 res->granted++;
                 res->longest_wait_ms = MAX(res->longest_wait_ms, ev->wait / USEC_PER_MSEC);
                 rec = sim_record(sim, id);
@@ -243,6 +257,10 @@ static int sim_handle_event(Sim *sim, const EngineEvent *ev) {
         case ENGINE_EVENT_REFUSED:
                 if (ev->queued)
                         sim->waiting--;
+                if (sim_is_reservation(sim, id)) {
+                        res->reservations_refused++;
+                        return 0;
+                }
                 if (ev->refusal >= 0 && ev->refusal < _REFUSAL_MAX)
                         res->refused[ev->refusal]++;
                 res->first_refusal_ms = MIN(res->first_refusal_ms, ev->at / USEC_PER_MSEC);
@@ -304,6 +322,39 @@ static int sim_drain(Sim *sim, uint64_t t) {
         return 0;
 }
 
+/* The scenario's reservations of instant t, in file order, as brokerd takes a Reserve call (SPEC §3.6;
+ * session_reserve()): lane @reserve of the pool, one slot, waiting as long as it takes, a lease that max-hold
+ * ends `for` after its grant (the engine revokes it then, and the run ends it as any revoked lease). */
+static int sim_reserve(Sim *sim, uint64_t t) {
+        const Scenario *s = sim->scenario;
+        int r;
+
+        for (; sim->next_reservation < s->n_reservations && s->reservations[sim->next_reservation].at_ms == t;
+             sim->next_reservation++) {
+                size_t k = sim->next_reservation;
+                const ScenarioReservation *v = &s->reservations[k];
+                EngineRequest *request = NULL;
+
+                r = engine_acquire(sim->engine,
+                                   &(EngineAcquire) {
+                                           .reserve_pool = v->pool,
+                                           .slots = 1,
+                                           .max_wait = USEC_INFINITY,
+                                           .max_hold = v->for_ms * USEC_PER_MSEC,
+                                           .userdata = (void *) (uintptr_t) (scenario_reservation_id(s, k) + 1),
+                                           .labels = (const char *const *) v->labels,
+                                           .member = v->member,
+                                   },
+                                   t * USEC_PER_MSEC, &request);
+                if (r < 0)
+                        return r;
+                sim_quiesce(sim);
+                engine_request_unref(request);
+                sim->result->reservations++;
+        }
+        return 0;
+}
+
 static int sim_arrive(Sim *sim, const Arrival *a) {
         const ScenarioTraffic *t = a->traffic;
         EngineRequest *request = NULL;
@@ -348,6 +399,8 @@ static uint64_t sim_next_instant(Sim *sim, const ArrivalCursor *cursor, bool sta
 
         if (sim->next_drain < sim->scenario->n_drains)
                 next = MIN(next, sim->scenario->drains[sim->next_drain].at_ms);
+        if (sim->next_reservation < sim->scenario->n_reservations)
+                next = MIN(next, sim->scenario->reservations[sim->next_reservation].at_ms);
 
         HeapNode *top = heap_peek(&sim->ends);
         if (top)
@@ -455,8 +508,8 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
         arrival_cursor_init(&cursor, s);
         for (;;) {
                 /* The end: all arrivals and drains done, nobody waiting, no hold left that will end. */
-                if (arrival_cursor_peek(&cursor) == SIM_FOREVER && sim.next_drain >= s->n_drains && sim.waiting == 0 &&
-                    sim.n_ending == 0)
+                if (arrival_cursor_peek(&cursor) == SIM_FOREVER && sim.next_drain >= s->n_drains &&
+                    sim.next_reservation >= s->n_reservations && sim.waiting == 0 && sim.n_ending == 0)
                         break;
                 uint64_t next = sim_next_instant(&sim, &cursor, started, t);
                 if (next == SIM_FOREVER || next > UINT64_MAX / USEC_PER_MSEC)
@@ -472,6 +525,10 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
                 }
                 /* then drains and undrains (as an operator's, before the arrivals of the instant), */
                 r = sim_drain(&sim, t);
+                if (r < 0)
+                        goto finish;
+                /* reservations (people's, as drains, ahead of the arrivals of the instant), */
+                r = sim_reserve(&sim, t);
                 if (r < 0)
                         goto finish;
                 /* (2) arrivals in generated order, */
@@ -584,6 +641,13 @@ void sim_print_text(const Scenario *s, const SimResult *r, FILE *f) {
         /* Only where exit statuses quarantined something: other reports stay as they were. */
         if (r->quarantined > 0 || r->restored > 0)
                 fprintf(f, LABEL "%4" PRIu64 "  (restored %" PRIu64 ")\n", "quarantined", r->quarantined, r->restored);
+        /* Only where the scenario reserves: other reports stay as they were. */
+        if (r->reservations > 0) {
+                fprintf(f, LABEL "%4" PRIu64 "  (granted %" PRIu64, "reservations", r->reservations, r->reserved);
+                if (r->reservations_refused > 0)
+                        fprintf(f, ", refused %" PRIu64, r->reservations_refused);
+                fprintf(f, ", longest wait %s s)\n", sim_format_tenths(a, sizeof a, r->longest_reservation_wait_ms));
+        }
         if (r->first_refusal_ms == SIM_FOREVER)
                 fprintf(f, LABEL "%4s\n", "first refusal", "none");
         else
@@ -728,6 +792,11 @@ void sim_print_json(const Scenario *s, const SimResult *r, FILE *f) {
         fprintf(f, "},\n  \"late\": %" PRIu64 ",\n", r->late);
         if (r->quarantined > 0 || r->restored > 0)
                 fprintf(f, "  \"quarantined\": %" PRIu64 ",\n  \"restored\": %" PRIu64 ",\n", r->quarantined, r->restored);
+        if (r->reservations > 0)
+                fprintf(f,
+                        "  \"reservations\": {\"count\": %" PRIu64 ", \"granted\": %" PRIu64 ", \"refused\": %" PRIu64
+                        ", \"longestWaitMs\": %" PRIu64 "},\n",
+                        r->reservations, r->reserved, r->reservations_refused, r->longest_reservation_wait_ms);
         fputs("  \"peakQueueBySecond\": [", f);
         for (size_t i = 0; i < r->peaks.n; i++)
                 fprintf(f, "%s%" PRIu32, i > 0 ? ", " : "", r->peaks.seconds[i]);

@@ -61,6 +61,12 @@ typedef struct SimResult {
         uint64_t end_ms;            /* the last instant */
         uint64_t quarantined;       /* members quarantined by an exit status (SPEC §3.6) */
         uint64_t restored;          /* … and restored by a health lane's exit 0 */
+        /* The scenario's reservations (SPEC §3.6), counted apart from requests: submitted, granted, refused
+         * (a drained pool), the longest wait of those granted. Waiting ones count in the peak queue. */
+        uint64_t reservations;
+        uint64_t reserved;
+        uint64_t reservations_refused;
+        uint64_t longest_reservation_wait_ms;
         SimRecord *records;         /* in arrival order */
         size_t n_records;
 } SimResult;

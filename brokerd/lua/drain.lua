@@ -6,8 +6,9 @@
 --       [8] who ("uid N")   [9] reason   [10] until (pool µs; "": none) — [8…] absent (a plain drain, tests):
 --       the record is left as it is; present: the drain's record (prelude.lua, DRAINS.record()) is made
 --       (on: replacing any) or dropped (off), and the caller's reply tells it ([6] notices)
--- Decides: the pool: meta.drained = on; on → every waiter is refused unavailable "drained", lane by lane
---       (by name), bucket by bucket (k ascending), in arrival order. At most SETTLE_MAX refusals per call:
+-- Decides: the pool: meta.drained = on; on → every waiter is refused unavailable "drained", the
+--       reservations' lane ("@reserve") first, then lane by lane (by name), bucket by bucket (k ascending),
+--       in arrival order. At most SETTLE_MAX refusals per call:
 --       "settling" until none is left; the pool is drained from the first call on, so nothing is granted
 --       meanwhile (unlike other operations, a "settling" drain has done part of its work: sending it again
 --       finishes it). A member: added to or removed from {sb:P}:dm; its position (its index among the
@@ -44,7 +45,13 @@ end
 local function drain_pool()
         meta_set('drained', ON and 1 or 0)
         if not ON then return true end
+        -- The reservations' lane first, as it is first in the queue (SPEC §3.6: ahead of every waiting job),
+        -- whatever the other lanes are named ("0ci" sorts before "@reserve"), as pool-local.c refuses them.
+        local lanes = { RESERVE_LANE }
         for _, lane in ipairs(R.lane_names) do
+                if lane ~= RESERVE_LANE then lanes[#lanes + 1] = lane end
+        end
+        for _, lane in ipairs(lanes) do
                 local ks = redis.call('SMEMBERS', k_lk(lane))
                 table.sort(ks, function(a, b) return tonumber(a) < tonumber(b) end)
                 for _, k in ipairs(ks) do

@@ -2073,7 +2073,8 @@ local function instant(t)
         rests.wake(t)
         if DRAINS.next() and DRAINS.next() <= t then DRAINS.expire(t) end
         if M.phase == 0 then
-                if not dispatch(t) then return false end
+                -- Health waiters too before budgets end (pool-local.c:local_run(); SPEC §3.3 step 3 before 4).
+                if not dispatch(t) or not HEALTH.dispatch(t) then return false end
                 meta_set('phase', 1)
         end
         if M.phase == 1 then

@@ -1938,10 +1938,14 @@ static int local_drain(Pool *base, const char *member, bool on, usec_t now) {
 
         if (!member) {
                 p->base.drained = on;
-                /* In the scripts' order (drain.lua): each lane's queue, then the health lanes' waiters. */
+                /* In the scripts' order (drain.lua): the reservations first, as they are first in the queue
+                 * (SPEC §3.6: ahead of every waiting job), then each lane's queue, then the health lanes'
+                 * waiters. */
                 if (on) {
-                        for (size_t i = 0; i < p->n_lanes; i++)
-                                lane_refuse_queued(p, p->lanes[i], now);
+                        for (int pass = 0; pass < 2; pass++)
+                                for (size_t i = 0; i < p->n_lanes; i++)
+                                        if (streq(p->lanes[i]->name, ENGINE_RESERVE_LANE) == (pass == 0))
+                                                lane_refuse_queued(p, p->lanes[i], now);
                         health_refuse_waiters(p, NULL, now);
                 }
                 return 0;

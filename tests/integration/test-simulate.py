@@ -95,6 +95,16 @@ class WorkedExamples(unittest.TestCase):
         r = simulate_json("--scenario", os.path.join(SCENARIOS, name))
         return {q["name"]: q for q in r["perRequest"]}, r
 
+    def test_reservation_ahead_of_a_two_slot_waiter(self):
+        """SPEC §3.6: a reservation goes ahead of the k=2 waiter that came first, its lease ends after its for."""
+        q, r = self.requests("reserve.json")
+        self.assertEqual(r["reservations"], {"count": 2, "granted": 2, "refused": 0, "longestWaitMs": 300})
+        self.assertEqual(q["pair"]["decidedMs"], 1700)
+        self.assertEqual(r["requests"], 5)
+        text = simulate("--scenario", os.path.join(SCENARIOS, "reserve.json")).stdout
+        self.assertIn("reservations       2  (granted 2, longest wait 0.3 s)\n", text)
+        self.assertNotIn("reservations", simulate("--scenario", os.path.join(SCENARIOS, "jammed.json")).stdout)
+
     def test_keeping_up(self):
         q, r = self.requests("keeping-up.json")
         self.assertEqual([q["A"]["outcome"], q["B"]["outcome"]], ["granted", "granted"])
@@ -286,6 +296,10 @@ class BadInput(unittest.TestCase):
             ('{"pool": {"limit": 2}, "requests": [{"name": "A", "at": "0s", "hold": "1s", "slots": 3}]}',
              "requests[0].slots"),
             ('{"pool": {"limit": 2}, "unexpected": []}', "unexpected: unknown key"),
+            ('{"pool": {"members": ["a"]}, "reservations": [{"at": "0s", "pool": "default", "member": "b", '
+             '"for": "1s", "reason": "x"}]}', 'reservations[0].member: pool "default" has no member "b"'),
+            ('{"pool": {"limit": 2}, "reservations": [{"at": "0s", "pool": "default", "for": "1s"}]}',
+             "reservations[0].reason: missing"),
             ('{"pool": {"limit": 2}, "arrivals": [', "invalid JSON"),
             ("", "invalid JSON"),
         ]

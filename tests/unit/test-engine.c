@@ -56,6 +56,7 @@ typedef struct Tag {
         Refusal refusal;
         usec_t decided;
         size_t n_events;
+        size_t order;           /* its decision's place among all the fixture's decisions, from 1 */
         EngineEvent queued;
         EngineEvent final;
 } Tag;
@@ -66,6 +67,7 @@ typedef struct Fixture {
         uint64_t rng;
         Tag tags[512];
         size_t n_tags;
+        size_t n_decided;
         EngineEvent congestion[64];
         size_t n_congestion;
         EngineEvent revoked[64];
@@ -213,6 +215,7 @@ static void drain_events(Fixture *f) {
                 else {
                         t->final = ev;
                         t->decided = ev.at;
+                        t->order = ++f->n_decided;
                 }
                 if (ev.type == ENGINE_EVENT_GRANTED)
                         t->lease = ev.lease;
@@ -1826,7 +1829,28 @@ static void test_reservation_is_next_in_line_in_a_pool_of_slots(void **state) {
         assert_true(queued(w));
 }
 
-#ifndef TEST_ENGINE_SHARED /* these name members, which a shared pool's scripts take no selectors for yet */
+/* A drain of the pool refuses a waiting reservation first, as it is first in the queue (SPEC §3.6: ahead of
+ * every waiting job), whatever the lanes are named ("0early" sorts before "@reserve"), then the lanes' waiters.
+ * Both kinds: pool-local.c refused it last (its lane is the last configured), the scripts after "0early"
+ * (lanes by name). */
+static void test_drain_refuses_a_reservation_first(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        lane_add(f, "0early", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *e = acquire(f, "E", (Req) { .lane = "0early" }, S(1));
+        Tag *w = acquire(f, "W", (Req) {}, S(1));
+        Tag *r = acquire(f, "R", (Req) { .reserve = "p" }, S(2));
+        assert_true(granted(a) && queued(e) && queued(w) && queued(r));
+        assert_int_equal(drain(f, "p", NULL, true, S(3)), 0);
+        assert_true(refused(r, REFUSAL_UNAVAILABLE) && refused(e, REFUSAL_UNAVAILABLE) &&
+                    refused(w, REFUSAL_UNAVAILABLE));
+        assert_true(r->order < e->order);
+        assert_true(e->order < w->order);
+}
+
 /* SPEC §3.6: a reservation goes ahead of every waiting job, a k=2 waiter and a higher-priority lane's included;
  * it takes the next member that frees, and no member is held twice. */
 static void test_reservation_is_next_in_line_behind_a_two_slot_waiter(void **state) {
@@ -1950,7 +1974,6 @@ static void test_reservation_for_a_member_and_bad_ones(void **state) {
         assert_true(queued(w2));
         assert_int_equal(pool_in_use(f, 0), 2);
 }
-#endif
 
 static void test_reload_reorder_keeps_a_held_member_held(void **state) {
         Fixture *f = *state;
@@ -3777,15 +3800,14 @@ int main(void) {
                 T(test_drained_member_is_not_handed_out),
                 T(test_reload_shrink_lets_holders_finish),
                 T(test_reload_removing_pool_refuses_waiters_and_keeps_holders),
+                T(test_drain_refuses_a_reservation_first),
                 T(test_reload_keeps_waiters_and_reorders_on_new_priority),
                 T(test_max_hold_revokes_without_freeing),
                 T(test_lease_released_after_its_max_hold_unseen_is_not_revoked),
                 T(test_reservation_is_next_in_line_in_a_pool_of_slots),
-#ifndef TEST_ENGINE_SHARED
                 T(test_reservation_is_next_in_line_behind_a_two_slot_waiter),
                 T(test_reservation_takes_a_member_a_two_slot_waiter_sets_aside),
                 T(test_reservation_for_a_member_and_bad_ones),
-#endif
                 T(test_reload_reorder_keeps_a_held_member_held),
                 T(test_reload_removed_member_stays_held_until_released),
                 T(test_reload_readded_member_is_not_handed_out_twice),

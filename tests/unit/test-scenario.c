@@ -285,6 +285,61 @@ static void test_exit_statuses_and_drains(void **state) {
         free(error);
 }
 
+/* Issue 23 item 4 in a scenario: reservations by time (file order within an instant); a member the pool does not
+ * have, labels no member matches, or either on a pool of anonymous slots are refused with the configuration. */
+static void test_reservations(void **state) {
+        _cleanup_(scenario_freep) Scenario *s = load(
+                "{\"pools\": {\"rigs\": {\"members\": [\"a\", \"b\"], \"label.fast\": [\"a\"]}, \"plain\": {\"limit\": 2}},"
+                " \"lanes\": {\"ci\": {\"pools\": [\"rigs\", \"plain\"]}},"
+                " \"reservations\": [{\"at\": \"3s\", \"pool\": \"plain\", \"for\": \"1h\", \"reason\": \"third\"},"
+                "            {\"at\": \"2s\", \"pool\": \"rigs\", \"member\": \"b\", \"for\": \"10s\", \"reason\": \"first\"},"
+                "            {\"at\": \"2s\", \"pool\": \"rigs\", \"labels\": [\"fast\", \"!slow\"], \"for\": \"1ms\", \"reason\": \"second\"}]}");
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        char *error = NULL;
+
+        assert_int_equal(s->n_reservations, 3);
+        assert_string_equal(s->reservations[0].reason, "first");
+        assert_int_equal(s->reservations[0].at_ms, 2000);
+        assert_string_equal(s->reservations[0].member, "b");
+        assert_null(s->reservations[0].labels);
+        assert_int_equal(s->reservations[0].for_ms, 10000);
+        assert_string_equal(s->reservations[1].reason, "second");
+        assert_null(s->reservations[1].member);
+        assert_string_equal(s->reservations[1].labels[0], "fast");
+        assert_string_equal(s->reservations[1].labels[1], "!slow");
+        assert_null(s->reservations[1].labels[2]);
+        assert_int_equal(s->reservations[1].for_ms, 1);
+        assert_string_equal(s->reservations[2].pool, "plain");
+        assert_int_equal(s->reservations[2].for_ms, 3600000);
+        assert_int_equal(scenario_reservation_id(s, 2), 2); /* no request: past none */
+        assert_int_equal(scenario_build_config(s, NULL, NULL, &error, &c), 0);
+
+        static const struct {
+                const char *reservation;
+                const char *error;
+        } refused[] = {
+                { "{\"at\": \"1s\", \"pool\": \"rigs\", \"member\": \"z\", \"for\": \"1s\", \"reason\": \"x\"}",
+                  "test.json: reservations[0].member: pool \"rigs\" has no member \"z\"" },
+                { "{\"at\": \"1s\", \"pool\": \"rigs\", \"labels\": [\"slow\"], \"for\": \"1s\", \"reason\": \"x\"}",
+                  "test.json: reservations[0].labels: no member of pool \"rigs\" matches them" },
+                { "{\"at\": \"1s\", \"pool\": \"plain\", \"member\": \"a\", \"for\": \"1s\", \"reason\": \"x\"}",
+                  "test.json: reservations[0].member: pool \"plain\" has no members" },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(refused); i++) {
+                _cleanup_free_ char *json = NULL;
+                assert_true(asprintf(&json,
+                                     "{\"pools\": {\"rigs\": {\"members\": [\"a\"], \"label.fast\": [\"a\"]}, \"plain\": {\"limit\": 1}},"
+                                     " \"lanes\": {\"ci\": {\"pools\": [\"rigs\"]}}, \"reservations\": [%s]}",
+                                     refused[i].reservation) > 0);
+                _cleanup_(scenario_freep) Scenario *bad = load(json);
+                conf_free(TAKE_PTR(c));
+                assert_int_equal(scenario_build_config(bad, NULL, NULL, &error, &c), -EINVAL);
+                assert_string_equal(error, refused[i].error);
+                free(error);
+                error = NULL;
+        }
+}
+
 static void test_bad_scenarios_name_the_culprit(void **state) {
         static const struct {
                 const char *json;
@@ -341,6 +396,23 @@ static void test_bad_scenarios_name_the_culprit(void **state) {
                   "test.json: drains[0]: an undrain takes no reason or until" },
                 { "{\"pool\": {\"limit\": 2}, \"drains\": [{\"at\": \"2s\", \"pool\": \"default\", \"colour\": 1}]}",
                   "test.json: drains[0].colour: unknown key" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": {}}", "test.json: reservations: expected an array, got an object" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"pool\": \"default\", \"for\": \"1s\", \"reason\": \"x\"}]}", "test.json: reservations[0].at: missing" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"for\": \"1s\", \"reason\": \"x\"}]}", "test.json: reservations[0].pool: missing" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"pool\": \"x\", \"for\": \"1s\", \"reason\": \"x\"}]}", "test.json: reservations[0].pool: unknown pool \"x\"" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"pool\": \"default\", \"reason\": \"x\"}]}", "test.json: reservations[0].for: missing" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"pool\": \"default\", \"for\": \"0\", \"reason\": \"x\"}]}", "test.json: reservations[0].for: out of range" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"pool\": \"default\", \"for\": \"forever\", \"reason\": \"x\"}]}", "test.json: reservations[0].for: " },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"pool\": \"default\", \"for\": \"400d\", \"reason\": \"x\"}]}", "test.json: reservations[0].for: " },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"pool\": \"default\", \"for\": \"1s\"}]}", "test.json: reservations[0].reason: missing" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"pool\": \"default\", \"for\": \"1s\", \"reason\": \"\"}]}", "test.json: reservations[0].reason: empty" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"pool\": \"default\", \"for\": \"1s\", \"reason\": \"a\\u007fb\"}]}", "test.json: reservations[0].reason: contains a control character" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"pool\": \"default\", \"for\": \"1s\", \"reason\": \"x\", \"member\": \"a\", \"labels\": [\"l\"]}]}", "test.json: reservations[0]: a member or labels, not both" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"pool\": \"default\", \"for\": \"1s\", \"reason\": \"x\", \"labels\": []}]}", "test.json: reservations[0].labels: expected an array of labels, got an empty one" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"pool\": \"default\", \"for\": \"1s\", \"reason\": \"x\", \"labels\": [\"Big\"]}]}", "test.json: reservations[0].labels[0]: expected a label" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"pool\": \"default\", \"for\": \"1s\", \"reason\": \"x\", \"member\": \"a b\"}]}", "test.json: reservations[0].member: invalid member name" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [{\"at\": \"1s\", \"pool\": \"default\", \"for\": \"1s\", \"reason\": \"x\", \"slots\": 2}]}", "test.json: reservations[0].slots: unknown key" },
+                { "{\"pool\": {\"limit\": 2}, \"reservations\": [1]}", "test.json: reservations[0]: expected an object, got an integer" },
                 { "{\"pool\": {\"limit\": 2, \"quarantine-exit-codes\": [3, \"x\"]}}",
                   "test.json: pool.quarantine-exit-codes[1]: expected an integer, got a string" },
                 { "{\"pool\": {\"limit\": 2},", "test.json:1:" },
@@ -464,6 +536,7 @@ int main(void) {
                 cmocka_unit_test(test_scenario_keys_become_config_settings),
                 cmocka_unit_test(test_integer_keys_take_the_config_spellings),
                 cmocka_unit_test(test_exit_statuses_and_drains),
+                cmocka_unit_test(test_reservations),
                 cmocka_unit_test(test_bad_scenarios_name_the_culprit),
                 cmocka_unit_test(test_many_explicit_requests_and_their_duplicate),
                 cmocka_unit_test(test_config_errors_name_the_scenario_key),

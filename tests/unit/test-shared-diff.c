@@ -17,10 +17,12 @@
  * priorities, max-in-use, reserve, max-hold, fail-fast and labels=; requests of 1–3 slots, no-wait, client
  * caps, labels and a named member), and issue 23's lives of members: quarantine-exit-codes= and
  * quarantine-after= on member pools, health lanes, requests whose commands tell an exit status, drains of
- * pools and members with a reason, some until a time, some undrained. Compared too: MEMBER and DRAIN events.
+ * pools and members with a reason, some until a time, some undrained; reservations (lane @reserve) of any slot,
+ * a member or labels, for a while. Compared too: MEMBER and DRAIN events.
  * The simulator has no cancels: those are test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
- * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED. */
+ * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED, TEST_SHARED_DIFF_FIRST=S from seed S
+ * on (1: the default), to run one again. */
 #include <glob.h>
 #include <inttypes.h>
 #include <setjmp.h>
@@ -439,7 +441,8 @@ static void gen_request_selector(Gen *g, const GenPool *pools, unsigned n_pools,
  * arrivals. A waiter of a pool without a queue timeout may wait for good: the run ends when nothing could
  * serve it any more, the same both ways (a shared pool has no instants of its own in the manual mode). */
 static char *generate(uint64_t seed) {
-        Gen g = { .state = seed * 1000003 }, cg = { .state = seed * 7919 + 17 }, qg = { .state = seed * 104729 + 31 };
+        Gen g = { .state = seed * 1000003 }, cg = { .state = seed * 7919 + 17 }, qg = { .state = seed * 104729 + 31 },
+            rg = { .state = seed * 15485863 + 47 };
         char *text = NULL;
         size_t size = 0;
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
@@ -595,6 +598,36 @@ static char *generate(uint64_t seed) {
                 }
                 fputc(']', g.f);
         }
+        /* Reservations for people (issue 23 item 4), from a generator of their own, on the same grid: any slot, a
+         * member, or labels some member carries; for 100 ms to 3 s; behind waiters, among releases and rests. */
+        unsigned n_reservations = gen_chance(&rg, 60) ? 1 + gen_below(&rg, 3) : 0;
+        if (n_reservations > 0) {
+                fputs(", \"reservations\": [", g.f);
+                for (unsigned i = 0; i < n_reservations; i++) {
+                        unsigned p = gen_below(&rg, n_pools), at = 100 * gen_below(&rg, 80);
+                        fprintf(g.f, "%s{\"at\": \"%ums\", \"pool\": \"p%u\", \"for\": \"%ums\", \"reason\": \"v%u\"",
+                                i > 0 ? ", " : "", at, p, 100 * (1 + gen_below(&rg, 30)), i);
+                        unsigned how = pools[p].members ? gen_below(&rg, 3) : 0;
+                        if (how == 1)
+                                fprintf(g.f, ", \"member\": \"m%u\"", gen_below(&rg, pools[p].limit));
+                        else if (how == 2) {
+                                static const GenSel choices[] = {
+                                        { .x = 1, .member = -1 },
+                                        { .x = -1, .member = -1 },
+                                        { .y = -1, .member = -1 },
+                                        { .x = 1, .y = -1, .member = -1 },
+                                };
+                                const GenSel *t = &choices[gen_below(&rg, ELEMENTSOF(choices))];
+                                if (gen_capacity(&pools[p], t, NULL) == 0)
+                                        t = &choices[0]; /* x is on some member of every member pool */
+                                fputs(", \"labels\": [", g.f);
+                                gen_print_terms(g.f, t);
+                                fputc(']', g.f);
+                        }
+                        fputc('}', g.f);
+                }
+                fputc(']', g.f);
+        }
         if (gen_chance(&g, 50)) {
                 /* A phase of generated arrivals on top: a steady stream colliding with the explicit ones. */
                 unsigned l = gen_below(&g, n_lanes);
@@ -630,7 +663,7 @@ static void test_generated(void **state) {
 int main(void) {
         _cleanup_free_ struct CMUnitTest *tests = NULL;
         _cleanup_free_ char *names = NULL;
-        size_t n = 0, generated = GENERATED;
+        size_t n = 0, generated = GENERATED, first = 1;
         glob_t files = {};
         int r;
 
@@ -643,6 +676,9 @@ int main(void) {
         const char *seeds = getenv("TEST_SHARED_DIFF_SEEDS");
         if (seeds)
                 generated = MIN(strtoul(seeds, NULL, 10), 100000ul);
+        const char *from = getenv("TEST_SHARED_DIFF_FIRST");
+        if (from)
+                first = MAX(MIN(strtoul(from, NULL, 10), 1000000ul), 1ul);
         /* Run from tests/ (meson's workdir). */
         r = glob("scenarios/*.json", 0, NULL, &files);
         if (r != 0 || files.gl_pathc == 0) {
@@ -659,11 +695,11 @@ int main(void) {
                         .initial_state = files.gl_pathv[i],
                 };
         for (size_t i = 0; i < generated; i++) {
-                snprintf(names + 32 * i, 32, "generated seed %u", (unsigned) (i + 1));
+                snprintf(names + 32 * i, 32, "generated seed %u", (unsigned) (first + i));
                 tests[n++] = (struct CMUnitTest) {
                         .name = names + 32 * i,
                         .test_func = test_generated,
-                        .initial_state = (void *) (uintptr_t) (i + 1),
+                        .initial_state = (void *) (uintptr_t) (first + i),
                 };
         }
 

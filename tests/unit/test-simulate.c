@@ -98,6 +98,20 @@ static SimResult *run(const char *json, bool per_request) {
         return result;
 }
 
+/* As run(), the scenario kept: the records point into its names, which a report prints. */
+static SimResult *run_kept(const char *json, bool per_request, Scenario **ret_scenario) {
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        SimResult *result = NULL;
+        char *error = NULL;
+
+        if (scenario_load_string(json, "test.json", &error, ret_scenario) < 0 ||
+            scenario_build_config(*ret_scenario, NULL, NULL, &error, &c) < 0)
+                fail_msg("scenario: %s", error ?: "(no message)");
+        SimOptions o = { .seed = 1, .per_request = per_request };
+        assert_int_equal(sim_run(*ret_scenario, c, &o, &result), 0);
+        return result;
+}
+
 #define REFERENCE_POOL "\"pool\": {\"limit\": 6, \"max-queue\": 100}, \"deadline\": \"30s\""
 
 static void test_reference_40_per_second(void **state) {
@@ -241,6 +255,66 @@ static void test_quarantine_health_and_drains_in_a_scenario(void **state) {
         assert_int_equal(r->records[7].refusal, REFUSAL_UNAVAILABLE);
 }
 
+/* Issue 23 item 4: a reservation is ahead of a k=2 waiter that came first (it takes b when b's rest ends, then a
+ * second one takes a), its lease ends `for` after its grant (max-hold), the k=2 waiter gets both once they have
+ * rested, and a request the pair does not want takes c meanwhile; a reservation of a drained pool is refused. The
+ * reservations are counted apart from requests, and printed only where the scenario has some. */
+static void test_reservations_in_a_scenario(void **state) {
+        static const char json[] =
+                "{\"pools\": {\"rigs\": {\"members\": [\"a\", \"b\", \"c\"], \"label.fast\": [\"a\", \"b\"], \"cooldown\": \"200ms\"},"
+                "           \"spare\": {\"limit\": 1}},"
+                " \"lanes\": {\"ci\": {\"pools\": [\"rigs\"]}},"
+                " \"requests\": ["
+                " {\"name\": \"on-a\", \"at\": \"0s\", \"hold\": \"500ms\", \"lane\": \"ci\", \"member\": \"a\"},"
+                " {\"name\": \"on-b\", \"at\": \"0s\", \"hold\": \"300ms\", \"lane\": \"ci\", \"member\": \"b\"},"
+                " {\"name\": \"pair\", \"at\": \"100ms\", \"hold\": \"200ms\", \"lane\": \"ci\", \"slots\": 2, \"labels\": [\"fast\"]},"
+                " {\"name\": \"on-c\", \"at\": \"600ms\", \"hold\": \"200ms\", \"lane\": \"ci\", \"labels\": [\"!fast\"]}],"
+                " \"drains\": [{\"at\": \"0s\", \"pool\": \"spare\", \"reason\": \"off\"}],"
+                " \"reservations\": ["
+                " {\"at\": \"200ms\", \"pool\": \"rigs\", \"labels\": [\"fast\"], \"for\": \"1s\", \"reason\": \"flasher\"},"
+                " {\"at\": \"600ms\", \"pool\": \"rigs\", \"member\": \"a\", \"for\": \"300ms\", \"reason\": \"a look\"},"
+                " {\"at\": \"1s\", \"pool\": \"spare\", \"for\": \"1s\", \"reason\": \"drained\"}]}";
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        _cleanup_(sim_result_freep) SimResult *r = run_kept(json, true, &s);
+
+        assert_int_equal(r->requests, 4);
+        assert_int_equal(r->granted, 4);
+        assert_int_equal(r->reservations, 3);
+        assert_int_equal(r->reserved, 2);
+        assert_int_equal(r->reservations_refused, 1);
+        assert_int_equal(r->longest_reservation_wait_ms, 300); /* b rests from 300 to 500 ms */
+        /* pair: a and b once the reservations have ended (1000 and 1500 ms) and rested (200 ms). */
+        assert_int_equal(r->records[2].decided_ms, 1700);
+        assert_int_equal(r->records[3].decided_ms, 600);
+        assert_int_equal(r->longest_wait_ms, 1600);
+
+        _cleanup_free_ char *text = NULL, *js = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&text, &size);
+        assert_non_null(f);
+        sim_print_text(s, r, f);
+        assert_int_equal(fclose(f), 0);
+        assert_non_null(strstr(text, "\nreservations       3  (granted 2, refused 1, longest wait 0.3 s)\n"));
+        f = open_memstream(&js, &size);
+        assert_non_null(f);
+        sim_print_json(s, r, f);
+        assert_int_equal(fclose(f), 0);
+        assert_non_null(strstr(js, "\n  \"reservations\": {\"count\": 3, \"granted\": 2, \"refused\": 1, \"longestWaitMs\": 300},\n"));
+
+        /* Without reservations, neither report names them. */
+        static const char plain[] = "{\"pool\": {\"limit\": 1}, \"requests\": [{\"name\": \"x\", \"at\": \"0s\", \"hold\": \"1s\"}]}";
+        _cleanup_(scenario_freep) Scenario *p = NULL;
+        _cleanup_(sim_result_freep) SimResult *none = run_kept(plain, false, &p);
+        free(text);
+        text = NULL;
+        f = open_memstream(&text, &size);
+        assert_non_null(f);
+        sim_print_text(p, none, f);
+        sim_print_json(p, none, f);
+        assert_int_equal(fclose(f), 0);
+        assert_null(strstr(text, "reservations"));
+}
+
 static void test_scenario_labels_that_nobody_matches_are_an_error(void **state) {
         _cleanup_(scenario_freep) Scenario *s = NULL;
         _cleanup_(conf_freep) BrokerConfig *c = NULL;
@@ -352,6 +426,7 @@ int main(void) {
                 cmocka_unit_test(test_labels_and_member_in_a_scenario),
                 cmocka_unit_test(test_cooldown_in_a_scenario),
                 cmocka_unit_test(test_quarantine_health_and_drains_in_a_scenario),
+                cmocka_unit_test(test_reservations_in_a_scenario),
                 cmocka_unit_test(test_scenario_labels_that_nobody_matches_are_an_error),
                 cmocka_unit_test(test_also_in_a_scenario),
                 cmocka_unit_test(test_max_hold_revocation_ends_the_lease_at_once),
