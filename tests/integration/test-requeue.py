@@ -119,11 +119,15 @@ class Requeue(harness.BrokerTestCase):
             self.assertEqual(j.wait(60), 10 + i, j.stderr())
         self.assertEqual(sorted(e.name for e in self.w.started()), [f"job{i}" for i in range(6)])
         self.assertEqual(len(self.w.ended()), 6)
-        # Each restart found jobs waiting (the last one at least the sixth): they queued again.
-        self.assertGreaterEqual(sum(j.stderr().count("reconnected to the broker; queued again") for j in jobs), 3,
-                                stderrs())
+        # The witness first: never two holders of the one slot, whatever the restarts did.
         self.w.check(self)
         self.assertLessEqual(max(c for _, c, _ in self.w.holders()), 1)
+        # Each restart found jobs waiting (the last one at least the sixth): they asked again, and were queued
+        # again, or granted at once where the slot had come free meanwhile (the holder's short command ended
+        # while the broker restarted: a loaded machine's restart outlasts it).
+        asked_again = sum(j.stderr().count("reconnected to the broker; queued again") +
+                          j.stderr().count("reconnected to the broker; granted at once") for j in jobs)
+        self.assertGreaterEqual(asked_again, 3, stderrs())
 
     def test_broker_away_longer_than_reclaim_for_is_69(self):
         b = self.broker(CONFIG, "brokerd")
