@@ -1280,6 +1280,28 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
         return 0;
 }
 
+/* A drain's or a reservation's "pool": one the scenario configures, copied to *ret. */
+static int get_pool_name(const Scenario *s, const json_t *v, const char *path, char **error, char **ret) {
+        const char *text;
+        int r = get_string(v, path, error, &text);
+        if (r < 0)
+                return r;
+        if (!scenario_pool_name(s, text))
+                return scenario_error(error, "%s: unknown pool \"%s\"", path, text);
+        return strdup_or_null(text, ret) < 0 ? -ENOMEM : 0;
+}
+
+/* A "member": a valid name (the pool's own members are checked against the config later), copied to *ret. */
+static int get_member_name(const json_t *v, const char *path, char **error, char **ret) {
+        const char *text;
+        int r = get_string(v, path, error, &text);
+        if (r < 0)
+                return r;
+        if (!conf_name_is_valid(text))
+                return scenario_error(error, "%s: invalid member name \"%s\"", path, text);
+        return strdup_or_null(text, ret) < 0 ? -ENOMEM : 0;
+}
+
 /* A reason as slotctl drain --reason and slotctl reserve --reason take it: one printable line of 1 to 1024 bytes. */
 static int get_reason(const json_t *v, const char *path, char **error, char **ret) {
         const char *text;
@@ -1312,7 +1334,7 @@ static int parse_drains(Scenario *s, const json_t *drains, char **error) {
 
         json_array_foreach(drains, i, d) {
                 ScenarioDrain x = { .at_ms = SIM_FOREVER, .until_ms = SIM_FOREVER };
-                const char *key, *text;
+                const char *key;
                 json_t *v;
 
                 if (asprintf(&x.origin, "%s: drains[%zu]", s->origin, i) < 0)
@@ -1333,21 +1355,13 @@ static int parse_drains(Scenario *s, const json_t *drains, char **error) {
                                 if (r < 0)
                                         return r;
                         } else if (streq(key, "pool")) {
-                                r = get_string(v, path, error, &text);
+                                r = get_pool_name(s, v, path, error, &e->pool);
                                 if (r < 0)
                                         return r;
-                                if (!scenario_pool_name(s, text))
-                                        return scenario_error(error, "%s: unknown pool \"%s\"", path, text);
-                                if (strdup_or_null(text, &e->pool) < 0)
-                                        return -ENOMEM;
                         } else if (streq(key, "member")) {
-                                r = get_string(v, path, error, &text);
+                                r = get_member_name(v, path, error, &e->member);
                                 if (r < 0)
                                         return r;
-                                if (!conf_name_is_valid(text))
-                                        return scenario_error(error, "%s: invalid member name \"%s\"", path, text);
-                                if (strdup_or_null(text, &e->member) < 0)
-                                        return -ENOMEM;
                         } else if (streq(key, "reason")) {
                                 r = get_reason(v, path, error, &e->reason);
                                 if (r < 0)
@@ -1390,7 +1404,7 @@ static int parse_reservations(Scenario *s, const json_t *list, char **error) {
 
         json_array_foreach(list, i, d) {
                 ScenarioReservation x = { .at_ms = SIM_FOREVER };
-                const char *key, *text;
+                const char *key;
                 json_t *v;
 
                 if (asprintf(&x.origin, "%s: reservations[%zu]", s->origin, i) < 0)
@@ -1417,21 +1431,13 @@ static int parse_reservations(Scenario *s, const json_t *list, char **error) {
                                 if (e->for_ms == 0)
                                         return scenario_error(error, "%s: out of range (1ms to " SIM_SPAN_MAX_TEXT ")", path);
                         } else if (streq(key, "pool")) {
-                                r = get_string(v, path, error, &text);
+                                r = get_pool_name(s, v, path, error, &e->pool);
                                 if (r < 0)
                                         return r;
-                                if (!scenario_pool_name(s, text))
-                                        return scenario_error(error, "%s: unknown pool \"%s\"", path, text);
-                                if (strdup_or_null(text, &e->pool) < 0)
-                                        return -ENOMEM;
                         } else if (streq(key, "member")) {
-                                r = get_string(v, path, error, &text);
+                                r = get_member_name(v, path, error, &e->member);
                                 if (r < 0)
                                         return r;
-                                if (!conf_name_is_valid(text))
-                                        return scenario_error(error, "%s: invalid member name \"%s\"", path, text);
-                                if (strdup_or_null(text, &e->member) < 0)
-                                        return -ENOMEM;
                         } else if (streq(key, "labels")) {
                                 size_t k, n = json_array_size(v);
                                 json_t *term;
