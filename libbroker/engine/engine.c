@@ -1012,6 +1012,17 @@ static void set_grant_done(Engine *e, EngineRequest *r, usec_t now) {
                 set_lease(e, r, now);
 }
 
+/* set_grant()'s end, whichever way it asked: what the pools answered at once is taken in; the set is granting
+ * while any answer is awaited, else done now. Drops set_grant()'s reference. */
+static void set_grant_settle(Engine *e, EngineRequest *r, usec_t now) {
+        set_absorb_pending(e, r);
+        if (set_is_awaited(r))
+                r->granting = true;
+        else
+                set_grant_done(e, r, now);
+        engine_request_unref(r);
+}
+
 /* Grants every part at once (set_is_ready() said so). A pool that decides later answers later: the set is
  * granting until every pool has (nothing else is decided for it meanwhile), then leased or given back whole. */
 static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
@@ -1031,12 +1042,7 @@ static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
                                 r->parts[i].waiter = NULL;
                         }
                 /* else -ENOMEM or -ESTALE: they stay queued, and the set is refused with them given back. */
-                set_absorb_pending(e, r);
-                if (set_is_awaited(r))
-                        r->granting = true;
-                else
-                        set_grant_done(e, r, now);
-                engine_request_unref(r);
+                set_grant_settle(e, r, now);
                 return;
         }
         for (size_t i = 0; i < r->n_parts; i++) {
@@ -1050,12 +1056,7 @@ static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
                         break;
                 }
         }
-        set_absorb_pending(e, r);
-        if (set_is_awaited(r))
-                r->granting = true;
-        else
-                set_grant_done(e, r, now);
-        engine_request_unref(r);
+        set_grant_settle(e, r, now);
 }
 
 static int set_route_submit(Engine *e, EngineRequest *r, usec_t now);
