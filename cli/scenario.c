@@ -1317,6 +1317,26 @@ static int get_reason(const json_t *v, const char *path, char **error, char **re
         return strdup_or_null(text, ret);
 }
 
+/* The keys a drain and a reservation share, as slotctl drain and slotctl reserve take them: "at", "pool",
+ * "member", "reason". Returns 1 if `key` was one of them. */
+static int parse_action_key(const Scenario *s, const char *key, const json_t *v, const char *path, char **error,
+                            uint64_t *at_ms, char **pool, char **member, char **reason) {
+        int r;
+
+        if (streq(key, "at"))
+                r = parse_duration_value(v, false, path, error, at_ms);
+        else if (streq(key, "pool"))
+                r = get_pool_name(s, v, path, error, pool);
+        else if (streq(key, "member"))
+                r = get_member_name(v, path, error, member);
+        else if (streq(key, "reason"))
+                r = get_reason(v, path, error, reason);
+        else
+                return 0;
+
+        return r < 0 ? r : 1;
+}
+
 /* drains: [{"at", "pool", "member", "reason", "until"} or {"at", "pool", "member", "undrain": true}]. The
  * member is checked against the pool's members= by scenario_build_config(), which has the configuration. */
 static int parse_drains(Scenario *s, const json_t *drains, char **error) {
@@ -1351,28 +1371,22 @@ static int parse_drains(Scenario *s, const json_t *drains, char **error) {
                         if (asprintf(&path, "%s.%s", e->origin, key) < 0)
                                 return -ENOMEM;
 
-                        if (streq(key, "at") || streq(key, "until")) {
-                                r = parse_duration_value(v, false, path, error, streq(key, "at") ? &e->at_ms : &e->until_ms);
-                                if (r < 0)
-                                        return r;
-                        } else if (streq(key, "pool")) {
-                                r = get_pool_name(s, v, path, error, &e->pool);
-                                if (r < 0)
-                                        return r;
-                        } else if (streq(key, "member")) {
-                                r = get_member_name(v, path, error, &e->member);
-                                if (r < 0)
-                                        return r;
-                        } else if (streq(key, "reason")) {
-                                r = get_reason(v, path, error, &e->reason);
+                        if (streq(key, "until")) {
+                                r = parse_duration_value(v, false, path, error, &e->until_ms);
                                 if (r < 0)
                                         return r;
                         } else if (streq(key, "undrain")) {
                                 if (!json_is_boolean(v))
                                         return scenario_error(error, "%s: expected a boolean, got %s", path, json_kind(v));
                                 e->undrain = json_is_true(v);
-                        } else
-                                return scenario_error(error, "%s: unknown key", path);
+                        } else {
+                                r = parse_action_key(s, key, v, path, error, &e->at_ms, &e->pool, &e->member,
+                                                     &e->reason);
+                                if (r < 0)
+                                        return r;
+                                if (r == 0)
+                                        return scenario_error(error, "%s: unknown key", path);
+                        }
                 }
                 if (e->at_ms == SIM_FOREVER)
                         return scenario_error(error, "%s.at: missing", e->origin);
@@ -1421,34 +1435,24 @@ static int parse_reservations(Scenario *s, const json_t *list, char **error) {
                         if (asprintf(&path, "%s.%s", e->origin, key) < 0)
                                 return -ENOMEM;
 
-                        if (streq(key, "at")) {
-                                r = parse_duration_value(v, false, path, error, &e->at_ms);
-                                if (r < 0)
-                                        return r;
-                        } else if (streq(key, "for")) {
+                        if (streq(key, "for")) {
                                 r = parse_duration_value(v, false, path, error, &e->for_ms);
                                 if (r < 0)
                                         return r;
                                 if (e->for_ms == 0)
                                         return scenario_error(error, "%s: out of range (1ms to " SIM_SPAN_MAX_TEXT ")", path);
-                        } else if (streq(key, "pool")) {
-                                r = get_pool_name(s, v, path, error, &e->pool);
-                                if (r < 0)
-                                        return r;
-                        } else if (streq(key, "member")) {
-                                r = get_member_name(v, path, error, &e->member);
-                                if (r < 0)
-                                        return r;
                         } else if (streq(key, "labels")) {
                                 r = get_labels(v, false, path, error, &e->labels);
                                 if (r < 0)
                                         return r;
-                        } else if (streq(key, "reason")) {
-                                r = get_reason(v, path, error, &e->reason);
+                        } else {
+                                r = parse_action_key(s, key, v, path, error, &e->at_ms, &e->pool, &e->member,
+                                                     &e->reason);
                                 if (r < 0)
                                         return r;
-                        } else
-                                return scenario_error(error, "%s: unknown key", path);
+                                if (r == 0)
+                                        return scenario_error(error, "%s: unknown key", path);
+                        }
                 }
                 if (e->at_ms == SIM_FOREVER)
                         return scenario_error(error, "%s.at: missing", e->origin);
