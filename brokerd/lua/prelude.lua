@@ -827,6 +827,17 @@ function HEALTH.enlist(w)
         lane_incr(w.lane, 'waiting', 1)
 end
 
+-- What HEALTH.enlist() linked, unlinked (waiter_unlink() too). keep_record: the caller turns the waiter's
+-- record into its lease's.
+function HEALTH.delist(w, keep_record)
+        if w.deadline ~= INF then
+                redis.call('ZREM', K.dl, w.wid)
+                carry.heads = nil
+        end
+        if not keep_record then record_remove(w.node, w.rid, 'w') end
+        lane_incr(w.lane, 'waiting', -1)
+end
+
 function HEALTH.link(w)
         LIFE.keyed('ZADD', HEALTH.key(), 0, w.wid)
         HEALTH.enlist(w)
@@ -836,12 +847,7 @@ end
 function HEALTH.unlink(w, keep_record)
         redis.call('HDEL', K.w, w.wid)
         LIFE.keyed('ZREM', HEALTH.key(), w.wid)
-        if w.deadline ~= INF then
-                redis.call('ZREM', K.dl, w.wid)
-                carry.heads = nil
-        end
-        if not keep_record then record_remove(w.node, w.rid, 'w') end
-        lane_incr(w.lane, 'waiting', -1)
+        HEALTH.delist(w, keep_record)
         HEALTH.count(-1)
 end
 
@@ -1068,12 +1074,7 @@ local function waiter_unlink(w, keep_record)
         redis.call('ZREM', waiter_bucket(w), w.wid)
         if (w.sel or '') ~= '' then meta_incr('selective', -1) end
         redis.call('ZREM', k_queue(w.prio), w.wid)
-        if w.deadline ~= INF then
-                redis.call('ZREM', K.dl, w.wid)
-                carry.heads = nil
-        end
-        if not keep_record then record_remove(w.node, w.rid, 'w') end
-        lane_incr(w.lane, 'waiting', -1)
+        HEALTH.delist(w, keep_record)
         meta_incr('waiting', -1)
 end
 
