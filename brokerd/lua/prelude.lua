@@ -912,12 +912,31 @@ end
 
 local function fast_threshold(q) return math.max(math.floor(q / 20), math.min(USEC_PER_SEC, q)) end
 
-local function saturated_budget()
+-- pool-local.c's saturated_budget() and a new waiter's budget: functions as fields of one table, one local of
+-- the library's (Lua's 200 locals a chunk), as LIFE's.
+local BUDGET = {}
+
+function BUDGET.saturated()
         if R.congestion then return R.congestion end
         return math.max(math.floor(R.q / 10), math.min(USEC_PER_SEC, R.q))
 end
 
 local function idle_at(t) return math.max(0, t - M.last_fast) end
+
+-- pool-local.c:local_submit(): a new waiter's budget is fixed now, from the idle time now (SPEC §3.1): the
+-- lane's (budget_set: lane_budget) or the adaptive one, at most the client's cap; shed when the saturated
+-- budget is the one that runs out. Sets w.idle, w.state (with a queue-timeout), w.budget, w.shed, w.deadline.
+function BUDGET.fix(w, now, budget_set, lane_budget, cap)
+        local adaptive = INF
+        if R.q then
+                w.idle = idle_at(now)
+                w.state = w.idle > R.q and 'saturated' or 'keeping-up'
+                adaptive = w.state == 'saturated' and BUDGET.saturated() or R.q
+        end
+        w.budget = math.min(budget_set and lane_budget or adaptive, cap)
+        w.shed = not budget_set and w.state == 'saturated' and adaptive <= cap
+        w.deadline = usec_add(now, w.budget)
+end
 
 ---------------------------------------------------------------------------------------------- decisions
 
