@@ -827,6 +827,17 @@ function HEALTH.enlist(w)
         lane_incr(w.lane, 'waiting', 1)
 end
 
+-- What HEALTH.enlist() linked, unlinked (waiter_unlink() too). keep_record: the caller turns the waiter's
+-- record into its lease's.
+function HEALTH.delist(w, keep_record)
+        if w.deadline ~= INF then
+                redis.call('ZREM', K.dl, w.wid)
+                carry.heads = nil
+        end
+        if not keep_record then record_remove(w.node, w.rid, 'w') end
+        lane_incr(w.lane, 'waiting', -1)
+end
+
 function HEALTH.link(w)
         LIFE.keyed('ZADD', HEALTH.key(), 0, w.wid)
         HEALTH.enlist(w)
@@ -836,12 +847,7 @@ end
 function HEALTH.unlink(w, keep_record)
         redis.call('HDEL', K.w, w.wid)
         LIFE.keyed('ZREM', HEALTH.key(), w.wid)
-        if w.deadline ~= INF then
-                redis.call('ZREM', K.dl, w.wid)
-                carry.heads = nil
-        end
-        if not keep_record then record_remove(w.node, w.rid, 'w') end
-        lane_incr(w.lane, 'waiting', -1)
+        HEALTH.delist(w, keep_record)
         HEALTH.count(-1)
 end
 
@@ -906,12 +912,31 @@ end
 
 local function fast_threshold(q) return math.max(math.floor(q / 20), math.min(USEC_PER_SEC, q)) end
 
-local function saturated_budget()
+-- pool-local.c's saturated_budget() and a new waiter's budget: functions as fields of one table, one local of
+-- the library's (Lua's 200 locals a chunk), as LIFE's.
+local BUDGET = {}
+
+function BUDGET.saturated()
         if R.congestion then return R.congestion end
         return math.max(math.floor(R.q / 10), math.min(USEC_PER_SEC, R.q))
 end
 
 local function idle_at(t) return math.max(0, t - M.last_fast) end
+
+-- pool-local.c:local_submit(): a new waiter's budget is fixed now, from the idle time now (SPEC §3.1): the
+-- lane's (budget_set: lane_budget) or the adaptive one, at most the client's cap; shed when the saturated
+-- budget is the one that runs out. Sets w.idle, w.state (with a queue-timeout), w.budget, w.shed, w.deadline.
+function BUDGET.fix(w, now, budget_set, lane_budget, cap)
+        local adaptive = INF
+        if R.q then
+                w.idle = idle_at(now)
+                w.state = w.idle > R.q and 'saturated' or 'keeping-up'
+                adaptive = w.state == 'saturated' and BUDGET.saturated() or R.q
+        end
+        w.budget = math.min(budget_set and lane_budget or adaptive, cap)
+        w.shed = not budget_set and w.state == 'saturated' and adaptive <= cap
+        w.deadline = usec_add(now, w.budget)
+end
 
 ---------------------------------------------------------------------------------------------- decisions
 
@@ -1068,12 +1093,7 @@ local function waiter_unlink(w, keep_record)
         redis.call('ZREM', waiter_bucket(w), w.wid)
         if (w.sel or '') ~= '' then meta_incr('selective', -1) end
         redis.call('ZREM', k_queue(w.prio), w.wid)
-        if w.deadline ~= INF then
-                redis.call('ZREM', K.dl, w.wid)
-                carry.heads = nil
-        end
-        if not keep_record then record_remove(w.node, w.rid, 'w') end
-        lane_incr(w.lane, 'waiting', -1)
+        HEALTH.delist(w, keep_record)
         meta_incr('waiting', -1)
 end
 
