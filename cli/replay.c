@@ -468,37 +468,27 @@ static int add_pool_setting(Scenario *s, const char *section, const char *key, c
 /* The recorded reservations as the scenario's (SPEC §3.6; simulate.c, sim_reserve()): arriving at time − wait,
  * in the replayed pool, asking its member or labels again, for as long as it was held (its --for when it ran
  * out, less when released by hand; until the history ends while still held), with its reason. */
-static int build_reservations(const Replay *r, uint64_t t0, ScenarioReservation **ret) {
-        ScenarioReservation *v = calloc(MAX(r->n_reservations, 1u), sizeof(ScenarioReservation));
-        size_t n = 0;
-
-        if (!v)
+static int build_reservations(const Replay *r, uint64_t t0, Scenario *s) {
+        /* Each entry is the scenario's as soon as it is counted: scenario_free() frees what a failure leaves. */
+        s->reservations = calloc(MAX(r->n_reservations, 1u), sizeof(ScenarioReservation));
+        if (!s->reservations)
                 return -ENOMEM;
         for (size_t i = 0; i < r->n_requests; i++) {
                 const ReplayRequest *q = &r->requests[i];
                 if (!q->reserve)
                         continue;
                 uint64_t hold = q->hold_us >= 0 ? (uint64_t) q->hold_us : usec_sub_unsigned(r->last_us, q->time_us);
-                ScenarioReservation *o = &v[n++];
+                ScenarioReservation *o = &s->reservations[s->n_reservations++];
                 o->at_ms = (q->arrival_us - t0) / USEC_PER_MSEC;
                 o->for_ms = MAX(hold / USEC_PER_MSEC, UINT64_C(1));
-                if (asprintf(&o->origin, "%s: event %" PRId64, r->path, q->id) < 0)
+                if (asprintf(&o->origin, "%s: event %" PRId64, r->path, q->id) < 0) {
                         o->origin = NULL;
-                if (!o->origin || !(o->pool = strdup(r->pool)) || !(o->reason = strdup(q->reason)) ||
-                    (q->member && !(o->member = strdup(q->member))) ||
-                    (q->labels && !(o->labels = strv_copy(q->labels)))) {
-                        for (size_t j = 0; j < n; j++) {
-                                free(v[j].pool);
-                                free(v[j].reason);
-                                free(v[j].origin);
-                                free(v[j].member);
-                                strv_free(v[j].labels);
-                        }
-                        free(v);
                         return -ENOMEM;
                 }
+                if (!(o->pool = strdup(r->pool)) || !(o->reason = strdup(q->reason)) ||
+                    (q->member && !(o->member = strdup(q->member))) || (q->labels && !(o->labels = strv_copy(q->labels))))
+                        return -ENOMEM;
         }
-        *ret = v;
         return 0;
 }
 
@@ -780,10 +770,9 @@ static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, c
                 return k;
         s->n_requests = r->n_requests - r->n_reservations;
         if (r->n_reservations > 0) {
-                k = build_reservations(r, t0, &s->reservations);
+                k = build_reservations(r, t0, s);
                 if (k < 0)
                         return k;
-                s->n_reservations = r->n_reservations;
         }
 
         if (o->deadline) {
