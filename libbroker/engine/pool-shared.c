@@ -2336,6 +2336,26 @@ static void notices_apply(SharedPool *p, const RespValue *notices, usec_t now) {
                         bad_input(p, "a garbage rest in Redis (ended)", now);
                         continue;
                 }
+                /* Garbage in a key of the members' lives that this call repaired (README, "Members' lives"). */
+                if (resp_is(resp_at(n, 0), "bad-key")) {
+                        static const struct {
+                                const char *key, *what;
+                        } keys[] = {
+                                { "qm", "garbage in Redis's quarantines (dropped)" },
+                                { "qf", "garbage in Redis's failure counts (dropped)" },
+                                { "hq", "garbage in Redis's health queue (repaired)" },
+                                { "dr", "a garbage drain record in Redis (repaired)" },
+                                { "du", "a garbage drain end in Redis (ended)" },
+                                { "rekey", "garbage in Redis's rekey job (dropped)" },
+                                { "meta", "wrong health waiter counts in Redis (healed)" },
+                        };
+                        const char *what = "garbage in Redis (repaired)";
+                        for (size_t j = 0; j < ELEMENTSOF(keys); j++)
+                                if (resp_is(resp_at(n, 1), keys[j].key))
+                                        what = keys[j].what;
+                        bad_input(p, what, now);
+                        continue;
+                }
                 if (resp_is(resp_at(n, 0), "quarantined") || resp_is(resp_at(n, 0), "restored")) {
                         life_notice(p, n, resp_is(resp_at(n, 0), "quarantined"), now);
                         continue;
