@@ -3623,15 +3623,19 @@ static int shared_submit_set(Pool *const *pools, const PoolTry *tries, size_t n,
                 }
         }
 
-        /* A resumed set asks again under its old rid (the same in every pool), when every pool serves: Redis
-         * answers where it stands, each pool's part ("known"). */
+        /* A resumed set asks again under its old rid (the same in every pool): Redis answers where it stands,
+         * each pool's part ("known"). As a lone resumed waiter (shared_submit()), only while each pool serves
+         * or its first reconcile, which drops the rids of this node it does not list, can still list it. */
         char rid[RID_LEN + 1];
         const char *old_rid = tries[0].resume ? tries[0].resume->remote_id : NULL;
-        bool all_serve = true;
-        for (size_t i = 0; i < n; i++)
-                all_serve = all_serve && pool_serves(SHARED(pools[i]));
-        if (old_rid && all_serve && rid_is_valid(old_rid, strnlen(old_rid, RID_LEN + 1)) &&
-            !rid_in_use(pools, n, old_rid))
+        bool early[SHARED_SET_POOLS_MAX] = {}, resumable = old_rid && rid_is_valid(old_rid, strnlen(old_rid, RID_LEN + 1)) &&
+                                                           !rid_in_use(pools, n, old_rid);
+        for (size_t i = 0; resumable && i < n; i++) {
+                SharedPool *q = SHARED(pools[i]);
+                early[i] = !pool_serves(q) && !reconcile_sent(q);
+                resumable = pool_serves(q) || early[i];
+        }
+        if (resumable)
                 strcpy(rid, old_rid);
         else
                 do
@@ -3683,7 +3687,12 @@ static int shared_submit_set(Pool *const *pools, const PoolTry *tries, size_t n,
                 if (!q->served && q->start_since == USEC_INFINITY)
                         q->start_since = now;
         }
+        c->resumed = resumable;
         call_queue(p, c);
+        /* A registering tick queued before it lists its page as of then: made again with this rid. */
+        for (size_t i = 0; resumable && i < n; i++)
+                if (early[i])
+                        requeue_reconcile(SHARED(pools[i]), now);
         return 0;
 fail:
         call_free(c);
