@@ -1160,6 +1160,14 @@ static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
                 set_lease(e, r, now);
                 return false;
         }
+        for (size_t i = 0; i < r->n_parts; i++)
+                if (r->parts[i].st == PART_GRANTED) {
+                        /* Granted in some pools and not in others: no pool decides so (one call grants all
+                         * or none); an answer that says so is not followed: all given back, refused. */
+                        set_withdraw(e, r, now);
+                        refuse_request(e, r, p, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL);
+                        return false;
+                }
         if (set_is_ready(r)) {
                 r->phase = REQUEST_WAITING; /* granting: a pool's answer may come later */
                 set_grant(e, r, now);
