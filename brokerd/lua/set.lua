@@ -84,6 +84,14 @@ local function set()
                                                 state = w.state, idle = w.idle, budget = w.budget,
                                                 position = waiter_position(w), queued = M.waiting,
                                         })
+                                        -- Said ready already (the node restarted, or lost the reply that
+                                        -- queued it): said again, or it would not be said until a grant
+                                        -- finds it not ready, which the node waits for the word to send.
+                                        if w.gated and w.ready then
+                                                events[#events + 1] = decision('ready', rid, now, {
+                                                        state = w.state, idle = w.idle, budget = w.budget,
+                                                })
+                                        end
                                 end
                         elseif kind == 'l' then
                                 d = lease_decision(lease_get(id))

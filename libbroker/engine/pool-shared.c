@@ -3777,12 +3777,15 @@ static const RespValue *set_part_reply(SharedPool *q, const Call *c, const RespV
 }
 
 /* A part the set's answer left waiting after all ("not-ready", "gone": nothing granted): QUEUED again, so
- * that the engine, which awaits every part's answer, goes on waiting; said ready again when it is. */
-static void set_part_requeue(SharedPool *q, const char *rid) {
+ * that the engine, which awaits every part's answer, goes on waiting. The pool named is said ready again
+ * when it is (set.lua unreadies what it found not ready); the others stay as they were said: one that Redis
+ * unreadied too is found so by the next grant, which names it. */
+static void set_part_requeue(SharedPool *q, const char *rid, bool named) {
         PoolWaiter *w = try_find(q, rid);
         if (!w || !w->queued)
                 return;
-        w->ready = false;
+        if (named)
+                w->ready = false;
         emit(q, (PoolDecision) { .verdict = POOL_VERDICT_QUEUED, .cookie = w->cookie, .at = q->last_now,
                                  .budget = USEC_INFINITY, .waiter = w });
 }
@@ -3902,7 +3905,7 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
                 for (size_t i = 0; i < n; i++) {
                         SharedPool *q = set_pool(p, c, i);
                         if (q)
-                                set_part_requeue(q, c->rid);
+                                set_part_requeue(q, c->rid, q == named);
                 }
         } else
                 ok = false;
