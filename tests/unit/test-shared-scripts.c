@@ -3620,6 +3620,34 @@ static void test_a_set_not_ready_at_its_grant_is_said_ready_again(void **state) 
         assert_int_equal(in_use_of(POOL2, 8500), 1);
 }
 
+/* A set's submit sent again (a node restarted, or lost the reply): each part as it stands ("known"), and a
+ * part said ready already is said again in that pool's events, or the node, which grants only on that word,
+ * would wait for good. */
+static void test_a_known_set_part_said_ready_is_said_again(void **state) {
+        set_pools(1000);
+        redisReply *r = submit_at(2000, "0000000000000e01", "ci", 1, true, -1); /* POOL is full */
+        freeReplyObject(r);
+        r = set_submit(3000, "0000000000000e02", true);
+        assert_string_equal(set_verdict(r), "queued");
+        freeReplyObject(r);
+        assert_true(tick_says_ready(POOL2, 3000, "0000000000000e02"));
+
+        r = set_submit(4000, "0000000000000e02", true);
+        assert_string_equal(set_verdict(r), "known");
+        bool ready[2] = { false, false };
+        for (size_t i = 0; i < 2; i++) {
+                const redisReply *p = set_reply(r, i);
+                assert_string_equal(field_s(body(p), D_VERDICT), "queued");
+                for (size_t j = 0; j < n_events(p); j++)
+                        ready[i] = ready[i] || (strcmp(field_s(event(p, j), D_VERDICT), "ready") == 0 &&
+                                                strcmp(field_s(event(p, j), D_RID), "0000000000000e02") == 0);
+        }
+        assert_false(ready[0]); /* POOL is full: never said */
+        assert_true(ready[1]);
+        freeReplyObject(r);
+        assert_int_equal(in_use_of(POOL2, 4500), 0); /* said, not granted */
+}
+
 /* Two sets that cross (one names POOL first, the other POOL2) stand in the same order in both pools, by one
  * call each: the first is ready in both and granted, the second is said ready in neither (no deadlock, where
  * each holding the head of one pool would wait for the other for good). */
@@ -4808,6 +4836,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_queued_set_holds_nothing_and_holds_back_those_behind_it),
                 T(test_a_set_refused_by_one_pool_takes_nothing_in_the_others),
                 T(test_a_set_not_ready_at_its_grant_is_said_ready_again),
+                T(test_a_known_set_part_said_ready_is_said_again),
                 T(test_a_malformed_set_call_is_an_error),
                 T(test_crossing_sets_stand_in_one_order_in_every_pool),
                 T(test_a_batch_answers_as_its_operations_one_by_one),
