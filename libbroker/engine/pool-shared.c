@@ -193,6 +193,7 @@ typedef struct SharedPool {
         char *refused_why;       /* REFUSED: what the link or Redis said ("eviction-policy", "manual-clock") */
 
         size_t positions_cursor; /* the refresh of waiters' places goes round, a page a heartbeat */
+        bool served_at_run;      /* pool_serves() at the last run(): sets_say_ready_again() when it turns */
 
         /* SPEC §3.6: the members' quarantines as the last reply's cache said (every reply carries them, so
          * every node shows and obeys the same: brokerd/lua/README, "Members' lives"); life[i] is member i. */
@@ -4110,6 +4111,16 @@ void pool_shared_renewed(Pool *base, bool covered, bool tick, usec_t sent_boot, 
                 p->tick_wanted = true;
 }
 
+/* The sets' parts said ready while this pool did not serve (ready() said no): said again now that it
+ * serves, or a set whose last READY came then would wait for a word that was said already. */
+static void sets_say_ready_again(SharedPool *p, usec_t now) {
+        list_foreach(n, &p->tries) {
+                PoolWaiter *w = container_of(n, PoolWaiter, node);
+                if (w->gated && w->queued && w->ready)
+                        emit(p, (PoolDecision) { .verdict = POOL_VERDICT_READY, .cookie = w->cookie, .at = now });
+        }
+}
+
 static void shared_run(Pool *base, usec_t now) {
         SharedPool *p = SHARED(base);
         p->last_now = MAX(p->last_now, now);
@@ -4121,6 +4132,9 @@ static void shared_run(Pool *base, usec_t now) {
         if (!p->link_up || refused_quiet(p))
                 return;
         bool operations = pool_serves(p);
+        if (operations && !p->served_at_run)
+                sets_say_ready_again(p, now);
+        p->served_at_run = operations;
         if (operations && now < p->status_until && !p->status_pending &&
             (p->status_last == 0 || now >= usec_add(p->status_last, USEC_PER_SEC)))
                 (void) queue_status(p, now);
