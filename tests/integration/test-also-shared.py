@@ -1,0 +1,446 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""All or nothing over shared pools (`also = POOL[:K]…` with backend=, SPEC §3.5 "Shared pools"; issue 22 items
+4, 5 and 8): two brokerds (node-a, node-b) on one real redis-server, `slotctl run` on both, witnessed by the
+commands (witness.py: a lock file per member or slot of every pool of a job's set, taken from SLOT_<POOL>_TOKEN,
+_INDEX and _MEMBER inside the command; a pool of the set missing from its environment is a set held in part).
+
+Pools rigs (members r1 r2 r3, label fast = r1 r2) and db (2 slots), both on the one backend. Lanes: set (rigs +
+db), set2 (a fast rig + db:2), cross (db + rigs: a set crossing set's order), rig and db (one pool each).
+- Contention: 30 jobs of every lane from both brokerds at once: no member or slot held twice at any instant,
+  never more than a pool's limit, no set held in part (and each pool's share the lane's K), labels honoured,
+  every job granted and exiting 0 (no deadlock between the crossing sets, nobody starved).
+- A fail-fast set (--no-wait; Acquire wait=false) with one pool full is refused busy naming that pool (exit 75,
+  "refused (busy): pool db is full"), whichever of the two it is, and takes nothing of the other.
+- A set waiting on node-b holds nothing (the backend's inUse), is listed under both pools (its Waiter's also,
+  slotctl status "(all of rigs db)", node-a's otherWaiters in both pools); a drain of db from node-a refuses it
+  (exit 75, "refused (unavailable): pool db: drained").
+- Status of node-a lists its set lease under both pools (Lease.also with the db token the command saw; slotctl
+  status prints the lease id under each), node-b's otherHolders lists it in both pools with both tokens; the
+  history has a row per pool of the grant and of the end, linked by the lease id, with each pool's token.
+- node-a SIGKILLed (by pid) while its job holds a fast rig and both db slots, node-b's set2 waiting for them
+  with a fast-rig job and a db job queued behind it: node-a's slotctl fences its command (exit 124); after the
+  node TTL node-b's set gets both pools' slots in one grant, before the one-pool jobs behind it (never one pool
+  without the other: the witness); node-a restarted no longer holds the lease.
+
+One fleet for the whole run: a shared pool's first use waits one node TTL (its recovery window), paid once.
+Skipped (77) without redis-server or shared pools, and while brokerd refuses sets over shared pools
+(--check-config: "not supported yet").
+
+Usage: test-also-shared.py BROKERD SLOTCTL [unittest arguments]
+"""
+import itertools
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.dont_write_bytecode = True
+import faults  # noqa: E402
+import harness  # noqa: E402
+from harness import wait_for  # noqa: E402
+from redisd import RedisServer  # noqa: E402
+from witness import Witness  # noqa: E402
+
+SLOTCTL = None
+TTL = 6  # seconds: backend-node-ttl, also the recovery window of the pools' first use
+EX_TEMPFAIL = 75
+EX_FENCED = 124
+LIMITS = {"rigs": 3, "db": 2}
+FAST = ("r1", "r2")
+# The further pools of each lane's set, and the slots it takes of each pool of its set (chosen pool first).
+ALSO = {"set": ("db",), "set2": ("db",), "cross": ("rigs",), "setnow": ("db",)}
+CHOSEN = {"set": "rigs", "set2": "rigs", "cross": "db", "setnow": "rigs", "rig": "rigs", "db": "db"}
+SHARES = {"set": {"rigs": 1, "db": 1}, "set2": {"rigs": 1, "db": 2}, "cross": {"db": 1, "rigs": 1},
+          "rig": {"rigs": 1}, "db": {"db": 1}}
+
+
+def config(backend, node):
+    return f"""\
+[broker]
+node-name = {node}
+revoke-grace = 1s
+
+[pool rigs]
+members = r1 r2 r3
+label.fast = {" ".join(FAST)}
+backend = {backend}
+backend-node-ttl = {TTL}s
+
+[pool db]
+limit = {LIMITS["db"]}
+backend = {backend}
+backend-node-ttl = {TTL}s
+
+[lane set]
+pools = rigs
+also = db
+policy = wait
+
+[lane set2]
+pools = rigs
+also = db:2
+labels = fast
+policy = wait
+
+[lane cross]
+pools = db
+also = rigs
+policy = wait
+
+[lane setnow]
+pools = rigs
+also = db
+policy = fail-fast
+
+[lane rig]
+pools = rigs
+policy = wait
+
+[lane db]
+pools = db
+policy = wait
+"""
+
+
+_sets_refused = None
+
+
+def skip_unless_shared_sets(test):
+    """In setUp: skipTest() while brokerd's --check-config refuses also= over shared pools (conf.c's "not
+    supported yet"); any other refusal of the test's configuration is the test's failure."""
+    global _sets_refused
+    if _sets_refused is None:
+        b = harness.Broker(config("redis://127.0.0.1:1/0", "check"), name="also-shared-check")
+        try:
+            out = b.check_config()
+        finally:
+            b.cleanup()
+        if out.returncode != 0 and "not supported yet" in out.stderr:
+            _sets_refused = out.stderr.strip().splitlines()[0]
+        else:
+            test.assertEqual(out.returncode, 0, out.stderr)
+            _sets_refused = ""
+    if _sets_refused:
+        test.skipTest(f"brokerd refuses sets over shared pools: {_sets_refused}")
+
+
+class Fleet:
+    """The redis-server and the two brokerds of the whole run, made by the first test that runs and stopped
+    after the last (their exit statuses checked then)."""
+
+    instance = None
+    failed = None  # why the fleet could not be made: the tests after the first fail with it at once
+
+    @classmethod
+    def get(cls, test_class):
+        if cls.failed:
+            raise AssertionError(f"no fleet: {cls.failed}")
+        if cls.instance is None:
+            cls.instance = cls.__new__(cls)
+            test_class.addClassCleanup(cls.instance.close)
+            try:
+                cls.instance.start()
+            except BaseException as e:
+                cls.failed = f"{type(e).__name__}: {e}"
+                raise
+        return cls.instance
+
+    def start(self):
+        self.tmp = tempfile.mkdtemp(prefix="test-also-shared-")
+        self.redis = RedisServer(self.tmp).start()
+        url = self.redis.url()
+        self.a = harness.Broker(config(url, "node-a"), name="also-node-a").start()
+        self.b = harness.Broker(config(url, "node-b"), name="also-node-b").start()
+        for x in (self.a, self.b):
+            wait_for(lambda: all(x.pool(p)["backend"]["up"] and x.pool(p)["backend"]["nodes"] == 2 for p in LIMITS),
+                     timeout=30, message=f"{x.name} to serve both pools with 2 nodes")
+        # The pools' first use waits out their recovery window (one TTL): a grant of a set on each node.
+        for x in (self.a, self.b):
+            def granted():
+                got = x.acquire("set")
+                try:
+                    got.until(lambda g: g.granted or g.error, timeout=TTL + 20, what="a set's first grant")
+                    return got.granted or None
+                finally:
+                    got.close()
+            wait_for(granted, TTL + 25, interval=0.5, message=f"{x.name}: a set granted after the recovery window")
+        self.wait_idle()
+
+    def nodes(self):
+        return (self.a, self.b)
+
+    def wait_idle(self, timeout=15):
+        """Until both nodes see both pools empty in the backend (every node's leases and waiters gone)."""
+        def idle():
+            for x in self.nodes():
+                s = x.status()
+                if s["holders"] or s["waiters"] or s.get("otherHolders") or s.get("otherWaiters"):
+                    return False
+                if any(x.pool(p, s)["backend"]["inUse"] or x.pool(p, s)["backend"]["waiting"] for p in LIMITS):
+                    return False
+            return True
+        wait_for(idle, timeout, message="both pools idle on both nodes")
+
+    def close(self):
+        nodes = [x for x in (getattr(self, "a", None), getattr(self, "b", None)) if x]
+        statuses = {x.name: x.stop() for x in nodes}
+        logs = {x.name: x.log()[-4000:] for x in nodes}
+        if getattr(self, "redis", None):
+            self.redis.close()
+        shutil.rmtree(getattr(self, "tmp", ""), ignore_errors=True)
+        bad = {n: s for n, s in statuses.items() if s != 0}
+        if bad:
+            raise AssertionError(f"brokerds exited with {bad}:\n" + "\n".join(logs[n] for n in bad))
+
+
+class AlsoShared(harness.BrokerTestCase):
+
+    def setUp(self):
+        faults.skip_unless_shared_pools(self)
+        skip_unless_shared_sets(self)
+        self.fleet = Fleet.get(type(self))
+        self.a, self.b = self.fleet.a, self.fleet.b
+        self.fleet.wait_idle()
+        self.dir = tempfile.mkdtemp(prefix="also-shared-w-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.w = Witness(self.dir)
+        self.jobs = {}
+        # Cleanups run last first: the jobs are ended (stopped, killed) before the witness is read.
+        self.addCleanup(self.w.check_shared, self, LIMITS)
+        self.addCleanup(self.end_all)
+
+    # jobs
+
+    def job(self, node, name, lane, *options, body=None):
+        """`slotctl run --lane LANE --job NAME` on node, its command witnessed (every pool of the lane's set);
+        it runs `body` (shell text), or until stop(name)."""
+        argv = (self.w.command(body, name, ALSO.get(lane, ())) if body is not None else
+                self.w.command_until_stopped(name, ALSO.get(lane, ())))
+        j = harness.SlotctlRun(SLOTCTL, node.socket_path, lane, argv, "--job", name, *options)
+        self.jobs[name] = j
+        return j
+
+    def end_all(self):
+        for name, j in self.jobs.items():
+            self.w.stop(name)
+        for j in self.jobs.values():
+            try:
+                j.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            j.kill()
+
+    def started(self, name, lane):
+        """{pool: its start line} once the command has logged every pool of its set, else {}."""
+        got = {e.pool: e for e in self.w.started(name)}
+        return got if len(got) == len(SHARES[lane]) else {}
+
+    def running(self, node, name, lane, *options):
+        j = self.job(node, name, lane, *options)
+        got = wait_for(lambda: self.started(name, lane) or j.proc.poll() is not None, 15, message=f"{name} to start")
+        self.assertIsNot(got, True, j.stderr())
+        self.assertIsNone(j.proc.poll(), j.stderr())
+        return got
+
+    def queued(self, node, name, lane, *options):
+        j = self.job(node, name, lane, *options)
+        wait_for(lambda: any(w.get("job") == name for w in node.status()["waiters"]) or j.proc.poll() is not None,
+                 10, message=f"{name} queued")
+        self.assertIsNone(j.proc.poll(), j.stderr())
+        return j
+
+    def end(self, name, status=0):
+        self.w.stop(name)
+        self.assertEqual(self.jobs[name].wait(10), status, self.jobs[name].stderr())
+
+    def run_now(self, node, lane, *options):
+        return subprocess.run([SLOTCTL, "run", "--socket", node.socket_path, "--lane", lane, *options, "--", "true"],
+                              capture_output=True, text=True, timeout=30)
+
+    # the backend's view
+
+    def in_use(self, node):
+        """{pool: slots held by every node}, as node's last reply from the backend says."""
+        s = node.status()
+        return {p: node.pool(p, s)["backend"]["inUse"] for p in LIMITS}
+
+    def wait_in_use(self, want, message):
+        for x in self.fleet.nodes():
+            wait_for(lambda: self.in_use(x) == want, 10, message=f"{x.name}: {message} {want}")
+
+    def history(self, node, **filters):
+        events, cursor = [], None
+        while True:
+            page = node.call("io.slotbroker.History", dict(filters, **({"cursor": cursor} if cursor else {})))
+            events += page["events"]
+            cursor = page.get("cursor")
+            if not cursor:
+                return events
+
+    # the cases
+
+    def test_contending_sets_from_both_nodes(self):
+        """Every lane from both nodes at once: the witness (no member or slot twice, limits, no set in part),
+        each set's share of each pool, labels, and every job granted and exiting 0."""
+        plan = (["set"] * 8 + ["set2"] * 4 + ["cross"] * 4 + ["rig"] * 3 + ["rig:fast"] * 2 + ["rig:!fast"] * 2 +
+                ["db"] * 7)
+        nodes = itertools.cycle(self.fleet.nodes())
+        lanes = {}
+        for i, what in enumerate(plan):
+            lane, _, label = what.partition(":")
+            name = f"j{i:02d}-{lane}"
+            lanes[name] = (lane, label)
+            # 0.05–0.2 s of holding: the queues stay long while jobs of both nodes come and go.
+            self.job(next(nodes), name, lane, *(["--label", label] if label else []),
+                     body=f"sleep 0.{5 + 5 * (i % 4):02d}")
+        deadline = time.monotonic() + 30
+        for name, j in self.jobs.items():
+            self.assertEqual(j.wait(max(1, deadline - time.monotonic())), 0, f"{name}: {j.stderr()}")
+        self.w.check_shared(self, LIMITS)
+        seen = collections_of(self.w.started())
+        self.assertEqual(sorted(seen), sorted(lanes), "jobs that never started their command")
+        for name, (lane, label) in lanes.items():
+            got = {pool: e.slots for pool, e in seen[name].items()}
+            self.assertEqual({pool: len(slots) for pool, slots in got.items()}, SHARES[lane],
+                             f"{name} ({lane}) held {got}")
+            rigs = set(got.get("rigs", ()))
+            if lane == "set2" or label == "fast":
+                self.assertLessEqual(rigs, set(FAST), f"{name} got a rig without label fast: {got}")
+            if label == "!fast":
+                self.assertEqual(rigs, {"r3"}, f"{name} got a fast rig: {got}")
+        self.assertEqual({e.name for e in self.w.ended()}, set(lanes), "jobs whose command did not end")
+        self.fleet.wait_idle()
+
+    def test_fail_fast_set_names_the_pool_without_room(self):
+        # db full (both slots, one job on each node): a set that may not wait is refused naming db, and takes
+        # no rig; rigs full: refused naming rigs, and takes no db slot.
+        self.running(self.a, "d1", "db")
+        self.running(self.b, "d2", "db")
+        self.wait_in_use({"rigs": 0, "db": 2}, "db full:")
+        for node, lane, options in ((self.a, "set", ["--no-wait"]), (self.b, "setnow", [])):
+            p = self.run_now(node, lane, *options)
+            self.assertEqual(p.returncode, EX_TEMPFAIL, p.stderr)
+            self.assertIn("refused (busy): pool db is full", p.stderr)
+        with self.assertRaises(harness.VarlinkError) as e:
+            self.b.call("io.slotbroker.Acquire", {"lane": "set", "wait": False})
+        self.assertEqual((e.exception.error, e.exception.parameters.get("pool")), ("io.slotbroker.Busy", "db"))
+        self.assertEqual(self.in_use(self.a)["rigs"], 0, "a refused set kept a rig")
+        self.end("d1")
+        self.end("d2")
+        for i, node in enumerate((self.a, self.b, self.a)):
+            self.running(node, f"r{i}", "rig")
+        self.wait_in_use({"rigs": 3, "db": 0}, "rigs full:")
+        p = self.run_now(self.b, "set", "--no-wait")
+        self.assertEqual(p.returncode, EX_TEMPFAIL, p.stderr)
+        self.assertIn("refused (busy): pool rigs is full", p.stderr)
+        with self.assertRaises(harness.VarlinkError) as e:
+            self.a.call("io.slotbroker.Acquire", {"lane": "cross", "wait": False})
+        self.assertEqual((e.exception.error, e.exception.parameters.get("pool")), ("io.slotbroker.Busy", "rigs"))
+        self.assertEqual(self.in_use(self.b)["db"], 0, "a refused set kept a db slot")
+        for i in range(3):
+            self.end(f"r{i}")
+
+    def test_drain_refuses_a_waiting_set_naming_the_pool(self):
+        self.running(self.a, "d1", "db")
+        self.running(self.a, "d2", "db")
+        j = self.queued(self.b, "waiting", "set")
+        # Nothing of the set is held while it waits, on either node's view of the backend.
+        self.wait_in_use({"rigs": 0, "db": 2}, "the set waiting holds nothing:")
+        [w] = [w for w in self.b.status()["waiters"] if w.get("job") == "waiting"]
+        self.assertEqual((w["pool"], w.get("also")), ("rigs", ["db"]), w)
+        text = subprocess.run([SLOTCTL, "status", "--socket", self.b.socket_path], capture_output=True,
+                              text=True).stdout
+        self.assertEqual(text.count("(all of rigs db)"), 2, text)
+        # node-a sees node-b's set waiting in both pools.
+        wait_for(lambda: {(x["pool"], x["lane"]) for x in self.a.status().get("otherWaiters") or []
+                          if x["node"] == "node-b"} == {("rigs", "set"), ("db", "set")}, 10,
+                 message="node-a's otherWaiters to list node-b's set in rigs and db")
+        self.a.call("io.slotbroker.Drain", {"pool": "db", "on": True})
+        try:
+            self.assertEqual(j.wait(10), EX_TEMPFAIL, j.stderr())
+            self.assertIn("refused (unavailable): pool db: drained", j.stderr())
+            self.assertEqual(self.w.started("waiting"), [])
+        finally:
+            self.b.call("io.slotbroker.Drain", {"pool": "db", "on": False})
+        wait_for(lambda: not any(x.pool("db")["drained"] for x in self.fleet.nodes()), 10, message="db undrained")
+        self.assertEqual(self.in_use(self.b)["rigs"], 0)
+        self.end("d1")
+        self.end("d2")
+
+    def test_status_and_history_of_a_set_lease(self):
+        got = self.running(self.a, "s", "set")
+        s = self.a.status()
+        [holder] = [h for h in s["holders"] if h["lease"]["lane"] == "set"]
+        lease = holder["lease"]
+        self.assertEqual((lease["pool"], lease["token"], lease["members"]),
+                         ("rigs", got["rigs"].token, got["rigs"].slots))
+        self.assertEqual([(x["pool"], x["token"], [str(i) for i in x["slots"]]) for x in lease["also"]],
+                         [("db", got["db"].token, got["db"].slots)])
+        self.assertEqual({p: self.a.pool(p, s)["inUse"] for p in LIMITS}, {"rigs": 1, "db": 1})
+        text = subprocess.run([SLOTCTL, "status", "--socket", self.a.socket_path], capture_output=True,
+                              text=True).stdout
+        self.assertEqual(text.count(lease["id"]), 2, text)  # under rigs and under db
+        # The other node lists it in both pools, with each pool's token.
+        want = {("rigs", got["rigs"].token), ("db", got["db"].token)}
+        wait_for(lambda: {(x["pool"], x["token"]) for x in self.b.status().get("otherHolders") or []
+                          if x["node"] == "node-a"} == want, 10, message=f"node-b's otherHolders to be {want}")
+        self.end("s")
+
+        def rows():
+            rs = [e for e in self.history(self.a, lane="set") if e.get("lease") == lease["id"]]
+            return rs if len({(e["pool"], e["decision"]) for e in rs}) >= 4 else None
+        rs = wait_for(rows, 10, message="the set's history rows")
+        self.assertEqual(sorted((e["pool"], e["decision"]) for e in rs),
+                         [("db", "granted"), ("db", "released"), ("rigs", "granted"), ("rigs", "released")], rs)
+        tokens = {e["pool"]: e.get("token") for e in rs if e["decision"] == "granted"}
+        self.assertEqual(tokens, {"rigs": got["rigs"].token, "db": got["db"].token})
+
+    def test_node_killed_holding_a_set(self):
+        # node-a holds a fast rig and both db slots; node-b's set2 waits for them, with a fast-rig job and a db
+        # job queued behind it. The other fast rig is free: set aside for the set, not for the job behind it.
+        got = self.running(self.a, "held", "set2")
+        self.queued(self.b, "after", "set2")
+        self.queued(self.b, "rig-behind", "rig", "--label", "fast")
+        self.queued(self.b, "db-behind", "db")
+        self.wait_in_use({"rigs": 1, "db": 2}, "the waiting set holds nothing:")
+        self.assertEqual(self.w.started("rig-behind"), [], "a fast-rig job took the rig set aside for the set")
+        self.addCleanup(lambda: self.a.alive() or self.a.start())  # for the next test, should this one fail
+        self.a.crash()  # SIGKILL by pid
+        crashed = time.monotonic()
+        self.assertEqual(self.jobs["held"].wait(TTL + 10), EX_FENCED, self.jobs["held"].stderr())
+        after = wait_for(lambda: self.started("after", "set2"), TTL + 10, message="node-b's set after node-a's TTL")
+        granted = time.monotonic() - crashed
+        # The dead node's leases go at its TTL after its last heartbeat (a second at most before the crash).
+        self.assertGreaterEqual(granted, TTL - 1 - harness.EARLINESS, "node-b's set was granted before node-a's TTL")
+        self.assertLessEqual(granted, TTL + 2 + harness.LATENESS, "node-b's set was granted late")
+        self.assertEqual(len(after["db"].slots), 2)
+        self.assertGreater(after["db"].token, got["db"].token)
+        # Neither one-pool job behind the set got what the set waited for before it.
+        names = [e.name for e in self.w.started() if e.pool in ("rigs", "db")]
+        for behind in ("rig-behind", "db-behind"):
+            self.assertNotIn(behind, names[:names.index("after")], names)
+        wait_for(lambda: self.started("rig-behind", "rig"), 10, message="the fast-rig job with the set's other rig")
+        self.assertEqual(self.w.started("db-behind"), [])
+        # node-a restarted (after more than its TTL) no longer holds the lease.
+        self.a.start()
+        wait_for(lambda: all(self.a.pool(p)["backend"]["up"] for p in LIMITS), 30, message="node-a serving again")
+        wait_for(lambda: not self.a.status()["holders"], 10, message="node-a to drop the lease the backend freed")
+        self.end("after")
+        wait_for(lambda: self.started("db-behind", "db"), 10, message="the db job after the set")
+        self.end("rig-behind")
+        self.end("db-behind")
+
+
+def collections_of(events):
+    """{job: {pool: its start Event}} of start lines."""
+    out = {}
+    for e in events:
+        out.setdefault(e.name, {})[e.pool] = e
+    return out
+
+
+if __name__ == "__main__":
+    (_, SLOTCTL), argv = harness.arguments(__doc__, 2)
+    harness.main(argv)
