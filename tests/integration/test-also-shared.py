@@ -10,6 +10,8 @@ db), set2 (a fast rig + db:2), cross (db + rigs: a set in the other order), rig 
 - Contention: 20 jobs of every lane from both brokerds at once: no member or slot held twice at any instant,
   never more than a pool's limit, no set held in part (and each pool's share the lane's K), labels honoured,
   every job granted and exiting 0 (no deadlock between the crossing sets, nobody starved).
+- A set waiting on node-b for db gets the slot node-a's holder frees (within a heartbeat), not the db job
+  queued after it on node-a.
 - A fail-fast set (--no-wait; Acquire wait=false) with one pool full is refused busy naming that pool (exit 75,
   "refused (busy): pool db is full"), whichever of the two it is, and takes nothing of the other.
 - A set waiting on node-b holds nothing (the backend's inUse), is listed under both pools (its Waiter's also,
@@ -359,6 +361,28 @@ class AlsoShared(harness.BrokerTestCase):
         for i in range(3):
             self.end(f"r{i}")
 
+    def test_set_is_not_passed_across_nodes(self):
+        """A set waiting on node-b for db is first in db's queue: a db job queued after it on node-a does not
+        take the slot node-a's holder frees; the set gets it (the hand-on reaches node-b within a heartbeat),
+        and the db job the next one."""
+        self.running(self.a, "d1", "db")
+        self.running(self.a, "d2", "db")
+        self.queued(self.b, "set", "set")
+        self.queued(self.a, "d3", "db")
+        self.wait_in_use({"rigs": 0, "db": 2}, "the set waiting holds nothing:")
+        freed = time.monotonic()
+        self.end("d1")
+        got = wait_for(lambda: self.started("set", "set"), 10, message="the set when d1 ends")
+        handed = time.monotonic() - freed
+        self.assertEqual(self.w.started("d3"), [], "the db job behind the set took db first")
+        # SPEC §11: a decision reaches its node through the stream, or at the latest at the next heartbeat.
+        self.assertLessEqual(handed, 1 + harness.LATENESS, "the set got the freed slot late")
+        self.end("set")
+        d3 = wait_for(lambda: self.started("d3", "db"), 10, message="d3 after the set")
+        self.assertGreater(d3["db"].token, got["db"].token)
+        self.end("d2")
+        self.end("d3")
+
     def test_drain_refuses_a_waiting_set_naming_the_pool(self):
         self.running(self.a, "d1", "db")
         self.running(self.a, "d2", "db")
@@ -423,10 +447,14 @@ class AlsoShared(harness.BrokerTestCase):
         self.queued(self.b, "db-behind", "db")
         self.wait_in_use({"rigs": 1, "db": 2}, "the waiting set holds nothing:")
         self.assertEqual(self.w.started("rig-behind"), [], "a fast-rig job took the rig set aside for the set")
+        [pgid] = [h["lease"]["commandPid"] for h in self.a.status()["holders"] if h["lease"]["job"] == "held"]
         self.addCleanup(lambda: self.a.alive() or self.a.start())  # for the next test, should this one fail
         self.a.crash()  # SIGKILL by pid
         crashed = time.monotonic()
         self.assertEqual(self.jobs["held"].wait(TTL + 10), EX_FENCED, self.jobs["held"].stderr())
+        # What slotctl killed of the command's group after its leader is ours to reap (a subreaper): a zombie
+        # would keep the group, and the lease node-a restores below, alive.
+        wait_for(lambda: harness.reap() or not harness.group_alive(pgid), 10, message="the fenced command's group gone")
         after = wait_for(lambda: self.started("after", "set2"), TTL + 10, message="node-b's set after node-a's TTL")
         granted = time.monotonic() - crashed
         # The dead node's leases go at its TTL after its last heartbeat (a second at most before the crash).
