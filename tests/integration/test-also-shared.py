@@ -7,7 +7,7 @@ _INDEX and _MEMBER inside the command; a pool of the set missing from its enviro
 
 Pools rigs (members r1 r2 r3, label fast = r1 r2) and db (2 slots), both on the one backend. Lanes: set (rigs +
 db), set2 (a fast rig + db:2), cross (db + rigs: a set in the other order), rig and db (one pool each).
-- Contention: 20 jobs of every lane from both brokerds at once: no member or slot held twice at any instant,
+- Contention: 13 jobs of every lane from both brokerds at once: no member or slot held twice at any instant,
   never more than a pool's limit, no set held in part (and each pool's share the lane's K), labels honoured,
   every job granted and exiting 0 (no deadlock between the crossing sets, nobody starved).
 - A set waiting on node-b for db gets the slot node-a's holder frees (within a heartbeat), not the db job
@@ -298,7 +298,7 @@ class AlsoShared(harness.BrokerTestCase):
     def test_contending_sets_from_both_nodes(self):
         """Every lane from both nodes at once: the witness (no member or slot twice, limits, no set in part),
         each set's share of each pool, labels, and every job granted and exiting 0."""
-        plan = ["set"] * 5 + ["set2"] * 3 + ["cross"] * 3 + ["rig"] * 2 + ["rig:fast", "rig:!fast"] + ["db"] * 5
+        plan = ["set"] * 3 + ["set2"] * 2 + ["cross"] * 2 + ["rig", "rig:fast", "rig:!fast"] + ["db"] * 3
         random.Random(22).shuffle(plan)  # sets and one-pool requests interleaved in both queues, the same each run
         nodes = itertools.cycle(self.fleet.nodes())
         lanes = {}
@@ -362,26 +362,34 @@ class AlsoShared(harness.BrokerTestCase):
             self.end(f"r{i}")
 
     def test_set_is_not_passed_across_nodes(self):
-        """A set waiting on node-b for db is first in db's queue: a db job queued after it on node-a does not
+        """A set waiting on node-b for db is first in db's queue: a db request queued after it on node-a does not
         take the slot node-a's holder frees; the set gets it (the hand-on reaches node-b within a heartbeat),
-        and the db job the next one."""
-        self.running(self.a, "d1", "db")
-        self.running(self.a, "d2", "db")
-        self.queued(self.b, "set", "set")
-        self.queued(self.a, "d3", "db")
+        and the db request the next one. Through Acquire calls: what is timed is brokerd's, not a command's."""
+        h1, h2 = self.acquire(self.a, "db"), self.acquire(self.a, "db")
+        for h in (h1, h2):
+            h.until_granted()
+        st = self.acquire(self.b, "set")
+        self.assertTrue(st.queued, st.msg)
+        self.assertEqual(st.params.get("position"), 1, st.msg)  # first in db's queue, and rigs has room
+        d3 = self.acquire(self.a, "db")
+        self.assertTrue(d3.queued, d3.msg)
+        self.assertEqual(d3.params.get("position"), 2, d3.msg)  # behind node-b's set in db's queue
         self.wait_in_use({"rigs": 0, "db": 2}, "the set waiting holds nothing:")
         freed = time.monotonic()
-        self.end("d1")
-        got = wait_for(lambda: self.started("set", "set"), 10, message="the set when d1 ends")
+        h1.close()
+        lease = st.until_granted(timeout=10)
         handed = time.monotonic() - freed
-        self.assertEqual(self.w.started("d3"), [], "the db job behind the set took db first")
         # SPEC §11: a decision reaches its node through the stream, or at the latest at the next heartbeat.
         self.assertLessEqual(handed, 1 + harness.LATENESS, "the set got the freed slot late")
-        self.end("set")
-        d3 = wait_for(lambda: self.started("d3", "db"), 10, message="d3 after the set")
-        self.assertGreater(d3["db"].token, got["db"].token)
-        self.end("d2")
-        self.end("d3")
+        self.assertEqual([(x["pool"], len(x["slots"])) for x in lease["also"]], [("db", 1)], lease)
+        self.assertEqual(len(lease["members"]), 1, lease)
+        while (m := d3.conn.poll(0)) is not None:
+            self.assertNotIn((m.get("parameters") or {}).get("state"), ("granted",), "the db request passed the set")
+        st.close()
+        d3.until_granted(timeout=10)
+        self.assertGreater(d3.lease["token"], lease["also"][0]["token"])
+        d3.close()
+        h2.close()
 
     def test_drain_refuses_a_waiting_set_naming_the_pool(self):
         self.running(self.a, "d1", "db")
@@ -459,7 +467,8 @@ class AlsoShared(harness.BrokerTestCase):
         granted = time.monotonic() - crashed
         # The dead node's leases go at its TTL after its last heartbeat (a second at most before the crash).
         self.assertGreaterEqual(granted, TTL - 1 - harness.EARLINESS, "node-b's set was granted before node-a's TTL")
-        self.assertLessEqual(granted, TTL + 2 + harness.LATENESS, "node-b's set was granted late")
+        # Late: the next wrong time would be a second TTL; the witness's start (a dozen processes) comes after.
+        self.assertLessEqual(granted, TTL + 2 + 2 * harness.LATENESS, "node-b's set was granted late")
         self.assertEqual(len(after["db"].slots), 2)
         self.assertGreater(after["db"].token, got["db"].token)
         # Neither one-pool job behind the set got what the set waited for before it: each pool's tokens follow
