@@ -20,6 +20,9 @@ db), set2 (a fast rig + db:2), cross (db + rigs: a set in the other order), rig 
 - Status of node-a lists its set lease under both pools (Lease.also with the db token the command saw; slotctl
   status prints the lease id under each), node-b's otherHolders lists it in both pools with both tokens; the
   history has a row per pool of the grant and of the end, linked by the lease id, with each pool's token.
+- node-a SIGKILLed and started again at once while its job holds a set: the lease restored whole from its lease
+  log and reclaimed in both pools (same tokens), still held past the TTL; node-b's waiting set gets nothing
+  until it ends.
 - node-a SIGKILLed (by pid) while its job holds a fast rig and both db slots, node-b's set2 waiting for them
   with a fast-rig job and a db job queued behind it: node-a's slotctl fences its command (exit 124); after the
   node TTL node-b's set gets both pools' slots in one grant, before the one-pool jobs behind it (never one pool
@@ -445,6 +448,39 @@ class AlsoShared(harness.BrokerTestCase):
                          [("db", "granted"), ("db", "released"), ("rigs", "granted"), ("rigs", "released")], rs)
         tokens = {e["pool"]: e.get("token") for e in rs if e["decision"] == "granted"}
         self.assertEqual(tokens, {"rigs": got["rigs"].token, "db": got["db"].token})
+
+    def test_node_restarted_within_its_ttl_keeps_its_set(self):
+        """node-a SIGKILLed and started again at once while its job holds a set (a fast rig and both db slots):
+        its lease log restores the lease with each pool's share, reclaimed in both pools with the same tokens; past
+        the TTL since the crash the backend still holds both for node-a, and node-b's set waiting for them has
+        got nothing. It gets them when the job ends."""
+        got = self.running(self.a, "kept", "set2")
+        self.queued(self.b, "next", "set2")
+        [lease] = [h["lease"] for h in self.a.status()["holders"] if h["lease"]["job"] == "kept"]
+        self.a.crash()  # SIGKILL by pid
+        crashed = time.monotonic()
+        self.a.start()
+
+        def held():
+            return [h["lease"] for h in self.a.status()["holders"] if h["lease"]["id"] == lease["id"] and
+                    h["state"] == "held"]
+        [again] = wait_for(held, TTL, message="node-a to restore and reclaim the set's lease")
+        self.assertEqual((again["token"], [(x["pool"], x["token"], x["slots"]) for x in again["also"]]),
+                         (lease["token"], [(x["pool"], x["token"], x["slots"]) for x in lease["also"]]))
+        want = {("rigs", got["rigs"].token), ("db", got["db"].token)}
+
+        def node_a_holds():
+            return {(x["pool"], x["token"]) for x in self.b.status().get("otherHolders") or []
+                    if x["node"] == "node-a"} == want
+        # Past the TTL since the crash (an expiry in between would show): watched, not slept through.
+        while time.monotonic() < crashed + TTL + 1:
+            self.assertIsNone(self.jobs["kept"].proc.poll(), self.jobs["kept"].stderr())
+            self.assertEqual(self.w.started("next"), [], "node-b's set started while node-a's was held")
+            wait_for(node_a_holds, 5, message=f"node-b's otherHolders to be {want}")
+        self.end("kept")
+        nxt = wait_for(lambda: self.started("next", "set2"), 10, message="node-b's set when node-a's ends")
+        self.assertGreater(nxt["db"].token, got["db"].token)
+        self.end("next")
 
     def test_node_killed_holding_a_set(self):
         # node-a holds a fast rig and both db slots; node-b's set2 waits for them, with a fast-rig job and a db
