@@ -29,8 +29,7 @@ db), set2 (a fast rig + db:2), cross (db + rigs: a set in the other order), rig 
   without the other: the witness); node-a restarted no longer holds the lease.
 
 One fleet for the whole run: a shared pool's first use waits one node TTL (its recovery window), paid once.
-Skipped (77) without redis-server or shared pools, and while brokerd refuses sets over shared pools
-(--check-config: "not supported yet").
+Skipped (77) without redis-server or shared pools.
 
 Usage: test-also-shared.py BROKERD SLOTCTL [unittest arguments]
 """
@@ -111,28 +110,6 @@ policy = wait
 """
 
 
-_sets_refused = None
-
-
-def skip_unless_shared_sets(test):
-    """In setUp: skipTest() while brokerd's --check-config refuses also= over shared pools (conf.c's "not
-    supported yet"); any other refusal of the test's configuration is the test's failure."""
-    global _sets_refused
-    if _sets_refused is None:
-        b = harness.Broker(config("redis://127.0.0.1:1/0", "check"), name="also-shared-check")
-        try:
-            out = b.check_config()
-        finally:
-            b.cleanup()
-        if out.returncode != 0 and "not supported yet" in out.stderr:
-            _sets_refused = out.stderr.strip().splitlines()[0]
-        else:
-            test.assertEqual(out.returncode, 0, out.stderr)
-            _sets_refused = ""
-    if _sets_refused:
-        test.skipTest(f"brokerd refuses sets over shared pools: {_sets_refused}")
-
-
 class Fleet:
     """The redis-server and the two brokerds of the whole run, made by the first test that runs and stopped
     after the last (their exit statuses checked then)."""
@@ -206,7 +183,6 @@ class AlsoShared(harness.BrokerTestCase):
 
     def setUp(self):
         faults.skip_unless_shared_pools(self)
-        skip_unless_shared_sets(self)
         self.fleet = Fleet.get(type(self))
         self.a, self.b = self.fleet.a, self.fleet.b
         self.fleet.wait_idle()
