@@ -10,8 +10,8 @@ db), set2 (a fast rig + db:2), cross (db + rigs: a set in the other order), rig 
 - Contention: 13 jobs of every lane from both brokerds at once: no member or slot held twice at any instant,
   never more than a pool's limit, no set held in part (and each pool's share the lane's K), labels honoured,
   every job granted and exiting 0 (no deadlock between the crossing sets, nobody starved).
-- A set waiting on node-b for db gets the slot node-a's holder frees (within a heartbeat), not the db job
-  queued after it on node-a.
+- A set waiting on node-b for db gets the slot node-a's holder frees (within a heartbeat), not the db request
+  queued after it on node-a (Acquire calls: positions 1 and 2 in db's queue).
 - A fail-fast set (--no-wait; Acquire wait=false) with one pool full is refused busy naming that pool (exit 75,
   "refused (busy): pool db is full"), whichever of the two it is, and takes nothing of the other.
 - A set waiting on node-b holds nothing (the backend's inUse), is listed under both pools (its Waiter's also,
@@ -55,9 +55,9 @@ EX_TEMPFAIL = 75
 EX_FENCED = 124
 LIMITS = {"rigs": 3, "db": 2}
 FAST = ("r1", "r2")
-# The further pools of each lane's set, and the slots it takes of each pool of its set (chosen pool first).
+# The further pools of each lane's set (the witness checks the command got each), and the slots a job of each
+# lane holds of each pool.
 ALSO = {"set": ("db",), "set2": ("db",), "cross": ("rigs",), "setnow": ("db",)}
-CHOSEN = {"set": "rigs", "set2": "rigs", "cross": "db", "setnow": "rigs", "rig": "rigs", "db": "db"}
 SHARES = {"set": {"rigs": 1, "db": 1}, "set2": {"rigs": 1, "db": 2}, "cross": {"db": 1, "rigs": 1},
           "rig": {"rigs": 1}, "db": {"db": 1}}
 
