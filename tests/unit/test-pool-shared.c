@@ -3340,6 +3340,12 @@ static RespValue bad_set_answer(size_t i, const char *rid) {
                 return set_answer("ok", 0, "queued", arr(2, part(queued_d(rid)), arr(2, str("ok"), num(1))));
         case 11: /* "refused" whose body is not that pool's refusal */
                 return set_answer("ok", 2, "refused", arr(2, part(EMPTY), part(queued_d(rid))));
+        case 12: /* "queued" whose bodies say otherwise */
+                return set_answer("ok", 0, "queued", arr(2, part(queued_d(rid)), part(granted_d(rid, 5, 0))));
+        case 13: /* "not-ready" to a submit: nothing would ever answer the parts */
+                return set_answer("ok", 2, "not-ready", arr(2, part(EMPTY), part(EMPTY)));
+        case 14:
+                return set_answer("ok", 2, "gone", arr(2, part(EMPTY), part(arr(1, str("gone")))));
         default: /* "refused" naming no pool */
                 return set_answer("ok", 0, "refused", arr(2, part(EMPTY), part(EMPTY)));
         }
@@ -3347,7 +3353,7 @@ static RespValue bad_set_answer(size_t i, const char *rid) {
 
 static void test_set_answers_of_another_shape_refuse_the_set_in_every_pool(void **state) {
         SetFixture *s = *state;
-        for (size_t i = 0; i < 13; i++) {
+        for (size_t i = 0; i < 16; i++) {
                 uint64_t bad = set_bad_inputs(s);
                 arena_used = 0;
                 assert_int_equal(set_submit(s, true, S(2)), 0);
@@ -3356,6 +3362,35 @@ static void test_set_answers_of_another_shape_refuse_the_set_in_every_pool(void 
                 assert_set_refused(s, "bad-reply");
                 assert_true(set_bad_inputs(s) > bad);
         }
+}
+
+/* Granted, but one part grants a slot out of its pool's range: no part is handed out, and the good part's
+ * lease goes back (its rid withdrawn: withdraw releases a lease under it). Either order. */
+static void test_set_granted_with_a_bad_part_gives_the_good_part_back(void **state) {
+        SetFixture *s = *state;
+        for (size_t bad_pool = 0; bad_pool < 2; bad_pool++) {
+                size_t grid_seen = s->grid->n_seen, db_seen = s->db->n_seen;
+                uint64_t bad = set_bad_inputs(s);
+                assert_int_equal(set_submit(s, false, S(2)), 0);
+                const SharedCall *c = take_set(s, "submit");
+                RespValue good = part(granted_d(s->rid, 7, 0)), wrong = part(granted_d(s->rid, 8, 5));
+                set_reply(s, c, set_answer("ok", 0, "granted", bad_pool == 0 ? arr(2, wrong, good) : arr(2, good, wrong)));
+                assert_int_equal(s->grid->n_seen, grid_seen + 1);
+                assert_int_equal(s->db->n_seen, db_seen + 1);
+                assert_set_refused(s, "bad-reply");
+                assert_true(set_bad_inputs(s) > bad);
+        }
+}
+
+/* The grant call answered "queued" (set.lua's grant never says so): the engine awaits an answer of every
+ * part, so the set is refused, not left waiting for nothing. */
+static void test_set_grant_answered_queued_is_refused(void **state) {
+        SetFixture *s = *state;
+        set_queued(s);
+        set_said_ready(s);
+        const SharedCall *c = set_grant_call(s);
+        set_reply(s, c, set_answer("ok", 0, "queued", arr(2, part(queued_d(s->rid)), part(queued_d(s->rid)))));
+        assert_set_refused(s, "bad-reply");
 }
 
 /* The link lost while the call is out: the same call again (idempotent by rid) once the pools are up. */
@@ -3496,6 +3531,8 @@ int main(void) {
                 TS(test_set_unregistered_of_pool_2_waits_until_it_serves),
                 TS(test_set_error_reply_refuses_in_every_pool),
                 TS(test_set_answers_of_another_shape_refuse_the_set_in_every_pool),
+                TS(test_set_granted_with_a_bad_part_gives_the_good_part_back),
+                TS(test_set_grant_answered_queued_is_refused),
                 TS(test_set_lost_with_the_link_is_sent_again),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
