@@ -70,6 +70,7 @@ struct PoolWaiter {
         bool queued;           /* QUEUED was emitted: it counts in the fingerprint as "w" */
         bool gated;            /* a set's part (PoolTry.gated): its set's call grants it, never its pool alone */
         bool ready;            /* gated: said "ready" since the set's last grant found it not (ready()) */
+        bool in_call;          /* gated: a call of its set is out or to be sent again: only its answer grants it */
         size_t position, n_queued;
         Replicating replicating; /* granted in Redis, held for the replicas: counts as "l" */
 };
@@ -1673,6 +1674,11 @@ static void decision_apply(SharedPool *p, const Decision *d, bool written_here, 
                 return;
         }
         const char *wrong = decision_check(p, d, w);
+        if (!wrong && w && w->gated && !w->in_call && streq(d->verdict, "granted"))
+                /* Its pool alone never grants a set's part (lua/README): this pool's slots would be held while
+                 * the set waits for its other pools. (While its set's grant call is out, the stream's copy of
+                 * its grant may come before the call's reply: taken.) */
+                wrong = "a grant of a set's part outside its set's call";
         if (wrong) {
                 /* Dropped; a waiter it was about is refused, and Redis told to forget its rid (a withdraw
                  * releases a lease under it): nothing of it reaches a client. */
@@ -3700,7 +3706,7 @@ static int shared_submit_set(Pool *const *pools, const PoolTry *tries, size_t n,
                 ws[i]->cookie = tries[i].cookie;
                 ws[i]->k = tries[i].slots;
                 ws[i]->arrival = tries[i].arrival;
-                ws[i]->gated = true;
+                ws[i]->gated = ws[i]->in_call = true;
         }
         for (size_t i = 0; i < n; i++) {
                 SharedPool *q = SHARED(pools[i]);
@@ -3739,6 +3745,8 @@ static int shared_grant_set(Pool *const *pools, PoolWaiter *const *waiters, size
                 call_free(c);
                 return r;
         }
+        for (size_t i = 0; i < n; i++)
+                waiters[i]->in_call = true;
         call_queue(SHARED(pools[0]), c);
         return 0;
 }
@@ -3938,6 +3946,12 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
         if (!ok) {
                 bad_input(p, "a malformed answer to a set", now);
                 set_refuse_locally(p, c, "bad-reply", now);
+        }
+        for (size_t i = 0; i < n; i++) {
+                SharedPool *q = set_pool(p, c, i);
+                PoolWaiter *w = q ? try_find(q, c->rid) : NULL;
+                if (w)
+                        w->in_call = false; /* answered: waiting, to be said ready */
         }
         call_free(c);
 }

@@ -3393,6 +3393,38 @@ static void test_set_grant_answered_queued_is_refused(void **state) {
         assert_set_refused(s, "bad-reply");
 }
 
+/* A set's part is granted only by its set's call (lua/README: its pool never grants it alone). A grant of one
+ * part from the stream while no call of its set is out would hold that pool's slot while the set waits for
+ * the other: dropped, counted, the set refused and its rid withdrawn in each pool (which releases the lease
+ * Redis may hold under it). While the grant call is out, its stream copy may come before its reply: taken. */
+static void test_set_part_granted_outside_its_call_is_refused(void **state) {
+        SetFixture *s = *state;
+        set_queued(s);
+        uint64_t bad = set_bad_inputs(s);
+        RespValue fields = granted_entry(s->rid, "11", "0", "");
+        pool_shared_stream_entry(s->db->pool, "9-3", &fields, S(2));
+        assert_true(set_bad_inputs(s) > bad);
+        const Seen *l = last_seen(s->db);
+        assert_int_equal(l->verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(l->reason, "bad-reply");
+        const SharedCall *w = take(s->db, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(w, 6), s->rid);
+
+        /* Another set, its grant call out: the stream's copy first, then the reply. */
+        arena_used = 0;
+        set_queued(s);
+        set_said_ready(s);
+        const SharedCall *c = set_grant_call(s);
+        bad = set_bad_inputs(s);
+        fields = granted_entry(s->rid, "12", "1", "");
+        pool_shared_stream_entry(s->db->pool, "9-4", &fields, S(2));
+        assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_GRANTED);
+        set_reply(s, c, set_answer("ok", 0, "granted", arr(2, part(granted_d(s->rid, 8, 0)),
+                                                             part(granted_d(s->rid, 12, 1)))));
+        assert_int_equal(last_seen(s->grid)->verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(set_bad_inputs(s), bad);
+}
+
 /* The link lost while the call is out: the same call again (idempotent by rid) once the pools are up. */
 static void test_set_lost_with_the_link_is_sent_again(void **state) {
         SetFixture *s = *state;
@@ -3534,6 +3566,7 @@ int main(void) {
                 TS(test_set_granted_with_a_bad_part_gives_the_good_part_back),
                 TS(test_set_grant_answered_queued_is_refused),
                 TS(test_set_lost_with_the_link_is_sent_again),
+                TS(test_set_part_granted_outside_its_call_is_refused),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
