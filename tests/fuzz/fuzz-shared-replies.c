@@ -278,22 +278,23 @@ static void rid_seen(State *s, const char *rid) {
 
 static void take_calls(State *s) {
         const SharedCall *c;
-        for (size_t p = 0; p < s->n_pools; p++)
-        while (s->n_calls < CALLS_MAX && pool_shared_take_call(s->pools[p], s->now, &c)) {
-                s->call_pool[s->n_calls] = p;
-                s->calls[s->n_calls++] = c->id;
-                if (c->script == SHARED_SCRIPT_SUBMIT && c->argc > 6)
-                        rid_seen(s, c->argv[6]);
-                /* A set: KEYS, the head, [6] mode, [7] rid (set.lua's ARGV). */
-                if (c->script == SHARED_SCRIPT_SET && c->argc > c->n_keys + 6)
-                        rid_seen(s, c->argv[c->n_keys + 6]);
-                /* A batch: [6] n, then OP, M, M arguments (brokerd/lua/batch.lua). */
-                for (size_t i = 7; c->script == SHARED_SCRIPT_BATCH && i + 1 < c->argc;) {
-                        size_t m = strtoul(c->argv[i + 1], NULL, 10);
-                        check(i + 2 + m <= c->argc);
-                        if (strcmp(c->argv[i], "submit") == 0 && m > 0)
-                                rid_seen(s, c->argv[i + 2]);
-                        i += 2 + m;
+        for (size_t p = 0; p < s->n_pools; p++) {
+                while (s->n_calls < CALLS_MAX && pool_shared_take_call(s->pools[p], s->now, &c)) {
+                        s->call_pool[s->n_calls] = p;
+                        s->calls[s->n_calls++] = c->id;
+                        if (c->script == SHARED_SCRIPT_SUBMIT && c->argc > 6)
+                                rid_seen(s, c->argv[6]);
+                        /* A set: KEYS, the head, [6] mode, [7] rid (set.lua's ARGV). */
+                        if (c->script == SHARED_SCRIPT_SET && c->argc > c->n_keys + 6)
+                                rid_seen(s, c->argv[c->n_keys + 6]);
+                        /* A batch: [6] n, then OP, M, M arguments (brokerd/lua/batch.lua). */
+                        for (size_t i = 7; c->script == SHARED_SCRIPT_BATCH && i + 1 < c->argc;) {
+                                size_t m = strtoul(c->argv[i + 1], NULL, 10);
+                                check(i + 2 + m <= c->argc);
+                                if (strcmp(c->argv[i], "submit") == 0 && m > 0)
+                                        rid_seen(s, c->argv[i + 2]);
+                                i += 2 + m;
+                        }
                 }
         }
 }
