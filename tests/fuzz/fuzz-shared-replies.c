@@ -172,6 +172,7 @@ typedef struct State {
         size_t n_leases;
         uint64_t calls[CALLS_MAX];
         size_t call_pool[CALLS_MAX];
+        bool call_set[CALLS_MAX];       /* a set's call (SHARED_SCRIPT_SET) */
         size_t n_calls;
         uint64_t random;
         usec_t now;
@@ -281,6 +282,7 @@ static void take_calls(State *s) {
         for (size_t p = 0; p < s->n_pools; p++) {
                 while (s->n_calls < CALLS_MAX && pool_shared_take_call(s->pools[p], s->now, &c)) {
                         s->call_pool[s->n_calls] = p;
+                        s->call_set[s->n_calls] = c->script == SHARED_SCRIPT_SET;
                         s->calls[s->n_calls++] = c->id;
                         if (c->script == SHARED_SCRIPT_SUBMIT && c->argc > 6)
                                 rid_seen(s, c->argv[6]);
@@ -304,9 +306,23 @@ static void answer(State *s, int error, const RespValue *v) {
                 return;
         uint64_t id = s->calls[0];
         size_t p = s->call_pool[0];
+        bool set = s->call_set[0];
         memmove(s->calls, s->calls + 1, --s->n_calls * sizeof(uint64_t));
         memmove(s->call_pool, s->call_pool + 1, s->n_calls * sizeof(size_t));
+        memmove(s->call_set, s->call_set + 1, s->n_calls * sizeof(bool));
+        bool granted[TRIES_MAX];
+        for (size_t i = 0; i < s->n_tries; i++)
+                granted[i] = s->tries[i].granted;
         pool_shared_call_done(s->pools[p], id, error, v, s->now, s->now);
+        /* A set's answer grants every part or none; only "known" (each pool's state of a rid Redis knew) may
+         * say otherwise, and the engine gives that back. */
+        bool known = v && v->type == RESP_ARRAY && v->n == 4 && v->elements[2].type == RESP_STRING &&
+                     v->elements[2].len == 5 && memcmp(v->elements[2].str, "known", 5) == 0;
+        for (size_t i = 0; set && !known && i < s->n_tries; i++) {
+                const Try *t = &s->tries[i];
+                if (t->partner && t->granted && !granted[i])
+                        check(t->partner->granted);
+        }
 }
 
 static Pool *find_pool(const char *name, void *userdata) {
