@@ -70,6 +70,7 @@ struct PoolWaiter {
         bool queued;           /* QUEUED was emitted: it counts in the fingerprint as "w" */
         bool gated;            /* a set's part (PoolTry.gated): its set's call grants it, never its pool alone */
         bool ready;            /* gated: said "ready" since the set's last grant found it not (ready()) */
+        bool in_call;          /* gated: a call of its set is out or to be sent again: only its answer grants it */
         size_t position, n_queued;
         Replicating replicating; /* granted in Redis, held for the replicas: counts as "l" */
 };
@@ -1673,6 +1674,11 @@ static void decision_apply(SharedPool *p, const Decision *d, bool written_here, 
                 return;
         }
         const char *wrong = decision_check(p, d, w);
+        if (!wrong && w && w->gated && !w->in_call && streq(d->verdict, "granted"))
+                /* Its pool alone never grants a set's part (lua/README): this pool's slots would be held while
+                 * the set waits for its other pools. (While its set's grant call is out, the stream's copy of
+                 * its grant may come before the call's reply: taken.) */
+                wrong = "a grant of a set's part outside its set's call";
         if (wrong) {
                 /* Dropped; a waiter it was about is refused, and Redis told to forget its rid (a withdraw
                  * releases a lease under it): nothing of it reaches a client. */
@@ -3700,7 +3706,7 @@ static int shared_submit_set(Pool *const *pools, const PoolTry *tries, size_t n,
                 ws[i]->cookie = tries[i].cookie;
                 ws[i]->k = tries[i].slots;
                 ws[i]->arrival = tries[i].arrival;
-                ws[i]->gated = true;
+                ws[i]->gated = ws[i]->in_call = true;
         }
         for (size_t i = 0; i < n; i++) {
                 SharedPool *q = SHARED(pools[i]);
@@ -3739,6 +3745,8 @@ static int shared_grant_set(Pool *const *pools, PoolWaiter *const *waiters, size
                 call_free(c);
                 return r;
         }
+        for (size_t i = 0; i < n; i++)
+                waiters[i]->in_call = true;
         call_queue(SHARED(pools[0]), c);
         return 0;
 }
@@ -3811,6 +3819,22 @@ static bool set_part_decide(SharedPool *q, const char *rid, const RespValue *bod
         return true;
 }
 
+/* Whether pool q's body in an answer of this verdict may be applied: a Decision of this rid that the verdict
+ * says ("granted", "queued"; "known": any but "ready", or "gone") and that decision_check() lets through.
+ * Every part is checked before any is applied: a part granted and another dropped would be a set held in
+ * part. */
+static bool set_part_check(SharedPool *q, const char *rid, const RespValue *verdict, const RespValue *body) {
+        bool known = resp_is(verdict, "known");
+        if (known && body && body->type == RESP_ARRAY && body->n == 1 && resp_is(resp_at(body, 0), "gone"))
+                return true;
+        Decision d;
+        bool ok = decision_from_array(body, q->base.limit, &d) >= 0 && streq(d.rid, rid) &&
+                  (known ? !streq(d.verdict, "ready") : resp_is(verdict, d.verdict)) &&
+                  !decision_check(q, &d, try_find(q, rid));
+        decision_done(&d);
+        return ok;
+}
+
 /* The answer to a set's call (brokerd/lua/set.lua): { status, pool, verdict, { reply… } }, one reply per pool
  * begun, each its pool's own (its notices, events and cache applied to that pool); then the verdict given to
  * every part. Untrusted (SPEC §11): anything else is bad input, and the set is refused. */
@@ -3870,15 +3894,24 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
                 return;
         }
 
-        bool all = resp_is(verdict, "granted") || resp_is(verdict, "queued") || resp_is(verdict, "known");
+        /* set.lua's verdicts of each mode only: one of the other mode would leave a part unanswered (a submit's
+         * parts "not-ready" are no waiters yet; a grant's "queued" are waiters already), and the engine awaits
+         * every part's answer. */
+        bool grant = streq(c->argv[c->n_keys + 5], "grant");
+        bool all = resp_is(verdict, "granted") || (!grant && resp_is(verdict, "queued")) || resp_is(verdict, "known");
         bool ok = true;
         if (all) {
                 for (size_t i = 0; i < n && ok; i++) {
                         SharedPool *q = set_pool(p, c, i);
                         if (q)
-                                ok = i < replies->n && set_part_decide(q, c->rid, bodies[i], now);
+                                ok = i < replies->n && set_part_check(q, c->rid, verdict, bodies[i]);
                 }
-        } else if (resp_is(verdict, "refused") && named) {
+                for (size_t i = 0; i < n && ok; i++) {
+                        SharedPool *q = set_pool(p, c, i);
+                        if (q && set_part_decide(q, c->rid, bodies[i], now) && grant)
+                                set_part_requeue(q, c->rid, true); /* "known" still waiting there: answered so */
+                }
+        } else if (!grant && resp_is(verdict, "refused") && named) {
                 /* Nothing of the set was written: the pool named refuses, the others echo it. */
                 PoolWaiter *w = try_find(named, c->rid);
                 Decision d;
@@ -3902,7 +3935,7 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
                         decision_apply(named, &d, true, now);
                 }
                 decision_done(&d);
-        } else if ((resp_is(verdict, "not-ready") || resp_is(verdict, "gone")) && named) {
+        } else if (grant && (resp_is(verdict, "not-ready") || resp_is(verdict, "gone")) && named) {
                 for (size_t i = 0; i < n; i++) {
                         SharedPool *q = set_pool(p, c, i);
                         if (q)
@@ -3913,6 +3946,12 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
         if (!ok) {
                 bad_input(p, "a malformed answer to a set", now);
                 set_refuse_locally(p, c, "bad-reply", now);
+        }
+        for (size_t i = 0; i < n; i++) {
+                SharedPool *q = set_pool(p, c, i);
+                PoolWaiter *w = q ? try_find(q, c->rid) : NULL;
+                if (w)
+                        w->in_call = false; /* answered: waiting, to be said ready */
         }
         call_free(c);
 }

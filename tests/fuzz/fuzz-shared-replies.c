@@ -16,7 +16,15 @@
  * A bulk string "@N" (N a digit) stands for the rid of the N-th request submitted (as its submit call said):
  * a corpus file does not depend on how many random numbers the pool drew before. Anything else ends the
  * input. An input that begins with 'b' is of a pool that sends batches (SharedPoolParams.batch_max,
- * brokerd/lua/batch.lua): the answer to one is an array of replies. */
+ * brokerd/lua/batch.lua): the answer to one is an array of replies. One that begins with 's' (after the 'b',
+ * if any) has a second pool "fuzz2" on the same backend, and its requests are all-or-nothing sets over both
+ * (submit_set(), brokerd/lua/set.lua: one call, sent by the first pool, answered { status, pool, verdict,
+ * { reply… } }); there
+ *   'A' k w          is a set of k slots in each pool         'G'  the newest set said ready in both is granted
+ *   'Z' VALUE VALUE  a stream entry of the second pool        'W'  withdraws both parts of a set
+ * and 'U', 'D', 'T' act on both pools. Beyond the promises above: a set is never held in part (what an
+ * answer grants in one pool while another refused it is given back, as the engine does, and must have been
+ * answered so: never a part granted alone by a set's answer), and each part is answered. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -136,25 +144,35 @@ static bool decode(Decoder *d, RespValue *v, unsigned depth) {
 /* ---- the pool's side, checked ---- */
 
 typedef struct Try {
-        bool live, answered, queued;
+        bool live, answered, queued, granted;
         unsigned k;
+        size_t pool;            /* its pool's index */
+        struct Try *partner;    /* a set's other part (NULL: a lone request) */
         PoolWaiter *waiter;
+        struct Lease *lease;
 } Try;
 
 typedef struct Lease {
         PoolGrant *grant;
+        size_t pool;
         unsigned n_slots;
         unsigned slots[LIMIT];
         bool lost;
 } Lease;
 
+#define POOLS_MAX 2
+
 typedef struct State {
-        Pool *pool;
+        Pool *pool;             /* pools[0] */
+        Pool *pools[POOLS_MAX];
+        size_t n_pools;
         Try tries[TRIES_MAX];
         size_t n_tries;
         Lease leases[TRIES_MAX];
         size_t n_leases;
         uint64_t calls[CALLS_MAX];
+        size_t call_pool[CALLS_MAX];
+        bool call_set[CALLS_MAX];       /* a set's call (SHARED_SCRIPT_SET) */
         size_t n_calls;
         uint64_t random;
         usec_t now;
@@ -163,23 +181,33 @@ typedef struct State {
 } State;
 
 static void check_leases(const State *s) {
-        unsigned held = 0;
-        bool used[LIMIT] = {};
-        for (size_t i = 0; i < s->n_leases; i++) {
-                const Lease *l = &s->leases[i];
-                if (l->lost)
-                        continue;
-                held += l->n_slots;
-                for (unsigned j = 0; j < l->n_slots; j++) {
-                        check(l->slots[j] < LIMIT);
-                        check(!used[l->slots[j]]);
-                        used[l->slots[j]] = true;
+        for (size_t p = 0; p < s->n_pools; p++) {
+                unsigned held = 0;
+                bool used[LIMIT] = {};
+                for (size_t i = 0; i < s->n_leases; i++) {
+                        const Lease *l = &s->leases[i];
+                        if (l->lost || l->pool != p)
+                                continue;
+                        held += l->n_slots;
+                        for (unsigned j = 0; j < l->n_slots; j++) {
+                                check(l->slots[j] < LIMIT);
+                                check(!used[l->slots[j]]);
+                                used[l->slots[j]] = true;
+                        }
                 }
+                check(held <= LIMIT);
+                PoolInfo info;
+                s->pools[p]->ops->info(s->pools[p], s->now, &info);
+                check(info.in_use <= LIMIT);
         }
-        check(held <= LIMIT);
-        PoolInfo info;
-        s->pool->ops->info(s->pool, s->now, &info);
-        check(info.in_use <= LIMIT);
+}
+
+static size_t pool_index(const State *s, const Pool *p) {
+        for (size_t i = 0; i < s->n_pools; i++)
+                if (s->pools[i] == p)
+                        return i;
+        check(!"a decision of no pool of ours");
+        return 0;
 }
 
 static bool verbose;
@@ -194,6 +222,7 @@ static void on_decision(const PoolDecision *d, void *userdata) {
                 check(d->cookie);
                 t = d->cookie;
                 check(t->live && !t->answered);
+                check(pool_index(s, d->pool) == t->pool);
         }
         switch (d->verdict) {
         case POOL_VERDICT_GRANTED: {
@@ -201,20 +230,22 @@ static void on_decision(const PoolDecision *d, void *userdata) {
                 check(d->token > 0 && d->token < (UINT64_C(1) << 53));
                 check(s->n_leases < TRIES_MAX);
                 Lease *l = &s->leases[s->n_leases++];
-                *l = (Lease) { .grant = d->grant, .n_slots = d->n_slots };
+                *l = (Lease) { .grant = d->grant, .pool = t->pool, .n_slots = d->n_slots };
                 for (unsigned i = 0; i < d->n_slots; i++) {
                         l->slots[i] = d->slots[i];
                         /* A member per slot, the configured one (engine_lease_new() reads n_slots of them). */
                         check(d->members && d->slots[i] < LIMIT && strcmp(d->members[i], members[d->slots[i]]) == 0);
                 }
-                s->pool->ops->bind_grant(s->pool, d->grant, l);
-                t->answered = true;
+                s->pools[t->pool]->ops->bind_grant(s->pools[t->pool], d->grant, l);
+                t->answered = t->granted = true;
+                t->lease = l;
                 break;
         }
         case POOL_VERDICT_REFUSED:
                 t->answered = true;
                 break;
         case POOL_VERDICT_QUEUED:
+                /* A set's part is queued again after a grant call found it not ready ('G' unqueues it). */
                 check(!t->queued);
                 t->queued = true;
                 t->waiter = d->waiter;
@@ -248,17 +279,24 @@ static void rid_seen(State *s, const char *rid) {
 
 static void take_calls(State *s) {
         const SharedCall *c;
-        while (s->n_calls < CALLS_MAX && pool_shared_take_call(s->pool, s->now, &c)) {
-                s->calls[s->n_calls++] = c->id;
-                if (c->script == SHARED_SCRIPT_SUBMIT && c->argc > 6)
-                        rid_seen(s, c->argv[6]);
-                /* A batch: [6] n, then OP, M, M arguments (brokerd/lua/batch.lua). */
-                for (size_t i = 7; c->script == SHARED_SCRIPT_BATCH && i + 1 < c->argc;) {
-                        size_t m = strtoul(c->argv[i + 1], NULL, 10);
-                        check(i + 2 + m <= c->argc);
-                        if (strcmp(c->argv[i], "submit") == 0 && m > 0)
-                                rid_seen(s, c->argv[i + 2]);
-                        i += 2 + m;
+        for (size_t p = 0; p < s->n_pools; p++) {
+                while (s->n_calls < CALLS_MAX && pool_shared_take_call(s->pools[p], s->now, &c)) {
+                        s->call_pool[s->n_calls] = p;
+                        s->call_set[s->n_calls] = c->script == SHARED_SCRIPT_SET;
+                        s->calls[s->n_calls++] = c->id;
+                        if (c->script == SHARED_SCRIPT_SUBMIT && c->argc > 6)
+                                rid_seen(s, c->argv[6]);
+                        /* A set: KEYS, the head, [6] mode, [7] rid (set.lua's ARGV). */
+                        if (c->script == SHARED_SCRIPT_SET && c->argc > c->n_keys + 6)
+                                rid_seen(s, c->argv[c->n_keys + 6]);
+                        /* A batch: [6] n, then OP, M, M arguments (brokerd/lua/batch.lua). */
+                        for (size_t i = 7; c->script == SHARED_SCRIPT_BATCH && i + 1 < c->argc;) {
+                                size_t m = strtoul(c->argv[i + 1], NULL, 10);
+                                check(i + 2 + m <= c->argc);
+                                if (strcmp(c->argv[i], "submit") == 0 && m > 0)
+                                        rid_seen(s, c->argv[i + 2]);
+                                i += 2 + m;
+                        }
                 }
         }
 }
@@ -267,8 +305,70 @@ static void answer(State *s, int error, const RespValue *v) {
         if (s->n_calls == 0)
                 return;
         uint64_t id = s->calls[0];
+        size_t p = s->call_pool[0];
+        bool set = s->call_set[0];
         memmove(s->calls, s->calls + 1, --s->n_calls * sizeof(uint64_t));
-        pool_shared_call_done(s->pool, id, error, v, s->now, s->now);
+        memmove(s->call_pool, s->call_pool + 1, s->n_calls * sizeof(size_t));
+        memmove(s->call_set, s->call_set + 1, s->n_calls * sizeof(bool));
+        bool granted[TRIES_MAX];
+        for (size_t i = 0; i < s->n_tries; i++)
+                granted[i] = s->tries[i].granted;
+        pool_shared_call_done(s->pools[p], id, error, v, s->now, s->now);
+        /* A set's answer grants every part or none; only "known" (each pool's state of a rid Redis knew) may
+         * say otherwise, and the engine gives that back. */
+        bool known = v && v->type == RESP_ARRAY && v->n == 4 && v->elements[2].type == RESP_STRING &&
+                     v->elements[2].len == 5 && memcmp(v->elements[2].str, "known", 5) == 0;
+        for (size_t i = 0; set && !known && i < s->n_tries; i++) {
+                const Try *t = &s->tries[i];
+                if (t->partner && t->granted && !granted[i])
+                        check(t->partner->granted);
+        }
+}
+
+static Pool *find_pool(const char *name, void *userdata) {
+        State *s = userdata;
+        for (size_t i = 0; i < s->n_pools; i++)
+                if (s->pools[i] && strcmp(s->pools[i]->name, name) == 0)
+                        return s->pools[i];
+        return NULL;
+}
+
+static void try_withdraw(State *s, Try *t) {
+        if (t->live && !t->answered && t->queued)
+                s->pools[t->pool]->ops->withdraw(s->pools[t->pool], t->waiter, s->now);
+        else if (t->live && !t->answered)
+                s->pools[t->pool]->ops->cancel_try(s->pools[t->pool], t, s->now);
+        t->live = false;
+}
+
+static void lease_release(State *s, Lease *l) {
+        if (!l->grant)
+                return;
+        s->pools[l->pool]->ops->release(s->pools[l->pool], l->grant, s->now);
+        l->grant = NULL;
+        l->lost = true; /* not held any more */
+}
+
+/* The engine's part (engine.c, set_route_decide(), set_grant_done()): a set granted in one pool and refused
+ * (or left waiting) in the other after its answers is given back whole. A set's own answer never does so:
+ * its "granted" grants every part or none. Only "known" (each pool's state of a rid Redis knew) may. */
+static void sets_settle(State *s) {
+        for (size_t i = 0; i < s->n_tries; i++) {
+                Try *t = &s->tries[i], *o = t->partner;
+                if (!o || t->pool != 0 || !t->live || !o->live)
+                        continue;
+                bool settled = (t->answered || t->queued) && (o->answered || o->queued);
+                if (!settled || t->granted == o->granted)
+                        continue;
+                Try *parts[2] = { t, o };
+                for (size_t j = 0; j < 2; j++) {
+                        if (parts[j]->granted)
+                                lease_release(s, parts[j]->lease);
+                        else
+                                try_withdraw(s, parts[j]);
+                        parts[j]->live = false;
+                }
+        }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -287,16 +387,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 .random = next_random,
                 .random_userdata = &s,
                 .batch_max = size > 0 && data[0] == 'b' ? SHARED_BATCH_OPS_MAX : 0,
+                .find_pool = find_pool,
+                .find_pool_userdata = &s,
         };
         if (params.batch_max > 0) {
                 data++;
                 size--;
         }
-        check(pool_shared_new("fuzz", &params, on_decision, &s, &s.pool) == 0);
-        PoolConfig pc = { .name = (char *) "fuzz", .limit = LIMIT, .members = (char **) members, .max_queue = -1 };
-        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
-        check(s.pool->ops->configure(s.pool, &pc, rules, 1, s.now) == 0);
-        pool_shared_link_up(s.pool, "run", s.now);
+        bool sets = size > 0 && data[0] == 's';
+        if (sets) {
+                data++;
+                size--;
+        }
+        static const char *const names[POOLS_MAX] = { "fuzz", "fuzz2" };
+        s.n_pools = sets ? 2 : 1;
+        for (size_t i = 0; i < s.n_pools; i++) {
+                check(pool_shared_new(names[i], &params, on_decision, &s, &s.pools[i]) == 0);
+                PoolConfig pc = { .name = (char *) names[i], .limit = LIMIT, .members = (char **) members,
+                                  .max_queue = -1 };
+                PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+                check(s.pools[i]->ops->configure(s.pools[i], &pc, rules, 1, s.now) == 0);
+                pool_shared_link_up(s.pools[i], "run", s.now);
+        }
+        s.pool = s.pools[0];
 
         d.p = data;
         d.end = data + size;
@@ -311,40 +424,60 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                 break;
                         take_calls(&s);
                         answer(&s, op == 'E' ? -ECONNRESET : 0, op == 'E' ? NULL : &a);
-                } else if (op == 'S') {
+                } else if (op == 'S' || (op == 'Z' && sets)) {
                         if (!decode(&d, &a, 0) || !decode(&d, &b, 0))
                                 break;
                         if (a.type == RESP_STRING && a.len < 64) {
                                 char id[64];
                                 memcpy(id, a.str, a.len);
                                 id[a.len] = 0;
-                                pool_shared_stream_entry(s.pool, id, &b, s.now);
+                                pool_shared_stream_entry(s.pools[op == 'Z'], id, &b, s.now);
                         }
                 } else if (op == 'A') {
-                        if (d.end - d.p < 2 || s.n_tries == TRIES_MAX)
+                        if (d.end - d.p < 2 || s.n_tries + s.n_pools > TRIES_MAX)
                                 break;
-                        Try *t = &s.tries[s.n_tries++];
-                        *t = (Try) { .live = true, .k = 1 + d.p[0] % LIMIT };
-                        PoolTry pt = { .cookie = t, .lane = "ci", .slots = t->k, .may_wait = d.p[1] & 1,
-                                       .lane_budget = USEC_INFINITY, .client_cap = USEC_INFINITY, .arrival = s.now };
+                        PoolTry pt[POOLS_MAX];
+                        Try *t = &s.tries[s.n_tries];
+                        for (size_t i = 0; i < s.n_pools; i++) {
+                                t[i] = (Try) { .live = true, .k = 1 + d.p[0] % LIMIT, .pool = i,
+                                               .partner = sets ? &t[1 - i] : NULL };
+                                pt[i] = (PoolTry) { .cookie = &t[i], .lane = "ci", .slots = t[i].k,
+                                                    .may_wait = d.p[1] & 1, .lane_budget = USEC_INFINITY,
+                                                    .client_cap = USEC_INFINITY, .arrival = s.now };
+                        }
+                        s.n_tries += s.n_pools;
                         d.p += 2;
-                        check(s.pool->ops->submit(s.pool, &pt, s.now) == 0);
+                        if (sets)
+                                check(s.pool->ops->submit_set(s.pools, pt, 2, s.now) == 0);
+                        else
+                                check(s.pool->ops->submit(s.pool, pt, s.now) == 0);
                 } else if (op == 'W') {
                         for (size_t i = s.n_tries; i-- > 0;) {
                                 Try *t = &s.tries[i];
                                 if (t->live && !t->answered && t->queued) {
-                                        s.pool->ops->withdraw(s.pool, t->waiter, s.now);
-                                        t->live = false;
+                                        try_withdraw(&s, t);
+                                        if (t->partner)
+                                                try_withdraw(&s, t->partner);
                                         break;
                                 }
+                        }
+                } else if (op == 'G' && sets) {
+                        for (size_t i = s.n_tries; i-- > 0;) {
+                                Try *t = &s.tries[i], *o = t->partner;
+                                if (t->pool != 0 || !t->live || t->answered || !t->queued || !o->live ||
+                                    o->answered || !o->queued || !s.pools[0]->ops->ready(s.pools[0], t->waiter) ||
+                                    !s.pools[1]->ops->ready(s.pools[1], o->waiter))
+                                        continue;
+                                PoolWaiter *w[2] = { t->waiter, o->waiter };
+                                if (s.pool->ops->grant_set(s.pools, w, 2, s.now) == 0)
+                                        t->queued = o->queued = false; /* their answers awaited */
+                                break;
                         }
                 } else if (op == 'L') {
                         for (size_t i = 0; i < s.n_leases; i++) {
                                 Lease *l = &s.leases[i];
                                 if (l->grant) {
-                                        s.pool->ops->release(s.pool, l->grant, s.now);
-                                        l->grant = NULL;
-                                        l->lost = true; /* not held any more */
+                                        lease_release(&s, l);
                                         break;
                                 }
                         }
@@ -352,26 +485,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         if (d.p >= d.end)
                                 break;
                         s.now += (usec_t) (1 + *d.p++) * 100 * USEC_PER_MSEC;
-                        s.pool->ops->run(s.pool, s.now);
-                        pool_shared_fence_check(s.pool, s.now, s.now);
+                        for (size_t i = 0; i < s.n_pools; i++) {
+                                s.pools[i]->ops->run(s.pools[i], s.now);
+                                pool_shared_fence_check(s.pools[i], s.now, s.now);
+                        }
                 } else if (op == 'U') {
-                        pool_shared_link_up(s.pool, "run", s.now);
+                        for (size_t i = 0; i < s.n_pools; i++)
+                                pool_shared_link_up(s.pools[i], "run", s.now);
                 } else if (op == 'D') {
-                        pool_shared_link_down(s.pool, s.now);
+                        for (size_t i = 0; i < s.n_pools; i++)
+                                pool_shared_link_down(s.pools[i], s.now);
                         s.n_calls = 0;
                 } else if (op == 'C') {
                         take_calls(&s);
                 } else
                         break;
                 SharedNotice n;
-                while (pool_shared_pop_notice(s.pool, &n))
-                        shared_notice_done(&n);
+                for (size_t i = 0; i < s.n_pools; i++)
+                        while (pool_shared_pop_notice(s.pools[i], &n))
+                                shared_notice_done(&n);
+                sets_settle(&s);
                 check_leases(&s);
         }
         /* Grants still held are the engine's to release before the pool goes. */
         for (size_t i = 0; i < s.n_leases; i++)
-                if (s.leases[i].grant)
-                        s.pool->ops->release(s.pool, s.leases[i].grant, s.now);
-        s.pool->ops->free(s.pool);
+                lease_release(&s, &s.leases[i]);
+        for (size_t i = s.n_pools; i-- > 0;) {
+                s.pools[i]->ops->free(s.pools[i]);
+                s.pools[i] = NULL;
+        }
         return 0;
 }

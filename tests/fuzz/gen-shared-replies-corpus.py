@@ -178,6 +178,75 @@ seeds.update({
     "batch-wrong-swapped": B_TWO + R([reply("ok", decision("queued", rid(2))), reply("ok", decision("queued", rid(1)))]),
 })
 
+# Two pools and all-or-nothing sets over both ('s' first, after a 'b' if any): a set's call is answered
+# { status, pool, verdict, { reply… } } (brokerd/lua/set.lua); 'G' grants the newest set said ready in both,
+# 'Z' is a stream entry of the second pool.
+S_UP = b"s" + b"C" + R(tick()) + R(tick())
+
+
+def SA(status, by, verdict, replies):
+    return [status, by, verdict, replies]
+
+
+def both(body1, body2=None):
+    return [reply("ok", body1), reply("ok", body1 if body2 is None else body2)]
+
+
+def Z(i, fields):
+    return b"Z" + enc(i) + enc(fields)
+
+
+S_Q = S_UP + A(1) + b"C" + R(SA("ok", 0, "queued", both(decision("queued", rid(1)))))
+S_READY = S_Q + S("8-1", ["verdict", "ready", "rid", rid(1)]) + Z("8-1", ["verdict", "ready", "rid", rid(1)])
+S_GRANT = both(decision("granted", rid(1), 7, [0], ["a"]), decision("granted", rid(1), 9, [2], ["c"]))
+seeds.update({
+    "set-queued": S_Q,
+    "set-granted": S_UP + A(1, False) + b"C" + R(SA("ok", 0, "granted", S_GRANT)) + b"L" + b"C" + R(reply("ok", ["released"])),
+    "set-refused": S_UP + A(1, False) + b"C"
+    + R(SA("ok", 2, "refused", [reply("ok", []), reply("ok", decision("refused", rid(1), refusal="busy"))])),
+    "set-ready-granted": S_READY + b"G" + b"C" + R(SA("ok", 0, "granted", S_GRANT)),
+    "set-ready-in-events": S_UP + A(1) + b"C"
+    + R(SA("ok", 0, "queued", [reply("ok", decision("queued", rid(1)), events=[decision("ready", rid(1))]),
+                               reply("ok", decision("queued", rid(1)), events=[decision("ready", rid(1))])]))
+    + b"G" + b"C" + R(SA("ok", 0, "granted", S_GRANT)),
+    "set-not-ready-then-granted": S_READY + b"G" + b"C" + R(SA("ok", 2, "not-ready", both([])))
+    + S("8-2", ["verdict", "ready", "rid", rid(1)]) + Z("8-2", ["verdict", "ready", "rid", rid(1)])
+    + b"G" + b"C" + R(SA("ok", 0, "granted", S_GRANT)),
+    "set-gone": S_READY + b"G" + b"C" + R(SA("ok", 2, "gone", both([], ["gone"]))),
+    "set-settling": S_UP + A(1) + b"C" + R(SA("settling", 1, "", [reply("settling", [])])) + b"C"
+    + R(SA("ok", 0, "queued", both(decision("queued", rid(1))))),
+    "set-unregistered": S_UP + A(1) + b"C" + R(SA("unregistered", 2, "", [reply("ok", []), reply("unregistered", [])]))
+    + b"C" + R(tick()) + b"C" + R(SA("ok", 0, "queued", both(decision("queued", rid(1))))),
+    "set-rules": S_UP + A(1) + b"C" + R(SA("rules", 2, "", [reply("ok", []), reply("rules", [])])),
+    "set-error": S_UP + A(1) + b"C" + b"R-OOM command not allowed\r\n",
+    "set-link-flap": S_UP + A(1) + b"C" + b"E" + enc(None) + b"D" + b"U" + b"C" + R(tick()) + R(tick())
+    + b"C" + R(SA("ok", 0, "queued", both(decision("queued", rid(1))))),
+    "set-known-in-part": S_UP + A(1) + b"C"
+    + R(SA("ok", 0, "known", both(decision("granted", rid(1), 7, [0], ["a"]), ["gone"]))) + b"C"
+    + R(reply("ok", ["released"])),
+    "set-withdrawn": S_Q + b"W" + b"C" + R(reply("ok", ["withdrawn"])) + R(reply("ok", ["withdrawn"])),
+    "set-budget-refused-in-one": S_Q + Z("8-3", entry("refused", rid(1), refusal="timeout")),
+    "set-batched": b"b" + S_Q + A(1) + b"C" + R(SA("ok", 0, "granted", both(decision("granted", rid(2), 7, [0], ["a"])))),
+    # Hostile answers to a set.
+    "set-wrong-short": S_UP + A(1) + b"C" + R(["ok", 0, "queued"]),
+    "set-wrong-pool-index": S_UP + A(1) + b"C" + R(SA("ok", 3, "refused", both([]))),
+    "set-wrong-pool-negative": S_UP + A(1) + b"C" + R(SA("ok", -1, "queued", both(decision("queued", rid(1))))),
+    "set-wrong-too-many": S_UP + A(1) + b"C" + R(SA("ok", 0, "queued", both(decision("queued", rid(1))) * 2)),
+    "set-wrong-too-few": S_UP + A(1) + b"C" + R(SA("ok", 0, "queued", both(decision("queued", rid(1)))[:1])),
+    "set-wrong-verdict-int": S_UP + A(1) + b"C" + R(["ok", 0, 1, both(decision("queued", rid(1)))]),
+    "set-wrong-bodies": S_UP + A(1) + b"C" + R(SA("ok", 0, "queued", both(["x"], 5))),
+    "set-wrong-other-rid": S_UP + A(1) + b"C" + R(SA("ok", 0, "queued", both(decision("queued", rid(1)),
+                                                                          decision("queued", rid(17))))),
+    "set-wrong-granted-bad-part": S_UP + A(1, False) + b"C"
+    + R(SA("ok", 0, "granted", both(decision("granted", rid(1), 7, [0], ["a"]), decision("granted", rid(1), 9, [3], ["c"])))),
+    "set-wrong-granted-one-queued": S_UP + A(1) + b"C"
+    + R(SA("ok", 0, "queued", both(decision("queued", rid(1)), decision("granted", rid(1), 9, [2], ["c"])))),
+    "set-wrong-grant-answered-queued": S_READY + b"G" + b"C" + R(SA("ok", 0, "queued", both(decision("queued", rid(1))))),
+    "set-wrong-submit-not-ready": S_UP + A(1) + b"C" + R(SA("ok", 2, "not-ready", both([]))),
+    "set-wrong-reply-shape": S_UP + A(1) + b"C" + R(SA("ok", 0, "queued", [reply("ok", decision("queued", rid(1))), ["ok", 1]])),
+    "set-wrong-ready-stream-other": S_Q + Z("8-4", ["verdict", "ready", "rid", rid(17)]) + b"G",
+})
+
 out = sys.argv[1]
 os.makedirs(out, exist_ok=True)
 for name, data in seeds.items():

@@ -103,6 +103,7 @@ typedef struct Seen {
         bool congested;
         PoolGrant *grant;
         PoolWaiter *waiter;
+        bool echo;
         char remote_id[64];
 } Seen;
 
@@ -126,6 +127,7 @@ static void on_decision(const PoolDecision *d, void *userdata) {
                 .reason = d->reason, .token = d->token, .n_slots = d->n_slots,
                 .slot0 = d->n_slots > 0 ? d->slots[0] : 0, .has_wait = d->has_wait, .wait = d->wait,
                 .congested = d->congested, .grant = d->grant, .waiter = d->waiter,
+                .echo = d->echo,
         };
         if (d->remote_id)
                 snprintf(s->remote_id, sizeof s->remote_id, "%s", d->remote_id);
@@ -143,6 +145,10 @@ static void on_wake(void *userdata) {
 
 /* SharedPoolParams.batch_max of the next fixture (setup_batched()); 0: one call each. */
 static unsigned fixture_batch_max;
+/* The next fixture's pool name and SharedPoolParams.find_pool (a set's fixture: setup_set()). */
+static const char *fixture_name = "grid";
+static Pool *(*fixture_find_pool)(const char *name, void *userdata);
+static void *fixture_find_pool_userdata;
 
 /* confirm_stale: behind Sentinels (0: a plain redis://). */
 static Fixture *fixture_new_confirmed(bool manual, usec_t confirm_stale) {
@@ -163,10 +169,12 @@ static Fixture *fixture_new_confirmed(bool manual, usec_t confirm_stale) {
                 .wake = on_wake,
                 .wake_userdata = f,
                 .batch_max = fixture_batch_max,
+                .find_pool = fixture_find_pool,
+                .find_pool_userdata = fixture_find_pool_userdata,
         };
         fixture_batch_max = 0;
-        assert_int_equal(pool_shared_new("grid", &params, on_decision, f, &f->pool), 0);
-        PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1 };
+        assert_int_equal(pool_shared_new(fixture_name, &params, on_decision, f, &f->pool), 0);
+        PoolConfig pc = { .name = (char *) fixture_name, .limit = 2, .max_queue = -1 };
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
         assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(1)), 0);
         return f;
@@ -220,7 +228,9 @@ static const SharedCall *take(Fixture *f, SharedScript script) {
         assert_true(pool_shared_take_call(f->pool, f->clock, &c));
         assert_string_equal(shared_script_to_string(c->script), shared_script_to_string(script));
         assert_int_equal(c->n_keys, 1);
-        assert_string_equal(arg(c, 0), "{sb:grid}");
+        char key[64];
+        snprintf(key, sizeof key, "{sb:%s}", f->pool->name);
+        assert_string_equal(arg(c, 0), key);
         assert_string_equal(arg(c, 1), "1");
         assert_string_equal(arg(c, 2), NODE);
         return c;
@@ -2972,6 +2982,474 @@ static void test_rests_in_the_cache_are_shown_and_bad_ones_counted(void **state)
         assert_null(info.resting);
 }
 
+/* ------------------------------------------------------------------- all-or-nothing sets (set.lua) */
+
+/* Two pools of one backend, "grid" (the chosen pool: it sends the set's call) and "db", each finding the
+ * other by name (SharedPoolParams.find_pool), both up. A set asks one slot of each. */
+typedef struct SetFixture {
+        Fixture *grid, *db;
+        Pool *pools[2];
+        int cookie[2];
+        char rid[17];
+} SetFixture;
+
+static Pool *set_find_pool(const char *name, void *userdata) {
+        SetFixture *s = userdata;
+        return streq(name, "grid") ? s->grid->pool : streq(name, "db") ? s->db->pool : NULL;
+}
+
+static int setup_set(void **state) {
+        SetFixture *s = calloc(1, sizeof(SetFixture));
+        assert_non_null(s);
+        fixture_find_pool = set_find_pool;
+        fixture_find_pool_userdata = s;
+        s->grid = fixture_new(false);
+        fixture_name = "db";
+        s->db = fixture_new(false);
+        fixture_name = "grid";
+        fixture_find_pool = NULL;
+        fixture_find_pool_userdata = NULL;
+        s->pools[0] = s->grid->pool;
+        s->pools[1] = s->db->pool;
+        bring_up(s->grid, S(1));
+        bring_up(s->db, S(1));
+        *state = s;
+        return 0;
+}
+
+static int teardown_set(void **state) {
+        SetFixture *s = *state;
+        fixture_free(s->grid);
+        fixture_free(s->db);
+        free(s);
+        return 0;
+}
+
+static int set_submit(SetFixture *s, bool may_wait, usec_t now) {
+        PoolTry t[2];
+        for (size_t i = 0; i < 2; i++)
+                t[i] = (PoolTry) { .cookie = &s->cookie[i], .lane = "ci", .slots = 1, .may_wait = may_wait,
+                                   .lane_budget = USEC_INFINITY, .client_cap = USEC_INFINITY, .arrival = now };
+        return s->pools[0]->ops->submit_set(s->pools, t, 2, now);
+}
+
+/* The set's call, from the chosen pool only: KEYS both prefixes (set.lua's order), then ARGV [1..5] the
+ * head, [6] mode, [7] rid (kept in s->rid). */
+static const SharedCall *take_set(SetFixture *s, const char *mode) {
+        no_call(s->db);
+        const SharedCall *c = NULL;
+        assert_true(pool_shared_take_call(s->grid->pool, s->grid->clock, &c));
+        assert_string_equal(shared_script_to_string(c->script), "set");
+        assert_int_equal(c->n_keys, 2);
+        assert_string_equal(arg(c, 0), "{sb:grid}");
+        assert_string_equal(arg(c, 1), "{sb:db}");
+        assert_string_equal(arg(c, 2), "1");
+        assert_string_equal(arg(c, 3), NODE);
+        assert_string_equal(arg(c, 7), mode);
+        snprintf(s->rid, sizeof s->rid, "%s", arg(c, 8));
+        return c;
+}
+
+/* One pool's reply inside the set's answer; the answer itself: { status, pool, verdict, { reply… } }. */
+static RespValue part(RespValue body) {
+        return reply("ok", S(2), body, EMPTY, cache(1, 0, 0, -1, ""));
+}
+
+static RespValue set_answer(const char *status, int64_t by, const char *verdict, RespValue replies) {
+        return arr(4, str(status), num(by), str(verdict), replies);
+}
+
+static RespValue queued_d(const char *rid) {
+        return decision("queued", rid, S(2), 0, "", 0, 1, EMPTY);
+}
+
+static RespValue granted_d(const char *rid, int64_t token, int64_t slot) {
+        return decision("granted", rid, S(2), 0, "", 0, token, arr(1, num(slot)));
+}
+
+static void set_reply(SetFixture *s, const SharedCall *c, RespValue answer) {
+        pool_shared_call_done(s->grid->pool, c->id, 0, &answer, S(2), S(2));
+}
+
+static const Seen *last_seen(const Fixture *f) {
+        assert_true(f->n_seen > 0);
+        return &f->seen[f->n_seen - 1];
+}
+
+/* Both parts queued: their waiters are the last QUEUED of each pool. */
+static void set_queued(SetFixture *s) {
+        assert_int_equal(set_submit(s, true, S(2)), 0);
+        const SharedCall *c = take_set(s, "submit");
+        set_reply(s, c, set_answer("ok", 0, "queued", arr(2, part(queued_d(s->rid)), part(queued_d(s->rid)))));
+        assert_int_equal(last_seen(s->grid)->verdict, POOL_VERDICT_QUEUED);
+        assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_QUEUED);
+}
+
+static bool set_ready(SetFixture *s, size_t i) {
+        Fixture *f = i == 0 ? s->grid : s->db;
+        for (size_t j = f->n_seen; j-- > 0;)
+                if (f->seen[j].verdict == POOL_VERDICT_QUEUED)
+                        return f->pool->ops->ready(f->pool, f->seen[j].waiter);
+        fail();
+        return false;
+}
+
+static PoolWaiter *set_waiter(Fixture *f) {
+        for (size_t j = f->n_seen; j-- > 0;)
+                if (f->seen[j].verdict == POOL_VERDICT_QUEUED)
+                        return f->seen[j].waiter;
+        fail();
+        return NULL;
+}
+
+static void set_said_ready(SetFixture *s) {
+        RespValue fields = arr(4, str("verdict"), str("ready"), str("rid"), str(s->rid));
+        pool_shared_stream_entry(s->grid->pool, "9-1", &fields, S(2));
+        pool_shared_stream_entry(s->db->pool, "9-1", &fields, S(2));
+        assert_int_equal(last_seen(s->grid)->verdict, POOL_VERDICT_READY);
+        assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_READY);
+}
+
+static const SharedCall *set_grant_call(SetFixture *s) {
+        PoolWaiter *w[2] = { set_waiter(s->grid), set_waiter(s->db) };
+        assert_int_equal(s->pools[0]->ops->grant_set(s->pools, w, 2, S(2)), 0);
+        const SharedCall *c = take_set(s, "grant");
+        assert_int_equal(c->argc, 10);
+        assert_string_equal(arg(c, 9), "2"); /* ARGV[8]: n */
+        return c;
+}
+
+/* Each part refused here, "bad-reply" (or reason), and its rid withdrawn in its pool (which releases a lease
+ * Redis may hold under it); nothing held in either pool. */
+static void assert_set_refused(SetFixture *s, const char *reason) {
+        Fixture *fs[2] = { s->grid, s->db };
+        for (size_t i = 0; i < 2; i++) {
+                const Seen *l = last_seen(fs[i]);
+                assert_int_equal(l->verdict, POOL_VERDICT_REFUSED);
+                assert_ptr_equal(l->cookie, &s->cookie[i]);
+                assert_string_equal(l->reason, reason);
+                const SharedCall *w = take(fs[i], SHARED_SCRIPT_WITHDRAW);
+                assert_string_equal(arg(w, 6), s->rid);
+                done(fs[i], w, reply("ok", S(2), arr(1, str("gone")), EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+                PoolInfo info;
+                fs[i]->pool->ops->info(fs[i]->pool, S(2), &info);
+                assert_int_equal(info.in_use, 0);
+                assert_int_equal(info.waiting, 0);
+        }
+        no_call(s->grid);
+        no_call(s->db);
+}
+
+static uint64_t set_bad_inputs(SetFixture *s) {
+        return bad_inputs(s->grid) + bad_inputs(s->db);
+}
+
+static void test_set_submit_carries_every_pool_and_is_queued_in_both(void **state) {
+        SetFixture *s = *state;
+        assert_int_equal(set_submit(s, true, S(2)), 0);
+        const SharedCall *c = take_set(s, "submit");
+        /* ARGV [8] lane [9] may_wait [10] n, then per pool k, lane_budget_set, lane_budget, client_cap, arrival,
+         * selector. */
+        assert_int_equal(c->argc, 2 + 10 + 2 * 6);
+        assert_string_equal(arg(c, 9), "ci");
+        assert_string_equal(arg(c, 10), "1");
+        assert_string_equal(arg(c, 11), "2");
+        for (size_t i = 0; i < 2; i++) {
+                assert_string_equal(arg(c, 12 + 6 * i), "1");
+                assert_string_equal(arg(c, 13 + 6 * i), "0");
+                assert_string_equal(arg(c, 14 + 6 * i), "-1");
+                assert_string_equal(arg(c, 15 + 6 * i), "-1");
+                assert_string_equal(arg(c, 17 + 6 * i), "");
+        }
+        set_reply(s, c, set_answer("ok", 0, "queued", arr(2, part(queued_d(s->rid)), part(queued_d(s->rid)))));
+        assert_int_equal(s->grid->n_seen, 1);
+        assert_int_equal(s->db->n_seen, 1);
+        assert_int_equal(s->grid->seen[0].verdict, POOL_VERDICT_QUEUED);
+        assert_ptr_equal(s->grid->seen[0].cookie, &s->cookie[0]);
+        assert_int_equal(s->db->seen[0].verdict, POOL_VERDICT_QUEUED);
+        assert_ptr_equal(s->db->seen[0].cookie, &s->cookie[1]);
+        assert_false(set_ready(s, 0));
+        assert_false(set_ready(s, 1));
+        assert_int_equal(set_bad_inputs(s), 0);
+}
+
+static void test_set_granted_in_both_with_each_pool_token(void **state) {
+        SetFixture *s = *state;
+        assert_int_equal(set_submit(s, false, S(2)), 0);
+        const SharedCall *c = take_set(s, "submit");
+        assert_string_equal(arg(c, 10), "0");
+        set_reply(s, c, set_answer("ok", 0, "granted", arr(2, part(granted_d(s->rid, 7, 1)),
+                                                             part(granted_d(s->rid, 31, 0)))));
+        assert_int_equal(s->grid->n_seen, 1);
+        assert_int_equal(s->grid->seen[0].verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(s->grid->seen[0].token, 7);
+        assert_int_equal(s->grid->seen[0].slot0, 1);
+        assert_int_equal(s->db->n_seen, 1);
+        assert_int_equal(s->db->seen[0].verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(s->db->seen[0].token, 31);
+        assert_int_equal(s->db->seen[0].slot0, 0);
+        no_call(s->grid);
+        no_call(s->db);
+        assert_int_equal(set_bad_inputs(s), 0);
+}
+
+static void test_set_refused_by_pool_2_is_echoed_by_pool_1(void **state) {
+        SetFixture *s = *state;
+        assert_int_equal(set_submit(s, false, S(2)), 0);
+        const SharedCall *c = take_set(s, "submit");
+        set_reply(s, c, set_answer("ok", 2, "refused",
+                                   arr(2, part(EMPTY), part(decision("refused", s->rid, S(2), 0, "busy", 0, 0, EMPTY)))));
+        assert_int_equal(s->db->n_seen, 1);
+        assert_int_equal(s->db->seen[0].verdict, POOL_VERDICT_REFUSED);
+        assert_int_equal(s->db->seen[0].refusal, REFUSAL_BUSY);
+        assert_int_equal(s->grid->n_seen, 1);
+        assert_int_equal(s->grid->seen[0].verdict, POOL_VERDICT_REFUSED);
+        assert_int_equal(s->grid->seen[0].refusal, REFUSAL_BUSY);
+        assert_true(s->grid->seen[0].echo);
+        assert_false(s->db->seen[0].echo);
+        /* Nothing was written in Redis: nothing to withdraw. */
+        no_call(s->grid);
+        no_call(s->db);
+        assert_int_equal(set_bad_inputs(s), 0);
+}
+
+/* Said ready in its answer's events (pool 1) and in the stream (pool 2); the grant call then, granted. */
+static void test_set_said_ready_then_granted_in_one_call(void **state) {
+        SetFixture *s = *state;
+        assert_int_equal(set_submit(s, true, S(2)), 0);
+        const SharedCall *c = take_set(s, "submit");
+        RespValue ready = decision("ready", s->rid, S(2), 0, "", 0, 0, EMPTY);
+        set_reply(s, c, set_answer("ok", 0, "queued",
+                                   arr(2, reply("ok", S(2), queued_d(s->rid), arr(1, ready), cache(1, 1, 0, -1, "")),
+                                       part(queued_d(s->rid)))));
+        assert_true(set_ready(s, 0));
+        assert_false(set_ready(s, 1));
+        RespValue fields = arr(4, str("verdict"), str("ready"), str("rid"), str(s->rid));
+        pool_shared_stream_entry(s->db->pool, "9-1", &fields, S(2));
+        assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_READY);
+        assert_true(set_ready(s, 1));
+        /* Ready of a rid that is no set's part here: nothing. */
+        size_t n = s->db->n_seen;
+        RespValue other = arr(4, str("verdict"), str("ready"), str("rid"), str("00000000000000ff"));
+        pool_shared_stream_entry(s->db->pool, "9-2", &other, S(2));
+        assert_int_equal(s->db->n_seen, n);
+
+        c = set_grant_call(s);
+        assert_string_equal(arg(c, 8), s->rid);
+        set_reply(s, c, set_answer("ok", 0, "granted", arr(2, part(granted_d(s->rid, 8, 0)),
+                                                             part(granted_d(s->rid, 9, 1)))));
+        assert_int_equal(last_seen(s->grid)->verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(last_seen(s->grid)->token, 8);
+        assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(last_seen(s->db)->token, 9);
+        assert_int_equal(set_bad_inputs(s), 0);
+}
+
+/* "not-ready" and "gone": nothing granted, both parts QUEUED again (the engine awaits every part); the part
+ * of the pool named is not ready until said so again, the other stays as it was said (set.lua unreadies only
+ * the part it found not ready). */
+static void test_set_grant_not_ready_or_gone_waits_again(void **state) {
+        static const char *const verdicts[] = { "not-ready", "gone" };
+        SetFixture *s = *state;
+        set_queued(s);
+        for (size_t i = 0; i < ELEMENTSOF(verdicts); i++) {
+                set_said_ready(s);
+                const SharedCall *c = set_grant_call(s);
+                RespValue body2 = i == 0 ? EMPTY : arr(1, str("gone"));
+                set_reply(s, c, set_answer("ok", 2, verdicts[i], arr(2, part(EMPTY), part(body2))));
+                assert_int_equal(last_seen(s->grid)->verdict, POOL_VERDICT_QUEUED);
+                assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_QUEUED);
+                assert_true(set_ready(s, 0));
+                assert_false(set_ready(s, 1));
+                no_call(s->grid);
+        }
+        assert_int_equal(set_bad_inputs(s), 0);
+}
+
+static void test_set_settling_is_sent_again(void **state) {
+        SetFixture *s = *state;
+        assert_int_equal(set_submit(s, true, S(2)), 0);
+        const SharedCall *c = take_set(s, "submit");
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", s->rid);
+        set_reply(s, c, set_answer("settling", 1, "", arr(1, reply("settling", S(2), EMPTY, EMPTY, EMPTY))));
+        assert_int_equal(s->grid->n_seen + s->db->n_seen, 0);
+        c = take_set(s, "submit");
+        assert_string_equal(s->rid, rid);
+        set_reply(s, c, set_answer("ok", 0, "queued", arr(2, part(queued_d(rid)), part(queued_d(rid)))));
+        assert_int_equal(last_seen(s->grid)->verdict, POOL_VERDICT_QUEUED);
+        assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_QUEUED);
+}
+
+/* Pool 2 lost its registration: it registers again (its tick) before the set goes again, unchanged. */
+static void test_set_unregistered_of_pool_2_waits_until_it_serves(void **state) {
+        SetFixture *s = *state;
+        assert_int_equal(set_submit(s, true, S(2)), 0);
+        const SharedCall *c = take_set(s, "submit");
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", s->rid);
+        set_reply(s, c, set_answer("unregistered", 2, "",
+                                   arr(2, part(EMPTY), reply("unregistered", 0, EMPTY, EMPTY, EMPTY))));
+        assert_int_equal(s->grid->n_seen + s->db->n_seen, 0);
+        assert_int_equal(pool_shared_state(s->db->pool), SHARED_STATE_REGISTERING);
+        no_call(s->grid); /* held while pool 2 does not serve */
+        tick_ok(s->db, S(3), S(3));
+        assert_int_equal(pool_shared_state(s->db->pool), SHARED_STATE_UP);
+        c = take_set(s, "submit");
+        assert_string_equal(s->rid, rid);
+        set_reply(s, c, set_answer("ok", 0, "queued", arr(2, part(queued_d(rid)), part(queued_d(rid)))));
+        assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_QUEUED);
+}
+
+/* A script error (out of memory under noeviction): refused in both, not sent again. */
+static void test_set_error_reply_refuses_in_every_pool(void **state) {
+        SetFixture *s = *state;
+        assert_int_equal(set_submit(s, true, S(2)), 0);
+        const SharedCall *c = take_set(s, "submit");
+        RespValue e = { .type = RESP_ERROR, .str = "OOM", .len = 3 };
+        set_reply(s, c, e);
+        assert_set_refused(s, "backend");
+}
+
+/* Answers of another shape than set.lua's, each to a fresh set (submit mode): counted, the set refused in
+ * both pools and its rid withdrawn in each, nothing held. */
+static RespValue bad_set_answer(size_t i, const char *rid) {
+        switch (i) {
+        case 0: /* wrong length */
+                return arr(3, str("ok"), num(0), str("queued"));
+        case 1: /* pool index out of range */
+                return set_answer("ok", 3, "refused", arr(2, part(EMPTY), part(EMPTY)));
+        case 2:
+                return set_answer("ok", -1, "queued", arr(2, part(queued_d(rid)), part(queued_d(rid))));
+        case 3: /* more replies than pools */
+                return set_answer("ok", 0, "queued",
+                                  arr(3, part(queued_d(rid)), part(queued_d(rid)), part(queued_d(rid))));
+        case 4: /* a verdict that is not a string */
+                return arr(4, str("ok"), num(0), num(1), arr(2, part(queued_d(rid)), part(queued_d(rid))));
+        case 5: /* bodies that are not Decisions */
+                return set_answer("ok", 0, "queued", arr(2, part(queued_d(rid)), part(arr(1, str("x")))));
+        case 6:
+                return set_answer("ok", 0, "queued", arr(2, part(num(5)), part(queued_d(rid))));
+        case 7: /* a Decision of another rid */
+                return set_answer("ok", 0, "queued", arr(2, part(queued_d(rid)), part(queued_d("00000000000000ff"))));
+        case 8: /* fewer replies than pools */
+                return set_answer("ok", 0, "queued", arr(1, part(queued_d(rid))));
+        case 9: /* an unknown verdict */
+                return set_answer("ok", 0, "maybe", arr(2, part(queued_d(rid)), part(queued_d(rid))));
+        case 10: /* a reply of another shape in it */
+                return set_answer("ok", 0, "queued", arr(2, part(queued_d(rid)), arr(2, str("ok"), num(1))));
+        case 11: /* "refused" whose body is not that pool's refusal */
+                return set_answer("ok", 2, "refused", arr(2, part(EMPTY), part(queued_d(rid))));
+        case 12: /* "queued" whose bodies say otherwise */
+                return set_answer("ok", 0, "queued", arr(2, part(queued_d(rid)), part(granted_d(rid, 5, 0))));
+        case 13: /* "not-ready" to a submit: nothing would ever answer the parts */
+                return set_answer("ok", 2, "not-ready", arr(2, part(EMPTY), part(EMPTY)));
+        case 14:
+                return set_answer("ok", 2, "gone", arr(2, part(EMPTY), part(arr(1, str("gone")))));
+        default: /* "refused" naming no pool */
+                return set_answer("ok", 0, "refused", arr(2, part(EMPTY), part(EMPTY)));
+        }
+}
+
+static void test_set_answers_of_another_shape_refuse_the_set_in_every_pool(void **state) {
+        SetFixture *s = *state;
+        for (size_t i = 0; i < 16; i++) {
+                uint64_t bad = set_bad_inputs(s);
+                arena_used = 0;
+                assert_int_equal(set_submit(s, true, S(2)), 0);
+                const SharedCall *c = take_set(s, "submit");
+                set_reply(s, c, bad_set_answer(i, s->rid));
+                assert_set_refused(s, "bad-reply");
+                assert_true(set_bad_inputs(s) > bad);
+        }
+}
+
+/* Granted, but one part grants a slot out of its pool's range: no part is handed out, and the good part's
+ * lease goes back (its rid withdrawn: withdraw releases a lease under it). Either order. */
+static void test_set_granted_with_a_bad_part_gives_the_good_part_back(void **state) {
+        SetFixture *s = *state;
+        for (size_t bad_pool = 0; bad_pool < 2; bad_pool++) {
+                size_t grid_seen = s->grid->n_seen, db_seen = s->db->n_seen;
+                uint64_t bad = set_bad_inputs(s);
+                assert_int_equal(set_submit(s, false, S(2)), 0);
+                const SharedCall *c = take_set(s, "submit");
+                RespValue good = part(granted_d(s->rid, 7, 0)), wrong = part(granted_d(s->rid, 8, 5));
+                set_reply(s, c, set_answer("ok", 0, "granted", bad_pool == 0 ? arr(2, wrong, good) : arr(2, good, wrong)));
+                assert_int_equal(s->grid->n_seen, grid_seen + 1);
+                assert_int_equal(s->db->n_seen, db_seen + 1);
+                assert_set_refused(s, "bad-reply");
+                assert_true(set_bad_inputs(s) > bad);
+        }
+}
+
+/* The grant call answered "queued" (set.lua's grant never says so): the engine awaits an answer of every
+ * part, so the set is refused, not left waiting for nothing. */
+static void test_set_grant_answered_queued_is_refused(void **state) {
+        SetFixture *s = *state;
+        set_queued(s);
+        set_said_ready(s);
+        const SharedCall *c = set_grant_call(s);
+        set_reply(s, c, set_answer("ok", 0, "queued", arr(2, part(queued_d(s->rid)), part(queued_d(s->rid)))));
+        assert_set_refused(s, "bad-reply");
+}
+
+/* A set's part is granted only by its set's call (lua/README: its pool never grants it alone). A grant of one
+ * part from the stream while no call of its set is out would hold that pool's slot while the set waits for
+ * the other: dropped, counted, the set refused and its rid withdrawn in each pool (which releases the lease
+ * Redis may hold under it). While the grant call is out, its stream copy may come before its reply: taken. */
+static void test_set_part_granted_outside_its_call_is_refused(void **state) {
+        SetFixture *s = *state;
+        set_queued(s);
+        uint64_t bad = set_bad_inputs(s);
+        RespValue fields = granted_entry(s->rid, "11", "0", "");
+        pool_shared_stream_entry(s->db->pool, "9-3", &fields, S(2));
+        assert_true(set_bad_inputs(s) > bad);
+        const Seen *l = last_seen(s->db);
+        assert_int_equal(l->verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(l->reason, "bad-reply");
+        const SharedCall *w = take(s->db, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(w, 6), s->rid);
+
+        /* Another set, its grant call out: the stream's copy first, then the reply. */
+        arena_used = 0;
+        set_queued(s);
+        set_said_ready(s);
+        const SharedCall *c = set_grant_call(s);
+        bad = set_bad_inputs(s);
+        fields = granted_entry(s->rid, "12", "1", "");
+        pool_shared_stream_entry(s->db->pool, "9-4", &fields, S(2));
+        assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_GRANTED);
+        set_reply(s, c, set_answer("ok", 0, "granted", arr(2, part(granted_d(s->rid, 8, 0)),
+                                                             part(granted_d(s->rid, 12, 1)))));
+        assert_int_equal(last_seen(s->grid)->verdict, POOL_VERDICT_GRANTED);
+        assert_int_equal(set_bad_inputs(s), bad);
+}
+
+/* The link lost while the call is out: the same call again (idempotent by rid) once the pools are up. */
+static void test_set_lost_with_the_link_is_sent_again(void **state) {
+        SetFixture *s = *state;
+        assert_int_equal(set_submit(s, true, S(2)), 0);
+        const SharedCall *c = take_set(s, "submit");
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", s->rid);
+        size_t argc = c->argc;
+        uint64_t id = c->id;
+        pool_shared_call_done(s->grid->pool, id, -ECONNRESET, NULL, S(2), S(2));
+        pool_shared_link_down(s->grid->pool, S(2));
+        pool_shared_link_down(s->db->pool, S(2));
+        no_call(s->grid);
+        assert_int_equal(s->grid->n_seen + s->db->n_seen, 0);
+        bring_up(s->grid, S(3));
+        no_call(s->grid); /* db does not serve yet */
+        bring_up(s->db, S(3));
+        c = take_set(s, "submit");
+        assert_string_equal(s->rid, rid);
+        assert_int_equal(c->argc, argc);
+        set_reply(s, c, set_answer("ok", 0, "queued", arr(2, part(queued_d(rid)), part(queued_d(rid)))));
+        assert_int_equal(last_seen(s->grid)->verdict, POOL_VERDICT_QUEUED);
+        assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_QUEUED);
+}
+
 
 int main(void) {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
@@ -3075,6 +3553,20 @@ int main(void) {
                                                 setup_sentinel, teardown),
                 cmocka_unit_test_setup_teardown(test_grant_from_an_unconfirmed_primary_is_refused_and_released,
                                                 setup_sentinel, teardown),
+#define TS(x) cmocka_unit_test_setup_teardown(x, setup_set, teardown_set)
+                TS(test_set_submit_carries_every_pool_and_is_queued_in_both),
+                TS(test_set_granted_in_both_with_each_pool_token),
+                TS(test_set_refused_by_pool_2_is_echoed_by_pool_1),
+                TS(test_set_said_ready_then_granted_in_one_call),
+                TS(test_set_grant_not_ready_or_gone_waits_again),
+                TS(test_set_settling_is_sent_again),
+                TS(test_set_unregistered_of_pool_2_waits_until_it_serves),
+                TS(test_set_error_reply_refuses_in_every_pool),
+                TS(test_set_answers_of_another_shape_refuse_the_set_in_every_pool),
+                TS(test_set_granted_with_a_bad_part_gives_the_good_part_back),
+                TS(test_set_grant_answered_queued_is_refused),
+                TS(test_set_lost_with_the_link_is_sent_again),
+                TS(test_set_part_granted_outside_its_call_is_refused),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
