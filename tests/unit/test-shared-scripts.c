@@ -4773,9 +4773,23 @@ static void test_hostile_writes_to_the_members_lives_break_nothing(void **state)
         assert_int_equal(failed, 0);
 }
 
+/* Which cases a run takes (main()'s arguments): all of them, or one of two parts that together are all of them, each
+ * case in exactly one. The liveness cases sleep for real (a TTL of 2 s; about a minute in all, with next to no
+ * CPU): meson runs them as tests of their own (test-shared-scripts-liveness, -mixed-liveness) beside the others
+ * (tests/meson.build, tools/test.sh). */
+enum part {
+        PART_ALL,
+        PART_LIVENESS,  /* "liveness": the cases marked L() below */
+        PART_OTHERS,    /* "others": every case but those */
+};
+
 int main(int argc, char *argv[]) {
-        const struct CMUnitTest tests[] = {
-#define T(f) cmocka_unit_test_setup(f, setup)
+        static const struct {
+                struct CMUnitTest test;
+                bool liveness;
+        } cases[] = {
+#define T(f) { cmocka_unit_test_setup(f, setup), false }
+#define L(f) { cmocka_unit_test_setup(f, setup), true }
                 T(test_grants_up_to_the_limit_then_queues_and_hands_on_in_order),
                 T(test_a_callers_own_deadline_is_not_its_wakeup),
                 T(test_an_idle_heartbeat_writes_the_clock_and_the_registration_only),
@@ -4848,18 +4862,18 @@ int main(int argc, char *argv[]) {
                 T(test_more_canons_than_the_library_keeps_parsed),
                 T(test_script_time_at_10000_waiters),
                 T(test_script_time_at_10000_labelled_waiters),
-                T(test_a_renewing_node_is_kept_and_a_silent_one_lapses_at_its_ttl),
-                T(test_an_idle_pools_clock_runs_while_its_nodes_renew),
-                T(test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_two_keys_a_pool),
-                T(test_a_silent_nodes_pools_are_ticked_by_one_renewal_after_its_ttl),
-                T(test_a_renewal_names_a_pool_whose_recovery_window_is_open),
-                T(test_bad_lives_entries_break_nothing),
-                T(test_a_slow_renewal_widens_the_backend_clocks_gap),
-                T(test_a_renewal_every_ttl_4_widens_the_backend_clocks_gap_to_its_period),
-                T(test_a_clones_renewal_is_refused_and_reaps_nothing),
-                T(test_bad_live_keys_cover_nothing_and_break_nothing),
-                T(test_live_keys_lost_fall_back_to_the_registrations),
-                T(test_an_acl_of_the_pools_keys_only_keeps_the_pools_working),
+                L(test_a_renewing_node_is_kept_and_a_silent_one_lapses_at_its_ttl),
+                L(test_an_idle_pools_clock_runs_while_its_nodes_renew),
+                L(test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_two_keys_a_pool),
+                L(test_a_silent_nodes_pools_are_ticked_by_one_renewal_after_its_ttl),
+                L(test_a_renewal_names_a_pool_whose_recovery_window_is_open),
+                L(test_bad_lives_entries_break_nothing),
+                L(test_a_slow_renewal_widens_the_backend_clocks_gap),
+                L(test_a_renewal_every_ttl_4_widens_the_backend_clocks_gap_to_its_period),
+                L(test_a_clones_renewal_is_refused_and_reaps_nothing),
+                L(test_bad_live_keys_cover_nothing_and_break_nothing),
+                L(test_live_keys_lost_fall_back_to_the_registrations),
+                L(test_an_acl_of_the_pools_keys_only_keeps_the_pools_working),
                 T(test_a_released_slot_rests_until_its_end_and_is_the_next_wakeup),
                 T(test_a_fail_fast_request_is_told_when_the_rest_ends),
                 T(test_garbage_rests_are_ended_and_reported_never_granted_twice),
@@ -4869,9 +4883,30 @@ int main(int argc, char *argv[]) {
                 T(test_hostile_writes_to_the_members_lives_break_nothing),
                 T(test_an_ordinary_wid_in_the_health_queue_is_passed_over),
                 T(test_a_wid_left_without_its_record_is_dropped_by_the_dispatch),
+#undef L
 #undef T
         };
+        struct CMUnitTest tests[ELEMENTSOF(cases)];
+        enum part part = PART_ALL;
+        size_t n = 0;
         int r;
+
+        for (int i = 1; i < argc; i++) {
+                if (strcmp(argv[i], "--alternate") == 0)
+                        alternate = true;
+                else if (strcmp(argv[i], "liveness") == 0)
+                        part = PART_LIVENESS;
+                else if (strcmp(argv[i], "others") == 0)
+                        part = PART_OTHERS;
+                else {
+                        /* A misspelt part would run no case and pass. */
+                        printf("Bail out! unknown argument %s (--alternate, liveness, others)\n", argv[i]);
+                        return 1;
+                }
+        }
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++)
+                if (part == PART_ALL || cases[i].liveness == (part == PART_LIVENESS))
+                        tests[n++] = cases[i].test;
 
         if (!test_redis_find()) {
                 printf("1..0 # SKIP redis-server not found (install redis-server, or set REDIS_SERVER)\n");
@@ -4889,7 +4924,6 @@ int main(int argc, char *argv[]) {
                 test_redis_stop(&server);
                 return 1;
         }
-        alternate = argc > 1 && strcmp(argv[1], "--alternate") == 0;
         if (getenv("TEST_FILTER")) /* one test while working on it: TEST_FILTER='test_hostile*' */
                 cmocka_set_test_filter(getenv("TEST_FILTER"));
         redisReply *l = redisCommand(redis, "FUNCTION LOAD %s", shared_library);
@@ -4909,7 +4943,7 @@ int main(int argc, char *argv[]) {
                 snprintf(shas[i], sizeof shas[i], "%s", s->str);
                 freeReplyObject(s);
         }
-        r = cmocka_run_group_tests(tests, NULL, NULL);
+        r = _cmocka_run_group_tests("tests", tests, n, NULL, NULL);
         redisFree(redis);
         test_redis_stop(&server);
         return r;
