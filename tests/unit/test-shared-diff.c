@@ -18,7 +18,9 @@
  * caps, labels and a named member), and issue 23's lives of members: quarantine-exit-codes= and
  * quarantine-after= on member pools, health lanes, requests whose commands tell an exit status, drains of
  * pools and members with a reason, some until a time, some undrained; reservations (lane @reserve) of any slot,
- * a member or labels, for a while. Compared too: MEMBER and DRAIN events.
+ * a member or labels, for a while; with TEST_SHARED_DIFF_ALSO=1, lanes with also= (issue 22 item 4: all or
+ * nothing over 2–3 pools, K slots of each, contending with the one-pool lanes of the same pools). Compared too:
+ * MEMBER and DRAIN events.
  * The simulator has no cancels: those are test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
  * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED, TEST_SHARED_DIFF_FIRST=S from seed S
@@ -436,13 +438,44 @@ static void gen_request_selector(Gen *g, const GenPool *pools, unsigned n_pools,
                 fprintf(g->f, ", \"member\": \"m%d\"", s.member);
 }
 
+/* TEST_SHARED_DIFF_ALSO=1 (or 0): generate also= lanes, or not. Off by default while brokerd refuses also= over
+ * shared pools (conf.c: "not supported yet"): both runs' pools have backend=. */
+static bool also_enabled(void) {
+        const char *v = getenv("TEST_SHARED_DIFF_ALSO");
+        return v && streq(v, "1");
+}
+
+/* An all-or-nothing set (SPEC §3.5) on 60% of the lanes that leave some pool out: one or two of the pools the
+ * lane does not route to (conf.c: never its own), each for 1 to 3 of its slots (at most its limit), the count
+ * written as "p1:1" at times (the default spelled out). */
+static void gen_also(Gen *g, FILE *f, const unsigned *limits, unsigned n_pools, unsigned lane_pools) {
+        unsigned others[POOLS_MAX], n_others = 0;
+        for (unsigned p = 0; p < n_pools; p++)
+                if (!((lane_pools >> p) & 1))
+                        others[n_others++] = p;
+        if (n_others == 0 || !gen_chance(g, 60))
+                return;
+        unsigned n = 1 + gen_below(g, MIN(n_others, 2u)), first = gen_below(g, n_others);
+        fputs(", \"also\": [", f);
+        for (unsigned i = 0; i < n; i++) {
+                unsigned p = others[(first + i) % n_others];
+                unsigned k = gen_chance(g, 60) ? 1 : 1 + gen_below(g, MIN(limits[p], 3u));
+                fprintf(f, "%s\"p%u", i > 0 ? ", " : "", p);
+                if (k > 1 || gen_chance(g, 20))
+                        fprintf(f, ":%u", k);
+                fputc('"', f);
+        }
+        fputc(']', f);
+}
+
 /* A scenario of a few pools and lanes, 20–80 requests over ~8 s, many of them at the same instants
  * (arrivals, releases and budgets colliding is where order matters), and maybe a phase of generated
  * arrivals. A waiter of a pool without a queue timeout may wait for good: the run ends when nothing could
  * serve it any more, the same both ways (a shared pool has no instants of its own in the manual mode). */
 static char *generate(uint64_t seed) {
         Gen g = { .state = seed * 1000003 }, cg = { .state = seed * 7919 + 17 }, qg = { .state = seed * 104729 + 31 },
-            rg = { .state = seed * 15485863 + 47 };
+            rg = { .state = seed * 15485863 + 47 }, ag = { .state = seed * 32452843 + 59 };
+        bool also = also_enabled();
         char *text = NULL;
         size_t size = 0;
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
@@ -532,8 +565,12 @@ static char *generate(uint64_t seed) {
                         if ((lane_pools[l] >> p) & 1)
                                 all_members = all_members && pools[p].members;
                 /* A health lane (issue 23): granted quarantined members only, its exit 0 restores them. */
-                if (all_members && gen_chance(&qg, 25))
+                bool health = all_members && gen_chance(&qg, 25);
+                if (health)
                         fputs(", \"health\": \"yes\"", g.f);
+                /* also= (issue 22 item 4), from a generator of its own: a health lane takes none (conf.c). */
+                if (also && !health)
+                        gen_also(&ag, g.f, limits, n_pools, lane_pools[l]);
                 if (all_members && gen_chance(&g, 15)) {
                         GenSel t = { .member = -1 };
                         if (gen_chance(&g, 50))
