@@ -732,8 +732,9 @@ static int backend_new(BackendTable *t, const PoolConfig *pc, Backend **ret) {
                 r = redis_link_set_library(b->commands, shared_library);
         for (int s = 0; r >= 0 && s < _SHARED_SCRIPT_MAX; s++) {
                 const char *name = shared_script_to_string(s);
-                if (s == SHARED_SCRIPT_BATCH) {
-                        b->functions[s] = shared_function_batch; /* the library's only */
+                if (s == SHARED_SCRIPT_BATCH || s == SHARED_SCRIPT_SET) {
+                        /* The library's only */
+                        b->functions[s] = s == SHARED_SCRIPT_BATCH ? shared_function_batch : shared_function_set;
                         continue;
                 }
                 const SharedScriptText *text = NULL;
@@ -780,6 +781,18 @@ static void backend_table_remove(BackendTable *t, Backend *b) {
                         t->n_backends--;
                         return;
                 }
+}
+
+/* A set's pools by name (SharedPoolParams.find_pool): this backend's, not retired (a reload's new object of
+ * that name, not the old one it replaces). */
+static Pool *backend_find_pool(const char *name, void *userdata) {
+        Backend *b = userdata;
+        for (size_t j = 0; j < b->n_pools; j++) {
+                Pool *p = b->pools[j]->pool;
+                if (p && !p->retired && streq(p->name, name))
+                        return p;
+        }
+        return NULL;
 }
 
 /* The engine is freeing a shared pool: off its Backend, and the Backend goes with its last pool. */
@@ -847,6 +860,8 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
                         .wake_userdata = b,
                         .detach = backend_detach_pool,
                         .detach_userdata = b,
+                        .find_pool = backend_find_pool,
+                        .find_pool_userdata = b,
                         /* One FCALL per pool per loop iteration carries what its outbox holds (batch.lua). */
                         .batch_max = t->batch_max ?: SHARED_BATCH_OPS_MAX,
                 };

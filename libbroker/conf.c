@@ -1701,10 +1701,6 @@ static int validate_lane_set_backends(const BrokerConfig *c, const LaneConfig *l
                 return conf_errors_add(errors, &l->also_source, "also",
                                        "lane %s mixes shared (backend=) and local pools in one all-or-nothing set (%s is shared, %s local): a set is all local or all on one backend",
                                        l->name, shared->name, local->name);
-        if (shared)
-                return conf_errors_add(errors, &l->also_source, "also",
-                                       "lane %s: also= over shared (backend=) pools is not supported yet (only a set of local pools)",
-                                       l->name);
         return 0;
 }
 

@@ -47,6 +47,7 @@ typedef struct RequestPart {
         usec_t idle, budget;
         Refusal refusal;         /* REFUSED */
         const char *reason;
+        bool echo;               /* REFUSED because another pool refused the set (PoolDecision.echo) */
         usec_t at, wait;
         PoolGrant *grant;        /* GRANTED; the indices and names live with the pool's grant */
         const unsigned *indices;
@@ -162,6 +163,7 @@ struct Engine {
         List leases;
         List requests;           /* routing or waiting: the engine holds a reference */
         List sets;               /* waiting all-or-nothing requests a pool said READY for: to look at */
+        usec_t sets_at;          /* the latest READY's instant: engine_take_decisions() looks at them then */
         Heap expiries;           /* leases with max-hold */
 
         /* Pool decisions are queued and handled after the pool call returns: a pool never sees the
@@ -858,6 +860,7 @@ static void set_part_record(EngineRequest *r, RequestPart *part, const PoolDecis
                 part->waiter = NULL;
                 part->refusal = d->refusal;
                 part->reason = d->reason;
+                part->echo = d->echo;
                 part->at = d->at;
                 part->wait = decision_wait(d, r);
                 break;
@@ -915,6 +918,12 @@ static void set_withdraw(Engine *e, EngineRequest *r, usec_t now) {
         r->granting = false;
 }
 
+/* The pool can be part of an all-or-nothing set: it says when a part is ready, and grants it by itself or in
+ * one call over the set. */
+static bool pool_takes_sets(const Pool *p) {
+        return p->ops->ready && (p->ops->grant_waiter || (p->ops->submit_set && p->ops->grant_set));
+}
+
 /* Every pool of the set has these ops, and the call is there: one call decides the set (SPEC §3.5). */
 static bool set_has_one_call(const EngineRequest *r, const void *call) {
         if (!call)
@@ -940,6 +949,30 @@ static bool set_is_ready(const EngineRequest *r) {
                 if (part->st != PART_QUEUED || !part->pool->ops->ready(part->pool, part->waiter))
                         return false;
         }
+        return true;
+}
+
+/* The part whose refusal the set's is: the first refused, but one refused only because another pool refused
+ * the set (one call over it) names that other pool. NULL: none is refused. */
+static const RequestPart *set_refused_part(const EngineRequest *r) {
+        const RequestPart *first = NULL;
+        for (size_t i = 0; i < r->n_parts; i++) {
+                const RequestPart *part = r->parts + i;
+                if (part->st != PART_REFUSED)
+                        continue;
+                if (!part->echo)
+                        return part;
+                if (!first)
+                        first = part;
+        }
+        return first;
+}
+
+/* Every part was granted (one call over the set granted it at once). */
+static bool set_is_granted(const EngineRequest *r) {
+        for (size_t i = 0; i < r->n_parts; i++)
+                if (r->parts[i].st != PART_GRANTED)
+                        return false;
         return true;
 }
 
@@ -1002,12 +1035,26 @@ oom:
 /* Every part asked to grant has answered: one lease over the set, or none of it. */
 static void set_grant_done(Engine *e, EngineRequest *r, usec_t now) {
         r->granting = false;
-        const RequestPart *bad = NULL;
-        for (size_t i = 0; i < r->n_parts && !bad; i++)
-                if (r->parts[i].st != PART_GRANTED)
+        const RequestPart *refused = set_refused_part(r), *bad = NULL;
+        if (refused) {
+                /* One of its pools refused its part meanwhile (its budget, a drain): the set ends so. */
+                set_refuse(e, r, refused->pool, refused->refusal, refused->at, refused->wait, refused->reason, now);
+                return;
+        }
+        size_t n_queued = 0;
+        for (size_t i = 0; i < r->n_parts; i++) {
+                if (r->parts[i].st == PART_QUEUED)
+                        n_queued++;
+                else if (r->parts[i].st != PART_GRANTED && !bad)
                         bad = r->parts + i;
-        if (bad)
-                set_refuse(e, r, bad->pool, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL, now);
+        }
+        if (n_queued == r->n_parts)
+                /* One call over the set found it not ready in some pool after all (another node's request
+                 * came first there): nothing changed, it waits on, until its pools say it is ready again. */
+                return;
+        if (bad || n_queued > 0)
+                set_refuse(e, r, (bad ?: r->parts)->pool, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival),
+                           NULL, now);
         else
                 set_lease(e, r, now);
 }
@@ -1097,10 +1144,7 @@ static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
         bool last = r->next_route == r->n_route, may_wait = last && r->may_wait;
         Pool *p = r->pool;
 
-        const RequestPart *refused = NULL;
-        for (size_t i = 0; i < r->n_parts && !refused; i++)
-                if (r->parts[i].st == PART_REFUSED)
-                        refused = r->parts + i;
+        const RequestPart *refused = set_refused_part(r);
         if (refused) {
                 Refusal why = refused->refusal;
                 Pool *by = refused->pool;
@@ -1112,6 +1156,18 @@ static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
                 refuse_request(e, r, by, why, now, usec_sub_unsigned(now, r->arrival), reason);
                 return false;
         }
+        if (set_is_granted(r)) {
+                set_lease(e, r, now);
+                return false;
+        }
+        for (size_t i = 0; i < r->n_parts; i++)
+                if (r->parts[i].st == PART_GRANTED) {
+                        /* Granted in some pools and not in others: no pool decides so (one call grants all
+                         * or none); an answer that says so is not followed: all given back, refused. */
+                        set_withdraw(e, r, now);
+                        refuse_request(e, r, p, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL);
+                        return false;
+                }
         if (set_is_ready(r)) {
                 r->phase = REQUEST_WAITING; /* granting: a pool's answer may come later */
                 set_grant(e, r, now);
@@ -1265,6 +1321,7 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
                 /* sets_settle() looks at it (once however many of its pools said so). */
                 if (r && r->parts && r->phase == REQUEST_WAITING && !list_node_is_linked(&r->set_node))
                         list_append(&e->sets, &r->set_node);
+                e->sets_at = MAX(e->sets_at, d->at);
                 return;
         }
 
@@ -1427,8 +1484,13 @@ static void engine_advance(Engine *e, usec_t now) {
 }
 
 void engine_take_decisions(Engine *e) {
-        if (e)
-                process_decisions(e);
+        if (!e)
+                return;
+        process_decisions(e);
+        /* A pool that decides later says READY in its answers: a set every pool of which is ready now is
+         * granted at that instant, as engine_run() would (the grant is one more call over the set). */
+        if (!list_is_empty(&e->sets))
+                sets_settle(e, e->sets_at);
 }
 
 usec_t engine_next_wakeup(const Engine *e) {
@@ -2253,8 +2315,8 @@ static int lanes_build(Engine *e, const BrokerConfig *c, Pool **pools, size_t n_
                 }
                 for (size_t k = 0; k < lc->n_also; k++) {
                         Pool *p = pool_find(pools, n_pools, lc->also[k].pool);
-                        /* conf_validate() lets none through that is missing, or kept by a backend */
-                        if (!p || !p->ops->ready || !p->ops->grant_waiter) {
+                        /* conf_validate() lets none through that is missing, or mixes kinds of pool */
+                        if (!p || !pool_takes_sets(p)) {
                                 lanes_free(lanes, c->n_lanes);
                                 return -EINVAL;
                         }
@@ -2262,7 +2324,7 @@ static int lanes_build(Engine *e, const BrokerConfig *c, Pool **pools, size_t n_
                         l->also_slots[l->n_also++] = lc->also[k].slots;
                 }
                 for (size_t k = 0; k < l->n_pools && l->n_also > 0; k++)
-                        if (!l->pools[k]->ops->ready || !l->pools[k]->ops->grant_waiter) {
+                        if (!pool_takes_sets(l->pools[k])) {
                                 lanes_free(lanes, c->n_lanes);
                                 return -EINVAL;
                         }

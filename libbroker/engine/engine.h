@@ -243,7 +243,8 @@ void engine_run(Engine *e, usec_t now);
 usec_t engine_next_wakeup(const Engine *e);
 /* Handles the decisions pools sent outside an engine call (a remote pool's answers): their events follow.
  * Every entry point above does this first; a driver that waited for answers and wants their events without
- * settling an instant calls this. */
+ * settling an instant calls this. An all-or-nothing set that every pool of it now says is ready is granted
+ * (asked of its pools) at the instant the last said so. */
 void engine_take_decisions(Engine *e);
 /* Takes the oldest pending event. Returns true if there was one. */
 bool engine_pop_event(Engine *e, EngineEvent *ret);

@@ -40,7 +40,9 @@ typedef struct Call {
         uint64_t *members;     /* a batch (SHARED_SCRIPT_BATCH): its calls' ids, in order; it is in p->batches */
         size_t n_members;
         uint32_t members_unsent; /* bit i: member i was never sent before this batch (ever_sent back if not run) */
-        char rid[RID_LEN + 1]; /* submit, release, withdraw, reclaim */
+        char rid[RID_LEN + 1]; /* submit, release, withdraw, reclaim, set */
+        unsigned n_keys;       /* KEYS: 1, or a set's pools (SHARED_SCRIPT_SET) */
+        char **set_pools;      /* a set: its pools' names, KEYS' order, this pool first */
         usec_t sent_at;        /* monotonic: the round trip is measured from here */
         char **argv;
         size_t *argvlen;
@@ -66,6 +68,8 @@ struct PoolWaiter {
         unsigned k;            /* slots asked for: a grant must have exactly these many */
         usec_t arrival;
         bool queued;           /* QUEUED was emitted: it counts in the fingerprint as "w" */
+        bool gated;            /* a set's part (PoolTry.gated): its set's call grants it, never its pool alone */
+        bool ready;            /* gated: said "ready" since the set's last grant found it not (ready()) */
         size_t position, n_queued;
         Replicating replicating; /* granted in Redis, held for the replicas: counts as "l" */
 };
@@ -225,6 +229,8 @@ typedef struct SharedPool {
         size_t n_snap_holders, n_snap_waiters, snap_waiting;
 } SharedPool;
 
+static const PoolOps shared_ops;
+
 static SharedPool *SHARED(const Pool *p) {
         return (SharedPool *) p;
 }
@@ -239,6 +245,7 @@ static const char *const script_names[_SHARED_SCRIPT_MAX] = {
         [SHARED_SCRIPT_POSITIONS] = "positions",
         [SHARED_SCRIPT_QUARANTINE] = "quarantine",
         [SHARED_SCRIPT_BATCH] = "batch",
+        [SHARED_SCRIPT_SET] = "set",
 };
 
 const char *shared_script_to_string(SharedScript s) {
@@ -332,6 +339,7 @@ static Call *call_free(Call *c) {
         free(c->argv);
         free(c->argvlen);
         free(c->members);
+        strv_free(c->set_pools);
         return mfree(c);
 }
 
@@ -449,14 +457,19 @@ static usec_t local_time_of(const SharedPool *p, int64_t t, usec_t lo, usec_t hi
 }
 
 /* A call with the ARGV head of every script (README, "The ARGV head"). */
-static int call_new(SharedPool *p, SharedScript script, bool settle, usec_t now, Call **ret) {
+/* A call whose KEYS are these pools' prefixes (a set's: this pool first), then the head. */
+static int call_new_keys(SharedPool *p, SharedScript script, SharedPool *const *pools, size_t n_keys, bool settle,
+                         usec_t now, Call **ret) {
         _cleanup_(freep) Call *c = calloc(1, sizeof(Call));
         if (!c)
                 return -ENOMEM;
         c->script = script;
+        c->n_keys = (unsigned) n_keys;
         p->last_now = MAX(p->last_now, now);
-        int r;
-        if ((r = call_add(c, "%s", p->key)) < 0 ||
+        int r = 0;
+        for (size_t i = 0; r >= 0 && i < n_keys; i++)
+                r = call_add(c, "%s", pools[i]->key);
+        if (r < 0 ||
             (r = call_add(c, "1")) < 0 ||
             (r = call_add(c, "%s", p->node_arg)) < 0 ||
             (p->params.manual_clock ? (r = call_add(c, "%" PRIu64, now)) : (r = call_add(c, "-"))) < 0 ||
@@ -468,6 +481,10 @@ static int call_new(SharedPool *p, SharedScript script, bool settle, usec_t now,
         }
         *ret = TAKE_PTR(c);
         return 0;
+}
+
+static int call_new(SharedPool *p, SharedScript script, bool settle, usec_t now, Call **ret) {
+        return call_new_keys(p, script, &p, 1, settle, now, ret);
 }
 
 /* Production calls are their own instant; in the manual mode the engine's run(now) completes it. */
@@ -568,7 +585,7 @@ static int call_set_reclaimed(Call *c, bool value) {
  * queued at restore (no link yet), a release kept while the link was down across a Redis restart. Redis
  * takes any run id other than the one it stored as a restart and starts a recovery window. */
 static int call_set_run_id(Call *c, const char *run_id) {
-        return call_set_arg(c, 4, run_id ?: "");
+        return call_set_arg(c, c->n_keys + 3, run_id ?: "");
 }
 
 static bool wait_is_out(SharedPool *p) {
@@ -701,6 +718,26 @@ static void batches_forget(SharedPool *p) {
                 call_free(container_of(n, Call, node));
 }
 
+/* Pool i of a set call (0: this one), found by name on this backend: NULL when it is gone (a reload removed
+ * it). Every pool of a set is on this pool's backend (conf: one backend a set). */
+static SharedPool *set_pool(SharedPool *p, const Call *c, size_t i) {
+        if (i == 0)
+                return p;
+        Pool *q = p->params.find_pool ? p->params.find_pool(c->set_pools[i], p->params.find_pool_userdata) : NULL;
+        return q ? SHARED(q) : NULL;
+}
+
+/* A set's call goes when every pool of it serves (one that does not would answer it "unregistered" or
+ * "rules": sent again and again for nothing); one gone refuses it when it is answered. */
+static bool set_pools_serve(SharedPool *p, const Call *c) {
+        for (size_t i = 1; i < c->n_keys; i++) {
+                SharedPool *q = set_pool(p, c, i);
+                if (q && !pool_serves(q))
+                        return false;
+        }
+        return true;
+}
+
 bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
         SharedPool *p = SHARED(base);
         if (!p->link_up || refused_quiet(p))
@@ -713,6 +750,8 @@ bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
                 if (c->sent || c->held)
                         continue;
                 if (c->script != SHARED_SCRIPT_TICK && !pool_serves(p))
+                        continue;
+                if (c->script == SHARED_SCRIPT_SET && !set_pools_serve(p, c))
                         continue;
                 if (c->wait) {
                         /* A WAIT whose grants were answered otherwise (withdrawn, refused) would block the link
@@ -738,7 +777,7 @@ bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
                         .id = c->id,
                         .wait = c->wait,
                         .script = c->wait ? _SHARED_SCRIPT_INVALID : c->script,
-                        .n_keys = c->wait ? 0 : 1,
+                        .n_keys = c->wait ? 0 : c->n_keys,
                         .argc = c->argc,
                         .argv = (const char *const *) c->argv,
                         .argvlen = c->argvlen,
@@ -962,7 +1001,8 @@ static void rid_forget(SharedPool *p, const char *rid);
 static void forget_submit(SharedPool *p, const char *rid, usec_t now) {
         list_foreach_safe(n, &p->outbox) {
                 Call *c = container_of(n, Call, node);
-                if (c->script == SHARED_SCRIPT_SUBMIT && streq(c->rid, rid) && !c->ever_sent) {
+                if ((c->script == SHARED_SCRIPT_SUBMIT || c->script == SHARED_SCRIPT_SET) && streq(c->rid, rid) &&
+                    !c->ever_sent) {
                         bool kept = c->resumed && reconcile_sent(p);
                         call_free(c);
                         if (!kept)
@@ -1621,6 +1661,16 @@ static void decision_apply(SharedPool *p, const Decision *d, bool written_here, 
         PoolWaiter *w = try_find(p, d->rid);
         if (w && w->replicating.grant)
                 return; /* granted already: its WAIT decides */
+        if (streq(d->verdict, "ready")) {
+                /* A set's part could be granted here now (lua/README, "All-or-nothing sets"): the engine looks
+                 * whether every pool of the set says so, and then grants the set in one call. Said of another
+                 * request, or of a rid that is no set's part here: nothing to do. */
+                if (w && w->gated) {
+                        w->ready = true;
+                        emit(p, (PoolDecision) { .verdict = POOL_VERDICT_READY, .cookie = w->cookie, .at = now });
+                }
+                return;
+        }
         const char *wrong = decision_check(p, d, w);
         if (wrong) {
                 /* Dropped; a waiter it was about is refused, and Redis told to forget its rid (a withdraw
@@ -2771,11 +2821,17 @@ static void wait_done(SharedPool *p, Call *c, int64_t acked, usec_t now) {
         }
 }
 
+static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, usec_t now);
+
 static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
         p->last_now = MAX(p->last_now, now);
         Call *c = call_find(p, id);
         if (!c || !c->sent)
                 return;
+        if (c->script == SHARED_SCRIPT_SET) {
+                set_done(p, c, error, reply, now);
+                return;
+        }
         if (c->wait) {
                 /* Not sent again on a failure: after a reconnect (maybe to a promoted replica) it would cover
                  * none of the writes it was for. */
@@ -3345,6 +3401,28 @@ static bool lane_is_configured(const SharedPool *p, const char *lane) {
         return strv_contains(p->lanes, lane);
 }
 
+/* Before this object first served (a brokerd just started, a pool just added: its link is not up yet, or,
+ * behind Sentinels, no round has confirmed the primary yet, through no fault of Redis's), a request that may
+ * wait, and a waiter resumed at a restart, wait for it, as a waiter waits out a link that went down: for the
+ * waiter grace at most, counted from the first one held. One that may not wait is refused at once; so is
+ * every request once a confirmation was lost (today's rule: the primary may be one cut off). */
+static bool submit_is_held(const SharedPool *p, const PoolTry *t, usec_t now) {
+        return (t->may_wait || t->resume) && !p->served &&
+               (p->unconfirmed_since == USEC_INFINITY || p->confirmed_boot == 0) &&
+               (p->state == SHARED_STATE_CONNECTING || p->state == SHARED_STATE_REGISTERING ||
+                state_sends_operations(p->state)) &&
+               (p->start_since == USEC_INFINITY || now < usec_add(p->start_since, p->params.waiter_grace));
+}
+
+/* The arrival on the pool clock, as ARGV: the wait and the fast-admission test count from it ("-": now). */
+static void arrival_format(const SharedPool *p, usec_t arrival, usec_t now, char buf[static 32]) {
+        strcpy(buf, "-");
+        if (p->params.manual_clock || p->offset_known) {
+                int64_t a = pool_clock_of(p, now) - (int64_t) (now - MIN(now, arrival));
+                u64_format(buf, a < 0 ? -(uint64_t) a : (uint64_t) a, a < 0);
+        }
+}
+
 static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         SharedPool *p = SHARED(base);
 
@@ -3356,17 +3434,7 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         if (!lane_is_configured(p, t->lane) || t->slots == 0 || t->slots > p->base.limit)
                 return -EINVAL;
         check_waiter_grace(p, now);
-        /* Before this object first served (a brokerd just started, a pool just added: its link is not up
-         * yet, or, behind Sentinels, no round has confirmed the primary yet, through no fault of Redis's), a
-         * request that may wait, and a waiter resumed at a restart, wait for it, as a waiter waits out a link
-         * that went down: for the waiter grace at most, counted from the first one held. One that may not
-         * wait is refused at once, as below; so is every request once a confirmation was lost (today's
-         * rule: the primary may be one cut off). */
-        bool held = (t->may_wait || t->resume) && !p->served &&
-                    (p->unconfirmed_since == USEC_INFINITY || p->confirmed_boot == 0) &&
-                    (p->state == SHARED_STATE_CONNECTING || p->state == SHARED_STATE_REGISTERING ||
-                     state_sends_operations(p->state)) &&
-                    (p->start_since == USEC_INFINITY || now < usec_add(p->start_since, p->params.waiter_grace));
+        bool held = submit_is_held(p, t, now);
         /* A resumed waiter asks again under its old rid only while the first tick's reconcile, which drops
          * every rid of this node it does not list, can still list it. */
         bool resumed_early = held && t->resume && !reconcile_sent(p);
@@ -3415,12 +3483,8 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         }
         strcpy(c->rid, w->rid);
         c->resumed = old_rid && streq(w->rid, old_rid);
-        /* The arrival on the pool clock: the wait and the fast-admission test count from it. */
-        char arrival[32] = "-";
-        if (p->params.manual_clock || p->offset_known) {
-                int64_t a = pool_clock_of(p, now) - (int64_t) (now - MIN(now, t->arrival));
-                u64_format(arrival, a < 0 ? -(uint64_t) a : (uint64_t) a, a < 0);
-        }
+        char arrival[32];
+        arrival_format(p, t->arrival, now, arrival);
         if ((r = call_add(c, "%s", w->rid)) < 0 ||
             (r = call_add(c, "%s", t->lane)) < 0 ||
             (r = call_add(c, "%u", t->slots)) < 0 ||
@@ -3463,6 +3527,370 @@ static void shared_cancel_try(Pool *base, void *cookie, usec_t now) {
                         return;
                 }
         }
+}
+
+/* ------------------------------------------------------------------------- all-or-nothing sets */
+
+/* A set (SPEC §3.5, also=) over pools of one backend is decided by one call (brokerd/lua/set.lua), sent by
+ * the chosen pool's object (pools[0]): each pool keeps its part as a try of its own under the set's one rid
+ * (its fingerprint, its reconcile, its positions, its withdraw), and gets its part of the answer. */
+
+/* pools[] are this backend's shared pools, each once, and the call can be made. */
+static int set_check(Pool *const *pools, size_t n) {
+        SharedPool *p = SHARED(pools[0]);
+        if (n < 2 || n > SHARED_SET_POOLS_MAX || !p->params.find_pool)
+                return -EOPNOTSUPP;
+        for (size_t i = 0; i < n; i++) {
+                if (pools[i]->ops != &shared_ops ||
+                    (i > 0 && p->params.find_pool(pools[i]->name, p->params.find_pool_userdata) != pools[i]))
+                        return -EINVAL; /* another backend's, or retired: conf refuses such a set */
+                for (size_t j = 0; j < i; j++)
+                        if (pools[j] == pools[i])
+                                return -EINVAL;
+        }
+        return 0;
+}
+
+/* The set refused by pool `by` before anything was sent: its refusal, and the others' echo of it. */
+static void set_refuse_now(Pool *const *pools, const PoolTry *tries, size_t n, size_t by, const char *reason,
+                           usec_t now) {
+        for (size_t i = 0; i < n; i++)
+                emit(SHARED(pools[i]), (PoolDecision) {
+                        .verdict = POOL_VERDICT_REFUSED,
+                        .cookie = tries[i].cookie,
+                        .at = now,
+                        .refusal = REFUSAL_UNAVAILABLE,
+                        .budget = USEC_INFINITY,
+                        .reason = reason,
+                        .echo = i != by,
+                });
+}
+
+/* The set's call: KEYS its pools' prefixes, then the head, mode and rid. */
+static int set_call_new(Pool *const *pools, size_t n, const char *mode, const char *rid, usec_t now, Call **ret) {
+        SharedPool *p = SHARED(pools[0]);
+        SharedPool *shared[SHARED_SET_POOLS_MAX] = {};
+        for (size_t i = 0; i < n; i++)
+                shared[i] = SHARED(pools[i]);
+        Call *c;
+        int r = call_new_keys(p, SHARED_SCRIPT_SET, shared, n, op_settles(p), now, &c);
+        if (r < 0)
+                return r;
+        c->set_pools = calloc(n + 1, sizeof(char *));
+        for (size_t i = 0; c->set_pools && i < n; i++)
+                if (!(c->set_pools[i] = strdup(pools[i]->name))) {
+                        call_free(c);
+                        return -ENOMEM;
+                }
+        strcpy(c->rid, rid);
+        if (!c->set_pools || (r = call_add(c, "%s", mode)) < 0 || (r = call_add(c, "%s", rid)) < 0) {
+                call_free(c);
+                return r < 0 ? r : -ENOMEM;
+        }
+        *ret = c;
+        return 0;
+}
+
+static bool rid_in_use(Pool *const *pools, size_t n, const char *rid) {
+        for (size_t i = 0; i < n; i++)
+                if (try_find(SHARED(pools[i]), rid) || grant_find(SHARED(pools[i]), rid))
+                        return true;
+        return false;
+}
+
+static int shared_submit_set(Pool *const *pools, const PoolTry *tries, size_t n, usec_t now) {
+        SharedPool *p = SHARED(pools[0]);
+        int r = set_check(pools, n);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++) {
+                SharedPool *q = SHARED(pools[i]);
+                if (!lane_is_configured(q, tries[i].lane) || tries[i].slots == 0 || tries[i].slots > q->base.limit)
+                        return -EINVAL;
+        }
+        /* Each pool as a lone submit judges it (shared_submit()): retired, or not serving and not held for
+         * its start, it refuses the set at once, naming itself. */
+        for (size_t i = 0; i < n; i++) {
+                SharedPool *q = SHARED(pools[i]);
+                check_waiter_grace(q, now);
+                if (q->base.retired) {
+                        set_refuse_now(pools, tries, n, i, NULL, now);
+                        return 0;
+                }
+                if (!pool_serves(q) && !submit_is_held(q, tries + i, now)) {
+                        set_refuse_now(pools, tries, n, i, unavailable_reason(q), now);
+                        return 0;
+                }
+        }
+
+        /* A resumed set asks again under its old rid (the same in every pool): Redis answers where it stands,
+         * each pool's part ("known"). As a lone resumed waiter (shared_submit()), only while each pool serves
+         * or its first reconcile, which drops the rids of this node it does not list, can still list it. */
+        char rid[RID_LEN + 1];
+        const char *old_rid = tries[0].resume ? tries[0].resume->remote_id : NULL;
+        bool early[SHARED_SET_POOLS_MAX] = {}, resumable = old_rid && rid_is_valid(old_rid, strnlen(old_rid, RID_LEN + 1)) &&
+                                                           !rid_in_use(pools, n, old_rid);
+        for (size_t i = 0; resumable && i < n; i++) {
+                SharedPool *q = SHARED(pools[i]);
+                early[i] = !pool_serves(q) && !reconcile_sent(q);
+                resumable = pool_serves(q) || early[i];
+        }
+        if (resumable)
+                strcpy(rid, old_rid);
+        else
+                do
+                        rid_format(rid, p->params.random(p->params.random_userdata));
+                while (rid_in_use(pools, n, rid));
+
+        /* Labels and a member choose in the chosen pool only (the engine gives the others none). */
+        _cleanup_free_ char *selector = NULL;
+        if (!selector_is_empty(tries[0].selector) && selector_canon(tries[0].selector, &selector) < 0)
+                return -ENOMEM;
+        Call *c;
+        if ((r = set_call_new(pools, n, "submit", rid, now, &c)) < 0)
+                return r;
+        if ((r = call_add(c, "%s", tries[0].lane)) < 0 || (r = call_add(c, "%d", tries[0].may_wait)) < 0 ||
+            (r = call_add(c, "%zu", n)) < 0)
+                goto fail;
+        for (size_t i = 0; i < n; i++) {
+                const PoolTry *t = tries + i;
+                char arrival[32];
+                arrival_format(SHARED(pools[i]), t->arrival, now, arrival);
+                if ((r = call_add(c, "%u", t->slots)) < 0 ||
+                    (r = call_add(c, "%d", t->lane_budget_set)) < 0 ||
+                    (r = call_add(c, "%" PRId64, wire_usec(t->lane_budget))) < 0 ||
+                    (r = call_add(c, "%" PRId64, wire_usec(t->client_cap))) < 0 ||
+                    (r = call_add(c, "%s", arrival)) < 0 ||
+                    (r = call_add(c, "%s", i == 0 && selector ? selector : "")) < 0)
+                        goto fail;
+        }
+
+        PoolWaiter *ws[SHARED_SET_POOLS_MAX] = {};
+        for (size_t i = 0; i < n; i++) {
+                ws[i] = calloc(1, sizeof(PoolWaiter));
+                if (!ws[i] || !(ws[i]->lane = strdup(tries[i].lane))) {
+                        for (size_t j = 0; j <= i; j++)
+                                if (ws[j])
+                                        try_free(ws[j]);
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                strcpy(ws[i]->rid, rid);
+                ws[i]->cookie = tries[i].cookie;
+                ws[i]->k = tries[i].slots;
+                ws[i]->arrival = tries[i].arrival;
+                ws[i]->gated = true;
+        }
+        for (size_t i = 0; i < n; i++) {
+                SharedPool *q = SHARED(pools[i]);
+                list_append(&q->tries, &ws[i]->node);
+                if (!q->served && q->start_since == USEC_INFINITY)
+                        q->start_since = now;
+        }
+        c->resumed = resumable;
+        call_queue(p, c);
+        /* A registering tick queued before it lists its page as of then: made again with this rid. */
+        for (size_t i = 0; resumable && i < n; i++)
+                if (early[i])
+                        requeue_reconcile(SHARED(pools[i]), now);
+        return 0;
+fail:
+        call_free(c);
+        return r;
+}
+
+/* ready(): said ready by its pool, and this node may grant on it. */
+static bool shared_ready(const Pool *base, const PoolWaiter *w) {
+        return w->gated && w->queued && w->ready && pool_serves(SHARED(base));
+}
+
+static int shared_grant_set(Pool *const *pools, PoolWaiter *const *waiters, size_t n, usec_t now) {
+        int r = set_check(pools, n);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++)
+                if (!waiters[i] || !streq(waiters[i]->rid, waiters[0]->rid) || !shared_ready(pools[i], waiters[i]))
+                        return -ESTALE;
+        Call *c;
+        if ((r = set_call_new(pools, n, "grant", waiters[0]->rid, now, &c)) < 0)
+                return r;
+        if ((r = call_add(c, "%zu", n)) < 0) {
+                call_free(c);
+                return r;
+        }
+        call_queue(SHARED(pools[0]), c);
+        return 0;
+}
+
+/* Every part of the set that its pools still have, refused here (reason), its rid withdrawn in each. */
+static void set_refuse_locally(SharedPool *p, const Call *c, const char *reason, usec_t now) {
+        for (size_t i = 0; i < c->n_keys; i++) {
+                SharedPool *q = set_pool(p, c, i);
+                PoolWaiter *w = q ? try_find(q, c->rid) : NULL;
+                if (w && !w->replicating.grant)
+                        try_refuse_locally(q, w, reason, now);
+        }
+}
+
+/* One pool's reply inside a set's: the checks and the bookkeeping of a call's own reply (call_done()).
+ * Returns its status, NULL when it is not the scripts' shape (counted). */
+static const RespValue *set_part_reply(SharedPool *q, const Call *c, const RespValue *reply, usec_t now) {
+        const RespValue *status = resp_at(reply, 0);
+        int64_t pool_now = 0;
+        if (reply->type != RESP_ARRAY || reply->n != 6 || !status || status->type != RESP_STRING ||
+            status->len == 0 || status->len > 32 || !resp_int(resp_at(reply, 1), &pool_now) || pool_now < 0 ||
+            (uint64_t) pool_now >= TOKEN_MAX) {
+                bad_input(q, "a reply of another shape than the scripts'", now);
+                return NULL;
+        }
+        q->rtt = now - MIN(now, c->sent_at);
+        if (!q->params.manual_clock && pool_now > 0) {
+                q->offset = pool_now - (int64_t) (c->sent_at + q->rtt / 2);
+                q->offset_known = true;
+        }
+        if (resp_is(status, "ok") || resp_is(status, "settling")) {
+                notices_apply(q, resp_at(reply, 5), now);
+                events_apply(q, resp_at(reply, 3), now);
+                cache_apply(q, resp_at(reply, 4), pool_now, now);
+        }
+        return status;
+}
+
+/* A part the set's answer left waiting after all ("not-ready", "gone": nothing granted): QUEUED again, so
+ * that the engine, which awaits every part's answer, goes on waiting; said ready again when it is. */
+static void set_part_requeue(SharedPool *q, const char *rid) {
+        PoolWaiter *w = try_find(q, rid);
+        if (!w || !w->queued)
+                return;
+        w->ready = false;
+        emit(q, (PoolDecision) { .verdict = POOL_VERDICT_QUEUED, .cookie = w->cookie, .at = q->last_now,
+                                 .budget = USEC_INFINITY, .waiter = w });
+}
+
+/* A Decision of pool q's part (granted, queued, refused; "known": whatever the pool has). Returns false when
+ * the body is not one of this rid's. */
+static bool set_part_decide(SharedPool *q, const char *rid, const RespValue *body, usec_t now) {
+        if (body && body->type == RESP_ARRAY && body->n == 1 && resp_is(resp_at(body, 0), "gone")) {
+                /* "known": this pool has no trace of its part (withdrawn, reaped, its outcome expired). */
+                PoolWaiter *w = try_find(q, rid);
+                if (w)
+                        try_refuse_locally(q, w, "backend", now);
+                return true;
+        }
+        Decision d;
+        if (decision_from_array(body, q->base.limit, &d) < 0 || !streq(d.rid, rid) || streq(d.verdict, "ready")) {
+                decision_done(&d);
+                return false;
+        }
+        decision_apply(q, &d, true, now);
+        decision_done(&d);
+        return true;
+}
+
+/* The answer to a set's call (brokerd/lua/set.lua): { status, pool, verdict, { reply… } }, one reply per pool
+ * begun, each its pool's own (its notices, events and cache applied to that pool); then the verdict given to
+ * every part. Untrusted (SPEC §11): anything else is bad input, and the set is refused. */
+static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, usec_t now) {
+        size_t n = c->n_keys;
+        if (!reply || error < 0) {
+                c->sent = false; /* sent again once the link is back: idempotent by rid ("known") */
+                return;
+        }
+        const RespValue *status = resp_at(reply, 0), *verdict = resp_at(reply, 2), *replies = resp_at(reply, 3);
+        int64_t by = -1;
+        if (reply->type == RESP_ERROR) {
+                /* A script error (out of memory under noeviction; a bug): the set is refused, not sent again. */
+                set_refuse_locally(p, c, "backend", now);
+                call_free(c);
+                return;
+        }
+        if (reply->type != RESP_ARRAY || reply->n != 4 || !status || status->type != RESP_STRING ||
+            !resp_int(resp_at(reply, 1), &by) || by < 0 || (uint64_t) by > n || !verdict ||
+            verdict->type != RESP_STRING || !replies || replies->type != RESP_ARRAY || replies->n > n ||
+            (by > 0 && replies->n < (size_t) by)) {
+                bad_input(p, "a reply to a set of another shape than the scripts'", now);
+                set_refuse_locally(p, c, "bad-reply", now);
+                call_free(c);
+                return;
+        }
+        const RespValue *bodies[SHARED_SET_POOLS_MAX] = {};
+        for (size_t i = 0; i < replies->n; i++) {
+                SharedPool *q = set_pool(p, c, i);
+                if (q && set_part_reply(q, c, &replies->elements[i], now))
+                        bodies[i] = resp_at(&replies->elements[i], 2);
+        }
+        SharedPool *named = by > 0 ? set_pool(p, c, (size_t) by - 1) : NULL;
+
+        if (resp_is(status, "settling")) {
+                c->sent = false; /* nothing of the set done: the same call again */
+                return;
+        }
+        if (resp_is(status, "unregistered") && named) {
+                /* That pool registers again first (its tick); the set goes once it serves again. */
+                state_set(named, SHARED_STATE_REGISTERING);
+                named->reclaim_all = true;
+                if (!named->tick_pending)
+                        (void) queue_tick(named, false, now);
+                c->sent = false;
+                return;
+        }
+        if (!resp_is(status, "ok")) {
+                /* "rules": that pool's rules differ (its own tick says so and shows the keys); "invalid":
+                 * the stored rules refuse what this node's let through; "version", "identity", …: that
+                 * pool's own calls find out and say so. */
+                if (resp_is(status, "rules") && named)
+                        state_set(named, SHARED_STATE_MISMATCH);
+                set_refuse_locally(p, c, resp_is(status, "rules") || resp_is(status, "invalid") ? "rules" : "backend",
+                                   now);
+                call_free(c);
+                return;
+        }
+
+        bool all = resp_is(verdict, "granted") || resp_is(verdict, "queued") || resp_is(verdict, "known");
+        bool ok = true;
+        if (all) {
+                for (size_t i = 0; i < n && ok; i++) {
+                        SharedPool *q = set_pool(p, c, i);
+                        if (q)
+                                ok = i < replies->n && set_part_decide(q, c->rid, bodies[i], now);
+                }
+        } else if (resp_is(verdict, "refused") && named) {
+                /* Nothing of the set was written: the pool named refuses, the others echo it. */
+                PoolWaiter *w = try_find(named, c->rid);
+                Decision d;
+                ok = decision_from_array(bodies[by - 1], named->base.limit, &d) >= 0 && streq(d.rid, c->rid) &&
+                     streq(d.verdict, "refused") && d.has_refusal;
+                if (ok) {
+                        usec_t at = w ? local_time_of(named, d.at, w->arrival, now) : now;
+                        for (size_t i = 0; i < n; i++) {
+                                SharedPool *q = set_pool(p, c, i);
+                                PoolWaiter *x = q && q != named ? try_find(q, c->rid) : NULL;
+                                if (!x)
+                                        continue;
+                                void *cookie = x->cookie;
+                                try_fp_remove(q, x);
+                                rid_forget(q, c->rid);
+                                try_free(x);
+                                emit(q, (PoolDecision) { .verdict = POOL_VERDICT_REFUSED, .cookie = cookie,
+                                                         .at = at, .refusal = d.refusal, .reason = d.reason,
+                                                         .budget = USEC_INFINITY, .echo = true });
+                        }
+                        decision_apply(named, &d, true, now);
+                }
+                decision_done(&d);
+        } else if ((resp_is(verdict, "not-ready") || resp_is(verdict, "gone")) && named) {
+                for (size_t i = 0; i < n; i++) {
+                        SharedPool *q = set_pool(p, c, i);
+                        if (q)
+                                set_part_requeue(q, c->rid);
+                }
+        } else
+                ok = false;
+        if (!ok) {
+                bad_input(p, "a malformed answer to a set", now);
+                set_refuse_locally(p, c, "bad-reply", now);
+        }
+        call_free(c);
 }
 
 static void shared_release(Pool *base, PoolGrant *g, usec_t now) {
@@ -3871,6 +4299,9 @@ static const PoolOps shared_ops = {
         .bind_grant = shared_bind_grant,
         .cancel_try = shared_cancel_try,
         .snapshot = shared_snapshot,
+        .ready = shared_ready,
+        .submit_set = shared_submit_set,
+        .grant_set = shared_grant_set,
         .refresh_snapshot = shared_refresh_snapshot,
         .remote_id = shared_remote_id,
 };

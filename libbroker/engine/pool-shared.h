@@ -25,6 +25,7 @@ typedef enum SharedScript {
         SHARED_SCRIPT_POSITIONS,
         SHARED_SCRIPT_QUARANTINE, /* a member quarantined or restored by hand (SPEC §3.6) */
         SHARED_SCRIPT_BATCH,     /* several of the above in one call (params.batch_max): library only */
+        SHARED_SCRIPT_SET,       /* an all-or-nothing set over several pools of one backend: library only */
         _SHARED_SCRIPT_MAX,
         _SHARED_SCRIPT_INVALID = -EINVAL,
 } SharedScript;
@@ -139,7 +140,15 @@ typedef struct SharedPoolParams {
         /* At most this many operations go in one call (a batch: brokerd/lua/batch.lua), ≤ SHARED_BATCH_OPS_MAX;
          * 0 or 1: one call each (the EVALSHA form: tests, benchmarks). */
         unsigned batch_max;
+        /* The pool of this name on the same backend (the same link, the same node), not retired; NULL: none.
+         * An all-or-nothing set (SPEC §3.5, also=) is one call over its pools: the chosen pool's object sends
+         * it and gives each other pool its part of the answer. NULL: such sets are refused (-EOPNOTSUPP). */
+        Pool *(*find_pool)(const char *name, void *userdata);
+        void *find_pool_userdata;
 } SharedPoolParams;
+
+/* The most pools one set call names (brokerd/lua/set.lua): the chosen pool and its lane's also=. */
+#define SHARED_SET_POOLS_MAX 17
 
 /* The self-fence margin: the deadline comes this much before Redis may free this node's leases. */
 #define SHARED_FENCE_SLACK (2 * USEC_PER_SEC)

@@ -132,6 +132,9 @@ typedef struct PoolDecision {
         /* REFUSED busy for want of slots that rest (reason "cooldown"): the first of them wakes then; the
          * engine's retryAfterSec points there instead of at random. 0: none. */
         usec_t retry_at;
+        /* REFUSED of a set's part (PoolTry.gated) only because another pool of the set refused the set, in the
+         * same call over the set (submit_set()): the engine names that other pool. */
+        bool echo;
 } PoolDecision;
 
 typedef EngineMemberLife PoolMemberLife;

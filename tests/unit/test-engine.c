@@ -2907,8 +2907,6 @@ static void test_restart_resumes_waiters_at_their_places(void **state) {
 
 /* ---- several pools at once, all or nothing (SPEC §3.5, also=) ---- */
 
-#ifndef TEST_ENGINE_SHARED /* local pools only: conf refuses also= over shared pools yet */
-
 static void lane_also(LaneConfig *l, const char *pool, unsigned slots) {
         l->also = realloc(l->also, (l->n_also + 1) * sizeof(LaneAlso));
         assert_non_null(l->also);
@@ -3439,7 +3437,6 @@ static void test_random_sets_never_hold_part_or_a_slot_twice(void **state) {
         for (size_t k = 0; k < f->n_tags; k++)
                 assert_false(queued(&f->tags[k]));
 }
-#endif
 
 /* ---- cooldown (SPEC §3.6): a released slot rests before its next grant ---- */
 
@@ -3846,16 +3843,7 @@ int main(void) {
                 T(test_lane_limits_pass_over_without_setting_aside),
                 T(test_a_waiter_no_member_can_satisfy_after_a_reload_is_refused),
                 T(test_random_selectors_never_hand_a_member_out_twice),
-#ifndef TEST_ENGINE_SHARED
-                /* LOCAL_ONLY: left out of test-engine-shared at compile time (cmocka 1.1.5 prints a skipped
-                 * case as "not ok", which meson counts as a failure). A shared pool's restore is a reclaim
-                 * answered later (test-pool-shared, test-shared-scripts), and its tokens come from Redis. */
-                T(test_restored_lease_occupies_its_slots_and_tokens_continue),
-                T(test_restored_member_is_found_by_name),
-                T(test_restore_into_unconfigured_pool_holds_until_readded),
-                T(test_restore_into_unconfigured_pool_ends_with_its_lease),
-                T(test_tokens_continue_when_a_removed_pool_comes_back),
-                /* All-or-nothing sets: local pools only (conf refuses also= over shared pools yet). */
+                /* All-or-nothing sets (SPEC §3.5): both kinds of pool (one call over the set on shared ones). */
                 T(test_set_is_granted_with_a_slot_and_token_of_every_pool),
                 T(test_set_never_holds_part_of_its_set_while_waiting),
                 T(test_set_is_not_starved_by_a_stream_of_single_pool_requests),
@@ -3867,10 +3855,21 @@ int main(void) {
                 T(test_cancelled_set_leaves_every_queue),
                 T(test_reload_removing_an_also_pool_refuses_its_waiters_and_keeps_holders),
                 T(test_random_sets_never_hold_part_or_a_slot_twice),
+                T(test_set_over_two_member_pools_with_labelled_waiters),
+#ifndef TEST_ENGINE_SHARED
+                /* LOCAL_ONLY: left out of test-engine-shared at compile time (cmocka 1.1.5 prints a skipped
+                 * case as "not ok", which meson counts as a failure). A shared pool's restore is a reclaim
+                 * answered later (test-pool-shared, test-shared-scripts), and its tokens come from Redis. */
+                T(test_restored_lease_occupies_its_slots_and_tokens_continue),
+                T(test_restored_member_is_found_by_name),
+                T(test_restore_into_unconfigured_pool_holds_until_readded),
+                T(test_restore_into_unconfigured_pool_ends_with_its_lease),
+                T(test_tokens_continue_when_a_removed_pool_comes_back),
+                /* A resumed set restores its holders' leases as local ones (a shared pool's restore is a reclaim:
+                 * test-shared-rolling, test-lease-log). */
                 T(test_resumed_set_keeps_its_place_in_every_pool),
                 T(test_resumed_set_keeps_its_deadline),
                 T(test_restored_set_lease_holds_every_pool),
-                T(test_set_over_two_member_pools_with_labelled_waiters),
                 T(test_member_is_quarantined_after_n_infrastructure_exits_in_a_row),
                 T(test_a_lease_that_reports_nothing_quarantines_nothing),
                 T(test_health_job_is_granted_a_quarantined_member_past_an_ordinary_waiter),
