@@ -1135,7 +1135,18 @@ static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision 
         }
         if (part->st != PART_REFUSED)
                 return;
+        /* Its parts in the other pools held back those behind them (pool.h: PoolTry.gated), and those pools
+         * have run this instant already: given back, they go on now, as a pool grants again after refusing
+         * a waiter at its budget's end (SPEC §3.3, step 4), and as they go on after a set's grant
+         * (sets_settle()). Else a waiter behind the set waits for the pool's next instant. */
+        Pool *others[CONF_LANE_ALSO_MAX];
+        size_t n_others = 0;
+        for (size_t i = 0; i < r->n_parts; i++)
+                if (r->parts[i].pool != part->pool)
+                        others[n_others++] = r->parts[i].pool;
         set_refuse(e, r, part->pool, part->refusal, part->at, part->wait, part->reason, d->at);
+        for (size_t i = 0; i < n_others; i++)
+                others[i]->ops->run(others[i], d->at);
 }
 
 /* Every pool of the set on the route's next pool has answered: granted at once when all have room, else

@@ -207,6 +207,27 @@ static void test_also_in_a_scenario(void **state) {
         assert_non_null(strstr(error, "its own pool grid"));
 }
 
+/* A set refused at its budget's end in one pool (p1's queue-timeout) gives back its part in p0, which held back
+ * the one-pool waiter behind it there: that one is granted at the same instant, as behind any waiter refused so
+ * (SPEC §3.3, step 4), not when something else next happens in p0 (the holder of p1 at 10 s). */
+static void test_a_set_refused_lets_those_behind_it_go(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{\"pools\": {\"p0\": {\"limit\": 1}, \"p1\": {\"limit\": 1, \"queue-timeout\": \"1s\"}},"
+                " \"lanes\": {\"set\": {\"pools\": [\"p0\"], \"also\": [\"p1\"]}, \"one\": {\"pools\": [\"p0\"]},"
+                "            \"hold\": {\"pools\": [\"p1\"]}},"
+                " \"requests\": ["
+                " {\"name\": \"holder\", \"at\": \"0ms\", \"hold\": \"10s\", \"lane\": \"hold\"},"
+                " {\"name\": \"set\", \"at\": \"100ms\", \"hold\": \"1s\", \"lane\": \"set\"},"
+                " {\"name\": \"behind\", \"at\": \"200ms\", \"hold\": \"1s\", \"lane\": \"one\"}]}", true);
+
+        assert_int_equal(r->n_records, 3);
+        assert_int_equal(r->records[1].outcome, SIM_OUTCOME_REFUSED);
+        assert_int_equal(r->records[1].refusal, REFUSAL_TIMEOUT);
+        assert_int_equal(r->records[1].decided_ms, 1100);
+        assert_int_equal(r->records[2].outcome, SIM_OUTCOME_GRANTED);
+        assert_int_equal(r->records[2].decided_ms, 1100);
+}
+
 /* SPEC §3.6 in a scenario: released slots rest for the pool's cooldown, the two-slot waiter at the head keeps its
  * place while they rest, and the queue is served in order when they wake — the engine's decisions. */
 static void test_cooldown_in_a_scenario(void **state) {
@@ -429,6 +450,7 @@ int main(void) {
                 cmocka_unit_test(test_reservations_in_a_scenario),
                 cmocka_unit_test(test_scenario_labels_that_nobody_matches_are_an_error),
                 cmocka_unit_test(test_also_in_a_scenario),
+                cmocka_unit_test(test_a_set_refused_lets_those_behind_it_go),
                 cmocka_unit_test(test_max_hold_revocation_ends_the_lease_at_once),
                 cmocka_unit_test(test_per_request_records_follow_arrival_order),
                 cmocka_unit_test(test_backend_pool_is_simulated_in_process),
