@@ -953,19 +953,23 @@ static bool set_is_ready(const EngineRequest *r) {
 }
 
 /* The part whose refusal the set's is: the first refused, but one refused only because another pool refused
- * the set (one call over it) names that other pool. NULL: none is refused. */
+ * the set (one call over it) names that other pool, and a pool that could not take the set at all (drained,
+ * full) is named before one that is only busy, wherever it stands in the set, as the scripts decide over a
+ * set (brokerd/lua/README, "All-or-nothing sets"). NULL: none is refused. */
 static const RequestPart *set_refused_part(const EngineRequest *r) {
-        const RequestPart *first = NULL;
+        const RequestPart *busy = NULL, *echo = NULL;
         for (size_t i = 0; i < r->n_parts; i++) {
                 const RequestPart *part = r->parts + i;
                 if (part->st != PART_REFUSED)
                         continue;
-                if (!part->echo)
+                if (part->echo)
+                        echo = echo ?: part;
+                else if (part->refusal == REFUSAL_BUSY)
+                        busy = busy ?: part;
+                else
                         return part;
-                if (!first)
-                        first = part;
         }
-        return first;
+        return busy ?: echo;
 }
 
 /* Every part was granted (one call over the set granted it at once). */

@@ -228,6 +228,25 @@ static void test_a_set_refused_lets_those_behind_it_go(void **state) {
         assert_int_equal(r->records[2].decided_ms, 1100);
 }
 
+/* A set refused at once by two of its pools, busy in its chosen pool and drained in its also= pool, names the
+ * drained one: that pool could not take the set at all (the scripts decide so over a set). */
+static void test_a_set_refusal_names_a_drained_pool_before_a_busy_one(void **state) {
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        _cleanup_(sim_result_freep) SimResult *r = run_kept(
+                "{\"pools\": {\"p0\": {\"limit\": 1}, \"p1\": {\"limit\": 1}},"
+                " \"lanes\": {\"set\": {\"pools\": [\"p0\"], \"also\": [\"p1\"], \"policy\": \"fail-fast\"},"
+                "            \"one\": {\"pools\": [\"p0\"]}},"
+                " \"requests\": ["
+                " {\"name\": \"holder\", \"at\": \"0ms\", \"hold\": \"1s\", \"lane\": \"one\"},"
+                " {\"name\": \"set\", \"at\": \"200ms\", \"hold\": \"1s\", \"lane\": \"set\"}],"
+                " \"drains\": [{\"at\": \"100ms\", \"pool\": \"p1\", \"reason\": \"maintenance\"}]}", true, &s);
+
+        assert_int_equal(r->n_records, 2);
+        assert_int_equal(r->records[1].outcome, SIM_OUTCOME_REFUSED);
+        assert_int_equal(r->records[1].refusal, REFUSAL_UNAVAILABLE);
+        assert_string_equal(r->records[1].pool, "p1");
+}
+
 /* SPEC §3.6 in a scenario: released slots rest for the pool's cooldown, the two-slot waiter at the head keeps its
  * place while they rest, and the queue is served in order when they wake — the engine's decisions. */
 static void test_cooldown_in_a_scenario(void **state) {
@@ -451,6 +470,7 @@ int main(void) {
                 cmocka_unit_test(test_scenario_labels_that_nobody_matches_are_an_error),
                 cmocka_unit_test(test_also_in_a_scenario),
                 cmocka_unit_test(test_a_set_refused_lets_those_behind_it_go),
+                cmocka_unit_test(test_a_set_refusal_names_a_drained_pool_before_a_busy_one),
                 cmocka_unit_test(test_max_hold_revocation_ends_the_lease_at_once),
                 cmocka_unit_test(test_per_request_records_follow_arrival_order),
                 cmocka_unit_test(test_backend_pool_is_simulated_in_process),
