@@ -48,6 +48,7 @@ typedef struct RequestPart {
         Refusal refusal;         /* REFUSED */
         const char *reason;
         bool echo;               /* REFUSED because another pool refused the set (PoolDecision.echo) */
+        bool room;               /* QUEUED with room (PoolDecision.room) */
         usec_t at, wait;
         PoolGrant *grant;        /* GRANTED; the indices and names live with the pool's grant */
         const unsigned *indices;
@@ -854,6 +855,7 @@ static void set_part_record(EngineRequest *r, RequestPart *part, const PoolDecis
                 part->state = d->state;
                 part->idle = d->idle;
                 part->budget = d->budget;
+                part->room = d->room;
                 break;
         case POOL_VERDICT_REFUSED:
                 part->st = PART_REFUSED;
@@ -1183,7 +1185,13 @@ static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
                         refuse_request(e, r, p, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL);
                         return false;
                 }
-        if (set_is_ready(r)) {
+        /* Granted at once only with room in every pool (SPEC §3.3, step 2); a part queued without room waits for
+         * step 3 like any waiter, even if first in its queue already (set_is_ready()): the set is queued, and
+         * sets_settle() grants it when its pools run. */
+        bool room = true;
+        for (size_t i = 0; i < r->n_parts; i++)
+                room = room && r->parts[i].room;
+        if (room && set_is_ready(r)) {
                 r->phase = REQUEST_WAITING; /* granting: a pool's answer may come later */
                 set_grant(e, r, now);
                 return false;
@@ -1191,7 +1199,7 @@ static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
         if (!may_wait) {
                 Pool *by = NULL;
                 for (size_t i = 0; i < r->n_parts && !by; i++)
-                        if (!r->parts[i].pool->ops->ready(r->parts[i].pool, r->parts[i].waiter))
+                        if (!r->parts[i].room || !r->parts[i].pool->ops->ready(r->parts[i].pool, r->parts[i].waiter))
                                 by = r->parts[i].pool;
                 set_withdraw(e, r, now);
                 if (!last)

@@ -155,7 +155,8 @@ void fake_pool_answer(FakePool *p, usec_t now) {
                                 refuse(p, w, REFUSAL_UNAVAILABLE, NULL, now);
                 } else if (w->gated && !w->queued) {
                         /* A deferred set part: decided as submit() decides one at once. */
-                        if ((!blocked && is_first(p, w) && has_room(p, w->slots)) || w->may_wait) {
+                        bool room = !blocked && is_first(p, w) && has_room(p, w->slots);
+                        if (room || w->may_wait) {
                                 w->queued = true;
                                 emit(p, (PoolDecision) {
                                         .verdict = POOL_VERDICT_QUEUED,
@@ -163,6 +164,7 @@ void fake_pool_answer(FakePool *p, usec_t now) {
                                         .at = now,
                                         .budget = USEC_INFINITY,
                                         .waiter = w,
+                                        .room = room,
                                 });
                         } else
                                 refuse(p, w, REFUSAL_BUSY, NULL, now);
@@ -301,6 +303,7 @@ static int op_submit(Pool *base, const PoolTry *t, usec_t now) {
                                 .at = now,
                                 .budget = USEC_INFINITY,
                                 .waiter = w,
+                                .room = is_first(p, w) && has_room(p, w->slots),
                         });
                 } else
                         refuse(p, w, REFUSAL_BUSY, NULL, now);
