@@ -165,6 +165,8 @@ struct Engine {
         List requests;           /* routing or waiting: the engine holds a reference */
         List sets;               /* waiting all-or-nothing requests a pool said READY for: to look at */
         usec_t sets_at;          /* the latest READY's instant: engine_take_decisions() looks at them then */
+        bool given_back;         /* some pool's Pool.given_back is set: run_given_back() */
+        usec_t given_back_at;
         Heap expiries;           /* leases with max-hold */
 
         /* Pool decisions are queued and handled after the pool call returns: a pool never sees the
@@ -1142,17 +1144,17 @@ static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision 
         if (part->st != PART_REFUSED)
                 return;
         /* Its parts in the other pools held back those behind them (pool.h: PoolTry.gated), and those pools
-         * have run this instant already: given back, they go on now, as a pool grants again after refusing
-         * a waiter at its budget's end (SPEC §3.3, step 4), and as they go on after a set's grant
-         * (sets_settle()). Else a waiter behind the set waits for the pool's next instant. */
-        Pool *others[CONF_LANE_ALSO_MAX];
-        size_t n_others = 0;
+         * have run this instant already: given back, they go on, as a pool grants again after refusing a
+         * waiter at its budget's end (SPEC §3.3, step 4), and as they go on after a set's grant
+         * (sets_settle()); else a waiter behind the set waits for the pool's next instant. Once the decisions
+         * in hand are handled (process_decisions()): another set refused at this instant may stand in the
+         * same pools, and a pool that decides later runs after every withdraw it was sent. */
         for (size_t i = 0; i < r->n_parts; i++)
                 if (r->parts[i].pool != part->pool)
-                        others[n_others++] = r->parts[i].pool;
+                        r->parts[i].pool->given_back = true;
+        e->given_back = true;
+        e->given_back_at = MAX(e->given_back_at, d->at);
         set_refuse(e, r, part->pool, part->refusal, part->at, part->wait, part->reason, d->at);
-        for (size_t i = 0; i < n_others; i++)
-                others[i]->ops->run(others[i], d->at);
 }
 
 /* Every pool of the set on the route's next pool has answered: granted at once when all have room, else
@@ -1435,15 +1437,34 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
         }
 }
 
+/* The pools a waiting set was given back in run again at that instant (set_handle_decision()). */
+static void run_given_back(Engine *e) {
+        Pool *const *lists[] = { e->pools, e->retired };
+        size_t sizes[] = { e->n_pools, e->n_retired };
+        usec_t t = e->given_back_at;
+        e->given_back = false;
+        e->given_back_at = 0;
+        for (size_t k = 0; k < ELEMENTSOF(lists); k++)
+                for (size_t i = 0; i < sizes[k]; i++)
+                        if (lists[k][i]->given_back) {
+                                lists[k][i]->given_back = false;
+                                lists[k][i]->ops->run(lists[k][i], t);
+                        }
+}
+
 static void process_decisions(Engine *e) {
-        while (e->n_pending > 0) {
-                PoolDecision d = e->pending[e->pending_head++];
-                e->n_pending--;
-                if (e->n_pending == 0)
-                        e->pending_head = 0;
-                if (d.pool) /* NULL: taken by set_absorb_pending() */
-                        handle_decision(e, &d);
-        }
+        do {
+                if (e->given_back)
+                        run_given_back(e);
+                while (e->n_pending > 0) {
+                        PoolDecision d = e->pending[e->pending_head++];
+                        e->n_pending--;
+                        if (e->n_pending == 0)
+                                e->pending_head = 0;
+                        if (d.pool) /* NULL: taken by set_absorb_pending() */
+                                handle_decision(e, &d);
+                }
+        } while (e->given_back);
 }
 
 /* ---- time ---- */
