@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine.h"
 #include "history-file.h"
 #include "replay.h"
 #include "selector.h"
@@ -29,6 +30,8 @@ typedef struct ReplayRequest {
         char **labels;     /* what it asked of the members (events.selector): "L", "!L"; NULL: nothing */
         char *member;
         int exit_status;   /* what its command told with the release (events.exit_status, schema 6); -1: nothing */
+        bool reserve;      /* a reservation (lane ENGINE_RESERVE_LANE): replayed as one, not as a request */
+        char *reason;      /* a reservation's: its job column, what `slotctl reserve --reason` said */
 } ReplayRequest;
 
 typedef struct ReplayLane {
@@ -51,6 +54,7 @@ typedef struct Replay {
         size_t n_keeping_up, n_saturated;
         uint64_t last_us;
         uint64_t n_selectors; /* requests that asked for labels or a member */
+        size_t n_reservations; /* of requests, those that are reservations */
 } Replay;
 
 static void replay_done(Replay *r) {
@@ -60,6 +64,7 @@ static void replay_done(Replay *r) {
         for (size_t i = 0; i < r->n_requests; i++) {
                 strv_free(r->requests[i].labels);
                 free(r->requests[i].member);
+                free(r->requests[i].reason);
         }
         free(r->requests);
         for (size_t i = 0; i < r->n_lanes; i++) {
@@ -283,7 +288,7 @@ static int read_requests(Replay *r, char **error) {
         char sql[512];
         snprintf(sql, sizeof sql,
                  "SELECT e.id, e.time, e.decision, e.lane, e.wait_us, e.budget_us, e.state, n.hold_us, %s, %s, "
-                 "n.exit_status FROM events e LEFT JOIN replay_ends n ON n.lease = e.lease "
+                 "n.exit_status, e.job FROM events e LEFT JOIN replay_ends n ON n.lease = e.lease "
                  "WHERE e.pool = ? AND e.decision IN " REQUEST_DECISIONS " ORDER BY e.id",
                  has_selector ? "e.selector" : "NULL", has_slots ? "e.slots" : "NULL");
         if (rc == SQLITE_OK)
@@ -299,13 +304,20 @@ static int read_requests(Replay *r, char **error) {
                 const char *state = (const char *) sqlite_api.column_text(st, 6);
                 int64_t time_us = sqlite_api.column_int64(st, 1), wait_us = sqlite_api.column_int64(st, 4);
                 bool granted = streq(decision, "granted");
-                size_t k;
+                size_t k = SIZE_MAX;
 
                 if (!lane || time_us < 0)
                         continue; /* not from brokerd: every request names its lane */
-                if (lane_index(r, lane, &k) < 0)
+                /* A reservation (SPEC §3.6; brokerd's session_reserve()): lane @reserve, which no configuration
+                 * has. It waits as long as it takes and is never refused for want of room: a refusal row of it
+                 * is not brokerd's. Its grant is replayed as a reservation, not as a lane's request. */
+                bool reserve = streq(lane, ENGINE_RESERVE_LANE);
+                if (reserve && !granted)
+                        continue;
+                ReplayLane scratch = {};
+                if (!reserve && lane_index(r, lane, &k) < 0)
                         goto oom;
-                ReplayLane *l = &r->lanes[k];
+                ReplayLane *l = reserve ? &scratch : &r->lanes[k];
                 if (wait_us > 0 || sqlite_api.column_type(st, 5) != SQLITE_NULL)
                         l->queued = true;
                 if (streq(decision, "busy"))
@@ -321,7 +333,7 @@ static int read_requests(Replay *r, char **error) {
                 int64_t hold = -1;
                 if (granted && sqlite_api.column_type(st, 7) != SQLITE_NULL) {
                         hold = MAX(sqlite_api.column_int64(st, 7), 0);
-                        if (push_u64(&l->holds, &l->n_holds, (uint64_t) hold) < 0)
+                        if (!reserve && push_u64(&l->holds, &l->n_holds, (uint64_t) hold) < 0)
                                 goto oom;
                 }
 
@@ -350,14 +362,27 @@ static int read_requests(Replay *r, char **error) {
                                 r->n_selectors++;
                 }
 
-                ReplayRequest *a = reallocarray(r->requests, r->n_requests + 1, sizeof(ReplayRequest));
+                /* A reservation's reason as the scenario takes one: no control character, at most 1024 bytes. */
+                const char *job = (const char *) sqlite_api.column_text(st, 11);
+                char *reason = NULL;
+                if (reserve) {
+                        bool ok = job && strlen(job) <= 1024;
+                        for (const unsigned char *c = (const unsigned char *) job; ok && *c; c++)
+                                ok = *c >= 0x20 && *c != 0x7f;
+                        reason = strdup(ok ? job : "replayed");
+                }
+                ReplayRequest *a = reserve && !reason ? NULL : reallocarray(r->requests, r->n_requests + 1, sizeof(ReplayRequest));
                 if (!a) {
                         strv_free(labels);
                         free(member);
+                        free(reason);
                         goto oom;
                 }
                 r->requests = a;
+                r->n_reservations += reserve;
                 r->requests[r->n_requests++] = (ReplayRequest) {
+                        .reserve = reserve,
+                        .reason = reason,
                         .labels = labels,
                         .member = member,
                         .id = sqlite_api.column_int64(st, 0),
@@ -440,8 +465,36 @@ static int add_pool_setting(Scenario *s, const char *section, const char *key, c
         return 0;
 }
 
+/* The recorded reservations as the scenario's (SPEC §3.6; simulate.c, sim_reserve()): arriving at time − wait,
+ * in the replayed pool, asking its member or labels again, for as long as it was held (its --for when it ran
+ * out, less when released by hand; until the history ends while still held), with its reason. */
+static int build_reservations(const Replay *r, uint64_t t0, Scenario *s) {
+        /* Each entry is the scenario's as soon as it is counted: scenario_free() frees what a failure leaves. */
+        s->reservations = calloc(MAX(r->n_reservations, 1u), sizeof(ScenarioReservation));
+        if (!s->reservations)
+                return -ENOMEM;
+        for (size_t i = 0; i < r->n_requests; i++) {
+                const ReplayRequest *q = &r->requests[i];
+                if (!q->reserve)
+                        continue;
+                uint64_t hold = q->hold_us >= 0 ? (uint64_t) q->hold_us : usec_sub_unsigned(r->last_us, q->time_us);
+                ScenarioReservation *o = &s->reservations[s->n_reservations++];
+                o->at_ms = (q->arrival_us - t0) / USEC_PER_MSEC;
+                o->for_ms = MAX(hold / USEC_PER_MSEC, UINT64_C(1));
+                if (asprintf(&o->origin, "%s: event %" PRId64, r->path, q->id) < 0) {
+                        o->origin = NULL;
+                        return -ENOMEM;
+                }
+                if (!(o->pool = strdup(r->pool)) || !(o->reason = strdup(q->reason)) ||
+                    (q->member && !(o->member = strdup(q->member))) || (q->labels && !(o->labels = strv_copy(q->labels))))
+                        return -ENOMEM;
+        }
+        return 0;
+}
+
 static int build_requests(const Replay *r, uint64_t t0, ReplayInfo *info, char **error, ScenarioRequest **ret) {
-        ScenarioRequest *reqs = calloc(r->n_requests, sizeof(ScenarioRequest));
+        ScenarioRequest *reqs = calloc(MAX(r->n_requests - r->n_reservations, 1u), sizeof(ScenarioRequest));
+        size_t n = 0;
         uint64_t *medians = calloc(MAX(r->n_lanes, 1u), sizeof(uint64_t)), all_median = 0;
         _cleanup_free_ uint64_t *all = NULL;
         size_t n_all = 0;
@@ -465,6 +518,8 @@ static int build_requests(const Replay *r, uint64_t t0, ReplayInfo *info, char *
                 const ReplayRequest *q = &r->requests[i];
                 uint64_t hold;
 
+                if (q->reserve)
+                        continue;
                 if (q->hold_us >= 0)
                         hold = (uint64_t) q->hold_us;
                 else if (q->granted) {
@@ -482,7 +537,7 @@ static int build_requests(const Replay *r, uint64_t t0, ReplayInfo *info, char *
                         info->median_holds++;
                 }
 
-                ScenarioRequest *o = &reqs[i];
+                ScenarioRequest *o = &reqs[n++];
                 if (asprintf(&o->name, "e%" PRId64, q->id) < 0 ||
                     asprintf(&o->traffic.origin, "%s: event %" PRId64, r->path, q->id) < 0 ||
                     !(o->traffic.lane = strdup(r->lanes[q->lane].name)))
@@ -502,7 +557,7 @@ static int build_requests(const Replay *r, uint64_t t0, ReplayInfo *info, char *
         return 0;
 
 fail:
-        for (size_t i = 0; reqs && i < r->n_requests; i++) {
+        for (size_t i = 0; reqs && i < n; i++) {
                 free(reqs[i].name);
                 free(reqs[i].traffic.origin);
                 free(reqs[i].traffic.lane);
@@ -566,7 +621,8 @@ static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, c
                 t0 = MIN(t0, r->requests[i].arrival_us);
         info->first_us = t0;
         info->last_us = r->last_us;
-        info->requests = r->n_requests;
+        info->requests = r->n_requests - r->n_reservations;
+        info->reservations = r->n_reservations;
         info->inferred_queue_timeout = info->inferred_congestion_timeout = USEC_INFINITY;
 
         /* A setting the sweep varies is given, value by value: inferring it would only mislead. */
@@ -712,7 +768,12 @@ static int build_scenario(Replay *r, const ReplayOptions *o, ReplayInfo *info, c
         k = build_requests(r, t0, info, error, &s->requests);
         if (k < 0)
                 return k;
-        s->n_requests = r->n_requests;
+        s->n_requests = r->n_requests - r->n_reservations;
+        if (r->n_reservations > 0) {
+                k = build_reservations(r, t0, s);
+                if (k < 0)
+                        return k;
+        }
 
         if (o->deadline) {
                 k = parse_duration_ms(o->deadline, true, &s->deadline_ms);
@@ -804,6 +865,10 @@ void replay_info_print(const ReplayInfo *info, FILE *f) {
         for (char **l = info->lanes; l && *l; l++)
                 fprintf(f, "%s %s", l == info->lanes ? "" : ",", *l);
         fputc('\n', f);
+        if (info->reservations > 0)
+                fprintf(f, "  %" PRIu64 " reservation%s (slotctl reserve) replayed ahead of every waiting job, each held "
+                           "as long as it was\n",
+                        info->reservations, info->reservations == 1 ? "" : "s");
         if (info->median_holds > 0)
                 fprintf(f, "  %" PRIu64 " refused requests hold their lane's median hold (their own is unknown)\n",
                         info->median_holds);

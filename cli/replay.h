@@ -31,6 +31,7 @@ typedef struct ReplayOptions {
 typedef struct ReplayInfo {
         char *pool;
         uint64_t requests;         /* granted and refused (busy, full, timeout, shed) rows of the pool */
+        uint64_t reservations;     /* of those, grants of lane @reserve: replayed as reservations (SPEC §3.6) */
         uint64_t first_us, last_us;/* first arrival, last event of the history (µs, realtime) */
         uint64_t median_holds;     /* refused requests given their lane's median hold (their own is unknown) */
         uint64_t open_holds;       /* grants whose lease had not ended: held until the last event */
@@ -52,7 +53,8 @@ void replay_info_done(ReplayInfo *info);
  * queued anyone and was refused busy, else wait), and one request per granted or refused row: arriving at
  * time − wait, for 1 slot, holding its lease as long as the released/revoked row of the lease says (a
  * refused one: the median hold of its lane's grants), asking the labels and member it asked (events.selector;
- * the pool's members and labels, and its lanes' labels=, from o->config). The database's application_id and user_version are
+ * the pool's members and labels, and its lanes' labels=, from o->config); a grant of lane ENGINE_RESERVE_LANE is
+ * one of the scenario's reservations instead (SPEC §3.6: for as long as it was held, with its job as reason). The database's application_id and user_version are
  * checked before any table is read. Returns 0; -EINVAL with *error set (no such file, not a history by its
  * application_id, a newer brokerd's schema, no requests, several pools and no --pool, nothing to infer the
  * limit from when neither given nor swept, selectors but no members from o->config); -ENOMEM. */

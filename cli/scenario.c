@@ -1024,6 +1024,52 @@ static int parse_duration_value(const json_t *v, bool allow_forever, const char 
         return 0;
 }
 
+/* A drain's or a reservation's "pool": one the scenario configures, copied to *ret. */
+static int get_pool_name(const Scenario *s, const json_t *v, const char *path, char **error, char **ret) {
+        const char *text;
+        int r = get_string(v, path, error, &text);
+        if (r < 0)
+                return r;
+        if (!scenario_pool_name(s, text))
+                return scenario_error(error, "%s: unknown pool \"%s\"", path, text);
+        return strdup_or_null(text, ret) < 0 ? -ENOMEM : 0;
+}
+
+/* A "member": a valid name (the pool's own members are checked against the config later), copied to *ret. */
+static int get_member_name(const json_t *v, const char *path, char **error, char **ret) {
+        const char *text;
+        int r = get_string(v, path, error, &text);
+        if (r < 0)
+                return r;
+        if (!conf_name_is_valid(text))
+                return scenario_error(error, "%s: invalid member name \"%s\"", path, text);
+        return strdup_or_null(text, ret) < 0 ? -ENOMEM : 0;
+}
+
+/* "labels": an array of selector terms (label or !label), at most SELECTOR_TERMS_MAX / 2 of them, copied to *ret.
+ * A request may give an empty one (no labels); a reservation may not (SPEC §3.6: a member or labels). */
+static int get_labels(const json_t *v, bool allow_empty, const char *path, char **error, char ***ret) {
+        size_t i, n = json_array_size(v);
+        json_t *term;
+
+        if (!json_is_array(v) || (n == 0 && !allow_empty))
+                return scenario_error(error, "%s: expected an array of labels, got %s", path,
+                                      json_is_array(v) ? "an empty one" : json_kind(v));
+        if (n > SELECTOR_TERMS_MAX / 2)
+                return scenario_error(error, "%s: %zu labels, at most %d", path, n, SELECTOR_TERMS_MAX / 2);
+        _cleanup_(strv_freep) char **l = calloc(n + 1, sizeof(char *));
+        if (!l)
+                return -ENOMEM;
+        json_array_foreach(v, i, term) {
+                if (!json_is_string(term) || !selector_term_is_valid(json_string_value(term)))
+                        return scenario_error(error, "%s[%zu]: expected a label or !label (a-z 0-9 . _ -)", path, i);
+                if (!(l[i] = strdup(json_string_value(term))))
+                        return -ENOMEM;
+        }
+        *ret = TAKE_PTR(l);
+        return 0;
+}
+
 /* The keys a phase and a request share. Returns 1 if `key` was one of them. */
 static int parse_traffic_key(Scenario *s, ScenarioTraffic *t, const char *key, const json_t *v, const char *path,
                              char **error) {
@@ -1050,34 +1096,11 @@ static int parse_traffic_key(Scenario *s, ScenarioTraffic *t, const char *key, c
                         return scenario_error(error, "%s: invalid slot count %" JSON_INTEGER_FORMAT, path, n);
                 t->slots = (unsigned) n;
         } else if (streq(key, "labels")) {
-                size_t i, n = json_array_size(v);
-                json_t *term;
-                if (!json_is_array(v))
-                        return scenario_error(error, "%s: expected an array of labels, got %s", path, json_kind(v));
-                if (n > SELECTOR_TERMS_MAX / 2)
-                        return scenario_error(error, "%s: %zu labels, at most %d", path, n, SELECTOR_TERMS_MAX / 2);
-                char **l = calloc(n + 1, sizeof(char *));
-                if (!l)
-                        return -ENOMEM;
-                strv_free(t->labels);
-                t->labels = l;
-                json_array_foreach(v, i, term) {
-                        if (!json_is_string(term) || !selector_term_is_valid(json_string_value(term)))
-                                return scenario_error(error, "%s[%zu]: expected a label or !label (a-z 0-9 . _ -)", path,
-                                                      i);
-                        if (!(l[i] = strdup(json_string_value(term))))
-                                return -ENOMEM;
-                }
+                t->labels = strv_free(t->labels);
+                r = get_labels(v, true, path, error, &t->labels);
         } else if (streq(key, "member")) {
-                r = get_string(v, path, error, &text);
-                if (r < 0)
-                        return r;
-                if (!conf_name_is_valid(text))
-                        return scenario_error(error, "%s: invalid member name \"%s\"", path, text);
-                free(t->member);
-                t->member = strdup(text);
-                if (!t->member)
-                        return -ENOMEM;
+                t->member = mfree(t->member);
+                r = get_member_name(v, path, error, &t->member);
         } else if (streq(key, "exit")) {
                 /* As `slotctl run` reports its command's exit status with the release (SPEC §3.6). */
                 if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 255)
@@ -1280,28 +1303,6 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
         return 0;
 }
 
-/* A drain's or a reservation's "pool": one the scenario configures, copied to *ret. */
-static int get_pool_name(const Scenario *s, const json_t *v, const char *path, char **error, char **ret) {
-        const char *text;
-        int r = get_string(v, path, error, &text);
-        if (r < 0)
-                return r;
-        if (!scenario_pool_name(s, text))
-                return scenario_error(error, "%s: unknown pool \"%s\"", path, text);
-        return strdup_or_null(text, ret) < 0 ? -ENOMEM : 0;
-}
-
-/* A "member": a valid name (the pool's own members are checked against the config later), copied to *ret. */
-static int get_member_name(const json_t *v, const char *path, char **error, char **ret) {
-        const char *text;
-        int r = get_string(v, path, error, &text);
-        if (r < 0)
-                return r;
-        if (!conf_name_is_valid(text))
-                return scenario_error(error, "%s: invalid member name \"%s\"", path, text);
-        return strdup_or_null(text, ret) < 0 ? -ENOMEM : 0;
-}
-
 /* A reason as slotctl drain --reason and slotctl reserve --reason take it: one printable line of 1 to 1024 bytes. */
 static int get_reason(const json_t *v, const char *path, char **error, char **ret) {
         const char *text;
@@ -1314,6 +1315,26 @@ static int get_reason(const json_t *v, const char *path, char **error, char **re
         if (strlen(text) > 1024)
                 return scenario_error(error, "%s: longer than 1024 bytes", path);
         return strdup_or_null(text, ret);
+}
+
+/* The keys a drain and a reservation share, as slotctl drain and slotctl reserve take them: "at", "pool",
+ * "member", "reason". Returns 1 if `key` was one of them. */
+static int parse_action_key(const Scenario *s, const char *key, const json_t *v, const char *path, char **error,
+                            uint64_t *at_ms, char **pool, char **member, char **reason) {
+        int r;
+
+        if (streq(key, "at"))
+                r = parse_duration_value(v, false, path, error, at_ms);
+        else if (streq(key, "pool"))
+                r = get_pool_name(s, v, path, error, pool);
+        else if (streq(key, "member"))
+                r = get_member_name(v, path, error, member);
+        else if (streq(key, "reason"))
+                r = get_reason(v, path, error, reason);
+        else
+                return 0;
+
+        return r < 0 ? r : 1;
 }
 
 /* drains: [{"at", "pool", "member", "reason", "until"} or {"at", "pool", "member", "undrain": true}]. The
@@ -1350,28 +1371,22 @@ static int parse_drains(Scenario *s, const json_t *drains, char **error) {
                         if (asprintf(&path, "%s.%s", e->origin, key) < 0)
                                 return -ENOMEM;
 
-                        if (streq(key, "at") || streq(key, "until")) {
-                                r = parse_duration_value(v, false, path, error, streq(key, "at") ? &e->at_ms : &e->until_ms);
-                                if (r < 0)
-                                        return r;
-                        } else if (streq(key, "pool")) {
-                                r = get_pool_name(s, v, path, error, &e->pool);
-                                if (r < 0)
-                                        return r;
-                        } else if (streq(key, "member")) {
-                                r = get_member_name(v, path, error, &e->member);
-                                if (r < 0)
-                                        return r;
-                        } else if (streq(key, "reason")) {
-                                r = get_reason(v, path, error, &e->reason);
+                        if (streq(key, "until")) {
+                                r = parse_duration_value(v, false, path, error, &e->until_ms);
                                 if (r < 0)
                                         return r;
                         } else if (streq(key, "undrain")) {
                                 if (!json_is_boolean(v))
                                         return scenario_error(error, "%s: expected a boolean, got %s", path, json_kind(v));
                                 e->undrain = json_is_true(v);
-                        } else
-                                return scenario_error(error, "%s: unknown key", path);
+                        } else {
+                                r = parse_action_key(s, key, v, path, error, &e->at_ms, &e->pool, &e->member,
+                                                     &e->reason);
+                                if (r < 0)
+                                        return r;
+                                if (r == 0)
+                                        return scenario_error(error, "%s: unknown key", path);
+                        }
                 }
                 if (e->at_ms == SIM_FOREVER)
                         return scenario_error(error, "%s.at: missing", e->origin);
@@ -1420,50 +1435,24 @@ static int parse_reservations(Scenario *s, const json_t *list, char **error) {
                         if (asprintf(&path, "%s.%s", e->origin, key) < 0)
                                 return -ENOMEM;
 
-                        if (streq(key, "at")) {
-                                r = parse_duration_value(v, false, path, error, &e->at_ms);
-                                if (r < 0)
-                                        return r;
-                        } else if (streq(key, "for")) {
+                        if (streq(key, "for")) {
                                 r = parse_duration_value(v, false, path, error, &e->for_ms);
                                 if (r < 0)
                                         return r;
                                 if (e->for_ms == 0)
                                         return scenario_error(error, "%s: out of range (1ms to " SIM_SPAN_MAX_TEXT ")", path);
-                        } else if (streq(key, "pool")) {
-                                r = get_pool_name(s, v, path, error, &e->pool);
-                                if (r < 0)
-                                        return r;
-                        } else if (streq(key, "member")) {
-                                r = get_member_name(v, path, error, &e->member);
-                                if (r < 0)
-                                        return r;
                         } else if (streq(key, "labels")) {
-                                size_t k, n = json_array_size(v);
-                                json_t *term;
-                                if (!json_is_array(v) || n == 0)
-                                        return scenario_error(error, "%s: expected an array of labels, got %s", path,
-                                                              json_is_array(v) ? "an empty one" : json_kind(v));
-                                if (n > SELECTOR_TERMS_MAX / 2)
-                                        return scenario_error(error, "%s: %zu labels, at most %d", path, n,
-                                                              SELECTOR_TERMS_MAX / 2);
-                                e->labels = calloc(n + 1, sizeof(char *));
-                                if (!e->labels)
-                                        return -ENOMEM;
-                                json_array_foreach(v, k, term) {
-                                        if (!json_is_string(term) || !selector_term_is_valid(json_string_value(term)))
-                                                return scenario_error(error,
-                                                                      "%s[%zu]: expected a label or !label (a-z 0-9 . _ -)",
-                                                                      path, k);
-                                        if (!(e->labels[k] = strdup(json_string_value(term))))
-                                                return -ENOMEM;
-                                }
-                        } else if (streq(key, "reason")) {
-                                r = get_reason(v, path, error, &e->reason);
+                                r = get_labels(v, false, path, error, &e->labels);
                                 if (r < 0)
                                         return r;
-                        } else
-                                return scenario_error(error, "%s: unknown key", path);
+                        } else {
+                                r = parse_action_key(s, key, v, path, error, &e->at_ms, &e->pool, &e->member,
+                                                     &e->reason);
+                                if (r < 0)
+                                        return r;
+                                if (r == 0)
+                                        return scenario_error(error, "%s: unknown key", path);
+                        }
                 }
                 if (e->at_ms == SIM_FOREVER)
                         return scenario_error(error, "%s.at: missing", e->origin);

@@ -553,7 +553,16 @@ function LIFE.keyed(cmd, key, ...)
         local ok, v = pcall(redis.call, cmd, key, ...)
         if ok then return v end
         redis.call('DEL', key)
+        LIFE.bad(string.match(key, ':([^:]+)$'), '?')
         return redis.call(cmd, key, ...)
+end
+
+-- Garbage this call repaired in a key of the members' lives (key: "qm", "qf", "hq", "dr", "du", "rekey", or
+-- "meta" for the health waiters' counts; what: the field, wid or member, "?" for the whole key): reported
+-- (notice "bad-key"), as a garbage rest is, so that the node counts it as bad input and the journal says
+-- someone wrote into the pool's keys (README, "Members' lives"). Each repair is told once: it leaves no garbage.
+function LIFE.bad(key, what)
+        notices[#notices + 1] = { 'bad-key', key or '?', type(what) == 'string' and string.sub(what, 1, 64) or '?' }
 end
 
 -- A command on qf (a key of another type counts nothing).
@@ -623,6 +632,7 @@ function LIFE.restore(name, job, status)
         local ok, gone = pcall(redis.call, 'HDEL', LIFE.key(), name)
         if not ok then
                 redis.call('DEL', LIFE.key()) -- another type: nobody's quarantine can be read from it
+                LIFE.bad('qm', '?')
                 gone = 1
         end
         if gone == 0 then return false end
@@ -710,8 +720,24 @@ end
 function DRAINS.key() return P .. ':dr' end
 function DRAINS.until_key() return P .. ':du' end
 
+-- A field of dr or du that is no drain's: neither "" (the pool) nor a name (SPEC §4: [A-Za-z0-9._-]{1,64}).
+-- A name of no configured member may be a drain's of a member a reload took away: kept.
+function DRAINS.field_ok(f)
+        return f == '' or (#f <= 64 and string.match(f, '^[%w._%-]+$') ~= nil)
+end
+
+-- du's first score into meta.drain_next. Untrusted: scores of 2^53 µs or more (1e308, +inf: a hand's ZADD)
+-- are no instant, and a drain without an until is one without a du entry: they leave du (told, "bad-key").
 function DRAINS.next_store()
         local first = LIFE.keyed('ZRANGE', DRAINS.until_key(), 0, 0, 'WITHSCORES')
+        if first[2] and not (tonumber(first[2]) and tonumber(first[2]) < 2 ^ 53) then
+                for _, f in ipairs(redis.call('ZRANGEBYSCORE', DRAINS.until_key(), '9007199254740992', '+inf',
+                                              'LIMIT', 0, 16)) do
+                        redis.call('ZREM', DRAINS.until_key(), f)
+                        LIFE.bad('du', f)
+                end
+                first = redis.call('ZRANGE', DRAINS.until_key(), 0, 0, 'WITHSCORES')
+        end
         meta_set('drain_next', first[2] and tonumber(first[2]) or nil)
 end
 
@@ -766,7 +792,10 @@ function DRAINS.expire(t)
         local due = LIFE.keyed('ZRANGEBYSCORE', DRAINS.until_key(), '-inf', t, 'WITHSCORES', 'LIMIT', 0, 16)
         for i = 1, #due, 2 do
                 local field, at = due[i], tonumber(due[i + 1])
-                if not at or at < 0 or at > t then at = t end -- garbage (below zero): ended now
+                if not at or at < 0 or at > t or not DRAINS.field_ok(field) then
+                        at = math.min(math.max(at or t, 0), t)
+                        LIFE.bad('du', field) -- garbage (below zero, or no drain's field): ended now, told
+                end
                 -- The reason of the drain that ends goes with its end (pool-local.c tells it: engine.c,
                 -- drains_expire()); a record of garbage has none.
                 local okg, raw = pcall(redis.call, 'HGET', DRAINS.key(), field)
@@ -797,9 +826,18 @@ function DRAINS.list()
                 return math.floor(x)
         end
         for i = 1, #a, 2 do
-                if a[i] == '' or LIFE.pos(a[i]) then
+                if not DRAINS.field_ok(a[i]) then
+                        -- No drain's field (a hand's HSET): dropped and told, not skipped on every reply.
+                        redis.call('HDEL', DRAINS.key(), a[i])
+                        LIFE.bad('dr', a[i])
+                elseif a[i] == '' or LIFE.pos(a[i]) then
                         local okd, r = pcall(cmsgpack.unpack, a[i + 1])
-                        if not okd or type(r) ~= 'table' then r = {} end
+                        if not okd or type(r) ~= 'table' then
+                                -- Garbage: written back as what it is shown as (a drain of nobody known), told once.
+                                r = {}
+                                redis.call('HSET', DRAINS.key(), a[i], cmsgpack.pack({ 0, '', '', -1, '' }))
+                                LIFE.bad('dr', a[i])
+                        end
                         out[#out + 1] = { a[i], num(r[1], 0), str(r[2]), str(r[3]), num(r[4], -1), str(r[5]) }
                 end
         end
@@ -827,6 +865,17 @@ function HEALTH.enlist(w)
         lane_incr(w.lane, 'waiting', 1)
 end
 
+-- What HEALTH.enlist() linked, unlinked (waiter_unlink() too). keep_record: the caller turns the waiter's
+-- record into its lease's.
+function HEALTH.delist(w, keep_record)
+        if w.deadline ~= INF then
+                redis.call('ZREM', K.dl, w.wid)
+                carry.heads = nil
+        end
+        if not keep_record then record_remove(w.node, w.rid, 'w') end
+        lane_incr(w.lane, 'waiting', -1)
+end
+
 function HEALTH.link(w)
         LIFE.keyed('ZADD', HEALTH.key(), 0, w.wid)
         HEALTH.enlist(w)
@@ -836,12 +885,7 @@ end
 function HEALTH.unlink(w, keep_record)
         redis.call('HDEL', K.w, w.wid)
         LIFE.keyed('ZREM', HEALTH.key(), w.wid)
-        if w.deadline ~= INF then
-                redis.call('ZREM', K.dl, w.wid)
-                carry.heads = nil
-        end
-        if not keep_record then record_remove(w.node, w.rid, 'w') end
-        lane_incr(w.lane, 'waiting', -1)
+        HEALTH.delist(w, keep_record)
         HEALTH.count(-1)
 end
 
@@ -906,12 +950,31 @@ end
 
 local function fast_threshold(q) return math.max(math.floor(q / 20), math.min(USEC_PER_SEC, q)) end
 
-local function saturated_budget()
+-- pool-local.c's saturated_budget() and a new waiter's budget: functions as fields of one table, one local of
+-- the library's (Lua's 200 locals a chunk), as LIFE's.
+local BUDGET = {}
+
+function BUDGET.saturated()
         if R.congestion then return R.congestion end
         return math.max(math.floor(R.q / 10), math.min(USEC_PER_SEC, R.q))
 end
 
 local function idle_at(t) return math.max(0, t - M.last_fast) end
+
+-- pool-local.c:local_submit(): a new waiter's budget is fixed now, from the idle time now (SPEC §3.1): the
+-- lane's (budget_set: lane_budget) or the adaptive one, at most the client's cap; shed when the saturated
+-- budget is the one that runs out. Sets w.idle, w.state (with a queue-timeout), w.budget, w.shed, w.deadline.
+function BUDGET.fix(w, now, budget_set, lane_budget, cap)
+        local adaptive = INF
+        if R.q then
+                w.idle = idle_at(now)
+                w.state = w.idle > R.q and 'saturated' or 'keeping-up'
+                adaptive = w.state == 'saturated' and BUDGET.saturated() or R.q
+        end
+        w.budget = math.min(budget_set and lane_budget or adaptive, cap)
+        w.shed = not budget_set and w.state == 'saturated' and adaptive <= cap
+        w.deadline = usec_add(now, w.budget)
+end
 
 ---------------------------------------------------------------------------------------------- decisions
 
@@ -1068,12 +1131,7 @@ local function waiter_unlink(w, keep_record)
         redis.call('ZREM', waiter_bucket(w), w.wid)
         if (w.sel or '') ~= '' then meta_incr('selective', -1) end
         redis.call('ZREM', k_queue(w.prio), w.wid)
-        if w.deadline ~= INF then
-                redis.call('ZREM', K.dl, w.wid)
-                carry.heads = nil
-        end
-        if not keep_record then record_remove(w.node, w.rid, 'w') end
-        lane_incr(w.lane, 'waiting', -1)
+        HEALTH.delist(w, keep_record)
         meta_incr('waiting', -1)
 end
 
@@ -1671,9 +1729,32 @@ local function rekey_step()
         if #job == 0 then return true end
         -- Untrusted (README, "Where this differs from the memo"): an `at` that is not an instant up to now is
         -- now; a move's priority is the rules' (a lane they lack: nothing to move).
+        -- What tick.lua's agree() never writes is told ("bad-key") and repaired in the job, so it is told once:
+        -- an `at` not an instant up to now (written as now); a field other than at, cur:L:K and KIND:L of a known
+        -- kind; a drop of a lane the (adopted) rules have, an hdrop, sdrop or move of one they lack; a move
+        -- whose priority is not a number (the rules' is taken all the same). Those fields leave the job.
         local at
         for i = 1, #job, 2 do if job[i] == 'at' then at = int_of(job[i + 1]) end end
-        if not at or at < 0 or at > now then at = now end
+        if not at or at < 0 or at > now then
+                LIFE.bad('rekey', 'at')
+                at = now
+                redis.call('HSET', K.rekey, 'at', at)
+        end
+        for i = #job - 1, 1, -2 do
+                local f, v = job[i], job[i + 1]
+                local kind, lane = string.match(f, '^(%a+):(.+)$')
+                local known = R.lanes[lane or ''] ~= nil
+                local ok = f == 'at' or string.match(f, '^cur:') or
+                           (kind == 'drop' and not known) or
+                           ((kind == 'hdrop' or kind == 'sdrop') and known) or
+                           (kind == 'move' and known and int_of(v) ~= nil)
+                if not ok then
+                        LIFE.bad('rekey', f)
+                        redis.call('HDEL', K.rekey, f)
+                        table.remove(job, i + 1)
+                        table.remove(job, i)
+                end
+        end
         for i = 1, #job, 2 do
                 local kind, lane = string.match(job[i], '^(%a+):(.+)$')
                 if (kind == 'drop' or kind == 'hdrop') and not HEALTH.drop(lane, at) then return false end
@@ -1791,7 +1872,11 @@ function HEALTH.dispatch(t)
                 if not w or not w.health then
                         -- gone, or an ordinary waiter's wid written there (untrusted): not a health waiter
                         LIFE.keyed('ZREM', HEALTH.key(), wid)
-                elseif not R.lanes[w.lane] or HEALTH.capacity(w) < w.k then
+                        LIFE.bad('hq', wid)
+                elseif not R.lanes[w.lane] or not (R.lanes[w.lane].health or R.lanes[w.lane].health_also) or
+                       HEALTH.capacity(w) < w.k then
+                        -- (a record of no health lane's flagged health by hand, healed into hq: never given a
+                        -- quarantined member)
                         if not step() then return false end
                         waiter_refuse(w, 'unavailable', 'not-quarantined', t)
                 else
@@ -1820,7 +1905,12 @@ function HEALTH.for_new()
         local avail = HEALTH.avail()
         for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, -1)) do
                 local hw = waiter_get(wid)
-                if hw and hw.health then avail = HEALTH.set_aside(hw, avail) end
+                if hw and hw.health then
+                        avail = HEALTH.set_aside(hw, avail)
+                else
+                        LIFE.keyed('ZREM', HEALTH.key(), wid) -- not a health waiter (untrusted): out, told
+                        LIFE.bad('hq', wid)
+                end
         end
         return avail
 end
@@ -1844,6 +1934,7 @@ function HEALTH.drop(lane, at)
                 local w = waiter_get(wid)
                 if not w or not w.health then
                         LIFE.keyed('ZREM', HEALTH.key(), wid)
+                        LIFE.bad('hq', wid)
                 elseif w.lane == lane then
                         if not step() then return false end
                         waiter_refuse(w, 'unavailable', '', at)
@@ -1857,10 +1948,49 @@ function HEALTH.refuse_all(reason, at)
         for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, -1)) do
                 if not step() then return false end
                 local w = waiter_get(wid)
-                if w and w.health then waiter_refuse(w, 'unavailable', reason, at) end
-                LIFE.keyed('ZREM', HEALTH.key(), wid) -- refused, gone, or not a health waiter (untrusted)
+                if w and w.health then
+                        waiter_refuse(w, 'unavailable', reason, at)
+                else
+                        LIFE.bad('hq', wid) -- gone, or not a health waiter (untrusted): out, told
+                end
+                LIFE.keyed('ZREM', HEALTH.key(), wid)
         end
         return true
+end
+
+-- The health waiters' count apart from the queue's (integrity, README "Integrity"): HLEN w = waiting + hwaiting
+-- holds the sum, and ZCARD hq = hwaiting the split. A hostile write to hq, or a waiter record whose health flag
+-- was flipped (its unlink then takes the other count: waiting and hwaiting one off each, their sum right), is
+-- found here, in a pool that ever had a quarantine (meta.life; health waiters need one) or counts any: one ZCARD
+-- a call. Healed from the records, the waiters themselves: hq holds exactly the records that say health
+-- (others leave it, missing ones join it, in wid order = arrival order), hwaiting is their number, waiting
+-- the rest; told ("bad-key"). O(waiters) once (HGETALL w): only after someone wrote into the pool's keys.
+function HEALTH.check()
+        if tonumber(M.life) ~= 1 and HEALTH.waiting() == 0 then return end
+        local ok, n = pcall(redis.call, 'ZCARD', HEALTH.key())
+        if ok and n == HEALTH.waiting() and M.waiting >= 0 then return end
+        local in_hq = {}
+        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, -1)) do in_hq[wid] = true end
+        local a, health = redis.call('HGETALL', K.w), 0
+        for i = 1, #a, 2 do
+                local okw, r = pcall(cmsgpack.unpack, a[i + 1])
+                if okw and type(r) == 'table' and r[13] == 1 then
+                        health = health + 1
+                        if in_hq[a[i]] then
+                                in_hq[a[i]] = nil
+                        else
+                                redis.call('ZADD', HEALTH.key(), 0, a[i])
+                                LIFE.bad('hq', a[i])
+                        end
+                end
+        end
+        for wid in pairs(in_hq) do
+                redis.call('ZREM', HEALTH.key(), wid)
+                LIFE.bad('hq', wid)
+        end
+        if health ~= HEALTH.waiting() then LIFE.bad('meta', 'hwaiting') end
+        meta_set('hwaiting', health)
+        meta_set('waiting', #a / 2 - health)
 end
 
 -- pool-local.c:dispatch(): free slots to waiters in queue order until the first that cannot go. No grant
@@ -2408,6 +2538,8 @@ local function prelude_begin(create)
                 if lost then
                         pool_renew(lost)
                         if not R.canon and not create then return reply('unregistered') end -- a tick stores them
+                elseif R.canon then
+                        HEALTH.check()
                 end
         end
         if M.epoch and R.canon and bnow then

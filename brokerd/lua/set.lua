@@ -85,6 +85,14 @@ local function set()
                                                 state = w.state, idle = w.idle, budget = w.budget,
                                                 position = waiter_position(w), queued = M.waiting,
                                         })
+                                        -- Said ready already (the node restarted, or lost the reply that
+                                        -- queued it): said again, or it would not be said until a grant
+                                        -- finds it not ready, which the node waits for the word to send.
+                                        if w.gated and w.ready then
+                                                events[#events + 1] = decision('ready', rid, now, {
+                                                        state = w.state, idle = w.idle, budget = w.budget,
+                                                })
+                                        end
                                 end
                         elseif kind == 'l' then
                                 d = lease_decision(lease_get(id))
@@ -190,15 +198,7 @@ local function set()
                                 arrival = arrival, state = 'none', idle = 0, budget = INF, shed = false,
                                 prio = R.lanes[lane].priority, sel = try_arg(i, 6), gated = true,
                         }
-                        local adaptive = INF
-                        if R.q then
-                                w.idle = idle_at(now)
-                                w.state = w.idle > R.q and 'saturated' or 'keeping-up'
-                                adaptive = w.state == 'saturated' and saturated_budget() or R.q
-                        end
-                        w.budget = math.min(budget_set and unwire(try_arg(i, 3)) or adaptive, cap)
-                        w.shed = not budget_set and w.state == 'saturated' and adaptive <= cap
-                        w.deadline = usec_add(now, w.budget)
+                        BUDGET.fix(w, now, budget_set, budget_set and unwire(try_arg(i, 3)), cap)
                         waiter_link(w)
                         d = decision('queued', rid, now, {
                                 state = w.state, idle = w.idle, budget = w.budget, position = waiter_position(w),

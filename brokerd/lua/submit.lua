@@ -118,16 +118,7 @@ local function submit()
                         prio = rule.priority, sel = SELECTOR, health = rule.health or nil,
                 }
                 -- The budget is fixed now, from the idle time now (SPEC §3.1).
-                local adaptive = INF
-                if R.q then
-                        w.idle = idle_at(now)
-                        w.state = w.idle > R.q and 'saturated' or 'keeping-up'
-                        adaptive = w.state == 'saturated' and saturated_budget() or R.q
-                end
-                local base = LANE_BUDGET_SET and LANE_BUDGET or adaptive
-                w.budget = math.min(base, CLIENT_CAP)
-                w.shed = not LANE_BUDGET_SET and w.state == 'saturated' and adaptive <= CLIENT_CAP
-                w.deadline = usec_add(now, w.budget)
+                BUDGET.fix(w, now, LANE_BUDGET_SET, LANE_BUDGET, CLIENT_CAP)
                 waiter_link(w)
                 local place, of = waiter_position(w)
                 d = decision('queued', RID, now, {

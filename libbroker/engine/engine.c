@@ -1237,6 +1237,15 @@ static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
         return false;
 }
 
+/* Submits n parts of a set: in one submit_set() over them where their pools take the set whole (nothing was
+ * tried if it fails), else the one part in its pool. */
+static int set_submit_parts(Pool *const *pools, const PoolTry *tries, size_t n, bool whole, usec_t now) {
+        if (whole)
+                return pools[0]->ops->submit_set(pools, tries, n, now);
+        assert(n == 1);
+        return pools[0]->ops->submit(pools[0], tries, now);
+}
+
 /* Submits the set on the route's next pools in turn until one decides it; a pool that decides later is
  * awaited (set_handle_decision() goes on). */
 static int set_route_submit(Engine *e, EngineRequest *r, usec_t now) {
@@ -1273,28 +1282,20 @@ static int set_route_submit(Engine *e, EngineRequest *r, usec_t now) {
                                         .gated = true,
                         };
                 }
-                if (set_has_one_call(r, p->ops->submit_set)) {
-                        /* One call over the set (pools of one backend): nothing was tried if it fails. */
-                        int k = p->ops->submit_set(pools, tries, r->n_parts, now);
+                /* One call over the whole set (pools of one backend), else one a pool. */
+                bool whole = set_has_one_call(r, p->ops->submit_set);
+                size_t step = whole ? r->n_parts : 1;
+                for (size_t i = 0; i < r->n_parts; i += step) {
+                        int k = set_submit_parts(pools + i, tries + i, step, whole, now);
                         if (k < 0) {
-                                for (size_t j = 0; j < r->n_parts; j++)
+                                /* Those from this one on made no try: nothing of theirs to cancel. */
+                                for (size_t j = i; j < r->n_parts; j++)
                                         r->parts[j].st = PART_REFUSED;
                                 set_withdraw(e, r, now);
                                 return k;
                         }
                         set_absorb_pending(e, r);
-                } else
-                        for (size_t i = 0; i < r->n_parts; i++) {
-                                int k = pools[i]->ops->submit(pools[i], tries + i, now);
-                                if (k < 0) {
-                                        /* Those from this one on made no try: nothing of theirs to cancel. */
-                                        for (size_t j = i; j < r->n_parts; j++)
-                                                r->parts[j].st = PART_REFUSED;
-                                        set_withdraw(e, r, now);
-                                        return k;
-                                }
-                                set_absorb_pending(e, r);
-                        }
+                }
                 if (set_is_awaited(r))
                         return 0;
                 if (!set_route_decide(e, r, now))

@@ -193,6 +193,7 @@ typedef struct SharedPool {
         char *refused_why;       /* REFUSED: what the link or Redis said ("eviction-policy", "manual-clock") */
 
         size_t positions_cursor; /* the refresh of waiters' places goes round, a page a heartbeat */
+        bool served_at_run;      /* pool_serves() at the last run(): sets_say_ready_again() when it turns */
 
         /* SPEC §3.6: the members' quarantines as the last reply's cache said (every reply carries them, so
          * every node shows and obeys the same: brokerd/lua/README, "Members' lives"); life[i] is member i. */
@@ -2386,6 +2387,26 @@ static void notices_apply(SharedPool *p, const RespValue *notices, usec_t now) {
                         bad_input(p, "a garbage rest in Redis (ended)", now);
                         continue;
                 }
+                /* Garbage in a key of the members' lives that this call repaired (README, "Members' lives"). */
+                if (resp_is(resp_at(n, 0), "bad-key")) {
+                        static const struct {
+                                const char *key, *what;
+                        } keys[] = {
+                                { "qm", "garbage in Redis's quarantines (dropped)" },
+                                { "qf", "garbage in Redis's failure counts (dropped)" },
+                                { "hq", "garbage in Redis's health queue (repaired)" },
+                                { "dr", "a garbage drain record in Redis (repaired)" },
+                                { "du", "a garbage drain end in Redis (ended)" },
+                                { "rekey", "garbage in Redis's rekey job (dropped)" },
+                                { "meta", "wrong health waiter counts in Redis (healed)" },
+                        };
+                        const char *what = "garbage in Redis (repaired)";
+                        for (size_t j = 0; j < ELEMENTSOF(keys); j++)
+                                if (resp_is(resp_at(n, 1), keys[j].key))
+                                        what = keys[j].what;
+                        bad_input(p, what, now);
+                        continue;
+                }
                 if (resp_is(resp_at(n, 0), "quarantined") || resp_is(resp_at(n, 0), "restored")) {
                         life_notice(p, n, resp_is(resp_at(n, 0), "quarantined"), now);
                         continue;
@@ -3757,12 +3778,15 @@ static const RespValue *set_part_reply(SharedPool *q, const Call *c, const RespV
 }
 
 /* A part the set's answer left waiting after all ("not-ready", "gone": nothing granted): QUEUED again, so
- * that the engine, which awaits every part's answer, goes on waiting; said ready again when it is. */
-static void set_part_requeue(SharedPool *q, const char *rid) {
+ * that the engine, which awaits every part's answer, goes on waiting. The pool named is said ready again
+ * when it is (set.lua unreadies what it found not ready); the others stay as they were said: one that Redis
+ * unreadied too is found so by the next grant, which names it. */
+static void set_part_requeue(SharedPool *q, const char *rid, bool named) {
         PoolWaiter *w = try_find(q, rid);
         if (!w || !w->queued)
                 return;
-        w->ready = false;
+        if (named)
+                w->ready = false;
         emit(q, (PoolDecision) { .verdict = POOL_VERDICT_QUEUED, .cookie = w->cookie, .at = q->last_now,
                                  .budget = USEC_INFINITY, .waiter = w });
 }
@@ -3882,7 +3906,7 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
                 for (size_t i = 0; i < n; i++) {
                         SharedPool *q = set_pool(p, c, i);
                         if (q)
-                                set_part_requeue(q, c->rid);
+                                set_part_requeue(q, c->rid, q == named);
                 }
         } else
                 ok = false;
@@ -4087,6 +4111,16 @@ void pool_shared_renewed(Pool *base, bool covered, bool tick, usec_t sent_boot, 
                 p->tick_wanted = true;
 }
 
+/* The sets' parts said ready while this pool did not serve (ready() said no): said again now that it
+ * serves, or a set whose last READY came then would wait for a word that was said already. */
+static void sets_say_ready_again(SharedPool *p, usec_t now) {
+        list_foreach(n, &p->tries) {
+                PoolWaiter *w = container_of(n, PoolWaiter, node);
+                if (w->gated && w->queued && w->ready)
+                        emit(p, (PoolDecision) { .verdict = POOL_VERDICT_READY, .cookie = w->cookie, .at = now });
+        }
+}
+
 static void shared_run(Pool *base, usec_t now) {
         SharedPool *p = SHARED(base);
         p->last_now = MAX(p->last_now, now);
@@ -4098,6 +4132,9 @@ static void shared_run(Pool *base, usec_t now) {
         if (!p->link_up || refused_quiet(p))
                 return;
         bool operations = pool_serves(p);
+        if (operations && !p->served_at_run)
+                sets_say_ready_again(p, now);
+        p->served_at_run = operations;
         if (operations && now < p->status_until && !p->status_pending &&
             (p->status_last == 0 || now >= usec_add(p->status_last, USEC_PER_SEC)))
                 (void) queue_status(p, now);

@@ -13,10 +13,13 @@ A benchmark, not a test: it fails only when brokerd fails.
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchbrokerd  # noqa: E402
 
 
 class Client:
@@ -63,14 +66,7 @@ def run(brokerd, work, members, pairs):
     conf = os.path.join(d, "brokerd.conf")
     with open(conf, "w") as f:
         f.write(f"[pool rigs]\nmembers = {' '.join(name(i) for i in range(members))}\n\n[lane w]\npools = rigs\n")
-    p = subprocess.Popen([brokerd, "--config", conf, "--socket", sock, "--state-directory", os.path.join(d, "state")],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while not os.path.exists(sock):
-            if p.poll() is not None:
-                sys.exit(f"bench-grant-members: brokerd exited {p.returncode}")
-            time.sleep(0.01)
-        time.sleep(0.2)
+    with benchbrokerd.started(brokerd, conf, sock, os.path.join(d, "state")) as (p, _):
         c = Client(sock)
         for _ in range(50):  # warm up
             c.call("io.slotbroker.Release", {"lease": c.call("io.slotbroker.Acquire", {"lane": "w"})["lease"]["id"]})
@@ -82,9 +78,6 @@ def run(brokerd, work, members, pairs):
             c.call("io.slotbroker.Release", {"lease": lease})
         wall = (time.perf_counter() - start) / pairs
         return wall, (cpu_seconds(p.pid) - cpu0) / pairs
-    finally:
-        p.terminate()
-        p.wait()
 
 
 def main():

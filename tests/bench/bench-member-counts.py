@@ -16,13 +16,15 @@ A benchmark, not a test: it fails only when brokerd fails.
 import json
 import os
 import random
-import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
 import zlib
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchbrokerd  # noqa: E402
 
 S = 1_000_000
 T0 = 1_700_000_000 * S
@@ -97,30 +99,8 @@ def start_brokerd(brokerd, work, members):
     conf = os.path.join(work, "brokerd.conf")
     with open(conf, "w") as f:
         f.write(f"[pool rigs]\nmembers = {' '.join(RIGS)}\nquarantine-exit-codes = 3\n\n[lane w]\npools = rigs\n")
-    start = time.monotonic()
-    p = subprocess.Popen([brokerd, "--config", conf, "--socket", sock, "--state-directory", state],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while True:
-            if p.poll() is not None:
-                sys.exit(f"bench-member-counts: brokerd exited {p.returncode}")
-            try:
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
-                    c.connect(sock)
-                    c.sendall(b'{"method":"io.slotbroker.Status"}\0')
-                    reply = b""
-                    while not reply.endswith(b"\0"):
-                        chunk = c.recv(65536)
-                        if not chunk:
-                            break
-                        reply += chunk
-                    if reply.endswith(b"\0"):
-                        return time.monotonic() - start
-            except OSError:
-                time.sleep(0.001)
-    finally:
-        p.terminate()
-        p.wait()
+    with benchbrokerd.started(brokerd, conf, sock, state) as (_, ready):
+        return ready
 
 
 def main():

@@ -150,6 +150,10 @@ seeds = {
                                                                  + [-(1 << 62)])),
     "notice-bad-rest": UP + b"T\x0a" + b"C" + R(reply("ok", [1030000000, "e1", 0, "ok", [], [0, 0, 0], "0-0", 1, ""],
                                                      notices=[["bad-rest", "#0"], ["bad-rest"]])),
+    # Garbage repaired in the members' lives' keys (brokerd/lua/README, "Members' lives"), well formed or not.
+    "notice-bad-key": UP + b"T\x0a" + b"C" + R(reply("ok", [1030000000, "e1", 0, "ok", [], [0, 0, 0], "0-0", 1, ""],
+                                                    notices=[["bad-key", "hq", "0000000000000001"], ["bad-key", "rekey"],
+                                                             ["bad-key"], ["bad-key", ["x"], 7]])),
 }
 
 # A pool that sends batches ('b' first): the answer to one is an array of its operations' replies.

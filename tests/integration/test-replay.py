@@ -407,6 +407,38 @@ class Replay(unittest.TestCase):
         self.assertNotIn("quarantined", r)
         self.assertEqual([x["waitedMs"] for x in r["perRequest"]], [0, 0, 800, 500])
 
+    def test_reservations_are_replayed_as_reservations(self):
+        # brokerd records a `slotctl reserve` as a request of lane "@reserve" (one slot, its reason as the job,
+        # its member or labels as its selector), held until its --for ran out (revoked, max-hold) or it was
+        # released. The replay submits it as a reservation again, ahead of every waiting job: here one that
+        # arrived at 0.9 s takes the slot freed at 1 s before the job waiting since 0.8 s, which waits until
+        # the reservation's 2 s are over.
+        h = History(self.path, SCHEMA_7)
+        h.grant(0, "grid", "w", 1 * S, job="build-1")
+        h.grant(int(0.9 * S), "grid", "@reserve", 2 * S, wait_us=int(0.1 * S), end="revoked",
+                job="debugging the flaky hub", reason="max-hold")
+        h.grant(int(0.8 * S), "grid", "w", S // 2, wait_us=int(2.2 * S), job="build-2")
+        h.close()
+        p = simulate("--replay", self.path, "--limit", "1", "--json", "--per-request")
+        r = json.loads(p.stdout)
+        self.assertIn("1 reservation", p.stderr)
+        self.assertNotIn("@reserve", p.stderr)  # no lane of that name
+        self.assertEqual(r["requests"], 2)
+        self.assertEqual(r["reservations"], {"count": 1, "granted": 1, "refused": 0, "longestWaitMs": 100})
+        self.assertEqual([x["waitedMs"] for x in r["perRequest"]], [0, 2200])
+
+        # A reservation for a member asks for it again (the member from --config, as any selector).
+        h = History(self.path + "2", SCHEMA_7)
+        h.grant(0, "rigs", "@reserve", 1 * S, selector="@b", job="look at b")
+        h.grant(int(0.5 * S), "rigs", "w", S // 2, job="build", selector="@b", wait_us=S // 2)
+        h.close()
+        config = os.path.join(self.dir.name, "brokerd.conf")
+        with open(config, "w") as f:
+            f.write("[pool rigs]\nmembers = a b\n\n[lane w]\npools = rigs\n")
+        r = simulate_json("--replay", self.path + "2", "--config", config, "--per-request")
+        self.assertEqual(r["reservations"]["granted"], 1)
+        self.assertEqual([x["waitedMs"] for x in r["perRequest"]], [500])
+
     def test_selectors_bad_input(self):
         self.labelled_history()
         config = os.path.join(self.dir.name, "brokerd.conf")

@@ -138,7 +138,30 @@ static void refuse(FakePool *p, struct PoolWaiter *w, Refusal refusal, const cha
         });
 }
 
+/* QUEUED for w: it waits in p; room: a set's part that could be granted now (PoolDecision.room). */
+static void queue(FakePool *p, struct PoolWaiter *w, bool room, usec_t now) {
+        w->queued = true;
+        emit(p, (PoolDecision) {
+                .verdict = POOL_VERDICT_QUEUED,
+                .cookie = w->cookie,
+                .at = now,
+                .budget = USEC_INFINITY,
+                .waiter = w,
+                .room = room,
+        });
+}
+
 static bool is_first(const FakePool *p, const struct PoolWaiter *w);
+
+/* A set's part (PoolTry.gated) decided, at once or on the answer: queued when it could be granted now (first
+ * with room, no waiter ahead of it `blocked`) or may wait, else refused busy. Never granted here. */
+static void decide_part(FakePool *p, struct PoolWaiter *w, bool blocked, usec_t now) {
+        bool room = !blocked && is_first(p, w) && has_room(p, w->slots);
+        if (room || w->may_wait)
+                queue(p, w, room, now);
+        else
+                refuse(p, w, REFUSAL_BUSY, NULL, now);
+}
 
 void fake_pool_answer(FakePool *p, usec_t now) {
         bool blocked = false; /* a waiter ahead could not be served: nobody behind it barges */
@@ -155,19 +178,7 @@ void fake_pool_answer(FakePool *p, usec_t now) {
                                 refuse(p, w, REFUSAL_UNAVAILABLE, NULL, now);
                 } else if (w->gated && !w->queued) {
                         /* A deferred set part: decided as submit() decides one at once. */
-                        bool room = !blocked && is_first(p, w) && has_room(p, w->slots);
-                        if (room || w->may_wait) {
-                                w->queued = true;
-                                emit(p, (PoolDecision) {
-                                        .verdict = POOL_VERDICT_QUEUED,
-                                        .cookie = w->cookie,
-                                        .at = now,
-                                        .budget = USEC_INFINITY,
-                                        .waiter = w,
-                                        .room = room,
-                                });
-                        } else
-                                refuse(p, w, REFUSAL_BUSY, NULL, now);
+                        decide_part(p, w, blocked, now);
                         blocked = true;
                 } else if (w->gated) {
                         /* Never granted here: said READY at the head with room, and holds back those behind. */
@@ -181,15 +192,8 @@ void fake_pool_answer(FakePool *p, usec_t now) {
                 else if (w->queued)
                         blocked = true;
                 else if (w->may_wait) {
-                        w->queued = true;
+                        queue(p, w, false, now);
                         blocked = true;
-                        emit(p, (PoolDecision) {
-                                .verdict = POOL_VERDICT_QUEUED,
-                                .cookie = w->cookie,
-                                .at = now,
-                                .budget = USEC_INFINITY,
-                                .waiter = w,
-                        });
                 } else
                         refuse(p, w, REFUSAL_BUSY, NULL, now);
         }
@@ -295,18 +299,8 @@ static int op_submit(Pool *base, const PoolTry *t, usec_t now) {
         if (t->gated && !p->defer_sets) {
                 if (p->refusal != _REFUSAL_INVALID)
                         refuse(p, w, p->refusal, p->reason, now);
-                else if ((is_first(p, w) && has_room(p, w->slots)) || w->may_wait) {
-                        w->queued = true;
-                        emit(p, (PoolDecision) {
-                                .verdict = POOL_VERDICT_QUEUED,
-                                .cookie = w->cookie,
-                                .at = now,
-                                .budget = USEC_INFINITY,
-                                .waiter = w,
-                                .room = is_first(p, w) && has_room(p, w->slots),
-                        });
-                } else
-                        refuse(p, w, REFUSAL_BUSY, NULL, now);
+                else
+                        decide_part(p, w, false, now);
         }
         count(p);
         return 0;

@@ -1186,24 +1186,34 @@ static void test_lane_also_bad_input(void **state) {
         set_fails("lane l", "also", "a b c d e f g h i j k l m n o p q", "too many");
 }
 
+/* Pool `name` with two slots, kept by the Redis at `url` (a shared pool). */
+static void set_shared_pool(const char *name, const char *url) {
+        char section[64];
+        snprintf(section, sizeof section, "pool %s", name);
+        set_ok(section, "limit", "2");
+        set_ok(section, "backend", url);
+}
+
+/* Lane `name` over `pools`, and its also= as if from line `line` (where validation's error about it points). */
+static void set_lane_also_at(unsigned line, const char *name, const char *pools, const char *also) {
+        char section[64];
+        snprintf(section, sizeof section, "lane %s", name);
+        set_ok(section, "pools", pools);
+        (void) set_at(line, section, "also", also);
+}
+
 static void test_validate_lane_also_names_the_lane(void **state) {
         valid_config();
         set_ok("pool db", "limit", "2");
-        set_ok("pool shared", "limit", "2");
-        set_ok("pool shared", "backend", "redis://127.0.0.1:6379");
-        set_ok("pool shared2", "limit", "2");
-        set_ok("pool shared2", "backend", "redis://127.0.0.1:6379");
-        set_at(90, "lane merge", "also", "grid");          /* its own pool */
-        set_ok("lane a", "pools", "grid");
-        set_at(91, "lane a", "also", "nosuch db:3");        /* unknown; K above the limit */
-        set_ok("lane b", "pools", "grid");
-        set_at(92, "lane b", "also", "shared");             /* a shared pool with a local one */
-        set_ok("lane c", "pools", "shared");
-        set_at(93, "lane c", "also", "shared2");            /* shared, one backend: a set */
+        set_shared_pool("shared", "redis://127.0.0.1:6379");
+        set_shared_pool("shared2", "redis://127.0.0.1:6379");
+        set_at(90, "lane merge", "also", "grid");               /* its own pool */
+        set_lane_also_at(91, "a", "grid", "nosuch db:3");       /* unknown; K above the limit */
+        set_lane_also_at(92, "b", "grid", "shared");            /* a shared pool with a local one */
+        set_lane_also_at(93, "c", "shared", "shared2");         /* shared, one backend: a set */
         set_ok("pool a-b", "limit", "1");
         set_ok("pool A_b", "limit", "1");
-        set_ok("lane d", "pools", "grid");
-        set_at(94, "lane d", "also", "a-b A_b");            /* one SLOT_A_B_* for both */
+        set_lane_also_at(94, "d", "grid", "a-b A_b");           /* one SLOT_A_B_* for both */
         assert_int_equal(conf_validate(c, &errors), -EINVAL);
         assert_has_error("test.conf:90", "also", "lane merge names its own pool grid in also=");
         assert_has_error("test.conf:91", "also", "lane a names pool nosuch, which is not defined");
@@ -1218,30 +1228,19 @@ static void test_validate_lane_also_names_the_lane(void **state) {
  * lane and the two pools; and a lane's pools= count as the sets it makes, not only its also=. */
 static void test_validate_lane_also_refuses_a_set_over_two_backends(void **state) {
         valid_config();
-        set_ok("pool s1", "limit", "2");
-        set_ok("pool s1", "backend", "redis://127.0.0.1:6379");
-        set_ok("pool s2", "limit", "2");
-        set_ok("pool s2", "backend", "redis://127.0.0.1:6380");
-        set_ok("pool s3", "limit", "2");
-        set_ok("pool s3", "backend", "redis://127.0.0.1:6379");
+        set_shared_pool("s1", "redis://127.0.0.1:6379");
+        set_shared_pool("s2", "redis://127.0.0.1:6380");
+        set_shared_pool("s3", "redis://127.0.0.1:6379");
         set_ok("pool s3", "backend-user", "ci");
-        set_ok("pool s4", "limit", "2");
-        set_ok("pool s4", "backend", "redis://127.0.0.1:6379");
+        set_shared_pool("s4", "redis://127.0.0.1:6379");
         set_ok("pool s4", "backend-password-file", "/etc/slotbroker/redis.pw");
-        set_ok("pool s5", "limit", "2");
-        set_ok("pool s5", "backend", "redis://127.0.0.1:6379");
-        set_ok("lane url", "pools", "s1");
-        set_at(80, "lane url", "also", "s2");
-        set_ok("lane user", "pools", "s1");
-        set_at(81, "lane user", "also", "s3");
-        set_ok("lane pw", "pools", "s1");
-        set_at(82, "lane pw", "also", "s4");
-        set_ok("lane route", "pools", "s1 s2");             /* its second choice's set is over two backends */
-        set_at(83, "lane route", "also", "s5");
-        set_ok("lane mixed", "pools", "s1 grid");           /* its second choice's set is mixed */
-        set_at(84, "lane mixed", "also", "s5");
-        set_ok("lane one", "pools", "s1");
-        set_at(85, "lane one", "also", "s5");               /* one backend: the rule holds */
+        set_shared_pool("s5", "redis://127.0.0.1:6379");
+        set_lane_also_at(80, "url", "s1", "s2");
+        set_lane_also_at(81, "user", "s1", "s3");
+        set_lane_also_at(82, "pw", "s1", "s4");
+        set_lane_also_at(83, "route", "s1 s2", "s5");           /* its second choice's set is over two backends */
+        set_lane_also_at(84, "mixed", "s1 grid", "s5");         /* its second choice's set is mixed */
+        set_lane_also_at(85, "one", "s1", "s5");                /* one backend: the rule holds */
         assert_int_equal(conf_validate(c, &errors), -EINVAL);
         assert_has_error("test.conf:80", "also", "lane url takes pools s1 and s2, whose backend= differ: an all-or-nothing set is all local or all on one backend");
         assert_has_error("test.conf:81", "also", "lane user takes pools s1 and s3, whose backend-user= differ");

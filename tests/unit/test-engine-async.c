@@ -268,18 +268,27 @@ static void test_a_lost_grant_revokes_the_lease_with_the_pool_reason(void **stat
         assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 0);
 }
 
-/* SPEC §3.5 (issue 22 item 5): a brokerd fenced from one pool of an all-or-nothing set revokes the whole lease.
- * A lane over two pools kept by a backend (fake pools a and c); conf refuses such a set today (not built in the
- * scripts), so it is set after conf_validate(): the engine's part is what is tested. */
-static void test_a_set_is_revoked_whole_when_any_pool_loses_its_share(void **state) {
-        Fixture *f = *state;
+/* Pool "c", a second pool with a backend (a fake pool), configured at S(1); with `lane_set`, lane "set" too:
+ * pools=a also=c. conf refuses a set over pools kept by a backend today (not built in the scripts), so it is
+ * set after conf_validate(): the engine's part is what is tested. */
+static FakePool *add_pool_c(Fixture *f, bool lane_set) {
         assert_int_equal(conf_set(f->config, "pool c", "limit", "1", NULL, NULL), 0);
         assert_int_equal(conf_set(f->config, "pool c", "backend", "redis://127.0.0.1:1/0", NULL, NULL), 0);
-        assert_int_equal(conf_set(f->config, "lane set", "pools", "a", NULL, NULL), 0);
-        assert_int_equal(conf_set(f->config, "lane set", "also", "c", NULL, NULL), 0);
+        if (lane_set) {
+                assert_int_equal(conf_set(f->config, "lane set", "pools", "a", NULL, NULL), 0);
+                assert_int_equal(conf_set(f->config, "lane set", "also", "c", NULL, NULL), 0);
+        }
         assert_int_equal(engine_configure(f->engine, f->config, S(1)), 0);
         FakePool *c = fake_pool_set_find(&f->pools, "c");
         assert_non_null(c);
+        return c;
+}
+
+/* SPEC §3.5 (issue 22 item 5): a brokerd fenced from one pool of an all-or-nothing set revokes the whole lease.
+ * A lane over two pools kept by a backend (fake pools a and c: add_pool_c()). */
+static void test_a_set_is_revoked_whole_when_any_pool_loses_its_share(void **state) {
+        Fixture *f = *state;
+        FakePool *c = add_pool_c(f, true);
 
         EngineRequest *r = acquire(f, "set", S(1));
         EngineLease *l = grant_of(f, r)->lease;
@@ -317,13 +326,7 @@ static void test_a_set_is_revoked_whole_when_any_pool_loses_its_share(void **sta
  * lease log can reclaim every share after a restart (SPEC §3.5, §11). */
 static void test_a_set_keeps_each_shares_remote_id(void **state) {
         Fixture *f = *state;
-        assert_int_equal(conf_set(f->config, "pool c", "limit", "1", NULL, NULL), 0);
-        assert_int_equal(conf_set(f->config, "pool c", "backend", "redis://127.0.0.1:1/0", NULL, NULL), 0);
-        assert_int_equal(conf_set(f->config, "lane set", "pools", "a", NULL, NULL), 0);
-        assert_int_equal(conf_set(f->config, "lane set", "also", "c", NULL, NULL), 0);
-        assert_int_equal(engine_configure(f->engine, f->config, S(1)), 0);
-        FakePool *c = fake_pool_set_find(&f->pools, "c");
-        assert_non_null(c);
+        FakePool *c = add_pool_c(f, true);
         fake_pool_name_grants(pool_a(f), "node1/a");
         fake_pool_name_grants(c, "node1/c");
 
@@ -342,25 +345,32 @@ static void test_a_set_keeps_each_shares_remote_id(void **state) {
         engine_lease_release(l, S(2));
 }
 
-static void restore_set(Fixture *f, const char *also_remote_id, int want, EngineLease **ret) {
-        assert_int_equal(conf_set(f->config, "pool c", "limit", "1", NULL, NULL), 0);
-        assert_int_equal(conf_set(f->config, "pool c", "backend", "redis://127.0.0.1:1/0", NULL, NULL), 0);
-        assert_int_equal(engine_configure(f->engine, f->config, S(1)), 0);
+/* A lease of lane "wait" on slot 0 of `pool`, restored as the lease log restores one its backend names `remote_id`. */
+static EngineLease *restore_lease(Fixture *f, const char *pool, uint64_t token, usec_t granted_at,
+                                  const char *remote_id) {
         const unsigned slots[] = { 0 };
         EngineLease *l;
         assert_int_equal(engine_lease_restore(f->engine,
                                               &(EngineLeaseRestore) {
-                                                      .pool = "a",
+                                                      .pool = pool,
                                                       .lane = "wait",
                                                       .slots = slots,
                                                       .n_slots = 1,
-                                                      .token = 7,
-                                                      .granted_at = S(1),
+                                                      .token = token,
+                                                      .granted_at = granted_at,
                                                       .expires_at = USEC_INFINITY,
-                                                      .remote_id = "node1:7",
+                                                      .remote_id = remote_id,
                                               },
                                               &l),
                          0);
+        return l;
+}
+
+/* A set lease restored as the lease log would: its share in pool a, then its also= share in pool c. Returns c. */
+static FakePool *restore_set(Fixture *f, const char *also_remote_id, int want, EngineLease **ret) {
+        FakePool *c = add_pool_c(f, false);
+        const unsigned slots[] = { 0 };
+        EngineLease *l = restore_lease(f, "a", 7, S(1), "node1:7");
         assert_int_equal(engine_lease_restore_also(l,
                                                    &(EngineLeaseRestore) {
                                                            .pool = "c",
@@ -371,6 +381,7 @@ static void restore_set(Fixture *f, const char *also_remote_id, int want, Engine
                                                    }),
                          want);
         *ret = l;
+        return c;
 }
 
 /* A restored set lease over shared pools takes its shared shares back, each bound to the lease: a reclaim
@@ -378,9 +389,7 @@ static void restore_set(Fixture *f, const char *also_remote_id, int want, Engine
 static void test_a_restored_set_takes_its_shared_shares_bound(void **state) {
         Fixture *f = *state;
         EngineLease *l;
-        restore_set(f, "node1:9", 0, &l);
-        FakePool *c = fake_pool_set_find(&f->pools, "c");
-        assert_non_null(c);
+        FakePool *c = restore_set(f, "node1:9", 0, &l);
         assert_string_equal(fake_pool_stats(c)->restored_remote_id, "node1:9");
         assert_int_equal(fake_pool_stats(c)->in_use, 1);
         EngineLeaseAlso also;
@@ -404,10 +413,8 @@ static void test_a_restored_set_takes_its_shared_shares_bound(void **state) {
 static void test_a_restored_shared_set_refuses_a_local_share(void **state) {
         Fixture *f = *state;
         EngineLease *l;
-        restore_set(f, NULL, -EINVAL, &l);
+        FakePool *c = restore_set(f, NULL, -EINVAL, &l);
         assert_int_equal(engine_lease_also_count(l), 0);
-        FakePool *c = fake_pool_set_find(&f->pools, "c");
-        assert_non_null(c);
         assert_int_equal(fake_pool_stats(c)->in_use, 0);
         engine_lease_release(l, S(2));
 }
@@ -415,13 +422,7 @@ static void test_a_restored_shared_set_refuses_a_local_share(void **state) {
 /* Lane "set": pools=a also=c, both pools of a backend whose set parts are decided, and granted, on the
  * pool's answer (as a shared pool's come from Redis later): f's pools a and c. */
 static FakePool *set_pools_deferred(Fixture *f) {
-        assert_int_equal(conf_set(f->config, "pool c", "limit", "1", NULL, NULL), 0);
-        assert_int_equal(conf_set(f->config, "pool c", "backend", "redis://127.0.0.1:1/0", NULL, NULL), 0);
-        assert_int_equal(conf_set(f->config, "lane set", "pools", "a", NULL, NULL), 0);
-        assert_int_equal(conf_set(f->config, "lane set", "also", "c", NULL, NULL), 0);
-        assert_int_equal(engine_configure(f->engine, f->config, S(1)), 0);
-        FakePool *c = fake_pool_set_find(&f->pools, "c");
-        assert_non_null(c);
+        FakePool *c = add_pool_c(f, true);
         fake_pool_defer_sets(pool_a(f), true);
         fake_pool_defer_sets(c, true);
         fake_pool_hold_answers(pool_a(f), true);
@@ -499,21 +500,7 @@ static void test_a_set_whose_grant_fails_in_one_pool_holds_nothing(void **state)
         answer(f, pool_a(f), S(3)); /* a granted its share */
         assert_int_equal(fake_pool_stats(pool_a(f))->in_use, 1);
         /* c's room goes before its grant is decided (another node's lease, restored here). */
-        const unsigned slot[] = { 0 };
-        EngineLease *other;
-        assert_int_equal(engine_lease_restore(f->engine,
-                                              &(EngineLeaseRestore) {
-                                                      .pool = "c",
-                                                      .lane = "wait",
-                                                      .slots = slot,
-                                                      .n_slots = 1,
-                                                      .token = 40,
-                                                      .granted_at = S(3),
-                                                      .expires_at = USEC_INFINITY,
-                                                      .remote_id = "node2:40",
-                                              },
-                                              &other),
-                         0);
+        EngineLease *other = restore_lease(f, "c", 40, S(3), "node2:40");
         answer(f, c, S(4));
         const EngineEvent *ev = last_event(f, r);
         assert_non_null(ev);
@@ -604,21 +591,7 @@ static void test_the_pool_measures_the_wait_when_it_says(void **state) {
 
 static void test_a_restored_lease_is_bound_with_its_remote_id(void **state) {
         Fixture *f = *state;
-        const unsigned slots[] = { 0 };
-        EngineLease *l;
-        assert_int_equal(engine_lease_restore(f->engine,
-                                              &(EngineLeaseRestore) {
-                                                      .pool = "a",
-                                                      .lane = "wait",
-                                                      .slots = slots,
-                                                      .n_slots = 1,
-                                                      .token = 7,
-                                                      .granted_at = S(1),
-                                                      .expires_at = USEC_INFINITY,
-                                                      .remote_id = "node1:7",
-                                              },
-                                              &l),
-                         0);
+        EngineLease *l = restore_lease(f, "a", 7, S(1), "node1:7");
         assert_string_equal(fake_pool_stats(pool_a(f))->restored_remote_id, "node1:7");
         assert_string_equal(engine_lease_remote_id(l), "node1:7");
         assert_true(engine_lease_is_shared(l));

@@ -2559,6 +2559,36 @@ static void test_forged_grants_are_dropped_and_the_waiter_refused(void **state) 
         assert_int_equal(bad_inputs(f), ELEMENTSOF(forged) + 2);
 }
 
+/* Garbage the scripts repaired in the members' lives' keys (brokerd/lua/README, "Members' lives": notice
+ * "bad-key") is bad input of the pool, counted and told as such, whatever key it names; the other notices of
+ * the reply are still applied. */
+static void test_a_repaired_key_is_counted_as_bad_input(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        f->pool->ops->run(f->pool, S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        RespValue notices = arr(4, arr(3, str("bad-key"), str("hq"), str("0000000000000001")),
+                                arr(3, str("bad-key"), str("rekey"), str("at")),
+                                arr(3, str("bad-key"), str("no-such-key"), str("?")),
+                                arr(5, str("node-expired"), str("n9"), str("host9"), num(1), num(0)));
+        RespValue r = arr(6, str("ok"), num(S(2)), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY,
+                          cache(0, 0, 0, -1, ""), notices);
+        done(f, c, r, S(2), S(2));
+        assert_int_equal(bad_inputs(f), 3);
+        SharedNotice n;
+        size_t told = 0, expired = 0;
+        while (pool_shared_pop_notice(f->pool, &n)) {
+                if (n.type == SHARED_NOTICE_BAD_INPUT) {
+                        told++;
+                        assert_string_equal(n.detail, "garbage in Redis's health queue (repaired)");
+                }
+                expired += n.type == SHARED_NOTICE_NODE_EXPIRED;
+                shared_notice_done(&n);
+        }
+        assert_int_equal(told, 1); /* once a minute: the count goes with the next */
+        assert_int_equal(expired, 1);
+}
+
 /* Entries that are not this node's to answer: a grant for a rid it never sent is dropped, not released
  * (it would answer another node's entries); entries with a malformed id, rid or shape are dropped, and an
  * id that is not one is not read past (it goes back to Redis as XREAD's argument). */
@@ -3010,6 +3040,7 @@ int main(void) {
                 T(test_recovery_window_refusal_carries_its_reason),
                 T(test_drain_is_a_call),
                 T(test_drains_from_replies_hostile_entries_dropped),
+                T(test_a_repaired_key_is_counted_as_bad_input),
                 T(test_giving_back_while_a_withdrawal_can_go_out),
                 T(test_min_replicas_grant_is_answered_once_wait_says_enough),
                 T(test_min_replicas_too_few_refuse_and_release_the_lease),

@@ -3620,6 +3620,34 @@ static void test_a_set_not_ready_at_its_grant_is_said_ready_again(void **state) 
         assert_int_equal(in_use_of(POOL2, 8500), 1);
 }
 
+/* A set's submit sent again (a node restarted, or lost the reply): each part as it stands ("known"), and a
+ * part said ready already is said again in that pool's events, or the node, which grants only on that word,
+ * would wait for good. */
+static void test_a_known_set_part_said_ready_is_said_again(void **state) {
+        set_pools(1000);
+        redisReply *r = submit_at(2000, "0000000000000e01", "ci", 1, true, -1); /* POOL is full */
+        freeReplyObject(r);
+        r = set_submit(3000, "0000000000000e02", true);
+        assert_string_equal(set_verdict(r), "queued");
+        freeReplyObject(r);
+        assert_true(tick_says_ready(POOL2, 3000, "0000000000000e02"));
+
+        r = set_submit(4000, "0000000000000e02", true);
+        assert_string_equal(set_verdict(r), "known");
+        bool ready[2] = { false, false };
+        for (size_t i = 0; i < 2; i++) {
+                const redisReply *p = set_reply(r, i);
+                assert_string_equal(field_s(body(p), D_VERDICT), "queued");
+                for (size_t j = 0; j < n_events(p); j++)
+                        ready[i] = ready[i] || (strcmp(field_s(event(p, j), D_VERDICT), "ready") == 0 &&
+                                                strcmp(field_s(event(p, j), D_RID), "0000000000000e02") == 0);
+        }
+        assert_false(ready[0]); /* POOL is full: never said */
+        assert_true(ready[1]);
+        freeReplyObject(r);
+        assert_int_equal(in_use_of(POOL2, 4500), 0); /* said, not granted */
+}
+
 /* Two sets that cross (one names POOL first, the other POOL2) stand in the same order in both pools, by one
  * call each: the first is ready in both and granted, the second is said ready in neither (no deadlock, where
  * each holding the head of one pool would wait for the other for good). */
@@ -4367,7 +4395,8 @@ static void test_cooldown_is_adopted_only_when_every_node_wants_it(void **state)
 /* One hostile write: up to three commands, split on spaces; "$W" / "$H" the wids of the waiters w (ordinary)
  * and h1 (health), "$A" the token of a's lease, "$BIG" a 1 MiB string. "REC KEY FIELD INDEX TYPE VALUE" sets
  * element INDEX of the cmsgpack'd record KEY FIELD (TYPE n: a number, s: a string, t: a table, x: nil). notice:
- * a notice kind some call of the run must report (the contract's "counted as bad input"), or NULL. */
+ * a notice kind some call of the run must report (the contract's "counted as bad input"), or NULL: then no call
+ * may report "bad-key" (garbage the scripts repaired: a row without one has nothing to repair). */
 struct hostile_write {
         const char *cmd[3];
         const char *notice;
@@ -4375,33 +4404,33 @@ struct hostile_write {
 
 static const struct hostile_write hostile_writes[] = {
         /* {sb:P}:qm, the quarantines */
-        { { "DEL {sb:p}:qm", "SET {sb:p}:qm junk" } },
-        { { "DEL {sb:p}:qm", "ZADD {sb:p}:qm 1 gamma" } },
+        { { "DEL {sb:p}:qm", "SET {sb:p}:qm junk" }, "bad-key" },
+        { { "DEL {sb:p}:qm", "ZADD {sb:p}:qm 1 gamma" }, "bad-key" },
         { { "HSET {sb:p}:qm alpha $BIG" } },
         { { "HSET {sb:p}:qm gamma \xc1\xff" } },
         { { "HSET {sb:p}:qm nobody 1", "HSET {sb:p}:qm $BIG 1" } },
         /* {sb:P}:qf, the failure counts */
-        { { "DEL {sb:p}:qf", "SADD {sb:p}:qf beta" } },
+        { { "DEL {sb:p}:qf", "SADD {sb:p}:qf beta" }, "bad-key" },
         { { "HSET {sb:p}:qf alpha nan", "HSET {sb:p}:qf beta -5" } },
         { { "HSET {sb:p}:qf alpha 1e308", "HSET {sb:p}:qf beta 99999999999999999" } },
         { { "HSET {sb:p}:qf alpha $BIG", "HSET {sb:p}:qf nobody 7" } },
         /* {sb:P}:hq, the health waiters */
-        { { "DEL {sb:p}:hq", "SET {sb:p}:hq junk" } },
-        { { "DEL {sb:p}:hq", "HSET {sb:p}:hq $H 0" } },
-        { { "ZADD {sb:p}:hq 0 $W" } },
-        { { "ZADD {sb:p}:hq -inf nonesuch", "ZADD {sb:p}:hq 0 $BIG" } },
-        { { "ZREM {sb:p}:hq $H" } },
+        { { "DEL {sb:p}:hq", "SET {sb:p}:hq junk" }, "bad-key" },
+        { { "DEL {sb:p}:hq", "HSET {sb:p}:hq $H 0" }, "bad-key" },
+        { { "ZADD {sb:p}:hq 0 $W" }, "bad-key" },
+        { { "ZADD {sb:p}:hq -inf nonesuch", "ZADD {sb:p}:hq 0 $BIG" }, "bad-key" },
+        { { "ZREM {sb:p}:hq $H" }, "bad-key" },
         /* {sb:P}:dr and :du, the drains */
-        { { "DEL {sb:p}:dr", "SET {sb:p}:dr junk" } },
-        { { "DEL {sb:p}:dr", "ZADD {sb:p}:dr 1 beta" } },
-        { { "HSET {sb:p}:dr beta $BIG", "HSET {sb:p}:dr alpha \xc1", "HSET {sb:p}:dr $BIG x" } },
-        { { "DEL {sb:p}:du", "SET {sb:p}:du junk" } },
-        { { "DEL {sb:p}:du", "HSET {sb:p}:du beta 5000" } },
-        { { "ZADD {sb:p}:du -inf beta" } },
-        { { "ZADD {sb:p}:du +inf beta" } },
-        { { "ZADD {sb:p}:du 1e308 beta", "ZADD {sb:p}:du -1e308 nobody" } },
+        { { "DEL {sb:p}:dr", "SET {sb:p}:dr junk" }, "bad-key" },
+        { { "DEL {sb:p}:dr", "ZADD {sb:p}:dr 1 beta" }, "bad-key" },
+        { { "HSET {sb:p}:dr beta $BIG", "HSET {sb:p}:dr alpha \xc1", "HSET {sb:p}:dr $BIG x" }, "bad-key" },
+        { { "DEL {sb:p}:du", "SET {sb:p}:du junk" }, "bad-key" },
+        { { "DEL {sb:p}:du", "HSET {sb:p}:du beta 5000" }, "bad-key" },
+        { { "ZADD {sb:p}:du -inf beta" }, "bad-key" },
+        { { "ZADD {sb:p}:du +inf beta" }, "bad-key" },
+        { { "ZADD {sb:p}:du 1e308 beta", "ZADD {sb:p}:du -1e308 nobody" }, "bad-key" },
         { { "ZADD {sb:p}:du 1500 alpha", "ZADD {sb:p}:du 1500 \"\"" } },
-        { { "ZADD {sb:p}:du -5 $BIG" } },
+        { { "ZADD {sb:p}:du -5 $BIG" }, "bad-key" },
         /* {sb:P}:rest, the rests */
         { { "ZADD {sb:p}:rest +inf beta", "ZADD {sb:p}:rest -inf alpha" }, "bad-rest" },
         { { "ZADD {sb:p}:rest 1e308 gamma", "ZADD {sb:p}:rest 0 $BIG" }, "bad-rest" },
@@ -4413,20 +4442,20 @@ static const struct hostile_write hostile_writes[] = {
         { { "REC {sb:p}:w $W 12 n 12345" } },
         { { "REC {sb:p}:w $W 12 s @nobody" } },
         { { "REC {sb:p}:w $W 12 s $BIG" } },
-        { { "REC {sb:p}:w $W 13 n 1" } },
-        { { "REC {sb:p}:w $H 13 x x" } },
+        { { "REC {sb:p}:w $W 13 n 1" }, "bad-key" },
+        { { "REC {sb:p}:w $H 13 x x" }, "bad-key" },
         { { "REC {sb:p}:w $H 12 s !alpha" } },
-        { { "REC {sb:p}:w $H 13 s yes", "REC {sb:p}:w $W 13 t x" } },
+        { { "REC {sb:p}:w $H 13 s yes", "REC {sb:p}:w $W 13 t x" }, "bad-key" },
         { { "REC {sb:p}:w $W 3 s hc" } },
         { { "REC {sb:p}:w $W 4 n 2", "REC {sb:p}:w $W 6 n 1500" } },
         /* rekey jobs: selector drops, lane drops, health drops, moves */
-        { { "HSET {sb:p}:rekey drop:ci 1" } },
-        { { "HSET {sb:p}:rekey at nan hdrop:hc 1 sdrop:ci 1" } },
-        { { "HSET {sb:p}:rekey at 1e308 drop:hc 1 drop:nobody 1" } },
-        { { "HSET {sb:p}:rekey at -inf move:ci nan" } },
-        { { "HSET {sb:p}:rekey at 1500 move:ci junk move:hc 1e308" } },
-        { { "HSET {sb:p}:rekey at 1500 sdrop:$BIG 1 x 1" } },
-        { { "SET {sb:p}:rekey junk" } },
+        { { "HSET {sb:p}:rekey drop:ci 1" }, "bad-key" },
+        { { "HSET {sb:p}:rekey at nan hdrop:hc 1 sdrop:ci 1" }, "bad-key" },
+        { { "HSET {sb:p}:rekey at 1e308 drop:hc 1 drop:nobody 1" }, "bad-key" },
+        { { "HSET {sb:p}:rekey at -inf move:ci nan" }, "bad-key" },
+        { { "HSET {sb:p}:rekey at 1500 move:ci junk move:hc 1e308" }, "bad-key" },
+        { { "HSET {sb:p}:rekey at 1500 sdrop:$BIG 1 x 1" }, "bad-key" },
+        { { "SET {sb:p}:rekey junk" }, "bad-key" },
         /* the stored rules' canon (its label.* and members= lines) */
         { { "HSET {sb:p}:rules canon junk" } },
         { { "HSET {sb:p}:rules canon $BIG" } },
@@ -4518,7 +4547,7 @@ static void hostile_check(size_t c, const char *after, long long now) {
 
 struct hostile_run {
         size_t c, errors;
-        bool saw_notice;
+        bool saw_notice, saw_bad_key;
         const char *notice;
 };
 
@@ -4559,10 +4588,41 @@ static void hostile_call(struct hostile_run *run, const char *what, const char *
         } else {
                 if (run->notice && has_notice_kind(r, run->notice))
                         run->saw_notice = true;
+                if (has_notice_kind(r, "bad-key"))
+                        run->saw_bad_key = true;
+                if (getenv("HOSTILE_DEBUG")) /* each notice of the run's calls */
+                        for (size_t i = 0; i < n_notices(r); i++)
+                                fprintf(stderr, "# case %zu %s: notice %s %s\n", run->c, what,
+                                        r->element[R_NOTICES]->element[i]->element[0]->str,
+                                        r->element[R_NOTICES]->element[i]->element[1]->type == REDIS_REPLY_STRING ? r->element[R_NOTICES]->element[i]->element[1]->str : "#");
                 hostile_numbers(run, what, r, now);
         }
         freeReplyObject(r);
         hostile_check(run->c, what, now);
+}
+
+/* The waiters' counts as the records have them (README, "Integrity"): meta.hwaiting the records flagged health,
+ * each of them in hq and nothing else there, meta.waiting the others. "" when they agree, else what differs. */
+static void hostile_counts(char *buf, size_t size) {
+        const char *script =
+                "local h, q = 0, {} "
+                "local a = redis.call('HGETALL', KEYS[1] .. ':w') "
+                "for i = 1, #a, 2 do local ok, r = pcall(cmsgpack.unpack, a[i + 1]) "
+                "  if ok and type(r) == 'table' and r[13] == 1 then h = h + 1 q[a[i]] = true end end "
+                "local ok, hq = pcall(redis.call, 'ZRANGE', KEYS[1] .. ':hq', 0, -1) "
+                "if not ok then hq = {} end "
+                "local stray = 0 "
+                "for _, wid in ipairs(hq) do if q[wid] then q[wid] = nil else stray = stray + 1 end end "
+                "local missing = 0 for _ in pairs(q) do missing = missing + 1 end "
+                "local m = redis.call('HMGET', KEYS[1] .. ':meta', 'waiting', 'hwaiting') "
+                "local w, hw = tonumber(m[1] or '0') or -1, tonumber(m[2] or '0') or -1 "
+                "if hw == h and w == #a / 2 - h and stray == 0 and missing == 0 then return '' end "
+                "return string.format('waiting %s hwaiting %s, records %d of which health %d, hq %d stray %d missing', "
+                "  tostring(m[1]), tostring(m[2]), #a / 2, h, stray, missing)";
+        redisReply *r = redisCommand(redis, "EVAL %s 1 %s", script, POOL);
+        assert_non_null(r);
+        snprintf(buf, size, "%s", r->type == REDIS_REPLY_STRING ? r->str : r->type == REDIS_REPLY_ERROR ? r->str : "?");
+        freeReplyObject(r);
 }
 
 /* An ordinary waiter's wid written into hq is no health waiter: it is neither granted quarantined members as a
@@ -4679,6 +4739,11 @@ static void test_hostile_writes_to_the_members_lives_break_nothing(void **state)
                 }
                 /* After all that the pool works: its calls are answered, and its free slots granted. */
                 r = call("tick", "n1", 90 * SEC, 1, "n1", "=", "0", "0", "0", "-", "e", "1", "", NULL);
+                /* (the run's only call that settles its instant: a du score below zero ends there) */
+                if (r->type != REDIS_REPLY_ERROR && run.notice && has_notice_kind(r, run.notice))
+                        run.saw_notice = true;
+                if (r->type != REDIS_REPLY_ERROR && has_notice_kind(r, "bad-key"))
+                        run.saw_bad_key = true;
                 if (r->type == REDIS_REPLY_ERROR || strcmp(status(r), "ok") != 0) {
                         fprintf(stderr, "# case %zu (%s): the pool is wedged: %s\n", c, hostile_writes[c].cmd[0],
                                 r->type == REDIS_REPLY_ERROR ? r->str : status(r));
@@ -4690,8 +4755,19 @@ static void test_hostile_writes_to_the_members_lives_break_nothing(void **state)
                 } else if (run.notice && !run.saw_notice) {
                         fprintf(stderr, "# case %zu (%s): no notice %s\n", c, hostile_writes[c].cmd[0], run.notice);
                         failed++;
+                } else if (!run.notice && run.saw_bad_key) {
+                        fprintf(stderr, "# case %zu (%s): a notice bad-key with nothing to repair\n", c,
+                                hostile_writes[c].cmd[0]);
+                        failed++;
                 }
                 freeReplyObject(r);
+                /* The counts heal: whatever was flipped or written, the waiters' counts are the records' again. */
+                char counts[256];
+                hostile_counts(counts, sizeof counts);
+                if (counts[0]) {
+                        fprintf(stderr, "# case %zu (%s): the counts are off: %s\n", c, hostile_writes[c].cmd[0], counts);
+                        failed++;
+                }
         }
         tolerate_errors = false;
         assert_int_equal(failed, 0);
@@ -4760,6 +4836,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_queued_set_holds_nothing_and_holds_back_those_behind_it),
                 T(test_a_set_refused_by_one_pool_takes_nothing_in_the_others),
                 T(test_a_set_not_ready_at_its_grant_is_said_ready_again),
+                T(test_a_known_set_part_said_ready_is_said_again),
                 T(test_a_malformed_set_call_is_an_error),
                 T(test_crossing_sets_stand_in_one_order_in_every_pool),
                 T(test_a_batch_answers_as_its_operations_one_by_one),
