@@ -9,8 +9,10 @@
  * is compared as a sequence of its own: the engine raises it itself at the instant the lease reaches its
  * max-hold, while a remote pool's decisions of that instant come with the answer to run(), after it —
  * two streams interleaved differently, neither reordered within itself (memo §5.1). DRAIN likewise, compared
- * per instant and pool (drains_by_pool()): the engine ends a local pool's drain at its until before any pool
- * runs that instant, a shared pool's drain ends in that pool's own call, after the pools before it.
+ * per instant and pool (lines_by_pool()): the engine ends a local pool's drain at its until before any pool
+ * runs that instant, a shared pool's drain ends in that pool's own call, after the pools before it. And
+ * CONGESTION, per instant and pool too: a set's grant (also=) moves the gauges of its pools at one instant, in
+ * the order its pools run locally and their answers come in shared.
  *
  * The scenarios: every tests/scenarios file (JSON), and seeded generated ones (pools with limits or members,
  * labels on the members (SPEC §3.5), queue timeouts, congestion timeouts, max-queue, cooldown; lanes with
@@ -65,6 +67,7 @@ typedef struct Run {
         Trace decisions; /* engine events but REVOKE, one line each */
         Trace revokes;
         Trace drains;    /* DRAIN events */
+        Trace gauges;    /* CONGESTION events */
 } Run;
 
 static void trace_open(Trace *t) {
@@ -84,10 +87,12 @@ static void run_done(Run *r) {
         trace_close(&r->decisions);
         trace_close(&r->revokes);
         trace_close(&r->drains);
+        trace_close(&r->gauges);
         free(r->report.text);
         free(r->decisions.text);
         free(r->revokes.text);
         free(r->drains.text);
+        free(r->gauges.text);
 }
 
 static const char *word(const char *s) {
@@ -117,7 +122,7 @@ static void record_event(const EngineEvent *ev, void *userdata) {
                 return;
         }
         if (ev->type == ENGINE_EVENT_CONGESTION) {
-                fprintf(run->decisions.f, "congestion at=%" PRIu64 " pool=%s congested=%d\n", ev->at, word(ev->pool),
+                fprintf(run->gauges.f, "congestion at=%" PRIu64 " pool=%s congested=%d\n", ev->at, word(ev->pool),
                         ev->congested);
                 return;
         }
@@ -181,6 +186,7 @@ static void run_scenario(const char *text, const char *origin, bool shared, Run 
         trace_open(&ret->decisions);
         trace_open(&ret->revokes);
         trace_open(&ret->drains);
+        trace_open(&ret->gauges);
         SimOptions o = {
                 .seed = 1,
                 .per_request = true,
@@ -207,6 +213,7 @@ static void run_scenario(const char *text, const char *origin, bool shared, Run 
         trace_close(&ret->decisions);
         trace_close(&ret->revokes);
         trace_close(&ret->drains);
+        trace_close(&ret->gauges);
 }
 
 /* Fails naming the first line where the two texts differ, with both versions of it. */
@@ -229,11 +236,11 @@ static void assert_same_text(const char *origin, const char *what, const char *l
                  shared);
 }
 
-/* ---- the drains' stream: in each pool's order, the pools of an instant in any order ---- */
+/* ---- the drains' and the gauges' streams: in each pool's order, the pools of an instant in any order ---- */
 
 typedef struct Line {
         const char *text;
-        size_t len, pool_len; /* pool_len: up to " member=", which names the instant and the pool */
+        size_t len, pool_len; /* pool_len: up to the field after the pool, which names the instant and the pool */
         size_t index;
 } Line;
 
@@ -247,14 +254,15 @@ static int line_compare(const void *a, const void *b) {
         return c;
 }
 
-/* The trace's lines stably sorted by instant and pool: the engine ends a local pool's drain at its until before
- * any pool runs, a shared pool's in that pool's call, after the pools before it (record_event()). */
-static char *drains_by_pool(const char *text) {
+/* The trace's lines stably sorted by instant and pool (the text up to `after_pool`, the field after the pool):
+ * the engine ends a local pool's drain at its until before any pool runs, a shared pool's in that pool's call,
+ * after the pools before it (record_event()). */
+static char *lines_by_pool(const char *text, const char *after_pool) {
         size_t n = 0, cap = 0;
         Line *lines = NULL;
         for (const char *p = text; *p;) {
                 const char *e = strchrnul(p, '\n');
-                const char *m = strstr(p, " member=");
+                const char *m = strstr(p, after_pool);
                 if (n == cap) {
                         cap = MAX(cap * 2, (size_t) 16);
                         lines = reallocarray(lines, cap, sizeof(Line));
@@ -291,7 +299,8 @@ static void dump(const char *origin, const char *side, const Run *r) {
         FILE *f = fopen(path, "we");
         if (!f)
                 return;
-        fprintf(f, "%s\n%s\n%s\n%s", r->decisions.text, r->revokes.text, r->drains.text, r->report.text);
+        fprintf(f, "%s\n%s\n%s\n%s\n%s", r->decisions.text, r->revokes.text, r->drains.text, r->gauges.text,
+                r->report.text);
         fclose(f);
 }
 
@@ -306,9 +315,12 @@ static void check_scenario(const char *text, const char *origin) {
         assert_true(local.decisions.size > 0);
         assert_same_text(origin, "decisions", local.decisions.text, shared.decisions.text);
         assert_same_text(origin, "max-hold revocations", local.revokes.text, shared.revokes.text);
-        _cleanup_free_ char *local_drains = drains_by_pool(local.drains.text),
-                            *shared_drains = drains_by_pool(shared.drains.text);
+        _cleanup_free_ char *local_drains = lines_by_pool(local.drains.text, " member="),
+                            *shared_drains = lines_by_pool(shared.drains.text, " member=");
         assert_same_text(origin, "drains", local_drains, shared_drains);
+        _cleanup_free_ char *local_gauges = lines_by_pool(local.gauges.text, " congested="),
+                            *shared_gauges = lines_by_pool(shared.gauges.text, " congested=");
+        assert_same_text(origin, "congestion gauges", local_gauges, shared_gauges);
         assert_same_text(origin, "reports", local.report.text, shared.report.text);
         run_done(&local);
         run_done(&shared);
