@@ -165,8 +165,8 @@ struct Engine {
         List requests;           /* routing or waiting: the engine holds a reference */
         List sets;               /* waiting all-or-nothing requests a pool said READY for: to look at */
         usec_t sets_at;          /* the latest READY's instant: engine_take_decisions() looks at them then */
-        bool given_back;         /* some pool's Pool.given_back is set: run_given_back() */
-        usec_t given_back_at;
+        bool rerun;              /* some pool's Pool.rerun is set: rerun_pools() */
+        usec_t rerun_at;
         Heap expiries;           /* leases with max-hold */
 
         /* Pool decisions are queued and handled after the pool call returns: a pool never sees the
@@ -1121,6 +1121,17 @@ static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now);
  * its pools has answered (a pool that decides later); while it waits, a refusal (its budget in that pool ran
  * out, the pool was drained or removed) ends the whole request, named after that pool; the smallest budget
  * is the one that runs out first. */
+/* The set's pools but `except` run again at `t`, once the decisions in hand are handled (process_decisions()):
+ * another set decided at this instant may stand in the same pools, and a pool that decides later runs after
+ * every call it was sent for the sets (a withdraw). */
+static void set_rerun(Engine *e, const EngineRequest *r, const Pool *except, usec_t t) {
+        for (size_t i = 0; i < r->n_parts; i++)
+                if (r->parts[i].pool != except)
+                        r->parts[i].pool->rerun = true;
+        e->rerun = true;
+        e->rerun_at = MAX(e->rerun_at, t);
+}
+
 static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision *d) {
         RequestPart *part = set_part(r, d->pool);
         if (!part)
@@ -1137,8 +1148,13 @@ static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision 
         if (r->phase != REQUEST_WAITING)
                 return;
         if (r->granting) {
-                if (!set_is_awaited(r))
+                if (!set_is_awaited(r)) {
+                        /* Its pools go on now that the answer is in: sets_settle() ran them while it was out, and
+                         * another pool's call may have overtaken the set's (sent by its chosen pool's object),
+                         * finding the set still waiting ahead of those behind it. */
+                        set_rerun(e, r, NULL, d->at);
                         set_grant_done(e, r, d->at);
+                }
                 return;
         }
         if (part->st != PART_REFUSED)
@@ -1146,14 +1162,8 @@ static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision 
         /* Its parts in the other pools held back those behind them (pool.h: PoolTry.gated), and those pools
          * have run this instant already: given back, they go on, as a pool grants again after refusing a
          * waiter at its budget's end (SPEC §3.3, step 4), and as they go on after a set's grant
-         * (sets_settle()); else a waiter behind the set waits for the pool's next instant. Once the decisions
-         * in hand are handled (process_decisions()): another set refused at this instant may stand in the
-         * same pools, and a pool that decides later runs after every withdraw it was sent. */
-        for (size_t i = 0; i < r->n_parts; i++)
-                if (r->parts[i].pool != part->pool)
-                        r->parts[i].pool->given_back = true;
-        e->given_back = true;
-        e->given_back_at = MAX(e->given_back_at, d->at);
+         * (sets_settle()); else a waiter behind the set waits for the pool's next instant. */
+        set_rerun(e, r, part->pool, d->at);
         set_refuse(e, r, part->pool, part->refusal, part->at, part->wait, part->reason, d->at);
 }
 
@@ -1438,25 +1448,25 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
         }
 }
 
-/* The pools a waiting set was given back in run again at that instant (set_handle_decision()). */
-static void run_given_back(Engine *e) {
+/* The pools set_rerun() named run again at that instant. */
+static void rerun_pools(Engine *e) {
         Pool *const *lists[] = { e->pools, e->retired };
         size_t sizes[] = { e->n_pools, e->n_retired };
-        usec_t t = e->given_back_at;
-        e->given_back = false;
-        e->given_back_at = 0;
+        usec_t t = e->rerun_at;
+        e->rerun = false;
+        e->rerun_at = 0;
         for (size_t k = 0; k < ELEMENTSOF(lists); k++)
                 for (size_t i = 0; i < sizes[k]; i++)
-                        if (lists[k][i]->given_back) {
-                                lists[k][i]->given_back = false;
+                        if (lists[k][i]->rerun) {
+                                lists[k][i]->rerun = false;
                                 lists[k][i]->ops->run(lists[k][i], t);
                         }
 }
 
 static void process_decisions(Engine *e) {
         do {
-                if (e->given_back)
-                        run_given_back(e);
+                if (e->rerun)
+                        rerun_pools(e);
                 while (e->n_pending > 0) {
                         PoolDecision d = e->pending[e->pending_head++];
                         e->n_pending--;
@@ -1465,7 +1475,7 @@ static void process_decisions(Engine *e) {
                         if (d.pool) /* NULL: taken by set_absorb_pending() */
                                 handle_decision(e, &d);
                 }
-        } while (e->given_back);
+        } while (e->rerun);
 }
 
 /* ---- time ---- */

@@ -340,9 +340,9 @@ struct Pool {
         /* The engine's: where the pool is kept, NULL for a pool without backend=, else its backend= and
          * credentials (pool_identity() in engine.c). A reload that changes it makes another pool object. */
         char *identity;
-        /* The engine's: a waiting set's part left it at this instant, and it runs again once the engine has
-         * handled the decisions in hand (engine.c, run_given_back()). */
-        bool given_back;
+        /* The engine's: a set it has a part of was granted or given back at this instant, and it runs again
+         * once the engine has handled the decisions in hand (engine.c, set_rerun()). */
+        bool rerun;
         PoolEmitFn emit;
         void *emit_userdata;
 };
