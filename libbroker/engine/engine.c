@@ -1117,10 +1117,6 @@ static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
 static int set_route_submit(Engine *e, EngineRequest *r, usec_t now);
 static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now);
 
-/* A decision about one part of a request: while routing or granting, the set is decided when the last of
- * its pools has answered (a pool that decides later); while it waits, a refusal (its budget in that pool ran
- * out, the pool was drained or removed) ends the whole request, named after that pool; the smallest budget
- * is the one that runs out first. */
 /* The set's pools but `except` run again at `t`, once the decisions in hand are handled (process_decisions()):
  * another set decided at this instant may stand in the same pools, and a pool that decides later runs after
  * every call it was sent for the sets (a withdraw). */
@@ -1132,6 +1128,10 @@ static void set_rerun(Engine *e, const EngineRequest *r, const Pool *except, use
         e->rerun_at = MAX(e->rerun_at, t);
 }
 
+/* A decision about one part of a request: while routing or granting, the set is decided when the last of
+ * its pools has answered (a pool that decides later); while it waits, a refusal (its budget in that pool ran
+ * out, the pool was drained or removed) ends the whole request, named after that pool; the smallest budget
+ * is the one that runs out first. */
 static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision *d) {
         RequestPart *part = set_part(r, d->pool);
         if (!part)
