@@ -1484,6 +1484,12 @@ static void drains_expire(Engine *e, usec_t t);
 
 static void settle(Engine *e, usec_t t) {
         drains_expire(e, t); /* before the pools run: what it frees is granted at this instant */
+        /* Sets that a command of this instant made ready everywhere (a drain or a release gave back what held
+         * them) are granted before the pools refuse the budgets that end now (SPEC §3.3: step 3 before 4), as
+         * a pool that decides later grants them on the READY its answer to the command carried. */
+        process_decisions(e);
+        if (!list_is_empty(&e->sets))
+                sets_settle(e, t);
         for (size_t i = 0; i < e->n_pools; i++)
                 e->pools[i]->ops->run(e->pools[i], t);
         for (size_t i = 0; i < e->n_retired; i++)
