@@ -1530,6 +1530,23 @@ local function room_for(lane, k, canon)
         return v == GRANTABLE, take
 end
 
+-- A try without room that may not wait is busy; "cooldown" when it lacks only slots that rest: the pool clock
+-- at which enough of them end (pool-local.c, local_submit(): nobody waits, and the lane's limits allow it with
+-- the resting slots counted free), else nil. With a selector, what it may use: the free members it admits.
+-- submit's and set's busy refusal (a field of rests', not a local of its own: Lua's 200 locals a chunk).
+function rests.busy_at(lane, k, canon)
+        local free = free_slots()
+        local mask, have = nil, free
+        if canon ~= '' then
+                mask = selector_members(canon) or {}
+                local n = 0
+                for i in pairs(free_member_set().set) do if mask[i] then n = n + 1 end end
+                have = math.min(free, n)
+        end
+        return M.waiting == 0 and have < k and lane_verdict(lane, k, free + M.resting_free) == GRANTABLE and
+               rests.enough_at(k - have, mask) or nil
+end
+
 -- Whether the set's part w could be granted now (as dispatch would, were it not gated), and the members it
 -- would take: first among those it must not pass, its room, its lane's limits (set.lua's grant).
 function SETS.ready(w)

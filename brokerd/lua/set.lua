@@ -12,7 +12,8 @@
 --   submit: room in every pool → granted in every pool (a lease and a token each); else, when it may
 --       wait, a waiter in every pool, each a set's part (gated: never granted by its pool alone; first in
 --       queue order with room it is said "ready" to its node and holds back those behind it); else
---       refused busy, naming the first pool without room. Drained, max-queue ("full"), recovery: refused,
+--       refused busy, naming the first pool without room ("cooldown" and its end when that pool lacks only
+--       slots that rest, as submit says). Drained, max-queue ("full"), recovery: refused,
 --       naming that pool. A rid the first pool knows already: each pool's state, nothing changed.
 --   grant: every part ready now (SETS.ready(): first among those it must not pass, room, lane limits) →
 --       granted in every pool; else nothing granted ("not-ready", naming the first pool that is not; the
@@ -204,8 +205,11 @@ local function set()
                                 queued = M.waiting,
                         })
                         finish_instant() -- with room here, it is said ready at once
-                elseif i == by then
-                        if verdict == 'refused' then d = decision('refused', rid, now, { refusal = 'busy' }) end
+                elseif i == by and verdict == 'refused' then
+                        -- Busy; "cooldown" when this pool lacks only slots that rest, as submit says it
+                        local wake = rests.busy_at(lane, tonumber(try_arg(i, 1)), try_arg(i, 6))
+                        d = decision('refused', rid, now, { refusal = 'busy', reason = wake and 'cooldown' or '' })
+                        d[15] = wake
                 end
                 replies[i] = reply('ok', d)
         end

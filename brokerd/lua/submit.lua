@@ -104,18 +104,7 @@ local function submit()
                 outcome_store(NODE, RID, d)
         elseif not MAY_WAIT then
                 -- Busy for want of slots that rest (pool-local.c): says so, and when enough of them wake.
-                -- With a selector, what it may use (pool-local.c: the free members it admits, and its rests).
-                local free = free_slots()
-                local mask, have = nil, free
-                if SELECTOR ~= '' then
-                        mask = selector_members(SELECTOR) or {}
-                        local n = 0
-                        for i in pairs(free_member_set().set) do if mask[i] then n = n + 1 end end
-                        have = math.min(free, n)
-                end
-                local wake = M.waiting == 0 and have < K_SLOTS and
-                             lane_verdict(LANE, K_SLOTS, free + M.resting_free) == GRANTABLE and
-                             rests.enough_at(K_SLOTS - have, mask)
+                local wake = rests.busy_at(LANE, K_SLOTS, SELECTOR)
                 if wake then return refuse_now('busy', 'cooldown', wake) end
                 return refuse_now('busy', '')
         elseif R.max_queue >= 0 and M.waiting >= R.max_queue and LANE ~= RESERVE_LANE then

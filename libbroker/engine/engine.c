@@ -48,6 +48,7 @@ typedef struct RequestPart {
         Refusal refusal;         /* REFUSED */
         const char *reason;
         bool echo;               /* REFUSED because another pool refused the set (PoolDecision.echo) */
+        bool room;               /* QUEUED with room (PoolDecision.room) */
         usec_t at, wait;
         PoolGrant *grant;        /* GRANTED; the indices and names live with the pool's grant */
         const unsigned *indices;
@@ -164,6 +165,8 @@ struct Engine {
         List requests;           /* routing or waiting: the engine holds a reference */
         List sets;               /* waiting all-or-nothing requests a pool said READY for: to look at */
         usec_t sets_at;          /* the latest READY's instant: engine_take_decisions() looks at them then */
+        bool rerun;              /* some pool's Pool.rerun is set: rerun_pools() */
+        usec_t rerun_at;
         Heap expiries;           /* leases with max-hold */
 
         /* Pool decisions are queued and handled after the pool call returns: a pool never sees the
@@ -854,6 +857,7 @@ static void set_part_record(EngineRequest *r, RequestPart *part, const PoolDecis
                 part->state = d->state;
                 part->idle = d->idle;
                 part->budget = d->budget;
+                part->room = d->room;
                 break;
         case POOL_VERDICT_REFUSED:
                 part->st = PART_REFUSED;
@@ -953,19 +957,23 @@ static bool set_is_ready(const EngineRequest *r) {
 }
 
 /* The part whose refusal the set's is: the first refused, but one refused only because another pool refused
- * the set (one call over it) names that other pool. NULL: none is refused. */
+ * the set (one call over it) names that other pool, and a pool that could not take the set at all (drained,
+ * full) is named before one that is only busy, wherever it stands in the set, as the scripts decide over a
+ * set (brokerd/lua/README, "All-or-nothing sets"). NULL: none is refused. */
 static const RequestPart *set_refused_part(const EngineRequest *r) {
-        const RequestPart *first = NULL;
+        const RequestPart *busy = NULL, *echo = NULL;
         for (size_t i = 0; i < r->n_parts; i++) {
                 const RequestPart *part = r->parts + i;
                 if (part->st != PART_REFUSED)
                         continue;
-                if (!part->echo)
+                if (part->echo)
+                        echo = echo ?: part;
+                else if (part->refusal == REFUSAL_BUSY)
+                        busy = busy ?: part;
+                else
                         return part;
-                if (!first)
-                        first = part;
         }
-        return first;
+        return busy ?: echo;
 }
 
 /* Every part was granted (one call over the set granted it at once). */
@@ -1109,6 +1117,17 @@ static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
 static int set_route_submit(Engine *e, EngineRequest *r, usec_t now);
 static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now);
 
+/* The set's pools but `except` run again at `t`, once the decisions in hand are handled (process_decisions()):
+ * another set decided at this instant may stand in the same pools, and a pool that decides later runs after
+ * every call it was sent for the sets (a withdraw). */
+static void set_rerun(Engine *e, const EngineRequest *r, const Pool *except, usec_t t) {
+        for (size_t i = 0; i < r->n_parts; i++)
+                if (r->parts[i].pool != except)
+                        r->parts[i].pool->rerun = true;
+        e->rerun = true;
+        e->rerun_at = MAX(e->rerun_at, t);
+}
+
 /* A decision about one part of a request: while routing or granting, the set is decided when the last of
  * its pools has answered (a pool that decides later); while it waits, a refusal (its budget in that pool ran
  * out, the pool was drained or removed) ends the whole request, named after that pool; the smallest budget
@@ -1129,12 +1148,22 @@ static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision 
         if (r->phase != REQUEST_WAITING)
                 return;
         if (r->granting) {
-                if (!set_is_awaited(r))
+                if (!set_is_awaited(r)) {
+                        /* Its pools go on now that the answer is in: sets_settle() ran them while it was out, and
+                         * another pool's call may have overtaken the set's (sent by its chosen pool's object),
+                         * finding the set still waiting ahead of those behind it. */
+                        set_rerun(e, r, NULL, d->at);
                         set_grant_done(e, r, d->at);
+                }
                 return;
         }
         if (part->st != PART_REFUSED)
                 return;
+        /* Its parts in the other pools held back those behind them (pool.h: PoolTry.gated), and those pools
+         * have run this instant already: given back, they go on, as a pool grants again after refusing a
+         * waiter at its budget's end (SPEC §3.3, step 4), and as they go on after a set's grant
+         * (sets_settle()); else a waiter behind the set waits for the pool's next instant. */
+        set_rerun(e, r, part->pool, d->at);
         set_refuse(e, r, part->pool, part->refusal, part->at, part->wait, part->reason, d->at);
 }
 
@@ -1168,7 +1197,13 @@ static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
                         refuse_request(e, r, p, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL);
                         return false;
                 }
-        if (set_is_ready(r)) {
+        /* Granted at once only with room in every pool (SPEC §3.3, step 2); a part queued without room waits for
+         * step 3 like any waiter, even if first in its queue already (set_is_ready()): the set is queued, and
+         * sets_settle() grants it when its pools run. */
+        bool room = true;
+        for (size_t i = 0; i < r->n_parts; i++)
+                room = room && r->parts[i].room;
+        if (room && set_is_ready(r)) {
                 r->phase = REQUEST_WAITING; /* granting: a pool's answer may come later */
                 set_grant(e, r, now);
                 return false;
@@ -1176,7 +1211,7 @@ static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
         if (!may_wait) {
                 Pool *by = NULL;
                 for (size_t i = 0; i < r->n_parts && !by; i++)
-                        if (!r->parts[i].pool->ops->ready(r->parts[i].pool, r->parts[i].waiter))
+                        if (!r->parts[i].room || !r->parts[i].pool->ops->ready(r->parts[i].pool, r->parts[i].waiter))
                                 by = r->parts[i].pool;
                 set_withdraw(e, r, now);
                 if (!last)
@@ -1413,15 +1448,34 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
         }
 }
 
+/* The pools set_rerun() named run again at that instant. */
+static void rerun_pools(Engine *e) {
+        Pool *const *lists[] = { e->pools, e->retired };
+        size_t sizes[] = { e->n_pools, e->n_retired };
+        usec_t t = e->rerun_at;
+        e->rerun = false;
+        e->rerun_at = 0;
+        for (size_t k = 0; k < ELEMENTSOF(lists); k++)
+                for (size_t i = 0; i < sizes[k]; i++)
+                        if (lists[k][i]->rerun) {
+                                lists[k][i]->rerun = false;
+                                lists[k][i]->ops->run(lists[k][i], t);
+                        }
+}
+
 static void process_decisions(Engine *e) {
-        while (e->n_pending > 0) {
-                PoolDecision d = e->pending[e->pending_head++];
-                e->n_pending--;
-                if (e->n_pending == 0)
-                        e->pending_head = 0;
-                if (d.pool) /* NULL: taken by set_absorb_pending() */
-                        handle_decision(e, &d);
-        }
+        do {
+                if (e->rerun)
+                        rerun_pools(e);
+                while (e->n_pending > 0) {
+                        PoolDecision d = e->pending[e->pending_head++];
+                        e->n_pending--;
+                        if (e->n_pending == 0)
+                                e->pending_head = 0;
+                        if (d.pool) /* NULL: taken by set_absorb_pending() */
+                                handle_decision(e, &d);
+                }
+        } while (e->rerun);
 }
 
 /* ---- time ---- */
@@ -1430,6 +1484,12 @@ static void drains_expire(Engine *e, usec_t t);
 
 static void settle(Engine *e, usec_t t) {
         drains_expire(e, t); /* before the pools run: what it frees is granted at this instant */
+        /* Sets that a command of this instant made ready everywhere (a drain or a release gave back what held
+         * them) are granted before the pools refuse the budgets that end now (SPEC §3.3: step 3 before 4), as
+         * a pool that decides later grants them on the READY its answer to the command carried. */
+        process_decisions(e);
+        if (!list_is_empty(&e->sets))
+                sets_settle(e, t);
         for (size_t i = 0; i < e->n_pools; i++)
                 e->pools[i]->ops->run(e->pools[i], t);
         for (size_t i = 0; i < e->n_retired; i++)

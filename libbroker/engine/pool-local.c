@@ -1737,6 +1737,7 @@ queued:
                 .idle = w->idle,
                 .budget = w->budget,
                 .waiter = w,
+                .room = room, /* a gated try's: any other with room was granted above */
         });
         return 0;
 }

@@ -135,6 +135,11 @@ typedef struct PoolDecision {
         /* REFUSED of a set's part (PoolTry.gated) only because another pool of the set refused the set, in the
          * same call over the set (submit_set()): the engine names that other pool. */
         bool echo;
+        /* QUEUED of a set's part (PoolTry.gated): it had room (SPEC §3), and is queued only because the pool
+         * never grants a part by itself. A part queued without room waits as any waiter (the set is queued,
+         * then granted in step 3 of the instant), even if first in queue order already (a lane of higher
+         * priority than those waiting). */
+        bool room;
 } PoolDecision;
 
 typedef EngineMemberLife PoolMemberLife;
@@ -335,6 +340,9 @@ struct Pool {
         /* The engine's: where the pool is kept, NULL for a pool without backend=, else its backend= and
          * credentials (pool_identity() in engine.c). A reload that changes it makes another pool object. */
         char *identity;
+        /* The engine's: a set it has a part of was granted or given back at this instant, and it runs again
+         * once the engine has handled the decisions in hand (engine.c, set_rerun()). */
+        bool rerun;
         PoolEmitFn emit;
         void *emit_userdata;
 };

@@ -138,8 +138,8 @@ static void refuse(FakePool *p, struct PoolWaiter *w, Refusal refusal, const cha
         });
 }
 
-/* QUEUED for w: it waits in p. */
-static void queue(FakePool *p, struct PoolWaiter *w, usec_t now) {
+/* QUEUED for w: it waits in p; room: a set's part that could be granted now (PoolDecision.room). */
+static void queue(FakePool *p, struct PoolWaiter *w, bool room, usec_t now) {
         w->queued = true;
         emit(p, (PoolDecision) {
                 .verdict = POOL_VERDICT_QUEUED,
@@ -147,6 +147,7 @@ static void queue(FakePool *p, struct PoolWaiter *w, usec_t now) {
                 .at = now,
                 .budget = USEC_INFINITY,
                 .waiter = w,
+                .room = room,
         });
 }
 
@@ -155,8 +156,9 @@ static bool is_first(const FakePool *p, const struct PoolWaiter *w);
 /* A set's part (PoolTry.gated) decided, at once or on the answer: queued when it could be granted now (first
  * with room, no waiter ahead of it `blocked`) or may wait, else refused busy. Never granted here. */
 static void decide_part(FakePool *p, struct PoolWaiter *w, bool blocked, usec_t now) {
-        if ((!blocked && is_first(p, w) && has_room(p, w->slots)) || w->may_wait)
-                queue(p, w, now);
+        bool room = !blocked && is_first(p, w) && has_room(p, w->slots);
+        if (room || w->may_wait)
+                queue(p, w, room, now);
         else
                 refuse(p, w, REFUSAL_BUSY, NULL, now);
 }
@@ -190,7 +192,7 @@ void fake_pool_answer(FakePool *p, usec_t now) {
                 else if (w->queued)
                         blocked = true;
                 else if (w->may_wait) {
-                        queue(p, w, now);
+                        queue(p, w, false, now);
                         blocked = true;
                 } else
                         refuse(p, w, REFUSAL_BUSY, NULL, now);

@@ -9,8 +9,10 @@
  * is compared as a sequence of its own: the engine raises it itself at the instant the lease reaches its
  * max-hold, while a remote pool's decisions of that instant come with the answer to run(), after it —
  * two streams interleaved differently, neither reordered within itself (memo §5.1). DRAIN likewise, compared
- * per instant and pool (drains_by_pool()): the engine ends a local pool's drain at its until before any pool
- * runs that instant, a shared pool's drain ends in that pool's own call, after the pools before it.
+ * per instant and pool (lines_by_pool()): the engine ends a local pool's drain at its until before any pool
+ * runs that instant, a shared pool's drain ends in that pool's own call, after the pools before it. And
+ * CONGESTION, per instant and pool too: a set's grant (also=) moves the gauges of its pools at one instant, in
+ * the order its pools run locally and their answers come in shared.
  *
  * The scenarios: every tests/scenarios file (JSON), and seeded generated ones (pools with limits or members,
  * labels on the members (SPEC §3.5), queue timeouts, congestion timeouts, max-queue, cooldown; lanes with
@@ -18,7 +20,9 @@
  * caps, labels and a named member), and issue 23's lives of members: quarantine-exit-codes= and
  * quarantine-after= on member pools, health lanes, requests whose commands tell an exit status, drains of
  * pools and members with a reason, some until a time, some undrained; reservations (lane @reserve) of any slot,
- * a member or labels, for a while. Compared too: MEMBER and DRAIN events.
+ * a member or labels, for a while; lanes with also= (issue 22 items 4/5: all or nothing over 2–3 pools, K slots
+ * of each, contending with the one-pool lanes of the same pools; TEST_SHARED_DIFF_ALSO=0: none). Compared too:
+ * MEMBER and DRAIN events.
  * The simulator has no cancels: those are test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
  * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED, TEST_SHARED_DIFF_FIRST=S from seed S
@@ -63,6 +67,7 @@ typedef struct Run {
         Trace decisions; /* engine events but REVOKE, one line each */
         Trace revokes;
         Trace drains;    /* DRAIN events */
+        Trace gauges;    /* CONGESTION events */
 } Run;
 
 static void trace_open(Trace *t) {
@@ -82,10 +87,12 @@ static void run_done(Run *r) {
         trace_close(&r->decisions);
         trace_close(&r->revokes);
         trace_close(&r->drains);
+        trace_close(&r->gauges);
         free(r->report.text);
         free(r->decisions.text);
         free(r->revokes.text);
         free(r->drains.text);
+        free(r->gauges.text);
 }
 
 static const char *word(const char *s) {
@@ -115,7 +122,7 @@ static void record_event(const EngineEvent *ev, void *userdata) {
                 return;
         }
         if (ev->type == ENGINE_EVENT_CONGESTION) {
-                fprintf(run->decisions.f, "congestion at=%" PRIu64 " pool=%s congested=%d\n", ev->at, word(ev->pool),
+                fprintf(run->gauges.f, "congestion at=%" PRIu64 " pool=%s congested=%d\n", ev->at, word(ev->pool),
                         ev->congested);
                 return;
         }
@@ -179,6 +186,7 @@ static void run_scenario(const char *text, const char *origin, bool shared, Run 
         trace_open(&ret->decisions);
         trace_open(&ret->revokes);
         trace_open(&ret->drains);
+        trace_open(&ret->gauges);
         SimOptions o = {
                 .seed = 1,
                 .per_request = true,
@@ -205,6 +213,7 @@ static void run_scenario(const char *text, const char *origin, bool shared, Run 
         trace_close(&ret->decisions);
         trace_close(&ret->revokes);
         trace_close(&ret->drains);
+        trace_close(&ret->gauges);
 }
 
 /* Fails naming the first line where the two texts differ, with both versions of it. */
@@ -227,11 +236,11 @@ static void assert_same_text(const char *origin, const char *what, const char *l
                  shared);
 }
 
-/* ---- the drains' stream: in each pool's order, the pools of an instant in any order ---- */
+/* ---- the drains' and the gauges' streams: in each pool's order, the pools of an instant in any order ---- */
 
 typedef struct Line {
         const char *text;
-        size_t len, pool_len; /* pool_len: up to " member=", which names the instant and the pool */
+        size_t len, pool_len; /* pool_len: up to the field after the pool, which names the instant and the pool */
         size_t index;
 } Line;
 
@@ -245,14 +254,15 @@ static int line_compare(const void *a, const void *b) {
         return c;
 }
 
-/* The trace's lines stably sorted by instant and pool: the engine ends a local pool's drain at its until before
- * any pool runs, a shared pool's in that pool's call, after the pools before it (record_event()). */
-static char *drains_by_pool(const char *text) {
+/* The trace's lines stably sorted by instant and pool (the text up to `after_pool`, the field after the pool):
+ * the engine ends a local pool's drain at its until before any pool runs, a shared pool's in that pool's call,
+ * after the pools before it (record_event()). */
+static char *lines_by_pool(const char *text, const char *after_pool) {
         size_t n = 0, cap = 0;
         Line *lines = NULL;
         for (const char *p = text; *p;) {
                 const char *e = strchrnul(p, '\n');
-                const char *m = strstr(p, " member=");
+                const char *m = strstr(p, after_pool);
                 if (n == cap) {
                         cap = MAX(cap * 2, (size_t) 16);
                         lines = reallocarray(lines, cap, sizeof(Line));
@@ -289,7 +299,8 @@ static void dump(const char *origin, const char *side, const Run *r) {
         FILE *f = fopen(path, "we");
         if (!f)
                 return;
-        fprintf(f, "%s\n%s\n%s\n%s", r->decisions.text, r->revokes.text, r->drains.text, r->report.text);
+        fprintf(f, "%s\n%s\n%s\n%s\n%s", r->decisions.text, r->revokes.text, r->drains.text, r->gauges.text,
+                r->report.text);
         fclose(f);
 }
 
@@ -304,9 +315,12 @@ static void check_scenario(const char *text, const char *origin) {
         assert_true(local.decisions.size > 0);
         assert_same_text(origin, "decisions", local.decisions.text, shared.decisions.text);
         assert_same_text(origin, "max-hold revocations", local.revokes.text, shared.revokes.text);
-        _cleanup_free_ char *local_drains = drains_by_pool(local.drains.text),
-                            *shared_drains = drains_by_pool(shared.drains.text);
+        _cleanup_free_ char *local_drains = lines_by_pool(local.drains.text, " member="),
+                            *shared_drains = lines_by_pool(shared.drains.text, " member=");
         assert_same_text(origin, "drains", local_drains, shared_drains);
+        _cleanup_free_ char *local_gauges = lines_by_pool(local.gauges.text, " congested="),
+                            *shared_gauges = lines_by_pool(shared.gauges.text, " congested=");
+        assert_same_text(origin, "congestion gauges", local_gauges, shared_gauges);
         assert_same_text(origin, "reports", local.report.text, shared.report.text);
         run_done(&local);
         run_done(&shared);
@@ -436,13 +450,44 @@ static void gen_request_selector(Gen *g, const GenPool *pools, unsigned n_pools,
                 fprintf(g->f, ", \"member\": \"m%d\"", s.member);
 }
 
+/* TEST_SHARED_DIFF_ALSO=0 leaves the also= lanes out (their own stream: the rest of a seed's scenario stays), to
+ * tell a difference of the sets from one of the rest. */
+static bool also_enabled(void) {
+        const char *v = getenv("TEST_SHARED_DIFF_ALSO");
+        return !v || !streq(v, "0");
+}
+
+/* An all-or-nothing set (SPEC §3.5) on 60% of the lanes that leave some pool out: one or two of the pools the
+ * lane does not route to (conf.c: never its own), each for 1 to 3 of its slots (at most its limit), the count
+ * written as "p1:1" at times (the default spelled out). */
+static void gen_also(Gen *g, FILE *f, const unsigned *limits, unsigned n_pools, unsigned lane_pools) {
+        unsigned others[POOLS_MAX], n_others = 0;
+        for (unsigned p = 0; p < n_pools; p++)
+                if (!((lane_pools >> p) & 1))
+                        others[n_others++] = p;
+        if (n_others == 0 || !gen_chance(g, 60))
+                return;
+        unsigned n = 1 + gen_below(g, MIN(n_others, 2u)), first = gen_below(g, n_others);
+        fputs(", \"also\": [", f);
+        for (unsigned i = 0; i < n; i++) {
+                unsigned p = others[(first + i) % n_others];
+                unsigned k = gen_chance(g, 60) ? 1 : 1 + gen_below(g, MIN(limits[p], 3u));
+                fprintf(f, "%s\"p%u", i > 0 ? ", " : "", p);
+                if (k > 1 || gen_chance(g, 20))
+                        fprintf(f, ":%u", k);
+                fputc('"', f);
+        }
+        fputc(']', f);
+}
+
 /* A scenario of a few pools and lanes, 20–80 requests over ~8 s, many of them at the same instants
  * (arrivals, releases and budgets colliding is where order matters), and maybe a phase of generated
  * arrivals. A waiter of a pool without a queue timeout may wait for good: the run ends when nothing could
  * serve it any more, the same both ways (a shared pool has no instants of its own in the manual mode). */
 static char *generate(uint64_t seed) {
         Gen g = { .state = seed * 1000003 }, cg = { .state = seed * 7919 + 17 }, qg = { .state = seed * 104729 + 31 },
-            rg = { .state = seed * 15485863 + 47 };
+            rg = { .state = seed * 15485863 + 47 }, ag = { .state = seed * 32452843 + 59 };
+        bool also = also_enabled();
         char *text = NULL;
         size_t size = 0;
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
@@ -532,8 +577,12 @@ static char *generate(uint64_t seed) {
                         if ((lane_pools[l] >> p) & 1)
                                 all_members = all_members && pools[p].members;
                 /* A health lane (issue 23): granted quarantined members only, its exit 0 restores them. */
-                if (all_members && gen_chance(&qg, 25))
+                bool health = all_members && gen_chance(&qg, 25);
+                if (health)
                         fputs(", \"health\": \"yes\"", g.f);
+                /* also= (issue 22 item 4), from a generator of its own: a health lane takes none (conf.c). */
+                if (also && !health)
+                        gen_also(&ag, g.f, limits, n_pools, lane_pools[l]);
                 if (all_members && gen_chance(&g, 15)) {
                         GenSel t = { .member = -1 };
                         if (gen_chance(&g, 50))

@@ -207,6 +207,69 @@ static void test_also_in_a_scenario(void **state) {
         assert_non_null(strstr(error, "its own pool grid"));
 }
 
+/* A set refused at its budget's end in one pool (p1's queue-timeout) gives back its part in p0, which held back
+ * the one-pool waiter behind it there: that one is granted at the same instant, as behind any waiter refused so
+ * (SPEC §3.3, step 4), not when something else next happens in p0 (the holder of p1 at 10 s). */
+static void test_a_set_refused_lets_those_behind_it_go(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{\"pools\": {\"p0\": {\"limit\": 1}, \"p1\": {\"limit\": 1, \"queue-timeout\": \"1s\"}},"
+                " \"lanes\": {\"set\": {\"pools\": [\"p0\"], \"also\": [\"p1\"]}, \"one\": {\"pools\": [\"p0\"]},"
+                "            \"hold\": {\"pools\": [\"p1\"]}},"
+                " \"requests\": ["
+                " {\"name\": \"holder\", \"at\": \"0ms\", \"hold\": \"10s\", \"lane\": \"hold\"},"
+                " {\"name\": \"set\", \"at\": \"100ms\", \"hold\": \"1s\", \"lane\": \"set\"},"
+                " {\"name\": \"behind\", \"at\": \"200ms\", \"hold\": \"1s\", \"lane\": \"one\"}]}", true);
+
+        assert_int_equal(r->n_records, 3);
+        assert_int_equal(r->records[1].outcome, SIM_OUTCOME_REFUSED);
+        assert_int_equal(r->records[1].refusal, REFUSAL_TIMEOUT);
+        assert_int_equal(r->records[1].decided_ms, 1100);
+        assert_int_equal(r->records[2].outcome, SIM_OUTCOME_GRANTED);
+        assert_int_equal(r->records[2].decided_ms, 1100);
+}
+
+/* A set refused at once by two of its pools, busy in its chosen pool and drained in its also= pool, names the
+ * drained one: that pool could not take the set at all (the scripts decide so over a set). */
+static void test_a_set_refusal_names_a_drained_pool_before_a_busy_one(void **state) {
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        _cleanup_(sim_result_freep) SimResult *r = run_kept(
+                "{\"pools\": {\"p0\": {\"limit\": 1}, \"p1\": {\"limit\": 1}},"
+                " \"lanes\": {\"set\": {\"pools\": [\"p0\"], \"also\": [\"p1\"], \"policy\": \"fail-fast\"},"
+                "            \"one\": {\"pools\": [\"p0\"]}},"
+                " \"requests\": ["
+                " {\"name\": \"holder\", \"at\": \"0ms\", \"hold\": \"1s\", \"lane\": \"one\"},"
+                " {\"name\": \"set\", \"at\": \"200ms\", \"hold\": \"1s\", \"lane\": \"set\"}],"
+                " \"drains\": [{\"at\": \"100ms\", \"pool\": \"p1\", \"reason\": \"maintenance\"}]}", true, &s);
+
+        assert_int_equal(r->n_records, 2);
+        assert_int_equal(r->records[1].outcome, SIM_OUTCOME_REFUSED);
+        assert_int_equal(r->records[1].refusal, REFUSAL_UNAVAILABLE);
+        assert_string_equal(r->records[1].pool, "p1");
+}
+
+/* A set of a higher priority than a set waiting in its pools has no room there (SPEC §3: somebody waits), though
+ * it is first in both queues at once: it is queued (with its budget), then granted in step 3 of the same instant,
+ * as a one-pool request would be; not granted at once as if nobody waited. */
+static void test_a_set_ahead_of_a_waiting_set_is_queued_first(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{\"pools\": {\"p0\": {\"limit\": 2}, \"p1\": {\"limit\": 2, \"queue-timeout\": \"5s\"}},"
+                " \"lanes\": {\"low\": {\"pools\": [\"p1\"], \"also\": [\"p0:2\"], \"priority\": 0},"
+                "            \"high\": {\"pools\": [\"p1\"], \"also\": [\"p0\"], \"priority\": 5},"
+                "            \"one\": {\"pools\": [\"p0\"]}},"
+                " \"requests\": ["
+                " {\"name\": \"holder\", \"at\": \"0ms\", \"hold\": \"1s\", \"lane\": \"one\"},"
+                " {\"name\": \"low\", \"at\": \"100ms\", \"hold\": \"1s\", \"lane\": \"low\"},"
+                " {\"name\": \"high\", \"at\": \"200ms\", \"hold\": \"1s\", \"lane\": \"high\"}]}", true);
+
+        assert_int_equal(r->n_records, 3);
+        assert_int_equal(r->records[2].outcome, SIM_OUTCOME_GRANTED);
+        assert_int_equal(r->records[2].decided_ms, 200);
+        assert_true(r->records[2].queued);
+        assert_int_equal(r->records[2].state, QUEUE_STATE_KEEPING_UP);
+        assert_int_equal(r->records[2].budget, 5 * USEC_PER_SEC);
+        assert_int_equal(r->records[1].decided_ms, 1200); /* both of p0 once the holder and high are done */
+}
+
 /* SPEC §3.6 in a scenario: released slots rest for the pool's cooldown, the two-slot waiter at the head keeps its
  * place while they rest, and the queue is served in order when they wake — the engine's decisions. */
 static void test_cooldown_in_a_scenario(void **state) {
@@ -429,6 +492,9 @@ int main(void) {
                 cmocka_unit_test(test_reservations_in_a_scenario),
                 cmocka_unit_test(test_scenario_labels_that_nobody_matches_are_an_error),
                 cmocka_unit_test(test_also_in_a_scenario),
+                cmocka_unit_test(test_a_set_refused_lets_those_behind_it_go),
+                cmocka_unit_test(test_a_set_refusal_names_a_drained_pool_before_a_busy_one),
+                cmocka_unit_test(test_a_set_ahead_of_a_waiting_set_is_queued_first),
                 cmocka_unit_test(test_max_hold_revocation_ends_the_lease_at_once),
                 cmocka_unit_test(test_per_request_records_follow_arrival_order),
                 cmocka_unit_test(test_backend_pool_is_simulated_in_process),
