@@ -528,7 +528,10 @@ policy = fail-fast
         os.kill(JOURNALD_PID, signal.SIGCONT)
         self.assertEqual(errors, [])
         self.assertGreater(len(latencies), 10)
-        self.assertLess(max(latencies), 0.5,
+        # A brokerd blocked on journald's full socket would answer only once journald continues, 3 s after the
+        # stop; one that is only slow (the storm, ASan/UBSan, two cores shared with other tests) answers well
+        # within 1.5 s. 0.5 s failed on a loaded CI run (0.618 s) with nothing blocked.
+        self.assertLess(max(latencies), 1.5,
                         f"brokerd answered slowly while journald was stopped: {max(latencies):.3f} s")
         probes = len(latencies)
         total = storm + probes
