@@ -2850,6 +2850,27 @@ static void wait_done(SharedPool *p, Call *c, int64_t acked, usec_t now) {
 
 static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, usec_t now);
 
+/* README "Reply": an array of 6, a status word, the pool clock; anything else is not the scripts' (counted,
+ * false). Its pool clock and round trip are taken in: the pool clock at the midpoint (memo §4.6). */
+static bool reply_take_clock(SharedPool *p, const Call *c, const RespValue *reply, int64_t *ret_pool_now, usec_t now) {
+        const RespValue *status = resp_at(reply, 0);
+        int64_t pool_now = 0;
+        if (reply->type != RESP_ARRAY || reply->n != 6 || !status || status->type != RESP_STRING ||
+            status->len == 0 || status->len > 32 || !resp_int(resp_at(reply, 1), &pool_now) || pool_now < 0 ||
+            (uint64_t) pool_now >= TOKEN_MAX) {
+                bad_input(p, "a reply of another shape than the scripts'", now);
+                return false;
+        }
+        p->rtt = now - MIN(now, c->sent_at);
+        if (!p->params.manual_clock && pool_now > 0) {
+                p->offset = pool_now - (int64_t) (c->sent_at + p->rtt / 2);
+                p->offset_known = true;
+        }
+        *ret_pool_now = pool_now;
+        return true;
+}
+
+
 static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
         p->last_now = MAX(p->last_now, now);
         Call *c = call_find(p, id);
@@ -2889,20 +2910,10 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 call_park(p, c, true, "backend", now);
                 return;
         }
-        /* README "Reply": an array of 6, a status word, the pool clock. Anything else is not the scripts'. */
         int64_t pool_now = 0;
-        if (reply->type != RESP_ARRAY || reply->n != 6 || !status || status->type != RESP_STRING ||
-            status->len == 0 || status->len > 32 || !resp_int(resp_at(reply, 1), &pool_now) || pool_now < 0 ||
-            (uint64_t) pool_now >= TOKEN_MAX) {
-                bad_input(p, "a reply of another shape than the scripts'", now);
+        if (!reply_take_clock(p, c, reply, &pool_now, now)) {
                 call_park(p, c, true, "bad-reply", now);
                 return;
-        }
-        p->rtt = now - MIN(now, c->sent_at);
-        if (!p->params.manual_clock && pool_now > 0) {
-                /* The pool clock at the midpoint of the round trip (memo §4.6). */
-                p->offset = pool_now - (int64_t) (c->sent_at + p->rtt / 2);
-                p->offset_known = true;
         }
 
         if (resp_is(status, "settling")) {
@@ -3766,17 +3777,8 @@ static void set_refuse_locally(SharedPool *p, const Call *c, const char *reason,
 static const RespValue *set_part_reply(SharedPool *q, const Call *c, const RespValue *reply, usec_t now) {
         const RespValue *status = resp_at(reply, 0);
         int64_t pool_now = 0;
-        if (reply->type != RESP_ARRAY || reply->n != 6 || !status || status->type != RESP_STRING ||
-            status->len == 0 || status->len > 32 || !resp_int(resp_at(reply, 1), &pool_now) || pool_now < 0 ||
-            (uint64_t) pool_now >= TOKEN_MAX) {
-                bad_input(q, "a reply of another shape than the scripts'", now);
+        if (!reply_take_clock(q, c, reply, &pool_now, now))
                 return NULL;
-        }
-        q->rtt = now - MIN(now, c->sent_at);
-        if (!q->params.manual_clock && pool_now > 0) {
-                q->offset = pool_now - (int64_t) (c->sent_at + q->rtt / 2);
-                q->offset_known = true;
-        }
         if (resp_is(status, "ok") || resp_is(status, "settling")) {
                 notices_apply(q, resp_at(reply, 5), now);
                 events_apply(q, resp_at(reply, 3), now);
