@@ -73,6 +73,11 @@ struct Backend {
         char *node_arg;                 /* ARGV[2]: "NODE/INCARNATION/PREVIOUS,…" */
         Renewal *renewal;
         bool renew_refused;             /* the last renewal was refused "identity": told once */
+        /* An idle node (every pool holds nothing: backend_is_idle()) renews at the idle period, and its
+         * command link's watch rests: the INFO goes along with its next call instead, ahead of it. */
+        bool renew_idle;                /* the last renewal went at the idle period */
+        usec_t renew_sent;              /* monotonic: when the last renewal went */
+        bool watch_resting;             /* redis_link_watch_rest() since the last call sent */
 };
 
 /* A renewal sent: the pools it named (by serial: one may be freed meanwhile), and when. */
@@ -265,6 +270,12 @@ static void backend_send_calls(Backend *b, BackendPool *bp) {
         const SharedCall *c;
         usec_t now = now_monotonic();
         while (pool_shared_take_call(bp->pool, now, &c)) {
+                /* The first call after an idle spell: what the watch checks (eviction policy, role, run id)
+                 * is read again ahead of it on the connection, so its reply is judged before the call's. */
+                if (b->watch_resting) {
+                        b->watch_resting = false;
+                        (void) redis_link_watch_along(b->commands);
+                }
                 InFlight *f = in_flight_new(b);
                 int r = -ENOMEM;
                 if (f) {
@@ -343,6 +354,35 @@ static void on_renew_reply(RedisLink *link, int error, const redisReply *reply, 
         backend_after(b);
 }
 
+/* Whether no pool holds anything of this node's: no lease to fence, no request out or waiting. */
+static bool backend_is_idle(const Backend *b) {
+        for (size_t i = 0; i < b->n_pools; i++)
+                if (!pool_shared_holds_nothing(b->pools[i]->pool))
+                        return false;
+        return true;
+}
+
+/* How often to renew: the shortest period of the pools a renewal names, at the idle or the busy pace. */
+static usec_t backend_renew_period(const Backend *b, bool idle) {
+        usec_t period = idle ? SHARED_IDLE_RENEW_PERIOD_MAX : SHARED_RENEW_PERIOD_MAX;
+        for (size_t i = 0; i < b->n_pools; i++)
+                if (pool_shared_renewable(b->pools[i]->pool))
+                        period = MIN(period, idle ? pool_shared_idle_renew_period(b->pools[i]->pool)
+                                                  : pool_shared_renew_period(b->pools[i]->pool));
+        return period;
+}
+
+/* A node that renewed at the idle pace holds something now (a request came): the next renewal comes a busy
+ * period after the last one, at once if that passed, so that a lease granted now is fenced as ever. */
+static void backend_pace_renewals(Backend *b) {
+        if (!b->renew_idle || backend_is_idle(b))
+                return;
+        b->renew_idle = false;
+        usec_t at = MAX(now_monotonic(), usec_add(b->renew_sent, backend_renew_period(b, false)));
+        (void) sd_event_source_set_time(b->renew_timer, at);
+        (void) sd_event_source_set_enabled(b->renew_timer, SD_EVENT_ONESHOT);
+}
+
 /* One FCALL for every pool whose last tick Redis answered for this incarnation: the pools it covers tick
  * only when they have something to do (pool-shared.c, heartbeat_due()). None in the manual clock mode. */
 static void backend_renew(Backend *b) {
@@ -363,7 +403,8 @@ static void backend_renew(Backend *b) {
                 log_oom(); /* the pools heartbeat on their own meanwhile */
                 return;
         }
-        usec_t ttl = 0, period = SHARED_RENEW_PERIOD_MAX;
+        bool idle = backend_is_idle(b);
+        usec_t ttl = 0, period = backend_renew_period(b, idle);
         char ttl_s[64];
         size_t argc = 0;
         argv[argc++] = b->renew_key;
@@ -378,7 +419,6 @@ static void backend_renew(Backend *b) {
                         rn->serials[rn->n++] = b->pools[i]->serial;
                         argv[argc++] = pool_shared_key(b->pools[i]->pool);
                         ttl = MAX(ttl, b->pools[i]->params.node_ttl);
-                        period = MIN(period, pool_shared_renew_period(b->pools[i]->pool));
                 }
         (void) snprintf(ttl_s, sizeof ttl_s, "%" PRIu64 "/%" PRIu64, (uint64_t) ttl, (uint64_t) period);
         for (size_t i = 0; i < argc; i++)
@@ -387,8 +427,16 @@ static void backend_renew(Backend *b) {
         rn->sent_boot = now_boottime();
         rn->period = period;
         b->renew_period = period;
-        /* INFO's watch of the link goes with it when due: one round trip, not two (redis-link.h). */
-        (void) redis_link_watch_along(b->commands);
+        b->renew_idle = idle;
+        b->renew_sent = now_monotonic();
+        /* INFO's watch of the link goes with it when due: one round trip, not two (redis-link.h). An idle
+         * node has nothing a changed policy, role or server could harm: its watch rests until its next
+         * call (backend_send_calls()), whose INFO goes ahead of it. */
+        if (idle) {
+                (void) redis_link_watch_rest(b->commands);
+                b->watch_resting = true;
+        } else
+                (void) redis_link_watch_along(b->commands);
         /* The key is KEYS[1]; the head and the pools are ARGV. */
         int r = redis_link_fcall(b->commands, b->renew_function, on_renew_reply, rn, 1, (int) argc, argv, argvlen);
         if (r < 0) {
@@ -413,6 +461,7 @@ static int on_flush(sd_event_source *s, void *userdata) {
         Backend *b = userdata;
         for (size_t i = 0; i < b->n_pools; i++)
                 backend_send_calls(b, b->pools[i]);
+        backend_pace_renewals(b);
         /* Sending decides nothing; a refused send may have queued notices. */
         for (size_t i = 0; i < b->n_pools; i++) {
                 SharedNotice n;

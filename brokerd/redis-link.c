@@ -105,6 +105,7 @@ struct RedisLink {
 
         sd_event_source *watch_timer;   /* options.watch_interval: INFO again while up */
         bool watch_in_flight;
+        bool watch_resting;             /* redis_link_watch_rest(): no INFO of the timer's until watch_along() */
         bool watch_all;                 /* INFO with several sections was refused (Redis < 7): plain INFO */
         usec_t watch_last;              /* monotonic: the last INFO sent (at setup, by the timer or along) */
 };
@@ -694,6 +695,11 @@ static int on_watch_timer(sd_event_source *s, uint64_t usec, void *userdata) {
 
 int redis_link_watch_along(RedisLink *link) {
         assert_return(link, -EINVAL);
+        if (link->watch_resting && link->watch_timer && link->phase == PHASE_UP) {
+                link->watch_resting = false;
+                (void) sd_event_source_set_time_relative(link->watch_timer, 3 * link->options.watch_interval);
+                (void) sd_event_source_set_enabled(link->watch_timer, SD_EVENT_ONESHOT);
+        }
         if (!link->watch_timer || link->phase != PHASE_UP || link->ending || link->watch_in_flight ||
             now_monotonic() < usec_add(link->watch_last, link->options.watch_interval / 2))
                 return 0;
@@ -704,6 +710,14 @@ int redis_link_watch_along(RedisLink *link) {
         (void) sd_event_source_set_time_relative(link->watch_timer, 3 * link->options.watch_interval);
         (void) sd_event_source_set_enabled(link->watch_timer, SD_EVENT_ONESHOT);
         return 1;
+}
+
+int redis_link_watch_rest(RedisLink *link) {
+        assert_return(link, -EINVAL);
+        if (!link->watch_timer || link->phase != PHASE_UP)
+                return 0;
+        link->watch_resting = true;
+        return sd_event_source_set_enabled(link->watch_timer, SD_EVENT_OFF);
 }
 
 int redis_link_reconnect(RedisLink *link, const char *why) {
@@ -720,6 +734,7 @@ int redis_link_reconnect(RedisLink *link, const char *why) {
 static void link_went_up(RedisLink *link) {
         link->phase = PHASE_UP;
         link->watch_in_flight = false;
+        link->watch_resting = false;
         link->watch_last = now_monotonic(); /* the setup read INFO */
         link_watch_arm(link);
         link->backoff = link->options.backoff_min;

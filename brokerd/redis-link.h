@@ -147,6 +147,11 @@ int redis_link_command(RedisLink *link, RedisReplyFn fn, void *userdata, int arg
  * An owner that calls this at least every interval has no INFO of its own round trip. Returns 1 (sent), 0
  * (not due, one in flight, not up, or no watch), or a negative errno. */
 int redis_link_watch_along(RedisLink *link);
+/* The owner will send nothing for a while, and nothing it has could suffer from what the watch checks (an
+ * idle node): no INFO of the timer's until the next redis_link_watch_along(), which the owner calls ahead
+ * of its next command (a reconnect's setup reads INFO, and wakes the timer). Returns 0, or a negative
+ * errno. */
+int redis_link_watch_rest(RedisLink *link);
 
 /* EVALSHA of a registered script with nkeys keys then the other arguments (argc in all, lengths in
  * argvlen; argvlen NULL: strings). A NOSCRIPT reply (SCRIPT FLUSH, a failover) makes the link load the

@@ -4130,6 +4130,16 @@ usec_t pool_shared_renew_period(const Pool *base) {
         return MIN(MAX(period, SHARED_RENEW_PERIOD_MIN), SHARED_RENEW_PERIOD_MAX);
 }
 
+usec_t pool_shared_idle_renew_period(const Pool *base) {
+        const SharedPool *p = SHARED(base);
+        usec_t period = MIN(p->fence_ttl / 2, SHARED_IDLE_RENEW_PERIOD_MAX);
+        return MAX(period, pool_shared_renew_period(base));
+}
+
+bool pool_shared_holds_nothing(const Pool *base) {
+        return list_is_empty(&SHARED(base)->tries) && pool_shared_fence_deadline(base) == USEC_INFINITY;
+}
+
 void pool_shared_renewed(Pool *base, bool covered, bool tick, usec_t sent_boot, usec_t period, usec_t now) {
         SharedPool *p = SHARED(base);
         now = driver_now(p, now);

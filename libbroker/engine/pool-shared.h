@@ -174,6 +174,11 @@ typedef struct SharedPoolParams {
 #define SHARED_RENEW_STALE (3 * USEC_PER_SEC)
 #define SHARED_RENEW_PERIOD_MIN USEC_PER_SEC
 #define SHARED_RENEW_PERIOD_MAX (10 * USEC_PER_SEC)
+/* A node whose pools hold nothing (no lease, no request out or waiting) has no self-fence to feed: it renews
+ * only to keep its registrations, every TTL/2 (a renewal lost leaves a second one, retried every second,
+ * before they lapse), at most this often (prelude.lua's BCLOCK_GAP_MAX is this + 2 s). Half the round trips
+ * of an idle node (issue 21 item 3), which is most of a fleet most of the time. */
+#define SHARED_IDLE_RENEW_PERIOD_MAX (15 * USEC_PER_SEC)
 /* Status snapshots are fetched every second for this long after Status last asked. */
 #define SHARED_STATUS_KEEP (30 * USEC_PER_SEC)
 
@@ -241,6 +246,12 @@ void pool_shared_set_revoke_grace(Pool *p, usec_t revoke_grace);
 bool pool_shared_renewable(const Pool *p);
 const char *pool_shared_key(const Pool *p);
 usec_t pool_shared_renew_period(const Pool *p);
+/* Nothing of this node's here for the self-fence to guard or to wait: no lease (but lost ones), no request
+ * out or waiting. A driver whose pools all hold nothing renews every pool_shared_idle_renew_period() (TTL/2,
+ * at least pool_shared_renew_period(), at most SHARED_IDLE_RENEW_PERIOD_MAX) instead, and at the busy period
+ * again once one holds something. */
+bool pool_shared_holds_nothing(const Pool *p);
+usec_t pool_shared_idle_renew_period(const Pool *p);
 void pool_shared_renewed(Pool *p, bool covered, bool tick, usec_t sent_boot, usec_t period, usec_t now);
 
 /* The node TTL the self-fence counts with now (backend-node-ttl=, the shorter one while a change by reload

@@ -15,8 +15,9 @@ the invariant checked from the commands' side (witness.py).
   to an older copy): the lease is not freed at once nor handed on; B's waiter gets the slot only after
   A's command was fenced (the witness: never two holders), when the lease lapses one node TTL later;
 - Redis changed under the pool while A's command holds the slot (TestWatchedRedis): maxmemory-policy set
-  to allkeys-lru at run time and memory filled (the pool refused, reason "eviction-policy", on every node
-  within the re-check period); each key of the pool but meta deleted by hand, one at a time; FLUSHDB;
+  to allkeys-lru at run time and memory filled (the pool refused, reason "eviction-policy", on the node that
+  holds a lease within the re-check period, on the idle one with its next call, whose INFO goes ahead of it:
+  a Status or a request); each key of the pool but meta deleted by hand, one at a time; FLUSHDB;
   SCRIPT FLUSH; FUNCTION FLUSH (the library loaded again); REPLICAOF by hand (refused, reason "replica")
   and back. B's fail-fast requests are never granted while A's command holds the slot, no slot is held
   twice, and grants resume (a command of B gets the slot once A's ends).
@@ -174,6 +175,16 @@ class TestWatchedRedis(HostileTestCase):
         [self.start] = wait_for(lambda: self.w.started("held"), timeout=TTL + 20, message="A's first grant")
         wait_for(lambda: self.backend(self.b)["up"], timeout=15, message="B up")
 
+    def noticed(self, reason):
+        """A, which holds the slot, refuses the pool for `reason` within its watch's period; B, which holds
+        nothing (its watch rests: no INFO), with its next call, whose INFO goes ahead of it: here its
+        Status's (a shared pool's Status fetches the holders) or the probe's."""
+        wait_for(lambda: self.backend(self.a).get("unavailable") == reason, timeout=15,
+                 message=f"A refusing the pool ({reason})")
+        self.probe(reason, held_runs=False)
+        wait_for(lambda: self.backend(self.b).get("unavailable") == reason, timeout=15,
+                 message=f"B refusing the pool ({reason}) after its call")
+
     def lease_in_redis(self):
         """A's lease is in Redis (reclaimed after a loss), under its token."""
         try:
@@ -236,9 +247,7 @@ class TestWatchedRedis(HostileTestCase):
     def test_eviction_policy_changed_at_run_time(self):
         self.hold()
         self.redis.call("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
-        for x in (self.a, self.b):
-            wait_for(lambda: self.backend(x).get("unavailable") == "eviction-policy", timeout=15,
-                     message=f"{x.name} refusing the pool (eviction-policy)")
+        self.noticed("eviction-policy")
         # Memory pressure: Redis evicts what it likes, the pool's keys included.
         used = int(self.redis.info("memory")["used_memory"])
         self.redis.call("CONFIG", "SET", "maxmemory", str(used + 512 * 1024))
@@ -255,9 +264,7 @@ class TestWatchedRedis(HostileTestCase):
     def test_replicaof_by_hand(self):
         self.hold()
         self.redis.call("REPLICAOF", "127.0.0.1", "1")  # nobody there: a replica that keeps its data
-        for x in (self.a, self.b):
-            wait_for(lambda: self.backend(x).get("unavailable") == "replica", timeout=15,
-                     message=f"{x.name} refusing the pool (replica)")
+        self.noticed("replica")
         self.probe("replica", held_runs=False)
         self.redis.call("REPLICAOF", "NO", "ONE")
         for x in (self.a, self.b):

@@ -9,11 +9,14 @@ redis-server, three shared pools each.
   each of them runs, in INFO commandstats: XREVRANGE a tick, PEXPIRE a renewal);
 - a node killed (SIGKILL) while it renews loses its slot at its TTL (+ 2 s), no sooner than a TTL after its
   last renewal less a second: the other node's waiter is granted then; and with nobody waiting there, its
-  slot is freed in Redis as soon (the renewal that finds it dead in sb:lives has the other node tick);
+  slot is freed in Redis by the other node's next renewal (every TTL/2 while it holds nothing) that finds it
+  dead in sb:lives and has that node tick;
 - an idle node's stream read (XREAD) blocks long (no request of its own out or waiting), and a grant to a
   waiter that came meanwhile ends it at once; a pool added by reload to an idle node joins its read at once
   (the long read is cut short), not at the read's end;
-- the command link's watch (INFO) goes with a renewal, pipelined: one round trip, not two;
+- the command link's watch (INFO) goes with a busy node's renewal, pipelined: one round trip, not two; a
+  node that holds nothing renews every TTL/2, with no INFO, until its next call, which takes the INFO ahead
+  of it and the renewals back to the busy pace;
 - with $SLOTBROKER_OLD_BROKERD (a build from before the live keys, as test-shared-upgrade takes it): a node
   of that version ticking every second beside an idle node of this one never reaps it (a covered
   registration scores +inf), over several TTLs; skipped without it.
@@ -199,32 +202,77 @@ class TestLiveness(harness.BrokerTestCase):
         print(f"# the new pool's stream read {seen[-1][0] - first_tick:.2f} s after its first tick", flush=True)
         self.assertLess(seen[-1][0] - first_tick, 3.0)
 
-    def test_the_links_watch_goes_with_the_renewal(self):
-        # The command link reads INFO (policy, role, run id) every 5 s: on its own round trip before, now
-        # pipelined right before a renewal (FCALL …_renew) on the same connection when one is due. Over TCP:
-        # MONITOR names each connection by its address (a Unix socket's are all one path).
+    def test_the_links_watch_goes_with_a_busy_nodes_renewal_and_rests_while_it_is_idle(self):
+        # The command link reads INFO (policy, role, run id) every 5 s: on its own round trip before, then
+        # pipelined right before a renewal (FCALL …_renew) on the same connection when one is due. A node that
+        # holds nothing renews every TTL/2 instead of TTL/4 (or a third of the fence's window), without INFO:
+        # its next call (here an Acquire's submit) takes the INFO ahead of it, and the renewals go back to the
+        # busy pace. Over TCP: MONITOR names each connection by its address (a Unix socket's are all one path).
         tmp = tempfile.mkdtemp(prefix="test-shared-liveness-tcp-")
         self.addCleanup(shutil.rmtree, tmp, True)
         self.redis.close()
         self.redis = RedisServer(tmp, port=0, unix=False).start()
         self.addCleanup(self.redis.close)
-        self.broker(config(self.redis.url(tcp=True), "node-a"), "liveness-a")
+        a = self.broker(config(self.redis.url(tcp=True), "node-a"), "liveness-a")
+        held = self.acquire(a, "l0")
+        held.until_granted(timeout=TTL + 20)  # the first use waits out one TTL: a bound, not a sleep
         wait_for(lambda: self.renewing(1), timeout=TTL + 20, message="A's renewals to cover its pools")
         mon = Monitor(self.redis)
         self.addCleanup(mon.close)
-        seen = mon.until(time.monotonic() + 12)
-        # The command link's: the connection that sends the calls (the reader's setup reads INFO too).
-        commands = {c[1] for c in seen if c[2][:1] == ["FCALL"]}
-        infos = [i for i, c in enumerate(seen)
-                 if c[2] == ["INFO", "server", "memory", "replication"] and c[1] in commands]
+
+        def is_renewal(c):
+            return c[2][:1] == ["FCALL"] and c[2][1].endswith("_renew")
+
+        def is_info(c):
+            return c[2] == ["INFO", "server", "memory", "replication"]
+
+        def gaps(cmds):
+            times = [c[0] for c in cmds if is_renewal(c)]
+            return [round(b - a, 2) for a, b in zip(times, times[1:])]
+
+        busy = mon.until(time.monotonic() + 12)
+        commands = {c[1] for c in busy if c[2][:1] == ["FCALL"]}
+        self.assertEqual(len(commands), 1, "one command link")
+        infos = [i for i, c in enumerate(busy) if is_info(c) and c[1] in commands]
+        print(f"# busy: {len(infos)} INFOs in 12 s, renewals {gaps(busy)} s apart", flush=True)
         self.assertGreaterEqual(len(infos), 2, "the link's watch: an INFO every 5 s")
         for i in infos:
-            t, addr, _ = seen[i]
-            following = next((c for c in seen[i + 1:] if c[1] == addr), None)
+            t, addr, _ = busy[i]
+            following = next((c for c in busy[i + 1:] if c[1] == addr), None)
             self.assertIsNotNone(following, "nothing after the INFO on its connection")
-            self.assertEqual(following[2][0], "FCALL", following)
-            self.assertTrue(following[2][1].endswith("_renew"), following)
+            self.assertTrue(is_renewal(following), following)
             self.assertLess(following[0] - t, 0.005, "the INFO and the renewal were not sent together")
+        # TTL 6 s, revoke grace 1 s: a third of the fence's window (6 − 1 − 2 s) is 1 s.
+        self.assertLessEqual(max(gaps(busy)), 1.5, "a busy node's renewals")
+
+        held.close()  # A holds nothing now: its release goes, then its renewals slow down and its watch rests
+        idle = mon.until(time.monotonic() + 4 * TTL)
+        first_idle = next(i for i, c in enumerate(idle) if is_renewal(c) and
+                          any(d[2][:1] == ["FCALL"] and not is_renewal(d) for d in idle[:i]))
+        rest = idle[first_idle:]
+        infos = [c for c in rest if is_info(c) and c[1] in commands]
+        print(f"# idle: {len(infos)} INFOs in {rest[-1][0] - rest[0][0]:.1f} s, renewals {gaps(rest)} s apart",
+              flush=True)
+        self.assertEqual(infos, [], "an idle node's watch read INFO")
+        self.assertGreaterEqual(len(gaps(rest)), 2, "an idle node's renewals")
+        # TTL/2: 3 s (its timer may fire a little late, never early).
+        self.assertGreaterEqual(min(gaps(rest)), 2.9, "an idle node's renewals at the busy pace")
+        self.assertLessEqual(max(gaps(rest)), 4.5, "an idle node's renewals")
+
+        again = self.acquire(a, "l0")
+        again.until_granted(timeout=10)
+        woke = mon.until(time.monotonic() + 3)
+        call = next(i for i, c in enumerate(woke) if c[1] in commands and c[2][:1] == ["FCALL"] and
+                    not is_renewal(c))
+        before = [c for c in woke[:call] if c[1] in commands]
+        self.assertTrue(before and is_info(before[-1]), f"no INFO ahead of the first call: {woke[:call + 1]}")
+        self.assertLess(woke[call][0] - before[-1][0], 0.005, "the INFO and the call were not sent together")
+        renewals = [c[0] for c in woke if is_renewal(c)]
+        last_idle = max(c[0] for c in rest if is_renewal(c))
+        print(f"# busy again: the next renewal {renewals[0] - last_idle:.2f} s after the last idle one, "
+              f"{renewals[0] - woke[call][0]:.2f} s after the call", flush=True)
+        self.assertLessEqual(renewals[0] - last_idle, max(1.5, woke[call][0] - last_idle + 0.5),
+                             "the renewals did not go back to the busy pace")
 
     def test_a_node_killed_loses_its_slot_at_its_ttl_with_nothing_waiting(self):
         # Nobody waits in s0: A's pools are idle, covered, and tick for nothing of their own; the renewal
@@ -239,7 +287,8 @@ class TestLiveness(harness.BrokerTestCase):
         after = time.monotonic() - killed
         print(f"# freed {after:.2f} s after the kill (TTL {TTL} s), nothing waiting", flush=True)
         self.assertGreaterEqual(after, TTL - 1.5)
-        self.assertLessEqual(after, TTL + 3)
+        # A holds nothing: it renews every TTL/2, and the first renewal past B's deadline claims it.
+        self.assertLessEqual(after, TTL + TTL / 2 + 1)
 
     def test_a_node_of_the_version_before_never_reaps_an_idle_one(self):
         old = os.environ.get("SLOTBROKER_OLD_BROKERD")

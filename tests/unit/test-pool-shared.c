@@ -931,6 +931,42 @@ static void test_renew_period_is_a_quarter_of_the_ttl_within_a_third_of_the_fenc
         assert_int_equal(pool_shared_fence_deadline(f->pool), S(2000) + TTL - REVOKE_GRACE - SHARED_FENCE_SLACK);
 }
 
+/* A node that holds nothing renews every TTL/2 (15 s at the defaults), never faster than the busy period nor
+ * slower than SHARED_IDLE_RENEW_PERIOD_MAX; it holds something from a request's submit (out or waiting)
+ * while the lease is held (the self-fence's to guard), and nothing again once it is released. */
+static void test_a_pool_that_holds_nothing_renews_every_half_ttl(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1000));
+        assert_true(pool_shared_holds_nothing(f->pool));
+        assert_int_equal(pool_shared_idle_renew_period(f->pool), S(15));
+        for (usec_t grace = 0; grace <= S(30); grace += MS(500)) {
+                pool_shared_set_revoke_grace(f->pool, grace);
+                usec_t idle = pool_shared_idle_renew_period(f->pool);
+                assert_true(idle >= pool_shared_renew_period(f->pool));
+                assert_true(idle <= SHARED_IDLE_RENEW_PERIOD_MAX && 2 * idle <= TTL);
+        }
+        pool_shared_set_revoke_grace(f->pool, REVOKE_GRACE);
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(1001)), 0);
+        assert_false(pool_shared_holds_nothing(f->pool)); /* out */
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        done(f, c, reply("ok", S(1001), decision("queued", rid, S(1001), 0, "", 3, 0, EMPTY), EMPTY,
+                         cache(2, 4, 0, -1, "")), S(1001), S(1001));
+        assert_false(pool_shared_holds_nothing(f->pool)); /* waiting */
+        RespValue fields = arr(28, str("verdict"), str("granted"), str("rid"), str(rid), str("at"), str("1002000000"),
+                               str("wait"), str("1000000"), str("refusal"), str(""), str("reason"), str(""),
+                               str("state"), str("none"), str("idle"), str("0"), str("budget"), str("-1"),
+                               str("position"), str("0"), str("queued"), str("0"), str("token"), str("9"),
+                               str("slots"), str("1"), str("members"), str(""));
+        pool_shared_stream_entry(f->pool, "1-1", &fields, S(1002));
+        assert_int_equal(f->seen[f->n_seen - 1].verdict, POOL_VERDICT_GRANTED);
+        assert_false(pool_shared_holds_nothing(f->pool)); /* held */
+        f->pool->ops->release(f->pool, f->seen[f->n_seen - 1].grant, S(1003));
+        assert_true(pool_shared_holds_nothing(f->pool));
+}
+
 /* revoke-grace= changed by reload: the self-fence margin follows at once (issue 19 c). */
 static void test_revoke_grace_by_reload_moves_the_fence(void **state) {
         Fixture *f = *state;
@@ -3482,6 +3518,7 @@ int main(void) {
                 T(test_a_release_is_owed_until_answered),
                 T(test_revoke_grace_by_reload_moves_the_fence),
                 T(test_renew_period_is_a_quarter_of_the_ttl_within_a_third_of_the_fence_window),
+                T(test_a_pool_that_holds_nothing_renews_every_half_ttl),
                 T(test_grant_read_after_the_vouch_deadline_is_released_not_handed_out),
                 T(test_intents_are_replayed_in_order_after_a_reconnect),
                 T(test_epoch_change_reclaims_every_lease),

@@ -769,6 +769,29 @@ static void test_the_watch_goes_along_with_the_owners_command(void **state) {
         assert_int_equal(redis_link_get_state(f->link), REDIS_LINK_UP);
 }
 
+/* An owner that rests the watch (an idle node) gets no INFO of the timer's for many intervals; its next
+ * watch_along() sends one and wakes the timer again (the fallback, three intervals later). */
+static void test_a_resting_watch_reads_no_info_until_the_owner_sends_again(void **state) {
+        Fixture *f = *state;
+        const usec_t interval = USEC_PER_SEC / 2;
+
+        redis_start(f, NULL);
+        f->options.watch_interval = interval;
+        link_start(f);
+        wait_up(f);
+        long long before = link_info_calls(f);
+        assert_int_equal(redis_link_watch_rest(f->link), 0);
+        run_for(f, 6 * interval);
+        assert_int_equal(link_info_calls(f), before);
+        assert_int_equal(redis_link_watch_along(f->link), 1);
+        Reply r = CMD("PING");
+        assert_int_equal(r.error, 0);
+        assert_int_equal(link_info_calls(f), before + 1);
+        /* Awake: the fallback comes back, three intervals after. */
+        assert_true(run_until(f, link_info_calls_above, &(long long) { before + 1 }, DEADLINE));
+        assert_int_equal(redis_link_get_state(f->link), REDIS_LINK_UP);
+}
+
 /* A blocking read ended by a new connection (brokerd's long idle XREAD, when a pool joins the read): the
  * read's owner hears -ECONNRESET at once, the link DOWN then UP again without a backoff, no timeout. */
 static void test_reconnect_ends_a_blocking_read_and_comes_back_at_once(void **state) {
@@ -1118,6 +1141,7 @@ int main(int argc, char *argv[]) {
                 T(test_eviction_policy_set_at_run_time_fails_the_link),
                 T(test_replicaof_by_hand_fails_the_link_and_changes_its_id),
                 T(test_the_watch_goes_along_with_the_owners_command),
+                T(test_a_resting_watch_reads_no_info_until_the_owner_sends_again),
                 T(test_reconnect_ends_a_blocking_read_and_comes_back_at_once),
                 T(test_a_server_that_is_not_redis_fails_the_link),
                 T(test_a_silent_server_times_out_the_setup),

@@ -2808,9 +2808,10 @@ static void test_a_slow_renewal_widens_the_backend_clocks_gap(void **state) {
         pool = saved;
 }
 
-/* Renewals every TTL/4 (7.5 s at backend-node-ttl 30 s; at most 10 s): the backend clock's gap grows to the
- * period + 2 s, at most 12 s (it was capped at 7 s: a fleet of one node renewing every 7.5 s would see its
- * clock stand still but for 1 s between renewals, its dead found 7 times late). */
+/* Renewals every TTL/4 (7.5 s at backend-node-ttl 30 s; at most 10 s), every TTL/2 (at most 15 s) while the
+ * node holds nothing: the backend clock's gap grows to the period + 2 s, at most 17 s (it was capped at 7 s,
+ * then 12 s: a fleet of one node renewing every 7.5 s would see its clock stand still but for 1 s between
+ * renewals, its dead found 7 times late). */
 static void test_a_renewal_every_ttl_4_widens_the_backend_clocks_gap_to_its_period(void **state) {
         redisReply *t = live_tick(LIVE_N1, "n1", CANON_LIVE);
         freeReplyObject(t);
@@ -2822,11 +2823,17 @@ static void test_a_renewal_every_ttl_4_widens_the_backend_clocks_gap_to_its_peri
         redisReply *g = redisCommand(redis, "HGET sb:clock gap");
         assert_string_equal(g->str, "9500000");
         freeReplyObject(g);
+        r = call("renew", LIVE_N1, -1, 1, "30000000/15000000", POOL, NULL);
+        assert_string_equal(status(r), "ok");
+        freeReplyObject(r);
+        g = redisCommand(redis, "HGET sb:clock gap");
+        assert_string_equal(g->str, "17000000");
+        freeReplyObject(g);
         r = call("renew", LIVE_N1, -1, 1, "30000000/20000000", POOL, NULL);
         assert_string_equal(status(r), "ok");
         freeReplyObject(r);
         g = redisCommand(redis, "HGET sb:clock gap");
-        assert_string_equal(g->str, "12000000");
+        assert_string_equal(g->str, "17000000");
         freeReplyObject(g);
         pool = saved;
 }
