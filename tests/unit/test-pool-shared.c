@@ -279,6 +279,14 @@ static const char *granted(Fixture *f, void *cookie, usec_t now, char rid[static
         return rid;
 }
 
+/* A granted stream entry for rid with the given token, slots and members strings. */
+static RespValue granted_entry(const char *rid, const char *token, const char *slots, const char *members) {
+        return arr(28, str("verdict"), str("granted"), str("rid"), str(rid), str("at"), str("1500000"),
+                   str("wait"), str("0"), str("refusal"), str(""), str("reason"), str(""), str("state"), str("none"),
+                   str("idle"), str("0"), str("budget"), str("-1"), str("position"), str("0"), str("queued"),
+                   str("0"), str("token"), str(token), str("slots"), str(slots), str("members"), str(members));
+}
+
 static const char *queued(Fixture *f, void *cookie, usec_t now, char rid[static 17]) {
         assert_int_equal(submit(f, cookie, 1, true, now), 0);
         const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
@@ -955,11 +963,7 @@ static void test_a_pool_that_holds_nothing_renews_every_half_ttl(void **state) {
         done(f, c, reply("ok", S(1001), decision("queued", rid, S(1001), 0, "", 3, 0, EMPTY), EMPTY,
                          cache(2, 4, 0, -1, "")), S(1001), S(1001));
         assert_false(pool_shared_holds_nothing(f->pool)); /* waiting */
-        RespValue fields = arr(28, str("verdict"), str("granted"), str("rid"), str(rid), str("at"), str("1002000000"),
-                               str("wait"), str("1000000"), str("refusal"), str(""), str("reason"), str(""),
-                               str("state"), str("none"), str("idle"), str("0"), str("budget"), str("-1"),
-                               str("position"), str("0"), str("queued"), str("0"), str("token"), str("9"),
-                               str("slots"), str("1"), str("members"), str(""));
+        RespValue fields = granted_entry(rid, "9", "1", "");
         pool_shared_stream_entry(f->pool, "1-1", &fields, S(1002));
         assert_int_equal(f->seen[f->n_seen - 1].verdict, POOL_VERDICT_GRANTED);
         assert_false(pool_shared_holds_nothing(f->pool)); /* held */
@@ -2521,14 +2525,6 @@ static void test_grant_from_an_unconfirmed_primary_is_refused_and_released(void 
 }
 
 /* ------------------------------------------------------------- untrusted input (SPEC §11, issue 19 g) */
-
-/* A granted stream entry for rid with the given token, slots and members strings. */
-static RespValue granted_entry(const char *rid, const char *token, const char *slots, const char *members) {
-        return arr(28, str("verdict"), str("granted"), str("rid"), str(rid), str("at"), str("1500000"),
-                   str("wait"), str("0"), str("refusal"), str(""), str("reason"), str(""), str("state"), str("none"),
-                   str("idle"), str("0"), str("budget"), str("-1"), str("position"), str("0"), str("queued"),
-                   str("0"), str("token"), str(token), str("slots"), str(slots), str("members"), str(members));
-}
 
 static uint64_t bad_inputs(Fixture *f) {
         PoolInfo info;
