@@ -10,6 +10,7 @@
 # - the clang AddressSanitizer/UndefinedBehaviorSanitizer build: unit tests, fuzz corpora, and every other
 #   integration test against the real brokerd, which runs sanitized, in two runs at once: the integration
 #   tests that mostly wait on timers (suite "waits", tests/integration/meson.build) in the background;
+# - the brokerd of an earlier version (tools/old-brokerd.sh), for the tests of a mixed fleet;
 # - the unit tests under valgrind, one at a time, in the background beside the ASan/UBSan tests (most of
 #   whose time is waiting).
 # Whatever runs in the background is waited for at the end, each in a stage of its own: the summary gives
@@ -109,6 +110,19 @@ current=""
 
 stage "meson test (gcc, -Werror): unit, lint, the units' verify, fuzz" build/meson-logs/testlog.json \
         meson test -C build --print-errorlogs --suite unit --suite lint --suite units --suite fuzz
+
+# The brokerd of an earlier version, out of this clone's history (tools/old-brokerd.sh, ~12 s), for the tests
+# of a fleet that mixes it with this build (test-shared-upgrade, and test-shared-liveness's node of the version
+# before the live keys; both in suite "waits"): without it (a shallow clone) they skip, and the summary says so.
+current="the brokerd of an earlier version (tools/old-brokerd.sh)"
+start=$SECONDS
+if old=$(tools/old-brokerd.sh build-old); then
+        export SLOTBROKER_OLD_BROKERD=$old
+        stages+=("$current: built in $((SECONDS - start)) s")
+else
+        stages+=("$current: NOT BUILT (its tests skip)")
+fi
+current=""
 
 # The long fault runs mostly wait out node TTLs, failovers and recovery windows (about 35 s of CPU in
 # seven minutes): they run in the background beside the ASan/UBSan build, the systemd stage and the

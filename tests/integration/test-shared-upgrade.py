@@ -11,10 +11,8 @@ node serve one pool at once, through one real redis-server.
 - FUNCTION FLUSH under the new node costs it nothing (the library is loaded again at the next call);
 - runner-old is then restarted as this build (its state directory kept): both serve the pool again.
 
-Skipped (77) without $SLOTBROKER_OLD_BROKERD, redis-server or shared pools. To run it:
-    git worktree add /tmp/old OLD_COMMIT && meson setup /tmp/old/build /tmp/old -Dredis=enabled &&
-    ninja -C /tmp/old/build brokerd/brokerd &&
-    SLOTBROKER_OLD_BROKERD=/tmp/old/build/brokerd/brokerd meson test -C BUILD test-shared-upgrade
+Skipped (77) without $SLOTBROKER_OLD_BROKERD, redis-server or shared pools. tools/test.sh sets it; by hand:
+    SLOTBROKER_OLD_BROKERD=$(tools/old-brokerd.sh build-old) meson test -C BUILD test-shared-upgrade
 
 Usage: test-shared-upgrade.py BROKERD [unittest arguments]
 """
