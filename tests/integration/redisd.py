@@ -368,6 +368,14 @@ class RedisServer:
     def info(self, section=None):
         return parse_info(self.call(*(["INFO", section] if section else ["INFO"])))
 
+    def replication(self):
+        """INFO replication, or {} when the connection is cut mid-reply: a Sentinel that reconfigures this
+        server ends with CLIENT KILL TYPE normal, which may hit a poll waiting for that very change."""
+        try:
+            return self.info("replication")
+        except ConnectionError:
+            return {}
+
     def run_id(self):
         return self.info("server")["run_id"]
 

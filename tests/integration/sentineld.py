@@ -118,7 +118,7 @@ class Topology:
             monitored = self.proxy.port
         self.replica = RedisServer(self.tmpdir, unix=False, name="replica",
                                    config={"replicaof": f"127.0.0.1 {monitored}"}).start()
-        wait_for(lambda: self.replica.info("replication").get("master_link_status") == "up", timeout=30,
+        wait_for(lambda: self.replica.replication().get("master_link_status") == "up", timeout=30,
                  message="the replica to sync")
         for i in range(self.n_sentinels):
             self.sentinels.append(SentinelServer(self.tmpdir, monitored, i, self.down_after,
@@ -164,7 +164,7 @@ class Topology:
         self.replica.restart(keep_data=False)
 
         def synced():
-            return self.replica.info("replication").get("master_link_status") == "up"
+            return self.replica.replication().get("master_link_status") == "up"
         try:
             wait_for(synced, timeout=sentinel_timeout, message="the Sentinels to make the old primary a replica")
         except AssertionError:

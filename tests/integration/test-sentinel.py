@@ -353,7 +353,7 @@ class TestSentinelPartition(SentinelLoad):
         # Sentinel converts an old primary only once it has seen its role for 8 s, refreshing a replica's
         # INFO every 10 s: usually within 20 s, now and then more (bench-sentinel's rejoins: over 30 s in 3 of
         # ~40), hence the long bound.
-        wait_for(lambda: self.topo.primary.info("replication").get("role") == "slave", timeout=90,
+        wait_for(lambda: self.topo.primary.replication().get("role") == "slave", timeout=90,
                  message="the old primary to be made a replica")
         print(f"the Sentinels made the old primary a replica {time.monotonic() - healed:.2f} s after the heal",
               file=sys.stderr)
