@@ -2328,9 +2328,9 @@ end
 local function reply(status, body)
         outcomes_trim()
         flush()
-        local c = {}
+        local c
         if CACHE_LATER and (status == 'ok' or status == 'invalid') then
-                cache_owed = true
+                c, cache_owed = {}, true
         else
                 c, cache_owed = cache(), false
         end
@@ -2341,8 +2341,8 @@ end
 -- in the batch left to it (a carried state is the pool's as it left it).
 local function early(status, body)
         flush()
-        local c = {}
-        if cache_owed and carry.on then c, cache_owed = cache(), false end
+        local c
+        if cache_owed and carry.on then c, cache_owed = cache(), false else c = {} end
         return { status, now, body or {}, {}, c, {} }
 end
 
