@@ -62,6 +62,7 @@ local function batch()
                 call_begin(keep)
                 carry.defer = carries
                 BATCH_NEXT = j > 1
+                CACHE_LATER = carries and j < n and CARRIES[list[j + 1][1]]
                 local r = op()
                 replies[j] = r
                 if r[1] ~= 'ok' and r[1] ~= 'invalid' then break end

@@ -103,6 +103,8 @@ local R                         -- the stored rules, parsed (rules_load)
 local lane_cache                -- lane -> {used, waiting}
 local events                    -- this node's decisions and the congestion flips, in order
 local notices                   -- nodes reaped in this call
+local CACHE_LATER               -- batch.lua: the next operation carries this one's state on, and its reply the cache
+local cache_owed                -- a reply of this batch left its cache to a later one
 local steps
 local reaped_a_page
 local stream_last               -- the last id appended to the caller's stream by this call
@@ -2320,16 +2322,28 @@ local function cache()
         return c
 end
 
+-- A batch's operation whose next one carries its state on (and is run: "ok" or "invalid") leaves the cache
+-- to the last reply of that run: brokerd applies replies in order, and only that one's cache counts (README,
+-- "Batches"). Each costs a next_due() and four lists' tables to make and to convert.
 local function reply(status, body)
         outcomes_trim()
         flush()
-        return { status, now, body or {}, events, cache(), notices }
+        local c
+        if CACHE_LATER and (status == 'ok' or status == 'invalid') then
+                c, cache_owed = {}, true
+        else
+                c, cache_owed = cache(), false
+        end
+        return { status, now, body or {}, events, c, notices }
 end
 
--- A reply before the pool's state was looked at: no events, no cache.
+-- A reply before the pool's state was looked at: no events, no cache — but the cache an operation before it
+-- in the batch left to it (a carried state is the pool's as it left it).
 local function early(status, body)
         flush()
-        return { status, now, body or {}, {}, {}, {} }
+        local c
+        if cache_owed and carry.on then c, cache_owed = cache(), false else c = {} end
+        return { status, now, body or {}, {}, c, {} }
 end
 
 -- What is checked at connect is watched (SPEC §11): keys deleted by hand, evicted (a policy changed at
@@ -2475,7 +2489,7 @@ end
 local function call_begin(keep)
         events, notices = {}, {}
         steps, reaped_a_page, stream_last = 0, false, ''
-        IDENTITY_TAKEOVER, BATCH_NEXT = false, false
+        IDENTITY_TAKEOVER, BATCH_NEXT, CACHE_LATER = false, false, false
         if keep then
                 -- KEYS[1] and the head (ARGV[1..5]) are the batch's: P, K, NODE… as the operation before, and
                 -- so is its instant (now, raw_time, the backend clock: one clock read a call).
@@ -2496,7 +2510,7 @@ local function call_begin(keep)
         end
         MANUAL_NOW, RUN_ID, SETTLE = ARGV[3], ARGV[4], ARGV[5] == '1'
         M, R, lane_cache, meta_dirty, meta_stored, fp_delta = {}, {}, {}, {}, {}, {}
-        carry = {}
+        carry, cache_owed = {}, false
 end
 
 -- The checks every script makes first: data model version, clock mode, the server's run id (a restart:

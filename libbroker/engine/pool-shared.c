@@ -2321,6 +2321,8 @@ static void drain_notice(SharedPool *p, const RespValue *n, bool drained, usec_t
                 bad_input(p, "a malformed drain notice in a reply", now);
 }
 
+/* The pool as a reply's cache shows it. None ({}): an early reply, or a batch's operation that left it to the
+ * next one's reply (brokerd/lua/README, "Batches"), applied in order right after. */
 static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now, usec_t now) {
         int64_t x;
         if (!cache || cache->type != RESP_ARRAY || cache->n < 11)
