@@ -47,6 +47,7 @@ typedef struct RequestPart {
         usec_t idle, budget;
         Refusal refusal;         /* REFUSED */
         const char *reason;
+        usec_t retry_at;         /* REFUSED busy "cooldown": when the pool's rests make room (PoolDecision) */
         bool echo;               /* REFUSED because another pool refused the set (PoolDecision.echo) */
         bool room;               /* QUEUED with room (PoolDecision.room) */
         usec_t at, wait;
@@ -864,6 +865,7 @@ static void set_part_record(EngineRequest *r, RequestPart *part, const PoolDecis
                 part->waiter = NULL;
                 part->refusal = d->refusal;
                 part->reason = d->reason;
+                part->retry_at = d->retry_at;
                 part->echo = d->echo;
                 part->at = d->at;
                 part->wait = decision_wait(d, r);
@@ -990,6 +992,12 @@ static void set_refuse(Engine *e, EngineRequest *r, Pool *p, Refusal refusal, us
         refuse_request(e, r, p, refusal, at, wait, reason);
 }
 
+/* A set refused in the name of a part its pool refused: that pool's refusal, reason and retry time. */
+static void set_refuse_as(Engine *e, EngineRequest *r, const RequestPart *part, usec_t now) {
+        set_withdraw(e, r, now);
+        refuse_request_at(e, r, part->pool, part->refusal, part->at, part->wait, part->reason, part->retry_at);
+}
+
 /* Every part granted: one lease over the set. */
 static void set_lease(Engine *e, EngineRequest *r, usec_t now) {
         const RequestPart *main = r->parts;
@@ -1046,7 +1054,7 @@ static void set_grant_done(Engine *e, EngineRequest *r, usec_t now) {
         const RequestPart *refused = set_refused_part(r), *bad = NULL;
         if (refused) {
                 /* One of its pools refused its part meanwhile (its budget, a drain): the set ends so. */
-                set_refuse(e, r, refused->pool, refused->refusal, refused->at, refused->wait, refused->reason, now);
+                set_refuse_as(e, r, refused, now);
                 return;
         }
         size_t n_queued = 0;
@@ -1164,7 +1172,7 @@ static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision 
          * waiter at its budget's end (SPEC §3.3, step 4), and as they go on after a set's grant
          * (sets_settle()); else a waiter behind the set waits for the pool's next instant. */
         set_rerun(e, r, part->pool, d->at);
-        set_refuse(e, r, part->pool, part->refusal, part->at, part->wait, part->reason, d->at);
+        set_refuse_as(e, r, part, d->at);
 }
 
 /* Every pool of the set on the route's next pool has answered: granted at once when all have room, else
@@ -1178,11 +1186,12 @@ static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
                 Refusal why = refused->refusal;
                 Pool *by = refused->pool;
                 const char *reason = refused->reason;
+                usec_t retry_at = refused->retry_at;
                 set_withdraw(e, r, now);
                 /* Fail fast while an alternative remains (SPEC §3.2). */
                 if (!last && (why == REFUSAL_BUSY || why == REFUSAL_UNAVAILABLE))
                         return true;
-                refuse_request(e, r, by, why, now, usec_sub_unsigned(now, r->arrival), reason);
+                refuse_request_at(e, r, by, why, now, usec_sub_unsigned(now, r->arrival), reason, retry_at);
                 return false;
         }
         if (set_is_granted(r)) {

@@ -3568,6 +3568,28 @@ static void test_cooldown_fail_fast_refusal_names_it_and_its_wake(void **state) 
         assert_null(m2->final.reason);               /* a held slot is no cooldown: a plain busy */
 }
 
+/* A fail-fast set refused busy by a pool whose slots rest: the set's refusal has that pool's reason and its
+ * wake, as a lone request's (SPEC §3.6), not a random retry. */
+static void test_cooldown_fail_fast_set_refusal_names_the_wake(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1)->cooldown = S(10);
+        pool_add(f, "db", 1);
+        lane_add(f, "p", LANE_POLICY_WAIT, "p", NULL);
+        lane_also(lane_add(f, "ff", LANE_POLICY_FAIL_FAST, "p", NULL), "db", 1);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) { .lane = "p" }, 0);
+        end(f, a, S(1));                             /* rests until 11 */
+        Tag *s = acquire(f, "S", (Req) { .lane = "ff" }, S(3));
+        assert_true(refused(s, REFUSAL_BUSY));
+        assert_string_equal(s->final.pool, "p");
+        assert_non_null(s->final.reason);
+        assert_string_equal(s->final.reason, "cooldown");
+        assert_int_equal(s->final.retry_after_sec, 8);
+        assert_int_equal(pool_in_use(f, 1), 0);      /* nothing of the set kept in db */
+        Tag *later = acquire(f, "L", (Req) { .lane = "ff" }, S(11));
+        assert_true(granted(later));
+}
+
 static void test_cooldown_budget_counts_resting_slots_as_unavailable(void **state) {
         Fixture *f = *state;
         PoolConfig *p = cooldown_pool(f, 1, S(10));
@@ -3885,6 +3907,7 @@ int main(void) {
                 T(test_cooldown_rests_a_released_slot_and_wakes_it_by_deadline),
                 T(test_cooldown_no_barging_behind_a_two_slot_waiter),
                 T(test_cooldown_fail_fast_refusal_names_it_and_its_wake),
+                T(test_cooldown_fail_fast_set_refusal_names_the_wake),
                 T(test_cooldown_budget_counts_resting_slots_as_unavailable),
                 T(test_cooldown_reload_changed_applies_next_removed_frees_at_once),
                 T(test_cooldown_reload_follows_a_member_by_name),
