@@ -3831,10 +3831,13 @@ static bool is_status(const redisReply *r, const char *what) {
 
 /* A batch's reply against the same operation's own (assert_same_reply()), but for the cache ([4]) of an
  * operation whose next one carries the state on: {} there, left to the last reply of that run (README,
- * "Batches"). Returns whether the cache was left so. */
-static bool assert_same_batch_reply(const redisReply *one, const redisReply *b, bool last, const char *where) {
-        if (!last && one->type == REDIS_REPLY_ARRAY && b->type == REDIS_REPLY_ARRAY && one->elements == 6 &&
-            b->elements == 6 && b->element[4]->type == REDIS_REPLY_ARRAY && b->element[4]->elements == 0 &&
+ * "Batches"), whose stream_last then says what the run appended last (*appended: whether an operation of the
+ * run so far did, where its cache was left; the caller starts it false). Returns whether the cache was left. */
+static bool assert_same_batch_reply(const redisReply *one, const redisReply *b, bool last, const char *where,
+                                    bool *appended) {
+        bool arrays = one->type == REDIS_REPLY_ARRAY && b->type == REDIS_REPLY_ARRAY && one->elements == 6 &&
+                      b->elements == 6;
+        if (!last && arrays && b->element[4]->type == REDIS_REPLY_ARRAY && b->element[4]->elements == 0 &&
             one->element[4]->elements > 0) {
                 if (!is_status(b->element[0], "ok") && !is_status(b->element[0], "invalid"))
                         fail_msg("%s: a \"%s\" reply, which ends the batch, left its cache", where, b->element[0]->str);
@@ -3844,9 +3847,30 @@ static bool assert_same_batch_reply(const redisReply *one, const redisReply *b, 
                         if (i != 4)
                                 assert_same_reply(one->element[i], b->element[i], w);
                 }
+                *appended = *appended || is_stream_id(one->element[4]->element[C_STREAM_LAST]);
                 return true;
         }
-        assert_same_reply(one, b, where);
+        if (*appended && arrays && one->element[4]->elements > C_STREAM_LAST &&
+            b->element[4]->elements == one->element[4]->elements &&
+            !is_stream_id(one->element[4]->element[C_STREAM_LAST])) {
+                /* This operation appended nothing, an earlier one of the run did: the cache says its entry. */
+                if (!is_stream_id(b->element[4]->element[C_STREAM_LAST]))
+                        fail_msg("%s: the run's cache does not say its last stream entry", where);
+                for (size_t i = 0; i < 6; i++) {
+                        char w[256];
+                        snprintf(w, sizeof w, "%s[%zu]", where, i);
+                        if (i != 4)
+                                assert_same_reply(one->element[i], b->element[i], w);
+                }
+                for (size_t j = 0; j < one->element[4]->elements; j++) {
+                        char w[256];
+                        snprintf(w, sizeof w, "%s[4][%zu]", where, j);
+                        if (j != C_STREAM_LAST)
+                                assert_same_reply(one->element[4]->element[j], b->element[4]->element[j], w);
+                }
+        } else
+                assert_same_reply(one, b, where);
+        *appended = false;
         return false;
 }
 
@@ -3980,10 +4004,11 @@ static void test_a_batch_answers_as_its_operations_one_by_one(void **state) {
         assert_int_equal(b->type, REDIS_REPLY_ARRAY);
         assert_int_equal(b->elements, n);
         size_t left = 0;
+        bool appended = false;
         for (size_t i = 0; i < n; i++) {
                 char w[32];
                 snprintf(w, sizeof w, "reply %zu", i);
-                left += assert_same_batch_reply(one[i], b->element[i], i + 1 == n, w);
+                left += assert_same_batch_reply(one[i], b->element[i], i + 1 == n, w, &appended);
                 freeReplyObject(one[i]);
         }
         /* Every submit, release and withdrawal followed by one of those left its cache to it: all but the
@@ -3992,6 +4017,45 @@ static void test_a_batch_answers_as_its_operations_one_by_one(void **state) {
         assert_int_not_equal(b->element[n - 2]->element[4]->elements, 0);
         freeReplyObject(b);
         assert_same_pools(POOL, "{sb:q}");
+}
+
+/* The cache a carried run's last reply has says what the whole run appended to the caller's stream
+ * (stream_last): brokerd counts the pool settled, and hands its stream position over at a restart, by it.
+ * Here a release hands its slot on to this node's waiter (an entry in n1's stream), and the submit after it
+ * in the run appends nothing. */
+static void test_a_batch_run_says_its_last_stream_entry(void **state) {
+        static const char *const first[] = {
+                "submit", "8", "a", "ci", "1", "1", "0", "-1", "-1", "-",
+                "submit", "8", "w", "ci", "1", "1", "0", "-1", "-1", "-",
+                NULL,
+        };
+        char token[24];
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        batch_settle = 1;
+        redisReply *b = batch_as("n1", 2000, first);
+        assert_int_equal(b->elements, 2);
+        assert_string_equal(field_s(body(b->element[0]), D_VERDICT), "granted");
+        assert_string_equal(field_s(body(b->element[1]), D_VERDICT), "queued");
+        snprintf(token, sizeof token, "%lld", field_i(body(b->element[0]), D_TOKEN));
+        freeReplyObject(b);
+
+        const char *const second[] = {
+                "release", "2", token, "a",
+                "submit", "8", "x", "ci", "1", "0", "0", "-1", "-1", "-",
+                NULL,
+        };
+        b = batch_as("n1", 3000, second);
+        batch_settle = 0;
+        assert_int_equal(b->elements, 2);
+        assert_int_equal(b->element[0]->element[R_CACHE]->elements, 0); /* left to the submit's reply */
+        assert_string_equal(field_s(body(b->element[1]), D_VERDICT), "refused");
+        redisReply *last = redisCommand(redis, "XREVRANGE %s:s:n1 + - COUNT 1", POOL);
+        assert_non_null(last);
+        assert_int_equal(last->elements, 1);
+        assert_string_equal(cache_s(b->element[1], C_STREAM_LAST), last->element[0]->element[0]->str);
+        freeReplyObject(last);
+        freeReplyObject(b);
 }
 
 /* Runs ops one by one in POOL, then as one batch in "{sb:q}", with the same replies (compared) and the same
@@ -4016,10 +4080,11 @@ static void batches_as_one_by_one(const char *canon, const struct batch_step *st
                         fail_msg("batch %zu: %s", s, b->str);
                 assert_int_equal(b->type, REDIS_REPLY_ARRAY);
                 assert_int_equal(b->elements, n);
+                bool appended = false;
                 for (size_t i = 0; i < n; i++) {
                         char w[48];
                         snprintf(w, sizeof w, "batch %zu reply %zu", s, i);
-                        (void) assert_same_batch_reply(one[i], b->element[i], i + 1 == n, w);
+                        (void) assert_same_batch_reply(one[i], b->element[i], i + 1 == n, w, &appended);
                         freeReplyObject(one[i]);
                 }
                 freeReplyObject(b);
@@ -4888,6 +4953,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_malformed_set_call_is_an_error),
                 T(test_crossing_sets_stand_in_one_order_in_every_pool),
                 T(test_a_batch_answers_as_its_operations_one_by_one),
+                T(test_a_batch_run_says_its_last_stream_entry),
                 T(test_a_batch_stops_where_an_operation_does_not_answer_ok),
                 T(test_a_batch_leaves_the_keys_its_operations_leave_one_by_one),
                 T(test_a_batch_reads_the_pools_state_once),
