@@ -697,7 +697,10 @@ void session_on_disconnect(Session *s) {
         if (s->handed_over) {
                 /* The next brokerd has the request and the life line: nothing is withdrawn (a shared pool would
                  * tell Redis), audited or ended here. The engine keeps the request until it is freed with the
-                 * process: the loop ends with this dispatch, no event of it is drained any more. */
+                 * process, and the loop may run on (up to STOP_GIVE_BACK_MAX, giving other waiters back to
+                 * Redis): its events are nobody's from now on (session_on_engine_event()), this session being
+                 * freed with this iteration. */
+                engine_request_set_userdata(a->request, NULL);
                 position_queue_leave(s);
                 if (s->lease)
                         lease_clear_holder(TAKE_PTR(s->lease));
@@ -1319,13 +1322,20 @@ void session_on_lease_event(SessionTable *m, const LeaseEvent *ev) {
 void session_on_engine_event(SessionTable *m, const EngineEvent *ev) {
         switch (ev->type) {
         case ENGINE_EVENT_QUEUED:
-                on_queued(m, ev->userdata, ev);
+                if (ev->userdata)
+                        on_queued(m, ev->userdata, ev);
                 break;
         case ENGINE_EVENT_GRANTED:
-                on_granted(m, ev->userdata, ev);
+                /* A request handed to the next brokerd (session_on_disconnect()), granted while this one stops:
+                 * the next one asks for it again, in a shared pool under its rid, which Redis answers with this
+                 * very grant. It is not recorded here, nor ended for want of a holder: that would free it in
+                 * Redis while the answer kept for the rid still says granted. */
+                if (ev->userdata)
+                        on_granted(m, ev->userdata, ev);
                 break;
         case ENGINE_EVENT_REFUSED:
-                on_refused(m, ev->userdata, ev);
+                if (ev->userdata)
+                        on_refused(m, ev->userdata, ev);
                 break;
         case ENGINE_EVENT_REVOKE:
                 if (ev->userdata && ev->lost)

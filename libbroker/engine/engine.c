@@ -317,6 +317,11 @@ EngineRequest *engine_request_unref(EngineRequest *r) {
         return NULL;
 }
 
+void engine_request_set_userdata(EngineRequest *r, void *userdata) {
+        if (r)
+                r->userdata = userdata;
+}
+
 /* The engine's own reference ends with the request's final decision. */
 static void request_finish(EngineRequest *r) {
         if (list_node_is_linked(&r->node))

@@ -206,6 +206,8 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
 void engine_request_cancel(EngineRequest *r, usec_t now);
 /* Requests are shared between the caller and the engine; drop the caller's reference when done. */
 EngineRequest *engine_request_unref(EngineRequest *r);
+/* What the request's events carry as userdata from now on (NULL: nobody's; engine_acquire() set it). */
+void engine_request_set_userdata(EngineRequest *r, void *userdata);
 DEFINE_TRIVIAL_CLEANUP_FUNC(EngineRequest *, engine_request_unref);
 bool engine_request_is_waiting(const EngineRequest *r);
 /* Submitted to a pool that decides later, which has not answered yet: engine_request_cancel() forgets it. */
