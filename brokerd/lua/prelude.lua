@@ -2490,8 +2490,8 @@ local function call_begin(keep)
         events, notices = {}, {}
         steps, reaped_a_page = 0, false
         -- The cache's stream_last says what the call appended to the caller's stream: an operation that left
-        -- its cache to the next one's reply leaves it its id too (brokerd reads its stream that far before it
-        -- counts the pool settled, and hands that position over at a restart).
+        -- its cache to the next one's reply leaves it its id too (brokerd counts the pool settled only once it
+        -- has read its stream that far: pool_shared_is_settled()).
         if not (keep and cache_owed) then stream_last = '' end
         IDENTITY_TAKEOVER, BATCH_NEXT, CACHE_LATER = false, false, false
         if keep then

@@ -4020,7 +4020,7 @@ static void test_a_batch_answers_as_its_operations_one_by_one(void **state) {
 }
 
 /* The cache a carried run's last reply has says what the whole run appended to the caller's stream
- * (stream_last): brokerd counts the pool settled, and hands its stream position over at a restart, by it.
+ * (stream_last): brokerd counts the pool settled only once it has read its stream that far.
  * Here a release hands its slot on to this node's waiter (an entry in n1's stream), and the submit after it
  * in the run appends nothing. */
 static void test_a_batch_run_says_its_last_stream_entry(void **state) {
