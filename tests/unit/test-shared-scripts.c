@@ -3829,6 +3829,16 @@ static bool is_status(const redisReply *r, const char *what) {
         return r->type == REDIS_REPLY_STRING && strcmp(r->str, what) == 0;
 }
 
+/* assert_same_reply() of two replies of 6, element by element, but for their caches. */
+static void assert_same_reply_but_cache(const redisReply *one, const redisReply *b, const char *where) {
+        for (size_t i = 0; i < 6; i++) {
+                char w[256];
+                snprintf(w, sizeof w, "%s[%zu]", where, i);
+                if (i != R_CACHE)
+                        assert_same_reply(one->element[i], b->element[i], w);
+        }
+}
+
 /* A batch's reply against the same operation's own (assert_same_reply()), but for the cache ([4]) of an
  * operation whose next one carries the state on: {} there, left to the last reply of that run (README,
  * "Batches"), whose stream_last then says what the run appended last (*appended: whether an operation of the
@@ -3837,36 +3847,26 @@ static bool assert_same_batch_reply(const redisReply *one, const redisReply *b, 
                                     bool *appended) {
         bool arrays = one->type == REDIS_REPLY_ARRAY && b->type == REDIS_REPLY_ARRAY && one->elements == 6 &&
                       b->elements == 6;
-        if (!last && arrays && b->element[4]->type == REDIS_REPLY_ARRAY && b->element[4]->elements == 0 &&
-            one->element[4]->elements > 0) {
-                if (!is_status(b->element[0], "ok") && !is_status(b->element[0], "invalid"))
-                        fail_msg("%s: a \"%s\" reply, which ends the batch, left its cache", where, b->element[0]->str);
-                for (size_t i = 0; i < 6; i++) {
-                        char w[256];
-                        snprintf(w, sizeof w, "%s[%zu]", where, i);
-                        if (i != 4)
-                                assert_same_reply(one->element[i], b->element[i], w);
-                }
-                *appended = *appended || is_stream_id(one->element[4]->element[C_STREAM_LAST]);
+        const redisReply *oc = arrays ? one->element[R_CACHE] : NULL, *bc = arrays ? b->element[R_CACHE] : NULL;
+        if (!last && arrays && bc->type == REDIS_REPLY_ARRAY && bc->elements == 0 && oc->elements > 0) {
+                if (!is_status(b->element[R_STATUS], "ok") && !is_status(b->element[R_STATUS], "invalid"))
+                        fail_msg("%s: a \"%s\" reply, which ends the batch, left its cache", where,
+                                 b->element[R_STATUS]->str);
+                assert_same_reply_but_cache(one, b, where);
+                *appended = *appended || is_stream_id(oc->element[C_STREAM_LAST]);
                 return true;
         }
-        if (*appended && arrays && one->element[4]->elements > C_STREAM_LAST &&
-            b->element[4]->elements == one->element[4]->elements &&
-            !is_stream_id(one->element[4]->element[C_STREAM_LAST])) {
+        if (*appended && arrays && oc->elements > C_STREAM_LAST && bc->elements == oc->elements &&
+            !is_stream_id(oc->element[C_STREAM_LAST])) {
                 /* This operation appended nothing, an earlier one of the run did: the cache says its entry. */
-                if (!is_stream_id(b->element[4]->element[C_STREAM_LAST]))
+                if (!is_stream_id(bc->element[C_STREAM_LAST]))
                         fail_msg("%s: the run's cache does not say its last stream entry", where);
-                for (size_t i = 0; i < 6; i++) {
+                assert_same_reply_but_cache(one, b, where);
+                for (size_t j = 0; j < oc->elements; j++) {
                         char w[256];
-                        snprintf(w, sizeof w, "%s[%zu]", where, i);
-                        if (i != 4)
-                                assert_same_reply(one->element[i], b->element[i], w);
-                }
-                for (size_t j = 0; j < one->element[4]->elements; j++) {
-                        char w[256];
-                        snprintf(w, sizeof w, "%s[4][%zu]", where, j);
+                        snprintf(w, sizeof w, "%s[%d][%zu]", where, R_CACHE, j);
                         if (j != C_STREAM_LAST)
-                                assert_same_reply(one->element[4]->element[j], b->element[4]->element[j], w);
+                                assert_same_reply(oc->element[j], bc->element[j], w);
                 }
         } else
                 assert_same_reply(one, b, where);
@@ -4014,7 +4014,7 @@ static void test_a_batch_answers_as_its_operations_one_by_one(void **state) {
         /* Every submit, release and withdrawal followed by one of those left its cache to it: all but the
          * last submit (a tick follows, which reads the state afresh) and the tick. */
         assert_int_equal(left, n - 2);
-        assert_int_not_equal(b->element[n - 2]->element[4]->elements, 0);
+        assert_int_not_equal(b->element[n - 2]->element[R_CACHE]->elements, 0);
         freeReplyObject(b);
         assert_same_pools(POOL, "{sb:q}");
 }
