@@ -1499,8 +1499,9 @@ static void drains_expire(Engine *e, usec_t t);
 static void settle(Engine *e, usec_t t) {
         drains_expire(e, t); /* before the pools run: what it frees is granted at this instant */
         /* Sets that a command of this instant made ready everywhere (a drain or a release gave back what held
-         * them) are granted before the pools refuse the budgets that end now (SPEC §3.3: step 3 before 4), as
-         * a pool that decides later grants them on the READY its answer to the command carried. */
+         * them) are granted after its arrivals and before the pools refuse the budgets that end now (SPEC
+         * §3.3: step 3 between 2 and 4), whether an in-process pool said READY or a pool that decides later
+         * did in its answer to the command (engine_take_decisions() leaves those for here). */
         process_decisions(e);
         if (!list_is_empty(&e->sets))
                 sets_settle(e, t);
@@ -1563,8 +1564,11 @@ void engine_take_decisions(Engine *e) {
                 return;
         process_decisions(e);
         /* A pool that decides later says READY in its answers: a set every pool of which is ready now is
-         * granted at that instant, as engine_run() would (the grant is one more call over the set). */
-        if (!list_is_empty(&e->sets))
+         * granted at that instant, as engine_run() would (the grant is one more call over the set). But not
+         * while a command opened that instant and engine_run() has not settled it: more commands of it may
+         * follow, and its arrivals come before freed slots go to waiters (SPEC §3.3, step 2 before 3), as an
+         * in-process pool's set waits for settle(). engine_next_wakeup() names the instant meanwhile. */
+        if (!list_is_empty(&e->sets) && !(e->unsettled && e->sets_at >= e->unsettled_at))
                 sets_settle(e, e->sets_at);
 }
 

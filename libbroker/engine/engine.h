@@ -246,7 +246,8 @@ usec_t engine_next_wakeup(const Engine *e);
 /* Handles the decisions pools sent outside an engine call (a remote pool's answers): their events follow.
  * Every entry point above does this first; a driver that waited for answers and wants their events without
  * settling an instant calls this. An all-or-nothing set that every pool of it now says is ready is granted
- * (asked of its pools) at the instant the last said so. */
+ * (asked of its pools) at the instant the last said so, unless a command opened that instant and engine_run()
+ * has not settled it yet: then engine_run() grants it, after the instant's arrivals (SPEC §3.3). */
 void engine_take_decisions(Engine *e);
 /* Takes the oldest pending event. Returns true if there was one. */
 bool engine_pop_event(Engine *e, EngineEvent *ret);

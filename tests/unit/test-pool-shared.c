@@ -2692,7 +2692,9 @@ static void test_grant_of_a_slot_held_here_is_dropped(void **state) {
 }
 
 /* A release answered with an error or garbage is not sent again at once (a server answering garbage at
- * once would make the loop spin): after the next heartbeat. */
+ * once would make the loop spin): after the next heartbeat. Garbage is bad input; an error reply is Redis's
+ * own word (out of memory, NOSCRIPT), not input that failed a check: not counted, as a set's is not
+ * (test_set_error_reply_refuses_in_every_pool). */
 static void test_call_answered_with_garbage_waits_for_the_next_heartbeat(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1));
@@ -2708,6 +2710,7 @@ static void test_call_answered_with_garbage_waits_for_the_next_heartbeat(void **
         tick_ok(f, S(2), S(2));
         c = take(f, SHARED_SCRIPT_RELEASE);
         done(f, c, (RespValue) { .type = RESP_ERROR, .str = "OOM", .len = 3 }, S(2), S(2));
+        assert_int_equal(bad_inputs(f), 1); /* the garbage's */
         no_call(f);
         f->pool->ops->run(f->pool, S(3));
         tick_ok(f, S(3), S(3));
@@ -3337,7 +3340,8 @@ static void test_set_unregistered_of_pool_2_waits_until_it_serves(void **state) 
         assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_QUEUED);
 }
 
-/* A script error (out of memory under noeviction): refused in both, not sent again. */
+/* A script error (out of memory under noeviction): refused in both, not sent again. Not bad input: Redis's own
+ * word, as for a lone call (test_call_answered_with_garbage_waits_for_the_next_heartbeat). */
 static void test_set_error_reply_refuses_in_every_pool(void **state) {
         SetFixture *s = *state;
         assert_int_equal(set_submit(s, true, S(2)), 0);
@@ -3345,6 +3349,7 @@ static void test_set_error_reply_refuses_in_every_pool(void **state) {
         RespValue e = { .type = RESP_ERROR, .str = "OOM", .len = 3 };
         set_reply(s, c, e);
         assert_set_refused(s, "backend");
+        assert_int_equal(set_bad_inputs(s), 0);
 }
 
 /* Answers of another shape than set.lua's, each to a fresh set (submit mode): counted, the set refused in
