@@ -384,7 +384,9 @@ usec_t engine_request_idle(const EngineRequest *r) {
 const char *engine_request_remote_id(const EngineRequest *r) {
         if (!r || r->phase != REQUEST_WAITING || !r->pool->ops->remote_id)
                 return NULL;
-        return r->pool->ops->remote_id(r->pool, r->waiter);
+        /* A set waits as one part per pool (r->waiter is none of them), all under one name in the backend
+         * (lua/README, "All-or-nothing sets"): its chosen pool's part says it. */
+        return r->pool->ops->remote_id(r->pool, r->parts ? r->parts[0].waiter : r->waiter);
 }
 
 const char *engine_request_pool(const EngineRequest *r) {

@@ -227,8 +227,8 @@ const char *engine_request_pool(const EngineRequest *r);
  * position (engine_request_position()) is the furthest of its places, its budget the smallest. */
 size_t engine_request_also_count(const EngineRequest *r);
 const char *engine_request_also_pool(const EngineRequest *r, size_t i);
-/* A waiting request's name in the backend of its pool (a shared pool's rid), or NULL (an in-process pool,
- * or not waiting). Valid until the request's next event. */
+/* A waiting request's name in the backend of its pool (a shared pool's rid; a set's, the one its parts wait
+ * under in every pool), or NULL (an in-process pool, or not waiting). Valid until the request's next event. */
 const char *engine_request_remote_id(const EngineRequest *r);
 
 /* A pool's controlled-delay clock (SPEC §3.1): the last instant it admitted fast (monotonic µs), carried

@@ -16,9 +16,11 @@
 
 #define RID_LEN 16
 /* Untrusted input (SPEC §11): how many rids this node sent and forgot are remembered (a grant for one is
- * released; one for a rid never sent is dropped), how often a BAD_INPUT notice may be pushed, the largest
- * token (Lua's numbers are doubles), and the longest strings kept from a reply. */
+ * released; one for a rid never sent is dropped) and how many grants whose leases ended here (a late copy of
+ * one is no bad input), how often a BAD_INPUT notice may be pushed, the largest token (Lua's numbers are
+ * doubles), and the longest strings kept from a reply. */
 #define FORGOTTEN_RIDS 256
+#define ENDED_GRANTS 256
 #define BAD_INPUT_NOTICE_EVERY (60 * USEC_PER_SEC)
 #define TOKEN_MAX (UINT64_C(1) << 53) /* exact in Lua's doubles and RESP (lua/README, "Conventions") */
 #define STREAM_ID_LEN_MAX 41
@@ -217,6 +219,13 @@ typedef struct SharedPool {
         /* The rids this node sent and then forgot (withdrawn, cancelled, refused here), a ring. */
         char forgotten[FORGOTTEN_RIDS][RID_LEN + 1];
         size_t n_forgotten;
+        /* The grants whose leases ended here (released, lost), a ring: the stream's copy of one may be read
+         * after its end (the reply applied it and its holder went at once). */
+        struct {
+                char rid[RID_LEN + 1];
+                uint64_t token;
+        } ended[ENDED_GRANTS];
+        size_t n_ended;
 
         /* Status: the holders and waiters of every node, fetched every second while someone looks. */
         bool status_wanted;     /* snapshot() was asked since the last run() */
@@ -1491,6 +1500,19 @@ static void rid_forget(SharedPool *p, const char *rid) {
         snprintf(p->forgotten[p->n_forgotten++ % FORGOTTEN_RIDS], RID_LEN + 1, "%s", rid);
 }
 
+static bool grant_has_ended(const SharedPool *p, const char *rid, uint64_t token) {
+        for (size_t i = 0; i < MIN(p->n_ended, (size_t) ENDED_GRANTS); i++)
+                if (p->ended[i].token == token && streq(p->ended[i].rid, rid))
+                        return true;
+        return false;
+}
+
+static void grant_ended(SharedPool *p, const PoolGrant *g) {
+        size_t i = p->n_ended++ % ENDED_GRANTS;
+        snprintf(p->ended[i].rid, RID_LEN + 1, "%s", g->rid);
+        p->ended[i].token = g->token;
+}
+
 /* Input that failed validation: dropped by the caller; counted here, and told at most once a minute. */
 static void bad_input(SharedPool *p, const char *what, usec_t now) {
         p->bad_input++;
@@ -1690,11 +1712,12 @@ static void decision_apply(SharedPool *p, const Decision *d, bool written_here, 
         if (!w) {
                 /* A grant for a rid this node sent and no longer waits for (withdrawn, cancelled, refused here
                  * during an outage) and does not hold: its client is gone, so the slots go back. One for a
-                 * rid this node never sent is not its to answer. */
+                 * rid this node never sent is not its to answer; the stream's copy of a grant whose lease
+                 * ended here already is neither (read late: no bad input, nothing to release again). */
                 if (streq(d->verdict, "granted") && !grant_find(p, d->rid)) {
                         if (rid_was_forgotten(p, d->rid))
                                 (void) queue_rid_call(p, SHARED_SCRIPT_RELEASE, d->rid, d->token, now);
-                        else
+                        else if (!grant_has_ended(p, d->rid, d->token)) /* a copy of one applied and ended */
                                 bad_input(p, "a grant for a request this node did not send", now);
                 }
                 return;
@@ -3962,6 +3985,7 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
 
 static void shared_release(Pool *base, PoolGrant *g, usec_t now) {
         SharedPool *p = SHARED(base);
+        grant_ended(p, g);
         /* Also a lost lease: if Redis still has it (fenced before Redis freed it), it goes now; if not, the
          * release is "gone", harmlessly (its token is nobody else's). Its exit status goes with it: Redis
          * counts it for the members' quarantine (SPEC §3.6). */

@@ -29,9 +29,17 @@ db), set2 (a fast rig + db:2), cross (db + rigs: a set in the other order), rig 
   without the other: the witness); node-a restarted no longer holds the lease.
 
 One fleet for the whole run: a shared pool's first use waits one node TTL (its recovery window), paid once.
+
+SetHandover (meson's test-also-shared-handover; its own redis-server, node-a in the harness's mode "store"): a
+clean restart of node-a through the fd store while it holds a set and a lone lease and has a set waiting, with
+node-b's db job queued behind that set: the leases come back with the same slots and tokens (Status and Redis's
+lease records), the waiting set keeps its parts in Redis (same rid, same places) and gets both pools' slots
+whole when the holder ends, before node-b's job; Redis's keys sampled throughout never hold a slot twice or
+beyond a limit; no job sees a failure.
+
 Skipped (77) without redis-server or shared pools.
 
-Usage: test-also-shared.py BROKERD SLOTCTL [unittest arguments]
+Usage: test-also-shared.py BROKERD SLOTCTL [unittest arguments]   (AlsoShared, SetHandover: one class each run)
 """
 import itertools
 import json
@@ -40,6 +48,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.dont_write_bytecode = True
@@ -179,20 +188,11 @@ class Fleet:
             raise AssertionError(f"brokerds exited with {bad}:\n" + "\n".join(logs[n] for n in bad))
 
 
-class AlsoShared(harness.BrokerTestCase):
+class SetJobs(harness.BrokerTestCase):
+    """Witnessed jobs of the lanes above on a test's nodes (nodes()), and what the nodes say of the backend."""
 
-    def setUp(self):
-        faults.skip_unless_shared_pools(self)
-        self.fleet = Fleet.get(type(self))
-        self.a, self.b = self.fleet.a, self.fleet.b
-        self.fleet.wait_idle()
-        self.dir = tempfile.mkdtemp(prefix="also-shared-w-")
-        self.addCleanup(shutil.rmtree, self.dir, True)
-        self.w = Witness(self.dir)
-        self.jobs = {}
-        # Cleanups run last first: the jobs are ended (stopped, killed) before the witness is read.
-        self.addCleanup(self.w.check_shared, self, LIMITS)
-        self.addCleanup(self.end_all)
+    def nodes(self):
+        return self.fleet.nodes()
 
     # jobs
 
@@ -250,13 +250,13 @@ class AlsoShared(harness.BrokerTestCase):
         return {p: node.pool(p, s)["backend"]["inUse"] for p in LIMITS}
 
     def wait_in_use(self, want, message):
-        for x in self.fleet.nodes():
+        for x in self.nodes():
             wait_for(lambda: self.in_use(x) == want, 10, message=f"{x.name}: {message} {want}")
 
     def views(self):
         """Both nodes' Status (what a failure is read against), as JSON lines."""
         out = []
-        for x in self.fleet.nodes():
+        for x in self.nodes():
             try:
                 out.append(f"{x.name}: {json.dumps(x.status(), sort_keys=True)}")
             except Exception as e:  # noqa: BLE001 — a dead node says so
@@ -271,6 +271,22 @@ class AlsoShared(harness.BrokerTestCase):
             cursor = page.get("cursor")
             if not cursor:
                 return events
+
+
+class AlsoShared(SetJobs):
+
+    def setUp(self):
+        faults.skip_unless_shared_pools(self)
+        self.fleet = Fleet.get(type(self))
+        self.a, self.b = self.fleet.a, self.fleet.b
+        self.fleet.wait_idle()
+        self.dir = tempfile.mkdtemp(prefix="also-shared-w-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.w = Witness(self.dir)
+        self.jobs = {}
+        # Cleanups run last first: the jobs are ended (stopped, killed) before the witness is read.
+        self.addCleanup(self.w.check_shared, self, LIMITS)
+        self.addCleanup(self.end_all)
 
     # the cases
 
@@ -497,6 +513,219 @@ class AlsoShared(harness.BrokerTestCase):
         self.assertGreater(db["db"].token, after["db"].token)
         self.end("rig-behind")
         self.end("db-behind")
+
+
+# A pool's leases as its keys hold them (prelude.lua, lease_put()), read in one script (atomic): { in_use (meta),
+# the occupancy bitmap's count, { token, node id, rid, { slot… } }… }.
+LEASES_LUA = """
+local out = {}
+local h = redis.call('HGETALL', KEYS[1] .. ':h')
+for i = 1, #h, 2 do
+        local a = cmsgpack.unpack(h[i + 1])
+        out[#out + 1] = { h[i], a[1], a[2], a[5] }
+end
+return { tonumber(redis.call('HGET', KEYS[1] .. ':meta', 'in_use') or 0), redis.call('BITCOUNT', KEYS[1] .. ':occ'),
+         out }
+"""
+
+
+class RedisWatch:
+    """The invariant as Redis keeps it (SPEC §3.4, §11), sampled every 10 ms on a thread of its own while a test
+    runs: in each pool, the leases' slots are distinct and at most the pool's limit, and meta's in_use and the
+    occupancy bitmap say the same number. What was seen wrong is kept, with the leases of that sample."""
+
+    def __init__(self, redis):
+        self.redis = redis
+        self.violations = []
+        self.samples = 0
+        self.most = {p: 0 for p in LIMITS}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def sample(self, conn=None):
+        """{pool: (in_use, occupied, {token: (node id, rid, (slot…))})}, each pool's at one instant."""
+        conn = conn or self.redis
+        out = {}
+        for p in LIMITS:
+            in_use, occ, leases = conn.call("EVAL", LEASES_LUA, 1, f"{{sb:{p}}}")
+            out[p] = (in_use, occ, {int(t): (node, rid, tuple(slots)) for t, node, rid, slots in leases})
+        return out
+
+    def leases(self):
+        """{pool: {token: (node id, rid, (slot…))}}."""
+        return {p: leases for p, (_, _, leases) in self.sample().items()}
+
+    def waiters(self):
+        """{pool: {"NODE:RID": waiter id}} of the requests waiting in each pool (the waiter id: its arrival,
+        so its place)."""
+        out = {}
+        for p in LIMITS:
+            refs = self.redis.call("HGETALL", f"{{sb:{p}}}:rid")
+            out[p] = {k: v[2:] for k, v in zip(refs[::2], refs[1::2]) if v.startswith("w:")}
+        return out
+
+    def _run(self):
+        with self.redis.client() as conn:
+            while not self._stop.is_set():
+                for p, (in_use, occ, held) in self.sample(conn).items():
+                    slots = [s for _, _, ss in held.values() for s in ss]
+                    self.most[p] = max(self.most[p], len(slots))
+                    if len(slots) != len(set(slots)) or len(slots) > LIMITS[p] or in_use != len(slots) or occ != in_use:
+                        self.violations.append(f"pool {p}: slots {sorted(slots)}, in_use {in_use}, occ {occ}, "
+                                               f"leases {held}")
+                self.samples += 1
+                self._stop.wait(0.01)
+
+    def stop(self, test):
+        self._stop.set()
+        self._thread.join(10)
+        test.assertFalse(self._thread.is_alive(), "the Redis sampler did not stop")
+        test.assertGreater(self.samples, 10, "the Redis sampler hardly ran")
+        test.assertEqual(self.violations[:5], [], "Redis held a slot twice or beyond its limit")
+
+
+class SetHandover(SetJobs):
+    """A clean restart of node-a through the fd store (systemctl restart with brokerd.socket: harness mode
+    "store", fdstore.py) while it holds a set and a lone lease on the shared pools and has a set waiting
+    (SPEC §3.4 "a restart loses no waiter", §11 "restarts and upgrades must fail no job"):
+
+    - before: node-a's job `held` holds a set (a rig + a db slot), `lone` the other db slot (a one-pool
+      lease beside the set), `waiting` a set queued for db on node-a, and node-b's `behind` a db job queued
+      after it (position 2 of db's queue, across the nodes);
+    - node-a stopped (SIGTERM: it stores its state and the three connections) and started from the store;
+    - after: both leases are held by the same connections with the same ids, slots, members and fencing tokens
+      (node-a's Status, and Redis's lease records: same tokens, rids, slots, node), the waiting set is still
+      node-a's waiter with its place (nothing granted meanwhile); `held` ending frees both its slots at once,
+      the waiting set gets both whole (the db slot freed, not `behind`), then `lone` ending hands db to
+      `behind`;
+    - throughout (a thread on Redis's keys, RedisWatch): no slot in two leases of a pool, never more than the
+      limit, in_use and the bitmap agree; the witness (no slot twice, no set in part, tokens); every job exits
+      0 without a refusal, a lost broker or a queue again.
+
+    Found: a waiting set was handed over without its rid (engine_request_remote_id() named no part of a set), so
+    the next brokerd submitted it afresh under a new one, at the end of both queues, and the first reconcile
+    dropped its old parts: node-b's db job, behind it before the restart, got the db slot the set waited for.
+
+    Its own fleet (node-a in mode "store"): AlsoShared's nodes are bound, and its tests crash node-a."""
+
+    def setUp(self):
+        faults.skip_unless_shared_pools(self)
+        self.tmp = tempfile.mkdtemp(prefix="test-also-shared-handover-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.redis = RedisServer(self.tmp).start()
+        self.addCleanup(self.redis.close)
+        url = self.redis.url()
+        self.a = self.broker(config(url, "node-a"), "handover-a", mode="store")
+        self.b = self.broker(config(url, "node-b"), "handover-b")
+        for x in self.nodes():
+            wait_for(lambda x=x: all(x.pool(p)["backend"]["up"] and x.pool(p)["backend"]["nodes"] == 2 for p in LIMITS),
+                     timeout=30, message=f"{x.name} to serve both pools with 2 nodes")
+        # The pools' first use waits out their recovery window (one TTL): a set granted, then given back.
+        first = self.a.acquire("set")
+        try:
+            first.until(lambda g: g.granted or g.error, timeout=TTL + 20, what="a set's first grant")
+            self.assertTrue(first.granted, first.msg)
+        finally:
+            first.close()
+        wait_for(lambda: self.in_use(self.b) == {"rigs": 0, "db": 0}, 10, message="the first set given back")
+        self.dir = tempfile.mkdtemp(prefix="also-shared-handover-w-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.w = Witness(self.dir)
+        self.jobs = {}
+        self.addCleanup(self.w.check_shared, self, LIMITS)
+        self.addCleanup(self.end_all)
+        self.watch = RedisWatch(self.redis).start()
+        self.addCleanup(self.watch.stop, self)
+
+    def nodes(self):
+        return (self.a, self.b)
+
+    def leases_of(self, node):
+        """{job: its lease as node's Status lists it, with the holder's state} of node's holders."""
+        return {h["lease"]["job"]: dict(h["lease"], state=h["state"]) for h in node.status()["holders"]}
+
+    def assert_no_failure(self):
+        for name, j in self.jobs.items():
+            err = j.stderr()
+            for text in ("refused", "lost the connection", "queued again", "fenced"):
+                self.assertNotIn(text, err, f"{name} saw a failure:\n{err}")
+
+    def test_set_held_and_set_waiting_across_a_handover(self):
+        held = self.running(self.a, "held", "set")
+        lone = self.running(self.a, "lone", "db")
+        self.wait_in_use({"rigs": 1, "db": 2}, "the set and the lone lease:")
+        self.queued(self.a, "waiting", "set")
+        self.queued(self.b, "behind", "db")
+        # The waiting set is first in db's queue, node-b's db job second (Redis's order, across the nodes).
+        wait_for(lambda: [(w.get("job"), w["position"]) for w in self.b.status()["waiters"]] == [("behind", 2)], 10,
+                 message="node-b's db job second in db's queue")
+        before = self.leases_of(self.a)
+        self.assertEqual(set(before), {"held", "lone"}, before)
+        self.assertEqual((before["held"]["token"], before["held"]["members"]), (held["rigs"].token, held["rigs"].slots))
+        self.assertEqual([(x["pool"], x["token"], [str(i) for i in x["slots"]]) for x in before["held"]["also"]],
+                         [("db", held["db"].token, held["db"].slots)])
+        self.assertEqual((before["lone"]["pool"], before["lone"]["token"]), ("db", lone["db"].token))
+        redis_before = self.watch.leases()
+        waiting_before = self.watch.waiters()
+        self.assertEqual({p: len(w) for p, w in waiting_before.items()}, {"rigs": 1, "db": 2}, waiting_before)
+        node_a = {node for p in redis_before.values() for node, _, _ in p.values()}
+        self.assertEqual(len(node_a), 1, redis_before)  # node-a's three shares only
+        self.assertEqual({p: sorted(held) for p, held in redis_before.items()},
+                         {"rigs": [held["rigs"].token], "db": sorted([held["db"].token, lone["db"].token])})
+
+        # The restart: every connection handed over, the state first.
+        self.assertEqual(self.a.stop(), 0, self.a.log()[-4000:])
+        names = self.a.store.names()
+        self.assertEqual((names[0], sorted(names[1:])), ("sb-state", ["sb-conn"] * 3), names)
+        self.a.start()
+        self.a.store.wait_for(lambda s: s.count() == 0, 10, "node-a to flush the store")
+        self.assertIn("Handed 3 connection(s) to systemd's fd store: 1 waiting, 2 holding a lease.", self.a.log())
+
+        def held_again():
+            now = self.leases_of(self.a)
+            return now if all(now.get(j, {}).get("state") == "held" for j in before) else None
+        after = wait_for(held_again, TTL, message="node-a to hold both leases again")
+        for job, lease in before.items():
+            for key in ("id", "pool", "lane", "token", "members", "slots", "also"):
+                self.assertEqual(after[job].get(key), lease.get(key), f"{job}'s {key} across the restart")
+        self.assertEqual(self.watch.leases(), redis_before, "Redis's leases changed across the restart")
+        # The waiting set is node-a's waiter again once Redis answered its resumed submit (its place in both).
+        wait_for(lambda: [w.get("job") for w in self.a.status()["waiters"]] == ["waiting"], 10,
+                 message="the waiting set to wait on node-a again")
+        # Its parts are the ones it had, in both pools: the same rid and waiter ids (its places), none added.
+        self.assertEqual(self.watch.waiters(), waiting_before, "the waiting set's parts in Redis changed")
+        wait_for(lambda: all(x.pool(p)["backend"]["up"] for x in self.nodes() for p in LIMITS), 30,
+                 message="both nodes serving both pools")
+        self.assertEqual([(w.get("job"), w["position"]) for w in self.b.status()["waiters"]], [("behind", 2)])
+        for name in ("waiting", "behind"):
+            self.assertEqual(self.w.started(name), [], f"{name} started while every slot it needs was held")
+        for name, j in self.jobs.items():
+            self.assertIsNone(j.proc.poll(), f"{name} ended in the restart:\n{j.stderr()}")
+
+        # The holder's release frees both its slots; the waiting set gets them whole, before node-b's db job.
+        self.end("held")
+        wait_for(lambda: self.started("waiting", "set") or self.w.started("behind"), 10,
+                 message="the waiting set (or node-b's db job) after the release")
+        self.assertEqual(self.w.started("behind"), [], "node-b's db job passed the waiting set")
+        got = self.started("waiting", "set")
+        self.assertEqual(got["db"].slots, held["db"].slots, "the set got another db slot than the one freed")
+        self.assertGreater(got["db"].token, lone["db"].token)
+        self.assertGreater(got["rigs"].token, held["rigs"].token)
+        redis_now = self.watch.leases()
+        self.assertNotIn(held["rigs"].token, redis_now["rigs"])
+        self.assertNotIn(held["db"].token, redis_now["db"])
+        self.end("lone")
+        nxt = wait_for(lambda: self.started("behind", "db"), 10, message="node-b's db job after the lone lease")
+        self.assertEqual(nxt["db"].slots, lone["db"].slots)
+        self.end("waiting")
+        self.end("behind")
+        self.assert_no_failure()
+        wait_for(lambda: all(not held for held in self.watch.leases().values()), 10, message="Redis to hold nothing")
+        self.assertEqual(self.watch.most, {"rigs": 1, "db": 2})
 
 
 def collections_of(events):

@@ -50,6 +50,7 @@ static const TestPoolHooks *const test_pool_hooks = NULL; /* in-process pools: t
 
 typedef struct Tag {
         char name[16];
+        const char *lane;       /* as arrive() asked (a static string), for restart_engine()'s resume */
         EngineRequest *request;
         EngineLease *lease;
         EngineEventType last;
@@ -273,9 +274,10 @@ typedef struct Req {
 static Tag *arrive(Fixture *f, const char *name, Req q, usec_t now) {
         Tag *t = &f->tags[f->n_tags++];
         snprintf(t->name, sizeof t->name, "%s", name);
+        t->lane = q.lane ? q.lane : "l";
         int r = engine_acquire(f->engine,
                                &(EngineAcquire) {
-                                       .lane = q.lane ? q.lane : "l",
+                                       .lane = t->lane,
                                        .slots = q.slots ? q.slots : 1,
                                        .no_wait = q.no_wait,
                                        .max_wait = q.max_wait ? q.max_wait : USEC_INFINITY,
@@ -2762,6 +2764,7 @@ static void restart_engine(Fixture *f, usec_t now) {
         } Held;
         typedef struct Waiting {
                 char pool[16], remote_id[64];
+                const char *lane;
                 EngineResume resume;
                 unsigned slots;
                 Tag *tag;
@@ -2789,9 +2792,11 @@ static void restart_engine(Fixture *f, usec_t now) {
                         assert_true(pos < ELEMENTSOF(waiting) && !waiting[pos].tag);
                         Waiting *w = &waiting[pos];
                         w->tag = t;
+                        w->lane = t->lane;
                         w->slots = 1;
                         const char *rid = engine_request_remote_id(t->request);
-                        /* A shared pool names its waiter in Redis; an in-process one has no such name. */
+                        /* A shared pool names its waiter in Redis (a set: its one rid in every pool); an
+                         * in-process one has no such name. */
                         assert_true(!!rid == !!test_pool_hooks);
                         snprintf(w->remote_id, sizeof w->remote_id, "%s", rid ?: "");
                         snprintf(w->pool, sizeof w->pool, "%s", engine_request_pool(t->request));
@@ -2843,7 +2848,7 @@ static void restart_engine(Fixture *f, usec_t now) {
                 snprintf(t->name, sizeof t->name, "%s", waiting[i].tag->name);
                 assert_int_equal(engine_acquire(f->engine,
                                                 &(EngineAcquire) {
-                                                        .lane = "l",
+                                                        .lane = waiting[i].lane,
                                                         .slots = waiting[i].slots,
                                                         .max_wait = USEC_INFINITY,
                                                         .userdata = t,
@@ -3272,6 +3277,36 @@ static void test_resumed_set_keeps_its_deadline(void **state) {
         /* Every pool of the set got the set's budget back (the handover keeps one per waiter): the chosen
          * pool's ends first. */
         assert_string_equal(s->final.pool, "p");
+}
+
+/* A set handed over while it waits keeps its place in every pool, with both kinds of pool (restart_engine():
+ * a shared pool's waiters stay in Redis, asked for again by their rid). A set waits as one part per pool under
+ * one rid: engine_request_remote_id() names it (it named none, and the resumed set queued afresh under a new
+ * rid, behind the one-pool waiter that came after it, which then took the slot the set waited for). */
+static void test_restart_resumes_a_waiting_set_at_its_places(void **state) {
+        Fixture *f = *state;
+        set_pools(f, 1, 1);
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        Tag *q = acquire(f, "q", (Req) { .lane = "db" }, S(2));
+        assert_true(granted(d) && queued(s) && queued(q));
+        const char *rid = engine_request_remote_id(s->request);
+        assert_true(!!rid == !!test_pool_hooks);
+        char old_rid[32] = "";
+        snprintf(old_rid, sizeof old_rid, "%s", rid ?: "");
+
+        restart_engine(f, S(10));
+        s = tag_named(f, "s");
+        q = tag_named(f, "q");
+        assert_true(queued(s) && queued(q));
+        assert_string_equal(engine_request_remote_id(s->request) ?: "", old_rid);
+        assert_int_equal(position_of(s), 0);
+        assert_int_equal(position_of(q), 1);
+        end(f, d, S(20));
+        assert_true(granted(s)); /* db and p, whole */
+        assert_true(queued(q));
+        end(f, s, S(30));
+        assert_true(granted(q));
 }
 
 /* A restart restores a set's lease whole (the lease log's "also"): its also= pool's slots are held again, and
@@ -3875,6 +3910,7 @@ int main(void) {
                 T(test_set_fail_fast_refusal_names_the_pool_without_room),
                 T(test_set_takes_k_of_an_also_member_pool),
                 T(test_cancelled_set_leaves_every_queue),
+                T(test_restart_resumes_a_waiting_set_at_its_places),
                 T(test_reload_removing_an_also_pool_refuses_its_waiters_and_keeps_holders),
                 T(test_random_sets_never_hold_part_or_a_slot_twice),
                 T(test_set_over_two_member_pools_with_labelled_waiters),

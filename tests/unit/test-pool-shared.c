@@ -676,6 +676,31 @@ static void test_queued_then_granted_through_the_stream_once(void **state) {
         no_call(f);
 }
 
+/* The stream's copy of this node's own grant read after the lease ended (the reply came first and its holder
+ * went at once): a copy of a decision applied already, not input to count as bad (a BACKEND_BAD_INPUT warning),
+ * nor a grant to release again. */
+static void test_grant_copy_read_after_its_release_is_no_bad_input(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        queued(f, &cookie, S(1), rid);
+        RespValue fields = granted_entry(rid, "9", "1", "");
+        pool_shared_stream_entry(f->pool, "1-1", &fields, S(2));
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
+        f->pool->ops->release(f->pool, f->seen[1].grant, S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_RELEASE);
+        assert_string_equal(arg(c, 6), "9");
+        done(f, c, reply("ok", 2, arr(1, str("released")), EMPTY, cache(0, 0, 0, -1, "")), S(2), S(2));
+        pool_shared_stream_entry(f->pool, "1-2", &fields, S(2));
+        assert_int_equal(f->n_seen, 2);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_int_equal(info.bad_input, 0);
+        no_call(f);
+}
+
 static void test_grant_for_a_withdrawn_rid_is_released(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1));
@@ -3513,7 +3538,8 @@ int main(void) {
                 T(test_quarantines_from_replies_hostile_entries_dropped),
                 T(test_submit_granted_at_once),
                 T(test_queued_then_granted_through_the_stream_once),
-                T(test_grant_for_a_withdrawn_rid_is_released),
+                T(test_grant_copy_read_after_its_release_is_no_bad_input),
+        T(test_grant_for_a_withdrawn_rid_is_released),
                 T(test_cancel_try_before_the_answer),
                 T(test_lost_reply_is_retried_with_the_same_rid),
                 T(test_settling_sends_the_same_call_again),
