@@ -3826,6 +3826,7 @@ static int shared_submit_set(Pool *const *pools, const PoolTry *tries, size_t n,
                 ws[i]->k = tries[i].slots;
                 ws[i]->arrival = tries[i].arrival;
                 ws[i]->gated = ws[i]->in_call = true;
+                ws[i]->generation = SHARED(pools[i])->generation; /* its own pool's (waiter_gone()) */
         }
         for (size_t i = 0; i < n; i++) {
                 SharedPool *q = SHARED(pools[i]);

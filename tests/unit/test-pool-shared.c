@@ -1708,6 +1708,32 @@ static void test_positions_gone_again_in_the_same_data_is_refused(void **state) 
         assert_string_equal(arg(w, 6), rid);
 }
 
+/* A loss after each resubmission (the epoch changing every time: a hand writing it): sent again
+ * SHARED_RESUBMITS_MAX times, then refused as garbage in Redis. */
+static void test_resubmits_are_bounded_across_losses(void **state) {
+        Fixture *f = *state;
+        static const char *const epochs[] = { "e2", "e3", "e4", "e5", "e6" };
+        assert_int_equal(ELEMENTSOF(epochs), SHARED_RESUBMITS_MAX + 1);
+        int cookie;
+        char rid[17], arrival[32];
+        lose_the_waiters_record(f, false, &cookie, rid, arrival);
+        for (size_t i = 0; i < ELEMENTSOF(epochs); i++) {
+                usec_t now = S(4 + i);
+                positions_gone(f, epochs[i], now);
+                if (i == SHARED_RESUBMITS_MAX)
+                        break;
+                const SharedCall *sub = take_after_ticks(f, SHARED_SCRIPT_SUBMIT, epochs[i], now);
+                assert_string_equal(arg(sub, 6), rid);
+                assert_string_equal(arg(sub, 13), arrival);
+                done(f, sub, reply("ok", (int64_t) now, decision("queued", rid, (int64_t) now, 0, "", 0, 0, EMPTY),
+                                   EMPTY, cache_lost(epochs[i])), now, now);
+                assert_int_equal(f->n_seen, 1);
+        }
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(f->seen[1].reason, "bad-reply");
+}
+
 /* "gone" while the submit sent again is out (a places query sent before it): nothing more is sent. The
  * client hangs up meanwhile: the rid is withdrawn after the submit, sent or not (Redis said it lost it;
  * that is Redis's word). */
@@ -3731,6 +3757,7 @@ int main(void) {
                 T(test_positions_gone_refuses_the_waiter),
                 T(test_positions_gone_after_redis_lost_its_data_submits_again),
                 T(test_positions_gone_again_in_the_same_data_is_refused),
+                T(test_resubmits_are_bounded_across_losses),
                 T(test_resubmit_races_the_clients_cancel),
                 T(test_next_wakeup_is_never_left_in_the_past),
                 T(test_info_and_congestion_from_the_cache),
