@@ -72,10 +72,12 @@ class LostWaiters(harness.BrokerTestCase):
         # Redis forgot the waiter: brokerd's places query (a page a heartbeat) finds it "gone". A few
         # heartbeats on, and until the holder leaves, it still waits (the message it would have got is a
         # refusal: none came).
-        wait_for(lambda: b.status()["waiters"] and time.monotonic() > lost_at + 3 or None, timeout=20,
-                 message="three heartbeats after the loss, the waiter still listed")
-        for m in self.arrived(waiter):
-            self.assertEqual((m.get("error"), m.get("parameters", {}).get("state")), (None, "queued"), m)
+        def still_waiting():
+            for m in self.arrived(waiter):
+                self.assertEqual((m.get("error"), m.get("parameters", {}).get("state")), (None, "queued"),
+                                 f"the waiter was told this while the slot was held: {m}")
+            return b.status()["waiters"] and time.monotonic() > lost_at + 3 or None
+        wait_for(still_waiting, timeout=20, message="three heartbeats after the loss, the waiter still listed")
         self.assertEqual(len(b.status()["waiters"]), 1, b.status())
         for m in self.arrived(holder):
             self.assertIsNone(m.get("error"), m)
