@@ -35,6 +35,7 @@ typedef struct Call {
         bool sent;             /* taken and not answered */
         bool ever_sent;        /* may have run: a submit dropped afterwards needs a withdraw */
         bool resumed;          /* submit under a resumed waiter's old rid: a reconcile sent may have kept it */
+        bool again;            /* submit of a waiter whose record Redis lost (waiter_resubmit()): Redis may hold it */
         bool run;              /* tick: the engine's run(), whose answer next_wakeup() waits for */
         bool reconcile;        /* tick carrying a reconcile page */
         bool wait;             /* WAIT (backend-min-replicas), not a script: argv is the command */
@@ -75,6 +76,13 @@ struct PoolWaiter {
         bool in_call;          /* gated: a call of its set is out or to be sent again: only its answer grants it */
         size_t position, n_queued;
         Replicating replicating; /* granted in Redis, held for the replicas: counts as "l" */
+        /* What its submit said besides rid, lane, k and arrival: sent again as it was when Redis lost its
+         * record (waiter_resubmit()). */
+        bool may_wait, lane_budget_set;
+        usec_t lane_budget, client_cap;
+        char *selector;        /* ARGV[14], NULL: none */
+        uint64_t generation;   /* SharedPool.generation when Redis last said it had it (or it was sent again) */
+        unsigned resubmits;    /* sent again so far (SHARED_RESUBMITS_MAX) */
 };
 
 struct PoolGrant {
@@ -133,6 +141,11 @@ typedef struct SharedPool {
         char *stream_key;
         char *stream_resume;
         char *run_id;          /* the link's, as last seen */
+        /* Counts the changes of what Redis's data comes from: the run id (a restart, a failover) and the
+         * pool's epoch (made anew: FLUSHALL, keys lost). A waiter Redis knew in an earlier one and forgot
+         * since was lost with the data, not dropped with this node (waiter_resubmit()). */
+        uint64_t generation;
+        char *seen_epoch;
         SharedState state;
         bool link_up;
 
@@ -1008,13 +1021,14 @@ static void rid_forget(SharedPool *p, const char *rid);
 
 /* A submit that was never sent is simply dropped; one that may have run is withdrawn (idempotent). So is
  * a resumed waiter's old rid once a reconcile that listed it went out (held at a start behind Sentinels
- * past the first tick): Redis kept its waiter, maybe granted it. */
+ * past the first tick): Redis kept its waiter, maybe granted it; and a waiter's rid sent again after Redis
+ * said it lost it (waiter_resubmit()): that "gone" was Redis's word, which may not be true. */
 static void forget_submit(SharedPool *p, const char *rid, usec_t now) {
         list_foreach_safe(n, &p->outbox) {
                 Call *c = container_of(n, Call, node);
                 if ((c->script == SHARED_SCRIPT_SUBMIT || c->script == SHARED_SCRIPT_SET) && streq(c->rid, rid) &&
                     !c->ever_sent) {
-                        bool kept = c->resumed && reconcile_sent(p);
+                        bool kept = (c->resumed && reconcile_sent(p)) || c->again;
                         call_free(c);
                         if (!kept)
                                 return;
@@ -1068,6 +1082,7 @@ static void try_free(PoolWaiter *w) {
         if (w->replicating.grant)
                 grant_free(w->replicating.grant);
         free(w->lane);
+        free(w->selector);
         free(w);
 }
 
@@ -1740,6 +1755,7 @@ static void decision_apply(SharedPool *p, const Decision *d, bool written_here, 
         if (streq(d->verdict, "queued")) {
                 w->position = d->position;
                 w->n_queued = d->queued;
+                w->generation = p->generation; /* Redis has it now */
                 if (w->queued)
                         return;
                 w->queued = true;
@@ -1838,8 +1854,10 @@ static void reclaim_all(SharedPool *p, usec_t now) {
 void pool_shared_link_up(Pool *base, const char *run_id, usec_t now) {
         SharedPool *p = SHARED(base);
         now = driver_now(p, now);
-        if (p->run_id && run_id && !streq(p->run_id, run_id))
+        if (p->run_id && run_id && !streq(p->run_id, run_id)) {
                 p->reclaim_all = true;
+                p->generation++;
+        }
         if (run_id) {
                 char *s = strdup(run_id);
                 if (s) {
@@ -2344,12 +2362,30 @@ static void drain_notice(SharedPool *p, const RespValue *n, bool drained, usec_t
                 bad_input(p, "a malformed drain notice in a reply", now);
 }
 
+/* The pool's epoch as a reply says it (tick body [2], cache [8]): another one than last seen is a pool made
+ * anew, whatever Redis held before lost (README, "Integrity"). Only counted here: a tick's decides the
+ * reclaims. */
+static void generation_see_epoch(SharedPool *p, const RespValue *v) {
+        if (!v || v->type != RESP_STRING || v->len == 0 || v->len > TEXT_LEN_MAX)
+                return;
+        if (p->seen_epoch && mem_is(v->str, v->len, p->seen_epoch))
+                return;
+        char *e = resp_strdup(v);
+        if (!e)
+                return;
+        if (p->seen_epoch)
+                p->generation++;
+        free(p->seen_epoch);
+        p->seen_epoch = e;
+}
+
 /* The pool as a reply's cache shows it. None ({}): an early reply, or a batch's operation that left it to the
  * next one's reply (brokerd/lua/README, "Batches"), applied in order right after. */
 static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now, usec_t now) {
         int64_t x;
         if (!cache || cache->type != RESP_ARRAY || cache->n < 11)
                 return;
+        generation_see_epoch(p, resp_at(cache, 7));
         p->cache.valid = true;
         p->cache.at = now;
         if (resp_int(resp_at(cache, 0), &x))
@@ -2524,6 +2560,7 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
                 p->acked_boot = sent_boot;
         p->renew_ok = true;
 
+        generation_see_epoch(p, resp_at(body, 1));
         _cleanup_free_ char *epoch = resp_strdup_max(resp_at(body, 1), TEXT_LEN_MAX);
         if (epoch) {
                 if (p->cache.epoch && !streq(p->cache.epoch, epoch))
@@ -2643,6 +2680,60 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
                 (void) queue_tick(p, false, now);
 }
 
+static int submit_call_new(SharedPool *p, const PoolWaiter *w, usec_t now, Call **ret);
+
+/* Whether rid's submit is in the outbox (sent and not answered, or to be sent). */
+static bool submit_pending(const SharedPool *p, const char *rid) {
+        list_foreach(n, &p->outbox) {
+                const Call *c = container_of(n, Call, node);
+                if (c->script == SHARED_SCRIPT_SUBMIT && streq(c->rid, rid))
+                        return true;
+        }
+        return false;
+}
+
+/* A waiter whose record Redis lost with its data (lua/README, submit: "a rid whose records are gone is
+ * decided afresh"): sent again under its rid and arrival, it queues (through the recovery window the loss
+ * opened) and its wait counts from when it came. The node is live (a node away long enough to be reaped had
+ * its waiters refused at its vouch deadline: pool_shared_fence_check()), and its client waits. */
+static void waiter_resubmit(SharedPool *p, PoolWaiter *w, usec_t now) {
+        Call *c;
+        if (submit_call_new(p, w, now, &c) < 0) {
+                try_refuse_locally(p, w, "backend", now);
+                return;
+        }
+        c->again = true;
+        w->resubmits++;
+        w->generation = p->generation;
+        call_queue(p, c);
+}
+
+/* Redis has no record of w ("gone"). Lost with Redis's data since it last said it had w (another run id,
+ * another epoch): sent again, once per such loss and SHARED_RESUBMITS_MAX times in all. Lost without one:
+ * this node's registration lapsed while it was away (its waiters went with it), or someone deleted the
+ * record; sent again already in this same data (or SHARED_RESUBMITS_MAX times), it was deleted again: garbage
+ * written into the pool's keys, counted as bad input. */
+static void waiter_gone(SharedPool *p, PoolWaiter *w, usec_t now) {
+        /* Its submit (first or again) not answered yet: a places query sent before it found nothing yet. */
+        if (submit_pending(p, w->rid))
+                return;
+        /* A set's part is submitted by its set's call, not alone; one granted and held for its replicas has
+         * its WAIT's answer to come: those are refused. */
+        bool lost = w->generation != p->generation;
+        if (lost && !w->gated && !w->replicating.grant && w->resubmits < SHARED_RESUBMITS_MAX) {
+                waiter_resubmit(p, w, now);
+                return;
+        }
+        if (w->resubmits > 0) {
+                /* Refused "bad-reply" and withdrawn, as any request garbage in Redis was about. */
+                bad_input_about(p, w->rid, "a waiter's record lost again in Redis", now);
+                return;
+        }
+        /* Not this node's expiry when the data was lost: the backend's failing, as for a set's part that its
+         * pool has no trace of (set_part_decide()). */
+        try_refuse_locally(p, w, lost ? "backend" : "node-expired", now);
+}
+
 static void positions_done(SharedPool *p, const RespValue *body, Call *c, usec_t now) {
         /* One answer per rid asked, in order (argv[7…]). */
         for (size_t i = 0; body && body->type == RESP_ARRAY && i < body->n && 7 + i < c->argc; i++) {
@@ -2654,11 +2745,11 @@ static void positions_done(SharedPool *p, const RespValue *body, Call *c, usec_t
                         if (w && resp_int(resp_at(e, 1), &pos) && resp_int(resp_at(e, 2), &queued)) {
                                 w->position = (size_t) MAX(pos, (int64_t) 0);
                                 w->n_queued = (size_t) MAX(queued, (int64_t) 0);
+                                w->generation = p->generation;
                         }
                 } else if (resp_is(resp_at(e, 0), "gone")) {
-                        /* Redis forgot it (this node was reaped while away): its client gets an answer. */
                         if (w)
-                                try_refuse_locally(p, w, "node-expired", now);
+                                waiter_gone(p, w, now);
                 } else {
                         /* The decision of the rid asked about, and of no other. */
                         Decision d;
@@ -3259,6 +3350,7 @@ static void shared_free(Pool *base) {
         free(p->stream_key);
         free(p->stream_resume);
         free(p->run_id);
+        free(p->seen_epoch);
         free(p->reconcile_from);
         free(p->refused_why);
         free(p->cache.epoch);
@@ -3486,6 +3578,32 @@ static void arrival_format(const SharedPool *p, usec_t arrival, usec_t now, char
         }
 }
 
+/* w's submit (lua/README, submit), from what it asked: its arrival on today's pool clock, which a Redis that
+ * lost the pool counts anew (so its wait still counts from when it came). */
+static int submit_call_new(SharedPool *p, const PoolWaiter *w, usec_t now, Call **ret) {
+        Call *c;
+        int r = call_new(p, SHARED_SCRIPT_SUBMIT, op_settles(p), now, &c);
+        if (r < 0)
+                return r;
+        strcpy(c->rid, w->rid);
+        char arrival[32];
+        arrival_format(p, w->arrival, now, arrival);
+        if ((r = call_add(c, "%s", w->rid)) < 0 ||
+            (r = call_add(c, "%s", w->lane)) < 0 ||
+            (r = call_add(c, "%u", w->k)) < 0 ||
+            (r = call_add(c, "%d", w->may_wait)) < 0 ||
+            (r = call_add(c, "%d", w->lane_budget_set)) < 0 ||
+            (r = call_add(c, "%" PRId64, wire_usec(w->lane_budget))) < 0 ||
+            (r = call_add(c, "%" PRId64, wire_usec(w->client_cap))) < 0 ||
+            (r = call_add(c, "%s", arrival)) < 0 ||
+            (w->selector && (r = call_add(c, "%s", w->selector)) < 0)) {
+                call_free(c);
+                return r;
+        }
+        *ret = c;
+        return 0;
+}
+
 static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         SharedPool *p = SHARED(base);
 
@@ -3530,37 +3648,25 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
                 free(w);
                 return -ENOMEM;
         }
+        w->may_wait = t->may_wait;
+        w->lane_budget_set = t->lane_budget_set;
+        w->lane_budget = t->lane_budget;
+        w->client_cap = t->client_cap;
+        w->generation = p->generation;
         /* Its labels and member (SPEC §3.5) as the scripts take them: the canon, as ARGV[14]; none for any slot
          * (the submit of a brokerd from before selectors). */
-        _cleanup_free_ char *selector = NULL;
-        if (!selector_is_empty(t->selector) && selector_canon(t->selector, &selector) < 0) {
+        if (!selector_is_empty(t->selector) && selector_canon(t->selector, &w->selector) < 0) {
                 try_free(w);
                 return -ENOMEM;
         }
 
         Call *c;
-        int r = call_new(p, SHARED_SCRIPT_SUBMIT, op_settles(p), now, &c);
+        int r = submit_call_new(p, w, now, &c);
         if (r < 0) {
                 try_free(w);
                 return r;
         }
-        strcpy(c->rid, w->rid);
         c->resumed = old_rid && streq(w->rid, old_rid);
-        char arrival[32];
-        arrival_format(p, t->arrival, now, arrival);
-        if ((r = call_add(c, "%s", w->rid)) < 0 ||
-            (r = call_add(c, "%s", t->lane)) < 0 ||
-            (r = call_add(c, "%u", t->slots)) < 0 ||
-            (r = call_add(c, "%d", t->may_wait)) < 0 ||
-            (r = call_add(c, "%d", t->lane_budget_set)) < 0 ||
-            (r = call_add(c, "%" PRId64, wire_usec(t->lane_budget))) < 0 ||
-            (r = call_add(c, "%" PRId64, wire_usec(t->client_cap))) < 0 ||
-            (r = call_add(c, "%s", arrival)) < 0 ||
-            (selector && (r = call_add(c, "%s", selector)) < 0)) {
-                call_free(c);
-                try_free(w);
-                return r;
-        }
         list_append(&p->tries, &w->node);
         call_queue(p, c);
         if (held && p->start_since == USEC_INFINITY)
@@ -3743,6 +3849,7 @@ static int shared_submit_set(Pool *const *pools, const PoolTry *tries, size_t n,
                 ws[i]->k = tries[i].slots;
                 ws[i]->arrival = tries[i].arrival;
                 ws[i]->gated = ws[i]->in_call = true;
+                ws[i]->generation = SHARED(pools[i])->generation; /* its own pool's (waiter_gone()) */
         }
         for (size_t i = 0; i < n; i++) {
                 SharedPool *q = SHARED(pools[i]);

@@ -153,6 +153,10 @@ typedef struct SharedPoolParams {
 /* The self-fence margin: the deadline comes this much before Redis may free this node's leases. */
 #define SHARED_FENCE_SLACK (2 * USEC_PER_SEC)
 #define SHARED_POSITIONS_MAX 256u
+/* A waiter whose record Redis lost with its data (a restart or failover without it, FLUSHALL, keys lost) is
+ * submitted again under its rid and arrival: once for each such loss, this many times at most in its life
+ * (brokerd/lua/README, submit). Redis losing it again without one is someone deleting it: refused. */
+#define SHARED_RESUBMITS_MAX 4u
 /* A batch's bounds (brokerd/lua/batch.lua checks the first): one call must not hold Redis for long. */
 #define SHARED_BATCH_OPS_MAX 16u
 #define SHARED_BATCH_BYTES_MAX (32u * 1024u)

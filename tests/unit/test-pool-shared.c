@@ -1595,6 +1595,200 @@ static void test_positions_gone_refuses_the_waiter(void **state) {
         assert_string_equal(f->seen[1].reason, "node-expired");
 }
 
+/* Redis lost the pool's data since it queued the waiter (restarted empty: another run id; FLUSHALL: the pool
+ * made anew, another epoch). The node is live and its client waits: "gone" sends the submit again, under
+ * its rid and arrival, and the waiter keeps waiting (no refusal) until Redis grants it. */
+/* The pool's epoch as Redis has it after the loss (the test's own replies say it). */
+static RespValue cache_lost(const char *epoch) {
+        return arr(11, num(0), num(0), num(0), num(0), num(0), num(-1), num(100), str(epoch), num(S(33)), str(""),
+                   num(2));
+}
+
+static RespValue tick_body_lost(const char *epoch) {
+        return arr(9, num(0), str(epoch), num(S(33)), str("ok"), EMPTY, arr(3, num(0), num(0), num(0)), str("0-0"),
+                   num(2), str(""));
+}
+
+/* A waiter queued; then Redis lost the pool's data: restarted empty (another run id, the pool made anew),
+ * or FLUSHALL (the same run id, the pool made anew: another epoch). Returns the epoch Redis has now. */
+static const char *lose_the_waiters_record(Fixture *f, bool restart, int *cookie, char rid[static 17],
+                                           char arrival[static 32]) {
+        /* Each call answered the instant it is sent: the pool clock is the local one, so an arrival reads the
+         * same in every call. */
+        f->clock = S(1);
+        bring_up(f, S(1));
+        assert_int_equal(submit(f, cookie, 1, true, S(1)), 0);
+        const SharedCall *sub = take(f, SHARED_SCRIPT_SUBMIT);
+        snprintf(rid, 17, "%s", arg(sub, 6));
+        snprintf(arrival, 32, "%s", arg(sub, 13));
+        assert_string_equal(arrival, "1000000");
+        done(f, sub, reply("ok", (int64_t) S(1), decision("queued", rid, (int64_t) S(1), 0, "", 0, 0, EMPTY),
+                           EMPTY, cache(1, 1, 0, -1, "")), S(1), S(1));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_QUEUED);
+        const char *epoch = restart ? "e1" : "e2";
+        f->clock = S(3);
+        if (restart) {
+                pool_shared_link_down(f->pool, S(2));
+                pool_shared_link_up(f->pool, "run2", S(3));
+        } else
+                f->pool->ops->run(f->pool, S(3));
+        const SharedCall *t = take(f, SHARED_SCRIPT_TICK);
+        done(f, t, reply("ok", (int64_t) S(3), tick_body_lost(epoch), EMPTY, cache_lost(epoch)), S(3), S(3));
+        assert_int_equal(f->n_seen, 1);
+        return epoch;
+}
+
+/* The next heartbeat's places query (after the ticks the loss queued, answered) finds no record. */
+static void positions_gone(Fixture *f, const char *epoch, usec_t now) {
+        f->clock = now;
+        for (int i = 0;; i++) {
+                assert_true(i < 4);
+                f->pool->ops->run(f->pool, now);
+                const SharedCall *c = NULL;
+                assert_true(pool_shared_take_call(f->pool, f->clock, &c));
+                if (c->script == SHARED_SCRIPT_POSITIONS) {
+                        done(f, c, reply("ok", (int64_t) now, arr(1, arr(1, str("gone"))), EMPTY, cache_lost(epoch)),
+                             now, now);
+                        return;
+                }
+                assert_int_equal(c->script, SHARED_SCRIPT_TICK);
+                done(f, c, reply("ok", (int64_t) now, tick_body_lost(epoch), EMPTY, cache_lost(epoch)), now, now);
+        }
+}
+
+/* The next call of `script`, the ticks before it answered as heartbeats, the places queries as finding
+ * nothing. */
+static const SharedCall *take_after_ticks(Fixture *f, SharedScript script, const char *epoch, usec_t now) {
+        for (;;) {
+                const SharedCall *c = NULL;
+                assert_true(pool_shared_take_call(f->pool, f->clock, &c));
+                if (c->script == script)
+                        return c;
+                if (c->script == SHARED_SCRIPT_POSITIONS) {
+                        /* A places query sent before the submit (the fingerprints differ): it finds nothing. */
+                        assert_int_equal(c->argc, 8);
+                        done(f, c, reply("ok", (int64_t) now, arr(1, arr(1, str("gone"))), EMPTY, cache_lost(epoch)),
+                             now, now);
+                        continue;
+                }
+                assert_int_equal(c->script, SHARED_SCRIPT_TICK);
+                done(f, c, reply("ok", (int64_t) now, tick_body_lost(epoch), EMPTY, cache_lost(epoch)), now, now);
+        }
+}
+
+static void test_positions_gone_after_redis_lost_its_data_submits_again(void **state) {
+        (void) state;
+        for (int restart = 0; restart < 2; restart++) {
+                Fixture *f = fixture_new(false);
+                int cookie;
+                char rid[17], arrival[32];
+                const char *epoch = lose_the_waiters_record(f, restart, &cookie, rid, arrival);
+                positions_gone(f, epoch, S(4));
+                assert_int_equal(f->n_seen, 1); /* not refused */
+                const SharedCall *sub = take_after_ticks(f, SHARED_SCRIPT_SUBMIT, epoch, S(4));
+                assert_string_equal(arg(sub, 6), rid);
+                assert_string_equal(arg(sub, 7), "ci");
+                assert_string_equal(arg(sub, 8), "1");
+                assert_string_equal(arg(sub, 9), "1");
+                /* Its arrival, not now: its wait counts from when it came. */
+                assert_string_equal(arg(sub, 13), arrival);
+                done(f, sub, reply("ok", (int64_t) S(4), decision("queued", rid, (int64_t) S(4), 0, "", 0, 0, EMPTY),
+                                   EMPTY, cache_lost(epoch)), S(4), S(4));
+                assert_int_equal(f->n_seen, 1); /* QUEUED once */
+                /* Granted once the recovery window is over, as any waiter. */
+                const SharedCall *t;
+                f->clock = S(34);
+                f->pool->ops->run(f->pool, S(34));
+                t = take_after_ticks(f, SHARED_SCRIPT_TICK, epoch, S(34));
+                done(f, t, reply("ok", (int64_t) S(34), tick_body_lost(epoch),
+                                 arr(1, decision("granted", rid, (int64_t) S(34), 0, "", 0, 9, arr(1, num(0)))),
+                                 cache_lost(epoch)), S(34), S(34));
+                assert_int_equal(f->n_seen, 2);
+                assert_int_equal(f->seen[1].verdict, POOL_VERDICT_GRANTED);
+                assert_int_equal(f->seen[1].token, 9);
+                fixture_free(f);
+        }
+}
+
+/* Lost again in the same data: someone deletes it (a Redis does not lose a record twice without a restart
+ * or a pool made anew). Refused as garbage in Redis is, counted, and withdrawn. */
+static void test_positions_gone_again_in_the_same_data_is_refused(void **state) {
+        Fixture *f = *state;
+        int cookie;
+        char rid[17], arrival[32];
+        const char *epoch = lose_the_waiters_record(f, true, &cookie, rid, arrival);
+        positions_gone(f, epoch, S(4));
+        const SharedCall *sub = take_after_ticks(f, SHARED_SCRIPT_SUBMIT, epoch, S(4));
+        done(f, sub, reply("ok", (int64_t) S(4), decision("queued", rid, (int64_t) S(4), 0, "", 0, 0, EMPTY),
+                           EMPTY, cache_lost(epoch)), S(4), S(4));
+        positions_gone(f, epoch, S(5));
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(f->seen[1].reason, "bad-reply");
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(5), &info);
+        assert_int_equal(info.bad_input, 1);
+        const SharedCall *w = take_after_ticks(f, SHARED_SCRIPT_WITHDRAW, epoch, S(5));
+        assert_string_equal(arg(w, 6), rid);
+}
+
+/* A loss after each resubmission (the epoch changing every time: a hand writing it): sent again
+ * SHARED_RESUBMITS_MAX times, then refused as garbage in Redis. */
+static void test_resubmits_are_bounded_across_losses(void **state) {
+        Fixture *f = *state;
+        static const char *const epochs[] = { "e2", "e3", "e4", "e5", "e6" };
+        assert_int_equal(ELEMENTSOF(epochs), SHARED_RESUBMITS_MAX + 1);
+        int cookie;
+        char rid[17], arrival[32];
+        lose_the_waiters_record(f, false, &cookie, rid, arrival);
+        for (size_t i = 0; i < ELEMENTSOF(epochs); i++) {
+                usec_t now = S(4 + i);
+                positions_gone(f, epochs[i], now);
+                if (i == SHARED_RESUBMITS_MAX)
+                        break;
+                const SharedCall *sub = take_after_ticks(f, SHARED_SCRIPT_SUBMIT, epochs[i], now);
+                assert_string_equal(arg(sub, 6), rid);
+                assert_string_equal(arg(sub, 13), arrival);
+                done(f, sub, reply("ok", (int64_t) now, decision("queued", rid, (int64_t) now, 0, "", 0, 0, EMPTY),
+                                   EMPTY, cache_lost(epochs[i])), now, now);
+                assert_int_equal(f->n_seen, 1);
+        }
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(f->seen[1].reason, "bad-reply");
+}
+
+/* "gone" while the submit sent again is out (a places query sent before it): nothing more is sent. The
+ * client hangs up meanwhile: the rid is withdrawn after the submit, sent or not (Redis said it lost it;
+ * that is Redis's word). */
+static void test_resubmit_races_the_clients_cancel(void **state) {
+        (void) state;
+        for (int sent = 0; sent < 2; sent++) {
+                Fixture *f = fixture_new(false);
+                int cookie;
+                char rid[17], arrival[32];
+                const char *epoch = lose_the_waiters_record(f, true, &cookie, rid, arrival);
+                positions_gone(f, epoch, S(4));
+                const SharedCall *sub = NULL;
+                if (sent) {
+                        sub = take_after_ticks(f, SHARED_SCRIPT_SUBMIT, epoch, S(4));
+                        positions_gone(f, epoch, S(5)); /* asked before the submit ran */
+                        assert_int_equal(f->n_seen, 1);
+                }
+                f->pool->ops->cancel_try(f->pool, &cookie, S(5));
+                if (sent)
+                        done(f, sub, reply("ok", (int64_t) S(5), decision("queued", rid, (int64_t) S(5), 0, "", 0, 0,
+                                                                          EMPTY), EMPTY, cache_lost(epoch)),
+                             S(5), S(5));
+                const SharedCall *w = take_after_ticks(f, SHARED_SCRIPT_WITHDRAW, epoch, S(5));
+                assert_string_equal(arg(w, 6), rid);
+                no_call(f);
+                assert_int_equal(f->n_seen, 1); /* cancelled: no decision for it */
+                fixture_free(f);
+        }
+}
+
 static void test_status_snapshot_from_the_cache(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1));
@@ -3149,6 +3343,27 @@ static void set_queued(SetFixture *s) {
         assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_QUEUED);
 }
 
+/* A set's part that Redis lost with its data is not submitted again alone (its set's call grants it, in
+ * every pool at once): refused "backend" (not "node-expired": the node did not expire), its rid withdrawn. */
+static void test_set_part_lost_with_redis_data_is_refused_backend(void **state) {
+        SetFixture *s = *state;
+        set_queued(s);
+        Fixture *f = s->grid;
+        size_t seen = f->n_seen;
+        f->clock = S(3);
+        pool_shared_link_down(f->pool, S(2));
+        pool_shared_link_up(f->pool, "run2", S(3));
+        const SharedCall *t = take(f, SHARED_SCRIPT_TICK);
+        done(f, t, reply("ok", (int64_t) S(3), tick_body_lost("e2"), EMPTY, cache_lost("e2")), S(3), S(3));
+        assert_int_equal(f->n_seen, seen);
+        positions_gone(f, "e2", S(4));
+        assert_int_equal(f->n_seen, seen + 1);
+        assert_int_equal(last_seen(f)->verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(last_seen(f)->reason, "backend");
+        const SharedCall *w = take_after_ticks(f, SHARED_SCRIPT_WITHDRAW, "e2", S(4));
+        assert_string_equal(arg(w, 6), s->rid);
+}
+
 static bool set_ready(SetFixture *s, size_t i) {
         Fixture *f = i == 0 ? s->grid : s->db;
         for (size_t j = f->n_seen; j-- > 0;)
@@ -3571,6 +3786,10 @@ int main(void) {
                 T(test_a_settling_reconcile_tick_lists_what_was_sent_behind_it),
                 T(test_status_snapshot_from_the_cache),
                 T(test_positions_gone_refuses_the_waiter),
+                T(test_positions_gone_after_redis_lost_its_data_submits_again),
+                T(test_positions_gone_again_in_the_same_data_is_refused),
+                T(test_resubmits_are_bounded_across_losses),
+                T(test_resubmit_races_the_clients_cancel),
                 T(test_next_wakeup_is_never_left_in_the_past),
                 T(test_info_and_congestion_from_the_cache),
                 T(test_unregistered_registers_again),
@@ -3627,6 +3846,7 @@ int main(void) {
                 TS(test_set_refused_by_pool_2_is_echoed_by_pool_1),
                 TS(test_set_said_ready_then_granted_in_one_call),
                 TS(test_set_grant_not_ready_or_gone_waits_again),
+                TS(test_set_part_lost_with_redis_data_is_refused_backend),
                 TS(test_set_settling_is_sent_again),
                 TS(test_set_unregistered_of_pool_2_waits_until_it_serves),
                 TS(test_set_error_reply_refuses_in_every_pool),
