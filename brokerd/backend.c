@@ -60,7 +60,8 @@ struct Backend {
         uint64_t next_serial;
         sd_event_source *flush;         /* defer: send what the pools queued, after this dispatch */
         sd_event_source *fence_timer;   /* CLOCK_BOOTTIME: the earliest self-fence deadline */
-        sd_event_source *read_retry;    /* after an error reply to XREAD: not a busy loop */
+        sd_event_source *read_retry;    /* after an error reply to XREAD, or a follow: not a busy loop */
+        usec_t reader_followed;         /* when the reader last reconnected to follow the commands' server */
         bool reading;                   /* an XREAD is in flight */
         bool read_idle;                 /* … blocking XREAD_BLOCK_IDLE */
         InFlight *in_flight;            /* script calls sent and not answered: ours to free */
@@ -492,9 +493,21 @@ static BackendPool *backend_find_stream(Backend *b, const char *key, size_t len)
         return NULL;
 }
 
+/* Whether the reader is connected to another server than the one the commands link is up on: a restart or
+ * a failover that the two connections met at different moments (the reader still blocked on the old
+ * primary). That server's entries are not the decisions of the pools' Redis: a grant there is of data the
+ * pools reclaimed from (their run id changed), and applying it would hold a slot the current Redis counts
+ * for nobody, or for the same request again. Its waiters' places queries ask the current one instead. */
+static bool backend_reader_elsewhere(const Backend *b) {
+        const char *reader = redis_link_get_run_id(b->reader), *commands = redis_link_get_run_id(b->commands);
+        return redis_link_get_state(b->commands) == REDIS_LINK_UP && reader && commands && !streq(reader, commands);
+}
+
 /* XREAD's reply: [[key, [[id, [field, value, …]], …]], …], or nil when the block ran out. */
 static void backend_read_entries(Backend *b, const redisReply *reply) {
         usec_t now = now_monotonic();
+        if (backend_reader_elsewhere(b))
+                return; /* dropped unread: the ids go on from the last entry of the current server's stream */
         for (size_t i = 0; i < reply->elements; i++) {
                 const redisReply *s = reply->element[i];
                 if (s->type != REDIS_REPLY_ARRAY || s->elements != 2 || s->element[0]->type != REDIS_REPLY_STRING ||
@@ -563,6 +576,21 @@ static void backend_read_join(Backend *b) {
         }
 }
 
+/* The reader follows the commands link to its server (backend_reader_elsewhere()) by a new connection, at
+ * most once per READ_RETRY: an endpoint that answers from two servers by turns would otherwise loop. */
+static void backend_reader_follow(Backend *b) {
+        usec_t now = now_monotonic();
+        if (b->reader_followed != 0 && now - b->reader_followed < READ_RETRY) {
+                (void) sd_event_source_set_time(b->read_retry, b->reader_followed + READ_RETRY);
+                (void) sd_event_source_set_enabled(b->read_retry, SD_EVENT_ONESHOT);
+                return;
+        }
+        b->reader_followed = now;
+        log_notice("Redis %s: the stream read follows the commands to their server (run id %.100s, was %.100s).",
+                   b->url, redis_link_get_run_id(b->commands), redis_link_get_run_id(b->reader));
+        (void) redis_link_reconnect(b->reader, "The commands' server is another one");
+}
+
 static void backend_start_read(Backend *b) {
         backend_read_join(b);
         if (b->reading || redis_link_get_state(b->reader) != REDIS_LINK_UP)
@@ -571,6 +599,10 @@ static void backend_start_read(Backend *b) {
         (void) sd_event_source_get_enabled(b->read_retry, &enabled);
         if (enabled != SD_EVENT_OFF)
                 return;
+        if (backend_reader_elsewhere(b)) {
+                backend_reader_follow(b);
+                return;
+        }
 
         size_t n = 0;
         for (size_t i = 0; i < b->n_pools; i++)

@@ -6,7 +6,10 @@ lost data"; brokerd.conf(5), "When Redis restarts, fails over or loses its data"
 One brokerd, a pool of one slot in a redis-server of the test's own: a client holds the slot, another waits
 for it. Then Redis loses the pool:
 - redis-server restarted without its data (no persistence), within the waiter grace;
-- FLUSHALL (the same server: same run id, the pool made anew).
+- FLUSHALL (the same server: same run id, the pool made anew);
+- a failover that brokerd's two connections meet at different moments: the backend's address (a Unix socket
+  path, a symlink here) leads to another server, the command link reconnects there, the stream reader
+  stays blocked on the old one, which then appends a grant of the waiter (as an old primary's tick would).
 Redis has no record of the waiter any more ("gone" to brokerd's places query). The waiter is not refused
 (it was, "node-expired", before): brokerd submits it again under its request id and arrival, it keeps
 waiting through the recovery window, and is granted once the holder released and the window passed (one
@@ -16,6 +19,7 @@ Skipped (77) without redis-server or shared pools. It waits out recovery windows
 
 Usage: test-shared-lost-waiters.py BROKERD SLOTCTL [unittest arguments]
 """
+import os
 import shutil
 import sys
 import tempfile
@@ -102,6 +106,66 @@ class LostWaiters(harness.BrokerTestCase):
         lost_at = time.monotonic()
         self.redis.call("FLUSHALL")
         self.assert_waits_then_granted(b, holder, waiter, lost_at)
+
+    def test_a_grant_read_from_the_old_server_is_not_taken(self):
+        """The old server's grant is of data brokerd reclaimed from: taken, the waiter would hold a slot the new
+        server counts for its holder (two holders, one slot). brokerd drops what the reader read there,
+        reconnects it to the command link's server, and the waiter is granted there when the holder leaves."""
+        link = os.path.join(self.tmp, "redis.sock")
+        os.symlink(self.redis.socket_path, link)
+        b = self.broker(harness.shared_pool_config(f"unix://{link}?db=0", "node-a", TTL), "lost-split")
+        self.backend_up(b)
+        holder = self.acquire(b, "ci")
+        holder.until_granted(timeout=TTL + 20)
+        with open(os.path.join(b.state_dir, "node-id")) as f:
+            node = f.read().strip()  # the node's id in the pool's keys (node-name is what the journal says)
+        nr, stream = "{sb:shared}:nr:" + node, "{sb:shared}:s:" + node
+        held = set(self.redis.call("ZRANGE", nr, 0, -1))
+        waiter = self.acquire(b, "ci")
+        self.assertTrue(waiter.queued, waiter.msg)
+        rids = sorted(set(self.redis.call("ZRANGE", nr, 0, -1)) - held)
+        self.assertEqual(len(rids), 1, (held, rids))
+        # The holder's grant as the old server wrote it: the forged one differs in its rid and token only.
+        entries = self.redis.call("XRANGE", stream, "-", "+")
+        self.assertTrue(entries, "the holder's grant in the stream")
+        fields = dict(zip(entries[-1][1][0::2], entries[-1][1][1::2]))
+        self.assertEqual(fields.get("verdict"), "granted", fields)
+
+        new = RedisServer(self.tmp).start()
+        self.addCleanup(new.close)
+        os.symlink(new.socket_path, link + ".new")
+        os.replace(link + ".new", link)
+        # The command link's connection ends (as a failover's CLIENT KILL would); the reader's, blocked in
+        # XREAD, stays on the old server.
+        with self.redis.client() as c:
+            me = c.call("CLIENT", "ID")
+            for line in c.call("CLIENT", "LIST").splitlines():
+                f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+                if int(f["id"]) != me and f.get("cmd") != "xread":
+                    c.call("CLIENT", "KILL", "ID", f["id"])
+        # On the new server: the holder reclaimed, the waiter submitted again under its rid (Redis lost it).
+        wait_for(lambda: rids[0] in new.call("ZRANGE", nr, 0, -1) or None, timeout=20,
+                 message="the waiter submitted again on the new server")
+        self.assertTrue(any("cmd=xread" in line for line in self.redis.call("CLIENT", "LIST").splitlines()),
+                        "the reader still blocked on the old server")
+
+        fields.update(rid=rids[0], token=str(1 << 40))
+        self.redis.call("XADD", stream, "*", *[x for kv in fields.items() for x in kv])
+
+        def followed():
+            for m in self.arrived(waiter):
+                self.assertEqual((m.get("error"), m.get("parameters", {}).get("state")), (None, "queued"),
+                                 f"the waiter was told this by the old server's entry: {m}")
+            return "stream read follows the commands" in b.log() or None
+        wait_for(followed, timeout=10, message="the reader reconnected to the command link's server")
+        wait_for(lambda: not any("cmd=xread" in line for line in self.redis.call("CLIENT", "LIST").splitlines())
+                 or None, timeout=10, message="the reader gone from the old server")
+        self.assertEqual(len(b.status()["waiters"]), 1, b.status())
+        self.assertEqual(b.pool("shared")["inUse"], 1)
+        holder.close()
+        waiter.until_granted(timeout=TTL + 20)
+        self.assertNotEqual(waiter.lease["token"], 1 << 40)
+        self.assertTrue(b.alive(), "brokerd died")
 
 
 if __name__ == "__main__":
