@@ -1865,10 +1865,12 @@ end
 
 -- pool-local.c:health_dispatch(): the health waiters in arrival order, each granted the quarantined members
 -- it can use as they free; one no quarantined member can satisfy any more is refused unavailable
--- ("not-quarantined"). No grant inside a recovery window (as dispatch()). False: the budget ran out.
+-- ("not-quarantined"). No grant inside a recovery window (as dispatch()). False: the budget ran out; else
+-- true and whether it granted anything (dispatch_settle()).
 function HEALTH.dispatch(t)
-        if HEALTH.waiting() == 0 or not R.members then return true end
-        if M.recovery_until > 0 and t < M.recovery_until then return true end
+        if HEALTH.waiting() == 0 or not R.members then return true, false end
+        if M.recovery_until > 0 and t < M.recovery_until then return true, false end
+        local granted = false
         local avail = HEALTH.avail()
         for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, -1)) do
                 local w = waiter_get(wid)
@@ -1889,6 +1891,7 @@ function HEALTH.dispatch(t)
                                 waiter_unlink(w, true)
                                 local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w, usable, true)
                                 notify(w.node, lease_decision(l))
+                                granted = true
                                 local taken = {}
                                 for _, pos in ipairs(l.pos) do taken[pos] = true end
                                 local left = {}
@@ -1899,7 +1902,7 @@ function HEALTH.dispatch(t)
                         end
                 end
         end
-        return true
+        return true, granted
 end
 
 -- What a new health request may take now (pool-local.c:health_avail_for_new()): the free quarantined members,
@@ -2024,6 +2027,21 @@ local function dispatch(t)
                         notify(w.node, lease_decision(l))
                 end
         end
+        return true
+end
+
+-- Step 3 of the instant (SPEC §3.3; pool-local.c:dispatch_settle()): the queue, then the health waiters beside
+-- it, again while a health grant was made. A health lane's grant counts for its lane's reserve= (SPEC §3, lane
+-- limits), so a waiter of the queue that those unused reserved slots passed over may have room after it, at
+-- this instant (its budget may end at it: step 3 comes before 4); and the queue's grants move lanes'
+-- max-in-use, which decides what a health waiter sets aside. Each round but the last grants: it ends. False:
+-- the budget ran out (the phase is run again; every round decides from the keys afresh).
+local function dispatch_settle(t)
+        repeat
+                if not dispatch(t) then return false end
+                local ok, granted = HEALTH.dispatch(t)
+                if not ok then return false end
+        until not granted
         return true
 end
 
@@ -2195,7 +2213,8 @@ local function head_due(key, t)
 end
 
 -- pool-local.c:local_run() at t, after the lease ends of t (dead nodes). meta.phase remembers how far an
--- instant cut short by the budget got: 0 first dispatch, 1 expiries, 2 second dispatch and the gauge.
+-- instant cut short by the budget got: 0 first dispatch_settle(), 1 expiries, 2 second dispatch_settle() and
+-- the gauge.
 -- Returns false when the budget ran out (the instant stays unsettled).
 local function instant(t)
         if M.unsettled_at ~= t then
@@ -2224,7 +2243,7 @@ local function instant(t)
         if DRAINS.next() and DRAINS.next() <= t then DRAINS.expire(t) end
         if M.phase == 0 then
                 -- Health waiters too before budgets end (pool-local.c:local_run(); SPEC §3.3 step 3 before 4).
-                if not dispatch(t) or not HEALTH.dispatch(t) then return false end
+                if not dispatch_settle(t) then return false end
                 meta_set('phase', 1)
         end
         if M.phase == 1 then
@@ -2235,8 +2254,7 @@ local function instant(t)
                 end
                 meta_set('phase', 2)
         end
-        if not dispatch(t) then return false end
-        if not HEALTH.dispatch(t) then return false end
+        if not dispatch_settle(t) then return false end
         if not update_congestion(t) then return false end
         meta_set('unsettled_at', nil)
         meta_set('phase', 0)

@@ -1138,10 +1138,6 @@ static void health_set_aside(const PoolWaiter *w, uint64_t *avail, size_t words)
                 avail[k] &= ~(w->mask ? w->mask[k] : UINT64_MAX);
 }
 
-/* Health lanes' waiters, in arrival order: each takes the quarantined members it can use as they free, and
- * one that cannot be granted yet keeps those it could use from the waiters behind it; one whose members are
- * no longer quarantined (restored meanwhile) has nothing to wait for: unavailable. The ordinary queue never
- * takes a quarantined member, so the two never compete. O(health waiters × limit). */
 /* What a new health request may take now: the free quarantined members, less what the health requests waiting
  * keep set aside (they wait: it is too little for them). NULL: out of memory. */
 static uint64_t *health_avail_for_new(const LocalPool *p, size_t words) {
@@ -1154,13 +1150,19 @@ static uint64_t *health_avail_for_new(const LocalPool *p, size_t words) {
         return avail;
 }
 
-static void health_dispatch(LocalPool *p, usec_t now) {
+/* Health lanes' waiters, in arrival order: each takes the quarantined members it can use as they free, and
+ * one that cannot be granted yet keeps those it could use from the waiters behind it; one whose members are
+ * no longer quarantined (restored meanwhile) has nothing to wait for: unavailable. The ordinary queue never
+ * takes a quarantined member, so the two never compete. O(health waiters × limit). Returns whether it
+ * granted anything (dispatch_settle()). */
+static bool health_dispatch(LocalPool *p, usec_t now) {
+        bool granted = false;
         if (p->n_health == 0)
-                return;
+                return false;
         size_t words = member_set_words(p->base.limit);
         _cleanup_free_ uint64_t *avail = calloc(words, sizeof(uint64_t)), *usable = calloc(words, sizeof(uint64_t));
         if (!avail || !usable)
-                return; /* the next instant tries again */
+                return false; /* the next instant tries again */
         health_avail(p, avail, words);
         list_foreach_safe(n, &p->health) {
                 PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
@@ -1175,13 +1177,26 @@ static void health_dispatch(LocalPool *p, usec_t now) {
                         continue;
                 }
                 waiter_unlink(p, w);
-                (void) waiter_grant(p, w, now, usable);
+                if (waiter_grant(p, w, now, usable) >= 0)
+                        granted = true;
                 /* What it took is taken for those behind it too. */
                 for (unsigned i = 0; i < p->base.limit; i++)
                         if (slot_is_occupied(p, i))
                                 avail[i / 64] &= ~(UINT64_C(1) << (i % 64));
                 waiter_free(w);
         }
+        return granted;
+}
+
+/* Step 3 of the instant (SPEC §3.3): the queue, then the health lanes' waiters beside it, again while a health
+ * grant was made. A health lane's grant counts for its lane's reserve= (SPEC §3, lane limits), so a waiter of
+ * the queue that those unused reserved slots passed over may have room after it, at this instant (its budget
+ * may end at it: step 3 comes before 4); and the queue's grants move lanes' max-in-use, which decides what a
+ * health waiter sets aside. Each round but the last grants: it ends. prelude.lua's dispatch_settle() is this. */
+static void dispatch_settle(LocalPool *p, usec_t now) {
+        do
+                dispatch(p, now);
+        while (health_dispatch(p, now));
 }
 
 /* ---- the congested gauge ---- */
@@ -1853,8 +1868,7 @@ static void local_run(Pool *base, usec_t now) {
         LocalPool *p = POOL(base);
         p->latest = MAX(p->latest, now);
         rests_wake(p, now);
-        dispatch(p, now);
-        health_dispatch(p, now);
+        dispatch_settle(p, now);
         /* Step 4: budgets that end at `now` (or were due earlier and are only now looked at), each refused at
          * its own deadline. A refused waiter may have held others back, so grant again after. */
         bool expired = false;
@@ -1865,8 +1879,7 @@ static void local_run(Pool *base, usec_t now) {
                 expired = true;
         }
         if (expired) {
-                dispatch(p, now);
-                health_dispatch(p, now);
+                dispatch_settle(p, now);
                 lanes_gc(p);
         }
         update_congestion(p, now);

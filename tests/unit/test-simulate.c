@@ -289,6 +289,35 @@ static void test_cooldown_in_a_scenario(void **state) {
         assert_int_equal(r->granted, 4);
 }
 
+/* A health grant counts for its lane's reserve= (SPEC §3): the waiter that the unused reserved slot passed over has
+ * room once the health job takes its quarantined member when it wakes from its rest, and is granted at that
+ * instant, before its budget that ends then is refused (SPEC §3.3: step 3 before 4); the one behind it waits
+ * until its own budget ends. Was: granted at the pool's next event (none without a deadline), refused at its own
+ * deadline. tests/scenarios/health-grant-reserve*.json are these for the differential test. */
+static void test_a_health_grant_uses_up_its_reserve_at_once(void **state) {
+        _cleanup_(sim_result_freep) SimResult *r = run(
+                "{\"pools\": {\"rigs\": {\"members\": [\"a\", \"b\", \"c\"], \"quarantine-exit-codes\": [3], \"cooldown\": \"1s\"}},"
+                " \"lanes\": {\"ci\": {\"pools\": [\"rigs\"]},"
+                "            \"health\": {\"pools\": [\"rigs\"], \"health\": \"yes\", \"reserve\": 1}},"
+                " \"requests\": ["
+                " {\"name\": \"breaks-a\", \"at\": \"0s\", \"hold\": \"500ms\", \"lane\": \"ci\", \"member\": \"a\", \"exit\": 3},"
+                " {\"name\": \"check-a\", \"at\": \"600ms\", \"hold\": \"1s\", \"lane\": \"health\", \"member\": \"a\", \"exit\": 1},"
+                " {\"name\": \"on-b\", \"at\": \"700ms\", \"hold\": \"5s\", \"lane\": \"ci\"},"
+                " {\"name\": \"passed-over\", \"at\": \"800ms\", \"hold\": \"1s\", \"lane\": \"ci\", \"max-wait\": \"700ms\"},"
+                " {\"name\": \"behind\", \"at\": \"900ms\", \"hold\": \"1s\", \"lane\": \"ci\", \"max-wait\": \"1s\"}]}",
+                true);
+
+        assert_int_equal(r->n_records, 5);
+        assert_int_equal(r->records[1].outcome, SIM_OUTCOME_GRANTED); /* a wakes: the health job's */
+        assert_int_equal(r->records[1].decided_ms, 1500);
+        assert_int_equal(r->records[3].outcome, SIM_OUTCOME_GRANTED); /* c, at its deadline */
+        assert_int_equal(r->records[3].decided_ms, 1500);
+        assert_true(r->records[3].queued);
+        assert_int_equal(r->records[4].outcome, SIM_OUTCOME_REFUSED); /* c is taken */
+        assert_int_equal(r->records[4].refusal, REFUSAL_TIMEOUT);
+        assert_int_equal(r->records[4].decided_ms, 1900);
+}
+
 /* Issue 23: exit statuses quarantine (after 2 in a row), a health job restores with exit 0 (its exit 1 does not),
  * a drain until a time ends by itself, a drained pool refuses, a max-hold kill tells no exit status. */
 static void test_quarantine_health_and_drains_in_a_scenario(void **state) {
@@ -492,6 +521,7 @@ int main(void) {
                 cmocka_unit_test(test_reservations_in_a_scenario),
                 cmocka_unit_test(test_scenario_labels_that_nobody_matches_are_an_error),
                 cmocka_unit_test(test_also_in_a_scenario),
+                cmocka_unit_test(test_a_health_grant_uses_up_its_reserve_at_once),
                 cmocka_unit_test(test_a_set_refused_lets_those_behind_it_go),
                 cmocka_unit_test(test_a_set_refusal_names_a_drained_pool_before_a_busy_one),
                 cmocka_unit_test(test_a_set_ahead_of_a_waiting_set_is_queued_first),
