@@ -13,6 +13,7 @@ Usage: test-harness-redis.py [BROKERD] [unittest arguments]
 """
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -493,6 +494,15 @@ class TestProxyRedis(RedisTestCase):
             self.assertGreaterEqual(time.monotonic() - sent, 1.0)
 
 
+def harness_zombie(pid):
+    """True once pid is a zombie (dead, not reaped)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return False
+
+
 class TestWitnessShared(unittest.TestCase):
     """witness.py's checks for several brokerds, fed by its own script run as `slotctl run` would run it."""
 
@@ -538,6 +548,34 @@ class TestWitnessShared(unittest.TestCase):
         self.run_cmd("grid", 2, [0])
         self.end_cmd(a, "a")
         self.assert_fails(self.w.check_fencing, "held twice")
+
+    def start_set(self, name, token, slots, db_slots):
+        """A set holder (pool grid, also db, as a lane with also= runs it) that runs until stopped or killed."""
+        env = dict(os.environ, SLOT_POOL="grid", SLOT_TOKEN=str(token), SLOT_INDEX=",".join(map(str, slots)),
+                   SLOT_DB_TOKEN=str(token), SLOT_DB_INDEX=",".join(map(str, db_slots)))
+        p = subprocess.Popen(self.w.command_until_stopped(name, also=("db",)), env=env)
+        self.addCleanup(p.kill)
+        wait_for(lambda: len(self.w.started(name)) == 2, message=f"{name} to start in both pools")
+        return p
+
+    def test_a_killed_set_holder_held_nothing_in_any_of_its_pools(self):
+        # SIGKILL before its trap gave its files back (a fence's end under load), then the next set holder:
+        # in the set's other pool too, and while the killed one is a zombie (not reaped yet: kill -0 finds it).
+        a = self.start_set("a", 1, [0], [0, 1])
+        a.send_signal(signal.SIGKILL)
+        wait_for(lambda: harness_zombie(a.pid), message="the killed holder a zombie")
+        b = self.start_set("b", 2, [0], [0, 1])
+        a.wait(10)
+        self.end_cmd(b, "b")
+        self.w.check_fencing(self)
+        with open(os.path.join(self.dir, "stale")) as f:
+            stale = f.read()
+        self.assertEqual(stale.count(" found "), 3, stale)  # grid 0, db 0, db 1
+        # A holder that lives is still caught in the set's other pool.
+        c = self.start_set("c", 3, [1], [0])
+        self.start_set("d", 4, [2], [0])
+        self.end_cmd(c, "c")
+        self.assert_fails(self.w.check_fencing, "d got db 0 while c")
 
     def test_a_token_given_twice_is_caught(self):
         self.run_cmd("grid", 5, [0])

@@ -6,8 +6,9 @@ Every witnessed command is a `slotctl run` of a small shell script. When it star
 per slot it was given (SLOT_MEMBER, or SLOT_INDEX in a pool of anonymous slots, each in SLOT_POOL) with
 O_EXCL (the shell's noclobber), holding its name and process id: a lock file that already exists, of a
 process that still runs, is a slot held twice at once, written to a violations file. One whose process is
-gone (killed by SIGKILL before its SIGTERM trap gave the file back: a fence's end on a loaded machine)
-held nothing any more: it is removed, and noted in a "stale" file. It then counts the pool's lock files (every slot held at that instant, its own
+gone or a zombie (killed by SIGKILL before its SIGTERM trap gave the file back: a fence's end on a loaded
+machine), in any pool the command takes slots of (its set's too), held nothing any more: it is removed, and
+noted in a "stale" file. It then counts the pool's lock files (every slot held at that instant, its own
 included) into a holders file, logs "start NAME POOL TOKEN SLOT..." and, when its body ends or it is sent
 SIGTERM, gives its lock files back and logs "end …". Each start and end also goes to a "times" file with
 its realtime stamp, and each violation says when: what a failure is read against brokerds' logs with.
@@ -69,17 +70,26 @@ finish() {
 # A holder killed before its trap ran (SIGKILL at the end of a fence's revoke grace, on a loaded machine)
 # leaves its file behind: it holds nothing once its process is gone, which is what fencing is for. A file
 # whose process lives is a slot held twice.
+# A zombie (killed, not yet reaped by its slotctl or the test, a subreaper) is gone too: kill -0 finds it.
 stale() {
-        p=$(cut -d' ' -f2 "$1" 2>/dev/null)
-        [ -n "$p" ] && ! kill -0 "$p" 2>/dev/null
+        pid=$(cut -d' ' -f2 "$1" 2>/dev/null)
+        [ -n "$pid" ] || return 1
+        ! kill -0 "$pid" 2>/dev/null || grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null
+}
+# Every pool this command takes slots of: its own and its set's others (a killed set holder leaves files in each).
+sweep() {
+        mkdir -p "$1"
+        for f in "$1"/*; do
+                if [ -e "$f" ] && stale "$f"; then
+                        printf '%s found %s of a process gone: %s\n' "$n" "$f" "$(cat "$f" 2>/dev/null)" >>"$d/stale"
+                        rm -f "$f"
+                fi
+        done
 }
 trap 'finish; exit 143' TERM
-mkdir -p "$held"
-for f in "$held"/*; do
-        if [ -e "$f" ] && stale "$f"; then
-                printf '%s found %s of a process gone: %s\n' "$n" "$f" "$(cat "$f" 2>/dev/null)" >>"$d/stale"
-                rm -f "$f"
-        fi
+sweep "$held"
+for p in ${WITNESS_ALSO:-}; do
+        sweep "$d/held/$p"
 done
 set -C
 for s in $slots; do
