@@ -306,14 +306,20 @@ class Restart(harness.BrokerTestCase):
 
     def test_slotctl_keeps_the_command_when_the_lease_is_unknown(self):
         b = self.broker(CONFIG, "restart-forgot")
-        run = self.slotctl(b, "w", ["sh", "-c", "sleep 1.5; exit 7"])
+        # The command runs until the test has seen slotctl hear the answer: a fixed run time raced a slow start
+        # (ASan on a loaded machine: the command ended before slotctl asked the broker back).
+        done = os.path.join(b.state_dir, "..", "forgot-done")
+        run = self.slotctl(b, "w", ["sh", "-c", f'while [ ! -e "{done}" ]; do sleep 0.05; done; exit 7'])
         command_holders(b, 1)
         b.crash()
         for f in glob.glob(os.path.join(b.state_dir, "history.db*")) + glob.glob(os.path.join(b.state_dir, "leases.log*")):
             os.unlink(f)  # a broker that never heard of the lease
         b.start()
-        self.assertEqual(run.wait(10), 7, run.stderr())
+        wait_for(lambda: "no longer knows lease" in run.stderr() or run.proc.poll() is not None, 20,
+                 message="slotctl to hear that the broker no longer knows its lease")
         self.assertIn("no longer knows lease", run.stderr())
+        open(done, "w").close()
+        self.assertEqual(run.wait(10), 7, run.stderr())
 
     def test_slotctl_gives_up_when_the_broker_stays_away(self):
         b = self.broker(CONFIG, "restart-away", clean_exit=False)
