@@ -3057,10 +3057,18 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 return;
         }
         if (resp_is(status, "unregistered")) {
-                /* Reaped while away, or Redis lost the pool: register again first. */
+                /* Reaped while away, or Redis lost the pool: register again first. A submit it refused wrote
+                 * nothing: it goes again once the node serves (as a set's call does), its arrival on the clock
+                 * of that day (waiter_resubmit(): at most SHARED_RESUBMITS_MAX times, a Redis that says so
+                 * forever is not followed forever). */
                 state_set(p, SHARED_STATE_REGISTERING);
                 p->reclaim_all = true;
-                call_park(p, c, false, "backend", now);
+                PoolWaiter *w = c->script == SHARED_SCRIPT_SUBMIT ? try_find(p, c->rid) : NULL;
+                if (w && !w->gated && w->resubmits < SHARED_RESUBMITS_MAX) {
+                        call_free(c);
+                        waiter_resubmit(p, w, now);
+                } else
+                        call_park(p, c, false, "backend", now);
                 if (!p->tick_pending)
                         (void) queue_tick(p, false, now);
                 return;

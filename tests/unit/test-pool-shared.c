@@ -1913,9 +1913,27 @@ static void test_unregistered_registers_again(void **state) {
         int cookie;
         assert_int_equal(submit(f, &cookie, 1, true, S(2)), 0);
         const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
         RespValue r = arr(6, str("unregistered"), num(0), EMPTY, EMPTY, EMPTY, EMPTY);
         done(f, c, r, S(2), S(2));
         assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_REGISTERING);
+        /* Not refused (it was, "backend"): the same request goes again, after the registering tick. */
+        assert_int_equal(f->n_seen, 0);
+        tick_ok(f, S(3), S(3));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        for (unsigned i = 1; i < SHARED_RESUBMITS_MAX; i++) {
+                c = take(f, SHARED_SCRIPT_SUBMIT);
+                assert_string_equal(arg(c, 6), rid);
+                done(f, c, r, S(3 + i), S(3 + i));
+                assert_int_equal(f->n_seen, 0);
+                tick_ok(f, S(3 + i), S(3 + i));
+        }
+        /* A Redis that says so every time is not followed forever: the last answer refuses it. */
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 6), rid);
+        done(f, c, r, S(9), S(9));
+        assert_int_equal(f->n_seen, 1);
         assert_string_equal(f->seen[0].reason, "backend");
         take(f, SHARED_SCRIPT_TICK);
         no_call(f);
