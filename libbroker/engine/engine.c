@@ -1094,8 +1094,10 @@ static void set_grant_settle(Engine *e, EngineRequest *r, usec_t now) {
 }
 
 /* Grants every part at once (set_is_ready() said so). A pool that decides later answers later: the set is
- * granting until every pool has (nothing else is decided for it meanwhile), then leased or given back whole. */
-static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
+ * granting until every pool has (nothing else is decided for it meanwhile), then leased or given back whole.
+ * at_once: as it arrives, with room in every pool (set_route_decide()): each part takes what a newcomer would
+ * (PoolOps.grant_waiter()), as one call over the set grants it (brokerd/lua/set.lua, room_for()). */
+static void set_grant(Engine *e, EngineRequest *r, bool at_once, usec_t now) {
         r->n_ref++; /* a refusal below finishes it: keep it for the checks */
         Pool *first = r->parts[0].pool;
         if (set_has_one_call(r, first->ops->grant_set)) {
@@ -1120,7 +1122,7 @@ static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
                 PoolWaiter *w = part->waiter;
                 part->st = PART_NONE;
                 part->waiter = NULL;
-                if (part->pool->ops->grant_waiter(part->pool, w, now) < 0) {
+                if (part->pool->ops->grant_waiter(part->pool, w, at_once, now) < 0) {
                         /* -ENOMEM: the pool refused it unavailable; -ESTALE cannot be (all ready). Those
                          * after it stay queued: given back with the set. */
                         break;
@@ -1221,7 +1223,7 @@ static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
                 room = room && r->parts[i].room;
         if (room && set_is_ready(r)) {
                 r->phase = REQUEST_WAITING; /* granting: a pool's answer may come later */
-                set_grant(e, r, now);
+                set_grant(e, r, true, now);
                 return false;
         }
         if (!may_wait) {
@@ -1351,7 +1353,7 @@ static void sets_settle(Engine *e, usec_t t) {
                 Pool *pools[1 + CONF_LANE_ALSO_MAX];
                 for (size_t i = 0; i < n_parts; i++)
                         pools[i] = r->parts[i].pool;
-                set_grant(e, r, t);
+                set_grant(e, r, false, t);
                 for (size_t i = 0; i < n_parts; i++)
                         pools[i]->ops->run(pools[i], t);
                 process_decisions(e);
