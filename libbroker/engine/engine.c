@@ -911,6 +911,18 @@ static void set_absorb_pending(Engine *e, EngineRequest *r) {
         }
 }
 
+/* The set's grant is asked and some pool's answer awaited (on), or not any more: its pools count it
+ * (Pool.sets_granting, sets_settle()). */
+static void set_granting(EngineRequest *r, bool on) {
+        if (r->granting == on)
+                return;
+        r->granting = on;
+        for (size_t i = 0; i < r->n_parts; i++) {
+                assert(on || r->parts[i].pool->sets_granting > 0);
+                r->parts[i].pool->sets_granting += on ? 1 : -1;
+        }
+}
+
 /* Gives back every part: leaves the queues it waits in, releases what was granted (never kept alone), and
  * cancels a try a pool that decides later has not answered yet. */
 static void set_withdraw(Engine *e, EngineRequest *r, usec_t now) {
@@ -928,7 +940,7 @@ static void set_withdraw(Engine *e, EngineRequest *r, usec_t now) {
                 part->waiter = NULL;
                 part->grant = NULL;
         }
-        r->granting = false;
+        set_granting(r, false);
 }
 
 /* The pool can be part of an all-or-nothing set: it says when a part is ready, and grants it by itself or in
@@ -1057,7 +1069,7 @@ oom:
 
 /* Every part asked to grant has answered: one lease over the set, or none of it. */
 static void set_grant_done(Engine *e, EngineRequest *r, usec_t now) {
-        r->granting = false;
+        set_granting(r, false);
         const RequestPart *refused = set_refused_part(r), *bad = NULL;
         if (refused) {
                 /* One of its pools refused its part meanwhile (its budget, a drain): the set ends so. */
@@ -1087,7 +1099,7 @@ static void set_grant_done(Engine *e, EngineRequest *r, usec_t now) {
 static void set_grant_settle(Engine *e, EngineRequest *r, usec_t now) {
         set_absorb_pending(e, r);
         if (set_is_awaited(r))
-                r->granting = true;
+                set_granting(r, true);
         else
                 set_grant_done(e, r, now);
         engine_request_unref(r);
@@ -1342,12 +1354,32 @@ static int set_route(Engine *e, EngineRequest *r, const EngineLane *lane, usec_t
  * (SPEC §3.3, step 3). Only sets a pool said READY for are looked at: a pool says so for each gated waiter it
  * stops at whenever it runs, so a set ready everywhere is said ready by all its pools in the same instant. A
  * set granted lets its pools go on, which may say READY for another: again until none is left. */
+static bool set_waits_for_a_grant(const EngineRequest *r) {
+        for (size_t i = 0; i < r->n_parts; i++)
+                if (r->parts[i].pool->sets_granting > 0)
+                        return true;
+        return false;
+}
+
+/* A set with a pool where another set's grant is asked and not answered yet (pools that decide later) is
+ * looked at again once it is: the sets of a pool are asked in the order the engine finds them ready, as its
+ * in-process pools grant them, and not in the order their calls reach the backend (each call goes in its
+ * chosen pool's outbox, and a backend sends its pools' outboxes in turn): another order would give the pool's
+ * tokens (and the members those ahead set aside) to the set behind first. */
 static void sets_settle(Engine *e, usec_t t) {
+        List later;
         ListNode *n;
+        list_init(&later);
         while ((n = list_first(&e->sets))) {
                 EngineRequest *r = container_of(n, EngineRequest, set_node);
                 list_unlink(n);
-                if (r->phase != REQUEST_WAITING || !set_is_ready(r))
+                if (r->phase != REQUEST_WAITING || r->granting)
+                        continue;
+                if (set_waits_for_a_grant(r)) {
+                        list_append(&later, n);
+                        continue;
+                }
+                if (!set_is_ready(r))
                         continue;
                 size_t n_parts = r->n_parts;
                 Pool *pools[1 + CONF_LANE_ALSO_MAX];
@@ -1357,6 +1389,10 @@ static void sets_settle(Engine *e, usec_t t) {
                 for (size_t i = 0; i < n_parts; i++)
                         pools[i]->ops->run(pools[i], t);
                 process_decisions(e);
+        }
+        while ((n = list_first(&later))) {
+                list_unlink(n);
+                list_append(&e->sets, n);
         }
 }
 

@@ -346,6 +346,9 @@ struct Pool {
         /* The engine's: a set it has a part of was granted or given back at this instant, and it runs again
          * once the engine has handled the decisions in hand (engine.c, set_rerun()). */
         bool rerun;
+        /* The engine's: sets with a part here whose grant is asked and not answered yet (a pool that decides
+         * later): another set of this pool is not asked meanwhile (engine.c, sets_settle()). */
+        unsigned sets_granting;
         PoolEmitFn emit;
         void *emit_userdata;
 };
