@@ -1350,10 +1350,7 @@ static int set_route(Engine *e, EngineRequest *r, const EngineLane *lane, usec_t
         return set_route_submit(e, r, now);
 }
 
-/* Grants the waiting sets that every pool of theirs is ready for, and lets each pool hand on what is left
- * (SPEC §3.3, step 3). Only sets a pool said READY for are looked at: a pool says so for each gated waiter it
- * stops at whenever it runs, so a set ready everywhere is said ready by all its pools in the same instant. A
- * set granted lets its pools go on, which may say READY for another: again until none is left. */
+/* Some pool of the set has a set's grant asked and not answered yet (Pool.sets_granting). */
 static bool set_waits_for_a_grant(const EngineRequest *r) {
         for (size_t i = 0; i < r->n_parts; i++)
                 if (r->parts[i].pool->sets_granting > 0)
@@ -1361,11 +1358,14 @@ static bool set_waits_for_a_grant(const EngineRequest *r) {
         return false;
 }
 
-/* A set with a pool where another set's grant is asked and not answered yet (pools that decide later) is
- * looked at again once it is: the sets of a pool are asked in the order the engine finds them ready, as its
- * in-process pools grant them, and not in the order their calls reach the backend (each call goes in its
- * chosen pool's outbox, and a backend sends its pools' outboxes in turn): another order would give the pool's
- * tokens (and the members those ahead set aside) to the set behind first. */
+/* Grants the waiting sets that every pool of theirs is ready for, and lets each pool hand on what is left
+ * (SPEC §3.3, step 3). Only sets a pool said READY for are looked at: a pool says so for each gated waiter it
+ * stops at whenever it runs, so a set ready everywhere is said ready by all its pools in the same instant. A
+ * set granted lets its pools go on, which may say READY for another: again until none is left. A set
+ * with a pool where another set's grant is asked and not answered yet (pools that decide later) is looked at
+ * again once it is: a pool's sets are asked in the order the engine finds them ready, as its in-process pools
+ * grant them, and not in the order their calls reach the backend (each call goes in its chosen pool's outbox,
+ * and a backend sends its pools' outboxes in turn), which would give the pool's token to the set behind first. */
 static void sets_settle(Engine *e, usec_t t) {
         List later;
         ListNode *n;
