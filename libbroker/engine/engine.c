@@ -911,6 +911,18 @@ static void set_absorb_pending(Engine *e, EngineRequest *r) {
         }
 }
 
+/* The set's grant is asked and some pool's answer awaited (on), or not any more: its pools count it
+ * (Pool.sets_granting, sets_settle()). */
+static void set_granting(EngineRequest *r, bool on) {
+        if (r->granting == on)
+                return;
+        r->granting = on;
+        for (size_t i = 0; i < r->n_parts; i++) {
+                assert(on || r->parts[i].pool->sets_granting > 0);
+                r->parts[i].pool->sets_granting += on ? 1 : -1;
+        }
+}
+
 /* Gives back every part: leaves the queues it waits in, releases what was granted (never kept alone), and
  * cancels a try a pool that decides later has not answered yet. */
 static void set_withdraw(Engine *e, EngineRequest *r, usec_t now) {
@@ -928,7 +940,7 @@ static void set_withdraw(Engine *e, EngineRequest *r, usec_t now) {
                 part->waiter = NULL;
                 part->grant = NULL;
         }
-        r->granting = false;
+        set_granting(r, false);
 }
 
 /* The pool can be part of an all-or-nothing set: it says when a part is ready, and grants it by itself or in
@@ -1057,7 +1069,7 @@ oom:
 
 /* Every part asked to grant has answered: one lease over the set, or none of it. */
 static void set_grant_done(Engine *e, EngineRequest *r, usec_t now) {
-        r->granting = false;
+        set_granting(r, false);
         const RequestPart *refused = set_refused_part(r), *bad = NULL;
         if (refused) {
                 /* One of its pools refused its part meanwhile (its budget, a drain): the set ends so. */
@@ -1087,15 +1099,17 @@ static void set_grant_done(Engine *e, EngineRequest *r, usec_t now) {
 static void set_grant_settle(Engine *e, EngineRequest *r, usec_t now) {
         set_absorb_pending(e, r);
         if (set_is_awaited(r))
-                r->granting = true;
+                set_granting(r, true);
         else
                 set_grant_done(e, r, now);
         engine_request_unref(r);
 }
 
 /* Grants every part at once (set_is_ready() said so). A pool that decides later answers later: the set is
- * granting until every pool has (nothing else is decided for it meanwhile), then leased or given back whole. */
-static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
+ * granting until every pool has (nothing else is decided for it meanwhile), then leased or given back whole.
+ * at_once: as it arrives, with room in every pool (set_route_decide()): each part takes what a newcomer would
+ * (PoolOps.grant_waiter()), as one call over the set grants it (brokerd/lua/set.lua, room_for()). */
+static void set_grant(Engine *e, EngineRequest *r, bool at_once, usec_t now) {
         r->n_ref++; /* a refusal below finishes it: keep it for the checks */
         Pool *first = r->parts[0].pool;
         if (set_has_one_call(r, first->ops->grant_set)) {
@@ -1120,7 +1134,7 @@ static void set_grant(Engine *e, EngineRequest *r, usec_t now) {
                 PoolWaiter *w = part->waiter;
                 part->st = PART_NONE;
                 part->waiter = NULL;
-                if (part->pool->ops->grant_waiter(part->pool, w, now) < 0) {
+                if (part->pool->ops->grant_waiter(part->pool, w, at_once, now) < 0) {
                         /* -ENOMEM: the pool refused it unavailable; -ESTALE cannot be (all ready). Those
                          * after it stay queued: given back with the set. */
                         break;
@@ -1221,7 +1235,7 @@ static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
                 room = room && r->parts[i].room;
         if (room && set_is_ready(r)) {
                 r->phase = REQUEST_WAITING; /* granting: a pool's answer may come later */
-                set_grant(e, r, now);
+                set_grant(e, r, true, now);
                 return false;
         }
         if (!may_wait) {
@@ -1336,25 +1350,49 @@ static int set_route(Engine *e, EngineRequest *r, const EngineLane *lane, usec_t
         return set_route_submit(e, r, now);
 }
 
+/* Some pool of the set has a set's grant asked and not answered yet (Pool.sets_granting). */
+static bool set_waits_for_a_grant(const EngineRequest *r) {
+        for (size_t i = 0; i < r->n_parts; i++)
+                if (r->parts[i].pool->sets_granting > 0)
+                        return true;
+        return false;
+}
+
 /* Grants the waiting sets that every pool of theirs is ready for, and lets each pool hand on what is left
  * (SPEC §3.3, step 3). Only sets a pool said READY for are looked at: a pool says so for each gated waiter it
  * stops at whenever it runs, so a set ready everywhere is said ready by all its pools in the same instant. A
- * set granted lets its pools go on, which may say READY for another: again until none is left. */
+ * set granted lets its pools go on, which may say READY for another: again until none is left. A set
+ * with a pool where another set's grant is asked and not answered yet (pools that decide later) is looked at
+ * again once it is: a pool's sets are asked in the order the engine finds them ready, as its in-process pools
+ * grant them, and not in the order their calls reach the backend (each call goes in its chosen pool's outbox,
+ * and a backend sends its pools' outboxes in turn), which would give the pool's token to the set behind first. */
 static void sets_settle(Engine *e, usec_t t) {
+        List later;
         ListNode *n;
+        list_init(&later);
         while ((n = list_first(&e->sets))) {
                 EngineRequest *r = container_of(n, EngineRequest, set_node);
                 list_unlink(n);
-                if (r->phase != REQUEST_WAITING || !set_is_ready(r))
+                if (r->phase != REQUEST_WAITING || r->granting)
+                        continue;
+                if (set_waits_for_a_grant(r)) {
+                        list_append(&later, n);
+                        continue;
+                }
+                if (!set_is_ready(r))
                         continue;
                 size_t n_parts = r->n_parts;
                 Pool *pools[1 + CONF_LANE_ALSO_MAX];
                 for (size_t i = 0; i < n_parts; i++)
                         pools[i] = r->parts[i].pool;
-                set_grant(e, r, t);
+                set_grant(e, r, false, t);
                 for (size_t i = 0; i < n_parts; i++)
                         pools[i]->ops->run(pools[i], t);
                 process_decisions(e);
+        }
+        while ((n = list_first(&later))) {
+                list_unlink(n);
+                list_append(&e->sets, n);
         }
 }
 

@@ -792,7 +792,8 @@ static Verdict member_verdict(const LocalPool *p, const LocalLane *l, unsigned s
  * members in `usable`. NULL when none: avail then holds what the queue left for a newcomer. A gated waiter
  * (an all-or-nothing set's) that could be granted is not: it sets aside the members it could use, as one
  * that cannot be granted yet does. With `target`, the walk answers for it alone: it, if it could be granted
- * (gated or not), else NULL. */
+ * (gated or not), else NULL. `skip`: a waiter the walk passes by as if it were not queued (a set's part granted
+ * as it arrives, local_grant_waiter(): it is the newest of its bucket, so nobody stands behind it there). */
 static void waiter_say_ready(const LocalPool *p, const PoolWaiter *w, usec_t now) {
         Pool *base = (Pool *) &p->base; /* an emit changes nothing in the pool */
         pool_emit(base, &(PoolDecision) { .verdict = POOL_VERDICT_READY, .pool = base, .cookie = w->cookie, .at = now });
@@ -800,7 +801,7 @@ static void waiter_say_ready(const LocalPool *p, const PoolWaiter *w, usec_t now
 
 /* ready_at: not USEC_INFINITY: each gated waiter it sets aside as one that could be granted is said READY. */
 static PoolWaiter *queue_walk(const LocalPool *p, uint64_t *avail, uint64_t *usable, size_t words,
-                              const PoolWaiter *target, usec_t ready_at) {
+                              const PoolWaiter *target, const PoolWaiter *skip, usec_t ready_at) {
         RankNode *n;
         for (size_t i = 0; (n = rank_tree_nth(&p->heads, i)); i++) {
                 bool any = false;
@@ -810,6 +811,8 @@ static PoolWaiter *queue_walk(const LocalPool *p, uint64_t *avail, uint64_t *usa
                         break;
                 Bucket *b = container_of(n, Bucket, head_node);
                 PoolWaiter *head = container_of(list_first(&b->fifo), PoolWaiter, fifo_node);
+                if (head == skip)
+                        continue;
                 bool grantable = member_verdict(p, head->lane, head->slots, b->mask, avail, usable, words) ==
                                  VERDICT_GRANTABLE;
                 if (target && head == target)
@@ -999,7 +1002,7 @@ static void dispatch(LocalPool *p, usec_t now) {
                                        !(usable = calloc(words, sizeof(uint64_t)))))
                                 return; /* out of memory: the next instant tries again */
                         free_members(p, avail, words);
-                        w = queue_walk(p, avail, usable, words, NULL, now);
+                        w = queue_walk(p, avail, usable, words, NULL, NULL, now);
                 } else
                         w = queue_next(p, INT32_MIN, &v);
                 /* A gated waiter first in line holds back those behind it: the engine grants it, or not. */
@@ -1615,7 +1618,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 if (!avail || !usable)
                         return -ENOMEM;
                 free_members(p, avail, words);
-                room = !queue_walk(p, avail, usable, words, NULL, USEC_INFINITY) &&
+                room = !queue_walk(p, avail, usable, words, NULL, NULL, USEC_INFINITY) &&
                        member_verdict(p, l, t->slots, mask, avail, usable, words) == VERDICT_GRANTABLE;
                 if (room && !t->gated)
                         return grant(p, l, t->cookie, t->slots, t->arrival, now, NULL, usable);
@@ -1886,15 +1889,22 @@ static void local_run(Pool *base, usec_t now) {
 }
 
 /* A gated waiter's place (SPEC §3.5): its members, when it could be granted now, in `usable` (walk mode), or
- * false. */
-static bool waiter_ready(const LocalPool *p, const PoolWaiter *w, uint64_t *avail, uint64_t *usable, size_t words,
-                         bool *ret_walked) {
+ * false. at_once: the set is granted as it arrives (local_submit() found room for this part): it takes what
+ * the queue leaves a newcomer, as a one-pool try with room does (and the scripts' set call, room_for()), not
+ * what its own place would give it: a lane of higher priority than the waiters would take members that
+ * those short of members set aside (SPEC §3.5, no barging per member). */
+static bool waiter_ready(const LocalPool *p, const PoolWaiter *w, bool at_once, uint64_t *avail, uint64_t *usable,
+                         size_t words, bool *ret_walked) {
         *ret_walked = p->n_selective > 0;
         if (p->base.drained || p->base.retired)
                 return false;
         if (*ret_walked) {
                 free_members(p, avail, words);
-                return queue_walk(p, avail, usable, words, w, USEC_INFINITY) == w;
+                if (at_once)
+                        return !queue_walk(p, avail, usable, words, NULL, w, USEC_INFINITY) &&
+                               member_verdict(p, w->lane, w->slots, w->bucket->mask, avail, usable, words) ==
+                                       VERDICT_GRANTABLE;
+                return queue_walk(p, avail, usable, words, w, NULL, USEC_INFINITY) == w;
         }
         Verdict v;
         return queue_next(p, INT32_MIN, &v) == w && v == VERDICT_GRANTABLE;
@@ -1911,10 +1921,10 @@ static bool local_ready(const Pool *base, const PoolWaiter *w) {
         bool walked;
         if (!avail || !usable)
                 return false; /* out of memory: not now; the next instant asks again */
-        return waiter_ready(p, w, avail, usable, words, &walked);
+        return waiter_ready(p, w, false, avail, usable, words, &walked);
 }
 
-static int local_grant_waiter(Pool *base, PoolWaiter *w, usec_t now) {
+static int local_grant_waiter(Pool *base, PoolWaiter *w, bool at_once, usec_t now) {
         LocalPool *p = POOL(base);
         p->latest = MAX(p->latest, now);
         size_t words = member_set_words(p->base.limit);
@@ -1922,7 +1932,7 @@ static int local_grant_waiter(Pool *base, PoolWaiter *w, usec_t now) {
         bool walked;
         if (!avail || !usable)
                 return -ENOMEM;
-        if (!waiter_ready(p, w, avail, usable, words, &walked))
+        if (!waiter_ready(p, w, at_once, avail, usable, words, &walked))
                 return -ESTALE;
         waiter_unlink(p, w);
         int r = waiter_grant(p, w, now, walked ? usable : NULL);

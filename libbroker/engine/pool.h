@@ -293,9 +293,12 @@ typedef struct PoolOps {
         /* The gated waiter would be granted now if it were not gated: first in queue order among those it
          * must not pass, its slots (members) free, its lane's limits allow it. */
         bool (*ready)(const Pool *p, const PoolWaiter *w);
-        /* Grants a ready() gated waiter now (a GRANTED decision for its cookie). Returns 0, -ESTALE (not
-         * ready: nothing changed), -ENOMEM (refused unavailable instead). */
-        int (*grant_waiter)(Pool *p, PoolWaiter *w, usec_t now);
+        /* Grants a ready() gated waiter now (a GRANTED decision for its cookie). at_once: the set is granted as
+         * it arrives, its try just queued with room (PoolDecision.room) in every pool: the members are those
+         * the queue leaves a newcomer, as for a one-pool try with room, not those its place in the queue would
+         * get (ahead of waiters of lower priority, it would take what they set aside: SPEC §3.5). Returns 0,
+         * -ESTALE (not ready: nothing changed), -ENOMEM (refused unavailable instead). */
+        int (*grant_waiter)(Pool *p, PoolWaiter *w, bool at_once, usec_t now);
         /* A set over pools of these same ops (pools of one backend: conf refuses a set over two, SPEC §3.5)
          * decided by one call over every pool rather than one a pool (a shared pool: one script call, so that
          * no pool grants its part alone and crossing sets stand in one order everywhere). NULL: submit() and
@@ -343,6 +346,9 @@ struct Pool {
         /* The engine's: a set it has a part of was granted or given back at this instant, and it runs again
          * once the engine has handled the decisions in hand (engine.c, set_rerun()). */
         bool rerun;
+        /* The engine's: sets with a part here whose grant is asked and not answered yet (a pool that decides
+         * later): another set of this pool is not asked meanwhile (engine.c, sets_settle()). */
+        unsigned sets_granting;
         PoolEmitFn emit;
         void *emit_userdata;
 };

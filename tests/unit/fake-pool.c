@@ -429,7 +429,7 @@ static int op_submit_set(Pool *const *pools, const PoolTry *tries, size_t n, use
         return 0;
 }
 
-static int op_grant_waiter(Pool *base, PoolWaiter *w, usec_t now);
+static int op_grant_waiter(Pool *base, PoolWaiter *w, bool at_once, usec_t now);
 
 /* All or none: every part ready, else -ESTALE and nothing changed. */
 static int op_grant_set(Pool *const *pools, PoolWaiter *const *waiters, size_t n, usec_t now) {
@@ -438,12 +438,13 @@ static int op_grant_set(Pool *const *pools, PoolWaiter *const *waiters, size_t n
                 if (!op_ready(pools[i], waiters[i]))
                         return -ESTALE;
         for (size_t i = 0; i < n; i++)
-                (void) op_grant_waiter(pools[i], waiters[i], now);
+                (void) op_grant_waiter(pools[i], waiters[i], false, now);
         return 0;
 }
 
-static int op_grant_waiter(Pool *base, PoolWaiter *w, usec_t now) {
+static int op_grant_waiter(Pool *base, PoolWaiter *w, bool at_once, usec_t now) {
         FakePool *p = fake(base);
+        (void) at_once; /* slots without members: the same whichever way */
         if (!op_ready(base, w))
                 return -ESTALE;
         if (p->defer_sets) {

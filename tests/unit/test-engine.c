@@ -2978,6 +2978,36 @@ static void test_set_never_holds_part_of_its_set_while_waiting(void **state) {
         assert_true(granted(q));
 }
 
+/* A set granted as it arrives takes what the waiters leave a newcomer, as a one-pool request does (and as the
+ * scripts' set call does), not a member set aside for a waiter of a lower priority (SPEC §3.5; found by
+ * test-shared-diff, tests/scenarios/set-at-once-set-aside.json). */
+static void test_set_granted_at_once_takes_no_member_set_aside(void **state) {
+        Fixture *f = *state;
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, MEMBERS("a", "b", "c", "d"));
+        pool_label(p, "arm64", TERMS("a", "b"));
+        pool_add(f, "db", 1);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        LaneConfig *set = lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL);
+        set->priority = 5;
+        lane_also(set, "db", 1);
+        configure(f, 0);
+        Tag *x = acquire(f, "x", (Req) { .labels = TERMS("arm64") }, 0);
+        assert_string_equal(member_of(x), "a");
+        Tag *w = acquire(f, "w", (Req) { .slots = 2, .labels = TERMS("arm64") }, S(1));
+        assert_true(queued(w)); /* b is set aside for it */
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(2));
+        assert_true(granted(s));
+        assert_false(s->final.queued);
+        assert_string_equal(member_of(s), "c");
+        end(f, x, S(3));
+        assert_true(granted(w));
+        const char *const *members;
+        assert_int_equal(engine_lease_slots(w->lease, NULL, &members), 2);
+        assert_string_equal(members[0], "a");
+        assert_string_equal(members[1], "b");
+}
+
 static void test_set_is_not_starved_by_a_stream_of_single_pool_requests(void **state) {
         Fixture *f = *state;
         set_pools(f, 1, 2);
@@ -3903,6 +3933,7 @@ int main(void) {
                 /* All-or-nothing sets (SPEC §3.5): both kinds of pool (one call over the set on shared ones). */
                 T(test_set_is_granted_with_a_slot_and_token_of_every_pool),
                 T(test_set_never_holds_part_of_its_set_while_waiting),
+                T(test_set_granted_at_once_takes_no_member_set_aside),
                 T(test_set_is_not_starved_by_a_stream_of_single_pool_requests),
                 T(test_crossed_sets_do_not_deadlock),
                 T(test_set_position_is_the_furthest_of_its_places),
