@@ -500,6 +500,42 @@ static void test_status_counts_a_grant_once_when_it_is_read_before_the_drain(voi
         client_free(c);
 }
 
+/* Whether the lease log has the lease's row yet: as a brokerd started now would read it. */
+static bool lease_log_has(Fixture *f, const char *id) {
+        char path[192], needle[64];
+        snprintf(path, sizeof path, "%s/state/leases.log", f->dir);
+        snprintf(needle, sizeof needle, "{\"lease\":{\"id\":\"%s\"", id);
+        FILE *file = fopen(path, "re");
+        assert_non_null(file);
+        static char data[1 << 20];
+        size_t n = fread(data, 1, sizeof data, file);
+        fclose(file);
+        return memmem(data, n, needle, strlen(needle)) != NULL; /* the reserve past the end is zeros: no strstr */
+}
+
+/* Status settles the engine's grants into leases before it answers (above): each lease it shows, and so its
+ * token, is in the lease log before the reply leaves. A brokerd killed right after the reply (test-restart
+ * under load) would otherwise start from the mark below it and hand out the token again, to another lease,
+ * later: a Status reader saw tokens go back (SPEC §3.4). */
+static void test_status_shows_no_lease_before_its_row_is_written(void **state) {
+        Fixture *f = *state;
+        Client *b = grant_in_flight(f);
+        Client *c = client_new(f);
+        client_send(c, "io.slotbroker.Status", "{}", NULL);
+        json_t *r = client_wait(f, c);
+        json_t *holders = json_object_get(json_object_get(r, "parameters"), "holders");
+        assert_int_equal(json_array_size(holders), 1);
+        const char *id = json_string_value(json_object_get(json_object_get(json_array_get(holders, 0), "lease"), "id"));
+        assert_non_null(id);
+        assert_true(lease_log_has(f, id)); /* no loop iteration since the reply: what a SIGKILL now would leave */
+        json_decref(r);
+        json_t *g = client_wait(f, b);
+        assert_string_equal(state_of(g), "granted");
+        json_decref(g);
+        client_free(b);
+        client_free(c);
+}
+
 /* The gauge of leases (the lease table) and of slots in use (the engine) in one Metrics reply. */
 static void test_metrics_count_a_grant_once_when_read_before_the_drain(void **state) {
         Fixture *f = *state;
@@ -575,6 +611,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_status_counts_a_grant_once_when_it_is_read_before_the_drain, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_metrics_count_a_grant_once_when_read_before_the_drain, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_status_shows_no_lease_before_its_row_is_written, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_status_behind_a_refused_acquire_waits_for_the_events_behind_the_refusal,
                                                 setup,
