@@ -470,7 +470,10 @@ class FullDisk(harness.BrokerTestCase):
                 break
         self.assertGreaterEqual(answers.get("io.slotbroker.Unavailable", 0), 20, answers)
         log = b.log()
-        self.assertLessEqual(log.count("Refusing new leases"), 1, log[-3000:])
+        # Once per episode: a write that fits meanwhile (the history's checkpoint gave room back, under load)
+        # ends one, and the next refusal begins another, told again.
+        self.assertGreaterEqual(log.count("Refusing new leases"), 1, log[-3000:])
+        self.assertLessEqual(log.count("Refusing new leases"), log.count("Leases are persisted again") + 1, log[-3000:])
         self.assertNotIn("Could not persist lease", log)
         self.assertTrue(b.alive())
 
