@@ -196,6 +196,16 @@ class SetJobs(harness.BrokerTestCase):
 
     # jobs
 
+    def witness_jobs(self, prefix):
+        """A fresh witness for this case's jobs; cleanups run last first: the jobs are ended (stopped, killed)
+        before the witness is read (no slot twice, limits, no set in part)."""
+        self.dir = tempfile.mkdtemp(prefix=prefix)
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.w = Witness(self.dir)
+        self.jobs = {}
+        self.addCleanup(self.w.check_shared, self, LIMITS)
+        self.addCleanup(self.end_all)
+
     def job(self, node, name, lane, *options, body=None):
         """`slotctl run --lane LANE --job NAME` on node, its command witnessed (every pool of the lane's set);
         it runs `body` (shell text), or until stop(name)."""
@@ -280,13 +290,7 @@ class AlsoShared(SetJobs):
         self.fleet = Fleet.get(type(self))
         self.a, self.b = self.fleet.a, self.fleet.b
         self.fleet.wait_idle()
-        self.dir = tempfile.mkdtemp(prefix="also-shared-w-")
-        self.addCleanup(shutil.rmtree, self.dir, True)
-        self.w = Witness(self.dir)
-        self.jobs = {}
-        # Cleanups run last first: the jobs are ended (stopped, killed) before the witness is read.
-        self.addCleanup(self.w.check_shared, self, LIMITS)
-        self.addCleanup(self.end_all)
+        self.witness_jobs("also-shared-w-")
 
     # the cases
 
@@ -632,12 +636,7 @@ class SetHandover(SetJobs):
         finally:
             first.close()
         wait_for(lambda: self.in_use(self.b) == {"rigs": 0, "db": 0}, 10, message="the first set given back")
-        self.dir = tempfile.mkdtemp(prefix="also-shared-handover-w-")
-        self.addCleanup(shutil.rmtree, self.dir, True)
-        self.w = Witness(self.dir)
-        self.jobs = {}
-        self.addCleanup(self.w.check_shared, self, LIMITS)
-        self.addCleanup(self.end_all)
+        self.witness_jobs("also-shared-handover-w-")
         self.watch = RedisWatch(self.redis).start()
         self.addCleanup(self.watch.stop, self)
 

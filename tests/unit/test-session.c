@@ -475,12 +475,28 @@ static Client *grant_in_flight(Fixture *f) {
         return b;
 }
 
+/* method's reply ({} asked) read in grant_in_flight()'s window; *ret_waiter is the waiter whose grant is in
+ * flight, *ret_reader the connection that asked (both for the caller to finish: grant_in_flight_done()). */
+static json_t *read_during_a_grant(Fixture *f, const char *method, Client **ret_waiter, Client **ret_reader) {
+        *ret_waiter = grant_in_flight(f);
+        *ret_reader = client_new(f);
+        client_send(*ret_reader, method, "{}", NULL);
+        return client_wait(f, *ret_reader);
+}
+
+/* The waiter is told its grant after the read. */
+static void grant_in_flight_done(Fixture *f, Client *waiter, Client *reader) {
+        json_t *g = client_wait(f, waiter);
+        assert_string_equal(state_of(g), "granted");
+        json_decref(g);
+        client_free(waiter);
+        client_free(reader);
+}
+
 static void test_status_counts_a_grant_once_when_it_is_read_before_the_drain(void **state) {
         Fixture *f = *state;
-        Client *b = grant_in_flight(f);
-        Client *c = client_new(f);
-        client_send(c, "io.slotbroker.Status", "{}", NULL);
-        json_t *r = client_wait(f, c);
+        Client *b, *c;
+        json_t *r = read_during_a_grant(f, "io.slotbroker.Status", &b, &c);
         json_t *p = json_object_get(r, "parameters");
         json_t *pool = json_array_get(json_object_get(p, "pools"), 0);
         json_t *holders = json_object_get(p, "holders");
@@ -493,11 +509,7 @@ static void test_status_counts_a_grant_once_when_it_is_read_before_the_drain(voi
         assert_int_equal(json_integer_value(json_object_get(pool, "waiting")), 0);
         assert_int_equal(json_array_size(json_object_get(p, "waiters")), 0);
         json_decref(r);
-        json_t *g = client_wait(f, b);
-        assert_string_equal(state_of(g), "granted");
-        json_decref(g);
-        client_free(b);
-        client_free(c);
+        grant_in_flight_done(f, b, c);
 }
 
 /* Whether the lease log has the lease's row yet: as a brokerd started now would read it. */
@@ -519,30 +531,22 @@ static bool lease_log_has(Fixture *f, const char *id) {
  * later: a Status reader saw tokens go back (SPEC §3.4). */
 static void test_status_shows_no_lease_before_its_row_is_written(void **state) {
         Fixture *f = *state;
-        Client *b = grant_in_flight(f);
-        Client *c = client_new(f);
-        client_send(c, "io.slotbroker.Status", "{}", NULL);
-        json_t *r = client_wait(f, c);
+        Client *b, *c;
+        json_t *r = read_during_a_grant(f, "io.slotbroker.Status", &b, &c);
         json_t *holders = json_object_get(json_object_get(r, "parameters"), "holders");
         assert_int_equal(json_array_size(holders), 1);
         const char *id = json_string_value(json_object_get(json_object_get(json_array_get(holders, 0), "lease"), "id"));
         assert_non_null(id);
         assert_true(lease_log_has(f, id)); /* no loop iteration since the reply: what a SIGKILL now would leave */
         json_decref(r);
-        json_t *g = client_wait(f, b);
-        assert_string_equal(state_of(g), "granted");
-        json_decref(g);
-        client_free(b);
-        client_free(c);
+        grant_in_flight_done(f, b, c);
 }
 
 /* The gauge of leases (the lease table) and of slots in use (the engine) in one Metrics reply. */
 static void test_metrics_count_a_grant_once_when_read_before_the_drain(void **state) {
         Fixture *f = *state;
-        Client *b = grant_in_flight(f);
-        Client *c = client_new(f);
-        client_send(c, "io.slotbroker.Metrics", "{}", NULL);
-        json_t *r = client_wait(f, c);
+        Client *b, *c;
+        json_t *r = read_during_a_grant(f, "io.slotbroker.Metrics", &b, &c);
         const char *text = json_string_value(json_object_get(json_object_get(r, "parameters"), "text"));
         assert_non_null(text);
         assert_non_null(strstr(text, "\nslotbroker_slots_in_use{pool=\"p\"} 1\n"));
