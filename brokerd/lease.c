@@ -337,14 +337,9 @@ void lease_end(Lease *l) {
 
 static void lease_persisted(Lease *l, int result) {
         void *waiter = TAKE_PTR(l->persist_waiter);
-        bool grant = l->persist_for_grant;
-        l->persist_for_grant = false;
-        if (!grant && result < 0)
-                log_warning_errno(result, "Could not persist lease %s: it will not survive a restart: %m", l->id);
         lease_table_push_event(l->table, &(LeaseEvent) {
                 .type = LEASE_EVENT_PERSISTED,
                 .lease = l,
-                .grant = grant,
                 .waiter = waiter,
                 .result = result,
         });
@@ -434,7 +429,6 @@ void lease_persist(Lease *l, void *waiter) {
         LeaseTable *t = l->table;
 
         l->persist_waiter = waiter;
-        l->persist_for_grant = waiter != NULL;
         if (!t->log) {
                 lease_persisted(l, LEASE_NOT_PERSISTED);
                 return;
@@ -487,7 +481,7 @@ bool lease_table_flush(LeaseTable *t) {
                 if (!l)
                         continue; /* freed meanwhile */
                 l->persist_pending = false;
-                l->persist_refused = r < 0 && l->persist_for_grant;
+                l->persist_refused = r < 0;
                 lease_persisted(l, r);
         }
         if (r == 0 && lease_log_wants_rewrite(t->log, t->n_leases))

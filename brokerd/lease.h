@@ -41,13 +41,14 @@ typedef struct LeaseGrant {
         usec_t idle;                    /* USEC_INFINITY: not queued on a pool with queue-timeout */
         QueueState state;
         char *selector;                 /* what the request asked of the members (AuditRecord.selector), or NULL */
+        bool holder_gone;               /* the holder went before the grant was written: it goes once it is */
 } LeaseGrant;
 
 typedef struct Lease Lease;
 
 typedef enum LeaseEventType {
-        LEASE_EVENT_PERSISTED,  /* the row was written (result 0), not (LEASE_NOT_PERSISTED: no lease log) or
-                                 * failed (< 0); waiter: as given to lease_persist() */
+        LEASE_EVENT_PERSISTED,  /* the grant's row was written (result 0), not (LEASE_NOT_PERSISTED: no lease
+                                 * log) or failed (< 0); waiter: as given to lease_persist() */
         LEASE_EVENT_CUT,        /* the revoke grace is over and the holder still holds: its session must go */
         _LEASE_EVENT_TYPE_MAX,
         _LEASE_EVENT_TYPE_INVALID = -EINVAL,
@@ -56,7 +57,6 @@ typedef enum LeaseEventType {
 typedef struct LeaseEvent {
         LeaseEventType type;
         Lease *lease;
-        bool grant;             /* PERSISTED: written for a grant (its answer depends on it) */
         void *waiter;           /* PERSISTED: who waits for the grant, or NULL (gone, or nobody) */
         int result;             /* PERSISTED */
 } LeaseEvent;
@@ -155,7 +155,6 @@ typedef struct Lease {
 
         LeaseGrant grant;
         void *persist_waiter;           /* waits for the grant while the lease row is written */
-        bool persist_for_grant;
         bool persist_pending;           /* its row is in the log's buffer: in persisting[] */
         bool persist_refused;           /* its row could not be written for its grant: it is being withdrawn */
 } Lease;
@@ -187,8 +186,8 @@ void *lease_get_holder(const Lease *l);
 /* The holder lets go of its side (the caller clears its own): for session.c, which keeps both. */
 void lease_clear_holder(Lease *l);
 
-/* Writes the lease row (SPEC §3.4: before the grant is answered) at the next lease_table_flush();
- * LEASE_EVENT_PERSISTED follows, with waiter (NULL: nobody waits; a failure is logged). */
+/* Writes the row of the lease's grant at the next lease_table_flush(): the grant is audited, answered or
+ * refused only then (SPEC §3.4), when LEASE_EVENT_PERSISTED follows, with waiter (NULL: nobody waits). */
 void lease_persist(Lease *l, void *waiter);
 /* The waiter went: PERSISTED comes without it. */
 void lease_persist_forget(Lease *l);

@@ -709,12 +709,15 @@ void session_on_disconnect(Session *s) {
         a->request = engine_request_unref(a->request);
         a->command_pidfd = safe_close(a->command_pidfd);
         a->active = false; /* lane and job stay for the audit of decisions still on their way */
-        if (a->pending) {
-                lease_persist_forget(a->pending); /* its row still gets written; nobody hears the grant */
-                a->pending = NULL;
+        Lease *pending = TAKE_PTR(a->pending);
+        if (pending) {
+                /* Its row still gets written, nobody hears the grant; it goes as its holder did once the grant
+                 * is (on_lease_persisted()), unless the next brokerd has it. */
+                lease_persist_forget(pending);
+                pending->grant.holder_gone = !s->handed_over;
         }
         Lease *l = session_unlink_lease(s);
-        if (l)
+        if (l && l != pending)
                 (void) lease_holder_gone(l);
 
         if (m->memory_freed)
@@ -1129,6 +1132,8 @@ static void on_lease_persisted(SessionTable *m, Lease *l, Session *s, int result
         audit_grant(m, l, &l->grant);
         if (s && !s->closed)
                 answer_grant(s, l);
+        else if (l->grant.holder_gone)
+                (void) lease_holder_gone(l);
 }
 
 static void on_granted(SessionTable *m, Session *s, const EngineEvent *ev) {
@@ -1159,10 +1164,11 @@ static void on_granted(SessionTable *m, Session *s, const EngineEvent *ev) {
         };
 
         if (s->closed) {
-                /* Gone between the decision and now: the lease lives on only if its command does. */
-                audit_grant(m, l, &l->grant);
+                /* Gone between the decision and now: granted all the same once its row is written (a token
+                 * audited before it could be given out again after a crash), then living on only if its
+                 * command does (on_lease_persisted()). */
+                l->grant.holder_gone = true;
                 lease_persist(l, NULL);
-                (void) lease_holder_gone(l);
                 return;
         }
         if (!a->detach)
@@ -1303,8 +1309,7 @@ bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
 void session_on_lease_event(SessionTable *m, const LeaseEvent *ev) {
         switch (ev->type) {
         case LEASE_EVENT_PERSISTED:
-                if (ev->grant)
-                        on_lease_persisted(m, ev->lease, ev->waiter, ev->result);
+                on_lease_persisted(m, ev->lease, ev->waiter, ev->result);
                 break;
         case LEASE_EVENT_CUT: {
                 /* The revoke grace is over and the holder has not let go: its connection goes, and the lease

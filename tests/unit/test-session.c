@@ -3,18 +3,22 @@
  * a socketpair handed to manager_add_connection(): the Acquire's replies and its lease's life line, calls
  * pipelined behind an open Acquire, the queue's positions, and the one way a waiter is withdrawn (its
  * connection closes, or an administrator cancels it); with a pool that decides later (tests/unit/fake-pool.c),
- * the pool's reason for a refusal, and a client that goes before its pool answered. A real Manager on a
- * private state directory and socket, driven by its own sd-event loop until the reply waited for has come. */
+ * the pool's reason for a refusal, and a client that goes before its pool answered or before its grant is
+ * written. A real Manager on a private state directory and socket, driven by its own sd-event loop until the
+ * reply waited for has come. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -542,6 +546,71 @@ static void test_status_shows_no_lease_before_its_row_is_written(void **state) {
         grant_in_flight_done(f, b, c);
 }
 
+/* The session of the one connection whose Acquire is open. */
+static Session *acquiring_session(Fixture *f) {
+        list_foreach(n, &f->m->sessions.sessions) {
+                Session *s = container_of(n, Session, node);
+                if (s->acquire.active)
+                        return s;
+        }
+        fail_msg("no Acquire is open");
+        return NULL;
+}
+
+/* Whether the daemon's Metrics count `granted` grants in pool p, lane l. */
+static bool metrics_count_granted(Fixture *f, unsigned granted) {
+        Client *c = client_new(f);
+        client_send(c, "io.slotbroker.Metrics", "{}", NULL);
+        json_t *r = client_wait(f, c);
+        const char *text = json_string_value(json_object_get(json_object_get(r, "parameters"), "text"));
+        assert_non_null(text);
+        char line[96];
+        snprintf(line, sizeof line, "\nslotbroker_granted_total{pool=\"p\",lane=\"l\"} %u\n", granted);
+        bool found = strstr(text, line) != NULL;
+        json_decref(r);
+        client_free(c);
+        return found;
+}
+
+/* A client gone after its grant was decided, before the drain handed it on: granted all the same, audited once
+ * its row is written, and then the lease ends as its holder went. */
+static void test_a_grant_whose_client_went_is_written_then_ended(void **state) {
+        Fixture *f = *state;
+        Client *b = grant_in_flight(f);
+        session_close(acquiring_session(f));
+        manager_drain(f->m);
+        assert_int_equal(f->m->leases.n_leases, 0);
+        assert_int_equal(pool_in_use(f), 0);
+        assert_true(metrics_count_granted(f, 3)); /* grant_in_flight()'s two, then b's */
+        client_free(b);
+}
+
+/* The same when the row cannot be written (the lease log may not grow: RLIMIT_FSIZE): refused as a connected
+ * client's grant would be (SPEC §3.4), never counted nor audited granted — it was, before its row, a token that
+ * a crash then could give out again — and the slot goes back. */
+static void test_a_grant_whose_client_went_is_not_audited_before_its_row(void **state) {
+        Fixture *f = *state;
+        Client *b = grant_in_flight(f);
+        session_close(acquiring_session(f));
+        char path[192];
+        struct stat st;
+        struct rlimit old, full;
+        snprintf(path, sizeof path, "%s/state/leases.log", f->dir);
+        assert_int_equal(stat(path, &st), 0);
+        assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+        full = old;
+        full.rlim_cur = (rlim_t) st.st_size;
+        void (*xfsz)(int) = signal(SIGXFSZ, SIG_IGN);
+        assert_int_equal(setrlimit(RLIMIT_FSIZE, &full), 0);
+        manager_drain(f->m);
+        assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+        signal(SIGXFSZ, xfsz);
+        assert_int_equal(f->m->leases.n_leases, 0);
+        assert_int_equal(pool_in_use(f), 0);
+        assert_true(metrics_count_granted(f, 2));
+        client_free(b);
+}
+
 /* The gauge of leases (the lease table) and of slots in use (the engine) in one Metrics reply. */
 static void test_metrics_count_a_grant_once_when_read_before_the_drain(void **state) {
         Fixture *f = *state;
@@ -617,6 +686,9 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_metrics_count_a_grant_once_when_read_before_the_drain, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_status_shows_no_lease_before_its_row_is_written, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_a_grant_whose_client_went_is_written_then_ended, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_a_grant_whose_client_went_is_not_audited_before_its_row, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_status_behind_a_refused_acquire_waits_for_the_events_behind_the_refusal,
                                                 setup,
