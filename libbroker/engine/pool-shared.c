@@ -16,11 +16,10 @@
 
 #define RID_LEN 16
 /* Untrusted input (SPEC §11): how many rids this node sent and forgot are remembered (a grant for one is
- * released; one for a rid never sent is dropped) and how many grants whose leases ended here (a late copy of
+ * released; one for a rid never sent is dropped), and as many grants whose leases ended here (a late copy of
  * one is no bad input), how often a BAD_INPUT notice may be pushed, the largest token (Lua's numbers are
  * doubles), and the longest strings kept from a reply. */
-#define FORGOTTEN_RIDS 256
-#define ENDED_GRANTS 256
+#define RID_RING_SIZE 256
 #define BAD_INPUT_NOTICE_EVERY (60 * USEC_PER_SEC)
 #define TOKEN_MAX (UINT64_C(1) << 53) /* exact in Lua's doubles and RESP (lua/README, "Conventions") */
 #define STREAM_ID_LEN_MAX 41
@@ -113,6 +112,15 @@ typedef struct NoticeNode {
         ListNode node;
         SharedNotice notice;
 } NoticeNode;
+
+/* The last RID_RING_SIZE request ids added (with a grant's token, or 0), oldest overwritten first. */
+typedef struct RidRing {
+        struct {
+                char rid[RID_LEN + 1];
+                uint64_t token;
+        } entries[RID_RING_SIZE];
+        size_t n;
+} RidRing;
 
 /* The pool-wide figures of the last reply (README: the reply's [5]). */
 typedef struct Cache {
@@ -229,16 +237,11 @@ typedef struct SharedPool {
         uint64_t bad_input;
         uint64_t bad_input_untold;   /* dropped since the last notice */
         usec_t bad_input_told;       /* monotonic, the last notice; USEC_INFINITY: none yet */
-        /* The rids this node sent and then forgot (withdrawn, cancelled, refused here), a ring. */
-        char forgotten[FORGOTTEN_RIDS][RID_LEN + 1];
-        size_t n_forgotten;
-        /* The grants whose leases ended here (released, lost), a ring: the stream's copy of one may be read
-         * after its end (the reply applied it and its holder went at once). */
-        struct {
-                char rid[RID_LEN + 1];
-                uint64_t token;
-        } ended[ENDED_GRANTS];
-        size_t n_ended;
+        /* The rids this node sent and then forgot (withdrawn, cancelled, refused here). */
+        RidRing forgotten;
+        /* The grants whose leases ended here (released, lost): the stream's copy of one may be read after its
+         * end (the reply applied it and its holder went at once). */
+        RidRing ended;
 
         /* Status: the holders and waiters of every node, fetched every second while someone looks. */
         bool status_wanted;     /* snapshot() was asked since the last run() */
@@ -1504,28 +1507,33 @@ static const char *decision_check(const SharedPool *p, const Decision *d, const 
         return NULL;
 }
 
-static bool rid_was_forgotten(const SharedPool *p, const char *rid) {
-        for (size_t i = 0; i < MIN(p->n_forgotten, (size_t) FORGOTTEN_RIDS); i++)
-                if (streq(p->forgotten[i], rid))
+static void rid_ring_add(RidRing *r, const char *rid, uint64_t token) {
+        size_t i = r->n++ % RID_RING_SIZE;
+        snprintf(r->entries[i].rid, RID_LEN + 1, "%s", rid);
+        r->entries[i].token = token;
+}
+
+static bool rid_ring_has(const RidRing *r, const char *rid, uint64_t token) {
+        for (size_t i = 0; i < MIN(r->n, (size_t) RID_RING_SIZE); i++)
+                if (r->entries[i].token == token && streq(r->entries[i].rid, rid))
                         return true;
         return false;
+}
+
+static bool rid_was_forgotten(const SharedPool *p, const char *rid) {
+        return rid_ring_has(&p->forgotten, rid, 0);
 }
 
 static void rid_forget(SharedPool *p, const char *rid) {
-        snprintf(p->forgotten[p->n_forgotten++ % FORGOTTEN_RIDS], RID_LEN + 1, "%s", rid);
+        rid_ring_add(&p->forgotten, rid, 0);
 }
 
 static bool grant_has_ended(const SharedPool *p, const char *rid, uint64_t token) {
-        for (size_t i = 0; i < MIN(p->n_ended, (size_t) ENDED_GRANTS); i++)
-                if (p->ended[i].token == token && streq(p->ended[i].rid, rid))
-                        return true;
-        return false;
+        return rid_ring_has(&p->ended, rid, token);
 }
 
 static void grant_ended(SharedPool *p, const PoolGrant *g) {
-        size_t i = p->n_ended++ % ENDED_GRANTS;
-        snprintf(p->ended[i].rid, RID_LEN + 1, "%s", g->rid);
-        p->ended[i].token = g->token;
+        rid_ring_add(&p->ended, g->rid, g->token);
 }
 
 /* Input that failed validation: dropped by the caller; counted here, and told at most once a minute. */
