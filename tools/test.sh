@@ -9,7 +9,8 @@
 #   the ASan/UBSan build and tests, as the long fault runs;
 # - the clang AddressSanitizer/UndefinedBehaviorSanitizer build: unit tests, fuzz corpora, and every other
 #   integration test against the real brokerd, which runs sanitized, in two runs at once: the integration
-#   tests that mostly wait on timers (suite "waits", tests/integration/meson.build) in the background;
+#   tests that mostly wait on timers (suite "waits", tests/integration/meson.build) in the background from
+#   the end of the build, beside the systemd lane too;
 # - the brokerd of an earlier version (tools/old-brokerd.sh), for the tests of a mixed fleet;
 # - the unit tests under valgrind, one at a time, in the background beside the ASan/UBSan tests (most of
 #   whose time is waiting).
@@ -143,6 +144,15 @@ fi
 ninja -C build-asan
 current=""
 
+# The ASan/UBSan tests in two lanes at once, each one test at a time: the integration tests of suite "waits"
+# (they mostly wait on node TTLs, recovery windows, graces; their bounds are seconds; about a sixth of a core)
+# in the background from here, beside the systemd stage as the long fault runs are (they were the run's tail,
+# starting after it: ~110 s later), then beside the unit tests, the fuzz corpora and the other integration
+# tests (which time answers more tightly). The variables reach only the sanitized binaries.
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+background waits meson test -C build-asan --no-rebuild --print-errorlogs --suite waits --no-suite slow \
+        --logbase testlog-waits
+
 # Skipped without root, namespaces (CAP_SYS_ADMIN) or the Debian mirror.
 stage "the units under a real systemd (a booted Debian 12 root)" build/meson-logs/testlog-systemd.json \
         meson test -C build --no-rebuild --print-errorlogs systemd-lane --logbase testlog-systemd
@@ -156,12 +166,6 @@ background valgrind meson test -C build --no-rebuild --print-errorlogs --suite u
         --num-processes 1 --timeout-multiplier 10 \
         --wrap='valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite --fair-sched=yes -q'
 
-# The ASan/UBSan tests in two lanes at once, each one test at a time: the integration tests of suite "waits"
-# (they mostly wait on node TTLs, recovery windows, graces; their bounds are seconds) in the background,
-# beside the unit tests, the fuzz corpora and the other integration tests (which time answers more tightly).
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-background waits meson test -C build-asan --no-rebuild --print-errorlogs --suite waits --no-suite slow \
-        --logbase testlog-waits
 stage "meson test under ASan/UBSan (clang): unit, fuzz, integration" build-asan/meson-logs/testlog.json \
         meson test -C build-asan --no-rebuild --print-errorlogs --suite unit --suite fuzz --suite integration \
         --no-suite slow --no-suite waits
