@@ -2180,11 +2180,23 @@ static void drain_record_remove(Engine *e, size_t i) {
 }
 
 /* Drains whose until has come are undrained at their until, earliest first. */
+/* Whether drain a ends before b: the earlier until; at one instant by pool, then the pool's own drain before
+ * its members' by name — the order a pool kept in Redis ends them in (its until index is a sorted set, which
+ * ranks equal scores by field, the pool's being ""), so both say the same (test-shared-diff seed 11683). */
+static bool drain_ends_before(const EngineDrainRecord *a, const EngineDrainRecord *b) {
+        if (a->until != b->until)
+                return a->until < b->until;
+        int c = strcmp(a->pool, b->pool);
+        if (c != 0)
+                return c < 0;
+        return strcmp(a->member ?: "", b->member ?: "") < 0;
+}
+
 static void drains_expire(Engine *e, usec_t t) {
         for (;;) {
                 ssize_t k = -1;
                 for (size_t i = 0; i < e->n_drains; i++)
-                        if (e->drains[i].until <= t && (k < 0 || e->drains[i].until < e->drains[k].until))
+                        if (e->drains[i].until <= t && (k < 0 || drain_ends_before(&e->drains[i], &e->drains[k])))
                                 k = (ssize_t) i;
                 if (k < 0)
                         return;
