@@ -2179,7 +2179,6 @@ static void drain_record_remove(Engine *e, size_t i) {
         e->n_drains--;
 }
 
-/* Drains whose until has come are undrained at their until, earliest first. */
 /* Whether drain a ends before b: the earlier until; at one instant by pool, then the pool's own drain before
  * its members' by name — the order a pool kept in Redis ends them in (its until index is a sorted set, which
  * ranks equal scores by field, the pool's being ""), so both say the same (test-shared-diff seed 11683). */
@@ -2192,6 +2191,7 @@ static bool drain_ends_before(const EngineDrainRecord *a, const EngineDrainRecor
         return strcmp(a->member ?: "", b->member ?: "") < 0;
 }
 
+/* Drains whose until has come are undrained at their until, earliest first (drain_ends_before()). */
 static void drains_expire(Engine *e, usec_t t) {
         for (;;) {
                 ssize_t k = -1;

@@ -144,12 +144,17 @@ class Persistence(Witnessed):
             self.assertEqual(e.exception.parameters.get("reason"), reason)
         self.assertNotEqual(self.ff(b), 0, "the fail-fast job was granted a held slot")
 
+    @staticmethod
+    def reap_group(pgid, timeout, message):
+        """Reaps what exits (the test is a subreaper) until process group pgid has no member left."""
+        wait_for(lambda: not group_alive(pgid) or (reap() or False), timeout, message=message)
+
     def end_group(self, pgid):
         os.killpg(pgid, signal.SIGTERM)
         try:
             # The witness's trap records its end with a few processes of its own: 10 s ran out three times on a
             # loaded CI machine (the last beside the systemd stage's booted root), never alone.
-            wait_for(lambda: not group_alive(pgid) or (reap() or False), 30, message="the command's group to end")
+            self.reap_group(pgid, 30, "the command's group to end")
         except AssertionError:
             # Say what the group was doing (ps -g selects by session, not by process group: filter the table).
             ps = subprocess.run(["ps", "-e", "-o", "pid,ppid,pgid,stat,wchan:20,args"],
@@ -191,7 +196,7 @@ class Persistence(Witnessed):
             if shape == "zombie-alone":
                 # The member recorded its end before it exited: it may become our zombie after a first reap, and
                 # keep the group (and the lease) until it is reaped too.
-                wait_for(lambda: not group_alive(pid) or (reap() or False), 10, message="the group's zombies reaped")
+                self.reap_group(pid, 10, "the group's zombies reaped")
             else:
                 self.end_group(pid)
                 reap(pid)
