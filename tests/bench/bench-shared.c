@@ -8,7 +8,8 @@
  *     Redis's limit); and with the clients paced to a half and an eighth of the pairs' rate; target
  *     p50 ≤ 1 ms, p99 ≤ 5 ms;
  *   - pairs: CLIENTS connections from one poll() loop, each acquire → release → … for SECONDS, on a pool
- *     of 2 × CLIENTS slots (nobody waits); target ≥ 8,000 pairs/s; rounds alternate shared/local;
+ *     of 2 × CLIENTS slots (nobody waits); targets ≥ 8,000 pairs/s (SPEC §12, shared pools) and ≥ 20,000
+ *     (at fleet scale); rounds alternate shared/local;
  *   - where a pair's time goes: the brokerds' CPU per message (all three), redis-server's, the clients',
  *     the FCALL calls per pair and their script time (INFO commandstats) against bench-pairs.lua's
  *     semaphore run in the same Redis, the brokerds' round trips to Redis (their rtt histogram), Redis's
@@ -1025,9 +1026,10 @@ int main(int argc, char **argv) {
                 free(local[i].acquire.v);
         }
         double rate = MEDIAN_OF(shared, rounds, rate);
-        printf("Pairs, %d clients over %d brokerds, pool of %d: %.0f pairs/s (target >= 8000: %s); local pool of node-a: "
-               "%.0f pairs/s; ratio shared / local %.3f\n",
-               n_clients, N_NODES, 2 * n_clients, rate, rate >= 8000 ? "met" : "MISSED", MEDIAN_OF(local, rounds, rate),
+        printf("Pairs, %d clients over %d brokerds, pool of %d: %.0f pairs/s (shared pools' target >= 8000: %s; at fleet "
+               "scale >= 20000: %s); local pool of node-a: %.0f pairs/s; ratio shared / local %.3f\n",
+               n_clients, N_NODES, 2 * n_clients, rate, rate >= 8000 ? "met" : "MISSED", rate >= 20000 ? "met" : "MISSED",
+               MEDIAN_OF(local, rounds, rate),
                bench_median(ratio, rounds));
         printf("  immediate acquire under that load: shared p50 %.2f ms, p99 %.2f ms (targets 1 ms, 5 ms); local p50 %.2f ms, "
                "p99 %.2f ms\n",
