@@ -47,20 +47,30 @@ Lease *lease_table_find(LeaseTable *t, const char *id) {
         return NULL;
 }
 
+/* Room in the ring for n events. */
+static int lease_table_reserve_events(LeaseTable *t, size_t n) {
+        if (n <= t->events_allocated)
+                return 0;
+        n = MAX(n, MAX(t->events_allocated * 2, (size_t) 16));
+        LeaseEvent *a = calloc(n, sizeof(LeaseEvent));
+        if (!a)
+                return -ENOMEM;
+        for (size_t i = 0; i < t->n_events; i++)
+                a[i] = t->events[(t->events_head + i) % t->events_allocated];
+        free(t->events);
+        t->events = a;
+        t->events_head = 0;
+        t->events_allocated = n;
+        return 0;
+}
+
 static void lease_table_push_event(LeaseTable *t, const LeaseEvent *ev) {
-        if (t->n_events == t->events_allocated) {
-                size_t n = MAX(t->events_allocated * 2, (size_t) 16);
-                LeaseEvent *a = calloc(n, sizeof(LeaseEvent));
-                if (!a) {
-                        log_oom();
-                        return; /* a PERSISTED lost: its waiter is answered when it goes; rare as a full disk */
-                }
-                for (size_t i = 0; i < t->n_events; i++)
-                        a[i] = t->events[(t->events_head + i) % t->events_allocated];
-                free(t->events);
-                t->events = a;
-                t->events_head = 0;
-                t->events_allocated = n;
+        /* lease_new() made room for every event a lease can push: its grant's PERSISTED and one CUT (a
+         * lease is revoked once). Reached only past that count: a lost PERSISTED's waiter is answered when
+         * it goes. */
+        if (lease_table_reserve_events(t, t->n_events + 1) < 0) {
+                log_oom();
+                return;
         }
         t->events[(t->events_head + t->n_events++) % t->events_allocated] = *ev;
 }
@@ -574,6 +584,13 @@ int lease_new(LeaseTable *t, EngineLease *el, void *holder, uid_t uid, pid_t pid
                 l->has_command = true;
                 l->command = *command;
                 l->command_pidfd = TAKE_FD(pidfd);
+        }
+        /* Its events cannot be lost to a full memory later (a lost PERSISTED would keep the lease of a
+         * holder that went held until max-hold): room for two per lease, freed ones' queued events counted. */
+        int r = lease_table_reserve_events(t, t->n_events + 2 * ((size_t) t->n_leases + 1));
+        if (r < 0) {
+                lease_free(l);
+                return r;
         }
         if (!detached)
                 l->holder = holder;

@@ -22,6 +22,15 @@
 #include "lease.h"
 #include "process.h"
 
+/* Every calloc() of the code linked in fails while set (meson links this test with --wrap=calloc): a full
+ * memory, where a lease's events must not be lost. */
+static bool calloc_fails;
+void *__real_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size) {
+        return calloc_fails ? NULL : __real_calloc(n, size);
+}
+
 static usec_t fake_mono = 1000 * USEC_PER_SEC, fake_real = 1700000000 * USEC_PER_SEC;
 
 static usec_t fake_now(clockid_t clock) {
@@ -48,6 +57,7 @@ typedef struct Fixture {
 } Fixture;
 
 static int setup(void **state) {
+        calloc_fails = false; /* a failed test's longjmp skipped its reset */
         Fixture *f = calloc(1, sizeof(Fixture));
         ConfErrors errors = {};
         assert_non_null(f);
@@ -177,6 +187,42 @@ static void test_events_of_a_freed_lease_are_dropped(void **state) {
         assert_false(lease_table_pop_event(&f->t, &ev));
         assert_int_equal(in_use(f), 0);
         assert_int_equal(f->t.n_leases, 0);
+}
+
+/* A lease's PERSISTED and CUT need no memory when they come (lease_new() made room for them): a lost
+ * PERSISTED would leave the lease of a holder that went held until max-hold. */
+static void test_events_are_not_lost_to_a_full_memory(void **state) {
+        Fixture *f = *state;
+        int holder_a, holder_b;
+        LeaseEvent ev;
+        Lease *a = grant(f, &holder_a, false, false), *b = grant(f, &holder_b, false, false);
+        assert_int_equal(lease_revoke(a, "max-hold"), LEASE_OUTCOME_REVOKED);
+        assert_int_equal(lease_revoke(b, "max-hold"), LEASE_OUTCOME_REVOKED);
+
+        calloc_fails = true;
+        lease_persist(a, &holder_a);
+        lease_persist(b, &holder_b);
+        lease_start_revoke_grace(a);
+        lease_start_revoke_grace(b);
+        unsigned persisted = 0, cut = 0;
+        for (int i = 0; cut < 2; i++) {
+                assert_true(i < 1000);
+                if (!lease_table_pop_event(&f->t, &ev)) {
+                        pump(f);
+                        continue;
+                }
+                assert_true(ev.lease == a || ev.lease == b);
+                if (ev.type == LEASE_EVENT_PERSISTED) {
+                        assert_ptr_equal(ev.waiter, ev.lease == a ? (void *) &holder_a : (void *) &holder_b);
+                        persisted++;
+                } else {
+                        assert_int_equal(ev.type, LEASE_EVENT_CUT);
+                        cut++;
+                }
+        }
+        calloc_fails = false;
+        assert_int_equal(persisted, 2);
+        assert_false(lease_table_pop_event(&f->t, &ev));
 }
 
 static void test_holder_gone_ends_lease_without_command(void **state) {
@@ -411,6 +457,7 @@ int main(int argc, char *argv[]) {
                 cmocka_unit_test_setup_teardown(test_times_come_from_the_fake_clock, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_grant_without_a_log_reports_not_persisted, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_events_of_a_freed_lease_are_dropped, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_events_are_not_lost_to_a_full_memory, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_holder_gone_ends_lease_without_command, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_detached_lease_outlives_its_holder, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_revoked_holder_is_cut_after_the_grace_not_before, setup, teardown),
