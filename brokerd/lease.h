@@ -156,7 +156,8 @@ typedef struct Lease {
         LeaseGrant grant;
         void *persist_waiter;           /* waits for the grant while the lease row is written */
         bool persist_pending;           /* its row is in the log's buffer: in persisting[] */
-        bool persist_refused;           /* its row could not be written for its grant: it is being withdrawn */
+        bool persist_refused;           /* its row could not be written for its grant: withdrawn, unless
+                                         * best-effort grants it (then cleared: snapshots take it) */
 } Lease;
 
 /* Creates the daemon's lease for a fresh grant, held by holder (NULL: none; the caller links its side).

@@ -1129,6 +1129,7 @@ static void on_lease_persisted(SessionTable *m, Lease *l, Session *s, int result
                 lease_discard(l);
                 return;
         }
+        l->persist_refused = false; /* granted without its row (best-effort): the snapshot that mends the log takes it */
         audit_grant(m, l, &l->grant);
         if (s && !s->closed)
                 answer_grant(s, l);
