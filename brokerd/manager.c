@@ -1816,6 +1816,9 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
                 return log_error_errno(errno, "Failed to block signals: %m");
         /* A client that hangs up mid-reply must not kill us; sends also use MSG_NOSIGNAL. */
         signal(SIGPIPE, SIG_IGN);
+        /* Nor a file-size limit (LimitFSIZE=, an inherited RLIMIT_FSIZE) reached by the lease log or history:
+         * the write fails with EFBIG instead, which is handled as a full disk is (lease-persistence=). */
+        signal(SIGXFSZ, SIG_IGN);
         raise_nofile_limit();
 
         if ((r = sd_event_add_signal(m->event, NULL, SIGHUP, on_sighup, m)) < 0 ||
