@@ -6,6 +6,7 @@
 
 #include "config-files.h"
 #include "config.h"
+#include "fs-util.h"
 #include "log.h"
 #include "manager.h"
 
@@ -85,6 +86,9 @@ int main(int argc, char *argv[]) {
         _cleanup_(manager_freep) Manager *m = NULL;
         int r;
 
+        /* Nowhere to say it when this fails: stderr is what it would have opened. */
+        if (stdio_ensure_open() < 0)
+                return EXIT_FAILURE;
         log_setup();
         r = parse_argv(argc, argv);
         if (r <= 0)

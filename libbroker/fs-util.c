@@ -68,3 +68,20 @@ int fd_write_all(int fd, const void *data, size_t size) {
         }
         return 0;
 }
+
+int stdio_ensure_open(void) {
+        for (int fd = STDIN_FILENO; fd <= STDERR_FILENO; fd++) {
+                if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
+                        continue;
+                /* The lowest free number, which is fd: the ones below it are open by now. brokerd execs
+                 * nothing, so close-on-exec costs nothing and keeps the rule that every fd has it. */
+                int null = open("/dev/null", (fd == STDIN_FILENO ? O_RDONLY : O_WRONLY) | O_CLOEXEC | O_NOCTTY);
+                if (null < 0)
+                        return negative_errno();
+                if (null != fd) {
+                        (void) close(null);
+                        return -EBADF;
+                }
+        }
+        return 0;
+}

@@ -17,3 +17,8 @@ int rename_aside(const char *path, bool missing_ok, char **ret_moved);
 
 /* write() until all of data is written (EINTR retried). Returns 0, -EIO (nothing written), or write's error. */
 int fd_write_all(int fd, const void *data, size_t size);
+
+/* Opens /dev/null on each of stdin, stdout and stderr that is closed (a daemon started with `2>&-`), so that
+ * no file opened later takes one of those numbers, and log lines meant for stderr do not land in it. Call it
+ * before anything opens a file descriptor. Returns 0 or negative errno. */
+int stdio_ensure_open(void);

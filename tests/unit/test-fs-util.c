@@ -116,9 +116,33 @@ static void test_rename_aside_of_a_missing_file(void **state) {
         free(moved);
 }
 
+/* A closed stderr gets /dev/null, open for writing; an open one is left as it is. */
+static void test_stdio_ensure_open_fills_a_closed_one(void **state) {
+        int saved = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+        struct stat before, st, null;
+        assert_true(saved >= 0);
+        assert_int_equal(fstat(STDIN_FILENO, &before), 0);
+        assert_int_equal(close(STDERR_FILENO), 0);
+        int r = stdio_ensure_open();
+        bool got = fstat(STDERR_FILENO, &st) == 0;
+        int flags = fcntl(STDERR_FILENO, F_GETFL);
+        assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO); /* before any assertion can fail */
+        close(saved);
+        assert_int_equal(r, 0);
+        assert_true(got);
+        assert_int_equal(stat("/dev/null", &null), 0);
+        assert_true(S_ISCHR(st.st_mode) && st.st_rdev == null.st_rdev);
+        assert_int_equal(flags & O_ACCMODE, O_WRONLY);
+
+        assert_int_equal(stdio_ensure_open(), 0); /* all open: nothing changes */
+        assert_int_equal(fstat(STDIN_FILENO, &st), 0);
+        assert_true(st.st_dev == before.st_dev && st.st_ino == before.st_ino);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_creates_every_parent_but_not_the_path),
+                cmocka_unit_test(test_stdio_ensure_open_fills_a_closed_one),
                 cmocka_unit_test(test_existing_directories_are_fine),
                 cmocka_unit_test(test_a_file_in_the_way_is_an_error),
                 cmocka_unit_test(test_a_bare_name_has_no_parents),
