@@ -11,6 +11,7 @@
 #include <sysexits.h>
 
 #include "config.h"
+#include "fs-util.h"
 #include "macro.h"
 
 /* Adding a verb is one line here (and its file in meson.build). */
@@ -59,6 +60,10 @@ int main(int argc, char *argv[]) {
                 {}
         };
         int c;
+
+        /* A closed stdout must not become the socket's number (what slotctl prints would go to brokerd). */
+        if (stdio_ensure_open() < 0)
+                return EX_OSERR;
 
         /* jansson seeds its hash function on first use by opening and reading /dev/urandom (three system
          * calls on every `slotctl run`); one getrandom() gives it a seed as random. 0 lets it seed itself. */

@@ -73,9 +73,8 @@ int stdio_ensure_open(void) {
         for (int fd = STDIN_FILENO; fd <= STDERR_FILENO; fd++) {
                 if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
                         continue;
-                /* The lowest free number, which is fd: the ones below it are open by now. brokerd execs
-                 * nothing, so close-on-exec costs nothing and keeps the rule that every fd has it. */
-                int null = open("/dev/null", (fd == STDIN_FILENO ? O_RDONLY : O_WRONLY) | O_CLOEXEC | O_NOCTTY);
+                /* The lowest free number, which is fd: the ones below it are open by now. */
+                int null = open("/dev/null", O_RDONLY | O_CLOEXEC | O_NOCTTY);
                 if (null < 0)
                         return negative_errno();
                 if (null != fd) {

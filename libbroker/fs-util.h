@@ -18,7 +18,9 @@ int rename_aside(const char *path, bool missing_ok, char **ret_moved);
 /* write() until all of data is written (EINTR retried). Returns 0, -EIO (nothing written), or write's error. */
 int fd_write_all(int fd, const void *data, size_t size);
 
-/* Opens /dev/null on each of stdin, stdout and stderr that is closed (a daemon started with `2>&-`), so that
- * no file opened later takes one of those numbers, and log lines meant for stderr do not land in it. Call it
- * before anything opens a file descriptor. Returns 0 or negative errno. */
+/* Holds each of stdin, stdout and stderr that is closed (a program started with `2>&-`) with /dev/null, so
+ * that no file or socket opened later takes that number and gets what was meant for it (log lines in a lease
+ * log, output in a Varlink socket). Read-only and close-on-exec: a write there still fails (EBADF) as on the
+ * closed descriptor, and a command exec'd gets it closed, as it was. Call it before anything opens a file
+ * descriptor. Returns 0 or negative errno. */
 int stdio_ensure_open(void);

@@ -116,7 +116,8 @@ static void test_rename_aside_of_a_missing_file(void **state) {
         free(moved);
 }
 
-/* A closed stderr gets /dev/null, open for writing; an open one is left as it is. */
+/* A closed stderr is held by /dev/null, read-only (a write fails as on the closed one) and close-on-exec; an
+ * open one is left as it is. */
 static void test_stdio_ensure_open_fills_a_closed_one(void **state) {
         int saved = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
         struct stat before, st, null;
@@ -125,14 +126,15 @@ static void test_stdio_ensure_open_fills_a_closed_one(void **state) {
         assert_int_equal(close(STDERR_FILENO), 0);
         int r = stdio_ensure_open();
         bool got = fstat(STDERR_FILENO, &st) == 0;
-        int flags = fcntl(STDERR_FILENO, F_GETFL);
+        int flags = fcntl(STDERR_FILENO, F_GETFL), fd_flags = fcntl(STDERR_FILENO, F_GETFD);
         assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO); /* before any assertion can fail */
         close(saved);
         assert_int_equal(r, 0);
         assert_true(got);
         assert_int_equal(stat("/dev/null", &null), 0);
         assert_true(S_ISCHR(st.st_mode) && st.st_rdev == null.st_rdev);
-        assert_int_equal(flags & O_ACCMODE, O_WRONLY);
+        assert_int_equal(flags & O_ACCMODE, O_RDONLY);
+        assert_true(fd_flags >= 0 && (fd_flags & FD_CLOEXEC));
 
         assert_int_equal(stdio_ensure_open(), 0); /* all open: nothing changes */
         assert_int_equal(fstat(STDIN_FILENO, &st), 0);
