@@ -58,6 +58,7 @@ struct Backend {
         BackendPool **pools;
         size_t n_pools;
         uint64_t next_serial;
+        uint64_t call_order;            /* SharedPoolParams.call_order of every pool here */
         sd_event_source *flush;         /* defer: send what the pools queued, after this dispatch */
         sd_event_source *fence_timer;   /* CLOCK_BOOTTIME: the earliest self-fence deadline */
         sd_event_source *read_retry;    /* after an error reply to XREAD, or a follow: not a busy loop */
@@ -267,10 +268,26 @@ static void on_call_reply(RedisLink *link, int error, const redisReply *reply, v
         backend_after(b);
 }
 
-static void backend_send_calls(Backend *b, BackendPool *bp) {
+/* The pool whose next call the engine made first, or NULL when no pool has one to send. */
+static BackendPool *backend_next_caller(Backend *b) {
+        BackendPool *next = NULL;
+        uint64_t first = UINT64_MAX, order;
+        for (size_t i = 0; i < b->n_pools; i++)
+                if (pool_shared_next_call(b->pools[i]->pool, &order) && order < first) {
+                        first = order;
+                        next = b->pools[i];
+                }
+        return next;
+}
+
+/* Every call the pools may send now, in the order the engine made them whatever the pool (a pool's batch
+ * goes at its first call's place): Redis decides as the engine's in-process pools would (a set granted
+ * in one pool after another pool ran at the same instant, test-shared-diff). */
+static void backend_send_calls(Backend *b) {
         const SharedCall *c;
         usec_t now = now_monotonic();
-        while (pool_shared_take_call(bp->pool, now, &c)) {
+        BackendPool *bp;
+        while ((bp = backend_next_caller(b)) && pool_shared_take_call(bp->pool, now, &c)) {
                 /* The first call after an idle spell: what the watch checks (eviction policy, role, run id)
                  * is read again ahead of it on the connection, so its reply is judged before the call's. */
                 if (b->watch_resting) {
@@ -460,8 +477,7 @@ static int on_renew_timer(sd_event_source *s, uint64_t usec, void *userdata) {
 
 static int on_flush(sd_event_source *s, void *userdata) {
         Backend *b = userdata;
-        for (size_t i = 0; i < b->n_pools; i++)
-                backend_send_calls(b, b->pools[i]);
+        backend_send_calls(b);
         backend_pace_renewals(b);
         /* Sending decides nothing; a refused send may have queued notices. */
         for (size_t i = 0; i < b->n_pools; i++) {
@@ -945,6 +961,7 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
                         .find_pool_userdata = b,
                         /* One FCALL per pool per loop iteration carries what its outbox holds (batch.lua). */
                         .batch_max = t->batch_max ?: SHARED_BATCH_OPS_MAX,
+                        .call_order = &b->call_order,
                 };
                 r = pool_shared_new(name, &bp->params, emit, emit_userdata, &bp->pool);
         }

@@ -1365,7 +1365,8 @@ static bool set_waits_for_a_grant(const EngineRequest *r) {
  * with a pool where another set's grant is asked and not answered yet (pools that decide later) is looked at
  * again once it is: a pool's sets are asked in the order the engine finds them ready, as its in-process pools
  * grant them, and not in the order their calls reach the backend (each call goes in its chosen pool's outbox,
- * and a backend sends its pools' outboxes in turn), which would give the pool's token to the set behind first. */
+ * and a pool's batch carries its later calls ahead of other pools' earlier ones), which would give the pool's
+ * token to the set behind first. */
 static void sets_settle(Engine *e, usec_t t) {
         List later;
         ListNode *n;

@@ -30,6 +30,7 @@
 typedef struct Call {
         ListNode node;
         uint64_t id;
+        uint64_t order;        /* SharedPoolParams.call_order when queued */
         SharedScript script;
         bool sent;             /* taken and not answered */
         bool ever_sent;        /* may have run: a submit dropped afterwards needs a withdraw */
@@ -521,6 +522,7 @@ static bool op_settles(const SharedPool *p) {
 
 static void call_queue(SharedPool *p, Call *c) {
         c->id = ++p->next_call_id;
+        c->order = p->params.call_order ? ++*p->params.call_order : c->id;
         list_append(&p->outbox, &c->node);
         if (p->params.wake)
                 p->params.wake(p->params.wake_userdata);
@@ -765,10 +767,10 @@ static bool set_pools_serve(SharedPool *p, const Call *c) {
         return true;
 }
 
-bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
-        SharedPool *p = SHARED(base);
+/* The oldest call that may be sent now, or NULL. A WAIT nobody awaits any more is dropped on the way. */
+static Call *outbox_next(SharedPool *p) {
         if (!p->link_up || refused_quiet(p))
-                return false;
+                return NULL;
         /* A tick goes whenever the link is up; other calls wait for a registered node with agreed rules
          * and, behind Sentinels, a confirmed primary (a release parked during a mismatch keeps its place
          * behind earlier ones; a submit held at start goes once the pool first serves). */
@@ -791,28 +793,45 @@ bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
                         }
                         if (wait_is_out(p))
                                 continue;
-                } else if (call_set_run_id(c, p->run_id) < 0 || call_set_reclaimed(c, reclaimed(p)) < 0)
-                        return false; /* out of memory: tried again at the next wake-up */
-                c->sent = c->ever_sent = true;
-                c->sent_at = now;
-                Call *b = c->wait ? NULL : batch_make(p, c, now);
-                if (b) {
-                        *ret = &b->view;
-                        return true;
                 }
-                c->view = (SharedCall) {
-                        .id = c->id,
-                        .wait = c->wait,
-                        .script = c->wait ? _SHARED_SCRIPT_INVALID : c->script,
-                        .n_keys = c->wait ? 0 : c->n_keys,
-                        .argc = c->argc,
-                        .argv = (const char *const *) c->argv,
-                        .argvlen = c->argvlen,
-                };
-                *ret = &c->view;
+                return c;
+        }
+        return NULL;
+}
+
+bool pool_shared_next_call(Pool *base, uint64_t *ret_order) {
+        Call *c = outbox_next(SHARED(base));
+        if (!c)
+                return false;
+        *ret_order = c->order;
+        return true;
+}
+
+bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
+        SharedPool *p = SHARED(base);
+        Call *c = outbox_next(p);
+        if (!c)
+                return false;
+        if (!c->wait && (call_set_run_id(c, p->run_id) < 0 || call_set_reclaimed(c, reclaimed(p)) < 0))
+                return false; /* out of memory: tried again at the next wake-up */
+        c->sent = c->ever_sent = true;
+        c->sent_at = now;
+        Call *b = c->wait ? NULL : batch_make(p, c, now);
+        if (b) {
+                *ret = &b->view;
                 return true;
         }
-        return false;
+        c->view = (SharedCall) {
+                .id = c->id,
+                .wait = c->wait,
+                .script = c->wait ? _SHARED_SCRIPT_INVALID : c->script,
+                .n_keys = c->wait ? 0 : c->n_keys,
+                .argc = c->argc,
+                .argv = (const char *const *) c->argv,
+                .argvlen = c->argvlen,
+        };
+        *ret = &c->view;
+        return true;
 }
 
 /* ------------------------------------------------------------------------------------ calls by script */
@@ -1648,6 +1667,7 @@ static uint64_t queue_wait(SharedPool *p) {
                 if (c->wait && !c->sent) {
                         list_unlink(&c->node);
                         list_append(&p->outbox, &c->node);
+                        c->order = p->params.call_order ? ++*p->params.call_order : c->order;
                         return c->id;
                 }
         }

@@ -145,6 +145,10 @@ typedef struct SharedPoolParams {
          * it and gives each other pool its part of the answer. NULL: such sets are refused (-EOPNOTSUPP). */
         Pool *(*find_pool)(const char *name, void *userdata);
         void *find_pool_userdata;
+        /* The counter of the calls queued by every pool of one link (the driver's): it numbers each call
+         * (pool_shared_next_call()), so that the driver sends them in the order the engine made them, whatever
+         * the pool. NULL: the pool's own count. */
+        uint64_t *call_order;
 } SharedPoolParams;
 
 /* The most pools one set call names (brokerd/lua/set.lua): the chosen pool and its lane's also=. */
@@ -193,6 +197,11 @@ int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn
 /* The oldest call that may be sent now (monotonic: the round trip counts from it); false when none. Calls
  * are sent in this order on one connection. */
 bool pool_shared_take_call(Pool *p, usec_t now, const SharedCall **ret);
+/* The number (SharedPoolParams.call_order) of the call pool_shared_take_call() would take now; false when
+ * none. A driver of several pools on one link takes from the pool whose next call is oldest: a decision of
+ * one pool that the engine made after another pool's call (a set granted once another pool has run) then
+ * reaches Redis after it, as an in-process pool would have made it. */
+bool pool_shared_next_call(Pool *p, uint64_t *ret_order);
 /* The answer to a taken call. reply NULL: error < 0 (-ETIMEDOUT, -ECONNRESET, -ENOTCONN: it may or may not
  * have run; it is sent again, identical, when the link is back). sent_boot: CLOCK_BOOTTIME when it was
  * sent; now: monotonic. */

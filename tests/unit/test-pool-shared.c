@@ -149,6 +149,8 @@ static unsigned fixture_batch_max;
 static const char *fixture_name = "grid";
 static Pool *(*fixture_find_pool)(const char *name, void *userdata);
 static void *fixture_find_pool_userdata;
+/* The next fixture's SharedPoolParams.call_order (NULL: its own count). */
+static uint64_t *fixture_call_order;
 
 /* confirm_stale: behind Sentinels (0: a plain redis://). */
 static Fixture *fixture_new_confirmed(bool manual, usec_t confirm_stale) {
@@ -171,6 +173,7 @@ static Fixture *fixture_new_confirmed(bool manual, usec_t confirm_stale) {
                 .batch_max = fixture_batch_max,
                 .find_pool = fixture_find_pool,
                 .find_pool_userdata = fixture_find_pool_userdata,
+                .call_order = fixture_call_order,
         };
         fixture_batch_max = 0;
         assert_int_equal(pool_shared_new(fixture_name, &params, on_decision, f, &f->pool), 0);
@@ -3267,6 +3270,7 @@ typedef struct SetFixture {
         Pool *pools[2];
         int cookie[2];
         char rid[17];
+        uint64_t call_order; /* both pools' SharedPoolParams.call_order: one link's */
 } SetFixture;
 
 static Pool *set_find_pool(const char *name, void *userdata) {
@@ -3279,12 +3283,14 @@ static int setup_set(void **state) {
         assert_non_null(s);
         fixture_find_pool = set_find_pool;
         fixture_find_pool_userdata = s;
+        fixture_call_order = &s->call_order;
         s->grid = fixture_new(false);
         fixture_name = "db";
         s->db = fixture_new(false);
         fixture_name = "grid";
         fixture_find_pool = NULL;
         fixture_find_pool_userdata = NULL;
+        fixture_call_order = NULL;
         s->pools[0] = s->grid->pool;
         s->pools[1] = s->db->pool;
         bring_up(s->grid, S(1));
@@ -3324,6 +3330,34 @@ static const SharedCall *take_set(SetFixture *s, const char *mode) {
         assert_string_equal(arg(c, 7), mode);
         snprintf(s->rid, sizeof s->rid, "%s", arg(c, 8));
         return c;
+}
+
+/* The pools of one link number their calls with one count (SharedPoolParams.call_order), so that the driver
+ * sends them in the order the engine made them whatever the pool (backend.c; test-shared-diff's
+ * set-refused-frees-two-pools): the next call of each says its number; one taken, or of a pool whose link is
+ * down, is not next. */
+static void test_calls_are_numbered_across_the_pools_of_one_link(void **state) {
+        SetFixture *s = *state;
+        uint64_t grid, db, again;
+        assert_false(pool_shared_next_call(s->grid->pool, &grid));
+        assert_false(pool_shared_next_call(s->db->pool, &db));
+
+        /* db's call made first, then grid's: db's is the older, whichever pool the driver asks first. */
+        assert_int_equal(submit(s->db, &s->cookie[1], 1, true, S(2)), 0);
+        assert_int_equal(submit(s->grid, &s->cookie[0], 1, true, S(2)), 0);
+        assert_true(pool_shared_next_call(s->grid->pool, &grid));
+        assert_true(pool_shared_next_call(s->db->pool, &db));
+        assert_true(db < grid);
+        assert_int_equal(grid, s->call_order);
+
+        take(s->db, SHARED_SCRIPT_SUBMIT);
+        assert_false(pool_shared_next_call(s->db->pool, &again));
+        assert_true(pool_shared_next_call(s->grid->pool, &again));
+        assert_int_equal(again, grid);
+
+        /* Nothing goes on a link that is down. */
+        pool_shared_link_down(s->grid->pool, S(3));
+        assert_false(pool_shared_next_call(s->grid->pool, &again));
 }
 
 /* One pool's reply inside the set's answer; the answer itself: { status, pool, verdict, { reply… } }. */
@@ -3859,6 +3893,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_grant_from_an_unconfirmed_primary_is_refused_and_released,
                                                 setup_sentinel, teardown),
 #define TS(x) cmocka_unit_test_setup_teardown(x, setup_set, teardown_set)
+                TS(test_calls_are_numbered_across_the_pools_of_one_link),
                 TS(test_set_submit_carries_every_pool_and_is_queued_in_both),
                 TS(test_set_granted_in_both_with_each_pool_token),
                 TS(test_set_refused_by_pool_2_is_echoed_by_pool_1),
