@@ -195,6 +195,7 @@ static void backend_wake(void *userdata) {
 }
 
 static void backend_start_read(Backend *b);
+static void backend_wake_reader(Backend *b);
 
 /* Renewals for the holders of the pool's leases: paced by the deadline's moves (a second or more later,
  * which each acknowledged heartbeat makes), never held back when it moves earlier. */
@@ -229,6 +230,7 @@ static void backend_after(Backend *b) {
                 (void) sd_event_source_set_enabled(b->fence_timer, SD_EVENT_ONESHOT);
         }
         backend_wake(b);
+        backend_wake_reader(b);
         backend_start_read(b);
 }
 
@@ -380,6 +382,25 @@ static bool backend_is_idle(const Backend *b) {
         return true;
 }
 
+/* An idle node's stream link rests (redis-link.h): nothing of this node's is to come in its streams, and an
+ * idle connection costs Redis its upkeep all the same (its cron visits every client; tests/bench/README.md,
+ * "one link per backend"). It rests at the second idle renewal in a row (15 s or more without a lease or a
+ * request: a node between two jobs keeps it), once every entry the pools know of is read, and wakes as soon
+ * as a pool holds something again (backend_wake_reader()): the read goes on from the last entry read, so
+ * nothing appended meanwhile is missed. A request granted at once is answered on the command link. */
+static void backend_rest_reader(Backend *b) {
+        for (size_t i = 0; i < b->n_pools; i++)
+                if (!pool_shared_stream_is_read(b->pools[i]->pool))
+                        return;
+        if (redis_link_rest(b->reader) > 0)
+                log_debug("Redis %s: this node holds nothing; its stream link rests.", b->url);
+}
+
+static void backend_wake_reader(Backend *b) {
+        if (!backend_is_idle(b) && redis_link_wake(b->reader) > 0)
+                log_debug("Redis %s: a pool holds something; its stream link connects again.", b->url);
+}
+
 /* How often to renew: the shortest period of the pools a renewal names, at the idle or the busy pace. */
 static usec_t backend_renew_period(const Backend *b, bool idle) {
         usec_t period = idle ? SHARED_IDLE_RENEW_PERIOD_MAX : SHARED_RENEW_PERIOD_MAX;
@@ -422,6 +443,8 @@ static void backend_renew(Backend *b) {
                 return;
         }
         bool idle = backend_is_idle(b);
+        if (idle && b->renew_idle)
+                backend_rest_reader(b);
         usec_t ttl = 0, period = backend_renew_period(b, idle);
         char ttl_s[64];
         size_t argc = 0;
@@ -477,6 +500,7 @@ static int on_renew_timer(sd_event_source *s, uint64_t usec, void *userdata) {
 
 static int on_flush(sd_event_source *s, void *userdata) {
         Backend *b = userdata;
+        backend_wake_reader(b);
         backend_send_calls(b);
         backend_pace_renewals(b);
         /* Sending decides nothing; a refused send may have queued notices. */

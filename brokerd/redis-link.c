@@ -63,6 +63,7 @@ struct RedisLink {
         RedisEndpoint endpoint;
         bool has_endpoint;              /* false until redis_link_set_endpoint() for a link made without */
         bool moved;                     /* the endpoint changed: the next attempt starts at once */
+        bool resting;                   /* redis_link_rest(): no connection, no attempt, until redis_link_wake() */
         RedisLinkOptions options;       /* strings owned: user, password_file */
 
         LinkPhase phase;
@@ -731,6 +732,36 @@ int redis_link_reconnect(RedisLink *link, const char *why) {
         return 1;
 }
 
+int redis_link_rest(RedisLink *link) {
+        assert_return(link, -EINVAL);
+        if (link->resting)
+                return 0;
+        link->resting = true;
+        link_log(link, LOG_DEBUG, "Resting");
+        if (link->ac) {
+                /* on_context_end() sees `resting`: the owner hears DOWN, no attempt follows. */
+                link_end(link, REDIS_LINK_DOWN, "Resting");
+                return 1;
+        }
+        /* Resolving, or waiting for the next attempt: neither goes on. */
+        link_attempt_failed(link, REDIS_LINK_DOWN, "Resting");
+        return 1;
+}
+
+int redis_link_wake(RedisLink *link) {
+        assert_return(link, -EINVAL);
+        if (!link->resting)
+                return 0;
+        link->resting = false;
+        link->backoff = link->options.backoff_min;
+        link_log(link, LOG_DEBUG, "Woken");
+        if (!link->ac && link->has_endpoint) {
+                (void) sd_event_source_set_time_relative(link->retry_timer, 0);
+                (void) sd_event_source_set_enabled(link->retry_timer, SD_EVENT_ONESHOT);
+        }
+        return 1;
+}
+
 static void link_went_up(RedisLink *link) {
         link->phase = PHASE_UP;
         link->watch_in_flight = false;
@@ -1041,7 +1072,7 @@ static void link_attempt(RedisLink *link) {
         char reason[300];
         int r;
 
-        if (!link->has_endpoint)
+        if (!link->has_endpoint || link->resting)
                 return;
         link->stats.attempts++;
         link->attempt_deadline = usec_add(now_monotonic(), link->options.connect_timeout);
@@ -1095,6 +1126,14 @@ static void link_attempt_failed(RedisLink *link, RedisLinkState state, const cha
         link->attempt_deadline = USEC_INFINITY;
         link->query = resolve_query_free(link->query);
         link_arm_timeout(link);
+        if (link->resting) {
+                /* Ended on purpose: no next attempt until woken, and no failure (the backoff stays). */
+                link->moved = false;
+                link->n_addresses = link->address = 0;
+                (void) sd_event_source_set_enabled(link->retry_timer, SD_EVENT_OFF);
+                link_tell(link, REDIS_LINK_DOWN, reason);
+                return;
+        }
         if (link->moved) {
                 /* Not a failure: the owner moved the link. It hears DOWN, and the new address is tried now. */
                 link->moved = false;

@@ -113,6 +113,13 @@ const RedisEndpoint *redis_link_get_endpoint(const RedisLink *link);
  * Returns 1, or 0 when there is no connection to end (one is being made, or the link waits). */
 int redis_link_reconnect(RedisLink *link, const char *why);
 
+/* Ends the connection and makes no attempt until redis_link_wake(): for a link its owner needs only now and
+ * then (a stream read while nothing waits on it), whose connection would otherwise cost the server its
+ * upkeep for nothing. The owner is told DOWN ("Resting"), its calls get -ECONNRESET; commands are refused
+ * (-ENOTCONN) meanwhile. A new endpoint is kept for the wake. Returns 1, or 0 when resting already. */
+int redis_link_rest(RedisLink *link);
+/* The next attempt starts now (the backoff reset: a wake is no failure). Returns 1, or 0 when not resting. */
+int redis_link_wake(RedisLink *link);
 RedisLinkState redis_link_get_state(const RedisLink *link);
 /* Why the link is FAILED, in a word for clients and Status ("eviction-policy", "auth", "database",
  * "not-redis", "replica", "script", "redis-version", "password-file"; "not-sentinel" for a .sentinel

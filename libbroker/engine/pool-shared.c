@@ -3306,12 +3306,17 @@ bool pool_shared_stream_idle(const Pool *base) {
         return list_is_empty(&SHARED(base)->tries);
 }
 
+bool pool_shared_stream_is_read(const Pool *base) {
+        const SharedPool *p = SHARED(base);
+        return !p->cache.stream_last ||
+               (p->stream_resume && stream_id_cmp(p->stream_resume, p->cache.stream_last) >= 0);
+}
+
 bool pool_shared_is_settled(const Pool *base) {
         const SharedPool *p = SHARED(base);
         if (p->state != SHARED_STATE_UP || !list_is_empty(&p->outbox) || !list_is_empty(&p->held))
                 return false;
-        return !p->cache.stream_last ||
-               (p->stream_resume && stream_id_cmp(p->stream_resume, p->cache.stream_last) >= 0);
+        return pool_shared_stream_is_read(base);
 }
 
 void pool_shared_set_revoke_grace(Pool *base, usec_t revoke_grace) {

@@ -244,6 +244,8 @@ const char *pool_shared_stream_resume_id(const Pool *p);
  * the decisions about this node's waiters only). The driver's read then blocks longer: an entry appended
  * all the same (a grant racing a withdraw) ends the block at once, as ever. */
 bool pool_shared_stream_idle(const Pool *p);
+/* The stream is read up to the last entry a reply said it appended (or none was). */
+bool pool_shared_stream_is_read(const Pool *p);
 
 /* [broker] revoke-grace= changed by reload: the self-fence margin follows at once (a longer grace moves the
  * deadline earlier), as the revocations' SIGKILL does. */

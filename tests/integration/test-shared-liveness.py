@@ -12,8 +12,11 @@ redis-server, three shared pools each.
   slot is freed in Redis by the other node's next renewal (every TTL/2 while it holds nothing) that finds it
   dead in sb:lives and has that node tick;
 - an idle node's stream read (XREAD) blocks long (no request of its own out or waiting), and a grant to a
-  waiter that came meanwhile ends it at once; a pool added by reload to an idle node joins its read at once
-  (the long read is cut short), not at the read's end;
+  waiter that came meanwhile ends it at once; a pool added by reload to a node holding a lease and waiting for
+  nothing joins its read at once (the long read is cut short), not at the read's end;
+- a node that holds nothing closes its stream link (one connection instead of two: Redis's upkeep of an idle
+  client is part of an idle node's cost), and opens it again for its next request: a waiter's grant, appended
+  to its stream while it was closed or after, reaches it as ever;
 - the command link's watch (INFO) goes with a busy node's renewal, pipelined: one round trip, not two; a
   node that holds nothing renews every TTL/2, with no INFO, until its next call, which takes the INFO ahead
   of it and the renewals back to the busy pace;
@@ -171,8 +174,9 @@ class TestLiveness(harness.BrokerTestCase):
         print(f"# {window} s, 2 idle nodes: {reads} stream reads ended (one every 5 s a node: "
               f"{2 * window // 5})", flush=True)
         self.assertLessEqual(reads, 2, "an idle node's stream read ends every few seconds")
-        # A waits now, its long read still out: B's release grants A's waiter, whose entry in A's stream ends
-        # that read at once (not 60 s later; A's heartbeat asks for its places every second meanwhile too).
+        # A waits now (its stream link, closed while it held nothing, open again): B's release grants A's
+        # waiter, whose entry in A's stream ends the read at once (not 60 s later; A's heartbeat asks for its
+        # places every second meanwhile too).
         waiter = self.acquire(a, "l0")
         self.assertTrue(waiter.queued or not waiter.granted, waiter.params)
         released = time.monotonic()
@@ -181,12 +185,41 @@ class TestLiveness(harness.BrokerTestCase):
         print(f"# granted {time.monotonic() - released:.2f} s after the release", flush=True)
         self.assertLess(time.monotonic() - released, 3.0)
 
+    def brokerd_links(self):
+        """The connections of the brokerds: every client but the one asking."""
+        return [c for c in self.redis.call("CLIENT", "LIST").splitlines() if "cmd=client" not in c]
+
+    def test_a_node_that_holds_nothing_closes_its_stream_link_and_opens_it_for_a_request(self):
+        # A holds nothing: after its second idle renewal (TTL/2 apart) only its command link is left; B holds
+        # a lease and keeps both. Before: four connections for good.
+        a, b, held = self.two_nodes_b_holding()
+        links = wait_for(lambda: (lambda l: l if len(l) == 3 else None)(self.brokerd_links()), timeout=4 * TTL,
+                         message="A's stream link to close (three connections left)")
+        self.assertEqual(sum("cmd=xread" in c for c in links), 1, links)  # B's read, blocked
+        xreads = self.calls().get("xread", 0)
+        time.sleep(TTL)  # the time measured: it stays closed while A is idle
+        self.assertEqual(len(self.brokerd_links()), 3, self.brokerd_links())
+        # A's request waits behind B's lease: its stream link opens again, reads from where it stopped, and
+        # B's release grants A's waiter through it.
+        waiter = self.acquire(a, "l0")
+        self.assertTrue(waiter.queued or not waiter.granted, waiter.params)
+        wait_for(lambda: len(self.brokerd_links()) == 4, timeout=10, message="A's stream link to open again")
+        released = time.monotonic()
+        held.close()
+        waiter.until_granted(timeout=TTL + 20)
+        print(f"# granted {time.monotonic() - released:.2f} s after the release; "
+              f"{self.calls().get('xread', 0) - xreads} reads since the link closed", flush=True)
+        self.assertLess(time.monotonic() - released, 3.0)
+
     def test_a_pool_added_by_reload_joins_an_idle_nodes_long_read_at_once(self):
         url = self.redis.url()
         a = self.broker(config(url, "node-a"), "liveness-a")
+        # A lease held keeps the stream link open (a node holding nothing closes it).
+        held = self.acquire(a, "l0")
+        held.until_granted(timeout=TTL + 20)  # the first use waits out one TTL: a bound, not a sleep
         wait_for(lambda: self.renewing(1), timeout=TTL + 20, message="A's renewals to cover its pools")
         node = self.node_id("node-a")
-        # Its long read is out (no request of its own): the pool added must not wait for its end (60 s).
+        # Its long read is out (no request of its own waits): the pool added must not wait for its end (60 s).
         mon = Monitor(self.redis)
         self.addCleanup(mon.close)
         a.write_config(config(url, "node-a", pools=POOLS + 1))

@@ -792,21 +792,27 @@ static void test_a_resting_watch_reads_no_info_until_the_owner_sends_again(void 
         assert_int_equal(redis_link_get_state(f->link), REDIS_LINK_UP);
 }
 
-/* A blocking read ended by a new connection (brokerd's long idle XREAD, when a pool joins the read): the
- * read's owner hears -ECONNRESET at once, the link DOWN then UP again without a backoff, no timeout. */
-static void test_reconnect_ends_a_blocking_read_and_comes_back_at_once(void **state) {
-        Fixture *f = *state;
+/* A blocking link up, with a backoff of 5 s, and a 60 s read blocked in Redis whose reply goes to r. */
+static void blocked_read_start(Fixture *f, Reply *r) {
         const char *const xread[] = { "XREAD", "BLOCK", "60000", "STREAMS", "s", "$" };
-        RedisLinkStats stats;
-        Reply r = {};
 
         redis_start(f, NULL);
         f->options.blocking = true;
         f->options.backoff_min = f->options.backoff_max = 5 * USEC_PER_SEC;
         link_start(f);
         wait_up(f);
-        assert_int_equal(redis_link_command_blocking(f->link, 60 * USEC_PER_SEC, on_reply, &r, 6, xread, NULL), 0);
+        assert_int_equal(redis_link_command_blocking(f->link, 60 * USEC_PER_SEC, on_reply, r, 6, xread, NULL), 0);
         run_for(f, 100 * USEC_PER_MSEC); /* the read is in Redis, blocked */
+}
+
+/* A blocking read ended by a new connection (brokerd's long idle XREAD, when a pool joins the read): the
+ * read's owner hears -ECONNRESET at once, the link DOWN then UP again without a backoff, no timeout. */
+static void test_reconnect_ends_a_blocking_read_and_comes_back_at_once(void **state) {
+        Fixture *f = *state;
+        RedisLinkStats stats;
+        Reply r = {};
+
+        blocked_read_start(f, &r);
         usec_t cut = now_monotonic();
         unsigned told_before = f->n_told;
         assert_int_equal(redis_link_reconnect(f->link, "test"), 1);
@@ -826,6 +832,58 @@ static void test_reconnect_ends_a_blocking_read_and_comes_back_at_once(void **st
         assert_true(run_until(f, reply_done, &again, DEADLINE));
         assert_int_equal(again.error, 0);
         assert_int_equal(again.type, REDIS_REPLY_NIL);
+}
+
+/* The clients the redis-server counts, the one asking left out. */
+static long long server_clients(Fixture *f) {
+        redisContext *c = redisConnect("127.0.0.1", f->redis.port);
+        assert_true(c && !c->err);
+        redisReply *r = redisCommand(c, "INFO clients");
+        assert_true(r && r->type == REDIS_REPLY_STRING);
+        const char *at = strstr(r->str, "connected_clients:");
+        assert_non_null(at);
+        long long n = strtoll(at + strlen("connected_clients:"), NULL, 10);
+        freeReplyObject(r);
+        redisFree(c);
+        return n - 1;
+}
+
+/* A link its owner needs only now and then (brokerd's stream link while its node holds nothing) rests: its
+ * connection ends (a blocking read in flight hears -ECONNRESET), the owner hears DOWN, commands are refused,
+ * and no attempt is made however long it rests; woken, it connects at once, not after the backoff. */
+static void test_a_resting_link_closes_and_connects_again_when_woken(void **state) {
+        Fixture *f = *state;
+        const char *const ping[] = { "PING" };
+        RedisLinkStats before, after;
+        Reply r = {};
+
+        blocked_read_start(f, &r);
+        assert_int_equal(server_clients(f), 1);
+
+        assert_int_equal(redis_link_rest(f->link), 1);
+        assert_int_equal(redis_link_rest(f->link), 0);
+        assert_true(run_until(f, reply_done, &r, DEADLINE));
+        assert_int_equal(r.error, -ECONNRESET);
+        wait_state(f, REDIS_LINK_DOWN);
+        redis_link_get_stats(f->link, &before);
+        run_for(f, USEC_PER_SEC);
+        assert_int_equal(server_clients(f), 0);
+        redis_link_get_stats(f->link, &after);
+        assert_int_equal(after.attempts, before.attempts);
+        assert_int_equal(redis_link_get_state(f->link), REDIS_LINK_DOWN);
+        Reply refused = {};
+        assert_int_equal(redis_link_command(f->link, on_reply, &refused, 1, ping, NULL), -ENOTCONN);
+
+        usec_t woken = now_monotonic();
+        assert_int_equal(redis_link_wake(f->link), 1);
+        assert_int_equal(redis_link_wake(f->link), 0);
+        wait_up(f);
+        assert_true(now_monotonic() - woken < 2 * USEC_PER_SEC); /* not after the 5 s backoff */
+        assert_int_equal(server_clients(f), 1);
+        Reply pong = {};
+        assert_int_equal(redis_link_command(f->link, on_reply, &pong, 1, ping, NULL), 0);
+        assert_true(run_until(f, reply_done, &pong, DEADLINE));
+        assert_int_equal(pong.error, 0);
 }
 
 /* A listening socket that is not Redis: it answers garbage to whatever comes, or stays silent. */
@@ -1143,6 +1201,7 @@ int main(int argc, char *argv[]) {
                 T(test_the_watch_goes_along_with_the_owners_command),
                 T(test_a_resting_watch_reads_no_info_until_the_owner_sends_again),
                 T(test_reconnect_ends_a_blocking_read_and_comes_back_at_once),
+                T(test_a_resting_link_closes_and_connects_again_when_woken),
                 T(test_a_server_that_is_not_redis_fails_the_link),
                 T(test_a_silent_server_times_out_the_setup),
                 T(test_blocking_read_has_its_own_timeout),
