@@ -17,7 +17,8 @@ node-id), socket and node-name. Per configuration NxP, in one run and one Redis:
      second (one command, one round trip), N connections;
   3. the N brokerds started, and once every one is registered in every pool (ZCARD {sb:POOL}:nodes = N)
      and the first use's recovery window (one backend-node-ttl, 30 s, from the first brokerd's start) and
-     SETTLE seconds more have passed, a window of WINDOW seconds in three parts.
+     SETTLE seconds more have passed, and every brokerd keeps one connection (an idle one closes its stream
+     link: 45 s at most), a window of WINDOW seconds in three parts.
 
 Redis's CPU is INFO cpu's used_cpu_sys + used_cpu_user (getrusage of the whole process, microseconds),
 read at each window's edges; /proc/PID/stat's utime + stime is printed beside it as a check. The figure is
@@ -350,6 +351,15 @@ def run_config(brokerd, n, p):
         # A pool's first use opens a recovery window of one backend-node-ttl, in which the nodes call Redis
         # more often (5 brokerds x 2 pools: 12 EVALSHA/s, then 10): the window starts after it.
         time.sleep(max(0.0, t0 + NODE_TTL + SETTLE - time.monotonic()))
+        # A brokerd that holds nothing closes its stream link at its second idle renewal (15 s apart): the
+        # window starts once every one has, one connection each (or after 45 s more: a build from before
+        # keeps two for good).
+        t_links = time.monotonic()
+        deadline = t_links + 45
+        while r.info("clients")["connected_clients"] > n + 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        print(f"  {r.info('clients')['connected_clients'] - 1} brokerd connections "
+              f"{time.monotonic() - t_links:.1f} s after the recovery window", flush=True)
 
         parts, fleet_cpu, fleet_secs = [], 0.0, 0.0
         pids = [b.pid for b in brokers]
