@@ -356,9 +356,9 @@ def run_config(brokerd, n, p):
         # keeps two for good).
         t_links = time.monotonic()
         deadline = t_links + 45
-        while r.info("clients")["connected_clients"] > n + 1 and time.monotonic() < deadline:
+        while int(r.info("clients")["connected_clients"]) > n + 1 and time.monotonic() < deadline:
             time.sleep(0.5)
-        print(f"  {r.info('clients')['connected_clients'] - 1} brokerd connections "
+        print(f"  {int(r.info('clients')['connected_clients']) - 1} brokerd connections "
               f"{time.monotonic() - t_links:.1f} s after the recovery window", flush=True)
 
         parts, fleet_cpu, fleet_secs = [], 0.0, 0.0
