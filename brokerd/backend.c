@@ -327,9 +327,9 @@ static void on_renew_reply(RedisLink *link, int error, const redisReply *reply, 
         Backend *b = rn->backend;
         b->renewal = NULL;
         backend_fence_check(b);
-        /* { status, backend clock, { covered (1/0) per pool named }, { places of the pools to tick }, {}, {} }:
-         * anything else covers none. */
-        const redisReply *covered = NULL, *ticks = NULL;
+        /* { status, backend clock, { covered (1/0) per pool named }, { places of the pools to tick },
+         * { { fp_n, fp_x, fp_s } or {} per pool named }, {} }: anything else covers none. */
+        const redisReply *covered = NULL, *ticks = NULL, *fps = NULL;
         bool ok = false, refused = false;
         if (error == 0 && reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 6 &&
             reply->element[0]->type == REDIS_REPLY_STRING) {
@@ -339,6 +339,8 @@ static void on_renew_reply(RedisLink *link, int error, const redisReply *reply, 
                         covered = reply->element[2];
                 if (covered && reply->element[3]->type == REDIS_REPLY_ARRAY && reply->element[3]->elements <= rn->n)
                         ticks = reply->element[3];
+                if (covered && reply->element[4]->type == REDIS_REPLY_ARRAY && reply->element[4]->elements == rn->n)
+                        fps = reply->element[4];
         }
         if (refused != b->renew_refused) {
                 b->renew_refused = refused;
@@ -362,6 +364,12 @@ static void on_renew_reply(RedisLink *link, int error, const redisReply *reply, 
                                 tick = true;
                 }
                 all = all && yes;
+                const redisReply *fp = fps && yes ? fps->element[i] : NULL;
+                if (fp && fp->type == REDIS_REPLY_ARRAY && fp->elements == 3 &&
+                    fp->element[0]->type == REDIS_REPLY_INTEGER && fp->element[1]->type == REDIS_REPLY_INTEGER &&
+                    fp->element[2]->type == REDIS_REPLY_INTEGER)
+                        pool_shared_renewal_fingerprint(bp->pool, fp->element[0]->integer, fp->element[1]->integer,
+                                                        fp->element[2]->integer, now);
                 pool_shared_renewed(bp->pool, yes, tick, rn->sent_boot, rn->period, now);
         }
         /* A renewal that failed or left a pool uncovered is tried again at the heartbeat, not a period later:

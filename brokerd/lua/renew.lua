@@ -33,9 +33,12 @@
 --       pool the caller names is to be ticked (whose it was is unknown). One renewal claims each lapse
 --       (ZREM / ZADD by the one script that runs at a time).
 -- Returns: { status ("ok" | "identity" | "invalid" | "version" | "manual-clock"), backend clock now, body,
---       ticks, {}, {} } with body { covered (1/0) per pool named, in order } and ticks { the 1-based places
---       among the pools named of those to tick now (a dead node's registration there lapsed, or a recovery
---       window is open there) } for "ok".
+--       ticks, fingerprints, {} } with body { covered (1/0) per pool named, in order }, ticks { the 1-based
+--       places among the pools named of those to tick now (a dead node's registration there lapsed, or a
+--       recovery window is open there) } and fingerprints { per pool named, in order: { fp_n, fp_x, fp_s }
+--       of the node hash when the pool was read in full and is covered, else {} } for "ok": the node
+--       compares them with its own record of its records there, as a tick's would be (README, "Fingerprint"),
+--       so that an idle pool need not tick for it.
 -- Worst case: O(pools) commands, 2 a pool covered a renewal ago (~6 for another, and at the full read),
 --       DEAD_PAGE × 2 for the claims, and O(bytes of the pool lists) of string search.
 
@@ -95,6 +98,13 @@ local function claim(flags)
         end
 end
 
+-- A node hash's fingerprint field as Redis has it: absent is 0 (no record of the node's counted yet), anything
+-- else not an integer -1, which no node's count is (untrusted: the node compares it with its own).
+local function fp_field(v)
+        if not v then return 0 end
+        return int_of(v) or -1
+end
+
 local function renew()
         local function refuse(status, body) return { status, bnow or 0, body or {}, {}, {}, {} } end
         if ARGV[1] ~= tostring(VERSION) then return refuse('version', { VERSION }) end
@@ -136,15 +146,19 @@ local function renew()
         if not full and o_ttl and o_ttl > ttl and o_ttl <= LIVE_TTL_MAX then ttl = o_ttl end
         local mttl = not full and o_mttl or nil
 
-        local covered, body = {}, {}
+        local covered, body, fps = {}, {}, {}
         for i = 7, #ARGV do
                 local p = ARGV[i]
                 local yes = false
                 if #p <= 300 and string.match(p, '^{sb:[^{}]+}$') then
+                        local nh
                         if not full and string.find(o_pools, ',' .. p .. ',', 1, true) and
                            redis.call('ZSCORE', p .. ':nodes', NODE) == 'inf' then
                                 yes = true
-                        elseif redis.call('HGET', p .. ':node:' .. NODE, 'inc') == INCARNATION then
+                        else
+                                nh = redis.call('HMGET', p .. ':node:' .. NODE, 'inc', 'fp_n', 'fp_x', 'fp_s')
+                        end
+                        if nh and nh[1] == INCARNATION then
                                 local pttl = int_of(redis.call('HGET', p .. ':rules', 'backend-node-ttl'))
                                 if not pttl or pttl <= 0 or pttl > LIVE_TTL_MAX then pttl = 30 * USEC_PER_SEC end
                                 local score = redis.call('ZSCORE', p .. ':nodes', NODE)
@@ -167,11 +181,13 @@ local function renew()
                                 if yes then
                                         if pttl > ttl then ttl = pttl end
                                         if not mttl or pttl < mttl then mttl = pttl end
+                                        fps[i - 6] = { fp_field(nh[2]), fp_field(nh[3]), fp_field(nh[4]) }
                                 end
                         end
                 end
                 if yes then covered[#covered + 1] = p end
                 body[#body + 1] = yes and 1 or 0
+                fps[i - 6] = fps[i - 6] or {}
         end
         if not mttl then mttl = ttl end
         local flags, ticks = {}, {}
@@ -198,7 +214,7 @@ local function renew()
         redis.call('PEXPIRE', key, math.floor((ttl + LIVE_KEEP) / 1000))
         lives_call('ZADD', LIVES_KEY, bnow + mttl, NODE)
 
-        return { 'ok', bnow, body, ticks, {}, {} }
+        return { 'ok', bnow, body, ticks, fps, {} }
 end
 
 return renew()

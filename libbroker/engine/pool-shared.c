@@ -182,6 +182,7 @@ typedef struct SharedPool {
         bool reclaim_all;      /* the run id or the epoch changed: every lease is reclaimed */
         int64_t recovery_noticed; /* the end of the last recovery window journaled (pool clock) */
         usec_t last_tick;      /* monotonic, queued */
+        usec_t fp_renewed_at;  /* monotonic: a renewal's fingerprint agreed (pool_shared_renewal_fingerprint()) */
         usec_t down_since;     /* monotonic, USEC_INFINITY: up (or never was) */
         usec_t acked_boot;     /* CLOCK_BOOTTIME send time of the last acknowledged tick or covering renewal */
         bool renew_ok;         /* its last tick was answered "ok"/"rules" since the link came up: renewable */
@@ -4331,9 +4332,27 @@ void pool_shared_renewed(Pool *base, bool covered, bool tick, usec_t sent_boot, 
         p->renewed_at = now;
         p->renew_stale = usec_add(period, SHARED_RENEW_STALE);
         /* The idle tick (a fingerprint compared, waiters' places) goes with a renewal: every pool of this
-         * node due then ticks in the same dispatch, their calls sent together. */
-        if (now >= usec_add(p->last_tick, SHARED_IDLE_PERIOD))
+         * node due then ticks in the same dispatch, their calls sent together. A renewal's full read compares
+         * the fingerprint too (pool_shared_renewal_fingerprint()): agreeing, it stands for the tick. */
+        if (now >= usec_add(MAX(p->last_tick, p->fp_renewed_at), SHARED_IDLE_PERIOD))
                 p->tick_wanted = true;
+}
+
+void pool_shared_renewal_fingerprint(Pool *base, int64_t n, int64_t x, int64_t s, usec_t now) {
+        SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
+        /* As a tick's: only with nothing of this pool's in flight, whose answer would move one side first. */
+        if (!list_is_empty(&p->outbox) || !list_is_empty(&p->tries))
+                return;
+        if (n >= 0 && (uint64_t) n == p->fp.n && x >= 0 && (uint32_t) x == p->fp.x && s >= 0 &&
+            (uint32_t) s == p->fp.s) {
+                p->fp_renewed_at = now;
+                p->reconciled_at = now;
+                return;
+        }
+        /* The tick compares again, and a second difference in a row reconciles (a stream entry racing the
+         * renewal, a LOST read after it, differs once). */
+        p->tick_wanted = true;
 }
 
 /* The sets' parts said ready while this pool did not serve (ready() said no): said again now that it

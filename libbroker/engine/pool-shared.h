@@ -268,6 +268,11 @@ usec_t pool_shared_renew_period(const Pool *p);
 bool pool_shared_holds_nothing(const Pool *p);
 usec_t pool_shared_idle_renew_period(const Pool *p);
 void pool_shared_renewed(Pool *p, bool covered, bool tick, usec_t sent_boot, usec_t period, usec_t now);
+/* The node hash's fingerprint (n, x, s; -1: not a number) that a covering renewal read in full (every
+ * minute or so: brokerd/lua/renew.lua), before pool_shared_renewed(). Equal to this node's, and nothing of
+ * the pool's in flight: it stands for the idle tick's compare (SHARED_IDLE_PERIOD from then); different:
+ * the pool ticks now, whose fingerprint decides as ever. */
+void pool_shared_renewal_fingerprint(Pool *p, int64_t n, int64_t x, int64_t s, usec_t now);
 
 /* The node TTL the self-fence counts with now (backend-node-ttl=, the shorter one while a change by reload
  * waits for agreement). */

@@ -967,6 +967,45 @@ static void test_renew_period_is_a_quarter_of_the_ttl_within_a_third_of_the_fenc
         assert_int_equal(pool_shared_fence_deadline(f->pool), S(2000) + TTL - REVOKE_GRACE - SHARED_FENCE_SLACK);
 }
 
+/* A covered renewal at t, and the pool run then. */
+static void renewed_at(Fixture *f, usec_t t) {
+        pool_shared_renewed(f->pool, true, false, t, pool_shared_idle_renew_period(f->pool), t);
+        f->pool->ops->run(f->pool, t);
+}
+
+/* A renewal's full read brings the node hash's fingerprint (brokerd/lua/renew.lua): equal to the pool's own
+ * (nothing held: 0, 0, 0), it stands for the idle tick's compare, so a covered pool that holds nothing ticks
+ * SHARED_IDLE_PERIOD after that compare, not after its last tick; different, or not a number, it ticks at
+ * once (whose own fingerprint decides). */
+static void test_a_renewals_agreeing_fingerprint_stands_for_the_idle_tick(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1000)); /* its last tick */
+        usec_t agreed = S(1000) + S(60);
+        pool_shared_renewal_fingerprint(f->pool, 0, 0, 0, agreed);
+        renewed_at(f, agreed);
+        no_call(f);
+        /* SHARED_IDLE_PERIOD after the last tick: no tick (the parent ticked here). */
+        renewed_at(f, S(1000) + SHARED_IDLE_PERIOD + S(1));
+        no_call(f);
+        /* SHARED_IDLE_PERIOD after the compare: the idle tick. */
+        usec_t t = agreed + SHARED_IDLE_PERIOD + S(1);
+        renewed_at(f, t);
+        tick_ok(f, t, t);
+        /* A fingerprint that differs, or is garbage (-1), has the pool tick at once. */
+        t += S(60);
+        pool_shared_renewal_fingerprint(f->pool, 1, 2, 3, t);
+        renewed_at(f, t);
+        tick_ok(f, t, t);
+        t += S(60);
+        pool_shared_renewal_fingerprint(f->pool, -1, -1, -1, t);
+        renewed_at(f, t);
+        tick_ok(f, t, t);
+        t += S(60);
+        pool_shared_renewal_fingerprint(f->pool, 0, 0, 0, t);
+        renewed_at(f, t);
+        no_call(f);
+}
+
 /* A node that holds nothing renews every TTL/2 (15 s at the defaults), never faster than the busy period nor
  * slower than SHARED_IDLE_RENEW_PERIOD_MAX; it holds something from a request's submit (out or waiting)
  * while the lease is held (the self-fence's to guard), and nothing again once it is released. */
@@ -3817,6 +3856,7 @@ int main(void) {
                 T(test_revoke_grace_by_reload_moves_the_fence),
                 T(test_renew_period_is_a_quarter_of_the_ttl_within_a_third_of_the_fence_window),
                 T(test_a_pool_that_holds_nothing_renews_every_half_ttl),
+                T(test_a_renewals_agreeing_fingerprint_stands_for_the_idle_tick),
                 T(test_grant_read_after_the_vouch_deadline_is_released_not_handed_out),
                 T(test_intents_are_replayed_in_order_after_a_reconnect),
                 T(test_epoch_change_reclaims_every_lease),

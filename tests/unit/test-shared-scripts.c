@@ -2648,6 +2648,49 @@ static void test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_two_keys_a_pool(
         freeReplyObject(z);
 }
 
+/* A renewal's full read (no previous key of the node's, or every FULL_PERIOD) answers the fingerprint of each
+ * pool it covers (reply [5]), as the node's tick has it; one that reads only the score answers {} there; a
+ * field that is not a number is -1. */
+static void test_a_renewals_full_read_answers_the_nodes_fingerprint(void **state) {
+        live_setup(); /* n1 holds a lease */
+        redisReply *t = live_tick(LIVE_N1, "n1", "=");
+        assert_string_equal(status(t), "ok");
+        const redisReply *fp = body(t)->element[5];
+        assert_int_equal(fp->element[0]->integer, 1);
+        long long x = fp->element[1]->integer, sum = fp->element[2]->integer;
+        freeReplyObject(t);
+
+        /* Its key as the last renewal left it: the score alone is read. */
+        redisReply *r = live_renew(LIVE_N1, "sb:live:n1", POOL, NULL);
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(body(r)->element[0]->integer, 1);
+        assert_int_equal(r->element[R_CACHE]->elements, 1);
+        assert_int_equal(r->element[R_CACHE]->element[0]->elements, 0);
+        freeReplyObject(r);
+
+        /* No key: read in full. */
+        freeReplyObject(redisCommand(redis, "DEL sb:live:n1"));
+        r = live_renew(LIVE_N1, "sb:live:n1", POOL, NULL);
+        assert_string_equal(status(r), "ok");
+        assert_int_equal(body(r)->element[0]->integer, 1);
+        const redisReply *f = r->element[R_CACHE]->element[0];
+        assert_int_equal(f->elements, 3);
+        assert_int_equal(f->element[0]->integer, 1);
+        assert_int_equal(f->element[1]->integer, x);
+        assert_int_equal(f->element[2]->integer, sum);
+        freeReplyObject(r);
+
+        /* Someone's garbage in it: -1, which no node's count is. */
+        freeReplyObject(redisCommand(redis, "HSET " POOL ":node:n1 fp_x garbage"));
+        freeReplyObject(redisCommand(redis, "DEL sb:live:n1"));
+        r = live_renew(LIVE_N1, "sb:live:n1", POOL, NULL);
+        assert_string_equal(status(r), "ok");
+        f = r->element[R_CACHE]->element[0];
+        assert_int_equal(f->elements, 3);
+        assert_int_equal(f->element[1]->integer, -1);
+        freeReplyObject(r);
+}
+
 /* Ticks of the pools named by the renewal: none while every node renews; once one stops, the first
  * renewal after its deadline (and only that one) names its pool, whose tick reaps it, though no node has
  * anything waiting there; n2's key says a longer TTL elsewhere: claimed again then, not removed. */
@@ -4965,6 +5008,7 @@ int main(int argc, char *argv[]) {
                 L(test_a_renewing_node_is_kept_and_a_silent_one_lapses_at_its_ttl),
                 L(test_an_idle_pools_clock_runs_while_its_nodes_renew),
                 L(test_an_idle_pool_has_no_wakeup_and_a_renewal_reads_two_keys_a_pool),
+                L(test_a_renewals_full_read_answers_the_nodes_fingerprint),
                 L(test_a_silent_nodes_pools_are_ticked_by_one_renewal_after_its_ttl),
                 L(test_a_renewal_names_a_pool_whose_recovery_window_is_open),
                 L(test_bad_lives_entries_break_nothing),
