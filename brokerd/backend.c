@@ -328,7 +328,7 @@ static void on_renew_reply(RedisLink *link, int error, const redisReply *reply, 
         b->renewal = NULL;
         backend_fence_check(b);
         /* { status, backend clock, { covered (1/0) per pool named }, { places of the pools to tick },
-         * { { fp_n, fp_x, fp_s } or {} per pool named }, {} }: anything else covers none. */
+         * { place, fp_n, fp_x, fp_s, … of the pools read in full }, {} }: anything else covers none. */
         const redisReply *covered = NULL, *ticks = NULL, *fps = NULL;
         bool ok = false, refused = false;
         if (error == 0 && reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 6 &&
@@ -339,7 +339,8 @@ static void on_renew_reply(RedisLink *link, int error, const redisReply *reply, 
                         covered = reply->element[2];
                 if (covered && reply->element[3]->type == REDIS_REPLY_ARRAY && reply->element[3]->elements <= rn->n)
                         ticks = reply->element[3];
-                if (covered && reply->element[4]->type == REDIS_REPLY_ARRAY && reply->element[4]->elements == rn->n)
+                if (covered && reply->element[4]->type == REDIS_REPLY_ARRAY && reply->element[4]->elements % 4 == 0 &&
+                    reply->element[4]->elements <= 4 * rn->n)
                         fps = reply->element[4];
         }
         if (refused != b->renew_refused) {
@@ -364,12 +365,14 @@ static void on_renew_reply(RedisLink *link, int error, const redisReply *reply, 
                                 tick = true;
                 }
                 all = all && yes;
-                const redisReply *fp = fps && yes ? fps->element[i] : NULL;
-                if (fp && fp->type == REDIS_REPLY_ARRAY && fp->elements == 3 &&
-                    fp->element[0]->type == REDIS_REPLY_INTEGER && fp->element[1]->type == REDIS_REPLY_INTEGER &&
-                    fp->element[2]->type == REDIS_REPLY_INTEGER)
-                        pool_shared_renewal_fingerprint(bp->pool, fp->element[0]->integer, fp->element[1]->integer,
-                                                        fp->element[2]->integer, now);
+                for (size_t j = 0; yes && fps && j < fps->elements; j += 4) {
+                        redisReply *const *f = fps->element + j;
+                        if (f[0]->type == REDIS_REPLY_INTEGER && f[0]->integer == (long long) i + 1 &&
+                            f[1]->type == REDIS_REPLY_INTEGER && f[2]->type == REDIS_REPLY_INTEGER &&
+                            f[3]->type == REDIS_REPLY_INTEGER)
+                                pool_shared_renewal_fingerprint(bp->pool, f[1]->integer, f[2]->integer,
+                                                                f[3]->integer, now);
+                }
                 pool_shared_renewed(bp->pool, yes, tick, rn->sent_boot, rn->period, now);
         }
         /* A renewal that failed or left a pool uncovered is tried again at the heartbeat, not a period later:

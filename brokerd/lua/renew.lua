@@ -35,10 +35,10 @@
 -- Returns: { status ("ok" | "identity" | "invalid" | "version" | "manual-clock"), backend clock now, body,
 --       ticks, fingerprints, {} } with body { covered (1/0) per pool named, in order }, ticks { the 1-based
 --       places among the pools named of those to tick now (a dead node's registration there lapsed, or a
---       recovery window is open there) } and fingerprints { per pool named, in order: { fp_n, fp_x, fp_s }
---       of the node hash when the pool was read in full and is covered, else {} } for "ok": the node
---       compares them with its own record of its records there, as a tick's would be (README, "Fingerprint"),
---       so that an idle pool need not tick for it.
+--       recovery window is open there) } and fingerprints { place, fp_n, fp_x, fp_s, … }: the node hash's,
+--       for each covered pool that was read in full (none between full reads: nothing more to make or send
+--       then), place 1-based as in ticks, for "ok": the node compares them with its own record of its records
+--       there, as a tick's would be (README, "Fingerprint"), so that an idle pool need not tick for it.
 -- Worst case: O(pools) commands, 2 a pool covered a renewal ago (~6 for another, and at the full read),
 --       DEAD_PAGE × 2 for the claims, and O(bytes of the pool lists) of string search.
 
@@ -181,13 +181,15 @@ local function renew()
                                 if yes then
                                         if pttl > ttl then ttl = pttl end
                                         if not mttl or pttl < mttl then mttl = pttl end
-                                        fps[i - 6] = { fp_field(nh[2]), fp_field(nh[3]), fp_field(nh[4]) }
+                                        fps[#fps + 1] = i - 6
+                                        fps[#fps + 1] = fp_field(nh[2])
+                                        fps[#fps + 1] = fp_field(nh[3])
+                                        fps[#fps + 1] = fp_field(nh[4])
                                 end
                         end
                 end
                 if yes then covered[#covered + 1] = p end
                 body[#body + 1] = yes and 1 or 0
-                fps[i - 6] = fps[i - 6] or {}
         end
         if not mttl then mttl = ttl end
         local flags, ticks = {}, {}
