@@ -320,6 +320,12 @@ static void fp_add(SharedPool *p, const char *rid, char kind) {
         p->fp.s += h;
 }
 
+/* Redis's triple for this node (untrusted: a negative value is no count) equals this node's own. */
+static bool fp_equals(const SharedPool *p, int64_t n, int64_t x, int64_t s) {
+        return n >= 0 && (uint64_t) n == p->fp.n && x >= 0 && (uint32_t) x == p->fp.x && s >= 0 &&
+               (uint32_t) s == p->fp.s;
+}
+
 static void fp_remove(SharedPool *p, const char *rid, char kind) {
         uint32_t h = fnv1a32(rid, kind);
         p->fp.n--;
@@ -521,9 +527,14 @@ static bool op_settles(const SharedPool *p) {
         return !p->params.manual_clock;
 }
 
+/* The next number of the link's count (SharedPoolParams.call_order), or `own` without one. */
+static uint64_t call_order_next(SharedPool *p, uint64_t own) {
+        return p->params.call_order ? ++*p->params.call_order : own;
+}
+
 static void call_queue(SharedPool *p, Call *c) {
         c->id = ++p->next_call_id;
-        c->order = p->params.call_order ? ++*p->params.call_order : c->id;
+        c->order = call_order_next(p, c->id);
         list_append(&p->outbox, &c->node);
         if (p->params.wake)
                 p->params.wake(p->params.wake_userdata);
@@ -1668,7 +1679,7 @@ static uint64_t queue_wait(SharedPool *p) {
                 if (c->wait && !c->sent) {
                         list_unlink(&c->node);
                         list_append(&p->outbox, &c->node);
-                        c->order = p->params.call_order ? ++*p->params.call_order : c->order;
+                        c->order = call_order_next(p, c->order);
                         return c->id;
                 }
         }
@@ -2696,7 +2707,7 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
         }
         if (!resp_int(resp_at(fp, 0), &n) || !resp_int(resp_at(fp, 1), &x) || !resp_int(resp_at(fp, 2), &s))
                 return;
-        if ((uint64_t) n == p->fp.n && (uint32_t) x == p->fp.x && (uint32_t) s == p->fp.s) {
+        if (fp_equals(p, n, x, s)) {
                 p->fp_mismatches = 0;
                 p->reconciled_at = now;
                 return;
@@ -4344,8 +4355,7 @@ void pool_shared_renewal_fingerprint(Pool *base, int64_t n, int64_t x, int64_t s
         /* As a tick's: only with nothing of this pool's in flight, whose answer would move one side first. */
         if (!list_is_empty(&p->outbox) || !list_is_empty(&p->tries))
                 return;
-        if (n >= 0 && (uint64_t) n == p->fp.n && x >= 0 && (uint32_t) x == p->fp.x && s >= 0 &&
-            (uint32_t) s == p->fp.s) {
+        if (fp_equals(p, n, x, s)) {
                 p->fp_renewed_at = now;
                 p->reconciled_at = now;
                 return;
