@@ -374,15 +374,22 @@ end
 
 ---------------------------------------------------------------------------------------------- fingerprints
 
--- FNV-1a 32 of RID .. kind ('w' waiter, 'l' lease); 16777619 = 2^24 + 403, so the product is split to
--- stay exact in doubles. The node keeps the same triple (count, xor, sum mod 2^32) of its records.
+-- FNV-1a 32 of RID .. kind ('w' waiter, 'l' lease). The node keeps the same triple (count, xor, sum mod
+-- 2^32) of its records. h runs as BitOp's signed 32-bit value: h × 16777619 is h × 403 + (h << 24), whose
+-- sum (below 2^41) a double holds exactly and bit.tobit() wraps. Two a pair (a grant's record, its
+-- release's): the bytes read 64 a call (a rid is 16; a longer string from Redis must not overflow Lua's
+-- stack), and no % per step, halve the old loop's time (issue 21).
 local function fnv1a32(s)
-        local h = 2166136261
-        for i = 1, #s do
-                h = bit.bxor(h, string.byte(s, i)) % 4294967296
-                h = (h * 403 + bit.lshift(h, 24) % 4294967296) % 4294967296
+        local bxor, lshift, tobit, byte = bit.bxor, bit.lshift, bit.tobit, string.byte
+        local h = -2128831035 -- the offset basis 2166136261, as a signed 32-bit value
+        for at = 1, #s, 64 do
+                local b = { byte(s, at, at + 63) }
+                for i = 1, #b do
+                        h = bxor(h, b[i])
+                        h = tobit(h * 403 + lshift(h, 24))
+                end
         end
-        return h
+        return h % 4294967296
 end
 
 local fp_delta                  -- node -> { n, x, s } not yet written
