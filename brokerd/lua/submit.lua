@@ -19,10 +19,9 @@
 --       max-queue → refused full (never lane "@reserve"); else queued with its budget fixed now.
 --       Then the instant itself (settle flag 1), or it is left for the tick (manual clock).
 -- Appends: decisions of waiters granted or refused in the instant, to their nodes' streams
---       ({sb:P}:s:NODE); the final outcome of this rid to its outcome record (README, "Outcome records":
---       {sb:P}:oh:NODE field RID, kept node TTL + 10 s; 10 s for
---       a refusal at once, which changed nothing: a retry after that is decided afresh); a queued
---       request's own decision is the reply only.
+--       ({sb:P}:s:NODE); a refusal at once to this rid's outcome record (README, "Outcome records":
+--       {sb:P}:oh:NODE field RID, kept 10 s: it changed nothing, so a retry after that is decided afresh);
+--       a grant at once none (its lease answers a retry); a queued request's own decision is the reply only.
 -- Returns: { status, now, decision, events, cache, notices } (README, "Replies"); status "ok" carries
 --       the decision (granted / queued / refused), "invalid" none.
 -- Worst case: SETTLE_MAX steps + O(lanes × distinct k × log n) for the room check + O(log n) to queue.
@@ -100,8 +99,10 @@ local function submit()
                 room, take = room_for(LANE, K_SLOTS, SELECTOR)
         end
         if room then
+                -- No outcome record: while the lease lasts, a retry finds it by its rid (above); it ends by
+                -- this node's release (which holds the reply's token), a withdrawal, a reap (the node's
+                -- records go with it) or an orphan's lapse (a rid the node forgot). README, "Outcome records".
                 d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil, take, hjob))
-                outcome_store(NODE, RID, d)
         elseif not MAY_WAIT then
                 -- Busy for want of slots that rest (pool-local.c): says so, and when enough of them wake.
                 local wake = rests.busy_at(LANE, K_SLOTS, SELECTOR)

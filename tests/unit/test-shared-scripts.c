@@ -3400,7 +3400,8 @@ static long long redis_int(const char *fmt, const char *a, const char *b) {
 
 /* Issue 21 item 2: a node's outcome records are one hash and an index of their expiries, no key per request
  * and none with a TTL (Redis's expiry cycle walked thousands of keys); a retry within the window gets the
- * outcome, one after it is decided afresh, and the caller's calls trim what expired. */
+ * outcome, one after it is decided afresh, and the caller's calls trim what expired. A grant at once has no
+ * record: its lease answers a retry. */
 static void test_outcome_records_are_a_hash_per_node_trimmed_by_its_calls(void **state) {
         tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
         expect_verdict("a", 2000, "ci", 1, "granted");
@@ -3408,7 +3409,8 @@ static void test_outcome_records_are_a_hash_per_node_trimmed_by_its_calls(void *
         assert_string_equal(field_s(body(b), D_REFUSAL), "busy");
         freeReplyObject(b);
         assert_int_equal(redis_int("KEYS %s:o:*", pool, ""), 0);
-        assert_int_equal(redis_int("HLEN %s:oh:%s", pool, "n1"), 2);
+        assert_int_equal(redis_int("HLEN %s:oh:%s", pool, "n1"), 1); /* b's refusal; a's lease answers for a */
+        assert_int_equal(redis_int("HEXISTS %s:oh:n1 %s", pool, "a"), 0);
         assert_int_equal(redis_int("PTTL %s:oh:%s", pool, "n1"), -1);
         assert_int_equal(redis_int("PTTL %s:ox:%s", pool, "n1"), -1);
         /* Within its 10 s: the same refusal, even to a request that may wait now. */
@@ -3421,19 +3423,26 @@ static void test_outcome_records_are_a_hash_per_node_trimmed_by_its_calls(void *
         freeReplyObject(b);
         assert_int_equal(redis_int("HEXISTS %s:oh:n1 %s", pool, "b"), 0);
         assert_int_equal(redis_int("ZSCORE %s:ox:n1 %s", pool, "b"), -2); /* nil */
-        assert_int_equal(redis_int("HLEN %s:oh:%s", pool, "n1"), 1);      /* a's grant */
-        /* positions: the outcome within its window, "gone" after it. */
-        redisReply *p = call("positions", "n1", 14 * SEC, 0, "pos", "a", NULL);
-        assert_string_equal(field_s(body(p)->element[0], D_VERDICT), "granted");
-        freeReplyObject(p);
+        assert_int_equal(redis_int("HLEN %s:oh:%s", pool, "n1"), 0);
+        /* A retry of a's submit: its lease, found by its rid, and still no record. */
+        expect_verdict("a", 13 * SEC, "ci", 1, "granted");
+        assert_int_equal(redis_int("HLEN %s:oh:%s", pool, "n1"), 0);
         redisReply *w = call("withdraw", "n1", 14 * SEC, 0, "b", NULL);
         assert_string_equal(field_s(body(w), 0), "withdrawn");
         freeReplyObject(w);
-        freeReplyObject(release_at(15 * SEC, 1, "a"));
-        p = call("positions", "n1", 16 * SEC, 0, "pos", "a", NULL);
-        assert_string_equal(field_s(body(p)->element[0], D_VERDICT), "granted"); /* its outcome */
+        /* A waiter's grant is recorded: positions answers it after its lease, within its window; a lease
+         * granted at once and released is "gone". */
+        expect_verdict("c", 14 * SEC, "ci", 1, "queued");
+        redisReply *r = call("release", "n1", 15 * SEC, 1, "1", "a", NULL); /* settled: c granted, token 2 */
+        assert_string_equal(field_s(body(r), 0), "released");
+        freeReplyObject(r);
+        assert_int_equal(redis_int("HEXISTS %s:oh:n1 %s", pool, "c"), 1);
+        freeReplyObject(release_at(16 * SEC, 2, "c"));
+        redisReply *p = call("positions", "n1", 17 * SEC, 0, "pos", "c", "a", NULL);
+        assert_string_equal(field_s(body(p)->element[0], D_VERDICT), "granted"); /* c's outcome */
+        assert_string_equal(field_s(body(p)->element[1], 0), "gone");             /* a: released, no record */
         freeReplyObject(p);
-        p = call("positions", "n1", 2000 + 41 * SEC, 0, "pos", "a", NULL);
+        p = call("positions", "n1", 15 * SEC + 41 * SEC, 0, "pos", "c", NULL);
         assert_string_equal(field_s(body(p)->element[0], 0), "gone");
         freeReplyObject(p);
         assert_int_equal(redis_int("HLEN %s:oh:%s", pool, "n1"), 0);
