@@ -19,11 +19,18 @@ release (ZREM), sent B at a time as the forms' are; each form's Redis CPU per pa
 to it (issue 21's goal: ≤ 10).
 
 Usage: bench-batch-cost.py [PAIRS] [ROUNDS] [B] [BEFORE]   (defaults: 4000, 5, 8)
+With $BENCH_BATCH_COST_CALLGRIND=1, redis-server runs under `valgrind --tool=callgrind --instr-atstart=no`
+and the figure is the instructions it executes per pair (Ir, every thread: the calls' parsing, the scripts,
+the replies' writes), counted only while a form's pairs run (callgrind_control -i): deterministic to a few
+per cent whatever the machine's load, where the CPU times above move by ±15 % on this VM. PAIRS is then
+better a few hundred (callgrind runs Redis ~50× slower); the warm-up is a round of PAIRS / 4.
 A benchmark, not a test: it fails only when something under it fails.
 """
 import os
+import glob
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -90,6 +97,15 @@ class Form:
         self.register()
         self.r.call("CONFIG", "RESETSTAT")
         cpu0 = stats(self.r)[0]
+        self.pairs(pairs, b)
+        cpu, calls, fcalls, fusec = stats(self.r)
+        n = (pairs // b) * b
+        self.samples["cpu"].append((cpu - cpu0) / n)
+        self.samples["script"].append(fusec / n)
+        self.samples["fcalls"].append(fcalls / n)
+        self.samples["commands"].append(calls / (2 * n))
+
+    def pairs(self, pairs, b):
         for _ in range(pairs // b):
             rids = []
             for _ in range(b):
@@ -102,12 +118,6 @@ class Form:
                 tokens.append(reply[2][11])
             replies = self.send([("release", (t, rid)) for t, rid in zip(tokens, rids)])
             assert len(replies) == b and all(x[0] == "ok" for x in replies), (self.label, replies)
-        cpu, calls, fcalls, fusec = stats(self.r)
-        n = (pairs // b) * b
-        self.samples["cpu"].append((cpu - cpu0) / n)
-        self.samples["script"].append(fusec / n)
-        self.samples["fcalls"].append(fcalls / n)
-        self.samples["commands"].append(calls / (2 * n))
 
 
 SEMAPHORE = """
@@ -128,20 +138,13 @@ class Semaphore(Form):
         self.samples = {"cpu": [], "script": [], "fcalls": [], "commands": []}
         self.sha = r.call("SCRIPT", "LOAD", SEMAPHORE)
 
+    def register(self):
+        pass
+
     def round(self, pairs, b):
         self.r.call("CONFIG", "RESETSTAT")
         cpu0 = stats(self.r)[0]
-        for _ in range(pairs // b):
-            now = int(time.time() * 1000)
-            holders = []
-            for _ in range(b):
-                self.seq += 1
-                holders.append("n1:%016x" % self.seq)
-                self.r.send("EVALSHA", self.sha, 1, self.key, now, now + 30000, 64, holders[-1])
-            assert all(self.r.read() == 1 for _ in holders), self.label
-            for h in holders:
-                self.r.send("ZREM", self.key, h)
-            assert all(self.r.read() == 1 for _ in holders), self.label
+        self.pairs(pairs, b)
         cpu, calls, _, _ = stats(self.r)
         usec = 0
         for line in self.r.call("INFO", "commandstats").splitlines():
@@ -153,6 +156,83 @@ class Semaphore(Form):
         self.samples["fcalls"].append(0.0)
         self.samples["commands"].append(calls / (2 * n))
 
+    def pairs(self, pairs, b):
+        for _ in range(pairs // b):
+            now = int(time.time() * 1000)
+            holders = []
+            for _ in range(b):
+                self.seq += 1
+                holders.append("n1:%016x" % self.seq)
+                self.r.send("EVALSHA", self.sha, 1, self.key, now, now + 30000, 64, holders[-1])
+            assert all(self.r.read() == 1 for _ in holders), self.label
+            for h in holders:
+                self.r.send("ZREM", self.key, h)
+            assert all(self.r.read() == 1 for _ in holders), self.label
+
+
+class CallgrindRedis(redisd.RedisServer):
+    """redis-server under callgrind, instrumentation off until a form's pairs run."""
+
+    def argv(self):
+        return ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=no",
+                f"--callgrind-out-file={self.tmpdir}/callgrind.out.%p"] + super().argv()
+
+    def instructions(self, run):
+        """Ir executed by run() with instrumentation on, from a dump of its own."""
+        pid = str(self.pid)
+        subprocess.run(["callgrind_control", "-z", pid], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["callgrind_control", "-i", "on", pid], check=True, stdout=subprocess.DEVNULL)
+        run()
+        subprocess.run(["callgrind_control", "-i", "off", pid], check=True, stdout=subprocess.DEVNULL)
+        before = set(glob.glob(f"{self.tmpdir}/callgrind.out.{pid}.*"))
+        subprocess.run(["callgrind_control", "-d", pid], check=True, stdout=subprocess.DEVNULL)
+        (dump,) = set(glob.glob(f"{self.tmpdir}/callgrind.out.{pid}.*")) - before
+        with open(dump) as f:
+            for line in f:
+                if line.startswith("totals:"):  # ("summary:" says 0 in a dump asked by callgrind_control)
+                    return int(line.split()[1])
+        raise AssertionError(f"{dump}: no totals")
+
+
+def callgrind_main(pairs, rounds, b, before):
+    if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
+        print("SKIP: valgrind (callgrind) is not installed")
+        return 77
+    tmp = tempfile.mkdtemp(prefix="bench-batch-cost-")
+    server = CallgrindRedis(tmp, port=0, unix=False)
+    server.tmpdir = tmp
+    server.start(timeout=120)
+    try:
+        r = server.client(timeout=60)
+        forms = []
+        for where, tag in [(LUA, "")] + ([(before, "BEFORE, ")] if before else []):
+            text, digest = library(where)
+            r.call("FUNCTION", "LOAD", "REPLACE", text)
+            key = "{sb:cg%d}" % len(forms)
+            forms.append(Form(r, f"{tag}batches of {b}", digest, key, True))
+        forms.append(Semaphore(r))
+        n = (pairs // b) * b
+        samples = {f.label: [] for f in forms}
+        for f in forms:
+            f.register()
+            f.pairs(max(b, pairs // 4), b)
+        for _ in range(rounds):
+            for f in forms:
+                f.register()
+                samples[f.label].append(server.instructions(lambda: f.pairs(pairs, b)) / n)
+        load = os.getloadavg()
+        print(f"{n} pairs (submit granted at once + release) per round, {b} at a time, redis-server under "
+              f"callgrind, median of {rounds} rounds after a warm-up; load average {load[0]:.2f} {load[1]:.2f}")
+        sem = statistics.median(samples[forms[-1].label]) or float("nan")
+        for f in forms:
+            med = statistics.median(samples[f.label])
+            print(f"  {f.label:<22}{med:12,.0f} Ir/pair   ratio to the semaphore {med / sem:5.1f}"
+                  f"   (rounds: {', '.join('%.0f' % x for x in samples[f.label])})")
+    finally:
+        server.stop(timeout=60)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
 
 def main():
     pairs = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
@@ -162,6 +242,8 @@ def main():
     if redisd.REDIS_SERVER is None:
         print("SKIP: redis-server is not installed")
         return 77
+    if os.environ.get("BENCH_BATCH_COST_CALLGRIND") == "1":
+        return callgrind_main(pairs, rounds, b, before)
     tmp = tempfile.mkdtemp(prefix="bench-batch-cost-")
     server = redisd.RedisServer(tmp, port=0, unix=False).start()
     try:
