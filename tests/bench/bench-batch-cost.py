@@ -180,12 +180,13 @@ class CallgrindRedis(redisd.RedisServer):
     def instructions(self, run):
         """Ir executed by run() with instrumentation on, from a dump of its own."""
         pid = str(self.pid)
-        subprocess.run(["callgrind_control", "-z", pid], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(["callgrind_control", "-i", "on", pid], check=True, stdout=subprocess.DEVNULL)
+        quiet = {"check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        subprocess.run(["callgrind_control", "-z", pid], **quiet)
+        subprocess.run(["callgrind_control", "-i", "on", pid], **quiet)
         run()
-        subprocess.run(["callgrind_control", "-i", "off", pid], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["callgrind_control", "-i", "off", pid], **quiet)
         before = set(glob.glob(f"{self.tmpdir}/callgrind.out.{pid}.*"))
-        subprocess.run(["callgrind_control", "-d", pid], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["callgrind_control", "-d", pid], **quiet)
         (dump,) = set(glob.glob(f"{self.tmpdir}/callgrind.out.{pid}.*")) - before
         with open(dump) as f:
             for line in f:

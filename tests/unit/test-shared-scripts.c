@@ -3900,7 +3900,7 @@ static bool assert_same_batch_reply(const redisReply *one, const redisReply *b, 
         bool arrays = one->type == REDIS_REPLY_ARRAY && b->type == REDIS_REPLY_ARRAY && one->elements == 6 &&
                       b->elements == 6;
         const redisReply *oc = arrays ? one->element[R_CACHE] : NULL, *bc = arrays ? b->element[R_CACHE] : NULL;
-        if (!last && arrays && bc->type == REDIS_REPLY_ARRAY && bc->elements == 0 && oc->elements > 0) {
+        if (!last && arrays && bc->type == REDIS_REPLY_NIL && oc->type == REDIS_REPLY_ARRAY && oc->elements > 0) {
                 if (!is_status(b->element[R_STATUS], "ok") && !is_status(b->element[R_STATUS], "invalid"))
                         fail_msg("%s: a \"%s\" reply, which ends the batch, left its cache", where,
                                  b->element[R_STATUS]->str);
