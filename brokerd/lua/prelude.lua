@@ -394,35 +394,37 @@ end
 
 local fp_delta                  -- node -> { n, x, s } not yet written
 
-local function fingerprint_change(node, rid, kind, sign)
+-- h: fnv1a32(rid .. kind) when the caller has it (a lease record keeps its own: lease_get()), else nil.
+local function fingerprint_change(node, rid, kind, sign, h)
         local d = fp_delta[node]
         if not d then
                 d = { 0, 0, 0 }
                 fp_delta[node] = d
         end
-        local h = fnv1a32(rid .. kind)
+        h = h or fnv1a32(rid .. kind)
         d[1] = d[1] + sign
         d[2] = bit.bxor(d[2], h) % 4294967296
         d[3] = (d[3] + sign * h) % 4294967296
 end
 
-local function record_add(node, rid, kind, ref)
+local function record_add(node, rid, kind, ref, h)
         redis.call('HSET', K.rid, node .. ':' .. rid, ref)
         redis.call('ZADD', k_records(node), '0', rid)
-        fingerprint_change(node, rid, kind, 1)
+        fingerprint_change(node, rid, kind, 1, h)
 end
 
-local function record_remove(node, rid, kind)
+local function record_remove(node, rid, kind, h)
         redis.call('HDEL', K.rid, node .. ':' .. rid)
         redis.call('ZREM', k_records(node), rid)
-        fingerprint_change(node, rid, kind, -1)
+        fingerprint_change(node, rid, kind, -1, h)
 end
 
 -- A waiter granted: its record stays (same rid, same place in nr:N), only its reference and kind change.
-local function record_turn_into_lease(node, rid, ref)
+-- h: the lease's hash (fnv1a32(rid .. 'l')).
+local function record_turn_into_lease(node, rid, ref, h)
         redis.call('HSET', K.rid, node .. ':' .. rid, ref)
         fingerprint_change(node, rid, 'w', -1)
-        fingerprint_change(node, rid, 'l', 1)
+        fingerprint_change(node, rid, 'l', 1, h)
 end
 
 ---------------------------------------------------------------------------------------------- lanes and slots
@@ -1577,17 +1579,21 @@ local function lease_get(token)
         local packed = redis.call('HGET', K.h, istr(token))
         if not packed then return nil end
         local a = cmsgpack.unpack(packed)
+        -- [15]: the record's fingerprint hash, kept so that its end need not hash again (absent in a record
+        -- of a brokerd before; untrusted: anything but a 32-bit value is hashed again).
+        local fp = a[15]
+        if type(fp) ~= 'number' or fp < 0 or fp >= 4294967296 or fp % 1 ~= 0 then fp = nil end
         return {
                 token = tonumber(token), node = a[1], rid = a[2], lane = a[3], k = a[4], slots = a[5], pos = a[6],
                 members = a[7], at = a[8], wait = a[9], state = a[10], idle = a[11], budget = unwire(a[12]),
-                orphan = a[13] == 1, hjob = a[14] == 1 or nil,
+                orphan = a[13] == 1, hjob = a[14] == 1 or nil, fp = fp,
         }
 end
 
 local function lease_put(l)
         redis.call('HSET', K.h, istr(l.token), cmsgpack.pack({
                 l.node, l.rid, l.lane, l.k, l.slots, l.pos, l.members, l.at, l.wait, l.state, l.idle,
-                wire(l.budget), l.orphan and 1 or 0, l.hjob and 1 or nil,
+                wire(l.budget), l.orphan and 1 or 0, l.hjob and 1 or 0, l.fp,
         }))
 end
 
@@ -1628,14 +1634,15 @@ local function grant(node, rid, lane, k, arrival, t, w, places, quarantined)
         l.token = token
         local token_s = istr(token)
         for i = 1, k do redis.call('HSET', K.sid, lease_slot_identity(l, i), token_s) end
+        l.fp = fnv1a32(rid .. 'l') -- hashed once: kept in the record for its end (lease_get())
         meta_incr('in_use', k)
         meta_incr('leases', 1)
         lane_incr(lane, 'used', k)
         lease_put(l)
         if w then
-                record_turn_into_lease(node, rid, 'l:' .. istr(token))
+                record_turn_into_lease(node, rid, 'l:' .. istr(token), l.fp)
         else
-                record_add(node, rid, 'l', 'l:' .. istr(token))
+                record_add(node, rid, 'l', 'l:' .. istr(token), l.fp)
         end
         -- A fast admission restarts the idle clock; a slow one does not (SPEC §3.1).
         if R.q and t - arrival <= fast_threshold(R.q) then meta_set('last_fast', t) end
@@ -1664,7 +1671,7 @@ local function lease_free(l)
                 redis.call('ZREM', K.orph, istr(l.token)) -- its record went when it became one
                 carry.heads = nil
         else
-                record_remove(l.node, l.rid, 'l')
+                record_remove(l.node, l.rid, 'l', l.fp)
         end
 end
 
@@ -1675,7 +1682,7 @@ end
 -- one node TTL later, when any holder it had has fenced itself. A release by its node still frees it at
 -- once.
 local function lease_orphan(l)
-        record_remove(l.node, l.rid, 'l')
+        record_remove(l.node, l.rid, 'l', l.fp)
         l.orphan = true
         lease_put(l)
         redis.call('ZADD', K.orph, now + R.ttl, istr(l.token))

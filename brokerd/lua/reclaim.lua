@@ -69,8 +69,9 @@ local function reclaim()
         meta_incr('leases', 1)
         lane_incr(LANE, 'used', K_SLOTS)
         if TOKEN > M.counter then meta_set('counter', TOKEN) end
+        l.fp = fnv1a32(RID .. 'l')
         lease_put(l)
-        record_add(NODE, RID, 'l', 'l:' .. istr(TOKEN))
+        record_add(NODE, RID, 'l', 'l:' .. istr(TOKEN), l.fp)
         return reply('ok', { 'confirmed' })
 end
 
