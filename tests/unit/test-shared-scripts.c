@@ -4833,6 +4833,40 @@ static void test_a_wid_left_without_its_record_is_dropped_by_the_dispatch(void *
         freeReplyObject(r);
 }
 
+/* A lease record keeps its fingerprint hash ([15], issue 21), so that its end need not hash its rid again; the
+ * record is untrusted: a [15] that is not a 32-bit value (a string, a table, negative, beyond 2^32, a fraction)
+ * is hashed again, and the node's fingerprint comes back to nothing once every lease ended. */
+static void test_a_lease_record_keeps_its_hash_and_garbage_there_is_hashed_again(void **state) {
+        static const char *const garbage[] = { NULL, "s junk", "t x", "n -1", "n 4294967296", "n 1.5", "x -" };
+        const char *script = "local a = cmsgpack.unpack(redis.call('HGET', KEYS[1], ARGV[1])) "
+                             "return type(a[15]) == 'number' and tostring(a[15]) or 'none'";
+
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=8\n");
+        for (size_t i = 0; i < ELEMENTSOF(garbage); i++) {
+                char rid[8], rid_l[9], token[24], cmd[64], want[16];
+                snprintf(rid, sizeof rid, "g%zu", i);
+                snprintf(rid_l, sizeof rid_l, "%sl", rid);
+                redisReply *r = submit_at(2000 + 10 * (long long) i, rid, "ci", 1, false, -1);
+                snprintf(token, sizeof token, "%lld", field_i(body(r), D_TOKEN));
+                freeReplyObject(r);
+                redisReply *v = redisCommand(redis, "EVAL %s 1 %s:h %s", script, pool, token);
+                snprintf(want, sizeof want, "%" PRIu32, fnv1a32(rid_l));
+                assert_string_equal(v->str, want);
+                freeReplyObject(v);
+                if (garbage[i]) {
+                        snprintf(cmd, sizeof cmd, "REC %s:h $A 15 %s", pool, garbage[i]);
+                        hostile_apply(cmd, NULL, NULL, token);
+                }
+                freeReplyObject(release_at(2005 + 10 * (long long) i, atoll(token), rid));
+        }
+        redisReply *t = tick_as("n1", 4000, "=");
+        const redisReply *fp = body(t)->element[5];
+        assert_int_equal(fp->element[0]->integer, 0);
+        assert_int_equal(fp->element[1]->integer, 0);
+        assert_int_equal(fp->element[2]->integer, 0);
+        freeReplyObject(t);
+}
+
 static void test_hostile_writes_to_the_members_lives_break_nothing(void **state) {
         size_t failed = 0;
         tolerate_errors = true;
@@ -5033,6 +5067,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_resting_member_drained_and_undrained_keeps_the_books),
                 T(test_a_dead_nodes_slot_rests_from_its_reap),
                 T(test_cooldown_is_adopted_only_when_every_node_wants_it),
+                T(test_a_lease_record_keeps_its_hash_and_garbage_there_is_hashed_again),
                 T(test_hostile_writes_to_the_members_lives_break_nothing),
                 T(test_an_ordinary_wid_in_the_health_queue_is_passed_over),
                 T(test_a_wid_left_without_its_record_is_dropped_by_the_dispatch),
