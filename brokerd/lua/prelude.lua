@@ -169,7 +169,10 @@ local function meta_load()
                 M[a[i]] = a[i + 1]
                 meta_stored[a[i]] = a[i + 1]
         end
-        for _, f in ipairs(META_NUMBERS) do M[f] = tonumber(M[f] or '0') end
+        for i = 1, #META_NUMBERS do -- (not ipairs(): a call an iteration, once a call)
+                local f = META_NUMBERS[i]
+                M[f] = tonumber(M[f] or '0')
+        end
         M.unsettled_at = tonumber(M.unsettled_at or '')   -- nil: settled
 end
 
@@ -363,11 +366,12 @@ local function clock(manual)
                 now = last_now + 1
                 skew = raw_time - now
         end
+        -- Integers as "%d": redis.call() would print numbers with "%.17g", a digit at a time.
         if bnow then
-                redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew, 'bid', bclock_id,
-                           'bskew', bskew)
+                redis.call('HSET', K.clock, 'last_time', istr(raw_time), 'last_now', istr(now), 'skew', istr(skew),
+                           'bid', bclock_id, 'bskew', istr(bskew))
         else
-                redis.call('HSET', K.clock, 'last_time', raw_time, 'last_now', now, 'skew', skew)
+                redis.call('HSET', K.clock, 'last_time', istr(raw_time), 'last_now', istr(now), 'skew', istr(skew))
         end
         return true
 end
@@ -1597,11 +1601,14 @@ local function lease_put(l)
         }))
 end
 
+-- decision('granted', …) of lease l, made without an options' table: every grant makes one (a grant at
+-- once its reply, a waiter's its event and stream entry), and that table and decision()'s fourteen lookups
+-- in it were a fiftieth of a pair's instructions (issue 21).
 local function lease_decision(l)
-        return decision('granted', l.rid, l.at, {
-                wait = l.wait, state = l.state, idle = l.idle, budget = l.budget, token = l.token,
-                slots = l.slots, members = l.members,
-        })
+        return {
+                'granted', l.rid, l.at, l.wait or 0, '', '', l.state or 'none', l.idle or 0, wire(l.budget or INF),
+                0, 0, l.token or 0, l.slots or {}, l.members or {},
+        }
 end
 
 -- pool-local.c:grant(). w: the waiter it was (its state, idle, budget), or nil for a grant at once.
@@ -2211,10 +2218,14 @@ local function heads()
                 [K.lv] = redis.call('ZRANGE', K.lv, 0, 1, 'WITHSCORES'),
                 [K.orph] = redis.call('ZRANGE', K.orph, 0, 0, 'WITHSCORES'),
         }
-        -- The scores as numbers, once (tonumber() of a 16-digit string is a strtod()).
+        -- The scores as numbers, once (tonumber() of a 16-digit string is a strtod()); first: the earliest
+        -- of the four (nil: all empty), what instant_is_idle() asks.
+        local first
         for _, a in pairs(h) do
                 a[2], a[4] = tonumber(a[2]), tonumber(a[4])
+                if a[2] and (not first or a[2] < first) then first = a[2] end
         end
+        h.first = first
         if carry.heads_on then carry.heads = h end
         return h
 end
@@ -2236,12 +2247,13 @@ end
 -- cleared: the same meta). A batch's grants and releases with no waiter are that case: the full instant's
 -- two dozen calls were a tenth of a pair's instructions (issue 21).
 local function instant_is_idle(t)
-        return carry.heads_on and carry.rekey_empty and M.waiting == 0 and HEALTH.waiting() == 0 and
-               M.unsettled_at == nil and M.phase == 0 and M.running ~= 1 and
-               not (M.recovery_until > 0 and t >= M.recovery_until) and
-               (R.cooldown or 0) <= 0 and M.resting_free == 0 and not (DRAINS.next() and DRAINS.next() <= t) and
-               not head_due(K.nodes, t) and not head_due(K.lv, t) and not head_due(K.orph, t) and
-               not head_due(K.dl, t)
+        if not (carry.heads_on and carry.rekey_empty and M.waiting == 0 and M.unsettled_at == nil and
+                M.phase == 0 and M.running ~= 1 and M.resting_free == 0 and (R.cooldown or 0) <= 0 and
+                not (M.recovery_until > 0 and t >= M.recovery_until) and HEALTH.waiting() == 0) then
+                return false
+        end
+        local first, drain = heads().first, DRAINS.next() -- (head_due() of each of the four keys)
+        return not (first and first <= t) and not (drain and drain <= t)
 end
 
 local function instant(t)
@@ -2385,8 +2397,9 @@ end
 -- to the last reply of that run: brokerd applies replies in order, and only that one's cache counts (README,
 -- "Batches"). Each costs a next_due() and four lists' tables to make and to convert.
 local function reply(status, body)
-        outcomes_trim()
-        flush()
+        -- (both return at once within a batch's carried run: not called then, a pair's hundredth)
+        if not carry.on then outcomes_trim() end
+        if not carry.defer then flush() end
         local c
         if CACHE_LATER and (status == 'ok' or status == 'invalid') then
                 c, cache_owed = false, true
