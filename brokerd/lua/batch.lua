@@ -51,7 +51,8 @@ local function batch()
         local replies, keep = {}, false
         for j = 1, n do
                 local op, first, m = list[j][1], list[j][2], list[j][3]
-                local a = { argv[1], argv[2], argv[3], argv[4], argv[5] }
+                -- Sized at once for a submit's 14 (the nils): filled from 5, the table grew twice an operation.
+                local a = { argv[1], argv[2], argv[3], argv[4], argv[5], nil, nil, nil, nil, nil, nil, nil, nil, nil }
                 for x = 0, m - 1 do a[6 + x] = argv[first + x] end
                 local carries = CARRIES[op]
                 -- An operation that reads what the ones before deferred (tick reads fingerprints and meta

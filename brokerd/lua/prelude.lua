@@ -1647,9 +1647,9 @@ local function grant(node, rid, lane, k, arrival, t, w, places, quarantined)
         lane_incr(lane, 'used', k)
         lease_put(l)
         if w then
-                record_turn_into_lease(node, rid, 'l:' .. istr(token), l.fp)
+                record_turn_into_lease(node, rid, 'l:' .. token_s, l.fp)
         else
-                record_add(node, rid, 'l', 'l:' .. istr(token), l.fp)
+                record_add(node, rid, 'l', 'l:' .. token_s, l.fp)
         end
         -- A fast admission restarts the idle clock; a slow one does not (SPEC §3.1).
         if R.q and t - arrival <= fast_threshold(R.q) then meta_set('last_fast', t) end
@@ -1658,6 +1658,7 @@ end
 
 -- pool-local.c:local_release(): the slots go back; the drained members' ones stay out of `busy`.
 local function lease_free(l)
+        local token_s = istr(l.token)
         for i = 1, l.k do
                 local pos = l.pos[i]
                 redis.call('SETBIT', K.occ, pos, '0')
@@ -1667,15 +1668,15 @@ local function lease_free(l)
                         redis.call('SETBIT', K.busy, pos, '0')
                 end
                 local id = lease_slot_identity(l, i)
-                if redis.call('HGET', K.sid, id) == istr(l.token) then redis.call('HDEL', K.sid, id) end
+                if redis.call('HGET', K.sid, id) == token_s then redis.call('HDEL', K.sid, id) end
         end
         rests.begin(l)
         meta_incr('in_use', -l.k)
         meta_incr('leases', -1)
         lane_incr(l.lane, 'used', -l.k)
-        redis.call('HDEL', K.h, istr(l.token))
+        redis.call('HDEL', K.h, token_s)
         if l.orphan then
-                redis.call('ZREM', K.orph, istr(l.token)) -- its record went when it became one
+                redis.call('ZREM', K.orph, token_s) -- its record went when it became one
                 carry.heads = nil
         else
                 record_remove(l.node, l.rid, 'l', l.fp)
