@@ -2238,10 +2238,6 @@ local function head_due(key, t)
         return v ~= nil and v <= t
 end
 
--- pool-local.c:local_run() at t, after the lease ends of t (dead nodes). meta.phase remembers how far an
--- instant cut short by the budget got: 0 first dispatch_settle(), 1 expiries, 2 second dispatch_settle() and
--- the gauge.
--- Returns false when the budget ran out (the instant stays unsettled).
 -- Whether instant(t) has nothing to do but the congestion gauge: nobody waits (the queue's and the health
 -- waiters' dispatch grant nothing), heads() say nothing is due at t (reap, orphans, budgets), no rekey job,
 -- recovery window end, rest or drain's until, and no instant is under way (its marks would be set and
@@ -2257,6 +2253,10 @@ local function instant_is_idle(t)
         return not (first and first <= t) and not (drain and drain <= t)
 end
 
+-- pool-local.c:local_run() at t, after the lease ends of t (dead nodes). meta.phase remembers how far an
+-- instant cut short by the budget got: 0 first dispatch_settle(), 1 expiries, 2 second dispatch_settle() and
+-- the gauge.
+-- Returns false when the budget ran out (the instant stays unsettled).
 local function instant(t)
         if instant_is_idle(t) then return update_congestion(t) end
         if M.unsettled_at ~= t then
@@ -2387,8 +2387,8 @@ local function cache()
 end
 
 -- An empty list of a reply's events or notices goes as nil (false), as a cache left to the next reply does
--- (README, "Replies"): Redis converts every table of a reply through a placeholder of its own, about 4,000
--- instructions each, where a nil costs nothing (a batched pair's replies held six empty ones, issue 21).
+-- (README, "Replies"): Redis converts every table of a reply through a placeholder of its own, about 2,000
+-- instructions an empty one, where a nil costs nothing (a batched pair's replies held six, issue 21).
 local function listed(t)
         if t[1] == nil then return false end
         return t
