@@ -175,7 +175,7 @@ class CallgrindRedis(redisd.RedisServer):
 
     def argv(self):
         return ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=no",
-                f"--callgrind-out-file={self.tmpdir}/callgrind.out.%p"] + super().argv()
+                f"--callgrind-out-file={self.dir}/callgrind.out.%p"] + super().argv()
 
     def instructions(self, run):
         """Ir executed by run() with instrumentation on, from a dump of its own."""
@@ -185,9 +185,9 @@ class CallgrindRedis(redisd.RedisServer):
         subprocess.run(["callgrind_control", "-i", "on", pid], **quiet)
         run()
         subprocess.run(["callgrind_control", "-i", "off", pid], **quiet)
-        before = set(glob.glob(f"{self.tmpdir}/callgrind.out.{pid}.*"))
+        before = set(glob.glob(f"{self.dir}/callgrind.out.{pid}.*"))
         subprocess.run(["callgrind_control", "-d", pid], **quiet)
-        (dump,) = set(glob.glob(f"{self.tmpdir}/callgrind.out.{pid}.*")) - before
+        (dump,) = set(glob.glob(f"{self.dir}/callgrind.out.{pid}.*")) - before
         with open(dump) as f:
             for line in f:
                 if line.startswith("totals:"):  # ("summary:" says 0 in a dump asked by callgrind_control)
@@ -200,9 +200,7 @@ def callgrind_main(pairs, rounds, b, before):
         print("SKIP: valgrind (callgrind) is not installed")
         return 77
     tmp = tempfile.mkdtemp(prefix="bench-batch-cost-")
-    server = CallgrindRedis(tmp, port=0, unix=False)
-    server.tmpdir = tmp
-    server.start(timeout=120)
+    server = CallgrindRedis(tmp, port=0, unix=False).start(timeout=120)
     try:
         r = server.client(timeout=60)
         forms = []
