@@ -31,7 +31,7 @@ local function drain_selector_buckets(lane)
         end)
         for _, s in ipairs(ss) do
                 while true do
-                        local wid = redis.call('ZRANGE', k_bucket(lane, s), 0, 0)[1]
+                        local wid = redis.call('ZRANGE', k_bucket(lane, s), '0', '0')[1]
                         if not wid then break end
                         if not step() then return false end
                         local w = waiter_get(wid)
@@ -56,7 +56,7 @@ local function drain_pool()
                 table.sort(ks, function(a, b) return tonumber(a) < tonumber(b) end)
                 for _, k in ipairs(ks) do
                         while true do
-                                local wid = redis.call('ZRANGE', k_bucket(lane, k), 0, 0)[1]
+                                local wid = redis.call('ZRANGE', k_bucket(lane, k), '0', '0')[1]
                                 if not wid then break end
                                 if not step() then return false end
                                 local w = waiter_get(wid)

@@ -61,15 +61,15 @@ local function positions()
         -- Health waiters (hq, README "Health lanes") after the queue's, each at its place among them, as
         -- pool-local.c places them: up to STATUS_HEALTH of the 100 are kept for them.
         local ordinary = STATUS_WAITERS - math.min(HEALTH.waiting(), STATUS_HEALTH)
-        for _, prio in ipairs(redis.call('ZREVRANGE', K.prios, 0, -1)) do
+        for _, prio in ipairs(redis.call('ZREVRANGE', K.prios, '0', '-1')) do
                 if #waiters >= ordinary then break end
-                for _, wid in ipairs(redis.call('ZRANGE', k_queue(prio), 0, ordinary - #waiters - 1)) do
+                for _, wid in ipairs(redis.call('ZRANGE', k_queue(prio), '0', ordinary - #waiters - 1)) do
                         local w = waiter_get(wid)
                         waiters[#waiters + 1] = { w.node, name_of(w.node), w.rid, w.lane, w.k, w.arrival, #waiters }
                 end
         end
         if #waiters < STATUS_WAITERS and HEALTH.waiting() > 0 then
-                for place, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, STATUS_WAITERS - #waiters - 1)) do
+                for place, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), '0', STATUS_WAITERS - #waiters - 1)) do
                         local w = waiter_get(wid)
                         if w then waiters[#waiters + 1] = { w.node, name_of(w.node), w.rid, w.lane, w.k, w.arrival, place - 1 } end
                 end

@@ -133,6 +133,29 @@ local carry = {}
 -- reference, a comparison with a stored value) goes through istr(). redis.call() arguments are exact.
 local function istr(n) return string.format('%d', n) end
 
+-- A slot's position as a string, and its identity "#INDEX", made once per library for the first
+-- 1,024 positions: redis.call() prints a number with "%.17g" (~2,400 instructions; a grant
+-- and its release pass four positions and two identities), a lookup costs a few dozen. Anything else
+-- (a later position, or garbage from a record) is passed on as it is.
+local slot_pos, slot_identity
+do -- (the tables local to this block: the main chunk is near Lua's 200 locals)
+        local MAX, POS, ID = 1024, {}, {}
+        slot_pos = function(pos)
+                local s = POS[pos]
+                if s then return s end
+                if type(pos) ~= 'number' or pos < 0 or pos >= MAX or pos % 1 ~= 0 then return pos end
+                s = istr(pos)
+                POS[pos], ID[pos] = s, '#' .. s
+                return s
+        end
+        slot_identity = function(pos)
+                local id = ID[pos]
+                if id then return id end
+                slot_pos(pos)
+                return ID[pos] or ('#' .. istr(pos))
+        end
+end
+
 local function wire(v) if v == INF then return -1 end return v end
 local function unwire(s)
         local v = tonumber(s)
@@ -285,7 +308,7 @@ end
 -- A decimal integer of Redis's (a key anyone may write): nil unless it is one, exactly (no "inf", "nan",
 -- "0x…", exponents or fractions, ≤ 16 digits: exact in a double).
 local function int_of(s)
-        if type(s) ~= 'string' or #s > 17 or not string.match(s, '^%-?%d+$') then return nil end
+        if type(s) ~= 'string' or #s > 17 or not string.find(s, '^%-?%d+$') then return nil end
         return tonumber(s)
 end
 
@@ -529,7 +552,7 @@ local function queue_next()
                 if lane_get(lane).waiting > 0 then
                         local prio = R.lanes[lane].priority
                         for _, k in ipairs(redis.call('SMEMBERS', k_lk(lane))) do
-                                local head = redis.call('ZRANGE', k_bucket(lane, k), 0, 0)[1]
+                                local head = redis.call('ZRANGE', k_bucket(lane, k), '0', '0')[1]
                                 if not head then
                                         redis.call('SREM', k_lk(lane), k) -- emptied: see waiter_unlink()
                                 else
@@ -548,7 +571,7 @@ end
 
 -- A held slot's identity: its member's name, or "#INDEX" for an anonymous slot (sid's keys).
 local function lease_slot_identity(l, i)
-        return l.members[i] or ('#' .. istr(l.slots[i]))
+        return l.members[i] or slot_identity(l.slots[i])
 end
 
 ---------------------------------------------------------------------------------------------- members' lives (SPEC §3.6)
@@ -745,14 +768,14 @@ end
 -- du's first score into meta.drain_next. Untrusted: scores of 2^53 µs or more (1e308, +inf: a hand's ZADD)
 -- are no instant, and a drain without an until is one without a du entry: they leave du (told, "bad-key").
 function DRAINS.next_store()
-        local first = LIFE.keyed('ZRANGE', DRAINS.until_key(), 0, 0, 'WITHSCORES')
+        local first = LIFE.keyed('ZRANGE', DRAINS.until_key(), '0', '0', 'WITHSCORES')
         if first[2] and not (tonumber(first[2]) and tonumber(first[2]) < 2 ^ 53) then
                 for _, f in ipairs(redis.call('ZRANGEBYSCORE', DRAINS.until_key(), '9007199254740992', '+inf',
                                               'LIMIT', 0, 16)) do
                         redis.call('ZREM', DRAINS.until_key(), f)
                         LIFE.bad('du', f)
                 end
-                first = redis.call('ZRANGE', DRAINS.until_key(), 0, 0, 'WITHSCORES')
+                first = redis.call('ZRANGE', DRAINS.until_key(), '0', '0', 'WITHSCORES')
         end
         meta_set('drain_next', first[2] and tonumber(first[2]) or nil)
 end
@@ -805,7 +828,7 @@ end
 
 -- Drains whose until is at or before t end then (instant()), each told once ([6] notices, "expired" 1).
 function DRAINS.expire(t)
-        local due = LIFE.keyed('ZRANGEBYSCORE', DRAINS.until_key(), '-inf', t, 'WITHSCORES', 'LIMIT', 0, 16)
+        local due = LIFE.keyed('ZRANGEBYSCORE', DRAINS.until_key(), '-inf', t, 'WITHSCORES', 'LIMIT', '0', '16')
         for i = 1, #due, 2 do
                 local field, at = due[i], tonumber(due[i + 1])
                 if not at or at < 0 or at > t or not DRAINS.field_ok(field) then
@@ -1029,7 +1052,7 @@ end
 -- decides, so its records go as fast as they come. A dead node's go with it (reap()).
 local function outcomes_trim()
         if carry.on then return end -- a page per call: the batch's first operation trimmed it
-        local old = redis.call('ZRANGEBYSCORE', k_outcome_exp(NODE), '-inf', now, 'LIMIT', 0, OUTCOME_TRIM_PAGE)
+        local old = redis.call('ZRANGEBYSCORE', k_outcome_exp(NODE), '-inf', now, 'LIMIT', '0', OUTCOME_TRIM_PAGE)
         if #old == 0 then return end
         redis.call('HDEL', k_outcomes(NODE), unpack(old))
         redis.call('ZREM', k_outcome_exp(NODE), unpack(old))
@@ -1267,7 +1290,7 @@ end
 -- pool-local.c:rests_wake(): every rest that ends at or before t ends; garbage ones (above) too.
 function rests.wake(t)
         if (R.cooldown or 0) <= 0 and M.resting_free == 0 then return end
-        local ok, due = pcall(redis.call, 'ZRANGEBYSCORE', K.rest, '-inf', t, 'LIMIT', 0, rests.PAGE)
+        local ok, due = pcall(redis.call, 'ZRANGEBYSCORE', K.rest, '-inf', t, 'LIMIT', '0', rests.PAGE)
         if not ok then
                 redis.call('DEL', K.rest)
                 rests.bad('?')
@@ -1277,7 +1300,7 @@ function rests.wake(t)
                 if not rests.finish(id) then rests.bad(id) end
         end
         local bound = math.max(now + (R.cooldown or 0), M.rest_max)
-        for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.rest, '(' .. istr(bound), '+inf', 'LIMIT', 0, rests.PAGE)) do
+        for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.rest, '(' .. istr(bound), '+inf', 'LIMIT', '0', rests.PAGE)) do
                 rests.finish(id)
                 rests.bad(id)
         end
@@ -1287,7 +1310,7 @@ end
 -- (1e300 must not reach the cache as an integer) — is due now: the wake ends it.
 function rests.next_end()
         if (R.cooldown or 0) <= 0 and M.resting_free == 0 then return nil end
-        local ok, first = pcall(redis.call, 'ZRANGE', K.rest, 0, 0, 'WITHSCORES')
+        local ok, first = pcall(redis.call, 'ZRANGE', K.rest, '0', '0', 'WITHSCORES')
         local v = ok and tonumber(first[2])
         if not v then return nil end
         if v < 0 or v > math.max(now + (R.cooldown or 0), M.rest_max) then return now end
@@ -1298,7 +1321,7 @@ end
 -- members not drained, among those of mask unless it is nil, in order of their ends); nil if they never will.
 function rests.enough_at(need, mask)
         if need <= 0 or need > M.resting_free then return nil end
-        local ok, a = pcall(redis.call, 'ZRANGE', K.rest, 0, rests.PAGE - 1, 'WITHSCORES')
+        local ok, a = pcall(redis.call, 'ZRANGE', K.rest, '0', rests.PAGE - 1, 'WITHSCORES')
         if not ok then return nil end
         local n = 0
         for i = 1, #a, 2 do
@@ -1320,7 +1343,7 @@ function rests.relayout(taken)
                 meta_set('resting_free', 0)
                 return
         end
-        local ok, a = pcall(redis.call, 'ZRANGE', K.rest, 0, -1)
+        local ok, a = pcall(redis.call, 'ZRANGE', K.rest, '0', '-1')
         if not ok then
                 redis.call('DEL', K.rest)
                 rests.bad('?')
@@ -1343,7 +1366,7 @@ end
 -- reply on a pool with cooldown= only (an empty list on the others).
 function rests.list()
         if (R.cooldown or 0) <= 0 then return {} end
-        local ok, a = pcall(redis.call, 'ZRANGE', K.rest, 0, rests.PAGE - 1, 'WITHSCORES')
+        local ok, a = pcall(redis.call, 'ZRANGE', K.rest, '0', rests.PAGE - 1, 'WITHSCORES')
         return ok and a or {}
 end
 
@@ -1451,7 +1474,7 @@ end
 -- The first valid waiter of a bucket (stale wids, whose records are gone, are dropped), or nil.
 local function bucket_head(key)
         while true do
-                local wid = redis.call('ZRANGE', key, 0, 0)[1]
+                local wid = redis.call('ZRANGE', key, '0', '0')[1]
                 if not wid then return nil end
                 local w = waiter_get(wid)
                 if w then return w end
@@ -1580,7 +1603,8 @@ end
 ---------------------------------------------------------------------------------------------- leases
 
 local function lease_get(token)
-        local packed = redis.call('HGET', K.h, istr(token))
+        local token_s = istr(token)
+        local packed = redis.call('HGET', K.h, token_s)
         if not packed then return nil end
         local a = cmsgpack.unpack(packed)
         -- [15]: the record's fingerprint hash, kept so that its end need not hash again (absent in a record
@@ -1588,9 +1612,9 @@ local function lease_get(token)
         local fp = a[15]
         if type(fp) ~= 'number' or fp < 0 or fp >= 4294967296 or fp % 1 ~= 0 then fp = nil end
         return {
-                token = tonumber(token), node = a[1], rid = a[2], lane = a[3], k = a[4], slots = a[5], pos = a[6],
-                members = a[7], at = a[8], wait = a[9], state = a[10], idle = a[11], budget = unwire(a[12]),
-                orphan = a[13] == 1, hjob = a[14] == 1 or nil, fp = fp,
+                token = tonumber(token), token_s = token_s, node = a[1], rid = a[2], lane = a[3], k = a[4],
+                slots = a[5], pos = a[6], members = a[7], at = a[8], wait = a[9], state = a[10], idle = a[11],
+                budget = unwire(a[12]), orphan = a[13] == 1, hjob = a[14] == 1 or nil, fp = fp,
         }
 end
 
@@ -1626,8 +1650,9 @@ local function grant(node, rid, lane, k, arrival, t, w, places, quarantined)
                 local pos = places and places[i] or redis.call('BITPOS', K.busy, '0')
                 assert(pos >= 0 and pos < R.limit, 'no free slot below the limit')
                 if quarantined then meta_incr('drained_free', -1) end -- counted out until now
-                redis.call('SETBIT', K.occ, pos, '1')
-                redis.call('SETBIT', K.busy, pos, '1')
+                local pos_s = slot_pos(pos)
+                redis.call('SETBIT', K.occ, pos_s, '1')
+                redis.call('SETBIT', K.busy, pos_s, '1')
                 l.slots[i], l.pos[i] = pos, pos
                 if R.members then l.members[i] = R.members[pos + 1] end
         end
@@ -1658,14 +1683,15 @@ end
 
 -- pool-local.c:local_release(): the slots go back; the drained members' ones stay out of `busy`.
 local function lease_free(l)
-        local token_s = istr(l.token)
+        local token_s = l.token_s or istr(l.token)
         for i = 1, l.k do
                 local pos = l.pos[i]
-                redis.call('SETBIT', K.occ, pos, '0')
+                local pos_s = slot_pos(pos)
+                redis.call('SETBIT', K.occ, pos_s, '0')
                 if member_drained_at(pos) then
                         meta_incr('drained_free', 1)
                 else
-                        redis.call('SETBIT', K.busy, pos, '0')
+                        redis.call('SETBIT', K.busy, pos_s, '0')
                 end
                 local id = lease_slot_identity(l, i)
                 if redis.call('HGET', K.sid, id) == token_s then redis.call('HDEL', K.sid, id) end
@@ -1700,7 +1726,7 @@ end
 -- Orphans whose node TTL has run out at t: freed, one step each.
 local function orphans_lapse(t)
         while true do
-                local due = redis.call('ZRANGEBYSCORE', K.orph, '-inf', t, 'LIMIT', 0, 1)[1]
+                local due = redis.call('ZRANGEBYSCORE', K.orph, '-inf', t, 'LIMIT', '0', '1')[1]
                 if not due then return true end
                 if not step() then return false end
                 local l = lease_get(due)
@@ -1789,10 +1815,10 @@ local function rekey_step()
                                 while kind ~= 'sdrop' or selector_bucket_unsatisfiable(k) do
                                         local wids
                                         if kind == 'drop' or kind == 'sdrop' then
-                                                wids = redis.call('ZRANGE', b, 0, 0)
+                                                wids = redis.call('ZRANGE', b, '0', '0')
                                         else
                                                 local cur = redis.call('HGET', K.rekey, 'cur:' .. lane .. ':' .. k)
-                                                wids = redis.call('ZRANGEBYLEX', b, cur and ('(' .. cur) or '-', '+', 'LIMIT', 0, 1)
+                                                wids = redis.call('ZRANGEBYLEX', b, cur and ('(' .. cur) or '-', '+', 'LIMIT', '0', '1')
                                         end
                                         local wid = wids[1]
                                         if not wid then break end
@@ -1894,7 +1920,7 @@ function HEALTH.dispatch(t)
         if M.recovery_until > 0 and t < M.recovery_until then return true, false end
         local granted = false
         local avail = HEALTH.avail()
-        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, -1)) do
+        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), '0', '-1')) do
                 local w = waiter_get(wid)
                 if not w or not w.health then
                         -- gone, or an ordinary waiter's wid written there (untrusted): not a health waiter
@@ -1931,7 +1957,7 @@ end
 -- less what the health requests waiting keep.
 function HEALTH.for_new()
         local avail = HEALTH.avail()
-        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, -1)) do
+        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), '0', '-1')) do
                 local hw = waiter_get(wid)
                 if hw and hw.health then
                         avail = HEALTH.set_aside(hw, avail)
@@ -1958,7 +1984,7 @@ end
 -- hq whole a call while it runs (health waiters are few); one step a refusal. False: the budget ran out.
 function HEALTH.drop(lane, at)
         if HEALTH.waiting() == 0 then return true end
-        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, -1)) do
+        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), '0', '-1')) do
                 local w = waiter_get(wid)
                 if not w or not w.health then
                         LIFE.keyed('ZREM', HEALTH.key(), wid)
@@ -1973,7 +1999,7 @@ end
 
 -- A pool drain, or the health lanes' waiters refused (drain.lua): unavailable "drained", one step each.
 function HEALTH.refuse_all(reason, at)
-        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, -1)) do
+        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), '0', '-1')) do
                 if not step() then return false end
                 local w = waiter_get(wid)
                 if w and w.health then
@@ -1998,7 +2024,7 @@ function HEALTH.check()
         local ok, n = pcall(redis.call, 'ZCARD', HEALTH.key())
         if ok and n == HEALTH.waiting() and M.waiting >= 0 then return end
         local in_hq = {}
-        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), 0, -1)) do in_hq[wid] = true end
+        for _, wid in ipairs(LIFE.keyed('ZRANGE', HEALTH.key(), '0', '-1')) do in_hq[wid] = true end
         local a, health = redis.call('HGETALL', K.w), 0
         for i = 1, #a, 2 do
                 local okw, r = pcall(cmsgpack.unpack, a[i + 1])
@@ -2070,7 +2096,7 @@ end
 -- Step 4 of the instant: budgets that end at or before t, each refused at its own deadline.
 local function expire(t)
         while true do
-                local due = redis.call('ZRANGEBYSCORE', K.dl, '-inf', t, 'WITHSCORES', 'LIMIT', 0, 1)
+                local due = redis.call('ZRANGEBYSCORE', K.dl, '-inf', t, 'WITHSCORES', 'LIMIT', '0', '1')
                 if #due == 0 then return true end
                 if not step() then return false end
                 local w = waiter_get(due[1])
@@ -2123,7 +2149,7 @@ end
 local function registrations_extend()
         if not bnow then return end
         local horizon = now + math.floor(pool_ttl() / 2)
-        local due = redis.call('ZRANGEBYSCORE', K.lv, '-inf', horizon, 'WITHSCORES', 'LIMIT', 0, EXTEND_PAGE)
+        local due = redis.call('ZRANGEBYSCORE', K.lv, '-inf', horizon, 'WITHSCORES', 'LIMIT', '0', EXTEND_PAGE)
         local reaping = #due > 0 and redis.call('HGET', K.reaping, 'node')
         for i = 1, #due, 2 do
                 local l = due[i] ~= reaping and live_deadline(due[i])
@@ -2150,7 +2176,7 @@ local function reap_page(dead)
         if cursor[1] == dead then
                 n_leases, n_waiters = tonumber(cursor[2]), tonumber(cursor[3])
         end
-        local rids = redis.call('ZRANGE', k_records(dead), 0, REAP_PAGE - 1)
+        local rids = redis.call('ZRANGE', k_records(dead), '0', REAP_PAGE - 1)
         for _, rid in ipairs(rids) do
                 local ref = redis.call('HGET', K.rid, dead .. ':' .. rid) or ''
                 local kind, id = string.match(ref, '^(%a):(.+)$')
@@ -2185,12 +2211,12 @@ end
 local function reap(t)
         local looked = 0
         while true do
-                local dead = redis.call('ZRANGEBYSCORE', K.nodes, '-inf', t, 'LIMIT', 0, 1)[1]
+                local dead = redis.call('ZRANGEBYSCORE', K.nodes, '-inf', t, 'LIMIT', '0', '1')[1]
                 if not dead then
                         -- A covered registration (score +inf) whose lv score lapsed: re-scored while its live
                         -- key covers it, reaped once not; an lv entry of a registration not covered any more
                         -- (or gone) is dropped (its own score decides).
-                        local c = redis.call('ZRANGEBYSCORE', K.lv, '-inf', t, 'LIMIT', 0, 1)[1]
+                        local c = redis.call('ZRANGEBYSCORE', K.lv, '-inf', t, 'LIMIT', '0', '1')[1]
                         if not c then return true end
                         if looked >= EXTEND_PAGE then return false end
                         looked = looked + 1
@@ -2214,10 +2240,10 @@ local function heads()
         local h = carry.heads
         if h and carry.heads_on then return h end
         h = {
-                [K.dl] = redis.call('ZRANGE', K.dl, 0, 0, 'WITHSCORES'),
-                [K.nodes] = redis.call('ZRANGE', K.nodes, 0, 1, 'WITHSCORES'),
-                [K.lv] = redis.call('ZRANGE', K.lv, 0, 1, 'WITHSCORES'),
-                [K.orph] = redis.call('ZRANGE', K.orph, 0, 0, 'WITHSCORES'),
+                [K.dl] = redis.call('ZRANGE', K.dl, '0', '0', 'WITHSCORES'),
+                [K.nodes] = redis.call('ZRANGE', K.nodes, '0', '1', 'WITHSCORES'),
+                [K.lv] = redis.call('ZRANGE', K.lv, '0', '1', 'WITHSCORES'),
+                [K.orph] = redis.call('ZRANGE', K.orph, '0', '0', 'WITHSCORES'),
         }
         -- The scores as numbers, once (tonumber() of a 16-digit string is a strtod()); first: the earliest
         -- of the four (nil: all empty), what instant_is_idle() asks.
@@ -2460,7 +2486,7 @@ end
 local function pool_wipe(rules)
         local keys = { K.occ, K.busy, K.sid, K.h, K.w, K.dl, K.rid, K.prios, K.reaping, K.rekey, K.recovering,
                        K.orph, K.rest, HEALTH.key() }
-        for _, p in ipairs(redis.call('ZRANGE', K.prios, 0, -1)) do keys[#keys + 1] = k_queue(p) end
+        for _, p in ipairs(redis.call('ZRANGE', K.prios, '0', '-1')) do keys[#keys + 1] = k_queue(p) end
         for _, lane in ipairs(rules.lane_names or {}) do
                 keys[#keys + 1] = k_lane(lane)
                 keys[#keys + 1] = k_lk(lane)
@@ -2469,7 +2495,7 @@ local function pool_wipe(rules)
                 for _, k in ipairs(redis.call('SMEMBERS', k_ls(lane))) do keys[#keys + 1] = k_bucket(lane, k) end
                 keys[#keys + 1] = k_ls(lane)
         end
-        for _, n in ipairs(redis.call('ZRANGE', K.nodes, 0, -1)) do
+        for _, n in ipairs(redis.call('ZRANGE', K.nodes, '0', '-1')) do
                 keys[#keys + 1] = k_records(n)
                 redis.call('HSET', k_node(n), 'fp_n', 0, 'fp_x', 0, 'fp_s', 0)
         end
@@ -2621,7 +2647,7 @@ local function prelude_begin(create)
                 local same = M.run_id and (plain or stored_plain) and
                              string.match(RUN_ID, '^[^/]*') == string.match(M.run_id, '^[^/]*')
                 if M.clock_mode ~= 'manual' and M.run_id and not same then
-                        recovery_open(now + R.ttl, redis.call('ZRANGE', K.nodes, 0, -1), 'restart')
+                        recovery_open(now + R.ttl, redis.call('ZRANGE', K.nodes, '0', '-1'), 'restart')
                 end
                 if not (same and plain) then meta_set('run_id', RUN_ID) end
         end

@@ -183,7 +183,7 @@ local function reconcile()
         for i = 16, #ARGV do listed[ARGV[i]] = true end
         local lo = PAGE_LO == '-' and '-' or '[' .. PAGE_LO
         local hi = PAGE_HI == '+' and '+' or '[' .. PAGE_HI
-        local rids = redis.call('ZRANGEBYLEX', k_records(NODE), lo, hi, 'LIMIT', 0, RECONCILE_PAGE)
+        local rids = redis.call('ZRANGEBYLEX', k_records(NODE), lo, hi, 'LIMIT', '0', RECONCILE_PAGE)
         for _, rid in ipairs(rids) do
                 if not listed[rid] then
                         local ref = redis.call('HGET', K.rid, NODE .. ':' .. rid) or ''
