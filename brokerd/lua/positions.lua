@@ -53,9 +53,12 @@ local function positions()
         local h = redis.call('HGETALL', K.h)
         for i = 1, #h, 2 do
                 local l = lease_get(h[i])
-                budget = budget - 8 - #l.slots - #(l.members or {})
-                if budget < 0 then break end
-                holders[#holders + 1] = { l.node, name_of(l.node), l.rid, l.lane, l.token, l.at, l.slots, l.members }
+                if l then -- (nil: garbage, dropped)
+                        budget = budget - 8 - #l.slots - #(l.members or {})
+                        if budget < 0 then break end
+                        holders[#holders + 1] = { l.node, name_of(l.node), l.rid, l.lane, l.token, l.at, l.slots,
+                                                  l.members }
+                end
         end
         local waiters = {}
         -- Health waiters (hq, README "Health lanes") after the queue's, each at its place among them, as

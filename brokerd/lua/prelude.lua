@@ -194,7 +194,14 @@ local function meta_load()
         end
         for i = 1, #META_NUMBERS do -- (not ipairs(): a call an iteration, once a call)
                 local f = META_NUMBERS[i]
-                M[f] = tonumber(M[f] or '0')
+                local v = tonumber(M[f] or '0')
+                -- Not a finite number (anyone may write meta): 0 for now, and the pool is lost
+                -- (integrity_lost()), made anew under a recovery window, this 0 written over it. A version
+                -- is refused instead ("version").
+                if not (v and v == v and v > -INF and v < INF) and f ~= 'version' then
+                        v, M.garbage, meta_dirty[f] = 0, f, true
+                end
+                M[f] = v
         end
         M.unsettled_at = tonumber(M.unsettled_at or '')   -- nil: settled
 end
@@ -369,8 +376,16 @@ local function clock(manual)
         local tm = redis.call('TIME')
         raw_time = tonumber(tm[1]) * USEC_PER_SEC + tonumber(tm[2])
         local c = redis.call('HMGET', K.clock, 'last_time', 'last_now', 'skew', 'bid', 'bskew')
-        local last_time, last_now, skew = tonumber(c[1]), tonumber(c[2] or '0'), tonumber(c[3] or '0')
-        clock_missing = not c[2]
+        local last_time, last_now, skew_stored = tonumber(c[1]), tonumber(c[2]), tonumber(c[3])
+        -- Garbage where an integer must be (a key anyone may write; x % 1 is NaN for NaN and ±inf) is a
+        -- clock lost, as a missing one is: integrity_lost() makes the pool anew under a recovery window
+        -- (this call's now: Redis's TIME).
+        if last_time and last_time % 1 ~= 0 then last_time = nil end
+        if last_now and last_now % 1 ~= 0 then last_now = nil end
+        if skew_stored and skew_stored % 1 ~= 0 then skew_stored = nil end
+        clock_missing = not last_now or (c[3] ~= nil and not skew_stored)
+        last_now = last_now or 0
+        local skew = skew_stored or 0
         if manual then
                 now = tonumber(MANUAL_NOW)
                 if now == nil or now < last_now then return false end
@@ -389,12 +404,15 @@ local function clock(manual)
                 now = last_now + 1
                 skew = raw_time - now
         end
-        -- Integers as "%d": redis.call() would print numbers with "%.17g", a digit at a time.
-        if bnow then
+        -- Integers as "%d": redis.call() would print numbers with "%.17g", a digit at a time. What did not
+        -- change (the skews and the backend clock's id, most calls) is not written again.
+        if bnow and not (c[4] == bclock_id and pbskew == bskew) then
                 redis.call('HSET', K.clock, 'last_time', istr(raw_time), 'last_now', istr(now), 'skew', istr(skew),
                            'bid', bclock_id, 'bskew', istr(bskew))
-        else
+        elseif skew ~= skew_stored then
                 redis.call('HSET', K.clock, 'last_time', istr(raw_time), 'last_now', istr(now), 'skew', istr(skew))
+        else
+                redis.call('HSET', K.clock, 'last_time', istr(raw_time), 'last_now', istr(now))
         end
         return true
 end
@@ -456,11 +474,32 @@ end
 
 ---------------------------------------------------------------------------------------------- lanes and slots
 
+-- A lane's counts, read once a call. Garbage there (anyone may write them; integrity_lost() does not compare
+-- them) is counted again from the records, O(leases + waiters) once, written back and told ("bad-key"
+-- "lane"): a lane's first read in a call comes before the call changes a record of it (grant() and
+-- lease_free() count before lease_put() and HDEL; waiter_link() and waiter_unlink() read it first).
 local function lane_get(l)
         local c = lane_cache[l]
         if not c then
                 local a = redis.call('HMGET', k_lane(l), 'used', 'waiting')
-                c = { used = tonumber(a[1] or '0'), waiting = tonumber(a[2] or '0'), dirty = false }
+                local used, waiting = tonumber(a[1] or '0'), tonumber(a[2] or '0')
+                -- (A negative count is not garbage: a lane's key lost and its holders' ends counted from 0.)
+                local bad = not (used and used > -INF and used < INF and waiting and waiting > -INF and waiting < INF)
+                if bad then
+                        used, waiting = 0, 0
+                        for _, v in ipairs(redis.call('HVALS', K.h)) do
+                                local ok, r = pcall(cmsgpack.unpack, v)
+                                if ok and type(r) == 'table' and r[3] == l and type(r[4]) == 'number' then
+                                        used = used + r[4]
+                                end
+                        end
+                        for _, v in ipairs(redis.call('HVALS', K.w)) do
+                                local ok, r = pcall(cmsgpack.unpack, v)
+                                if ok and type(r) == 'table' and r[3] == l then waiting = waiting + 1 end
+                        end
+                        LIFE.bad('lane', l)
+                end
+                c = { used = used, waiting = waiting, dirty = bad }
                 lane_cache[l] = c
         end
         return c
@@ -499,9 +538,23 @@ local function flush()
         for node, d in pairs(fp_delta) do
                 local key = k_node(node)
                 local f = redis.call('HMGET', key, 'fp_n', 'fp_x', 'fp_s')
-                redis.call('HSET', key, 'fp_n', tonumber(f[1] or '0') + d[1],
-                           'fp_x', bit.bxor(tonumber(f[2] or '0'), d[2]) % 4294967296,
-                           'fp_s', (tonumber(f[3] or '0') + d[3]) % 4294967296)
+                local n, x, sum = tonumber(f[1] or '0'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
+                if n and x and sum and n % 1 == 0 and x % 1 == 0 and sum % 1 == 0 then -- (NaN, ±inf: not)
+                        n, x, sum = n + d[1], bit.bxor(x, d[2]), sum + d[3]
+                else
+                        -- Garbage (anyone may write the node hash): the fingerprint counted again from the
+                        -- node's records, as they are now (this call's changes made), O(its records) once.
+                        n, x, sum = 0, 0, 0
+                        for _, rid in ipairs(redis.call('ZRANGE', k_records(node), '0', '-1')) do
+                                local kind = string.sub(redis.call('HGET', K.rid, node .. ':' .. rid) or '', 1, 1)
+                                if kind == 'l' or kind == 'w' then
+                                        local h = fnv1a32(rid .. kind)
+                                        n, x, sum = n + 1, bit.bxor(x, h), sum + h
+                                end
+                        end
+                        LIFE.bad('fp', node)
+                end
+                redis.call('HSET', key, 'fp_n', n, 'fp_x', x % 4294967296, 'fp_s', sum % 4294967296)
         end
         fp_delta = {}
 end
@@ -597,7 +650,8 @@ function LIFE.keyed(cmd, key, ...)
 end
 
 -- Garbage this call repaired in a key of the members' lives (key: "qm", "qf", "hq", "dr", "du", "rekey", or
--- "meta" for the health waiters' counts; what: the field, wid or member, "?" for the whole key): reported
+-- "meta" for the health waiters' counts; what: the field, wid or member, "?" for the whole key), or elsewhere
+-- ("lane", "fp", "h", "w": README, "Integrity"): reported
 -- (notice "bad-key"), as a garbage rest is, so that the node counts it as bad input and the journal says
 -- someone wrote into the pool's keys (README, "Members' lives"). Each repair is told once: it leaves no garbage.
 function LIFE.bad(key, what)
@@ -1094,7 +1148,15 @@ end
 local function waiter_get(wid)
         local packed = redis.call('HGET', K.w, wid)
         if not packed then return nil end
-        local a = cmsgpack.unpack(packed)
+        local ok, a = pcall(cmsgpack.unpack, packed)
+        if not (ok and type(a) == 'table' and type(a[1]) == 'string' and type(a[2]) == 'string' and
+                type(a[3]) == 'string' and type(a[4]) == 'number') then
+                -- Garbage (anyone may write w): dropped and told; HLEN w then differs from meta's count and
+                -- the next call makes the pool anew ("Integrity"). Here: a waiter that is gone.
+                redis.call('HDEL', K.w, wid)
+                LIFE.bad('w', wid)
+                return nil
+        end
         return {
                 wid = wid, node = a[1], rid = a[2], lane = a[3], k = a[4], arrival = a[5],
                 deadline = unwire(a[6]), state = a[7], idle = a[8], budget = unwire(a[9]), shed = a[10] == 1,
@@ -1147,6 +1209,7 @@ local function selector_bucket_link(w)
 end
 
 local function waiter_link(w)
+        lane_get(w.lane) -- (before its record: lane_get())
         waiter_put(w)
         if w.health then return HEALTH.link(w) end
         if (w.sel or '') ~= '' then
@@ -1165,6 +1228,7 @@ end
 -- (queue_next(), waiter_position()): two ZCARDs less per grant. keep_record: the caller turns the
 -- waiter's record into its lease's.
 local function waiter_unlink(w, keep_record)
+        lane_get(w.lane) -- (before its record goes: lane_get())
         if w.health then return HEALTH.unlink(w, keep_record) end
         redis.call('HDEL', K.w, w.wid)
         redis.call('ZREM', waiter_bucket(w), w.wid)
@@ -1603,16 +1667,27 @@ end
 ---------------------------------------------------------------------------------------------- leases
 
 local function lease_get(token)
-        local token_s = istr(token)
+        local token_s = type(token) == 'number' and istr(token) or token -- (a string: h's field as it is)
         local packed = redis.call('HGET', K.h, token_s)
         if not packed then return nil end
-        local a = cmsgpack.unpack(packed)
+        local ok, a = pcall(cmsgpack.unpack, packed)
+        local token_n = tonumber(token_s)
+        if not (ok and type(a) == 'table' and token_n and type(a[1]) == 'string' and
+                type(a[2]) == 'string' and type(a[4]) == 'number' and type(a[5]) == 'table' and
+                type(a[6]) == 'table' and type(a[7]) == 'table') then
+                -- Garbage (anyone may write h): dropped and told; HLEN h then differs from meta's count and
+                -- the next call makes the pool anew ("Integrity"), the holders reclaiming their leases; its
+                -- slots stay taken until then. Here: a lease that is gone.
+                redis.call('HDEL', K.h, token_s)
+                LIFE.bad('h', token_s)
+                return nil
+        end
         -- [15]: the record's fingerprint hash, kept so that its end need not hash again (absent in a record
         -- of a brokerd before; untrusted: anything but a 32-bit value is hashed again).
         local fp = a[15]
         if type(fp) ~= 'number' or fp < 0 or fp >= 4294967296 or fp % 1 ~= 0 then fp = nil end
         return {
-                token = tonumber(token), token_s = token_s, node = a[1], rid = a[2], lane = a[3], k = a[4],
+                token = token_n, token_s = token_s, node = a[1], rid = a[2], lane = a[3], k = a[4],
                 slots = a[5], pos = a[6], members = a[7], at = a[8], wait = a[9], state = a[10], idle = a[11],
                 budget = unwire(a[12]), orphan = a[13] == 1, hjob = a[14] == 1 or nil, fp = fp,
         }
@@ -2451,6 +2526,7 @@ end
 -- Not covered: the queue's own indexes (a bucket, a priority queue, the deadlines: a waiter is then
 -- passed over or never expires, never granted twice), lane counters, streams and outcome keys.
 local function integrity_lost()
+        if M.garbage then return 'meta' end -- (first: garbage in `integrity` itself must not pass as an old pool)
         if M.integrity ~= 1 then
                 -- A pool made before the counts were kept: taken as they are, once.
                 meta_set('leases', redis.call('HLEN', K.h))

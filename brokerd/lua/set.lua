@@ -95,10 +95,13 @@ local function set()
                                         end
                                 end
                         elseif kind == 'l' then
-                                d = lease_decision(lease_get(id))
+                                local l = lease_get(id)
+                                if l then d = lease_decision(l) end -- (nil: garbage, dropped: "gone")
                         else
                                 local done = outcome_get(NODE, rid)
-                                if done then d = cmsgpack.unpack(done) end
+                                local ok, o = false, nil
+                                if done then ok, o = pcall(cmsgpack.unpack, done) end
+                                if ok and type(o) == 'table' then d = o end -- (garbage: "gone")
                         end
                         replies[j] = reply('ok', d)
                 end

@@ -37,20 +37,26 @@ local function submit()
         carry.heads_on = true -- it writes dl, nodes, lv, orph only through functions that drop the heads
 
         -- Idempotency: the same rid again (a retry after a lost reply) gets what it got, nothing more.
+        -- (A reference to a record that is gone or garbage (dropped by waiter_get(), lease_get()) answers
+        -- nothing: the pool is made anew by the next call, and this one is decided as a new request.)
         local ref = redis.call('HGET', K.rid, NODE .. ':' .. RID)
         if ref then
                 local kind, id = string.match(ref, '^(%a):(.+)$')
-                if kind == 'w' then
-                        local w = waiter_get(id)
+                local w = kind == 'w' and waiter_get(id)
+                if w then
                         local place, of = waiter_position(w)
                         return reply('ok', decision('queued', RID, now, {
                                 state = w.state, idle = w.idle, budget = w.budget, position = place, queued = of,
                         }))
                 end
-                return reply('ok', lease_decision(lease_get(id)))
+                local l = kind ~= 'w' and id and lease_get(id)
+                if l then return reply('ok', lease_decision(l)) end
         end
         local done = outcome_get(NODE, RID)
-        if done then return reply('ok', cmsgpack.unpack(done)) end
+        if done then
+                local ok, d = pcall(cmsgpack.unpack, done)
+                if ok and type(d) == 'table' then return reply('ok', d) end -- (garbage: none)
+        end
 
         local refused = node_admitted_carried()
         if refused then return reply(refused) end

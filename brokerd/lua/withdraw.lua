@@ -23,11 +23,13 @@ local function withdraw()
         local result = 'gone'
         local ref = redis.call('HGET', K.rid, NODE .. ':' .. RID) or ''
         local kind, id = string.match(ref, '^(%a):(.+)$')
-        if kind == 'w' then
-                waiter_unlink(waiter_get(id))
+        local w = kind == 'w' and waiter_get(id)
+        local l = kind == 'l' and lease_get(id)
+        if w then
+                waiter_unlink(w)
                 result = 'withdrawn'
-        elseif kind == 'l' then
-                lease_free(lease_get(id))
+        elseif l then
+                lease_free(l)
                 result = 'released'
         end
         outcome_drop(NODE, RID)

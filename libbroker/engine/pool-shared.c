@@ -2455,7 +2455,7 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                         static const char *const causes[] = {
                                 "new", "restart", "lost:rules", "lost:clock", "lost:leases", "lost:waiters",
                                 "lost:slots", "lost:free slots", "lost:records", "lost:nodes", "lost:node records",
-                                "lost:rests",
+                                "lost:rests", "lost:meta",
                         };
                         const RespValue *why = resp_at(cache, 11);
                         const char *cause = NULL;
@@ -2494,7 +2494,8 @@ static void notices_apply(SharedPool *p, const RespValue *notices, usec_t now) {
                         bad_input(p, "a garbage rest in Redis (ended)", now);
                         continue;
                 }
-                /* Garbage in a key of the members' lives that this call repaired (README, "Members' lives"). */
+                /* Garbage that this call repaired in a key of the members' lives (README, "Members' lives"), a
+                 * lane's counts or a node's fingerprint. */
                 if (resp_is(resp_at(n, 0), "bad-key")) {
                         static const struct {
                                 const char *key, *what;
@@ -2506,6 +2507,10 @@ static void notices_apply(SharedPool *p, const RespValue *notices, usec_t now) {
                                 { "du", "a garbage drain end in Redis (ended)" },
                                 { "rekey", "garbage in Redis's rekey job (dropped)" },
                                 { "meta", "wrong health waiter counts in Redis (healed)" },
+                                { "lane", "garbage in a lane's counts in Redis (counted again)" },
+                                { "fp", "garbage in a node's fingerprint in Redis (counted again)" },
+                                { "h", "a garbage lease record in Redis (dropped; the pool is made anew)" },
+                                { "w", "a garbage waiter record in Redis (dropped; the pool is made anew)" },
                         };
                         const char *what = "garbage in Redis (repaired)";
                         for (size_t j = 0; j < ELEMENTSOF(keys); j++)

@@ -4615,6 +4615,19 @@ static const struct hostile_write hostile_writes[] = {
         { { "HSET {sb:p}:meta hwaiting nan", "HSET {sb:p}:meta drain_next nan" } },
         { { "HSET {sb:p}:meta drain_next -inf", "HSET {sb:p}:meta life junk" } },
         { { "HSET {sb:p}:meta drain_next 1e308", "HSET {sb:p}:meta drain_records 1" } },
+        /* numbers the scripts count with, and the records, where a script once stopped with an error (issue 21,
+         * stop 38): garbage in meta or the clock makes the pool anew ("Integrity"); a lane's counts and a node's
+         * fingerprint are counted again, a garbage lease or waiter record dropped (then the pool made anew) */
+        { { "HSET {sb:p}:meta recovery_until junk", "HSET {sb:p}:meta counter nan" } },
+        { { "HSET {sb:p}:meta phase inf", "HSET {sb:p}:meta integrity x" } },
+        { { "HSET {sb:p}:clock skew junk" } },
+        { { "HSET {sb:p}:clock last_now -", "HSET {sb:p}:clock last_time 1e400" } },
+        { { "HSET {sb:p}:lane:ci used junk" }, "bad-key" },
+        { { "HSET {sb:p}:lane:ci waiting -", "HSET {sb:p}:lane:hc used nan" }, "bad-key" },
+        { { "HSET {sb:p}:node:n1 fp_x junk" }, "bad-key" },
+        { { "HSET {sb:p}:node:n2 fp_s 1.5" }, "bad-key" },
+        { { "HSET {sb:p}:node:n2 fp_n x" } }, /* ZCARD nr:n2 differs: the pool made anew, fp_n with it */
+        { { "HSET {sb:p}:w $W \xc1", "HSET {sb:p}:w $H \x93\x01" } },
 };
 
 static char *hostile_big(void) {
@@ -4831,6 +4844,36 @@ static void test_a_wid_left_without_its_record_is_dropped_by_the_dispatch(void *
         assert_int_equal(n_events(r), 1);
         assert_string_equal(field_s(event(r, 0), D_RID), "x");
         freeReplyObject(r);
+}
+
+/* A lease record that is garbage (anyone may write h): no script stops on it. Its release finds a lease that is
+ * gone and says so (bad-key "h"); the record is dropped, its slot stays taken (no grant on it), and the next call
+ * finds HLEN h below meta's count: the pool is made anew, its holders reclaiming their leases ("Integrity"). */
+static void test_a_garbage_lease_record_is_dropped_and_the_pool_made_anew(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, false, -1);
+        char token[24];
+        snprintf(token, sizeof token, "%lld", field_i(body(a), D_TOKEN));
+        freeReplyObject(a);
+        freeReplyObject(redisCommand(redis, "HSET %s:h %s %b", pool, token, "\x93\x01", (size_t) 2));
+        redisReply *r = release_at(2000, atoll(token), "a");
+        assert_string_equal(status(r), "ok");
+        assert_string_equal(body(r)->element[0]->str, "gone");
+        assert_true(has_notice_kind(r, "bad-key"));
+        assert_int_equal(cache(r, C_IN_USE), 1);
+        freeReplyObject(r);
+        redisReply *h = redisCommand(redis, "HEXISTS %s:h %s", pool, token);
+        assert_int_equal(h->integer, 0);
+        freeReplyObject(h);
+        redisReply *e = redisCommand(redis, "HGET %s:meta epoch", pool);
+        char *epoch = strdup(e->str);
+        freeReplyObject(e);
+        freeReplyObject(submit_at(2000, "b", "ci", 1, true, -1));
+        redisReply *m = redisCommand(redis, "HMGET %s:meta lost epoch", pool);
+        assert_string_equal(m->element[0]->str, "leases");
+        assert_string_not_equal(m->element[1]->str, epoch); /* (a manual clock's pool opens no window) */
+        freeReplyObject(m);
+        free(epoch);
 }
 
 /* A lease record keeps its fingerprint hash ([15], issue 21), so that its end need not hash its rid again; the
@@ -5068,6 +5111,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_dead_nodes_slot_rests_from_its_reap),
                 T(test_cooldown_is_adopted_only_when_every_node_wants_it),
                 T(test_a_lease_record_keeps_its_hash_and_garbage_there_is_hashed_again),
+                T(test_a_garbage_lease_record_is_dropped_and_the_pool_made_anew),
                 T(test_hostile_writes_to_the_members_lives_break_nothing),
                 T(test_an_ordinary_wid_in_the_health_queue_is_passed_over),
                 T(test_a_wid_left_without_its_record_is_dropped_by_the_dispatch),
