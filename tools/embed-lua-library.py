@@ -54,7 +54,7 @@ def library(prelude, ops, names='prelude.lua + the operations'):
             b'        return function(keys, argv)\n' \
             b'                KEYS, ARGV = keys, argv\n' \
             b'                call_begin()\n' \
-            b'                return op()\n' \
+            b'                return call_guarded(op)\n' \
             b'        end\n' \
             b'end\n'
     for name, _ in ops:

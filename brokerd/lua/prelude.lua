@@ -22,22 +22,26 @@
 -- of its functions sets (tools/embed-lua-library.py). Every variable below that a call changes is set
 -- again by call_begin(), at the start of each call: a library's locals outlive its calls.
 local P, K
-local KEYS_OF = {}              -- prefix -> its key names, kept by a library (KEYS_OF_MAX prefixes at most)
-local KEYS_OF_N, KEYS_OF_MAX = 0, 1024
-local function keys_of(p)
-        local k = KEYS_OF[p]
-        if k then return k end
-        k = {
-                meta = p .. ':meta', clock = p .. ':clock', rules = p .. ':rules', occ = p .. ':occ',
-                busy = p .. ':busy', sid = p .. ':sid', h = p .. ':h', dm = p .. ':dm', w = p .. ':w',
-                dl = p .. ':dl', rid = p .. ':rid', nodes = p .. ':nodes', prios = p .. ':prios',
-                reaping = p .. ':reaping', rekey = p .. ':rekey', recovering = p .. ':recovering',
-                orph = p .. ':orph', lv = p .. ':lv',
-                rest = p .. ':rest',
-        }
-        if KEYS_OF_N >= KEYS_OF_MAX then KEYS_OF, KEYS_OF_N = {}, 0 end
-        KEYS_OF[p], KEYS_OF_N = k, KEYS_OF_N + 1
-        return k
+-- A prefix's key names, kept by a library (KEYS_OF_MAX prefixes at most). (This block's own locals, as the
+-- other do-blocks below: the main chunk is near Lua's 200 locals, which the library's functions add to.)
+local keys_of
+do
+        local KEYS_OF, KEYS_OF_N, KEYS_OF_MAX = {}, 0, 1024
+        keys_of = function(p)
+                local k = KEYS_OF[p]
+                if k then return k end
+                k = {
+                        meta = p .. ':meta', clock = p .. ':clock', rules = p .. ':rules', occ = p .. ':occ',
+                        busy = p .. ':busy', sid = p .. ':sid', h = p .. ':h', dm = p .. ':dm', w = p .. ':w',
+                        dl = p .. ':dl', rid = p .. ':rid', nodes = p .. ':nodes', prios = p .. ':prios',
+                        reaping = p .. ':reaping', rekey = p .. ':rekey', recovering = p .. ':recovering',
+                        orph = p .. ':orph', lv = p .. ':lv',
+                        rest = p .. ':rest',
+                }
+                if KEYS_OF_N >= KEYS_OF_MAX then KEYS_OF, KEYS_OF_N = {}, 0 end
+                KEYS_OF[p], KEYS_OF_N = k, KEYS_OF_N + 1
+                return k
+        end
 end
 local function k_lane(l) return P .. ':lane:' .. l end
 local function k_lk(l) return P .. ':lk:' .. l end
@@ -292,15 +296,18 @@ end
 -- The rules parsed, by their canon (the canon is their identity, and Lua compares interned strings by
 -- address: no digest to compute). A library keeps them between calls; an EVAL starts empty. Never changed
 -- once made. At most RULES_CACHE_MAX canons (pools, and a rolling change's two versions): then emptied.
-local RULES_CACHE, RULES_CACHE_N, RULES_CACHE_MAX = {}, 0, 64
-local function rules_parsed(canon, fields)
-        local r = RULES_CACHE[canon]
-        if r then return r end
-        r = rules_from(fields or canon_parse(canon))
-        r.canon = canon
-        if RULES_CACHE_N >= RULES_CACHE_MAX then RULES_CACHE, RULES_CACHE_N = {}, 0 end
-        RULES_CACHE[canon], RULES_CACHE_N = r, RULES_CACHE_N + 1
-        return r
+local rules_parsed
+do
+        local RULES_CACHE, RULES_CACHE_N, RULES_CACHE_MAX = {}, 0, 64
+        rules_parsed = function(canon, fields)
+                local r = RULES_CACHE[canon]
+                if r then return r end
+                r = rules_from(fields or canon_parse(canon))
+                r.canon = canon
+                if RULES_CACHE_N >= RULES_CACHE_MAX then RULES_CACHE, RULES_CACHE_N = {}, 0 end
+                RULES_CACHE[canon], RULES_CACHE_N = r, RULES_CACHE_N + 1
+                return r
+        end
 end
 
 local function rules_load()
@@ -2690,6 +2697,73 @@ local function call_begin(keep)
         MANUAL_NOW, RUN_ID, SETTLE = ARGV[3], ARGV[4], ARGV[5] == '1'
         M, R, lane_cache, meta_dirty, meta_stored, fp_delta = {}, {}, {}, {}, {}, {}
         carry, cache_owed = {}, false
+end
+
+-- A key of a pool that holds another type than the scripts make it (a hostile write, another program's key):
+-- Redis answers WRONGTYPE to every command on it, which stopped the script, and so every call of the pool,
+-- for good. call_guarded() runs an operation (the entry of every function: tools/embed-lua-library.py); on
+-- WRONGTYPE it drops the keys of the call's pools (and of the caller's node there) that hold another type,
+-- then runs the operation once more from its start: the pool is then one whose keys were deleted by hand
+-- ("Integrity": made anew, or unregistered, its recovery window saying what was lost); every operation is
+-- idempotent by its rid, so what the first run did is found, not done twice. O(the pools' keys) commands,
+-- only then; a pcall() a call otherwise.
+local call_guarded
+do -- (its helpers local to this block: the main chunk is near Lua's 200 locals)
+        local TYPES = {
+                meta = 'hash', clock = 'hash', rules = 'hash', occ = 'string', busy = 'string', sid = 'hash',
+                h = 'hash', dm = 'set', w = 'hash', dl = 'zset', rid = 'hash', nodes = 'zset', prios = 'zset',
+                reaping = 'hash', recovering = 'set', orph = 'zset', lv = 'zset',
+        }
+        local NODE_TYPES = { node = 'hash', nr = 'zset', oh = 'hash', ox = 'zset', s = 'stream' }
+        local function drop_if_not(key, want)
+                local t = redis.call('TYPE', key)
+                t = type(t) == 'table' and t.ok or t
+                if t == 'none' or t == want then return 0 end
+                redis.call('DEL', key)
+                return 1
+        end
+        local function repair(p)
+                local k, n = keys_of(p), 0
+                for name, want in pairs(TYPES) do n = n + drop_if_not(k[name], want) end
+                for infix, want in pairs(NODE_TYPES) do n = n + drop_if_not(p .. ':' .. infix .. ':' .. NODE, want) end
+                -- The lanes' keys, by the stored rules' lanes, and the queues', by what prios and lk:L list.
+                local ok, canon = pcall(redis.call, 'HGET', k.rules, 'canon')
+                local seen = {}
+                for lane in string.gmatch(ok and type(canon) == 'string' and canon or '', 'lane%.([^.\n]+)%.') do
+                        if not seen[lane] then
+                                seen[lane] = true
+                                n = n + drop_if_not(p .. ':lane:' .. lane, 'hash') + drop_if_not(p .. ':lk:' .. lane, 'set')
+                                local okk, ks = pcall(redis.call, 'SMEMBERS', p .. ':lk:' .. lane)
+                                for _, x in ipairs(okk and ks or {}) do
+                                        n = n + drop_if_not(p .. ':b:' .. lane .. ':' .. x, 'zset')
+                                end
+                        end
+                end
+                local okp, prios = pcall(redis.call, 'ZRANGE', k.prios, '0', '-1')
+                for _, prio in ipairs(okp and prios or {}) do n = n + drop_if_not(p .. ':q:' .. prio, 'zset') end
+                return n
+        end
+        call_guarded = function(op)
+                local keys, argv = KEYS, ARGV -- (batch.lua and set.lua set them per operation and pool)
+                local ok, r = pcall(op)
+                if ok then return r end
+                local why = type(r) == 'table' and r.err or r
+                if type(why) ~= 'string' or not string.find(why, 'WRONGTYPE', 1, true) then error(r, 0) end
+                -- The pools: the keys {sb:P} (a set's several), or a renewal's (KEYS[1] sb:live:NODE) named after it.
+                local dropped = 0
+                for _, key in ipairs(keys) do
+                        if string.find(key, '^{sb:[^}]*}$') then dropped = dropped + repair(key) end
+                end
+                if string.find(keys[1] or '', '^sb:live:') then
+                        for i = 7, #argv do
+                                if string.find(argv[i], '^{sb:[^}]*}$') then dropped = dropped + repair(argv[i]) end
+                        end
+                end
+                if dropped == 0 then error(r, 0) end
+                KEYS, ARGV = keys, argv
+                call_begin()
+                return op()
+        end
 end
 
 -- The checks every script makes first: data model version, clock mode, the server's run id (a restart:

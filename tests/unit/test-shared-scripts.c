@@ -4846,6 +4846,53 @@ static void test_a_wid_left_without_its_record_is_dropped_by_the_dispatch(void *
         freeReplyObject(r);
 }
 
+/* A key of a pool that holds another type (a hostile write, another program's key) stops no call for good: the
+ * call drops the keys of another type and runs again (prelude.lua, call_guarded()), the pool then one whose keys
+ * were deleted by hand ("Integrity"), and it serves again; a renewal naming the pool too. Without the guard every
+ * call of the pool, and every renewal naming it, answered WRONGTYPE. */
+static void test_a_key_of_another_type_is_dropped_and_the_call_run_again(void **state) {
+        static const char *const keys[] = { "meta", "clock", "rules", "occ", "busy", "h", "w", "rid", "nodes", "dl",
+                                            "lane:ci", "lk:ci", "b:ci:1", "q:0", "node:n1", "nr:n1", "oh:n1" };
+        bool was_alternate = alternate; /* (the library's functions: EVAL scripts, for tests, are not guarded) */
+        alternate = false;
+        tolerate_errors = true;
+        for (size_t i = 0; i < ELEMENTSOF(keys); i++) {
+                freeReplyObject(redisCommand(redis, "FLUSHALL"));
+                tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+                redisReply *a = submit_at(1000, "a", "ci", 1, false, -1);
+                char token[24];
+                snprintf(token, sizeof token, "%lld", field_i(body(a), D_TOKEN));
+                freeReplyObject(a);
+                redisReply *w = submit_at(1000, "w", "ci", 1, true, 5000); /* a bucket, a queue, a deadline */
+                freeReplyObject(w);
+                freeReplyObject(call("submit", "n1", 1000, 0, "r", "ci", "1", "0", "0", "-1", "-1", "-", NULL));
+                freeReplyObject(redisCommand(redis, "DEL %s:%s", pool, keys[i]));
+                freeReplyObject(redisCommand(redis, "RPUSH %s:%s junk", pool, keys[i]));
+                redisReply *r = call("submit", "n1", 2000, 0, "x", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+                if (r->type == REDIS_REPLY_ERROR)
+                        fail_msg("%s of another type: %s", keys[i], r->str);
+                freeReplyObject(r);
+                r = call("release", "n1", 2000, 0, token, "a", NULL);
+                if (r->type == REDIS_REPLY_ERROR)
+                        fail_msg("%s of another type, a release: %s", keys[i], r->str);
+                freeReplyObject(r);
+                tick_ok("n1", 3000, CANON_ONE_LANE "limit=1\n");
+        }
+        freeReplyObject(redisCommand(redis, "FLUSHALL"));
+        redisReply *l = live_tick(LIVE_N1, "n1", CANON_LIVE);
+        assert_string_equal(status(l), "ok");
+        freeReplyObject(l);
+        freeReplyObject(redisCommand(redis, "DEL %s:clock", pool));
+        freeReplyObject(redisCommand(redis, "RPUSH %s:clock junk", pool));
+        redisReply *r = live_renew(LIVE_N1, "sb:live:n1", POOL, NULL);
+        if (r->type == REDIS_REPLY_ERROR)
+                fail_msg("a renewal naming a pool whose clock is of another type: %s", r->str);
+        assert_string_equal(status(r), "ok");
+        freeReplyObject(r);
+        tolerate_errors = false;
+        alternate = was_alternate;
+}
+
 /* A lease record that is garbage (anyone may write h): no script stops on it. Its release finds a lease that is
  * gone and says so (bad-key "h"); the record is dropped, its slot stays taken (no grant on it), and the next call
  * finds HLEN h below meta's count: the pool is made anew, its holders reclaiming their leases ("Integrity"). */
@@ -5112,6 +5159,7 @@ int main(int argc, char *argv[]) {
                 T(test_cooldown_is_adopted_only_when_every_node_wants_it),
                 T(test_a_lease_record_keeps_its_hash_and_garbage_there_is_hashed_again),
                 T(test_a_garbage_lease_record_is_dropped_and_the_pool_made_anew),
+                T(test_a_key_of_another_type_is_dropped_and_the_call_run_again),
                 T(test_hostile_writes_to_the_members_lives_break_nothing),
                 T(test_an_ordinary_wid_in_the_health_queue_is_passed_over),
                 T(test_a_wid_left_without_its_record_is_dropped_by_the_dispatch),
