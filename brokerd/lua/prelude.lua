@@ -2702,7 +2702,7 @@ end
 -- A key of a pool that holds another type than the scripts make it (a hostile write, another program's key):
 -- Redis answers WRONGTYPE to every command on it, which stopped the script, and so every call of the pool,
 -- for good. call_guarded() runs an operation (the entry of every function: tools/embed-lua-library.py); on
--- WRONGTYPE it drops the keys of the call's pools (and of the caller's node there) that hold another type,
+-- WRONGTYPE it drops the keys of the call's pools (and of their nodes there) that hold another type,
 -- then runs the operation once more from its start: the pool is then one whose keys were deleted by hand
 -- ("Integrity": made anew, or unregistered, its recovery window saying what was lost); every operation is
 -- idempotent by its rid, so what the first run did is found, not done twice. O(the pools' keys) commands,
@@ -2725,17 +2725,28 @@ do -- (its helpers local to this block: the main chunk is near Lua's 200 locals)
         local function repair(p)
                 local k, n = keys_of(p), 0
                 for name, want in pairs(TYPES) do n = n + drop_if_not(k[name], want) end
-                for infix, want in pairs(NODE_TYPES) do n = n + drop_if_not(p .. ':' .. infix .. ':' .. NODE, want) end
+                -- The nodes' keys: the caller's, and every registered node's (a reap reads a dead one's).
+                local okn, nodes = pcall(redis.call, 'ZRANGE', k.nodes, '0', '-1')
+                nodes = okn and nodes or {}
+                nodes[#nodes + 1] = NODE
+                for _, node in ipairs(nodes) do
+                        for infix, want in pairs(NODE_TYPES) do
+                                n = n + drop_if_not(p .. ':' .. infix .. ':' .. node, want)
+                        end
+                end
                 -- The lanes' keys, by the stored rules' lanes, and the queues', by what prios and lk:L list.
                 local ok, canon = pcall(redis.call, 'HGET', k.rules, 'canon')
                 local seen = {}
                 for lane in string.gmatch(ok and type(canon) == 'string' and canon or '', 'lane%.([^.\n]+)%.') do
                         if not seen[lane] then
                                 seen[lane] = true
-                                n = n + drop_if_not(p .. ':lane:' .. lane, 'hash') + drop_if_not(p .. ':lk:' .. lane, 'set')
-                                local okk, ks = pcall(redis.call, 'SMEMBERS', p .. ':lk:' .. lane)
-                                for _, x in ipairs(okk and ks or {}) do
-                                        n = n + drop_if_not(p .. ':b:' .. lane .. ':' .. x, 'zset')
+                                n = n + drop_if_not(p .. ':lane:' .. lane, 'hash')
+                                for _, index in ipairs({ ':lk:', ':ls:' }) do -- its buckets: by k, by k and selector
+                                        n = n + drop_if_not(p .. index .. lane, 'set')
+                                        local okk, ks = pcall(redis.call, 'SMEMBERS', p .. index .. lane)
+                                        for _, x in ipairs(okk and ks or {}) do
+                                                n = n + drop_if_not(p .. ':b:' .. lane .. ':' .. x, 'zset')
+                                        end
                                 end
                         end
                 end

@@ -4852,7 +4852,7 @@ static void test_a_wid_left_without_its_record_is_dropped_by_the_dispatch(void *
  * call of the pool, and every renewal naming it, answered WRONGTYPE. */
 static void test_a_key_of_another_type_is_dropped_and_the_call_run_again(void **state) {
         static const char *const keys[] = { "meta", "clock", "rules", "occ", "busy", "h", "w", "rid", "nodes", "dl",
-                                            "lane:ci", "lk:ci", "b:ci:1", "q:0", "node:n1", "nr:n1", "oh:n1" };
+                                            "lane:ci", "lk:ci", "ls:ci", "b:ci:1", "q:0", "node:n1", "nr:n1", "oh:n1" };
         bool was_alternate = alternate; /* (the library's functions: EVAL scripts, for tests, are not guarded) */
         alternate = false;
         tolerate_errors = true;
