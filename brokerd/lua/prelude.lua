@@ -2256,7 +2256,8 @@ local function reap_page(dead)
         local cursor = redis.call('HMGET', K.reaping, 'node', 'leases', 'waiters')
         local n_leases, n_waiters = 0, 0
         if cursor[1] == dead then
-                n_leases, n_waiters = tonumber(cursor[2]), tonumber(cursor[3])
+                -- (the notice's counts only: garbage there, anyone's to write, counts from 0)
+                n_leases, n_waiters = int_of(cursor[2]) or 0, int_of(cursor[3]) or 0
         end
         local rids = redis.call('ZRANGE', k_records(dead), '0', REAP_PAGE - 1)
         for _, rid in ipairs(rids) do
