@@ -665,6 +665,35 @@ static void test_a_dead_node_is_reaped_in_pages(void **state) {
         freeReplyObject(e);
 }
 
+/* A reap's cursor (the reaping hash) holds only the counts its notice tells: garbage there (anyone may write it)
+ * counts from 0, and the dead node's records are freed all the same (it stopped the reap with an error). */
+static void test_garbage_in_a_reaps_cursor_counts_from_zero(void **state) {
+        bool expired = false;
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        tick_ok("n2", 1000, CANON_ONE_LANE "limit=1\n");
+        expect_verdict("a", 1000, "ci", 1, "granted"); /* n1's */
+        redisReply *w = call("submit", "n2", 1000, 0, "w", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(field_s(body(w), D_VERDICT), "queued");
+        freeReplyObject(w);
+        tick_ok("n1", 20 * SEC, "=");
+        freeReplyObject(redisCommand(redis, "HSET " POOL ":reaping node n2 leases abc waiters nan"));
+        for (long long now = 31 * SEC; !expired; now += SEC) {
+                redisReply *t = tick_as("n1", now, "=");
+                for (size_t i = 0; i < t->element[R_NOTICES]->elements; i++) {
+                        const redisReply *nt = t->element[R_NOTICES]->element[i];
+                        assert_string_equal(nt->element[0]->str, "node-expired");
+                        assert_int_equal(nt->element[3]->integer, 0);
+                        assert_int_equal(nt->element[4]->integer, 1);
+                        expired = true;
+                }
+                freeReplyObject(t);
+                assert_true(now < 40 * SEC);
+        }
+        redisReply *e = redisCommand(redis, "EXISTS " POOL ":nr:n2 " POOL ":node:n2 " POOL ":reaping");
+        assert_int_equal(e->integer, 0);
+        freeReplyObject(e);
+}
+
 /* Script time with 10,000 waiters, as Redis measures it (INFO commandstats, reset before each call): a
  * queueing submit, a release, the tick that hands the freed slots on (SETTLE_MAX steps: the worst case a
  * call can do), a withdraw, positions of POSITIONS_MAX rids, a status snapshot. Printed; asserted only
@@ -5087,6 +5116,7 @@ int main(int argc, char *argv[]) {
                 T(test_fingerprints_equal_the_c_implementation),
                 T(test_expiries_beyond_the_budget_are_settled_over_calls),
                 T(test_a_dead_node_is_reaped_in_pages),
+                T(test_garbage_in_a_reaps_cursor_counts_from_zero),
                 T(test_positions_say_queued_granted_refused_or_gone),
                 T(test_status_lists_every_nodes_holders_and_the_first_waiters),
                 T(test_a_pool_drain_refuses_every_waiter_within_the_budget),
