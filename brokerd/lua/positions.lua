@@ -34,7 +34,7 @@ local function positions()
                         local done = not w and not l and outcome_get(NODE, rid)
                         if w then out[#out + 1] = { 'queued', waiter_position(w) } -- place, of how many
                         elseif l then out[#out + 1] = lease_decision(l)
-                        elseif done then out[#out + 1] = cmsgpack.unpack(done)
+                        elseif done then out[#out + 1] = done
                         else out[#out + 1] = { 'gone' } end
                 end
                 return reply('ok', out)
@@ -68,7 +68,9 @@ local function positions()
                 if #waiters >= ordinary then break end
                 for _, wid in ipairs(redis.call('ZRANGE', k_queue(prio), '0', ordinary - #waiters - 1)) do
                         local w = waiter_get(wid)
-                        waiters[#waiters + 1] = { w.node, name_of(w.node), w.rid, w.lane, w.k, w.arrival, #waiters }
+                        if w then -- (nil: a stale wid, or garbage dropped)
+                                waiters[#waiters + 1] = { w.node, name_of(w.node), w.rid, w.lane, w.k, w.arrival, #waiters }
+                        end
                 end
         end
         if #waiters < STATUS_WAITERS and HEALTH.waiting() > 0 then

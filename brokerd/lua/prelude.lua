@@ -1098,11 +1098,14 @@ local function outcome_store(node, rid, d, packed, px)
                    rid)
 end
 
--- node's outcome record of rid (cmsgpack), nil when there is none or it expired (a page not trimmed yet).
+-- node's outcome record of rid, its Decision unpacked; nil when there is none, it expired (a page not trimmed
+-- yet) or it is garbage.
 local function outcome_get(node, rid)
         local packed = redis.call('HGET', k_outcomes(node), rid)
-        if packed and tonumber(redis.call('ZSCORE', k_outcome_exp(node), rid) or '0') > now then return packed end
-        return nil
+        if not packed or tonumber(redis.call('ZSCORE', k_outcome_exp(node), rid) or '0') <= now then return nil end
+        local ok, d = pcall(cmsgpack.unpack, packed)
+        if ok and type(d) == 'table' then return d end
+        return nil -- garbage (anyone may write it): none, the rid decided anew
 end
 
 local function outcome_drop(node, rid)

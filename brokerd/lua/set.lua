@@ -98,10 +98,7 @@ local function set()
                                 local l = lease_get(id)
                                 if l then d = lease_decision(l) end -- (nil: garbage, dropped: "gone")
                         else
-                                local done = outcome_get(NODE, rid)
-                                local ok, o = false, nil
-                                if done then ok, o = pcall(cmsgpack.unpack, done) end
-                                if ok and type(o) == 'table' then d = o end -- (garbage: "gone")
+                                d = outcome_get(NODE, rid) or d
                         end
                         replies[j] = reply('ok', d)
                 end

@@ -53,10 +53,7 @@ local function submit()
                 if l then return reply('ok', lease_decision(l)) end
         end
         local done = outcome_get(NODE, RID)
-        if done then
-                local ok, d = pcall(cmsgpack.unpack, done)
-                if ok and type(d) == 'table' then return reply('ok', d) end -- (garbage: none)
-        end
+        if done then return reply('ok', done) end
 
         local refused = node_admitted_carried()
         if refused then return reply(refused) end

@@ -4656,7 +4656,7 @@ static const struct hostile_write hostile_writes[] = {
         { { "HSET {sb:p}:node:n1 fp_x junk" }, "bad-key" },
         { { "HSET {sb:p}:node:n2 fp_s 1.5" }, "bad-key" },
         { { "HSET {sb:p}:node:n2 fp_n x" } }, /* ZCARD nr:n2 differs: the pool made anew, fp_n with it */
-        { { "HSET {sb:p}:w $W \xc1", "HSET {sb:p}:w $H \x93\x01" } },
+        { { "HSET {sb:p}:w $W \xc1", "HSET {sb:p}:w $H \x93\x01" }, "bad-key" }, /* told by the status snapshot */
 };
 
 static char *hostile_big(void) {
@@ -4703,14 +4703,26 @@ static void hostile_apply(const char *cmd, const char *w, const char *h, const c
         freeReplyObject(r);
 }
 
+struct hostile_run {
+        size_t c, errors;
+        bool saw_notice, saw_bad_key;
+        const char *notice;
+};
+
 /* Redis's own view, checked after every call: no slot and no member held twice, never more than the limit
- * (the status snapshot's holders), and `occ` says the same. */
-static void hostile_check(size_t c, const char *after, long long now) {
+ * (the status snapshot's holders), and `occ` says the same. The snapshot's notices count for the run as the
+ * calls' do: it may be the call that makes a repair, and tells it. */
+static void hostile_check(struct hostile_run *run, const char *after, long long now) {
+        size_t c = run->c;
         redisReply *r = call("positions", "n1", now, 0, "status", NULL);
         if (r->type == REDIS_REPLY_ERROR || strcmp(status(r), "ok") != 0) {
                 freeReplyObject(r);
                 return; /* counted by the caller's next call */
         }
+        if (run->notice && has_notice_kind(r, run->notice))
+                run->saw_notice = true;
+        if (has_notice_kind(r, "bad-key"))
+                run->saw_bad_key = true;
         const redisReply *holders = body(r)->element[0];
         bool slot[3] = { false }, member[3] = { false };
         size_t held = 0;
@@ -4737,12 +4749,6 @@ static void hostile_check(size_t c, const char *after, long long now) {
                 fail_msg("case %zu, after %s: occ counts %lld, the holders %zu", c, after, occ->integer, held);
         freeReplyObject(occ);
 }
-
-struct hostile_run {
-        size_t c, errors;
-        bool saw_notice, saw_bad_key;
-        const char *notice;
-};
 
 /* What the node reads of a reply carries no garbage number: the next wakeup none or an instant of the pool
  * clock, no decision and no notice at an instant that is not one up to now. */
@@ -4791,7 +4797,7 @@ static void hostile_call(struct hostile_run *run, const char *what, const char *
                 hostile_numbers(run, what, r, now);
         }
         freeReplyObject(r);
-        hostile_check(run->c, what, now);
+        hostile_check(run, what, now);
 }
 
 /* The waiters' counts as the records have them (README, "Integrity"): meta.hwaiting the records flagged health,
