@@ -34,6 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
+from statistics import median
 
 sys.dont_write_bytecode = True
 import faults  # noqa: E402
@@ -275,8 +276,13 @@ class TestLiveness(harness.BrokerTestCase):
             self.assertIsNotNone(following, "nothing after the INFO on its connection")
             self.assertTrue(is_renewal(following), following)
             self.assertLess(following[0] - t, 0.005, "the INFO and the renewal were not sent together")
-        # TTL 6 s, revoke grace 1 s: a third of the fence's window (6 − 1 − 2 s) is 1 s.
-        self.assertLessEqual(max(gaps(busy)), 1.5, "a busy node's renewals")
+        # TTL 6 s, revoke grace 1 s: a third of the fence's window (6 − 1 − 2 s) is 1 s. The pace by the
+        # median (a timer fires a little late, never early); the bound that matters by the longest gap: past
+        # the fence's window (3 s) the node would revoke its lease. A loaded CI machine has stalled the
+        # sanitized brokerd by 0.5 s here and by 2.8 s in the idle part below: the environment, not the pace.
+        self.assertGreaterEqual(min(gaps(busy)), 0.9, "a busy node's renewals came early")
+        self.assertLessEqual(median(gaps(busy)), 1.1, "a busy node's renewals")
+        self.assertLess(max(gaps(busy)), 3.0, "a busy node's renewal came past its fence's window")
 
         held.close()  # A holds nothing now: its release goes, then its renewals slow down and its watch rests
         idle = mon.until(time.monotonic() + 4 * TTL)
@@ -288,9 +294,11 @@ class TestLiveness(harness.BrokerTestCase):
               flush=True)
         self.assertEqual(infos, [], "an idle node's watch read INFO")
         self.assertGreaterEqual(len(gaps(rest)), 2, "an idle node's renewals")
-        # TTL/2: 3 s (its timer may fire a little late, never early).
+        # TTL/2: 3 s (its timer may fire a little late, never early); no gap as long as the TTL, past which
+        # its registration would lapse.
         self.assertGreaterEqual(min(gaps(rest)), 2.9, "an idle node's renewals at the busy pace")
-        self.assertLessEqual(max(gaps(rest)), 4.5, "an idle node's renewals")
+        self.assertLessEqual(median(gaps(rest)), 3.2, "an idle node's renewals")
+        self.assertLess(max(gaps(rest)), TTL, "an idle node's registration lapsed")
 
         again = self.acquire(a, "l0")
         again.until_granted(timeout=10)
