@@ -277,10 +277,10 @@ class TestLiveness(harness.BrokerTestCase):
             self.assertTrue(is_renewal(following), following)
             self.assertLess(following[0] - t, 0.005, "the INFO and the renewal were not sent together")
         # TTL 6 s, revoke grace 1 s: a third of the fence's window (6 − 1 − 2 s) is 1 s. The pace by the
-        # median (a timer fires a little late, never early); the bound that matters by the longest gap: past
-        # the fence's window (3 s) the node would revoke its lease. A loaded CI machine has stalled the
-        # sanitized brokerd by 0.5 s here and by 2.8 s in the idle part below: the environment, not the pace.
-        self.assertGreaterEqual(min(gaps(busy)), 0.9, "a busy node's renewals came early")
+        # median; the bound that matters by the longest gap: past the fence's window (3 s) the node would
+        # revoke its lease. Single gaps move with the machine (MONITOR stamps when Redis ran each renewal): a
+        # loaded CI machine stalled the sanitized brokerd 0.5 s here and 2.8 s in the idle part below.
+        self.assertGreaterEqual(median(gaps(busy)), 0.9, "a busy node's renewals")
         self.assertLessEqual(median(gaps(busy)), 1.1, "a busy node's renewals")
         self.assertLess(max(gaps(busy)), 3.0, "a busy node's renewal came past its fence's window")
 
@@ -294,9 +294,10 @@ class TestLiveness(harness.BrokerTestCase):
               flush=True)
         self.assertEqual(infos, [], "an idle node's watch read INFO")
         self.assertGreaterEqual(len(gaps(rest)), 2, "an idle node's renewals")
-        # TTL/2: 3 s (its timer may fire a little late, never early); no gap as long as the TTL, past which
-        # its registration would lapse.
-        self.assertGreaterEqual(min(gaps(rest)), 2.9, "an idle node's renewals at the busy pace")
+        # TTL/2: 3 s; none at the busy pace (1 s); no gap as long as the TTL, past which its registration
+        # would lapse.
+        self.assertGreaterEqual(min(gaps(rest)), 2.0, "an idle node's renewal at the busy pace")
+        self.assertGreaterEqual(median(gaps(rest)), 2.9, "an idle node's renewals")
         self.assertLessEqual(median(gaps(rest)), 3.2, "an idle node's renewals")
         self.assertLess(max(gaps(rest)), TTL, "an idle node's registration lapsed")
 
