@@ -37,7 +37,8 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlua import LUA, embed, redisd  # noqa: E402
+import benchlua  # noqa: E402
+from benchlua import LUA, redisd  # noqa: E402
 
 OPS = ["submit", "release", "withdraw", "tick", "reclaim", "drain", "positions"]
 CANON = "backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\nlane.ci.reserve=0\nlimit=64\n"
@@ -45,12 +46,8 @@ HEAD = ("1", "n1", "-", "run1", "1")  # version, node, redis clock, run id, sett
 
 
 def library(where):
-    def read(name):
-        with open(os.path.join(where, name + ".lua"), "rb") as f:
-            return f.read()
-    ops = [(op, read(op)) for op in OPS + (["batch"] if os.path.exists(os.path.join(where, "batch.lua")) else [])]
-    text, digest = embed.library(read("prelude"), ops, "bench-batch-cost.py")
-    return text.decode(), digest
+    batch = ["batch"] if os.path.exists(os.path.join(where, "batch.lua")) else []  # (a BEFORE tree without)
+    return benchlua.library(OPS + batch, "bench-batch-cost.py", where)
 
 
 def stats(r):

@@ -33,21 +33,13 @@ import unittest
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlua import LUA, embed, redisd  # noqa: E402
+from benchlua import library, redisd  # noqa: E402
 
 # The library as brokerd/meson.build embeds it: the operations, then set and batch (library only), last.
 OPS = ["submit", "release", "withdraw", "tick", "reclaim", "drain", "positions", "renew", "quarantine", "set",
        "batch"]
 CANON = "backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\nlane.ci.reserve=0\nlimit=8\n"
 TINY = "#!lua name=bench_tiny\nredis.register_function('bench_tiny', function(keys, argv) return { 'ok', 1 } end)"
-
-
-def library():
-    def read(name):
-        with open(os.path.join(LUA, name + ".lua"), "rb") as f:
-            return f.read()
-    text, digest = embed.library(read("prelude"), [(op, read(op)) for op in OPS], "bench-renew-cost.py")
-    return text.decode(), digest
 
 
 def load():
@@ -74,7 +66,7 @@ def main():
 
 def run(server, pools_n, nodes_n, window, rounds, period):
     r = server.client(timeout=60)
-    text, digest = library()
+    text, digest = library(OPS, "bench-renew-cost.py")
     r.call("FUNCTION", "LOAD", "REPLACE", text)
     r.call("FUNCTION", "LOAD", "REPLACE", TINY)
     pools = ["{sb:p%d}" % i for i in range(pools_n)]

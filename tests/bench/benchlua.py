@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: MIT
 """benchlua.py — what the benchmarks of the shared pools' scripts share: redisd.py (the integration tests'
-private redis-server), tools/embed-lua-library.py (the library as brokerd builds it) and where the scripts are.
+private redis-server), tools/embed-lua-library.py (the library as brokerd builds it), where the scripts are,
+and a library made of them.
 
-    from benchlua import LUA, embed, redisd
+    from benchlua import LUA, embed, library, redisd
 """
 import importlib.util
 import os
@@ -17,3 +18,13 @@ _spec = importlib.util.spec_from_file_location("embed_lua_library",
                                                os.path.join(HERE, "..", "..", "tools", "embed-lua-library.py"))
 embed = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(embed)
+
+
+def library(ops, label, where=LUA):
+    """The Redis Functions library of where's prelude.lua and the operations ops (names, in order), as
+    brokerd embeds it: (text, digest)."""
+    def read(name):
+        with open(os.path.join(where, name + ".lua"), "rb") as f:
+            return f.read()
+    text, digest = embed.library(read("prelude"), [(op, read(op)) for op in ops], label)
+    return text.decode(), digest
