@@ -148,8 +148,11 @@ static redisContext *redis_connect(void) {
                 redisFree(c);
                 return NULL;
         }
-        if (c)
+        if (c) {
                 (void) redisSetTimeout(c, (struct timeval) { .tv_sec = 30 });
+                /* hiredis does not ask for O_CLOEXEC: the brokerds started later would hold it open. */
+                (void) fcntl(c->fd, F_SETFD, FD_CLOEXEC);
+        }
         return c;
 }
 
