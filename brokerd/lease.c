@@ -24,7 +24,7 @@ static usec_t realtime_of(const LeaseTable *t, usec_t monotonic) {
 }
 
 void lease_table_init(LeaseTable *t, sd_event *event, Engine *engine, Audit *audit) {
-        *t = (LeaseTable) { .event = event, .engine = engine, .audit = audit };
+        *t = (LeaseTable) { .event = event, .engine = engine, .audit = audit, .events = RING_INIT(LeaseEvent) };
         list_init(&t->leases);
 }
 
@@ -32,8 +32,7 @@ void lease_table_done(LeaseTable *t) {
         ListNode *n;
         while ((n = list_first(&t->leases)))
                 lease_free(container_of(n, Lease, node));
-        t->events = mfree(t->events);
-        t->n_events = t->events_head = t->events_allocated = 0;
+        ring_done(&t->events);
         t->persisting = mfree(t->persisting);
         t->n_persisting = t->persisting_allocated = 0;
 }
@@ -47,49 +46,25 @@ Lease *lease_table_find(LeaseTable *t, const char *id) {
         return NULL;
 }
 
-/* Room in the ring for n events. */
-static int lease_table_reserve_events(LeaseTable *t, size_t n) {
-        if (n <= t->events_allocated)
-                return 0;
-        n = MAX(n, MAX(t->events_allocated * 2, (size_t) 16));
-        LeaseEvent *a = calloc(n, sizeof(LeaseEvent));
-        if (!a)
-                return -ENOMEM;
-        for (size_t i = 0; i < t->n_events; i++)
-                a[i] = t->events[(t->events_head + i) % t->events_allocated];
-        free(t->events);
-        t->events = a;
-        t->events_head = 0;
-        t->events_allocated = n;
-        return 0;
-}
-
 static void lease_table_push_event(LeaseTable *t, const LeaseEvent *ev) {
         /* lease_new() made room for every event a lease can push: its grant's PERSISTED and one CUT (a
          * lease is revoked once). Reached only past that count: a lost PERSISTED's waiter is answered when
          * it goes. */
-        if (lease_table_reserve_events(t, t->n_events + 1) < 0) {
+        if (ring_push(&t->events, ev) < 0)
                 log_oom();
-                return;
-        }
-        t->events[(t->events_head + t->n_events++) % t->events_allocated] = *ev;
 }
 
 bool lease_table_pop_event(LeaseTable *t, LeaseEvent *ret) {
-        while (t->n_events > 0) {
-                *ret = t->events[t->events_head];
-                t->events_head = (t->events_head + 1) % t->events_allocated;
-                t->n_events--;
+        while (ring_pop(&t->events, ret))
                 if (ret->lease)
                         return true; /* else its lease was freed after it was queued */
-        }
         return false;
 }
 
 /* A freed lease's queued events stay in the ring, emptied: no event names freed memory. */
 static void lease_table_drop_events(LeaseTable *t, const Lease *l) {
-        for (size_t i = 0; i < t->n_events; i++) {
-                LeaseEvent *e = &t->events[(t->events_head + i) % t->events_allocated];
+        for (size_t i = 0; i < t->events.n; i++) {
+                LeaseEvent *e = ring_at(&t->events, i);
                 if (e->lease == l)
                         e->lease = NULL;
         }
@@ -443,10 +418,12 @@ void lease_persist(Lease *l, void *waiter) {
                 lease_persisted(l, LEASE_NOT_PERSISTED);
                 return;
         }
+        /* Once a lease: lease_new() reserved room for one PERSISTED (and one CUT) in the ring, no more. */
+        assert(!l->persist_pending);
         HistoryLeaseAlso also[CONF_LANE_ALSO_MAX];
         HistoryLeaseRow row = lease_row(l, also);
-        if (l->persist_pending || lease_table_reserve_persisting(t) < 0 || lease_log_add(t->log, &row) < 0) {
-                lease_persisted(l, l->persist_pending ? -EBUSY : -ENOMEM);
+        if (lease_table_reserve_persisting(t) < 0 || lease_log_add(t->log, &row) < 0) {
+                lease_persisted(l, -ENOMEM);
                 return;
         }
         t->persisting[t->n_persisting++] = l;
@@ -587,7 +564,7 @@ int lease_new(LeaseTable *t, EngineLease *el, void *holder, uid_t uid, pid_t pid
         }
         /* Its events cannot be lost to a full memory later (a lost PERSISTED would keep the lease of a
          * holder that went held until max-hold): room for two per lease, freed ones' queued events counted. */
-        int r = lease_table_reserve_events(t, t->n_events + 2 * ((size_t) t->n_leases + 1));
+        int r = ring_reserve(&t->events, t->events.n + 2 * ((size_t) t->n_leases + 1));
         if (r < 0) {
                 lease_free(l);
                 return r;

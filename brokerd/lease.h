@@ -16,6 +16,7 @@
 #include "json.h"
 #include "list.h"
 #include "process.h"
+#include "ring.h"
 #include "time-util.h"
 
 typedef struct HistoryLeaseBackend HistoryLeaseBackend; /* history.h */
@@ -85,8 +86,7 @@ typedef struct LeaseTable {
         List leases;                    /* Lease.node */
         unsigned n_leases;
         bool changed;                   /* a lease came, went or changed state: STATUS= is stale */
-        LeaseEvent *events;             /* a ring, drained by the owner */
-        size_t events_head, n_events, events_allocated;
+        Ring events;                    /* of LeaseEvent, drained by the owner */
         struct Lease **persisting;      /* rows in the log's buffer, answered by lease_table_flush() */
         size_t n_persisting, persisting_allocated;
 } LeaseTable;
@@ -188,7 +188,8 @@ void *lease_get_holder(const Lease *l);
 void lease_clear_holder(Lease *l);
 
 /* Writes the row of the lease's grant at the next lease_table_flush(): the grant is audited, answered or
- * refused only then (SPEC §3.4), when LEASE_EVENT_PERSISTED follows, with waiter (NULL: nobody waits). */
+ * refused only then (SPEC §3.4), when LEASE_EVENT_PERSISTED follows, with waiter (NULL: nobody waits).
+ * Called once a lease, after lease_new(). */
 void lease_persist(Lease *l, void *waiter);
 /* The waiter went: PERSISTED comes without it. */
 void lease_persist_forget(Lease *l);
