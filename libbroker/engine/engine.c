@@ -9,6 +9,7 @@
 #include "heap.h"
 #include "list.h"
 #include "pool.h"
+#include "ring.h"
 #include "strv.h"
 
 typedef struct EngineLane {
@@ -172,12 +173,10 @@ struct Engine {
 
         /* Pool decisions are queued and handled after the pool call returns: a pool never sees the
          * engine re-enter it from inside its own emit. */
-        PoolDecision *pending;
-        size_t pending_head, n_pending, pending_allocated;
+        Ring pending;            /* of PoolDecision */
         bool failed_pending;     /* out of memory while queueing a decision */
 
-        EngineEvent *events;     /* ring buffer */
-        size_t events_head, n_events, events_allocated;
+        Ring events;             /* of EngineEvent */
 
         bool unsettled;          /* a command changed state at unsettled_at and engine_run() has not followed */
         usec_t unsettled_at;
@@ -247,32 +246,19 @@ unsigned engine_retry_after_sec(bool queue_timeout_set, usec_t queue_timeout, ui
 /* ---- events ---- */
 
 static void event_push(Engine *e, const EngineEvent *ev) {
-        if (e->n_events == e->events_allocated) {
-                size_t allocated = e->events_allocated ? e->events_allocated * 2 : 64;
-                EngineEvent *a = reallocarray(NULL, allocated, sizeof(EngineEvent));
-                if (!a)
-                        abort(); /* losing a decision would lose a client's answer; there is no way on */
-                for (size_t i = 0; i < e->n_events; i++)
-                        a[i] = e->events[(e->events_head + i) % e->events_allocated];
-                free(e->events);
-                e->events = a;
-                e->events_head = 0;
-                e->events_allocated = allocated;
-        }
-        e->events[(e->events_head + e->n_events++) % e->events_allocated] = *ev;
+        if (ring_push(&e->events, ev) < 0)
+                abort(); /* losing a decision would lose a client's answer; there is no way on */
+}
+
+static bool event_is_not_revoke_of(const void *item, void *lease) {
+        const EngineEvent *ev = item;
+        return !(ev->type == ENGINE_EVENT_REVOKE && ev->lease == lease);
 }
 
 /* A lease released is not revoked afterwards: a REVOKE still queued for it (its max-hold or its loss was
  * settled by the release call itself) would hand the caller a lease, and its userdata, already gone. */
 static void events_forget_lease(Engine *e, const EngineLease *l) {
-        size_t kept = 0;
-        for (size_t i = 0; i < e->n_events; i++) {
-                const EngineEvent *ev = &e->events[(e->events_head + i) % e->events_allocated];
-                if (ev->type == ENGINE_EVENT_REVOKE && ev->lease == l)
-                        continue;
-                e->events[(e->events_head + kept++) % e->events_allocated] = *ev;
-        }
-        e->n_events = kept;
+        ring_filter(&e->events, event_is_not_revoke_of, (void *) l);
 }
 
 static void popped_free(Engine *e) {
@@ -284,17 +270,14 @@ bool engine_pop_event(Engine *e, EngineEvent *ret) {
         if (!e)
                 return false;
         popped_free(e);
-        if (e->n_events == 0)
+        if (!ring_pop(&e->events, ret))
                 return false;
-        *ret = e->events[e->events_head];
         if (ret->type == ENGINE_EVENT_MEMBER || ret->type == ENGINE_EVENT_DRAIN) {
                 /* The event's strings are the engine's until the next pop. */
                 e->popped[0] = (char *) ret->member;
                 e->popped[1] = (char *) ret->job;
                 e->popped[2] = (char *) ret->note;
         }
-        e->events_head = (e->events_head + 1) % e->events_allocated;
-        e->n_events--;
         return true;
 }
 
@@ -705,24 +688,8 @@ static void retired_gc(Engine *e) {
 
 static void on_pool_decision(const PoolDecision *d, void *userdata) {
         Engine *e = userdata;
-        if (e->n_pending == e->pending_allocated) {
-                size_t allocated = e->pending_allocated ? e->pending_allocated * 2 : 16;
-                /* Compact first: the head has usually been consumed. */
-                if (e->pending_head > 0) {
-                        memmove(e->pending, e->pending + e->pending_head, e->n_pending * sizeof(PoolDecision));
-                        e->pending_head = 0;
-                }
-                PoolDecision *a = reallocarray(e->pending, allocated, sizeof(PoolDecision));
-                if (!a)
-                        abort(); /* a decision not recorded is a slot lost or a client never answered */
-                e->pending = a;
-                e->pending_allocated = allocated;
-        }
-        if (e->pending_head + e->n_pending == e->pending_allocated) {
-                memmove(e->pending, e->pending + e->pending_head, e->n_pending * sizeof(PoolDecision));
-                e->pending_head = 0;
-        }
-        e->pending[e->pending_head + e->n_pending++] = *d;
+        if (ring_push(&e->pending, d) < 0)
+                abort(); /* a decision not recorded is a slot lost or a client never answered */
 }
 
 void engine_set_pool_factory(Engine *e, EnginePoolFactoryFn factory, void *userdata) {
@@ -895,8 +862,8 @@ static void set_part_record(EngineRequest *r, RequestPart *part, const PoolDecis
 /* Decisions about the request that are queued and not handled yet are taken into its parts now (and dropped
  * from the queue), so that nothing is withdrawn or released twice. */
 static void set_absorb_pending(Engine *e, EngineRequest *r) {
-        for (size_t i = 0; i < e->n_pending; i++) {
-                PoolDecision *d = e->pending + e->pending_head + i;
+        for (size_t i = 0; i < e->pending.n; i++) {
+                PoolDecision *d = ring_at(&e->pending, i);
                 if (!d->pool || d->cookie != r || d->verdict == POOL_VERDICT_LOST ||
                     d->verdict == POOL_VERDICT_CONGESTION)
                         continue;
@@ -1522,14 +1489,10 @@ static void process_decisions(Engine *e) {
         do {
                 if (e->rerun)
                         rerun_pools(e);
-                while (e->n_pending > 0) {
-                        PoolDecision d = e->pending[e->pending_head++];
-                        e->n_pending--;
-                        if (e->n_pending == 0)
-                                e->pending_head = 0;
+                PoolDecision d;
+                while (ring_pop(&e->pending, &d))
                         if (d.pool) /* NULL: taken by set_absorb_pending() */
                                 handle_decision(e, &d);
-                }
         } while (e->rerun);
 }
 
@@ -2665,6 +2628,8 @@ int engine_new(EngineRandomFn random, void *random_userdata, Engine **ret) {
         list_init(&e->requests);
         list_init(&e->sets);
         heap_init(&e->expiries);
+        e->pending = RING_INIT(PoolDecision);
+        e->events = RING_INIT(EngineEvent);
         *ret = e;
         return 0;
 }
@@ -2696,9 +2661,9 @@ Engine *engine_free(Engine *e) {
         free(e->floors);
         lanes_free(e->lanes, e->n_lanes);
         heap_done(&e->expiries);
-        free(e->pending);
-        for (size_t i = 0; i < e->n_events; i++) {
-                EngineEvent *ev = &e->events[(e->events_head + i) % e->events_allocated];
+        ring_done(&e->pending);
+        for (size_t i = 0; i < e->events.n; i++) {
+                EngineEvent *ev = ring_at(&e->events, i);
                 if (ev->type == ENGINE_EVENT_MEMBER || ev->type == ENGINE_EVENT_DRAIN) {
                         free((char *) ev->member);
                         free((char *) ev->job);
@@ -2712,7 +2677,7 @@ Engine *engine_free(Engine *e) {
                 free(e->drains[i].reason);
         }
         free(e->drains);
-        free(e->events);
+        ring_done(&e->events);
         for (size_t i = 0; i < e->n_names; i++)
                 free(e->names[i]);
         free(e->names);
