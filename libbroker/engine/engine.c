@@ -174,7 +174,6 @@ struct Engine {
         /* Pool decisions are queued and handled after the pool call returns: a pool never sees the
          * engine re-enter it from inside its own emit. */
         Ring pending;            /* of PoolDecision */
-        bool failed_pending;     /* out of memory while queueing a decision */
 
         Ring events;             /* of EngineEvent */
 
