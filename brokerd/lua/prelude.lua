@@ -518,6 +518,48 @@ local function lane_incr(l, field, by)
         c.dirty = true
 end
 
+-- Lane counts that are numbers but wrong (a lane's key lost, evicted, or written by hand): a cap passed, or
+-- a lane's waiters passed over by queue_next(), until the pool is made anew. Every 10 s of pool time
+-- (meta.lanes_at) a call sums the stored lanes' counts (O(lanes), with lane_get()'s reads that the call
+-- would mostly make anyway) against meta's in_use and waiting + hwaiting, which integrity_lost() and
+-- HEALTH.check() hold to the keys; on a difference it counts them again from the records (HVALS h and w,
+-- O(leases + waiters)) and writes back and tells ("bad-key" "lane") each lane that differs. Leases of a lane
+-- the rules removed count in no stored lane: such a pool counts again each period until they end.
+local function lanes_audit()
+        local at = int_of(M.lanes_at)
+        if at and at <= now and now < at + 10 * USEC_PER_SEC then return end
+        meta_set('lanes_at', istr(now))
+        local used, waiting = 0, 0
+        for _, l in ipairs(R.lane_names) do
+                local c = lane_get(l)
+                used, waiting = used + c.used, waiting + c.waiting
+        end
+        local used_ok, waiting_ok = used == M.in_use, waiting == M.waiting + HEALTH.waiting()
+        if used_ok and waiting_ok then return end
+        local count = {}
+        for _, l in ipairs(R.lane_names) do count[l] = { used = 0, waiting = 0 } end
+        if not used_ok then
+                for _, v in ipairs(redis.call('HVALS', K.h)) do
+                        local ok, r = pcall(cmsgpack.unpack, v)
+                        local c = ok and type(r) == 'table' and count[r[3]]
+                        if c and type(r[4]) == 'number' then c.used = c.used + r[4] end
+                end
+        end
+        if not waiting_ok then
+                for _, v in ipairs(redis.call('HVALS', K.w)) do
+                        local ok, r = pcall(cmsgpack.unpack, v)
+                        local c = ok and type(r) == 'table' and count[r[3]]
+                        if c then c.waiting = c.waiting + 1 end
+                end
+        end
+        for _, l in ipairs(R.lane_names) do
+                local c, n = lane_get(l), count[l]
+                if not used_ok and c.used ~= n.used then c.used, c.dirty = n.used, true end
+                if not waiting_ok and c.waiting ~= n.waiting then c.waiting, c.dirty = n.waiting, true end
+                if c.dirty then LIFE.bad('lane', l) end
+        end
+end
+
 -- Writes what meta_set(), lane_incr() and fingerprint_change() kept. Idempotent. In a batch, at its end
 -- (carry.defer: batch_flush()).
 local function flush()
@@ -2823,6 +2865,7 @@ local function prelude_begin(create)
                         if not R.canon and not create then return reply('unregistered') end -- a tick stores them
                 elseif R.canon then
                         HEALTH.check()
+                        lanes_audit()
                 end
         end
         if M.epoch and R.canon and bnow then

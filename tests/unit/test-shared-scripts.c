@@ -5085,6 +5085,60 @@ static void test_hostile_writes_to_the_members_lives_break_nothing(void **state)
         assert_int_equal(failed, 0);
 }
 
+/* A lane's counts that are numbers but wrong (its key evicted, or written by hand) are counted again from
+ * the records within 10 s of pool time (prelude.lua, lanes_audit()): before, a used count set to 0 let the
+ * lane pass its cap, one set high blocked it, and a waiting count of 0 passed its waiters over, for as long as
+ * the pool lived. */
+#define CANON_CAPPED "backend-node-ttl=300000000\nlane.ci.max-in-use=1\nlane.ci.priority=0\nlane.ci.reserve=0\n" \
+        "lane.nb.max-in-use=-1\nlane.nb.priority=0\nlane.nb.reserve=0\nlimit=3\n"
+
+static long long lane_count(const char *lane, const char *field) {
+        redisReply *r = redisCommand(redis, "HGET " POOL ":lane:%s %s", lane, field);
+        assert_int_equal(r->type, REDIS_REPLY_STRING);
+        long long v = strtoll(r->str, NULL, 10);
+        freeReplyObject(r);
+        return v;
+}
+
+static void test_wrong_lane_counts_are_counted_again(void **state) {
+        tick_ok("n1", 1000, CANON_CAPPED);
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+        redisReply *n = submit_at(1000, "n", "nb", 2, true, -1);
+        assert_string_equal(field_s(body(n), D_VERDICT), "granted");
+
+        /* used 0 where ci holds 1 (cap 1): within the period it is taken as it is; after it, counted again. */
+        redis_do("HSET " POOL ":lane:ci used 0");
+        redisReply *b = submit_at(1000 + 10 * SEC, "b", "ci", 1, true, -1);
+        assert_string_equal(field_s(body(b), D_VERDICT), "queued");
+        assert_true(has_notice(b, "bad-key", "lane"));
+        assert_int_equal(lane_count("ci", "used"), 1);
+        assert_int_equal(lane_count("ci", "waiting"), 1);
+        freeReplyObject(b);
+
+        /* waiting 0 where b waits, and used 5 where nb holds 2: the release of a must still grant b. */
+        redis_do("HSET " POOL ":lane:ci waiting 0");
+        redis_do("HSET " POOL ":lane:nb used 5");
+        redisReply *r = release_at(1000 + 20 * SEC, field_i(body(a), D_TOKEN), "a");
+        assert_true(has_notice(r, "bad-key", "lane"));
+        freeReplyObject(r);
+        redisReply *t = tick_as("n1", 1000 + 20 * SEC, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_RID), "b");
+        assert_string_equal(field_s(event(t, 0), D_VERDICT), "granted");
+        freeReplyObject(t);
+        assert_int_equal(lane_count("ci", "used"), 1);
+        assert_int_equal(lane_count("ci", "waiting"), 0);
+        assert_int_equal(lane_count("nb", "used"), 2);
+
+        /* Right counts are left alone: no notice at the next period. */
+        t = tick_as("n1", 1000 + 30 * SEC, "=");
+        assert_false(has_notice_kind(t, "bad-key"));
+        freeReplyObject(t);
+        freeReplyObject(a);
+        freeReplyObject(n);
+}
+
 /* Which cases a run takes (main()'s arguments): all of them, or one of two parts that together are all of them, each
  * case in exactly one. The liveness cases sleep for real (a TTL of 2 s; about a minute in all, with next to no
  * CPU): meson runs them as tests of their own (test-shared-scripts-liveness, -mixed-liveness) beside the others
@@ -5199,6 +5253,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_garbage_lease_record_is_dropped_and_the_pool_made_anew),
                 T(test_a_key_of_another_type_is_dropped_and_the_call_run_again),
                 T(test_hostile_writes_to_the_members_lives_break_nothing),
+                T(test_wrong_lane_counts_are_counted_again),
                 T(test_an_ordinary_wid_in_the_health_queue_is_passed_over),
                 T(test_a_wid_left_without_its_record_is_dropped_by_the_dispatch),
 #undef L
