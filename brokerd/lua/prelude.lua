@@ -2592,7 +2592,10 @@ local function integrity_lost()
         if redis.call('HLEN', K.h) ~= M.leases then return 'leases' end
         if redis.call('HLEN', K.w) ~= M.waiting + HEALTH.waiting() then return 'waiters' end
         if redis.call('BITCOUNT', K.occ) ~= M.in_use then return 'slots' end
-        if redis.call('BITCOUNT', K.busy) < M.in_use then return 'free slots' end
+        -- busy is occ, the drained and quarantined members' free places and the resting ones (below the limit):
+        -- exactly. Counts that say more free slots than busy has (a number in meta written by hand) sent
+        -- grant() past the last free slot, a Lua error on every submit; fewer held slots free for good.
+        if redis.call('BITCOUNT', K.busy) ~= M.in_use + M.drained_free + M.resting_free then return 'free slots' end
         if redis.call('HLEN', K.rid) ~= M.leases - redis.call('ZCARD', K.orph) + M.waiting + HEALTH.waiting() then
                 return 'records'
         end

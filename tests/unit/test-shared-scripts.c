@@ -4644,6 +4644,13 @@ static const struct hostile_write hostile_writes[] = {
         { { "HSET {sb:p}:rules canon label.x=nobody,alpha\nlane.ci.labels=x\nlimit=99\nmembers=alpha" } },
         /* meta's counts of them */
         { { "HSET {sb:p}:meta hwaiting nan", "HSET {sb:p}:meta drain_next nan" } },
+        /* numbers, but wrong: more free slots than busy has sent grant() past the last one, a Lua error on
+         * every submit (the pool made anew now: "free slots"); fewer kept free slots out for good */
+        { { "HSET {sb:p}:meta drained_free -5" } },
+        { { "HSET {sb:p}:meta drained_free 0" } },
+        { { "HSET {sb:p}:meta resting_free -3" } },
+        { { "HSET {sb:p}:meta drained_free 3" } },
+        { { "HSET {sb:p}:meta in_use 0", "HSET {sb:p}:meta leases 0" } },
         { { "HSET {sb:p}:meta drain_next -inf", "HSET {sb:p}:meta life junk" } },
         { { "HSET {sb:p}:meta drain_next 1e308", "HSET {sb:p}:meta drain_records 1" } },
         /* numbers the scripts count with, and the records, where a script once stopped with an error (issue 21,
