@@ -5,9 +5,9 @@
  * the same measurement on a local pool of node-a (what bench-pairs measures), taken in the same run:
  *
  *   - immediate acquire (Acquire sent → grant read): one client at a time; inside the pairs runs (at
- *     Redis's limit); and with the clients paced to a half and an eighth of the pairs' rate; target
- *     p50 ≤ 1 ms, p99 ≤ 5 ms;
- *   - pairs: CLIENTS connections from one poll() loop, each acquire → release → … for SECONDS, on a pool
+ *     Redis's limit); and with the clients paced to a half and an eighth of the pairs' rate (each client's
+ *     acquires a Poisson stream of its own: pacing_lockstep()); target p50 ≤ 1 ms, p99 ≤ 5 ms;
+ *   - pairs: CLIENTS connections from one ppoll() loop, each acquire → release → … for SECONDS, on a pool
  *     of 2 × CLIENTS slots (nobody waits); targets ≥ 8,000 pairs/s (SPEC §12, shared pools) and ≥ 20,000
  *     (at fleet scale); rounds alternate shared/local;
  *   - where a pair's time goes: the brokerds' CPU per message (all three), redis-server's, the clients',
@@ -38,6 +38,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -413,30 +414,62 @@ typedef struct Run {
         double fcall_per_pair, script_us_per_call, xread_per_pair;
 } Run;
 
-/* n_clients connections, client i on nodes[i % n_nodes], driven from one poll() loop as bench-pairs drives
- * them: acquire → granted → release → released → … for `seconds`. With pace > 0 (pairs/s in all) each
- * client starts its next acquire n_clients / pace seconds after its previous one started (at once if that
- * is past): the latency of an Acquire at a rate the pool sustains, rather than at its limit. */
+/* Paced runs: by default each client's acquires follow a schedule of its own with exponential gaps of mean
+ * n_clients / pace (seeded): a Poisson stream of pace acquires a second in all, as independent jobs make.
+ * A client whose pair outlasts its gap starts the next at once, and its schedule goes on from then (no
+ * catching up in a burst). $BENCH_SHARED_PACING=lockstep is the schedule of the figures before stop 41,
+ * to compare: each client's next acquire `interval` after its last one was sent, woken by poll()'s whole
+ * milliseconds, so that clients due within one millisecond went together and stayed together for good
+ * (at an eighth of the rate a brokerd was sent 2–5 acquires at once: tests/bench/README.md, "Stop 41"). */
+static bool pacing_lockstep(void) {
+        const char *e = getenv("BENCH_SHARED_PACING");
+        return e && strcmp(e, "lockstep") == 0;
+}
+
+/* An exponential gap of the given mean (ns), from a xorshift64* generator the caller seeds. */
+static uint64_t pace_gap(uint64_t *state, uint64_t mean) {
+        uint64_t x = *state;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        *state = x;
+        double u = (double) ((x * UINT64_C(2685821657736338717)) >> 11) / 9007199254740992.0; /* [0, 1) */
+        return (uint64_t) (-log1p(-u) * (double) mean);
+}
+
+/* n_clients connections, client i on nodes[i % n_nodes], driven from one ppoll() loop as bench-pairs drives
+ * them: acquire → granted → release → released → … for `seconds`. With pace > 0 (pairs/s in all) the
+ * acquires are paced (above): the latency of an Acquire at a rate the pool sustains, rather than at its
+ * limit. */
 static Run run_pairs(redisContext *rc, const char *lane, int n_nodes, int n_clients, double seconds, double pace) {
         BrokerClient **c = calloc((size_t) n_clients, sizeof(BrokerClient *));
         struct pollfd *p = calloc((size_t) n_clients, sizeof(struct pollfd));
         uint64_t *sent = calloc((size_t) n_clients, sizeof(uint64_t));
         uint64_t *next = calloc((size_t) n_clients, sizeof(uint64_t)); /* paced: when its next acquire is due; 0: busy */
+        uint64_t *rng = calloc((size_t) n_clients, sizeof(uint64_t));
         bool *releasing = calloc((size_t) n_clients, sizeof(bool));
         uint64_t interval = pace > 0 ? (uint64_t) ((double) n_clients / pace * 1e9) : 0;
+        bool lockstep = pacing_lockstep();
         Run run = {};
         uint64_t pairs = 0;
         int open = n_clients;
 
-        if (!c || !p || !sent || !next || !releasing)
+        if (!c || !p || !sent || !next || !rng || !releasing)
                 die("calloc", ENOMEM);
         for (int i = 0; i < n_clients; i++)
                 c[i] = client_new(&nodes[i % n_nodes]);
         freeReplyObject(redis_command(rc, "CONFIG RESETSTAT"));
         uint64_t t0 = bench_now_ns(), brokerds0 = brokerds_cpu_ns(), redis0 = bench_process_cpu_ns(redis.pid, false),
                  clients0 = bench_self_cpu_ns(), end = t0 + (uint64_t) (seconds * 1e9);
-        for (int i = 0; i < n_clients; i++)
-                next[i] = t0 + interval * (uint64_t) i / (uint64_t) n_clients; /* spread over an interval */
+        for (int i = 0; i < n_clients; i++) {
+                rng[i] = UINT64_C(0x9e3779b97f4a7c15) * (uint64_t) (i + 1);
+                if (lockstep)
+                        next[i] = t0 + interval * (uint64_t) i / (uint64_t) n_clients; /* spread over an interval */
+                else
+                        next[i] = t0 + (interval ? pace_gap(&rng[i], interval) : 0);
+                if (next[i] == 0)
+                        next[i] = 1;
+        }
         while (open > 0) {
                 uint64_t now = bench_now_ns(), due = UINT64_MAX;
                 for (int i = 0; i < n_clients; i++) {
@@ -454,8 +487,15 @@ static Run run_pairs(redisContext *rc, const char *lane, int n_nodes, int n_clie
                 }
                 if (open == 0)
                         break; /* the last ones were due after the end */
-                int timeout = due == UINT64_MAX ? 10000 : (int) ((due - now + 999999) / 1000000);
-                int k = poll(p, (nfds_t) n_clients, timeout);
+                int k;
+                if (lockstep) {
+                        int timeout = due == UINT64_MAX ? 10000 : (int) ((due - now + 999999) / 1000000);
+                        k = poll(p, (nfds_t) n_clients, timeout);
+                } else {
+                        uint64_t wait = due == UINT64_MAX ? UINT64_C(10000000000) : due - now;
+                        struct timespec ts = { .tv_sec = (time_t) (wait / 1000000000), .tv_nsec = (long) (wait % 1000000000) };
+                        k = ppoll(p, (nfds_t) n_clients, &ts, NULL);
+                }
                 if (k == 0 && due == UINT64_MAX) {
                         for (int i = 0; i < n_clients; i++)
                                 if (c[i])
@@ -491,7 +531,13 @@ static Run run_pairs(redisContext *rc, const char *lane, int n_nodes, int n_clie
                                                 open--;
                                                 break;
                                         }
-                                        next[i] = sent[i] + interval; /* ≤ now when not paced: at once */
+                                        if (lockstep || !interval) {
+                                                next[i] = sent[i] + interval; /* ≤ now when not paced: at once */
+                                        } else {
+                                                /* from when it went: its due time (ppoll() wakes within tens
+                                                 * of µs), or later when its pair before outlasted the gap */
+                                                next[i] = sent[i] + pace_gap(&rng[i], interval);
+                                        }
                                         if (next[i] == 0)
                                                 next[i] = 1;
                                         break;
@@ -517,6 +563,7 @@ static Run run_pairs(redisContext *rc, const char *lane, int n_nodes, int n_clie
         free(p);
         free(sent);
         free(next);
+        free(rng);
         free(releasing);
         return run;
 }
