@@ -554,9 +554,13 @@ local function lanes_audit()
         end
         for _, l in ipairs(R.lane_names) do
                 local c, n = lane_get(l), count[l]
-                if not used_ok and c.used ~= n.used then c.used, c.dirty = n.used, true end
-                if not waiting_ok and c.waiting ~= n.waiting then c.waiting, c.dirty = n.waiting, true end
-                if c.dirty then LIFE.bad('lane', l) end
+                local wrong = (not used_ok and c.used ~= n.used) or (not waiting_ok and c.waiting ~= n.waiting)
+                if not used_ok then c.used = n.used end
+                if not waiting_ok then c.waiting = n.waiting end
+                if wrong then
+                        c.dirty = true
+                        LIFE.bad('lane', l) -- (garbage that lane_get() counted again was told there)
+                end
         end
 end
 
@@ -2577,7 +2581,8 @@ end
 -- run time), a FLUSHDB between two calls. meta keeps the counts of what must exist; every call compares
 -- them with the keys, in O(lanes) commands, before it decides anything. Returns what is missing, or nil.
 -- Not covered: the queue's own indexes (a bucket, a priority queue, the deadlines: a waiter is then
--- passed over or never expires, never granted twice), lane counters, streams and outcome keys.
+-- passed over or never expires, never granted twice), streams and outcome keys; lane counters are compared
+-- every 10 s (lanes_audit()).
 local function integrity_lost()
         if M.garbage then return 'meta' end -- (first: garbage in `integrity` itself must not pass as an old pool)
         if M.integrity ~= 1 then
