@@ -496,9 +496,8 @@ local function lane_get(l)
                         used, waiting = 0, 0
                         for _, v in ipairs(redis.call('HVALS', K.h)) do
                                 local ok, r = pcall(cmsgpack.unpack, v)
-                                if ok and type(r) == 'table' and r[3] == l and type(r[4]) == 'number' then
-                                        used = used + r[4]
-                                end
+                                local k = ok and type(r) == 'table' and r[3] == l and r[4]
+                                if type(k) == 'number' and k >= 0 and k < INF then used = used + k end -- (NaN: not)
                         end
                         for _, v in ipairs(redis.call('HVALS', K.w)) do
                                 local ok, r = pcall(cmsgpack.unpack, v)
@@ -542,7 +541,8 @@ local function lanes_audit()
                 for _, v in ipairs(redis.call('HVALS', K.h)) do
                         local ok, r = pcall(cmsgpack.unpack, v)
                         local c = ok and type(r) == 'table' and count[r[3]]
-                        if c and type(r[4]) == 'number' then c.used = c.used + r[4] end
+                        local k = c and r[4]
+                        if type(k) == 'number' and k >= 0 and k < INF then c.used = c.used + k end -- (NaN: not)
                 end
         end
         if not waiting_ok then
