@@ -2507,7 +2507,7 @@ static void notices_apply(SharedPool *p, const RespValue *notices, usec_t now) {
                                 { "du", "a garbage drain end in Redis (ended)" },
                                 { "rekey", "garbage in Redis's rekey job (dropped)" },
                                 { "meta", "wrong health waiter counts in Redis (healed)" },
-                                { "lane", "garbage in a lane's counts in Redis (counted again)" },
+                                { "lane", "garbage or wrong numbers in a lane's counts in Redis (counted again)" },
                                 { "fp", "garbage in a node's fingerprint in Redis (counted again)" },
                                 { "h", "a garbage lease record in Redis (dropped; the pool is made anew)" },
                                 { "w", "a garbage waiter record in Redis (dropped; the pool is made anew)" },
