@@ -481,10 +481,35 @@ end
 
 ---------------------------------------------------------------------------------------------- lanes and slots
 
+-- The counts of the named lanes as the records say (anyone may write a lane's key; the records are what
+-- the counts count): used from the leases (HVALS h; a lease's k when it is a finite count), waiting from
+-- the waiters (HVALS w), each only when asked. O(leases), O(waiters). Returns lane -> { used, waiting }.
+local function lanes_recount(names, used, waiting)
+        local count = {}
+        for _, l in ipairs(names) do count[l] = { used = 0, waiting = 0 } end
+        if used then
+                for _, v in ipairs(redis.call('HVALS', K.h)) do
+                        local ok, r = pcall(cmsgpack.unpack, v)
+                        local c = ok and type(r) == 'table' and count[r[3]]
+                        local k = c and r[4]
+                        if type(k) == 'number' and k >= 0 and k < INF then c.used = c.used + k end -- (NaN: not)
+                end
+        end
+        if waiting then
+                for _, v in ipairs(redis.call('HVALS', K.w)) do
+                        local ok, r = pcall(cmsgpack.unpack, v)
+                        local c = ok and type(r) == 'table' and count[r[3]]
+                        if c then c.waiting = c.waiting + 1 end
+                end
+        end
+        return count
+end
+
 -- A lane's counts, read once a call. Garbage there (anyone may write them; integrity_lost() does not compare
--- them) is counted again from the records, O(leases + waiters) once, written back and told ("bad-key"
--- "lane"): a lane's first read in a call comes before the call changes a record of it (grant() and
--- lease_free() count before lease_put() and HDEL; waiter_link() and waiter_unlink() read it first).
+-- them, lanes_audit() does every 10 s) is counted again from the records, O(leases + waiters) once, written
+-- back and told ("bad-key" "lane"): a lane's first read in a call comes before the call changes a record of
+-- it (grant() and lease_free() count before lease_put() and HDEL; waiter_link() and waiter_unlink() read it
+-- first).
 local function lane_get(l)
         local c = lane_cache[l]
         if not c then
@@ -493,16 +518,8 @@ local function lane_get(l)
                 -- (A negative count is not garbage: a lane's key lost and its holders' ends counted from 0.)
                 local bad = not (used and used > -INF and used < INF and waiting and waiting > -INF and waiting < INF)
                 if bad then
-                        used, waiting = 0, 0
-                        for _, v in ipairs(redis.call('HVALS', K.h)) do
-                                local ok, r = pcall(cmsgpack.unpack, v)
-                                local k = ok and type(r) == 'table' and r[3] == l and r[4]
-                                if type(k) == 'number' and k >= 0 and k < INF then used = used + k end -- (NaN: not)
-                        end
-                        for _, v in ipairs(redis.call('HVALS', K.w)) do
-                                local ok, r = pcall(cmsgpack.unpack, v)
-                                if ok and type(r) == 'table' and r[3] == l then waiting = waiting + 1 end
-                        end
+                        local n = lanes_recount({ l }, true, true)[l]
+                        used, waiting = n.used, n.waiting
                         LIFE.bad('lane', l)
                 end
                 c = { used = used, waiting = waiting, dirty = bad }
@@ -535,23 +552,7 @@ local function lanes_audit()
         end
         local used_ok, waiting_ok = used == M.in_use, waiting == M.waiting + HEALTH.waiting()
         if used_ok and waiting_ok then return end
-        local count = {}
-        for _, l in ipairs(R.lane_names) do count[l] = { used = 0, waiting = 0 } end
-        if not used_ok then
-                for _, v in ipairs(redis.call('HVALS', K.h)) do
-                        local ok, r = pcall(cmsgpack.unpack, v)
-                        local c = ok and type(r) == 'table' and count[r[3]]
-                        local k = c and r[4]
-                        if type(k) == 'number' and k >= 0 and k < INF then c.used = c.used + k end -- (NaN: not)
-                end
-        end
-        if not waiting_ok then
-                for _, v in ipairs(redis.call('HVALS', K.w)) do
-                        local ok, r = pcall(cmsgpack.unpack, v)
-                        local c = ok and type(r) == 'table' and count[r[3]]
-                        if c then c.waiting = c.waiting + 1 end
-                end
-        end
+        local count = lanes_recount(R.lane_names, not used_ok, not waiting_ok)
         for _, l in ipairs(R.lane_names) do
                 local c, n = lane_get(l), count[l]
                 local wrong = (not used_ok and c.used ~= n.used) or (not waiting_ok and c.waiting ~= n.waiting)
