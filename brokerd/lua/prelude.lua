@@ -541,10 +541,25 @@ end
 -- HEALTH.check() hold to the keys; on a difference it counts them again from the records (HVALS h and w,
 -- O(leases + waiters)) and writes back and tells ("bad-key" "lane") each lane that differs. Leases of a lane
 -- the rules removed count in no stored lane: such a pool counts again each period until they end.
+-- meta.selective counts the waiters in selector buckets (k_ls): while it is above 0, dispatch and submit walk
+-- every bucket (walk_heads()). Too low (a number written by hand), those waiters were passed over for good:
+-- it is compared with the buckets it governs, O(lanes + selector buckets), in lanes_audit()'s period, and
+-- set to what they hold when it differs, told ("bad-key" "sel").
+local function selective_audit()
+        local n = 0
+        for _, lane in ipairs(R.lane_names) do
+                for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do n = n + redis.call('ZCARD', k_bucket(lane, s)) end
+        end
+        if n == M.selective then return end
+        meta_set('selective', n)
+        LIFE.bad('sel', 'selective')
+end
+
 local function lanes_audit()
         local at = int_of(M.lanes_at)
         if at and at <= now and now < at + 10 * USEC_PER_SEC then return end
         meta_set('lanes_at', istr(now))
+        selective_audit()
         local used, waiting = 0, 0
         for _, l in ipairs(R.lane_names) do
                 local c = lane_get(l)
@@ -705,7 +720,7 @@ end
 
 -- Garbage this call repaired in a key of the members' lives (key: "qm", "qf", "hq", "dr", "du", "rekey", or
 -- "meta" for the health waiters' counts; what: the field, wid or member, "?" for the whole key), or elsewhere
--- ("lane", "fp", "h", "w": README, "Integrity"): reported
+-- ("lane", "sel", "fp", "h", "w": README, "Integrity"): reported
 -- (notice "bad-key"), as a garbage rest is, so that the node counts it as bad input and the journal says
 -- someone wrote into the pool's keys (README, "Members' lives"). Each repair is told once: it leaves no garbage.
 function LIFE.bad(key, what)
@@ -2570,12 +2585,13 @@ local function reply(status, body)
 end
 
 -- A reply before the pool's state was looked at: no events, no cache — but the cache an operation before it
--- in the batch left to it (a carried state is the pool's as it left it).
+-- in the batch left to it (a carried state is the pool's as it left it), and the notices of what the call
+-- repaired before it answered (tick's "canon" after prelude_begin()'s audits).
 local function early(status, body)
         flush()
         local c = false
         if cache_owed and carry.on then c, cache_owed = cache(), false end
-        return { status, now, body or {}, false, c, false }
+        return { status, now, body or {}, false, c, listed(notices) }
 end
 
 -- What is checked at connect is watched (SPEC §11): keys deleted by hand, evicted (a policy changed at

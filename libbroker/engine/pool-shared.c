@@ -2508,6 +2508,7 @@ static void notices_apply(SharedPool *p, const RespValue *notices, usec_t now) {
                                 { "rekey", "garbage in Redis's rekey job (dropped)" },
                                 { "meta", "wrong health waiter counts in Redis (healed)" },
                                 { "lane", "garbage or wrong numbers in a lane's counts in Redis (counted again)" },
+                                { "sel", "a wrong count of the waiters with a selector in Redis (counted again)" },
                                 { "fp", "garbage in a node's fingerprint in Redis (counted again)" },
                                 { "h", "a garbage lease record in Redis (dropped; the pool is made anew)" },
                                 { "w", "a garbage waiter record in Redis (dropped; the pool is made anew)" },
@@ -3077,11 +3078,16 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 return;
         }
 
+        /* Notices first, whatever the status: a call's quarantines, restores, drains and undrains come before
+         * its grants and refusals in the script (a release's exit status is counted before its slots are
+         * handed on, an until ends a drain at the start of its instant), and pool-local.c emits them in that
+         * order; and a repair the call made before it answered "unregistered" or "canon" (a lane's counts
+         * counted again) is told all the same. */
+        notices_apply(p, resp_at(reply, 5), now);
         if (resp_is(status, "settling")) {
                 /* Earlier instants needed the whole budget: the same call again, at once. What it did is
                  * done: a dead node it reaped (a page a call: two lapsed at once take two) is told now, or
                  * never (README: exactly one call reports each expiry). */
-                notices_apply(p, resp_at(reply, 5), now);
                 events_apply(p, resp_at(reply, 3), now);
                 cache_apply(p, resp_at(reply, 4), pool_now, now);
                 c->sent = false;
@@ -3162,10 +3168,6 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 return;
         }
 
-        /* Notices first: a call's quarantines, restores, drains and undrains come before its grants and
-         * refusals in the script (a release's exit status is counted before its slots are handed on, an
-         * until ends a drain at the start of its instant), and pool-local.c emits them in that order. */
-        notices_apply(p, resp_at(reply, 5), now);
         events_apply(p, resp_at(reply, 3), now);
         cache_apply(p, resp_at(reply, 4), pool_now, now);
         const RespValue *body = resp_at(reply, 2);

@@ -2910,6 +2910,21 @@ static void test_a_repaired_key_is_counted_as_bad_input(void **state) {
         assert_int_equal(expired, 1);
 }
 
+/* A repair the call made before it answered "unregistered" (prelude.lua's audits run first) is told all the
+ * same: notices are applied whatever the status. */
+static void test_a_repair_in_an_unregistered_reply_is_told(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(2)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        RespValue r = arr(6, str("unregistered"), num(0), EMPTY, EMPTY, EMPTY,
+                          arr(1, arr(3, str("bad-key"), str("lane"), str("ci"))));
+        done(f, c, r, S(2), S(2));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_REGISTERING);
+        assert_int_equal(bad_inputs(f), 1);
+}
+
 /* Entries that are not this node's to answer: a grant for a rid it never sent is dropped, not released
  * (it would answer another node's entries); entries with a malformed id, rid or shape are dropped, and an
  * id that is not one is not read past (it goes back to Redis as XREAD's argument). */
@@ -3898,6 +3913,7 @@ int main(void) {
                 T(test_drain_is_a_call),
                 T(test_drains_from_replies_hostile_entries_dropped),
                 T(test_a_repaired_key_is_counted_as_bad_input),
+                T(test_a_repair_in_an_unregistered_reply_is_told),
                 T(test_giving_back_while_a_withdrawal_can_go_out),
                 T(test_min_replicas_grant_is_answered_once_wait_says_enough),
                 T(test_min_replicas_too_few_refuse_and_release_the_lease),

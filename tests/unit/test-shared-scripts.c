@@ -4622,8 +4622,10 @@ static const struct hostile_write hostile_writes[] = {
         { { "REC {sb:p}:h $A 14 n 1" } },
         { { "REC {sb:p}:h $A 14 t x" } },
         { { "REC {sb:p}:w $W 12 n 12345" } },
-        { { "REC {sb:p}:w $W 12 s @nobody" } },
-        { { "REC {sb:p}:w $W 12 s $BIG" } },
+        /* (a plain waiter's record given a selector: its unlink takes it off meta.selective, which
+         * lanes_audit() then counts again from the buckets: told) */
+        { { "REC {sb:p}:w $W 12 s @nobody" }, "bad-key" },
+        { { "REC {sb:p}:w $W 12 s $BIG" }, "bad-key" },
         { { "REC {sb:p}:w $W 13 n 1" }, "bad-key" },
         { { "REC {sb:p}:w $H 13 x x" }, "bad-key" },
         { { "REC {sb:p}:w $H 12 s !alpha" } },
@@ -5142,8 +5144,44 @@ static void test_wrong_lane_counts_are_counted_again(void **state) {
         t = tick_as("n1", 1000 + 30 * SEC, "=");
         assert_false(has_notice_kind(t, "bad-key"));
         freeReplyObject(t);
+
+        /* A repair in a call that then answers early (a tick of a node without rules: "canon") is told too. */
+        redis_do("HSET " POOL ":lane:nb used 0");
+        t = tick_as("n9", 1000 + 40 * SEC, "=");
+        assert_string_equal(status(t), "canon");
+        assert_true(has_notice(t, "bad-key", "lane"));
+        freeReplyObject(t);
+        assert_int_equal(lane_count("nb", "used"), 2);
         freeReplyObject(a);
         freeReplyObject(n);
+}
+
+/* meta.selective written down by hand while a selector waiter waits: dispatch would no longer walk the selector
+ * buckets, and a plain request would take the member set aside for it. At lanes_audit()'s period the count is
+ * the buckets' again (told), before the request is decided. */
+static void test_a_wrong_selective_count_is_counted_again(void **state) {
+        tick_ok("n1", 1000, CANON_RIGS);
+        redisReply *r = submit_sel(1000, "x", 1, "@a");
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        freeReplyObject(r);
+        r = submit_sel(2000, "w", 2, "arm64"); /* a is held: b is set aside for w */
+        assert_string_equal(field_s(body(r), D_VERDICT), "queued");
+        freeReplyObject(r);
+
+        redis_do("HSET " POOL ":meta selective 0");
+        r = submit_sel(2000 + 10 * SEC, "any", 1, "");
+        assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+        assert_string_equal(member_of(body(r), 0), "c");
+        assert_true(has_notice(r, "bad-key", "sel"));
+        freeReplyObject(r);
+        r = redisCommand(redis, "HGET " POOL ":meta selective");
+        assert_string_equal(r->str, "1");
+        freeReplyObject(r);
+
+        /* A right count is left alone: no notice at the next period. */
+        r = tick_as("n1", 2000 + 20 * SEC, "=");
+        assert_false(has_notice_kind(r, "bad-key"));
+        freeReplyObject(r);
 }
 
 /* Which cases a run takes (main()'s arguments): all of them, or one of two parts that together are all of them, each
@@ -5261,6 +5299,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_key_of_another_type_is_dropped_and_the_call_run_again),
                 T(test_hostile_writes_to_the_members_lives_break_nothing),
                 T(test_wrong_lane_counts_are_counted_again),
+                T(test_a_wrong_selective_count_is_counted_again),
                 T(test_an_ordinary_wid_in_the_health_queue_is_passed_over),
                 T(test_a_wid_left_without_its_record_is_dropped_by_the_dispatch),
 #undef L
