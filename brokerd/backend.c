@@ -512,8 +512,10 @@ static int on_renew_timer(sd_event_source *s, uint64_t usec, void *userdata) {
 static int on_flush(sd_event_source *s, void *userdata) {
         Backend *b = userdata;
         backend_wake_reader(b);
+        redis_link_cork(b->commands);
         backend_send_calls(b);
         backend_pace_renewals(b);
+        redis_link_uncork(b->commands);
         /* Sending decides nothing; a refused send may have queued notices. */
         for (size_t i = 0; i < b->n_pools; i++) {
                 SharedNotice n;

@@ -721,6 +721,16 @@ int redis_link_watch_rest(RedisLink *link) {
         return sd_event_source_set_enabled(link->watch_timer, SD_EVENT_OFF);
 }
 
+void redis_link_cork(RedisLink *link) {
+        if (link && link->ac && !link->ending)
+                redis_sdevent_cork(link->ac);
+}
+
+void redis_link_uncork(RedisLink *link) {
+        if (link && link->ac)
+                redis_sdevent_uncork(link->ac);
+}
+
 int redis_link_reconnect(RedisLink *link, const char *why) {
         assert_return(link, -EINVAL);
         if (!link->ac || link->ending)

@@ -160,6 +160,13 @@ int redis_link_watch_along(RedisLink *link);
  * errno. */
 int redis_link_watch_rest(RedisLink *link);
 
+/* The owner is about to send several commands (a flush of its queue): they leave together, in one write
+ * at redis_link_uncork(), rather than one loop iteration later when the socket is found writable. The
+ * uncork may end the connection (a write that fails): the owner hears it through on_state, as from the
+ * loop. Pairs; no-ops while the link has no connection. */
+void redis_link_cork(RedisLink *link);
+void redis_link_uncork(RedisLink *link);
+
 /* EVALSHA of a registered script with nkeys keys then the other arguments (argc in all, lengths in
  * argvlen; argvlen NULL: strings). A NOSCRIPT reply (SCRIPT FLUSH, a failover) makes the link load the
  * script again and send the call once more (after the commands sent meanwhile); its owner sees the second

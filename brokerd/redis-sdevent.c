@@ -12,6 +12,8 @@ typedef struct RedisSdevent {
         redisAsyncContext *ac;
         sd_event_source *io;
         uint32_t events;                /* EPOLLIN, EPOLLOUT: what hiredis asked for */
+        uint32_t applied;               /* what the io source watches */
+        bool corked;                    /* redis_sdevent_cork(): events are noted, not applied */
         bool dispatching;               /* inside on_io(): hiredis may free the context under us */
         bool freed;                     /* the cleanup hook ran while dispatching: on_io() frees this */
         RedisSdeventCleanupFn on_cleanup;
@@ -31,13 +33,18 @@ static RedisSdevent *redis_sdevent_free(RedisSdevent *e) {
 /* sd-event reports EPOLLHUP and EPOLLERR whatever the mask, so a source without interest is disabled
  * rather than left to spin. A failing epoll_ctl() cannot be returned through hiredis's void hooks: the
  * context then hangs until its owner's command timeout frees it. */
-static void update_events(RedisSdevent *e, uint32_t events) {
-        if (e->events == events)
+static void apply_events(RedisSdevent *e) {
+        if (e->corked || e->applied == e->events)
                 return;
+        e->applied = e->events;
+        if (e->events != 0)
+                (void) sd_event_source_set_io_events(e->io, e->events);
+        (void) sd_event_source_set_enabled(e->io, e->events != 0 ? SD_EVENT_ON : SD_EVENT_OFF);
+}
+
+static void update_events(RedisSdevent *e, uint32_t events) {
         e->events = events;
-        if (events != 0)
-                (void) sd_event_source_set_io_events(e->io, events);
-        (void) sd_event_source_set_enabled(e->io, events != 0 ? SD_EVENT_ON : SD_EVENT_OFF);
+        apply_events(e);
 }
 
 static void add_read(void *privdata) {
@@ -227,6 +234,7 @@ static void cleanup(void *privdata) {
         RedisSdevent *e = privdata;
 
         /* The socket is closed right after this hook: out of the epoll set first. */
+        e->corked = false;
         update_events(e, 0);
         if (e->on_cleanup)
                 e->on_cleanup(e->ac, e->userdata);
@@ -258,6 +266,31 @@ static int on_io(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         if (e->freed)
                 redis_sdevent_free(e);
         return 0;
+}
+
+void redis_sdevent_cork(redisAsyncContext *ac) {
+        RedisSdevent *e = ac ? ac->ev.data : NULL;
+        if (e)
+                e->corked = true;
+}
+
+void redis_sdevent_uncork(redisAsyncContext *ac) {
+        RedisSdevent *e = ac ? ac->ev.data : NULL;
+        if (!e || !e->corked)
+                return;
+        e->corked = false;
+        /* Connected, with commands to send: they go now; hiredis then asks for what remains (EPOLLOUT after a
+         * partial write, EPOLLIN for the replies). A write that fails ends the context, as in on_io(). */
+        if (!e->dispatching && (ac->c.flags & REDIS_CONNECTED) && (e->events & EPOLLOUT)) {
+                e->dispatching = true;
+                redisAsyncHandleWrite(ac);
+                e->dispatching = false;
+                if (e->freed) {
+                        redis_sdevent_free(e);
+                        return;
+                }
+        }
+        apply_events(e);
 }
 
 int redis_sdevent_attach(redisAsyncContext *ac, sd_event *event, RedisSdeventCleanupFn on_cleanup,

@@ -31,3 +31,10 @@ int redis_sdevent_attach(redisAsyncContext *ac, sd_event *event, RedisSdeventCle
 /* Why ac is being ended for a reply over the caps (a sentence, static), or NULL. Valid until the cleanup
  * hook returns. */
 const char *redis_sdevent_get_overflow(const redisAsyncContext *ac);
+
+/* While corked, hiredis's calls for write interest are noted but no epoll_ctl() is made; uncorking writes
+ * what the commands queued since left in hiredis's buffer at once (connected contexts), then watches for
+ * what remains. A batch of commands then leaves in one write() without waiting one loop iteration for
+ * EPOLLOUT (and its two epoll_ctl()). The uncork may end ac (a failed write: its cleanup runs in it). */
+void redis_sdevent_cork(redisAsyncContext *ac);
+void redis_sdevent_uncork(redisAsyncContext *ac);

@@ -258,6 +258,38 @@ static void test_link_comes_up_with_the_run_id_and_answers_commands(void **state
         assert_int_equal(stats.timeouts, 0);
 }
 
+/* A corked link's commands leave at the uncork, in one write, without a loop iteration: Redis has them
+ * before the loop runs again (another connection sees the SET), and their replies come as ever. */
+static void test_corked_commands_leave_at_the_uncork(void **state) {
+        Fixture *f = *state;
+        Reply set = {}, get = {};
+
+        redis_start(f, NULL);
+        link_start(f);
+        wait_up(f);
+        redis_link_cork(f->link);
+        assert_int_equal(redis_link_command(f->link, on_reply, &set, 3, (const char *const[]) { "SET", "corked", "1" },
+                                            NULL), 0);
+        assert_int_equal(redis_link_command(f->link, on_reply, &get, 2, (const char *const[]) { "GET", "corked" }, NULL),
+                         0);
+        redis_link_uncork(f->link);
+
+        redisContext *c = redisConnect("127.0.0.1", f->port);
+        assert_true(c && !c->err);
+        bool seen = false;
+        for (usec_t deadline = now_monotonic() + DEADLINE; !seen && now_monotonic() < deadline;) {
+                redisReply *r = redisCommand(c, "EXISTS corked");
+                assert_non_null(r);
+                seen = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+                freeReplyObject(r);
+        }
+        redisFree(c);
+        assert_true(seen);
+        assert_true(run_until(f, reply_done, &get, DEADLINE));
+        assert_int_equal(set.error, 0);
+        assert_string_equal(get.text, "1");
+}
+
 static void test_command_while_down_fails_at_once(void **state) {
         Fixture *f = *state;
 
@@ -1174,6 +1206,7 @@ int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
 #define T(t) cmocka_unit_test_setup_teardown(t, setup, teardown)
                 T(test_link_comes_up_with_the_run_id_and_answers_commands),
+                T(test_corked_commands_leave_at_the_uncork),
                 T(test_command_while_down_fails_at_once),
                 T(test_commands_that_change_the_connection_are_refused),
                 T(test_unix_socket_url_selects_its_db),
