@@ -548,7 +548,9 @@ end
 local function selective_audit()
         local n = 0
         for _, lane in ipairs(R.lane_names) do
-                for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do n = n + redis.call('ZCARD', k_bucket(lane, s)) end
+                for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do
+                        n = n + redis.call('ZCARD', k_bucket(lane, s))
+                end
         end
         if n == M.selective then return end
         meta_set('selective', n)

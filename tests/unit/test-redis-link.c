@@ -270,8 +270,8 @@ static void test_corked_commands_leave_at_the_uncork(void **state) {
         redis_link_cork(f->link);
         assert_int_equal(redis_link_command(f->link, on_reply, &set, 3, (const char *const[]) { "SET", "corked", "1" },
                                             NULL), 0);
-        assert_int_equal(redis_link_command(f->link, on_reply, &get, 2, (const char *const[]) { "GET", "corked" }, NULL),
-                         0);
+        assert_int_equal(redis_link_command(f->link, on_reply, &get, 2, (const char *const[]) { "GET", "corked" },
+                                            NULL), 0);
         redis_link_uncork(f->link);
 
         redisContext *c = redisConnect("127.0.0.1", f->port);
