@@ -534,13 +534,6 @@ local function lane_incr(l, field, by)
         c.dirty = true
 end
 
--- Lane counts that are numbers but wrong (a lane's key lost, evicted, or written by hand): a cap passed, or
--- a lane's waiters passed over by queue_next(), until the pool is made anew. Every 10 s of pool time
--- (meta.lanes_at) a call sums the stored lanes' counts (O(lanes), with lane_get()'s reads that the call
--- would mostly make anyway) against meta's in_use and waiting + hwaiting, which integrity_lost() and
--- HEALTH.check() hold to the keys; on a difference it counts them again from the records (HVALS h and w,
--- O(leases + waiters)) and writes back and tells ("bad-key" "lane") each lane that differs. Leases of a lane
--- the rules removed count in no stored lane: such a pool counts again each period until they end.
 -- meta.selective counts the waiters in selector buckets (k_ls): while it is above 0, dispatch and submit walk
 -- every bucket (walk_heads()). Too low (a number written by hand), those waiters were passed over for good:
 -- it is compared with the buckets it governs, O(lanes + selector buckets), in lanes_audit()'s period, and
@@ -557,6 +550,14 @@ local function selective_audit()
         LIFE.bad('sel', 'selective')
 end
 
+-- Lane counts that are numbers but wrong (a lane's key lost, evicted, or written by hand): a cap passed, or
+-- a lane's waiters passed over by queue_next(), until the pool is made anew. Every 10 s of pool time
+-- (meta.lanes_at) a call sums the stored lanes' counts (O(lanes), with lane_get()'s reads that the call
+-- would mostly make anyway) against meta's in_use and waiting + hwaiting, which integrity_lost() and
+-- HEALTH.check() hold to the keys; on a difference it counts them again from the records (HVALS h and w,
+-- O(leases + waiters)) and writes back and tells ("bad-key" "lane") each lane that differs. Leases of a lane
+-- the rules removed count in no stored lane: such a pool counts again each period until they end. The same
+-- period runs selective_audit().
 local function lanes_audit()
         local at = int_of(M.lanes_at)
         if at and at <= now and now < at + 10 * USEC_PER_SEC then return end
