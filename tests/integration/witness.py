@@ -174,6 +174,15 @@ class Witness:
         """The commands that started (all, or the one named), in order."""
         return [e for e in self.events() if e.what == "start" and name in (None, e.name)]
 
+    def start_time(self, name):
+        """The realtime (s) the command named `name` logged its start at, from the "times" file, or None."""
+        with open(os.path.join(self.dir, "times")) as f:
+            for line in f.read().split("\n")[:-1]:
+                at, what, who = line.split()
+                if what == "start" and who == name:
+                    return float(at)
+        return None
+
     def ended(self, name=None):
         return [e for e in self.events() if e.what == "end" and name in (None, e.name)]
 
