@@ -12,9 +12,9 @@
 #include "list.h"
 #include "macro.h"
 #include "pool-shared.h"
+#include "shared-reply.h"
 #include "strv.h"
 
-#define RID_LEN 16
 /* Untrusted input (SPEC §11): how many rids this node sent and forgot are remembered (a grant for one is
  * released; one for a rid never sent is dropped), and as many grants whose leases ended here (a late copy of
  * one is no bad input), how often a BAD_INPUT notice may be pushed, the largest token (Lua's numbers are
@@ -23,7 +23,6 @@
 #define BAD_INPUT_NOTICE_EVERY (60 * USEC_PER_SEC)
 #define TOKEN_MAX (UINT64_C(1) << 53) /* exact in Lua's doubles and RESP (lua/README, "Conventions") */
 #define STREAM_ID_LEN_MAX 41
-#define TEXT_LEN_MAX 255
 #define DIFFERING_KEYS_MAX 64
 
 /* The outbox: every call stays here from queueing until its answer, in send order. */
@@ -43,7 +42,7 @@ typedef struct Call {
         uint64_t *members;     /* a batch (SHARED_SCRIPT_BATCH): its calls' ids, in order; it is in p->batches */
         size_t n_members;
         uint32_t members_unsent; /* bit i: member i was never sent before this batch (ever_sent back if not run) */
-        char rid[RID_LEN + 1]; /* submit, release, withdraw, reclaim, set */
+        char rid[SHARED_RID_LEN + 1]; /* submit, release, withdraw, reclaim, set */
         unsigned n_keys;       /* KEYS: 1, or a set's pools (SHARED_SCRIPT_SET) */
         char **set_pools;      /* a set: its pools' names, KEYS' order, this pool first */
         usec_t sent_at;        /* monotonic: the round trip is measured from here */
@@ -65,7 +64,7 @@ typedef struct Replicating {
 /* This node's request, from submit() until its final decision (or withdraw/cancel). */
 struct PoolWaiter {
         ListNode node;
-        char rid[RID_LEN + 1];
+        char rid[SHARED_RID_LEN + 1];
         void *cookie;
         char *lane;            /* its grant's, for a reclaim */
         unsigned k;            /* slots asked for: a grant must have exactly these many */
@@ -87,7 +86,7 @@ struct PoolWaiter {
 
 struct PoolGrant {
         ListNode node;
-        char rid[RID_LEN + 1];
+        char rid[SHARED_RID_LEN + 1];
         char *remote_id;       /* "NODE:RID" */
         void *cookie;
         char *lane;
@@ -117,7 +116,7 @@ typedef struct NoticeNode {
 /* The last RID_RING_SIZE request ids added (with a grant's token, or 0), oldest overwritten first. */
 typedef struct RidRing {
         struct {
-                char rid[RID_LEN + 1];
+                char rid[SHARED_RID_LEN + 1];
                 uint64_t token;
         } entries[RID_RING_SIZE];
         size_t n;
@@ -394,10 +393,10 @@ static size_t u64_format(char *buf, uint64_t u, bool negative) {
 }
 
 /* "%016" PRIx64, without printf. */
-static void rid_format(char rid[static RID_LEN + 1], uint64_t x) {
-        for (size_t i = RID_LEN; i > 0; i--, x >>= 4)
+static void rid_format(char rid[static SHARED_RID_LEN + 1], uint64_t x) {
+        for (size_t i = SHARED_RID_LEN; i > 0; i--, x >>= 4)
                 rid[i - 1] = "0123456789abcdef"[x & 0xf];
-        rid[RID_LEN] = '\0';
+        rid[SHARED_RID_LEN] = '\0';
 }
 
 /* The formats that every call's arguments use, made without vasprintf() (a fifth of a shared pool's cost
@@ -1190,292 +1189,6 @@ static void grant_lose(SharedPool *p, PoolGrant *g, const char *reason, bool fre
         });
 }
 
-/* A Decision (README, "Decision") parsed from a reply or a stream entry. */
-typedef struct Decision {
-        char verdict[16];
-        char rid[RID_LEN + 1];
-        int64_t at, wait;
-        Refusal refusal;
-        bool has_refusal;      /* a known word, not "" */
-        const char *reason;
-        int64_t retry_at;      /* busy "cooldown": when enough rests end (pool clock; [15]); 0 none */
-        QueueState state;
-        usec_t idle, budget;
-        size_t position, queued;
-        uint64_t token;
-        unsigned n_slots;
-        unsigned *slots;
-        unsigned n_members;
-        char **members;
-        unsigned max_items;    /* the most slots or members a list may have (the pool's limit) */
-} Decision;
-
-static Decision decision_init(unsigned max_items) {
-        return (Decision) { .budget = USEC_INFINITY, .max_items = max_items };
-}
-
-static void decision_done(Decision *d) {
-        d->slots = mfree(d->slots);
-        d->members = strv_free(d->members);
-        d->n_slots = d->n_members = 0;
-}
-
-static const char *static_reason(const char *s, size_t len) {
-        static const char *const known[] = { "drained", "recovery", "backend", "rules", "node-expired", "cooldown",
-                                             "not-quarantined" };
-        for (size_t i = 0; i < ELEMENTSOF(known); i++)
-                if (strlen(known[i]) == len && memcmp(known[i], s, len) == 0)
-                        return known[i];
-        return NULL;
-}
-
-static bool mem_is(const char *s, size_t len, const char *word) {
-        return strlen(word) == len && memcmp(s, word, len) == 0;
-}
-
-static bool resp_is(const RespValue *v, const char *word) {
-        return v && v->type == RESP_STRING && mem_is(v->str, v->len, word);
-}
-
-static bool resp_int(const RespValue *v, int64_t *ret) {
-        if (!v)
-                return false;
-        if (v->type == RESP_INTEGER) {
-                *ret = v->integer;
-                return true;
-        }
-        if (v->type != RESP_STRING || v->len == 0 || v->len > 20)
-                return false;
-        char buf[24], *end;
-        memcpy(buf, v->str, v->len);
-        buf[v->len] = 0;
-        errno = 0;
-        long long x = strtoll(buf, &end, 10);
-        if (errno != 0 || *end)
-                return false;
-        *ret = x;
-        return true;
-}
-
-static const RespValue *resp_at(const RespValue *v, size_t i) {
-        return v && v->type == RESP_ARRAY && i < v->n ? &v->elements[i] : NULL;
-}
-
-static char *resp_strdup(const RespValue *v) {
-        if (!v || v->type != RESP_STRING)
-                return NULL;
-        return strndup(v->str, v->len);
-}
-
-/* A string of at most max bytes, or NULL (wrong type, too long, out of memory). */
-static char *resp_strdup_max(const RespValue *v, size_t max) {
-        return v && v->type == RESP_STRING && v->len <= max ? resp_strdup(v) : NULL;
-}
-
-/* README: a rid is 16 lowercase hex digits (submit makes them so). */
-static bool rid_is_valid(const char *s, size_t len) {
-        if (len != RID_LEN)
-                return false;
-        for (size_t i = 0; i < len; i++)
-                if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-                        return false;
-        return true;
-}
-
-/* A stream entry id, "MS-SEQ" in decimal: it goes back to Redis as XREAD's argument. */
-static bool stream_id_is_valid(const char *s, size_t len) {
-        size_t ms = 0, seq = 0, i = 0;
-        for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
-                ms++;
-        if (ms == 0 || ms > 20 || i == len || s[i++] != '-')
-                return false;
-        for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
-                seq++;
-        return seq > 0 && seq <= 20 && i == len;
-}
-
-/* A decimal below max, strictly (no sign, no space, no garbage). */
-static bool mem_to_index(const char *s, size_t len, unsigned max, unsigned *ret) {
-        if (len == 0 || len > 10)
-                return false;
-        uint64_t x = 0;
-        for (size_t i = 0; i < len; i++) {
-                if (s[i] < '0' || s[i] > '9')
-                        return false;
-                x = x * 10 + (uint64_t) (s[i] - '0');
-        }
-        if (x >= max)
-                return false;
-        *ret = (unsigned) x;
-        return true;
-}
-
-/* A list of slots or members: an array in a reply, "a,b,c" in a stream entry. Each item is handed to
- * add(); no more than d->max_items of them (-EBADMSG), counted before anything is allocated. */
-typedef int (*ItemFn)(Decision *d, size_t i, const char *s, size_t len, int64_t integer, bool is_integer);
-
-static int list_parse(Decision *d, const RespValue *v, size_t *ret_n, ItemFn begin_fn, ItemFn add) {
-        size_t n = 0;
-        if (v && v->type == RESP_ARRAY)
-                n = v->n;
-        else if (v && v->type == RESP_STRING && v->len > 0) {
-                n = 1;
-                for (size_t i = 0; i < v->len && n <= d->max_items; i++)
-                        n += v->str[i] == ',';
-        } else if (v && !(v->type == RESP_STRING || v->type == RESP_NIL))
-                return -EBADMSG;
-        if (n > d->max_items)
-                return -EBADMSG;
-        int r = begin_fn(d, n, NULL, 0, 0, false);
-        if (r < 0)
-                return r;
-        if (v && v->type == RESP_ARRAY) {
-                for (size_t i = 0; i < n; i++) {
-                        const RespValue *e = &v->elements[i];
-                        if (e->type == RESP_INTEGER)
-                                r = add(d, i, NULL, 0, e->integer, true);
-                        else if (e->type == RESP_STRING)
-                                r = add(d, i, e->str, e->len, 0, false);
-                        else
-                                r = -EBADMSG;
-                        if (r < 0)
-                                return r;
-                }
-        } else if (n > 0) {
-                const char *s = v->str, *end = v->str + v->len;
-                for (size_t i = 0; i < n; i++) {
-                        const char *comma = memchr(s, ',', (size_t) (end - s));
-                        const char *stop = comma ?: end;
-                        if ((r = add(d, i, s, (size_t) (stop - s), 0, false)) < 0)
-                                return r;
-                        s = stop + 1;
-                }
-        }
-        *ret_n = n;
-        return 0;
-}
-
-static int slots_begin(Decision *d, size_t n, const char *s, size_t len, int64_t integer, bool is_integer) {
-        free(d->slots); /* a field given twice: the last wins */
-        d->n_slots = 0;
-        d->slots = calloc(MAX(n, (size_t) 1), sizeof(unsigned));
-        return d->slots ? 0 : -ENOMEM;
-}
-
-static int slots_add(Decision *d, size_t i, const char *s, size_t len, int64_t integer, bool is_integer) {
-        /* An index must be below the pool's limit: the lease table and the status index by it. */
-        if (is_integer) {
-                if (integer < 0 || (uint64_t) integer >= d->max_items)
-                        return -EBADMSG;
-                d->slots[i] = (unsigned) integer;
-        } else if (!mem_to_index(s, len, d->max_items, &d->slots[i]))
-                return -EBADMSG;
-        d->n_slots = (unsigned) i + 1;
-        return 0;
-}
-
-static int members_begin(Decision *d, size_t n, const char *s, size_t len, int64_t integer, bool is_integer) {
-        strv_free(d->members);
-        d->n_members = 0;
-        d->members = n > 0 ? calloc(n + 1, sizeof(char *)) : NULL;
-        return n == 0 || d->members ? 0 : -ENOMEM;
-}
-
-static int members_add(Decision *d, size_t i, const char *s, size_t len, int64_t integer, bool is_integer) {
-        if (is_integer || len == 0 || len > TEXT_LEN_MAX || memchr(s, 0, len))
-                return -EBADMSG;
-        if (!(d->members[i] = strndup(s, len)))
-                return -ENOMEM;
-        d->n_members = (unsigned) i + 1;
-        return 0;
-}
-
-/* One named field of a decision, from its text (a stream entry) or its RESP value (a reply). Types and
- * sizes are checked here; what the values mean for this pool, by decision_check(). */
-static int decision_set(Decision *d, const char *name, const RespValue *v) {
-        int64_t x = 0;
-        if (streq(name, "verdict") || streq(name, "rid")) {
-                if (!v || v->type != RESP_STRING)
-                        return -EBADMSG;
-                bool rid = streq(name, "rid");
-                if (rid ? !rid_is_valid(v->str, v->len) : v->len > sizeof d->verdict - 1 || memchr(v->str, 0, v->len))
-                        return -EBADMSG;
-                char *dst = rid ? d->rid : d->verdict;
-                memcpy(dst, v->str, v->len);
-                dst[v->len] = 0;
-        } else if (streq(name, "refusal")) {
-                static const char *const names[_REFUSAL_MAX] = {
-                        [REFUSAL_BUSY] = "busy", [REFUSAL_FULL] = "full", [REFUSAL_TIMEOUT] = "timeout",
-                        [REFUSAL_SHED] = "shed", [REFUSAL_UNAVAILABLE] = "unavailable",
-                };
-                d->refusal = REFUSAL_BUSY;
-                d->has_refusal = false;
-                for (int i = 0; i < _REFUSAL_MAX; i++)
-                        if (names[i] && resp_is(v, names[i])) {
-                                d->refusal = i;
-                                d->has_refusal = true;
-                        }
-        } else if (streq(name, "reason")) {
-                d->reason = v && v->type == RESP_STRING ? static_reason(v->str, v->len) : NULL;
-                /* A drain's refusal has no word of the pool's (engine.h, EngineEvent.reason), as pool-local.c's
-                 * has none: the session says "drained" of both. */
-                if (d->reason && streq(d->reason, "drained"))
-                        d->reason = NULL;
-        } else if (streq(name, "state")) {
-                d->state = resp_is(v, "saturated") ? QUEUE_STATE_SATURATED :
-                           resp_is(v, "keeping-up") ? QUEUE_STATE_KEEPING_UP : QUEUE_STATE_NONE;
-        } else if (streq(name, "slots")) {
-                size_t n;
-                return list_parse(d, v, &n, slots_begin, slots_add);
-        } else if (streq(name, "members")) {
-                size_t n;
-                return list_parse(d, v, &n, members_begin, members_add);
-        } else {
-                if (!resp_int(v, &x))
-                        return -EBADMSG;
-                if (streq(name, "at"))
-                        d->at = x;
-                else if (streq(name, "wait"))
-                        d->wait = x;
-                else if (streq(name, "idle"))
-                        d->idle = x < 0 ? 0 : (usec_t) x;
-                else if (streq(name, "budget"))
-                        d->budget = x < 0 ? USEC_INFINITY : (usec_t) x;
-                else if (streq(name, "position"))
-                        d->position = (size_t) MAX(x, (int64_t) 0);
-                else if (streq(name, "queued"))
-                        d->queued = (size_t) MAX(x, (int64_t) 0);
-                else if (streq(name, "token")) {
-                        if (x < 0)
-                                return -EBADMSG;
-                        d->token = (uint64_t) x;
-                } else if (streq(name, "retry_at"))
-                        d->retry_at = x < 0 ? 0 : x;
-        }
-        return 0;
-}
-
-/* The Decision's fields in README order (also the stream's field names). */
-static const char *const decision_fields[] = {
-        "verdict", "rid", "at", "wait", "refusal", "reason", "state", "idle", "budget", "position", "queued",
-        "token", "slots", "members", "retry_at",
-};
-
-static int decision_from_array(const RespValue *v, unsigned max_items, Decision *ret) {
-        *ret = decision_init(max_items);
-        /* 14 fields; a busy "cooldown" refusal has the 15th (submit's reply and outcome record only). */
-        if (!v || v->type != RESP_ARRAY || (v->n != ELEMENTSOF(decision_fields) && v->n != ELEMENTSOF(decision_fields) - 1))
-                return -EBADMSG;
-        for (size_t i = 0; i < v->n; i++) {
-                int r = decision_set(ret, decision_fields[i], &v->elements[i]);
-                if (r < 0) {
-                        decision_done(ret);
-                        return r;
-                }
-        }
-        return 0;
-}
-
 /* A token this node holds or passes on: the floor it sends stays above it. A token at the top of the
  * range (untrusted input) is not followed: the floor would overflow the scripts' exact integers. */
 static void token_floor_raise(SharedPool *p, uint64_t token) {
@@ -1492,7 +1205,7 @@ static int unsigned_cmp(const void *a, const void *b) {
  * grant of k slots (the waiter's k when it is known), each below the limit and none twice, a member per
  * slot (the configured one) or none, a token in (0, 2^53); a refusal a known word. Returns NULL, or what
  * is wrong, for the journal. */
-static const char *decision_check(const SharedPool *p, const Decision *d, const PoolWaiter *w) {
+static const char *decision_check(const SharedPool *p, const SharedDecision *d, const PoolWaiter *w) {
         if (streq(d->verdict, "queued"))
                 return NULL;
         if (streq(d->verdict, "refused"))
@@ -1540,7 +1253,7 @@ static const char *decision_check(const SharedPool *p, const Decision *d, const 
 
 static void rid_ring_add(RidRing *r, const char *rid, uint64_t token) {
         size_t i = r->n++ % RID_RING_SIZE;
-        snprintf(r->entries[i].rid, RID_LEN + 1, "%s", rid);
+        snprintf(r->entries[i].rid, SHARED_RID_LEN + 1, "%s", rid);
         r->entries[i].token = token;
 }
 
@@ -1592,7 +1305,7 @@ void pool_shared_bad_input(Pool *base, const char *what, usec_t now) {
         bad_input(p, what, driver_now(p, now));
 }
 
-static PoolGrant *grant_new(const char *node_id, const char *rid, const char *lane, const Decision *d) {
+static PoolGrant *grant_new(const char *node_id, const char *rid, const char *lane, const SharedDecision *d) {
         PoolGrant *g = calloc(1, sizeof(PoolGrant));
         if (!g)
                 return NULL;
@@ -1736,7 +1449,7 @@ static void replicating_refuse(SharedPool *p, uint64_t wait_id, usec_t now) {
 
 /* A decision about one of this node's requests, from a reply or the stream: the first copy wins.
  * written_here: the call whose reply carried it made it, on this node's connection (a WAIT covers it). */
-static void decision_apply(SharedPool *p, const Decision *d, bool written_here, usec_t now) {
+static void decision_apply(SharedPool *p, const SharedDecision *d, bool written_here, usec_t now) {
         PoolWaiter *w = try_find(p, d->rid);
         if (w && w->replicating.grant)
                 return; /* granted already: its WAIT decides */
@@ -2098,7 +1811,7 @@ static int stream_id_cmp(const char *a, const char *b) {
 /* The place of the configured member a reply names, or -1 (none, or not a string). */
 static ssize_t member_index(const SharedPool *p, const RespValue *v) {
         for (size_t i = 0; v && v->type == RESP_STRING && p->base.members && p->base.members[i]; i++)
-                if (mem_is(v->str, v->len, p->base.members[i]))
+                if (resp_is(v, p->base.members[i]))
                         return (ssize_t) i;
         return -1;
 }
@@ -2135,7 +1848,7 @@ static void rests_apply(SharedPool *p, const RespValue *v, int64_t pool_now, use
                 int64_t until = 0;
                 unsigned idx;
                 /* A score as Redis prints it: an integer below 2^53 is its digits ("inf", "1e+20": garbage). */
-                if (id->type != RESP_STRING || id->len == 0 || id->len > TEXT_LEN_MAX ||
+                if (id->type != RESP_STRING || id->len == 0 || id->len > SHARED_TEXT_LEN_MAX ||
                     end->type != RESP_STRING || end->len == 0 || end->len > 16)
                         goto bad;
                 for (size_t j = 0; j < end->len; j++) {
@@ -2144,7 +1857,7 @@ static void rests_apply(SharedPool *p, const RespValue *v, int64_t pool_now, use
                         until = until * 10 + (end->str[j] - '0');
                 }
                 if (id->str[0] == '#') {
-                        if (p->base.members || !mem_to_index(id->str + 1, id->len - 1, p->base.limit, &idx))
+                        if (p->base.members || !shared_index_parse(id->str + 1, id->len - 1, p->base.limit, &idx))
                                 continue;
                         rests[k].member = NULL;
                 } else {
@@ -2406,9 +2119,9 @@ static void drain_notice(SharedPool *p, const RespValue *n, bool drained, usec_t
  * anew, whatever Redis held before lost (README, "Integrity"). Only counted here: a tick's decides the
  * reclaims. */
 static void generation_see_epoch(SharedPool *p, const RespValue *v) {
-        if (!v || v->type != RESP_STRING || v->len == 0 || v->len > TEXT_LEN_MAX)
+        if (!v || v->type != RESP_STRING || v->len == 0 || v->len > SHARED_TEXT_LEN_MAX)
                 return;
-        if (p->seen_epoch && mem_is(v->str, v->len, p->seen_epoch))
+        if (p->seen_epoch && resp_is(v, p->seen_epoch))
                 return;
         char *e = resp_strdup(v);
         if (!e)
@@ -2459,8 +2172,8 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                         };
                         const RespValue *why = resp_at(cache, 11);
                         const char *cause = NULL;
-                        for (size_t i = 0; why && why->type == RESP_STRING && i < ELEMENTSOF(causes); i++)
-                                if (mem_is(why->str, why->len, causes[i]))
+                        for (size_t i = 0; i < ELEMENTSOF(causes); i++)
+                                if (resp_is(why, causes[i]))
                                         cause = causes[i];
                         if (p->recovery_noticed <= pool_now)
                                 notice_push(p, SHARED_NOTICE_RECOVERY, NULL, cause, 0, 0);
@@ -2468,7 +2181,7 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                 }
         }
         const RespValue *last = resp_at(cache, 9);
-        if (last && last->type == RESP_STRING && last->len > 0 && !stream_id_is_valid(last->str, last->len))
+        if (last && last->type == RESP_STRING && last->len > 0 && !shared_stream_id_is_valid(last->str, last->len))
                 bad_input(p, "a malformed stream id in a reply", now);
         else if (last && last->type == RESP_STRING && last->len > 0) {
                 char *l = resp_strdup(last);
@@ -2530,7 +2243,7 @@ static void notices_apply(SharedPool *p, const RespValue *notices, usec_t now) {
                 }
                 if (!resp_is(resp_at(n, 0), "node-expired"))
                         continue;
-                _cleanup_free_ char *name = resp_strdup_max(resp_at(n, 2), TEXT_LEN_MAX);
+                _cleanup_free_ char *name = resp_strdup_max(resp_at(n, 2), SHARED_TEXT_LEN_MAX);
                 (void) resp_int(resp_at(n, 3), &leases);
                 (void) resp_int(resp_at(n, 4), &waiters);
                 notice_push(p, SHARED_NOTICE_NODE_EXPIRED, name, NULL, (uint64_t) leases, (uint64_t) waiters);
@@ -2547,13 +2260,13 @@ static void events_apply(SharedPool *p, const RespValue *events, usec_t now) {
                         congestion_apply(p, c != 0, at, now);
                         continue;
                 }
-                Decision d;
-                if (decision_from_array(e, p->base.limit, &d) < 0) {
+                SharedDecision d;
+                if (shared_decision_from_array(e, p->base.limit, &d) < 0) {
                         bad_input_about(p, d.rid, "a malformed event in a reply", now);
                         continue;
                 }
                 decision_apply(p, &d, true, now);
-                decision_done(&d);
+                shared_decision_done(&d);
         }
 }
 
@@ -2607,7 +2320,7 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
         p->renew_ok = true;
 
         generation_see_epoch(p, resp_at(body, 1));
-        _cleanup_free_ char *epoch = resp_strdup_max(resp_at(body, 1), TEXT_LEN_MAX);
+        _cleanup_free_ char *epoch = resp_strdup_max(resp_at(body, 1), SHARED_TEXT_LEN_MAX);
         if (epoch) {
                 if (p->cache.epoch && !streq(p->cache.epoch, epoch))
                         p->reclaim_all = true;
@@ -2620,7 +2333,7 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
         const RespValue *last = resp_at(body, 6);
         if (!p->stream_resume) {
                 /* It goes back to Redis as XREAD's argument. */
-                if (last && last->type == RESP_STRING && stream_id_is_valid(last->str, last->len))
+                if (last && last->type == RESP_STRING && shared_stream_id_is_valid(last->str, last->len))
                         p->stream_resume = resp_strdup(last);
                 else
                         bad_input(p, "a malformed stream id in a heartbeat's answer", now);
@@ -2632,7 +2345,7 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
                 _cleanup_(strv_freep) char **diff = calloc(n_keys + 1, sizeof(char *));
                 size_t len = 0, k = 0;
                 for (size_t i = 0; diff && i < n_keys; i++)
-                        if ((diff[k] = resp_strdup_max(&keys->elements[i], TEXT_LEN_MAX)))
+                        if ((diff[k] = resp_strdup_max(&keys->elements[i], SHARED_TEXT_LEN_MAX)))
                                 len += strlen(diff[k++]) + 1;
                 if (p->state != SHARED_STATE_MISMATCH) {
                         _cleanup_free_ char *joined = calloc(len + 1, 1);
@@ -2669,9 +2382,9 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
 
         /* Reconcile: a page answered moves the cursor on; "" means the page's whole range was done. */
         if (c->reconcile) {
-                _cleanup_free_ char *to = resp_strdup_max(resp_at(body, 8), RID_LEN);
+                _cleanup_free_ char *to = resp_strdup_max(resp_at(body, 8), SHARED_RID_LEN);
                 const char *hi = c->argv[15];
-                if (to && *to && !rid_is_valid(to, strlen(to))) {
+                if (to && *to && !shared_rid_is_valid(to, strlen(to))) {
                         /* It would go back as the next page's start: the reconcile starts over next time. */
                         bad_input(p, "a malformed reconcile cursor", now);
                         p->reconcile_from = mfree(p->reconcile_from);
@@ -2798,16 +2511,16 @@ static void positions_done(SharedPool *p, const RespValue *body, Call *c, usec_t
                                 waiter_gone(p, w, now);
                 } else {
                         /* The decision of the rid asked about, and of no other. */
-                        Decision d;
-                        if (decision_from_array(e, p->base.limit, &d) < 0 || !streq(d.rid, rid)) {
-                                decision_done(&d);
+                        SharedDecision d;
+                        if (shared_decision_from_array(e, p->base.limit, &d) < 0 || !streq(d.rid, rid)) {
+                                shared_decision_done(&d);
                                 bad_input(p, "a malformed answer to a places query", now);
                                 if (w)
                                         try_refuse_locally(p, w, "bad-reply", now);
                                 continue;
                         }
                         decision_apply(p, &d, false, now);
-                        decision_done(&d);
+                        shared_decision_done(&d);
                 }
         }
 }
@@ -2839,9 +2552,9 @@ static int snapshot_entry_parse(const SharedPool *p, const RespValue *v, bool ho
                 return -EBADMSG;
         const RespValue *id = resp_at(v, 0);
         *ret = (PoolSnapshotEntry) {
-                .node = resp_strdup_max(resp_at(v, 1), TEXT_LEN_MAX),
-                .own = id && id->type == RESP_STRING && mem_is(id->str, id->len, p->params.node_id),
-                .lane = resp_strdup_max(resp_at(v, 3), TEXT_LEN_MAX),
+                .node = resp_strdup_max(resp_at(v, 1), SHARED_TEXT_LEN_MAX),
+                .own = resp_is(id, p->params.node_id),
+                .lane = resp_strdup_max(resp_at(v, 3), SHARED_TEXT_LEN_MAX),
                 .since = local_time_of(p, b, 0, now),
         };
         if (!ret->node || !ret->lane)
@@ -2856,15 +2569,15 @@ static int snapshot_entry_parse(const SharedPool *p, const RespValue *v, bool ho
                 return 0;
         }
         ret->token = (uint64_t) a;
-        Decision d = decision_init(p->base.limit);
-        int r = decision_set(&d, "slots", resp_at(v, 6));
+        SharedDecision d = shared_decision_init(p->base.limit);
+        int r = shared_decision_set(&d, "slots", resp_at(v, 6));
         if (r >= 0)
-                r = decision_set(&d, "members", resp_at(v, 7));
+                r = shared_decision_set(&d, "members", resp_at(v, 7));
         /* Status prints a member per slot: none, or as many as the slots. */
         if (r >= 0 && (d.n_slots == 0 || (d.n_members != 0 && d.n_members != d.n_slots)))
                 r = -EBADMSG;
         if (r < 0) {
-                decision_done(&d);
+                shared_decision_done(&d);
                 return r;
         }
         ret->n_slots = d.n_slots;
@@ -2947,15 +2660,15 @@ static void submit_done(SharedPool *p, const RespValue *status, const RespValue 
                 return; /* cancelled meanwhile: its withdraw follows in the outbox */
         if (resp_is(status, "ok")) {
                 /* The decision of the rid submitted, and of no other. */
-                Decision d;
-                if (decision_from_array(body, p->base.limit, &d) < 0 || !streq(d.rid, w->rid)) {
-                        decision_done(&d);
+                SharedDecision d;
+                if (shared_decision_from_array(body, p->base.limit, &d) < 0 || !streq(d.rid, w->rid)) {
+                        shared_decision_done(&d);
                         bad_input(p, "a malformed answer to a request", now);
                         try_refuse_locally(p, w, "bad-reply", now);
                         return;
                 }
                 decision_apply(p, &d, true, now);
-                decision_done(&d);
+                shared_decision_done(&d);
                 return;
         }
         /* "invalid": this node's copy of the rules let it through, the stored ones do not. */
@@ -2969,7 +2682,7 @@ static void submit_done(SharedPool *p, const RespValue *status, const RespValue 
  * the last reply. Production applies entries at once: a busy node always has a call out. */
 typedef struct HeldEntry {
         ListNode node;
-        Decision decision;
+        SharedDecision decision;
 } HeldEntry;
 
 static bool calls_out(SharedPool *p) {
@@ -2985,7 +2698,7 @@ static void held_entries_apply(SharedPool *p, usec_t now) {
                 list_unlink(n);
                 HeldEntry *h = container_of(n, HeldEntry, node);
                 decision_apply(p, &h->decision, false, now);
-                decision_done(&h->decision);
+                shared_decision_done(&h->decision);
                 free(h);
         }
 }
@@ -3272,7 +2985,7 @@ void pool_shared_stream_entry(Pool *base, const char *entry_id, const RespValue 
         SharedPool *p = SHARED(base);
         now = driver_now(p, now);
         /* The id goes back to Redis as XREAD's argument: one that is not an id is not read past. */
-        if (!entry_id || !stream_id_is_valid(entry_id, strlen(entry_id))) {
+        if (!entry_id || !shared_stream_id_is_valid(entry_id, strlen(entry_id))) {
                 bad_input(p, "a malformed stream entry id", now);
                 return;
         }
@@ -3281,23 +2994,23 @@ void pool_shared_stream_entry(Pool *base, const char *entry_id, const RespValue 
                 free(p->stream_resume);
                 p->stream_resume = id;
         }
-        /* Field names and values in pairs, the Decision's fields once each at most (README). */
+        /* Field names and values in pairs, the decision's fields once each at most (README). */
         if (!fields || fields->type != RESP_ARRAY || fields->n % 2 != 0 ||
-            fields->n > 4 * ELEMENTSOF(decision_fields)) {
+            fields->n > 4 * SHARED_DECISION_FIELDS) {
                 bad_input(p, "a malformed stream entry", now);
                 return;
         }
-        Decision d = decision_init(p->base.limit);
+        SharedDecision d = shared_decision_init(p->base.limit);
         for (size_t i = 0; i + 1 < fields->n; i += 2) {
                 _cleanup_free_ char *name = resp_strdup_max(&fields->elements[i], 32);
-                if (!name || decision_set(&d, name, &fields->elements[i + 1]) < 0) {
-                        decision_done(&d);
+                if (!name || shared_decision_set(&d, name, &fields->elements[i + 1]) < 0) {
+                        shared_decision_done(&d);
                         bad_input_about(p, d.rid, "a malformed stream entry", now);
                         return;
                 }
         }
         if (!d.rid[0]) {
-                decision_done(&d);
+                shared_decision_done(&d);
                 bad_input(p, "a stream entry without a request id", now);
                 return;
         }
@@ -3310,7 +3023,7 @@ void pool_shared_stream_entry(Pool *base, const char *entry_id, const RespValue 
                 }
         }
         decision_apply(p, &d, false, now);
-        decision_done(&d);
+        shared_decision_done(&d);
 }
 
 const char *pool_shared_stream_key(const Pool *base) {
@@ -3386,7 +3099,7 @@ static void shared_free(Pool *base) {
         while ((n = list_first(&p->held))) {
                 list_unlink(n);
                 HeldEntry *h = container_of(n, HeldEntry, node);
-                decision_done(&h->decision);
+                shared_decision_done(&h->decision);
                 free(h);
         }
         while ((n = list_first(&p->notices))) {
@@ -3695,7 +3408,7 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
          * stands (its place, its grant, its outcome) and changes nothing (lua/README, submit). The rid comes
          * from a file: one malformed, or one this node already uses, is not reused. */
         const char *old_rid = t->resume && (resumed_early || pool_serves(p)) ? t->resume->remote_id : NULL;
-        if (old_rid && rid_is_valid(old_rid, strnlen(old_rid, RID_LEN + 1)) && !try_find(p, old_rid) &&
+        if (old_rid && shared_rid_is_valid(old_rid, strnlen(old_rid, SHARED_RID_LEN + 1)) && !try_find(p, old_rid) &&
             !grant_find(p, old_rid))
                 strcpy(w->rid, old_rid);
         else
@@ -3855,9 +3568,9 @@ static int shared_submit_set(Pool *const *pools, const PoolTry *tries, size_t n,
         /* A resumed set asks again under its old rid (the same in every pool): Redis answers where it stands,
          * each pool's part ("known"). As a lone resumed waiter (shared_submit()), only while each pool serves
          * or its first reconcile, which drops the rids of this node it does not list, can still list it. */
-        char rid[RID_LEN + 1];
+        char rid[SHARED_RID_LEN + 1];
         const char *old_rid = tries[0].resume ? tries[0].resume->remote_id : NULL;
-        bool early[SHARED_SET_POOLS_MAX] = {}, resumable = old_rid && rid_is_valid(old_rid, strnlen(old_rid, RID_LEN + 1)) &&
+        bool early[SHARED_SET_POOLS_MAX] = {}, resumable = old_rid && shared_rid_is_valid(old_rid, strnlen(old_rid, SHARED_RID_LEN + 1)) &&
                                                            !rid_in_use(pools, n, old_rid);
         for (size_t i = 0; resumable && i < n; i++) {
                 SharedPool *q = SHARED(pools[i]);
@@ -3993,7 +3706,7 @@ static void set_part_requeue(SharedPool *q, const char *rid, bool named) {
                                  .budget = USEC_INFINITY, .waiter = w });
 }
 
-/* A Decision of pool q's part (granted, queued, refused; "known": whatever the pool has). Returns false when
+/* A decision of pool q's part (granted, queued, refused; "known": whatever the pool has). Returns false when
  * the body is not one of this rid's. */
 static bool set_part_decide(SharedPool *q, const char *rid, const RespValue *body, usec_t now) {
         if (body && body->type == RESP_ARRAY && body->n == 1 && resp_is(resp_at(body, 0), "gone")) {
@@ -4003,17 +3716,17 @@ static bool set_part_decide(SharedPool *q, const char *rid, const RespValue *bod
                         try_refuse_locally(q, w, "backend", now);
                 return true;
         }
-        Decision d;
-        if (decision_from_array(body, q->base.limit, &d) < 0 || !streq(d.rid, rid) || streq(d.verdict, "ready")) {
-                decision_done(&d);
+        SharedDecision d;
+        if (shared_decision_from_array(body, q->base.limit, &d) < 0 || !streq(d.rid, rid) || streq(d.verdict, "ready")) {
+                shared_decision_done(&d);
                 return false;
         }
         decision_apply(q, &d, true, now);
-        decision_done(&d);
+        shared_decision_done(&d);
         return true;
 }
 
-/* Whether pool q's body in an answer of this verdict may be applied: a Decision of this rid that the verdict
+/* Whether pool q's body in an answer of this verdict may be applied: a decision of this rid that the verdict
  * says ("granted", "queued"; "known": any but "ready", or "gone") and that decision_check() lets through.
  * Every part is checked before any is applied: a part granted and another dropped would be a set held in
  * part. */
@@ -4021,11 +3734,11 @@ static bool set_part_check(SharedPool *q, const char *rid, const RespValue *verd
         bool known = resp_is(verdict, "known");
         if (known && body && body->type == RESP_ARRAY && body->n == 1 && resp_is(resp_at(body, 0), "gone"))
                 return true;
-        Decision d;
-        bool ok = decision_from_array(body, q->base.limit, &d) >= 0 && streq(d.rid, rid) &&
+        SharedDecision d;
+        bool ok = shared_decision_from_array(body, q->base.limit, &d) >= 0 && streq(d.rid, rid) &&
                   (known ? !streq(d.verdict, "ready") : resp_is(verdict, d.verdict)) &&
                   !decision_check(q, &d, try_find(q, rid));
-        decision_done(&d);
+        shared_decision_done(&d);
         return ok;
 }
 
@@ -4108,8 +3821,8 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
         } else if (!grant && resp_is(verdict, "refused") && named) {
                 /* Nothing of the set was written: the pool named refuses, the others echo it. */
                 PoolWaiter *w = try_find(named, c->rid);
-                Decision d;
-                ok = decision_from_array(bodies[by - 1], named->base.limit, &d) >= 0 && streq(d.rid, c->rid) &&
+                SharedDecision d;
+                ok = shared_decision_from_array(bodies[by - 1], named->base.limit, &d) >= 0 && streq(d.rid, c->rid) &&
                      streq(d.verdict, "refused") && d.has_refusal;
                 if (ok) {
                         usec_t at = w ? local_time_of(named, d.at, w->arrival, now) : now;
@@ -4128,7 +3841,7 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
                         }
                         decision_apply(named, &d, true, now);
                 }
-                decision_done(&d);
+                shared_decision_done(&d);
         } else if (grant && (resp_is(verdict, "not-ready") || resp_is(verdict, "gone")) && named) {
                 for (size_t i = 0; i < n; i++) {
                         SharedPool *q = set_pool(p, c, i);
@@ -4232,7 +3945,7 @@ static int shared_restore(Pool *base, const PoolRestore *r, PoolGrant **ret) {
         if (!r->remote_id || r->n_slots == 0)
                 return -EINVAL;
         const char *colon = strrchr(r->remote_id, ':');
-        if (!colon || strlen(colon + 1) != RID_LEN)
+        if (!colon || strlen(colon + 1) != SHARED_RID_LEN)
                 return -EINVAL;
         list_foreach(n, &p->grants) {
                 PoolGrant *g = container_of(n, PoolGrant, node);
@@ -4250,7 +3963,7 @@ static int shared_restore(Pool *base, const PoolRestore *r, PoolGrant **ret) {
                         if (!(members[i] = strdup(r->members[i] ?: "")))
                                 return -ENOMEM;
         }
-        Decision d = {
+        SharedDecision d = {
                 .token = r->token,
                 .at = (int64_t) r->granted_at,
                 .n_slots = r->n_slots,

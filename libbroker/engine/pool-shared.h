@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "pool.h"
+#include "resp.h"
 
 typedef enum SharedScript {
         SHARED_SCRIPT_SUBMIT,
@@ -32,26 +33,6 @@ typedef enum SharedScript {
 
 /* The name of a script as brokerd/lua names its file ("submit", …). */
 const char *shared_script_to_string(SharedScript s);
-
-/* A RESP value, as the driver converts hiredis's redisReply: no hiredis type crosses into the engine. */
-typedef enum RespType {
-        RESP_NIL,
-        RESP_INTEGER,
-        RESP_STRING,
-        RESP_ARRAY,
-        RESP_ERROR,
-        _RESP_TYPE_MAX,
-        _RESP_TYPE_INVALID = -EINVAL,
-} RespType;
-
-typedef struct RespValue {
-        RespType type;
-        int64_t integer;
-        const char *str;                  /* STRING, ERROR; not NUL-terminated necessarily */
-        size_t len;
-        const struct RespValue *elements; /* ARRAY */
-        size_t n;
-} RespValue;
 
 /* One EVALSHA to make: script, then KEYS then ARGV (n_keys of them keys). Owned by the pool until
  * pool_shared_call_done() for its id. A batch (SHARED_SCRIPT_BATCH, brokerd/lua/batch.lua) carries several
