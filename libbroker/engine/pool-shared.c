@@ -1035,7 +1035,11 @@ fail:
         return r;
 }
 
+/* A status snapshot, after a page of this node's own waiters' places: Status shows those beside the
+ * snapshot's, and a place heartbeats old (the round robin's) can contradict it, a request queued since
+ * ahead of them not counted. The page first, so that its answer is in when Status gets the snapshot. */
 static int queue_status(SharedPool *p, usec_t now) {
+        (void) queue_positions(p, false, now);
         Call *c;
         int r = call_new(p, SHARED_SCRIPT_POSITIONS, false, now, &c);
         if (r < 0)

@@ -1896,6 +1896,32 @@ static void test_refresh_snapshot_asks_after_the_call(void **state) {
         assert_int_equal(f->pool->ops->refresh_snapshot(f->pool, S(3), S(3)), 0);
 }
 
+/* Status shows this node's own waiters' places beside the snapshot's: the snapshot's fetch asks for their
+ * places first (the round robin's page), so that a place it shows is not a heartbeat old (an urgent
+ * request queued since, ahead of it, not counted). */
+static void test_a_status_fetch_asks_for_own_places_first(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        queued(f, &cookie, S(1), rid);
+        size_t n_queued;
+        assert_int_equal(f->pool->ops->position(f->pool, f->seen[0].waiter, &n_queued), 3);
+        assert_int_equal(f->pool->ops->refresh_snapshot(f->pool, S(1) + 10, S(1) + 10), 1);
+        const SharedCall *c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "pos");
+        assert_int_equal(c->argc, 8);
+        assert_string_equal(arg(c, 7), rid);
+        /* Two urgent requests queued ahead of it since its submit: 5 of 6 now. */
+        done(f, c, reply("ok", S(1), arr(1, arr(3, str("queued"), num(5), num(6))), EMPTY, cache(2, 6, 0, -1, "")),
+             S(1) + 20, S(1) + 20);
+        assert_int_equal(f->pool->ops->position(f->pool, f->seen[0].waiter, &n_queued), 5);
+        assert_int_equal(n_queued, 6);
+        c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "status");
+        no_call(f);
+}
+
 static void test_next_wakeup_is_never_left_in_the_past(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1));
@@ -3854,6 +3880,7 @@ int main(void) {
                 T(test_registering_tick_carries_name_canon_and_floor),
                 T(test_every_tick_carries_the_highest_token_passed_on),
                 T(test_refresh_snapshot_asks_after_the_call),
+                T(test_a_status_fetch_asks_for_own_places_first),
                 T(test_canon_carries_lane_budgets),
                 T(test_canon_carries_labels_and_submit_its_selector),
                 T(test_quarantines_from_replies_hostile_entries_dropped),
