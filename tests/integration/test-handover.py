@@ -20,7 +20,8 @@ Handover:
 - A handed-over holder's connection is still its lease's life line: closing it (a raw client) or the end of
   the command (`slotctl run`) frees the slot at once, not after reclaim-grace (60 s here).
 - A waiter whose client went away while brokerd was down (systemd drops its fd on EPOLLHUP) is not granted
-  and holds nobody up.
+  and holds nobody up. A holder whose command ended while brokerd was down: its slot is freed at the start,
+  its connection closed with an info line (no warning), its slotctl exits with the command's status.
 - FileDescriptorStoreMax= below the connections: those not kept re-queue, the others resume. A waiter's
   budget counts from its Acquire across the restart (refused at its time, not a budget later). A
   configuration changed across the restart: a waiter of a lane gone is answered, one of a grown pool granted,
@@ -427,6 +428,27 @@ class Handover(HandoverCase):
         self.assertEqual(self.jobs["holder"].wait(10), 0, self.stderrs())
         self.assertEqual([e.name for e in self.w.started()], ["holder", "next"])
         self.assert_nobody_requeued()
+        self.w.check(self)
+
+    def test_a_holder_whose_command_ended_while_brokerd_was_down(self):
+        """The command ends while brokerd is down (a restart under load): the start finds its lease ended and
+        frees the slot; the holder's connection, which names that lease, is closed with an info line, not a
+        warning (it is no damaged state), and its slotctl exits with the command's status."""
+        b = self.start_broker()
+        self.job(b, "holder", 3)
+        wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
+        self.queued_job(b, "next", 0, body="true")
+        self.stop_into_store(b)
+        self.w.stop("holder")
+        wait_for(lambda: self.w.ended("holder"), 10, message="the holder's command to end")
+        self.start_from_store(b)
+        self.assertEqual(self.jobs["holder"].wait(10), 3, self.stderrs())
+        self.assertEqual(self.jobs["next"].wait(15), 0, self.stderrs())
+        self.assertEqual([e.name for e in self.w.started()], ["holder", "next"])
+        log = b.log()
+        self.assertIn("names a lease that ended while brokerd was down; closing it.", log)
+        self.assertNotIn("cannot be resumed", log)
+        self.assertIn("Restored 0 lease(s); 1 ended while brokerd was down.", log)
         self.w.check(self)
 
     def test_store_too_small(self):
