@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* shared-reply.h — what the scripts answer, read as untrusted input (SPEC §11): the words of their contract
- * (request ids, stream ids, indexes) and a decision's fields, checked here for type and size; what a
+ * (request ids, stream ids, indexes, spans) and a decision's fields, checked here for type and size; what a
  * decision means for a pool, pool-shared.c checks. brokerd/lua/README is the contract. */
 #pragma once
 
@@ -24,6 +24,10 @@ bool shared_rid_is_valid(const char *s, size_t len);
 bool shared_stream_id_is_valid(const char *s, size_t len);
 /* A decimal below max, strictly (no sign, no space, no garbage). */
 bool shared_index_parse(const char *s, size_t len, unsigned max, unsigned *ret);
+/* A span as the scripts' arguments and rules say it: µs, -1 for none (USEC_INFINITY). */
+static inline int64_t shared_wire_usec(usec_t u) {
+        return u == USEC_INFINITY ? -1 : (int64_t) u;
+}
 
 /* A decision (README, "Decision") read from a reply's array or a stream entry's fields. */
 typedef struct SharedDecision {
