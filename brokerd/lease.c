@@ -78,9 +78,7 @@ static const char *const lease_state_table[_LEASE_STATE_MAX] = {
         [LEASE_RESTORED] = "restored",
 };
 
-const char *lease_state_to_string(LeaseState s) {
-        return s >= 0 && s < _LEASE_STATE_MAX ? lease_state_table[s] : NULL;
-}
+DEFINE_STRING_TABLE_TO_STRING(, lease_state, LeaseState, _LEASE_STATE_MAX)
 
 bool lease_command_running(const Lease *l) {
         return l->has_command && !l->command_gone;

@@ -114,15 +114,13 @@ struct RedisLink {
 static void link_attempt_failed(RedisLink *link, RedisLinkState state, const char *reason);
 static void link_arm_timeout(RedisLink *link);
 
-static const char *const state_names[_REDIS_LINK_STATE_MAX] = {
+static const char *const redis_link_state_table[_REDIS_LINK_STATE_MAX] = {
         [REDIS_LINK_DOWN] = "down",
         [REDIS_LINK_UP] = "up",
         [REDIS_LINK_FAILED] = "failed",
 };
 
-const char *redis_link_state_to_string(RedisLinkState s) {
-        return s >= 0 && s < _REDIS_LINK_STATE_MAX ? state_names[s] : NULL;
-}
+DEFINE_STRING_TABLE_TO_STRING(, redis_link_state, RedisLinkState, _REDIS_LINK_STATE_MAX)
 
 static RedisLink *link_ref(RedisLink *link) {
         link->n_ref++;

@@ -4,7 +4,7 @@
 
 #include "report-data.h"
 
-static const char *const reason_table[_REPORT_REASON_MAX] = {
+static const char *const report_reason_table[_REPORT_REASON_MAX] = {
         [REPORT_REASON_BUSY] = "busy",
         [REPORT_REASON_FULL] = "full",
         [REPORT_REASON_TIMEOUT] = "timeout",
@@ -12,16 +12,7 @@ static const char *const reason_table[_REPORT_REASON_MAX] = {
         [REPORT_REASON_UNAVAILABLE] = "unavailable",
 };
 
-const char *report_reason_to_string(ReportReason r) {
-        return r >= 0 && r < _REPORT_REASON_MAX ? reason_table[r] : NULL;
-}
-
-ReportReason report_reason_from_string(const char *s) {
-        for (size_t i = 0; s && i < _REPORT_REASON_MAX; i++)
-                if (streq(reason_table[i], s))
-                        return (ReportReason) i;
-        return _REPORT_REASON_INVALID;
-}
+DEFINE_STRING_TABLE_LOOKUP(report_reason, ReportReason, _REPORT_REASON_MAX)
 
 /* 2^(i/8) for i in 0..7: the bins' edges within an octave (no libm: slotctl starts without it). */
 static const double octave_steps[REPORT_WAIT_BINS_PER_OCTAVE] = {

@@ -296,54 +296,21 @@ static const char *const lane_policy_table[_LANE_POLICY_MAX] = {
         [LANE_POLICY_WAIT] = "wait",
 };
 
-const char *lane_policy_to_string(LanePolicy p) {
-        if (p < 0 || p >= _LANE_POLICY_MAX)
-                return NULL;
-        return lane_policy_table[p];
-}
-
-LanePolicy lane_policy_from_string(const char *s) {
-        for (int i = 0; s && i < _LANE_POLICY_MAX; i++)
-                if (streq(s, lane_policy_table[i]))
-                        return (LanePolicy) i;
-        return _LANE_POLICY_INVALID;
-}
+DEFINE_STRING_TABLE_LOOKUP(lane_policy, LanePolicy, _LANE_POLICY_MAX)
 
 static const char *const audit_level_table[_AUDIT_LEVEL_MAX] = {
         [AUDIT_DECISIONS] = "decisions",
         [AUDIT_ALL] = "all",
 };
 
-const char *audit_level_to_string(AuditLevel a) {
-        if (a < 0 || a >= _AUDIT_LEVEL_MAX)
-                return NULL;
-        return audit_level_table[a];
-}
-
-AuditLevel audit_level_from_string(const char *s) {
-        for (int i = 0; s && i < _AUDIT_LEVEL_MAX; i++)
-                if (streq(s, audit_level_table[i]))
-                        return (AuditLevel) i;
-        return _AUDIT_LEVEL_INVALID;
-}
+DEFINE_STRING_TABLE_LOOKUP(audit_level, AuditLevel, _AUDIT_LEVEL_MAX)
 
 static const char *const lease_persistence_table[_LEASE_PERSISTENCE_MAX] = {
         [LEASE_PERSISTENCE_REQUIRED] = "required",
         [LEASE_PERSISTENCE_BEST_EFFORT] = "best-effort",
 };
 
-const char *lease_persistence_to_string(LeasePersistence p) {
-        if (p < 0 || p >= _LEASE_PERSISTENCE_MAX)
-                return NULL;
-        return lease_persistence_table[p];
-}
-
-LeasePersistence lease_persistence_from_string(const char *s) {
-        for (int i = 0; s && i < _LEASE_PERSISTENCE_MAX; i++)
-                if (streq(s, lease_persistence_table[i]))
-                        return (LeasePersistence) i;
-        return _LEASE_PERSISTENCE_INVALID;
-}
+DEFINE_STRING_TABLE_LOOKUP(lease_persistence, LeasePersistence, _LEASE_PERSISTENCE_MAX)
 
 /* ---- objects ---- */
 

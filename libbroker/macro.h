@@ -89,6 +89,24 @@ static inline bool streq_ptr(const char *a, const char *b) {
         return strcmp(a, b) == 0;
 }
 
+/* An enum's name_to_string() and name_from_string() by its table `name##_table` (indexed by the enum,
+ * `max` entries, holes NULL), as systemd's string tables: NULL for a value outside it, the enum's
+ * _INVALID (-EINVAL) for a string that names none. `scope` is empty, or static. */
+#define DEFINE_STRING_TABLE_TO_STRING(scope, name, type, max)                  \
+        scope const char *name##_to_string(type i) {                          \
+                return i >= 0 && i < (max) ? name##_table[i] : NULL;          \
+        }
+#define DEFINE_STRING_TABLE_FROM_STRING(scope, name, type, max)                \
+        scope type name##_from_string(const char *s) {                        \
+                for (int i = 0; s && i < (max); i++)                          \
+                        if (name##_table[i] && streq(name##_table[i], s))     \
+                                return (type) i;                              \
+                return (type) -EINVAL;                                        \
+        }
+#define DEFINE_STRING_TABLE_LOOKUP(name, type, max)                            \
+        DEFINE_STRING_TABLE_TO_STRING(, name, type, max)                       \
+        DEFINE_STRING_TABLE_FROM_STRING(, name, type, max)
+
 /* A copy of s, or NULL for NULL, in *ret. Returns 0, or -ENOMEM (*ret untouched then). */
 static inline int strdup_or_null(const char *s, char **ret) {
         char *copy = NULL;

@@ -212,16 +212,7 @@ static const char *const refusal_table[_REFUSAL_MAX] = {
         [REFUSAL_UNAVAILABLE] = "unavailable",
 };
 
-const char *refusal_to_string(Refusal r) {
-        return r >= 0 && r < _REFUSAL_MAX ? refusal_table[r] : NULL;
-}
-
-Refusal refusal_from_string(const char *s) {
-        for (int i = 0; s && i < _REFUSAL_MAX; i++)
-                if (streq(refusal_table[i], s))
-                        return (Refusal) i;
-        return _REFUSAL_INVALID;
-}
+DEFINE_STRING_TABLE_LOOKUP(refusal, Refusal, _REFUSAL_MAX)
 
 const char *queue_state_to_string(QueueState s) {
         switch (s) {

@@ -264,7 +264,7 @@ static SharedPool *SHARED(const Pool *p) {
         return (SharedPool *) p;
 }
 
-static const char *const script_names[_SHARED_SCRIPT_MAX] = {
+static const char *const shared_script_table[_SHARED_SCRIPT_MAX] = {
         [SHARED_SCRIPT_SUBMIT] = "submit",
         [SHARED_SCRIPT_RELEASE] = "release",
         [SHARED_SCRIPT_WITHDRAW] = "withdraw",
@@ -277,11 +277,9 @@ static const char *const script_names[_SHARED_SCRIPT_MAX] = {
         [SHARED_SCRIPT_SET] = "set",
 };
 
-const char *shared_script_to_string(SharedScript s) {
-        return s >= 0 && s < _SHARED_SCRIPT_MAX ? script_names[s] : NULL;
-}
+DEFINE_STRING_TABLE_TO_STRING(, shared_script, SharedScript, _SHARED_SCRIPT_MAX)
 
-static const char *const state_names[_SHARED_STATE_MAX] = {
+static const char *const shared_state_table[_SHARED_STATE_MAX] = {
         [SHARED_STATE_CONNECTING] = "connecting",
         [SHARED_STATE_REGISTERING] = "registering",
         [SHARED_STATE_RECLAIMING] = "reclaiming",
@@ -292,9 +290,7 @@ static const char *const state_names[_SHARED_STATE_MAX] = {
         [SHARED_STATE_REFUSED] = "refused",
 };
 
-const char *shared_state_to_string(SharedState s) {
-        return s >= 0 && s < _SHARED_STATE_MAX ? state_names[s] : NULL;
-}
+DEFINE_STRING_TABLE_TO_STRING(, shared_state, SharedState, _SHARED_STATE_MAX)
 
 void shared_notice_done(SharedNotice *n) {
         if (!n)

@@ -6,7 +6,7 @@
 #include "resp.h"
 
 bool resp_is(const RespValue *v, const char *word) {
-        return v && v->type == RESP_STRING && strlen(word) == v->len && memcmp(v->str, word, v->len) == 0;
+        return v && word && v->type == RESP_STRING && strlen(word) == v->len && memcmp(v->str, word, v->len) == 0;
 }
 
 bool resp_int(const RespValue *v, int64_t *ret) {

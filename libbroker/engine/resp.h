@@ -28,7 +28,7 @@ typedef struct RespValue {
         size_t n;
 } RespValue;
 
-/* A STRING of exactly these bytes. v may be NULL (false), as for every accessor here. */
+/* A STRING of exactly these bytes. v may be NULL (false), as for every accessor here; word too (false). */
 bool resp_is(const RespValue *v, const char *word);
 /* An INTEGER, or a STRING of a decimal that fits in int64_t (Lua's replies say numbers both ways). */
 bool resp_int(const RespValue *v, int64_t *ret);

@@ -158,14 +158,10 @@ int shared_decision_set(SharedDecision *d, const char *name, const RespValue *v)
                 memcpy(dst, v->str, v->len);
                 dst[v->len] = 0;
         } else if (streq(name, "refusal")) {
-                static const char *const names[_REFUSAL_MAX] = {
-                        [REFUSAL_BUSY] = "busy", [REFUSAL_FULL] = "full", [REFUSAL_TIMEOUT] = "timeout",
-                        [REFUSAL_SHED] = "shed", [REFUSAL_UNAVAILABLE] = "unavailable",
-                };
                 d->refusal = REFUSAL_BUSY;
                 d->has_refusal = false;
                 for (int i = 0; i < _REFUSAL_MAX; i++)
-                        if (names[i] && resp_is(v, names[i])) {
+                        if (resp_is(v, refusal_to_string(i))) {
                                 d->refusal = i;
                                 d->has_refusal = true;
                         }
