@@ -183,6 +183,23 @@ static int line_literal(Buffer *b, const char *json) {
         return line_end(b, start, start == SIZE_MAX ? -ENOMEM : buffer_puts(b, json));
 }
 
+/* ,"slots":[…] and, in a pool of members, ,"members":[…] (null for a slot without one): a lease's, and each
+ * of its further pools'. */
+static int buffer_put_slots(Buffer *b, const unsigned *slots, char *const *members, unsigned n) {
+        int r = buffer_puts(b, ",\"slots\":[");
+        for (unsigned i = 0; r == 0 && i < n; i++)
+                r = (i ? buffer_puts(b, ",") : 0) ?: buffer_put_u64(b, slots[i]);
+        r = r ?: buffer_puts(b, "]");
+        if (!members)
+                return r;
+        r = r ?: buffer_puts(b, ",\"members\":[");
+        for (unsigned i = 0; r == 0 && i < n; i++) {
+                r = i ? buffer_puts(b, ",") : 0;
+                r = r ?: members[i] ? buffer_put_string(b, members[i]) : buffer_puts(b, "null");
+        }
+        return r ?: buffer_puts(b, "]");
+}
+
 static int line_lease(Buffer *b, const HistoryLeaseRow *row) {
         size_t start = line_begin(b);
         int r = start == SIZE_MAX ? -ENOMEM : 0;
@@ -192,18 +209,7 @@ static int line_lease(Buffer *b, const HistoryLeaseRow *row) {
         r = r ?: buffer_put_string(b, row->pool);
         r = r ?: buffer_puts(b, ",\"lane\":");
         r = r ?: buffer_put_string(b, row->lane);
-        r = r ?: buffer_puts(b, ",\"slots\":[");
-        for (unsigned i = 0; r == 0 && i < row->n_slots; i++)
-                r = (i ? buffer_puts(b, ",") : 0) ?: buffer_put_u64(b, row->slots[i]);
-        r = r ?: buffer_puts(b, "]");
-        if (row->members) {
-                r = r ?: buffer_puts(b, ",\"members\":[");
-                for (unsigned i = 0; r == 0 && i < row->n_slots; i++) {
-                        r = i ? buffer_puts(b, ",") : 0;
-                        r = r ?: row->members[i] ? buffer_put_string(b, row->members[i]) : buffer_puts(b, "null");
-                }
-                r = r ?: buffer_puts(b, "]");
-        }
+        r = r ?: buffer_put_slots(b, row->slots, row->members, row->n_slots);
         r = r ?: buffer_put_field_u64(b, ",\"token\":", row->token);
         if (row->job) {
                 r = r ?: buffer_puts(b, ",\"job\":");
@@ -234,18 +240,7 @@ static int line_lease(Buffer *b, const HistoryLeaseRow *row) {
                         r = i ? buffer_puts(b, ",") : 0;
                         r = r ?: buffer_puts(b, "{\"pool\":") ?: buffer_put_string(b, a->pool);
                         r = r ?: buffer_put_field_u64(b, ",\"token\":", a->token);
-                        r = r ?: buffer_puts(b, ",\"slots\":[");
-                        for (unsigned k = 0; r == 0 && k < a->n_slots; k++)
-                                r = (k ? buffer_puts(b, ",") : 0) ?: buffer_put_u64(b, a->slots[k]);
-                        r = r ?: buffer_puts(b, "]");
-                        if (a->members) {
-                                r = r ?: buffer_puts(b, ",\"members\":[");
-                                for (unsigned k = 0; r == 0 && k < a->n_slots; k++) {
-                                        r = k ? buffer_puts(b, ",") : 0;
-                                        r = r ?: a->members[k] ? buffer_put_string(b, a->members[k]) : buffer_puts(b, "null");
-                                }
-                                r = r ?: buffer_puts(b, "]");
-                        }
+                        r = r ?: buffer_put_slots(b, a->slots, a->members, a->n_slots);
                         if (a->remote_id) /* a shared pool's share: reclaimed by this name after a restart */
                                 r = r ?: buffer_puts(b, ",\"remote\":") ?: buffer_put_string(b, a->remote_id);
                         r = r ?: buffer_puts(b, "}");
