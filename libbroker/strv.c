@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,4 +37,33 @@ char **strv_copy(char *const *l) {
                 if (!(c[i] = strdup(l[i])))
                         return strv_free(c);
         return c;
+}
+
+static int str_compare(const void *a, const void *b) {
+        return strcmp(*(const char *const *) a, *(const char *const *) b);
+}
+
+int strv_join_sorted(char *const *l, const char *sep, char **ret) {
+        size_t n = strv_length(l), len = 1;
+        _cleanup_free_ const char **sorted = calloc(n + 1, sizeof(char *));
+        if (!sorted)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                sorted[i] = l[i];
+                len += strlen(l[i]) + strlen(sep);
+        }
+        qsort(sorted, n, sizeof(char *), str_compare);
+        char *s = malloc(len), *e = s;
+        if (!s)
+                return -ENOMEM;
+        *e = '\0';
+        for (size_t i = 0; i < n; i++) {
+                if (i > 0 && streq(sorted[i], sorted[i - 1]))
+                        continue;
+                if (e > s)
+                        e = stpcpy(e, sep);
+                e = stpcpy(e, sorted[i]);
+        }
+        *ret = s;
+        return 0;
 }

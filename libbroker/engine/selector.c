@@ -18,43 +18,19 @@ bool selector_term_is_valid(const char *term) {
         return term && conf_label_is_valid(term[0] == '!' ? term + 1 : term);
 }
 
-static int term_compare(const void *a, const void *b) {
-        return strcmp(*(const char *const *) a, *(const char *const *) b);
-}
-
 int selector_canon(const Selector *s, char **ret) {
-        size_t n = s ? strv_length(s->terms) : 0, len = 1;
-        _cleanup_free_ const char **sorted = NULL;
-
-        if (n > 0) {
-                sorted = calloc(n, sizeof(char *));
-                if (!sorted)
-                        return -ENOMEM;
-                for (size_t i = 0; i < n; i++) {
-                        sorted[i] = s->terms[i];
-                        len += strlen(s->terms[i]) + 1;
-                }
-                qsort(sorted, n, sizeof(char *), term_compare);
-        }
-        if (s && s->member)
-                len += strlen(s->member) + 1;
-
-        char *c = malloc(len), *p = c;
-        if (!c)
-                return -ENOMEM;
-        *p = '\0';
         /* Terms are labels and "!" labels, members are names: neither has ' ' or '@'. */
-        for (size_t i = 0; i < n; i++) {
-                if (i > 0 && streq(sorted[i], sorted[i - 1]))
-                        continue;
-                if (p > c)
-                        p = stpcpy(p, " ");
-                p = stpcpy(p, sorted[i]);
+        _cleanup_free_ char *terms = NULL;
+        int r = strv_join_sorted(s ? s->terms : NULL, " ", &terms);
+        if (r < 0)
+                return r;
+        if (!s || !s->member) {
+                *ret = TAKE_PTR(terms);
+                return 0;
         }
-        if (s && s->member) {
-                p = stpcpy(p, p > c ? " @" : "@");
-                p = stpcpy(p, s->member);
-        }
+        char *c;
+        if (asprintf(&c, "%s%s@%s", terms, terms[0] ? " " : "", s->member) < 0)
+                return -ENOMEM;
         *ret = c;
         return 0;
 }

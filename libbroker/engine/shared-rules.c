@@ -19,35 +19,6 @@ static int canon_cmp(const void *a, const void *b) {
         return r != 0 ? r : (lx > ly) - (lx < ly);
 }
 
-static int strp_cmp(const void *a, const void *b) {
-        return strcmp(*(const char *const *) a, *(const char *const *) b);
-}
-
-/* A list as the canon writes it: sorted, without repetitions, joined by ','. */
-static int canon_join_sorted(char *const *items, char **ret) {
-        size_t n = strv_length(items), len = 1;
-        _cleanup_free_ const char **sorted = calloc(n + 1, sizeof(char *));
-        if (!sorted)
-                return -ENOMEM;
-        for (size_t i = 0; i < n; i++) {
-                sorted[i] = items[i];
-                len += strlen(items[i]) + 1;
-        }
-        qsort(sorted, n, sizeof(char *), strp_cmp);
-        char *s = calloc(len, 1), *e = s;
-        if (!s)
-                return -ENOMEM;
-        for (size_t i = 0; i < n; i++) {
-                if (i > 0 && streq(sorted[i], sorted[i - 1]))
-                        continue;
-                if (e > s)
-                        e = stpcpy(e, ",");
-                e = stpcpy(e, sorted[i]);
-        }
-        *ret = s;
-        return 0;
-}
-
 /* Lane queue-timeouts are not in PoolLaneRule (only submit needs them, and carries them), so agreement does
  * not cover them. Labels and a lane's labels= are (SPEC §3.5: part of the pool's agreed rules), sorted:
  * label.NAME=MEMBER,… (a label that names no member is none: left out) and lane.L.labels=TERM,…. */
@@ -105,7 +76,7 @@ int shared_rules_canon(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
                         LINE("lane.%s.queue-timeout=%" PRId64, rules[i].lane, shared_wire_usec(rules[i].budget));
                 if (rules[i].labels && rules[i].labels[0]) {
                         _cleanup_free_ char *joined = NULL;
-                        if (canon_join_sorted(rules[i].labels, &joined) < 0)
+                        if (strv_join_sorted(rules[i].labels, ",", &joined) < 0)
                                 return -ENOMEM;
                         LINE("lane.%s.labels=%s", rules[i].lane, joined);
                 }
@@ -118,7 +89,7 @@ int shared_rules_canon(const PoolConfig *c, const PoolLaneRule *rules, size_t n_
                 if (!c->labels[i].members || !c->labels[i].members[0])
                         continue;
                 _cleanup_free_ char *joined = NULL;
-                if (canon_join_sorted(c->labels[i].members, &joined) < 0)
+                if (strv_join_sorted(c->labels[i].members, ",", &joined) < 0)
                         return -ENOMEM;
                 LINE("label.%s=%s", c->labels[i].name, joined);
         }
