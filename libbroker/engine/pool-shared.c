@@ -3978,9 +3978,10 @@ static void shared_run(Pool *base, usec_t now) {
         if (operations && !p->served_at_run)
                 sets_say_ready_again(p, now);
         p->served_at_run = operations;
+        bool paged = false; /* a page of this node's waiters' places is queued already */
         if (operations && now < p->status_until && !p->status_pending &&
             (p->status_last == 0 || now >= usec_add(p->status_last, USEC_PER_SEC)))
-                (void) queue_status(p, now);
+                paged = queue_status(p, now) >= 0;
         /* A tick of an earlier instant may still be out (the engine settles the instants before `now` one
          * by one, and this pool says it has no wakeup until that answer): the manual clock's instant `now`
          * needs its own tick all the same, or it would be completed only at the engine's next instant. */
@@ -3998,9 +3999,10 @@ static void shared_run(Pool *base, usec_t now) {
         (void) queue_tick(p, true, now);
         if (!operations)
                 return;
-        /* Waiters' places: a page a heartbeat, round robin (every run() in the manual mode, so that a test
-         * reads exact places). */
-        (void) queue_positions(p, false, now);
+        /* Waiters' places: a page a heartbeat, round robin, unless the status fetch above took one (every run()
+         * in the manual mode, after its tick, so that a test reads exact places). */
+        if (!paged || p->params.manual_clock)
+                (void) queue_positions(p, false, now);
 }
 
 static usec_t shared_next_wakeup(const Pool *base) {

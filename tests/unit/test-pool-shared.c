@@ -1920,6 +1920,17 @@ static void test_a_status_fetch_asks_for_own_places_first(void **state) {
         c = take(f, SHARED_SCRIPT_POSITIONS);
         assert_string_equal(arg(c, 6), "status");
         no_call(f);
+        done(f, c, reply("ok", S(1), arr(3, EMPTY, EMPTY, num(6)), EMPTY, cache(2, 6, 0, -1, "")), S(1) + 30,
+             S(1) + 30);
+        /* A second on, while Status is watched: the status fetch and the heartbeat fall in one run. Its page of
+         * places goes once, ahead of the status call, not again after the tick. */
+        f->pool->ops->run(f->pool, S(3));
+        c = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(c, 6), "pos");
+        const SharedCall *st = take(f, SHARED_SCRIPT_POSITIONS);
+        assert_string_equal(arg(st, 6), "status");
+        take(f, SHARED_SCRIPT_TICK);
+        no_call(f);
 }
 
 static void test_next_wakeup_is_never_left_in_the_past(void **state) {
