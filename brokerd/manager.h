@@ -74,7 +74,6 @@ typedef struct Manager {
         bool accept_starved;            /* in an episode of accept() failing for want of fds (logged once) */
         Poller *poller;                 /* the connections' sockets */
         SessionTable sessions;          /* one per client connection */
-        sd_event_source *drain_source;  /* post: engine events, collection, trimming, once per iteration */
         bool settling;                  /* in manager_settle(): its events' handlers may resume calls */
 
         LeaseTable leases;
@@ -136,11 +135,15 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(Manager *, manager_free);
 
 /* Opens (or takes from systemd) the socket and starts serving. Returns 0 or negative errno. */
 int manager_start(Manager *m);
+/* Runs the loop until it exits; returns its exit code or a negative errno. */
 int manager_run(Manager *m);
+/* One turn of it: one dispatch (waiting up to timeout µs for something to dispatch), then the drain. Returns
+ * as sd_event_run(). */
+int manager_run_once(Manager *m, uint64_t timeout);
 
 /* The drain: settles the engine at the current time, hands its events to sessions and leases, re-arms the
- * engine timer, frees closed sessions. Runs after every other dispatch of the loop (a post source), so
- * handlers never call it; public for tests that run no loop. */
+ * engine timer, frees closed sessions. manager_run() calls it after every dispatch of the loop, so handlers
+ * never call it; public for tests that run no loop. */
 void manager_drain(Manager *m);
 
 /* Serves an accepted socket (taken; closed on failure): its session, its methods. Returns 0 or negative

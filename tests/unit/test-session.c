@@ -129,7 +129,7 @@ static json_t *client_take(Client *c) {
 }
 
 static void pump(Fixture *f) {
-        assert_true(sd_event_run(f->m->event, 10 * 1000) >= 0);
+        assert_true(manager_run_once(f->m, 10 * 1000) >= 0);
 }
 
 /* Runs the loop until the client has a message: no sleeps as synchronisation. */
@@ -466,7 +466,7 @@ static Client *grant_in_flight(Fixture *f) {
         json_decref(q);
         client_free(a);
         /* Idle: no dispatch left, so no drain pending either. */
-        while (sd_event_run(f->m->event, 0) > 0)
+        while (manager_run_once(f->m, 0) > 0)
                 ;
         usec_t t = now_monotonic();
         lease_end(l1); /* as on_reclaim_timeout() or on_command_exit() do */
@@ -672,7 +672,7 @@ static void test_status_behind_a_refused_acquire_waits_for_the_events_behind_the
         usec_t queued = now_monotonic();
         assert_string_equal(state_of(q), "queued");
         json_decref(q);
-        while (sd_event_run(f->m->event, 0) > 0)
+        while (manager_run_once(f->m, 0) > 0)
                 ;
         while (now_monotonic() <= queued + 201 * USEC_PER_MSEC)
                 ; /* past b's deadline, with no dispatch meanwhile: its refusal comes with the next engine call */
