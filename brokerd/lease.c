@@ -502,10 +502,26 @@ static int on_command_exit(sd_event_source *s, int fd, uint32_t revents, void *u
         return 0;
 }
 
-static void lease_poll_command(Lease *l) {
-        if (!l->command_leader_exited || l->command_gone)
+/* A command's end matters once nobody holds its lease (lease_maybe_end()); while a holder does, its pidfd is
+ * read when asked (lease_command_refresh(): a release, a revocation, the holder gone). So the pidfd is watched
+ * from when the holder goes, not from the grant: the watch cost every `slotctl run` a wakeup of brokerd at
+ * its command's exit, just before slotctl's own Release, and two epoll_ctl() calls. */
+static void lease_watch_command(Lease *l) {
+        if (l->command_source || l->command_pidfd < 0 || l->command_leader_exited)
                 return;
-        lease_command_check_group(l);
+        int r = sd_event_add_io(l->table->event, &l->command_source, l->command_pidfd, EPOLLIN, on_command_exit, l);
+        if (r < 0)
+                log_warning_errno(r, "Lease %s: cannot watch its command (pid %d), polled each second instead: %m",
+                                  l->id, (int) l->command.pid);
+}
+
+static void lease_poll_command(Lease *l) {
+        if (l->command_gone)
+                return;
+        /* A leader not watched (lease_watch_command() failed) is polled with its group. */
+        if (!l->command_leader_exited && (l->command_source || l->holder))
+                return;
+        lease_command_refresh(l);
         if (l->command_gone)
                 lease_maybe_end(l);
 }
@@ -551,11 +567,6 @@ int lease_new(LeaseTable *t, EngineLease *el, void *holder, uid_t uid, pid_t pid
                 return -ENOMEM;
         }
         if (command && pidfd >= 0) {
-                int r = sd_event_add_io(t->event, &l->command_source, pidfd, EPOLLIN, on_command_exit, l);
-                if (r < 0) {
-                        lease_free(l);
-                        return r;
-                }
                 l->has_command = true;
                 l->command = *command;
                 l->command_pidfd = TAKE_FD(pidfd);
@@ -569,6 +580,8 @@ int lease_new(LeaseTable *t, EngineLease *el, void *holder, uid_t uid, pid_t pid
         }
         if (!detached)
                 l->holder = holder;
+        if (!l->holder)
+                lease_watch_command(l);
         engine_lease_set_userdata(el, l);
         list_append(&t->leases, &l->node);
         t->n_leases++;
@@ -774,6 +787,7 @@ void *lease_get_holder(const Lease *l) {
 
 void lease_clear_holder(Lease *l) {
         l->holder = NULL;
+        lease_watch_command(l);
 }
 
 /* The command's state as of now, not as of the last event: slotctl closes its connection right after its

@@ -300,7 +300,9 @@ static void test_holder_gone_keeps_lease_while_its_command_runs(void **state) {
         Lease *l = grant(f, &holder, false, true);
         if (!l)
                 skip();
+        assert_null(l->command_source); /* held: read when asked, not watched */
         lease_clear_holder(l);
+        assert_non_null(l->command_source);
         assert_int_equal(lease_holder_gone(l), LEASE_OUTCOME_HELD);
         assert_int_equal(f->t.n_leases, 1);
         assert_int_equal(kill(f->child, SIGKILL), 0);
@@ -308,6 +310,45 @@ static void test_holder_gone_keeps_lease_while_its_command_runs(void **state) {
                 assert_true(i < 1000);
                 pump(f);
         }
+        assert_int_equal(in_use(f), 0);
+}
+
+/* While a holder holds the lease, its command's exit is no event (slotctl's Release follows it): it is read
+ * when asked, and the lease ends as its holder goes. */
+static void test_command_that_ended_under_a_holder_is_read_when_asked(void **state) {
+        Fixture *f = *state;
+        int holder;
+        Lease *l = grant(f, &holder, false, true);
+        if (!l)
+                skip();
+        assert_int_equal(kill(f->child, SIGKILL), 0);
+        assert_int_equal(waitpid(f->child, NULL, 0), f->child);
+        f->child = -1;
+        assert_true(lease_command_running(l)); /* as of the last event: none came */
+        lease_command_refresh(l);
+        assert_false(lease_command_running(l));
+        assert_int_equal(f->t.n_leases, 1); /* the holder still holds it */
+        lease_clear_holder(l);
+        assert_null(l->command_source); /* nothing left to watch */
+        assert_int_equal(lease_holder_gone(l), LEASE_OUTCOME_ENDED);
+        assert_int_equal(in_use(f), 0);
+}
+
+/* A command nobody watches (its watch could not be added when the holder went) is polled by the tick. */
+static void test_command_not_watched_is_polled(void **state) {
+        Fixture *f = *state;
+        int holder;
+        Lease *l = grant(f, &holder, false, true);
+        if (!l)
+                skip();
+        l->holder = NULL; /* gone without lease_clear_holder(): as after a failed sd_event_add_io() */
+        lease_table_poll_commands(&f->t);
+        assert_int_equal(f->t.n_leases, 1);
+        assert_int_equal(kill(f->child, SIGKILL), 0);
+        assert_int_equal(waitpid(f->child, NULL, 0), f->child);
+        f->child = -1;
+        lease_table_poll_commands(&f->t);
+        assert_int_equal(f->t.n_leases, 0);
         assert_int_equal(in_use(f), 0);
 }
 
@@ -468,6 +509,9 @@ int main(int argc, char *argv[]) {
                 cmocka_unit_test_setup_teardown(test_revoked_lease_with_command_is_overdue_until_it_exits, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_holder_gone_keeps_lease_while_its_command_runs, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_command_that_ended_under_a_holder_is_read_when_asked, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_command_not_watched_is_polled, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_lost_lease_nobody_holds_brokerd_stops_its_command, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_lost_lease_command_that_ignores_sigterm_is_killed, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_lost_after_max_hold_overdue_is_fenced_too, setup, teardown),
