@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "closer.h"
@@ -86,6 +87,19 @@ void closer_close(int fd) {
         }
         pthread_mutex_unlock(&lock);
         (void) close(fd); /* no thread, or no memory: the old way, rather than a leak */
+}
+
+bool closer_close_socket(int fd) {
+        int queued_bytes;
+        if (fd < 0)
+                return false;
+        /* Every message that can bring an fd brings a byte at least (a stream socket sends no empty one). */
+        if (ioctl(fd, FIONREAD, &queued_bytes) == 0 && queued_bytes == 0) {
+                (void) close(fd);
+                return true;
+        }
+        closer_close(fd);
+        return false;
 }
 
 unsigned closer_pending(void) {

@@ -9,9 +9,17 @@
  * SO_LINGER of 0) would change the client's socket too, if it kept a copy, and covers sockets only. */
 #pragma once
 
+#include <stdbool.h>
+
 /* Hands fd (negative: nothing) to the closer thread, started at the first call. Never blocks on the fd; if
  * the thread cannot be made, closes it here (logged once). */
 void closer_close(int fd);
+
+/* For a client's socket shut down both ways (shutdown(SHUT_RDWR): nothing can arrive in it any more): closed
+ * here when nothing is queued unread in it, since only an unread message can bring an fd whose last close
+ * blocks; by the thread otherwise. Handing every connection's socket to the thread cost each one a wakeup of
+ * the thread (two context switches, a futex call each side). */
+bool closer_close_socket(int fd); /* true: closed here */
 
 /* How many fds wait to be closed (tests, Status). */
 unsigned closer_pending(void);

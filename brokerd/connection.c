@@ -464,10 +464,15 @@ void connection_close(Connection *c) {
         varlink_stream_done(&c->stream);
         /* The socket's unread messages may carry fds: the kernel drops them with the last close(), in the
          * closing thread, and one may be the last reference to a lingering socket. The client sees the end
-         * now (shutdown() frees nothing), the close comes on the closer's thread. */
-        if (!c->handed_over)
+         * now (shutdown() frees nothing, and nothing can arrive after it); the close comes on the closer's
+         * thread unless nothing is queued. A socket handed over stays open in the fd store: not shut down, it
+         * may still receive, so the closer has it. */
+        if (c->handed_over)
+                closer_close(TAKE_FD(c->fd));
+        else {
                 (void) shutdown(c->fd, SHUT_RDWR);
-        closer_close(TAKE_FD(c->fd));
+                closer_close_socket(TAKE_FD(c->fd));
+        }
         free(c->groups);
         c->groups = NULL;
 }

@@ -1324,8 +1324,8 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                         if (m->refused_unlogged++ == 0)
                                 log_warning("Connection limit reached (uid %d); refusing a connection.", (int) cred.uid);
                         m->metrics.connections_refused++;
-                        (void) shutdown(cfd, SHUT_RDWR); /* EOF now; the close on the closer's thread */
-                        closer_close(cfd);
+                        (void) shutdown(cfd, SHUT_RDWR); /* EOF now */
+                        closer_close_socket(cfd);
                         continue;
                 }
                 int r = manager_add_connection(m, cfd);
