@@ -11,8 +11,10 @@
 # of a shared machine falls on both alike. Prints the mean and median of each over all runs and their ratios,
 # per round too, and the load average. The hyperfine JSON of each round is kept where $BENCH_JSON_DIR says.
 # Without hyperfine (or with $BENCH_NO_HYPERFINE set), a loop of its own alternates the two run by run (timed
-# from bash, whose fork counts on both sides). A benchmark, not a test: it fails only when brokerd, slotctl or
-# flock fails.
+# from bash, whose fork counts on both sides). With $BENCH_FLOOR_BROKER (tests/bench/bench-floor-broker, which
+# meson passes) and hyperfine, a third command goes in every round: slotctl run against that server, which
+# only answers; what brokerd adds is the difference, and the floor's own ratio to flock is what this machine
+# allows slotctl's protocol. A benchmark, not a test: it fails only when brokerd, slotctl or flock fails.
 set -eu
 
 if [ $# -lt 2 ]; then
@@ -27,11 +29,12 @@ per_round=$(((runs + rounds - 1) / rounds))
 
 dir=$(mktemp -d /tmp/bench-run-vs-flock.XXXXXX)
 pid=
+floor_pid=
 cleanup() {
-        if [ -n "$pid" ]; then
-                kill "$pid" 2>/dev/null || true
-                wait "$pid" 2>/dev/null || true
-        fi
+        for p in $pid $floor_pid; do
+                kill "$p" 2>/dev/null || true
+                wait "$p" 2>/dev/null || true
+        done
         rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -62,6 +65,18 @@ for _ in $(seq 100); do
 done
 $run_cmd # once more, loudly: a failure here is the benchmark's failure
 
+floor_cmd=
+if [ -n "${BENCH_FLOOR_BROKER:-}" ] && [ -z "${BENCH_NO_HYPERFINE:-}" ] && command -v hyperfine >/dev/null; then
+        "$BENCH_FLOOR_BROKER" "$dir/floor.sock" &
+        floor_pid=$!
+        floor_cmd="$slotctl run --socket $dir/floor.sock --lane L -- true"
+        for _ in $(seq 100); do
+                [ -S "$dir/floor.sock" ] && break
+                sleep 0.05
+        done
+        $floor_cmd
+fi
+
 echo "run-vs-flock: $runs runs of each in $rounds rounds; load average at start: $(cat /proc/loadavg)"
 
 json_dir=${BENCH_JSON_DIR:-$dir}
@@ -69,9 +84,9 @@ mkdir -p "$json_dir"
 if [ -z "${BENCH_NO_HYPERFINE:-}" ] && command -v hyperfine >/dev/null; then
         for r in $(seq "$rounds"); do
                 if [ $((r % 2)) -eq 1 ]; then
-                        set -- "$flock_cmd" "$run_cmd"
+                        set -- "$flock_cmd" "$run_cmd" ${floor_cmd:+"$floor_cmd"}
                 else
-                        set -- "$run_cmd" "$flock_cmd"
+                        set -- ${floor_cmd:+"$floor_cmd"} "$run_cmd" "$flock_cmd"
                 fi
                 # Its warnings about outliers are expected on a shared machine; its errors are not.
                 if ! hyperfine -N --style none --warmup 10 --runs "$per_round" --export-json "$json_dir/round-$r.json" \
@@ -108,10 +123,12 @@ EOF
         done
 fi
 
-python3 - "$json_dir" "$rounds" "$flock_cmd" "$run_cmd" <<'EOF'
+python3 - "$json_dir" "$rounds" "$flock_cmd" "$run_cmd" "$floor_cmd" <<'EOF'
 import json, statistics, sys
-json_dir, rounds, flock_cmd, run_cmd = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+json_dir, rounds, flock_cmd, run_cmd, floor_cmd = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 all_times = {flock_cmd: [], run_cmd: []}
+if floor_cmd:
+    all_times[floor_cmd] = []
 per_round = []
 for r in range(1, rounds + 1):
     res = {x["command"]: x["times"] for x in json.load(open(f"{json_dir}/round-{r}.json"))["results"]}
@@ -129,5 +146,13 @@ median_ratio = statistics.median(s) / statistics.median(f)
 print("run-vs-flock: per-round ratios (mean/median): " + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in per_round))
 print(f"run-vs-flock: ratio slotctl run / flock: mean {mean_ratio:.3f}, median {median_ratio:.3f}, "
       f"min {min(s) / min(f):.3f} (target <= 1.0: {'meets it' if median_ratio <= 1.0 else 'MISSES it'})")
+if floor_cmd:
+    fl = all_times[floor_cmd]
+    print(f"run-vs-flock: {'slotctl run, floor server':30} mean {ms(statistics.mean(fl)):.2f} ms ± "
+          f"{ms(statistics.stdev(fl)):.2f}, median {ms(statistics.median(fl)):.2f} ms ({len(fl)} runs)")
+    print(f"run-vs-flock: the floor (a server that only answers) / flock: mean "
+          f"{statistics.mean(fl) / statistics.mean(f):.3f}, median {statistics.median(fl) / statistics.median(f):.3f}; "
+          f"brokerd adds {1e6 * (statistics.mean(s) - statistics.mean(fl)):.0f} us (mean), "
+          f"{1e6 * (statistics.median(s) - statistics.median(fl)):.0f} us (median)")
 EOF
 echo "run-vs-flock: load average at end: $(cat /proc/loadavg)"
