@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "macro.h"
@@ -20,6 +22,18 @@
 #define SYS_pidfd_send_signal 424
 #endif
 
+/* PIDFD_GET_INFO (Linux 6.13), its first version: Debian 12's headers predate it. */
+#define PID_FS_MAGIC_ 0x50494446
+struct pidfd_info_v0 {
+        uint64_t mask;
+        uint64_t cgroupid;
+        uint32_t pid, tgid, ppid, ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid;
+        uint32_t spare0[1];
+};
+#define PIDFD_GET_INFO_V0 _IOWR(0xFF, 11, struct pidfd_info_v0)
+#define PIDFD_INFO_PID_ (UINT64_C(1) << 0)
+#define PIDFD_INFO_CREDS_ (UINT64_C(1) << 1)
+
 static int read_small_file(const char *path, char *buf, size_t size) {
         _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
@@ -31,15 +45,11 @@ static int read_small_file(const char *path, char *buf, size_t size) {
         return 0;
 }
 
-int process_get_info(pid_t pid, ProcessInfo *ret) {
+/* /proc/PID/stat's state, parent, process group and start time. */
+static int process_read_stat(pid_t pid, ProcessInfo *info) {
         char path[64], buf[4096];
-        int r;
-
-        assert_return(pid > 0, -EINVAL);
-        assert_return(ret, -EINVAL);
-
         snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
-        r = read_small_file(path, buf, sizeof buf);
+        int r = read_small_file(path, buf, sizeof buf);
         if (r < 0)
                 return r;
         /* The command name may hold spaces and parentheses: the fields start after the last ')'. */
@@ -55,9 +65,19 @@ int process_get_info(pid_t pid, ProcessInfo *ret) {
                    " %c %d %d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
                    &state, &ppid, &pgid, &start_time) != 4)
                 return -EIO;
+        info->pid = pid;
+        info->ppid = ppid;
+        info->pgid = pgid;
+        info->state = state;
+        info->start_time = start_time;
+        return 0;
+}
 
+/* /proc/PID/status's real uid and thread group. */
+static int process_read_status(pid_t pid, ProcessInfo *info) {
+        char path[64], buf[4096];
         snprintf(path, sizeof path, "/proc/%d/status", (int) pid);
-        r = read_small_file(path, buf, sizeof buf);
+        int r = read_small_file(path, buf, sizeof buf);
         if (r < 0)
                 return r;
         const char *uid_line = strstr(buf, "\nUid:");
@@ -68,16 +88,24 @@ int process_get_info(pid_t pid, ProcessInfo *ret) {
         int tgid;
         if (!tgid_line || sscanf(tgid_line + 6, "%d", &tgid) != 1)
                 return -EIO;
+        info->uid = (uid_t) uid;
+        info->tgid = tgid;
+        return 0;
+}
 
-        *ret = (ProcessInfo) {
-                .pid = pid,
-                .tgid = tgid,
-                .ppid = ppid,
-                .pgid = pgid,
-                .uid = (uid_t) uid,
-                .state = state,
-                .start_time = start_time,
-        };
+int process_get_info(pid_t pid, ProcessInfo *ret) {
+        ProcessInfo info = {};
+        int r;
+
+        assert_return(pid > 0, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        r = process_read_stat(pid, &info);
+        if (r >= 0)
+                r = process_read_status(pid, &info);
+        if (r < 0)
+                return r;
+        *ret = info;
         return 0;
 }
 
@@ -127,17 +155,60 @@ int pidfd_get_pid(int pidfd) {
         return pid > 0 ? pid : -ESRCH;
 }
 
+/* Set once the kernel said it has no PIDFD_GET_INFO (or by a test): /proc from then on. */
+static bool pidfd_info_unsupported;
+
+void process_use_pidfd_info(bool use) {
+        pidfd_info_unsupported = !use;
+}
+
+/* The pid, thread group, parent and real uid of a pidfd's process in one ioctl (Linux ≥ 6.13), in place of
+ * /proc's fdinfo and status files: two path walks in procfs, each dearer than the ioctl, for every Acquire
+ * with a command. Asked of a pidfs file only: an fd a client passed may be any file, and an unknown ioctl
+ * means something else to each driver. Returns 0; -ESRCH when it has exited or is not in our PID namespace;
+ * -EOPNOTSUPP when /proc must tell (no pidfs, an older kernel, or no pidfd at all). */
+static int pidfd_query(int pidfd, ProcessInfo *ret) {
+        struct statfs sfs;
+        if (pidfd_info_unsupported || fstatfs(pidfd, &sfs) < 0 || sfs.f_type != PID_FS_MAGIC_)
+                return -EOPNOTSUPP;
+        struct pidfd_info_v0 info = { .mask = PIDFD_INFO_PID_ | PIDFD_INFO_CREDS_ };
+        if (ioctl(pidfd, PIDFD_GET_INFO_V0, &info) < 0) {
+                if (errno == ESRCH)
+                        return -ESRCH;
+                if (errno == ENOTTY || errno == EINVAL)
+                        pidfd_info_unsupported = true;
+                return -EOPNOTSUPP;
+        }
+        if ((info.mask & (PIDFD_INFO_PID_ | PIDFD_INFO_CREDS_)) != (PIDFD_INFO_PID_ | PIDFD_INFO_CREDS_))
+                return -EOPNOTSUPP;
+        /* 0: it lives in a PID namespace that ours does not contain. */
+        if (info.pid == 0 || info.pid > INT32_MAX || info.tgid > INT32_MAX)
+                return -ESRCH;
+        ret->pid = (pid_t) info.pid;
+        ret->tgid = (pid_t) info.tgid;
+        ret->uid = (uid_t) info.ruid;
+        return 0;
+}
+
 int process_open_pidfd(int pidfd, ProcessInfo *ret) {
-        ProcessInfo info;
+        ProcessInfo info = {};
         int r;
 
         assert_return(pidfd >= 0, -EBADF);
         assert_return(ret, -EINVAL);
 
-        r = pidfd_get_pid(pidfd);
-        if (r < 0)
-                return r;
-        r = process_get_info_of_pidfd(pidfd, (pid_t) r, &info);
+        r = pidfd_query(pidfd, &info);
+        if (r == -EOPNOTSUPP) {
+                r = pidfd_get_pid(pidfd);
+                if (r < 0)
+                        return r;
+                r = process_get_info_of_pidfd(pidfd, (pid_t) r, &info);
+        } else if (r >= 0) {
+                /* The rest from stat, checked against the pidfd as process_get_info_of_pidfd() does. */
+                r = process_read_stat(info.pid, &info);
+                if (r >= 0 && syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) < 0 && errno != EPERM)
+                        r = errno == ESRCH ? -ESRCH : negative_errno();
+        }
         if (r < 0)
                 return r;
         /* A thread's pidfd (PIDFD_THREAD) names no process of its own. */

@@ -36,6 +36,10 @@ int pidfd_get_pid(int pidfd);
  * for a thread's pidfd; another negative errno. */
 int process_open_pidfd(int pidfd, ProcessInfo *ret);
 
+/* Whether process_open_pidfd() asks the kernel (PIDFD_GET_INFO, Linux ≥ 6.13) before /proc; on by default, off
+ * once the kernel has none. Tests turn it off to take the path of older kernels. */
+void process_use_pidfd_info(bool use);
+
 /* May `pid` be attached to a lease asked for by the peer `peer_pid` with uid `peer_uid` (SPEC §3.4):
  * the peer itself, or a direct child of it with the same uid. Returns 0, -EPERM if it may not,
  * -ESRCH if it does not exist. */

@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: MIT */
+/* test-process.c — a passed pidfd's facts (process.h): what process_open_pidfd() reads, by the kernel's
+ * PIDFD_GET_INFO where there is one and by /proc otherwise, agrees with /proc's own files; what is no pidfd,
+ * and a process gone, are refused. Over real children of this test. */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "process.h"
+
+#define OTHER_UID 4242
+
+static pid_t child;
+
+/* A child that waits; as root, with another real uid than its effective one (where the kernel's facts and
+ * /proc's would part if a field were read from the wrong place). */
+static int child_start(void) {
+        int ready[2];
+        assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
+        child = fork();
+        assert_true(child >= 0);
+        if (child == 0) {
+                if (getuid() == 0 && setresuid(OTHER_UID, 0, 0) < 0)
+                        _exit(1);
+                if (write(ready[1], "x", 1) != 1)
+                        _exit(1);
+                for (;;)
+                        pause();
+        }
+        char c;
+        assert_int_equal(read(ready[0], &c, 1), 1);
+        close(ready[0]);
+        close(ready[1]);
+        int pidfd = (int) syscall(SYS_pidfd_open, child, 0);
+        if (pidfd < 0 && errno == ENOSYS)
+                return -1; /* valgrind 3.19 has no pidfd_open() */
+        assert_true(pidfd >= 0);
+        return pidfd;
+}
+
+static int teardown(void **state) {
+        if (child > 0) {
+                (void) kill(child, SIGKILL);
+                (void) waitpid(child, NULL, 0);
+                child = 0;
+        }
+        process_use_pidfd_info(true);
+        return 0;
+}
+
+static void check_facts(bool by_kernel) {
+        process_use_pidfd_info(by_kernel);
+        int pidfd = child_start();
+        if (pidfd < 0)
+                skip();
+        ProcessInfo got, want;
+        assert_int_equal(process_open_pidfd(pidfd, &got), 0);
+        assert_int_equal(process_get_info(child, &want), 0);
+        assert_int_equal(got.pid, child);
+        assert_int_equal(got.tgid, child);
+        assert_int_equal(got.ppid, getpid());
+        assert_int_equal(got.pgid, want.pgid);
+        assert_int_equal(got.uid, getuid() == 0 ? (uid_t) OTHER_UID : getuid());
+        assert_int_equal(got.uid, want.uid);
+        assert_int_equal(got.start_time, want.start_time);
+        assert_true(got.state == want.state);
+        close(pidfd);
+}
+
+static void test_facts_by_the_kernel_agree_with_proc(void **state) {
+        check_facts(true);
+}
+
+static void test_facts_by_proc_alone(void **state) {
+        check_facts(false);
+}
+
+static void test_no_pidfd_is_refused(void **state) {
+        int sv[2], p[2];
+        ProcessInfo info;
+        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+        for (int by_kernel = 0; by_kernel <= 1; by_kernel++) {
+                process_use_pidfd_info(by_kernel);
+                assert_int_equal(process_open_pidfd(sv[0], &info), -EBADF);
+                assert_int_equal(process_open_pidfd(p[1], &info), -EBADF);
+        }
+        close(sv[0]);
+        close(sv[1]);
+        close(p[0]);
+        close(p[1]);
+}
+
+static void test_a_process_gone_is_refused(void **state) {
+        for (int by_kernel = 0; by_kernel <= 1; by_kernel++) {
+                process_use_pidfd_info(by_kernel);
+                int pidfd = child_start();
+                if (pidfd < 0)
+                        skip();
+                assert_int_equal(kill(child, SIGKILL), 0);
+                assert_int_equal(waitpid(child, NULL, 0), child);
+                child = 0;
+                ProcessInfo info;
+                assert_int_equal(process_open_pidfd(pidfd, &info), -ESRCH);
+                close(pidfd);
+        }
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_teardown(test_facts_by_the_kernel_agree_with_proc, teardown),
+                cmocka_unit_test_teardown(test_facts_by_proc_alone, teardown),
+                cmocka_unit_test_teardown(test_no_pidfd_is_refused, teardown),
+                cmocka_unit_test_teardown(test_a_process_gone_is_refused, teardown),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
