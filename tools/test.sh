@@ -160,7 +160,7 @@ stage "the units under a real systemd (a booted Debian 12 root)" build/meson-log
 # The unit tests under valgrind, one at a time, in the background beside the ASan/UBSan tests (most of which
 # wait on timers): what CPU those leave. Not beside the systemd lane, whose restarts under load are timed.
 # Ten times the timeouts: valgrind runs the scripts' Redis round trips and the simulator many times slower.
-# no-valgrind: what valgrind cannot run (a clone() sharing memory) or runs too slowly for CI (the history
+# no-valgrind: what valgrind cannot run (a clone() sharing memory, pidfd_open()) or runs too slowly for CI (the history
 # writer's 200,000 rows, checked under ASan/UBSan instead; see tests/meson.build).
 background valgrind meson test -C build --no-rebuild --print-errorlogs --suite unit --no-suite no-valgrind \
         --num-processes 1 --timeout-multiplier 10 \
