@@ -111,14 +111,22 @@ int process_get_info(pid_t pid, ProcessInfo *ret) {
 
 /* Reads pid's facts, pid being what pidfd refers to as far as we know: if the pidfd's process still lives
  * after we read /proc, the pid was not recycled in between, so the facts are its. */
-static int process_get_info_of_pidfd(int pidfd, pid_t pid, ProcessInfo *ret) {
-        ProcessInfo info;
-        int r = process_get_info(pid, &info);
-        if (r < 0)
-                return r;
+/* Whether the pidfd's process still lives, asked after its facts were read: then they are its own. Returns 0,
+ * -ESRCH, another negative errno. */
+static int pidfd_check_alive(int pidfd) {
         /* EPERM (another user's process, and no CAP_KILL) means it exists all the same; EBADF: no pidfd. */
         if (syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) < 0 && errno != EPERM)
                 return errno == ESRCH ? -ESRCH : negative_errno();
+        return 0;
+}
+
+static int process_get_info_of_pidfd(int pidfd, pid_t pid, ProcessInfo *ret) {
+        ProcessInfo info;
+        int r = process_get_info(pid, &info);
+        if (r >= 0)
+                r = pidfd_check_alive(pidfd);
+        if (r < 0)
+                return r;
         *ret = info;
         return 0;
 }
@@ -206,8 +214,8 @@ int process_open_pidfd(int pidfd, ProcessInfo *ret) {
         } else if (r >= 0) {
                 /* The rest from stat, checked against the pidfd as process_get_info_of_pidfd() does. */
                 r = process_read_stat(info.pid, &info);
-                if (r >= 0 && syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) < 0 && errno != EPERM)
-                        r = errno == ESRCH ? -ESRCH : negative_errno();
+                if (r >= 0)
+                        r = pidfd_check_alive(pidfd);
         }
         if (r < 0)
                 return r;
