@@ -76,3 +76,6 @@ int history_db_read_state(HistoryDb *d, bool log_failure, HistoryState *ret);
 
 /* One page of events, as the History method returns them. */
 int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, int64_t *ret_next_cursor);
+/* The statement history_db_query() runs for q, with its parameters to bind (for its tests: its plan). */
+#define HISTORY_DB_QUERY_SQL_MAX 512
+void history_db_query_sql(const HistoryQuery *q, char *buf, size_t size);

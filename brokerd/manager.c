@@ -270,6 +270,7 @@ void manager_metrics_gauges(Manager *m, MetricsGauges *ret) {
                 history_get_stats(m->history, &hs);
                 ret->history_healthy = hs.healthy;
                 ret->history_rows_dropped = hs.rows_dropped;
+                ret->history_rows_pending = hs.rows_pending;
         }
 }
 

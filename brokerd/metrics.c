@@ -314,6 +314,9 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
                 fprintf(f, "slotbroker_history_healthy %d\n", g->history_healthy);
                 header(f, "slotbroker_history_rows_dropped_total", "counter", "History rows lost to a full backlog.");
                 fprintf(f, "slotbroker_history_rows_dropped_total %llu\n", (unsigned long long) g->history_rows_dropped);
+                header(f, "slotbroker_history_rows_pending", "gauge",
+                       "History rows not written yet: waiting for the writer's next batch, or retried.");
+                fprintf(f, "slotbroker_history_rows_pending %llu\n", (unsigned long long) g->history_rows_pending);
         }
         if (fclose(f) != 0) {
                 free(buf);

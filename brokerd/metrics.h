@@ -75,6 +75,7 @@ typedef struct MetricsGauges {
         bool history;                   /* false: no history gauges */
         bool history_healthy;
         uint64_t history_rows_dropped;
+        uint64_t history_rows_pending;
         BackendPrimaryFn backend_primary; /* NULL: no pool behind Sentinels */
         void *backend_primary_userdata;
 } MetricsGauges;

@@ -9,6 +9,7 @@
 
 #include "engine.h"
 #include "history-file.h"
+#include "history-schema.h"
 #include "replay.h"
 #include "selector.h"
 #include "strv.h"
@@ -810,7 +811,7 @@ int replay_load(const ReplayOptions *o, char **error, Scenario **ret, ReplayInfo
 
                 info.pool = TAKE_PTR(r.pool);
                 /* A refusal the replay cannot model without --max-queue: worth a word. */
-                if (sqlite_api.prepare_v2(r.db, "SELECT count(*) FROM events WHERE pool = ? AND decision = 'full'", -1, &st,
+                if (sqlite_api.prepare_v2(r.db, "SELECT count(*) FROM events WHERE pool = ? AND decision = 'full' AND " HISTORY_UNUSUAL_DECISION, -1, &st,
                                        NULL) == SQLITE_OK) {
                         sqlite_api.bind_text(st, 1, info.pool, -1, SQLITE_STATIC);
                         if (sqlite_api.step(st) == SQLITE_ROW)

@@ -12,6 +12,7 @@
 #include "cli-util.h"
 #include "config.h"
 #include "history-file.h"
+#include "history-schema.h"
 #include "report-data.h"
 #include "report-html.h"
 #include "report.h"
@@ -299,7 +300,8 @@ static int read_holds(sqlite3 *db, Report *r) {
 
 static int read_revocations(sqlite3 *db, Report *r, bool has_reason) {
         sqlite3_stmt *st = NULL;
-        int k = prepare_bound(db, "SELECT count(*) FROM events WHERE decision IN ('revoked', 'overdue') AND time >= ?1 AND time < ?2",
+        int k = prepare_bound(db, "SELECT count(*) FROM events WHERE decision IN ('revoked', 'overdue') AND " HISTORY_UNUSUAL_DECISION
+                                " AND time >= ?1 AND time < ?2",
                               "", r, &st);
         if (k >= 0 && sqlite_api.step(st) == SQLITE_ROW)
                 r->revocations_total = (uint64_t) sqlite_api.column_int64(st, 0);
@@ -310,9 +312,9 @@ static int read_revocations(sqlite3 *db, Report *r, bool has_reason) {
 
         k = prepare_bound(db,
                           has_reason ? "SELECT time, pool, lane, job, lease, hold_us, decision, reason FROM events "
-                                       "WHERE decision IN ('revoked', 'overdue') AND time >= ?1 AND time < ?2" :
+                                       "WHERE decision IN ('revoked', 'overdue') AND " HISTORY_UNUSUAL_DECISION " AND time >= ?1 AND time < ?2" :
                                        "SELECT time, pool, lane, job, lease, hold_us, decision, NULL FROM events "
-                                       "WHERE decision IN ('revoked', 'overdue') AND time >= ?1 AND time < ?2",
+                                       "WHERE decision IN ('revoked', 'overdue') AND " HISTORY_UNUSUAL_DECISION " AND time >= ?1 AND time < ?2",
                           " ORDER BY time, id LIMIT " STRINGIFY(REPORT_TABLE_ROWS), r, &st);
         while (k >= 0 && sqlite_api.step(st) == SQLITE_ROW) {
                 _cleanup_free_ char *what = NULL;
@@ -342,7 +344,8 @@ static int read_jobs(sqlite3 *db, Report *r) {
         int k = prepare_bound(db,
                               "SELECT job, count(*), sum(decision = 'busy'), sum(decision = 'full'), sum(decision = 'timeout'), "
                               "sum(decision = 'shed'), sum(decision = 'unavailable') FROM events "
-                              "WHERE decision IN ('busy', 'full', 'timeout', 'shed', 'unavailable') AND time >= ?1 AND time < ?2",
+                              "WHERE decision IN ('busy', 'full', 'timeout', 'shed', 'unavailable') AND " HISTORY_UNUSUAL_DECISION
+                              " AND time >= ?1 AND time < ?2",
                               " GROUP BY job ORDER BY 2 DESC, job LIMIT " STRINGIFY(REPORT_TABLE_ROWS), r, &st);
         while (k >= 0 && sqlite_api.step(st) == SQLITE_ROW) {
                 ReportRow row = {

@@ -92,6 +92,8 @@ typedef struct Cost {
         double server_main_us; /* brokerd: its main thread's share (the rest is the history's threads) */
         double client_us;
         double server_switches, client_switches; /* context switches per message */
+        double history_pending;   /* brokerd: decision rows not yet written when the last pair ended */
+        double history_catchup_ms; /* and how long after it they all were (counted in the rate) */
 } Cost;
 
 static pid_t spawn(const char *const *argv, int out_fd) {
@@ -195,15 +197,58 @@ static void switches_start(void) {
         run_client_switches0 = self_switches();
 }
 
+/* A counter or gauge of brokerd's Metrics text (in its JSON reply, where the lines' ends are "\\n"). */
+static uint64_t broker_metric(const char *name) {
+        BrokerClient *c = NULL;
+        char *reply = NULL, needle[128];
+        int r = broker_client_connect(broker_sock, &c);
+        if (r < 0)
+                die("broker_client_connect", -r);
+        r = broker_call(c, "Metrics", NULL, &reply);
+        if (r != 0)
+                die("Metrics", r < 0 ? -r : EPROTO);
+        broker_client_free(c);
+        snprintf(needle, sizeof needle, "\\n%s ", name); /* the value's line, not "# HELP name …" */
+        const char *at = strstr(reply, needle);
+        if (!at)
+                die(name, ENOENT);
+        uint64_t v = strtoull(at + strlen(needle), NULL, 10);
+        free(reply);
+        return v;
+}
+
+/* The rate counts the decisions' history rows as written: a run is over when brokerd's writer has caught up
+ * with its last pair (a writer that fell behind would make a burst's rate, not a sustained one). A row
+ * dropped for a full backlog fails the benchmark. */
+static void history_catch_up(Cost *cost) {
+        uint64_t last_pair = bench_now_ns(), pending = broker_metric("slotbroker_history_rows_pending");
+        cost->history_pending = (double) pending;
+        while (pending > 0) {
+                if (bench_now_ns() - last_pair > 30ULL * 1000 * 1000 * 1000)
+                        die("history's writer", ETIMEDOUT);
+                (void) nanosleep(&(struct timespec) { .tv_nsec = 1000 * 1000 }, NULL);
+                pending = broker_metric("slotbroker_history_rows_pending");
+        }
+        cost->history_catchup_ms = (double) (bench_now_ns() - last_pair) / 1e6;
+        if (broker_metric("slotbroker_history_rows_dropped_total") > 0) {
+                fprintf(stderr, "bench-pairs: brokerd dropped history rows\n");
+                cleanup();
+                exit(EXIT_FAILURE);
+        }
+}
+
 static Cost pairs_cost(uint64_t pairs, uint64_t t0, uint64_t server0, uint64_t main0, uint64_t client0) {
-        double elapsed = (double) (bench_now_ns() - t0) / 1e9; /* until the last client finished its last pair */
+        Cost caught_up = {};
+        history_catch_up(&caught_up);
+        double elapsed = (double) (bench_now_ns() - t0) / 1e9; /* until the history of the last pair was written */
         uint64_t server = bench_process_cpu_ns(brokerd, false) - server0, main = bench_process_cpu_ns(brokerd, true) - main0,
                  client = bench_self_cpu_ns() - client0;
         double messages = 2.0 * (double) (pairs > 0 ? pairs : 1);
         return (Cost) { .rate = (double) pairs / elapsed, .server_us = (double) server / 1e3 / messages,
                         .server_main_us = (double) main / 1e3 / messages, .client_us = (double) client / 1e3 / messages,
                         .server_switches = (double) (bench_process_switches(brokerd) - run_server_switches0) / messages,
-                        .client_switches = (double) (self_switches() - run_client_switches0) / messages };
+                        .client_switches = (double) (self_switches() - run_client_switches0) / messages,
+                        .history_pending = caught_up.history_pending, .history_catchup_ms = caught_up.history_catchup_ms };
 }
 
 static _Noreturn void die_refused(int result) {
@@ -574,9 +619,11 @@ int main(int argc, char **argv) {
                 r_rel[i] = rel_c[i].rate;
                 r_mix[i] = r_acq[i] > 0 && r_rel[i] > 0 ? 2 / (1 / r_acq[i] + 1 / r_rel[i]) : 0;
                 printf("round %d: libbroker limit %d: %.0f pairs/s (CPU per message: brokerd %.1f us, of which main thread "
-                       "%.1f us; clients %.1f us); limit %d: %.0f pairs/s (%.1f us, %.1f us; %.1f us)",
-                       i + 1, roomy, p_roomy[i], roomy_c[i].server_us, roomy_c[i].server_main_us, roomy_c[i].client_us, half,
-                       p_half[i], half_c[i].server_us, half_c[i].server_main_us, half_c[i].client_us);
+                       "%.1f us; clients %.1f us; history %.0f rows behind at the end, written %.0f ms later); "
+                       "limit %d: %.0f pairs/s (%.1f us, %.1f us; %.1f us; %.0f rows, %.0f ms)",
+                       i + 1, roomy, p_roomy[i], roomy_c[i].server_us, roomy_c[i].server_main_us, roomy_c[i].client_us,
+                       roomy_c[i].history_pending, roomy_c[i].history_catchup_ms, half, p_half[i], half_c[i].server_us,
+                       half_c[i].server_main_us, half_c[i].client_us, half_c[i].history_pending, half_c[i].history_catchup_ms);
                 if (with_redis)
                         printf("; redis acquire %.0f req/s (CPU per request: redis-server %.1f us, redis-benchmark %.1f us), "
                                "release %.0f req/s (%.1f us, %.1f us), mix %.0f req/s; ratio %.3f / %.3f",

@@ -73,8 +73,14 @@ def make_history(path, rows):
             batch.clear()
     db.executemany("INSERT INTO events (time, decision, pool, lane, job, lease, wait_us, hold_us, state) "
                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
-    db.executescript("CREATE INDEX events_time ON events(time);"
-                     "CREATE INDEX events_decision_time ON events(decision, time);")
+    # brokerd's indexes since schema 9 (brokerd/history-db.c); $BENCH_REPORT_OLD_INDEX=1: those before it
+    if os.environ.get("BENCH_REPORT_OLD_INDEX"):
+        db.executescript("CREATE INDEX events_time ON events(time);"
+                         "CREATE INDEX events_decision_time ON events(decision, time);")
+    else:
+        db.executescript("CREATE INDEX events_time ON events(time);"
+                         "CREATE INDEX events_unusual_decision ON events(decision) "
+                         "WHERE decision NOT IN ('granted', 'released');")
     db.commit()
     db.close()
     os.rename(tmp, path)
@@ -106,7 +112,8 @@ def main():
     os.makedirs(cache, exist_ok=True)
     print(f"bench-report: load average {os.getloadavg()[0]:.2f}")
     for rows in sizes:
-        history = os.path.join(cache, f"history-{rows}.db")
+        index = "old-index" if os.environ.get("BENCH_REPORT_OLD_INDEX") else "v9"
+        history = os.path.join(cache, f"history-{index}-{rows}.db")
         t = time.monotonic()
         make_history(history, rows)
         made = time.monotonic() - t

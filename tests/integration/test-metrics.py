@@ -395,8 +395,15 @@ class Metrics(harness.BrokerTestCase):
         a2.close()
         d.close()
         b.wait_idle()
+        # Every decision's history row is written within the writer's flush delay: nothing stays pending.
+        wait_for(lambda: value(self.metrics(b, promtool=False)[1], "slotbroker_history_rows_pending") == 0, 5,
+                 message="history rows written")
+        events = b.call("io.slotbroker.History", {"limit": 100})["events"]
+        self.assertEqual(sum(e["decision"] == "granted" for e in events), 4, events)
 
         text, f = self.metrics(b)
+        self.assertEqual(value(f, "slotbroker_history_rows_pending"), 0)
+        self.assertEqual(value(f, "slotbroker_history_rows_dropped_total"), 0)
         expect = {
             ("slotbroker_granted_total", ("p", "w")): 3,
             ("slotbroker_granted_total", ("q", "qw")): 1,

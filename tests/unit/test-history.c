@@ -24,6 +24,7 @@
 
 #include <cmocka.h>
 
+#include "history-db.h"
 #include "history-internal.h"
 #include "log.h"
 
@@ -279,8 +280,60 @@ static void test_new_database_gets_current_schema(void **state) {
         assert_int_equal(db_int(db_path(f), "PRAGMA user_version"), (int64_t) history_schema_version());
         assert_int_equal(db_int(db_path(f), "PRAGMA application_id"), HISTORY_APPLICATION_ID);
         assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM sqlite_master WHERE name IN "
-                                            "('events','leases','tokens','events_time','events_decision_time')"),
+                                            "('events','leases','tokens','events_time','events_unusual_decision')"),
                          5);
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM sqlite_master WHERE name = 'events_decision_time'"), 0);
+}
+
+/* What EXPLAIN QUERY PLAN says of the statement history_db_query() runs for q: its lines, joined. */
+static void query_plan(const char *path, const HistoryQuery *q, char *buf, size_t size) {
+        char sql[HISTORY_DB_QUERY_SQL_MAX], explain[HISTORY_DB_QUERY_SQL_MAX + 32];
+        sqlite3 *db = NULL;
+        sqlite3_stmt *st = NULL;
+        size_t n = 0;
+
+        history_db_query_sql(q, sql, sizeof sql);
+        snprintf(explain, sizeof explain, "EXPLAIN QUERY PLAN %s", sql);
+        assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+        assert_int_equal(sqlite3_prepare_v2(db, explain, -1, &st, NULL), SQLITE_OK);
+        buf[0] = '\0';
+        while (sqlite3_step(st) == SQLITE_ROW)
+                n += (size_t) snprintf(buf + n, size - n, "%s; ", (const char *) sqlite3_column_text(st, 3));
+        assert_true(n < size);
+        sqlite3_finalize(st);
+        sqlite3_close(db);
+}
+
+/* Schema 9: an unusual decision is found through its index, in id order; grants and releases (nearly every
+ * row) by id, never sorted. */
+static void test_decision_filters_are_planned_without_a_sort(void **state) {
+        Fixture *f = *state;
+        char plan[1024];
+
+        assert_int_equal(mkdir(f->state, 0750), 0);
+        open_history(f, 0);
+        close_history(f);
+
+        const HistoryQuery unusual[] = {
+                { .decision = "busy" },
+                { .decision = "revoked", .lane = "merge", .pool = "grid" },
+                { .decision = "timeout", .since = 1, .until = 2 },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(unusual); i++) {
+                query_plan(db_path(f), &unusual[i], plan, sizeof plan);
+                assert_non_null(strstr(plan, "events_unusual_decision"));
+                assert_null(strstr(plan, "TEMP B-TREE"));
+        }
+        const HistoryQuery usual[] = {
+                { .decision = "granted" },
+                { .decision = "released", .since = 1 },
+                { .lane = "merge" },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(usual); i++) {
+                query_plan(db_path(f), &usual[i], plan, sizeof plan);
+                assert_null(strstr(plan, "events_unusual_decision"));
+                assert_null(strstr(plan, "TEMP B-TREE"));
+        }
 }
 
 static void test_old_schema_is_migrated_and_keeps_its_rows(void **state) {
@@ -304,6 +357,9 @@ static void test_old_schema_is_migrated_and_keeps_its_rows(void **state) {
         assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM events WHERE member IS NULL AND exit_status IS NULL"), 1);
         /* schema 8: a drain's until, NULL in the rows from before */
         assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM events WHERE until_us IS NULL"), 1);
+        /* schema 9: the decision index holds the unusual decisions only */
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM sqlite_master WHERE name = 'events_decision_time'"), 0);
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM sqlite_master WHERE name = 'events_unusual_decision'"), 1);
         assert_null(find_moved_aside(f));
         open_history(f, 0);
 
@@ -996,6 +1052,7 @@ int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_new_database_gets_current_schema, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_old_schema_is_migrated_and_keeps_its_rows, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_decision_filters_are_planned_without_a_sort, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_schema_6_is_migrated_to_slots, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_newer_schema_is_moved_aside, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_older_brokerds_ballast_is_removed, setup, teardown),
