@@ -109,8 +109,6 @@ int process_get_info(pid_t pid, ProcessInfo *ret) {
         return 0;
 }
 
-/* Reads pid's facts, pid being what pidfd refers to as far as we know: if the pidfd's process still lives
- * after we read /proc, the pid was not recycled in between, so the facts are its. */
 /* Whether the pidfd's process still lives, asked after its facts were read: then they are its own. Returns 0,
  * -ESRCH, another negative errno. */
 static int pidfd_check_alive(int pidfd) {
@@ -120,6 +118,8 @@ static int pidfd_check_alive(int pidfd) {
         return 0;
 }
 
+/* Reads pid's facts, pid being what pidfd refers to as far as we know: if the pidfd's process still lives
+ * after we read /proc, the pid was not recycled in between, so the facts are its. */
 static int process_get_info_of_pidfd(int pidfd, pid_t pid, ProcessInfo *ret) {
         ProcessInfo info;
         int r = process_get_info(pid, &info);
