@@ -298,11 +298,12 @@ static int read_holds(sqlite3 *db, Report *r) {
         return k;
 }
 
+/* The revocations' rows of the report's window (with the decision index's condition: history-schema.h). */
+#define REVOCATION_ROWS "WHERE decision IN ('revoked', 'overdue') AND " HISTORY_UNUSUAL_DECISION " AND time >= ?1 AND time < ?2"
+
 static int read_revocations(sqlite3 *db, Report *r, bool has_reason) {
         sqlite3_stmt *st = NULL;
-        int k = prepare_bound(db, "SELECT count(*) FROM events WHERE decision IN ('revoked', 'overdue') AND " HISTORY_UNUSUAL_DECISION
-                                " AND time >= ?1 AND time < ?2",
-                              "", r, &st);
+        int k = prepare_bound(db, "SELECT count(*) FROM events " REVOCATION_ROWS, "", r, &st);
         if (k >= 0 && sqlite_api.step(st) == SQLITE_ROW)
                 r->revocations_total = (uint64_t) sqlite_api.column_int64(st, 0);
         sqlite_api.finalize(st);
@@ -311,10 +312,8 @@ static int read_revocations(sqlite3 *db, Report *r, bool has_reason) {
                 return k;
 
         k = prepare_bound(db,
-                          has_reason ? "SELECT time, pool, lane, job, lease, hold_us, decision, reason FROM events "
-                                       "WHERE decision IN ('revoked', 'overdue') AND " HISTORY_UNUSUAL_DECISION " AND time >= ?1 AND time < ?2" :
-                                       "SELECT time, pool, lane, job, lease, hold_us, decision, NULL FROM events "
-                                       "WHERE decision IN ('revoked', 'overdue') AND " HISTORY_UNUSUAL_DECISION " AND time >= ?1 AND time < ?2",
+                          has_reason ? "SELECT time, pool, lane, job, lease, hold_us, decision, reason FROM events " REVOCATION_ROWS :
+                                       "SELECT time, pool, lane, job, lease, hold_us, decision, NULL FROM events " REVOCATION_ROWS,
                           " ORDER BY time, id LIMIT " STRINGIFY(REPORT_TABLE_ROWS), r, &st);
         while (k >= 0 && sqlite_api.step(st) == SQLITE_ROW) {
                 _cleanup_free_ char *what = NULL;
