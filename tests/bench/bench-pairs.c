@@ -93,7 +93,7 @@ typedef struct Cost {
         double client_us;
         double server_switches, client_switches; /* context switches per message */
         double history_pending;   /* brokerd: decision rows not yet written when the last pair ended */
-        double history_catchup_ms; /* and how long after it they all were (counted in the rate) */
+        double history_catchup_ms; /* and how long after it they all were (beyond the flush delay: in the rate) */
 } Cost;
 
 static pid_t spawn(const char *const *argv, int out_fd) {
@@ -224,29 +224,30 @@ static uint64_t broker_metric(const char *name) {
  * with its last pair, less the flush delay that the last rows wait by design (a constant latency, not a
  * rate): a writer that fell behind would otherwise make a burst's rate, not a sustained one. A row dropped
  * for a full backlog fails the benchmark. */
-static void history_catch_up(Cost *cost) {
-        uint64_t last_pair = bench_now_ns(), pending = broker_metric("slotbroker_history_rows_pending");
-        cost->history_pending = (double) pending;
+/* Waits until the writer has caught up; returns how long that took after last_pair (ns), and the rows that
+ * were pending then in *ret_pending. */
+static uint64_t history_catch_up(uint64_t last_pair, uint64_t *ret_pending) {
+        uint64_t pending = broker_metric("slotbroker_history_rows_pending");
+        *ret_pending = pending;
         while (pending > 0) {
                 if (bench_now_ns() - last_pair > 30ULL * 1000 * 1000 * 1000)
                         die("history's writer", ETIMEDOUT);
                 (void) nanosleep(&(struct timespec) { .tv_nsec = 1000 * 1000 }, NULL);
                 pending = broker_metric("slotbroker_history_rows_pending");
         }
-        cost->history_catchup_ms = (double) (bench_now_ns() - last_pair) / 1e6;
+        uint64_t caught_up = bench_now_ns() - last_pair;
         if (broker_metric("slotbroker_history_rows_dropped_total") > 0) {
                 fprintf(stderr, "bench-pairs: brokerd dropped history rows\n");
                 cleanup();
                 exit(EXIT_FAILURE);
         }
+        return caught_up;
 }
 
 static Cost pairs_cost(uint64_t pairs, uint64_t t0, uint64_t server0, uint64_t main0, uint64_t client0) {
-        Cost caught_up = {};
-        uint64_t last_pair = bench_now_ns();
-        history_catch_up(&caught_up);
-        uint64_t behind = bench_now_ns() - last_pair;
-        behind = behind > HISTORY_FLUSH_DELAY_NS ? behind - HISTORY_FLUSH_DELAY_NS : 0;
+        uint64_t last_pair = bench_now_ns(), pending;
+        uint64_t caught_up = history_catch_up(last_pair, &pending);
+        uint64_t behind = caught_up > HISTORY_FLUSH_DELAY_NS ? caught_up - HISTORY_FLUSH_DELAY_NS : 0;
         double elapsed = (double) (last_pair - t0 + behind) / 1e9; /* until history caught up with the last pair */
         uint64_t server = bench_process_cpu_ns(brokerd, false) - server0, main = bench_process_cpu_ns(brokerd, true) - main0,
                  client = bench_self_cpu_ns() - client0;
@@ -255,7 +256,7 @@ static Cost pairs_cost(uint64_t pairs, uint64_t t0, uint64_t server0, uint64_t m
                         .server_main_us = (double) main / 1e3 / messages, .client_us = (double) client / 1e3 / messages,
                         .server_switches = (double) (bench_process_switches(brokerd) - run_server_switches0) / messages,
                         .client_switches = (double) (self_switches() - run_client_switches0) / messages,
-                        .history_pending = caught_up.history_pending, .history_catchup_ms = caught_up.history_catchup_ms };
+                        .history_pending = (double) pending, .history_catchup_ms = (double) caught_up / 1e6 };
 }
 
 static _Noreturn void die_refused(int result) {
