@@ -319,9 +319,7 @@ int history_schema_create(const char *path, unsigned version) {
         return history_sqlite_to_errno(rc);
 }
 
-
 void history_db_close(HistoryDb *d) {
-        
         sqlite3_finalize(d->insert_event);
         sqlite3_finalize(d->insert_events);
         d->insert_events = NULL;
@@ -423,7 +421,7 @@ static TokenMark *token_mark_get(HistoryDb *d, const char *pool) {
 
 /* Reads the tokens table into the marks, keeping the larger value. Returns an SQLite code. */
 static int token_marks_load(HistoryDb *d, sqlite3 *db) {
-                sqlite3_stmt *st = NULL;
+        sqlite3_stmt *st = NULL;
         int rc;
 
         rc = sqlite3_prepare_v2(db, "SELECT pool, next_token FROM tokens", -1, &st, NULL);
@@ -448,7 +446,7 @@ static int token_marks_load(HistoryDb *d, sqlite3 *db) {
 
 /* Writes every known mark: a database made afresh must not let tokens go back. */
 static int token_marks_store(HistoryDb *d) {
-                int rc = SQLITE_OK;
+        int rc = SQLITE_OK;
 
         for (size_t i = 0; i < d->n_marks && rc == SQLITE_OK; i++) {
                 sqlite3_bind_text(d->upsert_token, 1, d->marks[i].pool, -1, SQLITE_STATIC);

@@ -70,7 +70,6 @@ static void lease_table_drop_events(LeaseTable *t, const Lease *l) {
         }
 }
 
-
 static const char *const lease_state_table[_LEASE_STATE_MAX] = {
         [LEASE_HELD] = "held",
         [LEASE_REVOKED] = "revoked",

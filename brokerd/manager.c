@@ -102,7 +102,6 @@ static void manager_apply_token_floor_all(Manager *m) {
                 (void) engine_set_token_floor(m->engine, m->config->pools[i]->name, m->token_floor_all);
 }
 
-
 /* ---- lane ACLs ---- */
 
 static void acls_free(LaneAcl *acls, size_t n) {

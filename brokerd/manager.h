@@ -150,14 +150,12 @@ void manager_drain(Manager *m);
  * errno. */
 int manager_add_connection(Manager *m, int fd);
 
-
 /* Reloads configuration files. Returns 0, or -EINVAL with errors filled (the old config stays). */
 int manager_reload(Manager *m, ConfErrors *errors);
 
 /* May uid (with its groups) use the lane? Root always may. */
 bool manager_pool_admin_allows(const Manager *m, const char *pool, uid_t uid, const gid_t *groups, size_t n_groups);
 bool manager_lane_allows(const Manager *m, const char *lane, uid_t uid, const gid_t *groups, size_t n_groups);
-
 
 /* A connection's fd was closed: accepting resumes if it was paused for want of fds. */
 void manager_fd_released(Manager *m);

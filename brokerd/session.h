@@ -188,7 +188,6 @@ void session_lease_release(Session *by, Lease *l);
 /* An engine event: a request queued, granted or refused, a lease reaching max-hold, a pool's gauge. */
 void session_on_engine_event(SessionTable *t, const EngineEvent *ev);
 
-
 /* A restart's handover (handover.h, SPEC §3.4): what s asked for goes into *ret (has_acquire false for a
  * session without an Acquire). Returns 0; -EBUSY when s cannot go as it is (a grant being written, a request
  * a shared pool has not answered yet, a History or Status reply on its way); -ENOMEM. */

@@ -2742,7 +2742,6 @@ static bool reply_take_clock(SharedPool *p, const Call *c, const RespValue *repl
         return true;
 }
 
-
 static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *reply, usec_t sent_boot, usec_t now) {
         p->last_now = MAX(p->last_now, now);
         Call *c = call_find(p, id);

@@ -1018,7 +1018,6 @@ static void test_validate_reports_every_problem(void **state) {
         assert_int_equal(errors.n_errors, 6);
 }
 
-
 /* ---- labels (SPEC §3.5) ---- */
 
 static void test_pool_labels_name_members(void **state) {

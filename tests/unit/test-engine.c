@@ -2747,7 +2747,6 @@ static void test_random_selectors_never_hand_a_member_out_twice(void **state) {
         }
 }
 
-
 /* ---- a restart hands its waiters over (SPEC §3.4, "A restart loses no waiter") ---- */
 
 /* The daemon restarts at `now`: its engine goes without a word to the pools (no withdraw, no release: a
@@ -2908,7 +2907,6 @@ static void test_restart_resumes_waiters_at_their_places(void **state) {
         assert_int_equal(engine_request_position(e->request, &pos, &n), 0);
         assert_int_equal(pos, 0);
 }
-
 
 /* ---- several pools at once, all or nothing (SPEC §3.5, also=) ---- */
 

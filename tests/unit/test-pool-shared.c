@@ -3874,7 +3874,6 @@ static void test_set_lost_with_the_link_is_sent_again(void **state) {
         assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_QUEUED);
 }
 
-
 int main(void) {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
         const struct CMUnitTest tests[] = {
