@@ -33,6 +33,7 @@ struct Connection {
         size_t output_mark;        /* output_below runs once the unsent output is below this */
         void (*output_below)(Connection *c);
         unsigned dispatching;      /* calls are being run: their replies go out together at the end */
+        bool output_deferred;      /* the unsent output is deferred replies only: it waits for company */
         bool handed_over;          /* its socket went to the next brokerd: closed without a shutdown */
         bool closed;
 };
@@ -71,7 +72,7 @@ static void connection_update_events(Connection *c) {
                 return;
         /* After EOF the socket stays readable (level-triggered: for ever); HUP still comes unasked. */
         uint32_t events = c->read_eof ? 0 : EPOLLIN;
-        if (varlink_stream_pending_output(&c->stream) > 0)
+        if (varlink_stream_pending_output(&c->stream) > 0 && !c->output_deferred)
                 events |= EPOLLOUT;
         (void) poller_set_events(c->poller, &c->watch, events);
 }
@@ -142,7 +143,7 @@ bool connection_is_closed(const Connection *c) {
 }
 
 static void connection_flush(Connection *c) {
-        if (c->closed || varlink_stream_pending_output(&c->stream) == 0)
+        if (c->closed || c->output_deferred || varlink_stream_pending_output(&c->stream) == 0)
                 return;
         int r = varlink_stream_flush(&c->stream);
         if (r < 0 && r != -EAGAIN) {
@@ -179,6 +180,7 @@ static int connection_queued(Connection *c, int r) {
         r = connection_check_queued(c, r);
         if (r < 0)
                 return r;
+        c->output_deferred = false; /* deferred replies go with this one */
         if (c->dispatching > 0)
                 return 0; /* one send for all the replies of the calls being run: connection_dispatch() */
         connection_flush(c);
@@ -209,6 +211,22 @@ int connection_reply_error(Connection *c, const char *error, json_t *parameters)
         if (c->oneway)
                 return 0;
         return connection_queued(c, varlink_stream_reply_error(&c->stream, error, parameters));
+}
+
+int connection_reply_text_deferred(Connection *c, const char *parameters, size_t size, bool continues) {
+        if (c->closed)
+                return -ENOTCONN;
+        if (c->oneway)
+                return 0;
+        /* Output already waiting for the socket is not held back by this one. */
+        bool alone = c->output_deferred || varlink_stream_pending_output(&c->stream) == 0;
+        int r = connection_check_queued(c, varlink_stream_reply_text(&c->stream, parameters, size,
+                                                                      continues ? VARLINK_REPLY_CONTINUES : 0));
+        if (r < 0)
+                return r;
+        if (alone)
+                c->output_deferred = true;
+        return 0;
 }
 
 /* Bad input gets a clear answer, then the connection goes: after a message we could not read, the
@@ -280,6 +298,15 @@ static void connection_close_if_finished(Connection *c) {
 static void connection_read_ended(Connection *c) {
         c->read_eof = true;
         connection_close_if_finished(c);
+}
+
+void connection_send_deferred(Connection *c) {
+        if (c->closed || !c->output_deferred)
+                return;
+        c->output_deferred = false;
+        connection_flush(c);
+        connection_close_if_finished(c);
+        connection_update_events(c);
 }
 
 static void connection_dispatch(Connection *c) {

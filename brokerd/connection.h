@@ -58,6 +58,12 @@ int connection_reply(Connection *c, json_t *parameters, bool continues);
 int connection_reply_error(Connection *c, const char *error, json_t *parameters);
 /* A reply whose parameters are a JSON object's text (json_text_*()), as varlink_stream_reply_text(). */
 int connection_reply_text(Connection *c, const char *parameters, size_t size, bool continues);
+/* As connection_reply_text(), but the reply may wait: it leaves with the next reply that is not deferred, or
+ * at connection_send_deferred(). For a notice that news often overtakes at once (a waiter's first "queued",
+ * its grant): one send, and one wakeup of the client, instead of two. */
+int connection_reply_text_deferred(Connection *c, const char *parameters, size_t size, bool continues);
+/* Sends what deferred replies left waiting; nothing if they left already. May close the connection. */
+void connection_send_deferred(Connection *c);
 /* The call being run wants no reply (or, false, wants one after all). */
 void connection_set_oneway(Connection *c, bool oneway);
 bool connection_get_oneway(const Connection *c);

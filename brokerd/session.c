@@ -318,7 +318,15 @@ void session_acquire(Session *s, const VarlinkCall *call) {
 
 /* ---- the table ---- */
 
+/* A waiter's first "queued" reply waits this long for company: under contention most waits end sooner, and
+ * the grant takes it along (one send and one wakeup of the client instead of two: a contended pool's pairs
+ * +3 %, bench-pairs at limit 16). The client hears that it waits a millisecond or two later. */
+#define QUEUED_NOTICE_GRACE (1 * USEC_PER_MSEC)
+/* Held-back replies sent per run of the timer: a burst of waiters is not one long dispatch. */
+#define NOTICE_BATCH 64
+
 static int on_position_timer(sd_event_source *source, uint64_t usec, void *userdata);
+static int on_notice_timer(sd_event_source *source, uint64_t usec, void *userdata);
 static void session_free(Session *s);
 
 /* Test-only: SLOTBROKER_TEST_RENEW_MS=N renews every fenced lease, of any pool, every N/4 ms with a fence of
@@ -357,6 +365,7 @@ int session_table_init(SessionTable *t, sd_event *event) {
         list_init(&t->sessions);
         list_init(&t->closed);
         list_init(&t->position_queue);
+        list_init(&t->notice_queue);
         list_init(&t->status_waiting);
         int r = sd_event_add_time(event, &t->position_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
                                   on_position_timer, t);
@@ -365,6 +374,11 @@ int session_table_init(SessionTable *t, sd_event *event) {
         (void) sd_event_source_set_enabled(t->position_timer, SD_EVENT_OFF);
         /* Position updates are courtesy: a release or a new call waiting in the same iteration goes first. */
         (void) sd_event_source_set_priority(t->position_timer, SD_EVENT_PRIORITY_IDLE);
+        r = sd_event_add_time(event, &t->notice_timer, CLOCK_MONOTONIC, USEC_INFINITY, QUEUED_NOTICE_GRACE,
+                              on_notice_timer, t);
+        if (r < 0)
+                return r;
+        (void) sd_event_source_set_enabled(t->notice_timer, SD_EVENT_OFF);
         return test_renew_setup(t, event);
 }
 
@@ -389,6 +403,7 @@ void session_table_done(SessionTable *t) {
         }
         session_table_collect(t);
         t->position_timer = sd_event_source_disable_unref(t->position_timer);
+        t->notice_timer = sd_event_source_disable_unref(t->notice_timer);
         t->test_renew_timer = sd_event_source_disable_unref(t->test_renew_timer);
         t->uid_usage = mfree(t->uid_usage);
         t->n_uid_usage = 0;
@@ -686,6 +701,7 @@ void session_acquire_done(Session *s) {
 }
 
 static void position_queue_leave(Session *s);
+static void notice_queue_leave(Session *s);
 
 void session_on_disconnect(Session *s) {
         SessionTable *m = s->table;
@@ -702,6 +718,7 @@ void session_on_disconnect(Session *s) {
                  * freed with this iteration. */
                 engine_request_set_userdata(a->request, NULL);
                 position_queue_leave(s);
+                notice_queue_leave(s);
                 if (s->lease)
                         lease_clear_holder(TAKE_PTR(s->lease));
         } else
@@ -934,7 +951,8 @@ static void queued_reply(Session *s, size_t position, size_t queued, JsonText *t
         json_text_close(t, '}');
 }
 
-static void send_position(Session *s, usec_t now) {
+/* deferred: the reply may wait for company (connection_reply_text_deferred()). */
+static void send_position(Session *s, usec_t now, bool deferred) {
         AcquireCall *a = &s->acquire;
         size_t pos, queued;
         if (engine_request_position(a->request, &pos, &queued) < 0)
@@ -945,7 +963,11 @@ static void send_position(Session *s, usec_t now) {
         _cleanup_(json_text_done) JsonText p;
         json_text_init(&p);
         queued_reply(s, pos, queued, &p);
-        if (session_reply_text(s, &p, true) < 0)
+        if (json_text_result(&p) < 0)
+                return;
+        int r = deferred ? connection_reply_text_deferred(s->connection, p.data, p.size, true)
+                         : connection_reply_text(s->connection, p.data, p.size, true);
+        if (r < 0)
                 return;
         a->last_position = pos;
         a->last_queued = queued;
@@ -998,13 +1020,60 @@ static int on_position_timer(sd_event_source *source, uint64_t usec, void *userd
                 list_append(&m->position_queue, head);
                 /* A client that has not read its last update gets no new one: its output stays bounded. */
                 if (connection_get_pending_output(s->connection) == 0)
-                        send_position(s, now); /* may close s: then it left the queue */
+                        send_position(s, now, false); /* may close s: then it left the queue */
                 n++;
         }
         head = list_first(&m->position_queue);
         bool more_due = head && n == POSITION_BATCH &&
                         usec_add(container_of(head, AcquireCall, position_node)->last_position_check, USEC_PER_SEC) <= now;
         position_queue_arm(m, now, more_due);
+        return 0;
+}
+
+static void notice_queue_arm(SessionTable *m) {
+        ListNode *head = list_first(&m->notice_queue);
+        if (!head) {
+                (void) sd_event_source_set_enabled(m->notice_timer, SD_EVENT_OFF);
+                return;
+        }
+        (void) sd_event_source_set_time(m->notice_timer, container_of(head, AcquireCall, notice_node)->notice_due);
+        (void) sd_event_source_set_enabled(m->notice_timer, SD_EVENT_ONESHOT);
+}
+
+/* The queue is in due order: every waiter waits the same grace. */
+static void notice_queue_join(Session *s, usec_t now) {
+        SessionTable *m = s->table;
+        AcquireCall *a = &s->acquire;
+        if (list_node_is_linked(&a->notice_node))
+                return;
+        bool was_empty = list_is_empty(&m->notice_queue);
+        a->notice_due = usec_add(now, QUEUED_NOTICE_GRACE);
+        list_append(&m->notice_queue, &a->notice_node);
+        if (was_empty)
+                notice_queue_arm(m);
+}
+
+static void notice_queue_leave(Session *s) {
+        if (!list_node_is_linked(&s->acquire.notice_node))
+                return;
+        list_unlink(&s->acquire.notice_node);
+        if (list_is_empty(&s->table->notice_queue))
+                (void) sd_event_source_set_enabled(s->table->notice_timer, SD_EVENT_OFF);
+}
+
+static int on_notice_timer(sd_event_source *source, uint64_t usec, void *userdata) {
+        SessionTable *m = userdata;
+        usec_t now = now_monotonic();
+        ListNode *head;
+
+        for (unsigned n = 0; n < NOTICE_BATCH && (head = list_first(&m->notice_queue)); n++) {
+                AcquireCall *a = container_of(head, AcquireCall, notice_node);
+                if (a->notice_due > now)
+                        break;
+                list_unlink(head);
+                connection_send_deferred(container_of(a, Session, acquire)->connection); /* may close it */
+        }
+        notice_queue_arm(m); /* a head already due (the batch ran out) runs at the next iteration */
         return 0;
 }
 
@@ -1029,9 +1098,11 @@ static void on_queued(SessionTable *m, Session *s, const EngineEvent *ev) {
         m->changed = true;
         if (s->acquire.more) {
                 usec_t now = now_monotonic();
-                send_position(s, now);
-                if (!s->closed)
+                send_position(s, now, true);
+                if (!s->closed) {
                         position_queue_join(s, now);
+                        notice_queue_join(s, now);
+                }
         }
 }
 
@@ -1265,6 +1336,7 @@ static void on_refused(SessionTable *m, Session *s, const EngineEvent *ev) {
 static void session_waiter_left(Session *s) {
         waiter_count(s, false);
         position_queue_leave(s);
+        notice_queue_leave(s);
 }
 
 bool session_waiter_withdraw(Session *s, SessionWithdraw why) {

@@ -56,8 +56,10 @@ typedef struct SessionTable {
         size_t n_uid_usage;
         RateBucket acquire_rate;        /* the node's: every uid's Acquires on shared pools */
         List position_queue;            /* waiters by when their position was last looked at */
+        List notice_queue;              /* waiters whose first "queued" reply is held back, by when it is due */
         List status_waiting;            /* Session.status_node: Status replies waiting for fresh snapshots */
         sd_event_source *position_timer;
+        sd_event_source *notice_timer;
         sd_event_source *test_renew_timer; /* SLOTBROKER_TEST_RENEW_MS, tests only */
         usec_t test_renew;
         bool changed;                   /* a waiter came or went: STATUS= is stale */
@@ -106,6 +108,8 @@ typedef struct AcquireCall {
         size_t last_queued;
         usec_t last_position_check; /* monotonic; updates go out at most once a second */
         ListNode position_node;     /* Manager.position_queue, while waiting with "more" */
+        ListNode notice_node;       /* Manager.notice_queue, while its first "queued" reply may wait */
+        usec_t notice_due;          /* monotonic: when that reply goes anyway */
         bool counted_waiter;       /* counted in its uid's waiters */
         int command_pidfd;         /* the attached command, verified at the call */
         ProcessInfo command;

@@ -396,6 +396,30 @@ class Scenarios:
         self.assertEqual(w.lease["slots"], [0])
         self.assertEqual(self.waiters("wq"), [])
 
+    def test_first_queued_reply_comes_before_whatever_ends_the_wait(self):
+        """A waiter's first "queued" reply may wait a moment to leave with what follows (brokerd's
+        QUEUED_NOTICE_GRACE): however soon the wait ends, the client gets it, first. A refusal at the 1 ms
+        cap races the grace; a grant, the holder's close read just after the Acquire (or just before: then
+        no wait at all)."""
+        for i in range(10):
+            h = self.hold("wq", job="holder")
+            q = self.acquire("wq", job=f"capped{i}", queueWaitMs=1)
+            self.assertEqual({k: q.params.get(k) for k in ("state", "position", "queued", "budgetMs")},
+                             {"state": "queued", "position": 1, "queued": 1, "budgetMs": 1}, q.msg)
+            q.until(lambda a: a.error, timeout=LATENESS + 1, what="the QueueTimeout")
+            self.assertEqual((q.error, len(q.replies)), ("io.slotbroker.QueueTimeout", 2), q.replies)
+            conn = harness.Varlink(self.path)
+            self.addCleanup(conn.close)
+            conn.send("io.slotbroker.Acquire", {"lane": "wq", "job": f"waiter{i}"}, more=True)
+            h.close()
+            w = harness.Acquisition(conn, conn.recv())
+            w.until_granted(timeout=LATENESS + 1)
+            states = [m["parameters"]["state"] for m in w.replies]
+            self.assertIn(states, (["queued", "granted"], ["granted"]), w.replies)
+            self.assertIsNone(conn.poll(0.05), "nothing after the grant")
+            conn.close()
+            wait_for(lambda: self.broker.pool("wq")["inUse"] == 0, message="pool wq free again")
+
     def test_status_waiter_reports_budget_state(self):
         self.hold("wq")
         self.queue("wq")
