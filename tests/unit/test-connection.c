@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* test-connection.c — brokerd's transport alone (connection.h): framing, its limits (message size, output
- * cap, passed fds), peer credentials, deferred calls and the disconnect handler, over a socketpair on a real
- * sd-event loop, with a recording call handler and no method, lease or session. */
+ * cap, passed fds), peer credentials, deferred calls and replies and the disconnect handler, over a
+ * socketpair on a real sd-event loop, with a recording call handler and no method, lease or session. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -31,6 +31,7 @@ typedef struct Fixture {
         size_t n_calls;
         bool defer;                     /* the handler defers every call */
         size_t reply_size;              /* > 0: the handler answers with a string of this many bytes */
+        bool reply_deferred;            /* the handler answers with a deferred reply */
         int fd_taken;                   /* the fd the handler took from its call, or -EBADF */
         unsigned disconnects;
         char input[65536];              /* what the client received */
@@ -45,7 +46,9 @@ static ConnectionCallResult on_call(Connection *c, const VarlinkCall *call, void
         f->methods[f->n_calls++] = strdup(call->method);
         if (call->fds && call->fds->n > 0)
                 f->fd_taken = varlink_fds_take(call->fds, 0);
-        if (f->reply_size > 0) {
+        if (f->reply_deferred)
+                assert_int_equal(connection_reply_text_deferred(c, "{}", 2, false), 0);
+        else if (f->reply_size > 0) {
                 char *s = malloc(f->reply_size + 1);
                 assert_non_null(s);
                 memset(s, 'x', f->reply_size);
@@ -307,6 +310,52 @@ static void test_oneway_call_sends_nothing(void **state) {
         assert_int_equal(f->n_input, 0);
 }
 
+static void test_deferred_reply_waits_for_the_next_or_the_owner(void **state) {
+        Fixture *f = *state;
+        static const char notice[] = "{\"state\":\"queued\"}";
+        static const char grant[] = "{\"state\":\"granted\"}";
+
+        /* Alone, it waits, even as the answer of a call (whose replies go at the end of its dispatch): the
+         * loop runs, nothing is sent, and EPOLLOUT is not asked for. */
+        f->reply_deferred = true;
+        send_call(f, "io.test.A");
+        PUMP_UNTIL(f, f->n_calls == 1);
+        assert_int_equal(connection_reply_text_deferred(f->c, notice, strlen(notice), true), 0);
+        int idle = -1; /* the loop goes idle: nothing to dispatch (a socket asked for EPOLLOUT would be, always) */
+        for (int i = 0; i < 10 && idle != 0; i++)
+                assert_true((idle = sd_event_run(f->event, 0)) >= 0);
+        assert_int_equal(idle, 0);
+        read_peer(f);
+        assert_int_equal(f->n_input, 0);
+        assert_true(connection_get_pending_output(f->c) > 0);
+        connection_send_deferred(f->c);
+        read_peer(f);
+        assert_string_equal(received(f, 0), "{\"parameters\":{}}");
+        assert_string_equal(received(f, 1), "{\"parameters\":{\"state\":\"queued\"},\"continues\":true}");
+        f->n_input = 0;
+
+        assert_int_equal(connection_reply_text_deferred(f->c, notice, strlen(notice), true), 0);
+
+        /* The next reply takes it along, first, in one send. */
+        assert_int_equal(connection_reply_text(f->c, grant, strlen(grant), true), 0);
+        read_peer(f);
+        assert_string_equal(received(f, 0), "{\"parameters\":{\"state\":\"queued\"},\"continues\":true}");
+        assert_string_equal(received(f, 1), "{\"parameters\":{\"state\":\"granted\"},\"continues\":true}");
+        assert_int_equal(connection_get_pending_output(f->c), 0);
+        connection_send_deferred(f->c); /* gone already: nothing */
+        read_peer(f);
+        assert_null(received(f, 2));
+
+        /* Or its owner sends it. */
+        assert_int_equal(connection_reply_text_deferred(f->c, notice, strlen(notice), true), 0);
+        read_peer(f);
+        assert_null(received(f, 2));
+        connection_send_deferred(f->c);
+        read_peer(f);
+        assert_string_equal(received(f, 2), "{\"parameters\":{\"state\":\"queued\"},\"continues\":true}");
+        assert_int_equal(f->disconnects, 0);
+}
+
 static void test_peer_credentials_and_primary_group(void **state) {
         Fixture *f = *state;
         const struct ucred *cred = connection_get_peer(f->c);
@@ -333,6 +382,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_close_by_owner_calls_disconnect_once_and_replies_fail, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_oneway_call_sends_nothing, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_deferred_reply_waits_for_the_next_or_the_owner, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_peer_credentials_and_primary_group, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
