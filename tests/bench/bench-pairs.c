@@ -223,9 +223,8 @@ static uint64_t broker_metric(const char *name) {
 /* The rate counts the decisions' history rows as written: a run is over when brokerd's writer has caught up
  * with its last pair, less the flush delay that the last rows wait by design (a constant latency, not a
  * rate): a writer that fell behind would otherwise make a burst's rate, not a sustained one. A row dropped
- * for a full backlog fails the benchmark. */
-/* Waits until the writer has caught up; returns how long that took after last_pair (ns), and the rows that
- * were pending then in *ret_pending. */
+ * for a full backlog fails the benchmark. Waits until the writer has caught up; returns how long that took
+ * after last_pair (ns), and the rows that were pending then in *ret_pending. */
 static uint64_t history_catch_up(uint64_t last_pair, uint64_t *ret_pending) {
         uint64_t pending = broker_metric("slotbroker_history_rows_pending");
         *ret_pending = pending;
