@@ -320,7 +320,7 @@ void session_acquire(Session *s, const VarlinkCall *call) {
 
 /* A waiter's first "queued" reply waits this long for company: under contention most waits end sooner, and
  * the grant takes it along (one send and one wakeup of the client instead of two: a contended pool's pairs
- * +3 %, bench-pairs at limit 16). The client hears that it waits a millisecond or two later. */
+ * +4-9 %, bench-pairs at limit 16). The client hears that it waits a millisecond or two later. */
 #define QUEUED_NOTICE_GRACE (1 * USEC_PER_MSEC)
 /* Held-back replies sent per run of the timer: a burst of waiters is not one long dispatch. */
 #define NOTICE_BATCH 64
