@@ -134,7 +134,7 @@ static void header(FILE *f, const char *name, const char *type, const char *help
         fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void pool_gauge(FILE *f, const char *name, const char *pool, uint64_t v) {
+static void pool_value(FILE *f, const char *name, const char *pool, uint64_t v) {
         fprintf(f, "%s{pool=\"", name);
         put_label(f, pool);
         fprintf(f, "\"} %llu\n", (unsigned long long) v);
@@ -167,23 +167,25 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
         size_t n = engine_pool_count(g->engine);
         EnginePoolInfo info;
 
+        /* Every family is named beside its type, here and in header()'s calls: brokerd(8) METRICS lists them
+         * all, and tests/check-man-metrics.py holds the two to each other. */
         static const struct {
-                const char *name, *help;
+                const char *name, *type, *help;
         } gauges[] = {
-                { "slotbroker_slots", "Slots in the pool (its limit)." },
-                { "slotbroker_slots_in_use", "Slots held by leases." },
-                { "slotbroker_queue_length", "Requests waiting in the pool's queue." },
-                { "slotbroker_queue_congested", "1 while a new request would be queued with the saturated budget." },
-                { "slotbroker_slots_resting", "Slots resting after a release (cooldown=): neither free nor held." },
+                { "slotbroker_slots", "gauge", "Slots in the pool (its limit)." },
+                { "slotbroker_slots_in_use", "gauge", "Slots held by leases." },
+                { "slotbroker_queue_length", "gauge", "Requests waiting in the pool's queue." },
+                { "slotbroker_queue_congested", "gauge", "1 while a new request would be queued with the saturated budget." },
+                { "slotbroker_slots_resting", "gauge", "Slots resting after a release (cooldown=): neither free nor held." },
         };
         for (size_t k = 0; k < ELEMENTSOF(gauges); k++) {
-                header(f, gauges[k].name, "gauge", gauges[k].help);
+                header(f, gauges[k].name, gauges[k].type, gauges[k].help);
                 for (size_t i = 0; i < n; i++) {
                         if (engine_pool_info(g->engine, i, g->now, &info) < 0)
                                 continue;
                         uint64_t v = k == 0 ? info.limit : k == 1 ? info.in_use : k == 2 ? info.waiting
                                    : k == 3 ? info.congested : info.n_resting;
-                        pool_gauge(f, gauges[k].name, info.name, v);
+                        pool_value(f, gauges[k].name, info.name, v);
                 }
         }
 
@@ -259,7 +261,7 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
                                 header(f, "slotbroker_backend_up", "gauge",
                                        "1 while a shared pool is served: its backend reached, the rules agreed.");
                         any_remote = true;
-                        pool_gauge(f, "slotbroker_backend_up", info.name, info.backend_up);
+                        pool_value(f, "slotbroker_backend_up", info.name, info.backend_up);
                 }
         bool any_bad = false;
         for (size_t i = 0; i < n; i++)
@@ -268,7 +270,7 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
                                 header(f, "slotbroker_backend_bad_input_total", "counter",
                                        "Replies and stream entries of a shared pool's backend that failed validation and were dropped.");
                         any_bad = true;
-                        pool_gauge(f, "slotbroker_backend_bad_input_total", info.name, info.bad_input);
+                        pool_value(f, "slotbroker_backend_bad_input_total", info.name, info.bad_input);
                 }
         bool any_failover = false;
         for (size_t i = 0; g->backend_primary && i < n; i++) {
@@ -280,8 +282,7 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
                         header(f, "slotbroker_backend_failovers_total", "counter",
                                "Failovers of a shared pool's primary seen through its Sentinels.");
                 any_failover = true;
-                fprintf(f, "slotbroker_backend_failovers_total{pool=\"%s\"} %llu\n", info.name,
-                        (unsigned long long) bp.failovers);
+                pool_value(f, "slotbroker_backend_failovers_total", info.name, bp.failovers);
         }
         bool any_rtt = false;
         for (size_t i = 0; i < m->n_pools; i++) {
