@@ -376,7 +376,8 @@ static void connection_io(PollerWatch *w, uint32_t revents) {
         connection_update_events(c);
 }
 
-int connection_new(Poller *poller, int fd, const ConnectionLimits *limits, Connection **ret) {
+int connection_new(Poller *poller, int fd, const struct ucred *cred, const ConnectionLimits *limits,
+                   Connection **ret) {
         _cleanup_(closer_closep) int fd_owned = fd;
 
         Connection *c = calloc(1, sizeof(Connection));
@@ -387,7 +388,9 @@ int connection_new(Poller *poller, int fd, const ConnectionLimits *limits, Conne
         c->watch = (PollerWatch) POLLER_WATCH_INIT;
 
         socklen_t len = sizeof c->cred;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->cred, &len) < 0) {
+        if (cred)
+                c->cred = *cred;
+        else if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->cred, &len) < 0) {
                 free(c);
                 return negative_errno();
         }

@@ -35,9 +35,10 @@ typedef struct ConnectionLimits {
         size_t max_output;      /* unsent output past this closes the connection (SPEC §10) */
 } ConnectionLimits;
 
-/* Takes ownership of fd (an accepted socket; closed on failure) and reads its peer's credentials. Returns 0
- * or negative errno. */
-int connection_new(Poller *poller, int fd, const ConnectionLimits *limits, Connection **ret);
+/* Takes ownership of fd (an accepted socket; closed on failure). cred: its peer's credentials as the caller
+ * read them (SO_PEERCRED), or NULL to read them here. Returns 0 or negative errno. */
+int connection_new(Poller *poller, int fd, const struct ucred *cred, const ConnectionLimits *limits,
+                   Connection **ret);
 /* Only once closed: the owner frees it when nothing up the stack can name it any more. */
 Connection *connection_free(Connection *c);
 

@@ -683,7 +683,7 @@ void manager_drain(Manager *m) {
 static bool manager_giving_back(Manager *m);
 static bool manager_granting(Manager *m);
 static void manager_hand_over(Manager *m);
-static int manager_connection_new(Manager *m, int fd, Session **ret);
+static int manager_connection_new(Manager *m, int fd, const struct ucred *cred, Session **ret);
 
 /* The drain follows each dispatch (a batch of connections, a timer, a history wakeup), once, and is never
  * re-entered: manager_run() calls it. */
@@ -944,7 +944,7 @@ static void manager_take_back(Manager *m) {
         for (size_t i = 0; i < h.n_connections; i++) {
                 HandoverConnection *c = &h.connections[i];
                 Session *s = NULL;
-                r = manager_connection_new(m, TAKE_FD(c->fd), &s);
+                r = manager_connection_new(m, TAKE_FD(c->fd), NULL, &s);
                 if (r >= 0)
                         r = connection_restore(s->connection, c->input, c->n_input, c->output, c->n_output);
                 if (r >= 0 && c->has_acquire)
@@ -1262,21 +1262,21 @@ static int on_accept_resume(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
-static int manager_connection_new(Manager *m, int fd, Session **ret) {
+static int manager_connection_new(Manager *m, int fd, const struct ucred *cred, Session **ret) {
         const ConnectionLimits limits = {
                 .max_message = m->config->max_message_size,
                 .max_output = m->config->max_output_per_connection,
         };
         Connection *c;
-        int r = connection_new(m->poller, fd, &limits, &c);
+        int r = connection_new(m->poller, fd, cred, &limits, &c);
         if (r < 0)
                 return r;
         return session_new(&m->sessions, c, methods_on_call, methods_on_disconnect, ret);
 }
 
-int manager_add_connection(Manager *m, int fd) {
+int manager_add_connection(Manager *m, int fd, const struct ucred *cred) {
         Session *s;
-        return manager_connection_new(m, fd, &s);
+        return manager_connection_new(m, fd, cred, &s);
 }
 
 static bool errno_is_fd_shortage(int e) {
@@ -1328,7 +1328,7 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                         closer_close_socket(cfd);
                         continue;
                 }
-                int r = manager_add_connection(m, cfd);
+                int r = manager_add_connection(m, cfd, &cred);
                 if (r < 0)
                         log_warning_errno(r, "Failed to set up a connection: %m");
         }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <sys/socket.h>
 #include <systemd/sd-event.h>
 
 #include "audit.h"
@@ -146,9 +147,9 @@ int manager_run_once(Manager *m, uint64_t timeout);
  * never call it; public for tests that run no loop. */
 void manager_drain(Manager *m);
 
-/* Serves an accepted socket (taken; closed on failure): its session, its methods. Returns 0 or negative
- * errno. */
-int manager_add_connection(Manager *m, int fd);
+/* Serves an accepted socket (taken; closed on failure): its session, its methods. cred: its peer's, or NULL
+ * to read them. Returns 0 or negative errno. */
+int manager_add_connection(Manager *m, int fd, const struct ucred *cred);
 
 /* Reloads configuration files. Returns 0, or -EINVAL with errors filled (the old config stays). */
 int manager_reload(Manager *m, ConfErrors *errors);

@@ -77,7 +77,7 @@ static int setup_with(void **state, size_t max_message, size_t max_output) {
         assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
         f->peer = sv[1];
         const ConnectionLimits limits = { .max_message = max_message, .max_output = max_output };
-        assert_int_equal(connection_new(f->poller, sv[0], &limits, &f->c), 0);
+        assert_int_equal(connection_new(f->poller, sv[0], NULL, &limits, &f->c), 0);
         connection_set_userdata(f->c, f);
         connection_bind_call(f->c, on_call);
         connection_bind_disconnect(f->c, on_disconnect);

@@ -91,7 +91,7 @@ static Client *client_new(Fixture *f) {
         Client *c = calloc(1, sizeof(Client));
         assert_non_null(c);
         assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
-        assert_int_equal(manager_add_connection(f->m, sv[0]), 0);
+        assert_int_equal(manager_add_connection(f->m, sv[0], NULL), 0);
         c->fd = sv[1];
         return c;
 }
