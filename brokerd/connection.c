@@ -188,40 +188,44 @@ static int connection_queued(Connection *c, int r) {
         return 0;
 }
 
-int connection_reply(Connection *c, json_t *parameters, bool continues) {
+/* Whether a reply may be queued: -ENOTCONN once closed; 0 for a oneway call's, which nobody reads (dropped,
+ * not an error); 1 otherwise. */
+static int connection_answerable(const Connection *c) {
         if (c->closed)
                 return -ENOTCONN;
-        if (c->oneway)
-                return 0;
+        return !c->oneway;
+}
+
+int connection_reply(Connection *c, json_t *parameters, bool continues) {
+        int r = connection_answerable(c);
+        if (r <= 0)
+                return r;
         return connection_queued(c, varlink_stream_reply(&c->stream, parameters, continues ? VARLINK_REPLY_CONTINUES : 0));
 }
 
 int connection_reply_text(Connection *c, const char *parameters, size_t size, bool continues) {
-        if (c->closed)
-                return -ENOTCONN;
-        if (c->oneway)
-                return 0;
+        int r = connection_answerable(c);
+        if (r <= 0)
+                return r;
         return connection_queued(c, varlink_stream_reply_text(&c->stream, parameters, size,
                                                                continues ? VARLINK_REPLY_CONTINUES : 0));
 }
 
 int connection_reply_error(Connection *c, const char *error, json_t *parameters) {
-        if (c->closed)
-                return -ENOTCONN;
-        if (c->oneway)
-                return 0;
+        int r = connection_answerable(c);
+        if (r <= 0)
+                return r;
         return connection_queued(c, varlink_stream_reply_error(&c->stream, error, parameters));
 }
 
 int connection_reply_text_deferred(Connection *c, const char *parameters, size_t size, bool continues) {
-        if (c->closed)
-                return -ENOTCONN;
-        if (c->oneway)
-                return 0;
+        int r = connection_answerable(c);
+        if (r <= 0)
+                return r;
         /* Output already waiting for the socket is not held back by this one. */
         bool alone = c->output_deferred || varlink_stream_pending_output(&c->stream) == 0;
-        int r = connection_check_queued(c, varlink_stream_reply_text(&c->stream, parameters, size,
-                                                                      continues ? VARLINK_REPLY_CONTINUES : 0));
+        r = connection_check_queued(c, varlink_stream_reply_text(&c->stream, parameters, size,
+                                                                  continues ? VARLINK_REPLY_CONTINUES : 0));
         if (r < 0)
                 return r;
         if (alone)
