@@ -1019,7 +1019,7 @@ static void json_set_text(json_t *o, const char *key, sqlite3_stmt *st, int col)
 /* The decision filter, with the index's own condition when it holds: SQLite uses a partial index only for a
  * query whose WHERE says what the index's does, and a bound value says nothing at planning time. */
 static const char *decision_filter(const char *decision) {
-        if (streq(decision, "granted") || streq(decision, "released"))
+        if (history_decision_is_usual(decision))
                 return " AND decision = ?";
         return " AND decision = ? AND " HISTORY_UNUSUAL_DECISION;
 }

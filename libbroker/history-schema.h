@@ -3,6 +3,9 @@
  * which writes it, and `slotctl simulate --replay`, which reads it. */
 #pragma once
 
+#include <stdbool.h>
+#include <string.h>
+
 /* application_id in the database header ("SLOT"): tells our file from another program's. */
 #define HISTORY_APPLICATION_ID 0x534c4f54
 
@@ -10,6 +13,14 @@
  * (which checks that they agree). Readers take versions 1 to this one; a higher one is a newer brokerd's. */
 #define HISTORY_SCHEMA_VERSION 9
 
-/* The condition of events' decision index (schema 9: events_unusual_decision): every decision but the two that
- * nearly every row has. A query that filters on another decision says it too, to be planned on the index. */
-#define HISTORY_UNUSUAL_DECISION "decision NOT IN ('granted', 'released')"
+/* The two decisions nearly every row has, which events' decision index leaves out (schema 9:
+ * events_unusual_decision). A query that filters on another decision says the index's condition too, to be
+ * planned on it. */
+#define HISTORY_USUAL_DECISION_1 "granted"
+#define HISTORY_USUAL_DECISION_2 "released"
+#define HISTORY_UNUSUAL_DECISION \
+        "decision NOT IN ('" HISTORY_USUAL_DECISION_1 "', '" HISTORY_USUAL_DECISION_2 "')"
+
+static inline bool history_decision_is_usual(const char *decision) {
+        return strcmp(decision, HISTORY_USUAL_DECISION_1) == 0 || strcmp(decision, HISTORY_USUAL_DECISION_2) == 0;
+}
