@@ -69,7 +69,8 @@ static int migration_1_initial(sqlite3 *db) {
          * the retention pass and the History method's time and decision filters need: lane and pool
          * filters scan by id, which pages of "newest first" reach quickly. No AUTOINCREMENT either (20%
          * of an insert): ids are reused only after retention has emptied the table. (Schema 9 narrows the
-         * decision index: migration_9_unusual_decisions().) */
+         * decision index: migration_9_unusual_decisions(); schema 10 drops the time index:
+         * migration_10_spans().) */
         static const char sql[] =
                 "CREATE TABLE events ("
                 "  id INTEGER PRIMARY KEY,"
@@ -153,6 +154,26 @@ static int migration_9_unusual_decisions(sqlite3 *db) {
                             NULL, NULL, NULL);
 }
 
+/* Schema 10: events loses its time index, which cost the writer a fifth of a row (a 1.2 × writer capacity
+ * without it, and +5…+9 % of acquire+release pairs: tests/bench/README.md, stop 47). event_spans takes its
+ * place for what needs time: a row per run of at most HISTORY_SPAN_ROWS consecutive ids, with the earliest and
+ * latest time of the rows it covers, extended with each batch the writer commits (one row written a batch,
+ * not one a row). A time filter reads it whole (a row per ~2,000 events) to bound the ids it scans, then
+ * keeps the rows of its times exactly: a wall clock stepped back only widens the ids scanned. Retention
+ * deletes by span. O(rows) once, at the first start of the upgraded brokerd. */
+static int migration_10_spans(sqlite3 *db) {
+        char sql[512];
+        snprintf(sql, sizeof sql,
+                 "DROP INDEX IF EXISTS events_time;"
+                 "CREATE TABLE event_spans ("
+                 "  first_id INTEGER PRIMARY KEY, last_id INTEGER NOT NULL,"
+                 "  min_time INTEGER NOT NULL, max_time INTEGER NOT NULL);"
+                 "INSERT INTO event_spans SELECT min(id), max(id), min(time), max(time) FROM events "
+                 "GROUP BY (id - 1) / %d;",
+                 HISTORY_SPAN_ROWS);
+        return sqlite3_exec(db, sql, NULL, NULL, NULL);
+}
+
 static const struct {
         const char *what;
         int (*run)(sqlite3 *db);
@@ -166,6 +187,7 @@ static const struct {
         { "events.slots", migration_7_slots },
         { "events.until_us", migration_8_until },
         { "an index of the unusual decisions only", migration_9_unusual_decisions },
+        { "event spans in place of the time index", migration_10_spans },
 };
 _Static_assert(ELEMENTSOF(migrations) == HISTORY_SCHEMA_VERSION, "HISTORY_SCHEMA_VERSION counts the migrations");
 
@@ -194,6 +216,7 @@ static void rollback(sqlite3 *db) {
 }
 
 int history_db_begin(HistoryDb *d) {
+        d->n_rows = 0;
         return sqlite3_exec(d->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
 }
 
@@ -326,8 +349,13 @@ void history_db_close(HistoryDb *d) {
         sqlite3_finalize(d->upsert_lease);
         sqlite3_finalize(d->delete_lease);
         sqlite3_finalize(d->upsert_token);
-        sqlite3_finalize(d->prune);
-        d->insert_event = d->upsert_lease = d->delete_lease = d->upsert_token = d->prune = NULL;
+        d->insert_event = d->upsert_lease = d->delete_lease = d->upsert_token = NULL;
+        sqlite3_stmt **spans[] = { &d->span_last, &d->span_extend, &d->span_insert, &d->prune_spans,
+                                   &d->prune_span, &d->prune_span_part, &d->drop_span, &d->narrow_span };
+        for (size_t i = 0; i < ELEMENTSOF(spans); i++) {
+                sqlite3_finalize(*spans[i]);
+                *spans[i] = NULL;
+        }
         sqlite3_close_v2(d->db);
         d->db = NULL;
 }
@@ -372,11 +400,32 @@ static int prepare_statements(HistoryDb *d) {
                                         "INSERT INTO tokens (pool, next_token) VALUES (?, ?) ON CONFLICT (pool) "
                                         "DO UPDATE SET next_token = MAX(next_token, excluded.next_token)",
                                         -1, SQLITE_PREPARE_PERSISTENT, &d->upsert_token, NULL);
-        if (rc == SQLITE_OK)
-                rc = sqlite3_prepare_v3(d->db,
-                                        "DELETE FROM events WHERE id IN "
-                                        "(SELECT id FROM events WHERE time < ? ORDER BY id LIMIT ?)",
-                                        -1, SQLITE_PREPARE_PERSISTENT, &d->prune, NULL);
+
+        const struct {
+                sqlite3_stmt **st;
+                const char *sql;
+        } spans[] = {
+                { &d->span_last, "SELECT first_id, last_id FROM event_spans ORDER BY first_id DESC LIMIT 1" },
+                { &d->span_extend,
+                  "UPDATE event_spans SET last_id = max(last_id, ?2), min_time = min(min_time, ?3), "
+                  "max_time = max(max_time, ?4) WHERE first_id = ?1" },
+                /* OR REPLACE: ids that start again below the last span (events emptied by hand) replace a span
+                 * of the same first id, which no row is left of. */
+                { &d->span_insert, "INSERT OR REPLACE INTO event_spans VALUES (?1, ?2, ?3, ?4)" },
+                /* Read whole when nothing is old: a row per HISTORY_SPAN_ROWS events. */
+                { &d->prune_spans,
+                  "SELECT first_id, last_id, max_time FROM event_spans WHERE min_time < ?1 ORDER BY first_id LIMIT 1" },
+                { &d->prune_span, "DELETE FROM events WHERE id BETWEEN ?1 AND ?2" },
+                { &d->prune_span_part, "DELETE FROM events WHERE id BETWEEN ?1 AND ?2 AND time < ?3" },
+                { &d->drop_span, "DELETE FROM event_spans WHERE first_id = ?1" },
+                /* The rows left of a span are all at or after the cutoff (or there are none: then its latest
+                 * time, and the next pass after it drops the span). */
+                { &d->narrow_span,
+                  "UPDATE event_spans SET min_time = coalesce((SELECT min(time) FROM events WHERE id BETWEEN ?1 AND ?2), "
+                  "max_time) WHERE first_id = ?1" },
+        };
+        for (size_t i = 0; rc == SQLITE_OK && i < ELEMENTSOF(spans); i++)
+                rc = sqlite3_prepare_v3(d->db, spans[i].sql, -1, SQLITE_PREPARE_PERSISTENT, spans[i].st, NULL);
         return rc;
 }
 
@@ -598,17 +647,52 @@ int history_db_setup(HistoryDb *d, unsigned version, bool afresh, const char *sa
         return rc;
 }
 
-int history_db_prune(HistoryDb *d, usec_t before, unsigned chunk, bool *ret_more) {
+/* Steps st (bound by the caller) to its end and resets it. */
+static int step_done(sqlite3_stmt *st) {
+        int rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+int history_db_prune(HistoryDb *d, usec_t before, bool *ret_more) {
+        int64_t cutoff = (int64_t) MIN(before, (usec_t) INT64_MAX), first, last, max_time;
         int rc;
 
         *ret_more = false;
-        sqlite3_bind_int64(d->prune, 1, (int64_t) MIN(before, (usec_t) INT64_MAX));
-        sqlite3_bind_int(d->prune, 2, (int) chunk);
-        rc = sqlite3_step(d->prune);
-        sqlite3_reset(d->prune);
-        if (rc != SQLITE_DONE)
+        sqlite3_bind_int64(d->prune_spans, 1, cutoff);
+        rc = sqlite3_step(d->prune_spans);
+        if (rc != SQLITE_ROW) {
+                sqlite3_reset(d->prune_spans);
+                return rc == SQLITE_DONE ? SQLITE_OK : rc; /* nothing old */
+        }
+        first = sqlite3_column_int64(d->prune_spans, 0);
+        last = sqlite3_column_int64(d->prune_spans, 1);
+        max_time = sqlite3_column_int64(d->prune_spans, 2);
+        sqlite3_reset(d->prune_spans);
+
+        /* All of it old: its ids, by the table's own key; else the old rows of it, and its earliest time
+         * moves up to what is left. */
+        bool whole = max_time < cutoff;
+        sqlite3_stmt *del = whole ? d->prune_span : d->prune_span_part, *after = whole ? d->drop_span : d->narrow_span;
+        sqlite3_bind_int64(del, 1, first);
+        sqlite3_bind_int64(del, 2, last);
+        if (!whole)
+                sqlite3_bind_int64(del, 3, cutoff);
+        sqlite3_bind_int64(after, 1, first);
+        if (!whole)
+                sqlite3_bind_int64(after, 2, last);
+        rc = history_db_begin(d);
+        if (rc == SQLITE_OK)
+                rc = step_done(del);
+        if (rc == SQLITE_OK)
+                rc = step_done(after);
+        if (rc == SQLITE_OK)
+                rc = history_db_commit(d);
+        if (rc != SQLITE_OK) {
+                rollback(d->db);
                 return rc;
-        *ret_more = sqlite3_changes(d->db) >= (int) chunk;
+        }
+        *ret_more = true; /* the next pass says whether another span has old rows */
         return SQLITE_OK;
 }
 
@@ -667,13 +751,61 @@ static void bind_event(sqlite3_stmt *st, int base, const EventRow *e) {
                 sqlite3_bind_int64(st, base + 21, (int64_t) MIN(e->until, (usec_t) INT64_MAX));
 }
 
+/* n rows inserted by the last statement, from e on: the span of the transaction's rows takes them in. Ids
+ * are given max(id) + 1 each, so the statement's are the n up to the last. */
+static void rows_note(HistoryDb *d, const EventRow *e, size_t n) {
+        int64_t last = sqlite3_last_insert_rowid(d->db);
+        if (d->n_rows == 0) {
+                d->rows_first = last - (int64_t) n + 1;
+                d->rows_min_time = d->rows_max_time = e->time;
+        }
+        d->rows_last = last;
+        for (size_t i = 0; i < n; i++, e = e->next) {
+                d->rows_min_time = MIN(d->rows_min_time, e->time);
+                d->rows_max_time = MAX(d->rows_max_time, e->time);
+        }
+        d->n_rows += n;
+}
+
 int history_db_insert_event(HistoryDb *d, const EventRow *e) {
         sqlite3_stmt *st = d->insert_event;
 
         bind_event(st, 0, e);
-        int rc = sqlite3_step(st);
-        sqlite3_reset(st);
-        return rc == SQLITE_DONE ? SQLITE_OK : rc;
+        int rc = step_done(st);
+        if (rc == SQLITE_OK)
+                rows_note(d, e, 1);
+        return rc;
+}
+
+int history_db_rows_done(HistoryDb *d) {
+        int64_t first = 0, last = 0;
+        int rc;
+
+        if (d->n_rows == 0)
+                return SQLITE_OK;
+        rc = sqlite3_step(d->span_last);
+        if (rc == SQLITE_ROW) {
+                first = sqlite3_column_int64(d->span_last, 0);
+                last = sqlite3_column_int64(d->span_last, 1);
+                rc = SQLITE_OK;
+        } else if (rc == SQLITE_DONE)
+                rc = SQLITE_OK;
+        sqlite3_reset(d->span_last);
+        if (rc != SQLITE_OK)
+                return rc;
+
+        /* The last span takes the rows while it stays within HISTORY_SPAN_ROWS ids, and they come after its
+         * start; else they begin a span. */
+        bool extend = last > 0 && first <= d->rows_first && d->rows_last - first < HISTORY_SPAN_ROWS;
+        sqlite3_stmt *st = extend ? d->span_extend : d->span_insert;
+        sqlite3_bind_int64(st, 1, extend ? first : d->rows_first);
+        sqlite3_bind_int64(st, 2, d->rows_last);
+        sqlite3_bind_int64(st, 3, (int64_t) MIN(d->rows_min_time, (usec_t) INT64_MAX));
+        sqlite3_bind_int64(st, 4, (int64_t) MIN(d->rows_max_time, (usec_t) INT64_MAX));
+        rc = step_done(st);
+        if (rc == SQLITE_OK)
+                d->n_rows = 0;
+        return rc;
 }
 
 int history_db_insert_events(HistoryDb *d, const EventRow **e, size_t max, size_t *ret_n) {
@@ -699,10 +831,10 @@ int history_db_insert_events(HistoryDb *d, const EventRow **e, size_t max, size_
         r = *e;
         for (int i = 0; i < HISTORY_DB_INSERT_ROWS; i++, r = r->next)
                 bind_event(st, i * EVENT_N_COLUMNS, r);
-        int rc = sqlite3_step(st);
-        sqlite3_reset(st);
-        if (rc != SQLITE_DONE)
+        int rc = step_done(st);
+        if (rc != SQLITE_OK)
                 return rc;
+        rows_note(d, *e, n);
         *e = r;
         *ret_n = n;
         return SQLITE_OK;
@@ -1032,12 +1164,20 @@ static bool query_until(const HistoryQuery *q) {
         return q->until > 0 && q->until != USEC_INFINITY;
 }
 
+/* A time filter bounds the ids by event_spans (schema 10), then says the times exactly: the spans of rows
+ * from since on start at the first id, those of rows before until end at the last. */
+#define SINCE_FILTER                                                                                       \
+        " AND id >= (SELECT coalesce(min(first_id), 9223372036854775807) FROM event_spans WHERE max_time >= ?)" \
+        " AND time >= ?"
+#define UNTIL_FILTER                                                                                       \
+        " AND id <= (SELECT coalesce(max(last_id), 0) FROM event_spans WHERE min_time < ?) AND time < ?"
+
 void history_db_query_sql(const HistoryQuery *q, char *buf, size_t size) {
         /* Only the filters given, so that the planner can use their indexes. */
         snprintf(buf, size,
                  "SELECT id, time, decision, pool, lane, job, uid, pid, lease, token, wait_us, hold_us, budget_us, state, selector, reason, "
                  "member, exit_status, until_us FROM events WHERE id > ?%s%s%s%s%s ORDER BY id LIMIT ?",
-                 query_since(q) ? " AND time >= ?" : "", query_until(q) ? " AND time < ?" : "", q->lane ? " AND lane = ?" : "",
+                 query_since(q) ? SINCE_FILTER : "", query_until(q) ? UNTIL_FILTER : "", q->lane ? " AND lane = ?" : "",
                  q->pool ? " AND pool = ?" : "", q->decision ? decision_filter(q->decision) : "");
 }
 
@@ -1055,9 +1195,9 @@ int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, i
         if (rc != SQLITE_OK)
                 return rc;
         sqlite3_bind_int64(st, k++, MAX(q->cursor, 0));
-        if (since)
+        for (int i = 0; since && i < 2; i++) /* the span's bound, then the row's */
                 sqlite3_bind_int64(st, k++, (int64_t) MIN(q->since, (usec_t) INT64_MAX));
-        if (until)
+        for (int i = 0; until && i < 2; i++)
                 sqlite3_bind_int64(st, k++, (int64_t) MIN(q->until, (usec_t) INT64_MAX));
         if (q->lane)
                 bind_text(st, k++, q->lane);

@@ -19,8 +19,14 @@ typedef struct TokenMark {
 typedef struct HistoryDb {
         char *path;
         sqlite3 *db; /* NULL: not open (degraded) */
-        sqlite3_stmt *insert_event, *upsert_lease, *delete_lease, *upsert_token, *prune;
+        sqlite3_stmt *insert_event, *upsert_lease, *delete_lease, *upsert_token;
         sqlite3_stmt *insert_events; /* HISTORY_DB_INSERT_ROWS rows in one statement */
+        sqlite3_stmt *span_last, *span_extend, *span_insert;
+        sqlite3_stmt *prune_spans, *prune_span, *prune_span_part, *drop_span, *narrow_span;
+        /* The rows inserted since the transaction began: their span (history_db_rows_done()). */
+        int64_t rows_first, rows_last;
+        usec_t rows_min_time, rows_max_time;
+        size_t n_rows;
         TokenMark *marks; /* kept across reopenings and fresh starts, for the carry-over: tokens never go back */
         size_t n_marks;
 } HistoryDb;
@@ -60,6 +66,11 @@ void history_db_rollback(HistoryDb *d);
 
 /* Inside a transaction. */
 int history_db_insert_event(HistoryDb *d, const EventRow *e);
+/* The ids a span of event_spans covers at most (schema 10): what a retention step deletes at most, and about a
+ * two-thousandth of the rows that a time filter reads of event_spans. */
+#define HISTORY_SPAN_ROWS 2048
+/* Before the commit of the rows inserted: event_spans covers them (their ids and their times). */
+int history_db_rows_done(HistoryDb *d);
 /* The rows from *e on, as many as fit in one statement (HISTORY_DB_INSERT_ROWS) and at most max: one
  * statement's fixed cost (its cursors on the table and its two indexes opened and closed) for them all.
  * Sets *e to the next row and returns an SQLite code; *ret_n: how many were inserted. */
@@ -67,8 +78,9 @@ int history_db_insert_event(HistoryDb *d, const EventRow *e);
 int history_db_insert_events(HistoryDb *d, const EventRow **e, size_t max, size_t *ret_n);
 int history_db_lease_delete(HistoryDb *d, const char *id);
 
-/* Deletes up to chunk events older than before (realtime µs); *ret_more: the chunk was full. */
-int history_db_prune(HistoryDb *d, usec_t before, unsigned chunk, bool *ret_more);
+/* Deletes the events older than before (realtime µs) of the oldest span that has any, in one transaction;
+ * *ret_more: another span may have some. */
+int history_db_prune(HistoryDb *d, usec_t before, bool *ret_more);
 
 /* The persisted leases, token marks and alive mark: from the open connection, or else from a read-only
  * one (a read-only or full file system, files made immutable). log_failure: say so when neither works. */
@@ -77,5 +89,5 @@ int history_db_read_state(HistoryDb *d, bool log_failure, HistoryState *ret);
 /* One page of events, as the History method returns them. */
 int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, int64_t *ret_next_cursor);
 /* The statement history_db_query() runs for q, with its parameters to bind (for its tests: its plan). */
-#define HISTORY_DB_QUERY_SQL_MAX 512
+#define HISTORY_DB_QUERY_SQL_MAX 1024
 void history_db_query_sql(const HistoryQuery *q, char *buf, size_t size);

@@ -24,8 +24,6 @@ void history_members_free(char **members, unsigned n);
 
 /* Rows per decision-row transaction. */
 #define HISTORY_BATCH_MAX 2000
-/* Events deleted per retention statement. */
-#define HISTORY_RETENTION_CHUNK 2000
 
 /* The schema version this build writes: the number of migrations. */
 unsigned history_schema_version(void);

@@ -186,6 +186,8 @@ static int writer_write_batch(HistoryWriter *w) {
                 n += k;
         }
         if (rc == SQLITE_OK)
+                rc = history_db_rows_done(&w->db);
+        if (rc == SQLITE_OK)
                 rc = history_db_commit(&w->db);
         if (rc != SQLITE_OK) {
                 history_db_rollback(&w->db);
@@ -327,9 +329,9 @@ static void writer_retention_step(HistoryWriter *w) {
         if (!w->db.db || w->retention == 0 || w->retention == USEC_INFINITY || now <= w->retention)
                 return;
 
-        /* A small chunk per statement: a month of rows never goes in one transaction, and decision rows
-         * and queries get their turn between chunks. */
-        rc = history_db_prune(&w->db, now - w->retention, HISTORY_RETENTION_CHUNK, &w->retention_more);
+        /* A span per transaction (at most HISTORY_SPAN_ROWS rows): a month of rows never goes in one, and
+         * decision rows and queries get their turn between them. */
+        rc = history_db_prune(&w->db, now - w->retention, &w->retention_more);
         if (rc != SQLITE_OK && !history_sqlite_is_full(rc))
                 (void) writer_recover(w, rc);
 }

@@ -178,7 +178,8 @@ static ReportEventKind event_kind(const char *decision) {
         return _REPORT_EVENT_INVALID; /* restored, overdue, denied: no change of what is held or waiting */
 }
 
-/* The range when --since or --until is not given: the history's first and last rows (by the time index). */
+/* The range when --since or --until is not given: the history's first and last rows (a scan since schema 10,
+ * which has no time index: about as long as reading the rows once more). */
 static int find_range(sqlite3 *db, usec_t *ret_since, usec_t *ret_until) {
         sqlite3_stmt *st = NULL;
         int64_t first = -1, last = -1;

@@ -11,7 +11,7 @@
 
 /* user_version: the schema version this build writes, the number of migrations in brokerd/history-db.c
  * (which checks that they agree). Readers take versions 1 to this one; a higher one is a newer brokerd's. */
-#define HISTORY_SCHEMA_VERSION 9
+#define HISTORY_SCHEMA_VERSION 10
 
 /* The two decisions nearly every row has, which events' decision index leaves out (schema 9:
  * events_unusual_decision). A query that filters on another decision says the index's condition too, to be

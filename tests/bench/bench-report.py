@@ -73,14 +73,18 @@ def make_history(path, rows):
             batch.clear()
     db.executemany("INSERT INTO events (time, decision, pool, lane, job, lease, wait_us, hold_us, state) "
                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
-    # brokerd's indexes since schema 9 (brokerd/history-db.c); $BENCH_REPORT_OLD_INDEX=1: those before it
+    # brokerd's indexes since schema 10 (brokerd/history-db.c: the unusual decisions, the spans of ids and
+    # times); $BENCH_REPORT_OLD_INDEX=1: those before schema 9
     if os.environ.get("BENCH_REPORT_OLD_INDEX"):
         db.executescript("CREATE INDEX events_time ON events(time);"
                          "CREATE INDEX events_decision_time ON events(decision, time);")
     else:
-        db.executescript("CREATE INDEX events_time ON events(time);"
-                         "CREATE INDEX events_unusual_decision ON events(decision) "
-                         "WHERE decision NOT IN ('granted', 'released');")
+        db.executescript("CREATE INDEX events_unusual_decision ON events(decision) "
+                         "WHERE decision NOT IN ('granted', 'released');"
+                         "CREATE TABLE event_spans (first_id INTEGER PRIMARY KEY, last_id INTEGER NOT NULL,"
+                         "  min_time INTEGER NOT NULL, max_time INTEGER NOT NULL);"
+                         "INSERT INTO event_spans SELECT min(id), max(id), min(time), max(time) FROM events "
+                         "GROUP BY (id - 1) / 2048;")
     db.commit()
     db.close()
     os.rename(tmp, path)
@@ -112,7 +116,7 @@ def main():
     os.makedirs(cache, exist_ok=True)
     print(f"bench-report: load average {os.getloadavg()[0]:.2f}")
     for rows in sizes:
-        index = "old-index" if os.environ.get("BENCH_REPORT_OLD_INDEX") else "v9"
+        index = "old-index" if os.environ.get("BENCH_REPORT_OLD_INDEX") else "v10"
         history = os.path.join(cache, f"history-{index}-{rows}.db")
         t = time.monotonic()
         make_history(history, rows)

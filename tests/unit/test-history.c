@@ -186,6 +186,14 @@ static void db_exec(const char *path, const char *sql) {
         sqlite3_close(db);
 }
 
+/* Schema 10: every row lies in a span of event_spans, within its ids and its times (what the time filters and
+ * retention rely on). */
+static void assert_spans_cover_rows(const char *path) {
+        assert_int_equal(db_int(path, "SELECT count(*) FROM events e WHERE NOT EXISTS (SELECT 1 FROM event_spans s "
+                                      "WHERE e.id BETWEEN s.first_id AND s.last_id AND e.time BETWEEN s.min_time AND s.max_time)"),
+                         0);
+}
+
 static char *db_path(Fixture *f) {
         static char path[160];
         snprintf(path, sizeof path, "%s/history.db", f->state);
@@ -280,9 +288,11 @@ static void test_new_database_gets_current_schema(void **state) {
         assert_int_equal(db_int(db_path(f), "PRAGMA user_version"), (int64_t) history_schema_version());
         assert_int_equal(db_int(db_path(f), "PRAGMA application_id"), HISTORY_APPLICATION_ID);
         assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM sqlite_master WHERE name IN "
-                                            "('events','leases','tokens','events_time','events_unusual_decision')"),
+                                            "('events','leases','tokens','event_spans','events_unusual_decision')"),
                          5);
-        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM sqlite_master WHERE name = 'events_decision_time'"), 0);
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM sqlite_master WHERE name IN "
+                                            "('events_decision_time','events_time')"),
+                         0);
 }
 
 /* What EXPLAIN QUERY PLAN says of the statement history_db_query() runs for q: its lines, joined. */
@@ -305,7 +315,7 @@ static void query_plan(const char *path, const HistoryQuery *q, char *buf, size_
 }
 
 /* Schema 9: an unusual decision is found through its index, in id order; grants and releases (nearly every
- * row) by id, never sorted. */
+ * row) by id, never sorted; schema 10: a time filter by a range of ids. */
 static void test_decision_filters_are_planned_without_a_sort(void **state) {
         Fixture *f = *state;
         char plan[1024];
@@ -334,6 +344,18 @@ static void test_decision_filters_are_planned_without_a_sort(void **state) {
                 assert_null(strstr(plan, "events_unusual_decision"));
                 assert_null(strstr(plan, "TEMP B-TREE"));
         }
+        /* Schema 10: a time filter reads events in the range of ids event_spans bounds it to. */
+        const HistoryQuery timed[] = {
+                { .since = 1 },
+                { .until = 2, .lane = "merge" },
+                { .since = 1, .until = 2, .decision = "granted" },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(timed); i++) {
+                query_plan(db_path(f), &timed[i], plan, sizeof plan);
+                assert_non_null(strstr(plan, "SEARCH events USING INTEGER PRIMARY KEY (rowid>"));
+                assert_non_null(strstr(plan, "SEARCH event_spans"));
+                assert_null(strstr(plan, "TEMP B-TREE"));
+        }
 }
 
 static void test_old_schema_is_migrated_and_keeps_its_rows(void **state) {
@@ -360,6 +382,9 @@ static void test_old_schema_is_migrated_and_keeps_its_rows(void **state) {
         /* schema 9: the decision index holds the unusual decisions only */
         assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM sqlite_master WHERE name = 'events_decision_time'"), 0);
         assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM sqlite_master WHERE name = 'events_unusual_decision'"), 1);
+        /* schema 10: the rows from before are in spans */
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM event_spans"), 1);
+        assert_spans_cover_rows(db_path(f));
         assert_null(find_moved_aside(f));
         open_history(f, 0);
 
@@ -519,6 +544,45 @@ static void test_rows_are_queryable_with_every_filter(void **state) {
         assert_null(json_object_get(e, "state"));
         assert_null(json_object_get(e, "job"));
         json_decref(r.events);
+}
+
+/* Schema 10: since and until find their rows through event_spans, over spans of many batches and after a wall
+ * clock stepped back (rows dated before rows written earlier). */
+static void test_time_filters_find_rows_across_spans_and_a_stepped_clock(void **state) {
+        Fixture *f = *state;
+        const usec_t t = 1700000000 * USEC_PER_SEC;
+        const unsigned n = 3 * HISTORY_SPAN_ROWS + 77, n_back = 50;
+
+        open_history(f, 0);
+        for (unsigned i = 0; i < n; i++) {
+                AuditRecord r = record(i % 2 ? "released" : "granted", "grid", "merge");
+                history_append(f->h, &r, t + i);
+        }
+        assert_int_equal(query_count(f, (HistoryQuery) {}), n); /* written: the next rows are another batch */
+        for (unsigned i = 0; i < n_back; i++) {
+                AuditRecord r = record("busy", "grid", "merge");
+                history_append(f->h, &r, t - 1000 + i);
+        }
+
+        assert_int_equal(query_count(f, (HistoryQuery) { .since = t }), n);
+        assert_int_equal(query_count(f, (HistoryQuery) { .until = t }), n_back);
+        assert_int_equal(query_count(f, (HistoryQuery) { .since = t - 1000 + 10, .until = t + 5 }), n_back - 10 + 5);
+        assert_int_equal(query_count(f, (HistoryQuery) { .since = t + 2 * HISTORY_SPAN_ROWS + 7 }),
+                         n - 2 * HISTORY_SPAN_ROWS - 7);
+        assert_int_equal(query_count(f, (HistoryQuery) { .until = t + 100 }), 100 + n_back);
+        assert_int_equal(query_count(f, (HistoryQuery) { .since = t + 100, .until = t + 100 + HISTORY_SPAN_ROWS }),
+                         HISTORY_SPAN_ROWS);
+        assert_int_equal(query_count(f, (HistoryQuery) { .since = t + n }), 0);
+        assert_int_equal(query_count(f, (HistoryQuery) { .until = t - 1000 }), 0);
+        assert_int_equal(query_count(f, (HistoryQuery) { .decision = "busy", .since = t - 1000 + 40 }), n_back - 40);
+        assert_int_equal(query_count(f, (HistoryQuery) { .decision = "granted", .until = t + 10 }), 5);
+
+        close_history(f);
+        assert_spans_cover_rows(db_path(f));
+        assert_in_range(db_int(db_path(f), "SELECT count(*) FROM event_spans"), 3, n / 8);
+        char sql[128];
+        snprintf(sql, sizeof sql, "SELECT count(*) FROM event_spans WHERE last_id - first_id >= %d", HISTORY_SPAN_ROWS);
+        assert_int_equal(db_int(db_path(f), sql), 0);
 }
 
 static void test_pages_follow_the_cursor(void **state) {
@@ -744,7 +808,7 @@ static void test_lease_member_names_are_read_and_old_rows_have_none(void **state
 
 static void test_retention_prunes_old_rows_in_chunks(void **state) {
         Fixture *f = *state;
-        const unsigned n_old = 2 * HISTORY_RETENTION_CHUNK + 123;
+        const unsigned n_old = 2 * HISTORY_SPAN_ROWS + 123;
         usec_t now = now_realtime();
 
         history_tuning.retention_interval = 200 * USEC_PER_MSEC;
@@ -766,6 +830,36 @@ static void test_retention_prunes_old_rows_in_chunks(void **state) {
                 run_for(f, 100 * USEC_PER_MSEC);
         assert_int_equal(left, 10);
         assert_int_equal(query_count(f, (HistoryQuery) { .decision = "busy" }), 10);
+}
+
+/* Rows dated before the cutoff in a span of recent ones (a wall clock stepped back) go; the recent ones of the
+ * span stay, and it still covers them. */
+static void test_retention_prunes_old_rows_among_recent_ones(void **state) {
+        Fixture *f = *state;
+        usec_t now = now_realtime();
+
+        history_tuning.retention_interval = 100 * USEC_PER_MSEC;
+        assert_int_equal(history_new(f->event, f->state, USEC_PER_HOUR, &f->h), 0);
+        for (unsigned i = 0; i < 30; i++) {
+                AuditRecord r = record(i % 3 == 1 ? "timeout" : "granted", "grid", "merge");
+                history_append(f->h, &r, i % 3 == 1 ? now - 2 * USEC_PER_HOUR + i : now - 30 * USEC_PER_MINUTE + i);
+        }
+        assert_int_equal(query_count(f, (HistoryQuery) {}), 30);
+
+        usec_t end = now_monotonic() + 10 * USEC_PER_SEC;
+        size_t left;
+        while ((left = query_count(f, (HistoryQuery) {})) > 20 && now_monotonic() < end)
+                run_for(f, 100 * USEC_PER_MSEC);
+        assert_int_equal(left, 20);
+        assert_int_equal(query_count(f, (HistoryQuery) { .decision = "timeout" }), 0);
+        assert_int_equal(query_count(f, (HistoryQuery) { .since = now - 31 * USEC_PER_MINUTE }), 20);
+
+        close_history(f);
+        assert_spans_cover_rows(db_path(f));
+        char sql[128];
+        snprintf(sql, sizeof sql, "SELECT min(min_time) >= %" PRId64 " FROM event_spans",
+                 (int64_t) (now - 30 * USEC_PER_MINUTE));
+        assert_int_equal(db_int(db_path(f), sql), 1);
 }
 
 /* ---- corrupt and foreign files ---- */
@@ -1057,6 +1151,7 @@ int main(int argc, char *argv[]) {
                 cmocka_unit_test_setup_teardown(test_newer_schema_is_moved_aside, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_older_brokerds_ballast_is_removed, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_rows_are_queryable_with_every_filter, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_time_filters_find_rows_across_spans_and_a_stepped_clock, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_pages_follow_the_cursor, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_cancelled_query_is_not_called_back, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_free_writes_what_is_queued, setup, teardown),
@@ -1065,6 +1160,7 @@ int main(int argc, char *argv[]) {
                 cmocka_unit_test_setup_teardown(test_delete_forgets_a_carried_over_lease, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_lease_member_names_are_read_and_old_rows_have_none, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_retention_prunes_old_rows_in_chunks, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_retention_prunes_old_rows_among_recent_ones, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_corrupt_file_is_moved_aside, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_foreign_database_is_moved_aside, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_corrupt_file_gives_up_its_leases_and_tokens, setup, teardown),
