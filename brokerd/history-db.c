@@ -154,8 +154,8 @@ static int migration_9_unusual_decisions(sqlite3 *db) {
                             NULL, NULL, NULL);
 }
 
-/* Schema 10: events loses its time index, which cost the writer a fifth of a row (a 1.2 × writer capacity
- * without it, and +5…+9 % of acquire+release pairs: tests/bench/README.md, stop 47). event_spans takes its
+/* Schema 10: events loses its time index, which cost the writer a sixth of a row (its capacity +16…+20 %
+ * without it, acquire+release pairs +7 % at limit 64: tests/bench/README.md, stop 47). event_spans takes its
  * place for what needs time: a row per run of at most HISTORY_SPAN_ROWS consecutive ids, with the earliest and
  * latest time of the rows it covers, extended with each batch the writer commits (one row written a batch,
  * not one a row). A time filter reads it whole (a row per ~2,000 events) to bound the ids it scans, then
@@ -351,7 +351,7 @@ void history_db_close(HistoryDb *d) {
         sqlite3_finalize(d->upsert_token);
         d->insert_event = d->upsert_lease = d->delete_lease = d->upsert_token = NULL;
         sqlite3_stmt **spans[] = { &d->span_last, &d->span_extend, &d->span_insert, &d->prune_spans,
-                                   &d->prune_span, &d->prune_span_part, &d->drop_span, &d->narrow_span };
+                                   &d->prune_span, &d->drop_span, &d->narrow_span };
         for (size_t i = 0; i < ELEMENTSOF(spans); i++) {
                 sqlite3_finalize(*spans[i]);
                 *spans[i] = NULL;
@@ -415,8 +415,7 @@ static int prepare_statements(HistoryDb *d) {
                 /* Read whole when nothing is old: a row per HISTORY_SPAN_ROWS events. */
                 { &d->prune_spans,
                   "SELECT first_id, last_id, max_time FROM event_spans WHERE min_time < ?1 ORDER BY first_id LIMIT 1" },
-                { &d->prune_span, "DELETE FROM events WHERE id BETWEEN ?1 AND ?2" },
-                { &d->prune_span_part, "DELETE FROM events WHERE id BETWEEN ?1 AND ?2 AND time < ?3" },
+                { &d->prune_span, "DELETE FROM events WHERE id BETWEEN ?1 AND ?2 AND time < ?3" },
                 { &d->drop_span, "DELETE FROM event_spans WHERE first_id = ?1" },
                 /* The rows left of a span are all at or after the cutoff (or there are none: then its latest
                  * time, and the next pass after it drops the span). */
@@ -670,14 +669,14 @@ int history_db_prune(HistoryDb *d, usec_t before, bool *ret_more) {
         max_time = sqlite3_column_int64(d->prune_spans, 2);
         sqlite3_reset(d->prune_spans);
 
-        /* All of it old: its ids, by the table's own key; else the old rows of it, and its earliest time
-         * moves up to what is left. */
+        /* Its old rows (by time too: spans overlap where ids started again after events was emptied by
+         * hand); then the span goes, when it had nothing newer, or its earliest time moves up to what is
+         * left. */
         bool whole = max_time < cutoff;
-        sqlite3_stmt *del = whole ? d->prune_span : d->prune_span_part, *after = whole ? d->drop_span : d->narrow_span;
+        sqlite3_stmt *del = d->prune_span, *after = whole ? d->drop_span : d->narrow_span;
         sqlite3_bind_int64(del, 1, first);
         sqlite3_bind_int64(del, 2, last);
-        if (!whole)
-                sqlite3_bind_int64(del, 3, cutoff);
+        sqlite3_bind_int64(del, 3, cutoff);
         sqlite3_bind_int64(after, 1, first);
         if (!whole)
                 sqlite3_bind_int64(after, 2, last);

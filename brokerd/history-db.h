@@ -22,7 +22,7 @@ typedef struct HistoryDb {
         sqlite3_stmt *insert_event, *upsert_lease, *delete_lease, *upsert_token;
         sqlite3_stmt *insert_events; /* HISTORY_DB_INSERT_ROWS rows in one statement */
         sqlite3_stmt *span_last, *span_extend, *span_insert;
-        sqlite3_stmt *prune_spans, *prune_span, *prune_span_part, *drop_span, *narrow_span;
+        sqlite3_stmt *prune_spans, *prune_span, *drop_span, *narrow_span;
         /* The rows inserted since the transaction began: their span (history_db_rows_done()). */
         int64_t rows_first, rows_last;
         usec_t rows_min_time, rows_max_time;

@@ -862,6 +862,43 @@ static void test_retention_prunes_old_rows_among_recent_ones(void **state) {
         assert_int_equal(db_int(db_path(f), sql), 1);
 }
 
+/* A span over ids that newer rows took again (events emptied by hand, then written anew: their spans overlap
+ * it): its retention deletes what is old, by time, not the newer rows of its ids. */
+static void test_retention_keeps_new_rows_under_a_stale_span(void **state) {
+        Fixture *f = *state;
+        usec_t now = now_realtime();
+        int64_t old = (int64_t) (now - 2 * USEC_PER_HOUR);
+        char sql[320];
+
+        assert_int_equal(mkdir(f->state, 0750), 0);
+        open_history(f, 0);
+        for (unsigned i = 0; i < 40; i++) {
+                AuditRecord r = record("granted", "grid", "merge");
+                history_append(f->h, &r, now - USEC_PER_MINUTE + i);
+        }
+        assert_int_equal(query_count(f, (HistoryQuery) {}), 40);
+        close_history(f);
+        /* The stale span (5–30), and two old rows in a span after it: retention takes spans in id order, so
+         * once those two are gone the stale span has had its pass. */
+        snprintf(sql, sizeof sql,
+                 "INSERT INTO event_spans VALUES (5, 30, %1$" PRId64 ", %1$" PRId64 ");"
+                 "INSERT INTO events (id, time, decision) VALUES (100, %1$" PRId64 ", 'busy'), (101, %1$" PRId64 ", 'busy');"
+                 "INSERT INTO event_spans VALUES (100, 101, %1$" PRId64 ", %1$" PRId64 ");",
+                 old);
+        db_exec(db_path(f), sql);
+
+        history_tuning.retention_interval = 100 * USEC_PER_MSEC;
+        assert_int_equal(history_new(f->event, f->state, USEC_PER_HOUR, &f->h), 0);
+        usec_t end = now_monotonic() + 10 * USEC_PER_SEC;
+        while (query_count(f, (HistoryQuery) { .decision = "busy" }) > 0 && now_monotonic() < end)
+                run_for(f, 100 * USEC_PER_MSEC);
+        assert_int_equal(query_count(f, (HistoryQuery) { .decision = "busy" }), 0);
+        assert_int_equal(query_count(f, (HistoryQuery) {}), 40);
+        close_history(f);
+        assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM event_spans WHERE first_id IN (5, 100)"), 0);
+        assert_spans_cover_rows(db_path(f));
+}
+
 /* ---- corrupt and foreign files ---- */
 
 static void test_corrupt_file_is_moved_aside(void **state) {
@@ -1161,6 +1198,7 @@ int main(int argc, char *argv[]) {
                 cmocka_unit_test_setup_teardown(test_lease_member_names_are_read_and_old_rows_have_none, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_retention_prunes_old_rows_in_chunks, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_retention_prunes_old_rows_among_recent_ones, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_retention_keeps_new_rows_under_a_stale_span, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_corrupt_file_is_moved_aside, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_foreign_database_is_moved_aside, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_corrupt_file_gives_up_its_leases_and_tokens, setup, teardown),
