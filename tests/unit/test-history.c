@@ -157,6 +157,15 @@ static size_t query_count(Fixture *f, HistoryQuery q) {
         }
 }
 
+/* Runs the loop until q matches at most n rows (retention's passes), for up to 10 s: how many it matches. */
+static size_t wait_for_rows(Fixture *f, HistoryQuery q, size_t n) {
+        usec_t end = now_monotonic() + 10 * USEC_PER_SEC;
+        size_t left;
+        while ((left = query_count(f, q)) > n && now_monotonic() < end)
+                run_for(f, 100 * USEC_PER_MSEC);
+        return left;
+}
+
 static AuditRecord record(const char *decision, const char *pool, const char *lane) {
         AuditRecord r = AUDIT_RECORD_INIT;
         r.decision = decision;
@@ -806,7 +815,7 @@ static void test_lease_member_names_are_read_and_old_rows_have_none(void **state
 
 /* ---- retention ---- */
 
-static void test_retention_prunes_old_rows_in_chunks(void **state) {
+static void test_retention_prunes_old_rows_a_span_at_a_time(void **state) {
         Fixture *f = *state;
         const unsigned n_old = 2 * HISTORY_SPAN_ROWS + 123;
         usec_t now = now_realtime();
@@ -823,12 +832,8 @@ static void test_retention_prunes_old_rows_in_chunks(void **state) {
         }
         assert_in_range(query_count(f, (HistoryQuery) {}), 10, n_old + 10);
 
-        /* The next passes delete a chunk at a time until only the recent rows are left. */
-        usec_t end = now_monotonic() + 10 * USEC_PER_SEC;
-        size_t left;
-        while ((left = query_count(f, (HistoryQuery) {})) > 10 && now_monotonic() < end)
-                run_for(f, 100 * USEC_PER_MSEC);
-        assert_int_equal(left, 10);
+        /* The next passes delete a span at a time until only the recent rows are left. */
+        assert_int_equal(wait_for_rows(f, (HistoryQuery) {}, 10), 10);
         assert_int_equal(query_count(f, (HistoryQuery) { .decision = "busy" }), 10);
 }
 
@@ -846,11 +851,7 @@ static void test_retention_prunes_old_rows_among_recent_ones(void **state) {
         }
         assert_int_equal(query_count(f, (HistoryQuery) {}), 30);
 
-        usec_t end = now_monotonic() + 10 * USEC_PER_SEC;
-        size_t left;
-        while ((left = query_count(f, (HistoryQuery) {})) > 20 && now_monotonic() < end)
-                run_for(f, 100 * USEC_PER_MSEC);
-        assert_int_equal(left, 20);
+        assert_int_equal(wait_for_rows(f, (HistoryQuery) {}, 20), 20);
         assert_int_equal(query_count(f, (HistoryQuery) { .decision = "timeout" }), 0);
         assert_int_equal(query_count(f, (HistoryQuery) { .since = now - 31 * USEC_PER_MINUTE }), 20);
 
@@ -889,10 +890,7 @@ static void test_retention_keeps_new_rows_under_a_stale_span(void **state) {
 
         history_tuning.retention_interval = 100 * USEC_PER_MSEC;
         assert_int_equal(history_new(f->event, f->state, USEC_PER_HOUR, &f->h), 0);
-        usec_t end = now_monotonic() + 10 * USEC_PER_SEC;
-        while (query_count(f, (HistoryQuery) { .decision = "busy" }) > 0 && now_monotonic() < end)
-                run_for(f, 100 * USEC_PER_MSEC);
-        assert_int_equal(query_count(f, (HistoryQuery) { .decision = "busy" }), 0);
+        assert_int_equal(wait_for_rows(f, (HistoryQuery) { .decision = "busy" }, 0), 0);
         assert_int_equal(query_count(f, (HistoryQuery) {}), 40);
         close_history(f);
         assert_int_equal(db_int(db_path(f), "SELECT count(*) FROM event_spans WHERE first_id IN (5, 100)"), 0);
@@ -1196,7 +1194,7 @@ int main(int argc, char *argv[]) {
                 cmocka_unit_test_setup_teardown(test_older_brokerds_leases_marks_and_alive_mark_are_read, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_delete_forgets_a_carried_over_lease, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_lease_member_names_are_read_and_old_rows_have_none, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_retention_prunes_old_rows_in_chunks, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_retention_prunes_old_rows_a_span_at_a_time, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_retention_prunes_old_rows_among_recent_ones, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_retention_keeps_new_rows_under_a_stale_span, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_corrupt_file_is_moved_aside, setup, teardown),
