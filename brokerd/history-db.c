@@ -1164,10 +1164,12 @@ static bool query_until(const HistoryQuery *q) {
 }
 
 /* A time filter bounds the ids by event_spans (schema 10), then says the times exactly: the spans of rows
- * from since on start at the first id, those of rows before until end at the last. */
-#define SINCE_FILTER                                                                                       \
-        " AND id >= (SELECT coalesce(min(first_id), 9223372036854775807) FROM event_spans WHERE max_time >= ?)" \
-        " AND time >= ?"
+ * from since on start at the first id, those of rows before until end at the last. The cursor and since
+ * make one lower bound: SQLite searches the ids from one of two, and filters by the other. */
+#define CURSOR_FILTER "id > ?"
+#define CURSOR_SINCE_FILTER                                                                                \
+        "id >= max(? + 1, (SELECT coalesce(min(first_id), 9223372036854775807) FROM event_spans "       \
+        "WHERE max_time >= ?)) AND time >= ?"
 #define UNTIL_FILTER                                                                                       \
         " AND id <= (SELECT coalesce(max(last_id), 0) FROM event_spans WHERE min_time < ?) AND time < ?"
 
@@ -1175,8 +1177,9 @@ void history_db_query_sql(const HistoryQuery *q, char *buf, size_t size) {
         /* Only the filters given, so that the planner can use their indexes. */
         snprintf(buf, size,
                  "SELECT id, time, decision, pool, lane, job, uid, pid, lease, token, wait_us, hold_us, budget_us, state, selector, reason, "
-                 "member, exit_status, until_us FROM events WHERE id > ?%s%s%s%s%s ORDER BY id LIMIT ?",
-                 query_since(q) ? SINCE_FILTER : "", query_until(q) ? UNTIL_FILTER : "", q->lane ? " AND lane = ?" : "",
+                 "member, exit_status, until_us FROM events WHERE %s%s%s%s%s ORDER BY id LIMIT ?",
+                 query_since(q) ? CURSOR_SINCE_FILTER : CURSOR_FILTER, query_until(q) ? UNTIL_FILTER : "",
+                 q->lane ? " AND lane = ?" : "",
                  q->pool ? " AND pool = ?" : "", q->decision ? decision_filter(q->decision) : "");
 }
 
