@@ -12,6 +12,7 @@ Usage: test-report.py BROKERD SLOTCTL [unittest arguments]
 import html.parser
 import json
 import os
+import re
 import shutil
 import sqlite3
 import struct
@@ -586,6 +587,30 @@ class Report(harness.BrokerTestCase):
         self.assertIn("-o", p.stderr)
         p = slotctl("report", "--history", self.history, "-o", "-", "--since", "@20", "--until", "@10", check=False)
         self.assertEqual(p.returncode, 64)
+
+    def test_range_comes_from_the_spans(self):
+        """Without --since/--until the range is the history's first and last rows: since schema 10 from event_spans
+        (a row a span, not the table), and from the rows when the spans hold a time before 1970 (written by
+        hand) or there are none."""
+        def copy(name, sql):
+            path = os.path.join(self.dir, name)
+            shutil.copyfile(self.history, path)
+            db = sqlite3.connect(path)
+            db.executescript(sql)
+            db.commit()
+            db.close()
+            return path
+
+        def range_of(history):
+            _, text = self.report(history=history)
+            return re.search(r"From <time>(.*?)</time> to <time>(.*?)</time>", text).groups()
+
+        by_rows = range_of(copy("no-spans.db", "DROP TABLE event_spans"))
+        self.assertEqual(range_of(self.history), by_rows)
+        self.assertEqual(range_of(copy("before-1970.db", "UPDATE event_spans SET min_time = -5")), by_rows)
+        earlier = range_of(copy("earlier.db", "UPDATE event_spans SET min_time = min_time - 86400000000"))
+        self.assertNotEqual(earlier[0], by_rows[0])
+        self.assertEqual(earlier[1], by_rows[1])
 
     def test_empty_history(self):
         empty = os.path.join(self.dir, "empty.db")
