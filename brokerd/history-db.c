@@ -210,6 +210,13 @@ static int exec_int(sqlite3 *db, const char *sql, int64_t *ret) {
         return rc;
 }
 
+/* Steps st (bound by the caller) to its end and resets it. */
+static int step_done(sqlite3_stmt *st) {
+        int rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
 static void rollback(sqlite3 *db) {
         if (db && !sqlite3_get_autocommit(db))
                 (void) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
@@ -342,20 +349,57 @@ int history_schema_create(const char *path, unsigned version) {
         return history_sqlite_to_errno(rc);
 }
 
+/* The statements whose text is fixed, each beside the field it is prepared into. */
+typedef struct FixedStatement {
+        sqlite3_stmt **st;
+        const char *sql;
+} FixedStatement;
+
+#define FIXED_STATEMENTS 10
+
+static void fixed_statements(HistoryDb *d, FixedStatement ret[static FIXED_STATEMENTS]) {
+        const FixedStatement all[] = {
+                { &d->upsert_lease,
+                  "INSERT OR REPLACE INTO leases (id, pool, lane, slots, token, job, uid, pid, "
+                  "command_pid, command_start_time, detached, granted_at, expires_at, members) "
+                  "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)" },
+                { &d->delete_lease, "DELETE FROM leases WHERE id = ?" },
+                /* MAX(): a high-water mark never goes back, whatever order commits come in. */
+                { &d->upsert_token,
+                  "INSERT INTO tokens (pool, next_token) VALUES (?, ?) ON CONFLICT (pool) "
+                  "DO UPDATE SET next_token = MAX(next_token, excluded.next_token)" },
+                { &d->span_last, "SELECT first_id, last_id FROM event_spans ORDER BY first_id DESC LIMIT 1" },
+                { &d->span_extend,
+                  "UPDATE event_spans SET last_id = max(last_id, ?2), min_time = min(min_time, ?3), "
+                  "max_time = max(max_time, ?4) WHERE first_id = ?1" },
+                /* OR REPLACE: ids that start again below the last span (events emptied by hand) replace a span
+                 * of the same first id, which no row is left of. */
+                { &d->span_insert, "INSERT OR REPLACE INTO event_spans VALUES (?1, ?2, ?3, ?4)" },
+                /* Read whole when nothing is old: a row per HISTORY_SPAN_ROWS events. */
+                { &d->prune_spans,
+                  "SELECT first_id, last_id, max_time FROM event_spans WHERE min_time < ?1 ORDER BY first_id LIMIT 1" },
+                { &d->prune_span, "DELETE FROM events WHERE id BETWEEN ?1 AND ?2 AND time < ?3" },
+                { &d->drop_span, "DELETE FROM event_spans WHERE first_id = ?1" },
+                /* The rows left of a span are all at or after the cutoff (or there are none: then its latest
+                 * time, and the next pass after it drops the span). */
+                { &d->narrow_span,
+                  "UPDATE event_spans SET min_time = coalesce((SELECT min(time) FROM events WHERE id BETWEEN ?1 AND ?2), "
+                  "max_time) WHERE first_id = ?1" },
+        };
+        _Static_assert(ELEMENTSOF(all) == FIXED_STATEMENTS, "FIXED_STATEMENTS counts them");
+        memcpy(ret, all, sizeof all);
+}
+
 void history_db_close(HistoryDb *d) {
+        FixedStatement fixed[FIXED_STATEMENTS];
+        fixed_statements(d, fixed);
+        for (size_t i = 0; i < FIXED_STATEMENTS; i++) {
+                sqlite3_finalize(*fixed[i].st);
+                *fixed[i].st = NULL;
+        }
         sqlite3_finalize(d->insert_event);
         sqlite3_finalize(d->insert_events);
-        d->insert_events = NULL;
-        sqlite3_finalize(d->upsert_lease);
-        sqlite3_finalize(d->delete_lease);
-        sqlite3_finalize(d->upsert_token);
-        d->insert_event = d->upsert_lease = d->delete_lease = d->upsert_token = NULL;
-        sqlite3_stmt **spans[] = { &d->span_last, &d->span_extend, &d->span_insert, &d->prune_spans,
-                                   &d->prune_span, &d->drop_span, &d->narrow_span };
-        for (size_t i = 0; i < ELEMENTSOF(spans); i++) {
-                sqlite3_finalize(*spans[i]);
-                *spans[i] = NULL;
-        }
+        d->insert_event = d->insert_events = NULL;
         sqlite3_close_v2(d->db);
         d->db = NULL;
 }
@@ -385,46 +429,11 @@ static int prepare_statements(HistoryDb *d) {
                 }
         }
         rc = sqlite3_prepare_v3(d->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &d->insert_events, NULL);
-        if (rc == SQLITE_OK)
-                rc = sqlite3_prepare_v3(d->db,
-                                        "INSERT OR REPLACE INTO leases (id, pool, lane, slots, token, job, uid, pid, "
-                                        "command_pid, command_start_time, detached, granted_at, expires_at, members) "
-                                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                                        -1, SQLITE_PREPARE_PERSISTENT, &d->upsert_lease, NULL);
-        if (rc == SQLITE_OK)
-                rc = sqlite3_prepare_v3(d->db, "DELETE FROM leases WHERE id = ?", -1, SQLITE_PREPARE_PERSISTENT,
-                                        &d->delete_lease, NULL);
-        if (rc == SQLITE_OK)
-                /* MAX(): a high-water mark never goes back, whatever order commits come in. */
-                rc = sqlite3_prepare_v3(d->db,
-                                        "INSERT INTO tokens (pool, next_token) VALUES (?, ?) ON CONFLICT (pool) "
-                                        "DO UPDATE SET next_token = MAX(next_token, excluded.next_token)",
-                                        -1, SQLITE_PREPARE_PERSISTENT, &d->upsert_token, NULL);
 
-        const struct {
-                sqlite3_stmt **st;
-                const char *sql;
-        } spans[] = {
-                { &d->span_last, "SELECT first_id, last_id FROM event_spans ORDER BY first_id DESC LIMIT 1" },
-                { &d->span_extend,
-                  "UPDATE event_spans SET last_id = max(last_id, ?2), min_time = min(min_time, ?3), "
-                  "max_time = max(max_time, ?4) WHERE first_id = ?1" },
-                /* OR REPLACE: ids that start again below the last span (events emptied by hand) replace a span
-                 * of the same first id, which no row is left of. */
-                { &d->span_insert, "INSERT OR REPLACE INTO event_spans VALUES (?1, ?2, ?3, ?4)" },
-                /* Read whole when nothing is old: a row per HISTORY_SPAN_ROWS events. */
-                { &d->prune_spans,
-                  "SELECT first_id, last_id, max_time FROM event_spans WHERE min_time < ?1 ORDER BY first_id LIMIT 1" },
-                { &d->prune_span, "DELETE FROM events WHERE id BETWEEN ?1 AND ?2 AND time < ?3" },
-                { &d->drop_span, "DELETE FROM event_spans WHERE first_id = ?1" },
-                /* The rows left of a span are all at or after the cutoff (or there are none: then its latest
-                 * time, and the next pass after it drops the span). */
-                { &d->narrow_span,
-                  "UPDATE event_spans SET min_time = coalesce((SELECT min(time) FROM events WHERE id BETWEEN ?1 AND ?2), "
-                  "max_time) WHERE first_id = ?1" },
-        };
-        for (size_t i = 0; rc == SQLITE_OK && i < ELEMENTSOF(spans); i++)
-                rc = sqlite3_prepare_v3(d->db, spans[i].sql, -1, SQLITE_PREPARE_PERSISTENT, spans[i].st, NULL);
+        FixedStatement fixed[FIXED_STATEMENTS];
+        fixed_statements(d, fixed);
+        for (size_t i = 0; rc == SQLITE_OK && i < FIXED_STATEMENTS; i++)
+                rc = sqlite3_prepare_v3(d->db, fixed[i].sql, -1, SQLITE_PREPARE_PERSISTENT, fixed[i].st, NULL);
         return rc;
 }
 
@@ -499,9 +508,7 @@ static int token_marks_store(HistoryDb *d) {
         for (size_t i = 0; i < d->n_marks && rc == SQLITE_OK; i++) {
                 sqlite3_bind_text(d->upsert_token, 1, d->marks[i].pool, -1, SQLITE_STATIC);
                 sqlite3_bind_int64(d->upsert_token, 2, (int64_t) d->marks[i].next);
-                rc = sqlite3_step(d->upsert_token);
-                rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
-                sqlite3_reset(d->upsert_token);
+                rc = step_done(d->upsert_token);
         }
         return rc;
 }
@@ -644,13 +651,6 @@ int history_db_setup(HistoryDb *d, unsigned version, bool afresh, const char *sa
                         rollback(d->db);
         }
         return rc;
-}
-
-/* Steps st (bound by the caller) to its end and resets it. */
-static int step_done(sqlite3_stmt *st) {
-        int rc = sqlite3_step(st);
-        sqlite3_reset(st);
-        return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
 int history_db_prune(HistoryDb *d, usec_t before, bool *ret_more) {
@@ -925,7 +925,6 @@ static int members_parse(const char *s, unsigned n, char ***ret) {
 static int lease_row_bind_step(HistoryDb *d, const HistoryLeaseRow *row) {
         sqlite3_stmt *st = d->upsert_lease;
         _cleanup_free_ char *slots = NULL, *members = NULL;
-        int rc;
 
         if (slots_format(row, &slots) < 0 || members_format(row, &members) < 0)
                 return SQLITE_NOMEM;
@@ -943,17 +942,13 @@ static int lease_row_bind_step(HistoryDb *d, const HistoryLeaseRow *row) {
         bind_usec(st, 12, row->granted_at);
         bind_usec(st, 13, row->expires_at);
         bind_text(st, 14, members);
-        rc = sqlite3_step(st);
-        sqlite3_reset(st);
-        return rc == SQLITE_DONE ? SQLITE_OK : rc;
+        return step_done(st);
 }
 
 int history_db_lease_delete(HistoryDb *d, const char *id) {
         sqlite3_stmt *st = d->delete_lease;
         bind_text(st, 1, id);
-        int rc = sqlite3_step(st);
-        sqlite3_reset(st);
-        return rc == SQLITE_DONE ? SQLITE_OK : rc;
+        return step_done(st);
 }
 
 static int leases_read(sqlite3 *db, HistoryLeaseRow **ret, size_t *ret_n) {

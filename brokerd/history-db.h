@@ -72,7 +72,7 @@ int history_db_insert_event(HistoryDb *d, const EventRow *e);
 /* Before the commit of the rows inserted: event_spans covers them (their ids and their times). */
 int history_db_rows_done(HistoryDb *d);
 /* The rows from *e on, as many as fit in one statement (HISTORY_DB_INSERT_ROWS) and at most max: one
- * statement's fixed cost (its cursors on the table and its two indexes opened and closed) for them all.
+ * statement's fixed cost (its cursors on the table and its index opened and closed) for them all.
  * Sets *e to the next row and returns an SQLite code; *ret_n: how many were inserted. */
 #define HISTORY_DB_INSERT_ROWS 8
 int history_db_insert_events(HistoryDb *d, const EventRow **e, size_t max, size_t *ret_n);
