@@ -1178,17 +1178,14 @@ void history_db_query_sql(const HistoryQuery *q, char *buf, size_t size) {
                  q->pool ? " AND pool = ?" : "", q->decision ? decision_filter(q->decision) : "");
 }
 
-int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, int64_t *ret_next_cursor) {
-        _cleanup_(json_decrefp) json_t *events = NULL;
-        int64_t next_cursor = 0;
+int history_db_query_prepare(sqlite3 *db, const HistoryQuery *q, int64_t rows, sqlite3_stmt **ret) {
         char sql[HISTORY_DB_QUERY_SQL_MAX];
         sqlite3_stmt *st = NULL;
-        unsigned limit = q->limit == 0 ? HISTORY_QUERY_LIMIT_MAX : MIN(q->limit, HISTORY_QUERY_LIMIT_MAX);
         bool since = query_since(q), until = query_until(q);
         int rc, k = 1;
 
         history_db_query_sql(q, sql, sizeof sql);
-        rc = sqlite3_prepare_v2(d->db, sql, -1, &st, NULL);
+        rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
         if (rc != SQLITE_OK)
                 return rc;
         sqlite3_bind_int64(st, k++, MAX(q->cursor, 0));
@@ -1202,7 +1199,22 @@ int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, i
                 bind_text(st, k++, q->pool);
         if (q->decision)
                 bind_text(st, k++, q->decision);
-        sqlite3_bind_int64(st, k, (int64_t) limit + 1); /* one more tells whether another page exists */
+        sqlite3_bind_int64(st, k, rows);
+        *ret = st;
+        return SQLITE_OK;
+}
+
+int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, int64_t *ret_next_cursor) {
+        _cleanup_(json_decrefp) json_t *events = NULL;
+        int64_t next_cursor = 0;
+        sqlite3_stmt *st = NULL;
+        unsigned limit = q->limit == 0 ? HISTORY_QUERY_LIMIT_MAX : MIN(q->limit, HISTORY_QUERY_LIMIT_MAX);
+        int rc;
+
+        /* One more row than a page tells whether another page exists. */
+        rc = history_db_query_prepare(d->db, q, (int64_t) limit + 1, &st);
+        if (rc != SQLITE_OK)
+                return rc;
 
         events = json_array();
         if (!events) {

@@ -91,3 +91,6 @@ int history_db_query(HistoryDb *d, const HistoryQuery *q, json_t **ret_events, i
 /* The statement history_db_query() runs for q, with its parameters to bind (for its tests: its plan). */
 #define HISTORY_DB_QUERY_SQL_MAX 1024
 void history_db_query_sql(const HistoryQuery *q, char *buf, size_t size);
+/* That statement on db, prepared and bound for q and at most rows rows: history_db_query()'s, and its tests'
+ * (what it reads). The caller finalizes *ret. */
+int history_db_query_prepare(sqlite3 *db, const HistoryQuery *q, int64_t rows, sqlite3_stmt **ret);

@@ -597,22 +597,11 @@ static void test_time_filters_find_rows_across_spans_and_a_stepped_clock(void **
 /* Steps the statement history_db_query() runs for q over the closed file at path to its end, with a page as
  * large as the file: how many virtual machine steps SQLite took (what it read, not how long). */
 static int query_steps(const char *path, const HistoryQuery *q) {
-        char sql[HISTORY_DB_QUERY_SQL_MAX];
         sqlite3 *db = NULL;
         sqlite3_stmt *st = NULL;
-        int k = 1;
 
-        history_db_query_sql(q, sql, sizeof sql);
         assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-        assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
-        sqlite3_bind_int64(st, k++, 0);
-        for (int i = 0; q->since && i < 2; i++)
-                sqlite3_bind_int64(st, k++, (int64_t) q->since);
-        for (int i = 0; q->until && i < 2; i++)
-                sqlite3_bind_int64(st, k++, (int64_t) q->until);
-        if (q->lane)
-                sqlite3_bind_text(st, k++, q->lane, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, k, INT32_MAX);
+        assert_int_equal(history_db_query_prepare(db, q, INT32_MAX, &st), SQLITE_OK);
         while (sqlite3_step(st) == SQLITE_ROW)
                 ;
         int steps = sqlite3_stmt_status(st, SQLITE_STMTSTATUS_VM_STEP, 0);
