@@ -983,8 +983,6 @@ static int parse_object(JsonParser *ps, json_t **ret) {
                 /* jansson refuses a NUL in a key even with JSON_ALLOW_NUL. */
                 if (memchr(key, 0, key_size))
                         return -EBADMSG;
-                if (json_object_getn(o, key, key_size))
-                        return -EBADMSG;
                 parser_skip_space(ps);
                 if (ps->p >= ps->end || *ps->p != ':')
                         return -EBADMSG;
@@ -993,8 +991,13 @@ static int parse_object(JsonParser *ps, json_t **ret) {
                 r = parse_value(ps, &v);
                 if (r < 0)
                         return r;
+                /* A key seen before replaces its value and leaves the size: a duplicate, found by the one
+                 * lookup the insertion makes (a lookup first cost a second hash of every key). */
+                size_t size = json_object_size(o);
                 if (json_object_setn_new_nocheck(o, key, key_size, TAKE_PTR(v)) < 0)
                         return -ENOMEM;
+                if (json_object_size(o) == size)
+                        return -EBADMSG;
                 r = parser_after_element(ps, '}');
                 if (r < 0)
                         return r;

@@ -340,9 +340,22 @@ static void test_parse_object_refuses_non_object(void **state) {
 }
 
 static void test_parse_object_refuses_duplicate_keys(void **state) {
-        json_t *v = NULL;
-        const char *t = "{\"lane\":\"a\",\"lane\":\"b\"}";
-        assert_int_equal(json_parse_object(t, strlen(t), &v), -EBADMSG);
+        static const char *const bad[] = {
+                "{\"lane\":\"a\",\"lane\":\"b\"}",
+                "{\"lane\":\"a\",\"la\\u006ee\":\"a\"}",                /* the same key once decoded */
+                "{\"p\":{\"x\":1,\"y\":[{\"z\":1,\"z\":{}}]}}",               /* deep inside */
+                "{\"a\":1,\"b\":2,\"c\":3,\"d\":4,\"e\":5,\"f\":6,\"g\":7,\"h\":8,\"i\":9,\"a\":null}", /* past a rehash */
+        };
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                json_t *v = NULL;
+                assert_int_equal(json_parse_object(bad[i], strlen(bad[i]), &v), -EBADMSG);
+                assert_null(v);
+        }
+        /* Keys that differ only past a NUL-free prefix, or by case, are not duplicates. */
+        const char *good = "{\"lane\":1,\"lanes\":2,\"Lane\":3,\"\":4}";
+        _cleanup_(json_decrefp) json_t *o = NULL;
+        assert_int_equal(json_parse_object(good, strlen(good), &o), 0);
+        assert_int_equal(json_object_size(o), 4);
 }
 
 static void test_parse_object_refuses_deep_nesting(void **state) {
