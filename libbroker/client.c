@@ -46,7 +46,8 @@ struct BrokerClient {
         bool acquire_detach;   /* the open Acquire asked for a detached lease */
         /* The open Acquire asked for fence: the same call without it, and a copy of its pidfd, for a broker
          * that refuses the parameter it does not know (an older one): it is then asked again without. */
-        json_t *unfenced;
+        char *unfenced;         /* the parameters' text */
+        size_t unfenced_size;
         int unfenced_pidfd;
 
         /* The message behind the last event: the event's strings point into it. */
@@ -271,7 +272,7 @@ _public_ BrokerClient *broker_client_free(BrokerClient *c) {
                 return NULL;
         json_decref(c->current);
         json_decref(c->deferred);
-        json_decref(c->unfenced);
+        free(c->unfenced);
         safe_close(c->unfenced_pidfd);
         free(c->held_lease_id);
         varlink_stream_done(&c->stream);
@@ -526,40 +527,57 @@ static int options_copy(const BrokerAcquireOptions *o, BrokerAcquireOptions *ret
         return 0;
 }
 
-/* Reserve's parameters (SPEC §3.6). */
-static int reserve_parameters(const BrokerAcquireOptions *o, json_t **ret) {
-        _cleanup_(json_decrefp) json_t *p = NULL;
-        size_t n_labels = 0;
-
-        if (!*o->reserve_pool || !o->reason || o->max_hold_ms == 0 || o->max_hold_ms > (uint64_t) INT64_MAX / 1000)
-                return -EINVAL;
-        while (o->labels && o->labels[n_labels])
-                if (++n_labels > ACQUIRE_LABELS_MAX)
+/* The caller's labels, counted: at most ACQUIRE_LABELS_MAX. */
+static int labels_count(const BrokerAcquireOptions *o, size_t *ret) {
+        size_t n = 0;
+        while (o->labels && o->labels[n])
+                if (++n > ACQUIRE_LABELS_MAX)
                         return -EINVAL;
-        p = json_pack("{s:s, s:I, s:s}", "pool", o->reserve_pool, "forMs", (json_int_t) o->max_hold_ms, "reason",
-                      o->reason);
-        if (!p)
-                return -EINVAL; /* not UTF-8, likelier than out of memory */
-        if (o->member && json_object_set_new(p, "member", json_string(o->member)) < 0)
-                return -EINVAL;
-        if (n_labels > 0) {
-                json_t *a = json_array();
-                if (!a || json_object_set_new(p, "labels", a) < 0)
-                        return -ENOMEM;
-                for (size_t i = 0; i < n_labels; i++)
-                        if (json_array_append_new(a, json_string(o->labels[i])) < 0)
-                                return -EINVAL;
-        }
-        *ret = TAKE_PTR(p);
+        *ret = n;
         return 0;
 }
 
-static int acquire_parameters(const BrokerAcquireOptions *o, json_t **ret) {
-        _cleanup_(json_decrefp) json_t *p = NULL;
-        int r;
+/* "labels" and "member", as Acquire and Reserve both take them. */
+static void selector_write(const BrokerAcquireOptions *o, size_t n_labels, JsonText *t) {
+        if (n_labels > 0) {
+                json_text_key(t, "labels");
+                json_text_open(t, '[');
+                for (size_t i = 0; i < n_labels; i++)
+                        json_text_string(t, o->labels[i]);
+                json_text_close(t, ']');
+        }
+        if (o->member) {
+                json_text_key(t, "member");
+                json_text_string(t, o->member);
+        }
+}
+
+/* Reserve's parameters (SPEC §3.6). */
+static int reserve_parameters(const BrokerAcquireOptions *o, JsonText *t) {
+        size_t n_labels;
+
+        if (!*o->reserve_pool || !o->reason || o->max_hold_ms == 0 || o->max_hold_ms > (uint64_t) INT64_MAX / 1000)
+                return -EINVAL;
+        if (labels_count(o, &n_labels) < 0)
+                return -EINVAL;
+        json_text_open(t, '{');
+        json_text_key(t, "pool");
+        json_text_string(t, o->reserve_pool);
+        json_text_key(t, "forMs");
+        json_text_integer(t, (int64_t) o->max_hold_ms);
+        json_text_key(t, "reason");
+        json_text_string(t, o->reason);
+        selector_write(o, n_labels, t);
+        json_text_close(t, '}');
+        return json_text_result(t); /* -EINVAL: a string not UTF-8 */
+}
+
+/* The Acquire's parameters, written as text (no tree built and freed per call), with "fence" or without. */
+static int acquire_parameters(const BrokerAcquireOptions *o, bool fence, JsonText *t) {
+        size_t n_labels;
 
         if (o->reserve_pool)
-                return reserve_parameters(o, ret);
+                return reserve_parameters(o, t);
 
         if (!o->lane || !*o->lane)
                 return -EINVAL;
@@ -573,49 +591,56 @@ static int acquire_parameters(const BrokerAcquireOptions *o, json_t **ret) {
                 return -EINVAL; /* one command, named once */
         if (o->wait < BROKER_WAIT_DEFAULT || o->wait > BROKER_WAIT_NO)
                 return -EINVAL;
-        size_t n_labels = 0;
-        while (o->labels && o->labels[n_labels])
-                if (++n_labels > ACQUIRE_LABELS_MAX)
-                        return -EINVAL;
+        if (labels_count(o, &n_labels) < 0)
+                return -EINVAL;
 
-        r = json_build(&p, "{s:s}", "lane", o->lane);
-        if (r < 0)
-                return r;
-        if (o->slots > 0)
-                r = json_object_set_new(p, "slots", json_integer(o->slots));
-        if (r >= 0 && o->wait != BROKER_WAIT_DEFAULT)
-                r = json_object_set_new(p, "wait", json_boolean(o->wait == BROKER_WAIT_YES));
-        if (r >= 0 && o->queue_wait_ms > 0)
-                r = json_object_set_new(p, "queueWaitMs", json_integer((json_int_t) o->queue_wait_ms));
-        if (r >= 0 && o->job)
-                r = json_object_set_new(p, "job", json_string(o->job));
-        if (r >= 0 && o->pid > 0)
-                r = json_object_set_new(p, "pid", json_integer(o->pid));
-        if (r >= 0 && o->pidfd >= 0)
-                r = json_object_set_new(p, "pidfd", json_integer(0)); /* the first fd passed with the call */
-        if (r >= 0 && o->reclaim)
-                r = json_object_set_new(p, "reclaim", json_string(o->reclaim));
-        if (r >= 0 && o->detach)
-                r = json_object_set_new(p, "detach", json_true());
-        if (r >= 0 && o->max_hold_ms > 0)
-                r = json_object_set_new(p, "maxHoldMs", json_integer((json_int_t) o->max_hold_ms));
-        if (r >= 0 && n_labels > 0) {
-                json_t *a = json_array();
-                r = a ? json_object_set_new(p, "labels", a) : -ENOMEM;
-                for (size_t i = 0; r >= 0 && i < n_labels; i++)
-                        if (json_array_append_new(a, json_string(o->labels[i])) < 0)
-                                return -EINVAL; /* not UTF-8 (or out of memory) */
+        json_text_open(t, '{');
+        json_text_key(t, "lane");
+        json_text_string(t, o->lane);
+        if (o->slots > 0) {
+                json_text_key(t, "slots");
+                json_text_integer(t, o->slots);
         }
-        if (r >= 0 && o->member)
-                r = json_object_set_new(p, "member", json_string(o->member));
-        if (r < 0)
-                /* json_string() fails on invalid UTF-8 as well as on OOM: the caller's string is the likelier. */
-                return (o->job && !json_object_get(p, "job")) || (o->reclaim && !json_object_get(p, "reclaim")) ||
-                                       (o->member && !json_object_get(p, "member"))
-                               ? -EINVAL
-                               : -ENOMEM;
-        *ret = TAKE_PTR(p);
-        return 0;
+        if (o->wait != BROKER_WAIT_DEFAULT) {
+                json_text_key(t, "wait");
+                json_text_bool(t, o->wait == BROKER_WAIT_YES);
+        }
+        if (o->queue_wait_ms > 0) {
+                json_text_key(t, "queueWaitMs");
+                json_text_integer(t, (int64_t) o->queue_wait_ms);
+        }
+        if (o->job) {
+                json_text_key(t, "job");
+                json_text_string(t, o->job);
+        }
+        if (o->pid > 0) {
+                json_text_key(t, "pid");
+                json_text_integer(t, o->pid);
+        }
+        if (o->pidfd >= 0) {
+                json_text_key(t, "pidfd");
+                json_text_integer(t, 0); /* the first fd passed with the call */
+        }
+        if (o->reclaim) {
+                json_text_key(t, "reclaim");
+                json_text_string(t, o->reclaim);
+        }
+        if (o->detach) {
+                json_text_key(t, "detach");
+                json_text_bool(t, true);
+        }
+        if (o->max_hold_ms > 0) {
+                json_text_key(t, "maxHoldMs");
+                json_text_integer(t, (int64_t) o->max_hold_ms);
+        }
+        selector_write(o, n_labels, t);
+        if (fence) {
+                json_text_key(t, "fence");
+                json_text_bool(t, true);
+        }
+        json_text_close(t, '}');
+        /* -EINVAL: a string of the caller's is not UTF-8 (json_string() refused the same). */
+        return json_text_result(t);
 }
 
 static const char *json_string_member(json_t *o, const char *key) {
@@ -624,7 +649,7 @@ static const char *json_string_member(json_t *o, const char *key) {
 
 /* The Acquire's first answer came: the broker knows every parameter it was sent. */
 static void acquire_unfenced_forget(BrokerClient *c) {
-        json_decref(TAKE_PTR(c->unfenced));
+        c->unfenced = mfree(c->unfenced);
         c->unfenced_pidfd = safe_close(c->unfenced_pidfd);
 }
 
@@ -635,8 +660,8 @@ static int acquire_retry_unfenced(BrokerClient *c, const VarlinkReply *reply) {
         if (!c->unfenced || error_to_result(reply->error) != BROKER_INVALID_PARAMETER ||
             !streq_ptr(json_string_member(reply->parameters, "parameter"), "fence"))
                 return 0;
-        int r = varlink_stream_call_with_fds(&c->stream, INTERFACE ".Acquire", c->unfenced, VARLINK_CALL_MORE,
-                                             &c->unfenced_pidfd, c->unfenced_pidfd >= 0 ? 1 : 0);
+        int r = varlink_stream_call_text(&c->stream, INTERFACE ".Acquire", c->unfenced, c->unfenced_size,
+                                         VARLINK_CALL_MORE, &c->unfenced_pidfd, c->unfenced_pidfd >= 0 ? 1 : 0);
         acquire_unfenced_forget(c);
         if (r < 0)
                 return r;
@@ -646,12 +671,13 @@ static int acquire_retry_unfenced(BrokerClient *c, const VarlinkReply *reply) {
 
 _public_ int broker_acquire_start(BrokerClient *c, const BrokerAcquireOptions *options) {
         BrokerAcquireOptions o;
-        _cleanup_(json_decrefp) json_t *p = NULL;
         int r;
 
         assert_return(c, -EINVAL);
         assert_return(options, -EINVAL);
 
+        _cleanup_(json_text_done) JsonText p; /* after the checks: cleaned up only once initialized */
+        json_text_init(&p);
         r = options_copy(options, &o);
         if (r < 0)
                 return r;
@@ -659,20 +685,28 @@ _public_ int broker_acquire_start(BrokerClient *c, const BrokerAcquireOptions *o
                 return -ENOTCONN;
         if (c->state != CLIENT_IDLE)
                 return -EBUSY;
-        r = acquire_parameters(&o, &p);
-        if (r < 0)
-                return r;
-
-        _cleanup_(json_decrefp) json_t *unfenced = NULL;
-        _cleanup_close_ int unfenced_pidfd = -EBADF;
         if (o.reserve_pool) {
                 o.fence = false, o.detach = true;
                 o.pidfd = -1;
         }
+        r = acquire_parameters(&o, o.fence, &p);
+        if (r < 0)
+                return r;
+
+        _cleanup_free_ char *unfenced = NULL;
+        size_t unfenced_size = 0;
+        _cleanup_close_ int unfenced_pidfd = -EBADF;
         if (o.fence) {
-                unfenced = json_copy(p);
-                if (!unfenced || json_object_set_new(p, "fence", json_true()) < 0)
+                _cleanup_(json_text_done) JsonText u;
+                json_text_init(&u);
+                r = acquire_parameters(&o, false, &u);
+                if (r < 0)
+                        return r;
+                unfenced = malloc(u.size);
+                if (!unfenced)
                         return -ENOMEM;
+                memcpy(unfenced, u.data, u.size);
+                unfenced_size = u.size;
                 if (o.pidfd >= 0) {
                         unfenced_pidfd = fcntl(o.pidfd, F_DUPFD_CLOEXEC, 3);
                         if (unfenced_pidfd < 0)
@@ -681,12 +715,13 @@ _public_ int broker_acquire_start(BrokerClient *c, const BrokerAcquireOptions *o
         }
 
         client_error_reset(c);
-        r = varlink_stream_call_with_fds(&c->stream, o.reserve_pool ? INTERFACE ".Reserve" : INTERFACE ".Acquire", p,
-                                         VARLINK_CALL_MORE, &o.pidfd, o.pidfd >= 0 ? 1 : 0);
+        r = varlink_stream_call_text(&c->stream, o.reserve_pool ? INTERFACE ".Reserve" : INTERFACE ".Acquire", p.data,
+                                     p.size, VARLINK_CALL_MORE, &o.pidfd, o.pidfd >= 0 ? 1 : 0);
         if (r < 0)
                 return r;
         acquire_unfenced_forget(c);
         c->unfenced = TAKE_PTR(unfenced);
+        c->unfenced_size = unfenced_size;
         c->unfenced_pidfd = TAKE_FD(unfenced_pidfd);
         r = varlink_stream_flush(&c->stream);
         if (r < 0 && r != -EAGAIN) /* EAGAIN: the rest goes out from broker_client_process() */
@@ -1138,10 +1173,12 @@ _public_ int broker_release_exit(BrokerClient *c, const char *lease_id, int exit
 }
 
 _public_ int broker_release_start(BrokerClient *c) {
-        _cleanup_(json_decrefp) json_t *p = NULL;
         int r;
 
         assert_return(c, -EINVAL);
+
+        _cleanup_(json_text_done) JsonText p; /* after the check: cleaned up only once initialized */
+        json_text_init(&p);
 
         if (c->state == CLIENT_BROKEN)
                 return -ENOTCONN;
@@ -1149,12 +1186,16 @@ _public_ int broker_release_start(BrokerClient *c) {
                 return -ESRCH;
         if (c->release_pending)
                 return -EALREADY;
-        r = json_build(&p, "{s:s}", "lease", c->held_lease_id);
+        json_text_open(&p, '{');
+        json_text_key(&p, "lease");
+        json_text_string(&p, c->held_lease_id);
+        json_text_close(&p, '}');
+        r = json_text_result(&p);
         if (r < 0)
                 return r;
 
         client_error_reset(c);
-        r = varlink_stream_call(&c->stream, INTERFACE ".Release", p, 0);
+        r = varlink_stream_call_text(&c->stream, INTERFACE ".Release", p.data, p.size, 0, NULL, 0);
         if (r < 0)
                 return r;
         r = varlink_stream_flush(&c->stream);

@@ -691,22 +691,10 @@ static int output_enqueue_json(VarlinkOutput *out, const json_t *value, bool end
         return r;
 }
 
-int varlink_output_enqueue_json_with_fds(VarlinkOutput *out, const json_t *msg, const int *fds, size_t n_fds) {
-        _cleanup_free_ char *text = NULL;
-        size_t size;
-        int r;
-
-        assert_return(out, -EINVAL);
-        assert_return(fds || n_fds == 0, -EINVAL);
-        assert_return(n_fds <= VARLINK_FDS_MAX, -EINVAL);
-
-        if (n_fds == 0)
-                return varlink_output_enqueue_json(out, msg);
-        /* A chunk of its own, of exactly its size: nothing is appended to it, so the sendmsg() that carries
-         * the fds carries no byte of another message. Rare (one per Acquire at most): formatted first. */
-        r = varlink_message_format(msg, &text, &size);
-        if (r < 0)
-                return r;
+/* A chunk of its own, of exactly the message's size (text, its NUL included): nothing is appended to it, so
+ * the sendmsg() that carries the fds carries no byte of another message. */
+static int output_enqueue_chunk_with_fds(VarlinkOutput *out, const char *text, size_t size, const int *fds,
+                                         size_t n_fds) {
         if (size > out->max - out->pending)
                 return -ENOBUFS;
         VarlinkChunk *c = malloc(sizeof(VarlinkChunk) + size);
@@ -717,7 +705,7 @@ int varlink_output_enqueue_json_with_fds(VarlinkOutput *out, const json_t *msg, 
         for (size_t i = 0; i < n_fds; i++) {
                 c->fds.fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
                 if (c->fds.fds[i] < 0) {
-                        r = negative_errno();
+                        int r = negative_errno();
                         chunk_free(c);
                         return r;
                 }
@@ -730,6 +718,24 @@ int varlink_output_enqueue_json_with_fds(VarlinkOutput *out, const json_t *msg, 
         out->tail = c;
         out->pending += size;
         return 0;
+}
+
+int varlink_output_enqueue_json_with_fds(VarlinkOutput *out, const json_t *msg, const int *fds, size_t n_fds) {
+        _cleanup_free_ char *text = NULL;
+        size_t size;
+        int r;
+
+        assert_return(out, -EINVAL);
+        assert_return(fds || n_fds == 0, -EINVAL);
+        assert_return(n_fds <= VARLINK_FDS_MAX, -EINVAL);
+
+        if (n_fds == 0)
+                return varlink_output_enqueue_json(out, msg);
+        /* Rare (one per Acquire at most): formatted first. */
+        r = varlink_message_format(msg, &text, &size);
+        if (r < 0)
+                return r;
+        return output_enqueue_chunk_with_fds(out, text, size, fds, n_fds);
 }
 
 /* The SCM_RIGHTS control message for fds, in a buffer of the caller's. */
@@ -1012,15 +1018,9 @@ static int output_enqueue_envelope(VarlinkOutput *out, const char *method, const
         return output_enqueue_envelope_text(out, method, parameters, NULL, 0, tail);
 }
 
-int varlink_stream_call(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags) {
-        assert_return(s, -EINVAL);
-        assert_return(varlink_qualified_name_valid(method), -EINVAL);
-        assert_return(!parameters || json_is_object(parameters), -EINVAL);
-        assert_return((flags & ~(VARLINK_CALL_MORE | VARLINK_CALL_ONEWAY | VARLINK_CALL_UPGRADE)) == 0, -EINVAL);
-        assert_return(!((flags & VARLINK_CALL_MORE) && (flags & VARLINK_CALL_ONEWAY)), -EINVAL);
-
-        /* In varlink_call_new()'s order of keys. */
-        char tail[64] = "";
+/* What follows a call's parameters, in varlink_call_new()'s order of keys; tail holds 64 bytes. */
+static void call_tail(VarlinkCallFlags flags, char *tail) {
+        tail[0] = '\0';
         if (flags & VARLINK_CALL_MORE)
                 strcat(tail, ",\"more\":true");
         if (flags & VARLINK_CALL_ONEWAY)
@@ -1028,6 +1028,21 @@ int varlink_stream_call(VarlinkStream *s, const char *method, json_t *parameters
         if (flags & VARLINK_CALL_UPGRADE)
                 strcat(tail, ",\"upgrade\":true");
         strcat(tail, "}");
+}
+
+static bool call_flags_valid(VarlinkCallFlags flags) {
+        return (flags & ~(VARLINK_CALL_MORE | VARLINK_CALL_ONEWAY | VARLINK_CALL_UPGRADE)) == 0 &&
+               !((flags & VARLINK_CALL_MORE) && (flags & VARLINK_CALL_ONEWAY));
+}
+
+int varlink_stream_call(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags) {
+        assert_return(s, -EINVAL);
+        assert_return(varlink_qualified_name_valid(method), -EINVAL);
+        assert_return(!parameters || json_is_object(parameters), -EINVAL);
+        assert_return(call_flags_valid(flags), -EINVAL);
+
+        char tail[64];
+        call_tail(flags, tail);
         return output_enqueue_envelope(&s->output, method, parameters, tail);
 }
 
@@ -1038,10 +1053,42 @@ int varlink_stream_call_with_fds(VarlinkStream *s, const char *method, json_t *p
 
         assert_return(s, -EINVAL);
 
+        if (n_fds == 0)
+                return varlink_stream_call(s, method, parameters, flags);
         r = varlink_call_new(method, parameters, flags, &m);
         if (r < 0)
                 return r;
         return varlink_output_enqueue_json_with_fds(&s->output, m, fds, n_fds);
+}
+
+int varlink_stream_call_text(VarlinkStream *s, const char *method, const char *parameters, size_t size,
+                             VarlinkCallFlags flags, const int *fds, size_t n_fds) {
+        assert_return(s, -EINVAL);
+        assert_return(varlink_qualified_name_valid(method), -EINVAL);
+        assert_return(parameters && size >= 2 && parameters[0] == '{' && parameters[size - 1] == '}', -EINVAL);
+        assert_return(!memchr(parameters, 0, size), -EINVAL);
+        assert_return(call_flags_valid(flags), -EINVAL);
+        assert_return(fds || n_fds == 0, -EINVAL);
+        assert_return(n_fds <= VARLINK_FDS_MAX, -EINVAL);
+
+        char tail[64];
+        call_tail(flags, tail);
+        if (n_fds == 0)
+                return output_enqueue_envelope_text(&s->output, method, NULL, parameters, size, tail);
+
+        /* The message whole, for a chunk of its own: the envelope's bytes as output_enqueue_envelope_text()
+         * writes them. */
+        size_t method_size = strlen(method), tail_size = strlen(tail);
+        size_t total = 11 + method_size + 15 + size + tail_size + 1;
+        _cleanup_free_ char *text = malloc(total);
+        if (!text)
+                return -ENOMEM;
+        char *p = mempcpy(text, "{\"method\":\"", 11);
+        p = mempcpy(p, method, method_size);
+        p = mempcpy(p, "\",\"parameters\":", 15);
+        p = mempcpy(p, parameters, size);
+        p = mempcpy(p, tail, tail_size + 1);
+        return output_enqueue_chunk_with_fds(&s->output, text, total, fds, n_fds);
 }
 
 int varlink_stream_reply(VarlinkStream *s, json_t *parameters, VarlinkReplyFlags flags) {

@@ -984,6 +984,96 @@ static void test_broker_without_fence_is_asked_again_without_it(void **state) {
         fake_done(&f);
 }
 
+/* The parameters of the call the fake read, as a tree. */
+static json_t *fake_recv_call(Fake *f, const char *method) {
+        char buf[4096];
+        raw_recv(f->fd, buf, sizeof buf);
+        json_t *m = json_loads(buf, JSON_REJECT_DUPLICATES, NULL);
+        assert_non_null(m);
+        assert_string_equal(json_string_value(json_object_get(m, "method")), method);
+        json_t *p = json_incref(json_object_get(m, "parameters"));
+        json_decref(m);
+        assert_non_null(p);
+        return p;
+}
+
+static void assert_json_is(json_t *got, const char *expected) {
+        _cleanup_(json_decrefp) json_t *e = json_loads(expected, 0, NULL);
+        assert_non_null(e);
+        if (!json_equal(got, e)) {
+                _cleanup_free_ char *text = json_dumps(got, JSON_SORT_KEYS);
+                fail_msg("sent %s, not %s", text, expected);
+        }
+}
+
+/* Every option goes as the broker's Acquire and Reserve take it (SPEC §5), and a string that is not UTF-8
+ * is the caller's error, with nothing sent. */
+static void test_acquire_sends_every_option(void **state) {
+        Fake f;
+        _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+        const char *const labels[] = { "gpu", "arch=x86", NULL };
+        BrokerAcquireOptions o = options("merge");
+
+        fake_start(&f, &c);
+        o.slots = 3, o.wait = BROKER_WAIT_NO, o.queue_wait_ms = 2500, o.job = "https://ci/job/\"1\"\n";
+        o.pid = 4242, o.reclaim = "L0", o.detach = true, o.max_hold_ms = 60000, o.labels = labels;
+        o.member = "rig-\xc3\xa9";
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        _cleanup_(json_decrefp) json_t *p = fake_recv_call(&f, "io.slotbroker.Acquire");
+        assert_json_is(p, "{\"lane\":\"merge\",\"slots\":3,\"wait\":false,\"queueWaitMs\":2500,"
+                          "\"job\":\"https://ci/job/\\\"1\\\"\\n\",\"pid\":4242,\"reclaim\":\"L0\",\"detach\":true,"
+                          "\"maxHoldMs\":60000,\"labels\":[\"gpu\",\"arch=x86\"],\"member\":\"rig-\xc3\xa9\"}");
+        fake_done(&f);
+        c = broker_client_free(c);
+
+        /* The defaults: the lane alone; wait=true said as such. */
+        fake_start(&f, &c);
+        o = options("nightly");
+        o.wait = BROKER_WAIT_YES;
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        json_decref(p);
+        p = fake_recv_call(&f, "io.slotbroker.Acquire");
+        assert_json_is(p, "{\"lane\":\"nightly\",\"wait\":true}");
+        fake_done(&f);
+        c = broker_client_free(c);
+
+        fake_start(&f, &c);
+        o = options("merge");
+        o.reserve_pool = "grid", o.reason = "firmware", o.max_hold_ms = 90000, o.member = "rig-1", o.labels = labels;
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        json_decref(p);
+        p = fake_recv_call(&f, "io.slotbroker.Reserve");
+        assert_json_is(p, "{\"pool\":\"grid\",\"forMs\":90000,\"reason\":\"firmware\","
+                          "\"labels\":[\"gpu\",\"arch=x86\"],\"member\":\"rig-1\"}");
+        fake_done(&f);
+        c = broker_client_free(c);
+
+        /* Not UTF-8, in each string an Acquire sends: -EINVAL, and the connection is still idle. */
+        fake_start(&f, &c);
+        static const char bad[] = "x\xff";
+        const char *const bad_labels[] = { "gpu", bad, NULL };
+        for (int i = 0; i < 6; i++) {
+                BrokerAcquireOptions b = options(i == 0 ? bad : "merge");
+                if (i == 1)
+                        b.job = bad;
+                if (i == 2)
+                        b.reclaim = bad;
+                if (i == 3)
+                        b.member = bad;
+                if (i == 4)
+                        b.labels = bad_labels;
+                if (i == 5)
+                        b.reserve_pool = "grid", b.reason = bad, b.max_hold_ms = 1;
+                assert_int_equal(broker_acquire_start(c, &b), -EINVAL);
+        }
+        o = options("merge");
+        assert_int_equal(broker_acquire_start(c, &o), 0);
+        json_decref(p);
+        p = fake_recv_call(&f, "io.slotbroker.Acquire");
+        assert_json_is(p, "{\"lane\":\"merge\"}");
+        fake_done(&f);
+}
+
 static void test_other_invalid_parameter_is_a_refusal_even_with_fence(void **state) {
         Fake f;
         _cleanup_(broker_client_freep) BrokerClient *c = NULL;
@@ -1121,6 +1211,7 @@ int main(int argc, char *argv[]) {
                 cmocka_unit_test(test_broker_going_away_is_econnreset),
                 cmocka_unit_test(test_protocol_violations_are_ebadmsg),
                 cmocka_unit_test(test_broker_without_fence_is_asked_again_without_it),
+                cmocka_unit_test(test_acquire_sends_every_option),
                 cmocka_unit_test(test_other_invalid_parameter_is_a_refusal_even_with_fence),
                 cmocka_unit_test(test_held_renewal_is_an_event_with_its_fence),
                 cmocka_unit_test(test_held_without_its_fence_is_ebadmsg),

@@ -369,6 +369,14 @@ static void test_stream_call_and_reply_write_what_the_formatters_write(void **st
                         assert_int_equal(varlink_call_format("io.slotbroker.Acquire", with ? p : NULL, call_flags[i], &text, &n), 0);
                         assert_int_equal(varlink_stream_call(&s, "io.slotbroker.Acquire", with ? p : NULL, call_flags[i]), 0);
                         assert_stream_bytes(&s, sv[1], text, n);
+                        /* The same parameters as text already written (a client's Acquire and Release). */
+                        _cleanup_free_ char *params = NULL;
+                        size_t np = 2;
+                        if (with)
+                                assert_int_equal(json_format(p, &params, &np), 0);
+                        assert_int_equal(varlink_stream_call_text(&s, "io.slotbroker.Acquire", with ? params : "{}", np,
+                                                                  call_flags[i], NULL, 0), 0);
+                        assert_stream_bytes(&s, sv[1], text, n);
                 }
         for (int continues = 0; continues < 2; continues++)
                 for (int with = 0; with < 2; with++) {
@@ -397,6 +405,12 @@ static void test_stream_call_and_reply_write_what_the_formatters_write(void **st
         assert_int_equal(varlink_stream_reply_text(&s, "[]", 2, 0), -EINVAL);
         assert_int_equal(varlink_stream_reply_text(&s, "{\"a\":\"\0\"}", 8, 0), -EINVAL);
         assert_int_equal(varlink_stream_reply_text(&s, "{}", 2, 1 << 5), -EINVAL);
+        assert_int_equal(varlink_stream_call_text(&s, "a.b.c", "{}", 2, 0, NULL, 0), -EINVAL);
+        assert_int_equal(varlink_stream_call_text(&s, "a.b.C", "[]", 2, 0, NULL, 0), -EINVAL);
+        assert_int_equal(varlink_stream_call_text(&s, "a.b.C", "{\"a\":\"\0\"}", 8, 0, NULL, 0), -EINVAL);
+        assert_int_equal(varlink_stream_call_text(&s, "a.b.C", "{}", 2, VARLINK_CALL_MORE | VARLINK_CALL_ONEWAY, NULL, 0),
+                         -EINVAL);
+        assert_int_equal(varlink_stream_call_text(&s, "a.b.C", "{}", 2, 0, NULL, 1), -EINVAL);
         assert_int_equal(s.output.pending, 0);
         varlink_stream_done(&s);
         safe_close(sv[0]);
@@ -1097,8 +1111,8 @@ static void read_messages_with_fds(VarlinkStream *s, size_t want, json_t **msgs,
 static void check_fds_arrive_with_their_message(size_t max_message) {
         int sv[2];
         VarlinkStream client, server;
-        json_t *msgs[3];
-        VarlinkFds fds[3];
+        json_t *msgs[4];
+        VarlinkFds fds[4];
         Probe probe = probe_new();
 
         socketpair_nonblock(sv);
@@ -1113,15 +1127,24 @@ static void check_fds_arrive_with_their_message(size_t max_message) {
         assert_int_equal(varlink_stream_call_with_fds(&client, "io.slotbroker.Acquire", q, VARLINK_CALL_MORE,
                                                       &probe.write_fd, 1), 0);
         assert_int_equal(varlink_stream_call(&client, "io.slotbroker.Acquire", p, 0), 0);
+        /* The same call as text: its own chunk too, the fd with it, the bytes of the json_t one's. */
+        const char *q_text = "{\"lane\":\"nightly\",\"pidfd\":0}";
+        assert_int_equal(varlink_stream_call_text(&client, "io.slotbroker.Acquire", q_text, strlen(q_text),
+                                                  VARLINK_CALL_MORE, &probe.write_fd, 1), 0);
         assert_int_equal(varlink_stream_flush(&client), 0);
         probe_drop_ours(&probe);
-        assert_true(probe_open(&probe)); /* the copy in flight, then the server's */
+        assert_true(probe_open(&probe)); /* the copies in flight, then the server's */
 
-        read_messages_with_fds(&server, 3, msgs, fds);
+        read_messages_with_fds(&server, 4, msgs, fds);
         assert_int_equal(fds[0].n, 0);
         assert_int_equal(fds[1].n, 1);
         assert_int_equal(fds[2].n, 0);
+        assert_int_equal(fds[3].n, 1);
         assert_string_equal(json_string_value(json_object_get(json_object_get(msgs[1], "parameters"), "lane")), "nightly");
+        assert_true(json_equal(msgs[1], msgs[3]));
+        assert_true(same_file(fds[3].fds[0], probe.read_fd));
+        assert_true(fcntl(fds[3].fds[0], F_GETFD) & FD_CLOEXEC);
+        varlink_fds_close(&fds[3]);
         assert_true(same_file(fds[1].fds[0], probe.read_fd));
         assert_true(fcntl(fds[1].fds[0], F_GETFD) & FD_CLOEXEC);
         assert_true(probe_open(&probe));
@@ -1135,7 +1158,7 @@ static void check_fds_arrive_with_their_message(size_t max_message) {
         safe_close(fd);
         assert_false(probe_open(&probe));
 
-        for (size_t i = 0; i < 3; i++)
+        for (size_t i = 0; i < 4; i++)
                 json_decref(msgs[i]);
         varlink_stream_done(&client);
         varlink_stream_done(&server);
