@@ -17,7 +17,7 @@ struct Connection {
         int fd;
         PollerWatch watch;         /* the socket, in the poller */
         VarlinkStream stream;
-        json_t *next_call;         /* taken from the stream, not run yet (deferred by the owner) */
+        VarlinkCallMessage next_call; /* taken from the stream, not run yet (deferred by the owner); method NULL: none */
         VarlinkFds next_call_fds;  /* the fds passed with next_call */
         struct ucred cred;
         gid_t *groups;
@@ -248,21 +248,22 @@ static bool connection_run_calls(Connection *c) {
         while (!c->closed) {
                 if (c->held)
                         break; /* a reply goes out in parts: nothing comes between them, not even an error */
-                if (!c->next_call) {
-                        int r = varlink_stream_next_with_fds(&c->stream, &c->next_call, &c->next_call_fds);
+                if (!c->next_call.method) {
+                        /* Read as a call straight away: the envelope is never built as a tree. */
+                        int r = varlink_stream_next_call_with_fds(&c->stream, &c->next_call, &c->next_call_fds);
                         if (r == 0)
                                 break;
                         if (r < 0) {
-                                connection_protocol_error(c, r == -EMSGSIZE ? "too-long" : "malformed");
+                                connection_protocol_error(c, r == -EMSGSIZE ? "too-long" :
+                                                             r == -EPROTO   ? "not-a-call" :
+                                                                              "malformed");
                                 return false;
                         }
                 }
-                VarlinkCall call;
-                if (varlink_call_parse(c->next_call, &call) < 0) {
-                        connection_protocol_error(c, "not-a-call");
-                        return false;
-                }
-                _cleanup_(json_decrefp) json_t *msg = TAKE_PTR(c->next_call); /* owns the call's strings */
+                VarlinkCall call = varlink_call_message_call(&c->next_call);
+                /* Owns the call's strings. */
+                _cleanup_(varlink_call_message_done) VarlinkCallMessage msg = c->next_call;
+                c->next_call = VARLINK_CALL_MESSAGE_INIT;
                 /* The call's fds are its own: the handler takes what it uses, the rest close with the call. Moved
                  * out first, since the handler may resume the connection and so run the calls behind it. */
                 _cleanup_(varlink_fds_close) VarlinkFds fds = c->next_call_fds;
@@ -271,7 +272,8 @@ static bool connection_run_calls(Connection *c) {
                 c->deferred = false;
                 if (c->on_call(c, &call, c->userdata) == CONNECTION_CALL_DEFER) {
                         /* Answered, in order, once the owner resumes: kept as it came, fds included. */
-                        c->next_call = TAKE_PTR(msg);
+                        c->next_call = msg;
+                        msg = VARLINK_CALL_MESSAGE_INIT;
                         c->next_call_fds = fds;
                         fds = VARLINK_FDS_INIT;
                         c->deferred = true;
@@ -292,7 +294,7 @@ static void connection_close_if_finished(Connection *c) {
                 if (c->closed)
                         return;
         }
-        if (c->held || c->next_call)
+        if (c->held || c->next_call.method)
                 return; /* a reply still to come */
         /* What is left in the input is the start of a call that never ended: nobody waits for its answer. */
         if (varlink_stream_pending_output(&c->stream) == 0)
@@ -428,8 +430,9 @@ int connection_export(Connection *c, ConnectionState *ret) {
                 return -EBUSY;
         _cleanup_free_ char *call = NULL;
         size_t n_call = 0;
-        if (c->next_call) {
-                int r = varlink_message_format(c->next_call, &call, &n_call);
+        if (c->next_call.method) {
+                int r = varlink_call_format(c->next_call.method, c->next_call.parameters, c->next_call.flags, &call,
+                                            &n_call);
                 if (r < 0)
                         return r;
         }
@@ -492,8 +495,7 @@ void connection_close(Connection *c) {
         poller_remove(c->poller, &c->watch);
         if (c->on_disconnect)
                 c->on_disconnect(c, c->userdata);
-        json_decref(c->next_call);
-        c->next_call = NULL;
+        varlink_call_message_done(&c->next_call);
         varlink_fds_close(&c->next_call_fds);
         varlink_stream_done(&c->stream);
         /* The socket's unread messages may carry fds: the kernel drops them with the last close(), in the

@@ -677,10 +677,7 @@ int json_text_result(const JsonText *t) {
  * one quirk: jansson skips a raw NUL byte right after a number or a literal ({"a":1<NUL>}), this refuses
  * it. No Varlink message holds a raw NUL (it ends the message), so the wire cannot tell. */
 
-typedef struct JsonParser {
-        const char *p, *end;
-        unsigned depth;
-} JsonParser;
+/* JsonParser (json.h): the text left to read, and how deep in containers it is. */
 
 static void parser_skip_space(JsonParser *ps) {
         while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
@@ -1084,6 +1081,85 @@ static int parse_value(JsonParser *ps, json_t **ret) {
         default:
                 return parse_number(ps, ret);
         }
+}
+
+/* ---- an object's members, one by one ---- */
+
+int json_members_begin(JsonMembers *m, const void *data, size_t size) {
+        assert_return(m, -EINVAL);
+        assert_return(data || size == 0, -EINVAL);
+
+        *m = (JsonMembers) { .parser = { .p = data ?: "", .end = (const char *) (data ?: "") + size } };
+        JsonParser *ps = &m->parser;
+        parser_skip_space(ps);
+        if (ps->p >= ps->end || *ps->p != '{')
+                return -EBADMSG;
+        ps->p++;
+        ps->depth = 1; /* as parse_value() counts the object it is in */
+        parser_skip_space(ps);
+        return 0;
+}
+
+int json_members_next(JsonMembers *m, const char **ret_key, size_t *ret_size, char **ret_allocated) {
+        JsonParser *ps = &m->parser;
+        int r;
+
+        assert_return(m && ret_key && ret_size && ret_allocated, -EINVAL);
+
+        if (ps->depth == 0)
+                return -EBADMSG; /* read past the end */
+        if (!m->after_first) {
+                m->after_first = true;
+                if (ps->p < ps->end && *ps->p == '}') {
+                        ps->p++;
+                        r = 1;
+                } else
+                        r = 0;
+        } else
+                r = parser_after_element(ps, '}');
+        if (r < 0)
+                return r;
+        if (r > 0) {
+                ps->depth = 0;
+                parser_skip_space(ps);
+                return ps->p == ps->end ? 0 : -EBADMSG;
+        }
+
+        const char *key;
+        size_t key_size;
+        _cleanup_free_ char *allocated = NULL;
+        if (ps->p >= ps->end || *ps->p != '"')
+                return -EBADMSG;
+        r = parse_string(ps, &key, &key_size, &allocated);
+        if (r < 0)
+                return r;
+        if (memchr(key, 0, key_size)) /* as parse_object(): jansson refuses it */
+                return -EBADMSG;
+        parser_skip_space(ps);
+        if (ps->p >= ps->end || *ps->p != ':')
+                return -EBADMSG;
+        ps->p++;
+        parser_skip_space(ps);
+        *ret_key = key;
+        *ret_size = key_size;
+        *ret_allocated = TAKE_PTR(allocated);
+        return 1;
+}
+
+int json_members_value(JsonMembers *m, json_t **ret) {
+        assert_return(m && ret, -EINVAL);
+        return parse_value(&m->parser, ret);
+}
+
+int json_members_string(JsonMembers *m, const char **ret, size_t *ret_size, char **ret_allocated) {
+        JsonParser *ps = &m->parser;
+
+        assert_return(m && ret && ret_size && ret_allocated, -EINVAL);
+
+        if (ps->p >= ps->end || *ps->p != '"')
+                return 0;
+        int r = parse_string(ps, ret, ret_size, ret_allocated);
+        return r < 0 ? r : 1;
 }
 
 int json_parse_object(const void *data, size_t size, json_t **ret) {

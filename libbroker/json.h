@@ -61,6 +61,30 @@ int json_dispatch(json_t *object, const JsonField table[], JsonDispatchFlags fla
  * Returns 0; -EBADMSG for malformed JSON or a value that is not an object; -ENOMEM. */
 int json_parse_object(const void *data, size_t size, json_t **ret);
 
+/* The members of one object read in order, without building the object: for a message whose envelope is
+ * read into fields (a Varlink call's method and flags) and only its parameters built as a tree. The
+ * grammar, limits and errors of json_parse_object(), but duplicate keys, which the caller tells apart
+ * (the keys it knows are few). Fields private. */
+typedef struct JsonParser {
+        const char *p, *end;
+        unsigned depth;
+} JsonParser;
+typedef struct JsonMembers {
+        JsonParser parser;
+        bool after_first;
+} JsonMembers;
+
+/* Starts at the object that data holds exactly: 0, -EBADMSG when it does not start with '{'. */
+int json_members_begin(JsonMembers *m, const void *data, size_t size);
+/* The next member's key (as parse gives it: into data, or decoded into *ret_allocated, to be freed). Returns
+ * 1; 0 once the object ended and nothing but blanks follows it; -EBADMSG. The value must be read next. */
+int json_members_next(JsonMembers *m, const char **ret_key, size_t *ret_size, char **ret_allocated);
+/* The member's value as a tree: 0, -EBADMSG, -ENOMEM. */
+int json_members_value(JsonMembers *m, json_t **ret);
+/* The member's value when it is a string, without a tree: 1 and the string (as json_members_next()'s key),
+ * -EBADMSG; 0, with nothing read, when it is no string (read it with json_members_value()). */
+int json_members_string(JsonMembers *m, const char **ret, size_t *ret_size, char **ret_allocated);
+
 /* json_pack() that returns an errno: 0; -ENOMEM; -EINVAL for a bad format or a NULL where the format
  * wants a value (use "s?"/"o?" for optional ones). */
 int json_build(json_t **ret, const char *fmt, ...);

@@ -199,6 +199,147 @@ int varlink_call_parse(json_t *msg, VarlinkCall *ret) {
         return 0;
 }
 
+/* The envelope's keys a call knows, each allowed once. */
+typedef enum CallKey {
+        CALL_KEY_METHOD = 1 << 0,
+        CALL_KEY_PARAMETERS = 1 << 1,
+        CALL_KEY_MORE = 1 << 2,
+        CALL_KEY_ONEWAY = 1 << 3,
+        CALL_KEY_UPGRADE = 1 << 4,
+} CallKey;
+
+static CallKey call_key(const char *key, size_t n) {
+        static const struct {
+                const char *name;
+                CallKey key;
+        } keys[] = {
+                { "method", CALL_KEY_METHOD },   { "parameters", CALL_KEY_PARAMETERS }, { "more", CALL_KEY_MORE },
+                { "oneway", CALL_KEY_ONEWAY },   { "upgrade", CALL_KEY_UPGRADE },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(keys); i++)
+                if (strlen(keys[i].name) == n && memcmp(keys[i].name, key, n) == 0)
+                        return keys[i].key;
+        return 0;
+}
+
+static VarlinkCallFlags call_key_flag(CallKey k) {
+        return k == CALL_KEY_MORE ? VARLINK_CALL_MORE : k == CALL_KEY_ONEWAY ? VARLINK_CALL_ONEWAY : VARLINK_CALL_UPGRADE;
+}
+
+/* One member of a call's envelope: its value read and judged. *not_a_call set when the JSON is fine but
+ * the call is not (the rest is still read: malformed JSON further on is -EBADMSG, as the tree's parse). */
+static int call_member(JsonMembers *m, const char *key, size_t key_size, CallKey *seen, json_t **others,
+                       VarlinkCallMessage *c, bool *not_a_call) {
+        CallKey k = call_key(key, key_size);
+        _cleanup_(json_decrefp) json_t *v = NULL;
+        int r;
+
+        if (k != 0) {
+                if (*seen & k)
+                        return -EBADMSG; /* a duplicate: json_parse_object() refuses it */
+                *seen |= k;
+        }
+        if (k == CALL_KEY_METHOD) {
+                const char *s;
+                size_t n;
+                _cleanup_free_ char *allocated = NULL;
+                r = json_members_string(m, &s, &n, &allocated);
+                if (r < 0)
+                        return r;
+                if (r > 0) {
+                        /* A qualified name holds no NUL (json strings may: \u0000). */
+                        if (memchr(s, 0, n) || !(c->method = strndup(s, n)))
+                                return memchr(s, 0, n) ? (*not_a_call = true, 0) : -ENOMEM;
+                        if (!varlink_qualified_name_valid(c->method))
+                                *not_a_call = true;
+                        return 0;
+                }
+                *not_a_call = true; /* not a string: read below, for the JSON's sake */
+        }
+        r = json_members_value(m, &v);
+        if (r < 0)
+                return r;
+        switch (k) {
+        case CALL_KEY_METHOD:
+                return 0;
+        case CALL_KEY_PARAMETERS:
+                if (json_is_object(v))
+                        c->parameters = TAKE_PTR(v);
+                else if (!json_is_null(v))
+                        *not_a_call = true;
+                return 0;
+        case CALL_KEY_MORE:
+        case CALL_KEY_ONEWAY:
+        case CALL_KEY_UPGRADE:
+                if (!json_is_bool_or_null(v))
+                        *not_a_call = true;
+                else if (json_is_true(v))
+                        c->flags |= call_key_flag(k);
+                return 0;
+        }
+        /* Any other key: a vendor extension (dropped), or not a call; each once, as in the tree. */
+        if (!*others && !(*others = json_object()))
+                return -ENOMEM;
+        size_t before = json_object_size(*others);
+        if (json_object_setn_new_nocheck(*others, key, key_size, json_null()) < 0)
+                return -ENOMEM;
+        if (json_object_size(*others) == before)
+                return -EBADMSG;
+        if (!memchr(key, '.', key_size))
+                *not_a_call = true;
+        return 0;
+}
+
+int varlink_call_message_parse(const void *data, size_t size, VarlinkCallMessage *ret) {
+        _cleanup_(varlink_call_message_done) VarlinkCallMessage c = VARLINK_CALL_MESSAGE_INIT;
+        _cleanup_(json_decrefp) json_t *others = NULL;
+        CallKey seen = 0;
+        bool not_a_call = false;
+        JsonMembers m;
+        int r;
+
+        assert_return(data || size == 0, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        r = json_members_begin(&m, data, size);
+        if (r < 0)
+                return r;
+        for (;;) {
+                const char *key;
+                size_t key_size;
+                _cleanup_free_ char *key_allocated = NULL;
+                r = json_members_next(&m, &key, &key_size, &key_allocated);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        break;
+                r = call_member(&m, key, key_size, &seen, &others, &c, &not_a_call);
+                if (r < 0)
+                        return r;
+        }
+        /* A oneway call has no reply at all, a more call several: together they mean nothing. */
+        if (not_a_call || !c.method ||
+            ((c.flags & VARLINK_CALL_MORE) && (c.flags & VARLINK_CALL_ONEWAY)))
+                return -EPROTO;
+        if (!c.parameters && !(c.parameters = json_object()))
+                return -ENOMEM;
+        *ret = c;
+        c = VARLINK_CALL_MESSAGE_INIT;
+        return 0;
+}
+
+void varlink_call_message_done(VarlinkCallMessage *m) {
+        if (!m)
+                return;
+        free(m->method);
+        json_decref(m->parameters);
+        *m = VARLINK_CALL_MESSAGE_INIT;
+}
+
+VarlinkCall varlink_call_message_call(const VarlinkCallMessage *m) {
+        return (VarlinkCall) { .method = m->method, .parameters = m->parameters, .flags = m->flags };
+}
+
 int varlink_reply_parse(json_t *msg, VarlinkReply *ret) {
         const char *key, *error = NULL;
         VarlinkReplyFlags flags = 0;
@@ -524,42 +665,75 @@ int varlink_input_next(VarlinkInput *in, json_t **ret) {
         return varlink_input_next_with_fds(in, ret, NULL);
 }
 
-int varlink_input_next_with_fds(VarlinkInput *in, json_t **ret, VarlinkFds *ret_fds) {
+/* The next whole message (NUL-terminated) in the input: 1 and its bytes (without the NUL); 0 when none is
+ * whole yet; -EMSGSIZE. Taken by input_take_message(). */
+static int input_peek_message(VarlinkInput *in, const char **ret, size_t *ret_size) {
+        if (in->start == in->end) {
+                /* Idle connections hold no buffer. */
+                input_release(in);
+                return 0;
+        }
+        char *nul = memchr(in->data + in->scanned, 0, in->end - in->scanned);
+        if (!nul) {
+                in->scanned = in->end;
+                return in->end - in->start > in->max ? -EMSGSIZE : 0;
+        }
+        size_t n = nul - (in->data + in->start);
+        if (n > in->max)
+                return -EMSGSIZE;
+        *ret = in->data + in->start;
+        *ret_size = n;
+        return 1;
+}
+
+/* Taken, parsed or not: a broken message must not block the ones behind it. Its fds go with it (to
+ * ret_fds, or closed when NULL). */
+static void input_take_message(VarlinkInput *in, size_t size, VarlinkFds *ret_fds) {
+        uint64_t nul_at = in->offset + (uint64_t) (in->start + size);
+        in->start = in->scanned = in->start + size + 1;
+        input_take_fds(in, nul_at, ret_fds);
+        if (in->start == in->end)
+                input_release(in);
+}
+
+int varlink_input_next_call_with_fds(VarlinkInput *in, VarlinkCallMessage *ret, VarlinkFds *ret_fds) {
+        const char *data;
+        size_t n;
         int r;
 
         assert_return(in, -EINVAL);
         assert_return(ret, -EINVAL);
         assert_return(!ret_fds || ret_fds->n == 0, -EINVAL);
 
-        if (in->start == in->end) {
-                /* Idle connections hold no buffer. */
-                input_release(in);
-                return 0;
-        }
-
-        char *nul = memchr(in->data + in->scanned, 0, in->end - in->scanned);
-        if (!nul) {
-                in->scanned = in->end;
-                return in->end - in->start > in->max ? -EMSGSIZE : 0;
-        }
-
-        size_t n = nul - (in->data + in->start);
-        if (n > in->max)
-                return -EMSGSIZE;
-        uint64_t nul_at = in->offset + (uint64_t) (nul - in->data);
-
-        json_t *m = NULL;
-        r = json_parse_object(in->data + in->start, n, &m);
+        r = input_peek_message(in, &data, &n);
+        if (r <= 0)
+                return r;
+        r = varlink_call_message_parse(data, n, ret);
         if (r == -ENOMEM)
                 return r;
-        /* Taken, parsed or not: a broken message must not block the ones behind it. Its fds go with it. */
-        in->start = in->scanned = in->start + n + 1;
-        input_take_fds(in, nul_at, r < 0 ? NULL : ret_fds);
-        if (in->start == in->end)
-                input_release(in);
+        input_take_message(in, n, r < 0 ? NULL : ret_fds);
+        return r < 0 ? r : 1;
+}
+
+int varlink_input_next_with_fds(VarlinkInput *in, json_t **ret, VarlinkFds *ret_fds) {
+        const char *data;
+        size_t n;
+        int r;
+
+        assert_return(in, -EINVAL);
+        assert_return(ret, -EINVAL);
+        assert_return(!ret_fds || ret_fds->n == 0, -EINVAL);
+
+        r = input_peek_message(in, &data, &n);
+        if (r <= 0)
+                return r;
+        json_t *m = NULL;
+        r = json_parse_object(data, n, &m);
+        if (r == -ENOMEM)
+                return r;
+        input_take_message(in, n, r < 0 ? NULL : ret_fds);
         if (r < 0)
                 return r;
-
         *ret = m;
         return 1;
 }
@@ -979,6 +1153,11 @@ int varlink_stream_next(VarlinkStream *s, json_t **ret) {
 int varlink_stream_next_with_fds(VarlinkStream *s, json_t **ret, VarlinkFds *ret_fds) {
         assert_return(s, -EINVAL);
         return varlink_input_next_with_fds(&s->input, ret, ret_fds);
+}
+
+int varlink_stream_next_call_with_fds(VarlinkStream *s, VarlinkCallMessage *ret, VarlinkFds *ret_fds) {
+        assert_return(s, -EINVAL);
+        return varlink_input_next_call_with_fds(&s->input, ret, ret_fds);
 }
 
 int varlink_stream_enqueue(VarlinkStream *s, const json_t *msg) {

@@ -106,6 +106,25 @@ typedef struct VarlinkReply {
  * -ENOMEM. *ret untouched on failure. */
 int varlink_call_parse(json_t *msg, VarlinkCall *ret);
 
+/* A call read straight from its bytes: the envelope's fields without the envelope as a tree (brokerd reads
+ * one per request), the parameters as one. Owns what it holds; VarlinkCall borrows from it. */
+typedef struct VarlinkCallMessage {
+        char *method;           /* NULL: none held */
+        json_t *parameters;     /* always an object */
+        VarlinkCallFlags flags;
+} VarlinkCallMessage;
+
+#define VARLINK_CALL_MESSAGE_INIT ((VarlinkCallMessage) { .method = NULL })
+
+/* Parses exactly size bytes as a call, with varlink_call_parse()'s rules on json_parse_object()'s tree
+ * (vendor extension keys are read and dropped). Returns 0; -EBADMSG for malformed JSON (what
+ * json_parse_object() refuses, a duplicate key included); -EPROTO for JSON that is not a call (what
+ * varlink_call_parse() refuses); -ENOMEM. *ret untouched on failure. */
+int varlink_call_message_parse(const void *data, size_t size, VarlinkCallMessage *ret);
+void varlink_call_message_done(VarlinkCallMessage *m); /* empty afterwards, as VARLINK_CALL_MESSAGE_INIT */
+/* The call it holds, borrowed (fds NULL). */
+VarlinkCall varlink_call_message_call(const VarlinkCallMessage *m);
+
 /* Reads a reply: "parameters" (absent or null: an empty object is added), "continues", "error" (a
  * qualified name; an error is always final). Other keys as for calls. Returns 0, -EBADMSG, -ENOMEM. */
 int varlink_reply_parse(json_t *msg, VarlinkReply *ret);
@@ -161,6 +180,9 @@ int varlink_input_next(VarlinkInput *in, json_t **ret);
 /* As varlink_input_next(), and the fds that came with the message go to *ret_fds (which must be empty);
  * it is left empty when there is no message, or a broken one (whose fds are closed). */
 int varlink_input_next_with_fds(VarlinkInput *in, json_t **ret, VarlinkFds *ret_fds);
+/* As varlink_input_next_with_fds(), the message read as a call (varlink_call_message_parse()): 1; 0; a
+ * message that is no call is taken (its fds closed) and -EPROTO; -EBADMSG, -EMSGSIZE, -ENOMEM as there. */
+int varlink_input_next_call_with_fds(VarlinkInput *in, VarlinkCallMessage *ret, VarlinkFds *ret_fds);
 /* Bytes received and not yet taken as messages: after EOF, nonzero means a truncated message. */
 static inline size_t varlink_input_pending(const VarlinkInput *in) {
         return in->end - in->start;
@@ -236,6 +258,7 @@ ssize_t varlink_stream_read(VarlinkStream *s);
 /* As varlink_input_next() and varlink_input_next_with_fds(). */
 int varlink_stream_next(VarlinkStream *s, json_t **ret);
 int varlink_stream_next_with_fds(VarlinkStream *s, json_t **ret, VarlinkFds *ret_fds);
+int varlink_stream_next_call_with_fds(VarlinkStream *s, VarlinkCallMessage *ret, VarlinkFds *ret_fds);
 /* As varlink_output_enqueue_json(); nothing is sent until varlink_stream_flush(). */
 int varlink_stream_enqueue(VarlinkStream *s, const json_t *msg);
 /* Queue a call, a reply, an error; parameters borrowed (NULL: {}). Return 0, -EINVAL, -ENOBUFS, -ENOMEM. */

@@ -166,6 +166,32 @@ static void process_reply(json_t *msg) {
                 check_round_trip(wire, n, again);
 }
 
+/* The call read straight from the bytes (as brokerd reads it) is the call read from the tree: the same
+ * method, flags and parameters; a message the tree's parse refuses is -EBADMSG there too, and JSON that
+ * is not a call -EPROTO. r and msg: varlink_input_next()'s; r2 and direct: varlink_input_next_call_with_fds()'s. */
+static void check_call_read_straight(int r, const json_t *msg, int r2, const VarlinkCallMessage *direct) {
+        if (r == -ENOMEM || r2 == -ENOMEM)
+                return;
+        if (r <= 0) {
+                check(r2 == r);
+                return;
+        }
+        _cleanup_(json_decrefp) json_t *copy = json_deep_copy(msg);
+        if (!copy)
+                return;
+        VarlinkCall call;
+        int k = varlink_call_parse(copy, &call);
+        if (k == -ENOMEM)
+                return;
+        if (k < 0) {
+                check(r2 == -EPROTO);
+                return;
+        }
+        check(r2 == 1);
+        check(streq(direct->method, call.method) && direct->flags == call.flags);
+        check(json_equal(direct->parameters, call.parameters));
+}
+
 static void process(json_t *msg, VarlinkOutput *out) {
         /* Parsing a call adds "parameters" to the message: the reply parser gets its own copy. */
         _cleanup_(json_decrefp) json_t *copy = json_deep_copy(msg);
@@ -185,7 +211,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         data += h;
         size -= h;
 
+        VarlinkInput in2; /* the same stream, read as calls straight from the bytes */
         varlink_input_init(&in, header[0] & 1 ? 256 : 0);
+        varlink_input_init(&in2, header[0] & 1 ? 256 : 0);
         varlink_output_init(&out, 2048); /* small, so that a few echoed calls reach -ENOBUFS */
 
         while (size > 0) {
@@ -193,6 +221,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 chunk = MIN(chunk, size);
 
                 check(varlink_input_feed(&in, data, chunk) == 0);
+                check(varlink_input_feed(&in2, data, chunk) == 0);
                 data += chunk;
                 size -= chunk;
 
@@ -200,6 +229,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         _cleanup_(json_decrefp) json_t *m = NULL;
                         size_t before = varlink_input_pending(&in);
                         int r = varlink_input_next(&in, &m);
+                        _cleanup_(varlink_call_message_done) VarlinkCallMessage direct = VARLINK_CALL_MESSAGE_INIT;
+                        int r2 = varlink_input_next_call_with_fds(&in2, &direct, NULL);
+                        check_call_read_straight(r, m, r2, &direct);
+                        if (r != -ENOMEM && r2 != -ENOMEM)
+                                check(varlink_input_pending(&in2) == varlink_input_pending(&in));
                         if (r == 0)
                                 break;
                         if (r == -EMSGSIZE)
@@ -216,5 +250,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 finish:
         varlink_output_done(&out);
         varlink_input_done(&in);
+        varlink_input_done(&in2);
         return 0;
 }

@@ -211,6 +211,81 @@ static void test_call_parse_refuses_unknown_key(void **state) {
         assert_call_refused("{\"method\":\"a.b.C\",\"continues\":true}");
 }
 
+/* A call read straight from its bytes is the call read from the tree, and what the tree's parse refuses
+ * (malformed JSON, a duplicate key) or the call's (not a call) is refused with the same distinction. */
+static void test_call_message_parse_is_the_tree_parse(void **state) {
+        static const char *const messages[] = {
+                "{\"method\":\"io.slotbroker.Acquire\",\"parameters\":{\"lane\":\"a\"},\"more\":true}",
+                " {\"more\":null, \"oneway\":true,\"method\":\"a.b.C\"} \n",
+                "{\"method\":\"a.b.C\",\"parameters\":null,\"upgrade\":true,\"org.example.x\":[1,{}]}",
+                "{\"meth\\u006fd\":\"a.b.C\",\"parameters\":{\"x\":{\"y\":[null]}}}",
+                "{\"method\":\"a\\u002eb.C\"}",
+                /* not a call */
+                "{}", "{\"parameters\":{}}", "{\"method\":5}", "{\"method\":\"a.b\"}", "{\"method\":\"a.b.C\\u0000\"}",
+                "{\"method\":\"a.b.C\",\"parameters\":[]}", "{\"method\":\"a.b.C\",\"more\":1}",
+                "{\"method\":\"a.b.C\",\"more\":true,\"oneway\":true}", "{\"method\":\"a.b.C\",\"lane\":\"x\"}",
+                "{\"method\":{},\"method2\":1}",
+                /* malformed, wherever it is */
+                "", "[]", "{\"method\":\"a.b.C\"", "{\"method\":\"a.b.C\"}x", "{\"method\":\"a.b.C\",\"method\":\"a.b.C\"}",
+                "{\"method\":\"a.b.C\",\"meth\\u006fd\":\"a.b.C\"}", "{\"method\":5,\"x\":}",
+                "{\"a.b\":1,\"a.b\":2,\"method\":\"a.b.C\"}", "{\"x\":1,\"x\":2}", "{\"method\":\"a.b.C\",\"parameters\":{\"a\":1,\"a\":1}}",
+                "{\"more\\u0000\":true,\"method\":\"a.b.C\"}", "{\"method\":\"\\ud800\"}",
+        };
+        for (size_t i = 0; i < ELEMENTSOF(messages); i++) {
+                const char *t = messages[i];
+                _cleanup_(varlink_call_message_done) VarlinkCallMessage m = VARLINK_CALL_MESSAGE_INIT;
+                int r = varlink_call_message_parse(t, strlen(t), &m);
+                _cleanup_(json_decrefp) json_t *tree = NULL;
+                VarlinkCall call;
+                int want = json_parse_object(t, strlen(t), &tree);
+                if (want == 0)
+                        want = varlink_call_parse(tree, &call) < 0 ? -EPROTO : 0;
+                if (r != want)
+                        fail_msg("%s: %d, not %d", t, r, want);
+                if (r < 0) {
+                        assert_null(m.method);
+                        continue;
+                }
+                VarlinkCall direct = varlink_call_message_call(&m);
+                assert_string_equal(direct.method, call.method);
+                assert_int_equal(direct.flags, call.flags);
+                assert_true(json_equal(direct.parameters, call.parameters));
+                assert_null(direct.fds);
+        }
+        /* Each class above is there. */
+        const char *ok = messages[0], *not_call = messages[5], *bad = messages[15];
+        VarlinkCallMessage m = VARLINK_CALL_MESSAGE_INIT;
+        assert_int_equal(varlink_call_message_parse(ok, strlen(ok), &m), 0);
+        varlink_call_message_done(&m);
+        assert_null(m.method);
+        assert_int_equal(varlink_call_message_parse(not_call, strlen(not_call), &m), -EPROTO);
+        assert_int_equal(varlink_call_message_parse(bad, strlen(bad), &m), -EBADMSG);
+}
+
+/* The input hands out calls read straight: the message is taken whatever it was, its fds with it only
+ * when it was a call. */
+static void test_input_next_call_takes_every_message(void **state) {
+        VarlinkInput in;
+        VarlinkCallMessage m = VARLINK_CALL_MESSAGE_INIT;
+        static const char stream[] = "{\"method\":\"a.b.C\"}\0{\"x\":1}\0{\0{\"method\":\"a.b.D\",\"more\":true}\0{\"meth";
+
+        varlink_input_init(&in, 0);
+        assert_int_equal(varlink_input_feed(&in, stream, sizeof stream - 1), 0);
+        assert_int_equal(varlink_input_next_call_with_fds(&in, &m, NULL), 1);
+        assert_string_equal(m.method, "a.b.C");
+        assert_int_equal(json_object_size(m.parameters), 0);
+        varlink_call_message_done(&m);
+        assert_int_equal(varlink_input_next_call_with_fds(&in, &m, NULL), -EPROTO);
+        assert_int_equal(varlink_input_next_call_with_fds(&in, &m, NULL), -EBADMSG);
+        assert_int_equal(varlink_input_next_call_with_fds(&in, &m, NULL), 1);
+        assert_string_equal(m.method, "a.b.D");
+        assert_int_equal(m.flags, VARLINK_CALL_MORE);
+        varlink_call_message_done(&m);
+        assert_int_equal(varlink_input_next_call_with_fds(&in, &m, NULL), 0); /* the last one is not whole */
+        assert_null(m.method);
+        varlink_input_done(&in);
+}
+
 static void test_call_parse_ignores_vendor_extension(void **state) {
         _cleanup_(json_decrefp) json_t *m = parse("{\"method\":\"a.b.C\",\"org.example.trace\":{\"id\":1}}");
         VarlinkCall c = {};
@@ -1725,6 +1800,8 @@ int main(void) {
                 cmocka_unit_test(test_reply_format_writes_continues_only_when_asked),
                 cmocka_unit_test(test_error_format_writes_error_and_parameters),
                 cmocka_unit_test(test_stream_call_and_reply_write_what_the_formatters_write),
+                cmocka_unit_test(test_call_message_parse_is_the_tree_parse),
+                cmocka_unit_test(test_input_next_call_takes_every_message),
                 cmocka_unit_test(test_format_escapes_nul_inside_strings),
                 cmocka_unit_test(test_input_yields_message_split_at_every_offset),
                 cmocka_unit_test(test_input_yields_message_fed_byte_by_byte),
