@@ -51,10 +51,10 @@ struct BrokerClient {
         int unfenced_pidfd;
 
         /* The message behind the last event: the event's strings point into it. */
-        json_t *current;
+        VarlinkReplyMessage current;
         /* The Acquire's last reply, read ahead of the reply of a Release on this connection: the next
-         * broker_client_process() reports it. */
-        json_t *deferred;
+         * broker_client_process() reports it. None while its parameters are NULL. */
+        VarlinkReplyMessage deferred;
         char *held_lease_id;   /* while HOLDING: the id of the lease this connection holds */
         bool release_pending;  /* broker_release_start()'s Release is not answered yet */
 
@@ -270,8 +270,8 @@ _public_ int broker_client_connect(const char *socket_path, BrokerClient **ret) 
 _public_ BrokerClient *broker_client_free(BrokerClient *c) {
         if (!c)
                 return NULL;
-        json_decref(c->current);
-        json_decref(c->deferred);
+        varlink_reply_message_done(&c->current);
+        varlink_reply_message_done(&c->deferred);
         free(c->unfenced);
         safe_close(c->unfenced_pidfd);
         free(c->held_lease_id);
@@ -737,13 +737,10 @@ static uint64_t json_uint_member(json_t *o, const char *key, uint64_t fallback) 
 }
 
 /* One message of an open Acquire: the event it means, or -EBADMSG when it does not fit the state. */
-static int client_handle_message(BrokerClient *c, json_t *msg, BrokerEvent *ev) {
-        VarlinkReply reply;
+static int client_handle_message(BrokerClient *c, const VarlinkReplyMessage *msg, BrokerEvent *ev) {
+        VarlinkReply reply = varlink_reply_message_reply(msg);
         int r;
 
-        r = varlink_reply_parse(msg, &reply);
-        if (r < 0)
-                return r == -ENOMEM ? r : -EBADMSG;
         bool continues = reply.flags & VARLINK_REPLY_CONTINUES;
 
         if (reply.error) {
@@ -825,13 +822,10 @@ static int client_handle_message(BrokerClient *c, json_t *msg, BrokerEvent *ev) 
  * end; while the lease lasts (its command still runs) it is the one message without a state. Its error,
  * if any, is kept for broker_client_error_name(): the lease's end is what the caller waits for. Returns 1
  * when it was (and takes it), 0 when it belongs to the Acquire, or a negative errno. */
-static int client_take_release_reply(BrokerClient *c, json_t *msg) {
-        VarlinkReply reply;
+static int client_take_release_reply(BrokerClient *c, const VarlinkReplyMessage *msg) {
+        VarlinkReply reply = varlink_reply_message_reply(msg);
         int r;
 
-        r = varlink_reply_parse(msg, &reply);
-        if (r < 0)
-                return r == -ENOMEM ? r : -EBADMSG;
         if (c->state == CLIENT_HOLDING && !reply.error && json_string_member(reply.parameters, "state"))
                 return 0;
         if (reply.flags & VARLINK_REPLY_CONTINUES)
@@ -861,7 +855,7 @@ _public_ int broker_client_process(BrokerClient *c, BrokerEvent *ret) {
         assert_return(ret, -EINVAL);
         assert_return(ret->size >= EVENT_SIZE_V1, -EINVAL);
 
-        json_decref(TAKE_PTR(c->current));
+        varlink_reply_message_done(&c->current);
         if (c->state == CLIENT_BROKEN)
                 return -ENOTCONN;
 
@@ -872,12 +866,14 @@ _public_ int broker_client_process(BrokerClient *c, BrokerEvent *ret) {
         }
 
         for (;;) {
-                _cleanup_(json_decrefp) json_t *msg = TAKE_PTR(c->deferred);
-                r = msg ? 1 : varlink_stream_next(&c->stream, &msg);
+                /* Read as a reply straight away: the envelope is never built as a tree. */
+                _cleanup_(varlink_reply_message_done) VarlinkReplyMessage msg = c->deferred;
+                c->deferred = VARLINK_REPLY_MESSAGE_INIT;
+                r = msg.parameters ? 1 : varlink_stream_next_reply(&c->stream, &msg);
                 if (r < 0)
                         return client_break(c, r == -EMSGSIZE || r == -ENOMEM ? r : -EBADMSG);
                 if (r > 0 && c->release_pending) {
-                        int taken = client_take_release_reply(c, msg);
+                        int taken = client_take_release_reply(c, &msg);
                         if (taken < 0)
                                 return client_break(c, taken);
                         if (taken > 0)
@@ -886,12 +882,13 @@ _public_ int broker_client_process(BrokerClient *c, BrokerEvent *ret) {
                 if (r > 0) {
                         if (c->state == CLIENT_IDLE)
                                 return client_break(c, -EBADMSG); /* nothing was asked */
-                        r = client_handle_message(c, msg, &ev);
+                        r = client_handle_message(c, &msg, &ev);
                         if (r < 0)
                                 return client_break(c, r);
                         if (r == BROKER_EVENT_NONE)
                                 continue; /* taken without an event to report */
-                        c->current = TAKE_PTR(msg); /* the event's strings point into it */
+                        c->current = msg; /* the event's strings point into it */
+                        msg = VARLINK_REPLY_MESSAGE_INIT;
                         event_store(ret, &ev);
                         return ev.type;
                 }
@@ -977,7 +974,7 @@ _public_ int broker_acquire(BrokerClient *c, const BrokerAcquireOptions *options
 
 /* Sends a call and waits for its one reply, on a blocking or non-blocking stream alike. Returns 0 and
  * the message, or a negative errno (-ECONNRESET for EOF). */
-static int stream_call_wait(VarlinkStream *s, const char *method, json_t *parameters, json_t **ret) {
+static int stream_call_wait(VarlinkStream *s, const char *method, json_t *parameters, VarlinkReplyMessage *ret) {
         int r;
 
         r = varlink_stream_call(s, method, parameters, 0);
@@ -992,14 +989,11 @@ static int stream_call_wait(VarlinkStream *s, const char *method, json_t *parame
                 return r == -EPIPE ? -ECONNRESET : r;
 
         for (;;) {
-                json_t *msg;
-                r = varlink_stream_next(s, &msg);
+                r = varlink_stream_next_reply(s, ret);
                 if (r < 0)
                         return r == -EMSGSIZE || r == -ENOMEM ? r : -EBADMSG;
-                if (r > 0) {
-                        *ret = msg;
+                if (r > 0)
                         return 0;
-                }
                 ssize_t n = varlink_stream_read(s);
                 if (n == -EAGAIN) {
                         r = fd_wait(s->fd, POLLIN);
@@ -1018,7 +1012,8 @@ static int stream_call_wait(VarlinkStream *s, const char *method, json_t *parame
 
 _public_ int broker_call(BrokerClient *c, const char *method, const char *parameters_json, char **ret_reply_json) {
         _cleanup_free_ char *qualified = NULL;
-        _cleanup_(json_decrefp) json_t *parameters = NULL, *msg = NULL;
+        _cleanup_(json_decrefp) json_t *parameters = NULL;
+        _cleanup_(varlink_reply_message_done) VarlinkReplyMessage msg = VARLINK_REPLY_MESSAGE_INIT;
         _cleanup_close_ int fd = -EBADF;
         VarlinkStream temporary, *s;
         VarlinkReply reply;
@@ -1041,7 +1036,7 @@ _public_ int broker_call(BrokerClient *c, const char *method, const char *parame
         }
 
         client_error_reset(c);
-        json_decref(TAKE_PTR(c->current));
+        varlink_reply_message_done(&c->current);
         bool own = c->state == CLIENT_IDLE && !c->release_pending && varlink_stream_pending_input(&c->stream) == 0;
         if (own)
                 s = &c->stream;
@@ -1059,11 +1054,9 @@ _public_ int broker_call(BrokerClient *c, const char *method, const char *parame
         if (r < 0)
                 return own ? client_break(c, r) : r;
 
-        r = varlink_reply_parse(msg, &reply);
-        if (r < 0 || (reply.flags & VARLINK_REPLY_CONTINUES)) {
-                r = r == -ENOMEM ? r : -EBADMSG;
-                return own ? client_break(c, r) : r;
-        }
+        reply = varlink_reply_message_reply(&msg);
+        if (reply.flags & VARLINK_REPLY_CONTINUES)
+                return own ? client_break(c, -EBADMSG) : -EBADMSG;
         if (reply.error)
                 return client_error_set(c, reply.error, reply.parameters);
         if (ret_reply_json) {
@@ -1079,12 +1072,12 @@ _public_ int broker_call(BrokerClient *c, const char *method, const char *parame
  * broker_client_process(), as a release from elsewhere would be) and then the Release. This saves a
  * connection set up and torn down per release, on both sides. */
 static int client_release_own(BrokerClient *c, json_t *parameters) {
-        _cleanup_(json_decrefp) json_t *msg = NULL;
+        _cleanup_(varlink_reply_message_done) VarlinkReplyMessage msg = VARLINK_REPLY_MESSAGE_INIT;
         VarlinkReply reply;
         int r;
 
         client_error_reset(c);
-        json_decref(TAKE_PTR(c->current));
+        varlink_reply_message_done(&c->current);
         r = varlink_stream_call(&c->stream, INTERFACE ".Release", parameters, 0);
         if (r < 0)
                 return r;
@@ -1097,7 +1090,7 @@ static int client_release_own(BrokerClient *c, json_t *parameters) {
                 return client_break(c, r);
 
         for (bool wait = true;;) {
-                r = varlink_stream_next(&c->stream, &msg);
+                r = varlink_stream_next_reply(&c->stream, &msg);
                 if (r < 0)
                         return client_break(c, r == -EMSGSIZE || r == -ENOMEM ? r : -EBADMSG);
                 if (r == 0) {
@@ -1120,19 +1113,19 @@ static int client_release_own(BrokerClient *c, json_t *parameters) {
                                 return client_break(c, n == 0 ? -ECONNRESET : (int) n);
                         continue;
                 }
-                r = varlink_reply_parse(msg, &reply);
-                if (r < 0)
-                        return client_break(c, r == -ENOMEM ? r : -EBADMSG);
-                if (!c->deferred && !reply.error && !(reply.flags & VARLINK_REPLY_CONTINUES)) {
+                reply = varlink_reply_message_reply(&msg);
+                if (!c->deferred.parameters && !reply.error && !(reply.flags & VARLINK_REPLY_CONTINUES)) {
                         const char *state = json_string_member(reply.parameters, "state");
                         if (state && (streq(state, "released") || streq(state, "revoked"))) {
-                                c->deferred = TAKE_PTR(msg); /* the Acquire's end: first, as the broker orders them */
+                                /* The Acquire's end: first, as the broker orders them. */
+                                c->deferred = msg;
+                                msg = VARLINK_REPLY_MESSAGE_INIT;
                                 continue;
                         }
                 }
                 break; /* the Release's reply */
         }
-        if (!c->deferred || (reply.flags & VARLINK_REPLY_CONTINUES))
+        if (!c->deferred.parameters || (reply.flags & VARLINK_REPLY_CONTINUES))
                 return client_break(c, -EBADMSG);
         if (reply.error)
                 return client_error_set(c, reply.error, reply.parameters);
@@ -1154,7 +1147,7 @@ static int client_release(BrokerClient *c, const char *lease_id, int exit_status
                 r = json_build(&p, "{s:s}", "lease", lease_id);
         if (r < 0)
                 return r;
-        if (c->state == CLIENT_HOLDING && c->held_lease_id && streq(c->held_lease_id, lease_id) && !c->deferred &&
+        if (c->state == CLIENT_HOLDING && c->held_lease_id && streq(c->held_lease_id, lease_id) && !c->deferred.parameters &&
             !c->release_pending && varlink_stream_pending_input(&c->stream) == 0)
                 return client_release_own(c, p);
         r = json_format(p, &text, NULL);

@@ -199,38 +199,51 @@ int varlink_call_parse(json_t *msg, VarlinkCall *ret) {
         return 0;
 }
 
-/* The envelope's keys a call knows, each allowed once. */
-typedef enum CallKey {
-        CALL_KEY_METHOD = 1 << 0,
-        CALL_KEY_PARAMETERS = 1 << 1,
-        CALL_KEY_MORE = 1 << 2,
-        CALL_KEY_ONEWAY = 1 << 3,
-        CALL_KEY_UPGRADE = 1 << 4,
-} CallKey;
+/* What a message's envelope holds besides its parameters: a name ("method" of a call, "error" of a reply)
+ * and flags (booleans, bit i for flags[i]). */
+typedef struct EnvelopeShape {
+        const char *name;
+        bool name_nullable;     /* null: no name (a reply without error) */
+        const char *flags[3];
+} EnvelopeShape;
 
-static CallKey call_key(const char *key, size_t n) {
-        static const struct {
-                const char *name;
-                CallKey key;
-        } keys[] = {
-                { "method", CALL_KEY_METHOD },   { "parameters", CALL_KEY_PARAMETERS }, { "more", CALL_KEY_MORE },
-                { "oneway", CALL_KEY_ONEWAY },   { "upgrade", CALL_KEY_UPGRADE },
-        };
-        for (size_t i = 0; i < ELEMENTSOF(keys); i++)
-                if (strlen(keys[i].name) == n && memcmp(keys[i].name, key, n) == 0)
-                        return keys[i].key;
+static const EnvelopeShape call_shape = { "method", false, { "more", "oneway", "upgrade" } };
+static const EnvelopeShape reply_shape = { "error", true, { "continues" } };
+
+_Static_assert(VARLINK_CALL_MORE == 1 << 0 && VARLINK_CALL_ONEWAY == 1 << 1 && VARLINK_CALL_UPGRADE == 1 << 2 &&
+                       VARLINK_REPLY_CONTINUES == 1 << 0,
+               "flags in the shapes' order");
+
+typedef struct Envelope {
+        char *name;             /* NULL: absent (or null) */
+        json_t *parameters;     /* NULL: absent (or null) */
+        unsigned flags;
+} Envelope;
+
+static void envelope_done(Envelope *e) {
+        free(e->name);
+        json_decref(e->parameters);
+        *e = (Envelope) {};
+}
+
+/* The envelope's keys the shape knows, each allowed once: 1 the name, 2 "parameters", 4 << i flags[i]. */
+static unsigned envelope_key(const EnvelopeShape *shape, const char *key, size_t n) {
+        if (strlen(shape->name) == n && memcmp(shape->name, key, n) == 0)
+                return 1;
+        if (n == 10 && memcmp("parameters", key, n) == 0)
+                return 2;
+        for (size_t i = 0; i < ELEMENTSOF(shape->flags) && shape->flags[i]; i++)
+                if (strlen(shape->flags[i]) == n && memcmp(shape->flags[i], key, n) == 0)
+                        return 4u << i;
         return 0;
 }
 
-static VarlinkCallFlags call_key_flag(CallKey k) {
-        return k == CALL_KEY_MORE ? VARLINK_CALL_MORE : k == CALL_KEY_ONEWAY ? VARLINK_CALL_ONEWAY : VARLINK_CALL_UPGRADE;
-}
-
-/* One member of a call's envelope: its value read and judged. *not_a_call set when the JSON is fine but
- * the call is not (the rest is still read: malformed JSON further on is -EBADMSG, as the tree's parse). */
-static int call_member(JsonMembers *m, const char *key, size_t key_size, CallKey *seen, json_t **others,
-                       VarlinkCallMessage *c, bool *not_a_call) {
-        CallKey k = call_key(key, key_size);
+/* One member of an envelope: its value read and judged. *not_one set when the JSON is fine but the message
+ * is not of the shape (the rest is still read: malformed JSON further on is -EBADMSG, as the tree's parse
+ * says). */
+static int envelope_member(JsonMembers *m, const EnvelopeShape *shape, const char *key, size_t key_size,
+                           unsigned *seen, json_t **others, Envelope *e, bool *not_one) {
+        unsigned k = envelope_key(shape, key, key_size);
         _cleanup_(json_decrefp) json_t *v = NULL;
         int r;
 
@@ -239,7 +252,7 @@ static int call_member(JsonMembers *m, const char *key, size_t key_size, CallKey
                         return -EBADMSG; /* a duplicate: json_parse_object() refuses it */
                 *seen |= k;
         }
-        if (k == CALL_KEY_METHOD) {
+        if (k == 1) {
                 const char *s;
                 size_t n;
                 _cleanup_free_ char *allocated = NULL;
@@ -248,58 +261,59 @@ static int call_member(JsonMembers *m, const char *key, size_t key_size, CallKey
                         return r;
                 if (r > 0) {
                         /* A qualified name holds no NUL (json strings may: \u0000). */
-                        if (memchr(s, 0, n) || !(c->method = strndup(s, n)))
-                                return memchr(s, 0, n) ? (*not_a_call = true, 0) : -ENOMEM;
-                        if (!varlink_qualified_name_valid(c->method))
-                                *not_a_call = true;
+                        if (memchr(s, 0, n)) {
+                                *not_one = true;
+                                return 0;
+                        }
+                        e->name = strndup(s, n);
+                        if (!e->name)
+                                return -ENOMEM;
+                        if (!varlink_qualified_name_valid(e->name))
+                                *not_one = true;
                         return 0;
                 }
-                *not_a_call = true; /* not a string: read below, for the JSON's sake */
         }
         r = json_members_value(m, &v);
         if (r < 0)
                 return r;
-        switch (k) {
-        case CALL_KEY_METHOD:
-                return 0;
-        case CALL_KEY_PARAMETERS:
+        if (k == 1) {
+                /* Not a string. */
+                if (!(shape->name_nullable && json_is_null(v)))
+                        *not_one = true;
+        } else if (k == 2) {
                 if (json_is_object(v))
-                        c->parameters = TAKE_PTR(v);
+                        e->parameters = TAKE_PTR(v);
                 else if (!json_is_null(v))
-                        *not_a_call = true;
-                return 0;
-        case CALL_KEY_MORE:
-        case CALL_KEY_ONEWAY:
-        case CALL_KEY_UPGRADE:
+                        *not_one = true;
+        } else if (k != 0) {
                 if (!json_is_bool_or_null(v))
-                        *not_a_call = true;
+                        *not_one = true;
                 else if (json_is_true(v))
-                        c->flags |= call_key_flag(k);
-                return 0;
+                        e->flags |= k >> 2;
+        } else {
+                /* Any other key: a vendor extension (dropped), or not of the shape; each once, as in the tree. */
+                if (!*others && !(*others = json_object()))
+                        return -ENOMEM;
+                size_t before = json_object_size(*others);
+                if (json_object_setn_new_nocheck(*others, key, key_size, json_null()) < 0)
+                        return -ENOMEM;
+                if (json_object_size(*others) == before)
+                        return -EBADMSG;
+                if (!memchr(key, '.', key_size))
+                        *not_one = true;
         }
-        /* Any other key: a vendor extension (dropped), or not a call; each once, as in the tree. */
-        if (!*others && !(*others = json_object()))
-                return -ENOMEM;
-        size_t before = json_object_size(*others);
-        if (json_object_setn_new_nocheck(*others, key, key_size, json_null()) < 0)
-                return -ENOMEM;
-        if (json_object_size(*others) == before)
-                return -EBADMSG;
-        if (!memchr(key, '.', key_size))
-                *not_a_call = true;
         return 0;
 }
 
-int varlink_call_message_parse(const void *data, size_t size, VarlinkCallMessage *ret) {
-        _cleanup_(varlink_call_message_done) VarlinkCallMessage c = VARLINK_CALL_MESSAGE_INIT;
+/* A message's envelope read member by member, only its parameters built as a tree (an empty object when
+ * absent or null). Returns 0; -EBADMSG (malformed JSON); -EPROTO (JSON, but not of the shape); -ENOMEM. */
+static int envelope_parse(const void *data, size_t size, const EnvelopeShape *shape, Envelope *ret) {
+        _cleanup_(envelope_done) Envelope e = {};
         _cleanup_(json_decrefp) json_t *others = NULL;
-        CallKey seen = 0;
-        bool not_a_call = false;
+        unsigned seen = 0;
+        bool not_one = false;
         JsonMembers m;
         int r;
-
-        assert_return(data || size == 0, -EINVAL);
-        assert_return(ret, -EINVAL);
 
         r = json_members_begin(&m, data, size);
         if (r < 0)
@@ -313,18 +327,35 @@ int varlink_call_message_parse(const void *data, size_t size, VarlinkCallMessage
                         return r;
                 if (r == 0)
                         break;
-                r = call_member(&m, key, key_size, &seen, &others, &c, &not_a_call);
+                r = envelope_member(&m, shape, key, key_size, &seen, &others, &e, &not_one);
                 if (r < 0)
                         return r;
         }
-        /* A oneway call has no reply at all, a more call several: together they mean nothing. */
-        if (not_a_call || !c.method ||
-            ((c.flags & VARLINK_CALL_MORE) && (c.flags & VARLINK_CALL_ONEWAY)))
+        if (not_one)
                 return -EPROTO;
-        if (!c.parameters && !(c.parameters = json_object()))
+        if (!e.parameters && !(e.parameters = json_object()))
                 return -ENOMEM;
-        *ret = c;
-        c = VARLINK_CALL_MESSAGE_INIT;
+        *ret = e;
+        e = (Envelope) {};
+        return 0;
+}
+
+int varlink_call_message_parse(const void *data, size_t size, VarlinkCallMessage *ret) {
+        Envelope e;
+        int r;
+
+        assert_return(data || size == 0, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        r = envelope_parse(data, size, &call_shape, &e);
+        if (r < 0)
+                return r;
+        /* A oneway call has no reply at all, a more call several: together they mean nothing. */
+        if (!e.name || ((e.flags & VARLINK_CALL_MORE) && (e.flags & VARLINK_CALL_ONEWAY))) {
+                envelope_done(&e);
+                return -EPROTO;
+        }
+        *ret = (VarlinkCallMessage) { .method = e.name, .parameters = e.parameters, .flags = e.flags };
         return 0;
 }
 
@@ -338,6 +369,37 @@ void varlink_call_message_done(VarlinkCallMessage *m) {
 
 VarlinkCall varlink_call_message_call(const VarlinkCallMessage *m) {
         return (VarlinkCall) { .method = m->method, .parameters = m->parameters, .flags = m->flags };
+}
+
+int varlink_reply_message_parse(const void *data, size_t size, VarlinkReplyMessage *ret) {
+        Envelope e;
+        int r;
+
+        assert_return(data || size == 0, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        r = envelope_parse(data, size, &reply_shape, &e);
+        if (r < 0)
+                return r;
+        /* An error ends its call. */
+        if (e.name && (e.flags & VARLINK_REPLY_CONTINUES)) {
+                envelope_done(&e);
+                return -EPROTO;
+        }
+        *ret = (VarlinkReplyMessage) { .error = e.name, .parameters = e.parameters, .flags = e.flags };
+        return 0;
+}
+
+void varlink_reply_message_done(VarlinkReplyMessage *m) {
+        if (!m)
+                return;
+        free(m->error);
+        json_decref(m->parameters);
+        *m = VARLINK_REPLY_MESSAGE_INIT;
+}
+
+VarlinkReply varlink_reply_message_reply(const VarlinkReplyMessage *m) {
+        return (VarlinkReply) { .error = m->error, .parameters = m->parameters, .flags = m->flags };
 }
 
 int varlink_reply_parse(json_t *msg, VarlinkReply *ret) {
@@ -712,6 +774,24 @@ int varlink_input_next_call_with_fds(VarlinkInput *in, VarlinkCallMessage *ret, 
         if (r == -ENOMEM)
                 return r;
         input_take_message(in, n, r < 0 ? NULL : ret_fds);
+        return r < 0 ? r : 1;
+}
+
+int varlink_input_next_reply(VarlinkInput *in, VarlinkReplyMessage *ret) {
+        const char *data;
+        size_t n;
+        int r;
+
+        assert_return(in, -EINVAL);
+        assert_return(ret, -EINVAL);
+
+        r = input_peek_message(in, &data, &n);
+        if (r <= 0)
+                return r;
+        r = varlink_reply_message_parse(data, n, ret);
+        if (r == -ENOMEM)
+                return r;
+        input_take_message(in, n, NULL);
         return r < 0 ? r : 1;
 }
 
@@ -1158,6 +1238,11 @@ int varlink_stream_next_with_fds(VarlinkStream *s, json_t **ret, VarlinkFds *ret
 int varlink_stream_next_call_with_fds(VarlinkStream *s, VarlinkCallMessage *ret, VarlinkFds *ret_fds) {
         assert_return(s, -EINVAL);
         return varlink_input_next_call_with_fds(&s->input, ret, ret_fds);
+}
+
+int varlink_stream_next_reply(VarlinkStream *s, VarlinkReplyMessage *ret) {
+        assert_return(s, -EINVAL);
+        return varlink_input_next_reply(&s->input, ret);
 }
 
 int varlink_stream_enqueue(VarlinkStream *s, const json_t *msg) {

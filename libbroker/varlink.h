@@ -125,6 +125,20 @@ void varlink_call_message_done(VarlinkCallMessage *m); /* empty afterwards, as V
 /* The call it holds, borrowed (fds NULL). */
 VarlinkCall varlink_call_message_call(const VarlinkCallMessage *m);
 
+/* The same for a reply, as a client reads one per answer. */
+typedef struct VarlinkReplyMessage {
+        char *error;            /* NULL: no error */
+        json_t *parameters;     /* always an object; NULL only when empty (VARLINK_REPLY_MESSAGE_INIT) */
+        VarlinkReplyFlags flags;
+} VarlinkReplyMessage;
+
+#define VARLINK_REPLY_MESSAGE_INIT ((VarlinkReplyMessage) { .error = NULL })
+
+/* As varlink_call_message_parse(), with varlink_reply_parse()'s rules: -EPROTO for JSON that is no reply. */
+int varlink_reply_message_parse(const void *data, size_t size, VarlinkReplyMessage *ret);
+void varlink_reply_message_done(VarlinkReplyMessage *m);
+VarlinkReply varlink_reply_message_reply(const VarlinkReplyMessage *m);
+
 /* Reads a reply: "parameters" (absent or null: an empty object is added), "continues", "error" (a
  * qualified name; an error is always final). Other keys as for calls. Returns 0, -EBADMSG, -ENOMEM. */
 int varlink_reply_parse(json_t *msg, VarlinkReply *ret);
@@ -183,6 +197,8 @@ int varlink_input_next_with_fds(VarlinkInput *in, json_t **ret, VarlinkFds *ret_
 /* As varlink_input_next_with_fds(), the message read as a call (varlink_call_message_parse()): 1; 0; a
  * message that is no call is taken (its fds closed) and -EPROTO; -EBADMSG, -EMSGSIZE, -ENOMEM as there. */
 int varlink_input_next_call_with_fds(VarlinkInput *in, VarlinkCallMessage *ret, VarlinkFds *ret_fds);
+/* The same for a reply (fds passed with it are closed): 1; 0; -EPROTO (taken); -EBADMSG, -EMSGSIZE, -ENOMEM. */
+int varlink_input_next_reply(VarlinkInput *in, VarlinkReplyMessage *ret);
 /* Bytes received and not yet taken as messages: after EOF, nonzero means a truncated message. */
 static inline size_t varlink_input_pending(const VarlinkInput *in) {
         return in->end - in->start;
@@ -259,6 +275,7 @@ ssize_t varlink_stream_read(VarlinkStream *s);
 int varlink_stream_next(VarlinkStream *s, json_t **ret);
 int varlink_stream_next_with_fds(VarlinkStream *s, json_t **ret, VarlinkFds *ret_fds);
 int varlink_stream_next_call_with_fds(VarlinkStream *s, VarlinkCallMessage *ret, VarlinkFds *ret_fds);
+int varlink_stream_next_reply(VarlinkStream *s, VarlinkReplyMessage *ret);
 /* As varlink_output_enqueue_json(); nothing is sent until varlink_stream_flush(). */
 int varlink_stream_enqueue(VarlinkStream *s, const json_t *msg);
 /* Queue a call, a reply, an error; parameters borrowed (NULL: {}). Return 0, -EINVAL, -ENOBUFS, -ENOMEM. */

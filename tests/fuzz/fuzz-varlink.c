@@ -192,6 +192,30 @@ static void check_call_read_straight(int r, const json_t *msg, int r2, const Var
         check(json_equal(direct->parameters, call.parameters));
 }
 
+/* The same for a reply read straight (as libbroker's client reads one). */
+static void check_reply_read_straight(int r, const json_t *msg, int r2, const VarlinkReplyMessage *direct) {
+        if (r == -ENOMEM || r2 == -ENOMEM)
+                return;
+        if (r <= 0) {
+                check(r2 == r);
+                return;
+        }
+        _cleanup_(json_decrefp) json_t *copy = json_deep_copy(msg);
+        if (!copy)
+                return;
+        VarlinkReply reply;
+        int k = varlink_reply_parse(copy, &reply);
+        if (k == -ENOMEM)
+                return;
+        if (k < 0) {
+                check(r2 == -EPROTO);
+                return;
+        }
+        check(r2 == 1);
+        check(streq_ptr(direct->error, reply.error) && direct->flags == reply.flags);
+        check(json_equal(direct->parameters, reply.parameters));
+}
+
 static void process(json_t *msg, VarlinkOutput *out) {
         /* Parsing a call adds "parameters" to the message: the reply parser gets its own copy. */
         _cleanup_(json_decrefp) json_t *copy = json_deep_copy(msg);
@@ -211,9 +235,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         data += h;
         size -= h;
 
-        VarlinkInput in2; /* the same stream, read as calls straight from the bytes */
+        VarlinkInput in2, in3; /* the same stream, read as calls and as replies straight from the bytes */
         varlink_input_init(&in, header[0] & 1 ? 256 : 0);
         varlink_input_init(&in2, header[0] & 1 ? 256 : 0);
+        varlink_input_init(&in3, header[0] & 1 ? 256 : 0);
         varlink_output_init(&out, 2048); /* small, so that a few echoed calls reach -ENOBUFS */
 
         while (size > 0) {
@@ -222,6 +247,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
                 check(varlink_input_feed(&in, data, chunk) == 0);
                 check(varlink_input_feed(&in2, data, chunk) == 0);
+                check(varlink_input_feed(&in3, data, chunk) == 0);
                 data += chunk;
                 size -= chunk;
 
@@ -232,8 +258,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         _cleanup_(varlink_call_message_done) VarlinkCallMessage direct = VARLINK_CALL_MESSAGE_INIT;
                         int r2 = varlink_input_next_call_with_fds(&in2, &direct, NULL);
                         check_call_read_straight(r, m, r2, &direct);
-                        if (r != -ENOMEM && r2 != -ENOMEM)
+                        _cleanup_(varlink_reply_message_done) VarlinkReplyMessage direct_reply = VARLINK_REPLY_MESSAGE_INIT;
+                        int r3 = varlink_input_next_reply(&in3, &direct_reply);
+                        check_reply_read_straight(r, m, r3, &direct_reply);
+                        if (r != -ENOMEM && r2 != -ENOMEM && r3 != -ENOMEM) {
                                 check(varlink_input_pending(&in2) == varlink_input_pending(&in));
+                                check(varlink_input_pending(&in3) == varlink_input_pending(&in));
+                        }
                         if (r == 0)
                                 break;
                         if (r == -EMSGSIZE)
@@ -251,5 +282,6 @@ finish:
         varlink_output_done(&out);
         varlink_input_done(&in);
         varlink_input_done(&in2);
+        varlink_input_done(&in3);
         return 0;
 }

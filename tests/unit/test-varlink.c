@@ -262,6 +262,50 @@ static void test_call_message_parse_is_the_tree_parse(void **state) {
         assert_int_equal(varlink_call_message_parse(bad, strlen(bad), &m), -EBADMSG);
 }
 
+/* The same for replies, against varlink_reply_parse() on the tree. */
+static void test_reply_message_parse_is_the_tree_parse(void **state) {
+        static const char *const messages[] = {
+                "{\"parameters\":{\"state\":\"granted\",\"lease\":{\"id\":\"L\"}},\"continues\":true}",
+                "{\"parameters\":null}", "{}", "{\"error\":null,\"continues\":null}",
+                "{\"error\":\"io.slotbroker.Busy\",\"parameters\":{\"retryAfterSec\":1}}",
+                "{\"err\\u006fr\":\"a.b.C\",\"org.example.x\":1}",
+                /* not a reply */
+                "{\"error\":5}", "{\"error\":\"busy\"}", "{\"error\":\"a.b.C\",\"continues\":true}",
+                "{\"parameters\":[]}", "{\"continues\":\"yes\"}", "{\"state\":\"granted\"}", "{\"method\":\"a.b.C\"}",
+                "{\"error\":\"a.b.C\\u0000\"}",
+                /* malformed */
+                "{\"parameters\":{}", "{\"error\":null,\"error\":null}", "{\"continues\":true,\"continues\":true}",
+                "{\"a.b\":1,\"a.b\":1}", "[{}]", "{\"parameters\":{\"x\":1,\"x\":2}}",
+        };
+        for (size_t i = 0; i < ELEMENTSOF(messages); i++) {
+                const char *t = messages[i];
+                _cleanup_(varlink_reply_message_done) VarlinkReplyMessage m = VARLINK_REPLY_MESSAGE_INIT;
+                int r = varlink_reply_message_parse(t, strlen(t), &m);
+                _cleanup_(json_decrefp) json_t *tree = NULL;
+                VarlinkReply reply;
+                int want = json_parse_object(t, strlen(t), &tree);
+                if (want == 0)
+                        want = varlink_reply_parse(tree, &reply) < 0 ? -EPROTO : 0;
+                if (r != want)
+                        fail_msg("%s: %d, not %d", t, r, want);
+                if (r < 0) {
+                        assert_null(m.parameters);
+                        continue;
+                }
+                VarlinkReply direct = varlink_reply_message_reply(&m);
+                assert_true(streq_ptr(direct.error, reply.error));
+                assert_int_equal(direct.flags, reply.flags);
+                assert_true(json_equal(direct.parameters, reply.parameters));
+        }
+        const char *ok = messages[0], *not_reply = messages[6], *bad = messages[14];
+        VarlinkReplyMessage m = VARLINK_REPLY_MESSAGE_INIT;
+        assert_int_equal(varlink_reply_message_parse(ok, strlen(ok), &m), 0);
+        varlink_reply_message_done(&m);
+        assert_int_equal(varlink_reply_message_parse(not_reply, strlen(not_reply), &m), -EPROTO);
+        assert_int_equal(varlink_reply_message_parse(bad, strlen(bad), &m), -EBADMSG);
+        assert_null(m.parameters);
+}
+
 /* The input hands out calls read straight: the message is taken whatever it was, its fds with it only
  * when it was a call. */
 static void test_input_next_call_takes_every_message(void **state) {
@@ -1801,6 +1845,7 @@ int main(void) {
                 cmocka_unit_test(test_error_format_writes_error_and_parameters),
                 cmocka_unit_test(test_stream_call_and_reply_write_what_the_formatters_write),
                 cmocka_unit_test(test_call_message_parse_is_the_tree_parse),
+                cmocka_unit_test(test_reply_message_parse_is_the_tree_parse),
                 cmocka_unit_test(test_input_next_call_takes_every_message),
                 cmocka_unit_test(test_format_escapes_nul_inside_strings),
                 cmocka_unit_test(test_input_yields_message_split_at_every_offset),
