@@ -88,7 +88,7 @@ typedef struct VarlinkCall {
         const char *method;     /* "interface.Method", valid by the grammar */
         json_t *parameters;     /* always an object */
         VarlinkCallFlags flags;
-        VarlinkFds *fds;        /* passed with the call, or NULL (varlink_call_parse() sets NULL): a method
+        VarlinkFds *fds;        /* passed with the call, or NULL (varlink_call_message_call() sets NULL): a method
                                  * takes those it uses, and the caller closes the rest after it */
 } VarlinkCall;
 
@@ -98,13 +98,6 @@ typedef struct VarlinkReply {
         json_t *parameters;     /* always an object */
         VarlinkReplyFlags flags;
 } VarlinkReply;
-
-/* Reads a call: "method" mandatory; "parameters" an object (absent or null: an empty object is added to
- * msg); "more", "oneway", "upgrade" booleans (null: false); other keys only as vendor extensions
- * ("org.example.key", containing a dot). Returns 0; -EBADMSG for anything else, including more together
- * with oneway and a method name the grammar refuses (the caller cannot answer such a call: it closes);
- * -ENOMEM. *ret untouched on failure. */
-int varlink_call_parse(json_t *msg, VarlinkCall *ret);
 
 /* A call read straight from its bytes: the envelope's fields without the envelope as a tree (brokerd reads
  * one per request), the parameters as one. Owns what it holds; VarlinkCall borrows from it. */
@@ -116,10 +109,11 @@ typedef struct VarlinkCallMessage {
 
 #define VARLINK_CALL_MESSAGE_INIT ((VarlinkCallMessage) { .method = NULL })
 
-/* Parses exactly size bytes as a call, with varlink_call_parse()'s rules on json_parse_object()'s tree
- * (vendor extension keys are read and dropped). Returns 0; -EBADMSG for malformed JSON (what
- * json_parse_object() refuses, a duplicate key included); -EPROTO for JSON that is not a call (what
- * varlink_call_parse() refuses); -ENOMEM. *ret untouched on failure. */
+/* Parses exactly size bytes as a call: "method" mandatory, a qualified name; "parameters" an object
+ * (absent or null: an empty one); "more", "oneway", "upgrade" booleans (null: false), not more with oneway;
+ * other keys only as vendor extensions ("org.example.key", containing a dot), read and dropped. Returns 0;
+ * -EBADMSG for malformed JSON (what json_parse_object() refuses, a duplicate key included); -EPROTO for
+ * JSON that is no call (the caller cannot answer it: it closes); -ENOMEM. *ret untouched on failure. */
 int varlink_call_message_parse(const void *data, size_t size, VarlinkCallMessage *ret);
 void varlink_call_message_done(VarlinkCallMessage *m); /* empty afterwards, as VARLINK_CALL_MESSAGE_INIT */
 /* The call it holds, borrowed (fds NULL). */
@@ -134,14 +128,11 @@ typedef struct VarlinkReplyMessage {
 
 #define VARLINK_REPLY_MESSAGE_INIT ((VarlinkReplyMessage) { .error = NULL })
 
-/* As varlink_call_message_parse(), with varlink_reply_parse()'s rules: -EPROTO for JSON that is no reply. */
+/* As varlink_call_message_parse(), for a reply: "parameters" as a call's; "continues" a boolean; "error"
+ * a qualified name, or null (an error is always final); vendor extensions. -EPROTO for JSON that is no reply. */
 int varlink_reply_message_parse(const void *data, size_t size, VarlinkReplyMessage *ret);
 void varlink_reply_message_done(VarlinkReplyMessage *m);
 VarlinkReply varlink_reply_message_reply(const VarlinkReplyMessage *m);
-
-/* Reads a reply: "parameters" (absent or null: an empty object is added), "continues", "error" (a
- * qualified name; an error is always final). Other keys as for calls. Returns 0, -EBADMSG, -ENOMEM. */
-int varlink_reply_parse(json_t *msg, VarlinkReply *ret);
 
 /* Message objects. parameters is borrowed (NULL: {}); it must be an object. Return 0, -EINVAL (an invalid
  * name, more together with oneway, continues on an error), -ENOMEM. */

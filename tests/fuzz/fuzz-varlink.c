@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "varlink-tree.h"
 #include "varlink.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -110,7 +111,7 @@ static void process_call(json_t *msg, VarlinkOutput *out) {
         size_t n = 0;
         int r;
 
-        r = varlink_call_parse(msg, &call);
+        r = tree_call_parse(msg, &call);
         if (r < 0) {
                 check(r == -EBADMSG || r == -ENOMEM);
                 return;
@@ -129,7 +130,7 @@ static void process_call(json_t *msg, VarlinkOutput *out) {
                 VarlinkCall call2;
                 check(varlink_call_new(call.method, call.parameters, call.flags, &again) == 0);
                 check_round_trip(wire, n, again);
-                check(varlink_call_parse(again, &call2) == 0);
+                check(tree_call_parse(again, &call2) == 0);
                 check(streq(call2.method, call.method) && call2.flags == call.flags);
                 check(json_equal(call2.parameters, call.parameters));
         }
@@ -144,7 +145,7 @@ static void process_reply(json_t *msg) {
         size_t n = 0;
         int r;
 
-        r = varlink_reply_parse(msg, &reply);
+        r = tree_reply_parse(msg, &reply);
         if (r < 0) {
                 check(r == -EBADMSG || r == -ENOMEM);
                 return;
@@ -180,7 +181,7 @@ static void check_call_read_straight(int r, const json_t *msg, int r2, const Var
         if (!copy)
                 return;
         VarlinkCall call;
-        int k = varlink_call_parse(copy, &call);
+        int k = tree_call_parse(copy, &call);
         if (k == -ENOMEM)
                 return;
         if (k < 0) {
@@ -204,7 +205,7 @@ static void check_reply_read_straight(int r, const json_t *msg, int r2, const Va
         if (!copy)
                 return;
         VarlinkReply reply;
-        int k = varlink_reply_parse(copy, &reply);
+        int k = tree_reply_parse(copy, &reply);
         if (k == -ENOMEM)
                 return;
         if (k < 0) {

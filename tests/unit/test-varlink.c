@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include "varlink-tree.h"
 #include "varlink.h"
 #include "test-fds.h"
 
@@ -112,7 +113,7 @@ static void test_call_parse_reads_method_parameters_and_flags(void **state) {
                 "{\"method\":\"io.slotbroker.Acquire\",\"parameters\":{\"lane\":\"merge\"},\"more\":true}");
         VarlinkCall c = {};
 
-        assert_int_equal(varlink_call_parse(m, &c), 0);
+        assert_int_equal(tree_call_parse(m, &c), 0);
         assert_string_equal(c.method, "io.slotbroker.Acquire");
         assert_string_equal(json_string_value(json_object_get(c.parameters, "lane")), "merge");
         assert_int_equal(c.flags, VARLINK_CALL_MORE);
@@ -123,9 +124,9 @@ static void test_call_parse_reads_oneway_and_upgrade(void **state) {
         _cleanup_(json_decrefp) json_t *b = parse("{\"method\":\"a.b.C\",\"upgrade\":true}");
         VarlinkCall c = {};
 
-        assert_int_equal(varlink_call_parse(a, &c), 0);
+        assert_int_equal(tree_call_parse(a, &c), 0);
         assert_int_equal(c.flags, VARLINK_CALL_ONEWAY);
-        assert_int_equal(varlink_call_parse(b, &c), 0);
+        assert_int_equal(tree_call_parse(b, &c), 0);
         assert_int_equal(c.flags, VARLINK_CALL_UPGRADE);
 }
 
@@ -134,11 +135,11 @@ static void test_call_parse_adds_empty_parameters(void **state) {
         _cleanup_(json_decrefp) json_t *n = parse("{\"method\":\"io.slotbroker.Status\",\"parameters\":null}");
         VarlinkCall c = {};
 
-        assert_int_equal(varlink_call_parse(m, &c), 0);
+        assert_int_equal(tree_call_parse(m, &c), 0);
         assert_true(json_is_object(c.parameters));
         assert_int_equal(json_object_size(c.parameters), 0);
         assert_int_equal(c.flags, 0);
-        assert_int_equal(varlink_call_parse(n, &c), 0);
+        assert_int_equal(tree_call_parse(n, &c), 0);
         assert_true(json_is_object(c.parameters));
 }
 
@@ -147,7 +148,7 @@ static void test_call_parse_treats_null_flags_as_false(void **state) {
                 "{\"method\":\"io.slotbroker.Status\",\"more\":null,\"oneway\":null,\"upgrade\":null}");
         VarlinkCall c = {};
 
-        assert_int_equal(varlink_call_parse(m, &c), 0);
+        assert_int_equal(tree_call_parse(m, &c), 0);
         assert_int_equal(c.flags, 0);
 }
 
@@ -155,7 +156,7 @@ static void assert_call_refused(const char *text) {
         _cleanup_(json_decrefp) json_t *m = parse(text);
         VarlinkCall c = { .method = "untouched" };
 
-        assert_int_equal(varlink_call_parse(m, &c), -EBADMSG);
+        assert_int_equal(tree_call_parse(m, &c), -EBADMSG);
         assert_string_equal(c.method, "untouched");
         assert_null(c.parameters);
 }
@@ -239,7 +240,7 @@ static void test_call_message_parse_is_the_tree_parse(void **state) {
                 VarlinkCall call;
                 int want = json_parse_object(t, strlen(t), &tree);
                 if (want == 0)
-                        want = varlink_call_parse(tree, &call) < 0 ? -EPROTO : 0;
+                        want = tree_call_parse(tree, &call) < 0 ? -EPROTO : 0;
                 if (r != want)
                         fail_msg("%s: %d, not %d", t, r, want);
                 if (r < 0) {
@@ -262,7 +263,7 @@ static void test_call_message_parse_is_the_tree_parse(void **state) {
         assert_int_equal(varlink_call_message_parse(bad, strlen(bad), &m), -EBADMSG);
 }
 
-/* The same for replies, against varlink_reply_parse() on the tree. */
+/* The same for replies, against tree_reply_parse() on the tree. */
 static void test_reply_message_parse_is_the_tree_parse(void **state) {
         static const char *const messages[] = {
                 "{\"parameters\":{\"state\":\"granted\",\"lease\":{\"id\":\"L\"}},\"continues\":true}",
@@ -285,7 +286,7 @@ static void test_reply_message_parse_is_the_tree_parse(void **state) {
                 VarlinkReply reply;
                 int want = json_parse_object(t, strlen(t), &tree);
                 if (want == 0)
-                        want = varlink_reply_parse(tree, &reply) < 0 ? -EPROTO : 0;
+                        want = tree_reply_parse(tree, &reply) < 0 ? -EPROTO : 0;
                 if (r != want)
                         fail_msg("%s: %d, not %d", t, r, want);
                 if (r < 0) {
@@ -334,15 +335,15 @@ static void test_call_parse_ignores_vendor_extension(void **state) {
         _cleanup_(json_decrefp) json_t *m = parse("{\"method\":\"a.b.C\",\"org.example.trace\":{\"id\":1}}");
         VarlinkCall c = {};
 
-        assert_int_equal(varlink_call_parse(m, &c), 0);
+        assert_int_equal(tree_call_parse(m, &c), 0);
 }
 
 static void test_call_parse_refuses_non_object(void **state) {
         _cleanup_(json_decrefp) json_t *a = json_array();
         VarlinkCall c = {};
 
-        assert_int_equal(varlink_call_parse(a, &c), -EBADMSG);
-        assert_int_equal(varlink_call_parse(NULL, &c), -EBADMSG);
+        assert_int_equal(tree_call_parse(a, &c), -EBADMSG);
+        assert_int_equal(tree_call_parse(NULL, &c), -EBADMSG);
 }
 
 /* ---- replies ---- */
@@ -351,7 +352,7 @@ static void test_reply_parse_reads_parameters_and_continues(void **state) {
         _cleanup_(json_decrefp) json_t *m = parse("{\"parameters\":{\"state\":\"queued\"},\"continues\":true}");
         VarlinkReply r = {};
 
-        assert_int_equal(varlink_reply_parse(m, &r), 0);
+        assert_int_equal(tree_reply_parse(m, &r), 0);
         assert_null(r.error);
         assert_int_equal(r.flags, VARLINK_REPLY_CONTINUES);
         assert_string_equal(json_string_value(json_object_get(r.parameters, "state")), "queued");
@@ -363,11 +364,11 @@ static void test_reply_parse_reads_error(void **state) {
         _cleanup_(json_decrefp) json_t *bare = parse("{\"error\":\"org.varlink.service.PermissionDenied\"}");
         VarlinkReply r = {};
 
-        assert_int_equal(varlink_reply_parse(m, &r), 0);
+        assert_int_equal(tree_reply_parse(m, &r), 0);
         assert_string_equal(r.error, "io.slotbroker.QueueShed");
         assert_int_equal(r.flags, 0);
         assert_int_equal(json_integer_value(json_object_get(r.parameters, "retryAfterSec")), 7);
-        assert_int_equal(varlink_reply_parse(bare, &r), 0);
+        assert_int_equal(tree_reply_parse(bare, &r), 0);
         assert_string_equal(r.error, VARLINK_ERROR_PERMISSION_DENIED);
         assert_true(json_is_object(r.parameters));
 }
@@ -376,7 +377,7 @@ static void test_reply_parse_takes_empty_object_as_empty_reply(void **state) {
         _cleanup_(json_decrefp) json_t *m = parse("{\"continues\":false,\"error\":null}");
         VarlinkReply r = { .error = "x" };
 
-        assert_int_equal(varlink_reply_parse(m, &r), 0);
+        assert_int_equal(tree_reply_parse(m, &r), 0);
         assert_null(r.error);
         assert_int_equal(r.flags, 0);
         assert_int_equal(json_object_size(r.parameters), 0);
@@ -386,7 +387,7 @@ static void assert_reply_refused(const char *text) {
         _cleanup_(json_decrefp) json_t *m = parse(text);
         VarlinkReply r = { .error = "untouched" };
 
-        assert_int_equal(varlink_reply_parse(m, &r), -EBADMSG);
+        assert_int_equal(tree_reply_parse(m, &r), -EBADMSG);
         assert_string_equal(r.error, "untouched");
 }
 
@@ -915,7 +916,7 @@ static void test_stream_round_trip_over_socketpair(void **state) {
 
         assert_true(varlink_stream_read(&server) > 0);
         assert_int_equal(varlink_stream_next(&server, &m), 1);
-        assert_int_equal(varlink_call_parse(m, &call), 0);
+        assert_int_equal(tree_call_parse(m, &call), 0);
         assert_string_equal(call.method, "io.slotbroker.Acquire");
         assert_int_equal(call.flags, VARLINK_CALL_MORE);
         json_decref(m);
@@ -927,12 +928,12 @@ static void test_stream_round_trip_over_socketpair(void **state) {
 
         assert_true(varlink_stream_read(&client) > 0);
         assert_int_equal(varlink_stream_next(&client, &m), 1);
-        assert_int_equal(varlink_reply_parse(m, &reply), 0);
+        assert_int_equal(tree_reply_parse(m, &reply), 0);
         assert_int_equal(reply.flags, VARLINK_REPLY_CONTINUES);
         assert_int_equal(json_integer_value(json_object_get(reply.parameters, "position")), 1);
         json_decref(m);
         assert_int_equal(varlink_stream_next(&client, &m), 1);
-        assert_int_equal(varlink_reply_parse(m, &reply), 0);
+        assert_int_equal(tree_reply_parse(m, &reply), 0);
         assert_string_equal(reply.error, VARLINK_ERROR_INVALID_PARAMETER);
         assert_string_equal(json_string_value(json_object_get(reply.parameters, "parameter")), "slots");
         json_decref(m);
@@ -998,7 +999,7 @@ static void test_stream_keeps_partial_writes_for_a_slow_reader(void **state) {
                         assert_true(r >= 0);
                         if (r == 0)
                                 break;
-                        assert_int_equal(varlink_reply_parse(m, &reply), 0);
+                        assert_int_equal(tree_reply_parse(m, &reply), 0);
                         assert_int_equal(json_integer_value(json_object_get(reply.parameters, "seq")), 100 + received);
                         assert_string_equal(json_string_value(json_object_get(reply.parameters, "filler")), filler);
                         json_decref(m);
