@@ -953,6 +953,32 @@ static int parser_after_element(JsonParser *ps, char close) {
 
 static int parse_value(JsonParser *ps, json_t **ret);
 
+/* A member's key and the ':' after it; the value is next. As parse_string() gives it. */
+static int parse_member_key(JsonParser *ps, const char **ret, size_t *ret_size, char **ret_allocated) {
+        const char *key;
+        size_t key_size;
+        _cleanup_free_ char *allocated = NULL;
+        int r;
+
+        if (ps->p >= ps->end || *ps->p != '"')
+                return -EBADMSG;
+        r = parse_string(ps, &key, &key_size, &allocated);
+        if (r < 0)
+                return r;
+        /* jansson refuses a NUL in a key even with JSON_ALLOW_NUL. */
+        if (memchr(key, 0, key_size))
+                return -EBADMSG;
+        parser_skip_space(ps);
+        if (ps->p >= ps->end || *ps->p != ':')
+                return -EBADMSG;
+        ps->p++;
+        parser_skip_space(ps);
+        *ret = key;
+        *ret_size = key_size;
+        *ret_allocated = TAKE_PTR(allocated);
+        return 0;
+}
+
 static int parse_object(JsonParser *ps, json_t **ret) {
         int r;
 
@@ -972,19 +998,9 @@ static int parse_object(JsonParser *ps, json_t **ret) {
                 _cleanup_free_ char *key_allocated = NULL;
                 _cleanup_(json_decrefp) json_t *v = NULL;
 
-                if (ps->p >= ps->end || *ps->p != '"')
-                        return -EBADMSG;
-                r = parse_string(ps, &key, &key_size, &key_allocated);
+                r = parse_member_key(ps, &key, &key_size, &key_allocated);
                 if (r < 0)
                         return r;
-                /* jansson refuses a NUL in a key even with JSON_ALLOW_NUL. */
-                if (memchr(key, 0, key_size))
-                        return -EBADMSG;
-                parser_skip_space(ps);
-                if (ps->p >= ps->end || *ps->p != ':')
-                        return -EBADMSG;
-                ps->p++;
-                parser_skip_space(ps);
                 r = parse_value(ps, &v);
                 if (r < 0)
                         return r;
@@ -1125,25 +1141,8 @@ int json_members_next(JsonMembers *m, const char **ret_key, size_t *ret_size, ch
                 return ps->p == ps->end ? 0 : -EBADMSG;
         }
 
-        const char *key;
-        size_t key_size;
-        _cleanup_free_ char *allocated = NULL;
-        if (ps->p >= ps->end || *ps->p != '"')
-                return -EBADMSG;
-        r = parse_string(ps, &key, &key_size, &allocated);
-        if (r < 0)
-                return r;
-        if (memchr(key, 0, key_size)) /* as parse_object(): jansson refuses it */
-                return -EBADMSG;
-        parser_skip_space(ps);
-        if (ps->p >= ps->end || *ps->p != ':')
-                return -EBADMSG;
-        ps->p++;
-        parser_skip_space(ps);
-        *ret_key = key;
-        *ret_size = key_size;
-        *ret_allocated = TAKE_PTR(allocated);
-        return 1;
+        r = parse_member_key(ps, ret_key, ret_size, ret_allocated);
+        return r < 0 ? r : 1;
 }
 
 int json_members_value(JsonMembers *m, json_t **ret) {

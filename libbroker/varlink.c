@@ -130,12 +130,23 @@ static bool json_is_bool_or_null(const json_t *v) {
  * and flags (booleans, bit i for flags[i]). */
 typedef struct EnvelopeShape {
         const char *name;
-        bool name_nullable;     /* null: no name (a reply without error) */
+        bool name_mandatory;
+        bool name_nullable;             /* null: no name (a reply without error) */
         const char *flags[3];
+        unsigned flags_exclusive;       /* not all of these together */
+        unsigned flags_without_name;    /* none of these with a name */
 } EnvelopeShape;
 
-static const EnvelopeShape call_shape = { "method", false, { "more", "oneway", "upgrade" } };
-static const EnvelopeShape reply_shape = { "error", true, { "continues" } };
+/* A oneway call has no reply at all, a more call several: together they mean nothing. An error ends its
+ * call. */
+static const EnvelopeShape call_shape = {
+        .name = "method", .name_mandatory = true,
+        .flags = { "more", "oneway", "upgrade" }, .flags_exclusive = VARLINK_CALL_MORE | VARLINK_CALL_ONEWAY,
+};
+static const EnvelopeShape reply_shape = {
+        .name = "error", .name_nullable = true,
+        .flags = { "continues" }, .flags_without_name = VARLINK_REPLY_CONTINUES,
+};
 
 _Static_assert(VARLINK_CALL_MORE == 1 << 0 && VARLINK_CALL_ONEWAY == 1 << 1 && VARLINK_CALL_UPGRADE == 1 << 2 &&
                        VARLINK_REPLY_CONTINUES == 1 << 0,
@@ -258,7 +269,9 @@ static int envelope_parse(const void *data, size_t size, const EnvelopeShape *sh
                 if (r < 0)
                         return r;
         }
-        if (not_one)
+        if (not_one || (shape->name_mandatory && !e.name) ||
+            (shape->flags_exclusive != 0 && (e.flags & shape->flags_exclusive) == shape->flags_exclusive) ||
+            (e.name && (e.flags & shape->flags_without_name)))
                 return -EPROTO;
         if (!e.parameters && !(e.parameters = json_object()))
                 return -ENOMEM;
@@ -267,22 +280,28 @@ static int envelope_parse(const void *data, size_t size, const EnvelopeShape *sh
         return 0;
 }
 
+static VarlinkCallMessage call_message_of(Envelope *e) {
+        VarlinkCallMessage m = { .method = e->name, .parameters = e->parameters, .flags = e->flags };
+        *e = (Envelope) {};
+        return m;
+}
+
+static VarlinkReplyMessage reply_message_of(Envelope *e) {
+        VarlinkReplyMessage m = { .error = e->name, .parameters = e->parameters, .flags = e->flags };
+        *e = (Envelope) {};
+        return m;
+}
+
 int varlink_call_message_parse(const void *data, size_t size, VarlinkCallMessage *ret) {
         Envelope e;
-        int r;
 
         assert_return(data || size == 0, -EINVAL);
         assert_return(ret, -EINVAL);
 
-        r = envelope_parse(data, size, &call_shape, &e);
+        int r = envelope_parse(data, size, &call_shape, &e);
         if (r < 0)
                 return r;
-        /* A oneway call has no reply at all, a more call several: together they mean nothing. */
-        if (!e.name || ((e.flags & VARLINK_CALL_MORE) && (e.flags & VARLINK_CALL_ONEWAY))) {
-                envelope_done(&e);
-                return -EPROTO;
-        }
-        *ret = (VarlinkCallMessage) { .method = e.name, .parameters = e.parameters, .flags = e.flags };
+        *ret = call_message_of(&e);
         return 0;
 }
 
@@ -300,20 +319,14 @@ VarlinkCall varlink_call_message_call(const VarlinkCallMessage *m) {
 
 int varlink_reply_message_parse(const void *data, size_t size, VarlinkReplyMessage *ret) {
         Envelope e;
-        int r;
 
         assert_return(data || size == 0, -EINVAL);
         assert_return(ret, -EINVAL);
 
-        r = envelope_parse(data, size, &reply_shape, &e);
+        int r = envelope_parse(data, size, &reply_shape, &e);
         if (r < 0)
                 return r;
-        /* An error ends its call. */
-        if (e.name && (e.flags & VARLINK_REPLY_CONTINUES)) {
-                envelope_done(&e);
-                return -EPROTO;
-        }
-        *ret = (VarlinkReplyMessage) { .error = e.name, .parameters = e.parameters, .flags = e.flags };
+        *ret = reply_message_of(&e);
         return 0;
 }
 
@@ -640,41 +653,45 @@ static void input_take_message(VarlinkInput *in, size_t size, VarlinkFds *ret_fd
                 input_release(in);
 }
 
-int varlink_input_next_call_with_fds(VarlinkInput *in, VarlinkCallMessage *ret, VarlinkFds *ret_fds) {
+/* The next message read as the shape says: 1; 0; -EPROTO, -EBADMSG (taken, with its fds); -EMSGSIZE; -ENOMEM. */
+static int input_next_envelope(VarlinkInput *in, const EnvelopeShape *shape, Envelope *ret, VarlinkFds *ret_fds) {
         const char *data;
         size_t n;
         int r;
 
-        assert_return(in, -EINVAL);
-        assert_return(ret, -EINVAL);
-        assert_return(!ret_fds || ret_fds->n == 0, -EINVAL);
-
         r = input_peek_message(in, &data, &n);
         if (r <= 0)
                 return r;
-        r = varlink_call_message_parse(data, n, ret);
+        r = envelope_parse(data, n, shape, ret);
         if (r == -ENOMEM)
                 return r;
         input_take_message(in, n, r < 0 ? NULL : ret_fds);
         return r < 0 ? r : 1;
 }
 
+int varlink_input_next_call_with_fds(VarlinkInput *in, VarlinkCallMessage *ret, VarlinkFds *ret_fds) {
+        Envelope e;
+
+        assert_return(in, -EINVAL);
+        assert_return(ret, -EINVAL);
+        assert_return(!ret_fds || ret_fds->n == 0, -EINVAL);
+
+        int r = input_next_envelope(in, &call_shape, &e, ret_fds);
+        if (r > 0)
+                *ret = call_message_of(&e);
+        return r;
+}
+
 int varlink_input_next_reply(VarlinkInput *in, VarlinkReplyMessage *ret) {
-        const char *data;
-        size_t n;
-        int r;
+        Envelope e;
 
         assert_return(in, -EINVAL);
         assert_return(ret, -EINVAL);
 
-        r = input_peek_message(in, &data, &n);
-        if (r <= 0)
-                return r;
-        r = varlink_reply_message_parse(data, n, ret);
-        if (r == -ENOMEM)
-                return r;
-        input_take_message(in, n, NULL);
-        return r < 0 ? r : 1;
+        int r = input_next_envelope(in, &reply_shape, &e, NULL);
+        if (r > 0)
+                *ret = reply_message_of(&e);
+        return r;
 }
 
 int varlink_input_next_with_fds(VarlinkInput *in, json_t **ret, VarlinkFds *ret_fds) {

@@ -167,54 +167,36 @@ static void process_reply(json_t *msg) {
                 check_round_trip(wire, n, again);
 }
 
-/* The call read straight from the bytes (as brokerd reads it) is the call read from the tree: the same
- * method, flags and parameters; a message the tree's parse refuses is -EBADMSG there too, and JSON that
- * is not a call -EPROTO. r and msg: varlink_input_next()'s; r2 and direct: varlink_input_next_call_with_fds()'s. */
-static void check_call_read_straight(int r, const json_t *msg, int r2, const VarlinkCallMessage *direct) {
-        if (r == -ENOMEM || r2 == -ENOMEM)
+/* The call and the reply read straight from the bytes (as brokerd reads a call, and libbroker's client a
+ * reply) are the ones read from the tree: the same name, flags and parameters; a message the tree's parse
+ * refuses is -EBADMSG there too, and JSON that is not a call (or not a reply) -EPROTO. r and msg:
+ * varlink_input_next()'s; rc and call, rr and reply: the straight readers'. */
+static void check_read_straight(int r, const json_t *msg, int rc, const VarlinkCallMessage *call, int rr,
+                                const VarlinkReplyMessage *reply) {
+        if (r == -ENOMEM || rc == -ENOMEM || rr == -ENOMEM)
                 return;
         if (r <= 0) {
-                check(r2 == r);
+                check(rc == r && rr == r);
                 return;
         }
-        _cleanup_(json_decrefp) json_t *copy = json_deep_copy(msg);
-        if (!copy)
+        _cleanup_(json_decrefp) json_t *call_tree = json_deep_copy(msg), *reply_tree = json_deep_copy(msg);
+        VarlinkCall c;
+        VarlinkReply p;
+        if (!call_tree || !reply_tree)
                 return;
-        VarlinkCall call;
-        int k = tree_call_parse(copy, &call);
-        if (k == -ENOMEM)
+        int kc = tree_call_parse(call_tree, &c), kr = tree_reply_parse(reply_tree, &p);
+        if (kc == -ENOMEM || kr == -ENOMEM)
                 return;
-        if (k < 0) {
-                check(r2 == -EPROTO);
-                return;
+        check(kc < 0 ? rc == -EPROTO : rc == 1);
+        check(kr < 0 ? rr == -EPROTO : rr == 1);
+        if (kc == 0) {
+                check(streq(call->method, c.method) && call->flags == c.flags);
+                check(json_equal(call->parameters, c.parameters));
         }
-        check(r2 == 1);
-        check(streq(direct->method, call.method) && direct->flags == call.flags);
-        check(json_equal(direct->parameters, call.parameters));
-}
-
-/* The same for a reply read straight (as libbroker's client reads one). */
-static void check_reply_read_straight(int r, const json_t *msg, int r2, const VarlinkReplyMessage *direct) {
-        if (r == -ENOMEM || r2 == -ENOMEM)
-                return;
-        if (r <= 0) {
-                check(r2 == r);
-                return;
+        if (kr == 0) {
+                check(streq_ptr(reply->error, p.error) && reply->flags == p.flags);
+                check(json_equal(reply->parameters, p.parameters));
         }
-        _cleanup_(json_decrefp) json_t *copy = json_deep_copy(msg);
-        if (!copy)
-                return;
-        VarlinkReply reply;
-        int k = tree_reply_parse(copy, &reply);
-        if (k == -ENOMEM)
-                return;
-        if (k < 0) {
-                check(r2 == -EPROTO);
-                return;
-        }
-        check(r2 == 1);
-        check(streq_ptr(direct->error, reply.error) && direct->flags == reply.flags);
-        check(json_equal(direct->parameters, reply.parameters));
 }
 
 static void process(json_t *msg, VarlinkOutput *out) {
@@ -258,10 +240,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         int r = varlink_input_next(&in, &m);
                         _cleanup_(varlink_call_message_done) VarlinkCallMessage direct = VARLINK_CALL_MESSAGE_INIT;
                         int r2 = varlink_input_next_call_with_fds(&in2, &direct, NULL);
-                        check_call_read_straight(r, m, r2, &direct);
                         _cleanup_(varlink_reply_message_done) VarlinkReplyMessage direct_reply = VARLINK_REPLY_MESSAGE_INIT;
                         int r3 = varlink_input_next_reply(&in3, &direct_reply);
-                        check_reply_read_straight(r, m, r3, &direct_reply);
+                        check_read_straight(r, m, r2, &direct, r3, &direct_reply);
                         if (r != -ENOMEM && r2 != -ENOMEM && r3 != -ENOMEM) {
                                 check(varlink_input_pending(&in2) == varlink_input_pending(&in));
                                 check(varlink_input_pending(&in3) == varlink_input_pending(&in));
