@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* varlink.c — Varlink framing: names, calls and replies, the input buffer, the output queue, the stream. */
 #include <fcntl.h>
+#include <stdio.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -825,6 +826,10 @@ int varlink_output_enqueue(VarlinkOutput *out, const void *data, size_t size) {
         return r;
 }
 
+static int file_sink(const char *data, size_t size, void *userdata) {
+        return fwrite(data, 1, size, userdata) == size ? 0 : -ENOMEM;
+}
+
 static int output_sink(const char *data, size_t size, void *userdata) {
         return output_append(userdata, data, size);
 }
@@ -1149,29 +1154,36 @@ int varlink_stream_enqueue(VarlinkStream *s, const json_t *msg) {
         return varlink_output_enqueue_json(&s->output, msg);
 }
 
-/* Queues {"method":"METHOD","parameters":PARAMETERS<tail>} and its NUL without building the envelope as
- * a json_t (a new object and two or three keys hashed, for every call and every reply): the bytes of
+/* Writes {"method":"METHOD","parameters":PARAMETERS<tail>} and its NUL to sink without building the envelope
+ * as a json_t (a new object and two or three keys hashed, for every call and every reply): the bytes of
  * varlink_call_format() and varlink_reply_format(), which a unit test compares. method (a qualified name:
- * nothing to escape) may be NULL for a reply. */
+ * nothing to escape) may be NULL for a reply; the parameters are a tree, or text already written (neither: {}). */
+static int envelope_write(JsonSink sink, void *userdata, const char *method, const json_t *parameters,
+                          const char *text, size_t text_size, const char *tail) {
+        int r;
+
+        if (method) {
+                r = sink("{\"method\":\"", 11, userdata);
+                if (r >= 0)
+                        r = sink(method, strlen(method), userdata);
+                if (r >= 0)
+                        r = sink("\",\"parameters\":", 15, userdata);
+        } else
+                r = sink("{\"parameters\":", 14, userdata);
+        if (r >= 0)
+                r = parameters ? json_serialize(parameters, sink, userdata) :
+                    text       ? sink(text, text_size, userdata) :
+                                 sink("{}", 2, userdata);
+        if (r >= 0)
+                r = sink(tail, strlen(tail) + 1, userdata); /* with the NUL that ends the message */
+        return r;
+}
+
+/* Queues that envelope, or nothing. */
 static int output_enqueue_envelope_text(VarlinkOutput *out, const char *method, const json_t *parameters,
                                         const char *text, size_t text_size, const char *tail) {
         OutputMark m = output_mark(out);
-        int r = 0;
-
-        if (method) {
-                r = output_append(out, "{\"method\":\"", 11);
-                if (r >= 0)
-                        r = output_append(out, method, strlen(method));
-                if (r >= 0)
-                        r = output_append(out, "\",\"parameters\":", 15);
-        } else
-                r = output_append(out, "{\"parameters\":", 14);
-        if (r >= 0)
-                r = parameters ? json_serialize(parameters, output_sink, out) :
-                    text       ? output_append(out, text, text_size) :
-                                 output_append(out, "{}", 2);
-        if (r >= 0)
-                r = output_append(out, tail, strlen(tail) + 1); /* with the NUL that ends the message */
+        int r = envelope_write(output_sink, out, method, parameters, text, text_size, tail);
         if (r < 0)
                 output_rollback(out, &m);
         return r;
@@ -1209,21 +1221,6 @@ int varlink_stream_call(VarlinkStream *s, const char *method, json_t *parameters
         return output_enqueue_envelope(&s->output, method, parameters, tail);
 }
 
-int varlink_stream_call_with_fds(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags,
-                                 const int *fds, size_t n_fds) {
-        _cleanup_(json_decrefp) json_t *m = NULL;
-        int r;
-
-        assert_return(s, -EINVAL);
-
-        if (n_fds == 0)
-                return varlink_stream_call(s, method, parameters, flags);
-        r = varlink_call_new(method, parameters, flags, &m);
-        if (r < 0)
-                return r;
-        return varlink_output_enqueue_json_with_fds(&s->output, m, fds, n_fds);
-}
-
 int varlink_stream_call_text(VarlinkStream *s, const char *method, const char *parameters, size_t size,
                              VarlinkCallFlags flags, const int *fds, size_t n_fds) {
         assert_return(s, -EINVAL);
@@ -1239,18 +1236,17 @@ int varlink_stream_call_text(VarlinkStream *s, const char *method, const char *p
         if (n_fds == 0)
                 return output_enqueue_envelope_text(&s->output, method, NULL, parameters, size, tail);
 
-        /* The message whole, for a chunk of its own: the envelope's bytes as output_enqueue_envelope_text()
-         * writes them. */
-        size_t method_size = strlen(method), tail_size = strlen(tail);
-        size_t total = 11 + method_size + 15 + size + tail_size + 1;
-        _cleanup_free_ char *text = malloc(total);
-        if (!text)
+        /* The message whole first, for a chunk of its own with the fds (one per Acquire at most). */
+        _cleanup_free_ char *text = NULL;
+        size_t total = 0;
+        FILE *f = open_memstream(&text, &total);
+        if (!f)
                 return -ENOMEM;
-        char *p = mempcpy(text, "{\"method\":\"", 11);
-        p = mempcpy(p, method, method_size);
-        p = mempcpy(p, "\",\"parameters\":", 15);
-        p = mempcpy(p, parameters, size);
-        p = mempcpy(p, tail, tail_size + 1);
+        int r = envelope_write(file_sink, f, method, NULL, parameters, size, tail);
+        if (fclose(f) != 0 && r >= 0) /* sets text and total */
+                r = -ENOMEM;
+        if (r < 0)
+                return r;
         return output_enqueue_chunk_with_fds(&s->output, text, total, fds, n_fds);
 }
 

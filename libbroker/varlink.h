@@ -271,12 +271,9 @@ int varlink_stream_next_reply(VarlinkStream *s, VarlinkReplyMessage *ret);
 int varlink_stream_enqueue(VarlinkStream *s, const json_t *msg);
 /* Queue a call, a reply, an error; parameters borrowed (NULL: {}). Return 0, -EINVAL, -ENOBUFS, -ENOMEM. */
 int varlink_stream_call(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags);
-/* A call with fds passed along, as varlink_output_enqueue_json_with_fds(): the fds stay the caller's. */
-int varlink_stream_call_with_fds(VarlinkStream *s, const char *method, json_t *parameters, VarlinkCallFlags flags,
-                                 const int *fds, size_t n_fds);
-/* A call whose parameters are an object's JSON text already written (json_text_*()), with fds or none: the
- * bytes varlink_stream_call_with_fds() queues for the same object. The text is not checked beyond its braces
- * and NULs. */
+/* A call whose parameters are an object's JSON text already written (json_text_*()), with fds or none (as
+ * varlink_output_enqueue_json_with_fds() sends them; they stay the caller's): the bytes varlink_call_format()
+ * writes for the same object. The text is not checked beyond its braces and NULs. */
 int varlink_stream_call_text(VarlinkStream *s, const char *method, const char *parameters, size_t size,
                              VarlinkCallFlags flags, const int *fds, size_t n_fds);
 int varlink_stream_reply(VarlinkStream *s, json_t *parameters, VarlinkReplyFlags flags);
