@@ -1071,14 +1071,14 @@ _public_ int broker_call(BrokerClient *c, const char *method, const char *parame
  * lease overtake the open Acquire, answers the Acquire with "released" (kept for the next
  * broker_client_process(), as a release from elsewhere would be) and then the Release. This saves a
  * connection set up and torn down per release, on both sides. */
-static int client_release_own(BrokerClient *c, json_t *parameters) {
+static int client_release_own(BrokerClient *c, const JsonText *parameters) {
         _cleanup_(varlink_reply_message_done) VarlinkReplyMessage msg = VARLINK_REPLY_MESSAGE_INIT;
         VarlinkReply reply;
         int r;
 
         client_error_reset(c);
         varlink_reply_message_done(&c->current);
-        r = varlink_stream_call(&c->stream, INTERFACE ".Release", parameters, 0);
+        r = varlink_stream_call_text(&c->stream, INTERFACE ".Release", parameters->data, parameters->size, 0, NULL, 0);
         if (r < 0)
                 return r;
         while ((r = varlink_stream_flush(&c->stream)) == -EAGAIN) {
@@ -1132,27 +1132,37 @@ static int client_release_own(BrokerClient *c, json_t *parameters) {
         return 0;
 }
 
+/* A Release's parameters: the lease, and the command's exit status when it has one (>= 0). */
+static int release_parameters(const char *lease_id, int exit_status, JsonText *t) {
+        json_text_open(t, '{');
+        json_text_key(t, "lease");
+        json_text_string(t, lease_id);
+        if (exit_status >= 0) {
+                json_text_key(t, "exitStatus");
+                json_text_integer(t, exit_status);
+        }
+        json_text_close(t, '}');
+        return json_text_result(t); /* -EINVAL: an id that is not UTF-8 */
+}
+
 static int client_release(BrokerClient *c, const char *lease_id, int exit_status) {
-        _cleanup_(json_decrefp) json_t *p = NULL;
-        _cleanup_free_ char *text = NULL;
         int r;
 
         assert_return(c, -EINVAL);
         assert_return(lease_id && *lease_id, -EINVAL);
         assert_return(exit_status >= -1 && exit_status <= 255, -EINVAL);
 
-        if (exit_status >= 0)
-                r = json_build(&p, "{s:s, s:i}", "lease", lease_id, "exitStatus", exit_status);
-        else
-                r = json_build(&p, "{s:s}", "lease", lease_id);
+        _cleanup_(json_text_done) JsonText p; /* after the checks: cleaned up only once initialized */
+        json_text_init(&p);
+        r = release_parameters(lease_id, exit_status, &p);
         if (r < 0)
                 return r;
         if (c->state == CLIENT_HOLDING && c->held_lease_id && streq(c->held_lease_id, lease_id) && !c->deferred.parameters &&
             !c->release_pending && varlink_stream_pending_input(&c->stream) == 0)
-                return client_release_own(c, p);
-        r = json_format(p, &text, NULL);
-        if (r < 0)
-                return r;
+                return client_release_own(c, &p);
+        _cleanup_free_ char *text = strndup(p.data, p.size);
+        if (!text)
+                return -ENOMEM;
         return broker_call(c, INTERFACE ".Release", text, NULL);
 }
 
@@ -1179,11 +1189,7 @@ _public_ int broker_release_start(BrokerClient *c) {
                 return -ESRCH;
         if (c->release_pending)
                 return -EALREADY;
-        json_text_open(&p, '{');
-        json_text_key(&p, "lease");
-        json_text_string(&p, c->held_lease_id);
-        json_text_close(&p, '}');
-        r = json_text_result(&p);
+        r = release_parameters(c->held_lease_id, -1, &p);
         if (r < 0)
                 return r;
 
