@@ -1290,6 +1290,7 @@ static bool manager_at_connection_limit(Manager *m, const UidUsage *u) {
 
 static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Manager *m = userdata;
+        bool added = false;
 
         for (int i = 0; i < ACCEPTS_PER_WAKEUP; i++) {
                 int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -1331,7 +1332,15 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                 int r = manager_add_connection(m, cfd, &cred);
                 if (r < 0)
                         log_warning_errno(r, "Failed to set up a connection: %m");
+                else
+                        added = true;
         }
+        /* A client sends its first call as soon as it is connected (slotctl's Acquire is usually queued by
+         * now): read it in this wakeup rather than in the loop's next iteration, which costs an epoll_wait
+         * and sd-event's bookkeeping on the grant's path. The poller takes every ready connection in the
+         * order they became ready, so older ones (a Release sent before this client connected) go first. */
+        if (added)
+                poller_run(m->poller);
         manager_status_changed(m);
         return 0;
 }
