@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "fs-util.h"
+#include "process.h"
 
 static void hex_of(const uint8_t *raw, size_t n, char *ret) {
         for (size_t i = 0; i < n; i++)
@@ -112,28 +113,6 @@ static bool boot_same(const char *a, const char *b) {
         return llabs(ta - tb) <= 2;
 }
 
-/* The start time (clock ticks since boot, /proc/PID/stat field 22) of pid: 0, or -ESRCH (no such process). */
-static int start_time_of(pid_t pid, unsigned long long *ret) {
-        char path[64], buf[1024];
-        snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
-        _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-                return errno == ENOENT ? -ESRCH : -errno;
-        ssize_t n = read(fd, buf, sizeof buf - 1);
-        if (n <= 0)
-                return n < 0 ? -errno : -EIO;
-        buf[n] = 0;
-        const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-        if (!p)
-                return -EIO;
-        p++;
-        for (unsigned field = 3; field < 22 && p; field++) /* p: the space before field 3, then each next */
-                p = strchr(p + 1, ' ');
-        if (!p || sscanf(p, " %llu", ret) != 1)
-                return -EIO;
-        return 0;
-}
-
 /* Whether the start recorded in the incarnation file (its boot, pid and start time) is a process that is
  * gone: then this start succeeds it. A record of another boot is no claim (a reboot, or an image made on
  * another host: a clone must not succeed the original), nor is a live process (a copy of the directory
@@ -143,12 +122,12 @@ static bool predecessor_is_gone(const char *boot, const char *rec_boot, long pid
         *ret_alive = false;
         if (!boot_same(boot, rec_boot) || pid <= 0)
                 return false;
-        unsigned long long now_start;
-        int r = start_time_of((pid_t) pid, &now_start);
+        ProcessInfo now;
+        int r = process_get_info((pid_t) pid, &now);
         if (r == -ESRCH)
                 return true;
-        *ret_alive = r == 0 && now_start == start;
-        return r == 0 && now_start != start;
+        *ret_alive = r == 0 && now.start_time == start;
+        return r == 0 && now.start_time != start;
 }
 
 /* Makes this start's incarnation and writes it, durably, with its claim: "INC BOOT PID START PREV,…\n"
@@ -189,8 +168,9 @@ static int incarnation_make(int dir_fd, void (*random_bytes)(void *buf, size_t n
         char inc[NODE_INCARNATION_HEX + 1];
         random_bytes(raw, sizeof raw, userdata);
         hex_of(raw, sizeof raw, inc);
-        unsigned long long start = 0;
-        (void) start_time_of(getpid(), &start);
+        ProcessInfo self = {};
+        (void) process_get_info(getpid(), &self);
+        unsigned long long start = self.start_time;
 
         char line[256], tmp[64];
         snprintf(tmp, sizeof tmp, NODE_INCARNATION_FILE ".%ld", (long) getpid());

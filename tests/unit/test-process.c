@@ -9,6 +9,9 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -23,13 +26,16 @@
 static pid_t child;
 
 /* A child that waits; as root, with another real uid than its effective one (where the kernel's facts and
- * /proc's would part if a field were read from the wrong place). */
-static int child_start(void) {
+ * /proc's would part if a field were read from the wrong place). Its name, when one is given, is what
+ * /proc/PID/stat shows between parentheses. */
+static int child_start_named(const char *name) {
         int ready[2];
         assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
         child = fork();
         assert_true(child >= 0);
         if (child == 0) {
+                if (name && prctl(PR_SET_NAME, name) < 0)
+                        _exit(1);
                 if (getuid() == 0 && setresuid(OTHER_UID, 0, 0) < 0)
                         _exit(1);
                 if (write(ready[1], "x", 1) != 1)
@@ -46,6 +52,39 @@ static int child_start(void) {
                 return -1; /* valgrind 3.19 has no pidfd_open() */
         assert_true(pidfd >= 0);
         return pidfd;
+}
+
+static int child_start(void) {
+        return child_start_named(NULL);
+}
+
+/* The reference for process.c's reading of /proc/PID/stat: sscanf() over the fields after the last ')'. */
+static void stat_reference(pid_t pid, char *ret_state, long *ret_ppid, long *ret_pgid,
+                           unsigned long long *ret_start) {
+        char path[64], buf[4096];
+        snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
+        FILE *f = fopen(path, "re");
+        assert_non_null(f);
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        const char *p = strrchr(buf, ')');
+        assert_non_null(p);
+        assert_int_equal(sscanf(p + 1, " %c %ld %ld %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                                ret_state, ret_ppid, ret_pgid, ret_start), 4);
+}
+
+static void check_stat_fields(const ProcessInfo *got) {
+        char state;
+        long ppid, pgid;
+        unsigned long long start;
+        stat_reference(got->pid, &state, &ppid, &pgid, &start);
+        assert_true(got->state == state);
+        assert_int_equal(got->ppid, ppid);
+        assert_int_equal(got->pgid, pgid);
+        assert_int_equal(got->pgid, getpgid(got->pid));
+        assert_true(got->start_time == start);
+        assert_true(got->start_time > 0);
 }
 
 static int teardown(void **state) {
@@ -74,6 +113,7 @@ static void check_facts(bool by_kernel) {
         assert_int_equal(got.uid, want.uid);
         assert_int_equal(got.start_time, want.start_time);
         assert_true(got.state == want.state);
+        check_stat_fields(&got);
         close(pidfd);
 }
 
@@ -116,12 +156,30 @@ static void test_a_process_gone_is_refused(void **state) {
         }
 }
 
+/* A name that looks like the fields after it: the fields are read after the last ')', whatever the name holds. */
+static void test_a_name_like_stat_fields(void **state) {
+        static const char *const names[] = { ") S 1 1 1 (", "a b) 9 9", ")", "((((" };
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+                int pidfd = child_start_named(names[i]);
+                if (pidfd < 0)
+                        skip();
+                ProcessInfo info;
+                assert_int_equal(process_get_info(child, &info), 0);
+                assert_int_equal(info.pid, child);
+                assert_int_equal(info.ppid, getpid());
+                check_stat_fields(&info);
+                close(pidfd);
+                teardown(NULL);
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_teardown(test_facts_by_the_kernel_agree_with_proc, teardown),
                 cmocka_unit_test_teardown(test_facts_by_proc_alone, teardown),
                 cmocka_unit_test_teardown(test_no_pidfd_is_refused, teardown),
                 cmocka_unit_test_teardown(test_a_process_gone_is_refused, teardown),
+                cmocka_unit_test_teardown(test_a_name_like_stat_fields, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
