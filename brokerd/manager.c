@@ -1175,8 +1175,10 @@ int manager_reload(Manager *m, ConfErrors *errors) {
                 log_notice("socket= changed; it takes effect when brokerd restarts.");
         if (c->lease_persistence != m->persistence.mode)
                 log_notice("lease-persistence= changed; it takes effect when brokerd restarts.");
+#if HAVE_REDIS
         if (m->node_loaded && !streq_ptr(c->node_name, m->config->node_name))
                 log_notice("node-name= changed; shared pools show the new name when brokerd restarts.");
+#endif
         reload_log_moves(m, m->config, c, old_in_use);
         /* Rests a reload ended (cooldown= removed, a member gone) are not brought back by a restart. */
         if (m->lease_log && lease_log_rests_end(m->lease_log, engine_still_rests, m, now_realtime()) < 0)

@@ -12,6 +12,8 @@
 #   tests that mostly wait on timers (suite "waits", tests/integration/meson.build) in the background from
 #   the end of the build, beside the systemd lane too;
 # - the brokerd of an earlier version (tools/old-brokerd.sh), for the tests of a mixed fleet;
+# - a build without hiredis (-Dredis=disabled): its unit tests, lints and fuzz corpora, in the background
+#   beside the ASan/UBSan build;
 # - the unit tests under valgrind, one at a time, in the background beside the ASan/UBSan tests (most of
 #   whose time is waiting).
 # Whatever runs in the background is waited for at the end, each in a stage of its own: the summary gives
@@ -136,6 +138,15 @@ background slow meson test -C build --no-rebuild --print-errorlogs --suite slow 
 # waiting on restarts and jobs; in the background too, beside the ASan/UBSan build and tests.
 background upgrade meson test -C build --no-rebuild --print-errorlogs systemd-upgrade --logbase testlog-upgrade
 
+# Without hiredis (-Dredis=disabled) everything but shared pools builds and works (meson.build): a build of its
+# own, its unit tests and lints, in the background beside the ASan/UBSan build (both compile; the two share the
+# cores they would take in turn). A HAVE_REDIS guard missed broke this build unseen once.
+background noredis bash -c 'if [ ! -f build-noredis/build.ninja ]; then
+                meson setup build-noredis -Dwerror=true -Dtests=enabled -Dredis=disabled >/dev/null
+        fi &&
+        { ninja -C build-noredis >build-noredis/ninja.log 2>&1 || { tail -n 60 build-noredis/ninja.log; false; }; } &&
+        meson test -C build-noredis --no-rebuild --print-errorlogs --suite unit --suite lint --suite fuzz'
+
 echo "==> building with ASan/UBSan (clang), while the long fault runs run"
 current="ASan/UBSan build"
 if [ ! -f build-asan/build.ninja ]; then
@@ -166,6 +177,8 @@ background valgrind meson test -C build --no-rebuild --print-errorlogs --suite u
         --num-processes 1 --timeout-multiplier 10 \
         --wrap='valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite --fair-sched=yes -q'
 
+stage "the build without Redis (-Dredis=disabled): unit, lint, fuzz" build-noredis/meson-logs/testlog.json \
+        joined noredis
 stage "meson test under ASan/UBSan (clang): unit, fuzz, integration" build-asan/meson-logs/testlog.json \
         meson test -C build-asan --no-rebuild --print-errorlogs --suite unit --suite fuzz --suite integration \
         --no-suite slow --no-suite waits
