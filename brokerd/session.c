@@ -594,18 +594,22 @@ void session_lease_release(Session *by, Lease *l) {
                 session_lease_revoke(l, "released while its command runs");
                 return;
         }
-        Session *h = lease_get_holder(l);
+        Session *h = lease_get_holder(l), *resume = NULL;
         if (h) {
                 (void) session_unlink_lease(h);
                 if (h->acquire.active && h->acquire.more) {
                         (void) session_reply_literal(h, "{\"state\":\"released\"}", false);
                         h->acquire.active = false;
                         if (h != by)
-                                session_acquire_done(h);
+                                resume = h;
                 } else if (h != by)
                         session_close(h); /* a plain Acquire's life line is the connection itself */
         }
         lease_end(l);
+        /* Only now: the holder's calls behind its Acquire run when it resumes, and one of them may be an
+         * Acquire reclaiming this very lease, which must find it ended, not take it back while it ends. */
+        if (resume)
+                session_acquire_done(resume);
 }
 
 /* Release of the lease this session holds may overtake the wait for that lease to end: it is what ends it,

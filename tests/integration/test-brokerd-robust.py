@@ -249,6 +249,27 @@ class Robustness(unittest.TestCase):
         self.assertIn("interfaces", c.recv()["parameters"], "then the pipelined calls, in order")
         self.assertIn("pools", c.recv()["parameters"])
 
+    def test_reclaim_pipelined_behind_a_lease_another_connection_releases(self):
+        # The holder's calls behind its Acquire run once its lease has ended, not while it ends: an Acquire
+        # reclaiming that very lease then finds it gone. (It took the lease back while it ended: brokerd
+        # aborted on an assertion, or without asserts granted its slot twice and used the freed lease.)
+        c = self.connect()
+        c.send_raw(Varlink.encode_call("io.slotbroker.Acquire", {"lane": "rb"}, more=True))
+        granted = c.recv()
+        self.assertEqual(granted["parameters"]["state"], "granted", granted)
+        lease = granted["parameters"]["lease"]["id"]
+        c.send_raw(Varlink.encode_call("io.slotbroker.Acquire", {"lane": "rb", "reclaim": lease}, more=True))
+        self.assertIsNone(c.poll(0.3), "the reclaim waits behind the open Acquire")
+        self.broker.call("io.slotbroker.Release", {"lease": lease})
+        self.assertEqual(c.recv()["parameters"], {"state": "released"})
+        refused = c.recv()
+        self.assertEqual(refused.get("error"), "io.slotbroker.NoSuchLease", f"an ended lease is not reclaimed: {refused}")
+        other = self.broker.acquire("rb")
+        self.addCleanup(other.close)
+        self.assertEqual(other.state, "granted")
+        holders = self.broker.status()["holders"]
+        self.assertEqual(len(holders), 1, f"one holder of the pool's one slot: {holders}")
+
     def test_call_pipelined_behind_a_waiting_acquire_waits_for_it(self):
         h = self.broker.acquire("rb")
         self.addCleanup(h.close)
