@@ -1639,6 +1639,28 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
         persistence_recovered(&m->persistence);
 }
 
+/* Two brokerds on one state directory (one started by hand beside the service) would each rewrite the lease
+ * log the other appends to, and grant the same slots and tokens again after the next restart: nothing of it
+ * is read or written without this lock. It goes with the process (exit, crash), so a restart through the fd
+ * store, which starts the next brokerd once this one is gone, takes it again. -EWOULDBLOCK: another brokerd
+ * holds it (logged); other errors are the caller's, as a state directory that cannot be read. */
+static int manager_lock_state(Manager *m) {
+        _cleanup_free_ char *path = NULL;
+        pid_t holder = 0;
+
+        if (m->state_lock_fd >= 0)
+                return 0;
+        if (asprintf(&path, "%s/" STATE_LOCK_FILE, m->state_directory) < 0)
+                return -ENOMEM;
+        int r = lock_file_take(path, &m->state_lock_fd, &holder);
+        if (r == -EWOULDBLOCK && holder > 0)
+                log_error("The state directory %s is in use by another brokerd (pid %d).", m->state_directory,
+                          (int) holder);
+        else if (r == -EWOULDBLOCK)
+                log_error("The state directory %s is in use by another brokerd.", m->state_directory);
+        return r;
+}
+
 static void manager_state_unreadable(Manager *m, int error) {
         if (m->state_error != error)
                 log_error_errno(error, "Cannot read the leases and fencing tokens in %s: %m. Nothing is granted "
@@ -1669,7 +1691,12 @@ static void manager_load_state(Manager *m, bool at_start) {
         _cleanup_(history_state_done) HistoryState s = {};
         _cleanup_(lease_log_read_done) LeaseLogRead info = {};
 
-        int r = lease_log_read(m->state_directory, &s, &info);
+        int r = manager_lock_state(m);
+        if (r < 0) {
+                manager_state_unreadable(m, r);
+                return;
+        }
+        r = lease_log_read(m->state_directory, &s, &info);
         if (r == -EBADMSG) {
                 _cleanup_free_ char *moved = NULL;
                 r = lease_log_move_aside(m->state_directory, &moved);
@@ -1726,7 +1753,10 @@ static void manager_load_state_async(Manager *m) {
  * runs before the socket is watched. State that cannot be read is no reason not to start: Status is
  * served, and nothing is granted until a later read succeeds. */
 static int manager_open_state(Manager *m) {
-        int r = history_new(m->event, m->state_directory, m->config->history_retention, &m->history);
+        int r = manager_lock_state(m);
+        if (r == -EWOULDBLOCK)
+                return log_error_errno(r, "Not starting: another brokerd keeps its leases in %s.", m->state_directory);
+        r = history_new(m->event, m->state_directory, m->config->history_retention, &m->history);
         if (r < 0)
                 return log_error_errno(r, "Failed to set up history in %s: %m", m->state_directory);
         history_set_health_callback(m->history, on_history_health, m);
@@ -1808,6 +1838,7 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         if (!m)
                 return log_oom();
         m->listen_fd = -EBADF;
+        m->state_lock_fd = -EBADF;
         r = sd_event_default(&m->event);
         audit_init(&m->audit, m->event, &m->metrics, getenv("SLOTBROKER_JOURNAL_SOCKET"));
         lease_table_init(&m->leases, m->event, NULL, &m->audit);
@@ -1981,6 +2012,7 @@ Manager *manager_free(Manager *m) {
         m->poller = poller_free(m->poller);
         sd_event_source_disable_unref(m->listen_source);
         safe_close(m->listen_fd);
+        safe_close(m->state_lock_fd);
         if (m->socket_bound_here && m->socket_path)
                 (void) unlink(m->socket_path);
         sd_event_source_disable_unref(m->accept_resume_timer);

@@ -103,6 +103,7 @@ typedef struct Manager {
         bool state_loading;             /* an asynchronous read is on its way */
         usec_t state_retry_at;          /* monotonic: when to read it again */
         int state_error;                /* why the last read failed (negative errno) */
+        int state_lock_fd;              /* STATE_LOCK_FILE's flock: one brokerd a state directory */
         unsigned refused_unlogged;      /* connections refused at a limit since the last line about it */
         size_t freed_untrimmed;         /* bytes of big buffers freed since the last malloc_trim() */
         HistoryCalls history_calls;     /* History replies being produced, page by page */

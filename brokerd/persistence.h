@@ -10,6 +10,9 @@
 
 #include "conf.h"
 
+/* In the state directory: held (flock) by the one brokerd that reads and writes it (manager.c). */
+#define STATE_LOCK_FILE "brokerd.lock"
+
 typedef struct LeaseLog LeaseLog;
 
 typedef struct Persistence {

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -23,6 +25,36 @@ int mkdir_parents(const char *path, mode_t mode) {
                         return negative_errno();
                 *s = '/';
         }
+        return 0;
+}
+
+int lock_file_take(const char *path, int *ret_fd, pid_t *ret_holder) {
+        assert_return(path, -EINVAL);
+        assert_return(ret_fd, -EINVAL);
+        assert_return(ret_holder, -EINVAL);
+
+        int r = mkdir_parents(path, 0750);
+        if (r < 0)
+                return r;
+        _cleanup_close_ int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0)
+                return negative_errno();
+        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+                r = negative_errno();
+                if (r != -EWOULDBLOCK)
+                        return r;
+                char buf[24] = {};
+                ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+                long pid = n > 0 ? strtol(buf, NULL, 10) : 0;
+                *ret_holder = pid > 0 && pid <= INT32_MAX ? (pid_t) pid : 0;
+                return r;
+        }
+        char buf[24];
+        int len = snprintf(buf, sizeof buf, "%d\n", (int) getpid());
+        /* The pid is for people only: a file it could not be written in still holds the lock. */
+        if (ftruncate(fd, 0) >= 0)
+                (void) fd_write_all(fd, buf, (size_t) len);
+        *ret_fd = TAKE_FD(fd);
         return 0;
 }
 

@@ -415,6 +415,26 @@ class Persistence(Witnessed):
         self.assertEqual(len(glob.glob(os.path.join(b.state_dir, LEASE_LOG + ".corrupt-*"))), 1)
         self.witness.check(self)
 
+    def test_a_second_brokerd_on_the_state_directory_is_refused_before_it_reads_it(self):
+        """Started by hand beside the running one (same command line): it read and rewrote the lease log by
+        rename before it failed to bind, so the running one appended to a file nobody would read, and after
+        its next restart granted a held slot and its token again. It now stops at the state directory's
+        lock, naming the brokerd that holds it, and touches nothing."""
+        b = self.broker(CONFIG, "persist-second")
+        first = b.call("io.slotbroker.Acquire", {"lane": "w", "detach": True, "maxHoldMs": 3600000})["lease"]
+        before = os.stat(os.path.join(b.state_dir, LEASE_LOG))
+        second = subprocess.run(b.argv(), capture_output=True, text=True, timeout=20)
+        self.assertNotEqual(second.returncode, 0, "a second brokerd on one state directory must not start")
+        self.assertIn(f"in use by another brokerd (pid {b.proc.pid})", second.stderr)
+        after = os.stat(os.path.join(b.state_dir, LEASE_LOG))
+        self.assertEqual((before.st_ino, before.st_size), (after.st_ino, after.st_size), "the lease log was touched")
+        self.assertTrue(b.responsive(), "the running brokerd serves on")
+        b.stop()
+        b.start()
+        holders = b.status()["holders"]
+        self.assertEqual([h["lease"]["token"] for h in holders], [first["token"]], "the detached lease is restored")
+        self.assertNotEqual(self.ff(b), 0, "its slot is not granted again")
+
     # ---- best-effort ----
 
     def test_best_effort_grants_in_memory_and_tokens_never_go_back(self):

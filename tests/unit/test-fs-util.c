@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* test-fs-util.c — mkdir_parents(): the directories leading to a path, never the path itself; rename_aside():
- * a damaged file out of the way, never over another. */
+ * a damaged file out of the way, never over another; lock_file_take(): one holder at a time, named to the
+ * one refused. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -118,6 +119,26 @@ static void test_rename_aside_of_a_missing_file(void **state) {
 
 /* A closed stderr is held by /dev/null, read-only (a write fails as on the closed one) and close-on-exec; an
  * open one is left as it is. */
+static void test_lock_file_has_one_holder_at_a_time(void **state) {
+        char path[sizeof root + 32];
+        snprintf(path, sizeof path, "%s/state/brokerd.lock", root);
+        int fd = -1, again = -1;
+        pid_t holder = -1;
+
+        assert_int_equal(lock_file_take(path, &fd, &holder), 0);
+        assert_true(fd >= 0);
+        assert_int_equal(holder, -1); /* untouched on success */
+        assert_true(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+        /* A second open file description is refused, and told who holds it; its fd is not touched. */
+        assert_int_equal(lock_file_take(path, &again, &holder), -EWOULDBLOCK);
+        assert_int_equal(again, -1);
+        assert_int_equal(holder, getpid());
+        /* The lock goes with the holder's fd. */
+        safe_close(fd);
+        assert_int_equal(lock_file_take(path, &again, &holder), 0);
+        safe_close(again);
+}
+
 static void test_stdio_ensure_open_fills_a_closed_one(void **state) {
         int saved = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
         struct stat before, st, null;
@@ -150,6 +171,7 @@ int main(void) {
                 cmocka_unit_test(test_a_bare_name_has_no_parents),
                 cmocka_unit_test(test_rename_aside_never_over_another),
                 cmocka_unit_test(test_rename_aside_of_a_missing_file),
+                cmocka_unit_test(test_lock_file_has_one_holder_at_a_time),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
