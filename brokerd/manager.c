@@ -1653,6 +1653,12 @@ static int manager_lock_state(Manager *m) {
         if (asprintf(&path, "%s/" STATE_LOCK_FILE, m->state_directory) < 0)
                 return -ENOMEM;
         int r = lock_file_take(path, &m->state_lock_fd, &holder);
+        if (r == -EROFS) {
+                /* Nothing can be written there, by this brokerd or another on the same mount: it is read
+                 * unlocked, and grants wait for a lease log they can be written in (or go best-effort). */
+                log_debug("The state directory %s is read-only: not locked.", m->state_directory);
+                return 0;
+        }
         if (r == -EWOULDBLOCK && holder > 0)
                 log_error("The state directory %s is in use by another brokerd (pid %d).", m->state_directory,
                           (int) holder);

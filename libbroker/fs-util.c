@@ -36,8 +36,15 @@ int lock_file_take(const char *path, int *ret_fd, pid_t *ret_holder) {
         int r = mkdir_parents(path, 0750);
         if (r < 0)
                 return r;
+        bool writable = true;
         _cleanup_close_ int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0)
+        if (fd < 0 && (errno == EROFS || errno == EACCES)) {
+                r = negative_errno();
+                writable = false; /* flock() needs no write access: a read-only file that exists is locked */
+                fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                if (fd < 0)
+                        return r;
+        } else if (fd < 0)
                 return negative_errno();
         if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
                 r = negative_errno();
@@ -52,7 +59,7 @@ int lock_file_take(const char *path, int *ret_fd, pid_t *ret_holder) {
         char buf[24];
         int len = snprintf(buf, sizeof buf, "%d\n", (int) getpid());
         /* The pid is for people only: a file it could not be written in still holds the lock. */
-        if (ftruncate(fd, 0) >= 0)
+        if (writable && ftruncate(fd, 0) >= 0)
                 (void) fd_write_all(fd, buf, (size_t) len);
         *ret_fd = TAKE_FD(fd);
         return 0;

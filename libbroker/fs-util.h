@@ -17,8 +17,9 @@ int rename_aside(const char *path, bool missing_ok, char **ret_moved);
 
 /* Takes an exclusive flock() on path (created 0600 where missing, its directories 0750), held for as long as the
  * returned fd is open: one process of a kind per directory. The holder's pid is written in it, for the message
- * of the one refused. Returns 0 with *ret_fd; -EWOULDBLOCK with *ret_holder (0 if unknown) when another open
- * file holds it; else negative errno. */
+ * of the one refused; an existing file that cannot be opened for writing (a read-only file system) is locked
+ * all the same. Returns 0 with *ret_fd; -EWOULDBLOCK with *ret_holder (0 if unknown) when another open file
+ * holds it; else negative errno (-EROFS: a read-only file system where it does not exist). */
 int lock_file_take(const char *path, int *ret_fd, pid_t *ret_holder);
 
 /* write() until all of data is written (EINTR retried). Returns 0, -EIO (nothing written), or write's error. */
