@@ -667,6 +667,19 @@ static int slots_from_json(const json_t *slots, const json_t *members, unsigned 
 }
 
 /* "also": an all-or-nothing lease's further pools. Anything malformed is damage: the whole line is. */
+/* Tokens above it are damage: far above any token issued (tokens continue above the realtime clock in µs,
+ * ~2^51, one a grant), far below the wire's signed 64 bits, and token + 1 cannot wrap. */
+#define LEASE_LOG_TOKEN_LIMIT (UINT64_C(1) << 62)
+
+/* v is an integer in [lo, hi]: a line's numbers are checked before they are cast (untrusted as the line). */
+static bool json_integer_in(const json_t *v, json_int_t lo, json_int_t hi) {
+        return json_is_integer(v) && json_integer_value(v) >= lo && json_integer_value(v) <= hi;
+}
+
+static bool json_token_is_valid(const json_t *v) {
+        return json_integer_in(v, 1, (json_int_t) LEASE_LOG_TOKEN_LIMIT);
+}
+
 static int row_also_from_json(const json_t *also, HistoryLeaseRow *row) {
         if (!json_is_array(also) || json_array_size(also) == 0 || json_array_size(also) > LEASE_LOG_ALSO_MAX)
                 return -EBADMSG;
@@ -678,7 +691,7 @@ static int row_also_from_json(const json_t *also, HistoryLeaseRow *row) {
                 const json_t *a = json_array_get(also, i);
                 HistoryLeaseAlso *h = row->also + row->n_also++;
                 if (!json_is_object(a) || !json_is_string(json_object_get(a, "pool")) ||
-                    !json_is_integer(json_object_get(a, "token")) || json_integer_value(json_object_get(a, "token")) < 0)
+                    !json_token_is_valid(json_object_get(a, "token")))
                         return -EBADMSG;
                 if (!(h->pool = json_strdup(json_object_get(a, "pool"))))
                         return -ENOMEM;
@@ -700,7 +713,13 @@ static int row_from_json(const json_t *o, HistoryLeaseRow *ret) {
 
         if (!json_is_string(json_object_get(o, "id")) || !json_is_string(json_object_get(o, "pool")) ||
             !json_is_string(json_object_get(o, "lane")) || !json_is_array(slots) ||
-            !json_is_integer(json_object_get(o, "token")) || !json_is_integer(json_object_get(o, "grantedAt")) ||
+            !json_token_is_valid(json_object_get(o, "token")) ||
+            !json_integer_in(json_object_get(o, "grantedAt"), 0, INT64_MAX) ||
+            !json_integer_in(json_object_get(o, "uid"), 0, UINT32_MAX - 1) ||
+            !json_integer_in(json_object_get(o, "pid"), 0, INT32_MAX) ||
+            ((v = json_object_get(o, "commandPid")) && !json_integer_in(v, 0, INT32_MAX)) ||
+            ((v = json_object_get(o, "commandStart")) && !json_integer_in(v, 0, INT64_MAX)) ||
+            ((v = json_object_get(o, "expiresAt")) && !json_integer_in(v, 0, INT64_MAX)) ||
             (members && (!json_is_array(members) || json_array_size(members) != json_array_size(slots))) ||
             json_array_size(slots) > UINT_MAX)
                 return -EBADMSG;
@@ -799,7 +818,7 @@ static int reader_apply(Reader *rd, const json_t *o) {
                 reader_forget(rd, json_string_value(v));
         } else if ((v = json_object_get(o, "token"))) {
                 json_t *pool = json_object_get(v, "pool"), *next = json_object_get(v, "next");
-                if (!json_is_string(pool) || !json_is_integer(next))
+                if (!json_is_string(pool) || !json_integer_in(next, 0, (json_int_t) LEASE_LOG_TOKEN_LIMIT))
                         return -EBADMSG;
                 return marks_raise(&rd->marks, &rd->n_marks, json_string_value(pool), (uint64_t) json_integer_value(next));
         } else if ((v = json_object_get(o, "alive"))) {

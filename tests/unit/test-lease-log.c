@@ -552,6 +552,49 @@ static const LeaseLogRest *rest_of(const LeaseLogRead *info, const char *pool, c
         return NULL;
 }
 
+/* A line with a good CRC is still untrusted: a number out of its range is damage (and the tokens go on above
+ * the clock, manager.c), never cast into a token that goes back or wraps, a time before 1970, or root. */
+static void test_numbers_out_of_range_are_damage(void **state) {
+        Fixture *f = *state;
+        static const char *const lines[] = {
+                "{\"token\":{\"pool\":\"p\",\"next\":-2}}",
+                "{\"token\":{\"pool\":\"p\",\"next\":9223372036854775807}}",
+#define LEASE(fields) "{\"lease\":{\"id\":\"cccccccccccccccccccccccccccccccc\",\"pool\":\"p\",\"lane\":\"l\"," \
+                      "\"slots\":[2]," fields ",\"detached\":true}}"
+                LEASE("\"token\":-1,\"uid\":1000,\"pid\":5,\"grantedAt\":1"),
+                LEASE("\"token\":0,\"uid\":1000,\"pid\":5,\"grantedAt\":1"),
+                LEASE("\"token\":9223372036854775806,\"uid\":1000,\"pid\":5,\"grantedAt\":1"),
+                LEASE("\"token\":7,\"pid\":5,\"grantedAt\":1"),                      /* no uid: not root */
+                LEASE("\"token\":7,\"uid\":-1,\"pid\":5,\"grantedAt\":1"),
+                LEASE("\"token\":7,\"uid\":1000,\"grantedAt\":1"),                    /* no pid */
+                LEASE("\"token\":7,\"uid\":1000,\"pid\":5,\"grantedAt\":-1"),
+                LEASE("\"token\":7,\"uid\":1000,\"pid\":5,\"grantedAt\":1,\"expiresAt\":-5"),
+                LEASE("\"token\":7,\"uid\":1000,\"pid\":-5,\"grantedAt\":1"),
+                LEASE("\"token\":7,\"uid\":1000,\"pid\":5,\"commandPid\":-1,\"commandStart\":1,\"grantedAt\":1"),
+#undef LEASE
+        };
+        for (size_t i = 0; i < ELEMENTSOF(lines); i++)
+                append_checked(f, lines[i]);
+        HistoryState s = {};
+        LeaseLogRead info = {};
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, ELEMENTSOF(lines));
+        assert_int_equal(s.n_leases, 0);
+        assert_null(floor_of(&s, "p"));
+        history_state_done(&s);
+        lease_log_read_done(&info);
+
+        /* The same lease in range is one. */
+        append_checked(f, "{\"lease\":{\"id\":\"cccccccccccccccccccccccccccccccc\",\"pool\":\"p\",\"lane\":\"l\","
+                          "\"slots\":[2],\"token\":7,\"uid\":1000,\"pid\":5,\"grantedAt\":1,\"detached\":true}}");
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, ELEMENTSOF(lines));
+        assert_int_equal(s.n_leases, 1);
+        assert_int_equal(s.leases[0].token, 7);
+        history_state_done(&s);
+        lease_log_read_done(&info);
+}
+
 static void test_rests_are_read_back_replaced_and_reset(void **state) {
         Fixture *f = *state;
         assert_int_equal(lease_log_rest(f->log, "rigs", 1, "rig-b", 1700000100000000), 0);
@@ -692,6 +735,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_token_marks_outlive_their_leases, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_torn_last_line_is_not_damage, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_damaged_line_is_counted_and_skipped, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_numbers_out_of_range_are_damage, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_not_a_lease_log, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_failed_write_leaves_no_half_line_and_a_snapshot_mends, setup,
                                                 teardown),
