@@ -893,7 +893,10 @@ static void link_send_setup(RedisLink *link) {
         /* Last: hiredis answers the calls before it from its queue, then hands this channel's replies to
          * on_message(); the link is up once the subscription is confirmed. */
         if (r >= 0 && link->channel) {
-                r = redisAsyncCommand(link->ac, on_message, link, "SUBSCRIBE %s", link->channel) == REDIS_OK ? 0 : -ENOTCONN;
+                /* The reader refuses messages of any other channel (hiredis would run a stale callback). */
+                r = redis_sdevent_set_channel(link->ac, link->channel);
+                if (r >= 0)
+                        r = redisAsyncCommand(link->ac, on_message, link, "SUBSCRIBE %s", link->channel) == REDIS_OK ? 0 : -ENOTCONN;
                 link->setup_pending += r >= 0;
         }
         if (r >= 0 && link->library && !link->options.sentinel) {
@@ -939,7 +942,7 @@ static void on_context_end(redisAsyncContext *ac, void *userdata) {
         link->setup_pending = 0;
         link->blocking_in_flight = false;
 
-        const char *overflow = redis_sdevent_get_overflow(ac);
+        const char *overflow = redis_sdevent_get_overflow(ac), *unexpected = redis_sdevent_get_unexpected(ac);
         if (link->ending) {
                 state = link->end_state;
                 snprintf(reason, sizeof reason, "%s", link->end_reason ?: "Disconnected");
@@ -950,6 +953,12 @@ static void on_context_end(redisAsyncContext *ac, void *userdata) {
                 link->failure = "reply-too-large";
                 snprintf(reason, sizeof reason, "%s: not the pool's Redis, or keys someone else wrote (see brokerd.conf(5))",
                          overflow);
+        } else if (unexpected) {
+                /* A reply no command asked for (hiredis would abort on it): not a Redis server, or not one
+                 * that keeps the protocol. */
+                state = REDIS_LINK_FAILED;
+                link->failure = "not-redis";
+                snprintf(reason, sizeof reason, "Not a Redis server: %s", unexpected);
         } else if (ac->err == REDIS_ERR_PROTOCOL) {
                 /* A Redis server never breaks the protocol: this is something else at that address. */
                 state = REDIS_LINK_FAILED;

@@ -3,6 +3,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 
 #include "macro.h"
@@ -21,12 +22,16 @@ typedef struct RedisSdevent {
         /* The reply being read: what it cost so far, against the caps. */
         size_t reply_bytes, reply_values;
         const char *overflow;
+        bool pubsub_root;               /* the reply being read is a pub/sub message (its elements checked) */
+        char *channel;                  /* redis_sdevent_set_channel()'s: the only one a message may name */
+        const char *unexpected;         /* why a reply was refused by reply_expected() */
 } RedisSdevent;
 
 static RedisSdevent *redis_sdevent_free(RedisSdevent *e) {
         if (!e)
                 return NULL;
         sd_event_source_disable_unref(e->io);
+        free(e->channel);
         return mfree(e);
 }
 
@@ -65,6 +70,57 @@ static void add_write(void *privdata) {
 static void del_write(void *privdata) {
         RedisSdevent *e = privdata;
         update_events(e, e->events & ~(uint32_t) EPOLLOUT);
+}
+
+/* ---- replies that no command asked for ---- */
+
+/* hiredis 0.14 asserts (an abort, whatever the build) on replies that a server sends unasked: one that is no
+ * error while no callback waits on a context that is not subscribed (redisProcessCallbacks()), and, while
+ * subscribed, a message shorter than 2 elements or whose elements 0 and 1 are not bulk strings, or an
+ * unsubscribe of fewer than 3 (__redisGetSubscribeCallback()); an unsubscribe that leaves subscribed mode
+ * makes the next message one of the first kind. A message whose channel it does not know, or a reply that
+ * is no array while no command waits (a nil array too), runs the callback of the reply before it again (its
+ * cb is not reset).
+ * Such a reply is refused here, before hiredis sees it: the read fails and the context ends (its replies
+ * come back empty), and redis_sdevent_get_unexpected() says why. Error replies are left to hiredis: it
+ * ends the context with their text (Redis's "max number of clients reached"). */
+static bool reply_expected(RedisSdevent *e, const redisReadTask *task, int type, const char *s, size_t len) {
+        const redisAsyncContext *ac = e->ac;
+        if (!task->parent) {
+                e->pubsub_root = false;
+                if (type == REDIS_REPLY_ERROR || ac->replies.head)
+                        return true; /* a regular command's, first in line (even while subscribed) */
+                if (!(ac->c.flags & REDIS_SUBSCRIBED)) {
+                        e->unexpected = "A reply to no command";
+                        return false;
+                }
+                if (type != REDIS_REPLY_ARRAY) {
+                        if (ac->sub.invalid.head)
+                                return true; /* a command's sent while subscribed */
+                        e->unexpected = "A pub/sub message that is no array";
+                        return false;
+                }
+                /* The array's element count is checked by create_array(), the only caller with a root array. */
+                e->pubsub_root = true;
+                return true;
+        }
+        if (!e->pubsub_root || task->parent->parent || task->idx > 1)
+                return true;
+        /* Element 0, the kind, and 1, the channel: brokerd subscribes to one channel and never unsubscribes. */
+        if (type != REDIS_REPLY_STRING) {
+                e->unexpected = "A pub/sub message whose kind or channel is no string";
+                return false;
+        }
+        if (task->idx == 0 && !(len == 9 && strncasecmp(s, "subscribe", len) == 0) &&
+            !(len == 7 && strncasecmp(s, "message", len) == 0)) {
+                e->unexpected = "A pub/sub message of another kind than subscribe or message";
+                return false;
+        }
+        if (task->idx == 1 && (!e->channel || strlen(e->channel) != len || memcmp(s, e->channel, len) != 0)) {
+                e->unexpected = "A pub/sub message of a channel not subscribed";
+                return false;
+        }
+        return true;
 }
 
 /* ---- the caps on a reply (REDIS_REPLY_*_MAX) ---- */
@@ -169,7 +225,7 @@ static void reply_object_free(void *obj) {
 
 static void *create_string(const redisReadTask *task, char *s, size_t len) {
         RedisSdevent *e = task->privdata;
-        if (!reply_count(e, task, len, 1))
+        if (!reply_expected(e, task, task->type, s, len) || !reply_count(e, task, len, 1))
                 return NULL;
         void *extra = NULL;
         redisReply *r = reply_object_new(task, task->type, len + 1, &extra);
@@ -185,6 +241,12 @@ static void *create_string(const redisReadTask *task, char *s, size_t len) {
 
 static void *create_array(const redisReadTask *task, int elements) {
         RedisSdevent *e = task->privdata;
+        if (!reply_expected(e, task, REDIS_REPLY_ARRAY, NULL, 0))
+                return NULL;
+        if (!task->parent && e->pubsub_root && elements != 3) {
+                e->unexpected = "A pub/sub message of another length than 3";
+                return NULL;
+        }
         /* The elements are counted as announced: their table is allocated now. */
         if (!reply_count(e, task, 0, 1 + (size_t) MAX(elements, 0)))
                 return NULL;
@@ -202,7 +264,7 @@ static void *create_array(const redisReadTask *task, int elements) {
 
 static void *create_integer(const redisReadTask *task, long long value) {
         RedisSdevent *e = task->privdata;
-        if (!reply_count(e, task, 0, 1))
+        if (!reply_expected(e, task, REDIS_REPLY_INTEGER, NULL, 0) || !reply_count(e, task, 0, 1))
                 return NULL;
         redisReply *r = reply_object_new(task, REDIS_REPLY_INTEGER, 0, NULL);
         if (r)
@@ -212,7 +274,8 @@ static void *create_integer(const redisReadTask *task, long long value) {
 
 static void *create_nil(const redisReadTask *task) {
         RedisSdevent *e = task->privdata;
-        return reply_count(e, task, 0, 1) ? reply_object_new(task, REDIS_REPLY_NIL, 0, NULL) : NULL;
+        return reply_expected(e, task, REDIS_REPLY_NIL, NULL, 0) && reply_count(e, task, 0, 1) ?
+                       reply_object_new(task, REDIS_REPLY_NIL, 0, NULL) : NULL;
 }
 
 /* After a read: what waits in the buffer for the rest of a reply counts too (a bulk string is kept whole
@@ -228,6 +291,22 @@ static bool buffer_over_cap(RedisSdevent *e) {
 const char *redis_sdevent_get_overflow(const redisAsyncContext *ac) {
         const RedisSdevent *e = ac ? ac->ev.data : NULL;
         return e ? e->overflow : NULL;
+}
+
+const char *redis_sdevent_get_unexpected(const redisAsyncContext *ac) {
+        const RedisSdevent *e = ac ? ac->ev.data : NULL;
+        return e ? e->unexpected : NULL;
+}
+
+int redis_sdevent_set_channel(redisAsyncContext *ac, const char *channel) {
+        RedisSdevent *e = ac ? ac->ev.data : NULL;
+        assert_return(e && channel, -EINVAL);
+        char *c = strdup(channel);
+        if (!c)
+                return -ENOMEM;
+        free(e->channel);
+        e->channel = c;
+        return 0;
 }
 
 static void cleanup(void *privdata) {

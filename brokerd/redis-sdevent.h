@@ -32,6 +32,15 @@ int redis_sdevent_attach(redisAsyncContext *ac, sd_event *event, RedisSdeventCle
  * hook returns. */
 const char *redis_sdevent_get_overflow(const redisAsyncContext *ac);
 
+/* Why ac is being ended for a reply that no command asked for (a sentence, static), or NULL; valid as the
+ * above. hiredis 0.14 aborts the process on such replies (redis-sdevent.c, reply_expected()): they are
+ * refused before it sees them, and the context ends. */
+const char *redis_sdevent_get_unexpected(const redisAsyncContext *ac);
+
+/* The channel that ac subscribes to (brokerd's links subscribe to one at most): a pub/sub message of any
+ * other is refused as unexpected. Returns 0, -EINVAL (ac not attached), or -ENOMEM. */
+int redis_sdevent_set_channel(redisAsyncContext *ac, const char *channel);
+
 /* While corked, hiredis's calls for write interest are noted but no epoll_ctl() is made; uncorking writes
  * what the commands queued since left in hiredis's buffer at once (connected contexts), then watches for
  * what remains. A batch of commands then leaves in one write() without waiting one loop iteration for
