@@ -64,6 +64,7 @@ struct Backend {
         sd_event_source *read_retry;    /* after an error reply to XREAD, or a follow: not a busy loop */
         usec_t reader_followed;         /* when the reader last reconnected to follow the commands' server */
         bool reading;                   /* an XREAD is in flight */
+        usec_t read_sent, read_block;   /* the XREAD in flight: when it went, and its BLOCK */
         bool read_idle;                 /* … blocking XREAD_BLOCK_IDLE */
         InFlight *in_flight;            /* script calls sent and not answered: ours to free */
         /* Liveness per node (brokerd/lua/README, "Liveness per node"): one renewal every renew_period for
@@ -557,10 +558,13 @@ static bool backend_reader_elsewhere(const Backend *b) {
 }
 
 /* XREAD's reply: [[key, [[id, [field, value, …]], …]], …], or nil when the block ran out. */
-static void backend_read_entries(Backend *b, const redisReply *reply) {
+/* Returns whether the reply was of any use: an entry handed to a pool, or a read of another server (which
+ * backend_reader_follow() paces). */
+static bool backend_read_entries(Backend *b, const redisReply *reply) {
         usec_t now = now_monotonic();
+        bool used = false;
         if (backend_reader_elsewhere(b))
-                return; /* dropped unread: the ids go on from the last entry of the current server's stream */
+                return true; /* dropped unread: the ids go on from the last entry of the current server's stream */
         for (size_t i = 0; i < reply->elements; i++) {
                 const redisReply *s = reply->element[i];
                 if (s->type != REDIS_REPLY_ARRAY || s->elements != 2 || s->element[0]->type != REDIS_REPLY_STRING ||
@@ -580,24 +584,33 @@ static void backend_read_entries(Backend *b, const redisReply *reply) {
                         }
                         _cleanup_free_ RespValue *fields = reply_to_resp(e->element[1]);
                         if (!fields)
-                                return; /* read again from the last entry handed in */
+                                return true; /* read again from the last entry handed in */
                         pool_shared_stream_entry(bp->pool, e->element[0]->str, fields, now);
+                        used = true;
                 }
         }
+        return used;
 }
 
 static void on_read_reply(RedisLink *link, int error, const redisReply *reply, void *userdata) {
         Backend *b = userdata;
         b->reading = false;
         backend_fence_check(b);
+        bool used = false;
         if (error == 0 && reply->type == REDIS_REPLY_ARRAY)
-                backend_read_entries(b, reply);
+                used = backend_read_entries(b, reply);
         else if (error == 0 && reply->type == REDIS_REPLY_ERROR) {
                 log_warning("Redis refused to read the streams of shared pools: %s", reply->str);
                 (void) sd_event_source_set_time_relative(b->read_retry, READ_RETRY);
                 (void) sd_event_source_set_enabled(b->read_retry, SD_EVENT_ONESHOT);
                 backend_after(b);
                 return;
+        }
+        /* Nothing, well before the BLOCK ran out: Redis answers so only when a client unblocks this one, but a
+         * server that answers at once would be read again at once, a round trip after another. */
+        if (error == 0 && !used && now_monotonic() - b->read_sent < b->read_block / 2) {
+                (void) sd_event_source_set_time_relative(b->read_retry, READ_RETRY);
+                (void) sd_event_source_set_enabled(b->read_retry, SD_EVENT_ONESHOT);
         }
         /* An error (< 0): the link reconnects and says so; the read starts again then. */
         backend_after(b);
@@ -690,6 +703,8 @@ static void backend_start_read(Backend *b) {
                 return;
         b->reading = true;
         b->read_idle = idle;
+        b->read_sent = now_monotonic();
+        b->read_block = block;
         for (size_t i = 0; i < b->n_pools; i++)
                 b->pools[i]->in_read = pool_shared_stream_resume_id(b->pools[i]->pool) &&
                                        pool_shared_stream_key(b->pools[i]->pool);

@@ -178,6 +178,8 @@ typedef struct SharedPool {
         Cache cache;
         bool congested;        /* as last emitted */
         bool tick_pending;     /* a tick is in the outbox */
+        unsigned settling;     /* "settling" answers in a row (settling_hold()) */
+        usec_t settling_pause; /* until then a call answered "settling" is held, and no tick goes */
         bool run_pending;      /* a run() tick is in the outbox: next_wakeup() says USEC_INFINITY */
         bool reclaim_all;      /* the run id or the epoch changed: every lease is reclaimed */
         int64_t recovery_noticed; /* the end of the last recovery window journaled (pool clock) */
@@ -2722,6 +2724,21 @@ static void wait_done(SharedPool *p, Call *c, int64_t acked, usec_t now) {
 
 static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, usec_t now);
 
+/* A call answered "settling" once more (README "Statuses": the same call again, at once). A real pool settles
+ * its backlog SETTLE_MAX steps a call, so a long run of them is a server that keeps this node calling, a
+ * round trip after another: past SHARED_SETTLING_MAX in a row the pool's calls answered so wait for a
+ * heartbeat (held as after an error: sent again after the next tick's answer; counted as bad input). */
+static bool settling_hold(SharedPool *p, usec_t now) {
+        if (now < p->settling_pause)
+                return true;
+        if (++p->settling < SHARED_SETTLING_MAX)
+                return false;
+        p->settling = 0;
+        p->settling_pause = usec_add(now, p->params.heartbeat);
+        bad_input(p, "calls answered \"settling\" 256 times in a row", now);
+        return true;
+}
+
 /* README "Reply": an array of 6, a status word, the pool clock; anything else is not the scripts' (counted,
  * false). Its pool clock and round trip are taken in: the pool clock at the midpoint (memo §4.6). */
 static bool reply_take_clock(SharedPool *p, const Call *c, const RespValue *reply, int64_t *ret_pool_now, usec_t now) {
@@ -2800,6 +2817,13 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 events_apply(p, resp_at(reply, 3), now);
                 cache_apply(p, resp_at(reply, 4), pool_now, now);
                 c->sent = false;
+                if (settling_hold(p, now)) {
+                        if (c->script == SHARED_SCRIPT_TICK || c->script == SHARED_SCRIPT_POSITIONS)
+                                call_free(c); /* made again from the state of the day, after the pause */
+                        else
+                                c->held = true;
+                        return;
+                }
                 if (c->script == SHARED_SCRIPT_TICK && c->reconcile && !p->params.manual_clock) {
                         /* Its page was made before the calls sent behind it, which Redis may have run by now
                          * (a submit's new waiter would be dropped as one this node forgot): made again. (The
@@ -2816,6 +2840,7 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 }
                 return;
         }
+        p->settling = 0;
         if (resp_is(status, "unregistered")) {
                 /* Reaped while away, or Redis lost the pool: register again first. A submit it refused wrote
                  * nothing: it goes again once the node serves (as a set's call does), its arrival on the clock
@@ -3646,8 +3671,10 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
 
         if (resp_is(status, "settling")) {
                 c->sent = false; /* nothing of the set done: the same call again */
+                c->held = settling_hold(p, now);
                 return;
         }
+        p->settling = 0;
         if (resp_is(status, "unregistered") && named) {
                 /* That pool registers again first (its tick); the set goes once it serves again. */
                 state_set(named, SHARED_STATE_REGISTERING);
@@ -3986,6 +4013,8 @@ static void shared_run(Pool *base, usec_t now) {
          * needs its own tick all the same, or it would be completed only at the engine's next instant. */
         if (p->tick_pending && !(p->params.manual_clock && now > p->last_tick))
                 return;
+        if (now < p->settling_pause)
+                return; /* settling_hold(): shared_next_wakeup() says when */
         /* The manual clock: every run() is the engine's instant, completed by Redis (memo §3.10). In
          * production: the heartbeat (slower while the renewal covers the pool), or the pool's own next
          * instant (a budget ending, a gauge flip, another node's registration lapsing). */
@@ -4015,11 +4044,15 @@ static usec_t shared_next_wakeup(const Pool *base) {
                 return w;
         /* In the manual mode every run() is a heartbeat, and the engine's instants are the only ones: an
          * instant of the pool's own would be one the in-process pool does not have (memo §3.10). */
+        usec_t due = USEC_INFINITY;
         if (!p->params.manual_clock)
-                w = MIN(w, heartbeat_due(p, p->last_now));
+                due = heartbeat_due(p, p->last_now);
         if (p->cache.valid && p->cache.next_wakeup >= 0)
-                w = MIN(w, local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1));
-        return w;
+                due = MIN(due, local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1));
+        /* No tick before the end of a pause of settling_hold(). */
+        if (due != USEC_INFINITY)
+                due = MAX(due, p->settling_pause);
+        return MIN(w, due);
 }
 
 /* drain.lua's call: the member ("" the pool) and on; with `with` (a drain that keeps who, why and until in Redis,

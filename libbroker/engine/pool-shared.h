@@ -142,6 +142,8 @@ typedef struct SharedPoolParams {
  * submitted again under its rid and arrival: once for each such loss, this many times at most in its life
  * (brokerd/lua/README, submit). Redis losing it again without one is someone deleting it: refused. */
 #define SHARED_RESUBMITS_MAX 4u
+/* "settling" answers in a row that a pool follows at once (settling_hold()): 256 calls settle 16,384 steps. */
+#define SHARED_SETTLING_MAX 256
 /* A batch's bounds (brokerd/lua/batch.lua checks the first): one call must not hold Redis for long. */
 #define SHARED_BATCH_OPS_MAX 16u
 #define SHARED_BATCH_BYTES_MAX (32u * 1024u)

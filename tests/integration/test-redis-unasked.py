@@ -34,6 +34,13 @@ from fakeredis import FakeRedis, array, bulk, integer, status  # noqa: E402
 from harness import wait_for  # noqa: E402
 
 
+def bad_input_total(b):
+    for line in b.call("io.slotbroker.Metrics")["text"].splitlines():
+        if line.startswith('slotbroker_backend_bad_input_total{pool="shared"}'):
+            return int(line.split()[-1])
+    return None
+
+
 def config(backend):
     return f"""\
 [pool shared]
@@ -127,6 +134,75 @@ class Unasked(harness.BrokerTestCase):
                 self.assert_ended_and_back(b, "Not a Redis server: A reply to no command")
                 self.assertIn("not-redis", b.log())
                 self.assertGreaterEqual(len(f.connections), 3, "the commands link connected again")
+
+    def test_a_stream_read_answered_twice(self):
+        sent = []
+
+        def hostile(c, args):
+            if args[0].upper() == b"XREAD" and not sent:
+                # Nothing, at once: the next read waits (paced); meanwhile a reply to no command.
+                sent.append(True)
+
+                def later():
+                    time.sleep(0.3)
+                    try:
+                        c.send(status("OK"))
+                    except OSError:
+                        pass
+                threading.Thread(target=later, daemon=True).start()
+                return bulk(None)
+            return None
+        f = self.redis(hostile)
+        b = self.broker(config(f.url()), "xread-twice")
+        self.wait_up(b)
+        self.acquire(b, "shared")  # a waiter: the stream is read
+        wait_for(lambda: sent, timeout=20, message="an XREAD")
+        wait_for(lambda: "A reply to no command" in b.log() or not b.alive(), timeout=20, message="the reader ended")
+        self.assertTrue(b.alive(), b.log()[-3000:])
+        n = f.count("XREAD")
+        wait_for(lambda: f.count("XREAD") > n, timeout=20, message="the stream read again")
+        self.assertTrue(b.alive())
+
+    # ---- a server that keeps brokerd calling ----
+
+    def test_a_stream_read_answered_at_once(self):
+        def hostile(c, args):
+            return bulk(None) if args[0].upper() == b"XREAD" else None
+        f = self.redis(hostile)
+        b = self.broker(config(f.url()), "xread-spin", debug=False)
+        self.wait_up(b)
+        self.acquire(b, "shared")  # a waiter: the stream is read
+        wait_for(lambda: f.count("XREAD") > 0, timeout=20, message="an XREAD")
+        n = f.count("XREAD")
+        time.sleep(3)  # a window to count in, not a synchronisation
+        reads = f.count("XREAD") - n
+        # Paced by READ_RETRY (1 s): about 3. Unpaced: a round trip each, tens of thousands.
+        self.assertLessEqual(reads, 10, f"{reads} XREADs in 3 s")
+        self.assertTrue(b.alive())
+
+    def test_a_call_answered_settling_for_ever(self):
+        settle = []
+
+        def hostile(c, args):
+            if settle and fakeredis.script_of(c, args)[0] is not None:
+                return fakeredis.reply("settling", fakeredis.now_us(), [], cache_value=fakeredis.cache())
+            return None
+        f = self.redis(hostile)
+        b = self.broker(config(f.url()), "settling", debug=False)
+        self.wait_up(b)
+        settle.append(True)
+        n = f.count("FCALL")
+        time.sleep(3)  # a window to count in, not a synchronisation
+        calls = f.count("FCALL") - n
+        # 256 in a row, then a heartbeat's pause (1 s): about 1000 at most. Unbounded: tens of thousands.
+        self.assertLessEqual(calls, 2000, f"{calls} FCALLs in 3 s")
+        self.assertGreaterEqual(bad_input_total(b) or 0, 1)
+        self.assertTrue(b.alive())
+        # A server that answers again is followed again.
+        settle.clear()
+        n = f.count("FCALL")
+        wait_for(lambda: f.count("FCALL") > n + 2, timeout=20, message="calls again")
+        self.wait_up(b)
 
     def test_a_sentinel_query_answered_twice(self):
         redis = self.redis()
