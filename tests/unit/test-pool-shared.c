@@ -248,6 +248,12 @@ static void done(Fixture *f, const SharedCall *c, RespValue r, usec_t boot, usec
         pool_shared_call_done(f->pool, c->id, 0, &r, boot, now);
 }
 
+static uint64_t bad_inputs(Fixture *f) {
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        return info.bad_input;
+}
+
 static void tick_ok(Fixture *f, usec_t boot, usec_t now) {
         const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
         done(f, c, reply("ok", (int64_t) now, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")),
@@ -825,6 +831,40 @@ static void test_settling_sends_the_same_call_again(void **state) {
         c = take(f, SHARED_SCRIPT_SUBMIT);
         assert_int_equal(c->id, id);
         assert_string_equal(arg(c, 6), rid);
+}
+
+/* A server that answers "settling" for ever does not keep the pool calling a round trip after another:
+ * SHARED_SETTLING_MAX answers in a row are followed at once; then the call is held, counted as bad input, and
+ * no tick goes until a heartbeat later (the cache's next_wakeup, in the past, asks for one at once); the
+ * heartbeat's answer lets the call go again. */
+static void test_settling_for_ever_waits_for_a_heartbeat(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(1)), 0);
+        uint64_t id = 0;
+        for (unsigned i = 0; i < SHARED_SETTLING_MAX; i++) {
+                const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+                if (i == 0)
+                        id = c->id;
+                assert_int_equal(c->id, id);
+                assert_int_equal(bad_inputs(f), 0);
+                done(f, c, reply("settling", 1, EMPTY, EMPTY, cache(2, 100, 0, 0, "")), S(1), S(1));
+        }
+        assert_int_equal(bad_inputs(f), 1);
+        assert_int_equal(f->n_seen, 0);
+        no_call(f);
+        assert_true(f->pool->ops->next_wakeup(f->pool) >= S(2));
+        f->pool->ops->run(f->pool, S(2) - 1);
+        no_call(f);
+        f->pool->ops->run(f->pool, S(2));
+        tick_ok(f, S(2), S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_int_equal(c->id, id);
+        /* Answered "settling" again: followed at once, a new run of SHARED_SETTLING_MAX. */
+        done(f, c, reply("settling", 1, EMPTY, EMPTY, cache(2, 100, 0, -1, "")), S(2), S(2));
+        assert_int_equal(take(f, SHARED_SCRIPT_SUBMIT)->id, id);
+        assert_int_equal(bad_inputs(f), 1);
 }
 
 static void test_waiters_are_kept_for_the_grace_then_refused(void **state) {
@@ -2842,12 +2882,6 @@ static void test_grant_from_an_unconfirmed_primary_is_refused_and_released(void 
 
 /* ------------------------------------------------------------- untrusted input (SPEC §11, issue 19 g) */
 
-static uint64_t bad_inputs(Fixture *f) {
-        PoolInfo info;
-        f->pool->ops->info(f->pool, S(2), &info);
-        return info.bad_input;
-}
-
 /* Every forged grant of a waiter's rid is dropped, counted, and its waiter refused "bad-reply" with its rid
  * withdrawn (which releases whatever Redis holds under it): a slot list longer than the members (the
  * crash of issue 19 g), a member in a pool of anonymous slots, a slot at or above the limit, a slot twice,
@@ -3901,6 +3935,7 @@ int main(void) {
                 T(test_cancel_try_before_the_answer),
                 T(test_lost_reply_is_retried_with_the_same_rid),
                 T(test_settling_sends_the_same_call_again),
+                T(test_settling_for_ever_waits_for_a_heartbeat),
                 T(test_waiters_are_kept_for_the_grace_then_refused),
                 T(test_fence_deadline_from_the_last_acknowledged_heartbeat),
                 T(test_node_ttl_by_reload_fences_on_the_shorter_until_agreed),
