@@ -1165,11 +1165,14 @@ static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now) {
                 Pool *by = refused->pool;
                 const char *reason = refused->reason;
                 usec_t retry_at = refused->retry_at;
+                /* A budget's end (a resumed set whose budget ended while no daemon ran) is at its deadline. */
+                bool ended = why == REFUSAL_TIMEOUT || why == REFUSAL_SHED;
+                usec_t at = ended ? refused->at : now, wait = ended ? refused->wait : usec_sub_unsigned(now, r->arrival);
                 set_withdraw(e, r, now);
                 /* Fail fast while an alternative remains (SPEC §3.2). */
                 if (!last && (why == REFUSAL_BUSY || why == REFUSAL_UNAVAILABLE))
                         return true;
-                refuse_request_at(e, r, by, why, now, usec_sub_unsigned(now, r->arrival), reason, retry_at);
+                refuse_request_at(e, r, by, why, at, wait, reason, retry_at);
                 return false;
         }
         if (set_is_granted(r)) {

@@ -147,11 +147,14 @@ int engine_check_moves(Engine *e, const BrokerConfig *c, EngineMoveRefusal *ret)
  * their old queue order: priority, then arrival), with its arrival and the budget it got when it first
  * joined that queue: its deadline stays arrival + budget, so a restart moves it by nothing. A resumed waiter
  * is granted at once only if a fresh request would be (room, and nobody ahead); max-queue does not refuse it
- * (it was admitted before). A budget that ended meanwhile refuses it (timeout/shed, at its deadline) in the
- * first engine_run(). When its pool is gone from the lane, or drained, the request is routed as a fresh one
- * (its arrival kept). A waiter of an all-or-nothing set (also=) goes back into every pool of its set, behind
- * those resumed before it in each, each part with the set's budget (the smallest, which the request had): its
- * deadline is kept, and a refusal at it names the chosen pool. Times are monotonic µs of the same boot. */
+ * (it was admitted before). A budget that ended before `now` refuses it at once (timeout/shed, at its
+ * deadline), room or not: never granted after it ended (SPEC §3.3), also when the slot it waited for was
+ * freed while no daemon ran; a pool kept by a backend goes by what the backend did with it meanwhile
+ * (granted before its deadline, or refused at it). When its pool is gone from the lane, or drained, the
+ * request is routed as a fresh one (its arrival kept). A waiter of an all-or-nothing set (also=) goes back
+ * into every pool of its set, behind those resumed before it in each, each part with the set's budget (the
+ * smallest, which the request had): its deadline is kept, and a refusal at it names the chosen pool. Times
+ * are monotonic µs of the same boot. */
 typedef struct EngineResume {
         const char *pool;         /* where it waited: engine_request_pool() */
         usec_t arrival;           /* engine_request_arrival() */

@@ -1529,6 +1529,18 @@ static void local_retire(Pool *base, usec_t now) {
         update_congestion(p, now);
 }
 
+/* The adaptive budget a resumed waiter of this state had, as far as it can be a shed's (SPEC §3.1). */
+static usec_t resumed_adaptive(const LocalPool *p, QueueState state) {
+        return p->base.queue_timeout_set && state == QUEUE_STATE_SATURATED ? saturated_budget(p) : USEC_INFINITY;
+}
+
+/* Which refusal the end of a budget is: the saturated budget's own (shed), or a keeping-up, lane or client
+ * one (timeout). */
+static bool budget_is_shed(const PoolTry *t, QueueState state, usec_t adaptive) {
+        return !t->lane_budget_set && state == QUEUE_STATE_SATURATED && adaptive != USEC_INFINITY &&
+               adaptive <= t->client_cap;
+}
+
 static void refuse_try(LocalPool *p, const PoolTry *t, Refusal refusal, usec_t now) {
         pool_emit(&p->base, &(PoolDecision) {
                 .verdict = POOL_VERDICT_REFUSED,
@@ -1568,6 +1580,27 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                         return r;
                 if (member_set_count(mask, words) < t->slots)
                         return -EINVAL;
+        }
+
+        /* A resumed waiter whose budget ended while no daemon ran is refused at its deadline, before room is
+         * looked at (SPEC §3.3: never granted after its budget ended; a slot freed meanwhile is no reason),
+         * and without queueing it first: run() grants freed slots before it refuses the budgets that ended. */
+        if (t->resume && t->resume->budget != USEC_INFINITY) {
+                usec_t deadline = usec_add(MIN(t->arrival, now), t->resume->budget);
+                if (deadline < now) {
+                        bool shed = budget_is_shed(t, t->resume->state, resumed_adaptive(p, t->resume->state));
+                        pool_emit(&p->base, &(PoolDecision) {
+                                .verdict = POOL_VERDICT_REFUSED,
+                                .pool = &p->base,
+                                .cookie = t->cookie,
+                                .at = deadline,
+                                .refusal = shed ? REFUSAL_SHED : REFUSAL_TIMEOUT,
+                                .state = t->resume->state,
+                                .idle = t->resume->idle,
+                                .budget = t->resume->budget,
+                        });
+                        return 0;
+                }
         }
 
         /* Room (SPEC §3): nobody waiting, k slots free, and the lane's limits allow it. A waiter that a lane
@@ -1704,8 +1737,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 w->state = t->resume->state;
                 w->idle = t->resume->idle;
                 w->budget = t->resume->budget;
-                if (p->base.queue_timeout_set && w->state == QUEUE_STATE_SATURATED)
-                        adaptive = saturated_budget(p);
+                adaptive = resumed_adaptive(p, w->state);
                 start = MIN(t->arrival, now);
         } else {
                 if (p->base.queue_timeout_set) {
@@ -1716,12 +1748,9 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 usec_t base_budget = t->lane_budget_set ? t->lane_budget : adaptive;
                 w->budget = MIN(base_budget, t->client_cap);
         }
-        /* Which refusal its end is: the saturated budget's own (shed), or a keeping-up, lane or client one. */
-        w->shed = !t->lane_budget_set && w->state == QUEUE_STATE_SATURATED && adaptive != USEC_INFINITY &&
-                  adaptive <= t->client_cap;
+        w->shed = budget_is_shed(t, w->state, adaptive);
 
         if (w->budget != USEC_INFINITY) {
-                /* Ended already (a resumed waiter): the next run() refuses it, at this deadline. */
                 r = heap_push(&p->deadlines, &w->deadline_node, usec_add(start, w->budget));
                 if (r < 0) {
                         waiter_free(w);

@@ -40,7 +40,9 @@ typedef struct PoolLaneRule {
 /* A waiter handed over by the previous daemon (engine.h, EngineResume): where it stood in this pool's
  * queue. The pool queues it behind the waiters resumed before it, with this state, idle and budget (its
  * deadline is PoolTry.arrival + budget, whenever that is), without the max-queue check; it is granted at
- * once only where a new try would be. */
+ * once only where a new try would be. One whose deadline is before `now` is refused (timeout/shed, at its
+ * deadline) without looking at room, never granted (SPEC §3.3); a pool kept by a backend answers what its
+ * backend did with the waiter meanwhile. */
 typedef struct PoolResume {
         QueueState state;
         usec_t idle;

@@ -25,7 +25,8 @@ Handover:
 - FileDescriptorStoreMax= below the connections: those not kept re-queue, the others resume. A waiter's
   budget counts from its Acquire across the restart (refused at its time, not a budget later). A
   configuration changed across the restart: a waiter of a lane gone is answered, one of a grown pool granted,
-  one whose user the lane no longer allows is not granted.
+  one whose user the lane no longer allows is not granted. A waiter whose budget ran out while brokerd
+  was down is refused at the start also when the holder's command ended meanwhile (room), not granted.
   Without brokerd.socket (brokerd binds its socket, only the stored fds are passed): an idle stop leaves the
   state alone in the store, and the next start must not take it for its listening socket.
 - Half a call sent before the stop and its rest after is answered; a thousand calls whose replies were not
@@ -507,6 +508,40 @@ class Handover(HandoverCase):
             self.assertTrue(due - harness.EARLINESS <= when <= due + harness.LATENESS,
                             f"refused after {when:.3f} s, due at {due:.3f} s (budget {budget} s, started again at "
                             f"{started - t0:.3f} s)")
+
+    def test_a_budget_that_ran_out_while_brokerd_was_down_is_not_granted_with_room(self):
+        """The same with room at the start: the holder's command ended while brokerd was down. The waiter
+        whose budget ran out meanwhile is refused QueueTimeout (SPEC §3.3: never granted after its budget
+        ended), not granted because the slot is free; the one behind it, whose budget runs on, is granted."""
+        b = self.start_broker()
+        self.job(b, "holder", 0)
+        wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
+        t0 = time.monotonic()
+        short = self.acquire(b, "nightly", queueWaitMs=1000)
+        long = self.acquire(b, "nightly", queueWaitMs=600000)
+        self.assertTrue(short.queued and long.queued, (short.msg, long.msg))
+        self.stop_into_store(b)
+        self.w.stop("holder")
+        pid = self.jobs["holder"].proc.pid
+
+        def reaped():
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                return self.w.ended("holder") and not f.read().split()
+        wait_for(reaped, 10, message="the holder's command to end")
+        time.sleep(max(0.0, t0 + 1.2 - time.monotonic()))  # the short budget runs out while brokerd is down
+        started = time.monotonic()
+        self.start_from_store(b)
+        try:
+            short.until(lambda a: a.error or a.granted, 10, "an answer")
+            self.assertEqual(short.error, "io.slotbroker.QueueTimeout",
+                             f"{short.msg} after {short.times[-1] - t0:.3f} s (budget 1 s, started again at "
+                             f"{started - t0:.3f} s)")
+            long.until(lambda a: a.error or a.granted, 10, "an answer")
+        except harness.ConnectionClosed:
+            self.fail(f"a waiter's connection was closed; brokerd:\n{b.log()[-3000:]}")
+        self.assertTrue(long.granted, long.msg)
+        self.assertEqual(self.jobs["holder"].wait(10), 0, self.stderrs())
+        self.assertIn("Restored 0 lease(s); 1 ended while brokerd was down.", b.log())
 
     def test_configuration_changed_across_the_restart(self):
         """An upgrade that also changes brokerd.conf: a waiter whose lane and pool are gone gets an answer (a

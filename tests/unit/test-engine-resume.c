@@ -31,6 +31,7 @@ typedef struct Tag {
         usec_t idle, budget;
         bool queued;
         uint64_t token;
+        usec_t max_wait;         /* as asked: the handover keeps the client's cap (brokerd's HandoverAcquire) */
 } Tag;
 
 typedef struct Fixture {
@@ -46,6 +47,7 @@ typedef struct Fixture {
         size_t n_tags;
         size_t n_congestion;
         bool congested;          /* the last CONGESTION event's */
+        Tag *gone;               /* restart(): its lease ended while no daemon ran (not restored; its token kept) */
 } Fixture;
 
 static uint64_t fake_random(void *userdata) {
@@ -147,6 +149,7 @@ static Tag *tag_new(Fixture *f, const char *name) {
 static Tag *acquire_ex(Fixture *f, const char *name, unsigned slots, usec_t max_wait, const EngineResume *resume,
                        usec_t now) {
         Tag *t = tag_new(f, name);
+        t->max_wait = max_wait;
         assert_int_equal(engine_acquire(f->engine,
                                         &(EngineAcquire) {
                                                 .lane = "l",
@@ -233,6 +236,12 @@ static void restart(Fixture *f, usec_t now, bool carry_clock) {
                 Tag *t = &f->tags[i];
                 if (!t->lease)
                         continue;
+                if (t == f->gone) {
+                        /* The lease log's token mark keeps its token used. */
+                        assert_int_equal(engine_set_token_floor(f->engine, engine_lease_pool(t->lease), t->token + 1), 0);
+                        t->lease = NULL;
+                        continue;
+                }
                 const unsigned *slots;
                 unsigned k = engine_lease_slots(t->lease, &slots, NULL);
                 EngineLease *l;
@@ -259,11 +268,12 @@ static void restart(Fixture *f, usec_t now, bool carry_clock) {
         drain_events(f);
         for (size_t i = 0; i < n_waiting; i++) {
                 Tag *t = tag_new(f, order[i]->name);
+                t->max_wait = order[i]->max_wait;
                 assert_int_equal(engine_acquire(f->engine,
                                                 &(EngineAcquire) {
                                                         .lane = "l",
                                                         .slots = 1,
-                                                        .max_wait = USEC_INFINITY,
+                                                        .max_wait = t->max_wait,
                                                         .userdata = t,
                                                         .resume = &resumes[i],
                                                 },
@@ -463,6 +473,57 @@ static void test_resumed_shed_waiter_refused_at_its_deadline(void **state) {
 
 /* ---- admission of resumed waiters ---- */
 
+/* The holder's command ended while no daemon ran (A, gone at the restart at 107 s): the new daemon starts with
+ * room. B (saturated: budget Q/10 = 6 s, to 106 s) and C (a 2 s cap, to 104 s) ran out of budget meanwhile:
+ * each is refused at its deadline, shed and timeout, as without the restart (SPEC §3.3: never granted after
+ * its budget ended), not granted because the slot is free. D (to 109 s) is granted at once, as A's end at
+ * 107 s grants it without the restart. */
+typedef struct Run2 {
+        Outcome b, c, d;
+} Run2;
+
+static Run2 scenario_ended_while_down(Fixture *f, bool restarted) {
+        config_make(f, 1, 1, 1, S(60), -1);
+        engine_start(f, 0);
+        Tag *a = acquire(f, "A", 1, USEC_INFINITY, 0);
+        assert_int_equal(a->last, ENGINE_EVENT_GRANTED);
+        assert_int_equal(acquire(f, "B", 1, USEC_INFINITY, S(100))->state, QUEUE_STATE_SATURATED);
+        assert_int_equal(acquire(f, "C", 1, S(2), S(102))->budget, S(2));
+        assert_int_equal(acquire(f, "D", 1, USEC_INFINITY, S(103))->budget, S(6));
+        if (restarted) {
+                f->gone = a;
+                restart(f, S(107), true);
+        } else {
+                run(f, S(107));
+                end(f, a, S(107));
+        }
+        run(f, S(107));
+        return (Run2) { .b = outcome(f, "B"), .c = outcome(f, "C"), .d = outcome(f, "D") };
+}
+
+static void test_resumed_waiter_whose_budget_ended_is_refused_with_room(void **state) {
+        Fixture *f = *state;
+        Run2 plain = scenario_ended_while_down(f, false);
+        assert_int_equal(plain.b.last, ENGINE_EVENT_REFUSED);
+        assert_int_equal(plain.b.refusal, REFUSAL_SHED);
+        assert_int_equal(plain.b.at, S(106));
+        assert_int_equal(plain.c.last, ENGINE_EVENT_REFUSED);
+        assert_int_equal(plain.c.refusal, REFUSAL_TIMEOUT);
+        assert_int_equal(plain.c.at, S(104));
+        assert_int_equal(plain.d.last, ENGINE_EVENT_GRANTED);
+        assert_int_equal(plain.d.at, S(107));
+
+        teardown(state);
+        setup(state);
+        f = *state;
+        Run2 r = scenario_ended_while_down(f, true);
+        assert_int_equal(find(f, "B")->n_events, 1); /* the resumed B: refused, never granted nor queued */
+        assert_outcome_equal(r.b, plain.b);
+        assert_outcome_equal(r.c, plain.c);
+        assert_outcome_equal(r.d, plain.d);
+}
+
+
 static void test_max_queue_does_not_refuse_resumed_waiters(void **state) {
         Fixture *f = *state;
         config_make(f, 1, 1, 1, 0, 3);
@@ -595,6 +656,7 @@ int main(void) {
                 T(test_resumed_waiters_keep_order_and_deadlines),
                 T(test_without_last_fast_the_budget_differs),
                 T(test_resumed_shed_waiter_refused_at_its_deadline),
+                T(test_resumed_waiter_whose_budget_ended_is_refused_with_room),
                 T(test_max_queue_does_not_refuse_resumed_waiters),
                 T(test_resumed_waiter_granted_only_as_a_new_request_would_be),
                 T(test_resumed_waiter_of_a_removed_pool_is_routed_afresh),

@@ -3307,6 +3307,49 @@ static void test_resumed_set_keeps_its_deadline(void **state) {
         assert_string_equal(s->final.pool, "p");
 }
 
+/* ... and a budget that ended while no daemon ran refuses it at its deadline even though the holder it waited
+ * behind ended meanwhile (its lease not restored: room in every pool), as without the restart (SPEC §3.3:
+ * never granted after its budget ended). */
+static void test_resumed_set_whose_budget_ended_is_refused_with_room(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        pool_set_q(pool_add(f, "db", 1), S(20));
+        lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL), "db", 1);
+        lane_add(f, "db", LANE_POLICY_WAIT, "db", NULL);
+        configure(f, 0);
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        assert_true(queued(s));
+        Engine *old = f->engine;
+        assert_int_equal(engine_new(fake_random, &f->rng, &f->engine), 0);
+        configure(f, S(30));
+        d->lease = NULL; /* its command ended while no daemon ran: not restored */
+        EngineRequest *r = s->request;
+        EngineResume resume = {
+                .pool = engine_request_pool(r),
+                .arrival = engine_request_arrival(r),
+                .state = engine_request_state(r),
+                .idle = engine_request_idle(r),
+                .budget = engine_request_budget(r),
+        };
+        assert_int_equal(resume.budget, S(20));
+        assert_int_equal(engine_acquire(f->engine,
+                                        &(EngineAcquire) { .lane = "set", .slots = 1, .max_wait = USEC_INFINITY,
+                                                           .userdata = s, .resume = &resume },
+                                        S(30), &s->request),
+                         0);
+        engine_request_unref(r);
+        engine_free(old);
+        quiesce(f);
+        run(f, S(30));
+        assert_true(refused(s, REFUSAL_TIMEOUT));
+        assert_int_equal(s->final.at, S(21));
+        assert_string_equal(s->final.pool, "p");
+        /* Nothing was taken: a new set is granted at once. */
+        Tag *t = acquire(f, "t", (Req) { .lane = "set" }, S(31));
+        assert_true(granted(t));
+}
+
 /* A set handed over while it waits keeps its place in every pool, with both kinds of pool (restart_engine():
  * a shared pool's waiters stay in Redis, asked for again by their rid). A set waits as one part per pool under
  * one rid: engine_request_remote_id() names it (it named none, and the resumed set queued afresh under a new
@@ -3956,6 +3999,7 @@ int main(void) {
                  * test-shared-rolling, test-lease-log). */
                 T(test_resumed_set_keeps_its_place_in_every_pool),
                 T(test_resumed_set_keeps_its_deadline),
+                T(test_resumed_set_whose_budget_ended_is_refused_with_room),
                 T(test_restored_set_lease_holds_every_pool),
                 T(test_member_is_quarantined_after_n_infrastructure_exits_in_a_row),
                 T(test_a_lease_that_reports_nothing_quarantines_nothing),
