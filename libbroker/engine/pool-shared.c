@@ -83,6 +83,12 @@ struct PoolWaiter {
         char *selector;        /* ARGV[14], NULL: none */
         uint64_t generation;   /* SharedPool.generation when Redis last said it had it (or it was sent again) */
         unsigned resubmits;    /* sent again so far (SHARED_RESUBMITS_MAX) */
+        /* A resumed waiter's deadline (local monotonic; USEC_INFINITY: not resumed, or no budget), and what
+         * it had when it first joined the queue: Redis may have lost it (deadline_refuse()). */
+        usec_t deadline;
+        Refusal deadline_refusal; /* timeout or shed */
+        QueueState resumed_state;
+        usec_t resumed_idle, resumed_budget;
 };
 
 struct PoolGrant {
@@ -160,6 +166,8 @@ typedef struct SharedPool {
 
         char **lanes;          /* the configured lanes, for submit()'s check */
         usec_t cooldown;       /* cooldown= (a rule: in the canon); 0 none */
+        bool congestion_timeout_set; /* queue-congestion-timeout= (a rule): the saturated budget */
+        usec_t congestion_timeout;
         char *canon;
         /* The node TTL the self-fence counts with: params.node_ttl once Redis agreed to the rules that carry
          * it, the shorter of the old and the new one while a reload's change waits for agreement (Redis
@@ -1156,6 +1164,55 @@ static void try_refuse_locally(SharedPool *p, PoolWaiter *w, const char *reason,
         });
 }
 
+/* A resumed try's deadline, and which refusal its end is, as the scripts' BUDGET.fix() decides it
+ * (pool-local.c, budget_is_shed()). None (USEC_INFINITY) for any other try. */
+static void deadline_set(const SharedPool *p, PoolWaiter *w, const PoolTry *t, usec_t now) {
+        w->deadline = USEC_INFINITY;
+        if (!t->resume || t->resume->budget == USEC_INFINITY)
+                return;
+        usec_t q = p->base.queue_timeout, adaptive = USEC_INFINITY;
+        if (p->base.queue_timeout_set && t->resume->state == QUEUE_STATE_SATURATED)
+                adaptive = p->congestion_timeout_set ? p->congestion_timeout : MAX(q / 10, MIN(USEC_PER_SEC, q));
+        bool shed = !t->lane_budget_set && t->resume->state == QUEUE_STATE_SATURATED && adaptive != USEC_INFINITY &&
+                    adaptive <= t->client_cap;
+        w->deadline = usec_add(MIN(t->arrival, now), t->resume->budget);
+        w->deadline_refusal = shed ? REFUSAL_SHED : REFUSAL_TIMEOUT;
+        w->resumed_state = t->resume->state;
+        w->resumed_idle = t->resume->idle;
+        w->resumed_budget = t->resume->budget;
+}
+
+/* Whether a decision about a resumed waiter comes after its budget ended (SPEC §3.3: never granted after it
+ * ended). Redis refuses a waiter it kept at its deadline, before any later instant grants it; one it lost (its
+ * node reaped while its brokerd was down longer than the node TTL, its data lost) it decides afresh, from the
+ * submit: granted at once, or queued with a budget counted from now. A grant mapped from the pool clock
+ * within the offset's error before the deadline may be taken for a late one: refused, never granted late. */
+static bool decision_is_late(const PoolWaiter *w, const SharedDecision *d, usec_t at, usec_t now) {
+        if (w->deadline == USEC_INFINITY)
+                return false;
+        if (streq(d->verdict, "queued"))
+                return now > w->deadline;
+        return streq(d->verdict, "granted") && at > w->deadline;
+}
+
+/* Such a waiter refused at its deadline, and Redis told to forget it (a withdraw releases a lease under its
+ * rid). */
+static void deadline_refuse(SharedPool *p, PoolWaiter *w, usec_t now) {
+        try_fp_remove(p, w);
+        forget_submit(p, w->rid, now);
+        PoolDecision d = {
+                .verdict = POOL_VERDICT_REFUSED,
+                .cookie = w->cookie,
+                .at = w->deadline,
+                .refusal = w->deadline_refusal,
+                .state = w->resumed_state,
+                .idle = w->resumed_idle,
+                .budget = w->resumed_budget,
+        };
+        try_free(w);
+        emit(p, d);
+}
+
 static void refuse_all_tries(SharedPool *p, const char *reason, usec_t now) {
         /* Places asked for and not sent yet are of nobody now. */
         list_foreach_safe(i, &p->outbox) {
@@ -1503,6 +1560,10 @@ static void decision_apply(SharedPool *p, const SharedDecision *d, bool written_
                 return;
         }
         usec_t at = local_time_of(p, d->at, w->arrival, now);
+        if (decision_is_late(w, d, at, now)) {
+                deadline_refuse(p, w, now);
+                return;
+        }
 
         if (streq(d->verdict, "queued")) {
                 w->position = d->position;
@@ -3190,6 +3251,8 @@ static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule 
         p->cooldown = c->cooldown;
         p->base.queue_timeout_set = c->queue_timeout_set;
         p->base.queue_timeout = c->queue_timeout;
+        p->congestion_timeout_set = c->congestion_timeout_set;
+        p->congestion_timeout = c->congestion_timeout;
         p->base.retired = false;
         /* backend-node-ttl= by reload: a rule (in the canon), and the self-fence's arithmetic at once for the
          * shorter of the two TTLs, until Redis agreed to the new rules (tick_done()). */
@@ -3319,6 +3382,7 @@ static int shared_submit(Pool *base, const PoolTry *t, usec_t now) {
         w->lane_budget = t->lane_budget;
         w->client_cap = t->client_cap;
         w->generation = p->generation;
+        deadline_set(p, w, t, now);
         /* Its labels and member (SPEC §3.5) as the scripts take them: the canon, as ARGV[14]; none for any slot
          * (the submit of a brokerd from before selectors). */
         if (!selector_is_empty(t->selector) && selector_canon(t->selector, &w->selector) < 0) {
@@ -3516,6 +3580,7 @@ static int shared_submit_set(Pool *const *pools, const PoolTry *tries, size_t n,
                 ws[i]->arrival = tries[i].arrival;
                 ws[i]->gated = ws[i]->in_call = true;
                 ws[i]->generation = SHARED(pools[i])->generation; /* its own pool's (waiter_gone()) */
+                deadline_set(SHARED(pools[i]), ws[i], tries + i, now);
         }
         for (size_t i = 0; i < n; i++) {
                 SharedPool *q = SHARED(pools[i]);

@@ -371,6 +371,55 @@ static void test_resumed_waiter_keeps_its_rid_and_is_listed_by_the_first_reconci
         assert_string_equal(f->seen[1].remote_id, NODE ":00000000000000bb");
 }
 
+/* A resumed waiter whose budget had ended when it came back (SPEC §3.3: never granted after its budget ended):
+ * a grant Redis made before its deadline stands; a grant made after it (Redis lost the waiter, its node reaped
+ * while its brokerd was down, and decided the submit afresh) and a place in the queue are refused at the
+ * deadline, timeout, and Redis is told to forget the rid (a withdraw releases a lease under it). */
+static void test_resumed_waiter_whose_budget_ended_is_not_granted_late(void **state) {
+        Fixture *f = *state;
+        static const char *const rids[] = { "00000000000000aa", "00000000000000bb", "00000000000000cc" };
+        int cookies[3];
+        for (size_t i = 0; i < 3; i++) {
+                PoolResume resume = {
+                        .state = QUEUE_STATE_KEEPING_UP, .idle = S(1), .budget = S(60), .remote_id = rids[i],
+                };
+                PoolTry t = {
+                        .cookie = &cookies[i], .lane = "ci", .slots = 1, .may_wait = true,
+                        .lane_budget = USEC_INFINITY, .client_cap = USEC_INFINITY, .arrival = S(1), .resume = &resume,
+                };
+                assert_int_equal(f->pool->ops->submit(f->pool, &t, S(70)), 0); /* its deadline was 61 s */
+        }
+        f->clock = S(71);
+        pool_shared_link_up(f->pool, "run1", S(71));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", S(71), tick_body("ok", EMPTY, 3, 0, 0, ""), EMPTY, cache(0, 3, 0, -1, "")), S(71), S(71));
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 6), rids[0]);
+        done(f, c, reply("ok", S(71), decision("granted", rids[0], S(40), S(39), "", 0, 7, arr(1, num(0))), EMPTY,
+                         cache(1, 2, 0, -1, "")), S(71), S(71));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_GRANTED);
+        assert_ptr_equal(f->seen[0].cookie, &cookies[0]);
+
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 6), rids[1]);
+        done(f, c, reply("ok", S(71), decision("granted", rids[1], S(71), S(70), "", 0, 8, arr(1, num(1))), EMPTY,
+                         cache(2, 1, 0, -1, "")), S(71), S(71));
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 6), rids[2]);
+        done(f, c, reply("ok", S(71), decision("queued", rids[2], S(71), 0, "", 0, 0, EMPTY), EMPTY,
+                         cache(2, 1, 0, -1, "")), S(71), S(71));
+        assert_int_equal(f->n_seen, 3);
+        for (size_t i = 1; i < 3; i++) {
+                assert_int_equal(f->seen[i].verdict, POOL_VERDICT_REFUSED);
+                assert_ptr_equal(f->seen[i].cookie, &cookies[i]);
+                assert_int_equal(f->seen[i].refusal, REFUSAL_TIMEOUT);
+                assert_int_equal(f->seen[i].at, S(61));
+                c = take(f, SHARED_SCRIPT_WITHDRAW);
+                assert_string_equal(arg(c, 6), rids[i]);
+        }
+}
+
 /* A tick queued before the waiter came back is made again with it in its page. */
 static void test_resumed_waiter_remakes_a_reconcile_not_sent_yet(void **state) {
         Fixture *f = *state;
@@ -3914,6 +3963,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_resumed_waiter_keeps_its_rid_and_is_listed_by_the_first_reconcile,
                                                 setup, teardown),
                 cmocka_unit_test_setup_teardown(test_resumed_waiter_remakes_a_reconcile_not_sent_yet, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_resumed_waiter_whose_budget_ended_is_not_granted_late, setup,
+                                                teardown),
                 cmocka_unit_test_setup_teardown(test_resumed_waiter_with_a_bogus_rid_gets_a_new_one, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_resumed_waiter_is_refused_after_the_grace_without_a_backend,
                                                 setup, teardown),
