@@ -420,6 +420,45 @@ static void test_resumed_waiter_whose_budget_ended_is_not_granted_late(void **st
         }
 }
 
+/* Its budget still running when it came back, but Redis lost it and queued it afresh (a budget counted from
+ * then): a grant after its deadline is refused at the deadline, the rid withdrawn. */
+static void test_resumed_waiter_granted_after_its_deadline_is_refused(void **state) {
+        Fixture *f = *state;
+        const char *rid = "00000000000000dd";
+        int cookie;
+        PoolResume resume = { .state = QUEUE_STATE_KEEPING_UP, .idle = S(1), .budget = S(60), .remote_id = rid };
+        PoolTry t = {
+                .cookie = &cookie, .lane = "ci", .slots = 1, .may_wait = true, .lane_budget = USEC_INFINITY,
+                .client_cap = USEC_INFINITY, .arrival = S(10), .resume = &resume,
+        };
+        assert_int_equal(f->pool->ops->submit(f->pool, &t, S(60)), 0); /* its deadline: 70 s */
+        f->clock = S(61);
+        pool_shared_link_up(f->pool, "run1", S(61));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", S(61), tick_body("ok", EMPTY, 1, 0, 0, ""), EMPTY, cache(1, 1, 0, -1, "")), S(61), S(61));
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        done(f, c, reply("ok", S(61), decision("queued", rid, S(61), 0, "", 0, 0, EMPTY), EMPTY, cache(1, 1, 0, -1, "")),
+             S(61), S(61));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_QUEUED);
+        f->clock = S(90);
+        f->pool->ops->run(f->pool, S(90));
+        c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", S(90), tick_body("ok", EMPTY, 1, 0, 0, ""),
+                         arr(1, decision("granted", rid, S(90), S(80), "", 0, 7, arr(1, num(0)))), cache(1, 0, 0, -1, "")),
+             S(90), S(90));
+        assert_int_equal(f->n_seen, 2);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_REFUSED);
+        assert_int_equal(f->seen[1].refusal, REFUSAL_TIMEOUT);
+        assert_int_equal(f->seen[1].at, S(70));
+        /* (The places it asked for while it was queued go first.) */
+        do
+                assert_true(pool_shared_take_call(f->pool, f->clock, &c));
+        while (c->script == SHARED_SCRIPT_POSITIONS);
+        assert_int_equal(c->script, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(c, 6), rid);
+}
+
 /* A tick queued before the waiter came back is made again with it in its page. */
 static void test_resumed_waiter_remakes_a_reconcile_not_sent_yet(void **state) {
         Fixture *f = *state;
@@ -3964,6 +4003,8 @@ int main(void) {
                                                 setup, teardown),
                 cmocka_unit_test_setup_teardown(test_resumed_waiter_remakes_a_reconcile_not_sent_yet, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_resumed_waiter_whose_budget_ended_is_not_granted_late, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_resumed_waiter_granted_after_its_deadline_is_refused, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_resumed_waiter_with_a_bogus_rid_gets_a_new_one, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_resumed_waiter_is_refused_after_the_grace_without_a_backend,
