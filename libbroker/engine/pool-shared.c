@@ -208,9 +208,12 @@ typedef struct SharedPool {
         usec_t start_since;
         bool served;           /* it served once: a later outage is a link down, refused at once */
         /* Behind Sentinels (params.confirm_stale > 0): the start of the last round in which a majority of
-         * them named this primary (CLOCK_BOOTTIME, 0: none yet), and since when (monotonic) it is too old
-         * to grant on (USEC_INFINITY: it is recent, or no confirmation is asked for). */
+         * them named a primary of this pool (CLOCK_BOOTTIME, 0: none yet; it only grows: the self-fence counts
+         * from it), that of the primary in use (0: none, or one Sentinel's word that no round confirmed: the
+         * pool is served on nothing else), and since when (monotonic) the latter is too old to grant on
+         * (USEC_INFINITY: it is recent, or no confirmation is asked for). */
         usec_t confirmed_boot;
+        usec_t primary_confirmed_boot;
         usec_t unconfirmed_since;
         bool unconfirmed_noticed; /* an UNCONFIRMED notice was pushed and not yet followed by CONFIRMED */
         /* Above every token this node passed on (its grants, its restored leases, the persisted mark at
@@ -1779,7 +1782,8 @@ static usec_t vouch_deadline(const SharedPool *p) {
 static void confirm_update(SharedPool *p, usec_t boot_now, usec_t now) {
         if (p->params.confirm_stale == 0)
                 return;
-        bool fresh = p->confirmed_boot > 0 && boot_now < usec_add(p->confirmed_boot, p->params.confirm_stale);
+        bool fresh = p->primary_confirmed_boot > 0 &&
+                boot_now < usec_add(p->primary_confirmed_boot, p->params.confirm_stale);
         if (fresh == (p->unconfirmed_since == USEC_INFINITY))
                 return;
         if (fresh) {
@@ -1801,8 +1805,11 @@ static void confirm_update(SharedPool *p, usec_t boot_now, usec_t now) {
 void pool_shared_set_confirmed(Pool *base, usec_t confirmed_boot, usec_t boot_now, usec_t now) {
         SharedPool *p = SHARED(base);
         now = driver_now(p, now);
+        /* The fence keeps the latest of them: a primary the Sentinels moved to by one's word is not proof
+         * that the one before was still theirs any later. */
         if (confirmed_boot > p->confirmed_boot)
                 p->confirmed_boot = confirmed_boot;
+        p->primary_confirmed_boot = confirmed_boot;
         confirm_update(p, boot_now, now);
 }
 

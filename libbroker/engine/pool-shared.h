@@ -208,12 +208,14 @@ void pool_shared_set_last_ack(Pool *p, usec_t boot);
 /* CLOCK_BOOTTIME deadline at which every lease must be given up (USEC_INFINITY: no lease, or no ack yet
  * and nothing restored); the driver arms a timer and calls pool_shared_fence_check() then. */
 usec_t pool_shared_fence_deadline(const Pool *p);
-/* Behind Sentinels (params.confirm_stale): a majority of them named the primary in a round that began at
- * confirmed_boot (CLOCK_BOOTTIME; an older one than the last is ignored). The self-fence counts from it
- * (or from the last acknowledged heartbeat, when earlier), and the pool is served while it is fresh. The
- * driver calls it after every round, confirmed or not: boot_now and now (monotonic) date the check. */
+/* Behind Sentinels (params.confirm_stale): a majority of them named the primary in use in a round that
+ * began at confirmed_boot (CLOCK_BOOTTIME); 0: the primary in use is not confirmed (one Sentinel named it,
+ * and no round yet), which stops the pool at once. The pool is served while the confirmation is fresh; the
+ * self-fence counts from the latest one handed in (or from the last acknowledged heartbeat, when earlier),
+ * which neither 0 nor an older one lowers. The driver calls it after every round, confirmed or not, and
+ * whenever the primary moves: boot_now and now (monotonic) date the check. */
 void pool_shared_set_confirmed(Pool *p, usec_t confirmed_boot, usec_t boot_now, usec_t now);
-/* The last confirmation handed in (0: none). */
+/* The latest confirmation handed in (0: none). */
 usec_t pool_shared_get_confirmed(const Pool *p);
 void pool_shared_fence_check(Pool *p, usec_t boot_now, usec_t now);
 

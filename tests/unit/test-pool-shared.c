@@ -2968,6 +2968,76 @@ static void test_grant_from_an_unconfirmed_primary_is_refused_and_released(void 
         assert_true(released);
 }
 
+/* One Sentinel alone (a lagging or lying one; the query link's) names another primary while the last round's
+ * confirmation of the one before is fresh: the driver hands in 0, and the pool stops serving at once, not
+ * when that confirmation goes stale (a grant from the new primary would sit beside the other brokerds' on
+ * the majority's primary: a slot held twice). The fence keeps counting from the last confirmation; a round
+ * that confirms the new primary serves the pool again. */
+static void test_primary_named_by_one_sentinel_is_unconfirmed_at_once(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        pool_shared_set_confirmed(f->pool, S(1), S(1), S(1));
+        int held, waiter, fast;
+        char rid_held[17], rid_waiter[17];
+        granted(f, &held, S(1), rid_held);
+        f->pool->ops->bind_grant(f->pool, f->seen[0].grant, &held);
+        queued(f, &waiter, S(1), rid_waiter);
+        usec_t margin = REVOKE_GRACE + S(2);
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(1) + TTL - margin);
+        SharedNotice n;
+        assert_false(pool_shared_pop_notice(f->pool, &n));
+
+        /* 1.5 s after the round that confirmed the old primary: the move. */
+        usec_t moved = S(1) + S(1) / 2;
+        pool_shared_set_confirmed(f->pool, 0, moved, moved);
+        expect_notice(f, SHARED_NOTICE_UNCONFIRMED);
+        PoolInfo info;
+        f->pool->ops->info(f->pool, moved, &info);
+        assert_false(info.backend_up);
+        assert_string_equal(info.unavailable, "unconfirmed");
+        assert_int_equal(submit(f, &fast, 1, false, moved), 0);
+        assert_ptr_equal(f->seen[f->n_seen - 1].cookie, &fast);
+        assert_int_equal(f->seen[f->n_seen - 1].refusal, REFUSAL_UNAVAILABLE);
+        assert_string_equal(f->seen[f->n_seen - 1].reason, "unconfirmed");
+        /* The new primary grants the waiter (its tick, read from its stream): not handed out. */
+        RespValue fields = granted_entry(rid_waiter, "12", "1", "");
+        pool_shared_stream_entry(f->pool, "2-1", &fields, moved);
+        assert_int_equal(f->seen[f->n_seen - 1].verdict, POOL_VERDICT_REFUSED);
+        assert_ptr_equal(f->seen[f->n_seen - 1].cookie, &waiter);
+        assert_string_equal(f->seen[f->n_seen - 1].reason, "unconfirmed");
+        for (size_t i = 0; i < f->n_seen; i++)
+                if (f->seen[i].verdict == POOL_VERDICT_GRANTED)
+                        assert_ptr_equal(f->seen[i].cookie, &held);
+        /* Rounds without a majority for it say so again: still refused; the fence stays at the old
+         * confirmation, whatever the new primary acknowledges. */
+        for (usec_t t = S(2); t < S(5); t += S(1)) {
+                f->pool->ops->run(f->pool, t);
+                tick_ok(f, t, t);
+                pool_shared_set_confirmed(f->pool, 0, t, t);
+                f->pool->ops->info(f->pool, t, &info);
+                assert_string_equal(info.unavailable, "unconfirmed");
+                assert_int_equal(pool_shared_fence_deadline(f->pool), S(1) + TTL - margin);
+        }
+        assert_int_equal(pool_shared_get_confirmed(f->pool), S(1));
+        assert_false(pool_shared_pop_notice(f->pool, &n));
+
+        /* A round's majority names it: served again (the grant made meanwhile goes back), and the fence
+         * moves on with the heartbeats. */
+        pool_shared_set_confirmed(f->pool, S(5), S(5), S(5));
+        expect_notice(f, SHARED_NOTICE_CONFIRMED);
+        f->pool->ops->info(f->pool, S(5), &info);
+        assert_true(info.backend_up);
+        assert_null(info.unavailable);
+        assert_int_equal(pool_shared_get_confirmed(f->pool), S(5));
+        bool released = false;
+        const SharedCall *c;
+        while (pool_shared_take_call(f->pool, f->clock, &c))
+                if (c->script == SHARED_SCRIPT_RELEASE && streq(arg(c, 7), rid_waiter))
+                        released = true;
+        assert_true(released);
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(4) + TTL - margin);
+}
+
 /* ------------------------------------------------------------- untrusted input (SPEC §11, issue 19 g) */
 
 /* Every forged grant of a waiter's rid is dropped, counted, and its waiter refused "bad-reply" with its rid
@@ -4111,6 +4181,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_fence_counts_from_the_last_confirmation_not_the_heartbeats,
                                                 setup_sentinel, teardown),
                 cmocka_unit_test_setup_teardown(test_grant_from_an_unconfirmed_primary_is_refused_and_released,
+                                                setup_sentinel, teardown),
+                cmocka_unit_test_setup_teardown(test_primary_named_by_one_sentinel_is_unconfirmed_at_once,
                                                 setup_sentinel, teardown),
 #define TS(x) cmocka_unit_test_setup_teardown(x, setup_set, teardown_set)
                 TS(test_calls_are_numbered_across_the_pools_of_one_link),
