@@ -50,6 +50,9 @@ struct Sentinel {
         usec_t round_boot;              /* CLOCK_BOOTTIME, when it began */
         size_t round_pending;           /* questions of the round not answered yet */
         usec_t confirmed;               /* CLOCK_BOOTTIME start of the last round that confirmed; 0: none */
+        /* The primary that round confirmed: a primary one Sentinel named since (an answer, +switch-master)
+         * is not confirmed by it, however fresh. */
+        char confirmed_primary[ADDRESS_MAX];
         char current_address[ADDRESS_MAX];
         char primary[ADDRESS_MAX];      /* "" before the first answer */
         uint64_t failovers;
@@ -61,8 +64,9 @@ static void format_address(char *buf, size_t size, const char *host, unsigned po
         snprintf(buf, size, "%s%s%s:%u", v6 ? "[" : "", host, v6 ? "]" : "", port);
 }
 
-/* The primary is at host:port. Tells the owner if that is news. */
-static void sentinel_set_primary(Sentinel *s, const char *host, unsigned port, const char *source) {
+/* The primary is at host:port, confirmed by the round that began at confirmed (0: one Sentinel's word, which
+ * confirms nothing). Tells the owner if that is news, with the confirmation already in place. */
+static void sentinel_set_primary(Sentinel *s, const char *host, unsigned port, const char *source, usec_t confirmed) {
         char address[ADDRESS_MAX], previous[ADDRESS_MAX];
         RedisEndpoint primary;
 
@@ -76,6 +80,10 @@ static void sentinel_set_primary(Sentinel *s, const char *host, unsigned port, c
         bool failover = s->primary[0] != '\0';
         snprintf(previous, sizeof previous, "%s", s->primary);
         snprintf(s->primary, sizeof s->primary, "%s", address);
+        if (confirmed > 0) {
+                s->confirmed = confirmed;
+                snprintf(s->confirmed_primary, sizeof s->confirmed_primary, "%s", address);
+        }
         if (failover) {
                 s->failovers++;
                 s->last_failover = now_realtime();
@@ -130,7 +138,7 @@ static void on_answer(RedisLink *link, int error, const redisReply *reply, void 
                 unsigned long port = strtoul(reply->element[1]->str, &end, 10);
                 if (*end == '\0' && port > 0 && port <= 65535 && reply->element[0]->len > 0) {
                         s->failed_in_row = 0;
-                        sentinel_set_primary(s, reply->element[0]->str, (unsigned) port, "asked");
+                        sentinel_set_primary(s, reply->element[0]->str, (unsigned) port, "asked", 0);
                         goto next;
                 }
         }
@@ -173,7 +181,7 @@ static void on_message(RedisLink *link, const char *channel, const char *message
         if (sscanf(message, "%255s %63s %u %63s %u", name, old_ip, &old_port, new_ip, &new_port) != 5 ||
             !streq(name, s->endpoint.master) || new_port == 0 || new_port > 65535)
                 return; /* another primary the Sentinel monitors */
-        sentinel_set_primary(s, new_ip, new_port, SWITCH_CHANNEL);
+        sentinel_set_primary(s, new_ip, new_port, SWITCH_CHANNEL, 0);
 }
 
 static void on_link_log(RedisLink *link, int priority, const char *message, void *userdata) {
@@ -232,7 +240,14 @@ static int on_rotate(sd_event_source *es, uint64_t usec, void *userdata) {
  * the primary (the first answer, or a failover the watch missed), but only once the primary in use has gone
  * unconfirmed for SENTINEL_CONFIRM_STALE: right after a failover the Sentinels that have not heard of it
  * yet still name the old primary, and a round must not take brokerd back to it (the watch's +switch-master
- * comes from a Sentinel that has switched; the others follow within seconds).
+ * comes from a Sentinel that has switched; the others follow within seconds). That clock is the last
+ * confirmation of any primary, so that a lone Sentinel cannot hold brokerd away from the majority's for long.
+ *
+ * A confirmation is of an address: a primary one Sentinel named (its answer, its +switch-master) is not
+ * confirmed until a round's majority names it too, however fresh the confirmation of the one before. That
+ * Sentinel may be the leader of a real failover, or a lone one (lagging, cut off, lying) naming a node the
+ * majority does not: a pool that granted on it while the other brokerds grant on the majority's primary
+ * would hold every slot twice.
  *
  * What it promises: Sentinel promotes a replica only with the votes of a majority of the Sentinels, and
  * the leader names the new primary from the failover F on, the others once its new configuration reaches
@@ -280,19 +295,18 @@ static void sentinel_round_end(Sentinel *s) {
         switch (sentinel_round_verdict(answers, n, s->primary, stale, &moved_to)) {
         case SENTINEL_VERDICT_MOVE: {
                 const SentinelVoter *v = &s->voters[moved_to];
-                sentinel_set_primary(s, v->host, v->port, "a majority of the Sentinels");
-                if (streq(v->answer, s->primary)) /* not when out of memory */
-                        s->confirmed = s->round_boot;
+                sentinel_set_primary(s, v->host, v->port, "a majority of the Sentinels", s->round_boot);
                 break;
         }
         case SENTINEL_VERDICT_CONFIRM:
                 s->confirmed = s->round_boot;
+                snprintf(s->confirmed_primary, sizeof s->confirmed_primary, "%s", s->primary);
                 break;
         default:
                 break;
         }
         if (s->options.on_round)
-                s->options.on_round(s, s->confirmed, s->options.userdata);
+                s->options.on_round(s, sentinel_get_confirmed(s), s->options.userdata);
 }
 
 static void on_vote(RedisLink *link, int error, const redisReply *reply, void *userdata) {
@@ -483,5 +497,5 @@ usec_t sentinel_get_last_failover(const Sentinel *s) {
 }
 
 usec_t sentinel_get_confirmed(const Sentinel *s) {
-        return s ? s->confirmed : 0;
+        return s && s->primary[0] && streq(s->confirmed_primary, s->primary) ? s->confirmed : 0;
 }

@@ -12,6 +12,7 @@
  * Besides, every second, a confirmation round asks every Sentinel of the list (a link each): a majority
  * of the list naming the primary confirms it as of the round's start, a majority naming another address
  * moves it there once the primary in use went unconfirmed for a while (sentinel.c says what this promises).
+ * A primary that one Sentinel named is unconfirmed until a round confirms it.
  *
  * This module only says where the primary is; connecting to it, and checking that it is one (INFO's
  * role), is the owner's (backend.c, with redis-link.h). Both links resolve host names off the loop. */
@@ -30,12 +31,12 @@ typedef struct Sentinel Sentinel;
 
 /* The primary is (now) at primary (TCP, with the backend's DB), valid during the call only. failover: the
  * Sentinels moved it (+switch-master, or an answer other than the last one); false for the first answer.
- * previous: the address before, "HOST:PORT", NULL for the first answer. */
+ * previous: the address before, "HOST:PORT", NULL for the first answer. sentinel_get_confirmed() tells
+ * already whether it is confirmed (a majority's move) or not (one Sentinel's word). */
 typedef void (*SentinelPrimaryFn)(Sentinel *s, const RedisEndpoint *primary, const char *previous, bool failover,
                                   void *userdata);
 
-/* A confirmation round ended; confirmed: the CLOCK_BOOTTIME start of the last round that confirmed the
- * primary (this one's if it did), 0 if none ever did. */
+/* A confirmation round ended; confirmed: sentinel_get_confirmed(). */
 typedef void (*SentinelRoundFn)(Sentinel *s, usec_t confirmed, void *userdata);
 
 /* How old a confirmation may be for the owner to grant on the primary: three rounds, so that one slow or
@@ -65,7 +66,9 @@ const char *sentinel_get_current(const Sentinel *s);
 /* Failovers seen (primary changes after the first answer), and the realtime of the last one (0: none). */
 uint64_t sentinel_get_failovers(const Sentinel *s);
 usec_t sentinel_get_last_failover(const Sentinel *s);
-/* The CLOCK_BOOTTIME start of the last round in which a majority of the list named the primary; 0: none. */
+/* The CLOCK_BOOTTIME start of the last round in which a majority of the list named the primary in use; 0:
+ * none ever did, or the primary in use is one Sentinel's word (an answer, +switch-master) that no round
+ * has confirmed yet. When it changes with the primary, the owner learns it within on_primary. */
 usec_t sentinel_get_confirmed(const Sentinel *s);
 
 typedef enum SentinelVerdict {
