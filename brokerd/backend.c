@@ -766,13 +766,13 @@ static void on_reader_state(RedisLink *link, RedisLinkState state, const char *d
 static void on_sentinel_primary(Sentinel *s, const RedisEndpoint *primary, const char *previous, bool failover,
                                 void *userdata) {
         Backend *b = userdata;
-        usec_t boot = now_boottime(), now = now_monotonic();
-        /* Before the links move: a primary one Sentinel named is unconfirmed from its first reply on, not at
-         * the next round (the old primary's confirmation does not vouch for it). */
-        for (size_t i = 0; i < b->n_pools; i++)
-                pool_shared_set_confirmed(b->pools[i]->pool, sentinel_get_confirmed(s), boot, now);
         if (redis_link_set_endpoint(b->commands, primary) < 0 || redis_link_set_endpoint(b->reader, primary) < 0)
                 log_oom(); /* the Sentinels are asked again within seconds */
+        /* Now, not at the next round, before the links can be up again: a primary one Sentinel named is not
+         * vouched for by the confirmation of the one before, and is refused from its first reply on. */
+        usec_t boot = now_boottime(), now = now_monotonic();
+        for (size_t i = 0; i < b->n_pools; i++)
+                pool_shared_set_confirmed(b->pools[i]->pool, sentinel_get_confirmed(s), boot, now);
         if (failover && b->table->on_failover)
                 b->table->on_failover(b->url, previous, sentinel_get_primary(s), b->table->userdata);
         backend_after(b);
