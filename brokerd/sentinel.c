@@ -285,6 +285,28 @@ SentinelVerdict sentinel_round_verdict(const char *const *answers, size_t n, con
         return SENTINEL_VERDICT_NONE;
 }
 
+/* The round confirmed the primary in use, and the Sentinel asked (and watched) named another: the links move
+ * to the next one of the list that named the majority's. Else the lone one's word would take brokerd back to
+ * its primary whenever the owner asks again (at every reconnection), by turns with the rounds, and the pools
+ * would be refused most of the time while it lags or is cut off from the others. */
+static void sentinel_follow_majority(Sentinel *s, size_t n) {
+        if (n < 2 || s->current >= n)
+                return;
+        const SentinelVoter *asked = &s->voters[s->current];
+        if (!asked->host[0] || streq(asked->answer, s->primary))
+                return;
+        for (size_t k = 1; k < n; k++) {
+                size_t i = (s->current + k) % n;
+                if (!s->voters[i].host[0] || !streq(s->voters[i].answer, s->primary))
+                        continue;
+                log_notice("Sentinel %s names %s as the primary of %s, a majority of them %s: asking %s instead",
+                           s->current_address, asked->answer, s->endpoint.master, s->primary, s->voters[i].address);
+                if (sentinel_point(s, i) < 0)
+                        sentinel_failed(s);
+                return;
+        }
+}
+
 static void sentinel_round_end(Sentinel *s) {
         size_t n = MIN(s->endpoint.n_sentinels, (size_t) REDIS_ENDPOINT_SENTINELS_MAX), moved_to = 0;
         const char *answers[REDIS_ENDPOINT_SENTINELS_MAX];
@@ -305,6 +327,8 @@ static void sentinel_round_end(Sentinel *s) {
         default:
                 break;
         }
+        if (sentinel_get_confirmed(s) == s->round_boot)
+                sentinel_follow_majority(s, n);
         if (s->options.on_round)
                 s->options.on_round(s, sentinel_get_confirmed(s), s->options.userdata);
 }

@@ -12,7 +12,9 @@
  * Besides, every second, a confirmation round asks every Sentinel of the list (a link each): a majority
  * of the list naming the primary confirms it as of the round's start, a majority naming another address
  * moves it there once the primary in use went unconfirmed for a while (sentinel.c says what this promises).
- * A primary that one Sentinel named is unconfirmed until a round confirms it.
+ * A primary that one Sentinel named is unconfirmed until a round confirms it; when a round confirms the
+ * primary in use and the Sentinel asked named another, the next one of the list that named it is asked
+ * (and watched) instead.
  *
  * This module only says where the primary is; connecting to it, and checking that it is one (INFO's
  * role), is the owner's (backend.c, with redis-link.h). Both links resolve host names off the loop. */

@@ -1,22 +1,25 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """One Sentinel of three names another primary than the other two (SPEC §11 "High availability";
-brokerd.conf(5), "High availability: Redis Sentinel"): the primary it names is not confirmed.
+brokerd.conf(5), "High availability: Redis Sentinel"): the primary it names is not confirmed, and brokerd
+stops asking it.
 
 Two real redis-servers A and B and three fake Sentinels (fakeredis.py: they answer INFO as a Sentinel,
-SENTINEL get-master-addr-by-name from a table the test changes, and SUBSCRIBE). Brokerd Y uses A directly
-(redis://); brokerd X asks the Sentinels; both have the one-slot pool `shared`.
+SENTINEL get-master-addr-by-name from a table the test changes, SUBSCRIBE, and publish +switch-master when
+told). Brokerd Y uses A directly (redis://); brokerd X asks the Sentinels; both have the one-slot pool
+`shared`.
 
 1. All three Sentinels name B: X is confirmed on B, waits out B's first-use recovery window and takes and
    gives back the slot there. Y takes the slot on A and holds it to the end.
-2. Sentinels 1 and 2 (a majority) name A, Sentinel 0 (the one X's query link asks) still B. X's rounds
-   move it to A once B's confirmation is stale; its link moving makes it ask Sentinel 0 again, which moves
-   it back to B on its word alone, and so on. X asks for the slot all along (on the waiting lane, again
-   whenever refused): it must never be granted (B would grant it: Y holds the only slot on A, B knows
-   nothing of it). X's Status names B without a confirmation, the pool refused "unconfirmed". Before the
-   fix X counted A's fresh confirmation for B and took a grant from B within milliseconds of reaching it.
-3. Sentinel 0 names A too: X settles on A, confirmed, its request waits behind Y's lease and is granted
-   when Y lets go.
+2. All three name A: the rounds move X there (once B's confirmation is stale) and confirm it.
+3. Sentinel 0 (the one X asks and watches) alone names B and publishes +switch-master to it: X follows it
+   at once, while the confirmation of A is fresh. X asks for the slot all along (on the waiting lane, again
+   whenever refused): it must never be granted (B would grant it: Y holds the only slot on A, B knows nothing
+   of it). X's Status names B without a confirmation, the pool refused "unconfirmed". Before the fix X
+   counted A's confirmation for B and took a grant from B within milliseconds of reaching it.
+4. The rounds take X back to A 3 s after A's last confirmation, and X asks another Sentinel from then on:
+   Sentinel 0, which still names B, moves it no more (before, every reconnection asked it again, and X
+   went to B and back by turns). X's request waits behind Y's lease on A and is granted when Y lets go.
 
 A SKIP (77) without redis-server or shared pools. About 20 s; it times nothing but waits for rounds (1 s)
 and confirmations going stale (3 s): never in parallel.
@@ -43,20 +46,29 @@ INFO = "# Server\r\nredis_version:7.0.15\r\nredis_mode:sentinel\r\nrun_id:%s\r\n
 
 
 class FakeSentinel:
-    """A Sentinel that names self.port's server 127.0.0.1 as MASTER's primary (changed by the test)."""
+    """A Sentinel that names 127.0.0.1:self.port_named as MASTER's primary (changed by the test)."""
 
     def __init__(self, index, port):
         self.port_named = port
         self.lock = threading.Lock()
+        self.subscribers = []
         run_id = chr(ord("a") + index) * 40
-        self.fake = FakeRedis(lambda fake, c, args: self.answer(args, run_id))
+        self.fake = FakeRedis(lambda fake, c, args: self.answer(c, args, run_id))
         self.port = self.fake.port
 
-    def name(self, port):
+    def name(self, port, publish=False):
+        """Names 127.0.0.1:port from now on; publish: and says so on +switch-master, as a failover would."""
         with self.lock:
-            self.port_named = port
+            old, self.port_named = self.port_named, port
+            if publish:
+                message = f"{MASTER} 127.0.0.1 {old} 127.0.0.1 {port}"
+                for c in self.subscribers:
+                    try:
+                        c.send(array(bulk("message"), bulk("+switch-master"), bulk(message)))
+                    except OSError:
+                        pass
 
-    def answer(self, args, run_id):
+    def answer(self, c, args, run_id):
         name = args[0].upper()
         if name == b"INFO":
             return bulk(INFO % run_id)
@@ -66,7 +78,10 @@ class FakeSentinel:
             with self.lock:
                 return array(bulk("127.0.0.1"), bulk(str(self.port_named)))
         if name == b"SUBSCRIBE":
-            return array(bulk("subscribe"), bulk(args[1]), integer(1))
+            with self.lock:
+                c.send(array(bulk("subscribe"), bulk(args[1]), integer(1)))
+                self.subscribers.append(c)
+            return None
         return status("OK")
 
     def close(self):
@@ -117,19 +132,20 @@ class LoneSentinel(harness.BrokerTestCase):
         self.take_slot(x, TTL + 20).close()
         held = self.take_slot(y, TTL + 20)
 
-        # 2. A majority names A; Sentinel 0 alone still B.
+        # 2. All name A: the rounds move X there once B's confirmation is stale.
         f0 = self.backend(x)["failovers"]
-        for s in self.sentinels[1:]:
+        for s in self.sentinels:
             s.name(self.a.port)
-        # B's confirmation goes stale, the rounds move X to A: only from then on is a grant from B one beside
-        # Y's (B held the primary's place until then, as far as X could tell).
-        wait_for(lambda: self.backend(x)["failovers"] >= f0 + 1, timeout=20, message="X moved to A by the rounds")
+        wait_for(lambda: self.backend(x)["failovers"] == f0 + 1 and "confirmedAgoMs" in self.backend(x),
+                 timeout=20, message="X moved to A by the rounds and confirmed there")
+
+        # 3. Sentinel 0 alone moves X to B, while A's confirmation is fresh.
+        self.sentinels[0].name(self.b.port, publish=True)
         ask = None
         seen_on_b = set()  # X's pool's refusal reasons while on B, after Sentinel 0 moved it there
         confirmed_b = None  # X's Status saying B confirmed then
         deadline = time.monotonic() + 30
-        # Until the rounds took X back from B to A (A → B on Sentinel 0's word in between): X was on B for
-        # up to 3 s (the confirmation of A it came with stayed fresh that long).
+        # Until the rounds took X back to A: X was on B for up to 3 s.
         while True:
             backend = self.backend(x)
             if backend["failovers"] >= f0 + 3:
@@ -154,14 +170,13 @@ class LoneSentinel(harness.BrokerTestCase):
         self.assertIn("unconfirmed", seen_on_b, "X's pool never seen registered on B and refused for it")
         self.assertTrue(held.conn.poll(0) is None and y.pool("shared")["inUse"] == 1, "Y's lease ended")
 
-        # 3. Sentinel 0 agrees: X settles on A, confirmed; its request waits for Y's lease, then is granted.
-        self.sentinels[0].name(self.a.port)
+        # 4. Back on A, asking another Sentinel: served there, Sentinel 0 still naming B.
         if ask is not None:
             ask.close()
         deadline = time.monotonic() + 20
         while True:
-            wait_for(lambda: self.backend(x).get("primary") == a_primary and self.backend(x).get("up"),
-                     timeout=max(deadline - time.monotonic(), 0.1), message="X served on A")
+            wait_for(lambda: self.backend(x).get("up"), timeout=max(deadline - time.monotonic(), 0.1),
+                     message="X served on A")
             ask = self.acquire(x, "ci")
             self.assertFalse(ask.granted, f"X granted on A while Y holds the slot: {ask.msg!r}")
             if ask.queued:
@@ -170,7 +185,10 @@ class LoneSentinel(harness.BrokerTestCase):
             self.assertLess(time.monotonic(), deadline, f"X's request on A: {ask.msg!r}")
         held.close()
         ask.until_granted(timeout=20)
-
+        backend = self.backend(x)
+        self.assertEqual((backend["primary"], backend["failovers"]), (a_primary, f0 + 3),
+                         f"X did not stay on A: {backend!r}")
+        self.assertIn(f"Sentinel 127.0.0.1:{self.sentinels[0].port} names {b_primary}", x.log())
 
 if __name__ == "__main__":
     (_, SLOTCTL), argv = harness.arguments(__doc__, 2)
