@@ -8,7 +8,8 @@
 --       (on: replacing any) or dropped (off), and the caller's reply tells it ([6] notices)
 -- Decides: the pool: meta.drained = on; on → every waiter is refused unavailable "drained", the
 --       reservations' lane ("@reserve") first, then lane by lane (by name), bucket by bucket (k ascending),
---       in arrival order. At most SETTLE_MAX refusals per call:
+--       in arrival order (a member of lk:L that is no slot count leaves with its bucket, told "bad-key" "lk",
+--       as queue_next() drops it). At most SETTLE_MAX refusals per call:
 --       "settling" until none is left; the pool is drained from the first call on, so nothing is granted
 --       meanwhile (unlike other operations, a "settling" drain has done part of its work: sending it again
 --       finishes it). A member: added to or removed from {sb:P}:dm; its position (its index among the
@@ -52,7 +53,20 @@ local function drain_pool()
                 if lane ~= RESERVE_LANE then lanes[#lanes + 1] = lane end
         end
         for _, lane in ipairs(lanes) do
-                local ks = redis.call('SMEMBERS', k_lk(lane))
+                -- Untrusted (anyone may write lk:L): a member that is not a slot count as waiter_link() writes it
+                -- (its sort failed on "x") leaves lk:L with its bucket, told, as queue_next() drops it.
+                local ks = {}
+                for _, k in ipairs(redis.call('SMEMBERS', k_lk(lane))) do
+                        local n = tonumber(k)
+                        if n and n >= 1 and n <= 2147483648 and istr(n) == k then
+                                ks[#ks + 1] = k
+                        else
+                                redis.call('SREM', k_lk(lane), k)
+                                -- (not a selector's bucket, "K:CANON": ls:L's, its waiters' own)
+                                if not string.find(k, ':', 1, true) then redis.call('DEL', k_bucket(lane, k)) end
+                                LIFE.bad('lk', k)
+                        end
+                end
                 table.sort(ks, function(a, b) return tonumber(a) < tonumber(b) end)
                 for _, k in ipairs(ks) do
                         while true do

@@ -669,7 +669,11 @@ local function lane_verdict(lane, k, free)
 end
 
 -- pool-local.c:queue_next()/lane_next(): the heads of the (lane, k) buckets only, O(lanes × distinct k).
--- Wids are the arrival sequence in fixed-width hex: string order is arrival order.
+-- Wids are the arrival sequence in fixed-width hex: string order is arrival order. carry.best: the head's
+-- bucket, { lane, k (its number), ks (the string of lk:L: its key's name) }.
+-- Untrusted (anyone may write lk:L): a member that is not the decimal of a slot count 1..2^31 as waiter_link()
+-- writes it ("x": a Lua error on every call; "01": a head taken for k = 1 and dropped from b:L:1, not its
+-- bucket, for ever) leaves lk:L with its bucket, told ("bad-key" "lk"; drain.lua does the same).
 local function queue_next()
         local free = free_slots()
         local best, best_prio, best_verdict = nil, nil, PASS
@@ -677,15 +681,24 @@ local function queue_next()
                 if lane_get(lane).waiting > 0 then
                         local prio = R.lanes[lane].priority
                         for _, k in ipairs(redis.call('SMEMBERS', k_lk(lane))) do
-                                local head = redis.call('ZRANGE', k_bucket(lane, k), '0', '0')[1]
-                                if not head then
-                                        redis.call('SREM', k_lk(lane), k) -- emptied: see waiter_unlink()
+                                local n = tonumber(k)
+                                local head = nil
+                                if not (n and n >= 1 and n <= 2147483648 and istr(n) == k) then
+                                        redis.call('SREM', k_lk(lane), k)
+                                        -- (not a selector's bucket, "K:CANON": ls:L's, its waiters' own)
+                                        if not string.find(k, ':', 1, true) then redis.call('DEL', k_bucket(lane, k)) end
+                                        LIFE.bad('lk', k)
                                 else
-                                        local v = lane_verdict(lane, tonumber(k), free)
+                                        head = redis.call('ZRANGE', k_bucket(lane, k), '0', '0')[1]
+                                        -- emptied: see waiter_unlink()
+                                        if not head then redis.call('SREM', k_lk(lane), k) end
+                                end
+                                if head then
+                                        local v = lane_verdict(lane, n, free)
                                         if v ~= PASS and (not best or prio > best_prio or
                                                           (prio == best_prio and head < best)) then
                                                 best, best_prio, best_verdict = head, prio, v
-                                                carry.best = { lane = lane, k = tonumber(k) }
+                                                carry.best = { lane = lane, k = n, ks = k }
                                         end
                                 end
                         end
@@ -2199,21 +2212,27 @@ end
 
 -- pool-local.c:dispatch(): free slots to waiters in queue order until the first that cannot go. No grant
 -- at all inside a recovery window: its end is a due instant, so dispatch resumes exactly then.
+-- The head's record is read whatever its verdict: a stale wid held back (HOLD: its bucket's k above the free
+-- slots) would otherwise hold the queue back for good. A step each grant or wid dropped (not a head that holds).
 local function dispatch(t)
         if M.recovery_until > 0 and t < M.recovery_until then return true end
         if M.selective > 0 then return dispatch_walk(t) end
         while M.waiting > 0 and free_slots() > 0 do
                 local wid, v = queue_next()
-                if not wid or v ~= GRANTABLE then return true end
-                if not step() then return false end
+                if not wid then return true end
+                local hold = v ~= GRANTABLE
+                if not hold and not step() then return false end
                 local w = waiter_get(wid)
                 local from = carry.best
                 if not w or w.health or (w.sel or '') ~= '' or w.lane ~= from.lane or w.k ~= from.k then
                         -- Untrusted: a wid whose record is gone, or says it waits elsewhere (a health waiter, a
                         -- selector's bucket, another lane or k: the room was judged for this bucket's k), leaves
-                        -- this bucket and its queue; never granted from here.
-                        redis.call('ZREM', k_bucket(from.lane, from.k), wid)
+                        -- this bucket (by the name lk:L gave it) and its queue; never granted from here.
+                        if hold and not step() then return false end
+                        redis.call('ZREM', k_bucket(from.lane, from.ks), wid)
                         if w then redis.call('ZREM', k_queue(w.prio), wid) end
+                elseif hold then
+                        return true
                 elseif w.gated then
                         -- A set's part first in the queue with room: said ready, granted with the set only
                         -- (set.lua); it holds back those behind it.

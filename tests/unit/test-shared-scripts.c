@@ -4892,6 +4892,133 @@ static void test_a_wid_left_without_its_record_is_dropped_by_the_dispatch(void *
         freeReplyObject(r);
 }
 
+/* Whether the set KEY of the pool has MEMBER, and whether KEY exists. */
+static bool pool_set_has(const char *key, const char *member) {
+        redisReply *r = redisCommand(redis, "SISMEMBER %s:%s %s", POOL, key, member);
+        assert_non_null(r);
+        bool has = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+        freeReplyObject(r);
+        return has;
+}
+
+static bool pool_key_exists(const char *key) {
+        redisReply *r = redisCommand(redis, "EXISTS %s:%s", POOL, key);
+        assert_non_null(r);
+        bool has = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+        freeReplyObject(r);
+        return has;
+}
+
+/* lk:L lists the k of lane L's buckets b:L:K, as waiter_link() writes them (anyone may write it). A member that is
+ * not the decimal of a slot count named a bucket the queue could not judge: not a number ("x") stopped every
+ * call that looked at the queue with a Lua error, the tick included, for good (the error came before any write);
+ * "01" made the dispatch drop its head from b:ci:1, not b:ci:01, so the same head came back at every step:
+ * "settling" for good; one above the free slots ("2147483649", "inf") held the queue back for good. Such a
+ * member leaves lk:L with its bucket (but a selector's, "K:CANON"), told ("bad-key" "lk"), by the dispatch and by
+ * a drain of the pool (whose sort of the k failed on it). */
+static void test_an_lk_member_that_is_no_slot_count_is_dropped_and_told(void **state) {
+        static const char *const bad[] = { "x", "01", "0", "-1", "1.0", "0x1", " 1", "1e0", "2147483649", "inf",
+                                           "nan", "", "1:x" };
+        tolerate_errors = true;
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                char bucket[64];
+                snprintf(bucket, sizeof bucket, "b:ci:%s", bad[i]);
+                redis_do("FLUSHALL");
+                tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
+                redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+                long long ta = field_i(body(a), D_TOKEN);
+                freeReplyObject(a);
+                expect_verdict("b", 1000, "ci", 1, "granted");
+                expect_verdict("c", 1000, "ci", 1, "queued");
+                tick_ok("n1", 1000, "=");
+                /* "0": a wid no record has, before every real one. */
+                redis_do("SADD " POOL ":lk:ci %s", bad[i]);
+                redis_do("ZADD " POOL ":%s 0 0", bucket);
+
+                /* a's release frees a slot: the tick's dispatch grants c, the garbage gone and told. */
+                char t[32];
+                snprintf(t, sizeof t, "%lld", ta);
+                redisReply *r = call("release", "n1", 2000, 0, t, "a", NULL);
+                if (r->type == REDIS_REPLY_ERROR)
+                        fail_msg("lk member \"%s\", a release: %s", bad[i], r->str);
+                freeReplyObject(r);
+                r = tick_as("n1", 2000, "=");
+                if (r->type == REDIS_REPLY_ERROR)
+                        fail_msg("lk member \"%s\", the tick: %s", bad[i], r->str);
+                if (strcmp(status(r), "ok") != 0)
+                        fail_msg("lk member \"%s\", the tick: %s", bad[i], status(r));
+                if (n_events(r) != 1 || strcmp(field_s(event(r, 0), D_RID), "c") != 0 ||
+                    strcmp(field_s(event(r, 0), D_VERDICT), "granted") != 0)
+                        fail_msg("lk member \"%s\": c was not granted (%zu events)", bad[i], n_events(r));
+                if (!has_notice(r, "bad-key", "lk"))
+                        fail_msg("lk member \"%s\": not told", bad[i]);
+                freeReplyObject(r);
+                assert_false(pool_set_has("lk:ci", bad[i]));
+                /* (A selector's bucket's name, "K:CANON", is ls:L's to list: the member goes, not the bucket.) */
+                assert_int_equal(pool_key_exists(bucket), strchr(bad[i], ':') != NULL);
+
+                /* A drain of the pool: every waiter refused, the garbage gone and told. */
+                expect_verdict("d", 2000, "ci", 1, "queued");
+                redis_do("SADD " POOL ":lk:ci %s", bad[i]);
+                redis_do("ZADD " POOL ":%s 0 0", bucket);
+                r = call("drain", "n1", 3000, 0, "", "1", NULL);
+                if (r->type == REDIS_REPLY_ERROR)
+                        fail_msg("lk member \"%s\", a drain: %s", bad[i], r->str);
+                assert_string_equal(status(r), "ok");
+                assert_int_equal(n_events(r), 1);
+                assert_string_equal(field_s(event(r, 0), D_RID), "d");
+                assert_string_equal(field_s(event(r, 0), D_VERDICT), "refused");
+                if (!has_notice(r, "bad-key", "lk"))
+                        fail_msg("lk member \"%s\": not told by the drain", bad[i]);
+                assert_int_equal(cache(r, C_WAITING), 0);
+                freeReplyObject(r);
+                assert_false(pool_set_has("lk:ci", bad[i]));
+                /* (A selector's bucket's name, "K:CANON", is ls:L's to list: the member goes, not the bucket.) */
+                assert_int_equal(pool_key_exists(bucket), strchr(bad[i], ':') != NULL);
+        }
+        tolerate_errors = false;
+}
+
+/* A stale wid (no waiter record) in a bucket whose k is above the free slots: the queue's head, held back (HOLD),
+ * whose record the dispatch never read (only a grantable head's): nobody behind it was granted, and every new
+ * request queued behind it ("no barging"), for good. The head's record is read whatever its verdict; a wid whose
+ * record is gone, or names another bucket, leaves the bucket. Buckets: one of k = 2 (above the one slot free),
+ * k = 3 (above the limit: only a reload that shrank the limit leaves real waiters there), and a real waiter's
+ * wid copied into a bucket its record does not name. */
+static void test_a_stale_head_held_back_is_dropped_by_the_dispatch(void **state) {
+        static const char *const ks[] = { "2", "3", "2" };
+        for (size_t i = 0; i < ELEMENTSOF(ks); i++) {
+                char c_wid[32];
+                redis_do("FLUSHALL");
+                tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
+                redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+                long long ta = field_i(body(a), D_TOKEN);
+                freeReplyObject(a);
+                expect_verdict("b", 1000, "ci", 1, "granted");
+                expect_verdict("c", 1000, "ci", 1, "queued");
+                tick_ok("n1", 1000, "=");
+                wid_of("c", c_wid);
+                redis_do("SADD " POOL ":lk:ci %s", ks[i]);
+                redis_do("ZADD " POOL ":b:ci:%s 0 %s", ks[i], i < 2 ? "0" : c_wid);
+
+                freeReplyObject(release_at(2000, ta, "a"));
+                redisReply *r = tick_as("n1", 2000, "=");
+                assert_string_equal(status(r), "ok");
+                if (n_events(r) != 1)
+                        fail_msg("case %zu: %zu grants where c should have one slot", i, n_events(r));
+                assert_string_equal(field_s(event(r, 0), D_RID), "c");
+                assert_string_equal(field_s(event(r, 0), D_VERDICT), "granted");
+                assert_false(has_notice_kind(r, "bad-key"));
+                freeReplyObject(r);
+                /* (The copy of c's wid, when c was granted from its own bucket first, is left to the dispatch
+                 * that next finds it a head: its record is gone then.) */
+                redisReply *z = redisCommand(redis, "ZCARD " POOL ":b:ci:%s", ks[i]);
+                if (i < 2 && z->integer != 0)
+                        fail_msg("case %zu: b:ci:%s holds %lld wids", i, ks[i], z->integer);
+                freeReplyObject(z);
+        }
+}
+
 /* A key of a pool that holds another type (a hostile write, another program's key) stops no call for good: the
  * call drops the keys of another type and runs again (prelude.lua, call_guarded()), the pool then one whose keys
  * were deleted by hand ("Integrity"), and it serves again; a renewal naming the pool too. Without the guard every
@@ -5297,6 +5424,8 @@ int main(int argc, char *argv[]) {
                 T(test_a_lease_record_keeps_its_hash_and_garbage_there_is_hashed_again),
                 T(test_a_garbage_lease_record_is_dropped_and_the_pool_made_anew),
                 T(test_a_key_of_another_type_is_dropped_and_the_call_run_again),
+                T(test_an_lk_member_that_is_no_slot_count_is_dropped_and_told),
+                T(test_a_stale_head_held_back_is_dropped_by_the_dispatch),
                 T(test_hostile_writes_to_the_members_lives_break_nothing),
                 T(test_wrong_lane_counts_are_counted_again),
                 T(test_a_wrong_selective_count_is_counted_again),
