@@ -253,18 +253,33 @@ local function rules_labels(r, t)
         end
 end
 
+-- The rules of a canon (README, "Rules canon"), or nil when it is not rules: every number must be an integer
+-- in decimal ("-" first for a negative) within what shared-rules.c can write from its C types (libbroker/conf.c
+-- allows less; test rigs write more, a TTL of 1000 days): a limit or reserve below 2^32, a priority a C int,
+-- spans (TTL from 1 µs) below 2^63, exit codes 1..255. Anyone may write the stored canon: "limit=x" made
+-- R.limit nil, a Lua error on every call once something was due, for good. A canon that is not rules is taken
+-- as none (rules_load(): integrity_lost() says "rules", and the next tick stores its own); a tick whose wanted
+-- canon is not rules is answered "canon" (tick.lua).
 local function rules_from(t)
+        local valid = true
+        local function num(s, lo, below, dflt) -- an integer lo <= n < below; absent: dflt
+                if s == nil then return dflt end
+                local n = #s <= 20 and string.find(s, '^%-?%d+$') and tonumber(s)
+                if not n or n < lo or n >= below then valid = false return dflt end
+                return n + 0 -- ("-0": 0, as every key name prints it)
+        end
+        local SPAN, U32 = 2 ^ 63, 2 ^ 32
         local r = {
-                limit = tonumber(t['limit'] or '0'),
+                limit = num(t['limit'], 0, U32, 0),
                 members = nil,
-                q = tonumber(t['queue-timeout'] or ''),            -- nil: unset
-                congestion = tonumber(t['queue-congestion-timeout'] or ''),
-                max_queue = tonumber(t['max-queue'] or '-1'),
-                ttl = tonumber(t['backend-node-ttl'] or '30000000'),
+                q = num(t['queue-timeout'], 0, SPAN, nil),        -- nil: unset
+                congestion = num(t['queue-congestion-timeout'], 0, SPAN, nil),
+                max_queue = num(t['max-queue'], -1, SPAN, -1),
+                ttl = num(t['backend-node-ttl'], 1, SPAN, 30000000),
                 lanes = {},                                        -- name -> {priority, max_in_use, reserve}
                 lane_names = {},
-                -- µs; 0: none (SPEC §3.6); digits only, at most conf.c's 1 day, whatever a canon says
-                cooldown = math.min(tonumber(string.match(t['cooldown'] or '', '^%d+$') or '0'), 86400 * USEC_PER_SEC),
+                -- µs; 0: none (SPEC §3.6); at most conf.c's 1 day, whatever a canon says
+                cooldown = math.min(num(t['cooldown'], 0, SPAN, 0), 86400 * USEC_PER_SEC),
         }
         if t['members'] and t['members'] ~= '' then
                 r.members = {}
@@ -277,15 +292,19 @@ local function rules_from(t)
                                 r.lanes[lane] = { priority = 0, max_in_use = -1, reserve = 0 }
                                 r.lane_names[#r.lane_names + 1] = lane
                         end
-                        if attr == 'priority' then r.lanes[lane].priority = tonumber(v)
-                        elseif attr == 'max-in-use' then r.lanes[lane].max_in_use = tonumber(v)
-                        elseif attr == 'reserve' then r.lanes[lane].reserve = tonumber(v)
+                        if attr == 'priority' then r.lanes[lane].priority = num(v, -2 ^ 31, 2 ^ 31, 0)
+                        elseif attr == 'max-in-use' then r.lanes[lane].max_in_use = num(v, -1, SPAN, -1)
+                        elseif attr == 'reserve' then r.lanes[lane].reserve = num(v, 0, U32, 0)
+                        elseif attr == 'queue-timeout' then num(v, -1, SPAN, -1) -- (agreed on, not used here)
                         elseif attr == 'health' then
                                 -- "also": quarantined members first, else an ordinary request (HEALTH.first())
                                 r.lanes[lane].health, r.lanes[lane].health_also = v == '1', v == 'also'
                         end
                 end
         end
+        num(t['quarantine-after'], 1, U32, 1) -- (LIFE.rules() reads both)
+        for c in string.gmatch(t['quarantine-exit-codes'] or '', '[^,]+') do num(c, 1, 256, 1) end
+        if not valid then return nil end
         rules_reserve_lane(r)
         rules_labels(r, t)
         table.sort(r.lane_names)
@@ -296,24 +315,27 @@ end
 -- The rules parsed, by their canon (the canon is their identity, and Lua compares interned strings by
 -- address: no digest to compute). A library keeps them between calls; an EVAL starts empty. Never changed
 -- once made. At most RULES_CACHE_MAX canons (pools, and a rolling change's two versions): then emptied.
+-- nil for a canon that is not rules (rules_from(); kept as false, so that it is not parsed again each call).
 local rules_parsed
 do
         local RULES_CACHE, RULES_CACHE_N, RULES_CACHE_MAX = {}, 0, 64
         rules_parsed = function(canon, fields)
                 local r = RULES_CACHE[canon]
-                if r then return r end
+                if r ~= nil then return r or nil end
                 r = rules_from(fields or canon_parse(canon))
-                r.canon = canon
+                if r then r.canon = canon end
                 if RULES_CACHE_N >= RULES_CACHE_MAX then RULES_CACHE, RULES_CACHE_N = {}, 0 end
-                RULES_CACHE[canon], RULES_CACHE_N = r, RULES_CACHE_N + 1
+                RULES_CACHE[canon], RULES_CACHE_N = r or false, RULES_CACHE_N + 1
                 return r
         end
 end
 
+-- The stored rules into R; false (R left empty: no R.canon) when there are none, or the canon is not rules.
 local function rules_load()
         local canon = redis.call('HGET', K.rules, 'canon')
-        if not canon then return false end
-        R = rules_parsed(canon)
+        local r = canon and rules_parsed(canon)
+        if not r then return false end
+        R = r
         return true
 end
 
@@ -2901,7 +2923,7 @@ local function prelude_begin(create)
                 local same = M.run_id and (plain or stored_plain) and
                              string.match(RUN_ID, '^[^/]*') == string.match(M.run_id, '^[^/]*')
                 if M.clock_mode ~= 'manual' and M.run_id and not same then
-                        recovery_open(now + R.ttl, redis.call('ZRANGE', K.nodes, '0', '-1'), 'restart')
+                        recovery_open(now + pool_ttl(), redis.call('ZRANGE', K.nodes, '0', '-1'), 'restart')
                 end
                 if not (same and plain) then meta_set('run_id', RUN_ID) end
         end

@@ -13,8 +13,9 @@
 --       hex, used only if the pool's keys must be made)   [13] reclaimed: "1" Redis has every lease the
 --       node holds (no reclaim pending), "0" not yet   [14] page_lo   [15] page_hi ("": no reconcile;
 --       "-"/"+": open ends)   [16…] the node's rids in [page_lo, page_hi], at most RECONCILE_PAGE
--- Decides: no meta.epoch → the pool is new or Redis lost it: whatever else of it Redis still has is
---       dropped (prelude.lua, pool_wipe()), and its keys are made with the caller's epoch,
+-- Decides: a wanted canon that is not rules (prelude.lua, rules_from(); "=": the node hash's) → "canon",
+--       nothing else done. No meta.epoch → the pool is new or Redis lost it: whatever else of it Redis still
+--       has is dropped (prelude.lua, pool_wipe()), and its keys are made with the caller's epoch,
 --       clock mode (manual iff ARGV[3] is a number) and, in the redis clock mode, a recovery window of one
 --       node TTL (no node can tell a new pool from a lost one); no stored rules → the caller's canon is
 --       stored. Then every earlier instant is settled (dead nodes reaped in pages: "settling" before the
@@ -208,6 +209,9 @@ local function tick()
                 canon = redis.call('HGET', k_node(NODE), 'rules')
                 if not canon then return early('canon') end
         end
+        -- A canon that is not rules (prelude.lua, rules_from(): the node hash's, written by hand) is none of the
+        -- node's: it is never stored, adopted or parsed below.
+        if not rules_parsed(canon) then return early('canon') end
         if not M.epoch then
                 local ttl = rules_from(canon_parse(canon)).ttl
                 -- Redis lost the pool's meta, maybe not the rest: nothing of it is trusted.

@@ -5019,6 +5019,96 @@ static void test_a_stale_head_held_back_is_dropped_by_the_dispatch(void **state)
         }
 }
 
+/* The stored rules are read as they are, and anyone may write them: a canon whose numbers are not numbers (or out
+ * of what shared-rules.c can write) made R.limit or a lane's counts nil, a Lua error on every call once
+ * anything was due, the tick included (it settles before agree() would store its own canon), for good. Such a
+ * canon is no rules: the pool is made anew ("lost:rules", README "Integrity"), as when the canon is deleted, and
+ * the next tick stores its own. A node's wanted canon ("=") that is not rules is none: "canon". */
+static void test_stored_rules_that_are_not_rules_are_rules_lost(void **state) {
+        static const char *const bad[] = {
+                "limit=x", "limit=", "limit=-1", "limit=1.5", "limit=4294967296", "limit=inf", "limit=nan",
+                "limit=0x10", "limit= 1", "backend-node-ttl=0", "backend-node-ttl=junk",
+                "backend-node-ttl=9223372036854775808", "lane.ci.priority=x", "lane.ci.priority=2147483648",
+                "lane.ci.priority=-2147483649", "lane.ci.max-in-use=x", "lane.ci.max-in-use=-2",
+                "lane.ci.reserve=-1", "lane.ci.reserve=nan", "lane.ci.reserve=4294967296", "lane.ci.queue-timeout=-2",
+                "lane.ci.queue-timeout=x", "queue-timeout=-1", "queue-timeout=1e6", "queue-timeout=99999999999999999999",
+                "queue-congestion-timeout=-5", "max-queue=-2", "max-queue=x", "cooldown=x", "cooldown=-1",
+                "quarantine-after=0", "quarantine-after=x", "quarantine-exit-codes=3,256", "quarantine-exit-codes=x",
+        };
+        const char *canon = CANON_ONE_LANE "limit=1\n";
+        tolerate_errors = true;
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                char garbage[512];
+                redis_do("FLUSHALL");
+                tick_ok("n1", 1000, canon);
+                expect_verdict("a", 1000, "ci", 1, "granted");
+                redisReply *b = submit_at(1000, "b", "ci", 1, true, SEC); /* due at 1.001 s */
+                assert_string_equal(field_s(body(b), D_VERDICT), "queued");
+                freeReplyObject(b);
+                tick_ok("n1", 1000, "=");
+                /* (a later line of a key wins: the canon's own limit=1 stays in it) */
+                snprintf(garbage, sizeof garbage, "%s%s\n", canon, bad[i]);
+                redis_do("HSET " POOL ":rules canon %s", garbage);
+
+                redisReply *r = call("release", "n1", 3 * SEC, 0, "1", "a", NULL);
+                if (r->type == REDIS_REPLY_ERROR)
+                        fail_msg("canon with %s, a release: %s", bad[i], r->str);
+                assert_string_equal(status(r), "unregistered");
+                freeReplyObject(r);
+                r = tick_as("n1", 3 * SEC, canon);
+                if (r->type == REDIS_REPLY_ERROR)
+                        fail_msg("canon with %s, the tick: %s", bad[i], r->str);
+                assert_string_equal(status(r), "ok");
+                freeReplyObject(r);
+                r = redisCommand(redis, "HGET " POOL ":rules canon");
+                assert_string_equal(r->str, canon);
+                freeReplyObject(r);
+                r = redisCommand(redis, "HGET " POOL ":meta lost");
+                assert_string_equal(r->str, "rules");
+                freeReplyObject(r);
+                /* The pool made anew serves (the manual clock's pool: no recovery window). */
+                expect_verdict("c", 3 * SEC, "ci", 1, "granted");
+
+                /* The node's own wanted rules, garbage: no canon of this node. */
+                redis_do("HSET " POOL ":node:n1 rules %s", garbage);
+                r = tick_as("n1", 4 * SEC, "=");
+                if (r->type == REDIS_REPLY_ERROR)
+                        fail_msg("wanted canon with %s, the tick: %s", bad[i], r->str);
+                assert_string_equal(status(r), "canon");
+                freeReplyObject(r);
+                tick_ok("n1", 4 * SEC, canon);
+                r = redisCommand(redis, "HGET " POOL ":rules canon");
+                assert_string_equal(r->str, canon);
+                freeReplyObject(r);
+        }
+
+        /* The Redis clock, and a new run id (a restart) in the same call: the restart's window took the stored
+         * TTL, nil without rules (deleted or not rules), a Lua error on every call for good (the run id never
+         * stored). */
+        static const char *const lost[] = { "HDEL " POOL ":rules canon", "HSET " POOL ":rules canon limit=x" };
+        for (size_t i = 0; i < ELEMENTSOF(lost); i++) {
+                redis_do("FLUSHALL");
+                run_id = "run1";
+                redisReply *r = call("tick", "n1", -1, 1, "n1", canon, "0", "0", "0", "-", "e1", "1", "", NULL);
+                assert_string_equal(status(r), "ok");
+                freeReplyObject(r);
+                redis_do(lost[i]);
+                run_id = "run2";
+                r = call("tick", "n1", -1, 1, "n1", canon, "0", "0", "0", "-", "e1", "1", "", NULL);
+                if (r->type == REDIS_REPLY_ERROR)
+                        fail_msg("%s, a new run id: %s", lost[i], r->str);
+                assert_string_equal(status(r), "ok");
+                freeReplyObject(r);
+                r = redisCommand(redis, "HGET " POOL ":rules canon");
+                assert_string_equal(r->str, canon);
+                freeReplyObject(r);
+                r = redisCommand(redis, "HGET " POOL ":meta run_id");
+                assert_string_equal(r->str, "run2");
+                freeReplyObject(r);
+        }
+        tolerate_errors = false;
+}
+
 /* A key of a pool that holds another type (a hostile write, another program's key) stops no call for good: the
  * call drops the keys of another type and runs again (prelude.lua, call_guarded()), the pool then one whose keys
  * were deleted by hand ("Integrity"), and it serves again; a renewal naming the pool too. Without the guard every
@@ -5426,6 +5516,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_key_of_another_type_is_dropped_and_the_call_run_again),
                 T(test_an_lk_member_that_is_no_slot_count_is_dropped_and_told),
                 T(test_a_stale_head_held_back_is_dropped_by_the_dispatch),
+                T(test_stored_rules_that_are_not_rules_are_rules_lost),
                 T(test_hostile_writes_to_the_members_lives_break_nothing),
                 T(test_wrong_lane_counts_are_counted_again),
                 T(test_a_wrong_selective_count_is_counted_again),
