@@ -2042,11 +2042,17 @@ end
 -- cut off) keeps the window to its full length; one that registers during it with leases still to
 -- reclaim (Redis lost its registration too) joins the wait. A pool Redis made anew knows nobody: the
 -- full length. why: what opened it, for the nodes' journal (README, "Recovery windows").
+-- The set holds RECOVERY_OPEN besides the nodes, a member no SREM of a node removes: a set emptied by its
+-- last node's vouch keeps it, one deleted or evicted meanwhile (anyone may write it) has lost it, and the
+-- window then runs to its full length (recovery_vouch()). A brokerd of the scripts before (no such member)
+-- that SREMs the last node finds the set not empty, and ends nothing either.
+local RECOVERY_OPEN = '#open' -- (never a node id: 32 hex)
 local function recovery_open(until_, nodes, why)
         meta_set('recovery_until', math.max(M.recovery_until, until_))
         meta_set('recovery_from', now)
         meta_set('recovery_why', why)
         redis.call('DEL', K.recovering)
+        if #nodes > 0 then redis.call('SADD', K.recovering, RECOVERY_OPEN) end
         for i = 1, #nodes, 1000 do
                 redis.call('SADD', K.recovering, unpack(nodes, i, math.min(i + 999, #nodes)))
         end
@@ -2065,6 +2071,9 @@ end
 -- not before RECOVERY_MIN after it opened. The nodes learn of a failover or a restart at about the same
 -- moment (+switch-master, a reconnect); one that Redis does not know (its registration was lost with its
 -- grants) cannot be waited for, and this second is its time to arrive and join the wait.
+-- The last node is gone when RECOVERY_OPEN is all the set holds: a set without it (deleted or evicted while
+-- the window was open, or opened by the scripts before, which knew no such member) cannot tell who is
+-- left, and the window runs to its full length (README, "Recovery windows").
 local function recovery_vouch(reclaimed)
         if not (M.recovery_until > 0 and now < M.recovery_until and M.recovery_set == 1) then return end
         if not reclaimed then
@@ -2072,7 +2081,7 @@ local function recovery_vouch(reclaimed)
                 return
         end
         redis.call('SREM', K.recovering, NODE)
-        if redis.call('SCARD', K.recovering) == 0 then
+        if redis.call('SCARD', K.recovering) == 1 and redis.call('SISMEMBER', K.recovering, RECOVERY_OPEN) == 1 then
                 meta_set('recovery_until', math.min(M.recovery_until, math.max(now, M.recovery_from + RECOVERY_MIN)))
         end
 end

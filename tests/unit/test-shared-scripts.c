@@ -5401,6 +5401,36 @@ static void test_a_wrong_selective_count_is_counted_again(void **state) {
         freeReplyObject(r);
 }
 
+/* ---- hostile writes to the references and records: rid, h, recovering, dm, qm ---- */
+
+/* A run id window waits for the nodes registered when it opened ({sb:P}:recovering). That set deleted or evicted
+ * while the window is open looked like a set emptied by the last node's vouch: n1's next reclaimed tick ended
+ * the window a second after it opened, and n1 could be granted the slot of a lease Redis lost, which n2 (not yet
+ * reclaimed) still held. Now such a window runs to its full length (the set's RECOVERY_OPEN member is gone: who
+ * is left is unknown), whoever vouches. */
+static void test_a_run_id_window_whose_set_was_lost_runs_its_length(void **state) {
+        const char *canon = CANON_ONE_LANE "limit=2\n"; /* TTL 30 s: the window cannot run out here */
+        freeReplyObject(call("tick", "n1", -1, 1, "n1", canon, "0", "0", "0", "-", "e1", "1", "", NULL));
+        freeReplyObject(call("tick", "n2", -1, 1, "n2", canon, "0", "0", "0", "-", "e1", "1", "", NULL));
+        freeReplyObject(redisCommand(redis, "HSET %s:meta recovery_until 0", POOL));
+
+        run_id = "run2";
+        long long opened = tick_reclaimed("n1", "1"); /* opened, n1 off the set at once */
+        long long from = meta_number("meta", "recovery_from");
+        assert_true(opened > 0 && from > 0);
+        redis_do("DEL " POOL ":recovering");
+        /* The second a window lasts at least passes (the pool clock: a condition, waited for). */
+        for (int i = 0; meta_number("clock", "last_now") <= from + SEC; i++) {
+                assert_true(i < 5000);
+                (void) nanosleep(&(struct timespec) { .tv_nsec = 1000 * 1000 }, NULL);
+                assert_int_equal(tick_reclaimed("n1", "1"), opened);
+        }
+        assert_int_equal(tick_reclaimed("n1", "1"), opened);
+        assert_string_equal(impatient_verdict("b"), "recovery");
+        assert_int_equal(tick_reclaimed("n2", "1"), opened);
+        assert_string_equal(impatient_verdict("c"), "recovery");
+}
+
 /* Which cases a run takes (main()'s arguments): all of them, or one of two parts that together are all of them, each
  * case in exactly one. The liveness cases sleep for real (a TTL of 2 s; about a minute in all, with next to no
  * CPU): meson runs them as tests of their own (test-shared-scripts-liveness, -mixed-liveness) beside the others
@@ -5522,6 +5552,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_wrong_selective_count_is_counted_again),
                 T(test_an_ordinary_wid_in_the_health_queue_is_passed_over),
                 T(test_a_wid_left_without_its_record_is_dropped_by_the_dispatch),
+                T(test_a_run_id_window_whose_set_was_lost_runs_its_length),
 #undef L
 #undef T
         };
