@@ -1867,9 +1867,39 @@ local function grant(node, rid, lane, k, arrival, t, w, places, quarantined)
 end
 
 -- pool-local.c:local_release(): the slots go back; the drained members' ones stay out of `busy`.
+-- The record is untrusted (lease_get() checks its fields' types only): a position goes back only if it is
+-- the lease's own, sid naming the token at its identity, the identity being the position's below the limit
+-- (a slot laid out above it by an adopted reload keeps its old one). A record naming a place that is not its
+-- own (slots or pos written by hand: another lease's) frees nothing: it is dropped as garbage and told
+-- ("bad-key" "h"), its slots stay taken, and the next call finds HLEN h below meta's count and makes the pool
+-- anew ("Integrity"). False then; true when the lease was freed.
 local function lease_free(l)
         local token_s = l.token_s or istr(l.token)
-        for i = 1, l.k do
+        local k = l.k
+        local own = k >= 1 and k % 1 == 0 and #l.pos == k and #l.slots == k
+        local ids = {}
+        for i = 1, own and k or 0 do
+                local pos = l.pos[i]
+                if type(pos) ~= 'number' or pos < 0 or pos % 1 ~= 0 or type(l.slots[i]) ~= 'number' then
+                        own = false
+                        break
+                end
+                ids[i] = lease_slot_identity(l, i)
+                if pos < R.limit and ids[i] ~= (R.members and R.members[pos + 1] or slot_identity(pos)) then
+                        own = false
+                        break
+                end
+        end
+        local owners = own and redis.call('HMGET', K.sid, unpack(ids)) or {}
+        for i = 1, own and k or 0 do
+                if owners[i] ~= token_s then own = false end
+        end
+        if not own then
+                redis.call('HDEL', K.h, token_s)
+                LIFE.bad('h', token_s)
+                return false
+        end
+        for i = 1, k do
                 local pos = l.pos[i]
                 local pos_s = slot_pos(pos)
                 redis.call('SETBIT', K.occ, pos_s, '0')
@@ -1878,9 +1908,8 @@ local function lease_free(l)
                 else
                         redis.call('SETBIT', K.busy, pos_s, '0')
                 end
-                local id = lease_slot_identity(l, i)
-                if redis.call('HGET', K.sid, id) == token_s then redis.call('HDEL', K.sid, id) end
         end
+        redis.call('HDEL', K.sid, unpack(ids))
         rests.begin(l)
         meta_incr('in_use', -l.k)
         meta_incr('leases', -1)
@@ -1892,6 +1921,7 @@ local function lease_free(l)
         else
                 record_remove(l.node, l.rid, 'l', l.fp)
         end
+        return true
 end
 
 -- A lease Redis holds for a node that the node does not list (tick.lua, reconcile()): an older state

@@ -7,7 +7,8 @@
 -- Decides: the lease under token, if it is this node's with that rid, is freed (positions out of occ and,
 --       unless a drained member, busy; its identities out of sid; lane and pool counters; the node's
 --       records and fingerprint). Any other token is "gone": nothing changes — a retry, or a lease freed
---       by a reap or lost to a Redis restart, whose token is nobody else's (tokens are unique). In a pool
+--       by a reap or lost to a Redis restart, whose token is nobody else's (tokens are unique); and a record
+--       naming places that are not its own (prelude.lua, lease_free(): dropped, "bad-key" "h"). In a pool
 --       with cooldown= the slots rest first (README, "Cooldown"). Neither
 --       registration nor agreed rules are required: leases granted under the agreed rules end as usual.
 --       A lease released with an exit status counts for its members' quarantine (prelude.lua,
@@ -31,8 +32,7 @@ local function release()
 
         local result = 'gone'
         local l = tonumber(TOKEN) and lease_get(TOKEN)
-        if l and l.node == NODE and l.rid == RID then
-                lease_free(l)
+        if l and l.node == NODE and l.rid == RID and lease_free(l) then
                 result = 'released'
                 if EXIT_STATUS and EXIT_STATUS >= 0 and EXIT_STATUS <= 255 then
                         LIFE.released(l, EXIT_STATUS, JOB ~= '' and JOB or nil)

@@ -2075,6 +2075,8 @@ static bool granted_in(const redisReply *r) {
         return false;
 }
 
+static bool has_notice(const redisReply *r, const char *kind, const char *what);
+
 #define LOSS_CANON "backend-node-ttl=400000\n" "lane.ci.priority=0\nlimit=1\n"
 
 /* A tick of n1 (redis clock) that must grant nothing; registers n1 again if Redis lost it. */
@@ -2211,6 +2213,21 @@ static bool loss_cases_run(struct loss_case *c, size_t n) {
 
                 /* Released, it is granted again: to the waiter if Redis still has it, else to a new request. */
                 redisReply *r = call("release", "n1", -1, 1, c[k].token, "a", NULL);
+                if (!c[k].renewed && strcmp(c[k].key + strlen(c[k].key) - 4, ":sid") == 0) {
+                        /* sid, which no count compares, is found lost here: it no longer says that a's slot is
+                         * a's, so a's release frees nothing (its record dropped, "bad-key" "h": prelude.lua,
+                         * lease_free()) and the next call makes the pool anew, granting nothing. */
+                        assert_string_equal(body(r)->element[0]->str, "gone");
+                        assert_true(has_notice(r, "bad-key", "h"));
+                        freeReplyObject(r);
+                        x = call("submit", "n1", -1, 1, "z", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+                        assert_false(granted_in(x));
+                        freeReplyObject(x);
+                        redisReply *m = redisCommand(redis, "HGET %s:meta lost", pool);
+                        assert_string_equal(m->str, "leases");
+                        freeReplyObject(m);
+                        continue;
+                }
                 assert_string_equal(body(r)->element[0]->str, "released");
                 x = call("submit", "n1", -1, 1, "z", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
                 if (!granted_in(r) && !granted_in(x))
@@ -5403,6 +5420,69 @@ static void test_a_wrong_selective_count_is_counted_again(void **state) {
 
 /* ---- hostile writes to the references and records: rid, h, recovering, dm, qm ---- */
 
+/* A command's integer reply, or its string reply's number; -1 for anything else. */
+static long long redis_integer(const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        redisReply *r = redisvCommand(redis, fmt, ap);
+        va_end(ap);
+        assert_non_null(r);
+        long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : r->type == REDIS_REPLY_STRING ? atoll(r->str) : -1;
+        freeReplyObject(r);
+        return v;
+}
+
+/* A lease record rewritten in place (lease_get() checks its fields' types only) to name another lease's slot:
+ * its release frees nothing of that slot (before: it was freed, and granted to the next waiter while its holder
+ * held it). The record is dropped as garbage ("bad-key" "h"; the next call makes the pool anew). Cases: an
+ * anonymous slot's index and position both rewritten (sid's identity is another token's); the position alone
+ * (the identity is its own, the position another's); the same in a pool of members. */
+static void test_a_lease_record_naming_another_leases_slot_frees_nothing(void **state) {
+        static const struct {
+                const char *canon;
+                int slot, pos;
+        } cases[] = {
+                { CANON_ONE_LANE "limit=2\n", 1, 1 },
+                { CANON_ONE_LANE "limit=2\n", 0, 1 },
+                { CANON_ONE_LANE "limit=2\nmembers=m0,m1\n", 0, 1 },
+        };
+        const char *script = "local a = cmsgpack.unpack(redis.call('HGET', KEYS[1], ARGV[1])) "
+                             "a[5] = { tonumber(ARGV[2]) } a[6] = { tonumber(ARGV[3]) } "
+                             "return redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(a))";
+
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                char ta[24], slot[8], pos[8];
+                freeReplyObject(redisCommand(redis, "FLUSHALL"));
+                tick_ok("n1", 1000, cases[i].canon);
+                redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+                assert_int_equal(body(a)->element[D_SLOTS]->element[0]->integer, 0);
+                snprintf(ta, sizeof ta, "%lld", field_i(body(a), D_TOKEN));
+                freeReplyObject(a);
+                redisReply *b = submit_at(1000, "b", "ci", 1, true, -1);
+                assert_int_equal(body(b)->element[D_SLOTS]->element[0]->integer, 1);
+                long long tb = field_i(body(b), D_TOKEN);
+                freeReplyObject(b);
+                expect_verdict("c", 1000, "ci", 1, "queued");
+                tick_ok("n1", 1000, "=");
+                snprintf(slot, sizeof slot, "%d", cases[i].slot);
+                snprintf(pos, sizeof pos, "%d", cases[i].pos);
+                redisReply *e = redisCommand(redis, "EVAL %s 1 %s:h %s %s %s", script, POOL, ta, slot, pos);
+                assert_int_equal(e->type, REDIS_REPLY_INTEGER);
+                freeReplyObject(e);
+
+                redisReply *r = call("release", "n1", 2000, 1, ta, "a", NULL);
+                assert_string_equal(status(r), "ok");
+                assert_string_equal(body(r)->element[0]->str, "gone");
+                assert_int_equal(n_events(r), 0); /* c is not granted b's slot */
+                assert_true(has_notice(r, "bad-key", "h"));
+                freeReplyObject(r);
+                assert_int_equal(redis_integer("GETBIT " POOL ":occ 1"), 1);
+                assert_int_equal(redis_integer("GETBIT " POOL ":busy 1"), 1);
+                assert_int_equal(redis_integer("HEXISTS " POOL ":h %lld", tb), 1);
+                assert_int_equal(redis_integer("HEXISTS " POOL ":h %s", ta), 0);
+        }
+}
+
 /* A run id window waits for the nodes registered when it opened ({sb:P}:recovering). That set deleted or evicted
  * while the window is open looked like a set emptied by the last node's vouch: n1's next reclaimed tick ended
  * the window a second after it opened, and n1 could be granted the slot of a lease Redis lost, which n2 (not yet
@@ -5552,6 +5632,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_wrong_selective_count_is_counted_again),
                 T(test_an_ordinary_wid_in_the_health_queue_is_passed_over),
                 T(test_a_wid_left_without_its_record_is_dropped_by_the_dispatch),
+                T(test_a_lease_record_naming_another_leases_slot_frees_nothing),
                 T(test_a_run_id_window_whose_set_was_lost_runs_its_length),
 #undef L
 #undef T
