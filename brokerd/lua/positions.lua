@@ -27,10 +27,9 @@ local function positions()
                 if #ARGV - 6 > POSITIONS_MAX then return reply('invalid') end
                 for i = 7, #ARGV do
                         local rid = ARGV[i]
-                        local ref = redis.call('HGET', K.rid, NODE .. ':' .. rid) or ''
-                        local kind, id = string.match(ref, '^(%a):(.+)$')
-                        local w = kind == 'w' and waiter_get(id)
-                        local l = kind == 'l' and lease_get(id)
+                        local kind, rec = ref_follow(NODE, rid, redis.call('HGET', K.rid, NODE .. ':' .. rid))
+                        local w = kind == 'w' and rec
+                        local l = kind == 'l' and rec
                         local done = not w and not l and outcome_get(NODE, rid)
                         if w then out[#out + 1] = { 'queued', waiter_position(w) } -- place, of how many
                         elseif l then out[#out + 1] = lease_decision(l)

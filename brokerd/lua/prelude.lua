@@ -1810,6 +1810,24 @@ local function lease_put(l)
         }))
 end
 
+-- The record a reference in {sb:P}:rid leads to ("w:WID" | "l:TOKEN", filed under node:rid), if it is that
+-- request's: anyone may write rid, and a reference made to name another node's (or request's) lease or waiter
+-- must not let this one answer, withdraw, orphan or free it. One that does is dropped (its rid field and nr
+-- entry, as record_remove() does) and told ("bad-key" "rid"; README, "Integrity"). Returns the reference's
+-- kind ("l" | "w" | nil: none, or not a reference) and the record (nil: none, garbage, or another's).
+local function ref_follow(node, rid, ref)
+        local kind, id = string.match(ref or '', '^([lw]):(.+)$')
+        if not kind then return nil, nil end
+        local rec
+        if kind == 'l' then rec = lease_get(id) else rec = waiter_get(id) end
+        if rec and (rec.node ~= node or rec.rid ~= rid) then
+                record_remove(node, rid, kind)
+                LIFE.bad('rid', node .. ':' .. rid)
+                return kind, nil
+        end
+        return kind, rec
+end
+
 -- decision('granted', …) of lease l, made without an options' table: every grant makes one (a grant at
 -- once its reply, a waiter's its event and stream entry), and that table and decision()'s fourteen lookups
 -- in it were a fiftieth of a pair's instructions (issue 21).
@@ -2409,15 +2427,13 @@ local function reap_page(dead)
         end
         local rids = redis.call('ZRANGE', k_records(dead), '0', REAP_PAGE - 1)
         for _, rid in ipairs(rids) do
-                local ref = redis.call('HGET', K.rid, dead .. ':' .. rid) or ''
-                local kind, id = string.match(ref, '^(%a):(.+)$')
+                -- (a reference to another's record is dropped, not followed: ref_follow())
+                local kind, rec = ref_follow(dead, rid, redis.call('HGET', K.rid, dead .. ':' .. rid))
                 if kind == 'w' then
-                        local w = waiter_get(id)
-                        if w then waiter_unlink(w) end
+                        if rec then waiter_unlink(rec) end
                         n_waiters = n_waiters + 1
                 elseif kind == 'l' then
-                        local l = lease_get(id)
-                        if l then lease_free(l) end
+                        if rec then lease_free(rec) end
                         n_leases = n_leases + 1
                 end
                 redis.call('ZREM', k_records(dead), rid)

@@ -29,8 +29,9 @@ local function reclaim()
 
         local ref = redis.call('HGET', K.rid, NODE .. ':' .. RID)
         if ref then
-                local l = ref == 'l:' .. istr(TOKEN) and lease_get(TOKEN)
-                return reply('ok', { (l and l.node == NODE) and 'confirmed' or 'conflict' })
+                -- (a reference to another's record is dropped, not followed: ref_follow(); "conflict")
+                local kind, l = ref_follow(NODE, RID, ref)
+                return reply('ok', { (kind == 'l' and l and l.token == TOKEN) and 'confirmed' or 'conflict' })
         end
         if not (M.recovery_until > 0 and now < M.recovery_until) then return reply('ok', { 'lost' }) end
 

@@ -76,10 +76,10 @@ local function set()
                                 if early_reply then return { early_reply[1], j, '', replies } end
                         end
                         local d = { 'gone' }
-                        local ref = redis.call('HGET', K.rid, NODE .. ':' .. rid)
-                        local kind, id = string.match(ref or '', '^(%a):(.+)$')
+                        -- (a reference to another's record is dropped, not followed: ref_follow())
+                        local kind, rec = ref_follow(NODE, rid, redis.call('HGET', K.rid, NODE .. ':' .. rid))
                         if kind == 'w' then
-                                local w = waiter_get(id)
+                                local w = rec
                                 if w then
                                         d = decision('queued', rid, now, {
                                                 state = w.state, idle = w.idle, budget = w.budget,
@@ -95,8 +95,7 @@ local function set()
                                         end
                                 end
                         elseif kind == 'l' then
-                                local l = lease_get(id)
-                                if l then d = lease_decision(l) end -- (nil: garbage, dropped: "gone")
+                                if rec then d = lease_decision(rec) end -- (nil: garbage or another's, dropped: "gone")
                         else
                                 d = outcome_get(NODE, rid) or d
                         end
@@ -148,10 +147,8 @@ local function set()
                         end
                         if not room[i] and not first_short then first_short = i end
                 else
-                        local ref = redis.call('HGET', K.rid, NODE .. ':' .. rid)
-                        local wid = string.match(ref or '', '^w:(.+)$')
-                        local w = wid and waiter_get(wid)
-                        if not w or not w.gated then return finish(i, 'ok', 'gone', reply('ok', { 'gone' })) end
+                        local kind, w = ref_follow(NODE, rid, redis.call('HGET', K.rid, NODE .. ':' .. rid))
+                        if kind ~= 'w' or not w or not w.gated then return finish(i, 'ok', 'gone', reply('ok', { 'gone' })) end
                         waiters[i] = w
                         room[i], takes[i] = SETS.ready(w)
                         if not room[i] then

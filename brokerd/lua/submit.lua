@@ -37,20 +37,19 @@ local function submit()
         carry.heads_on = true -- it writes dl, nodes, lv, orph only through functions that drop the heads
 
         -- Idempotency: the same rid again (a retry after a lost reply) gets what it got, nothing more.
-        -- (A reference to a record that is gone or garbage (dropped by waiter_get(), lease_get()) answers
-        -- nothing: the pool is made anew by the next call, and this one is decided as a new request.)
+        -- (A reference to a record that is gone or garbage (dropped by waiter_get(), lease_get()), or that is
+        -- not this request's (dropped by ref_follow(), told), answers nothing: the pool is made anew by the
+        -- next call, and this one is decided as a new request.)
         local ref = redis.call('HGET', K.rid, NODE .. ':' .. RID)
         if ref then
-                local kind, id = string.match(ref, '^(%a):(.+)$')
-                local w = kind == 'w' and waiter_get(id)
-                if w then
-                        local place, of = waiter_position(w)
+                local kind, rec = ref_follow(NODE, RID, ref)
+                if kind == 'w' and rec then
+                        local place, of = waiter_position(rec)
                         return reply('ok', decision('queued', RID, now, {
-                                state = w.state, idle = w.idle, budget = w.budget, position = place, queued = of,
+                                state = rec.state, idle = rec.idle, budget = rec.budget, position = place, queued = of,
                         }))
                 end
-                local l = kind ~= 'w' and id and lease_get(id)
-                if l then return reply('ok', lease_decision(l)) end
+                if kind == 'l' and rec then return reply('ok', lease_decision(rec)) end
         end
         local done = outcome_get(NODE, RID)
         if done then return reply('ok', done) end

@@ -187,12 +187,9 @@ local function reconcile()
         local rids = redis.call('ZRANGEBYLEX', k_records(NODE), lo, hi, 'LIMIT', '0', RECONCILE_PAGE)
         for _, rid in ipairs(rids) do
                 if not listed[rid] then
-                        local ref = redis.call('HGET', K.rid, NODE .. ':' .. rid) or ''
-                        local kind, id = string.match(ref, '^(%a):(.+)$')
-                        local w = kind == 'w' and waiter_get(id)
-                        local l = kind == 'l' and lease_get(id)
-                        if w then waiter_unlink(w)
-                        elseif l then lease_orphan(l)
+                        local kind, rec = ref_follow(NODE, rid, redis.call('HGET', K.rid, NODE .. ':' .. rid))
+                        if kind == 'w' and rec then waiter_unlink(rec)
+                        elseif kind == 'l' and rec then lease_orphan(rec)
                         else redis.call('ZREM', k_records(NODE), rid) end -- no record behind it: no fingerprint
                 end
         end

@@ -5,7 +5,9 @@
 -- ARGV  [1..5] the head (README)   [6] rid
 -- Decides: a waiter under NODE:RID is unlinked, nothing answered (pool-local.c:local_withdraw()); a lease
 --       under it (granted while the withdraw was on its way) is released as release.lua does; neither is
---       "gone". Its outcome key is dropped either way, so that nothing answers the rid again.
+--       "gone". Its outcome key is dropped either way, so that nothing answers the rid again. A reference
+--       in rid to a record that is not NODE's request RID (written by hand) is dropped, told ("bad-key"
+--       "rid"), and nothing of that record changes: "gone".
 --       Then the instant (settle flag 1), or the tick does it.
 -- Appends: the grants and refusals of the instant, to their owners' streams and outcome keys.
 -- Returns: { status, now, { "withdrawn" | "released" | "gone" }, events, cache, notices }; "settling"
@@ -21,15 +23,12 @@ local function withdraw()
         if not settle_until(now) then return reply('settling') end
 
         local result = 'gone'
-        local ref = redis.call('HGET', K.rid, NODE .. ':' .. RID) or ''
-        local kind, id = string.match(ref, '^(%a):(.+)$')
-        local w = kind == 'w' and waiter_get(id)
-        local l = kind == 'l' and lease_get(id)
-        if w then
-                waiter_unlink(w)
+        -- (a reference to another's record is dropped there, not followed: ref_follow())
+        local kind, rec = ref_follow(NODE, RID, redis.call('HGET', K.rid, NODE .. ':' .. RID))
+        if kind == 'w' and rec then
+                waiter_unlink(rec)
                 result = 'withdrawn'
-        elseif l then
-                lease_free(l)
+        elseif kind == 'l' and rec and lease_free(rec) then
                 result = 'released'
         end
         outcome_drop(NODE, RID)

@@ -2292,6 +2292,7 @@ static void notices_apply(SharedPool *p, const RespValue *notices, usec_t now) {
                                 { "fp", "garbage in a node's fingerprint in Redis (counted again)" },
                                 { "h", "a garbage lease record in Redis (dropped; the pool is made anew)" },
                                 { "w", "a garbage waiter record in Redis (dropped; the pool is made anew)" },
+                                { "rid", "a request's reference in Redis naming another's record (dropped)" },
                         };
                         const char *what = "garbage in Redis (repaired)";
                         for (size_t j = 0; j < ELEMENTSOF(keys); j++)

@@ -5432,6 +5432,66 @@ static long long redis_integer(const char *fmt, ...) {
         return v;
 }
 
+/* {sb:P}:rid maps NODE:RID to its record ("w:WID" | "l:TOKEN"), and anyone may write it. n2's queued b made to
+ * name n1's lease a: no operation that follows the reference takes a for b's (withdraw freed it and granted its
+ * slot again while n1 held it; a retried submit and positions answered n1's grant to n2; a reconcile page that
+ * missed b orphaned it; n2's reap freed it). The reference is dropped and told ("bad-key" "rid"); a stays as it
+ * was: in h, under n1:a, its slot taken, no orphan. */
+static void test_a_rid_reference_to_another_nodes_lease_is_not_followed(void **state) {
+        static const char *const ops[] = { "submit", "withdraw", "positions", "reconcile", "reap" };
+        const char *canon = CANON_ONE_LANE "limit=1\n";
+
+        for (size_t i = 0; i < ELEMENTSOF(ops); i++) {
+                char ref[40];
+                freeReplyObject(redisCommand(redis, "FLUSHALL"));
+                tick_ok("n1", 1000, canon);
+                tick_ok("n2", 1000, canon);
+                redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+                assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+                long long ta = field_i(body(a), D_TOKEN);
+                freeReplyObject(a);
+                redisReply *b = call("submit", "n2", 1000, 0, "b", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+                assert_string_equal(field_s(body(b), D_VERDICT), "queued");
+                freeReplyObject(b);
+                tick_ok("n1", 1000, "=");
+                snprintf(ref, sizeof ref, "l:%lld", ta);
+                redis_do("HSET " POOL ":rid n2:b %s", ref);
+
+                redisReply *r;
+                if (strcmp(ops[i], "submit") == 0) {
+                        r = call("submit", "n2", 2000, 1, "b", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+                        assert_string_not_equal(field_s(body(r), D_VERDICT), "granted");
+                } else if (strcmp(ops[i], "withdraw") == 0) {
+                        r = call("withdraw", "n2", 2000, 1, "b", NULL);
+                        assert_string_equal(body(r)->element[0]->str, "gone");
+                        assert_int_equal(n_events(r), 0);
+                } else if (strcmp(ops[i], "positions") == 0) {
+                        r = call("positions", "n2", 2000, 1, "pos", "b", NULL);
+                        assert_string_not_equal(body(r)->element[0]->element[0]->str, "granted");
+                } else if (strcmp(ops[i], "reconcile") == 0) {
+                        r = call("tick", "n2", 2000, 1, "n2", "=", "0", "0", "0", "-", "e1", "1", "-", "+", NULL);
+                } else {
+                        tick_ok("n1", 20 * SEC, "=");
+                        r = tick_as("n1", 1000 + 30 * SEC + 1, "=");
+                        assert_true(has_notice_kind(r, "node-expired"));
+                }
+                assert_string_equal(status(r), "ok");
+                if (!has_notice(r, "bad-key", "rid"))
+                        fail_msg("%s: no bad-key rid", ops[i]);
+                freeReplyObject(r);
+                assert_int_equal(redis_integer("HEXISTS " POOL ":h %lld", ta), 1);
+                assert_int_equal(redis_integer("GETBIT " POOL ":occ 0"), 1);
+                assert_int_equal(redis_integer("ZCARD " POOL ":orph"), 0);
+                r = redisCommand(redis, "HGET " POOL ":rid n1:a");
+                assert_int_equal(r->type, REDIS_REPLY_STRING);
+                assert_string_equal(r->str, ref);
+                freeReplyObject(r);
+                r = redisCommand(redis, "HGET " POOL ":rid n2:b"); /* dropped (a submit's new waiter's since) */
+                assert_true(r->type == REDIS_REPLY_NIL || strcmp(r->str, ref) != 0);
+                freeReplyObject(r);
+        }
+}
+
 /* A lease record rewritten in place (lease_get() checks its fields' types only) to name another lease's slot:
  * its release frees nothing of that slot (before: it was freed, and granted to the next waiter while its holder
  * held it). The record is dropped as garbage ("bad-key" "h"; the next call makes the pool anew). Cases: an
@@ -5632,6 +5692,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_wrong_selective_count_is_counted_again),
                 T(test_an_ordinary_wid_in_the_health_queue_is_passed_over),
                 T(test_a_wid_left_without_its_record_is_dropped_by_the_dispatch),
+                T(test_a_rid_reference_to_another_nodes_lease_is_not_followed),
                 T(test_a_lease_record_naming_another_leases_slot_frees_nothing),
                 T(test_a_run_id_window_whose_set_was_lost_runs_its_length),
 #undef L
