@@ -808,6 +808,26 @@ function LIFE.busy(name, out)
         meta_incr('drained_free', out and 1 or -1)
 end
 
+-- A member neither drained (dm) nor quarantined (qm) whose free place is still out of `busy`, counted in
+-- drained_free: its dm entry or qm field was lost (the key evicted or deleted by hand) while it was out, and
+-- its undrain or restore found nothing to undo. Its place goes back, as the undrain or restore would have put
+-- it, and it is told ("bad-key" key, name); else the slot stayed parked until a reload laid the pool out
+-- again. A place held (occ) or resting is left as it is (the lease's end, the rest's end put it back). Run
+-- only by an undrain or a restore that found nothing to undo: a command or four, then.
+function LIFE.unpark(name, key)
+        local pos = LIFE.pos(name)
+        if not pos or pos >= R.limit or M.drained_free <= 0 then return end
+        if redis.call('GETBIT', K.busy, pos) == 0 or redis.call('GETBIT', K.occ, pos) == 1 or
+           redis.call('SISMEMBER', K.dm, name) == 1 or LIFE.quarantined(name) then
+                return
+        end
+        local ok, resting = pcall(redis.call, 'ZSCORE', K.rest, name)
+        if not ok or resting then return end
+        redis.call('SETBIT', K.busy, pos, 0)
+        meta_incr('drained_free', -1)
+        LIFE.bad(key, name)
+end
+
 function LIFE.node_name()
         return redis.call('HGET', k_node(NODE), 'name') or NODE
 end
@@ -835,7 +855,10 @@ function LIFE.restore(name, job, status)
                 LIFE.bad('qm', '?')
                 gone = 1
         end
-        if gone == 0 then return false end
+        if gone == 0 then
+                LIFE.unpark(name, 'qm') -- (its qm field lost while it was out: its place back)
+                return false
+        end
         LIFE.failures('HDEL', name)
         LIFE.busy(name, false)
         notices[#notices + 1] = { 'restored', name, now, job or '', status or -1, LIFE.node_name(), '' }
@@ -975,7 +998,10 @@ function DRAINS.member(name, on)
         local pos = LIFE.pos(name)
         if not pos then return false end
         local was = redis.call('SISMEMBER', K.dm, name) == 1
-        if was == on then return true end
+        if was == on then
+                if not on then LIFE.unpark(name, 'dm') end -- (its dm entry lost while it was out: its place back)
+                return true
+        end
         if on then redis.call('SADD', K.dm, name) else redis.call('SREM', K.dm, name) end
         -- A quarantined member stays out of `busy` either way (LIFE.busy()); a resting one stays in it and
         -- moves between the counts (rests.drain()).

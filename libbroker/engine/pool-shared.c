@@ -2282,6 +2282,7 @@ static void notices_apply(SharedPool *p, const RespValue *notices, usec_t now) {
                         } keys[] = {
                                 { "qm", "garbage in Redis's quarantines (dropped)" },
                                 { "qf", "garbage in Redis's failure counts (dropped)" },
+                                { "dm", "a drained member's place lost its entry in Redis (given back)" },
                                 { "hq", "garbage in Redis's health queue (repaired)" },
                                 { "dr", "a garbage drain record in Redis (repaired)" },
                                 { "du", "a garbage drain end in Redis (ended)" },

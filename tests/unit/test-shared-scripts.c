@@ -5543,6 +5543,38 @@ static void test_a_lease_record_naming_another_leases_slot_frees_nothing(void **
         }
 }
 
+/* A member drained (or quarantined) while free is out of `busy`, counted in drained_free. Its dm entry (qm
+ * field) lost meanwhile, its undrain (restore) found nothing to undo, and the slot stayed parked until a reload
+ * laid the pool out again (the counts agree: no integrity check saw it). Now the undrain (restore) puts a place
+ * that is out for no drain or quarantine back, told ("bad-key" "dm" / "qm"). */
+static void test_an_undrain_or_restore_whose_record_was_lost_gives_the_place_back(void **state) {
+        static const char *const keys[] = { "dm", "qm" };
+
+        for (size_t i = 0; i < ELEMENTSOF(keys); i++) {
+                bool dm = strcmp(keys[i], "dm") == 0;
+                freeReplyObject(redisCommand(redis, "FLUSHALL"));
+                tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\nmembers=m0,m1\n");
+                redisReply *r = dm ? call("drain", "n1", 2000, 1, "m1", "1", "uid 0", "x", "", NULL) :
+                                     call("quarantine", "n1", 2000, 1, "m1", "1", "uid 0", "x", NULL);
+                assert_string_equal(status(r), "ok");
+                freeReplyObject(r);
+                assert_int_equal(meta_number("meta", "drained_free"), 1);
+                redis_do("DEL " POOL ":%s", keys[i]);
+                r = dm ? call("drain", "n1", 3000, 1, "m1", "0", "uid 0", "", "", NULL) :
+                         call("quarantine", "n1", 3000, 1, "m1", "0", "uid 0", "", NULL);
+                assert_string_equal(status(r), "ok");
+                assert_true(has_notice(r, "bad-key", keys[i]));
+                freeReplyObject(r);
+                assert_int_equal(meta_number("meta", "drained_free"), 0);
+                assert_int_equal(redis_integer("GETBIT " POOL ":busy 1"), 0);
+                expect_verdict("a", 4000, "ci", 1, "granted");
+                r = submit_at(4000, "b", "ci", 1, false, -1);
+                assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+                assert_string_equal(body(r)->element[D_MEMBERS]->element[0]->str, "m1");
+                freeReplyObject(r);
+        }
+}
+
 /* A run id window waits for the nodes registered when it opened ({sb:P}:recovering). That set deleted or evicted
  * while the window is open looked like a set emptied by the last node's vouch: n1's next reclaimed tick ended
  * the window a second after it opened, and n1 could be granted the slot of a lease Redis lost, which n2 (not yet
@@ -5694,6 +5726,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_wid_left_without_its_record_is_dropped_by_the_dispatch),
                 T(test_a_rid_reference_to_another_nodes_lease_is_not_followed),
                 T(test_a_lease_record_naming_another_leases_slot_frees_nothing),
+                T(test_an_undrain_or_restore_whose_record_was_lost_gives_the_place_back),
                 T(test_a_run_id_window_whose_set_was_lost_runs_its_length),
 #undef L
 #undef T
