@@ -1921,22 +1921,18 @@ local function lease_free(l)
         local token_s = l.token_s or istr(l.token)
         local k = l.k
         local own = k >= 1 and k % 1 == 0 and #l.pos == k and #l.slots == k
-        local ids = {}
         for i = 1, own and k or 0 do
                 local pos = l.pos[i]
                 if type(pos) ~= 'number' or pos < 0 or pos % 1 ~= 0 or type(l.slots[i]) ~= 'number' then
                         own = false
                         break
                 end
-                ids[i] = lease_slot_identity(l, i)
-                if pos < R.limit and ids[i] ~= (R.members and R.members[pos + 1] or slot_identity(pos)) then
+                local id = lease_slot_identity(l, i)
+                if (pos < R.limit and id ~= (R.members and R.members[pos + 1] or slot_identity(pos))) or
+                   redis.call('HGET', K.sid, id) ~= token_s then -- (the HGET its HDEL below made before)
                         own = false
                         break
                 end
-        end
-        local owners = own and redis.call('HMGET', K.sid, unpack(ids)) or {}
-        for i = 1, own and k or 0 do
-                if owners[i] ~= token_s then own = false end
         end
         if not own then
                 redis.call('HDEL', K.h, token_s)
@@ -1952,8 +1948,8 @@ local function lease_free(l)
                 else
                         redis.call('SETBIT', K.busy, pos_s, '0')
                 end
+                redis.call('HDEL', K.sid, lease_slot_identity(l, i))
         end
-        redis.call('HDEL', K.sid, unpack(ids))
         rests.begin(l)
         meta_incr('in_use', -l.k)
         meta_incr('leases', -1)
