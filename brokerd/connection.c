@@ -504,10 +504,10 @@ void connection_close(Connection *c) {
          * thread unless nothing is queued. A socket handed over stays open in the fd store: not shut down, it
          * may still receive, so the closer has it. */
         if (c->handed_over)
-                closer_close(TAKE_FD(c->fd));
+                closer_close_as(TAKE_FD(c->fd), c->cred.uid);
         else {
                 (void) shutdown(c->fd, SHUT_RDWR);
-                closer_close_socket(TAKE_FD(c->fd));
+                closer_close_socket(TAKE_FD(c->fd), c->cred.uid);
         }
         free(c->groups);
         c->groups = NULL;

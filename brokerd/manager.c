@@ -1328,7 +1328,7 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                                 log_warning("Connection limit reached (uid %d); refusing a connection.", (int) cred.uid);
                         m->metrics.connections_refused++;
                         (void) shutdown(cfd, SHUT_RDWR); /* EOF now */
-                        closer_close_socket(cfd);
+                        closer_close_socket(cfd, cred.uid);
                         continue;
                 }
                 int r = manager_add_connection(m, cfd, &cred);

@@ -1,9 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /* test-closer.c — which client sockets brokerd closes on its loop (closer.h): one shut down with nothing
  * queued, and not one with a message unread in it, which may carry an fd whose last close blocks. Over a
- * socketpair; the fd that rides is a pipe's end, whose close is seen by its other end. */
+ * socketpair; the fd that rides is a pipe's end, whose close is seen by its other end. And the accounting of
+ * what waits: per uid and in total, a uid whose close blocks holding up its own fds only, the loop told when
+ * a count falls below its limit. The close that blocks is a TCP socket's on loopback with SO_LINGER and data
+ * its peer does not read; closing the peer ends it. */
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,6 +15,7 @@
 #include <stddef.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -48,7 +53,7 @@ static void test_an_empty_socket_is_closed_here(void **state) {
         int sv[2];
         assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
         assert_int_equal(shutdown(sv[0], SHUT_RDWR), 0);
-        assert_true(closer_close_socket(sv[0]));
+        assert_true(closer_close_socket(sv[0], 1000));
         /* Closed: the peer's end is hung up at once, not when a thread gets to it. */
         struct pollfd p = { .fd = sv[1], .events = POLLIN };
         assert_int_equal(poll(&p, 1, 0), 1);
@@ -67,15 +72,144 @@ static void test_a_socket_with_an_fd_queued_goes_to_the_thread(void **state) {
         char byte = 'y';
         assert_int_equal(send(sv[1], &byte, 1, MSG_NOSIGNAL), -1);
         assert_int_equal(errno, EPIPE);
-        assert_false(closer_close_socket(sv[0]));
+        assert_false(closer_close_socket(sv[0], 1000));
         /* The thread closes it, and with it the fd that was in flight. */
         assert_true(write_end_closed(pipe_fds[0], 10000));
         close(pipe_fds[0]);
         close(sv[1]);
 }
 
+/* A TCP socket whose last close() blocks (up to 30 s) until *ret_peer is closed. */
+static int lingering_socket(int *ret_peer) {
+        int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(listener >= 0);
+        int small = 4096;
+        assert_int_equal(setsockopt(listener, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof a;
+        assert_int_equal(bind(listener, (struct sockaddr *) &a, sizeof a), 0);
+        assert_int_equal(listen(listener, 1), 0);
+        assert_int_equal(getsockname(listener, (struct sockaddr *) &a, &len), 0);
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(fd >= 0);
+        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+        assert_int_equal(connect(fd, (struct sockaddr *) &a, sizeof a), 0);
+        *ret_peer = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+        assert_true(*ret_peer >= 0);
+        close(listener);
+        static char data[65536];
+        size_t sent = 0;
+        for (;;) {
+                ssize_t n = send(fd, data, sizeof data, MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (n < 0)
+                        break;
+                sent += (size_t) n;
+        }
+        assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
+        assert_true(sent > 0);
+        struct linger l = { .l_onoff = 1, .l_linger = 30 };
+        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l), 0);
+        return fd;
+}
+
+static void wait_pending_uid(uid_t uid, unsigned n) {
+        for (int i = 0; i < 10000 && closer_pending_uid(uid) != n; i++)
+                (void) nanosleep(&(struct timespec) { .tv_nsec = 1000000 }, NULL);
+        assert_int_equal(closer_pending_uid(uid), n);
+}
+
+static bool notified(int timeout_ms) {
+        struct pollfd p = { .fd = closer_notify_fd(), .events = POLLIN };
+        assert_true(p.fd >= 0);
+        return poll(&p, 1, timeout_ms) == 1;
+}
+
+#define UID_A 1001
+#define UID_B 1002
+#define UID_C 1003
+
+static void test_a_uid_at_its_limit_holds_up_only_its_own(void **state) {
+        closer_set_limits(3, 0);
+        closer_notify_clear();
+        int peer, p1[2], p2[2], p3[2];
+        int stuck = lingering_socket(&peer);
+        assert_int_equal(pipe2(p1, O_CLOEXEC), 0);
+        assert_int_equal(pipe2(p2, O_CLOEXEC), 0);
+        assert_int_equal(pipe2(p3, O_CLOEXEC), 0);
+
+        closer_close_as(stuck, UID_A);
+        closer_close_as(p1[1], UID_A);
+        assert_false(closer_over(UID_A));
+        closer_close_as(p2[1], UID_A);
+        /* Behind A's close that blocks, A's fds wait: A is at its limit, nobody else is. */
+        assert_int_equal(closer_pending_uid(UID_A), 3);
+        assert_true(closer_over(UID_A));
+        assert_false(closer_over(UID_B));
+        assert_false(closer_total_over());
+
+        /* B's fd is closed meanwhile, by another thread. */
+        closer_close_as(p3[1], UID_B);
+        assert_true(write_end_closed(p3[0], 10000));
+        wait_pending_uid(UID_B, 0);
+        assert_false(write_end_closed(p1[0], 0));
+        assert_int_equal(closer_pending(), 3);
+        assert_false(notified(0));
+
+        /* A's close ends: its fds close, and the loop is told. */
+        close(peer);
+        assert_true(notified(10000));
+        assert_true(write_end_closed(p1[0], 10000));
+        assert_true(write_end_closed(p2[0], 10000));
+        wait_pending_uid(UID_A, 0);
+        assert_false(closer_over(UID_A));
+        assert_int_equal(closer_pending(), 0);
+        closer_notify_clear();
+        assert_false(notified(0));
+        close(p1[0]);
+        close(p2[0]);
+        close(p3[0]);
+}
+
+static void test_the_total(void **state) {
+        closer_set_limits(100, 2);
+        closer_notify_clear();
+        int peer_a, peer_b;
+        closer_close_as(lingering_socket(&peer_a), UID_A);
+        assert_false(closer_total_over());
+        closer_close_as(lingering_socket(&peer_b), UID_B);
+        /* Everyone is over once the total is: C too, which has nothing waiting. */
+        assert_true(closer_total_over());
+        assert_true(closer_over(UID_C));
+        close(peer_b);
+        assert_true(notified(10000));
+        wait_pending_uid(UID_B, 0);
+        assert_false(closer_total_over());
+        assert_false(closer_over(UID_C));
+        close(peer_a);
+        wait_pending_uid(UID_A, 0);
+        closer_notify_clear();
+}
+
+static void test_the_owner(void **state) {
+        closer_set_limits(100, 0);
+        int peer, p[2];
+        assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+        closer_close_as(lingering_socket(&peer), UID_A);
+        /* What closer_close() is given counts for the client being served: here, behind A's close. */
+        assert_int_equal(closer_set_owner(UID_A), CLOSER_NOBODY);
+        closer_close(p[1]);
+        assert_int_equal(closer_set_owner(CLOSER_NOBODY), UID_A);
+        assert_int_equal(closer_pending_uid(UID_A), 2);
+        assert_false(write_end_closed(p[0], 0));
+        close(peer);
+        assert_true(write_end_closed(p[0], 10000));
+        wait_pending_uid(UID_A, 0);
+        close(p[0]);
+        closer_notify_clear();
+}
+
 static void test_nothing_to_close(void **state) {
-        assert_false(closer_close_socket(-EBADF));
+        assert_false(closer_close_socket(-EBADF, 1000));
 }
 
 int main(void) {
@@ -83,6 +217,9 @@ int main(void) {
                 cmocka_unit_test(test_an_empty_socket_is_closed_here),
                 cmocka_unit_test(test_a_socket_with_an_fd_queued_goes_to_the_thread),
                 cmocka_unit_test(test_nothing_to_close),
+                cmocka_unit_test(test_a_uid_at_its_limit_holds_up_only_its_own),
+                cmocka_unit_test(test_the_total),
+                cmocka_unit_test(test_the_owner),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
