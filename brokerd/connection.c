@@ -7,6 +7,7 @@
 
 #include "closer.h"
 #include "connection.h"
+#include "list.h"
 #include "log.h"
 
 /* Reads per wakeup: a client that streams without pause cannot hold the loop. */
@@ -35,8 +36,18 @@ struct Connection {
         unsigned dispatching;      /* calls are being run: their replies go out together at the end */
         bool output_deferred;      /* the unsent output is deferred replies only: it waits for company */
         bool handed_over;          /* its socket went to the next brokerd: closed without a shutdown */
+        bool paused;               /* not read: its uid's fds wait in the closer (connection_resume_reading()) */
+        ListNode paused_node;      /* in paused */
         bool closed;
 };
+
+/* Connections of a uid with its limit of fds waiting in the closer, or of anyone when the total is reached
+ * (closer.h): nothing more is read from them, since whatever a read brings is in our process at once. Out
+ * of the poller altogether: a client's hangup does not close them (their sockets would go to the closer
+ * too, and their slots under max-connections-per-uid would be free for the next), nor wake the loop for
+ * ever (level-triggered). Their replies wait meanwhile. */
+static List paused = { &paused, &paused };
+static unsigned n_paused;
 
 static int connection_read_groups(Connection *c) {
         socklen_t size = 64 * sizeof(gid_t);
@@ -68,7 +79,7 @@ static int connection_read_groups(Connection *c) {
 static int connection_read_groups(Connection *c);
 
 static void connection_update_events(Connection *c) {
-        if (c->closed)
+        if (c->closed || c->paused)
                 return;
         /* After EOF the socket stays readable (level-triggered: for ever); HUP still comes unasked. */
         uint32_t events = c->read_eof ? 0 : EPOLLIN;
@@ -316,6 +327,8 @@ void connection_send_deferred(Connection *c) {
 }
 
 static void connection_dispatch(Connection *c) {
+        /* What the calls leave to close is the client's, whoever resumed it. */
+        _cleanup_(closer_owner_restore) uid_t owner = closer_set_owner(c->cred.uid);
         /* A Release of the connection's own lease answers twice (the Acquire's end, then the Release),
          * and pipelined calls once each: all of it leaves in one send. */
         c->dispatching++;
@@ -340,8 +353,55 @@ void connection_resume(Connection *c) {
         connection_dispatch(c);
 }
 
+static void connection_pause(Connection *c) {
+        c->paused = true;
+        poller_remove(c->poller, &c->watch);
+        list_append(&paused, &c->paused_node);
+        n_paused++;
+}
+
+static void connection_io(PollerWatch *w, uint32_t revents);
+
+/* Back in the poller (taken off the list already): the socket says what it has, a hangup too, at the next
+ * batch. */
+static void connection_unpause(Connection *c) {
+        c->paused = false;
+        n_paused--;
+        int r = poller_add(c->poller, &c->watch, c->fd, EPOLLIN, connection_io);
+        if (r < 0) {
+                log_warning_errno(r, "Could not watch the connection of pid %d again, closing it: %m", (int) c->cred.pid);
+                connection_close(c);
+                return;
+        }
+        connection_update_events(c);
+}
+
+void connection_resume_reading(void) {
+        /* Taken from a list of our own, head first: closing one (on failure) may close others. */
+        List todo;
+        if (list_is_empty(&paused))
+                return;
+        todo = paused;
+        todo.next->prev = todo.prev->next = &todo;
+        list_init(&paused);
+        ListNode *n;
+        while ((n = list_first(&todo))) {
+                Connection *c = container_of(n, Connection, paused_node);
+                list_unlink(n);
+                if (closer_over(c->cred.uid))
+                        list_append(&paused, n);
+                else
+                        connection_unpause(c);
+        }
+}
+
+unsigned connection_paused_count(void) {
+        return n_paused;
+}
+
 static void connection_io(PollerWatch *w, uint32_t revents) {
         Connection *c = container_of(w, Connection, watch);
+        _cleanup_(closer_owner_restore) uid_t owner = closer_set_owner(c->cred.uid);
 
         if (revents & EPOLLOUT) {
                 connection_flush(c);
@@ -352,6 +412,11 @@ static void connection_io(PollerWatch *w, uint32_t revents) {
 
         if (!c->closed && !c->read_eof && (revents & (EPOLLIN | EPOLLHUP | EPOLLERR)))
                 for (int i = 0; i < READS_PER_WAKEUP && !c->closed; i++) {
+                        /* Checked before each read: what it brings is ours to close. */
+                        if (closer_over(c->cred.uid)) {
+                                connection_pause(c);
+                                break;
+                        }
                         ssize_t n = varlink_stream_read(&c->stream);
                         if (n == -EAGAIN)
                                 break;
@@ -409,6 +474,12 @@ int connection_new(Poller *poller, int fd, const struct ucred *cred, const Conne
          * What a client passes and brokerd does not keep is closed off the loop (closer.h). */
         varlink_stream_accept_fds(&c->stream, true);
         varlink_set_received_fd_closer(closer_close);
+        if (closer_over(c->cred.uid)) {
+                /* Accepted (it counts under max-connections-per-uid), not read. */
+                connection_pause(c);
+                *ret = c;
+                return 0;
+        }
         r = poller_add(poller, &c->watch, c->fd, EPOLLIN, connection_io);
         if (r < 0) {
                 varlink_stream_done(&c->stream);
@@ -417,7 +488,7 @@ int connection_new(Poller *poller, int fd, const struct ucred *cred, const Conne
         *ret = c;
         return 0;
 fail:
-        closer_close(c->fd);
+        closer_close_as(c->fd, c->cred.uid);
         free(c->groups);
         free(c);
         return r;
@@ -486,6 +557,12 @@ Connection *connection_free(Connection *c) {
 void connection_close(Connection *c) {
         if (!c || c->closed)
                 return;
+        _cleanup_(closer_owner_restore) uid_t owner = closer_set_owner(c->cred.uid);
+        if (c->paused) {
+                c->paused = false;
+                list_unlink(&c->paused_node); /* from paused, or from a resume's list */
+                n_paused--;
+        }
         /* Replies held back for one send (connection_dispatch()) still go, as far as the socket takes them:
          * a ProtocolError, say, before the close it announces. */
         if (c->dispatching > 0 && varlink_stream_pending_output(&c->stream) > 0)

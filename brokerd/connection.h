@@ -107,6 +107,12 @@ void connection_set_handed_over(Connection *c);
  * connection_resume(). Returns 0, -ENOBUFS (beyond its limits), -ENOMEM. */
 int connection_restore(Connection *c, const void *input, size_t n_input, const void *output, size_t n_output);
 
+/* Reads again from the connections whose uid's fds in the closer fell below its limit (closer.h): when the
+ * closer says so (closer_notify_fd()), and after the limits changed. */
+void connection_resume_reading(void);
+/* Connections not read now, for that reason. */
+unsigned connection_paused_count(void);
+
 bool connection_is_closed(const Connection *c);
 /* Idempotent; the disconnect handler runs once. The memory stays until connection_free(). */
 void connection_close(Connection *c);

@@ -75,6 +75,8 @@ static void lease_random_bytes(void *buf, size_t n, void *userdata) {
 /* What the modules take from the configuration, at start and at each reload. */
 static void manager_apply_settings(Manager *m) {
         audit_set_level(&m->audit, m->config->audit);
+        closer_set_limits(m->config->max_closing_fds_per_uid, m->config->max_closing_fds);
+        connection_resume_reading(); /* raised limits free who waited under the old ones */
         m->leases.revoke_grace = m->config->revoke_grace;
         m->leases.reclaim_grace = m->config->reclaim_grace;
 #if HAVE_REDIS
@@ -260,6 +262,8 @@ void manager_metrics_gauges(Manager *m, MetricsGauges *ret) {
                 .engine = m->engine,
                 .now = now_monotonic(),
                 .connections = m->sessions.n_sessions,
+                .connections_paused = connection_paused_count(),
+                .closing_fds = closer_pending(),
                 .leases = m->leases.n_leases,
                 .journal_dropped = m->audit.journal_dropped_total,
                 .history = m->history != NULL,
@@ -1264,6 +1268,32 @@ static int on_accept_resume(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
+/* The closer's fds reached max-closing-fds: every connection accepted now would be one more fd, and a
+ * refused one with messages unread goes to the closer too. */
+static void manager_pause_accepting_for_closer(Manager *m) {
+        usec_t now = now_monotonic();
+        if (!m->accept_closer_paused && now >= usec_add(m->accept_closer_logged, USEC_PER_SEC)) {
+                m->accept_closer_logged = now;
+                log_warning("%u fds wait to be closed (max-closing-fds); accepting no connections until fewer do.",
+                            closer_pending());
+        }
+        m->accept_closer_paused = true;
+        (void) sd_event_source_set_enabled(m->listen_source, SD_EVENT_OFF);
+}
+
+/* The closer's threads closed what was at a limit: read from those who waited, accept again. */
+static int on_closer_below(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Manager *m = userdata;
+        closer_notify_clear();
+        connection_resume_reading();
+        if (m->accept_closer_paused && !closer_total_over()) {
+                m->accept_closer_paused = false;
+                if (!m->accept_paused && !m->stopping)
+                        (void) sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);
+        }
+        return 0;
+}
+
 static int manager_connection_new(Manager *m, int fd, const struct ucred *cred, Session **ret) {
         const ConnectionLimits limits = {
                 .max_message = m->config->max_message_size,
@@ -1295,6 +1325,10 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
         bool added = false;
 
         for (int i = 0; i < ACCEPTS_PER_WAKEUP; i++) {
+                if (closer_total_over()) {
+                        manager_pause_accepting_for_closer(m);
+                        break;
+                }
                 int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
                 if (cfd < 0) {
                         if (errno_is_fd_shortage(errno))
@@ -1991,6 +2025,12 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
                 return log_error_errno(r, "Failed to set up polling of connections: %m");
         poller_set_after_each(m->poller, on_connection_handled, m);
 
+        r = closer_notify_fd();
+        if (r >= 0)
+                r = sd_event_add_io(m->event, &m->closer_source, r, EPOLLIN, on_closer_below, m);
+        if (r < 0)
+                return log_error_errno(r, "Failed to watch the closer: %m");
+
         if (sd_watchdog_enabled(false, &m->watchdog_usec) > 0) {
                 r = sd_event_add_time_relative(m->event, &m->watchdog_timer, CLOCK_MONOTONIC, m->watchdog_usec / 2, 0,
                                                on_watchdog, m);
@@ -2022,6 +2062,7 @@ Manager *manager_free(Manager *m) {
         if (m->socket_bound_here && m->socket_path)
                 (void) unlink(m->socket_path);
         sd_event_source_disable_unref(m->accept_resume_timer);
+        sd_event_source_disable_unref(m->closer_source);
         sd_event_source_disable_unref(m->engine_timer);
         sd_event_source_disable_unref(m->tick_timer);
         methods_done(&m->methods);

@@ -73,6 +73,10 @@ typedef struct Manager {
         sd_event_source *accept_resume_timer;
         bool accept_paused;
         bool accept_starved;            /* in an episode of accept() failing for want of fds (logged once) */
+        /* max-closing-fds reached: the listener is off until the closer is below it (closer_notify_fd()). */
+        bool accept_closer_paused;
+        usec_t accept_closer_logged;    /* monotonic: the last line about it (one a second at most) */
+        sd_event_source *closer_source; /* the closer's eventfd: counts fell below their limits */
         Poller *poller;                 /* the connections' sockets */
         SessionTable sessions;          /* one per client connection */
         bool settling;                  /* in manager_settle(): its events' handlers may resume calls */

@@ -300,6 +300,11 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
         fprintf(f, "slotbroker_denied_total %llu\n", (unsigned long long) m->denied);
         header(f, "slotbroker_connections", "gauge", "Open client connections.");
         fprintf(f, "slotbroker_connections %u\n", g->connections);
+        header(f, "slotbroker_connections_paused", "gauge",
+               "Client connections not read while their user has max-closing-fds-per-uid fds waiting to be closed.");
+        fprintf(f, "slotbroker_connections_paused %u\n", g->connections_paused);
+        header(f, "slotbroker_closing_fds", "gauge", "File descriptors clients passed that wait to be closed.");
+        fprintf(f, "slotbroker_closing_fds %u\n", g->closing_fds);
         header(f, "slotbroker_connections_refused_total", "counter",
                "Connections closed at once because max-connections or max-connections-per-uid was reached.");
         fprintf(f, "slotbroker_connections_refused_total %llu\n", (unsigned long long) m->connections_refused);

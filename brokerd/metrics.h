@@ -70,6 +70,8 @@ typedef struct MetricsGauges {
         const Engine *engine;           /* pools: limit, in use, waiting, congested */
         usec_t now;                     /* monotonic, for the engine's pool gauges */
         unsigned connections;
+        unsigned connections_paused;    /* not read: their uid's fds wait in the closer */
+        unsigned closing_fds;           /* passed by clients, waiting for the closer's threads */
         unsigned leases;
         unsigned long journal_dropped;
         bool history;                   /* false: no history gauges */

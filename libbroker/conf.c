@@ -23,6 +23,10 @@
 #define DEFAULT_MAX_CONNECTIONS 8192U
 #define DEFAULT_MAX_CONNECTIONS_PER_UID 4096U
 #define DEFAULT_MAX_WAITERS_PER_UID 4096U
+/* fds waiting to be closed: a client's normally close at once; these only bound a user whose closes block
+ * (well under RLIMIT_NOFILE, 65536 in the unit, with max-connections beside them). */
+#define DEFAULT_MAX_CLOSING_FDS_PER_UID 256U
+#define DEFAULT_MAX_CLOSING_FDS 4096U
 /* Acquires on shared pools, per hour: 20/s per uid (a CI runner's jobs ask a few a second), a burst of 200
  * (a matrix of jobs starting at once), 200/s for the node; the node's burst is 5 s of its rate. */
 #define DEFAULT_MAX_ACQUIRE_RATE_PER_UID (20U * 3600U)
@@ -381,6 +385,8 @@ int conf_new(BrokerConfig **ret) {
                 .max_connections = DEFAULT_MAX_CONNECTIONS,
                 .max_connections_per_uid = DEFAULT_MAX_CONNECTIONS_PER_UID,
                 .max_waiters_per_uid = DEFAULT_MAX_WAITERS_PER_UID,
+                .max_closing_fds_per_uid = DEFAULT_MAX_CLOSING_FDS_PER_UID,
+                .max_closing_fds = DEFAULT_MAX_CLOSING_FDS,
                 .max_acquire_rate_per_uid = DEFAULT_MAX_ACQUIRE_RATE_PER_UID,
                 .max_acquire_burst_per_uid = DEFAULT_MAX_ACQUIRE_BURST_PER_UID,
                 .max_acquire_rate = DEFAULT_MAX_ACQUIRE_RATE,
@@ -1253,6 +1259,10 @@ static const ConfKey broker_keys[] = {
           .max = CONNECTIONS_MAX, .def = DEFAULT_MAX_CONNECTIONS_PER_UID },
         { "max-waiters-per-uid", set_unsigned, offsetof(BrokerConfig, max_waiters_per_uid), .min = 0,
           .max = CONNECTIONS_MAX, .def = DEFAULT_MAX_WAITERS_PER_UID },
+        { "max-closing-fds-per-uid", set_unsigned, offsetof(BrokerConfig, max_closing_fds_per_uid), .min = 1,
+          .max = CONNECTIONS_MAX, .def = DEFAULT_MAX_CLOSING_FDS_PER_UID },
+        { "max-closing-fds", set_unsigned, offsetof(BrokerConfig, max_closing_fds), .min = 1, .max = CONNECTIONS_MAX,
+          .def = DEFAULT_MAX_CLOSING_FDS },
         { "max-acquire-rate-per-uid", set_rate, offsetof(BrokerConfig, max_acquire_rate_per_uid),
           .max = ACQUIRE_RATE_MAX, .def = DEFAULT_MAX_ACQUIRE_RATE_PER_UID },
         { "max-acquire-burst-per-uid", set_unsigned, offsetof(BrokerConfig, max_acquire_burst_per_uid), .min = 1,
@@ -1821,6 +1831,8 @@ void conf_dump(const BrokerConfig *c, FILE *f) {
         fprintf(f, "max-connections=%u\n", c->max_connections);
         fprintf(f, "max-connections-per-uid=%u\n", c->max_connections_per_uid);
         fprintf(f, "max-waiters-per-uid=%u\n", c->max_waiters_per_uid);
+        fprintf(f, "max-closing-fds-per-uid=%u\n", c->max_closing_fds_per_uid);
+        fprintf(f, "max-closing-fds=%u\n", c->max_closing_fds);
         dump_rate(f, "max-acquire-rate-per-uid", c->max_acquire_rate_per_uid);
         fprintf(f, "max-acquire-burst-per-uid=%u\n", c->max_acquire_burst_per_uid);
         dump_rate(f, "max-acquire-rate", c->max_acquire_rate);

@@ -153,6 +153,9 @@ typedef struct BrokerConfig {
         unsigned max_connections;
         unsigned max_connections_per_uid;
         unsigned max_waiters_per_uid;
+        /* fds that clients passed waiting to be closed (brokerd's closer), per uid and in total */
+        unsigned max_closing_fds_per_uid;
+        unsigned max_closing_fds;
         /* Acquires on lanes with a shared pool, a token bucket each (issue 19 i): per uid and for the node,
          * in requests per hour (0: unlimited), the uid's burst in requests. */
         uint64_t max_acquire_rate_per_uid;

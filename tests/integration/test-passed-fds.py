@@ -12,12 +12,22 @@ The fds end closed: brokerd's fd count comes back to where it was. The same sock
 connection that brokerd refuses at once (max-connections-per-uid) do not block it either: the kernel drops
 them with the connection's last close().
 
+And the fds that wait to be closed are bounded (max-closing-fds-per-uid): one lingering socket holds a
+closer's thread for its linger time, and a client that keeps passing fds behind it (4 with each Status) is
+not read past its limit, so that brokerd's fd count stays bounded (it grew until accept() failed with
+EMFILE: a review's repro). Another user is still answered, at once; the client's calls are answered once
+the stuck close ends, and every fd is closed. At max-closing-fds (every user together) nobody is read and
+no connection accepted: another user's waits in the backlog, and is answered once the close ends.
+
 Usage: test-passed-fds.py BROKERD [unittest arguments]
 """
+import json
 import os
 import signal
 import socket
+import shutil
 import struct
+import subprocess
 import sys
 import time
 
@@ -39,9 +49,9 @@ LINGER_S = 15
 
 class LingeringSocket:
     """A connected TCP socket on loopback whose peer reads nothing, with data queued it cannot send and
-    SO_LINGER {1, 15 s}: its last close() blocks up to 15 s."""
+    SO_LINGER {1, 15 s}: its last close() blocks up to 15 s, or until the peer is closed."""
 
-    def __init__(self):
+    def __init__(self, linger=LINGER_S):
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         self.listener.bind(("127.0.0.1", 0))
@@ -58,7 +68,7 @@ class LingeringSocket:
         except BlockingIOError:
             pass
         assert queued > 0
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, LINGER_S))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, linger))
 
     def close(self):
         for s in (self.sock, self.peer, self.listener):
@@ -76,6 +86,64 @@ def pass_and_drop(conn, message, fds):
         f.close()
     time.sleep(0.05)  # the fds are in brokerd's input, waiting for the message's end
     conn.send_raw(message[-1:])
+
+
+NOBODY = 65534
+
+
+def start_call_as(b, uid, method, timeout=5.0):
+    """One call from a child process of another uid (forked: no interpreter to exec that the uid may not
+    read); returns a function that waits for its reply."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            with Varlink(b.socket_path, timeout=timeout) as conn:
+                conn.send("io.slotbroker." + method)
+                reply = conn.recv(timeout=timeout)
+            os.write(w, json.dumps(reply).encode())
+            status = 0
+        except BaseException as e:  # noqa: B902 - the child reports whatever went wrong
+            os.write(w, json.dumps({"child-error": repr(e)}).encode())
+        finally:
+            os._exit(status)
+    os.close(w)
+
+    def finish():
+        with os.fdopen(r, "rb") as f:
+            out = f.read()
+        os.waitpid(pid, 0)
+        reply = json.loads(out)
+        if "child-error" in reply:
+            raise AssertionError(f"{method} as uid {uid}: {reply['child-error']}")
+        return reply
+    return finish
+
+
+def call_as(b, uid, method, timeout=5.0):
+    return start_call_as(b, uid, method, timeout)()
+
+
+def backlog(path):
+    """Connections waiting in the listening socket's backlog, not accepted yet (ss: its Recv-Q)."""
+    out = subprocess.run(["ss", "-xlH"], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        fields = line.split()
+        if path in fields:
+            return int(fields[2])
+    raise AssertionError(f"no listening socket {path} in ss -xl")
+
+
+def metric(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
 
 
 class PassedFds(harness.BrokerTestCase):
@@ -162,6 +230,101 @@ class PassedFds(harness.BrokerTestCase):
             first.call("io.slotbroker.Status", timeout=LINGER_S + 5)
             elapsed = time.monotonic() - start
             self.assertLess(elapsed, 1.0, f"a client waited {elapsed:.1f} s after a refused connection")
+
+    def test_fds_behind_a_stuck_close_are_bounded(self):
+        if os.getuid() != 0:
+            self.skipTest("a client of another uid needs root")
+        per_uid = 16
+        # A bound on brokerd's fds past its start: the uid's limit, one read's fds past it (4), the fds of a
+        # call that waits for its end (4), the connection's socket.
+        bound = per_uid + 4 + 4 + 1
+        self.stop_broker(self.b)
+        b = self.broker(f"[broker]\nmax-closing-fds-per-uid = {per_uid}\n\n" + CONFIG, "closer-cap")
+        before = b.fd_count()
+        s = LingeringSocket(linger=5)
+        self.addCleanup(s.close)
+        c = b.connect()
+        self.addCleanup(c.close)
+        status = Varlink.encode_call("io.slotbroker.Status")
+        pass_and_drop(c, status, [s.sock])
+        self.assertIsNone(harness.error_of(c.recv(timeout=5)))
+        # A closer's thread is in close() now, up to the linger time: whatever else this uid passes waits.
+        null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        self.addCleanup(os.close, null)
+        c.sock.settimeout(2)
+        sent = 0
+        try:
+            for _ in range(64):
+                socket.send_fds(c.sock, [status], [null] * 4)
+                sent += 1
+        except (socket.timeout, BlockingIOError):
+            pass  # brokerd reads no more from us: the socket's buffer is full
+        self.assertGreater(sent, 2 * bound // 4, "too few calls went for the bound to be tested")
+
+        def paused():
+            return metric(call_as(b, NOBODY, "Metrics")["parameters"]["text"],
+                          "slotbroker_connections_paused") or 0
+
+        # Either brokerd stopped reading this uid, or its fds grew past the bound (before the fix).
+        wait_for(lambda: b.fd_count() > before + bound or paused() >= 1, timeout=10,
+                 message="the connection paused or the fds grown")
+        grown = b.fd_count() - before
+        self.assertLessEqual(grown, bound, f"{grown} fds more in brokerd behind one stuck close")
+        # Another user is answered, at once, while this one's calls wait.
+        start = time.monotonic()
+        self.assertIsNone(harness.error_of(call_as(b, NOBODY, "Status")))
+        elapsed = time.monotonic() - start
+        self.assertLess(elapsed, 2.0, f"another user waited {elapsed:.1f} s")
+        text = call_as(b, NOBODY, "Metrics")["parameters"]["text"]
+        self.assertGreaterEqual(metric(text, "slotbroker_closing_fds"), 1, text)
+        self.assertLessEqual(b.fd_count() - before, bound)
+        # The stuck close ends (its peer goes): the closer says so, and every call is answered.
+        s.close()
+        for i in range(sent):
+            self.assertIsNone(harness.error_of(c.recv(timeout=10)), f"reply {i + 1} of {sent}")
+        c.close()
+        wait_for(lambda: b.fd_count() <= before, timeout=10, message="every passed fd closed")
+
+    def test_the_total_bounds_every_user(self):
+        if os.getuid() != 0:
+            self.skipTest("a client of another uid needs root")
+        if not shutil.which("ss"):
+            self.skipTest("no ss(8) to see the listening socket's backlog")
+        total = 8
+        bound = total + 4 + 4 + 1  # as above, with the total for the limit
+        self.stop_broker(self.b)
+        b = self.broker(f"[broker]\nmax-closing-fds = {total}\n\n" + CONFIG, "closer-total")
+        before = b.fd_count()
+        s = LingeringSocket(linger=5)
+        self.addCleanup(s.close)
+        c = b.connect()
+        self.addCleanup(c.close)
+        status = Varlink.encode_call("io.slotbroker.Status")
+        pass_and_drop(c, status, [s.sock])
+        self.assertIsNone(harness.error_of(c.recv(timeout=5)))
+        null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        self.addCleanup(os.close, null)
+        c.sock.settimeout(2)
+        sent = 0
+        try:
+            for _ in range(16):
+                socket.send_fds(c.sock, [status], [null] * 4)
+                sent += 1
+        except (socket.timeout, BlockingIOError):
+            pass
+        # At the total nobody is read, and no connection accepted: another user's waits in the backlog.
+        other = start_call_as(b, NOBODY, "Status", timeout=20)
+        wait_for(lambda: b.fd_count() > before + bound or backlog(b.socket_path) >= 1, timeout=10,
+                 message="a connection left in the backlog or the fds grown")
+        grown = b.fd_count() - before
+        self.assertLessEqual(grown, bound, f"{grown} fds more in brokerd behind one stuck close")
+        # The stuck close ends: brokerd accepts again, answers the other user and every call.
+        s.close()
+        self.assertIsNone(harness.error_of(other()))
+        for i in range(sent):
+            self.assertIsNone(harness.error_of(c.recv(timeout=10)), f"reply {i + 1} of {sent}")
+        c.close()
+        wait_for(lambda: b.fd_count() <= before, timeout=10, message="every passed fd closed")
 
 
 if __name__ == "__main__":

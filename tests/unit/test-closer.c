@@ -212,6 +212,12 @@ static void test_nothing_to_close(void **state) {
         assert_false(closer_close_socket(-EBADF, 1000));
 }
 
+static int setup(void **state) {
+        /* Made first: it tells of the closes that come after it. */
+        assert_true(closer_notify_fd() >= 0);
+        return 0;
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_an_empty_socket_is_closed_here),
@@ -221,5 +227,5 @@ int main(void) {
                 cmocka_unit_test(test_the_total),
                 cmocka_unit_test(test_the_owner),
         };
-        return cmocka_run_group_tests(tests, NULL, NULL);
+        return cmocka_run_group_tests(tests, setup, NULL);
 }

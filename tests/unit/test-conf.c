@@ -154,6 +154,8 @@ static void test_new_config_has_documented_broker_defaults(void **state) {
         assert_int_equal(c->max_connections, 8192);
         assert_int_equal(c->max_connections_per_uid, 4096);
         assert_int_equal(c->max_waiters_per_uid, 4096);
+        assert_int_equal(c->max_closing_fds_per_uid, 256);
+        assert_int_equal(c->max_closing_fds, 4096);
         assert_int_equal(c->max_message_size, 65536);
         assert_int_equal(c->max_output_per_connection, 1024 * 1024);
         assert_int_equal(c->n_pools, 0);
@@ -315,6 +317,11 @@ static void test_broker_connection_limits_are_strict_integers(void **state) {
         assert_int_equal(c->max_connections_per_uid, 10);
         set_ok("broker", "max-waiters-per-uid", "10000");
         assert_int_equal(c->max_waiters_per_uid, 10000);
+        set_ok("broker", "max-closing-fds-per-uid", "16");
+        assert_int_equal(c->max_closing_fds_per_uid, 16);
+        set_ok("broker", "max-closing-fds", "100");
+        assert_int_equal(c->max_closing_fds, 100);
+        set_fails("broker", "max-closing-fds-per-uid", "0", "out of range");
 
         set_fails("broker", "max-connections", "0", "out of range");
         set_fails("broker", "max-connections", "-1", "invalid number");
@@ -681,6 +688,8 @@ static void test_empty_value_resets_every_key_to_its_default(void **state) {
                 { "broker", "max-connections", "5" },
                 { "broker", "max-connections-per-uid", "5" },
                 { "broker", "max-waiters-per-uid", "5" },
+                { "broker", "max-closing-fds-per-uid", "5" },
+                { "broker", "max-closing-fds", "5" },
                 { "broker", "max-message-size", "2K" },
                 { "broker", "max-output-per-connection", "8K" },
                 { "pool p", "limit", "3" },
@@ -1263,6 +1272,8 @@ static void test_dump_of_every_key_reads_back_the_same(void **state) {
         set_ok("broker", "max-connections", "20000");
         set_ok("broker", "max-connections-per-uid", "12000");
         set_ok("broker", "max-waiters-per-uid", "10000");
+        set_ok("broker", "max-closing-fds-per-uid", "300");
+        set_ok("broker", "max-closing-fds", "3000");
         set_ok("broker", "max-message-size", "65537");
         set_ok("broker", "max-output-per-connection", "2M");
         set_ok("pool grid", "limit", "4");

@@ -4,6 +4,8 @@
  * socketpair on a real sd-event loop, with a recording call handler and no method, lease or session. */
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +19,7 @@
 #include <jansson.h>
 #include <systemd/sd-event.h>
 
+#include "closer.h"
 #include "connection.h"
 #include "poller.h"
 
@@ -91,6 +94,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
         Fixture *f = *state;
+        closer_set_limits(0, 0);
         connection_close(f->c);
         connection_free(f->c);
         poller_free(f->poller);
@@ -280,6 +284,65 @@ static void test_held_connection_takes_no_call_until_unheld(void **state) {
         PUMP_UNTIL(f, f->n_calls == 1);
 }
 
+/* A TCP socket whose last close() blocks (up to 30 s) until *ret_peer is closed: SO_LINGER, data unsent. */
+static int lingering_socket(int *ret_peer) {
+        int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(listener >= 0);
+        int small = 4096;
+        assert_int_equal(setsockopt(listener, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof a;
+        assert_int_equal(bind(listener, (struct sockaddr *) &a, sizeof a), 0);
+        assert_int_equal(listen(listener, 1), 0);
+        assert_int_equal(getsockname(listener, (struct sockaddr *) &a, &len), 0);
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(fd >= 0);
+        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+        assert_int_equal(connect(fd, (struct sockaddr *) &a, sizeof a), 0);
+        *ret_peer = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+        assert_true(*ret_peer >= 0);
+        close(listener);
+        static char data[65536];
+        while (send(fd, data, sizeof data, MSG_DONTWAIT | MSG_NOSIGNAL) > 0)
+                ;
+        struct linger l = { .l_onoff = 1, .l_linger = 30 };
+        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l), 0);
+        return fd;
+}
+
+static void test_not_read_while_its_uid_is_at_the_closer_limit(void **state) {
+        Fixture *f = *state;
+        int peer;
+        int notify = closer_notify_fd(); /* made before anything is closed: it tells what comes after */
+        assert_true(notify >= 0);
+        closer_set_limits(1, 0);
+        closer_close_as(lingering_socket(&peer), getuid());
+        assert_true(closer_over(getuid()));
+        send_call(f, "io.test.A");
+        for (int i = 0; i < 5; i++)
+                assert_true(sd_event_run(f->event, 10 * 1000) >= 0);
+        assert_int_equal(f->n_calls, 0);
+        assert_int_equal(connection_paused_count(), 1);
+        /* Its client's end does not close it either: its socket would go to the closer too. */
+        assert_int_equal(shutdown(f->peer, SHUT_WR), 0);
+        for (int i = 0; i < 5; i++)
+                assert_true(sd_event_run(f->event, 10 * 1000) >= 0);
+        assert_int_equal(f->disconnects, 0);
+        assert_false(connection_is_closed(f->c));
+        /* Still over: nothing resumes. */
+        connection_resume_reading();
+        assert_int_equal(connection_paused_count(), 1);
+        /* The close ends, the closer says so, and the call is answered, the end seen. */
+        close(peer);
+        struct pollfd p = { .fd = notify, .events = POLLIN };
+        assert_int_equal(poll(&p, 1, 10000), 1);
+        closer_notify_clear();
+        connection_resume_reading();
+        assert_int_equal(connection_paused_count(), 0);
+        PUMP_UNTIL(f, f->n_calls == 1 && f->disconnects == 1);
+        assert_non_null(received(f, 0));
+}
+
 static void test_eof_calls_disconnect_once(void **state) {
         Fixture *f = *state;
         send_call(f, "io.test.A");
@@ -379,6 +442,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_deferred_call_is_kept_and_runs_on_resume_in_order, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_held_connection_takes_no_call_until_unheld, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_eof_calls_disconnect_once, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_not_read_while_its_uid_is_at_the_closer_limit, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_close_by_owner_calls_disconnect_once_and_replies_fail, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_oneway_call_sends_nothing, setup, teardown),
