@@ -25,6 +25,24 @@
 
 static pid_t child;
 
+static void stat_reference(pid_t pid, char *ret_state, long *ret_ppid, long *ret_pgid,
+                           unsigned long long *ret_start);
+
+/* Until pid sleeps in pause(): between its write to the pipe and there it runs, and the tests compare its
+ * state as read twice. */
+static void wait_sleeping(pid_t pid) {
+        for (unsigned i = 0; i < 10000; i++) {
+                char state;
+                long ppid, pgid;
+                unsigned long long start;
+                stat_reference(pid, &state, &ppid, &pgid, &start);
+                if (state == 'S')
+                        return;
+                (void) usleep(1000);
+        }
+        fail_msg("child %d never went to sleep", (int) pid);
+}
+
 /* A child that waits; as root, with another real uid than its effective one (where the kernel's facts and
  * /proc's would part if a field were read from the wrong place). Its name, when one is given, is what
  * /proc/PID/stat shows between parentheses. */
@@ -47,6 +65,7 @@ static int child_start_named(const char *name) {
         assert_int_equal(read(ready[0], &c, 1), 1);
         close(ready[0]);
         close(ready[1]);
+        wait_sleeping(child);
         int pidfd = (int) syscall(SYS_pidfd_open, child, 0);
         if (pidfd < 0 && errno == ENOSYS)
                 return -1; /* valgrind 3.19 has no pidfd_open() */
