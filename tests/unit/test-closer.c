@@ -20,6 +20,8 @@
 
 #include <cmocka.h>
 
+#include "test-fds.h"
+
 #include "closer.h"
 
 static void send_with_fd(int sock, int fd) {
@@ -79,38 +81,6 @@ static void test_a_socket_with_an_fd_queued_goes_to_the_thread(void **state) {
         close(sv[1]);
 }
 
-/* A TCP socket whose last close() blocks (up to 30 s) until *ret_peer is closed. */
-static int lingering_socket(int *ret_peer) {
-        int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        assert_true(listener >= 0);
-        int small = 4096;
-        assert_int_equal(setsockopt(listener, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
-        struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        socklen_t len = sizeof a;
-        assert_int_equal(bind(listener, (struct sockaddr *) &a, sizeof a), 0);
-        assert_int_equal(listen(listener, 1), 0);
-        assert_int_equal(getsockname(listener, (struct sockaddr *) &a, &len), 0);
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        assert_true(fd >= 0);
-        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
-        assert_int_equal(connect(fd, (struct sockaddr *) &a, sizeof a), 0);
-        *ret_peer = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
-        assert_true(*ret_peer >= 0);
-        close(listener);
-        static char data[65536];
-        size_t sent = 0;
-        for (;;) {
-                ssize_t n = send(fd, data, sizeof data, MSG_DONTWAIT | MSG_NOSIGNAL);
-                if (n < 0)
-                        break;
-                sent += (size_t) n;
-        }
-        assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
-        assert_true(sent > 0);
-        struct linger l = { .l_onoff = 1, .l_linger = 30 };
-        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l), 0);
-        return fd;
-}
 
 static void wait_pending_uid(uid_t uid, unsigned n) {
         for (int i = 0; i < 10000 && closer_pending_uid(uid) != n; i++)

@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include "test-fds.h"
 #include <jansson.h>
 #include <systemd/sd-event.h>
 
@@ -284,31 +286,6 @@ static void test_held_connection_takes_no_call_until_unheld(void **state) {
         PUMP_UNTIL(f, f->n_calls == 1);
 }
 
-/* A TCP socket whose last close() blocks (up to 30 s) until *ret_peer is closed: SO_LINGER, data unsent. */
-static int lingering_socket(int *ret_peer) {
-        int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        assert_true(listener >= 0);
-        int small = 4096;
-        assert_int_equal(setsockopt(listener, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
-        struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        socklen_t len = sizeof a;
-        assert_int_equal(bind(listener, (struct sockaddr *) &a, sizeof a), 0);
-        assert_int_equal(listen(listener, 1), 0);
-        assert_int_equal(getsockname(listener, (struct sockaddr *) &a, &len), 0);
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        assert_true(fd >= 0);
-        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
-        assert_int_equal(connect(fd, (struct sockaddr *) &a, sizeof a), 0);
-        *ret_peer = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
-        assert_true(*ret_peer >= 0);
-        close(listener);
-        static char data[65536];
-        while (send(fd, data, sizeof data, MSG_DONTWAIT | MSG_NOSIGNAL) > 0)
-                ;
-        struct linger l = { .l_onoff = 1, .l_linger = 30 };
-        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l), 0);
-        return fd;
-}
 
 static void test_not_read_while_its_uid_is_at_the_closer_limit(void **state) {
         Fixture *f = *state;
