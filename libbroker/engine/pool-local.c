@@ -531,10 +531,7 @@ static usec_t fast_threshold(usec_t q) {
 }
 
 static usec_t saturated_budget(const LocalPool *p) {
-        if (p->congestion_timeout_set)
-                return p->congestion_timeout;
-        usec_t q = p->base.queue_timeout;
-        return MAX(q / 10, MIN(USEC_PER_SEC, q));
+        return pool_saturated_budget(p->base.queue_timeout, p->congestion_timeout_set, p->congestion_timeout);
 }
 
 static usec_t idle_at(const LocalPool *p, usec_t now) {
@@ -1534,13 +1531,6 @@ static usec_t resumed_adaptive(const LocalPool *p, QueueState state) {
         return p->base.queue_timeout_set && state == QUEUE_STATE_SATURATED ? saturated_budget(p) : USEC_INFINITY;
 }
 
-/* Which refusal the end of a budget is: the saturated budget's own (shed), or a keeping-up, lane or client
- * one (timeout). */
-static bool budget_is_shed(const PoolTry *t, QueueState state, usec_t adaptive) {
-        return !t->lane_budget_set && state == QUEUE_STATE_SATURATED && adaptive != USEC_INFINITY &&
-               adaptive <= t->client_cap;
-}
-
 static void refuse_try(LocalPool *p, const PoolTry *t, Refusal refusal, usec_t now) {
         pool_emit(&p->base, &(PoolDecision) {
                 .verdict = POOL_VERDICT_REFUSED,
@@ -1588,7 +1578,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
         if (t->resume && t->resume->budget != USEC_INFINITY) {
                 usec_t deadline = usec_add(MIN(t->arrival, now), t->resume->budget);
                 if (deadline < now) {
-                        bool shed = budget_is_shed(t, t->resume->state, resumed_adaptive(p, t->resume->state));
+                        bool shed = pool_budget_is_shed(t, t->resume->state, resumed_adaptive(p, t->resume->state));
                         pool_emit(&p->base, &(PoolDecision) {
                                 .verdict = POOL_VERDICT_REFUSED,
                                 .pool = &p->base,
@@ -1748,7 +1738,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 usec_t base_budget = t->lane_budget_set ? t->lane_budget : adaptive;
                 w->budget = MIN(base_budget, t->client_cap);
         }
-        w->shed = budget_is_shed(t, w->state, adaptive);
+        w->shed = pool_budget_is_shed(t, w->state, adaptive);
 
         if (w->budget != USEC_INFINITY) {
                 r = heap_push(&p->deadlines, &w->deadline_node, usec_add(start, w->budget));

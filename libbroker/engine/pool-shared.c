@@ -1168,16 +1168,16 @@ static void try_refuse_locally(SharedPool *p, PoolWaiter *w, const char *reason,
 }
 
 /* A resumed try's deadline, and which refusal its end is, as the scripts' BUDGET.fix() decides it
- * (pool-local.c, budget_is_shed()). None (USEC_INFINITY) for any other try. */
+ * (pool_budget_is_shed()). None (USEC_INFINITY) for any other try. */
 static void deadline_set(const SharedPool *p, PoolWaiter *w, const PoolTry *t, usec_t now) {
         w->deadline = USEC_INFINITY;
         if (!t->resume || t->resume->budget == USEC_INFINITY)
                 return;
-        usec_t q = p->base.queue_timeout, adaptive = USEC_INFINITY;
-        if (p->base.queue_timeout_set && t->resume->state == QUEUE_STATE_SATURATED)
-                adaptive = p->congestion_timeout_set ? p->congestion_timeout : MAX(q / 10, MIN(USEC_PER_SEC, q));
-        bool shed = !t->lane_budget_set && t->resume->state == QUEUE_STATE_SATURATED && adaptive != USEC_INFINITY &&
-                    adaptive <= t->client_cap;
+        usec_t adaptive = p->base.queue_timeout_set && t->resume->state == QUEUE_STATE_SATURATED ?
+                                  pool_saturated_budget(p->base.queue_timeout, p->congestion_timeout_set,
+                                                        p->congestion_timeout) :
+                                  USEC_INFINITY;
+        bool shed = pool_budget_is_shed(t, t->resume->state, adaptive);
         w->deadline = usec_add(MIN(t->arrival, now), t->resume->budget);
         w->deadline_refusal = shed ? REFUSAL_SHED : REFUSAL_TIMEOUT;
         w->resumed_state = t->resume->state;

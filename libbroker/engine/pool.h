@@ -368,3 +368,20 @@ void pool_labels_free(PoolLabel *labels, size_t n_labels);
 static inline void pool_emit(Pool *p, const PoolDecision *d) {
         p->emit(d, p->emit_userdata);
 }
+
+/* The saturated budget (SPEC §3.1): queue-congestion-timeout= where it is set, else Q/10, and at least the
+ * smaller of 1 s and Q. brokerd/lua/prelude.lua has it too (saturated_budget()). */
+static inline usec_t pool_saturated_budget(usec_t queue_timeout, bool congestion_timeout_set, usec_t congestion_timeout) {
+        if (congestion_timeout_set)
+                return congestion_timeout;
+        usec_t by_q = queue_timeout / 10, floor = queue_timeout < USEC_PER_SEC ? queue_timeout : USEC_PER_SEC;
+        return by_q > floor ? by_q : floor;
+}
+
+/* Which refusal the end of a try's budget is: the saturated budget's own (shed), or a keeping-up, lane or
+ * client one (timeout). adaptive: the saturated budget where the pool has Q and the try's state is saturated,
+ * else USEC_INFINITY. */
+static inline bool pool_budget_is_shed(const PoolTry *t, QueueState state, usec_t adaptive) {
+        return !t->lane_budget_set && state == QUEUE_STATE_SATURATED && adaptive != USEC_INFINITY &&
+               adaptive <= t->client_cap;
+}
