@@ -33,6 +33,10 @@
                 (p) = NULL;                        \
                 _taken_;                           \
         })
+/* A macro's value as a string literal (a number in a message). */
+#define STRINGIFY_(x) #x
+#define STRINGIFY(x) STRINGIFY_(x)
+
 #define TAKE_FD(fd)                                \
         ({                                         \
                 int _taken_fd_ = (fd);             \

@@ -2805,7 +2805,7 @@ static bool settling_hold(SharedPool *p, usec_t now) {
                 return false;
         p->settling = 0;
         p->settling_pause = usec_add(now, p->params.heartbeat);
-        bad_input(p, "calls answered \"settling\" 256 times in a row", now);
+        bad_input(p, "calls answered \"settling\" " STRINGIFY(SHARED_SETTLING_MAX) " times in a row", now);
         return true;
 }
 
