@@ -328,7 +328,7 @@ void connection_send_deferred(Connection *c) {
 
 static void connection_dispatch(Connection *c) {
         /* What the calls leave to close is the client's, whoever resumed it. */
-        _cleanup_(closer_owner_restore) uid_t owner = closer_set_owner(c->cred.uid);
+        _cleanup_(closer_owner_restore) _unused_ uid_t owner = closer_set_owner(c->cred.uid);
         /* A Release of the connection's own lease answers twice (the Acquire's end, then the Release),
          * and pipelined calls once each: all of it leaves in one send. */
         c->dispatching++;
@@ -401,7 +401,7 @@ unsigned connection_paused_count(void) {
 
 static void connection_io(PollerWatch *w, uint32_t revents) {
         Connection *c = container_of(w, Connection, watch);
-        _cleanup_(closer_owner_restore) uid_t owner = closer_set_owner(c->cred.uid);
+        _cleanup_(closer_owner_restore) _unused_ uid_t owner = closer_set_owner(c->cred.uid);
 
         if (revents & EPOLLOUT) {
                 connection_flush(c);
@@ -557,7 +557,7 @@ Connection *connection_free(Connection *c) {
 void connection_close(Connection *c) {
         if (!c || c->closed)
                 return;
-        _cleanup_(closer_owner_restore) uid_t owner = closer_set_owner(c->cred.uid);
+        _cleanup_(closer_owner_restore) _unused_ uid_t owner = closer_set_owner(c->cred.uid);
         if (c->paused) {
                 c->paused = false;
                 list_unlink(&c->paused_node); /* from paused, or from a resume's list */
