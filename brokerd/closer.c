@@ -74,6 +74,16 @@ static CloserQueue *closer_next(void) {
         return NULL;
 }
 
+/* Whether a uid's fd waits with no thread in close() for it. */
+static bool closer_has_runnable(void) {
+        for (size_t i = 0; i < n_queues; i++)
+                if (!queues[i]->busy && queues[i]->head < queues[i]->n)
+                        return true;
+        return false;
+}
+
+static void closer_start(void);
+
 static void *closer_thread(void *arg) {
         (void) arg;
         pthread_mutex_lock(&lock);
@@ -86,6 +96,14 @@ static void *closer_thread(void *arg) {
                         q->head = q->n = 0;
                 q->busy = true;
                 n_free--;
+                /* This close may block: another uid's fd behind it goes to a free thread, or a new one. A
+                 * thread counted free when that fd came may be this one, on its way to a close that blocks. */
+                if (closer_has_runnable()) {
+                        if (n_free > 0)
+                                pthread_cond_signal(&queued);
+                        else
+                                closer_start();
+                }
                 pthread_mutex_unlock(&lock);
                 (void) close(fd);
                 pthread_mutex_lock(&lock);

@@ -188,14 +188,19 @@ static int setup(void **state) {
         return 0;
 }
 
-int main(void) {
+int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_an_empty_socket_is_closed_here),
                 cmocka_unit_test(test_a_socket_with_an_fd_queued_goes_to_the_thread),
                 cmocka_unit_test(test_nothing_to_close),
+        };
+        /* `--blocking`: the cases whose close() must block (test-fds.h, blocking_cases_can_run()). */
+        const struct CMUnitTest blocking_tests[] = {
                 cmocka_unit_test(test_a_uid_at_its_limit_holds_up_only_its_own),
                 cmocka_unit_test(test_the_total),
                 cmocka_unit_test(test_the_owner),
         };
+        if (argc > 1 && strcmp(argv[1], "--blocking") == 0)
+                return blocking_cases_can_run() ? cmocka_run_group_tests_name("blocking_tests", blocking_tests, setup, NULL) : 0;
         return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -407,7 +407,7 @@ static void test_peer_credentials_and_primary_group(void **state) {
         assert_int_equal(groups[n - 1], getgid()); /* the primary group counts for allow-groups= too */
 }
 
-int main(void) {
+int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_calls_run_in_order_and_are_answered, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_message_over_max_is_protocol_error_then_close, setup, teardown),
@@ -419,12 +419,17 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_deferred_call_is_kept_and_runs_on_resume_in_order, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_held_connection_takes_no_call_until_unheld, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_eof_calls_disconnect_once, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_not_read_while_its_uid_is_at_the_closer_limit, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_close_by_owner_calls_disconnect_once_and_replies_fail, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_oneway_call_sends_nothing, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_deferred_reply_waits_for_the_next_or_the_owner, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_peer_credentials_and_primary_group, setup, teardown),
         };
+        /* `--blocking`: the case whose close() must block (test-fds.h, blocking_cases_can_run()). */
+        const struct CMUnitTest blocking_tests[] = {
+                cmocka_unit_test_setup_teardown(test_not_read_while_its_uid_is_at_the_closer_limit, setup, teardown),
+        };
+        if (argc > 1 && strcmp(argv[1], "--blocking") == 0)
+                return blocking_cases_can_run() ? cmocka_run_group_tests_name("blocking_tests", blocking_tests, NULL, NULL) : 0;
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

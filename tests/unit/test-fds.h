@@ -34,11 +34,11 @@ static inline void send_with_fds(int sock, const char *text, int fd, size_t n) {
         assert_int_equal(sendmsg(sock, &mh, MSG_NOSIGNAL), (ssize_t) iov.iov_len);
 }
 
-/* A loopback TCP socket whose last close() blocks (up to 30 s) until *ret_peer is closed: SO_LINGER on, data
- * unsent (the peer reads nothing). */
-static inline int lingering_socket(int *ret_peer) {
-        /* Under valgrind (its preload is mapped) such a close returns at once, in another thread too, so the
-         * tests that need one that blocks are skipped there; the ASan build runs them. */
+/* Valgrind's preload is mapped: under valgrind a close() of a socket lingering on unsent data returns at once,
+ * in another thread too, so the cases that need a close that blocks run apart (`--blocking`, meson's
+ * TEST-blocking) and that run is one TAP skip there: cmocka 1.1 prints a case's skip() as "not ok N # SKIP",
+ * which meson counts as a failure. */
+static inline bool under_valgrind(void) {
         FILE *maps = fopen("/proc/self/maps", "re");
         bool valgrind = false;
         char line[512];
@@ -46,8 +46,20 @@ static inline int lingering_socket(int *ret_peer) {
                 valgrind = strstr(line, "vgpreload") != NULL;
         if (maps)
                 fclose(maps);
-        if (valgrind)
-                skip();
+        return valgrind;
+}
+
+/* main()'s part for `--blocking`: true when the blocking cases are to run; false after the TAP skip. */
+static inline bool blocking_cases_can_run(void) {
+        if (!under_valgrind())
+                return true;
+        printf("1..0 # SKIP valgrind runs a lingering socket's close() without the wait these cases need\n");
+        return false;
+}
+
+/* A loopback TCP socket whose last close() blocks (up to 30 s) until *ret_peer is closed: SO_LINGER on, data
+ * unsent (the peer reads nothing). */
+static inline int lingering_socket(int *ret_peer) {
         int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         assert_true(listener >= 0);
         int small = 4096;
