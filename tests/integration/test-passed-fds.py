@@ -231,15 +231,12 @@ class PassedFds(harness.BrokerTestCase):
             elapsed = time.monotonic() - start
             self.assertLess(elapsed, 1.0, f"a client waited {elapsed:.1f} s after a refused connection")
 
-    def test_fds_behind_a_stuck_close_are_bounded(self):
-        if os.getuid() != 0:
-            self.skipTest("a client of another uid needs root")
-        per_uid = 16
-        # A bound on brokerd's fds past its start: the uid's limit, one read's fds past it (4), the fds of a
-        # call that waits for its end (4), the connection's socket.
-        bound = per_uid + 4 + 4 + 1
+    def stuck_close_then_flood(self, config, name, calls):
+        """brokerd with `config`, one client's lingering socket stuck in a closer's close() (5 s), then up to
+        `calls` Status calls of that client passing 4 fds each, until brokerd reads no more from it.
+        Returns (brokerd, its fd count before, the lingering socket, the client, the calls sent)."""
         self.stop_broker(self.b)
-        b = self.broker(f"[broker]\nmax-closing-fds-per-uid = {per_uid}\n\n" + CONFIG, "closer-cap")
+        b = self.broker(config + CONFIG, name)
         before = b.fd_count()
         s = LingeringSocket(linger=5)
         self.addCleanup(s.close)
@@ -254,11 +251,22 @@ class PassedFds(harness.BrokerTestCase):
         c.sock.settimeout(2)
         sent = 0
         try:
-            for _ in range(64):
+            for _ in range(calls):
                 socket.send_fds(c.sock, [status], [null] * 4)
                 sent += 1
         except (socket.timeout, BlockingIOError):
             pass  # brokerd reads no more from us: the socket's buffer is full
+        return b, before, s, c, sent
+
+    def test_fds_behind_a_stuck_close_are_bounded(self):
+        if os.getuid() != 0:
+            self.skipTest("a client of another uid needs root")
+        per_uid = 16
+        # A bound on brokerd's fds past its start: the uid's limit, one read's fds past it (4), the fds of a
+        # call that waits for its end (4), the connection's socket.
+        bound = per_uid + 4 + 4 + 1
+        b, before, s, c, sent = self.stuck_close_then_flood(f"[broker]\nmax-closing-fds-per-uid = {per_uid}\n\n",
+                                                            "closer-cap", 64)
         self.assertGreater(sent, 2 * bound // 4, "too few calls went for the bound to be tested")
 
         def paused():
@@ -292,26 +300,8 @@ class PassedFds(harness.BrokerTestCase):
             self.skipTest("no ss(8) to see the listening socket's backlog")
         total = 8
         bound = total + 4 + 4 + 1  # as above, with the total for the limit
-        self.stop_broker(self.b)
-        b = self.broker(f"[broker]\nmax-closing-fds = {total}\n\n" + CONFIG, "closer-total")
-        before = b.fd_count()
-        s = LingeringSocket(linger=5)
-        self.addCleanup(s.close)
-        c = b.connect()
-        self.addCleanup(c.close)
-        status = Varlink.encode_call("io.slotbroker.Status")
-        pass_and_drop(c, status, [s.sock])
-        self.assertIsNone(harness.error_of(c.recv(timeout=5)))
-        null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-        self.addCleanup(os.close, null)
-        c.sock.settimeout(2)
-        sent = 0
-        try:
-            for _ in range(16):
-                socket.send_fds(c.sock, [status], [null] * 4)
-                sent += 1
-        except (socket.timeout, BlockingIOError):
-            pass
+        b, before, s, c, sent = self.stuck_close_then_flood(f"[broker]\nmax-closing-fds = {total}\n\n",
+                                                            "closer-total", 16)
         # At the total nobody is read, and no connection accepted: another user's waits in the backlog.
         other = start_call_as(b, NOBODY, "Status", timeout=20)
         wait_for(lambda: b.fd_count() > before + bound or backlog(b.socket_path) >= 1, timeout=10,
