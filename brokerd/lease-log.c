@@ -442,6 +442,8 @@ void lease_log_read_done(LeaseLogRead *info) {
         uses_free(info->uses, info->n_uses);
         info->uses = NULL;
         info->n_uses = 0;
+        info->damage = mfree(info->damage);
+        info->damage_size = 0;
 }
 
 /* Sets the rest of a slot (pool, and member if it has one, else index), replacing one recorded before. */
@@ -520,6 +522,8 @@ typedef struct Reader {
         size_t n_rests;
         LeaseLogUse *uses;      /* every "use" line read, uses_dedupe()d at the end */
         size_t n_uses, uses_allocated;
+        unsigned damaged;       /* lines that did not check out since the last "reset" */
+        Buffer damage;          /* their bytes, up to LEASE_LOG_DAMAGE_KEEP */
 } Reader;
 
 static void reader_done(Reader *rd) {
@@ -528,6 +532,7 @@ static void reader_done(Reader *rd) {
         marks_free(rd->marks, rd->n_marks);
         rests_free(rd->rests, rd->n_rests);
         uses_free(rd->uses, rd->n_uses);
+        free(rd->damage.data);
 }
 
 /* FNV-1a: lease ids are brokerd's own (random hex), nothing chosen to collide. */
@@ -614,7 +619,11 @@ static int reader_add(Reader *rd, HistoryLeaseRow *row) {
         return 0;
 }
 
+/* What came before a "reset" is what the brokerd that wrote it knew, written again after it: damage there
+ * hid nothing from it (damage it had read would have made it write LEASE_LOG_DAMAGE_FILE). */
 static void reader_reset(Reader *rd) {
+        rd->damaged = 0;
+        rd->damage.size = 0;
         rests_free(rd->rests, rd->n_rests);
         rd->rests = NULL;
         rd->n_rests = 0;
@@ -945,8 +954,12 @@ int lease_log_read(const char *directory, HistoryState *ret_state, LeaseLogRead 
                                 json_decref(o);
                                 if (r == -ENOMEM)
                                         return r;
-                                if (r < 0)
-                                        info.damaged++;
+                                if (r < 0) {
+                                        rd.damaged++;
+                                        if (rd.damage.size + len + 1 <= LEASE_LOG_DAMAGE_KEEP &&
+                                            buffer_put(&rd.damage, data + at, len + 1) < 0)
+                                                return -ENOMEM;
+                                }
                         }
                         at += len + 1;
                 }
@@ -965,6 +978,9 @@ int lease_log_read(const char *directory, HistoryState *ret_state, LeaseLogRead 
         s.n_leases = rd.n_leases;
         rd.n_leases = 0;
         *ret_state = s;
+        info.damaged = rd.damaged;
+        info.damage = TAKE_PTR(rd.damage.data);
+        info.damage_size = rd.damage.size;
         info.rests = TAKE_PTR(rd.rests);
         info.n_rests = rd.n_rests;
         rd.n_rests = 0;
@@ -985,6 +1001,63 @@ int lease_log_move_aside(const char *directory, char **ret_moved) {
         if (!path)
                 return -ENOMEM;
         return rename_aside(path, /* missing_ok= */ false, ret_moved);
+}
+
+/* Appended, never replaced: a damage found earlier and not yet cleared by its operator keeps its lines. The
+ * file's existence is what holds grants back, so it is made durable before the log is rewritten without
+ * what it keeps. */
+int lease_log_damage_write(const char *directory, const LeaseLogRead *info, usec_t realtime) {
+        _cleanup_free_ char *path = path_in(directory, LEASE_LOG_DAMAGE_FILE);
+        _cleanup_free_ char *dir_path = strdup(directory);
+        Buffer b = {};
+        char when[32] = "?";
+        struct tm tm;
+        time_t t = (time_t) (realtime / USEC_PER_SEC);
+        int r;
+
+        if (!path || !dir_path)
+                return -ENOMEM;
+        if (gmtime_r(&t, &tm))
+                (void) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        r = buffer_puts(&b, "# brokerd, ");
+        r = r ?: buffer_puts(&b, when);
+        if (info->damaged == 0)
+                r = r ?: buffer_puts(&b, ": " LEASE_LOG_FILE " was not a lease log (its first line is not the header) "
+                                         "and is moved aside beside this file as " LEASE_LOG_FILE ".corrupt-*.\n");
+        else {
+                r = r ?: buffer_puts(&b, ": ");
+                r = r ?: buffer_put_u64(&b, info->damaged);
+                r = r ?: buffer_puts(&b, " line(s) of " LEASE_LOG_FILE " did not check out; below as they were read "
+                                         "(64 KiB at most).\n");
+        }
+        r = r ?: buffer_puts(&b, "# Which leases they held is not known: nothing new is granted while this file exists.\n"
+                                 "# Remove it once no job holds a slot that `slotctl status` does not show (brokerd(8)).\n");
+        if (info->damage_size > 0)
+                r = r ?: buffer_put(&b, info->damage, info->damage_size);
+        if (r < 0) {
+                free(b.data);
+                return r;
+        }
+        _cleanup_close_ int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0600);
+        r = fd < 0 ? -errno : fd_write_all(fd, b.data, b.size);
+        free(b.data);
+        if (r == 0 && fsync(fd) < 0)
+                r = -errno;
+        if (r < 0)
+                return r;
+        _cleanup_close_ int dfd = open(dir_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 || fsync(dfd) < 0)
+                return -errno;
+        return 0;
+}
+
+int lease_log_damage_found(const char *directory) {
+        _cleanup_free_ char *path = path_in(directory, LEASE_LOG_DAMAGE_FILE);
+        if (!path)
+                return -ENOMEM;
+        if (access(path, F_OK) == 0)
+                return 1;
+        return errno == ENOENT ? 0 : -errno;
 }
 
 /* ---- writing ---- */
@@ -1040,7 +1113,7 @@ static int rewrite_by_rename(LeaseLog *log, const HistoryLeaseRow *leases, size_
                 free(b.data);
                 return r;
         }
-        _cleanup_close_ int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOCTTY, 0600);
+        _cleanup_close_ int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOCTTY, 0600);
         if (fd < 0) {
                 free(b.data);
                 return -errno;
@@ -1069,20 +1142,25 @@ static int rewrite_in_place(LeaseLog *log, const HistoryLeaseRow *leases, size_t
         int r;
 
         if (log->fd < 0) {
-                log->fd = open(log->path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOCTTY);
+                log->fd = open(log->path, O_RDWR | O_APPEND | O_CLOEXEC | O_NOCTTY);
                 if (log->fd < 0)
                         return -errno;
-                struct stat st;
-                if (fstat(log->fd, &st) < 0)
-                        return -errno;
-                log->size = st.st_size;
                 log->reserved_to = 0;
         }
+        struct stat st;
+        if (fstat(log->fd, &st) < 0)
+                return -errno;
+        log->size = st.st_size;
+        /* A write that failed and could not be cut off (truncate_back()) left half a line: ended here, so
+         * that it is damage before the "reset" line, which then reads, and not glued to it. */
+        char last = '\n';
+        if (log->size > 0 && pread(log->fd, &last, 1, log->size - 1) != 1)
+                last = 0;
         if (log->size == 0) {
                 r = line_literal(&b, LEASE_LOG_HEADER);
                 lines++;
         } else
-                r = 0;
+                r = last == '\n' ? 0 : buffer_put(&b, "\n", 1);
         r = r ?: line_literal(&b, "{\"reset\":true}");
         lines++;
         r = r ?: snapshot_format(log, &b, leases, n, alive, &lines);

@@ -1000,6 +1000,7 @@ static void manager_load_state_async(Manager *m);
 static void manager_load_state(Manager *m, bool at_start);
 static void manager_write_lease_snapshot(Manager *m);
 static void manager_apply_uses(Manager *m);
+static void manager_check_damage(Manager *m);
 
 static void manager_update_status(Manager *m) {
         char buf[1024];
@@ -1050,6 +1051,8 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
                 metrics_write_textfile(&m->metrics, &g, m->config->metrics_textfile);
         }
         lease_table_poll_commands(&m->leases);
+        if (m->persistence.state_loaded && m->persistence.damaged)
+                manager_check_damage(m);
         if (!m->persistence.state_loaded && now_monotonic() >= m->state_retry_at)
                 manager_load_state(m, false);
         else if (m->lease_log && lease_log_is_broken(m->lease_log) && now_monotonic() >= m->lease_log_retry_at)
@@ -1670,6 +1673,28 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
         if (from_history && m->lease_log_error == 0)
                 for (size_t i = 0; i < s->n_leases; i++)
                         history_lease_delete(m->history, s->leases[i].id);
+        manager_check_damage(m); /* and the episodes of refusals end, unless it holds them */
+}
+
+/* SPEC §3.4: what the lease log held and could not be read is not handed to someone else. While the file that
+ * keeps it exists nothing new is granted (held leases go on); its removal is the operator's word that no job
+ * holds such a slot. Checked at every read of the state, and every tick while it is there. */
+static void manager_check_damage(Manager *m) {
+        int r = lease_log_damage_found(m->state_directory);
+        bool damaged = r != 0;
+
+        if (r < 0)
+                log_debug_errno(r, "Cannot tell whether %s/" LEASE_LOG_DAMAGE_FILE " exists: %m", m->state_directory);
+        if (damaged && !m->persistence.damaged)
+                log_error("%s/" LEASE_LOG_DAMAGE_FILE " is there: the lease log held lines that could not be read, and "
+                          "the leases they held are not known. Nothing new is granted until that file is removed, "
+                          "once no job holds a slot that slotctl status does not show.",
+                          m->state_directory);
+        else if (!damaged && m->persistence.damaged)
+                log_info("%s/" LEASE_LOG_DAMAGE_FILE " was removed: granting again.", m->state_directory);
+        if (damaged != m->persistence.damaged)
+                m->status_dirty = true;
+        m->persistence.damaged = damaged;
         persistence_recovered(&m->persistence);
 }
 
@@ -1739,7 +1764,9 @@ static void manager_load_state(Manager *m, bool at_start) {
         r = lease_log_read(m->state_directory, &s, &info);
         if (r == -EBADMSG) {
                 _cleanup_free_ char *moved = NULL;
-                r = lease_log_move_aside(m->state_directory, &moved);
+                /* Kept first: whenever the log is gone, the file that holds grants back is there. */
+                r = lease_log_damage_write(m->state_directory, &(LeaseLogRead) {}, now_realtime());
+                r = r ?: lease_log_move_aside(m->state_directory, &moved);
                 if (r < 0) {
                         manager_state_unreadable(m, -EBADMSG);
                         return;
@@ -1757,8 +1784,16 @@ static void manager_load_state(Manager *m, bool at_start) {
                 return;
         }
         if (info.damaged > 0) {
-                log_error("%s/" LEASE_LOG_FILE ": %u damaged line(s) skipped. Fencing tokens continue above the "
-                          "clock; a lease such a line held is not known.",
+                /* Kept before the log is rewritten without them (manager_apply_state()). */
+                r = lease_log_damage_write(m->state_directory, &info, now_realtime());
+                if (r < 0) {
+                        log_error_errno(r, "Cannot keep the damaged lines of %s/" LEASE_LOG_FILE " in " LEASE_LOG_DAMAGE_FILE
+                                           ": %m.", m->state_directory);
+                        manager_state_unreadable(m, r);
+                        return;
+                }
+                log_error("%s/" LEASE_LOG_FILE ": %u damaged line(s) skipped, kept in " LEASE_LOG_DAMAGE_FILE ". Fencing "
+                          "tokens continue above the clock; a lease such a line held is not known.",
                           m->state_directory, info.damaged);
                 m->token_floor_all = MAX(m->token_floor_all, (uint64_t) now_realtime());
         }

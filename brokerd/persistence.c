@@ -9,6 +9,8 @@ const char *persistence_refusal(const Persistence *p) {
         /* Reading comes first in either mode: a slot the database says is held must not be handed out. */
         if (!p->state_loaded)
                 return "the state directory cannot be read";
+        if (p->damaged)
+                return "the lease log had lines that could not be read (" LEASE_LOG_DAMAGE_FILE ")";
         if (p->mode == LEASE_PERSISTENCE_BEST_EFFORT)
                 return NULL;
         if (!p->log || lease_log_is_broken(p->log))
@@ -42,7 +44,7 @@ bool persistence_commit_allows_grant(Persistence *p, const char *lease_id, int r
 }
 
 void persistence_recovered(Persistence *p) {
-        if (p->refusing && p->state_loaded && p->log && !lease_log_is_broken(p->log)) {
+        if (p->refusing && p->state_loaded && !p->damaged && p->log && !lease_log_is_broken(p->log)) {
                 log_info("Leases are persisted again; %u request(s) were refused meanwhile.", p->refused);
                 p->refusing = false;
                 p->refused = 0;

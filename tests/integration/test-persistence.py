@@ -19,6 +19,8 @@ tokens, in the order commands started, only go up.
   database that cannot be written costs decision rows, not grants. Also: a tmpfs full at start and one that
   fills up at run time (private mount namespaces; skipped without them); a read-only bind mount at
   start is test-restart.py's.
+- A damaged lease line: the leases that can be read are restored, and nothing new is granted until an
+  operator removes leases.damaged, which keeps the line.
 - lease-persistence = best-effort grants in memory-only mode, still with tokens that never go back.
 - A wall clock stepped back a year: a restored detached lease keeps no more of its max-hold than it
   had left at the last instant persisted (the lease log's alive mark, written as the clock stood then).
@@ -410,9 +412,59 @@ class Persistence(Witnessed):
         self.assertNotEqual(self.ff(b), 0, "granted while what was persisted cannot be read")
         self.assertIn("Cannot read the leases", b.log())
         chattr("-i", b.state_dir)
-        wait_for(lambda: self.ff(b) == 0, 30, interval=0.5, message="grants once the lease log can be read")
-        self.assertIn("is not a lease log: moved aside", b.log())
+        wait_for(lambda: "is not a lease log: moved aside" in b.log(), 30, interval=0.5,
+                 message="the lease log moved aside once the directory is writable")
         self.assertEqual(len(glob.glob(os.path.join(b.state_dir, LEASE_LOG + ".corrupt-*"))), 1)
+        # Which leases it held is not known: nothing is granted until an operator removes leases.damaged.
+        self.assert_refused(b, "storage")
+        with open(os.path.join(b.state_dir, "leases.damaged")) as f:
+            self.assertIn("was not a lease log", f.read())
+        os.unlink(os.path.join(b.state_dir, "leases.damaged"))
+        wait_for(lambda: self.ff(b) == 0, 10, interval=0.2, message="grants once leases.damaged is removed")
+        self.witness.check(self)
+
+    def test_a_damaged_lease_line_holds_grants_back_until_its_file_is_removed(self):
+        """SPEC §3.4: a lease line that does not check out held a slot that nobody can name now. brokerd restores
+        the leases it can read, keeps the line in leases.damaged, and grants nothing new while that file exists,
+        across a restart too (the log is rewritten without the line); its removal is the operator's word, taken
+        without a restart. Before, the slot the line held was granted again at once."""
+        b = self.broker(CONFIG.replace("limit = 1", "limit = 2"), "persist-damaged")
+        kept = b.call("io.slotbroker.Acquire", {"lane": "w", "detach": True, "maxHoldMs": 3600000})["lease"]
+        lost = b.call("io.slotbroker.Acquire", {"lane": "w", "detach": True, "maxHoldMs": 3600000})["lease"]
+        b.stop()
+        path = os.path.join(b.state_dir, LEASE_LOG)
+        with open(path) as f:
+            lines = f.read().splitlines(keepends=True)
+        at = [i for i, line in enumerate(lines) if '"lease":' in line and lost["id"] in line]
+        self.assertEqual(len(at), 1, lines)
+        lines[at[0]] = lines[at[0]].replace(lost["id"], lost["id"][::-1])  # its text changed, its CRC not
+        with open(path, "w") as f:
+            f.write("".join(lines))
+
+        b.start()
+        status = b.status()
+        self.assertEqual([h["lease"]["token"] for h in status["holders"]], [kept["token"]], status)
+        self.assertIn("leases.damaged", status.get("unavailable", ""))
+        self.assert_refused(b, "storage")
+        damage = os.path.join(b.state_dir, "leases.damaged")
+        with open(damage) as f:
+            self.assertIn(lost["id"][::-1], f.read())
+        self.assertIn("1 damaged line(s) skipped", b.log())
+        # The lease it could read goes on, and ends as ever; the slot it frees is not granted either.
+        b.call("io.slotbroker.Release", {"lease": kept["id"]})
+        self.assertEqual(b.status()["holders"], [])
+        self.assert_refused(b, "storage")
+        # A restart reads a log without the line: the file alone holds grants back.
+        b.stop()
+        b.start()
+        self.assertNotIn("damaged line", b.log().split("Listening")[-1])
+        self.assert_refused(b, "storage")
+
+        os.unlink(damage)
+        wait_for(lambda: self.ff(b) == 0, 10, interval=0.2, message="grants once leases.damaged is removed")
+        self.assertIn("leases.damaged was removed: granting again", b.log())
+        token = b.call("io.slotbroker.Acquire", {"lane": "ff"})["lease"]["token"]
+        self.assertGreater(token, lost["token"], "a token the damaged line may have held is issued again")
         self.witness.check(self)
 
     def test_a_second_brokerd_on_the_state_directory_is_refused_before_it_reads_it(self):
