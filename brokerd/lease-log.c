@@ -831,7 +831,8 @@ static int reader_apply(Reader *rd, const json_t *o) {
                         return -EBADMSG;
                 return marks_raise(&rd->marks, &rd->n_marks, json_string_value(pool), (uint64_t) json_integer_value(next));
         } else if ((v = json_object_get(o, "alive"))) {
-                if (!json_is_integer(v))
+                /* A time, as grantedAt: a negative one read as unsigned would be a mark from the far future. */
+                if (!json_integer_in(v, 0, INT64_MAX))
                         return -EBADMSG;
                 rd->alive_at = MAX(rd->alive_at, (usec_t) json_integer_value(v));
         } else if ((v = json_object_get(o, "rest"))) {
