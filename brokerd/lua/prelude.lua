@@ -1286,7 +1286,9 @@ local function waiter_get(wid)
         if not packed then return nil end
         local ok, a = pcall(cmsgpack.unpack, packed)
         if not (ok and type(a) == 'table' and type(a[1]) == 'string' and type(a[2]) == 'string' and
-                type(a[3]) == 'string' and type(a[4]) == 'number') then
+                type(a[3]) == 'string' and type(a[4]) == 'number' and type(a[5]) == 'number' and
+                type(a[11]) == 'number' and (a[7] == nil or type(a[7]) == 'string') and
+                (a[8] == nil or type(a[8]) == 'number')) then
                 -- Garbage (anyone may write w): dropped and told; HLEN w then differs from meta's count and
                 -- the next call makes the pool anew ("Integrity"). Here: a waiter that is gone.
                 redis.call('HDEL', K.w, wid)

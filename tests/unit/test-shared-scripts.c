@@ -4648,6 +4648,11 @@ static const struct hostile_write hostile_writes[] = {
         { { "REC {sb:p}:w $H 12 s !alpha" } },
         { { "REC {sb:p}:w $H 13 s yes", "REC {sb:p}:w $W 13 t x" }, "bad-key" },
         { { "REC {sb:p}:w $W 3 s hc" } },
+        /* the waiter record's numbers: its priority (positions stopped with an error on it), arrival and idle time,
+         * and its state: dropped as garbage (then the pool made anew) */
+        { { "REC {sb:p}:w $W 11 s junk" }, "bad-key" },
+        { { "REC {sb:p}:w $W 5 s junk" }, "bad-key" },
+        { { "REC {sb:p}:w $W 8 t x", "REC {sb:p}:w $H 7 n 5" }, "bad-key" },
         { { "REC {sb:p}:w $W 4 n 2", "REC {sb:p}:w $W 6 n 1500" } },
         /* rekey jobs: selector drops, lane drops, health drops, moves */
         { { "HSET {sb:p}:rekey drop:ci 1" }, "bad-key" },
