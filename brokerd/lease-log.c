@@ -620,7 +620,7 @@ static int reader_add(Reader *rd, HistoryLeaseRow *row) {
 }
 
 /* What came before a "reset" is what the brokerd that wrote it knew, written again after it: damage there
- * hid nothing from it (damage it had read would have made it write LEASE_LOG_DAMAGE_FILE). */
+ * hid nothing from it (damage it had read would have made it record it: state-damage.h). */
 static void reader_reset(Reader *rd) {
         rd->damaged = 0;
         rd->damage.size = 0;
@@ -1002,63 +1002,6 @@ int lease_log_move_aside(const char *directory, char **ret_moved) {
         if (!path)
                 return -ENOMEM;
         return rename_aside(path, /* missing_ok= */ false, ret_moved);
-}
-
-/* Appended, never replaced: a damage found earlier and not yet cleared by its operator keeps its lines. The
- * file's existence is what holds grants back, so it is made durable before the log is rewritten without
- * what it keeps. */
-int lease_log_damage_write(const char *directory, const LeaseLogRead *info, usec_t realtime) {
-        _cleanup_free_ char *path = path_in(directory, LEASE_LOG_DAMAGE_FILE);
-        _cleanup_free_ char *dir_path = strdup(directory);
-        Buffer b = {};
-        char when[32] = "?";
-        struct tm tm;
-        time_t t = (time_t) (realtime / USEC_PER_SEC);
-        int r;
-
-        if (!path || !dir_path)
-                return -ENOMEM;
-        if (gmtime_r(&t, &tm))
-                (void) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-        r = buffer_puts(&b, "# brokerd, ");
-        r = r ?: buffer_puts(&b, when);
-        if (info->damaged == 0)
-                r = r ?: buffer_puts(&b, ": " LEASE_LOG_FILE " was not a lease log (its first line is not the header) "
-                                         "and is moved aside beside this file as " LEASE_LOG_FILE ".corrupt-*.\n");
-        else {
-                r = r ?: buffer_puts(&b, ": ");
-                r = r ?: buffer_put_u64(&b, info->damaged);
-                r = r ?: buffer_puts(&b, " line(s) of " LEASE_LOG_FILE " did not check out; below as they were read "
-                                         "(64 KiB at most).\n");
-        }
-        r = r ?: buffer_puts(&b, "# Which leases they held is not known: nothing new is granted while this file exists.\n"
-                                 "# Remove it once no job holds a slot that `slotctl status` does not show (brokerd(8)).\n");
-        if (info->damage_size > 0)
-                r = r ?: buffer_put(&b, info->damage, info->damage_size);
-        if (r < 0) {
-                free(b.data);
-                return r;
-        }
-        _cleanup_close_ int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0600);
-        r = fd < 0 ? -errno : fd_write_all(fd, b.data, b.size);
-        free(b.data);
-        if (r == 0 && fsync(fd) < 0)
-                r = -errno;
-        if (r < 0)
-                return r;
-        _cleanup_close_ int dfd = open(dir_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0 || fsync(dfd) < 0)
-                return -errno;
-        return 0;
-}
-
-int lease_log_damage_found(const char *directory) {
-        _cleanup_free_ char *path = path_in(directory, LEASE_LOG_DAMAGE_FILE);
-        if (!path)
-                return -ENOMEM;
-        if (access(path, F_OK) == 0)
-                return 1;
-        return errno == ENOENT ? 0 : -errno;
 }
 
 /* ---- writing ---- */

@@ -46,11 +46,7 @@
 #include "time-util.h"
 
 #define LEASE_LOG_FILE "leases.log"
-/* What the log held that could not be read, kept for an operator. While it exists nothing new is granted
- * (SPEC §3.4: a slot such a line held is not handed to someone else); its removal is the operator's word
- * that no job holds such a slot. */
-#define LEASE_LOG_DAMAGE_FILE "leases.damaged"
-/* How much of the damaged lines it keeps. */
+/* How much of the damaged lines a read keeps, for state.damaged (state-damage.h). */
 #define LEASE_LOG_DAMAGE_KEEP (64u * 1024u)
 
 typedef struct LeaseLog LeaseLog;
@@ -91,16 +87,9 @@ void lease_log_read_done(LeaseLogRead *info);
  * -EBADMSG when the file is not a lease log (its first line is not the header: then nothing in it can be
  * trusted, and it must be moved aside), -ENOMEM, or the error of opening or reading it (-EACCES, -EIO…).
  * Damaged lines are skipped and counted: a caller that finds any cannot know what they said, and must
- * move every pool's token mark above anything they could have held, and keep them with
- * lease_log_damage_write() before the log is rewritten without them. */
+ * move every pool's token mark above anything they could have held, and record them (state_damage_record())
+ * before the log is rewritten without them. */
 int lease_log_read(const char *directory, HistoryState *ret_state, LeaseLogRead *ret_info);
-
-/* Appends to directory/LEASE_LOG_DAMAGE_FILE (made durable, directory included) the damaged lines a read
- * found, or, when info->damaged is 0, that the log was not one and is moved aside. Returns 0 or negative
- * errno. */
-int lease_log_damage_write(const char *directory, const LeaseLogRead *info, usec_t realtime);
-/* Whether directory/LEASE_LOG_DAMAGE_FILE exists: 1, 0, or negative errno (it cannot be told). */
-int lease_log_damage_found(const char *directory);
 
 /* Renames directory/leases.log to leases.log.corrupt-<UTC time>. Returns 0, or negative errno. */
 int lease_log_move_aside(const char *directory, char **ret_moved);

@@ -30,6 +30,7 @@
 #include "methods.h"
 #include "persistence.h"
 #include "session.h"
+#include "state-damage.h"
 
 #define TICK_USEC USEC_PER_SEC
 /* node_exporter scrapes every 15-60 s: fresher files would only cost writes. */
@@ -250,6 +251,7 @@ static bool manager_backend_primary(const char *pool, BackendPrimary *ret, void 
 }
 
 static bool manager_settle_for_reply(Manager *m);
+static void manager_check_damage(Manager *m);
 
 void manager_metrics_gauges(Manager *m, MetricsGauges *ret) {
         /* The leases gauge is the lease table's, slots in use the engine's: settled first, they agree. Asked
@@ -652,10 +654,25 @@ static void manager_load_member_state(Manager *m) {
         int r = member_state_read(m->state_directory, &e, &n);
         if (r == -EBADMSG) {
                 _cleanup_free_ char *moved = NULL;
+                /* Recorded first: a drained or quarantined member it held must not be granted meanwhile. */
+                r = state_damage_record(m->state_directory,
+                                        MEMBER_STATE_FILE " is damaged or of another version: it is moved aside beside "
+                                        "this file as " MEMBER_STATE_FILE ".corrupt-*, and its drains and quarantines "
+                                        "are not applied.",
+                                        NULL, 0, now_realtime());
+                if (r < 0) {
+                        log_error_errno(r, "%s/" MEMBER_STATE_FILE " is damaged or of another version, and cannot be "
+                                           "recorded in " STATE_DAMAGE_FILE ": %m. It is left as it is; nothing is granted.",
+                                        m->state_directory);
+                        m->member_state_unrecorded = true;
+                        manager_check_damage(m);
+                        return;
+                }
                 (void) member_state_move_aside(m->state_directory, &moved);
                 log_error("%s/" MEMBER_STATE_FILE " is damaged or of another version: its drains and quarantines "
                           "are not applied (moved aside to %s).", m->state_directory, moved ?: "?");
                 m->member_state_loaded = true;
+                manager_check_damage(m);
                 return;
         }
         if (r < 0) {
@@ -1000,7 +1017,6 @@ static void manager_load_state_async(Manager *m);
 static void manager_load_state(Manager *m, bool at_start);
 static void manager_write_lease_snapshot(Manager *m);
 static void manager_apply_uses(Manager *m);
-static void manager_check_damage(Manager *m);
 
 static void manager_update_status(Manager *m) {
         char buf[1024];
@@ -1676,22 +1692,22 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
         manager_check_damage(m); /* and the episodes of refusals end, unless it holds them */
 }
 
-/* SPEC §3.4: what the lease log held and could not be read is not handed to someone else. While the file that
- * keeps it exists nothing new is granted (held leases go on); its removal is the operator's word that no job
- * holds such a slot. Checked at every read of the state, and every tick while it is there. */
+/* SPEC §3.4: what the state directory held and could not be read is not handed to someone else. While the file
+ * that records it exists nothing new is granted (held leases go on); its removal is the operator's word that
+ * nothing it held is at stake. Checked at every read of the state, and every tick while it is there. */
 static void manager_check_damage(Manager *m) {
-        int r = lease_log_damage_found(m->state_directory);
-        bool damaged = r != 0;
+        int r = state_damage_found(m->state_directory);
+        bool damaged = r != 0 || m->member_state_unrecorded;
 
         if (r < 0)
-                log_debug_errno(r, "Cannot tell whether %s/" LEASE_LOG_DAMAGE_FILE " exists: %m", m->state_directory);
+                log_debug_errno(r, "Cannot tell whether %s/" STATE_DAMAGE_FILE " exists: %m", m->state_directory);
         if (damaged && !m->persistence.damaged)
-                log_error("%s/" LEASE_LOG_DAMAGE_FILE " is there: the lease log held lines that could not be read, and "
-                          "the leases they held are not known. Nothing new is granted until that file is removed, "
-                          "once no job holds a slot that slotctl status does not show.",
+                log_error("%s/" STATE_DAMAGE_FILE " is there: the state directory held what could not be read (leases, "
+                          "drains or quarantines), and what it was is not known. Nothing new is granted until that "
+                          "file is removed, once no job holds a slot or member that slotctl status does not show.",
                           m->state_directory);
         else if (!damaged && m->persistence.damaged)
-                log_info("%s/" LEASE_LOG_DAMAGE_FILE " was removed: granting again.", m->state_directory);
+                log_info("%s/" STATE_DAMAGE_FILE " was removed: granting again.", m->state_directory);
         if (damaged != m->persistence.damaged)
                 m->status_dirty = true;
         m->persistence.damaged = damaged;
@@ -1765,7 +1781,10 @@ static void manager_load_state(Manager *m, bool at_start) {
         if (r == -EBADMSG) {
                 _cleanup_free_ char *moved = NULL;
                 /* Kept first: whenever the log is gone, the file that holds grants back is there. */
-                r = lease_log_damage_write(m->state_directory, &(LeaseLogRead) {}, now_realtime());
+                r = state_damage_record(m->state_directory,
+                                        LEASE_LOG_FILE " is not a lease log (its first line is not the header): it is "
+                                        "moved aside beside this file as " LEASE_LOG_FILE ".corrupt-*.",
+                                        NULL, 0, now_realtime());
                 r = r ?: lease_log_move_aside(m->state_directory, &moved);
                 if (r < 0) {
                         manager_state_unreadable(m, -EBADMSG);
@@ -1785,14 +1804,17 @@ static void manager_load_state(Manager *m, bool at_start) {
         }
         if (info.damaged > 0) {
                 /* Kept before the log is rewritten without them (manager_apply_state()). */
-                r = lease_log_damage_write(m->state_directory, &info, now_realtime());
+                _cleanup_free_ char *what = NULL;
+                r = asprintf(&what, "%u line(s) of " LEASE_LOG_FILE " did not check out; below as they were read "
+                                    "(64 KiB at most).", info.damaged) < 0 ? -ENOMEM : 0;
+                r = r ?: state_damage_record(m->state_directory, what, info.damage, info.damage_size, now_realtime());
                 if (r < 0) {
-                        log_error_errno(r, "Cannot keep the damaged lines of %s/" LEASE_LOG_FILE " in " LEASE_LOG_DAMAGE_FILE
+                        log_error_errno(r, "Cannot record the damaged lines of %s/" LEASE_LOG_FILE " in " STATE_DAMAGE_FILE
                                            ": %m.", m->state_directory);
                         manager_state_unreadable(m, r);
                         return;
                 }
-                log_error("%s/" LEASE_LOG_FILE ": %u damaged line(s) skipped, kept in " LEASE_LOG_DAMAGE_FILE ". Fencing "
+                log_error("%s/" LEASE_LOG_FILE ": %u damaged line(s) skipped, kept in " STATE_DAMAGE_FILE ". Fencing "
                           "tokens continue above the clock; a lease such a line held is not known.",
                           m->state_directory, info.damaged);
                 m->token_floor_all = MAX(m->token_floor_all, (uint64_t) now_realtime());

@@ -120,6 +120,7 @@ typedef struct Manager {
 #endif
         /* SPEC §3.6: drains and quarantines kept in the state directory's members.state (member-state.h). */
         bool member_state_loaded;       /* read (or found damaged and moved aside): it may be written */
+        bool member_state_unrecorded;   /* found damaged, and state.damaged could not say so: nothing is granted */
         bool member_state_dirty;        /* a MEMBER or DRAIN event since the last write */
         bool member_state_failed;       /* the last write failed (said once) */
         struct MemberStateEntry *member_pending; /* read, for pools or members not configured now */

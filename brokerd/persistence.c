@@ -4,13 +4,14 @@
 #include "lease-log.h"
 #include "log.h"
 #include "persistence.h"
+#include "state-damage.h"
 
 const char *persistence_refusal(const Persistence *p) {
         /* Reading comes first in either mode: a slot the database says is held must not be handed out. */
         if (!p->state_loaded)
                 return "the state directory cannot be read";
         if (p->damaged)
-                return "the lease log had lines that could not be read (" LEASE_LOG_DAMAGE_FILE ")";
+                return "the state directory held what could not be read (" STATE_DAMAGE_FILE ")";
         if (p->mode == LEASE_PERSISTENCE_BEST_EFFORT)
                 return NULL;
         if (!p->log || lease_log_is_broken(p->log))

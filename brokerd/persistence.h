@@ -19,7 +19,7 @@ typedef struct Persistence {
         LeasePersistence mode;          /* as at start: a reload does not change it */
         LeaseLog *log;                  /* NULL until what was persisted has been read */
         bool state_loaded;              /* what was persisted has been read */
-        bool damaged;                   /* LEASE_LOG_DAMAGE_FILE is there: the read missed something */
+        bool damaged;                   /* STATE_DAMAGE_FILE is there: a read missed something */
         bool refusing;                  /* an episode of refusals for want of persistence: logged once */
         unsigned refused;               /* requests refused in it */
         bool unpersisted;               /* best-effort: an episode of grants that were not written */

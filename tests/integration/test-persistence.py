@@ -20,7 +20,7 @@ tokens, in the order commands started, only go up.
   fills up at run time (private mount namespaces; skipped without them); a read-only bind mount at
   start is test-restart.py's.
 - A damaged lease line: the leases that can be read are restored, and nothing new is granted until an
-  operator removes leases.damaged, which keeps the line.
+  operator removes state.damaged, which keeps the line.
 - lease-persistence = best-effort grants in memory-only mode, still with tokens that never go back.
 - A wall clock stepped back a year: a restored detached lease keeps no more of its max-hold than it
   had left at the last instant persisted (the lease log's alive mark, written as the clock stood then).
@@ -415,17 +415,17 @@ class Persistence(Witnessed):
         wait_for(lambda: "is not a lease log: moved aside" in b.log(), 30, interval=0.5,
                  message="the lease log moved aside once the directory is writable")
         self.assertEqual(len(glob.glob(os.path.join(b.state_dir, LEASE_LOG + ".corrupt-*"))), 1)
-        # Which leases it held is not known: nothing is granted until an operator removes leases.damaged.
+        # Which leases it held is not known: nothing is granted until an operator removes state.damaged.
         self.assert_refused(b, "storage")
-        with open(os.path.join(b.state_dir, "leases.damaged")) as f:
-            self.assertIn("was not a lease log", f.read())
-        os.unlink(os.path.join(b.state_dir, "leases.damaged"))
-        wait_for(lambda: self.ff(b) == 0, 10, interval=0.2, message="grants once leases.damaged is removed")
+        with open(os.path.join(b.state_dir, "state.damaged")) as f:
+            self.assertIn("is not a lease log", f.read())
+        os.unlink(os.path.join(b.state_dir, "state.damaged"))
+        wait_for(lambda: self.ff(b) == 0, 10, interval=0.2, message="grants once state.damaged is removed")
         self.witness.check(self)
 
     def test_a_damaged_lease_line_holds_grants_back_until_its_file_is_removed(self):
         """SPEC §3.4: a lease line that does not check out held a slot that nobody can name now. brokerd restores
-        the leases it can read, keeps the line in leases.damaged, and grants nothing new while that file exists,
+        the leases it can read, keeps the line in state.damaged, and grants nothing new while that file exists,
         across a restart too (the log is rewritten without the line); its removal is the operator's word, taken
         without a restart. Before, the slot the line held was granted again at once."""
         b = self.broker(CONFIG.replace("limit = 1", "limit = 2"), "persist-damaged")
@@ -444,9 +444,9 @@ class Persistence(Witnessed):
         b.start()
         status = b.status()
         self.assertEqual([h["lease"]["token"] for h in status["holders"]], [kept["token"]], status)
-        self.assertIn("leases.damaged", status.get("unavailable", ""))
+        self.assertIn("state.damaged", status.get("unavailable", ""))
         self.assert_refused(b, "storage")
-        damage = os.path.join(b.state_dir, "leases.damaged")
+        damage = os.path.join(b.state_dir, "state.damaged")
         with open(damage) as f:
             self.assertIn(lost["id"][::-1], f.read())
         self.assertIn("1 damaged line(s) skipped", b.log())
@@ -461,8 +461,8 @@ class Persistence(Witnessed):
         self.assert_refused(b, "storage")
 
         os.unlink(damage)
-        wait_for(lambda: self.ff(b) == 0, 10, interval=0.2, message="grants once leases.damaged is removed")
-        self.assertIn("leases.damaged was removed: granting again", b.log())
+        wait_for(lambda: self.ff(b) == 0, 10, interval=0.2, message="grants once state.damaged is removed")
+        self.assertIn("state.damaged was removed: granting again", b.log())
         token = b.call("io.slotbroker.Acquire", {"lane": "ff"})["lease"]["token"]
         self.assertGreater(token, lost["token"], "a token the damaged line may have held is issued again")
         self.witness.check(self)

@@ -429,17 +429,31 @@ class Drain(Base):
         b.reload()
         self.assertIn("a", self.quarantined(b))
         self.assertEqual(len(b.pool("rigs")["memberDrains"]), 1)
-        # A damaged members.state is moved aside, never guessed at: brokerd starts without it.
+        # A damaged members.state is moved aside, never guessed at: brokerd starts without it, and, since which
+        # members were drained or quarantined is not known, grants nothing new until an operator removes
+        # state.damaged (SPEC §3.4). Before, the quarantined member "a" was granted again at once.
         self.assertEqual(b.stop(), 0, b.log()[-3000:])
         with open(os.path.join(b.state_dir, "members.state"), "w") as f:
             f.write('{"slotbroker":"members","version":1,"entries":[{"pool":"rigs","member":"../x","drain":{"since":1}}]}')
         b.start()
         self.assertEqual(self.quarantined(b), {})
         self.assertTrue(any(n.startswith("members.state.corrupt-") for n in os.listdir(b.state_dir)))
+        self.assertIn("state.damaged", b.status().get("unavailable", ""))
+        p = subprocess.run([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "w", "--no-wait", "--member", "a",
+                            "--", "true"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 75, p.stderr)  # refused, not granted
+        self.assertIn("unavailable", p.stderr)
+        self.assertIn("storage", p.stderr)
+        with open(os.path.join(b.state_dir, "state.damaged")) as f:
+            self.assertIn("members.state is damaged", f.read())
         # What was carried over is not news: the history has one "drained" row per drain made, none per restart.
         rows = [e for e in b.call("io.slotbroker.History", {})["events"] if e["decision"] == "drained"]
         self.assertEqual(len(rows), 2, rows)
         self.assertIn("members.state is damaged", b.log())
+        os.unlink(os.path.join(b.state_dir, "state.damaged"))
+        wait_for(lambda: subprocess.run([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "w", "--no-wait",
+                                         "--member", "a", "--", "true"], capture_output=True, timeout=30).returncode == 0,
+                 10, interval=0.2, message="grants once state.damaged is removed")
 
 
     def test_member_counts_and_failures_in_a_row_survive_a_restart(self):

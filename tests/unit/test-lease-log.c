@@ -313,52 +313,6 @@ static void test_damage_before_a_reset_does_not_count(void **state) {
         lease_log_read_done(&info);
 }
 
-/* A read that found damage keeps it in LEASE_LOG_DAMAGE_FILE, appended to, whose existence holds grants back
- * until an operator removes it. */
-static void test_damage_is_kept_for_an_operator(void **state) {
-        Fixture *f = *state;
-        char path[160], text[4096];
-        snprintf(path, sizeof path, "%s/" LEASE_LOG_DAMAGE_FILE, f->dir);
-
-        assert_int_equal(lease_log_damage_found(f->dir), 0);
-        append_raw(f, "00000000 {\"end\":\"first\"}\n");
-        HistoryState s = {};
-        LeaseLogRead info = {};
-        read_back(f, &s, &info);
-        assert_int_equal(lease_log_damage_write(f->dir, &info, 1700000000000000), 0);
-        history_state_done(&s);
-        lease_log_read_done(&info);
-        assert_int_equal(lease_log_damage_found(f->dir), 1);
-
-        append_raw(f, "00000000 {\"end\":\"second\"}\n");
-        read_back(f, &s, &info);
-        assert_int_equal(info.damaged, 2);
-        assert_int_equal(lease_log_damage_write(f->dir, &info, 1700000060000000), 0);
-        history_state_done(&s);
-        lease_log_read_done(&info);
-        /* A log that is not one says so. */
-        assert_int_equal(lease_log_damage_write(f->dir, &(LeaseLogRead) {}, 1700000120000000), 0);
-
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        assert_true(fd >= 0);
-        ssize_t n = read(fd, text, sizeof text - 1);
-        close(fd);
-        assert_true(n > 0);
-        text[n] = 0;
-        assert_non_null(strstr(text, "2023-11-14T22:13:20Z: 1 line(s) of " LEASE_LOG_FILE " did not check out"));
-        assert_non_null(strstr(text, "2023-11-14T22:14:20Z: 2 line(s)"));
-        assert_non_null(strstr(text, "was not a lease log"));
-        assert_non_null(strstr(text, "nothing new is granted while this file exists"));
-        /* Both reads' lines, the first twice (the second read found it again). */
-        const char *first = strstr(text, "00000000 {\"end\":\"first\"}\n");
-        assert_non_null(first);
-        assert_non_null(strstr(first + 1, "00000000 {\"end\":\"first\"}\n"));
-        assert_non_null(strstr(text, "00000000 {\"end\":\"second\"}\n"));
-
-        assert_int_equal(unlink(path), 0);
-        assert_int_equal(lease_log_damage_found(f->dir), 0);
-}
-
 /* A write that failed and could not be cut off left half a line; a snapshot appended in place (the directory
  * takes no new file) must not be glued to it: its "reset" would then not read, and what came before would
  * count again. */
@@ -831,7 +785,6 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_torn_last_line_is_not_damage, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_damaged_line_is_counted_and_skipped, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_damage_before_a_reset_does_not_count, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_damage_is_kept_for_an_operator, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_snapshot_in_place_after_a_half_line, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_numbers_out_of_range_are_damage, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_not_a_lease_log, setup, teardown),
