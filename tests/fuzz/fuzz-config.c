@@ -7,8 +7,7 @@
 #include <string.h>
 
 #include "brokerd/config-files.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz.h"
 
 static char *dump(const BrokerConfig *c, size_t *ret_size) {
         char *buf = NULL;

@@ -8,19 +8,10 @@
 #include <string.h>
 
 #include "handover.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz.h"
 
 #define BOOT "0123456789abcdef0123456789abcdef"
 #define NOW ((usec_t) 1000000 * 1000000)
-
-#define check(expr)                                                              \
-        do {                                                                     \
-                if (!(expr)) {                                                   \
-                        fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, #expr); \
-                        abort();                                                 \
-                }                                                                \
-        } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         Handover h = {}, back = {};

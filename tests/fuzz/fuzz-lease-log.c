@@ -3,51 +3,17 @@
  * bytes, it is refused (not a lease log) or read, what is read is in range, and a snapshot of it, as brokerd
  * writes one at start, reads back to the same leases, token marks, rests and member counts, with nothing
  * damaged. Each input is read twice: as it is, and with every line's CRC made to match (a mutation seldom
- * keeps one, and the records behind it are the reader's harder part). The file goes through a directory of
- * its own, made once per process. */
+ * keeps one, and the records behind it are the reader's harder part). */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "crc32-reference.h"
-#include "fs-util.h"
 #include "lease-log.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define check(expr)                                                              \
-        do {                                                                     \
-                if (!(expr)) {                                                   \
-                        fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, #expr); \
-                        abort();                                                 \
-                }                                                                \
-        } while (0)
-
-static char input_dir[] = "/tmp/fuzz-lease-log.XXXXXX", snapshot_dir[] = "/tmp/fuzz-lease-log.XXXXXX";
-
-static void cleanup(void) {
-        char path[128];
-        const char *dirs[] = { input_dir, snapshot_dir };
-        for (size_t i = 0; i < 2; i++) {
-                snprintf(path, sizeof path, "%s/" LEASE_LOG_FILE, dirs[i]);
-                (void) unlink(path);
-                (void) rmdir(dirs[i]);
-        }
-}
-
-static void write_input(const uint8_t *data, size_t size) {
-        char path[128];
-        snprintf(path, sizeof path, "%s/" LEASE_LOG_FILE, input_dir);
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        check(fd >= 0);
-        check(fd_write_all(fd, data, size) == 0 || size == 0);
-        close(fd);
-}
+#include "fuzz.h"
 
 static const HistoryLeaseRow *lease_by_id(const HistoryState *s, const char *id) {
         for (size_t i = 0; i < s->n_leases; i++)
@@ -85,12 +51,6 @@ static uint8_t *with_crcs(const uint8_t *data, size_t size) {
 static void read_and_snapshot(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-        static bool made;
-        if (!made) {
-                check(mkdtemp(input_dir) && mkdtemp(snapshot_dir));
-                atexit(cleanup);
-                made = true;
-        }
         read_and_snapshot(data, size);
         uint8_t *fixed = with_crcs(data, size);
         read_and_snapshot(fixed, size);
@@ -99,7 +59,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 }
 
 static void read_and_snapshot(const uint8_t *data, size_t size) {
-        write_input(data, size);
+        const FuzzDirs *dirs = fuzz_dirs(LEASE_LOG_FILE);
+        const char *input_dir = dirs->input, *snapshot_dir = dirs->output;
+        fuzz_write_file(input_dir, LEASE_LOG_FILE, data, size);
 
         HistoryState s = {}, back = {};
         LeaseLogRead info = {}, info_back = {};

@@ -1,40 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /* fuzz-member-state.c — the state directory's members.state as a start reads it (member_state_read()):
  * whatever the bytes, it is refused whole or read, and what is read is written and reads back the same,
- * entry for entry. The files go through directories of their own, made once per process. */
+ * entry for entry. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "fs-util.h"
 #include "macro.h"
 #include "member-state.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define check(expr)                                                              \
-        do {                                                                     \
-                if (!(expr)) {                                                   \
-                        fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, #expr); \
-                        abort();                                                 \
-                }                                                                \
-        } while (0)
-
-static char input_dir[] = "/tmp/fuzz-member-state.XXXXXX", written_dir[] = "/tmp/fuzz-member-state.XXXXXX";
-
-static void cleanup(void) {
-        char path[128];
-        const char *dirs[] = { input_dir, written_dir };
-        for (size_t i = 0; i < ELEMENTSOF(dirs); i++) {
-                snprintf(path, sizeof path, "%s/" MEMBER_STATE_FILE, dirs[i]);
-                (void) unlink(path);
-                (void) rmdir(dirs[i]);
-        }
-}
+#include "fuzz.h"
 
 static bool entries_equal(const MemberStateEntry *a, const MemberStateEntry *b) {
         return streq(a->pool, b->pool) && streq_ptr(a->member, b->member) && a->drained == b->drained &&
@@ -47,18 +23,9 @@ static bool entries_equal(const MemberStateEntry *a, const MemberStateEntry *b) 
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-        static bool made;
-        char path[128];
-        if (!made) {
-                check(mkdtemp(input_dir) && mkdtemp(written_dir));
-                atexit(cleanup);
-                made = true;
-        }
-        snprintf(path, sizeof path, "%s/" MEMBER_STATE_FILE, input_dir);
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        check(fd >= 0);
-        check(size == 0 || fd_write_all(fd, data, size) == 0);
-        close(fd);
+        const FuzzDirs *dirs = fuzz_dirs(MEMBER_STATE_FILE);
+        const char *input_dir = dirs->input, *written_dir = dirs->output;
+        fuzz_write_file(input_dir, MEMBER_STATE_FILE, data, size);
 
         MemberStateEntry *e = NULL, *back = NULL;
         size_t n = 0, n_back = 0;

@@ -32,16 +32,7 @@
 #include <string.h>
 
 #include "pool-shared.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define check(expr)                                                              \
-        do {                                                                     \
-                if (!(expr)) {                                                   \
-                        fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, #expr); \
-                        abort();                                                 \
-                }                                                                \
-        } while (0)
+#include "fuzz.h"
 
 #define LIMIT 3
 #define VALUES_MAX 4096

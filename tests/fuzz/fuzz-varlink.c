@@ -11,16 +11,7 @@
 
 #include "varlink-tree.h"
 #include "varlink.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define check(expr)                                                              \
-        do {                                                                     \
-                if (!(expr)) {                                                   \
-                        fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, #expr); \
-                        abort();                                                 \
-                }                                                                \
-        } while (0)
+#include "fuzz.h"
 
 /* Wire bytes back into a message: must give the same JSON. */
 static void check_round_trip(const char *wire, size_t size, const json_t *expected) {
