@@ -11,8 +11,10 @@
 --       [11] token floor ("-": none; else tokens continue above floor − 1: the node sends it with every
 --       tick, one above the highest token it passed on)   [12] a new epoch (random
 --       hex, used only if the pool's keys must be made)   [13] reclaimed: "1" Redis has every lease the
---       node holds (no reclaim pending), "0" not yet   [14] page_lo   [15] page_hi ("": no reconcile;
---       "-"/"+": open ends)   [16…] the node's rids in [page_lo, page_hi], at most RECONCILE_PAGE
+--       node holds (no reclaim pending), "0" not yet; either followed by "k" while the node cannot account
+--       for its leases (its state directory unread, or damaged: SPEC §3.4)   [14] page_lo   [15] page_hi
+--       ("": no reconcile; "-"/"+": open ends)   [16…] the node's rids in [page_lo, page_hi], at most
+--       RECONCILE_PAGE
 -- Decides: a wanted canon that is not rules (prelude.lua, rules_from(); "=": the node hash's) → "canon",
 --       nothing else done. No meta.epoch → the pool is new or Redis lost it: whatever else of it Redis still
 --       has is dropped (prelude.lua, pool_wipe()), and its keys are made with the caller's epoch,
@@ -27,7 +29,8 @@
 --       (leases granted under agreed rules keep heartbeating). The token floor raises the counter (before
 --       this call's grants). The reconcile page drops this node's records in [page_lo, page_hi] that the
 --       page does not list: a waiter at once; a lease becomes an orphan that lapses one node TTL later
---       (prelude.lua, lease_orphan(): the node cannot account for it, its holder may still run). The
+--       (prelude.lua, lease_orphan(): the node cannot account for it, its holder may still run), or, with
+--       "k", stays the node's as it is (its holder may run past any lapse: nobody could fence it). The
 --       caller's incarnation (ARGV[2]) becomes the registered one. Inside a recovery window that waits for its nodes
 --       (prelude.lua, "recovery windows"): reclaimed "1" takes the node off the wait, and the last one
 --       ends the window now (1 s after it opened at the earliest); "0" adds it. Then the instant at
@@ -41,7 +44,7 @@
 --       an adoption that lays held slots out again: O(slots held) once.
 
 local NAME, CANON_ARG = ARGV[6], ARGV[7]
-local FLOOR, NEW_EPOCH, RECLAIMED = ARGV[11], ARGV[12], ARGV[13] == '1'
+local FLOOR, NEW_EPOCH, RECLAIMED = ARGV[11], ARGV[12], string.sub(ARGV[13] or '', 1, 1) == '1'
 local PAGE_LO, PAGE_HI = ARGV[14] or '', ARGV[15] or ''
 local TOKEN_MAX = 2 ^ 53 -- tokens are exact integers below it (README, "Conventions")
 
@@ -180,7 +183,7 @@ end
 
 local function reconcile()
         if PAGE_LO == '' then return '' end
-        local listed = {}
+        local listed, keep_leases = {}, string.sub(ARGV[13] or '', 2) == 'k'
         for i = 16, #ARGV do listed[ARGV[i]] = true end
         local lo = PAGE_LO == '-' and '-' or '[' .. PAGE_LO
         local hi = PAGE_HI == '+' and '+' or '[' .. PAGE_HI
@@ -189,7 +192,8 @@ local function reconcile()
                 if not listed[rid] then
                         local kind, rec = ref_follow(NODE, rid, redis.call('HGET', K.rid, NODE .. ':' .. rid))
                         if kind == 'w' and rec then waiter_unlink(rec)
-                        elseif kind == 'l' and rec then lease_orphan(rec)
+                        elseif kind == 'l' and rec then
+                                if not keep_leases then lease_orphan(rec) end
                         else redis.call('ZREM', k_records(NODE), rid) end -- no record behind it: no fingerprint
                 end
         end

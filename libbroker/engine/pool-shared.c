@@ -182,6 +182,9 @@ typedef struct SharedPool {
         unsigned fp_mismatches;
         char *reconcile_from;  /* a paged reconcile in progress: the next page starts here */
         usec_t reconciled_at;  /* monotonic: the last whole reconcile done or fingerprint compared; 0 none */
+        /* The node cannot account for its leases (its state not read, or damaged: SPEC §3.4): a reconcile
+         * leaves the leases Redis holds for it and it does not list as they are (ARGV[13] "…k"). */
+        bool records_unknown;
 
         Cache cache;
         bool congested;        /* as last emitted */
@@ -621,10 +624,17 @@ static int call_set_arg(Call *c, size_t i, const char *value) {
         return 0;
 }
 
-/* A tick's reclaimed flag (ARGV[13]): a tick queued before a Redis restart and sent again after it must
- * not end the window that the restart opens. */
-static int call_set_reclaimed(Call *c, bool value) {
-        return c->script == SHARED_SCRIPT_TICK ? call_set_arg(c, 13, value ? "1" : "0") : 0;
+/* A tick's ARGV[13] (lua/README, tick): reclaimed "1" or "0", and "k" while the node cannot account for its
+ * leases (pool_shared_set_records_unknown()). */
+static const char *tick_reclaimed_arg(const SharedPool *p) {
+        static const char *const values[2][2] = { { "0", "0k" }, { "1", "1k" } };
+        return values[reclaimed(p)][p->records_unknown];
+}
+
+/* … made as of its sending: a tick queued before a Redis restart and sent again after it must not end the
+ * window that the restart opens. */
+static int call_set_reclaimed(Call *c, const SharedPool *p) {
+        return c->script == SHARED_SCRIPT_TICK ? call_set_arg(c, 13, tick_reclaimed_arg(p)) : 0;
 }
 
 /* ARGV[4] is the run id of the link a call goes out on, not of the one it was queued under: a reclaim
@@ -700,7 +710,7 @@ static Call *batch_make(SharedPool *p, Call *first, usec_t now) {
                 if (c->sent || c->held || (!c->wait && c->script != SHARED_SCRIPT_TICK && !pool_serves(p)))
                         continue;
                 if (!call_batchable(c) || call_set_run_id(c, p->run_id) < 0 ||
-                    call_set_reclaimed(c, reclaimed(p)) < 0 || !call_same_head(first, c))
+                    call_set_reclaimed(c, p) < 0 || !call_same_head(first, c))
                         break;
                 size_t more = call_batch_bytes(c);
                 if (bytes + more > SHARED_BATCH_BYTES_MAX)
@@ -829,7 +839,7 @@ bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
         Call *c = outbox_next(p);
         if (!c)
                 return false;
-        if (!c->wait && (call_set_run_id(c, p->run_id) < 0 || call_set_reclaimed(c, reclaimed(p)) < 0))
+        if (!c->wait && (call_set_run_id(c, p->run_id) < 0 || call_set_reclaimed(c, p) < 0))
                 return false; /* out of memory: tried again at the next wake-up */
         c->sent = c->ever_sent = true;
         c->sent_at = now;
@@ -877,7 +887,7 @@ static int queue_tick(SharedPool *p, bool run, usec_t now) {
             (r = call_add(c, "%" PRIu32, p->fp.s)) < 0 ||
             (r = call_add(c, "%s", floor)) < 0 ||
             (r = call_add(c, "%s", epoch)) < 0 ||
-            (r = call_add(c, "%d", reclaimed(p))) < 0)
+            (r = call_add(c, "%s", tick_reclaimed_arg(p))) < 0)
                 goto fail;
         if (p->reconcile_from) {
                 /* One page of this node's rids from reconcile_from on: the script drops the records of the
@@ -2446,7 +2456,7 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
                 reclaim_all(p, now);
         }
         state_set(p, has_provisional(p) ? SHARED_STATE_RECLAIMING : SHARED_STATE_UP);
-        if (streq(c->argv[13], "0"))
+        if (c->argv[13][0] == '0')
                 tell_reclaimed(p, now);
 
         /* Reconcile: a page answered moves the cursor on; "" means the page's whole range was done. */
@@ -2503,6 +2513,10 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
         if (++p->fp_mismatches < 2)
                 return;
         p->fp_mismatches = 0;
+        /* Not accounting for its leases, the node differs from Redis by the ones it keeps there: a reconcile
+         * would change nothing, and comes at the busy node's period instead. */
+        if (p->records_unknown && p->reconciled_at > 0 && now < usec_add(p->reconciled_at, SHARED_RECONCILE_PERIOD))
+                return;
         (void) queue_positions(p, true, now);
         if (!p->reconcile_from && (p->reconcile_from = strdup("-")))
                 (void) queue_tick(p, false, now);
@@ -3144,6 +3158,17 @@ bool pool_shared_is_settled(const Pool *base) {
 
 void pool_shared_set_revoke_grace(Pool *base, usec_t revoke_grace) {
         SHARED(base)->params.revoke_grace = revoke_grace;
+}
+
+void pool_shared_set_records_unknown(Pool *base, bool unknown) {
+        SharedPool *p = SHARED(base);
+        if (p->records_unknown == unknown)
+                return;
+        p->records_unknown = unknown;
+        /* Accounting again: what Redis holds for this node and it does not list becomes an orphan now, by a
+         * whole reconcile (one in progress goes on, its pages from now on without "k"). */
+        if (!unknown && !p->reconcile_from)
+                p->reconcile_from = strdup("-"); /* out of memory: the fingerprint finds it later */
 }
 
 usec_t pool_shared_fence_ttl(const Pool *base) {

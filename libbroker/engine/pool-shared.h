@@ -236,6 +236,12 @@ bool pool_shared_stream_is_read(const Pool *p);
  * deadline earlier), as the revocations' SIGKILL does. */
 void pool_shared_set_revoke_grace(Pool *p, usec_t revoke_grace);
 
+/* Whether this node can account for its leases (SPEC §3.4): while it cannot (its state directory not read
+ * yet, or recording damage), a reconcile keeps the leases Redis holds for it that it does not list, held
+ * while the node lives, instead of making them orphans that lapse a TTL later while their holders may run.
+ * Back to false, a whole reconcile follows. New pools start accounting (false). */
+void pool_shared_set_records_unknown(Pool *p, bool unknown);
+
 /* Liveness per node: whether the driver's renewal may name this pool (production clock, its last tick
  * answered "ok" or "rules" for this incarnation since the link came up); its key ("{sb:NAME}"); how often
  * the driver must renew it (the shortest over the pools a renewal names); and the renewal's answer for it,

@@ -1671,6 +1671,40 @@ static void test_fingerprint_mismatch_twice_reconciles(void **state) {
         assert_string_equal(arg(t, 14), "");
 }
 
+/* SPEC §3.4: a node that cannot account for its leases (brokerd: its state directory unread, or state.damaged)
+ * says so with every tick ("k"), so that a reconcile keeps what Redis holds for it instead of orphaning it; its
+ * fingerprint differs meanwhile by what Redis keeps, which reconciles no more often than a busy node does.
+ * Accounting again, the next tick reconciles in full, without "k". */
+static void test_a_node_that_cannot_account_keeps_its_records_and_reconciles_once_it_can(void **state) {
+        Fixture *f = *state;
+        pool_shared_set_records_unknown(f->pool, true);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 13), "1k");
+        assert_string_equal(arg(c, 14), "-");
+        assert_string_equal(arg(c, 15), "+");
+        /* Redis keeps a lease this node cannot name: n = 1 there, 0 here, at every heartbeat. */
+        uint32_t h = fnv1a32("00000000000000ff", 'l');
+        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(1, 0, 0, -1, "")), S(1), S(1));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        for (int i = 0; i < 3; i++) {
+                f->pool->ops->run(f->pool, S(2 + i));
+                c = take(f, SHARED_SCRIPT_TICK);
+                assert_string_equal(arg(c, 13), "1k");
+                assert_string_equal(arg(c, 14), ""); /* no page: it would change nothing */
+                done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(1, 0, 0, -1, "")),
+                     S(2 + i), S(2 + i));
+                no_call(f);
+        }
+        pool_shared_set_records_unknown(f->pool, false);
+        f->pool->ops->run(f->pool, S(5));
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 13), "1");
+        assert_string_equal(arg(c, 14), "-");
+        assert_string_equal(arg(c, 15), "+");
+        assert_int_equal(c->argc, 16);
+}
+
 /* A node whose heartbeats always find another call in flight never compares its fingerprint: it reconciles
  * in full at SHARED_RECONCILE_PERIOD all the same (lua/README, "Fingerprint"), and only then. */
 static void test_busy_node_reconciles_at_a_bounded_period(void **state) {
@@ -4123,6 +4157,7 @@ int main(void) {
                 T(test_lost_stream_entry_found_by_the_positions_round),
                 T(test_positions_round_updates_places),
                 T(test_fingerprint_mismatch_twice_reconciles),
+                T(test_a_node_that_cannot_account_keeps_its_records_and_reconciles_once_it_can),
                 T(test_busy_node_reconciles_at_a_bounded_period),
                 T(test_a_settling_reconcile_tick_lists_what_was_sent_behind_it),
                 T(test_status_snapshot_from_the_cache),

@@ -2038,6 +2038,46 @@ static void test_reconcile_drops_what_the_node_no_longer_has(void **state) {
         freeReplyObject(a);
 }
 
+/* SPEC §3.4: a node that cannot account for its leases (its state directory unread, or damaged) reconciles
+ * with "k": the lease its page misses stays its own, held while it lives, instead of an orphan that lapses a
+ * TTL later while its holder may run. Accounting again ("1" without "k"), the same page makes it one. */
+static void test_a_node_that_cannot_account_keeps_the_leases_its_page_misses(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
+        redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
+        freeReplyObject(a);
+        expect_verdict("w", 1000, "ci", 1, "queued");
+        expect_verdict("x", 1000, "ci", 1, "queued");
+        tick_ok("n1", 1000, "=");
+        redisReply *t = call("tick", "n1", 2000, 1, "n1", "=", "0", "0", "0", "-", "e1", "1k", "-", "+", "x", NULL);
+        assert_string_equal(status(t), "ok");
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        assert_int_equal(cache(t, C_WAITING), 1); /* w's record went at once, as ever */
+        /* Still the node's: counted in its fingerprint (a and x), not an orphan, no lapse to wake for. */
+        const redisReply *fp = body(t)->element[5];
+        assert_int_equal(fp->element[0]->integer, 2);
+        assert_int_equal(fp->element[1]->integer, fnv1a32("al") ^ fnv1a32("xw"));
+        freeReplyObject(t);
+        redisReply *o = redisCommand(redis, "ZCARD " POOL ":orph");
+        assert_int_equal(o->integer, 0);
+        freeReplyObject(o);
+        /* A TTL on, the node alive (its heartbeats): nothing lapsed, x still waits. */
+        tick_ok("n1", 2000 + 16 * SEC, "=");
+        t = tick_as("n1", 2000 + 31 * SEC, "=");
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        assert_int_equal(n_events(t), 0);
+        freeReplyObject(t);
+        /* Accounting again: the page orphans a, which lapses one TTL after that, and x gets the slot. */
+        t = call("tick", "n1", 2000 + 32 * SEC, 1, "n1", "=", "0", "0", "0", "-", "e1", "1", "-", "+", "x", NULL);
+        assert_int_equal(cache(t, C_IN_USE), 1);
+        assert_int_equal(cache(t, C_NEXT_WAKEUP), 2000 + 62 * SEC);
+        freeReplyObject(t);
+        t = tick_as("n1", 2000 + 62 * SEC, "=");
+        assert_int_equal(n_events(t), 1);
+        assert_string_equal(field_s(event(t, 0), D_VERDICT), "granted");
+        assert_string_equal(field_s(event(t, 0), D_RID), "x");
+        freeReplyObject(t);
+}
+
 static void test_an_orphan_released_by_its_node_is_freed_at_once(void **state) {
         tick_ok("n1", 1000, CANON_ONE_LANE "limit=1\n");
         redisReply *a = submit_at(1000, "a", "ci", 1, true, -1);
@@ -5678,6 +5718,7 @@ int main(int argc, char *argv[]) {
                 T(test_an_unregistered_node_or_another_version_is_refused),
                 T(test_reconcile_drops_what_the_node_no_longer_has),
                 T(test_an_orphan_released_by_its_node_is_freed_at_once),
+                T(test_a_node_that_cannot_account_keeps_the_leases_its_page_misses),
                 T(test_a_second_live_incarnation_is_refused_before_anything),
                 T(test_a_key_lost_never_grants_a_held_slot_twice),
                 T(test_reconcile_and_positions_are_paged),
