@@ -1022,6 +1022,8 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
                         .call_order = &b->call_order,
                 };
                 r = pool_shared_new(name, &bp->params, emit, emit_userdata, &bp->pool);
+                if (r >= 0)
+                        pool_shared_set_records_unknown(bp->pool, t->records_unknown);
         }
         if (r < 0) {
                 free(bp);
@@ -1114,6 +1116,18 @@ bool backend_table_where(const BackendTable *t, const char *pool, BackendWhere *
                 }
         }
         return found;
+}
+
+void backend_table_set_records_unknown(BackendTable *t, bool unknown) {
+        if (t->records_unknown == unknown)
+                return;
+        t->records_unknown = unknown;
+        for (size_t i = 0; i < t->n_backends; i++) {
+                Backend *b = t->backends[i];
+                for (size_t j = 0; j < b->n_pools; j++)
+                        pool_shared_set_records_unknown(b->pools[j]->pool, unknown);
+                backend_after(b); /* a reconcile to send */
+        }
 }
 
 void backend_table_set_revoke_grace(BackendTable *t, usec_t revoke_grace) {

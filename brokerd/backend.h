@@ -28,6 +28,7 @@ typedef struct BackendTable {
         sd_event *event;
         const Node *node;               /* the owner's; outlives the table */
         usec_t revoke_grace;            /* [broker] revoke-grace: part of the self-fence margin */
+        bool records_unknown;           /* the node cannot account for its leases: pool_shared_set_records_unknown() */
         uint64_t (*random)(void *userdata);
         /* A notice of pool `pool` (backend lost/regained, node expired, rules, recovery, fenced). */
         void (*on_notice)(const char *pool, const SharedNotice *n, void *userdata);
@@ -89,6 +90,9 @@ bool backend_table_where(const BackendTable *t, const char *pool, BackendWhere *
 /* [broker] revoke-grace= at start and at each reload: every shared pool's self-fence margin, the retired
  * ones' too. */
 void backend_table_set_revoke_grace(BackendTable *t, usec_t revoke_grace);
+/* Whether this node can account for the leases Redis holds for it (SPEC §3.4: its state directory read, and
+ * no state.damaged): every pool, and the pools made later, follow (pool_shared_set_records_unknown()). */
+void backend_table_set_records_unknown(BackendTable *t, bool unknown);
 
 /* Whether a pool on one of the backends still owes Redis a withdraw or release it can deliver
  * (pool_shared_giving_back()): a clean stop keeps the loop running, bounded, until this is false. */

@@ -1711,6 +1711,10 @@ static void manager_check_damage(Manager *m) {
         if (damaged != m->persistence.damaged)
                 m->status_dirty = true;
         m->persistence.damaged = damaged;
+#if HAVE_REDIS
+        /* Nor does Redis hand on what this node held and cannot name (manager_start() set it while unread). */
+        backend_table_set_records_unknown(&m->backends, !m->persistence.state_loaded || damaged);
+#endif
         persistence_recovered(&m->persistence);
 }
 
@@ -1991,6 +1995,9 @@ int manager_new(const ManagerOptions *o, Manager **ret) {
         m->leases.engine = m->engine;
 #if HAVE_REDIS
         backend_table_init(&m->backends, m->event, &m->node);
+        /* Until the lease log is read (manager_check_damage()), a reconcile keeps what Redis holds for this
+         * node: a restart whose state cannot be read must not have Redis hand its leases on a TTL later. */
+        backend_table_set_records_unknown(&m->backends, true);
         m->backends.random = manager_random;
         m->backends.on_notice = on_backend_notice;
         m->backends.on_rtt = on_backend_rtt;

@@ -48,6 +48,19 @@ def read_text(path):
 
 # ---- waiting on conditions ----
 
+def damage_lease_line(state_dir, lease_id):
+    """Changes the text of the one lease-log line that names lease_id, its CRC kept: a line that does not check
+    out (brokerd(8): such a lease is not known after a restart)."""
+    path = os.path.join(state_dir, "leases.log")
+    with open(path) as f:
+        lines = f.read().splitlines(keepends=True)
+    at = [i for i, line in enumerate(lines) if '"lease":' in line and lease_id in line]
+    assert len(at) == 1, lines
+    lines[at[0]] = lines[at[0]].replace(lease_id, lease_id[::-1])
+    with open(path, "w") as f:
+        f.write("".join(lines))
+
+
 def children_of(pid):
     """The pids of pid's children (none when it is gone)."""
     try:

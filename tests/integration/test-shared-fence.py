@@ -12,6 +12,10 @@ depend on slotctl alone").
 - The same with a command that ignores SIGTERM: SIGKILL after revoke-grace, still before Redis frees it.
 - `slotctl acquire --detach` on a shared pool: nobody could fence it, so it is refused (InvalidParameter,
   slotctl exits 64) with a message that says why; on a local pool it is granted as before.
+- SPEC §3.4 on a shared pool: A's lease-log line of such a command's lease is damaged while A is down. A
+  restarts without the lease (state.damaged), so nobody can fence the command; its first reconcile used to
+  make the lease an orphan that lapsed a TTL later, and B granted the slot while the command ran. Redis now
+  keeps it as A's while the file exists, and hands it on only a TTL after the file is removed.
 
 Usage: test-shared-fence.py BROKERD SLOTCTL [unittest arguments]
 """
@@ -57,6 +61,10 @@ policy = wait
 
 [lane here]
 pools = here
+
+[lane probe]
+pools = one
+policy = fail-fast
 """
 
 
@@ -177,6 +185,50 @@ class TestSharedFence(harness.BrokerTestCase):
         body = 'trap "finish; trap \\"\\" TERM" TERM; while true; do sleep 0.1; done'
         a, _ = self.fence_orphan(body)
         self.assertIn("sent SIGKILL", a.log())
+
+    def test_a_damaged_lease_line_keeps_its_slot_held_in_redis_until_its_file_is_removed(self):
+        a, b = self.brokers()
+        on_a = self.run_witness(a, "on-a", "while true; do sleep 0.1; done")
+        wait_for(lambda: self.witness.started("on-a"), timeout=TTL + 30, message="the command on A to start")
+        lease = a.status()["holders"][0]["lease"]
+        # slotctl goes (the command runs on, held by A alone), then A crashes: its lease log keeps the lease.
+        on_a.kill()
+        on_a.wait()
+        pids = self.command_pids("on-a")
+        self.assertTrue(pids, "the command on A died with slotctl")
+        self.addCleanup(lambda: harness.group_alive(min(pids)) and os.killpg(min(pids), signal.SIGKILL))
+        wait_for(lambda: not a.client_connections() or None, timeout=10, message="slotctl's connection gone")
+        a.crash()
+        harness.damage_lease_line(a.state_dir, lease["id"])
+
+        a.start()
+        wait_for(lambda: a.pool("one")["backend"]["up"], timeout=30, message="A's backend up again")
+        self.assertIn("1 damaged line(s) skipped", a.log())
+        self.assertEqual(a.status()["holders"], [], "A cannot name the lease")
+        # A's registering tick carried its whole reconcile: Redis kept the lease as A's, no orphan to lapse.
+        self.assertEqual(self.redis.call("ZCARD", "{sb:one}:orph"), 0, "the lease became an orphan")
+        self.assertEqual(self.redis.call("HLEN", "{sb:one}:h"), 1)
+        # Past a TTL (when an orphan would have lapsed), the slot is still held: B's request is refused.
+        held_until = time.monotonic() + TTL + 2
+        while True:
+            probe = subprocess.run([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "probe", "--", "true"],
+                                   capture_output=True, text=True, timeout=30)
+            self.assertEqual(probe.returncode, 75, "B was granted the slot A's command holds: " + probe.stderr)
+            if time.monotonic() > held_until:
+                break
+            time.sleep(1)  # a request a second: what a CI runner's retries look like
+        self.assertTrue(harness.group_alive(min(pids)), "the command on A ended by itself")
+
+        # The operator stops the job, then removes the file: the lease becomes an orphan, and lapses one TTL on.
+        os.killpg(min(pids), signal.SIGKILL)
+        wait_for(lambda: reap() or not self.command_pids("on-a") or None, timeout=5, message="A's command gone")
+        os.unlink(os.path.join(a.state_dir, "state.damaged"))
+        wait_for(lambda: "state.damaged was removed: granting again" in a.log() or None, timeout=10,
+                 message="A to see the file gone")
+        wait_for(lambda: subprocess.run([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "probe", "--", "true"],
+                                        capture_output=True, timeout=30).returncode == 0 or None,
+                 timeout=TTL + 15, interval=0.5, message="B to get the slot a TTL after the file went")
+        self.witness.check_shared(self, {"one": 1})
 
     def test_detached_lease_refused_on_shared_pool(self):
         a, _ = self.brokers()
