@@ -23,7 +23,8 @@
 -- again by call_begin(), at the start of each call: a library's locals outlive its calls.
 local P, K
 -- A prefix's key names, kept by a library (KEYS_OF_MAX prefixes at most). (This block's own locals, as the
--- other do-blocks below: the main chunk is near Lua's 200 locals, which the library's functions add to.)
+-- other do-blocks below: Lua allows the main chunk 200 locals, and the library's functions add to this
+-- file's; what only the functions of one block use is local to it, README "Building and loading".)
 local keys_of
 do
         local KEYS_OF, KEYS_OF_N, KEYS_OF_MAX = {}, 0, 1024
@@ -69,15 +70,11 @@ local rests = {}
 local SETS = {}
 
 local VERSION = 1
-local SETTLE_MAX = 64
 local POSITIONS_MAX = 256
 local RECONCILE_PAGE = 512
-local REAP_PAGE = 128
-local STREAM_MAXLEN = 4096
 -- An immediate refusal's outcome key (issue 19 i): it changed nothing, so it is kept only for the retry of
 -- a lost reply (the command deadline, 2 s, plus a reconnect, up to 5 s, plus margin), not a node TTL.
 local REFUSED_OUTCOME_MS = 10000
-local OUTCOME_TRIM_PAGE = 128   -- expired outcome records a call drops at most (the caller's own)
 local USEC_PER_SEC = 1000000
 local CLOCK_GAP = 2 * USEC_PER_SEC
 -- Liveness per node (README, "Liveness per node"): keys outside the pool's hash tag, one per backend and one
@@ -95,7 +92,6 @@ local EXTEND_PAGE = 64         -- registrations re-scored from their live keys p
 -- run slow (its dead found late). A renewal says its period; sb:clock keeps the longest one's gap
 -- (CLOCK_GAP, 2 s, as before while every node renews every second; at most BCLOCK_GAP_MAX).
 local BCLOCK_GAP_MAX = 17 * USEC_PER_SEC
-local RECOVERY_MIN = USEC_PER_SEC  -- a recovery window that waits for its nodes lasts at least this
 local INF = 1 / 0              -- math.huge (a library may read no global at load): an unbounded budget; -1 on the wire
 
 local NODE, INCARNATION, PREVIOUS   -- call_begin()
@@ -142,7 +138,7 @@ local function istr(n) return string.format('%d', n) end
 -- and its release pass four positions and two identities), a lookup costs a few dozen. Anything else
 -- (a later position, or garbage from a record) is passed on as it is.
 local slot_pos, slot_identity
-do -- (the tables local to this block: the main chunk is near Lua's 200 locals)
+do -- (the tables local to this block: Lua allows the main chunk 200 locals)
         local MAX, POS, ID = 1024, {}, {}
         slot_pos = function(pos)
                 local s = POS[pos]
@@ -168,21 +164,18 @@ local function unwire(s)
 end
 local function usec_add(a, b) if a == INF or b == INF then return INF end return a + b end
 
--- One unit of work; false when the call's budget is spent.
-local function step()
-        if steps >= SETTLE_MAX then return false end
-        steps = steps + 1
-        return true
+local step
+do -- (SETTLE_MAX local to this block: Lua allows the main chunk 200 locals)
+        local SETTLE_MAX = 64
+        -- One unit of work; false when the call's budget is spent.
+        step = function()
+                if steps >= SETTLE_MAX then return false end
+                steps = steps + 1
+                return true
+        end
 end
 
 ---------------------------------------------------------------------------------------------- meta
-
-local META_NUMBERS = {
-        'version', 'recovery_until', 'last_fast', 'congested', 'counter', 'seq', 'in_use', 'waiting',
-        'drained', 'drained_free', 'phase', 'running', 'recovery_set', 'recovery_from', 'leases', 'nodes',
-        'integrity', 'selective',
-        'resting_free', 'rest_max',
-}
 
 -- Changes to meta, lane counters and fingerprints are kept here and written once, by flush() (every
 -- reply does it): a grant touches each of them, and a command costs more than the Lua around it.
@@ -190,24 +183,34 @@ local META_NUMBERS = {
 -- what it holds is not written again (an idle tick's instant sets and clears the same fields).
 local meta_dirty, meta_stored
 
-local function meta_load()
-        local a = redis.call('HGETALL', K.meta)
-        for i = 1, #a, 2 do
-                M[a[i]] = a[i + 1]
-                meta_stored[a[i]] = a[i + 1]
-        end
-        for i = 1, #META_NUMBERS do -- (not ipairs(): a call an iteration, once a call)
-                local f = META_NUMBERS[i]
-                local v = tonumber(M[f] or '0')
-                -- Not a finite number (anyone may write meta): 0 for now, and the pool is lost
-                -- (integrity_lost()), made anew under a recovery window, this 0 written over it. A version
-                -- is refused instead ("version").
-                if not (v and v == v and v > -INF and v < INF) and f ~= 'version' then
-                        v, M.garbage, meta_dirty[f] = 0, f, true
+local meta_load
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        local META_NUMBERS = {
+                'version', 'recovery_until', 'last_fast', 'congested', 'counter', 'seq', 'in_use', 'waiting',
+                'drained', 'drained_free', 'phase', 'running', 'recovery_set', 'recovery_from', 'leases', 'nodes',
+                'integrity', 'selective',
+                'resting_free', 'rest_max',
+        }
+
+        meta_load = function()
+                local a = redis.call('HGETALL', K.meta)
+                for i = 1, #a, 2 do
+                        M[a[i]] = a[i + 1]
+                        meta_stored[a[i]] = a[i + 1]
                 end
-                M[f] = v
+                for i = 1, #META_NUMBERS do -- (not ipairs(): a call an iteration, once a call)
+                        local f = META_NUMBERS[i]
+                        local v = tonumber(M[f] or '0')
+                        -- Not a finite number (anyone may write meta): 0 for now, and the pool is lost
+                        -- (integrity_lost()), made anew under a recovery window, this 0 written over it. A version
+                        -- is refused instead ("version").
+                        if not (v and v == v and v > -INF and v < INF) and f ~= 'version' then
+                                v, M.garbage, meta_dirty[f] = 0, f, true
+                        end
+                        M[f] = v
+                end
+                M.unsettled_at = tonumber(M.unsettled_at or '')   -- nil: settled
         end
-        M.unsettled_at = tonumber(M.unsettled_at or '')   -- nil: settled
 end
 
 local function meta_set(field, value)
@@ -235,81 +238,84 @@ end
 -- every lane (priority INT_MAX, as pool-local.c has it), no cap, no reserve; not in the canon (README,
 -- "Reservations"). A canon that names it keeps its own (garbage: no node sends one).
 local RESERVE_LANE = '@reserve'
-local function rules_reserve_lane(r)
-        if r.lanes[RESERVE_LANE] then return end
-        r.lanes[RESERVE_LANE] = { priority = 2147483647, max_in_use = -1, reserve = 0 }
-        r.lane_names[#r.lane_names + 1] = RESERVE_LANE
-end
+local rules_from
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        local function rules_reserve_lane(r)
+                if r.lanes[RESERVE_LANE] then return end
+                r.lanes[RESERVE_LANE] = { priority = 2147483647, max_in_use = -1, reserve = 0 }
+                r.lane_names[#r.lane_names + 1] = RESERVE_LANE
+        end
 
--- label.NAME=MEMBER,… (SPEC §3.5): r.labels[NAME][MEMBER] = true; r.sel: selector_members()'s cache.
-local function rules_labels(r, t)
-        r.labels, r.sel, r.n_sel = {}, {}, 0
-        for k, v in pairs(t) do
-                local name = string.match(k, '^label%.(.+)$')
-                if name then
-                        r.labels[name] = {}
-                        for m in string.gmatch(v, '[^,]+') do r.labels[name][m] = true end
-                end
-        end
-end
-
--- The rules of a canon (README, "Rules canon"), or nil when it is not rules: every number must be an integer
--- in decimal ("-" first for a negative) within what shared-rules.c can write from its C types (libbroker/conf.c
--- allows less; test rigs write more, a TTL of 1000 days): a limit or reserve below 2^32, a priority a C int,
--- spans (TTL from 1 µs) below 2^63, exit codes 1..255. Anyone may write the stored canon: "limit=x" made
--- R.limit nil, a Lua error on every call once something was due, for good. A canon that is not rules is taken
--- as none (rules_load(): integrity_lost() says "rules", and the next tick stores its own); a tick whose wanted
--- canon is not rules is answered "canon" (tick.lua).
-local function rules_from(t)
-        local valid = true
-        local function num(s, lo, below, dflt) -- an integer lo <= n < below; absent: dflt
-                if s == nil then return dflt end
-                local n = #s <= 20 and string.find(s, '^%-?%d+$') and tonumber(s)
-                if not n or n < lo or n >= below then valid = false return dflt end
-                return n + 0 -- ("-0": 0, as every key name prints it)
-        end
-        local SPAN, U32 = 2 ^ 63, 2 ^ 32
-        local r = {
-                limit = num(t['limit'], 0, U32, 0),
-                members = nil,
-                q = num(t['queue-timeout'], 0, SPAN, nil),        -- nil: unset
-                congestion = num(t['queue-congestion-timeout'], 0, SPAN, nil),
-                max_queue = num(t['max-queue'], -1, SPAN, -1),
-                ttl = num(t['backend-node-ttl'], 1, SPAN, 30000000),
-                lanes = {},                                        -- name -> {priority, max_in_use, reserve}
-                lane_names = {},
-                -- µs; 0: none (SPEC §3.6); at most conf.c's 1 day, whatever a canon says
-                cooldown = math.min(num(t['cooldown'], 0, SPAN, 0), 86400 * USEC_PER_SEC),
-        }
-        if t['members'] and t['members'] ~= '' then
-                r.members = {}
-                for m in string.gmatch(t['members'], '[^,]+') do r.members[#r.members + 1] = m end
-        end
-        for k, v in pairs(t) do
-                local lane, attr = string.match(k, '^lane%.(.+)%.([%a-]+)$')
-                if lane then
-                        if not r.lanes[lane] then
-                                r.lanes[lane] = { priority = 0, max_in_use = -1, reserve = 0 }
-                                r.lane_names[#r.lane_names + 1] = lane
-                        end
-                        if attr == 'priority' then r.lanes[lane].priority = num(v, -2 ^ 31, 2 ^ 31, 0)
-                        elseif attr == 'max-in-use' then r.lanes[lane].max_in_use = num(v, -1, SPAN, -1)
-                        elseif attr == 'reserve' then r.lanes[lane].reserve = num(v, 0, U32, 0)
-                        elseif attr == 'queue-timeout' then num(v, -1, SPAN, -1) -- (agreed on, not used here)
-                        elseif attr == 'health' then
-                                -- "also": quarantined members first, else an ordinary request (HEALTH.first())
-                                r.lanes[lane].health, r.lanes[lane].health_also = v == '1', v == 'also'
+        -- label.NAME=MEMBER,… (SPEC §3.5): r.labels[NAME][MEMBER] = true; r.sel: selector_members()'s cache.
+        local function rules_labels(r, t)
+                r.labels, r.sel, r.n_sel = {}, {}, 0
+                for k, v in pairs(t) do
+                        local name = string.match(k, '^label%.(.+)$')
+                        if name then
+                                r.labels[name] = {}
+                                for m in string.gmatch(v, '[^,]+') do r.labels[name][m] = true end
                         end
                 end
         end
-        num(t['quarantine-after'], 1, U32, 1) -- (LIFE.rules() reads both)
-        for c in string.gmatch(t['quarantine-exit-codes'] or '', '[^,]+') do num(c, 1, 256, 1) end
-        if not valid then return nil end
-        rules_reserve_lane(r)
-        rules_labels(r, t)
-        table.sort(r.lane_names)
-        LIFE.rules(r, t)
-        return r
+
+        -- The rules of a canon (README, "Rules canon"), or nil when it is not rules: every number must be an integer
+        -- in decimal ("-" first for a negative) within what shared-rules.c can write from its C types (libbroker/conf.c
+        -- allows less; test rigs write more, a TTL of 1000 days): a limit or reserve below 2^32, a priority a C int,
+        -- spans (TTL from 1 µs) below 2^63, exit codes 1..255. Anyone may write the stored canon: "limit=x" made
+        -- R.limit nil, a Lua error on every call once something was due, for good. A canon that is not rules is taken
+        -- as none (rules_load(): integrity_lost() says "rules", and the next tick stores its own); a tick whose wanted
+        -- canon is not rules is answered "canon" (tick.lua).
+        rules_from = function(t)
+                local valid = true
+                local function num(s, lo, below, dflt) -- an integer lo <= n < below; absent: dflt
+                        if s == nil then return dflt end
+                        local n = #s <= 20 and string.find(s, '^%-?%d+$') and tonumber(s)
+                        if not n or n < lo or n >= below then valid = false return dflt end
+                        return n + 0 -- ("-0": 0, as every key name prints it)
+                end
+                local SPAN, U32 = 2 ^ 63, 2 ^ 32
+                local r = {
+                        limit = num(t['limit'], 0, U32, 0),
+                        members = nil,
+                        q = num(t['queue-timeout'], 0, SPAN, nil),        -- nil: unset
+                        congestion = num(t['queue-congestion-timeout'], 0, SPAN, nil),
+                        max_queue = num(t['max-queue'], -1, SPAN, -1),
+                        ttl = num(t['backend-node-ttl'], 1, SPAN, 30000000),
+                        lanes = {},                                        -- name -> {priority, max_in_use, reserve}
+                        lane_names = {},
+                        -- µs; 0: none (SPEC §3.6); at most conf.c's 1 day, whatever a canon says
+                        cooldown = math.min(num(t['cooldown'], 0, SPAN, 0), 86400 * USEC_PER_SEC),
+                }
+                if t['members'] and t['members'] ~= '' then
+                        r.members = {}
+                        for m in string.gmatch(t['members'], '[^,]+') do r.members[#r.members + 1] = m end
+                end
+                for k, v in pairs(t) do
+                        local lane, attr = string.match(k, '^lane%.(.+)%.([%a-]+)$')
+                        if lane then
+                                if not r.lanes[lane] then
+                                        r.lanes[lane] = { priority = 0, max_in_use = -1, reserve = 0 }
+                                        r.lane_names[#r.lane_names + 1] = lane
+                                end
+                                if attr == 'priority' then r.lanes[lane].priority = num(v, -2 ^ 31, 2 ^ 31, 0)
+                                elseif attr == 'max-in-use' then r.lanes[lane].max_in_use = num(v, -1, SPAN, -1)
+                                elseif attr == 'reserve' then r.lanes[lane].reserve = num(v, 0, U32, 0)
+                                elseif attr == 'queue-timeout' then num(v, -1, SPAN, -1) -- (agreed on, not used here)
+                                elseif attr == 'health' then
+                                        -- "also": quarantined members first, else an ordinary request (HEALTH.first())
+                                        r.lanes[lane].health, r.lanes[lane].health_also = v == '1', v == 'also'
+                                end
+                        end
+                end
+                num(t['quarantine-after'], 1, U32, 1) -- (LIFE.rules() reads both)
+                for c in string.gmatch(t['quarantine-exit-codes'] or '', '[^,]+') do num(c, 1, 256, 1) end
+                if not valid then return nil end
+                rules_reserve_lane(r)
+                rules_labels(r, t)
+                table.sort(r.lane_names)
+                LIFE.rules(r, t)
+                return r
+        end
 end
 
 -- The rules parsed, by their canon (the canon is their identity, and Lua compares interned strings by
@@ -468,139 +474,145 @@ end
 
 local fp_delta                  -- node -> { n, x, s } not yet written
 
--- h: fnv1a32(rid .. kind) when the caller has it (a lease record keeps its own: lease_get()), else nil.
-local function fingerprint_change(node, rid, kind, sign, h)
-        local d = fp_delta[node]
-        if not d then
-                d = { 0, 0, 0 }
-                fp_delta[node] = d
+local record_add, record_remove, record_turn_into_lease
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        -- h: fnv1a32(rid .. kind) when the caller has it (a lease record keeps its own: lease_get()), else nil.
+        local function fingerprint_change(node, rid, kind, sign, h)
+                local d = fp_delta[node]
+                if not d then
+                        d = { 0, 0, 0 }
+                        fp_delta[node] = d
+                end
+                h = h or fnv1a32(rid .. kind)
+                d[1] = d[1] + sign
+                d[2] = bit.bxor(d[2], h) % 4294967296
+                d[3] = (d[3] + sign * h) % 4294967296
         end
-        h = h or fnv1a32(rid .. kind)
-        d[1] = d[1] + sign
-        d[2] = bit.bxor(d[2], h) % 4294967296
-        d[3] = (d[3] + sign * h) % 4294967296
-end
 
-local function record_add(node, rid, kind, ref, h)
-        redis.call('HSET', K.rid, node .. ':' .. rid, ref)
-        redis.call('ZADD', k_records(node), '0', rid)
-        fingerprint_change(node, rid, kind, 1, h)
-end
+        record_add = function(node, rid, kind, ref, h)
+                redis.call('HSET', K.rid, node .. ':' .. rid, ref)
+                redis.call('ZADD', k_records(node), '0', rid)
+                fingerprint_change(node, rid, kind, 1, h)
+        end
 
-local function record_remove(node, rid, kind, h)
-        redis.call('HDEL', K.rid, node .. ':' .. rid)
-        redis.call('ZREM', k_records(node), rid)
-        fingerprint_change(node, rid, kind, -1, h)
-end
+        record_remove = function(node, rid, kind, h)
+                redis.call('HDEL', K.rid, node .. ':' .. rid)
+                redis.call('ZREM', k_records(node), rid)
+                fingerprint_change(node, rid, kind, -1, h)
+        end
 
--- A waiter granted: its record stays (same rid, same place in nr:N), only its reference and kind change.
--- h: the lease's hash (fnv1a32(rid .. 'l')).
-local function record_turn_into_lease(node, rid, ref, h)
-        redis.call('HSET', K.rid, node .. ':' .. rid, ref)
-        fingerprint_change(node, rid, 'w', -1)
-        fingerprint_change(node, rid, 'l', 1, h)
+        -- A waiter granted: its record stays (same rid, same place in nr:N), only its reference and kind change.
+        -- h: the lease's hash (fnv1a32(rid .. 'l')).
+        record_turn_into_lease = function(node, rid, ref, h)
+                redis.call('HSET', K.rid, node .. ':' .. rid, ref)
+                fingerprint_change(node, rid, 'w', -1)
+                fingerprint_change(node, rid, 'l', 1, h)
+        end
 end
 
 ---------------------------------------------------------------------------------------------- lanes and slots
 
--- The counts of the named lanes as the records say (anyone may write a lane's key; the records are what
--- the counts count): used from the leases (HVALS h; a lease's k when it is a finite count), waiting from
--- the waiters (HVALS w), each only when asked. O(leases), O(waiters). Returns lane -> { used, waiting }.
-local function lanes_recount(names, used, waiting)
-        local count = {}
-        for _, l in ipairs(names) do count[l] = { used = 0, waiting = 0 } end
-        if used then
-                for _, v in ipairs(redis.call('HVALS', K.h)) do
-                        local ok, r = pcall(cmsgpack.unpack, v)
-                        local c = ok and type(r) == 'table' and count[r[3]]
-                        local k = c and r[4]
-                        if type(k) == 'number' and k >= 0 and k < INF then c.used = c.used + k end -- (NaN: not)
+local lane_get, lane_incr, lanes_audit
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        -- The counts of the named lanes as the records say (anyone may write a lane's key; the records are what
+        -- the counts count): used from the leases (HVALS h; a lease's k when it is a finite count), waiting from
+        -- the waiters (HVALS w), each only when asked. O(leases), O(waiters). Returns lane -> { used, waiting }.
+        local function lanes_recount(names, used, waiting)
+                local count = {}
+                for _, l in ipairs(names) do count[l] = { used = 0, waiting = 0 } end
+                if used then
+                        for _, v in ipairs(redis.call('HVALS', K.h)) do
+                                local ok, r = pcall(cmsgpack.unpack, v)
+                                local c = ok and type(r) == 'table' and count[r[3]]
+                                local k = c and r[4]
+                                if type(k) == 'number' and k >= 0 and k < INF then c.used = c.used + k end -- (NaN: not)
+                        end
                 end
-        end
-        if waiting then
-                for _, v in ipairs(redis.call('HVALS', K.w)) do
-                        local ok, r = pcall(cmsgpack.unpack, v)
-                        local c = ok and type(r) == 'table' and count[r[3]]
-                        if c then c.waiting = c.waiting + 1 end
+                if waiting then
+                        for _, v in ipairs(redis.call('HVALS', K.w)) do
+                                local ok, r = pcall(cmsgpack.unpack, v)
+                                local c = ok and type(r) == 'table' and count[r[3]]
+                                if c then c.waiting = c.waiting + 1 end
+                        end
                 end
+                return count
         end
-        return count
-end
 
--- A lane's counts, read once a call. Garbage there (anyone may write them; integrity_lost() does not compare
--- them, lanes_audit() does every 10 s) is counted again from the records, O(leases + waiters) once, written
--- back and told ("bad-key" "lane"): a lane's first read in a call comes before the call changes a record of
--- it (grant() and lease_free() count before lease_put() and HDEL; waiter_link() and waiter_unlink() read it
--- first).
-local function lane_get(l)
-        local c = lane_cache[l]
-        if not c then
-                local a = redis.call('HMGET', k_lane(l), 'used', 'waiting')
-                local used, waiting = tonumber(a[1] or '0'), tonumber(a[2] or '0')
-                -- (A negative count is not garbage: a lane's key lost and its holders' ends counted from 0.)
-                local bad = not (used and used > -INF and used < INF and waiting and waiting > -INF and waiting < INF)
-                if bad then
-                        local n = lanes_recount({ l }, true, true)[l]
-                        used, waiting = n.used, n.waiting
-                        LIFE.bad('lane', l)
+        -- A lane's counts, read once a call. Garbage there (anyone may write them; integrity_lost() does not compare
+        -- them, lanes_audit() does every 10 s) is counted again from the records, O(leases + waiters) once, written
+        -- back and told ("bad-key" "lane"): a lane's first read in a call comes before the call changes a record of
+        -- it (grant() and lease_free() count before lease_put() and HDEL; waiter_link() and waiter_unlink() read it
+        -- first).
+        lane_get = function(l)
+                local c = lane_cache[l]
+                if not c then
+                        local a = redis.call('HMGET', k_lane(l), 'used', 'waiting')
+                        local used, waiting = tonumber(a[1] or '0'), tonumber(a[2] or '0')
+                        -- (A negative count is not garbage: a lane's key lost and its holders' ends counted from 0.)
+                        local bad = not (used and used > -INF and used < INF and waiting and waiting > -INF and waiting < INF)
+                        if bad then
+                                local n = lanes_recount({ l }, true, true)[l]
+                                used, waiting = n.used, n.waiting
+                                LIFE.bad('lane', l)
+                        end
+                        c = { used = used, waiting = waiting, dirty = bad }
+                        lane_cache[l] = c
                 end
-                c = { used = used, waiting = waiting, dirty = bad }
-                lane_cache[l] = c
+                return c
         end
-        return c
-end
 
-local function lane_incr(l, field, by)
-        local c = lane_get(l)
-        c[field] = c[field] + by
-        c.dirty = true
-end
-
--- meta.selective counts the waiters in selector buckets (k_ls): while it is above 0, dispatch and submit walk
--- every bucket (walk_heads()). Too low (a number written by hand), those waiters were passed over for good:
--- it is compared with the buckets it governs, O(lanes + selector buckets), in lanes_audit()'s period, and
--- set to what they hold when it differs, told ("bad-key" "sel").
-local function selective_audit()
-        local n = 0
-        for _, lane in ipairs(R.lane_names) do
-                for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do
-                        n = n + redis.call('ZCARD', k_bucket(lane, s))
-                end
-        end
-        if n == M.selective then return end
-        meta_set('selective', n)
-        LIFE.bad('sel', 'selective')
-end
-
--- Lane counts that are numbers but wrong (a lane's key lost, evicted, or written by hand): a cap passed, or
--- a lane's waiters passed over by queue_next(), until the pool is made anew. Every 10 s of pool time
--- (meta.lanes_at) a call sums the stored lanes' counts (O(lanes), with lane_get()'s reads that the call
--- would mostly make anyway) against meta's in_use and waiting + hwaiting, which integrity_lost() and
--- HEALTH.check() hold to the keys; on a difference it counts them again from the records (HVALS h and w,
--- O(leases + waiters)) and writes back and tells ("bad-key" "lane") each lane that differs. Leases of a lane
--- the rules removed count in no stored lane: such a pool counts again each period until they end. The same
--- period runs selective_audit().
-local function lanes_audit()
-        local at = int_of(M.lanes_at)
-        if at and at <= now and now < at + 10 * USEC_PER_SEC then return end
-        meta_set('lanes_at', istr(now))
-        selective_audit()
-        local used, waiting = 0, 0
-        for _, l in ipairs(R.lane_names) do
+        lane_incr = function(l, field, by)
                 local c = lane_get(l)
-                used, waiting = used + c.used, waiting + c.waiting
+                c[field] = c[field] + by
+                c.dirty = true
         end
-        local used_ok, waiting_ok = used == M.in_use, waiting == M.waiting + HEALTH.waiting()
-        if used_ok and waiting_ok then return end
-        local count = lanes_recount(R.lane_names, not used_ok, not waiting_ok)
-        for _, l in ipairs(R.lane_names) do
-                local c, n = lane_get(l), count[l]
-                local wrong = (not used_ok and c.used ~= n.used) or (not waiting_ok and c.waiting ~= n.waiting)
-                if not used_ok then c.used = n.used end
-                if not waiting_ok then c.waiting = n.waiting end
-                if wrong then
-                        c.dirty = true
-                        LIFE.bad('lane', l) -- (garbage that lane_get() counted again was told there)
+
+        -- meta.selective counts the waiters in selector buckets (k_ls): while it is above 0, dispatch and submit walk
+        -- every bucket (walk_heads()). Too low (a number written by hand), those waiters were passed over for good:
+        -- it is compared with the buckets it governs, O(lanes + selector buckets), in lanes_audit()'s period, and
+        -- set to what they hold when it differs, told ("bad-key" "sel").
+        local function selective_audit()
+                local n = 0
+                for _, lane in ipairs(R.lane_names) do
+                        for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do
+                                n = n + redis.call('ZCARD', k_bucket(lane, s))
+                        end
+                end
+                if n == M.selective then return end
+                meta_set('selective', n)
+                LIFE.bad('sel', 'selective')
+        end
+
+        -- Lane counts that are numbers but wrong (a lane's key lost, evicted, or written by hand): a cap passed, or
+        -- a lane's waiters passed over by queue_next(), until the pool is made anew. Every 10 s of pool time
+        -- (meta.lanes_at) a call sums the stored lanes' counts (O(lanes), with lane_get()'s reads that the call
+        -- would mostly make anyway) against meta's in_use and waiting + hwaiting, which integrity_lost() and
+        -- HEALTH.check() hold to the keys; on a difference it counts them again from the records (HVALS h and w,
+        -- O(leases + waiters)) and writes back and tells ("bad-key" "lane") each lane that differs. Leases of a lane
+        -- the rules removed count in no stored lane: such a pool counts again each period until they end. The same
+        -- period runs selective_audit().
+        lanes_audit = function()
+                local at = int_of(M.lanes_at)
+                if at and at <= now and now < at + 10 * USEC_PER_SEC then return end
+                meta_set('lanes_at', istr(now))
+                selective_audit()
+                local used, waiting = 0, 0
+                for _, l in ipairs(R.lane_names) do
+                        local c = lane_get(l)
+                        used, waiting = used + c.used, waiting + c.waiting
+                end
+                local used_ok, waiting_ok = used == M.in_use, waiting == M.waiting + HEALTH.waiting()
+                if used_ok and waiting_ok then return end
+                local count = lanes_recount(R.lane_names, not used_ok, not waiting_ok)
+                for _, l in ipairs(R.lane_names) do
+                        local c, n = lane_get(l), count[l]
+                        local wrong = (not used_ok and c.used ~= n.used) or (not waiting_ok and c.waiting ~= n.waiting)
+                        if not used_ok then c.used = n.used end
+                        if not waiting_ok then c.waiting = n.waiting end
+                        if wrong then
+                                c.dirty = true
+                                LIFE.bad('lane', l) -- (garbage that lane_get() counted again was told there)
+                        end
                 end
         end
 end
@@ -1238,45 +1250,50 @@ local function outcome_drop(node, rid)
         if redis.call('HDEL', k_outcomes(node), rid) > 0 then redis.call('ZREM', k_outcome_exp(node), rid) end
 end
 
--- The caller's expired outcome records, a page per call (every reply): a node makes a call per request it
--- decides, so its records go as fast as they come. A dead node's go with it (reap()).
-local function outcomes_trim()
-        if carry.on then return end -- a page per call: the batch's first operation trimmed it
-        local old = redis.call('ZRANGEBYSCORE', k_outcome_exp(NODE), '-inf', now, 'LIMIT', '0', OUTCOME_TRIM_PAGE)
-        if #old == 0 then return end
-        redis.call('HDEL', k_outcomes(NODE), unpack(old))
-        redis.call('ZREM', k_outcome_exp(NODE), unpack(old))
-end
-
--- A final decision for a node's request: into its stream, its outcome key, and the reply if it is the
--- caller's.
---
--- Stream entries are plain field/value strings (README, "Stream entries"), so that the node reads them
--- as it reads replies, without a msgpack decoder.
-local STREAM_FIELDS = {
-        'verdict', 'rid', 'at', 'wait', 'refusal', 'reason', 'state', 'idle', 'budget', 'position', 'queued',
-        'token',
-}
-
--- transient: a notice that decides nothing (a set's "ready"): no outcome record.
-local function notify(node, d, transient)
-        local args = { 'XADD', k_stream(node), 'MAXLEN', '~', STREAM_MAXLEN, '*' }
-        for i, name in ipairs(STREAM_FIELDS) do
-                args[#args + 1] = name
-                args[#args + 1] = type(d[i]) == 'number' and istr(d[i]) or d[i]
+local outcomes_trim, notify
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        local OUTCOME_TRIM_PAGE = 128   -- expired outcome records a call drops at most (the caller's own)
+        local STREAM_MAXLEN = 4096
+        -- The caller's expired outcome records, a page per call (every reply): a node makes a call per request it
+        -- decides, so its records go as fast as they come. A dead node's go with it (reap()).
+        outcomes_trim = function()
+                if carry.on then return end -- a page per call: the batch's first operation trimmed it
+                local old = redis.call('ZRANGEBYSCORE', k_outcome_exp(NODE), '-inf', now, 'LIMIT', '0', OUTCOME_TRIM_PAGE)
+                if #old == 0 then return end
+                redis.call('HDEL', k_outcomes(NODE), unpack(old))
+                redis.call('ZREM', k_outcome_exp(NODE), unpack(old))
         end
-        local slots = {}
-        for i, v in ipairs(d[13]) do slots[i] = istr(v) end
-        args[#args + 1] = 'slots'
-        args[#args + 1] = table.concat(slots, ',')
-        args[#args + 1] = 'members'
-        args[#args + 1] = table.concat(d[14], ',')
-        local id = redis.call(unpack(args))
-        if node == NODE then
-                stream_last = id
-                events[#events + 1] = d
+
+        -- A final decision for a node's request: into its stream, its outcome key, and the reply if it is the
+        -- caller's.
+        --
+        -- Stream entries are plain field/value strings (README, "Stream entries"), so that the node reads them
+        -- as it reads replies, without a msgpack decoder.
+        local STREAM_FIELDS = {
+                'verdict', 'rid', 'at', 'wait', 'refusal', 'reason', 'state', 'idle', 'budget', 'position', 'queued',
+                'token',
+        }
+
+        -- transient: a notice that decides nothing (a set's "ready"): no outcome record.
+        notify = function(node, d, transient)
+                local args = { 'XADD', k_stream(node), 'MAXLEN', '~', STREAM_MAXLEN, '*' }
+                for i, name in ipairs(STREAM_FIELDS) do
+                        args[#args + 1] = name
+                        args[#args + 1] = type(d[i]) == 'number' and istr(d[i]) or d[i]
+                end
+                local slots = {}
+                for i, v in ipairs(d[13]) do slots[i] = istr(v) end
+                args[#args + 1] = 'slots'
+                args[#args + 1] = table.concat(slots, ',')
+                args[#args + 1] = 'members'
+                args[#args + 1] = table.concat(d[14], ',')
+                local id = redis.call(unpack(args))
+                if node == NODE then
+                        stream_last = id
+                        events[#events + 1] = d
+                end
+                if not transient then outcome_store(node, d[2], d, cmsgpack.pack(d)) end
         end
-        if not transient then outcome_store(node, d[2], d, cmsgpack.pack(d)) end
 end
 
 ---------------------------------------------------------------------------------------------- waiters
@@ -1303,77 +1320,80 @@ local function waiter_get(wid)
         }
 end
 
--- A waiter record's [12]: its selector canon; nil (none) unless [13] follows it.
-local function waiter_sel_field(w)
-        if (w.sel or '') ~= '' then return w.sel end
-        return (w.health or w.gated) and '' or nil
-end
-
--- [13] health, [14] a set's part (gated: SETS), [15] said ready (SETS.mark_ready()); absent at the end.
-local function waiter_put(w)
-        local health = w.health and 1 or nil
-        if w.gated and not health then health = 0 end
-        redis.call('HSET', K.w, w.wid, cmsgpack.pack({
-                w.node, w.rid, w.lane, w.k, w.arrival, wire(w.deadline), w.state, w.idle, wire(w.budget),
-                w.shed and 1 or 0, w.prio, waiter_sel_field(w), health, w.gated and 1 or nil,
-                w.gated and w.ready and 1 or nil,
-        }))
-end
-
--- 0-based place in the queue: the waiters of higher priorities, then the rank within its own; and how many
--- wait in that queue. A health waiter's: its place among hq's, of meta.hwaiting (pool-local.c's
--- local_position(): its place in the health list, of n_health).
-local function waiter_position(w)
-        if w.health then return LIFE.keyed('ZRANK', HEALTH.key(), w.wid) or 0, HEALTH.waiting() end
-        local pos = 0
-        for _, p in ipairs(redis.call('ZRANGEBYSCORE', K.prios, '(' .. istr(w.prio), '+inf')) do
-                local n = redis.call('ZCARD', k_queue(p))
-                if n == 0 then redis.call('ZREM', K.prios, p) end -- emptied: see waiter_unlink()
-                pos = pos + n
+local waiter_put, waiter_position, waiter_link, waiter_unlink
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        -- A waiter record's [12]: its selector canon; nil (none) unless [13] follows it.
+        local function waiter_sel_field(w)
+                if (w.sel or '') ~= '' then return w.sel end
+                return (w.health or w.gated) and '' or nil
         end
-        return pos + (redis.call('ZRANK', k_queue(w.prio), w.wid) or 0), M.waiting
-end
 
--- A waiter's bucket: per (lane, k) (k_lk), or per (lane, k, selector canon) (k_ls: SPEC §3.5).
-local function waiter_bucket(w)
-        if (w.sel or '') == '' then return k_bucket(w.lane, w.k) end
-        return k_bucket(w.lane, istr(w.k) .. ':' .. w.sel)
-end
-
-local function selector_bucket_link(w)
-        redis.call('ZADD', waiter_bucket(w), 0, w.wid)
-        redis.call('SADD', k_ls(w.lane), istr(w.k) .. ':' .. w.sel)
-        meta_incr('selective', 1)
-end
-
-local function waiter_link(w)
-        lane_get(w.lane) -- (before its record: lane_get())
-        waiter_put(w)
-        if w.health then return HEALTH.link(w) end
-        if (w.sel or '') ~= '' then
-                selector_bucket_link(w)
-        else
-                redis.call('ZADD', k_bucket(w.lane, w.k), 0, w.wid)
-                redis.call('SADD', k_lk(w.lane), w.k)
+        -- [13] health, [14] a set's part (gated: SETS), [15] said ready (SETS.mark_ready()); absent at the end.
+        waiter_put = function(w)
+                local health = w.health and 1 or nil
+                if w.gated and not health then health = 0 end
+                redis.call('HSET', K.w, w.wid, cmsgpack.pack({
+                        w.node, w.rid, w.lane, w.k, w.arrival, wire(w.deadline), w.state, w.idle, wire(w.budget),
+                        w.shed and 1 or 0, w.prio, waiter_sel_field(w), health, w.gated and 1 or nil,
+                        w.gated and w.ready and 1 or nil,
+                }))
         end
-        redis.call('ZADD', k_queue(w.prio), 0, w.wid)
-        redis.call('ZADD', K.prios, w.prio, w.prio)
-        HEALTH.enlist(w)
-        meta_incr('waiting', 1)
-end
 
--- Emptied buckets and priority queues stay listed in lk:L and prios until a reader finds them empty
--- (queue_next(), waiter_position()): two ZCARDs less per grant. keep_record: the caller turns the
--- waiter's record into its lease's.
-local function waiter_unlink(w, keep_record)
-        lane_get(w.lane) -- (before its record goes: lane_get())
-        if w.health then return HEALTH.unlink(w, keep_record) end
-        redis.call('HDEL', K.w, w.wid)
-        redis.call('ZREM', waiter_bucket(w), w.wid)
-        if (w.sel or '') ~= '' then meta_incr('selective', -1) end
-        redis.call('ZREM', k_queue(w.prio), w.wid)
-        HEALTH.delist(w, keep_record)
-        meta_incr('waiting', -1)
+        -- 0-based place in the queue: the waiters of higher priorities, then the rank within its own; and how many
+        -- wait in that queue. A health waiter's: its place among hq's, of meta.hwaiting (pool-local.c's
+        -- local_position(): its place in the health list, of n_health).
+        waiter_position = function(w)
+                if w.health then return LIFE.keyed('ZRANK', HEALTH.key(), w.wid) or 0, HEALTH.waiting() end
+                local pos = 0
+                for _, p in ipairs(redis.call('ZRANGEBYSCORE', K.prios, '(' .. istr(w.prio), '+inf')) do
+                        local n = redis.call('ZCARD', k_queue(p))
+                        if n == 0 then redis.call('ZREM', K.prios, p) end -- emptied: see waiter_unlink()
+                        pos = pos + n
+                end
+                return pos + (redis.call('ZRANK', k_queue(w.prio), w.wid) or 0), M.waiting
+        end
+
+        -- A waiter's bucket: per (lane, k) (k_lk), or per (lane, k, selector canon) (k_ls: SPEC §3.5).
+        local function waiter_bucket(w)
+                if (w.sel or '') == '' then return k_bucket(w.lane, w.k) end
+                return k_bucket(w.lane, istr(w.k) .. ':' .. w.sel)
+        end
+
+        local function selector_bucket_link(w)
+                redis.call('ZADD', waiter_bucket(w), 0, w.wid)
+                redis.call('SADD', k_ls(w.lane), istr(w.k) .. ':' .. w.sel)
+                meta_incr('selective', 1)
+        end
+
+        waiter_link = function(w)
+                lane_get(w.lane) -- (before its record: lane_get())
+                waiter_put(w)
+                if w.health then return HEALTH.link(w) end
+                if (w.sel or '') ~= '' then
+                        selector_bucket_link(w)
+                else
+                        redis.call('ZADD', k_bucket(w.lane, w.k), 0, w.wid)
+                        redis.call('SADD', k_lk(w.lane), w.k)
+                end
+                redis.call('ZADD', k_queue(w.prio), 0, w.wid)
+                redis.call('ZADD', K.prios, w.prio, w.prio)
+                HEALTH.enlist(w)
+                meta_incr('waiting', 1)
+        end
+
+        -- Emptied buckets and priority queues stay listed in lk:L and prios until a reader finds them empty
+        -- (queue_next(), waiter_position()): two ZCARDs less per grant. keep_record: the caller turns the
+        -- waiter's record into its lease's.
+        waiter_unlink = function(w, keep_record)
+                lane_get(w.lane) -- (before its record goes: lane_get())
+                if w.health then return HEALTH.unlink(w, keep_record) end
+                redis.call('HDEL', K.w, w.wid)
+                redis.call('ZREM', waiter_bucket(w), w.wid)
+                if (w.sel or '') ~= '' then meta_incr('selective', -1) end
+                redis.call('ZREM', k_queue(w.prio), w.wid)
+                HEALTH.delist(w, keep_record)
+                meta_incr('waiting', -1)
+        end
 end
 
 -- pool-local.c:waiter_refuse()
@@ -1581,46 +1601,49 @@ end
 -- free members to the first that can use them, as pool-local.c:queue_walk()/member_verdict() do, and
 -- takes the same members (the lowest of those it may use). Everything read back from Redis is untrusted:
 -- a canon that is not one admits no member (its waiter is never granted and runs out its budget).
-local SELECTOR_CANON_MAX = 8192
-local SELECTOR_CACHE_MAX = 512
+local selector_members
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        local SELECTOR_CANON_MAX = 8192
+        local SELECTOR_CACHE_MAX = 512
 
--- The 0-based member indices the selector admits under R ({ [i] = true }, and their count), or nil when the
--- canon is not one.
-local function selector_members(canon)
-        local hit = R.sel and R.sel[canon]
-        if hit then return hit.set, hit.n end
-        if type(canon) ~= 'string' or #canon > SELECTOR_CANON_MAX then return nil end
-        local terms, member = {}, nil
-        for tok in string.gmatch(canon, '%S+') do
-                if string.sub(tok, 1, 1) == '@' then
-                        if member or not string.match(tok, '^@[%w._%-]+$') then return nil end
-                        member = string.sub(tok, 2)
-                else
-                        local neg = string.sub(tok, 1, 1) == '!'
-                        local name = neg and string.sub(tok, 2) or tok
-                        if #name > 64 or not string.match(name, '^[a-z0-9_.%-]+$') then return nil end
-                        terms[#terms + 1] = { name, neg }
+        -- The 0-based member indices the selector admits under R ({ [i] = true }, and their count), or nil when the
+        -- canon is not one.
+        selector_members = function(canon)
+                local hit = R.sel and R.sel[canon]
+                if hit then return hit.set, hit.n end
+                if type(canon) ~= 'string' or #canon > SELECTOR_CANON_MAX then return nil end
+                local terms, member = {}, nil
+                for tok in string.gmatch(canon, '%S+') do
+                        if string.sub(tok, 1, 1) == '@' then
+                                if member or not string.match(tok, '^@[%w._%-]+$') then return nil end
+                                member = string.sub(tok, 2)
+                        else
+                                local neg = string.sub(tok, 1, 1) == '!'
+                                local name = neg and string.sub(tok, 2) or tok
+                                if #name > 64 or not string.match(name, '^[a-z0-9_.%-]+$') then return nil end
+                                terms[#terms + 1] = { name, neg }
+                        end
                 end
-        end
-        if #terms == 0 and not member then return nil end
-        local set, n = {}, 0
-        for i, m in ipairs(R.members or {}) do
-                local ok = not member or member == m
-                for _, t in ipairs(terms) do
-                        if not ok then break end
-                        local carriers = R.labels and R.labels[t[1]]
-                        ok = (carriers and carriers[m] or false) ~= t[2]
+                if #terms == 0 and not member then return nil end
+                local set, n = {}, 0
+                for i, m in ipairs(R.members or {}) do
+                        local ok = not member or member == m
+                        for _, t in ipairs(terms) do
+                                if not ok then break end
+                                local carriers = R.labels and R.labels[t[1]]
+                                ok = (carriers and carriers[m] or false) ~= t[2]
+                        end
+                        if ok then
+                                set[i - 1] = true
+                                n = n + 1
+                        end
                 end
-                if ok then
-                        set[i - 1] = true
-                        n = n + 1
+                if R.sel then
+                        if R.n_sel >= SELECTOR_CACHE_MAX then R.sel, R.n_sel = {}, 0 end
+                        R.sel[canon], R.n_sel = { set = set, n = n }, R.n_sel + 1
                 end
+                return set, n
         end
-        if R.sel then
-                if R.n_sel >= SELECTOR_CACHE_MAX then R.sel, R.n_sel = {}, 0 end
-                R.sel[canon], R.n_sel = { set = set, n = n }, R.n_sel + 1
-        end
-        return set, n
 end
 
 -- A bucket of k_ls(lane), "K:CANON": whether the stored rules can never give it K members (a reload took
@@ -1648,127 +1671,130 @@ local function free_member_set()
         return { set = set, n = n }
 end
 
--- pool-local.c:member_verdict(): how one request fares with what the queue ahead left in avail. usable: the
--- members it may take (mask nil: any). A request that cannot be granted sets aside what it could use.
-local function walk_verdict(lane, k, mask, avail)
-        local rule = R.lanes[lane]
-        k = tonumber(k)
-        if not rule or not k or k < 1 then return PASS end -- a record that is not one is never granted
-        if rule.max_in_use >= 0 and lane_get(lane).used + k > rule.max_in_use then return PASS end
-        local usable, n = {}, 0
-        for i in pairs(avail.set) do
-                if not mask or mask[i] then
-                        usable[#usable + 1] = i
-                        n = n + 1
-                end
-        end
-        local free = free_slots()
-        if n < k or free < k then
-                for _, i in ipairs(usable) do avail.set[i] = nil end
-                avail.n = avail.n - n
-                return HOLD
-        end
-        if free - k < reserved_for_others(lane) then return PASS end
-        table.sort(usable)
-        return GRANTABLE, { unpack(usable, 1, k) }
-end
-
--- The first valid waiter of a bucket (stale wids, whose records are gone, are dropped), or nil.
-local function bucket_head(key)
-        while true do
-                local wid = redis.call('ZRANGE', key, '0', '0')[1]
-                if not wid then return nil end
-                local w = waiter_get(wid)
-                if w then return w end
-                redis.call('ZREM', key, wid)
-        end
-end
-
-local function head_before(a, b)
-        return a.prio > b.prio or (a.prio == b.prio and a.w.wid < b.w.wid)
-end
-
-local function heads_insert(heads, h)
-        local i = #heads + 1
-        while i > 1 and head_before(h, heads[i - 1]) do i = i - 1 end
-        table.insert(heads, i, h)
-end
-
--- A head entry for bucket key of lane, or nil when the bucket is empty. mask: the selector's members (an
--- empty set for a canon that is not one); nil for a plain bucket.
-local function head_of(lane, key, canon)
-        local w = bucket_head(key)
-        if not w then return nil end
-        w.sel = canon or '' -- the bucket it is in says what it asks (its record is untrusted)
-        local mask = nil
-        if canon then mask = selector_members(canon) or {} end
-        return { w = w, key = key, canon = canon, mask = mask, prio = R.lanes[lane].priority }
-end
-
--- The heads of every bucket with waiters, of the lanes in the stored rules, in queue order (priority from
--- the rules, as queue_next(); then arrival). O(buckets): once per dispatch or submit, not per grant.
-local function walk_heads()
-        local heads = {}
-        for _, lane in ipairs(R.lane_names) do
-                if lane_get(lane).waiting > 0 then
-                        for _, k in ipairs(redis.call('SMEMBERS', k_lk(lane))) do
-                                local h = head_of(lane, k_bucket(lane, k), nil)
-                                if h then heads_insert(heads, h) else redis.call('SREM', k_lk(lane), k) end
-                        end
-                        for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do
-                                local h = head_of(lane, k_bucket(lane, s), string.match(s, '^%d+:(.*)$') or '')
-                                if h then heads_insert(heads, h) else redis.call('SREM', k_ls(lane), s) end
+local heads_insert, head_of, walk_heads, room_for
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        -- pool-local.c:member_verdict(): how one request fares with what the queue ahead left in avail. usable: the
+        -- members it may take (mask nil: any). A request that cannot be granted sets aside what it could use.
+        local function walk_verdict(lane, k, mask, avail)
+                local rule = R.lanes[lane]
+                k = tonumber(k)
+                if not rule or not k or k < 1 then return PASS end -- a record that is not one is never granted
+                if rule.max_in_use >= 0 and lane_get(lane).used + k > rule.max_in_use then return PASS end
+                local usable, n = {}, 0
+                for i in pairs(avail.set) do
+                        if not mask or mask[i] then
+                                usable[#usable + 1] = i
+                                n = n + 1
                         end
                 end
+                local free = free_slots()
+                if n < k or free < k then
+                        for _, i in ipairs(usable) do avail.set[i] = nil end
+                        avail.n = avail.n - n
+                        return HOLD
+                end
+                if free - k < reserved_for_others(lane) then return PASS end
+                table.sort(usable)
+                return GRANTABLE, { unpack(usable, 1, k) }
         end
-        return heads
-end
 
--- pool-local.c:queue_walk(): the index in heads of the first waiter that can be granted, and the members
--- it takes; nil when none (avail then holds what the queue leaves a newcomer). A set's part (gated) that
--- could be granted is not granted here: it sets aside the free members it could use, as one short of them,
--- and is said ready at t (nil: not said); target: stop at that wid, ready or not (SETS.ready()).
-function SETS.walk(heads, avail, t, target)
-        for i, h in ipairs(heads) do
-                if avail.n <= 0 then return nil end
-                local v, take = walk_verdict(h.w.lane, h.w.k, h.mask, avail)
-                if h.w.wid == target then return v == GRANTABLE and i or nil, take end
-                if v == GRANTABLE then
-                        if not h.w.gated then return i, take end
-                        if t then SETS.mark_ready(h.w, t) end
-                        for m in pairs(avail.set) do
-                                if not h.mask or h.mask[m] then
-                                        avail.set[m] = nil
-                                        avail.n = avail.n - 1
+        -- The first valid waiter of a bucket (stale wids, whose records are gone, are dropped), or nil.
+        local function bucket_head(key)
+                while true do
+                        local wid = redis.call('ZRANGE', key, '0', '0')[1]
+                        if not wid then return nil end
+                        local w = waiter_get(wid)
+                        if w then return w end
+                        redis.call('ZREM', key, wid)
+                end
+        end
+
+        local function head_before(a, b)
+                return a.prio > b.prio or (a.prio == b.prio and a.w.wid < b.w.wid)
+        end
+
+        heads_insert = function(heads, h)
+                local i = #heads + 1
+                while i > 1 and head_before(h, heads[i - 1]) do i = i - 1 end
+                table.insert(heads, i, h)
+        end
+
+        -- A head entry for bucket key of lane, or nil when the bucket is empty. mask: the selector's members (an
+        -- empty set for a canon that is not one); nil for a plain bucket.
+        head_of = function(lane, key, canon)
+                local w = bucket_head(key)
+                if not w then return nil end
+                w.sel = canon or '' -- the bucket it is in says what it asks (its record is untrusted)
+                local mask = nil
+                if canon then mask = selector_members(canon) or {} end
+                return { w = w, key = key, canon = canon, mask = mask, prio = R.lanes[lane].priority }
+        end
+
+        -- The heads of every bucket with waiters, of the lanes in the stored rules, in queue order (priority from
+        -- the rules, as queue_next(); then arrival). O(buckets): once per dispatch or submit, not per grant.
+        walk_heads = function()
+                local heads = {}
+                for _, lane in ipairs(R.lane_names) do
+                        if lane_get(lane).waiting > 0 then
+                                for _, k in ipairs(redis.call('SMEMBERS', k_lk(lane))) do
+                                        local h = head_of(lane, k_bucket(lane, k), nil)
+                                        if h then heads_insert(heads, h) else redis.call('SREM', k_lk(lane), k) end
+                                end
+                                for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do
+                                        local h = head_of(lane, k_bucket(lane, s), string.match(s, '^%d+:(.*)$') or '')
+                                        if h then heads_insert(heads, h) else redis.call('SREM', k_ls(lane), s) end
                                 end
                         end
                 end
+                return heads
         end
-        return nil
-end
 
--- Whether a health request (a waiter, or submit's { sel = SELECTOR }) admits the member at place pos: its
--- selector's mask, as pool-local.c's health_fits() ANDs it (a canon that is not one admits none).
-function HEALTH.admits(w, pos)
-        if (w.sel or '') == '' then return true end
-        local mask = selector_members(w.sel)
-        return mask ~= nil and mask[pos] == true
-end
-
--- submit's room (SPEC §3, §3.5): true and the members to take, or false. Without selectors anywhere, the
--- (lane, k) rule as before.
-local function room_for(lane, k, canon)
-        if canon == '' and M.selective <= 0 then
-                return lane_verdict(lane, k, free_slots()) == GRANTABLE and not queue_next(), nil
+        -- pool-local.c:queue_walk(): the index in heads of the first waiter that can be granted, and the members
+        -- it takes; nil when none (avail then holds what the queue leaves a newcomer). A set's part (gated) that
+        -- could be granted is not granted here: it sets aside the free members it could use, as one short of them,
+        -- and is said ready at t (nil: not said); target: stop at that wid, ready or not (SETS.ready()).
+        function SETS.walk(heads, avail, t, target)
+                for i, h in ipairs(heads) do
+                        if avail.n <= 0 then return nil end
+                        local v, take = walk_verdict(h.w.lane, h.w.k, h.mask, avail)
+                        if h.w.wid == target then return v == GRANTABLE and i or nil, take end
+                        if v == GRANTABLE then
+                                if not h.w.gated then return i, take end
+                                if t then SETS.mark_ready(h.w, t) end
+                                for m in pairs(avail.set) do
+                                        if not h.mask or h.mask[m] then
+                                                avail.set[m] = nil
+                                                avail.n = avail.n - 1
+                                        end
+                                end
+                        end
+                end
+                return nil
         end
-        local avail = free_member_set()
-        -- No free member: nobody ahead can be granted and neither can it (queue_walk() stops at once).
-        if avail.n <= 0 then return false end
-        if SETS.walk(walk_heads(), avail) then return false end
-        local mask = nil
-        if canon ~= '' then mask = selector_members(canon) or {} end
-        local v, take = walk_verdict(lane, k, mask, avail)
-        return v == GRANTABLE, take
+
+        -- Whether a health request (a waiter, or submit's { sel = SELECTOR }) admits the member at place pos: its
+        -- selector's mask, as pool-local.c's health_fits() ANDs it (a canon that is not one admits none).
+        function HEALTH.admits(w, pos)
+                if (w.sel or '') == '' then return true end
+                local mask = selector_members(w.sel)
+                return mask ~= nil and mask[pos] == true
+        end
+
+        -- submit's room (SPEC §3, §3.5): true and the members to take, or false. Without selectors anywhere, the
+        -- (lane, k) rule as before.
+        room_for = function(lane, k, canon)
+                if canon == '' and M.selective <= 0 then
+                        return lane_verdict(lane, k, free_slots()) == GRANTABLE and not queue_next(), nil
+                end
+                local avail = free_member_set()
+                -- No free member: nobody ahead can be granted and neither can it (queue_walk() stops at once).
+                if avail.n <= 0 then return false end
+                if SETS.walk(walk_heads(), avail) then return false end
+                local mask = nil
+                if canon ~= '' then mask = selector_members(canon) or {} end
+                local v, take = walk_verdict(lane, k, mask, avail)
+                return v == GRANTABLE, take
+        end
 end
 
 -- A try without room that may not wait is busy; "cooldown" when it lacks only slots that rest: the pool clock
@@ -1991,170 +2017,154 @@ local function orphans_lapse(t)
         end
 end
 
-
--- pool-local.c:dispatch() while selectors wait (meta.selective): the walk, its heads read once (only when a
--- member is free) and the granted one's bucket's next put in its place. One step a grant, as dispatch().
-local function dispatch_walk(t)
-        local heads
-        while M.waiting > 0 and free_slots() > 0 do
-                local avail = free_member_set()
-                if avail.n <= 0 then return true end -- read no heads for nothing (a full pool's instant)
-                heads = heads or walk_heads()
-                local i, take = SETS.walk(heads, avail, t)
-                if not i then return true end
-                if not step() then return false end
-                local h = table.remove(heads, i)
-                local w = h.w
-                waiter_unlink(w, true)
-                local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w, take)
-                notify(w.node, lease_decision(l))
-                local next = head_of(w.lane, h.key, h.canon)
-                if next then heads_insert(heads, next) end
-        end
-        return true
-end
-
 ---------------------------------------------------------------------------------------------- rules adopted
 
--- What an adopted rules change leaves to do (tick.lua, agree()), in {sb:P}:rekey: "at" (the adoption's
--- instant), "drop:L" (a lane removed: its waiters are refused unavailable at "at", as
--- pool-local.c:local_configure() does) and "move:L" = the new priority (its waiters move from their old
--- per-priority queue to the new one; queue_next() reads priorities from the rules, so dispatch is right
--- at once and only positions wait for the move). One step per waiter; the job runs at the start of
--- instants until done. Returns false when the budget ran out.
--- The buckets a job walks: a lane's (lane, k) and selector buckets ("drop", "move"), its selector buckets
--- alone ("sdrop": those the adopted rules can never satisfy are refused, SPEC §3.5), none ("hdrop": its
--- health waiters alone, HEALTH.drop(); "drop" refuses those too).
-local function rekey_buckets(kind, lane)
-        if kind == 'hdrop' then return {} end
-        local ks = kind == 'sdrop' and {} or redis.call('SMEMBERS', k_lk(lane))
-        for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do ks[#ks + 1] = s end
-        return ks
-end
+local rekey_step
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        -- What an adopted rules change leaves to do (tick.lua, agree()), in {sb:P}:rekey: "at" (the adoption's
+        -- instant), "drop:L" (a lane removed: its waiters are refused unavailable at "at", as
+        -- pool-local.c:local_configure() does) and "move:L" = the new priority (its waiters move from their old
+        -- per-priority queue to the new one; queue_next() reads priorities from the rules, so dispatch is right
+        -- at once and only positions wait for the move). One step per waiter; the job runs at the start of
+        -- instants until done. Returns false when the budget ran out.
+        -- The buckets a job walks: a lane's (lane, k) and selector buckets ("drop", "move"), its selector buckets
+        -- alone ("sdrop": those the adopted rules can never satisfy are refused, SPEC §3.5), none ("hdrop": its
+        -- health waiters alone, HEALTH.drop(); "drop" refuses those too).
+        local function rekey_buckets(kind, lane)
+                if kind == 'hdrop' then return {} end
+                local ks = kind == 'sdrop' and {} or redis.call('SMEMBERS', k_lk(lane))
+                for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do ks[#ks + 1] = s end
+                return ks
+        end
 
-local function rekey_step()
-        local job = LIFE.keyed('HGETALL', K.rekey)
-        if #job == 0 then return true end
-        -- Untrusted (README, "Where this differs from the memo"): an `at` that is not an instant up to now is
-        -- now; a move's priority is the rules' (a lane they lack: nothing to move).
-        -- What tick.lua's agree() never writes is told ("bad-key") and repaired in the job, so it is told once:
-        -- an `at` not an instant up to now (written as now); a field other than at, cur:L:K and KIND:L of a known
-        -- kind; a drop of a lane the (adopted) rules have, an hdrop, sdrop or move of one they lack; a move
-        -- whose priority is not a number (the rules' is taken all the same). Those fields leave the job.
-        local at
-        for i = 1, #job, 2 do if job[i] == 'at' then at = int_of(job[i + 1]) end end
-        if not at or at < 0 or at > now then
-                LIFE.bad('rekey', 'at')
-                at = now
-                redis.call('HSET', K.rekey, 'at', at)
-        end
-        for i = #job - 1, 1, -2 do
-                local f, v = job[i], job[i + 1]
-                local kind, lane = string.match(f, '^(%a+):(.+)$')
-                local known = R.lanes[lane or ''] ~= nil
-                local ok = f == 'at' or string.match(f, '^cur:') or
-                           (kind == 'drop' and not known) or
-                           ((kind == 'hdrop' or kind == 'sdrop') and known) or
-                           (kind == 'move' and known and int_of(v) ~= nil)
-                if not ok then
-                        LIFE.bad('rekey', f)
-                        redis.call('HDEL', K.rekey, f)
-                        table.remove(job, i + 1)
-                        table.remove(job, i)
+        rekey_step = function()
+                local job = LIFE.keyed('HGETALL', K.rekey)
+                if #job == 0 then return true end
+                -- Untrusted (README, "Where this differs from the memo"): an `at` that is not an instant up to now is
+                -- now; a move's priority is the rules' (a lane they lack: nothing to move).
+                -- What tick.lua's agree() never writes is told ("bad-key") and repaired in the job, so it is told once:
+                -- an `at` not an instant up to now (written as now); a field other than at, cur:L:K and KIND:L of a known
+                -- kind; a drop of a lane the (adopted) rules have, an hdrop, sdrop or move of one they lack; a move
+                -- whose priority is not a number (the rules' is taken all the same). Those fields leave the job.
+                local at
+                for i = 1, #job, 2 do if job[i] == 'at' then at = int_of(job[i + 1]) end end
+                if not at or at < 0 or at > now then
+                        LIFE.bad('rekey', 'at')
+                        at = now
+                        redis.call('HSET', K.rekey, 'at', at)
                 end
-        end
-        for i = 1, #job, 2 do
-                local kind, lane = string.match(job[i], '^(%a+):(.+)$')
-                if (kind == 'drop' or kind == 'hdrop') and not HEALTH.drop(lane, at) then return false end
-                if kind then
-                        for _, k in ipairs(rekey_buckets(kind, lane)) do
-                                local b = k_bucket(lane, k)
-                                while kind ~= 'sdrop' or selector_bucket_unsatisfiable(k) do
-                                        local wids
-                                        if kind == 'drop' or kind == 'sdrop' then
-                                                wids = redis.call('ZRANGE', b, '0', '0')
-                                        else
-                                                local cur = redis.call('HGET', K.rekey, 'cur:' .. lane .. ':' .. k)
-                                                wids = redis.call('ZRANGEBYLEX', b, cur and ('(' .. cur) or '-', '+', 'LIMIT', '0', '1')
-                                        end
-                                        local wid = wids[1]
-                                        if not wid then break end
-                                        if not step() then return false end
-                                        local w = waiter_get(wid)
-                                        if not w then
-                                                redis.call('ZREM', b, wid) -- a stale wid: its record is gone
-                                        elseif kind == 'drop' or kind == 'sdrop' then
-                                                waiter_refuse(w, 'unavailable', '', at)
-                                        elseif not (R.lanes[lane] and w.lane == lane and not w.health) then
-                                                redis.call('ZREM', b, wid) -- not this bucket's waiter: a wid out of place
-                                        else
-                                                local prio = R.lanes[lane].priority
-                                                redis.call('ZREM', k_queue(w.prio), wid)
-                                                w.prio = prio
-                                                waiter_put(w)
-                                                redis.call('ZADD', k_queue(prio), 0, wid)
-                                                redis.call('ZADD', K.prios, prio, prio)
-                                                redis.call('HSET', K.rekey, 'cur:' .. lane .. ':' .. k, wid)
+                for i = #job - 1, 1, -2 do
+                        local f, v = job[i], job[i + 1]
+                        local kind, lane = string.match(f, '^(%a+):(.+)$')
+                        local known = R.lanes[lane or ''] ~= nil
+                        local ok = f == 'at' or string.match(f, '^cur:') or
+                                   (kind == 'drop' and not known) or
+                                   ((kind == 'hdrop' or kind == 'sdrop') and known) or
+                                   (kind == 'move' and known and int_of(v) ~= nil)
+                        if not ok then
+                                LIFE.bad('rekey', f)
+                                redis.call('HDEL', K.rekey, f)
+                                table.remove(job, i + 1)
+                                table.remove(job, i)
+                        end
+                end
+                for i = 1, #job, 2 do
+                        local kind, lane = string.match(job[i], '^(%a+):(.+)$')
+                        if (kind == 'drop' or kind == 'hdrop') and not HEALTH.drop(lane, at) then return false end
+                        if kind then
+                                for _, k in ipairs(rekey_buckets(kind, lane)) do
+                                        local b = k_bucket(lane, k)
+                                        while kind ~= 'sdrop' or selector_bucket_unsatisfiable(k) do
+                                                local wids
+                                                if kind == 'drop' or kind == 'sdrop' then
+                                                        wids = redis.call('ZRANGE', b, '0', '0')
+                                                else
+                                                        local cur = redis.call('HGET', K.rekey, 'cur:' .. lane .. ':' .. k)
+                                                        wids = redis.call('ZRANGEBYLEX', b, cur and ('(' .. cur) or '-', '+', 'LIMIT', '0', '1')
+                                                end
+                                                local wid = wids[1]
+                                                if not wid then break end
+                                                if not step() then return false end
+                                                local w = waiter_get(wid)
+                                                if not w then
+                                                        redis.call('ZREM', b, wid) -- a stale wid: its record is gone
+                                                elseif kind == 'drop' or kind == 'sdrop' then
+                                                        waiter_refuse(w, 'unavailable', '', at)
+                                                elseif not (R.lanes[lane] and w.lane == lane and not w.health) then
+                                                        redis.call('ZREM', b, wid) -- not this bucket's waiter: a wid out of place
+                                                else
+                                                        local prio = R.lanes[lane].priority
+                                                        redis.call('ZREM', k_queue(w.prio), wid)
+                                                        w.prio = prio
+                                                        waiter_put(w)
+                                                        redis.call('ZADD', k_queue(prio), 0, wid)
+                                                        redis.call('ZADD', K.prios, prio, prio)
+                                                        redis.call('HSET', K.rekey, 'cur:' .. lane .. ':' .. k, wid)
+                                                end
                                         end
                                 end
                         end
                 end
+                redis.call('DEL', K.rekey)
+                return true
         end
-        redis.call('DEL', K.rekey)
-        return true
 end
 
 -------------------------------------------------------------------------------------- recovery windows
 
--- A recovery window (no grant until it ends) follows anything that may have lost recent grants: a
--- restart, a failover to a replica that had not received them. Its worst case is one node TTL: by then a
--- node that held such a grant has reclaimed it or fenced itself. It ends sooner when it knows whom to wait
--- for: the nodes registered when it opened (K.recovering, meta.recovery_set = 1), each saying, by a tick
--- with the reclaimed flag, that Redis has every lease it holds again. A node that never says so (dead,
--- cut off) keeps the window to its full length; one that registers during it with leases still to
--- reclaim (Redis lost its registration too) joins the wait. A pool Redis made anew knows nobody: the
--- full length. why: what opened it, for the nodes' journal (README, "Recovery windows").
--- The set holds RECOVERY_OPEN besides the nodes, a member no SREM of a node removes: a set emptied by its
--- last node's vouch keeps it, one deleted or evicted meanwhile (anyone may write it) has lost it, and the
--- window then runs to its full length (recovery_vouch()). A brokerd of the scripts before (no such member)
--- that SREMs the last node finds the set not empty, and ends nothing either.
-local RECOVERY_OPEN = '#open' -- (never a node id: 32 hex)
-local function recovery_open(until_, nodes, why)
-        meta_set('recovery_until', math.max(M.recovery_until, until_))
-        meta_set('recovery_from', now)
-        meta_set('recovery_why', why)
-        redis.call('DEL', K.recovering)
-        if #nodes > 0 then redis.call('SADD', K.recovering, RECOVERY_OPEN) end
-        for i = 1, #nodes, 1000 do
-                redis.call('SADD', K.recovering, unpack(nodes, i, math.min(i + 999, #nodes)))
+local recovery_open, recovery_close, recovery_vouch
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        -- A recovery window (no grant until it ends) follows anything that may have lost recent grants: a
+        -- restart, a failover to a replica that had not received them. Its worst case is one node TTL: by then a
+        -- node that held such a grant has reclaimed it or fenced itself. It ends sooner when it knows whom to wait
+        -- for: the nodes registered when it opened (K.recovering, meta.recovery_set = 1), each saying, by a tick
+        -- with the reclaimed flag, that Redis has every lease it holds again. A node that never says so (dead,
+        -- cut off) keeps the window to its full length; one that registers during it with leases still to
+        -- reclaim (Redis lost its registration too) joins the wait. A pool Redis made anew knows nobody: the
+        -- full length. why: what opened it, for the nodes' journal (README, "Recovery windows").
+        -- The set holds RECOVERY_OPEN besides the nodes, a member no SREM of a node removes: a set emptied by its
+        -- last node's vouch keeps it, one deleted or evicted meanwhile (anyone may write it) has lost it, and the
+        -- window then runs to its full length (recovery_vouch()). A brokerd of the scripts before (no such member)
+        -- that SREMs the last node finds the set not empty, and ends nothing either.
+        local RECOVERY_OPEN = '#open' -- (never a node id: 32 hex)
+        local RECOVERY_MIN = USEC_PER_SEC -- a recovery window that waits for its nodes lasts at least this
+        recovery_open = function(until_, nodes, why)
+                meta_set('recovery_until', math.max(M.recovery_until, until_))
+                meta_set('recovery_from', now)
+                meta_set('recovery_why', why)
+                redis.call('DEL', K.recovering)
+                if #nodes > 0 then redis.call('SADD', K.recovering, RECOVERY_OPEN) end
+                for i = 1, #nodes, 1000 do
+                        redis.call('SADD', K.recovering, unpack(nodes, i, math.min(i + 999, #nodes)))
+                end
+                meta_set('recovery_set', #nodes > 0 and 1 or 0)
         end
-        meta_set('recovery_set', #nodes > 0 and 1 or 0)
-end
 
-local function recovery_close()
-        meta_set('recovery_until', 0)
-        meta_set('recovery_from', 0)
-        meta_set('recovery_set', 0)
-        meta_set('recovery_why', nil)
-        redis.call('DEL', K.recovering)
-end
-
--- A tick's reclaimed flag, inside a window that waits for its nodes: the last node to say so ends it, but
--- not before RECOVERY_MIN after it opened. The nodes learn of a failover or a restart at about the same
--- moment (+switch-master, a reconnect); one that Redis does not know (its registration was lost with its
--- grants) cannot be waited for, and this second is its time to arrive and join the wait.
--- The last node is gone when RECOVERY_OPEN is all the set holds: a set without it (deleted or evicted while
--- the window was open, or opened by the scripts before, which knew no such member) cannot tell who is
--- left, and the window runs to its full length (README, "Recovery windows").
-local function recovery_vouch(reclaimed)
-        if not (M.recovery_until > 0 and now < M.recovery_until and M.recovery_set == 1) then return end
-        if not reclaimed then
-                redis.call('SADD', K.recovering, NODE)
-                return
+        recovery_close = function()
+                meta_set('recovery_until', 0)
+                meta_set('recovery_from', 0)
+                meta_set('recovery_set', 0)
+                meta_set('recovery_why', nil)
+                redis.call('DEL', K.recovering)
         end
-        redis.call('SREM', K.recovering, NODE)
-        if redis.call('SCARD', K.recovering) == 1 and redis.call('SISMEMBER', K.recovering, RECOVERY_OPEN) == 1 then
-                meta_set('recovery_until', math.min(M.recovery_until, math.max(now, M.recovery_from + RECOVERY_MIN)))
+
+        -- A tick's reclaimed flag, inside a window that waits for its nodes: the last node to say so ends it, but
+        -- not before RECOVERY_MIN after it opened. The nodes learn of a failover or a restart at about the same
+        -- moment (+switch-master, a reconnect); one that Redis does not know (its registration was lost with its
+        -- grants) cannot be waited for, and this second is its time to arrive and join the wait.
+        -- The last node is gone when RECOVERY_OPEN is all the set holds: a set without it (deleted or evicted while
+        -- the window was open, or opened by the scripts before, which knew no such member) cannot tell who is
+        -- left, and the window runs to its full length (README, "Recovery windows").
+        recovery_vouch = function(reclaimed)
+                if not (M.recovery_until > 0 and now < M.recovery_until and M.recovery_set == 1) then return end
+                if not reclaimed then
+                        redis.call('SADD', K.recovering, NODE)
+                        return
+                end
+                redis.call('SREM', K.recovering, NODE)
+                if redis.call('SCARD', K.recovering) == 1 and redis.call('SISMEMBER', K.recovering, RECOVERY_OPEN) == 1 then
+                        meta_set('recovery_until', math.min(M.recovery_until, math.max(now, M.recovery_from + RECOVERY_MIN)))
+                end
         end
 end
 
@@ -2162,19 +2172,22 @@ end
 
 local function has_room_for_one() return M.waiting == 0 and free_slots() > 0 end
 
--- pool-local.c:congested_at()
-local function congested_at(t)
-        if not R.q or M.drained == 1 then return false end
-        return not has_room_for_one() and idle_at(t) > R.q
-end
+local update_congestion
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        -- pool-local.c:congested_at()
+        local function congested_at(t)
+                if not R.q or M.drained == 1 then return false end
+                return not has_room_for_one() and idle_at(t) > R.q
+        end
 
-local function update_congestion(t)
-        local c = congested_at(t) and 1 or 0
-        if c == M.congested then return true end
-        if not step() then return false end
-        meta_set('congested', c)
-        events[#events + 1] = { 'congestion', t, idle_at(t), c }
-        return true
+        update_congestion = function(t)
+                local c = congested_at(t) and 1 or 0
+                if c == M.congested then return true end
+                if not step() then return false end
+                meta_set('congested', c)
+                events[#events + 1] = { 'congestion', t, idle_at(t), c }
+                return true
+        end
 end
 
 -- pool-local.c:health_dispatch(): the health waiters in arrival order, each granted the quarantined members
@@ -2313,56 +2326,81 @@ function HEALTH.check()
         meta_set('waiting', #a / 2 - health)
 end
 
--- pool-local.c:dispatch(): free slots to waiters in queue order until the first that cannot go. No grant
--- at all inside a recovery window: its end is a due instant, so dispatch resumes exactly then.
--- The head's record is read whatever its verdict: a stale wid held back (HOLD: its bucket's k above the free
--- slots) would otherwise hold the queue back for good. A step each grant or wid dropped (not a head that holds).
-local function dispatch(t)
-        if M.recovery_until > 0 and t < M.recovery_until then return true end
-        if M.selective > 0 then return dispatch_walk(t) end
-        while M.waiting > 0 and free_slots() > 0 do
-                local wid, v = queue_next()
-                if not wid then return true end
-                local hold = v ~= GRANTABLE
-                if not hold and not step() then return false end
-                local w = waiter_get(wid)
-                local from = carry.best
-                if not w or w.health or (w.sel or '') ~= '' or w.lane ~= from.lane or w.k ~= from.k then
-                        -- Untrusted: a wid whose record is gone, or says it waits elsewhere (a health waiter, a
-                        -- selector's bucket, another lane or k: the room was judged for this bucket's k), leaves
-                        -- this bucket (by the name lk:L gave it) and its queue; never granted from here.
-                        if hold and not step() then return false end
-                        redis.call('ZREM', k_bucket(from.lane, from.ks), wid)
-                        if w then redis.call('ZREM', k_queue(w.prio), wid) end
-                elseif hold then
-                        return true
-                elseif w.gated then
-                        -- A set's part first in the queue with room: said ready, granted with the set only
-                        -- (set.lua); it holds back those behind it.
-                        SETS.mark_ready(w, t)
-                        return true
-                else
+local dispatch_settle
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        -- pool-local.c:dispatch() while selectors wait (meta.selective): the walk, its heads read once (only when a
+        -- member is free) and the granted one's bucket's next put in its place. One step a grant, as dispatch().
+        local function dispatch_walk(t)
+                local heads
+                while M.waiting > 0 and free_slots() > 0 do
+                        local avail = free_member_set()
+                        if avail.n <= 0 then return true end -- read no heads for nothing (a full pool's instant)
+                        heads = heads or walk_heads()
+                        local i, take = SETS.walk(heads, avail, t)
+                        if not i then return true end
+                        if not step() then return false end
+                        local h = table.remove(heads, i)
+                        local w = h.w
                         waiter_unlink(w, true)
-                        local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w)
+                        local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w, take)
                         notify(w.node, lease_decision(l))
+                        local next = head_of(w.lane, h.key, h.canon)
+                        if next then heads_insert(heads, next) end
                 end
+                return true
         end
-        return true
-end
 
--- Step 3 of the instant (SPEC §3.3; pool-local.c:dispatch_settle()): the queue, then the health waiters beside
--- it, again while a health grant was made. A health lane's grant counts for its lane's reserve= (SPEC §3, lane
--- limits), so a waiter of the queue that those unused reserved slots passed over may have room after it, at
--- this instant (its budget may end at it: step 3 comes before 4); and the queue's grants move lanes'
--- max-in-use, which decides what a health waiter sets aside. Each round but the last grants: it ends. False:
--- the budget ran out (the phase is run again; every round decides from the keys afresh).
-local function dispatch_settle(t)
-        repeat
-                if not dispatch(t) then return false end
-                local ok, granted = HEALTH.dispatch(t)
-                if not ok then return false end
-        until not granted
-        return true
+        -- pool-local.c:dispatch(): free slots to waiters in queue order until the first that cannot go. No grant
+        -- at all inside a recovery window: its end is a due instant, so dispatch resumes exactly then.
+        -- The head's record is read whatever its verdict: a stale wid held back (HOLD: its bucket's k above the free
+        -- slots) would otherwise hold the queue back for good. A step each grant or wid dropped (not a head that holds).
+        local function dispatch(t)
+                if M.recovery_until > 0 and t < M.recovery_until then return true end
+                if M.selective > 0 then return dispatch_walk(t) end
+                while M.waiting > 0 and free_slots() > 0 do
+                        local wid, v = queue_next()
+                        if not wid then return true end
+                        local hold = v ~= GRANTABLE
+                        if not hold and not step() then return false end
+                        local w = waiter_get(wid)
+                        local from = carry.best
+                        if not w or w.health or (w.sel or '') ~= '' or w.lane ~= from.lane or w.k ~= from.k then
+                                -- Untrusted: a wid whose record is gone, or says it waits elsewhere (a health waiter, a
+                                -- selector's bucket, another lane or k: the room was judged for this bucket's k), leaves
+                                -- this bucket (by the name lk:L gave it) and its queue; never granted from here.
+                                if hold and not step() then return false end
+                                redis.call('ZREM', k_bucket(from.lane, from.ks), wid)
+                                if w then redis.call('ZREM', k_queue(w.prio), wid) end
+                        elseif hold then
+                                return true
+                        elseif w.gated then
+                                -- A set's part first in the queue with room: said ready, granted with the set only
+                                -- (set.lua); it holds back those behind it.
+                                SETS.mark_ready(w, t)
+                                return true
+                        else
+                                waiter_unlink(w, true)
+                                local l = grant(w.node, w.rid, w.lane, w.k, w.arrival, t, w)
+                                notify(w.node, lease_decision(l))
+                        end
+                end
+                return true
+        end
+
+        -- Step 3 of the instant (SPEC §3.3; pool-local.c:dispatch_settle()): the queue, then the health waiters beside
+        -- it, again while a health grant was made. A health lane's grant counts for its lane's reserve= (SPEC §3, lane
+        -- limits), so a waiter of the queue that those unused reserved slots passed over may have room after it, at
+        -- this instant (its budget may end at it: step 3 comes before 4); and the queue's grants move lanes'
+        -- max-in-use, which decides what a health waiter sets aside. Each round but the last grants: it ends. False:
+        -- the budget ran out (the phase is run again; every round decides from the keys afresh).
+        dispatch_settle = function(t)
+                repeat
+                        if not dispatch(t) then return false end
+                        local ok, granted = HEALTH.dispatch(t)
+                        if not ok then return false end
+                until not granted
+                return true
+        end
 end
 
 -- Step 4 of the instant: budgets that end at or before t, each refused at its own deadline.
@@ -2439,282 +2477,289 @@ local function registrations_repair()
         end
 end
 
--- One page of dead's records; false: the budget is spent or records are left (the next call goes on).
-local function reap_page(dead)
-        if reaped_a_page or not step() then return false end
-        reaped_a_page = true
-        local cursor = redis.call('HMGET', K.reaping, 'node', 'leases', 'waiters')
-        local n_leases, n_waiters = 0, 0
-        if cursor[1] == dead then
-                -- (the notice's counts only: garbage there, anyone's to write, counts from 0)
-                n_leases, n_waiters = int_of(cursor[2]) or 0, int_of(cursor[3]) or 0
-        end
-        local rids = redis.call('ZRANGE', k_records(dead), '0', REAP_PAGE - 1)
-        for _, rid in ipairs(rids) do
-                -- (a reference to another's record is dropped, not followed: ref_follow())
-                local kind, rec = ref_follow(dead, rid, redis.call('HGET', K.rid, dead .. ':' .. rid))
-                if kind == 'w' then
-                        if rec then waiter_unlink(rec) end
-                        n_waiters = n_waiters + 1
-                elseif kind == 'l' then
-                        if rec then lease_free(rec) end
-                        n_leases = n_leases + 1
+local reap, next_due, settle_until, finish_instant
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        local REAP_PAGE = 128 -- a dead node's records reaped a call at most
+        -- One page of dead's records; false: the budget is spent or records are left (the next call goes on).
+        local function reap_page(dead)
+                if reaped_a_page or not step() then return false end
+                reaped_a_page = true
+                local cursor = redis.call('HMGET', K.reaping, 'node', 'leases', 'waiters')
+                local n_leases, n_waiters = 0, 0
+                if cursor[1] == dead then
+                        -- (the notice's counts only: garbage there, anyone's to write, counts from 0)
+                        n_leases, n_waiters = int_of(cursor[2]) or 0, int_of(cursor[3]) or 0
                 end
-                redis.call('ZREM', k_records(dead), rid)
-                redis.call('HDEL', K.rid, dead .. ':' .. rid)
-        end
-        if #rids == REAP_PAGE and redis.call('ZCARD', k_records(dead)) > 0 then
-                redis.call('HSET', K.reaping, 'node', dead, 'leases', n_leases, 'waiters', n_waiters)
-                return false
-        end
-        local name = redis.call('HGET', k_node(dead), 'name') or dead
-        redis.call('DEL', k_node(dead), k_records(dead), k_stream(dead), k_outcomes(dead), k_outcome_exp(dead),
-                   K.reaping)
-        fp_delta[dead] = nil
-        meta_incr('nodes', -redis.call('ZREM', K.nodes, dead))
-        redis.call('ZREM', K.lv, dead)
-        notices[#notices + 1] = { 'node-expired', dead, name, n_leases, n_waiters }
-        return true
-end
-
--- A dead node's records, one page per call (memo §3.8): its leases end, its waiters go silently (their
--- clients were that node's). Returns true when no dead node is left at t.
-local function reap(t)
-        local looked = 0
-        while true do
-                local dead = redis.call('ZRANGEBYSCORE', K.nodes, '-inf', t, 'LIMIT', '0', '1')[1]
-                if not dead then
-                        -- A covered registration (score +inf) whose lv score lapsed: re-scored while its live
-                        -- key covers it, reaped once not; an lv entry of a registration not covered any more
-                        -- (or gone) is dropped (its own score decides).
-                        local c = redis.call('ZRANGEBYSCORE', K.lv, '-inf', t, 'LIMIT', '0', '1')[1]
-                        if not c then return true end
-                        if looked >= EXTEND_PAGE then return false end
-                        looked = looked + 1
-                        local l = redis.call('HGET', K.reaping, 'node') ~= c and live_deadline(c)
-                        if redis.call('ZSCORE', K.nodes, c) ~= 'inf' then
-                                redis.call('ZREM', K.lv, c)
-                        elseif l and l > t then
-                                redis.call('ZADD', K.lv, 'XX', l, c)
-                        else
-                                dead = c
+                local rids = redis.call('ZRANGE', k_records(dead), '0', REAP_PAGE - 1)
+                for _, rid in ipairs(rids) do
+                        -- (a reference to another's record is dropped, not followed: ref_follow())
+                        local kind, rec = ref_follow(dead, rid, redis.call('HGET', K.rid, dead .. ':' .. rid))
+                        if kind == 'w' then
+                                if rec then waiter_unlink(rec) end
+                                n_waiters = n_waiters + 1
+                        elseif kind == 'l' then
+                                if rec then lease_free(rec) end
+                                n_leases = n_leases + 1
                         end
+                        redis.call('ZREM', k_records(dead), rid)
+                        redis.call('HDEL', K.rid, dead .. ':' .. rid)
                 end
-                if dead and not reap_page(dead) then return false end
+                if #rids == REAP_PAGE and redis.call('ZCARD', k_records(dead)) > 0 then
+                        redis.call('HSET', K.reaping, 'node', dead, 'leases', n_leases, 'waiters', n_waiters)
+                        return false
+                end
+                local name = redis.call('HGET', k_node(dead), 'name') or dead
+                redis.call('DEL', k_node(dead), k_records(dead), k_stream(dead), k_outcomes(dead), k_outcome_exp(dead),
+                           K.reaping)
+                fp_delta[dead] = nil
+                meta_incr('nodes', -redis.call('ZREM', K.nodes, dead))
+                redis.call('ZREM', K.lv, dead)
+                notices[#notices + 1] = { 'node-expired', dead, name, n_leases, n_waiters }
+                return true
         end
-end
 
--- The first entries of the keys whose scores make instants due (next_due(), instant()): read once, and
--- kept (carry.heads) while the operation caches them (carry.heads_on) until something writes one of those
--- keys (every such write drops them). Key -> ZRANGE … WITHSCORES.
-local function heads()
-        local h = carry.heads
-        if h and carry.heads_on then return h end
-        h = {
-                [K.dl] = redis.call('ZRANGE', K.dl, '0', '0', 'WITHSCORES'),
-                [K.nodes] = redis.call('ZRANGE', K.nodes, '0', '1', 'WITHSCORES'),
-                [K.lv] = redis.call('ZRANGE', K.lv, '0', '1', 'WITHSCORES'),
-                [K.orph] = redis.call('ZRANGE', K.orph, '0', '0', 'WITHSCORES'),
-        }
-        -- The scores as numbers, once (tonumber() of a 16-digit string is a strtod()); first: the earliest
-        -- of the four (nil: all empty), what instant_is_idle() asks.
-        local first
-        for _, a in pairs(h) do
-                a[2], a[4] = tonumber(a[2]), tonumber(a[4])
-                if a[2] and (not first or a[2] < first) then first = a[2] end
+        -- A dead node's records, one page per call (memo §3.8): its leases end, its waiters go silently (their
+        -- clients were that node's). Returns true when no dead node is left at t.
+        reap = function(t)
+                local looked = 0
+                while true do
+                        local dead = redis.call('ZRANGEBYSCORE', K.nodes, '-inf', t, 'LIMIT', '0', '1')[1]
+                        if not dead then
+                                -- A covered registration (score +inf) whose lv score lapsed: re-scored while its live
+                                -- key covers it, reaped once not; an lv entry of a registration not covered any more
+                                -- (or gone) is dropped (its own score decides).
+                                local c = redis.call('ZRANGEBYSCORE', K.lv, '-inf', t, 'LIMIT', '0', '1')[1]
+                                if not c then return true end
+                                if looked >= EXTEND_PAGE then return false end
+                                looked = looked + 1
+                                local l = redis.call('HGET', K.reaping, 'node') ~= c and live_deadline(c)
+                                if redis.call('ZSCORE', K.nodes, c) ~= 'inf' then
+                                        redis.call('ZREM', K.lv, c)
+                                elseif l and l > t then
+                                        redis.call('ZADD', K.lv, 'XX', l, c)
+                                else
+                                        dead = c
+                                end
+                        end
+                        if dead and not reap_page(dead) then return false end
+                end
         end
-        h.first = first
-        if carry.heads_on then carry.heads = h end
-        return h
-end
 
--- Whether key's first score is ≤ t (something of it due), by heads(); true when heads are not cached.
-local function head_due(key, t)
-        if not carry.heads_on then return true end
-        local v = tonumber(heads()[key][2])
-        return v ~= nil and v <= t
-end
+        -- The first entries of the keys whose scores make instants due (next_due(), instant()): read once, and
+        -- kept (carry.heads) while the operation caches them (carry.heads_on) until something writes one of those
+        -- keys (every such write drops them). Key -> ZRANGE … WITHSCORES.
+        local function heads()
+                local h = carry.heads
+                if h and carry.heads_on then return h end
+                h = {
+                        [K.dl] = redis.call('ZRANGE', K.dl, '0', '0', 'WITHSCORES'),
+                        [K.nodes] = redis.call('ZRANGE', K.nodes, '0', '1', 'WITHSCORES'),
+                        [K.lv] = redis.call('ZRANGE', K.lv, '0', '1', 'WITHSCORES'),
+                        [K.orph] = redis.call('ZRANGE', K.orph, '0', '0', 'WITHSCORES'),
+                }
+                -- The scores as numbers, once (tonumber() of a 16-digit string is a strtod()); first: the earliest
+                -- of the four (nil: all empty), what instant_is_idle() asks.
+                local first
+                for _, a in pairs(h) do
+                        a[2], a[4] = tonumber(a[2]), tonumber(a[4])
+                        if a[2] and (not first or a[2] < first) then first = a[2] end
+                end
+                h.first = first
+                if carry.heads_on then carry.heads = h end
+                return h
+        end
 
--- Whether instant(t) has nothing to do but the congestion gauge: nobody waits (the queue's and the health
--- waiters' dispatch grant nothing), heads() say nothing is due at t (reap, orphans, budgets), no rekey job,
--- recovery window end, rest or drain's until, and no instant is under way (its marks would be set and
--- cleared: the same meta). A batch's grants and releases with no waiter are that case: the full instant's
--- two dozen calls were a tenth of a pair's instructions (issue 21).
-local function instant_is_idle(t)
-        if not (carry.heads_on and carry.rekey_empty and M.waiting == 0 and M.unsettled_at == nil and
-                M.phase == 0 and M.running ~= 1 and M.resting_free == 0 and (R.cooldown or 0) <= 0 and
-                not (M.recovery_until > 0 and t >= M.recovery_until) and HEALTH.waiting() == 0) then
-                return false
+        -- Whether key's first score is ≤ t (something of it due), by heads(); true when heads are not cached.
+        local function head_due(key, t)
+                if not carry.heads_on then return true end
+                local v = tonumber(heads()[key][2])
+                return v ~= nil and v <= t
         end
-        local first, drain = heads().first, DRAINS.next() -- (head_due() of each of the four keys)
-        return not (first and first <= t) and not (drain and drain <= t)
-end
 
--- pool-local.c:local_run() at t, after the lease ends of t (dead nodes). meta.phase remembers how far an
--- instant cut short by the budget got: 0 first dispatch_settle(), 1 expiries, 2 second dispatch_settle() and
--- the gauge.
--- Returns false when the budget ran out (the instant stays unsettled).
-local function instant(t)
-        if instant_is_idle(t) then return update_congestion(t) end
-        if M.unsettled_at ~= t then
-                meta_set('unsettled_at', t)
-                meta_set('phase', 0)
+        -- Whether instant(t) has nothing to do but the congestion gauge: nobody waits (the queue's and the health
+        -- waiters' dispatch grant nothing), heads() say nothing is due at t (reap, orphans, budgets), no rekey job,
+        -- recovery window end, rest or drain's until, and no instant is under way (its marks would be set and
+        -- cleared: the same meta). A batch's grants and releases with no waiter are that case: the full instant's
+        -- two dozen calls were a tenth of a pair's instructions (issue 21).
+        local function instant_is_idle(t)
+                if not (carry.heads_on and carry.rekey_empty and M.waiting == 0 and M.unsettled_at == nil and
+                        M.phase == 0 and M.running ~= 1 and M.resting_free == 0 and (R.cooldown or 0) <= 0 and
+                        not (M.recovery_until > 0 and t >= M.recovery_until) and HEALTH.waiting() == 0) then
+                        return false
+                end
+                local first, drain = heads().first, DRAINS.next() -- (head_due() of each of the four keys)
+                return not (first and first <= t) and not (drain and drain <= t)
         end
-        meta_set('running', 1)
-        -- The scans of what is due at t only when heads() says something is (none of them writes otherwise);
-        -- each may write the keys heads() reads.
-        if head_due(K.nodes, t) or head_due(K.lv, t) then
-                local done = reap(t)
-                carry.heads = nil
-                if not done then return false end
-        end
-        if head_due(K.orph, t) then
-                local done = orphans_lapse(t)
-                carry.heads = nil
-                if not done then return false end
-        end
-        if not carry.rekey_empty then
-                if not rekey_step() then return false end
-                carry.rekey_empty = carry.heads_on -- only a tick makes a job (it begins its batch's state afresh)
-        end
-        if M.recovery_until > 0 and t >= M.recovery_until then recovery_close() end
-        rests.wake(t)
-        if DRAINS.next() and DRAINS.next() <= t then DRAINS.expire(t) end
-        if M.phase == 0 then
-                -- Health waiters too before budgets end (pool-local.c:local_run(); SPEC §3.3 step 3 before 4).
-                if not dispatch_settle(t) then return false end
-                meta_set('phase', 1)
-        end
-        if M.phase == 1 then
-                if head_due(K.dl, t) then
-                        local done = expire(t)
+
+        -- pool-local.c:local_run() at t, after the lease ends of t (dead nodes). meta.phase remembers how far an
+        -- instant cut short by the budget got: 0 first dispatch_settle(), 1 expiries, 2 second dispatch_settle() and
+        -- the gauge.
+        -- Returns false when the budget ran out (the instant stays unsettled).
+        local function instant(t)
+                if instant_is_idle(t) then return update_congestion(t) end
+                if M.unsettled_at ~= t then
+                        meta_set('unsettled_at', t)
+                        meta_set('phase', 0)
+                end
+                meta_set('running', 1)
+                -- The scans of what is due at t only when heads() says something is (none of them writes otherwise);
+                -- each may write the keys heads() reads.
+                if head_due(K.nodes, t) or head_due(K.lv, t) then
+                        local done = reap(t)
                         carry.heads = nil
                         if not done then return false end
                 end
-                meta_set('phase', 2)
-        end
-        if not dispatch_settle(t) then return false end
-        if not update_congestion(t) then return false end
-        meta_set('unsettled_at', nil)
-        meta_set('phase', 0)
-        meta_set('running', nil)
-        return true
-end
-
--- pool-local.c:local_next_wakeup(), plus what only a shared pool has: an unsettled instant, dead nodes,
--- the end of a recovery window. nil: nothing due.
---
--- While an instant u is unsettled, operations of u have changed the state after every earlier instant
--- was settled: nothing they make due can be earlier than u (the gauge, which pool-local.c looks at only
--- when it runs, flips at u, not at last_fast + Q + 1 in the past).
---
--- for_caller: the caller's own liveness deadline is not an instant it has to be woken for (its heartbeats
--- move it; if they stop, another node's call reaps it). Nor are the covered registrations that the
--- extension carried beyond its horizon (registrations_extend(): their live keys renew them): a node's
--- death is found by the renewals (renew.lua, sb:lives), whose claimer ticks its pools; one left within the
--- horizon (its key renews it no more, or the page ran out) is due at its lv score. Settling counts every
--- node.
-local function next_due(for_caller)
-        local u = M.unsettled_at
-        local t = u
-        local function consider(v)
-                if v and u and v < u then v = u end
-                if v and (not t or v < t) then t = v end
-        end
-        local h = heads()
-        consider(tonumber(h[K.dl][2]))
-        -- Registrations: finite scores in nodes, covered ones (+inf there) by their lv scores.
-        for _, key in ipairs({ K.nodes, K.lv }) do
-                local first = h[key]
-                local v = tonumber(first[2])
-                if for_caller and first[1] == NODE then v = tonumber(first[4]) end
-                if for_caller and key == K.lv and bnow and v and v > now + math.floor(pool_ttl() / 2) then
-                        v = nil
+                if head_due(K.orph, t) then
+                        local done = orphans_lapse(t)
+                        carry.heads = nil
+                        if not done then return false end
                 end
-                if v ~= INF then consider(v) end
-        end
-        if M.recovery_until > 0 then consider(M.recovery_until) end
-        consider(DRAINS.next())
-        consider(tonumber(h[K.orph][2]))
-        consider(rests.next_end())
-        if M.congested == 0 and R.q and M.drained == 0 and not has_room_for_one() then
-                consider(M.last_fast + R.q + 1)
-        end
-        return t
-end
-
--- engine.c:engine_advance(): every instant before t, each at its own time, and t itself if it is under
--- way (an instant cut short by the budget: pool-local would have finished it before anything later at
--- t; one that operations of t merely marked waits for the tick). False: budget spent.
-local function settle_until(t)
-        -- A batch's operation after one that settled this very instant (finish_instant()): nothing is due
-        -- before t, nor at t unsettled, until an operation changes the pool again (next_due() would say so,
-        -- at the cost of reading every source of an instant: a quarter of a release's time, issue 21).
-        if carry.on and carry.settled_at == t then return true end
-        while true do
-                local due = next_due()
-                if not due or due > t then return true end
-                if due == t and not (M.running == 1 and M.unsettled_at == t) then return true end
-                if not step() then return false end
-                if not instant(due) then return false end
-        end
-end
-
--- The end of an operation (settle flag): its own instant in the redis clock mode; in the manual one the
--- instant is completed by the tick that follows (the engine's run()).
-local function finish_instant()
-        if SETTLE then
-                if instant(now) then carry.settled_at = now end
-        elseif M.unsettled_at ~= now then
-                meta_set('unsettled_at', now)
+                if not carry.rekey_empty then
+                        if not rekey_step() then return false end
+                        carry.rekey_empty = carry.heads_on -- only a tick makes a job (it begins its batch's state afresh)
+                end
+                if M.recovery_until > 0 and t >= M.recovery_until then recovery_close() end
+                rests.wake(t)
+                if DRAINS.next() and DRAINS.next() <= t then DRAINS.expire(t) end
+                if M.phase == 0 then
+                        -- Health waiters too before budgets end (pool-local.c:local_run(); SPEC §3.3 step 3 before 4).
+                        if not dispatch_settle(t) then return false end
+                        meta_set('phase', 1)
+                end
+                if M.phase == 1 then
+                        if head_due(K.dl, t) then
+                                local done = expire(t)
+                                carry.heads = nil
+                                if not done then return false end
+                        end
+                        meta_set('phase', 2)
+                end
+                if not dispatch_settle(t) then return false end
+                if not update_congestion(t) then return false end
+                meta_set('unsettled_at', nil)
                 meta_set('phase', 0)
+                meta_set('running', nil)
+                return true
+        end
+
+        -- pool-local.c:local_next_wakeup(), plus what only a shared pool has: an unsettled instant, dead nodes,
+        -- the end of a recovery window. nil: nothing due.
+        --
+        -- While an instant u is unsettled, operations of u have changed the state after every earlier instant
+        -- was settled: nothing they make due can be earlier than u (the gauge, which pool-local.c looks at only
+        -- when it runs, flips at u, not at last_fast + Q + 1 in the past).
+        --
+        -- for_caller: the caller's own liveness deadline is not an instant it has to be woken for (its heartbeats
+        -- move it; if they stop, another node's call reaps it). Nor are the covered registrations that the
+        -- extension carried beyond its horizon (registrations_extend(): their live keys renew them): a node's
+        -- death is found by the renewals (renew.lua, sb:lives), whose claimer ticks its pools; one left within the
+        -- horizon (its key renews it no more, or the page ran out) is due at its lv score. Settling counts every
+        -- node.
+        next_due = function(for_caller)
+                local u = M.unsettled_at
+                local t = u
+                local function consider(v)
+                        if v and u and v < u then v = u end
+                        if v and (not t or v < t) then t = v end
+                end
+                local h = heads()
+                consider(tonumber(h[K.dl][2]))
+                -- Registrations: finite scores in nodes, covered ones (+inf there) by their lv scores.
+                for _, key in ipairs({ K.nodes, K.lv }) do
+                        local first = h[key]
+                        local v = tonumber(first[2])
+                        if for_caller and first[1] == NODE then v = tonumber(first[4]) end
+                        if for_caller and key == K.lv and bnow and v and v > now + math.floor(pool_ttl() / 2) then
+                                v = nil
+                        end
+                        if v ~= INF then consider(v) end
+                end
+                if M.recovery_until > 0 then consider(M.recovery_until) end
+                consider(DRAINS.next())
+                consider(tonumber(h[K.orph][2]))
+                consider(rests.next_end())
+                if M.congested == 0 and R.q and M.drained == 0 and not has_room_for_one() then
+                        consider(M.last_fast + R.q + 1)
+                end
+                return t
+        end
+
+        -- engine.c:engine_advance(): every instant before t, each at its own time, and t itself if it is under
+        -- way (an instant cut short by the budget: pool-local would have finished it before anything later at
+        -- t; one that operations of t merely marked waits for the tick). False: budget spent.
+        settle_until = function(t)
+                -- A batch's operation after one that settled this very instant (finish_instant()): nothing is due
+                -- before t, nor at t unsettled, until an operation changes the pool again (next_due() would say so,
+                -- at the cost of reading every source of an instant: a quarter of a release's time, issue 21).
+                if carry.on and carry.settled_at == t then return true end
+                while true do
+                        local due = next_due()
+                        if not due or due > t then return true end
+                        if due == t and not (M.running == 1 and M.unsettled_at == t) then return true end
+                        if not step() then return false end
+                        if not instant(due) then return false end
+                end
+        end
+
+        -- The end of an operation (settle flag): its own instant in the redis clock mode; in the manual one the
+        -- instant is completed by the tick that follows (the engine's run()).
+        finish_instant = function()
+                if SETTLE then
+                        if instant(now) then carry.settled_at = now end
+                elseif M.unsettled_at ~= now then
+                        meta_set('unsettled_at', now)
+                        meta_set('phase', 0)
+                end
         end
 end
 
 ---------------------------------------------------------------------------------------------- replies
 
-local function cache()
-        local nd = next_due(true)
-        local c = {
-                M.in_use, M.waiting, M.congested, idle_at(now), M.drained, nd and nd or -1, M.counter,
-                M.epoch or '', M.recovery_until, stream_last, R.limit or 0,
-                M.recovery_until > 0 and M.recovery_why or '', rests.list(), LIFE.list(), DRAINS.list(),
-        }
-        return c
-end
-
--- An empty list of a reply's events or notices goes as nil (false), as a cache left to the next reply does
--- (README, "Replies"): Redis converts every table of a reply through a placeholder of its own, about 2,000
--- instructions an empty one, where a nil costs nothing (a batched pair's replies held six, issue 21).
-local function listed(t)
-        if t[1] == nil then return false end
-        return t
-end
-
--- A batch's operation whose next one carries its state on (and is run: "ok" or "invalid") leaves the cache
--- to the last reply of that run: brokerd applies replies in order, and only that one's cache counts (README,
--- "Batches"). Each costs a next_due() and four lists' tables to make and to convert.
-local function reply(status, body)
-        -- (both return at once within a batch's carried run: not called then, a pair's hundredth)
-        if not carry.on then outcomes_trim() end
-        if not carry.defer then flush() end
-        local c
-        if CACHE_LATER and (status == 'ok' or status == 'invalid') then
-                c, cache_owed = false, true
-        else
-                c, cache_owed = cache(), false
+local reply, early
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        local function cache()
+                local nd = next_due(true)
+                local c = {
+                        M.in_use, M.waiting, M.congested, idle_at(now), M.drained, nd and nd or -1, M.counter,
+                        M.epoch or '', M.recovery_until, stream_last, R.limit or 0,
+                        M.recovery_until > 0 and M.recovery_why or '', rests.list(), LIFE.list(), DRAINS.list(),
+                }
+                return c
         end
-        return { status, now, body or {}, listed(events), c, listed(notices) }
-end
 
--- A reply before the pool's state was looked at: no events, no cache — but the cache an operation before it
--- in the batch left to it (a carried state is the pool's as it left it), and the notices of what the call
--- repaired before it answered (tick's "canon" after prelude_begin()'s audits).
-local function early(status, body)
-        flush()
-        local c = false
-        if cache_owed and carry.on then c, cache_owed = cache(), false end
-        return { status, now, body or {}, false, c, listed(notices) }
+        -- An empty list of a reply's events or notices goes as nil (false), as a cache left to the next reply does
+        -- (README, "Replies"): Redis converts every table of a reply through a placeholder of its own, about 2,000
+        -- instructions an empty one, where a nil costs nothing (a batched pair's replies held six, issue 21).
+        local function listed(t)
+                if t[1] == nil then return false end
+                return t
+        end
+
+        -- A batch's operation whose next one carries its state on (and is run: "ok" or "invalid") leaves the cache
+        -- to the last reply of that run: brokerd applies replies in order, and only that one's cache counts (README,
+        -- "Batches"). Each costs a next_due() and four lists' tables to make and to convert.
+        reply = function(status, body)
+                -- (both return at once within a batch's carried run: not called then, a pair's hundredth)
+                if not carry.on then outcomes_trim() end
+                if not carry.defer then flush() end
+                local c
+                if CACHE_LATER and (status == 'ok' or status == 'invalid') then
+                        c, cache_owed = false, true
+                else
+                        c, cache_owed = cache(), false
+                end
+                return { status, now, body or {}, listed(events), c, listed(notices) }
+        end
+
+        -- A reply before the pool's state was looked at: no events, no cache — but the cache an operation before it
+        -- in the batch left to it (a carried state is the pool's as it left it), and the notices of what the call
+        -- repaired before it answered (tick's "canon" after prelude_begin()'s audits).
+        early = function(status, body)
+                flush()
+                local c = false
+                if cache_owed and carry.on then c, cache_owed = cache(), false end
+                return { status, now, body or {}, false, c, listed(notices) }
+        end
 end
 
 -- What is checked at connect is watched (SPEC §11): keys deleted by hand, evicted (a policy changed at
@@ -2902,7 +2947,7 @@ end
 -- idempotent by its rid, so what the first run did is found, not done twice. O(the pools' keys) commands,
 -- only then; a pcall() a call otherwise.
 local call_guarded
-do -- (its helpers local to this block: the main chunk is near Lua's 200 locals)
+do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
         local TYPES = {
                 meta = 'hash', clock = 'hash', rules = 'hash', occ = 'string', busy = 'string', sid = 'hash',
                 h = 'hash', dm = 'set', w = 'hash', dl = 'zset', rid = 'hash', nodes = 'zset', prios = 'zset',
