@@ -21,6 +21,7 @@ struct Connection {
         VarlinkCallMessage next_call; /* taken from the stream, not run yet (deferred by the owner); method NULL: none */
         VarlinkFds next_call_fds;  /* the fds passed with next_call */
         struct ucred cred;
+        usec_t peer_since;         /* CLOCK_BOOTTIME at accept: the peer ran by then (connection_get_peer_since()) */
         gid_t *groups;
         size_t n_groups;
         ConnectionCallFn on_call;
@@ -142,6 +143,10 @@ void *connection_get_userdata(const Connection *c) {
 
 const struct ucred *connection_get_peer(const Connection *c) {
         return &c->cred;
+}
+
+usec_t connection_get_peer_since(const Connection *c) {
+        return c->peer_since;
 }
 
 size_t connection_get_groups(const Connection *c, const gid_t **ret) {
@@ -466,6 +471,7 @@ int connection_new(Poller *poller, int fd, const struct ucred *cred, const Conne
                 return negative_errno();
         }
         c->fd = TAKE_FD(fd_owned);
+        c->peer_since = now_boottime();
         int r = connection_read_groups(c);
         if (r < 0)
                 goto fail;

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include "poller.h"
+#include "time-util.h"
 #include "varlink.h"
 
 typedef struct Connection Connection;
@@ -50,6 +51,9 @@ void *connection_get_userdata(const Connection *c);
 
 /* The peer as SO_PEERCRED saw it at accept. */
 const struct ucred *connection_get_peer(const Connection *c);
+/* CLOCK_BOOTTIME when this brokerd took the connection (accepted, or handed over): its peer's process ran by
+ * then, so a process of the peer's pid started later is another one (pid reuse: process_check_attachable()). */
+usec_t connection_get_peer_since(const Connection *c);
 /* Its supplementary groups and its primary group. */
 size_t connection_get_groups(const Connection *c, const gid_t **ret);
 

@@ -266,10 +266,19 @@ int process_open_pidfd(int pidfd, ProcessInfo *ret) {
         return 0;
 }
 
-int process_check_attachable(const ProcessInfo *p, pid_t peer_pid, uid_t peer_uid) {
+/* /proc's unit of start times (USER_HZ): sysconf() reads it from the auxiliary vector, no system call. */
+static uint64_t clock_ticks_per_second(void) {
+        long hz = sysconf(_SC_CLK_TCK);
+        return hz > 0 && hz <= (long) USEC_PER_SEC ? (uint64_t) hz : 100;
+}
+
+int process_check_attachable(const ProcessInfo *p, pid_t peer_pid, uid_t peer_uid, usec_t peer_since) {
         assert_return(p, -EINVAL);
         if (p->pid == peer_pid)
-                return 0;
+                /* Start times are whole clock ticks (10 ms) of CLOCK_BOOTTIME, rounded down: the peer's is at
+                 * most peer_since's. Another process would need the peer gone and its pid reused within the
+                 * same tick. */
+                return p->start_time <= peer_since / (USEC_PER_SEC / clock_ticks_per_second()) ? 0 : -EPERM;
         if (p->ppid != peer_pid || p->uid != peer_uid)
                 return -EPERM;
         return 0;

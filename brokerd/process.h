@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "time-util.h"
+
 typedef struct ProcessInfo {
         pid_t pid;                 /* in our PID namespace, as everything here */
         pid_t tgid;                /* its thread group: pid itself unless pid is a thread's id */
@@ -41,9 +43,11 @@ int process_open_pidfd(int pidfd, ProcessInfo *ret);
 void process_use_pidfd_info(bool use);
 
 /* May `pid` be attached to a lease asked for by the peer `peer_pid` with uid `peer_uid` (SPEC §3.4):
- * the peer itself, or a direct child of it with the same uid. Returns 0, -EPERM if it may not,
- * -ESRCH if it does not exist. */
-int process_check_attachable(const ProcessInfo *p, pid_t peer_pid, uid_t peer_uid);
+ * the peer itself, or a direct child of it with the same uid. The peer ran at peer_since (CLOCK_BOOTTIME
+ * µs, connection_get_peer_since()): a process of its pid started later is not it but a process that took
+ * its pid once it exited, maybe another user's, which a revocation would signal. Returns 0, -EPERM if it
+ * may not, -ESRCH if it does not exist. */
+int process_check_attachable(const ProcessInfo *p, pid_t peer_pid, uid_t peer_uid, usec_t peer_since);
 
 /* True while the process pid with this start time runs (pid reuse gives another start time; a zombie
  * has exited). */

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* test-process.c — a passed pidfd's facts (process.h): what process_open_pidfd() reads, by the kernel's
  * PIDFD_GET_INFO where there is one and by /proc otherwise, agrees with /proc's own files; what is no pidfd,
- * and a process gone, are refused. Over real children of this test. */
+ * and a process gone, are refused; the peer's pid names the peer only if it ran when the connection was taken
+ * (process_check_attachable()). Over real children of this test. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -192,6 +193,27 @@ static void test_a_name_like_stat_fields(void **state) {
         }
 }
 
+/* process_check_attachable(): the peer by its pid only while that pid names a process that ran when the
+ * connection was taken; one that started later took the pid once the peer was gone (maybe another user's,
+ * which a revocation would signal). The peer's child is checked by its parent and uid, started when it may. */
+static void test_the_peers_pid_started_after_the_connection_is_another_process(void **state) {
+        int pidfd = child_start();
+        if (pidfd < 0)
+                skip();
+        ProcessInfo info;
+        assert_int_equal(process_get_info(child, &info), 0);
+        usec_t tick = USEC_PER_SEC / (usec_t) sysconf(_SC_CLK_TCK);
+        usec_t started = (usec_t) info.start_time * tick; /* the start of its tick on CLOCK_BOOTTIME */
+        /* As the peer: a connection taken at its start tick or later, yes; one taken before it, no. */
+        assert_int_equal(process_check_attachable(&info, child, getuid(), started), 0);
+        assert_int_equal(process_check_attachable(&info, child, getuid(), now_boottime()), 0);
+        assert_int_equal(process_check_attachable(&info, child, getuid(), started - 1), -EPERM);
+        /* As the peer's child, of its uid (the child's real uid: another one when root): whenever it started. */
+        assert_int_equal(process_check_attachable(&info, getpid(), info.uid, started - 1), 0);
+        assert_int_equal(process_check_attachable(&info, getpid(), info.uid + 1, now_boottime()), -EPERM);
+        close(pidfd);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_teardown(test_facts_by_the_kernel_agree_with_proc, teardown),
@@ -199,6 +221,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_no_pidfd_is_refused, teardown),
                 cmocka_unit_test_teardown(test_a_process_gone_is_refused, teardown),
                 cmocka_unit_test_teardown(test_a_name_like_stat_fields, teardown),
+                cmocka_unit_test_teardown(test_the_peers_pid_started_after_the_connection_is_another_process, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
