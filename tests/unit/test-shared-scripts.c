@@ -554,6 +554,67 @@ static uint32_t fnv1a32(const char *s) {
         return h;
 }
 
+/* Lua 5.1 compiles no function with more than 200 locals alive at once, and the library's main chunk holds
+ * every top-level local of prelude.lua (brokerd/lua/README, "Building and loading"): room for HEADROOM more,
+ * in the library and in each EVAL script (prelude.lua + eval.lua + the operation's own top level), so that
+ * the limit is met here first and not at a FUNCTION LOAD in the field. */
+#define HEADROOM 16
+
+/* text with HEADROOM locals declared after its first `after` bytes, and every `from` made `to`. */
+static char *with_more_locals(const char *text, size_t after, const char *from, const char *to) {
+        char locals[HEADROOM * 8 + 16] = "local h0";
+        for (int i = 1; i < HEADROOM; i++)
+                snprintf(locals + strlen(locals), sizeof locals - strlen(locals), ", h%d", i);
+        strcat(locals, "\n");
+        size_t n = strlen(text), room = n + strlen(locals) + 1;
+        if (from)
+                for (const char *p = strstr(text, from); p; p = strstr(p + 1, from))
+                        room += strlen(to);
+        char *out = malloc(room);
+        assert_non_null(out);
+        memcpy(out, text, after);
+        strcpy(out + after, locals);
+        char *w = out + strlen(out);
+        for (const char *p = text + after; *p;) {
+                if (from && strncmp(p, from, strlen(from)) == 0) {
+                        w = stpcpy(w, to);
+                        p += strlen(from);
+                } else
+                        *w++ = *p++;
+        }
+        *w = 0;
+        return out;
+}
+
+static void test_the_scripts_have_room_for_more_locals(void **state) {
+        /* The library, as another one (its name and functions' names changed), loaded and deleted. */
+        const char *first_line_end = strchr(shared_library, '\n');
+        assert_non_null(first_line_end);
+        char *lib = with_more_locals(shared_library, (size_t) (first_line_end + 1 - shared_library),
+                                     "register_function('sb_", "register_function('hr_");
+        memcpy(lib + strlen("#!lua name="), "headroom__", strlen("slotbroker"));
+        redisReply *r = redisCommand(redis, "FUNCTION LOAD %s", lib);
+        assert_non_null(r);
+        if (r->type == REDIS_REPLY_ERROR)
+                fail_msg("the library has no room for %d more locals: %s", HEADROOM, r->str);
+        freeReplyObject(r);
+        const char *name = lib + strlen("#!lua name=");
+        r = redisCommand(redis, "FUNCTION DELETE %b", name, (size_t) (strchr(name, '\n') - name));
+        assert_non_null(r);
+        assert_int_equal(r->type, REDIS_REPLY_STATUS);
+        freeReplyObject(r);
+        free(lib);
+        for (size_t i = 0; i < shared_scripts_n; i++) {
+                char *text = with_more_locals(shared_scripts[i].text, 0, NULL, NULL);
+                r = redisCommand(redis, "SCRIPT LOAD %s", text);
+                assert_non_null(r);
+                if (r->type == REDIS_REPLY_ERROR)
+                        fail_msg("%s has no room for %d more locals: %s", shared_scripts[i].name, HEADROOM, r->str);
+                freeReplyObject(r);
+                free(text);
+        }
+}
+
 static void test_fingerprints_equal_the_c_implementation(void **state) {
         uint32_t x = 0, sum = 0;
         unsigned n = 0;
@@ -5685,6 +5746,7 @@ int main(int argc, char *argv[]) {
                 T(test_adopted_rules_move_and_refuse_waiters),
                 T(test_adopted_members_lay_held_slots_out_again),
                 T(test_fingerprints_equal_the_c_implementation),
+                T(test_the_scripts_have_room_for_more_locals),
                 T(test_expiries_beyond_the_budget_are_settled_over_calls),
                 T(test_a_dead_node_is_reaped_in_pages),
                 T(test_garbage_in_a_reaps_cursor_counts_from_zero),
