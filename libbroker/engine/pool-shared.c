@@ -185,6 +185,7 @@ typedef struct SharedPool {
         /* The node cannot account for its leases (its state not read, or damaged: SPEC §3.4): a reconcile
          * leaves the leases Redis holds for it and it does not list as they are (ARGV[13] "…k"). */
         bool records_unknown;
+        bool reconcile_kept;   /* a page of the reconcile in progress kept what it missed ("k") */
 
         Cache cache;
         bool congested;        /* as last emitted */
@@ -2469,12 +2470,19 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
                         p->reconcile_from = mfree(p->reconcile_from);
                         return;
                 }
+                if (c->argv[13][0] && c->argv[13][1] == 'k')
+                        p->reconcile_kept = true;
                 if (to && *to) {
                         free(p->reconcile_from);
                         p->reconcile_from = TAKE_PTR(to);
                 } else if (streq(hi, "+")) {
                         p->reconcile_from = mfree(p->reconcile_from);
                         p->reconciled_at = now;
+                        /* Done, but partly by pages that kept what they missed, and the node accounts now:
+                         * once more (pool_shared_set_records_unknown() found this one in progress). */
+                        if (p->reconcile_kept && !p->records_unknown)
+                                p->reconcile_from = strdup("-");
+                        p->reconcile_kept = false;
                 } else {
                         char *s = strdup(hi);
                         if (s) {
@@ -3166,7 +3174,8 @@ void pool_shared_set_records_unknown(Pool *base, bool unknown) {
                 return;
         p->records_unknown = unknown;
         /* Accounting again: what Redis holds for this node and it does not list becomes an orphan now, by a
-         * whole reconcile (one in progress goes on, its pages from now on without "k"). */
+         * whole reconcile (one in progress goes on, its pages from now on without "k", and runs again once
+         * done if a page kept anything). */
         if (!unknown && !p->reconcile_from)
                 p->reconcile_from = strdup("-"); /* out of memory: the fingerprint finds it later */
 }

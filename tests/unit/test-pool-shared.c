@@ -1703,6 +1703,42 @@ static void test_a_node_that_cannot_account_keeps_its_records_and_reconciles_onc
         assert_string_equal(arg(c, 14), "-");
         assert_string_equal(arg(c, 15), "+");
         assert_int_equal(c->argc, 16);
+        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(5), S(5));
+        no_call(f);
+
+        /* Unknown again, and accounting once more while a kept page is out: that reconcile, once done, runs
+         * again without "k" (what the page kept would stay until the fingerprint found it). */
+        pool_shared_set_records_unknown(f->pool, true);
+        f->pool->ops->run(f->pool, S(6));
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 14), "");
+        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(1, 0, 0, -1, "")), S(6), S(6));
+        f->pool->ops->run(f->pool, S(7));
+        c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(1, 0, 0, -1, "")), S(7), S(7));
+        /* Differences every heartbeat, and a whole reconcile only SHARED_RECONCILE_PERIOD after the last. */
+        usec_t t = S(8);
+        for (;; t += S(1)) {
+                f->clock = t;
+                f->pool->ops->run(f->pool, t);
+                c = take(f, SHARED_SCRIPT_TICK);
+                assert_string_equal(arg(c, 13), "1k");
+                if (streq(arg(c, 14), "-"))
+                        break;
+                assert_string_equal(arg(c, 14), "");
+                assert_true(t < S(5) + SHARED_RECONCILE_PERIOD + S(3));
+                arena_used = 0; /* the replies are read by done() alone */
+                done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(1, 0, 0, -1, "")), t, t);
+        }
+        assert_true(t >= S(5) + SHARED_RECONCILE_PERIOD);
+        /* That page out, the node accounts again: once it is done, a whole reconcile without "k" follows
+         * (what the page kept would stay until another period). */
+        pool_shared_set_records_unknown(f->pool, false);
+        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(1, 0, 0, -1, "")), t, t);
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 13), "1");
+        assert_string_equal(arg(c, 14), "-");
+        assert_string_equal(arg(c, 15), "+");
 }
 
 /* A node whose heartbeats always find another call in flight never compares its fingerprint: it reconciles
