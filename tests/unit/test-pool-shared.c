@@ -1741,6 +1741,30 @@ static void test_a_node_that_cannot_account_keeps_its_records_and_reconciles_onc
         assert_string_equal(arg(c, 15), "+");
 }
 
+/* Review s52: a reconcile page is a snapshot of this node's rids, made when it was queued; "k" is made when it is
+ * sent. A page queued while the node could not account (listing nothing), a lease restored by the late read of the
+ * state, then accounting again before the page goes: it goes without "k" and does not list the restored lease, so
+ * Redis makes that lease an orphan that lapses a TTL later while its command runs (and reclaim.lua answers
+ * "confirmed" for an orphan, so the node never learns). The page must keep "k" or be made again. */
+static void test_a_page_made_unknowing_goes_with_k_or_lists_what_was_restored(void **state) {
+        Fixture *f = *state;
+        pool_shared_set_records_unknown(f->pool, true);
+        pool_shared_link_up(f->pool, "run1", S(1)); /* the registering tick: a whole page, queued */
+        unsigned slot = 1;
+        PoolRestore r = { .lane = "ci", .slots = &slot, .n_slots = 1, .token = 77,
+                          .remote_id = NODE ":00000000000000aa", .granted_at = 5 };
+        PoolGrant *g;
+        assert_int_equal(f->pool->ops->restore(f->pool, &r, &g), 0); /* manager_apply_state() */
+        pool_shared_set_records_unknown(f->pool, false);            /* manager_check_damage() */
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 14), "-");
+        bool listed = false;
+        for (size_t i = 16; i < c->argc; i++)
+                listed = listed || streq(c->argv[i], "00000000000000aa");
+        bool keeps = strlen(arg(c, 13)) == 2 && arg(c, 13)[1] == 'k';
+        assert_true(listed || keeps);
+}
+
 /* A node whose heartbeats always find another call in flight never compares its fingerprint: it reconciles
  * in full at SHARED_RECONCILE_PERIOD all the same (lua/README, "Fingerprint"), and only then. */
 static void test_busy_node_reconciles_at_a_bounded_period(void **state) {
@@ -4194,6 +4218,7 @@ int main(void) {
                 T(test_positions_round_updates_places),
                 T(test_fingerprint_mismatch_twice_reconciles),
                 T(test_a_node_that_cannot_account_keeps_its_records_and_reconciles_once_it_can),
+                T(test_a_page_made_unknowing_goes_with_k_or_lists_what_was_restored),
                 T(test_busy_node_reconciles_at_a_bounded_period),
                 T(test_a_settling_reconcile_tick_lists_what_was_sent_behind_it),
                 T(test_status_snapshot_from_the_cache),
