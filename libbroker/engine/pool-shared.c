@@ -38,6 +38,7 @@ typedef struct Call {
         bool again;            /* submit of a waiter whose record Redis lost (waiter_resubmit()): Redis may hold it */
         bool run;              /* tick: the engine's run(), whose answer next_wakeup() waits for */
         bool reconcile;        /* tick carrying a reconcile page */
+        bool keep_leases;      /* its page was made while the node could not account: "k" whenever it goes */
         bool wait;             /* WAIT (backend-min-replicas), not a script: argv is the command */
         bool held;             /* answered with an error or garbage: sent again after the next heartbeat */
         uint64_t *members;     /* a batch (SHARED_SCRIPT_BATCH): its calls' ids, in order; it is in p->batches */
@@ -627,15 +628,15 @@ static int call_set_arg(Call *c, size_t i, const char *value) {
 
 /* A tick's ARGV[13] (lua/README, tick): reclaimed "1" or "0", and "k" while the node cannot account for its
  * leases (pool_shared_set_records_unknown()). */
-static const char *tick_reclaimed_arg(const SharedPool *p) {
+static const char *tick_reclaimed_arg(const SharedPool *p, bool keep_leases) {
         static const char *const values[2][2] = { { "0", "0k" }, { "1", "1k" } };
-        return values[reclaimed(p)][p->records_unknown];
+        return values[reclaimed(p)][p->records_unknown || keep_leases];
 }
 
 /* … made as of its sending: a tick queued before a Redis restart and sent again after it must not end the
  * window that the restart opens. */
 static int call_set_reclaimed(Call *c, const SharedPool *p) {
-        return c->script == SHARED_SCRIPT_TICK ? call_set_arg(c, 13, tick_reclaimed_arg(p)) : 0;
+        return c->script == SHARED_SCRIPT_TICK ? call_set_arg(c, 13, tick_reclaimed_arg(p, c->keep_leases)) : 0;
 }
 
 /* ARGV[4] is the run id of the link a call goes out on, not of the one it was queued under: a reclaim
@@ -888,7 +889,7 @@ static int queue_tick(SharedPool *p, bool run, usec_t now) {
             (r = call_add(c, "%" PRIu32, p->fp.s)) < 0 ||
             (r = call_add(c, "%s", floor)) < 0 ||
             (r = call_add(c, "%s", epoch)) < 0 ||
-            (r = call_add(c, "%s", tick_reclaimed_arg(p))) < 0)
+            (r = call_add(c, "%s", tick_reclaimed_arg(p, false))) < 0)
                 goto fail;
         if (p->reconcile_from) {
                 /* One page of this node's rids from reconcile_from on: the script drops the records of the
@@ -921,6 +922,8 @@ static int queue_tick(SharedPool *p, bool run, usec_t now) {
                         if ((r = call_add(c, "%s", rids[i])) < 0)
                                 goto fail;
                 c->reconcile = true;
+                /* The page lists what the node knows now: a lease restored before it goes is not in it. */
+                c->keep_leases = p->records_unknown;
         } else if ((r = call_add(c, "%s", "")) < 0 || (r = call_add(c, "%s", "")) < 0)
                 goto fail;
         p->tick_pending = true;
