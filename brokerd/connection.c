@@ -149,6 +149,10 @@ usec_t connection_get_peer_since(const Connection *c) {
         return c->peer_since;
 }
 
+void connection_set_peer_since(Connection *c, usec_t since) {
+        c->peer_since = MIN(c->peer_since, since);
+}
+
 size_t connection_get_groups(const Connection *c, const gid_t **ret) {
         *ret = c->groups;
         return c->n_groups;

@@ -54,6 +54,8 @@ const struct ucred *connection_get_peer(const Connection *c);
 /* CLOCK_BOOTTIME when this brokerd took the connection (accepted, or handed over): its peer's process ran by
  * then, so a process of the peer's pid started later is another one (pid reuse: process_check_attachable()). */
 usec_t connection_get_peer_since(const Connection *c);
+/* A connection handed over: since when the brokerd before had it (the same boot), if earlier. */
+void connection_set_peer_since(Connection *c, usec_t since);
 /* Its supplementary groups and its primary group. */
 size_t connection_get_groups(const Connection *c, const gid_t **ret);
 

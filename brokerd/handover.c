@@ -240,6 +240,8 @@ int handover_format(const Handover *h, const char *boot_id, pid_t pid, usec_t no
         for (size_t i = 0; r >= 0 && i < h->n_connections; i++) {
                 const HandoverConnection *c = &h->connections[i];
                 fprintf(f, "%s{\"ino\":%" PRIu64 ",\"dev\":%" PRIu64, i > 0 ? "," : "", c->ino, c->dev);
+                if (c->peer_since > 0)
+                        fprintf(f, ",\"peerSince\":%" PRIu64, (uint64_t) c->peer_since);
                 r = put_buffer_field(f, "input", c->input, c->n_input);
                 if (r >= 0)
                         r = put_buffer_field(f, "output", c->output, c->n_output);
@@ -372,12 +374,13 @@ static int parse_acquire(json_t *o, usec_t now, HandoverAcquire *a) {
 }
 
 static int parse_connection(json_t *o, usec_t now, HandoverConnection *c) {
-        uint64_t ino = 0, dev = 0;
+        uint64_t ino = 0, dev = 0, peer_since = 0;
         const char *input = NULL, *output = NULL;
         json_t *acquire = NULL;
         const JsonField table[] = {
                 { "ino", JSON_FIELD_UINT64, JSON_MANDATORY, &ino },
                 { "dev", JSON_FIELD_UINT64, JSON_MANDATORY, &dev },
+                { "peerSince", JSON_FIELD_UINT64, 0, &peer_since },
                 { "input", JSON_FIELD_STRING, 0, &input, .max_length = HANDOVER_BUFFER_TEXT_MAX },
                 { "output", JSON_FIELD_STRING, 0, &output, .max_length = HANDOVER_BUFFER_TEXT_MAX },
                 { "acquire", JSON_FIELD_OBJECT, 0, &acquire },
@@ -387,6 +390,7 @@ static int parse_connection(json_t *o, usec_t now, HandoverConnection *c) {
                 return -EBADMSG;
         c->ino = ino;
         c->dev = dev;
+        c->peer_since = peer_since;
         int r = parse_buffer(input, &c->input, &c->n_input);
         if (r < 0)
                 return r;

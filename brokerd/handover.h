@@ -64,6 +64,7 @@ typedef struct HandoverConnection {
         size_t n_output;
         bool has_acquire;
         HandoverAcquire acquire;
+        usec_t peer_since;        /* connection_get_peer_since() (CLOCK_BOOTTIME, this boot); 0: not told */
         int fd;                   /* the socket: to send, or as taken back; -EBADF: none */
 } HandoverConnection;
 

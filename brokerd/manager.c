@@ -826,6 +826,7 @@ static int manager_export_session(Session *s, Handover *h) {
         }
         c->ino = st.st_ino;
         c->dev = st.st_dev;
+        c->peer_since = connection_get_peer_since(s->connection);
         c->input = cs.input;
         c->n_input = cs.n_input;
         c->output = cs.output;
@@ -966,6 +967,8 @@ static void manager_take_back(Manager *m) {
                 HandoverConnection *c = &h.connections[i];
                 Session *s = NULL;
                 r = manager_connection_new(m, TAKE_FD(c->fd), NULL, &s);
+                if (r >= 0 && c->peer_since > 0) /* the peer ran by then: a pid reused since is not it */
+                        connection_set_peer_since(s->connection, c->peer_since);
                 if (r >= 0)
                         r = connection_restore(s->connection, c->input, c->n_input, c->output, c->n_output);
                 if (r >= 0 && c->has_acquire)

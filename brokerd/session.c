@@ -252,7 +252,7 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                         pidfd = varlink_fds_take(call->fds, (size_t) pidfd_index);
                         r = pidfd < 0 ? pidfd : process_open_pidfd(pidfd, &command);
                 }
-                if (r < 0 || process_check_attachable(&command, s->cred.pid, s->cred.uid, s->peer_since) < 0) {
+                if (r < 0 || process_check_attachable(&command, s->cred.pid, s->cred.uid, connection_get_peer_since(s->connection)) < 0) {
                         log_debug("Acquire of pid %d: the command it names cannot hold a lease: %s", (int) s->cred.pid,
                                   r < 0 ? strerror(-r) : "neither the peer nor its child of the same uid");
                         reply_invalid_parameter(s, pid > 0 ? "pid" : "pidfd");
@@ -457,7 +457,6 @@ int session_new(SessionTable *m, Connection *c, ConnectionCallFn call, Connectio
                 .table = m,
                 .connection = c,
                 .cred = *connection_get_peer(c),
-                .peer_since = connection_get_peer_since(c),
                 .acquire.command_pidfd = -EBADF,
         };
         connection_set_userdata(c, s);
@@ -859,7 +858,7 @@ static int session_resume_waiter(Session *s, const HandoverAcquire *h) {
                 /* The command it named, if it is still that process and still the peer's to attach. */
                 pidfd = process_open(h->command_pid, &command);
                 if (pidfd < 0 || command.start_time != h->command_start ||
-                    process_check_attachable(&command, s->cred.pid, s->cred.uid, s->peer_since) < 0)
+                    process_check_attachable(&command, s->cred.pid, s->cred.uid, connection_get_peer_since(s->connection)) < 0)
                         return -ENOENT;
         }
         if (strdup_or_null(h->lane, &a->lane) < 0 || strdup_or_null(h->job, &a->job) < 0 ||

@@ -122,7 +122,6 @@ typedef struct Session {
         ListNode node;             /* SessionTable.sessions, or SessionTable.closed once closed */
         Connection *connection;
         struct ucred cred;         /* the peer's, as at accept */
-        usec_t peer_since;         /* connection_get_peer_since() */
         AcquireCall acquire;
         Lease *lease;              /* the lease this session holds (its life line), if any */
         bool history_pending;      /* a History reply is being produced: the calls behind it wait */

@@ -38,6 +38,7 @@ static void fill(Handover *h) {
         assert_int_equal(handover_add_connection(h, &c), 0);
         c->ino = 123456789012345ULL;
         c->dev = 42;
+        c->peer_since = 77 * USEC_PER_SEC;
         c->input = mem_copy("{\"method\":\"x\"}\0\xff\xfe", 17);
         c->n_input = 17;
         c->output = mem_copy("\0\x01\x02", 3);
@@ -102,6 +103,8 @@ static void test_round_trip(void **state) {
 
         const HandoverConnection *w = &back.connections[0];
         assert_true(w->ino == 123456789012345ULL && w->dev == 42);
+        assert_true(w->peer_since == 77 * USEC_PER_SEC); /* the pid check's bound goes with it */
+        assert_true(back.connections[1].peer_since == 0); /* not told: the successor's own */
         assert_int_equal(w->n_input, 17);
         assert_memory_equal(w->input, "{\"method\":\"x\"}\0\xff\xfe", 17);
         assert_int_equal(w->n_output, 3);
