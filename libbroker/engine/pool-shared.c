@@ -607,10 +607,11 @@ static bool has_provisional(const SharedPool *p) {
         return false;
 }
 
-/* Redis has every lease this node holds: no reclaim pending, none to be queued. A tick says so to end a
- * recovery window that waits for this node (brokerd/lua/README, "Recovery windows"). */
+/* Redis has every lease this node holds: no reclaim pending, none to be queued, and none it cannot name
+ * (pool_shared_set_records_unknown(): Redis may have lost one, whose command nobody could fence). A tick
+ * says so to end a recovery window that waits for this node (brokerd/lua/README, "Recovery windows"). */
 static bool reclaimed(const SharedPool *p) {
-        return !p->reclaim_all && !has_provisional(p);
+        return !p->reclaim_all && !has_provisional(p) && !p->records_unknown;
 }
 
 /* Argument i of a call, made as of its sending rather than its queueing. */
