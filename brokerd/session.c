@@ -47,6 +47,13 @@ static void refuse_unavailable(Session *s, const char *lane, const char *job, co
         session_reply_error(s, "io.slotbroker.Unavailable", p);
 }
 
+/* Whether command may hold this session's lease: the peer as it was when brokerd took the connection, or
+ * its child (process_check_attachable()). */
+static bool session_may_attach(const Session *s, const ProcessInfo *command) {
+        return process_check_attachable(command, s->cred.pid, s->cred.uid,
+                                        connection_get_peer_since(s->connection)) >= 0;
+}
+
 /* SPEC §3.4: nothing is granted that could not be persisted, nor before what was persisted has been read.
  * Refused at once, rather than granted by the engine and withdrawn after a write that cannot succeed. */
 static bool refuse_for_storage(Session *s, const char *lane, const char *job) {
@@ -252,9 +259,9 @@ void session_acquire(Session *s, const VarlinkCall *call) {
                         pidfd = varlink_fds_take(call->fds, (size_t) pidfd_index);
                         r = pidfd < 0 ? pidfd : process_open_pidfd(pidfd, &command);
                 }
-                if (r < 0 || process_check_attachable(&command, s->cred.pid, s->cred.uid, connection_get_peer_since(s->connection)) < 0) {
+                if (r < 0 || !session_may_attach(s, &command)) {
                         log_debug("Acquire of pid %d: the command it names cannot hold a lease: %s", (int) s->cred.pid,
-                                  r < 0 ? strerror(-r) : "neither the peer nor its child of the same uid");
+                                  r < 0 ? strerror(-r) : "neither the peer (as at accept) nor its child of the same uid");
                         reply_invalid_parameter(s, pid > 0 ? "pid" : "pidfd");
                         return;
                 }
@@ -858,7 +865,7 @@ static int session_resume_waiter(Session *s, const HandoverAcquire *h) {
                 /* The command it named, if it is still that process and still the peer's to attach. */
                 pidfd = process_open(h->command_pid, &command);
                 if (pidfd < 0 || command.start_time != h->command_start ||
-                    process_check_attachable(&command, s->cred.pid, s->cred.uid, connection_get_peer_since(s->connection)) < 0)
+                    !session_may_attach(s, &command))
                         return -ENOENT;
         }
         if (strdup_or_null(h->lane, &a->lane) < 0 || strdup_or_null(h->job, &a->job) < 0 ||
