@@ -39,7 +39,7 @@
 -- Returns: { status ("ok" | "rules" | "settling" | …), now, body, events, cache, notices } with body
 --       { deadline, epoch, recovery_until, rules status, { differing keys… }, { fp_n, fp_x, fp_s },
 --       stream last id, live nodes, reconciled_to ("": the whole page range; else the last rid looked at,
---       continue after it) } (README, "tick").
+--       continue after it), kept ({ n, x, s } of the leases a "k" page kept; absent: none) } (README, "tick").
 -- Worst case: SETTLE_MAX steps + RECONCILE_PAGE × O(log n) + O(nodes) for adoption + O(rules size);
 --       an adoption that lays held slots out again: O(slots held) once.
 
@@ -181,9 +181,11 @@ local function agree(canon)
         return 'ok', {}
 end
 
+-- Returns where the page got to ("": its whole range), and the fingerprint { n, x, s } of the leases it kept
+-- ("k"; nil: none kept): the node adds them to its own to compare with Redis's (README, "Orphans").
 local function reconcile()
         if PAGE_LO == '' then return '' end
-        local listed, keep_leases = {}, string.sub(ARGV[13] or '', 2) == 'k'
+        local listed, keep_leases, kept = {}, string.sub(ARGV[13] or '', 2) == 'k', nil
         for i = 16, #ARGV do listed[ARGV[i]] = true end
         local lo = PAGE_LO == '-' and '-' or '[' .. PAGE_LO
         local hi = PAGE_HI == '+' and '+' or '[' .. PAGE_HI
@@ -193,12 +195,17 @@ local function reconcile()
                         local kind, rec = ref_follow(NODE, rid, redis.call('HGET', K.rid, NODE .. ':' .. rid))
                         if kind == 'w' and rec then waiter_unlink(rec)
                         elseif kind == 'l' and rec then
-                                if not keep_leases then lease_orphan(rec) end
+                                if keep_leases then
+                                        local h = rec.fp or fnv1a32(rid .. 'l')
+                                        kept = kept or { 0, 0, 0 }
+                                        kept[1] = kept[1] + 1
+                                        kept[2] = bit.bxor(kept[2], h) % 4294967296
+                                        kept[3] = (kept[3] + h) % 4294967296
+                                else lease_orphan(rec) end
                         else redis.call('ZREM', k_records(NODE), rid) end -- no record behind it: no fingerprint
                 end
         end
-        if #rids == RECONCILE_PAGE then return rids[#rids] end
-        return ''
+        return #rids == RECONCILE_PAGE and rids[#rids] or '', kept
 end
 
 local function tick()
@@ -255,7 +262,7 @@ local function tick()
         if INCARNATION and held[3] ~= INCARNATION then set[#set + 1] = 'inc'; set[#set + 1] = INCARNATION end
         if not held[4] then set[#set + 1] = 'since'; set[#set + 1] = now end
         if #set > 0 then redis.call('HSET', k_node(NODE), unpack(set)) end
-        local reconciled_to = reconcile()
+        local reconciled_to, kept = reconcile()
         recovery_vouch(RECLAIMED)
         -- An adoption's refusals belong to this call (pool-local refuses them in configure(), before any
         -- later arrival of the instant); what the budget leaves runs at the start of the instant.
@@ -269,6 +276,7 @@ local function tick()
                 deadline, M.epoch, M.recovery_until, status, diff,
                 { tonumber(fp[1] or '0'), tonumber(fp[2] or '0'), tonumber(fp[3] or '0') },
                 last and last[1] or '0-0', redis.call('ZCOUNT', K.nodes, '(' .. istr(now), '+inf'), reconciled_to,
+                kept,
         })
 end
 

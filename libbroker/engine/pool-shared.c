@@ -187,6 +187,10 @@ typedef struct SharedPool {
          * leaves the leases Redis holds for it and it does not list as they are (ARGV[13] "…k"). */
         bool records_unknown;
         bool reconcile_kept;   /* a page of the reconcile in progress kept what it missed ("k") */
+        /* What Redis keeps for it meanwhile: the leases the last whole reconcile's pages kept, added to this
+         * node's own fingerprint when it is compared with Redis's (lua/README, "Orphans"). */
+        Fingerprint kept;
+        Fingerprint kept_next; /* the same, summed over the pages of the reconcile in progress */
 
         Cache cache;
         bool congested;        /* as last emitted */
@@ -334,10 +338,21 @@ static void fp_add(SharedPool *p, const char *rid, char kind) {
         p->fp.s += h;
 }
 
-/* Redis's triple for this node (untrusted: a negative value is no count) equals this node's own. */
+/* Redis's triple for this node (untrusted: a negative value is no count) equals this node's own, with the
+ * leases Redis keeps for it while it cannot account for them. */
 static bool fp_equals(const SharedPool *p, int64_t n, int64_t x, int64_t s) {
-        return n >= 0 && (uint64_t) n == p->fp.n && x >= 0 && (uint32_t) x == p->fp.x && s >= 0 &&
-               (uint32_t) s == p->fp.s;
+        return n >= 0 && (uint64_t) n == p->fp.n + p->kept.n && x >= 0 && (uint32_t) x == (p->fp.x ^ p->kept.x) &&
+               s >= 0 && (uint32_t) s == (uint32_t) (p->fp.s + p->kept.s);
+}
+
+/* A fingerprint triple from Redis (untrusted): a count and two 32-bit values. */
+static bool fp_read(const RespValue *v, Fingerprint *ret) {
+        int64_t n, x, s;
+        if (!resp_int(resp_at(v, 0), &n) || !resp_int(resp_at(v, 1), &x) || !resp_int(resp_at(v, 2), &s) ||
+            n < 0 || x < 0 || x > UINT32_MAX || s < 0 || s > UINT32_MAX)
+                return false;
+        *ret = (Fingerprint) { .n = (uint64_t) n, .x = (uint32_t) x, .s = (uint32_t) s };
+        return true;
 }
 
 static void fp_remove(SharedPool *p, const char *rid, char kind) {
@@ -2474,8 +2489,22 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
                         p->reconcile_from = mfree(p->reconcile_from);
                         return;
                 }
-                if (c->argv[13][0] && c->argv[13][1] == 'k')
+                if (streq(c->argv[14], "-"))
+                        p->kept_next = (Fingerprint) {};
+                if (c->argv[13][0] && c->argv[13][1] == 'k') {
+                        /* What this page kept ([10], none when absent) counts in Redis's fingerprint of this node
+                         * from now on. */
+                        const RespValue *kept = resp_at(body, 9);
+                        Fingerprint k;
                         p->reconcile_kept = true;
+                        if (kept && !fp_read(kept, &k))
+                                bad_input(p, "a malformed fingerprint of kept leases", now);
+                        else if (kept) {
+                                p->kept_next.n += k.n;
+                                p->kept_next.x ^= k.x;
+                                p->kept_next.s += k.s;
+                        }
+                }
                 if (to && *to) {
                         free(p->reconcile_from);
                         p->reconcile_from = TAKE_PTR(to);
@@ -2486,6 +2515,7 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
                          * once more (pool_shared_set_records_unknown() found this one in progress). */
                         if (p->reconcile_kept && !p->records_unknown)
                                 p->reconcile_from = strdup("-");
+                        p->kept = p->records_unknown ? p->kept_next : (Fingerprint) {};
                         p->reconcile_kept = false;
                 } else {
                         char *s = strdup(hi);
@@ -2525,10 +2555,6 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
         if (++p->fp_mismatches < 2)
                 return;
         p->fp_mismatches = 0;
-        /* Not accounting for its leases, the node differs from Redis by the ones it keeps there: a reconcile
-         * would change nothing, and comes at the busy node's period instead. */
-        if (p->records_unknown && p->reconciled_at > 0 && now < usec_add(p->reconciled_at, SHARED_RECONCILE_PERIOD))
-                return;
         (void) queue_positions(p, true, now);
         if (!p->reconcile_from && (p->reconcile_from = strdup("-")))
                 (void) queue_tick(p, false, now);
@@ -3177,10 +3203,13 @@ void pool_shared_set_records_unknown(Pool *base, bool unknown) {
         if (p->records_unknown == unknown)
                 return;
         p->records_unknown = unknown;
+        if (unknown)
+                return;
         /* Accounting again: what Redis holds for this node and it does not list becomes an orphan now, by a
          * whole reconcile (one in progress goes on, its pages from now on without "k", and runs again once
-         * done if a page kept anything). */
-        if (!unknown && !p->reconcile_from)
+         * done if a page kept anything), and no longer stands in the fingerprint. */
+        p->kept = (Fingerprint) {};
+        if (!p->reconcile_from)
                 p->reconcile_from = strdup("-"); /* out of memory: the fingerprint finds it later */
 }
 

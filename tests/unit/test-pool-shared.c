@@ -87,6 +87,13 @@ static RespValue tick_body(const char *rules, RespValue diff, int64_t fp_n, int6
                    str("0-0"), num(2), str(reconciled_to));
 }
 
+/* A reconcile page's answer with what it kept ("k"): lua/README, tick. */
+static RespValue tick_body_kept(const char *rules, RespValue diff, int64_t fp_n, int64_t fp_x, int64_t fp_s,
+                                const char *reconciled_to, int64_t kept_n, int64_t kept_x, int64_t kept_s) {
+        return arr(10, num(0), str("e1"), num(0), str(rules), diff, arr(3, num(fp_n), num(fp_x), num(fp_s)),
+                   str("0-0"), num(2), str(reconciled_to), arr(3, num(kept_n), num(kept_x), num(kept_s)));
+}
+
 /* ------------------------------------------------------------------------------------------ fixture */
 
 typedef struct Seen {
@@ -1675,6 +1682,17 @@ static void test_fingerprint_mismatch_twice_reconciles(void **state) {
  * says so with every tick ("k"), so that a reconcile keeps what Redis holds for it instead of orphaning it; its
  * fingerprint differs meanwhile by what Redis keeps, which reconciles no more often than a busy node does.
  * Accounting again, the next tick reconciles in full, without "k". */
+/* n heartbeats from `from`, a second apart, none with a page, each answered with Redis's fingerprint (n, x, s). */
+static void heartbeats(Fixture *f, usec_t from, int count, int64_t n, int64_t x, int64_t s) {
+        for (int i = 0; i < count; i++) {
+                usec_t t = from + S(i);
+                f->pool->ops->run(f->pool, t);
+                const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+                assert_string_equal(arg(c, 14), "");
+                done(f, c, reply("ok", 1, tick_body("ok", EMPTY, n, x, s, ""), EMPTY, cache(1, 0, 0, -1, "")), t, t);
+        }
+}
+
 static void test_a_node_that_cannot_account_keeps_its_records_and_reconciles_once_it_can(void **state) {
         Fixture *f = *state;
         pool_shared_set_records_unknown(f->pool, true);
@@ -1684,62 +1702,80 @@ static void test_a_node_that_cannot_account_keeps_its_records_and_reconciles_onc
         assert_string_equal(arg(c, 13), "0k");
         assert_string_equal(arg(c, 14), "-");
         assert_string_equal(arg(c, 15), "+");
-        /* Redis keeps a lease this node cannot name: n = 1 there, 0 here, at every heartbeat. */
+        /* Redis keeps a lease this node cannot name, and says so: n = 1 there, 0 here, and 1 kept. */
         uint32_t h = fnv1a32("00000000000000ff", 'l');
-        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(1, 0, 0, -1, "")), S(1), S(1));
+        done(f, c, reply("ok", 1, tick_body_kept("ok", EMPTY, 1, h, h, "", 1, h, h), EMPTY, cache(1, 0, 0, -1, "")),
+             S(1), S(1));
         assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
-        for (int i = 0; i < 3; i++) {
-                f->pool->ops->run(f->pool, S(2 + i));
-                c = take(f, SHARED_SCRIPT_TICK);
-                assert_string_equal(arg(c, 13), "0k");
-                assert_string_equal(arg(c, 14), ""); /* no page: it would change nothing */
-                done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(1, 0, 0, -1, "")),
-                     S(2 + i), S(2 + i));
-                no_call(f);
-        }
+        /* The kept lease counts in the comparison: the heartbeats agree, and nothing is reconciled again. */
+        heartbeats(f, S(2), 3, 1, h, h);
+        no_call(f);
+        /* A waiter of this node's that it forgot: two heartbeats differ, and a reconcile (still "k") goes at
+         * once, not a SHARED_RECONCILE_PERIOD later; it drops the waiter and keeps the lease. */
+        uint32_t w = fnv1a32("00000000000000fe", 'w');
+        heartbeats(f, S(5), 2, 2, h ^ w, (uint32_t) (h + w));
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 13), "0k");
+        assert_string_equal(arg(c, 14), "-");
+        assert_string_equal(arg(c, 15), "+");
+        done(f, c, reply("ok", 1, tick_body_kept("ok", EMPTY, 1, h, h, "", 1, h, h), EMPTY, cache(1, 0, 0, -1, "")),
+             S(6), S(6));
+        no_call(f);
+        heartbeats(f, S(7), 1, 1, h, h);
+        no_call(f);
+        uint64_t bad = bad_inputs(f);
+
         pool_shared_set_records_unknown(f->pool, false);
-        f->pool->ops->run(f->pool, S(5));
+        f->pool->ops->run(f->pool, S(8));
         c = take(f, SHARED_SCRIPT_TICK);
         assert_string_equal(arg(c, 13), "1");
         assert_string_equal(arg(c, 14), "-");
         assert_string_equal(arg(c, 15), "+");
         assert_int_equal(c->argc, 16);
-        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(5), S(5));
+        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(8), S(8));
+        no_call(f);
+        /* Accounting, nothing is kept any more: Redis's lease, were it still there, differs. */
+        heartbeats(f, S(9), 2, 1, h, h);
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 13), "1");
+        assert_string_equal(arg(c, 14), "-");
+        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 0, 0, -1, "")), S(10), S(10));
         no_call(f);
 
         /* Unknown again, and accounting once more while a kept page is out: that reconcile, once done, runs
          * again without "k" (what the page kept would stay until the fingerprint found it). */
         pool_shared_set_records_unknown(f->pool, true);
-        f->pool->ops->run(f->pool, S(6));
+        heartbeats(f, S(11), 2, 1, h, h);
         c = take(f, SHARED_SCRIPT_TICK);
-        assert_string_equal(arg(c, 14), "");
-        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(1, 0, 0, -1, "")), S(6), S(6));
-        f->pool->ops->run(f->pool, S(7));
-        c = take(f, SHARED_SCRIPT_TICK);
-        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(1, 0, 0, -1, "")), S(7), S(7));
-        /* Differences every heartbeat, and a whole reconcile only SHARED_RECONCILE_PERIOD after the last. */
-        usec_t t = S(8);
-        for (;; t += S(1)) {
-                f->clock = t;
-                f->pool->ops->run(f->pool, t);
-                c = take(f, SHARED_SCRIPT_TICK);
-                assert_string_equal(arg(c, 13), "0k");
-                if (streq(arg(c, 14), "-"))
-                        break;
-                assert_string_equal(arg(c, 14), "");
-                assert_true(t < S(5) + SHARED_RECONCILE_PERIOD + S(3));
-                arena_used = 0; /* the replies are read by done() alone */
-                done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(1, 0, 0, -1, "")), t, t);
-        }
-        assert_true(t >= S(5) + SHARED_RECONCILE_PERIOD);
-        /* That page out, the node accounts again: once it is done, a whole reconcile without "k" follows
-         * (what the page kept would stay until another period). */
+        assert_string_equal(arg(c, 13), "0k");
+        assert_string_equal(arg(c, 14), "-");
+        /* That page out, the node accounts again: once it is done, a whole reconcile without "k" follows. */
         pool_shared_set_records_unknown(f->pool, false);
-        done(f, c, reply("ok", 1, tick_body("ok", EMPTY, 1, h, h, ""), EMPTY, cache(1, 0, 0, -1, "")), t, t);
+        done(f, c, reply("ok", 1, tick_body_kept("ok", EMPTY, 1, h, h, "", 1, h, h), EMPTY, cache(1, 0, 0, -1, "")),
+             S(12), S(12));
         c = take(f, SHARED_SCRIPT_TICK);
         assert_string_equal(arg(c, 13), "1");
         assert_string_equal(arg(c, 14), "-");
         assert_string_equal(arg(c, 15), "+");
+        assert_int_equal(bad_inputs(f), bad);
+}
+
+/* A page's count of kept leases is untrusted: one that is not a fingerprint is bad input and keeps nothing, so
+ * the difference stays and is reconciled again. */
+static void test_a_malformed_kept_fingerprint_is_bad_input(void **state) {
+        Fixture *f = *state;
+        pool_shared_set_records_unknown(f->pool, true);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        uint32_t h = fnv1a32("00000000000000ff", 'l');
+        uint64_t bad = bad_inputs(f);
+        done(f, c, reply("ok", 1, tick_body_kept("ok", EMPTY, 1, h, h, "", -1, h, (int64_t) UINT32_MAX + 1), EMPTY,
+                         cache(1, 0, 0, -1, "")), S(1), S(1));
+        assert_int_equal(bad_inputs(f), bad + 1);
+        heartbeats(f, S(2), 2, 1, h, h);
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 13), "0k");
+        assert_string_equal(arg(c, 14), "-");
 }
 
 /* Review s52: a reconcile page is a snapshot of this node's rids, made when it was queued; "k" is made when it is
@@ -4219,6 +4255,7 @@ int main(void) {
                 T(test_positions_round_updates_places),
                 T(test_fingerprint_mismatch_twice_reconciles),
                 T(test_a_node_that_cannot_account_keeps_its_records_and_reconciles_once_it_can),
+                T(test_a_malformed_kept_fingerprint_is_bad_input),
                 T(test_a_page_made_unknowing_goes_with_k_or_lists_what_was_restored),
                 T(test_busy_node_reconciles_at_a_bounded_period),
                 T(test_a_settling_reconcile_tick_lists_what_was_sent_behind_it),

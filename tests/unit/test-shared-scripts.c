@@ -2117,6 +2117,17 @@ static void test_a_node_that_cannot_account_keeps_the_leases_its_page_misses(voi
         const redisReply *fp = body(t)->element[5];
         assert_int_equal(fp->element[0]->integer, 2);
         assert_int_equal(fp->element[1]->integer, fnv1a32("al") ^ fnv1a32("xw"));
+        /* And the page says what it kept, for the node to count as Redis does: a alone. */
+        assert_int_equal(body(t)->elements, 10);
+        const redisReply *kept = body(t)->element[9];
+        assert_int_equal(kept->elements, 3);
+        assert_int_equal(kept->element[0]->integer, 1);
+        assert_int_equal(kept->element[1]->integer, fnv1a32("al"));
+        assert_int_equal(kept->element[2]->integer, fnv1a32("al"));
+        freeReplyObject(t);
+        /* A page that keeps nothing says nothing of it. */
+        t = call("tick", "n1", 2000, 1, "n1", "=", "0", "0", "0", "-", "e1", "1k", "-", "+", "a", "x", NULL);
+        assert_int_equal(body(t)->elements, 9);
         freeReplyObject(t);
         redisReply *o = redisCommand(redis, "ZCARD " POOL ":orph");
         assert_int_equal(o->integer, 0);
