@@ -3740,6 +3740,32 @@ static void set_part_requeue(SharedPool *q, const char *rid, bool named) {
                                  .budget = USEC_INFINITY, .waiter = w });
 }
 
+/* Whether a withdraw of rid waits in the outbox, never sent: it goes after every call sent so far. */
+static bool withdraw_unsent(const SharedPool *p, const char *rid) {
+        list_foreach(n, &p->outbox) {
+                const Call *c = container_of(n, Call, node);
+                if (c->script == SHARED_SCRIPT_WITHDRAW && !c->ever_sent && streq(c->rid, rid))
+                        return true;
+        }
+        return false;
+}
+
+/* A part that this answer has queued in pool q for a set given up here meanwhile (cancelled, or refused here
+ * while its call was to go again: its try forgotten). Each pool withdrew its rid with a call of its own, which
+ * need not follow the set's call: another pool's goes when that pool serves (first, after the link is back),
+ * and the chosen pool's own passes the set's call while that waits for every pool to serve. One that went
+ * first found nothing, so this part would wait for nobody, gated, holding back that pool's queue on every node
+ * until a reconcile drops it (a minute or more on a pool this node is idle on). Withdrawn again, after this
+ * call. A part granted so is released by decision_apply(), as any grant of a forgotten rid. */
+static void set_part_forgotten(SharedPool *q, const char *rid, const RespValue *body, usec_t now) {
+        if (try_find(q, rid) || !rid_was_forgotten(q, rid) || withdraw_unsent(q, rid))
+                return;
+        SharedDecision d;
+        if (shared_decision_from_array(body, q->base.limit, &d) >= 0 && streq(d.rid, rid) && streq(d.verdict, "queued"))
+                (void) queue_rid_call(q, SHARED_SCRIPT_WITHDRAW, rid, 0, now);
+        shared_decision_done(&d);
+}
+
 /* A decision of pool q's part (granted, queued, refused; "known": whatever the pool has). Returns false when
  * the body is not one of this rid's. */
 static bool set_part_decide(SharedPool *q, const char *rid, const RespValue *body, usec_t now) {
@@ -3851,6 +3877,8 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
                 }
                 for (size_t i = 0; i < n && ok; i++) {
                         SharedPool *q = set_pool(p, c, i);
+                        if (q)
+                                set_part_forgotten(q, c->rid, bodies[i], now);
                         if (q && set_part_decide(q, c->rid, bodies[i], now) && grant)
                                 set_part_requeue(q, c->rid, true); /* "known" still waiting there: answered so */
                 }

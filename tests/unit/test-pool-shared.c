@@ -4197,6 +4197,43 @@ static void test_set_lost_with_the_link_is_sent_again(void **state) {
         assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_QUEUED);
 }
 
+/* A set given up while its call is to go again (its answer lost with the link): each pool withdraws its rid,
+ * but only the chosen pool's withdraw follows the set's call in one outbox. Here db is back first: its
+ * withdraw goes before the set's call and finds nothing; the set's call then queues a part in db that
+ * nobody waits for. Gated, it would hold back db's queue on every node until a reconcile dropped it: it is
+ * withdrawn again, after the set's call. */
+static void test_set_given_up_while_its_call_goes_again_leaves_no_part_queued(void **state) {
+        SetFixture *s = *state;
+        assert_int_equal(set_submit(s, true, S(2)), 0);
+        const SharedCall *c = take_set(s, "submit");
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", s->rid);
+        pool_shared_call_done(s->grid->pool, c->id, -ECONNRESET, NULL, S(2), S(2));
+        pool_shared_link_down(s->grid->pool, S(2));
+        pool_shared_link_down(s->db->pool, S(2));
+        /* The client goes: the engine cancels the set's try in each pool (no part was answered yet). */
+        s->grid->pool->ops->cancel_try(s->grid->pool, &s->cookie[0], S(3));
+        s->db->pool->ops->cancel_try(s->db->pool, &s->cookie[1], S(3));
+        bring_up(s->db, S(3));
+        const SharedCall *w = take(s->db, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(w, 6), rid);
+        done(s->db, w, reply("ok", S(3), arr(1, str("gone")), EMPTY, cache(0, 0, 0, -1, "")), S(3), S(3));
+        no_call(s->db);
+        /* grid is back: the set's call goes again (it may have run: idempotent by rid), and queues both parts. */
+        bring_up(s->grid, S(3));
+        c = take_set(s, "submit");
+        assert_string_equal(s->rid, rid);
+        set_reply(s, c, set_answer("ok", 0, "queued", arr(2, part(queued_d(rid)), part(queued_d(rid)))));
+        assert_int_equal(s->grid->n_seen + s->db->n_seen, 0); /* nothing reaches the client, gone */
+        w = take(s->grid, SHARED_SCRIPT_WITHDRAW); /* queued behind the set's call when it was given up */
+        assert_string_equal(arg(w, 6), rid);
+        no_call(s->grid);
+        w = take(s->db, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(w, 6), rid);
+        no_call(s->db);
+        assert_int_equal(set_bad_inputs(s), 0);
+}
+
 int main(void) {
 #define T(x) cmocka_unit_test_setup_teardown(x, setup, teardown)
         const struct CMUnitTest tests[] = {
@@ -4333,6 +4370,7 @@ int main(void) {
                 TS(test_set_granted_with_a_bad_part_gives_the_good_part_back),
                 TS(test_set_grant_answered_queued_is_refused),
                 TS(test_set_lost_with_the_link_is_sent_again),
+                TS(test_set_given_up_while_its_call_goes_again_leaves_no_part_queued),
                 TS(test_set_part_granted_outside_its_call_is_refused),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
