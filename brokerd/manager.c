@@ -487,6 +487,23 @@ static char *dup_tracked(const char *s, bool *oom) {
         return c;
 }
 
+/* The quarantined members of an in-process pool, as members.state records them, appended at e[*n]. */
+static void member_state_add_quarantines(const EnginePoolInfo *info, MemberStateEntry *e, size_t *n, usec_t now,
+                                         usec_t now_real, bool *oom) {
+        for (size_t j = 0; j < info->n_life; j++) {
+                const EngineMemberLife *l = info->life + j;
+                if (!l->quarantined)
+                        continue;
+                e[(*n)++] = (MemberStateEntry) {
+                        .pool = dup_tracked(info->name, oom), .member = dup_tracked(l->member, oom),
+                        .drain_until = USEC_INFINITY, .quarantined = true,
+                        .quarantine_since = l->since_real ?: mono_to_real(l->since, now, now_real),
+                        .quarantine_job = dup_tracked(l->job, oom), .quarantine_exit_status = l->exit_status,
+                        .quarantine_reason = dup_tracked(l->reason, oom),
+                };
+        }
+}
+
 static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_n) {
         usec_t now = now_monotonic(), now_real = now_realtime();
         size_t cap = m->n_member_pending + engine_drain_count(m->engine), n = 0;
@@ -506,18 +523,7 @@ static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_
                  * reads them there, and a restore another node made meanwhile must not be undone from here. */
                 if (engine_pool_info(m->engine, i, now, &info) < 0 || info.remote)
                         continue;
-                for (size_t j = 0; j < info.n_life; j++) {
-                        const EngineMemberLife *l = info.life + j;
-                        if (!l->quarantined)
-                                continue;
-                        e[n++] = (MemberStateEntry) {
-                                .pool = DUP(info.name), .member = DUP(l->member), .drain_until = USEC_INFINITY,
-                                .quarantined = true,
-                                .quarantine_since = l->since_real ?: mono_to_real(l->since, now, now_real),
-                                .quarantine_job = DUP(l->job), .quarantine_exit_status = l->exit_status,
-                                .quarantine_reason = DUP(l->reason),
-                        };
-                }
+                member_state_add_quarantines(&info, e, &n, now, now_real, &oom);
         }
         for (size_t i = 0; i < engine_drain_count(m->engine); i++) {
                 EngineDrainInfo d;
@@ -546,6 +552,42 @@ static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_
                 member_state_entries_free(e, n);
                 return -ENOMEM;
         }
+        *ret = e;
+        *ret_n = n;
+        return 0;
+}
+
+/* The quarantines of the in-process pools that configuration c removes, or moves to a backend: such a pool goes
+ * with its last lease, and its members' lives with it, where a drain stays the engine's record. They wait in
+ * member_pending as a restart keeps those of a pool it does not find: written to members.state, applied by the
+ * reload (or restart) that brings the pool back in-process (SPEC §3.6: quarantines survive reloads). */
+static int member_state_leaving(Manager *m, const BrokerConfig *c, MemberStateEntry **ret, size_t *ret_n) {
+        usec_t now = now_monotonic(), now_real = now_realtime();
+        size_t cap = 0, n = 0;
+        for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
+                EnginePoolInfo info;
+                if (engine_pool_info(m->engine, i, now, &info) >= 0)
+                        cap += info.n_life;
+        }
+        MemberStateEntry *e = calloc(cap ?: 1, sizeof(MemberStateEntry));
+        if (!e)
+                return -ENOMEM;
+        bool oom = false;
+        for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
+                EnginePoolInfo info;
+                if (engine_pool_info(m->engine, i, now, &info) < 0 || info.remote)
+                        continue;
+                const PoolConfig *pc = conf_find_pool(c, info.name);
+                if (pc && !pc->backend)
+                        continue; /* it stays, and its members' lives with it */
+                member_state_add_quarantines(&info, e, &n, now, now_real, &oom);
+        }
+        if (oom) {
+                member_state_entries_free(e, n);
+                return -ENOMEM;
+        }
+        if (n == 0)
+                e = mfree(e);
         *ret = e;
         *ret_n = n;
         return 0;
@@ -1179,15 +1221,21 @@ int manager_reload(Manager *m, ConfErrors *errors) {
                 r = reload_refuse_move(m, c, errors);
         if (r >= 0)
                 r = acls_resolve(c, &acls, &n_acls, errors);
+        MemberStateEntry *leaving = NULL;
+        size_t n_leaving = 0;
         if (r >= 0) {
                 for (size_t i = 0; i < m->config->n_pools; i++) {
                         EnginePoolInfo info;
                         if (engine_pool_info(m->engine, i, now_monotonic(), &info) >= 0)
                                 old_in_use[i] = info.in_use;
                 }
-                r = engine_configure(m->engine, c, now_monotonic());
-                if (r < 0)
+                r = member_state_leaving(m, c, &leaving, &n_leaving);
+                if (r >= 0)
+                        r = engine_configure(m->engine, c, now_monotonic());
+                if (r < 0) {
+                        member_state_entries_free(leaving, n_leaving);
                         acls_free(acls, n_acls);
+                }
         }
         if (r < 0) {
                 (void) sd_notify(false, "READY=1");
@@ -1218,6 +1266,20 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         m->methods.config = m->config;
         manager_apply_settings(m);
         manager_apply_token_floor_all(m);
+        if (n_leaving > 0) {
+                MemberStateEntry *a = reallocarray(m->member_pending, m->n_member_pending + n_leaving,
+                                                   sizeof(MemberStateEntry));
+                if (a) {
+                        memcpy(a + m->n_member_pending, leaving, n_leaving * sizeof(MemberStateEntry));
+                        m->member_pending = a;
+                        m->n_member_pending += n_leaving;
+                        free(leaving);
+                } else {
+                        log_oom();
+                        member_state_entries_free(leaving, n_leaving);
+                }
+                m->member_state_dirty = true;
+        }
         if (m->n_member_pending > 0) {
                 /* Drains and quarantines of pools or members this configuration may bring back. */
                 MemberStateEntry *pending = TAKE_PTR(m->member_pending);

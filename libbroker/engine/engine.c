@@ -2568,6 +2568,18 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
                         goto fail;
                 pools[i]->retired = false;
         }
+        /* An in-process pool made anew for a name (removed by an earlier reload and gone with its last lease, or
+         * back from a backend) obeys the drains recorded for that name: they are what Status shows and what
+         * members.state keeps, and they survive reloads (SPEC §3.6). One of a member the pool does not have
+         * now stays a record only, as engine_drain_with() refuses such a member. */
+        for (size_t i = 0; i < c->n_pools; i++)
+                for (size_t k = 0; created[i] && !pools[i]->ops->drain_with && k < e->n_drains; k++) {
+                        if (!streq(e->drains[k].pool, pools[i]->name))
+                                continue;
+                        r = pools[i]->ops->drain(pools[i], e->drains[k].member, true, now);
+                        if (r < 0 && r != -ENOENT)
+                                goto fail;
+                }
 
         /* Pools that are gone, or moved: waiters refused, holders finish (a shared pool keeps heartbeating
          * them, and releases them in Redis). */

@@ -289,6 +289,29 @@ class ReloadMembers(harness.BrokerTestCase):
         second.stop()
         b.wait_idle()
 
+    def test_drains_and_quarantines_hold_when_their_pool_comes_back(self):
+        """SPEC §3.6: drains and quarantines survive reloads, also one that removes their pool for a while (it
+        goes at once: nothing holds it), and a restart after that."""
+        pools = {"rig": "members = rig-a rig-b rig-c", "other": "limit = 1"}
+        b = self.broker(config(pools), "readd-lives")
+        b.call("io.slotbroker.Quarantine", {"pool": "rig", "member": "rig-a", "reason": "usb hub"})
+        b.call("io.slotbroker.Drain", {"pool": "rig", "member": "rig-b", "on": True, "reason": "reflash"})
+        self.reload(b, {"other": "limit = 1"})
+        self.reload(b, pools)
+        x, slots = self.try_now(b, "rig", "x")
+        self.assertEqual(slots, ["rig-c"])
+        self.refused(b, "rig", "y")
+        x.stop()
+        self.reload(b, {"other": "limit = 1"})
+        b.crash()
+        b.start()
+        self.reload(b, pools)
+        x, slots = self.try_now(b, "rig", "x2")
+        self.assertEqual(slots, ["rig-c"])
+        self.refused(b, "rig", "y2")
+        x.stop()
+        b.wait_idle()
+
 
 class WitnessCanFail(unittest.TestCase):
     """The witness itself, without brokerd: it must see a slot held twice and a token going back."""

@@ -2204,6 +2204,45 @@ static void test_tokens_continue_when_a_removed_pool_comes_back(void **state) {
         assert_int_equal(engine_lease_token(b->lease), 2);
 }
 
+/* Pools p (members a b c, drained: a; then all of it) and q; or q alone (p removed by reload). */
+static void pools_p_and_q(Fixture *f, bool with_p, usec_t now) {
+        config_clear(&f->config);
+        if (with_p) {
+                PoolConfig *p = pool_add(f, "p", 0);
+                pool_set_members(p, (const char *const[]) { "a", "b", "c" }, 3);
+                lane_add(f, "l", LANE_POLICY_FAIL_FAST, "p", NULL);
+        }
+        pool_add(f, "q", 1);
+        lane_add(f, "k", LANE_POLICY_WAIT, "q", NULL);
+        configure(f, now);
+}
+
+/* A drain recorded for a pool that a reload removed, and that went at once (nothing held it), holds for the
+ * pool that a later reload brings back: SPEC §3.6, drains survive reloads, and Status showed it all along. */
+static void test_drains_hold_when_a_removed_pool_comes_back(void **state) {
+        Fixture *f = *state;
+        pools_p_and_q(f, true, 0);
+        assert_int_equal(drain_with(f, "a", S(1), USEC_INFINITY, S(1)), 0);
+        pools_p_and_q(f, false, S(2));
+        assert_int_equal(engine_drain_count(f->engine), 1);
+        pools_p_and_q(f, true, S(3));
+        assert_int_equal(engine_drain_count(f->engine), 1);
+        Tag *x = acquire(f, "X", (Req) {}, S(4));
+        assert_true(granted(x));
+        assert_string_equal(member_of(x), "b");
+        Tag *y = acquire(f, "Y", (Req) {}, S(5));
+        assert_string_equal(member_of(y), "c");
+        assert_true(refused(acquire(f, "Z", (Req) {}, S(6)), REFUSAL_BUSY));
+        end(f, x, S(7));
+        end(f, y, S(7));
+
+        /* The whole pool, the same way. */
+        assert_int_equal(drain_with(f, NULL, S(8), USEC_INFINITY, S(8)), 0);
+        pools_p_and_q(f, false, S(9));
+        pools_p_and_q(f, true, S(10));
+        assert_true(refused(acquire(f, "V", (Req) {}, S(11)), REFUSAL_UNAVAILABLE));
+}
+
 /* ---- congestion gauge ---- */
 
 static void test_congestion_turns_on_when_idle_passes_q_without_room(void **state) {
@@ -3995,6 +4034,7 @@ int main(void) {
                 T(test_restore_into_unconfigured_pool_holds_until_readded),
                 T(test_restore_into_unconfigured_pool_ends_with_its_lease),
                 T(test_tokens_continue_when_a_removed_pool_comes_back),
+                T(test_drains_hold_when_a_removed_pool_comes_back),
                 /* A resumed set restores its holders' leases as local ones (a shared pool's restore is a reclaim:
                  * test-shared-rolling, test-lease-log). */
                 T(test_resumed_set_keeps_its_place_in_every_pool),
