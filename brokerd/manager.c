@@ -557,13 +557,14 @@ static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_
         return 0;
 }
 
-/* The quarantines of the in-process pools that configuration c removes, or moves to a backend: such a pool goes
- * with its last lease, and its members' lives with it, where a drain stays the engine's record. They wait in
+/* The quarantines of the in-process pools that configuration c removes, or moves to a backend (and the drains of
+ * the latter): such a pool goes with its last lease, and its members' lives with it, where a drain of a pool
+ * removed stays the engine's record (engine_configure() applies it again to the pool made anew). They wait in
  * member_pending as a restart keeps those of a pool it does not find: written to members.state, applied by the
  * reload (or restart) that brings the pool back in-process (SPEC §3.6: quarantines survive reloads). */
 static int member_state_leaving(Manager *m, const BrokerConfig *c, MemberStateEntry **ret, size_t *ret_n) {
         usec_t now = now_monotonic(), now_real = now_realtime();
-        size_t cap = 0, n = 0;
+        size_t cap = engine_drain_count(m->engine), n = 0;
         for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
                 EnginePoolInfo info;
                 if (engine_pool_info(m->engine, i, now, &info) >= 0)
@@ -581,6 +582,21 @@ static int member_state_leaving(Manager *m, const BrokerConfig *c, MemberStateEn
                 if (pc && !pc->backend)
                         continue; /* it stays, and its members' lives with it */
                 member_state_add_quarantines(&info, e, &n, now, now_real, &oom);
+                /* Moved to a backend, it obeys the fleet's drains from now on and the engine forgets its own
+                 * (engine_configure()): kept here for a move back, as its quarantines are. */
+                for (size_t k = 0; pc && k < engine_drain_count(m->engine); k++) {
+                        EngineDrainInfo d;
+                        if (engine_drain_info(m->engine, k, &d) < 0 || !streq(d.pool, info.name))
+                                continue;
+                        e[n++] = (MemberStateEntry) {
+                                .pool = dup_tracked(d.pool, &oom), .member = dup_tracked(d.member, &oom),
+                                .drained = true, .drain_since = mono_to_real(d.since, now, now_real),
+                                .drain_until = d.until == USEC_INFINITY ? USEC_INFINITY :
+                                                                         mono_to_real(d.until, now, now_real),
+                                .drain_by = dup_tracked(d.who, &oom), .drain_reason = dup_tracked(d.reason, &oom),
+                                .quarantine_exit_status = -1,
+                        };
+                }
         }
         if (oom) {
                 member_state_entries_free(e, n);

@@ -2580,6 +2580,15 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
                         if (r < 0 && r != -ENOENT)
                                 goto fail;
                 }
+        /* A pool that moved to a backend obeys the drains its backend keeps (drain_with()), the fleet's: the records
+         * of its in-process days are not its own, and one ending at its until would undrain in Redis what another
+         * node drained there (brokerd keeps them for a move back: manager.c, member_state_leaving()). */
+        for (size_t i = 0; i < c->n_pools; i++)
+                for (size_t k = 0; created[i] && pools[i]->ops->drain_with && k < e->n_drains;)
+                        if (streq(e->drains[k].pool, pools[i]->name))
+                                drain_record_remove(e, k);
+                        else
+                                k++;
 
         /* Pools that are gone, or moved: waiters refused, holders finish (a shared pool keeps heartbeating
          * them, and releases them in Redis). */

@@ -746,6 +746,43 @@ class Shared(Base):
         self.stop("other")
         self.stop("next")
 
+    def test_a_local_drain_does_not_undrain_the_shared_pool_it_moved_to(self):
+        """Node A drains member a of rigs --until while rigs is local to A; a reload moves rigs to Redis, where
+        node B has drained a (no until). A's old record must not end B's drain at its until: Redis's drain is
+        the fleet's, and an undrain sent for A's record would give a to every node."""
+        b = self.node("node-b")
+        # The pool's first use waits out its recovery window.
+        j = self.job(b, "warm", "w", "finish")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 0, j.stderr())
+        p = self.slotctl(b, "drain", "rigs", "a", "--reason", "broken")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        shared = SHARED_CONFIG.format(node="node-a", backend=self.redis.url(), ttl=SHARED_TTL)
+        local = "".join(line for line in shared.splitlines(keepends=True) if not line.startswith("backend"))
+        a = self.broker(local, "node-a")
+        until = int(time.time()) + 8
+        p = self.slotctl(a, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        p = self.slotctl(a, "drain", "rigs", "b", "--reason", "spare")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        a.write_config(shared)
+        a.reload()
+        wait_for(lambda: a.pool("rigs")["backend"]["up"], timeout=30, message="node-a: the backend up")
+        self.assertEqual(self.running(b, "other", "w"), ["b"])
+        self.queued(b, "next", "w")
+        time.sleep(max(0.0, until + 3 - time.time()))
+        self.assertEqual(self.w.started("next"), [], "B's drain of a was ended by A's local record")
+        p = self.slotctl(b, "undrain", "rigs", "a")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        wait_for(lambda: self.w.started("next"), 15, message="B's waiter to get a")
+        self.assertEqual(self.w.started("next")[0].slots, ["a"])
+        self.stop("other")
+        self.stop("next")
+        # A's local drain of b (no until) was not the fleet's; it holds again when rigs is local to A again.
+        a.write_config(local)
+        a.reload()
+        [d] = [d for d in a.pool("rigs").get("memberDrains", []) if d["member"] == "b"]
+        self.assertEqual(d["reason"], "spare")
+
     def test_a_health_job_on_one_node_restores_for_both(self):
         a, b = self.node("node-a"), self.node("node-b")
         # Nothing quarantined: a health job has nothing to wait for (75: unavailable).
