@@ -14,7 +14,8 @@
 --       queue order with room it is said "ready" to its node and holds back those behind it); else
 --       refused busy, naming the first pool without room ("cooldown" and its end when that pool lacks only
 --       slots that rest, as submit says). Drained, max-queue ("full"), recovery: refused,
---       naming that pool. A rid the first pool knows already: each pool's state, nothing changed.
+--       naming that pool. A rid the first pool knows already, or any other pool of the set (a call sent
+--       again after the first pool's part was withdrawn): each pool's state, nothing changed.
 --   grant: every part ready now (SETS.ready(): first among those it must not pass, room, lane limits) →
 --       granted in every pool; else nothing granted ("not-ready", naming the first pool that is not; the
 --       parts not ready are said ready again when they are).
@@ -117,6 +118,14 @@ local function set()
                         local ref = redis.call('HGET', K.rid, NODE .. ':' .. rid)
                         if mode == 'submit' and (ref or outcome_get(NODE, rid)) then return known() end
                         if mode == 'grant' and string.match(ref or '', '^l:') then return known() end
+                        -- A submit sent again whose part in the first pool is gone while another pool still has
+                        -- its own (the node gave the set up while this call's answer was lost, and the first
+                        -- pool's withdraw went before the call did): each pool's state too. Decided afresh, that
+                        -- pool would hold two records under one rid, which its counts find wrong at its next call
+                        -- (the pool made anew, a recovery window for every node). One HGET a pool.
+                        for j = 2, mode == 'submit' and n or 1 do
+                                if redis.call('HGET', keys_of(keys[j]).rid, NODE .. ':' .. rid) then return known() end
+                        end
                 end
                 if not settle_until(now) then return finish(i, 'settling', '', reply('settling')) end
                 rests.wake(now)

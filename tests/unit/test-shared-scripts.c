@@ -3717,6 +3717,31 @@ static void test_a_set_is_granted_in_every_pool_in_one_call(void **state) {
         assert_int_equal(in_use_of(POOL2, 5000), 1);
 }
 
+/* A set's call sent again after its chosen pool's part was withdrawn while another pool still has its part (the
+ * node gave the set up while the call's answer was lost with the link, and the chosen pool's withdraw went
+ * first): each pool's state ("known"), nothing written. Decided afresh, the other pool got a second record
+ * under the rid, which its counts found wrong at its next call: the pool made anew, a recovery window of one
+ * node TTL for every node. */
+static void test_a_set_sent_again_after_one_part_was_withdrawn_writes_nothing_twice(void **state) {
+        const char *rid = "0000000000000a0f";
+        set_pools(1000);
+        redisReply *r = set_submit(2000, rid, true);
+        assert_string_equal(set_verdict(r), "granted");
+        freeReplyObject(r);
+        redisReply *w = call("withdraw", "n1", 3000, 0, rid, NULL);
+        assert_string_equal(field_s(body(w), 0), "released");
+        freeReplyObject(w);
+        r = set_submit(4000, rid, true);
+        assert_string_equal(status(r), "ok");
+        assert_string_equal(set_verdict(r), "known");
+        assert_string_equal(field_s(body(set_reply(r, 0)), 0), "gone");
+        assert_string_equal(field_s(body(set_reply(r, 1)), D_VERDICT), "granted");
+        freeReplyObject(r);
+        /* POOL2 keeps its one lease, its counts right: not made anew. */
+        assert_int_equal(in_use_of(POOL2, 5000), 1);
+        assert_int_equal(redis_int("HEXISTS %s:meta %s", POOL2, "lost"), 0);
+}
+
 /* No part held while it waits; it holds back those behind it in each pool, also where it has room; granted
  * whole once every pool is ready, by the grant call; a grant before that changes nothing. */
 static void test_a_queued_set_holds_nothing_and_holds_back_those_behind_it(void **state) {
@@ -5797,6 +5822,7 @@ int main(int argc, char *argv[]) {
                 T(test_reconcile_and_positions_are_paged),
                 T(test_outcome_records_are_a_hash_per_node_trimmed_by_its_calls),
                 T(test_a_set_is_granted_in_every_pool_in_one_call),
+                T(test_a_set_sent_again_after_one_part_was_withdrawn_writes_nothing_twice),
                 T(test_a_queued_set_holds_nothing_and_holds_back_those_behind_it),
                 T(test_a_set_refused_by_one_pool_takes_nothing_in_the_others),
                 T(test_a_set_not_ready_at_its_grant_is_said_ready_again),
