@@ -1135,9 +1135,9 @@ static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision 
                 return;
         if (r->granting) {
                 if (!set_is_awaited(r)) {
-                        /* Its pools go on now that the answer is in: sets_settle() ran them while it was out, and
-                         * another pool's call may have overtaken the set's (sent by its chosen pool's object),
-                         * finding the set still waiting ahead of those behind it. */
+                        /* Its pools go on now that the answer is in, and not before (sets_settle()): another
+                         * pool's call may have overtaken the set's (sent by its chosen pool's object), finding the
+                         * set still waiting ahead of those behind it. */
                         set_rerun(e, r, NULL, d->at);
                         set_grant_done(e, r, d->at);
                 }
@@ -1347,8 +1347,21 @@ static void sets_settle(Engine *e, usec_t t) {
                 for (size_t i = 0; i < n_parts; i++)
                         pools[i] = r->parts[i].pool;
                 set_grant(e, r, false, t);
+                /* Its pools go on in the engine's order of pools (rerun_pools()), however the set was granted:
+                 * a set whose grant is awaited (no other set was granting in its pools) has them run when the
+                 * answer is in (set_handle_decision()), not now too, where a pool whose tick of this instant
+                 * was still out would skip its run and come after the others. Run here in the set's order,
+                 * in-process pools granted those behind it in another order of pools than shared ones did
+                 * (tests/scenarios/set-grant-pools-in-order*.json). */
+                bool awaited = false;
                 for (size_t i = 0; i < n_parts; i++)
-                        pools[i]->ops->run(pools[i], t);
+                        awaited = awaited || pools[i]->sets_granting > 0;
+                for (size_t i = 0; i < n_parts && !awaited; i++)
+                        pools[i]->rerun = true;
+                if (!awaited) {
+                        e->rerun = true;
+                        e->rerun_at = MAX(e->rerun_at, t);
+                }
                 process_decisions(e);
         }
         while ((n = list_first(&later))) {
