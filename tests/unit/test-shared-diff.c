@@ -21,8 +21,10 @@
  * quarantine-after= on member pools, health lanes, requests whose commands tell an exit status, drains of
  * pools and members with a reason, some until a time, some undrained; reservations (lane @reserve) of any slot,
  * a member or labels, for a while; lanes with also= (issue 22 items 4/5: all or nothing over 2–3 pools, K slots
- * of each, contending with the one-pool lanes of the same pools; TEST_SHARED_DIFF_ALSO=0: none). Compared too:
- * MEMBER and DRAIN events.
+ * of each, contending with the one-pool lanes of the same pools; TEST_SHARED_DIFF_ALSO=0: none). And, from a stream
+ * of their own (TEST_SHARED_DIFF_EXTRA=0: none): health = also, client-wait = ignore, a lane's queue-timeout =
+ * infinity, reserve = 2, requests of up to the limit, phases that tell an exit status, do not wait or cap their
+ * wait, and a second phase. Compared too: MEMBER and DRAIN events.
  * The simulator has no cancels: those are test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
  * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED, TEST_SHARED_DIFF_FIRST=S from seed S
@@ -450,6 +452,14 @@ static void gen_request_selector(Gen *g, const GenPool *pools, unsigned n_pools,
                 fprintf(g->f, ", \"member\": \"m%d\"", s.member);
 }
 
+/* TEST_SHARED_DIFF_EXTRA=0 leaves out what the stream of their own below adds (health = also, client-wait = ignore,
+ * a lane's queue-timeout = infinity, reserve = 2, requests of up to the limit, phases that tell an exit status, do
+ * not wait or cap their wait, a second phase): the rest of a seed's scenario stays, to tell which part a difference needs. */
+static bool extra_enabled(void) {
+        const char *v = getenv("TEST_SHARED_DIFF_EXTRA");
+        return !v || !streq(v, "0");
+}
+
 /* TEST_SHARED_DIFF_ALSO=0 leaves the also= lanes out (their own stream: the rest of a seed's scenario stays), to
  * tell a difference of the sets from one of the rest. */
 static bool also_enabled(void) {
@@ -480,19 +490,32 @@ static void gen_also(Gen *g, FILE *f, const unsigned *limits, unsigned n_pools, 
         fputc(']', f);
 }
 
+/* What a phase's requests may carry beside their lane and slots (TEST_SHARED_DIFF_EXTRA): an exit status their
+ * commands tell, wait: false or a cap on the wait. */
+static void gen_phase_extras(Gen *g, FILE *f) {
+        static const int statuses[] = { 0, 0, 1, 3 };
+        if (gen_chance(g, 30))
+                fprintf(f, ", \"exit\": %d", statuses[gen_below(g, ELEMENTSOF(statuses))]);
+        if (gen_chance(g, 15))
+                fputs(", \"wait\": false", f);
+        else if (gen_chance(g, 25))
+                fprintf(f, ", \"max-wait\": \"%ums\"", 100 * (1 + gen_below(g, 30)));
+}
+
 /* A scenario of a few pools and lanes, 20–80 requests over ~8 s, many of them at the same instants
  * (arrivals, releases and budgets colliding is where order matters), and maybe a phase of generated
  * arrivals. A waiter of a pool without a queue timeout may wait for good: the run ends when nothing could
  * serve it any more, the same both ways (a shared pool has no instants of its own in the manual mode). */
 static char *generate(uint64_t seed) {
         Gen g = { .state = seed * 1000003 }, cg = { .state = seed * 7919 + 17 }, qg = { .state = seed * 104729 + 31 },
-            rg = { .state = seed * 15485863 + 47 }, ag = { .state = seed * 32452843 + 59 };
-        bool also = also_enabled();
+            rg = { .state = seed * 15485863 + 47 }, ag = { .state = seed * 32452843 + 59 },
+            xg = { .state = seed * 49979687 + 71 };
+        bool also = also_enabled(), extra = extra_enabled();
         char *text = NULL;
         size_t size = 0;
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
         unsigned n_lanes = 1 + gen_below(&g, LANES_MAX);
-        unsigned lane_max_k[LANES_MAX], reserved[POOLS_MAX] = {};
+        unsigned lane_max_k[LANES_MAX], lane_max_limit[LANES_MAX], reserved[POOLS_MAX] = {};
         GenPool pools[POOLS_MAX] = {};
         unsigned lane_pools[LANES_MAX] = {};   /* bit p: pool p */
         GenSel lane_sel[LANES_MAX] = {};
@@ -544,21 +567,27 @@ static char *generate(uint64_t seed) {
                  * configuration's order, which only the order of refusals in one drain could tell apart. */
                 fprintf(g.f, "%s\"%c\": {\"pools\": [", l > 0 ? ", " : "", 'a' + l);
                 unsigned first = gen_below(&g, n_pools), n = 1 + gen_below(&g, n_pools);
-                lane_max_k[l] = 0;
+                lane_max_k[l] = lane_max_limit[l] = 0;
                 for (unsigned k = 0; k < n; k++) {
                         unsigned p = (first + k) % n_pools;
                         lane_pools[l] |= 1u << p;
                         fprintf(g.f, "%s\"p%u\"", k > 0 ? ", " : "", p);
                         lane_max_k[l] = MAX(lane_max_k[l], MIN(limits[p], 3u));
+                        lane_max_limit[l] = MAX(lane_max_limit[l], limits[p]);
                 }
                 fprintf(g.f, "], \"policy\": \"%s\", \"priority\": %u", gen_chance(&g, 20) ? "fail-fast" : "wait",
                         gen_below(&g, 3));
-                if (gen_chance(&g, 30))
-                        fprintf(g.f, ", \"max-in-use\": %u", 1 + gen_below(&g, 4));
+                unsigned max_in_use = 0;
+                if (gen_chance(&g, 30)) {
+                        max_in_use = 1 + gen_below(&g, 4);
+                        fprintf(g.f, ", \"max-in-use\": %u", max_in_use);
+                }
                 if (gen_chance(&g, 30)) {
                         /* conf.c: every lane must be able to get a slot, so the reserves of a pool stay
-                         * below its limit. */
+                         * below its limit; and a lane reserves no more than its max-in-use. */
                         unsigned r = gen_below(&g, 2);
+                        if (extra && r == 1 && gen_chance(&xg, 30) && (max_in_use == 0 || max_in_use >= 2))
+                                r = 2;
                         for (unsigned k = 0; k < n; k++)
                                 if (reserved[(first + k) % n_pools] + r >= limits[(first + k) % n_pools])
                                         r = 0;
@@ -568,6 +597,10 @@ static char *generate(uint64_t seed) {
                 }
                 if (gen_chance(&g, 20))
                         fprintf(g.f, ", \"queue-timeout\": \"%ums\"", 100 + 100 * gen_below(&g, 30));
+                else if (extra && gen_chance(&xg, 10))
+                        fputs(", \"queue-timeout\": \"infinity\"", g.f); /* no budget, whatever the pool's */
+                if (extra && gen_chance(&xg, 20))
+                        fputs(", \"client-wait\": \"ignore\"", g.f);
                 if (gen_chance(&g, 20))
                         fprintf(g.f, ", \"max-hold\": \"%ums\"", 100 + 100 * gen_below(&g, 30));
                 /* labels= on a lane whose pools all have members, when one of them has a member for it. */
@@ -579,7 +612,8 @@ static char *generate(uint64_t seed) {
                 /* A health lane (issue 23): granted quarantined members only, its exit 0 restores them. */
                 bool health = all_members && gen_chance(&qg, 25);
                 if (health)
-                        fputs(", \"health\": \"yes\"", g.f);
+                        /* health = also: quarantined members first when enough are free, else ordinary ones. */
+                        fprintf(g.f, ", \"health\": \"%s\"", extra && gen_chance(&xg, 40) ? "also" : "yes");
                 /* also= (issue 22 item 4), from a generator of its own: a health lane takes none (conf.c). */
                 if (also && !health)
                         gen_also(&ag, g.f, limits, n_pools, lane_pools[l]);
@@ -608,6 +642,8 @@ static char *generate(uint64_t seed) {
                 unsigned l = gen_below(&g, n_lanes);
                 /* Instants on a 100 ms grid, so that many coincide. */
                 unsigned at = 100 * gen_below(&g, 80), k = 1 + gen_below(&g, lane_max_k[l]);
+                if (extra && gen_chance(&xg, 10)) /* more than 3: up to the largest limit of its pools */
+                        k = 1 + gen_below(&xg, lane_max_limit[l]);
                 fprintf(g.f, "%s{\"name\": \"r%u\", \"at\": \"%ums\", \"lane\": \"%c\", \"hold\": ", i > 0 ? ", " : "",
                         i, at, 'a' + l);
                 if (gen_chance(&g, 10))
@@ -689,9 +725,27 @@ static char *generate(uint64_t seed) {
                                         max_k = MAX(max_k, MIN(gen_capacity(&pools[p], &lane_sel[l], NULL), 3u));
                 }
                 fprintf(g.f, ", \"arrivals\": [{\"rate\": \"%u/s\", \"for\": \"%us\", \"hold\": \"%ums\", \"lane\": \"%c\", "
-                        "\"slots\": %u}]",
+                        "\"slots\": %u",
                         1 + gen_below(&g, 40), 1 + gen_below(&g, 8), 50 * (1 + gen_below(&g, 20)), 'a' + l,
                         1 + gen_below(&g, max_k));
+                if (extra) {
+                        gen_phase_extras(&xg, g.f);
+                        if (gen_chance(&xg, 30)) {
+                                /* A second phase, back to back, of any lane, at most 3 slots its pools all have. */
+                                unsigned l2 = gen_below(&xg, n_lanes), k2 = 3;
+                                for (unsigned p = 0; p < n_pools; p++)
+                                        if ((lane_pools[l2] >> p) & 1)
+                                                k2 = MIN(k2, limits[p]);
+                                if (lane_sel[l2].x != 0 || lane_sel[l2].y != 0)
+                                        k2 = 1; /* the lane's labels leave a member in one of its pools at least */
+                                fprintf(g.f, "}, {\"rate\": \"%u/s\", \"for\": \"%us\", \"hold\": \"%ums\", "
+                                        "\"lane\": \"%c\", \"slots\": %u",
+                                        1 + gen_below(&xg, 40), 1 + gen_below(&xg, 4), 50 * (1 + gen_below(&xg, 20)),
+                                        'a' + l2, 1 + gen_below(&xg, k2));
+                                gen_phase_extras(&xg, g.f);
+                        }
+                }
+                fputs("}]", g.f);
         }
         fputc('}', g.f);
         assert_int_equal(fclose(g.f), 0);
