@@ -23,8 +23,8 @@
  * a member or labels, for a while; lanes with also= (issue 22 items 4/5: all or nothing over 2–3 pools, K slots
  * of each, contending with the one-pool lanes of the same pools; TEST_SHARED_DIFF_ALSO=0: none). And, from a stream
  * of their own (TEST_SHARED_DIFF_EXTRA=0: none): health = also, client-wait = ignore, a lane's queue-timeout =
- * infinity, reserve = 2, requests of up to the limit, phases that tell an exit status, do not wait or cap their
- * wait, and a second phase. Compared too: MEMBER and DRAIN events.
+ * infinity, reserve = 2, requests of up to the limit or naming a member and a label or two labels, phases that tell
+ * an exit status, do not wait or cap their wait, and a second phase. Compared too: MEMBER and DRAIN events.
  * The simulator has no cancels: those are test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
  * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED, TEST_SHARED_DIFF_FIRST=S from seed S
@@ -414,7 +414,7 @@ static void gen_print_set(FILE *f, unsigned set, unsigned limit) {
 /* A request's own labels or member (60% of the requests of a lane whose pools all have members), when some
  * pool of the lane has members for it (with the lane's labels); *k is lowered to what the best such pool can
  * give (a request no pool can ever serve is refused InvalidParameter: the simulator takes none). */
-static void gen_request_selector(Gen *g, const GenPool *pools, unsigned n_pools, unsigned lane_pools,
+static void gen_request_selector(Gen *g, Gen *xg, const GenPool *pools, unsigned n_pools, unsigned lane_pools,
                                  const GenSel *lane_sel, unsigned *k) {
         bool all_members = true;
         for (unsigned p = 0; p < n_pools; p++)
@@ -429,6 +429,11 @@ static void gen_request_selector(Gen *g, const GenPool *pools, unsigned n_pools,
                 case 3: s.x = 1; s.y = -1; break;
                 default: s.member = (int) gen_below(g, 6); break;
                 }
+        /* (xg: TEST_SHARED_DIFF_EXTRA) a label beside the member, or both labels, either way round. */
+        if (xg && s.member >= 0 && gen_chance(xg, 30))
+                s.x = gen_chance(xg, 50) ? 1 : -1;
+        if (xg && s.y == 0 && s.member < 0 && s.x != 0 && gen_chance(xg, 30))
+                s.y = gen_chance(xg, 50) ? 1 : -1;
         unsigned cap = 0, lane_cap = 0;
         for (unsigned p = 0; p < n_pools; p++)
                 if ((lane_pools >> p) & 1) {
@@ -453,8 +458,8 @@ static void gen_request_selector(Gen *g, const GenPool *pools, unsigned n_pools,
 }
 
 /* TEST_SHARED_DIFF_EXTRA=0 leaves out what the stream of their own below adds (health = also, client-wait = ignore,
- * a lane's queue-timeout = infinity, reserve = 2, requests of up to the limit, phases that tell an exit status, do
- * not wait or cap their wait, a second phase): the rest of a seed's scenario stays, to tell which part a difference needs. */
+ * a lane's queue-timeout = infinity, reserve = 2, requests of up to the limit or naming a member and a label or two
+ * labels, phases that tell an exit status, do not wait or cap their wait, a second phase): the rest of a seed's scenario stays, to tell which part a difference needs. */
 static bool extra_enabled(void) {
         const char *v = getenv("TEST_SHARED_DIFF_EXTRA");
         return !v || !streq(v, "0");
@@ -654,7 +659,7 @@ static char *generate(uint64_t seed) {
                         fputs(", \"wait\": false", g.f);
                 if (gen_chance(&g, 25))
                         fprintf(g.f, ", \"max-wait\": \"%ums\"", 100 * (1 + gen_below(&g, 30)));
-                gen_request_selector(&g, pools, n_pools, lane_pools[l], &lane_sel[l], &k);
+                gen_request_selector(&g, extra ? &xg : NULL, pools, n_pools, lane_pools[l], &lane_sel[l], &k);
                 /* What its command tells at the end: success, a test's failure, a quarantine status. */
                 if (gen_chance(&qg, 50)) {
                         static const int statuses[] = { 0, 0, 1, 3, 3, 4 };
