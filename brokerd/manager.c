@@ -504,15 +504,33 @@ static void member_state_add_quarantines(const EnginePoolInfo *info, MemberState
         }
 }
 
-static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_n) {
-        usec_t now = now_monotonic(), now_real = now_realtime();
-        size_t cap = m->n_member_pending + engine_drain_count(m->engine), n = 0;
+/* A drain of the engine's, as members.state records it, appended at e[*n]. */
+static void member_state_add_drain(const EngineDrainInfo *d, MemberStateEntry *e, size_t *n, usec_t now,
+                                   usec_t now_real, bool *oom) {
+        e[(*n)++] = (MemberStateEntry) {
+                .pool = dup_tracked(d->pool, oom), .member = dup_tracked(d->member, oom), .drained = true,
+                .drain_since = mono_to_real(d->since, now, now_real),
+                .drain_until = d->until == USEC_INFINITY ? USEC_INFINITY : mono_to_real(d->until, now, now_real),
+                .drain_by = dup_tracked(d->who, oom), .drain_reason = dup_tracked(d->reason, oom),
+                .quarantine_exit_status = -1,
+        };
+}
+
+/* Room for `extra` entries and every drain and member life of the engine's. */
+static MemberStateEntry *member_state_new(Manager *m, size_t extra, usec_t now) {
+        size_t cap = extra + engine_drain_count(m->engine);
         for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
                 EnginePoolInfo info;
                 if (engine_pool_info(m->engine, i, now, &info) >= 0)
                         cap += info.n_life;
         }
-        MemberStateEntry *e = calloc(cap ?: 1, sizeof(MemberStateEntry));
+        return calloc(cap ?: 1, sizeof(MemberStateEntry));
+}
+
+static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_n) {
+        usec_t now = now_monotonic(), now_real = now_realtime();
+        size_t n = 0;
+        MemberStateEntry *e = member_state_new(m, m->n_member_pending, now);
         if (!e)
                 return -ENOMEM;
         bool oom = false;
@@ -527,14 +545,8 @@ static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_
         }
         for (size_t i = 0; i < engine_drain_count(m->engine); i++) {
                 EngineDrainInfo d;
-                if (engine_drain_info(m->engine, i, &d) < 0)
-                        continue;
-                e[n++] = (MemberStateEntry) {
-                        .pool = DUP(d.pool), .member = DUP(d.member), .drained = true,
-                        .drain_since = mono_to_real(d.since, now, now_real),
-                        .drain_until = d.until == USEC_INFINITY ? USEC_INFINITY : mono_to_real(d.until, now, now_real),
-                        .drain_by = DUP(d.who), .drain_reason = DUP(d.reason), .quarantine_exit_status = -1,
-                };
+                if (engine_drain_info(m->engine, i, &d) >= 0)
+                        member_state_add_drain(&d, e, &n, now, now_real, &oom);
         }
         for (size_t i = 0; i < m->n_member_pending; i++) {
                 const MemberStateEntry *p = &m->member_pending[i];
@@ -564,13 +576,8 @@ static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_
  * reload (or restart) that brings the pool back in-process (SPEC §3.6: quarantines survive reloads). */
 static int member_state_leaving(Manager *m, const BrokerConfig *c, MemberStateEntry **ret, size_t *ret_n) {
         usec_t now = now_monotonic(), now_real = now_realtime();
-        size_t cap = engine_drain_count(m->engine), n = 0;
-        for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
-                EnginePoolInfo info;
-                if (engine_pool_info(m->engine, i, now, &info) >= 0)
-                        cap += info.n_life;
-        }
-        MemberStateEntry *e = calloc(cap ?: 1, sizeof(MemberStateEntry));
+        size_t n = 0;
+        MemberStateEntry *e = member_state_new(m, 0, now);
         if (!e)
                 return -ENOMEM;
         bool oom = false;
@@ -586,16 +593,8 @@ static int member_state_leaving(Manager *m, const BrokerConfig *c, MemberStateEn
                  * (engine_configure()): kept here for a move back, as its quarantines are. */
                 for (size_t k = 0; pc && k < engine_drain_count(m->engine); k++) {
                         EngineDrainInfo d;
-                        if (engine_drain_info(m->engine, k, &d) < 0 || !streq(d.pool, info.name))
-                                continue;
-                        e[n++] = (MemberStateEntry) {
-                                .pool = dup_tracked(d.pool, &oom), .member = dup_tracked(d.member, &oom),
-                                .drained = true, .drain_since = mono_to_real(d.since, now, now_real),
-                                .drain_until = d.until == USEC_INFINITY ? USEC_INFINITY :
-                                                                         mono_to_real(d.until, now, now_real),
-                                .drain_by = dup_tracked(d.who, &oom), .drain_reason = dup_tracked(d.reason, &oom),
-                                .quarantine_exit_status = -1,
-                        };
+                        if (engine_drain_info(m->engine, k, &d) >= 0 && streq(d.pool, info.name))
+                                member_state_add_drain(&d, e, &n, now, now_real, &oom);
                 }
         }
         if (oom) {
