@@ -1103,6 +1103,12 @@ static void set_grant(Engine *e, EngineRequest *r, bool at_once, usec_t now) {
 static int set_route_submit(Engine *e, EngineRequest *r, usec_t now);
 static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now);
 
+/* The pools marked to run again (Pool.rerun) do so at `t` (rerun_pools()). */
+static void rerun_schedule(Engine *e, usec_t t) {
+        e->rerun = true;
+        e->rerun_at = MAX(e->rerun_at, t);
+}
+
 /* The set's pools but `except` run again at `t`, once the decisions in hand are handled (process_decisions()):
  * another set decided at this instant may stand in the same pools, and a pool that decides later runs after
  * every call it was sent for the sets (a withdraw). */
@@ -1110,8 +1116,7 @@ static void set_rerun(Engine *e, const EngineRequest *r, const Pool *except, use
         for (size_t i = 0; i < r->n_parts; i++)
                 if (r->parts[i].pool != except)
                         r->parts[i].pool->rerun = true;
-        e->rerun = true;
-        e->rerun_at = MAX(e->rerun_at, t);
+        rerun_schedule(e, t);
 }
 
 /* A decision about one part of a request: while routing or granting, the set is decided when the last of
@@ -1356,11 +1361,10 @@ static void sets_settle(Engine *e, usec_t t) {
                 bool awaited = false;
                 for (size_t i = 0; i < n_parts; i++)
                         awaited = awaited || pools[i]->sets_granting > 0;
-                for (size_t i = 0; i < n_parts && !awaited; i++)
-                        pools[i]->rerun = true;
                 if (!awaited) {
-                        e->rerun = true;
-                        e->rerun_at = MAX(e->rerun_at, t);
+                        for (size_t i = 0; i < n_parts; i++)
+                                pools[i]->rerun = true;
+                        rerun_schedule(e, t);
                 }
                 process_decisions(e);
         }
@@ -2581,27 +2585,27 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
                         goto fail;
                 pools[i]->retired = false;
         }
-        /* An in-process pool made anew for a name (removed by an earlier reload and gone with its last lease, or
-         * back from a backend) obeys the drains recorded for that name: they are what Status shows and what
-         * members.state keeps, and they survive reloads (SPEC §3.6). One of a member the pool does not have
-         * now stays a record only, as engine_drain_with() refuses such a member. */
+        /* The drains recorded for the name of a pool made anew:
+         * - an in-process one (removed by an earlier reload and gone with its last lease, or back from a backend)
+         *   obeys them: they are what Status shows and what members.state keeps, and they survive reloads (SPEC
+         *   §3.6). One of a member the pool does not have now stays a record only, as engine_drain_with() refuses
+         *   such a member;
+         * - one on a backend obeys the drains its backend keeps (drain_with()), the fleet's: the records of its
+         *   in-process days are not its own, and one ending at its until would undrain in Redis what another node
+         *   drained there. They go (brokerd keeps them for a move back: manager.c, member_state_leaving()). */
         for (size_t i = 0; i < c->n_pools; i++)
-                for (size_t k = 0; created[i] && !pools[i]->ops->drain_with && k < e->n_drains; k++) {
-                        if (!streq(e->drains[k].pool, pools[i]->name))
-                                continue;
-                        r = pools[i]->ops->drain(pools[i], e->drains[k].member, true, now);
-                        if (r < 0 && r != -ENOENT)
-                                goto fail;
-                }
-        /* A pool that moved to a backend obeys the drains its backend keeps (drain_with()), the fleet's: the records
-         * of its in-process days are not its own, and one ending at its until would undrain in Redis what another
-         * node drained there (brokerd keeps them for a move back: manager.c, member_state_leaving()). */
-        for (size_t i = 0; i < c->n_pools; i++)
-                for (size_t k = 0; created[i] && pools[i]->ops->drain_with && k < e->n_drains;)
-                        if (streq(e->drains[k].pool, pools[i]->name))
-                                drain_record_remove(e, k);
-                        else
+                for (size_t k = 0; created[i] && k < e->n_drains;) {
+                        if (!streq(e->drains[k].pool, pools[i]->name)) {
                                 k++;
+                        } else if (pools[i]->ops->drain_with) {
+                                drain_record_remove(e, k);
+                        } else {
+                                r = pools[i]->ops->drain(pools[i], e->drains[k].member, true, now);
+                                if (r < 0 && r != -ENOENT)
+                                        goto fail;
+                                k++;
+                        }
+                }
 
         /* Pools that are gone, or moved: waiters refused, holders finish (a shared pool keeps heartbeating
          * them, and releases them in Redis). */

@@ -338,11 +338,17 @@ static void fp_add(SharedPool *p, const char *rid, char kind) {
         p->fp.s += h;
 }
 
+/* The fingerprint of the records of a and of b together. */
+static Fingerprint fp_sum(Fingerprint a, Fingerprint b) {
+        return (Fingerprint) { .n = a.n + b.n, .x = a.x ^ b.x, .s = a.s + b.s };
+}
+
 /* Redis's triple for this node (untrusted: a negative value is no count) equals this node's own, with the
  * leases Redis keeps for it while it cannot account for them. */
 static bool fp_equals(const SharedPool *p, int64_t n, int64_t x, int64_t s) {
-        return n >= 0 && (uint64_t) n == p->fp.n + p->kept.n && x >= 0 && (uint32_t) x == (p->fp.x ^ p->kept.x) &&
-               s >= 0 && (uint32_t) s == (uint32_t) (p->fp.s + p->kept.s);
+        Fingerprint want = fp_sum(p->fp, p->kept);
+        return n >= 0 && (uint64_t) n == want.n && x >= 0 && (uint32_t) x == want.x && s >= 0 &&
+               (uint32_t) s == want.s;
 }
 
 /* A fingerprint triple from Redis (untrusted): a count and two 32-bit values. */
@@ -1119,11 +1125,12 @@ static void emit(SharedPool *p, PoolDecision d) {
         pool_emit(&p->base, &d);
 }
 
-/* Whether rid's submit waits in the outbox, never sent (held until the pool serves). */
-static bool submit_unsent(const SharedPool *p, const char *rid) {
+/* Whether a call of script for rid is in the outbox: sent and not answered, or to be sent; or, unsent_only,
+ * never sent (it goes after every call sent so far). */
+static bool outbox_has(const SharedPool *p, SharedScript script, const char *rid, bool unsent_only) {
         list_foreach(n, &p->outbox) {
                 const Call *c = container_of(n, Call, node);
-                if (c->script == SHARED_SCRIPT_SUBMIT && streq(c->rid, rid) && !c->ever_sent)
+                if (c->script == script && streq(c->rid, rid) && !(unsent_only && c->ever_sent))
                         return true;
         }
         return false;
@@ -1579,7 +1586,8 @@ static void decision_apply(SharedPool *p, const SharedDecision *d, bool written_
                 }
                 return;
         }
-        if (streq(d->verdict, "granted") && p->unconfirmed_since != USEC_INFINITY && submit_unsent(p, w->rid))
+        if (streq(d->verdict, "granted") && p->unconfirmed_since != USEC_INFINITY &&
+            outbox_has(p, SHARED_SCRIPT_SUBMIT, w->rid, true))
                 /* A resumed waiter held until the primary is first confirmed, granted under its old rid by a
                  * tick of this unconfirmed one: nothing is handed out, and its submit, sent once confirmed,
                  * asks the confirmed primary where that rid stands (its grant, if it has it: lua/README). */
@@ -2499,11 +2507,8 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
                         p->reconcile_kept = true;
                         if (kept && !fp_read(kept, &k))
                                 bad_input(p, "a malformed fingerprint of kept leases", now);
-                        else if (kept) {
-                                p->kept_next.n += k.n;
-                                p->kept_next.x ^= k.x;
-                                p->kept_next.s += k.s;
-                        }
+                        else if (kept)
+                                p->kept_next = fp_sum(p->kept_next, k);
                 }
                 if (to && *to) {
                         free(p->reconcile_from);
@@ -2562,16 +2567,6 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
 
 static int submit_call_new(SharedPool *p, const PoolWaiter *w, usec_t now, Call **ret);
 
-/* Whether rid's submit is in the outbox (sent and not answered, or to be sent). */
-static bool submit_pending(const SharedPool *p, const char *rid) {
-        list_foreach(n, &p->outbox) {
-                const Call *c = container_of(n, Call, node);
-                if (c->script == SHARED_SCRIPT_SUBMIT && streq(c->rid, rid))
-                        return true;
-        }
-        return false;
-}
-
 /* A waiter whose record Redis lost with its data (lua/README, submit: "a rid whose records are gone is
  * decided afresh"): sent again under its rid and arrival, it queues (through the recovery window the loss
  * opened) and its wait counts from when it came. The node is live (a node away long enough to be reaped had
@@ -2595,7 +2590,7 @@ static void waiter_resubmit(SharedPool *p, PoolWaiter *w, usec_t now) {
  * written into the pool's keys, counted as bad input. */
 static void waiter_gone(SharedPool *p, PoolWaiter *w, usec_t now) {
         /* Its submit (first or again) not answered yet: a places query sent before it found nothing yet. */
-        if (submit_pending(p, w->rid))
+        if (outbox_has(p, SHARED_SCRIPT_SUBMIT, w->rid, false))
                 return;
         /* A set's part is submitted by its set's call, not alone; one granted and held for its replicas has
          * its WAIT's answer to come: those are refused. */
@@ -3740,16 +3735,6 @@ static void set_part_requeue(SharedPool *q, const char *rid, bool named) {
                                  .budget = USEC_INFINITY, .waiter = w });
 }
 
-/* Whether a withdraw of rid waits in the outbox, never sent: it goes after every call sent so far. */
-static bool withdraw_unsent(const SharedPool *p, const char *rid) {
-        list_foreach(n, &p->outbox) {
-                const Call *c = container_of(n, Call, node);
-                if (c->script == SHARED_SCRIPT_WITHDRAW && !c->ever_sent && streq(c->rid, rid))
-                        return true;
-        }
-        return false;
-}
-
 /* A part that this answer has queued in pool q for a set given up here meanwhile (cancelled, or refused here
  * while its call was to go again: its try forgotten). Each pool withdrew its rid with a call of its own, which
  * need not follow the set's call: another pool's goes when that pool serves (first, after the link is back),
@@ -3758,7 +3743,7 @@ static bool withdraw_unsent(const SharedPool *p, const char *rid) {
  * until a reconcile drops it (a minute or more on a pool this node is idle on). Withdrawn again, after this
  * call. A part granted so is released by decision_apply(), as any grant of a forgotten rid. */
 static void set_part_forgotten(SharedPool *q, const char *rid, const RespValue *body, usec_t now) {
-        if (try_find(q, rid) || !rid_was_forgotten(q, rid) || withdraw_unsent(q, rid))
+        if (try_find(q, rid) || !rid_was_forgotten(q, rid) || outbox_has(q, SHARED_SCRIPT_WITHDRAW, rid, true))
                 return;
         SharedDecision d;
         if (shared_decision_from_array(body, q->base.limit, &d) >= 0 && streq(d.rid, rid) && streq(d.verdict, "queued"))

@@ -457,18 +457,15 @@ static void gen_request_selector(Gen *g, Gen *xg, const GenPool *pools, unsigned
                 fprintf(g->f, ", \"member\": \"m%d\"", s.member);
 }
 
-/* TEST_SHARED_DIFF_EXTRA=0 leaves out what the stream of their own below adds (health = also, client-wait = ignore,
- * a lane's queue-timeout = infinity, reserve = 2, requests of up to the limit or naming a member and a label or two
- * labels, phases that tell an exit status, do not wait or cap their wait, a second phase): the rest of a seed's scenario stays, to tell which part a difference needs. */
-static bool extra_enabled(void) {
-        const char *v = getenv("TEST_SHARED_DIFF_EXTRA");
-        return !v || !streq(v, "0");
-}
-
-/* TEST_SHARED_DIFF_ALSO=0 leaves the also= lanes out (their own stream: the rest of a seed's scenario stays), to
- * tell a difference of the sets from one of the rest. */
-static bool also_enabled(void) {
-        const char *v = getenv("TEST_SHARED_DIFF_ALSO");
+/* Whether the part of the generator that `variable` names is on (anything but "0"). Each such part draws from
+ * a stream of its own, so that the rest of a seed's scenario stays without it, to tell which part a difference
+ * needs:
+ * - TEST_SHARED_DIFF_ALSO: the also= lanes;
+ * - TEST_SHARED_DIFF_EXTRA: health = also, client-wait = ignore, a lane's queue-timeout = infinity, reserve = 2,
+ *   requests of up to the limit or naming a member and a label or two labels, phases that tell an exit status,
+ *   do not wait or cap their wait, a second phase. */
+static bool generator_part_enabled(const char *variable) {
+        const char *v = getenv(variable);
         return !v || !streq(v, "0");
 }
 
@@ -515,7 +512,8 @@ static char *generate(uint64_t seed) {
         Gen g = { .state = seed * 1000003 }, cg = { .state = seed * 7919 + 17 }, qg = { .state = seed * 104729 + 31 },
             rg = { .state = seed * 15485863 + 47 }, ag = { .state = seed * 32452843 + 59 },
             xg = { .state = seed * 49979687 + 71 };
-        bool also = also_enabled(), extra = extra_enabled();
+        bool also = generator_part_enabled("TEST_SHARED_DIFF_ALSO"),
+             extra = generator_part_enabled("TEST_SHARED_DIFF_EXTRA");
         char *text = NULL;
         size_t size = 0;
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
