@@ -3070,13 +3070,18 @@ static void test_set_is_not_starved_by_a_stream_of_single_pool_requests(void **s
         assert_true(queued(behind[1]));
 }
 
-static void test_crossed_sets_do_not_deadlock(void **state) {
-        Fixture *f = *state;
+/* Pools p and db (limit 1 each); lane pd takes p and also db, lane dp takes db and also p: their sets cross. */
+static void crossed_lanes(Fixture *f) {
         pool_add(f, "p", 1);
         pool_add(f, "db", 1);
         lane_also(lane_add(f, "pd", LANE_POLICY_WAIT, "p", NULL), "db", 1);
         lane_also(lane_add(f, "dp", LANE_POLICY_WAIT, "db", NULL), "p", 1);
         configure(f, 0);
+}
+
+static void test_crossed_sets_do_not_deadlock(void **state) {
+        Fixture *f = *state;
+        crossed_lanes(f);
         Tag *a = acquire(f, "a", (Req) { .lane = "pd" }, 0);
         assert_true(granted(a));
         Tag *b = acquire(f, "b", (Req) { .lane = "dp" }, S(1));
@@ -3090,6 +3095,34 @@ static void test_crossed_sets_do_not_deadlock(void **state) {
         assert_int_equal(pool_in_use(f, 1), 1);
         end(f, b, S(4));
         assert_true(granted(c));
+}
+
+/* A reload that changes a lane's priority reorders its sets in every pool of theirs at once (engine_configure()
+ * configures every pool before any decides again; on shared pools each pool's tick adopts the rules, here from
+ * the one node): two crossed sets never stand in opposite orders in p and db, each holding back the other there
+ * while both pools have room. The set of the lane raised goes first in both, the other after it. */
+static void test_reload_reorders_crossed_sets_in_every_pool_at_once(void **state) {
+        Fixture *f = *state;
+        crossed_lanes(f);
+        Tag *h = acquire(f, "h", (Req) { .lane = "pd" }, 0);
+        assert_true(granted(h));
+        Tag *s1 = acquire(f, "s1", (Req) { .lane = "pd" }, S(1));
+        Tag *s2 = acquire(f, "s2", (Req) { .lane = "dp" }, S(2));
+        assert_true(queued(s1) && queued(s2));
+        assert_int_equal(position_of(s1), 0);
+        assert_int_equal(position_of(s2), 1);
+
+        f->config.lanes[1]->priority = 10;
+        configure(f, S(3));
+        assert_int_equal(position_of(s2), 0);
+        assert_int_equal(position_of(s1), 1);
+        end(f, h, S(4));
+        assert_true(granted(s2)); /* first in both queues now */
+        assert_true(queued(s1));
+        assert_int_equal(pool_in_use(f, 0), 1);
+        assert_int_equal(pool_in_use(f, 1), 1);
+        end(f, s2, S(5));
+        assert_true(granted(s1));
 }
 
 static void test_set_position_is_the_furthest_of_its_places(void **state) {
@@ -4016,6 +4049,7 @@ int main(void) {
                 T(test_set_granted_at_once_takes_no_member_set_aside),
                 T(test_set_is_not_starved_by_a_stream_of_single_pool_requests),
                 T(test_crossed_sets_do_not_deadlock),
+                T(test_reload_reorders_crossed_sets_in_every_pool_at_once),
                 T(test_set_position_is_the_furthest_of_its_places),
                 T(test_set_budget_is_the_smallest_and_its_refusal_names_the_pool),
                 T(test_set_fail_fast_refusal_names_the_pool_without_room),

@@ -3959,6 +3959,156 @@ static void test_a_malformed_set_call_is_an_error(void **state) {
 }
 
 /* A drained pool refuses the set, naming it, and nothing is taken in the other. */
+/* Two lanes a and b whose sets cross the same two pools; b's priority is given. */
+#define CANON_SETS_AB(prio_b)                                                                                   \
+        "backend-node-ttl=30000000\nlane.a.max-in-use=-1\nlane.a.priority=0\nlane.a.reserve=0\n"                \
+        "lane.b.max-in-use=-1\nlane.b.priority=" prio_b "\nlane.b.reserve=0\nlimit=1\n"
+
+/* A set of lane `lane` as n1: k=1 of each pool, may wait. */
+static redisReply *set_submit_lane(long long now, const char *rid, const char *lane) {
+        return set_call(now, "submit", rid, lane, "1", "2", "1", "0", "-1", "-1", "-", "", "1", "0", "-1", "-1", "-",
+                        "", NULL);
+}
+
+/* A tick of pool p as node with canon (completing the instant): its status, whether its events say rid_a
+ * (bit 0) and rid_b (bit 1) ready, and the pool's slots in use. */
+static unsigned tick_readies(const char *p, const char *node, long long now, const char *canon, const char *rid_a,
+                             const char *rid_b, const char **ret_status, long long *ret_in_use) {
+        const char *was = pool;
+        pool = p;
+        redisReply *t = tick_as(node, now, canon);
+        pool = was;
+        static char st[16];
+        snprintf(st, sizeof st, "%s", status(t));
+        *ret_status = st;
+        unsigned ready = 0;
+        for (size_t i = 0; i < n_events(t); i++)
+                if (strcmp(field_s(event(t, i), D_VERDICT), "ready") == 0) {
+                        ready |= strcmp(field_s(event(t, i), D_RID), rid_a) == 0 ? 1u : 0u;
+                        ready |= strcmp(field_s(event(t, i), D_RID), rid_b) == 0 ? 2u : 0u;
+                }
+        *ret_in_use = cache(t, C_IN_USE);
+        freeReplyObject(t);
+        return ready;
+}
+
+/* Both pools full (a lease of lane a in each, tokens returned), then n1's set s1 of lane a and s2 of lane b
+ * waiting in both, s1 ahead (same priority, earlier). n2 is registered in POOL2, and in POOL if both. */
+static void crossed_sets(const char *s1, const char *s2, bool n2_in_both, long long *ret_tokens) {
+        set_canon = CANON_SETS_AB("0");
+        set_pools(1000);
+        if (n2_in_both)
+                tick_ok("n2", 1000, set_canon);
+        pool = POOL2;
+        tick_ok("n2", 1000, set_canon);
+        for (size_t i = 0; i < 2; i++) {
+                pool = i == 0 ? POOL : POOL2;
+                redisReply *r = submit_at(2000, i == 0 ? "0000000000000f01" : "0000000000000f02", "a", 1, true, -1);
+                assert_string_equal(field_s(body(r), D_VERDICT), "granted");
+                ret_tokens[i] = field_i(body(r), D_TOKEN);
+                freeReplyObject(r);
+        }
+        pool = POOL;
+        redisReply *r = set_submit_lane(3000, s1, "a");
+        assert_string_equal(set_verdict(r), "queued");
+        freeReplyObject(r);
+        r = set_submit_lane(4000, s2, "b");
+        assert_string_equal(set_verdict(r), "queued");
+        freeReplyObject(r);
+}
+
+/* A rolling change of a lane's priority (brokerd.conf(5), "Agreement on the rules", and also=): each pool
+ * adopts the new rules at its own tick, so between the last node's tick of POOL and its tick of POOL2 two
+ * sets stand in opposite orders in the two pools. Slots freed in that window: s2 (raised) is ready in POOL
+ * only, s1 in POOL2 only, and neither set's grant takes anything while both pools have a free slot. The
+ * standoff lasts exactly until POOL2 adopts too (the same node's next call of that pool: brokerd sends the
+ * ticks of every pool at its reload), which says s2 ready there: it is granted, s1 after it. */
+static void test_crossed_sets_stand_off_only_until_the_second_pool_adopts(void **state) {
+        const char *s1 = "0000000000000f11", *s2 = "0000000000000f12", *st;
+        long long tokens[2], in_use;
+        crossed_sets(s1, s2, true, tokens);
+        /* n2 reloads first: both pools refuse it (n1 wants the old rules). */
+        redisReply *t = tick_as("n2", 5000, CANON_SETS_AB("10"));
+        assert_string_equal(status(t), "rules");
+        freeReplyObject(t);
+        pool = POOL2;
+        t = tick_as("n2", 5000, CANON_SETS_AB("10"));
+        assert_string_equal(status(t), "rules");
+        freeReplyObject(t);
+        pool = POOL;
+        /* n1 reloads: POOL adopts at its tick; POOL2 has not had n1's tick yet. */
+        assert_int_equal(tick_readies(POOL, "n1", 6000, CANON_SETS_AB("10"), s1, s2, &st, &in_use), 0);
+        assert_string_equal(st, "ok");
+        /* The window: both leases end. */
+        freeReplyObject(release_at(6100, tokens[0], "0000000000000f01"));
+        pool = POOL2;
+        freeReplyObject(release_at(6100, tokens[1], "0000000000000f02"));
+        pool = POOL;
+        assert_int_equal(tick_readies(POOL, "n1", 6200, "=", s1, s2, &st, &in_use), 2);
+        assert_int_equal(in_use, 0);
+        assert_int_equal(tick_readies(POOL2, "n1", 6200, "=", s1, s2, &st, &in_use), 1);
+        assert_int_equal(in_use, 0);
+        redisReply *r = set_grant(6300, s1);
+        assert_string_equal(set_verdict(r), "not-ready");
+        assert_int_equal(r->element[1]->integer, 1);
+        freeReplyObject(r);
+        r = set_grant(6300, s2);
+        assert_string_equal(set_verdict(r), "not-ready");
+        assert_int_equal(r->element[1]->integer, 2);
+        freeReplyObject(r);
+        /* n1's tick of POOL2 adopts there too: s2 goes ahead, is said ready, and its grant takes both. */
+        assert_int_equal(tick_readies(POOL2, "n1", 6400, CANON_SETS_AB("10"), s1, s2, &st, &in_use), 2);
+        assert_string_equal(st, "ok");
+        r = set_grant(6500, s2);
+        assert_string_equal(set_verdict(r), "granted");
+        long long s2_tokens[2] = { field_i(body(set_reply(r, 0)), D_TOKEN), field_i(body(set_reply(r, 1)), D_TOKEN) };
+        freeReplyObject(r);
+        /* s1 after it, in both. */
+        for (size_t i = 0; i < 2; i++) {
+                pool = i == 0 ? POOL : POOL2;
+                freeReplyObject(release_at(7000, s2_tokens[i], s2));
+        }
+        pool = POOL;
+        assert_int_equal(tick_readies(POOL, "n1", 7100, "=", s1, s2, &st, &in_use), 1);
+        r = set_grant(7200, s1);
+        assert_string_equal(set_verdict(r), "granted");
+        freeReplyObject(r);
+}
+
+/* "POOL2 never agrees": a live node (n2) that uses POOL2 alone keeps wanting its old rules, so POOL2 keeps them
+ * while POOL adopted the new ones. The node whose sets stand crossed (n1) wants the new rules for both pools
+ * (one lane, one priority: engine.c, rules_for_pool()), so POOL2 refuses it ("rules"): its tick says so (and
+ * brokerd refuses its requests there, withdrawing their parts: test-pool-shared,
+ * test_rules_mismatch_refuses_and_keeps_heartbeating), and the set's grant is refused the same way, changing
+ * nothing. The sets are refused, not left to wait for each other. */
+static void test_crossed_sets_of_a_node_a_pool_disagrees_with_are_refused_there(void **state) {
+        const char *s1 = "0000000000000f21", *s2 = "0000000000000f22", *st;
+        long long tokens[2], in_use;
+        crossed_sets(s1, s2, false, tokens);
+        assert_int_equal(tick_readies(POOL, "n1", 5000, CANON_SETS_AB("10"), s1, s2, &st, &in_use), 0);
+        assert_string_equal(st, "ok"); /* n1 is POOL's only node: adopted */
+        assert_int_equal(tick_readies(POOL2, "n1", 5000, CANON_SETS_AB("10"), s1, s2, &st, &in_use), 0);
+        assert_string_equal(st, "rules");
+        freeReplyObject(release_at(5100, tokens[0], "0000000000000f01"));
+        redisReply *r = set_grant(5200, s2);
+        assert_string_equal(status(r), "rules");
+        assert_int_equal(r->element[1]->integer, 2);
+        freeReplyObject(r);
+        /* What brokerd does on "rules": each part withdrawn, in each pool. */
+        for (size_t i = 0; i < 2; i++) {
+                pool = i == 0 ? POOL : POOL2;
+                for (size_t k = 0; k < 2; k++) {
+                        r = call("withdraw", "n1", 5300, 0, k == 0 ? s1 : s2, NULL);
+                        assert_string_equal(field_s(body(r), 0), "withdrawn");
+                        freeReplyObject(r);
+                }
+        }
+        pool = POOL;
+        r = tick_as("n1", 5400, "=");
+        assert_int_equal(cache(r, C_WAITING), 0);
+        freeReplyObject(r);
+}
+
 static void test_a_set_refused_by_one_pool_takes_nothing_in_the_others(void **state) {
         set_pools(1000);
         pool = POOL2;
@@ -5825,6 +5975,8 @@ int main(int argc, char *argv[]) {
                 T(test_a_set_sent_again_after_one_part_was_withdrawn_writes_nothing_twice),
                 T(test_a_queued_set_holds_nothing_and_holds_back_those_behind_it),
                 T(test_a_set_refused_by_one_pool_takes_nothing_in_the_others),
+                T(test_crossed_sets_stand_off_only_until_the_second_pool_adopts),
+                T(test_crossed_sets_of_a_node_a_pool_disagrees_with_are_refused_there),
                 T(test_a_set_not_ready_at_its_grant_is_said_ready_again),
                 T(test_a_known_set_part_said_ready_is_said_again),
                 T(test_a_malformed_set_call_is_an_error),
