@@ -571,9 +571,10 @@ static int member_state_collect(Manager *m, MemberStateEntry **ret, size_t *ret_
 
 /* The quarantines of the in-process pools that configuration c removes, or moves to a backend (and the drains of
  * the latter): such a pool goes with its last lease, and its members' lives with it, where a drain of a pool
- * removed stays the engine's record (engine_configure() applies it again to the pool made anew). They wait in
- * member_pending as a restart keeps those of a pool it does not find: written to members.state, applied by the
- * reload (or restart) that brings the pool back in-process (SPEC §3.6: quarantines survive reloads). */
+ * removed stays the engine's record (engine_configure() applies it again to the pool made anew, or revived).
+ * They wait in member_pending as a restart keeps those of a pool it does not find: written to members.state,
+ * applied by the reload (or restart) that brings the pool back in-process (SPEC §3.6: quarantines survive
+ * reloads). */
 static int member_state_leaving(Manager *m, const BrokerConfig *c, MemberStateEntry **ret, size_t *ret_n) {
         usec_t now = now_monotonic(), now_real = now_realtime();
         size_t n = 0;

@@ -2527,6 +2527,36 @@ int engine_check_moves(Engine *e, const BrokerConfig *c, EngineMoveRefusal *ret)
         return 0;
 }
 
+/* An in-process pool's drains made what the engine records for its name. A pool revived from the retired list
+ * keeps those it had when it went, and a record may have gone meanwhile: its until came while the pool was
+ * away ([UNDRAINED] was told, drains_expire() found no pool to undrain), or brokerd took it to members.state
+ * when the pool moved to a backend, to apply it again only if it still holds. One of a member the pool does not
+ * have now stays a record only, as engine_drain_with() refuses such a member. */
+static int pool_drains_from_records(Engine *e, Pool *p, usec_t now) {
+        PoolInfo info;
+        p->ops->info(p, now, &info);
+        _cleanup_(strv_freep) char **had = strv_copy(info.drained_members);
+        if (info.drained_members && !had)
+                return -ENOMEM;
+        int r = p->ops->drain(p, NULL, drain_find(e, p->name, NULL) >= 0, now);
+        if (r < 0)
+                return r;
+        for (char **m = had; m && *m; m++)
+                if (drain_find(e, p->name, *m) < 0) {
+                        r = p->ops->drain(p, *m, false, now);
+                        if (r < 0 && r != -ENOENT)
+                                return r;
+                }
+        for (size_t k = 0; k < e->n_drains; k++) {
+                if (!streq(e->drains[k].pool, p->name) || !e->drains[k].member)
+                        continue;
+                r = p->ops->drain(p, e->drains[k].member, true, now);
+                if (r < 0 && r != -ENOENT)
+                        return r;
+        }
+        return 0;
+}
+
 int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
         assert_return(e && c, -EINVAL);
         engine_advance(e, now);
@@ -2585,27 +2615,30 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
                         goto fail;
                 pools[i]->retired = false;
         }
-        /* The drains recorded for the name of a pool made anew:
-         * - an in-process one (removed by an earlier reload and gone with its last lease, or back from a backend)
-         *   obeys them: they are what Status shows and what members.state keeps, and they survive reloads (SPEC
-         *   §3.6). One of a member the pool does not have now stays a record only, as engine_drain_with() refuses
-         *   such a member;
+        /* The drains recorded for the name of a pool new to the configuration: made anew, or revived from the
+         * retired list (a lease held it while it was away, removed or on the other side of a move):
+         * - an in-process one (removed by an earlier reload, or back from a backend) obeys them: they are what
+         *   Status shows and what members.state keeps, and they survive reloads (SPEC §3.6). A revived one's own
+         *   drains are of before it went, and are replaced (pool_drains_from_records());
          * - one on a backend obeys the drains its backend keeps (drain_with()), the fleet's: the records of its
-         *   in-process days are not its own, and one ending at its until would undrain in Redis what another node
-         *   drained there. They go (brokerd keeps them for a move back: manager.c, member_state_leaving()). */
-        for (size_t i = 0; i < c->n_pools; i++)
-                for (size_t k = 0; created[i] && k < e->n_drains;) {
-                        if (!streq(e->drains[k].pool, pools[i]->name)) {
-                                k++;
-                        } else if (pools[i]->ops->drain_with) {
-                                drain_record_remove(e, k);
-                        } else {
-                                r = pools[i]->ops->drain(pools[i], e->drains[k].member, true, now);
-                                if (r < 0 && r != -ENOENT)
-                                        goto fail;
-                                k++;
-                        }
+         *   in-process days, or of the in-process pool that stood for its name while it was retired, are not its
+         *   own, and one ending at its until would undrain in Redis what another node drained there. They go
+         *   (brokerd keeps them for a move back: manager.c, member_state_leaving()). */
+        for (size_t i = 0; i < c->n_pools; i++) {
+                if (!created[i] && pool_in(e->pools, e->n_pools, pools[i]))
+                        continue; /* it stays, and its drains with it */
+                if (!pools[i]->ops->drain_with) {
+                        r = pool_drains_from_records(e, pools[i], now);
+                        if (r < 0)
+                                goto fail;
+                        continue;
                 }
+                for (size_t k = 0; k < e->n_drains;)
+                        if (streq(e->drains[k].pool, pools[i]->name))
+                                drain_record_remove(e, k);
+                        else
+                                k++;
+        }
 
         /* Pools that are gone, or moved: waiters refused, holders finish (a shared pool keeps heartbeating
          * them, and releases them in Redis). */

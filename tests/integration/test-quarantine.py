@@ -783,6 +783,87 @@ class Shared(Base):
         [d] = [d for d in a.pool("rigs").get("memberDrains", []) if d["member"] == "b"]
         self.assertEqual(d["reason"], "spare")
 
+    def test_a_local_drain_does_not_undrain_the_shared_pool_a_lease_kept(self):
+        """rigs goes local, shared, local and shared again on node A while A's job holds b in Redis: the shared
+        pool object stays (retired) for that lease, and the last reload revives it rather than making one anew.
+        A's drain of a while rigs was local (--until) is not the fleet's, there too: Status does not show it as
+        the shared pool's, and its until does not end B's drain of a in Redis."""
+        b = self.node("node-b")
+        # The pool's first use waits out its recovery window.
+        j = self.job(b, "warm", "w", "finish")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 0, j.stderr())
+        p = self.slotctl(b, "drain", "rigs", "a", "--reason", "broken")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        shared = SHARED_CONFIG.format(node="node-a", backend=self.redis.url(), ttl=SHARED_TTL)
+        local = "".join(line for line in shared.splitlines(keepends=True) if not line.startswith("backend"))
+        a = self.broker(local, "node-a")
+        a.write_config(shared)
+        a.reload()
+        held = self.job(a, "held", "w", 'while [ ! -e "$d/stop-$n" ]; do sleep 0.02; done; finish')
+        got = wait_for(lambda: self.w.started("held") or held.proc.poll() is not None, SHARED_TTL + 30,
+                       message="A's job to get b in Redis")
+        self.assertIsNot(got, True, held.stderr())
+        self.assertEqual(got[0].slots, ["b"])
+        a.write_config(local)
+        a.reload()
+        until = int(time.time()) + 6
+        p = self.slotctl(a, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        a.write_config(shared)
+        a.reload()
+        wait_for(lambda: a.pool("rigs")["backend"]["up"], timeout=30, message="node-a: the backend up")
+
+        def drains(node):
+            return sorted((d["member"], d["reason"]) for d in node.pool("rigs").get("memberDrains", []))
+        self.assertEqual(drains(a), [("a", "broken")], "A shows its local drain as the shared pool's")
+        self.queued(b, "next", "w")
+        time.sleep(max(0.0, until + 3 - time.time()))
+        self.assertEqual(self.w.started("next"), [], "B's drain of a was ended by A's local record")
+        self.assertEqual(drains(b), [("a", "broken")])
+        self.stop("held")
+        wait_for(lambda: self.w.started("next"), 15, message="B's waiter to get b")
+        self.assertEqual(self.w.started("next")[0].slots, ["b"])
+        self.stop("next")
+
+    def test_local_drains_that_ended_while_the_pool_was_shared_do_not_hold_when_it_is_back(self):
+        """A job on node A holds a of rigs while rigs is local; reloads move rigs to Redis and back: the local
+        pool object stays (retired) for that lease, and the second reload revives it. A's drains of b and of the
+        whole pool ended (--until) while rigs was shared: nobody drains anything now, and the revived pool must
+        grant b. A drain without until holds again (brokerd.conf(5), "Moving a pool to or from Redis")."""
+        shared = SHARED_CONFIG.format(node="node-a", backend=self.redis.url(), ttl=SHARED_TTL)
+        local = "".join(line for line in shared.splitlines(keepends=True) if not line.startswith("backend"))
+        a = self.broker(local, "node-a")
+        self.assertEqual(self.running(a, "held", "w"), ["a"])
+        until = int(time.time()) + 4
+        for target in (["b"], []):
+            p = self.slotctl(a, "drain", "rigs", *target, "--reason", "reflash", "--until", f"@{until}")
+            self.assertEqual(p.returncode, 0, p.stderr)
+        a.write_config(shared)
+        a.reload()
+        time.sleep(max(0.0, until + 2 - time.time()))
+        a.write_config(local)
+        a.reload()
+        status = a.pool("rigs")
+        self.assertEqual((status["drained"], status.get("drainedMembers", [])), (False, []), status)
+        self.assertEqual(self.running(a, "next", "w"), ["b"])
+        self.stop("next")
+        p = self.slotctl(a, "drain", "rigs", "b", "--reason", "spare")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        a.write_config(shared)
+        a.reload()
+        a.write_config(local)
+        a.reload()
+        self.assertEqual(a.pool("rigs").get("drainedMembers"), ["b"])
+        self.queued(a, "again", "w")
+        time.sleep(1)
+        self.assertEqual(self.w.started("again"), [])
+        p = self.slotctl(a, "undrain", "rigs", "b")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        wait_for(lambda: self.w.started("again"), 15, message="A's waiter to get b")
+        self.assertEqual(self.w.started("again")[0].slots, ["b"])
+        self.stop("again")
+        self.stop("held")
+
     def test_a_health_job_on_one_node_restores_for_both(self):
         a, b = self.node("node-a"), self.node("node-b")
         # Nothing quarantined: a health job has nothing to wait for (75: unavailable).

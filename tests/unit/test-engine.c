@@ -2243,6 +2243,36 @@ static void test_drains_hold_when_a_removed_pool_comes_back(void **state) {
         assert_true(refused(acquire(f, "V", (Req) {}, S(11)), REFUSAL_UNAVAILABLE));
 }
 
+/* A removed pool that a lease holds stays (retired), and the reload that brings it back revives that object: its
+ * drains must be the engine's records then, as a pool made anew obeys them. A drain whose until came while the
+ * pool was away ended (the record went, [UNDRAINED] was told): it must not hold in the revived pool. */
+static void test_drains_that_ended_while_a_held_pool_was_away_do_not_hold_when_it_comes_back(void **state) {
+        Fixture *f = *state;
+        pools_p_and_q(f, true, 0);
+        Tag *x = acquire(f, "X", (Req) {}, S(1));
+        assert_string_equal(member_of(x), "a");
+        assert_int_equal(drain_with(f, "b", S(1), S(4), S(1)), 0);
+        assert_int_equal(drain_with(f, NULL, S(1), S(4), S(1)), 0);
+        pools_p_and_q(f, false, S(2)); /* p retired: X holds it */
+        run(f, S(5));
+        assert_int_equal(engine_drain_count(f->engine), 0);
+        pools_p_and_q(f, true, S(6)); /* the same object back */
+        Tag *y = acquire(f, "Y", (Req) {}, S(7));
+        assert_true(granted(y));
+        assert_string_equal(member_of(y), "b");
+        end(f, y, S(8));
+
+        /* One that still holds does. */
+        assert_int_equal(drain_with(f, "c", S(9), USEC_INFINITY, S(9)), 0);
+        pools_p_and_q(f, false, S(10));
+        pools_p_and_q(f, true, S(11));
+        Tag *z = acquire(f, "Z", (Req) {}, S(12));
+        assert_string_equal(member_of(z), "b");
+        assert_true(refused(acquire(f, "V", (Req) {}, S(13)), REFUSAL_BUSY));
+        end(f, z, S(14));
+        end(f, x, S(14));
+}
+
 /* ---- congestion gauge ---- */
 
 static void test_congestion_turns_on_when_idle_passes_q_without_room(void **state) {
@@ -4069,6 +4099,7 @@ int main(void) {
                 T(test_restore_into_unconfigured_pool_ends_with_its_lease),
                 T(test_tokens_continue_when_a_removed_pool_comes_back),
                 T(test_drains_hold_when_a_removed_pool_comes_back),
+                T(test_drains_that_ended_while_a_held_pool_was_away_do_not_hold_when_it_comes_back),
                 /* A resumed set restores its holders' leases as local ones (a shared pool's restore is a reclaim:
                  * test-shared-rolling, test-lease-log). */
                 T(test_resumed_set_keeps_its_place_in_every_pool),
