@@ -396,6 +396,8 @@ static void manager_collect(Manager *m) {
         }
 }
 
+static void member_pending_note_retired(Manager *m, const EngineEvent *ev);
+
 /* The engine's events of what the last handler did, to sessions and leases; the engine's timer re-armed.
  * Frees nothing: a poller batch may still name closed sessions' sockets. */
 static void manager_settle(Manager *m) {
@@ -411,6 +413,8 @@ static void manager_settle(Manager *m) {
                                 m->member_state_dirty = true;
                                 if (ev.type == ENGINE_EVENT_MEMBER) /* its quarantine count */
                                         lease_table_log_use(&m->leases, ev.pool, ev.member);
+                                if (ev.type == ENGINE_EVENT_MEMBER && ev.retired)
+                                        member_pending_note_retired(m, &ev);
                                 if (m->member_events_replayed > 0) {
                                         m->member_events_replayed--;
                                         any = true;
@@ -607,6 +611,54 @@ static int member_state_leaving(Manager *m, const BrokerConfig *c, MemberStateEn
         *ret = e;
         *ret_n = n;
         return 0;
+}
+
+/* A quarantine or restore told by an in-process pool that left the configuration (EngineEvent.retired): its
+ * last lease's exit status did it. Such a pool goes with that lease, and its members' lives with it, and
+ * members.state lists only the configured pools' lives: the quarantine waits in member_pending, as those the
+ * reload kept (member_state_leaving()), for the reload that brings the pool back in-process; a restore ends the
+ * one waiting there. */
+static void member_pending_note_retired(Manager *m, const EngineEvent *ev) {
+        for (size_t i = 0; i < m->n_member_pending; i++) {
+                MemberStateEntry *p = &m->member_pending[i];
+                if (!p->quarantined || !streq(p->pool, ev->pool) || !streq_ptr(p->member, ev->member))
+                        continue;
+                if (ev->quarantined)
+                        return; /* the first quarantine's who and why stay, as the pool keeps them */
+                if (p->drained) {
+                        p->quarantined = false;
+                        p->quarantine_job = mfree(p->quarantine_job);
+                        p->quarantine_reason = mfree(p->quarantine_reason);
+                        p->quarantine_exit_status = -1;
+                } else {
+                        member_state_entry_done(p);
+                        memmove(p, p + 1, (m->n_member_pending - i - 1) * sizeof(MemberStateEntry));
+                        m->n_member_pending--;
+                }
+                m->member_state_dirty = true;
+                return;
+        }
+        if (!ev->quarantined)
+                return;
+        usec_t now = now_monotonic(), now_real = now_realtime();
+        bool oom = false;
+        MemberStateEntry q = {
+                .pool = dup_tracked(ev->pool, &oom), .member = dup_tracked(ev->member, &oom),
+                .drain_until = USEC_INFINITY, .quarantined = true,
+                .quarantine_since = mono_to_real(ev->at, now, now_real),
+                .quarantine_job = dup_tracked(ev->job, &oom), .quarantine_exit_status = ev->exit_status,
+                .quarantine_reason = dup_tracked(ev->note, &oom),
+        };
+        MemberStateEntry *a = oom ? NULL : reallocarray(m->member_pending, m->n_member_pending + 1,
+                                                        sizeof(MemberStateEntry));
+        if (!a) {
+                log_oom();
+                member_state_entry_done(&q);
+                return;
+        }
+        m->member_pending = a;
+        m->member_pending[m->n_member_pending++] = q;
+        m->member_state_dirty = true;
 }
 
 static void manager_write_member_state(Manager *m) {

@@ -16,15 +16,18 @@
 #define VERSION 1
 #define FILE_MAX (64 * 1024 * 1024)
 
+void member_state_entry_done(MemberStateEntry *e) {
+        free(e->pool);
+        free(e->member);
+        free(e->drain_by);
+        free(e->drain_reason);
+        free(e->quarantine_job);
+        free(e->quarantine_reason);
+}
+
 void member_state_entries_free(MemberStateEntry *e, size_t n) {
-        for (size_t i = 0; e && i < n; i++) {
-                free(e[i].pool);
-                free(e[i].member);
-                free(e[i].drain_by);
-                free(e[i].drain_reason);
-                free(e[i].quarantine_job);
-                free(e[i].quarantine_reason);
-        }
+        for (size_t i = 0; e && i < n; i++)
+                member_state_entry_done(e + i);
         free(e);
 }
 

@@ -37,6 +37,8 @@ typedef struct MemberStateEntry {
         char *quarantine_reason;        /* may be NULL */
 } MemberStateEntry;
 
+/* Frees an entry's strings (not the entry). */
+void member_state_entry_done(MemberStateEntry *e);
 void member_state_entries_free(MemberStateEntry *e, size_t n);
 
 /* One line of printable text, 1 to MEMBER_STATE_REASON_MAX bytes: what a reason or a job may be here. */

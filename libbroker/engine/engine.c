@@ -1453,6 +1453,7 @@ static void handle_decision(Engine *e, const PoolDecision *d) {
                         .job = job,
                         .exit_status = d->exit_status,
                         .note = note,
+                        .retired = d->pool->retired && !d->pool->ops->drain_with,
                 });
                 break;
         }

@@ -90,6 +90,9 @@ typedef struct EngineEvent {
         const char *job;
         int exit_status;
         const char *note;
+        /* MEMBER: told by an in-process pool that a reload removed or moved to a backend and a lease still
+         * holds (its end's exit status did it): the pool goes with that lease, and the member's life with it. */
+        bool retired;
         /* DRAIN: pool, member (NULL: the whole pool), whether it is drained now, who (job) and why (note), its
          * deadline (USEC_INFINITY: none); an undrain by its deadline has job NULL and `expired` set. */
         bool drained;

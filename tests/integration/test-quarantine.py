@@ -678,6 +678,24 @@ class Shared(Base):
         wait_for(lambda: b.pool("rigs")["backend"]["up"], timeout=30, message=f"{name}: the backend up")
         return b
 
+    def configs(self, name):
+        """Node name's configuration with rigs shared, and the same with rigs local."""
+        shared = SHARED_CONFIG.format(node=name, backend=self.redis.url(), ttl=SHARED_TTL)
+        return shared, "".join(line for line in shared.splitlines(keepends=True) if not line.startswith("backend"))
+
+    def move(self, b, config):
+        b.write_config(config)
+        b.reload()
+
+    def node_b_draining_a(self):
+        """Node B past the pool's recovery window (its first use waits it out), a drained in Redis by it."""
+        b = self.node("node-b")
+        j = self.job(b, "warm", "w", "finish")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 0, j.stderr())
+        p = self.slotctl(b, "drain", "rigs", "a", "--reason", "broken")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return b
+
     def test_an_exit_status_on_one_node_quarantines_for_every_node(self):
         a, b = self.node("node-a"), self.node("node-b")
         # The pool's first use waits out its recovery window (one TTL): a generous bound on the job.
@@ -750,22 +768,15 @@ class Shared(Base):
         """Node A drains member a of rigs --until while rigs is local to A; a reload moves rigs to Redis, where
         node B has drained a (no until). A's old record must not end B's drain at its until: Redis's drain is
         the fleet's, and an undrain sent for A's record would give a to every node."""
-        b = self.node("node-b")
-        # The pool's first use waits out its recovery window.
-        j = self.job(b, "warm", "w", "finish")
-        self.assertEqual(j.wait(SHARED_TTL + 30), 0, j.stderr())
-        p = self.slotctl(b, "drain", "rigs", "a", "--reason", "broken")
-        self.assertEqual(p.returncode, 0, p.stderr)
-        shared = SHARED_CONFIG.format(node="node-a", backend=self.redis.url(), ttl=SHARED_TTL)
-        local = "".join(line for line in shared.splitlines(keepends=True) if not line.startswith("backend"))
+        b = self.node_b_draining_a()
+        shared, local = self.configs("node-a")
         a = self.broker(local, "node-a")
         until = int(time.time()) + 8
         p = self.slotctl(a, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
         self.assertEqual(p.returncode, 0, p.stderr)
         p = self.slotctl(a, "drain", "rigs", "b", "--reason", "spare")
         self.assertEqual(p.returncode, 0, p.stderr)
-        a.write_config(shared)
-        a.reload()
+        self.move(a, shared)
         wait_for(lambda: a.pool("rigs")["backend"]["up"], timeout=30, message="node-a: the backend up")
         self.assertEqual(self.running(b, "other", "w"), ["b"])
         self.queued(b, "next", "w")
@@ -778,8 +789,7 @@ class Shared(Base):
         self.stop("other")
         self.stop("next")
         # A's local drain of b (no until) was not the fleet's; it holds again when rigs is local to A again.
-        a.write_config(local)
-        a.reload()
+        self.move(a, local)
         [d] = [d for d in a.pool("rigs").get("memberDrains", []) if d["member"] == "b"]
         self.assertEqual(d["reason"], "spare")
 
@@ -788,29 +798,20 @@ class Shared(Base):
         pool object stays (retired) for that lease, and the last reload revives it rather than making one anew.
         A's drain of a while rigs was local (--until) is not the fleet's, there too: Status does not show it as
         the shared pool's, and its until does not end B's drain of a in Redis."""
-        b = self.node("node-b")
-        # The pool's first use waits out its recovery window.
-        j = self.job(b, "warm", "w", "finish")
-        self.assertEqual(j.wait(SHARED_TTL + 30), 0, j.stderr())
-        p = self.slotctl(b, "drain", "rigs", "a", "--reason", "broken")
-        self.assertEqual(p.returncode, 0, p.stderr)
-        shared = SHARED_CONFIG.format(node="node-a", backend=self.redis.url(), ttl=SHARED_TTL)
-        local = "".join(line for line in shared.splitlines(keepends=True) if not line.startswith("backend"))
+        b = self.node_b_draining_a()
+        shared, local = self.configs("node-a")
         a = self.broker(local, "node-a")
-        a.write_config(shared)
-        a.reload()
+        self.move(a, shared)
         held = self.job(a, "held", "w", 'while [ ! -e "$d/stop-$n" ]; do sleep 0.02; done; finish')
         got = wait_for(lambda: self.w.started("held") or held.proc.poll() is not None, SHARED_TTL + 30,
                        message="A's job to get b in Redis")
         self.assertIsNot(got, True, held.stderr())
         self.assertEqual(got[0].slots, ["b"])
-        a.write_config(local)
-        a.reload()
+        self.move(a, local)
         until = int(time.time()) + 6
         p = self.slotctl(a, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
         self.assertEqual(p.returncode, 0, p.stderr)
-        a.write_config(shared)
-        a.reload()
+        self.move(a, shared)
         wait_for(lambda: a.pool("rigs")["backend"]["up"], timeout=30, message="node-a: the backend up")
 
         def drains(node):
@@ -830,29 +831,24 @@ class Shared(Base):
         pool object stays (retired) for that lease, and the second reload revives it. A's drains of b and of the
         whole pool ended (--until) while rigs was shared: nobody drains anything now, and the revived pool must
         grant b. A drain without until holds again (brokerd.conf(5), "Moving a pool to or from Redis")."""
-        shared = SHARED_CONFIG.format(node="node-a", backend=self.redis.url(), ttl=SHARED_TTL)
-        local = "".join(line for line in shared.splitlines(keepends=True) if not line.startswith("backend"))
+        shared, local = self.configs("node-a")
         a = self.broker(local, "node-a")
         self.assertEqual(self.running(a, "held", "w"), ["a"])
         until = int(time.time()) + 4
         for target in (["b"], []):
             p = self.slotctl(a, "drain", "rigs", *target, "--reason", "reflash", "--until", f"@{until}")
             self.assertEqual(p.returncode, 0, p.stderr)
-        a.write_config(shared)
-        a.reload()
+        self.move(a, shared)
         time.sleep(max(0.0, until + 2 - time.time()))
-        a.write_config(local)
-        a.reload()
+        self.move(a, local)
         status = a.pool("rigs")
         self.assertEqual((status["drained"], status.get("drainedMembers", [])), (False, []), status)
         self.assertEqual(self.running(a, "next", "w"), ["b"])
         self.stop("next")
         p = self.slotctl(a, "drain", "rigs", "b", "--reason", "spare")
         self.assertEqual(p.returncode, 0, p.stderr)
-        a.write_config(shared)
-        a.reload()
-        a.write_config(local)
-        a.reload()
+        self.move(a, shared)
+        self.move(a, local)
         self.assertEqual(a.pool("rigs").get("drainedMembers"), ["b"])
         self.queued(a, "again", "w")
         time.sleep(1)
@@ -863,6 +859,32 @@ class Shared(Base):
         self.assertEqual(self.w.started("again")[0].slots, ["b"])
         self.stop("again")
         self.stop("held")
+
+    def test_a_quarantine_by_a_job_of_the_local_pool_a_move_left_holds_when_it_is_back(self):
+        """A job on node A holds a of rigs while rigs is local; a reload moves rigs to Redis, and the job then
+        exits 3 (quarantine-exit-codes): the local pool it held quarantines a as it goes with that last lease.
+        A local quarantine is kept for a move back (brokerd.conf(5)), this one too: when rigs is local again a
+        stays out, across a restart as well. A health job's exit 0 there restores it so too."""
+        shared, local = self.configs("node-a")
+        a = self.broker(local, "node-a")
+        self.assertEqual(self.running(a, "held", "w", exit_status=3), ["a"])
+        self.move(a, shared)
+        self.stop("held", exit_status=3)
+        self.move(a, local)
+        self.assertEqual(set(self.quarantined(a)), {"a"})
+        self.assertEqual(self.running(a, "next", "w"), ["b"])
+        self.stop("next")
+        a.crash()
+        a.start()
+        self.assertEqual(set(self.quarantined(a)), {"a"})
+        # A health job's exit 0 restores a the same way: it does not come back with the pool.
+        self.assertEqual(self.running(a, "check", "health"), ["a"])
+        self.move(a, shared)
+        self.stop("check")
+        self.move(a, local)
+        self.assertEqual(set(self.quarantined(a)), set())
+        self.assertEqual(self.running(a, "after", "w"), ["a"])
+        self.stop("after")
 
     def test_a_health_job_on_one_node_restores_for_both(self):
         a, b = self.node("node-a"), self.node("node-b")
