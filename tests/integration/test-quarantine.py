@@ -796,8 +796,9 @@ class Shared(Base):
     def test_a_local_drain_does_not_undrain_the_shared_pool_a_lease_kept(self):
         """rigs goes local, shared, local and shared again on node A while A's job holds b in Redis: the shared
         pool object stays (retired) for that lease, and the last reload revives it rather than making one anew.
-        A's drain of a while rigs was local (--until) is not the fleet's, there too: Status does not show it as
-        the shared pool's, and its until does not end B's drain of a in Redis."""
+        A's drain of a (--until) and quarantine of b while rigs was local are not the fleet's, there too: Status
+        does not show them as the shared pool's, the drain's until does not end B's drain of a in Redis, and
+        both are A's again when rigs is local once more (the drain ended meanwhile)."""
         b = self.node_b_draining_a()
         shared, local = self.configs("node-a")
         a = self.broker(local, "node-a")
@@ -811,12 +812,15 @@ class Shared(Base):
         until = int(time.time()) + 6
         p = self.slotctl(a, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
         self.assertEqual(p.returncode, 0, p.stderr)
+        p = self.slotctl(a, "quarantine", "rigs", "b", "--reason", "usb hub")
+        self.assertEqual(p.returncode, 0, p.stderr)
         self.move(a, shared)
         wait_for(lambda: a.pool("rigs")["backend"]["up"], timeout=30, message="node-a: the backend up")
 
         def drains(node):
             return sorted((d["member"], d["reason"]) for d in node.pool("rigs").get("memberDrains", []))
         self.assertEqual(drains(a), [("a", "broken")], "A shows its local drain as the shared pool's")
+        self.assertEqual(self.quarantined(a), {})
         self.queued(b, "next", "w")
         time.sleep(max(0.0, until + 3 - time.time()))
         self.assertEqual(self.w.started("next"), [], "B's drain of a was ended by A's local record")
@@ -825,6 +829,12 @@ class Shared(Base):
         wait_for(lambda: self.w.started("next"), 15, message="B's waiter to get b")
         self.assertEqual(self.w.started("next")[0].slots, ["b"])
         self.stop("next")
+        # Local once more: A's quarantine of b holds again, its drain of a ended at its until.
+        self.move(a, local)
+        self.assertEqual(set(self.quarantined(a)), {"b"})
+        self.assertEqual(drains(a), [])
+        self.assertEqual(self.running(a, "last", "w"), ["a"])
+        self.stop("last")
 
     def test_local_drains_that_ended_while_the_pool_was_shared_do_not_hold_when_it_is_back(self):
         """A job on node A holds a of rigs while rigs is local; reloads move rigs to Redis and back: the local
