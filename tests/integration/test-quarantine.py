@@ -684,16 +684,23 @@ class Shared(Base):
         return shared, "".join(line for line in shared.splitlines(keepends=True) if not line.startswith("backend"))
 
     def move(self, b, config):
+        """Reloads b with config; once its pool is shared, with the backend up."""
         b.write_config(config)
         b.reload()
+        if "backend" in config:
+            wait_for(lambda: b.pool("rigs")["backend"]["up"], timeout=30, message="the backend up")
+
+    def ok(self, b, *args):
+        """slotctl ARGS… on b, which must succeed."""
+        p = self.slotctl(b, *args)
+        self.assertEqual(p.returncode, 0, p.stderr)
 
     def node_b_draining_a(self):
         """Node B past the pool's recovery window (its first use waits it out), a drained in Redis by it."""
         b = self.node("node-b")
         j = self.job(b, "warm", "w", "finish")
         self.assertEqual(j.wait(SHARED_TTL + 30), 0, j.stderr())
-        p = self.slotctl(b, "drain", "rigs", "a", "--reason", "broken")
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.ok(b, "drain", "rigs", "a", "--reason", "broken")
         return b
 
     def test_an_exit_status_on_one_node_quarantines_for_every_node(self):
@@ -720,22 +727,19 @@ class Shared(Base):
         p = self.slotctl(b, "quarantine", "rigs", "zz", "--reason", "gone")
         self.assertEqual(p.returncode, EX_USAGE, p.stderr)
         # Restored by hand on A: B's waiter (first in the pool's one queue) gets a.
-        p = self.slotctl(a, "restore", "rigs", "a")
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.ok(a, "restore", "rigs", "a")
         wait_for(lambda: self.w.started("next"), 15, message="B's waiter to get a")
         self.assertEqual(self.w.started("next")[0].slots, ["a"])
         self.wait_quarantined(b, set())
         self.wait_quarantined(a, set())
         # A quarantine by hand on B: A's holder-to-be waits on, and A shows B's reason.
-        p = self.slotctl(b, "quarantine", "rigs", "b", "--reason", "fan noise")
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.ok(b, "quarantine", "rigs", "b", "--reason", "fan noise")
         q = self.wait_quarantined(a, {"b"})["b"]
         self.assertEqual((q["reason"], q["node"], q["job"]), ("fan noise", "node-b", f"uid {os.getuid()}"))
         self.assertNotIn("exitStatus", q)
         self.stop("other")
         self.assertEqual(self.w.started("next-a"), [])
-        p = self.slotctl(b, "restore", "rigs", "b")
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.ok(b, "restore", "rigs", "b")
         wait_for(lambda: self.w.started("next-a"), 15, message="A's waiter to get b")
         self.stop("next")
         self.stop("next-a")
@@ -746,8 +750,7 @@ class Shared(Base):
         j = self.job(a, "warm", "w", "finish")
         self.assertEqual(j.wait(SHARED_TTL + 30), 0, j.stderr())
         until = int(time.time()) + 5
-        p = self.slotctl(a, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.ok(a, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
 
         def drain_of_a(node):
             return [d for d in node.pool("rigs").get("memberDrains", []) if d["member"] == "a"] or None
@@ -772,18 +775,14 @@ class Shared(Base):
         shared, local = self.configs("node-a")
         a = self.broker(local, "node-a")
         until = int(time.time()) + 8
-        p = self.slotctl(a, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
-        self.assertEqual(p.returncode, 0, p.stderr)
-        p = self.slotctl(a, "drain", "rigs", "b", "--reason", "spare")
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.ok(a, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
+        self.ok(a, "drain", "rigs", "b", "--reason", "spare")
         self.move(a, shared)
-        wait_for(lambda: a.pool("rigs")["backend"]["up"], timeout=30, message="node-a: the backend up")
         self.assertEqual(self.running(b, "other", "w"), ["b"])
         self.queued(b, "next", "w")
         time.sleep(max(0.0, until + 3 - time.time()))
         self.assertEqual(self.w.started("next"), [], "B's drain of a was ended by A's local record")
-        p = self.slotctl(b, "undrain", "rigs", "a")
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.ok(b, "undrain", "rigs", "a")
         wait_for(lambda: self.w.started("next"), 15, message="B's waiter to get a")
         self.assertEqual(self.w.started("next")[0].slots, ["a"])
         self.stop("other")
@@ -810,12 +809,9 @@ class Shared(Base):
         self.assertEqual(got[0].slots, ["b"])
         self.move(a, local)
         until = int(time.time()) + 6
-        p = self.slotctl(a, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
-        self.assertEqual(p.returncode, 0, p.stderr)
-        p = self.slotctl(a, "quarantine", "rigs", "b", "--reason", "usb hub")
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.ok(a, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
+        self.ok(a, "quarantine", "rigs", "b", "--reason", "usb hub")
         self.move(a, shared)
-        wait_for(lambda: a.pool("rigs")["backend"]["up"], timeout=30, message="node-a: the backend up")
 
         def drains(node):
             return sorted((d["member"], d["reason"]) for d in node.pool("rigs").get("memberDrains", []))
@@ -846,8 +842,7 @@ class Shared(Base):
         self.assertEqual(self.running(a, "held", "w"), ["a"])
         until = int(time.time()) + 4
         for target in (["b"], []):
-            p = self.slotctl(a, "drain", "rigs", *target, "--reason", "reflash", "--until", f"@{until}")
-            self.assertEqual(p.returncode, 0, p.stderr)
+            self.ok(a, "drain", "rigs", *target, "--reason", "reflash", "--until", f"@{until}")
         self.move(a, shared)
         time.sleep(max(0.0, until + 2 - time.time()))
         self.move(a, local)
@@ -855,16 +850,14 @@ class Shared(Base):
         self.assertEqual((status["drained"], status.get("drainedMembers", [])), (False, []), status)
         self.assertEqual(self.running(a, "next", "w"), ["b"])
         self.stop("next")
-        p = self.slotctl(a, "drain", "rigs", "b", "--reason", "spare")
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.ok(a, "drain", "rigs", "b", "--reason", "spare")
         self.move(a, shared)
         self.move(a, local)
         self.assertEqual(a.pool("rigs").get("drainedMembers"), ["b"])
         self.queued(a, "again", "w")
         time.sleep(1)
         self.assertEqual(self.w.started("again"), [])
-        p = self.slotctl(a, "undrain", "rigs", "b")
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.ok(a, "undrain", "rigs", "b")
         wait_for(lambda: self.w.started("again"), 15, message="A's waiter to get b")
         self.assertEqual(self.w.started("again")[0].slots, ["b"])
         self.stop("again")
