@@ -76,7 +76,7 @@ typedef struct Fixture {
         /* MEMBER events (SPEC §3.6), their strings copied (the engine's last until the next pop). */
         struct {
                 char member[32], job[64], note[64];
-                bool quarantined;
+                bool quarantined, retired;
                 int exit_status;
                 usec_t at;
         } life[64];
@@ -202,6 +202,7 @@ static void drain_events(Fixture *f) {
                         snprintf(f->life[f->n_life].job, sizeof f->life[0].job, "%s", ev.job ?: "");
                         snprintf(f->life[f->n_life].note, sizeof f->life[0].note, "%s", ev.note ?: "");
                         f->life[f->n_life].quarantined = ev.quarantined;
+                        f->life[f->n_life].retired = ev.retired;
                         f->life[f->n_life].exit_status = ev.exit_status;
                         f->life[f->n_life].at = ev.at;
                         f->n_life++;
@@ -2273,6 +2274,28 @@ static void test_drains_that_ended_while_a_held_pool_was_away_do_not_hold_when_i
         end(f, x, S(14));
 }
 
+/* A quarantine or restore by the end of a lease that holds a pool a reload removed says so (EngineEvent.retired):
+ * the pool goes with that lease, and brokerd keeps the quarantine for the reload that brings it back. */
+static void test_a_removed_pool_tells_its_last_leases_quarantines_as_retired(void **state) {
+        Fixture *f = *state;
+        rigs(f, 1);
+        Tag *x = acquire(f, "X", (Req) { .member = "a" }, S(1));
+        Tag *y = acquire(f, "Y", (Req) { .member = "b" }, S(1));
+        end_with(f, y, 3, "job-y", S(2));
+        assert_int_equal(f->n_life, 1);
+        assert_false(f->life[0].retired);
+        config_clear(&f->config);
+        pool_add(f, "q", 1);
+        lane_add(f, "k", LANE_POLICY_WAIT, "q", NULL);
+        configure(f, S(3));
+        end_with(f, x, 4, "job-x", S(4));
+        assert_int_equal(f->n_life, 2);
+        assert_string_equal(f->life[1].member, "a");
+        assert_true(f->life[1].quarantined);
+        assert_true(f->life[1].retired);
+        assert_int_equal(f->life[1].exit_status, 4);
+}
+
 /* ---- congestion gauge ---- */
 
 static void test_congestion_turns_on_when_idle_passes_q_without_room(void **state) {
@@ -4100,6 +4123,7 @@ int main(void) {
                 T(test_tokens_continue_when_a_removed_pool_comes_back),
                 T(test_drains_hold_when_a_removed_pool_comes_back),
                 T(test_drains_that_ended_while_a_held_pool_was_away_do_not_hold_when_it_comes_back),
+                T(test_a_removed_pool_tells_its_last_leases_quarantines_as_retired),
                 /* A resumed set restores its holders' leases as local ones (a shared pool's restore is a reclaim:
                  * test-shared-rolling, test-lease-log). */
                 T(test_resumed_set_keeps_its_place_in_every_pool),
