@@ -1098,22 +1098,30 @@ static int queue_status(SharedPool *p, usec_t now) {
 
 static void rid_forget(SharedPool *p, const char *rid);
 
-/* A submit that was never sent is simply dropped; one that may have run is withdrawn (idempotent). So is
- * a resumed waiter's old rid once a reconcile that listed it went out (held at a start behind Sentinels
- * past the first tick): Redis kept its waiter, maybe granted it; and a waiter's rid sent again after Redis
- * said it lost it (waiter_resubmit()): that "gone" was Redis's word, which may not be true. */
+/* A submit (or a set's call) that is not out is dropped, whether it was never sent or waits to go again (held
+ * after errors or SHARED_SETTLING_MAX "settling" answers, a batch stopped before it, the link lost): sent after
+ * the withdraw, it would queue a waiter for a rid this node forgot. One out is answered for nothing
+ * (submit_done(); a "settling" answer drops it: call_again()). The rid is withdrawn (idempotent) unless the
+ * only call of it was never sent: one that may have run, one out; and a resumed waiter's old rid once a
+ * reconcile that listed it went out (held at a start behind Sentinels past the first tick): Redis kept its
+ * waiter, maybe granted it; and a waiter's rid sent again after Redis said it lost it (waiter_resubmit()):
+ * that "gone" was Redis's word, which may not be true. */
 static void forget_submit(SharedPool *p, const char *rid, usec_t now) {
+        bool found = false, may_have_run = false;
         list_foreach_safe(n, &p->outbox) {
                 Call *c = container_of(n, Call, node);
-                if ((c->script == SHARED_SCRIPT_SUBMIT || c->script == SHARED_SCRIPT_SET) && streq(c->rid, rid) &&
-                    !c->ever_sent) {
-                        bool kept = (c->resumed && reconcile_sent(p)) || c->again;
-                        call_free(c);
-                        if (!kept)
-                                return;
-                        break;
+                if ((c->script != SHARED_SCRIPT_SUBMIT && c->script != SHARED_SCRIPT_SET) || !streq(c->rid, rid))
+                        continue;
+                found = true;
+                if (c->sent) {
+                        may_have_run = true;
+                        continue;
                 }
+                may_have_run = may_have_run || c->ever_sent || (c->resumed && reconcile_sent(p)) || c->again;
+                call_free(c);
         }
+        if (found && !may_have_run)
+                return;
         rid_forget(p, rid);
         (void) queue_rid_call(p, SHARED_SCRIPT_WITHDRAW, rid, 0, now);
 }
@@ -1152,6 +1160,47 @@ static PoolGrant *grant_find(SharedPool *p, const char *rid) {
                         return g;
         }
         return NULL;
+}
+
+/* Whether c is of a request or lease given up since it was queued: a submit whose try is forgotten (withdrawn,
+ * cancelled, refused or decided meanwhile), a set's call none of whose parts any of its pools still tries, a
+ * reclaim of a lease released. Sent again, it would come after the withdraw or release that gave it up (which
+ * went while c was held, or behind c on the link while c was out to be answered "settling"): a waiter queued
+ * for a rid this node forgot, or slots occupied again in a recovery window under a lease nobody holds. */
+static bool call_superseded(SharedPool *p, const Call *c) {
+        if (c->wait)
+                return false;
+        switch (c->script) {
+        case SHARED_SCRIPT_SUBMIT:
+                return !try_find(p, c->rid);
+        case SHARED_SCRIPT_RECLAIM:
+                return !grant_find(p, c->rid);
+        case SHARED_SCRIPT_SET:
+                for (size_t i = 0; i < c->n_keys; i++) {
+                        SharedPool *q = set_pool(p, c, i);
+                        if (q && try_find(q, c->rid))
+                                return false;
+                }
+                return true;
+        default:
+                return false;
+        }
+}
+
+static void reclaiming_end(SharedPool *p, usec_t now);
+
+/* c is not out any more and is to go again (unanswered, "settling", a batch stopped before it, parked):
+ * dropped instead when it was given up meanwhile (call_superseded()): whoever gave it up queued the withdraw
+ * or release that tells Redis. Returns false when dropped. */
+static bool call_again(SharedPool *p, Call *c, usec_t now) {
+        c->sent = false;
+        if (!call_superseded(p, c))
+                return true;
+        bool reclaim = c->script == SHARED_SCRIPT_RECLAIM;
+        call_free(c);
+        if (reclaim)
+                reclaiming_end(p, now);
+        return false;
 }
 
 static void grant_free(PoolGrant *g);
@@ -1705,6 +1754,18 @@ static void reclaim_all(SharedPool *p, usec_t now) {
         }
 }
 
+/* The calls in flight when the link went are to go again: those given up meanwhile (call_superseded()) are
+ * dropped, not sent after their withdraws (another pool's, for a set's call, goes when that pool is back,
+ * maybe first). A reclaim dropped so ends no reclaiming here: the registering tick's answer says whether the
+ * pool still reclaims. */
+static void outbox_drop_superseded(SharedPool *p) {
+        list_foreach_safe(n, &p->outbox) {
+                Call *c = container_of(n, Call, node);
+                if (!c->sent && call_superseded(p, c))
+                        call_free(c);
+        }
+}
+
 void pool_shared_link_up(Pool *base, const char *run_id, usec_t now) {
         SharedPool *p = SHARED(base);
         now = driver_now(p, now);
@@ -1728,6 +1789,7 @@ void pool_shared_link_up(Pool *base, const char *run_id, usec_t now) {
         /* Whatever was in flight is sent again, identical, after the registering tick. */
         list_foreach(n, &p->outbox)
                 container_of(n, Call, node)->sent = false;
+        outbox_drop_superseded(p);
         batches_forget(p);
         p->tick_pending = p->run_pending = false;
         list_foreach_safe(n, &p->outbox) {
@@ -1746,6 +1808,7 @@ void pool_shared_link_down(Pool *base, usec_t now) {
         p->link_up = false;
         list_foreach(n, &p->outbox)
                 container_of(n, Call, node)->sent = false;
+        outbox_drop_superseded(p);
         batches_forget(p); /* lost with the link: its calls go again, each idempotent */
         /* A WAIT on the next connection would not cover the writes of this one, and the primary may be
          * another one by then (a failover): the grants held back for their replicas are refused. */
@@ -2394,10 +2457,10 @@ static void call_park(SharedPool *p, Call *c, bool ran, const char *reason, usec
                 call_free(c); /* made again from the state of the day */
                 return;
         }
-        c->sent = false;
         /* A Redis out of memory, or something answering garbage at once: not again at once, or the loop
          * would spin on it. */
-        c->held = ran;
+        if (call_again(p, c, now))
+                c->held = ran;
 }
 
 static bool outbox_holds_only(SharedPool *p, const Call *c) {
@@ -2413,6 +2476,14 @@ static bool outbox_holds_only(SharedPool *p, const Call *c) {
 static void tell_reclaimed(SharedPool *p, usec_t now) {
         if (p->cache.recovery_until != 0 && reclaimed(p))
                 (void) queue_tick(p, false, now);
+}
+
+/* The last reclaim answered, or dropped with its lease (call_again(), shared_release()). */
+static void reclaiming_end(SharedPool *p, usec_t now) {
+        if (p->state == SHARED_STATE_RECLAIMING && !has_provisional(p)) {
+                state_set(p, SHARED_STATE_UP);
+                tell_reclaimed(p, now);
+        }
 }
 
 static void tick_done(SharedPool *p, const RespValue *status, const RespValue *body, usec_t sent_boot,
@@ -2764,10 +2835,7 @@ static void reclaim_done(SharedPool *p, const RespValue *body, Call *c, usec_t n
                 g->provisional = false;
         else if (g)
                 grant_lose(p, g, resp_is(verdict, "conflict") ? "reclaim-conflict" : "node-expired", true, now);
-        if (p->state == SHARED_STATE_RECLAIMING && !has_provisional(p)) {
-                state_set(p, SHARED_STATE_UP);
-                tell_reclaimed(p, now);
-        }
+        reclaiming_end(p, now);
 }
 
 static void submit_done(SharedPool *p, const RespValue *status, const RespValue *body, Call *c, usec_t now) {
@@ -2897,7 +2965,7 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
         if (!reply || error < 0) {
                 /* It may or may not have run: sent again, identical, once the link is back (idempotent by
                  * rid); link_down() follows from the driver. */
-                c->sent = false;
+                (void) call_again(p, c, now);
                 return;
         }
         if (c->script == SHARED_SCRIPT_TICK) {
@@ -2933,7 +3001,8 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                  * never (README: exactly one call reports each expiry). */
                 events_apply(p, resp_at(reply, 3), now);
                 cache_apply(p, resp_at(reply, 4), pool_now, now);
-                c->sent = false;
+                if (!call_again(p, c, now))
+                        return; /* given up meanwhile: its withdraw (or release) may have run already */
                 if (settling_hold(p, now)) {
                         if (c->script == SHARED_SCRIPT_TICK || c->script == SHARED_SCRIPT_POSITIONS)
                                 call_free(c); /* made again from the state of the day, after the pause */
@@ -3096,8 +3165,8 @@ static void batch_done(SharedPool *p, Call *b, int error, const RespValue *reply
                         call_done(p, ids[i], 0, &reply->elements[i], sent_boot, now);
                 else {
                         /* Not run: sent again, in its place; as never sent if it never was before. */
-                        c->sent = false;
                         c->ever_sent = !(unsent & (UINT32_C(1) << i));
+                        (void) call_again(p, c, now);
                 }
         }
 }
@@ -3735,13 +3804,13 @@ static void set_part_requeue(SharedPool *q, const char *rid, bool named) {
                                  .budget = USEC_INFINITY, .waiter = w });
 }
 
-/* A part that this answer has queued in pool q for a set given up here meanwhile (cancelled, or refused here
- * while its call was to go again: its try forgotten). Each pool withdrew its rid with a call of its own, which
- * need not follow the set's call: another pool's goes when that pool serves (first, after the link is back),
- * and the chosen pool's own passes the set's call while that waits for every pool to serve. One that went
- * first found nothing, so this part would wait for nobody, gated, holding back that pool's queue on every node
- * until a reconcile drops it (a minute or more on a pool this node is idle on). Withdrawn again, after this
- * call. A part granted so is released by decision_apply(), as any grant of a forgotten rid. */
+/* A part that this answer has queued in pool q for a set given up here meanwhile (cancelled, or refused here:
+ * its try forgotten). Each pool withdrew its rid with a call of its own, which need not follow the set's call
+ * (another pool's goes when that pool serves); a set's call given up is not sent again for that reason
+ * (forget_submit(), call_again(), outbox_drop_superseded()), so this is a guard: had a withdraw gone first, it
+ * found nothing, and this part would wait for nobody, gated, holding back that pool's queue on every node until
+ * a reconcile drops it (a minute or more on a pool this node is idle on). Withdrawn again, after this call. A
+ * part granted so is released by decision_apply(), as any grant of a forgotten rid. */
 static void set_part_forgotten(SharedPool *q, const char *rid, const RespValue *body, usec_t now) {
         if (try_find(q, rid) || !rid_was_forgotten(q, rid) || outbox_has(q, SHARED_SCRIPT_WITHDRAW, rid, true))
                 return;
@@ -3793,7 +3862,7 @@ static bool set_part_check(SharedPool *q, const char *rid, const RespValue *verd
 static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, usec_t now) {
         size_t n = c->n_keys;
         if (!reply || error < 0) {
-                c->sent = false; /* sent again once the link is back: idempotent by rid ("known") */
+                (void) call_again(p, c, now); /* sent again once the link is back: idempotent by rid ("known") */
                 return;
         }
         const RespValue *status = resp_at(reply, 0), *verdict = resp_at(reply, 2), *replies = resp_at(reply, 3);
@@ -3822,8 +3891,9 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
         SharedPool *named = by > 0 ? set_pool(p, c, (size_t) by - 1) : NULL;
 
         if (resp_is(status, "settling")) {
-                c->sent = false; /* nothing of the set done: the same call again */
-                c->held = settling_hold(p, now);
+                /* Nothing of the set done: the same call again, unless the set was given up meanwhile. */
+                if (call_again(p, c, now))
+                        c->held = settling_hold(p, now);
                 return;
         }
         p->settling = 0;
@@ -3833,7 +3903,7 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
                 named->reclaim_all = true;
                 if (!named->tick_pending)
                         (void) queue_tick(named, false, now);
-                c->sent = false;
+                (void) call_again(p, c, now);
                 return;
         }
         if (!resp_is(status, "ok")) {
@@ -3927,7 +3997,20 @@ static void shared_release(Pool *base, PoolGrant *g, usec_t now) {
                 if (m)
                         m->held += usec_sub_unsigned(now, g->counted_at);
         }
+        /* Its reclaim, if it is not out (never sent, or held after an error): dropped, as a withdrawn request's
+         * submit is (forget_submit()). Sent after the release, in a recovery window, it would occupy the slots
+         * again under a lease nobody holds. One out is answered for nothing (reclaim_done()). */
+        bool dropped = false;
+        list_foreach_safe(n, &p->outbox) {
+                Call *c = container_of(n, Call, node);
+                if (c->script == SHARED_SCRIPT_RECLAIM && !c->wait && !c->sent && streq(c->rid, g->rid)) {
+                        call_free(c);
+                        dropped = true;
+                }
+        }
         grant_free(g);
+        if (dropped)
+                reclaiming_end(p, now);
 }
 
 /* engine_member_get_use(): this node's counts, for its lease log (the failures in a row are Redis's: 0). */

@@ -962,6 +962,78 @@ static void test_settling_for_ever_waits_for_a_heartbeat(void **state) {
         assert_int_equal(bad_inputs(f), 1);
 }
 
+/* A request given up while its submit waits to go again (answered "settling": nothing of it done) never has
+ * that submit overtaken by its own withdraw: sent after the withdraw, it would queue a waiter for a rid this
+ * node forgot, holding a place in the queue of every node until a reconcile drops it. The submit is dropped
+ * instead, and the withdraw goes alone (an earlier send of the submit may have run). Held past
+ * SHARED_SETTLING_MAX answers in a row, the submit waits for a heartbeat; the withdraw would not. */
+static void test_withdraw_drops_a_submit_held_after_settling(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(1)), 0);
+        char rid[17] = "";
+        for (unsigned i = 0; i < SHARED_SETTLING_MAX; i++) {
+                const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+                snprintf(rid, sizeof rid, "%s", arg(c, 6));
+                done(f, c, reply("settling", 1, EMPTY, EMPTY, cache(2, 100, 0, 0, "")), S(1), S(1));
+        }
+        no_call(f); /* held until a heartbeat */
+        f->pool->ops->cancel_try(f->pool, &cookie, S(1));
+        const SharedCall *w = take(f, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(w, 6), rid);
+        done(f, w, reply("ok", 1, arr(1, str("gone")), EMPTY, cache(0, 0, 0, -1, "")), S(1), S(1));
+        no_call(f);
+        f->pool->ops->run(f->pool, S(2));
+        tick_ok(f, S(2), S(2));
+        no_call(f);
+        assert_int_equal(f->n_seen, 0);
+}
+
+/* The same with the submit out when its request is given up: its withdraw goes behind it on the same link,
+ * and may run (settling what the submit's budget did not) while the submit is answered "settling". The
+ * submit is not sent again after it. */
+static void test_submit_answered_settling_after_its_withdraw_went_is_dropped(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        assert_int_equal(submit(f, &cookie, 1, true, S(1)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        f->pool->ops->cancel_try(f->pool, &cookie, S(1));
+        const SharedCall *w = take(f, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(w, 6), rid);
+        done(f, c, reply("settling", 1, EMPTY, EMPTY, cache(2, 100, 0, 0, "")), S(1), S(1));
+        done(f, w, reply("ok", 1, arr(1, str("gone")), EMPTY, cache(0, 0, 0, -1, "")), S(1), S(1));
+        no_call(f);
+        assert_int_equal(f->n_seen, 0);
+}
+
+/* A reclaim parked after an error reply, and its lease released meanwhile: the release does not go alone
+ * ahead of a reclaim sent again after it (inside a recovery window, that would occupy the slots again under
+ * a lease nobody holds); the reclaim is dropped, the release goes, the pool is no longer reclaiming. */
+static void test_release_drops_a_reclaim_parked_after_an_error(void **state) {
+        Fixture *f = *state;
+        unsigned slot = 0;
+        PoolRestore r = { .lane = "ci", .slots = &slot, .n_slots = 1, .token = 77,
+                          .remote_id = NODE ":00000000000000aa", .granted_at = 5 };
+        PoolGrant *g;
+        assert_int_equal(f->pool->ops->restore(f->pool, &r, &g), 0);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        tick_ok(f, S(1), S(1));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_RECLAIMING);
+        const SharedCall *c = take(f, SHARED_SCRIPT_RECLAIM);
+        done(f, c, (RespValue) { .type = RESP_ERROR, .str = "OOM", .len = 3 }, S(1), S(1));
+        no_call(f); /* held until a heartbeat */
+        f->pool->ops->release(f->pool, g, S(1));
+        assert_string_equal(arg(take(f, SHARED_SCRIPT_RELEASE), 7), "00000000000000aa");
+        f->pool->ops->run(f->pool, S(2));
+        tick_ok(f, S(2), S(2));
+        no_call(f);
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+}
+
 static void test_waiters_are_kept_for_the_grace_then_refused(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1));
@@ -3551,6 +3623,30 @@ static void test_batch_settling_in_the_middle_sends_the_rest_again(void **state)
         no_call(f);
 }
 
+/* A batch stopped by "settling" before some of its submits, whose requests were given up meanwhile (their
+ * withdraws went behind it): those submits are not sent again after their withdraws; the rest is. */
+static void test_batch_submits_given_up_are_not_sent_again(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookies[3];
+        char rids[3][17], withdrawn[2][17];
+        submit_n(f, cookies, 3, S(2));
+        const SharedCall *c = take_batch(f, 3, rids);
+        f->pool->ops->cancel_try(f->pool, &cookies[1], S(2));
+        f->pool->ops->cancel_try(f->pool, &cookies[2], S(2));
+        const SharedCall *w = take_batch(f, 2, NULL);
+        snprintf(withdrawn[0], 17, "%s", arg(w, 9));
+        snprintf(withdrawn[1], 17, "%s", arg(w, 12));
+        assert_string_equal(withdrawn[0], rids[1]);
+        assert_string_equal(withdrawn[1], rids[2]);
+        done(f, c, arr(1, reply("settling", S(2), EMPTY, EMPTY, cache(1, 100, 0, 0, ""))), S(2), S(2));
+        done(f, w, arr(2, reply("ok", S(2), arr(1, str("gone")), EMPTY, EMPTY),
+                       reply("ok", S(2), arr(1, str("gone")), EMPTY, cache(0, 0, 0, -1, ""))), S(2), S(2));
+        c = take(f, SHARED_SCRIPT_SUBMIT);
+        assert_string_equal(arg(c, 6), rids[0]);
+        no_call(f);
+}
+
 /* A batch lost with the link (its answer never comes, or comes late from the old connection) is sent again
  * whole after the registering tick: the same operations, the same rids (each idempotent). */
 static void test_batch_lost_with_the_link_is_sent_again_whole(void **state) {
@@ -4197,11 +4293,11 @@ static void test_set_lost_with_the_link_is_sent_again(void **state) {
         assert_int_equal(last_seen(s->db)->verdict, POOL_VERDICT_QUEUED);
 }
 
-/* A set given up while its call is to go again (its answer lost with the link): each pool withdraws its rid,
- * but only the chosen pool's withdraw follows the set's call in one outbox. Here db is back first: its
- * withdraw goes before the set's call and finds nothing; the set's call then queues a part in db that
- * nobody waits for. Gated, it would hold back db's queue on every node until a reconcile dropped it: it is
- * withdrawn again, after the set's call. */
+/* A set given up while its call is to go again (its answer lost with the link): each pool withdraws its rid
+ * (the call may have run), but only the chosen pool's withdraw would follow the set's call in one outbox. Here
+ * db is back first: its withdraw goes first and finds nothing; the set's call, sent after it, would queue a
+ * part in db that nobody waits for (gated, it would hold back db's queue on every node until a reconcile
+ * dropped it). The set's call is dropped instead: no call of the rid after its withdraws. */
 static void test_set_given_up_while_its_call_goes_again_leaves_no_part_queued(void **state) {
         SetFixture *s = *state;
         assert_int_equal(set_submit(s, true, S(2)), 0);
@@ -4219,18 +4315,39 @@ static void test_set_given_up_while_its_call_goes_again_leaves_no_part_queued(vo
         assert_string_equal(arg(w, 6), rid);
         done(s->db, w, reply("ok", S(3), arr(1, str("gone")), EMPTY, cache(0, 0, 0, -1, "")), S(3), S(3));
         no_call(s->db);
-        /* grid is back: the set's call goes again (it may have run: idempotent by rid), and queues both parts. */
+        /* grid is back: its withdraw goes, and the set's call does not. */
         bring_up(s->grid, S(3));
-        c = take_set(s, "submit");
-        assert_string_equal(s->rid, rid);
-        set_reply(s, c, set_answer("ok", 0, "queued", arr(2, part(queued_d(rid)), part(queued_d(rid)))));
-        assert_int_equal(s->grid->n_seen + s->db->n_seen, 0); /* nothing reaches the client, gone */
-        w = take(s->grid, SHARED_SCRIPT_WITHDRAW); /* queued behind the set's call when it was given up */
+        w = take(s->grid, SHARED_SCRIPT_WITHDRAW);
         assert_string_equal(arg(w, 6), rid);
         no_call(s->grid);
-        w = take(s->db, SHARED_SCRIPT_WITHDRAW);
-        assert_string_equal(arg(w, 6), rid);
         no_call(s->db);
+        assert_int_equal(s->grid->n_seen + s->db->n_seen, 0); /* nothing reaches the client, gone */
+        assert_int_equal(set_bad_inputs(s), 0);
+}
+
+/* The same with the set's call out when it is given up (each pool's withdraw queued, grid's behind it), and
+ * the link lost before its answer: the call is not sent again after db's withdraw, back first. */
+static void test_set_given_up_while_out_is_not_sent_after_the_link_is_back(void **state) {
+        SetFixture *s = *state;
+        assert_int_equal(set_submit(s, true, S(2)), 0);
+        const SharedCall *c = take_set(s, "submit");
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", s->rid);
+        s->grid->pool->ops->cancel_try(s->grid->pool, &s->cookie[0], S(2));
+        s->db->pool->ops->cancel_try(s->db->pool, &s->cookie[1], S(2));
+        pool_shared_call_done(s->grid->pool, c->id, -ECONNRESET, NULL, S(2), S(2));
+        pool_shared_link_down(s->grid->pool, S(2));
+        pool_shared_link_down(s->db->pool, S(2));
+        bring_up(s->db, S(3));
+        const SharedCall *w = take(s->db, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(w, 6), rid);
+        done(s->db, w, reply("ok", S(3), arr(1, str("gone")), EMPTY, cache(0, 0, 0, -1, "")), S(3), S(3));
+        bring_up(s->grid, S(3));
+        w = take(s->grid, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(w, 6), rid);
+        no_call(s->grid);
+        no_call(s->db);
+        assert_int_equal(s->grid->n_seen + s->db->n_seen, 0);
         assert_int_equal(set_bad_inputs(s), 0);
 }
 
@@ -4266,6 +4383,9 @@ int main(void) {
                 T(test_lost_reply_is_retried_with_the_same_rid),
                 T(test_settling_sends_the_same_call_again),
                 T(test_settling_for_ever_waits_for_a_heartbeat),
+                T(test_withdraw_drops_a_submit_held_after_settling),
+                T(test_submit_answered_settling_after_its_withdraw_went_is_dropped),
+                T(test_release_drops_a_reclaim_parked_after_an_error),
                 T(test_waiters_are_kept_for_the_grace_then_refused),
                 T(test_fence_deadline_from_the_last_acknowledged_heartbeat),
                 T(test_node_ttl_by_reload_fences_on_the_shorter_until_agreed),
@@ -4336,6 +4456,8 @@ int main(void) {
                 T(test_without_batches_each_call_goes_alone),
                 cmocka_unit_test_setup_teardown(test_batch_settling_in_the_middle_sends_the_rest_again, setup_batched,
                                                 teardown),
+                cmocka_unit_test_setup_teardown(test_batch_submits_given_up_are_not_sent_again, setup_batched,
+                                                teardown),
                 cmocka_unit_test_setup_teardown(test_batch_lost_with_the_link_is_sent_again_whole, setup_batched,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_batch_bad_replies_are_bad_input, setup_batched, teardown),
@@ -4371,6 +4493,7 @@ int main(void) {
                 TS(test_set_grant_answered_queued_is_refused),
                 TS(test_set_lost_with_the_link_is_sent_again),
                 TS(test_set_given_up_while_its_call_goes_again_leaves_no_part_queued),
+                TS(test_set_given_up_while_out_is_not_sent_after_the_link_is_back),
                 TS(test_set_part_granted_outside_its_call_is_refused),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
