@@ -719,10 +719,13 @@ static bool call_same_head(const Call *a, const Call *b) {
 
 _Static_assert(SHARED_BATCH_OPS_MAX <= 32, "members_unsent is a 32-bit mask");
 
+static bool call_passes_its_rid(const SharedPool *p, const Call *c, Call *const *taken, size_t n_taken);
+
 /* The calls after `first` that take_call() would send next, as one batch with it (first is taken already):
- * in the outbox's order, passing those that take_call() passes (sent, held, or waiting for the pool to
- * serve), up to a WAIT (it must count the writes before it, and go before the calls after it), a call that
- * goes alone, another head, or the bounds. NULL: first goes alone. */
+ * in the outbox's order, passing those that take_call() passes (sent, held, waiting for the pool to serve,
+ * or behind an earlier call of their rid that waits: call_passes_its_rid()), up to a WAIT (it must count the
+ * writes before it, and go before the calls after it), a call that goes alone, another head, or the bounds.
+ * NULL: first goes alone. */
 static Call *batch_make(SharedPool *p, Call *first, usec_t now) {
         unsigned max = MIN(p->params.batch_max, SHARED_BATCH_OPS_MAX);
         if (max < 2 || !call_batchable(first))
@@ -731,7 +734,8 @@ static Call *batch_make(SharedPool *p, Call *first, usec_t now) {
         size_t n = 1, bytes = call_batch_bytes(first);
         for (ListNode *i = first->node.next; i != &p->outbox && n < max; i = i->next) {
                 Call *c = container_of(i, Call, node);
-                if (c->sent || c->held || (!c->wait && c->script != SHARED_SCRIPT_TICK && !pool_serves(p)))
+                if (c->sent || c->held || (!c->wait && c->script != SHARED_SCRIPT_TICK && !pool_serves(p)) ||
+                    call_passes_its_rid(p, c, members, n))
                         continue;
                 if (!call_batchable(c) || call_set_run_id(c, p->run_id) < 0 ||
                     call_set_reclaimed(c, p) < 0 || !call_same_head(first, c))
@@ -832,6 +836,8 @@ static Call *outbox_next(SharedPool *p) {
                 if (c->script != SHARED_SCRIPT_TICK && !pool_serves(p))
                         continue;
                 if (c->script == SHARED_SCRIPT_SET && !set_pools_serve(p, c))
+                        continue;
+                if (call_passes_its_rid(p, c, NULL, 0))
                         continue;
                 if (c->wait) {
                         /* A WAIT whose grants were answered otherwise (withdrawn, refused) would block the link
@@ -1160,6 +1166,26 @@ static PoolGrant *grant_find(SharedPool *p, const char *rid) {
                         return g;
         }
         return NULL;
+}
+
+/* Calls of one rid reach Redis in the order they were queued: one whose earlier call of the same rid waits to
+ * go again (held after errors or SHARED_SETTLING_MAX "settling" answers, waiting for its pools) waits with it.
+ * (One out is no bar: the link keeps their order.) `taken`: the calls a batch took before c, which go ahead of
+ * it in the batch. */
+static bool call_passes_its_rid(const SharedPool *p, const Call *c, Call *const *taken, size_t n_taken) {
+        if (c->wait || c->rid[0] == '\0')
+                return false;
+        for (const ListNode *i = p->outbox.next; i != &c->node; i = i->next) {
+                const Call *e = container_of(i, Call, node);
+                if (e->sent || e->wait || !streq(e->rid, c->rid))
+                        continue;
+                bool in_batch = false;
+                for (size_t k = 0; k < n_taken && !in_batch; k++)
+                        in_batch = taken[k] == e;
+                if (!in_batch)
+                        return true;
+        }
+        return false;
 }
 
 /* Whether c is of a request or lease given up since it was queued: a submit whose try is forgotten (withdrawn,

@@ -825,6 +825,31 @@ static void test_grant_for_a_withdrawn_rid_is_released(void **state) {
         assert_string_equal(arg(c, 7), rid);
 }
 
+/* Calls of one rid reach Redis in the order they were queued, whatever holds the earlier one: a withdraw
+ * parked after an error reply (sent again after the next heartbeat) is not passed by the release of a grant
+ * read for its rid meanwhile. */
+static void test_a_call_waits_for_an_earlier_held_one_of_its_rid(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        queued(f, &cookie, S(1), rid);
+        f->pool->ops->withdraw(f->pool, f->seen[0].waiter, S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_WITHDRAW);
+        done(f, c, (RespValue) { .type = RESP_ERROR, .str = "OOM", .len = 3 }, S(2), S(2));
+        RespValue fields = arr(8, str("verdict"), str("granted"), str("rid"), str(rid), str("token"), str("11"),
+                               str("slots"), str("1"));
+        pool_shared_stream_entry(f->pool, "2-1", &fields, S(2));
+        no_call(f);
+        f->pool->ops->run(f->pool, S(3));
+        tick_ok(f, S(3), S(3));
+        assert_string_equal(arg(take(f, SHARED_SCRIPT_WITHDRAW), 6), rid);
+        c = take(f, SHARED_SCRIPT_RELEASE);
+        assert_string_equal(arg(c, 6), "11");
+        assert_string_equal(arg(c, 7), rid);
+        no_call(f);
+}
+
 static void test_grant_read_after_the_vouch_deadline_is_released_not_handed_out(void **state) {
         Fixture *f = *state;
         bring_up(f, S(1)); /* the heartbeat sent at boot time 1 s is acknowledged */
@@ -4379,6 +4404,7 @@ int main(void) {
                 T(test_queued_then_granted_through_the_stream_once),
                 T(test_grant_copy_read_after_its_release_is_no_bad_input),
         T(test_grant_for_a_withdrawn_rid_is_released),
+                T(test_a_call_waits_for_an_earlier_held_one_of_its_rid),
                 T(test_cancel_try_before_the_answer),
                 T(test_lost_reply_is_retried_with_the_same_rid),
                 T(test_settling_sends_the_same_call_again),
