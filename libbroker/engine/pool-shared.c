@@ -732,11 +732,20 @@ static Call *batch_make(SharedPool *p, Call *first, usec_t now) {
                 return NULL;
         Call *members[SHARED_BATCH_OPS_MAX] = { first };
         size_t n = 1, bytes = call_batch_bytes(first);
+        /* Whether a call that waits to go stands before the one looked at: only then can that one pass a call
+         * of its rid (call_passes_its_rid() walks the outbox; most batches have nothing waiting before them). */
+        bool waiting_before = false;
+        for (ListNode *i = p->outbox.next; i != &first->node && !waiting_before; i = i->next)
+                waiting_before = !container_of(i, Call, node)->sent;
         for (ListNode *i = first->node.next; i != &p->outbox && n < max; i = i->next) {
                 Call *c = container_of(i, Call, node);
-                if (c->sent || c->held || (!c->wait && c->script != SHARED_SCRIPT_TICK && !pool_serves(p)) ||
-                    call_passes_its_rid(p, c, members, n))
+                if (c->sent)
                         continue;
+                if (c->held || (!c->wait && c->script != SHARED_SCRIPT_TICK && !pool_serves(p)) ||
+                    (waiting_before && call_passes_its_rid(p, c, members, n))) {
+                        waiting_before = true;
+                        continue;
+                }
                 if (!call_batchable(c) || call_set_run_id(c, p->run_id) < 0 ||
                     call_set_reclaimed(c, p) < 0 || !call_same_head(first, c))
                         break;
@@ -829,16 +838,17 @@ static Call *outbox_next(SharedPool *p) {
         /* A tick goes whenever the link is up; other calls wait for a registered node with agreed rules
          * and, behind Sentinels, a confirmed primary (a release parked during a mismatch keeps its place
          * behind earlier ones; a submit held at start goes once the pool first serves). */
+        bool waiting_before = false; /* as in batch_make() */
         list_foreach_safe(n, &p->outbox) {
                 Call *c = container_of(n, Call, node);
-                if (c->sent || c->held)
+                if (c->sent)
                         continue;
-                if (c->script != SHARED_SCRIPT_TICK && !pool_serves(p))
+                if (c->held || (c->script != SHARED_SCRIPT_TICK && !pool_serves(p)) ||
+                    (c->script == SHARED_SCRIPT_SET && !set_pools_serve(p, c)) ||
+                    (waiting_before && call_passes_its_rid(p, c, NULL, 0))) {
+                        waiting_before = true;
                         continue;
-                if (c->script == SHARED_SCRIPT_SET && !set_pools_serve(p, c))
-                        continue;
-                if (call_passes_its_rid(p, c, NULL, 0))
-                        continue;
+                }
                 if (c->wait) {
                         /* A WAIT whose grants were answered otherwise (withdrawn, refused) would block the link
                          * for nothing. One out at a time: the calls pipelined behind a WAIT wait for its
