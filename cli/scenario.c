@@ -118,6 +118,14 @@ Scenario *scenario_free(Scenario *s) {
                 free(s->reservations[i].origin);
         }
         free(s->reservations);
+        for (size_t i = 0; i < s->n_quarantines; i++) {
+                free(s->quarantines[i].pool);
+                free(s->quarantines[i].member);
+                free(s->quarantines[i].reason);
+                free(s->quarantines[i].origin);
+        }
+        free(s->quarantines);
+        free(s->cancel_order);
         free(s->origin);
         return mfree(s);
 }
@@ -390,6 +398,47 @@ static void sort_reservations(ScenarioReservation *d, size_t n) {
         }
 }
 
+static void sort_quarantines(ScenarioQuarantine *d, size_t n) {
+        for (size_t i = 1; i < n; i++) {
+                ScenarioQuarantine x = d[i];
+                size_t k = i;
+                for (; k > 0 && d[k - 1].at_ms > x.at_ms; k--)
+                        d[k] = d[k - 1];
+                d[k] = x;
+        }
+}
+
+static uint64_t request_cancel_at(const ScenarioRequest *q) {
+        return q->cancel_ms > SIM_FOREVER - q->at_ms ? SIM_FOREVER : q->at_ms + q->cancel_ms;
+}
+
+/* The cancels in request_order, stably sorted by when they come (few: an insertion sort). */
+static int order_cancels(Scenario *s) {
+        s->cancel_order = mfree(s->cancel_order);
+        s->n_cancels = 0;
+        for (size_t i = 0; i < s->n_requests; i++)
+                if (s->requests[i].cancel_ms != SIM_FOREVER) {
+                        if (!s->cancel_order) {
+                                s->cancel_order = calloc(s->n_requests, sizeof(size_t));
+                                if (!s->cancel_order)
+                                        return -ENOMEM;
+                        }
+                        break;
+                }
+        for (size_t i = 0; s->cancel_order && i < s->n_requests; i++) {
+                size_t x = s->request_order[i], k = s->n_cancels++;
+                if (s->requests[x].cancel_ms == SIM_FOREVER) {
+                        s->n_cancels--;
+                        continue;
+                }
+                uint64_t at = request_cancel_at(&s->requests[x]);
+                for (; k > 0 && request_cancel_at(&s->requests[s->cancel_order[k - 1]]) > at; k--)
+                        s->cancel_order[k] = s->cancel_order[k - 1];
+                s->cancel_order[k] = x;
+        }
+        return 0;
+}
+
 static int check_lane(const Scenario *s, const ScenarioTraffic *t, char **error) {
         if (!t->lane)
                 return scenario_error(error, "%s.lane: missing (the scenario has several lanes)", t->origin);
@@ -448,6 +497,10 @@ int scenario_finish(Scenario *s, char **error) {
         if (s->n_reservations > ARRIVALS_MAX - total - s->n_requests)
                 return scenario_error(error, "%s: too many reservations", s->origin);
         sort_reservations(s->reservations, s->n_reservations);
+        sort_quarantines(s->quarantines, s->n_quarantines);
+        r = order_cancels(s);
+        if (r < 0)
+                return r;
 
         s->finished = true;
         return 0;
@@ -645,6 +698,16 @@ int scenario_build_config(const Scenario *s, const char *key, const char *value,
                 if (p && d->member && !strv_contains(p->members, d->member)) {
                         r = scenario_error(error, "%s.member: pool \"%s\" has no member \"%s\"", d->origin, d->pool,
                                            d->member);
+                        goto finish;
+                }
+        }
+        /* As slotctl quarantine and restore are refused: a pool without members, a member it does not have. */
+        for (size_t i = 0; i < s->n_quarantines; i++) {
+                const ScenarioQuarantine *q = &s->quarantines[i];
+                const PoolConfig *p = conf_find_pool(c, q->pool);
+                if (p && !strv_contains(p->members, q->member)) {
+                        r = scenario_error(error, "%s.member: pool \"%s\" has no member \"%s\"", q->origin, q->pool,
+                                           q->member);
                         goto finish;
                 }
         }
@@ -1234,7 +1297,7 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
         json_array_foreach(requests, i, req) {
                 _cleanup_(traffic_done) ScenarioTraffic t = {};
                 _cleanup_free_ char *origin = NULL, *name = NULL;
-                uint64_t at = SIM_FOREVER;
+                uint64_t at = SIM_FOREVER, cancel = SIM_FOREVER;
                 bool have_hold = false;
                 const char *key;
                 json_t *v;
@@ -1278,6 +1341,15 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
                                         return r;
                                 continue;
                         }
+                        if (streq(key, "cancel")) {
+                                r = parse_duration_value(v, false, path, error, &cancel);
+                                if (r < 0)
+                                        return r;
+                                if (cancel == 0)
+                                        return scenario_error(error, "%s: out of range (1ms to " SIM_SPAN_MAX_TEXT ")",
+                                                              path);
+                                continue;
+                        }
                         r = parse_traffic_key(s, &t, key, v, path, error);
                         if (r < 0)
                                 return r;
@@ -1296,6 +1368,7 @@ static int parse_requests(Scenario *s, const json_t *requests, char **error) {
                 s->requests[s->n_requests++] = (ScenarioRequest) {
                         .name = TAKE_PTR(name),
                         .at_ms = at,
+                        .cancel_ms = cancel,
                         .traffic = t,
                 };
                 t = (ScenarioTraffic) {};
@@ -1470,9 +1543,69 @@ static int parse_reservations(Scenario *s, const json_t *list, char **error) {
         return 0;
 }
 
+/* quarantines: [{"at", "pool", "member", "reason"} or {"at", "pool", "member", "restore": true}], as `slotctl
+ * quarantine` and `slotctl restore` take them. The member is checked by scenario_build_config(). */
+static int parse_quarantines(Scenario *s, const json_t *list, char **error) {
+        size_t i;
+        json_t *d;
+        int r;
+
+        if (!json_is_array(list))
+                return scenario_error(error, "%s: quarantines: expected an array, got %s", s->origin, json_kind(list));
+        if (json_array_size(list) > 0) {
+                ScenarioQuarantine *all = reallocarray(s->quarantines, s->n_quarantines + json_array_size(list),
+                                                       sizeof(ScenarioQuarantine));
+                if (!all)
+                        return -ENOMEM;
+                s->quarantines = all;
+        }
+
+        json_array_foreach(list, i, d) {
+                ScenarioQuarantine x = { .at_ms = SIM_FOREVER };
+                const char *key;
+                json_t *v;
+
+                if (asprintf(&x.origin, "%s: quarantines[%zu]", s->origin, i) < 0)
+                        return -ENOMEM;
+                /* Owned by the scenario from here: freed with it whatever follows. */
+                s->quarantines[s->n_quarantines++] = x;
+                ScenarioQuarantine *e = &s->quarantines[s->n_quarantines - 1];
+                if (!json_is_object(d))
+                        return scenario_error(error, "%s: expected an object, got %s", e->origin, json_kind(d));
+
+                json_object_foreach(d, key, v) {
+                        _cleanup_free_ char *path = NULL;
+                        if (asprintf(&path, "%s.%s", e->origin, key) < 0)
+                                return -ENOMEM;
+
+                        if (streq(key, "restore")) {
+                                if (!json_is_boolean(v))
+                                        return scenario_error(error, "%s: expected a boolean, got %s", path, json_kind(v));
+                                e->restore = json_is_true(v);
+                        } else {
+                                r = parse_action_key(s, key, v, path, error, &e->at_ms, &e->pool, &e->member,
+                                                     &e->reason);
+                                if (r < 0)
+                                        return r;
+                                if (r == 0)
+                                        return scenario_error(error, "%s: unknown key", path);
+                        }
+                }
+                if (e->at_ms == SIM_FOREVER)
+                        return scenario_error(error, "%s.at: missing", e->origin);
+                if (!e->pool)
+                        return scenario_error(error, "%s.pool: missing", e->origin);
+                if (!e->member)
+                        return scenario_error(error, "%s.member: missing", e->origin);
+                if (e->restore && e->reason)
+                        return scenario_error(error, "%s: a restore takes no reason", e->origin);
+        }
+        return 0;
+}
+
 static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
         static const char *const top_keys[] = { "pools", "pool", "lanes", "deadline", "arrivals", "requests", "drains",
-                                                "reservations" };
+                                                "reservations", "quarantines" };
         const char *key;
         json_t *v;
         int r;
@@ -1526,6 +1659,12 @@ static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
         v = json_object_get(root, "reservations");
         if (v) {
                 r = parse_reservations(s, v, error);
+                if (r < 0)
+                        return r;
+        }
+        v = json_object_get(root, "quarantines");
+        if (v) {
+                r = parse_quarantines(s, v, error);
                 if (r < 0)
                         return r;
         }

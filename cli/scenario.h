@@ -62,6 +62,8 @@ typedef struct ArrivalPhase {
 typedef struct ScenarioRequest {
         char *name;
         uint64_t at_ms;
+        uint64_t cancel_ms; /* ≥ 1: its client goes away this long after `at` if still undecided (Ctrl-C, a CI
+                             * job cancelled: engine_request_cancel()); SIM_FOREVER: never */
         ScenarioTraffic traffic;
 } ScenarioRequest;
 
@@ -90,6 +92,17 @@ typedef struct ScenarioReservation {
         char *origin;      /* "scenario.json: reservations[0]" */
 } ScenarioReservation;
 
+/* A member quarantined or restored by hand at an instant, as `slotctl quarantine POOL MEMBER --reason TEXT` and
+ * `slotctl restore POOL MEMBER` (SPEC §3.6). */
+typedef struct ScenarioQuarantine {
+        uint64_t at_ms;
+        char *pool;
+        char *member;
+        bool restore;
+        char *reason;      /* NULL: none */
+        char *origin;      /* "scenario.json: quarantines[0]" */
+} ScenarioQuarantine;
+
 typedef struct Scenario {
         char *origin;                /* the file name, or "slotctl simulate" */
         ScenarioSetting *settings;
@@ -109,6 +122,11 @@ typedef struct Scenario {
         size_t n_drains;
         ScenarioReservation *reservations; /* by time, stable: file order within an instant */
         size_t n_reservations;
+        ScenarioQuarantine *quarantines; /* by time, stable: file order within an instant */
+        size_t n_quarantines;
+        size_t *cancel_order;        /* the explicit requests with a cancel, by when it comes (at + cancel),
+                                      * stable: in request_order within an instant */
+        size_t n_cancels;
         uint64_t n_generated;        /* arrivals over all phases */
         uint64_t deadline_ms;        /* SIM_FOREVER: none */
         bool finished;

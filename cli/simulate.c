@@ -86,6 +86,9 @@ typedef struct Sim {
         size_t n_records;
         size_t next_drain;    /* the scenario's drains applied so far */
         size_t next_reservation; /* … and reservations submitted */
+        size_t next_quarantine;  /* … and quarantines and restores by hand */
+        size_t next_cancel;      /* the scenario's cancels (cancel_order) done or moot so far */
+        EngineRequest **requests; /* by explicit request index: those with a cancel, until it comes */
         SimResult *result;
 } Sim;
 
@@ -322,6 +325,71 @@ static int sim_drain(Sim *sim, uint64_t t) {
         return 0;
 }
 
+/* The scenario's quarantines and restores by hand of instant t, in file order (SPEC §3.6: as `slotctl quarantine`
+ * and `restore`; nobody as who). */
+static int sim_quarantine(Sim *sim, uint64_t t) {
+        const Scenario *s = sim->scenario;
+        usec_t now = t * USEC_PER_MSEC;
+        int r;
+
+        for (; sim->next_quarantine < s->n_quarantines && s->quarantines[sim->next_quarantine].at_ms == t;
+             sim->next_quarantine++) {
+                const ScenarioQuarantine *q = &s->quarantines[sim->next_quarantine];
+                EngineQuarantine quarantine = {
+                        .restore = q->restore,
+                        .since = now,
+                        .exit_status = -1,
+                        .reason = q->reason,
+                };
+                r = engine_member_quarantine(sim->engine, q->pool, q->member, &quarantine, now);
+                if (r < 0)
+                        return r;
+                sim_quiesce(sim);
+        }
+        return 0;
+}
+
+/* Whether explicit request k is still undecided: waiting, or not yet answered by a pool that decides later. */
+static bool sim_request_undecided(const Sim *sim, size_t k) {
+        EngineRequest *r = sim->requests[k];
+        return r && (engine_request_is_waiting(r) || engine_request_is_in_flight(r));
+}
+
+/* When the next cancel that can still matter comes: those of requests decided meanwhile are dropped. */
+static uint64_t sim_next_cancel(Sim *sim) {
+        const Scenario *s = sim->scenario;
+        for (; sim->next_cancel < s->n_cancels; sim->next_cancel++) {
+                size_t k = s->cancel_order[sim->next_cancel];
+                /* Not arrived yet (its cancel comes after its arrival), or still undecided: it counts. */
+                if (!sim->requests[k] || sim_request_undecided(sim, k))
+                        return s->requests[k].at_ms + s->requests[k].cancel_ms;
+                sim->requests[k] = engine_request_unref(sim->requests[k]);
+        }
+        return SIM_FOREVER;
+}
+
+/* The cancels of instant t (a client gone away: engine_request_cancel(), no event), in cancel_order. */
+static void sim_cancel(Sim *sim, uint64_t t) {
+        const Scenario *s = sim->scenario;
+
+        while (sim_next_cancel(sim) == t) {
+                size_t k = s->cancel_order[sim->next_cancel++];
+                bool waiting = engine_request_is_waiting(sim->requests[k]);
+                engine_request_cancel(sim->requests[k], t * USEC_PER_MSEC);
+                sim_quiesce(sim);
+                sim->requests[k] = engine_request_unref(sim->requests[k]);
+                /* Its QUEUED event counted it: events of earlier instants are all handled. */
+                if (waiting && sim->waiting > 0)
+                        sim->waiting--;
+                sim->result->cancelled++;
+                SimRecord *rec = sim_record(sim, s->n_generated + k);
+                if (rec) {
+                        rec->outcome = SIM_OUTCOME_CANCELLED;
+                        rec->decided_ms = t;
+                }
+        }
+}
+
 /* The scenario's reservations of instant t, in file order, as brokerd takes a Reserve call (SPEC §3.6;
  * session_reserve()): lane @reserve of the pool, one slot, waiting as long as it takes, a lease that max-hold
  * ends `for` after its grant (the engine revokes it then, and the run ends it as any revoked lease). */
@@ -373,8 +441,12 @@ static int sim_arrive(Sim *sim, const Arrival *a) {
         if (r < 0)
                 return r;
         sim_quiesce(sim);
-        /* Events tell everything that follows; the request itself is not needed. */
-        engine_request_unref(request);
+        /* Events tell everything that follows; the request itself is needed only by its cancel. */
+        uint64_t k = a->id - sim->scenario->n_generated;
+        if (a->id >= sim->scenario->n_generated && sim->scenario->requests[k].cancel_ms != SIM_FOREVER)
+                sim->requests[k] = request;
+        else
+                engine_request_unref(request);
 
         sim->result->requests++;
         sim->last_arrival_ms = a->at_ms;
@@ -401,6 +473,9 @@ static uint64_t sim_next_instant(Sim *sim, const ArrivalCursor *cursor, bool sta
                 next = MIN(next, sim->scenario->drains[sim->next_drain].at_ms);
         if (sim->next_reservation < sim->scenario->n_reservations)
                 next = MIN(next, sim->scenario->reservations[sim->next_reservation].at_ms);
+        if (sim->next_quarantine < sim->scenario->n_quarantines)
+                next = MIN(next, sim->scenario->quarantines[sim->next_quarantine].at_ms);
+        next = MIN(next, sim_next_cancel(sim));
 
         HeapNode *top = heap_peek(&sim->ends);
         if (top)
@@ -443,6 +518,9 @@ static int sim_order_records(Sim *sim) {
 }
 
 static void sim_done(Sim *sim) {
+        for (size_t k = 0; sim->requests && k < sim->scenario->n_requests; k++)
+                engine_request_unref(sim->requests[k]);
+        free(sim->requests);
         heap_done(&sim->ends);
         engine_free(sim->engine);
         for (size_t i = 0; i < sim->n_leases_allocated; i++)
@@ -496,6 +574,14 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
                 }
         }
 
+        if (s->n_cancels > 0) {
+                sim.requests = calloc(s->n_requests, sizeof(EngineRequest *));
+                if (!sim.requests) {
+                        r = -ENOMEM;
+                        goto finish;
+                }
+        }
+
         r = engine_new(sim_splitmix64, &sim.random_state, &sim.engine);
         if (r < 0)
                 goto finish;
@@ -509,7 +595,8 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
         for (;;) {
                 /* The end: all arrivals and drains done, nobody waiting, no hold left that will end. */
                 if (arrival_cursor_peek(&cursor) == SIM_FOREVER && sim.next_drain >= s->n_drains &&
-                    sim.next_reservation >= s->n_reservations && sim.waiting == 0 && sim.n_ending == 0)
+                    sim.next_reservation >= s->n_reservations && sim.next_quarantine >= s->n_quarantines &&
+                    sim.waiting == 0 && sim.n_ending == 0)
                         break;
                 uint64_t next = sim_next_instant(&sim, &cursor, started, t);
                 if (next == SIM_FOREVER || next > UINT64_MAX / USEC_PER_MSEC)
@@ -523,8 +610,14 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
                         heap_pop(&sim.ends);
                         sim_lease_end(&sim, container_of(top, SimLease, node), t);
                 }
+                /* clients that go away (as a release, a waiter less), */
+                sim_cancel(&sim, t);
                 /* then drains and undrains (as an operator's, before the arrivals of the instant), */
                 r = sim_drain(&sim, t);
+                if (r < 0)
+                        goto finish;
+                /* quarantines and restores by hand (an operator's too), */
+                r = sim_quarantine(&sim, t);
                 if (r < 0)
                         goto finish;
                 /* reservations (people's, as drains, ahead of the arrivals of the instant), */
@@ -582,6 +675,8 @@ static const char *outcome_to_string(const SimRecord *rec) {
                 return "granted";
         case SIM_OUTCOME_REFUSED:
                 return refusal_to_string(rec->refusal) ?: "refused";
+        case SIM_OUTCOME_CANCELLED:
+                return "cancelled";
         case SIM_OUTCOME_PENDING:
         default:
                 return NULL;
@@ -641,6 +736,8 @@ void sim_print_text(const Scenario *s, const SimResult *r, FILE *f) {
         /* Only where exit statuses quarantined something: other reports stay as they were. */
         if (r->quarantined > 0 || r->restored > 0)
                 fprintf(f, LABEL "%4" PRIu64 "  (restored %" PRIu64 ")\n", "quarantined", r->quarantined, r->restored);
+        if (r->cancelled > 0)
+                fprintf(f, LABEL "%4" PRIu64 "\n", "cancelled", r->cancelled);
         /* Only where the scenario reserves: other reports stay as they were. */
         if (r->reservations > 0) {
                 fprintf(f, LABEL "%4" PRIu64 "  (granted %" PRIu64, "reservations", r->reservations, r->reserved);
@@ -792,6 +889,8 @@ void sim_print_json(const Scenario *s, const SimResult *r, FILE *f) {
         fprintf(f, "},\n  \"late\": %" PRIu64 ",\n", r->late);
         if (r->quarantined > 0 || r->restored > 0)
                 fprintf(f, "  \"quarantined\": %" PRIu64 ",\n  \"restored\": %" PRIu64 ",\n", r->quarantined, r->restored);
+        if (r->cancelled > 0)
+                fprintf(f, "  \"cancelled\": %" PRIu64 ",\n", r->cancelled);
         if (r->reservations > 0)
                 fprintf(f,
                         "  \"reservations\": {\"count\": %" PRIu64 ", \"granted\": %" PRIu64 ", \"refused\": %" PRIu64

@@ -30,6 +30,7 @@ typedef enum SimOutcome {
         SIM_OUTCOME_PENDING,  /* still waiting when nothing more could happen */
         SIM_OUTCOME_GRANTED,
         SIM_OUTCOME_REFUSED,
+        SIM_OUTCOME_CANCELLED, /* its client went away while it waited (a request's cancel) */
         _SIM_OUTCOME_MAX,
         _SIM_OUTCOME_INVALID = -EINVAL,
 } SimOutcome;
@@ -54,13 +55,14 @@ typedef struct SimResult {
         uint64_t granted;
         uint64_t refused[_REFUSAL_MAX];
         uint64_t late;
+        uint64_t cancelled;         /* requests whose client went away while they waited */
         PeakQueue peaks;
         uint64_t first_refusal_ms;  /* SIM_FOREVER: none */
         uint64_t longest_wait_ms;
         uint64_t drained_ms;        /* SIM_FOREVER: null (a hold never ends, or nothing arrived) */
         uint64_t end_ms;            /* the last instant */
-        uint64_t quarantined;       /* members quarantined by an exit status (SPEC §3.6) */
-        uint64_t restored;          /* … and restored by a health lane's exit 0 */
+        uint64_t quarantined;       /* members quarantined by an exit status or by hand (SPEC §3.6) */
+        uint64_t restored;          /* … and restored by a health lane's exit 0 or by hand */
         /* The scenario's reservations (SPEC §3.6), counted apart from requests: submitted, granted, refused
          * (a drained pool), the longest wait of those granted. Waiting ones count in the peak queue. */
         uint64_t reservations;

@@ -407,6 +407,56 @@ static void test_reservations_in_a_scenario(void **state) {
         assert_null(strstr(text, "reservations"));
 }
 
+/* A request's cancel: its client goes away while it waits, so the waiter behind it gets the slot first; a cancel
+ * of a request granted before it changes nothing. A quarantine by hand keeps a member from ordinary lanes until
+ * its restore. */
+static void test_cancels_and_quarantines_in_a_scenario(void **state) {
+        static const char json[] =
+                "{\"pools\": {\"rigs\": {\"members\": [\"a\", \"b\"]}},"
+                " \"lanes\": {\"ci\": {\"pools\": [\"rigs\"]}},"
+                " \"requests\": ["
+                " {\"name\": \"on-a\", \"at\": \"0s\", \"hold\": \"1s\", \"lane\": \"ci\", \"member\": \"a\"},"
+                " {\"name\": \"gone\", \"at\": \"100ms\", \"hold\": \"1s\", \"lane\": \"ci\", \"member\": \"a\", \"cancel\": \"400ms\"},"
+                " {\"name\": \"next\", \"at\": \"200ms\", \"hold\": \"1s\", \"lane\": \"ci\", \"member\": \"a\"},"
+                " {\"name\": \"quick\", \"at\": \"0s\", \"hold\": \"100ms\", \"lane\": \"ci\", \"member\": \"b\", \"cancel\": \"1s\"},"
+                " {\"name\": \"on-b\", \"at\": \"3s\", \"hold\": \"1s\", \"lane\": \"ci\", \"member\": \"b\"}],"
+                " \"quarantines\": [{\"at\": \"2s\", \"pool\": \"rigs\", \"member\": \"b\", \"reason\": \"flaky\"},"
+                "                   {\"at\": \"5s\", \"pool\": \"rigs\", \"member\": \"b\", \"restore\": true}]}";
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        _cleanup_(sim_result_freep) SimResult *r = run_kept(json, true, &s);
+
+        assert_int_equal(r->requests, 5);
+        assert_int_equal(r->granted, 4);
+        assert_int_equal(r->cancelled, 1);
+        /* In arrival order: on-a, quick, gone, next, on-b. */
+        assert_int_equal(r->records[1].outcome, SIM_OUTCOME_GRANTED); /* quick: its cancel came too late */
+        assert_int_equal(r->records[2].outcome, SIM_OUTCOME_CANCELLED);
+        assert_int_equal(r->records[2].decided_ms, 500);
+        assert_int_equal(r->records[3].outcome, SIM_OUTCOME_GRANTED);
+        assert_int_equal(r->records[3].decided_ms, 1000); /* a, when on-a ends: gone is gone */
+        assert_int_equal(r->records[4].decided_ms, 5000); /* b, once restored */
+
+        _cleanup_free_ char *js = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&js, &size);
+        assert_non_null(f);
+        sim_print_json(s, r, f);
+        assert_int_equal(fclose(f), 0);
+        assert_non_null(strstr(js, "\n  \"cancelled\": 1,\n"));
+        assert_non_null(strstr(js, "\"outcome\": \"cancelled\", \"decidedMs\": 500,"));
+
+        /* A quarantine of a member the pool does not have is an error, as slotctl quarantine's. */
+        _cleanup_(scenario_freep) Scenario *bad = NULL;
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        _cleanup_free_ char *error = NULL;
+        assert_int_equal(scenario_load_string("{\"pool\": {\"members\": [\"a\"]}, \"quarantines\": [{\"at\": \"1s\", "
+                                              "\"pool\": \"default\", \"member\": \"z\"}]}",
+                                              "q.json", &error, &bad),
+                         0);
+        assert_int_equal(scenario_build_config(bad, NULL, NULL, &error, &c), -EINVAL);
+        assert_string_equal(error, "q.json: quarantines[0].member: pool \"default\" has no member \"z\"");
+}
+
 static void test_scenario_labels_that_nobody_matches_are_an_error(void **state) {
         _cleanup_(scenario_freep) Scenario *s = NULL;
         _cleanup_(conf_freep) BrokerConfig *c = NULL;
@@ -518,6 +568,7 @@ int main(void) {
                 cmocka_unit_test(test_labels_and_member_in_a_scenario),
                 cmocka_unit_test(test_cooldown_in_a_scenario),
                 cmocka_unit_test(test_quarantine_health_and_drains_in_a_scenario),
+                cmocka_unit_test(test_cancels_and_quarantines_in_a_scenario),
                 cmocka_unit_test(test_reservations_in_a_scenario),
                 cmocka_unit_test(test_scenario_labels_that_nobody_matches_are_an_error),
                 cmocka_unit_test(test_also_in_a_scenario),
