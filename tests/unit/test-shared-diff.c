@@ -463,7 +463,9 @@ static void gen_request_selector(Gen *g, Gen *xg, const GenPool *pools, unsigned
  * - TEST_SHARED_DIFF_ALSO: the also= lanes;
  * - TEST_SHARED_DIFF_EXTRA: health = also, client-wait = ignore, a lane's queue-timeout = infinity, reserve = 2,
  *   requests of up to the limit or naming a member and a label or two labels, phases that tell an exit status,
- *   do not wait or cap their wait, a second phase. */
+ *   do not wait or cap their wait, a second phase;
+ * - TEST_SHARED_DIFF_CANCEL: requests whose client goes away after a while (a cancel, if still undecided);
+ * - TEST_SHARED_DIFF_QUARANTINE: members quarantined and restored by hand. */
 static bool generator_part_enabled(const char *variable) {
         const char *v = getenv(variable);
         return !v || !streq(v, "0");
@@ -511,9 +513,12 @@ static void gen_phase_extras(Gen *g, FILE *f) {
 static char *generate(uint64_t seed) {
         Gen g = { .state = seed * 1000003 }, cg = { .state = seed * 7919 + 17 }, qg = { .state = seed * 104729 + 31 },
             rg = { .state = seed * 15485863 + 47 }, ag = { .state = seed * 32452843 + 59 },
-            xg = { .state = seed * 49979687 + 71 };
+            xg = { .state = seed * 49979687 + 71 }, kg = { .state = seed * 67867967 + 83 },
+            hg = { .state = seed * 86028121 + 97 };
         bool also = generator_part_enabled("TEST_SHARED_DIFF_ALSO"),
-             extra = generator_part_enabled("TEST_SHARED_DIFF_EXTRA");
+             extra = generator_part_enabled("TEST_SHARED_DIFF_EXTRA"),
+             cancels = generator_part_enabled("TEST_SHARED_DIFF_CANCEL"),
+             quarantines = generator_part_enabled("TEST_SHARED_DIFF_QUARANTINE");
         char *text = NULL;
         size_t size = 0;
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
@@ -663,6 +668,9 @@ static char *generate(uint64_t seed) {
                         static const int statuses[] = { 0, 0, 1, 3, 3, 4 };
                         fprintf(g.f, ", \"exit\": %d", statuses[gen_below(&qg, ELEMENTSOF(statuses))]);
                 }
+                /* (kg: TEST_SHARED_DIFF_CANCEL) its client goes away while it may still wait. */
+                if (cancels && gen_chance(&kg, 20))
+                        fprintf(g.f, ", \"cancel\": \"%ums\"", 100 * (1 + gen_below(&kg, 30)));
                 fprintf(g.f, ", \"slots\": %u}", k);
         }
         fputc(']', g.f);
@@ -712,6 +720,26 @@ static char *generate(uint64_t seed) {
                                 gen_print_terms(g.f, t);
                                 fputc(']', g.f);
                         }
+                        fputc('}', g.f);
+                }
+                fputc(']', g.f);
+        }
+        /* (hg: TEST_SHARED_DIFF_QUARANTINE) Quarantines and restores by hand of members, on the same grid. */
+        unsigned member_pools[POOLS_MAX], n_member_pools = 0;
+        for (unsigned p = 0; p < n_pools; p++)
+                if (pools[p].members)
+                        member_pools[n_member_pools++] = p;
+        unsigned n_quarantines = quarantines && n_member_pools > 0 ? gen_below(&hg, 5) : 0;
+        if (n_quarantines > 0) {
+                fputs(", \"quarantines\": [", g.f);
+                for (unsigned i = 0; i < n_quarantines; i++) {
+                        unsigned p = member_pools[gen_below(&hg, n_member_pools)], at = 100 * gen_below(&hg, 80);
+                        fprintf(g.f, "%s{\"at\": \"%ums\", \"pool\": \"p%u\", \"member\": \"m%u\"", i > 0 ? ", " : "",
+                                at, p, gen_below(&hg, pools[p].limit));
+                        if (gen_chance(&hg, 35))
+                                fputs(", \"restore\": true", g.f);
+                        else if (gen_chance(&hg, 70))
+                                fprintf(g.f, ", \"reason\": \"q%u\"", i);
                         fputc('}', g.f);
                 }
                 fputc(']', g.f);
