@@ -126,6 +126,7 @@ Scenario *scenario_free(Scenario *s) {
         }
         free(s->quarantines);
         free(s->cancel_order);
+        free(s->reloads);
         free(s->origin);
         return mfree(s);
 }
@@ -594,6 +595,11 @@ static int check_fits(const BrokerConfig *c, const ScenarioTraffic *t, const cha
 }
 
 int scenario_build_config(const Scenario *s, const char *key, const char *value, char **error, BrokerConfig **ret) {
+        return scenario_build_config_reload(s, key, value, 0, error, ret);
+}
+
+int scenario_build_config_reload(const Scenario *s, const char *key, const char *value, size_t reload, char **error,
+                                 BrokerConfig **ret) {
         _cleanup_(conf_freep) BrokerConfig *c = NULL;
         ConfErrors errors = {};
         int r;
@@ -628,6 +634,8 @@ int scenario_build_config(const Scenario *s, const char *key, const char *value,
                 const ScenarioSetting *set = &s->settings[i];
                 ConfSource source = { .file = set->where };
 
+                if (set->reload > reload)
+                        continue;
                 r = conf_set(c, set->section, set->key, set->value, &source, &errors);
                 if (r == -EINVAL)
                         r = scenario_error(error, "%s: %s", set->origin, conf_error_text(&errors));
@@ -689,6 +697,13 @@ int scenario_build_config(const Scenario *s, const char *key, const char *value,
         }
         for (size_t i = 0; i < s->n_requests; i++) {
                 r = check_fits(c, &s->requests[i].traffic, key, value, error);
+                if (r < 0)
+                        goto finish;
+        }
+        /* Every reload's configuration is valid too, so that a run does not fail halfway. */
+        for (size_t k = 1; reload == 0 && k <= s->n_reloads; k++) {
+                _cleanup_(conf_freep) BrokerConfig *later = NULL;
+                r = scenario_build_config_reload(s, key, value, k, error, &later);
                 if (r < 0)
                         goto finish;
         }
@@ -918,14 +933,15 @@ static int value_to_string(const json_t *v, ValueKind kind, const char *path, ch
         return 0;
 }
 
-static int parse_section(Scenario *s, const char *kind, const char *name, const json_t *obj, const KeyRule *rules,
-                         size_t n_rules, char **error) {
+/* prefix: "" for the first configuration, "reloads[k]." for the reload-th (k + 1) */
+static int parse_section(Scenario *s, const char *prefix, size_t reload, const char *kind, const char *name,
+                         const json_t *obj, const KeyRule *rules, size_t n_rules, char **error) {
         _cleanup_free_ char *section = NULL, *where = NULL;
         const char *key;
         json_t *v;
         int r;
 
-        if (asprintf(&where, "%s: %ss.%s", s->origin, kind, name) < 0)
+        if (asprintf(&where, "%s: %s%ss.%s", s->origin, prefix, kind, name) < 0)
                 return -ENOMEM;
         if (!json_is_object(obj))
                 return scenario_error(error, "%s: expected an object, got %s", where, json_kind(obj));
@@ -960,6 +976,7 @@ static int parse_section(Scenario *s, const char *kind, const char *name, const 
                 r = scenario_add_setting(s, section, key, value, where, path);
                 if (r < 0)
                         return r;
+                s->settings[s->n_settings - 1].reload = reload;
         }
         return 0;
 }
@@ -1023,7 +1040,7 @@ static int parse_pools(Scenario *s, const json_t *pools, const json_t *pool, cha
                         return r;
         }
         json_object_foreach((json_t *) pools, name, v) {
-                r = parse_section(s, "pool", name, v, pool_keys, ELEMENTSOF(pool_keys), error);
+                r = parse_section(s, "", 0, "pool", name, v, pool_keys, ELEMENTSOF(pool_keys), error);
                 if (r < 0)
                         return r;
         }
@@ -1066,7 +1083,7 @@ static int parse_lanes(Scenario *s, const json_t *lanes, char **error) {
                 r = scenario_add_lane(s, name, where);
                 if (r < 0)
                         return r;
-                r = parse_section(s, "lane", name, v, lane_keys, ELEMENTSOF(lane_keys), error);
+                r = parse_section(s, "", 0, "lane", name, v, lane_keys, ELEMENTSOF(lane_keys), error);
                 if (r < 0)
                         return r;
         }
@@ -1603,9 +1620,74 @@ static int parse_quarantines(Scenario *s, const json_t *list, char **error) {
         return 0;
 }
 
+/* reloads: [{"at", "pools": {NAME: {KEY: VALUE…}}, "lanes": {NAME: {…}}}], in time order: brokerd reloading its
+ * configuration (SPEC §4) with these keys changed in the scenario's pools and lanes (no new ones). */
+static int parse_reloads(Scenario *s, const json_t *list, char **error) {
+        size_t i;
+        json_t *d;
+        int r;
+
+        if (!json_is_array(list))
+                return scenario_error(error, "%s: reloads: expected an array, got %s", s->origin, json_kind(list));
+        if (json_array_size(list) > 0) {
+                uint64_t *all = reallocarray(s->reloads, s->n_reloads + json_array_size(list), sizeof(uint64_t));
+                if (!all)
+                        return -ENOMEM;
+                s->reloads = all;
+        }
+
+        json_array_foreach(list, i, d) {
+                _cleanup_free_ char *origin = NULL, *prefix = NULL;
+                uint64_t at = SIM_FOREVER;
+                const char *key;
+                json_t *v;
+
+                if (asprintf(&origin, "%s: reloads[%zu]", s->origin, i) < 0 || asprintf(&prefix, "reloads[%zu].", i) < 0)
+                        return -ENOMEM;
+                if (!json_is_object(d))
+                        return scenario_error(error, "%s: expected an object, got %s", origin, json_kind(d));
+                size_t reload = s->n_reloads + 1;
+                json_object_foreach(d, key, v) {
+                        _cleanup_free_ char *path = NULL;
+                        if (asprintf(&path, "%s.%s", origin, key) < 0)
+                                return -ENOMEM;
+                        if (streq(key, "at")) {
+                                r = parse_duration_value(v, false, path, error, &at);
+                                if (r < 0)
+                                        return r;
+                                continue;
+                        }
+                        bool pools = streq(key, "pools");
+                        if (!pools && !streq(key, "lanes"))
+                                return scenario_error(error, "%s: unknown key", path);
+                        if (!json_is_object(v))
+                                return scenario_error(error, "%s: expected an object, got %s", path, json_kind(v));
+                        const char *name;
+                        json_t *section;
+                        json_object_foreach(v, name, section) {
+                                if (pools ? !scenario_pool_name(s, name) : !strv_contains_n(s->lanes, s->n_lanes, name))
+                                        return scenario_error(error, "%s.%s: unknown %s (a reload here changes, and adds none)",
+                                                              path, name, pools ? "pool" : "lane");
+                                r = parse_section(s, prefix, reload, pools ? "pool" : "lane", name, section,
+                                                  pools ? pool_keys : lane_keys,
+                                                  pools ? ELEMENTSOF(pool_keys) : ELEMENTSOF(lane_keys), error);
+                                if (r < 0)
+                                        return r;
+                        }
+                }
+                if (at == SIM_FOREVER)
+                        return scenario_error(error, "%s.at: missing", origin);
+                if (s->n_reloads > 0 && at < s->reloads[s->n_reloads - 1])
+                        return scenario_error(error, "%s.at: before the reload before it (reloads come in time order)",
+                                              origin);
+                s->reloads[s->n_reloads++] = at;
+        }
+        return 0;
+}
+
 static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
         static const char *const top_keys[] = { "pools", "pool", "lanes", "deadline", "arrivals", "requests", "drains",
-                                                "reservations", "quarantines" };
+                                                "reservations", "quarantines", "reloads" };
         const char *key;
         json_t *v;
         int r;
@@ -1659,6 +1741,13 @@ static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
         v = json_object_get(root, "reservations");
         if (v) {
                 r = parse_reservations(s, v, error);
+                if (r < 0)
+                        return r;
+        }
+        /* After the lanes: a reload names them. */
+        v = json_object_get(root, "reloads");
+        if (v) {
+                r = parse_reloads(s, v, error);
                 if (r < 0)
                         return r;
         }

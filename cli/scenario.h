@@ -34,6 +34,7 @@ typedef struct ScenarioSetting {
         char *value;
         char *where;
         char *origin;
+        size_t reload;     /* 0: the first configuration's; k: from the scenario's k-th reload on */
 } ScenarioSetting;
 
 /* What each request of a phase, or one explicit request, asks for. */
@@ -127,6 +128,8 @@ typedef struct Scenario {
         size_t *cancel_order;        /* the explicit requests with a cancel, by when it comes (at + cancel),
                                       * stable: in request_order within an instant */
         size_t n_cancels;
+        uint64_t *reloads;           /* when each reload comes, in time order (SPEC §4: a SIGHUP) */
+        size_t n_reloads;
         uint64_t n_generated;        /* arrivals over all phases */
         uint64_t deadline_ms;        /* SIM_FOREVER: none */
         bool finished;
@@ -159,6 +162,10 @@ int scenario_finish(Scenario *s, char **error);
  * key NULL for none), then conf_validate() and a check that every request fits some pool of its lane.
  * Returns 0, -ENOMEM, or -EINVAL with *error naming the setting. */
 int scenario_build_config(const Scenario *s, const char *key, const char *value, char **error, BrokerConfig **ret);
+/* The same as the scenario's reload-th reload makes it (0: the first), its settings over those before it; the
+ * first checks every reload's too. */
+int scenario_build_config_reload(const Scenario *s, const char *key, const char *value, size_t reload, char **error,
+                                 BrokerConfig **ret);
 
 /* The request id of reservation k (an index into s->reservations), past every request's: the engine's
  * userdata of its request, which scenario_traffic() knows nothing of. */

@@ -340,6 +340,12 @@ static void configs_free(BrokerConfig **configs, size_t n) {
 }
 
 /* Returns the exit status. */
+/* The text of --sweep's value v for its key ("" without --sweep): queue-timeout's in seconds. */
+static void sweep_value(char *buf, size_t size, uint64_t v) {
+        if (arg_sweep_key)
+                snprintf(buf, size, "%" PRIu64 "%s", v, streq(arg_sweep_key, "queue-timeout") ? "s" : "");
+}
+
 static int run(void) {
         _cleanup_(scenario_freep) Scenario *s = NULL;
         _cleanup_free_ char *error = NULL;
@@ -403,9 +409,7 @@ static int run(void) {
                 char value[32] = "";
                 uint64_t v = arg_sweep_from + n_configs;
 
-                if (arg_sweep_key)
-                        snprintf(value, sizeof value, "%" PRIu64 "%s", v,
-                                 streq(arg_sweep_key, "queue-timeout") ? "s" : "");
+                sweep_value(value, sizeof value, v);
                 r = scenario_build_config(s, arg_sweep_key, arg_sweep_key ? value : NULL, &error, &configs[n_configs]);
                 if (r == -EINVAL) {
                         log_error("%s", error ?: "invalid configuration");
@@ -432,7 +436,12 @@ static int run(void) {
         };
         for (size_t i = 0; i < n_values; i++) {
                 _cleanup_(sim_result_freep) SimResult *result = NULL;
+                char value[32] = "";
 
+                /* The scenario's reloads keep the swept value (as built above). */
+                sweep_value(value, sizeof value, arg_sweep_from + i);
+                options.config_key = arg_sweep_key;
+                options.config_value = arg_sweep_key ? value : NULL;
                 r = sim_run(s, configs[i], &options, &result);
                 if (r == -E2BIG) {
                         log_error("the simulation runs past " SIM_SPAN_MAX_TEXT " of virtual time, the most it covers "

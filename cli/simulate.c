@@ -88,6 +88,8 @@ typedef struct Sim {
         size_t next_reservation; /* … and reservations submitted */
         size_t next_quarantine;  /* … and quarantines and restores by hand */
         size_t next_cancel;      /* the scenario's cancels (cancel_order) done or moot so far */
+        size_t next_reload;      /* … and reloads done */
+        BrokerConfig **configs;  /* the reloads' configurations, kept until the engine is gone */
         EngineRequest **requests; /* by explicit request index: those with a cancel, until it comes */
         SimResult *result;
 } Sim;
@@ -349,6 +351,29 @@ static int sim_quarantine(Sim *sim, uint64_t t) {
         return 0;
 }
 
+/* The scenario's reloads of instant t (SPEC §4: as brokerd's on SIGHUP), each its configuration with the
+ * changes of every reload up to it. */
+static int sim_reload(Sim *sim, uint64_t t) {
+        const Scenario *s = sim->scenario;
+        int r;
+
+        for (; sim->next_reload < s->n_reloads && s->reloads[sim->next_reload] == t; sim->next_reload++) {
+                _cleanup_free_ char *error = NULL;
+                BrokerConfig *c = NULL;
+                /* Checked when the run's first configuration was built: only memory can fail here. */
+                r = scenario_build_config_reload(s, sim->options->config_key, sim->options->config_value,
+                                                 sim->next_reload + 1, &error, &c);
+                if (r < 0)
+                        return r;
+                sim->configs[sim->next_reload] = c;
+                r = engine_configure(sim->engine, c, t * USEC_PER_MSEC);
+                if (r < 0)
+                        return r;
+                sim_quiesce(sim);
+        }
+        return 0;
+}
+
 /* Whether explicit request k is still undecided: waiting, or not yet answered by a pool that decides later. */
 static bool sim_request_undecided(const Sim *sim, size_t k) {
         EngineRequest *r = sim->requests[k];
@@ -475,6 +500,8 @@ static uint64_t sim_next_instant(Sim *sim, const ArrivalCursor *cursor, bool sta
                 next = MIN(next, sim->scenario->reservations[sim->next_reservation].at_ms);
         if (sim->next_quarantine < sim->scenario->n_quarantines)
                 next = MIN(next, sim->scenario->quarantines[sim->next_quarantine].at_ms);
+        if (sim->next_reload < sim->scenario->n_reloads)
+                next = MIN(next, sim->scenario->reloads[sim->next_reload]);
         next = MIN(next, sim_next_cancel(sim));
 
         HeapNode *top = heap_peek(&sim->ends);
@@ -523,6 +550,9 @@ static void sim_done(Sim *sim) {
         free(sim->requests);
         heap_done(&sim->ends);
         engine_free(sim->engine);
+        for (size_t k = 0; sim->configs && k < sim->scenario->n_reloads; k++)
+                conf_free(sim->configs[k]);
+        free(sim->configs);
         for (size_t i = 0; i < sim->n_leases_allocated; i++)
                 free(sim->leases[i]);
         free(sim->leases);
@@ -574,6 +604,13 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
                 }
         }
 
+        if (s->n_reloads > 0) {
+                sim.configs = calloc(s->n_reloads, sizeof(BrokerConfig *));
+                if (!sim.configs) {
+                        r = -ENOMEM;
+                        goto finish;
+                }
+        }
         if (s->n_cancels > 0) {
                 sim.requests = calloc(s->n_requests, sizeof(EngineRequest *));
                 if (!sim.requests) {
@@ -596,6 +633,7 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
                 /* The end: all arrivals and drains done, nobody waiting, no hold left that will end. */
                 if (arrival_cursor_peek(&cursor) == SIM_FOREVER && sim.next_drain >= s->n_drains &&
                     sim.next_reservation >= s->n_reservations && sim.next_quarantine >= s->n_quarantines &&
+                    sim.next_reload >= s->n_reloads &&
                     sim.waiting == 0 && sim.n_ending == 0)
                         break;
                 uint64_t next = sim_next_instant(&sim, &cursor, started, t);
@@ -616,8 +654,11 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
                 r = sim_drain(&sim, t);
                 if (r < 0)
                         goto finish;
-                /* quarantines and restores by hand (an operator's too), */
+                /* quarantines and restores by hand (an operator's too), reloads, */
                 r = sim_quarantine(&sim, t);
+                if (r < 0)
+                        goto finish;
+                r = sim_reload(&sim, t);
                 if (r < 0)
                         goto finish;
                 /* reservations (people's, as drains, ahead of the arrivals of the instant), */

@@ -91,6 +91,9 @@ typedef struct SimOptions {
         /* Sees every engine event, in the order the run handles them (a test compares two runs). NULL: none. */
         void (*on_event)(const EngineEvent *ev, void *userdata);
         void *on_event_userdata;
+        /* The key = value on every pool that scenario_build_config() was given for the run's config (NULL: none):
+         * the scenario's reloads build theirs with it too. */
+        const char *config_key, *config_value;
 } SimOptions;
 
 /* Runs a finished scenario against a validated config. Returns 0 or negative errno (-ENOMEM, -E2BIG when

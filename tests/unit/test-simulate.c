@@ -457,6 +457,36 @@ static void test_cancels_and_quarantines_in_a_scenario(void **state) {
         assert_string_equal(error, "q.json: quarantines[0].member: pool \"default\" has no member \"z\"");
 }
 
+/* A reload (SPEC §4) changes what follows it: a larger limit grants a waiter at once, a lane's new priority puts its
+ * waiter first; a later reload keeps what an earlier one changed. */
+static void test_reloads_in_a_scenario(void **state) {
+        static const char json[] =
+                "{\"pools\": {\"grid\": {\"limit\": 1}},"
+                " \"lanes\": {\"a\": {\"pools\": [\"grid\"]}, \"b\": {\"pools\": [\"grid\"]}},"
+                " \"requests\": ["
+                " {\"name\": \"first\", \"at\": \"0s\", \"hold\": \"5s\", \"lane\": \"a\"},"
+                " {\"name\": \"second\", \"at\": \"0s\", \"hold\": \"5s\", \"lane\": \"a\"},"
+                " {\"name\": \"early\", \"at\": \"2s\", \"hold\": \"1s\", \"lane\": \"a\"},"
+                " {\"name\": \"urgent\", \"at\": \"3s\", \"hold\": \"1s\", \"lane\": \"b\"}],"
+                " \"reloads\": [{\"at\": \"1s\", \"pools\": {\"grid\": {\"limit\": 2}}},"
+                "               {\"at\": \"4s\", \"lanes\": {\"b\": {\"priority\": 5}}}]}";
+        _cleanup_(sim_result_freep) SimResult *r = run(json, true);
+
+        assert_int_equal(r->granted, 4);
+        assert_int_equal(r->records[1].decided_ms, 1000); /* the limit of 2 */
+        assert_int_equal(r->records[3].decided_ms, 5000); /* urgent, at first's end, ahead of early */
+        assert_int_equal(r->records[2].decided_ms, 6000); /* early, at second's end */
+
+        /* A reload that names an unknown lane is an error, naming it. */
+        _cleanup_(scenario_freep) Scenario *bad = NULL;
+        _cleanup_free_ char *error = NULL;
+        assert_int_equal(scenario_load_string("{\"pool\": {\"limit\": 1}, \"reloads\": [{\"at\": \"1s\", "
+                                              "\"lanes\": {\"nope\": {\"priority\": 1}}}]}",
+                                              "r.json", &error, &bad),
+                         -EINVAL);
+        assert_string_equal(error, "r.json: reloads[0].lanes.nope: unknown lane (a reload here changes, and adds none)");
+}
+
 static void test_scenario_labels_that_nobody_matches_are_an_error(void **state) {
         _cleanup_(scenario_freep) Scenario *s = NULL;
         _cleanup_(conf_freep) BrokerConfig *c = NULL;
@@ -569,6 +599,7 @@ int main(void) {
                 cmocka_unit_test(test_cooldown_in_a_scenario),
                 cmocka_unit_test(test_quarantine_health_and_drains_in_a_scenario),
                 cmocka_unit_test(test_cancels_and_quarantines_in_a_scenario),
+                cmocka_unit_test(test_reloads_in_a_scenario),
                 cmocka_unit_test(test_reservations_in_a_scenario),
                 cmocka_unit_test(test_scenario_labels_that_nobody_matches_are_an_error),
                 cmocka_unit_test(test_also_in_a_scenario),
