@@ -194,6 +194,8 @@ static void run_scenario(const char *text, const char *origin, bool shared, Run 
                 .per_request = true,
                 .on_event = record_event,
                 .on_event_userdata = ret,
+                .config_key = "backend", /* the scenario's reloads keep it */
+                .config_value = backend_url,
         };
         if (shared) {
                 redisReply *r = redisCommand(admin, "FLUSHALL");
@@ -465,7 +467,8 @@ static void gen_request_selector(Gen *g, Gen *xg, const GenPool *pools, unsigned
  *   requests of up to the limit or naming a member and a label or two labels, phases that tell an exit status,
  *   do not wait or cap their wait, a second phase;
  * - TEST_SHARED_DIFF_CANCEL: requests whose client goes away after a while (a cancel, if still undecided);
- * - TEST_SHARED_DIFF_QUARANTINE: members quarantined and restored by hand. */
+ * - TEST_SHARED_DIFF_QUARANTINE: members quarantined and restored by hand;
+ * - TEST_SHARED_DIFF_RELOAD: reloads of a lane's priority, a pool's limit, max-queue and queue timeout. */
 static bool generator_part_enabled(const char *variable) {
         const char *v = getenv(variable);
         return !v || !streq(v, "0");
@@ -514,14 +517,16 @@ static char *generate(uint64_t seed) {
         Gen g = { .state = seed * 1000003 }, cg = { .state = seed * 7919 + 17 }, qg = { .state = seed * 104729 + 31 },
             rg = { .state = seed * 15485863 + 47 }, ag = { .state = seed * 32452843 + 59 },
             xg = { .state = seed * 49979687 + 71 }, kg = { .state = seed * 67867967 + 83 },
-            hg = { .state = seed * 86028121 + 97 };
+            hg = { .state = seed * 86028121 + 97 }, lg = { .state = seed * 104395301 + 101 };
         bool also = generator_part_enabled("TEST_SHARED_DIFF_ALSO"),
              extra = generator_part_enabled("TEST_SHARED_DIFF_EXTRA"),
              cancels = generator_part_enabled("TEST_SHARED_DIFF_CANCEL"),
-             quarantines = generator_part_enabled("TEST_SHARED_DIFF_QUARANTINE");
+             quarantines = generator_part_enabled("TEST_SHARED_DIFF_QUARANTINE"),
+             reloads = generator_part_enabled("TEST_SHARED_DIFF_RELOAD");
         char *text = NULL;
         size_t size = 0;
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
+        unsigned qts[POOLS_MAX] = {}, qcts[POOLS_MAX] = {}; /* queue timeouts and congestion timeouts, ms */
         unsigned n_lanes = 1 + gen_below(&g, LANES_MAX);
         unsigned lane_max_k[LANES_MAX], lane_max_limit[LANES_MAX], reserved[POOLS_MAX] = {};
         GenPool pools[POOLS_MAX] = {};
@@ -534,6 +539,7 @@ static char *generate(uint64_t seed) {
         for (unsigned i = 0; i < n_pools; i++) {
                 unsigned qt = gen_chance(&g, 20) ? 0 : 200 + 100 * gen_below(&g, 40);
                 limits[i] = 1 + gen_below(&g, 6);
+                qts[i] = qt;
                 fprintf(g.f, "%s\"p%u\": {\"limit\": %u", i > 0 ? ", " : "", i, limits[i]);
                 if (qt > 0)
                         fprintf(g.f, ", \"queue-timeout\": \"%ums\"", qt);
@@ -554,8 +560,10 @@ static char *generate(uint64_t seed) {
                                 gen_print_set(g.f, pools[i].y, limits[i]);
                         }
                 }
-                if (gen_chance(&g, 40) && qt > 0) /* at most the queue timeout (conf.c) */
-                        fprintf(g.f, ", \"queue-congestion-timeout\": \"%ums\"", 100 * gen_below(&g, 1 + qt / 100));
+                if (gen_chance(&g, 40) && qt > 0) { /* at most the queue timeout (conf.c) */
+                        qcts[i] = 100 * gen_below(&g, 1 + qt / 100);
+                        fprintf(g.f, ", \"queue-congestion-timeout\": \"%ums\"", qcts[i]);
+                }
                 if (gen_chance(&g, 40))
                         fprintf(g.f, ", \"max-queue\": %u", gen_below(&g, 8));
                 /* Cooldown (issue 23): drawn from a generator of its own, so that the seeds' other draws
@@ -741,6 +749,53 @@ static char *generate(uint64_t seed) {
                         else if (gen_chance(&hg, 70))
                                 fprintf(g.f, ", \"reason\": \"q%u\"", i);
                         fputc('}', g.f);
+                }
+                fputc(']', g.f);
+        }
+        /* (lg: TEST_SHARED_DIFF_RELOAD) Reloads, in time order on the same grid, each changing a few keys: a
+         * lane's priority, a pool's max-queue, a larger limit of a pool of anonymous slots (its requests all still
+         * fit; reserves stay below it), a pool's queue timeout (the CoDel target: never below its congestion
+         * timeout, never none for a pool that had one). */
+        unsigned n_reloads = reloads && gen_chance(&lg, 50) ? 1 + gen_below(&lg, 2) : 0;
+        if (n_reloads > 0) {
+                unsigned at = 0, grown[POOLS_MAX]; /* limits[] stays the first config's: the phases below fit it */
+                memcpy(grown, limits, sizeof grown);
+                fputs(", \"reloads\": [", g.f);
+                for (unsigned i = 0; i < n_reloads; i++) {
+                        at += 100 * (1 + gen_below(&lg, 40));
+                        fprintf(g.f, "%s{\"at\": \"%ums\", \"pools\": {", i > 0 ? ", " : "", at);
+                        const char *sep = "";
+                        for (unsigned p = 0; p < n_pools; p++) {
+                                bool limit = !pools[p].members && gen_chance(&lg, 30),
+                                     queue = gen_chance(&lg, 20), timeout = qts[p] > 0 && gen_chance(&lg, 30);
+                                if (!limit && !queue && !timeout)
+                                        continue;
+                                fprintf(g.f, "%s\"p%u\": {", sep, p);
+                                sep = ", ";
+                                const char *k = "";
+                                if (limit) {
+                                        grown[p] += 1 + gen_below(&lg, 2);
+                                        fprintf(g.f, "\"limit\": %u", grown[p]);
+                                        k = ", ";
+                                }
+                                if (queue) {
+                                        fprintf(g.f, "%s\"max-queue\": %u", k, gen_below(&lg, 8));
+                                        k = ", ";
+                                }
+                                if (timeout) {
+                                        qts[p] = MAX(qcts[p], 100u) + 100 * gen_below(&lg, 40);
+                                        fprintf(g.f, "%s\"queue-timeout\": \"%ums\"", k, qts[p]);
+                                }
+                                fputc('}', g.f);
+                        }
+                        fputs("}, \"lanes\": {", g.f);
+                        sep = "";
+                        for (unsigned l = 0; l < n_lanes; l++)
+                                if (gen_chance(&lg, 40)) {
+                                        fprintf(g.f, "%s\"%c\": {\"priority\": %u}", sep, 'a' + l, gen_below(&lg, 3));
+                                        sep = ", ";
+                                }
+                        fputs("}}", g.f);
                 }
                 fputc(']', g.f);
         }
