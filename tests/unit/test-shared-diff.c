@@ -24,8 +24,11 @@
  * of each, contending with the one-pool lanes of the same pools; TEST_SHARED_DIFF_ALSO=0: none). And, from a stream
  * of their own (TEST_SHARED_DIFF_EXTRA=0: none): health = also, client-wait = ignore, a lane's queue-timeout =
  * infinity, reserve = 2, requests of up to the limit or naming a member and a label or two labels, phases that tell
- * an exit status, do not wait or cap their wait, and a second phase. Compared too: MEMBER and DRAIN events.
- * The simulator has no cancels: those are test-engine's (memo §5.1, test-engine-shared). Without redis-server the whole test is one TAP skip.
+ * an exit status, do not wait or cap their wait, and a second phase. Compared too: MEMBER and DRAIN events. Each from
+ * a stream of its own too: requests whose client goes away after a while (a cancel while they wait;
+ * TEST_SHARED_DIFF_CANCEL=0: none), members quarantined and restored by hand (TEST_SHARED_DIFF_QUARANTINE=0), and
+ * reloads of a lane's priority, a pool's limit, max-queue and queue timeout (TEST_SHARED_DIFF_RELOAD=0). Without
+ * redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
  * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED, TEST_SHARED_DIFF_FIRST=S from seed S
  * on (1: the default), to run one again. */
@@ -474,10 +477,17 @@ static bool generator_part_enabled(const char *variable) {
         return !v || !streq(v, "0");
 }
 
+/* need[p] of each pool p of lane_pools (bit p) is at least k. */
+static void gen_need(unsigned *need, unsigned lane_pools, unsigned k) {
+        for (unsigned p = 0; p < POOLS_MAX; p++)
+                if ((lane_pools >> p) & 1)
+                        need[p] = MAX(need[p], k);
+}
+
 /* An all-or-nothing set (SPEC §3.5) on 60% of the lanes that leave some pool out: one or two of the pools the
  * lane does not route to (conf.c: never its own), each for 1 to 3 of its slots (at most its limit), the count
  * written as "p1:1" at times (the default spelled out). */
-static void gen_also(Gen *g, FILE *f, const unsigned *limits, unsigned n_pools, unsigned lane_pools) {
+static void gen_also(Gen *g, FILE *f, const unsigned *limits, unsigned n_pools, unsigned lane_pools, unsigned *need) {
         unsigned others[POOLS_MAX], n_others = 0;
         for (unsigned p = 0; p < n_pools; p++)
                 if (!((lane_pools >> p) & 1))
@@ -489,6 +499,7 @@ static void gen_also(Gen *g, FILE *f, const unsigned *limits, unsigned n_pools, 
         for (unsigned i = 0; i < n; i++) {
                 unsigned p = others[(first + i) % n_others];
                 unsigned k = gen_chance(g, 60) ? 1 : 1 + gen_below(g, MIN(limits[p], 3u));
+                need[p] = MAX(need[p], k);
                 fprintf(f, "%s\"p%u", i > 0 ? ", " : "", p);
                 if (k > 1 || gen_chance(g, 20))
                         fprintf(f, ":%u", k);
@@ -532,6 +543,7 @@ static char *generate(uint64_t seed) {
         GenPool pools[POOLS_MAX] = {};
         unsigned lane_pools[LANES_MAX] = {};   /* bit p: pool p */
         GenSel lane_sel[LANES_MAX] = {};
+        unsigned need[POOLS_MAX] = {};         /* the most slots a request of a lane with the pool asks of it */
 
         g.f = open_memstream(&text, &size);
         assert_non_null(g.f);
@@ -632,7 +644,7 @@ static char *generate(uint64_t seed) {
                         fprintf(g.f, ", \"health\": \"%s\"", extra && gen_chance(&xg, 40) ? "also" : "yes");
                 /* also= (issue 22 item 4), from a generator of its own: a health lane takes none (conf.c). */
                 if (also && !health)
-                        gen_also(&ag, g.f, limits, n_pools, lane_pools[l]);
+                        gen_also(&ag, g.f, limits, n_pools, lane_pools[l], need);
                 if (all_members && gen_chance(&g, 15)) {
                         GenSel t = { .member = -1 };
                         if (gen_chance(&g, 50))
@@ -680,6 +692,7 @@ static char *generate(uint64_t seed) {
                 if (cancels && gen_chance(&kg, 20))
                         fprintf(g.f, ", \"cancel\": \"%ums\"", 100 * (1 + gen_below(&kg, 30)));
                 fprintf(g.f, ", \"slots\": %u}", k);
+                gen_need(need, lane_pools[l], k);
         }
         fputc(']', g.f);
         /* Drains with a reason, some until a time, some undrained by hand (issue 23), on the same grid. */
@@ -752,53 +765,6 @@ static char *generate(uint64_t seed) {
                 }
                 fputc(']', g.f);
         }
-        /* (lg: TEST_SHARED_DIFF_RELOAD) Reloads, in time order on the same grid, each changing a few keys: a
-         * lane's priority, a pool's max-queue, a larger limit of a pool of anonymous slots (its requests all still
-         * fit; reserves stay below it), a pool's queue timeout (the CoDel target: never below its congestion
-         * timeout, never none for a pool that had one). */
-        unsigned n_reloads = reloads && gen_chance(&lg, 50) ? 1 + gen_below(&lg, 2) : 0;
-        if (n_reloads > 0) {
-                unsigned at = 0, grown[POOLS_MAX]; /* limits[] stays the first config's: the phases below fit it */
-                memcpy(grown, limits, sizeof grown);
-                fputs(", \"reloads\": [", g.f);
-                for (unsigned i = 0; i < n_reloads; i++) {
-                        at += 100 * (1 + gen_below(&lg, 40));
-                        fprintf(g.f, "%s{\"at\": \"%ums\", \"pools\": {", i > 0 ? ", " : "", at);
-                        const char *sep = "";
-                        for (unsigned p = 0; p < n_pools; p++) {
-                                bool limit = !pools[p].members && gen_chance(&lg, 30),
-                                     queue = gen_chance(&lg, 20), timeout = qts[p] > 0 && gen_chance(&lg, 30);
-                                if (!limit && !queue && !timeout)
-                                        continue;
-                                fprintf(g.f, "%s\"p%u\": {", sep, p);
-                                sep = ", ";
-                                const char *k = "";
-                                if (limit) {
-                                        grown[p] += 1 + gen_below(&lg, 2);
-                                        fprintf(g.f, "\"limit\": %u", grown[p]);
-                                        k = ", ";
-                                }
-                                if (queue) {
-                                        fprintf(g.f, "%s\"max-queue\": %u", k, gen_below(&lg, 8));
-                                        k = ", ";
-                                }
-                                if (timeout) {
-                                        qts[p] = MAX(qcts[p], 100u) + 100 * gen_below(&lg, 40);
-                                        fprintf(g.f, "%s\"queue-timeout\": \"%ums\"", k, qts[p]);
-                                }
-                                fputc('}', g.f);
-                        }
-                        fputs("}, \"lanes\": {", g.f);
-                        sep = "";
-                        for (unsigned l = 0; l < n_lanes; l++)
-                                if (gen_chance(&lg, 40)) {
-                                        fprintf(g.f, "%s\"%c\": {\"priority\": %u}", sep, 'a' + l, gen_below(&lg, 3));
-                                        sep = ", ";
-                                }
-                        fputs("}}", g.f);
-                }
-                fputc(']', g.f);
-        }
         if (gen_chance(&g, 50)) {
                 /* A phase of generated arrivals on top: a steady stream colliding with the explicit ones. */
                 unsigned l = gen_below(&g, n_lanes);
@@ -810,6 +776,7 @@ static char *generate(uint64_t seed) {
                                 if ((lane_pools[l] >> p) & 1)
                                         max_k = MAX(max_k, MIN(gen_capacity(&pools[p], &lane_sel[l], NULL), 3u));
                 }
+                gen_need(need, lane_pools[l], max_k);
                 fprintf(g.f, ", \"arrivals\": [{\"rate\": \"%u/s\", \"for\": \"%us\", \"hold\": \"%ums\", \"lane\": \"%c\", "
                         "\"slots\": %u",
                         1 + gen_below(&g, 40), 1 + gen_below(&g, 8), 50 * (1 + gen_below(&g, 20)), 'a' + l,
@@ -824,6 +791,7 @@ static char *generate(uint64_t seed) {
                                                 k2 = MIN(k2, limits[p]);
                                 if (lane_sel[l2].x != 0 || lane_sel[l2].y != 0)
                                         k2 = 1; /* the lane's labels leave a member in one of its pools at least */
+                                gen_need(need, lane_pools[l2], k2);
                                 fprintf(g.f, "}, {\"rate\": \"%u/s\", \"for\": \"%us\", \"hold\": \"%ums\", "
                                         "\"lane\": \"%c\", \"slots\": %u",
                                         1 + gen_below(&xg, 40), 1 + gen_below(&xg, 4), 50 * (1 + gen_below(&xg, 20)),
@@ -832,6 +800,66 @@ static char *generate(uint64_t seed) {
                         }
                 }
                 fputs("}]", g.f);
+        }
+        /* (lg: TEST_SHARED_DIFF_RELOAD) Reloads, in time order on the same grid, each changing a few keys: a
+         * lane's priority, a pool's max-queue, the limit of a pool of anonymous slots (larger, or smaller down to
+         * what its requests need and its reserves leave: `need`), a pool's queue timeout (the CoDel target: never
+         * below its congestion timeout, never none for a pool that had one) and congestion timeout, a pool's
+         * cooldown. */
+        unsigned n_reloads = reloads && gen_chance(&lg, 50) ? 1 + gen_below(&lg, 2) : 0;
+        if (n_reloads > 0) {
+                unsigned at = 0, grown[POOLS_MAX];
+                memcpy(grown, limits, sizeof grown);
+                fputs(", \"reloads\": [", g.f);
+                for (unsigned i = 0; i < n_reloads; i++) {
+                        at += 100 * (1 + gen_below(&lg, 40));
+                        fprintf(g.f, "%s{\"at\": \"%ums\", \"pools\": {", i > 0 ? ", " : "", at);
+                        const char *sep = "";
+                        for (unsigned p = 0; p < n_pools; p++) {
+                                bool limit = !pools[p].members && gen_chance(&lg, 30),
+                                     queue = gen_chance(&lg, 20), timeout = qts[p] > 0 && gen_chance(&lg, 30),
+                                     cooldown = gen_chance(&lg, 15);
+                                if (!limit && !queue && !timeout && !cooldown)
+                                        continue;
+                                fprintf(g.f, "%s\"p%u\": {", sep, p);
+                                sep = ", ";
+                                const char *k = "";
+                                if (limit) {
+                                        unsigned lo = MAX(need[p], reserved[p] + 1);
+                                        if (lo < grown[p] && gen_chance(&lg, 50))
+                                                grown[p] = lo + gen_below(&lg, grown[p] - lo);
+                                        else
+                                                grown[p] += 1 + gen_below(&lg, 2);
+                                        fprintf(g.f, "\"limit\": %u", grown[p]);
+                                        k = ", ";
+                                }
+                                if (queue) {
+                                        fprintf(g.f, "%s\"max-queue\": %u", k, gen_below(&lg, 8));
+                                        k = ", ";
+                                }
+                                if (timeout) {
+                                        qts[p] = MAX(qcts[p], 100u) + 100 * gen_below(&lg, 40);
+                                        fprintf(g.f, "%s\"queue-timeout\": \"%ums\"", k, qts[p]);
+                                        k = ", ";
+                                        if (gen_chance(&lg, 30)) { /* and its congestion timeout, at most it */
+                                                qcts[p] = 100 * gen_below(&lg, 1 + qts[p] / 100);
+                                                fprintf(g.f, ", \"queue-congestion-timeout\": \"%ums\"", qcts[p]);
+                                        }
+                                }
+                                if (cooldown)
+                                        fprintf(g.f, "%s\"cooldown\": \"%ums\"", k, 100 + 100 * gen_below(&lg, 15));
+                                fputc('}', g.f);
+                        }
+                        fputs("}, \"lanes\": {", g.f);
+                        sep = "";
+                        for (unsigned l = 0; l < n_lanes; l++)
+                                if (gen_chance(&lg, 40)) {
+                                        fprintf(g.f, "%s\"%c\": {\"priority\": %u}", sep, 'a' + l, gen_below(&lg, 3));
+                                        sep = ", ";
+                                }
+                        fputs("}}", g.f);
+                }
+                fputc(']', g.f);
         }
         fputc('}', g.f);
         assert_int_equal(fclose(g.f), 0);
