@@ -78,6 +78,16 @@ int scenario_new(const char *origin, Scenario **ret) {
         return 0;
 }
 
+static void drains_free(ScenarioDrain *d, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                free(d[i].pool);
+                free(d[i].member);
+                free(d[i].reason);
+                free(d[i].origin);
+        }
+        free(d);
+}
+
 Scenario *scenario_free(Scenario *s) {
         if (!s)
                 return NULL;
@@ -103,13 +113,8 @@ Scenario *scenario_free(Scenario *s) {
         }
         free(s->requests);
         free(s->request_order);
-        for (size_t i = 0; i < s->n_drains; i++) {
-                free(s->drains[i].pool);
-                free(s->drains[i].member);
-                free(s->drains[i].reason);
-                free(s->drains[i].origin);
-        }
-        free(s->drains);
+        drains_free(s->drains, s->n_drains);
+        drains_free(s->quarantines, s->n_quarantines);
         for (size_t i = 0; i < s->n_reservations; i++) {
                 free(s->reservations[i].pool);
                 free(s->reservations[i].member);
@@ -118,13 +123,6 @@ Scenario *scenario_free(Scenario *s) {
                 free(s->reservations[i].origin);
         }
         free(s->reservations);
-        for (size_t i = 0; i < s->n_quarantines; i++) {
-                free(s->quarantines[i].pool);
-                free(s->quarantines[i].member);
-                free(s->quarantines[i].reason);
-                free(s->quarantines[i].origin);
-        }
-        free(s->quarantines);
         free(s->cancel_order);
         free(s->reloads);
         free(s->origin);
@@ -399,16 +397,6 @@ static void sort_reservations(ScenarioReservation *d, size_t n) {
         }
 }
 
-static void sort_quarantines(ScenarioQuarantine *d, size_t n) {
-        for (size_t i = 1; i < n; i++) {
-                ScenarioQuarantine x = d[i];
-                size_t k = i;
-                for (; k > 0 && d[k - 1].at_ms > x.at_ms; k--)
-                        d[k] = d[k - 1];
-                d[k] = x;
-        }
-}
-
 static uint64_t request_cancel_at(const ScenarioRequest *q) {
         return q->cancel_ms > SIM_FOREVER - q->at_ms ? SIM_FOREVER : q->at_ms + q->cancel_ms;
 }
@@ -498,7 +486,7 @@ int scenario_finish(Scenario *s, char **error) {
         if (s->n_reservations > ARRIVALS_MAX - total - s->n_requests)
                 return scenario_error(error, "%s: too many reservations", s->origin);
         sort_reservations(s->reservations, s->n_reservations);
-        sort_quarantines(s->quarantines, s->n_quarantines);
+        sort_drains(s->quarantines, s->n_quarantines);
         r = order_cancels(s);
         if (r < 0)
                 return r;
@@ -718,7 +706,7 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
         }
         /* As slotctl quarantine and restore are refused: a pool without members, a member it does not have. */
         for (size_t i = 0; i < s->n_quarantines; i++) {
-                const ScenarioQuarantine *q = &s->quarantines[i];
+                const ScenarioDrain *q = &s->quarantines[i];
                 const PoolConfig *p = conf_find_pool(c, q->pool);
                 if (p && !strv_contains(p->members, q->member)) {
                         r = scenario_error(error, "%s.member: pool \"%s\" has no member \"%s\"", q->origin, q->pool,
@@ -1427,20 +1415,24 @@ static int parse_action_key(const Scenario *s, const char *key, const json_t *v,
         return r < 0 ? r : 1;
 }
 
-/* drains: [{"at", "pool", "member", "reason", "until"} or {"at", "pool", "member", "undrain": true}]. The
- * member is checked against the pool's members= by scenario_build_config(), which has the configuration. */
-static int parse_drains(Scenario *s, const json_t *drains, char **error) {
-        size_t i;
+/* drains: [{"at", "pool", "member", "reason", "until"} or {"at", "pool", "member", "undrain": true}]; with
+ * `quarantines`, the scenario's quarantines: [{"at", "pool", "member", "reason"} or {"at", "pool", "member",
+ * "restore": true}], as `slotctl quarantine` and `restore` take them. The member is checked against the pool's
+ * members= by scenario_build_config(), which has the configuration. */
+static int parse_drains(Scenario *s, const json_t *drains, bool quarantines, char **error) {
+        const char *name = quarantines ? "quarantines" : "drains", *undrain = quarantines ? "restore" : "undrain";
+        ScenarioDrain **list = quarantines ? &s->quarantines : &s->drains;
+        size_t *n = quarantines ? &s->n_quarantines : &s->n_drains, i;
         json_t *d;
         int r;
 
         if (!json_is_array(drains))
-                return scenario_error(error, "%s: drains: expected an array, got %s", s->origin, json_kind(drains));
+                return scenario_error(error, "%s: %s: expected an array, got %s", s->origin, name, json_kind(drains));
         if (json_array_size(drains) > 0) {
-                ScenarioDrain *all = reallocarray(s->drains, s->n_drains + json_array_size(drains), sizeof(ScenarioDrain));
+                ScenarioDrain *all = reallocarray(*list, *n + json_array_size(drains), sizeof(ScenarioDrain));
                 if (!all)
                         return -ENOMEM;
-                s->drains = all;
+                *list = all;
         }
 
         json_array_foreach(drains, i, d) {
@@ -1448,11 +1440,11 @@ static int parse_drains(Scenario *s, const json_t *drains, char **error) {
                 const char *key;
                 json_t *v;
 
-                if (asprintf(&x.origin, "%s: drains[%zu]", s->origin, i) < 0)
+                if (asprintf(&x.origin, "%s: %s[%zu]", s->origin, name, i) < 0)
                         return -ENOMEM;
                 /* Owned by the scenario from here: freed with it whatever follows. */
-                s->drains[s->n_drains++] = x;
-                ScenarioDrain *e = &s->drains[s->n_drains - 1];
+                (*list)[(*n)++] = x;
+                ScenarioDrain *e = &(*list)[*n - 1];
                 if (!json_is_object(d))
                         return scenario_error(error, "%s: expected an object, got %s", e->origin, json_kind(d));
 
@@ -1461,11 +1453,11 @@ static int parse_drains(Scenario *s, const json_t *drains, char **error) {
                         if (asprintf(&path, "%s.%s", e->origin, key) < 0)
                                 return -ENOMEM;
 
-                        if (streq(key, "until")) {
+                        if (streq(key, "until") && !quarantines) {
                                 r = parse_duration_value(v, false, path, error, &e->until_ms);
                                 if (r < 0)
                                         return r;
-                        } else if (streq(key, "undrain")) {
+                        } else if (streq(key, undrain)) {
                                 if (!json_is_boolean(v))
                                         return scenario_error(error, "%s: expected a boolean, got %s", path, json_kind(v));
                                 e->undrain = json_is_true(v);
@@ -1482,8 +1474,11 @@ static int parse_drains(Scenario *s, const json_t *drains, char **error) {
                         return scenario_error(error, "%s.at: missing", e->origin);
                 if (!e->pool)
                         return scenario_error(error, "%s.pool: missing", e->origin);
+                if (quarantines && !e->member)
+                        return scenario_error(error, "%s.member: missing", e->origin);
                 if (e->undrain && (e->reason || e->until_ms != SIM_FOREVER))
-                        return scenario_error(error, "%s: an undrain takes no reason or until", e->origin);
+                        return scenario_error(error, "%s: %s", e->origin,
+                                              quarantines ? "a restore takes no reason" : "an undrain takes no reason or until");
                 if (e->until_ms != SIM_FOREVER && e->until_ms <= e->at_ms)
                         return scenario_error(error, "%s.until: not after its at (a drain until the past)", e->origin);
         }
@@ -1556,66 +1551,6 @@ static int parse_reservations(Scenario *s, const json_t *list, char **error) {
                         return scenario_error(error, "%s.reason: empty", e->origin);
                 if (e->member && e->labels)
                         return scenario_error(error, "%s: a member or labels, not both", e->origin);
-        }
-        return 0;
-}
-
-/* quarantines: [{"at", "pool", "member", "reason"} or {"at", "pool", "member", "restore": true}], as `slotctl
- * quarantine` and `slotctl restore` take them. The member is checked by scenario_build_config(). */
-static int parse_quarantines(Scenario *s, const json_t *list, char **error) {
-        size_t i;
-        json_t *d;
-        int r;
-
-        if (!json_is_array(list))
-                return scenario_error(error, "%s: quarantines: expected an array, got %s", s->origin, json_kind(list));
-        if (json_array_size(list) > 0) {
-                ScenarioQuarantine *all = reallocarray(s->quarantines, s->n_quarantines + json_array_size(list),
-                                                       sizeof(ScenarioQuarantine));
-                if (!all)
-                        return -ENOMEM;
-                s->quarantines = all;
-        }
-
-        json_array_foreach(list, i, d) {
-                ScenarioQuarantine x = { .at_ms = SIM_FOREVER };
-                const char *key;
-                json_t *v;
-
-                if (asprintf(&x.origin, "%s: quarantines[%zu]", s->origin, i) < 0)
-                        return -ENOMEM;
-                /* Owned by the scenario from here: freed with it whatever follows. */
-                s->quarantines[s->n_quarantines++] = x;
-                ScenarioQuarantine *e = &s->quarantines[s->n_quarantines - 1];
-                if (!json_is_object(d))
-                        return scenario_error(error, "%s: expected an object, got %s", e->origin, json_kind(d));
-
-                json_object_foreach(d, key, v) {
-                        _cleanup_free_ char *path = NULL;
-                        if (asprintf(&path, "%s.%s", e->origin, key) < 0)
-                                return -ENOMEM;
-
-                        if (streq(key, "restore")) {
-                                if (!json_is_boolean(v))
-                                        return scenario_error(error, "%s: expected a boolean, got %s", path, json_kind(v));
-                                e->restore = json_is_true(v);
-                        } else {
-                                r = parse_action_key(s, key, v, path, error, &e->at_ms, &e->pool, &e->member,
-                                                     &e->reason);
-                                if (r < 0)
-                                        return r;
-                                if (r == 0)
-                                        return scenario_error(error, "%s: unknown key", path);
-                        }
-                }
-                if (e->at_ms == SIM_FOREVER)
-                        return scenario_error(error, "%s.at: missing", e->origin);
-                if (!e->pool)
-                        return scenario_error(error, "%s.pool: missing", e->origin);
-                if (!e->member)
-                        return scenario_error(error, "%s.member: missing", e->origin);
-                if (e->restore && e->reason)
-                        return scenario_error(error, "%s: a restore takes no reason", e->origin);
         }
         return 0;
 }
@@ -1734,7 +1669,7 @@ static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
         }
         v = json_object_get(root, "drains");
         if (v) {
-                r = parse_drains(s, v, error);
+                r = parse_drains(s, v, false, error);
                 if (r < 0)
                         return r;
         }
@@ -1753,7 +1688,7 @@ static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
         }
         v = json_object_get(root, "quarantines");
         if (v) {
-                r = parse_quarantines(s, v, error);
+                r = parse_drains(s, v, true, error);
                 if (r < 0)
                         return r;
         }

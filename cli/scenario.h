@@ -69,7 +69,8 @@ typedef struct ScenarioRequest {
 } ScenarioRequest;
 
 /* A drain or an undrain of a pool or member at an instant, as `slotctl drain POOL [MEMBER] --reason TEXT
- * [--until TIME]` and `slotctl undrain` (SPEC §3.6). */
+ * [--until TIME]` and `slotctl undrain` (SPEC §3.6). In Scenario.quarantines: a member quarantined by hand, as
+ * `slotctl quarantine POOL MEMBER --reason TEXT`, or restored (undrain), as `slotctl restore`; no until. */
 typedef struct ScenarioDrain {
         uint64_t at_ms;
         char *pool;
@@ -77,7 +78,7 @@ typedef struct ScenarioDrain {
         bool undrain;
         uint64_t until_ms; /* > at_ms: undrained by itself then; SIM_FOREVER: never */
         char *reason;      /* NULL: none */
-        char *origin;      /* "scenario.json: drains[0]" */
+        char *origin;      /* "scenario.json: drains[0]", "scenario.json: quarantines[0]" */
 } ScenarioDrain;
 
 /* A reservation for a person at an instant, as `slotctl reserve POOL [--member M | --label L…] --for DUR
@@ -92,17 +93,6 @@ typedef struct ScenarioReservation {
         char *reason;
         char *origin;      /* "scenario.json: reservations[0]" */
 } ScenarioReservation;
-
-/* A member quarantined or restored by hand at an instant, as `slotctl quarantine POOL MEMBER --reason TEXT` and
- * `slotctl restore POOL MEMBER` (SPEC §3.6). */
-typedef struct ScenarioQuarantine {
-        uint64_t at_ms;
-        char *pool;
-        char *member;
-        bool restore;
-        char *reason;      /* NULL: none */
-        char *origin;      /* "scenario.json: quarantines[0]" */
-} ScenarioQuarantine;
 
 typedef struct Scenario {
         char *origin;                /* the file name, or "slotctl simulate" */
@@ -123,7 +113,7 @@ typedef struct Scenario {
         size_t n_drains;
         ScenarioReservation *reservations; /* by time, stable: file order within an instant */
         size_t n_reservations;
-        ScenarioQuarantine *quarantines; /* by time, stable: file order within an instant */
+        ScenarioDrain *quarantines;  /* by time, stable: file order within an instant */
         size_t n_quarantines;
         size_t *cancel_order;        /* the explicit requests with a cancel, by when it comes (at + cancel),
                                       * stable: in request_order within an instant */

@@ -336,9 +336,9 @@ static int sim_quarantine(Sim *sim, uint64_t t) {
 
         for (; sim->next_quarantine < s->n_quarantines && s->quarantines[sim->next_quarantine].at_ms == t;
              sim->next_quarantine++) {
-                const ScenarioQuarantine *q = &s->quarantines[sim->next_quarantine];
+                const ScenarioDrain *q = &s->quarantines[sim->next_quarantine];
                 EngineQuarantine quarantine = {
-                        .restore = q->restore,
+                        .restore = q->undrain,
                         .since = now,
                         .exit_status = -1,
                         .reason = q->reason,
