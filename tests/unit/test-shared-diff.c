@@ -27,8 +27,8 @@
  * an exit status, do not wait or cap their wait, and a second phase. Compared too: MEMBER and DRAIN events. Each from
  * a stream of its own too: requests whose client goes away after a while (a cancel while they wait;
  * TEST_SHARED_DIFF_CANCEL=0: none), members quarantined and restored by hand (TEST_SHARED_DIFF_QUARANTINE=0), and
- * reloads of a lane's priority, a pool's limit, max-queue and queue timeout (TEST_SHARED_DIFF_RELOAD=0). Without
- * redis-server the whole test is one TAP skip.
+ * reloads of a lane's priority and of a pool's limit, max-queue, timeouts, cooldown and members' labels
+ * (TEST_SHARED_DIFF_RELOAD=0). Without redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
  * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED, TEST_SHARED_DIFF_FIRST=S from seed S
  * on (1: the default), to run one again. */
@@ -420,7 +420,7 @@ static void gen_print_set(FILE *f, unsigned set, unsigned limit) {
  * pool of the lane has members for it (with the lane's labels); *k is lowered to what the best such pool can
  * give (a request no pool can ever serve is refused InvalidParameter: the simulator takes none). */
 static void gen_request_selector(Gen *g, Gen *xg, const GenPool *pools, unsigned n_pools, unsigned lane_pools,
-                                 const GenSel *lane_sel, unsigned *k) {
+                                 const GenSel *lane_sel, unsigned *k, unsigned *named) {
         bool all_members = true;
         for (unsigned p = 0; p < n_pools; p++)
                 if ((lane_pools >> p) & 1)
@@ -458,8 +458,10 @@ static void gen_request_selector(Gen *g, Gen *xg, const GenPool *pools, unsigned
                 gen_print_terms(g->f, &s);
                 fputc(']', g->f);
         }
-        if (s.member >= 0)
+        if (s.member >= 0) {
                 fprintf(g->f, ", \"member\": \"m%d\"", s.member);
+                *named |= lane_pools; /* its pools' labels must stay on their members (a reload's relabelling) */
+        }
 }
 
 /* Whether the part of the generator that `variable` names is on (anything but "0"). Each such part draws from
@@ -471,7 +473,8 @@ static void gen_request_selector(Gen *g, Gen *xg, const GenPool *pools, unsigned
  *   do not wait or cap their wait, a second phase;
  * - TEST_SHARED_DIFF_CANCEL: requests whose client goes away after a while (a cancel, if still undecided);
  * - TEST_SHARED_DIFF_QUARANTINE: members quarantined and restored by hand;
- * - TEST_SHARED_DIFF_RELOAD: reloads of a lane's priority, a pool's limit, max-queue and queue timeout. */
+ * - TEST_SHARED_DIFF_RELOAD: reloads of a lane's priority, a pool's limit, max-queue, queue and congestion
+ *   timeouts, cooldown and its members' labels. */
 static bool generator_part_enabled(const char *variable) {
         const char *v = getenv(variable);
         return !v || !streq(v, "0");
@@ -544,6 +547,7 @@ static char *generate(uint64_t seed) {
         unsigned lane_pools[LANES_MAX] = {};   /* bit p: pool p */
         GenSel lane_sel[LANES_MAX] = {};
         unsigned need[POOLS_MAX] = {};         /* the most slots a request of a lane with the pool asks of it */
+        unsigned named = 0;                    /* bit p: a request names a member of pool p */
 
         g.f = open_memstream(&text, &size);
         assert_non_null(g.f);
@@ -682,7 +686,7 @@ static char *generate(uint64_t seed) {
                         fputs(", \"wait\": false", g.f);
                 if (gen_chance(&g, 25))
                         fprintf(g.f, ", \"max-wait\": \"%ums\"", 100 * (1 + gen_below(&g, 30)));
-                gen_request_selector(&g, extra ? &xg : NULL, pools, n_pools, lane_pools[l], &lane_sel[l], &k);
+                gen_request_selector(&g, extra ? &xg : NULL, pools, n_pools, lane_pools[l], &lane_sel[l], &k, &named);
                 /* What its command tells at the end: success, a test's failure, a quarantine status. */
                 if (gen_chance(&qg, 50)) {
                         static const int statuses[] = { 0, 0, 1, 3, 3, 4 };
@@ -805,11 +809,13 @@ static char *generate(uint64_t seed) {
          * lane's priority, a pool's max-queue, the limit of a pool of anonymous slots (larger, or smaller down to
          * what its requests need and its reserves leave: `need`), a pool's queue timeout (the CoDel target: never
          * below its congestion timeout, never none for a pool that had one) and congestion timeout, a pool's
-         * cooldown. */
+         * cooldown, the labels of a pool's members (shuffled among them). */
         unsigned n_reloads = reloads && gen_chance(&lg, 50) ? 1 + gen_below(&lg, 2) : 0;
         if (n_reloads > 0) {
                 unsigned at = 0, grown[POOLS_MAX];
+                GenPool relabelled[POOLS_MAX];
                 memcpy(grown, limits, sizeof grown);
+                memcpy(relabelled, pools, sizeof relabelled);
                 fputs(", \"reloads\": [", g.f);
                 for (unsigned i = 0; i < n_reloads; i++) {
                         at += 100 * (1 + gen_below(&lg, 40));
@@ -818,8 +824,9 @@ static char *generate(uint64_t seed) {
                         for (unsigned p = 0; p < n_pools; p++) {
                                 bool limit = !pools[p].members && gen_chance(&lg, 30),
                                      queue = gen_chance(&lg, 20), timeout = qts[p] > 0 && gen_chance(&lg, 30),
-                                     cooldown = gen_chance(&lg, 15);
-                                if (!limit && !queue && !timeout && !cooldown)
+                                     cooldown = gen_chance(&lg, 15),
+                                     relabel = pools[p].members && !((named >> p) & 1) && gen_chance(&lg, 50);
+                                if (!limit && !queue && !timeout && !cooldown && !relabel)
                                         continue;
                                 fprintf(g.f, "%s\"p%u\": {", sep, p);
                                 sep = ", ";
@@ -846,8 +853,36 @@ static char *generate(uint64_t seed) {
                                                 fprintf(g.f, ", \"queue-congestion-timeout\": \"%ums\"", qcts[p]);
                                         }
                                 }
-                                if (cooldown)
+                                if (cooldown) {
                                         fprintf(g.f, "%s\"cooldown\": \"%ums\"", k, 100 + 100 * gen_below(&lg, 15));
+                                        k = ", ";
+                                }
+                                if (relabel) {
+                                        /* The members' label sets shuffled among them: every label selector
+                                         * matches as many members as before (so every request still fits), not
+                                         * the same ones; not where a request names a member. */
+                                        GenPool *q = &relabelled[p];
+                                        unsigned perm[8], x = 0, y = 0;
+                                        for (unsigned m = 0; m < q->limit; m++)
+                                                perm[m] = m;
+                                        for (unsigned m = q->limit; m > 1; m--) {
+                                                unsigned j = gen_below(&lg, m), t = perm[m - 1];
+                                                perm[m - 1] = perm[j];
+                                                perm[j] = t;
+                                        }
+                                        for (unsigned m = 0; m < q->limit; m++) {
+                                                x |= ((q->x >> m) & 1) << perm[m];
+                                                y |= ((q->y >> m) & 1) << perm[m];
+                                        }
+                                        q->x = x;
+                                        q->y = y;
+                                        fprintf(g.f, "%s\"label.x\": ", k);
+                                        gen_print_set(g.f, x, q->limit);
+                                        if (pools[p].y != 0) {
+                                                fputs(", \"label.y\": ", g.f);
+                                                gen_print_set(g.f, y, q->limit);
+                                        }
+                                }
                                 fputc('}', g.f);
                         }
                         fputs("}, \"lanes\": {", g.f);
