@@ -613,6 +613,22 @@ static int member_state_leaving(Manager *m, const BrokerConfig *c, MemberStateEn
         return 0;
 }
 
+/* Appends n entries to member_pending, taking their strings (not the array: the caller's); out of memory, frees
+ * them. members.state is written again either way. */
+static void member_pending_take(Manager *m, MemberStateEntry *e, size_t n) {
+        MemberStateEntry *a = reallocarray(m->member_pending, m->n_member_pending + n, sizeof(MemberStateEntry));
+        if (a) {
+                memcpy(a + m->n_member_pending, e, n * sizeof(MemberStateEntry));
+                m->member_pending = a;
+                m->n_member_pending += n;
+        } else {
+                log_oom();
+                for (size_t i = 0; i < n; i++)
+                        member_state_entry_done(e + i);
+        }
+        m->member_state_dirty = true;
+}
+
 /* A quarantine or restore told by an in-process pool that left the configuration (EngineEvent.retired): its
  * last lease's exit status did it. Such a pool goes with that lease, and its members' lives with it, and
  * members.state lists only the configured pools' lives: the quarantine waits in member_pending, as those the
@@ -649,16 +665,12 @@ static void member_pending_note_retired(Manager *m, const EngineEvent *ev) {
                 .quarantine_job = dup_tracked(ev->job, &oom), .quarantine_exit_status = ev->exit_status,
                 .quarantine_reason = dup_tracked(ev->note, &oom),
         };
-        MemberStateEntry *a = oom ? NULL : reallocarray(m->member_pending, m->n_member_pending + 1,
-                                                        sizeof(MemberStateEntry));
-        if (!a) {
+        if (oom) {
                 log_oom();
                 member_state_entry_done(&q);
                 return;
         }
-        m->member_pending = a;
-        m->member_pending[m->n_member_pending++] = q;
-        m->member_state_dirty = true;
+        member_pending_take(m, &q, 1);
 }
 
 static void manager_write_member_state(Manager *m) {
@@ -1334,20 +1346,9 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         m->methods.config = m->config;
         manager_apply_settings(m);
         manager_apply_token_floor_all(m);
-        if (n_leaving > 0) {
-                MemberStateEntry *a = reallocarray(m->member_pending, m->n_member_pending + n_leaving,
-                                                   sizeof(MemberStateEntry));
-                if (a) {
-                        memcpy(a + m->n_member_pending, leaving, n_leaving * sizeof(MemberStateEntry));
-                        m->member_pending = a;
-                        m->n_member_pending += n_leaving;
-                        free(leaving);
-                } else {
-                        log_oom();
-                        member_state_entries_free(leaving, n_leaving);
-                }
-                m->member_state_dirty = true;
-        }
+        if (n_leaving > 0)
+                member_pending_take(m, leaving, n_leaving);
+        free(leaving);
         if (m->n_member_pending > 0) {
                 /* Drains and quarantines of pools or members this configuration may bring back. */
                 MemberStateEntry *pending = TAKE_PTR(m->member_pending);

@@ -397,10 +397,6 @@ static void sort_reservations(ScenarioReservation *d, size_t n) {
         }
 }
 
-static uint64_t request_cancel_at(const ScenarioRequest *q) {
-        return q->cancel_ms > SIM_FOREVER - q->at_ms ? SIM_FOREVER : q->at_ms + q->cancel_ms;
-}
-
 /* The cancels in request_order, stably sorted by when they come (few: an insertion sort). */
 static int order_cancels(Scenario *s) {
         s->cancel_order = mfree(s->cancel_order);
@@ -420,8 +416,8 @@ static int order_cancels(Scenario *s) {
                         s->n_cancels--;
                         continue;
                 }
-                uint64_t at = request_cancel_at(&s->requests[x]);
-                for (; k > 0 && request_cancel_at(&s->requests[s->cancel_order[k - 1]]) > at; k--)
+                uint64_t at = scenario_request_cancel_at(&s->requests[x]);
+                for (; k > 0 && scenario_request_cancel_at(&s->requests[s->cancel_order[k - 1]]) > at; k--)
                         s->cancel_order[k] = s->cancel_order[k - 1];
                 s->cancel_order[k] = x;
         }

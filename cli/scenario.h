@@ -163,6 +163,11 @@ static inline uint64_t scenario_reservation_id(const Scenario *s, size_t k) {
         return s->n_generated + s->n_requests + k;
 }
 
+/* When request q's cancel comes (at + cancel; SIM_FOREVER: never). */
+static inline uint64_t scenario_request_cancel_at(const ScenarioRequest *q) {
+        return q->cancel_ms > SIM_FOREVER - q->at_ms ? SIM_FOREVER : q->at_ms + q->cancel_ms;
+}
+
 /* What request `id` asks for. */
 const ScenarioTraffic *scenario_traffic(const Scenario *s, uint64_t id);
 /* "C" for an explicit request; generated ones have no stored name (their number is id + 1). */

@@ -387,7 +387,7 @@ static uint64_t sim_next_cancel(Sim *sim) {
                 size_t k = s->cancel_order[sim->next_cancel];
                 /* Not arrived yet (its cancel comes after its arrival), or still undecided: it counts. */
                 if (!sim->requests[k] || sim_request_undecided(sim, k))
-                        return s->requests[k].at_ms + s->requests[k].cancel_ms;
+                        return scenario_request_cancel_at(&s->requests[k]);
                 sim->requests[k] = engine_request_unref(sim->requests[k]);
         }
         return SIM_FOREVER;

@@ -1790,14 +1790,15 @@ static void reclaim_all(SharedPool *p, usec_t now) {
         }
 }
 
-/* The calls in flight when the link went are to go again: those given up meanwhile (call_superseded()) are
- * dropped, not sent after their withdraws (another pool's, for a set's call, goes when that pool is back,
- * maybe first). A reclaim dropped so ends no reclaiming here: the registering tick's answer says whether the
- * pool still reclaims. */
-static void outbox_drop_superseded(SharedPool *p) {
+/* The calls in flight when the link went, or came back, are to go again: those given up meanwhile
+ * (call_superseded()) are dropped, not sent after their withdraws (another pool's, for a set's call, goes when
+ * that pool is back, maybe first). A reclaim dropped so ends no reclaiming here: the registering tick's answer
+ * says whether the pool still reclaims. */
+static void outbox_send_again(SharedPool *p) {
         list_foreach_safe(n, &p->outbox) {
                 Call *c = container_of(n, Call, node);
-                if (!c->sent && call_superseded(p, c))
+                c->sent = false;
+                if (call_superseded(p, c))
                         call_free(c);
         }
 }
@@ -1823,9 +1824,7 @@ void pool_shared_link_up(Pool *base, const char *run_id, usec_t now) {
         p->refused_why = mfree(p->refused_why);
         state_set(p, SHARED_STATE_REGISTERING);
         /* Whatever was in flight is sent again, identical, after the registering tick. */
-        list_foreach(n, &p->outbox)
-                container_of(n, Call, node)->sent = false;
-        outbox_drop_superseded(p);
+        outbox_send_again(p);
         batches_forget(p);
         p->tick_pending = p->run_pending = false;
         list_foreach_safe(n, &p->outbox) {
@@ -1842,9 +1841,7 @@ void pool_shared_link_down(Pool *base, usec_t now) {
         if (!p->link_up)
                 return;
         p->link_up = false;
-        list_foreach(n, &p->outbox)
-                container_of(n, Call, node)->sent = false;
-        outbox_drop_superseded(p);
+        outbox_send_again(p);
         batches_forget(p); /* lost with the link: its calls go again, each idempotent */
         /* A WAIT on the next connection would not cover the writes of this one, and the primary may be
          * another one by then (a failover): the grants held back for their replicas are refused. */
@@ -3843,7 +3840,7 @@ static void set_part_requeue(SharedPool *q, const char *rid, bool named) {
 /* A part that this answer has queued in pool q for a set given up here meanwhile (cancelled, or refused here:
  * its try forgotten). Each pool withdrew its rid with a call of its own, which need not follow the set's call
  * (another pool's goes when that pool serves); a set's call given up is not sent again for that reason
- * (forget_submit(), call_again(), outbox_drop_superseded()), so this is a guard: had a withdraw gone first, it
+ * (forget_submit(), call_again(), outbox_send_again()), so this is a guard: had a withdraw gone first, it
  * found nothing, and this part would wait for nobody, gated, holding back that pool's queue on every node until
  * a reconcile drops it (a minute or more on a pool this node is idle on). Withdrawn again, after this call. A
  * part granted so is released by decision_apply(), as any grant of a forgotten rid. */
