@@ -1036,13 +1036,14 @@ def group_alive(pgid):
 
 def reap(pid=-1):
     """Reaps pid if it has exited; with -1, every child that has exited (as a subreaper, commands whose
-    slotctl died are ours)."""
+    slotctl died are ours); with -PGID, every one of process group PGID (what a killed command left, while
+    the statuses of other children stay for whoever waits for them)."""
     while True:
         try:
             got, _ = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             return
-        if got == 0 or pid != -1:
+        if got == 0 or pid > 0:
             return
 
 
