@@ -482,9 +482,10 @@ static bool lease_maybe_end(Lease *l) {
 }
 
 static void lease_command_check_group(Lease *l) {
-        /* slotctl puts the command in a group of its own; then the whole group must be gone (SPEC §3.4). A
-         * command that shares its parent's group is watched by its leader alone. */
-        if (l->command.pgid == l->command.pid && process_group_is_alive(l->command.pgid))
+        /* slotctl puts the command in a group of its own; then the whole group must be gone (SPEC §3.4): no
+         * member of it running (zombies left unreaped by a parent that never reaps, a container's PID 1, run
+         * nothing). A command that shares its parent's group is watched by its leader alone. */
+        if (l->command.pgid == l->command.pid && process_group_is_alive(l->command.pgid, &l->command_member))
                 return;
         l->command_gone = true;
 }
@@ -639,7 +640,7 @@ static RestoredCommand restored_command(const HistoryLeaseRow *row, int *ret_pid
                 *ret_pidfd = TAKE_FD(pidfd);
                 return RESTORED_COMMAND_LEADER;
         }
-        if ((pidfd == -ESRCH || same) && process_group_is_alive(row->command_pid)) {
+        if ((pidfd == -ESRCH || same) && process_group_is_alive(row->command_pid, NULL)) {
                 *ret_info = (ProcessInfo) {
                         .pid = row->command_pid,
                         .pgid = row->command_pid,

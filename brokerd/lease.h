@@ -140,6 +140,7 @@ typedef struct Lease {
         int command_pidfd;
         sd_event_source *command_source;
         bool command_leader_exited;
+        pid_t command_member;           /* a member of its group seen running after the leader (0: none) */
         bool command_gone;
 
         sd_event_source *grace_timer;   /* a revoked lease without a command: cut its connection; or the

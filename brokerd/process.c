@@ -291,21 +291,127 @@ bool process_is_alive(pid_t pid, uint64_t start_time) {
         return info.start_time == start_time && info.state != 'Z' && info.state != 'X';
 }
 
-bool process_group_is_alive(pid_t pgid) {
+static void closedirp(DIR **d) {
+        if (*d)
+                (void) closedir(*d);
+}
+
+/* Whether pid is a member of group pgid that has not exited: 1, 0 (not a member, or exited), or a negative
+ * errno when that cannot be told (out of fds, say). A zombie thread-group leader whose other threads still
+ * run shows 'Z' too: its pidfd tells, readable only once the whole thread group has exited. */
+static int group_member_runs(pid_t pid, pid_t pgid) {
+        ProcessInfo info;
+        int r = process_read_stat(pid, &info);
+        if (r == -ESRCH)
+                return 0;
+        if (r < 0)
+                return r;
+        if (info.pgid != pgid)
+                return 0;
+        if (info.state != 'Z' && info.state != 'X')
+                return 1;
+        _cleanup_close_ int fd = (int) syscall(SYS_pidfd_open, pid, 0);
+        if (fd < 0)
+                return errno == ESRCH ? 0 : negative_errno();
+        return !pidfd_has_exited(fd);
+}
+
+bool proc_mountinfo_hides_processes(const char *mountinfo) {
+        bool hides = true; /* no /proc found: nothing is known of what it shows */
+        for (const char *line = mountinfo; line && *line;) {
+                const char *eol = strchrnul(line, '\n');
+                size_t n = (size_t) (eol - line);
+                char buf[1024], point[16], fstype[16], super[256];
+                bool fits = n < sizeof buf; /* the /proc mount's fields are short */
+                if (fits) {
+                        memcpy(buf, line, n);
+                        buf[n] = '\0';
+                }
+                line = *eol ? eol + 1 : NULL;
+                /* ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL…] - FSTYPE SOURCE SUPER_OPTIONS */
+                const char *dash = fits ? strstr(buf, " - ") : NULL;
+                if (!dash || sscanf(buf, "%*s %*s %*s %*s %15s", point) != 1 || !streq(point, "/proc") ||
+                    sscanf(dash, " - %15s %*s %255s", fstype, super) != 2 || !streq(fstype, "proc"))
+                        continue;
+                /* The last mount on /proc is the one seen. hidepid=0 (or off) shows every process. */
+                const char *h = strstr(super, "hidepid=");
+                size_t len = h ? strcspn(h + 8, ",") : 0;
+                hides = h && !((len == 1 && h[8] == '0') || (len == 3 && strncmp(h + 8, "off", 3) == 0));
+        }
+        return hides;
+}
+
+static void fclosep(FILE **f) {
+        if (*f)
+                (void) fclose(*f);
+}
+
+/* Whether this process's /proc lists every process of its PID namespace, readable: not a /proc mounted with
+ * hidepid= (ProtectProc= other than default), which hides other users' processes (then nothing shows that a
+ * group's zombies are all it has left). Read once. */
+static bool proc_shows_every_process(void) {
+        static int shows = -1;
+        if (shows < 0) {
+                _cleanup_free_ char *text = NULL;
+                size_t size = 0;
+                _cleanup_(fclosep) FILE *f = fopen("/proc/self/mountinfo", "re");
+                shows = f && getdelim(&text, &size, '\0', f) >= 0 && !proc_mountinfo_hides_processes(text);
+        }
+        return shows;
+}
+
+/* One pass over /proc for a member of pgid that runs: 1 (*ret_member set), 0 none, or a negative errno when
+ * that cannot be told. */
+static int group_scan(pid_t pgid, pid_t *ret_member) {
+        _cleanup_(closedirp) DIR *d = opendir("/proc");
+        if (!d)
+                return negative_errno();
+        struct dirent *de;
+        errno = 0;
+        while ((de = readdir(d))) {
+                char *end;
+                long pid = strtol(de->d_name, &end, 10);
+                if (*end != '\0' || pid <= 1 || pid > INT32_MAX)
+                        continue;
+                int r = group_member_runs((pid_t) pid, pgid);
+                if (r != 0) {
+                        *ret_member = r > 0 ? (pid_t) pid : 0;
+                        return r;
+                }
+                errno = 0;
+        }
+        return errno > 0 ? -errno : 0;
+}
+
+bool process_group_is_alive(pid_t pgid, pid_t *member) {
         if (pgid <= 1)
                 return false;
-        /* EPERM means it exists but belongs to someone we may not signal: alive all the same. */
-        return kill(-pgid, 0) == 0 || errno == EPERM;
+        /* EPERM means it exists but belongs to someone we may not signal: it exists all the same. */
+        if (kill(-pgid, 0) < 0 && errno != EPERM)
+                return false;
+        /* The group exists; is anything of it still running, or are its members all zombies (exited, and not
+         * yet reaped by a parent: a container's PID 1 that reaps nothing keeps them for ever)? Only where /proc
+         * shows every process, and whatever cannot be read counts as running: a slot is never freed under a
+         * running command. The member found running last time first: a group that lives on is read in O(1), not
+         * a pass over /proc a poll. */
+        if (!proc_shows_every_process())
+                return true;
+        if (member && *member > 0 && group_member_runs(*member, pgid) != 0)
+                return true;
+        pid_t found = 0;
+        /* Twice before saying it is gone: /proc lists pids in increasing order, and a member that forked as
+         * it exited may have a child at a lower pid (pids wrap) that the first pass had gone by. */
+        int r = group_scan(pgid, &found);
+        if (r == 0)
+                r = group_scan(pgid, &found);
+        if (member)
+                *member = found;
+        return r != 0;
 }
 
 bool pidfd_has_exited(int pidfd) {
         struct pollfd p = { .fd = pidfd, .events = POLLIN };
         return poll(&p, 1, 0) > 0;
-}
-
-static void closedirp(DIR **d) {
-        if (*d)
-                (void) closedir(*d);
 }
 
 /* A live member of command's process group that pins the group's id: a pidfd on it, opened and then checked

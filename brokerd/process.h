@@ -53,8 +53,14 @@ int process_check_attachable(const ProcessInfo *p, pid_t peer_pid, uid_t peer_ui
  * has exited). */
 bool process_is_alive(pid_t pid, uint64_t start_time);
 
-/* True while any process of the group exists: kill(-pgid, 0). */
-bool process_group_is_alive(pid_t pgid);
+/* True while a process of the group runs: kill(-pgid, 0) finds the group, and one of its members has not
+ * exited (zombies, not yet reaped by their parent, run nothing). member (may be NULL): the member found running
+ * by the last call, tried first (0: none), and set to the one found now. */
+bool process_group_is_alive(pid_t pgid, pid_t *member);
+
+/* Whether the text of a /proc/self/mountinfo mounts /proc with hidepid= other than 0 (or none at all): then
+ * /proc hides processes, and a group's zombies are not known to be all it has left (tests). */
+bool proc_mountinfo_hides_processes(const char *mountinfo);
 
 /* True once the pidfd's process has exited (it may be a zombie: not yet reaped by its parent). */
 bool pidfd_has_exited(int pidfd);

@@ -1010,7 +1010,7 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def become_subreaper():
     """Orphans of our children (a command's grandchildren) are reparented to us, so that we can reap them:
-    an unreaped zombie would keep its process group alive for ever, and with it a lease."""
+    an unreaped zombie keeps its process group's id for ever."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
@@ -1026,7 +1026,8 @@ def pid_alive(pid):
 
 
 def group_alive(pgid):
-    """True while process group pgid has a member (a zombie counts: it keeps its group, and a lease)."""
+    """True while process group pgid has a member (a zombie counts: it keeps its group's id; brokerd frees a lease
+    whose group has zombies alone)."""
     try:
         os.killpg(pgid, 0)
         return True

@@ -8,8 +8,9 @@ tokens, in the order commands started, only go up.
 
 - Restart with every liveness shape of the held command (slotctl SIGKILLed first, then brokerd):
   leader running; leader exited with a member of its process group running; leader a zombie with a
-  member running; leader a zombie alone; everything exited; a command sharing its client's group
-  (watched by its leader alone). The restarted brokerd keeps exactly the slots the live one would.
+  member running; leader a zombie alone (zombies run nothing: the slot frees), so before the restart and
+  so while no brokerd ran; everything exited; a command sharing its client's group (watched by its leader
+  alone). The restarted brokerd keeps exactly the slots the live one would.
   (Detached and connection-held leases: test-restart.py.)
 - Fault injection on the lease log (leases.log), on the history database's files (history.db, -wal, -shm)
   and on all of them, at start and at run time: made immutable (chattr +i; skipped where the file system
@@ -99,6 +100,21 @@ def lease_log_tokens(state_dir):
 
 def chattr(flag, *paths):
     return subprocess.run(["chattr", flag, *paths], capture_output=True).returncode == 0
+
+
+def group_runs(pgid):
+    """True while a member of process group pgid has not exited (a zombie runs nothing)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def group_sleeps(pgid):
@@ -228,26 +244,35 @@ class Persistence(Witnessed):
                      message="the member to record its end")
             if shape == "all-gone":
                 reap(pid)
-        # A zombie leader is still in its group (kill(-pgid, 0) finds it), for the live brokerd as for a restarted
-        # one: the slot frees when whoever inherited it reaps it.
-        held = shape in ("leader-runs", "leader-exited", "leader-zombie", "zombie-alone")
+        # A zombie leader is still in its group (kill(-pgid, 0) finds it) but runs nothing, nor does a zombie
+        # member: a group of zombies alone is gone, for the live brokerd as for a restarted one, whether or not
+        # whoever inherited them ever reaps them (a container's PID 1 that reaps nothing).
+        held = shape in ("leader-runs", "leader-exited", "leader-zombie")
         if held:
             # The running brokerd keeps it (SPEC §3.4)...
             self.assertNotEqual(self.ff(b), 0)
+        elif shape == "zombie-alone":
+            self.assertTrue(group_alive(pid), "the zombie leader keeps its group")
+            wait_for(lambda: b.status()["pools"][0]["inUse"] == 0, 10, message="the slot of a group of zombies")
         b.crash()
+        if shape == "zombies-while-down":
+            # The group's last member ends while no brokerd runs; its leader stays a zombie.
+            open(release, "w").close()
+            wait_for(lambda: not pid_alive(pid), 10, message="the leader to exit")
+            os.killpg(pid, signal.SIGTERM)
+            wait_for(lambda: not group_runs(pid), 10, message="the member to exit")
+            self.assertTrue(group_alive(pid), "the zombie leader keeps its group")
         b.start()
+        if shape == "zombies-while-down":
+            # Not restored: nothing of its command runs.
+            self.assertEqual(b.status()["pools"][0]["inUse"], 0)
         # ...and so must the restarted one.
         if held:
             self.assert_refused(b)
             holders = b.status()["holders"]
             self.assertEqual([h["lease"]["token"] for h in holders], [token], holders)
-            if shape == "zombie-alone":
-                # The member recorded its end before it exited: it may become our zombie after a first reap, and
-                # keep the group (and the lease) until it is reaped too.
-                self.reap_group(pid, 10, "the group's zombies reaped")
-            else:
-                self.end_group(pid)
-                reap(pid)
+            self.end_group(pid)
+            reap(pid)
         wait_for(lambda: b.status()["pools"][0]["inUse"] == 0, 10, message="the slot to free")
         self.assertEqual(self.ff(b), 0)
         self.witness.check(self)
@@ -263,6 +288,9 @@ class Persistence(Witnessed):
 
     def test_restart_leader_zombie_group_gone(self):
         self.restart_shape("zombie-alone")
+
+    def test_restart_a_group_become_zombies_while_no_brokerd_ran(self):
+        self.restart_shape("zombies-while-down")
 
     def test_restart_all_gone(self):
         self.restart_shape("all-gone")

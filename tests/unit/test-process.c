@@ -2,9 +2,11 @@
 /* test-process.c — a passed pidfd's facts (process.h): what process_open_pidfd() reads, by the kernel's
  * PIDFD_GET_INFO where there is one and by /proc otherwise, agrees with /proc's own files; what is no pidfd,
  * and a process gone, are refused; the peer's pid names the peer only if it ran when the connection was taken
- * (process_check_attachable()). Over real children of this test. */
+ * (process_check_attachable()); a process group runs while one of its members has not exited, zombies all
+ * (exited, not reaped) run nothing (process_group_is_alive()). Over real children of this test. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -214,6 +216,150 @@ static void test_the_peers_pid_started_after_the_connection_is_another_process(v
         close(pidfd);
 }
 
+/* ---- a process group's life (process_group_is_alive()) ---- */
+
+/* Until pid has exited, left a zombie (WNOWAIT: not reaped). */
+static void wait_zombie(pid_t pid) {
+        siginfo_t si = {};
+        assert_int_equal(waitid(P_PID, (id_t) pid, &si, WEXITED | WNOWAIT), 0);
+        assert_int_equal(si.si_pid, pid);
+}
+
+static pid_t group; /* the group of the case under way, killed by teardown_group() whatever failed */
+
+/* A child leading a process group of its own, as slotctl runs a command: returns 0 in the child. */
+static pid_t group_leader_start(void) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                (void) setpgid(0, 0);
+                return 0;
+        }
+        (void) setpgid(pid, pid); /* both sides: the group exists whichever runs first */
+        group = pid;
+        return pid;
+}
+
+static int teardown_group(void **state) {
+        if (group > 0) {
+                (void) kill(-group, SIGKILL);
+                while (waitpid(-group, NULL, 0) > 0)
+                        ;
+                group = 0;
+        }
+        (void) prctl(PR_SET_CHILD_SUBREAPER, 0);
+        return 0;
+}
+
+static void test_a_group_of_zombies_runs_nothing(void **state) {
+        pid_t leader = group_leader_start();
+        if (leader == 0)
+                _exit(0);
+        wait_zombie(leader);
+        /* kill() still finds the group: its zombie keeps the id until its parent reaps it (a container's PID 1
+         * may never). It runs nothing. */
+        assert_int_equal(kill(-leader, 0), 0);
+        pid_t member = 4242;
+        assert_false(process_group_is_alive(leader, &member));
+        assert_int_equal(member, 0);
+        assert_int_equal(waitpid(leader, NULL, 0), leader);
+        group = 0;
+        assert_false(process_group_is_alive(leader, NULL));
+}
+
+static void test_a_group_runs_while_a_member_runs_after_its_leader(void **state) {
+        /* The member, orphaned by its leader, is ours to reap (as it is PID 1's in production). */
+        assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+        int p[2];
+        assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+        pid_t leader = group_leader_start();
+        if (leader == 0) {
+                pid_t m = fork();
+                if (m < 0)
+                        _exit(1);
+                if (m == 0)
+                        for (;;)
+                                pause();
+                if (write(p[1], &m, sizeof m) != sizeof m)
+                        _exit(1);
+                _exit(0);
+        }
+        pid_t m = 0;
+        assert_int_equal(read(p[0], &m, sizeof m), (ssize_t) sizeof m);
+        close(p[0]);
+        close(p[1]);
+        wait_zombie(leader);
+        pid_t member = 0;
+        assert_true(process_group_is_alive(leader, &member));
+        assert_int_equal(member, m);
+        /* Found again where it was. */
+        assert_true(process_group_is_alive(leader, &member));
+        assert_int_equal(member, m);
+        /* The member killed, and left a zombie too: the group runs nothing, whatever was found before. */
+        assert_int_equal(kill(m, SIGKILL), 0);
+        wait_zombie(m);
+        assert_int_equal(kill(-leader, 0), 0);
+        assert_false(process_group_is_alive(leader, &member));
+        assert_int_equal(member, 0);
+        assert_int_equal(waitpid(m, NULL, 0), m);
+        assert_int_equal(waitpid(leader, NULL, 0), leader);
+        group = 0;
+}
+
+static void *thread_waits(void *userdata) {
+        for (;;)
+                pause();
+        return NULL;
+}
+
+static void test_a_leader_whose_other_threads_run_is_alive(void **state) {
+        pid_t leader = group_leader_start();
+        if (leader == 0) {
+                pthread_t t;
+                if (pthread_create(&t, NULL, thread_waits, NULL) != 0)
+                        _exit(1);
+                pthread_exit(NULL); /* the main thread only: /proc shows the process a zombie, its thread runs */
+        }
+        char st = 0;
+        long ppid, pgid;
+        unsigned long long start;
+        for (unsigned i = 0; i < 10000 && st != 'Z'; i++) {
+                stat_reference(leader, &st, &ppid, &pgid, &start);
+                if (st != 'Z')
+                        (void) usleep(1000);
+        }
+        assert_true(st == 'Z');
+        pid_t member = 0;
+        assert_true(process_group_is_alive(leader, &member));
+        assert_int_equal(member, leader);
+        assert_int_equal(kill(leader, SIGKILL), 0);
+        wait_zombie(leader);
+        assert_false(process_group_is_alive(leader, &member));
+        assert_int_equal(waitpid(leader, NULL, 0), leader);
+        group = 0;
+}
+
+static void test_proc_hidepid_is_read_from_mountinfo(void **state) {
+        const char *plain = "21 26 0:20 / /proc rw,relatime - proc proc rw\n"
+                            "22 21 0:21 / /proc/sys/fs/binfmt_misc rw - autofs systemd-1 rw,fd=30\n";
+        assert_false(proc_mountinfo_hides_processes(plain));
+        assert_true(proc_mountinfo_hides_processes("21 26 0:20 / /proc rw - proc proc rw,hidepid=2\n"));
+        assert_true(proc_mountinfo_hides_processes("21 26 0:20 / /proc rw - proc proc rw,hidepid=invisible,subset=pid"));
+        assert_true(proc_mountinfo_hides_processes("21 26 0:20 / /proc rw - proc proc rw,hidepid=1,gid=5\n"));
+        assert_true(proc_mountinfo_hides_processes("21 26 0:20 / /proc rw - proc proc rw,hidepid=ptraceable\n"));
+        assert_false(proc_mountinfo_hides_processes("21 26 0:20 / /proc rw - proc proc rw,hidepid=0\n"));
+        assert_false(proc_mountinfo_hides_processes("21 26 0:20 / /proc rw - proc proc rw,hidepid=off,subset=pid\n"));
+        /* The last mount on /proc is the one seen (a service's own, ProtectProc=, over the host's). */
+        assert_true(proc_mountinfo_hides_processes("21 26 0:20 / /proc rw - proc proc rw\n"
+                                                   "90 21 0:50 / /proc rw shared:5 - proc proc rw,hidepid=invisible\n"));
+        assert_false(proc_mountinfo_hides_processes("21 26 0:20 / /proc rw - proc proc rw,hidepid=2\n"
+                                                    "90 21 0:50 / /proc rw - proc proc rw\n"));
+        /* No /proc of type proc: nothing known, so it may hide. */
+        assert_true(proc_mountinfo_hides_processes(""));
+        assert_true(proc_mountinfo_hides_processes("21 26 0:20 / /proc rw - tmpfs tmpfs rw\n"));
+        assert_true(proc_mountinfo_hides_processes("21 26 0:20 / /proc/x rw - proc proc rw\n"));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_teardown(test_facts_by_the_kernel_agree_with_proc, teardown),
@@ -222,6 +368,10 @@ int main(void) {
                 cmocka_unit_test_teardown(test_a_process_gone_is_refused, teardown),
                 cmocka_unit_test_teardown(test_a_name_like_stat_fields, teardown),
                 cmocka_unit_test_teardown(test_the_peers_pid_started_after_the_connection_is_another_process, teardown),
+                cmocka_unit_test_teardown(test_a_group_of_zombies_runs_nothing, teardown_group),
+                cmocka_unit_test_teardown(test_a_group_runs_while_a_member_runs_after_its_leader, teardown_group),
+                cmocka_unit_test_teardown(test_a_leader_whose_other_threads_run_is_alive, teardown_group),
+                cmocka_unit_test(test_proc_hidepid_is_read_from_mountinfo),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
