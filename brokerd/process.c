@@ -284,13 +284,6 @@ int process_check_attachable(const ProcessInfo *p, pid_t peer_pid, uid_t peer_ui
         return 0;
 }
 
-bool process_is_alive(pid_t pid, uint64_t start_time) {
-        ProcessInfo info;
-        if (process_get_info(pid, &info) < 0)
-                return false;
-        return info.start_time == start_time && info.state != 'Z' && info.state != 'X';
-}
-
 static void closedirp(DIR **d) {
         if (*d)
                 (void) closedir(*d);

@@ -49,10 +49,6 @@ void process_use_pidfd_info(bool use);
  * may not, -ESRCH if it does not exist. */
 int process_check_attachable(const ProcessInfo *p, pid_t peer_pid, uid_t peer_uid, usec_t peer_since);
 
-/* True while the process pid with this start time runs (pid reuse gives another start time; a zombie
- * has exited). */
-bool process_is_alive(pid_t pid, uint64_t start_time);
-
 /* True while a process of the group runs: kill(-pgid, 0) finds the group, and one of its members has not
  * exited (zombies, not yet reaped by their parent, run nothing). member (may be NULL): the member found running
  * by the last call, tried first (0: none), and set to the one found now. */
