@@ -2532,30 +2532,74 @@ int engine_check_moves(Engine *e, const BrokerConfig *c, EngineMoveRefusal *ret)
  * keeps those it had when it went, and a record may have gone meanwhile: its until came while the pool was
  * away ([UNDRAINED] was told, drains_expire() found no pool to undrain), or brokerd took it to members.state
  * when the pool moved to a backend, to apply it again only if it still holds. One of a member the pool does not
- * have now stays a record only, as engine_drain_with() refuses such a member. */
-static int pool_drains_from_records(Engine *e, Pool *p, usec_t now) {
+ * have now stays a record only, as engine_drain_with() refuses such a member; a member the pool had drained and
+ * does not have now stays as it was (a pool's drained members outlive reloads). *ret_members is the caller's
+ * to free. Returns 0, -ENOMEM. */
+static int pool_drains_from_records(Engine *e, const Pool *p, const PoolConfig *pc, usec_t now,
+                                    bool *ret_drained, char ***ret_members) {
         PoolInfo info;
         p->ops->info(p, now, &info);
-        _cleanup_(strv_freep) char **had = strv_copy(info.drained_members);
-        if (info.drained_members && !had)
+        size_t n = strv_length(info.drained_members);
+        for (size_t k = 0; k < e->n_drains; k++)
+                n += streq(e->drains[k].pool, p->name) && e->drains[k].member;
+        _cleanup_(strv_freep) char **members = calloc(n + 1, sizeof(char *));
+        if (!members)
                 return -ENOMEM;
-        int r = p->ops->drain(p, NULL, drain_find(e, p->name, NULL) >= 0, now);
+        size_t j = 0;
+        for (char *const *m = info.drained_members; m && *m; m++)
+                if (drain_find(e, p->name, *m) >= 0 || !strv_contains(pc->members, *m))
+                        if (!(members[j++] = strdup(*m)))
+                                return -ENOMEM;
+        for (size_t k = 0; k < e->n_drains; k++) {
+                const char *m = e->drains[k].member;
+                if (!streq(e->drains[k].pool, p->name) || !m || !strv_contains(pc->members, m) ||
+                    strv_contains(members, m))
+                        continue;
+                if (!(members[j++] = strdup(m)))
+                        return -ENOMEM;
+        }
+        *ret_drained = drain_find(e, p->name, NULL) >= 0;
+        *ret_members = TAKE_PTR(members);
+        return 0;
+}
+
+/* What one pool of a reload has prepared (PoolOps.configure_prepare()), and the drains it takes. */
+typedef struct ReloadPool {
+        PoolStaged *staged;
+        PoolLaneRule *rules;
+        PoolDrains drains;
+        char **drained_members;
+} ReloadPool;
+
+static void reload_pools_free(ReloadPool *rp, Pool **pools, size_t n) {
+        if (!rp)
+                return;
+        for (size_t i = 0; i < n; i++) {
+                if (rp[i].staged)
+                        pools[i]->ops->configure_abort(pools[i], rp[i].staged);
+                free(rp[i].rules);
+                strv_free(rp[i].drained_members);
+        }
+        free(rp);
+}
+
+/* Room in the engine's queues for what applying a reload tells: every waiter of the pools it touches refused
+ * once, each pool's gauge changing, and the events they make. Pushes up to that count cannot fail (ring.h), so
+ * that after the first commit nothing fails. Returns 0, -ENOMEM (the queues grew, nothing else changed). */
+static int reload_reserve(Engine *e, Pool *const *pools, size_t n) {
+        size_t room = 0;
+        Pool *const *lists[] = { e->pools, pools };
+        size_t sizes[] = { e->n_pools, n };
+        for (size_t k = 0; k < ELEMENTSOF(lists); k++)
+                for (size_t i = 0; i < sizes[k]; i++) {
+                        PoolInfo info;
+                        lists[k][i]->ops->info(lists[k][i], 0, &info);
+                        room += info.waiting + 2;
+                }
+        int r = ring_reserve(&e->pending, e->pending.n + room);
         if (r < 0)
                 return r;
-        for (char **m = had; m && *m; m++)
-                if (drain_find(e, p->name, *m) < 0) {
-                        r = p->ops->drain(p, *m, false, now);
-                        if (r < 0 && r != -ENOENT)
-                                return r;
-                }
-        for (size_t k = 0; k < e->n_drains; k++) {
-                if (!streq(e->drains[k].pool, p->name) || !e->drains[k].member)
-                        continue;
-                r = p->ops->drain(p, e->drains[k].member, true, now);
-                if (r < 0 && r != -ENOENT)
-                        return r;
-        }
-        return 0;
+        return ring_reserve(&e->events, e->events.n + 2 * room);
 }
 
 int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
@@ -2564,20 +2608,23 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
 
         _cleanup_free_ Pool **pools = calloc(MAX(c->n_pools, 1u), sizeof(Pool *));
         _cleanup_free_ bool *created = calloc(MAX(c->n_pools, 1u), sizeof(bool));
-        _cleanup_free_ PoolLaneRule *rules = calloc(c->n_lanes + 1, sizeof(PoolLaneRule)); /* + reservations */
+        ReloadPool *rp = calloc(MAX(c->n_pools, 1u), sizeof(ReloadPool));
         EngineLane **lanes = NULL;
         int r;
 
-        if (!pools || !created || !rules)
+        if (!pools || !created || !rp) {
+                free(rp);
                 return -ENOMEM;
+        }
 
         r = engine_check_moves(e, c, NULL);
         if (r < 0)
-                return r;
+                goto fail;
 
-        /* Find or make every pool first, so that a failure leaves the running config untouched. A pool is
-         * found by its name where it is kept: one whose backend= (or credentials) changed is another object,
-         * and the old one is retired below, its holders accounted where they were granted (SPEC §11). */
+        /* A reload applies to every pool or to none (SPEC §4): first what can fail — find or make every pool,
+         * build the lanes, prepare each pool's configuration —, and only then apply it all. A pool is found by
+         * its name where it is kept: one whose backend= (or credentials) changed is another object, and the old
+         * one is retired below, its holders accounted where they were granted (SPEC §11). */
         for (size_t i = 0; i < c->n_pools; i++) {
                 const PoolConfig *pc = c->pools[i];
                 if (pc->limit == 0)
@@ -2608,14 +2655,10 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
         }
         e->retired = retired;
 
-        /* From here on nothing fails but out of memory inside a pool's lane table. */
-        for (size_t i = 0; i < c->n_pools; i++) {
-                size_t n_rules = rules_for_pool(c, c->pools[i], rules);
-                r = pools[i]->ops->configure(pools[i], c->pools[i], rules, n_rules, now);
-                if (r < 0)
-                        goto fail;
-                pools[i]->retired = false;
-        }
+        r = reload_reserve(e, pools, c->n_pools);
+        if (r < 0)
+                goto fail;
+
         /* The drains recorded for the name of a pool new to the configuration: made anew, or revived from the
          * retired list (a lease held it while it was away, removed or on the other side of a move):
          * - an in-process one (removed by an earlier reload, or back from a backend) obeys them: they are what
@@ -2624,22 +2667,43 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
          * - one on a backend obeys the drains its backend keeps (drain_with()), the fleet's: the records of its
          *   in-process days, or of the in-process pool that stood for its name while it was retired, are not its
          *   own, and one ending at its until would undrain in Redis what another node drained there. They go
-         *   (brokerd keeps them for a move back: manager.c, member_state_leaving()). */
+         *   (brokerd keeps them for a move back: manager.c, member_state_leaving()), once the reload applies. */
         for (size_t i = 0; i < c->n_pools; i++) {
-                if (!created[i] && pool_in(e->pools, e->n_pools, pools[i]))
-                        continue; /* it stays, and its drains with it */
-                if (!pools[i]->ops->drain_with) {
-                        r = pool_drains_from_records(e, pools[i], now);
+                rp[i].rules = calloc(c->n_lanes + 1, sizeof(PoolLaneRule)); /* + reservations */
+                if (!rp[i].rules) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                size_t n_rules = rules_for_pool(c, c->pools[i], rp[i].rules);
+                bool arrives = created[i] || !pool_in(e->pools, e->n_pools, pools[i]);
+                if (arrives && !pools[i]->ops->drain_with) {
+                        r = pool_drains_from_records(e, pools[i], c->pools[i], now, &rp[i].drains.drained,
+                                                     &rp[i].drained_members);
                         if (r < 0)
                                 goto fail;
-                        continue;
+                        rp[i].drains.members = rp[i].drained_members;
                 }
+                r = pools[i]->ops->configure_prepare(pools[i], c->pools[i], rp[i].rules, n_rules,
+                                                     rp[i].drained_members ? &rp[i].drains : NULL, now,
+                                                     &rp[i].staged);
+                if (r < 0)
+                        goto fail;
+        }
+
+        /* From here on nothing fails. */
+        for (size_t i = 0; i < c->n_pools; i++) {
+                bool arrives = created[i] || !pool_in(e->pools, e->n_pools, pools[i]);
+                pools[i]->ops->configure_commit(pools[i], TAKE_PTR(rp[i].staged), now);
+                pools[i]->retired = false;
+                if (!arrives || !pools[i]->ops->drain_with)
+                        continue;
                 for (size_t k = 0; k < e->n_drains;)
                         if (streq(e->drains[k].pool, pools[i]->name))
                                 drain_record_remove(e, k);
                         else
                                 k++;
         }
+        reload_pools_free(rp, pools, c->n_pools);
 
         /* Pools that are gone, or moved: waiters refused, holders finish (a shared pool keeps heartbeating
          * them, and releases them in Redis). */
@@ -2670,6 +2734,8 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
 invalid:
         r = -EINVAL;
 fail:
+        /* Staged configurations go before the pools made for them. */
+        reload_pools_free(rp, pools, c->n_pools);
         for (size_t i = 0; i < c->n_pools; i++)
                 if (created[i] && pools[i])
                         pool_destroy(pools[i]);

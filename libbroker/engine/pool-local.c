@@ -559,24 +559,30 @@ static LocalLane *lane_find(const LocalPool *p, const char *name) {
         return NULL;
 }
 
-static int lane_add(LocalPool *p, const PoolLaneRule *r, LocalLane **ret) {
-        LocalLane **a = reallocarray(p->lanes, p->n_lanes + 1, sizeof(LocalLane *));
-        if (!a)
-                return -ENOMEM;
-        p->lanes = a;
+/* A lane for the rule, not in the pool yet. */
+static LocalLane *lane_new(const PoolLaneRule *r) {
         LocalLane *l = calloc(1, sizeof(LocalLane));
         if (!l)
-                return -ENOMEM;
+                return NULL;
         l->name = strdup(r->lane);
-        if (!l->name) {
-                free(l);
-                return -ENOMEM;
-        }
+        if (!l->name)
+                return mfree(l);
         l->priority = r->priority;
         l->max_in_use = r->max_in_use;
         l->reserve = r->reserve;
         l->health = r->health;
         l->health_also = r->health_also;
+        return l;
+}
+
+static int lane_add(LocalPool *p, const PoolLaneRule *r, LocalLane **ret) {
+        LocalLane **a = reallocarray(p->lanes, p->n_lanes + 1, sizeof(LocalLane *));
+        if (!a)
+                return -ENOMEM;
+        p->lanes = a;
+        LocalLane *l = lane_new(r);
+        if (!l)
+                return -ENOMEM;
         p->lanes[p->n_lanes++] = l;
         *ret = l;
         return 0;
@@ -1022,16 +1028,16 @@ static int life_name_compare(const void *a, const void *b, void *userdata) {
         return c != 0 ? c : (x > y) - (x < y);
 }
 
-/* life_by_name anew after life changed (configure): a grant's and a release's look-ups of their members (the
- * lease log's counts, an exit status) are then O(log members), not a scan of 20,000 names. Out of memory:
- * none, and life_find() scans. */
-static void life_index(LocalPool *p) {
-        p->life_by_name = mfree(p->life_by_name);
-        if (p->n_life == 0)
+/* life_by_name anew after life changed (configure), in `ix` (n_life entries at least, taken over): a grant's and a
+ * release's look-ups of their members (the lease log's counts, an exit status) are then O(log members), not a
+ * scan of 20,000 names. */
+static void life_index(LocalPool *p, size_t *ix) {
+        free(p->life_by_name);
+        p->life_by_name = NULL;
+        if (p->n_life == 0) {
+                free(ix);
                 return;
-        size_t *ix = reallocarray(NULL, p->n_life, sizeof(size_t));
-        if (!ix)
-                return;
+        }
         for (size_t i = 0; i < p->n_life; i++)
                 ix[i] = i;
         qsort_r(ix, p->n_life, sizeof(size_t), life_name_compare, p);
@@ -1264,144 +1270,219 @@ static void local_free(Pool *base) {
         free(p);
 }
 
-static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now) {
-        LocalPool *p = POOL(base);
-        p->latest = MAX(p->latest, now);
-        _cleanup_free_ bool *member_drained = NULL;
-        _cleanup_(strv_freep) char **members = NULL;
+/* A configuration prepared for the pool: all that applying it allocates, against the pool as it is. */
+struct PoolStaged {
+        const PoolConfig *c;
+        const PoolLaneRule *rules;
+        size_t n_rules;
+        char **members;
+        bool *member_drained;            /* [limit], or NULL */
+        bool drains_given;               /* PoolDrains given: they replace the pool's own */
+        bool drained;
+        char **drained_members;
+        usec_t *rest_until;              /* NULL: no cooldown */
+        PoolRest *rests;
+        size_t n_rests;
+        /* The members' lives: the configured ones first (n_new_conf), room for every old one after them. */
+        PoolMemberLife *life;
+        size_t n_new_conf;
+        size_t *life_by_name;            /* room for as many */
+        uint64_t **hmasks;               /* per health waiter, in order: its selector resolved, or NULL */
+        size_t n_hw;
+        uint64_t **masks;                /* per selector bucket, in lane and bucket order */
+        size_t n_masks;
         Layout layout;
+        LocalLane **lanes;               /* the pool's lanes, then those the rules add */
+        size_t n_lanes;
+        PoolLabel *labels;
+        size_t n_labels;
+};
+
+/* The staging's own: the lanes it added are freed by configure_abort(), or became the pool's. */
+static void staged_free(PoolStaged *s) {
+        strv_free(s->members);
+        free(s->member_drained);
+        strv_free(s->drained_members);
+        free(s->rest_until);
+        free(s->rests);
+        for (size_t i = 0; s->life && i < s->n_new_conf; i++)
+                free(s->life[i].member);
+        free(s->life);
+        free(s->life_by_name);
+        for (size_t i = 0; s->hmasks && i < s->n_hw; i++)
+                free(s->hmasks[i]);
+        free(s->hmasks);
+        for (size_t i = 0; s->masks && i < s->n_masks; i++)
+                free(s->masks[i]);
+        free(s->masks);
+        layout_done(&s->layout);
+        free(s->lanes);
+        if (s->labels)
+                pool_labels_free(s->labels, s->n_labels);
+        free(s);
+}
+
+static void local_configure_abort(Pool *base, PoolStaged *s);
+static void drain_whole(LocalPool *p, bool on, usec_t now);
+
+static int local_configure_prepare(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules,
+                                   const PoolDrains *drains, usec_t now, PoolStaged **ret) {
+        LocalPool *p = POOL(base);
         int r;
 
         if (c->limit == 0)
                 return -EINVAL;
+        PoolStaged *s = calloc(1, sizeof(PoolStaged));
+        if (!s)
+                return -ENOMEM;
+        *s = (PoolStaged) { .c = c, .rules = rules, .n_rules = n_rules, .drains_given = !!drains };
+
         /* Rests follow their member (or index) to the new configuration; a pool without cooldown= any more
          * ends them now. A changed cooldown= applies from the next release. */
-        _cleanup_free_ usec_t *rest_until = NULL;
-        _cleanup_free_ PoolRest *rests = NULL;
-        size_t n_rests = 0;
         if (c->cooldown > 0) {
-                rest_until = calloc(c->limit, sizeof(usec_t));
-                rests = calloc(MAX(p->n_rests, (size_t) 1), sizeof(PoolRest));
-                if (!rest_until || !rests)
-                        return -ENOMEM;
+                s->rest_until = calloc(c->limit, sizeof(usec_t));
+                s->rests = calloc(MAX(p->n_rests, (size_t) 1), sizeof(PoolRest));
+                if (!s->rest_until || !s->rests)
+                        goto oom;
                 for (size_t k = 0; k < p->n_rests; k++) {
                         unsigned home;
                         if (!slot_home(c->members, p->rests[k].member, p->rests[k].index, &home) ||
-                            home >= c->limit || rest_until[home] != 0)
+                            home >= c->limit || s->rest_until[home] != 0)
                                 continue;
-                        rests[n_rests++] = (PoolRest) { .index = home, .until = p->rests[k].until };
-                        rest_until[home] = p->rests[k].until;
+                        s->rests[s->n_rests++] = (PoolRest) { .index = home, .until = p->rests[k].until };
+                        s->rest_until[home] = p->rests[k].until;
                 }
         }
+        if (drains) {
+                s->drained = drains->drained;
+                if (drains->members && !(s->drained_members = strv_copy(drains->members)))
+                        goto oom;
+        }
         if (c->members) {
-                members = strv_copy(c->members);
-                if (!members)
-                        return -ENOMEM;
-                member_drained = calloc(c->limit, sizeof(bool));
-                if (!member_drained)
-                        return -ENOMEM;
-                for (unsigned i = 0; i < c->limit && members[i]; i++)
-                        member_drained[i] = strv_contains(p->drained_members, members[i]);
+                s->members = strv_copy(c->members);
+                s->member_drained = calloc(c->limit, sizeof(bool));
+                if (!s->members || !s->member_drained)
+                        goto oom;
+                char *const *drained = drains ? s->drained_members : p->drained_members;
+                for (unsigned i = 0; i < c->limit && s->members[i]; i++)
+                        s->member_drained[i] = strv_contains(drained, s->members[i]);
         }
         /* The members' lives follow them by name (SPEC §3.6): the configured ones in order, then those removed
          * while quarantined (a reload that brings one back finds it quarantined still). */
-        size_t n_new_life = 0, n_new_conf = c->members ? c->limit : 0;
-        PoolMemberLife *new_life = NULL;
         if (c->members || p->n_life) {
-                new_life = calloc(n_new_conf + p->n_life + 1, sizeof(PoolMemberLife));
-                if (!new_life)
-                        return -ENOMEM;
-                for (size_t i = 0; i < n_new_conf; i++) {
-                        new_life[i] = (PoolMemberLife) { .exit_status = -1, .member = strdup(c->members[i]) };
-                        if (!new_life[i].member) {
-                                for (size_t j = 0; j < i; j++)
-                                        free(new_life[j].member);
-                                free(new_life);
-                                return -ENOMEM;
-                        }
+                size_t n_conf = c->members ? c->limit : 0;
+                s->life = calloc(n_conf + p->n_life + 1, sizeof(PoolMemberLife));
+                s->life_by_name = calloc(n_conf + p->n_life + 1, sizeof(size_t));
+                if (!s->life || !s->life_by_name)
+                        goto oom;
+                for (; s->n_new_conf < n_conf; s->n_new_conf++) {
+                        s->life[s->n_new_conf] = (PoolMemberLife) { .exit_status = -1,
+                                                                    .member = strdup(c->members[s->n_new_conf]) };
+                        if (!s->life[s->n_new_conf].member)
+                                goto oom;
                 }
-                n_new_life = n_new_conf;
         }
-        /* Health waiters' selectors against the new members: NULL where it fails (they are refused below). */
-        size_t n_hw = 0, hk = 0;
+        /* Health waiters' selectors against the new members: NULL where it fails (they are refused on commit). */
         list_foreach(hn, &p->health)
-                n_hw++;
-        _cleanup_free_ uint64_t **hmasks = calloc(MAX(n_hw, (size_t) 1), sizeof(uint64_t *));
-        if (!hmasks) {
-                for (size_t j = 0; j < n_new_life; j++)
-                        free(new_life[j].member);
-                free(new_life);
-                return -ENOMEM;
-        }
+                s->n_hw++;
+        s->hmasks = calloc(MAX(s->n_hw, (size_t) 1), sizeof(uint64_t *));
+        if (!s->hmasks)
+                goto oom;
+        size_t k = 0;
         list_foreach(hn, &p->health) {
                 PoolWaiter *w = container_of(hn, PoolWaiter, fifo_node);
-                if (c->members && (w->terms || w->member))
-                        (void) selector_resolve(&(Selector) { .terms = w->terms, .member = w->member }, c->members,
-                                                c->labels, c->n_labels, &hmasks[hk]);
-                hk++;
+                if (c->members && (w->terms || w->member)) {
+                        r = selector_resolve(&(Selector) { .terms = w->terms, .member = w->member }, c->members,
+                                             c->labels, c->n_labels, &s->hmasks[k]);
+                        if (r == -ENOMEM)
+                                goto oom;
+                }
+                k++;
         }
 
         /* Selectors resolved against the new members and labels: the members each waiting bucket admits. */
-        size_t n_masks = 0, k = 0;
         for (size_t i = 0; i < p->n_lanes; i++)
                 for (size_t b = 0; b < p->lanes[i]->n_buckets; b++)
-                        n_masks += p->lanes[i]->buckets[b]->canon != NULL;
-        uint64_t **masks = calloc(MAX(n_masks, (size_t) 1), sizeof(uint64_t *));
-        if (!masks) {
-                r = -ENOMEM;
-                n_masks = 0;
-                goto fail_masks;
-        }
+                        s->n_masks += p->lanes[i]->buckets[b]->canon != NULL;
+        s->masks = calloc(MAX(s->n_masks, (size_t) 1), sizeof(uint64_t *));
+        if (!s->masks)
+                goto oom;
+        k = 0;
         for (size_t i = 0; i < p->n_lanes; i++)
                 for (size_t b = 0; b < p->lanes[i]->n_buckets; b++) {
                         const Bucket *bk = p->lanes[i]->buckets[b];
                         if (!bk->canon)
                                 continue;
                         if (!c->members) {
-                                /* Anonymous slots now: the selector admits none (refused below). */
-                                masks[k] = calloc(MAX(member_set_words(c->limit), (size_t) 1), sizeof(uint64_t));
-                                r = masks[k++] ? 0 : -ENOMEM;
+                                /* Anonymous slots now: the selector admits none (refused on commit). */
+                                s->masks[k] = calloc(MAX(member_set_words(c->limit), (size_t) 1), sizeof(uint64_t));
+                                r = s->masks[k++] ? 0 : -ENOMEM;
                         } else
                                 r = selector_resolve(&(Selector) { .terms = bk->terms, .member = bk->member },
-                                                     c->members, c->labels, c->n_labels, &masks[k++]);
+                                                     c->members, c->labels, c->n_labels, &s->masks[k++]);
                         if (r < 0)
-                                goto fail_masks;
+                                goto fail;
                 }
         /* Held slots follow their member (or index) to its place in the new configuration. */
-        r = layout_plan(p, members, c->limit, &layout);
+        r = layout_plan(p, s->members, c->limit, &s->layout);
         if (r < 0)
-                goto fail_masks;
-        /* Lanes next: the only step that can fail half-way, and it only adds. */
+                goto fail;
+        /* The lanes the rules add, after the pool's own. */
+        s->lanes = calloc(p->n_lanes + n_rules + 1, sizeof(LocalLane *));
+        if (!s->lanes)
+                goto oom;
+        memcpy(s->lanes, p->lanes, p->n_lanes * sizeof(LocalLane *));
+        s->n_lanes = p->n_lanes;
         for (size_t i = 0; i < n_rules; i++)
                 if (!lane_find(p, rules[i].lane)) {
-                        LocalLane *l;
-                        r = lane_add(p, &rules[i], &l);
-                        if (r < 0) {
-                                layout_done(&layout);
-                                goto fail_masks;
-                        }
+                        s->lanes[s->n_lanes] = lane_new(&rules[i]);
+                        if (!s->lanes[s->n_lanes])
+                                goto oom;
+                        s->n_lanes++;
                 }
-        r = pool_set_labels(&p->base, c->labels, c->n_labels);
-        if (r < 0) {
-                layout_done(&layout);
-                goto fail_masks;
-        }
-        k = 0;
+        r = pool_labels_copy(c->labels, c->n_labels, &s->labels);
+        if (r < 0)
+                goto fail;
+        s->n_labels = c->n_labels;
+        *ret = s;
+        return 0;
+
+oom:
+        r = -ENOMEM;
+fail:
+        local_configure_abort(base, s);
+        return r;
+}
+
+static void local_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
+        LocalPool *p = POOL(base);
+        const PoolConfig *c = s->c;
+        p->latest = MAX(p->latest, now);
+
+        free(p->lanes);
+        p->lanes = TAKE_PTR(s->lanes);
+        p->n_lanes = s->n_lanes;
+        pool_labels_replace(&p->base, TAKE_PTR(s->labels), s->n_labels);
+        size_t k = 0;
         for (size_t i = 0; i < p->n_lanes; i++)
                 for (size_t b = 0; b < p->lanes[i]->n_buckets; b++) {
                         Bucket *bk = p->lanes[i]->buckets[b];
                         if (bk->canon) {
                                 free(bk->mask);
-                                bk->mask = masks[k++];
+                                bk->mask = TAKE_PTR(s->masks[k]);
+                                k++;
                         }
                 }
-        free(masks);
 
         bool had_q = p->base.queue_timeout_set;
         strv_free(p->base.members);
-        p->base.members = TAKE_PTR(members);
+        p->base.members = TAKE_PTR(s->members);
         free(p->member_drained);
-        p->member_drained = TAKE_PTR(member_drained);
+        p->member_drained = TAKE_PTR(s->member_drained);
+        if (s->drains_given) {
+                strv_free(p->drained_members);
+                p->drained_members = TAKE_PTR(s->drained_members);
+        }
         p->base.limit = c->limit;
         p->base.queue_timeout_set = c->queue_timeout_set;
         p->base.queue_timeout = c->queue_timeout;
@@ -1411,53 +1492,54 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
         /* A pool that starts measuring idle time starts from now (SPEC §3.1). */
         if (!had_q && c->queue_timeout_set)
                 p->last_fast = now;
+        size_t n_new_life = s->n_new_conf;
         for (size_t i = 0; i < p->n_life; i++) {
                 PoolMemberLife *old = p->life + i;
                 size_t j = 0;
-                while (j < n_new_conf && !streq(new_life[j].member, old->member))
+                while (j < s->n_new_conf && !streq(s->life[j].member, old->member))
                         j++;
-                if (j < n_new_conf) {
-                        free(new_life[j].member);
-                        new_life[j] = *old;
+                if (j < s->n_new_conf) {
+                        free(s->life[j].member);
+                        s->life[j] = *old;
                 } else if (old->quarantined)
-                        new_life[n_new_life++] = *old;
+                        s->life[n_new_life++] = *old;
                 else
                         life_done(old);
         }
         free(p->life);
-        p->life = new_life;
+        p->life = TAKE_PTR(s->life);
         p->n_life = n_new_life;
-        p->n_life_configured = n_new_conf;
-        life_index(p);
+        p->n_life_configured = s->n_new_conf;
+        life_index(p, TAKE_PTR(s->life_by_name));
         memcpy(p->quarantine_codes, c->quarantine_exit_codes, sizeof p->quarantine_codes);
         p->quarantine_after = MAX(c->quarantine_after, 1u);
-        hk = 0;
+        k = 0;
         list_foreach(hn, &p->health) {
                 PoolWaiter *w = container_of(hn, PoolWaiter, fifo_node);
                 if (w->terms || w->member) {
                         free(w->mask);
-                        w->mask = hmasks[hk];
+                        w->mask = TAKE_PTR(s->hmasks[k]);
                 }
                 w->slots = w->mask || c->members ? w->slots : 0; /* anonymous slots now: refused below */
-                hk++;
+                k++;
         }
         p->cooldown = c->cooldown;
         free(p->rest_until);
-        p->rest_until = TAKE_PTR(rest_until);
+        p->rest_until = TAKE_PTR(s->rest_until);
         free(p->rests);
-        p->rests = TAKE_PTR(rests);
-        p->n_rests = n_rests;
+        p->rests = TAKE_PTR(s->rests);
+        p->n_rests = s->n_rests;
         for (size_t ri = 0; ri < p->n_rests; ri++)
                 p->rests[ri].member = p->base.members ? p->base.members[p->rests[ri].index] : NULL;
-        layout_apply(p, &layout);
+        layout_apply(p, &s->layout);
         rests_drop_held(p);
 
         for (size_t i = 0; i < p->n_lanes; i++) {
                 LocalLane *l = p->lanes[i];
                 const PoolLaneRule *rule = NULL;
-                for (size_t ri = 0; ri < n_rules && !rule; ri++)
-                        if (streq(rules[ri].lane, l->name))
-                                rule = &rules[ri];
+                for (size_t ri = 0; ri < s->n_rules && !rule; ri++)
+                        if (streq(s->rules[ri].lane, l->name))
+                                rule = &s->rules[ri];
                 if (!rule) {
                         /* Dropped by reload: its waiters have nowhere to go; its holders finish. */
                         l->configured = false;
@@ -1501,18 +1583,20 @@ static int local_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *
                         waiter_refuse(p, w, REFUSAL_UNAVAILABLE, now);
         }
         lanes_gc(p);
-        return 0;
+        /* The drains given with the configuration: the members' above, the whole pool's here, its waiters
+         * refused as by drain(). */
+        if (s->drains_given)
+                drain_whole(p, s->drained, now);
+        staged_free(s);
+}
 
-fail_masks:
-        for (size_t i = 0; i < n_masks; i++)
-                free(masks[i]);
-        free(masks);
-        for (size_t j = 0; j < n_new_life; j++)
-                free(new_life[j].member);
-        free(new_life);
-        for (size_t i = 0; i < n_hw; i++)
-                free(hmasks[i]);
-        return r;
+static void local_configure_abort(Pool *base, PoolStaged *s) {
+        if (!s)
+                return;
+        /* The lanes it made are its own; the pool's are not. */
+        for (size_t i = POOL(base)->n_lanes; s->lanes && i < s->n_lanes; i++)
+                lane_free(s->lanes[i]);
+        staged_free(s);
 }
 
 static void local_retire(Pool *base, usec_t now) {
@@ -1975,22 +2059,25 @@ static usec_t local_next_wakeup(const Pool *base) {
         return t;
 }
 
+static void drain_whole(LocalPool *p, bool on, usec_t now) {
+        p->base.drained = on;
+        /* In the scripts' order (drain.lua): the reservations first, as they are first in the queue (SPEC §3.6:
+         * ahead of every waiting job), then each lane's queue, then the health lanes' waiters. */
+        if (!on)
+                return;
+        for (int pass = 0; pass < 2; pass++)
+                for (size_t i = 0; i < p->n_lanes; i++)
+                        if (streq(p->lanes[i]->name, ENGINE_RESERVE_LANE) == (pass == 0))
+                                lane_refuse_queued(p, p->lanes[i], now);
+        health_refuse_waiters(p, NULL, now);
+}
+
 static int local_drain(Pool *base, const char *member, bool on, usec_t now) {
         LocalPool *p = POOL(base);
         p->latest = MAX(p->latest, now);
 
         if (!member) {
-                p->base.drained = on;
-                /* In the scripts' order (drain.lua): the reservations first, as they are first in the queue
-                 * (SPEC §3.6: ahead of every waiting job), then each lane's queue, then the health lanes'
-                 * waiters. */
-                if (on) {
-                        for (int pass = 0; pass < 2; pass++)
-                                for (size_t i = 0; i < p->n_lanes; i++)
-                                        if (streq(p->lanes[i]->name, ENGINE_RESERVE_LANE) == (pass == 0))
-                                                lane_refuse_queued(p, p->lanes[i], now);
-                        health_refuse_waiters(p, NULL, now);
-                }
+                drain_whole(p, on, now);
                 return 0;
         }
 
@@ -2179,7 +2266,9 @@ static const PoolOps local_ops = {
         .kind = "local",
         .selectors = true,
         .free = local_free,
-        .configure = local_configure,
+        .configure_prepare = local_configure_prepare,
+        .configure_commit = local_configure_commit,
+        .configure_abort = local_configure_abort,
         .retire = local_retire,
         .submit = local_submit,
         .withdraw = local_withdraw,

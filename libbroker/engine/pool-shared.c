@@ -2131,9 +2131,9 @@ static char *life_text(const RespValue *v, bool *bad) {
         return v->len > 0 ? resp_strdup(v) : NULL;
 }
 
-/* The members as configured, each keeping its quarantine by name (a reload's next reply says it again). */
-static int life_configure(SharedPool *p, char *const *members) {
-        size_t n = strv_length((char **) members);
+/* The lives of the members as configured, not the pool's yet (life_adopt()). Returns 0, -ENOMEM. */
+static int life_prepare(char *const *members, PoolMemberLife **ret, size_t *ret_n) {
+        size_t n = strv_length(members);
         PoolMemberLife *life = calloc(MAX(n, (size_t) 1), sizeof(PoolMemberLife));
         if (!life)
                 return -ENOMEM;
@@ -2143,18 +2143,26 @@ static int life_configure(SharedPool *p, char *const *members) {
                         life_free(life, i);
                         return -ENOMEM;
                 }
+        }
+        *ret = life;
+        *ret_n = n;
+        return 0;
+}
+
+/* The members as configured (life_prepare()'s, taken over), each keeping its quarantine by name (a reload's
+ * next reply says it again). */
+static void life_adopt(SharedPool *p, PoolMemberLife *life, size_t n) {
+        for (size_t i = 0; i < n; i++)
                 for (size_t j = 0; j < p->n_life; j++)
-                        if (streq(p->life[j].member, members[i])) {
+                        if (streq(p->life[j].member, life[i].member)) {
                                 char *member = life[i].member;
                                 life[i] = p->life[j];
                                 life[i].member = member;
                                 p->life[j] = (PoolMemberLife) { .member = p->life[j].member };
                         }
-        }
         life_free(p->life, p->n_life);
         p->life = life;
         p->n_life = n;
-        return 0;
 }
 
 /* The cache's [14]: { { member, since, job, exit status, node name, reason }… }, the quarantined members.
@@ -3387,37 +3395,79 @@ static void shared_free(Pool *base) {
         free(p);
 }
 
-static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now) {
+/* A configuration prepared for the pool: its copies, made before anything changes. */
+struct PoolStaged {
+        const PoolConfig *c;
+        usec_t ttl;
+        char *canon;
+        char **lanes;
+        char **members;
+        PoolLabel *labels;
+        PoolMemberLife *life;
+        size_t n_life;
+};
+
+static void shared_configure_abort(Pool *base, PoolStaged *s) {
+        if (!s)
+                return;
+        free(s->canon);
+        strv_free(s->lanes);
+        strv_free(s->members);
+        if (s->labels)
+                pool_labels_free(s->labels, s->c->n_labels);
+        if (s->life)
+                life_free(s->life, s->n_life);
+        free(s);
+}
+
+/* Nothing goes to Redis here: the rules are sent by the commit. */
+static int shared_configure_prepare(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules,
+                                    const PoolDrains *drains, usec_t now, PoolStaged **ret) {
         SharedPool *p = SHARED(base);
+        if (drains)
+                return -EINVAL; /* its backend keeps its drains (drain_with()) */
+        PoolStaged *s = calloc(1, sizeof(PoolStaged));
+        if (!s)
+                return -ENOMEM;
+        /* 0: a PoolConfig made by hand (conf.c always sets one): the TTL the pool was made with. */
+        *s = (PoolStaged) { .c = c, .ttl = c->backend_node_ttl ?: p->params.node_ttl };
+        int r = shared_rules_canon(c, rules, n_rules, s->ttl, &s->canon);
+        if (r < 0)
+                goto fail;
+        r = -ENOMEM;
+        s->lanes = calloc(n_rules + 1, sizeof(char *));
+        if (!s->lanes)
+                goto fail;
+        for (size_t i = 0; i < n_rules; i++)
+                if (!(s->lanes[i] = strdup(rules[i].lane)))
+                        goto fail;
+        if (c->members && !(s->members = strv_copy(c->members)))
+                goto fail;
+        /* The engine resolves selectors against them (pool_selector_capacity()); Redis against the canon's. */
+        r = pool_labels_copy(c->labels, c->n_labels, &s->labels);
+        if (r < 0)
+                goto fail;
+        r = life_prepare(s->members, &s->life, &s->n_life);
+        if (r < 0)
+                goto fail;
+        *ret = s;
+        return 0;
+fail:
+        shared_configure_abort(base, s);
+        return r;
+}
+
+static void shared_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
+        SharedPool *p = SHARED(base);
+        const PoolConfig *c = s->c;
         /* The manual clock: a restore() that follows (it has no `now`) dates its reclaim by this. */
         p->last_now = MAX(p->last_now, now);
-        _cleanup_free_ char *canon = NULL;
-        /* 0: a PoolConfig made by hand (conf.c always sets one): the TTL the pool was made with. */
-        usec_t ttl = c->backend_node_ttl ?: p->params.node_ttl;
-        int r = shared_rules_canon(c, rules, n_rules, ttl, &canon);
-        if (r < 0)
-                return r;
-        _cleanup_(strv_freep) char **lanes = calloc(n_rules + 1, sizeof(char *));
-        if (!lanes)
-                return -ENOMEM;
-        for (size_t i = 0; i < n_rules; i++)
-                if (!(lanes[i] = strdup(rules[i].lane)))
-                        return -ENOMEM;
-        _cleanup_(strv_freep) char **members = NULL;
-        if (c->members && !(members = strv_copy(c->members)))
-                return -ENOMEM;
-        /* The engine resolves selectors against them (pool_selector_capacity()); Redis against the canon's. */
-        r = pool_set_labels(&p->base, c->labels, c->n_labels);
-        if (r < 0)
-                return r;
-
-        r = life_configure(p, members);
-        if (r < 0)
-                return r;
+        pool_labels_replace(&p->base, TAKE_PTR(s->labels), c->n_labels);
+        life_adopt(p, TAKE_PTR(s->life), s->n_life);
         strv_free(p->lanes);
-        p->lanes = TAKE_PTR(lanes);
+        p->lanes = TAKE_PTR(s->lanes);
         strv_free(p->base.members);
-        p->base.members = TAKE_PTR(members);
+        p->base.members = TAKE_PTR(s->members);
         p->base.limit = c->limit;
         p->min_replicas = c->backend_min_replicas;
         p->min_replicas_timeout = c->backend_min_replicas_timeout;
@@ -3429,13 +3479,14 @@ static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule 
         p->base.retired = false;
         /* backend-node-ttl= by reload: a rule (in the canon), and the self-fence's arithmetic at once for the
          * shorter of the two TTLs, until Redis agreed to the new rules (tick_done()). */
-        if (ttl != p->params.node_ttl) {
-                p->fence_ttl = MIN(p->fence_ttl, ttl);
-                p->params.node_ttl = ttl;
+        if (s->ttl != p->params.node_ttl) {
+                p->fence_ttl = MIN(p->fence_ttl, s->ttl);
+                p->params.node_ttl = s->ttl;
         }
-        bool changed = !p->canon || !streq(p->canon, canon);
+        bool changed = !p->canon || !streq(p->canon, s->canon);
         free(p->canon);
-        p->canon = TAKE_PTR(canon);
+        p->canon = TAKE_PTR(s->canon);
+        shared_configure_abort(base, s);
         /* The rules go to Redis with the next tick; agreement is Redis's answer (memo §4.8). */
         if (changed && p->link_up) {
                 (void) queue_tick(p, false, now);
@@ -3444,7 +3495,6 @@ static int shared_configure(Pool *base, const PoolConfig *c, const PoolLaneRule 
                 if (p->params.manual_clock && state_sends_operations(p->state))
                         (void) queue_positions(p, false, now);
         }
-        return 0;
 }
 
 static void shared_retire(Pool *base, usec_t now) {
@@ -4463,7 +4513,9 @@ static const PoolOps shared_ops = {
         .kind = "shared",
         .selectors = true,
         .free = shared_free,
-        .configure = shared_configure,
+        .configure_prepare = shared_configure_prepare,
+        .configure_commit = shared_configure_commit,
+        .configure_abort = shared_configure_abort,
         .retire = shared_retire,
         .submit = shared_submit,
         .withdraw = shared_withdraw,

@@ -19,6 +19,7 @@
 typedef struct Pool Pool;
 typedef struct PoolWaiter PoolWaiter; /* a request waiting in the pool's queue */
 typedef struct PoolGrant PoolGrant;   /* the slots a lease holds in the pool */
+typedef struct PoolStaged PoolStaged; /* a configuration prepared for the pool, not applied yet */
 
 /* What a pool needs to know of each lane that uses it. */
 typedef struct PoolLaneRule {
@@ -36,6 +37,13 @@ typedef struct PoolLaneRule {
          * here for the rules a shared pool's nodes must agree on. */
         char *const *labels;
 } PoolLaneRule;
+
+/* The drains a pool takes with a configuration in place of its own: the engine's records for a pool new to the
+ * configuration (engine.c, pool_drains_from_records()). */
+typedef struct PoolDrains {
+        bool drained;               /* the whole pool */
+        char *const *members;       /* NULL-terminated, or NULL: none */
+} PoolDrains;
 
 /* A waiter handed over by the previous daemon (engine.h, EngineResume): where it stood in this pool's
  * queue. The pool queues it behind the waiters resumed before it, with this state, idle and budget (its
@@ -230,8 +238,17 @@ typedef struct PoolOps {
         const char *kind;
         bool selectors;           /* submit() honours PoolTry.selector; the engine sends none elsewhere */
         void (*free)(Pool *p);
-        /* The first configuration and every reload. Returns 0 or negative errno (state unchanged). */
-        int (*configure)(Pool *p, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now);
+        /* The first configuration and every reload, in two steps, so that a reload of many pools applies to
+         * all of them or to none (SPEC §4): configure_prepare() checks the configuration and allocates all that
+         * applying it takes, changing nothing (the pool decides, emits and answers as before); then exactly
+         * one of configure_commit(), which applies it and cannot fail, or configure_abort(), which frees it.
+         * Nothing else is asked of the pool in between. c, rules and drains stay valid until then. drains:
+         * NULL, the pool keeps its own; else they replace them (a pool that keeps its drains in its backend,
+         * drain_with(), takes none: -EINVAL). Returns 0, -EINVAL, -ENOMEM. */
+        int (*configure_prepare)(Pool *p, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules,
+                                 const PoolDrains *drains, usec_t now, PoolStaged **ret);
+        void (*configure_commit)(Pool *p, PoolStaged *s, usec_t now);
+        void (*configure_abort)(Pool *p, PoolStaged *s);
         /* Removed by reload: refuse every waiter (unavailable), let holders finish. Also a pool that is not
          * configured at all, made only to hold leases restored after a restart; configure() revives it. */
         void (*retire)(Pool *p, usec_t now);
@@ -361,9 +378,21 @@ int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool 
 /* How many members of the pool `s` admits, drained ones included (the most a request with it can ever get);
  * the limit for an empty selector; 0 for a selector in a pool without members. Returns ≥ 0, -ENOMEM. */
 int pool_selector_capacity(const Pool *p, const Selector *s);
-/* The pool's labels replaced by a copy of `labels` (names and members). Returns 0, -ENOMEM (unchanged). */
-int pool_set_labels(Pool *p, const PoolLabel *labels, size_t n_labels);
+/* A copy of `labels` (names and members; NULL when there are none). Returns 0, -ENOMEM. */
+int pool_labels_copy(const PoolLabel *labels, size_t n_labels, PoolLabel **ret);
+/* The pool's labels replaced by `labels`, taken over. */
+void pool_labels_replace(Pool *p, PoolLabel *labels, size_t n_labels);
 void pool_labels_free(PoolLabel *labels, size_t n_labels);
+
+/* Prepares and commits a configuration at once, the pool keeping its drains: for a pool alone (tests). */
+static inline int pool_configure(Pool *p, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now) {
+        PoolStaged *s;
+        int r = p->ops->configure_prepare(p, c, rules, n_rules, NULL, now, &s);
+        if (r < 0)
+                return r;
+        p->ops->configure_commit(p, s, now);
+        return 0;
+}
 
 static inline void pool_emit(Pool *p, const PoolDecision *d) {
         p->emit(d, p->emit_userdata);

@@ -91,7 +91,7 @@ void pool_labels_free(PoolLabel *labels, size_t n_labels) {
         free(labels);
 }
 
-int pool_set_labels(Pool *p, const PoolLabel *labels, size_t n_labels) {
+int pool_labels_copy(const PoolLabel *labels, size_t n_labels, PoolLabel **ret) {
         PoolLabel *copy = NULL;
 
         if (n_labels > 0) {
@@ -107,8 +107,12 @@ int pool_set_labels(Pool *p, const PoolLabel *labels, size_t n_labels) {
                         }
                 }
         }
-        pool_labels_free(p->labels, p->n_labels);
-        p->labels = copy;
-        p->n_labels = n_labels;
+        *ret = copy;
         return 0;
+}
+
+void pool_labels_replace(Pool *p, PoolLabel *labels, size_t n_labels) {
+        pool_labels_free(p->labels, p->n_labels);
+        p->labels = labels;
+        p->n_labels = n_labels;
 }

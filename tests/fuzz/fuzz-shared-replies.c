@@ -397,7 +397,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 PoolConfig pc = { .name = (char *) names[i], .limit = LIMIT, .members = (char **) members,
                                   .max_queue = -1 };
                 PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
-                check(s.pools[i]->ops->configure(s.pools[i], &pc, rules, 1, s.now) == 0);
+                check(pool_configure(s.pools[i], &pc, rules, 1, s.now) == 0);
                 pool_shared_link_up(s.pools[i], "run", s.now);
         }
         s.pool = s.pools[0];

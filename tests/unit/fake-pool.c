@@ -257,13 +257,35 @@ static void op_free(Pool *base) {
         free(fake(base));
 }
 
-static int op_configure(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules, usec_t now) {
+/* What configure_prepare() checked, for configure_commit(). */
+struct PoolStaged {
+        const PoolConfig *c;
+        bool drains_given, drained;
+};
+
+static int op_configure_prepare(Pool *base, const PoolConfig *c, const PoolLaneRule *rules, size_t n_rules,
+                                const PoolDrains *drains, usec_t now, PoolStaged **ret) {
         if (c->limit > FAKE_SLOTS_MAX)
                 return -EINVAL;
-        base->limit = c->limit;
-        base->queue_timeout_set = c->queue_timeout_set;
-        base->queue_timeout = c->queue_timeout;
+        PoolStaged *s = calloc(1, sizeof(PoolStaged));
+        if (!s)
+                return -ENOMEM;
+        *s = (PoolStaged) { .c = c, .drains_given = !!drains, .drained = drains && drains->drained };
+        *ret = s;
         return 0;
+}
+
+static void op_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
+        base->limit = s->c->limit;
+        base->queue_timeout_set = s->c->queue_timeout_set;
+        base->queue_timeout = s->c->queue_timeout;
+        if (s->drains_given)
+                base->drained = s->drained; /* members it has none (op_drain()) */
+        free(s);
+}
+
+static void op_configure_abort(Pool *base, PoolStaged *s) {
+        free(s);
 }
 
 static void op_retire(Pool *base, usec_t now) {
@@ -465,7 +487,9 @@ static int op_snapshot(const Pool *base, PoolSnapshot *ret) {
 static const PoolOps fake_ops = {
         .kind = "fake",
         .free = op_free,
-        .configure = op_configure,
+        .configure_prepare = op_configure_prepare,
+        .configure_commit = op_configure_commit,
+        .configure_abort = op_configure_abort,
         .retire = op_retire,
         .submit = op_submit,
         .withdraw = op_withdraw,

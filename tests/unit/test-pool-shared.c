@@ -186,7 +186,7 @@ static Fixture *fixture_new_confirmed(bool manual, usec_t confirm_stale) {
         assert_int_equal(pool_shared_new(fixture_name, &params, on_decision, f, &f->pool), 0);
         PoolConfig pc = { .name = (char *) fixture_name, .limit = 2, .max_queue = -1 };
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
-        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(1)), 0);
+        assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(1)), 0);
         return f;
 }
 
@@ -1119,7 +1119,7 @@ static void test_node_ttl_by_reload_fences_on_the_shorter_until_agreed(void **st
 
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
         PoolConfig shorter = { .name = (char *) "grid", .limit = 2, .max_queue = -1, .backend_node_ttl = S(20) };
-        assert_int_equal(f->pool->ops->configure(f->pool, &shorter, rules, 1, S(3)), 0);
+        assert_int_equal(pool_configure(f->pool, &shorter, rules, 1, S(3)), 0);
         assert_int_equal(pool_shared_fence_deadline(f->pool), S(1000) + S(20) - margin); /* at once */
         const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
         assert_non_null(strstr(arg(c, 7), "backend-node-ttl=20000000\n"));
@@ -1129,7 +1129,7 @@ static void test_node_ttl_by_reload_fences_on_the_shorter_until_agreed(void **st
 
         /* Longer: the old, shorter TTL holds until Redis agreed (it drops this node by the stored rules). */
         PoolConfig longer = { .name = (char *) "grid", .limit = 2, .max_queue = -1, .backend_node_ttl = S(60) };
-        assert_int_equal(f->pool->ops->configure(f->pool, &longer, rules, 1, S(4)), 0);
+        assert_int_equal(pool_configure(f->pool, &longer, rules, 1, S(4)), 0);
         c = take(f, SHARED_SCRIPT_TICK);
         done(f, c, reply("rules", S(4), tick_body("rules", arr(1, str("backend-node-ttl")), 0, 0, 0, ""), EMPTY,
                          cache(1, 0, 0, -1, "")), S(1004), S(4));
@@ -2378,7 +2378,7 @@ static void test_quarantines_from_replies_hostile_entries_dropped(void **state) 
                           .quarantine_exit_codes = { UINT64_C(1) << 3 | UINT64_C(1) << 4 },
                           .quarantine_exit_codes_set = true, .quarantine_after = 2 };
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
-        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(1)), 0);
+        assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(1)), 0);
         pool_shared_link_up(f->pool, "run1", S(1));
         const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
         assert_non_null(strstr(arg(c, 7), "\nquarantine-after=2\nquarantine-exit-codes=3,4\n"));
@@ -2434,7 +2434,7 @@ static void test_drains_from_replies_hostile_entries_dropped(void **state) {
         char *members[] = { (char *) "a", (char *) "b", NULL };
         PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1, .members = members, .n_members = 2 };
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
-        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(1)), 0);
+        assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(1)), 0);
         pool_shared_link_up(f->pool, "run1", S(1));
         const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
         static char big[1 << 16];
@@ -2501,7 +2501,7 @@ static void test_canon_carries_lane_budgets(void **state) {
                 { .lane = "ci", .priority = 0, .max_in_use = -1, .budget_set = true, .budget = S(90) },
                 { .lane = "nightly", .priority = 0, .max_in_use = -1, .budget_set = true, .budget = USEC_INFINITY },
         };
-        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 2, S(1)), 0);
+        assert_int_equal(pool_configure(f->pool, &pc, rules, 2, S(1)), 0);
         pool_shared_link_up(f->pool, "run1", S(1));
         const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
         assert_string_equal(arg(c, 7), "backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\n"
@@ -2522,7 +2522,7 @@ static void test_canon_carries_labels_and_submit_its_selector(void **state) {
                           .labels = labels, .n_labels = 2 };
         char *lane_labels[] = { (char *) "arm64", (char *) "!flaky", NULL };
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1, .labels = lane_labels } };
-        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(1)), 0);
+        assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(1)), 0);
         /* The engine resolves selectors against the pool's labels. */
         assert_int_equal(pool_selector_capacity(f->pool, &(Selector) { .terms = (char *[]) { (char *) "arm64", NULL } }), 2);
         pool_shared_link_up(f->pool, "run1", S(1));
@@ -2616,7 +2616,7 @@ static void test_manual_clock_reads_places_after_a_reload(void **state) {
         /* A new priority moves waiters: the reload's tick, then their places, as after a run(). */
         PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1 };
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 5, .max_in_use = -1 } };
-        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(3)), 0);
+        assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(3)), 0);
         c = take(f, SHARED_SCRIPT_TICK);
         assert_string_equal(arg(c, 5), "0");
         c = take(f, SHARED_SCRIPT_POSITIONS);
@@ -2764,7 +2764,7 @@ static void min_replicas_on(Fixture *f) {
         PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1, .backend_min_replicas = 1,
                           .backend_min_replicas_timeout = MS(250) };
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
-        assert_int_equal(f->pool->ops->configure(f->pool, &pc, rules, 1, S(1)), 0);
+        assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(1)), 0);
 }
 
 /* The next call, which must be a WAIT for one replica (not a script: no key, no ARGV head). */

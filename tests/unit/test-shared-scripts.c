@@ -3304,7 +3304,7 @@ static void run_differential(unsigned seed, int variant) {
         freeReplyObject(redisCommand(redis, "FLUSHALL"));
         df.n_local = df.n_remote = df.n_reqs = 0;
         assert_int_equal(pool_local_new("p", on_local_decision, &df, &p), 0);
-        assert_int_equal(p->ops->configure(p, &pc, rules, members ? 5 : 3, (usec_t) now), 0);
+        assert_int_equal(pool_configure(p, &pc, rules, members ? 5 : 3, (usec_t) now), 0);
         tick_ok("n1", now, canon);
 
         for (int step = 0; step < 300; step++) {
@@ -3337,7 +3337,7 @@ static void run_differential(unsigned seed, int variant) {
                                 remote_call(&df, false, "drain", now, "beta", "0", NULL);
                                 drained_member = NULL;
                         }
-                        assert_int_equal(p->ops->configure(p, &pc2, reloaded, members ? 4 : 2, (usec_t) now), 0);
+                        assert_int_equal(pool_configure(p, &pc2, reloaded, members ? 4 : 2, (usec_t) now), 0);
                         /* A configure's tick leaves the instant open (settle 0): run() completes it. */
                         redisReply *t = call("tick", "n1", now, 0, "n1", members ?
                                 "backend-node-ttl=600000000\nlane.a.priority=0\nlane.a.queue-timeout=4000000\n"
