@@ -207,7 +207,8 @@ typedef struct SharedPool {
         bool renew_ok;         /* its last tick was answered "ok"/"rules" since the link came up: renewable */
         usec_t renewed_at;     /* monotonic: the last renewal that covered it answered; 0 none since */
         usec_t renew_stale;    /* the covering renewal's period + SHARED_RENEW_STALE: no renewal since, not covered */
-        bool tick_wanted;      /* a renewal asked for a tick (a dead node to reap, the idle period): at once */
+        bool tick_wanted;      /* a renewal asked for a tick (a dead node to reap, the idle period), or a reload
+                                * could not queue its rules: at once */
         usec_t stale_ack;      /* vouch_base() when its vouch deadline passed and the waiters were refused */
         usec_t alive_boot;     /* a restarted daemon's last proof of life (set_last_ack()), USEC_INFINITY: none */
         /* Before this object first served (a brokerd just started, a pool just added: registered with agreed
@@ -3489,7 +3490,9 @@ static void shared_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
         shared_configure_abort(base, s);
         /* The rules go to Redis with the next tick; agreement is Redis's answer (memo §4.8). */
         if (changed && p->link_up) {
-                (void) queue_tick(p, false, now);
+                /* Out of memory for the call (the reload applied all the same): the next run() sends them. */
+                if (queue_tick(p, false, now) < 0)
+                        p->tick_wanted = true;
                 /* New priorities move waiters: in the manual mode places are read after every change (as
                  * after every run()), so that a test reads them exact, as from an in-process pool. */
                 if (p->params.manual_clock && state_sends_operations(p->state))

@@ -23,6 +23,15 @@
 #define WAITER_GRACE S(5)
 #define NODE "0123456789abcdef0123456789abcdef"
 
+/* Every calloc() of the code linked in fails while set (meson links this test with --wrap=calloc): a call that
+ * cannot be made. */
+static bool calloc_fails;
+void *__real_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size) {
+        return calloc_fails ? NULL : __real_calloc(n, size);
+}
+
 /* ----------------------------------------------------------------------------- RESP values, canned */
 
 /* Replies are built in an arena that lives for one test. */
@@ -1173,6 +1182,27 @@ static void test_renew_period_is_a_quarter_of_the_ttl_within_a_third_of_the_fenc
 static void renewed_at(Fixture *f, usec_t t) {
         pool_shared_renewed(f->pool, true, false, t, pool_shared_idle_renew_period(f->pool), t);
         f->pool->ops->run(f->pool, t);
+}
+
+/* A reload that changes the rules of a pool that the renewal covers (it ticks only every SHARED_IDLE_PERIOD
+ * then) sends them at once; also when their call could not be made as the reload applied (out of memory: the
+ * reload applies all the same, it cannot fail by then): at the pool's next run, not an idle period later. */
+static void test_rules_a_reload_could_not_send_go_at_the_next_run(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1000));
+        renewed_at(f, S(1001));
+        no_call(f);
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+        PoolConfig wider = { .name = (char *) "grid", .limit = 3, .max_queue = -1 };
+        PoolStaged *staged;
+        assert_int_equal(f->pool->ops->configure_prepare(f->pool, &wider, rules, 1, NULL, S(1002), &staged), 0);
+        calloc_fails = true;
+        f->pool->ops->configure_commit(f->pool, staged, S(1002));
+        calloc_fails = false;
+        no_call(f);
+        renewed_at(f, S(1002));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_non_null(strstr(arg(c, 7), "limit=3\n"));
 }
 
 /* A renewal's full read brings the node hash's fingerprint (brokerd/lua/renew.lua): equal to the pool's own
@@ -4403,6 +4433,7 @@ int main(void) {
                 T(test_renew_period_is_a_quarter_of_the_ttl_within_a_third_of_the_fence_window),
                 T(test_a_pool_that_holds_nothing_renews_every_half_ttl),
                 T(test_a_renewals_agreeing_fingerprint_stands_for_the_idle_tick),
+                T(test_rules_a_reload_could_not_send_go_at_the_next_run),
                 T(test_grant_read_after_the_vouch_deadline_is_released_not_handed_out),
                 T(test_intents_are_replayed_in_order_after_a_reconnect),
                 T(test_epoch_change_reclaims_every_lease),
