@@ -8,7 +8,11 @@
  * (limit, members, drains, quarantines, rests, holders, waiters), every request's and lease's, the drain
  * records, the next wakeup, and no event from the failed call. Lanes and their rules are not visible but by
  * what they decide: both engines then get the same requests, and must decide them alike (the old lanes still
- * route, the new ones do not exist yet). Last, both apply the new configuration for real and must agree again. */
+ * route, the new ones do not exist yet). Last, both apply the new configuration for real and must agree again.
+ *
+ * Pool "farm" is kept by a backend (a shared pool, its link up and no Redis behind it): a failed reload must not
+ * have queued anything for Redis either (its rules, a fingerprint): the calls its engine's pools queued are
+ * counted (SharedPoolParams.call_order). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +24,8 @@
 #include <cmocka.h>
 
 #include "engine.h"
+#include "pool-shared.h"
+#include "pool.h"
 #include "strv.h"
 
 /* ---- allocation failure, by countdown ---- */
@@ -146,6 +152,11 @@ static const Key config_old[] = {
         { "lane bulk", "max-in-use", "2" },
         { "lane legacy", "pools", "old" },
         { "lane legacy", "policy", "wait" },
+        { "pool farm", "backend", "redis://127.0.0.1:1" },
+        { "pool farm", "members", "f1 f2" },
+        { "pool farm", "label.fast", "f1" },
+        { "lane far", "pools", "farm" },
+        { "lane far", "policy", "wait" },
         {},
 };
 
@@ -181,6 +192,12 @@ static const Key config_new[] = {
         { "lane newbie", "policy", "wait" },
         { "lane b", "pools", "back" },
         { "lane b", "policy", "wait" },
+        { "pool farm", "backend", "redis://127.0.0.1:1" },
+        { "pool farm", "members", "f1 f2 f3" },
+        { "pool farm", "label.fast", "f1 f3" },
+        { "lane far", "pools", "farm" },
+        { "lane far", "policy", "wait" },
+        { "lane far", "priority", "3" },
         {},
 };
 
@@ -198,6 +215,7 @@ typedef struct Side {
         char *log;
         size_t log_size;
         FILE *logf;
+        uint64_t calls;           /* queued for Redis by its shared pools, all told */
 } Side;
 
 static uint64_t fake_random(void *userdata) {
@@ -205,6 +223,29 @@ static uint64_t fake_random(void *userdata) {
         uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
         return z ^ (z >> 31);
+}
+
+/* Shared pools with their link up and no Redis: what they queue is counted, never sent. */
+static int shared_factory(const PoolConfig *pc, const char *name, PoolEmitFn emit, void *emit_userdata,
+                          void *userdata, Pool **ret) {
+        Side *s = userdata;
+        const SharedPoolParams params = {
+                .node_id = "0123456789abcdef0123456789abcdef",
+                .node_name = "runner-1",
+                .node_ttl = pc->backend_node_ttl,
+                .revoke_grace = S(2),
+                .waiter_grace = S(5),
+                .heartbeat = S(1),
+                .manual_clock = true,
+                .random = fake_random,
+                .random_userdata = &s->rng,
+                .call_order = &s->calls,
+        };
+        int r = pool_shared_new(name, &params, emit, emit_userdata, ret);
+        if (r < 0)
+                return r;
+        pool_shared_link_up(*ret, "run-1", 0);
+        return 0;
 }
 
 static void take_events(Side *s) {
@@ -265,6 +306,7 @@ static void side_start(Side *s) {
         s->logf = open_memstream(&s->log, &s->log_size);
         assert_non_null(s->logf);
         assert_int_equal(engine_new(fake_random, &s->rng, &s->engine), 0);
+        engine_set_pool_factory(s->engine, shared_factory, s);
 
         configure(s, config_old, config_back, 0);
         acquire(s, "b", 1, S(1));                 /* 1: b1, holds "back" past its removal */
@@ -324,6 +366,10 @@ static char *dump(Side *s, usec_t now) {
                         (unsigned long long) pi.next_token, (unsigned long long) pi.cooldown);
                 dump_strv(f, "members", pi.members);
                 dump_strv(f, "drained", pi.drained_members);
+                if (pi.remote) {
+                        fprintf(f, " backend_up=%d unavailable=%s", pi.backend_up, pi.unavailable ?: "-");
+                        dump_strv(f, "differing", pi.differing_keys);
+                }
                 fputc('\n', f);
                 for (size_t k = 0; k < pi.n_life; k++) {
                         const EngineMemberLife *m = pi.life + k;
@@ -365,7 +411,8 @@ static char *dump(Side *s, usec_t now) {
                         fputc('\n', f);
                 }
         }
-        fprintf(f, "wakeup %llu\n", (unsigned long long) engine_next_wakeup(s->engine));
+        fprintf(f, "wakeup %llu calls %llu\n", (unsigned long long) engine_next_wakeup(s->engine),
+                (unsigned long long) s->calls);
         fclose(f);
         return buf;
 }
@@ -385,7 +432,7 @@ static void assert_same(Side *a, Side *b, usec_t now, const char *when, unsigned
 
 /* The same requests to both: of the lanes of both configurations, so that the rules in force show. */
 static void probe(Side *s, usec_t now) {
-        static const char *const lanes[] = { "ci", "bulk", "legacy", "newbie", "b" };
+        static const char *const lanes[] = { "ci", "bulk", "legacy", "newbie", "b", "far" };
         for (size_t i = 0; i < sizeof lanes / sizeof lanes[0]; i++)
                 acquire(s, lanes[i], 1, now);
         if (s->leases[1])
@@ -417,8 +464,21 @@ static void test_failed_reload_changes_nothing(void **state) {
 
                 if (r == 0) {
                         /* Applied: as a reload does, all of it. A run with fewer than n allocations tried the
-                         * whole of them; one that shrugged its failure off is counted. */
+                         * whole of them; one that shrugged its failure off is counted: only the shared pool's
+                         * call of its new rules may fail once the reload applies, and the pool's next run()
+                         * sends it; anything else shrugged off must leave no trace. */
                         configure(&b, config_new, NULL, at);
+                        if (alloc_failed && a.calls != b.calls) {
+                                /* The one difference: the call B queued. */
+                                assert_int_equal(a.calls + 1, b.calls);
+                                a.calls++;
+                                assert_same(&a, &b, at, "after the reload, but for the call", n);
+                                a.calls--;
+                                engine_run(a.engine, at);
+                                engine_run(b.engine, at);
+                                take_events(&a);
+                                take_events(&b);
+                        }
                         assert_same(&a, &b, at, "after the reload", n);
                         probe(&a, at + MS(3));
                         probe(&b, at + MS(3));
@@ -448,11 +508,9 @@ static void test_failed_reload_changes_nothing(void **state) {
                 side_done(&b);
         }
         conf_free(c_new);
-        print_message("# the reload made %lu allocations\n", n - 1);
+        print_message("# the reload made %lu allocations; a failure of %lu of them was shrugged off\n",
+                      n - 1, n_shrugged);
         assert_true(n > 20); /* the injection reached the engine */
-        /* Every allocation of a reload is made before it applies anything (the engine's queues reserved ahead):
-         * none fails once it is under way, and none is shrugged off (an index left out, a call not queued). */
-        assert_int_equal(n_shrugged, 0);
 }
 
 int main(void) {
