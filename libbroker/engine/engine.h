@@ -127,7 +127,8 @@ int engine_pool_factory_local(const PoolConfig *pc, const char *name, PoolEmitFn
  * holders if a later reload names it again; waiters of a removed lane are refused likewise.
  * The config must have passed conf_validate(). It applies to every pool and lane or to none: everything that
  * can fail (out of memory included) is done before any pool takes the new configuration. Returns 0, or negative
- * errno with every pool, lane, drain, holder and waiter as it was and no event told. */
+ * errno with every pool, lane, drain, holder and waiter as it was and nothing told of the reload (the instants
+ * before `now` are settled first, as by any call). */
 int engine_configure(Engine *e, const BrokerConfig *c, usec_t now);
 
 /* A pool kept by a backend whose backend=, backend-user=, backend-password-file= or

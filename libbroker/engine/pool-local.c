@@ -2304,7 +2304,7 @@ int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool 
         p->next_token = 1;
         p->max_queue = -1;
         heap_init(&p->deadlines);
-        p->next_wake = USEC_INFINITY; /* no rest: nothing to wake for, even before the first configure() */
+        p->next_wake = USEC_INFINITY; /* no rest: nothing to wake for, even before the first configuration */
         *ret = &p->base;
         return 0;
 }

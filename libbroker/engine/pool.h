@@ -241,7 +241,8 @@ typedef struct PoolOps {
         /* The first configuration and every reload, in two steps, so that a reload of many pools applies to
          * all of them or to none (SPEC §4): configure_prepare() checks the configuration and allocates all that
          * applying it takes, changing nothing (the pool decides, emits and answers as before); then exactly
-         * one of configure_commit(), which applies it and cannot fail, or configure_abort(), which frees it.
+         * one of configure_commit(), which applies it and cannot fail (a call to its backend that it cannot
+         * make goes at its next run()), or configure_abort(), which frees it.
          * Nothing else is asked of the pool in between. c, rules and drains stay valid until then. drains:
          * NULL, the pool keeps its own; else they replace them (a pool that keeps its drains in its backend,
          * drain_with(), takes none: -EINVAL). Returns 0, -EINVAL, -ENOMEM. */
@@ -250,7 +251,7 @@ typedef struct PoolOps {
         void (*configure_commit)(Pool *p, PoolStaged *s, usec_t now);
         void (*configure_abort)(Pool *p, PoolStaged *s);
         /* Removed by reload: refuse every waiter (unavailable), let holders finish. Also a pool that is not
-         * configured at all, made only to hold leases restored after a restart; configure() revives it. */
+         * configured at all, made only to hold leases restored after a restart; a configuration revives it. */
         void (*retire)(Pool *p, usec_t now);
         /* Decides now if there is room or the try may not wait; otherwise queues. A remote pool decides
          * later (one decision for the cookie, then nothing unless it was QUEUED); it still checks the lane
@@ -353,7 +354,7 @@ struct Pool {
         const char *name;         /* not owned: the creator keeps it alive longer than the pool */
         unsigned limit;
         char **members;           /* NULL-terminated, or NULL */
-        PoolLabel *labels;        /* names and members only (no source); set by configure() */
+        PoolLabel *labels;        /* names and members only (no source); set by configure_commit() */
         size_t n_labels;
         bool queue_timeout_set;
         usec_t queue_timeout;

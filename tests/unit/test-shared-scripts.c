@@ -1934,7 +1934,7 @@ static void test_the_pool_clock_absorbs_gaps_and_backward_steps(void **state) {
 #define CANON_A_B(prio_b) \
         "backend-node-ttl=30000000\nlane.a.priority=0\nlane.b.priority=" prio_b "\nlimit=1\n"
 
-/* A reload adopted by every node applies as pool-local's configure(): a re-prioritised lane's waiters go
+/* A reload adopted by every node applies as pool-local's configure_commit(): a re-prioritised lane's waiters go
  * ahead (positions follow), a removed lane's waiters are refused unavailable at the adoption's instant. */
 static void test_adopted_rules_move_and_refuse_waiters(void **state) {
         tick_ok("n1", 1000, CANON_A_B("0"));
