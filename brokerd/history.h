@@ -54,6 +54,10 @@ typedef struct HistoryLeaseRow {
         bool health;              /* engine_lease_is_health() */
         char *remote_id;          /* a shared pool's name for the lease ("NODE:RID"), or NULL: local */
         HistoryLeaseBackend backend; /* a shared lease's: where it was granted (lease log only) */
+        /* Its pool's quarantine rules (SPEC §3.6, engine_lease_quarantine_rules(); lease log only): bit n for exit
+         * status n, and how many in a row; quarantine_after 0: none recorded. */
+        uint64_t quarantine_exit_codes[4];
+        unsigned quarantine_after;
         /* An all-or-nothing lease's further pools (SPEC §3.5, also=; lease log only), in the lane's order. */
         struct HistoryLeaseAlso *also;
         size_t n_also;

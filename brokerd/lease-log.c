@@ -225,6 +225,15 @@ static int line_lease(Buffer *b, const HistoryLeaseRow *row) {
         /* Only a health job's: a line without it is an ordinary lease's (or one from before, whose lane says). */
         if (row->health_known && row->health)
                 r = r ?: buffer_puts(b, ",\"health\":true");
+        if (row->quarantine_after > 0) {
+                /* Its pool's rules: a restart whose configuration no longer has the pool judges the exit by them. */
+                r = r ?: buffer_puts(b, ",\"quarantine\":{\"exitCodes\":[");
+                for (unsigned s = 1, n = 0; r == 0 && s <= 255; s++)
+                        if ((row->quarantine_exit_codes[s / 64] >> (s % 64)) & 1)
+                                r = (n++ ? buffer_puts(b, ",") : 0) ?: buffer_put_u64(b, s);
+                r = r ?: buffer_put_field_u64(b, "],\"after\":", row->quarantine_after);
+                r = r ?: buffer_puts(b, "}");
+        }
         r = r ?: buffer_put_field_u64(b, ",\"grantedAt\":", row->granted_at);
         if (row->expires_at != USEC_INFINITY)
                 r = r ?: buffer_put_field_u64(b, ",\"expiresAt\":", row->expires_at);
@@ -716,6 +725,23 @@ static int row_also_from_json(const json_t *also, HistoryLeaseRow *row) {
         return 0;
 }
 
+/* "quarantine":{"exitCodes":[3,4],"after":1}: statuses 1–255, at least one. */
+static int row_quarantine_from_json(const json_t *q, HistoryLeaseRow *row) {
+        const json_t *codes = json_object_get(q, "exitCodes");
+        if (!json_is_object(q) || !json_is_array(codes) || json_array_size(codes) == 0 ||
+            !json_integer_in(json_object_get(q, "after"), 1, CONF_QUARANTINE_AFTER_MAX))
+                return -EBADMSG;
+        for (size_t i = 0; i < json_array_size(codes); i++) {
+                const json_t *v = json_array_get(codes, i);
+                if (!json_integer_in(v, 1, 255))
+                        return -EBADMSG;
+                json_int_t s = json_integer_value(v);
+                row->quarantine_exit_codes[s / 64] |= UINT64_C(1) << (s % 64);
+        }
+        row->quarantine_after = (unsigned) json_integer_value(json_object_get(q, "after"));
+        return 0;
+}
+
 static int row_from_json(const json_t *o, HistoryLeaseRow *ret) {
         _cleanup_(history_lease_row_done) HistoryLeaseRow row = { .expires_at = USEC_INFINITY };
         json_t *slots = json_object_get(o, "slots"), *members = json_object_get(o, "members"), *v;
@@ -782,6 +808,8 @@ static int row_from_json(const json_t *o, HistoryLeaseRow *ret) {
                 if (r < 0)
                         return r;
         }
+        if ((v = json_object_get(o, "quarantine")) && row_quarantine_from_json(v, &row) < 0)
+                return -EBADMSG;
         json_t *k = json_object_get(o, "backend");
         if (k) {
                 HistoryLeaseBackend *bk = &row.backend;

@@ -17,7 +17,10 @@
  *                                                all-or-nothing lease's further pools (SPEC §3.5), restored
  *                                                with it or not at all; "health":true for a health job's
  *                                                lease (engine_lease_is_health(): a health = also lane's
- *                                                can be either), absent otherwise
+ *                                                can be either), absent otherwise; "quarantine"
+ *                                                ({"exitCodes":[N…],"after":N}) its pool's rules (SPEC
+ *                                                §3.6), when it has quarantine-exit-codes=: a restart whose
+ *                                                configuration lacks the pool judges the exit by them
  *   {"end":"ID"}                                 a lease ended
  *   {"token":{"pool":"P","next":N}}              a pool's next unused token ("*": every pool)
  *   {"alive":µs}                                 brokerd ran at this realtime instant

@@ -353,6 +353,8 @@ static HistoryLeaseBackend lease_backend(const Lease *l) {
 /* The lease as the lease log keeps it; an all-or-nothing lease's further pools go into also (room for
  * engine_lease_also_count() of them). Borrows every string and array. */
 static HistoryLeaseRow lease_row(const Lease *l, HistoryLeaseAlso *also) {
+        EngineQuarantineRules q = {};
+        (void) engine_lease_quarantine_rules(l->engine_lease, &q);
         const unsigned *idx;
         const char *const *members;
         unsigned n = engine_lease_slots(l->engine_lease, &idx, &members);
@@ -388,6 +390,8 @@ static HistoryLeaseRow lease_row(const Lease *l, HistoryLeaseAlso *also) {
                 .expires_at = lease_expires_realtime(l),
                 .health_known = true,
                 .health = engine_lease_is_health(l->engine_lease),
+                .quarantine_exit_codes = { q.exit_codes[0], q.exit_codes[1], q.exit_codes[2], q.exit_codes[3] },
+                .quarantine_after = q.after,
                 .remote_id = (char *) engine_lease_remote_id(l->engine_lease),
                 .backend = lease_backend(l),
                 .also = n_also > 0 ? also : NULL,
@@ -688,6 +692,8 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
                 .backend_sentinel_password_file = bk->sentinel_password_file,
                 .backend_node_ttl = bk->node_ttl,
         };
+        EngineQuarantineRules quarantine = { .after = row->quarantine_after };
+        memcpy(quarantine.exit_codes, row->quarantine_exit_codes, sizeof quarantine.exit_codes);
         EngineLease *el;
         r = engine_lease_restore(t->engine,
                                  &(EngineLeaseRestore) {
@@ -703,6 +709,7 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
                                          .granted_in = row->remote_id && bk->url ? &granted_in : NULL,
                                          .health_known = row->health_known,
                                          .health = row->health,
+                                         .quarantine = row->quarantine_after > 0 ? &quarantine : NULL,
                                  },
                                  &el);
         /* An all-or-nothing lease's further pools (SPEC §3.5): held again with it, or the lease is not. */

@@ -521,6 +521,10 @@ bool engine_lease_is_health(const EngineLease *l) {
         return l && l->pool && l->grant && l->pool->ops->grant_health && l->pool->ops->grant_health(l->pool, l->grant);
 }
 
+bool engine_lease_quarantine_rules(const EngineLease *l, EngineQuarantineRules *ret) {
+        return l && l->pool && l->pool->ops->quarantine_rules && l->pool->ops->quarantine_rules(l->pool, ret);
+}
+
 size_t engine_lease_also_count(const EngineLease *l) {
         return l ? l->n_also : 0;
 }
@@ -1966,6 +1970,7 @@ static int restore_share(Engine *e, const EngineLeaseRestore *rs, const char *la
                                     .granted_at = granted_at,
                                     .health_known = rs->health_known,
                                     .health = rs->health,
+                                    .quarantine = rs->quarantine,
                             },
                             &g);
         if (r < 0) {

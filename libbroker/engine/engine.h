@@ -283,6 +283,18 @@ bool engine_lease_is_shared(const EngineLease *l);
  * (a health = also lane's lease of ordinary members is not one). For the lease log: a restart keeps it so. */
 bool engine_lease_is_health(const EngineLease *l);
 
+/* A local member pool's quarantine rules (SPEC §3.6): bit n of exit_codes for exit status n
+ * (quarantine-exit-codes=), and how many in a row quarantine (quarantine-after=). */
+typedef struct EngineQuarantineRules {
+        uint64_t exit_codes[4];
+        unsigned after;
+} EngineQuarantineRules;
+
+/* The rules of the pool the lease holds, for the lease log: a restart whose configuration no longer has the pool
+ * judges the lease's exit status by them still. false: none (no quarantine-exit-codes=, or a pool kept by a
+ * backend, which keeps its own). */
+bool engine_lease_quarantine_rules(const EngineLease *l, EngineQuarantineRules *ret);
+
 /* An all-or-nothing lease (SPEC §3.5, a lane with also=): one lease over the chosen pool (the functions above)
  * and each also= pool, in the lane's order, with a fencing token of each pool. */
 typedef struct EngineLeaseAlso {
@@ -318,6 +330,8 @@ typedef struct EngineLeaseRestore {
          * health = also counting as ordinary. */
         bool health_known;
         bool health;
+        /* engine_lease_quarantine_rules() as recorded, or NULL: a pool not configured holds the lease by them. */
+        const EngineQuarantineRules *quarantine;
 } EngineLeaseRestore;
 
 /* Slots are found by member name in a member pool, by index otherwise. A shared pool holds them until its

@@ -1889,6 +1889,43 @@ static void local_release(Pool *base, PoolGrant *g, usec_t now) {
         lanes_gc(p);
 }
 
+/* A pool made for restored leases (theirs left the configuration: never configured, its limit 0) takes the
+ * rules they were granted under (the union, if several were recorded) and lives for the members they hold: their
+ * exit statuses then quarantine and restore as the configuration they were granted by said (SPEC §3.6), and the
+ * engine tells these as a retired pool's, kept until the pool is back. A health job's member was quarantined when
+ * it was granted. Out of memory: a member without a life here, whose lease's exit status then decides nothing. */
+static void restore_lives(LocalPool *p, const PoolGrant *g, const EngineQuarantineRules *q) {
+        if (p->base.limit > 0)
+                return; /* configured: its own rules and members */
+        if (q) {
+                for (size_t k = 0; k < ELEMENTSOF(p->quarantine_codes); k++)
+                        p->quarantine_codes[k] |= q->exit_codes[k];
+                p->quarantine_after = MAX(q->after, 1u);
+        }
+        p->life_by_name = mfree(p->life_by_name); /* life_find() scans while lives are added */
+        for (unsigned i = 0; i < g->n_slots; i++) {
+                const char *name = grant_member(g, i);
+                if (!name || life_find(p, name))
+                        continue;
+                PoolMemberLife *a = reallocarray(p->life, p->n_life + 1, sizeof(PoolMemberLife));
+                if (!a)
+                        break;
+                p->life = a;
+                a[p->n_life] = (PoolMemberLife) {
+                        .member = strdup(name),
+                        .exit_status = -1,
+                        .quarantined = g->health,
+                        .since = g->granted_at,
+                };
+                if (!a[p->n_life].member)
+                        break;
+                p->n_life++;
+        }
+        size_t *ix = reallocarray(NULL, MAX(p->n_life, (size_t) 1), sizeof(size_t));
+        if (ix) /* out of memory: life_find() scans */
+                life_index(p, ix);
+}
+
 static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
         LocalPool *p = POOL(base);
         const char *lane = rs->lane;
@@ -1896,7 +1933,7 @@ static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
         const char *const *members = rs->members;
         unsigned n_slots = rs->n_slots;
         LocalLane *l = lane_find(p, lane);
-        bool in_place = true;
+        bool in_place = true, lane_gone = !l;
         int r;
 
         if (n_slots == 0)
@@ -1939,9 +1976,10 @@ static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
         }
         g->lane = l;
         g->granted_at = rs->granted_at;
-        /* A health = yes lane's lease is a health job's; a health = also lane's may be either: as recorded (not
-         * recorded, by a brokerd from before: ordinary). */
-        g->health = l->health && (!l->health_also || (rs->health_known && rs->health));
+        /* A health = yes lane's lease is a health job's; a health = also lane's may be either, and a lane no longer
+         * configured's too: as recorded (not recorded, by a brokerd from before: ordinary). */
+        g->health = lane_gone ? rs->health_known && rs->health
+                              : l->health && (!l->health_also || (rs->health_known && rs->health));
         list_append(&p->grants, &g->node);
         if (in_place)
                 for (unsigned i = 0; i < n_slots; i++) {
@@ -1966,6 +2004,7 @@ static int local_restore(Pool *base, const PoolRestore *rs, PoolGrant **ret) {
         l->used += n_slots;
         if (rs->token >= p->next_token)
                 p->next_token = rs->token + 1;
+        restore_lives(p, g, rs->quarantine);
         *ret = g;
         return 0;
 }
@@ -2234,6 +2273,18 @@ static bool local_grant_health(const Pool *base, const PoolGrant *g) {
         return g->health;
 }
 
+static bool local_quarantine_rules(const Pool *base, EngineQuarantineRules *ret) {
+        const LocalPool *p = POOL((Pool *) base);
+        uint64_t any = 0;
+        for (size_t k = 0; k < ELEMENTSOF(p->quarantine_codes); k++)
+                any |= p->quarantine_codes[k];
+        if (any == 0)
+                return false;
+        memcpy(ret->exit_codes, p->quarantine_codes, sizeof ret->exit_codes);
+        ret->after = p->quarantine_after;
+        return true;
+}
+
 static void local_set_token_floor(Pool *base, uint64_t next_token) {
         LocalPool *p = POOL(base);
         p->next_token = MAX(p->next_token, next_token);
@@ -2289,6 +2340,7 @@ static const PoolOps local_ops = {
         .set_use = local_set_use,
         .get_use = local_get_use,
         .grant_health = local_grant_health,
+        .quarantine_rules = local_quarantine_rules,
         .rest = local_rest,
 };
 

@@ -232,6 +232,10 @@ typedef struct PoolRestore {
          * ordinary (which it was is not known). */
         bool health_known;
         bool health;
+        /* The rules the lease was granted under, as recorded (NULL: not recorded). A pool that was never configured
+         * (made for restored leases: its pool left the configuration) judges its exit statuses by them, for the
+         * members it holds (SPEC §3.6); a configured pool by its own. */
+        const EngineQuarantineRules *quarantine;
 } PoolRestore;
 
 typedef struct PoolOps {
@@ -336,6 +340,8 @@ typedef struct PoolOps {
         int (*set_use)(Pool *p, const char *member, const EngineMemberUse *u);
         /* engine_lease_is_health(); NULL: never (a pool kept by a backend decides it there). */
         bool (*grant_health)(const Pool *p, const PoolGrant *g);
+        /* engine_lease_quarantine_rules(); NULL: none. */
+        bool (*quarantine_rules)(const Pool *p, EngineQuarantineRules *ret);
         /* engine_member_get_use(). */
         int (*get_use)(const Pool *p, const char *member, EngineMemberUse *ret);
         /* engine_drain_with() for a pool whose backend keeps who, why, since and until and ends the drain at its

@@ -14,6 +14,9 @@ Rigs a b of pool rigs, quarantine-exit-codes = 3 4, quarantine-after = 1 (and = 
   non-admin is PermissionDenied (protocol, as nobody); bad input is a clear error and changes nothing: a
   member or pool that does not exist, no reason, a reason of 1 MB or with control characters, a pool of
   anonymous slots.
+- A lease held across a handover to a configuration without its pool (restored into a pool kept for it alone):
+  its job's exit 3 quarantines the member, and a health job's exit 0 restores it, once a reload brings the pool
+  back (Drain class).
 - Journal (Journal class, inside journald-ns.sh): [QUARANTINED] and [RESTORED] with their MESSAGE_IDs, in
   the catalog, and SLOT_MEMBER, SLOT_JOB, SLOT_EXIT_STATUS, SLOT_REASON; [ADMIN_DENIED] for a non-admin.
 
@@ -554,6 +557,54 @@ class Drain(Base):
         b.start()
         self.stop("check", 0)
         self.wait_quarantined(b, set())
+
+    def restart_without_rigs(self, b, config):
+        """b handed over to a brokerd whose configuration has no pool rigs (nor its lanes): a lease held in rigs
+        is restored into a pool kept for it alone."""
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.write_config(config[config.index("[pool anon]"):config.index("[lane w]")] + "[lane anon]\npools = anon\n")
+        b.start()
+        self.assertEqual([h["lease"]["members"] for h in b.status()["holders"]], [["a"]])
+
+    def test_an_exit_status_of_a_lease_restored_without_its_pool_quarantines_when_it_is_back(self):
+        """A job holds a of rigs across a handover to a configuration without rigs (the pool removed, or moved to
+        a backend, while brokerd was down), then exits 3: the pool kept for the restored lease alone was made
+        without rigs' configuration, yet the job's exit quarantines a, as it would have had rigs stayed, as it
+        does when a reload takes rigs away under the job (Shared). When rigs is back a stays out, also across a
+        restart."""
+        config = CONFIG.format(after=1, admin="12345")
+        b = self.broker(config, "restored-away", mode="store")
+        self.assertEqual(self.running(b, "held", "w", "--member", "a", exit_status=3), ["a"])
+        self.restart_without_rigs(b, config)
+        self.stop("held", exit_status=3)
+        wait_for(lambda: not b.status()["holders"], 10, message="the restored lease to end")
+        b.write_config(config)
+        b.reload()
+        q = self.quarantined(b)
+        self.assertEqual(set(q), {"a"})
+        self.assertEqual((q["a"]["job"], q["a"]["exitStatus"]), ("held", 3))
+        self.assertEqual(self.running(b, "next", "w"), ["b"])
+        self.stop("next")
+        b.crash()
+        b.start()
+        self.assertEqual(set(self.quarantined(b)), {"a"})
+
+    def test_a_health_job_restored_without_its_pool_restores_when_it_is_back(self):
+        """The mirror: a health job holds the quarantined a across a handover to a configuration without rigs,
+        then exits 0: a is restored, and does not come back quarantined with rigs."""
+        config = CONFIG.format(after=1, admin="12345")
+        b = self.broker(config, "restored-health", mode="store")
+        p = self.slotctl(b, "quarantine", "rigs", "a", "--reason", "fan noise")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(self.running(b, "check", "health"), ["a"])
+        self.restart_without_rigs(b, config)
+        self.stop("check")
+        wait_for(lambda: not b.status()["holders"], 10, message="the restored lease to end")
+        b.write_config(config)
+        b.reload()
+        self.assertEqual(set(self.quarantined(b)), set())
+        self.assertEqual(self.running(b, "after", "w", "--member", "a"), ["a"])
+        self.stop("after")
 
     def test_a_quarantine_older_than_the_boot_keeps_its_start(self):
         # SPEC §3.6: Status shows since when; a quarantine from before this boot is no younger for a reboot.

@@ -72,6 +72,10 @@ static HistoryLeaseRow row_a(void) {
                 .detached = false,
                 .granted_at = 1700000000000001,
                 .expires_at = 1700000060000001,
+                /* Its pool's quarantine-exit-codes = 3 64 255, quarantine-after = 2: a restart whose configuration
+                 * lacks the pool judges the exit by them. */
+                .quarantine_exit_codes = { UINT64_C(1) << 3, UINT64_C(1), 0, UINT64_C(1) << 63 },
+                .quarantine_after = 2,
         };
 }
 
@@ -158,6 +162,10 @@ static void test_what_is_written_is_read(void **state) {
         assert_false(ra->health);
         assert_int_equal(ra->granted_at, a.granted_at);
         assert_int_equal(ra->expires_at, a.expires_at);
+        assert_memory_equal(ra->quarantine_exit_codes, a.quarantine_exit_codes, sizeof a.quarantine_exit_codes);
+        assert_int_equal(ra->quarantine_after, 2);
+        assert_int_equal(rc->quarantine_after, 0); /* none recorded: none */
+        assert_int_equal(rc->quarantine_exit_codes[0] | rc->quarantine_exit_codes[3], 0);
         assert_null(rc->members);
         assert_null(rc->job);
         assert_true(rc->detached);
@@ -619,6 +627,14 @@ static void test_numbers_out_of_range_are_damage(void **state) {
                 LEASE("\"token\":7,\"uid\":1000,\"pid\":5,\"grantedAt\":1,\"expiresAt\":-5"),
                 LEASE("\"token\":7,\"uid\":1000,\"pid\":-5,\"grantedAt\":1"),
                 LEASE("\"token\":7,\"uid\":1000,\"pid\":5,\"commandPid\":-1,\"commandStart\":1,\"grantedAt\":1"),
+                /* Quarantine rules: statuses 1 to 255, at least one, and 1 to 1000 in a row. */
+                LEASE("\"token\":7,\"uid\":1000,\"pid\":5,\"grantedAt\":1,\"quarantine\":{\"exitCodes\":[0],\"after\":1}"),
+                LEASE("\"token\":7,\"uid\":1000,\"pid\":5,\"grantedAt\":1,\"quarantine\":{\"exitCodes\":[256],\"after\":1}"),
+                LEASE("\"token\":7,\"uid\":1000,\"pid\":5,\"grantedAt\":1,\"quarantine\":{\"exitCodes\":[],\"after\":1}"),
+                LEASE("\"token\":7,\"uid\":1000,\"pid\":5,\"grantedAt\":1,\"quarantine\":{\"exitCodes\":[3],\"after\":0}"),
+                LEASE("\"token\":7,\"uid\":1000,\"pid\":5,\"grantedAt\":1,\"quarantine\":{\"exitCodes\":[3],\"after\":1001}"),
+                LEASE("\"token\":7,\"uid\":1000,\"pid\":5,\"grantedAt\":1,\"quarantine\":{\"exitCodes\":[3]}"),
+                LEASE("\"token\":7,\"uid\":1000,\"pid\":5,\"grantedAt\":1,\"quarantine\":[3]"),
 #undef LEASE
         };
         for (size_t i = 0; i < ELEMENTSOF(lines); i++)
