@@ -2096,9 +2096,19 @@ int engine_member_quarantine(Engine *e, const char *pool, const char *member, co
         return 0;
 }
 
+/* Where a member's counts are: the configured pool of the name, else an in-process one kept for leases restored
+ * after the name left the configuration (which of its members count: the pool's set_use()). */
+static Pool *pool_of_counts(const Engine *e, const char *pool) {
+        Pool *p = pool_find(e->pools, e->n_pools, pool);
+        for (size_t i = 0; !p && i < e->n_retired; i++)
+                if (streq(e->retired[i]->name, pool) && !e->retired[i]->ops->drain_with)
+                        p = e->retired[i];
+        return p;
+}
+
 int engine_member_set_use(Engine *e, const char *pool, const char *member, const EngineMemberUse *u) {
         assert_return(e && pool && member && u, -EINVAL);
-        Pool *p = pool_find(e->pools, e->n_pools, pool);
+        Pool *p = pool_of_counts(e, pool);
         if (!p)
                 return -ENOENT;
         return p->ops->set_use ? p->ops->set_use(p, member, u) : -EOPNOTSUPP;
@@ -2106,7 +2116,7 @@ int engine_member_set_use(Engine *e, const char *pool, const char *member, const
 
 int engine_member_get_use(const Engine *e, const char *pool, const char *member, EngineMemberUse *ret) {
         assert_return(e && pool && member && ret, -EINVAL);
-        Pool *p = pool_find(e->pools, e->n_pools, pool);
+        Pool *p = pool_of_counts(e, pool);
         if (!p)
                 return -ENOENT;
         return p->ops->get_use ? p->ops->get_use(p, member, ret) : -EOPNOTSUPP;

@@ -1876,8 +1876,11 @@ static void local_release(Pool *base, PoolGrant *g, usec_t now) {
         p->latest = MAX(p->latest, now);
         rests_wake(p, now);
         for (unsigned i = 0; i < g->n_slots; i++) {
-                if (g->pos[i] < p->n_life_configured)
-                        p->life[g->pos[i]].held += usec_sub_unsigned(now, g->granted_at);
+                PoolMemberLife *m = g->pos[i] < p->n_life_configured ? p->life + g->pos[i]
+                                    : p->base.limit == 0 && grant_member(g, i) ? life_find(p, grant_member(g, i))
+                                                                               : NULL;
+                if (m)
+                        m->held += usec_sub_unsigned(now, g->granted_at);
                 slot_put(p, g->pos[i]);
                 /* Out of memory: the slot is free at once rather than lost. */
                 if (p->cooldown > 0)
@@ -2238,12 +2241,22 @@ static int local_quarantine(Pool *base, const char *member, const EngineQuaranti
         return r;
 }
 
+/* The member's life whose counts are kept (usage per member, its failures in a row): a configured member's, or
+ * in a pool made for restored leases (never configured: restore_lives()) a member's they hold, so that the counts
+ * the lease log has go on there and what their ends add is written back. NULL: none (-ENOENT). */
+static PoolMemberLife *life_counted(LocalPool *p, const char *member) {
+        PoolMemberLife *m = life_find(p, member);
+        if (!m || p->base.limit == 0)
+                return m;
+        return (size_t) (m - p->life) < p->n_life_configured && !p->base.retired ? m : NULL;
+}
+
 static int local_set_use(Pool *base, const char *member, const EngineMemberUse *u) {
         LocalPool *p = POOL(base);
-        if (!p->base.members)
+        if (!p->base.members && p->base.limit > 0)
                 return -EOPNOTSUPP;
-        PoolMemberLife *m = life_find(p, member);
-        if (!m || (size_t) (m - p->life) >= p->n_life_configured)
+        PoolMemberLife *m = life_counted(p, member);
+        if (!m)
                 return -ENOENT;
         m->grants = u->grants;
         m->held = u->held;
@@ -2254,10 +2267,10 @@ static int local_set_use(Pool *base, const char *member, const EngineMemberUse *
 
 static int local_get_use(const Pool *base, const char *member, EngineMemberUse *ret) {
         LocalPool *p = POOL((Pool *) base);
-        if (!p->base.members)
+        if (!p->base.members && p->base.limit > 0)
                 return -EOPNOTSUPP;
-        const PoolMemberLife *m = life_find(p, member);
-        if (!m || (size_t) (m - p->life) >= p->n_life_configured)
+        const PoolMemberLife *m = life_counted(p, member);
+        if (!m)
                 return -ENOENT;
         *ret = (EngineMemberUse) {
                 .grants = m->grants,

@@ -589,6 +589,23 @@ class Drain(Base):
         b.start()
         self.assertEqual(set(self.quarantined(b)), {"a"})
 
+    def test_failures_in_a_row_go_on_in_a_lease_restored_without_its_pool(self):
+        """quarantine-after = 2: a's first failure before a handover to a configuration without rigs, its second
+        by the lease restored there (the lease log's count of a went on there): a is quarantined when rigs is
+        back."""
+        config = CONFIG.format(after=2, admin="12345")
+        b = self.broker(config, "restored-after", mode="store")
+        self.ran(b, "fail-1", "w", 3, "--member", "a")
+        self.assertEqual(self.running(b, "held", "w", "--member", "a", exit_status=3), ["a"])
+        self.restart_without_rigs(b, config)
+        self.stop("held", exit_status=3)
+        wait_for(lambda: not b.status()["holders"], 10, message="the restored lease to end")
+        b.write_config(config)
+        b.reload()
+        q = self.quarantined(b)
+        self.assertEqual(set(q), {"a"})
+        self.assertEqual((q["a"]["job"], q["a"]["exitStatus"]), ("held", 3))
+
     def test_a_health_job_restored_without_its_pool_restores_when_it_is_back(self):
         """The mirror: a health job holds the quarantined a across a handover to a configuration without rigs,
         then exits 0: a is restored, and does not come back quarantined with rigs."""
