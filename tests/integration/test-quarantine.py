@@ -583,6 +583,10 @@ class Drain(Base):
         q = self.quarantined(b)
         self.assertEqual(set(q), {"a"})
         self.assertEqual((q["a"]["job"], q["a"]["exitStatus"]), ("held", 3))
+        # The history names the member of the restored lease's release and of the quarantine it made.
+        rows = {e["decision"]: e for e in b.call("io.slotbroker.History", {})["events"] if e.get("job") == "held"}
+        self.assertEqual(rows["released"].get("member"), "a")
+        self.assertEqual((rows["quarantined"].get("member"), rows["quarantined"].get("exitStatus")), ("a", 3))
         self.assertEqual(self.running(b, "next", "w"), ["b"])
         self.stop("next")
         b.crash()
