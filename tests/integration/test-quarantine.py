@@ -558,13 +558,20 @@ class Drain(Base):
         self.stop("check", 0)
         self.wait_quarantined(b, set())
 
-    def restart_without_rigs(self, b, config):
-        """b handed over to a brokerd whose configuration has no pool rigs (nor its lanes): a lease held in rigs
-        is restored into a pool kept for it alone."""
+    def ended_without_rigs(self, b, config, name, lane, exit_status, *options):
+        """Job `name` holds a of rigs across a handover to a brokerd whose configuration has no pool rigs (nor its
+        lanes), its lease restored into a pool kept for it alone; it exits with exit_status there, then a reload
+        brings config back. Returns rigs' quarantines then."""
+        self.assertEqual(self.running(b, name, lane, *options, exit_status=exit_status), ["a"])
         self.assertEqual(b.stop(), 0, b.log()[-3000:])
         b.write_config(config[config.index("[pool anon]"):config.index("[lane w]")] + "[lane anon]\npools = anon\n")
         b.start()
         self.assertEqual([h["lease"]["members"] for h in b.status()["holders"]], [["a"]])
+        self.stop(name, exit_status)
+        wait_for(lambda: not b.status()["holders"], 10, message="the restored lease to end")
+        b.write_config(config)
+        b.reload()
+        return self.quarantined(b)
 
     def test_an_exit_status_of_a_lease_restored_without_its_pool_quarantines_when_it_is_back(self):
         """A job holds a of rigs across a handover to a configuration without rigs (the pool removed, or moved to
@@ -574,13 +581,7 @@ class Drain(Base):
         restart."""
         config = CONFIG.format(after=1, admin="12345")
         b = self.broker(config, "restored-away", mode="store")
-        self.assertEqual(self.running(b, "held", "w", "--member", "a", exit_status=3), ["a"])
-        self.restart_without_rigs(b, config)
-        self.stop("held", exit_status=3)
-        wait_for(lambda: not b.status()["holders"], 10, message="the restored lease to end")
-        b.write_config(config)
-        b.reload()
-        q = self.quarantined(b)
+        q = self.ended_without_rigs(b, config, "held", "w", 3, "--member", "a")
         self.assertEqual(set(q), {"a"})
         self.assertEqual((q["a"]["job"], q["a"]["exitStatus"]), ("held", 3))
         # The history names the member of the restored lease's release and of the quarantine it made.
@@ -600,13 +601,7 @@ class Drain(Base):
         config = CONFIG.format(after=2, admin="12345")
         b = self.broker(config, "restored-after", mode="store")
         self.ran(b, "fail-1", "w", 3, "--member", "a")
-        self.assertEqual(self.running(b, "held", "w", "--member", "a", exit_status=3), ["a"])
-        self.restart_without_rigs(b, config)
-        self.stop("held", exit_status=3)
-        wait_for(lambda: not b.status()["holders"], 10, message="the restored lease to end")
-        b.write_config(config)
-        b.reload()
-        q = self.quarantined(b)
+        q = self.ended_without_rigs(b, config, "held", "w", 3, "--member", "a")
         self.assertEqual(set(q), {"a"})
         self.assertEqual((q["a"]["job"], q["a"]["exitStatus"]), ("held", 3))
 
@@ -617,13 +612,7 @@ class Drain(Base):
         b = self.broker(config, "restored-health", mode="store")
         p = self.slotctl(b, "quarantine", "rigs", "a", "--reason", "fan noise")
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertEqual(self.running(b, "check", "health"), ["a"])
-        self.restart_without_rigs(b, config)
-        self.stop("check")
-        wait_for(lambda: not b.status()["holders"], 10, message="the restored lease to end")
-        b.write_config(config)
-        b.reload()
-        self.assertEqual(set(self.quarantined(b)), set())
+        self.assertEqual(self.ended_without_rigs(b, config, "check", "health", 0), {})
         self.assertEqual(self.running(b, "after", "w", "--member", "a"), ["a"])
         self.stop("after")
 
