@@ -2296,6 +2296,62 @@ static void test_a_removed_pool_tells_its_last_leases_quarantines_as_retired(voi
         assert_int_equal(f->life[1].exit_status, 4);
 }
 
+/* A lease restored into a pool that is not configured (brokerd started without it) ends by the rules recorded with
+ * it: its exit status quarantines its member, a health job's exit 0 restores its, each told as a retired pool's
+ * (brokerd keeps it for the reload that brings the pool back); a pool made for a lease recorded without rules
+ * judges nothing. The rules stay the lease's, for the lease log's next snapshot, and its members' counts go on. */
+static void test_a_pool_made_for_restored_leases_ends_them_by_their_recorded_rules(void **state) {
+        Fixture *f = *state;
+        const EngineQuarantineRules rules = { .exit_codes = { UINT64_C(1) << 3 }, .after = 1 }, none = {};
+        EngineLeaseRestore rs = {
+                .pool = "gone", .lane = "w", .slots = (const unsigned[]) { 0 }, .members = (const char *const[]) { "a" },
+                .n_slots = 1, .token = 7, .expires_at = USEC_INFINITY, .quarantine = &rules,
+        };
+        EngineLease *x, *h, *n;
+        assert_int_equal(engine_lease_restore(f->engine, &rs, &x), 0);
+        EngineQuarantineRules got = none;
+        assert_true(engine_lease_quarantine_rules(x, &got));
+        assert_memory_equal(got.exit_codes, rules.exit_codes, sizeof rules.exit_codes);
+        assert_int_equal(got.after, 1);
+        /* The lease log's counts of its member go on there (quarantine-after= counts on). */
+        EngineMemberUse use = {};
+        assert_int_equal(engine_member_set_use(f->engine, "gone", "a", &(EngineMemberUse) { .grants = 5, .failures = 2 }), 0);
+        assert_int_equal(engine_member_get_use(f->engine, "gone", "a", &use), 0);
+        assert_int_equal(use.grants, 5);
+        assert_int_equal(use.failures, 2);
+        assert_int_equal(engine_member_get_use(f->engine, "gone", "z", &use), -ENOENT);
+        /* A health job's, its lane not configured either: as recorded. */
+        rs = (EngineLeaseRestore) {
+                .pool = "gone", .lane = "health", .slots = (const unsigned[]) { 1 }, .members = (const char *const[]) { "b" },
+                .n_slots = 1, .token = 8, .expires_at = USEC_INFINITY, .quarantine = &rules, .health_known = true,
+                .health = true,
+        };
+        assert_int_equal(engine_lease_restore(f->engine, &rs, &h), 0);
+        assert_true(engine_lease_is_health(h));
+        rs = (EngineLeaseRestore) {
+                .pool = "bare", .lane = "w", .slots = (const unsigned[]) { 0 }, .members = (const char *const[]) { "c" },
+                .n_slots = 1, .token = 9, .expires_at = USEC_INFINITY,
+        };
+        assert_int_equal(engine_lease_restore(f->engine, &rs, &n), 0);
+        assert_false(engine_lease_quarantine_rules(n, &got));
+
+        assert_int_equal(engine_lease_set_exit_status(x, 3, "job-x"), 0);
+        engine_lease_release(x, S(1));
+        assert_int_equal(engine_lease_set_exit_status(h, 0, "check"), 0);
+        engine_lease_release(h, S(2));
+        assert_int_equal(engine_lease_set_exit_status(n, 3, "job-n"), 0);
+        engine_lease_release(n, S(3));
+        quiesce(f);
+        assert_int_equal(f->n_life, 2);
+        assert_string_equal(f->life[0].member, "a");
+        assert_true(f->life[0].quarantined && f->life[0].retired);
+        assert_int_equal(f->life[0].exit_status, 3);
+        assert_string_equal(f->life[0].job, "job-x");
+        assert_string_equal(f->life[1].member, "b");
+        assert_true(!f->life[1].quarantined && f->life[1].retired);
+        assert_string_equal(f->life[1].job, "check");
+}
+
 /* ---- congestion gauge ---- */
 
 static void test_congestion_turns_on_when_idle_passes_q_without_room(void **state) {
@@ -4124,6 +4180,7 @@ int main(void) {
                 T(test_drains_hold_when_a_removed_pool_comes_back),
                 T(test_drains_that_ended_while_a_held_pool_was_away_do_not_hold_when_it_comes_back),
                 T(test_a_removed_pool_tells_its_last_leases_quarantines_as_retired),
+                T(test_a_pool_made_for_restored_leases_ends_them_by_their_recorded_rules),
                 /* A resumed set restores its holders' leases as local ones (a shared pool's restore is a reclaim:
                  * test-shared-rolling, test-lease-log). */
                 T(test_resumed_set_keeps_its_place_in_every_pool),
