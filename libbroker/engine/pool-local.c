@@ -1458,6 +1458,7 @@ static void local_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
         LocalPool *p = POOL(base);
         const PoolConfig *c = s->c;
         p->latest = MAX(p->latest, now);
+        bool restored_only = p->base.limit == 0; /* made for restored leases: restore_lives() */
 
         free(p->lanes);
         p->lanes = TAKE_PTR(s->lanes);
@@ -1495,6 +1496,12 @@ static void local_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
         size_t n_new_life = s->n_new_conf;
         for (size_t i = 0; i < p->n_life; i++) {
                 PoolMemberLife *old = p->life + i;
+                if (restored_only) {
+                        /* Lives known only from restored leases (a health job's member taken as quarantined, without
+                         * who or why): brokerd applies what members.state and the lease log keep of them instead. */
+                        life_done(old);
+                        continue;
+                }
                 size_t j = 0;
                 while (j < s->n_new_conf && !streq(s->life[j].member, old->member))
                         j++;

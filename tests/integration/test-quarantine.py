@@ -558,15 +558,19 @@ class Drain(Base):
         self.stop("check", 0)
         self.wait_quarantined(b, set())
 
-    def ended_without_rigs(self, b, config, name, lane, exit_status, *options):
-        """Job `name` holds a of rigs across a handover to a brokerd whose configuration has no pool rigs (nor its
-        lanes), its lease restored into a pool kept for it alone; it exits with exit_status there, then a reload
-        brings config back. Returns rigs' quarantines then."""
+    def held_without_rigs(self, b, config, name, lane, exit_status, *options):
+        """Job `name` (to exit with exit_status) holds a of rigs across a handover to a brokerd whose configuration
+        has no pool rigs (nor its lanes): its lease is restored into a pool kept for it alone."""
         self.assertEqual(self.running(b, name, lane, *options, exit_status=exit_status), ["a"])
         self.assertEqual(b.stop(), 0, b.log()[-3000:])
         b.write_config(config[config.index("[pool anon]"):config.index("[lane w]")] + "[lane anon]\npools = anon\n")
         b.start()
         self.assertEqual([h["lease"]["members"] for h in b.status()["holders"]], [["a"]])
+
+    def ended_without_rigs(self, b, config, name, lane, exit_status, *options):
+        """held_without_rigs(), then the job exits there, then a reload brings config back. Returns rigs'
+        quarantines then."""
+        self.held_without_rigs(b, config, name, lane, exit_status, *options)
         self.stop(name, exit_status)
         wait_for(lambda: not b.status()["holders"], 10, message="the restored lease to end")
         b.write_config(config)
@@ -615,6 +619,23 @@ class Drain(Base):
         self.assertEqual(self.ended_without_rigs(b, config, "check", "health", 0), {})
         self.assertEqual(self.running(b, "after", "w", "--member", "a"), ["a"])
         self.stop("after")
+
+    def test_a_quarantine_keeps_its_who_and_why_when_its_pool_is_back_under_a_restored_health_job(self):
+        """rigs comes back by reload while the health job restored without it still holds a: a is quarantined
+        with the job and reason members.state kept, and the job's exit 0 restores it."""
+        config = CONFIG.format(after=1, admin="12345")
+        b = self.broker(config, "restored-health-back", mode="store")
+        p = self.slotctl(b, "quarantine", "rigs", "a", "--reason", "fan noise")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        since = self.quarantined(b)["a"]["since"]
+        self.held_without_rigs(b, config, "check", "health", 0)
+        b.write_config(config)
+        b.reload()
+        q = self.quarantined(b)["a"]
+        self.assertEqual(q.get("reason"), "fan noise")
+        self.assertLess(abs(q["since"] - since), 2 * 10**6)
+        self.stop("check")
+        self.wait_quarantined(b, set())
 
     def test_a_quarantine_older_than_the_boot_keeps_its_start(self):
         # SPEC §3.6: Status shows since when; a quarantine from before this boot is no younger for a reboot.
