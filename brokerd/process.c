@@ -387,8 +387,11 @@ bool process_group_is_alive(pid_t pgid, pid_t *member) {
          * shows every process, and whatever cannot be read counts as running: a slot is never freed under a
          * running command. The member found running last time first: a group that lives on is read in O(1), not
          * a pass over /proc a poll. */
-        if (!proc_shows_every_process())
+        if (!proc_shows_every_process()) {
+                if (member)
+                        *member = 0;
                 return true;
+        }
         if (member && *member > 0 && group_member_runs(*member, pgid) != 0)
                 return true;
         pid_t found = 0;
