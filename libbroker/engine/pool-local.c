@@ -1431,7 +1431,8 @@ static int local_configure_prepare(Pool *base, const PoolConfig *c, const PoolLa
         s->lanes = calloc(p->n_lanes + n_rules + 1, sizeof(LocalLane *));
         if (!s->lanes)
                 goto oom;
-        memcpy(s->lanes, p->lanes, p->n_lanes * sizeof(LocalLane *));
+        if (p->n_lanes > 0) /* p->lanes is NULL before the first configuration */
+                memcpy(s->lanes, p->lanes, p->n_lanes * sizeof(LocalLane *));
         s->n_lanes = p->n_lanes;
         for (size_t i = 0; i < n_rules; i++)
                 if (!lane_find(p, rules[i].lane)) {
