@@ -372,6 +372,14 @@ typedef struct GenPool {
         unsigned x, y;
 } GenPool;
 
+/* A generated lane's rules, as a reload changes them: its pools in order, policy, max-in-use (0: none), reserve
+ * and also= pools (bit p). */
+typedef struct GenLane {
+        unsigned order[POOLS_MAX], n;
+        bool fail_fast;
+        unsigned max_in_use, reserve, also;
+} GenLane;
+
 /* A selector of the generator: terms over x and y, and maybe a member. */
 typedef struct GenSel {
         int x, y;        /* 1: must carry, -1: must not, 0: either */
@@ -489,26 +497,28 @@ static void gen_need(unsigned *need, unsigned lane_pools, unsigned k) {
 
 /* An all-or-nothing set (SPEC §3.5) on 60% of the lanes that leave some pool out: one or two of the pools the
  * lane does not route to (conf.c: never its own), each for 1 to 3 of its slots (at most its limit), the count
- * written as "p1:1" at times (the default spelled out). */
-static void gen_also(Gen *g, FILE *f, const unsigned *limits, unsigned n_pools, unsigned lane_pools, unsigned *need) {
-        unsigned others[POOLS_MAX], n_others = 0;
+ * written as "p1:1" at times (the default spelled out). Returns the set's pools (bit p: pool p). */
+static unsigned gen_also(Gen *g, FILE *f, const unsigned *limits, unsigned n_pools, unsigned lane_pools, unsigned *need) {
+        unsigned others[POOLS_MAX], n_others = 0, mask = 0;
         for (unsigned p = 0; p < n_pools; p++)
                 if (!((lane_pools >> p) & 1))
                         others[n_others++] = p;
         if (n_others == 0 || !gen_chance(g, 60))
-                return;
+                return 0;
         unsigned n = 1 + gen_below(g, MIN(n_others, 2u)), first = gen_below(g, n_others);
         fputs(", \"also\": [", f);
         for (unsigned i = 0; i < n; i++) {
                 unsigned p = others[(first + i) % n_others];
                 unsigned k = gen_chance(g, 60) ? 1 : 1 + gen_below(g, MIN(limits[p], 3u));
                 need[p] = MAX(need[p], k);
+                mask |= 1u << p;
                 fprintf(f, "%s\"p%u", i > 0 ? ", " : "", p);
                 if (k > 1 || gen_chance(g, 20))
                         fprintf(f, ":%u", k);
                 fputc('"', f);
         }
         fputc(']', f);
+        return mask;
 }
 
 /* What a phase's requests may carry beside their lane and slots (TEST_SHARED_DIFF_EXTRA): an exit status their
@@ -523,6 +533,67 @@ static void gen_phase_extras(Gen *g, FILE *f) {
                 fprintf(f, ", \"max-wait\": \"%ums\"", 100 * (1 + gen_below(g, 30)));
 }
 
+/* (ng: TEST_SHARED_DIFF_RULES) What a reload changes of a lane's rules, written after *k (the separator before
+ * the next key, ", " once one is written): its reserve (its pools' reserves staying below their limits as this
+ * reload leaves them, `limits`), max-in-use (none, or at least its reserve: conf.c), policy, the order of its
+ * pools, max-hold and queue timeout. */
+static void gen_reload_lane_rules(Gen *g, FILE *f, const char **k, GenLane *lane, unsigned lane_pools,
+                                  unsigned *reserved, const unsigned *limits) {
+        if (gen_chance(g, 25)) {
+                unsigned r = gen_below(g, 3);
+                for (unsigned p = 0; p < POOLS_MAX; p++)
+                        if (((lane_pools >> p) & 1) && reserved[p] - lane->reserve + r >= limits[p])
+                                r = 0;
+                if (lane->max_in_use > 0)
+                        r = MIN(r, lane->max_in_use);
+                for (unsigned p = 0; p < POOLS_MAX; p++)
+                        if ((lane_pools >> p) & 1)
+                                reserved[p] = reserved[p] - lane->reserve + r;
+                lane->reserve = r;
+                fprintf(f, "%s\"reserve\": %u", *k, r);
+                *k = ", ";
+        }
+        if (gen_chance(g, 25)) {
+                lane->max_in_use = gen_chance(g, 25) ? 0 : MAX(lane->reserve, 1u) + gen_below(g, 4);
+                if (lane->max_in_use == 0)
+                        fprintf(f, "%s\"max-in-use\": \"infinity\"", *k);
+                else
+                        fprintf(f, "%s\"max-in-use\": %u", *k, lane->max_in_use);
+                *k = ", ";
+        }
+        if (gen_chance(g, 15)) {
+                lane->fail_fast = !lane->fail_fast;
+                fprintf(f, "%s\"policy\": \"%s\"", *k, lane->fail_fast ? "fail-fast" : "wait");
+                *k = ", ";
+        }
+        if (lane->n > 1 && gen_chance(g, 20)) {
+                /* The same pools in another order: every request still fits. */
+                unsigned turn = 1 + gen_below(g, lane->n - 1), order[POOLS_MAX];
+                for (unsigned i = 0; i < lane->n; i++)
+                        order[i] = lane->order[(i + turn) % lane->n];
+                memcpy(lane->order, order, sizeof order);
+                fprintf(f, "%s\"pools\": [", *k);
+                for (unsigned i = 0; i < lane->n; i++)
+                        fprintf(f, "%s\"p%u\"", i > 0 ? ", " : "", lane->order[i]);
+                fputc(']', f);
+                *k = ", ";
+        }
+        if (gen_chance(g, 15)) {
+                if (gen_chance(g, 20))
+                        fprintf(f, "%s\"max-hold\": \"infinity\"", *k);
+                else
+                        fprintf(f, "%s\"max-hold\": \"%ums\"", *k, 100 + 100 * gen_below(g, 30));
+                *k = ", ";
+        }
+        if (gen_chance(g, 15)) {
+                if (gen_chance(g, 20))
+                        fprintf(f, "%s\"queue-timeout\": \"infinity\"", *k);
+                else
+                        fprintf(f, "%s\"queue-timeout\": \"%ums\"", *k, 100 + 100 * gen_below(g, 30));
+                *k = ", ";
+        }
+}
+
 /* A scenario of a few pools and lanes, 20–80 requests over ~8 s, many of them at the same instants
  * (arrivals, releases and budgets colliding is where order matters), and maybe a phase of generated
  * arrivals. A waiter of a pool without a queue timeout may wait for good: the run ends when nothing could
@@ -531,12 +602,14 @@ static char *generate(uint64_t seed) {
         Gen g = { .state = seed * 1000003 }, cg = { .state = seed * 7919 + 17 }, qg = { .state = seed * 104729 + 31 },
             rg = { .state = seed * 15485863 + 47 }, ag = { .state = seed * 32452843 + 59 },
             xg = { .state = seed * 49979687 + 71 }, kg = { .state = seed * 67867967 + 83 },
-            hg = { .state = seed * 86028121 + 97 }, lg = { .state = seed * 104395301 + 101 };
+            hg = { .state = seed * 86028121 + 97 }, lg = { .state = seed * 104395301 + 101 },
+            ng = { .state = seed * 122949823 + 103 };
         bool also = generator_part_enabled("TEST_SHARED_DIFF_ALSO"),
              extra = generator_part_enabled("TEST_SHARED_DIFF_EXTRA"),
              cancels = generator_part_enabled("TEST_SHARED_DIFF_CANCEL"),
              quarantines = generator_part_enabled("TEST_SHARED_DIFF_QUARANTINE"),
-             reloads = generator_part_enabled("TEST_SHARED_DIFF_RELOAD");
+             reloads = generator_part_enabled("TEST_SHARED_DIFF_RELOAD"),
+             rules = generator_part_enabled("TEST_SHARED_DIFF_RULES");
         char *text = NULL;
         size_t size = 0;
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
@@ -548,6 +621,7 @@ static char *generate(uint64_t seed) {
         GenSel lane_sel[LANES_MAX] = {};
         unsigned need[POOLS_MAX] = {};         /* the most slots a request of a lane with the pool asks of it */
         unsigned named = 0;                    /* bit p: a request names a member of pool p */
+        GenLane gl[LANES_MAX] = {};            /* what a reload of a lane's rules starts from */
 
         g.f = open_memstream(&text, &size);
         assert_non_null(g.f);
@@ -603,17 +677,21 @@ static char *generate(uint64_t seed) {
                 for (unsigned k = 0; k < n; k++) {
                         unsigned p = (first + k) % n_pools;
                         lane_pools[l] |= 1u << p;
+                        gl[l].order[k] = p;
                         fprintf(g.f, "%s\"p%u\"", k > 0 ? ", " : "", p);
                         lane_max_k[l] = MAX(lane_max_k[l], MIN(limits[p], 3u));
                         lane_max_limit[l] = MAX(lane_max_limit[l], limits[p]);
                 }
-                fprintf(g.f, "], \"policy\": \"%s\", \"priority\": %u", gen_chance(&g, 20) ? "fail-fast" : "wait",
+                gl[l].n = n;
+                gl[l].fail_fast = gen_chance(&g, 20);
+                fprintf(g.f, "], \"policy\": \"%s\", \"priority\": %u", gl[l].fail_fast ? "fail-fast" : "wait",
                         gen_below(&g, 3));
                 unsigned max_in_use = 0;
                 if (gen_chance(&g, 30)) {
                         max_in_use = 1 + gen_below(&g, 4);
                         fprintf(g.f, ", \"max-in-use\": %u", max_in_use);
                 }
+                gl[l].max_in_use = max_in_use;
                 if (gen_chance(&g, 30)) {
                         /* conf.c: every lane must be able to get a slot, so the reserves of a pool stay
                          * below its limit; and a lane reserves no more than its max-in-use. */
@@ -625,6 +703,7 @@ static char *generate(uint64_t seed) {
                                         r = 0;
                         for (unsigned k = 0; k < n; k++)
                                 reserved[(first + k) % n_pools] += r;
+                        gl[l].reserve = r;
                         fprintf(g.f, ", \"reserve\": %u", r);
                 }
                 if (gen_chance(&g, 20))
@@ -648,7 +727,7 @@ static char *generate(uint64_t seed) {
                         fprintf(g.f, ", \"health\": \"%s\"", extra && gen_chance(&xg, 40) ? "also" : "yes");
                 /* also= (issue 22 item 4), from a generator of its own: a health lane takes none (conf.c). */
                 if (also && !health)
-                        gen_also(&ag, g.f, limits, n_pools, lane_pools[l], need);
+                        gl[l].also = gen_also(&ag, g.f, limits, n_pools, lane_pools[l], need);
                 if (all_members && gen_chance(&g, 15)) {
                         GenSel t = { .member = -1 };
                         if (gen_chance(&g, 50))
@@ -811,6 +890,8 @@ static char *generate(uint64_t seed) {
          * below its congestion timeout, never none for a pool that had one) and congestion timeout, a pool's
          * cooldown, the labels of a pool's members (shuffled among them). */
         unsigned n_reloads = reloads && gen_chance(&lg, 50) ? 1 + gen_below(&lg, 2) : 0;
+        if (n_reloads == 0 && rules && gen_chance(&ng, 50))
+                n_reloads = 1 + gen_below(&ng, 2);
         if (n_reloads > 0) {
                 unsigned at = 0, grown[POOLS_MAX];
                 GenPool relabelled[POOLS_MAX];
@@ -887,11 +968,24 @@ static char *generate(uint64_t seed) {
                         }
                         fputs("}, \"lanes\": {", g.f);
                         sep = "";
-                        for (unsigned l = 0; l < n_lanes; l++)
+                        for (unsigned l = 0; l < n_lanes; l++) {
+                                _cleanup_free_ char *keys = NULL;
+                                size_t keys_size = 0;
+                                FILE *kf = open_memstream(&keys, &keys_size);
+                                assert_non_null(kf);
+                                const char *k = "";
                                 if (gen_chance(&lg, 40)) {
-                                        fprintf(g.f, "%s\"%c\": {\"priority\": %u}", sep, 'a' + l, gen_below(&lg, 3));
+                                        fprintf(kf, "\"priority\": %u", gen_below(&lg, 3));
+                                        k = ", ";
+                                }
+                                if (rules)
+                                        gen_reload_lane_rules(&ng, kf, &k, &gl[l], lane_pools[l], reserved, grown);
+                                assert_int_equal(fclose(kf), 0);
+                                if (*k) {
+                                        fprintf(g.f, "%s\"%c\": {%s}", sep, 'a' + l, keys);
                                         sep = ", ";
                                 }
+                        }
                         fputs("}}", g.f);
                 }
                 fputc(']', g.f);
