@@ -380,6 +380,11 @@ typedef struct GenLane {
         unsigned max_in_use, reserve, also;
 } GenLane;
 
+/* When a generated request's hold would end were it granted on arrival (ms; 0: never), and its pools (bit p). */
+typedef struct GenEnd {
+        unsigned at, pools;
+} GenEnd;
+
 /* A selector of the generator: terms over x and y, and maybe a member. */
 typedef struct GenSel {
         int x, y;        /* 1: must carry, -1: must not, 0: either */
@@ -603,7 +608,7 @@ static char *generate(uint64_t seed) {
             rg = { .state = seed * 15485863 + 47 }, ag = { .state = seed * 32452843 + 59 },
             xg = { .state = seed * 49979687 + 71 }, kg = { .state = seed * 67867967 + 83 },
             hg = { .state = seed * 86028121 + 97 }, lg = { .state = seed * 104395301 + 101 },
-            ng = { .state = seed * 122949823 + 103 };
+            ng = { .state = seed * 122949823 + 103 }, dg = { .state = seed * 141650939 + 107 };
         bool also = generator_part_enabled("TEST_SHARED_DIFF_ALSO"),
              extra = generator_part_enabled("TEST_SHARED_DIFF_EXTRA"),
              cancels = generator_part_enabled("TEST_SHARED_DIFF_CANCEL"),
@@ -622,6 +627,7 @@ static char *generate(uint64_t seed) {
         unsigned need[POOLS_MAX] = {};         /* the most slots a request of a lane with the pool asks of it */
         unsigned named = 0;                    /* bit p: a request names a member of pool p */
         GenLane gl[LANES_MAX] = {};            /* what a reload of a lane's rules starts from */
+        unsigned lane_qt[LANES_MAX] = {};      /* a lane's queue timeout, ms; 0: none */
 
         g.f = open_memstream(&text, &size);
         assert_non_null(g.f);
@@ -706,9 +712,10 @@ static char *generate(uint64_t seed) {
                         gl[l].reserve = r;
                         fprintf(g.f, ", \"reserve\": %u", r);
                 }
-                if (gen_chance(&g, 20))
-                        fprintf(g.f, ", \"queue-timeout\": \"%ums\"", 100 + 100 * gen_below(&g, 30));
-                else if (extra && gen_chance(&xg, 10))
+                if (gen_chance(&g, 20)) {
+                        lane_qt[l] = 100 + 100 * gen_below(&g, 30);
+                        fprintf(g.f, ", \"queue-timeout\": \"%ums\"", lane_qt[l]);
+                } else if (extra && gen_chance(&xg, 10))
                         fputs(", \"queue-timeout\": \"infinity\"", g.f); /* no budget, whatever the pool's */
                 if (extra && gen_chance(&xg, 20))
                         fputs(", \"client-wait\": \"ignore\"", g.f);
@@ -749,6 +756,7 @@ static char *generate(uint64_t seed) {
         }
         fputs("}, \"requests\": [", g.f);
         unsigned n_requests = 20 + gen_below(&g, 61);
+        GenEnd ends[80]; /* when each request's hold would end if granted at once (0: never), in which pools */
         for (unsigned i = 0; i < n_requests; i++) {
                 unsigned l = gen_below(&g, n_lanes);
                 /* Instants on a 100 ms grid, so that many coincide. */
@@ -757,14 +765,19 @@ static char *generate(uint64_t seed) {
                         k = 1 + gen_below(&xg, lane_max_limit[l]);
                 fprintf(g.f, "%s{\"name\": \"r%u\", \"at\": \"%ums\", \"lane\": \"%c\", \"hold\": ", i > 0 ? ", " : "",
                         i, at, 'a' + l);
+                unsigned hold = 0, max_wait = 0; /* ms; 0: forever, none */
                 if (gen_chance(&g, 10))
                         fputs("\"forever\"", g.f);
-                else
-                        fprintf(g.f, "\"%ums\"", 100 * (1 + gen_below(&g, 40)));
+                else {
+                        hold = 100 * (1 + gen_below(&g, 40));
+                        fprintf(g.f, "\"%ums\"", hold);
+                }
                 if (gen_chance(&g, 15))
                         fputs(", \"wait\": false", g.f);
-                if (gen_chance(&g, 25))
-                        fprintf(g.f, ", \"max-wait\": \"%ums\"", 100 * (1 + gen_below(&g, 30)));
+                if (gen_chance(&g, 25)) {
+                        max_wait = 100 * (1 + gen_below(&g, 30));
+                        fprintf(g.f, ", \"max-wait\": \"%ums\"", max_wait);
+                }
                 gen_request_selector(&g, extra ? &xg : NULL, pools, n_pools, lane_pools[l], &lane_sel[l], &k, &named);
                 /* What its command tells at the end: success, a test's failure, a quarantine status. */
                 if (gen_chance(&qg, 50)) {
@@ -772,10 +785,28 @@ static char *generate(uint64_t seed) {
                         fprintf(g.f, ", \"exit\": %d", statuses[gen_below(&qg, ELEMENTSOF(statuses))]);
                 }
                 /* (kg: TEST_SHARED_DIFF_CANCEL) its client goes away while it may still wait. */
-                if (cancels && gen_chance(&kg, 20))
-                        fprintf(g.f, ", \"cancel\": \"%ums\"", 100 * (1 + gen_below(&kg, 30)));
+                if (cancels && gen_chance(&kg, 20)) {
+                        unsigned cancel = 100 * (1 + gen_below(&kg, 30));
+                        /* (dg) Half of them at an instant where its answer is due: when its budget ends, or
+                         * when a hold in a pool of its lane ends (a slot freed for it). */
+                        unsigned due[2 + POOLS_MAX + ELEMENTSOF(ends)], n_due = 0;
+                        if (max_wait > 0)
+                                due[n_due++] = max_wait;
+                        if (lane_qt[l] > 0)
+                                due[n_due++] = lane_qt[l];
+                        for (unsigned p = 0; p < n_pools; p++)
+                                if (((lane_pools[l] >> p) & 1) && qts[p] > 0)
+                                        due[n_due++] = qts[p];
+                        for (unsigned j = 0; j < i; j++)
+                                if ((ends[j].pools & lane_pools[l]) && ends[j].at > at)
+                                        due[n_due++] = ends[j].at - at;
+                        if (n_due > 0 && gen_chance(&dg, 50))
+                                cancel = due[gen_below(&dg, n_due)];
+                        fprintf(g.f, ", \"cancel\": \"%ums\"", cancel);
+                }
                 fprintf(g.f, ", \"slots\": %u}", k);
                 gen_need(need, lane_pools[l], k);
+                ends[i] = (GenEnd) { .at = hold > 0 ? at + hold : 0, .pools = lane_pools[l] | gl[l].also };
         }
         fputc(']', g.f);
         /* Drains with a reason, some until a time, some undrained by hand (issue 23), on the same grid. */
