@@ -125,6 +125,9 @@ Scenario *scenario_free(Scenario *s) {
         free(s->reservations);
         free(s->cancel_order);
         free(s->reloads);
+        for (size_t i = 0; i < s->n_presences; i++)
+                free(s->presences[i].section);
+        free(s->presences);
         free(s->origin);
         return mfree(s);
 }
@@ -207,6 +210,42 @@ const char *scenario_pool_name(const Scenario *s, const char *name) {
                 if (streq(s->pools[i], name))
                         return s->pools[i];
         return NULL;
+}
+
+size_t scenario_reload_at(const Scenario *s, uint64_t ms) {
+        size_t k = 0;
+        while (k < s->n_reloads && s->reloads[k] <= ms)
+                k++;
+        return k;
+}
+
+/* Whether section ("pool NAME", "lane NAME") is in the reload-th configuration: as the last of its presences up
+ * to it has it; before its first, there if that first removes it (the first configuration had it). */
+static bool section_present(const Scenario *s, const char *section, size_t reload) {
+        bool seen = false, present = true;
+        for (size_t i = 0; i < s->n_presences; i++) {
+                const ScenarioPresence *e = &s->presences[i];
+                if (!streq(e->section, section))
+                        continue;
+                if (!seen)
+                        present = !e->present;
+                seen = true;
+                if (e->reload <= reload)
+                        present = e->present;
+        }
+        return present;
+}
+
+static int presence_add(Scenario *s, const char *section, size_t reload, bool present) {
+        ScenarioPresence *n = reallocarray(s->presences, s->n_presences + 1, sizeof(ScenarioPresence));
+        if (!n)
+                return -ENOMEM;
+        s->presences = n;
+        n[s->n_presences] = (ScenarioPresence) { .section = strdup(section), .reload = reload, .present = present };
+        if (!n[s->n_presences].section)
+                return -ENOMEM;
+        s->n_presences++;
+        return 0;
 }
 
 /* ---- values ---- */
@@ -564,7 +603,8 @@ static int check_fits(const BrokerConfig *c, const ScenarioTraffic *t, const cha
         unsigned largest = 0;
 
         if (!conf_find_lane(c, t->lane))
-                return scenario_error(error, "%s.lane: unknown lane \"%s\"", t->origin, t->lane);
+                return scenario_error(error, "%s.lane: no lane \"%s\" when it arrives (a reload removed it, or adds it later)",
+                                      t->origin, t->lane);
         if (lane_fits(c, t, &largest))
                 return 0;
         if (key)
@@ -576,6 +616,23 @@ static int check_fits(const BrokerConfig *c, const ScenarioTraffic *t, const cha
                                       t->origin, t->slots, t->lane, largest);
         return scenario_error(error, "%s.slots: %u slots, but no pool of lane \"%s\" has more than %u", t->origin,
                               t->slots, t->lane, largest);
+}
+
+/* How many reloads come before `ms`: the configuration a drain or quarantine at `ms` meets (before that
+ * instant's reloads). */
+static size_t reload_before(const Scenario *s, uint64_t ms) {
+        return ms == 0 ? 0 : scenario_reload_at(s, ms - 1);
+}
+
+/* A drain's, quarantine's or reservation's pool in the configuration in force when it comes: a reload may have
+ * removed it, or add it later. */
+static int find_pool_then(const BrokerConfig *c, const char *pool, const char *origin, char **error,
+                          const PoolConfig **ret) {
+        *ret = conf_find_pool(c, pool);
+        if (!*ret)
+                return scenario_error(error, "%s.pool: no pool \"%s\" then (a reload removed it, or adds it later)",
+                                      origin, pool);
+        return 0;
 }
 
 int scenario_build_config(const Scenario *s, const char *key, const char *value, char **error, BrokerConfig **ret) {
@@ -607,6 +664,8 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
                         r = -ENOMEM;
                         goto finish;
                 }
+                if (!section_present(s, section, reload))
+                        continue;
                 r = conf_section_add(c, section, &source, &errors);
                 if (r == -EINVAL)
                         r = scenario_error(error, "%s: %s", where, conf_error_text(&errors));
@@ -618,7 +677,8 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
                 const ScenarioSetting *set = &s->settings[i];
                 ConfSource source = { .file = set->where };
 
-                if (set->reload > reload)
+                /* A pool or lane added back has the keys it had, these on top. */
+                if (set->reload > reload || !section_present(s, set->section, reload))
                         continue;
                 r = conf_set(c, set->section, set->key, set->value, &source, &errors);
                 if (r == -EINVAL)
@@ -641,6 +701,8 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
                                 r = -ENOMEM;
                                 goto finish;
                         }
+                        if (!section_present(s, section, reload))
+                                continue;
                         r = conf_set(c, section, key, value, &source, &errors);
                         if (r == -EINVAL)
                                 r = scenario_error(error, "%s: %s", origin, conf_error_text(&errors));
@@ -672,14 +734,21 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
         if (r < 0)
                 goto finish;
 
+        /* What comes while this configuration is in force, [from, to), must fit it (a reload at an instant comes
+         * before its arrivals and reservations, after its drains and quarantines). */
+        uint64_t from = reload == 0 ? 0 : s->reloads[reload - 1],
+                 to = reload < s->n_reloads ? s->reloads[reload] : SIM_FOREVER;
         for (size_t i = 0; i < s->n_phases; i++) {
-                if (s->phases[i].count == 0)
+                const ArrivalPhase *ph = &s->phases[i];
+                if (ph->count == 0 || ph->start_ms >= to || from >= ph->start_ms + ph->duration_ms)
                         continue;
-                r = check_fits(c, &s->phases[i].traffic, key, value, error);
+                r = check_fits(c, &ph->traffic, key, value, error);
                 if (r < 0)
                         goto finish;
         }
         for (size_t i = 0; i < s->n_requests; i++) {
+                if (scenario_reload_at(s, s->requests[i].at_ms) != reload)
+                        continue;
                 r = check_fits(c, &s->requests[i].traffic, key, value, error);
                 if (r < 0)
                         goto finish;
@@ -693,8 +762,13 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
         }
         for (size_t i = 0; i < s->n_drains; i++) {
                 const ScenarioDrain *d = &s->drains[i];
-                const PoolConfig *p = conf_find_pool(c, d->pool);
-                if (p && d->member && !strv_contains(p->members, d->member)) {
+                const PoolConfig *p = NULL;
+                if (reload_before(s, d->at_ms) != reload)
+                        continue;
+                r = find_pool_then(c, d->pool, d->origin, error, &p);
+                if (r < 0)
+                        goto finish;
+                if (d->member && !strv_contains(p->members, d->member)) {
                         r = scenario_error(error, "%s.member: pool \"%s\" has no member \"%s\"", d->origin, d->pool,
                                            d->member);
                         goto finish;
@@ -703,8 +777,13 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
         /* As slotctl quarantine and restore are refused: a pool without members, a member it does not have. */
         for (size_t i = 0; i < s->n_quarantines; i++) {
                 const ScenarioDrain *q = &s->quarantines[i];
-                const PoolConfig *p = conf_find_pool(c, q->pool);
-                if (p && !strv_contains(p->members, q->member)) {
+                const PoolConfig *p = NULL;
+                if (reload_before(s, q->at_ms) != reload)
+                        continue;
+                r = find_pool_then(c, q->pool, q->origin, error, &p);
+                if (r < 0)
+                        goto finish;
+                if (!strv_contains(p->members, q->member)) {
                         r = scenario_error(error, "%s.member: pool \"%s\" has no member \"%s\"", q->origin, q->pool,
                                            q->member);
                         goto finish;
@@ -713,9 +792,14 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
         /* As brokerd refuses a Reserve (SPEC §3.6): a member or labels no member of the pool has. */
         for (size_t i = 0; i < s->n_reservations; i++) {
                 const ScenarioReservation *v = &s->reservations[i];
-                const PoolConfig *p = conf_find_pool(c, v->pool);
+                const PoolConfig *p = NULL;
                 _cleanup_free_ uint64_t *set = NULL;
-                if (!p || (!v->member && !v->labels))
+                if (scenario_reload_at(s, v->at_ms) != reload)
+                        continue;
+                r = find_pool_then(c, v->pool, v->origin, error, &p);
+                if (r < 0)
+                        goto finish;
+                if (!v->member && !v->labels)
                         continue;
                 if (!p->members) {
                         r = scenario_error(error, "%s.%s: pool \"%s\" has no members", v->origin,
@@ -1551,8 +1635,56 @@ static int parse_reservations(Scenario *s, const json_t *list, char **error) {
         return 0;
 }
 
-/* reloads: [{"at", "pools": {NAME: {KEY: VALUE…}}, "lanes": {NAME: {…}}}], in time order: brokerd reloading its
- * configuration (SPEC §4) with these keys changed in the scenario's pools and lanes (no new ones). */
+/* One reload's pools or lanes (kind "pool" or "lane"): NAME: {KEY: VALUE…} changes keys of one there, adds one
+ * not there (new, or removed before: it comes back with its keys, these on top), NAME: null removes one. */
+static int parse_reload_sections(Scenario *s, const char *prefix, size_t reload, const char *kind, const json_t *v,
+                                 const char *path, char **error) {
+        bool pools = streq(kind, "pool");
+        const char *name;
+        json_t *section;
+        int r;
+
+        if (!json_is_object(v))
+                return scenario_error(error, "%s: expected an object, got %s", path, json_kind(v));
+        json_object_foreach((json_t *) v, name, section) {
+                _cleanup_free_ char *id = NULL, *where = NULL;
+                bool known = pools ? scenario_pool_name(s, name) != NULL : strv_contains_n(s->lanes, s->n_lanes, name);
+
+                if (asprintf(&id, "%s %s", kind, name) < 0 || asprintf(&where, "%s.%s", path, name) < 0)
+                        return -ENOMEM;
+                bool there = known && section_present(s, id, reload - 1);
+                if (json_is_null(section)) {
+                        if (!there)
+                                return scenario_error(error, "%s: no %s \"%s\" to remove", where, kind, name);
+                        r = presence_add(s, id, reload, false);
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
+                if (!conf_name_is_valid(name))
+                        return scenario_error(error, "%s: invalid %s name (expected 1 to %d characters from A-Z a-z 0-9 . _ -)",
+                                              where, kind, CONF_NAME_MAX);
+                if (!known) {
+                        r = pools ? scenario_add_pool(s, name, where) : scenario_add_lane(s, name, where);
+                        if (r < 0)
+                                return r;
+                }
+                if (!there) {
+                        r = presence_add(s, id, reload, true);
+                        if (r < 0)
+                                return r;
+                }
+                r = parse_section(s, prefix, reload, kind, name, section, pools ? pool_keys : lane_keys,
+                                  pools ? ELEMENTSOF(pool_keys) : ELEMENTSOF(lane_keys), error);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* reloads: [{"at", "pools": {NAME: {KEY: VALUE…} or null}, "lanes": {…}}], in time order: brokerd reloading its
+ * configuration (SPEC §4) with these keys changed in the scenario's pools and lanes, pools and lanes added
+ * (a name not there) and removed (null). The pools of a reload before its lanes, which may name them. */
 static int parse_reloads(Scenario *s, const json_t *list, char **error) {
         size_t i;
         json_t *d;
@@ -1586,25 +1718,20 @@ static int parse_reloads(Scenario *s, const json_t *list, char **error) {
                                 r = parse_duration_value(v, false, path, error, &at);
                                 if (r < 0)
                                         return r;
-                                continue;
-                        }
-                        bool pools = streq(key, "pools");
-                        if (!pools && !streq(key, "lanes"))
+                        } else if (!streq(key, "pools") && !streq(key, "lanes"))
                                 return scenario_error(error, "%s: unknown key", path);
-                        if (!json_is_object(v))
-                                return scenario_error(error, "%s: expected an object, got %s", path, json_kind(v));
-                        const char *name;
-                        json_t *section;
-                        json_object_foreach(v, name, section) {
-                                if (pools ? !scenario_pool_name(s, name) : !strv_contains_n(s->lanes, s->n_lanes, name))
-                                        return scenario_error(error, "%s.%s: unknown %s (a reload here changes, and adds none)",
-                                                              path, name, pools ? "pool" : "lane");
-                                r = parse_section(s, prefix, reload, pools ? "pool" : "lane", name, section,
-                                                  pools ? pool_keys : lane_keys,
-                                                  pools ? ELEMENTSOF(pool_keys) : ELEMENTSOF(lane_keys), error);
-                                if (r < 0)
-                                        return r;
-                        }
+                }
+                for (unsigned k = 0; k < 2; k++) {
+                        const char *kind = k == 0 ? "pool" : "lane";
+                        _cleanup_free_ char *path = NULL;
+                        v = json_object_get(d, k == 0 ? "pools" : "lanes");
+                        if (!v)
+                                continue;
+                        if (asprintf(&path, "%s.%ss", origin, kind) < 0)
+                                return -ENOMEM;
+                        r = parse_reload_sections(s, prefix, reload, kind, v, path, error);
+                        if (r < 0)
+                                return r;
                 }
                 if (at == SIM_FOREVER)
                         return scenario_error(error, "%s.at: missing", origin);
@@ -1641,6 +1768,15 @@ static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
         if (r < 0)
                 return r;
 
+        /* After the lanes (a reload names them), before the traffic (which may name the pools and lanes a
+         * reload adds). */
+        v = json_object_get(root, "reloads");
+        if (v) {
+                r = parse_reloads(s, v, error);
+                if (r < 0)
+                        return r;
+        }
+
         v = json_object_get(root, "deadline");
         if (v) {
                 _cleanup_free_ char *path = NULL;
@@ -1672,13 +1808,6 @@ static int scenario_parse_json(Scenario *s, const json_t *root, char **error) {
         v = json_object_get(root, "reservations");
         if (v) {
                 r = parse_reservations(s, v, error);
-                if (r < 0)
-                        return r;
-        }
-        /* After the lanes: a reload names them. */
-        v = json_object_get(root, "reloads");
-        if (v) {
-                r = parse_reloads(s, v, error);
                 if (r < 0)
                         return r;
         }

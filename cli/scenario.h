@@ -94,11 +94,21 @@ typedef struct ScenarioReservation {
         char *origin;      /* "scenario.json: reservations[0]" */
 } ScenarioReservation;
 
+/* A pool or lane that a reload adds or removes (SPEC §4: a reload's configuration may name new ones and leave
+ * out old ones): from the reload-th configuration on it is there (present) or not. One the first configuration
+ * has is there until a removal; one a reload adds, from then on. */
+typedef struct ScenarioPresence {
+        char *section;     /* "pool NAME", "lane NAME" */
+        size_t reload;     /* ≥ 1 */
+        bool present;
+} ScenarioPresence;
+
 typedef struct Scenario {
         char *origin;                /* the file name, or "slotctl simulate" */
         ScenarioSetting *settings;
         size_t n_settings;
-        char **pools;                /* pool names in definition order; records point into these */
+        char **pools;                /* pool names in definition order (those reloads add too); records point
+                                      * into these */
         char **pool_wheres;          /* where each was defined, for conf_section_add() */
         size_t n_pools;
         char **lanes;
@@ -120,6 +130,8 @@ typedef struct Scenario {
         size_t n_cancels;
         uint64_t *reloads;           /* when each reload comes, in time order (SPEC §4: a SIGHUP) */
         size_t n_reloads;
+        ScenarioPresence *presences; /* the pools and lanes reloads add and remove, in reload order */
+        size_t n_presences;
         uint64_t n_generated;        /* arrivals over all phases */
         uint64_t deadline_ms;        /* SIM_FOREVER: none */
         bool finished;
@@ -152,8 +164,9 @@ int scenario_finish(Scenario *s, char **error);
  * key NULL for none), then conf_validate() and a check that every request fits some pool of its lane.
  * Returns 0, -ENOMEM, or -EINVAL with *error naming the setting. */
 int scenario_build_config(const Scenario *s, const char *key, const char *value, char **error, BrokerConfig **ret);
-/* The same as the scenario's reload-th reload makes it (0: the first), its settings over those before it; the
- * first checks every reload's too. */
+/* The same as the scenario's reload-th reload makes it (0: the first), its settings over those before it, with
+ * the pools and lanes it has then; each checks the requests, drains, quarantines and reservations that come
+ * while it is in force, and the first checks every reload's too. */
 int scenario_build_config_reload(const Scenario *s, const char *key, const char *value, size_t reload, char **error,
                                  BrokerConfig **ret);
 
@@ -162,6 +175,10 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
 static inline uint64_t scenario_reservation_id(const Scenario *s, size_t k) {
         return s->n_generated + s->n_requests + k;
 }
+
+/* Which configuration is in force at `ms`: 0 for the first, k after the k-th reload (a reload at `ms` is
+ * applied before the arrivals of that instant). */
+size_t scenario_reload_at(const Scenario *s, uint64_t ms);
 
 /* When request q's cancel comes (at + cancel; SIM_FOREVER: never). */
 static inline uint64_t scenario_request_cancel_at(const ScenarioRequest *q) {

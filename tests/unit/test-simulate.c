@@ -477,14 +477,75 @@ static void test_reloads_in_a_scenario(void **state) {
         assert_int_equal(r->records[3].decided_ms, 5000); /* urgent, at first's end, ahead of early */
         assert_int_equal(r->records[2].decided_ms, 6000); /* early, at second's end */
 
-        /* A reload that names an unknown lane is an error, naming it. */
-        _cleanup_(scenario_freep) Scenario *bad = NULL;
-        _cleanup_free_ char *error = NULL;
-        assert_int_equal(scenario_load_string("{\"pool\": {\"limit\": 1}, \"reloads\": [{\"at\": \"1s\", "
-                                              "\"lanes\": {\"nope\": {\"priority\": 1}}}]}",
-                                              "r.json", &error, &bad),
-                         -EINVAL);
-        assert_string_equal(error, "r.json: reloads[0].lanes.nope: unknown lane (a reload here changes, and adds none)");
+}
+
+/* The scenario's error, loaded and its configuration built. */
+static char *scenario_error_of(const char *json) {
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        char *error = NULL;
+        int r = scenario_load_string(json, "r.json", &error, &s);
+        if (r == 0)
+                r = scenario_build_config(s, NULL, NULL, &error, &c);
+        assert_int_equal(r, -EINVAL);
+        assert_non_null(error);
+        return error;
+}
+
+/* SPEC §4: a reload adds pools and lanes and removes them; a removed pool's holders finish and its waiters are
+ * refused, as a removed lane's; one named again comes back, with its holders and its keys. */
+static void test_reloads_add_and_remove_pools_and_lanes(void **state) {
+        static const char json[] =
+                "{\"pools\": {\"grid\": {\"limit\": 1, \"queue-timeout\": \"20s\"}},"
+                " \"lanes\": {\"a\": {\"pools\": [\"grid\"]}, \"b\": {\"pools\": [\"grid\"]}},"
+                " \"requests\": ["
+                " {\"name\": \"holder\", \"at\": \"0s\", \"hold\": \"5s\", \"lane\": \"a\"},"
+                " {\"name\": \"waiter\", \"at\": \"0s\", \"hold\": \"1s\", \"lane\": \"a\"},"
+                " {\"name\": \"lane-gone\", \"at\": \"0s\", \"hold\": \"1s\", \"lane\": \"b\"},"
+                " {\"name\": \"new-lane\", \"at\": \"1500ms\", \"hold\": \"1s\", \"lane\": \"c\"},"
+                " {\"name\": \"moved\", \"at\": \"2500ms\", \"hold\": \"4s\", \"lane\": \"a\"},"
+                " {\"name\": \"back\", \"at\": \"3s\", \"hold\": \"1s\", \"lane\": \"a\", \"wait\": false}],"
+                " \"reloads\": [{\"at\": \"1s\", \"pools\": {\"spare\": {\"limit\": 1}},"
+                "                \"lanes\": {\"b\": null, \"c\": {\"pools\": [\"spare\"]}}},"
+                "               {\"at\": \"2s\", \"pools\": {\"grid\": null}, \"lanes\": {\"a\": {\"pools\": [\"spare\"]}}},"
+                "               {\"at\": \"3s\", \"pools\": {\"grid\": {}}, \"lanes\": {\"a\": {\"pools\": [\"grid\", \"spare\"]}}}]}";
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        _cleanup_(sim_result_freep) SimResult *r = run_kept(json, true, &s);
+
+        assert_int_equal(r->n_records, 6);
+        assert_int_equal(r->records[0].outcome, SIM_OUTCOME_GRANTED);
+        assert_int_equal(r->records[1].refusal, REFUSAL_UNAVAILABLE); /* its pool removed */
+        assert_int_equal(r->records[1].decided_ms, 2000);
+        assert_int_equal(r->records[2].refusal, REFUSAL_UNAVAILABLE); /* its lane removed */
+        assert_int_equal(r->records[2].decided_ms, 1000);
+        assert_string_equal(r->records[3].pool, "spare");
+        assert_int_equal(r->records[3].decided_ms, 1500);
+        assert_string_equal(r->records[4].pool, "spare");
+        /* grid is back with its limit of 1 and its holder, until 5s: no room in either pool. */
+        assert_int_equal(r->records[5].refusal, REFUSAL_BUSY);
+        assert_int_equal(r->records[5].decided_ms, 3000);
+
+        _cleanup_free_ char *e1 = scenario_error_of("{\"pool\": {\"limit\": 1}, \"reloads\": [{\"at\": \"1s\", "
+                                                    "\"lanes\": {\"nope\": null}}]}");
+        assert_string_equal(e1, "r.json: reloads[0].lanes.nope: no lane \"nope\" to remove");
+        /* A lane added without pools: the configuration's own error. */
+        _cleanup_free_ char *e2 = scenario_error_of("{\"pool\": {\"limit\": 1}, \"reloads\": [{\"at\": \"1s\", "
+                                                    "\"lanes\": {\"new\": {\"priority\": 1}}}]}");
+        assert_non_null(strstr(e2, "new"));
+        /* A lane that still names a removed pool. */
+        _cleanup_free_ char *e3 = scenario_error_of("{\"pool\": {\"limit\": 1}, \"reloads\": [{\"at\": \"1s\", "
+                                                    "\"pools\": {\"default\": null}}]}");
+        assert_non_null(strstr(e3, "default"));
+        /* A request in a lane removed before it arrives, a drain of a pool added after it. */
+        _cleanup_free_ char *e4 = scenario_error_of(
+                "{\"pools\": {\"p\": {\"limit\": 1}}, \"lanes\": {\"a\": {\"pools\": [\"p\"]}, \"b\": {\"pools\": [\"p\"]}},"
+                " \"requests\": [{\"name\": \"x\", \"at\": \"1s\", \"hold\": \"1s\", \"lane\": \"b\"}],"
+                " \"reloads\": [{\"at\": \"1s\", \"lanes\": {\"b\": null}}]}");
+        assert_string_equal(e4, "r.json: requests[0].lane: no lane \"b\" when it arrives (a reload removed it, or adds it later)");
+        _cleanup_free_ char *e5 = scenario_error_of(
+                "{\"pool\": {\"limit\": 1}, \"drains\": [{\"at\": \"1s\", \"pool\": \"q\", \"reason\": \"x\"}],"
+                " \"reloads\": [{\"at\": \"1s\", \"pools\": {\"q\": {\"limit\": 1}}}]}");
+        assert_string_equal(e5, "r.json: drains[0].pool: no pool \"q\" then (a reload removed it, or adds it later)");
 }
 
 static void test_scenario_labels_that_nobody_matches_are_an_error(void **state) {
@@ -600,6 +661,7 @@ int main(void) {
                 cmocka_unit_test(test_quarantine_health_and_drains_in_a_scenario),
                 cmocka_unit_test(test_cancels_and_quarantines_in_a_scenario),
                 cmocka_unit_test(test_reloads_in_a_scenario),
+                cmocka_unit_test(test_reloads_add_and_remove_pools_and_lanes),
                 cmocka_unit_test(test_reservations_in_a_scenario),
                 cmocka_unit_test(test_scenario_labels_that_nobody_matches_are_an_error),
                 cmocka_unit_test(test_also_in_a_scenario),
