@@ -25,12 +25,7 @@ local WHO, WHY, UNTIL = ARGV[8], ARGV[9] or '', int_of(ARGV[10])
 
 -- The lane's selector buckets (SPEC §3.5) after its (lane, k) ones, k ascending, then by canon.
 local function drain_selector_buckets(lane)
-        local ss = redis.call('SMEMBERS', k_ls(lane))
-        table.sort(ss, function(a, b)
-                local ka, kb = tonumber(string.match(a, '^%d+') or '0'), tonumber(string.match(b, '^%d+') or '0')
-                return ka < kb or (ka == kb and a < b)
-        end)
-        for _, s in ipairs(ss) do
+        for _, s in ipairs(selector_buckets_sorted(lane)) do
                 while true do
                         local wid = redis.call('ZRANGE', k_bucket(lane, s), '0', '0')[1]
                         if not wid then break end

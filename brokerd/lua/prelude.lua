@@ -2019,6 +2019,17 @@ end
 
 ---------------------------------------------------------------------------------------------- rules adopted
 
+-- The lane's selector buckets (SPEC §3.5), "K:CANON", k ascending, then by canon: the order in which a drain
+-- (drain.lua) and a removed lane's rekey job refuse them, as pool-local.c:bucket_before() has it.
+local function selector_buckets_sorted(lane)
+        local ss = redis.call('SMEMBERS', k_ls(lane))
+        table.sort(ss, function(a, b)
+                local ka, kb = tonumber(string.match(a, '^%d+') or '0'), tonumber(string.match(b, '^%d+') or '0')
+                return ka < kb or (ka == kb and a < b)
+        end)
+        return ss
+end
+
 local rekey_step
 do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
         -- What an adopted rules change leaves to do (tick.lua, agree()), in {sb:P}:rekey: "at" (the adoption's
@@ -2030,10 +2041,14 @@ do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
         -- The buckets a job walks: a lane's (lane, k) and selector buckets ("drop", "move"), its selector buckets
         -- alone ("sdrop": those the adopted rules can never satisfy are refused, SPEC §3.5), none ("hdrop": its
         -- health waiters alone, HEALTH.drop(); "drop" refuses those too).
+        -- A drop's and a move's in drain.lua's order, as pool-local.c:lane_refuse_queued() refuses them: the
+        -- (lane, k) buckets by k, then the selector buckets by k and canon (SMEMBERS gives Redis's hash order).
         local function rekey_buckets(kind, lane)
                 if kind == 'hdrop' then return {} end
-                local ks = kind == 'sdrop' and {} or redis.call('SMEMBERS', k_lk(lane))
-                for _, s in ipairs(redis.call('SMEMBERS', k_ls(lane))) do ks[#ks + 1] = s end
+                if kind == 'sdrop' then return redis.call('SMEMBERS', k_ls(lane)) end
+                local ks = redis.call('SMEMBERS', k_lk(lane))
+                table.sort(ks, function(a, b) return (tonumber(a) or 0) < (tonumber(b) or 0) end)
+                for _, s in ipairs(selector_buckets_sorted(lane)) do ks[#ks + 1] = s end
                 return ks
         end
 
