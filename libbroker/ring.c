@@ -57,6 +57,29 @@ void ring_filter(Ring *r, bool (*keep)(const void *item, void *userdata), void *
         r->n = kept;
 }
 
+static void ring_swap(Ring *r, size_t i, size_t j) {
+        char *a = ring_at(r, i), *b = ring_at(r, j);
+        for (size_t k = 0; k < r->item_size; k++) {
+                char t = a[k];
+                a[k] = b[k];
+                b[k] = t;
+        }
+}
+
+static void ring_reverse(Ring *r, size_t from, size_t to) {
+        while (from + 1 < to)
+                ring_swap(r, from++, --to);
+}
+
+void ring_rotate(Ring *r, size_t from, size_t mid) {
+        if (from > mid || mid > r->n)
+                return; /* no such runs */
+        /* Three reversals: no second array, so nothing to fail. */
+        ring_reverse(r, from, mid);
+        ring_reverse(r, mid, r->n);
+        ring_reverse(r, from, r->n);
+}
+
 void ring_done(Ring *r) {
         r->items = mfree(r->items);
         r->head = r->n = r->allocated = 0;

@@ -21,6 +21,9 @@ int ring_push(Ring *r, const void *item);
 bool ring_pop(Ring *r, void *ret);
 /* Keeps the items keep() says yes to, in their order. */
 void ring_filter(Ring *r, bool (*keep)(const void *item, void *userdata), void *userdata);
+/* Moves the items from the mid-th oldest on ahead of those from the from-th (from ≤ mid ≤ r->n), each run in its
+ * order: [from, mid) and [mid, n) change places. In place, O(n − from). */
+void ring_rotate(Ring *r, size_t from, size_t mid);
 /* Frees the items' array (not what they point to); the ring is empty and usable again. */
 void ring_done(Ring *r);
 

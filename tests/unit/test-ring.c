@@ -8,6 +8,7 @@
 
 #include <cmocka.h>
 
+#include "macro.h"
 #include "ring.h"
 
 typedef struct Item {
@@ -113,11 +114,38 @@ static void test_filter_keeps_order_across_wrap(void **state) {
         ring_done(&r);
 }
 
+/* ring_rotate() swaps two adjacent runs, each kept in order, across the wrap; what is before them stays. */
+static void test_rotate_swaps_two_runs_across_wrap(void **state) {
+        Ring r = RING_INIT(Item);
+        assert_int_equal(ring_reserve(&r, 8), 0);
+        size_t allocated = r.allocated;
+        for (uint64_t i = 0; i < allocated - 2; i++)
+                assert_int_equal(ring_push(&r, &(Item) { .value = 100 }), 0);
+        for (size_t i = 0; i < allocated - 3; i++)
+                assert_true(ring_pop(&r, &(Item) {}));
+        /* Now: one 100, then 0 … 6, wrapping past the end of the array. */
+        for (uint64_t i = 0; i < 7; i++)
+                assert_int_equal(ring_push(&r, &(Item) { .value = i }), 0);
+        assert_int_equal(r.allocated, allocated);
+        assert_true(r.head + r.n > r.allocated);
+        ring_rotate(&r, 1, 4); /* [0 1 2] and [3 4 5 6] change places */
+        static const uint64_t expect[] = { 100, 3, 4, 5, 6, 0, 1, 2 };
+        for (size_t i = 0; i < ELEMENTSOF(expect); i++) {
+                Item it;
+                assert_true(ring_pop(&r, &it));
+                assert_int_equal(it.value, expect[i]);
+        }
+        assert_false(ring_pop(&r, &(Item) {}));
+        ring_rotate(&r, 0, 0); /* empty: nothing */
+        ring_done(&r);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_fifo_against_model),
                 cmocka_unit_test(test_reserve_then_push_does_not_grow),
                 cmocka_unit_test(test_filter_keeps_order_across_wrap),
+                cmocka_unit_test(test_rotate_swaps_two_runs_across_wrap),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
