@@ -2706,6 +2706,7 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
         }
 
         /* From here on nothing fails. */
+        size_t configure_from = e->pending.n;
         for (size_t i = 0; i < c->n_pools; i++) {
                 bool arrives = created[i] || !pool_in(e->pools, e->n_pools, pools[i]);
                 pools[i]->ops->configure_commit(pools[i], TAKE_PTR(rp[i].staged), now);
@@ -2721,12 +2722,17 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
         reload_pools_free(rp, pools, c->n_pools);
 
         /* Pools that are gone, or moved: waiters refused, holders finish (a shared pool keeps heartbeating
-         * them, and releases them in Redis). */
+         * them, and releases them in Redis). Their refusals go ahead of what the pools that stay decided in
+         * configure() (a removed lane's waiters refused): a shared pool retires at once and tells its
+         * configure() through Redis, later; so an in-process one's are in the same order, and a set (also=)
+         * refused by both names the pool removed either way. */
+        size_t retire_from = e->pending.n;
         for (size_t i = 0; i < e->n_pools; i++)
                 if (!pool_in(pools, c->n_pools, e->pools[i])) {
                         e->pools[i]->ops->retire(e->pools[i], now);
                         e->retired[e->n_retired++] = e->pools[i];
                 }
+        ring_rotate(&e->pending, configure_from, retire_from);
         /* Pools revived from the retired list leave it. */
         size_t j = 0;
         for (size_t i = 0; i < e->n_retired; i++)

@@ -479,6 +479,23 @@ static void test_reloads_in_a_scenario(void **state) {
 
 }
 
+/* A set (also=) whose pool and lane a reload removes is refused by the pool removed, ahead of what the pool that
+ * stays refuses for the lane: the order a shared pool has (it retires at once, tells its removed lane through
+ * Redis later). */
+static void test_reload_refusal_of_a_set_names_the_pool_removed(void **state) {
+        _cleanup_(scenario_freep) Scenario *s = NULL;
+        _cleanup_(sim_result_freep) SimResult *r = run_kept(
+                "{\"pools\": {\"p0\": {\"limit\": 1}, \"p1\": {\"limit\": 1}},"
+                " \"lanes\": {\"a\": {\"pools\": [\"p0\"]}, \"b\": {\"pools\": [\"p1\"], \"also\": [\"p0\"]}},"
+                " \"requests\": [{\"name\": \"holds\", \"at\": \"0s\", \"hold\": \"3s\", \"lane\": \"b\"},"
+                "              {\"name\": \"set\", \"at\": \"1s\", \"hold\": \"1s\", \"lane\": \"b\"}],"
+                " \"reloads\": [{\"at\": \"2s\", \"pools\": {\"p1\": null}, \"lanes\": {\"b\": null}}]}",
+                true, &s);
+        assert_int_equal(r->records[1].refusal, REFUSAL_UNAVAILABLE);
+        assert_int_equal(r->records[1].decided_ms, 2000);
+        assert_string_equal(r->records[1].pool, "p1");
+}
+
 /* The scenario's error, loaded and its configuration built. */
 static char *scenario_error_of(const char *json) {
         _cleanup_(scenario_freep) Scenario *s = NULL;
@@ -662,6 +679,7 @@ int main(void) {
                 cmocka_unit_test(test_cancels_and_quarantines_in_a_scenario),
                 cmocka_unit_test(test_reloads_in_a_scenario),
                 cmocka_unit_test(test_reloads_add_and_remove_pools_and_lanes),
+                cmocka_unit_test(test_reload_refusal_of_a_set_names_the_pool_removed),
                 cmocka_unit_test(test_reservations_in_a_scenario),
                 cmocka_unit_test(test_scenario_labels_that_nobody_matches_are_an_error),
                 cmocka_unit_test(test_also_in_a_scenario),
