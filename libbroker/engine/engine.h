@@ -123,8 +123,10 @@ int engine_pool_factory_local(const PoolConfig *pc, const char *name, PoolEmitFn
  * kept: engine_check_moves()) and keep their holders,
  * waiters and idle time; a held member keeps its holder wherever the new list puts it, and one removed
  * while held stays held above the limit until released; a shrunk pool lets its holders finish; a removed
- * pool refuses its waiters (unavailable) and lives on until its last lease ends, or comes back with its
- * holders if a later reload names it again; waiters of a removed lane are refused likewise.
+ * pool refuses its waiters (unavailable; in the order they came, whatever their lane) and lives on until its
+ * last lease ends, or comes back with its holders if a later reload names it again; waiters of a removed lane
+ * are refused likewise, after those of the removed pools (the order a shared pool, which learns of its removed
+ * lanes through Redis, has too).
  * The config must have passed conf_validate(). It applies to every pool and lane or to none: everything that
  * can fail (out of memory included) is done before any pool takes the new configuration. Returns 0, or negative
  * errno with every pool, lane, drain, holder and waiter as it was and nothing told of the reload (the instants

@@ -1607,14 +1607,32 @@ static void local_configure_abort(Pool *base, PoolStaged *s) {
         staged_free(s);
 }
 
+/* Every waiter refused unavailable in the order they came (seq), whatever their lane: as a shared pool refuses
+ * its tries when it retires (pool-shared.c, refuse_all_tries()). The health list and each bucket are in that
+ * order already: the first of their heads each time, O(buckets) a waiter. */
+static void refuse_all_by_arrival(LocalPool *p, usec_t now) {
+        for (;;) {
+                ListNode *h = list_first(&p->health);
+                PoolWaiter *first = h ? container_of(h, PoolWaiter, fifo_node) : NULL;
+                for (size_t i = 0; i < p->n_lanes; i++)
+                        for (size_t b = 0; b < p->lanes[i]->n_buckets; b++) {
+                                ListNode *n = list_first(&p->lanes[i]->buckets[b]->fifo);
+                                PoolWaiter *w = n ? container_of(n, PoolWaiter, fifo_node) : NULL;
+                                if (w && (!first || w->seq < first->seq))
+                                        first = w;
+                        }
+                if (!first)
+                        return;
+                waiter_refuse(p, first, REFUSAL_UNAVAILABLE, now);
+        }
+}
+
 static void local_retire(Pool *base, usec_t now) {
         LocalPool *p = POOL(base);
         p->base.retired = true;
-        for (size_t i = 0; i < p->n_lanes; i++) {
-                LocalLane *l = p->lanes[i];
-                l->configured = false;
-                lane_refuse_waiters(p, l, now);
-        }
+        for (size_t i = 0; i < p->n_lanes; i++)
+                p->lanes[i]->configured = false;
+        refuse_all_by_arrival(p, now);
         update_congestion(p, now);
 }
 
