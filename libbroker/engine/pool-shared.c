@@ -1753,16 +1753,23 @@ static void decision_apply(SharedPool *p, const SharedDecision *d, bool written_
         }
 }
 
-static void congestion_apply(SharedPool *p, bool congested, int64_t at, usec_t now) {
+/* at: local monotonic. A retired pool refuses whatever comes (unavailable): never congested, as
+ * pool-local.c:congested_at() has it, whatever Redis says of the pool while its holders finish. */
+static void congestion_set(SharedPool *p, bool congested, usec_t at) {
+        congested = congested && !p->base.retired;
         if (congested == p->congested)
                 return;
         p->congested = congested;
         emit(p, (PoolDecision) {
                 .verdict = POOL_VERDICT_CONGESTION,
-                .at = local_time_of(p, at, 0, now),
+                .at = at,
                 .budget = USEC_INFINITY,
                 .congested = congested,
         });
+}
+
+static void congestion_apply(SharedPool *p, bool congested, int64_t at, usec_t now) {
+        congestion_set(p, congested, local_time_of(p, at, 0, now));
 }
 
 /* ---------------------------------------------------------------------------------------- the states */
@@ -3505,6 +3512,7 @@ static void shared_retire(Pool *base, usec_t now) {
         p->base.retired = true;
         /* NULL reason: the engine says "removed", as for an in-process pool. */
         refuse_all_tries(p, NULL, now);
+        congestion_set(p, false, now);
 }
 
 static bool lane_is_configured(const SharedPool *p, const char *lane) {
