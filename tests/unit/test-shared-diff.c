@@ -28,7 +28,11 @@
  * a stream of its own too: requests whose client goes away after a while (a cancel while they wait;
  * TEST_SHARED_DIFF_CANCEL=0: none), members quarantined and restored by hand (TEST_SHARED_DIFF_QUARANTINE=0), and
  * reloads of a lane's priority and of a pool's limit, max-queue, timeouts, cooldown and members' labels
- * (TEST_SHARED_DIFF_RELOAD=0). Without redis-server the whole test is one TAP skip.
+ * (TEST_SHARED_DIFF_RELOAD=0), reloads of a lane's reserve, max-in-use, policy, pools' order, max-hold and queue
+ * timeout (TEST_SHARED_DIFF_RULES=0); half the cancels come when the request's answer is due (its budget's end, a
+ * hold's end in its pools). Off unless TEST_SHARED_DIFF_TOPOLOGY=1: reloads that add a pool with a lane and
+ * requests of it, remove a pool with its lanes or a lane alone (their waiters refused, holders finishing), and add
+ * the pool removed back. Without redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
  * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED, TEST_SHARED_DIFF_FIRST=S from seed S
  * on (1: the default), to run one again. */
@@ -487,10 +491,21 @@ static void gen_request_selector(Gen *g, Gen *xg, const GenPool *pools, unsigned
  * - TEST_SHARED_DIFF_CANCEL: requests whose client goes away after a while (a cancel, if still undecided);
  * - TEST_SHARED_DIFF_QUARANTINE: members quarantined and restored by hand;
  * - TEST_SHARED_DIFF_RELOAD: reloads of a lane's priority, a pool's limit, max-queue, queue and congestion
- *   timeouts, cooldown and its members' labels. */
+ *   timeouts, cooldown and its members' labels;
+ * - TEST_SHARED_DIFF_RULES: reloads of a lane's reserve, max-in-use, policy, pools' order, max-hold and queue
+ *   timeout (a reload more, where the others made none). */
 static bool generator_part_enabled(const char *variable) {
         const char *v = getenv(variable);
         return !v || !streq(v, "0");
+}
+
+/* Whether a part that is off by default is on (set, and not "0"): TEST_SHARED_DIFF_TOPOLOGY, reloads that add
+ * and remove pools and lanes and add a removed pool back, off while the differences it finds are open (a removed
+ * lane's refusals, told by Redis with the pool's next tick, after the reservations and arrivals of the reload's
+ * instant; a pool added back: its last fast admission, its gauge, the members it grants). */
+static bool generator_part_opted_in(const char *variable) {
+        const char *v = getenv(variable);
+        return v && !streq(v, "0");
 }
 
 /* need[p] of each pool p of lane_pools (bit p) is at least k. */
@@ -599,6 +614,150 @@ static void gen_reload_lane_rules(Gen *g, FILE *f, const char **k, GenLane *lane
         }
 }
 
+/* (tg: TEST_SHARED_DIFF_TOPOLOGY) What reloads do to the pools and lanes themselves, each at most once a
+ * scenario: add a pool of anonymous slots with a lane of its own (alone, or after a pool there) and requests of
+ * that lane; remove a pool with every lane that routes to it or takes it also=; remove a lane; add back the
+ * pool removed, with its lanes and a few more requests of them. A removal waits for the last arrival of its
+ * lanes and the last drain, quarantine and reservation of its pool (neither may come when they are gone): it
+ * moves the reload later. */
+typedef struct GenTopology {
+        unsigned n_pools, n_lanes;             /* the first configuration's; a pool or lane added is the next */
+        bool pool_there[POOLS_MAX + 1], lane_there[LANES_MAX + 1];
+        unsigned lane_pools[LANES_MAX + 1];    /* its pools and also= pools (bit p) */
+        unsigned lane_busy[LANES_MAX + 1];     /* when it may go: after its last arrival, ms */
+        unsigned pool_busy[POOLS_MAX + 1];     /* when it may go: after its last drain, quarantine, reservation */
+        bool added, removed_pool, removed_lane, revived;
+        unsigned removed, removed_lanes;       /* the pool removed, and the lanes with it (bit l) */
+        unsigned touched_pools, touched_lanes; /* by the reload being written: its other changes leave them be */
+        FILE *more;                            /* requests of the lanes added, for the requests array */
+        unsigned n_more;
+} GenTopology;
+
+/* Requests of lane l in the topology's `more`, from `at` on for up to 3 s, of k ≤ max_k slots. */
+static void gen_more_requests(Gen *g, GenTopology *t, unsigned l, unsigned at, unsigned n, unsigned max_k) {
+        for (unsigned i = 0; i < n; i++) {
+                unsigned when = at + 100 * gen_below(g, 30);
+                fprintf(t->more, ", {\"name\": \"t%u\", \"at\": \"%ums\", \"lane\": \"%c\", \"hold\": \"%ums\", \"slots\": %u",
+                        t->n_more++, when, 'a' + l, 100 * (1 + gen_below(g, 40)), 1 + gen_below(g, max_k));
+                if (gen_chance(g, 15))
+                        fputs(", \"wait\": false", t->more);
+                else if (gen_chance(g, 25))
+                        fprintf(t->more, ", \"max-wait\": \"%ums\"", 100 * (1 + gen_below(g, 30)));
+                if (gen_chance(g, 15))
+                        fprintf(t->more, ", \"cancel\": \"%ums\"", 100 * (1 + gen_below(g, 20)));
+                fputc('}', t->more);
+                t->lane_busy[l] = MAX(t->lane_busy[l], when + 100);
+        }
+}
+
+/* The lanes there that route to pool p or take it also= (bit l). */
+static unsigned gen_lanes_of(const GenTopology *t, unsigned p) {
+        unsigned lanes = 0;
+        for (unsigned l = 0; l < t->n_lanes + t->added; l++)
+                if (t->lane_there[l] && ((t->lane_pools[l] >> p) & 1))
+                        lanes |= 1u << l;
+        return lanes;
+}
+
+static unsigned gen_count(unsigned bits) {
+        return (unsigned) __builtin_popcount(bits);
+}
+
+/* One reload's changes of the topology, at *at (moved later for a removal): its pools' entries written to pf,
+ * its lanes' to lf, each after ", " but the first. */
+static void gen_reload_topology(Gen *g, GenTopology *t, unsigned *at, FILE *pf, FILE *lf) {
+        const char *ps = "", *ls = "";
+        unsigned lanes_there = 0, pools_there = 0;
+        for (unsigned l = 0; l < t->n_lanes + t->added; l++)
+                lanes_there |= (unsigned) t->lane_there[l] << l;
+        for (unsigned p = 0; p < t->n_pools + t->added; p++)
+                pools_there |= (unsigned) t->pool_there[p] << p;
+        t->touched_pools = t->touched_lanes = 0;
+
+        /* Removals first: they move the reload, before which nothing it adds may come. */
+        if (!t->removed_pool && gen_chance(g, 35)) {
+                /* Any pool there but one this reload adds, with its lanes, if a lane is left. */
+                unsigned p = gen_below(g, t->n_pools + t->added), lanes = gen_lanes_of(t, p);
+                if (t->pool_there[p] && !((t->touched_pools >> p) & 1) && gen_count(pools_there) > 1 &&
+                    !(lanes & t->touched_lanes) && gen_count(lanes_there & ~lanes) > 0) {
+                        t->removed_pool = true;
+                        t->removed = p;
+                        t->removed_lanes = lanes;
+                        t->pool_there[p] = false;
+                        t->touched_pools |= 1u << p;
+                        *at = MAX(*at, t->pool_busy[p]);
+                        fprintf(pf, "%s\"p%u\": null", ps, p);
+                        ps = ", ";
+                        for (unsigned l = 0; l < t->n_lanes + t->added; l++)
+                                if ((lanes >> l) & 1) {
+                                        t->lane_there[l] = false;
+                                        t->touched_lanes |= 1u << l;
+                                        *at = MAX(*at, t->lane_busy[l]);
+                                        fprintf(lf, "%s\"%c\": null", ls, 'a' + l);
+                                        ls = ", ";
+                                }
+                        lanes_there &= ~lanes;
+                }
+        }
+        if (!t->removed_lane && gen_chance(g, 30)) {
+                unsigned l = gen_below(g, t->n_lanes + t->added);
+                if (t->lane_there[l] && !((t->touched_lanes >> l) & 1) && gen_count(lanes_there) > 1) {
+                        t->removed_lane = true;
+                        t->lane_there[l] = false;
+                        t->touched_lanes |= 1u << l;
+                        *at = MAX(*at, t->lane_busy[l]);
+                        fprintf(lf, "%s\"%c\": null", ls, 'a' + l);
+                        ls = ", ";
+                }
+        }
+        if (t->removed_pool && !t->revived && !((t->touched_pools >> t->removed) & 1) && gen_chance(g, 50)) {
+                /* Back, with its holders and its keys, and its lanes with theirs. */
+                t->revived = true;
+                t->pool_there[t->removed] = true;
+                t->touched_pools |= 1u << t->removed;
+                fprintf(pf, "%s\"p%u\": {}", ps, t->removed);
+                ps = ", ";
+                for (unsigned l = 0; l < t->n_lanes + t->added; l++)
+                        if ((t->removed_lanes >> l) & 1) {
+                                t->lane_there[l] = true;
+                                t->touched_lanes |= 1u << l;
+                                fprintf(lf, "%s\"%c\": {}", ls, 'a' + l);
+                                ls = ", ";
+                                gen_more_requests(g, t, l, *at, 1 + gen_below(g, 4), 1);
+                        }
+        } else if (!t->added && gen_chance(g, 40)) {
+                unsigned p = t->n_pools, l = t->n_lanes, limit = 1 + gen_below(g, 4);
+                t->added = true;
+                t->pool_there[p] = t->lane_there[l] = true;
+                t->touched_pools |= 1u << p;
+                t->touched_lanes |= 1u << l;
+                fprintf(pf, "%s\"p%u\": {\"limit\": %u", ps, p, limit);
+                ps = ", ";
+                if (gen_chance(g, 60))
+                        fprintf(pf, ", \"queue-timeout\": \"%ums\"", 200 + 100 * gen_below(g, 30));
+                if (gen_chance(g, 30))
+                        fprintf(pf, ", \"max-queue\": %u", gen_below(g, 6));
+                fputc('}', pf);
+                fprintf(lf, "%s\"%c\": {\"pools\": [", ls, 'a' + l);
+                ls = ", ";
+                t->lane_pools[l] = 1u << p;
+                if (gen_chance(g, 50)) {
+                        /* After a pool there, first choice. */
+                        unsigned q = gen_below(g, t->n_pools);
+                        if (t->pool_there[q]) {
+                                t->lane_pools[l] |= 1u << q;
+                                fprintf(lf, "\"p%u\", ", q);
+                        }
+                }
+                fprintf(lf, "\"p%u\"], \"policy\": \"%s\", \"priority\": %u", p,
+                        gen_chance(g, 20) ? "fail-fast" : "wait", gen_below(g, 3));
+                if (gen_chance(g, 30))
+                        fprintf(lf, ", \"max-in-use\": %u", 1 + gen_below(g, 3));
+                fputc('}', lf);
+                gen_more_requests(g, t, l, *at, 2 + gen_below(g, 7), MIN(limit, 3u));
+        }
+}
+
 /* A scenario of a few pools and lanes, 20–80 requests over ~8 s, many of them at the same instants
  * (arrivals, releases and budgets colliding is where order matters), and maybe a phase of generated
  * arrivals. A waiter of a pool without a queue timeout may wait for good: the run ends when nothing could
@@ -608,13 +767,15 @@ static char *generate(uint64_t seed) {
             rg = { .state = seed * 15485863 + 47 }, ag = { .state = seed * 32452843 + 59 },
             xg = { .state = seed * 49979687 + 71 }, kg = { .state = seed * 67867967 + 83 },
             hg = { .state = seed * 86028121 + 97 }, lg = { .state = seed * 104395301 + 101 },
-            ng = { .state = seed * 122949823 + 103 }, dg = { .state = seed * 141650939 + 107 };
+            ng = { .state = seed * 122949823 + 103 }, dg = { .state = seed * 141650939 + 107 },
+            tg = { .state = seed * 160481183 + 109 };
         bool also = generator_part_enabled("TEST_SHARED_DIFF_ALSO"),
              extra = generator_part_enabled("TEST_SHARED_DIFF_EXTRA"),
              cancels = generator_part_enabled("TEST_SHARED_DIFF_CANCEL"),
              quarantines = generator_part_enabled("TEST_SHARED_DIFF_QUARANTINE"),
              reloads = generator_part_enabled("TEST_SHARED_DIFF_RELOAD"),
-             rules = generator_part_enabled("TEST_SHARED_DIFF_RULES");
+             rules = generator_part_enabled("TEST_SHARED_DIFF_RULES"),
+             topology = generator_part_opted_in("TEST_SHARED_DIFF_TOPOLOGY");
         char *text = NULL;
         size_t size = 0;
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
@@ -628,9 +789,16 @@ static char *generate(uint64_t seed) {
         unsigned named = 0;                    /* bit p: a request names a member of pool p */
         GenLane gl[LANES_MAX] = {};            /* what a reload of a lane's rules starts from */
         unsigned lane_qt[LANES_MAX] = {};      /* a lane's queue timeout, ms; 0: none */
+        GenTopology topo = {};
+        _cleanup_free_ char *more = NULL;
+        size_t more_size = 0;
 
         g.f = open_memstream(&text, &size);
         assert_non_null(g.f);
+        topo.more = open_memstream(&more, &more_size);
+        assert_non_null(topo.more);
+        topo.n_pools = n_pools;
+        topo.n_lanes = n_lanes;
         fputs("{\"pools\": {", g.f);
         for (unsigned i = 0; i < n_pools; i++) {
                 unsigned qt = gen_chance(&g, 20) ? 0 : 200 + 100 * gen_below(&g, 40);
@@ -807,7 +975,10 @@ static char *generate(uint64_t seed) {
                 fprintf(g.f, ", \"slots\": %u}", k);
                 gen_need(need, lane_pools[l], k);
                 ends[i] = (GenEnd) { .at = hold > 0 ? at + hold : 0, .pools = lane_pools[l] | gl[l].also };
+                topo.lane_busy[l] = MAX(topo.lane_busy[l], at + 100);
         }
+        long requests_end = ftell(g.f); /* where the topology's requests go */
+        assert_true(requests_end > 0);
         fputc(']', g.f);
         /* Drains with a reason, some until a time, some undrained by hand (issue 23), on the same grid. */
         unsigned n_drains = gen_below(&qg, 4);
@@ -815,6 +986,7 @@ static char *generate(uint64_t seed) {
                 fputs(", \"drains\": [", g.f);
                 for (unsigned i = 0; i < n_drains; i++) {
                         unsigned p = gen_below(&qg, n_pools), at = 100 * gen_below(&qg, 80);
+                        topo.pool_busy[p] = MAX(topo.pool_busy[p], at + 100);
                         fprintf(g.f, "%s{\"at\": \"%ums\", \"pool\": \"p%u\"", i > 0 ? ", " : "", at, p);
                         if (pools[p].members && gen_chance(&qg, 70))
                                 fprintf(g.f, ", \"member\": \"m%u\"", gen_below(&qg, pools[p].limit));
@@ -836,6 +1008,7 @@ static char *generate(uint64_t seed) {
                 fputs(", \"reservations\": [", g.f);
                 for (unsigned i = 0; i < n_reservations; i++) {
                         unsigned p = gen_below(&rg, n_pools), at = 100 * gen_below(&rg, 80);
+                        topo.pool_busy[p] = MAX(topo.pool_busy[p], at + 100);
                         fprintf(g.f, "%s{\"at\": \"%ums\", \"pool\": \"p%u\", \"for\": \"%ums\", \"reason\": \"v%u\"",
                                 i > 0 ? ", " : "", at, p, 100 * (1 + gen_below(&rg, 30)), i);
                         unsigned how = pools[p].members ? gen_below(&rg, 3) : 0;
@@ -869,6 +1042,7 @@ static char *generate(uint64_t seed) {
                 fputs(", \"quarantines\": [", g.f);
                 for (unsigned i = 0; i < n_quarantines; i++) {
                         unsigned p = member_pools[gen_below(&hg, n_member_pools)], at = 100 * gen_below(&hg, 80);
+                        topo.pool_busy[p] = MAX(topo.pool_busy[p], at + 100);
                         fprintf(g.f, "%s{\"at\": \"%ums\", \"pool\": \"p%u\", \"member\": \"m%u\"", i > 0 ? ", " : "",
                                 at, p, gen_below(&hg, pools[p].limit));
                         if (gen_chance(&hg, 35))
@@ -891,10 +1065,11 @@ static char *generate(uint64_t seed) {
                                         max_k = MAX(max_k, MIN(gen_capacity(&pools[p], &lane_sel[l], NULL), 3u));
                 }
                 gen_need(need, lane_pools[l], max_k);
+                unsigned rate = 1 + gen_below(&g, 40), span = 1 + gen_below(&g, 8);
                 fprintf(g.f, ", \"arrivals\": [{\"rate\": \"%u/s\", \"for\": \"%us\", \"hold\": \"%ums\", \"lane\": \"%c\", "
                         "\"slots\": %u",
-                        1 + gen_below(&g, 40), 1 + gen_below(&g, 8), 50 * (1 + gen_below(&g, 20)), 'a' + l,
-                        1 + gen_below(&g, max_k));
+                        rate, span, 50 * (1 + gen_below(&g, 20)), 'a' + l, 1 + gen_below(&g, max_k));
+                topo.lane_busy[l] = MAX(topo.lane_busy[l], 1000 * span);
                 if (extra) {
                         gen_phase_extras(&xg, g.f);
                         if (gen_chance(&xg, 30)) {
@@ -906,10 +1081,11 @@ static char *generate(uint64_t seed) {
                                 if (lane_sel[l2].x != 0 || lane_sel[l2].y != 0)
                                         k2 = 1; /* the lane's labels leave a member in one of its pools at least */
                                 gen_need(need, lane_pools[l2], k2);
+                                unsigned rate2 = 1 + gen_below(&xg, 40), span2 = 1 + gen_below(&xg, 4);
                                 fprintf(g.f, "}, {\"rate\": \"%u/s\", \"for\": \"%us\", \"hold\": \"%ums\", "
                                         "\"lane\": \"%c\", \"slots\": %u",
-                                        1 + gen_below(&xg, 40), 1 + gen_below(&xg, 4), 50 * (1 + gen_below(&xg, 20)),
-                                        'a' + l2, 1 + gen_below(&xg, k2));
+                                        rate2, span2, 50 * (1 + gen_below(&xg, 20)), 'a' + l2, 1 + gen_below(&xg, k2));
+                                topo.lane_busy[l2] = MAX(topo.lane_busy[l2], 1000 * (span + span2));
                                 gen_phase_extras(&xg, g.f);
                         }
                 }
@@ -923,6 +1099,14 @@ static char *generate(uint64_t seed) {
         unsigned n_reloads = reloads && gen_chance(&lg, 50) ? 1 + gen_below(&lg, 2) : 0;
         if (n_reloads == 0 && rules && gen_chance(&ng, 50))
                 n_reloads = 1 + gen_below(&ng, 2);
+        if (n_reloads < 3 && topology && gen_chance(&tg, 50))
+                n_reloads++; /* a removal and an addback need two */
+        for (unsigned p = 0; p < n_pools; p++)
+                topo.pool_there[p] = true;
+        for (unsigned l = 0; l < n_lanes; l++) {
+                topo.lane_there[l] = true;
+                topo.lane_pools[l] = lane_pools[l] | gl[l].also;
+        }
         if (n_reloads > 0) {
                 unsigned at = 0, grown[POOLS_MAX];
                 GenPool relabelled[POOLS_MAX];
@@ -931,9 +1115,19 @@ static char *generate(uint64_t seed) {
                 fputs(", \"reloads\": [", g.f);
                 for (unsigned i = 0; i < n_reloads; i++) {
                         at += 100 * (1 + gen_below(&lg, 40));
-                        fprintf(g.f, "%s{\"at\": \"%ums\", \"pools\": {", i > 0 ? ", " : "", at);
-                        const char *sep = "";
+                        _cleanup_free_ char *tp = NULL, *tl = NULL;
+                        size_t tp_size = 0, tl_size = 0;
+                        FILE *pf = open_memstream(&tp, &tp_size), *lf = open_memstream(&tl, &tl_size);
+                        assert_true(pf && lf);
+                        if (topology)
+                                gen_reload_topology(&tg, &topo, &at, pf, lf);
+                        assert_int_equal(fclose(pf), 0);
+                        assert_int_equal(fclose(lf), 0);
+                        fprintf(g.f, "%s{\"at\": \"%ums\", \"pools\": {%s", i > 0 ? ", " : "", at, tp);
+                        const char *sep = *tp ? ", " : "";
                         for (unsigned p = 0; p < n_pools; p++) {
+                                if (!topo.pool_there[p] || ((topo.touched_pools >> p) & 1))
+                                        continue; /* gone, or this reload's topology has its entry */
                                 bool limit = !pools[p].members && gen_chance(&lg, 30),
                                      queue = gen_chance(&lg, 20), timeout = qts[p] > 0 && gen_chance(&lg, 30),
                                      cooldown = gen_chance(&lg, 15),
@@ -997,9 +1191,11 @@ static char *generate(uint64_t seed) {
                                 }
                                 fputc('}', g.f);
                         }
-                        fputs("}, \"lanes\": {", g.f);
-                        sep = "";
+                        fprintf(g.f, "}, \"lanes\": {%s", tl);
+                        sep = *tl ? ", " : "";
                         for (unsigned l = 0; l < n_lanes; l++) {
+                                if (!topo.lane_there[l] || ((topo.touched_lanes >> l) & 1))
+                                        continue;
                                 _cleanup_free_ char *keys = NULL;
                                 size_t keys_size = 0;
                                 FILE *kf = open_memstream(&keys, &keys_size);
@@ -1023,7 +1219,14 @@ static char *generate(uint64_t seed) {
         }
         fputc('}', g.f);
         assert_int_equal(fclose(g.f), 0);
-        return text;
+        assert_int_equal(fclose(topo.more), 0);
+        if (more_size == 0)
+                return text;
+        /* The topology's requests at the end of the requests array. */
+        char *all = NULL;
+        assert_true(asprintf(&all, "%.*s%s%s", (int) requests_end, text, more, text + requests_end) > 0);
+        free(text);
+        return all;
 }
 
 static void test_generated(void **state) {
