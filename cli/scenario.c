@@ -635,6 +635,24 @@ static int find_pool_then(const BrokerConfig *c, const char *pool, const char *o
         return 0;
 }
 
+/* The drains or quarantines that meet the reload-th configuration: their pools there, their members its. */
+static int check_drains(const Scenario *s, const BrokerConfig *c, size_t reload, const ScenarioDrain *drains,
+                        size_t n, char **error) {
+        for (size_t i = 0; i < n; i++) {
+                const ScenarioDrain *d = &drains[i];
+                const PoolConfig *p = NULL;
+                if (reload_before(s, d->at_ms) != reload)
+                        continue;
+                int r = find_pool_then(c, d->pool, d->origin, error, &p);
+                if (r < 0)
+                        return r;
+                if (d->member && !strv_contains(p->members, d->member))
+                        return scenario_error(error, "%s.member: pool \"%s\" has no member \"%s\"", d->origin, d->pool,
+                                              d->member);
+        }
+        return 0;
+}
+
 int scenario_build_config(const Scenario *s, const char *key, const char *value, char **error, BrokerConfig **ret) {
         return scenario_build_config_reload(s, key, value, 0, error, ret);
 }
@@ -760,35 +778,14 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
                 if (r < 0)
                         goto finish;
         }
-        for (size_t i = 0; i < s->n_drains; i++) {
-                const ScenarioDrain *d = &s->drains[i];
-                const PoolConfig *p = NULL;
-                if (reload_before(s, d->at_ms) != reload)
-                        continue;
-                r = find_pool_then(c, d->pool, d->origin, error, &p);
-                if (r < 0)
-                        goto finish;
-                if (d->member && !strv_contains(p->members, d->member)) {
-                        r = scenario_error(error, "%s.member: pool \"%s\" has no member \"%s\"", d->origin, d->pool,
-                                           d->member);
-                        goto finish;
-                }
-        }
-        /* As slotctl quarantine and restore are refused: a pool without members, a member it does not have. */
-        for (size_t i = 0; i < s->n_quarantines; i++) {
-                const ScenarioDrain *q = &s->quarantines[i];
-                const PoolConfig *p = NULL;
-                if (reload_before(s, q->at_ms) != reload)
-                        continue;
-                r = find_pool_then(c, q->pool, q->origin, error, &p);
-                if (r < 0)
-                        goto finish;
-                if (!strv_contains(p->members, q->member)) {
-                        r = scenario_error(error, "%s.member: pool \"%s\" has no member \"%s\"", q->origin, q->pool,
-                                           q->member);
-                        goto finish;
-                }
-        }
+        /* As slotctl drain, quarantine and restore are refused: a member the pool does not have (a quarantine
+         * always names one). */
+        r = check_drains(s, c, reload, s->drains, s->n_drains, error);
+        if (r < 0)
+                goto finish;
+        r = check_drains(s, c, reload, s->quarantines, s->n_quarantines, error);
+        if (r < 0)
+                goto finish;
         /* As brokerd refuses a Reserve (SPEC §3.6): a member or labels no member of the pool has. */
         for (size_t i = 0; i < s->n_reservations; i++) {
                 const ScenarioReservation *v = &s->reservations[i];
