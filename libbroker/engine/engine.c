@@ -2096,29 +2096,35 @@ int engine_member_quarantine(Engine *e, const char *pool, const char *member, co
         return 0;
 }
 
-/* Where a member's counts are: the configured pool of the name, else an in-process one kept for leases restored
- * after the name left the configuration (which of its members count: the pool's set_use()). */
-static Pool *pool_of_counts(const Engine *e, const char *pool) {
-        Pool *p = pool_find(e->pools, e->n_pools, pool);
-        for (size_t i = 0; !p && i < e->n_retired; i++)
+/* An in-process pool kept for leases restored after the name left the configuration, or moved to a backend while
+ * brokerd was down (which of its members count: the pool's set_use()). */
+static Pool *pool_restored_of(const Engine *e, const char *pool) {
+        for (size_t i = 0; i < e->n_retired; i++)
                 if (streq(e->retired[i]->name, pool) && !e->retired[i]->ops->drain_with)
-                        p = e->retired[i];
-        return p;
+                        return e->retired[i];
+        return NULL;
 }
 
+/* Where a member's counts are: the configured pool of the name, and the in-process one kept for leases restored
+ * from before (pool_restored_of()). With both (the name moved to a backend), the lease log's counts are of the
+ * in-process days: that pool takes them too, and answers first for the members it counts, so that the failures
+ * in a row of its restored leases go on there and what their ends add is written back. */
 int engine_member_set_use(Engine *e, const char *pool, const char *member, const EngineMemberUse *u) {
         assert_return(e && pool && member && u, -EINVAL);
-        Pool *p = pool_of_counts(e, pool);
+        Pool *p = pool_find(e->pools, e->n_pools, pool), *rp = pool_restored_of(e, pool);
+        int r = rp && rp->ops->set_use ? rp->ops->set_use(rp, member, u) : -ENOENT;
         if (!p)
-                return -ENOENT;
-        return p->ops->set_use ? p->ops->set_use(p, member, u) : -EOPNOTSUPP;
+                return r;
+        int k = p->ops->set_use ? p->ops->set_use(p, member, u) : -EOPNOTSUPP;
+        return r >= 0 ? r : k;
 }
 
 int engine_member_get_use(const Engine *e, const char *pool, const char *member, EngineMemberUse *ret) {
         assert_return(e && pool && member && ret, -EINVAL);
-        Pool *p = pool_of_counts(e, pool);
-        if (!p)
-                return -ENOENT;
+        Pool *p = pool_find(e->pools, e->n_pools, pool), *rp = pool_restored_of(e, pool);
+        int r = rp && rp->ops->get_use ? rp->ops->get_use(rp, member, ret) : -ENOENT;
+        if (r >= 0 || !p)
+                return r;
         return p->ops->get_use ? p->ops->get_use(p, member, ret) : -EOPNOTSUPP;
 }
 

@@ -387,7 +387,9 @@ typedef struct EngineMemberUse {
 
 /* Sets a member's counts as they were before a restart, replacing what this start counted again (the grants of
  * the leases it restored, a quarantine it read again). A shared pool takes grants, held and quarantines (this
- * node's own; Redis keeps the failures in a row). Returns 0, -ENOENT (no such pool or member), -EOPNOTSUPP (a
+ * node's own; Redis keeps the failures in a row). An in-process pool kept for leases restored from before the name
+ * left the configuration or moved to a backend takes them too, for the members its leases hold (and
+ * engine_member_get_use() answers from it first). Returns 0, -ENOENT (no such pool or member), -EOPNOTSUPP (a
  * pool of anonymous slots). */
 int engine_member_set_use(Engine *e, const char *pool, const char *member, const EngineMemberUse *u);
 /* A member's counts now (the lease log's "use" record), without the pool's whole info: O(log members). Returns 0,

@@ -989,6 +989,25 @@ class Shared(Base):
         self.assertEqual(self.running(a, "next", "w"), ["b"])
         self.stop("next")
 
+    def test_failures_in_a_row_go_on_in_a_lease_restored_into_the_local_pool_a_restart_moved(self):
+        """quarantine-after = 2 across a restart that moved rigs to Redis: a's first failure while rigs is local,
+        its second by a job restored into the local pool made for it. The lease log's counts of rigs's members
+        are the local pool's: they go to that pool, not to the shared pool now configured under the name, and
+        what that job's end counts is written back from there. a is quarantined when rigs is local again."""
+        shared, local = (c.replace("quarantine-after = 1", "quarantine-after = 2") for c in self.configs("node-a"))
+        a = self.broker(local, "node-a", mode="store")
+        self.assertEqual(self.ran(a, "first", "w", 3, "--member", "a"), ["a"])
+        self.assertEqual(self.quarantined(a), {})
+        self.assertEqual(self.running(a, "held", "w", "--member", "a", exit_status=3), ["a"])
+        self.assertEqual(a.stop(), 0, a.log()[-3000:])
+        a.write_config(shared)
+        a.start()
+        self.assertEqual([h["lease"]["members"] for h in a.status()["holders"]], [["a"]])
+        self.stop("held", exit_status=3)
+        wait_for(lambda: not a.status()["holders"], 10, message="the restored lease to end")
+        self.move(a, local)
+        self.assertEqual(set(self.quarantined(a)), {"a"})
+
     def test_a_health_job_on_one_node_restores_for_both(self):
         a, b = self.node("node-a"), self.node("node-b")
         # Nothing quarantined: a health job has nothing to wait for (75: unavailable).
