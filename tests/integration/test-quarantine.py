@@ -971,13 +971,9 @@ class Shared(Base):
         self.assertEqual(self.running(a, "after", "w"), ["a"])
         self.stop("after")
 
-    def test_a_quarantine_by_a_job_restored_into_the_local_pool_a_restart_moved_holds_when_it_is_back(self):
-        """The same across a handover instead of a reload: a job on node A holds a of rigs while rigs is local;
-        brokerd is restarted with rigs moved to Redis, and the lease is restored into a local pool made for it
-        alone; the job's exit 3 there quarantines a for when rigs is local again."""
-        shared, local = self.configs("node-a")
-        a = self.broker(local, "node-a", mode="store")
-        self.assertEqual(self.running(a, "held", "w", exit_status=3), ["a"])
+    def ended_in_the_pool_a_restart_moved(self, a, shared, local):
+        """Restarts a with rigs moved to Redis (shared), its job "held" on a restored into a local pool made for
+        it; ends that job with exit 3 there, then moves rigs back to local by reload."""
         self.assertEqual(a.stop(), 0, a.log()[-3000:])
         a.write_config(shared)
         a.start()
@@ -985,6 +981,15 @@ class Shared(Base):
         self.stop("held", exit_status=3)
         wait_for(lambda: not a.status()["holders"], 10, message="the restored lease to end")
         self.move(a, local)
+
+    def test_a_quarantine_by_a_job_restored_into_the_local_pool_a_restart_moved_holds_when_it_is_back(self):
+        """The same across a handover instead of a reload: a job on node A holds a of rigs while rigs is local;
+        brokerd is restarted with rigs moved to Redis, and the lease is restored into a local pool made for it
+        alone; the job's exit 3 there quarantines a for when rigs is local again."""
+        shared, local = self.configs("node-a")
+        a = self.broker(local, "node-a", mode="store")
+        self.assertEqual(self.running(a, "held", "w", exit_status=3), ["a"])
+        self.ended_in_the_pool_a_restart_moved(a, shared, local)
         self.assertEqual(set(self.quarantined(a)), {"a"})
         self.assertEqual(self.running(a, "next", "w"), ["b"])
         self.stop("next")
@@ -999,13 +1004,7 @@ class Shared(Base):
         self.assertEqual(self.ran(a, "first", "w", 3, "--member", "a"), ["a"])
         self.assertEqual(self.quarantined(a), {})
         self.assertEqual(self.running(a, "held", "w", "--member", "a", exit_status=3), ["a"])
-        self.assertEqual(a.stop(), 0, a.log()[-3000:])
-        a.write_config(shared)
-        a.start()
-        self.assertEqual([h["lease"]["members"] for h in a.status()["holders"]], [["a"]])
-        self.stop("held", exit_status=3)
-        wait_for(lambda: not a.status()["holders"], 10, message="the restored lease to end")
-        self.move(a, local)
+        self.ended_in_the_pool_a_restart_moved(a, shared, local)
         self.assertEqual(set(self.quarantined(a)), {"a"})
 
     def test_a_health_job_on_one_node_restores_for_both(self):
