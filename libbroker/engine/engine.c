@@ -2590,6 +2590,7 @@ typedef struct ReloadPool {
         PoolLaneRule *rules;
         PoolDrains drains;
         char **drained_members;
+        bool arrives;            /* new to the configuration: made anew, or revived from the retired list */
 } ReloadPool;
 
 static void reload_pools_free(ReloadPool *rp, Pool **pools, size_t n) {
@@ -2696,8 +2697,8 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
                         goto fail;
                 }
                 size_t n_rules = rules_for_pool(c, c->pools[i], rp[i].rules);
-                bool arrives = created[i] || !pool_in(e->pools, e->n_pools, pools[i]);
-                if (arrives && !pools[i]->ops->drain_with) {
+                rp[i].arrives = created[i] || !pool_in(e->pools, e->n_pools, pools[i]);
+                if (rp[i].arrives && !pools[i]->ops->drain_with) {
                         r = pool_drains_from_records(e, pools[i], c->pools[i], now, &rp[i].drains.drained,
                                                      &rp[i].drained_members);
                         if (r < 0)
@@ -2714,10 +2715,9 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
         /* From here on nothing fails. */
         size_t configure_from = e->pending.n;
         for (size_t i = 0; i < c->n_pools; i++) {
-                bool arrives = created[i] || !pool_in(e->pools, e->n_pools, pools[i]);
                 pools[i]->ops->configure_commit(pools[i], TAKE_PTR(rp[i].staged), now);
                 pools[i]->retired = false;
-                if (!arrives || !pools[i]->ops->drain_with)
+                if (!rp[i].arrives || !pools[i]->ops->drain_with)
                         continue;
                 for (size_t k = 0; k < e->n_drains;)
                         if (streq(e->drains[k].pool, pools[i]->name))
@@ -2729,8 +2729,8 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
 
         /* Pools that are gone, or moved: waiters refused, holders finish (a shared pool keeps heartbeating
          * them, and releases them in Redis). Their refusals go ahead of what the pools that stay decided in
-         * configure() (a removed lane's waiters refused): a shared pool retires at once and tells its
-         * configure() through Redis, later; so an in-process one's are in the same order, and a set (also=)
+         * configure_commit() (a removed lane's waiters refused): a shared pool retires at once and tells its
+         * commit's through Redis, later; so an in-process one's are in the same order, and a set (also=)
          * refused by both names the pool removed either way. */
         size_t retire_from = e->pending.n;
         for (size_t i = 0; i < e->n_pools; i++)
