@@ -289,6 +289,20 @@ static void closedirp(DIR **d) {
                 (void) closedir(*d);
 }
 
+/* The next process of a /proc listing: its pid (> 1), 0 at the end, or a negative errno (readdir() failed). */
+static int proc_next_pid(DIR *d) {
+        errno = 0;
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                char *end;
+                long pid = strtol(de->d_name, &end, 10);
+                if (*end == '\0' && pid > 1 && pid <= INT32_MAX)
+                        return (int) pid;
+                errno = 0;
+        }
+        return errno > 0 ? -errno : 0;
+}
+
 /* Whether pid is a member of group pgid that has not exited: 1, 0 (not a member, or exited), or a negative
  * errno when that cannot be told (out of fds, say). A zombie thread-group leader whose other threads still
  * run shows 'Z' too: its pidfd tells, readable only once the whole thread group has exited. */
@@ -359,21 +373,15 @@ static int group_scan(pid_t pgid, pid_t *ret_member) {
         _cleanup_(closedirp) DIR *d = opendir("/proc");
         if (!d)
                 return negative_errno();
-        struct dirent *de;
-        errno = 0;
-        while ((de = readdir(d))) {
-                char *end;
-                long pid = strtol(de->d_name, &end, 10);
-                if (*end != '\0' || pid <= 1 || pid > INT32_MAX)
-                        continue;
+        int pid;
+        while ((pid = proc_next_pid(d)) > 0) {
                 int r = group_member_runs((pid_t) pid, pgid);
                 if (r != 0) {
                         *ret_member = r > 0 ? (pid_t) pid : 0;
                         return r;
                 }
-                errno = 0;
         }
-        return errno > 0 ? -errno : 0;
+        return pid;
 }
 
 bool process_group_is_alive(pid_t pgid, pid_t *member) {
@@ -417,12 +425,7 @@ static int process_group_pin_member(const ProcessInfo *command) {
         _cleanup_(closedirp) DIR *d = opendir("/proc");
         if (!d)
                 return negative_errno();
-        struct dirent *de;
-        while ((de = readdir(d))) {
-                char *end;
-                long pid = strtol(de->d_name, &end, 10);
-                if (*end != '\0' || pid <= 1 || pid > INT32_MAX)
-                        continue;
+        for (int pid; (pid = proc_next_pid(d)) > 0;) {
                 ProcessInfo info;
                 if (process_get_info((pid_t) pid, &info) < 0 || info.pgid != command->pgid)
                         continue;
