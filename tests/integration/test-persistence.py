@@ -114,35 +114,35 @@ def proc_hides_processes():
     return hides
 
 
-def group_runs(pgid):
-    """True while a member of process group pgid has not exited (a zombie runs nothing)."""
+def group_members(pgid):
+    """(pid, state) of each process of process group pgid, as /proc lists them."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            group = int(fields[2])
+        except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
+        if group == pgid:
+            yield int(entry), fields[0]
+
+
+def group_runs(pgid):
+    """True while a member of process group pgid has not exited (a zombie runs nothing)."""
+    return any(state not in ("Z", "X") for _, state in group_members(pgid))
 
 
 def group_sleeps(pgid):
     """The pids of process group pgid's members running sleep(1)."""
     out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid, _ in group_members(pgid):
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[2]) != pgid:
-                    continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if os.path.basename(f.read().split(b"\0", 1)[0]) == b"sleep":
-                    out.append(int(entry))
-        except (OSError, IndexError, ValueError):
+                    out.append(pid)
+        except OSError:
             continue  # gone meanwhile
     return out
 
