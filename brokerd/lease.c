@@ -633,7 +633,10 @@ typedef enum RestoredCommand {
         RESTORED_COMMAND_GROUP,
 } RestoredCommand;
 
-static RestoredCommand restored_command(const HistoryLeaseRow *row, int *ret_pidfd, ProcessInfo *ret_info) {
+/* ret_member: for a group that runs without its leader, the member found running (the lease's polls try it
+ * first, lease_command_check_group()). */
+static RestoredCommand restored_command(const HistoryLeaseRow *row, int *ret_pidfd, ProcessInfo *ret_info,
+                                        pid_t *ret_member) {
         ProcessInfo info = {};
         _cleanup_close_ int pidfd = process_open(row->command_pid, &info);
 
@@ -644,7 +647,7 @@ static RestoredCommand restored_command(const HistoryLeaseRow *row, int *ret_pid
                 *ret_pidfd = TAKE_FD(pidfd);
                 return RESTORED_COMMAND_LEADER;
         }
-        if ((pidfd == -ESRCH || same) && process_group_is_alive(row->command_pid, NULL)) {
+        if ((pidfd == -ESRCH || same) && process_group_is_alive(row->command_pid, ret_member)) {
                 *ret_info = (ProcessInfo) {
                         .pid = row->command_pid,
                         .pgid = row->command_pid,
@@ -660,6 +663,7 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
         usec_t now_m = now_of(t, CLOCK_MONOTONIC), now_r = now_of(t, CLOCK_REALTIME);
         _cleanup_close_ int pidfd = -EBADF;
         ProcessInfo command = {};
+        pid_t member = 0;
         RestoredCommand rc = RESTORED_COMMAND_GONE;
         int r;
 
@@ -667,7 +671,7 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
 
         /* A command that still runs keeps holding its lease. */
         if (row->command_pid > 0)
-                rc = restored_command(row, &pidfd, &command);
+                rc = restored_command(row, &pidfd, &command, &member);
         bool command_alive = rc != RESTORED_COMMAND_GONE;
         usec_t left = restored_hold_left(row, alive_at, now_r);
         bool expired = left == 0;
@@ -754,6 +758,7 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
                 l->has_command = true;
                 l->command = command;
                 l->command_leader_exited = true;
+                l->command_member = member;
         }
         memcpy(l->id, row->id, LEASE_ID_LEN + 1);
         l->granted_real = row->granted_at;
