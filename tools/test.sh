@@ -8,9 +8,9 @@
 #   upgraded under load (systemd-upgrade: dpkg-buildpackage, then mostly waiting) in the background beside
 #   the ASan/UBSan build and tests, as the long fault runs;
 # - the clang AddressSanitizer/UndefinedBehaviorSanitizer build: unit tests, fuzz corpora, and every other
-#   integration test against the real brokerd, which runs sanitized, in two runs at once: the integration
-#   tests that mostly wait on timers (suite "waits", tests/integration/meson.build) in the background from
-#   the end of the build, beside the systemd lane too;
+#   integration test against the real brokerd, which runs sanitized, in two runs at once: the tests that
+#   mostly wait on timers (suite "waits", tests/integration/meson.build and tests/meson.build), two at a time,
+#   in the background from the end of the build, beside the systemd lane too;
 # - the brokerd of an earlier version (tools/old-brokerd.sh), for the tests of a mixed fleet;
 # - a build without hiredis (-Dredis=disabled): its unit tests, lints and fuzz corpora, in the background
 #   beside the ASan/UBSan build;
@@ -155,14 +155,16 @@ fi
 ninja -C build-asan
 current=""
 
-# The ASan/UBSan tests in two lanes at once, each one test at a time: the integration tests of suite "waits"
-# (they mostly wait on node TTLs, recovery windows, graces; their bounds are seconds; about a sixth of a core)
-# in the background from here, beside the systemd stage as the long fault runs are (they were the run's tail,
-# starting after it: ~110 s later), then beside the unit tests, the fuzz corpora and the other integration
-# tests (which time answers more tightly). The variables reach only the sanitized binaries.
+# The ASan/UBSan tests in two runs at once. The tests of suite "waits" (they mostly wait on node TTLs, recovery
+# windows, graces, cooldowns; their bounds are seconds) in the background from here, two at a time, the longest
+# first (their priority): about 16 minutes of tests, 2 of them CPU, in about 8. They go beside the systemd stage
+# as the long fault runs do (they were the run's tail, starting after it: ~110 s later), then beside the unit
+# tests, the fuzz corpora and the other integration tests, which time answers more tightly and end the run:
+# whatever mostly sleeps belongs in suite "waits" (one at a time, it was the run's tail: 698 s from 395 s to
+# 1,093 s, 34 s past the foreground run). The variables reach only the sanitized binaries.
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 background waits meson test -C build-asan --no-rebuild --print-errorlogs --suite waits --no-suite slow \
-        --logbase testlog-waits
+        --num-processes 2 --logbase testlog-waits
 
 # Skipped without root, namespaces (CAP_SYS_ADMIN) or the Debian mirror.
 stage "the units under a real systemd (a booted Debian 12 root)" build/meson-logs/testlog-systemd.json \
