@@ -3,7 +3,8 @@
 # cores (the summary gives each stage's time):
 # - the gcc -Werror build: unit tests, lints, the units' verify, fuzz corpora replay, and the long fault
 #   runs (suite "slow": shared pools under seeded faults, Sentinel failovers), whose timing wants the
-#   optimised build, in the background beside the stages that follow;
+#   optimised build, in the background from the end of the build, beside its unit tests and the stages that
+#   follow;
 # - the units under a real systemd (the gcc build): the lane in the foreground, and the package built and
 #   upgraded under load (systemd-upgrade: dpkg-buildpackage, then mostly waiting) in the background beside
 #   the ASan/UBSan build and tests, as the long fault runs;
@@ -111,8 +112,17 @@ bash tools/setup.sh
 stages+=("$current: done in $SECONDS s")
 current=""
 
+# The long fault runs mostly wait out node TTLs, failovers and recovery windows (about 35 s of CPU in
+# seven minutes): they run in the background from the end of the gcc build, beside the gcc unit tests, the
+# ASan/UBSan build, the systemd stage and the ASan/UBSan tests, whose bounds, as theirs, are seconds (a busy
+# CPU delays brokerd by milliseconds). Started after the gcc unit tests and the old brokerd's build, they
+# ended the run once the waits run took two tests at a time (811 s from 159 s to 970 s); they need neither.
+# --no-rebuild: the runs beside one another in one build directory run no ninja of their own (tools/setup.sh
+# built it; the gcc unit tests' run too).
+background slow meson test -C build --no-rebuild --print-errorlogs --suite slow --logbase testlog-slow
+
 stage "meson test (gcc, -Werror): unit, lint, the units' verify, fuzz" build/meson-logs/testlog.json \
-        meson test -C build --print-errorlogs --suite unit --suite lint --suite units --suite fuzz
+        meson test -C build --no-rebuild --print-errorlogs --suite unit --suite lint --suite units --suite fuzz
 
 # The brokerd of an earlier version, out of this clone's history (tools/old-brokerd.sh, ~12 s), for the tests
 # of a fleet that mixes it with this build (test-shared-upgrade, and test-shared-liveness's node of the version
@@ -126,13 +136,6 @@ else
         stages+=("$current: NOT BUILT (its tests skip)")
 fi
 current=""
-
-# The long fault runs mostly wait out node TTLs, failovers and recovery windows (about 35 s of CPU in
-# seven minutes): they run in the background beside the ASan/UBSan build, the systemd stage and the
-# ASan/UBSan tests, whose bounds, as theirs, are seconds (a busy CPU delays brokerd by milliseconds).
-# --no-rebuild: the runs beside one another in one build directory run no ninja of their own (tools/setup.sh
-# built it).
-background slow meson test -C build --no-rebuild --print-errorlogs --suite slow --logbase testlog-slow
 
 # The package's upgrade under load in a booted Debian 12 root (issue 20): dpkg-buildpackage, then mostly
 # waiting on restarts and jobs; in the background too, beside the ASan/UBSan build and tests.
