@@ -534,6 +534,9 @@ static void method_reload(Session *s, const VarlinkCall *call) {
         session_reply_error(s, "io.slotbroker.ReloadFailed", p);
 }
 
+/* How far ahead a drain's until may be: as long as a reservation may last (RESERVE_FOR_MS_MAX). */
+#define DRAIN_UNTIL_AHEAD_MAX ((usec_t) 3650 * 24 * 3600 * USEC_PER_SEC)
+
 static bool reason_is_valid(const char *s);
 static bool require_pool_admin(Session *s, const char *action, const char *pool, const char *member);
 
@@ -562,8 +565,10 @@ static void method_drain(Session *s, const VarlinkCall *call) {
         /* SPEC §3.6: --until is a realtime instant, the engine's deadline a monotonic one. */
         usec_t now = now_monotonic(), now_real = now_realtime(), until_mono = USEC_INFINITY;
         if (until >= 0) {
-                if ((usec_t) until <= now_real) {
-                        reply_invalid_parameter(s, "until"); /* in the past: it would undrain at once */
+                /* In the past it would undrain at once; too far ahead it would not fit members.state (a
+                 * realtime µs below INT64_MAX), whose next read would refuse the whole file. */
+                if ((usec_t) until <= now_real || (usec_t) until - now_real > DRAIN_UNTIL_AHEAD_MAX) {
+                        reply_invalid_parameter(s, "until");
                         return;
                 }
                 until_mono = usec_add(now, (usec_t) until - now_real);

@@ -26,12 +26,15 @@ static void drain_help(const char *verb) {
                     "and the requests waiting on a drained pool are refused (unavailable)."
                   : "Undrain a pool, or one member of it: it grants again.",
                on ? "     --reason=TEXT   Why (slotctl status, the journal and the history show it)\n"
-                    "     --until=TIME    Undrain by itself at TIME (2024-05-01 13:30; @EPOCH)\n"
+                    "     --until=TIME    Undrain by itself at TIME (2024-05-01 13:30; @EPOCH), at most 3650d ahead\n"
                   : "");
 }
 
 static const char *arg_drain_reason = NULL;
 static int64_t arg_drain_until = -1;
+
+/* The broker refuses the same (its members.state holds no later instant); said here with the option's name. */
+#define DRAIN_UNTIL_AHEAD_MAX ((usec_t) 3650 * 24 * 3600 * USEC_PER_SEC)
 
 static int drain_option(int c, const char *value);
 static bool reason_is_valid(const char *verb, const char *s);
@@ -76,6 +79,10 @@ static int drain(const char *verb, bool on, int argc, char *argv[]) {
                 log_usage(verb, "--until: that time has passed (a future time: 2024-05-01 13:30, @EPOCH)");
                 return EXIT_USAGE;
         }
+        if (arg_drain_until >= 0 && (usec_t) arg_drain_until - now_realtime() > DRAIN_UNTIL_AHEAD_MAX) {
+                log_usage(verb, "--until: at most 3650 days ahead (without --until the drain lasts until undrain)");
+                return EXIT_USAGE;
+        }
         const char *pool = argv[optind], *member = argc - optind > 1 ? argv[optind + 1] : NULL;
 
         p = json_pack("{s:s, s:b}", "pool", pool, "on", on);
@@ -100,7 +107,8 @@ static int drain(const char *verb, bool on, int argc, char *argv[]) {
         if (r == BROKER_INVALID_PARAMETER && broker_client_error_parameters(c) &&
             (strstr(broker_client_error_parameters(c), "\"reason\"") ||
              strstr(broker_client_error_parameters(c), "\"until\""))) {
-                log_error("%s: the broker refused --reason/--until for pool %s (--until has passed, or a bad reason)",
+                log_error("%s: the broker refused --reason/--until for pool %s (--until has passed or is more than "
+                          "3650 days ahead, or a bad reason)",
                           verb, pool);
                 return EXIT_USAGE;
         }

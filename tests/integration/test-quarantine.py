@@ -391,6 +391,33 @@ class Drain(Base):
         out = self.slotctl(b, "history", "--decision", "drained").stdout
         self.assertRegex(out, r"drained .* @a \(reflash\) until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 
+    def test_an_until_too_far_ahead_is_refused_and_members_state_stays_readable(self):
+        # A pool's admin (not root) drains with an until the state file cannot hold: before, it was taken, written
+        # to members.state as a negative number, and the next start found the file damaged: every drain and
+        # quarantine of every pool was dropped, and nothing at all was granted until an operator stepped in.
+        b = self.rigs("until-far", admin=str(harness.NOBODY_UID))
+        p = self.slotctl(b, "quarantine", "rigs", "a", "--reason", "fan noise")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        for until in (2**63 - 1, int(time.time() + 3651 * 86400) * 10**6):
+            [msg] = harness.run_client_as(b.socket_path, "io.slotbroker.Drain",
+                                          {"pool": "rigs", "member": "b", "on": True, "reason": "r", "until": until})
+            self.assertEqual((msg.get("error"), msg.get("parameters")),
+                             ("org.varlink.service.InvalidParameter", {"parameter": "until"}), msg)
+        p = self.slotctl(b, "drain", "rigs", "b", "--until", "@9223372036853")
+        self.assertEqual(p.returncode, EX_USAGE, p.stderr)
+        self.assertIn("--until", p.stderr)
+        self.assertNotIn("memberDrains", b.pool("rigs"))
+        # As far ahead as a reservation may last is taken, and read back after a restart.
+        until = int(time.time() + 3649 * 86400)
+        p = self.slotctl(b, "drain", "rigs", "b", "--reason", "r", "--until", f"@{until}")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        self.assertNotIn("state.damaged", os.listdir(b.state_dir))
+        self.assertIn("a", self.quarantined(b))
+        [d] = b.pool("rigs")["memberDrains"]
+        self.assertLess(abs(d["until"] - until * 10**6), 10**5)
+
     def test_drains_and_quarantines_survive_a_handover(self):
         # A restart through systemd's fd store (SPEC §3.4) reads members.state as any start does.
         b = self.broker(CONFIG.format(after=1, admin="12345"), "handover", mode="store")
