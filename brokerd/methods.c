@@ -537,6 +537,7 @@ static void method_reload(Session *s, const VarlinkCall *call) {
 /* How far ahead a drain's until may be: as long as a reservation may last (RESERVE_FOR_MS_MAX). */
 #define DRAIN_UNTIL_AHEAD_MAX ((usec_t) 3650 * 24 * 3600 * USEC_PER_SEC)
 
+static bool names_are_valid(Session *s, const char *pool, const char *member);
 static bool reason_is_valid(const char *s);
 static bool require_pool_admin(Session *s, const char *action, const char *pool, const char *member);
 
@@ -553,6 +554,8 @@ static void method_drain(Session *s, const VarlinkCall *call) {
                                    { "until", JSON_FIELD_INT64, 0, &until, 0, INT64_MAX },
                                    {},
                            }))
+                return;
+        if (!names_are_valid(s, pool, member))
                 return;
         if ((reason || until >= 0) && !on) {
                 reply_invalid_parameter(s, reason ? "reason" : "until");
@@ -610,6 +613,21 @@ static bool reason_is_valid(const char *s) {
         return true;
 }
 
+/* A pool's and a member's name as the configuration allows them; otherwise InvalidParameter. Checked before
+ * require_pool_admin(), which journals what it denies: a "name" of anybody's making (a newline, a line of log
+ * of their own) never gets that far. */
+static bool names_are_valid(Session *s, const char *pool, const char *member) {
+        if (!conf_name_is_valid(pool)) {
+                reply_invalid_parameter(s, "pool");
+                return false;
+        }
+        if (member && !conf_name_is_valid(member)) {
+                reply_invalid_parameter(s, "member");
+                return false;
+        }
+        return true;
+}
+
 /* Root, brokerd's user, or the pool's admin-users=/admin-groups=; otherwise PermissionDenied, audited. */
 static bool require_pool_admin(Session *s, const char *action, const char *pool, const char *member) {
         Methods *m = methods_of(s);
@@ -634,6 +652,8 @@ static void member_quarantine(Session *s, const VarlinkCall *call, bool on) {
                                      .max_length = REASON_MAX },
                                    {},
                            }))
+                return;
+        if (!names_are_valid(s, pool, member))
                 return;
         if (on && !reason_is_valid(reason)) {
                 reply_invalid_parameter(s, "reason");
@@ -693,14 +713,8 @@ static void method_reserve(Session *s, const VarlinkCall *call) {
                                    {},
                            }))
                 return;
-        if (!conf_name_is_valid(pool)) {
-                reply_invalid_parameter(s, "pool");
+        if (!names_are_valid(s, pool, member))
                 return;
-        }
-        if (member && !conf_name_is_valid(member)) {
-                reply_invalid_parameter(s, "member");
-                return;
-        }
         if (member && labels && labels[0]) {
                 reply_invalid_parameter(s, "labels"); /* one member, or labels: not both */
                 return;

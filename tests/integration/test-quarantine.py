@@ -307,6 +307,30 @@ class Quarantine(Base):
         self.assertNotIn("error", msg)
         self.assertEqual(self.quarantined(b), {})
 
+    def test_a_name_that_is_no_name_is_refused_before_it_reaches_the_journal(self):
+        # A local user who administers nothing names a "pool" or "member" with a newline: before, [ADMIN_DENIED]
+        # carried it into brokerd's log verbatim, a line of the user's own making ("[DRAINED] ..."), as a
+        # denial of a pool that cannot exist. Now it is InvalidParameter, as Reserve already answered.
+        b = self.rigs("no-names")
+        forged = "\n[DRAINED] Pool rigs drained by uid 0: forged"
+        for method, params, parameter in (
+                ("io.slotbroker.Drain", {"pool": "rigs" + forged, "on": True}, "pool"),
+                ("io.slotbroker.Drain", {"pool": "rigs", "member": "a" + forged, "on": True}, "member"),
+                ("io.slotbroker.Drain", {"pool": "rigs", "member": "a" + forged, "on": False}, "member"),
+                ("io.slotbroker.Quarantine", {"pool": "rigs" + forged, "member": "a", "reason": "r"}, "pool"),
+                ("io.slotbroker.Quarantine", {"pool": "rigs", "member": "a" + forged, "reason": "r"}, "member"),
+                ("io.slotbroker.Restore", {"pool": "rigs", "member": "a" + forged}, "member")):
+            [msg] = harness.run_client_as(b.socket_path, method, params)
+            self.assertEqual((msg.get("error"), msg.get("parameters")),
+                             ("org.varlink.service.InvalidParameter", {"parameter": parameter}), (method, params))
+        # A name that could be a pool's is still denied, and audited.
+        [msg] = harness.run_client_as(b.socket_path, "io.slotbroker.Drain", {"pool": "nope", "on": True})
+        self.assertEqual(msg.get("error"), "io.slotbroker.PermissionDenied", msg)
+        wait_for(lambda: "[ADMIN_DENIED] uid 65534 may not drain pool nope" in b.log(), 10, message="the denial")
+        self.assertNotIn("forged", b.log())
+        self.assertNotIn("drainedMembers", b.pool("rigs"))
+        self.assertFalse(b.pool("rigs")["drained"])
+
     def test_shared_pools_take_quarantine_health_and_drain_reasons(self):
         # A shared pool whose Redis is not even there: the answer does not depend on it.
         try:
