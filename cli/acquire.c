@@ -328,7 +328,7 @@ int verb_reserve(int argc, char *argv[]) {
                         return EXIT_USAGE;
         }
         if (r > 0)
-                return cli_log_result(c, "reserve", r, EXIT_FAILURE);
+                return cli_log_result(c, "reserve", r, EXIT_REFUSED); /* slotctl(1): refused is 75 for every verb */
 
         return print_lease(c, l);
 }

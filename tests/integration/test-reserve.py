@@ -362,6 +362,29 @@ class Reserve(harness.BrokerTestCase):
         self.assertEqual(b.status()["waiters"], [])
         self.assertEqual(b.pool("rigs")["inUse"], 0)
 
+    def test_a_refusal_exits_75_as_every_verb_s_does(self):
+        # slotctl(1)'s one table: refused (unavailable) is 75, for a reservation as for run and acquire. Before,
+        # slotctl reserve exited 1, as for an error of its own.
+        b = self.rigs("refused")
+        self.assertEqual(self.slotctl(b, "drain", "rigs", "--reason", "reflash").returncode, 0)
+        p = self.slotctl(b, "reserve", "rigs", "--for", "1h", "--reason", "x")
+        self.assertEqual(p.returncode, 75, p.stderr)
+        self.assertIn("unavailable", p.stderr)
+        self.assertEqual(self.slotctl(b, "undrain", "rigs").returncode, 0)
+        # A waiting one, refused when its pool is drained under it.
+        self.assertEqual(self.running(b, "h1", "--member", "a"), ["a"])
+        self.assertEqual(self.running(b, "h2", "--member", "b"), ["b"])
+        r = self.reserve(b, "rigs", "--for", "1h", "--reason", "waits")
+        wait_for(lambda: "position 1 of 1" in r.stderr_text() or r.poll() is not None, 10,
+                 message="the reservation's position")
+        self.assertEqual(self.slotctl(b, "drain", "rigs", "--reason", "reflash").returncode, 0)
+        r.communicate(timeout=10)
+        self.assertEqual(r.returncode, 75, r.stderr_text())
+        self.assertIn("drained", r.stderr_text())
+        self.assertEqual(self.slotctl(b, "undrain", "rigs").returncode, 0)
+        self.stop("h1")
+        self.stop("h2")
+
     def test_shared_pools_check_a_member_against_their_rules(self):
         # A reservation on a shared pool is taken, for a member too (test-shared-cooldown.py); one for a member
         # the pool does not have is refused before anything reaches Redis (here none answers).
