@@ -736,8 +736,13 @@ static void manager_apply_member_state(Manager *m, MemberStateEntry *e, size_t n
                 }
                 if (e[i].drained) {
                         if (e[i].drain_until != USEC_INFINITY && e[i].drain_until <= now_real) {
-                                log_info("The drain of %s%s%s ended (--until) while brokerd was not running.",
-                                         e[i].member ?: "pool ", e[i].member ? " of pool " : "", e[i].pool);
+                                /* Ended while brokerd was not running: told now as its --until would have told
+                                 * it ([UNDRAINED], a history row), as a lease that ended meanwhile is. Not for a
+                                 * pool shared now: its drains are Redis's, this record only a local one kept. */
+                                const PoolConfig *pc = conf_find_pool(m->config, e[i].pool);
+                                if (!pc || !pc->backend)
+                                        audit_drain(&m->audit, e[i].pool, e[i].member, false, NULL, e[i].drain_reason,
+                                                    e[i].drain_until, true);
                                 e[i].drained = false;
                         } else {
                                 const PoolConfig *pc = conf_find_pool(m->config, e[i].pool);

@@ -442,6 +442,25 @@ class Drain(Base):
         [d] = b.pool("rigs")["memberDrains"]
         self.assertLess(abs(d["until"] - until * 10**6), 10**5)
 
+    def test_a_drain_whose_until_came_while_brokerd_was_down_ends_in_the_history_and_the_journal(self):
+        # As a lease that ended while brokerd was down ends in a history row: before, the drain's end was a
+        # plain log line only, and `slotctl history --decision undrained` never showed it.
+        b = self.rigs("until-down")
+        until = int(time.time()) + 2
+        p = self.slotctl(b, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        wait_for(lambda: time.time() > until + 0.2, 10, message="the until to pass")
+        b.start()
+        self.assertNotIn("drainedMembers", b.pool("rigs"))
+
+        def undrained():
+            return [e for e in b.call("io.slotbroker.History", {})["events"] if e["decision"] == "undrained"]
+        [row] = wait_for(undrained, 10, message="the undrain in the history")
+        self.assertEqual((row["pool"], row.get("selector"), row.get("reason")), ("rigs", "@a", "reflash"))
+        self.assertEqual(row["until"], until * 10**6)
+        self.assertIn("[UNDRAINED] Member a of pool rigs undrained (its --until came)", b.log())
+
     def test_drains_and_quarantines_survive_a_handover(self):
         # A restart through systemd's fd store (SPEC §3.4) reads members.state as any start does.
         b = self.broker(CONFIG.format(after=1, admin="12345"), "handover", mode="store")
