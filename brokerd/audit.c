@@ -283,8 +283,11 @@ void audit_decision(Audit *a, const AuditRecord *r) {
                 metrics_record(a->metrics, r);
         if (a->history)
                 history_append(a->history, r, now_realtime());
-        /* A release at the end of a restart's recovery, or after a revocation, is not routine: its reason says why. */
-        if (decisions[k].routine && !r->reason && a->level != AUDIT_ALL)
+        /* A release at the end of a restart's recovery, or after a revocation, is not routine: its reason says why.
+         * Nor is a reservation's grant or end: a person's, ahead of every waiting job, audited as a drain is
+         * (SPEC §3.6). */
+        bool reservation = r->lane && streq(r->lane, ENGINE_RESERVE_LANE);
+        if (decisions[k].routine && !r->reason && !reservation && a->level != AUDIT_ALL)
                 return;
         if (audit_admit(a, k, now_monotonic()))
                 journal_decision(a, r, k);

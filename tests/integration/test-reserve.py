@@ -362,6 +362,22 @@ class Reserve(harness.BrokerTestCase):
         self.assertEqual(b.status()["waiters"], [])
         self.assertEqual(b.pool("rigs")["inUse"], 0)
 
+    def test_a_reservation_is_journaled_at_the_default_audit_level(self):
+        # SPEC §3.6: a reservation is audited, as a drain or a quarantine is, not only with audit = all: its grant
+        # (who took which member, for what) and its end. brokerd here has no journald: what it would send, it
+        # says on stderr. An ordinary grant stays routine.
+        b = self.rigs("journaled")
+        lease = self.acquire(b, "w", member="a").until_granted()["id"]
+        p = self.slotctl(b, "reserve", "rigs", "--member", "b", "--for", "1h", "--reason", "reflash by hand")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        reserved = p.stdout.strip()
+        wait_for(lambda: f"[LEASE_GRANTED] Lease {reserved} of pool rigs (lane @reserve, job reflash by hand) granted"
+                 in b.log(), 10, message="the reservation's grant in the journal")
+        self.assertEqual(self.slotctl(b, "release", reserved).returncode, 0)
+        wait_for(lambda: f"[LEASE_RELEASED] Lease {reserved} of pool rigs (lane @reserve, job reflash by hand) released"
+                 in b.log(), 10, message="the reservation's end in the journal")
+        self.assertNotIn(f"[LEASE_GRANTED] Lease {lease}", b.log())
+
     def test_a_refusal_exits_75_as_every_verb_s_does(self):
         # slotctl(1)'s one table: refused (unavailable) is 75, for a reservation as for run and acquire. Before,
         # slotctl reserve exited 1, as for an error of its own.
