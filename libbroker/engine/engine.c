@@ -2320,6 +2320,11 @@ size_t engine_pool_count(const Engine *e) {
         return e ? e->n_pools : 0;
 }
 
+bool engine_pool_is_drained(const Engine *e, const char *pool) {
+        const Pool *p = e ? pool_by_name(e, pool) : NULL;
+        return p && p->drained;
+}
+
 int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret) {
         assert_return(e && ret, -EINVAL);
         if (i >= e->n_pools)

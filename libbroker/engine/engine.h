@@ -493,6 +493,9 @@ typedef struct EnginePoolInfo {
 
 /* The configured pools, in configuration order. */
 size_t engine_pool_count(const Engine *e);
+/* Whether the configured pool of that name is drained as a whole now (false: not, or no such pool). A pool
+ * kept by a backend says what its last reply from there said. */
+bool engine_pool_is_drained(const Engine *e, const char *pool);
 int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret);
 /* The holders and waiters of every node of the i-th configured pool, from its cache (pool.h). Returns 0,
  * -ENOENT, -EOPNOTSUPP for a pool without a backend (the daemon's tables are the whole truth), or -ENODATA

@@ -401,6 +401,44 @@ class Reserve(harness.BrokerTestCase):
         self.stop("h1")
         self.stop("h2")
 
+    def test_a_reload_that_removes_the_member_it_waits_for_says_so(self):
+        # A reservation (and a job) waiting for member a, which a reload removes: refused unavailable, as a
+        # selector nothing can satisfy any more is. Before, the client and the journal said the pool was
+        # drained, which it was not: an operator looked for a drain that nobody had made.
+        b = self.rigs("member-gone")
+        self.assertEqual(self.running(b, "h1", "--member", "a"), ["a"])
+        r = self.reserve(b, "rigs", "--member", "a", "--for", "1h", "--reason", "wants a")
+        wait_for(lambda: "position 1 of 1" in r.stderr_text() or r.poll() is not None, 10,
+                 message="the reservation's position")
+        j = self.queued(b, "for-a", "--member", "a")
+        b.write_config(CONFIG.format(admin="12345").replace("members = a b", "members = b c"))
+        self.assertEqual(self.slotctl(b, "reload").returncode, 0)
+        r.communicate(timeout=10)
+        self.assertEqual(r.returncode, 75, r.stderr_text())
+        self.assertEqual(j.wait(10), 75, j.stderr())
+        for err in (r.stderr_text(), j.stderr()):
+            self.assertIn("pool rigs: reload", err)
+            self.assertNotIn("drained", err)
+        wait_for(lambda: "Request of lane @reserve refused on pool rigs: a reload left the pool nothing" in b.log(), 10,
+                 message="the refusal in the journal")
+        self.assertNotIn("the pool is drained", b.log())
+        self.assertFalse(b.pool("rigs")["drained"])
+        # A drain still says drained.
+        r = self.reserve(b, "rigs", "--member", "b", "--for", "1h", "--reason", "wants b")
+        out, _ = r.communicate(timeout=10)
+        self.assertEqual(r.returncode, 0, r.stderr_text())
+        self.hold("rigs", "b")
+        r = self.reserve(b, "rigs", "--member", "b", "--for", "1h", "--reason", "wants b too")
+        wait_for(lambda: "position 1 of 1" in r.stderr_text() or r.poll() is not None, 10,
+                 message="the second reservation's position")
+        self.assertEqual(self.slotctl(b, "drain", "rigs", "--reason", "reflash").returncode, 0)
+        r.communicate(timeout=10)
+        self.assertEqual(r.returncode, 75, r.stderr_text())
+        self.assertIn("pool rigs: drained", r.stderr_text())
+        self.unhold("rigs", "b")
+        self.assertEqual(self.slotctl(b, "release", out.strip()).returncode, 0)
+        self.stop("h1")
+
     def test_shared_pools_check_a_member_against_their_rules(self):
         # A reservation on a shared pool is taken, for a member too (test-shared-cooldown.py); one for a member
         # the pool does not have is refused before anything reaches Redis (here none answers).
