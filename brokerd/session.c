@@ -647,6 +647,11 @@ void session_reserve(Session *s, const VarlinkCall *call, const SessionReserve *
         }
         if (refuse_for_storage(s, ENGINE_RESERVE_LANE, r->reason))
                 return;
+        /* At its waiter limit a uid may still take a free slot, but not wait for one: a reservation is a
+         * request waiting as any other (SPEC §10). */
+        UidUsage *u = session_table_uid_usage(m, s->cred.uid, true);
+        bool no_wait = u && u->waiters >= m->config->max_waiters_per_uid;
+
         a->lane = strdup(ENGINE_RESERVE_LANE);
         a->job = strdup(r->reason);
         a->member = r->member ? strdup(r->member) : NULL;
@@ -673,6 +678,7 @@ void session_reserve(Session *s, const VarlinkCall *call, const SessionReserve *
                                &(EngineAcquire) {
                                        .reserve_pool = r->pool,
                                        .slots = 1,
+                                       .no_wait = no_wait,
                                        .max_wait = USEC_INFINITY,
                                        .max_hold = a->max_hold,
                                        .userdata = s,

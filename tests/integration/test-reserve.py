@@ -378,6 +378,24 @@ class Reserve(harness.BrokerTestCase):
                  in b.log(), 10, message="the reservation's end in the journal")
         self.assertNotIn(f"[LEASE_GRANTED] Lease {lease}", b.log())
 
+    def test_a_user_at_max_waiters_per_uid_may_reserve_a_free_member_but_not_wait(self):
+        # SPEC §10: queued requests per uid are limited; a reservation is one. Before, it waited past the limit
+        # (max-waiters-per-uid = 0 too: "this user's requests never wait").
+        b = self.broker("[broker]\nmax-waiters-per-uid = 1\n\n" + CONFIG.format(admin="12345"), "waiter-limit")
+        self.assertEqual(self.running(b, "h1", "--member", "a"), ["a"])
+        self.queued(b, "q1", "--member", "a")  # this uid's one waiter
+        # b is free: taken at once, as an Acquire at the limit may take a free slot.
+        p = self.slotctl(b, "reserve", "rigs", "--member", "b", "--for", "1h", "--reason", "free one")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(self.slotctl(b, "release", p.stdout.strip()).returncode, 0)
+        # a is held: it would wait, one waiter too many.
+        p = self.slotctl(b, "reserve", "rigs", "--member", "a", "--for", "1h", "--reason", "would wait")
+        self.assertEqual(p.returncode, 75, p.stderr)
+        self.assertIn("busy", p.stderr)
+        self.assertEqual([x["lane"] for x in b.status()["waiters"]], ["w"])
+        self.stop("h1")
+        self.stop("q1")
+
     def test_a_refusal_exits_75_as_every_verb_s_does(self):
         # slotctl(1)'s one table: refused (unavailable) is 75, for a reservation as for run and acquire. Before,
         # slotctl reserve exited 1, as for an error of its own.
