@@ -313,7 +313,8 @@ void lease_discard(Lease *l) {
 void lease_end(Lease *l) {
         /* A revocation was recorded when it happened; the end is the slots' release, recorded once, with
          * the whole hold (the hold histogram counts each lease once). */
-        lease_audit(l, "released", l->state == LEASE_HELD ? NULL : "after its revocation");
+        const char *reason = l->state != LEASE_HELD ? "after its revocation" : l->released_by[0] ? l->released_by : NULL;
+        lease_audit(l, "released", reason);
         lease_discard(l);
 }
 

@@ -159,6 +159,8 @@ typedef struct Lease {
         bool persist_pending;           /* its row is in the log's buffer: in persisting[] */
         bool persist_refused;           /* its row could not be written for its grant: withdrawn, unless
                                          * best-effort grants it (then cleared: snapshots take it) */
+        char released_by[32];           /* "by uid N": a Release by another than its owner (root, or another of
+                                         * the pool's admins for a reservation), the reason of its end; "": none */
 } Lease;
 
 /* Creates the daemon's lease for a fresh grant, held by holder (NULL: none; the caller links its side).

@@ -107,6 +107,9 @@ static void method_release(Session *s, const VarlinkCall *call) {
                 session_reply_error(s, "io.slotbroker.PermissionDenied", p);
                 return;
         }
+        /* Who ended another's lease (SPEC §3.6: a reservation is audited, its end by a colleague too). */
+        if (s->cred.uid != l->uid)
+                snprintf(l->released_by, sizeof l->released_by, "by uid %u", (unsigned) s->cred.uid);
         /* SPEC §3.6: the command's status, applied when the lease ends (now, or once its command is gone). */
         if (exit_status >= 0 && l->engine_lease &&
             engine_lease_set_exit_status(l->engine_lease, (int) exit_status, l->job) < 0) {

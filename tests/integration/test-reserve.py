@@ -313,6 +313,15 @@ class Reserve(harness.BrokerTestCase):
             if code:
                 self.assertIn("belongs to another user", p.stderr)
                 self.assertEqual(self.slotctl(broker, "release", lease).returncode, 0)
+            else:
+                # Who ended another's reservation is audited: the history's row and the journal say so.
+                def released():
+                    return [e for e in broker.call("io.slotbroker.History", {})["events"]
+                            if e.get("lease") == lease and e["decision"] == "released"]
+                [row] = wait_for(released, 10, message="the release in the history")
+                self.assertEqual((row["uid"], row.get("reason")), (0, f"by uid {harness.NOBODY_UID}"), row)
+                wait_for(lambda: f"[LEASE_RELEASED] Lease {lease} of pool rigs (lane @reserve, job root's) released: "
+                         f"by uid {harness.NOBODY_UID}" in broker.log(), 10, message="the release in the journal")
         lease = self.acquire(b2, "w", detach=True, maxHoldMs=60000).until_granted()["id"]
         p = subprocess.run([SLOTCTL, "release", "--socket", b2.socket_path, lease], capture_output=True,
                            text=True, timeout=30, user=harness.NOBODY_UID, group=harness.NOGROUP_GID,
