@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "closer.h"
@@ -32,7 +34,12 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t queued = PTHREAD_COND_INITIALIZER;
 static CloserQueue **queues;    /* the uids with fds pending */
 static size_t n_queues, allocated_queues, next_queue;
-static unsigned total;
+/* Every fd waiting, and of them each uid's up to its limit: the share the total (limit_total) bounds. A uid
+ * is not read at its limit, so only sockets get past it: of connections refused at accept, or closed, with
+ * fds in their unread messages, which can only be closed (a uid is known only once its connection is
+ * accepted). Those have a budget of their own, limit_total again: filling it pauses accepting, never the
+ * reading of another uid (closer_over()). */
+static unsigned total, shared;
 static unsigned limit_per_uid, limit_total; /* 0: none */
 static unsigned n_threads, n_free;          /* threads, and those not in close() */
 static bool failed;
@@ -47,8 +54,29 @@ static CloserQueue *closer_find(uid_t uid) {
         return NULL;
 }
 
-static bool closer_queue_over(const CloserQueue *q) {
-        return (limit_total > 0 && total >= limit_total) || (limit_per_uid > 0 && q && q->pending >= limit_per_uid);
+/* What of n fds of a uid is its share (the rest is past its limit). */
+static unsigned closer_share(unsigned n) {
+        return limit_per_uid > 0 ? MIN(n, limit_per_uid) : n;
+}
+
+static bool closer_shared_over(void) {
+        return limit_total > 0 && shared >= limit_total;
+}
+
+static bool closer_past_limits_over(void) {
+        return limit_total > 0 && total - shared >= limit_total;
+}
+
+static bool closer_uid_over(const CloserQueue *q) {
+        return limit_per_uid > 0 && q && q->pending >= limit_per_uid;
+}
+
+/* One fd more, or less, of q's uid. */
+static void closer_count(CloserQueue *q, bool more) {
+        unsigned before = closer_share(q->pending);
+        q->pending = more ? q->pending + 1 : q->pending - 1;
+        total = more ? total + 1 : total - 1;
+        shared = shared - before + closer_share(q->pending);
 }
 
 static void closer_drop_queue(CloserQueue *q) {
@@ -109,14 +137,15 @@ static void *closer_thread(void *arg) {
                 pthread_mutex_lock(&lock);
                 n_free++;
                 q->busy = false;
-                bool total_over = limit_total > 0 && total >= limit_total;
-                bool uid_over = limit_per_uid > 0 && q->pending >= limit_per_uid;
-                q->pending--;
-                total--;
+                bool was_over[] = { closer_shared_over(), closer_past_limits_over(), closer_uid_over(q) };
+                closer_count(q, false);
+                bool is_over[] = { closer_shared_over(), closer_past_limits_over(), closer_uid_over(q) };
                 /* Nothing is paused but at a limit: the loop is woken when one is crossed, not for every fd. */
-                if (((total_over && total < limit_total) || (uid_over && q->pending < limit_per_uid)) &&
-                    notify_fd >= 0)
-                        (void) eventfd_write(notify_fd, 1);
+                for (size_t i = 0; i < ELEMENTSOF(is_over); i++)
+                        if (was_over[i] && !is_over[i] && notify_fd >= 0) {
+                                (void) eventfd_write(notify_fd, 1);
+                                break;
+                        }
                 if (q->pending == 0)
                         closer_drop_queue(q);
         }
@@ -186,8 +215,7 @@ static bool closer_push(uid_t uid, int fd) {
                 q->allocated = n;
         }
         q->fds[q->n++] = fd;
-        q->pending++;
-        total++;
+        closer_count(q, true);
         return true;
 }
 
@@ -215,12 +243,37 @@ uid_t closer_set_owner(uid_t uid) {
         return old;
 }
 
+/* Whether a message queued unread in fd (shut down: nothing more arrives) may carry an fd. Every such
+ * message brings a byte at least (a stream socket sends no empty one). The rest are peeked at, not read: a
+ * peek lends us copies of the fds a message carries, and with no room for them (no control buffer) hands
+ * them back at once, flagged MSG_CTRUNC; the message keeps its own, so that is never their last close. A
+ * peek stops after the first message with fds. The bytes land in one scratch buffer, over and over. */
+static bool closer_socket_carries_fds(int fd) {
+        static char scratch[16384];
+        struct iovec iov[64];
+        int unread;
+        if (ioctl(fd, FIONREAD, &unread) < 0)
+                return true;
+        if (unread == 0)
+                return false;
+        if ((size_t) unread > sizeof scratch * ELEMENTSOF(iov))
+                return true; /* more than any client's socket buffer holds: not worth the copy */
+        for (size_t i = 0; i < ELEMENTSOF(iov); i++)
+                iov[i] = (struct iovec) { scratch, sizeof scratch };
+        struct msghdr mh = {
+                .msg_iov = iov,
+                .msg_iovlen = ((size_t) unread + sizeof scratch - 1) / sizeof scratch,
+        };
+        ssize_t n = recvmsg(fd, &mh, MSG_PEEK | MSG_DONTWAIT);
+        /* Less than unread without a flag: a peek that stopped for another reason (credentials that differ,
+         * with SO_PASSCRED); such a socket goes to a thread, as any doubt. */
+        return n != unread || (mh.msg_flags & MSG_CTRUNC);
+}
+
 bool closer_close_socket(int fd, uid_t uid) {
-        int queued_bytes;
         if (fd < 0)
                 return false;
-        /* Every message that can bring an fd brings a byte at least (a stream socket sends no empty one). */
-        if (ioctl(fd, FIONREAD, &queued_bytes) == 0 && queued_bytes == 0) {
+        if (!closer_socket_carries_fds(fd)) {
                 (void) close(fd);
                 return true;
         }
@@ -232,19 +285,22 @@ void closer_set_limits(unsigned per_uid, unsigned total_max) {
         pthread_mutex_lock(&lock);
         limit_per_uid = per_uid;
         limit_total = total_max;
+        shared = 0;
+        for (size_t i = 0; i < n_queues; i++)
+                shared += closer_share(queues[i]->pending);
         pthread_mutex_unlock(&lock);
 }
 
 bool closer_over(uid_t uid) {
         pthread_mutex_lock(&lock);
-        bool over = closer_queue_over(closer_find(uid));
+        bool over = closer_shared_over() || closer_uid_over(closer_find(uid));
         pthread_mutex_unlock(&lock);
         return over;
 }
 
 bool closer_total_over(void) {
         pthread_mutex_lock(&lock);
-        bool over = closer_queue_over(NULL);
+        bool over = closer_shared_over() || closer_past_limits_over();
         pthread_mutex_unlock(&lock);
         return over;
 }

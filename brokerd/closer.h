@@ -9,10 +9,14 @@
  * the client's socket too, if it kept a copy, and covers sockets only.
  *
  * The fds wait open meanwhile, counted against RLIMIT_NOFILE: they are counted here per uid (the client's
- * that passed them) and in total, so that one user whose closes block cannot make brokerd run out of fds.
- * Each uid's fds are closed in order, by one thread at a time, so a close that blocks holds up that uid's
- * only; a few threads serve the uids. The loop reads nothing more from a uid at its limit (or from anyone at
- * the total's): closer_over(). */
+ * that passed them, or whose socket it is) and in total, so that one user whose closes block cannot make
+ * brokerd run out of fds. Each uid's fds are closed in order, by one thread at a time, so a close that
+ * blocks holds up that uid's only; a few threads serve the uids. The loop reads nothing more from a uid at
+ * its limit: closer_over(). The total bounds each uid's fds up to its limit only, so that one uid cannot
+ * fill it for the others: a uid gets past its limit only with sockets (of connections refused, or closed,
+ * with fds in their unread messages), which the loop cannot refuse before it knows their uid, nor close
+ * itself. Those have a budget of their own, as large as the total: full, it pauses accepting
+ * (closer_total_over()), not reading. */
 #pragma once
 
 #include <stdbool.h>
@@ -32,16 +36,18 @@ void closer_close(int fd);
 uid_t closer_set_owner(uid_t uid);
 
 /* For a client's socket shut down both ways (shutdown(SHUT_RDWR): nothing can arrive in it any more): closed
- * here when nothing is queued unread in it, since only an unread message can bring an fd whose last close
- * blocks; by a thread otherwise, as uid's. Handing every connection's socket to a thread cost each one a
- * wakeup of the thread (two context switches, a futex call each side). */
+ * here unless a message queued unread in it carries an fd, since only such an fd's last close may block; by
+ * a thread otherwise, as uid's. Handing every connection's socket to a thread cost each one a wakeup of the
+ * thread (two context switches, a futex call each side), and let a user whose close blocks fill the count
+ * with connections that send a byte and are refused. The loop's alone (a scratch buffer). */
 bool closer_close_socket(int fd, uid_t uid); /* true: closed here */
 
 /* The fds that may wait per uid and in total (0: no limit). */
 void closer_set_limits(unsigned per_uid, unsigned total);
-/* Whether uid has its limit of fds waiting, or everyone together the total: nothing more is read from it. */
+/* Whether uid has its limit of fds waiting, or every uid together the total (each counted up to its limit):
+ * nothing more is read from it. */
 bool closer_over(uid_t uid);
-/* Whether the total is reached: no connection is accepted either. */
+/* Whether the total is reached, or the uids' fds past their limits reach as many: no connection is accepted. */
 bool closer_total_over(void);
 
 /* An eventfd, made at the first call (negative errno if it cannot be): readable once a count that was at its

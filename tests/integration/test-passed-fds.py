@@ -19,6 +19,11 @@ EMFILE: a review's repro). Another user is still answered, at once; the client's
 the stuck close ends, and every fd is closed. At max-closing-fds (every user together) nobody is read and
 no connection accepted: another user's waits in the backlog, and is answered once the close ends.
 
+Refused connections count against their user's limit first (max-closing-fds-per-uid): one user whose close
+blocks, connecting over and over with an fd in each refused connection, filled the total alone, and another
+user was neither read nor accepted until the close ended. Past its limit the user's sockets have a budget of
+their own: another user is read and accepted; when that budget is full, accepting pauses, bounded.
+
 Usage: test-passed-fds.py BROKERD [unittest arguments]
 """
 import json
@@ -127,6 +132,56 @@ def start_call_as(b, uid, method, timeout=5.0):
 
 def call_as(b, uid, method, timeout=5.0):
     return start_call_as(b, uid, method, timeout)()
+
+
+def held_call_as(b, uid, method, timeout=5.0):
+    """A connection of another uid, made now (forked, as start_call_as()), whose one call goes when go() is
+    called; go() returns a function that waits for its reply and returns (reply, seconds it took)."""
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            for fd in (ready_r, go_w, out_r):
+                os.close(fd)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            with Varlink(b.socket_path, timeout=timeout) as conn:
+                os.write(ready_w, b"x")
+                os.read(go_r, 1)
+                start = time.monotonic()
+                conn.send("io.slotbroker." + method)
+                reply = conn.recv(timeout=timeout)
+                reply["elapsed"] = time.monotonic() - start
+            os.write(out_w, json.dumps(reply).encode())
+            status = 0
+        except BaseException as e:  # noqa: B902 - the child reports whatever went wrong
+            os.write(out_w, json.dumps({"child-error": repr(e)}).encode())
+        finally:
+            os._exit(status)
+    for fd in (ready_w, go_r, out_w):
+        os.close(fd)
+    if os.read(ready_r, 1) != b"x":
+        raise AssertionError(f"uid {uid} could not connect")
+    os.close(ready_r)
+
+    def go():
+        os.write(go_w, b"x")
+        os.close(go_w)
+
+        def finish():
+            with os.fdopen(out_r, "rb") as f:
+                out = f.read()
+            os.waitpid(pid, 0)
+            reply = json.loads(out)
+            if "child-error" in reply:
+                raise AssertionError(f"{method} as uid {uid} on a connection it held: {reply['child-error']}")
+            return reply, reply.pop("elapsed")
+        return finish
+    return go
 
 
 def backlog(path):
@@ -313,6 +368,93 @@ class PassedFds(harness.BrokerTestCase):
         self.assertIsNone(harness.error_of(other()))
         for i in range(sent):
             self.assertIsNone(harness.error_of(c.recv(timeout=10)), f"reply {i + 1} of {sent}")
+        c.close()
+        wait_for(lambda: b.fd_count() <= before, timeout=10, message="every passed fd closed")
+
+
+    def refused_with_fds(self, b, n, fd):
+        """n connections of this uid that brokerd refuses at once (max-connections-per-uid), each with a
+        Status call and `fd` queued unread in it. Returns them. Sent as soon as connected: a send after the
+        refusal fails (EPIPE), and is tried again. brokerd is not stopped meanwhile (SIGSTOP): a stop ends the
+        wait of a close that lingers, in brokerd's thread."""
+        refused = []
+        for _ in range(20 * n):
+            if len(refused) == n:
+                break
+            r = Varlink(b.socket_path)
+            self.addCleanup(r.close)
+            try:
+                socket.send_fds(r.sock, [Varlink.encode_call("io.slotbroker.Status")], [fd])
+                refused.append(r)
+            except (BrokenPipeError, ConnectionResetError):
+                r.close()
+        self.assertEqual(len(refused), n, "too few refused connections took their fd")
+        return refused
+
+    def test_refused_connections_do_not_fill_the_total(self):
+        # One user whose close blocks, refused over and over (max-connections-per-uid) with an fd queued in
+        # each connection: every refused socket waits behind the stuck close, as its user's. Counted in the
+        # total, they filled it, and another user was neither read nor accepted until the close ended.
+        # Its user's own limit counts them first; past it they have a budget of their own, which pauses
+        # accepting when full (bounded), but never another user's reads.
+        if os.getuid() != 0:
+            self.skipTest("a client of another uid needs root")
+        if not shutil.which("ss"):
+            self.skipTest("no ss(8) to see the listening socket's backlog")
+        per_uid, total = 4, 16
+        self.stop_broker(self.b)
+        b = self.broker(f"[broker]\nmax-connections-per-uid = 1\nmax-closing-fds-per-uid = {per_uid}\n"
+                        f"max-closing-fds = {total}\n\n" + CONFIG, "refused-total")
+        before = b.fd_count()
+        other = held_call_as(b, NOBODY, "Status", timeout=LINGER_S + 5)
+        s = LingeringSocket()
+        self.addCleanup(s.close)
+        c = b.connect()
+        self.addCleanup(c.close)
+        pass_and_drop(c, Varlink.encode_call("io.slotbroker.Status"), [s.sock])
+        self.assertIsNone(harness.error_of(c.recv(timeout=5)))
+        # A closer's thread is in close() now, for this uid: its connection is its one (max-connections-per-uid).
+        null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        self.addCleanup(os.close, null)
+        refused = self.refused_with_fds(b, total, null)
+
+        def n_eof():
+            n = 0
+            for r in refused:
+                try:
+                    if r.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                        n += 1
+                except BlockingIOError:
+                    pass
+                except ConnectionResetError:
+                    n += 1  # closed with its call unread
+            return n
+        # total - 1 of them, with the stuck close, fill the total: brokerd took that many at least.
+        wait_for(lambda: n_eof() >= total - 1, timeout=10, message="the refused connections taken")
+
+        # Another user is read on the connection it has, and accepted on a new one, at once.
+        finish = other()
+        reply, elapsed = finish()
+        self.assertIsNone(harness.error_of(reply), reply)
+        self.assertLess(elapsed, 2.0, f"another user's call waited {elapsed:.1f} s on its connection")
+        start = time.monotonic()
+        self.assertIsNone(harness.error_of(call_as(b, NOBODY, "Status", timeout=LINGER_S + 5)))
+        elapsed = time.monotonic() - start
+        self.assertLess(elapsed, 2.0, f"another user's new connection waited {elapsed:.1f} s")
+        wait_for(lambda: n_eof() == len(refused), timeout=10, message="every refused connection closed")
+        text = call_as(b, NOBODY, "Metrics")["parameters"]["text"]
+        self.assertEqual(metric(text, "slotbroker_closing_fds"), 1 + total, text)
+
+        # Past its limit the user's refused sockets have a budget of their own (max-closing-fds too): when
+        # that is full, nothing is accepted (they wait in the backlog) and brokerd's fds stay bounded.
+        more = self.refused_with_fds(b, total, null)
+        wait_for(lambda: backlog(b.socket_path) >= 1, timeout=10, message="accepting paused")
+        grown = b.fd_count() - before
+        self.assertLessEqual(grown, 1 + per_uid + total + 1, f"{grown} fds more in brokerd behind one stuck close")
+        # The stuck close ends: every refused socket is closed, and the fds with them.
+        s.close()
+        for r in refused + more:
+            r.wait_eof(timeout=LINGER_S + 5)
         c.close()
         wait_for(lambda: b.fd_count() <= before, timeout=10, message="every passed fd closed")
 

@@ -23,6 +23,7 @@
 #include "test-fds.h"
 
 #include "closer.h"
+#include "macro.h"
 
 static void send_with_fd(int sock, int fd) {
         char byte = 'x';
@@ -81,6 +82,45 @@ static void test_a_socket_with_an_fd_queued_goes_to_the_thread(void **state) {
         close(sv[1]);
 }
 
+/* Bytes queued unread, in messages of size bytes each, until total bytes. */
+static void send_bytes(int sock, size_t size, size_t total) {
+        char buf[65536];
+        memset(buf, 'x', sizeof buf);
+        assert_true(size <= sizeof buf);
+        for (size_t sent = 0; sent < total; sent += size)
+                assert_int_equal(send(sock, buf, size, MSG_NOSIGNAL), (ssize_t) size);
+}
+
+static void test_a_socket_with_bytes_queued_is_closed_here(void **state) {
+        int sv[2];
+        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        /* More than one pass of the scratch buffer, in messages of several sizes: none brings an fd. */
+        send_bytes(sv[1], 1, 3);
+        send_bytes(sv[1], 40000, 80000);
+        assert_int_equal(shutdown(sv[0], SHUT_RDWR), 0);
+        assert_true(closer_close_socket(sv[0], 2000));
+        struct pollfd p = { .fd = sv[1], .events = POLLIN };
+        assert_int_equal(poll(&p, 1, 0), 1);
+        assert_true(p.revents & POLLHUP);
+        assert_int_equal(closer_pending_uid(2000), 0);
+        close(sv[1]);
+}
+
+static void test_a_socket_with_an_fd_behind_bytes_goes_to_the_thread(void **state) {
+        int sv[2], pipe_fds[2];
+        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        assert_int_equal(pipe2(pipe_fds, O_CLOEXEC), 0);
+        send_bytes(sv[1], 40000, 80000);
+        send_with_fd(sv[1], pipe_fds[1]);
+        send_bytes(sv[1], 1, 1);
+        close(pipe_fds[1]);
+        assert_int_equal(shutdown(sv[0], SHUT_RDWR), 0);
+        /* The peek that saw the fd gave its copy back: the write end is still open, in the message. */
+        assert_false(closer_close_socket(sv[0], 1000));
+        assert_true(write_end_closed(pipe_fds[0], 10000));
+        close(pipe_fds[0]);
+        close(sv[1]);
+}
 
 static void wait_pending_uid(uid_t uid, unsigned n) {
         for (int i = 0; i < 10000 && closer_pending_uid(uid) != n; i++)
@@ -160,6 +200,48 @@ static void test_the_total(void **state) {
         closer_notify_clear();
 }
 
+/* Past its limit (sockets of its refused connections, which the loop must take), a uid counts in a budget of
+ * its own: full, it stops accepting, but the others are read, and the total (their shares) is not reached. */
+static void test_past_its_limit_a_uid_does_not_fill_the_total(void **state) {
+        closer_set_limits(2, 4);
+        closer_notify_clear();
+        int peer, p[6][2];
+        closer_close_as(lingering_socket(&peer), UID_A);
+        for (size_t i = 0; i < ELEMENTSOF(p); i++) {
+                assert_int_equal(pipe2(p[i], O_CLOEXEC), 0);
+                if (i < 4)
+                        closer_close_as(p[i][1], UID_A);
+        }
+        /* A: 5 waiting, 2 of them its share and 3 past its limit. */
+        assert_int_equal(closer_pending(), 5);
+        assert_true(closer_over(UID_A));
+        assert_false(closer_over(UID_B));
+        assert_false(closer_total_over());
+        closer_close_as(p[4][1], UID_A);
+        /* 4 past its limit: the budget for them is full, and nothing is accepted; B is still read. */
+        assert_true(closer_total_over());
+        assert_false(closer_over(UID_B));
+        /* B's fds count in the total, with A's share: 2 + 2. */
+        closer_close_as(p[5][1], UID_B);
+        assert_true(write_end_closed(p[5][0], 10000));
+        wait_pending_uid(UID_B, 0);
+        /* A raised limit makes A's fds its share again: the total (4) is reached, by A alone this time. */
+        closer_set_limits(100, 4);
+        assert_true(closer_over(UID_B));
+        closer_set_limits(2, 4);
+        assert_false(closer_over(UID_B));
+        close(peer);
+        assert_true(notified(10000));
+        wait_pending_uid(UID_A, 0);
+        assert_false(closer_total_over());
+        for (size_t i = 0; i < ELEMENTSOF(p); i++) {
+                if (i < 5)
+                        assert_true(write_end_closed(p[i][0], 10000));
+                close(p[i][0]);
+        }
+        closer_notify_clear();
+}
+
 static void test_the_owner(void **state) {
         closer_set_limits(100, 0);
         int peer, p[2];
@@ -192,12 +274,15 @@ int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_an_empty_socket_is_closed_here),
                 cmocka_unit_test(test_a_socket_with_an_fd_queued_goes_to_the_thread),
+                cmocka_unit_test(test_a_socket_with_bytes_queued_is_closed_here),
+                cmocka_unit_test(test_a_socket_with_an_fd_behind_bytes_goes_to_the_thread),
                 cmocka_unit_test(test_nothing_to_close),
         };
         /* `--blocking`: the cases whose close() must block (test-fds.h, blocking_cases_can_run()). */
         const struct CMUnitTest blocking_tests[] = {
                 cmocka_unit_test(test_a_uid_at_its_limit_holds_up_only_its_own),
                 cmocka_unit_test(test_the_total),
+                cmocka_unit_test(test_past_its_limit_a_uid_does_not_fill_the_total),
                 cmocka_unit_test(test_the_owner),
         };
         if (argc > 1 && strcmp(argv[1], "--blocking") == 0)
