@@ -73,11 +73,23 @@ static void lease_random_bytes(void *buf, size_t n, void *userdata) {
         manager_random_bytes(userdata, buf, n);
 }
 
+/* Reads from the connections that waited for the closer, and accepts again, as far as its limits allow now. */
+static void manager_closer_below(Manager *m) {
+        connection_resume_reading();
+        if (m->accept_closer_paused && !closer_total_over()) {
+                m->accept_closer_paused = false;
+                if (!m->accept_paused && !m->stopping)
+                        (void) sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);
+        }
+}
+
 /* What the modules take from the configuration, at start and at each reload. */
 static void manager_apply_settings(Manager *m) {
         audit_set_level(&m->audit, m->config->audit);
         closer_set_limits(m->config->max_closing_fds_per_uid, m->config->max_closing_fds);
-        connection_resume_reading(); /* raised limits free who waited under the old ones */
+        /* Raised limits free who waited under the old ones: the closer tells only of a limit crossed later,
+         * by its own closes, and a close that blocks may never end. */
+        manager_closer_below(m);
         m->leases.revoke_grace = m->config->revoke_grace;
         m->leases.reclaim_grace = m->config->reclaim_grace;
 #if HAVE_REDIS
@@ -1441,14 +1453,8 @@ static void manager_pause_accepting_for_closer(Manager *m) {
 
 /* The closer's threads closed what was at a limit: read from those who waited, accept again. */
 static int on_closer_below(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
-        Manager *m = userdata;
         closer_notify_clear();
-        connection_resume_reading();
-        if (m->accept_closer_paused && !closer_total_over()) {
-                m->accept_closer_paused = false;
-                if (!m->accept_paused && !m->stopping)
-                        (void) sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);
-        }
+        manager_closer_below(userdata);
         return 0;
 }
 
