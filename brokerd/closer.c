@@ -330,6 +330,20 @@ unsigned closer_pending(void) {
         return n;
 }
 
+unsigned closer_pending_most(uid_t *ret_uid) {
+        uid_t uid = CLOSER_NOBODY;
+        unsigned n = 0;
+        pthread_mutex_lock(&lock);
+        for (size_t i = 0; i < n_queues; i++)
+                if (queues[i]->pending > n) {
+                        n = queues[i]->pending;
+                        uid = queues[i]->uid;
+                }
+        pthread_mutex_unlock(&lock);
+        *ret_uid = uid;
+        return n;
+}
+
 unsigned closer_pending_uid(uid_t uid) {
         pthread_mutex_lock(&lock);
         const CloserQueue *q = closer_find(uid);

@@ -58,6 +58,9 @@ void closer_notify_clear(void);
 /* How many fds wait to be closed: in total, and uid's (tests, metrics). */
 unsigned closer_pending(void);
 unsigned closer_pending_uid(uid_t uid);
+/* The uid with the most fds waiting (CLOSER_NOBODY: none), and how many: whom the log names when accepting
+ * pauses. */
+unsigned closer_pending_most(uid_t *ret_uid);
 
 /* For _cleanup_(): an fd that came from a client, handed to the closer unless taken (TAKE_FD). */
 static inline void closer_closep(int *fd) {

@@ -1439,13 +1439,17 @@ static int on_accept_resume(sd_event_source *s, uint64_t usec, void *userdata) {
 }
 
 /* The closer's fds reached max-closing-fds: every connection accepted now would be one more fd, and a
- * refused one with messages unread goes to the closer too. */
+ * refused one with fds in its unread messages goes to the closer too (past its user's limit: closer.h). */
 static void manager_pause_accepting_for_closer(Manager *m) {
         usec_t now = now_monotonic();
         if (!m->accept_closer_paused && now >= usec_add(m->accept_closer_logged, USEC_PER_SEC)) {
                 m->accept_closer_logged = now;
-                log_warning("%u fds wait to be closed (max-closing-fds); accepting no connections until fewer do.",
-                            closer_pending());
+                /* Past the users' own limits only sockets of their refused or closed connections count: the
+                 * user named is whose closes block, most likely, connecting over and over. */
+                uid_t uid;
+                unsigned n = closer_pending_most(&uid);
+                log_warning("%u fds wait to be closed, %u of them uid %d's (max-closing-fds); accepting no connections until fewer do.",
+                            closer_pending(), n, (int) uid);
         }
         m->accept_closer_paused = true;
         (void) sd_event_source_set_enabled(m->listen_source, SD_EVENT_OFF);

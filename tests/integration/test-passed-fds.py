@@ -472,6 +472,8 @@ class PassedFds(harness.BrokerTestCase):
         # that is full, nothing is accepted (they wait in the backlog) and brokerd's fds stay bounded.
         more = self.refused_with_fds(b, total, null)
         wait_for(lambda: backlog(b.socket_path) >= 1, timeout=10, message="accepting paused")
+        # The log names whose fds they are.
+        wait_for(lambda: "of them uid 0's (max-closing-fds)" in b.log(), timeout=5, message="the log naming uid 0")
         grown = b.fd_count() - before
         self.assertLessEqual(grown, 1 + per_uid + total + 1, f"{grown} fds more in brokerd behind one stuck close")
         # The stuck close ends: every refused socket is closed, and the fds with them.
