@@ -96,9 +96,9 @@ def pass_and_drop(conn, message, fds):
 NOBODY = 65534
 
 
-def start_call_as(b, uid, method, timeout=5.0):
-    """One call from a child process of another uid (forked: no interpreter to exec that the uid may not
-    read); returns a function that waits for its reply."""
+def fork_as(uid, what, child):
+    """Runs child() in a child process of another uid (forked: no interpreter to exec that the uid may not
+    read); returns a function that waits for what it returned (a JSON value)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -108,10 +108,7 @@ def start_call_as(b, uid, method, timeout=5.0):
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
-            with Varlink(b.socket_path, timeout=timeout) as conn:
-                conn.send("io.slotbroker." + method)
-                reply = conn.recv(timeout=timeout)
-            os.write(w, json.dumps(reply).encode())
+            os.write(w, json.dumps(child()).encode())
             status = 0
         except BaseException as e:  # noqa: B902 - the child reports whatever went wrong
             os.write(w, json.dumps({"child-error": repr(e)}).encode())
@@ -125,9 +122,18 @@ def start_call_as(b, uid, method, timeout=5.0):
         os.waitpid(pid, 0)
         reply = json.loads(out)
         if "child-error" in reply:
-            raise AssertionError(f"{method} as uid {uid}: {reply['child-error']}")
+            raise AssertionError(f"{what} as uid {uid}: {reply['child-error']}")
         return reply
     return finish
+
+
+def start_call_as(b, uid, method, timeout=5.0):
+    """One call from another uid; returns a function that waits for its reply."""
+    def child():
+        with Varlink(b.socket_path, timeout=timeout) as conn:
+            conn.send("io.slotbroker." + method)
+            return conn.recv(timeout=timeout)
+    return fork_as(uid, method, child)
 
 
 def call_as(b, uid, method, timeout=5.0):
@@ -135,36 +141,27 @@ def call_as(b, uid, method, timeout=5.0):
 
 
 def held_call_as(b, uid, method, timeout=5.0):
-    """A connection of another uid, made now (forked, as start_call_as()), whose one call goes when go() is
-    called; go() returns a function that waits for its reply and returns (reply, seconds it took)."""
+    """A connection of another uid, made now, whose one call goes when go() is called; go() returns a
+    function that waits for its reply and returns (reply, seconds it took)."""
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
-    out_r, out_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            for fd in (ready_r, go_w, out_r):
-                os.close(fd)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            with Varlink(b.socket_path, timeout=timeout) as conn:
-                os.write(ready_w, b"x")
-                os.read(go_r, 1)
-                start = time.monotonic()
-                conn.send("io.slotbroker." + method)
-                reply = conn.recv(timeout=timeout)
-                reply["elapsed"] = time.monotonic() - start
-            os.write(out_w, json.dumps(reply).encode())
-            status = 0
-        except BaseException as e:  # noqa: B902 - the child reports whatever went wrong
-            os.write(out_w, json.dumps({"child-error": repr(e)}).encode())
-        finally:
-            os._exit(status)
-    for fd in (ready_w, go_r, out_w):
-        os.close(fd)
+
+    def child():
+        os.close(ready_r)
+        os.close(go_w)
+        with Varlink(b.socket_path, timeout=timeout) as conn:
+            os.write(ready_w, b"x")
+            os.read(go_r, 1)
+            start = time.monotonic()
+            conn.send("io.slotbroker." + method)
+            reply = conn.recv(timeout=timeout)
+            reply["elapsed"] = time.monotonic() - start
+            return reply
+    finish = fork_as(uid, method + " on a connection it held", child)
+    os.close(ready_w)
+    os.close(go_r)
     if os.read(ready_r, 1) != b"x":
+        finish()  # its error
         raise AssertionError(f"uid {uid} could not connect")
     os.close(ready_r)
 
@@ -172,15 +169,10 @@ def held_call_as(b, uid, method, timeout=5.0):
         os.write(go_w, b"x")
         os.close(go_w)
 
-        def finish():
-            with os.fdopen(out_r, "rb") as f:
-                out = f.read()
-            os.waitpid(pid, 0)
-            reply = json.loads(out)
-            if "child-error" in reply:
-                raise AssertionError(f"{method} as uid {uid} on a connection it held: {reply['child-error']}")
+        def done():
+            reply = finish()
             return reply, reply.pop("elapsed")
-        return finish
+        return done
     return go
 
 
