@@ -267,10 +267,12 @@ class PassedFds(harness.BrokerTestCase):
                 refused = Varlink(b.socket_path)
                 socket.send_fds(refused.sock, [Varlink.encode_call("io.slotbroker.Status")],
                                 [s.sock.fileno() for s in socks])
+                # Dropped before brokerd runs again: its close is the last one, not ours (a close here after
+                # brokerd's waited the linger, in the test).
+                for s in socks:
+                    s.sock.close()
             finally:
                 os.kill(b.proc.pid, signal.SIGCONT)
-            for s in socks:
-                s.sock.close()
             refused.wait_eof(timeout=LINGER_S + 5)
             refused.close()
             start = time.monotonic()
