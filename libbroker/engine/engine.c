@@ -1864,8 +1864,14 @@ void engine_lease_release(EngineLease *l, usec_t now) {
         engine_advance(e, now);
         events_forget_lease(e, l);
         heap_remove(&e->expiries, &l->expiry_node);
+        /* SPEC §3.6 with §3.5: one lease covers the whole set, so its status counts in every pool of it, each by
+         * its own quarantine-exit-codes=. */
         if (l->exit_status >= 0 && l->pool->ops->report_exit)
                 l->pool->ops->report_exit(l->pool, l->grant, l->exit_status, l->exit_job, now);
+        for (size_t i = 0; i < l->n_also; i++)
+                if (l->exit_status >= 0 && l->also[i].pool->ops->report_exit)
+                        l->also[i].pool->ops->report_exit(l->also[i].pool, l->also[i].grant, l->exit_status,
+                                                          l->exit_job, now);
         l->pool->ops->release(l->pool, l->grant, now);
         for (size_t i = 0; i < l->n_also; i++)
                 l->also[i].pool->ops->release(l->also[i].pool, l->also[i].grant, now);

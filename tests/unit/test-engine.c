@@ -3154,6 +3154,44 @@ static void test_set_granted_at_once_takes_no_member_set_aside(void **state) {
         assert_string_equal(members[1], "b");
 }
 
+/* SPEC §3.6 with §3.5: one lease covers the whole set, so its command's exit status counts in every pool of it
+ * that names quarantine-exit-codes=, each by its own codes and quarantine-after=: the rig of an also= pool that
+ * the job broke is quarantined as it is when taken alone, and any other status breaks its run. */
+static void test_set_exit_status_counts_in_every_pool_of_the_set(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 1);
+        PoolConfig *rigs = pool_add(f, "rigs", 0);
+        pool_set_members(rigs, MEMBERS("a", "b"));
+        rigs->quarantine_exit_codes[0] = UINT64_C(1) << 3;
+        rigs->quarantine_exit_codes_set = true;
+        rigs->quarantine_after = 2;
+        lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL), "rigs", 1);
+        configure(f, 0);
+        EngineLeaseAlso also;
+        Tag *s = acquire(f, "s1", (Req) { .lane = "set" }, 0);
+        assert_int_equal(engine_lease_also(s->lease, 0, &also), 0);
+        assert_string_equal(also.members[0], "a");
+        end_with(f, s, 3, "job-1", S(1));
+        s = acquire(f, "s2", (Req) { .lane = "set" }, S(2));
+        end_with(f, s, 0, "job-2", S(3)); /* breaks the run */
+        s = acquire(f, "s3", (Req) { .lane = "set" }, S(4));
+        end_with(f, s, 3, "job-3", S(5));
+        quiesce(f);
+        assert_int_equal(f->n_life, 0); /* one of two */
+        s = acquire(f, "s4", (Req) { .lane = "set" }, S(6));
+        end_with(f, s, 3, "job-4", S(7));
+        quiesce(f);
+        assert_int_equal(f->n_life, 1);
+        assert_string_equal(f->life[0].member, "a");
+        assert_true(f->life[0].quarantined);
+        assert_string_equal(f->life[0].job, "job-4");
+        assert_int_equal(f->life[0].exit_status, 3);
+        /* Out of ordinary use now: the next set takes b. */
+        s = acquire(f, "s5", (Req) { .lane = "set" }, S(8));
+        assert_int_equal(engine_lease_also(s->lease, 0, &also), 0);
+        assert_string_equal(also.members[0], "b");
+}
+
 static void test_set_is_not_starved_by_a_stream_of_single_pool_requests(void **state) {
         Fixture *f = *state;
         set_pools(f, 1, 2);
@@ -4156,7 +4194,8 @@ int main(void) {
                 T(test_set_is_granted_with_a_slot_and_token_of_every_pool),
                 T(test_set_never_holds_part_of_its_set_while_waiting),
                 T(test_set_granted_at_once_takes_no_member_set_aside),
-                T(test_set_is_not_starved_by_a_stream_of_single_pool_requests),
+                T(test_set_exit_status_counts_in_every_pool_of_the_set),
+        T(test_set_is_not_starved_by_a_stream_of_single_pool_requests),
                 T(test_crossed_sets_do_not_deadlock),
                 T(test_reload_reorders_crossed_sets_in_every_pool_at_once),
                 T(test_set_position_is_the_furthest_of_its_places),
