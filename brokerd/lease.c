@@ -114,10 +114,8 @@ const char *lease_also_text(const Lease *l, char *buf, size_t size) {
         return buf;
 }
 
-const char *lease_members_text(const Lease *l, char *buf, size_t size) {
-        const unsigned *indices;
-        const char *const *members;
-        unsigned n = l->engine_lease ? engine_lease_slots(l->engine_lease, &indices, &members) : 0;
+/* "rig-a,rig-c": the named members of n slots; NULL when none is named. */
+static const char *members_text(const char *const *members, unsigned n, char *buf, size_t size) {
         size_t used = 0;
         if (n == 0 || !members || size == 0)
                 return NULL;
@@ -134,6 +132,13 @@ const char *lease_members_text(const Lease *l, char *buf, size_t size) {
         return used > 0 ? buf : NULL;
 }
 
+const char *lease_members_text(const Lease *l, char *buf, size_t size) {
+        const unsigned *indices;
+        const char *const *members;
+        unsigned n = l->engine_lease ? engine_lease_slots(l->engine_lease, &indices, &members) : 0;
+        return members_text(members, n, buf, size);
+}
+
 void lease_audit_shares(const Lease *l, const AuditRecord *r) {
         size_t n = engine_lease_also_count(l->engine_lease);
         for (size_t i = 0; i < n && l->table->audit; i++) {
@@ -146,7 +151,10 @@ void lease_audit_shares(const Lease *l, const AuditRecord *r) {
                 s.selector = NULL; /* labels and a member choose in the lease's own pool only */
                 if (s.slots > 0)
                         s.slots = a.n_slots; /* a grant's row: what the set took of this pool */
-                s.member = NULL;
+                /* The members it holds there: the report's use per member counts them as a lease of that pool's
+                 * alone (SPEC §3.6, usage per member). */
+                char members[LEASE_ALSO_TEXT_MAX];
+                s.member = members_text(a.members, a.n_slots, members, sizeof members);
                 s.also = NULL;
                 audit_decision_share(l->table->audit, &s);
         }

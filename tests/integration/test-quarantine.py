@@ -353,6 +353,40 @@ class Quarantine(Base):
         self.assertEqual(p.returncode, 0, p.stderr + p.stdout)  # quarantine-exit-codes and health taken
         self.assertNotRegex(p.stderr + p.stdout, rf"{re.escape(path)}:\d+: ")
 
+    def test_a_set_counts_in_its_also_pool_for_quarantine_history_and_report(self):
+        # SPEC §3.5/§3.6: one lease covers the set (lane e2e: pool grid, also= rigs), so its command's exit 3
+        # quarantines the rig it held in rigs, by rigs' own codes; the history's rows of rigs name the rig, and
+        # `slotctl report` counts its use, failures and quarantine as it does a lease of rigs alone.
+        b = self.broker(CONFIG.format(after=1, admin="12345")
+                        + "\n[pool grid]\nlimit = 1\n\n[lane e2e]\npools = grid\nalso = rigs\n", "set")
+        def run_set(name, exit_status):
+            j = harness.SlotctlRun(SLOTCTL, b.socket_path, "e2e",
+                                   self.w.command(f"finish; exit {exit_status}", name, also=("rigs",)), "--job", name)
+            self.addCleanup(j.kill)
+            self.assertEqual(j.wait(20), exit_status, j.stderr())
+            return {e.pool: e.slots for e in self.w.started(name)}
+
+        self.assertEqual(run_set("e2e-1", 3), {"grid": ["0"], "rigs": ["a"]})
+        q = self.wait_quarantined(b, {"a"})["a"]
+        self.assertEqual((q["job"], q["exitStatus"]), ("e2e-1", 3))
+        # Out of ordinary use: the next set gets b.
+        self.assertEqual(run_set("e2e-2", 0), {"grid": ["0"], "rigs": ["b"]})
+        events = b.call("io.slotbroker.History", {"pool": "rigs"})["events"]
+        self.assertEqual([(e["decision"], e.get("member"), e.get("exitStatus")) for e in events
+                          if e["decision"] in ("granted", "released", "quarantined")],
+                         [("granted", "a", None), ("released", "a", 3), ("quarantined", "a", 3),
+                          ("granted", "b", None), ("released", "b", 0)])
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        path = os.path.join(self.dir, "set.db")
+        shutil.copy(os.path.join(b.state_dir, "history.db"), path)
+        p = subprocess.run([SLOTCTL, "report", "--history", path, "-o", "-"], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        rows = {m: dict(re.findall(r'data-([a-z-]+)="([^"]*)"', attrs))
+                for m, attrs in re.findall(r'<tr data-member="(\w+)"([^>]*)>', p.stdout)}
+        self.assertEqual({m: (r["grants"], r["holds"], r["failures"], r["quarantines"]) for m, r in rows.items()},
+                         {"a": ("1", "1", "1", "1"), "b": ("1", "1", "0", "0")}, p.stdout[-3000:])
+
     def test_check_config_refuses_bad_quarantine_keys(self):
         path = os.path.join(self.dir, "bad.conf")
         with open(path, "w") as f:
