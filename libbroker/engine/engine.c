@@ -2074,6 +2074,11 @@ int engine_lease_set_exit_status(EngineLease *l, int exit_status, const char *jo
         char *j = NULL;
         if (job && !(j = strdup(job)))
                 return -ENOMEM;
+        /* The job label is any text the client gave; the quarantine it may make is shown and journaled as one
+         * line, and a shared pool's record with a control character is malformed to every node that reads it. */
+        for (char *c = j; c && *c; c++)
+                if ((unsigned char) *c < 0x20 || *c == 0x7f)
+                        *c = '?';
         free(l->exit_job);
         l->exit_job = j;
         l->exit_status = exit_status;

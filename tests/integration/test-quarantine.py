@@ -930,6 +930,20 @@ class Shared(Base):
         self.stop("next")
         self.stop("next-a")
 
+    def test_a_job_label_with_a_control_character_quarantines_as_any(self):
+        # A job label is any text a client gives (--job, CI variables): one with a control character (here a tab
+        # and an escape) is not one line of text. Its exit 3 quarantines the member for both nodes like any
+        # other; what Status, the journal and Redis keep of the label is one line (the characters shown as
+        # "?"), never a record that every node then reads as malformed input from Redis.
+        a, b = self.node("node-a"), self.node("node-b")
+        j = self.job(a, "broken", "w", "finish; exit 3", "--member", "a", "--job", "broken\tjob\x1b[1m")
+        self.assertEqual(j.wait(SHARED_TTL + 30), 3, j.stderr())
+        for n in (a, b):
+            q = self.wait_quarantined(n, {"a"})["a"]
+            self.assertEqual((q.get("job"), q["exitStatus"], q["node"]), ("broken?job?[1m", 3, "node-a"))
+        for n in (a, b):
+            self.assertNotIn("BACKEND_BAD_INPUT", n.log())
+
     def test_a_drain_until_on_one_node_ends_by_itself_for_both(self):
         a, b = self.node("node-a"), self.node("node-b")
         # The pool's first use waits out its recovery window.

@@ -3192,6 +3192,19 @@ static void test_set_exit_status_counts_in_every_pool_of_the_set(void **state) {
         assert_string_equal(also.members[0], "b");
 }
 
+/* A job label is whatever the client gave: the quarantine it makes keeps one line of it (Status, the journal, and
+ * on a shared pool Redis, whose records with a control character every node drops as malformed). */
+static void test_a_quarantine_keeps_its_job_label_as_one_line(void **state) {
+        Fixture *f = *state;
+        rigs(f, 1);
+        Tag *a = acquire(f, "A", (Req) { .member = "a" }, 0);
+        end_with(f, a, 3, "job\tone\n\x1b[1m\x7f", S(1));
+        quiesce(f);
+        assert_int_equal(f->n_life, 1);
+        assert_true(f->life[0].quarantined);
+        assert_string_equal(f->life[0].job, "job?one??[1m?");
+}
+
 static void test_set_is_not_starved_by_a_stream_of_single_pool_requests(void **state) {
         Fixture *f = *state;
         set_pools(f, 1, 2);
@@ -4195,6 +4208,7 @@ int main(void) {
                 T(test_set_never_holds_part_of_its_set_while_waiting),
                 T(test_set_granted_at_once_takes_no_member_set_aside),
                 T(test_set_exit_status_counts_in_every_pool_of_the_set),
+        T(test_a_quarantine_keeps_its_job_label_as_one_line),
         T(test_set_is_not_starved_by_a_stream_of_single_pool_requests),
                 T(test_crossed_sets_do_not_deadlock),
                 T(test_reload_reorders_crossed_sets_in_every_pool_at_once),
