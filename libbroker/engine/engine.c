@@ -2072,10 +2072,11 @@ int engine_lease_set_exit_status(EngineLease *l, int exit_status, const char *jo
         if (exit_status < 0 || exit_status > 255)
                 return -EINVAL;
         char *j = NULL;
-        if (job && !(j = strdup(job)))
+        if (job && *job && !(j = strdup(job)))
                 return -ENOMEM;
         /* The job label is any text the client gave; the quarantine it may make is shown and journaled as one
-         * line, and a shared pool's record with a control character is malformed to every node that reads it. */
+         * line of text (an empty one is none), kept in members.state, which reads anything else as damage, and
+         * on a shared pool in Redis, whose record with a control character every node reads as malformed. */
         for (char *c = j; c && *c; c++)
                 if ((unsigned char) *c < 0x20 || *c == 0x7f)
                         *c = '?';

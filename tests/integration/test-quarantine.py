@@ -509,6 +509,27 @@ class Drain(Base):
         text = self.slotctl(b, "history", "--decision", "drained").stdout
         self.assertRegex(text, r"drained .* @b \(reflash\) until 20")
 
+    def test_a_quarantine_by_a_job_label_with_a_control_character_survives_a_restart(self):
+        # Any user of a lane names its job: one whose label has a tab quarantines a (exit 3), one with an empty
+        # label (a raw client) b, and pool anon is drained by hand. All are written to members.state and read
+        # back by the next start as any others, never taken for damage (which would forget every drain and
+        # quarantine, and grant nothing until an operator removed state.damaged).
+        b = self.rigs("control-job")
+        self.ran(b, "broken", "w", 3, "--member", "a", "--job", "broken\tjob")
+        self.assertEqual(self.wait_quarantined(b, {"a"})["a"]["job"], "broken?job")
+        a = self.acquire(b, "w", member="b", job="")
+        b.call("io.slotbroker.Release", {"lease": a.until_granted()["id"], "exitStatus": 4})
+        a.close()
+        self.assertNotIn("job", self.wait_quarantined(b, {"a", "b"})["b"])
+        p = self.slotctl(b, "drain", "anon", "--reason", "licence server moves")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        q = self.quarantined(b)
+        self.assertEqual((q["a"]["job"], q["b"].get("job"), q["b"]["exitStatus"]), ("broken?job", None, 4))
+        self.assertEqual(b.pool("anon")["drain"]["reason"], "licence server moves")
+        self.assertNotIn("damaged", b.log())
+
     def test_drains_and_quarantines_survive_a_restart(self):
         b = self.rigs("restart")
         self.ran(b, "broken", "w", 3, "--member", "a")

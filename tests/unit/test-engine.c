@@ -3203,6 +3203,12 @@ static void test_a_quarantine_keeps_its_job_label_as_one_line(void **state) {
         assert_int_equal(f->n_life, 1);
         assert_true(f->life[0].quarantined);
         assert_string_equal(f->life[0].job, "job?one??[1m?");
+        /* An empty label is none (members.state takes no empty text: it would read as damage after a restart). */
+        Tag *b = acquire(f, "B", (Req) { .member = "b" }, S(2));
+        end_with(f, b, 4, "", S(3));
+        quiesce(f);
+        assert_true(life_of(f, "b")->quarantined);
+        assert_null(life_of(f, "b")->job);
 }
 
 static void test_set_is_not_starved_by_a_stream_of_single_pool_requests(void **state) {
