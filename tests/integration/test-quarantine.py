@@ -331,6 +331,18 @@ class Quarantine(Base):
         self.assertNotIn("drainedMembers", b.pool("rigs"))
         self.assertFalse(b.pool("rigs")["drained"])
 
+    def test_a_health_lane_with_an_access_list_restores_for_its_users_only(self):
+        # A health job's exit 0 restores, as Restore does for admins only: brokerd.conf(5) tells operators to give
+        # a health lane allow-users=/allow-groups=. Then nobody (not listed) is refused the lane and restores
+        # nothing; without the list, anyone who reaches the socket could (the lane "health" of CONFIG).
+        b = self.broker(CONFIG.format(after=1, admin="12345").replace("health = yes\n",
+                                                                        "health = yes\nallow-users = 12345\n"), "acl")
+        p = self.slotctl(b, "quarantine", "rigs", "a", "--reason", "broken")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        [msg] = harness.run_client_as(b.socket_path, "io.slotbroker.Acquire", {"lane": "health", "member": "a"})
+        self.assertEqual(msg.get("error"), "io.slotbroker.PermissionDenied", msg)
+        self.assertEqual(set(self.quarantined(b)), {"a"})
+
     def test_shared_pools_take_quarantine_health_and_drain_reasons(self):
         # A shared pool whose Redis is not even there: the answer does not depend on it.
         try:
