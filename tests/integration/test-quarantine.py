@@ -133,6 +133,19 @@ class Base(harness.BrokerTestCase):
         return subprocess.run([SLOTCTL, args[0], "--socket", b.socket_path, *args[1:]], capture_output=True,
                               text=True, timeout=30, **kw)
 
+    def report_members(self, b, name):
+        """Stops b and draws `slotctl report` on a copy of its history: {member: (grants, holds, failures,
+        quarantines)} of its table per member."""
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        path = os.path.join(self.dir, f"{name}.db")
+        shutil.copy(os.path.join(b.state_dir, "history.db"), path)
+        p = subprocess.run([SLOTCTL, "report", "--history", path, "-o", "-"], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        rows = {m: dict(re.findall(r'data-([a-z-]+)="([^"]*)"', attrs))
+                for m, attrs in re.findall(r'<tr data-member="(\w+)"([^>]*)>', p.stdout)}
+        return {m: (r["grants"], r["holds"], r["failures"], r["quarantines"]) for m, r in rows.items()}
+
     def member_counts(self, b):
         """{(series, member): value} of the per-member metrics of pool rigs."""
         text = b.call("io.slotbroker.Metrics")["text"]
@@ -388,16 +401,7 @@ class Quarantine(Base):
                           if e["decision"] in ("granted", "released", "quarantined")],
                          [("granted", "a", None), ("released", "a", 3), ("quarantined", "a", 3),
                           ("granted", "b", None), ("released", "b", 0)])
-        self.assertEqual(b.stop(), 0, b.log()[-3000:])
-        path = os.path.join(self.dir, "set.db")
-        shutil.copy(os.path.join(b.state_dir, "history.db"), path)
-        p = subprocess.run([SLOTCTL, "report", "--history", path, "-o", "-"], capture_output=True, text=True,
-                           timeout=60)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        rows = {m: dict(re.findall(r'data-([a-z-]+)="([^"]*)"', attrs))
-                for m, attrs in re.findall(r'<tr data-member="(\w+)"([^>]*)>', p.stdout)}
-        self.assertEqual({m: (r["grants"], r["holds"], r["failures"], r["quarantines"]) for m, r in rows.items()},
-                         {"a": ("1", "1", "1", "1"), "b": ("1", "1", "0", "0")}, p.stdout[-3000:])
+        self.assertEqual(self.report_members(b, "set"), {"a": ("1", "1", "1", "1"), "b": ("1", "1", "0", "0")})
 
     def test_check_config_refuses_bad_quarantine_keys(self):
         path = os.path.join(self.dir, "bad.conf")
@@ -1207,18 +1211,8 @@ class Shared(Base):
         a.start()
         wait_for(lambda: a.pool("rigs")["backend"]["up"], timeout=30, message="A's backend up again")
         self.assertEqual(self.member_counts(a), on_a)
-        self.assertEqual(a.stop(), 0, a.log()[-3000:])
         # Its history: the report's table per member shows A's lease of a, its failure and its quarantine.
-        path = os.path.join(self.dir, "node-a.db")
-        shutil.copy(os.path.join(a.state_dir, "history.db"), path)
-        p = subprocess.run([SLOTCTL, "report", "--history", path, "-o", "-"], capture_output=True, text=True,
-                           timeout=60)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        rows = {m: dict(re.findall(r'data-([a-z-]+)="([^"]*)"', attrs))
-                for m, attrs in re.findall(r'<tr data-member="(\w+)"([^>]*)>', p.stdout)}
-        self.assertEqual(set(rows), {"a"}, p.stdout[-3000:])
-        self.assertEqual((rows["a"]["grants"], rows["a"]["holds"], rows["a"]["failures"], rows["a"]["quarantines"]),
-                         ("1", "1", "1", "1"))
+        self.assertEqual(self.report_members(a, "node-a"), {"a": ("1", "1", "1", "1")})
 
     def test_a_health_also_job_takes_the_quarantined_member_first(self):
         # health = also on a shared pool: the quarantined member first, though another is free; its exit 0
