@@ -14,6 +14,11 @@ Rigs a b of pool rigs, quarantine-exit-codes = 3 4, quarantine-after = 1 (and = 
   non-admin is PermissionDenied (protocol, as nobody); bad input is a clear error and changes nothing: a
   member or pool that does not exist, no reason, a reason of 1 MB or with control characters, a pool of
   anonymous slots.
+- A set (lane with also=): its exit 3 quarantines the rig it held in its also= pool too, whose history rows
+  name the rig for `slotctl report`. A health lane with allow-users= is refused to others, who restore nothing.
+- A job label with a control character, or empty, quarantines as any (its label kept as one line, or none), and
+  members.state with it reads back after a restart (Drain class); on a shared pool no node takes the record
+  for malformed input from Redis (Shared class).
 - A lease held across a handover to a configuration without its pool (restored into a pool kept for it alone):
   its job's exit 3 quarantines the member, and a health job's exit 0 restores it, once a reload brings the pool
   back (Drain class).
