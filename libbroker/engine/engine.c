@@ -179,6 +179,7 @@ struct Engine {
 
         bool unsettled;          /* a command changed state at unsettled_at and engine_run() has not followed */
         usec_t unsettled_at;
+        bool pools_ran;          /* settle() has run the pools at unsettled_at (set_refused_rerun()) */
 
         /* Pool and lane names, interned for the engine's lifetime: events, requests and leases point here,
          * so a name stays valid after a reload removed its pool or lane. Grows only with new names. */
@@ -1154,11 +1155,16 @@ static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision 
         }
         if (part->st != PART_REFUSED)
                 return;
-        /* Its parts in the other pools held back those behind them (pool.h: PoolTry.gated), and those pools
-         * have run this instant already: given back, they go on, as a pool grants again after refusing a
+        /* Its parts in the other pools held back those behind them (pool.h: PoolTry.gated). Where those pools
+         * have run this instant already, given back, they go on, as a pool grants again after refusing a
          * waiter at its budget's end (SPEC §3.3, step 4), and as they go on after a set's grant
-         * (sets_settle()); else a waiter behind the set waits for the pool's next instant. */
-        set_rerun(e, r, part->pool, d->at);
+         * (sets_settle()); else a waiter behind the set waits for the pool's next instant. But a set refused
+         * by a command (a drain, a reload that removed its pool) comes before the instant's arrivals, and
+         * its settle() runs the pools after them: run now, they would refuse the budgets that end at this
+         * instant ahead of its arrivals (step 4 before 2), as a shared pool, whose tick comes after the
+         * arrivals' calls, does not. */
+        if (!(e->unsettled && e->unsettled_at == d->at && !e->pools_ran))
+                set_rerun(e, r, part->pool, d->at);
         set_refuse_as(e, r, part, d->at);
 }
 
@@ -1524,6 +1530,7 @@ static void settle(Engine *e, usec_t t) {
         process_decisions(e);
         if (!list_is_empty(&e->sets))
                 sets_settle(e, t);
+        e->pools_ran = true;
         for (size_t i = 0; i < e->n_pools; i++)
                 e->pools[i]->ops->run(e->pools[i], t);
         for (size_t i = 0; i < e->n_retired; i++)
@@ -1535,6 +1542,7 @@ static void settle(Engine *e, usec_t t) {
         while ((n = heap_peek(&e->expiries)) && n->key <= t)
                 engine_lease_revoke(e, container_of(n, EngineLease, expiry_node), NULL, n->key, "max-hold", false);
         e->unsettled = false;
+        e->pools_ran = false;
 }
 
 /* The earliest wakeup later than `after` (USEC_INFINITY: none). */

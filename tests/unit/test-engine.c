@@ -3428,6 +3428,43 @@ static void test_reload_removing_an_also_pool_refuses_its_waiters_and_keeps_hold
         assert_int_equal(engine_pool_count(f->engine), 1);
 }
 
+/* SPEC §3.3 at the instant a reload (or a drain) refuses a set: its part in p no longer holds back the waiter behind
+ * it, whose budget ends at that instant. An arrival of the instant comes first (step 2) and finds it waiting;
+ * then the slot the set held back goes to it (step 3), before the budgets that end now refuse (step 4). */
+static void set_refused_by_a_command_at_a_budgets_end(Fixture *f, bool reload) {
+        set_pools(f, 3, 1);
+        Tag *h = acquire(f, "h", (Req) { .lane = "p" }, 0);
+        Tag *sh = acquire(f, "sh", (Req) { .lane = "set" }, 0);
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        Tag *w = acquire(f, "w", (Req) { .lane = "p", .max_wait = S(2) }, S(2));
+        assert_true(granted(h) && granted(sh) && queued(s));
+        assert_true(queued(w)); /* behind the set, a slot of p free */
+        if (reload) {
+                config_clear(&f->config);
+                pool_add(f, "p", 3);
+                lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL);
+                lane_add(f, "p", LANE_POLICY_WAIT, "p", NULL);
+                configure(f, S(4));
+        } else
+                assert_int_equal(drain(f, "db", NULL, true, S(4)), 0);
+        assert_true(refused(s, REFUSAL_UNAVAILABLE));
+        assert_true(queued(w));
+        Tag *a = arrive(f, "a", (Req) { .lane = "p" }, S(4));
+        assert_true(queued(a));
+        run(f, S(4));
+        assert_true(granted(w));
+        assert_int_equal(w->decided, S(4));
+        assert_true(queued(a));
+}
+
+static void test_reload_refusing_a_set_grants_the_waiter_behind_after_the_arrivals(void **state) {
+        set_refused_by_a_command_at_a_budgets_end(*state, true);
+}
+
+static void test_drain_refusing_a_set_grants_the_waiter_behind_after_the_arrivals(void **state) {
+        set_refused_by_a_command_at_a_budgets_end(*state, false);
+}
+
 /* A restart that hands the waiters over (engine.h, EngineResume): resumed in their old queue order, a set
  * keeps its place ahead of a one-pool waiter that came after it, in every pool of its set. */
 static void test_resumed_set_keeps_its_place_in_every_pool(void **state) {
@@ -4225,6 +4262,8 @@ int main(void) {
                 T(test_cancelled_set_leaves_every_queue),
                 T(test_restart_resumes_a_waiting_set_at_its_places),
                 T(test_reload_removing_an_also_pool_refuses_its_waiters_and_keeps_holders),
+                T(test_reload_refusing_a_set_grants_the_waiter_behind_after_the_arrivals),
+                T(test_drain_refusing_a_set_grants_the_waiter_behind_after_the_arrivals),
                 T(test_random_sets_never_hold_part_or_a_slot_twice),
                 T(test_set_over_two_member_pools_with_labelled_waiters),
 #ifndef TEST_ENGINE_SHARED
