@@ -663,14 +663,19 @@ static int token_floor_raise(Engine *e, const char *pool, uint64_t next_token) {
         return 0;
 }
 
-/* A retired pool goes once nothing holds or waits on it; its next token stays as the name's floor. */
+/* A retired pool goes once nothing holds or waits on it; its next token stays as the name's floor. But an
+ * in-process one stays while no pool of its name is configured: a reload that names it again revives it, with
+ * what a pool kept in Redis keeps there, its keys (SPEC §3.6: its members' quarantines and failures in a row, and
+ * their rests; §3.1: its idle clock), as one revived while a lease still held it does. Pools of names that the
+ * configuration dropped, one each. */
 static void retired_gc(Engine *e) {
         size_t j = 0;
         for (size_t i = 0; i < e->n_retired; i++) {
                 Pool *p = e->retired[i];
                 PoolInfo info;
                 p->ops->info(p, 0, &info);
-                if (info.in_use == 0 && info.waiting == 0 && !info.owes &&
+                bool kept = !p->ops->drain_with && !pool_find(e->pools, e->n_pools, p->name);
+                if (!kept && info.in_use == 0 && info.waiting == 0 && !info.owes &&
                     token_floor_raise(e, p->name, info.next_token) >= 0)
                         pool_destroy(p);
                 else

@@ -1533,6 +1533,54 @@ static int drain_with(Fixture *f, const char *member, usec_t since, usec_t until
         return r;
 }
 
+/* Pool p (members a, b; Q 10 s; lane l) gone, with nothing held or waiting, or back: a pool of the name keeps its
+ * keys (SPEC §3.6: quarantines survive reloads, a member known by its name), as Redis keeps a shared one's. */
+static void reload_p_away(Fixture *f, bool there, usec_t now) {
+        config_clear(&f->config);
+        if (there) {
+                PoolConfig *p = pool_add(f, "p", 0);
+                pool_set_members(p, (const char *const[]) { "a", "b" }, 2);
+                pool_set_q(p, S(10));
+                lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        }
+        pool_add(f, "o", 1);
+        lane_add(f, "o", LANE_POLICY_WAIT, "o", NULL);
+        configure(f, now);
+}
+
+static void test_quarantine_by_hand_survives_its_pool_removed_and_back(void **state) {
+        Fixture *f = *state;
+        reload_p_away(f, true, 0);
+        assert_int_equal(engine_member_quarantine(f->engine, "p", "a",
+                                                  &(EngineQuarantine) { .since = S(1), .exit_status = -1, .reason = "flaky" },
+                                                  S(1)),
+                         0);
+        quiesce(f);
+        reload_p_away(f, false, S(2));
+        reload_p_away(f, true, S(3));
+        assert_true(life_of(f, "a")->quarantined);
+        Tag *x = acquire(f, "X", (Req) {}, S(4));
+        assert_true(granted(x));
+        assert_string_equal(member_of(x), "b");
+}
+
+/* SPEC §3.1: its idle clock goes on too (last fast admission at 1 s): what a request queued at 21 s says, and
+ * the budget it gets, saturated; member a drained (the drain kept by name) leaves no room for both members. */
+static void test_idle_clock_goes_on_for_a_pool_removed_and_back(void **state) {
+        Fixture *f = *state;
+        reload_p_away(f, true, 0);
+        Tag *a = acquire(f, "A", (Req) {}, S(1));
+        assert_true(granted(a));
+        end(f, a, S(2));
+        assert_int_equal(drain_with(f, "a", S(2), USEC_INFINITY, S(2)), 0);
+        reload_p_away(f, false, S(3));
+        reload_p_away(f, true, S(20));
+        Tag *b = acquire(f, "B", (Req) { .slots = 2 }, S(21));
+        assert_true(queued(b));
+        assert_int_equal(b->queued.idle, S(20));
+        assert_int_equal(b->queued.state, QUEUE_STATE_SATURATED);
+}
+
 /* The drains Status shows: the engine's (in-process pools) or the backend's (a shared pool). */
 static size_t drains_shown(Fixture *f, EngineDrainInfo *ret) {
         size_t n = engine_drain_count(f->engine);
@@ -4266,6 +4314,8 @@ int main(void) {
                 T(test_drain_refusing_a_set_grants_the_waiter_behind_after_the_arrivals),
                 T(test_random_sets_never_hold_part_or_a_slot_twice),
                 T(test_set_over_two_member_pools_with_labelled_waiters),
+                T(test_quarantine_by_hand_survives_its_pool_removed_and_back),
+                T(test_idle_clock_goes_on_for_a_pool_removed_and_back),
 #ifndef TEST_ENGINE_SHARED
                 /* LOCAL_ONLY: left out of test-engine-shared at compile time (cmocka 1.1.5 prints a skipped
                  * case as "not ok", which meson counts as a failure). A shared pool's restore is a reclaim
