@@ -618,8 +618,8 @@ static void gen_reload_lane_rules(Gen *g, FILE *f, const char **k, GenLane *lane
  * scenario: add a pool of anonymous slots with a lane of its own (alone, or after a pool there) and requests of
  * that lane; remove a pool with every lane that routes to it or takes it also=; remove a lane; add back the
  * pool removed, with its lanes and a few more requests of them. A removal waits for the last arrival of its
- * lanes and the last drain, quarantine and reservation of its pool (neither may come when they are gone): it
- * moves the reload later. */
+ * lanes and the last drain (and its until), quarantine and reservation of its pool (neither may come when they
+ * are gone): it moves the reload later. */
 typedef struct GenTopology {
         unsigned n_pools, n_lanes;             /* the first configuration's; a pool or lane added is the next */
         bool pool_there[POOLS_MAX + 1], lane_there[LANES_MAX + 1];
@@ -994,8 +994,15 @@ static char *generate(uint64_t seed) {
                                 fputs(", \"undrain\": true", g.f);
                         else {
                                 fprintf(g.f, ", \"reason\": \"d%u\"", i);
-                                if (gen_chance(&qg, 60))
-                                        fprintf(g.f, ", \"until\": \"%ums\"", at + 100 * (1 + gen_below(&qg, 30)));
+                                if (gen_chance(&qg, 60)) {
+                                        unsigned until = at + 100 * (1 + gen_below(&qg, 30));
+                                        /* A removal waits for its end too: a shared pool's drain ends in Redis,
+                                         * told by the next node that calls the pool (slotctl(1), drain), and a node
+                                         * that no longer names the pool does not; an in-process pool's is this
+                                         * node's record, ended at its until whether the pool is there or not. */
+                                        topo.pool_busy[p] = MAX(topo.pool_busy[p], until + 100);
+                                        fprintf(g.f, ", \"until\": \"%ums\"", until);
+                                }
                         }
                         fputc('}', g.f);
                 }
