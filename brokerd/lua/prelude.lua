@@ -2707,6 +2707,13 @@ do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
                 -- before t, nor at t unsettled, until an operation changes the pool again (next_due() would say so,
                 -- at the cost of reading every source of an instant: a quarter of a release's time, issue 21).
                 if carry.on and carry.settled_at == t then return true end
+                -- A reload's job first (a removed lane's refusals, at the adoption's instant): pool-local.c's
+                -- configure_commit() refuses them all before any later operation of the instant, an arrival that
+                -- would find them waiting ahead of it (SPEC §3.3, §4). SETTLE_MAX at a time: "settling" till done.
+                if not carry.rekey_empty then
+                        if not rekey_step() then return false end
+                        carry.rekey_empty = carry.heads_on
+                end
                 while true do
                         local due = next_due()
                         if not due or due > t then return true end

@@ -265,7 +265,8 @@ local function tick()
         local reconciled_to, kept = reconcile()
         recovery_vouch(RECLAIMED)
         -- An adoption's refusals belong to this call (pool-local refuses them in configure(), before any
-        -- later arrival of the instant); what the budget leaves runs at the start of the instant.
+        -- later arrival of the instant); what the budget leaves runs before the next operation
+        -- (settle_until()) or instant.
         rekey_step()
         finish_instant()
 
