@@ -1533,31 +1533,38 @@ static int drain_with(Fixture *f, const char *member, usec_t since, usec_t until
         return r;
 }
 
-/* Pool p (members a, b; Q 10 s; lane l) gone, with nothing held or waiting, or back: a pool of the name keeps its
- * keys (SPEC §3.6: quarantines survive reloads, a member known by its name), as Redis keeps a shared one's. */
-static void reload_p_away(Fixture *f, bool there, usec_t now) {
+/* Pools p (members a b c; lane l of `policy`; Q `q`, 0: none) and q; or q alone (p removed by reload). */
+static void pools_p_and_q_as(Fixture *f, bool with_p, LanePolicy policy, usec_t q, usec_t now) {
         config_clear(&f->config);
-        if (there) {
+        if (with_p) {
                 PoolConfig *p = pool_add(f, "p", 0);
-                pool_set_members(p, (const char *const[]) { "a", "b" }, 2);
-                pool_set_q(p, S(10));
-                lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+                pool_set_members(p, (const char *const[]) { "a", "b", "c" }, 3);
+                if (q > 0)
+                        pool_set_q(p, q);
+                lane_add(f, "l", policy, "p", NULL);
         }
-        pool_add(f, "o", 1);
-        lane_add(f, "o", LANE_POLICY_WAIT, "o", NULL);
+        pool_add(f, "q", 1);
+        lane_add(f, "k", LANE_POLICY_WAIT, "q", NULL);
         configure(f, now);
 }
 
+/* Lane l fail-fast, no Q. */
+static void pools_p_and_q(Fixture *f, bool with_p, usec_t now) {
+        pools_p_and_q_as(f, with_p, LANE_POLICY_FAIL_FAST, 0, now);
+}
+
+/* A pool removed with nothing held or waiting, and back, keeps its keys (SPEC §3.6: quarantines survive reloads, a
+ * member known by its name), as Redis keeps a shared one's. */
 static void test_quarantine_by_hand_survives_its_pool_removed_and_back(void **state) {
         Fixture *f = *state;
-        reload_p_away(f, true, 0);
+        pools_p_and_q(f, true, 0);
         assert_int_equal(engine_member_quarantine(f->engine, "p", "a",
                                                   &(EngineQuarantine) { .since = S(1), .exit_status = -1, .reason = "flaky" },
                                                   S(1)),
                          0);
         quiesce(f);
-        reload_p_away(f, false, S(2));
-        reload_p_away(f, true, S(3));
+        pools_p_and_q(f, false, S(2));
+        pools_p_and_q(f, true, S(3));
         assert_true(life_of(f, "a")->quarantined);
         Tag *x = acquire(f, "X", (Req) {}, S(4));
         assert_true(granted(x));
@@ -1565,17 +1572,17 @@ static void test_quarantine_by_hand_survives_its_pool_removed_and_back(void **st
 }
 
 /* SPEC §3.1: its idle clock goes on too (last fast admission at 1 s): what a request queued at 21 s says, and
- * the budget it gets, saturated; member a drained (the drain kept by name) leaves no room for both members. */
+ * the budget it gets, saturated; member a drained (the drain kept by name) leaves no room for all three. */
 static void test_idle_clock_goes_on_for_a_pool_removed_and_back(void **state) {
         Fixture *f = *state;
-        reload_p_away(f, true, 0);
+        pools_p_and_q_as(f, true, LANE_POLICY_WAIT, S(10), 0);
         Tag *a = acquire(f, "A", (Req) {}, S(1));
         assert_true(granted(a));
         end(f, a, S(2));
         assert_int_equal(drain_with(f, "a", S(2), USEC_INFINITY, S(2)), 0);
-        reload_p_away(f, false, S(3));
-        reload_p_away(f, true, S(20));
-        Tag *b = acquire(f, "B", (Req) { .slots = 2 }, S(21));
+        pools_p_and_q_as(f, false, LANE_POLICY_WAIT, S(10), S(3));
+        pools_p_and_q_as(f, true, LANE_POLICY_WAIT, S(10), S(20));
+        Tag *b = acquire(f, "B", (Req) { .slots = 3 }, S(21));
         assert_true(queued(b));
         assert_int_equal(b->queued.idle, S(20));
         assert_int_equal(b->queued.state, QUEUE_STATE_SATURATED);
@@ -2251,19 +2258,6 @@ static void test_tokens_continue_when_a_removed_pool_comes_back(void **state) {
         configure(f, 3);
         Tag *b = acquire(f, "B", (Req) {}, 4);
         assert_int_equal(engine_lease_token(b->lease), 2);
-}
-
-/* Pools p (members a b c, drained: a; then all of it) and q; or q alone (p removed by reload). */
-static void pools_p_and_q(Fixture *f, bool with_p, usec_t now) {
-        config_clear(&f->config);
-        if (with_p) {
-                PoolConfig *p = pool_add(f, "p", 0);
-                pool_set_members(p, (const char *const[]) { "a", "b", "c" }, 3);
-                lane_add(f, "l", LANE_POLICY_FAIL_FAST, "p", NULL);
-        }
-        pool_add(f, "q", 1);
-        lane_add(f, "k", LANE_POLICY_WAIT, "q", NULL);
-        configure(f, now);
 }
 
 /* A drain recorded for a pool that a reload removed, and that went at once (nothing held it), holds for the

@@ -265,15 +265,13 @@ static int line_compare(const void *a, const void *b) {
         return c;
 }
 
-/* The trace's lines stably sorted by instant and pool (the text up to `after_pool`, the field after the pool):
- * the engine ends a local pool's drain at its until before any pool runs, a shared pool's in that pool's call,
- * after the pools before it (record_event()). */
-static char *lines_by_pool(const char *text, const char *after_pool) {
+/* The text's lines, each with its index (pool_len: its length up to `after_pool`, or all of it; NULL: none). */
+static Line *lines_split(const char *text, const char *after_pool, size_t *ret_n) {
         size_t n = 0, cap = 0;
         Line *lines = NULL;
         for (const char *p = text; *p;) {
                 const char *e = strchrnul(p, '\n');
-                const char *m = strstr(p, after_pool);
+                const char *m = after_pool ? strstr(p, after_pool) : NULL;
                 if (n == cap) {
                         cap = MAX(cap * 2, (size_t) 16);
                         lines = reallocarray(lines, cap, sizeof(Line));
@@ -283,9 +281,13 @@ static char *lines_by_pool(const char *text, const char *after_pool) {
                 n++;
                 p = *e ? e + 1 : e;
         }
-        if (n > 1) /* qsort() of NULL, 0 is undefined */
-                qsort(lines, n, sizeof(Line), line_compare);
-        char *out = malloc(strlen(text) + 1), *o = out;
+        *ret_n = n;
+        return lines;
+}
+
+/* The lines joined again, each ending in a newline, as a text of `size` bytes; frees them. */
+static char *lines_join(Line *lines, size_t n, size_t size) {
+        char *out = malloc(size + 1), *o = out;
         assert_non_null(out);
         for (size_t i = 0; i < n; i++) {
                 memcpy(o, lines[i].text, lines[i].len);
@@ -295,6 +297,17 @@ static char *lines_by_pool(const char *text, const char *after_pool) {
         *o = '\0';
         free(lines);
         return out;
+}
+
+/* The trace's lines stably sorted by instant and pool (the text up to `after_pool`, the field after the pool):
+ * the engine ends a local pool's drain at its until before any pool runs, a shared pool's in that pool's call,
+ * after the pools before it (record_event()). */
+static char *lines_by_pool(const char *text, const char *after_pool) {
+        size_t n;
+        Line *lines = lines_split(text, after_pool, &n);
+        if (n > 1) /* qsort() of NULL, 0 is undefined */
+                qsort(lines, n, sizeof(Line), line_compare);
+        return lines_join(lines, n, strlen(text));
 }
 
 /* A decision line's pool: its text after " pool=", up to the next space. */
@@ -337,19 +350,8 @@ static bool line_unavailable(const Line *l, size_t *ret_at_len) {
  * in turn, its later calls after the other pools' (brokerd/lua/README, "Adoption"), where pool-local refuses each
  * pool's all at once. Within a pool, and against every other decision, the order is kept. */
 static char *unavailable_by_pool(const char *text) {
-        size_t n = 0, cap = 0;
-        Line *lines = NULL;
-        for (const char *p = text; *p;) {
-                const char *e = strchrnul(p, '\n');
-                if (n == cap) {
-                        cap = MAX(cap * 2, (size_t) 16);
-                        lines = reallocarray(lines, cap, sizeof(Line));
-                        assert_non_null(lines);
-                }
-                lines[n] = (Line) { .text = p, .len = (size_t) (e - p), .index = n };
-                n++;
-                p = *e ? e + 1 : e;
-        }
+        size_t n;
+        Line *lines = lines_split(text, NULL, &n);
         for (size_t i = 0; i < n;) {
                 size_t at_len, j = i + 1, other;
                 if (!line_unavailable(&lines[i], &at_len)) {
@@ -362,16 +364,7 @@ static char *unavailable_by_pool(const char *text) {
                 qsort(lines + i, j - i, sizeof(Line), line_compare_pool);
                 i = j;
         }
-        char *out = malloc(strlen(text) + 1), *o = out;
-        assert_non_null(out);
-        for (size_t i = 0; i < n; i++) {
-                memcpy(o, lines[i].text, lines[i].len);
-                o += lines[i].len;
-                *o++ = '\n';
-        }
-        *o = '\0';
-        free(lines);
-        return out;
+        return lines_join(lines, n, strlen(text));
 }
 
 /* TEST_SHARED_DIFF_DUMP=DIR: both runs' traces as files, to read a difference whole. */
