@@ -65,7 +65,7 @@ struct Backend {
         usec_t reader_followed;         /* when the reader last reconnected to follow the commands' server */
         bool reading;                   /* an XREAD is in flight */
         usec_t read_sent, read_block;   /* the XREAD in flight: when it went, and its BLOCK */
-        bool read_idle;                 /* … blocking XREAD_BLOCK_IDLE */
+        bool read_cut;                  /* … cut short for a pool that joined since (backend_read_join()) */
         InFlight *in_flight;            /* script calls sent and not answered: ours to free */
         /* Liveness per node (brokerd/lua/README, "Liveness per node"): one renewal every renew_period for
          * the pools that registered this incarnation, at most one in flight (ours to free). */
@@ -624,18 +624,18 @@ static bool backend_read_is_idle(const Backend *b) {
         return true;
 }
 
-/* A long read names the streams that were readable when it went out: a pool that joined since (added by a
- * reload, or its first tick answered late) would be read only at that read's end, and its waiters' grants
- * come meanwhile only with its heartbeat's places query. Such a read is cut short by a new connection:
- * rare (a pool joining an idle node), and no command ends another client's block for a user without
- * @admin (CLIENT UNBLOCK). */
+/* A read names the streams that were readable when it went out: a pool that joined since (added by a reload,
+ * or its first tick answered late) would be read only at that read's end, up to XREAD_BLOCK (or
+ * XREAD_BLOCK_IDLE) later, and its waiters' grants and refusals come meanwhile only with its heartbeat's
+ * places query. Such a read is cut short by a new connection, once: rare (a reload that adds a pool), and no
+ * command ends another client's block for a user without @admin (CLIENT UNBLOCK). */
 static void backend_read_join(Backend *b) {
-        if (!b->reading || !b->read_idle)
+        if (!b->reading || b->read_cut)
                 return;
         for (size_t i = 0; i < b->n_pools; i++) {
                 Pool *p = b->pools[i]->pool;
                 if (!b->pools[i]->in_read && pool_shared_stream_resume_id(p) && pool_shared_stream_key(p)) {
-                        b->read_idle = false; /* once */
+                        b->read_cut = true;
                         (void) redis_link_reconnect(b->reader, "A pool joins the stream read");
                         return;
                 }
@@ -702,7 +702,7 @@ static void backend_start_read(Backend *b) {
         if (redis_link_command_blocking(b->reader, block, on_read_reply, b, (int) k, argv, NULL) < 0)
                 return;
         b->reading = true;
-        b->read_idle = idle;
+        b->read_cut = false;
         b->read_sent = now_monotonic();
         b->read_block = block;
         for (size_t i = 0; i < b->n_pools; i++)

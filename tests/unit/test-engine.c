@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -3507,6 +3508,39 @@ static void test_drain_refusing_a_set_grants_the_waiter_behind_after_the_arrival
         set_refused_by_a_command_at_a_budgets_end(*state, false);
 }
 
+static double wall_seconds(void) {
+        struct timespec ts;
+        assert_int_equal(clock_gettime(CLOCK_MONOTONIC, &ts), 0);
+        return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+/* A pool that a reload adds while this node waits on another (a shared one's stream read is out, and does not
+ * name the new pool's stream): its waiter's refusal at its budget's end is heard at once, not when that read
+ * ends (XREAD_BLOCK, 5 s; brokerd/backend.c, backend_read_join()). */
+static void test_a_pool_added_by_reload_hears_its_decisions_at_once(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "o", 1);
+        lane_add(f, "o", LANE_POLICY_WAIT, "o", NULL);
+        configure(f, 0);
+        Tag *h = acquire(f, "h", (Req) { .lane = "o" }, 0);
+        Tag *w1 = acquire(f, "w1", (Req) { .lane = "o" }, 0);
+        Tag *w2 = acquire(f, "w2", (Req) { .lane = "o" }, 0);
+        assert_true(granted(h) && queued(w1) && queued(w2));
+        /* w1's grant comes by the stream: the read goes out again, w2 waiting, for XREAD_BLOCK. */
+        end(f, h, S(1));
+        assert_true(granted(w1));
+        pool_set_q(pool_add(f, "n", 1), S(2));
+        lane_add(f, "n", LANE_POLICY_WAIT, "n", NULL);
+        double start = wall_seconds();
+        configure(f, S(1));
+        Tag *a = acquire(f, "a", (Req) { .lane = "n" }, S(1));
+        Tag *b = acquire(f, "b", (Req) { .lane = "n" }, S(1));
+        assert_true(granted(a) && queued(b));
+        run(f, S(3));
+        assert_true(refused(b, REFUSAL_TIMEOUT));
+        assert_true(wall_seconds() - start < 2.5);
+}
+
 /* A restart that hands the waiters over (engine.h, EngineResume): resumed in their old queue order, a set
  * keeps its place ahead of a one-pool waiter that came after it, in every pool of its set. */
 static void test_resumed_set_keeps_its_place_in_every_pool(void **state) {
@@ -4310,6 +4344,7 @@ int main(void) {
                 T(test_set_over_two_member_pools_with_labelled_waiters),
                 T(test_quarantine_by_hand_survives_its_pool_removed_and_back),
                 T(test_idle_clock_goes_on_for_a_pool_removed_and_back),
+                T(test_a_pool_added_by_reload_hears_its_decisions_at_once),
 #ifndef TEST_ENGINE_SHARED
                 /* LOCAL_ONLY: left out of test-engine-shared at compile time (cmocka 1.1.5 prints a skipped
                  * case as "not ok", which meson counts as a failure). A shared pool's restore is a reclaim
