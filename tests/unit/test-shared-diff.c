@@ -30,9 +30,9 @@
  * reloads of a lane's priority and of a pool's limit, max-queue, timeouts, cooldown and members' labels
  * (TEST_SHARED_DIFF_RELOAD=0), reloads of a lane's reserve, max-in-use, policy, pools' order, max-hold and queue
  * timeout (TEST_SHARED_DIFF_RULES=0); half the cancels come when the request's answer is due (its budget's end, a
- * hold's end in its pools). Off unless TEST_SHARED_DIFF_TOPOLOGY=1: reloads that add a pool with a lane and
- * requests of it, remove a pool with its lanes or a lane alone (their waiters refused, holders finishing), and add
- * the pool removed back. Without redis-server the whole test is one TAP skip.
+ * hold's end in its pools); and reloads that add a pool with a lane and requests of it, remove a pool with its lanes
+ * or a lane alone (their waiters refused, holders finishing), and add the pool removed back
+ * (TEST_SHARED_DIFF_TOPOLOGY=0: none). Without redis-server the whole test is one TAP skip.
  * TEST_SHARED_DIFF_PRINT=1 prints each generated scenario; TEST_SHARED_DIFF_DUMP=DIR writes both runs;
  * TEST_SHARED_DIFF_SEEDS=N runs N generated scenarios instead of GENERATED, TEST_SHARED_DIFF_FIRST=S from seed S
  * on (1: the default), to run one again. */
@@ -565,19 +565,11 @@ static void gen_request_selector(Gen *g, Gen *xg, const GenPool *pools, unsigned
  * - TEST_SHARED_DIFF_RELOAD: reloads of a lane's priority, a pool's limit, max-queue, queue and congestion
  *   timeouts, cooldown and its members' labels;
  * - TEST_SHARED_DIFF_RULES: reloads of a lane's reserve, max-in-use, policy, pools' order, max-hold and queue
- *   timeout (a reload more, where the others made none). */
+ *   timeout (a reload more, where the others made none);
+ * - TEST_SHARED_DIFF_TOPOLOGY: reloads that add and remove pools and lanes and add a removed pool back. */
 static bool generator_part_enabled(const char *variable) {
         const char *v = getenv(variable);
         return !v || !streq(v, "0");
-}
-
-/* Whether a part that is off by default is on (set, and not "0"): TEST_SHARED_DIFF_TOPOLOGY, reloads that add
- * and remove pools and lanes and add a removed pool back, off while the differences it finds are open (a removed
- * lane's refusals, told by Redis with the pool's next tick, after the reservations and arrivals of the reload's
- * instant; a pool added back: its last fast admission, its gauge, the members it grants). */
-static bool generator_part_opted_in(const char *variable) {
-        const char *v = getenv(variable);
-        return v && !streq(v, "0");
 }
 
 /* need[p] of each pool p of lane_pools (bit p) is at least k. */
@@ -847,7 +839,7 @@ static char *generate(uint64_t seed) {
              quarantines = generator_part_enabled("TEST_SHARED_DIFF_QUARANTINE"),
              reloads = generator_part_enabled("TEST_SHARED_DIFF_RELOAD"),
              rules = generator_part_enabled("TEST_SHARED_DIFF_RULES"),
-             topology = generator_part_opted_in("TEST_SHARED_DIFF_TOPOLOGY");
+             topology = generator_part_enabled("TEST_SHARED_DIFF_TOPOLOGY");
         char *text = NULL;
         size_t size = 0;
         unsigned limits[POOLS_MAX], n_pools = 1 + gen_below(&g, POOLS_MAX);
