@@ -1112,6 +1112,7 @@ static void set_grant(Engine *e, EngineRequest *r, bool at_once, usec_t now) {
 
 static int set_route_submit(Engine *e, EngineRequest *r, usec_t now);
 static bool set_route_decide(Engine *e, EngineRequest *r, usec_t now);
+static EngineLane *lane_find(const Engine *e, const char *name);
 
 /* The pools marked to run again (Pool.rerun) do so at `t` (rerun_pools()). */
 static void rerun_schedule(Engine *e, usec_t t) {
@@ -1170,6 +1171,18 @@ static void set_handle_decision(Engine *e, EngineRequest *r, const PoolDecision 
          * arrivals' calls, does not. */
         if (!(e->unsettled && e->unsettled_at == d->at && !e->pools_ran))
                 set_rerun(e, r, part->pool, d->at);
+        if (part->refusal == REFUSAL_UNAVAILABLE && part != r->parts && pool_in(e->pools, e->n_pools, part->pool) &&
+            !lane_find(e, r->lane)) {
+                /* Its lane removed by reload, every pool of the set refuses it: it is named after the pool it
+                 * waits on (the lane's), whichever refusal came first. A shared pool refuses a removed lane's
+                 * waiters as far as a call's budget goes, its next call the rest, after the other pools' (brokerd/
+                 * lua/README, "Adoption"), where in-process pools refuse them all pool after pool. A pool removed
+                 * names it still (refusals of its retirement come first either way: engine_configure()). */
+                RequestPart named = *part;
+                named.pool = r->parts[0].pool;
+                set_refuse_as(e, r, &named, d->at);
+                return;
+        }
         set_refuse_as(e, r, part, d->at);
 }
 

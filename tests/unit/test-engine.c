@@ -3500,6 +3500,30 @@ static void set_refused_by_a_command_at_a_budgets_end(Fixture *f, bool reload) {
         assert_true(queued(a));
 }
 
+/* A set whose lane a reload removes is refused by every pool of it: named after the pool it waits on, its lane's
+ * (SPEC §3.2: retryAfterSec of the last one tried), not its also= pool configured before it, nor whichever of a
+ * shared pool's calls told it first. */
+static void test_reload_removing_a_set_lane_names_the_pool_it_waits_on(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "db", 1);
+        pool_add(f, "p", 1);
+        lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL), "db", 1);
+        lane_add(f, "db", LANE_POLICY_WAIT, "db", NULL);
+        lane_add(f, "p", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        assert_true(granted(d) && queued(s));
+        config_clear(&f->config);
+        pool_add(f, "db", 1);
+        pool_add(f, "p", 1);
+        lane_add(f, "db", LANE_POLICY_WAIT, "db", NULL);
+        lane_add(f, "p", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, S(2));
+        assert_true(refused(s, REFUSAL_UNAVAILABLE));
+        assert_string_equal(s->final.pool, "p");
+}
+
 static void test_reload_refusing_a_set_grants_the_waiter_behind_after_the_arrivals(void **state) {
         set_refused_by_a_command_at_a_budgets_end(*state, true);
 }
@@ -4338,6 +4362,7 @@ int main(void) {
                 T(test_cancelled_set_leaves_every_queue),
                 T(test_restart_resumes_a_waiting_set_at_its_places),
                 T(test_reload_removing_an_also_pool_refuses_its_waiters_and_keeps_holders),
+                T(test_reload_removing_a_set_lane_names_the_pool_it_waits_on),
                 T(test_reload_refusing_a_set_grants_the_waiter_behind_after_the_arrivals),
                 T(test_drain_refusing_a_set_grants_the_waiter_behind_after_the_arrivals),
                 T(test_random_sets_never_hold_part_or_a_slot_twice),
