@@ -137,6 +137,7 @@ typedef struct Cache {
         bool congested;
         usec_t idle;
         int64_t next_wakeup;   /* pool clock, -1 none */
+        int64_t gauge_at;      /* pool clock: when idle passes Q and the gauge turns on by itself, -1 none */
         uint64_t counter;
         char *epoch;
         int64_t recovery_until; /* pool clock, 0 none */
@@ -2372,6 +2373,10 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                 p->base.drained = x != 0;
         if (resp_int(resp_at(cache, 5), &x))
                 p->cache.next_wakeup = x;
+        p->cache.gauge_at = -1;
+        if (!p->cache.congested && p->base.queue_timeout_set && p->base.queue_timeout < (usec_t) INT64_MAX / 2 &&
+            p->cache.idle < (usec_t) INT64_MAX / 2)
+                p->cache.gauge_at = pool_now - (int64_t) p->cache.idle + (int64_t) p->base.queue_timeout + 1;
         if (resp_int(resp_at(cache, 6), &x))
                 p->cache.counter = (uint64_t) MAX(x, (int64_t) 0);
         /* A window this node has not told of: the pool's first use, or a restart another node saw first. One
@@ -4378,7 +4383,10 @@ static usec_t shared_next_wakeup(const Pool *base) {
         usec_t due = USEC_INFINITY;
         if (!p->params.manual_clock)
                 due = heartbeat_due(p, p->last_now);
-        if (p->cache.valid && p->cache.next_wakeup >= 0)
+        /* But a retired pool has no gauge (congestion_set()), nor an instant for it, as pool-local.c's has none
+         * (local_next_wakeup()): its next instant in Redis, when that is its idle passing Q, is no one's here. */
+        if (p->cache.valid && p->cache.next_wakeup >= 0 &&
+            !(p->base.retired && p->cache.next_wakeup == p->cache.gauge_at))
                 due = MIN(due, local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1));
         /* No tick before the end of a pause of settling_hold(). */
         if (due != USEC_INFINITY)
