@@ -3503,23 +3503,24 @@ static void set_refused_by_a_command_at_a_budgets_end(Fixture *f, bool reload) {
 /* A set whose lane a reload removes is refused by every pool of it: named after the pool it waits on, its lane's
  * (SPEC §3.2: retryAfterSec of the last one tried), not its also= pool configured before it, nor whichever of a
  * shared pool's calls told it first. */
-static void test_reload_removing_a_set_lane_names_the_pool_it_waits_on(void **state) {
-        Fixture *f = *state;
-        pool_add(f, "db", 1);
-        pool_add(f, "p", 1);
-        lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL), "db", 1);
-        lane_add(f, "db", LANE_POLICY_WAIT, "db", NULL);
-        lane_add(f, "p", LANE_POLICY_WAIT, "p", NULL);
-        configure(f, 0);
-        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
-        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
-        assert_true(granted(d) && queued(s));
+static void pools_db_then_p(Fixture *f, bool set_lane, usec_t now) {
         config_clear(&f->config);
         pool_add(f, "db", 1);
         pool_add(f, "p", 1);
+        if (set_lane)
+                lane_also(lane_add(f, "set", LANE_POLICY_WAIT, "p", NULL), "db", 1);
         lane_add(f, "db", LANE_POLICY_WAIT, "db", NULL);
         lane_add(f, "p", LANE_POLICY_WAIT, "p", NULL);
-        configure(f, S(2));
+        configure(f, now);
+}
+
+static void test_reload_removing_a_set_lane_names_the_pool_it_waits_on(void **state) {
+        Fixture *f = *state;
+        pools_db_then_p(f, true, 0);
+        Tag *d = acquire(f, "d", (Req) { .lane = "db" }, 0);
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        assert_true(granted(d) && queued(s));
+        pools_db_then_p(f, false, S(2));
         assert_true(refused(s, REFUSAL_UNAVAILABLE));
         assert_string_equal(s->final.pool, "p");
 }
