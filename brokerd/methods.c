@@ -541,7 +541,6 @@ static void method_reload(Session *s, const VarlinkCall *call) {
 #define DRAIN_UNTIL_AHEAD_MAX ((usec_t) 3650 * 24 * 3600 * USEC_PER_SEC)
 
 static bool names_are_valid(Session *s, const char *pool, const char *member);
-static bool reason_is_valid(const char *s);
 static bool require_pool_admin(Session *s, const char *action, const char *pool, const char *member);
 
 static void method_drain(Session *s, const VarlinkCall *call) {
@@ -553,7 +552,7 @@ static void method_drain(Session *s, const VarlinkCall *call) {
                                    { "pool", JSON_FIELD_STRING, JSON_MANDATORY, &pool, .max_length = 64 },
                                    { "member", JSON_FIELD_STRING, 0, &member, .max_length = 64 },
                                    { "on", JSON_FIELD_BOOL, JSON_MANDATORY, &on },
-                                   { "reason", JSON_FIELD_STRING, 0, &reason, .max_length = 1024 },
+                                   { "reason", JSON_FIELD_STRING, 0, &reason, .max_length = CONF_REASON_MAX },
                                    { "until", JSON_FIELD_INT64, 0, &until, 0, INT64_MAX },
                                    {},
                            }))
@@ -564,7 +563,7 @@ static void method_drain(Session *s, const VarlinkCall *call) {
                 reply_invalid_parameter(s, reason ? "reason" : "until");
                 return;
         }
-        if (reason && !reason_is_valid(reason)) {
+        if (reason && !conf_reason_is_valid(reason)) {
                 reply_invalid_parameter(s, "reason");
                 return;
         }
@@ -604,18 +603,6 @@ static void method_drain(Session *s, const VarlinkCall *call) {
         session_reply(s, NULL, false);
 }
 
-/* A reason given by hand (SPEC §3.6): shown in Status and the journal, so one line of printable text. */
-#define REASON_MAX 1024
-
-static bool reason_is_valid(const char *s) {
-        if (!s || !*s || strlen(s) > REASON_MAX)
-                return false;
-        for (const unsigned char *p = (const unsigned char *) s; *p; p++)
-                if (*p < 0x20 || *p == 0x7f)
-                        return false;
-        return true;
-}
-
 /* A pool's and a member's name as the configuration allows them; otherwise InvalidParameter. Checked before
  * require_pool_admin(), which journals what it denies: a "name" of anybody's making (a newline, a line of log
  * of their own) never gets that far. */
@@ -652,13 +639,13 @@ static void member_quarantine(Session *s, const VarlinkCall *call, bool on) {
                                    { "pool", JSON_FIELD_STRING, JSON_MANDATORY, &pool, .max_length = 64 },
                                    { "member", JSON_FIELD_STRING, JSON_MANDATORY, &member, .max_length = 64 },
                                    { "reason", JSON_FIELD_STRING, on ? JSON_MANDATORY : 0, &reason,
-                                     .max_length = REASON_MAX },
+                                     .max_length = CONF_REASON_MAX },
                                    {},
                            }))
                 return;
         if (!names_are_valid(s, pool, member))
                 return;
-        if (on && !reason_is_valid(reason)) {
+        if (on && !conf_reason_is_valid(reason)) {
                 reply_invalid_parameter(s, "reason");
                 return;
         }
@@ -712,7 +699,7 @@ static void method_reserve(Session *s, const VarlinkCall *call) {
                                    { "member", JSON_FIELD_STRING, 0, &member, .max_length = 64 },
                                    { "labels", JSON_FIELD_STRV, 0, &labels, .max_length = 32 },
                                    { "forMs", JSON_FIELD_INT64, JSON_MANDATORY, &for_ms, 1, RESERVE_FOR_MS_MAX },
-                                   { "reason", JSON_FIELD_STRING, JSON_MANDATORY, &reason, .max_length = REASON_MAX },
+                                   { "reason", JSON_FIELD_STRING, JSON_MANDATORY, &reason, .max_length = CONF_REASON_MAX },
                                    {},
                            }))
                 return;
@@ -727,7 +714,7 @@ static void method_reserve(Session *s, const VarlinkCall *call) {
                         reply_invalid_parameter(s, "labels");
                         return;
                 }
-        if (!reason_is_valid(reason)) {
+        if (!conf_reason_is_valid(reason)) {
                 reply_invalid_parameter(s, "reason");
                 return;
         }

@@ -175,7 +175,6 @@ int verb_acquire(int argc, char *argv[]) {
 /* ---- reserve ---- */
 
 /* SPEC §3.6: the broker refuses the same; said here with the option's name. */
-#define RESERVE_REASON_MAX 1024
 #define RESERVE_FOR_MAX (3650 * 24 * 3600 * USEC_PER_SEC)
 
 static void reserve_help(void) {
@@ -274,16 +273,8 @@ int verb_reserve(int argc, char *argv[]) {
                 log_usage("reserve", "--reason=TEXT is required: say why, for the jobs that wait behind it");
                 return EXIT_USAGE;
         }
-        size_t n = strlen(reason);
-        if (n == 0 || n > RESERVE_REASON_MAX) {
-                log_usage("reserve", "--reason: %s (1 to %d bytes)", n == 0 ? "empty" : "too long", RESERVE_REASON_MAX);
+        if (!cli_reason_is_valid("reserve", reason))
                 return EXIT_USAGE;
-        }
-        for (const unsigned char *p = (const unsigned char *) reason; *p; p++)
-                if (*p < 0x20 || *p == 0x7f) {
-                        log_usage("reserve", "--reason: contains a control character (one line of text, please)");
-                        return EXIT_USAGE;
-                }
         if (arg_request.member && arg_request.n_labels > 0) {
                 log_usage("reserve", "--member or --label, not both");
                 return EXIT_USAGE;

@@ -37,7 +37,6 @@ static int64_t arg_drain_until = -1;
 #define DRAIN_UNTIL_AHEAD_MAX ((usec_t) 3650 * 24 * 3600 * USEC_PER_SEC)
 
 static int drain_option(int c, const char *value);
-static bool reason_is_valid(const char *verb, const char *s);
 
 static bool pool_exists(BrokerClient *c, const char *pool) {
         _cleanup_free_ char *text = NULL;
@@ -73,7 +72,7 @@ static int drain(const char *verb, bool on, int argc, char *argv[]) {
                 log_usage(verb, "%s", optind >= argc ? "a pool is missing" : "a pool and at most one member");
                 return EXIT_USAGE;
         }
-        if (arg_drain_reason && !reason_is_valid(verb, arg_drain_reason))
+        if (arg_drain_reason && !cli_reason_is_valid(verb, arg_drain_reason))
                 return EXIT_USAGE;
         if (arg_drain_until >= 0 && (usec_t) arg_drain_until <= now_realtime()) {
                 log_usage(verb, "--until: that time has passed (a future time: 2024-05-01 13:30, @EPOCH)");
@@ -143,24 +142,7 @@ int verb_undrain(int argc, char *argv[]) {
 
 /* ---- quarantine, restore (SPEC §3.6) ---- */
 
-#define REASON_MAX 1024
-
 static const char *arg_reason = NULL;
-
-/* A reason people give, for Status and the journal: one line of printable text, as the broker takes it. */
-static bool reason_is_valid(const char *verb, const char *s) {
-        size_t n = strlen(s);
-        if (n == 0 || n > REASON_MAX) {
-                log_usage(verb, "--reason: %s (1 to %d bytes)", n == 0 ? "empty" : "too long", REASON_MAX);
-                return false;
-        }
-        for (const unsigned char *p = (const unsigned char *) s; *p; p++)
-                if (*p < 0x20 || *p == 0x7f) {
-                        log_usage(verb, "--reason: contains a control character (one line of text, please)");
-                        return false;
-                }
-        return true;
-}
 
 static int reason_option(int c, const char *value) {
         arg_reason = value;
@@ -201,7 +183,7 @@ static int quarantine(const char *verb, bool on, int argc, char *argv[]) {
                 log_usage(verb, "--reason=TEXT is required: say why, for the people who find it quarantined");
                 return EXIT_USAGE;
         }
-        if (on && !reason_is_valid(verb, arg_reason))
+        if (on && !cli_reason_is_valid(verb, arg_reason))
                 return EXIT_USAGE;
         const char *pool = argv[optind], *member = argv[optind + 1];
         p = json_pack("{s:s, s:s}", "pool", pool, "member", member);

@@ -61,6 +61,19 @@ int log_usage(const char *verb, const char *format, ...) {
         return -EINVAL;
 }
 
+bool cli_reason_is_valid(const char *verb, const char *reason) {
+        size_t n = strlen(reason);
+        if (n == 0 || n > CONF_REASON_MAX) {
+                log_usage(verb, "--reason: %s (1 to %d bytes)", n == 0 ? "empty" : "too long", CONF_REASON_MAX);
+                return false;
+        }
+        if (!conf_reason_is_valid(reason)) {
+                log_usage(verb, "--reason: contains a control character or a line break (one line of text, please)");
+                return false;
+        }
+        return true;
+}
+
 int log_usage_option(const char *verb, int opt, char *argv[]) {
         const char *option = argv[optind - 1];
         return opt == ':' ? log_usage(verb, "option '%s' needs a value", option)

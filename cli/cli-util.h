@@ -58,6 +58,8 @@ int log_usage(const char *verb, const char *format, ...) _printf_(2, 3);
 /* What getopt_long() reports as ':' (a value missing) or anything else it did not expect (an unknown
  * option), for optstrings that start with ':' and opterr = 0, as a usage error. Returns -EINVAL. */
 int log_usage_option(const char *verb, int opt, char *argv[]);
+/* --reason as the broker takes it (conf_reason_is_valid()), else a usage error saying why. */
+bool cli_reason_is_valid(const char *verb, const char *reason);
 
 /* The options of the verbs that talk to the broker: --socket and --help always, --json where the verb
  * prints data, and the verb's own (extra, passed to on_extra, which returns < 0 after a usage error). */

@@ -141,6 +141,23 @@ bool conf_name_is_valid(const char *s) {
         return n >= 1 && n <= CONF_NAME_MAX;
 }
 
+/* C1 (U+0080..U+009F) is two bytes in UTF-8, C2 80..C2 9F: journalctl shows a message that carries one as
+ * "[blob data]", so a reason with one would hide the entry's text. U+2028/U+2029 (E2 80 A8/A9) break lines
+ * in what renders Unicode. Bytes that are not UTF-8 at all are the protocol's business (JSON refuses them). */
+bool conf_reason_is_valid(const char *s) {
+        if (!s || !*s || strlen(s) > CONF_REASON_MAX)
+                return false;
+        for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
+                if (*p < 0x20 || *p == 0x7f)
+                        return false;
+                if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+                        return false;
+                if (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9))
+                        return false;
+        }
+        return true;
+}
+
 /* A user or group for allow-users=/allow-groups=: a numeric id, or a name as useradd and LDAP allow it.
  * Names are resolved by the daemon, not here: they may not exist yet when the config is checked. */
 static bool id_is_valid(const char *s) {

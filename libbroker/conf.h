@@ -245,6 +245,10 @@ const char *conf_source_where(const ConfSource *source, char *buf, size_t size);
 bool conf_label_is_valid(const char *s);
 /* [A-Za-z0-9._-]{1,64}: the names of pools, lanes and members. */
 bool conf_name_is_valid(const char *s);
+/* A person's reason (a drain's, a quarantine's, a reservation's): 1 to CONF_REASON_MAX bytes of one line
+ * without a control character, C1 included, nor a line or paragraph separator (U+2028, U+2029). */
+#define CONF_REASON_MAX 1024
+bool conf_reason_is_valid(const char *s);
 
 const char *lane_policy_to_string(LanePolicy p);
 LanePolicy lane_policy_from_string(const char *s);

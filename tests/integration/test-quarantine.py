@@ -252,7 +252,8 @@ class Quarantine(Base):
         self.assertEqual(p.returncode, EX_USAGE, p.stderr)
         self.assertIn("--reason", p.stderr)
         for reason, what in (("x" * (128 * 1024 - 1), "too long"), ("two\nlines", "control character"),
-                             ("bell\a", "control character"), ("", "empty")):
+                             ("bell\a", "control character"), ("c1 \u0085", "control character"),
+                             ("a\u2028b", "line break"), ("", "empty")):
             p = self.slotctl(b, "quarantine", "rigs", "a", "--reason", reason)
             self.assertEqual(p.returncode, EX_USAGE, p.stderr)
             self.assertIn(what, p.stderr)
@@ -265,7 +266,9 @@ class Quarantine(Base):
         p = self.slotctl(b, "quarantine", "anon", "0", "--reason", "gone")
         self.assertEqual(p.returncode, EX_USAGE, p.stderr)
         # Past slotctl: the broker's own checks.
+        # C1 (U+0085 here) would make journalctl show the entry as "[blob data]"; U+2028 breaks the line.
         for params, parameter in (({"reason": "a\tb"}, "reason"), ({"reason": "x" * 1025}, "reason"),
+                                  ({"reason": "next\u0085line"}, "reason"), ({"reason": "a\u2029b"}, "reason"),
                                   ({"reason": ""}, "reason"), ({}, "reason"), ({"reason": 7}, "reason")):
             with self.assertRaises(harness.VarlinkError) as e:
                 b.call("io.slotbroker.Quarantine", {"pool": "rigs", "member": "a", **params})

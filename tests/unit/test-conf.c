@@ -808,6 +808,29 @@ static void test_name_validity(void **state) {
         assert_false(conf_name_is_valid(n));
 }
 
+static void test_reason_validity(void **state) {
+        assert_true(conf_reason_is_valid("reflashing the usb hub"));
+        assert_true(conf_reason_is_valid("grïd – naïve ✓ \xc2\xa0nbsp"));  /* Unicode is fine, U+00A0 too */
+        assert_true(conf_reason_is_valid("a\xe2\x80\xa7" "b"));               /* U+2027, next to the separators */
+        assert_false(conf_reason_is_valid(NULL));
+        assert_false(conf_reason_is_valid(""));
+        assert_false(conf_reason_is_valid("two\nlines"));
+        assert_false(conf_reason_is_valid("a\tb"));
+        assert_false(conf_reason_is_valid("del\x7f"));
+        assert_false(conf_reason_is_valid("c1 \xc2\x85 next line"));    /* U+0085: journalctl's [blob data] */
+        assert_false(conf_reason_is_valid("c1 \xc2\x9b" " csi"));          /* U+009B: a terminal's CSI */
+        assert_false(conf_reason_is_valid("\xe2\x80\xa8"));             /* U+2028 LINE SEPARATOR */
+        assert_false(conf_reason_is_valid("x\xe2\x80\xa9" "y"));           /* U+2029 PARAGRAPH SEPARATOR */
+        assert_true(conf_reason_is_valid("cut \xc2"));  /* a lead byte last: read no further (UTF-8 is JSON's to check) */
+        char r[CONF_REASON_MAX + 2];
+        memset(r, 'x', sizeof r);
+        r[CONF_REASON_MAX] = '\0';
+        assert_true(conf_reason_is_valid(r));
+        r[CONF_REASON_MAX] = 'x';
+        r[CONF_REASON_MAX + 1] = '\0';
+        assert_false(conf_reason_is_valid(r));
+}
+
 static void test_failed_key_leaves_no_trace(void **state) {
         set_fails("pool grid", "limit", "zero", NULL);
         assert_null(conf_find_pool(c, "grid"));
@@ -1402,6 +1425,7 @@ int main(void) {
                 T(test_unknown_section_is_an_error),
                 T(test_section_names_are_checked),
                 T(test_name_validity),
+                T(test_reason_validity),
                 T(test_failed_key_leaves_no_trace),
                 T(test_surrounding_whitespace_is_ignored),
                 T(test_control_characters_are_refused),
