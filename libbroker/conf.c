@@ -1734,6 +1734,31 @@ static int validate_lane_also(const BrokerConfig *c, const LaneConfig *l, ConfEr
         return k < 0 ? k : r;
 }
 
+static bool member_carries(const PoolConfig *p, const char *member, const char *label) {
+        for (size_t i = 0; i < p->n_labels; i++)
+                if (streq(p->labels[i].name, label))
+                        return strv_contains(p->labels[i].members, member);
+        return false; /* a label the pool does not define is carried by none of its members */
+}
+
+/* Whether some member of the lane's pools satisfies every term of its labels= ("L": carries L, "!L": does not).
+ * None would make each request of the lane a selector no member can ever match: InvalidParameter (SPEC §3.5). */
+static bool lane_labels_satisfiable(const BrokerConfig *c, const LaneConfig *l) {
+        for (size_t i = 0; i < l->n_pools; i++) {
+                const PoolConfig *p = conf_find_pool(c, l->pools[i]);
+                for (size_t m = 0; p && p->members && p->members[m]; m++) {
+                        bool ok = true;
+                        for (size_t t = 0; ok && l->labels[t]; t++) {
+                                bool negate = l->labels[t][0] == '!';
+                                ok = member_carries(p, p->members[m], l->labels[t] + negate) != negate;
+                        }
+                        if (ok)
+                                return true;
+                }
+        }
+        return false;
+}
+
 static int validate_lane(const BrokerConfig *c, const LaneConfig *l, ConfErrors *errors) {
         int r = 0;
 
@@ -1763,6 +1788,17 @@ static int validate_lane(const BrokerConfig *c, const LaneConfig *l, ConfErrors 
                         r = conf_errors_add(errors, &l->labels_source, "labels",
                                             "lane %s has labels= but none of its pools has members=",
                                             l->name);
+                else if (!lane_labels_satisfiable(c, l)) {
+                        char text[CONF_LANE_LABELS_MAX * (CONF_NAME_MAX + 2) + 1];
+                        size_t n = 0;
+                        text[0] = '\0';
+                        for (size_t i = 0; l->labels[i] && n < sizeof text; i++)
+                                n += (size_t) snprintf(text + n, sizeof text - n, "%s%s", i > 0 ? " " : "",
+                                                       l->labels[i]);
+                        r = conf_errors_add(errors, &l->labels_source, "labels",
+                                            "lane %s has labels=%s, which no member of its pools satisfies: every request of the lane would be refused",
+                                            l->name, text);
+                }
         }
         if (l->n_also > 0 && validate_lane_also(c, l, errors) < 0)
                 r = -EINVAL;

@@ -1096,6 +1096,37 @@ static void test_validate_labels_need_members_and_name_known_ones(void **state) 
         assert_has_error("test.conf:83", "labels", "lane nightly has labels= but none of its pools");
 }
 
+/* SPEC §3.5: a selector no member can ever match is InvalidParameter. A lane's own labels= that no member of its
+ * pools can satisfy would make every request of the lane one: the operator hears it from --check-config (and a
+ * reload is refused), not from each client. A label no pool defines is carried by none; "!L" of it by all. */
+static void test_validate_lane_labels_some_member_can_satisfy(void **state) {
+        valid_config();
+        set_ok("pool rigs", "members", "a b c");
+        set_ok("pool rigs", "label.arm64", "a b");
+        set_ok("pool rigs", "label.usb3", "c");
+        set_ok("pool rigs2", "members", "x");
+        set_ok("pool rigs2", "label.gpu", "x");
+        set_ok("lane ok", "pools", "rigs");
+        set_at(70, "lane ok", "labels", "arm64 !usb3");
+        set_ok("lane unknown", "pools", "rigs");
+        set_at(71, "lane unknown", "labels", "gpu");              /* only rigs2 defines it */
+        set_ok("lane none", "pools", "rigs");
+        set_at(72, "lane none", "labels", "arm64 usb3");          /* no member carries both */
+        set_ok("lane contradiction", "pools", "rigs");
+        set_at(73, "lane contradiction", "labels", "arm64 !arm64");
+        set_ok("lane second", "pools", "grid rigs rigs2");
+        set_at(74, "lane second", "labels", "gpu");               /* rigs2, its third choice, can */
+        set_ok("lane absent", "pools", "rigs");
+        set_at(75, "lane absent", "labels", "!nosuch");            /* every member */
+        assert_int_equal(conf_validate(c, &errors), -EINVAL);
+        assert_false(has_error("test.conf:70", NULL, NULL));
+        assert_has_error("test.conf:71", "labels", "lane unknown has labels=gpu, which no member of its pools satisfies");
+        assert_has_error("test.conf:72", "labels", "lane none has labels=arm64 usb3, which no member of its pools satisfies");
+        assert_has_error("test.conf:73", "labels", "lane contradiction has labels=arm64 !arm64, which no member");
+        assert_false(has_error("test.conf:74", NULL, NULL));
+        assert_false(has_error("test.conf:75", NULL, NULL));
+}
+
 static void test_quarantine_exit_codes_are_1_to_255(void **state) {
         set_ok("pool rigs", "members", "a b");
         set_fails("pool rigs", "quarantine-exit-codes", "0", "expected integers from 1 to 255");
@@ -1450,6 +1481,7 @@ int main(void) {
                 T(test_pool_labels_name_members),
                 T(test_pool_label_names_and_members_must_be_valid),
                 T(test_validate_labels_need_members_and_name_known_ones),
+                T(test_validate_lane_labels_some_member_can_satisfy),
                 T(test_quarantine_exit_codes_are_1_to_255),
                 T(test_validate_quarantine_is_taken_on_shared_pools_refused_on_anonymous_slots),
                 T(test_quarantine_keys_round_trip),
