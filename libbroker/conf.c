@@ -1641,13 +1641,15 @@ static int validate_pool(const BrokerConfig *c, const PoolConfig *p, ConfErrors 
         return r;
 }
 
+/* A pool's name as slotctl run spells it in SLOT_<POOL>_*: upper-cased, other characters '_'. */
+static char env_name_char(char c) {
+        return isalnum((unsigned char) c) ? (char) toupper((unsigned char) c) : '_';
+}
+
 static bool env_name_equal(const char *a, const char *b) {
-        for (; *a && *b; a++, b++) {
-                char x = isalnum((unsigned char) *a) ? (char) toupper((unsigned char) *a) : '_';
-                char y = isalnum((unsigned char) *b) ? (char) toupper((unsigned char) *b) : '_';
-                if (x != y)
+        for (; *a && *b; a++, b++)
+                if (env_name_char(*a) != env_name_char(*b))
                         return false;
-        }
         return !*a && !*b;
 }
 
@@ -1725,10 +1727,16 @@ static int validate_lane_also(const BrokerConfig *c, const LaneConfig *l, ConfEr
                                             a->pool, p->limit);
                 /* slotctl run names its variables SLOT_<POOL>_…, upper-cased, other characters '_'. */
                 for (size_t j = 0; j < i; j++)
-                        if (env_name_equal(l->also[j].pool, a->pool))
+                        if (env_name_equal(l->also[j].pool, a->pool)) {
+                                char env[CONF_NAME_MAX + 1];
+                                size_t k = 0;
+                                for (; a->pool[k] && k < CONF_NAME_MAX; k++)
+                                        env[k] = env_name_char(a->pool[k]);
+                                env[k] = '\0';
                                 r = conf_errors_add(errors, &l->also_source, "also",
-                                                    "lane %s names pools %s and %s, whose SLOT_%s_* variables would be the same",
-                                                    l->name, l->also[j].pool, a->pool, a->pool);
+                                                    "lane %s names pools %s and %s, whose variables would both be SLOT_%s_*",
+                                                    l->name, l->also[j].pool, a->pool, env);
+                        }
         }
         int k = validate_lane_set_backends(c, l, errors);
         return k < 0 ? k : r;

@@ -1282,7 +1282,8 @@ static void test_validate_lane_also_names_the_lane(void **state) {
         assert_has_error("test.conf:91", "also", "lane a takes 3 slots of pool db, which has 2");
         assert_has_error("test.conf:92", "also", "lane b mixes shared (backend=) and local pools in one all-or-nothing set (shared is shared, grid local)");
         assert_false(has_error("test.conf:93", "also", ""));
-        assert_has_error("test.conf:94", "also", "whose SLOT_A_b_* variables would be the same");
+        /* The variables' name as slotctl run spells it: upper-cased, '-' as '_'. */
+        assert_has_error("test.conf:94", "also", "lane d names pools a-b and A_b, whose variables would both be SLOT_A_B_*");
 }
 
 /* SPEC §3.5, shared pools: a set is all local or all on one backend, which brokerd reaches through one link (one
