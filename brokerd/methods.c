@@ -285,11 +285,18 @@ static json_t *waiter_status(Session *s, usec_t now) {
                 json_object_set_new(o, "member", json_string(a->member));
         size_t n_also = engine_request_also_count(a->request);
         if (n_also > 0) {
-                json_t *l = json_array();
-                for (size_t i = 0; l && i < n_also; i++)
+                json_t *l = json_array(), *k = json_array();
+                for (size_t i = 0; l && k && i < n_also; i++) {
                         json_array_append_new(l, json_string(engine_request_also_pool(a->request, i)));
-                if (l)
+                        json_array_append_new(k, json_integer(engine_request_also_slots(a->request, i)));
+                }
+                if (l && k) {
                         json_object_set_new(o, "also", l);
+                        json_object_set_new(o, "alsoSlots", k);
+                } else {
+                        json_decref(l);
+                        json_decref(k);
+                }
         }
         usec_t budget = engine_request_budget(a->request);
         if (budget != USEC_INFINITY)

@@ -139,23 +139,32 @@ static void print_waiters(json_t *waiters, const char *name) {
         json_t *v;
 
         json_array_foreach(waiters, i, v) {
-                /* A set's waiter (also=) is listed under each pool it waits in, with the furthest place. */
+                /* A set's waiter (also=) is listed under each pool it waits in, with the furthest place and
+                 * the slots it wants there (alsoSlots; absent from an older brokerd: its slots). */
                 bool in_set = false;
                 size_t k;
+                json_int_t slots = int_member(v, "slots", 1);
                 json_t *p, *also = json_object_get(v, "also");
                 json_array_foreach(also, k, p)
-                        in_set = in_set || streq_ptr(json_string_value(p), name);
-                if (!in_set && !streq_ptr(string_member(v, "pool"), name))
+                        if (!in_set && streq_ptr(json_string_value(p), name)) {
+                                in_set = true;
+                                json_t *n = json_array_get(json_object_get(v, "alsoSlots"), k);
+                                if (json_is_integer(n))
+                                        slots = json_integer_value(n);
+                        }
+                bool chosen = streq_ptr(string_member(v, "pool"), name);
+                if (!in_set && !chosen)
                         continue;
                 char job[JOB_COLUMN_MAX + 8], waited[CLI_DURATION_MAX], budget[CLI_DURATION_MAX];
-                /* What it asks of the members (SPEC §3.5): why it may wait while a member is free. */
+                /* What it asks of the members (SPEC §3.5): why it may wait while a member is free. Labels and
+                 * a member choose in the chosen pool only, not in its also= pools. */
                 char wants[512] = "";
-                json_t *label, *labels = json_object_get(v, "labels");
+                json_t *label, *labels = chosen ? json_object_get(v, "labels") : NULL;
                 json_array_foreach(labels, k, label)
                         if (json_is_string(label))
                                 snprintf(wants + strlen(wants), sizeof wants - strlen(wants), "%s%s", *wants ? " " : " (wants ",
                                          json_string_value(label));
-                if (string_member(v, "member"))
+                if (chosen && string_member(v, "member"))
                         snprintf(wants + strlen(wants), sizeof wants - strlen(wants), "%s%s", *wants ? " member " : " (wants member ",
                                  string_member(v, "member"));
                 if (*wants)
@@ -176,7 +185,7 @@ static void print_waiters(json_t *waiters, const char *name) {
                 }
                 printf("  %-8" JSON_INTEGER_FORMAT " %-10s %-5" JSON_INTEGER_FORMAT " %-6" JSON_INTEGER_FORMAT
                        " %-8" JSON_INTEGER_FORMAT " %-8s %-10s %s%s\n",
-                       int_member(v, "position", 0), string_member(v, "lane") ?: "?", int_member(v, "slots", 1),
+                       int_member(v, "position", 0), string_member(v, "lane") ?: "?", slots,
                        int_member(v, "uid", -1), int_member(v, "pid", 0), duration_member(waited, v, "waitedMs", "?"),
                        duration_member(budget, v, "budgetMs", "unbounded"), job_column(job, string_member(v, "job")),
                        wants);

@@ -375,6 +375,10 @@ const char *engine_request_also_pool(const EngineRequest *r, size_t i) {
         return i < engine_request_also_count(r) ? r->parts[i + 1].pool->name : NULL;
 }
 
+unsigned engine_request_also_slots(const EngineRequest *r, size_t i) {
+        return i < engine_request_also_count(r) ? r->parts[i + 1].slots : 0;
+}
+
 static int request_try_next(Engine *e, EngineRequest *r, usec_t now) {
         Pool *p = r->route[r->next_route++];
         bool last = r->next_route == r->n_route;

@@ -238,6 +238,8 @@ const char *engine_request_pool(const EngineRequest *r);
  * position (engine_request_position()) is the furthest of its places, its budget the smallest. */
 size_t engine_request_also_count(const EngineRequest *r);
 const char *engine_request_also_pool(const EngineRequest *r, size_t i);
+/* The slots it waits for in the i-th further pool (its also= K; 0 out of range). */
+unsigned engine_request_also_slots(const EngineRequest *r, size_t i);
 /* A waiting request's name in the backend of its pool (a shared pool's rid; a set's, the one its parts wait
  * under in every pool), or NULL (an in-process pool, or not waiting). Valid until the request's next event. */
 const char *engine_request_remote_id(const EngineRequest *r);

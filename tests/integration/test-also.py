@@ -112,6 +112,17 @@ class Also(harness.BrokerTestCase):
         self.w.stop(name)
         self.assertEqual(self.jobs[name].wait(10), 0, self.jobs[name].stderr())
 
+    @staticmethod
+    def waiter_slots(text, job="set"):
+        """{pool: the SLOTS column of job's row under it} from slotctl status's text."""
+        got, pool = {}, None
+        for line in text.splitlines():
+            if line and not line.startswith(" "):
+                pool = line.split()[0]
+            elif pool and f" {job} " in f"{line} " and line.split()[0].isdigit():
+                got[pool] = int(line.split()[2])
+        return got
+
     def in_use(self, b):
         return {p["name"]: p["inUse"] for p in b.status()["pools"]}
 
@@ -156,6 +167,9 @@ class Also(harness.BrokerTestCase):
         text = subprocess.run([SLOTCTL, "status", "--socket", b.socket_path], capture_output=True,
                               text=True).stdout
         self.assertEqual(text.count("(all of grid db lic)"), 3, text)
+        # Under each pool, the slots it waits for there: lic:2 is two licences, not the one grid slot.
+        self.assertEqual(waiters["set"]["alsoSlots"], [1, 2])
+        self.assertEqual(self.waiter_slots(text), {"grid": 1, "db": 1, "lic": 2}, text)
         self.end("d")
         got = wait_for(lambda: self.started("set", "e2e"), 10, message="the set")
         self.assertEqual(sorted(got), ["db", "grid", "lic"])
