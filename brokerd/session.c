@@ -1282,7 +1282,8 @@ static const char *refusal_error(Refusal r) {
 }
 
 /* Why a pool is unavailable, for the client: the pool's word, else drained, removed by a reload, or left with
- * nothing for the request by one. Neither pool gives a word for the last two and a drain: an in-process pool
+ * nothing for the request by one (the engine says "reload" itself for a lane whose labels= or also= changed).
+ * Neither pool gives a word for the last two and a drain: an in-process pool
  * that is not drained as it refuses refused for a reload (its lane gone, or every member its selector could
  * take); a shared pool's drained flag follows Redis's replies, perhaps after its refusals: "drained" there. */
 static const char *unavailable_reason(const SessionTable *m, const EngineEvent *ev) {
@@ -1304,7 +1305,7 @@ static const char *unavailable_reason_text(const char *reason) {
                 { "drained", "the pool is drained" },
                 { "removed", "the pool was removed by a reload" },
                 { "reload", "a reload left the pool nothing this request can use (its lane, or the members it asked for, "
-                            "are gone)" },
+                            "are gone; or its lane's labels= or also= changed)" },
                 { "backend", "the pool's backend cannot be reached" },
                 { "rules", "the pool's rules differ from those its backend enforces" },
                 { "recovery", "the pool's backend is recovering" },

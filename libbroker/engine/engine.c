@@ -90,6 +90,7 @@ struct EngineRequest {
         usec_t max_hold;
         usec_t arrival;
         char **terms;            /* the lane's selector terms, then the client's; NULL: none */
+        size_t n_lane_terms;     /* how many of terms are the lane's labels= */
         char *member;            /* a named member, or NULL */
         Pool **route;            /* the lane's pools this request fits, in order */
         size_t n_route, next_route;
@@ -1724,6 +1725,7 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
                                 return -ENOMEM;
                         }
         }
+        r->n_lane_terms = n_lane_terms;
         if (a->member && !(r->member = strdup(a->member))) {
                 request_free(r);
                 return -ENOMEM;
@@ -1866,13 +1868,9 @@ int engine_pool_set_last_fast(Engine *e, const char *pool, usec_t last_fast, use
         return 0;
 }
 
-void engine_request_cancel(EngineRequest *r, usec_t now) {
-        if (!r || !r->engine)
-                return;
-        Engine *e = r->engine;
-        /* Settle first: a budget that ended before `now` has already refused it, and a decision that came
-         * in is the answer (its event follows). */
-        engine_advance(e, now);
+/* Takes a request that is not decided out of every pool it waits in or was submitted to. Returns false when
+ * there is nothing to take it out of (decided, or its pool's answer cannot be cancelled). */
+static bool request_withdraw(Engine *e, EngineRequest *r, usec_t now) {
         if (r->parts && (r->phase == REQUEST_WAITING || r->phase == REQUEST_ROUTING))
                 set_withdraw(e, r, now); /* also the tries of pools that have not answered yet */
         else if (r->phase == REQUEST_WAITING)
@@ -1881,10 +1879,64 @@ void engine_request_cancel(EngineRequest *r, usec_t now) {
                 /* Its pool has not answered yet (the in-process pool always has): nothing will come now. */
                 r->pool->ops->cancel_try(r->pool, r, now);
         else
+                return false;
+        return true;
+}
+
+void engine_request_cancel(EngineRequest *r, usec_t now) {
+        if (!r || !r->engine)
+                return;
+        Engine *e = r->engine;
+        /* Settle first: a budget that ended before `now` has already refused it, and a decision that came
+         * in is the answer (its event follows). */
+        engine_advance(e, now);
+        if (!request_withdraw(e, r, now))
                 return;
         mark_unsettled(e, now);
         request_finish(r);
         retired_gc(e);
+}
+
+/* Whether lane l's labels= or also= (pools and K) differ from those request r was made with. Neither lists a
+ * name twice (conf_validate()). */
+static bool request_lane_changed(const EngineRequest *r, const EngineLane *l) {
+        size_t n = strv_length(l->labels);
+        if (n != r->n_lane_terms)
+                return true;
+        for (size_t i = 0; i < n; i++) {
+                bool found = false;
+                for (size_t j = 0; j < n && !found; j++)
+                        found = streq(l->labels[i], r->terms[j]);
+                if (!found)
+                        return true;
+        }
+        if ((r->parts ? r->n_parts - 1 : 0) != l->n_also)
+                return true;
+        for (size_t i = 0; i < l->n_also; i++) {
+                bool found = false;
+                for (size_t k = 1; k < r->n_parts && !found; k++)
+                        found = streq(r->parts[k].pool->name, l->also[i]->name) && r->parts[k].slots == l->also_slots[i];
+                if (!found)
+                        return true;
+        }
+        return false;
+}
+
+/* A lane's labels= and also= are part of each of its requests, taken when it arrives: after a reload that changed
+ * them, its requests not yet decided are refused (unavailable, "reload") rather than granted what the lane now
+ * excludes, or without the pools (or with the K) it now takes. Requests of removed lanes their pools refuse. */
+static void refuse_changed_lanes(Engine *e, usec_t now) {
+        bool any = false;
+        list_foreach_safe(n, &e->requests) {
+                EngineRequest *r = container_of(n, EngineRequest, node);
+                const EngineLane *l = lane_find(e, r->lane);
+                if (!l || !request_lane_changed(r, l) || !request_withdraw(e, r, now))
+                        continue;
+                refuse_request(e, r, r->pool, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), "reload");
+                any = true;
+        }
+        if (any)
+                mark_unsettled(e, now);
 }
 
 void engine_lease_release(EngineLease *l, usec_t now) {
@@ -2802,6 +2854,7 @@ int engine_configure(Engine *e, const BrokerConfig *c, usec_t now) {
 
         mark_unsettled(e, now);
         process_decisions(e);
+        refuse_changed_lanes(e, now);
         retired_gc(e);
         return 0;
 

@@ -39,6 +39,7 @@ from witness import Witness  # noqa: E402
 
 SLOTCTL = None
 EX_USAGE = 64
+EX_TEMPFAIL = 75
 
 CONFIG = """\
 [broker]
@@ -212,6 +213,30 @@ class Labels(harness.BrokerTestCase):
         self.assertEqual(wait_for(lambda: self.members("arm"), 10, message="the arm64 waiter"), ["a"])
         self.assertNotIn("queued again", self.jobs["arm"].stderr())
         for name in ("hb", "late", "arm"):
+            self.end(b, name)
+
+    def test_reload_that_changes_a_lanes_labels_refuses_its_waiters(self):
+        # Lane arm's labels= are every grant's: a waiter queued under arm64 is refused when they become usb3,
+        # not granted a (arm64 only) once it frees; a w waiter, whose lane did not change, stays.
+        b = self.broker(CONFIG, "relabel-lane")
+        for m in "abcd":
+            self.running(b, f"h{m}", "w", "--member", m)
+        arm = self.queued(b, "arm", "arm")
+        plain = self.queued(b, "plain", "w")
+        b.write_config(CONFIG.replace("labels = arm64", "labels = usb3"))
+        b.reload()
+        self.assertEqual(arm.wait(10), EX_TEMPFAIL, arm.stderr())
+        self.assertIn("reload", arm.stderr())
+        self.assertIsNone(self.members("arm"))
+        self.assertIsNone(plain.proc.poll(), plain.stderr())
+        # A request made after the reload takes the new labels: a frees, plain gets it; b then goes to usb3.
+        usb = self.queued(b, "usb", "arm")
+        self.end(b, "ha")
+        self.assertEqual(wait_for(lambda: self.members("plain"), 10, message="the w waiter"), ["a"])
+        self.assertIsNone(self.members("usb"))
+        self.end(b, "hb")
+        self.assertEqual(wait_for(lambda: self.members("usb"), 10, message="the usb3 request"), ["b"])
+        for name in ("hc", "hd", "plain", "usb"):
             self.end(b, name)
 
     def test_bad_input_loses_nothing(self):

@@ -2837,6 +2837,39 @@ static void test_a_waiter_no_member_can_satisfy_after_a_reload_is_refused(void *
         (void) d;
 }
 
+/* A lane's labels= are part of every request of it (brokerd.conf(5): "Labels every grant of this lane must
+ * carry"). A reload that changes them refuses the lane's waiters (unavailable, "reload") rather than grant them
+ * what the lane now excludes; a reload that leaves them as they were keeps them waiting. */
+static void test_a_waiter_of_a_lane_whose_labels_changed_is_refused(void **state) {
+        Fixture *f = *state;
+        rig_pool(f);
+        lane_add(f, "m", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *held[4];
+        for (size_t i = 0; i < 4; i++)
+                held[i] = acquire(f, (const char *[]) { "ha", "hb", "hc", "hd" }[i],
+                                  (Req) { .member = (const char *[]) { "a", "b", "c", "d" }[i] }, 0);
+        Tag *w = acquire(f, "w", (Req) {}, S(1));
+        Tag *arm = acquire(f, "arm", (Req) { .labels = TERMS("arm64") }, S(1));
+        Tag *other = acquire(f, "other", (Req) { .lane = "m" }, S(1));
+        assert_true(queued(w) && queued(arm) && queued(other));
+        conf_find_lane(&f->config, "l")->labels = strv_copy((char *const *) TERMS("usb3"));
+        configure(f, S(2));
+        assert_true(refused(w, REFUSAL_UNAVAILABLE));
+        assert_string_equal(w->final.reason, "reload");
+        assert_true(refused(arm, REFUSAL_UNAVAILABLE)); /* the client's labels with the lane's old ones */
+        assert_true(queued(other));
+        Tag *u = acquire(f, "u", (Req) {}, S(3));
+        assert_true(queued(u));
+        configure(f, S(4)); /* the same labels=: nothing to refuse */
+        assert_true(queued(u));
+        end(f, held[0], S(5)); /* a: no usb3, and m's waiter is first */
+        assert_true(granted(other));
+        assert_true(queued(u));
+        end(f, held[1], S(6));
+        assert_string_equal(member_of(u), "b");
+}
+
 static void test_lane_limits_pass_over_without_setting_aside(void **state) {
         Fixture *f = *state;
         PoolConfig *p = pool_add(f, "p", 0);
@@ -3564,6 +3597,33 @@ static void test_a_pool_added_by_reload_hears_its_decisions_at_once(void **state
         run(f, S(3));
         assert_true(refused(b, REFUSAL_TIMEOUT));
         assert_true(wall_seconds() - start < 2.5);
+}
+
+/* Every grant of a lane with also= takes its also= pools too (brokerd.conf(5)): a reload that adds, removes or
+ * changes them refuses the lane's waiters (unavailable, "reload"), sets or not, rather than grant one without
+ * the pool it now needs (or with the K it no longer has); other lanes' waiters stay. */
+static void test_a_waiter_of_a_lane_whose_also_changed_is_refused(void **state) {
+        Fixture *f = *state;
+        set_pools(f, 1, 2);
+        Tag *a = acquire(f, "a", (Req) { .lane = "p" }, 0);
+        assert_true(granted(a));
+        Tag *w = acquire(f, "w", (Req) { .lane = "p" }, S(1));
+        Tag *s = acquire(f, "s", (Req) { .lane = "set" }, S(1));
+        assert_true(queued(w) && queued(s));
+        lane_also(conf_find_lane(&f->config, "p"), "db", 1); /* lane p now takes db with every grant */
+        configure(f, S(2));
+        assert_true(refused(w, REFUSAL_UNAVAILABLE));
+        assert_string_equal(w->final.reason, "reload");
+        assert_true(queued(s)); /* lane set is as it was */
+        conf_find_lane(&f->config, "set")->also[0].slots = 2;
+        configure(f, S(3));
+        assert_true(refused(s, REFUSAL_UNAVAILABLE));
+        assert_string_equal(s->final.reason, "reload");
+        Tag *t = acquire(f, "t", (Req) { .lane = "p" }, S(4));
+        assert_true(queued(t));
+        end(f, a, S(5));
+        assert_true(granted(t));
+        assert_int_equal(engine_lease_also_count(t->lease), 1);
 }
 
 /* A restart that hands the waiters over (engine.h, EngineResume): resumed in their old queue order, a set
@@ -4346,6 +4406,7 @@ int main(void) {
                 T(test_relabelled_member_keeps_its_lease_and_new_labels_apply_next),
                 T(test_lane_limits_pass_over_without_setting_aside),
                 T(test_a_waiter_no_member_can_satisfy_after_a_reload_is_refused),
+                T(test_a_waiter_of_a_lane_whose_labels_changed_is_refused),
                 T(test_random_selectors_never_hand_a_member_out_twice),
                 /* All-or-nothing sets (SPEC §3.5): both kinds of pool (one call over the set on shared ones). */
                 T(test_set_is_granted_with_a_slot_and_token_of_every_pool),
@@ -4366,6 +4427,7 @@ int main(void) {
                 T(test_reload_removing_a_set_lane_names_the_pool_it_waits_on),
                 T(test_reload_refusing_a_set_grants_the_waiter_behind_after_the_arrivals),
                 T(test_drain_refusing_a_set_grants_the_waiter_behind_after_the_arrivals),
+                T(test_a_waiter_of_a_lane_whose_also_changed_is_refused),
                 T(test_random_sets_never_hold_part_or_a_slot_twice),
                 T(test_set_over_two_member_pools_with_labelled_waiters),
                 T(test_quarantine_by_hand_survives_its_pool_removed_and_back),
