@@ -1725,6 +1725,12 @@ static int validate_lane_also(const BrokerConfig *c, const LaneConfig *l, ConfEr
                         r = conf_errors_add(errors, &l->also_source, "also",
                                             "lane %s takes %u slots of pool %s, which has %u", l->name, a->slots,
                                             a->pool, p->limit);
+                /* Its max-in-use= holds in each pool of the set: such a set is never granted, and holds back the
+                 * queues of the other pools of its set while it waits (brokerd.conf(5), also=). */
+                if (l->max_in_use > 0 && a->slots > l->max_in_use)
+                        r = conf_errors_add(errors, &l->also_source, "also",
+                                            "lane %s takes %u slots of pool %s with every grant, more than its max-in-use=%" PRId64 ": it could never be granted",
+                                            l->name, a->slots, a->pool, l->max_in_use);
                 /* slotctl run names its variables SLOT_<POOL>_…, upper-cased, other characters '_'. */
                 for (size_t j = 0; j < i; j++)
                         if (env_name_equal(l->also[j].pool, a->pool)) {

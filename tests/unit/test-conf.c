@@ -1276,6 +1276,10 @@ static void test_validate_lane_also_names_the_lane(void **state) {
         set_ok("pool a-b", "limit", "1");
         set_ok("pool A_b", "limit", "1");
         set_lane_also_at(94, "d", "grid", "a-b A_b");           /* one SLOT_A_B_* for both */
+        set_ok("lane e", "max-in-use", "1");
+        set_lane_also_at(95, "e", "grid", "db:2");              /* K above the lane's max-in-use= */
+        set_ok("lane f", "max-in-use", "2");
+        set_lane_also_at(96, "f", "grid", "db:2");              /* K at it: fine */
         assert_int_equal(conf_validate(c, &errors), -EINVAL);
         assert_has_error("test.conf:90", "also", "lane merge names its own pool grid in also=");
         assert_has_error("test.conf:91", "also", "lane a names pool nosuch, which is not defined");
@@ -1284,6 +1288,10 @@ static void test_validate_lane_also_names_the_lane(void **state) {
         assert_false(has_error("test.conf:93", "also", ""));
         /* The variables' name as slotctl run spells it: upper-cased, '-' as '_'. */
         assert_has_error("test.conf:94", "also", "lane d names pools a-b and A_b, whose variables would both be SLOT_A_B_*");
+        /* The lane's max-in-use= holds in each pool of its set: such a set could never be granted, and would hold
+         * back grid's queue for as long as it waits (brokerd.conf(5), also=). */
+        assert_has_error("test.conf:95", "also", "lane e takes 2 slots of pool db with every grant, more than its max-in-use=1");
+        assert_false(has_error("test.conf:96", NULL, NULL));
 }
 
 /* SPEC §3.5, shared pools: a set is all local or all on one backend, which brokerd reaches through one link (one

@@ -454,6 +454,7 @@ typedef struct GenLane {
         unsigned order[POOLS_MAX], n;
         bool fail_fast;
         unsigned max_in_use, reserve, also;
+        unsigned also_k;        /* the largest K of its also= pools (conf.c: none above its max-in-use) */
 } GenLane;
 
 /* When a generated request's hold would end were it granted on arrival (ms; 0: never), and its pools (bit p). */
@@ -582,7 +583,8 @@ static void gen_need(unsigned *need, unsigned lane_pools, unsigned k) {
 /* An all-or-nothing set (SPEC §3.5) on 60% of the lanes that leave some pool out: one or two of the pools the
  * lane does not route to (conf.c: never its own), each for 1 to 3 of its slots (at most its limit), the count
  * written as "p1:1" at times (the default spelled out). Returns the set's pools (bit p: pool p). */
-static unsigned gen_also(Gen *g, FILE *f, const unsigned *limits, unsigned n_pools, unsigned lane_pools, unsigned *need) {
+static unsigned gen_also(Gen *g, FILE *f, const unsigned *limits, unsigned n_pools, unsigned lane_pools, unsigned *need,
+                         GenLane *lane) {
         unsigned others[POOLS_MAX], n_others = 0, mask = 0;
         for (unsigned p = 0; p < n_pools; p++)
                 if (!((lane_pools >> p) & 1))
@@ -594,6 +596,9 @@ static unsigned gen_also(Gen *g, FILE *f, const unsigned *limits, unsigned n_poo
         for (unsigned i = 0; i < n; i++) {
                 unsigned p = others[(first + i) % n_others];
                 unsigned k = gen_chance(g, 60) ? 1 : 1 + gen_below(g, MIN(limits[p], 3u));
+                if (lane->max_in_use > 0)
+                        k = MIN(k, lane->max_in_use); /* conf.c: a K above it could never be granted */
+                lane->also_k = MAX(lane->also_k, k);
                 need[p] = MAX(need[p], k);
                 mask |= 1u << p;
                 fprintf(f, "%s\"p%u", i > 0 ? ", " : "", p);
@@ -619,7 +624,7 @@ static void gen_phase_extras(Gen *g, FILE *f) {
 
 /* (ng: TEST_SHARED_DIFF_RULES) What a reload changes of a lane's rules, written after *k (the separator before
  * the next key, ", " once one is written): its reserve (its pools' reserves staying below their limits as this
- * reload leaves them, `limits`), max-in-use (none, or at least its reserve: conf.c), policy, the order of its
+ * reload leaves them, `limits`), max-in-use (none, or at least its reserve and its also= K: conf.c), policy, the order of its
  * pools, max-hold and queue timeout. */
 static void gen_reload_lane_rules(Gen *g, FILE *f, const char **k, GenLane *lane, unsigned lane_pools,
                                   unsigned *reserved, const unsigned *limits) {
@@ -638,7 +643,7 @@ static void gen_reload_lane_rules(Gen *g, FILE *f, const char **k, GenLane *lane
                 *k = ", ";
         }
         if (gen_chance(g, 25)) {
-                lane->max_in_use = gen_chance(g, 25) ? 0 : MAX(lane->reserve, 1u) + gen_below(g, 4);
+                lane->max_in_use = gen_chance(g, 25) ? 0 : MAX(MAX(lane->reserve, 1u) + gen_below(g, 4), lane->also_k);
                 if (lane->max_in_use == 0)
                         fprintf(f, "%s\"max-in-use\": \"infinity\"", *k);
                 else
@@ -966,7 +971,7 @@ static char *generate(uint64_t seed) {
                         fprintf(g.f, ", \"health\": \"%s\"", extra && gen_chance(&xg, 40) ? "also" : "yes");
                 /* also= (issue 22 item 4), from a generator of its own: a health lane takes none (conf.c). */
                 if (also && !health)
-                        gl[l].also = gen_also(&ag, g.f, limits, n_pools, lane_pools[l], need);
+                        gl[l].also = gen_also(&ag, g.f, limits, n_pools, lane_pools[l], need, &gl[l]);
                 if (all_members && gen_chance(&g, 15)) {
                         GenSel t = { .member = -1 };
                         if (gen_chance(&g, 50))
