@@ -195,6 +195,10 @@ typedef struct SharedPool {
 
         Cache cache;
         bool congested;        /* as last emitted */
+        /* Monotonic: when the pool last came into this node's configuration (made, or back after a reload removed
+         * it). A flip Redis dates before it is the pool's history while it was not here, settled by the first
+         * call after: an in-process pool then had no gauge (pool-local.c:congested_at()), nor has this node. */
+        usec_t gauge_from;
         bool tick_pending;     /* a tick is in the outbox */
         unsigned settling;     /* "settling" answers in a row (settling_hold()) */
         usec_t settling_pause; /* until then a call answered "settling" is held, and no tick goes */
@@ -2481,7 +2485,9 @@ static void events_apply(SharedPool *p, const RespValue *events, usec_t now) {
                         int64_t at = 0, c = 0;
                         (void) resp_int(resp_at(e, 1), &at);
                         (void) resp_int(resp_at(e, 3), &c);
-                        congestion_apply(p, c != 0, at, now);
+                        /* Of before the pool came (gauge_from): the reply's cache tells the state it came to. */
+                        if (local_time_of(p, at, 0, now) >= p->gauge_from)
+                                congestion_apply(p, c != 0, at, now);
                         continue;
                 }
                 SharedDecision d;
@@ -3489,6 +3495,8 @@ static void shared_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
         p->base.queue_timeout = c->queue_timeout;
         p->congestion_timeout_set = c->congestion_timeout_set;
         p->congestion_timeout = c->congestion_timeout;
+        if (p->base.retired || !p->canon)
+                p->gauge_from = now;
         p->base.retired = false;
         /* backend-node-ttl= by reload: a rule (in the canon), and the self-fence's arithmetic at once for the
          * shorter of the two TTLs, until Redis agreed to the new rules (tick_done()). */
