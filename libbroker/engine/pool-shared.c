@@ -4394,8 +4394,15 @@ static usec_t shared_next_wakeup(const Pool *base) {
         /* But a retired pool has no gauge (congestion_set()), nor an instant for it, as pool-local.c's has none
          * (local_next_wakeup()): its next instant in Redis, when that is its idle passing Q, is no one's here. */
         if (p->cache.valid && p->cache.next_wakeup >= 0 &&
-            !(p->base.retired && p->cache.next_wakeup == p->cache.gauge_at))
-                due = MIN(due, local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1));
+            !(p->base.retired && p->cache.next_wakeup == p->cache.gauge_at)) {
+                usec_t next = local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1);
+                /* Nor does the gauge turn on before the latest instant this pool saw (pool-local.c's turns on at
+                 * MAX(idle passing Q, latest)): a pool back from retirement whose idle passed Q meanwhile has it
+                 * at the reload's instant, not at one in the past, which the engine would settle after it. */
+                if (p->cache.next_wakeup == p->cache.gauge_at)
+                        next = MAX(next, p->last_now);
+                due = MIN(due, next);
+        }
         /* No tick before the end of a pause of settling_hold(). */
         if (due != USEC_INFINITY)
                 due = MAX(due, p->settling_pause);
