@@ -2118,8 +2118,11 @@ static usec_t local_next_wakeup(const Pool *base) {
         HeapNode *n = heap_peek(&p->deadlines);
         if (n)
                 t = n->key;
-        /* A rest ends: its slot goes to the queue (and the gauge may turn off). */
-        t = MIN(t, p->next_wake);
+        /* A rest ends: its slot goes to the queue (and the gauge may turn off). Not a retired pool's: it has
+         * neither (it refused its waiters); rests that ended while it was away end when a reload brings it back,
+         * at the reload's instant (latest), not at one in the past, which the engine would settle after it. */
+        if (!p->base.retired)
+                t = MIN(t, MAX(p->next_wake, p->latest));
         /* The gauge turns on by itself when idle passes Q while there is no room. */
         if (!p->congested && p->base.queue_timeout_set && !p->base.drained && !p->base.retired &&
             !pool_has_room_for_one(p))

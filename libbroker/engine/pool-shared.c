@@ -138,6 +138,7 @@ typedef struct Cache {
         usec_t idle;
         int64_t next_wakeup;   /* pool clock, -1 none */
         int64_t gauge_at;      /* pool clock: when idle passes Q and the gauge turns on by itself, -1 none */
+        int64_t rest_at;       /* pool clock: the end of the first rest listed, -1 none */
         uint64_t counter;
         char *epoch;
         int64_t recovery_until; /* pool clock, 0 none */
@@ -2046,6 +2047,7 @@ static void rests_clear(SharedPool *p) {
  * element. */
 static void rests_apply(SharedPool *p, const RespValue *v, int64_t pool_now, usec_t now) {
         rests_clear(p);
+        p->cache.rest_at = -1;
         if (!v)
                 return;
         size_t n = v->type == RESP_ARRAY ? v->n / 2 : 0;
@@ -2070,6 +2072,8 @@ static void rests_apply(SharedPool *p, const RespValue *v, int64_t pool_now, use
                                 goto bad;
                         until = until * 10 + (end->str[j] - '0');
                 }
+                if (p->cache.rest_at < 0 || until < p->cache.rest_at)
+                        p->cache.rest_at = until;
                 if (id->str[0] == '#') {
                         if (p->base.members || !shared_index_parse(id->str + 1, id->len - 1, p->base.limit, &idx))
                                 continue;
@@ -4391,18 +4395,16 @@ static usec_t shared_next_wakeup(const Pool *base) {
         usec_t due = USEC_INFINITY;
         if (!p->params.manual_clock)
                 due = heartbeat_due(p, p->last_now);
-        /* But a retired pool has no gauge (congestion_set()), nor an instant for it, as pool-local.c's has none
-         * (local_next_wakeup()): its next instant in Redis, when that is its idle passing Q, is no one's here. */
+        /* But a retired pool has no gauge (congestion_set()), nor a queue for a rested slot, nor an instant for
+         * them, as pool-local.c's has none (local_next_wakeup()): its next instant in Redis, when that is its idle
+         * passing Q or a rest's end, is no one's here. */
         if (p->cache.valid && p->cache.next_wakeup >= 0 &&
-            !(p->base.retired && p->cache.next_wakeup == p->cache.gauge_at)) {
-                usec_t next = local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1);
-                /* Nor does the gauge turn on before the latest instant this pool saw (pool-local.c's turns on at
-                 * MAX(idle passing Q, latest)): a pool back from retirement whose idle passed Q meanwhile has it
-                 * at the reload's instant, not at one in the past, which the engine would settle after it. */
-                if (p->cache.next_wakeup == p->cache.gauge_at)
-                        next = MAX(next, p->last_now);
-                due = MIN(due, next);
-        }
+            !(p->base.retired &&
+              (p->cache.next_wakeup == p->cache.gauge_at || p->cache.next_wakeup == p->cache.rest_at)))
+                /* Nor is an instant it passed so, once it is back, in the past: it is the reload's (pool-local.c's
+                 * gauge turns on at MAX(idle passing Q, the latest instant), its rests end then), not one the
+                 * engine would settle after it. */
+                due = MIN(due, MAX(local_time_of(p, p->cache.next_wakeup, 0, USEC_INFINITY - 1), p->last_now));
         /* No tick before the end of a pause of settling_hold(). */
         if (due != USEC_INFINITY)
                 due = MAX(due, p->settling_pause);

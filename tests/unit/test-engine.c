@@ -4023,6 +4023,30 @@ static void test_cooldown_rests_a_released_slot_and_wakes_it_by_deadline(void **
         assert_int_equal(pool_info_at(f, S(15)).n_resting, 0);
 }
 
+/* A pool a reload removed refused its waiters and has no gauge: a slot resting there goes to no one when its rest
+ * ends, no instant (a shared pool goes with its last holder, and has none either). Named again after the rest ended,
+ * the slot is free at the reload's instant, not at one in the past that the engine would settle after it. */
+static void test_cooldown_rest_of_a_removed_pool_is_no_instant(void **state) {
+        Fixture *f = *state;
+        cooldown_pool(f, 1, S(10));
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        end(f, a, S(1));                             /* rests until 11 */
+        config_clear(&f->config);
+        pool_add(f, "q", 1);
+        lane_add(f, "k", LANE_POLICY_WAIT, "q", NULL);
+        configure(f, S(2));
+        run(f, S(2));
+        assert_int_equal(engine_next_wakeup(f->engine), USEC_INFINITY);
+        config_clear(&f->config);
+        pool_add(f, "p", 1)->cooldown = S(10);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, S(20));
+        assert_true(engine_next_wakeup(f->engine) >= S(20));
+        Tag *b = acquire(f, "B", (Req) {}, S(20));
+        assert_true(granted(b));
+        assert_int_equal(b->decided, S(20));
+}
+
 static void test_cooldown_no_barging_behind_a_two_slot_waiter(void **state) {
         Fixture *f = *state;
         cooldown_pool(f, 2, S(10));
@@ -4465,6 +4489,7 @@ int main(void) {
 #endif
                 /* Cooldown: both kinds of pool (issue 23 item 5 on shared pools). */
                 T(test_cooldown_rests_a_released_slot_and_wakes_it_by_deadline),
+                T(test_cooldown_rest_of_a_removed_pool_is_no_instant),
                 T(test_cooldown_no_barging_behind_a_two_slot_waiter),
                 T(test_cooldown_fail_fast_refusal_names_it_and_its_wake),
                 T(test_cooldown_fail_fast_set_refusal_names_the_wake),
