@@ -274,13 +274,14 @@ static json_t *waiter_status(Session *s, usec_t now) {
                 return NULL;
         if (a->job)
                 json_object_set_new(o, "job", json_string(a->job));
-        if (a->labels) {
-                json_t *l = json_array();
-                for (size_t i = 0; l && a->labels[i]; i++)
-                        json_array_append_new(l, json_string(a->labels[i]));
-                if (l)
-                        json_object_set_new(o, "labels", l);
-        }
+        json_t *terms;
+        if (a->labels && json_strv_new(a->labels, &terms) >= 0)
+                json_object_set_new(o, "labels", terms);
+        /* The lane's labels= narrow the request in its chosen pool too: half of why it may wait while a
+         * member is free. The configuration's: a reload that changes them refuses the lane's waiters. */
+        const LaneConfig *lc = conf_find_lane(s->table->config, a->lane);
+        if (lc && lc->labels && json_strv_new(lc->labels, &terms) >= 0)
+                json_object_set_new(o, "laneLabels", terms);
         if (a->member)
                 json_object_set_new(o, "member", json_string(a->member));
         size_t n_also = engine_request_also_count(a->request);

@@ -156,14 +156,16 @@ static void print_waiters(json_t *waiters, const char *name) {
                 if (!in_set && !chosen)
                         continue;
                 char job[JOB_COLUMN_MAX + 8], waited[CLI_DURATION_MAX], budget[CLI_DURATION_MAX];
-                /* What it asks of the members (SPEC §3.5): why it may wait while a member is free. Labels and
-                 * a member choose in the chosen pool only, not in its also= pools. */
+                /* What it asks of the members (SPEC §3.5): why it may wait while a member is free. Its own
+                 * labels, then its lane's labels=, and a member choose in the chosen pool only, not in its
+                 * also= pools. */
                 char wants[512] = "";
-                json_t *label, *labels = chosen ? json_object_get(v, "labels") : NULL;
-                json_array_foreach(labels, k, label)
-                        if (json_is_string(label))
-                                snprintf(wants + strlen(wants), sizeof wants - strlen(wants), "%s%s", *wants ? " " : " (wants ",
-                                         json_string_value(label));
+                json_t *label;
+                for (const char *const *field = (const char *const[]) { "labels", "laneLabels", NULL }; *field; field++)
+                        json_array_foreach(chosen ? json_object_get(v, *field) : NULL, k, label)
+                                if (json_is_string(label))
+                                        snprintf(wants + strlen(wants), sizeof wants - strlen(wants), "%s%s",
+                                                 *wants ? " " : " (wants ", json_string_value(label));
                 if (chosen && string_member(v, "member"))
                         snprintf(wants + strlen(wants), sizeof wants - strlen(wants), "%s%s", *wants ? " member " : " (wants member ",
                                  string_member(v, "member"));

@@ -197,6 +197,23 @@ class Labels(harness.BrokerTestCase):
         for name in ("usb", "any", "one"):
             self.end(b, name)
 
+    def test_status_shows_a_waiters_lane_labels(self):
+        # A waiter of lane arm (labels = arm64) asks for arm64 without saying so: status names the lane's
+        # labels too, or an operator sees it wait while c and d are free with no reason given.
+        b = self.broker(CONFIG, "lanelabels")
+        self.assertEqual(self.running(b, "x", "w", "--member", "a"), ["a"])
+        self.assertEqual(self.running(b, "y", "w", "--member", "b"), ["b"])
+        self.queued(b, "armjob", "arm", "--label", "!usb3")
+        waiter = {w["job"]: w for w in b.status()["waiters"]}["armjob"]
+        self.assertEqual(waiter.get("labels"), ["!usb3"])
+        self.assertEqual(waiter.get("laneLabels"), ["arm64"])
+        text = subprocess.run([SLOTCTL, "status", "--socket", b.socket_path], capture_output=True, text=True).stdout
+        self.assertRegex(text, r"armjob.*\(wants !usb3 arm64\)")
+        self.end(b, "x")
+        self.assertEqual(wait_for(lambda: self.members("armjob"), 10, message="the arm64 waiter"), ["a"])
+        for name in ("y", "armjob"):
+            self.end(b, name)
+
     def test_labelled_waiter_keeps_its_labels_across_a_handover(self):
         b = self.broker(CONFIG, "handover", mode="store")
         for m in ("a", "b", "c"):
