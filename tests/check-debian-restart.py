@@ -9,10 +9,12 @@ What dh_installsystemd (debhelper 13) generates follows from its options in debi
                    starts it (a no-op while it listens). Never --restart-after-upgrade: a restarted
                    socket refuses the connections that arrive meanwhile, and Requires= would take
                    brokerd.service down with it.
-  brokerd.service  --no-start --restart-after-upgrade: postinst try-restarts it after an upgrade (the new
+  brokerd.service  --no-start --no-stop-on-upgrade: nothing stops it before the upgrade, and debhelper does
+                   not restart it; debian/slotbroker.postinst try-restarts it after an upgrade (the new
                    brokerd serves at once if one ran; if none ran, the next client starts the new one
-                   through the socket); nothing stops it before the upgrade. On remove, the socket's stop
-                   takes it down (Requires=brokerd.socket).
+                   through the socket), and only when the new brokerd's --check-config takes the
+                   configuration: a brokerd that refuses it would not start, failing every job, so the
+                   old one keeps serving. On remove, the socket's stop takes it down (Requires=brokerd.socket).
 
 Always checks debian/rules' override; given the built package's control directory
 (debian/slotbroker/DEBIAN after dpkg-buildpackage), checks the generated preinst, postinst and prerm too.
@@ -59,11 +61,31 @@ def check_rules(root):
         fail(f"{SOCKET} needs --no-stop-on-upgrade: otherwise it is stopped before the upgrade")
     if "--restart-after-upgrade" in sock or "-R" in sock:
         fail(f"{SOCKET} must not be restarted after an upgrade")
-    if "--restart-after-upgrade" not in svc and "-R" not in svc:
-        fail(f"{SERVICE} needs --restart-after-upgrade (with --no-start, debhelper would not restart it)")
-    for o in STOP_BEFORE + ("--no-restart-after-upgrade",):
-        if o in svc:
-            fail(f"{SERVICE}: {o} would leave the old brokerd running after an upgrade")
+    if not any(o in svc for o in STOP_BEFORE):
+        fail(f"{SERVICE} needs --no-stop-on-upgrade: otherwise it is stopped before the upgrade")
+    if "--restart-after-upgrade" in svc or "-R" in svc:
+        fail(f"{SERVICE}: debhelper's restart would not check the new brokerd's configuration first")
+    with open(os.path.join(root, "debian", "slotbroker.postinst")) as f:
+        text = f.read()
+    # debhelper replaces every "#DEBHELPER#", in a comment too: its snippets would run twice.
+    if text.count("#DEBHELPER#") != 1 or "\n#DEBHELPER#\n" not in text:
+        fail("debian/slotbroker.postinst needs one line #DEBHELPER#, and the token nowhere else")
+    check_restart(text, "debian/slotbroker.postinst")
+
+
+def check_restart(text, where):
+    """The postinst try-restarts brokerd.service after an upgrade, and only when --check-config passed."""
+    restarts = [(a, c) for a, c in invocations_in(text, SERVICE) if a in ("restart", "try-restart")]
+    if not restarts:
+        fail(f"{where} does not restart {SERVICE} after an upgrade")
+    for action, cond in restarts:
+        if action != "try-restart":
+            fail(f"{where} would {action} {SERVICE}: a try-restart leaves a stopped one to the socket")
+        if '[ -n "$2" ]' not in cond:
+            fail(f"{where} restarts {SERVICE} on a first installation too (condition: {cond or 'none'})")
+        innermost = cond.split(" && if ")[-1]
+        if "check_config" not in innermost or "else of" in innermost:
+            fail(f"{where} restarts {SERVICE} without the new brokerd's --check-config (condition: {cond})")
 
 
 def snippets(text):
@@ -82,19 +104,23 @@ def snippets(text):
     return out
 
 
-def invocations(path, unit):
-    """(action, condition) of every deb-systemd-invoke of unit in the script at path ([] without it)."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except FileNotFoundError:
-        return []
+def invocations_in(text, unit):
+    """(action, condition) of every deb-systemd-invoke of unit in a maintainer script's text."""
     out = []
     for line, cond in snippets(text):
         m = re.match(r"deb-systemd-invoke (\S+) (.*?)(?: >/dev/null.*)?$", line)
         if m and unit in shlex.split(m.group(2)):
             out.append((m.group(1), cond))
     return out
+
+
+def invocations(path, unit):
+    """invocations_in() of the script at path ([] without it)."""
+    try:
+        with open(path) as f:
+            return invocations_in(f.read(), unit)
+    except FileNotFoundError:
+        return []
 
 
 def check_scripts(control):
@@ -110,11 +136,10 @@ def check_scripts(control):
     for action, cond in post(SOCKET):
         if action != "start":
             fail(f"postinst would {action} {SOCKET}")
-    restarts = [(a, c) for a, c in post(SERVICE) if a in ("restart", "try-restart")]
-    if not any('[ -n "$2" ]' in c for _, c in restarts):
-        fail(f"postinst does not restart {SERVICE} after an upgrade: {post(SERVICE)}")
-    if any(a in ("stop", "start") for a, _ in post(SERVICE)):
-        fail(f"postinst starts or stops {SERVICE}: {post(SERVICE)}")
+    with open(os.path.join(control, "postinst")) as f:
+        check_restart(f.read(), "postinst")
+    if any(a in ("stop", "start", "restart") for a, _ in post(SERVICE)):
+        fail(f"postinst starts, stops or restarts {SERVICE} unchecked: {post(SERVICE)}")
 
 
 def main():

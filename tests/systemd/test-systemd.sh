@@ -706,6 +706,22 @@ if [ -n "$debs" ]; then
                 fail "the upgrades stopped or restarted brokerd.socket (its invocation changed)"
         [ ${#load_failed[@]} != "$n" ] ||
                 ok "dpkg -i to $new_version twice under 2 holders and 53 waiters: brokerd restarted, socket listening throughout, no job failed"
+        # An upgrade whose brokerd refuses the configuration (a release may check more than the one before
+        # it; here the file is broken for both) must not restart the running one: it would not start, and
+        # every job would fail. The old brokerd keeps serving; dpkg says why (debian/slotbroker.postinst).
+        old_pid=$(cx systemctl show -p MainPID --value brokerd.service)
+        cp "$root/etc/brokerd/brokerd.conf" "$work.conf.good"
+        printf '\n[lane broken]\npools = nosuchpool\n' >>"$root/etc/brokerd/brokerd.conf"
+        cx dpkg -i "${upgrade_again[@]}" >"$work.dpkg-refused.log" 2>&1 ||
+                { cat "$work.dpkg-refused.log"; fail "dpkg -i with a configuration the new brokerd refuses failed"; }
+        cp "$work.conf.good" "$root/etc/brokerd/brokerd.conf"
+        grep -q "the new brokerd refuses the configuration" "$work.dpkg-refused.log" &&
+                grep -q "nosuchpool" "$work.dpkg-refused.log" ||
+                { cat "$work.dpkg-refused.log"; fail "dpkg -i did not print the new brokerd's configuration errors"; }
+        [ "$(cx systemctl show -p MainPID --value brokerd.service)" = "$old_pid" ] ||
+                fail "an upgrade restarted brokerd although the new one refuses the configuration"
+        cx slotctl status >/dev/null || fail "brokerd does not serve after an upgrade that left it running"
+        ok "dpkg -i with a configuration the new brokerd refuses: brokerd not restarted, the errors printed, still serving"
 fi
 
 # 11. Stopping both leaves no brokerd behind.
