@@ -92,8 +92,12 @@ int report_new(usec_t since, usec_t until, Report **ret) {
         r->until = until;
         r->bucket_us = bucket_width(until - since);
         r->n_buckets = DIV_ROUND_UP(until - since, r->bucket_us);
-        /* Per hour, as people ask ("what happened at 3 am"); per day when hours would be too many to read. */
-        r->period_us = until - since > 31 * USEC_PER_DAY ? USEC_PER_DAY : USEC_PER_HOUR;
+        /* Per hour, as people ask ("what happened at 3 am"); per day when hours would be too many to read; per
+         * several days when days would be (a row of a clock that jumped centuries ahead makes the range that long). */
+        usec_t range = until - since;
+        r->period_us = range <= 31 * USEC_PER_DAY                      ? USEC_PER_HOUR :
+                       range <= (REPORT_PERIODS_MAX - 1) * USEC_PER_DAY ? USEC_PER_DAY :
+                                                                         ((range - 1) / ((REPORT_PERIODS_MAX - 1) * USEC_PER_DAY) + 1) * USEC_PER_DAY;
         r->period_start = since - since % r->period_us;
         r->n_periods = DIV_ROUND_UP(until - r->period_start, r->period_us);
         *ret = r;

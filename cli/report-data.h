@@ -138,12 +138,15 @@ typedef struct ReportRow {
 
 #define REPORT_TABLE_ROWS 10
 #define REPORT_BUCKETS_MAX 600
+/* Periods (of the waits and refusals) at most: the hours of 31 days, the days of two years; a longer range is
+ * drawn per several days. Memory is this much per lane, whatever a row's time says. */
+#define REPORT_PERIODS_MAX 744
 
 typedef struct Report {
         usec_t since, until;      /* realtime µs: since ≤ time < until */
         usec_t bucket_us;
         size_t n_buckets;
-        usec_t period_us;         /* an hour, or a day for ranges beyond 31 days */
+        usec_t period_us;         /* an hour, a day for ranges beyond 31 days, whole days beyond two years */
         usec_t period_start;      /* since, floored to a whole period */
         size_t n_periods;
         ReportPool *pools;

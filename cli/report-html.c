@@ -201,7 +201,9 @@ static void time_axis(FILE *f, const Report *r) {
                 15 * USEC_PER_MINUTE, 30 * USEC_PER_MINUTE, USEC_PER_HOUR, 2 * USEC_PER_HOUR, 3 * USEC_PER_HOUR,
                 6 * USEC_PER_HOUR, 12 * USEC_PER_HOUR, USEC_PER_DAY, 2 * USEC_PER_DAY, USEC_PER_WEEK,
         };
-        usec_t range = until - since, step = steps[ELEMENTSOF(steps) - 1];
+        usec_t range = until - since;
+        /* Beyond the table (two months), whole days: a tick a week over centuries would be tens of thousands. */
+        usec_t step = (range / (8 * USEC_PER_DAY) + 1) * USEC_PER_DAY;
         for (size_t i = 0; i < ELEMENTSOF(steps); i++)
                 if (range / steps[i] <= 8) {
                         step = steps[i];
@@ -227,7 +229,8 @@ static void time_axis(FILE *f, const Report *r) {
                                 lt.tm_min == 0;
                 const char *label = step < USEC_PER_MINUTE           ? when(r, b, t, "%H:%M:%S") :
                                     step < USEC_PER_DAY && !midnight ? when(r, b, t, "%H:%M") :
-                                                                       when(r, b, t, "%b %d");
+                                    step <= USEC_PER_WEEK            ? when(r, b, t, "%b %d") :
+                                                                       when(r, b, t, "%Y-%m-%d");
                 fprintf(f, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s", x,
                         MARGIN_T + PLOT_H + 18, label);
                 if (step < USEC_PER_SEC && !r->virtual_clock)
@@ -364,8 +367,12 @@ static void put_marker(FILE *f, const char *class, const char *series, double x,
         fprintf(f, "<title>%s</title></%s>", title, streq(series, "p50") ? "circle" : "path");
 }
 
-static const char *period_word(const Report *r) {
-        return r->period_us == USEC_PER_DAY ? "day" : "hour";
+#define PERIOD_WORD_MAX 32
+static const char *period_word(const Report *r, char buf[static PERIOD_WORD_MAX]) {
+        if (r->period_us <= USEC_PER_DAY)
+                return r->period_us == USEC_PER_DAY ? "day" : "hour";
+        snprintf(buf, PERIOD_WORD_MAX, "%" PRIu64 " days", r->period_us / USEC_PER_DAY);
+        return buf;
 }
 
 static void chart_lane_waits(FILE *f, const Report *r, const ReportLane *l) {
@@ -377,7 +384,8 @@ static void chart_lane_waits(FILE *f, const Report *r, const ReportLane *l) {
         size_t points = 0;
 
         _cleanup_free_ char *title = NULL, *axis = NULL;
-        if (asprintf(&title, "Waits of lane %s per %s", l->name, period_word(r)) < 0 ||
+        char pw[PERIOD_WORD_MAX];
+        if (asprintf(&title, "Waits of lane %s per %s", l->name, period_word(r, pw)) < 0 ||
             asprintf(&axis, "wait (%s)", unit) < 0)
                 return;
         fputs("<figure data-lane=\"", f);
@@ -417,9 +425,9 @@ static void chart_lane_waits(FILE *f, const Report *r, const ReportLane *l) {
 }
 
 static void chart_waits(FILE *f, const Report *r, const ReportPool *p) {
-        char a[CLI_DURATION_MAX], b[CLI_DURATION_MAX], c[CLI_DURATION_MAX];
+        char a[CLI_DURATION_MAX], b[CLI_DURATION_MAX], c[CLI_DURATION_MAX], pw[PERIOD_WORD_MAX];
 
-        fprintf(f, "<h3>Waits per lane, per %s</h3><p class=\"summary\">", period_word(r));
+        fprintf(f, "<h3>Waits per lane, per %s</h3><p class=\"summary\">", period_word(r, pw));
         if (p->waits.n == 0) {
                 fputs("No request was granted in this range.</p>\n", f);
                 return;
@@ -512,7 +520,8 @@ static void reason_swatch(FILE *f, ReportReason k, double x, double y) {
 }
 
 static void chart_refusals(FILE *f, const Report *r, const ReportPool *p) {
-        fprintf(f, "<h3>Refusals per %s, by reason</h3><p class=\"summary\">", period_word(r));
+        char pw[PERIOD_WORD_MAX];
+        fprintf(f, "<h3>Refusals per %s, by reason</h3><p class=\"summary\">", period_word(r, pw));
         if (p->refused_total == 0) {
                 fputs("No request was refused in this range.</p>\n", f);
                 return;
@@ -564,7 +573,7 @@ static void chart_refusals(FILE *f, const Report *r, const ReportPool *p) {
         for (size_t i = 0; i < r->n_periods; i++) {
                 double base = 0;
                 char t[TIME_MAX];
-                if (r->period_us == USEC_PER_DAY)
+                if (r->period_us >= USEC_PER_DAY)
                         when(r, t, r->period_start + i * r->period_us, "%Y-%m-%d");
                 else
                         when(r, t, r->period_start + i * r->period_us, "%Y-%m-%d %H:00");
@@ -589,12 +598,13 @@ static void chart_refusals(FILE *f, const Report *r, const ReportPool *p) {
                 char t[TIME_MAX];
                 fprintf(f, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>",
                         MARGIN_L + w * ((double) i + 0.5), MARGIN_T + PLOT_H + 18,
+                        r->period_us > USEC_PER_DAY  ? when(r, t, r->period_start + i * r->period_us, "%Y-%m-%d") :
                         r->period_us == USEC_PER_DAY ? when(r, t, r->period_start + i * r->period_us, "%b %d") :
                                                        when(r, t, r->period_start + i * r->period_us, "%H:00"));
         }
         char z[TIME_MAX];
         fprintf(f, "<text class=\"axis-title\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s starting (%s)</text>",
-                MARGIN_L + PLOT_W / 2, CHART_H - 8, period_word(r), r->virtual_clock ? "from the start" : format_time(z, r->since, "%Z"));
+                MARGIN_L + PLOT_W / 2, CHART_H - 8, period_word(r, pw), r->virtual_clock ? "from the start" : format_time(z, r->since, "%Z"));
         fputs("<g class=\"legend\">", f);
         for (ReportReason k = 0; k < _REPORT_REASON_MAX; k++)
                 reason_swatch(f, k, MARGIN_L + PLOT_W - 460 + 95 * (double) k, 12);

@@ -231,6 +231,35 @@ static void test_page_is_self_contained_and_escapes_other_users_words(void **sta
         assert_null(strstr(html, "url(http"));
 }
 
+/* A clock that once jumped centuries ahead (an RTC reset, --since @0 by mistake) makes the default range as long:
+ * the periods and the time axis's ticks stay few, and so do the memory and the page. */
+static void test_a_range_of_centuries_stays_small(void **state) {
+        _cleanup_(report_freep) Report *r = NULL;
+        usec_t span = 1000 * 366 * USEC_PER_DAY;
+        assert_int_equal(report_new(T0, T0 + span, &r), 0);
+        assert_true(r->n_periods <= REPORT_PERIODS_MAX);
+        assert_int_equal(r->period_us % USEC_PER_DAY, 0);
+        add(r, REPORT_GRANTED, S, "merge", 0, false, 0);
+        add(r, REPORT_REFUSED, 2 * S, "merge", 0, false, REPORT_REASON_BUSY);
+        add(r, REPORT_REFUSED, span - S, "merge", 0, false, REPORT_REASON_BUSY);
+        report_finish(r);
+        assert_int_equal(r->pools[0].lanes[0].period_refused[0][REPORT_REASON_BUSY], 1);
+        assert_int_equal(r->pools[0].lanes[0].period_refused[r->n_periods - 1][REPORT_REASON_BUSY], 1);
+        _cleanup_free_ char *html = render(r);
+        assert_true(strlen(html) < 256 * 1024);
+        /* Three time axes (timeline, merge's waits, refusals) of a few ticks each, and twelve period labels. */
+        assert_true(count(html, "class=\"tick\" x=") < 3 * 12 + 12 + 40);
+        assert_non_null(strstr(html, "Refusals per "));
+        assert_null(strstr(html, "Refusals per day"));
+
+        /* Two months are still drawn per day, a week per hour. */
+        _cleanup_(report_freep) Report *months = NULL, *week = NULL;
+        assert_int_equal(report_new(T0, T0 + 60 * USEC_PER_DAY, &months), 0);
+        assert_int_equal(months->period_us, USEC_PER_DAY);
+        assert_int_equal(report_new(T0, T0 + 7 * USEC_PER_DAY, &week), 0);
+        assert_int_equal(week->period_us, USEC_PER_HOUR);
+}
+
 static void test_page_says_when_there_is_nothing(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
         assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
@@ -388,6 +417,7 @@ int main(void) {
                 cmocka_unit_test(test_refusals_are_counted_per_lane_reason_and_hour),
                 cmocka_unit_test(test_page_has_the_charts_bars_and_figures),
                 cmocka_unit_test(test_page_is_self_contained_and_escapes_other_users_words),
+                cmocka_unit_test(test_a_range_of_centuries_stays_small),
                 cmocka_unit_test(test_page_says_when_there_is_nothing),
                 cmocka_unit_test(test_page_draws_the_capacity_curve_or_says_why_not),
                 cmocka_unit_test(test_label_sets_are_a_table_only_when_some_request_asked),
