@@ -459,31 +459,60 @@ static bool has_reason_column(sqlite3 *db) {
 
 /* ---- writing ---- */
 
+/* The page into fd, which is closed. */
+static int write_fd(const Report *r, const ReportHtmlOptions *o, int fd) {
+        if (fd < 0)
+                return -errno; /* the caller's open() */
+        FILE *f = fdopen(fd, "w");
+        if (!f) {
+                int e = -errno;
+                close(fd);
+                return e;
+        }
+        int k = report_html_write(r, o, f);
+        if (fclose(f) != 0 && k >= 0)
+                k = -errno;
+        return k;
+}
+
 int report_write_file(const Report *r, const ReportHtmlOptions *o, const char *path) {
         if (streq(path, "-")) {
                 if (report_html_write(r, o, stdout) < 0)
                         return log_error_errno(-EIO, "Failed to write the report to standard output: %m");
                 return 0;
         }
+        /* What is not a regular file (a FIFO, /dev/stdout, /dev/null) is written into: renaming over it would
+         * put a file in its place (as root, in /dev). A symlink is followed, and the file it names replaced. */
+        _cleanup_free_ char *resolved = NULL;
+        struct stat st;
+        if (stat(path, &st) < 0) {
+                if (errno != ENOENT)
+                        return log_error_errno(-errno, "Failed to write '%s': %m", path);
+                if (lstat(path, &st) >= 0) {
+                        /* a link to a file yet to be: made where the link says */
+                        int k = write_fd(r, o, open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0644));
+                        return k < 0 ? log_error_errno(k, "Failed to write '%s': %m", path) : 0;
+                }
+        } else if (!S_ISREG(st.st_mode)) {
+                int k = write_fd(r, o, open(path, O_WRONLY | O_CLOEXEC | O_NOCTTY));
+                return k < 0 ? log_error_errno(k, "Failed to write '%s': %m", path) : 0;
+        } else {
+                resolved = realpath(path, NULL);
+                if (!resolved)
+                        return log_error_errno(-errno, "Failed to write '%s': %m", path);
+        }
+        const char *target = resolved ?: path;
+
         /* The page appears whole or not at all: written beside its name, then renamed over it. */
         _cleanup_free_ char *tmp = NULL;
-        if (asprintf(&tmp, "%s.XXXXXX", path) < 0)
+        if (asprintf(&tmp, "%s.XXXXXX", target) < 0)
                 return log_error_errno(-ENOMEM, "Failed to write '%s': %m", path);
         int fd = mkostemp(tmp, O_CLOEXEC);
         if (fd < 0)
                 return log_error_errno(-errno, "Failed to write '%s': %m", path);
         (void) fchmod(fd, 0644);
-        FILE *f = fdopen(fd, "w");
-        if (!f) {
-                int e = -errno;
-                close(fd);
-                unlink(tmp);
-                return log_error_errno(e, "Failed to write '%s': %m", path);
-        }
-        int k = report_html_write(r, o, f);
-        if (fclose(f) != 0 && k >= 0)
-                k = -errno;
-        if (k >= 0 && rename(tmp, path) < 0)
+        int k = write_fd(r, o, fd);
+        if (k >= 0 && rename(tmp, target) < 0)
                 k = -errno;
         if (k < 0) {
                 unlink(tmp);

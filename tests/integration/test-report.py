@@ -13,8 +13,10 @@ import html.parser
 import json
 import os
 import re
+import select
 import shutil
 import sqlite3
+import stat
 import struct
 import subprocess
 import sys
@@ -626,6 +628,46 @@ class Report(harness.BrokerTestCase):
                     check=False)
         self.assertEqual(p.returncode, 1, p.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.dir, "no-such-dir")))
+
+    def test_output_that_is_not_a_regular_file_is_written_through(self):
+        """-o onto a FIFO (as onto /dev/null or /dev/stdout, which a root slotctl replaced by a regular file)
+        writes into it; onto a symlink, into the file it names, the link kept."""
+        fifo = os.path.join(self.dir, "page.fifo")
+        os.mkfifo(fifo)
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader: slotctl's open for writing does not block
+        try:
+            proc = subprocess.Popen([SLOTCTL, "report", "--history", self.history, "-o", fifo], env=ENV,
+                                    stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            data = b""
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    chunk = None
+                if chunk:
+                    data += chunk
+                elif proc.poll() is not None:
+                    break
+                else:
+                    select.select([fd], [], [], 0.05)
+            self.assertEqual(proc.wait(), 0, proc.stderr.read())
+            proc.stderr.close()
+        finally:
+            os.close(fd)
+        self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO was replaced")
+        self.assertTrue(data.startswith(b"<!DOCTYPE html>"), data[:100])
+        self.assertTrue(data.rstrip().endswith(b"</html>"))
+        self.assertEqual([n for n in os.listdir(self.dir) if n.startswith("page.fifo.")], [])
+
+        target = os.path.join(self.dir, "published.html")
+        with open(target, "w") as f:
+            f.write("old")
+        link = os.path.join(self.dir, "link.html")
+        os.symlink("published.html", link)
+        slotctl("report", "--history", self.history, "-o", link)
+        self.assertTrue(os.path.islink(link), "the symlink was replaced")
+        with open(target) as f:
+            self.assertTrue(f.read().startswith("<!DOCTYPE html>"))
 
 
 if __name__ == "__main__":
