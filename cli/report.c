@@ -485,12 +485,16 @@ int report_write_file(const Report *r, const ReportHtmlOptions *o, const char *p
          * put a file in its place (as root, in /dev). A symlink is followed, and the file it names replaced. */
         _cleanup_free_ char *resolved = NULL;
         struct stat st;
+        /* The page holds other users' job labels: a new file as the umask says, a replaced one keeps its mode. */
+        mode_t mask = umask(0);
+        umask(mask);
+        mode_t mode = 0666 & ~mask;
         if (stat(path, &st) < 0) {
                 if (errno != ENOENT)
                         return log_error_errno(-errno, "Failed to write '%s': %m", path);
                 if (lstat(path, &st) >= 0) {
                         /* a link to a file yet to be: made where the link says */
-                        int k = write_fd(r, o, open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0644));
+                        int k = write_fd(r, o, open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666));
                         return k < 0 ? log_error_errno(k, "Failed to write '%s': %m", path) : 0;
                 }
         } else if (!S_ISREG(st.st_mode)) {
@@ -500,6 +504,7 @@ int report_write_file(const Report *r, const ReportHtmlOptions *o, const char *p
                 resolved = realpath(path, NULL);
                 if (!resolved)
                         return log_error_errno(-errno, "Failed to write '%s': %m", path);
+                mode = st.st_mode & 07777;
         }
         const char *target = resolved ?: path;
 
@@ -510,7 +515,7 @@ int report_write_file(const Report *r, const ReportHtmlOptions *o, const char *p
         int fd = mkostemp(tmp, O_CLOEXEC);
         if (fd < 0)
                 return log_error_errno(-errno, "Failed to write '%s': %m", path);
-        (void) fchmod(fd, 0644);
+        (void) fchmod(fd, mode); /* mkostemp() made it 0600 */
         int k = write_fd(r, o, fd);
         if (k >= 0 && rename(tmp, target) < 0)
                 k = -errno;

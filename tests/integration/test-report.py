@@ -669,6 +669,17 @@ class Report(harness.BrokerTestCase):
         with open(target) as f:
             self.assertTrue(f.read().startswith("<!DOCTYPE html>"))
 
+    def test_output_mode_follows_the_umask_or_the_file_it_replaces(self):
+        """The page has other users' job labels: a new one is created as the umask says (it was 0644 whatever
+        the umask), and one written over keeps the mode it had."""
+        new = os.path.join(self.dir, "private.html")
+        subprocess.run([SLOTCTL, "report", "--history", self.history, "-o", new], env=ENV, check=True,
+                       stdin=subprocess.DEVNULL, capture_output=True, preexec_fn=lambda: os.umask(0o077))
+        self.assertEqual(stat.S_IMODE(os.stat(new).st_mode), 0o600)
+        os.chmod(new, 0o640)
+        slotctl("report", "--history", self.history, "-o", new)
+        self.assertEqual(stat.S_IMODE(os.stat(new).st_mode), 0o640)
+
 
 if __name__ == "__main__":
     (_, SLOTCTL), argv = harness.arguments(__doc__, 2)
