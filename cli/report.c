@@ -105,6 +105,8 @@ static int parse_argv(int argc, char *argv[]) {
                 return log_usage("report", "-o FILE.html is needed ('-' for standard output)");
         if (arg_since >= 0 && arg_until >= 0 && arg_since >= arg_until)
                 return log_usage("report", "--since must be before --until");
+        if (arg_until == 0)
+                return log_usage("report", "--until: the history has nothing before 1970-01-01 00:00:00 UTC");
         return 1;
 }
 
@@ -561,8 +563,11 @@ int verb_report(int argc, char *argv[]) {
         (void) sqlite_api.exec(db, "PRAGMA temp_store = FILE", NULL, NULL, NULL);
 
         k = find_range(db, &since, &until);
-        if (k >= 0)
-                k = report_new(since, until, &r) < 0 ? log_error_errno(-ENOMEM, "Failed to make the report: %m") : 0;
+        if (k >= 0) {
+                k = report_new(since, until, &r);
+                if (k < 0)
+                        log_error_errno(k, "Failed to make the report: %m");
+        }
         if (k >= 0 && arg_pool && !report_pool(r, arg_pool))
                 k = log_error_errno(-ENOMEM, "Failed to make the report: %m");
         if (k >= 0)

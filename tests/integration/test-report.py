@@ -589,6 +589,10 @@ class Report(harness.BrokerTestCase):
         self.assertIn("-o", p.stderr)
         p = slotctl("report", "--history", self.history, "-o", "-", "--since", "@20", "--until", "@10", check=False)
         self.assertEqual(p.returncode, 64)
+        # Nothing is before 1970: a usage error, not "Cannot allocate memory" and exit status 1.
+        p = slotctl("report", "--history", self.history, "-o", "-", "--until", "@0", check=False)
+        self.assertEqual(p.returncode, 64, p.stderr)
+        self.assertIn("--until", p.stderr)
 
     def test_range_comes_from_the_spans(self):
         """Without --since/--until the range is the history's first and last rows: since schema 10 from event_spans
