@@ -165,7 +165,7 @@ void history_calls_init(HistoryCalls *hc) {
 }
 
 void history_call_start(HistoryCalls *hc, Session *s, const VarlinkCall *call) {
-        int64_t since = 0, until = 0, limit = 100, cursor = 0;
+        int64_t since = 0, until = -1, limit = 100, cursor = 0; /* until -1: not given */
         const char *lane = NULL, *pool = NULL, *decision = NULL, *bad = NULL;
 
         const JsonField table[] = {
@@ -185,6 +185,12 @@ void history_call_start(HistoryCalls *hc, Session *s, const VarlinkCall *call) {
         }
         if (connection_get_oneway(s->connection))
                 return; /* nobody wants the answer, and reading changes nothing */
+        if (until == 0) {
+                /* Nothing is before 1970; HistoryQuery takes an until of 0 for none, which would be every event. */
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:[]}", "events");
+                session_reply(s, p, false);
+                return;
+        }
         if (!hc->history) {
                 reply_unavailable(s);
                 return;
@@ -202,7 +208,7 @@ void history_call_start(HistoryCalls *hc, Session *s, const VarlinkCall *call) {
         h->query.pool = h->pool;
         h->query.decision = h->decision;
         h->query.since = (usec_t) since;
-        h->query.until = until > 0 ? (usec_t) until : USEC_INFINITY;
+        h->query.until = until >= 0 ? (usec_t) until : USEC_INFINITY;
         h->query.cursor = cursor;
         h->remaining = (unsigned) limit;
         h->session = s;

@@ -727,6 +727,15 @@ class Status(SlotctlTest):
         events = json.loads(self.run_slotctl("history", "--json").stdout)["events"]
         self.assertIn(self.HOSTILE_JOB, [e.get("job") for e in events])
 
+    def test_history_ranges_that_hold_nothing(self):
+        """--until @0 (brokerd took an until of 0 for no until: every event) and --since after --until."""
+        self.assertEqual(self.run_slotctl("run", "--lane", "merge", "--", "true").returncode, 0)
+        wait_for(lambda: json.loads(self.run_slotctl("history", "--json").stdout)["events"], 10, "the events")
+        for args in (("--until", "@0"), ("--since", "@2000000000", "--until", "@1000000000")):
+            r = self.run_slotctl("history", "--json", *args)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(json.loads(r.stdout)["events"], [], args)
+
 
 class Detached(SlotctlTest):
     def test_acquire_detach_and_release(self):
