@@ -126,6 +126,15 @@ static uint64_t median_u64(uint64_t *a, size_t n) {
         return a[(n - 1) / 2];
 }
 
+/* How much of an untrusted text an error may quote: its printable ASCII start, at most 80 bytes. An escape
+ * sequence, a newline or a right-to-left override from history.db never reaches the terminal. */
+static int quotable(const char *s) {
+        size_t n = 0;
+        while (n < 80 && s[n] >= 0x20 && s[n] < 0x7f)
+                n++;
+        return (int) n;
+}
+
 static int choose_pool(Replay *r, const char *wanted, char **error) {
         sqlite3_stmt *st = NULL;
         _cleanup_free_ char *list = NULL;
@@ -143,6 +152,8 @@ static int choose_pool(Replay *r, const char *wanted, char **error) {
         while ((rc = sqlite_api.step(st)) == SQLITE_ROW) {
                 const char *pool = (const char *) sqlite_api.column_text(st, 0);
                 char *l;
+                if (!conf_name_is_valid(pool))
+                        continue; /* not from brokerd: a pool is named in brokerd.conf */
                 n++;
                 if (wanted && streq(pool, wanted))
                         found = true;
@@ -309,6 +320,12 @@ static int read_requests(Replay *r, char **error) {
 
                 if (!lane || time_us < 0)
                         continue; /* not from brokerd: every request names its lane */
+                if (!streq(lane, ENGINE_RESERVE_LANE) && !conf_name_is_valid(lane)) {
+                        rc = scenario_error(error, "--replay: %s: event %lld: invalid lane name \"%.*s\"", r->path,
+                                            (long long) sqlite_api.column_int64(st, 0), quotable(lane), lane);
+                        sqlite_api.finalize(st);
+                        return rc;
+                }
                 /* A reservation (SPEC §3.6; brokerd's session_reserve()): lane @reserve, which no configuration
                  * has. It waits as long as it takes and is never refused for want of room: a refusal row of it
                  * is not brokerd's. Its grant is replayed as a reservation, not as a lane's request. */
@@ -354,8 +371,9 @@ static int read_requests(Replay *r, char **error) {
                         if (q == -ENOMEM)
                                 goto oom;
                         if (q < 0) {
-                                q = scenario_error(error, "--replay: %s: event %lld: invalid selector \"%.80s\"",
-                                                   r->path, (long long) sqlite_api.column_int64(st, 0), selector);
+                                q = scenario_error(error, "--replay: %s: event %lld: invalid selector \"%.*s\"",
+                                                   r->path, (long long) sqlite_api.column_int64(st, 0), quotable(selector),
+                                                   selector);
                                 sqlite_api.finalize(st);
                                 return q;
                         }

@@ -7,6 +7,7 @@ Usage: test-replay.py SLOTCTL
 """
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -479,6 +480,46 @@ class Replay(unittest.TestCase):
                 p = simulate("--replay", self.path, "--config", config, check=False)
                 self.assertEqual(p.returncode, 64, p.stderr)
                 self.assertIn("event 3: invalid selector", p.stderr)
+
+    def test_names_no_brokerd_writes_never_reach_the_terminal(self):
+        """history.db is untrusted: a lane, pool or selector with escape sequences, a newline or a right-to-left
+        override is refused or left out, and never printed raw (the lanes line printed them, ESC included)."""
+        evil = "x\x1b]0;owned\x07\x1b[2J\r\nforged line\u202e\u009b"
+        unsafe = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+        self.fail_fast_history()
+        db = sqlite3.connect(self.path)
+        db.execute("UPDATE events SET lane = ? WHERE id = 3", (evil,))
+        db.commit()
+        db.close()
+        p = simulate("--replay", self.path, check=False)
+        self.assertEqual(p.returncode, 64, p.stderr)
+        self.assertIn("event 3: invalid lane name", p.stderr)
+        self.assertNotRegex(p.stderr, unsafe)
+        self.assertNotIn("forged line", p.stderr.replace("\\n", ""))
+
+        os.unlink(self.path)
+        self.fail_fast_history()
+        db = sqlite3.connect(self.path)
+        db.execute("INSERT INTO events (time, decision, pool, lane, lease, wait_us) VALUES (?, 'granted', ?, 'merge', 'l', 0)",
+                   (T0, evil))
+        db.commit()
+        db.close()
+        p = simulate("--replay", self.path, check=False)
+        self.assertNotRegex(p.stderr, unsafe)
+        self.assertEqual(p.returncode, 0, p.stderr)  # the one pool a brokerd could have written
+        self.assertNotIn("forged", p.stderr)
+
+        os.unlink(self.path)
+        h = History(self.path, SCHEMA_5)
+        h.grant(0, "rigs", "w", S, selector=evil)
+        h.close()
+        config = os.path.join(self.dir.name, "brokerd.conf")
+        with open(config, "w") as f:
+            f.write(RIGS_CONFIG)
+        p = simulate("--replay", self.path, "--config", config, check=False)
+        self.assertEqual(p.returncode, 64, p.stderr)
+        self.assertIn("event 1: invalid selector", p.stderr)
+        self.assertNotRegex(p.stderr, unsafe)
 
     def fail_fast_history_at(self, path):
         saved, self.path = self.path, path
