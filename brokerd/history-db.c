@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fs-util.h"
 #include "history-db.h"
@@ -286,6 +287,13 @@ static int db_identify(sqlite3 *db, HistoryDbKind *ret_kind, unsigned *ret_versi
 static int db_open_file(const char *path, sqlite3 **ret) {
         sqlite3 *db = NULL;
         int rc;
+
+        /* A new file is made 0600 here, as the lease log is, whatever the umask of a brokerd run by hand: it holds
+         * other users' job labels. SQLite takes an empty file for a new database, and gives its -wal the
+         * database's mode. An existing file keeps the mode it has (a group an operator let read it). */
+        int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW, 0600);
+        if (fd >= 0)
+                close(fd);
 
         /* One thread uses the connection: SQLite's own mutexes would only cost. */
         rc = sqlite3_open_v2(path, &db,

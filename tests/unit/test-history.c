@@ -280,14 +280,20 @@ static void test_new_database_gets_current_schema(void **state) {
         struct stat st;
 
         snprintf(f->state, sizeof f->state, "%s/var/lib/brokerd", f->dir); /* missing: created */
+        mode_t mask = umask(022); /* brokerd run by hand: the file has other users' job labels all the same */
         open_history(f, 0);
+        umask(mask);
         assert_true(history_is_healthy(f->h));
         assert_int_equal(stat(f->state, &st), 0);
         assert_int_equal(st.st_mode & 07777, 0750);
+        assert_int_equal(stat(db_path(f), &st), 0);
+        assert_int_equal(st.st_mode & 07777, 0600); /* as the lease log */
 
         char wal[200], shm[200];
         snprintf(wal, sizeof wal, "%s-wal", db_path(f));
         assert_int_equal(access(wal, F_OK), 0); /* WAL mode */
+        assert_int_equal(stat(wal, &st), 0);
+        assert_int_equal(st.st_mode & 07777, 0600);
         /* ...with the WAL index in memory: no history.db-shm to map, which could raise SIGBUS. */
         snprintf(shm, sizeof shm, "%s-shm", db_path(f));
         assert_int_equal(access(shm, F_OK), -1);
