@@ -562,6 +562,7 @@ static int build_requests(const Replay *r, uint64_t t0, ReplayInfo *info, char *
                     !(o->traffic.lane = strdup(r->lanes[q->lane].name)))
                         goto fail;
                 o->at_ms = (q->arrival_us - t0) / USEC_PER_MSEC;
+                o->cancel_ms = SIM_FOREVER; /* its client stayed: 0 would withdraw it at its arrival */
                 o->traffic.slots = q->slots;
                 o->traffic.hold_ms = hold / USEC_PER_MSEC;
                 o->traffic.max_wait = USEC_INFINITY;

@@ -143,6 +143,9 @@ class Replay(unittest.TestCase):
         self.assertIn("merge (fail-fast)", p.stderr)
         self.assertIn("6 refused requests hold their lane's median hold", p.stderr)
         self.assertEqual(recorded["perRequest"], [])
+        # No recorded client went away: nothing is cancelled (every request was, at its arrival, "cancelled 12").
+        self.assertNotIn("cancelled", recorded)
+        self.assertNotIn("cancelled", simulate("--replay", self.path).stdout)
 
         smaller = simulate_json("--replay", self.path, "--limit", "4")
         larger = simulate_json("--replay", self.path, "--limit", "10")
