@@ -633,11 +633,10 @@ int verb_history(int argc, char *argv[]) {
                 { "limit", required_argument, NULL, ARG_LIMIT },
                 {},
         };
-        _cleanup_(json_decrefp) json_t *all = json_array();
         int r;
 
         arg_history_filters = json_object();
-        if (!arg_history_filters || !all) {
+        if (!arg_history_filters) {
                 log_error("Out of memory.");
                 return EXIT_FAILURE;
         }
@@ -647,6 +646,8 @@ int verb_history(int argc, char *argv[]) {
                 return r < 0 ? EXIT_USAGE : EXIT_SUCCESS;
         }
 
+        /* --json is written page by page, as the text is: a month of a busy CI's events held as one JSON tree
+         * took gigabytes. The bytes are those of {"events": [...]} formatted whole. */
         bool header = false;
         size_t printed = 0;
         for (;;) {
@@ -666,9 +667,17 @@ int verb_history(int argc, char *argv[]) {
                 json_array_foreach(events, i, e) {
                         if (arg_history_limit > 0 && printed >= arg_history_limit)
                                 break;
-                        if (arg_json)
-                                json_array_append(all, e);
-                        else {
+                        if (arg_json) {
+                                _cleanup_free_ char *text = NULL;
+                                if (json_format(e, &text, NULL) < 0) {
+                                        log_error("Out of memory.");
+                                        r = EXIT_FAILURE;
+                                        break;
+                                }
+                                fputs(header ? "," : "{\"events\":[", stdout);
+                                fputs(text, stdout);
+                                header = true;
+                        } else {
                                 if (!header) {
                                         printf("%-19s %-11s %-10s %-10s %-8s %-8s %-32s %s\n", "TIME", "DECISION", "POOL", "LANE",
                                                "WAITED", "HELD", "LEASE", "JOB");
@@ -680,17 +689,18 @@ int verb_history(int argc, char *argv[]) {
                 }
                 json_t *cursor = json_object_get(reply, "cursor");
                 /* A page that brings nothing cannot advance: stop rather than ask for ever. */
-                if (!json_is_integer(cursor) || json_array_size(events) == 0 ||
+                if (r != 0 || !json_is_integer(cursor) || json_array_size(events) == 0 ||
                     (arg_history_limit > 0 && printed >= arg_history_limit))
                         break;
                 json_object_set(arg_history_filters, "cursor", cursor);
         }
         arg_history_filters = filters_free();
-        if (r != 0)
+        if (r != 0) {
+                /* A page that failed part way: what was printed stays unterminated (no valid JSON), as it is. */
+                (void) fflush(stdout);
                 return r;
-        if (arg_json) {
-                _cleanup_(json_decrefp) json_t *out = json_pack("{s:O}", "events", all);
-                cli_print_json(out, stdout);
         }
+        if (arg_json)
+                fputs(header ? "]}\n" : "{\"events\":[]}\n", stdout);
         return fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
