@@ -82,7 +82,7 @@ static usec_t bucket_width(usec_t range) {
         return DIV_ROUND_UP(DIV_ROUND_UP(range, REPORT_BUCKETS_MAX), USEC_PER_DAY) * USEC_PER_DAY;
 }
 
-int report_new(usec_t since, usec_t until, Report **ret) {
+int report_new(usec_t since, usec_t until, int64_t utc_offset, Report **ret) {
         if (since >= until || until == USEC_INFINITY)
                 return -EINVAL;
         Report *r = calloc(1, sizeof(Report));
@@ -98,7 +98,10 @@ int report_new(usec_t since, usec_t until, Report **ret) {
         r->period_us = range <= 31 * USEC_PER_DAY                      ? USEC_PER_HOUR :
                        range <= (REPORT_PERIODS_MAX - 1) * USEC_PER_DAY ? USEC_PER_DAY :
                                                                          ((range - 1) / ((REPORT_PERIODS_MAX - 1) * USEC_PER_DAY) + 1) * USEC_PER_DAY;
-        r->period_start = since - since % r->period_us;
+        /* Whole local hours and days: a day's bar is that day's, west of UTC too, and an hour at UTC+5:30 starts at
+         * :00. A period's start before 1970 (a range from its first hours) is cut to 0. */
+        int64_t p = (int64_t) r->period_us, into = ((int64_t) (since % r->period_us) + utc_offset % p + p) % p;
+        r->period_start = (usec_t) into <= since ? since - (usec_t) into : 0;
         r->n_periods = DIV_ROUND_UP(until - r->period_start, r->period_us);
         *ret = r;
         return 0;

@@ -158,8 +158,9 @@ typedef struct Report {
         bool virtual_clock;       /* a simulation's times, from 0: shown as offsets, not dates */
 } Report;
 
-/* since < until. Returns 0, -EINVAL, -ENOMEM. */
-int report_new(usec_t since, usec_t until, Report **ret);
+/* since < until; utc_offset: the local zone's at since (tm_gmtoff, in µs; 0 on a simulation's clock), to which the
+ * periods are aligned: whole local hours and days. Returns 0, -EINVAL, -ENOMEM. */
+int report_new(usec_t since, usec_t until, int64_t utc_offset, Report **ret);
 Report *report_free(Report *r);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Report *, report_free);
 

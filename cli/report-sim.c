@@ -236,7 +236,7 @@ int report_from_simulation(const Scenario *s, const SimResult *res, Report **ret
         }
         qsort(events, n, sizeof(SimEvent), compare_events);
 
-        int k = report_new(0, (end_ms + 1) * USEC_PER_MSEC, &r);
+        int k = report_new(0, (end_ms + 1) * USEC_PER_MSEC, 0, &r);
         if (k < 0)
                 return k;
         r->virtual_clock = true;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli-util.h"
@@ -528,6 +529,13 @@ int report_write_file(const Report *r, const ReportHtmlOptions *o, const char *p
         return 0;
 }
 
+/* The local zone's offset from UTC at t, in µs: the report's hours and days are local. */
+static int64_t local_offset(usec_t t) {
+        time_t s = (time_t) (t / USEC_PER_SEC);
+        struct tm tm;
+        return localtime_r(&s, &tm) ? (int64_t) tm.tm_gmtoff * (int64_t) USEC_PER_SEC : 0;
+}
+
 static char *default_history(void) {
         const char *e = getenv("STATE_DIRECTORY");
         char *p = NULL;
@@ -564,7 +572,7 @@ int verb_report(int argc, char *argv[]) {
 
         k = find_range(db, &since, &until);
         if (k >= 0) {
-                k = report_new(since, until, &r);
+                k = report_new(since, until, local_offset(since), &r);
                 if (k < 0)
                         log_error_errno(k, "Failed to make the report: %m");
         }

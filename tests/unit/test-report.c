@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "report-data.h"
 #include "report-html.h"
@@ -68,7 +69,7 @@ static void test_quantiles_are_at_most_a_bin_high_and_the_max_is_exact(void **st
 
 static void test_timeline_steps_with_grants_waits_and_congestion(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
-        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        assert_int_equal(report_new(T0, T0 + 10 * S, 0, &r), 0);
         assert_int_equal(r->bucket_us, 50 * MS); /* 200 columns: the first width within 600 */
 
         add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
@@ -102,7 +103,7 @@ static void test_timeline_steps_with_grants_waits_and_congestion(void **state) {
 
 static void test_a_lease_granted_before_the_range_is_held_in_it(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
-        assert_int_equal(report_new(T0 + 10 * S, T0 + 20 * S, &r), 0);
+        assert_int_equal(report_new(T0 + 10 * S, T0 + 20 * S, 0, &r), 0);
         add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
         add(r, REPORT_RELEASED, 15 * S, "merge", 0, false, 0);
         report_finish(r);
@@ -116,7 +117,7 @@ static void test_a_lease_granted_before_the_range_is_held_in_it(void **state) {
 
 static void test_an_end_without_its_start_is_clamped_and_said(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
-        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        assert_int_equal(report_new(T0, T0 + 10 * S, 0, &r), 0);
         add(r, REPORT_RELEASED, 1 * S, "merge", 0, false, 0);
         add(r, REPORT_GRANTED, 2 * S, "merge", 0, false, 0);
         report_finish(r);
@@ -127,18 +128,18 @@ static void test_an_end_without_its_start_is_clamped_and_said(void **state) {
 
 static void test_events_out_of_order_or_past_the_range_are_refused(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
-        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        assert_int_equal(report_new(T0, T0 + 10 * S, 0, &r), 0);
         add(r, REPORT_GRANTED, 5 * S, "merge", 0, false, 0);
         ReportEvent e = { .kind = REPORT_RELEASED, .time = T0 + 4 * S, .pool = "grid" };
         assert_int_equal(report_add(r, &e), -EINVAL);
         e.time = T0 + 10 * S;
         assert_int_equal(report_add(r, &e), -EINVAL);
-        assert_int_equal(report_new(T0, T0, &(Report *) { NULL }), -EINVAL);
+        assert_int_equal(report_new(T0, T0, 0, &(Report *) { NULL }), -EINVAL);
 }
 
 static void test_refusals_are_counted_per_lane_reason_and_hour(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
-        assert_int_equal(report_new(T0, T0 + 3 * USEC_PER_HOUR, &r), 0);
+        assert_int_equal(report_new(T0, T0 + 3 * USEC_PER_HOUR, 0, &r), 0);
         assert_int_equal(r->n_periods, 3);
         assert_int_equal(r->period_us, USEC_PER_HOUR);
         add(r, REPORT_REFUSED, 10 * S, "merge", 0, false, REPORT_REASON_BUSY);
@@ -179,7 +180,7 @@ static size_t count(const char *haystack, const char *needle) {
 
 static void test_page_has_the_charts_bars_and_figures(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
-        assert_int_equal(report_new(T0, T0 + 2 * USEC_PER_HOUR, &r), 0);
+        assert_int_equal(report_new(T0, T0 + 2 * USEC_PER_HOUR, 0, &r), 0);
         add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
         add(r, REPORT_REFUSED, 2 * S, "merge", 0, false, REPORT_REASON_BUSY);
         add(r, REPORT_REFUSED, 3 * S, "merge", 0, false, REPORT_REASON_FULL);
@@ -207,7 +208,7 @@ static void test_page_has_the_charts_bars_and_figures(void **state) {
 
 static void test_page_is_self_contained_and_escapes_other_users_words(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
-        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        assert_int_equal(report_new(T0, T0 + 10 * S, 0, &r), 0);
         ReportEvent e = {
                 .kind = REPORT_GRANTED, .time = T0 + S, .pool = "<script>alert(1)</script>", .lane = "\"><svg onload=alert(1)>",
         };
@@ -236,7 +237,7 @@ static void test_page_is_self_contained_and_escapes_other_users_words(void **sta
 static void test_a_range_of_centuries_stays_small(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
         usec_t span = 1000 * 366 * USEC_PER_DAY;
-        assert_int_equal(report_new(T0, T0 + span, &r), 0);
+        assert_int_equal(report_new(T0, T0 + span, 0, &r), 0);
         assert_true(r->n_periods <= REPORT_PERIODS_MAX);
         assert_int_equal(r->period_us % USEC_PER_DAY, 0);
         add(r, REPORT_GRANTED, S, "merge", 0, false, 0);
@@ -254,15 +255,60 @@ static void test_a_range_of_centuries_stays_small(void **state) {
 
         /* Two months are still drawn per day, a week per hour. */
         _cleanup_(report_freep) Report *months = NULL, *week = NULL;
-        assert_int_equal(report_new(T0, T0 + 60 * USEC_PER_DAY, &months), 0);
+        assert_int_equal(report_new(T0, T0 + 60 * USEC_PER_DAY, 0, &months), 0);
         assert_int_equal(months->period_us, USEC_PER_DAY);
-        assert_int_equal(report_new(T0, T0 + 7 * USEC_PER_DAY, &week), 0);
+        assert_int_equal(report_new(T0, T0 + 7 * USEC_PER_DAY, 0, &week), 0);
         assert_int_equal(week->period_us, USEC_PER_HOUR);
+}
+
+/* Days and hours are the local zone's (the page says times are local): west of UTC a day's bar began at 19:00 the
+ * day before and carried that date, so most of a day's refusals were drawn on the day before; at UTC+5:30 an hour
+ * began at :30 and read ":00". */
+static void test_periods_are_whole_local_days_and_hours(void **state) {
+        static const struct {
+                const char *tz;
+                int64_t offset; /* s */
+                usec_t range;
+        } zones[] = {
+                { "EST5", -5 * 3600, 60 * USEC_PER_DAY },
+                { "IST-5:30", 5 * 3600 + 1800, 4 * USEC_PER_DAY },
+                { "UTC", 0, 60 * USEC_PER_DAY },
+        };
+        for (size_t z = 0; z < ELEMENTSOF(zones); z++) {
+                _cleanup_(report_freep) Report *r = NULL;
+                int64_t offset = zones[z].offset * (int64_t) S;
+                assert_int_equal(report_new(T0, T0 + zones[z].range, offset, &r), 0);
+                assert_int_equal(((int64_t) r->period_start + offset) % (int64_t) r->period_us, 0);
+                assert_true(r->period_start <= T0 && T0 - r->period_start < r->period_us);
+
+                /* 10:00 local, two days in: on the bar of that local day (or hour). */
+                usec_t at = T0 - (T0 + offset) % USEC_PER_DAY + 2 * USEC_PER_DAY + 10 * USEC_PER_HOUR - T0;
+                add(r, REPORT_REFUSED, at, "merge", 0, false, REPORT_REASON_BUSY);
+                report_finish(r);
+                size_t i = (T0 + at - r->period_start) / r->period_us;
+                assert_int_equal(r->pools[0].lanes[0].period_refused[i][REPORT_REASON_BUSY], 1);
+                usec_t start = r->period_start + i * r->period_us;
+                assert_int_equal(((int64_t) start + offset) / (int64_t) r->period_us * (int64_t) r->period_us,
+                                 (int64_t) (T0 + at) + offset - ((int64_t) (T0 + at) + offset) % (int64_t) r->period_us);
+
+                setenv("TZ", zones[z].tz, 1);
+                tzset();
+                _cleanup_free_ char *html = render(r);
+                setenv("TZ", "UTC", 1);
+                tzset();
+                char t[64];
+                time_t local = (time_t) ((T0 + at) / S) + (time_t) zones[z].offset;
+                struct tm tm;
+                assert_non_null(gmtime_r(&local, &tm));
+                strftime(t, sizeof t, r->period_us == USEC_PER_DAY ? "<title>%Y-%m-%d: 1 busy</title>" :
+                                                                     "<title>%Y-%m-%d %H:00: 1 busy</title>", &tm);
+                assert_non_null(strstr(html, t));
+        }
 }
 
 static void test_page_says_when_there_is_nothing(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
-        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        assert_int_equal(report_new(T0, T0 + 10 * S, 0, &r), 0);
         report_finish(r);
         _cleanup_free_ char *empty = render(r);
         assert_non_null(strstr(empty, "holds no decision in this range"));
@@ -278,7 +324,7 @@ static void test_page_says_when_there_is_nothing(void **state) {
 
 static void test_page_draws_the_capacity_curve_or_says_why_not(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
-        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        assert_int_equal(report_new(T0, T0 + 10 * S, 0, &r), 0);
         add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
         ReportPool *p = &r->pools[0];
         p->sweep = calloc(3, sizeof(ReportSweepPoint));
@@ -304,7 +350,7 @@ static void test_page_draws_the_capacity_curve_or_says_why_not(void **state) {
 
 static void test_label_sets_are_a_table_only_when_some_request_asked(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
-        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        assert_int_equal(report_new(T0, T0 + 10 * S, 0, &r), 0);
         add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
         ReportPool *p = &r->pools[0];
 
@@ -337,7 +383,7 @@ static void test_label_sets_are_a_table_only_when_some_request_asked(void **stat
 
 static void test_members_count_use_holds_failures_and_quarantines(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
-        assert_int_equal(report_new(T0, T0 + 100 * S, &r), 0);
+        assert_int_equal(report_new(T0, T0 + 100 * S, 0, &r), 0);
         add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
 
         /* rig-b: one lease of 40 s; rig-a: a two-member lease with rig-b, and one granted before the range whose
@@ -389,7 +435,7 @@ static void test_members_count_use_holds_failures_and_quarantines(void **state) 
 
 static void test_members_are_escaped_and_absent_without_rows(void **state) {
         _cleanup_(report_freep) Report *r = NULL;
-        assert_int_equal(report_new(T0, T0 + 10 * S, &r), 0);
+        assert_int_equal(report_new(T0, T0 + 10 * S, 0, &r), 0);
         add(r, REPORT_GRANTED, 1 * S, "merge", 0, false, 0);
         report_finish(r);
         _cleanup_free_ char *plain = render(r);
@@ -418,6 +464,7 @@ int main(void) {
                 cmocka_unit_test(test_page_has_the_charts_bars_and_figures),
                 cmocka_unit_test(test_page_is_self_contained_and_escapes_other_users_words),
                 cmocka_unit_test(test_a_range_of_centuries_stays_small),
+                cmocka_unit_test(test_periods_are_whole_local_days_and_hours),
                 cmocka_unit_test(test_page_says_when_there_is_nothing),
                 cmocka_unit_test(test_page_draws_the_capacity_curve_or_says_why_not),
                 cmocka_unit_test(test_label_sets_are_a_table_only_when_some_request_asked),
