@@ -478,8 +478,14 @@ static int write_fd(const Report *r, const ReportHtmlOptions *o, int fd) {
         return k;
 }
 
+/* path names what standard output is (/dev/stdout, /proc/self/fd/1: a file the shell opened, perhaps to append). */
+static bool is_stdout(const char *path) {
+        struct stat a, b;
+        return stat(path, &a) >= 0 && fstat(STDOUT_FILENO, &b) >= 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 int report_write_file(const Report *r, const ReportHtmlOptions *o, const char *path) {
-        if (streq(path, "-")) {
+        if (streq(path, "-") || is_stdout(path)) {
                 if (report_html_write(r, o, stdout) < 0)
                         return log_error_errno(-EIO, "Failed to write the report to standard output: %m");
                 return 0;

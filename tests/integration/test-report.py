@@ -673,6 +673,18 @@ class Report(harness.BrokerTestCase):
         with open(target) as f:
             self.assertTrue(f.read().startswith("<!DOCTYPE html>"))
 
+        # -o /dev/stdout onto a file the shell opened to append to (>>): appended, not put in the file's place.
+        appended = os.path.join(self.dir, "appended.html")
+        with open(appended, "w") as f:
+            f.write("HEAD\n")
+        with open(appended, "a") as out:
+            subprocess.run([SLOTCTL, "report", "--history", self.history, "-o", "/dev/stdout"], env=ENV, check=True,
+                           stdin=subprocess.DEVNULL, stdout=out)
+        with open(appended) as f:
+            text = f.read()
+        self.assertTrue(text.startswith("HEAD\n<!DOCTYPE html>"), text[:40])
+        self.assertTrue(text.rstrip().endswith("</html>"))
+
     def test_output_mode_follows_the_umask_or_the_file_it_replaces(self):
         """The page has other users' job labels: a new one is created as the umask says (it was 0644 whatever
         the umask), and one written over keeps the mode it had."""
