@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "history-file.h"
@@ -107,6 +108,12 @@ int history_file_open(const char *path, const char *who, char **error, sqlite3 *
         /* SQLite's "unable to open database file" does not say why. */
         if (access(path, R_OK) < 0)
                 return scenario_error(error, "%s: cannot read '%s': %s", who, path, strerror(errno));
+        /* A FIFO would block the open until something writes to it, for ever. */
+        struct stat st;
+        if (stat(path, &st) < 0)
+                return scenario_error(error, "%s: cannot read '%s': %s", who, path, strerror(errno));
+        if (!S_ISREG(st.st_mode))
+                return scenario_error(error, "%s: '%s' is not a regular file", who, path);
         /* Read-only, never creating it. A WAL database in a directory we may not write, or one that a
          * running brokerd holds (it locks history.db for itself: brokerd(8)), still opens as immutable, its
          * newest rows (not yet checkpointed) then missing. */

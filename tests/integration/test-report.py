@@ -589,6 +589,14 @@ class Report(harness.BrokerTestCase):
         self.assertIn("-o", p.stderr)
         p = slotctl("report", "--history", self.history, "-o", "-", "--since", "@20", "--until", "@10", check=False)
         self.assertEqual(p.returncode, 64)
+        # A FIFO (or a directory) is no database: refused at once, not waited on for a writer for ever.
+        fifo = os.path.join(self.dir, "history.fifo")
+        os.mkfifo(fifo)
+        for bad in (fifo, self.dir):
+            p = subprocess.run([SLOTCTL, "report", "--history", bad, "-o", "-"], capture_output=True, text=True,
+                               timeout=10, env=ENV, stdin=subprocess.DEVNULL)
+            self.assertEqual(p.returncode, 64, p.stderr)
+            self.assertIn("not a regular file", p.stderr)
         # Nothing is before 1970: a usage error, not "Cannot allocate memory" and exit status 1.
         p = slotctl("report", "--history", self.history, "-o", "-", "--until", "@0", check=False)
         self.assertEqual(p.returncode, 64, p.stderr)
