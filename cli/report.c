@@ -490,7 +490,7 @@ int report_write_file(const Report *r, const ReportHtmlOptions *o, const char *p
                         return log_error_errno(-EIO, "Failed to write the report to standard output: %m");
                 return 0;
         }
-        /* What is not a regular file (a FIFO, /dev/stdout, /dev/null) is written into: renaming over it would
+        /* What is not a regular file (a FIFO, /dev/null) is written into: renaming over it would
          * put a file in its place (as root, in /dev). A symlink is followed, and the file it names replaced. */
         _cleanup_free_ char *resolved = NULL;
         struct stat st;
@@ -513,7 +513,7 @@ int report_write_file(const Report *r, const ReportHtmlOptions *o, const char *p
                 resolved = realpath(path, NULL);
                 if (!resolved)
                         return log_error_errno(-errno, "Failed to write '%s': %m", path);
-                mode = st.st_mode & 07777;
+                mode = st.st_mode & 0777; /* its permissions, not a set-id bit on a page */
         }
         const char *target = resolved ?: path;
 
