@@ -1375,6 +1375,10 @@ int manager_reload(Manager *m, ConfErrors *errors) {
                 member_state_entries_free(pending, n_pending);
         }
         manager_apply_uses(m); /* the counts of members this configuration brings back */
+        /* A user taken off a lane's allow-users=/allow-groups= is not granted later what it queued for before. */
+        unsigned denied = session_table_withdraw_denied(&m->sessions);
+        if (denied > 0)
+                log_notice("Refused %u waiting request(s) whose lane no longer allows their user.", denied);
         char detail[128];
         snprintf(detail, sizeof detail, "%zu pools, %zu lanes", m->config->n_pools, m->config->n_lanes);
         log_info("Configuration reloaded: %s.", detail);

@@ -1389,6 +1389,8 @@ bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
         rec.pid = s->cred.pid;
         if (why == SESSION_WITHDRAW_GONE)
                 rec.decision = "cancelled";
+        else if (why == SESSION_WITHDRAW_DENIED)
+                rec.decision = "denied";
         else {
                 /* The client is refused (Unavailable): recorded as that refusal, with the reason. */
                 rec.decision = "unavailable";
@@ -1403,8 +1405,48 @@ bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
                                                               rec.pool, "reason", "cancelled");
                 session_reply_error(s, "io.slotbroker.Unavailable", p);
                 session_acquire_done(s);
+        } else if (why == SESSION_WITHDRAW_DENIED) {
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", a->lane);
+                session_reply_error(s, "io.slotbroker.PermissionDenied", p);
+                session_acquire_done(s);
         }
         return true;
+}
+
+static bool session_waits_denied(const Session *s) {
+        const AcquireCall *a = &s->acquire;
+        SessionTable *t = s->table;
+        if (s->closed || !session_is_waiting(s) || streq(a->lane, ENGINE_RESERVE_LANE) ||
+            !conf_find_lane(t->config, a->lane))
+                return false; /* a removed lane's waiters its pools refused already (engine_configure()) */
+        const gid_t *groups;
+        size_t n_groups = connection_get_groups(s->connection, &groups);
+        return !t->lane_allows(a->lane, s->cred.uid, groups, n_groups, t->userdata);
+}
+
+unsigned session_table_withdraw_denied(SessionTable *t) {
+        /* Collect first: answering a waiter runs the calls it pipelined, which may close other connections. */
+        size_t n = 0;
+        list_foreach(node, &t->sessions)
+                n += session_waits_denied(container_of(node, Session, node));
+        if (n == 0)
+                return 0;
+        _cleanup_free_ Session **denied = calloc(n, sizeof(Session *));
+        if (!denied) {
+                log_oom();
+                return 0;
+        }
+        size_t k = 0;
+        list_foreach(node, &t->sessions) {
+                Session *s = container_of(node, Session, node);
+                if (k < n && session_waits_denied(s))
+                        denied[k++] = s;
+        }
+        unsigned withdrawn = 0;
+        for (size_t i = 0; i < k; i++)
+                if (!denied[i]->closed && session_waiter_withdraw(denied[i], SESSION_WITHDRAW_DENIED))
+                        withdrawn++;
+        return withdrawn;
 }
 
 void session_on_lease_event(SessionTable *m, const LeaseEvent *ev) {

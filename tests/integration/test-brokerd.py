@@ -859,6 +859,35 @@ class Scenarios:
                           f'{b.config_path}:{lane_line}: allow-users: unknown user "no-such-user-slotbroker"'])
         self.assertTrue(b.alive())
 
+    def test_reload_refuses_waiters_the_lane_no_longer_allows(self):
+        """An operator takes a user off a lane's allow-users= and reloads: that user's queued requests must not
+        be granted later. They are refused (PermissionDenied, as a new request would be); holders keep their
+        leases, and waiters still allowed keep their place."""
+        config = RELOAD_BASE.replace("limit = 2", "limit = 1") + "allow-users = root nobody\n"
+        b = self.start_broker(config)
+        h = b.acquire("shrink")
+        self.addCleanup(h.close)
+        self.assertTrue(h.granted, h.msg)
+        p = spawn_client_as(b.socket_path, "io.slotbroker.Acquire", {"lane": "shrink", "job": "revoked"})
+        self.addCleanup(harness.stop_client, p)
+        self.assertEqual(read_json_line(p)["parameters"]["state"], "queued")
+        kept = b.acquire("shrink")
+        self.addCleanup(kept.close)
+        self.assertTrue(kept.queued, kept.msg)
+
+        b.write_config(config.replace("allow-users = root nobody", "allow-users = root"))
+        self.assertEqual(b.reload(), {})
+        msg = read_json_line(p, timeout=2)
+        while (msg.get("parameters") or {}).get("state") == "queued":  # its place in the queue, told as it moves
+            msg = read_json_line(p, timeout=2)
+        self.assertEqual((msg.get("error"), msg.get("parameters")), ("io.slotbroker.PermissionDenied", {"lane": "shrink"}),
+                         f"nobody's waiter after its permission was withdrawn: {msg}")
+        wait_for(lambda: f"[LANE_DENIED] uid {NOBODY_UID} may not use lane shrink" in b.log(), message="the refusal audited")
+        self.assertEqual(b.pool("shrink")["waiting"], 1, "root's waiter keeps its place")
+        self.assertIsNone(h.conn.poll(0), "a reload must not disturb a holder")
+        h.close()
+        kept.until_granted(timeout=2)
+
     def test_shrunk_pool_grants_nothing_above_its_new_limit(self):
         b = self.start_broker(RELOAD_BASE)
         h0, i0 = b.tracked(lambda: b.acquire("shrink"))
