@@ -1346,6 +1346,11 @@ int manager_reload(Manager *m, ConfErrors *errors) {
                 log_notice("socket= changed; it takes effect when brokerd restarts.");
         if (c->lease_persistence != m->persistence.mode)
                 log_notice("lease-persistence= changed; it takes effect when brokerd restarts.");
+        /* Both belong to the history's writer thread and the state directory's files, set up once. */
+        if (!streq_ptr(c->state_directory, m->config->state_directory))
+                log_notice("state-directory= changed; it takes effect when brokerd restarts.");
+        if (c->history_retention != m->config->history_retention)
+                log_notice("history-retention= changed; it takes effect when brokerd restarts.");
 #if HAVE_REDIS
         if (m->node_loaded && !streq_ptr(c->node_name, m->config->node_name))
                 log_notice("node-name= changed; shared pools show the new name when brokerd restarts.");

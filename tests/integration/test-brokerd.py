@@ -888,6 +888,17 @@ class Scenarios:
         h.close()
         kept.until_granted(timeout=2)
 
+    def test_reload_says_which_settings_wait_for_a_restart(self):
+        """[broker] keys read at start only: a reload that changes them says so, rather than leaving an
+        operator to believe that, say, a shorter history-retention= prunes the database now."""
+        b = self.start_broker("[broker]\nhistory-retention = 30d\n" + RELOAD_BASE)
+        b.write_config(f"[broker]\nhistory-retention = 1d\nstate-directory = {b.dir}/elsewhere\n" + RELOAD_BASE)
+        self.assertEqual(b.reload(), {})
+        log = b.log()
+        for key in ("history-retention", "state-directory"):
+            self.assertIn(f"{key}= changed; it takes effect when brokerd restarts.", log)
+        self.assertNotIn("socket= changed", log, "only what changed is named")
+
     def test_shrunk_pool_grants_nothing_above_its_new_limit(self):
         b = self.start_broker(RELOAD_BASE)
         h0, i0 = b.tracked(lambda: b.acquire("shrink"))
