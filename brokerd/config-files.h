@@ -28,7 +28,8 @@ int config_load_full(const char *main_path, const char *dropin_dir, ConfigLoadFl
                      BrokerConfig **ret, ConfErrors *errors);
 
 /* Applies one file's text to c; name is used in "name:line" of errors. NUL bytes, oversize input and
- * lines longer than CONFIG_LINE_MAX are errors. No validation. Returns 0, -EINVAL or -ENOMEM. */
+ * lines longer than CONFIG_LINE_MAX are errors. No validation. Returns 0, -EINVAL, -EIO (a NUL byte or
+ * oversize input: nothing of the text was applied, the error is recorded) or -ENOMEM. */
 int config_parse_buffer(BrokerConfig *c, const char *data, size_t size, const char *name, ConfErrors *errors);
 
 /* Parses text as the only configuration file (no drop-ins, no default) and validates it. For tests and

@@ -160,6 +160,13 @@ static int parser_handle(void *userdata, const char *section, const char *key, c
         return 1;
 }
 
+/* A file we cannot read is told apart from one with errors in it: see config_load_full(). */
+#define unreadable(errors, src, ...)                                          \
+        ({                                                                    \
+                (void) conf_errors_add((errors), (src), NULL, __VA_ARGS__);   \
+                -EIO;                                                         \
+        })
+
 int config_parse_buffer(BrokerConfig *c, const char *data, size_t size, const char *name, ConfErrors *errors) {
         ConfSource src = { .file = (char *) name };
 
@@ -167,14 +174,16 @@ int config_parse_buffer(BrokerConfig *c, const char *data, size_t size, const ch
         assert_return(data || size == 0, -EINVAL);
         assert_return(name, -EINVAL);
 
+        /* Refused whole, as a file that cannot be read is: -EIO, so that the caller does not validate what is
+         * left without it (see config_load_full()). */
         if (size > CONFIG_FILE_SIZE_MAX)
-                return conf_errors_add(errors, &src, NULL, "file is larger than %zu bytes", CONFIG_FILE_SIZE_MAX);
+                return unreadable(errors, &src, "file is larger than %zu bytes", CONFIG_FILE_SIZE_MAX);
         const char *nul = memchr(data ?: "", '\0', size);
         if (nul) {
                 src.line = 1;
                 for (const char *i = data; i < nul; i++)
                         src.line += *i == '\n';
-                return conf_errors_add(errors, &src, NULL, "contains a NUL byte (not a text file?)");
+                return unreadable(errors, &src, "contains a NUL byte (not a text file?)");
         }
 
         Parser p = {
@@ -223,13 +232,6 @@ int config_parse_buffer(BrokerConfig *c, const char *data, size_t size, const ch
         }
         return p.failed || k != 0 ? -EINVAL : 0;
 }
-
-/* A file we cannot read is told apart from one with errors in it: see config_load_full(). */
-#define unreadable(errors, src, ...)                                          \
-        ({                                                                    \
-                (void) conf_errors_add((errors), (src), NULL, __VA_ARGS__);   \
-                -EIO;                                                         \
-        })
 
 /* Reads a whole configuration file. Returns 0, -ENOENT when it does not exist and may be missing (no error
  * recorded), -EIO with the error recorded, or -ENOMEM. */
@@ -462,6 +464,8 @@ int config_load_buffer(const char *data, size_t size, const char *name, BrokerCo
         r = config_parse_buffer(c, data, size, name ?: "(string)", errors);
         if (r == -ENOMEM)
                 return r;
+        if (r == -EIO)
+                return -EINVAL; /* nothing of it was read: validating nothing would only add noise */
         /* Validated even after parse errors: one run reports every problem. */
         int k = conf_validate(c, errors);
         if (r < 0 || k < 0)

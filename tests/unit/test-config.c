@@ -270,6 +270,28 @@ static void test_nul_byte_is_rejected_with_its_line(void **state) {
         assert_has_error(path_in(dir, "brokerd.conf", 3), NULL, "NUL byte");
 }
 
+/* A file refused whole (not text) is one error: what follows from ignoring it ("no lane is configured", when the
+ * lanes are in that very file) would send an operator after the wrong problem. */
+static void test_nul_byte_is_the_only_error(void **state) {
+        static const char text[] = MINIMAL "# pasted from a binary: \0\n";
+        int fd = open(main_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, text, sizeof text - 1), (ssize_t) sizeof text - 1);
+        close(fd);
+        assert_int_equal(load(), -EINVAL);
+        assert_has_error(path_in(dir, "brokerd.conf", 5), NULL, "NUL byte");
+        if (errors.n_errors != 1)
+                print_errors();
+        assert_int_equal(errors.n_errors, 1);
+}
+
+static void test_load_buffer_with_nul_is_the_only_error(void **state) {
+        static const char data[] = MINIMAL "\0";
+        assert_int_equal(config_load_buffer(data, sizeof data - 1, "buf", &c, &errors), -EINVAL);
+        assert_has_error("buf:5", NULL, "NUL byte");
+        assert_int_equal(errors.n_errors, 1);
+}
+
 static void test_directory_as_config_file_is_rejected(void **state) {
         assert_int_equal(mkdir(main_path, 0755), 0);
         assert_int_equal(load(), -EINVAL);
@@ -555,6 +577,8 @@ int main(void) {
                 T(test_oversize_file_is_rejected),
                 T(test_file_at_the_size_cap_is_fine),
                 T(test_nul_byte_is_rejected_with_its_line),
+                T(test_nul_byte_is_the_only_error),
+                T(test_load_buffer_with_nul_is_the_only_error),
                 T(test_directory_as_config_file_is_rejected),
                 T(test_fifo_is_rejected_without_hanging),
                 T(test_unreadable_file_is_an_error_not_the_default),
