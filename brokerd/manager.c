@@ -1311,7 +1311,10 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         LaneAcl *acls = NULL;
         size_t n_acls = 0;
 
-        (void) sd_notifyf(false, "RELOADING=1\nSTATUS=Reloading configuration…");
+        /* MONOTONIC_USEC= is what Type=notify-reload (systemd 253) matches to the SIGHUP it sent; older managers
+         * ignore it. */
+        (void) sd_notifyf(false, "RELOADING=1\nMONOTONIC_USEC=%" PRIu64 "\nSTATUS=Reloading configuration…",
+                          (uint64_t) now_monotonic());
         _cleanup_free_ unsigned *old_in_use = calloc(MAX(m->config->n_pools, (size_t) 1), sizeof(unsigned));
         int r = old_in_use ? config_load(m->config_path, &c, errors) : -ENOMEM;
         if (r >= 0)

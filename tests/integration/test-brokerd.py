@@ -899,6 +899,32 @@ class Scenarios:
             self.assertIn(f"{key}= changed; it takes effect when brokerd restarts.", log)
         self.assertNotIn("socket= changed", log, "only what changed is named")
 
+    def test_sd_notify_around_a_reload(self):
+        """RELOADING=1 (with MONOTONIC_USEC=, which Type=notify-reload needs to match it to its SIGHUP) then
+        READY=1, for a reload that applies and for one that is refused; STATUS= leaves "Reloading" either way."""
+        b = self.start_broker(RELOAD_BASE, notify=True)
+        b.notify.wait_for(lambda a: [x for x in a if x[1:] == ("READY", "1")], message="READY=1")
+
+        def around(reload):
+            n = len(b.notify.assignments())
+            t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+            reload()
+            seen = b.notify.wait_for(lambda a: a[n:] if [x for x in a[n:] if x[1:] == ("READY", "1")] else None,
+                                     message="READY=1 after the reload")
+            keys = [k for _, k, _ in seen]
+            self.assertLess(keys.index("RELOADING"), keys.index("READY"), seen)
+            [mono] = [int(v) for _, k, v in seen if k == "MONOTONIC_USEC"]
+            self.assertGreaterEqual(mono, t0, "MONOTONIC_USEC= is the time of the reload")
+            self.assertTrue(all(pid == b.pid for pid, _, _ in seen))
+            b.notify.wait_for(lambda a: [v for _, k, v in a if k == "STATUS"][-1].startswith("shrink "),
+                              message="STATUS= with the pools' usage again")
+
+        b.write_config(RELOAD_GROWN)
+        around(b.reload)
+        b.write_config(RELOAD_INVALID)
+        around(lambda: self.expect_error(b.reload, "io.slotbroker.ReloadFailed"))
+        around(b.sighup)
+
     def test_shrunk_pool_grants_nothing_above_its_new_limit(self):
         b = self.start_broker(RELOAD_BASE)
         h0, i0 = b.tracked(lambda: b.acquire("shrink"))
