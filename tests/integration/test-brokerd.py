@@ -899,6 +899,25 @@ class Scenarios:
             self.assertIn(f"{key}= changed; it takes effect when brokerd restarts.", log)
         self.assertNotIn("socket= changed", log, "only what changed is named")
 
+    def test_reload_storm(self):
+        """A hundred SIGHUPs in a row, between configurations that shrink, grow and break: brokerd stays up, keeps its
+        holder undisturbed and its fds where they were, and ends on the configuration written last."""
+        b = self.start_broker(RELOAD_BASE)
+        h = b.acquire("shrink")
+        self.addCleanup(h.close)
+        self.assertTrue(h.granted, h.msg)
+        fds = b.fd_count()
+        for i in range(100):
+            b.write_config((RELOAD_BASE, RELOAD_GROWN, RELOAD_INVALID)[i % 3])
+            b.sighup()
+        b.write_config(RELOAD_GROWN.replace("limit = 1\n\n[lane fresh]", "limit = 3\n\n[lane fresh]"))
+        b.sighup()
+        wait_for(lambda: b.pool("fresh")["limit"] == 3, message="the configuration written last")
+        self.assertTrue(b.alive())
+        self.assertEqual(b.pool("shrink")["inUse"], 1)
+        self.assertIsNone(h.conn.poll(0), "a reload must not disturb a holder")
+        self.assertEqual(b.fd_count(), fds, b.fds())
+
     def test_sd_notify_around_a_reload(self):
         """RELOADING=1 (with MONOTONIC_USEC=, which Type=notify-reload needs to match it to its SIGHUP) then
         READY=1, for a reload that applies and for one that is refused; STATUS= leaves "Reloading" either way."""
