@@ -79,7 +79,18 @@ static int check_config(void) {
                 return r;
         }
         conf_dump(c, stdout);
-        return 0;
+        /* Names are brokerd's to resolve, on its host: this check may run elsewhere (a repository's CI), so an
+         * unknown one is a warning here, where a start or a reload on this host refuses it. */
+        r = manager_check_names(c, &errors);
+        for (size_t i = 0; r != -ENOMEM && i < errors.n_errors; i++) {
+                _cleanup_free_ char *text = conf_error_to_string(&errors.errors[i]);
+                if (!text)
+                        r = -ENOMEM;
+                else
+                        fprintf(stderr, "warning: %s (brokerd refuses this configuration on this host)\n", text);
+        }
+        conf_errors_done(&errors);
+        return r == -ENOMEM ? log_oom() : 0;
 }
 
 int main(int argc, char *argv[]) {

@@ -217,6 +217,16 @@ static int acls_resolve(const BrokerConfig *c, LaneAcl **ret, size_t *ret_n, Con
         return 0;
 }
 
+int manager_check_names(const BrokerConfig *c, ConfErrors *errors) {
+        LaneAcl *acls = NULL;
+        size_t n_acls = 0;
+        int r = acls_resolve(c, &acls, &n_acls, errors);
+        if (r < 0)
+                return r;
+        acls_free(acls, n_acls);
+        return 0;
+}
+
 static bool acl_allows(const LaneAcl *acl, uid_t uid, const gid_t *groups, size_t n_groups) {
         for (size_t k = 0; k < acl->n_uids; k++)
                 if (acl->uids[k] == uid)

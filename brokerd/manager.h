@@ -159,6 +159,9 @@ int manager_add_connection(Manager *m, int fd, const struct ucred *cred);
 
 /* Reloads configuration files. Returns 0, or -EINVAL with errors filled (the old config stays). */
 int manager_reload(Manager *m, ConfErrors *errors);
+/* Whether the users and groups that c names (allow-users=, admin-groups=, …) exist on this host, as a start
+ * and a reload require. For --check-config. Returns 0, -EINVAL with each unknown name in errors, -ENOMEM. */
+int manager_check_names(const BrokerConfig *c, ConfErrors *errors);
 
 /* May uid (with its groups) use the lane? Root always may. */
 bool manager_pool_admin_allows(const Manager *m, const char *pool, uid_t uid, const gid_t *groups, size_t n_groups);

@@ -944,6 +944,24 @@ class Scenarios:
         around(lambda: self.expect_error(b.reload, "io.slotbroker.ReloadFailed"))
         around(b.sighup)
 
+    def test_check_config_warns_of_names_this_host_does_not_know(self):
+        """--check-config, run before a reload as brokerd(8) says, must not pass in silence a configuration that
+        this host's brokerd will refuse. It may run on another host than brokerd's (a repository's CI), so it
+        warns and exits 0; brokerd itself refuses the names (test_reload_names_unknown_users_and_groups)."""
+        b = Broker(RELOAD_BASE + "allow-users = root no-such-user-slotbroker\n"
+                   "[pool admin]\nlimit = 1\nadmin-groups = no-such-group-slotbroker\n", name="brokerd-check")
+        self.addCleanup(b.cleanup)
+        out = b.check_config()
+        self.assertEqual(out.returncode, 0, out.stderr)
+        ON_HOST = "(brokerd refuses this configuration on this host)"
+        lane_line = lines_of(RELOAD_BASE, "[lane shrink]")
+        pool_line = len(RELOAD_BASE.splitlines()) + 2
+        self.assertEqual(sorted(line for line in out.stderr.splitlines() if line.startswith("warning:")),
+                         [f'warning: {b.config_path}:{lane_line}: allow-users: unknown user "no-such-user-slotbroker" {ON_HOST}',
+                          f'warning: {b.config_path}:{pool_line}: admin-groups: unknown group "no-such-group-slotbroker" {ON_HOST}'],
+                         out.stderr)
+        self.assertIn("[lane shrink]", out.stdout, "the effective configuration is printed all the same")
+
     def test_shrunk_pool_grants_nothing_above_its_new_limit(self):
         b = self.start_broker(RELOAD_BASE)
         h0, i0 = b.tracked(lambda: b.acquire("shrink"))
