@@ -1327,6 +1327,13 @@ int manager_reload(Manager *m, ConfErrors *errors) {
                           (uint64_t) now_monotonic());
         _cleanup_free_ unsigned *old_in_use = calloc(MAX(m->config->n_pools, (size_t) 1), sizeof(unsigned));
         int r = old_in_use ? config_load(m->config_path, &c, errors) : -ENOMEM;
+        if (r >= 0 && c->embedded_default && !m->config->embedded_default)
+                /* A start without any file runs the embedded default; a reload that finds none is more likely a
+                 * file moved or being rewritten than a wish to remove every pool and refuse every waiter. */
+                r = conf_errors_add(errors, NULL, NULL,
+                                    "no configuration file found (%s, nor any *.conf in %s.d/); the running "
+                                    "configuration stays (a restart would run the embedded default)",
+                                    m->config_path ?: CONFIG_MAIN_PATH, m->config_path ?: CONFIG_MAIN_PATH);
         if (r >= 0)
                 r = reload_refuse_move(m, c, errors);
         if (r >= 0)

@@ -1546,6 +1546,7 @@ int conf_new_default(unsigned n_cpus, BrokerConfig **ret) {
                 if (r < 0)
                         return r;
         }
+        c->embedded_default = true;
         *ret = TAKE_PTR(c);
         return 0;
 }

@@ -168,6 +168,8 @@ typedef struct BrokerConfig {
         size_t n_pools;
         LaneConfig **lanes;
         size_t n_lanes;
+
+        bool embedded_default;        /* conf_new_default()'s: no configuration file was there */
 } BrokerConfig;
 
 /* One configuration error: where, which key, and what is wrong. */

@@ -9,7 +9,10 @@ Usage: test-brokerd.py BROKERD IO_SLOTBROKER_VARLINK [unittest arguments]
 """
 import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -898,6 +901,52 @@ class Scenarios:
         for key in ("history-retention", "state-directory"):
             self.assertIn(f"{key}= changed; it takes effect when brokerd restarts.", log)
         self.assertNotIn("socket= changed", log, "only what changed is named")
+
+    def test_reload_keeps_the_configuration_when_every_file_is_gone(self):
+        """brokerd without --config reads /etc/brokerd/brokerd.conf, which may be missing: with no file at all it
+        runs the embedded default. At a reload, no file at all is an operator's slip (the file moved into
+        brokerd.conf.d/ without its .conf suffix, a tool that deletes before it writes), and the embedded default
+        would remove every pool and refuse every waiter: the running configuration stays. The test gives brokerd
+        an /etc/brokerd of its own (an overlay of /etc in a mount namespace)."""
+        etc = tempfile.mkdtemp(prefix="brokerd-etc-")
+        self.addCleanup(shutil.rmtree, etc, ignore_errors=True)
+        for d in ("upper", "work", "brokerd"):
+            os.mkdir(os.path.join(etc, d))
+        setup = (f'mount -t overlay overlay -o lowerdir=/etc,upperdir={etc}/upper,workdir={etc}/work /etc && '
+                 f'mkdir /etc/brokerd && mount --bind {etc}/brokerd /etc/brokerd')
+        probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", setup],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            self.skipTest(f"no overlay of /etc here: {probe.stderr.strip()}")
+        shutil.rmtree(os.path.join(etc, "upper", "brokerd"))
+        main = os.path.join(etc, "brokerd", "brokerd.conf")
+        with open(main, "w") as f:
+            f.write(RELOAD_BASE)
+        b = harness.MountNamespaceBroker(None, setup, name="brokerd-etc")
+        os.mkdir(b.state_dir)
+        self.addCleanup(b.cleanup)
+        b.start()
+        h = b.acquire("shrink")
+        h2 = b.acquire("shrink")
+        w = b.acquire("shrink")
+        for a in (h, h2, w):
+            self.addCleanup(a.close)
+        self.assertTrue(w.queued, w.msg)
+
+        os.mkdir(main + ".d")
+        os.rename(main, main + ".d/site")  # not *.conf: not read
+        err = self.expect_error(b.reload, "io.slotbroker.ReloadFailed")
+        self.assertEqual(len(err["errors"]), 1, err)
+        self.assertIn("no configuration file", err["errors"][0])
+        self.assertIn("/etc/brokerd/brokerd.conf", err["errors"][0])
+        p = b.pool("shrink")
+        self.assertEqual((p["limit"], p["inUse"], p["waiting"]), (2, 2, 1), "the running configuration stays")
+        self.assertIsNone(w.conn.poll(0), "its waiter keeps its place")
+        self.assertNotIn("default", [p["name"] for p in b.status()["pools"]])
+
+        os.rename(main + ".d/site", main + ".d/site.conf")
+        self.assertEqual(b.reload(), {})
+        self.assertEqual(b.pool("shrink")["waiting"], 1)
 
     def test_reload_storm(self):
         """A hundred SIGHUPs in a row, between configurations that shrink, grow and break: brokerd stays up, keeps its
