@@ -1400,10 +1400,11 @@ int manager_reload(Manager *m, ConfErrors *errors) {
                 member_state_entries_free(pending, n_pending);
         }
         manager_apply_uses(m); /* the counts of members this configuration brings back */
-        /* A user taken off a lane's allow-users=/allow-groups= is not granted later what it queued for before. */
+        /* A user taken off a lane's allow-users= (or a pool's admin-users=) is not granted later what it queued for
+         * before. */
         unsigned denied = session_table_withdraw_denied(&m->sessions);
         if (denied > 0)
-                log_notice("Refused %u waiting request(s) whose lane no longer allows their user.", denied);
+                log_notice("Refused %u waiting request(s) whose user the new access lists leave out.", denied);
         char detail[128];
         snprintf(detail, sizeof detail, "%zu pools, %zu lanes", m->config->n_pools, m->config->n_lanes);
         log_info("Configuration reloaded: %s.", detail);

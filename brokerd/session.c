@@ -1387,6 +1387,7 @@ bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
         rec.budget = engine_request_budget(a->request);
         rec.uid = s->cred.uid;
         rec.pid = s->cred.pid;
+        bool reserve = streq(a->lane, ENGINE_RESERVE_LANE);
         if (why == SESSION_WITHDRAW_GONE)
                 rec.decision = "cancelled";
         else if (why == SESSION_WITHDRAW_DENIED)
@@ -1397,7 +1398,11 @@ bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
                 rec.retry_after_sec = 1;
                 rec.reason = "cancelled by an administrator";
         }
-        audit_decision(s->table->audit, &rec);
+        if (why == SESSION_WITHDRAW_DENIED && reserve)
+                /* As session_resume() records a reservation whose maker no longer administers the pool. */
+                audit_admin_denied(s->table->audit, "reserve", rec.pool, a->member, s->cred.uid, s->cred.pid);
+        else
+                audit_decision(s->table->audit, &rec);
         engine_request_cancel(a->request, now);
         session_waiter_left(s);
         if (why == SESSION_WITHDRAW_CANCELLED) {
@@ -1406,7 +1411,8 @@ bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
                 session_reply_error(s, "io.slotbroker.Unavailable", p);
                 session_acquire_done(s);
         } else if (why == SESSION_WITHDRAW_DENIED) {
-                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "lane", a->lane);
+                _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", reserve ? "pool" : "lane",
+                                                              reserve ? rec.pool : a->lane);
                 session_reply_error(s, "io.slotbroker.PermissionDenied", p);
                 session_acquire_done(s);
         }
@@ -1416,11 +1422,17 @@ bool session_waiter_withdraw(Session *s, SessionWithdraw why) {
 static bool session_waits_denied(const Session *s) {
         const AcquireCall *a = &s->acquire;
         SessionTable *t = s->table;
-        if (s->closed || !session_is_waiting(s) || streq(a->lane, ENGINE_RESERVE_LANE) ||
-            !conf_find_lane(t->config, a->lane))
-                return false; /* a removed lane's waiters its pools refused already (engine_configure()) */
+        if (s->closed || !session_is_waiting(s))
+                return false;
         const gid_t *groups;
         size_t n_groups = connection_get_groups(s->connection, &groups);
+        if (streq(a->lane, ENGINE_RESERVE_LANE)) {
+                /* A reservation is its pool's administrators' (the pool is configured: it waits there). */
+                const char *pool = engine_request_pool(a->request);
+                return t->pool_admin && !t->pool_admin(pool, s->cred.uid, groups, n_groups, t->userdata);
+        }
+        if (!conf_find_lane(t->config, a->lane))
+                return false; /* a removed lane's waiters its pools refused already (engine_configure()) */
         return !t->lane_allows(a->lane, s->cred.uid, groups, n_groups, t->userdata);
 }
 

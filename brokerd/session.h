@@ -211,15 +211,17 @@ int session_resume(Session *s, const HandoverAcquire *a);
 typedef enum SessionWithdraw {
         SESSION_WITHDRAW_GONE,          /* its connection closed: audited "cancelled", nobody to answer */
         SESSION_WITHDRAW_CANCELLED,     /* an administrator's Cancel: audited and answered "unavailable" */
-        SESSION_WITHDRAW_DENIED,        /* its lane's access list no longer lets its user in: audited and
-                                         * answered "PermissionDenied", as a new request would be */
+        SESSION_WITHDRAW_DENIED,        /* its lane's access list (a reservation: its pool's administrators) no
+                                         * longer lets its user in: audited and answered "PermissionDenied",
+                                         * as a new request would be */
 } SessionWithdraw;
 
 /* Withdraws s's waiting request, if it has one: the one way a waiter leaves other than by the engine's
  * grant or refusal. Returns whether there was one. */
 bool session_waiter_withdraw(Session *s, SessionWithdraw why);
 
-/* After a reload: the waiters whose lane (still configured) no longer lets their user in (lane_allows()) are
- * withdrawn (SESSION_WITHDRAW_DENIED), so that a permission taken away is not granted later from the queue.
- * Holders keep their leases; reservations are not lanes' business. Returns how many were withdrawn. */
+/* After a reload: the waiters whose lane (still configured) no longer lets their user in (lane_allows()), and
+ * the reservations whose maker no longer administers their pool (pool_admin()), are withdrawn
+ * (SESSION_WITHDRAW_DENIED), so that a permission taken away is not granted later from the queue. Holders keep
+ * their leases. Returns how many were withdrawn. */
 unsigned session_table_withdraw_denied(SessionTable *t);

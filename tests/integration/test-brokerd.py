@@ -994,6 +994,30 @@ class Scenarios:
         around(lambda: self.expect_error(b.reload, "io.slotbroker.ReloadFailed"))
         around(b.sighup)
 
+    def test_reload_refuses_waiting_reservations_of_an_administrator_removed(self):
+        """As for lanes: a user taken off a pool's admin-users= keeps no reservation waiting in it (a restart
+        already re-checks it when the connection comes back)."""
+        config = (RELOAD_BASE.replace("limit = 2", "limit = 1") + "[pool rigs]\nmembers = m1\nadmin-users = nobody\n"
+                  "[lane rigs]\npools = rigs\n")
+        b = self.start_broker(config)
+        h = b.acquire("rigs")
+        self.addCleanup(h.close)
+        self.assertTrue(h.granted, h.msg)
+        p = spawn_client_as(b.socket_path, "io.slotbroker.Reserve",
+                            {"pool": "rigs", "member": "m1", "forMs": 60000, "reason": "bench"})
+        self.addCleanup(harness.stop_client, p)
+        self.assertEqual(read_json_line(p)["parameters"]["state"], "queued")
+
+        b.write_config(config.replace("admin-users = nobody\n", ""))
+        self.assertEqual(b.reload(), {})
+        msg = read_json_line(p, timeout=2)
+        while (msg.get("parameters") or {}).get("state") == "queued":
+            msg = read_json_line(p, timeout=2)
+        self.assertEqual((msg.get("error"), msg.get("parameters")), ("io.slotbroker.PermissionDenied", {"pool": "rigs"}),
+                         f"the reservation of an administrator removed: {msg}")
+        wait_for(lambda: "[ADMIN_DENIED]" in b.log(), message="the refusal audited")
+        self.assertEqual(b.pool("rigs")["waiting"], 0)
+
     def test_check_config_warns_of_names_this_host_does_not_know(self):
         """--check-config, run before a reload as brokerd(8) says, must not pass in silence a configuration that
         this host's brokerd will refuse. It may run on another host than brokerd's (a repository's CI), so it
