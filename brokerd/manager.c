@@ -1301,6 +1301,16 @@ static void reload_log_moves(Manager *m, const BrokerConfig *old, const BrokerCo
         }
 }
 
+/* Pools this reload removes while this node holds slots in them: the holders finish there, counted by no pool of
+ * the new configuration and shown in Status's holders only. A rename is such a removal. */
+static void reload_log_removed(const BrokerConfig *old, const BrokerConfig *c, const unsigned *old_in_use) {
+        for (size_t i = 0; i < old->n_pools; i++)
+                if (old_in_use[i] > 0 && !config_pool(c, old->pools[i]->name))
+                        log_notice("Pool %s was removed with %u slot(s) held: they stay held until their leases end, "
+                                   "and no pool of the new configuration counts them.",
+                                   old->pools[i]->name, old_in_use[i]);
+}
+
 static bool engine_still_rests(const char *pool, unsigned slot, const char *member, void *userdata) {
         Manager *m = userdata;
         for (size_t i = 0; i < engine_pool_count(m->engine); i++) {
@@ -1376,6 +1386,7 @@ int manager_reload(Manager *m, ConfErrors *errors) {
                 log_notice("node-name= changed; shared pools show the new name when brokerd restarts.");
 #endif
         reload_log_moves(m, m->config, c, old_in_use);
+        reload_log_removed(m->config, c, old_in_use);
         /* Rests a reload ended (cooldown= removed, a member gone) are not brought back by a restart. */
         if (m->lease_log && lease_log_rests_end(m->lease_log, engine_still_rests, m, now_realtime()) < 0)
                 log_oom();

@@ -948,6 +948,21 @@ class Scenarios:
         self.assertEqual(b.reload(), {})
         self.assertEqual(b.pool("shrink")["waiting"], 1)
 
+    def test_reload_says_when_a_removed_pool_still_has_holders(self):
+        """A pool renamed is a pool removed and another added: the old one's holders keep their slots, which the
+        new one does not count, and the removed pool leaves Status's pools and the metrics. The journal says
+        so, naming what stays held, so that an operator who meant a rename sees the capacity counted twice."""
+        b = self.start_broker(RELOAD_BASE + "[pool spare]\nlimit = 1\n")
+        h = b.acquire("shrink")
+        self.addCleanup(h.close)
+        self.assertTrue(h.granted, h.msg)
+        renamed = RELOAD_BASE.replace("[pool shrink]", "[pool grid]").replace("pools = shrink", "pools = grid")
+        b.write_config(renamed)
+        self.assertEqual(b.reload(), {})
+        self.assertIn("Pool shrink was removed with 1 slot(s) held", b.log())
+        self.assertNotIn("Pool spare was removed", b.log(), "a pool removed with nothing held needs no word")
+        self.assertIsNone(h.conn.poll(0), "a reload must not disturb a holder")
+
     def test_reload_storm(self):
         """A hundred SIGHUPs in a row, between configurations that shrink, grow and break: brokerd stays up, keeps its
         holder undisturbed and its fds where they were, and ends on the configuration written last."""
