@@ -108,6 +108,10 @@ size_t connection_get_pending_output(const Connection *c) {
         return c->closed ? 0 : varlink_stream_pending_output(&c->stream);
 }
 
+size_t connection_get_output_max(const Connection *c) {
+        return c->stream.output.max;
+}
+
 size_t connection_get_buffered(const Connection *c) {
         /* Also in the disconnect handler: the buffers are freed after it. */
         return c->fd < 0 ? 0 : varlink_stream_pending_output(&c->stream) + c->stream.input.allocated;

@@ -83,6 +83,8 @@ int connection_reply_part_json(Connection *c, const json_t *value);
 /* fn runs once, as soon as the unsent output is below mark bytes (at once, if it is); NULL: nothing. */
 void connection_when_output_below(Connection *c, size_t mark, void (*fn)(Connection *c));
 size_t connection_get_pending_output(const Connection *c);
+/* The cap on unsent output (max-output-per-connection= as it was when the connection came). */
+size_t connection_get_output_max(const Connection *c);
 /* Bytes held by its buffers (input and unsent output), for the owner's accounting of memory freed. */
 size_t connection_get_buffered(const Connection *c);
 

@@ -791,9 +791,49 @@ static void method_history(Session *s, const VarlinkCall *call) {
         history_call_start(methods_of(s)->history_calls, s, call);
 }
 
+static void on_metrics_output_below(Connection *c);
+
+/* Queues the rest of a Metrics reply going out in parts, half the output cap at a time while the unsent output
+ * is below half the cap; once all of it is queued, the calls behind it run. */
+static void metrics_reply_continue(Session *s) {
+        size_t half = connection_get_output_max(s->connection) / 2;
+        for (;;) {
+                while (s->metrics_sent < s->metrics_size && connection_get_pending_output(s->connection) < half) {
+                        size_t n = MIN(half, s->metrics_size - s->metrics_sent);
+                        /* Below half the cap, plus at most half: never past it. */
+                        if (connection_reply_part(s->connection, s->metrics_reply + s->metrics_sent, n) < 0) {
+                                if (!s->closed) {
+                                        log_oom();
+                                        session_close(s);
+                                }
+                                return;
+                        }
+                        s->metrics_sent += n;
+                }
+                if (s->metrics_sent == s->metrics_size) {
+                        s->metrics_reply = mfree(s->metrics_reply);
+                        connection_set_held(s->connection, false); /* sends it; the calls behind it run */
+                        return;
+                }
+                connection_resume(s->connection); /* sends what the socket takes now */
+                if (s->closed)
+                        return;
+                if (connection_get_pending_output(s->connection) >= half) {
+                        connection_when_output_below(s->connection, half, on_metrics_output_below);
+                        return;
+                }
+        }
+}
+
+static void on_metrics_output_below(Connection *c) {
+        metrics_reply_continue(connection_get_userdata(c));
+}
+
 static void method_metrics(Session *s, const VarlinkCall *call) {
         if (!parameters_ok(s, call, (const JsonField[]) { {} }))
                 return;
+        if (connection_get_oneway(s->connection))
+                return; /* nobody wants the answer, and reading changes nothing */
         _cleanup_free_ char *text = NULL;
         MetricsGauges g;
         methods_of(s)->gauges(&g, methods_of(s)->userdata);
@@ -803,7 +843,21 @@ static void method_metrics(Session *s, const VarlinkCall *call) {
                 return;
         }
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "text", text);
-        session_reply(s, p, false);
+        _cleanup_(json_decrefp) json_t *m = p ? json_pack("{s:O}", "parameters", p) : NULL;
+        size_t size;
+        if (!m || json_format(m, &s->metrics_reply, &size) < 0) {
+                log_oom();
+                session_close(s);
+                return;
+        }
+        /* The text grows with the configuration (a member pool's families have a line per member): past half
+         * max-output-per-connection= it goes as the client reads it, as a History page does, not as the reply
+         * of a client that does not read. The connection holds the message meanwhile, and the calls behind it
+         * wait. */
+        s->metrics_size = size + 1; /* with the NUL that ends it */
+        s->metrics_sent = 0;
+        connection_set_held(s->connection, true);
+        metrics_reply_continue(s);
 }
 
 static const struct {

@@ -484,6 +484,7 @@ static void session_free(Session *s) {
                 return;
         assert(s->closed);
         connection_free(s->connection);
+        free(s->metrics_reply);
         free(s->acquire.lane);
         free(s->acquire.job);
         strv_free(s->acquire.labels);
@@ -630,7 +631,8 @@ static bool call_releases_own_lease(const Session *s, const VarlinkCall *call) {
 }
 
 bool session_defers_call(const Session *s, const VarlinkCall *call) {
-        bool busy = s->acquire.active || s->lease || s->history_pending || list_node_is_linked(&s->status_node);
+        bool busy = s->acquire.active || s->lease || s->history_pending || s->metrics_reply ||
+                    list_node_is_linked(&s->status_node);
         return busy && !call_releases_own_lease(s, call);
 }
 
@@ -776,7 +778,7 @@ int session_export(Session *s, HandoverAcquire *ret, bool *ret_has_acquire) {
         AcquireCall *a = &s->acquire;
         if (s->closed)
                 return -ENOTCONN;
-        if (a->pending || s->history_pending || list_node_is_linked(&s->status_node))
+        if (a->pending || s->history_pending || s->metrics_reply || list_node_is_linked(&s->status_node))
                 return -EBUSY;
         if (!a->active && !s->lease) {
                 *ret_has_acquire = false;

@@ -126,6 +126,8 @@ typedef struct Session {
         Lease *lease;              /* the lease this session holds (its life line), if any */
         bool history_pending;      /* a History reply is being produced: the calls behind it wait */
         HistoryCall *history_call;
+        char *metrics_reply;       /* a Metrics reply going out in parts: the whole message, its NUL included */
+        size_t metrics_size, metrics_sent;
         ListNode status_node;      /* SessionTable.status_waiting: its Status reply waits (the calls behind it too) */
         usec_t status_since;       /* monotonic: that Status call's arrival */
         bool handed_over;          /* its connection and request went to the next brokerd (session_handed_over()) */

@@ -456,6 +456,36 @@ class Metrics(harness.BrokerTestCase):
         _, f = self.metrics(b)
         self.assertEqual(value(f, "slotbroker_hold_seconds_count", pool="q"), 1)
 
+    def test_a_text_longer_than_the_output_cap_is_sent_whole(self):
+        """A member pool's families grow with its members: with 1500 members the text is some 400 KiB, far
+        past max-output-per-connection=4K (the smallest allowed). A client that reads gets it whole, and the
+        call pipelined behind it its own answer after it; brokerd does not take it for a client that does
+        not read its replies and cut it off."""
+        members = " ".join(f"rig-{i:04d}" for i in range(1500))
+        b = self.broker("[broker]\nmax-output-per-connection = 4K\n\n"
+                        f"[pool rigs]\nmembers = {members}\n\n[lane l]\npools = rigs\n", "metrics")
+        with b.connect() as c:
+            c.send("io.slotbroker.Metrics")
+            c.send("org.varlink.service.GetInfo")
+            text = c.reply(timeout=20)[0]["text"]
+            self.assertIn("io.slotbroker", c.reply()[0]["interfaces"])
+        self.assertGreater(len(text), 64 * 4096)
+        f = parse_exposition(text)
+        for family in ("slotbroker_member_quarantined", "slotbroker_member_quarantines_total",
+                       "slotbroker_member_grants_total", "slotbroker_member_held_seconds_total"):
+            self.assertEqual(len(f[family]["samples"]), 1500, family)
+        self.assertIn("slotbroker_history_healthy", f, "the text ends early")
+        p = subprocess.run([SLOTCTL, "metrics", "--socket", b.socket_path], capture_output=True, text=True, timeout=30)
+        self.assertEqual((p.returncode, p.stderr), (0, ""))
+        self.assertEqual(len(parse_exposition(p.stdout)["slotbroker_member_grants_total"]["samples"]), 1500)
+        self.assertNotIn("does not read its replies", b.log())
+        # One that does not read holds its reply, and stalls nobody else.
+        with b.connect() as stuck:
+            stuck.send("io.slotbroker.Metrics")
+            self.assertTrue(b.responsive())
+            self.assertEqual(len(parse_exposition(b.call("io.slotbroker.Metrics", timeout=20)["text"])
+                                 ["slotbroker_member_quarantined"]["samples"]), 1500)
+
     def test_textfile_is_written_atomically(self):
         d = tempfile.mkdtemp(prefix="metrics-textfile-")
         self.addCleanup(shutil.rmtree, d, True)
