@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -441,25 +442,38 @@ static int textfile_write(const char *path, const char *text) {
         return r;
 }
 
+/* A write is under way. One at a time: on a disk that stalls (a hung NFS mount) a thread every interval would
+ * pile up for ever, each holding a text, and an older write that ends last would replace a newer file. */
+static atomic_bool textfile_busy;
+
+static void textfile_job_free(TextfileJob *job) {
+        free(job->path);
+        free(job->text);
+        free(job);
+}
+
 /* Runs off the loop: the metrics file lives on a disk the loop must never wait for. A failed write is
  * retried at the next interval; the loop has nobody to tell. */
 static void *textfile_thread(void *p) {
         TextfileJob *job = p;
         (void) textfile_write(job->path, job->text);
-        free(job->path);
-        free(job->text);
-        free(job);
+        textfile_job_free(job);
+        atomic_store(&textfile_busy, false);
         return NULL;
 }
 
 void metrics_write_textfile(const Metrics *m, const MetricsGauges *g, const char *path) {
+        if (atomic_exchange(&textfile_busy, true))
+                return; /* the last one still writes: the next interval has the newer text */
         TextfileJob *job = calloc(1, sizeof(TextfileJob));
-        if (!job)
+        if (!job) {
+                atomic_store(&textfile_busy, false);
                 return;
+        }
         job->path = strdup(path);
         if (!job->path || metrics_render(m, g, &job->text) < 0) {
-                free(job->path);
-                free(job);
+                textfile_job_free(job);
+                atomic_store(&textfile_busy, false);
                 return;
         }
         pthread_t t;
@@ -467,9 +481,8 @@ void metrics_write_textfile(const Metrics *m, const MetricsGauges *g, const char
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         if (pthread_create(&t, &attr, textfile_thread, job) != 0) {
-                free(job->path);
-                free(job->text);
-                free(job);
+                textfile_job_free(job);
+                atomic_store(&textfile_busy, false);
         }
         pthread_attr_destroy(&attr);
 }

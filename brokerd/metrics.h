@@ -84,5 +84,6 @@ typedef struct MetricsGauges {
 
 /* The exposition text. Returns 0 or -ENOMEM; *ret is malloc'ed. */
 int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret);
-/* Writes the text to path through a short-lived thread: temp file, fsync, rename. */
+/* Writes the text to path through a short-lived thread: temp file, fsync, rename. Nothing while the last
+ * write is still under way (a disk that stalls). */
 void metrics_write_textfile(const Metrics *m, const MetricsGauges *g, const char *path);
