@@ -254,6 +254,10 @@ typedef struct SharedPool {
          * every node shows and obeys the same: brokerd/lua/README, "Members' lives"); life[i] is member i. */
         PoolMemberLife *life;
         size_t n_life;
+        /* Members a reload dropped: this node's counts of them (grants, held, quarantines; member and these
+         * only), for a reload that lists them again, as a local pool keeps them (SPEC §3.6). */
+        PoolMemberLife *gone;
+        size_t n_gone;
         /* SPEC §3.6: the drains Redis keeps with who, why, since and until (the cache's [15]; their strings
          * owned: member, who, reason), since and until monotonic. */
         EngineDrainInfo *drains;
@@ -2167,19 +2171,45 @@ static int life_prepare(char *const *members, PoolMemberLife **ret, size_t *ret_
 }
 
 /* The members as configured (life_prepare()'s, taken over), each keeping its quarantine by name (a reload's
- * next reply says it again). */
-static void life_adopt(SharedPool *p, PoolMemberLife *life, size_t n) {
-        for (size_t i = 0; i < n; i++)
-                for (size_t j = 0; j < p->n_life; j++)
-                        if (streq(p->life[j].member, life[i].member)) {
+ * next reply says it again), and this node's counts of it: from its life, or from when a reload dropped it.
+ * The lives this drops keep their counts in `gone`, room for them all (p->n_life + p->n_gone), taken over. */
+static void life_adopt(SharedPool *p, PoolMemberLife *life, size_t n, PoolMemberLife *gone) {
+        for (size_t i = 0; i < n; i++) {
+                bool found = false;
+                for (size_t j = 0; j < p->n_life && !found; j++)
+                        if (p->life[j].member && streq(p->life[j].member, life[i].member)) {
                                 char *member = life[i].member;
                                 life[i] = p->life[j];
+                                free(life[i].member);
                                 life[i].member = member;
-                                p->life[j] = (PoolMemberLife) { .member = p->life[j].member };
+                                p->life[j] = (PoolMemberLife) {};
+                                found = true;
                         }
+                for (size_t j = 0; j < p->n_gone && !found; j++)
+                        if (p->gone[j].member && streq(p->gone[j].member, life[i].member)) {
+                                life[i].grants = p->gone[j].grants;
+                                life[i].held = p->gone[j].held;
+                                life[i].quarantines = p->gone[j].quarantines;
+                                p->gone[j].member = mfree(p->gone[j].member);
+                                found = true;
+                        }
+        }
+        size_t n_gone = 0;
+        for (size_t j = 0; j < p->n_gone; j++)
+                if (p->gone[j].member)
+                        gone[n_gone++] = p->gone[j];
+        for (size_t j = 0; j < p->n_life; j++)
+                if (p->life[j].member) {
+                        gone[n_gone++] = (PoolMemberLife) { .member = TAKE_PTR(p->life[j].member), .exit_status = -1,
+                                                            .grants = p->life[j].grants, .held = p->life[j].held,
+                                                            .quarantines = p->life[j].quarantines };
+                }
         life_free(p->life, p->n_life);
+        free(p->gone);
         p->life = life;
         p->n_life = n;
+        p->gone = gone;
+        p->n_gone = n_gone;
 }
 
 /* The cache's [14]: { { member, since, job, exit status, node name, reason }… }, the quarantined members.
@@ -3396,6 +3426,7 @@ static void shared_free(Pool *base) {
         }
         snapshot_clear(p);
         life_free(p->life, p->n_life);
+        life_free(p->gone, p->n_gone);
         for (size_t i = 0; i < ELEMENTSOF(p->emitted); i++)
                 free(p->emitted[i]);
         drains_clear(p);
@@ -3428,6 +3459,7 @@ struct PoolStaged {
         PoolLabel *labels;
         PoolMemberLife *life;
         size_t n_life;
+        PoolMemberLife *gone;   /* room for the lives the configuration drops (life_adopt()) */
 };
 
 static void shared_configure_abort(Pool *base, PoolStaged *s) {
@@ -3440,6 +3472,7 @@ static void shared_configure_abort(Pool *base, PoolStaged *s) {
                 pool_labels_free(s->labels, s->c->n_labels);
         if (s->life)
                 life_free(s->life, s->n_life);
+        free(s->gone);
         free(s);
 }
 
@@ -3473,6 +3506,11 @@ static int shared_configure_prepare(Pool *base, const PoolConfig *c, const PoolL
         r = life_prepare(s->members, &s->life, &s->n_life);
         if (r < 0)
                 goto fail;
+        s->gone = calloc(p->n_life + p->n_gone + 1, sizeof(PoolMemberLife));
+        if (!s->gone) {
+                r = -ENOMEM;
+                goto fail;
+        }
         *ret = s;
         return 0;
 fail:
@@ -3486,7 +3524,7 @@ static void shared_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
         /* The manual clock: a restore() that follows (it has no `now`) dates its reclaim by this. */
         p->last_now = MAX(p->last_now, now);
         pool_labels_replace(&p->base, TAKE_PTR(s->labels), c->n_labels);
-        life_adopt(p, TAKE_PTR(s->life), s->n_life);
+        life_adopt(p, TAKE_PTR(s->life), s->n_life, TAKE_PTR(s->gone));
         strv_free(p->lanes);
         p->lanes = TAKE_PTR(s->lanes);
         strv_free(p->base.members);

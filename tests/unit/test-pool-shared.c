@@ -2456,6 +2456,33 @@ static void test_quarantines_from_replies_hostile_entries_dropped(void **state) 
         assert_null(info.life[1].job);
 }
 
+/* SPEC §3.6, slotbroker_member_*_total (brokerd(8) METRICS): this node's counts of a member survive reloads,
+ * one that drops the member and another that lists it again too, as a local pool's do: counters that went
+ * back to 0 while brokerd ran would be read by Prometheus as a restart. */
+static void test_member_counts_survive_a_reload_without_the_member(void **state) {
+        Fixture *f = *state;
+        char *ab[] = { (char *) "a", (char *) "b", NULL }, *a[] = { (char *) "a", NULL };
+        PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1, .members = ab, .n_members = 2 };
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+        assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(1)), 0);
+        const EngineMemberUse use = { .grants = 5, .held = S(7), .quarantines = 2 };
+        assert_int_equal(f->pool->ops->set_use(f->pool, "b", &use), 0);
+        PoolConfig only_a = pc;
+        only_a.limit = 1;
+        only_a.members = a;
+        only_a.n_members = 1;
+        assert_int_equal(pool_configure(f->pool, &only_a, rules, 1, S(2)), 0);
+        EngineMemberUse u;
+        assert_int_equal(f->pool->ops->get_use(f->pool, "b", &u), -ENOENT);
+        assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(3)), 0);
+        assert_int_equal(f->pool->ops->get_use(f->pool, "b", &u), 0);
+        assert_int_equal(u.grants, 5);
+        assert_int_equal(u.held, S(7));
+        assert_int_equal(u.quarantines, 2);
+        assert_int_equal(f->pool->ops->get_use(f->pool, "a", &u), 0);
+        assert_int_equal(u.grants, 0);
+}
+
 /* The cache's drains ([15]) and the drain notices with hostile content (brokerd/lua/README, "Drains with a
  * reason"): entries that are not one are dropped and counted, a member listed twice is one drain, numbers at
  * the ends of int64 are mapped to the node's clock without overflow (the pool clock 500 µs ahead of it). */
@@ -4414,6 +4441,7 @@ int main(void) {
                 T(test_canon_carries_lane_budgets),
                 T(test_canon_carries_labels_and_submit_its_selector),
                 T(test_quarantines_from_replies_hostile_entries_dropped),
+                T(test_member_counts_survive_a_reload_without_the_member),
                 T(test_submit_granted_at_once),
                 T(test_queued_then_granted_through_the_stream_once),
                 T(test_grant_copy_read_after_its_release_is_no_bad_input),
