@@ -227,6 +227,16 @@ int connection_reply(Connection *c, json_t *parameters, bool continues) {
         return connection_queued(c, varlink_stream_reply(&c->stream, parameters, continues ? VARLINK_REPLY_CONTINUES : 0));
 }
 
+int connection_reply_if_room(Connection *c, json_t *parameters) {
+        int r = connection_answerable(c);
+        if (r <= 0)
+                return r;
+        r = varlink_stream_reply(&c->stream, parameters, 0);
+        if (r == -ENOBUFS)
+                return r; /* nothing queued, and the connection stays: its owner sends it otherwise */
+        return connection_queued(c, r);
+}
+
 int connection_reply_text(Connection *c, const char *parameters, size_t size, bool continues) {
         int r = connection_answerable(c);
         if (r <= 0)

@@ -80,6 +80,9 @@ bool connection_get_oneway(const Connection *c);
  * meanwhile: the owner holds the calls behind it (connection_set_held()). Return 0 or negative errno. */
 int connection_reply_part(Connection *c, const void *data, size_t size);
 int connection_reply_part_json(Connection *c, const json_t *value);
+/* A last reply, as connection_reply() queues it, but -ENOBUFS where it does not fit under the output cap: then
+ * nothing is queued and the connection is not closed (Metrics sends it in parts instead). */
+int connection_reply_if_room(Connection *c, json_t *parameters);
 /* fn runs once, as soon as the unsent output is below mark bytes (at once, if it is); NULL: nothing. */
 void connection_when_output_below(Connection *c, size_t mark, void (*fn)(Connection *c));
 size_t connection_get_pending_output(const Connection *c);

@@ -843,17 +843,25 @@ static void method_metrics(Session *s, const VarlinkCall *call) {
                 return;
         }
         _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "text", text);
-        _cleanup_(json_decrefp) json_t *m = p ? json_pack("{s:O}", "parameters", p) : NULL;
+        if (!p) {
+                log_oom();
+                session_close(s);
+                return;
+        }
+        /* Serialized straight into the queue, where it fits. */
+        if (connection_reply_if_room(s->connection, p) != -ENOBUFS)
+                return;
+        /* The text grows with the configuration (a member pool's families have a line per member): past
+         * max-output-per-connection= it goes as the client reads it, as a History page does, not as the reply
+         * of a client that does not read. The connection holds the message meanwhile, and the calls behind it
+         * wait. */
+        _cleanup_(json_decrefp) json_t *m = json_pack("{s:O}", "parameters", p);
         size_t size;
         if (!m || json_format(m, &s->metrics_reply, &size) < 0) {
                 log_oom();
                 session_close(s);
                 return;
         }
-        /* The text grows with the configuration (a member pool's families have a line per member): past half
-         * max-output-per-connection= it goes as the client reads it, as a History page does, not as the reply
-         * of a client that does not read. The connection holds the message meanwhile, and the calls behind it
-         * wait. */
         s->metrics_size = size + 1; /* with the NUL that ends it */
         s->metrics_sent = 0;
         connection_set_held(s->connection, true);
