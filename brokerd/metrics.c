@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -113,22 +114,19 @@ void metrics_backend_rtt(Metrics *m, const char *pool, usec_t rtt) {
                 histogram_observe(&p->rtt, rtt_bounds, METRICS_RTT_BUCKETS, (double) rtt / 1e6);
 }
 
-/* Label values: backslash, quote and newline escaped (the exposition format's rules). */
+/* Label values: backslash, quote and newline escaped (the exposition format's rules), the runs between them
+ * written whole: a member pool's families have a label value a line per member, and a character at a time
+ * was a third of a scrape's cost. */
 static void put_label(FILE *f, const char *v) {
-        for (; *v; v++)
-                switch (*v) {
-                case '\\':
-                        fputs("\\\\", f);
-                        break;
-                case '"':
-                        fputs("\\\"", f);
-                        break;
-                case '\n':
-                        fputs("\\n", f);
-                        break;
-                default:
-                        fputc(*v, f);
-                }
+        for (;;) {
+                size_t n = strcspn(v, "\\\"\n");
+                fwrite(v, 1, n, f);
+                v += n;
+                if (!*v)
+                        return;
+                fputs(*v == '\\' ? "\\\\" : *v == '"' ? "\\\"" : "\\n", f);
+                v++;
+        }
 }
 
 static void header(FILE *f, const char *name, const char *type, const char *help) {
@@ -165,6 +163,7 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
         FILE *f = open_memstream(&buf, &size);
         if (!f)
                 return -ENOMEM;
+        (void) __fsetlocking(f, FSETLOCKING_BYCALLER); /* this thread's alone: no lock taken a call */
         size_t n = engine_pool_count(g->engine);
         EnginePoolInfo info;
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test-metrics.c — metrics-textfile= on a disk that stalls (metrics.h): a write still under way is not joined
+/* test-metrics.c — the exposition text's escaping, and metrics-textfile= on a disk that stalls (metrics.h): a write still under way is not joined
  * by another every 15 s, each a thread holding a copy of the text (a day of a hung NFS mount: thousands,
  * and TasksMax= reached for the closer's threads too), nor overtaken by a newer one, whose file an older
  * rename would then replace: counters that go back. The disk stalls in fsync(), which this executable
@@ -126,8 +126,40 @@ static void test_one_textfile_write_at_a_time(void **state) {
         metrics_done(&m);
 }
 
+/* Label values escaped as the exposition format wants (backslash, quote, newline), written in runs between
+ * them: conf.c allows none of these in a name, but the renderer does not rely on it. And a histogram's +Inf
+ * bucket and _count are the observations, its buckets cumulative. */
+static void test_render_escapes_label_values(void **state) {
+        Metrics m = {};
+        MetricsGauges g = {};
+        const char *pool = "a\"b\\c\nd";
+        metrics_record(&m, &(AuditRecord) { .decision = "granted", .pool = pool, .lane = "\\", .wait = 2 * USEC_PER_SEC });
+        metrics_record(&m, &(AuditRecord) { .decision = "granted", .pool = pool, .lane = "\\", .wait = 1000 });
+        metrics_record(&m, &(AuditRecord) { .decision = "busy", .pool = "plain", .lane = "\"", .wait = 0 });
+        _cleanup_free_ char *text = NULL;
+        assert_int_equal(metrics_render(&m, &g, &text), 0);
+        /* The pool's label as it is written: a\"b\\c\nd. */
+        static const char *const lines[] = {
+                "slotbroker_granted_total{pool=\"a\\\"b\\\\c\\nd\",lane=\"\\\\\"} 2",
+                "slotbroker_rejected_total{pool=\"plain\",lane=\"\\\"\",reason=\"busy\"} 1",
+                "slotbroker_wait_seconds_bucket{pool=\"a\\\"b\\\\c\\nd\",le=\"0.001\"} 1",
+                "slotbroker_wait_seconds_bucket{pool=\"a\\\"b\\\\c\\nd\",le=\"1\"} 1",
+                "slotbroker_wait_seconds_bucket{pool=\"a\\\"b\\\\c\\nd\",le=\"5\"} 2",
+                "slotbroker_wait_seconds_bucket{pool=\"a\\\"b\\\\c\\nd\",le=\"+Inf\"} 2",
+                "slotbroker_wait_seconds_count{pool=\"a\\\"b\\\\c\\nd\"} 2",
+        };
+        for (size_t i = 0; i < ELEMENTSOF(lines); i++) {
+                _cleanup_free_ char *line = NULL;
+                assert_true(asprintf(&line, "\n%s\n", lines[i]) > 0);
+                if (!strstr(text, line))
+                        fail_msg("no line %s in:\n%s", lines[i], text);
+        }
+        metrics_done(&m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_render_escapes_label_values),
                 cmocka_unit_test(test_one_textfile_write_at_a_time),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
