@@ -495,8 +495,11 @@ static void run_on_signal(Run *r, int sig) {
                 run_abandon(r, 128 + sig);
                 return;
         }
-        /* The command decides what a signal means; its status becomes ours. */
+        /* The command decides what a signal means; its status becomes ours. SIGCONT after it, as timeout(1)
+         * does: a stopped command (SIGTTIN, reading from the terminal it is in the background of) acts on no
+         * signal until continued, and slotctl would wait for it, holding the slot, however often signalled. */
         group_kill(r, sig);
+        group_kill(r, SIGCONT);
 }
 
 /* ---- the broker restarted under the command ---- */
@@ -917,6 +920,7 @@ int verb_run(int argc, char *argv[]) {
                 arg_request.job = job;
         }
         r.tty = isatty(STDERR_FILENO) && !arg_request.quiet;
+
 
         /* Signals arrive through a signalfd, in the loop. SIGPIPE is blocked too (not ignored: an ignored
          * disposition would survive exec into the command); the child restores the mask before exec. */

@@ -409,6 +409,15 @@ class ExitCodes(SlotctlTest):
         self.assertEqual([h["lease"]["id"] for h in self.broker.holders()], [lease])
 
 
+def process_state(pid):
+    """The state letter of /proc/PID/stat ("T": stopped), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
 def read_int(path):
     with open(path) as f:
         return int(f.read())
@@ -444,6 +453,17 @@ class Signals(SlotctlTest):
         wait_for(lambda: os.path.exists(self.path("ready")), 10, "the command to start")
         p.send_signal(signal.SIGTERM)
         self.assertEqual(p.wait(10), 7)
+
+    def test_a_forwarded_signal_reaches_a_stopped_command(self):
+        # A command stopped (SIGSTOP, or SIGTTIN: it read from the terminal it is in the background of) acts
+        # on no signal but SIGKILL until continued: slotctl's SIGTERM must still end it.
+        p = self.start_slotctl("run", "--lane", "merge", "--", "sh", "-c", "kill -STOP $$; exit 5")
+        command = wait_for(lambda: [h["lease"].get("commandPid") for h in self.broker.holders()
+                                    if h["lease"].get("commandPid")], 10, "the command to run")[0]
+        wait_for(lambda: process_state(command) == "T", 10, "the command to stop itself")
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(10), 143)
+        self.broker.wait_idle()
 
     def test_sigkill_of_slotctl_keeps_the_slot_until_the_command_exits(self):
         stop = self.path("stop")
