@@ -921,6 +921,12 @@ int verb_run(int argc, char *argv[]) {
         }
         r.tty = isatty(STDERR_FILENO) && !arg_request.quiet;
 
+        /* An ignored SIGCHLD survives exec: a parent that ignores it would have the kernel reap the command
+         * unseen, leaving us no status to wait for, and the command that disposition too. */
+        if (signal(SIGCHLD, SIG_DFL) == SIG_ERR) {
+                log_error_errno(errno, "Failed to reset SIGCHLD: %m");
+                return EXIT_FAILURE;
+        }
 
         /* Signals arrive through a signalfd, in the loop. SIGPIPE is blocked too (not ignored: an ignored
          * disposition would survive exec into the command); the child restores the mask before exec. */

@@ -465,6 +465,19 @@ class Signals(SlotctlTest):
         self.assertEqual(p.wait(10), 143)
         self.broker.wait_idle()
 
+    def test_an_ignored_sigchld_is_not_inherited(self):
+        # A parent that ignores SIGCHLD passes that on through exec; the kernel would then reap the command
+        # unseen, and slotctl would wait, holding the slot, for a status that never comes.
+        def ignore_sigchld():
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        r = self.run_slotctl("run", "--lane", "merge", "--", "sh", "-c", "grep ^SigIgn: /proc/self/status; exit 3",
+                             preexec_fn=ignore_sigchld, timeout=10)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        # The command gets SIGCHLD's default disposition too, as it would from a shell.
+        ignored = int(r.stdout.split()[1], 16)
+        self.assertFalse(ignored & (1 << (signal.SIGCHLD - 1)), r.stdout)
+        self.broker.wait_idle()
+
     def test_sigkill_of_slotctl_keeps_the_slot_until_the_command_exits(self):
         stop = self.path("stop")
         p = self.hold_until(stop)
