@@ -32,6 +32,10 @@
  * second: a broker that stays away is not hammered, and one that is back is found within a second. */
 #define RECONNECT_BACKOFF_FIRST (100 * USEC_PER_MSEC)
 #define RECONNECT_BACKOFF_MAX USEC_PER_SEC
+/* How long the broker has to take the exit status of a command that has exited. A broker answers in
+ * milliseconds; one that does not (stopped, hung) must not keep a finished job waiting: the status is then
+ * lost, and the lease released all the same when our connection closes. */
+#define RELEASE_REPLY_TIMEOUT (5 * USEC_PER_SEC)
 
 static CliRequest arg_request = CLI_REQUEST_INIT;
 static usec_t arg_timeout = USEC_INFINITY;
@@ -50,6 +54,7 @@ typedef enum RunPhase {
         PHASE_WAITING,  /* the command is blocked on its pipe until the grant */
         PHASE_RUNNING,  /* it runs */
         PHASE_STOPPING, /* --timeout or a revocation: SIGTERM sent, SIGKILL at kill_at */
+        PHASE_RELEASING, /* it exited: its status is on its way to the broker, until release_until */
 } RunPhase;
 
 typedef struct Run {
@@ -76,6 +81,7 @@ typedef struct Run {
 
         usec_t timeout_at;
         usec_t kill_at;
+        usec_t release_until;
         /* CLOCK_BOOTTIME, not monotonic like the rest: the broker's renewal counts time this host spent
          * suspended too. USEC_INFINITY until the first "held" renewal: a lease without renewals (a local
          * pool, an older broker) is not fenced. */
@@ -108,6 +114,7 @@ typedef struct Run {
                 .next_progress = USEC_INFINITY,                                                                    \
                 .timeout_at = USEC_INFINITY,                                                                       \
                 .kill_at = USEC_INFINITY,                                                                          \
+                .release_until = USEC_INFINITY,                                                                    \
                 .fence_at = USEC_INFINITY,                                                                         \
                 .fence_kill_within = USEC_INFINITY,                                                                \
                 .reconnect_at = USEC_INFINITY,                                                                     \
@@ -481,6 +488,50 @@ static void run_stop(Run *r, usec_t now, const char *why) {
         r->kill_at = usec_add(now, arg_kill_after);
 }
 
+/* The lease released with the command's exit status, so that a pool can quarantine a broken member (SPEC
+ * §3.6), and without blocking: the answer comes through run_on_broker(), or run_release_end() gives up on it
+ * (RELEASE_REPLY_TIMEOUT, a signal). Closing the connection releases the lease anyway: a failure only loses
+ * the status. Returns whether the release is on its way. */
+static bool run_release_start(Run *r, usec_t now) {
+        if (!r->client || !r->lease || r->reclaiming || r->command_status < 0 || r->command_status > 255)
+                return false;
+        int k = broker_release_exit_start(r->client, r->command_status);
+        if (k == -ESRCH)
+                return false; /* the lease ended already: nothing to tell */
+        if (k < 0) {
+                errno = -k;
+                log_warning("could not tell the broker the command's exit status: %m");
+                return false;
+        }
+        r->phase = PHASE_RELEASING;
+        r->timeout_at = USEC_INFINITY;
+        r->release_until = usec_add(now, RELEASE_REPLY_TIMEOUT);
+        return true;
+}
+
+/* The release is over, answered or not (why: NULL, or why the status may not have reached the broker). */
+static void run_release_end(Run *r, const char *why) {
+        if (why)
+                log_warning("could not tell the broker the command's exit status: %s", why);
+        r->exit_status = r->command_status;
+}
+
+/* After a NONE while releasing: the Release refused. An older broker refuses the status (InvalidParameter),
+ * and would not have used it either; the lease goes when our connection closes. */
+static void run_release_check_refused(Run *r) {
+        static const char invalid_parameter[] = ".InvalidParameter"; /* io.slotbroker.'s or org.varlink.service.'s */
+        const char *name = broker_client_error_name(r->client);
+        char printable[CLI_PRINTABLE_SIZE(128)];
+
+        if (!name)
+                return;
+        size_t n = strlen(name);
+        if (n >= strlen(invalid_parameter) && streq(name + n - strlen(invalid_parameter), invalid_parameter))
+                run_release_end(r, NULL);
+        else
+                run_release_end(r, cli_printable(printable, sizeof printable, name));
+}
+
 /* Before the grant: nothing ran; the child is killed unseen and the request withdrawn. */
 static void run_abandon(Run *r, int exit_status) {
         progress_clear(r);
@@ -493,6 +544,11 @@ static void run_abandon(Run *r, int exit_status) {
 static void run_on_signal(Run *r, int sig) {
         if (r->phase == PHASE_WAITING) {
                 run_abandon(r, 128 + sig);
+                return;
+        }
+        if (r->phase == PHASE_RELEASING) {
+                /* The command is done: a signal means "do not wait for the broker". */
+                run_release_end(r, "interrupted by a signal");
                 return;
         }
         /* The command decides what a signal means; its status becomes ours. SIGCONT after it, as timeout(1)
@@ -676,6 +732,10 @@ static void run_reclaim_refused(Run *r, int result) {
 
 static void run_on_broker_lost(Run *r, int error, usec_t now) {
         r->client = broker_client_free(r->client);
+        if (r->phase == PHASE_RELEASING) {
+                run_release_end(r, strerror(-error));
+                return;
+        }
         if (r->phase != PHASE_WAITING) {
                 r->reclaiming = false;
                 if (r->phase != PHASE_RUNNING || !r->lease || !r->socket_path || arg_reclaim_for == 0) {
@@ -732,6 +792,17 @@ static void run_on_broker(Run *r, usec_t now) {
                         run_on_broker_lost(r, k, now);
                         return;
                 }
+                if (r->phase == PHASE_RELEASING) {
+                        /* The lease's end (RELEASED, or REVOKED while a straggler of the command's group is
+                         * still being killed) is the answer; a NONE may follow a refusal of the Release. */
+                        if (ev.type == BROKER_EVENT_NONE) {
+                                run_release_check_refused(r);
+                                return;
+                        }
+                        if (ev.type == BROKER_EVENT_RELEASED || ev.type == BROKER_EVENT_REVOKED)
+                                run_release_end(r, NULL);
+                        continue;
+                }
                 switch (ev.type) {
                 case BROKER_EVENT_NONE:
                         return;
@@ -780,9 +851,9 @@ static void run_on_broker(Run *r, usec_t now) {
         }
 }
 
-static void run_on_child_exit(Run *r);
+static void run_on_child_exit(Run *r, usec_t now);
 
-static void run_on_signals(Run *r) {
+static void run_on_signals(Run *r, usec_t now) {
         struct signalfd_siginfo si;
         while (r->exit_status < 0) {
                 ssize_t n = read(r->signal_fd, &si, sizeof si);
@@ -790,13 +861,13 @@ static void run_on_signals(Run *r) {
                         return; /* EAGAIN: all read */
                 if (si.ssi_signo == SIGCHLD) {
                         if (r->child > 0)
-                                run_on_child_exit(r); /* checks, without reaping, whether it was ours */
+                                run_on_child_exit(r, now); /* checks, without reaping, whether it was ours */
                 } else
                         run_on_signal(r, (int) si.ssi_signo);
         }
 }
 
-static void run_on_child_exit(Run *r) {
+static void run_on_child_exit(Run *r, usec_t now) {
         siginfo_t si = {};
         /* WNOWAIT: the leader stays a zombie, and its group id reserved, until run_reap() killed the rest. */
         if (waitid(P_PID, (id_t) r->child, &si, WEXITED | WNOHANG | WNOWAIT) < 0 || si.si_pid == 0)
@@ -809,21 +880,12 @@ static void run_on_child_exit(Run *r) {
                 r->exit_status = status >= 0 ? status : EXIT_FAILURE;
                 return;
         }
-        r->exit_status = r->phase == PHASE_STOPPING ? EXIT_TIMEOUT : status >= 0 ? status : EXIT_FAILURE;
-        if (r->phase != PHASE_STOPPING && status >= 0)
+        if (r->phase != PHASE_STOPPING && status >= 0) {
                 r->command_status = status;
-}
-
-/* The lease released with the command's exit status, so that a pool can quarantine a broken member (SPEC
- * §3.6). Closing the connection releases it anyway: a failure here only loses the status. */
-static void run_release_with_status(Run *r) {
-        if (!r->client || !r->lease || r->command_status < 0 || r->command_status > 255)
-                return;
-        int k = broker_release_exit(r->client, broker_lease_id(r->lease), r->command_status);
-        /* An older brokerd refuses the parameter: it would not have used it either. */
-        if (k != 0 && k != BROKER_INVALID_PARAMETER)
-                log_warning("could not tell the broker the command's exit status: %s",
-                            k < 0 ? strerror(-k) : broker_result_to_string(k));
+                if (run_release_start(r, now))
+                        return;
+        }
+        r->exit_status = r->phase == PHASE_STOPPING ? EXIT_TIMEOUT : status >= 0 ? status : EXIT_FAILURE;
 }
 
 static int run_loop(Run *r) {
@@ -839,6 +901,7 @@ static int run_loop(Run *r) {
 
                 usec_t now = now_monotonic();
                 usec_t deadline = MIN(MIN(r->next_progress, r->reconnect_at), MIN(r->timeout_at, r->kill_at));
+                deadline = MIN(deadline, r->release_until);
                 if (r->phase == PHASE_RUNNING && r->fence_at != USEC_INFINITY)
                         /* The fence in the monotonic terms of the rest: what is left of it now. */
                         deadline = MIN(deadline, usec_add(now, usec_sub_unsigned(r->fence_at, now_boottime())));
@@ -854,13 +917,21 @@ static int run_loop(Run *r) {
                 now = now_monotonic();
 
                 if (p[0].revents)
-                        run_on_signals(r);
+                        run_on_signals(r, now);
                 if (r->exit_status < 0 && r->client && p[2].revents)
                         run_on_broker(r, now);
                 if (r->exit_status < 0 && r->child > 0 && p[1].revents)
-                        run_on_child_exit(r);
+                        run_on_child_exit(r, now);
                 if (r->exit_status >= 0)
                         break;
+
+                if (r->phase == PHASE_RELEASING && now >= r->release_until) {
+                        char t[TIMESPAN_MAX];
+                        char why[TIMESPAN_MAX + 32];
+                        snprintf(why, sizeof why, "no answer within %s", timespan_format(t, sizeof t, RELEASE_REPLY_TIMEOUT));
+                        run_release_end(r, why);
+                        break;
+                }
 
                 if (now >= r->kill_at) {
                         group_kill(r, SIGKILL);
@@ -990,6 +1061,5 @@ int verb_run(int argc, char *argv[]) {
 
         if (r.exit_status < 0 && run_loop(&r) < 0)
                 return EXIT_FAILURE;
-        run_release_with_status(&r);
         return r.exit_status;
 }

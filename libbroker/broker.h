@@ -241,6 +241,14 @@ int broker_release_exit(BrokerClient *c, const char *lease_id, int exit_status);
  * -ENOTCONN after the broker went away; -ENOMEM; another negative errno when the call cannot be sent. */
 int broker_release_start(BrokerClient *c);
 
+/* As broker_release_start(), also telling the broker the exit status (0 to 255) of the command that held
+ * the lease, as broker_release_exit() does: for a caller that must not block on a broker that does not
+ * answer (slotctl run, whose command has exited). A broker older than this refuses the parameter: the
+ * reply's error is kept for broker_client_error_name() and no RELEASED comes (closing the connection, or
+ * broker_release_start(), still releases the lease). Returns as broker_release_start(); -EINVAL for a
+ * status out of range. */
+int broker_release_exit_start(BrokerClient *c, int exit_status);
+
 /* A call with one reply: method is "io.slotbroker.Status" or just "Status" (io.slotbroker is implied);
  * parameters_json is a JSON object's text, or NULL for {}. Runs on the client's connection when it is
  * idle, else on a new one (as broker_release()), and blocks until the reply. Returns 0 and the reply's

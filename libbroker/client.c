@@ -1175,12 +1175,13 @@ _public_ int broker_release_exit(BrokerClient *c, const char *lease_id, int exit
         return client_release(c, lease_id, exit_status);
 }
 
-_public_ int broker_release_start(BrokerClient *c) {
+static int client_release_start(BrokerClient *c, int exit_status) {
         int r;
 
         assert_return(c, -EINVAL);
+        assert_return(exit_status >= -1 && exit_status <= 255, -EINVAL);
 
-        _cleanup_(json_text_done) JsonText p; /* after the check: cleaned up only once initialized */
+        _cleanup_(json_text_done) JsonText p; /* after the checks: cleaned up only once initialized */
         json_text_init(&p);
 
         if (c->state == CLIENT_BROKEN)
@@ -1189,7 +1190,7 @@ _public_ int broker_release_start(BrokerClient *c) {
                 return -ESRCH;
         if (c->release_pending)
                 return -EALREADY;
-        r = release_parameters(c->held_lease_id, -1, &p);
+        r = release_parameters(c->held_lease_id, exit_status, &p);
         if (r < 0)
                 return r;
 
@@ -1202,4 +1203,13 @@ _public_ int broker_release_start(BrokerClient *c) {
                 return client_break(c, r);
         c->release_pending = true;
         return 0;
+}
+
+_public_ int broker_release_start(BrokerClient *c) {
+        return client_release_start(c, -1);
+}
+
+_public_ int broker_release_exit_start(BrokerClient *c, int exit_status) {
+        assert_return(exit_status >= 0 && exit_status <= 255, -EINVAL);
+        return client_release_start(c, exit_status);
 }

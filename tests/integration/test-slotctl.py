@@ -418,6 +418,11 @@ def process_state(pid):
         return None
 
 
+def children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return f.read().split()
+
+
 def read_int(path):
     with open(path) as f:
         return int(f.read())
@@ -494,6 +499,30 @@ class Signals(SlotctlTest):
         self.assertEqual(r.returncode, 75)
         open(stop, "w").close()
         wait_for(lambda: not self.broker.holders(), 5, "the slot to be freed once the command exited")
+
+    def test_a_broker_that_does_not_answer_keeps_no_slotctl_once_its_command_exited(self):
+        # brokerd stopped (SIGSTOP, a debugger, a hung host): the command exits, and slotctl tells the broker
+        # its status; it waits for the answer a few seconds at most, and a signal cuts that short. Closing its
+        # connection releases the lease anyway when the broker runs again: only the status is lost.
+        broker = self.broker.proc.pid
+        command = ["run", "--lane", "merge", "--", "sh", "-c", f"kill -STOP {broker}; exit 3"]
+        try:
+            start = time.monotonic()
+            r = self.run_slotctl(*command, timeout=20)
+            self.assertEqual(r.returncode, 3, r.stderr)
+            self.assertIn("could not tell the broker the command's exit status", r.stderr)
+            self.assertLess(time.monotonic() - start, 10)
+            os.kill(broker, signal.SIGCONT)
+            self.broker.wait_idle()
+
+            p = self.start_slotctl(*command)
+            # Reaped: slotctl has sent the Release and waits for its answer.
+            wait_for(lambda: process_state(broker) == "T" and not children(p.pid), 10, "the command to stop brokerd")
+            p.send_signal(signal.SIGTERM)
+            self.assertEqual(p.wait(2), 3)
+        finally:
+            os.kill(broker, signal.SIGCONT)
+        self.broker.wait_idle()
 
     def test_broker_going_away_leaves_the_command_running(self):
         stop = self.path("stop")

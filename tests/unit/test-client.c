@@ -1118,6 +1118,55 @@ static void test_held_renewal_is_an_event_with_its_fence(void **state) {
         fake_done(&f);
 }
 
+/* The status goes with the Release at once, and the call returns before any answer: slotctl run must not
+ * wait on a broker that does not answer once its command has exited. */
+static void test_release_exit_start_tells_the_status_without_blocking(void **state) {
+        static const char granted[] = "{\"parameters\":{\"state\":\"granted\",\"lease\":{\"id\":\"L1\",\"pool\":\"grid\","
+                                      "\"lane\":\"merge\",\"token\":1,\"slots\":[0],\"grantedAt\":1}},\"continues\":true}";
+        for (int older = 0; older <= 1; older++) {
+                Fake f;
+                _cleanup_(broker_client_freep) BrokerClient *c = NULL;
+                BrokerAcquireOptions o = options("merge");
+                BrokerEvent ev;
+
+                fake_start(&f, &c);
+                assert_int_equal(broker_release_exit_start(c, 3), -ESRCH); /* nothing held */
+                assert_int_equal(broker_acquire_start(c, &o), 0);
+                json_decref(fake_recv_call(&f, "io.slotbroker.Acquire"));
+                fake_send(&f, granted);
+                assert_int_equal(next_event(c, &ev), BROKER_EVENT_GRANTED);
+                broker_lease_free(ev.lease);
+                assert_int_equal(broker_release_exit_start(c, 256), -EINVAL);
+                assert_int_equal(broker_release_exit_start(c, -1), -EINVAL);
+
+                assert_int_equal(broker_release_exit_start(c, 3), 0); /* nothing answered yet */
+                assert_int_equal(broker_release_exit_start(c, 3), -EALREADY);
+                _cleanup_(json_decrefp) json_t *sent = fake_recv_call(&f, "io.slotbroker.Release");
+                assert_json_is(sent, "{\"lease\":\"L1\",\"exitStatus\":3}");
+                ev = BROKER_EVENT_INIT;
+                assert_int_equal(broker_client_process(c, &ev), BROKER_EVENT_NONE);
+                if (!older) {
+                        fake_send(&f, "{\"parameters\":{\"state\":\"released\"}}");
+                        fake_send(&f, "{\"parameters\":{}}");
+                        assert_int_equal(next_event(c, &ev), BROKER_EVENT_RELEASED);
+                        assert_null(broker_client_error_name(c));
+                } else {
+                        /* What an older brokerd answers for a key it does not know: the lease is still held. */
+                        fake_send(&f, "{\"error\":\"org.varlink.service.InvalidParameter\","
+                                      "\"parameters\":{\"parameter\":\"exitStatus\"}}");
+                        for (int i = 0; i < 500 && !broker_client_error_name(c); i++) {
+                                ev = BROKER_EVENT_INIT;
+                                assert_int_equal(broker_client_process(c, &ev), BROKER_EVENT_NONE);
+                                struct pollfd p = { .fd = broker_client_get_fd(c), .events = POLLIN };
+                                (void) poll(&p, 1, 10);
+                        }
+                        assert_string_equal(broker_client_error_name(c), "org.varlink.service.InvalidParameter");
+                        assert_int_equal(broker_release_start(c), 0); /* the lease can still be let go */
+                }
+                fake_done(&f);
+        }
+}
+
 static void test_held_without_its_fence_is_ebadmsg(void **state) {
         Fake f;
         _cleanup_(broker_client_freep) BrokerClient *c = NULL;
@@ -1214,6 +1263,7 @@ int main(int argc, char *argv[]) {
                 cmocka_unit_test(test_acquire_sends_every_option),
                 cmocka_unit_test(test_other_invalid_parameter_is_a_refusal_even_with_fence),
                 cmocka_unit_test(test_held_renewal_is_an_event_with_its_fence),
+                cmocka_unit_test(test_release_exit_start_tells_the_status_without_blocking),
                 cmocka_unit_test(test_held_without_its_fence_is_ebadmsg),
                 cmocka_unit_test(test_unsolicited_reply_is_ebadmsg),
                 cmocka_unit_test(test_refusal_from_unknown_error_is_error_other),
