@@ -21,6 +21,7 @@ enum {
         EXIT_REFUSED = EX_TEMPFAIL,        /* 75: busy, full, timeout, shed, unavailable */
         EXIT_NO_PERMISSION = EX_NOPERM,    /* 77: the socket or the lane's ACL refused us */
         EXIT_TIMEOUT = 124,                /* --timeout, max-hold or an administrator ended the command */
+        EXIT_NOT_FOUND = 127,              /* run: the command is nowhere (as shells and env(1)) */
 };
 
 /* The verbs of this module's files, as slotctl.c's table calls them: argv from the verb's name on;

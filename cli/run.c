@@ -231,6 +231,33 @@ static int run_spawn(Run *r) {
         return 0;
 }
 
+/* Whether execvpe() would find nothing to run: FILE names no file (with a '/'), or none in any directory of
+ * $PATH (its default, /bin:/usr/bin, when unset; an empty entry is the working directory, as for glibc).
+ * Asked before queueing, so that a mistyped command fails at once rather than after its wait, on a slot
+ * granted for nothing. Only a sure "nowhere" counts: any other answer (EACCES, a name too long) is for the
+ * exec after the grant to report, as before. */
+static bool command_is_missing(const char *file) {
+        if (strchr(file, '/'))
+                return access(file, F_OK) < 0 && (errno == ENOENT || errno == ENOTDIR);
+        if (!*file)
+                return true;
+
+        const char *path = getenv("PATH") ?: "/bin:/usr/bin";
+        for (const char *p = path;; p++) {
+                const char *end = strchrnul(p, ':');
+                char candidate[PATH_MAX];
+                int n = end == p ? snprintf(candidate, sizeof candidate, "%s", file)
+                                 : snprintf(candidate, sizeof candidate, "%.*s/%s", (int) (end - p), p, file);
+                if (n < 0 || (size_t) n >= sizeof candidate)
+                        return false;
+                if (access(candidate, F_OK) >= 0 || (errno != ENOENT && errno != ENOTDIR))
+                        return false;
+                if (!*end)
+                        return true;
+                p = end;
+        }
+}
+
 /* Signals the command's whole group. Never with pid 0: kill(0, …) would hit slotctl's own group. */
 static void group_kill(const Run *r, int sig) {
         if (r->child > 0)
@@ -991,6 +1018,12 @@ int verb_run(int argc, char *argv[]) {
                 arg_request.job = job;
         }
         r.tty = isatty(STDERR_FILENO) && !arg_request.quiet;
+
+        if (command_is_missing(arg_command[0])) {
+                errno = ENOENT;
+                log_error("failed to execute %s: %m", arg_command[0]);
+                return EXIT_NOT_FOUND;
+        }
 
         /* An ignored SIGCHLD survives exec: a parent that ignores it would have the kernel reap the command
          * unseen, leaving us no status to wait for, and the command that disposition too. */

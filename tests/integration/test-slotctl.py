@@ -263,6 +263,27 @@ class RunEnvironment(SlotctlTest):
         self.assertIn("failed to execute", r.stderr)
 
 
+    def test_command_holds_no_descriptor_of_slotctl(self):
+        # Its connection to the broker above all: a command holding it would keep the lease's life line.
+        code = ("import os\nfds = []\nfor fd in range(1024):\n    try:\n        os.fstat(fd)\n"
+                "    except OSError:\n        continue\n    fds.append(fd)\nprint(fds)")
+        r = self.run_slotctl("run", "--lane", "merge", "--", sys.executable, "-c", code)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, "[0, 1, 2]\n")
+
+    def test_a_command_found_nowhere_exits_127_without_waiting(self):
+        # A mistyped command fails before it queues, not after a wait for a slot it would waste.
+        stop = self.path("stop")
+        holder = self.hold_until(stop)
+        env = self.env(PATH=f"{self.broker.dir}:/nonexistent:/usr/bin:/bin")
+        for command in ("no-such-command-here", "/nonexistent/command", "./no-such-command-here", ""):
+            r = self.run_slotctl("run", "--lane", "nightly", "--", command, env=env, timeout=10)
+            self.assertEqual(r.returncode, 127, f"{command!r}: {r.stderr}")
+            self.assertIn("failed to execute", r.stderr)
+        self.assertEqual(self.broker.waiters(), [])
+        open(stop, "w").close()
+        self.assertEqual(holder.wait(10), 0)
+
 class ExitCodes(SlotctlTest):
     def test_command_status_passes_through(self):
         for script, code in (("exit 0", 0), ("exit 3", 3), ("kill -KILL $$", 128 + 9), ("kill -TERM $$", 128 + 15)):
