@@ -997,8 +997,13 @@ static void run_done(Run *r) {
         safe_close(r->signal_fd);
         r->command = held_command_free(r->command);
         free(r->socket_path);
-        if (r->mask_saved)
-                (void) sigprocmask(SIG_SETMASK, &r->saved_mask, NULL);
+        if (r->mask_saved) {
+                /* SIGPIPE stays blocked: a write to a reader that went away (stderr's) left it pending, and it
+                 * must not end slotctl on its way out, in place of the command's status. */
+                sigset_t mask = r->saved_mask;
+                sigaddset(&mask, SIGPIPE);
+                (void) sigprocmask(SIG_SETMASK, &mask, NULL);
+        }
 }
 
 int verb_run(int argc, char *argv[]) {

@@ -290,6 +290,25 @@ class ExitCodes(SlotctlTest):
             r = self.run_slotctl("run", "--lane", "nightly", "--", "sh", "-c", script)
             self.assertEqual(r.returncode, code, f"{script}: {r.stderr}")
 
+    def test_a_gone_reader_of_stderr_does_not_replace_the_status(self):
+        # slotctl writes its waiting line to a pipe nobody reads any more (a CI log collector gone, | head):
+        # the write fails, and the SIGPIPE it raised must not end slotctl on its way out, after the command
+        # it ran, in place of that command's status.
+        stop = self.path("stop")
+        holder = self.hold_until(stop)
+        r, w = os.pipe()
+        os.close(r)
+        try:
+            p = subprocess.Popen([SLOTCTL, "run", "--lane", "nightly", "--", "sh", "-c", "exit 3"], env=self.env(),
+                                 stdin=subprocess.DEVNULL, stderr=w)
+        finally:
+            os.close(w)
+        self.children.append(p)
+        wait_for(lambda: len(self.broker.waiters()) == 1, 10, "the waiter to queue")
+        open(stop, "w").close()
+        self.assertEqual(holder.wait(10), 0)
+        self.assertEqual(p.wait(10), 3)
+
     def test_busy_exits_75_with_the_retry_hint(self):
         stop = self.path("stop")
         holder = self.hold_until(stop)
