@@ -178,6 +178,9 @@ int held_command_start(HeldCommand *c, char *const *envp) {
         assert_return(c->go_fd >= 0, -EALREADY);
 
         c->child.envp = envp;
+        /* Stopped while it was held (kill -STOP of its group), it would take the word only when continued,
+         * and we wait for its exec below: it goes now, as it was told to. */
+        (void) kill(c->pid, SIGCONT);
         do
                 k = write(c->go_fd, "G", 1);
         while (k < 0 && errno == EINTR);

@@ -523,6 +523,20 @@ class Signals(SlotctlTest):
         self.assertFalse(ignored & (1 << (signal.SIGCHLD - 1)), r.stdout)
         self.broker.wait_idle()
 
+    def test_a_held_command_stopped_while_waiting_still_runs_when_granted(self):
+        # Stopped before its grant (kill -STOP on its group), the held command could not take the word to go,
+        # and slotctl, blocked until the exec, waited for it forever, deaf to every signal.
+        stop = self.path("stop")
+        holder = self.hold_until(stop)
+        p = self.start_slotctl("run", "--lane", "nightly", "--", "sh", "-c", "exit 6")
+        wait_for(lambda: len(self.broker.waiters()) == 1, 10, "the waiter to queue")
+        [held] = children(p.pid)
+        os.kill(int(held), signal.SIGSTOP)
+        wait_for(lambda: process_state(int(held)) == "T", 10, "the held command to stop")
+        open(stop, "w").close()
+        self.assertEqual(holder.wait(10), 0)
+        self.assertEqual(p.wait(10), 6)
+
     def test_sigkill_of_slotctl_keeps_the_slot_until_the_command_exits(self):
         stop = self.path("stop")
         p = self.hold_until(stop)
