@@ -880,6 +880,18 @@ static void run_on_broker(Run *r, usec_t now) {
 
 static void run_on_child_exit(Run *r, usec_t now);
 
+/* The command in the background of our terminal, stopped for using it: it holds the slot and runs no more
+ * until it is continued or ended, which slotctl says rather than wait in silence (slotctl(1), NOTES). */
+static void run_on_child_stop(Run *r) {
+        siginfo_t si = {};
+        if (waitid(P_PID, (id_t) r->child, &si, WSTOPPED | WNOHANG) < 0 || si.si_pid == 0 || si.si_code != CLD_STOPPED)
+                return;
+        if (si.si_status == SIGTTIN || si.si_status == SIGTTOU)
+                log_warning("the command is stopped by %s: it used the terminal, in whose background it runs (give it "
+                            "</dev/null); it holds its slot until continued or ended (Ctrl-C)",
+                            si.si_status == SIGTTIN ? "SIGTTIN" : "SIGTTOU");
+}
+
 static void run_on_signals(Run *r, usec_t now) {
         struct signalfd_siginfo si;
         while (r->exit_status < 0) {
@@ -889,6 +901,8 @@ static void run_on_signals(Run *r, usec_t now) {
                 if (si.ssi_signo == SIGCHLD) {
                         if (r->child > 0)
                                 run_on_child_exit(r, now); /* checks, without reaping, whether it was ours */
+                        if (r->child > 0)
+                                run_on_child_stop(r);
                 } else
                         run_on_signal(r, (int) si.ssi_signo);
         }

@@ -510,6 +510,22 @@ class Signals(SlotctlTest):
         self.assertEqual(p.wait(10), 143)
         self.broker.wait_idle()
 
+    def test_a_command_stopped_by_the_terminal_is_reported(self):
+        # It runs in the background of slotctl's terminal: a read from it stops the command (SIGTTIN), and
+        # slotctl, holding the slot for it, says why rather than wait in silence.
+        err = open(self.path("stderr"), "w+")
+        self.addCleanup(err.close)
+        p = subprocess.Popen([SLOTCTL, "run", "--lane", "merge", "--", "sh", "-c", "kill -TTIN $$; exit 5"],
+                             env=self.env(), stdin=subprocess.DEVNULL, stderr=err)
+        self.children.append(p)
+
+        def reported():
+            with open(self.path("stderr")) as f:
+                return "stopped by SIGTTIN" in f.read()
+        wait_for(reported, 10, "slotctl to report the stop")
+        p.send_signal(signal.SIGINT)
+        self.assertEqual(p.wait(10), 130)
+
     def test_an_ignored_sigchld_is_not_inherited(self):
         # A parent that ignores SIGCHLD passes that on through exec; the kernel would then reap the command
         # unseen, and slotctl would wait, holding the slot, for a status that never comes.
