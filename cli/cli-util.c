@@ -163,6 +163,18 @@ static void utf8_truncate(char *s, size_t max) {
         s[n] = '\0';
 }
 
+static int32_t utf8_decode(const unsigned char *s, size_t *ret_len);
+
+/* Makes s UTF-8, each byte that starts no sequence becoming '?': the protocol refuses anything else, and a
+ * job label taken from the CI's variables is for people, not worth failing the job over. */
+static void utf8_make_valid(char *s) {
+        for (size_t len; *s; s += len)
+                if (utf8_decode((const unsigned char *) s, &len) < 0) {
+                        *s = '?';
+                        len = 1;
+                }
+}
+
 int cli_job_from_environment(char **ret) {
         const char *e;
         char *job = NULL;
@@ -183,6 +195,7 @@ int cli_job_from_environment(char **ret) {
         }
         if (!job)
                 return -ENOMEM;
+        utf8_make_valid(job);
         utf8_truncate(job, CLI_JOB_MAX);
         *ret = job;
         return 0;

@@ -758,6 +758,14 @@ class Job(SlotctlTest):
         self.assertEqual(self.job_seen_by_command("--job", "mine", CI_JOB_URL="https://gitlab.example/x"), "mine")
 
 
+    def test_a_ci_variable_that_is_not_utf8_does_not_fail_the_run(self):
+        # A label is for people, and the job is not the CI's variable: a byte that is not UTF-8 (which the
+        # protocol refuses) becomes "?" rather than exit 64. An explicit --job is the user's own: refused.
+        self.assertEqual(self.job_seen_by_command(CI_JOB_URL="https://ci.example/\udcff\udce9/7 \u00e9"),
+                         "https://ci.example/??/7 \u00e9")
+        r = self.run_slotctl("run", "--lane", "merge", "--job", "bad\udcff", "--", "true")
+        self.assertEqual(r.returncode, 64, r.stderr)
+
 class Progress(SlotctlTest):
     def test_waiting_prints_one_plain_line_off_a_terminal(self):
         stop = self.path("stop")
