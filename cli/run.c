@@ -73,6 +73,7 @@ typedef struct Run {
         bool tty;
         bool line_drawn;       /* a live line is on the terminal */
         bool wait_announced;   /* a plain "waiting" line was printed */
+        bool nested_warned;    /* the wait for a pool our parent run holds was pointed out */
         bool have_position;
         char pool[128];
         BrokerPosition position;
@@ -446,6 +447,23 @@ static void progress_draw(Run *r, usec_t now) {
         fprintf(stderr, "\r\033[K%s", line);
         fflush(stderr);
         r->line_drawn = true;
+}
+
+/* Queued for the pool a parent slotctl run holds a slot of (its SLOT_POOL is in our environment: a job's
+ * script that calls slotctl run again): when that pool has no other slot for us, we wait for our own
+ * parent, until the budget runs out. Said once, since it looks like any other wait. */
+static void check_nested_wait(Run *r, const BrokerPosition *p) {
+        const char *parent_pool = getenv("SLOT_POOL");
+        char pool[CLI_PRINTABLE_SIZE(128)], lease[CLI_PRINTABLE_SIZE(64)];
+
+        if (r->nested_warned || !p->pool || !parent_pool || !streq(p->pool, parent_pool))
+                return;
+        r->nested_warned = true;
+        progress_clear(r);
+        log_warning("this job already holds a slot of pool %s (lease %s): a nested run that waits for one may wait "
+                    "for its own parent's",
+                    cli_printable(pool, sizeof pool, p->pool),
+                    cli_printable(lease, sizeof lease, getenv("SLOT_LEASE") ?: "?"));
 }
 
 static void progress_update(Run *r, const BrokerPosition *p, usec_t now) {
@@ -834,6 +852,8 @@ static void run_on_broker(Run *r, usec_t now) {
                 case BROKER_EVENT_NONE:
                         return;
                 case BROKER_EVENT_QUEUED:
+                        if (r->phase == PHASE_WAITING)
+                                check_nested_wait(r, &ev.position);
                         if (r->phase == PHASE_WAITING && r->requeueing)
                                 run_requeued(r, &ev.position, now);
                         else if (r->phase == PHASE_WAITING)

@@ -784,6 +784,24 @@ class Progress(SlotctlTest):
         self.assertEqual(quiet.stderr.read(), "")
 
 
+    def test_a_nested_run_that_waits_for_its_own_pool_says_so(self):
+        # A job under slotctl run that runs slotctl run again on the same pool (a script calling a script)
+        # may wait for the very slot its parent holds: it says so when it queues, rather than hang in
+        # silence until its budget runs out.
+        r = self.run_slotctl("run", "--lane", "merge", "--", SLOTCTL, "run", "--lane", "nightly", "--max-wait",
+                             "500ms", "--", "true", timeout=20)
+        self.assertEqual(r.returncode, 75, r.stderr)
+        self.assertIn("already holds a slot of pool grid", r.stderr)
+        # Another pool's wait is no such case.
+        stop = self.path("stop")
+        holder = self.hold_until(stop)
+        r = self.run_slotctl("run", "--lane", "nightly", "--max-wait", "300ms", "--", "true",
+                             env=self.env(SLOT_POOL="rigs", SLOT_LEASE="0" * 32))
+        self.assertEqual(r.returncode, 75, r.stderr)
+        self.assertNotIn("already holds", r.stderr)
+        open(stop, "w").close()
+        self.assertEqual(holder.wait(10), 0)
+
 class Status(SlotctlTest):
     def test_status_shows_pools_holders_and_waiters(self):
         stop = self.path("stop")
